@@ -1,0 +1,180 @@
+# streamfeed — build, test, run.
+#
+#   make              build/streamfeed (CUDA backend when nvcc is found; CUDA=0 forces CPU-only)
+#   make test         unit tests (cmocka), integration tests (pytest), fuzz smoke run
+#   make demo         the main job: server + streamfeed-load training on the learnable task
+#   make run          start the server with the default config
+#   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
+#   make bench        side-by-side benchmarks (needs a GPU)
+#   make fuzz         the safetensors parser under libFuzzer (clang)
+#   make deps         install the Debian packages (root), or print the command
+#
+# Options: CUDA=0|1  CUDA_ARCH=sm_90  DEPS_PREFIX=/opt/deps/usr  SANITIZE=address|undefined
+#          DEBUG=1   PORT=8080
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := all
+
+BUILD   ?= build
+CC      ?= gcc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+ifeq ($(origin CUDA),undefined)
+  CUDA := $(if $(NVCC),1,0)
+endif
+CUDA_ARCH ?= sm_90
+PORT    ?= 8080
+PYTHON  ?= python3
+VENV    := .venv
+
+DEB_PKGS := libmicrohttpd-dev libcjson-dev libcurl4-openssl-dev libcmocka-dev prometheus clang pkg-config
+
+CPPFLAGS += -I. -D_GNU_SOURCE
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
+LDLIBS   += -lmicrohttpd -lcjson -lcurl -lm -lpthread
+
+ifdef DEBUG
+  CFLAGS += -O0
+endif
+ifdef SANITIZE
+  CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+  LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+ifdef DEPS_PREFIX
+  CPPFLAGS += -I$(DEPS_PREFIX)/include
+  LDFLAGS  += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
+endif
+
+# ---- sources ---------------------------------------------------------------
+SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
+HANDLER_SRC := $(wildcard handlers/*.c)
+GPU_SRC     := $(wildcard gpu/*.c) $(wildcard gpu/ref/*.c)
+ifeq ($(CUDA),1)
+  CUDA_C_SRC  := $(wildcard gpu/cuda/*.c)
+  CUDA_CU_SRC := $(wildcard gpu/cuda/*.cu)
+  CPPFLAGS    += -DSF_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  NVCCFLAGS   ?= -O3 -lineinfo
+  NVCCFLAGS   += -std=c++17 -arch=$(CUDA_ARCH) -I. -Xcompiler -Wall,-Wno-unused-parameter
+  CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
+  LDFLAGS     += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR)
+  LDLIBS      += -lcudnn -lcublasLt -lcublas -lcudart -lstdc++ -ldl -lrt
+  BACKEND_NAME := cuda
+else
+  CUDA_C_SRC  :=
+  CUDA_CU_SRC :=
+  GPU_SRC     += gpu/nocuda/backend_nocuda.c
+  BACKEND_NAME := ref
+endif
+
+LIB_C_SRC := $(SERVER_SRC) $(HANDLER_SRC) $(GPU_SRC) $(CUDA_C_SRC)
+LIB_OBJ   := $(LIB_C_SRC:%.c=$(BUILD)/%.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/openapi_spec.o
+LIB       := $(BUILD)/libstreamfeed.a
+
+UNIT_SRC  := $(wildcard tests/unit/test_*.c)
+UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c) $(wildcard tests/gpu/test_*.cu)
+GPU_TEST_BIN := $(patsubst tests/gpu/%.cu,$(BUILD)/tests/gpu/%,$(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_SRC)))
+
+VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+CPPFLAGS += -DSF_VERSION=\"$(VERSION)\" -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\"
+
+.PHONY: all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
+all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
+
+print-found:
+	@printf '%s\n' "streamfeed build: $(if $(filter 1,$(CUDA)),✓ nvcc ($(NVCC)) → CUDA backend ($(CUDA_ARCH)),✗ nvcc → CPU reference backend only)"
+	@printf '%s\n' "  $(if $(wildcard /dev/nvidia0),✓ GPU device node,✗ GPU device node: GPU tests will skip)"
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DSF_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+
+# The spec is linked into the binary (GET /openapi.yaml serves it).
+$(BUILD)/openapi_spec.o: openapi/streamfeed.yaml
+	@mkdir -p $(dir $@)
+	ld -r -b binary -z noexecstack -o $@ $<
+
+$(LIB): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/streamfeed: $(BUILD)/server/main.o $(LIB)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/streamfeed-load: $(BUILD)/client/streamfeed-load.o $(LIB)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) -lcmocka
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu $(LIB)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DSF_HAVE_CUDA=1 -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\" -DSF_VERSION=\"$(VERSION)\" $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
+
+# ---- tests -----------------------------------------------------------------
+test: all unit integration fuzz-smoke gpu-test
+	@echo "make test: all suites passed"
+
+unit: $(UNIT_BIN)
+	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
+
+$(VENV)/.stamp: tests/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r tests/requirements.txt
+	@touch $@
+venv: $(VENV)/.stamp
+
+integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
+	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(BUILD)/streamfeed-load) \
+	  $(VENV)/bin/python -m pytest -q tests/integration
+
+FUZZ_CC ?= clang
+$(BUILD)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c server/safetensors.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson
+fuzz: $(BUILD)/fuzz_safetensors
+	@mkdir -p tests/fuzz/corpus-run
+	$< -max_total_time=$${FUZZ_SECONDS:-300} tests/fuzz/corpus-run tests/fuzz/corpus
+fuzz-smoke: $(BUILD)/fuzz_safetensors
+	@mkdir -p $(BUILD)/fuzz-corpus
+	$< -max_total_time=20 -print_final_stats=0 $(BUILD)/fuzz-corpus tests/fuzz/corpus
+	@echo "fuzz smoke: 20 s of libFuzzer on the safetensors parser, no crash"
+
+gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
+	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-test: built without CUDA (no nvcc)"; \
+	elif ! ls /dev/nvidia0 >/dev/null 2>&1; then echo "SKIPPED gpu-test: no GPU on this machine (CUDA code compiled: $(words $(GPU_TEST_BIN)) test binaries built)"; \
+	else set -e; for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t; done; fi
+
+# ---- run -------------------------------------------------------------------
+run: $(BUILD)/streamfeed
+	$(BUILD)/streamfeed --http.port $(PORT)
+
+demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
+	@bash tools/demo.sh
+
+bench: all
+	@bash bench/run.sh
+
+clean:
+	rm -rf $(BUILD)
+
+# ---- dependencies ----------------------------------------------------------
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -z "$$missing" ]; then echo "deps: ✓ all Debian packages present"; \
+	elif [ "$$(id -u)" = 0 ]; then echo "deps: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "deps: missing$$missing — run: sudo apt-get install -y$$missing"; exit 1; fi
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,139 @@
+/* gpu/aug.h — the augmentation pipeline: its description, its plan for one
+ * input shape, and the per-sample random parameters.
+ *
+ * Flow (DESIGN.md §5):
+ *   config JSON list  --sf_aug_parse-->  sf_aug_pipeline   (once per config)
+ *   pipeline + input shape --sf_aug_plan--> sf_aug_plan    (once per shape)
+ *   plan + (seed, batch seq, sample i) --sf_aug_gen--> sf_aug_sample[n]
+ *                                                     (per batch, on the host)
+ * A backend consumes the plan and the sample array; it draws no random numbers
+ * of its own except through gpu/rng.h keyed by values found in sf_aug_sample,
+ * so the CUDA and reference backends compute the same function.
+ *
+ * Semantics of the composed pipeline (what both backends implement):
+ *  1. Geometry. random_crop, resize, random_rotation and horizontal_flip compose
+ *     into one affine map from output pixel centres to source coordinates
+ *     (sf_aug_sample.inv), and the source is sampled once: bilinear (or
+ *     nearest) with per-tap zero padding (a tap outside the source image reads
+ *     0, as torch grid_sample(padding_mode="zeros", align_corners=False)).
+ *     Pixel centres follow PyTorch's align_corners=False convention.
+ *     Differences from sequential torchvision ops: one resampling instead of
+ *     one per op (sharper, and no intermediate rounding or clipping to uint8);
+ *     the rotation's fill applies to the composed map's outside region.
+ *  2. Blur. gaussian_blur (separable, odd kernel ksize, per-sample sigma,
+ *     reflect padding as torchvision) on the geometric output.
+ *  3. Pointwise ops in list order: to_dtype (x*scale), normalize ((x-mean)/std
+ *     per channel), color_convert (RGB->YCbCr, BT.601 full range), random_mask
+ *     (pixels chosen with probability ratio, dilated over the 4-neighbourhood
+ *     `dilate` times, set to 0 in every channel). The mask bit of a pixel is
+ *     sf_u01(sf_hash4(mask_seed, y, x, 0)) < ratio, before dilation.
+ *  Blur is linear and commutes with the affine pointwise ops, so its position
+ *  among them does not matter; a random_mask listed before gaussian_blur is
+ *  rejected by sf_aug_plan since it would not commute.
+ * Output: float32 NCHW [n, out_c, out_h, out_w] (out_c == in c).
+ */
+#ifndef SF_GPU_AUG_H
+#define SF_GPU_AUG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SF_AUG_MAX_OPS 16
+#define SF_AUG_MAX_C 4
+#define SF_AUG_MAX_KSIZE 31
+
+typedef enum sf_aug_kind {
+    SF_AUG_RANDOM_CROP = 0, /* size [h,w]; uniform top-left over valid positions */
+    SF_AUG_RESIZE,          /* size [h,w]; bilinear, align_corners=False */
+    SF_AUG_RANDOM_ROTATION, /* degrees [min,max] uniform, about the centre, fill 0 */
+    SF_AUG_HFLIP,           /* p: probability of flipping */
+    SF_AUG_GAUSSIAN_BLUR,   /* ksize (odd), sigma [min,max] uniform */
+    SF_AUG_NORMALIZE,       /* mean[c], std[c] */
+    SF_AUG_COLOR_CONVERT,   /* RGB -> YCbCr; needs c == 3 */
+    SF_AUG_RANDOM_MASK,     /* ratio, dilate (iterations of 4-neighbour dilation) */
+    SF_AUG_TO_DTYPE,        /* scale: multiply (e.g. 1/255); dtype "float32" */
+    SF_AUG_KIND_COUNT
+} sf_aug_kind;
+
+typedef enum sf_interp { SF_INTERP_BILINEAR = 0, SF_INTERP_NEAREST = 1 } sf_interp;
+
+typedef struct sf_aug_op {
+    sf_aug_kind kind;
+    int size_h, size_w;          /* random_crop, resize */
+    float deg_min, deg_max;      /* random_rotation */
+    sf_interp interp;            /* random_rotation: resampling of the composed map */
+    float p;                     /* horizontal_flip */
+    int ksize;                   /* gaussian_blur */
+    float sigma_min, sigma_max;  /* gaussian_blur */
+    float mean[SF_AUG_MAX_C], std[SF_AUG_MAX_C]; /* normalize (one value broadcasts) */
+    int n_mean;                  /* values given for mean/std */
+    float ratio;                 /* random_mask */
+    int dilate;                  /* random_mask */
+    float scale;                 /* to_dtype */
+} sf_aug_op;
+
+typedef struct sf_aug_pipeline {
+    int n_ops;
+    sf_aug_op ops[SF_AUG_MAX_OPS];
+} sf_aug_pipeline;
+
+/* Pointwise stage, in list order, after the geometric and blur stages. */
+typedef enum sf_aug_pw_kind {
+    SF_PW_SCALE = 0,  /* x *= a[0] */
+    SF_PW_NORMALIZE,  /* x = (x - a[c]) * b[c]   (b = 1/std) */
+    SF_PW_YCBCR,      /* RGB -> YCbCr */
+    SF_PW_MASK        /* random mask with ratio a[0], dilate (int)b[0] */
+} sf_aug_pw_kind;
+
+typedef struct sf_aug_pw {
+    sf_aug_pw_kind kind;
+    float a[SF_AUG_MAX_C], b[SF_AUG_MAX_C];
+} sf_aug_pw;
+
+/* A pipeline resolved for one input shape. Plain data, copyable to the device. */
+typedef struct sf_aug_plan {
+    int in_h, in_w, c;        /* source image per sample */
+    int out_h, out_w;         /* after geometry */
+    sf_interp interp;         /* resampling of the composed map */
+    int has_geom;             /* 0: identity map (a plain uint8->float conversion) */
+    int blur_ksize;           /* 0: no blur */
+    int n_pw;
+    sf_aug_pw pw[SF_AUG_MAX_OPS];
+    int has_mask;             /* a SF_PW_MASK stage exists */
+} sf_aug_plan;
+
+/* Per-sample random parameters, generated once per batch on the host. */
+typedef struct sf_aug_sample {
+    float inv[6];        /* source (x,y) = inv[0..2]·(ox,oy,1), inv[3..5]·(ox,oy,1);
+                            ox, oy are output pixel centres (i + 0.5); the result is
+                            in continuous source coordinates (pixel centre = i + 0.5) */
+    float sigma;         /* gaussian_blur sigma (0 when no blur) */
+    float blur_w[SF_AUG_MAX_KSIZE]; /* normalised 1-D Gaussian weights, ksize of them */
+    uint64_t mask_seed;  /* key of the random mask */
+    /* For logs, tests and traces; backends use only the fields above. */
+    int crop_x, crop_y, flip;
+    float angle_deg;
+} sf_aug_sample;
+
+/* Parses the config's JSON array, e.g.
+ *   [{"op":"to_dtype","dtype":"float32","scale":1.0},
+ *    {"op":"random_crop","size":[128,128]}, {"op":"resize","size":[256,256]},
+ *    {"op":"random_rotation","degrees":[-45,45]},
+ *    {"op":"gaussian_blur","kernel_size":7,"sigma":[0.1,2.0]},
+ *    {"op":"normalize","mean":[0],"std":[1]}]
+ * An empty array is the identity (uint8 -> float). Fails naming the op index. */
+int sf_aug_parse(const char *json, sf_aug_pipeline *p, char *err, size_t errlen);
+
+/* Resolves the pipeline for a source of in_h x in_w x c. Fails (naming the op)
+ * when a crop is larger than its input, c does not fit normalize/colour, etc. */
+int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c,
+                     sf_aug_plan *plan, char *err, size_t errlen);
+
+/* Draws the per-sample parameters of samples [0, n) of batch `seq` under
+ * `seed`: a pure function of (seed, seq, sample index, pipeline). */
+void sf_aug_gen(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
+                uint64_t seq, int n, sf_aug_sample *out);
+
+const char *sf_aug_kind_name(sf_aug_kind k);
+
+#endif

@@ -1,0 +1,124 @@
+/* gpu/backend.h — the one interface every compute backend implements.
+ *
+ * A backend owns a device (or the CPU), a built model and its training state.
+ * The server talks to it only through this vtable (as ggml-backend does), so
+ * server/ never sees CUDA and gpu/ never sees HTTP.
+ *
+ * Threads: every function except host_alloc/host_free/name is called from the
+ * engine thread only (server/engine.c). host_alloc/host_free are called at
+ * start-up and shutdown.
+ *
+ * The batch life cycle seen from the engine:
+ *   submit(batch)         the backend starts H2D + augment + step, asynchronously
+ *                         where it can (the reference backend runs it at once).
+ *   poll()                yields completions, in submission order per kind:
+ *     SF_EV_SLOT_FREE       the host slot's bytes have been consumed (H2D done);
+ *                           the engine may hand the slot back to the ring.
+ *     SF_EV_STEP_DONE       the step finished (or failed) with its result.
+ *   Every submitted batch yields exactly one SLOT_FREE and then exactly one
+ *   STEP_DONE, also when it fails (status != 0).
+ */
+#ifndef SF_GPU_BACKEND_H
+#define SF_GPU_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "aug.h"
+#include "model.h"
+
+typedef enum sf_precision { SF_PREC_FP32 = 0, SF_PREC_TF32, SF_PREC_BF16 } sf_precision;
+
+typedef enum sf_label_dtype { SF_LABEL_U8 = 0, SF_LABEL_I32, SF_LABEL_I64 } sf_label_dtype;
+
+/* Training settings a backend needs at build time. lr/momentum/wd may change
+ * between steps (hot config): they are passed again with every batch. */
+typedef struct sf_train_cfg {
+    sf_precision precision;
+    uint64_t seed;          /* parameter initialisation */
+    int max_batch;          /* largest N the backend must be able to run */
+    int overlap;            /* CUDA: transform and compute on separate streams */
+    int cuda_graphs;        /* CUDA: capture the step as a graph */
+    int device;             /* CUDA device ordinal */
+} sf_train_cfg;
+
+typedef struct sf_hyper {
+    float lr, momentum, weight_decay;
+} sf_hyper;
+
+/* A READY ring slot, described for the backend. The bytes stay valid and
+ * unchanged until the backend reports SF_EV_SLOT_FREE for this batch. */
+typedef struct sf_batch {
+    uint64_t id;             /* job id (for results) */
+    uint64_t seq;            /* batch sequence number (RNG key) */
+    void *token;             /* opaque to the backend; returned in events */
+    int n, h, w, c;          /* images: n samples of h x w x c uint8 */
+    int nhwc;                /* 1: [n,h,w,c]; 0: [n,c,h,w] */
+    const uint8_t *images;   /* host pointer (pinned on CUDA) */
+    sf_label_dtype label_dtype;
+    const void *labels;      /* [n] integers in [0, classes) (validated by the server) */
+    const sf_aug_plan *plan;     /* the augmentation plan for this shape */
+    const sf_aug_sample *samples; /* n per-sample parameters, owned by the engine until SLOT_FREE */
+    sf_hyper hyper;
+    uint64_t t_ready_ns;     /* host monotonic time the slot became READY (for traces) */
+} sf_batch;
+
+typedef enum sf_event_kind { SF_EV_SLOT_FREE = 1, SF_EV_STEP_DONE = 2 } sf_event_kind;
+
+typedef struct sf_event {
+    sf_event_kind kind;
+    uint64_t id;
+    void *token;
+    int status;              /* 0 ok; else failed, message in err */
+    char err[160];
+    /* STEP_DONE only: */
+    float loss;              /* mean over the batch */
+    int correct;             /* samples whose argmax equals the label */
+    int n;
+    uint64_t step;           /* optimizer steps taken so far, this one included */
+    double h2d_s, transform_s, step_s; /* stage durations (device events on CUDA) */
+    uint64_t t_h2d_start_ns, t_transform_start_ns, t_step_start_ns, t_step_end_ns;
+                             /* host monotonic times of the stage edges (0 if unknown) */
+} sf_event;
+
+typedef struct sf_backend sf_backend;
+
+typedef struct sf_backend_i {
+    const char *(*name)(sf_backend *be);                 /* "ref", "cuda" */
+    /* Host memory for ring slots: pinned on CUDA, 64-byte aligned on the CPU. */
+    void *(*host_alloc)(sf_backend *be, size_t bytes);
+    void (*host_free)(sf_backend *be, void *p);
+    /* Builds model + optimizer state; initialises parameters from cfg->seed.
+     * May be called again to rebuild (all state is replaced). */
+    int (*build)(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
+                 char *err, size_t errlen);
+    /* Batches that may be submitted and not yet STEP_DONE at once. */
+    int (*max_inflight)(sf_backend *be);
+    /* Starts a batch. Returns 0, or -1 (err filled) when it could not even be
+     * started; then no events follow for it. */
+    int (*submit)(sf_backend *be, const sf_batch *b, char *err, size_t errlen);
+    /* Writes up to max completions into ev and returns their count; waits up
+     * to timeout_us for the first one when none is ready. */
+    int (*poll)(sf_backend *be, sf_event *ev, int max, int timeout_us);
+    /* Augmentation only, synchronous: out is float [n, c, out_h, out_w]. */
+    int (*transform)(sf_backend *be, const sf_batch *b, float *out, char *err, size_t errlen);
+    /* Parameters as one flat float buffer in sf_model layout (n_params floats).
+     * Called with nothing in flight. */
+    int (*get_params)(sf_backend *be, float *dst);
+    int (*set_params)(sf_backend *be, const float *src);
+    /* 0 when healthy; else a reason (e.g. device lost) in err. */
+    int (*health)(sf_backend *be, char *err, size_t errlen);
+    void (*destroy)(sf_backend *be);
+} sf_backend_i;
+
+struct sf_backend {
+    const sf_backend_i *i;
+    void *ctx;
+};
+
+/* Constructors. sf_backend_cuda_new returns NULL (reason in err) when there is
+ * no usable GPU or the binary was built without CUDA. */
+sf_backend *sf_backend_ref_new(char *err, size_t errlen);
+sf_backend *sf_backend_cuda_new(int device, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,86 @@
+/* handlers/batches.c — POST /v1/batches and GET /v1/batches/{id}. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "handlers/handlers.h"
+#include "server/app.h"
+#include "server/jobs.h"
+#include "server/ring.h"
+#include "server/upload.h"
+
+static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
+{
+    return sf_upload_on_data(r, 0, data, len);
+}
+
+const sf_stream_ops h_batches_stream = {batches_data, sf_upload_on_done, sf_upload_max_body};
+
+static int reply_job(sf_req *r, uint64_t id, int status)
+{
+    sf_job job;
+    if (sf_jobs_get(r->app->jobs, id, &job))
+        return sf_reply_error(r, 404, "batch_not_found",
+                              "batch %llu is unknown or its result was evicted",
+                              (unsigned long long)id);
+    return sf_reply_json(r, status, sf_job_to_json(&job));
+}
+
+/* ?wait=1: hold the reply until the job is done, without holding a thread. */
+static int wait_for_job(sf_req *r, uint64_t id)
+{
+    sf_config c;
+    sf_config_get(&c);
+    for (;;) {
+        uint64_t gen = sf_http_gen(r->app->http, SF_WAIT_JOB);
+        sf_job job;
+        if (sf_jobs_get(r->app->jobs, id, &job))
+            return reply_job(r, id, 200);
+        if (job.state == SF_JOB_DONE || job.state == SF_JOB_FAILED)
+            return sf_reply_json(r, 200, sf_job_to_json(&job));
+        if (r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN)
+            return sf_reply_json(r, 202, sf_job_to_json(&job)); /* still running: the state so far */
+        if (sf_http_wait(r, SF_WAIT_JOB, id, gen, c.pipeline.wait_timeout_ms) == 0)
+            return 0;
+    }
+}
+
+static int wants_wait(sf_req *r)
+{
+    const char *w = sf_req_arg(r, "wait");
+    return w && (strcmp(w, "1") == 0 || strcmp(w, "true") == 0);
+}
+
+int h_batches_post(sf_req *r)
+{
+    sf_upload *u = r->user;
+    if (u && u->committed) /* woken while waiting for the result */
+        return wait_for_job(r, u->job_id);
+    uint64_t id;
+    if (sf_upload_commit(r, &id))
+        return -1;
+    if (wants_wait(r)) {
+        r->wait = SF_WAIT_NONE;
+        return wait_for_job(r, id);
+    }
+    int counts[SF_SLOT_STATES];
+    sf_ring_counts(r->app->ring, counts);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "id", (double)id);
+    cJSON_AddNumberToObject(o, "queued", counts[SF_SLOT_READY]);
+    cJSON *ring = cJSON_AddObjectToObject(o, "ring");
+    cJSON_AddNumberToObject(ring, "slots", sf_ring_slots(r->app->ring));
+    cJSON_AddNumberToObject(ring, "free", counts[SF_SLOT_FREE]);
+    return sf_reply_json(r, 202, o);
+}
+
+int h_batches_get(sf_req *r)
+{
+    char *end;
+    errno = 0;
+    unsigned long long id = strtoull(r->param, &end, 10);
+    if (errno || *end || r->param[0] == '-' || r->param[0] == '\0' || id == 0)
+        return sf_reply_error(r, 400, "bad_batch_id", "batch id \"%s\" is not a positive integer",
+                              r->param);
+    return reply_job(r, id, 200);
+}

@@ -1,0 +1,30 @@
+/* handlers/handlers.h — every endpoint's handler, for the route table.
+ *
+ * A handler parses and validates its request, calls into server/ (or gpu/
+ * through the backend), and renders the reply. It keeps no state of its own:
+ * anything a request needs across callbacks lives in sf_req.user.
+ */
+#ifndef SF_HANDLERS_H
+#define SF_HANDLERS_H
+
+#include "server/http.h"
+
+int h_healthz(sf_req *r);
+int h_readyz(sf_req *r);
+int h_metrics(sf_req *r);
+int h_config_get(sf_req *r);
+int h_config_patch(sf_req *r);
+int h_batches_post(sf_req *r);
+int h_batches_get(sf_req *r);
+int h_transform(sf_req *r);
+int h_model(sf_req *r);
+int h_openapi(sf_req *r);
+
+extern const sf_stream_ops h_batches_stream;
+extern const sf_stream_ops h_transform_stream;
+
+/* Parses a JSON request body with the configured depth bound; replies 400 and
+ * returns NULL when it is not acceptable. */
+cJSON *h_parse_json_body(sf_req *r);
+
+#endif

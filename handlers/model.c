@@ -1,0 +1,37 @@
+/* handlers/model.c — GET /v1/model: layers, shapes, parameter counts. */
+#include "handlers/handlers.h"
+#include "server/app.h"
+#include "server/jobs.h"
+
+int h_model(sf_req *r)
+{
+    const sf_app *app = r->app;
+    const sf_model *m = &app->model;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "preset", m->preset);
+    cJSON *in = cJSON_AddArrayToObject(o, "input");
+    cJSON_AddItemToArray(in, cJSON_CreateNumber(m->in_c));
+    cJSON_AddItemToArray(in, cJSON_CreateNumber(m->in_h));
+    cJSON_AddItemToArray(in, cJSON_CreateNumber(m->in_w));
+    cJSON_AddNumberToObject(o, "classes", m->n_classes);
+    cJSON_AddNumberToObject(o, "params", (double)m->n_params);
+    cJSON_AddStringToObject(o, "precision", app->cfg.model.precision);
+    cJSON_AddNumberToObject(o, "step", (double)sf_metric_value(sf_metric_only(app->m.steps)));
+    cJSON_AddStringToObject(o, "backend", app->backend_name ? app->backend_name : "none");
+    cJSON *layers = cJSON_AddArrayToObject(o, "layers");
+    for (int i = 0; i < m->n_layers; i++) {
+        const sf_layer *l = &m->layers[i];
+        cJSON *lj = cJSON_CreateObject();
+        cJSON_AddStringToObject(lj, "name", l->name);
+        cJSON_AddStringToObject(lj, "type", sf_layer_kind_name(l->kind));
+        cJSON *out = cJSON_AddArrayToObject(lj, "out");
+        cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_ch));
+        if (l->kind != SF_L_LINEAR && l->kind != SF_L_FLATTEN) {
+            cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_h));
+            cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_w));
+        }
+        cJSON_AddNumberToObject(lj, "params", (double)(l->n_w + l->n_b));
+        cJSON_AddItemToArray(layers, lj);
+    }
+    return sf_reply_json(r, 200, o);
+}

@@ -1,0 +1,23 @@
+/* handlers/routes.c — the route table: the one place that maps method and
+ * path to a handler. openapi/streamfeed.yaml must list exactly these routes
+ * (tests/integration/test_openapi_routes.py checks both directions). */
+#include "handlers/handlers.h"
+
+static const char *const CT_BATCH[] = {"application/vnd.safetensors", "application/octet-stream", NULL};
+static const char *const CT_PATCH[] = {"application/merge-patch+json", "application/json", NULL};
+
+const sf_route sf_routes[] = {
+    {"GET", "/healthz", "healthz", h_healthz, NULL, 0, NULL},
+    {"GET", "/readyz", "readyz", h_readyz, NULL, 0, NULL},
+    {"GET", "/metrics", "metrics", h_metrics, NULL, 0, NULL},
+    {"GET", "/openapi.yaml", "openapi", h_openapi, NULL, 0, NULL},
+    {"GET", "/v1/config", "config", h_config_get, NULL, 0, NULL},
+    {"PATCH", "/v1/config", "config", h_config_patch, NULL, SF_ROUTE_AUTH | SF_ROUTE_JSON, CT_PATCH},
+    {"POST", "/v1/batches", "batches", h_batches_post, &h_batches_stream,
+     SF_ROUTE_AUTH | SF_ROUTE_STREAM, CT_BATCH},
+    {"GET", "/v1/batches/{id}", "batch", h_batches_get, NULL, 0, NULL},
+    {"POST", "/v1/transform", "transform", h_transform, &h_transform_stream,
+     SF_ROUTE_AUTH | SF_ROUTE_STREAM, CT_BATCH},
+    {"GET", "/v1/model", "model", h_model, NULL, 0, NULL},
+};
+const size_t sf_routes_len = sizeof sf_routes / sizeof sf_routes[0];

@@ -1,0 +1,120 @@
+/* server/app.c — metric registration and readiness. */
+#include "server/app.h"
+
+#include "server/engine.h"
+#include "server/jobs.h"
+#include "server/http.h"
+#include "server/ring.h"
+
+static const char *const L_ROUTE_CODE[] = {"route", "code", NULL};
+static const char *const L_ROUTE[] = {"route", NULL};
+static const char *const L_CODE[] = {"code", NULL};
+static const char *const L_STATUS[] = {"status", NULL};
+static const char *const L_REASON[] = {"reason", NULL};
+static const char *const L_STATE[] = {"state", NULL};
+static const char *const L_BUILD[] = {"version", "backend", NULL};
+
+static void collect(void *ctx)
+{
+    sf_app *app = ctx;
+    if (app->ring) {
+        int c[SF_SLOT_STATES];
+        sf_ring_counts(app->ring, c);
+        for (int s = 0; s < SF_SLOT_STATES; s++) {
+            const char *v[] = {sf_slot_state_name((sf_slot_state)s)};
+            sf_gauge_set(sf_metric_child(app->m.ring_slots, v), c[s]);
+        }
+    }
+    if (app->jobs) {
+        uint64_t c[SF_JOB_STATES], accepted;
+        sf_jobs_counts(app->jobs, c, &accepted);
+        sf_gauge_set(sf_metric_only(app->m.batches_pending),
+                     (double)(c[SF_JOB_QUEUED] + c[SF_JOB_TRANSFORMING] + c[SF_JOB_TRAINING]));
+    }
+    sf_gauge_set(sf_metric_only(app->m.up_seconds), (double)(sf_now_ns() - app->t_start_ns) / 1e9);
+}
+
+void sf_app_metrics_init(sf_app *app)
+{
+    sf_app_metrics *m = &app->m;
+    m->http_requests = sf_metrics_counter("streamfeed_http_requests_total",
+                                          "HTTP requests by route and status code.", L_ROUTE_CODE);
+    m->http_duration = sf_metrics_histogram("streamfeed_http_request_duration_seconds",
+                                            "HTTP request duration from headers to reply sent.",
+                                            L_ROUTE, sf_buckets_latency, sf_buckets_latency_n);
+    m->http_errors = sf_metrics_counter("streamfeed_http_errors_total",
+                                        "Error replies by stable error code.", L_CODE);
+    m->batches_received = sf_metrics_counter(
+        "streamfeed_batches_received_total",
+        "Batch uploads by outcome: accepted into the ring, or rejected.", L_STATUS);
+    m->batches_finished = sf_metrics_counter(
+        "streamfeed_batches_finished_total",
+        "Accepted batches that finished, by status (done or failed).", L_STATUS);
+    m->batches_rejected = sf_metrics_counter("streamfeed_batches_rejected_total",
+                                             "Batch uploads rejected, by reason (error code).",
+                                             L_REASON);
+    m->batches_pending = sf_metrics_gauge(
+        "streamfeed_batches_pending",
+        "Accepted batches not finished yet (queued or in flight); accepted = finished + pending.",
+        NULL);
+    m->bytes_received = sf_metrics_counter("streamfeed_bytes_received_total",
+                                           "Bytes of batch bodies received.", NULL);
+    m->samples_trained = sf_metrics_counter("streamfeed_samples_trained_total",
+                                            "Samples that went through a training step.", NULL);
+    m->steps = sf_metrics_counter("streamfeed_steps_total", "Optimizer steps taken.", NULL);
+    m->loss = sf_metrics_gauge("streamfeed_loss", "Loss of the last training step.", NULL);
+    m->learning_rate = sf_metrics_gauge("streamfeed_learning_rate", "Current learning rate.", NULL);
+    m->ring_slots = sf_metrics_gauge("streamfeed_ring_slots", "Ring slots by state.", L_STATE);
+    m->queue_wait = sf_metrics_histogram("streamfeed_queue_wait_seconds",
+                                         "Time a batch waited READY in the ring before the engine took it.",
+                                         NULL, sf_buckets_latency, sf_buckets_latency_n);
+    m->h2d = sf_metrics_histogram("streamfeed_h2d_seconds", "Host-to-device copy time per batch.",
+                                  NULL, sf_buckets_latency, sf_buckets_latency_n);
+    m->transform = sf_metrics_histogram("streamfeed_transform_seconds",
+                                        "Augmentation time per batch.", NULL, sf_buckets_latency,
+                                        sf_buckets_latency_n);
+    m->step = sf_metrics_histogram("streamfeed_step_seconds",
+                                   "Training step time (forward, backward, optimizer) per batch.",
+                                   NULL, sf_buckets_latency, sf_buckets_latency_n);
+    m->compute_busy = sf_metrics_gauge("streamfeed_compute_busy_ratio",
+                                       "Share of wall time the compute stream was busy, last window.",
+                                       NULL);
+    m->compute_starved = sf_metrics_counter(
+        "streamfeed_compute_starved_seconds_total",
+        "Time the compute side waited with no batch ready while training.", NULL);
+    m->build_info = sf_metrics_gauge("streamfeed_build_info", "Build and backend; always 1.", L_BUILD);
+    m->up_seconds = sf_metrics_gauge("streamfeed_uptime_seconds", "Seconds since start.", NULL);
+    const char *bv[] = {SF_VERSION, app->backend_name ? app->backend_name : "none"};
+    sf_gauge_set(sf_metric_child(m->build_info, bv), 1);
+    /* Create the unlabelled children so they render as 0 from the start. */
+    sf_metric_only(m->bytes_received);
+    sf_metric_only(m->samples_trained);
+    sf_metric_only(m->steps);
+    sf_metric_only(m->compute_starved);
+    const char *acc[] = {"accepted"}, *rej[] = {"rejected"}, *dn[] = {"done"}, *fl[] = {"failed"};
+    sf_metric_child(m->batches_received, acc);
+    sf_metric_child(m->batches_received, rej);
+    sf_metric_child(m->batches_finished, dn);
+    sf_metric_child(m->batches_finished, fl);
+    sf_metric_only(m->queue_wait);
+    sf_metric_only(m->h2d);
+    sf_metric_only(m->transform);
+    sf_metric_only(m->step);
+    sf_metrics_on_collect(collect, app);
+}
+
+int sf_app_ready(sf_app *app, cJSON **reasons)
+{
+    cJSON *r = cJSON_CreateArray();
+    if (atomic_load(&app->draining))
+        cJSON_AddItemToArray(r, cJSON_CreateString("shutting down: draining queued batches"));
+    if (!app->ring)
+        cJSON_AddItemToArray(r, cJSON_CreateString("ring not allocated"));
+    if (!app->engine || !sf_engine_running(app->engine))
+        cJSON_AddItemToArray(r, cJSON_CreateString("engine not running"));
+    if (app->backend && !atomic_load(&app->backend_ok))
+        cJSON_AddItemToArray(r, cJSON_CreateString("backend unhealthy (see logs)"));
+    int n = cJSON_GetArraySize(r);
+    *reasons = r;
+    return n ? -1 : 0;
+}

@@ -1,0 +1,54 @@
+/* server/app.h — the process's components, wired together once at start.
+ *
+ * One sf_app exists per process (main.c). Handlers reach everything through
+ * req->app and keep nothing of their own. Fields are set before the HTTP
+ * daemon starts and never reassigned while it runs; what changes at run time
+ * (draining, readiness) is atomic.
+ */
+#ifndef SF_APP_H
+#define SF_APP_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "gpu/aug.h"
+#include "gpu/backend.h"
+#include "gpu/model.h"
+#include "server/config.h"
+#include "server/metrics.h"
+
+struct sf_ring;
+struct sf_jobs;
+struct sf_engine;
+struct sf_http;
+
+/* Metric families, registered once (app.c: sf_app_metrics_init). */
+typedef struct sf_app_metrics {
+    sf_family *http_requests, *http_duration, *http_errors;
+    sf_family *batches_received, *batches_finished, *batches_rejected, *batches_pending;
+    sf_family *bytes_received, *samples_trained, *steps, *loss, *learning_rate;
+    sf_family *ring_slots, *queue_wait, *h2d, *transform, *step;
+    sf_family *compute_busy, *compute_starved, *build_info, *up_seconds;
+} sf_app_metrics;
+
+typedef struct sf_app {
+    sf_config cfg;              /* as started: restart-only values come from here */
+    sf_model model;
+    sf_aug_pipeline aug;
+    sf_backend *backend;        /* NULL in sink mode */
+    struct sf_ring *ring;
+    struct sf_jobs *jobs;
+    struct sf_engine *engine;
+    struct sf_http *http;
+    sf_app_metrics m;
+    atomic_int draining;        /* SIGTERM received: refuse new batches */
+    atomic_int backend_ok;      /* last health check passed */
+    uint64_t t_start_ns;
+    const char *backend_name;
+} sf_app;
+
+void sf_app_metrics_init(sf_app *app);
+/* Readiness: 0 ready, else fills reasons (cJSON array of strings, caller frees). */
+int sf_app_ready(sf_app *app, cJSON **reasons);
+
+#endif

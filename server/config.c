@@ -1,0 +1,634 @@
+/* server/config.c — the option table and the live configuration. See config.h. */
+#include "server/config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu/aug.h"
+#include "gpu/model.h"
+
+#define F(field) offsetof(sf_config, field), sizeof(((sf_config *)0)->field)
+
+static int check_model(const sf_config *c, char *err, size_t errlen);
+static int check_augment(const sf_config *c, char *err, size_t errlen);
+static int check_slots(const sf_config *c, char *err, size_t errlen);
+
+/* Defaults reproduce W1 of shared/WORKLOADS.md. */
+#define W1_AUGMENT                                                                              \
+    "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"                              \
+    "{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"      \
+    "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},"                                       \
+    "{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]},"                        \
+    "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]"
+
+const sf_cfg_option sf_config_table[] = {
+    {"http.host", SF_CT_STRING, F(http.host), "0.0.0.0", 0, 0, NULL, 0, NULL,
+     "Address to listen on (IPv4 literal)."},
+    {"http.port", SF_CT_INT, F(http.port), "8080", 0, 65535, NULL, 0, NULL,
+     "TCP port; 0 picks a free one (printed at start)."},
+    {"http.threads", SF_CT_INT, F(http.threads), "4", 1, 256, NULL, 0, NULL,
+     "HTTP worker threads (libmicrohttpd epoll thread pool)."},
+    {"http.max_connections", SF_CT_INT, F(http.max_connections), "256", 1, 65536, NULL, 0, NULL,
+     "Concurrent connections accepted; more are refused."},
+    {"http.connection_timeout_s", SF_CT_INT, F(http.connection_timeout_s), "60", 1, 3600, NULL, 0,
+     NULL, "Idle connection timeout in seconds."},
+    {"http.max_header_bytes", SF_CT_INT, F(http.max_header_bytes), "16384", 1024, 1048576, NULL, 0,
+     NULL, "Largest total size of request headers; larger gets 431."},
+    {"http.max_json_bytes", SF_CT_INT64, F(http.max_json_bytes), "1048576", 1024, 67108864, NULL,
+     SF_CF_HOT, NULL, "Largest JSON request body; larger gets 413."},
+    {"http.max_json_depth", SF_CT_INT, F(http.max_json_depth), "16", 2, 64, NULL, SF_CF_HOT, NULL,
+     "Deepest nesting accepted in a JSON request body."},
+    {"http.token", SF_CT_STRING, F(http.token), "", 0, 0, NULL, SF_CF_HOT | SF_CF_SENSITIVE, NULL,
+     "Bearer token required by mutating endpoints; empty disables auth."},
+    {"ring.slots", SF_CT_INT, F(ring.slots), "8", 2, 4096, NULL, 0, check_slots,
+     "Ring slots of pinned host memory (batches buffered between HTTP and the GPU)."},
+    {"ring.slot_bytes", SF_CT_INT64, F(ring.slot_bytes), "8388608", 4096, 17179869184.0, NULL, 0,
+     NULL, "Bytes per slot: the largest batch data section accepted."},
+    {"ring.full_policy", SF_CT_ENUM, F(ring.full_policy), "block", 0, 0, "block|reject", SF_CF_HOT,
+     NULL, "When no slot is free: block (suspend the upload, 503 after the timeout) or reject (429)."},
+    {"ring.full_timeout_ms", SF_CT_INT, F(ring.full_timeout_ms), "10000", 0, 600000, NULL,
+     SF_CF_HOT, NULL, "How long a suspended upload waits for a free slot before 503."},
+    {"ring.retry_after_s", SF_CT_INT, F(ring.retry_after_s), "1", 0, 3600, NULL, SF_CF_HOT, NULL,
+     "Retry-After seconds sent with 429/503 when the ring is full."},
+    {"pipeline.mode", SF_CT_ENUM, F(pipeline.mode), "train", 0, 0, "train|sink", 0, NULL,
+     "train: augment and train each batch; sink: accept and discard (ingest benchmark)."},
+    {"pipeline.backend", SF_CT_ENUM, F(pipeline.backend), "auto", 0, 0, "auto|ref|cuda", 0, NULL,
+     "Compute backend: auto picks CUDA when a GPU is usable, else the CPU reference."},
+    {"pipeline.device", SF_CT_INT, F(pipeline.device), "0", 0, 63, NULL, 0, NULL,
+     "CUDA device ordinal."},
+    {"pipeline.overlap", SF_CT_BOOL, F(pipeline.overlap), "true", 0, 0, NULL, 0, NULL,
+     "Run augmentation on a transform stream overlapped with the step (CUDA)."},
+    {"pipeline.cuda_graphs", SF_CT_BOOL, F(pipeline.cuda_graphs), "true", 0, 0, NULL, 0, NULL,
+     "Capture the training step as a CUDA graph and replay it (CUDA)."},
+    {"pipeline.jobs_max", SF_CT_INT, F(pipeline.jobs_max), "4096", 64, 1048576, NULL, 0,
+     check_slots, "Batch results kept for GET /v1/batches/{id}; the oldest are evicted."},
+    {"pipeline.wait_timeout_ms", SF_CT_INT, F(pipeline.wait_timeout_ms), "60000", 0, 3600000, NULL,
+     SF_CF_HOT, NULL, "Longest ?wait=1 hold of a reply; then 202 with the current state."},
+    {"model.preset", SF_CT_ENUM, F(model.preset), "seed-classifier", 0, 0, "seed-classifier|tiny",
+     0, check_model, "Model preset (shared/WORKLOADS.md): seed-classifier is W1."},
+    {"model.spec", SF_CT_JSON, F(model.spec), "", 0, 0, NULL, 0, check_model,
+     "Model as a JSON layer list (overrides model.preset when set)."},
+    {"model.precision", SF_CT_ENUM, F(model.precision), "tf32", 0, 0, "fp32|tf32|bf16", 0, NULL,
+     "Math precision of convolutions and matmuls."},
+    {"model.seed", SF_CT_INT64, F(model.seed), "0", 0, 9007199254740991.0, NULL, 0, NULL,
+     "Seed of parameter initialisation."},
+    {"model.max_batch", SF_CT_INT, F(model.max_batch), "256", 1, 65536, NULL, 0, NULL,
+     "Largest batch N the model is built for (device memory is sized for it)."},
+    {"optim.lr", SF_CT_DOUBLE, F(optim.lr), "0.001", 0, 10, NULL, SF_CF_HOT, NULL,
+     "SGD learning rate."},
+    {"optim.momentum", SF_CT_DOUBLE, F(optim.momentum), "0", 0, 1, NULL, SF_CF_HOT, NULL,
+     "SGD momentum."},
+    {"optim.weight_decay", SF_CT_DOUBLE, F(optim.weight_decay), "0", 0, 1, NULL, SF_CF_HOT, NULL,
+     "SGD weight decay (L2, PyTorch semantics)."},
+    {"augment.pipeline", SF_CT_JSON, F(augment.pipeline), W1_AUGMENT, 0, 0, NULL, 0, check_augment,
+     "Augmentation ops as a JSON list (DESIGN.md §5); [] converts uint8 to float only."},
+    {"augment.seed", SF_CT_INT64, F(augment.seed), "0", 0, 9007199254740991.0, NULL, 0, NULL,
+     "Seed of the per-sample augmentation parameters."},
+    {"limits.max_n", SF_CT_INT, F(limits.max_n), "1024", 1, 65536, NULL, SF_CF_HOT, NULL,
+     "Largest batch N accepted."},
+    {"limits.max_h", SF_CT_INT, F(limits.max_h), "4096", 1, 65536, NULL, SF_CF_HOT, NULL,
+     "Largest image height accepted."},
+    {"limits.max_w", SF_CT_INT, F(limits.max_w), "4096", 1, 65536, NULL, SF_CF_HOT, NULL,
+     "Largest image width accepted."},
+    {"limits.max_tensor_header_bytes", SF_CT_INT, F(limits.max_tensor_header_bytes), "65536", 64,
+     16777216, NULL, SF_CF_HOT, NULL, "Largest safetensors JSON header accepted."},
+    {"log.level", SF_CT_ENUM, F(log.level), "info", 0, 0, "debug|info|warn|error", SF_CF_HOT, NULL,
+     "Log level."},
+    {"log.format", SF_CT_ENUM, F(log.format), "text", 0, 0, "text|json", SF_CF_HOT, NULL,
+     "Log line format."},
+    {"log.requests", SF_CT_BOOL, F(log.requests), "true", 0, 0, NULL, SF_CF_HOT, NULL,
+     "Log one line per HTTP request."},
+    {"shutdown.grace_s", SF_CT_INT, F(shutdown.grace_s), "30", 0, 3600, NULL, SF_CF_HOT, NULL,
+     "On SIGTERM, time allowed to finish queued batches and in-flight requests."},
+};
+const size_t sf_config_table_len = sizeof sf_config_table / sizeof sf_config_table[0];
+
+static int check_model(const sf_config *c, char *err, size_t errlen)
+{
+    sf_model *m = malloc(sizeof *m);
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int rc = c->model.spec[0] ? sf_model_from_json(c->model.spec, m, err, errlen)
+                              : sf_model_from_preset(c->model.preset, m, err, errlen);
+    free(m);
+    return rc;
+}
+
+static int check_augment(const sf_config *c, char *err, size_t errlen)
+{
+    sf_aug_pipeline p;
+    return sf_aug_parse(c->augment.pipeline, &p, err, errlen);
+}
+
+/* Job ids index a ring of results (server/jobs.c): every live batch must keep
+ * its entry, so the table must be larger than anything that can be in flight. */
+static int check_slots(const sf_config *c, char *err, size_t errlen)
+{
+    if (c->pipeline.jobs_max < 2 * c->ring.slots + 64) {
+        snprintf(err, errlen, "pipeline.jobs_max (%d) must be at least 2*ring.slots+64 (%d)",
+                 c->pipeline.jobs_max, 2 * c->ring.slots + 64);
+        return -1;
+    }
+    return 0;
+}
+
+const sf_cfg_option *sf_config_find(const char *name)
+{
+    for (size_t i = 0; i < sf_config_table_len; i++)
+        if (strcmp(sf_config_table[i].name, name) == 0)
+            return &sf_config_table[i];
+    return NULL;
+}
+
+static void *field_ptr(sf_config *c, const sf_cfg_option *o) { return (char *)c + o->offset; }
+static const void *field_cptr(const sf_config *c, const sf_cfg_option *o)
+{
+    return (const char *)c + o->offset;
+}
+
+static int enum_has(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0)
+            return 1;
+        if (!bar)
+            break;
+        p = bar + 1;
+    }
+    return 0;
+}
+
+static int set_number(sf_config *c, const sf_cfg_option *o, double v, char *err, size_t errlen)
+{
+    if (!isfinite(v) || v < o->min || v > o->max) {
+        snprintf(err, errlen, "%s: %g is out of range [%g, %g]", o->name, v, o->min, o->max);
+        return -1;
+    }
+    switch (o->type) {
+    case SF_CT_INT:
+        if (v != floor(v)) {
+            snprintf(err, errlen, "%s: expected an integer, got %g", o->name, v);
+            return -1;
+        }
+        *(int *)field_ptr(c, o) = (int)v;
+        return 0;
+    case SF_CT_INT64:
+        if (v != floor(v)) {
+            snprintf(err, errlen, "%s: expected an integer, got %g", o->name, v);
+            return -1;
+        }
+        *(int64_t *)field_ptr(c, o) = (int64_t)v;
+        return 0;
+    case SF_CT_DOUBLE:
+        *(double *)field_ptr(c, o) = v;
+        return 0;
+    default:
+        snprintf(err, errlen, "%s: not a number option", o->name);
+        return -1;
+    }
+}
+
+static int set_string(sf_config *c, const sf_cfg_option *o, const char *v, char *err, size_t errlen)
+{
+    size_t n = strlen(v);
+    if (n >= o->size) {
+        snprintf(err, errlen, "%s: value is %zu bytes, at most %zu allowed", o->name, n, o->size - 1);
+        return -1;
+    }
+    if (o->type == SF_CT_ENUM && !enum_has(o->choices, v)) {
+        snprintf(err, errlen, "%s: \"%.64s\" is not one of %s", o->name, v, o->choices);
+        return -1;
+    }
+    memcpy(field_ptr(c, o), v, n + 1);
+    return 0;
+}
+
+int sf_config_set_text(sf_config *c, const char *name, const char *value, char *err, size_t errlen)
+{
+    const sf_cfg_option *o = sf_config_find(name);
+    if (!o) {
+        snprintf(err, errlen, "unknown option \"%s\"", name);
+        return -1;
+    }
+    switch (o->type) {
+    case SF_CT_INT:
+    case SF_CT_INT64:
+    case SF_CT_DOUBLE: {
+        char *end;
+        errno = 0;
+        double v = strtod(value, &end);
+        if (errno || end == value || *end) {
+            snprintf(err, errlen, "%s: \"%.64s\" is not a number", name, value);
+            return -1;
+        }
+        return set_number(c, o, v, err, errlen);
+    }
+    case SF_CT_BOOL:
+        if (!strcmp(value, "true") || !strcmp(value, "1") || !strcmp(value, "yes"))
+            *(int *)field_ptr(c, o) = 1;
+        else if (!strcmp(value, "false") || !strcmp(value, "0") || !strcmp(value, "no"))
+            *(int *)field_ptr(c, o) = 0;
+        else {
+            snprintf(err, errlen, "%s: \"%.64s\" is not a boolean (true/false)", name, value);
+            return -1;
+        }
+        return 0;
+    case SF_CT_JSON:
+        if (value[0]) {
+            cJSON *j = cJSON_Parse(value);
+            if (!j) {
+                snprintf(err, errlen, "%s: not valid JSON", name);
+                return -1;
+            }
+            cJSON_Delete(j);
+        }
+        return set_string(c, o, value, err, errlen);
+    case SF_CT_STRING:
+    case SF_CT_ENUM:
+        return set_string(c, o, value, err, errlen);
+    }
+    return -1;
+}
+
+void sf_config_defaults(sf_config *c)
+{
+    memset(c, 0, sizeof *c);
+    char err[256];
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        if (sf_config_set_text(c, sf_config_table[i].name, sf_config_table[i].def, err, sizeof err)) {
+            /* A default that does not parse is a bug in the table itself. */
+            fprintf(stderr, "config table: %s\n", err);
+            abort();
+        }
+    }
+}
+
+/* Sets one option from a JSON value (file and PATCH syntax). */
+static int set_json(sf_config *c, const sf_cfg_option *o, const cJSON *v, char *err, size_t errlen)
+{
+    if (cJSON_IsNull(v))
+        return sf_config_set_text(c, o->name, o->def, err, errlen);
+    switch (o->type) {
+    case SF_CT_INT:
+    case SF_CT_INT64:
+    case SF_CT_DOUBLE:
+        if (!cJSON_IsNumber(v)) {
+            snprintf(err, errlen, "%s: expected a number", o->name);
+            return -1;
+        }
+        return set_number(c, o, v->valuedouble, err, errlen);
+    case SF_CT_BOOL:
+        if (!cJSON_IsBool(v)) {
+            snprintf(err, errlen, "%s: expected true or false", o->name);
+            return -1;
+        }
+        *(int *)field_ptr(c, o) = cJSON_IsTrue(v);
+        return 0;
+    case SF_CT_STRING:
+    case SF_CT_ENUM:
+        if (!cJSON_IsString(v)) {
+            snprintf(err, errlen, "%s: expected a string", o->name);
+            return -1;
+        }
+        return set_string(c, o, v->valuestring, err, errlen);
+    case SF_CT_JSON: {
+        /* A JSON option takes a JSON value (stored as its text) or a string holding JSON. */
+        if (cJSON_IsString(v))
+            return sf_config_set_text(c, o->name, v->valuestring, err, errlen);
+        char *txt = cJSON_PrintUnformatted(v);
+        if (!txt) {
+            snprintf(err, errlen, "%s: out of memory", o->name);
+            return -1;
+        }
+        int rc = set_string(c, o, txt, err, errlen);
+        cJSON_free(txt);
+        return rc;
+    }
+    }
+    return -1;
+}
+
+int sf_config_apply_json(sf_config *c, const cJSON *obj, char *err, size_t errlen, char *field,
+                         size_t fieldlen)
+{
+    if (field && fieldlen)
+        field[0] = '\0';
+    if (!cJSON_IsObject(obj)) {
+        snprintf(err, errlen, "configuration must be a JSON object of sections");
+        return -1;
+    }
+    for (const cJSON *sec = obj->child; sec; sec = sec->next) {
+        if (!cJSON_IsObject(sec)) {
+            if (field)
+                snprintf(field, fieldlen, "%s", sec->string);
+            snprintf(err, errlen, "%s: expected an object of options (e.g. {\"%s\":{...}})",
+                     sec->string, sec->string);
+            return -1;
+        }
+        for (const cJSON *kv = sec->child; kv; kv = kv->next) {
+            char name[128];
+            snprintf(name, sizeof name, "%s.%s", sec->string, kv->string);
+            if (field)
+                snprintf(field, fieldlen, "%s", name);
+            const sf_cfg_option *o = sf_config_find(name);
+            if (!o) {
+                snprintf(err, errlen, "unknown option \"%s\"", name);
+                return -1;
+            }
+            if (set_json(c, o, kv, err, errlen))
+                return -1;
+        }
+    }
+    if (field && fieldlen)
+        field[0] = '\0';
+    return 0;
+}
+
+int sf_config_validate(const sf_config *c, char *err, size_t errlen, char *field, size_t fieldlen)
+{
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        const sf_cfg_option *o = &sf_config_table[i];
+        if (o->check && o->check(c, err, errlen)) {
+            if (field)
+                snprintf(field, fieldlen, "%s", o->name);
+            /* Prefix the option so the message names the field. */
+            char tmp[512];
+            snprintf(tmp, sizeof tmp, "%s: %s", o->name, err);
+            snprintf(err, errlen, "%s", tmp);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void env_name(const char *opt, char *out, size_t cap)
+{
+    size_t o = (size_t)snprintf(out, cap, "STREAMFEED_");
+    for (const char *p = opt; *p && o + 1 < cap; p++)
+        out[o++] = (*p == '.') ? '_' : (char)toupper((unsigned char)*p);
+    out[o] = '\0';
+}
+
+static int load_file(sf_config *c, const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "--config %s: %s", path, strerror(errno));
+        return -1;
+    }
+    /* A config file is small; bound it so a wrong path (a device, a dataset) fails fast. */
+    enum { MAX = 1 << 20 };
+    char *buf = malloc(MAX + 1);
+    size_t n = buf ? fread(buf, 1, MAX + 1, f) : 0;
+    fclose(f);
+    if (!buf || n > MAX) {
+        free(buf);
+        snprintf(err, errlen, "--config %s: missing or larger than 1 MiB", path);
+        return -1;
+    }
+    buf[n] = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
+    if (!j) {
+        snprintf(err, errlen, "--config %s: not valid JSON", path);
+        return -1;
+    }
+    char e2[512], fld[128];
+    int rc = sf_config_apply_json(c, j, e2, sizeof e2, fld, sizeof fld);
+    cJSON_Delete(j);
+    if (rc)
+        snprintf(err, errlen, "--config %s: %s", path, e2);
+    return rc;
+}
+
+int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen)
+{
+    sf_config_defaults(c);
+    const char *path = getenv("STREAMFEED_CONFIG");
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            sf_config_print_help(argv[0]);
+            return 1;
+        }
+        if (!strcmp(argv[i], "--config") && i + 1 < argc)
+            path = argv[i + 1];
+        else if (!strncmp(argv[i], "--config=", 9))
+            path = argv[i] + 9;
+    }
+    if (path && path[0] && load_file(c, path, err, errlen))
+        return -1;
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        char name[128];
+        env_name(sf_config_table[i].name, name, sizeof name);
+        const char *v = getenv(name);
+        if (v && sf_config_set_text(c, sf_config_table[i].name, v, err, errlen)) {
+            char tmp[512];
+            snprintf(tmp, sizeof tmp, "environment %s: %s", name, err);
+            snprintf(err, errlen, "%s", tmp);
+            return -1;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strncmp(a, "--", 2) != 0) {
+            snprintf(err, errlen, "unexpected argument \"%s\" (see --help)", a);
+            return -1;
+        }
+        a += 2;
+        char name[128];
+        const char *val;
+        const char *eq = strchr(a, '=');
+        if (eq) {
+            snprintf(name, sizeof name, "%.*s", (int)(eq - a), a);
+            val = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", a);
+            if (i + 1 >= argc) {
+                snprintf(err, errlen, "--%s needs a value", name);
+                return -1;
+            }
+            val = argv[++i];
+        }
+        if (!strcmp(name, "config"))
+            continue;
+        if (sf_config_set_text(c, name, val, err, errlen))
+            return -1;
+    }
+    char fld[128];
+    return sf_config_validate(c, err, errlen, fld, sizeof fld);
+}
+
+cJSON *sf_config_to_json(const sf_config *c)
+{
+    cJSON *root = cJSON_CreateObject();
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        const sf_cfg_option *o = &sf_config_table[i];
+        const char *dot = strchr(o->name, '.');
+        char sec[64];
+        snprintf(sec, sizeof sec, "%.*s", (int)(dot - o->name), o->name);
+        cJSON *s = cJSON_GetObjectItemCaseSensitive(root, sec);
+        if (!s)
+            s = cJSON_AddObjectToObject(root, sec);
+        const void *p = field_cptr(c, o);
+        const char *key = dot + 1;
+        switch (o->type) {
+        case SF_CT_INT:
+            cJSON_AddNumberToObject(s, key, *(const int *)p);
+            break;
+        case SF_CT_INT64:
+            cJSON_AddNumberToObject(s, key, (double)*(const int64_t *)p);
+            break;
+        case SF_CT_DOUBLE:
+            cJSON_AddNumberToObject(s, key, *(const double *)p);
+            break;
+        case SF_CT_BOOL:
+            cJSON_AddBoolToObject(s, key, *(const int *)p);
+            break;
+        case SF_CT_STRING:
+        case SF_CT_ENUM:
+            if ((o->flags & SF_CF_SENSITIVE) && ((const char *)p)[0])
+                cJSON_AddStringToObject(s, key, "***");
+            else
+                cJSON_AddStringToObject(s, key, (const char *)p);
+            break;
+        case SF_CT_JSON: {
+            cJSON *v = ((const char *)p)[0] ? cJSON_Parse((const char *)p) : NULL;
+            cJSON_AddItemToObject(s, key, v ? v : cJSON_CreateNull());
+            break;
+        }
+        }
+    }
+    return root;
+}
+
+static const char *type_name(sf_cfg_type t)
+{
+    static const char *const n[] = {"int", "int", "number", "bool", "string", "enum", "json"};
+    return n[t];
+}
+
+void sf_config_print_help(const char *prog)
+{
+    printf("usage: %s [--config FILE] [--SECTION.OPTION VALUE ...]\n\n"
+           "Every option can also be set in the JSON config file ({\"section\":{\"option\":v}})\n"
+           "and in the environment (STREAMFEED_SECTION_OPTION). Precedence:\n"
+           "defaults < file < environment < flags. [hot] options can change at run time\n"
+           "through PATCH /v1/config; the others need a restart.\n\n",
+           prog);
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        const sf_cfg_option *o = &sf_config_table[i];
+        char env[128];
+        env_name(o->name, env, sizeof env);
+        printf("  --%-30s %s%s\n", o->name, o->help, (o->flags & SF_CF_HOT) ? " [hot]" : "");
+        if (o->type == SF_CT_ENUM)
+            printf("      %-30s one of %s; default %s; env %s\n", "", o->choices, o->def, env);
+        else if (o->type == SF_CT_JSON)
+            printf("      %-30s JSON; env %s\n", "", env);
+        else if (o->type <= SF_CT_DOUBLE)
+            printf("      %-30s %s in [%g, %g]; default %s; env %s\n", "", type_name(o->type), o->min,
+                   o->max, o->def, env);
+        else
+            printf("      %-30s %s; default \"%s\"; env %s\n", "", type_name(o->type),
+                   (o->flags & SF_CF_SENSITIVE) ? "" : o->def, env);
+    }
+}
+
+/* ---- the live configuration ------------------------------------------------ */
+
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static sf_config live;           /* effective now */
+static sf_config wanted;         /* effective + pending restart-only changes */
+static void (*on_change)(const sf_config *c);
+
+void sf_config_live_init(const sf_config *c)
+{
+    pthread_mutex_lock(&live_mu);
+    live = *c;
+    wanted = *c;
+    pthread_mutex_unlock(&live_mu);
+}
+
+void sf_config_get(sf_config *out)
+{
+    pthread_mutex_lock(&live_mu);
+    *out = live;
+    pthread_mutex_unlock(&live_mu);
+}
+
+void sf_config_on_change(void (*fn)(const sf_config *c)) { on_change = fn; }
+
+static int field_equal(const sf_config *a, const sf_config *b, const sf_cfg_option *o)
+{
+    if (o->type == SF_CT_STRING || o->type == SF_CT_ENUM || o->type == SF_CT_JSON)
+        return strcmp((const char *)field_cptr(a, o), (const char *)field_cptr(b, o)) == 0;
+    return memcmp(field_cptr(a, o), field_cptr(b, o), o->size) == 0;
+}
+
+static cJSON *pending_locked(void)
+{
+    cJSON *arr = cJSON_CreateArray();
+    for (size_t i = 0; i < sf_config_table_len; i++)
+        if (!field_equal(&live, &wanted, &sf_config_table[i]))
+            cJSON_AddItemToArray(arr, cJSON_CreateString(sf_config_table[i].name));
+    return arr;
+}
+
+cJSON *sf_config_pending(void)
+{
+    pthread_mutex_lock(&live_mu);
+    cJSON *a = pending_locked();
+    pthread_mutex_unlock(&live_mu);
+    return a;
+}
+
+int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *err,
+                    size_t errlen, char *field, size_t fieldlen)
+{
+    sf_config *next = malloc(sizeof *next);
+    if (!next) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    pthread_mutex_lock(&live_mu);
+    *next = wanted;
+    int rc = sf_config_apply_json(next, patch, err, errlen, field, fieldlen);
+    if (!rc)
+        rc = sf_config_validate(next, err, errlen, field, fieldlen);
+    if (rc) {
+        pthread_mutex_unlock(&live_mu);
+        free(next);
+        return -1;
+    }
+    cJSON *ap = cJSON_CreateArray();
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        const sf_cfg_option *o = &sf_config_table[i];
+        if (field_equal(next, &wanted, o))
+            continue;
+        if (o->flags & SF_CF_HOT) {
+            memcpy(field_ptr(&live, o), field_cptr(next, o), o->size);
+            cJSON_AddItemToArray(ap, cJSON_CreateString(o->name));
+        }
+    }
+    wanted = *next;
+    /* Hot values take effect in live and wanted alike; restart-only ones stay pending. */
+    sf_config snapshot = live;
+    cJSON *pe = pending_locked();
+    pthread_mutex_unlock(&live_mu);
+    free(next);
+    if (on_change && cJSON_GetArraySize(ap) > 0)
+        on_change(&snapshot);
+    *applied = ap;
+    *pending = pe;
+    return 0;
+}

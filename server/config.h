@@ -1,0 +1,148 @@
+/* server/config.h — the one table of every option.
+ *
+ * Every option is one row of a typed table (config.c: sf_config_table): its
+ * dotted name, type, default, bounds, whether it can change at run time (hot)
+ * or only at the next start (restart), and its help text. --help, validation,
+ * GET /v1/config, the environment names and the README's table all come from
+ * that table.
+ *
+ * Sources, later ones winning: defaults -> JSON file (--config) -> environment
+ * (STREAMFEED_HTTP_PORT for http.port) -> command-line flags (--http.port 8080).
+ *
+ * The effective configuration is a plain struct (sf_config). The live copy is
+ * owned by this module behind a lock: readers take a snapshot
+ * (sf_config_get), and PATCH goes through sf_config_patch, which validates the
+ * whole result before changing anything. Restart-only fields that a PATCH
+ * changes are kept as "pending" and reported, but not applied.
+ */
+#ifndef SF_CONFIG_H
+#define SF_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#define SF_CFG_STR 256
+#define SF_CFG_JSON 8192
+
+typedef struct sf_config {
+    struct {
+        char host[64];
+        int port;
+        int threads;
+        int max_connections;
+        int connection_timeout_s;
+        int max_header_bytes;
+        int64_t max_json_bytes;
+        char token[SF_CFG_STR];
+        int max_json_depth;
+    } http;
+    struct {
+        int slots;
+        int64_t slot_bytes;
+        char full_policy[16];   /* block | reject */
+        int full_timeout_ms;
+        int retry_after_s;
+    } ring;
+    struct {
+        char mode[16];          /* train | sink */
+        char backend[16];       /* auto | ref | cuda */
+        int device;
+        int overlap;
+        int cuda_graphs;
+        int jobs_max;
+        int wait_timeout_ms;
+    } pipeline;
+    struct {
+        char preset[32];
+        char spec[SF_CFG_JSON]; /* JSON layer list; overrides preset when set */
+        char precision[16];     /* fp32 | tf32 | bf16 */
+        int64_t seed;
+        int max_batch;
+    } model;
+    struct {
+        double lr;
+        double momentum;
+        double weight_decay;
+    } optim;
+    struct {
+        char pipeline[SF_CFG_JSON]; /* JSON list of ops (gpu/aug.h) */
+        int64_t seed;
+    } augment;
+    struct {
+        int max_n, max_h, max_w;
+        int max_tensor_header_bytes;
+    } limits;
+    struct {
+        char level[16];
+        char format[16];        /* text | json */
+        int requests;
+    } log;
+    struct {
+        int grace_s;
+    } shutdown;
+} sf_config;
+
+typedef enum sf_cfg_type { SF_CT_INT, SF_CT_INT64, SF_CT_DOUBLE, SF_CT_BOOL, SF_CT_STRING, SF_CT_ENUM, SF_CT_JSON } sf_cfg_type;
+
+enum {
+    SF_CF_HOT = 1,       /* applied at once by PATCH */
+    SF_CF_SENSITIVE = 2, /* never shown: GET /v1/config prints "***" when set */
+};
+
+typedef struct sf_cfg_option {
+    const char *name;    /* dotted: "http.port" */
+    sf_cfg_type type;
+    size_t offset, size; /* field in sf_config */
+    const char *def;     /* default, as text (parsed like an env value) */
+    double min, max;     /* numeric bounds (inclusive); strings: max length from size */
+    const char *choices; /* SF_CT_ENUM: "a|b|c" */
+    unsigned flags;
+    /* Optional semantic check of the value in the context of the whole
+     * config (e.g. a JSON model spec that must parse). 0 ok, else -1 + err. */
+    int (*check)(const struct sf_config *c, char *err, size_t errlen);
+    const char *help;
+} sf_cfg_option;
+
+extern const sf_cfg_option sf_config_table[];
+extern const size_t sf_config_table_len;
+
+const sf_cfg_option *sf_config_find(const char *name);
+
+/* Fills c with every default. */
+void sf_config_defaults(sf_config *c);
+/* Sets one option from text (env/flag syntax). 0, or -1 with err naming the option. */
+int sf_config_set_text(sf_config *c, const char *name, const char *value, char *err, size_t errlen);
+/* Applies a nested JSON object {"http":{"port":8080}} (file syntax; merge-patch
+ * semantics: null resets an option to its default). Unknown keys, wrong types
+ * and out-of-range values fail naming the field; on failure c may be partly
+ * changed, so callers apply to a copy. changed (optional) receives the names. */
+int sf_config_apply_json(sf_config *c, const cJSON *obj, char *err, size_t errlen, char *field,
+                         size_t fieldlen);
+/* Runs every option's bounds and semantic checks on a complete config. */
+int sf_config_validate(const sf_config *c, char *err, size_t errlen, char *field, size_t fieldlen);
+/* Loads defaults, then the file (if path), env, then argv flags. --help prints
+ * usage and returns 1; errors return -1 with err. *config_path gets --config. */
+int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen);
+/* Nested JSON of the config; sensitive values masked. */
+cJSON *sf_config_to_json(const sf_config *c);
+/* Prints --help generated from the table. */
+void sf_config_print_help(const char *prog);
+
+/* ---- the live configuration ---------------------------------------------- */
+void sf_config_live_init(const sf_config *c);
+/* Copies the current effective config. Any thread. */
+void sf_config_get(sf_config *out);
+/* Applies a JSON merge patch to the live config atomically: validates the
+ * complete result first; on success, hot options take effect at once and
+ * restart-only ones become pending. Fills *applied / *pending with arrays of
+ * names (caller frees). Returns 0, or -1 with err and the offending field. */
+int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *err,
+                    size_t errlen, char *field, size_t fieldlen);
+/* Names of restart-only options changed by PATCH since start (caller frees). */
+cJSON *sf_config_pending(void);
+/* Hook run (with the new config) after hot options changed. */
+void sf_config_on_change(void (*fn)(const sf_config *c));
+
+#endif

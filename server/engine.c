@@ -1,0 +1,372 @@
+/* server/engine.c — see engine.h. */
+#include "server/engine.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+
+#include "server/app.h"
+#include "server/http.h"
+#include "server/jobs.h"
+#include "server/log.h"
+#include "server/ring.h"
+
+#define PLAN_CACHE 8
+#define EVENTS_MAX 16
+#define BUSY_WINDOW_NS 5000000000ull
+
+typedef struct plan_entry {
+    int h, w, c, valid;
+    sf_aug_plan plan;
+} plan_entry;
+
+struct sf_engine {
+    sf_app *app;
+    pthread_t thread;
+    atomic_int running;
+    atomic_int stop;
+    atomic_int inflight;
+    int max_batch;
+    sf_aug_sample **samples;   /* per slot: max_batch parameters, owned until SLOT_FREE */
+    plan_entry plans[PLAN_CACHE];
+    int next_plan;
+    /* Busy-ratio window and starvation accounting (compute-side edges). */
+    uint64_t win_start_ns;
+    double win_busy_s;
+    uint64_t last_step_end_ns;
+    /* Cached metric children for the hot path. */
+    sf_metric *m_done, *m_failed, *m_samples, *m_steps, *m_loss, *m_lr, *m_queue, *m_h2d,
+        *m_transform, *m_step, *m_busy, *m_starved;
+};
+
+static const sf_aug_plan *plan_for(sf_engine *e, int h, int w, int c, char *err, size_t errlen)
+{
+    for (int i = 0; i < PLAN_CACHE; i++) {
+        plan_entry *p = &e->plans[i];
+        if (p->valid && p->h == h && p->w == w && p->c == c)
+            return &p->plan;
+    }
+    plan_entry *p = &e->plans[e->next_plan];
+    e->next_plan = (e->next_plan + 1) % PLAN_CACHE;
+    p->valid = 0;
+    if (sf_aug_plan_make(&e->app->aug, h, w, c, &p->plan, err, errlen))
+        return NULL;
+    p->h = h;
+    p->w = w;
+    p->c = c;
+    p->valid = 1;
+    return &p->plan;
+}
+
+static void finish_failed(sf_engine *e, uint64_t id, const char *code, const char *msg)
+{
+    sf_jobs_fail(e->app->jobs, id, code, msg);
+    sf_counter_add(e->m_failed, 1);
+    sf_http_wake(e->app->http, SF_WAIT_JOB, id);
+}
+
+/* Sink mode: check the slot and mark the batch done without computing. */
+static void run_sink(sf_engine *e, int slot)
+{
+    sf_slot_meta *m = sf_ring_meta(e->app->ring, slot);
+    sf_job job = {0};
+    job.id = m->job_id;
+    job.n = m->n;
+    job.kind = m->kind;
+    job.queue_s = (double)(m->t_popped_ns - m->t_ready_ns) / 1e9;
+    sf_hist_observe(e->m_queue, job.queue_s);
+    sf_ring_release(e->app->ring, slot);
+    sf_jobs_done(e->app->jobs, &job);
+    sf_counter_add(e->m_done, 1);
+    sf_http_wake(e->app->http, SF_WAIT_JOB, job.id);
+}
+
+static int fill_batch(sf_engine *e, int slot, sf_batch *b, char *err, size_t errlen)
+{
+    sf_app *app = e->app;
+    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+    uint8_t *bytes = sf_ring_bytes(app->ring, slot);
+    if (m->n > e->max_batch) {
+        snprintf(err, errlen, "batch of %d exceeds model.max_batch %d", m->n, e->max_batch);
+        return -1;
+    }
+    const sf_aug_plan *plan = plan_for(e, m->h, m->w, m->c, err, errlen);
+    if (!plan)
+        return -1;
+    sf_aug_sample *smp = e->samples[slot];
+    /* The batch sequence number keys the augmentation RNG: the job id is
+     * monotonic and unique, so a run is reproducible from the seed. */
+    sf_aug_gen(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, smp);
+    sf_config c;
+    sf_config_get(&c);
+    memset(b, 0, sizeof *b);
+    b->id = m->job_id;
+    b->seq = m->job_id;
+    b->token = (void *)(intptr_t)slot;
+    b->n = m->n;
+    b->h = m->h;
+    b->w = m->w;
+    b->c = m->c;
+    b->nhwc = m->nhwc;
+    b->images = bytes;
+    b->label_dtype = m->label_dtype < 0 ? SF_LABEL_U8 : (sf_label_dtype)m->label_dtype;
+    b->labels = m->label_dtype < 0 ? NULL : bytes + m->labels_off;
+    b->plan = plan;
+    b->samples = smp;
+    b->hyper.lr = (float)c.optim.lr;
+    b->hyper.momentum = (float)c.optim.momentum;
+    b->hyper.weight_decay = (float)c.optim.weight_decay;
+    b->t_ready_ns = m->t_ready_ns;
+    sf_gauge_set(e->m_lr, c.optim.lr);
+    return 0;
+}
+
+/* Transform-only batches run synchronously on the engine thread (the backend
+ * is single-threaded by contract); the output goes to the request's buffer. */
+static void run_transform(sf_engine *e, int slot)
+{
+    sf_app *app = e->app;
+    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+    sf_batch b;
+    char err[256];
+    uint64_t id = m->job_id;
+    void *owner = m->result_owner;
+    void (*release)(void *) = m->release_result;
+    if (fill_batch(e, slot, &b, err, sizeof err) ||
+        app->backend->i->transform(app->backend, &b, m->result, err, sizeof err)) {
+        sf_ring_release(app->ring, slot);
+        if (release)
+            release(owner);
+        finish_failed(e, id, "transform_failed", err);
+        return;
+    }
+    sf_job job = {0};
+    job.id = id;
+    job.n = m->n;
+    job.kind = 1;
+    job.queue_s = (double)(m->t_popped_ns - m->t_ready_ns) / 1e9;
+    job.transform_s = (double)(sf_now_ns() - m->t_popped_ns) / 1e9;
+    sf_ring_release(app->ring, slot);
+    if (release)
+        release(owner);
+    sf_jobs_done(app->jobs, &job);
+    sf_counter_add(e->m_done, 1);
+    sf_http_wake(app->http, SF_WAIT_JOB, id);
+}
+
+static void submit(sf_engine *e, int slot)
+{
+    sf_app *app = e->app;
+    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+    m->t_popped_ns = sf_now_ns();
+    sf_hist_observe(e->m_queue, (double)(m->t_popped_ns - m->t_ready_ns) / 1e9);
+    if (!app->backend) {
+        run_sink(e, slot);
+        return;
+    }
+    if (m->kind == 1) {
+        run_transform(e, slot);
+        return;
+    }
+    sf_batch b;
+    char err[256];
+    uint64_t id = m->job_id;
+    sf_jobs_set_state(app->jobs, id, SF_JOB_TRANSFORMING);
+    if (fill_batch(e, slot, &b, err, sizeof err) ||
+        app->backend->i->submit(app->backend, &b, err, sizeof err)) {
+        sf_ring_release(app->ring, slot);
+        finish_failed(e, id, "submit_failed", err);
+        return;
+    }
+    atomic_fetch_add(&e->inflight, 1);
+}
+
+static void account_busy(sf_engine *e, const sf_event *ev)
+{
+    uint64_t now = sf_now_ns();
+    if (!e->win_start_ns)
+        e->win_start_ns = now;
+    e->win_busy_s += ev->step_s;
+    /* Starvation: the compute side sat idle between two steps while batches
+     * were flowing. Gaps over a second are an idle service, not starvation. */
+    if (ev->t_step_start_ns && e->last_step_end_ns && ev->t_step_start_ns > e->last_step_end_ns) {
+        double gap = (double)(ev->t_step_start_ns - e->last_step_end_ns) / 1e9;
+        if (gap < 1.0)
+            sf_counter_add(e->m_starved, gap);
+    }
+    if (ev->t_step_end_ns)
+        e->last_step_end_ns = ev->t_step_end_ns;
+    if (now - e->win_start_ns >= BUSY_WINDOW_NS) {
+        double wall = (double)(now - e->win_start_ns) / 1e9;
+        double r = e->win_busy_s / wall;
+        sf_gauge_set(e->m_busy, r > 1 ? 1 : r);
+        e->win_start_ns = now;
+        e->win_busy_s = 0;
+    }
+}
+
+static void harvest(sf_engine *e, const sf_event *ev)
+{
+    sf_app *app = e->app;
+    int slot = (int)(intptr_t)ev->token;
+    if (ev->kind == SF_EV_SLOT_FREE) {
+        /* The H2D copy is complete: the host bytes may be reused. */
+        sf_ring_release(app->ring, slot);
+        sf_jobs_set_state(app->jobs, ev->id, SF_JOB_TRAINING);
+        return;
+    }
+    atomic_fetch_sub(&e->inflight, 1);
+    if (ev->status != 0) {
+        SF_WARN("batch %llu failed: %s", (unsigned long long)ev->id, ev->err);
+        finish_failed(e, ev->id, "step_failed", ev->err);
+        char herr[160];
+        if (app->backend->i->health(app->backend, herr, sizeof herr)) {
+            atomic_store(&app->backend_ok, 0);
+            SF_ERROR("backend unhealthy: %s", herr);
+        }
+        return;
+    }
+    sf_job job = {0};
+    if (sf_jobs_get(app->jobs, ev->id, &job))
+        job.id = ev->id;
+    job.n = ev->n;
+    job.step = ev->step;
+    job.loss = ev->loss;
+    job.accuracy = ev->n ? (double)ev->correct / ev->n : 0;
+    job.h2d_s = ev->h2d_s;
+    job.transform_s = ev->transform_s;
+    job.step_s = ev->step_s;
+    job.t_done_ns = sf_now_ns();
+    sf_jobs_done(app->jobs, &job);
+    sf_counter_add(e->m_done, 1);
+    sf_counter_add(e->m_samples, ev->n);
+    sf_counter_add(e->m_steps, 1);
+    sf_gauge_set(e->m_loss, ev->loss);
+    sf_hist_observe(e->m_h2d, ev->h2d_s);
+    sf_hist_observe(e->m_transform, ev->transform_s);
+    sf_hist_observe(e->m_step, ev->step_s);
+    account_busy(e, ev);
+    sf_http_wake(app->http, SF_WAIT_JOB, ev->id);
+}
+
+static int poll_backend(sf_engine *e, int timeout_us)
+{
+    sf_backend *be = e->app->backend;
+    if (!be || atomic_load(&e->inflight) == 0)
+        return 0;
+    sf_event ev[EVENTS_MAX];
+    int n = be->i->poll(be, ev, EVENTS_MAX, timeout_us);
+    for (int i = 0; i < n; i++)
+        harvest(e, &ev[i]);
+    return n;
+}
+
+static void *engine_main(void *arg)
+{
+    sf_engine *e = arg;
+    sf_app *app = e->app;
+    int maxq = app->backend ? app->backend->i->max_inflight(app->backend) : 1;
+    atomic_store(&e->running, 1);
+    while (!atomic_load(&e->stop)) {
+        int inflight = atomic_load(&e->inflight);
+        int took = 0;
+        if (inflight < maxq) {
+            /* With work in flight, only peek at the ring so completions are
+             * harvested promptly; when idle, block on the ring's condition. */
+            int slot = sf_ring_pop(app->ring, inflight ? 0 : 100);
+            if (slot >= 0) {
+                submit(e, slot);
+                took = 1;
+            }
+        }
+        if (atomic_load(&e->inflight) > 0) {
+            int full = atomic_load(&e->inflight) >= maxq;
+            poll_backend(e, took ? 0 : (full ? 2000 : 200));
+        }
+    }
+    /* Let what was submitted finish, so no batch is left half-done. */
+    for (int tries = 0; atomic_load(&e->inflight) > 0 && tries < 100000; tries++)
+        poll_backend(e, 1000);
+    atomic_store(&e->running, 0);
+    return NULL;
+}
+
+sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
+{
+    sf_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    e->app = app;
+    e->max_batch = app->cfg.model.max_batch;
+    int slots = sf_ring_slots(app->ring);
+    e->samples = calloc((size_t)slots, sizeof *e->samples);
+    for (int i = 0; e->samples && i < slots; i++) {
+        e->samples[i] = calloc((size_t)e->max_batch, sizeof(sf_aug_sample));
+        if (!e->samples[i]) {
+            snprintf(err, errlen, "out of memory for augmentation parameters");
+            sf_engine_stop(e);
+            return NULL;
+        }
+    }
+    sf_app_metrics *mm = &app->m;
+    const char *dn[] = {"done"}, *fl[] = {"failed"};
+    e->m_done = sf_metric_child(mm->batches_finished, dn);
+    e->m_failed = sf_metric_child(mm->batches_finished, fl);
+    e->m_samples = sf_metric_only(mm->samples_trained);
+    e->m_steps = sf_metric_only(mm->steps);
+    e->m_loss = sf_metric_only(mm->loss);
+    e->m_lr = sf_metric_only(mm->learning_rate);
+    e->m_queue = sf_metric_only(mm->queue_wait);
+    e->m_h2d = sf_metric_only(mm->h2d);
+    e->m_transform = sf_metric_only(mm->transform);
+    e->m_step = sf_metric_only(mm->step);
+    e->m_busy = sf_metric_only(mm->compute_busy);
+    e->m_starved = sf_metric_only(mm->compute_starved);
+    if (pthread_create(&e->thread, NULL, engine_main, e)) {
+        snprintf(err, errlen, "cannot start the engine thread");
+        sf_engine_stop(e);
+        return NULL;
+    }
+    while (!atomic_load(&e->running))
+        sched_yield();
+    return e;
+}
+
+int sf_engine_running(sf_engine *e) { return e && atomic_load(&e->running); }
+int sf_engine_inflight(sf_engine *e) { return e ? atomic_load(&e->inflight) : 0; }
+
+void sf_engine_stop(sf_engine *e)
+{
+    if (!e)
+        return;
+    if (e->thread) {
+        atomic_store(&e->stop, 1);
+        pthread_join(e->thread, NULL);
+    }
+    /* Fail what is still READY: those batches were accepted and must be
+     * reported, never silently dropped. */
+    if (e->app->ring) {
+        int slot;
+        while ((slot = sf_ring_pop(e->app->ring, 0)) >= 0) {
+            sf_slot_meta *m = sf_ring_meta(e->app->ring, slot);
+            uint64_t id = m->job_id;
+            if (m->release_result)
+                m->release_result(m->result_owner);
+            sf_ring_release(e->app->ring, slot);
+            finish_failed(e, id, "shutdown", "the service stopped before this batch was trained");
+        }
+    }
+    if (e->samples) {
+        int slots = sf_ring_slots(e->app->ring);
+        for (int i = 0; i < slots; i++)
+            free(e->samples[i]);
+        free(e->samples);
+    }
+    free(e);
+}

@@ -1,0 +1,135 @@
+/* server/http.h — the HTTP daemon (libmicrohttpd), routing, replies and
+ * suspended requests.
+ *
+ * Threads: libmicrohttpd runs an epoll thread pool (http.threads). Every route
+ * callback runs on one of those threads, for one request at a time; a request
+ * is never handled by two threads at once. sf_http_wake may be called from any
+ * thread (the engine wakes requests waiting for a slot or a result).
+ *
+ * A request's life:
+ *   1. headers arrive: the route is matched (404, 405 with Allow), header size,
+ *      auth, Content-Type and Content-Length are checked by this module;
+ *   2. body chunks: a streaming route's on_data consumes them (and may suspend
+ *      the request, leaving bytes unconsumed, until a wake); other routes get
+ *      their body buffered up to http.max_json_bytes;
+ *   3. the body is complete: the route's handler runs; it replies, or waits
+ *      (sf_http_wait) and runs again when woken or timed out;
+ *   4. completion: on_done (streaming routes) releases what the request held,
+ *      one log line is written and the metrics are updated.
+ * An error decided while a body is still arriving is kept, the rest of the body
+ * is drained (bounded by the route's limit) and the error is sent at the end,
+ * so the client reads the reply instead of a reset connection.
+ *
+ * Handlers hold no state: whatever a request needs lives in sf_req (user).
+ */
+#ifndef SF_HTTP_H
+#define SF_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+typedef struct sf_req sf_req;
+typedef struct sf_http sf_http;
+struct sf_app;
+
+enum {
+    SF_ROUTE_AUTH = 1,   /* requires the bearer token when one is configured */
+    SF_ROUTE_STREAM = 2, /* body goes to stream->on_data, not buffered */
+    SF_ROUTE_JSON = 4,   /* body must be JSON (Content-Type application/json or merge-patch) */
+};
+
+typedef struct sf_stream_ops {
+    /* Consumes a body chunk: sets *len to the bytes NOT consumed (0 = all).
+     * Returns 0 to go on, 1 when it suspended the request (sf_http_wait), or
+     * -1 after sf_reply_error (the rest of the body is then drained). */
+    int (*on_data)(sf_req *r, const uint8_t *data, size_t *len);
+    /* Called once when the request ends, completed (ok=1) or aborted (ok=0). */
+    void (*on_done)(sf_req *r, int ok);
+    /* Largest body accepted for this route (bytes), from config. */
+    uint64_t (*max_body)(struct sf_app *app);
+} sf_stream_ops;
+
+typedef int (*sf_handler_fn)(sf_req *r);
+
+typedef struct sf_route {
+    const char *method;
+    const char *pattern; /* "/v1/batches/{id}": one {param} segment allowed */
+    const char *name;    /* metrics label */
+    sf_handler_fn handler;
+    const sf_stream_ops *stream;
+    unsigned flags;
+    const char *const *content_types; /* accepted request Content-Types (NULL: any) */
+} sf_route;
+
+/* The route table (handlers/routes.c). */
+extern const sf_route sf_routes[];
+extern const size_t sf_routes_len;
+
+/* Why a wait ended. */
+typedef enum sf_wait_state { SF_WAIT_NONE = 0, SF_WAIT_WOKEN, SF_WAIT_TIMEOUT, SF_WAIT_SHUTDOWN } sf_wait_state;
+
+typedef enum sf_wait_kind { SF_WAIT_SLOT = 0, SF_WAIT_JOB = 1, SF_WAIT_KINDS } sf_wait_kind;
+
+struct sf_req {
+    struct sf_app *app;
+    const sf_route *route;
+    const char *method;
+    const char *path;
+    char param[64];            /* the {param} segment, if the pattern has one */
+    char request_id[64];
+    void *user;                /* per-request state of a streaming route */
+    char *body;                /* buffered body (non-streaming routes), NUL-terminated */
+    size_t body_len;
+    uint64_t bytes_in;
+    uint64_t t_start_ns;
+    int status;                /* status sent (0 until replied) */
+    size_t bytes_out;
+    sf_wait_state wait;        /* why the last wait ended */
+    /* private to http.c */
+    struct sf_req_priv *priv;
+};
+
+/* Starts the daemon on cfg's host:port (0 = any free port); the bound port is
+ * returned by sf_http_port. */
+sf_http *sf_http_start(struct sf_app *app, char *err, size_t errlen);
+int sf_http_port(const sf_http *h);
+/* Ends every wait (SF_WAIT_SHUTDOWN) so suspended requests reply. */
+void sf_http_wake_all(sf_http *h);
+void sf_http_stop(sf_http *h);
+/* Requests being handled right now (for draining). */
+int sf_http_active(const sf_http *h);
+
+/* ---- replies: exactly one per request ------------------------------------ */
+int sf_reply_json(sf_req *r, int status, cJSON *body);          /* takes ownership of body */
+int sf_reply_bytes(sf_req *r, int status, const char *content_type, void *data, size_t len,
+                   void (*free_fn)(void *)); /* free_fn(data) after sending; NULL: copied */
+/* The one function for error replies: {"error":{"code","message"[,"field"]}},
+ * counted in streamfeed_http_errors_total{code}. */
+int sf_reply_error_field(sf_req *r, int status, const char *code, const char *field,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The common case: no field to name. */
+#define sf_reply_error(r, status, code, ...) sf_reply_error_field(r, status, code, NULL, __VA_ARGS__)
+/* Adds a header to the reply that will be sent next (e.g. Retry-After). */
+void sf_reply_header(sf_req *r, const char *name, const char *value);
+
+/* Query-string argument, or NULL. */
+const char *sf_req_arg(sf_req *r, const char *name);
+const char *sf_req_header(sf_req *r, const char *name);
+
+/* ---- waiting without holding a thread ------------------------------------ */
+/* Generation of a wait kind: read it BEFORE testing the condition you will
+ * wait for, and pass it to sf_http_wait; if a wake of that kind happened in
+ * between, the wait returns -1 at once and the caller tests again. */
+uint64_t sf_http_gen(sf_http *h, sf_wait_kind kind);
+/* Suspends the request until sf_http_wake(kind, key) or the timeout. Returns 0
+ * when suspended (return from the callback; it runs again later with r->wait
+ * saying why), -1 when the caller should test its condition again now. */
+int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int timeout_ms);
+/* Wakes every request waiting on (kind, key); key UINT64_MAX wakes all of the kind. */
+void sf_http_wake(sf_http *h, sf_wait_kind kind, uint64_t key);
+
+uint64_t sf_now_ns(void);
+
+#endif

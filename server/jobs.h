@@ -1,0 +1,55 @@
+/* server/jobs.h — the table of batch jobs and their results.
+ *
+ * Job ids increase monotonically from 1. The table is a ring of `cap` entries
+ * indexed by id % cap: a new job overwrites the entry of the job `cap` ids
+ * older, which is long finished because config requires cap to exceed
+ * everything that can be in flight (2*ring.slots+64). So eviction of the
+ * oldest finished results is implicit, lookups are O(1) and memory is bounded.
+ *
+ * Counters satisfy, at every instant under the table's lock:
+ *   accepted == done + failed + queued + transforming + training.
+ * Thread-safe: HTTP threads create and read jobs, the engine updates them.
+ */
+#ifndef SF_JOBS_H
+#define SF_JOBS_H
+
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+typedef enum sf_job_state { SF_JOB_QUEUED = 0, SF_JOB_TRANSFORMING, SF_JOB_TRAINING, SF_JOB_DONE, SF_JOB_FAILED, SF_JOB_STATES } sf_job_state;
+
+typedef struct sf_job {
+    uint64_t id;
+    sf_job_state state;
+    int n;
+    int kind;              /* 0 train, 1 transform */
+    uint64_t step;         /* optimizer step count after this batch */
+    double loss, accuracy;
+    double queue_s, h2d_s, transform_s, step_s;
+    uint64_t t_accepted_ns, t_done_ns;
+    char err_code[48];
+    char err_msg[160];
+} sf_job;
+
+typedef struct sf_jobs sf_jobs;
+
+sf_jobs *sf_jobs_new(int cap);
+void sf_jobs_destroy(sf_jobs *j);
+/* Creates a QUEUED job and returns its id. */
+uint64_t sf_jobs_create(sf_jobs *j, int n, int kind);
+/* Copies a job; -1 when unknown or evicted. */
+int sf_jobs_get(sf_jobs *j, uint64_t id, sf_job *out);
+void sf_jobs_set_state(sf_jobs *j, uint64_t id, sf_job_state s);
+/* Final states. */
+void sf_jobs_done(sf_jobs *j, const sf_job *result);
+void sf_jobs_fail(sf_jobs *j, uint64_t id, const char *code, const char *msg);
+/* Counts per state over all jobs ever created (not only those retained). */
+void sf_jobs_counts(sf_jobs *j, uint64_t counts[SF_JOB_STATES], uint64_t *accepted);
+uint64_t sf_jobs_last_id(sf_jobs *j);
+
+const char *sf_job_state_name(sf_job_state s);
+/* The JSON of GET /v1/batches/{id}. */
+cJSON *sf_job_to_json(const sf_job *job);
+
+#endif

@@ -1,0 +1,72 @@
+/* server/log.c — see log.h. */
+#include "server/log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+static atomic_int g_level = SF_LOG_INFO;
+static atomic_int g_json = 0;
+
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
+void sf_log_set_level(sf_log_level l) { atomic_store(&g_level, (int)l); }
+void sf_log_set_json(int json) { atomic_store(&g_json, json ? 1 : 0); }
+int sf_log_enabled(sf_log_level l) { return (int)l >= atomic_load(&g_level); }
+
+int sf_log_level_parse(const char *s, sf_log_level *out)
+{
+    for (int i = 0; i < 4; i++) {
+        if (strcasecmp(s, level_names[i]) == 0) {
+            *out = (sf_log_level)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Escapes a message for a JSON string value into dst (always terminated). */
+static void json_escape(char *dst, size_t cap, const char *src)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)src; *p && o + 7 < cap; p++) {
+        if (*p == '"' || *p == '\\') {
+            dst[o++] = '\\';
+            dst[o++] = (char)*p;
+        } else if (*p < 0x20) {
+            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", *p);
+        } else {
+            dst[o++] = (char)*p;
+        }
+    }
+    dst[o] = '\0';
+}
+
+void sf_log(sf_log_level l, const char *fmt, ...)
+{
+    if (!sf_log_enabled(l))
+        return;
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[96];
+    snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+    if (atomic_load(&g_json)) {
+        char esc[4200];
+        json_escape(esc, sizeof esc, msg);
+        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"%s\"}\n", when, level_names[l], esc);
+    } else {
+        fprintf(stderr, "%s %-5s %s\n", when, level_names[l], msg);
+    }
+}

@@ -1,0 +1,24 @@
+/* server/log.h — leveled logging to stderr, one line per event.
+ *
+ * Lines are "ts level message" in text mode or one JSON object per line in
+ * json mode (for log collectors). The level and format are hot config: any
+ * thread may log at any time; the settings are read atomically.
+ */
+#ifndef SF_LOG_H
+#define SF_LOG_H
+
+typedef enum sf_log_level { SF_LOG_DEBUG = 0, SF_LOG_INFO, SF_LOG_WARN, SF_LOG_ERROR } sf_log_level;
+
+void sf_log_set_level(sf_log_level l);
+void sf_log_set_json(int json);
+int sf_log_level_parse(const char *s, sf_log_level *out);
+int sf_log_enabled(sf_log_level l);
+
+void sf_log(sf_log_level l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define SF_DEBUG(...) sf_log(SF_LOG_DEBUG, __VA_ARGS__)
+#define SF_INFO(...) sf_log(SF_LOG_INFO, __VA_ARGS__)
+#define SF_WARN(...) sf_log(SF_LOG_WARN, __VA_ARGS__)
+#define SF_ERROR(...) sf_log(SF_LOG_ERROR, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,214 @@
+/* server/main.c — the streamfeed process: configuration, components, signals.
+ *
+ * Start-up order: config -> model and augmentation (validated) -> backend ->
+ * ring -> job table -> engine -> HTTP. Shutdown (SIGTERM/SIGINT) runs it
+ * backwards after a drain: readiness turns false, new batches are refused,
+ * queued batches finish within shutdown.grace_s, then requests still waiting
+ * are answered and everything is released. Exit status 0 after a clean drain.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpu/backend.h"
+#include "server/app.h"
+#include "server/config.h"
+#include "server/engine.h"
+#include "server/http.h"
+#include "server/jobs.h"
+#include "server/log.h"
+#include "server/ring.h"
+
+static void apply_log_settings(const sf_config *c)
+{
+    sf_log_level l;
+    if (sf_log_level_parse(c->log.level, &l) == 0)
+        sf_log_set_level(l);
+    sf_log_set_json(strcmp(c->log.format, "json") == 0);
+}
+
+static void *cpu_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    return aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+}
+static void cpu_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+static void *be_alloc(void *ctx, size_t bytes)
+{
+    sf_backend *be = ctx;
+    return be->i->host_alloc(be, bytes);
+}
+static void be_free(void *ctx, void *p)
+{
+    sf_backend *be = ctx;
+    be->i->host_free(be, p);
+}
+
+static void on_slot_free(void *ctx)
+{
+    sf_app *app = ctx;
+    sf_http_wake(app->http, SF_WAIT_SLOT, UINT64_MAX);
+}
+
+static sf_backend *pick_backend(const sf_config *c, char *err, size_t errlen)
+{
+    if (strcmp(c->pipeline.backend, "ref") != 0) {
+        char why[256] = "";
+        sf_backend *be = sf_backend_cuda_new(c->pipeline.device, why, sizeof why);
+        if (be)
+            return be;
+        if (strcmp(c->pipeline.backend, "cuda") == 0) {
+            snprintf(err, errlen, "pipeline.backend=cuda but no usable GPU: %s", why);
+            return NULL;
+        }
+        SF_INFO("no usable GPU (%s): using the CPU reference backend", why);
+    }
+    return sf_backend_ref_new(err, errlen);
+}
+
+static sf_precision precision_of(const char *s)
+{
+    return !strcmp(s, "fp32") ? SF_PREC_FP32 : !strcmp(s, "bf16") ? SF_PREC_BF16 : SF_PREC_TF32;
+}
+
+static int build_model(sf_app *app, char *err, size_t errlen)
+{
+    const sf_config *c = &app->cfg;
+    int rc = c->model.spec[0] ? sf_model_from_json(c->model.spec, &app->model, err, errlen)
+                              : sf_model_from_preset(c->model.preset, &app->model, err, errlen);
+    if (rc)
+        return -1;
+    if (sf_aug_parse(c->augment.pipeline, &app->aug, err, errlen))
+        return -1;
+    if (!app->backend)
+        return 0;
+    sf_train_cfg tc = {0};
+    tc.precision = precision_of(c->model.precision);
+    tc.seed = (uint64_t)c->model.seed;
+    tc.max_batch = c->model.max_batch;
+    tc.overlap = c->pipeline.overlap;
+    tc.cuda_graphs = c->pipeline.cuda_graphs;
+    tc.device = c->pipeline.device;
+    return app->backend->i->build(app->backend, &app->model, &tc, err, errlen);
+}
+
+/* Waits until queued batches finished and requests ended, or the grace period. */
+static void drain(sf_app *app)
+{
+    sf_config c;
+    sf_config_get(&c);
+    uint64_t deadline = sf_now_ns() + (uint64_t)c.shutdown.grace_s * 1000000000ull;
+    for (;;) {
+        uint64_t counts[SF_JOB_STATES], accepted;
+        sf_jobs_counts(app->jobs, counts, &accepted);
+        uint64_t pending = counts[SF_JOB_QUEUED] + counts[SF_JOB_TRANSFORMING] + counts[SF_JOB_TRAINING];
+        if (pending == 0 || sf_now_ns() >= deadline) {
+            if (pending)
+                SF_WARN("grace period over with %llu batches unfinished: they are reported failed",
+                        (unsigned long long)pending);
+            break;
+        }
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static sf_app app; /* large (model description); static keeps it off the stack */
+    char err[1024];
+    int rc = sf_config_load(&app.cfg, argc, argv, err, sizeof err);
+    if (rc == 1)
+        return 0;
+    if (rc) {
+        fprintf(stderr, "streamfeed: %s\n", err);
+        return 2;
+    }
+    apply_log_settings(&app.cfg);
+    sf_config_live_init(&app.cfg);
+    sf_config_on_change(apply_log_settings);
+    app.t_start_ns = sf_now_ns();
+
+    /* Signals are taken by sigwait in this thread only: block them before any
+     * other thread starts so they inherit the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int sink = strcmp(app.cfg.pipeline.mode, "sink") == 0;
+    if (!sink) {
+        app.backend = pick_backend(&app.cfg, err, sizeof err);
+        if (!app.backend) {
+            fprintf(stderr, "streamfeed: %s\n", err);
+            return 1;
+        }
+        app.backend_name = app.backend->i->name(app.backend);
+    } else {
+        app.backend_name = "sink";
+    }
+    if (build_model(&app, err, sizeof err)) {
+        fprintf(stderr, "streamfeed: model: %s\n", err);
+        return 1;
+    }
+    atomic_store(&app.backend_ok, 1);
+    sf_app_metrics_init(&app);
+
+    app.ring = app.backend ? sf_ring_new(app.cfg.ring.slots, (size_t)app.cfg.ring.slot_bytes,
+                                         be_alloc, be_free, app.backend)
+                           : sf_ring_new(app.cfg.ring.slots, (size_t)app.cfg.ring.slot_bytes,
+                                         cpu_alloc, cpu_free, NULL);
+    app.jobs = sf_jobs_new(app.cfg.pipeline.jobs_max);
+    if (!app.ring || !app.jobs) {
+        fprintf(stderr, "streamfeed: cannot allocate %d ring slots of %lld bytes\n",
+                app.cfg.ring.slots, (long long)app.cfg.ring.slot_bytes);
+        return 1;
+    }
+    sf_ring_on_free(app.ring, on_slot_free, &app);
+    app.engine = sf_engine_start(&app, err, sizeof err);
+    if (!app.engine) {
+        fprintf(stderr, "streamfeed: %s\n", err);
+        return 1;
+    }
+    if (!sf_http_start(&app, err, sizeof err)) {
+        fprintf(stderr, "streamfeed: %s\n", err);
+        return 1;
+    }
+    SF_INFO("streamfeed %s: backend %s, model %s (%zu parameters), %d ring slots of %lld bytes",
+            SF_VERSION, app.backend_name, app.model.preset, app.model.n_params, app.cfg.ring.slots,
+            (long long)app.cfg.ring.slot_bytes);
+    /* Tests and scripts read the bound port from this line (http.port=0). */
+    printf("streamfeed listening on http://%s:%d\n", app.cfg.http.host, sf_http_port(app.http));
+    fflush(stdout);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    SF_INFO("signal %d: draining (grace %ds)", sig, app.cfg.shutdown.grace_s);
+    atomic_store(&app.draining, 1);
+    drain(&app);
+    sf_http_wake_all(app.http);
+    sf_engine_stop(app.engine);
+    app.engine = NULL;
+    /* Requests still waiting (results of failed batches) reply now; give them a moment. */
+    for (int i = 0; i < 200 && sf_http_active(app.http) > 0; i++) {
+        struct timespec ts = {0, 5 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    sf_http_stop(app.http);
+    sf_ring_destroy(app.ring);
+    sf_jobs_destroy(app.jobs);
+    if (app.backend)
+        app.backend->i->destroy(app.backend);
+    sf_metrics_reset();
+    SF_INFO("stopped");
+    return 0;
+}

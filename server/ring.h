@@ -1,0 +1,69 @@
+/* server/ring.h — the ring of pinned host slots between HTTP and the engine.
+ *
+ * N slots of slot_bytes each, allocated once through the backend (pinned
+ * cudaHostAlloc memory on CUDA, aligned memory on the CPU). A slot moves
+ *   FREE --acquire--> FILLING --commit--> READY --pop--> IN_FLIGHT --release--> FREE
+ *                        \--abort--> FREE
+ * READY slots are popped in commit order (FIFO). Producers are HTTP threads
+ * (acquire/commit/abort); the consumer is the engine thread (pop/release).
+ * Every function is thread-safe. pop blocks on a condition variable, never
+ * polls. The owner of a slot (the thread that moved it out of FREE or READY)
+ * is the only one that touches its bytes until it hands the slot on.
+ */
+#ifndef SF_RING_H
+#define SF_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum sf_slot_state { SF_SLOT_FREE = 0, SF_SLOT_FILLING, SF_SLOT_READY, SF_SLOT_IN_FLIGHT, SF_SLOT_STATES } sf_slot_state;
+
+/* What the producer records about the batch in a slot. */
+typedef struct sf_slot_meta {
+    uint64_t job_id;
+    int kind;            /* 0 train, 1 transform-only */
+    int n, h, w, c, nhwc;
+    int label_dtype;     /* sf_label_dtype of gpu/backend.h; -1 when no labels */
+    size_t labels_off;   /* labels at bytes + labels_off */
+    size_t used;         /* bytes written */
+    uint64_t t_filling_ns, t_ready_ns, t_popped_ns;
+    float *result;       /* transform-only: where the backend writes the output */
+    void *result_owner;  /* reference held for the engine; dropped with release_result */
+    void (*release_result)(void *owner);
+} sf_slot_meta;
+
+typedef struct sf_ring sf_ring;
+
+typedef void *(*sf_ring_alloc_fn)(void *ctx, size_t bytes);
+typedef void (*sf_ring_free_fn)(void *ctx, void *p);
+
+sf_ring *sf_ring_new(int slots, size_t slot_bytes, sf_ring_alloc_fn alloc, sf_ring_free_fn free_fn,
+                     void *ctx);
+void sf_ring_destroy(sf_ring *r);
+
+int sf_ring_slots(const sf_ring *r);
+size_t sf_ring_slot_bytes(const sf_ring *r);
+uint8_t *sf_ring_bytes(sf_ring *r, int slot);
+sf_slot_meta *sf_ring_meta(sf_ring *r, int slot);
+
+/* FREE -> FILLING; -1 when none is free. */
+int sf_ring_acquire(sf_ring *r);
+/* FILLING -> READY (appended to the FIFO). */
+void sf_ring_commit(sf_ring *r, int slot);
+/* FILLING -> FREE (an upload failed or was aborted). */
+void sf_ring_abort(sf_ring *r, int slot);
+/* READY -> IN_FLIGHT, oldest first; waits up to timeout_ms (0: no wait).
+ * Returns the slot, or -1 on timeout or after sf_ring_close. */
+int sf_ring_pop(sf_ring *r, int timeout_ms);
+/* IN_FLIGHT -> FREE. */
+void sf_ring_release(sf_ring *r, int slot);
+/* Wakes a blocked pop for good (shutdown). */
+void sf_ring_close(sf_ring *r);
+/* Counts per state. */
+void sf_ring_counts(sf_ring *r, int counts[SF_SLOT_STATES]);
+/* Called (outside the ring's lock) whenever a slot becomes FREE. */
+void sf_ring_on_free(sf_ring *r, void (*fn)(void *ctx), void *ctx);
+
+const char *sf_slot_state_name(sf_slot_state s);
+
+#endif

@@ -1,0 +1,306 @@
+/* server/upload.c — see upload.h. */
+#include "server/upload.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/app.h"
+#include "server/jobs.h"
+#include "server/log.h"
+#include "server/ring.h"
+
+/* The transform reply, shared by the request and the engine: whichever lets go
+ * last frees it, so a client that disconnects mid-transform leaves nothing
+ * dangling for the engine to write into. */
+struct sf_xform_out {
+    atomic_int refs;
+    size_t header_len, data_len;
+    char bytes[]; /* safetensors header, then float32 data */
+};
+
+static void xform_release(void *p)
+{
+    sf_xform_out *o = p;
+    if (o && atomic_fetch_sub(&o->refs, 1) == 1)
+        free(o);
+}
+
+static void count_rejected(sf_req *r, const char *reason)
+{
+    const char *v[] = {reason};
+    sf_counter_inc_l(r->app->m.batches_rejected, v, 1);
+    const char *s[] = {"rejected"};
+    sf_counter_inc_l(r->app->m.batches_received, s, 1);
+}
+
+/* Rejects the upload: one reply, one count, the slot back to FREE. */
+static int reject(sf_req *r, sf_upload *u, int status, const char *code, const char *msg)
+{
+    if (u && u->slot >= 0 && !u->committed) {
+        sf_ring_abort(r->app->ring, u->slot);
+        u->slot = -1;
+    }
+    count_rejected(r, code);
+    sf_reply_error(r, status, code, "%s", msg);
+    return -1;
+}
+
+static int status_of(sf_st_error e)
+{
+    switch (e) {
+    case SF_ST_E_HEADER_TOO_LARGE:
+    case SF_ST_E_BODY_TOO_LARGE:
+        return 413;
+    case SF_ST_E_LABEL_OUT_OF_RANGE:
+    case SF_ST_E_IMAGE_TOO_LARGE:
+    case SF_ST_E_BATCH_TOO_LARGE:
+        return 422;
+    case SF_ST_E_OUT_OF_MEMORY:
+        return 503;
+    default:
+        return 400;
+    }
+}
+
+uint64_t sf_upload_max_body(sf_app *app)
+{
+    sf_config c;
+    sf_config_get(&c);
+    /* A body is the data (at most one slot) plus its header. */
+    return (uint64_t)app->cfg.ring.slot_bytes + 8 + (uint64_t)c.limits.max_tensor_header_bytes;
+}
+
+static sf_upload *upload_of(sf_req *r, int kind)
+{
+    if (r->user)
+        return r->user;
+    sf_upload *u = calloc(1, sizeof *u);
+    if (!u)
+        return NULL;
+    u->kind = kind;
+    u->slot = -1;
+    sf_config c;
+    sf_config_get(&c);
+    sf_st_limits lim = {0};
+    lim.max_header_bytes = (uint64_t)c.limits.max_tensor_header_bytes;
+    lim.max_body_bytes = sf_upload_max_body(r->app);
+    lim.max_n = c.limits.max_n < r->app->cfg.model.max_batch ? c.limits.max_n
+                                                              : r->app->cfg.model.max_batch;
+    lim.max_h = c.limits.max_h;
+    lim.max_w = c.limits.max_w;
+    int train = kind == 0 && r->app->backend;
+    lim.classes = train ? r->app->model.n_classes : 0;
+    lim.labels_required = kind == 0;
+    sf_st_init(&u->parser, &lim);
+    r->user = u;
+    return u;
+}
+
+/* The header is valid: check it against the model, then get a slot. Returns
+ * 0 with the slot set, 1 when the request was suspended, -1 after a reply. */
+static int header_accepted(sf_req *r, sf_upload *u)
+{
+    sf_app *app = r->app;
+    const sf_st_info *in = sf_st_info_of(&u->parser);
+    if (app->backend && u->slot < 0 && !u->t_wait_start_ns) {
+        /* Check once, before waiting: the augmented shape must be the model's input. */
+        sf_aug_plan plan;
+        char err[256];
+        if (sf_aug_plan_make(&app->aug, in->h, in->w, in->c, &plan, err, sizeof err))
+            return reject(r, u, 422, "augment_shape_invalid", err);
+        if (u->kind == 0 && (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
+                             plan.out_w != app->model.in_w)) {
+            char msg[256];
+            snprintf(msg, sizeof msg,
+                     "images of %dx%dx%d augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)",
+                     in->c, in->h, in->w, plan.c, plan.out_h, plan.out_w, app->model.in_c,
+                     app->model.in_h, app->model.in_w);
+            return reject(r, u, 422, "shape_mismatch", msg);
+        }
+        if (u->kind == 0 && in->label_ndim != 1)
+            return reject(r, u, 422, "labels_shape_unsupported",
+                          "this model classifies: labels must be [N]");
+    }
+    if (in->dest_bytes > sf_ring_slot_bytes(app->ring)) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "batch data of %llu bytes exceeds ring.slot_bytes %zu",
+                 (unsigned long long)in->dest_bytes, sf_ring_slot_bytes(app->ring));
+        return reject(r, u, 413, "batch_exceeds_slot", msg);
+    }
+    for (;;) {
+        if (atomic_load(&app->draining))
+            return reject(r, u, 503, "shutting_down", "the service is shutting down");
+        uint64_t gen = sf_http_gen(app->http, SF_WAIT_SLOT);
+        int slot = sf_ring_acquire(app->ring);
+        if (slot >= 0) {
+            u->slot = slot;
+            sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+            m->t_filling_ns = sf_now_ns();
+            sf_st_set_dest(&u->parser, sf_ring_bytes(app->ring, slot), sf_ring_slot_bytes(app->ring));
+            r->wait = SF_WAIT_NONE;
+            return 0;
+        }
+        sf_config c;
+        sf_config_get(&c);
+        char ra[16];
+        snprintf(ra, sizeof ra, "%d", c.ring.retry_after_s);
+        if (strcmp(c.ring.full_policy, "reject") == 0) {
+            sf_reply_header(r, "Retry-After", ra);
+            return reject(r, u, 429, "ring_full", "every ring slot is busy; retry later");
+        }
+        if (r->wait == SF_WAIT_SHUTDOWN)
+            return reject(r, u, 503, "shutting_down", "the service is shutting down");
+        uint64_t now = sf_now_ns();
+        if (!u->t_wait_start_ns)
+            u->t_wait_start_ns = now;
+        uint64_t waited_ms = (now - u->t_wait_start_ns) / 1000000ull;
+        if (r->wait == SF_WAIT_TIMEOUT || waited_ms >= (uint64_t)c.ring.full_timeout_ms) {
+            sf_reply_header(r, "Retry-After", ra);
+            char msg[160];
+            snprintf(msg, sizeof msg, "no ring slot became free within %d ms; retry later",
+                     c.ring.full_timeout_ms);
+            return reject(r, u, 503, "ring_full_timeout", msg);
+        }
+        if (sf_http_wait(r, SF_WAIT_SLOT, 0, gen, c.ring.full_timeout_ms - (int)waited_ms) == 0)
+            return 1;
+        /* A slot was freed meanwhile: try again. */
+    }
+}
+
+int sf_upload_on_data(sf_req *r, int kind, const uint8_t *data, size_t *len)
+{
+    sf_upload *u = upload_of(r, kind);
+    if (!u) {
+        sf_reply_error(r, 503, "out_of_memory", "cannot allocate the upload state");
+        return -1;
+    }
+    size_t left = *len;
+    while (left > 0) {
+        sf_st_state st = sf_st_state_of(&u->parser);
+        if (st == SF_ST_NEED_DEST) {
+            int rc = header_accepted(r, u);
+            if (rc != 0) {
+                *len = left;
+                return rc;
+            }
+            continue;
+        }
+        if (st == SF_ST_FAILED)
+            break;
+        size_t used = sf_st_feed(&u->parser, data, left);
+        data += used;
+        left -= used;
+        if (used == 0 && sf_st_state_of(&u->parser) != SF_ST_NEED_DEST)
+            break;
+    }
+    if (sf_st_state_of(&u->parser) == SF_ST_FAILED) {
+        *len = 0;
+        return reject(r, u, status_of(sf_st_error_of(&u->parser)), sf_st_error_code(&u->parser),
+                      sf_st_error_message(&u->parser));
+    }
+    *len = left;
+    return 0;
+}
+
+static size_t xform_header(const sf_st_info *in, const sf_aug_plan *plan, char *buf, size_t cap)
+{
+    sf_st_tensor_desc t = {"images", SF_ST_F32, 4, {in->n, plan->c, plan->out_h, plan->out_w}};
+    return sf_st_header_build(buf, cap, &t, 1, "{\"layout\":\"NCHW\",\"producer\":\"streamfeed\"}");
+}
+
+int sf_upload_commit(sf_req *r, uint64_t *job_id)
+{
+    sf_app *app = r->app;
+    sf_upload *u = r->user;
+    if (!u) {
+        count_rejected(r, "body_empty");
+        sf_reply_error(r, 400, "body_empty", "the body must be a safetensors file");
+        return -1;
+    }
+    if (sf_st_finish(&u->parser) != 0)
+        return reject(r, u, status_of(sf_st_error_of(&u->parser)), sf_st_error_code(&u->parser),
+                      sf_st_error_message(&u->parser));
+    if (u->slot < 0) /* cannot happen after a successful finish; defensive */
+        return reject(r, u, 400, "body_empty", "no data");
+    const sf_st_info *in = sf_st_info_of(&u->parser);
+    sf_slot_meta *m = sf_ring_meta(app->ring, u->slot);
+    m->kind = u->kind;
+    m->n = in->n;
+    m->h = in->h;
+    m->w = in->w;
+    m->c = in->c;
+    m->nhwc = in->nhwc;
+    m->labels_off = in->labels_dest_off;
+    m->used = in->dest_bytes;
+    m->label_dtype = !in->has_labels            ? -1
+                     : in->label_dtype == SF_ST_U8 ? SF_LABEL_U8
+                     : in->label_dtype == SF_ST_I32 ? SF_LABEL_I32
+                                                    : SF_LABEL_I64;
+    if (u->kind == 1) {
+        if (!app->backend)
+            return reject(r, u, 409, "no_backend", "transform needs a compute backend (pipeline.mode=train)");
+        sf_aug_plan plan;
+        char err[256];
+        if (sf_aug_plan_make(&app->aug, in->h, in->w, in->c, &plan, err, sizeof err))
+            return reject(r, u, 422, "augment_shape_invalid", err);
+        size_t hl = xform_header(in, &plan, NULL, 0);
+        size_t dl = (size_t)in->n * (size_t)plan.c * (size_t)plan.out_h * (size_t)plan.out_w * 4;
+        /* The float output is bounded like an input slot (times the float expansion). */
+        if (hl == 0 || dl > (size_t)app->cfg.ring.slot_bytes * 8)
+            return reject(r, u, 413, "output_too_large", "the augmented batch would be too large");
+        sf_xform_out *o = malloc(sizeof *o + hl + dl + 64);
+        if (!o)
+            return reject(r, u, 503, "out_of_memory", "cannot allocate the transform output");
+        atomic_init(&o->refs, 2); /* the request and the engine */
+        o->header_len = hl;
+        o->data_len = dl;
+        xform_header(in, &plan, o->bytes, hl);
+        u->out = o;
+        m->result = (float *)(void *)(o->bytes + hl);
+        m->result_owner = o;
+        m->release_result = xform_release;
+    }
+    u->job_id = sf_jobs_create(app->jobs, in->n, u->kind);
+    m->job_id = u->job_id;
+    m->t_ready_ns = sf_now_ns();
+    u->committed = 1;
+    sf_ring_commit(app->ring, u->slot);
+    const char *s[] = {"accepted"};
+    sf_counter_inc_l(app->m.batches_received, s, 1);
+    sf_counter_add(sf_metric_only(app->m.bytes_received), (double)r->bytes_in);
+    *job_id = u->job_id;
+    return 0;
+}
+
+static void free_reply(void *p) { xform_release((char *)p - offsetof(sf_xform_out, bytes)); }
+
+int sf_upload_transform_reply(sf_req *r)
+{
+    sf_upload *u = r->user;
+    sf_xform_out *o = u->out;
+    /* The reply holds its own reference until libmicrohttpd has sent it. */
+    atomic_fetch_add(&o->refs, 1);
+    return sf_reply_bytes(r, 200, "application/vnd.safetensors", o->bytes,
+                          o->header_len + o->data_len, free_reply);
+}
+
+void sf_upload_on_done(sf_req *r, int ok)
+{
+    sf_upload *u = r->user;
+    if (!u)
+        return;
+    if (u->slot >= 0 && !u->committed) {
+        /* The client went away mid-upload: the slot returns, nothing reaches READY. */
+        sf_ring_abort(r->app->ring, u->slot);
+        u->slot = -1;
+    }
+    if (!u->committed && r->status == 0)
+        count_rejected(r, "aborted");
+    if (u->out)
+        xform_release(u->out);
+    sf_st_free(&u->parser);
+    free(u);
+    r->user = NULL;
+}

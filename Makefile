@@ -77,9 +77,13 @@ GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c) $(wildcard tests/gpu/test_*.cu)
 GPU_TEST_BIN := $(patsubst tests/gpu/%.cu,$(BUILD)/tests/gpu/%,$(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_SRC)))
 
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
-CPPFLAGS += -DSF_VERSION=\"$(VERSION)\" -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\"
+CPPFLAGS += -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\"
+# Only these objects carry the version, so a new commit does not rebuild everything.
+$(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSION)\"
+$(BUILD)/server/app.o $(BUILD)/server/main.o: .FORCE
+.FORCE:
 
-.PHONY: all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -165,6 +169,10 @@ demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
 
 bench: all
 	@bash bench/run.sh
+
+# docs/CONFIG.md is generated from the option table; tests check it is current.
+docs: $(BUILD)/streamfeed
+	$(BUILD)/streamfeed --help-markdown > docs/CONFIG.md
 
 clean:
 	rm -rf $(BUILD)

@@ -129,6 +129,8 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
 cJSON *sf_config_to_json(const sf_config *c);
 /* Prints --help generated from the table. */
 void sf_config_print_help(const char *prog);
+/* Prints the table as markdown (docs/CONFIG.md; --help-markdown). */
+void sf_config_print_markdown(void);
 
 /* ---- the live configuration ---------------------------------------------- */
 void sf_config_live_init(const sf_config *c);

@@ -234,6 +234,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
     if (sf_jobs_get(app->jobs, ev->id, &job))
         job.id = ev->id;
     job.n = ev->n;
+    job.trained = 1;
     job.step = ev->step;
     job.loss = ev->loss;
     job.accuracy = ev->n ? (double)ev->correct / ev->n : 0;

@@ -153,10 +153,10 @@ cJSON *sf_job_to_json(const sf_job *job)
 {
     cJSON *o = cJSON_CreateObject();
     int done = job->state == SF_JOB_DONE;
-    int train = job->kind == 0;
+    int train = job->kind == 0 && job->trained;
     cJSON_AddNumberToObject(o, "id", (double)job->id);
     cJSON_AddStringToObject(o, "state", sf_job_state_name(job->state));
-    cJSON_AddStringToObject(o, "kind", train ? "train" : "transform");
+    cJSON_AddStringToObject(o, "kind", job->kind == 0 ? "train" : "transform");
     cJSON_AddNumberToObject(o, "n", job->n);
     add_num_or_null(o, "step", done && train, (double)job->step);
     add_num_or_null(o, "loss", done && train, job->loss);

@@ -24,6 +24,7 @@ typedef struct sf_job {
     sf_job_state state;
     int n;
     int kind;              /* 0 train, 1 transform */
+    int trained;           /* a step ran (not sink mode, not transform) */
     uint64_t step;         /* optimizer step count after this batch */
     double loss, accuracy;
     double queue_s, h2d_s, transform_s, step_s;

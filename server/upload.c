@@ -90,8 +90,8 @@ static sf_upload *upload_of(sf_req *r, int kind)
                                                               : r->app->cfg.model.max_batch;
     lim.max_h = c.limits.max_h;
     lim.max_w = c.limits.max_w;
-    int train = kind == 0 && r->app->backend;
-    lim.classes = train ? r->app->model.n_classes : 0;
+    /* Labels are checked in sink mode too: it benchmarks the same ingest path. */
+    lim.classes = kind == 0 ? r->app->model.n_classes : 0;
     lim.labels_required = kind == 0;
     sf_st_init(&u->parser, &lim);
     r->user = u;

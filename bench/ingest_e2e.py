@@ -1,0 +1,84 @@
+"""Drives a running-or-started streamfeed with streamfeed-load and measures the
+service's own trained rate from /metrics (steps_total and samples over a
+steady window), not the loader's send rate.
+
+    python3 bench/ingest_e2e.py --bin build/streamfeed --load build/streamfeed-load \
+        --server-args "--model.preset seed-classifier" --load-args "--workload w1 --batch 32 --connections 8" \
+        --batches 600 --label w1_e2e --json out.json
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def metric(url, name):
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    total = 0.0
+    found = False
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    return total if found else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/streamfeed")
+    ap.add_argument("--load", default="build/streamfeed-load")
+    ap.add_argument("--server-args", default="")
+    ap.add_argument("--load-args", default="")
+    ap.add_argument("--batches", type=int, default=600)
+    ap.add_argument("--warmup-steps", type=int, default=30)
+    ap.add_argument("--label", default="run")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+
+    srv = subprocess.Popen([a.bin, "--http.port", "0", "--log.requests", "false"] + shlex.split(a.server_args),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = srv.stdout.readline()
+    m = re.search(r":(\d+)$", line.strip())
+    if not m:
+        print(srv.stderr.read(), file=sys.stderr)
+        raise SystemExit("server did not start")
+    url = f"http://127.0.0.1:{m.group(1)}"
+    load = subprocess.Popen([a.load, "--url", url, "--batches", str(a.batches), "--json", "--quiet"]
+                            + shlex.split(a.load_args), stdout=subprocess.PIPE, text=True)
+    # Steady window: from warmup_steps until 90% of the batches are trained.
+    t0 = s0 = None
+    while True:
+        s = metric(url, "streamfeed_steps_total") or 0
+        now = time.perf_counter()
+        if t0 is None and s >= a.warmup_steps:
+            t0, s0 = now, s
+        if t0 is not None and s >= 0.9 * a.batches:
+            t1, s1 = now, s
+            break
+        if load.poll() is not None and s >= metric(url, "streamfeed_batches_received_total") - 1:
+            t1, s1 = now, s
+            break
+        time.sleep(0.02)
+    out, _ = load.communicate(timeout=600)
+    srv.send_signal(signal.SIGTERM)
+    srv.wait(timeout=60)
+    summary = json.loads(out) if out.strip() else {}
+    steps_per_s = (s1 - s0) / (t1 - t0) if t0 and t1 > t0 else 0.0
+    res = {"label": a.label, "steps_per_s": steps_per_s, "loader": summary,
+           "server_args": a.server_args, "load_args": a.load_args}
+    print(f"streamfeed {a.label}: {steps_per_s:.1f} steps/s trained "
+          f"(loader {summary.get('mb_per_s', 0):.0f} MB/s, {summary.get('errors', {})} errors)", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,937 @@
+/* server/safetensors.c — incremental safetensors parser and header writer.
+ * The contract is documented in safetensors.h. */
+#include "server/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Integers in the header are JSON numbers that cJSON reads as doubles; every
+ * integer up to 2^53 is exact, and nothing larger is accepted. */
+#define MAX_JSON_INT ((uint64_t)1 << 53)
+
+/* ---- dtypes --------------------------------------------------------------- */
+
+static const char *const dtype_names[SF_ST_DTYPE_COUNT] = {
+    [SF_ST_U8] = "U8",     [SF_ST_I8] = "I8",           [SF_ST_U16] = "U16",
+    [SF_ST_I16] = "I16",   [SF_ST_I32] = "I32",         [SF_ST_I64] = "I64",
+    [SF_ST_F16] = "F16",   [SF_ST_BF16] = "BF16",       [SF_ST_F32] = "F32",
+    [SF_ST_F64] = "F64",   [SF_ST_BOOL] = "BOOL",       [SF_ST_U32] = "U32",
+    [SF_ST_U64] = "U64",   [SF_ST_F8_E5M2] = "F8_E5M2", [SF_ST_F8_E4M3] = "F8_E4M3",
+    [SF_ST_F8_E8M0] = "F8_E8M0", [SF_ST_C64] = "C64",
+};
+
+static const int dtype_sizes[SF_ST_DTYPE_COUNT] = {
+    [SF_ST_U8] = 1,  [SF_ST_I8] = 1,  [SF_ST_U16] = 2,     [SF_ST_I16] = 2,
+    [SF_ST_I32] = 4, [SF_ST_I64] = 8, [SF_ST_F16] = 2,     [SF_ST_BF16] = 2,
+    [SF_ST_F32] = 4, [SF_ST_F64] = 8, [SF_ST_BOOL] = 1,    [SF_ST_U32] = 4,
+    [SF_ST_U64] = 8, [SF_ST_F8_E5M2] = 1, [SF_ST_F8_E4M3] = 1, [SF_ST_F8_E8M0] = 1,
+    [SF_ST_C64] = 8,
+};
+
+/* Dtypes of the safetensors format that sf_st_dtype does not represent
+ * (sub-byte floats, FNUZ variants): known, hence "unsupported", not "unknown". */
+static const char *const other_known_dtypes[] = {
+    "F4", "F6_E2M3", "F6_E3M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ",
+};
+
+const char *sf_st_dtype_name(sf_st_dtype d)
+{
+    if ((int)d < 0 || d >= SF_ST_DTYPE_COUNT) return NULL;
+    return dtype_names[d];
+}
+
+int sf_st_dtype_size(sf_st_dtype d)
+{
+    if ((int)d < 0 || d >= SF_ST_DTYPE_COUNT) return 0;
+    return dtype_sizes[d];
+}
+
+int sf_st_dtype_parse(const char *s, sf_st_dtype *out)
+{
+    if (!s) return -1;
+    for (int i = 0; i < SF_ST_DTYPE_COUNT; i++) {
+        if (strcmp(s, dtype_names[i]) == 0) {
+            if (out) *out = (sf_st_dtype)i;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int dtype_is_other_known(const char *s)
+{
+    for (size_t i = 0; i < sizeof other_known_dtypes / sizeof other_known_dtypes[0]; i++)
+        if (strcmp(s, other_known_dtypes[i]) == 0) return 1;
+    return 0;
+}
+
+/* ---- errors --------------------------------------------------------------- */
+
+static const char *const error_names[SF_ST_ERROR_COUNT] = {
+    [SF_ST_OK] = "ok",
+    [SF_ST_E_HEADER_LENGTH_INVALID] = "header_length_invalid",
+    [SF_ST_E_HEADER_TOO_LARGE] = "header_too_large",
+    [SF_ST_E_HEADER_NOT_JSON] = "header_not_json",
+    [SF_ST_E_HEADER_NOT_OBJECT] = "header_not_object",
+    [SF_ST_E_HEADER_TOO_DEEP] = "header_too_deep",
+    [SF_ST_E_DUPLICATE_KEY] = "duplicate_key",
+    [SF_ST_E_BAD_METADATA] = "bad_metadata",
+    [SF_ST_E_UNKNOWN_TENSOR] = "unknown_tensor",
+    [SF_ST_E_BAD_TENSOR] = "bad_tensor",
+    [SF_ST_E_MISSING_IMAGES] = "missing_images",
+    [SF_ST_E_MISSING_LABELS] = "missing_labels",
+    [SF_ST_E_UNKNOWN_DTYPE] = "unknown_dtype",
+    [SF_ST_E_UNSUPPORTED_DTYPE] = "unsupported_dtype",
+    [SF_ST_E_BAD_SHAPE] = "bad_shape",
+    [SF_ST_E_BAD_LAYOUT] = "bad_layout",
+    [SF_ST_E_SHAPE_SIZE_MISMATCH] = "shape_size_mismatch",
+    [SF_ST_E_BAD_OFFSETS] = "bad_offsets",
+    [SF_ST_E_OFFSETS_OVERLAP] = "offsets_overlap",
+    [SF_ST_E_DATA_NOT_CONTIGUOUS] = "data_not_contiguous",
+    [SF_ST_E_LABEL_COUNT_MISMATCH] = "label_count_mismatch",
+    [SF_ST_E_IMAGE_TOO_LARGE] = "image_too_large",
+    [SF_ST_E_BATCH_TOO_LARGE] = "batch_too_large",
+    [SF_ST_E_BODY_TOO_LARGE] = "body_too_large",
+    [SF_ST_E_BODY_TOO_LONG] = "body_too_long",
+    [SF_ST_E_BODY_TOO_SHORT] = "body_too_short",
+    [SF_ST_E_LABEL_OUT_OF_RANGE] = "label_out_of_range",
+    [SF_ST_E_SLOT_TOO_SMALL] = "slot_too_small",
+    [SF_ST_E_OUT_OF_MEMORY] = "out_of_memory",
+    [SF_ST_E_BAD_CALL] = "bad_call",
+};
+
+const char *sf_st_error_name(sf_st_error e)
+{
+    if ((int)e < 0 || e >= SF_ST_ERROR_COUNT) return NULL;
+    return error_names[e];
+}
+
+/* Records the first failure only; later ones are consequences. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static void fail(sf_st_parser *p, sf_st_error e, const char *fmt, ...)
+{
+    if (p->state == SF_ST_FAILED) return;
+    p->state = SF_ST_FAILED;
+    p->err = e;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->msg, sizeof p->msg, fmt, ap);
+    va_end(ap);
+}
+
+/* A name or value from the request, made safe to quote in a message: printable
+ * ASCII only, truncated. */
+static const char *quote(char *out, size_t cap, const char *s)
+{
+    size_t o = 0;
+    for (size_t i = 0; s && s[i] && o + 1 < cap; i++) {
+        if (i >= 40) {
+            if (o + 4 < cap) { memcpy(out + o, "...", 3); o += 3; }
+            break;
+        }
+        unsigned char ch = (unsigned char)s[i];
+        out[o++] = (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') ? (char)ch : '?';
+    }
+    out[o] = '\0';
+    return out;
+}
+
+static const char *state_name(sf_st_state s)
+{
+    switch (s) {
+    case SF_ST_HEADER: return "HEADER";
+    case SF_ST_NEED_DEST: return "NEED_DEST";
+    case SF_ST_DATA: return "DATA";
+    case SF_ST_COMPLETE: return "COMPLETE";
+    case SF_ST_FAILED: return "FAILED";
+    }
+    return "?";
+}
+
+/* ---- lifecycle ------------------------------------------------------------ */
+
+static void apply_defaults(sf_st_limits *l)
+{
+    if (l->max_header_bytes == 0) l->max_header_bytes = SF_ST_DEFAULT_MAX_HEADER_BYTES;
+    if (l->max_body_bytes == 0) l->max_body_bytes = SF_ST_DEFAULT_MAX_BODY_BYTES;
+    if (l->max_n <= 0) l->max_n = SF_ST_DEFAULT_MAX_DIM;
+    if (l->max_h <= 0) l->max_h = SF_ST_DEFAULT_MAX_DIM;
+    if (l->max_w <= 0) l->max_w = SF_ST_DEFAULT_MAX_DIM;
+    if (l->classes < 0) l->classes = 0;
+}
+
+void sf_st_init(sf_st_parser *p, const sf_st_limits *lim)
+{
+    memset(p, 0, sizeof *p);
+    if (lim) p->lim = *lim;
+    apply_defaults(&p->lim);
+    p->state = SF_ST_HEADER;
+    p->err = SF_ST_OK;
+    p->bad_label_index = -1;
+}
+
+void sf_st_free(sf_st_parser *p)
+{
+    if (!p) return;
+    free(p->hdr);
+    p->hdr = NULL;
+}
+
+void sf_st_reset(sf_st_parser *p)
+{
+    sf_st_limits lim = p->lim;
+    sf_st_free(p);
+    sf_st_init(p, &lim);
+}
+
+sf_st_state sf_st_state_of(const sf_st_parser *p) { return p->state; }
+
+const sf_st_info *sf_st_info_of(const sf_st_parser *p) { return p->have_info ? &p->info : NULL; }
+
+const char *sf_st_error_code(const sf_st_parser *p) { return error_names[p->err]; }
+
+const char *sf_st_error_message(const sf_st_parser *p) { return p->err == SF_ST_OK ? "" : p->msg; }
+
+sf_st_error sf_st_error_of(const sf_st_parser *p) { return p->err; }
+
+int64_t sf_st_bad_label_index(const sf_st_parser *p) { return p->bad_label_index; }
+
+int64_t sf_st_bad_label_value(const sf_st_parser *p) { return p->bad_label_value; }
+
+/* ---- header: raw scan while it arrives ------------------------------------ */
+
+/* Tracks strings and nesting depth byte by byte so that a too-deep header is
+ * rejected before cJSON sees it, and rejects raw control characters and the
+ * escape \u0000 (which would truncate a C string). For JSON that cJSON accepts
+ * the scan is exact; for anything else cJSON rejects it later. */
+static void scan_byte(sf_st_parser *p, unsigned char ch, uint64_t pos)
+{
+    if (p->scan_in_str) {
+        if (p->scan_uhex > 0) {
+            if (ch != '0') p->scan_unonzero = 1;
+            if (--p->scan_uhex == 0 && !p->scan_unonzero)
+                fail(p, SF_ST_E_HEADER_NOT_JSON,
+                     "the header contains the escape \\u0000 (before byte %llu); NUL characters are not accepted in names or values",
+                     (unsigned long long)pos);
+        } else if (p->scan_esc) {
+            p->scan_esc = 0;
+            if (ch == 'u') { p->scan_uhex = 4; p->scan_unonzero = 0; }
+        } else if (ch == '\\') {
+            p->scan_esc = 1;
+        } else if (ch == '"') {
+            p->scan_in_str = 0;
+        } else if (ch < 0x20) {
+            fail(p, SF_ST_E_HEADER_NOT_JSON,
+                 "the header contains the control character 0x%02x inside a string at byte %llu",
+                 ch, (unsigned long long)pos);
+        }
+        return;
+    }
+    switch (ch) {
+    case '"': p->scan_in_str = 1; break;
+    case '{': case '[':
+        if (++p->scan_depth > SF_ST_MAX_DEPTH)
+            fail(p, SF_ST_E_HEADER_TOO_DEEP,
+                 "the header JSON nests deeper than %d levels (at byte %llu)",
+                 SF_ST_MAX_DEPTH, (unsigned long long)pos);
+        break;
+    case '}': case ']':
+        if (p->scan_depth > 0) p->scan_depth--;
+        break;
+    case ' ': case '\t': case '\n': case '\r': break;
+    default:
+        if (ch < 0x20)
+            fail(p, SF_ST_E_HEADER_NOT_JSON,
+                 "the header contains the control character 0x%02x at byte %llu",
+                 ch, (unsigned long long)pos);
+        break;
+    }
+}
+
+/* Returns the offset of the first invalid UTF-8 sequence, or len. */
+static size_t utf8_check(const unsigned char *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = s[i];
+        if (c < 0x80) { i++; continue; }
+        size_t n;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1F; }
+        else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0F; }
+        else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07; }
+        else return i;
+        if (len - i <= n) return i;
+        for (size_t k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return i;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+            (cp >= 0xD800 && cp <= 0xDFFF))
+            return i;
+        i += n + 1;
+    }
+    return len;
+}
+
+/* ---- header: validation once complete -------------------------------------- */
+
+typedef struct tensor {
+    const char *name;
+    sf_st_dtype dtype;
+    int ndim;            /* <= 4 stored; larger ranks fail before use */
+    int64_t shape[4];
+    uint64_t begin, end; /* data_offsets */
+} tensor;
+
+/* A JSON number that is an integer in [0, 2^53]; -1 otherwise. */
+static int json_uint(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v)) return -1;
+    double d = v->valuedouble;
+    if (!(d >= 0 && d <= (double)MAX_JSON_INT)) return -1; /* NaN fails too */
+    uint64_t u = (uint64_t)d;
+    if ((double)u != d) return -1;                         /* not an integer */
+    *out = u;
+    return 0;
+}
+
+/* Reads one tensor entry: its structure, dtype name, shape and offsets. The
+ * checks that depend on the tensor's role come later. */
+static int parse_tensor(sf_st_parser *p, const cJSON *item, tensor *t)
+{
+    char qn[64], qv[64];
+    quote(qn, sizeof qn, item->string);
+    t->name = item->string;
+    if (!cJSON_IsObject(item)) {
+        fail(p, SF_ST_E_BAD_TENSOR, "tensor \"%s\" is not a JSON object", qn);
+        return -1;
+    }
+    const cJSON *dtype = NULL, *shape = NULL, *offs = NULL;
+    for (const cJSON *f = item->child; f; f = f->next) {
+        const cJSON **slot;
+        if (strcmp(f->string, "dtype") == 0) slot = &dtype;
+        else if (strcmp(f->string, "shape") == 0) slot = &shape;
+        else if (strcmp(f->string, "data_offsets") == 0) slot = &offs;
+        else {
+            fail(p, SF_ST_E_BAD_TENSOR, "tensor \"%s\" has an unknown field \"%s\"", qn,
+                 quote(qv, sizeof qv, f->string));
+            return -1;
+        }
+        if (*slot) {
+            fail(p, SF_ST_E_DUPLICATE_KEY, "tensor \"%s\" has the field \"%s\" twice", qn, f->string);
+            return -1;
+        }
+        *slot = f;
+    }
+    if (!dtype || !shape || !offs) {
+        fail(p, SF_ST_E_BAD_TENSOR, "tensor \"%s\" lacks the field \"%s\"", qn,
+             !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
+        return -1;
+    }
+    if (!cJSON_IsString(dtype)) {
+        fail(p, SF_ST_E_BAD_TENSOR, "tensor \"%s\": dtype is not a string", qn);
+        return -1;
+    }
+    if (sf_st_dtype_parse(dtype->valuestring, &t->dtype) != 0) {
+        quote(qv, sizeof qv, dtype->valuestring);
+        if (dtype_is_other_known(dtype->valuestring))
+            fail(p, SF_ST_E_UNSUPPORTED_DTYPE, "tensor \"%s\": dtype \"%s\" is not supported", qn, qv);
+        else
+            fail(p, SF_ST_E_UNKNOWN_DTYPE, "tensor \"%s\": dtype \"%s\" is not a safetensors dtype", qn, qv);
+        return -1;
+    }
+    if (!cJSON_IsArray(shape)) {
+        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"%s\": shape is not an array", qn);
+        return -1;
+    }
+    int nd = 0;
+    for (const cJSON *d = shape->child; d; d = d->next, nd++) {
+        uint64_t v;
+        if (json_uint(d, &v) != 0) {
+            fail(p, SF_ST_E_BAD_SHAPE, "tensor \"%s\": shape[%d] is not a non-negative integer", qn, nd);
+            return -1;
+        }
+        if (nd >= 4) {
+            fail(p, SF_ST_E_BAD_SHAPE, "tensor \"%s\" has more than 4 dimensions", qn);
+            return -1;
+        }
+        t->shape[nd] = (int64_t)v;
+    }
+    t->ndim = nd;
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) {
+        fail(p, SF_ST_E_BAD_OFFSETS, "tensor \"%s\": data_offsets is not an array of two integers", qn);
+        return -1;
+    }
+    if (json_uint(offs->child, &t->begin) != 0 || json_uint(offs->child->next, &t->end) != 0) {
+        fail(p, SF_ST_E_BAD_OFFSETS,
+             "tensor \"%s\": data_offsets are not integers in [0, 2^53]", qn);
+        return -1;
+    }
+    if (t->begin > t->end) {
+        fail(p, SF_ST_E_BAD_OFFSETS, "tensor \"%s\": data_offsets [%llu, %llu] begin after they end",
+             qn, (unsigned long long)t->begin, (unsigned long long)t->end);
+        return -1;
+    }
+    return 0;
+}
+
+/* a * b, or UINT64_MAX on overflow. */
+static uint64_t mul_sat(uint64_t a, uint64_t b)
+{
+    if (a != 0 && b > UINT64_MAX / a) return UINT64_MAX;
+    return a * b;
+}
+
+static int check_size(sf_st_parser *p, const tensor *t, uint64_t *bytes)
+{
+    uint64_t n = (uint64_t)sf_st_dtype_size(t->dtype);
+    for (int i = 0; i < t->ndim; i++) n = mul_sat(n, (uint64_t)t->shape[i]);
+    uint64_t have = t->end - t->begin;
+    if (n != have) {
+        char qn[64];
+        fail(p, SF_ST_E_SHAPE_SIZE_MISMATCH,
+             "tensor \"%s\": shape and dtype %s need %llu bytes but data_offsets [%llu, %llu] hold %llu",
+             quote(qn, sizeof qn, t->name), sf_st_dtype_name(t->dtype), (unsigned long long)n,
+             (unsigned long long)t->begin, (unsigned long long)t->end, (unsigned long long)have);
+        return -1;
+    }
+    *bytes = n;
+    return 0;
+}
+
+static int in_134(int64_t c) { return c == 1 || c == 3 || c == 4; }
+
+/* Everything about the header; fills p->info. Returns 0 or -1 (failed). */
+static int validate_header(sf_st_parser *p, const cJSON *root)
+{
+    char qn[64], qv[64];
+    sf_st_info *in = &p->info;
+    if (!cJSON_IsObject(root)) {
+        fail(p, SF_ST_E_HEADER_NOT_OBJECT, "the header JSON is not an object");
+        return -1;
+    }
+    const cJSON *img = NULL, *lab = NULL, *meta = NULL;
+    for (const cJSON *it = root->child; it; it = it->next) {
+        const cJSON **slot;
+        if (strcmp(it->string, "images") == 0) slot = &img;
+        else if (strcmp(it->string, "labels") == 0) slot = &lab;
+        else if (strcmp(it->string, "__metadata__") == 0) slot = &meta;
+        else {
+            fail(p, SF_ST_E_UNKNOWN_TENSOR,
+                 "the header names the tensor \"%s\"; only \"images\" and \"labels\" are accepted",
+                 quote(qn, sizeof qn, it->string));
+            return -1;
+        }
+        if (*slot) {
+            fail(p, SF_ST_E_DUPLICATE_KEY, "the header names \"%s\" twice", it->string);
+            return -1;
+        }
+        *slot = it;
+    }
+
+    /* __metadata__: an object of strings; "layout" is NHWC or NCHW. */
+    int layout = -1; /* -1 unspecified, 1 NHWC, 0 NCHW */
+    if (meta) {
+        if (!cJSON_IsObject(meta)) {
+            fail(p, SF_ST_E_BAD_METADATA, "__metadata__ is not a JSON object");
+            return -1;
+        }
+        const cJSON *lay = NULL;
+        for (const cJSON *m = meta->child; m; m = m->next) {
+            if (!cJSON_IsString(m)) {
+                fail(p, SF_ST_E_BAD_METADATA, "__metadata__.%s is not a string",
+                     quote(qn, sizeof qn, m->string));
+                return -1;
+            }
+            if (strcmp(m->string, "layout") == 0) {
+                if (lay) {
+                    fail(p, SF_ST_E_DUPLICATE_KEY, "__metadata__ names \"layout\" twice");
+                    return -1;
+                }
+                lay = m;
+            }
+        }
+        if (lay) {
+            if (strcmp(lay->valuestring, "NHWC") == 0) layout = 1;
+            else if (strcmp(lay->valuestring, "NCHW") == 0) layout = 0;
+            else {
+                fail(p, SF_ST_E_BAD_LAYOUT, "__metadata__.layout is \"%s\"; it must be \"NHWC\" or \"NCHW\"",
+                     quote(qv, sizeof qv, lay->valuestring));
+                return -1;
+            }
+        }
+    }
+
+    if (!img) {
+        fail(p, SF_ST_E_MISSING_IMAGES, "the header has no tensor \"images\"");
+        return -1;
+    }
+    if (!lab && p->lim.labels_required) {
+        fail(p, SF_ST_E_MISSING_LABELS, "the header has no tensor \"labels\"");
+        return -1;
+    }
+
+    /* images */
+    tensor ti, tl;
+    memset(&ti, 0, sizeof ti);
+    memset(&tl, 0, sizeof tl);
+    if (parse_tensor(p, img, &ti) != 0) return -1;
+    if (ti.dtype != SF_ST_U8) {
+        fail(p, SF_ST_E_UNSUPPORTED_DTYPE, "tensor \"images\": dtype is %s; images must be U8",
+             sf_st_dtype_name(ti.dtype));
+        return -1;
+    }
+    if (ti.ndim != 4) {
+        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"images\" has %d dimensions; it must have 4 ([N,H,W,C] or [N,C,H,W])",
+             ti.ndim);
+        return -1;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (ti.shape[i] == 0) {
+            fail(p, SF_ST_E_BAD_SHAPE, "tensor \"images\": shape[%d] is 0", i);
+            return -1;
+        }
+    }
+    if (layout < 0) {
+        if (in_134(ti.shape[3])) layout = 1;
+        else if (in_134(ti.shape[1])) layout = 0;
+        else {
+            fail(p, SF_ST_E_BAD_LAYOUT,
+                 "tensor \"images\" has shape [%lld,%lld,%lld,%lld]: neither dimension 3 (NHWC) nor dimension 1 (NCHW) is a channel count 1, 3 or 4, and __metadata__.layout is not given",
+                 (long long)ti.shape[0], (long long)ti.shape[1], (long long)ti.shape[2], (long long)ti.shape[3]);
+            return -1;
+        }
+    }
+    int64_t n = ti.shape[0], c, h, w;
+    if (layout == 1) { h = ti.shape[1]; w = ti.shape[2]; c = ti.shape[3]; }
+    else { c = ti.shape[1]; h = ti.shape[2]; w = ti.shape[3]; }
+    if (!in_134(c)) {
+        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"images\" (%s) has %lld channels; it must have 1, 3 or 4",
+             layout ? "NHWC" : "NCHW", (long long)c);
+        return -1;
+    }
+    if (n > p->lim.max_n) {
+        fail(p, SF_ST_E_BATCH_TOO_LARGE, "tensor \"images\" holds %lld samples; the limit is %d",
+             (long long)n, p->lim.max_n);
+        return -1;
+    }
+    if (h > p->lim.max_h || w > p->lim.max_w) {
+        fail(p, SF_ST_E_IMAGE_TOO_LARGE, "tensor \"images\" has images of %lldx%lld (HxW); the limit is %dx%d",
+             (long long)h, (long long)w, p->lim.max_h, p->lim.max_w);
+        return -1;
+    }
+    uint64_t images_bytes;
+    if (check_size(p, &ti, &images_bytes) != 0) return -1;
+
+    /* labels */
+    uint64_t labels_bytes = 0;
+    if (lab) {
+        if (parse_tensor(p, lab, &tl) != 0) return -1;
+        if (tl.dtype != SF_ST_U8 && tl.dtype != SF_ST_I32 && tl.dtype != SF_ST_I64) {
+            fail(p, SF_ST_E_UNSUPPORTED_DTYPE, "tensor \"labels\": dtype is %s; labels must be U8, I32 or I64",
+                 sf_st_dtype_name(tl.dtype));
+            return -1;
+        }
+        if (tl.ndim != 1 && tl.ndim != 3) {
+            fail(p, SF_ST_E_BAD_SHAPE, "tensor \"labels\" has %d dimensions; it must be [N] or [N,H,W]", tl.ndim);
+            return -1;
+        }
+        if (tl.shape[0] != n) {
+            fail(p, SF_ST_E_LABEL_COUNT_MISMATCH, "tensor \"labels\" holds %lld labels for %lld images",
+                 (long long)tl.shape[0], (long long)n);
+            return -1;
+        }
+        if (tl.ndim == 3 && (tl.shape[1] != h || tl.shape[2] != w)) {
+            fail(p, SF_ST_E_BAD_SHAPE, "tensor \"labels\" has masks of %lldx%lld (HxW) for images of %lldx%lld",
+                 (long long)tl.shape[1], (long long)tl.shape[2], (long long)h, (long long)w);
+            return -1;
+        }
+        if (check_size(p, &tl, &labels_bytes) != 0) return -1;
+    }
+
+    /* data_offsets: no overlap, contiguous from 0, covering the section */
+    uint64_t data_len = ti.end;
+    if (lab) {
+        if (ti.begin < tl.end && tl.begin < ti.end) {
+            fail(p, SF_ST_E_OFFSETS_OVERLAP, "data_offsets of \"images\" [%llu, %llu] and \"labels\" [%llu, %llu] overlap",
+                 (unsigned long long)ti.begin, (unsigned long long)ti.end,
+                 (unsigned long long)tl.begin, (unsigned long long)tl.end);
+            return -1;
+        }
+        const tensor *first = ti.begin <= tl.begin ? &ti : &tl;
+        const tensor *second = first == &ti ? &tl : &ti;
+        if (first->begin != 0 || second->begin != first->end) {
+            fail(p, SF_ST_E_DATA_NOT_CONTIGUOUS,
+                 "data_offsets of \"images\" [%llu, %llu] and \"labels\" [%llu, %llu] do not cover the data section from 0 without a hole",
+                 (unsigned long long)ti.begin, (unsigned long long)ti.end,
+                 (unsigned long long)tl.begin, (unsigned long long)tl.end);
+            return -1;
+        }
+        data_len = second->end;
+    } else if (ti.begin != 0) {
+        fail(p, SF_ST_E_DATA_NOT_CONTIGUOUS, "data_offsets of \"images\" [%llu, %llu] do not start at 0",
+             (unsigned long long)ti.begin, (unsigned long long)ti.end);
+        return -1;
+    }
+
+    uint64_t body_len = 8 + in->header_len + data_len; /* each term < 2^54: no overflow */
+    if (body_len > p->lim.max_body_bytes) {
+        fail(p, SF_ST_E_BODY_TOO_LARGE, "the body declares %llu bytes; the limit is %llu",
+             (unsigned long long)body_len, (unsigned long long)p->lim.max_body_bytes);
+        return -1;
+    }
+
+    in->n = (int)n;
+    in->h = (int)h;
+    in->w = (int)w;
+    in->c = (int)c;
+    in->nhwc = layout;
+    in->has_labels = lab != NULL;
+    in->label_dtype = lab ? tl.dtype : SF_ST_U8;
+    in->label_ndim = lab ? tl.ndim : 0;
+    for (int i = 0; i < 3; i++) in->label_shape[i] = (lab && i < tl.ndim) ? tl.shape[i] : 0;
+    in->data_len = data_len;
+    in->body_len = body_len;
+    in->images_bytes = images_bytes;
+    in->labels_bytes = labels_bytes;
+    in->labels_dest_off = lab ? (images_bytes + SF_ST_LABEL_ALIGN - 1) / SF_ST_LABEL_ALIGN * SF_ST_LABEL_ALIGN : 0;
+    in->dest_bytes = lab ? in->labels_dest_off + labels_bytes : images_bytes;
+    p->images_begin = ti.begin;
+    p->labels_begin = tl.begin;
+    return 0;
+}
+
+static void header_complete(sf_st_parser *p)
+{
+    uint64_t len = p->info.header_len;
+    p->hdr[len] = '\0';
+    if (p->scan_in_str || p->scan_depth != 0) {
+        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid JSON (unbalanced brackets or an unterminated string)");
+        return;
+    }
+    size_t bad = utf8_check((const unsigned char *)p->hdr, (size_t)len);
+    if (bad != len) {
+        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid UTF-8 (at byte %zu)", bad);
+        return;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(p->hdr, (size_t)len, &end, 0);
+    if (!root) {
+        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid JSON");
+        return;
+    }
+    for (const char *q = end; q < p->hdr + len; q++) {
+        if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
+            fail(p, SF_ST_E_HEADER_NOT_JSON, "the header has bytes after its JSON value (at byte %zu)",
+                 (size_t)(q - p->hdr));
+            cJSON_Delete(root);
+            return;
+        }
+    }
+    int rc = validate_header(p, root);
+    cJSON_Delete(root);
+    /* The raw header is no longer needed: give the memory back early. */
+    free(p->hdr);
+    p->hdr = NULL;
+    if (rc == 0) {
+        p->have_info = 1;
+        p->state = SF_ST_NEED_DEST;
+    }
+}
+
+static void length_complete(sf_st_parser *p)
+{
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | p->len_buf[i];
+    p->info.header_len = hl;
+    if (hl < 2) {
+        fail(p, SF_ST_E_HEADER_LENGTH_INVALID,
+             "the header length is %llu; a header is a JSON object of at least 2 bytes",
+             (unsigned long long)hl);
+        return;
+    }
+    if (hl > p->lim.max_header_bytes) {
+        fail(p, SF_ST_E_HEADER_TOO_LARGE, "the header length is %llu bytes; the limit is %llu",
+             (unsigned long long)hl, (unsigned long long)p->lim.max_header_bytes);
+        return;
+    }
+    if (hl > p->lim.max_body_bytes - 8 || p->lim.max_body_bytes < 8) {
+        fail(p, SF_ST_E_BODY_TOO_LARGE, "the header alone (%llu bytes) exceeds the body limit of %llu bytes",
+             (unsigned long long)hl, (unsigned long long)p->lim.max_body_bytes);
+        return;
+    }
+    p->hdr = malloc((size_t)hl + 1);
+    if (!p->hdr) {
+        fail(p, SF_ST_E_OUT_OF_MEMORY, "no memory for a header of %llu bytes", (unsigned long long)hl);
+        return;
+    }
+}
+
+/* ---- data ----------------------------------------------------------------- */
+
+static void copy_part(uint8_t *dst, uint64_t t_begin, uint64_t t_len,
+                      const uint8_t *src, uint64_t pos, uint64_t len)
+{
+    uint64_t lo = pos > t_begin ? pos : t_begin;
+    uint64_t hi = pos + len < t_begin + t_len ? pos + len : t_begin + t_len;
+    if (lo < hi) memcpy(dst + (lo - t_begin), src + (lo - pos), (size_t)(hi - lo));
+}
+
+static void check_labels(sf_st_parser *p)
+{
+    const sf_st_info *in = &p->info;
+    if (p->lim.classes <= 0) return;
+    const uint8_t *b = p->dest + in->labels_dest_off;
+    int sz = sf_st_dtype_size(in->label_dtype);
+    uint64_t count = in->labels_bytes / (uint64_t)sz;
+    int64_t classes = p->lim.classes;
+    for (uint64_t i = 0; i < count; i++) {
+        int64_t v;
+        const uint8_t *e = b + i * (uint64_t)sz;
+        if (sz == 1) {
+            v = e[0];
+        } else if (sz == 4) {
+            uint32_t u = (uint32_t)e[0] | (uint32_t)e[1] << 8 | (uint32_t)e[2] << 16 | (uint32_t)e[3] << 24;
+            v = (int32_t)u;
+        } else {
+            uint64_t u = 0;
+            for (int k = 7; k >= 0; k--) u = (u << 8) | e[k];
+            v = (int64_t)u;
+        }
+        if (v < 0 || v >= classes) {
+            p->bad_label_index = (int64_t)i;
+            p->bad_label_value = v;
+            fail(p, SF_ST_E_LABEL_OUT_OF_RANGE,
+                 "tensor \"labels\": element %llu is %lld; labels must lie in [0, %d)",
+                 (unsigned long long)i, (long long)v, p->lim.classes);
+            return;
+        }
+    }
+}
+
+static size_t feed_data(sf_st_parser *p, const uint8_t *data, size_t len)
+{
+    const sf_st_info *in = &p->info;
+    uint64_t remaining = in->data_len - p->data_have;
+    /* Bytes up to the declared end are copied (and the labels checked) before
+     * an overlong chunk fails, so the outcome does not depend on chunking. */
+    size_t take = (uint64_t)len > remaining ? (size_t)remaining : len;
+    uint64_t pos = p->data_have;
+    if (take > 0) {
+        copy_part(p->dest, p->images_begin, in->images_bytes, data, pos, take);
+        if (in->has_labels)
+            copy_part(p->dest + in->labels_dest_off, p->labels_begin, in->labels_bytes, data, pos, take);
+        p->data_have += take;
+        if (in->has_labels && !p->labels_checked && p->data_have >= p->labels_begin + in->labels_bytes) {
+            p->labels_checked = 1;
+            check_labels(p);
+        }
+        if (p->state == SF_ST_DATA && p->data_have == in->data_len) p->state = SF_ST_COMPLETE;
+    }
+    if (take < len)
+        fail(p, SF_ST_E_BODY_TOO_LONG,
+             "the body is longer than the %llu bytes its header declares (8 + %llu header + %llu data)",
+             (unsigned long long)in->body_len, (unsigned long long)in->header_len,
+             (unsigned long long)in->data_len);
+    return take;
+}
+
+size_t sf_st_feed(sf_st_parser *p, const uint8_t *data, size_t len)
+{
+    if (len == 0) return 0;
+    switch (p->state) {
+    case SF_ST_NEED_DEST:
+    case SF_ST_FAILED:
+        return 0;
+    case SF_ST_DATA:
+        return feed_data(p, data, len);
+    case SF_ST_COMPLETE:
+        return feed_data(p, data, len); /* fails with body_too_long */
+    case SF_ST_HEADER:
+        break;
+    }
+    size_t used = 0;
+    while (used < len && p->state == SF_ST_HEADER) {
+        if (p->len_have < 8) {
+            size_t take = 8 - p->len_have;
+            if (take > len - used) take = len - used;
+            memcpy(p->len_buf + p->len_have, data + used, take);
+            p->len_have += (unsigned)take;
+            used += take;
+            if (p->len_have == 8) length_complete(p);
+            continue;
+        }
+        uint64_t want = p->info.header_len - p->hdr_have;
+        size_t take = (uint64_t)(len - used) < want ? len - used : (size_t)want;
+        size_t k = 0;
+        for (; k < take && p->state == SF_ST_HEADER; k++)
+            scan_byte(p, data[used + k], p->hdr_have + k);
+        memcpy(p->hdr + p->hdr_have, data + used, k);
+        p->hdr_have += k;
+        used += k;
+        if (p->state == SF_ST_HEADER && p->hdr_have == p->info.header_len) header_complete(p);
+    }
+    return used;
+}
+
+void sf_st_set_dest(sf_st_parser *p, uint8_t *dest, size_t cap)
+{
+    if (p->state != SF_ST_NEED_DEST) {
+        fail(p, SF_ST_E_BAD_CALL, "sf_st_set_dest called in state %s", state_name(p->state));
+        return;
+    }
+    if (!dest || (uint64_t)cap < p->info.dest_bytes) {
+        fail(p, SF_ST_E_SLOT_TOO_SMALL, "the batch needs %llu bytes but the slot holds %zu",
+             (unsigned long long)p->info.dest_bytes, dest ? cap : (size_t)0);
+        return;
+    }
+    p->dest = dest;
+    p->dest_cap = cap;
+    p->state = SF_ST_DATA;
+}
+
+int sf_st_finish(sf_st_parser *p)
+{
+    switch (p->state) {
+    case SF_ST_COMPLETE:
+        return 0;
+    case SF_ST_FAILED:
+        return -1;
+    case SF_ST_HEADER:
+        if (p->len_have < 8)
+            fail(p, SF_ST_E_BODY_TOO_SHORT, "the body ended after %u of the 8 header-length bytes", p->len_have);
+        else
+            fail(p, SF_ST_E_BODY_TOO_SHORT, "the body ended after %llu of the %llu header bytes",
+                 (unsigned long long)p->hdr_have, (unsigned long long)p->info.header_len);
+        return -1;
+    case SF_ST_NEED_DEST:
+    case SF_ST_DATA:
+        fail(p, SF_ST_E_BODY_TOO_SHORT, "the body ended after %llu of its %llu bytes",
+             (unsigned long long)(8 + p->info.header_len + p->data_have),
+             (unsigned long long)p->info.body_len);
+        return -1;
+    }
+    return -1;
+}
+
+/* ---- writer --------------------------------------------------------------- */
+
+typedef struct sink {
+    char *buf;
+    size_t cap, len;
+} sink;
+
+static void put(sink *s, const char *str, size_t n)
+{
+    if (s->buf && s->len + n <= s->cap) memcpy(s->buf + s->len, str, n);
+    s->len += n;
+}
+
+static void puts_(sink *s, const char *str) { put(s, str, strlen(str)); }
+
+static void put_u64(sink *s, uint64_t v)
+{
+    char b[24];
+    int n = snprintf(b, sizeof b, "%llu", (unsigned long long)v);
+    put(s, b, (size_t)n);
+}
+
+static void put_jstr(sink *s, const char *str)
+{
+    static const char hex[] = "0123456789abcdef";
+    put(s, "\"", 1);
+    for (const unsigned char *c = (const unsigned char *)str; *c; c++) {
+        if (*c == '"' || *c == '\\') {
+            char e[2] = {'\\', (char)*c};
+            put(s, e, 2);
+        } else if (*c < 0x20) {
+            char e[6] = {'\\', 'u', '0', '0', hex[*c >> 4], hex[*c & 15]};
+            put(s, e, 6);
+        } else {
+            put(s, (const char *)c, 1);
+        }
+    }
+    put(s, "\"", 1);
+}
+
+static int name_ok(const char *s)
+{
+    return s && s[0] && strcmp(s, "__metadata__") != 0 && utf8_check((const unsigned char *)s, strlen(s)) == strlen(s);
+}
+
+size_t sf_st_header_build(char *buf, size_t cap, const sf_st_tensor_desc *t, int nt,
+                          const char *metadata_json)
+{
+    if (nt < 0 || (nt > 0 && !t)) return 0;
+    for (int i = 0; i < nt; i++) {
+        if (!name_ok(t[i].name) || sf_st_dtype_name(t[i].dtype) == NULL || t[i].ndim < 0 || t[i].ndim > 8)
+            return 0;
+        for (int j = 0; j < i; j++)
+            if (strcmp(t[i].name, t[j].name) == 0) return 0;
+        for (int d = 0; d < t[i].ndim; d++)
+            if (t[i].shape[d] < 0) return 0;
+    }
+    cJSON *meta = NULL;
+    if (metadata_json) {
+        meta = cJSON_Parse(metadata_json);
+        if (!cJSON_IsObject(meta)) { cJSON_Delete(meta); return 0; }
+        for (const cJSON *m = meta->child; m; m = m->next) {
+            if (!cJSON_IsString(m) || !name_ok(m->string) ||
+                utf8_check((const unsigned char *)m->valuestring, strlen(m->valuestring)) != strlen(m->valuestring)) {
+                cJSON_Delete(meta);
+                return 0;
+            }
+        }
+    }
+
+    sink s = {buf, cap, 8}; /* the length goes first, once known */
+    put(&s, "{", 1);
+    int first = 1;
+    if (meta) {
+        puts_(&s, "\"__metadata__\":{");
+        for (const cJSON *m = meta->child; m; m = m->next) {
+            if (m != meta->child) put(&s, ",", 1);
+            put_jstr(&s, m->string);
+            put(&s, ":", 1);
+            put_jstr(&s, m->valuestring);
+        }
+        put(&s, "}", 1);
+        first = 0;
+        cJSON_Delete(meta);
+    }
+    uint64_t off = 0;
+    for (int i = 0; i < nt; i++) {
+        uint64_t bytes = (uint64_t)sf_st_dtype_size(t[i].dtype);
+        for (int d = 0; d < t[i].ndim; d++) bytes = mul_sat(bytes, (uint64_t)t[i].shape[d]);
+        if (bytes > MAX_JSON_INT || off + bytes > MAX_JSON_INT) return 0;
+        if (!first) put(&s, ",", 1);
+        first = 0;
+        put_jstr(&s, t[i].name);
+        puts_(&s, ":{\"dtype\":\"");
+        puts_(&s, sf_st_dtype_name(t[i].dtype));
+        puts_(&s, "\",\"shape\":[");
+        for (int d = 0; d < t[i].ndim; d++) {
+            if (d) put(&s, ",", 1);
+            put_u64(&s, (uint64_t)t[i].shape[d]);
+        }
+        puts_(&s, "],\"data_offsets\":[");
+        put_u64(&s, off);
+        put(&s, ",", 1);
+        put_u64(&s, off + bytes);
+        puts_(&s, "]}");
+        off += bytes;
+    }
+    put(&s, "}", 1);
+    while (s.len % 8) put(&s, " ", 1);
+    if (buf && s.len <= cap) {
+        uint64_t hl = s.len - 8;
+        for (int i = 0; i < 8; i++) buf[i] = (char)(uint8_t)(hl >> (8 * i));
+    }
+    return s.len;
+}

@@ -83,7 +83,7 @@ $(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSI
 $(BUILD)/server/app.o $(BUILD)/server/main.o: .FORCE
 .FORCE:
 
-.PHONY: docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -126,7 +126,7 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu $(LIB)
 	$(NVCC) $(NVCCFLAGS) -DSF_HAVE_CUDA=1 -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\" -DSF_VERSION=\"$(VERSION)\" $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
 # ---- tests -----------------------------------------------------------------
-test: all unit integration fuzz-smoke gpu-test
+test: all unit integration sanitize-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
 
 unit: $(UNIT_BIN)
@@ -142,6 +142,11 @@ venv: $(VENV)/.stamp
 integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q tests/integration
+
+# A start–requests–stop cycle of a CPU-only build under ASan + LSan.
+sanitize-test: $(VENV)/.stamp
+	$(MAKE) --no-print-directory CUDA=0 SANITIZE=address BUILD=$(BUILD)/asan $(BUILD)/asan/streamfeed
+	STREAMFEED_ASAN_BIN=$(abspath $(BUILD)/asan/streamfeed) $(VENV)/bin/python -m pytest -q tests/sanitize
 
 FUZZ_CC ?= clang
 $(BUILD)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c server/safetensors.c

@@ -123,6 +123,16 @@ static int header_accepted(sf_req *r, sf_upload *u)
             return reject(r, u, 422, "labels_shape_unsupported",
                           "this model classifies: labels must be [N]");
     }
+    const char *cl = sf_req_header(r, "Content-Length");
+    if (cl && u->slot < 0 && strtoull(cl, NULL, 10) != in->body_len) {
+        /* The header says how long the body is: a different Content-Length is
+         * a truncated or padded upload, known before any data is read. */
+        char msg[200];
+        snprintf(msg, sizeof msg, "Content-Length is %s but the safetensors header describes %llu bytes",
+                 cl, (unsigned long long)in->body_len);
+        return reject(r, u, 400, strtoull(cl, NULL, 10) < in->body_len ? "body_too_short" : "body_too_long",
+                      msg);
+    }
     if (in->dest_bytes > sf_ring_slot_bytes(app->ring)) {
         char msg[200];
         snprintf(msg, sizeof msg, "batch data of %llu bytes exceeds ring.slot_bytes %zu",

@@ -83,7 +83,7 @@ $(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSI
 $(BUILD)/server/app.o $(BUILD)/server/main.o: .FORCE
 .FORCE:
 
-.PHONY: sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -126,22 +126,38 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu $(LIB)
 	$(NVCC) $(NVCCFLAGS) -DSF_HAVE_CUDA=1 -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\" -DSF_VERSION=\"$(VERSION)\" $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
 # ---- tests -----------------------------------------------------------------
-test: all unit integration sanitize-test fuzz-smoke gpu-test
+test: all unit integration sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
-$(VENV)/.stamp: tests/requirements.txt
+# One virtualenv for every Python test suite (integration, client, contract, ops).
+REQS := $(wildcard tests/requirements*.txt)
+$(VENV)/.stamp: $(REQS)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -r tests/requirements.txt
+	$(VENV)/bin/pip install -q $(addprefix -r ,$(REQS))
 	@touch $@
 venv: $(VENV)/.stamp
 
 integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q tests/integration
+
+# Deployment artefacts: OpenAPI spec, Dockerfile (hadolint), kustomize render +
+# kubernetes-validate, promtool rule tests, Grafana dashboard.
+ops-test: $(VENV)/.stamp
+	$(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/ops
+
+deploy-render: $(VENV)/.stamp
+	@$(VENV)/bin/kubectl kustomize deploy/overlays/$(or $(OVERLAY),gpu)
+
+# Needs a container engine (none on the CI machines): docker build with the repo as context.
+docker-image:
+	docker build -f docker/Dockerfile --build-arg CUDA_ARCH=$(CUDA_ARCH) \
+	  --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
+	  -t streamfeed:$(VERSION) .
 
 # A start–requests–stop cycle of a CPU-only build under ASan + LSan.
 sanitize-test: $(VENV)/.stamp

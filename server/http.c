@@ -191,6 +191,12 @@ int sf_reply_error_field(sf_req *r, int status, const char *code, const char *fi
         const char *v[] = {code};
         sf_counter_inc_l(r->app->m.http_errors, v, 1);
     }
+    /* Every 429/503 tells the client when to come back (the spec promises it). */
+    int has_ra = 0;
+    for (int i = 0; i < r->priv->nextra; i++)
+        has_ra |= strcasecmp(r->priv->extra[i][0], "Retry-After") == 0;
+    if ((status == 429 || status == 503) && !has_ra)
+        sf_reply_header(r, "Retry-After", "1");
     cJSON *o = cJSON_CreateObject();
     cJSON *e = cJSON_AddObjectToObject(o, "error");
     cJSON_AddStringToObject(e, "code", code);

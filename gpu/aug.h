@@ -81,7 +81,8 @@ typedef struct sf_aug_pipeline {
 typedef enum sf_aug_pw_kind {
     SF_PW_SCALE = 0,  /* x *= a[0] */
     SF_PW_NORMALIZE,  /* x = (x - a[c]) * b[c]   (b = 1/std) */
-    SF_PW_YCBCR,      /* RGB -> YCbCr */
+    SF_PW_YCBCR,      /* RGB -> YCbCr; a[0] is the chroma offset: 128 times the
+                         scales applied before it, so it commutes with to_dtype */
     SF_PW_MASK        /* random mask with ratio a[0], dilate (int)b[0] */
 } sf_aug_pw_kind;
 

@@ -1,0 +1,697 @@
+/* gpu/aug.c — augmentation pipeline: parsing, planning for one input shape,
+ * and the per-sample random parameters. Semantics: gpu/aug.h.
+ *
+ * Coordinates. An image of W x H pixels spans the continuous rectangle
+ * [0,W] x [0,H]; pixel (i,j) has its centre at (j+0.5, i+0.5) (PyTorch's
+ * align_corners=False convention). Every geometric op is described by its
+ * inverse: the map from a point of its output to the point of its input that
+ * lands there. In list order, op k maps image k-1 to image k, so the composed
+ * inverse is  inv = inv_1 o inv_2 o ... o inv_K  (output -> source).
+ *   random_crop (x0,y0):   (x,y) -> (x + x0, y + y0)
+ *   resize W,H -> w,h:     (x,y) -> (x * W/w, y * H/h)          (no antialias)
+ *   random_rotation a:     (x,y) -> C + R(a) (p - C), C = (W/2, H/2),
+ *                          R(a) = [cos a, -sin a; sin a, cos a] with a positive
+ *                          angle turning the content counter-clockwise on screen
+ *                          (torchvision's convention)
+ *   horizontal_flip:       (x,y) -> (W - x, y)
+ * The composition is done in double and rounded to float once (inv[6]).
+ *
+ * Random draws: u = sf_u01(sf_hash4(seed, seq, i, op_index*16 + draw)).
+ *   random_crop:  draw 0 -> y0 = min(floor(u*(H-h+1)), H-h); draw 1 -> x0 likewise
+ *   random_rotation: draw 0 -> angle = min + u*(max-min) (float, degrees)
+ *   horizontal_flip: draw 0 -> flip when u < p
+ *   gaussian_blur: draw 0 -> sigma = min + u*(max-min) (float)
+ * random_mask: mask_seed = sf_hash4(seed, seq, i, SF_AUG_MASK_KEY).
+ */
+#include "aug.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "rng.h"
+
+#define SF_AUG_MASK_KEY 0x4D41534Bull /* "MASK" */
+#define SF_AUG_MAX_DIM 16384          /* largest image side, source or output */
+#define SF_AUG_MAX_DILATE 32
+
+#ifndef M_PI
+#define M_PI 3.14159265358979323846
+#endif
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static const char *const kind_names[SF_AUG_KIND_COUNT] = {
+    [SF_AUG_RANDOM_CROP] = "random_crop",
+    [SF_AUG_RESIZE] = "resize",
+    [SF_AUG_RANDOM_ROTATION] = "random_rotation",
+    [SF_AUG_HFLIP] = "horizontal_flip",
+    [SF_AUG_GAUSSIAN_BLUR] = "gaussian_blur",
+    [SF_AUG_NORMALIZE] = "normalize",
+    [SF_AUG_COLOR_CONVERT] = "color_convert",
+    [SF_AUG_RANDOM_MASK] = "random_mask",
+    [SF_AUG_TO_DTYPE] = "to_dtype",
+};
+
+const char *sf_aug_kind_name(sf_aug_kind k)
+{
+    if ((int)k < 0 || k >= SF_AUG_KIND_COUNT)
+        return "unknown";
+    return kind_names[k];
+}
+
+static int is_geom(sf_aug_kind k)
+{
+    return k == SF_AUG_RANDOM_CROP || k == SF_AUG_RESIZE || k == SF_AUG_RANDOM_ROTATION ||
+           k == SF_AUG_HFLIP;
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+/* A finite number. Returns 1 present, 0 absent, -1 wrong type (err filled). */
+static int get_num(const cJSON *o, const char *key, double *out, const char *what, char *err,
+                   size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        set_err(err, errlen, "%s: \"%s\" must be a number", what, key);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 1;
+}
+
+static int is_int_in(double v, double lo, double hi)
+{
+    return v == floor(v) && v >= lo && v <= hi;
+}
+
+/* "size": [h, w] (or one integer for a square, random_crop only). */
+static int get_size(const cJSON *o, int allow_scalar, int *h, int *w, const char *what, char *err,
+                    size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "size");
+    if (!v) {
+        set_err(err, errlen, "%s: missing \"size\" ([h,w])", what);
+        return -1;
+    }
+    double d[2];
+    if (allow_scalar && cJSON_IsNumber(v)) {
+        d[0] = d[1] = v->valuedouble;
+    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2 &&
+               cJSON_IsNumber(cJSON_GetArrayItem(v, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(v, 1))) {
+        d[0] = cJSON_GetArrayItem(v, 0)->valuedouble;
+        d[1] = cJSON_GetArrayItem(v, 1)->valuedouble;
+    } else {
+        set_err(err, errlen, "%s: \"size\" must be [h,w]%s", what, allow_scalar ? " or an integer" : "");
+        return -1;
+    }
+    if (!is_int_in(d[0], 1, SF_AUG_MAX_DIM) || !is_int_in(d[1], 1, SF_AUG_MAX_DIM)) {
+        set_err(err, errlen, "%s: \"size\" values must be integers in [1,%d]", what, SF_AUG_MAX_DIM);
+        return -1;
+    }
+    *h = (int)d[0];
+    *w = (int)d[1];
+    return 0;
+}
+
+/* A [min,max] range, or one number x meaning [-x,x] (sym) or [x,x]. */
+static int get_range(const cJSON *o, const char *key, int sym, float *lo, float *hi,
+                     const char *what, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    double a, b;
+    if (cJSON_IsNumber(v)) {
+        a = sym ? -fabs(v->valuedouble) : v->valuedouble;
+        b = sym ? fabs(v->valuedouble) : v->valuedouble;
+    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2 &&
+               cJSON_IsNumber(cJSON_GetArrayItem(v, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(v, 1))) {
+        a = cJSON_GetArrayItem(v, 0)->valuedouble;
+        b = cJSON_GetArrayItem(v, 1)->valuedouble;
+    } else {
+        set_err(err, errlen, "%s: \"%s\" must be [min,max] or a number", what, key);
+        return -1;
+    }
+    if (!isfinite(a) || !isfinite(b) || a > b) {
+        set_err(err, errlen, "%s: \"%s\" must be finite with min <= max", what, key);
+        return -1;
+    }
+    *lo = (float)a;
+    *hi = (float)b;
+    return 0;
+}
+
+/* An array of 1..SF_AUG_MAX_C numbers, or one number. Returns the count. */
+static int get_vec(const cJSON *o, const char *key, float *out, const char *what, char *err,
+                   size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v)) {
+        out[0] = (float)v->valuedouble;
+        return 1;
+    }
+    int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+    if (n < 1 || n > SF_AUG_MAX_C) {
+        set_err(err, errlen, "%s: \"%s\" must be a number or an array of 1..%d numbers", what, key,
+                SF_AUG_MAX_C);
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(v, i);
+        if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble)) {
+            set_err(err, errlen, "%s: \"%s\"[%d] must be a finite number", what, key, i);
+            return -1;
+        }
+        out[i] = (float)e->valuedouble;
+    }
+    return n;
+}
+
+static int str_ieq(const char *a, const char *b)
+{
+    for (; *a && *b; a++, b++)
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b))
+            return 0;
+    return *a == *b;
+}
+
+static int check_keys(const cJSON *o, const char *const *allowed, const char *what, char *err,
+                      size_t errlen)
+{
+    for (const cJSON *it = o->child; it; it = it->next) {
+        int ok = 0;
+        for (const char *const *a = allowed; *a && !ok; a++)
+            ok = it->string && strcmp(it->string, *a) == 0;
+        if (!ok) {
+            set_err(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t errlen)
+{
+    char what[64];
+    memset(op, 0, sizeof *op);
+    if (!cJSON_IsObject(jo)) {
+        set_err(err, errlen, "aug op %d: must be an object", idx);
+        return -1;
+    }
+    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(jo, "op");
+    if (!cJSON_IsString(jn)) {
+        set_err(err, errlen, "aug op %d: missing string \"op\"", idx);
+        return -1;
+    }
+    int kind = -1;
+    for (int k = 0; k < SF_AUG_KIND_COUNT; k++)
+        if (strcmp(jn->valuestring, kind_names[k]) == 0)
+            kind = k;
+    if (kind < 0) {
+        set_err(err, errlen, "aug op %d (%.40s): unknown op", idx, jn->valuestring);
+        return -1;
+    }
+    op->kind = (sf_aug_kind)kind;
+    snprintf(what, sizeof what, "aug op %d (%s)", idx, kind_names[kind]);
+    double d;
+    int r;
+
+    switch (op->kind) {
+    case SF_AUG_RANDOM_CROP: {
+        static const char *const keys[] = {"op", "size", NULL};
+        if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 1, &op->size_h, &op->size_w, what, err, errlen))
+            return -1;
+        break;
+    }
+    case SF_AUG_RESIZE: {
+        static const char *const keys[] = {"op", "size", "antialias", NULL};
+        if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 0, &op->size_h, &op->size_w, what, err, errlen))
+            return -1;
+        const cJSON *aa = cJSON_GetObjectItemCaseSensitive(jo, "antialias");
+        if (aa && !cJSON_IsFalse(aa)) {
+            set_err(err, errlen, "%s: only \"antialias\": false is supported", what);
+            return -1;
+        }
+        break;
+    }
+    case SF_AUG_RANDOM_ROTATION: {
+        static const char *const keys[] = {"op", "degrees", "interpolation", "fill", NULL};
+        if (check_keys(jo, keys, what, err, errlen) ||
+            get_range(jo, "degrees", 1, &op->deg_min, &op->deg_max, what, err, errlen))
+            return -1;
+        if (op->deg_min < -3600.0f || op->deg_max > 3600.0f) {
+            set_err(err, errlen, "%s: \"degrees\" must lie in [-3600,3600]", what);
+            return -1;
+        }
+        op->interp = SF_INTERP_BILINEAR;
+        const cJSON *ji = cJSON_GetObjectItemCaseSensitive(jo, "interpolation");
+        if (ji) {
+            if (cJSON_IsString(ji) && str_ieq(ji->valuestring, "bilinear"))
+                op->interp = SF_INTERP_BILINEAR;
+            else if (cJSON_IsString(ji) && str_ieq(ji->valuestring, "nearest"))
+                op->interp = SF_INTERP_NEAREST;
+            else {
+                set_err(err, errlen, "%s: \"interpolation\" must be \"bilinear\" or \"nearest\"", what);
+                return -1;
+            }
+        }
+        if ((r = get_num(jo, "fill", &d, what, err, errlen)) < 0)
+            return -1;
+        if (r == 1 && d != 0.0) {
+            set_err(err, errlen, "%s: only \"fill\": 0 is supported", what);
+            return -1;
+        }
+        break;
+    }
+    case SF_AUG_HFLIP: {
+        static const char *const keys[] = {"op", "p", NULL};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        op->p = 0.5f;
+        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+            return -1;
+        if (r == 1) {
+            if (d < 0.0 || d > 1.0) {
+                set_err(err, errlen, "%s: \"p\" must lie in [0,1]", what);
+                return -1;
+            }
+            op->p = (float)d;
+        }
+        break;
+    }
+    case SF_AUG_GAUSSIAN_BLUR: {
+        static const char *const keys[] = {"op", "kernel_size", "sigma", NULL};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        const cJSON *jk = cJSON_GetObjectItemCaseSensitive(jo, "kernel_size");
+        double k0 = -1, k1 = -1;
+        if (cJSON_IsNumber(jk))
+            k0 = k1 = jk->valuedouble;
+        else if (cJSON_IsArray(jk) && cJSON_GetArraySize(jk) == 2 &&
+                 cJSON_IsNumber(cJSON_GetArrayItem(jk, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(jk, 1))) {
+            k0 = cJSON_GetArrayItem(jk, 0)->valuedouble;
+            k1 = cJSON_GetArrayItem(jk, 1)->valuedouble;
+        }
+        if (k0 != k1 || !is_int_in(k0, 1, SF_AUG_MAX_KSIZE) || ((int)k0 % 2) == 0) {
+            set_err(err, errlen, "%s: \"kernel_size\" must be an odd integer in [1,%d] (or [k,k])", what,
+                    SF_AUG_MAX_KSIZE);
+            return -1;
+        }
+        op->ksize = (int)k0;
+        op->sigma_min = 0.1f;
+        op->sigma_max = 2.0f; /* torchvision's default */
+        if (cJSON_GetObjectItemCaseSensitive(jo, "sigma") &&
+            get_range(jo, "sigma", 0, &op->sigma_min, &op->sigma_max, what, err, errlen))
+            return -1;
+        if (!(op->sigma_min > 0.0f) || op->sigma_max > 1000.0f) {
+            set_err(err, errlen, "%s: \"sigma\" must lie in (0,1000]", what);
+            return -1;
+        }
+        break;
+    }
+    case SF_AUG_NORMALIZE: {
+        static const char *const keys[] = {"op", "mean", "std", "inplace", NULL};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        int nm = get_vec(jo, "mean", op->mean, what, err, errlen);
+        if (nm < 0)
+            return -1;
+        int ns = get_vec(jo, "std", op->std, what, err, errlen);
+        if (ns < 0)
+            return -1;
+        if (nm != ns && nm != 1 && ns != 1) {
+            set_err(err, errlen, "%s: \"mean\" has %d values and \"std\" %d", what, nm, ns);
+            return -1;
+        }
+        op->n_mean = nm > ns ? nm : ns;
+        for (int i = 1; i < op->n_mean; i++) {
+            if (nm == 1)
+                op->mean[i] = op->mean[0];
+            if (ns == 1)
+                op->std[i] = op->std[0];
+        }
+        for (int i = 0; i < op->n_mean; i++)
+            if (!(op->std[i] != 0.0f)) {
+                set_err(err, errlen, "%s: \"std\"[%d] must not be 0", what, i);
+                return -1;
+            }
+        break;
+    }
+    case SF_AUG_COLOR_CONVERT: {
+        static const char *const keys[] = {"op", "to", "from", NULL};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        const cJSON *jt = cJSON_GetObjectItemCaseSensitive(jo, "to");
+        const cJSON *jf = cJSON_GetObjectItemCaseSensitive(jo, "from");
+        if (jt && !(cJSON_IsString(jt) && str_ieq(jt->valuestring, "ycbcr"))) {
+            set_err(err, errlen, "%s: only \"to\": \"ycbcr\" is supported", what);
+            return -1;
+        }
+        if (jf && !(cJSON_IsString(jf) && str_ieq(jf->valuestring, "rgb"))) {
+            set_err(err, errlen, "%s: only \"from\": \"rgb\" is supported", what);
+            return -1;
+        }
+        break;
+    }
+    case SF_AUG_RANDOM_MASK: {
+        static const char *const keys[] = {"op", "ratio", "dilate", NULL};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        if ((r = get_num(jo, "ratio", &d, what, err, errlen)) <= 0 || d < 0.0 || d > 1.0) {
+            if (r >= 0)
+                set_err(err, errlen, "%s: \"ratio\" must be a number in [0,1]", what);
+            return -1;
+        }
+        op->ratio = (float)d;
+        op->dilate = 0;
+        if ((r = get_num(jo, "dilate", &d, what, err, errlen)) < 0)
+            return -1;
+        if (r == 1) {
+            if (!is_int_in(d, 0, SF_AUG_MAX_DILATE)) {
+                set_err(err, errlen, "%s: \"dilate\" must be an integer in [0,%d]", what, SF_AUG_MAX_DILATE);
+                return -1;
+            }
+            op->dilate = (int)d;
+        }
+        break;
+    }
+    case SF_AUG_TO_DTYPE: {
+        static const char *const keys[] = {"op", "dtype", "scale", NULL};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        const cJSON *jd = cJSON_GetObjectItemCaseSensitive(jo, "dtype");
+        if (jd && !(cJSON_IsString(jd) && strcmp(jd->valuestring, "float32") == 0)) {
+            set_err(err, errlen, "%s: only \"dtype\": \"float32\" is supported", what);
+            return -1;
+        }
+        op->scale = 1.0f;
+        if ((r = get_num(jo, "scale", &d, what, err, errlen)) < 0)
+            return -1;
+        if (r == 1)
+            op->scale = (float)d;
+        break;
+    }
+    default:
+        set_err(err, errlen, "%s: unknown op", what);
+        return -1;
+    }
+    return 0;
+}
+
+int sf_aug_parse(const char *json, sf_aug_pipeline *p, char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    if (!json) {
+        set_err(err, errlen, "augmentation list missing");
+        return -1;
+    }
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        set_err(err, errlen, "augmentation list is not valid JSON");
+        return -1;
+    }
+    int rc = -1;
+    if (!cJSON_IsArray(root)) {
+        set_err(err, errlen, "augmentation list must be a JSON array");
+        goto out;
+    }
+    int n = cJSON_GetArraySize(root);
+    if (n > SF_AUG_MAX_OPS) {
+        set_err(err, errlen, "augmentation list has %d ops (at most %d)", n, SF_AUG_MAX_OPS);
+        goto out;
+    }
+    int i = 0;
+    for (const cJSON *it = root->child; it; it = it->next, i++)
+        if (parse_op(it, i, &p->ops[i], err, errlen) != 0)
+            goto out;
+    p->n_ops = n;
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    if (rc != 0)
+        memset(p, 0, sizeof *p);
+    return rc;
+}
+
+/* ---- plan --------------------------------------------------------------- */
+
+int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
+                     char *err, size_t errlen)
+{
+    memset(plan, 0, sizeof *plan);
+    if (in_h < 1 || in_w < 1 || in_h > SF_AUG_MAX_DIM || in_w > SF_AUG_MAX_DIM || c < 1 ||
+        c > SF_AUG_MAX_C) {
+        set_err(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
+                in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
+        return -1;
+    }
+    if (p->n_ops < 0 || p->n_ops > SF_AUG_MAX_OPS) {
+        set_err(err, errlen, "augmentation list has %d ops (at most %d)", p->n_ops, SF_AUG_MAX_OPS);
+        return -1;
+    }
+    plan->in_h = in_h;
+    plan->in_w = in_w;
+    plan->c = c;
+    plan->interp = SF_INTERP_BILINEAR;
+    int h = in_h, w = in_w;
+    int blur_at = -1;
+    float value_scale = 1.0f; /* product of to_dtype scales so far (for YCbCr's offset) */
+
+    for (int i = 0; i < p->n_ops; i++) {
+        const sf_aug_op *op = &p->ops[i];
+        const char *name = sf_aug_kind_name(op->kind);
+        if (is_geom(op->kind))
+            plan->has_geom = 1;
+        switch (op->kind) {
+        case SF_AUG_RANDOM_CROP:
+            if (op->size_h < 1 || op->size_w < 1 || op->size_h > h || op->size_w > w) {
+                set_err(err, errlen, "aug op %d (%s): crop %dx%d does not fit its %dx%d input", i, name,
+                        op->size_h, op->size_w, h, w);
+                return -1;
+            }
+            h = op->size_h;
+            w = op->size_w;
+            break;
+        case SF_AUG_RESIZE:
+            if (op->size_h < 1 || op->size_w < 1 || op->size_h > SF_AUG_MAX_DIM ||
+                op->size_w > SF_AUG_MAX_DIM) {
+                set_err(err, errlen, "aug op %d (%s): size %dx%d out of range [1,%d]", i, name,
+                        op->size_h, op->size_w, SF_AUG_MAX_DIM);
+                return -1;
+            }
+            h = op->size_h;
+            w = op->size_w;
+            break;
+        case SF_AUG_RANDOM_ROTATION:
+            if (op->interp == SF_INTERP_NEAREST)
+                plan->interp = SF_INTERP_NEAREST;
+            break;
+        case SF_AUG_HFLIP:
+            break;
+        case SF_AUG_GAUSSIAN_BLUR:
+            if (blur_at >= 0) {
+                set_err(err, errlen, "aug op %d (%s): only one gaussian_blur per pipeline (op %d is one)",
+                        i, name, blur_at);
+                return -1;
+            }
+            if (op->ksize < 1 || op->ksize > SF_AUG_MAX_KSIZE || op->ksize % 2 == 0 ||
+                !(op->sigma_min > 0.0f) || op->sigma_min > op->sigma_max) {
+                set_err(err, errlen, "aug op %d (%s): kernel_size %d / sigma [%g,%g] invalid", i, name,
+                        op->ksize, (double)op->sigma_min, (double)op->sigma_max);
+                return -1;
+            }
+            if (plan->has_mask) {
+                set_err(err, errlen, "aug op %d (%s): random_mask must come after gaussian_blur "
+                        "(a mask does not commute with a blur)", i, name);
+                return -1;
+            }
+            blur_at = i;
+            plan->blur_ksize = op->ksize;
+            break;
+        case SF_AUG_TO_DTYPE: {
+            sf_aug_pw *pw = &plan->pw[plan->n_pw++];
+            pw->kind = SF_PW_SCALE;
+            pw->a[0] = op->scale;
+            value_scale *= op->scale;
+            break;
+        }
+        case SF_AUG_NORMALIZE: {
+            if (op->n_mean != 1 && op->n_mean != c) {
+                set_err(err, errlen, "aug op %d (%s): %d mean/std values for %d channels", i, name,
+                        op->n_mean, c);
+                return -1;
+            }
+            sf_aug_pw *pw = &plan->pw[plan->n_pw++];
+            pw->kind = SF_PW_NORMALIZE;
+            for (int ch = 0; ch < c; ch++) {
+                int j = op->n_mean == 1 ? 0 : ch;
+                if (!(op->std[j] != 0.0f)) {
+                    set_err(err, errlen, "aug op %d (%s): std[%d] is 0", i, name, j);
+                    return -1;
+                }
+                pw->a[ch] = op->mean[j];
+                pw->b[ch] = 1.0f / op->std[j];
+            }
+            break;
+        }
+        case SF_AUG_COLOR_CONVERT: {
+            if (c != 3) {
+                set_err(err, errlen, "aug op %d (%s): RGB->YCbCr needs 3 channels, the input has %d", i,
+                        name, c);
+                return -1;
+            }
+            sf_aug_pw *pw = &plan->pw[plan->n_pw++];
+            pw->kind = SF_PW_YCBCR;
+            /* Chroma offset: half the value range, 128 on the 0..255 scale,
+             * times the to_dtype scales applied before this op. */
+            pw->a[0] = 128.0f * value_scale;
+            break;
+        }
+        case SF_AUG_RANDOM_MASK: {
+            if (plan->has_mask) {
+                set_err(err, errlen, "aug op %d (%s): only one random_mask per pipeline", i, name);
+                return -1;
+            }
+            if (!(op->ratio >= 0.0f && op->ratio <= 1.0f) || op->dilate < 0 ||
+                op->dilate > SF_AUG_MAX_DILATE) {
+                set_err(err, errlen, "aug op %d (%s): ratio %g / dilate %d out of range", i, name,
+                        (double)op->ratio, op->dilate);
+                return -1;
+            }
+            sf_aug_pw *pw = &plan->pw[plan->n_pw++];
+            pw->kind = SF_PW_MASK;
+            pw->a[0] = op->ratio;
+            pw->b[0] = (float)op->dilate;
+            plan->has_mask = 1;
+            break;
+        }
+        default:
+            set_err(err, errlen, "aug op %d: unknown kind %d", i, (int)op->kind);
+            return -1;
+        }
+    }
+    plan->out_h = h;
+    plan->out_w = w;
+    return 0;
+}
+
+/* ---- per-sample parameters ---------------------------------------------- */
+
+/* 2x3 affine map: (x,y) -> (m[0]x + m[1]y + m[2], m[3]x + m[4]y + m[5]). */
+static void affine_then(double m[6], const double n[6])
+{
+    /* m := m o n  (apply n first, then m) */
+    double r[6];
+    r[0] = m[0] * n[0] + m[1] * n[3];
+    r[1] = m[0] * n[1] + m[1] * n[4];
+    r[2] = m[0] * n[2] + m[1] * n[5] + m[2];
+    r[3] = m[3] * n[0] + m[4] * n[3];
+    r[4] = m[3] * n[1] + m[4] * n[4];
+    r[5] = m[3] * n[2] + m[4] * n[5] + m[5];
+    memcpy(m, r, sizeof r);
+}
+
+static float draw(uint64_t seed, uint64_t seq, int i, int op, int k)
+{
+    return sf_u01(sf_hash4(seed, seq, (uint64_t)i, (uint64_t)op * 16u + (uint64_t)k));
+}
+
+void sf_aug_gen(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed, uint64_t seq,
+                int n, sf_aug_sample *out)
+{
+    for (int i = 0; i < n; i++) {
+        sf_aug_sample *s = &out[i];
+        memset(s, 0, sizeof *s);
+        double m[6] = {1, 0, 0, 0, 1, 0}; /* image k -> source, starting at k = 0 */
+        int h = plan->in_h, w = plan->in_w;
+
+        for (int k = 0; k < p->n_ops; k++) {
+            const sf_aug_op *op = &p->ops[k];
+            switch (op->kind) {
+            case SF_AUG_RANDOM_CROP: {
+                int ry = h - op->size_h, rx = w - op->size_w; /* >= 0 (checked by the plan) */
+                int y0 = (int)(draw(seed, seq, i, k, 0) * (float)(ry + 1));
+                int x0 = (int)(draw(seed, seq, i, k, 1) * (float)(rx + 1));
+                if (y0 > ry)
+                    y0 = ry;
+                if (x0 > rx)
+                    x0 = rx;
+                if (y0 < 0)
+                    y0 = 0;
+                if (x0 < 0)
+                    x0 = 0;
+                const double t[6] = {1, 0, x0, 0, 1, y0};
+                affine_then(m, t);
+                s->crop_x = x0;
+                s->crop_y = y0;
+                h = op->size_h;
+                w = op->size_w;
+                break;
+            }
+            case SF_AUG_RESIZE: {
+                const double t[6] = {(double)w / op->size_w, 0, 0, 0, (double)h / op->size_h, 0};
+                affine_then(m, t);
+                h = op->size_h;
+                w = op->size_w;
+                break;
+            }
+            case SF_AUG_RANDOM_ROTATION: {
+                float u = draw(seed, seq, i, k, 0);
+                float ang = op->deg_min + u * (op->deg_max - op->deg_min);
+                double a = (double)ang * (M_PI / 180.0);
+                double ca = cos(a), sa = sin(a);
+                double cx = w * 0.5, cy = h * 0.5;
+                /* source = C + R (p - C), R = [ca, -sa; sa, ca] */
+                const double t[6] = {ca, -sa, cx - ca * cx + sa * cy, sa, ca, cy - sa * cx - ca * cy};
+                affine_then(m, t);
+                s->angle_deg = ang;
+                break;
+            }
+            case SF_AUG_HFLIP: {
+                if (draw(seed, seq, i, k, 0) < op->p) {
+                    const double t[6] = {-1, 0, (double)w, 0, 1, 0};
+                    affine_then(m, t);
+                    s->flip ^= 1;
+                }
+                break;
+            }
+            case SF_AUG_GAUSSIAN_BLUR: {
+                float u = draw(seed, seq, i, k, 0);
+                float sigma = op->sigma_min + u * (op->sigma_max - op->sigma_min);
+                s->sigma = sigma;
+                /* torchvision _get_gaussian_kernel1d: x = -(k-1)/2 .. (k-1)/2,
+                 * pdf = exp(-0.5 (x/sigma)^2), normalised to sum 1. */
+                double wsum = 0.0, wk[SF_AUG_MAX_KSIZE];
+                int ks = op->ksize, half = (ks - 1) / 2;
+                for (int j = 0; j < ks; j++) {
+                    double x = (double)(j - half) / sigma;
+                    wk[j] = exp(-0.5 * x * x);
+                    wsum += wk[j];
+                }
+                for (int j = 0; j < ks; j++)
+                    s->blur_w[j] = (float)(wk[j] / wsum);
+                break;
+            }
+            default:
+                break; /* pointwise ops draw nothing here */
+            }
+        }
+        for (int j = 0; j < 6; j++)
+            s->inv[j] = (float)m[j];
+        s->mask_seed = sf_hash4(seed, seq, (uint64_t)i, SF_AUG_MASK_KEY);
+    }
+}

@@ -1,0 +1,230 @@
+/* gpu/ref/augment.c — the reference augmentation (semantics: gpu/aug.h).
+ *
+ * The CUDA backend reproduces this arithmetic; every float expression below is
+ * written in the order it is evaluated, without fused multiply-adds (the build
+ * is ISO C, where GCC does not contract a*b+c).
+ *
+ * Geometry, per output pixel (ox, oy) = (x + 0.5, y + 0.5):
+ *   sx = inv[0]*ox + inv[1]*oy + inv[2];   sy = inv[3]*ox + inv[4]*oy + inv[5]
+ *   bilinear: u = sx - 0.5, v = sy - 0.5, x0 = floor(u), y0 = floor(v),
+ *             ax = u - x0, ay = v - y0,
+ *             out = ((v00*((1-ax)*(1-ay)) + v01*(ax*(1-ay))) + v10*((1-ax)*ay)) + v11*(ax*ay)
+ *             with v01 the tap (y0, x0+1) etc.; a tap outside the image reads 0.
+ *   nearest:  the tap (rint(v), rint(u)) (round half to even, as grid_sample),
+ *             0 when outside.
+ * Blur: out[y][x] = sum_j w[j] * ( sum_i w[i] * in[refl(y+j-r)][refl(x+i-r)] ),
+ *   r = (k-1)/2, i.e. a horizontal pass then a vertical pass with float
+ *   intermediates; refl mirrors without repeating the edge (torch "reflect"),
+ *   periodically when the kernel is wider than the image. in1 and out1 of
+ *   sf_ref_aug_blur must not overlap (each output reads its neighbours).
+ * Pointwise stages: see sf_ref_aug_pointwise.
+ */
+#include "ref.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../rng.h"
+
+static float src_at(const uint8_t *src, int nhwc, int c, int h, int w, int ch, int y, int x)
+{
+    return nhwc ? (float)src[((size_t)y * w + x) * c + ch] : (float)src[((size_t)ch * h + y) * w + x];
+}
+
+/* Tap with zero padding. */
+static float tap0(const uint8_t *src, int nhwc, int c, int h, int w, int ch, int y, int x)
+{
+    if (x < 0 || x >= w || y < 0 || y >= h)
+        return 0.0f;
+    return src_at(src, nhwc, c, h, w, ch, y, x);
+}
+
+void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s, const uint8_t *src1,
+                         int nhwc, float *dst1)
+{
+    const int c = plan->c, h = plan->in_h, w = plan->in_w;
+    const int oh = plan->out_h, ow = plan->out_w;
+    const size_t plane = (size_t)oh * ow;
+
+    if (!plan->has_geom) { /* out == in: uint8 -> float and NCHW */
+        for (int ch = 0; ch < c; ch++)
+            for (int y = 0; y < h; y++)
+                for (int x = 0; x < w; x++)
+                    dst1[ch * plane + (size_t)y * ow + x] = src_at(src1, nhwc, c, h, w, ch, y, x);
+        return;
+    }
+
+    for (int y = 0; y < oh; y++) {
+        for (int x = 0; x < ow; x++) {
+            const float ox = (float)x + 0.5f, oy = (float)y + 0.5f;
+            const float sx = s->inv[0] * ox + s->inv[1] * oy + s->inv[2];
+            const float sy = s->inv[3] * ox + s->inv[4] * oy + s->inv[5];
+            const float u = sx - 0.5f, v = sy - 0.5f;
+            const size_t o = (size_t)y * ow + x;
+
+            if (plan->interp == SF_INTERP_NEAREST) {
+                const float rx = rintf(u), ry = rintf(v);
+                /* The comparisons are false for NaN too. */
+                const int inside = rx >= 0.0f && rx <= (float)(w - 1) && ry >= 0.0f && ry <= (float)(h - 1);
+                for (int ch = 0; ch < c; ch++)
+                    dst1[ch * plane + o] = inside ? src_at(src1, nhwc, c, h, w, ch, (int)ry, (int)rx) : 0.0f;
+                continue;
+            }
+
+            if (!(u > -1.0f && u < (float)w && v > -1.0f && v < (float)h)) {
+                /* Every tap is outside (or the coordinate is not finite). */
+                for (int ch = 0; ch < c; ch++)
+                    dst1[ch * plane + o] = 0.0f;
+                continue;
+            }
+            const float x0f = floorf(u), y0f = floorf(v);
+            const float ax = u - x0f, ay = v - y0f;
+            const int x0 = (int)x0f, y0 = (int)y0f;
+            const float w00 = (1.0f - ax) * (1.0f - ay);
+            const float w01 = ax * (1.0f - ay);
+            const float w10 = (1.0f - ax) * ay;
+            const float w11 = ax * ay;
+            for (int ch = 0; ch < c; ch++) {
+                const float v00 = tap0(src1, nhwc, c, h, w, ch, y0, x0);
+                const float v01 = tap0(src1, nhwc, c, h, w, ch, y0, x0 + 1);
+                const float v10 = tap0(src1, nhwc, c, h, w, ch, y0 + 1, x0);
+                const float v11 = tap0(src1, nhwc, c, h, w, ch, y0 + 1, x0 + 1);
+                dst1[ch * plane + o] = v00 * w00 + v01 * w01 + v10 * w10 + v11 * w11;
+            }
+        }
+    }
+}
+
+/* torch "reflect" padding index: ... 2 1 | 0 1 2 ... n-1 | n-2 n-3 ... */
+static int reflect(int i, int n)
+{
+    if (n == 1)
+        return 0;
+    const int period = 2 * (n - 1);
+    i %= period;
+    if (i < 0)
+        i += period;
+    return i < n ? i : period - i;
+}
+
+void sf_ref_aug_blur(const sf_aug_plan *plan, const sf_aug_sample *s, const float *in1, float *out1)
+{
+    const int c = plan->c, oh = plan->out_h, ow = plan->out_w, k = plan->blur_ksize;
+    const size_t plane = (size_t)oh * ow;
+    if (k <= 1) {
+        /* No blur, or a 1-tap kernel whose normalised weight is 1. */
+        if (out1 != in1)
+            memcpy(out1, in1, sizeof(float) * plane * c);
+        return;
+    }
+    const int r = (k - 1) / 2;
+    for (int ch = 0; ch < c; ch++) {
+        const float *ip = in1 + ch * plane;
+        for (int y = 0; y < oh; y++) {
+            for (int x = 0; x < ow; x++) {
+                float acc = 0.0f;
+                for (int j = 0; j < k; j++) {
+                    const float *row = ip + (size_t)reflect(y + j - r, oh) * ow;
+                    float hsum = 0.0f; /* the horizontal pass at (row, x) */
+                    for (int i = 0; i < k; i++)
+                        hsum += s->blur_w[i] * row[reflect(x + i - r, ow)];
+                    acc += s->blur_w[j] * hsum;
+                }
+                out1[ch * plane + (size_t)y * ow + x] = acc;
+            }
+        }
+    }
+}
+
+/* The mask bit of (y, x) after `dilate` 4-neighbour dilations: some seed
+ * pixel lies within Manhattan distance `dilate` (inside the image). */
+static int masked(uint64_t mask_seed, float ratio, int dilate, int h, int w, int y, int x)
+{
+    for (int dy = -dilate; dy <= dilate; dy++) {
+        const int yy = y + dy;
+        if (yy < 0 || yy >= h)
+            continue;
+        const int rx = dilate - abs(dy);
+        for (int dx = -rx; dx <= rx; dx++) {
+            const int xx = x + dx;
+            if (xx < 0 || xx >= w)
+                continue;
+            if (sf_u01(sf_hash4(mask_seed, (uint64_t)yy, (uint64_t)xx, 0)) < ratio)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s, float *io1)
+{
+    const int c = plan->c, oh = plan->out_h, ow = plan->out_w;
+    const size_t plane = (size_t)oh * ow;
+    for (int st = 0; st < plan->n_pw; st++) {
+        const sf_aug_pw *pw = &plan->pw[st];
+        switch (pw->kind) {
+        case SF_PW_SCALE:
+            for (size_t i = 0; i < plane * c; i++)
+                io1[i] = io1[i] * pw->a[0];
+            break;
+        case SF_PW_NORMALIZE:
+            for (int ch = 0; ch < c; ch++)
+                for (size_t i = 0; i < plane; i++)
+                    io1[ch * plane + i] = (io1[ch * plane + i] - pw->a[ch]) * pw->b[ch];
+            break;
+        case SF_PW_YCBCR: {
+            /* BT.601 full range (JPEG); a[0] is the chroma offset (128 on the
+             * 0..255 scale). Needs c == 3 (checked by the plan). */
+            const float off = pw->a[0];
+            for (size_t i = 0; i < plane; i++) {
+                const float r = io1[i], g = io1[plane + i], b = io1[2 * plane + i];
+                io1[i] = 0.299f * r + 0.587f * g + 0.114f * b;
+                io1[plane + i] = off - 0.168736f * r - 0.331264f * g + 0.5f * b;
+                io1[2 * plane + i] = off + 0.5f * r - 0.418688f * g - 0.081312f * b;
+            }
+            break;
+        }
+        case SF_PW_MASK: {
+            const float ratio = pw->a[0];
+            const int dilate = (int)pw->b[0];
+            for (int y = 0; y < oh; y++)
+                for (int x = 0; x < ow; x++)
+                    if (masked(s->mask_seed, ratio, dilate, oh, ow, y, x))
+                        for (int ch = 0; ch < c; ch++)
+                            io1[ch * plane + (size_t)y * ow + x] = 0.0f;
+            break;
+        }
+        }
+    }
+}
+
+void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n, const uint8_t *src,
+                    int nhwc, float *dst)
+{
+    const size_t in_sz = (size_t)plan->c * plan->in_h * plan->in_w;
+    const size_t out_sz = (size_t)plan->c * plan->out_h * plan->out_w;
+    float *tmp = NULL;
+    if (plan->blur_ksize > 1) {
+        /* The blur reads neighbours, so it needs the geometric output apart.
+         * (The reference backend passes preallocated scratch to the stages
+         * itself; this entry point is for tests and one-off calls.) */
+        tmp = malloc(sizeof(float) * out_sz);
+        if (!tmp) {
+            for (size_t i = 0; i < out_sz * (size_t)n; i++)
+                dst[i] = NAN; /* visible, never silently wrong */
+            return;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        float *d = dst + out_sz * i;
+        if (tmp) {
+            sf_ref_aug_geometry(plan, &s[i], src + in_sz * i, nhwc, tmp);
+            sf_ref_aug_blur(plan, &s[i], tmp, d);
+        } else {
+            sf_ref_aug_geometry(plan, &s[i], src + in_sz * i, nhwc, d);
+        }
+        sf_ref_aug_pointwise(plan, &s[i], d);
+    }
+    free(tmp);
+}

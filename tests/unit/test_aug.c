@@ -1,0 +1,539 @@
+/* tests/unit/test_aug.c — augmentation parsing, planning, per-sample
+ * parameters and the reference stages, against hand-computed values. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu/aug.h"
+#include "gpu/ref/ref.h"
+#include "gpu/rng.h"
+
+static char err[256];
+
+typedef struct aug_fixture {
+    sf_aug_pipeline p;
+    sf_aug_plan plan;
+    sf_aug_sample s[8];
+} aug_fixture;
+
+/* Parses and plans; fails the test on error. */
+static void setup_aug(aug_fixture *f, const char *json, int h, int w, int c)
+{
+    if (sf_aug_parse(json, &f->p, err, sizeof err) != 0)
+        fail_msg("parse: %s", err);
+    if (sf_aug_plan_make(&f->p, h, w, c, &f->plan, err, sizeof err) != 0)
+        fail_msg("plan: %s", err);
+}
+
+/* Runs the whole reference pipeline on n samples (NCHW uint8). */
+static float *run_aug(aug_fixture *f, const uint8_t *src, int n, uint64_t seed, uint64_t seq)
+{
+    sf_aug_gen(&f->p, &f->plan, seed, seq, n, f->s);
+    size_t out = (size_t)f->plan.c * f->plan.out_h * f->plan.out_w * n;
+    float *dst = malloc(sizeof(float) * out);
+    for (size_t i = 0; i < out; i++)
+        dst[i] = NAN; /* poison: every element must be written */
+    sf_ref_augment(&f->plan, f->s, n, src, 0, dst);
+    for (size_t i = 0; i < out; i++)
+        if (isnan(dst[i]))
+            fail_msg("output element %zu not written", i);
+    return dst;
+}
+
+static void expect_close(const float *got, const float *want, size_t n, float tol)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(got[i] - want[i]) <= tol))
+            fail_msg("element %zu: got %.7g want %.7g (tol %g)", i, got[i], want[i], tol);
+}
+
+/* ---- geometry ------------------------------------------------------------- */
+
+static void rotation_by_90_degrees_turns_a_4x4_image_counter_clockwise_nearest_and_bilinear(void **state)
+{
+    uint8_t src[16];
+    for (int i = 0; i < 16; i++)
+        src[i] = (uint8_t)(i + 1); /* src[y][x] = 4y + x + 1 */
+    /* torch.rot90(x, 1, (-2,-1)) (counter-clockwise): out[i][j] = src[j][3-i] */
+    float want[16];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++)
+            want[i * 4 + j] = src[j * 4 + (3 - i)];
+    const char *js[2] = {
+        "[{\"op\":\"random_rotation\",\"degrees\":[90,90],\"interpolation\":\"nearest\"}]",
+        "[{\"op\":\"random_rotation\",\"degrees\":[90,90]}]",
+    };
+    for (int v = 0; v < 2; v++) {
+        static aug_fixture f;
+        setup_aug(&f, js[v], 4, 4, 1);
+        assert_int_equal(f.plan.interp, v == 0 ? SF_INTERP_NEAREST : SF_INTERP_BILINEAR);
+        float *out = run_aug(&f, src, 1, 7, 0);
+        assert_float_equal(f.s[0].angle_deg, 90.0f, 0);
+        expect_close(out, want, 16, v == 0 ? 0.0f : 1e-4f);
+        free(out);
+    }
+}
+
+static void rotation_fills_the_corners_with_zero(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_rotation\",\"degrees\":[45,45]}]", 16, 16, 1);
+    uint8_t src[256];
+    memset(src, 200, sizeof src);
+    float *out = run_aug(&f, src, 1, 1, 1);
+    assert_float_equal(out[0], 0.0f, 0);         /* corner: outside the rotated square */
+    assert_float_equal(out[8 * 16 + 8], 200.0f, 1e-3); /* centre */
+    free(out);
+}
+
+static void crop_of_full_size_is_the_identity(void **state)
+{
+    static aug_fixture f;
+    enum { H = 5, W = 6, C = 3 };
+    setup_aug(&f, "[{\"op\":\"random_crop\",\"size\":[5,6]}]", H, W, C);
+    assert_int_equal(f.plan.has_geom, 1);
+    uint8_t src[2 * C * H * W];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)sf_hash4(9, i, 0, 0);
+    float *out = run_aug(&f, src, 2, 3, 4);
+    for (size_t i = 0; i < sizeof src; i++)
+        assert_float_equal(out[i], (float)src[i], 0);
+    assert_int_equal(f.s[0].crop_x, 0);
+    assert_int_equal(f.s[0].crop_y, 0);
+    free(out);
+}
+
+static void empty_pipeline_converts_uint8_to_float_in_nchw_from_either_layout(void **state)
+{
+    static aug_fixture f;
+    enum { H = 3, W = 4, C = 3 };
+    setup_aug(&f, "[]", H, W, C);
+    assert_int_equal(f.plan.has_geom, 0);
+    assert_int_equal(f.plan.out_h, H);
+    assert_int_equal(f.plan.out_w, W);
+    uint8_t nchw[C * H * W], nhwc[C * H * W];
+    for (int ch = 0; ch < C; ch++)
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++) {
+                uint8_t v = (uint8_t)(ch * 50 + y * 10 + x);
+                nchw[(ch * H + y) * W + x] = v;
+                nhwc[(y * W + x) * C + ch] = v;
+            }
+    sf_aug_gen(&f.p, &f.plan, 1, 2, 1, f.s);
+    float a[C * H * W], b[C * H * W];
+    sf_ref_augment(&f.plan, f.s, 1, nchw, 0, a);
+    sf_ref_augment(&f.plan, f.s, 1, nhwc, 1, b);
+    for (int i = 0; i < C * H * W; i++) {
+        assert_float_equal(a[i], (float)nchw[i], 0);
+        assert_float_equal(b[i], (float)nchw[i], 0);
+    }
+}
+
+static void geometric_layouts_agree_between_nhwc_and_nchw(void **state)
+{
+    static aug_fixture f;
+    enum { H = 12, W = 10, C = 3 };
+    setup_aug(&f, "[{\"op\":\"random_crop\",\"size\":[8,8]},{\"op\":\"resize\",\"size\":[9,7]},"
+                  "{\"op\":\"random_rotation\",\"degrees\":30},{\"op\":\"horizontal_flip\"}]", H, W, C);
+    uint8_t nchw[C * H * W], nhwc[C * H * W];
+    for (int ch = 0; ch < C; ch++)
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++) {
+                uint8_t v = (uint8_t)sf_hash4(ch, y, x, 5);
+                nchw[(ch * H + y) * W + x] = v;
+                nhwc[(y * W + x) * C + ch] = v;
+            }
+    sf_aug_gen(&f.p, &f.plan, 11, 12, 1, f.s);
+    float a[C * 9 * 7], b[C * 9 * 7];
+    sf_ref_augment(&f.plan, f.s, 1, nchw, 0, a);
+    sf_ref_augment(&f.plan, f.s, 1, nhwc, 1, b);
+    assert_memory_equal(a, b, sizeof a);
+}
+
+static void horizontal_flip_reverses_columns_and_p0_never_flips(void **state)
+{
+    enum { H = 3, W = 5 };
+    uint8_t src[H * W];
+    for (int i = 0; i < H * W; i++)
+        src[i] = (uint8_t)(i * 7);
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"horizontal_flip\",\"p\":1.0}]", H, W, 1);
+    float *out = run_aug(&f, src, 1, 1, 1);
+    assert_int_equal(f.s[0].flip, 1);
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++)
+            assert_float_equal(out[y * W + x], (float)src[y * W + (W - 1 - x)], 0);
+    free(out);
+
+    setup_aug(&f, "[{\"op\":\"horizontal_flip\",\"p\":0}]", H, W, 1);
+    out = run_aug(&f, src, 1, 1, 1);
+    assert_int_equal(f.s[0].flip, 0);
+    for (int i = 0; i < H * W; i++)
+        assert_float_equal(out[i], (float)src[i], 0);
+    free(out);
+}
+
+/* Resize 2x2 -> 4x4, align_corners=False. Source positions of the output
+ * columns (index units): (j + 0.5) * 2/4 - 0.5 = -0.25, 0.25, 0.75, 1.25.
+ * Per axis, with a = left, b = right:
+ *   F.interpolate (edge clamped):         [a, .75a+.25b, .25a+.75b, b]
+ *   grid_sample zeros (aug.h semantics):  [.75a, .75a+.25b, .25a+.75b, .75b]
+ * The interior 2x2 is identical; the border differs: aug.h samples with
+ * per-tap zero padding, so a tap past the edge reads 0. */
+static void resize_2x2_to_4x4_matches_pytorch_bilinear_align_corners_false(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"resize\",\"size\":[4,4]}]", 2, 2, 1);
+    const uint8_t src[4] = {10, 20, 30, 40};
+    float *out = run_aug(&f, src, 1, 0, 0);
+    /* F.interpolate(x, (4,4), mode="bilinear", align_corners=False) */
+    const float interp[16] = {10, 12.5f, 17.5f, 20, 15, 17.5f, 22.5f, 25,
+                              25, 27.5f, 32.5f, 35, 30, 32.5f, 37.5f, 40};
+    for (int i = 1; i <= 2; i++)
+        for (int j = 1; j <= 2; j++)
+            assert_float_equal(out[i * 4 + j], interp[i * 4 + j], 1e-5);
+    /* The whole grid: grid_sample(align_corners=False, padding_mode="zeros")
+     * with rows [7.5, 12.5, 17.5, 15] and [22.5, 32.5, 37.5, 30]. */
+    const float zeros[16] = {5.625f, 9.375f, 13.125f, 11.25f, 11.25f, 17.5f, 22.5f, 18.75f,
+                             18.75f, 27.5f, 32.5f, 26.25f, 16.875f, 24.375f, 28.125f, 22.5f};
+    expect_close(out, zeros, 16, 1e-5f);
+    free(out);
+}
+
+static void crop_then_resize_compose_in_list_order(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_crop\",\"size\":[2,2]},{\"op\":\"resize\",\"size\":[4,4]}]", 4, 4, 1);
+    assert_int_equal(f.plan.out_h, 4);
+    sf_aug_gen(&f.p, &f.plan, 5, 6, 1, f.s);
+    /* output -> crop image: x/2; crop image -> source: + crop_x */
+    assert_float_equal(f.s[0].inv[0], 0.5f, 0);
+    assert_float_equal(f.s[0].inv[1], 0.0f, 0);
+    assert_float_equal(f.s[0].inv[2], (float)f.s[0].crop_x, 0);
+    assert_float_equal(f.s[0].inv[4], 0.5f, 0);
+    assert_float_equal(f.s[0].inv[5], (float)f.s[0].crop_y, 0);
+
+    /* The other order: resize to 8x8, then crop 2x2 -> output 2x2, scale 4/8. */
+    setup_aug(&f, "[{\"op\":\"resize\",\"size\":[8,8]},{\"op\":\"random_crop\",\"size\":[2,2]}]", 4, 4, 1);
+    assert_int_equal(f.plan.out_h, 2);
+    sf_aug_gen(&f.p, &f.plan, 5, 6, 1, f.s);
+    assert_float_equal(f.s[0].inv[0], 0.5f, 0);
+    assert_float_equal(f.s[0].inv[2], 0.5f * (float)f.s[0].crop_x, 0);
+}
+
+static void random_crop_positions_cover_every_valid_offset(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_crop\",\"size\":[6,5]}]", 8, 8, 1);
+    int seen_y[3] = {0}, seen_x[4] = {0};
+    for (uint64_t seq = 0; seq < 40; seq++) {
+        sf_aug_gen(&f.p, &f.plan, 3, seq, 8, f.s);
+        for (int i = 0; i < 8; i++) {
+            assert_in_range(f.s[i].crop_y, 0, 2);
+            assert_in_range(f.s[i].crop_x, 0, 3);
+            seen_y[f.s[i].crop_y]++;
+            seen_x[f.s[i].crop_x]++;
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        assert_true(seen_y[i] > 50);
+    for (int i = 0; i < 4; i++)
+        assert_true(seen_x[i] > 40);
+}
+
+/* ---- blur ---------------------------------------------------------------- */
+
+static void blur_of_a_constant_image_is_constant_even_when_the_kernel_is_wider_than_the_image(void **state)
+{
+    const int sizes[2][2] = {{9, 10}, {3, 2}};
+    for (int t = 0; t < 2; t++) {
+        int h = sizes[t][0], w = sizes[t][1];
+        static aug_fixture f;
+        setup_aug(&f, "[{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.5,2.0]}]", h, w, 3);
+        uint8_t *src = malloc((size_t)3 * h * w);
+        memset(src, 100, (size_t)3 * h * w);
+        float *out = run_aug(&f, src, 1, 2, 3);
+        for (int i = 0; i < 3 * h * w; i++)
+            assert_float_equal(out[i], 100.0f, 1e-4);
+        assert_true(f.s[0].sigma >= 0.5f && f.s[0].sigma <= 2.0f);
+        free(out);
+        free(src);
+    }
+}
+
+/* torchvision kernel, k = 3, sigma = 1: x = -1, 0, 1; pdf = exp(-x^2/2);
+ * w = [e^-.5, 1, e^-.5] / (1 + 2 e^-.5) = [0.2740686, 0.4518628, 0.2740686]. */
+static void blur_weights_are_torchvision_gaussian_and_padding_reflects_without_repeating_the_edge(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"gaussian_blur\",\"kernel_size\":3,\"sigma\":[1,1]}]", 1, 5, 1);
+    const uint8_t src[5] = {0, 0, 0, 0, 100};
+    float *out = run_aug(&f, src, 1, 0, 0);
+    assert_float_equal(f.s[0].sigma, 1.0f, 0);
+    assert_float_equal(f.s[0].blur_w[0], 0.2740686f, 1e-6);
+    assert_float_equal(f.s[0].blur_w[1], 0.4518628f, 1e-6);
+    assert_float_equal(f.s[0].blur_w[2], 0.2740686f, 1e-6);
+    /* Height 1: the vertical pass reflects onto the same row (weights sum to 1).
+     * Column 4: w0*x[3] + w1*x[4] + w0*x[reflect(5) = 3] = 45.18628
+     * (edge-repeating "symmetric" padding would give 72.59). */
+    const float want[5] = {0, 0, 0, 27.40686f, 45.18628f};
+    expect_close(out, want, 5, 1e-4f);
+    free(out);
+}
+
+/* ---- pointwise --------------------------------------------------------- */
+
+static void normalize_subtracts_mean_and_divides_by_std_per_channel_or_broadcast(void **state)
+{
+    static aug_fixture f;
+    const uint8_t src[3] = {50, 60, 70}; /* 1x1 image, 3 channels */
+    setup_aug(&f, "[{\"op\":\"normalize\",\"mean\":[10,20,30],\"std\":[2,4,5]}]", 1, 1, 3);
+    float *out = run_aug(&f, src, 1, 0, 0);
+    expect_close(out, (const float[3]){20, 10, 8}, 3, 1e-5f);
+    free(out);
+    setup_aug(&f, "[{\"op\":\"normalize\",\"mean\":[10],\"std\":[2]}]", 1, 1, 3);
+    out = run_aug(&f, src, 1, 0, 0);
+    expect_close(out, (const float[3]){20, 25, 30}, 3, 1e-5f);
+    free(out);
+    /* to_dtype then normalize, in list order: (x/255 - 0.5)/0.5 */
+    setup_aug(&f, "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"
+                  "{\"op\":\"normalize\",\"mean\":0.5,\"std\":0.5}]", 1, 1, 3);
+    out = run_aug(&f, src, 1, 0, 0);
+    expect_close(out, (const float[3]){50 / 127.5f - 1, 60 / 127.5f - 1, 70 / 127.5f - 1}, 3, 1e-6f);
+    free(out);
+}
+
+/* BT.601 full range: Y = .299R + .587G + .114B; Cb = 128 - .168736R - .331264G + .5B;
+ * Cr = 128 + .5R - .418688G - .081312B. Red (255,0,0) -> (76.245, 84.97232, 255.5);
+ * white -> (255, 128, 128). */
+static void color_convert_gives_bt601_ycbcr_of_pure_red_and_white(void **state)
+{
+    static aug_fixture f;
+    const uint8_t src[6] = {255, 255, 0, 255, 0, 255}; /* NCHW 1x2: R plane, G plane, B plane */
+    setup_aug(&f, "[{\"op\":\"color_convert\",\"to\":\"ycbcr\"}]", 1, 2, 3);
+    float *out = run_aug(&f, src, 1, 0, 0);
+    /* out planes: Y[red, white], Cb[..], Cr[..] */
+    expect_close(out, (const float[6]){76.245f, 255.0f, 84.97232f, 128.0f, 255.5f, 128.0f}, 6, 1e-3f);
+    free(out);
+    /* After to_dtype the chroma offset follows the scale (128/255 here), so
+     * color_convert commutes with to_dtype: the values above divided by 255. */
+    setup_aug(&f, "[{\"op\":\"to_dtype\",\"scale\":0.00392156862745098},{\"op\":\"color_convert\"}]", 1, 2, 3);
+    out = run_aug(&f, src, 1, 0, 0);
+    expect_close(out, (const float[6]){76.245f / 255, 1.0f, 84.97232f / 255, 128.0f / 255, 255.5f / 255,
+                                       128.0f / 255}, 6, 1e-5f);
+    free(out);
+}
+
+static void random_mask_with_ratio_0_changes_nothing_and_ratio_1_zeroes_everything(void **state)
+{
+    enum { H = 6, W = 7, C = 3 };
+    uint8_t src[2 * C * H * W];
+    for (int i = 0; i < 2 * C * H * W; i++)
+        src[i] = (uint8_t)(1 + i % 250);
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_mask\",\"ratio\":0,\"dilate\":2}]", H, W, C);
+    assert_int_equal(f.plan.has_mask, 1);
+    float *out = run_aug(&f, src, 2, 1, 1);
+    for (int i = 0; i < 2 * C * H * W; i++)
+        assert_float_equal(out[i], (float)src[i], 0);
+    free(out);
+    setup_aug(&f, "[{\"op\":\"random_mask\",\"ratio\":1}]", H, W, C);
+    out = run_aug(&f, src, 2, 1, 1);
+    for (int i = 0; i < 2 * C * H * W; i++)
+        assert_float_equal(out[i], 0.0f, 0);
+    free(out);
+}
+
+static void random_mask_is_the_seed_bits_dilated_over_4_neighbours_in_every_channel(void **state)
+{
+    enum { H = 12, W = 11, C = 2, D = 2 };
+    uint8_t src[C * H * W];
+    memset(src, 7, sizeof src);
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_mask\",\"ratio\":0.05,\"dilate\":2}]", H, W, C);
+    float *out = run_aug(&f, src, 1, 77, 3);
+    /* Seed bits, then D rounds of 4-neighbour dilation, done by hand. */
+    int m[H][W], t[H][W];
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++)
+            m[y][x] = sf_u01(sf_hash4(f.s[0].mask_seed, y, x, 0)) < 0.05f;
+    int seeds = 0;
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++)
+            seeds += m[y][x];
+    assert_true(seeds >= 1 && seeds < H * W / 4); /* the test means something */
+    for (int it = 0; it < D; it++) {
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++)
+                t[y][x] = m[y][x] || (y > 0 && m[y - 1][x]) || (y < H - 1 && m[y + 1][x]) ||
+                          (x > 0 && m[y][x - 1]) || (x < W - 1 && m[y][x + 1]);
+        memcpy(m, t, sizeof m);
+    }
+    for (int ch = 0; ch < C; ch++)
+        for (int y = 0; y < H; y++)
+            for (int x = 0; x < W; x++)
+                assert_float_equal(out[(ch * H + y) * W + x], m[y][x] ? 0.0f : 7.0f, 0);
+    free(out);
+}
+
+/* ---- randomness ---------------------------------------------------------- */
+
+#define W1_AUG "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0}," \
+               "{\"op\":\"random_crop\",\"size\":[16,16]},{\"op\":\"resize\",\"size\":[32,32]}," \
+               "{\"op\":\"random_rotation\",\"degrees\":[-45,45]}," \
+               "{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]}," \
+               "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]"
+
+static void same_seed_gives_bit_identical_params_and_outputs(void **state)
+{
+    static aug_fixture f, g;
+    setup_aug(&f, W1_AUG, 24, 24, 3);
+    setup_aug(&g, W1_AUG, 24, 24, 3);
+    assert_int_equal(f.plan.out_h, 32);
+    assert_int_equal(f.plan.blur_ksize, 7);
+    uint8_t src[4 * 3 * 24 * 24];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)sf_hash4(1, i, 2, 3);
+    float *a = run_aug(&f, src, 4, 1234, 99);
+    float *b = run_aug(&g, src, 4, 1234, 99);
+    assert_memory_equal(f.s, g.s, sizeof(sf_aug_sample) * 4);
+    assert_memory_equal(a, b, sizeof(float) * 4 * 3 * 32 * 32);
+    /* samples within a batch differ */
+    assert_true(f.s[0].angle_deg != f.s[1].angle_deg);
+    for (int i = 0; i < 4; i++) {
+        assert_true(f.s[i].angle_deg >= -45.0f && f.s[i].angle_deg <= 45.0f);
+        assert_true(f.s[i].sigma >= 0.1f && f.s[i].sigma <= 2.0f);
+        float sum = 0;
+        for (int k = 0; k < 7; k++)
+            sum += f.s[i].blur_w[k];
+        assert_float_equal(sum, 1.0f, 1e-6);
+        assert_float_equal(f.s[i].blur_w[0], f.s[i].blur_w[6], 0);
+    }
+    free(a);
+    free(b);
+}
+
+static void different_seq_or_seed_gives_different_params(void **state)
+{
+    static aug_fixture f;
+    static sf_aug_sample a[8], b[8], c[8];
+    setup_aug(&f, W1_AUG, 24, 24, 3);
+    sf_aug_gen(&f.p, &f.plan, 1234, 1, 8, a);
+    sf_aug_gen(&f.p, &f.plan, 1234, 2, 8, b);
+    sf_aug_gen(&f.p, &f.plan, 1235, 1, 8, c);
+    int diff_seq = 0, diff_seed = 0;
+    for (int i = 0; i < 8; i++) {
+        diff_seq += a[i].angle_deg != b[i].angle_deg && a[i].sigma != b[i].sigma &&
+                    a[i].mask_seed != b[i].mask_seed;
+        diff_seed += a[i].angle_deg != c[i].angle_deg && a[i].mask_seed != c[i].mask_seed;
+    }
+    assert_int_equal(diff_seq, 8);
+    assert_int_equal(diff_seed, 8);
+    int crop_diff = 0;
+    for (int i = 0; i < 8; i++)
+        crop_diff += a[i].crop_x != b[i].crop_x || a[i].crop_y != b[i].crop_y;
+    assert_true(crop_diff >= 4);
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+static void expect_parse_error(const char *js, const char *n1, const char *n2)
+{
+    static sf_aug_pipeline p;
+    err[0] = 0;
+    assert_int_equal(sf_aug_parse(js, &p, err, sizeof err), -1);
+    if (!strstr(err, n1) || (n2 && !strstr(err, n2)))
+        fail_msg("error \"%s\" should mention \"%s\" and \"%s\"", err, n1, n2 ? n2 : "");
+}
+
+static void parse_errors_name_the_op_index_and_kind(void **state)
+{
+    expect_parse_error("[{\"op\":\"to_dtype\"},{\"op\":\"gaussian_blur\",\"kernel_size\":4}]", "aug op 1",
+                       "gaussian_blur");
+    expect_parse_error("[{\"op\":\"sharpen\"}]", "aug op 0", "sharpen");
+    expect_parse_error("[{\"op\":\"random_crop\"}]", "aug op 0", "random_crop");
+    expect_parse_error("[{\"op\":\"resize\",\"size\":[0,4]}]", "aug op 0", "resize");
+    expect_parse_error("[{\"op\":\"horizontal_flip\",\"p\":1.5}]", "aug op 0", "horizontal_flip");
+    expect_parse_error("[{\"op\":\"normalize\",\"mean\":[0,0],\"std\":[1,1,1]}]", "aug op 0", "normalize");
+    expect_parse_error("[{\"op\":\"normalize\",\"mean\":[0],\"std\":[0]}]", "aug op 0", "std");
+    expect_parse_error("[{\"op\":\"random_mask\",\"ratio\":2}]", "aug op 0", "random_mask");
+    expect_parse_error("[{\"op\":\"random_rotation\",\"degrees\":[10,-10]}]", "aug op 0", "random_rotation");
+    expect_parse_error("[{\"op\":\"to_dtype\",\"dtype\":\"float16\"}]", "aug op 0", "to_dtype");
+    expect_parse_error("[{\"op\":\"random_crop\",\"size\":[4,4],\"pading\":2}]", "aug op 0", "pading");
+    expect_parse_error("[{\"op\":\"color_convert\",\"to\":\"hsv\"}]", "aug op 0", "color_convert");
+    expect_parse_error("{\"op\":\"resize\"}", "array", NULL);
+    expect_parse_error("[", "JSON", NULL);
+}
+
+static void expect_plan_error(const char *js, int h, int w, int c, const char *n1, const char *n2)
+{
+    static sf_aug_pipeline p;
+    static sf_aug_plan plan;
+    assert_int_equal(sf_aug_parse(js, &p, err, sizeof err), 0);
+    err[0] = 0;
+    assert_int_equal(sf_aug_plan_make(&p, h, w, c, &plan, err, sizeof err), -1);
+    if (!strstr(err, n1) || (n2 && !strstr(err, n2)))
+        fail_msg("error \"%s\" should mention \"%s\" and \"%s\"", err, n1, n2 ? n2 : "");
+}
+
+static void plan_errors_name_the_op_and_mask_before_blur_is_rejected(void **state)
+{
+    expect_plan_error("[{\"op\":\"random_mask\",\"ratio\":0.1},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]",
+                      8, 8, 3, "aug op 1 (gaussian_blur)", "random_mask");
+    expect_plan_error("[{\"op\":\"resize\",\"size\":[4,4]},{\"op\":\"random_crop\",\"size\":[5,5]}]", 8, 8, 3,
+                      "aug op 1 (random_crop)", NULL);
+    expect_plan_error("[{\"op\":\"color_convert\"}]", 8, 8, 1, "aug op 0 (color_convert)", NULL);
+    expect_plan_error("[{\"op\":\"normalize\",\"mean\":[0,0],\"std\":[1,1]}]", 8, 8, 3, "aug op 0 (normalize)",
+                      NULL);
+    expect_plan_error("[]", 8, 8, 5, "input", NULL);
+    /* blur before mask, and blur listed before geometry, are fine */
+    static sf_aug_pipeline p;
+    static sf_aug_plan plan;
+    assert_int_equal(sf_aug_parse("[{\"op\":\"gaussian_blur\",\"kernel_size\":3},{\"op\":\"resize\",\"size\":[4,4]},"
+                                  "{\"op\":\"random_mask\",\"ratio\":0.1}]", &p, err, sizeof err), 0);
+    assert_int_equal(sf_aug_plan_make(&p, 8, 8, 3, &plan, err, sizeof err), 0);
+    assert_int_equal(plan.out_h, 4);
+    assert_int_equal(plan.blur_ksize, 3);
+}
+
+static void kind_names_match_the_config_op_names(void **state)
+{
+    assert_string_equal(sf_aug_kind_name(SF_AUG_RANDOM_CROP), "random_crop");
+    assert_string_equal(sf_aug_kind_name(SF_AUG_HFLIP), "horizontal_flip");
+    assert_string_equal(sf_aug_kind_name(SF_AUG_TO_DTYPE), "to_dtype");
+    assert_string_equal(sf_aug_kind_name((sf_aug_kind)42), "unknown");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(rotation_by_90_degrees_turns_a_4x4_image_counter_clockwise_nearest_and_bilinear),
+        cmocka_unit_test(rotation_fills_the_corners_with_zero),
+        cmocka_unit_test(crop_of_full_size_is_the_identity),
+        cmocka_unit_test(empty_pipeline_converts_uint8_to_float_in_nchw_from_either_layout),
+        cmocka_unit_test(geometric_layouts_agree_between_nhwc_and_nchw),
+        cmocka_unit_test(horizontal_flip_reverses_columns_and_p0_never_flips),
+        cmocka_unit_test(resize_2x2_to_4x4_matches_pytorch_bilinear_align_corners_false),
+        cmocka_unit_test(crop_then_resize_compose_in_list_order),
+        cmocka_unit_test(random_crop_positions_cover_every_valid_offset),
+        cmocka_unit_test(blur_of_a_constant_image_is_constant_even_when_the_kernel_is_wider_than_the_image),
+        cmocka_unit_test(blur_weights_are_torchvision_gaussian_and_padding_reflects_without_repeating_the_edge),
+        cmocka_unit_test(normalize_subtracts_mean_and_divides_by_std_per_channel_or_broadcast),
+        cmocka_unit_test(color_convert_gives_bt601_ycbcr_of_pure_red_and_white),
+        cmocka_unit_test(random_mask_with_ratio_0_changes_nothing_and_ratio_1_zeroes_everything),
+        cmocka_unit_test(random_mask_is_the_seed_bits_dilated_over_4_neighbours_in_every_channel),
+        cmocka_unit_test(same_seed_gives_bit_identical_params_and_outputs),
+        cmocka_unit_test(different_seq_or_seed_gives_different_params),
+        cmocka_unit_test(parse_errors_name_the_op_index_and_kind),
+        cmocka_unit_test(plan_errors_name_the_op_and_mask_before_blur_is_rejected),
+        cmocka_unit_test(kind_names_match_the_config_op_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,277 @@
+/* tests/unit/test_model.c — model presets, JSON specs, resolution, init. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpu/model.h"
+
+static char err[256];
+
+static void seed_classifier_preset_is_the_w1_model_with_pytorch_parameter_count(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_preset("seed-classifier", &m, err, sizeof err), 0);
+    assert_int_equal(m.in_c, 3);
+    assert_int_equal(m.in_h, 256);
+    assert_int_equal(m.in_w, 256);
+    assert_int_equal(m.n_classes, 10);
+    /* 0 conv, 1 relu, 8 convs at 2,4,..,16 with relus at 3,5,..,15, 17 flatten, 18 linear */
+    assert_int_equal(m.n_layers, 19);
+    assert_int_equal(m.layers[0].kind, SF_L_CONV2D);
+    assert_int_equal(m.layers[0].k, 1);
+    assert_int_equal(m.layers[0].out_c, 16);
+    int c = 16, hw = 256;
+    for (int i = 0; i < 8; i++) {
+        const sf_layer *L = &m.layers[2 + 2 * i];
+        assert_int_equal(L->kind, SF_L_CONV2D);
+        assert_int_equal(L->in_c, c);
+        assert_int_equal(L->out_c, 2 * c);
+        assert_int_equal(L->k, 2);
+        assert_int_equal(L->stride, 2);
+        assert_int_equal(L->in_h, hw);
+        assert_int_equal(L->out_h, hw / 2);
+        if (i < 7)
+            assert_int_equal(m.layers[3 + 2 * i].kind, SF_L_RELU);
+        c *= 2;
+        hw /= 2;
+    }
+    assert_int_equal(m.layers[16].out_c, 4096);
+    assert_int_equal(m.layers[16].out_h, 1);
+    assert_int_equal(m.layers[17].kind, SF_L_FLATTEN);
+    assert_int_equal(m.layers[18].kind, SF_L_LINEAR);
+    assert_int_equal(m.layers[18].in_c, 4096);
+    assert_int_equal(m.layers[18].out_c, 10);
+    assert_string_equal(m.layers[18].name, "18");
+    assert_string_equal(m.layers[0].name, "0");
+    /* sum(p.numel() for p in model.parameters()):
+     * conv0 3*16+16 = 64; convs sum_{c=16..2048} (8c^2 + 2c) = 44738560 + 8160;
+     * linear 4096*10+10 = 40970; total 44787754. */
+    assert_int_equal(m.n_params, 44787754);
+    /* Largest activation: conv0's output 16*256*256. */
+    assert_int_equal(m.max_act, 16 * 256 * 256);
+}
+
+static void tiny_preset_resolves_to_a_small_32x32_classifier(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_preset("tiny", &m, err, sizeof err), 0);
+    assert_int_equal(m.in_h, 32);
+    assert_int_equal(m.in_w, 32);
+    assert_int_equal(m.in_c, 3);
+    assert_int_equal(m.n_classes, 10);
+    const sf_layer *last = &m.layers[m.n_layers - 1];
+    assert_int_equal(last->kind, SF_L_LINEAR);
+    assert_int_equal(last->in_c, 32 * 4 * 4);
+    /* 3*4+4 + (4*8*4+8) + (8*16*4+16) + (16*32*4+32) + 512*10+10 */
+    assert_int_equal(m.n_params, 16 + 136 + 528 + 2080 + 5130);
+    assert_int_equal(m.n_params, 7890);
+}
+
+static void parameter_offsets_are_contiguous_weight_then_bias(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_preset("tiny", &m, err, sizeof err), 0);
+    size_t off = 0;
+    for (int i = 0; i < m.n_layers; i++) {
+        const sf_layer *L = &m.layers[i];
+        if (L->n_w) {
+            assert_int_equal(L->w_off, off);
+            off += L->n_w;
+        }
+        if (L->n_b) {
+            assert_int_equal(L->b_off, off);
+            off += L->n_b;
+        }
+    }
+    assert_int_equal(off, m.n_params);
+}
+
+static void unknown_preset_is_rejected_by_name(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_preset("resnet9000", &m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "resnet9000"));
+}
+
+static void json_spec_parses_and_infers_input_channels(void **state)
+{
+    static sf_model m;
+    const char *js = "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+                     "{\"type\":\"conv2d\",\"out\":5,\"k\":3,\"stride\":1,\"pad\":1,\"bias\":false},"
+                     "{\"type\":\"relu\"},"
+                     "{\"type\":\"conv2d\",\"out\":6,\"k\":2,\"stride\":2},"
+                     "{\"type\":\"flatten\"},"
+                     "{\"type\":\"linear\",\"out\":4,\"name\":\"head\"}]}";
+    assert_int_equal(sf_model_from_json(js, &m, err, sizeof err), 0);
+    assert_string_equal(m.preset, "custom");
+    assert_int_equal(m.n_layers, 5);
+    assert_int_equal(m.layers[0].in_c, 3);
+    assert_int_equal(m.layers[0].out_h, 8);
+    assert_int_equal(m.layers[0].bias, 0);
+    assert_int_equal(m.layers[0].n_b, 0);
+    assert_int_equal(m.layers[2].in_c, 5);
+    assert_int_equal(m.layers[2].out_h, 4);
+    assert_int_equal(m.layers[3].out_ch, 6 * 4 * 4);
+    assert_int_equal(m.layers[4].in_c, 96);
+    assert_string_equal(m.layers[4].name, "head");
+    assert_string_equal(m.layers[1].name, "1");
+    assert_int_equal(m.n_params, 5 * 3 * 9 + (6 * 5 * 4 + 6) + (96 * 4 + 4));
+}
+
+static void expect_json_error(const char *js, const char *needle1, const char *needle2)
+{
+    static sf_model m;
+    err[0] = 0;
+    assert_int_equal(sf_model_from_json(js, &m, err, sizeof err), -1);
+    if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
+        fail_msg("error \"%s\" should mention \"%s\" and \"%s\"", err, needle1, needle2 ? needle2 : "");
+}
+
+static void invalid_json_specs_fail_naming_the_layer_index_and_type(void **state)
+{
+    /* unknown layer type */
+    expect_json_error("{\"input\":[3,8,8],\"classes\":2,\"layers\":[{\"type\":\"conv2d\",\"out\":2,\"k\":1},"
+                      "{\"type\":\"softmax\"}]}", "layer 1", "softmax");
+    /* zero channels */
+    expect_json_error("{\"input\":[3,8,8],\"classes\":2,\"layers\":[{\"type\":\"relu\"},"
+                      "{\"type\":\"conv2d\",\"out\":0,\"k\":1}]}", "layer 1", "conv2d");
+    /* kernel that does not fit */
+    expect_json_error("{\"input\":[3,4,4],\"classes\":2,\"layers\":[{\"type\":\"conv2d\",\"out\":2,\"k\":5},"
+                      "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":2}]}", "layer 0", "conv2d");
+    /* linear without flatten on a spatial input */
+    expect_json_error("{\"input\":[3,4,4],\"classes\":2,\"layers\":[{\"type\":\"linear\",\"out\":2}]}",
+                      "layer 0", "linear");
+    /* last width != classes */
+    expect_json_error("{\"input\":[3,4,4],\"classes\":3,\"layers\":[{\"type\":\"flatten\"},"
+                      "{\"type\":\"linear\",\"out\":2}]}", "layer 1", "classes");
+    /* declared in does not match */
+    expect_json_error("{\"input\":[3,4,4],\"classes\":2,\"layers\":[{\"type\":\"flatten\"},"
+                      "{\"type\":\"linear\",\"in\":47,\"out\":2}]}", "layer 1", "linear");
+    /* unknown field (a typo must not be ignored) */
+    expect_json_error("{\"input\":[3,4,4],\"classes\":2,\"layers\":[{\"type\":\"conv2d\",\"out\":2,\"k\":1,"
+                      "\"stirde\":2}]}", "layer 0", "stirde");
+    /* two layers with one state_dict name */
+    expect_json_error("{\"input\":[3,4,4],\"classes\":48,\"layers\":[{\"type\":\"relu\",\"name\":\"a\"},"
+                      "{\"type\":\"flatten\",\"name\":\"a\"}]}", "layer 1", "already used");
+    /* missing k */
+    expect_json_error("{\"input\":[3,4,4],\"classes\":2,\"layers\":[{\"type\":\"conv2d\",\"out\":2}]}",
+                      "layer 0", "\"k\"");
+    /* non-integer */
+    expect_json_error("{\"input\":[3,4,4],\"classes\":2,\"layers\":[{\"type\":\"conv2d\",\"out\":2.5,\"k\":1}]}",
+                      "layer 0", "out");
+    /* not JSON, not an object, bad input */
+    expect_json_error("{\"input\":", "JSON", NULL);
+    expect_json_error("[1,2]", "object", NULL);
+    expect_json_error("{\"input\":[3,4],\"classes\":2,\"layers\":[{\"type\":\"flatten\"}]}", "input", NULL);
+    expect_json_error("{\"input\":[3,4,4],\"layers\":[{\"type\":\"flatten\"}]}", "classes", NULL);
+}
+
+static void reserved_layer_kinds_are_rejected_as_not_supported_yet(void **state)
+{
+    const char *kinds[] = {"conv_transpose2d", "batchnorm2d", "maxpool2d", "global_avgpool"};
+    for (int i = 0; i < 4; i++) {
+        char js[256];
+        snprintf(js, sizeof js, "{\"input\":[3,4,4],\"classes\":2,\"layers\":[{\"type\":\"relu\"},"
+                                "{\"type\":\"%s\"}]}", kinds[i]);
+        expect_json_error(js, "layer 1", "not supported yet");
+        expect_json_error(js, kinds[i], NULL);
+    }
+    /* and through resolve, for models built field by field */
+    static sf_model m;
+    memset(&m, 0, sizeof m);
+    m.in_c = 3;
+    m.in_h = m.in_w = 4;
+    m.n_classes = 48;
+    m.n_layers = 1;
+    m.layers[0].kind = SF_L_MAXPOOL2D;
+    assert_int_equal(sf_model_resolve(&m, err, sizeof err), -1);
+    assert_non_null(strstr(err, "not supported yet"));
+}
+
+static void more_than_max_layers_is_rejected(void **state)
+{
+    size_t cap = 64 + 20 * (SF_MAX_LAYERS + 2);
+    char *js = malloc(cap);
+    strcpy(js, "{\"input\":[2,1,1],\"classes\":2,\"layers\":[");
+    for (int i = 0; i < SF_MAX_LAYERS + 1; i++)
+        strcat(js, i ? ",{\"type\":\"relu\"}" : "{\"type\":\"relu\"}");
+    strcat(js, "]}");
+    expect_json_error(js, "layers", NULL);
+    free(js);
+}
+
+static void layer_kind_names_are_stable(void **state)
+{
+    assert_string_equal(sf_layer_kind_name(SF_L_CONV2D), "conv2d");
+    assert_string_equal(sf_layer_kind_name(SF_L_LINEAR), "linear");
+    assert_string_equal(sf_layer_kind_name(SF_L_GLOBAL_AVGPOOL), "global_avgpool");
+    assert_string_equal(sf_layer_kind_name((sf_layer_kind)99), "unknown");
+}
+
+static void init_is_deterministic_and_within_pytorch_bounds(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_preset("tiny", &m, err, sizeof err), 0);
+    float *a = malloc(sizeof(float) * m.n_params), *b = malloc(sizeof(float) * m.n_params),
+          *c = malloc(sizeof(float) * m.n_params);
+    sf_model_init_params(&m, 42, a);
+    sf_model_init_params(&m, 42, b);
+    sf_model_init_params(&m, 43, c);
+    assert_memory_equal(a, b, sizeof(float) * m.n_params);
+    size_t same = 0;
+    for (size_t i = 0; i < m.n_params; i++)
+        same += a[i] == c[i];
+    assert_true(same < m.n_params / 100);
+
+    for (int li = 0; li < m.n_layers; li++) {
+        const sf_layer *L = &m.layers[li];
+        if (!L->n_w)
+            continue;
+        double fan_in = L->kind == SF_L_CONV2D ? (double)L->in_c * L->k * L->k : L->in_c;
+        float bound = (float)(1.0 / sqrt(fan_in));
+        double sum = 0, sumsq = 0, maxabs = 0;
+        for (size_t e = 0; e < L->n_w + L->n_b; e++) {
+            float v = e < L->n_w ? a[L->w_off + e] : a[L->b_off + e - L->n_w];
+            assert_true(fabsf(v) <= bound);
+            sum += v;
+            sumsq += (double)v * v;
+            if (fabs(v) > maxabs)
+                maxabs = fabs(v);
+        }
+        double n = (double)(L->n_w + L->n_b);
+        /* Uniform on [-b,b]: mean 0, variance b^2/3; loose checks when n is large. */
+        if (n >= 500) {
+            assert_true(fabs(sum / n) < 0.1 * bound);
+            double var = sumsq / n;
+            assert_true(fabs(var / (bound * bound / 3.0) - 1.0) < 0.15);
+            assert_true(maxabs > 0.9 * bound);
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(seed_classifier_preset_is_the_w1_model_with_pytorch_parameter_count),
+        cmocka_unit_test(tiny_preset_resolves_to_a_small_32x32_classifier),
+        cmocka_unit_test(parameter_offsets_are_contiguous_weight_then_bias),
+        cmocka_unit_test(unknown_preset_is_rejected_by_name),
+        cmocka_unit_test(json_spec_parses_and_infers_input_channels),
+        cmocka_unit_test(invalid_json_specs_fail_naming_the_layer_index_and_type),
+        cmocka_unit_test(reserved_layer_kinds_are_rejected_as_not_supported_yet),
+        cmocka_unit_test(more_than_max_layers_is_rejected),
+        cmocka_unit_test(layer_kind_names_are_stable),
+        cmocka_unit_test(init_is_deterministic_and_within_pytorch_bounds),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

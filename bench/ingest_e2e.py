@@ -52,28 +52,34 @@ def main():
     url = f"http://127.0.0.1:{m.group(1)}"
     load = subprocess.Popen([a.load, "--url", url, "--batches", str(a.batches), "--json", "--quiet"]
                             + shlex.split(a.load_args), stdout=subprocess.PIPE, text=True)
-    # Steady window: from warmup_steps until 90% of the batches are trained.
-    t0 = s0 = None
+    # Steady window: from warmup_steps finished batches until 90% of them
+    # finished (a finished batch is a trained step, or a sunk batch in sink mode).
+    fin = "streamfeed_batches_finished_total"
+    byt = "streamfeed_bytes_received_total"
+    t0 = s0 = b0 = None
     while True:
-        s = metric(url, "streamfeed_steps_total") or 0
+        s = metric(url, fin) or 0
         now = time.perf_counter()
         if t0 is None and s >= a.warmup_steps:
-            t0, s0 = now, s
+            t0, s0, b0 = now, s, metric(url, byt)
         if t0 is not None and s >= 0.9 * a.batches:
-            t1, s1 = now, s
+            t1, s1, b1 = now, s, metric(url, byt)
             break
-        if load.poll() is not None and s >= metric(url, "streamfeed_batches_received_total") - 1:
-            t1, s1 = now, s
+        if load.poll() is not None:
+            t1, s1, b1 = now, s, metric(url, byt)
             break
-        time.sleep(0.02)
+        time.sleep(0.01)
     out, _ = load.communicate(timeout=600)
     srv.send_signal(signal.SIGTERM)
     srv.wait(timeout=60)
     summary = json.loads(out) if out.strip() else {}
-    steps_per_s = (s1 - s0) / (t1 - t0) if t0 and t1 > t0 else 0.0
-    res = {"label": a.label, "steps_per_s": steps_per_s, "loader": summary,
+    ok = t0 is not None and t1 > t0
+    steps_per_s = (s1 - s0) / (t1 - t0) if ok else 0.0
+    gb_per_s = (b1 - b0) / (t1 - t0) / 1e9 if ok else 0.0
+    res = {"label": a.label, "steps_per_s": steps_per_s, "ingest_gb_per_s": gb_per_s,
+           "window_batches": (s1 - s0) if ok else 0, "loader": summary,
            "server_args": a.server_args, "load_args": a.load_args}
-    print(f"streamfeed {a.label}: {steps_per_s:.1f} steps/s trained "
+    print(f"streamfeed {a.label}: {steps_per_s:.1f} batches/s finished, {gb_per_s:.2f} GB/s ingested "
           f"(loader {summary.get('mb_per_s', 0):.0f} MB/s, {summary.get('errors', {})} errors)", flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -1,0 +1,212 @@
+/* bench/augment_bench.cu — the fused augmentation kernel on the W1 batch
+ * (WORKLOADS.md W1: 32 x 256x256x3 uint8 NHWC -> random_crop 128 -> resize 256 ->
+ * rotation ±45 -> blur k7 sigma [0.1,2] -> normalize mean 0 std 1, float NCHW),
+ * against the device's own copy bandwidth measured in the same run.
+ *
+ * The memory bound is (bytes in + bytes out) / copy bandwidth, where the copy
+ * bandwidth counts bytes read plus bytes written of a 1 GiB cudaMemcpyAsync
+ * device-to-device copy. Input and output buffers rotate over more than the L2
+ * holds so each launch reads its source from device memory. Times are medians of
+ * single launches bracketed by events, after a warm-up; "pipelined" is the mean
+ * of back-to-back launches (launch gaps included).
+ *
+ * Usage: augment_bench [--batch N] [--iters N]
+ * Prints a table and one JSON line per configuration (the first is W1).
+ * Build: nvcc -std=c++17 -O3 -arch=sm_90 -I. bench/augment_bench.cu \
+ *          gpu/cuda/augment.cu gpu/aug.c gpu/ref/augment.c -lcjson
+ */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "gpu/cuda/augment.h"
+
+/* Reported in the JSON: the kernel's multiply-add mode (augment.cu defaults to
+ * SF_AUG_FMA=1; build both files with -DSF_AUG_FMA=0 for the bit-exact one). */
+#ifdef SF_AUG_FMA
+#define SF_AUG_FMA_BUILD SF_AUG_FMA
+#else
+#define SF_AUG_FMA_BUILD 1
+#endif
+
+#define CK(call)                                                                          \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cudaGetErrorString(e_));                                              \
+            exit(2);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+static const char *W1_JSON =
+    "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"
+    "{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"
+    "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},"
+    "{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]},"
+    "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]";
+static const char *W1_NOBLUR_JSON =
+    "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"
+    "{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"
+    "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},"
+    "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]";
+
+static float median(std::vector<float> v)
+{
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/* Device-to-device copy bandwidth, bytes read + written per second. */
+static double copy_bandwidth(void)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 0x5A, bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int i = 0; i < 13; i++) {
+        CK(cudaEventRecord(e0));
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float t;
+        CK(cudaEventElapsedTime(&t, e0, e1));
+        if (i >= 3) ms.push_back(t);
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * bytes / (median(ms) * 1e-3);
+}
+
+struct Result {
+    float med_us, pipe_us;
+    double bytes;
+};
+
+/* Times one configuration. bf16: bf16 output instead of float. */
+static Result bench(const char *json, int batch, int iters, int bf16, int out_nhwc)
+{
+    char err[256];
+    sf_aug_pipeline pipe;
+    sf_aug_plan plan;
+    if (sf_aug_parse(json, &pipe, err, sizeof err) || sf_aug_plan_make(&pipe, 256, 256, 3, &plan, err, sizeof err)) {
+        fprintf(stderr, "plan: %s\n", err);
+        exit(2);
+    }
+    const int NIN = 10, NOUT = 4; /* 10 x 6.3 MB in + 4 x 25 MB out: well over the 50 MB L2 */
+    const size_t in_sz = (size_t)batch * 256 * 256 * 3;
+    const size_t out_elems = (size_t)batch * 3 * plan.out_h * plan.out_w;
+    const size_t out_sz = out_elems * (bf16 ? 2 : 4);
+    std::vector<uint8_t> h(in_sz);
+    uint64_t r = 0x12345678ull;
+    std::vector<uint8_t *> d_in(NIN);
+    std::vector<sf_aug_sample *> d_smp(NIN);
+    std::vector<void *> d_out(NOUT);
+    std::vector<sf_aug_sample> smp(batch);
+    for (int i = 0; i < NIN; i++) {
+        for (size_t k = 0; k < in_sz; k++) {
+            r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+            h[k] = (uint8_t)(r >> 24);
+        }
+        CK(cudaMalloc(&d_in[i], in_sz));
+        CK(cudaMemcpy(d_in[i], h.data(), in_sz, cudaMemcpyHostToDevice));
+        sf_aug_gen(&pipe, &plan, 42, (uint64_t)i, batch, smp.data());
+        CK(cudaMalloc(&d_smp[i], sizeof(sf_aug_sample) * batch));
+        CK(cudaMemcpy(d_smp[i], smp.data(), sizeof(sf_aug_sample) * batch, cudaMemcpyHostToDevice));
+    }
+    for (int i = 0; i < NOUT; i++) CK(cudaMalloc(&d_out[i], out_sz));
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    auto launch = [&](int it) {
+        int rc = bf16 ? sf_cuda_augment_bf16(&plan, d_smp[it % NIN], batch, d_in[it % NIN], 1,
+                                             (uint16_t *)d_out[it % NOUT], out_nhwc, NULL, s)
+                      : sf_cuda_augment(&plan, d_smp[it % NIN], batch, d_in[it % NIN], 1,
+                                        (float *)d_out[it % NOUT], out_nhwc, NULL, s);
+        if (rc) {
+            fprintf(stderr, "sf_cuda_augment: %s\n", sf_cuda_last_error());
+            exit(2);
+        }
+    };
+    for (int i = 0; i < 20; i++) launch(i);
+    CK(cudaStreamSynchronize(s));
+
+    std::vector<cudaEvent_t> ev(2 * iters);
+    for (auto &e : ev) CK(cudaEventCreate(&e));
+    for (int i = 0; i < iters; i++) {
+        CK(cudaEventRecord(ev[2 * i], s));
+        launch(i);
+        CK(cudaEventRecord(ev[2 * i + 1], s));
+    }
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> ms(iters);
+    for (int i = 0; i < iters; i++) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    CK(cudaEventRecord(ev[0], s));
+    for (int i = 0; i < iters; i++) launch(i);
+    CK(cudaEventRecord(ev[1], s));
+    CK(cudaStreamSynchronize(s));
+    float tot;
+    CK(cudaEventElapsedTime(&tot, ev[0], ev[1]));
+    for (auto &e : ev) CK(cudaEventDestroy(e));
+    for (int i = 0; i < NIN; i++) {
+        CK(cudaFree(d_in[i]));
+        CK(cudaFree(d_smp[i]));
+    }
+    for (int i = 0; i < NOUT; i++) CK(cudaFree(d_out[i]));
+    CK(cudaStreamDestroy(s));
+    return Result{median(ms) * 1e3f, tot * 1e3f / iters, (double)in_sz + (double)out_sz};
+}
+
+int main(int argc, char **argv)
+{
+    int batch = 32, iters = 300;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const double bw = copy_bandwidth();
+    printf("augment_bench: %s, %d SMs, L2 %d MB; device-to-device copy %.0f GB/s (read+write)\n",
+           prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, bw * 1e-9);
+    struct Cfg { const char *name, *json; int bf16, out_nhwc; } cfgs[] = {
+        {"W1", W1_JSON, 0, 0},
+        {"W1_bf16", W1_JSON, 1, 0},
+        {"W1_out_nhwc", W1_JSON, 0, 1},
+        {"W1_noblur", W1_NOBLUR_JSON, 0, 0},
+        {"identity", "[]", 0, 0},
+    };
+    printf("%-12s %6s %10s %10s %12s %9s %9s %8s\n", "config", "batch", "median_us", "pipe_us",
+           "images/s", "GB/s", "bound_us", "x_bound");
+    for (const Cfg &c : cfgs) {
+        Result r = bench(c.json, batch, iters, c.bf16, c.out_nhwc);
+        const double gbs = r.bytes / (r.med_us * 1e-6) * 1e-9;
+        const double bound_us = r.bytes / bw * 1e6;
+        const double ips = batch / (r.med_us * 1e-6);
+        printf("%-12s %6d %10.2f %10.2f %12.0f %9.0f %9.2f %8.2f\n", c.name, batch, r.med_us,
+               r.pipe_us, ips, gbs, bound_us, r.med_us / bound_us);
+        printf("{\"bench\":\"augment\",\"config\":\"%s\",\"device\":\"%s\",\"batch\":%d,"
+               "\"median_us\":%.3f,\"pipelined_us\":%.3f,\"images_per_s\":%.0f,\"bytes\":%.0f,"
+               "\"achieved_gbps\":%.1f,\"copy_gbps\":%.1f,\"ratio_to_copy\":%.3f,"
+               "\"bound_us\":%.3f,\"x_of_bound\":%.3f,\"fma\":%d}\n",
+               c.name, prop.name, batch, r.med_us, r.pipe_us, ips, r.bytes, gbs, bw * 1e-9,
+               gbs / (bw * 1e-9), bound_us, r.med_us / bound_us, SF_AUG_FMA_BUILD);
+    }
+    return 0;
+}

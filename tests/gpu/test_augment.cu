@@ -1,0 +1,318 @@
+/* tests/gpu/test_augment.cu — the CUDA augmentation (gpu/cuda/augment.cu) against
+ * the CPU reference (sf_ref_augment, gpu/ref/augment.c), DESIGN.md §8.
+ *
+ * Every case draws fresh random uint8 images (a new seed each run, printed; set
+ * SF_TEST_SEED=0x... to replay one), runs the reference and the kernel with the
+ * same plan and per-sample parameters, and compares by ‖out−ref‖/‖ref‖:
+ * float32 < 1e-5, bf16 < 1e-2; NaN never passes. The device output is filled
+ * with NaN before each run so any element the kernel fails to write fails the
+ * case. Each case runs for both input layouts (NHWC, NCHW) and both output
+ * layouts (NCHW, NHWC).
+ *
+ * Prints one line per case: "ok <name> (...)" or "FAIL <name>: rel err X, worst
+ * elements ...". Exits 1 when any case fails, 0 otherwise; prints
+ * "SKIPPED: no CUDA device" and exits 0 when there is no device.
+ *
+ * Build: nvcc -std=c++17 -O3 -arch=sm_90 -I. tests/gpu/test_augment.cu \
+ *          gpu/cuda/augment.cu gpu/aug.c gpu/ref/augment.c -lcjson
+ */
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <vector>
+
+#include "gpu/cuda/augment.h"
+extern "C" {
+#include "gpu/ref/ref.h"
+}
+
+/* Test-harness check: a failure here is a broken environment, not a wrong result. */
+#define CK(call)                                                                          \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
+                    cudaGetErrorString(e_));                                              \
+            exit(2);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+static uint64_t g_rng;
+static int g_fail, g_pass;
+
+static uint64_t next_u64(void)
+{
+    g_rng += 0x9E3779B97F4A7C15ull;
+    uint64_t z = g_rng;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+struct Case {
+    const char *name;
+    const char *json;
+    int h, w, c, n;
+};
+
+static float bf16_to_float(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Compares got (in layout out_nhwc) with ref (NCHW). Returns 1 when it passes. */
+static int compare(const char *name, const float *got, const float *ref, int n, int c, int oh,
+                   int ow, int out_nhwc, double tol)
+{
+    const size_t total = (size_t)n * c * oh * ow;
+    double num = 0.0, den = 0.0, maxabs = 0.0;
+    size_t nan_count = 0;
+    /* The five largest differences, for the failure message. */
+    struct W { double d; size_t i; float g, r; } worst[5] = {};
+    for (size_t i = 0; i < total; i++) {
+        size_t x = i % ow, y = (i / ow) % oh, ch = (i / ((size_t)ow * oh)) % c, s = i / ((size_t)ow * oh * c);
+        size_t gi = out_nhwc ? ((s * oh + y) * ow + x) * c + ch : i;
+        const float g = got[gi], r = ref[i];
+        double d = (double)g - (double)r;
+        if (isnan(g) || isnan(r)) {
+            nan_count++;
+            d = INFINITY;
+        }
+        if (isfinite(d)) num += d * d;
+        den += (double)r * r;
+        double ad = fabs(d);
+        if (isfinite(ad) && ad > maxabs) maxabs = ad;
+        if (ad > worst[4].d) {
+            int k = 4;
+            while (k > 0 && ad > worst[k - 1].d) { worst[k] = worst[k - 1]; k--; }
+            worst[k] = W{ad, i, g, r};
+        }
+    }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    const int pass = nan_count == 0 && rel < tol && den > 0;
+    if (pass) {
+        g_pass++;
+        printf("ok %s (rel err %.3g, max abs %.3g)\n", name, rel, maxabs);
+        return 1;
+    }
+    g_fail++;
+    printf("FAIL %s: rel err %.3g (tol %.0e), %zu NaN, |ref| %.3g, worst elements", name, rel, tol,
+           nan_count, sqrt(den));
+    for (int k = 0; k < 5 && worst[k].d > 0; k++) {
+        size_t i = worst[k].i;
+        printf(" [n%zu c%zu y%zu x%zu] got %.7g want %.7g;", i / ((size_t)ow * oh * c),
+               (i / ((size_t)ow * oh)) % c, (i / ow) % oh, i % ow, worst[k].g, worst[k].r);
+    }
+    printf("\n");
+    return 0;
+}
+
+/* Runs one case in all four layout combinations, float32 and (when bf16) bf16 output. */
+static void run_case(const Case &cs, int bf16, int misalign)
+{
+    char err[256];
+    sf_aug_pipeline pipe;
+    sf_aug_plan plan;
+    if (sf_aug_parse(cs.json, &pipe, err, sizeof err) != 0 ||
+        sf_aug_plan_make(&pipe, cs.h, cs.w, cs.c, &plan, err, sizeof err) != 0) {
+        g_fail++;
+        printf("FAIL %s: plan: %s\n", cs.name, err);
+        return;
+    }
+    const int n = cs.n, c = cs.c, h = cs.h, w = cs.w, oh = plan.out_h, ow = plan.out_w;
+    std::vector<sf_aug_sample> smp(n);
+    sf_aug_gen(&pipe, &plan, next_u64(), next_u64() % 1000000, n, smp.data());
+
+    const size_t in_sz = (size_t)n * h * w * c, out_sz = (size_t)n * c * oh * ow;
+    std::vector<uint8_t> nhwc(in_sz), nchw(in_sz);
+    for (size_t i = 0; i < in_sz; i++) nhwc[i] = (uint8_t)(next_u64() >> 56);
+    for (int s = 0; s < n; s++)
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < w; x++)
+                for (int ch = 0; ch < c; ch++)
+                    nchw[(((size_t)s * c + ch) * h + y) * w + x] = nhwc[(((size_t)s * h + y) * w + x) * c + ch];
+
+    uint8_t *d_src;
+    sf_aug_sample *d_smp;
+    float *d_out, *d_tmp;
+    CK(cudaMalloc(&d_src, in_sz));
+    CK(cudaMalloc(&d_smp, sizeof(sf_aug_sample) * n));
+    CK(cudaMalloc(&d_out, sizeof(float) * (out_sz + 4)));
+    CK(cudaMalloc(&d_tmp, sizeof(float) * out_sz));
+    CK(cudaMemcpy(d_smp, smp.data(), sizeof(sf_aug_sample) * n, cudaMemcpyHostToDevice));
+    std::vector<float> ref(out_sz), got(out_sz);
+    std::vector<uint16_t> gotb(out_sz);
+    std::vector<float> gotbf(out_sz);
+    float *d_dst = d_out + (misalign ? 1 : 0); /* 4 bytes off: the scalar store path */
+
+    for (int in_nhwc = 1; in_nhwc >= 0; in_nhwc--) {
+        const std::vector<uint8_t> &src = in_nhwc ? nhwc : nchw;
+        sf_ref_augment(&plan, smp.data(), n, src.data(), in_nhwc, ref.data());
+        CK(cudaMemcpy(d_src, src.data(), in_sz, cudaMemcpyHostToDevice));
+        for (int out_nhwc = 0; out_nhwc <= 1; out_nhwc++) {
+            char name[200];
+            snprintf(name, sizeof name, "%s %dx%dx%d n%d %s->%s%s", cs.name, h, w, c, n,
+                     in_nhwc ? "nhwc" : "nchw", out_nhwc ? "nhwc" : "nchw", misalign ? " misaligned" : "");
+            CK(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4))); /* NaN everywhere */
+            int rc = sf_cuda_augment(&plan, d_smp, n, d_src, in_nhwc, d_dst, out_nhwc,
+                                     (out_nhwc ? NULL : d_tmp), 0);
+            cudaError_t se = cudaDeviceSynchronize();
+            if (rc != 0 || se != cudaSuccess) {
+                g_fail++;
+                printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
+                continue;
+            }
+            CK(cudaMemcpy(got.data(), d_dst, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
+            compare(name, got.data(), ref.data(), n, c, oh, ow, out_nhwc, 1e-5);
+
+            if (!bf16) continue;
+            snprintf(name, sizeof name, "%s %dx%dx%d n%d %s->%s bf16", cs.name, h, w, c, n,
+                     in_nhwc ? "nhwc" : "nchw", out_nhwc ? "nhwc" : "nchw");
+            uint16_t *d_b = reinterpret_cast<uint16_t *>(d_out);
+            CK(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4)));
+            rc = sf_cuda_augment_bf16(&plan, d_smp, n, d_src, in_nhwc, d_b, out_nhwc, d_tmp, 0);
+            se = cudaDeviceSynchronize();
+            if (rc != 0 || se != cudaSuccess) {
+                g_fail++;
+                printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
+                continue;
+            }
+            CK(cudaMemcpy(gotb.data(), d_b, sizeof(uint16_t) * out_sz, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < out_sz; i++) gotbf[i] = bf16_to_float(gotb[i]);
+            compare(name, gotbf.data(), ref.data(), n, c, oh, ow, out_nhwc, 1e-2);
+        }
+    }
+    CK(cudaFree(d_src));
+    CK(cudaFree(d_smp));
+    CK(cudaFree(d_out));
+    CK(cudaFree(d_tmp));
+}
+
+/* The launcher rejects what it cannot run, with a message, and n == 0 is a no-op. */
+static void check_errors(void)
+{
+    char err[256];
+    sf_aug_pipeline pipe;
+    sf_aug_plan plan;
+    if (sf_aug_parse("[{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", &pipe, err, sizeof err) ||
+        sf_aug_plan_make(&pipe, 16, 16, 3, &plan, err, sizeof err)) {
+        g_fail++;
+        printf("FAIL launcher_rejects_bad_arguments: plan: %s\n", err);
+        return;
+    }
+    float *d_dst;
+    uint8_t *d_src;
+    sf_aug_sample *d_smp;
+    CK(cudaMalloc(&d_dst, 4 * 16 * 16 * 3));
+    CK(cudaMalloc(&d_src, 16 * 16 * 3));
+    CK(cudaMalloc(&d_smp, sizeof(sf_aug_sample)));
+    int ok = 1;
+    sf_aug_plan bad = plan;
+    bad.blur_ksize = 4;
+    sf_cuda_clear_error();
+    ok &= sf_cuda_augment(&bad, d_smp, 1, d_src, 1, d_dst, 0, NULL, 0) == -1 &&
+          strstr(sf_cuda_last_error(), "blur_ksize") != NULL;
+    bad = plan;
+    bad.c = 5;
+    ok &= sf_cuda_augment(&bad, d_smp, 1, d_src, 1, d_dst, 0, NULL, 0) == -1 &&
+          strstr(sf_cuda_last_error(), "augment.cu:") != NULL;
+    ok &= sf_cuda_augment(&plan, d_smp, 1, NULL, 1, d_dst, 0, NULL, 0) == -1;
+    ok &= sf_cuda_augment(&plan, d_smp, 0, d_src, 1, d_dst, 0, NULL, 0) == 0;
+    CK(cudaDeviceSynchronize());
+    printf("%s launcher_rejects_bad_arguments_and_names_them (last: \"%s\")\n", ok ? "ok" : "FAIL",
+           sf_cuda_last_error());
+    ok ? g_pass++ : g_fail++;
+    CK(cudaFree(d_dst));
+    CK(cudaFree(d_src));
+    CK(cudaFree(d_smp));
+}
+
+int main(void)
+{
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    const char *es = getenv("SF_TEST_SEED");
+    uint64_t seed = es ? strtoull(es, NULL, 0) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
+    g_rng = seed;
+    printf("test_augment: seed 0x%llx (SF_TEST_SEED to replay)\n", (unsigned long long)seed);
+
+    static const char *W1 =
+        "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"
+        "{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"
+        "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},"
+        "{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]},"
+        "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]";
+    /* Single ops on odd shapes. */
+    const Case single[] = {
+        {"identity", "[]", 33, 47, 3, 3},
+        {"to_dtype", "[{\"op\":\"to_dtype\",\"scale\":0.00392156862}]", 33, 47, 3, 3},
+        {"random_crop", "[{\"op\":\"random_crop\",\"size\":[17,29]}]", 33, 47, 3, 4},
+        {"resize_up", "[{\"op\":\"resize\",\"size\":[50,71]}]", 33, 47, 3, 3},
+        {"resize_down_half", "[{\"op\":\"resize\",\"size\":[16,24]}]", 32, 48, 3, 3},
+        {"resize_down_odd", "[{\"op\":\"resize\",\"size\":[13,19]}]", 33, 47, 3, 3},
+        {"rotation_bilinear", "[{\"op\":\"random_rotation\",\"degrees\":[-45,45]}]", 33, 47, 3, 4},
+        {"rotation_nearest", "[{\"op\":\"random_rotation\",\"degrees\":[-180,180],\"interpolation\":\"nearest\"}]", 33, 47, 3, 4},
+        {"resize_nearest_ties", "[{\"op\":\"resize\",\"size\":[16,24]},{\"op\":\"random_rotation\",\"degrees\":0,\"interpolation\":\"nearest\"}]", 32, 48, 3, 3},
+        {"hflip_always", "[{\"op\":\"horizontal_flip\",\"p\":1.0}]", 33, 47, 3, 3},
+        {"hflip_half", "[{\"op\":\"horizontal_flip\"}]", 33, 47, 3, 6},
+        {"blur_k7", "[{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]}]", 33, 47, 3, 4},
+        {"blur_k3", "[{\"op\":\"gaussian_blur\",\"kernel_size\":3,\"sigma\":[0.5,1.5]}]", 33, 47, 3, 3},
+        {"blur_k1", "[{\"op\":\"gaussian_blur\",\"kernel_size\":1}]", 33, 47, 3, 2},
+        {"blur_k31", "[{\"op\":\"gaussian_blur\",\"kernel_size\":31,\"sigma\":[3,9]}]", 33, 47, 3, 2},
+        {"blur_k31_wider_than_image", "[{\"op\":\"gaussian_blur\",\"kernel_size\":31,\"sigma\":[3,9]}]", 9, 13, 3, 2},
+        {"normalize", "[{\"op\":\"normalize\",\"mean\":[120,110,100],\"std\":[60,50,40]}]", 33, 47, 3, 3},
+        {"color_convert", "[{\"op\":\"color_convert\",\"to\":\"ycbcr\"}]", 33, 47, 3, 3},
+        {"color_convert_scaled", "[{\"op\":\"to_dtype\",\"scale\":0.00392156862},{\"op\":\"color_convert\"}]", 33, 47, 3, 3},
+        {"mask_d0", "[{\"op\":\"random_mask\",\"ratio\":0.2,\"dilate\":0}]", 33, 47, 3, 3},
+        {"mask_d1", "[{\"op\":\"random_mask\",\"ratio\":0.05,\"dilate\":1}]", 33, 47, 3, 3},
+        {"mask_d5", "[{\"op\":\"random_mask\",\"ratio\":0.01,\"dilate\":5}]", 33, 47, 3, 3},
+        {"mask_d32", "[{\"op\":\"random_mask\",\"ratio\":0.0005,\"dilate\":32}]", 70, 90, 3, 2},
+    };
+    /* Channel counts and compositions. */
+    const Case combo[] = {
+        {"rotation_bilinear", "[{\"op\":\"random_rotation\",\"degrees\":[-45,45]}]", 33, 47, 1, 3},
+        {"rotation_bilinear", "[{\"op\":\"random_rotation\",\"degrees\":[-45,45]}]", 33, 47, 4, 3},
+        {"crop_resize_blur_normalize", "[{\"op\":\"random_crop\",\"size\":[20,30]},{\"op\":\"resize\",\"size\":[37,41]},{\"op\":\"gaussian_blur\",\"kernel_size\":5},{\"op\":\"normalize\",\"mean\":[0.5],\"std\":[0.25]}]", 33, 47, 1, 3},
+        {"crop_resize_blur_normalize", "[{\"op\":\"random_crop\",\"size\":[20,30]},{\"op\":\"resize\",\"size\":[37,41]},{\"op\":\"gaussian_blur\",\"kernel_size\":5},{\"op\":\"normalize\",\"mean\":[1,2,3,4],\"std\":[5,6,7,8]}]", 33, 47, 4, 3},
+        {"normalize_c1", "[{\"op\":\"normalize\",\"mean\":[100],\"std\":[30]}]", 33, 47, 1, 2},
+        {"blur_mask_c4", "[{\"op\":\"gaussian_blur\",\"kernel_size\":9,\"sigma\":[1,3]},{\"op\":\"random_mask\",\"ratio\":0.03,\"dilate\":2}]", 33, 47, 4, 3},
+        {"everything", "[{\"op\":\"to_dtype\",\"scale\":0.00392156862},{\"op\":\"random_crop\",\"size\":[40,50]},"
+                       "{\"op\":\"resize\",\"size\":[45,61]},{\"op\":\"random_rotation\",\"degrees\":[-30,30]},"
+                       "{\"op\":\"horizontal_flip\"},{\"op\":\"gaussian_blur\",\"kernel_size\":5,\"sigma\":[0.3,1.2]},"
+                       "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]},"
+                       "{\"op\":\"color_convert\"},{\"op\":\"random_mask\",\"ratio\":0.02,\"dilate\":3}]", 48, 64, 3, 5},
+        {"everything_nearest", "[{\"op\":\"random_crop\",\"size\":[40,50]},{\"op\":\"resize\",\"size\":[45,61]},"
+                       "{\"op\":\"random_rotation\",\"degrees\":[-30,30],\"interpolation\":\"nearest\"},"
+                       "{\"op\":\"horizontal_flip\"},{\"op\":\"gaussian_blur\",\"kernel_size\":7},"
+                       "{\"op\":\"random_mask\",\"ratio\":0.02,\"dilate\":1},{\"op\":\"normalize\",\"mean\":[128],\"std\":[64]}]", 48, 64, 3, 5},
+        {"blur_mask_c2_aligned", "[{\"op\":\"random_rotation\",\"degrees\":[-20,20]},{\"op\":\"gaussian_blur\",\"kernel_size\":11,\"sigma\":[1,4]},{\"op\":\"random_mask\",\"ratio\":0.01,\"dilate\":4}]", 64, 64, 2, 3},
+        {"resize_blur_c1_aligned", "[{\"op\":\"resize\",\"size\":[40,64]},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 33, 47, 1, 3},
+        {"W1", W1, 256, 256, 3, 32},
+    };
+    for (const Case &cs : single) run_case(cs, 0, 0);
+    for (const Case &cs : combo) run_case(cs, 0, 0);
+    /* bf16 output and a misaligned float output on a few cases. */
+    run_case(single[6], 1, 0);
+    run_case(single[11], 1, 0);
+    run_case(combo[6], 1, 0);
+    run_case(combo[10], 1, 0); /* W1 */
+    run_case(combo[2], 0, 1);
+    run_case(combo[6], 0, 1);
+    check_errors();
+
+    printf("test_augment: %d passed, %d failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}

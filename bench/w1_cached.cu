@@ -1,0 +1,161 @@
+/* bench/w1_cached.cu — W1's model-only figure: the seed-classifier training
+ * step on a device-cached batch (WORKLOADS.md "cached"), timed with CUDA events
+ * over --iters steps after --warmup steps. The step is the backend's own
+ * (gpu/cuda/pipeline.h): forward, cross-entropy, backward, SGD (lr 1e-3, no
+ * momentum, as W1), replayed as a CUDA graph unless --graphs 0.
+ *
+ * Build (from the repository root), listing every .c of gpu/ and gpu/ref/ and
+ * every .cu of gpu/cuda/ ($SRC):
+ *   nvcc -std=c++17 -arch=sm_90 -O3 -I. -DSF_HAVE_CUDA=1 $SRC bench/w1_cached.cu \
+ *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
+ * Run: build/w1_cached [--batch 32] [--precision tf32|fp32] [--layout nhwc|nchw]
+ *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
+ * Prints one human line and one JSON line; exits 0 with "SKIPPED: no CUDA
+ * device" without a GPU.
+ */
+extern "C" {
+#include "../gpu/model.h"
+}
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "../gpu/cuda/pipeline.h"
+
+#define CK(x)                                                                                   \
+    do {                                                                                         \
+        if (!(x)) {                                                                              \
+            fprintf(stderr, "w1_cached: %s failed: %s\n", #x, sf_cuda_last_error());             \
+            return 1;                                                                            \
+        }                                                                                        \
+    } while (0)
+#define CU(x)                                                                                   \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "w1_cached: %s: %s\n", #x, cudaGetErrorString(e_));                  \
+            return 1;                                                                            \
+        }                                                                                        \
+    } while (0)
+
+int main(int argc, char **argv)
+{
+    int batch = 32, tf32 = 1, graphs = 1, iters = 100, warmup = 10;
+    float momentum = 0.f;
+    sf_layout layout = SF_LAYOUT_NHWC;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (!strcmp(k, "--batch")) batch = atoi(v);
+        else if (!strcmp(k, "--precision")) tf32 = strcmp(v, "fp32") != 0;
+        else if (!strcmp(k, "--layout")) layout = strcmp(v, "nchw") ? SF_LAYOUT_NHWC : SF_LAYOUT_NCHW;
+        else if (!strcmp(k, "--graphs")) graphs = atoi(v);
+        else if (!strcmp(k, "--iters")) iters = atoi(v);
+        else if (!strcmp(k, "--warmup")) warmup = atoi(v);
+        else if (!strcmp(k, "--momentum")) momentum = (float)atof(v);
+        else {
+            fprintf(stderr, "w1_cached: unknown option %s\n", k);
+            return 2;
+        }
+    }
+    if (batch < 1 || iters < 1 || warmup < 0) {
+        fprintf(stderr, "w1_cached: bad --batch/--iters/--warmup\n");
+        return 2;
+    }
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    char err[200];
+    sf_model m;
+    if (sf_model_from_preset("seed-classifier", &m, err, sizeof err)) {
+        fprintf(stderr, "w1_cached: %s\n", err);
+        return 1;
+    }
+
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS || cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "w1_cached: cuDNN/cuBLAS handles\n");
+        return 1;
+    }
+    cudnnSetStream(dnn, s);
+    cublasSetStream(blas, s);
+    void *bws;
+    CU(cudaMalloc(&bws, (size_t)32 << 20));
+    cublasSetWorkspace(blas, bws, (size_t)32 << 20);
+
+    const size_t in = (size_t)m.in_c * m.in_h * m.in_w;
+    float *x;
+    int32_t *lab;
+    sf_sgd_hyper *hyp;
+    sf_xent_out *res, *hres;
+    CU(cudaMalloc(&x, sizeof(float) * batch * in));
+    CU(cudaMalloc(&lab, sizeof(int32_t) * batch));
+    CU(cudaMalloc(&hyp, sizeof *hyp));
+    CU(cudaMalloc(&res, sizeof *res));
+    CU(cudaHostAlloc(&hres, sizeof *hres, 0));
+    std::vector<int32_t> hl(batch);
+    for (int i = 0; i < batch; i++)
+        hl[i] = (i * 7) % m.n_classes;
+    CU(cudaMemcpyAsync(lab, hl.data(), 4 * batch, cudaMemcpyHostToDevice, s));
+    sf_sgd_hyper h = {1e-3f, momentum, 0.f, 0.f};
+    CU(cudaMemcpyAsync(hyp, &h, sizeof h, cudaMemcpyHostToDevice, s));
+    /* one augmented-looking batch kept on the device (never zeros) */
+    CK(sf_cuda_fill_random(x, (size_t)batch * in, 2024, 1.f, s) == 0);
+
+    sf_net_io io = {x, lab, hyp, res, hres};
+    sf_net_cfg nc;
+    memset(&nc, 0, sizeof nc);
+    nc.layout = layout;
+    nc.tf32 = tf32;
+    nc.max_batch = batch;
+    nc.nbuf = 1;
+    nc.tune = getenv("SF_CUDNN_TUNE") ? atoi(getenv("SF_CUDNN_TUNE")) : 8;
+    nc.fork = getenv("SF_CUDA_FORK") ? atoi(getenv("SF_CUDA_FORK")) : 1;
+    nc.fuse = getenv("SF_CUDNN_FUSE") ? atoi(getenv("SF_CUDNN_FUSE")) : 1;
+    nc.seed = 1;
+    sf_cuda_net *net = NULL;
+    CK(sf_net_create(&net, &m, &nc, &io, dnn, blas, s) == 0);
+
+    for (int i = 0; i < warmup; i++)
+        CK(sf_net_step(net, 0, batch, graphs) == 0);
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    CU(cudaEventRecord(e0, s));
+    for (int i = 0; i < iters; i++)
+        CK(sf_net_step(net, 0, batch, graphs) == 0);
+    CU(cudaEventRecord(e1, s));
+    CU(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    const double sps = 1000.0 * iters / ms;
+    const char *pn = tf32 ? "tf32" : "fp32", *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
+    printf("w1_cached %s batch=%d precision=%s layout=%s graphs=%d momentum=%g: %.1f steps/s (%.3f ms/step, "
+           "last loss %.4f)%s\n",
+           prop.name, batch, pn, ln, graphs, momentum, sps, ms / iters, hres->loss,
+           graphs && sf_net_graph_error(net)[0] ? " [graph capture failed: eager]" : "");
+    printf("{\"bench\":\"w1_cached\",\"device\":\"%s\",\"batch\":%d,\"precision\":\"%s\",\"layout\":\"%s\","
+           "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",
+           prop.name, batch, pn, ln, graphs, sps, ms / iters);
+    sf_net_destroy(net);
+    cudaFree(x);
+    cudaFree(lab);
+    cudaFree(hyp);
+    cudaFree(res);
+    cudaFreeHost(hres);
+    cudaFree(bws);
+    cudnnDestroy(dnn);
+    cublasDestroy(blas);
+    cudaStreamDestroy(s);
+    return 0;
+}

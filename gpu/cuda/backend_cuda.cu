@@ -1,0 +1,935 @@
+/* gpu/cuda/backend_cuda.cu — the CUDA backend: sf_backend_i over the streams,
+ * events and batch buffers of DESIGN.md §1, with the step from pipeline.h.
+ *
+ * Per batch, in buffer b (b = submission count mod nbuf):
+ *   submit (host):    copy hyper-parameters, labels and the sf_aug_sample array
+ *                     into b's pinned staging area (the engine's sample array
+ *                     is pageable, and a graph must read hyper-parameters from
+ *                     device memory).
+ *   transform stream: wait done[b] -> h2d0[b] -> staging H2D, images H2D (from
+ *                     the pinned ring slot) -> h2d[b] -> labels to int32 ->
+ *                     sf_cuda_augment -> ready[b]
+ *   compute stream:   wait ready[b] -> step0[b] -> step (graph or eager; it ends
+ *                     by copying loss/correct to b's pinned result) -> done[b]
+ *   poll (host):      h2d[b] complete -> SF_EV_SLOT_FREE; done[b] complete ->
+ *                     SF_EV_STEP_DONE, with stage times from the events. Only
+ *                     cudaEventQuery; never a stream or device synchronisation.
+ * With cfg->overlap == 0 both streams are one stream: the same work, serial.
+ *
+ * Host times of device events come from an anchor event recorded on an idle
+ * auxiliary stream at a known host time (renewed every few seconds, since
+ * cudaEventElapsedTime is a float of milliseconds).
+ *
+ * Tuning knobs (environment, read at build; defaults are the measured best):
+ *   SF_CUDA_LAYOUT=nhwc|nchw  activation layout (default: nhwc for tf32, nchw for fp32)
+ *   SF_CUDNN_TUNE=N           cuDNN engine configs timed per convolution (8; 1 = heuristics' pick)
+ *   SF_CUDNN_FUSE=0|1         allow cuDNN's fused conv+bias+ReLU forward (1)
+ *   SF_CUDA_FORK=0|1          backward-filter beside backward-data on a side stream (1)
+ *   SF_CUDNN_RTC=0|1          allow runtime-compiled cuDNN engines (0)
+ *
+ * Failures: a batch that cannot be started returns -1 from submit (no events);
+ * one that fails after its copies were queued is finished with a
+ * synchronisation (error path only) and reported as STEP_DONE status -1. A
+ * failed event query means a sticky device error: every batch in flight fails
+ * and health() reports it.
+ */
+extern "C" {
+#include "../backend.h"
+}
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cuda_runtime.h>
+
+#include "augment.h"
+#include "pipeline.h"
+
+#define CUDA_NBUF 3       /* device batch buffers = max_inflight */
+#define RING_CAP (4 * CUDA_NBUF)
+#define STAGE_LABELS_OFF 256
+#define ANCHOR_PERIOD_NS 2000000000ull
+#define CUBLAS_WS_BYTES ((size_t)32 << 20)
+
+typedef struct cbuf {
+    uint8_t *h_stage;   /* pinned: hyper | labels | samples */
+    uint8_t *d_stage;   /* device mirror */
+    uint8_t *d_raw;     /* uint8 images */
+    size_t raw_cap;
+    float *d_x;         /* augmented batch, the net's layout */
+    int32_t *d_lab;     /* labels as int32 */
+    sf_xent_out *d_res;
+    sf_xent_out *h_res; /* pinned */
+    cudaEvent_t h2d0, h2d, ready, step0, done;
+} cbuf;
+
+typedef struct entry {
+    uint64_t id;
+    void *token;
+    int n, b;
+    int status;         /* 0 ok, -1 failed */
+    char err[160];
+    int no_events;      /* failed before or after its GPU work was waited for: nothing to query */
+    int slot_freed;     /* SLOT_FREE generated */
+    uint64_t t_submit_ns;
+} entry;
+
+typedef struct cuda_ctx {
+    int device;
+    int built;
+    sf_model m;
+    sf_train_cfg cfg;
+    sf_layout layout;
+
+    cudaStream_t st_compute, st_transform_own, st_aux;
+    cudaStream_t st_transform; /* st_transform_own, or st_compute without overlap */
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    void *blas_ws;
+    sf_cuda_net *net;
+
+    cbuf buf[CUDA_NBUF];
+    int nbuf;
+    int next_buf;
+    size_t stage_bytes, samples_off;
+    float *d_aug_tmp;
+
+    entry q[CUDA_NBUF];
+    int q_head, q_count;
+    sf_event ring[RING_CAP];
+    int r_head, r_count;
+    uint64_t steps;
+
+    cudaEvent_t anchor, anchor_next;
+    uint64_t anchor_ns, anchor_next_ns;
+    int anchor_ok, anchor_pending;
+
+    int sticky;
+    char sticky_msg[256];
+
+    /* transform(): its own scratch on the auxiliary stream */
+    uint8_t *t_raw;
+    size_t t_raw_cap;
+    float *t_out, *t_tmp;
+    size_t t_out_cap;
+    sf_aug_sample *t_samples;
+    int t_samples_cap;
+} cuda_ctx;
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+/* Bounded string copy that always terminates. */
+static void scopy(char *d, size_t n, const char *s)
+{
+    size_t l = strlen(s);
+    if (l >= n)
+        l = n - 1;
+    memcpy(d, s, l);
+    d[l] = '\0';
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static cuda_ctx *ctx_of(sf_backend *be) { return (cuda_ctx *)be->ctx; }
+
+static void make_sticky(cuda_ctx *c, const char *what, cudaError_t e)
+{
+    if (c->sticky)
+        return;
+    c->sticky = 1;
+    snprintf(c->sticky_msg, sizeof c->sticky_msg, "cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* ---- clock ---------------------------------------------------------------- */
+
+static int anchor_init(cuda_ctx *c)
+{
+    SF_CUDA_CHECK(cudaStreamSynchronize(c->st_aux));
+    c->anchor_ns = now_ns();
+    SF_CUDA_CHECK(cudaEventRecord(c->anchor, c->st_aux));
+    SF_CUDA_CHECK(cudaEventSynchronize(c->anchor));
+    c->anchor_ok = 1;
+    c->anchor_pending = 0;
+    return 0;
+}
+
+/* Renews the anchor without waiting: records on the idle auxiliary stream and
+ * switches once it has completed. */
+static void anchor_tick(cuda_ctx *c)
+{
+    const uint64_t t = now_ns();
+    if (c->anchor_pending) {
+        cudaError_t e = cudaEventQuery(c->anchor_next);
+        if (e == cudaSuccess) {
+            cudaEvent_t x = c->anchor;
+            c->anchor = c->anchor_next;
+            c->anchor_next = x;
+            c->anchor_ns = c->anchor_next_ns;
+            c->anchor_pending = 0;
+        } else if (e != cudaErrorNotReady) {
+            make_sticky(c, "cudaEventQuery(anchor)", e);
+        }
+        return;
+    }
+    if (t - c->anchor_ns > ANCHOR_PERIOD_NS) {
+        c->anchor_next_ns = now_ns();
+        if (cudaEventRecord(c->anchor_next, c->st_aux) == cudaSuccess)
+            c->anchor_pending = 1;
+    }
+}
+
+static uint64_t ev_host_ns(cuda_ctx *c, cudaEvent_t e)
+{
+    float ms = 0.f;
+    if (!c->anchor_ok || cudaEventElapsedTime(&ms, c->anchor, e) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    double t = (double)c->anchor_ns + (double)ms * 1e6;
+    return t > 0 ? (uint64_t)t : 0;
+}
+
+static double ev_seconds(cudaEvent_t a, cudaEvent_t b)
+{
+    float ms = 0.f;
+    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+        cudaGetLastError();
+        return 0.0;
+    }
+    return (double)ms * 1e-3;
+}
+
+/* ---- state ---------------------------------------------------------------- */
+
+static void free_buffers(cuda_ctx *c)
+{
+    if (c->net) {
+        sf_net_destroy(c->net);
+        c->net = NULL;
+    }
+    for (int b = 0; b < CUDA_NBUF; b++) {
+        cbuf *B = &c->buf[b];
+        if (B->h_stage) cudaFreeHost(B->h_stage);
+        if (B->h_res) cudaFreeHost(B->h_res);
+        if (B->d_stage) cudaFree(B->d_stage);
+        if (B->d_raw) cudaFree(B->d_raw);
+        if (B->d_x) cudaFree(B->d_x);
+        if (B->d_lab) cudaFree(B->d_lab);
+        if (B->d_res) cudaFree(B->d_res);
+        cudaEvent_t *ev[5] = {&B->h2d0, &B->h2d, &B->ready, &B->step0, &B->done};
+        for (int i = 0; i < 5; i++)
+            if (*ev[i])
+                cudaEventDestroy(*ev[i]);
+        memset(B, 0, sizeof *B);
+    }
+    if (c->d_aug_tmp) {
+        cudaFree(c->d_aug_tmp);
+        c->d_aug_tmp = NULL;
+    }
+    c->built = 0;
+}
+
+static void push_ready(cuda_ctx *c, const sf_event *ev)
+{
+    c->ring[(c->r_head + c->r_count) % RING_CAP] = *ev;
+    c->r_count++;
+}
+
+/* Moves completed work from the in-flight queue into the ready ring, in order.
+ * block: wait for everything (rebuild and destroy only). */
+static void harvest(cuda_ctx *c, int block)
+{
+    /* SLOT_FREE in submission order */
+    for (int k = 0; k < c->q_count && c->r_count < RING_CAP; k++) {
+        entry *e = &c->q[(c->q_head + k) % CUDA_NBUF];
+        if (e->slot_freed)
+            continue;
+        if (!e->no_events) {
+            cudaError_t r = block ? cudaEventSynchronize(c->buf[e->b].h2d) : cudaEventQuery(c->buf[e->b].h2d);
+            if (r == cudaErrorNotReady)
+                break;
+            if (r != cudaSuccess)
+                make_sticky(c, "cudaEventQuery(h2d)", r);
+        }
+        sf_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = SF_EV_SLOT_FREE;
+        ev.id = e->id;
+        ev.token = e->token;
+        ev.status = e->status;
+        if (e->status)
+            scopy(ev.err, sizeof ev.err, e->err);
+        push_ready(c, &ev);
+        e->slot_freed = 1;
+    }
+    /* STEP_DONE in submission order */
+    while (c->q_count > 0 && c->r_count < RING_CAP) {
+        entry *e = &c->q[c->q_head];
+        if (!e->slot_freed)
+            break;
+        cbuf *B = &c->buf[e->b];
+        if (!e->no_events) {
+            cudaError_t r = block ? cudaEventSynchronize(B->done) : cudaEventQuery(B->done);
+            if (r == cudaErrorNotReady && !c->sticky)
+                break;
+            if (r != cudaSuccess && r != cudaErrorNotReady)
+                make_sticky(c, "cudaEventQuery(done)", r);
+        }
+        sf_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = SF_EV_STEP_DONE;
+        ev.id = e->id;
+        ev.token = e->token;
+        ev.n = e->n;
+        if (!e->no_events && c->sticky && e->status == 0) {
+            e->status = -1;
+            scopy(e->err, sizeof e->err, c->sticky_msg);
+        }
+        if (e->status == 0 && B->h_res->bad > 0) {
+            e->status = -1;
+            snprintf(e->err, sizeof e->err, "cuda: %d labels outside [0,%d)", B->h_res->bad, c->m.n_classes);
+        }
+        ev.status = e->status;
+        if (e->status == 0) {
+            ev.loss = B->h_res->loss;
+            ev.correct = B->h_res->correct;
+            c->steps++;
+        } else {
+            scopy(ev.err, sizeof ev.err, e->err);
+        }
+        ev.step = c->steps;
+        if (!e->no_events) {
+            ev.h2d_s = ev_seconds(B->h2d0, B->h2d);
+            ev.transform_s = ev_seconds(B->h2d, B->ready);
+            ev.step_s = ev_seconds(B->step0, B->done);
+            ev.t_h2d_start_ns = ev_host_ns(c, B->h2d0);
+            ev.t_transform_start_ns = ev_host_ns(c, B->h2d);
+            ev.t_step_start_ns = ev_host_ns(c, B->step0);
+            ev.t_step_end_ns = ev_host_ns(c, B->done);
+        } else {
+            ev.t_h2d_start_ns = ev.t_transform_start_ns = ev.t_step_start_ns = ev.t_step_end_ns = e->t_submit_ns;
+        }
+        push_ready(c, &ev);
+        c->q_head = (c->q_head + 1) % CUDA_NBUF;
+        c->q_count--;
+    }
+}
+
+static int alloc_buffers(cuda_ctx *c)
+{
+    const size_t nb = (size_t)c->cfg.max_batch;
+    const size_t in = (size_t)c->m.in_c * c->m.in_h * c->m.in_w;
+    const size_t lab_bytes = (nb * 8 + 255) & ~(size_t)255;
+    c->samples_off = STAGE_LABELS_OFF + lab_bytes;
+    c->stage_bytes = c->samples_off + nb * sizeof(sf_aug_sample);
+    for (int b = 0; b < c->nbuf; b++) {
+        cbuf *B = &c->buf[b];
+        SF_CUDA_CHECK(cudaHostAlloc((void **)&B->h_stage, c->stage_bytes, cudaHostAllocPortable));
+        SF_CUDA_CHECK(cudaHostAlloc((void **)&B->h_res, sizeof(sf_xent_out), cudaHostAllocPortable));
+        memset(B->h_res, 0, sizeof(sf_xent_out));
+        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_stage, c->stage_bytes));
+        B->raw_cap = nb * in; /* grows when larger sources arrive */
+        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_raw, B->raw_cap));
+        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_x, sizeof(float) * nb * in));
+        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_lab, sizeof(int32_t) * nb));
+        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_res, sizeof(sf_xent_out)));
+        SF_CUDA_CHECK(cudaEventCreate(&B->h2d0));
+        SF_CUDA_CHECK(cudaEventCreate(&B->h2d));
+        SF_CUDA_CHECK(cudaEventCreate(&B->ready));
+        SF_CUDA_CHECK(cudaEventCreate(&B->step0));
+        SF_CUDA_CHECK(cudaEventCreate(&B->done));
+    }
+    SF_CUDA_CHECK(cudaMalloc((void **)&c->d_aug_tmp, sizeof(float) * nb * in));
+    return 0;
+}
+
+/* ---- vtable --------------------------------------------------------------- */
+
+static const char *cu_name(sf_backend *be) { return "cuda"; }
+
+static void *cu_host_alloc(sf_backend *be, size_t bytes)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(sf_backend *be, void *p)
+{
+    if (p)
+        cudaFreeHost(p);
+}
+
+static int env_int(const char *name, int def)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+
+static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (c->sticky) {
+        set_err(err, errlen, "%s", c->sticky_msg);
+        return -1;
+    }
+    /* Work in flight finishes first; its events stay queued for the engine. */
+    if (c->q_count > 0) {
+        cudaStreamSynchronize(c->st_compute);
+        cudaStreamSynchronize(c->st_transform);
+        harvest(c, 1);
+    }
+    free_buffers(c);
+    if (!m || !cfg) {
+        set_err(err, errlen, "cuda build: model or config missing");
+        return -1;
+    }
+    if (cfg->max_batch < 1) {
+        set_err(err, errlen, "cuda build: max_batch %d must be >= 1", cfg->max_batch);
+        return -1;
+    }
+    if (cfg->device != c->device) {
+        set_err(err, errlen, "cuda build: config names device %d but this backend owns device %d", cfg->device,
+                c->device);
+        return -1;
+    }
+    if (cfg->precision == SF_PREC_BF16) {
+        set_err(err, errlen, "cuda build: bf16 is not implemented yet (fp32 and tf32 are)");
+        return -1;
+    }
+    c->m = *m;
+    char e2[200];
+    if (sf_model_resolve(&c->m, e2, sizeof e2) != 0) {
+        set_err(err, errlen, "cuda build: %s", e2);
+        return -1;
+    }
+    c->cfg = *cfg;
+    c->nbuf = CUDA_NBUF;
+    c->next_buf = 0;
+    c->st_transform = cfg->overlap ? c->st_transform_own : c->st_compute;
+    /* Activation layout, measured on the W1 step (H100, batch 32, graphs):
+     * TF32 tensor cores run best on NHWC (2.19 ms vs 4.05 ms NCHW); strict fp32
+     * runs best on NCHW (5.29 ms vs 6.64 ms NHWC). SF_CUDA_LAYOUT=nchw|nhwc
+     * overrides. */
+    const char *lay = getenv("SF_CUDA_LAYOUT");
+    if (lay && strcmp(lay, "nchw") == 0)
+        c->layout = SF_LAYOUT_NCHW;
+    else if (lay && strcmp(lay, "nhwc") == 0)
+        c->layout = SF_LAYOUT_NHWC;
+    else
+        c->layout = cfg->precision == SF_PREC_TF32 ? SF_LAYOUT_NHWC : SF_LAYOUT_NCHW;
+
+    sf_cuda_clear_error();
+    if (alloc_buffers(c)) {
+        set_err(err, errlen, "cuda build: %s", sf_cuda_last_error());
+        free_buffers(c);
+        return -1;
+    }
+    sf_net_io io[SF_NET_MAX_BUF];
+    memset(io, 0, sizeof io);
+    for (int b = 0; b < c->nbuf; b++) {
+        io[b].x = c->buf[b].d_x;
+        io[b].labels = c->buf[b].d_lab;
+        io[b].hyper = (const sf_sgd_hyper *)c->buf[b].d_stage;
+        io[b].result = c->buf[b].d_res;
+        io[b].h_result = c->buf[b].h_res;
+    }
+    sf_net_cfg nc;
+    memset(&nc, 0, sizeof nc);
+    nc.layout = c->layout;
+    nc.tf32 = cfg->precision == SF_PREC_TF32;
+    nc.max_batch = cfg->max_batch;
+    nc.nbuf = c->nbuf;
+    nc.tune = env_int("SF_CUDNN_TUNE", 8);
+    nc.fork = env_int("SF_CUDA_FORK", 1);
+    nc.fuse = env_int("SF_CUDNN_FUSE", 1);
+    nc.seed = cfg->seed;
+    if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
+        set_err(err, errlen, "cuda build: %s", sf_cuda_last_error());
+        free_buffers(c);
+        return -1;
+    }
+    if (anchor_init(c)) {
+        set_err(err, errlen, "cuda build: %s", sf_cuda_last_error());
+        free_buffers(c);
+        return -1;
+    }
+    c->steps = 0;
+    c->built = 1;
+    return 0;
+}
+
+static int cu_max_inflight(sf_backend *be) { return CUDA_NBUF; }
+
+static int check_batch(cuda_ctx *c, const sf_batch *b, int need_model, char *err, size_t errlen)
+{
+    if (!b || !b->plan || !b->samples || !b->images) {
+        set_err(err, errlen, "cuda: batch, plan, samples or images missing");
+        return -1;
+    }
+    const sf_aug_plan *p = b->plan;
+    if (b->n < 1) {
+        set_err(err, errlen, "cuda: batch of %d samples", b->n);
+        return -1;
+    }
+    if (b->h != p->in_h || b->w != p->in_w || b->c != p->c) {
+        set_err(err, errlen, "cuda: images are %dx%dx%d (HxWxC) but the augmentation plan is for %dx%dx%d",
+                b->h, b->w, b->c, p->in_h, p->in_w, p->c);
+        return -1;
+    }
+    if (!need_model)
+        return 0;
+    if (!c->built) {
+        set_err(err, errlen, "cuda: no model built");
+        return -1;
+    }
+    if (b->n > c->cfg.max_batch) {
+        set_err(err, errlen, "cuda: batch of %d samples exceeds max_batch %d", b->n, c->cfg.max_batch);
+        return -1;
+    }
+    if (p->c != c->m.in_c || p->out_h != c->m.in_h || p->out_w != c->m.in_w) {
+        set_err(err, errlen, "cuda: augmentation output %dx%dx%d (CxHxW) does not match the model input %dx%dx%d",
+                p->c, p->out_h, p->out_w, c->m.in_c, c->m.in_h, c->m.in_w);
+        return -1;
+    }
+    if (!b->labels) {
+        set_err(err, errlen, "cuda: labels missing");
+        return -1;
+    }
+    if (b->label_dtype != SF_LABEL_U8 && b->label_dtype != SF_LABEL_I32 && b->label_dtype != SF_LABEL_I64) {
+        set_err(err, errlen, "cuda: unknown label dtype %d", (int)b->label_dtype);
+        return -1;
+    }
+    return 0;
+}
+
+static size_t label_size(sf_label_dtype d) { return d == SF_LABEL_U8 ? 1 : d == SF_LABEL_I32 ? 4 : 8; }
+
+/* Index of the first label outside [0, classes), or -1. */
+static int bad_label(const sf_batch *b, int classes, int64_t *val)
+{
+    for (int i = 0; i < b->n; i++) {
+        int64_t v;
+        switch (b->label_dtype) {
+        case SF_LABEL_U8: v = ((const uint8_t *)b->labels)[i]; break;
+        case SF_LABEL_I32: v = ((const int32_t *)b->labels)[i]; break;
+        default: v = ((const int64_t *)b->labels)[i]; break;
+        }
+        if (v < 0 || v >= classes) {
+            *val = v;
+            return i;
+        }
+    }
+    return -1;
+}
+
+/* A failure before the slot's bytes were handed to a copy: the batch is not started. */
+#define NOT_STARTED(call)                                                                        \
+    do {                                                                                         \
+        cudaError_t nse_ = (call);                                                               \
+        if (nse_ != cudaSuccess) {                                                               \
+            sf_cuda_set_error("%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(nse_)); \
+            return 1;                                                                            \
+        }                                                                                        \
+    } while (0)
+
+/* Queues the transform-stream half of a batch. Returns 0; 1 when it failed
+ * before any copy was queued; -1 when it failed after. */
+static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
+{
+    cbuf *B = &c->buf[b];
+    cudaStream_t ts = c->st_transform;
+    const int n = bt->n;
+    const size_t img_bytes = (size_t)n * bt->h * bt->w * bt->c;
+    if (img_bytes > B->raw_cap) {
+        /* A larger source shape than seen so far: grow (outside the steady
+         * state; buffer b is idle, its last batch was harvested). */
+        NOT_STARTED(cudaStreamSynchronize(ts));
+        cudaFree(B->d_raw);
+        B->d_raw = NULL;
+        B->raw_cap = 0;
+        if (cudaMalloc((void **)&B->d_raw, img_bytes) != cudaSuccess) {
+            sf_cuda_set_error("cuda: cudaMalloc of %zu bytes for source images failed", img_bytes);
+            cudaGetLastError();
+            return 1;
+        }
+        B->raw_cap = img_bytes;
+    }
+    /* Host staging: buffer b's previous batch was harvested, so its copies
+     * out of this area have completed. */
+    sf_sgd_hyper hyp = {bt->hyper.lr, bt->hyper.momentum, bt->hyper.weight_decay, 0.f};
+    memcpy(B->h_stage, &hyp, sizeof hyp);
+    memcpy(B->h_stage + STAGE_LABELS_OFF, bt->labels, (size_t)n * label_size(bt->label_dtype));
+    memcpy(B->h_stage + c->samples_off, bt->samples, (size_t)n * sizeof(sf_aug_sample));
+    const size_t stage_used = c->samples_off + (size_t)n * sizeof(sf_aug_sample);
+
+    /* Buffer b's inputs (staging, images, augmented batch, labels) are read by
+     * its previous step on the compute stream: wait for that step to finish
+     * before overwriting them. */
+    NOT_STARTED(cudaStreamWaitEvent(ts, B->done, 0));
+    NOT_STARTED(cudaEventRecord(B->h2d0, ts));
+    NOT_STARTED(cudaMemcpyAsync(B->d_stage, B->h_stage, stage_used, cudaMemcpyHostToDevice, ts));
+    SF_CUDA_CHECK(cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts));
+    SF_CUDA_CHECK(cudaEventRecord(B->h2d, ts));
+    if (sf_cuda_labels_i32(B->d_stage + STAGE_LABELS_OFF, (int)bt->label_dtype, n, B->d_lab, ts))
+        return -1;
+    const sf_aug_sample *d_samples = (const sf_aug_sample *)(B->d_stage + c->samples_off);
+    if (sf_cuda_augment(bt->plan, d_samples, n, B->d_raw, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
+                        c->d_aug_tmp, ts))
+        return -1;
+    SF_CUDA_CHECK(cudaEventRecord(B->ready, ts));
+    return 0;
+}
+
+static int enqueue_step(cuda_ctx *c, int b, int n)
+{
+    cbuf *B = &c->buf[b];
+    cudaStream_t cs = c->st_compute;
+    /* The step reads the augmented batch, labels and hyper-parameters that the
+     * transform stream wrote for buffer b. */
+    SF_CUDA_CHECK(cudaStreamWaitEvent(cs, B->ready, 0));
+    SF_CUDA_CHECK(cudaEventRecord(B->step0, cs));
+    if (sf_net_step(c->net, b, n, c->cfg.cuda_graphs))
+        return -1;
+    SF_CUDA_CHECK(cudaEventRecord(B->done, cs));
+    return 0;
+}
+
+static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errlen)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (c->sticky) {
+        set_err(err, errlen, "%s", c->sticky_msg);
+        return -1;
+    }
+    if (check_batch(c, bt, 1, err, errlen) != 0)
+        return -1;
+    if (c->q_count >= c->nbuf) {
+        set_err(err, errlen, "cuda: %d batches in flight (max_inflight %d); poll first", c->q_count, c->nbuf);
+        return -1;
+    }
+    sf_cuda_clear_error();
+    /* A batch size seen for the first time gets its plans (once, synchronous). */
+    if (sf_net_prepare(c->net, bt->n)) {
+        set_err(err, errlen, "cuda: %s", sf_cuda_last_error());
+        return -1;
+    }
+    const int b = c->next_buf;
+    entry *e = &c->q[(c->q_head + c->q_count) % CUDA_NBUF];
+    memset(e, 0, sizeof *e);
+    e->id = bt->id;
+    e->token = bt->token;
+    e->n = bt->n;
+    e->b = b;
+    e->t_submit_ns = now_ns();
+
+    int64_t bad_val = 0;
+    const int bad_at = bad_label(bt, c->m.n_classes, &bad_val);
+    if (bad_at >= 0) {
+        /* Rejected like the reference backend: nothing runs, the slot is free at once. */
+        e->status = -1;
+        e->no_events = 1;
+        snprintf(e->err, sizeof e->err, "cuda: label %lld of sample %d is outside [0,%d)", (long long)bad_val,
+                 bad_at, c->m.n_classes);
+        c->q_count++;
+        return 0;
+    }
+
+    int rt = enqueue_transform(c, bt, b);
+    if (rt == 1) {
+        set_err(err, errlen, "cuda: %s", sf_cuda_last_error());
+        cudaGetLastError();
+        return -1;
+    }
+    int rs = rt == 0 ? enqueue_step(c, b, bt->n) : -1;
+    c->next_buf = (b + 1) % c->nbuf;
+    c->q_count++;
+    if (rs != 0) {
+        /* Error path only: wait for what was queued, so the slot and buffer
+         * are known to be idle, then report the batch failed. */
+        e->status = -1;
+        e->no_events = 1;
+        scopy(e->err, sizeof e->err, sf_cuda_last_error());
+        cudaError_t e1 = cudaStreamSynchronize(c->st_transform);
+        cudaError_t e2 = cudaStreamSynchronize(c->st_compute);
+        if (e1 != cudaSuccess)
+            make_sticky(c, "cudaStreamSynchronize(transform)", e1);
+        else if (e2 != cudaSuccess)
+            make_sticky(c, "cudaStreamSynchronize(compute)", e2);
+        cudaGetLastError();
+    }
+    return 0;
+}
+
+static int cu_poll(sf_backend *be, sf_event *ev, int max, int timeout_us)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (max <= 0)
+        return 0;
+    const uint64_t deadline = now_ns() + (uint64_t)(timeout_us > 0 ? timeout_us : 0) * 1000ull;
+    for (;;) {
+        anchor_tick(c);
+        harvest(c, 0);
+        if (c->r_count > 0 || now_ns() >= deadline)
+            break;
+        /* Nothing ready: sleep briefly between queries. */
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    int k = 0;
+    while (k < max && c->r_count > 0) {
+        ev[k++] = c->ring[c->r_head];
+        c->r_head = (c->r_head + 1) % RING_CAP;
+        c->r_count--;
+    }
+    return k;
+}
+
+static int grow(void **p, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap)
+        return 0;
+    if (*p)
+        cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    SF_CUDA_CHECK(cudaMalloc(p, bytes));
+    *cap = bytes;
+    return 0;
+}
+
+static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err, size_t errlen)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (c->sticky) {
+        set_err(err, errlen, "%s", c->sticky_msg);
+        return -1;
+    }
+    if (check_batch(c, b, 0, err, errlen) != 0)
+        return -1;
+    if (!out) {
+        set_err(err, errlen, "cuda: output buffer missing");
+        return -1;
+    }
+    const sf_aug_plan *p = b->plan;
+    const size_t n = (size_t)b->n;
+    const size_t src = n * b->h * b->w * b->c;
+    const size_t dst = n * p->c * p->out_h * p->out_w;
+    cudaStream_t s = c->st_aux;
+    sf_cuda_clear_error();
+    size_t out_cap = c->t_out_cap, tmp_cap = c->t_out_cap, smp_cap = (size_t)c->t_samples_cap * sizeof(sf_aug_sample);
+    int rc = grow((void **)&c->t_raw, &c->t_raw_cap, src);
+    if (!rc && dst * sizeof(float) > c->t_out_cap) {
+        rc = grow((void **)&c->t_out, &out_cap, dst * sizeof(float)) ||
+             grow((void **)&c->t_tmp, &tmp_cap, dst * sizeof(float));
+        c->t_out_cap = rc ? 0 : dst * sizeof(float);
+    }
+    if (!rc) {
+        rc = grow((void **)&c->t_samples, &smp_cap, n * sizeof(sf_aug_sample));
+        c->t_samples_cap = rc ? 0 : (int)(smp_cap / sizeof(sf_aug_sample));
+    }
+    if (!rc)
+        rc = cudaMemcpyAsync(c->t_samples, b->samples, n * sizeof(sf_aug_sample), cudaMemcpyHostToDevice, s) !=
+                     cudaSuccess ||
+             cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
+    if (!rc)
+        rc = sf_cuda_augment(p, c->t_samples, b->n, c->t_raw, b->nhwc, c->t_out, 0, c->t_tmp, s);
+    if (!rc)
+        rc = cudaMemcpyAsync(out, c->t_out, dst * sizeof(float), cudaMemcpyDeviceToHost, s) != cudaSuccess;
+    cudaError_t se = cudaStreamSynchronize(s);
+    if (se != cudaSuccess) {
+        make_sticky(c, "transform", se);
+        set_err(err, errlen, "%s", c->sticky_msg);
+        return -1;
+    }
+    if (rc) {
+        const char *m = sf_cuda_last_error();
+        set_err(err, errlen, "cuda transform: %s", *m ? m : cudaGetErrorString(cudaGetLastError()));
+        cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
+static int cu_get_params(sf_backend *be, float *dst)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || c->sticky)
+        return -1;
+    return sf_net_get_params(c->net, dst);
+}
+
+static int cu_set_params(sf_backend *be, const float *src)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || c->sticky)
+        return -1;
+    return sf_net_set_params(c->net, src);
+}
+
+static int cu_health(sf_backend *be, char *err, size_t errlen)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->sticky) {
+        cudaError_t e = cudaStreamQuery(c->st_compute);
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            make_sticky(c, "compute stream", e);
+    }
+    if (c->sticky) {
+        set_err(err, errlen, "%s", c->sticky_msg);
+        return -1;
+    }
+    return 0;
+}
+
+static void cu_destroy(sf_backend *be)
+{
+    if (!be)
+        return;
+    cuda_ctx *c = ctx_of(be);
+    if (c) {
+        cudaSetDevice(c->device);
+        if (c->st_compute)
+            cudaStreamSynchronize(c->st_compute);
+        if (c->st_transform_own)
+            cudaStreamSynchronize(c->st_transform_own);
+        free_buffers(c);
+        if (c->t_raw) cudaFree(c->t_raw);
+        if (c->t_out) cudaFree(c->t_out);
+        if (c->t_tmp) cudaFree(c->t_tmp);
+        if (c->t_samples) cudaFree(c->t_samples);
+        if (c->blas) cublasDestroy(c->blas);
+        if (c->blas_ws) cudaFree(c->blas_ws);
+        if (c->dnn) cudnnDestroy(c->dnn);
+        if (c->anchor) cudaEventDestroy(c->anchor);
+        if (c->anchor_next) cudaEventDestroy(c->anchor_next);
+        if (c->st_compute) cudaStreamDestroy(c->st_compute);
+        if (c->st_transform_own) cudaStreamDestroy(c->st_transform_own);
+        if (c->st_aux) cudaStreamDestroy(c->st_aux);
+        free(c);
+    }
+    free(be);
+}
+
+static const sf_backend_i cuda_vtable = {
+    cu_name, cu_host_alloc, cu_host_free, cu_build, cu_max_inflight, cu_submit, cu_poll,
+    cu_transform, cu_get_params, cu_set_params, cu_health, cu_destroy,
+};
+
+__global__ void k_probe(int *p)
+{
+    if (p)
+        *p = 1;
+}
+
+static int init_ctx(cuda_ctx *c, char *err, size_t errlen)
+{
+    /* The compute stream gets the higher priority: the step is the critical
+     * path, augmentation fills the gaps. */
+    int lo = 0, hi = 0;
+    cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    if (cudaStreamCreateWithPriority(&c->st_compute, cudaStreamNonBlocking, hi) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&c->st_transform_own, cudaStreamNonBlocking, lo) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&c->st_aux, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreate(&c->anchor) != cudaSuccess || cudaEventCreate(&c->anchor_next) != cudaSuccess) {
+        set_err(err, errlen, "cuda: stream/event creation failed: %s", cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
+    c->st_transform = c->st_transform_own;
+    cudnnStatus_t ds = cudnnCreate(&c->dnn);
+    if (ds != CUDNN_STATUS_SUCCESS) {
+        set_err(err, errlen, "cuda: cudnnCreate: %s", cudnnGetErrorString(ds));
+        return -1;
+    }
+    if (cudnnGetVersion() < 90000) {
+        set_err(err, errlen, "cuda: cuDNN %zu found, 9.x needed", cudnnGetVersion());
+        return -1;
+    }
+    cudnnSetStream(c->dnn, c->st_compute);
+    if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
+        set_err(err, errlen, "cuda: cublasCreate failed");
+        return -1;
+    }
+    /* An explicit workspace keeps cuBLAS from allocating inside a captured graph. */
+    if (cudaMalloc(&c->blas_ws, CUBLAS_WS_BYTES) != cudaSuccess ||
+        cublasSetStream(c->blas, c->st_compute) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(c->blas, c->blas_ws, CUBLAS_WS_BYTES) != CUBLAS_STATUS_SUCCESS) {
+        set_err(err, errlen, "cuda: cuBLAS setup failed");
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" sf_backend *sf_backend_cuda_new(int device, char *err, size_t errlen)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        set_err(err, errlen, "cuda: no usable GPU (%s)",
+                e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        cudaGetLastError();
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        set_err(err, errlen, "cuda: device %d does not exist (%d found)", device, count);
+        return NULL;
+    }
+    if ((e = cudaSetDevice(device)) != cudaSuccess) {
+        set_err(err, errlen, "cuda: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+        return NULL;
+    }
+    cudaFuncAttributes fa;
+    if ((e = cudaFuncGetAttributes(&fa, k_probe)) != cudaSuccess) {
+        cudaDeviceProp prop;
+        cudaGetDeviceProperties(&prop, device);
+        set_err(err, errlen, "cuda: device %d (%s, compute capability %d.%d) cannot run this build's kernels "
+                "(built for sm_90): %s", device, prop.name, prop.major, prop.minor, cudaGetErrorString(e));
+        cudaGetLastError();
+        return NULL;
+    }
+    sf_backend *be = (sf_backend *)calloc(1, sizeof *be);
+    cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
+    if (!be || !c) {
+        free(be);
+        free(c);
+        set_err(err, errlen, "cuda: out of memory");
+        return NULL;
+    }
+    c->device = device;
+    be->i = &cuda_vtable;
+    be->ctx = c;
+    if (init_ctx(c, err, errlen)) {
+        cu_destroy(be);
+        return NULL;
+    }
+    return be;
+}

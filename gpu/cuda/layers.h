@@ -1,0 +1,197 @@
+/* gpu/cuda/layers.h — the CUDA layers of the training step: cuDNN convolutions
+ * through the graph (backend) API, cuBLAS linear layers, and our own kernels for
+ * the pointwise ops, the reductions, the loss and the optimizer.
+ *
+ * Each function here is a launcher: it takes an explicit stream (or a library
+ * handle already bound to one), enqueues work, checks the launch and returns
+ * 0, or -1 with sf_cuda_last_error() (check.h) set. Nothing here allocates
+ * device memory or synchronises, except sf_conv_plan_build, which runs at build
+ * time only (it may time candidate engines on the handle's stream).
+ *
+ * Layouts. Activations are NCHW or NHWC (sf_layout); a cuDNN convolution on NHWC
+ * activations takes its filter as KRSC ([oc][k][k][c]), on NCHW as KCRS
+ * ([oc][c][k][k], PyTorch's layout). Linear layers use PyTorch's row-major
+ * [out, in] weights and [n, features] activations in either layout.
+ *
+ * Semantics are those of gpu/ref/ref.h, which tests/gpu/test_layers.cu checks.
+ * Threads: any host thread may call a launcher; a handle must not be used by
+ * two threads at once.
+ */
+#ifndef SF_GPU_CUDA_LAYERS_H
+#define SF_GPU_CUDA_LAYERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <cublas_v2.h>
+
+#include "check.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum sf_layout { SF_LAYOUT_NCHW = 0, SF_LAYOUT_NHWC = 1 } sf_layout;
+
+/* ---- convolutions (cuDNN graph API) -------------------------------------- */
+
+typedef enum sf_conv_dir { SF_CONV_FWD = 0, SF_CONV_BWD_DATA = 1, SF_CONV_BWD_FILTER = 2 } sf_conv_dir;
+
+/* One convolution shape. The output size follows ref.h:
+ * oh = (h + 2*pad - k)/stride + 1. */
+typedef struct sf_conv_desc {
+    int n, c, h, w;          /* input [n, c, h, w] */
+    int oc, k, stride, pad;  /* square kernel, symmetric padding */
+    sf_layout layout;        /* NHWC activations pair with a KRSC filter */
+    int tf32;                /* allow TF32 tensor-core engines (else strict fp32) */
+    int align_x, align_w, align_y; /* byte alignment (1..16, a power of 2) of the
+                                      pointers that will be bound to x, w, y */
+    /* FWD only: a cuDNN pointwise epilogue fused into the graph,
+     * y = relu?(conv(x, w) + b?). The bias tensor (uid 4, [1, oc, 1, 1]) is bound
+     * through sf_conv_ptrs.b; align_b is its pointer's alignment. */
+    int fuse_bias, fuse_relu, align_b;
+} sf_conv_desc;
+
+/* The three tensors of every direction, by role (the tensors' unique ids are
+ * 1, 2, 3 in this order):
+ *   FWD:        x (read)   w (read)     y (written)
+ *   BWD_DATA:   x = dx (written)  w (read)   y = dy (read)
+ *   BWD_FILTER: x (read)   w = dw (written)  y = dy (read)
+ * Outputs are overwritten (beta = 0). ws: the workspace (>= plan's ws_bytes). */
+typedef struct sf_conv_ptrs {
+    void *x, *w, *y, *ws;
+    void *b; /* fused bias (uid 4); NULL for plans without a fused bias */
+} sf_conv_ptrs;
+
+#define SF_CONV_KEEP 20
+
+/* A finalised execution plan for one (shape, direction), and the descriptors it
+ * was built from (kept alive as long as the plan). */
+typedef struct sf_conv_plan {
+    cudnnBackendDescriptor_t plan;              /* NULL when not built */
+    cudnnBackendDescriptor_t keep[SF_CONV_KEEP];
+    int n_keep;
+    int64_t ws_bytes;                           /* workspace the plan needs */
+    int64_t engine;                             /* cuDNN global engine index */
+    int tensor_core;                            /* the engine uses tensor cores (TF32) */
+    int tried;                                  /* candidates finalised and timed */
+    int fused;                                  /* the graph has the bias/ReLU epilogue */
+    float ms;                                   /* measured time when tuned, else -1 */
+} sf_conv_plan;
+
+/* Builds the plan (for FWD with fuse_bias/fuse_relu, the graph conv -> add bias
+ * -> ReLU, which needs an engine that fuses it): heuristics (mode A, then
+ * fallback) list engine configs; those
+ * that down-convert inputs or reduce in lower precision are dropped, and so are
+ * tensor-core (TF32) engines unless d->tf32; engines that compile at run time
+ * are dropped unless the environment sets SF_CUDNN_RTC=1. Of the remaining
+ * configs the first max_candidates that finalise with a workspace <= ws_limit
+ * are kept; when tune is non-NULL each is timed on those buffers (on the
+ * handle's stream, synchronously) and the fastest wins, else the first does.
+ * Build time only. */
+int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, size_t ws_limit,
+                       int max_candidates, const sf_conv_ptrs *tune, sf_conv_plan *out);
+void sf_conv_plan_destroy(sf_conv_plan *p);
+
+/* A variant pack binds pointers to a plan's tensors; one pack serves any plan of
+ * the same direction whose tensors those pointers satisfy (any batch size up to
+ * the buffers' capacity). Build time only (allocates host memory). */
+int sf_conv_vpack_make(const sf_conv_ptrs *p, cudnnBackendDescriptor_t *vp);
+void sf_conv_vpack_destroy(cudnnBackendDescriptor_t vp);
+
+/* Enqueues the convolution on the handle's stream. Capturable. */
+int sf_conv_run(cudnnHandle_t h, const sf_conv_plan *p, cudnnBackendDescriptor_t vp);
+
+/* Largest power of two <= 16 dividing the address (for sf_conv_desc.align_*). */
+int sf_cuda_ptr_align(const void *p);
+
+/* ---- linear layers (cuBLAS) ------------------------------------------------ */
+/* Row-major x [n, in], w [out, in], y [n, out]; outputs overwritten.
+ * tf32: CUBLAS_COMPUTE_32F_FAST_TF32, else CUBLAS_COMPUTE_32F. The handle needs a
+ * workspace (cublasSetWorkspace) to be capturable. */
+int sf_linear_fwd(cublasHandle_t h, const float *x, int n, int in, const float *w, int out,
+                  float *y, int tf32);                      /* y = x w^T (bias separately) */
+int sf_linear_bwd_data(cublasHandle_t h, const float *dy, int n, int in, const float *w, int out,
+                       float *dx, int tf32);                /* dx = dy w */
+int sf_linear_bwd_filter(cublasHandle_t h, const float *x, int n, int in, const float *dy, int out,
+                         float *dw, int tf32);              /* dw = dy^T x */
+
+/* ---- pointwise ops and reductions ----------------------------------------- */
+/* Tensors with a channel axis are viewed as [outer, c, inner]:
+ * NCHW: outer = n, inner = h*w;  NHWC: outer = n*h*w, inner = 1;  [n, f]: outer = n, inner = 1. */
+
+/* y = act(y + bias[c]) in place; bias may be NULL; relu 0/1. */
+int sf_cuda_bias_act(float *y, const float *bias, size_t outer, int c, size_t inner, int relu,
+                     cudaStream_t s);
+/* y = max(x, 0) (NaN propagates, as torch.relu); x == y allowed. */
+int sf_cuda_relu_fwd(const float *x, float *y, size_t len, cudaStream_t s);
+/* dx = y > 0 ? dy : 0; dx == dy allowed. */
+int sf_cuda_relu_bwd(const float *y, const float *dy, float *dx, size_t len, cudaStream_t s);
+
+/* Floats of scratch sf_cuda_bias_grad needs for c channels. */
+size_t sf_cuda_bias_grad_scratch(int c);
+/* Backward of act(x + bias): when y (the forward output) is non-NULL, first
+ * dy = y > 0 ? dy : 0 in place (relu backward); then, when db is non-NULL,
+ * db[c] = sum over outer and inner of dy. Deterministic (fixed-order two-pass
+ * reduction through scratch). */
+int sf_cuda_bias_grad(float *dy, const float *y, size_t outer, int c, size_t inner, float *db,
+                      float *scratch, cudaStream_t s);
+
+/* Softmax cross-entropy over logits [n, k] with int32 labels, as sf_ref_xent:
+ * out->loss = mean loss, out->correct = samples whose (first) argmax is the
+ * label, out->bad = labels outside [0, k) (their loss and gradient are NaN);
+ * dlogits = (softmax - onehot) / n. One block; deterministic. */
+typedef struct sf_xent_out {
+    float loss;
+    int correct;
+    int bad;
+    int pad_;
+} sf_xent_out;
+int sf_cuda_xent(const float *logits, const int32_t *labels, int n, int k, float *dlogits,
+                 sf_xent_out *out, cudaStream_t s);
+
+/* Labels to int32. dtype: 0 uint8, 1 int32, 2 int64 (sf_label_dtype). */
+int sf_cuda_labels_i32(const void *src, int dtype, int n, int32_t *dst, cudaStream_t s);
+
+/* SGD with PyTorch semantics, as sf_ref_sgd, over one flat buffer of len
+ * floats, in one launch; the hyper-parameters are read from device memory so a
+ * captured graph picks up new values.
+ *   p, m: parameters and momentum in model layout (PyTorch's).
+ *   g:    gradients, in model layout except inside `segs`.
+ *   segs: conv weights kept in KRSC device layout for NHWC convolutions: inside
+ *         segment s, model index off + (o*c + ci)*rs + t  (t = ky*k + kx) holds
+ *         device index off + (o*rs + t)*c + ci; g is read at the device index and
+ *         the updated weight is also written to wdev at the device index.
+ * The arithmetic rounds as the reference does (no fused multiply-add), so equal
+ * gradients give bit-equal parameters. */
+typedef struct sf_sgd_hyper {
+    float lr, momentum, weight_decay, pad_;
+} sf_sgd_hyper;
+typedef struct sf_perm_seg {
+    size_t off, len; /* floats, model offsets */
+    int c, rs;       /* input channels, kernel taps (k*k) */
+} sf_perm_seg;
+#define SF_SGD_MAX_SEGS 64
+typedef struct sf_sgd_segs {
+    int n;
+    sf_perm_seg s[SF_SGD_MAX_SEGS];
+} sf_sgd_segs;
+int sf_cuda_sgd(float *p, const float *g, float *m, float *wdev, size_t len,
+                const sf_sgd_hyper *d_hyper, const sf_sgd_segs *segs, cudaStream_t s);
+
+/* dst[b][c][r] = src[b][r][c] for b < batch, r < rows, c < cols (a batched
+ * transpose: NHWC <-> NCHW activations, KCRS <-> KRSC filters). */
+int sf_cuda_transpose(const float *src, float *dst, int batch, int rows, int cols, cudaStream_t s);
+
+/* Fills with uniform values in [-scale, scale) keyed by seed (for timing on
+ * real-looking data), or with one value (NaN poisoning in tests). */
+int sf_cuda_fill_random(float *p, size_t len, uint64_t seed, float scale, cudaStream_t s);
+int sf_cuda_fill(float *p, size_t len, float v, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_LAYERS_H */

@@ -1,0 +1,945 @@
+/* gpu/cuda/pipeline.cu — the training step on the device. Contract in pipeline.h.
+ *
+ * The model's layer chain becomes a list of ops:
+ *   CONV, LINEAR  cuDNN / cuBLAS, then one bias(+ReLU) epilogue kernel; a ReLU
+ *                 layer that follows a conv/linear (possibly through flattens)
+ *                 is fused into that epilogue and its backward into the bias
+ *                 gradient pass (one read of dy and y, one write of dy). For a
+ *                 conv, cuDNN's own fused conv+bias+ReLU graph replaces conv +
+ *                 epilogue where it times faster (on W1 in TF32/NHWC: every
+ *                 layer, 2.36 -> 2.19 ms per step on an H100).
+ *   RELU          a ReLU that has no producer to fuse into.
+ *   FLAT_T        flatten of an NHWC tensor with h*w > 1: a transpose to NCHW
+ *                 order, so linear weights keep PyTorch's layout.
+ *   VIEW          any other flatten: no data movement.
+ * Gradients flow backwards through two ping-pong buffers.
+ *
+ * Parameters, gradients and momentum are one allocation each, carved by the
+ * model's w_off/b_off. With NHWC activations the k>1 conv weights also live in
+ * wdev in KRSC order at the same offsets: the forward and backward-data passes
+ * read wdev, backward-filter writes its gradient into grads in KRSC order, and
+ * the SGD kernel reads that gradient permuted and writes both copies.
+ */
+#include "pipeline.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+#define WS_TUNE_BYTES ((size_t)512 << 20) /* workspace limit while choosing engines */
+#define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
+#define MAX_ALLOCS 128
+
+typedef enum op_kind { OP_CONV, OP_LINEAR, OP_RELU, OP_FLAT_T, OP_VIEW } op_kind;
+
+typedef struct net_op {
+    op_kind kind;
+    int layer;          /* model layer index */
+    int relu;           /* CONV/LINEAR: ReLU fused into the epilogue */
+    int bias;           /* has a bias */
+    int x_op;           /* op producing the input; -1: the network input */
+    int need_dx;        /* some earlier op has parameters: propagate the gradient */
+    int in_c, in_h, in_w, out_c, out_h, out_w;
+    size_t in_elems, out_elems; /* per sample */
+    float *y;           /* own output [max_batch, out_elems]; NULL for VIEW */
+    float *g_in, *g_out; /* gradient of the output / of the input (NULL: none) */
+    float *w_fwd;       /* weights read by forward and backward-data */
+    int permuted;       /* w_fwd is the KRSC copy in wdev */
+    sf_conv_desc cd;    /* n filled per shape */
+    cudnnBackendDescriptor_t vp[3][SF_NET_MAX_BUF];
+    cudnnBackendDescriptor_t vpf[SF_NET_MAX_BUF]; /* fused forward (binds the bias too) */
+    int fusable;        /* CONV with a bias or ReLU epilogue and cfg.fuse */
+} net_op;
+
+typedef struct net_shape {
+    int n;
+    sf_conv_plan plan[SF_MAX_LAYERS][3];
+    cudaGraphExec_t exec[SF_NET_MAX_BUF];
+} net_shape;
+
+struct sf_cuda_net {
+    sf_model m;
+    sf_net_cfg cfg;
+    sf_net_io io[SF_NET_MAX_BUF];
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    cudaStream_t s;
+
+    int n_ops;
+    net_op ops[SF_MAX_LAYERS];
+
+    float *params, *grads, *mom, *wdev; /* [n_params] each; wdev only with KRSC segments */
+    float *gbuf[2];                     /* [max_batch * max_act] */
+    float *dlog;                        /* [max_batch * n_classes] */
+    float *bg_scratch;
+    size_t bg_scratch_floats;
+    void *ws;           /* forward and backward-data plans (on s) */
+    void *ws2;          /* backward-filter plans (on side when forked) */
+    size_t ws_bytes;    /* each of ws, ws2 */
+    sf_sgd_segs segs;
+
+    cudaStream_t side;  /* backward-filter beside backward-data */
+    cudaEvent_t ev_fork[SF_MAX_LAYERS], ev_join[SF_MAX_LAYERS];
+
+    net_shape *shapes[SF_NET_MAX_SHAPES];
+    int n_shapes;
+
+    int graphs_broken;
+    char graph_err[256];
+
+    void *allocs[MAX_ALLOCS];
+    int n_allocs;
+};
+
+/* ---- helpers -------------------------------------------------------------- */
+
+/* Bounded string copy that always terminates. */
+static void scopy(char *d, size_t n, const char *s)
+{
+    size_t l = strlen(s);
+    if (l >= n)
+        l = n - 1;
+    memcpy(d, s, l);
+    d[l] = '\0';
+}
+
+
+static int dmalloc(sf_cuda_net *net, void **p, size_t bytes)
+{
+    if (net->n_allocs >= MAX_ALLOCS) {
+        sf_cuda_set_error("%s:%d: net: too many allocations", __FILE__, __LINE__);
+        return -1;
+    }
+    SF_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 256));
+    net->allocs[net->n_allocs++] = *p;
+    return 0;
+}
+
+static int dmallocf(sf_cuda_net *net, float **p, size_t floats)
+{
+    return dmalloc(net, (void **)p, floats * sizeof(float));
+}
+
+static float *op_in(const sf_cuda_net *net, int i, int b);
+
+static float *op_out(const sf_cuda_net *net, int i, int b)
+{
+    return net->ops[i].y ? net->ops[i].y : op_in(net, i, b);
+}
+
+static float *op_in(const sf_cuda_net *net, int i, int b)
+{
+    const int x = net->ops[i].x_op;
+    return x < 0 ? net->io[b].x : op_out(net, x, b);
+}
+
+/* [outer, c, inner] view of an op's output. */
+static void out_view(const sf_cuda_net *net, const net_op *o, int n, size_t *outer, size_t *inner)
+{
+    const size_t hw = (size_t)o->out_h * o->out_w;
+    if (net->cfg.layout == SF_LAYOUT_NHWC) {
+        *outer = (size_t)n * hw;
+        *inner = 1;
+    } else {
+        *outer = (size_t)n;
+        *inner = hw;
+    }
+}
+
+/* ---- building the op list ------------------------------------------------- */
+
+static int build_ops(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    const int nhwc = net->cfg.layout == SF_LAYOUT_NHWC;
+    int n = 0, prev = -1;
+    for (int li = 0; li < m->n_layers; li++) {
+        const sf_layer *L = &m->layers[li];
+        if (L->kind == SF_L_RELU) {
+            /* Fuse into the producer when the chain since it holds only views
+             * or transposes (ReLU commutes with both). */
+            int p = prev;
+            while (p >= 0 && (net->ops[p].kind == OP_VIEW || net->ops[p].kind == OP_FLAT_T))
+                p = net->ops[p].x_op;
+            if (p >= 0 && (net->ops[p].kind == OP_CONV || net->ops[p].kind == OP_LINEAR) &&
+                !net->ops[p].relu) {
+                /* The ops between p and here must not have copied pre-ReLU
+                 * values already: a FLAT_T copy runs after p's epilogue, so it
+                 * copies post-ReLU values. Nothing else copies. */
+                net->ops[p].relu = 1;
+                continue;
+            }
+        }
+        net_op *o = &net->ops[n];
+        memset(o, 0, sizeof *o);
+        o->layer = li;
+        o->x_op = prev;
+        o->in_c = L->in_c;
+        o->in_h = L->in_h;
+        o->in_w = L->in_w;
+        o->out_c = L->out_ch;
+        o->out_h = L->out_h;
+        o->out_w = L->out_w;
+        o->in_elems = (size_t)L->in_c * L->in_h * L->in_w;
+        o->out_elems = L->out_elems;
+        o->bias = L->n_b > 0;
+        switch (L->kind) {
+        case SF_L_CONV2D: o->kind = OP_CONV; break;
+        case SF_L_LINEAR: o->kind = OP_LINEAR; break;
+        case SF_L_RELU: o->kind = OP_RELU; break;
+        case SF_L_FLATTEN:
+            o->kind = (nhwc && L->in_h * L->in_w > 1 && L->in_c > 1) ? OP_FLAT_T : OP_VIEW;
+            break;
+        default:
+            sf_cuda_set_error("%s:%d: layer %d (%s) is not supported by the CUDA backend", __FILE__, __LINE__,
+                              li, sf_layer_kind_name(L->kind));
+            return -1;
+        }
+        prev = n++;
+    }
+    net->n_ops = n;
+    int params_before = 0;
+    for (int i = 0; i < n; i++) {
+        net->ops[i].need_dx = params_before;
+        if (net->ops[i].kind == OP_CONV || net->ops[i].kind == OP_LINEAR)
+            params_before = 1;
+    }
+    return 0;
+}
+
+static int alloc_all(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    const size_t nb = (size_t)net->cfg.max_batch;
+    const int nhwc = net->cfg.layout == SF_LAYOUT_NHWC;
+    if (dmallocf(net, &net->params, m->n_params) || dmallocf(net, &net->grads, m->n_params) ||
+        dmallocf(net, &net->mom, m->n_params))
+        return -1;
+    SF_CUDA_CHECK(cudaMemsetAsync(net->mom, 0, sizeof(float) * (m->n_params ? m->n_params : 1), net->s));
+    SF_CUDA_CHECK(cudaMemsetAsync(net->grads, 0, sizeof(float) * (m->n_params ? m->n_params : 1), net->s));
+    int max_c = 1;
+    net->segs.n = 0;
+    for (int i = 0; i < net->n_ops; i++) {
+        net_op *o = &net->ops[i];
+        const sf_layer *L = &m->layers[o->layer];
+        if (o->kind == OP_CONV || o->kind == OP_LINEAR || o->kind == OP_RELU || o->kind == OP_FLAT_T)
+            if (dmallocf(net, &o->y, nb * o->out_elems))
+                return -1;
+        if (o->out_c > max_c)
+            max_c = o->out_c;
+        o->fusable = o->kind == OP_CONV && net->cfg.fuse && (o->bias || o->relu);
+        if (o->kind == OP_CONV && nhwc && L->k > 1 && L->in_c > 1) {
+            if (net->segs.n >= SF_SGD_MAX_SEGS) {
+                sf_cuda_set_error("%s:%d: too many conv layers for the SGD segment table", __FILE__, __LINE__);
+                return -1;
+            }
+            sf_perm_seg *sg = &net->segs.s[net->segs.n++];
+            sg->off = L->w_off;
+            sg->len = L->n_w;
+            sg->c = L->in_c;
+            sg->rs = L->k * L->k;
+            o->permuted = 1;
+        }
+    }
+    if (net->segs.n > 0 && dmallocf(net, &net->wdev, m->n_params))
+        return -1;
+    for (int i = 0; i < net->n_ops; i++) {
+        net_op *o = &net->ops[i];
+        if (o->kind == OP_CONV || o->kind == OP_LINEAR) {
+            const sf_layer *L = &m->layers[o->layer];
+            o->w_fwd = (o->permuted ? net->wdev : net->params) + L->w_off;
+        }
+    }
+    size_t max_act = m->max_act;
+    if (dmallocf(net, &net->gbuf[0], nb * max_act) || dmallocf(net, &net->gbuf[1], nb * max_act) ||
+        dmallocf(net, &net->dlog, nb * (size_t)m->n_classes))
+        return -1;
+    net->bg_scratch_floats = sf_cuda_bias_grad_scratch(max_c);
+    if (dmallocf(net, &net->bg_scratch, net->bg_scratch_floats))
+        return -1;
+    return 0;
+}
+
+/* Backward pointers: which buffer holds each op's output gradient. */
+static void assign_grads(sf_cuda_net *net)
+{
+    float *g = net->dlog;
+    for (int i = net->n_ops - 1; i >= 0; i--) {
+        net_op *o = &net->ops[i];
+        float *other = g == net->gbuf[0] ? net->gbuf[1] : net->gbuf[0];
+        o->g_in = g;
+        o->g_out = NULL;
+        switch (o->kind) {
+        case OP_CONV:
+        case OP_LINEAR:
+        case OP_FLAT_T:
+            if (o->need_dx) {
+                o->g_out = other;
+                g = other;
+            }
+            break;
+        case OP_RELU:
+        case OP_VIEW:
+            if (o->need_dx)
+                o->g_out = g; /* in place / same buffer */
+            break;
+        }
+    }
+}
+
+static void conv_ptrs(const sf_cuda_net *net, int i, sf_conv_dir dir, int b, void *ws, sf_conv_ptrs *p)
+{
+    const net_op *o = &net->ops[i];
+    const sf_layer *L = &net->m.layers[o->layer];
+    p->ws = ws;
+    switch (dir) {
+    case SF_CONV_FWD:
+        p->x = op_in(net, i, b);
+        p->w = o->w_fwd;
+        p->y = o->y;
+        break;
+    case SF_CONV_BWD_DATA:
+        p->x = o->g_out;
+        p->w = o->w_fwd;
+        p->y = o->g_in;
+        break;
+    default:
+        p->x = op_in(net, i, b);
+        p->w = net->grads + L->w_off;
+        p->y = o->g_in;
+        break;
+    }
+}
+
+static void conv_desc_of(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
+{
+    const net_op *o = &net->ops[i];
+    const sf_layer *L = &net->m.layers[o->layer];
+    memset(d, 0, sizeof *d);
+    d->n = n;
+    d->c = L->in_c;
+    d->h = L->in_h;
+    d->w = L->in_w;
+    d->oc = L->out_c;
+    d->k = L->k;
+    d->stride = L->stride;
+    d->pad = L->pad;
+    d->layout = net->cfg.layout;
+    d->tf32 = net->cfg.tf32;
+    /* Alignment over every pointer bound to each role, in every direction and buffer. */
+    int ax = 16, aw = 16, ay = 16;
+    for (int b = 0; b < net->cfg.nbuf; b++)
+        for (int dir = 0; dir < 3; dir++) {
+            if (dir == SF_CONV_BWD_DATA && !o->g_out)
+                continue;
+            sf_conv_ptrs p;
+            conv_ptrs(net, i, (sf_conv_dir)dir, b, NULL, &p);
+            int a;
+            if ((a = sf_cuda_ptr_align(p.x)) < ax) ax = a;
+            if ((a = sf_cuda_ptr_align(p.w)) < aw) aw = a;
+            if ((a = sf_cuda_ptr_align(p.y)) < ay) ay = a;
+        }
+    d->align_x = ax;
+    d->align_w = aw;
+    d->align_y = ay;
+}
+
+static void shape_destroy(net_shape *S)
+{
+    if (!S)
+        return;
+    for (int b = 0; b < SF_NET_MAX_BUF; b++)
+        if (S->exec[b])
+            cudaGraphExecDestroy(S->exec[b]);
+    for (int i = 0; i < SF_MAX_LAYERS; i++)
+        for (int d = 0; d < 3; d++)
+            sf_conv_plan_destroy(&S->plan[i][d]);
+    free(S);
+}
+
+static float *bias_of(const sf_cuda_net *net, int i)
+{
+    const net_op *o = &net->ops[i];
+    return o->bias ? net->params + net->m.layers[o->layer].b_off : NULL;
+}
+
+/* Time of our bias(+ReLU) epilogue on op i's output for n samples (ms, best of 3). */
+static float time_epilogue(sf_cuda_net *net, int i, int n)
+{
+    const net_op *o = &net->ops[i];
+    size_t outer, inner;
+    out_view(net, o, n, &outer, &inner);
+    cudaEvent_t e[2];
+    if (cudaEventCreate(&e[0]) != cudaSuccess || cudaEventCreate(&e[1]) != cudaSuccess)
+        return 0.f;
+    float best = 1e30f;
+    for (int r = 0; r < 3; r++) {
+        float ms = 0.f;
+        cudaEventRecord(e[0], net->s);
+        sf_cuda_bias_act(o->y, bias_of(net, i), outer, o->out_c, inner, o->relu, net->s);
+        cudaEventRecord(e[1], net->s);
+        if (cudaEventSynchronize(e[1]) == cudaSuccess && cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess &&
+            ms < best)
+            best = ms;
+    }
+    cudaEventDestroy(e[0]);
+    cudaEventDestroy(e[1]);
+    return best < 1e30f ? best : 0.f;
+}
+
+/* Replaces *plain with cuDNN's fused conv+bias(+ReLU) plan when one exists and
+ * times faster than the plain plan plus our epilogue kernel. 0 also when no
+ * fused engine exists (common for fp32 data); -1 only on a hard failure. */
+static int try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, const sf_conv_ptrs *p, size_t ws_limit,
+                     sf_conv_plan *plain)
+{
+    const net_op *o = &net->ops[i];
+    sf_conv_desc df = *d;
+    df.fuse_bias = o->bias;
+    df.fuse_relu = o->relu;
+    df.align_b = o->bias ? sf_cuda_ptr_align(bias_of(net, i)) : 16;
+    sf_conv_ptrs pf = *p;
+    pf.b = bias_of(net, i);
+    sf_conv_plan fp;
+    if (sf_conv_plan_build(net->dnn, &df, SF_CONV_FWD, ws_limit, net->cfg.tune, &pf, &fp)) {
+        sf_cuda_clear_error(); /* no fused engine: keep the plain plan */
+        return 0;
+    }
+    const float plain_ms = plain->ms + time_epilogue(net, i, n);
+    if (fp.ms >= 0.f && fp.ms < plain_ms) {
+        sf_conv_plan_destroy(plain);
+        *plain = fp;
+    } else {
+        sf_conv_plan_destroy(&fp);
+    }
+    return 0;
+}
+
+/* Plans for batch size n, timed on buffer 0's pointers with workspace ws. */
+static int build_shape(sf_cuda_net *net, int n, void *ws, size_t ws_limit, net_shape **out)
+{
+    net_shape *S = (net_shape *)calloc(1, sizeof *S);
+    if (!S) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    S->n = n;
+    for (int i = 0; i < net->n_ops; i++) {
+        if (net->ops[i].kind != OP_CONV)
+            continue;
+        for (int dir = 0; dir < 3; dir++) {
+            if (dir == SF_CONV_BWD_DATA && !net->ops[i].g_out)
+                continue;
+            sf_conv_desc d;
+            conv_desc_of(net, i, n, &d);
+            sf_conv_ptrs p;
+            conv_ptrs(net, i, (sf_conv_dir)dir, 0, ws, &p);
+            if (sf_conv_plan_build(net->dnn, &d, (sf_conv_dir)dir, ws_limit, net->cfg.tune,
+                                   net->cfg.tune > 1 ? &p : NULL, &S->plan[i][dir])) {
+                shape_destroy(S);
+                return -1;
+            }
+            if (dir == SF_CONV_FWD && net->ops[i].fusable && net->cfg.tune > 1 && try_fused(net, i, n, &d, &p, ws_limit, &S->plan[i][dir])) {
+                shape_destroy(S);
+                return -1;
+            }
+        }
+    }
+    *out = S;
+    return 0;
+}
+
+static net_shape *find_shape(const sf_cuda_net *net, int n)
+{
+    for (int i = 0; i < net->n_shapes; i++)
+        if (net->shapes[i]->n == n)
+            return net->shapes[i];
+    return NULL;
+}
+
+static int make_vpacks(sf_cuda_net *net)
+{
+    for (int i = 0; i < net->n_ops; i++) {
+        if (net->ops[i].kind != OP_CONV)
+            continue;
+        for (int dir = 0; dir < 3; dir++) {
+            if (dir == SF_CONV_BWD_DATA && !net->ops[i].g_out)
+                continue;
+            for (int b = 0; b < net->cfg.nbuf; b++) {
+                sf_conv_ptrs p;
+                conv_ptrs(net, i, (sf_conv_dir)dir, b, dir == SF_CONV_BWD_FILTER ? net->ws2 : net->ws, &p);
+                if (sf_conv_vpack_make(&p, &net->ops[i].vp[dir][b]))
+                    return -1;
+                if (dir == SF_CONV_FWD && net->ops[i].fusable) {
+                    p.b = bias_of(net, i);
+                    if (sf_conv_vpack_make(&p, &net->ops[i].vpf[b]))
+                        return -1;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* Copies the k>1 conv weights into wdev in KRSC order. */
+static int refresh_wdev(sf_cuda_net *net)
+{
+    for (int k = 0; k < net->segs.n; k++) {
+        const sf_perm_seg *sg = &net->segs.s[k];
+        const int oc = (int)(sg->len / ((size_t)sg->c * sg->rs));
+        if (sf_cuda_transpose(net->params + sg->off, net->wdev + sg->off, oc, sg->c, sg->rs, net->s))
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- the step ------------------------------------------------------------- */
+
+/* Diagnostics: an event after each op (sf_net_profile only). */
+#define PROF_MAX 256
+typedef struct prof {
+    cudaEvent_t ev[PROF_MAX];
+    char label[PROF_MAX][40];
+    int n;
+} prof;
+
+static void mark(prof *pf, cudaStream_t s, const char *what, int i, int layer)
+{
+    if (!pf || pf->n >= PROF_MAX)
+        return;
+    snprintf(pf->label[pf->n], sizeof pf->label[0], "%s op%d L%d", what, i, layer);
+    cudaEventRecord(pf->ev[pf->n], s);
+    pf->n++;
+}
+
+static int enqueue_step(sf_cuda_net *net, const net_shape *S, int b, int n, prof *pf)
+{
+    const sf_model *m = &net->m;
+    const int tf32 = net->cfg.tf32;
+    cudaStream_t s = net->s;
+
+    /* forward */
+    for (int i = 0; i < net->n_ops; i++) {
+        const net_op *o = &net->ops[i];
+        const sf_layer *L = &m->layers[o->layer];
+        float *x = op_in(net, i, b);
+        switch (o->kind) {
+        case OP_CONV: {
+            const sf_conv_plan *pl = &S->plan[i][SF_CONV_FWD];
+            if (pl->fused) { /* bias and ReLU inside cuDNN's kernel */
+                if (sf_conv_run(net->dnn, pl, o->vpf[b]))
+                    return -1;
+                break;
+            }
+            if (sf_conv_run(net->dnn, pl, o->vp[SF_CONV_FWD][b]))
+                return -1;
+            size_t outer, inner;
+            out_view(net, o, n, &outer, &inner);
+            if (sf_cuda_bias_act(o->y, o->bias ? net->params + L->b_off : NULL, outer, o->out_c, inner,
+                                 o->relu, s))
+                return -1;
+            break;
+        }
+        case OP_LINEAR:
+            if (sf_linear_fwd(net->blas, x, n, L->in_c, o->w_fwd, L->out_c, o->y, tf32) ||
+                sf_cuda_bias_act(o->y, o->bias ? net->params + L->b_off : NULL, (size_t)n, L->out_c, 1,
+                                 o->relu, s))
+                return -1;
+            break;
+        case OP_RELU:
+            if (sf_cuda_relu_fwd(x, o->y, (size_t)n * o->out_elems, s))
+                return -1;
+            break;
+        case OP_FLAT_T: /* [n, hw, c] -> [n, c, hw] */
+            if (sf_cuda_transpose(x, o->y, n, o->in_h * o->in_w, o->in_c, s))
+                return -1;
+            break;
+        case OP_VIEW:
+            break;
+        }
+        mark(pf, s, o->kind == OP_CONV ? "fwd conv" : o->kind == OP_LINEAR ? "fwd linear" : "fwd other", i, o->layer);
+    }
+
+    /* loss */
+    const float *logits = op_out(net, net->n_ops - 1, b);
+    if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, net->dlog, net->io[b].result, s))
+        return -1;
+    mark(pf, s, "xent", -1, -1);
+
+    /* backward */
+    for (int i = net->n_ops - 1; i >= 0; i--) {
+        const net_op *o = &net->ops[i];
+        const sf_layer *L = &m->layers[o->layer];
+        switch (o->kind) {
+        case OP_CONV: {
+            size_t outer, inner;
+            out_view(net, o, n, &outer, &inner);
+            if ((o->relu || o->bias) &&
+                sf_cuda_bias_grad(o->g_in, o->relu ? o->y : NULL, outer, o->out_c, inner,
+                                  o->bias ? net->grads + L->b_off : NULL, net->bg_scratch, s))
+                return -1;
+            /* Backward-filter and backward-data both only read dy (and x, w):
+             * with fork, the filter gradient runs on the side stream while the
+             * data gradient runs here; they join before the next layer's
+             * backward, whose data gradient overwrites this layer's dy. */
+            const int fork = net->cfg.fork && o->g_out;
+            if (fork) {
+                SF_CUDA_CHECK(cudaEventRecord(net->ev_fork[i], s));
+                SF_CUDA_CHECK(cudaStreamWaitEvent(net->side, net->ev_fork[i], 0));
+                SF_CUDNN_CHECK(cudnnSetStream(net->dnn, net->side));
+            }
+            int rc = sf_conv_run(net->dnn, &S->plan[i][SF_CONV_BWD_FILTER], o->vp[SF_CONV_BWD_FILTER][b]);
+            if (fork) {
+                SF_CUDNN_CHECK(cudnnSetStream(net->dnn, s));
+                if (!rc)
+                    SF_CUDA_CHECK(cudaEventRecord(net->ev_join[i], net->side));
+            }
+            if (rc)
+                return -1;
+            if (o->g_out && sf_conv_run(net->dnn, &S->plan[i][SF_CONV_BWD_DATA], o->vp[SF_CONV_BWD_DATA][b]))
+                return -1;
+            if (fork)
+                SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_join[i], 0));
+            break;
+        }
+        case OP_LINEAR:
+            if ((o->relu || o->bias) &&
+                sf_cuda_bias_grad(o->g_in, o->relu ? o->y : NULL, (size_t)n, L->out_c, 1,
+                                  o->bias ? net->grads + L->b_off : NULL, net->bg_scratch, s))
+                return -1;
+            if (sf_linear_bwd_filter(net->blas, op_in(net, i, b), n, L->in_c, o->g_in, L->out_c,
+                                     net->grads + L->w_off, tf32))
+                return -1;
+            if (o->g_out && sf_linear_bwd_data(net->blas, o->g_in, n, L->in_c, o->w_fwd, L->out_c, o->g_out, tf32))
+                return -1;
+            break;
+        case OP_RELU:
+            if (o->g_out && sf_cuda_relu_bwd(o->y, o->g_in, o->g_out, (size_t)n * o->out_elems, s))
+                return -1;
+            break;
+        case OP_FLAT_T: /* [n, c, hw] -> [n, hw, c] */
+            if (o->g_out && sf_cuda_transpose(o->g_in, o->g_out, n, o->in_c, o->in_h * o->in_w, s))
+                return -1;
+            break;
+        case OP_VIEW:
+            break;
+        }
+        mark(pf, s, o->kind == OP_CONV ? "bwd conv" : o->kind == OP_LINEAR ? "bwd linear" : "bwd other", i, o->layer);
+    }
+
+    /* optimizer, then the result to the host */
+    if (sf_cuda_sgd(net->params, net->grads, net->mom, net->wdev, m->n_params, net->io[b].hyper, &net->segs, s))
+        return -1;
+    mark(pf, s, "sgd", -1, -1);
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
+                                  cudaMemcpyDeviceToHost, s));
+    return 0;
+}
+
+static int capture(sf_cuda_net *net, net_shape *S, int b, int n)
+{
+    cudaGraph_t g = NULL;
+    SF_CUDA_CHECK(cudaStreamBeginCapture(net->s, cudaStreamCaptureModeThreadLocal));
+    int rc = enqueue_step(net, S, b, n, NULL);
+    char msg[SF_CUDA_ERR_LEN];
+    scopy(msg, sizeof msg, sf_cuda_last_error());
+    cudaError_t e = cudaStreamEndCapture(net->s, &g);
+    if (rc != 0 || e != cudaSuccess) {
+        if (g)
+            cudaGraphDestroy(g);
+        cudaGetLastError(); /* the capture error is reported, not sticky */
+        sf_cuda_set_error("%s:%d: graph capture of the step failed: %s", __FILE__, __LINE__,
+                          rc ? msg : cudaGetErrorString(e));
+        return -1;
+    }
+    e = cudaGraphInstantiate(&S->exec[b], g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        S->exec[b] = NULL;
+        sf_cuda_set_error("%s:%d: cudaGraphInstantiate: %s", __FILE__, __LINE__, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- public --------------------------------------------------------------- */
+
+extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_cfg *cfg,
+                             const sf_net_io *io, cudnnHandle_t dnn, cublasHandle_t blas, cudaStream_t s)
+{
+    *out = NULL;
+    if (cfg->nbuf < 1 || cfg->nbuf > SF_NET_MAX_BUF || cfg->max_batch < 1) {
+        sf_cuda_set_error("%s:%d: net: nbuf %d (1..%d), max_batch %d", __FILE__, __LINE__, cfg->nbuf,
+                          SF_NET_MAX_BUF, cfg->max_batch);
+        return -1;
+    }
+    sf_cuda_net *net = (sf_cuda_net *)calloc(1, sizeof *net);
+    if (!net) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    net->m = *m;
+    net->cfg = *cfg;
+    memcpy(net->io, io, sizeof(sf_net_io) * (size_t)cfg->nbuf);
+    net->dnn = dnn;
+    net->blas = blas;
+    net->s = s;
+
+    float *hp = NULL;
+    void *tune_ws = NULL;
+    net_shape *S = NULL;
+    size_t max_ws = 0;
+    int prio = 0;
+    if (build_ops(net) || alloc_all(net))
+        goto fail;
+    /* The side stream shares the compute stream's priority. */
+    cudaStreamGetPriority(s, &prio);
+    if (cudaStreamCreateWithPriority(&net->side, cudaStreamNonBlocking, prio) != cudaSuccess) {
+        sf_cuda_set_error("%s:%d: side stream: %s", __FILE__, __LINE__, cudaGetErrorString(cudaGetLastError()));
+        net->side = NULL;
+        goto fail;
+    }
+    for (int i = 0; i < net->n_ops; i++)
+        if (cudaEventCreateWithFlags(&net->ev_fork[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&net->ev_join[i], cudaEventDisableTiming) != cudaSuccess) {
+            sf_cuda_set_error("%s:%d: events: %s", __FILE__, __LINE__, cudaGetErrorString(cudaGetLastError()));
+            goto fail;
+        }
+    assign_grads(net);
+
+    /* Parameters: PyTorch's initialisation on the host, then the device copy. */
+    hp = (float *)malloc(sizeof(float) * (m->n_params ? m->n_params : 1));
+    if (!hp) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        goto fail;
+    }
+    sf_model_init_params(m, cfg->seed, hp);
+    if (sf_net_set_params(net, hp))
+        goto fail;
+    free(hp);
+    hp = NULL;
+
+    /* Real-looking data in every buffer the timing runs read (never zeros). */
+    for (int i = 0; i < net->n_ops; i++)
+        if (net->ops[i].y &&
+            sf_cuda_fill_random(net->ops[i].y, (size_t)cfg->max_batch * net->ops[i].out_elems, 11 + i, 1.f, s))
+            goto fail;
+    if (sf_cuda_fill_random(net->gbuf[0], (size_t)cfg->max_batch * m->max_act, 3, 1e-3f, s) ||
+        sf_cuda_fill_random(net->gbuf[1], (size_t)cfg->max_batch * m->max_act, 4, 1e-3f, s) ||
+        sf_cuda_fill_random(net->dlog, (size_t)cfg->max_batch * m->n_classes, 5, 1e-3f, s) ||
+        sf_cuda_fill_random(io[0].x, (size_t)cfg->max_batch * m->in_c * m->in_h * m->in_w, 6, 1.f, s))
+        goto fail;
+
+    /* Plans for max_batch with a generous workspace, then one workspace sized
+     * for the largest chosen plan (and some slack for other batch sizes). */
+    if (cudaMalloc(&tune_ws, WS_TUNE_BYTES) != cudaSuccess) {
+        cudaGetLastError();
+        tune_ws = NULL;
+    }
+    if (build_shape(net, cfg->max_batch, tune_ws, tune_ws ? WS_TUNE_BYTES : 0, &S))
+        goto fail;
+    if (tune_ws) {
+        cudaFree(tune_ws);
+        tune_ws = NULL;
+    }
+    for (int i = 0; i < net->n_ops; i++)
+        for (int d = 0; d < 3; d++)
+            if (S->plan[i][d].plan && (size_t)S->plan[i][d].ws_bytes > max_ws)
+                max_ws = (size_t)S->plan[i][d].ws_bytes;
+    net->ws_bytes = max_ws > WS_MIN_BYTES ? max_ws : WS_MIN_BYTES;
+    if (dmalloc(net, &net->ws, net->ws_bytes) || dmalloc(net, &net->ws2, net->ws_bytes))
+        goto fail;
+    net->shapes[net->n_shapes++] = S;
+    S = NULL;
+    if (make_vpacks(net))
+        goto fail;
+    SF_CUDA_CHECK(cudaStreamSynchronize(s));
+    *out = net;
+    return 0;
+fail:
+    free(hp);
+    if (tune_ws)
+        cudaFree(tune_ws);
+    shape_destroy(S);
+    sf_net_destroy(net);
+    return -1;
+}
+
+extern "C" void sf_net_destroy(sf_cuda_net *net)
+{
+    if (!net)
+        return;
+    if (net->s)
+        cudaStreamSynchronize(net->s);
+    if (net->side) {
+        cudaStreamSynchronize(net->side);
+        cudaStreamDestroy(net->side);
+    }
+    for (int i = 0; i < SF_MAX_LAYERS; i++) {
+        if (net->ev_fork[i])
+            cudaEventDestroy(net->ev_fork[i]);
+        if (net->ev_join[i])
+            cudaEventDestroy(net->ev_join[i]);
+    }
+    for (int i = 0; i < net->n_shapes; i++)
+        shape_destroy(net->shapes[i]);
+    for (int i = 0; i < net->n_ops; i++)
+        for (int d = 0; d < 3; d++)
+            for (int b = 0; b < SF_NET_MAX_BUF; b++) {
+                sf_conv_vpack_destroy(net->ops[i].vp[d][b]);
+                if (d == 0)
+                    sf_conv_vpack_destroy(net->ops[i].vpf[b]);
+            }
+    for (int i = 0; i < net->n_allocs; i++)
+        cudaFree(net->allocs[i]);
+    free(net);
+}
+
+extern "C" sf_layout sf_net_layout(const sf_cuda_net *net) { return net->cfg.layout; }
+
+extern "C" int sf_net_prepare(sf_cuda_net *net, int n)
+{
+    if (n < 1 || n > net->cfg.max_batch) {
+        sf_cuda_set_error("%s:%d: batch of %d samples (max_batch %d)", __FILE__, __LINE__, n,
+                          net->cfg.max_batch);
+        return -1;
+    }
+    if (find_shape(net, n))
+        return 0;
+    if (net->n_shapes >= SF_NET_MAX_SHAPES) {
+        sf_cuda_set_error("%s:%d: more than %d distinct batch sizes", __FILE__, __LINE__, SF_NET_MAX_SHAPES);
+        return -1;
+    }
+    /* Timing runs write activations and gradient scratch only (never the
+     * parameters), after the steps already queued on the stream. */
+    net_shape *S;
+    if (build_shape(net, n, net->ws, net->ws_bytes, &S))
+        return -1;
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    net->shapes[net->n_shapes++] = S;
+    return 0;
+}
+
+extern "C" int sf_net_step(sf_cuda_net *net, int b, int n, int graph)
+{
+    net_shape *S = find_shape(net, n);
+    if (!S || b < 0 || b >= net->cfg.nbuf) {
+        sf_cuda_set_error("%s:%d: sf_net_step: batch size %d not prepared or buffer %d", __FILE__, __LINE__,
+                          n, b);
+        return -1;
+    }
+    if (graph && !net->graphs_broken) {
+        if (!S->exec[b] && capture(net, S, b, n)) {
+            net->graphs_broken = 1;
+            scopy(net->graph_err, sizeof net->graph_err, sf_cuda_last_error());
+        }
+        if (S->exec[b]) {
+            SF_CUDA_CHECK(cudaGraphLaunch(S->exec[b], net->s));
+            return 0;
+        }
+    }
+    return enqueue_step(net, S, b, n, NULL);
+}
+
+extern "C" const char *sf_net_graph_error(const sf_cuda_net *net) { return net->graph_err; }
+
+extern "C" int sf_net_get_params(sf_cuda_net *net, float *host)
+{
+    SF_CUDA_CHECK(cudaMemcpyAsync(host, net->params, sizeof(float) * net->m.n_params, cudaMemcpyDeviceToHost,
+                                  net->s));
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    return 0;
+}
+
+extern "C" int sf_net_set_params(sf_cuda_net *net, const float *host)
+{
+    /* On the net's stream: a plain cudaMemcpy from pageable memory may return
+     * before its DMA lands, and the stream does not wait for the legacy stream. */
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->params, host, sizeof(float) * net->m.n_params, cudaMemcpyHostToDevice,
+                                  net->s));
+    if (refresh_wdev(net))
+        return -1;
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    return 0;
+}
+
+extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len)
+{
+    static const char *dn[3] = {"fwd", "dgrad", "wgrad"};
+    size_t at = 0;
+    buf[0] = '\0';
+    const net_shape *S = find_shape(net, n);
+    if (!S)
+        return;
+    for (int i = 0; i < net->n_ops && at < len; i++) {
+        if (net->ops[i].kind != OP_CONV)
+            continue;
+        for (int d = 0; d < 3 && at < len; d++) {
+            const sf_conv_plan *p = &S->plan[i][d];
+            if (!p->plan)
+                continue;
+            int w = snprintf(buf + at, len - at, "conv%d(layer %d) %s%s: engine %lld%s ws %lld B, %.3f ms (of %d)\n",
+                             i, net->ops[i].layer, dn[d], p->fused ? "+bias/relu fused" : "", (long long)p->engine,
+                             p->tensor_core ? " tc" : "", (long long)p->ws_bytes, p->ms, p->tried);
+            if (w < 0)
+                break;
+            at += (size_t)w;
+        }
+    }
+    if (at < len)
+        snprintf(buf + at, len - at, "workspaces 2 x %zu B, layout %s, %s%s%s\n", net->ws_bytes,
+                 net->cfg.layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw", net->cfg.tf32 ? "tf32" : "fp32",
+                 net->graphs_broken ? ", graphs off: " : "", net->graphs_broken ? net->graph_err : "");
+}
+
+extern "C" int sf_net_profile(sf_cuda_net *net, int b, int n, char *buf, size_t len)
+{
+    net_shape *S = find_shape(net, n);
+    if (!S || b < 0 || b >= net->cfg.nbuf) {
+        sf_cuda_set_error("%s:%d: sf_net_profile: batch size %d not prepared", __FILE__, __LINE__, n);
+        return -1;
+    }
+    prof *pf = (prof *)calloc(1, sizeof *pf);
+    cudaEvent_t start;
+    if (!pf) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    int rc = -1;
+    int made = 0;
+    if (cudaEventCreate(&start) != cudaSuccess)
+        goto out;
+    for (; made < PROF_MAX; made++)
+        if (cudaEventCreate(&pf->ev[made]) != cudaSuccess)
+            break;
+    if (cudaEventRecord(start, net->s) != cudaSuccess || enqueue_step(net, S, b, n, pf) != 0 ||
+        cudaStreamSynchronize(net->s) != cudaSuccess)
+        goto out_ev;
+    {
+        size_t at = 0;
+        float total = 0.f;
+        buf[0] = '\0';
+        for (int i = 0; i < pf->n && at < len; i++) {
+            float ms = 0.f;
+            cudaEventElapsedTime(&ms, i ? pf->ev[i - 1] : start, pf->ev[i]);
+            total += ms;
+            int w = snprintf(buf + at, len - at, "  %-24s %8.3f ms\n", pf->label[i], ms);
+            if (w < 0)
+                break;
+            at += (size_t)w;
+        }
+        if (at < len)
+            snprintf(buf + at, len - at, "  %-24s %8.3f ms\n", "total", total);
+    }
+    rc = 0;
+out_ev:
+    cudaEventDestroy(start);
+out:
+    for (int i = 0; i < made; i++)
+        cudaEventDestroy(pf->ev[i]);
+    free(pf);
+    return rc;
+}

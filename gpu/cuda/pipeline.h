@@ -1,0 +1,100 @@
+/* gpu/cuda/pipeline.h — the training step of a model on the device: parameters,
+ * optimizer state, activations, cuDNN plans per batch size, and the step
+ * (forward, loss, backward, SGD) enqueued eagerly or replayed as a CUDA graph.
+ *
+ * The streams, events and batch buffers around it (DESIGN.md §1) live in
+ * backend_cuda.cu; this module only enqueues the step of one buffer on one
+ * stream. Layers come from layers.h.
+ *
+ * Ownership: the net owns parameters, gradients, momentum, activations, the
+ * cuDNN workspace and its plans and graphs. The per-buffer inputs (sf_net_io:
+ * augmented images, int32 labels, hyper-parameters, loss output) belong to the
+ * caller, which fills them on its own streams and orders them before the step
+ * with events.
+ *
+ * Memory: every device buffer is allocated by sf_net_create for cfg->max_batch;
+ * a step allocates nothing. A batch size seen for the first time gets its
+ * plans built (and timed) by sf_net_prepare, synchronously, once.
+ *
+ * Threads: one thread at a time (the engine thread). Errors: -1 with
+ * sf_cuda_last_error() set.
+ */
+#ifndef SF_GPU_CUDA_PIPELINE_H
+#define SF_GPU_CUDA_PIPELINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layers.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "../model.h"
+
+#define SF_NET_MAX_BUF 4     /* batch buffers a net can be bound to */
+#define SF_NET_MAX_SHAPES 16 /* distinct batch sizes with built plans */
+
+/* One batch buffer's device inputs and outputs. */
+typedef struct sf_net_io {
+    float *x;                  /* [max_batch, in_c*in_h*in_w] augmented input, net layout */
+    const int32_t *labels;     /* [max_batch] */
+    const sf_sgd_hyper *hyper; /* lr, momentum, weight decay of this batch */
+    sf_xent_out *result;       /* device: loss, correct, bad labels */
+    sf_xent_out *h_result;     /* pinned host: the step ends by copying result here */
+} sf_net_io;
+
+typedef struct sf_net_cfg {
+    sf_layout layout;    /* activations; NHWC keeps KRSC copies of k>1 conv weights */
+    int tf32;            /* TF32 tensor cores in convolutions and GEMMs */
+    int max_batch;
+    int nbuf;            /* sf_net_io entries, <= SF_NET_MAX_BUF */
+    int tune;            /* engine configs timed per convolution (1: heuristics' pick) */
+    int fork;            /* run each conv's backward-filter on a side stream, beside
+                            its backward-data (own workspace; joined per layer) */
+    int fuse;            /* try cuDNN's fused conv+bias(+ReLU) forward; kept per layer
+                            only where it times faster than conv + our epilogue kernel
+                            (needs tune > 1) */
+    uint64_t seed;       /* parameter initialisation (sf_model_init_params) */
+} sf_net_cfg;
+
+typedef struct sf_cuda_net sf_cuda_net;
+
+/* Builds everything for m and cfg, initialises the parameters, and builds (and
+ * times) the plans for max_batch on stream s, synchronously. handles must be
+ * bound to s (cudnnSetStream, cublasSetStream) with a cuBLAS workspace set. */
+int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_cfg *cfg, const sf_net_io *io,
+                  cudnnHandle_t dnn, cublasHandle_t blas, cudaStream_t s);
+void sf_net_destroy(sf_cuda_net *net);
+
+/* Layout of the input the net reads (the augmentation writes it). */
+sf_layout sf_net_layout(const sf_cuda_net *net);
+
+/* Makes batch size n runnable: builds its plans once (synchronous on s). */
+int sf_net_prepare(sf_cuda_net *net, int n);
+
+/* Enqueues one step on s for buffer b (0 <= b < nbuf) and n samples (prepared):
+ * forward, loss, backward, SGD, and the copy of the result to io[b].h_result.
+ * graph: capture the step once per (b, n) and replay it; else run it eagerly.
+ * A capture that fails falls back to eager for good (sf_net_graph_error says why). */
+int sf_net_step(sf_cuda_net *net, int b, int n, int graph);
+const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
+
+/* Parameters in model layout (n_params floats). Synchronous; nothing may be in flight. */
+int sf_net_get_params(sf_cuda_net *net, float *host);
+int sf_net_set_params(sf_cuda_net *net, const float *host);
+
+/* Diagnostics: runs one eager step of buffer b (it updates the parameters
+ * like any step) with an event after every op, synchronously, and writes one
+ * line per op with its time. */
+int sf_net_profile(sf_cuda_net *net, int b, int n, char *buf, size_t len);
+
+/* One line per convolution plan of batch size n: engine, workspace, time. */
+void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_PIPELINE_H */

@@ -1,0 +1,719 @@
+/* tests/gpu/test_layers.cu — every CUDA layer of gpu/cuda/layers.h against the
+ * double-precision reference of gpu/ref (DESIGN.md §8).
+ *
+ * Fresh random inputs for every case (never zeros), outputs poisoned with NaN
+ * before each run, relative error ||out - ref|| / ||ref|| with NaN failing:
+ * fp32 < 1e-4 for convolutions, GEMMs and reductions, < 1e-5 for pointwise ops;
+ * tf32 < 1e-3. Convolutions run in both activation layouts (NCHW with KCRS
+ * filters, NHWC with KRSC filters) and both precisions, at odd sizes and with
+ * stride and padding variants.
+ *
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU.
+ */
+extern "C" {
+#include "../../gpu/ref/ref.h"
+#include "../../gpu/rng.h"
+}
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "../../gpu/cuda/layers.h"
+
+static int g_fail = 0, g_ok = 0;
+static uint64_t g_seed = 0x1234abcd;
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static void rand_fill(std::vector<float> &v, float scale)
+{
+    uint64_t s = g_seed++;
+    for (size_t i = 0; i < v.size(); i++) {
+        float u = sf_u01(sf_hash4(s, i, 77, 0)) * 2.f - 1.f;
+        if (u == 0.f)
+            u = 0.5f; /* never zero */
+        v[i] = u * scale;
+    }
+}
+
+static std::vector<double> to_d(const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); }
+
+/* ||a - ref|| / ||ref||; NaN or Inf anywhere gives +inf. Prints the worst elements on failure. */
+static void check(const char *name, const float *got, const double *ref, size_t n, double tol)
+{
+    double num = 0, den = 0;
+    size_t bad_nan = 0, first_nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) {
+            if (!bad_nan)
+                first_nan = i;
+            bad_nan++;
+            continue;
+        }
+        double d = got[i] - ref[i];
+        num += d * d;
+        den += ref[i] * ref[i];
+    }
+    double rel = bad_nan ? INFINITY : (den > 0 ? sqrt(num / den) : sqrt(num));
+    if (rel < tol) {
+        printf("ok %s (rel %.2e)\n", name, rel);
+        g_ok++;
+        return;
+    }
+    g_fail++;
+    if (bad_nan) {
+        printf("FAIL %s: %zu of %zu elements not finite (first at %zu: %g, ref %g)\n", name, bad_nan, n,
+               first_nan, got[first_nan], ref[first_nan]);
+        return;
+    }
+    printf("FAIL %s: rel %.3e >= %.1e; worst:", name, rel, tol);
+    /* the three largest absolute errors */
+    size_t w[3] = {0, 0, 0};
+    double we[3] = {-1, -1, -1};
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs(got[i] - ref[i]);
+        for (int k = 0; k < 3; k++)
+            if (e > we[k]) {
+                for (int j = 2; j > k; j--) {
+                    we[j] = we[j - 1];
+                    w[j] = w[j - 1];
+                }
+                we[k] = e;
+                w[k] = i;
+                break;
+            }
+    }
+    for (int k = 0; k < 3; k++)
+        if (we[k] >= 0)
+            printf(" [%zu] %g vs %g;", w[k], got[w[k]], ref[w[k]]);
+    printf("\n");
+}
+
+static void check_f(const char *name, const float *got, const std::vector<double> &ref, double tol)
+{
+    check(name, got, ref.data(), ref.size(), tol);
+}
+
+static void fail(const char *name, const char *why)
+{
+    g_fail++;
+    printf("FAIL %s: %s\n", name, why);
+}
+
+#define DEV_OK(call, name)                                                                          \
+    do {                                                                                             \
+        if ((call) != 0) {                                                                           \
+            fail(name, sf_cuda_last_error());                                                        \
+            return;                                                                                  \
+        }                                                                                            \
+    } while (0)
+#define CU(call)                                                                                     \
+    do {                                                                                             \
+        cudaError_t e_ = (call);                                                                     \
+        if (e_ != cudaSuccess) {                                                                     \
+            printf("FAIL cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+template <typename T> static T *dalloc(size_t n)
+{
+    T *p = NULL;
+    CU(cudaMalloc((void **)&p, (n ? n : 1) * sizeof(T)));
+    return p;
+}
+
+static void up(float *d, const std::vector<float> &h) { CU(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice)); }
+static std::vector<float> down(const float *d, size_t n)
+{
+    std::vector<float> h(n);
+    CU(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    return h;
+}
+static void poison(float *d, size_t n) { CU(cudaMemset(d, 0xff, n * 4)); } /* all-ones bits: NaN */
+
+/* NCHW <-> NHWC on the host (also KCRS <-> KRSC with n=oc, c=c, h=w=k). */
+static std::vector<float> nchw_to_nhwc(const std::vector<float> &x, int n, int c, int h, int w)
+{
+    std::vector<float> y(x.size());
+    for (int a = 0; a < n; a++)
+        for (int ci = 0; ci < c; ci++)
+            for (int i = 0; i < h * w; i++)
+                y[((size_t)a * h * w + i) * c + ci] = x[((size_t)a * c + ci) * h * w + i];
+    return y;
+}
+static std::vector<float> nhwc_to_nchw(const std::vector<float> &y, int n, int c, int h, int w)
+{
+    std::vector<float> x(y.size());
+    for (int a = 0; a < n; a++)
+        for (int ci = 0; ci < c; ci++)
+            for (int i = 0; i < h * w; i++)
+                x[((size_t)a * c + ci) * h * w + i] = y[((size_t)a * h * w + i) * c + ci];
+    return x;
+}
+
+/* ---- convolution ----------------------------------------------------------- */
+
+struct conv_case {
+    int n, c, h, w, oc, k, stride, pad;
+};
+
+static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf_layout lay, int tf32, int tune)
+{
+    char name[200];
+    const char *ln = lay == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
+    const char *pn = tf32 ? "tf32" : "fp32";
+    const int oh = (cc.h + 2 * cc.pad - cc.k) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - cc.k) / cc.stride + 1;
+    const double tol = tf32 ? 1e-3 : 1e-4;
+    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
+                 ny = (size_t)cc.n * cc.oc * oh * ow;
+    std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(b, 0.5f);
+    rand_fill(dy, 1.f);
+
+    /* reference in double */
+    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
+    std::vector<double> yr(ny), dxr(nx), dwr(nw), dbr(cc.oc);
+    sf_ref_conv2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), bd.data(), cc.oc, cc.k, cc.stride, cc.pad,
+                          yr.data());
+    sf_ref_conv2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
+                          dxr.data(), dwr.data(), dbr.data());
+    std::vector<double> yrelu(ny);
+    for (size_t i = 0; i < ny; i++)
+        yrelu[i] = yr[i] < 0 ? 0 : yr[i];
+
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    std::vector<float> xl = nhwc ? nchw_to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x;
+    std::vector<float> wl = nhwc ? nchw_to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt;
+    std::vector<float> dyl = nhwc ? nchw_to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy;
+    float *dx_in = dalloc<float>(nx), *dw_in = dalloc<float>(nw), *db_in = dalloc<float>(cc.oc),
+          *ddy = dalloc<float>(ny), *dy_out = dalloc<float>(ny), *ddx = dalloc<float>(nx), *ddw = dalloc<float>(nw),
+          *ddb = dalloc<float>(cc.oc);
+    float *scratch = dalloc<float>(sf_cuda_bias_grad_scratch(cc.oc));
+    const size_t ws_bytes = (size_t)256 << 20;
+    void *ws = dalloc<char>(ws_bytes);
+    up(dx_in, xl);
+    up(dw_in, wl);
+    up(db_in, b);
+    up(ddy, dyl);
+
+    sf_conv_desc d;
+    memset(&d, 0, sizeof d);
+    d.n = cc.n; d.c = cc.c; d.h = cc.h; d.w = cc.w; d.oc = cc.oc; d.k = cc.k; d.stride = cc.stride; d.pad = cc.pad;
+    d.layout = lay;
+    d.tf32 = tf32;
+    d.align_x = d.align_w = d.align_y = 16;
+    sf_conv_ptrs pf = {dx_in, dw_in, dy_out, ws}, pd = {ddx, dw_in, ddy, ws}, pw = {dx_in, ddw, ddy, ws};
+    sf_conv_plan plf, pld, plw;
+    const size_t outer = nhwc ? (size_t)cc.n * oh * ow : (size_t)cc.n, inner = nhwc ? 1 : (size_t)oh * ow;
+    snprintf(name, sizeof name, "conv n%d c%d %dx%d oc%d k%d s%d p%d %s %s%s", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,
+             cc.stride, cc.pad, ln, pn, tune > 1 ? " tuned" : "");
+    char nm[260];
+    cudnnBackendDescriptor_t vf = NULL, vd = NULL, vw = NULL;
+    if (sf_conv_plan_build(dnn, &d, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pf : NULL, &plf) ||
+        sf_conv_plan_build(dnn, &d, SF_CONV_BWD_DATA, ws_bytes, tune, tune > 1 ? &pd : NULL, &pld) ||
+        sf_conv_plan_build(dnn, &d, SF_CONV_BWD_FILTER, ws_bytes, tune, tune > 1 ? &pw : NULL, &plw) ||
+        sf_conv_vpack_make(&pf, &vf) || sf_conv_vpack_make(&pd, &vd) || sf_conv_vpack_make(&pw, &vw)) {
+        snprintf(nm, sizeof nm, "%s plans", name);
+        fail(nm, sf_cuda_last_error());
+    } else {
+        /* forward + bias */
+        poison(dy_out, ny);
+        int rc = sf_conv_run(dnn, &plf, vf) || sf_cuda_bias_act(dy_out, db_in, outer, cc.oc, inner, 0, s);
+        CU(cudaStreamSynchronize(s));
+        snprintf(nm, sizeof nm, "%s fwd+bias (engine %lld%s)", name, (long long)plf.engine, plf.tensor_core ? " tc" : "");
+        if (rc)
+            fail(nm, sf_cuda_last_error());
+        else {
+            std::vector<float> y = down(dy_out, ny);
+            if (nhwc)
+                y = nhwc_to_nchw(y, cc.n, cc.oc, oh, ow);
+            check_f(nm, y.data(), yr, tol);
+        }
+        /* forward + bias + relu */
+        poison(dy_out, ny);
+        rc = sf_conv_run(dnn, &plf, vf) || sf_cuda_bias_act(dy_out, db_in, outer, cc.oc, inner, 1, s);
+        CU(cudaStreamSynchronize(s));
+        snprintf(nm, sizeof nm, "%s fwd+bias+relu", name);
+        std::vector<float> yact;
+        if (rc)
+            fail(nm, sf_cuda_last_error());
+        else {
+            yact = down(dy_out, ny);
+            std::vector<float> y = nhwc ? nhwc_to_nchw(yact, cc.n, cc.oc, oh, ow) : yact;
+            check_f(nm, y.data(), yrelu, tol);
+        }
+        /* cuDNN's fused conv + bias + ReLU, when an engine exists for this case */
+        {
+            sf_conv_desc df = d;
+            df.fuse_bias = 1;
+            df.fuse_relu = 1;
+            df.align_b = 16;
+            sf_conv_ptrs pfb = pf;
+            pfb.b = db_in;
+            sf_conv_plan plfu;
+            cudnnBackendDescriptor_t vfu = NULL;
+            snprintf(nm, sizeof nm, "%s fused fwd+bias+relu", name);
+            if (sf_conv_plan_build(dnn, &df, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pfb : NULL, &plfu) == 0) {
+                if (sf_conv_vpack_make(&pfb, &vfu)) {
+                    fail(nm, sf_cuda_last_error());
+                } else {
+                    poison(dy_out, ny);
+                    rc = sf_conv_run(dnn, &plfu, vfu);
+                    CU(cudaStreamSynchronize(s));
+                    if (rc)
+                        fail(nm, sf_cuda_last_error());
+                    else {
+                        std::vector<float> y = down(dy_out, ny);
+                        if (nhwc)
+                            y = nhwc_to_nchw(y, cc.n, cc.oc, oh, ow);
+                        char n2[300];
+                        snprintf(n2, sizeof n2, "%s (engine %lld)", nm, (long long)plfu.engine);
+                        check_f(n2, y.data(), yrelu, tol);
+                    }
+                    sf_conv_vpack_destroy(vfu);
+                }
+                sf_conv_plan_destroy(&plfu);
+            } else {
+                printf("info %s: no cuDNN engine\n", nm);
+                sf_cuda_clear_error();
+            }
+        }
+        /* backward data */
+        poison(ddx, nx);
+        rc = sf_conv_run(dnn, &pld, vd);
+        CU(cudaStreamSynchronize(s));
+        snprintf(nm, sizeof nm, "%s bwd_data (engine %lld%s)", name, (long long)pld.engine, pld.tensor_core ? " tc" : "");
+        if (rc)
+            fail(nm, sf_cuda_last_error());
+        else {
+            std::vector<float> g = down(ddx, nx);
+            if (nhwc)
+                g = nhwc_to_nchw(g, cc.n, cc.c, cc.h, cc.w);
+            check_f(nm, g.data(), dxr, tol);
+        }
+        /* backward filter */
+        poison(ddw, nw);
+        rc = sf_conv_run(dnn, &plw, vw);
+        CU(cudaStreamSynchronize(s));
+        snprintf(nm, sizeof nm, "%s bwd_filter (engine %lld%s)", name, (long long)plw.engine, plw.tensor_core ? " tc" : "");
+        if (rc)
+            fail(nm, sf_cuda_last_error());
+        else {
+            std::vector<float> g = down(ddw, nw);
+            if (nhwc)
+                g = nhwc_to_nchw(g, cc.oc, cc.c, cc.k, cc.k);
+            check_f(nm, g.data(), dwr, tol);
+        }
+        /* bias gradient (no relu) */
+        poison(ddb, cc.oc);
+        rc = sf_cuda_bias_grad(ddy, NULL, outer, cc.oc, inner, ddb, scratch, s);
+        CU(cudaStreamSynchronize(s));
+        snprintf(nm, sizeof nm, "%s bias_grad", name);
+        if (rc)
+            fail(nm, sf_cuda_last_error());
+        else
+            check_f(nm, down(ddb, cc.oc).data(), dbr, 1e-5);
+        /* relu backward fused with the bias gradient, in place on dy */
+        if (!yact.empty()) {
+            /* The mask comes from the GPU's own forward output, so that values
+             * near zero cannot flip between the two. */
+            std::vector<float> ya = nhwc ? nhwc_to_nchw(yact, cc.n, cc.oc, oh, ow) : yact;
+            std::vector<double> dymask(ny), dbmask(cc.oc, 0.0);
+            for (int o = 0; o < cc.oc; o++)
+                for (int a = 0; a < cc.n; a++)
+                    for (int i = 0; i < oh * ow; i++) {
+                        size_t e = ((size_t)a * cc.oc + o) * oh * ow + i;
+                        dymask[e] = ya[e] > 0 ? dyd[e] : 0;
+                        dbmask[o] += dymask[e];
+                    }
+            poison(ddb, cc.oc);
+            rc = sf_cuda_bias_grad(ddy, dy_out, outer, cc.oc, inner, ddb, scratch, s);
+            CU(cudaStreamSynchronize(s));
+            snprintf(nm, sizeof nm, "%s relu_bwd+bias_grad", name);
+            if (rc)
+                fail(nm, sf_cuda_last_error());
+            else {
+                std::vector<float> g = down(ddy, ny);
+                if (nhwc)
+                    g = nhwc_to_nchw(g, cc.n, cc.oc, oh, ow);
+                check_f(nm, g.data(), dymask, 1e-6);
+                snprintf(nm, sizeof nm, "%s relu_bwd+bias_grad db", name);
+                check_f(nm, down(ddb, cc.oc).data(), dbmask, 1e-5);
+            }
+        }
+    }
+    sf_conv_vpack_destroy(vf);
+    sf_conv_vpack_destroy(vd);
+    sf_conv_vpack_destroy(vw);
+    sf_conv_plan_destroy(&plf);
+    sf_conv_plan_destroy(&pld);
+    sf_conv_plan_destroy(&plw);
+    cudaFree(dx_in); cudaFree(dw_in); cudaFree(db_in); cudaFree(ddy); cudaFree(dy_out); cudaFree(ddx);
+    cudaFree(ddw); cudaFree(ddb); cudaFree(scratch); cudaFree(ws);
+}
+
+/* ---- linear ---------------------------------------------------------------- */
+
+static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int out, int tf32)
+{
+    char name[160], nm[200];
+    snprintf(name, sizeof name, "linear n%d in%d out%d %s", n, in, out, tf32 ? "tf32" : "fp32");
+    const double tol = tf32 ? 1e-3 : 1e-4;
+    std::vector<float> x((size_t)n * in), w((size_t)out * in), b(out), dy((size_t)n * out);
+    rand_fill(x, 1.f);
+    rand_fill(w, 0.5f);
+    rand_fill(b, 0.5f);
+    rand_fill(dy, 1.f);
+    std::vector<double> xd = to_d(x), wd = to_d(w), bd = to_d(b), dyd = to_d(dy);
+    std::vector<double> yr((size_t)n * out), dxr((size_t)n * in), dwr((size_t)out * in), dbr(out);
+    sf_ref_linear_fwd_f64(xd.data(), n, in, wd.data(), bd.data(), out, yr.data());
+    sf_ref_linear_bwd_f64(xd.data(), n, in, wd.data(), out, dyd.data(), dxr.data(), dwr.data(), dbr.data());
+    float *dx = dalloc<float>(x.size()), *dw = dalloc<float>(w.size()), *db = dalloc<float>(out),
+          *ddy = dalloc<float>(dy.size()), *y = dalloc<float>(yr.size()), *gx = dalloc<float>(x.size()),
+          *gw = dalloc<float>(w.size()), *gb = dalloc<float>(out), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(out));
+    up(dx, x);
+    up(dw, w);
+    up(db, b);
+    up(ddy, dy);
+    poison(y, yr.size());
+    poison(gx, x.size());
+    poison(gw, w.size());
+    poison(gb, out);
+    int rc = sf_linear_fwd(blas, dx, n, in, dw, out, y, tf32) || sf_cuda_bias_act(y, db, n, out, 1, 0, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s fwd+bias", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_f(nm, down(y, yr.size()).data(), yr, tol);
+    rc = sf_linear_bwd_data(blas, ddy, n, in, dw, out, gx, tf32);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bwd_data", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_f(nm, down(gx, x.size()).data(), dxr, tol);
+    rc = sf_linear_bwd_filter(blas, dx, n, in, ddy, out, gw, tf32);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bwd_filter", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_f(nm, down(gw, w.size()).data(), dwr, tol);
+    rc = sf_cuda_bias_grad(ddy, NULL, n, out, 1, gb, scr, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bias_grad", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_f(nm, down(gb, out).data(), dbr, 1e-5);
+    cudaFree(dx); cudaFree(dw); cudaFree(db); cudaFree(ddy); cudaFree(y); cudaFree(gx); cudaFree(gw); cudaFree(gb);
+    cudaFree(scr);
+}
+
+/* ---- pointwise, reductions, loss, optimizer -------------------------------- */
+
+static void test_relu(cudaStream_t s, size_t len)
+{
+    char nm[100];
+    std::vector<float> x(len), dy(len);
+    rand_fill(x, 1.f);
+    rand_fill(dy, 1.f);
+    std::vector<double> yr(len), dxr(len);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy);
+    sf_ref_relu_fwd_f64(xd.data(), len, yr.data());
+    sf_ref_relu_bwd_f64(yr.data(), dyd.data(), len, dxr.data());
+    float *dx = dalloc<float>(len), *dyv = dalloc<float>(len), *y = dalloc<float>(len), *g = dalloc<float>(len);
+    up(dx, x);
+    up(dyv, dy);
+    poison(y, len);
+    poison(g, len);
+    int rc = sf_cuda_relu_fwd(dx, y, len, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "relu_fwd len %zu", len);
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(y, len).data(), yr, 1e-5);
+    rc = sf_cuda_relu_bwd(y, dyv, g, len, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "relu_bwd len %zu", len);
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(g, len).data(), dxr, 1e-5);
+    rc = sf_cuda_relu_bwd(y, dyv, dyv, len, s); /* in place */
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "relu_bwd in place len %zu", len);
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(dyv, len).data(), dxr, 1e-5);
+    cudaFree(dx); cudaFree(dyv); cudaFree(y); cudaFree(g);
+}
+
+static void test_bias_grad(cudaStream_t s, size_t outer, int c, size_t inner)
+{
+    char nm[120];
+    snprintf(nm, sizeof nm, "bias_grad outer %zu c %d inner %zu", outer, c, inner);
+    const size_t len = outer * c * inner;
+    std::vector<float> dy(len);
+    rand_fill(dy, 1.f);
+    std::vector<double> ref(c, 0.0);
+    for (size_t o = 0; o < outer; o++)
+        for (int ci = 0; ci < c; ci++)
+            for (size_t i = 0; i < inner; i++)
+                ref[ci] += dy[(o * c + ci) * inner + i];
+    float *d = dalloc<float>(len), *db = dalloc<float>(c), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(c));
+    up(d, dy);
+    poison(db, c);
+    int rc = sf_cuda_bias_grad(d, NULL, outer, c, inner, db, scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(db, c).data(), ref, 1e-5);
+    cudaFree(d); cudaFree(db); cudaFree(scr);
+}
+
+static void test_xent(cudaStream_t s, int n, int k)
+{
+    char nm[100];
+    std::vector<float> l((size_t)n * k);
+    rand_fill(l, 3.f);
+    std::vector<int32_t> lab(n);
+    for (int i = 0; i < n; i++)
+        lab[i] = (int32_t)(sf_hash4(g_seed, i, 5, 5) % (uint64_t)k);
+    g_seed++;
+    std::vector<double> ld = to_d(l), dref((size_t)n * k);
+    double lref;
+    int cref;
+    sf_ref_xent_f64(ld.data(), lab.data(), n, k, &lref, dref.data(), &cref);
+    float *dl = dalloc<float>(l.size()), *dd = dalloc<float>(l.size());
+    int32_t *dlab = dalloc<int32_t>(n);
+    sf_xent_out *out = dalloc<sf_xent_out>(1);
+    up(dl, l);
+    CU(cudaMemcpy(dlab, lab.data(), 4 * n, cudaMemcpyHostToDevice));
+    poison(dd, l.size());
+    CU(cudaMemset(out, 0xff, sizeof *out));
+    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "xent n%d k%d", n, k);
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        sf_xent_out h;
+        CU(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost));
+        char n2[140];
+        snprintf(n2, sizeof n2, "%s loss", nm);
+        check(n2, &h.loss, &lref, 1, 1e-5);
+        snprintf(n2, sizeof n2, "%s dlogits", nm);
+        check_f(n2, down(dd, l.size()).data(), dref, 1e-5);
+        snprintf(n2, sizeof n2, "%s correct", nm);
+        if (h.correct == cref && h.bad == 0) {
+            printf("ok %s (%d)\n", n2, cref);
+            g_ok++;
+        } else {
+            char why[80];
+            snprintf(why, sizeof why, "correct %d vs %d, bad %d", h.correct, cref, h.bad);
+            fail(n2, why);
+        }
+    }
+    cudaFree(dl); cudaFree(dd); cudaFree(dlab); cudaFree(out);
+}
+
+static void test_labels(cudaStream_t s)
+{
+    const int n = 37;
+    uint8_t u8[n];
+    int32_t i32[n];
+    int64_t i64[n];
+    for (int i = 0; i < n; i++) {
+        u8[i] = (uint8_t)(i * 7 % 10);
+        i32[i] = i * 3 % 10;
+        i64[i] = i * 5 % 10;
+    }
+    const void *src[3] = {u8, i32, i64};
+    const size_t sz[3] = {1, 4, 8};
+    for (int d = 0; d < 3; d++) {
+        void *dsrc = dalloc<char>(n * sz[d]);
+        int32_t *dst = dalloc<int32_t>(n);
+        CU(cudaMemcpy(dsrc, src[d], n * sz[d], cudaMemcpyHostToDevice));
+        CU(cudaMemset(dst, 0xff, 4 * n));
+        int rc = sf_cuda_labels_i32(dsrc, d, n, dst, s);
+        CU(cudaStreamSynchronize(s));
+        int32_t got[n];
+        CU(cudaMemcpy(got, dst, 4 * n, cudaMemcpyDeviceToHost));
+        int ok = rc == 0;
+        for (int i = 0; ok && i < n; i++) {
+            int64_t want = d == 0 ? u8[i] : d == 1 ? i32[i] : i64[i];
+            ok = got[i] == want;
+        }
+        char nm[60];
+        snprintf(nm, sizeof nm, "labels_i32 dtype %d", d);
+        if (ok) {
+            printf("ok %s\n", nm);
+            g_ok++;
+        } else {
+            fail(nm, "mismatch");
+        }
+        cudaFree(dsrc);
+        cudaFree(dst);
+    }
+}
+
+/* SGD over a flat buffer with KRSC segments; compared bit for bit with sf_ref_sgd. */
+static void test_sgd(cudaStream_t s, float momentum)
+{
+    char nm[100];
+    snprintf(nm, sizeof nm, "sgd momentum %g with KRSC segments", momentum);
+    /* layout: 13 loose floats, a conv weight [6][5][2][2] at 13, 7 floats, a conv
+     * weight [4][3][3][3] at 140, then loose floats to an odd total. */
+    sf_sgd_segs segs;
+    memset(&segs, 0, sizeof segs);
+    segs.n = 2;
+    segs.s[0].off = 13; segs.s[0].len = 6 * 5 * 4; segs.s[0].c = 5; segs.s[0].rs = 4;
+    segs.s[1].off = 140; segs.s[1].len = 4 * 3 * 9; segs.s[1].c = 3; segs.s[1].rs = 9;
+    const size_t len = 100003;
+    std::vector<float> p(len), g(len), m(len);
+    rand_fill(p, 1.f);
+    rand_fill(g, 1.f);
+    rand_fill(m, 1.f);
+    /* device-layout gradient */
+    std::vector<float> gdev = g;
+    auto perm = [&](const sf_perm_seg &sg, size_t i) {
+        size_t r = i - sg.off, crs = (size_t)sg.c * sg.rs, o = r / crs, rem = r % crs, ci = rem / sg.rs, t = rem % sg.rs;
+        return sg.off + o * crs + t * sg.c + ci;
+    };
+    for (int k = 0; k < segs.n; k++)
+        for (size_t i = segs.s[k].off; i < segs.s[k].off + segs.s[k].len; i++)
+            gdev[perm(segs.s[k], i)] = g[i];
+    const float lr = 0.05f, wd = 1e-3f;
+    std::vector<float> pr = p, mr = m;
+    sf_ref_sgd(pr.data(), g.data(), mr.data(), len, lr, momentum, wd);
+    float *dp = dalloc<float>(len), *dg = dalloc<float>(len), *dm = dalloc<float>(len), *dw = dalloc<float>(len);
+    sf_sgd_hyper *hp = dalloc<sf_sgd_hyper>(1);
+    sf_sgd_hyper h = {lr, momentum, wd, 0.f};
+    CU(cudaMemcpy(hp, &h, sizeof h, cudaMemcpyHostToDevice));
+    up(dp, p);
+    up(dg, gdev);
+    up(dm, m);
+    poison(dw, len);
+    int rc = sf_cuda_sgd(dp, dg, dm, dw, len, hp, &segs, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> pg = down(dp, len), mg = down(dm, len), wg = down(dw, len);
+        size_t bad = 0, first = 0;
+        for (size_t i = 0; i < len; i++)
+            if (memcmp(&pg[i], &pr[i], 4) || (momentum != 0.f && memcmp(&mg[i], &mr[i], 4))) {
+                if (!bad++)
+                    first = i;
+            }
+        for (int k = 0; k < segs.n; k++)
+            for (size_t i = segs.s[k].off; i < segs.s[k].off + segs.s[k].len; i++)
+                if (memcmp(&wg[perm(segs.s[k], i)], &pr[i], 4)) {
+                    if (!bad++)
+                        first = i;
+                }
+        if (!bad) {
+            printf("ok %s (bit-exact)\n", nm);
+            g_ok++;
+        } else {
+            char why[160];
+            snprintf(why, sizeof why, "%zu elements differ, first %zu: p %g vs %g", bad, first, pg[first], pr[first]);
+            fail(nm, why);
+        }
+    }
+    cudaFree(dp); cudaFree(dg); cudaFree(dm); cudaFree(dw); cudaFree(hp);
+}
+
+static void test_transpose(cudaStream_t s, int batch, int rows, int cols)
+{
+    char nm[80];
+    snprintf(nm, sizeof nm, "transpose %dx%dx%d", batch, rows, cols);
+    const size_t len = (size_t)batch * rows * cols;
+    std::vector<float> x(len);
+    rand_fill(x, 1.f);
+    std::vector<double> ref(len);
+    for (int b = 0; b < batch; b++)
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++)
+                ref[((size_t)b * cols + c) * rows + r] = x[((size_t)b * rows + r) * cols + c];
+    float *dx = dalloc<float>(len), *dy = dalloc<float>(len);
+    up(dx, x);
+    poison(dy, len);
+    int rc = sf_cuda_transpose(dx, dy, batch, rows, cols, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(dy, len).data(), ref, 1e-7);
+    cudaFree(dx);
+    cudaFree(dy);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    /* A blocking stream: the uploads and NaN fills below go through the legacy
+     * stream (cudaMemcpy, cudaMemset), which such a stream waits for. */
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS || cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+        printf("FAIL setup: cudnnCreate/cublasCreate\n");
+        return 1;
+    }
+    cudnnSetStream(dnn, s);
+    cublasSetStream(blas, s);
+    void *bws = dalloc<char>((size_t)32 << 20);
+    cublasSetWorkspace(blas, bws, (size_t)32 << 20);
+    printf("cuDNN %zu, cuBLAS handle ready\n", cudnnGetVersion());
+
+    const conv_case cases[] = {
+        {3, 16, 32, 32, 32, 2, 2, 0},  /* a W1 block */
+        {4, 3, 20, 20, 16, 1, 1, 0},   /* W1's first conv */
+        {2, 3, 17, 13, 5, 3, 1, 1},    /* odd sizes, padding */
+        {2, 7, 9, 11, 6, 3, 2, 1},     /* stride and padding */
+        {3, 5, 15, 14, 4, 5, 3, 2},    /* k5 s3 p2 */
+        {5, 64, 4, 4, 128, 2, 2, 0},   /* deep, tiny spatial */
+        {32, 256, 2, 2, 512, 2, 2, 0}, /* W1's tail shape, 1x1 output */
+    };
+    for (const conv_case &cc : cases)
+        for (int lay = 0; lay < 2; lay++)
+            for (int tf32 = 0; tf32 < 2; tf32++)
+                test_conv(dnn, s, cc, (sf_layout)lay, tf32, 1);
+    /* the timed choice among several engines, as the backend builds it */
+    test_conv(dnn, s, cases[0], SF_LAYOUT_NHWC, 1, 4);
+    test_conv(dnn, s, cases[3], SF_LAYOUT_NCHW, 0, 4);
+
+    for (int tf32 = 0; tf32 < 2; tf32++) {
+        test_linear(blas, s, 5, 37, 11, tf32);
+        test_linear(blas, s, 32, 4096, 10, tf32);
+        test_linear(blas, s, 3, 1, 7, tf32);
+    }
+    test_relu(s, 1001);
+    test_relu(s, 1 << 16);
+    test_bias_grad(s, 100003, 16, 1);
+    test_bias_grad(s, 7, 4096, 1);
+    test_bias_grad(s, 33, 3, 1);
+    test_bias_grad(s, 3, 5, 17);
+    test_bias_grad(s, 32, 16, 4096);
+    test_bias_grad(s, 9, 10, 1);
+    test_xent(s, 37, 10);
+    test_xent(s, 5, 1000);
+    test_xent(s, 300, 3);
+    test_labels(s);
+    test_sgd(s, 0.9f);
+    test_sgd(s, 0.f);
+    test_transpose(s, 3, 37, 45);
+    test_transpose(s, 2, 4096, 3);
+
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_layers: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

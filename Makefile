@@ -44,6 +44,7 @@ endif
 ifdef DEPS_PREFIX
   CPPFLAGS += -I$(DEPS_PREFIX)/include
   LDFLAGS  += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
+  NVCC_LDFLAGS += -I$(DEPS_PREFIX)/include -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Xlinker -rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
 endif
 
 # ---- sources ---------------------------------------------------------------
@@ -83,7 +84,7 @@ $(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSI
 $(BUILD)/server/app.o $(BUILD)/server/main.o: .FORCE
 .FORCE:
 
-.PHONY: ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -123,7 +124,7 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIB)
 
 $(BUILD)/tests/gpu/%: tests/gpu/%.cu $(LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -DSF_HAVE_CUDA=1 -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\" -DSF_VERSION=\"$(VERSION)\" $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
+	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
 # ---- tests -----------------------------------------------------------------
 test: all unit integration sanitize-test ops-test fuzz-smoke gpu-test
@@ -188,7 +189,18 @@ run: $(BUILD)/streamfeed
 demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
 	@bash tools/demo.sh
 
-bench: all
+BENCH_BIN := $(BUILD)/bench/memcpy_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached)
+bench-bins: $(BENCH_BIN)
+$(BUILD)/bench/memcpy_bw: bench/memcpy_bw.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -pthread $< -o $@
+$(BUILD)/bench/%: bench/%.cu $(LIB)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
+
+# Side-by-side benchmarks on a GPU host (PyTorch measured in the same run);
+# results land in $(BENCH_OUT) (default build/bench-out) as JSON and report.md.
+bench: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 	@bash bench/run.sh
 
 # docs/CONFIG.md is generated from the option table; tests check it is current.

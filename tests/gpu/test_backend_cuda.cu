@@ -491,6 +491,10 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
     int submitted = 0, done = 0, inflight = 0;
     uint64_t t0 = 0;
     double busy = 0;
+    /* Overlap evidence from the event timings: the transform of batch N+1
+     * starts before the step of batch N ends. */
+    uint64_t prev_step_end = 0;
+    int pairs = 0, overlapped = 0;
     while (done < warm + iters) {
         while (submitted < warm + iters && inflight < maxin) {
             sf_batch b = bs.b[0];
@@ -513,6 +517,11 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
             }
             done++;
             inflight--;
+            if (prev_step_end && ev[i].t_transform_start_ns) {
+                pairs++;
+                overlapped += ev[i].t_transform_start_ns < prev_step_end;
+            }
+            prev_step_end = ev[i].t_step_end_ns;
             if (done == warm)
                 t0 = now_ns();
             if (done > warm)
@@ -523,6 +532,18 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
     printf("perf seed-classifier batch %d vtable (H2D+augment+step, host-cached batch, default layout) %s overlap=%d graphs=%d: "
            "%.1f steps/s (compute busy %.0f%%)\n",
            bs.n, prec == SF_PREC_TF32 ? "tf32" : "fp32", overlap, graphs, iters / sec, 100.0 * busy / sec);
+    if (overlap && pairs) {
+        /* Batches are submitted ahead (max_inflight > 1), so nearly every
+         * transform should start while the previous step still runs. */
+        if (overlapped * 2 > pairs)
+            ok("overlap=1: transform of batch N+1 started inside the step of batch N in %d of %d pairs", overlapped, pairs);
+        else
+            fail("overlap=1: transform of batch N+1 started inside the step of batch N in only %d of %d pairs",
+                 overlapped, pairs);
+    } else if (!overlap && pairs) {
+        printf("overlap=0: transform of N+1 inside the step of N in %d of %d pairs (serial: expect 0)\n",
+               overlapped, pairs);
+    }
 }
 
 /* ---- main -------------------------------------------------------------------- */

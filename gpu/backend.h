@@ -83,6 +83,22 @@ typedef struct sf_event {
 
 typedef struct sf_backend sf_backend;
 
+/* Where a diagnose measurement starts (DESIGN.md §3, the caching method). */
+typedef enum sf_bench_mode {
+    SF_BENCH_STEP = 1,         /* one augmented batch cached on the device: step only */
+    SF_BENCH_AUG_STEP = 2,     /* one raw uint8 batch cached on the device: augment + step */
+    SF_BENCH_H2D_AUG_STEP = 3, /* one raw batch in pinned host memory: H2D + augment + step */
+} sf_bench_mode;
+
+typedef struct sf_device_stats {
+    int valid;                   /* 0: fields unknown */
+    double utilization_ratio;    /* GPU busy share, 0..1, over the driver's sample period */
+    double memory_used_bytes;
+    double memory_total_bytes;
+    double power_watts;
+    char name[64];
+} sf_device_stats;
+
 typedef struct sf_backend_i {
     const char *(*name)(sf_backend *be);                 /* "ref", "cuda" */
     /* Host memory for ring slots: pinned on CUDA, 64-byte aligned on the CPU. */
@@ -109,6 +125,28 @@ typedef struct sf_backend_i {
     /* 0 when healthy; else a reason (e.g. device lost) in err. */
     int (*health)(sf_backend *be, char *err, size_t errlen);
     void (*destroy)(sf_backend *be);
+
+    /* ---- training state beyond the parameters (checkpoints) ------------- */
+    /* The optimizer state: SGD momentum buffers in sf_model layout (n_params
+     * floats; written as zeros when momentum has never been used, so a
+     * checkpoint always has them) and the optimizer step count. Called with
+     * nothing in flight. */
+    int (*get_opt_state)(sf_backend *be, float *momentum, uint64_t *step);
+    int (*set_opt_state)(sf_backend *be, const float *momentum, uint64_t step);
+
+    /* ---- the caching method (POST /v1/diagnose) -------------------------- */
+    /* Runs `steps` training steps of batch b, after `warmup` more, starting
+     * from the stage named by mode, and returns the elapsed wall seconds of
+     * the timed steps in *seconds. Called with nothing in flight. The training
+     * state (parameters, optimizer state, step count) is the same afterwards
+     * as before: the backend restores it. */
+    int (*bench)(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int warmup, int steps,
+                 double *seconds, char *err, size_t errlen);
+
+    /* ---- device telemetry (NVML on CUDA) ---------------------------------- */
+    /* May be called from any thread. Returns -1 where the backend has no
+     * device telemetry (then metrics are absent, not zero). */
+    int (*device_stats)(sf_backend *be, sf_device_stats *out);
 } sf_backend_i;
 
 struct sf_backend {

@@ -24,8 +24,21 @@ typedef struct plan_entry {
     sf_aug_plan plan;
 } plan_entry;
 
+#define PENDING_RECS 64 /* > any backend's max_inflight */
+
 struct sf_engine {
     sf_app *app;
+    /* Commands to run between steps. */
+    pthread_mutex_t cmd_mu;
+    sf_engine_cmd *cmd_head, *cmd_tail;
+    int ncmds;
+    uint64_t next_cmd_id;
+    void (*after_step)(sf_app *app, uint64_t step);
+    /* Timelines: batches in flight by id % PENDING_RECS, and the last steps. */
+    sf_step_record pending[PENDING_RECS];
+    pthread_mutex_t trace_mu;
+    sf_step_record trace[SF_ENGINE_TRACE_STEPS];
+    uint64_t trace_count;
     pthread_t thread;
     atomic_int running;
     atomic_int stop;
@@ -176,6 +189,13 @@ static void submit(sf_engine *e, int slot)
     char err[256];
     uint64_t id = m->job_id;
     sf_jobs_set_state(app->jobs, id, SF_JOB_TRANSFORMING);
+    sf_step_record *rec = &e->pending[id % PENDING_RECS];
+    memset(rec, 0, sizeof *rec);
+    rec->id = id;
+    rec->n = m->n;
+    rec->t_recv_start = m->t_filling_ns;
+    rec->t_ready = m->t_ready_ns;
+    rec->t_popped = m->t_popped_ns;
     if (fill_batch(e, slot, &b, err, sizeof err) ||
         app->backend->i->submit(app->backend, &b, err, sizeof err)) {
         sf_ring_release(app->ring, slot);
@@ -220,6 +240,23 @@ static void harvest(sf_engine *e, const sf_event *ev)
         return;
     }
     atomic_fetch_sub(&e->inflight, 1);
+    sf_step_record *rec = &e->pending[ev->id % PENDING_RECS];
+    if (rec->id == ev->id) {
+        rec->step = ev->step;
+        rec->status = ev->status;
+        rec->loss = ev->loss;
+        rec->t_h2d_start = ev->t_h2d_start_ns;
+        rec->t_transform_start = ev->t_transform_start_ns;
+        rec->t_step_start = ev->t_step_start_ns;
+        rec->t_step_end = ev->t_step_end_ns;
+        rec->h2d_s = ev->h2d_s;
+        rec->transform_s = ev->transform_s;
+        rec->step_s = ev->step_s;
+        pthread_mutex_lock(&e->trace_mu);
+        e->trace[e->trace_count % SF_ENGINE_TRACE_STEPS] = *rec;
+        e->trace_count++;
+        pthread_mutex_unlock(&e->trace_mu);
+    }
     if (ev->status != 0) {
         SF_WARN("batch %llu failed: %s", (unsigned long long)ev->id, ev->err);
         finish_failed(e, ev->id, "step_failed", ev->err);
@@ -252,6 +289,100 @@ static void harvest(sf_engine *e, const sf_event *ev)
     sf_hist_observe(e->m_step, ev->step_s);
     account_busy(e, ev);
     sf_http_wake(app->http, SF_WAIT_JOB, ev->id);
+    if (e->after_step)
+        e->after_step(app, ev->step);
+}
+
+/* ---- commands -------------------------------------------------------------- */
+
+sf_engine_cmd *sf_engine_cmd_new(int (*fn)(sf_app *, void *, char *, size_t), void *arg,
+                                 void (*free_arg)(void *))
+{
+    sf_engine_cmd *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->fn = fn;
+    c->arg = arg;
+    c->free_arg = free_arg;
+    atomic_init(&c->refs, 1);
+    return c;
+}
+
+void sf_engine_cmd_release(sf_engine_cmd *c)
+{
+    if (c && atomic_fetch_sub(&c->refs, 1) == 1) {
+        if (c->free_arg)
+            c->free_arg(c->arg);
+        free(c);
+    }
+}
+
+int sf_engine_post(sf_engine *e, sf_engine_cmd *c)
+{
+    pthread_mutex_lock(&e->cmd_mu);
+    if (atomic_load(&e->stop) || !atomic_load(&e->running) || e->ncmds >= SF_ENGINE_MAX_CMDS) {
+        pthread_mutex_unlock(&e->cmd_mu);
+        return -1;
+    }
+    c->id = ++e->next_cmd_id;
+    c->next = NULL;
+    atomic_fetch_add(&c->refs, 1);
+    if (e->cmd_tail)
+        e->cmd_tail->next = c;
+    else
+        e->cmd_head = c;
+    e->cmd_tail = c;
+    e->ncmds++;
+    pthread_mutex_unlock(&e->cmd_mu);
+    /* The engine may be blocked on the ring's condition: wake it. */
+    sf_ring_kick(e->app->ring);
+    return 0;
+}
+
+static int has_cmds(sf_engine *e)
+{
+    pthread_mutex_lock(&e->cmd_mu);
+    int n = e->ncmds;
+    pthread_mutex_unlock(&e->cmd_mu);
+    return n;
+}
+
+/* Runs every queued command; called with nothing in flight. */
+static void run_cmds(sf_engine *e)
+{
+    for (;;) {
+        pthread_mutex_lock(&e->cmd_mu);
+        sf_engine_cmd *c = e->cmd_head;
+        if (c) {
+            e->cmd_head = c->next;
+            if (!e->cmd_head)
+                e->cmd_tail = NULL;
+            e->ncmds--;
+        }
+        pthread_mutex_unlock(&e->cmd_mu);
+        if (!c)
+            return;
+        c->status = c->fn(e->app, c->arg, c->err, sizeof c->err);
+        atomic_store(&c->done, 1);
+        sf_http_wake(e->app->http, SF_WAIT_CMD, c->id);
+        sf_engine_cmd_release(c);
+    }
+}
+
+void sf_engine_set_after_step(sf_engine *e, void (*fn)(sf_app *app, uint64_t step))
+{
+    e->after_step = fn;
+}
+
+int sf_engine_trace(sf_engine *e, sf_step_record *out, int max)
+{
+    pthread_mutex_lock(&e->trace_mu);
+    uint64_t have = e->trace_count < SF_ENGINE_TRACE_STEPS ? e->trace_count : SF_ENGINE_TRACE_STEPS;
+    uint64_t n = (uint64_t)max < have ? (uint64_t)max : have;
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = e->trace[(e->trace_count - n + i) % SF_ENGINE_TRACE_STEPS];
+    pthread_mutex_unlock(&e->trace_mu);
+    return (int)n;
 }
 
 static int poll_backend(sf_engine *e, int timeout_us)
@@ -275,6 +406,14 @@ static void *engine_main(void *arg)
     while (!atomic_load(&e->stop)) {
         int inflight = atomic_load(&e->inflight);
         int took = 0;
+        if (has_cmds(e)) {
+            /* Drain the pipeline, then run the commands between two steps. */
+            if (inflight == 0)
+                run_cmds(e);
+            else
+                poll_backend(e, 1000);
+            continue;
+        }
         if (inflight < maxq) {
             /* With work in flight, only peek at the ring so completions are
              * harvested promptly; when idle, block on the ring's condition. */
@@ -305,6 +444,8 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
     }
     e->app = app;
     e->max_batch = app->cfg.model.max_batch;
+    pthread_mutex_init(&e->cmd_mu, NULL);
+    pthread_mutex_init(&e->trace_mu, NULL);
     int slots = sf_ring_slots(app->ring);
     e->samples = calloc((size_t)slots, sizeof *e->samples);
     for (int i = 0; e->samples && i < slots; i++) {
@@ -349,6 +490,23 @@ void sf_engine_stop(sf_engine *e)
     if (e->thread) {
         atomic_store(&e->stop, 1);
         pthread_join(e->thread, NULL);
+    }
+    /* Commands still queued are answered as failed: their requests wait. */
+    for (;;) {
+        pthread_mutex_lock(&e->cmd_mu);
+        sf_engine_cmd *c = e->cmd_head;
+        if (c) {
+            e->cmd_head = c->next;
+            e->ncmds--;
+        }
+        pthread_mutex_unlock(&e->cmd_mu);
+        if (!c)
+            break;
+        c->status = -1;
+        snprintf(c->err, sizeof c->err, "the service is shutting down");
+        atomic_store(&c->done, 1);
+        sf_http_wake(e->app->http, SF_WAIT_CMD, c->id);
+        sf_engine_cmd_release(c);
     }
     /* Fail what is still READY: those batches were accepted and must be
      * reported, never silently dropped. */

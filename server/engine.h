@@ -12,10 +12,59 @@
 #ifndef SF_ENGINE_H
 #define SF_ENGINE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct sf_app;
 typedef struct sf_engine sf_engine;
+
+/* Work that must run on the engine thread between steps, with nothing in
+ * flight (the backend is single-threaded by contract, and a checkpoint must
+ * see the parameters after a completed step, never a torn state): state
+ * snapshots and restores, diagnose runs. Training pauses while it runs;
+ * batches arriving meanwhile wait in the ring.
+ *
+ * A command is shared by its poster (an HTTP request, which may go away) and
+ * the engine: each holds a reference and sf_engine_cmd_release frees it with
+ * its argument when the last one lets go. When fn has run, the engine sets
+ * done and wakes requests waiting on (SF_WAIT_CMD, id). */
+typedef struct sf_engine_cmd {
+    int (*fn)(struct sf_app *app, void *arg, char *err, size_t errlen);
+    void *arg;
+    void (*free_arg)(void *arg);
+    uint64_t id;
+    atomic_int done;
+    int status;
+    char err[256];
+    atomic_int refs;
+    struct sf_engine_cmd *next;
+} sf_engine_cmd;
+
+sf_engine_cmd *sf_engine_cmd_new(int (*fn)(struct sf_app *, void *, char *, size_t), void *arg,
+                                 void (*free_arg)(void *));
+/* Queues the command (the engine takes its own reference). Returns -1 when
+ * the engine is stopping or SF_ENGINE_MAX_CMDS are already queued. */
+int sf_engine_post(sf_engine *e, sf_engine_cmd *c);
+void sf_engine_cmd_release(sf_engine_cmd *c);
+#define SF_ENGINE_MAX_CMDS 16
+
+/* Called on the engine thread after every trained step (e.g. periodic checkpoints). */
+void sf_engine_set_after_step(sf_engine *e, void (*fn)(struct sf_app *app, uint64_t step));
+
+/* One step's timeline, host monotonic nanoseconds (0 = unknown). */
+typedef struct sf_step_record {
+    uint64_t id, step;
+    int n, status;
+    float loss;
+    uint64_t t_recv_start, t_ready, t_popped;       /* HTTP body, ring wait */
+    uint64_t t_h2d_start, t_transform_start, t_step_start, t_step_end;
+    double h2d_s, transform_s, step_s;
+} sf_step_record;
+#define SF_ENGINE_TRACE_STEPS 1024
+
+/* Copies the last (at most max) step records, oldest first; returns the count. */
+int sf_engine_trace(sf_engine *e, sf_step_record *out, int max);
 
 sf_engine *sf_engine_start(struct sf_app *app, char *err, size_t errlen);
 int sf_engine_running(sf_engine *e);

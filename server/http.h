@@ -70,7 +70,7 @@ extern const size_t sf_routes_len;
 /* Why a wait ended. */
 typedef enum sf_wait_state { SF_WAIT_NONE = 0, SF_WAIT_WOKEN, SF_WAIT_TIMEOUT, SF_WAIT_SHUTDOWN } sf_wait_state;
 
-typedef enum sf_wait_kind { SF_WAIT_SLOT = 0, SF_WAIT_JOB = 1, SF_WAIT_KINDS } sf_wait_kind;
+typedef enum sf_wait_kind { SF_WAIT_SLOT = 0, SF_WAIT_JOB = 1, SF_WAIT_CMD = 2, SF_WAIT_KINDS } sf_wait_kind;
 
 struct sf_req {
     struct sf_app *app;

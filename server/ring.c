@@ -18,6 +18,7 @@ struct sf_ring {
     int *fifo;          /* READY slots in commit order: a circular queue of n entries */
     int head, count;
     int closed;
+    int kicked;         /* one pop returns early (sf_ring_kick) */
     int counts[SF_SLOT_STATES];
     sf_ring_alloc_fn alloc;
     sf_ring_free_fn free_fn;
@@ -148,10 +149,11 @@ int sf_ring_pop(sf_ring *r, int timeout_ms)
             dl.tv_sec++;
             dl.tv_nsec -= 1000000000L;
         }
-        while (r->count == 0 && !r->closed)
+        while (r->count == 0 && !r->closed && !r->kicked)
             if (pthread_cond_timedwait(&r->ready_cv, &r->mu, &dl) == ETIMEDOUT)
                 break;
     }
+    r->kicked = 0;
     int slot = -1;
     if (r->count > 0) {
         slot = r->fifo[r->head];
@@ -161,6 +163,14 @@ int sf_ring_pop(sf_ring *r, int timeout_ms)
     }
     pthread_mutex_unlock(&r->mu);
     return slot;
+}
+
+void sf_ring_kick(sf_ring *r)
+{
+    pthread_mutex_lock(&r->mu);
+    r->kicked = 1;
+    pthread_cond_broadcast(&r->ready_cv);
+    pthread_mutex_unlock(&r->mu);
 }
 
 void sf_ring_close(sf_ring *r)

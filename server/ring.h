@@ -57,6 +57,8 @@ void sf_ring_abort(sf_ring *r, int slot);
 int sf_ring_pop(sf_ring *r, int timeout_ms);
 /* IN_FLIGHT -> FREE. */
 void sf_ring_release(sf_ring *r, int slot);
+/* Wakes a blocked pop once (it returns -1): the consumer has other work. */
+void sf_ring_kick(sf_ring *r);
 /* Wakes a blocked pop for good (shutdown). */
 void sf_ring_close(sf_ring *r);
 /* Counts per state. */

@@ -27,6 +27,21 @@
  *   SF_CUDA_FORK=0|1          backward-filter beside backward-data on a side stream (1)
  *   SF_CUDNN_RTC=0|1          allow runtime-compiled cuDNN engines (0)
  *
+ * Checkpoints: get/set_opt_state move the momentum buffer (model layout; the
+ * KRSC copies exist for weights only and set_params refreshes them) and the
+ * step count that STEP_DONE reports.
+ *
+ * bench (the caching method, DESIGN.md §3) runs on the same streams, buffers,
+ * events and graphs as submit, with nothing in flight: SF_BENCH_STEP caches one
+ * augmented batch in buffer 0 and replays the step; SF_BENCH_AUG_STEP copies
+ * the raw batch into every buffer once and times augment + step;
+ * SF_BENCH_H2D_AUG_STEP is submit's path from the pinned slot. Parameters and
+ * momentum are snapshotted device-to-device before and restored after, the
+ * step count likewise; it times with the host clock between full drains.
+ *
+ * device_stats: NVML through dlopen (nvml.c), keyed by the PCI bus id read at
+ * construction; safe from any thread.
+ *
  * Failures: a batch that cannot be started returns -1 from submit (no events);
  * one that fails after its copies were queued is finished with a
  * synchronisation (error path only) and reported as STEP_DONE status -1. A
@@ -47,6 +62,7 @@ extern "C" {
 #include <cuda_runtime.h>
 
 #include "augment.h"
+#include "nvml.h"
 #include "pipeline.h"
 
 #define CUDA_NBUF 3       /* device batch buffers = max_inflight */
@@ -110,6 +126,8 @@ typedef struct cuda_ctx {
 
     int sticky;
     char sticky_msg[256];
+
+    char pci_bus_id[32]; /* for NVML (device_stats); "" when unknown */
 
     /* transform(): its own scratch on the auxiliary stream */
     uint8_t *t_raw;
@@ -556,6 +574,24 @@ static int bad_label(const sf_batch *b, int classes, int64_t *val)
         }                                                                                        \
     } while (0)
 
+/* The device half of the transform stream's work for buffer b, once its
+ * staging area and images are on the device: labels to int32, augmentation,
+ * ready[b]. */
+static int enqueue_augment(cuda_ctx *c, const sf_batch *bt, int b)
+{
+    cbuf *B = &c->buf[b];
+    cudaStream_t ts = c->st_transform;
+    const int n = bt->n;
+    if (sf_cuda_labels_i32(B->d_stage + STAGE_LABELS_OFF, (int)bt->label_dtype, n, B->d_lab, ts))
+        return -1;
+    const sf_aug_sample *d_samples = (const sf_aug_sample *)(B->d_stage + c->samples_off);
+    if (sf_cuda_augment(bt->plan, d_samples, n, B->d_raw, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
+                        c->d_aug_tmp, ts))
+        return -1;
+    SF_CUDA_CHECK(cudaEventRecord(B->ready, ts));
+    return 0;
+}
+
 /* Queues the transform-stream half of a batch. Returns 0; 1 when it failed
  * before any copy was queued; -1 when it failed after. */
 static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
@@ -594,14 +630,7 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     NOT_STARTED(cudaMemcpyAsync(B->d_stage, B->h_stage, stage_used, cudaMemcpyHostToDevice, ts));
     SF_CUDA_CHECK(cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts));
     SF_CUDA_CHECK(cudaEventRecord(B->h2d, ts));
-    if (sf_cuda_labels_i32(B->d_stage + STAGE_LABELS_OFF, (int)bt->label_dtype, n, B->d_lab, ts))
-        return -1;
-    const sf_aug_sample *d_samples = (const sf_aug_sample *)(B->d_stage + c->samples_off);
-    if (sf_cuda_augment(bt->plan, d_samples, n, B->d_raw, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
-                        c->d_aug_tmp, ts))
-        return -1;
-    SF_CUDA_CHECK(cudaEventRecord(B->ready, ts));
-    return 0;
+    return enqueue_augment(c, bt, b);
 }
 
 static int enqueue_step(cuda_ctx *c, int b, int n)
@@ -811,6 +840,203 @@ static int cu_health(sf_backend *be, char *err, size_t errlen)
     return 0;
 }
 
+/* ---- optimizer state ------------------------------------------------------- */
+
+static int cu_get_opt_state(sf_backend *be, float *momentum, uint64_t *step)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || c->sticky)
+        return -1;
+    if (momentum && sf_net_get_momentum(c->net, momentum))
+        return -1;
+    if (step)
+        *step = c->steps;
+    return 0;
+}
+
+static int cu_set_opt_state(sf_backend *be, const float *momentum, uint64_t step)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || c->sticky)
+        return -1;
+    if (momentum) {
+        if (sf_net_set_momentum(c->net, momentum))
+            return -1;
+    } else {
+        /* No momentum given: the state of a net that never used it. */
+        float *z = (float *)calloc(c->m.n_params ? c->m.n_params : 1, sizeof(float));
+        if (!z)
+            return -1;
+        int rc = sf_net_set_momentum(c->net, z);
+        free(z);
+        if (rc)
+            return -1;
+    }
+    c->steps = step;
+    return 0;
+}
+
+/* ---- the caching method (DESIGN.md §3) -------------------------------------- */
+
+/* Enqueues warmup + steps steps of batch bt starting from the stage that mode
+ * names, on the streams, buffers, events and graphs of submit(); sets *sec to
+ * the host wall time of the timed steps, measured between two full drains of
+ * both streams. Buffer reuse is throttled as the engine is by max_inflight:
+ * before buffer b takes its next batch the host waits for b's last step.
+ * Returns 0 or -1 (sf_cuda_last_error set). */
+static int bench_run(cuda_ctx *c, const sf_batch *bt, sf_bench_mode mode, int warmup, int steps, double *sec)
+{
+    const int n = bt->n;
+    cudaStream_t cs = c->st_compute, ts = c->st_transform;
+    uint64_t t0 = 0;
+    if (mode == SF_BENCH_STEP) {
+        /* The augmented batch cached in buffer 0: the step alone, back to back
+         * on the compute stream (as a device-cached training loop would). */
+        if (enqueue_transform(c, bt, 0))
+            return -1;
+        SF_CUDA_CHECK(cudaStreamWaitEvent(cs, c->buf[0].ready, 0));
+        for (int i = 0; i < warmup + steps; i++) {
+            if (i == warmup) {
+                SF_CUDA_CHECK(cudaStreamSynchronize(cs));
+                t0 = now_ns();
+            }
+            if (sf_net_step(c->net, 0, n, c->cfg.cuda_graphs))
+                return -1;
+        }
+        SF_CUDA_CHECK(cudaStreamSynchronize(cs));
+    } else {
+        /* AUG_STEP: the raw batch (and its staging: labels, samples, hyper-
+         * parameters) copied to every buffer once, untimed. */
+        if (mode == SF_BENCH_AUG_STEP) {
+            for (int b = 0; b < c->nbuf; b++)
+                if (enqueue_transform(c, bt, b))
+                    return -1;
+            SF_CUDA_CHECK(cudaStreamSynchronize(ts));
+        }
+        for (int i = 0; i < warmup + steps; i++) {
+            const int b = i % c->nbuf;
+            cbuf *B = &c->buf[b];
+            if (i == warmup) {
+                SF_CUDA_CHECK(cudaStreamSynchronize(ts));
+                SF_CUDA_CHECK(cudaStreamSynchronize(cs));
+                t0 = now_ns();
+            }
+            /* max_inflight: buffer b's previous step completes first (then its
+             * staging area and inputs are free, as after a harvest). */
+            SF_CUDA_CHECK(cudaEventSynchronize(B->done));
+            if (mode == SF_BENCH_H2D_AUG_STEP) {
+                if (enqueue_transform(c, bt, b))
+                    return -1;
+            } else {
+                /* b's inputs are read by its previous step */
+                SF_CUDA_CHECK(cudaStreamWaitEvent(ts, B->done, 0));
+                if (enqueue_augment(c, bt, b))
+                    return -1;
+            }
+            if (enqueue_step(c, b, n))
+                return -1;
+        }
+        SF_CUDA_CHECK(cudaStreamSynchronize(ts));
+        SF_CUDA_CHECK(cudaStreamSynchronize(cs));
+    }
+    const uint64_t t1 = now_ns();
+    *sec = t1 > t0 ? (double)(t1 - t0) * 1e-9 : 1e-9;
+    return 0;
+}
+
+static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int warmup, int steps, double *seconds,
+                    char *err, size_t errlen)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (c->sticky) {
+        set_err(err, errlen, "%s", c->sticky_msg);
+        return -1;
+    }
+    if (check_batch(c, bt, 1, err, errlen) != 0)
+        return -1;
+    if (mode != SF_BENCH_STEP && mode != SF_BENCH_AUG_STEP && mode != SF_BENCH_H2D_AUG_STEP) {
+        set_err(err, errlen, "cuda bench: unknown mode %d", (int)mode);
+        return -1;
+    }
+    if (warmup < 0 || steps < 1 || !seconds) {
+        set_err(err, errlen, "cuda bench: warmup %d must be >= 0 and steps %d >= 1", warmup, steps);
+        return -1;
+    }
+    if (c->q_count > 0) {
+        set_err(err, errlen, "cuda bench: %d batches in flight; bench needs an idle backend", c->q_count);
+        return -1;
+    }
+    int64_t bad_val = 0;
+    const int bad_at = bad_label(bt, c->m.n_classes, &bad_val);
+    if (bad_at >= 0) {
+        set_err(err, errlen, "cuda bench: label %lld of sample %d is outside [0,%d)", (long long)bad_val, bad_at,
+                c->m.n_classes);
+        return -1;
+    }
+    sf_cuda_clear_error();
+    if (sf_net_prepare(c->net, bt->n)) {
+        set_err(err, errlen, "cuda bench: %s", sf_cuda_last_error());
+        return -1;
+    }
+    /* The training state, snapshotted on the device and restored afterwards,
+     * also when the run failed part-way. */
+    float *snap = NULL;
+    if (cudaMalloc((void **)&snap, sizeof(float) * (sf_net_state_floats(c->net) + 1)) != cudaSuccess) {
+        cudaGetLastError();
+        set_err(err, errlen, "cuda bench: no device memory for the %zu-float state snapshot",
+                sf_net_state_floats(c->net));
+        return -1;
+    }
+    const uint64_t saved_steps = c->steps;
+    double sec = 0;
+    int rc = sf_net_save_state(c->net, snap);
+    if (rc == 0)
+        rc = bench_run(c, bt, mode, warmup, steps, &sec);
+    char msg[SF_CUDA_ERR_LEN];
+    scopy(msg, sizeof msg, sf_cuda_last_error());
+    /* Drain whatever was queued before the error, then restore. */
+    cudaError_t e1 = cudaStreamSynchronize(c->st_transform_own);
+    cudaError_t e2 = cudaStreamSynchronize(c->st_compute);
+    if (e1 != cudaSuccess || e2 != cudaSuccess) {
+        make_sticky(c, "bench", e1 != cudaSuccess ? e1 : e2);
+        set_err(err, errlen, "%s", c->sticky_msg);
+        cudaFree(snap);
+        return -1;
+    }
+    cudaGetLastError(); /* a failed enqueue (not a device fault) is not sticky */
+    sf_cuda_clear_error();
+    int rr = sf_net_restore_state(c->net, snap);
+    cudaError_t e3 = cudaStreamSynchronize(c->st_compute);
+    cudaFree(snap);
+    c->steps = saved_steps;
+    if (rr || e3 != cudaSuccess) {
+        if (e3 != cudaSuccess)
+            make_sticky(c, "bench restore", e3);
+        set_err(err, errlen, "cuda bench: restoring the training state failed: %s",
+                e3 != cudaSuccess ? c->sticky_msg : sf_cuda_last_error());
+        return -1;
+    }
+    if (rc) {
+        set_err(err, errlen, "cuda bench: %s", msg);
+        return -1;
+    }
+    *seconds = sec;
+    return 0;
+}
+
+/* ---- telemetry ------------------------------------------------------------ */
+
+/* NVML (nvml.c); the bus id was read at construction, so this touches no
+ * CUDA state and may run on any thread. */
+static int cu_device_stats(sf_backend *be, sf_device_stats *out)
+{
+    cuda_ctx *c = ctx_of(be);
+    return sf_nvml_device_stats(c->pci_bus_id, out);
+}
+
 static void cu_destroy(sf_backend *be)
 {
     if (!be)
@@ -843,6 +1069,7 @@ static void cu_destroy(sf_backend *be)
 static const sf_backend_i cuda_vtable = {
     cu_name, cu_host_alloc, cu_host_free, cu_build, cu_max_inflight, cu_submit, cu_poll,
     cu_transform, cu_get_params, cu_set_params, cu_health, cu_destroy,
+    cu_get_opt_state, cu_set_opt_state, cu_bench, cu_device_stats,
 };
 
 __global__ void k_probe(int *p)
@@ -925,6 +1152,10 @@ extern "C" sf_backend *sf_backend_cuda_new(int device, char *err, size_t errlen)
         return NULL;
     }
     c->device = device;
+    if (cudaDeviceGetPCIBusId(c->pci_bus_id, (int)sizeof c->pci_bus_id, device) != cudaSuccess) {
+        cudaGetLastError();
+        c->pci_bus_id[0] = '\0'; /* NVML then takes its only device, if it has one */
+    }
     be->i = &cuda_vtable;
     be->ctx = c;
     if (init_ctx(c, err, errlen)) {

@@ -866,6 +866,40 @@ extern "C" int sf_net_set_params(sf_cuda_net *net, const float *host)
     return 0;
 }
 
+extern "C" int sf_net_get_momentum(sf_cuda_net *net, float *host)
+{
+    SF_CUDA_CHECK(cudaMemcpyAsync(host, net->mom, sizeof(float) * net->m.n_params, cudaMemcpyDeviceToHost, net->s));
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    return 0;
+}
+
+extern "C" int sf_net_set_momentum(sf_cuda_net *net, const float *host)
+{
+    /* As sf_net_set_params: on the net's stream, from pageable memory. */
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->mom, host, sizeof(float) * net->m.n_params, cudaMemcpyHostToDevice, net->s));
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    return 0;
+}
+
+extern "C" size_t sf_net_state_floats(const sf_cuda_net *net) { return 2 * net->m.n_params; }
+
+extern "C" int sf_net_save_state(sf_cuda_net *net, float *dev)
+{
+    const size_t n = net->m.n_params;
+    SF_CUDA_CHECK(cudaMemcpyAsync(dev, net->params, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    SF_CUDA_CHECK(cudaMemcpyAsync(dev + n, net->mom, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    return 0;
+}
+
+extern "C" int sf_net_restore_state(sf_cuda_net *net, const float *dev)
+{
+    const size_t n = net->m.n_params;
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->params, dev, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->mom, dev + n, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    return refresh_wdev(net);
+}
+
 extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len)
 {
     static const char *dn[3] = {"fwd", "dgrad", "wgrad"};

@@ -85,6 +85,20 @@ const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
 int sf_net_get_params(sf_cuda_net *net, float *host);
 int sf_net_set_params(sf_cuda_net *net, const float *host);
 
+/* The SGD momentum buffer in model layout (n_params floats; it has no KRSC
+ * copy: the SGD kernel reads and writes it in model layout). Zeros until a step
+ * with momentum != 0 runs. Synchronous; nothing may be in flight. */
+int sf_net_get_momentum(sf_cuda_net *net, float *host);
+int sf_net_set_momentum(sf_cuda_net *net, const float *host);
+
+/* A device-side snapshot of the training state: parameters then momentum,
+ * sf_net_state_floats() floats of device memory. Both enqueue device-to-device
+ * copies on the net's stream (ordered after the steps queued there) and do not
+ * synchronise; restore also refreshes the KRSC weight copies. */
+size_t sf_net_state_floats(const sf_cuda_net *net);
+int sf_net_save_state(sf_cuda_net *net, float *dev);
+int sf_net_restore_state(sf_cuda_net *net, const float *dev);
+
 /* Diagnostics: runs one eager step of buffer b (it updates the parameters
  * like any step) with an event after every op, synchronously, and writes one
  * line per op with its time. */

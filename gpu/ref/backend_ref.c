@@ -11,6 +11,11 @@
  * ping-pong buffers of max_batch * max_act floats.
  *
  * Precision: every precision is computed in fp32 here.
+ *
+ * Checkpoints: get/set_opt_state are the momentum buffer (zeros until a step
+ * with momentum != 0) and the step count. bench runs submit's stages
+ * synchronously, without events, and restores parameters, momentum and the
+ * step count. No device telemetry (device_stats answers -1).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* clock_gettime, nanosleep (the Makefile defines it too) */
@@ -317,6 +322,17 @@ static int convert_labels(ref_ctx *c, const sf_batch *b, int64_t *bad_value)
     return -1;
 }
 
+/* Forward, loss, backward and the SGD update of the n samples in c->input
+ * with the labels in c->labels; counts the step. */
+static void train_step(ref_ctx *c, int n, const sf_hyper *h, float *loss, int *correct)
+{
+    forward(c, n);
+    sf_ref_xent(c->act[c->m.n_layers - 1], c->labels, n, c->m.n_classes, loss, c->g0, correct);
+    backward(c, n);
+    sf_ref_sgd(c->params, c->grads, c->mom, c->m.n_params, h->lr, h->momentum, h->weight_decay);
+    c->step++;
+}
+
 static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errlen)
 {
     ref_ctx *c = ctx_of(be);
@@ -360,14 +376,9 @@ static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errle
         return 0;
     }
 
-    forward(c, n);
     float loss = 0.0f;
     int correct = 0;
-    sf_ref_xent(c->act[c->m.n_layers - 1], c->labels, n, c->m.n_classes, &loss, c->g0, &correct);
-    backward(c, n);
-    sf_ref_sgd(c->params, c->grads, c->mom, c->m.n_params, b->hyper.lr, b->hyper.momentum,
-               b->hyper.weight_decay);
-    c->step++;
+    train_step(c, n, &b->hyper, &loss, &correct);
     const uint64_t t2 = now_ns();
 
     ev.loss = loss;
@@ -447,6 +458,121 @@ static int ref_set_params(sf_backend *be, const float *src)
 
 static int ref_health(sf_backend *be, char *err, size_t errlen) { return 0; }
 
+/* ---- optimizer state ------------------------------------------------------ */
+
+/* The momentum buffer is zeroed by build and touched only by steps with
+ * momentum != 0, so it reads as zeros until momentum is first used. */
+static int ref_get_opt_state(sf_backend *be, float *momentum, uint64_t *step)
+{
+    ref_ctx *c = ctx_of(be);
+    if (!c->built)
+        return -1;
+    if (momentum)
+        memcpy(momentum, c->mom, sizeof(float) * c->m.n_params);
+    if (step)
+        *step = c->step;
+    return 0;
+}
+
+static int ref_set_opt_state(sf_backend *be, const float *momentum, uint64_t step)
+{
+    ref_ctx *c = ctx_of(be);
+    if (!c->built)
+        return -1;
+    if (momentum)
+        memcpy(c->mom, momentum, sizeof(float) * c->m.n_params);
+    else
+        memset(c->mom, 0, sizeof(float) * c->m.n_params);
+    c->step = step;
+    return 0;
+}
+
+/* ---- the caching method ----------------------------------------------------- */
+
+/* The stages of submit, synchronously, without events: each timed step runs
+ * from the stage that mode names on the CPU's "device" (host memory):
+ *   SF_BENCH_STEP          b augmented once into c->input; the step alone.
+ *   SF_BENCH_AUG_STEP      b's images copied once to a private buffer; then
+ *                          augmentation (and label conversion) + step.
+ *   SF_BENCH_H2D_AUG_STEP  exactly submit's path from the slot's bytes (there
+ *                          is no host-to-device copy on the CPU).
+ * Parameters, momentum and the step count are restored afterwards. */
+static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int warmup, int steps,
+                     double *seconds, char *err, size_t errlen)
+{
+    ref_ctx *c = ctx_of(be);
+    if (check_batch(c, b, 1, err, errlen) != 0)
+        return -1;
+    if (mode != SF_BENCH_STEP && mode != SF_BENCH_AUG_STEP && mode != SF_BENCH_H2D_AUG_STEP) {
+        set_err(err, errlen, "ref bench: unknown mode %d", (int)mode);
+        return -1;
+    }
+    if (warmup < 0 || steps < 1 || !seconds) {
+        set_err(err, errlen, "ref bench: warmup %d must be >= 0 and steps %d >= 1", warmup, steps);
+        return -1;
+    }
+    int64_t bad = 0;
+    const int bad_at = convert_labels(c, b, &bad);
+    if (bad_at >= 0) {
+        set_err(err, errlen, "ref bench: label %lld of sample %d is outside [0,%d)", (long long)bad, bad_at,
+                c->m.n_classes);
+        return -1;
+    }
+    const size_t np = c->m.n_params;
+    const size_t img_bytes = (size_t)b->n * b->h * b->w * b->c;
+    float *save_p = alloc_floats(np, 1), *save_m = alloc_floats(np, 1);
+    uint8_t *raw = mode == SF_BENCH_AUG_STEP ? malloc(img_bytes ? img_bytes : 1) : NULL;
+    if (!save_p || !save_m || (mode == SF_BENCH_AUG_STEP && !raw)) {
+        free(save_p);
+        free(save_m);
+        free(raw);
+        set_err(err, errlen, "ref bench: out of memory");
+        return -1;
+    }
+    memcpy(save_p, c->params, sizeof(float) * np);
+    memcpy(save_m, c->mom, sizeof(float) * np);
+    const uint64_t save_step = c->step;
+
+    sf_batch cached = *b;
+    if (mode == SF_BENCH_AUG_STEP) {
+        memcpy(raw, b->images, img_bytes);
+        cached.images = raw;
+    }
+    if (mode == SF_BENCH_STEP)
+        augment(c, b, c->input);
+    uint64_t t0 = 0;
+    for (int i = 0; i < warmup + steps; i++) {
+        if (i == warmup)
+            t0 = now_ns();
+        if (mode != SF_BENCH_STEP) {
+            augment(c, &cached, c->input);
+            convert_labels(c, &cached, &bad);
+        }
+        float loss = 0.0f;
+        int correct = 0;
+        train_step(c, b->n, &b->hyper, &loss, &correct);
+    }
+    const uint64_t t1 = now_ns();
+    double s = (double)(t1 - t0) * 1e-9;
+    *seconds = s > 0 ? s : 1e-9; /* a clock that did not move still ran the steps */
+
+    memcpy(c->params, save_p, sizeof(float) * np);
+    memcpy(c->mom, save_m, sizeof(float) * np);
+    c->step = save_step;
+    free(save_p);
+    free(save_m);
+    free(raw);
+    return 0;
+}
+
+/* No device telemetry on the CPU. */
+static int ref_device_stats(sf_backend *be, sf_device_stats *out)
+{
+    if (out)
+        memset(out, 0, sizeof *out);
+    return -1;
+}
+
 static void ref_destroy(sf_backend *be)
 {
     if (!be)
@@ -472,6 +598,10 @@ static const sf_backend_i ref_vtable = {
     .set_params = ref_set_params,
     .health = ref_health,
     .destroy = ref_destroy,
+    .get_opt_state = ref_get_opt_state,
+    .set_opt_state = ref_set_opt_state,
+    .bench = ref_bench,
+    .device_stats = ref_device_stats,
 };
 
 sf_backend *sf_backend_ref_new(char *err, size_t errlen)

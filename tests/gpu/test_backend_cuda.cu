@@ -12,6 +12,11 @@
  *  - Events: one SLOT_FREE then one STEP_DONE per batch, each kind in
  *    submission order, monotone stage times, step counter.
  *  - overlap on/off and CUDA graphs on/off give the same parameters.
+ *  - Checkpoint state: params + momentum + step count restored (same backend
+ *    and a rebuilt one) continue training as if it had never stopped.
+ *  - bench (the caching method) in its three modes leaves the training state
+ *    bit-identical; on the seed-classifier it prints the diagnose figures.
+ *  - device_stats (NVML): valid and plausible, also from concurrent threads.
  *  - Throughput prints (not assertions): the seed-classifier at batch 32 on a
  *    device-cached batch (the step alone, sf_net_step), graphs on and off, per
  *    layout and precision, with a per-op profile; and through the vtable with
@@ -28,6 +33,7 @@ extern "C" {
 }
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +43,7 @@ extern "C" {
 
 #include <cuda_runtime.h>
 
+#include "../../gpu/cuda/nvml.h"
 #include "../../gpu/cuda/pipeline.h"
 
 static int g_fail = 0, g_ok = 0;
@@ -546,6 +553,284 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
     }
 }
 
+/* ---- training state: checkpoint continuation and bench ---------------------- */
+
+struct tstate {
+    std::vector<float> p, m;
+    uint64_t step = 0;
+};
+
+static int get_state(sf_backend *be, const sf_model &m, tstate &st)
+{
+    st.p.assign(m.n_params, NAN);
+    st.m.assign(m.n_params, NAN);
+    st.step = 12345;
+    return be->i->get_params(be, st.p.data()) || be->i->get_opt_state(be, st.m.data(), &st.step);
+}
+
+static int set_state(sf_backend *be, const tstate &st)
+{
+    return be->i->set_params(be, st.p.data()) || be->i->set_opt_state(be, st.m.data(), st.step);
+}
+
+static bool same_bits(const std::vector<float> &a, const std::vector<float> &b)
+{
+    return a.size() == b.size() && memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+}
+
+/* Train k steps, snapshot, train m more (P1); restore the snapshot and train
+ * the same m batches (P2), in the same backend and in a rebuilt one: P1 == P2
+ * (bit-identical, or within rounding where cuDNN's engines are not
+ * deterministic), graphs and overlap on. */
+static void checkpoint_continuation(sf_backend *be, const sf_model &m, sf_precision prec, batch_set &bs, int k, int mm)
+{
+    char err[300];
+    const char *pn = prec == SF_PREC_TF32 ? "tf32" : "fp32";
+    sf_train_cfg cfg = make_cfg(prec, bs.n, 1, 1);
+    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+        fail("continuation %s build: %s", pn, err);
+        return;
+    }
+    tstate s0, s1, s2;
+    if (get_state(be, m, s0)) {
+        fail("continuation %s: get_opt_state after build failed", pn);
+        return;
+    }
+    if (s0.step == 0 && same_bits(s0.m, std::vector<float>(m.n_params, 0.f)))
+        ok("get_opt_state after build (%s): zero momentum, step 0", pn);
+    else
+        fail("get_opt_state after build (%s): step %llu, momentum not all zero", pn, (unsigned long long)s0.step);
+    run_out r0, r1, r2;
+    uint64_t sc = 0;
+    if (run_steps(be, bs, 0, k, &sc, r0) || get_state(be, m, s0) || run_steps(be, bs, k, k + mm, &sc, r1) ||
+        get_state(be, m, s1)) {
+        fail("continuation %s: first run failed", pn);
+        return;
+    }
+    if (s0.step != (uint64_t)k || same_bits(s0.m, std::vector<float>(m.n_params, 0.f))) {
+        fail("continuation %s: after %d steps step count %llu / momentum all zero", pn, k, (unsigned long long)s0.step);
+        return;
+    }
+    for (int rebuilt = 0; rebuilt < 2; rebuilt++) {
+        if (rebuilt) {
+            sf_train_cfg c2 = cfg;
+            c2.seed = 777; /* other initial parameters: all must come from the snapshot */
+            if (be->i->build(be, &m, &c2, err, sizeof err)) {
+                fail("continuation %s rebuild: %s", pn, err);
+                return;
+            }
+        }
+        run_out rr;
+        uint64_t sc2 = s0.step; /* the events' step count must continue from k */
+        if (set_state(be, s0) || run_steps(be, bs, k, k + mm, &sc2, rr) || get_state(be, m, s2)) {
+            fail("continuation %s (%s): restored run failed", pn, rebuilt ? "rebuilt backend" : "same backend");
+            return;
+        }
+        const bool bits = same_bits(s1.p, s2.p) && same_bits(s1.m, s2.m);
+        bool loss_same = true;
+        double wl = 0;
+        for (int i = 0; i < mm; i++) {
+            loss_same = loss_same && r1.loss[i] == rr.loss[i];
+            double e = rel1(rr.loss[i], r1.loss[i]);
+            if (e > wl || !isfinite(e))
+                wl = e;
+        }
+        const double dp = delta_err(s0.p, s2.p, s1.p);
+        const double dm = delta_err(std::vector<float>(m.n_params, 0.f), s2.m, s1.m);
+        const char *where = rebuilt ? "into a rebuilt backend" : "in the same backend";
+        if (s2.step == s1.step && rr.events_ok && dp < 1e-5 && dm < 1e-5 && wl < 1e-5)
+            ok("checkpoint continuation %s %s, graphs+overlap: %d+%d steps, %s (params rel %.1e, momentum rel %.1e, "
+               "loss %s), step %llu",
+               pn, where, k, mm, bits ? "bit-identical" : "within rounding", dp, dm, loss_same ? "identical" : "close",
+               (unsigned long long)s2.step);
+        else
+            fail("checkpoint continuation %s %s: params rel %.3e, momentum rel %.3e, loss rel %.2e, step %llu vs %llu%s%s",
+                 pn, where, dp, dm, wl, (unsigned long long)s2.step, (unsigned long long)s1.step,
+                 rr.events_ok ? "" : "; events: ", rr.why);
+    }
+}
+
+/* bench in every mode: positive seconds, the training state bit-identical
+ * afterwards, no events; returns the three step rates (steps/s) in rate[]. */
+static const sf_bench_mode BENCH_MODES[3] = {SF_BENCH_STEP, SF_BENCH_AUG_STEP, SF_BENCH_H2D_AUG_STEP};
+static const char *BENCH_NAMES[3] = {"step-only", "aug+step", "h2d+aug+step"};
+
+static int bench_all_modes(sf_backend *be, const sf_model &m, const sf_batch &b, int warmup, int steps,
+                           const char *name, double rate[3])
+{
+    char err[300];
+    tstate before, after;
+    if (get_state(be, m, before)) {
+        fail("%s bench: get state failed", name);
+        return -1;
+    }
+    int bad = 0;
+    for (int i = 0; i < 3; i++) {
+        double sec = -1;
+        if (be->i->bench(be, &b, BENCH_MODES[i], warmup, steps, &sec, err, sizeof err)) {
+            fail("%s bench %s: %s", name, BENCH_NAMES[i], err);
+            bad = 1;
+            continue;
+        }
+        rate[i] = steps / sec;
+        if (!(sec > 0)) {
+            fail("%s bench %s: %g seconds", name, BENCH_NAMES[i], sec);
+            bad = 1;
+        }
+        sf_event ev[4];
+        int k = be->i->poll(be, ev, 4, 0);
+        if (get_state(be, m, after) || !same_bits(before.p, after.p) || !same_bits(before.m, after.m) ||
+            before.step != after.step || k != 0) {
+            fail("%s bench %s changed the training state (params %s, momentum %s, step %llu -> %llu, %d events)",
+                 name, BENCH_NAMES[i], same_bits(before.p, after.p) ? "same" : "DIFFER",
+                 same_bits(before.m, after.m) ? "same" : "DIFFER", (unsigned long long)before.step,
+                 (unsigned long long)after.step, k);
+            bad = 1;
+        }
+    }
+    if (!bad)
+        ok("%s bench in all 3 modes: seconds > 0, params/momentum/step bit-identical afterwards, no events", name);
+    return bad ? -1 : 0;
+}
+
+static void bench_reduced(sf_backend *be, const sf_model &m, batch_set &bs)
+{
+    char err[300];
+    sf_train_cfg cfg = make_cfg(SF_PREC_TF32, bs.n, 1, 1);
+    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+        fail("bench reduced-W1 build: %s", err);
+        return;
+    }
+    run_out r;
+    uint64_t sc = 0;
+    if (run_steps(be, bs, 0, 2, &sc, r)) /* momentum in use, step count 2 */
+        return;
+    double rate[3] = {0, 0, 0};
+    if (bench_all_modes(be, m, bs.b[2], 2, 5, "reduced-W1 tf32 batch 8", rate) == 0)
+        printf("info reduced-W1 b%d bench: step-only %.1f, aug+step %.1f, h2d+aug+step %.1f steps/s\n", bs.n, rate[0],
+               rate[1], rate[2]);
+    /* Training goes on from where it was: the next step is step 3. */
+    run_out r2;
+    if (run_steps(be, bs, 2, 3, &sc, r2) == 0 && r2.events_ok)
+        ok("after bench, training continues with step %llu and ordered events", (unsigned long long)sc);
+    else
+        fail("after bench: %s", r2.why);
+    /* Refusals: unknown mode, no steps, in flight. */
+    double sec = 0;
+    if (be->i->bench(be, &bs.b[0], (sf_bench_mode)7, 0, 1, &sec, err, sizeof err) == 0 ||
+        be->i->bench(be, &bs.b[0], SF_BENCH_STEP, 0, 0, &sec, err, sizeof err) == 0)
+        fail("bench accepted an unknown mode or zero steps");
+    else
+        ok("bench refuses an unknown mode and zero steps: %s", err);
+    if (be->i->submit(be, &bs.b[0], err, sizeof err) == 0) {
+        int rc = be->i->bench(be, &bs.b[0], SF_BENCH_STEP, 0, 1, &sec, err, sizeof err);
+        if (rc != 0)
+            ok("bench refuses while a batch is in flight: %s", err);
+        else
+            fail("bench ran with a batch in flight");
+        sf_event ev[4];
+        for (int got = 0, tries = 0; got < 2 && tries < 1000; tries++)
+            got += be->i->poll(be, ev, 4, 1000);
+    }
+}
+
+/* device_stats from several threads at once (the first call loads NVML). */
+struct stats_thread {
+    sf_backend *be;
+    int n, valid;
+    volatile int *stop;
+    double max_util;
+    sf_device_stats last;
+};
+
+static void *stats_main(void *arg)
+{
+    stats_thread *t = (stats_thread *)arg;
+    do {
+        sf_device_stats ds;
+        if (t->be->i->device_stats(t->be, &ds) == 0 && ds.valid) {
+            t->valid++;
+            t->last = ds;
+            if (ds.utilization_ratio > t->max_util)
+                t->max_util = ds.utilization_ratio;
+        }
+        t->n++;
+        if (t->stop) {
+            struct timespec ts = {0, 20 * 1000000};
+            nanosleep(&ts, NULL);
+        }
+    } while (t->stop && !*t->stop);
+    return NULL;
+}
+
+static bool stats_plausible(const sf_device_stats &ds)
+{
+    return ds.valid && ds.utilization_ratio >= 0 && ds.utilization_ratio <= 1 && ds.memory_used_bytes > 0 &&
+           ds.memory_used_bytes <= ds.memory_total_bytes && ds.power_watts > 0 && ds.name[0];
+}
+
+static void device_stats_check(sf_backend *be)
+{
+    stats_thread th[4];
+    pthread_t tid[4];
+    for (int i = 0; i < 4; i++) {
+        memset(&th[i], 0, sizeof th[i]);
+        th[i].be = be;
+        pthread_create(&tid[i], NULL, stats_main, &th[i]);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(tid[i], NULL);
+    int valid = 0;
+    for (int i = 0; i < 4; i++)
+        valid += th[i].valid;
+    const sf_device_stats &ds = th[0].last;
+    if (valid == 4 && stats_plausible(ds))
+        ok("device_stats from 4 threads at once: %s, utilization %.2f, memory %.2f / %.2f GiB, power %.1f W", ds.name,
+           ds.utilization_ratio, ds.memory_used_bytes / 1073741824.0, ds.memory_total_bytes / 1073741824.0,
+           ds.power_watts);
+    else
+        fail("device_stats: %d of 4 valid; util %g used %g total %g power %g name '%s' (nvml: %s)", valid,
+             ds.utilization_ratio, ds.memory_used_bytes, ds.memory_total_bytes, ds.power_watts, ds.name,
+             sf_nvml_error());
+}
+
+/* The diagnose figures: the seed-classifier at batch 32, graphs + overlap on,
+ * the backend's default layout, W1's augmentation and optimizer. A sampler
+ * thread reads device_stats meanwhile. */
+static void diagnose_w1(sf_backend *be, const sf_model &w1, batch_set &b4, sf_precision prec)
+{
+    char err[300];
+    sf_train_cfg cfg = make_cfg(prec, b4.n, 1, 1);
+    if (be->i->build(be, &w1, &cfg, err, sizeof err)) {
+        fail("diagnose build: %s", err);
+        return;
+    }
+    run_out r;
+    uint64_t sc = 0;
+    if (run_steps(be, b4, 0, 1, &sc, r)) /* a real step first: step count 1 */
+        return;
+    volatile int stop = 0;
+    stats_thread th;
+    memset(&th, 0, sizeof th);
+    th.be = be;
+    th.stop = &stop;
+    pthread_t tid;
+    pthread_create(&tid, NULL, stats_main, &th);
+    double rate[3] = {0, 0, 0};
+    int rc = bench_all_modes(be, w1, b4.b[0], 10, 60, prec == SF_PREC_TF32 ? "seed-classifier tf32 b32" : "seed-classifier fp32 b32", rate);
+    stop = 1;
+    pthread_join(tid, NULL);
+    if (rc == 0)
+        printf("diagnose W1 b%d%s: step-only %.1f, aug+step %.1f, h2d+aug+step %.1f steps/s\n", b4.n,
+               prec == SF_PREC_TF32 ? "" : " (fp32)", rate[0], rate[1], rate[2]);
+    printf("info device_stats sampled %d times during the bench (%d valid), max utilization %.2f, last: %.2f GiB used, "
+           "%.1f W\n", th.n, th.valid, th.max_util, th.last.memory_used_bytes / 1073741824.0, th.last.power_watts);
+    if (th.valid > 0 && stats_plausible(th.last))
+        ok("device_stats from a sampler thread during bench: plausible");
+    else if (th.n > 0)
+        fail("device_stats from a sampler thread: %d of %d valid", th.valid, th.n);
+}
+
 /* ---- main -------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -761,6 +1046,23 @@ int main(int argc, char **argv)
         free_batches(cu, bt);
     }
 
+    /* 4d. checkpoint state, bench, device telemetry */
+    {
+        device_stats_check(cu);
+        batch_set bc;
+        if (make_batches(cu, bc, AUG_SCALE, 7, 8, 64, 64, 3, 10, 61))
+            return 1;
+        setenv("SF_CUDA_LAYOUT", "nhwc", 1); /* KRSC weight copies in play */
+        /* One engine choice per build (timed choices may differ between the
+         * original and the rebuilt backend, which is rounding, not state). */
+        setenv("SF_CUDNN_TUNE", "1", 1);
+        checkpoint_continuation(cu, rw1, SF_PREC_FP32, bc, 3, 4);
+        checkpoint_continuation(cu, rw1, SF_PREC_TF32, bc, 3, 4);
+        unsetenv("SF_CUDNN_TUNE");
+        bench_reduced(cu, rw1, bc);
+        free_batches(cu, bc);
+    }
+
     /* 5. the real seed-classifier, one step with W1's augmentation */
     sf_model w1;
     if (sf_model_from_preset("seed-classifier", &w1, err, sizeof err)) {
@@ -813,6 +1115,7 @@ int main(int argc, char **argv)
             for (int v = 0; v < 4; v++)
                 perf_vtable(cu, w1, b4, SF_PREC_TF32, !(v & 1), !(v & 2));
             perf_vtable(cu, w1, b4, SF_PREC_FP32, 1, 1);
+            diagnose_w1(cu, w1, b4, SF_PREC_TF32);
             free_batches(cu, b4);
         }
     }

@@ -325,6 +325,185 @@ static void transform_equals_the_reference_augmentation(void **state)
     free(y);
 }
 
+/* Steps seq [from, to) of the learnable task; the losses into loss[] when given. */
+static void train_range(fixture *f, uint64_t from, uint64_t to, float *loss)
+{
+    for (uint64_t s = from; s < to; s++) {
+        make_batch(f, s);
+        sf_batch b = batch_of(f, s, BATCH);
+        b.hyper.weight_decay = s % 2 ? 1e-3f : 0.0f; /* hyper-parameters change between steps */
+        sf_event ev = step(f, &b);
+        if (ev.status != 0)
+            fail_msg("step %llu: %s", (unsigned long long)s, ev.err);
+        if (loss)
+            loss[s - from] = ev.loss;
+    }
+}
+
+static void opt_state_is_zero_momentum_and_step_0_after_build(void **state)
+{
+    fixture *f = *state;
+    const size_t n = f->m.n_params;
+    float *mom = malloc(sizeof(float) * n), *zero = calloc(n, sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        mom[i] = NAN;
+    uint64_t st = 99;
+    assert_int_equal(f->be->i->get_opt_state(f->be, mom, &st), 0);
+    assert_int_equal(st, 0);
+    assert_memory_equal(mom, zero, sizeof(float) * n);
+    /* Plain SGD (momentum 0) leaves the buffer untouched: still zeros. */
+    make_batch(f, 1);
+    sf_batch b = batch_of(f, 1, BATCH);
+    b.hyper.momentum = 0.0f;
+    sf_event ev = step(f, &b);
+    assert_int_equal(ev.status, 0);
+    assert_int_equal(f->be->i->get_opt_state(f->be, mom, &st), 0);
+    assert_int_equal(st, 1);
+    assert_memory_equal(mom, zero, sizeof(float) * n);
+    free(mom);
+    free(zero);
+}
+
+static void restoring_params_and_opt_state_continues_training_bit_exactly(void **state)
+{
+    fixture *f = *state;
+    const size_t n = f->m.n_params, bytes = sizeof(float) * n;
+    const int k = 6, m = 5;
+    float *p0 = malloc(bytes), *m0 = malloc(bytes), *p1 = malloc(bytes), *m1 = malloc(bytes), *p2 = malloc(bytes),
+          *m2 = malloc(bytes), *zero = calloc(n, sizeof(float));
+    float loss1[5], loss2[5];
+    uint64_t s0 = 0, s1 = 0, s2 = 0;
+
+    train_range(f, 0, (uint64_t)k, NULL);
+    assert_int_equal(f->be->i->get_params(f->be, p0), 0);
+    assert_int_equal(f->be->i->get_opt_state(f->be, m0, &s0), 0);
+    assert_int_equal(s0, (uint64_t)k);
+    assert_memory_not_equal(m0, zero, bytes); /* momentum 0.9 was used */
+
+    train_range(f, (uint64_t)k, (uint64_t)(k + m), loss1);
+    assert_int_equal(f->be->i->get_params(f->be, p1), 0);
+    assert_int_equal(f->be->i->get_opt_state(f->be, m1, &s1), 0);
+    assert_int_equal(s1, (uint64_t)(k + m));
+
+    /* Back to the snapshot in the same backend: the same m batches give the
+     * same bits, and the step counter continues from k. */
+    assert_int_equal(f->be->i->set_params(f->be, p0), 0);
+    assert_int_equal(f->be->i->set_opt_state(f->be, m0, s0), 0);
+    make_batch(f, (uint64_t)k);
+    sf_batch b = batch_of(f, (uint64_t)k, BATCH);
+    b.hyper.weight_decay = k % 2 ? 1e-3f : 0.0f;
+    sf_event ev = step(f, &b);
+    assert_int_equal(ev.step, (uint64_t)k + 1);
+    loss2[0] = ev.loss;
+    train_range(f, (uint64_t)k + 1, (uint64_t)(k + m), loss2 + 1);
+    assert_int_equal(f->be->i->get_params(f->be, p2), 0);
+    assert_int_equal(f->be->i->get_opt_state(f->be, m2, &s2), 0);
+    assert_memory_equal(loss1, loss2, sizeof loss1);
+    assert_memory_equal(p1, p2, bytes);
+    assert_memory_equal(m1, m2, bytes);
+    assert_int_equal(s2, s1);
+
+    /* Into a freshly built backend (another seed): the same again. */
+    sf_backend *be2 = sf_backend_ref_new(err, sizeof err);
+    assert_non_null(be2);
+    sf_train_cfg cfg2 = f->cfg;
+    cfg2.seed = 7;
+    assert_int_equal(be2->i->build(be2, &f->m, &cfg2, err, sizeof err), 0);
+    assert_int_equal(be2->i->set_params(be2, p0), 0);
+    assert_int_equal(be2->i->set_opt_state(be2, m0, s0), 0);
+    sf_backend *keep = f->be;
+    f->be = be2;
+    train_range(f, (uint64_t)k, (uint64_t)(k + m), loss2);
+    assert_int_equal(be2->i->get_params(be2, p2), 0);
+    assert_int_equal(be2->i->get_opt_state(be2, m2, &s2), 0);
+    f->be = keep;
+    be2->i->destroy(be2);
+    assert_memory_equal(loss1, loss2, sizeof loss1);
+    assert_memory_equal(p1, p2, bytes);
+    assert_memory_equal(m1, m2, bytes);
+    assert_int_equal(s2, s1);
+
+    /* The momentum matters: restoring the parameters alone (zero momentum)
+     * gives other parameters. */
+    assert_int_equal(f->be->i->set_params(f->be, p0), 0);
+    assert_int_equal(f->be->i->set_opt_state(f->be, zero, s0), 0);
+    train_range(f, (uint64_t)k, (uint64_t)(k + m), NULL);
+    assert_int_equal(f->be->i->get_params(f->be, p2), 0);
+    assert_memory_not_equal(p1, p2, bytes);
+
+    free(p0);
+    free(m0);
+    free(p1);
+    free(m1);
+    free(p2);
+    free(m2);
+    free(zero);
+}
+
+static void bench_times_every_mode_and_leaves_the_training_state_unchanged(void **state)
+{
+    fixture *f = *state;
+    const size_t n = f->m.n_params, bytes = sizeof(float) * n;
+    float *p0 = malloc(bytes), *m0 = malloc(bytes), *p1 = malloc(bytes), *m1 = malloc(bytes);
+    uint64_t s0 = 0, s1 = 0;
+    train_range(f, 0, 3, NULL); /* non-trivial momentum and step count */
+    assert_int_equal(f->be->i->get_params(f->be, p0), 0);
+    assert_int_equal(f->be->i->get_opt_state(f->be, m0, &s0), 0);
+    assert_int_equal(s0, 3);
+
+    make_batch(f, 50);
+    sf_batch b = batch_of(f, 50, BATCH);
+    const sf_bench_mode modes[3] = {SF_BENCH_STEP, SF_BENCH_AUG_STEP, SF_BENCH_H2D_AUG_STEP};
+    const char *names[3] = {"step", "aug+step", "h2d+aug+step"};
+    for (int i = 0; i < 3; i++) {
+        double sec = -1;
+        if (f->be->i->bench(f->be, &b, modes[i], 1, 4, &sec, err, sizeof err) != 0)
+            fail_msg("bench %s: %s", names[i], err);
+        assert_true(sec > 0);
+        print_message("ref bench %s: %.1f steps/s (tiny, batch %d)\n", names[i], 4 / sec, BATCH);
+        assert_int_equal(f->be->i->get_params(f->be, p1), 0);
+        assert_int_equal(f->be->i->get_opt_state(f->be, m1, &s1), 0);
+        assert_memory_equal(p0, p1, bytes);
+        assert_memory_equal(m0, m1, bytes);
+        assert_int_equal(s1, s0);
+        sf_event ev[4];
+        assert_int_equal(f->be->i->poll(f->be, ev, 4, 0), 0); /* bench yields no events */
+    }
+
+    /* Training after a bench is training as if there had been none. */
+    float lossa[2], lossb[2];
+    train_range(f, 3, 5, lossa);
+    assert_int_equal(f->be->i->get_params(f->be, p1), 0);
+    assert_int_equal(f->be->i->set_params(f->be, p0), 0);
+    assert_int_equal(f->be->i->set_opt_state(f->be, m0, s0), 0);
+    train_range(f, 3, 5, lossb);
+    assert_int_equal(f->be->i->get_params(f->be, p0), 0);
+    assert_memory_equal(lossa, lossb, sizeof lossa);
+    assert_memory_equal(p0, p1, bytes);
+
+    /* Errors: an unknown mode, no timed steps, a bad label. */
+    double sec = 0;
+    assert_int_equal(f->be->i->bench(f->be, &b, (sf_bench_mode)9, 0, 1, &sec, err, sizeof err), -1);
+    assert_non_null(strstr(err, "mode"));
+    assert_int_equal(f->be->i->bench(f->be, &b, SF_BENCH_STEP, 0, 0, &sec, err, sizeof err), -1);
+    f->labels[0] = 10;
+    assert_int_equal(f->be->i->bench(f->be, &b, SF_BENCH_STEP, 0, 1, &sec, err, sizeof err), -1);
+    assert_non_null(strstr(err, "label"));
+    free(p0);
+    free(m0);
+    free(p1);
+    free(m1);
+}
+
+static void device_stats_is_absent_on_the_cpu(void **state)
+{
+    fixture *f = *state;
+    sf_device_stats ds;
+    memset(&ds, 0x5a, sizeof ds);
+    assert_int_equal(f->be->i->device_stats(f->be, &ds), -1);
+    assert_int_equal(ds.valid, 0);
+}
+
 static void backend_without_a_model_refuses_to_submit(void **state)
 {
     sf_backend *be = sf_backend_ref_new(err, sizeof err);
@@ -338,7 +517,13 @@ static void backend_without_a_model_refuses_to_submit(void **state)
     assert_int_equal(be->i->submit(be, &b, err, sizeof err), -1);
     assert_non_null(strstr(err, "model"));
     float buf[1];
+    uint64_t st;
+    double sec;
     assert_int_equal(be->i->get_params(be, buf), -1);
+    assert_int_equal(be->i->get_opt_state(be, buf, &st), -1);
+    assert_int_equal(be->i->set_opt_state(be, buf, 0), -1);
+    assert_int_equal(be->i->bench(be, &b, SF_BENCH_STEP, 0, 1, &sec, err, sizeof err), -1);
+    assert_non_null(strstr(err, "model"));
     be->i->destroy(be);
 }
 
@@ -363,6 +548,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(labels_of_every_dtype_give_the_same_step, setup, teardown),
         cmocka_unit_test_setup_teardown(build_initialises_params_from_the_seed_and_get_set_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(transform_equals_the_reference_augmentation, setup, teardown),
+        cmocka_unit_test_setup_teardown(opt_state_is_zero_momentum_and_step_0_after_build, setup, teardown),
+        cmocka_unit_test_setup_teardown(restoring_params_and_opt_state_continues_training_bit_exactly, setup, teardown),
+        cmocka_unit_test_setup_teardown(bench_times_every_mode_and_leaves_the_training_state_unchanged, setup, teardown),
+        cmocka_unit_test_setup_teardown(device_stats_is_absent_on_the_cpu, setup, teardown),
         cmocka_unit_test(backend_without_a_model_refuses_to_submit),
         cmocka_unit_test(cuda_constructor_explains_why_it_is_unavailable),
     };

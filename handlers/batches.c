@@ -11,10 +11,20 @@
 
 static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
 {
+    if (!r->user) {
+        /* Refuse a bad query before reading the body, not after training it. */
+        const char *w = sf_req_arg(r, "wait");
+        if (w && strcmp(w, "0") != 0 && strcmp(w, "1") != 0) {
+            sf_upload_on_rejected(r, "bad_query");
+            *len = 0;
+            return sf_reply_error(r, 400, "bad_query", "wait must be 0 or 1, not \"%.32s\"", w), -1;
+        }
+    }
     return sf_upload_on_data(r, 0, data, len);
 }
 
-const sf_stream_ops h_batches_stream = {batches_data, sf_upload_on_done, sf_upload_max_body};
+const sf_stream_ops h_batches_stream = {batches_data, sf_upload_on_done, sf_upload_max_body,
+                                        sf_upload_on_rejected};
 
 static int reply_job(sf_req *r, uint64_t id, int status)
 {
@@ -48,7 +58,7 @@ static int wait_for_job(sf_req *r, uint64_t id)
 static int wants_wait(sf_req *r)
 {
     const char *w = sf_req_arg(r, "wait");
-    return w && (strcmp(w, "1") == 0 || strcmp(w, "true") == 0);
+    return w && strcmp(w, "1") == 0;
 }
 
 int h_batches_post(sf_req *r)

@@ -10,7 +10,8 @@ static int transform_data(sf_req *r, const uint8_t *data, size_t *len)
     return sf_upload_on_data(r, 1, data, len);
 }
 
-const sf_stream_ops h_transform_stream = {transform_data, sf_upload_on_done, sf_upload_max_body};
+const sf_stream_ops h_transform_stream = {transform_data, sf_upload_on_done, sf_upload_max_body,
+                                          sf_upload_on_rejected};
 
 int h_transform(sf_req *r)
 {

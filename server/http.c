@@ -372,6 +372,13 @@ static int content_type_ok(const sf_route *rt, const char *ct)
     return 0;
 }
 
+/* Lets a streaming route count a refusal made here, before it saw the body. */
+static void stream_rejected(sf_req *r, const char *code)
+{
+    if (r->route && r->route->stream && r->route->stream->on_rejected)
+        r->route->stream->on_rejected(r, code);
+}
+
 /* First call: headers are in. Returns 0 to go on, -1 when an error reply was
  * made (deferred when a body follows). */
 static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method, const char *url)
@@ -420,6 +427,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
             sf_reply_header(r, "WWW-Authenticate", "Bearer");
             sf_reply_error(r, 401, "unauthorized", "a valid bearer token is required for %s %s",
                            method, rt->pattern);
+            stream_rejected(r, "unauthorized");
             return -1;
         }
     }
@@ -431,6 +439,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
                        ct ? ct : "(none)", method, rt->pattern, rt->content_types[0],
                        rt->content_types[1] ? ", " : "",
                        rt->content_types[1] ? rt->content_types[1] : "");
+        stream_rejected(r, "unsupported_media_type");
         return -1;
     }
     r->priv->body_limit = rt->stream ? rt->stream->max_body(app) : (uint64_t)cfg.http.max_json_bytes;
@@ -439,6 +448,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         sf_reply_error(r, 413, "body_too_large", "body of %llu bytes exceeds the limit of %llu",
                        (unsigned long long)content_length,
                        (unsigned long long)r->priv->body_limit);
+        stream_rejected(r, "body_too_large");
         return -1;
     }
     return 0;
@@ -626,7 +636,12 @@ sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
      * on_headers enforces with a JSON 431; twice that here is a backstop) plus
      * a large read buffer so uploads arrive in big chunks. */
     size_t mem = (size_t)c->http.max_header_bytes * 2 + (1u << 20);
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* poll(), not epoll: libmicrohttpd 0.9.75's edge-triggered epoll mode
+     * misses an end of stream that arrives with the last bytes of a body (a
+     * loader killed mid-upload), leaving its ring slot FILLING until the
+     * connection timeout (tests/integration/test_ingest.py). Each pool thread
+     * polls its own share of at most http.max_connections sockets. */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     h->d = MHD_start_daemon(
         flags, (uint16_t)c->http.port, NULL, NULL, access_cb, h, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)c->http.threads, MHD_OPTION_CONNECTION_LIMIT,

@@ -1,7 +1,7 @@
 /* server/http.h — the HTTP daemon (libmicrohttpd), routing, replies and
  * suspended requests.
  *
- * Threads: libmicrohttpd runs an epoll thread pool (http.threads). Every route
+ * Threads: libmicrohttpd runs a poll() thread pool (http.threads). Every route
  * callback runs on one of those threads, for one request at a time; a request
  * is never handled by two threads at once. sf_http_wake may be called from any
  * thread (the engine wakes requests waiting for a slot or a result).
@@ -49,6 +49,9 @@ typedef struct sf_stream_ops {
     void (*on_done)(sf_req *r, int ok);
     /* Largest body accepted for this route (bytes), from config. */
     uint64_t (*max_body)(struct sf_app *app);
+    /* Told when this module refused the request before the route saw a body
+     * byte (401, 413, 415), so the route can count the rejection. */
+    void (*on_rejected)(sf_req *r, const char *code);
 } sf_stream_ops;
 
 typedef int (*sf_handler_fn)(sf_req *r);

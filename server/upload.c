@@ -27,7 +27,7 @@ static void xform_release(void *p)
         free(o);
 }
 
-static void count_rejected(sf_req *r, const char *reason)
+void sf_upload_on_rejected(sf_req *r, const char *reason)
 {
     const char *v[] = {reason};
     sf_counter_inc_l(r->app->m.batches_rejected, v, 1);
@@ -42,7 +42,7 @@ static int reject(sf_req *r, sf_upload *u, int status, const char *code, const c
         sf_ring_abort(r->app->ring, u->slot);
         u->slot = -1;
     }
-    count_rejected(r, code);
+    sf_upload_on_rejected(r, code);
     sf_reply_error(r, status, code, "%s", msg);
     return -1;
 }
@@ -225,7 +225,7 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
     sf_app *app = r->app;
     sf_upload *u = r->user;
     if (!u) {
-        count_rejected(r, "body_empty");
+        sf_upload_on_rejected(r, "body_empty");
         sf_reply_error(r, 400, "body_empty", "the body must be a safetensors file");
         return -1;
     }
@@ -277,8 +277,6 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
     m->t_ready_ns = sf_now_ns();
     u->committed = 1;
     sf_ring_commit(app->ring, u->slot);
-    const char *s[] = {"accepted"};
-    sf_counter_inc_l(app->m.batches_received, s, 1);
     sf_counter_add(sf_metric_only(app->m.bytes_received), (double)r->bytes_in);
     *job_id = u->job_id;
     return 0;
@@ -299,15 +297,19 @@ int sf_upload_transform_reply(sf_req *r)
 void sf_upload_on_done(sf_req *r, int ok)
 {
     sf_upload *u = r->user;
-    if (!u)
+    if (!u) {
+        /* The client went away before sending any body byte. */
+        if (!ok && r->status == 0)
+            sf_upload_on_rejected(r, "aborted");
         return;
+    }
     if (u->slot >= 0 && !u->committed) {
         /* The client went away mid-upload: the slot returns, nothing reaches READY. */
         sf_ring_abort(r->app->ring, u->slot);
         u->slot = -1;
     }
     if (!u->committed && r->status == 0)
-        count_rejected(r, "aborted");
+        sf_upload_on_rejected(r, "aborted");
     if (u->out)
         xform_release(u->out);
     sf_st_free(&u->parser);

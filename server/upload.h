@@ -34,6 +34,8 @@ typedef struct sf_upload {
 /* Stream callbacks (sf_stream_ops) for a route of the given kind. */
 int sf_upload_on_data(sf_req *r, int kind, const uint8_t *data, size_t *len);
 void sf_upload_on_done(sf_req *r, int ok);
+/* Counts a refused upload in batches_rejected_total{reason} (and received{rejected}). */
+void sf_upload_on_rejected(sf_req *r, const char *reason);
 /* Called when the body has ended: validates the end of the body and commits
  * the slot. Returns 0 with the job id, or -1 after an error reply. */
 int sf_upload_commit(sf_req *r, uint64_t *job_id);

@@ -1,0 +1,35 @@
+"""streamfeed — the Python client of a streamfeed training worker.
+
+streamfeed trains a model on batches of raw uint8 images that remote loaders
+POST over HTTP as safetensors bodies. This package is such a loader::
+
+    from streamfeed import Client
+
+    client = Client("http://gpu-box:8080", token=None)
+    client.post_batch(images, labels)                 # 202: queued
+    result = client.post_batch(images, labels, wait=True)
+    print(result["loss"], result["accuracy"])
+
+    summary = client.feed(dataloader, connections=4)  # drain a whole DataLoader
+    print(summary)
+
+Images are uint8 numpy arrays or torch tensors, NHWC or NCHW (guessed from the
+shape); labels are any integer dtype. Error replies raise
+:class:`~streamfeed.errors.APIError` subclasses carrying the server's error
+code; back-pressure (429/503 with Retry-After) is retried with a capped back-off.
+"""
+from .client import Client, RetryPolicy, parse_retry_after
+from .errors import (APIError, Backpressure, BadRequest, BatchFailed, Conflict, FeedAborted,
+                     MethodNotAllowed, NotFound, PayloadTooLarge, ServerError, StreamfeedError,
+                     TransportError, Unauthorized, Unprocessable, UnsupportedMediaType)
+from .feed import FeedSummary, feed
+from .wire import decode_tensors, detect_layout, encode_batch
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "RetryPolicy", "FeedSummary", "feed", "encode_batch", "decode_tensors", "detect_layout",
+    "parse_retry_after", "StreamfeedError", "TransportError", "APIError", "BadRequest", "Unauthorized",
+    "NotFound", "MethodNotAllowed", "Conflict", "PayloadTooLarge", "UnsupportedMediaType",
+    "Unprocessable", "Backpressure", "ServerError", "BatchFailed", "FeedAborted", "__version__",
+]

@@ -1,0 +1,347 @@
+"""The HTTP client of a streamfeed server.
+
+>>> from streamfeed import Client
+>>> c = Client("http://localhost:8080")
+>>> c.post_batch(images, labels, wait=True)["loss"]     # doctest: +SKIP
+2.30
+
+A :class:`Client` is safe to share between threads: each thread gets its own
+``requests.Session`` (one keep-alive connection pool per thread), which is what
+:meth:`Client.feed` relies on to upload over several connections at once.
+"""
+from __future__ import annotations
+
+import email.utils
+import json
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import requests
+
+from . import errors as E
+from .wire import CONTENT_TYPE, decode_tensors, encode_batch
+
+FINISHED = ("done", "failed")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How the client retries back-pressure replies.
+
+    A reply of 429 or 503 that carries ``Retry-After`` (the server's "ring
+    full" and "ring full timeout" answers) is retried up to ``max_retries``
+    times. Each wait is the server's ``Retry-After`` or the exponential
+    back-off ``backoff_base * 2**attempt`` (with jitter), whichever is longer,
+    capped at ``backoff_max`` seconds. GET requests are also retried on
+    connection errors, ``connect_retries`` times (they are idempotent); POSTs
+    are not, since the server may have accepted the batch before the
+    connection broke.
+    """
+
+    max_retries: int = 20
+    backoff_base: float = 0.05
+    backoff_max: float = 5.0
+    connect_retries: int = 3
+
+    def delay(self, attempt: int, retry_after: Optional[float]) -> float:
+        """Seconds to wait before retry number attempt + 1 (attempt counts from 0)."""
+        backoff = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 30)))
+        backoff *= random.uniform(0.5, 1.0)  # jitter: connections that failed together spread out
+        if retry_after is not None:
+            backoff = max(backoff, retry_after)
+        return min(backoff, self.backoff_max)
+
+
+def parse_retry_after(value: Optional[str]) -> Optional[float]:
+    """``Retry-After`` as seconds: delta-seconds or an HTTP date; None if absent or unparsable."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+class Client:
+    """A client of one streamfeed server.
+
+    Args:
+        url: the server's base URL, e.g. ``http://gpu-box:8080``.
+        token: the bearer token when the server has ``http.token`` set; sent
+            as ``Authorization: Bearer <token>`` on every request.
+        timeout: seconds to wait for a reply (connect and read).
+        wait_timeout: read timeout of requests that wait for a training step
+            (``wait=True``); keep it above the server's ``pipeline.wait_timeout_ms``.
+        retry: the back-pressure retry policy (:class:`RetryPolicy`), or an int
+            (max retries with the default back-off), 0 to never retry.
+
+    Methods return the server's JSON replies as dicts (see openapi/streamfeed.yaml)
+    and raise :class:`streamfeed.errors.APIError` subclasses for error replies.
+    """
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0,
+                 wait_timeout: float = 120.0, retry: Any = None):
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = float(timeout)
+        self.wait_timeout = max(float(wait_timeout), self.timeout)
+        if retry is None:
+            retry = RetryPolicy()
+        elif isinstance(retry, int):
+            retry = RetryPolicy(max_retries=retry)
+        self.retry: RetryPolicy = retry
+        self._local = threading.local()
+        self._sessions: List[requests.Session] = []
+        self._lock = threading.Lock()
+
+    # ---- plumbing ----------------------------------------------------------------
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = requests.Session()
+            if self.token:
+                s.headers["Authorization"] = f"Bearer {self.token}"
+            s.headers["User-Agent"] = "streamfeed-python/0.1"
+            self._local.session = s
+            with self._lock:
+                self._sessions.append(s)
+        return s
+
+    def close(self) -> None:
+        """Closes every thread's connections. The client stays usable (it reconnects)."""
+        with self._lock:
+            sessions, self._sessions = self._sessions, []
+        for s in sessions:
+            s.close()
+        self._local = threading.local()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    def _error(self, resp: requests.Response, method: str, url: str, attempts: int) -> E.APIError:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = resp.text
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict) and "code" in err:
+            code, message, field = str(err["code"]), str(err.get("message", "")), err.get("field")
+        else:
+            code, message, field = f"http_{resp.status_code}", (resp.text or resp.reason or "")[:500], None
+        has_ra = "Retry-After" in resp.headers
+        cls = E.error_class(resp.status_code, has_ra)
+        return cls(resp.status_code, code, message, field=field,
+                   request_id=resp.headers.get("X-Request-Id"),
+                   retry_after=parse_retry_after(resp.headers.get("Retry-After")), body=body,
+                   method=method, url=url, attempts=attempts)
+
+    def _send(self, method: str, path: str, *, params: Optional[dict] = None, data: Any = None,
+              headers: Optional[dict] = None, timeout: Optional[float] = None,
+              ok: Tuple[int, ...] = ()) -> Tuple[requests.Response, int]:
+        """Sends one request with the retry policy.
+
+        Returns (response, retries). A status >= 400 raises an APIError, except
+        the statuses listed in ok."""
+        url = self.url + path
+        timeout = self.timeout if timeout is None else timeout
+        retries = 0
+        while True:
+            try:
+                resp = self._session().request(method, url, params=params, data=data, headers=headers,
+                                               timeout=(min(timeout, 10.0), timeout))
+            except requests.ConnectionError as e:
+                if method == "GET" and retries < min(self.retry.connect_retries, self.retry.max_retries):
+                    time.sleep(self.retry.delay(retries, None))
+                    retries += 1
+                    continue
+                raise E.TransportError(f"{method} {url}: {e}", e) from e
+            except requests.RequestException as e:
+                raise E.TransportError(f"{method} {url}: {e}", e) from e
+            if resp.status_code < 400 or resp.status_code in ok:
+                return resp, retries
+            if (resp.status_code in (429, 503) and "Retry-After" in resp.headers
+                    and retries < self.retry.max_retries):
+                resp.close()
+                time.sleep(self.retry.delay(retries, parse_retry_after(resp.headers.get("Retry-After"))))
+                retries += 1
+                continue
+            raise self._error(resp, method, url, retries + 1)
+
+    def _json(self, method: str, path: str, **kw) -> Dict[str, Any]:
+        resp, _ = self._send(method, path, **kw)
+        return resp.json()
+
+    # ---- batches -----------------------------------------------------------------
+
+    def post_body(self, body: bytes, wait: bool = False) -> Tuple[Dict[str, Any], int]:
+        """POSTs an already encoded safetensors body to /v1/batches.
+
+        Returns (reply, retries): the reply is the BatchAccepted object
+        (``{"id", "queued", "ring"}``) or, with wait, the finished Batch.
+
+        Raises:
+            BatchFailed: wait was set and the batch's step failed.
+            APIError: the server rejected the batch (after the retries, for back-pressure).
+        """
+        resp, retries = self._send("POST", "/v1/batches", params={"wait": "1"} if wait else None,
+                                   data=body, headers={"Content-Type": CONTENT_TYPE},
+                                   timeout=self.wait_timeout if wait else None)
+        reply = resp.json()
+        if wait:
+            if reply.get("state") not in FINISHED:
+                # The server's wait ended first (pipeline.wait_timeout_ms): poll.
+                reply = self.wait_batch(int(reply["id"]), timeout=self.wait_timeout)
+            if reply.get("state") == "failed":
+                raise E.BatchFailed(reply)
+        return reply, retries
+
+    def post_batch(self, images: Any, labels: Any, wait: bool = False, *,
+                   layout: Optional[str] = None) -> Dict[str, Any]:
+        """Submits one batch for training.
+
+        Args:
+            images: uint8 images, numpy array or torch tensor, ``[N,H,W,C]`` or
+                ``[N,C,H,W]``. The layout is guessed from the shape (last dim in
+                {1,3,4}: NHWC; else dim 1 in {1,3,4}: NCHW) unless given.
+            labels: integer class labels ``[N]`` of any int dtype (sent as int64).
+            wait: wait until the batch has been trained and return its result.
+            layout: "NHWC" or "NCHW" to override the guess.
+
+        Returns:
+            Without wait, ``{"id": ..., "queued": ..., "ring": {"slots", "free"}}``.
+            With wait, the finished batch: ``{"id", "state": "done", "loss",
+            "accuracy", "step", "timings", ...}``.
+
+        Raises:
+            TypeError, ValueError: bad inputs (checked before anything is sent).
+            Backpressure: the ring stayed full through every retry.
+            APIError: any other error reply, with the server's code.
+            BatchFailed: wait was set and the step failed.
+        """
+        if labels is None:
+            raise ValueError("labels are required to train; use transform() for images alone")
+        return self.post_body(encode_batch(images, labels, layout), wait)[0]
+
+    def batch(self, batch_id: int) -> Dict[str, Any]:
+        """GET /v1/batches/{id}: the batch's state, loss, accuracy and timings."""
+        return self._json("GET", f"/v1/batches/{int(batch_id)}")
+
+    def wait_batch(self, batch_id: int, timeout: float = 60.0) -> Dict[str, Any]:
+        """Polls a batch until it is done or failed and returns it.
+
+        Raises:
+            TimeoutError: it did not finish within timeout seconds.
+        """
+        deadline = time.monotonic() + timeout
+        interval = 0.005
+        while True:
+            b = self.batch(batch_id)
+            if b.get("state") in FINISHED:
+                return b
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"batch {batch_id} still {b.get('state')} after {timeout}s")
+            time.sleep(interval)
+            interval = min(interval * 2, 0.25)
+
+    def transform(self, images: Any, labels: Any = None, *, layout: Optional[str] = None) -> np.ndarray:
+        """Runs the server's augmentation only (POST /v1/transform).
+
+        Args:
+            images: uint8 ``[N,H,W,C]`` or ``[N,C,H,W]`` (numpy or torch).
+            labels: optional; not needed to transform.
+
+        Returns:
+            float32 numpy array ``[N,C,H,W]``: the augmented batch exactly as a
+            training step would see it.
+        """
+        body = encode_batch(images, labels, layout)
+        resp, _ = self._send("POST", "/v1/transform", data=body,
+                             headers={"Content-Type": CONTENT_TYPE}, timeout=self.wait_timeout)
+        out = decode_tensors(resp.content)["images"]
+        return out
+
+    def feed(self, loader: Iterable, connections: int = 4, wait_last: bool = True, **kw):
+        """Uploads every (images, labels) batch of loader over several connections.
+
+        See :func:`streamfeed.feed.feed` for the arguments; returns a
+        :class:`streamfeed.feed.FeedSummary`."""
+        from .feed import feed
+        return feed(self, loader, connections=connections, wait_last=wait_last, **kw)
+
+    # ---- configuration, model, probes ------------------------------------------------
+
+    def config(self) -> Dict[str, Any]:
+        """GET /v1/config: ``{"config": {section: {key: value}}, "pending_restart": [...]}``."""
+        return self._json("GET", "/v1/config")
+
+    def patch_config(self, patch: Dict[str, Any]) -> Dict[str, Any]:
+        """PATCH /v1/config with a JSON merge patch, e.g. ``{"optim": {"lr": 0.05}}``.
+
+        Returns ``{"config", "applied", "pending_restart"}``: hot fields are
+        applied at once, restart-only ones are listed as pending.
+
+        Raises:
+            BadRequest: code ``config_invalid``, with ``field`` naming the
+                offending option; nothing was changed.
+        """
+        return self._json("PATCH", "/v1/config", data=json.dumps(patch),
+                          headers={"Content-Type": "application/merge-patch+json"})
+
+    def model(self) -> Dict[str, Any]:
+        """GET /v1/model: preset, input shape [C,H,W], classes, params, layers, step."""
+        return self._json("GET", "/v1/model")
+
+    def health(self) -> Dict[str, Any]:
+        """GET /healthz: ``{"status": "ok"}`` while the process serves HTTP."""
+        return self._json("GET", "/healthz")
+
+    def readiness(self) -> Dict[str, Any]:
+        """GET /readyz: ``{"ready": bool, "reasons": [...]}`` (a 503 is an answer here, not an error)."""
+        return self._json("GET", "/readyz", ok=(503,))
+
+    def ready(self) -> bool:
+        """True when the server is ready to accept batches (GET /readyz is 200)."""
+        return bool(self.readiness().get("ready"))
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Polls /readyz until ready (connection errors count as not ready).
+
+        Raises:
+            TimeoutError: not ready within timeout seconds.
+        """
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            try:
+                r = self.readiness()
+                if r.get("ready"):
+                    return
+                last = r
+            except E.StreamfeedError as e:
+                last = e
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.url} not ready after {timeout}s: {last}")
+
+    def metrics(self) -> str:
+        """GET /metrics: the Prometheus text exposition."""
+        resp, _ = self._send("GET", "/metrics")
+        return resp.text

@@ -1,0 +1,115 @@
+"""Training and preprocessing through the real HTTP path, on the CPU
+reference backend: the tiny model learns a learnable task, POST /v1/transform
+returns the augmented batch in the documented layout, and augmentation is
+reproducible from its seed."""
+import json
+import struct
+
+import numpy as np
+import pytest
+from safetensors.numpy import load as st_load
+
+from sfharness import TINY, key, learnable_batch, random_batch, st_body
+
+LEARN = TINY + ["--optim.lr", "0.05", "--optim.momentum", "0.9", "--model.seed", "1"]
+MAX_STEPS = 200
+
+
+def safetensors_metadata(blob):
+    (n,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8:8 + n]).get("__metadata__", {})
+
+
+def test_posting_learnable_batches_drives_the_loss_below_half_its_start(start_server):
+    s = start_server(LEARN)
+    rng = np.random.default_rng(2024)
+    losses = []
+    for step in range(MAX_STEPS):
+        r = s.post_arrays(*learnable_batch(rng, 32))
+        assert r.status_code == 202, r.text
+        b = s.wait_batch(r.json()["id"])  # GET /v1/batches/{id} until done
+        assert b["state"] == "done", b
+        assert b["step"] == step + 1
+        assert np.isfinite(b["loss"]), b
+        losses.append(b["loss"])
+        # Five consecutive batches under half the first loss: learnt, not luck.
+        if len(losses) >= 6 and max(losses[-5:]) < losses[0] / 2:
+            break
+    assert max(losses[-5:]) < losses[0] / 2, f"loss did not halve in {MAX_STEPS} steps: {losses[:5]} ... {losses[-5:]}"
+    assert losses[0] > 1.5, "the first loss should be near ln(10) for an untrained 10-class model"
+    # Fresh batches are classified well: the model learnt the task, not the batches.
+    x, y = learnable_batch(rng, 64)
+    held_out = s.post_arrays(x, y, wait=True).json()
+    assert held_out["accuracy"] >= 0.8, held_out
+    m = s.metrics()
+    assert m[key("streamfeed_steps_total")] == len(losses) + 1
+    assert m[key("streamfeed_samples_trained_total")] == 32 * len(losses) + 64
+    assert m[key("streamfeed_loss")] == pytest.approx(held_out["loss"])
+    assert s.get("/v1/model").json()["step"] == len(losses) + 1
+
+
+def test_transform_with_an_identity_pipeline_returns_the_input_as_float32_nchw(start_server, rng):
+    s = start_server(TINY)
+    images, labels = random_batch(rng, 3)
+    for body in (st_body(images), st_body(images, labels),
+                 st_body(images.transpose(0, 3, 1, 2), layout="NCHW")):
+        r = s.post_batch(body, path="/v1/transform")
+        assert r.status_code == 200, r.text
+        assert r.headers["Content-Type"] == "application/vnd.safetensors"
+        out = st_load(r.content)
+        assert list(out) == ["images"]
+        got = out["images"]
+        assert got.dtype == np.float32 and got.shape == (3, 3, 32, 32)
+        np.testing.assert_array_equal(got, images.transpose(0, 3, 1, 2).astype(np.float32))
+        assert safetensors_metadata(r.content).get("layout") == "NCHW"
+    # Preprocessing is no training step.
+    assert s.metric("streamfeed_steps_total") == 0
+
+
+def test_transform_with_the_w1_pipeline_returns_n_3_256_256_float32(start_server, rng):
+    # The default augmentation is W1 (crop 128, resize 256, rotate, blur, normalize).
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref")
+    images = rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8)
+    r = s.post_batch(st_body(images), path="/v1/transform")
+    assert r.status_code == 200, r.text
+    out = st_load(r.content)["images"]
+    assert out.dtype == np.float32 and out.shape == (2, 3, 256, 256)
+    assert np.isfinite(out).all()
+    assert not np.array_equal(out, images.transpose(0, 3, 1, 2).astype(np.float32))
+    # Another input size, same output size: the crop then resize fixes it.
+    r = s.post_batch(st_body(rng.integers(0, 256, (1, 200, 300, 3), dtype=np.uint8)), path="/v1/transform")
+    assert r.status_code == 200, r.text
+    assert st_load(r.content)["images"].shape == (1, 3, 256, 256)
+
+
+def _w1_transform(start_server, images, seed):
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.seed", str(seed))
+    r = s.post_batch(st_body(images), path="/v1/transform")
+    assert r.status_code == 200, r.text
+    s.stop()
+    return st_load(r.content)["images"]
+
+
+def test_the_same_augment_seed_gives_identical_transform_output_across_two_runs(start_server, rng):
+    images = rng.integers(0, 256, (2, 160, 160, 3), dtype=np.uint8)
+    a = _w1_transform(start_server, images, 7)
+    b = _w1_transform(start_server, images, 7)
+    c = _w1_transform(start_server, images, 8)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c), "a different seed should draw different crops and rotations"
+
+
+def test_transform_in_sink_mode_is_refused_with_409(start_server, rng):
+    s = start_server("--pipeline.mode", "sink")
+    r = s.post_batch(st_body(random_batch(rng, 1)[0]), path="/v1/transform")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "no_backend"
+    assert s.metric("streamfeed_ring_slots", state="filling") == 0
+
+
+def test_model_describes_the_tiny_preset(start_server):
+    s = start_server(TINY)
+    m = s.get("/v1/model").json()
+    assert m["preset"] == "tiny" and m["input"] == [3, 32, 32] and m["classes"] == 10
+    assert m["backend"] == "ref" and m["step"] == 0
+    assert m["params"] == sum(layer["params"] for layer in m["layers"]) > 0
+    assert m["layers"][-1]["out"] == [10]

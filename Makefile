@@ -84,7 +84,7 @@ $(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSI
 $(BUILD)/server/app.o $(BUILD)/server/main.o: .FORCE
 .FORCE:
 
-.PHONY: bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -127,7 +127,7 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu $(LIB)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
 # ---- tests -----------------------------------------------------------------
-test: all unit integration sanitize-test ops-test fuzz-smoke gpu-test
+test: all unit integration client-test sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
 
 unit: $(UNIT_BIN)
@@ -145,6 +145,11 @@ venv: $(VENV)/.stamp
 integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q tests/integration
+
+# The Python client against the real binary; the API contract (schemathesis)
+# and a real Prometheus scraping the service.
+client-test: $(BUILD)/streamfeed $(VENV)/.stamp
+	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/client tests/contract
 
 # Deployment artefacts: OpenAPI spec, Dockerfile (hadolint), kustomize render +
 # kubernetes-validate, promtool rule tests, Grafana dashboard.

@@ -32,6 +32,11 @@
  * at most 64 distinct error codes tracked (the rest count as "other"), retries
  * <= 1000 per batch, each back-off <= --max-backoff-ms.
  *
+ * --diagnose sends no batch: it asks the server where its pipeline loses time
+ * (POST /v1/diagnose, the caching method) and prints the four stages and the
+ * verdict on one screen (or the server's JSON with --json); exit status 0 on
+ * a verdict, 1 on an error reply.
+ *
  * Exit status: 0 when every batch that was sent was accepted, 1 otherwise
  * (or on a runtime failure), 2 on a usage error. The first SIGINT stops
  * sending new batches and retries and lets the requests in flight finish; a
@@ -107,7 +112,7 @@ enum {
     OPT_CONNECTIONS = 'c', OPT_JSON = 'j', OPT_QUIET = 'q', OPT_HELP = 'h',
     OPT_THREADS = 256, OPT_LEARNABLE, OPT_SEED, OPT_DIR, OPT_RATE, OPT_POOL, OPT_POOL_MB,
     OPT_LABEL_DTYPE, OPT_WAIT, OPT_DRAIN, OPT_TOKEN, OPT_TIMEOUT_MS, OPT_RETRIES,
-    OPT_MAX_BACKOFF_MS,
+    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE,
 };
 
 typedef struct opt_spec {
@@ -123,7 +128,7 @@ static const opt_spec OPTS[] = {
     {"workload", 1, OPT_WORKLOAD, "W", "w1 | w2 | w3 | tiny (default w1; see below)"},
     {"batch", 1, OPT_BATCH, "N", "samples per batch, 1..65536 (default 32)"},
     {"batches", 1, OPT_BATCHES, "N", "batches to send in all (default 200)"},
-    {"seconds", 1, OPT_SECONDS, "S", "send for S seconds instead of a batch count"},
+    {"seconds", 1, OPT_SECONDS, "S", "send for S seconds instead of a batch count (with --diagnose: the measurement's length)"},
     {"connections", 1, OPT_CONNECTIONS, "N", "concurrent keep-alive connections, 1..256 (default 4)"},
     {"threads", 1, OPT_THREADS, "T",
      "worker threads driving the connections, 1..64 (default min(connections, 8, CPUs/2))"},
@@ -143,7 +148,11 @@ static const opt_spec OPTS[] = {
     {"timeout-ms", 1, OPT_TIMEOUT_MS, "MS", "limit of one request, 0 = none (default 120000)"},
     {"retries", 1, OPT_RETRIES, "N", "resends of one batch after 503/429, 0..1000 (default 20)"},
     {"max-backoff-ms", 1, OPT_MAX_BACKOFF_MS, "MS", "cap of one retry delay (default 5000)"},
-    {"json", 0, OPT_JSON, NULL, "print the final summary as one JSON object on stdout"},
+    {"diagnose", 0, OPT_DIAGNOSE, NULL,
+     "send nothing: ask the server where its pipeline loses time (POST /v1/diagnose, the caching "
+     "method; training pauses meanwhile) and print the table; --seconds sets the measurement "
+     "length (default: the server's diagnose.default_seconds). Run it while loaders are sending"},
+    {"json", 0, OPT_JSON, NULL, "print the final summary (or --diagnose's reply) as one JSON object on stdout"},
     {"quiet", 0, OPT_QUIET, NULL, "no progress line and no start-up or per-error messages"},
     {"help", 0, OPT_HELP, NULL, "print this help"},
 };
@@ -172,6 +181,7 @@ typedef struct options {
     long max_backoff_ms;
     int json;
     int quiet;
+    int diagnose;       /* --diagnose: POST /v1/diagnose and print the table */
 } options;
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -1486,6 +1496,9 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_JSON:
             o->json = 1;
             break;
+        case OPT_DIAGNOSE:
+            o->diagnose = 1;
+            break;
         case OPT_QUIET:
             o->quiet = 1;
             break;
@@ -1518,6 +1531,150 @@ static int parse_args(int argc, char **argv, options *o)
     return -1;
 }
 
+/* ---- --diagnose ------------------------------------------------------------ */
+
+typedef struct diag_reply {
+    char *data;
+    size_t len;
+} diag_reply;
+
+static size_t on_diag_data(char *ptr, size_t size, size_t nmemb, void *userdata)
+{
+    diag_reply *r = userdata;
+    size_t n = size * nmemb, room = REPLY_CAP - r->len;
+    size_t take = n < room ? n : room;
+    memcpy(r->data + r->len, ptr, take);
+    r->len += take;
+    return n;
+}
+
+static const char *diag_str(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+/* The reply of POST /v1/diagnose as one screen: the four stages, the drop
+ * each stage causes, the verdict and its suggestion. */
+static void print_diagnosis(const options *o, const cJSON *j)
+{
+    static const char *const rows[3] = {
+        "(1) step: augmented, on device",
+        "(2) augment+step: raw, on device",
+        "(3) H2D+augment+step: pinned host",
+    };
+    static const char *const drop_keys[3] = {"augmentation", "h2d", "ingest"};
+    static const char *const drop_names[3] = {"augment", "H2D", "ingest"};
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(j, "batch");
+    const cJSON *stages = cJSON_GetObjectItemCaseSensitive(j, "stages");
+    const cJSON *drops = cJSON_GetObjectItemCaseSensitive(j, "drops");
+    double thr = json_num(j, "threshold", 0.15);
+    printf("diagnose %s: backend %s, %.3g s\n", o->url, diag_str(j, "backend"), json_num(j, "seconds", 0));
+    printf("batch: %d x %dx%dx%d %s, labels %s (%s)\n\n", (int)json_num(b, "n", 0), (int)json_num(b, "h", 0),
+           (int)json_num(b, "w", 0), (int)json_num(b, "c", 0), diag_str(b, "layout"), diag_str(b, "label_dtype"),
+           strcmp(diag_str(b, "source"), "last_batch") == 0 ? "as the last trained batch"
+                                                           : "no batch yet: the model's input");
+    printf("  %-34s %8s %9s %5s  %s\n", "stage", "steps/s", "samples/s", "vs(1)", "lost");
+    for (int i = 0; i < 4; i++) {
+        const cJSON *st = cJSON_GetArrayItem(stages, i);
+        char label[48], lost[32] = "";
+        if (i == 3)
+            snprintf(label, sizeof label, "(4) live: last %.3g s of traffic", json_num(st, "seconds", 0));
+        else
+            snprintf(label, sizeof label, "%s", rows[i]);
+        if (i > 0) {
+            double d = json_num(drops, drop_keys[i - 1], 0);
+            snprintf(lost, sizeof lost, "%3.0f%% %s%s", 100 * d, drop_names[i - 1], d > thr ? " <--" : "");
+        }
+        printf("  %-34s %8.1f %9.0f %5.2f%s%s\n", label, json_num(st, "steps_per_s", 0),
+               json_num(st, "samples_per_s", 0), json_num(st, "ratio", 0), lost[0] ? "  " : "", lost);
+    }
+    printf("\nverdict: %s\n", diag_str(j, "bottleneck"));
+    fputs("  ", stdout);
+    print_wrapped(stdout, diag_str(j, "suggestion"), 2, 79);
+    printf("(a stage is named when it loses more than %.0f%% of the rate before it;\n"
+           " stages 1-3 use a cached batch while training pauses; the state is restored)\n",
+           100 * thr);
+}
+
+/* --diagnose: one POST /v1/diagnose. Exit status 0 on a verdict, 1 on an
+ * error reply or a transport failure. */
+static int run_diagnose(const options *o)
+{
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        fprintf(stderr, "streamfeed-load: curl_global_init failed\n");
+        return 1;
+    }
+    char url[2048], body[64] = "";
+    snprintf(url, sizeof url, "%s/v1/diagnose", o->url);
+    if (o->seconds > 0)
+        snprintf(body, sizeof body, "{\"seconds\":%.6g}", o->seconds);
+    diag_reply rep = {malloc(REPLY_CAP + 1), 0};
+    CURL *h = curl_easy_init();
+    struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/json");
+    if (hl)
+        hl = curl_slist_append(hl, "Accept: application/json");
+    if (hl && o->token) {
+        char auth[1024];
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", o->token);
+        hl = curl_slist_append(hl, auth);
+    }
+    int rc = 1;
+    if (!rep.data || !h || !hl) {
+        fprintf(stderr, "streamfeed-load: could not set up the request\n");
+        goto out;
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POST, 1L);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_diag_data);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &rep);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, o->timeout_ms);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "streamfeed-load/1");
+    if (!o->quiet && isatty(STDERR_FILENO))
+        fprintf(stderr, "streamfeed-load: diagnosing %s (training pauses meanwhile)...\n", o->url);
+    CURLcode cr = curl_easy_perform(h);
+    long status = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status);
+    rep.data[rep.len] = '\0';
+    if (cr != CURLE_OK) {
+        fprintf(stderr, "streamfeed-load: POST %s: %s\n", url, curl_easy_strerror(cr));
+        goto out;
+    }
+    if (status != 200) {
+        char code[ERROR_CODE_LEN], message[512];
+        long retry_ms;
+        read_error_reply(rep.data, rep.len, status, code, sizeof code, message, sizeof message, &retry_ms);
+        fprintf(stderr, "streamfeed-load: diagnose failed: %s: %s\n", code, message);
+        goto out;
+    }
+    cJSON *j = cJSON_ParseWithLength(rep.data, rep.len);
+    if (!j || !cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "stages")) ||
+        cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "stages")) != 4) {
+        fprintf(stderr, "streamfeed-load: the diagnose reply is not the expected JSON\n");
+        cJSON_Delete(j);
+        goto out;
+    }
+    if (o->json)
+        printf("%s\n", rep.data);
+    else
+        print_diagnosis(o, j);
+    fflush(stdout);
+    cJSON_Delete(j);
+    rc = 0;
+out:
+    curl_slist_free_all(hl);
+    if (h)
+        curl_easy_cleanup(h);
+    free(rep.data);
+    curl_global_cleanup();
+    return rc;
+}
+
 /* ---- main ---------------------------------------------------------------- */
 
 static void on_sigint(int sig)
@@ -1535,6 +1692,8 @@ int main(int argc, char **argv)
     int rc = parse_args(argc, argv, &o);
     if (rc >= 0)
         return rc;
+    if (o.diagnose)
+        return run_diagnose(&o);
 
     signal(SIGPIPE, SIG_IGN);
     struct sigaction sa = {0};

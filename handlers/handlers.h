@@ -27,4 +27,19 @@ extern const sf_stream_ops h_transform_stream;
  * returns NULL when it is not acceptable. */
 cJSON *h_parse_json_body(sf_req *r);
 
+/* Seeing the pipeline: diagnose (caching method), trace (Chrome JSON), stats. */
+int h_diagnose(sf_req *r);
+int h_trace(sf_req *r);
+int h_stats(sf_req *r);
+
+/* Checkpoints: GET/PUT /v1/checkpoint, POST /v1/checkpoint/save and /load. */
+int h_checkpoint_get(sf_req *r);
+int h_checkpoint_put(sf_req *r);
+int h_checkpoint_save(sf_req *r);
+int h_checkpoint_load(sf_req *r);
+extern const sf_stream_ops h_checkpoint_get_stream;
+extern const sf_stream_ops h_checkpoint_put_stream;
+extern const sf_stream_ops h_checkpoint_json_stream;
+extern const char *const h_checkpoint_json_types[];
+
 #endif

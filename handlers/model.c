@@ -16,7 +16,7 @@ int h_model(sf_req *r)
     cJSON_AddNumberToObject(o, "classes", m->n_classes);
     cJSON_AddNumberToObject(o, "params", (double)m->n_params);
     cJSON_AddStringToObject(o, "precision", app->cfg.model.precision);
-    cJSON_AddNumberToObject(o, "step", (double)sf_metric_value(sf_metric_only(app->m.steps)));
+    cJSON_AddNumberToObject(o, "step", (double)atomic_load(&((sf_app *)app)->step));
     cJSON_AddStringToObject(o, "backend", app->backend_name ? app->backend_name : "none");
     cJSON *layers = cJSON_AddArrayToObject(o, "layers");
     for (int i = 0; i < m->n_layers; i++) {

@@ -5,12 +5,16 @@
 
 static const char *const CT_BATCH[] = {"application/vnd.safetensors", "application/octet-stream", NULL};
 static const char *const CT_PATCH[] = {"application/merge-patch+json", "application/json", NULL};
+static const char *const CT_DIAGNOSE[] = {"application/json", NULL};
 
 const sf_route sf_routes[] = {
     {"GET", "/healthz", "healthz", h_healthz, NULL, 0, NULL},
     {"GET", "/readyz", "readyz", h_readyz, NULL, 0, NULL},
     {"GET", "/metrics", "metrics", h_metrics, NULL, 0, NULL},
     {"GET", "/openapi.yaml", "openapi", h_openapi, NULL, 0, NULL},
+    {"POST", "/v1/diagnose", "diagnose", h_diagnose, NULL, SF_ROUTE_AUTH | SF_ROUTE_JSON, CT_DIAGNOSE},
+    {"GET", "/v1/trace", "trace", h_trace, NULL, 0, NULL},
+    {"GET", "/v1/stats", "stats", h_stats, NULL, 0, NULL},
     {"GET", "/v1/config", "config", h_config_get, NULL, 0, NULL},
     {"PATCH", "/v1/config", "config", h_config_patch, NULL, SF_ROUTE_AUTH | SF_ROUTE_JSON, CT_PATCH},
     {"POST", "/v1/batches", "batches", h_batches_post, &h_batches_stream,
@@ -19,5 +23,13 @@ const sf_route sf_routes[] = {
     {"POST", "/v1/transform", "transform", h_transform, &h_transform_stream,
      SF_ROUTE_AUTH | SF_ROUTE_STREAM, CT_BATCH},
     {"GET", "/v1/model", "model", h_model, NULL, 0, NULL},
+    {"GET", "/v1/checkpoint", "checkpoint", h_checkpoint_get, &h_checkpoint_get_stream,
+     SF_ROUTE_AUTH, NULL},
+    {"PUT", "/v1/checkpoint", "checkpoint", h_checkpoint_put, &h_checkpoint_put_stream,
+     SF_ROUTE_AUTH | SF_ROUTE_STREAM, CT_BATCH},
+    {"POST", "/v1/checkpoint/save", "checkpoint_save", h_checkpoint_save, &h_checkpoint_json_stream,
+     SF_ROUTE_AUTH | SF_ROUTE_JSON, h_checkpoint_json_types},
+    {"POST", "/v1/checkpoint/load", "checkpoint_load", h_checkpoint_load, &h_checkpoint_json_stream,
+     SF_ROUTE_AUTH | SF_ROUTE_JSON, h_checkpoint_json_types},
 };
 const size_t sf_routes_len = sizeof sf_routes / sizeof sf_routes[0];

@@ -13,6 +13,7 @@ static const char *const L_STATUS[] = {"status", NULL};
 static const char *const L_REASON[] = {"reason", NULL};
 static const char *const L_STATE[] = {"state", NULL};
 static const char *const L_BUILD[] = {"version", "backend", NULL};
+static const char *const L_GPU[] = {"gpu", NULL};
 
 static void collect(void *ctx)
 {
@@ -28,8 +29,14 @@ static void collect(void *ctx)
     if (app->jobs) {
         uint64_t c[SF_JOB_STATES], accepted;
         sf_jobs_counts(app->jobs, c, &accepted);
+        /* accepted = done + failed + pending holds in every scrape: all four
+         * come from one locked snapshot of the job table. */
         sf_gauge_set(sf_metric_only(app->m.batches_pending),
                      (double)(c[SF_JOB_QUEUED] + c[SF_JOB_TRANSFORMING] + c[SF_JOB_TRAINING]));
+        const char *acc[] = {"accepted"}, *dn[] = {"done"}, *fl[] = {"failed"};
+        sf_gauge_set(sf_metric_child(app->m.batches_received, acc), (double)accepted);
+        sf_gauge_set(sf_metric_child(app->m.batches_finished, dn), (double)c[SF_JOB_DONE]);
+        sf_gauge_set(sf_metric_child(app->m.batches_finished, fl), (double)c[SF_JOB_FAILED]);
     }
     sf_gauge_set(sf_metric_only(app->m.up_seconds), (double)(sf_now_ns() - app->t_start_ns) / 1e9);
 }
@@ -84,6 +91,18 @@ void sf_app_metrics_init(sf_app *app)
         "Time the compute side waited with no batch ready while training.", NULL);
     m->build_info = sf_metrics_gauge("streamfeed_build_info", "Build and backend; always 1.", L_BUILD);
     m->up_seconds = sf_metrics_gauge("streamfeed_uptime_seconds", "Seconds since start.", NULL);
+    m->gpu_utilization = sf_metrics_gauge(
+        "streamfeed_gpu_utilization_ratio",
+        "Share of the driver's last sample period the GPU was busy (NVML), sampled every "
+        "metrics.gpu_sample_ms; absent without NVML.",
+        L_GPU);
+    m->gpu_memory_used = sf_metrics_gauge("streamfeed_gpu_memory_used_bytes",
+                                          "GPU memory in use, all processes (NVML); absent without NVML.",
+                                          L_GPU);
+    m->gpu_memory_total = sf_metrics_gauge("streamfeed_gpu_memory_total_bytes",
+                                           "Total GPU memory (NVML); absent without NVML.", L_GPU);
+    m->gpu_power = sf_metrics_gauge("streamfeed_gpu_power_watts",
+                                    "GPU power draw (NVML); absent without NVML.", L_GPU);
     const char *bv[] = {SF_VERSION, app->backend_name ? app->backend_name : "none"};
     sf_gauge_set(sf_metric_child(m->build_info, bv), 1);
     /* Create the unlabelled children so they render as 0 from the start. */

@@ -21,6 +21,8 @@ struct sf_ring;
 struct sf_jobs;
 struct sf_engine;
 struct sf_http;
+struct sf_telemetry;
+struct sf_ckpt;
 
 /* Metric families, registered once (app.c: sf_app_metrics_init). */
 typedef struct sf_app_metrics {
@@ -29,6 +31,9 @@ typedef struct sf_app_metrics {
     sf_family *bytes_received, *samples_trained, *steps, *loss, *learning_rate;
     sf_family *ring_slots, *queue_wait, *h2d, *transform, *step;
     sf_family *compute_busy, *compute_starved, *build_info, *up_seconds;
+    /* Device telemetry (server/telemetry.c), labelled gpu="<ordinal>"; no
+     * child until a valid sample, so absent without NVML. */
+    sf_family *gpu_utilization, *gpu_memory_used, *gpu_memory_total, *gpu_power;
 } sf_app_metrics;
 
 typedef struct sf_app {
@@ -45,6 +50,10 @@ typedef struct sf_app {
     atomic_int backend_ok;      /* last health check passed */
     uint64_t t_start_ns;
     const char *backend_name;
+    struct sf_telemetry *telemetry; /* the sampler thread (server/telemetry.c); NULL until started */
+    struct sf_ckpt *ckpt;       /* checkpoints (server/checkpoint.c); NULL without a backend */
+    _Atomic uint64_t step;      /* optimizer steps taken, as the backend counts them: set by
+                                 * every STEP_DONE and by checkpoint restores (GET /v1/model) */
 } sf_app;
 
 void sf_app_metrics_init(sf_app *app);

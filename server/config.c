@@ -18,6 +18,7 @@
 static int check_model(const sf_config *c, char *err, size_t errlen);
 static int check_augment(const sf_config *c, char *err, size_t errlen);
 static int check_slots(const sf_config *c, char *err, size_t errlen);
+static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 
 /* Defaults reproduce W1 of shared/WORKLOADS.md. */
 #define W1_AUGMENT                                                                              \
@@ -70,6 +71,17 @@ const sf_cfg_option sf_config_table[] = {
      check_slots, "Batch results kept for GET /v1/batches/{id}; the oldest are evicted."},
     {"pipeline.wait_timeout_ms", SF_CT_INT, F(pipeline.wait_timeout_ms), "60000", 0, 3600000, NULL,
      SF_CF_HOT, NULL, "Longest ?wait=1 hold of a reply; then 202 with the current state."},
+    {"diagnose.default_seconds", SF_CT_DOUBLE, F(diagnose.default_seconds), "3", 0.1, 600, NULL,
+     SF_CF_HOT, NULL,
+     "Length of POST /v1/diagnose without \"seconds\" (capped at diagnose.max_seconds): each "
+     "cached stage runs a third of it; the live rate is taken over as long before the call."},
+    {"diagnose.max_seconds", SF_CT_DOUBLE, F(diagnose.max_seconds), "10", 0.1, 600, NULL,
+     SF_CF_HOT, NULL,
+     "Longest diagnose a request may ask for (training pauses while it runs); longer gets 400."},
+    {"metrics.gpu_sample_ms", SF_CT_INT, F(metrics.gpu_sample_ms), "1000", 0, 3600000, NULL,
+     SF_CF_HOT, NULL,
+     "Interval of the GPU readings (NVML) behind streamfeed_gpu_*; 0 stops them. Absent "
+     "without device telemetry."},
     {"model.preset", SF_CT_ENUM, F(model.preset), "seed-classifier", 0, 0, "seed-classifier|tiny",
      0, check_model, "Model preset (shared/WORKLOADS.md): seed-classifier is W1."},
     {"model.spec", SF_CT_JSON, F(model.spec), "", 0, 0, NULL, 0, check_model,
@@ -90,6 +102,28 @@ const sf_cfg_option sf_config_table[] = {
      "Augmentation ops as a JSON list (DESIGN.md §5); [] converts uint8 to float only."},
     {"augment.seed", SF_CT_INT64, F(augment.seed), "0", 0, 9007199254740991.0, NULL, 0, NULL,
      "Seed of the per-sample augmentation parameters."},
+    {"checkpoint.dir", SF_CT_STRING, F(checkpoint.dir), "", 0, 0, NULL, 0, check_checkpoint,
+     "Directory of checkpoint files: periodic and final saves, resume, and the only place the "
+     "paths of POST /v1/checkpoint/save and /load may name; empty disables file checkpoints."},
+    {"checkpoint.every_steps", SF_CT_INT64, F(checkpoint.every_steps), "0", 0, 1e12, NULL,
+     SF_CF_HOT, NULL, "Save a checkpoint to checkpoint.dir every N optimizer steps; 0 disables."},
+    {"checkpoint.keep", SF_CT_INT, F(checkpoint.keep), "3", 1, 100000, NULL, SF_CF_HOT, NULL,
+     "Checkpoint files (ckpt-<step>.safetensors) kept in checkpoint.dir; older ones are deleted."},
+    {"checkpoint.resume", SF_CT_BOOL, F(checkpoint.resume), "false", 0, 0, NULL, 0, NULL,
+     "At start, load the newest valid checkpoint of checkpoint.dir (corrupt files are skipped)."},
+    {"checkpoint.on_shutdown", SF_CT_BOOL, F(checkpoint.on_shutdown), "true", 0, 0, NULL,
+     SF_CF_HOT, NULL, "On SIGTERM, after the drain, save a final checkpoint to checkpoint.dir (if set)."},
+    {"checkpoint.max_bytes", SF_CT_INT64, F(checkpoint.max_bytes), "2147483648", 4096,
+     1099511627776.0, NULL, SF_CF_HOT, NULL,
+     "Largest checkpoint accepted: PUT /v1/checkpoint body, file read, URL download."},
+    {"checkpoint.url_timeout_s", SF_CT_INT, F(checkpoint.url_timeout_s), "300", 1, 86400, NULL,
+     SF_CF_HOT, NULL, "Time limit of one checkpoint URL transfer (connection included)."},
+    {"checkpoint.url_token", SF_CT_STRING, F(checkpoint.url_token), "", 0, 0, NULL,
+     SF_CF_HOT | SF_CF_SENSITIVE, NULL,
+     "Bearer token sent with checkpoint URL transfers (to the URL's host only, never to a redirect's)."},
+    {"model.init_from", SF_CT_STRING, F(checkpoint.init_from), "", 0, 0, NULL, 0, NULL,
+     "Path or http(s) URL of a safetensors state_dict: its tensors initialise the parameters of the "
+     "same name and shape (a pre-trained backbone); the others keep their seeded values."},
     {"limits.max_n", SF_CT_INT, F(limits.max_n), "1024", 1, 65536, NULL, SF_CF_HOT, NULL,
      "Largest batch N accepted."},
     {"limits.max_h", SF_CT_INT, F(limits.max_h), "4096", 1, 65536, NULL, SF_CF_HOT, NULL,
@@ -135,6 +169,16 @@ static int check_slots(const sf_config *c, char *err, size_t errlen)
     if (c->pipeline.jobs_max < 2 * c->ring.slots + 64) {
         snprintf(err, errlen, "pipeline.jobs_max (%d) must be at least 2*ring.slots+64 (%d)",
                  c->pipeline.jobs_max, 2 * c->ring.slots + 64);
+        return -1;
+    }
+    return 0;
+}
+
+/* Periodic saves and resume work on checkpoint.dir: without one they cannot. */
+static int check_checkpoint(const sf_config *c, char *err, size_t errlen)
+{
+    if (!c->checkpoint.dir[0] && (c->checkpoint.every_steps > 0 || c->checkpoint.resume)) {
+        snprintf(err, errlen, "checkpoint.every_steps and checkpoint.resume need a checkpoint.dir");
         return -1;
     }
     return 0;
@@ -244,16 +288,26 @@ int sf_config_set_text(sf_config *c, const char *name, const char *value, char *
             return -1;
         }
         return 0;
-    case SF_CT_JSON:
-        if (value[0]) {
-            cJSON *j = cJSON_Parse(value);
-            if (!j) {
-                snprintf(err, errlen, "%s: not valid JSON", name);
-                return -1;
-            }
-            cJSON_Delete(j);
+    case SF_CT_JSON: {
+        if (!value[0])
+            return set_string(c, o, value, err, errlen);
+        /* Stored in cJSON's canonical rendering, so the same value always
+         * compares equal however it was written (1.0 vs 1, spacing). */
+        cJSON *j = cJSON_Parse(value);
+        if (!j) {
+            snprintf(err, errlen, "%s: not valid JSON", name);
+            return -1;
         }
-        return set_string(c, o, value, err, errlen);
+        char *canon = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+        if (!canon) {
+            snprintf(err, errlen, "%s: out of memory", name);
+            return -1;
+        }
+        int rc = set_string(c, o, canon, err, errlen);
+        cJSON_free(canon);
+        return rc;
+    }
     case SF_CT_STRING:
     case SF_CT_ENUM:
         return set_string(c, o, value, err, errlen);
@@ -301,9 +355,12 @@ static int set_json(sf_config *c, const sf_cfg_option *o, const cJSON *v, char *
             snprintf(err, errlen, "%s: expected a string", o->name);
             return -1;
         }
+        /* GET shows a set secret as "***": sending that back keeps the secret. */
+        if ((o->flags & SF_CF_SENSITIVE) && strcmp(v->valuestring, "***") == 0)
+            return 0;
         return set_string(c, o, v->valuestring, err, errlen);
     case SF_CT_JSON: {
-        /* A JSON option takes a JSON value (stored as its text) or a string holding JSON. */
+        /* A JSON option takes a JSON value or a string holding JSON. */
         if (cJSON_IsString(v))
             return sf_config_set_text(c, o->name, v->valuestring, err, errlen);
         char *txt = cJSON_PrintUnformatted(v);
@@ -311,7 +368,7 @@ static int set_json(sf_config *c, const sf_cfg_option *o, const cJSON *v, char *
             snprintf(err, errlen, "%s: out of memory", o->name);
             return -1;
         }
-        int rc = set_string(c, o, txt, err, errlen);
+        int rc = sf_config_set_text(c, o->name, txt, err, errlen);
         cJSON_free(txt);
         return rc;
     }

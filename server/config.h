@@ -55,6 +55,13 @@ typedef struct sf_config {
         int wait_timeout_ms;
     } pipeline;
     struct {
+        double default_seconds; /* POST /v1/diagnose without "seconds" (capped at max_seconds) */
+        double max_seconds;     /* longest run a request may ask for */
+    } diagnose;
+    struct {
+        int gpu_sample_ms;      /* NVML sampling interval; 0 off */
+    } metrics;
+    struct {
         char preset[32];
         char spec[SF_CFG_JSON]; /* JSON layer list; overrides preset when set */
         char precision[16];     /* fp32 | tf32 | bf16 */
@@ -82,6 +89,17 @@ typedef struct sf_config {
     struct {
         int grace_s;
     } shutdown;
+    struct {
+        char dir[1024];         /* checkpoint files; "" disables file checkpoints */
+        int64_t every_steps;    /* periodic save every N steps; 0 off */
+        int keep;               /* ckpt-<step>.safetensors files kept */
+        int resume;
+        int on_shutdown;
+        int64_t max_bytes;      /* PUT body, file read, URL download */
+        int url_timeout_s;
+        char url_token[2048];
+        char init_from[2048];   /* model.init_from: path or URL of a state_dict */
+    } checkpoint;
 } sf_config;
 
 typedef enum sf_cfg_type { SF_CT_INT, SF_CT_INT64, SF_CT_DOUBLE, SF_CT_BOOL, SF_CT_STRING, SF_CT_ENUM, SF_CT_JSON } sf_cfg_type;

@@ -52,7 +52,7 @@ struct sf_engine {
     double win_busy_s;
     uint64_t last_step_end_ns;
     /* Cached metric children for the hot path. */
-    sf_metric *m_done, *m_failed, *m_samples, *m_steps, *m_loss, *m_lr, *m_queue, *m_h2d,
+    sf_metric *m_samples, *m_steps, *m_loss, *m_lr, *m_queue, *m_h2d,
         *m_transform, *m_step, *m_busy, *m_starved;
 };
 
@@ -78,7 +78,6 @@ static const sf_aug_plan *plan_for(sf_engine *e, int h, int w, int c, char *err,
 static void finish_failed(sf_engine *e, uint64_t id, const char *code, const char *msg)
 {
     sf_jobs_fail(e->app->jobs, id, code, msg);
-    sf_counter_add(e->m_failed, 1);
     sf_http_wake(e->app->http, SF_WAIT_JOB, id);
 }
 
@@ -91,10 +90,8 @@ static void run_sink(sf_engine *e, int slot)
     job.n = m->n;
     job.kind = m->kind;
     job.queue_s = (double)(m->t_popped_ns - m->t_ready_ns) / 1e9;
-    sf_hist_observe(e->m_queue, job.queue_s);
     sf_ring_release(e->app->ring, slot);
     sf_jobs_done(e->app->jobs, &job);
-    sf_counter_add(e->m_done, 1);
     sf_http_wake(e->app->http, SF_WAIT_JOB, job.id);
 }
 
@@ -167,7 +164,6 @@ static void run_transform(sf_engine *e, int slot)
     if (release)
         release(owner);
     sf_jobs_done(app->jobs, &job);
-    sf_counter_add(e->m_done, 1);
     sf_http_wake(app->http, SF_WAIT_JOB, id);
 }
 
@@ -193,6 +189,11 @@ static void submit(sf_engine *e, int slot)
     memset(rec, 0, sizeof *rec);
     rec->id = id;
     rec->n = m->n;
+    rec->h = m->h;
+    rec->w = m->w;
+    rec->c = m->c;
+    rec->nhwc = m->nhwc;
+    rec->label_dtype = m->label_dtype;
     rec->t_recv_start = m->t_filling_ns;
     rec->t_ready = m->t_ready_ns;
     rec->t_popped = m->t_popped_ns;
@@ -272,6 +273,8 @@ static void harvest(sf_engine *e, const sf_event *ev)
         job.id = ev->id;
     job.n = ev->n;
     job.trained = 1;
+    if (rec->id == ev->id && rec->t_popped >= rec->t_ready)
+        job.queue_s = (double)(rec->t_popped - rec->t_ready) / 1e9;
     job.step = ev->step;
     job.loss = ev->loss;
     job.accuracy = ev->n ? (double)ev->correct / ev->n : 0;
@@ -280,9 +283,9 @@ static void harvest(sf_engine *e, const sf_event *ev)
     job.step_s = ev->step_s;
     job.t_done_ns = sf_now_ns();
     sf_jobs_done(app->jobs, &job);
-    sf_counter_add(e->m_done, 1);
     sf_counter_add(e->m_samples, ev->n);
     sf_counter_add(e->m_steps, 1);
+    atomic_store(&app->step, ev->step); /* the backend's count: continues after a restore */
     sf_gauge_set(e->m_loss, ev->loss);
     sf_hist_observe(e->m_h2d, ev->h2d_s);
     sf_hist_observe(e->m_transform, ev->transform_s);
@@ -457,9 +460,6 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
         }
     }
     sf_app_metrics *mm = &app->m;
-    const char *dn[] = {"done"}, *fl[] = {"failed"};
-    e->m_done = sf_metric_child(mm->batches_finished, dn);
-    e->m_failed = sf_metric_child(mm->batches_finished, fl);
     e->m_samples = sf_metric_only(mm->samples_trained);
     e->m_steps = sf_metric_only(mm->steps);
     e->m_loss = sf_metric_only(mm->loss);

@@ -60,6 +60,8 @@ typedef struct sf_step_record {
     uint64_t t_recv_start, t_ready, t_popped;       /* HTTP body, ring wait */
     uint64_t t_h2d_start, t_transform_start, t_step_start, t_step_end;
     double h2d_s, transform_s, step_s;
+    int h, w, c, nhwc;      /* the batch's image shape and layout (diagnose reuses it) */
+    int label_dtype;        /* sf_label_dtype, -1 when the batch had no labels */
 } sf_step_record;
 #define SF_ENGINE_TRACE_STEPS 1024
 

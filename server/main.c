@@ -15,12 +15,15 @@
 
 #include "gpu/backend.h"
 #include "server/app.h"
+#include "server/checkpoint.h"
 #include "server/config.h"
+#include "server/diagnose.h"
 #include "server/engine.h"
 #include "server/http.h"
 #include "server/jobs.h"
 #include "server/log.h"
 #include "server/ring.h"
+#include "server/telemetry.h"
 
 static void apply_log_settings(const sf_config *c)
 {
@@ -162,6 +165,11 @@ int main(int argc, char **argv)
     }
     atomic_store(&app.backend_ok, 1);
     sf_app_metrics_init(&app);
+    /* Resume or model.init_from: the backend is built, the engine not started yet. */
+    if (sf_ckpt_start(&app, err, sizeof err)) {
+        fprintf(stderr, "streamfeed: checkpoint: %s\n", err);
+        return 1;
+    }
 
     app.ring = app.backend ? sf_ring_new(app.cfg.ring.slots, (size_t)app.cfg.ring.slot_bytes,
                                          be_alloc, be_free, app.backend)
@@ -176,6 +184,14 @@ int main(int argc, char **argv)
     sf_ring_on_free(app.ring, on_slot_free, &app);
     app.engine = sf_engine_start(&app, err, sizeof err);
     if (!app.engine) {
+        fprintf(stderr, "streamfeed: %s\n", err);
+        return 1;
+    }
+    sf_ckpt_attach(&app); /* periodic checkpoints */
+    /* The sampler (GPU readings, throughput history) before the daemon, so
+     * app.telemetry is set before any handler can read it. */
+    app.telemetry = sf_telemetry_start(&app, err, sizeof err);
+    if (!app.telemetry) {
         fprintf(stderr, "streamfeed: %s\n", err);
         return 1;
     }
@@ -198,12 +214,18 @@ int main(int argc, char **argv)
     sf_http_wake_all(app.http);
     sf_engine_stop(app.engine);
     app.engine = NULL;
+    /* No engine thread any more: the final checkpoint reads the backend from here. */
+    sf_ckpt_shutdown(&app);
     /* Requests still waiting (results of failed batches) reply now; give them a moment. */
     for (int i = 0; i < 200 && sf_http_active(app.http) > 0; i++) {
         struct timespec ts = {0, 5 * 1000000L};
         nanosleep(&ts, NULL);
     }
     sf_http_stop(app.http);
+    /* Both call into the backend: before it is destroyed. */
+    sf_telemetry_stop(app.telemetry);
+    app.telemetry = NULL;
+    sf_diagnose_shutdown(&app);
     sf_ring_destroy(app.ring);
     sf_jobs_destroy(app.jobs);
     if (app.backend)

@@ -30,6 +30,13 @@ ROUTES = {
     ("POST", "/v1/transform"),
     ("GET", "/v1/model"),
     ("GET", "/openapi.yaml"),
+    ("POST", "/v1/diagnose"),
+    ("GET", "/v1/trace"),
+    ("GET", "/v1/stats"),
+    ("GET", "/v1/checkpoint"),
+    ("PUT", "/v1/checkpoint"),
+    ("POST", "/v1/checkpoint/save"),
+    ("POST", "/v1/checkpoint/load"),
 }
 METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 

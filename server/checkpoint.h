@@ -1,0 +1,134 @@
+/* server/checkpoint.h — the training state as a file: parameters and
+ * optimizer state in safetensors, named as PyTorch's state_dict names them.
+ *
+ * The format (format_version 1). One safetensors file holds, in this order:
+ *   "<layer>.weight", "<layer>.bias"      F32, PyTorch shapes (conv2d [oc,ic,k,k],
+ *                                         linear [out,in]); <layer> is the layer's
+ *                                         name, "0", "2", ... for Sequential presets,
+ *                                         so torch's model.load_state_dict takes them
+ *   "optim.<layer>.weight.momentum_buffer", ...   F32, the SGD momentum of each
+ *                                         parameter, same shapes (left out on request)
+ *   "optim.step"                          I64 [], optimizer steps taken
+ * and "__metadata__" (strings): format "streamfeed.checkpoint", format_version
+ * "1", step, model (the model as a JSON layer list, model.spec syntax),
+ * optimizer "sgd", config_hash (FNV-1a 64 of the effective configuration,
+ * secrets masked), backend. The tensors lie back to back in the order above,
+ * so the parameter block is exactly the backend's flat buffer (gpu/model.h).
+ *
+ * Reading is strict where a checkpoint replaces the state (PUT, load, resume):
+ * every parameter must be there with its PyTorch shape and dtype F32, no other
+ * tensor may be, optimizer tensors come all or none; a file without them
+ * loads the parameters and zeroes the momentum (a new optimizer, as in
+ * PyTorch), keeping the step count unless the file has one. Reading for
+ * model.init_from is partial: tensors whose name is a parameter's initialise
+ * it (shape and dtype must match), every other tensor is ignored.
+ *
+ * Who calls the backend. Only the engine thread, between two steps, through
+ * an engine command (sf_engine_post), so a snapshot sees the state after a
+ * completed step and a restore lands between steps; before the engine starts
+ * and after it stopped, main's thread calls it directly (sf_ckpt_start,
+ * sf_ckpt_shutdown). File and URL transfers run on this module's I/O thread,
+ * never on the engine thread (training does not wait for a disk or a network)
+ * and never on an HTTP thread.
+ *
+ * Requests: an HTTP handler starts an operation (sf_ckpt_get, _put, _save,
+ * _load), then calls sf_ckpt_op_advance each time it runs until it returns 1;
+ * in between it waits (sf_http_wait) on (SF_WAIT_CMD, sf_ckpt_op_key(op)). The
+ * keys of these operations have the top bit set, so they never collide with
+ * engine command ids, which count up from 1. An operation is shared by the
+ * request and the thread working on it; sf_ckpt_op_release drops the
+ * request's reference (the request may go away at any time).
+ *
+ * Files: writes go to a hidden temporary file in the target's directory,
+ * fsync, rename over the target, fsync of the directory, so a crash leaves
+ * the previous file or the new one, never a torn one. Periodic, final and
+ * default saves are named ckpt-<step>.safetensors in checkpoint.dir and the
+ * newest checkpoint.keep of them are kept. Paths given by requests must lie
+ * inside checkpoint.dir (relative to it, or absolute under it; no ".."
+ * component, no hidden name; symbolic links are resolved before the check).
+ */
+#ifndef SF_CHECKPOINT_H
+#define SF_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sf_app;
+typedef struct sf_ckpt sf_ckpt;
+typedef struct sf_ckpt_op sf_ckpt_op;
+
+#define SF_CKPT_FORMAT_VERSION 1
+/* Large buffers (snapshots to send, bodies and files being read) alive at
+ * once for requests; one more is refused with 503 checkpoint_busy. */
+#define SF_CKPT_MAX_BUFFERS 4
+
+/* Why an operation failed: an HTTP status, a stable code, the tensor or
+ * field to blame ("" if none) and a sentence. */
+typedef struct sf_ckpt_error {
+    int status;
+    char code[48];
+    char field[160];
+    char msg[480];
+} sf_ckpt_error;
+
+/* ---- process life (main.c) -------------------------------------------------- */
+
+/* After the backend is built, before the engine starts: registers the metrics,
+ * checks checkpoint.dir (created if missing) and removes temporary files a
+ * crash left there, starts the I/O thread, then applies checkpoint.resume
+ * (the newest valid ckpt-<step>.safetensors) or, when nothing was resumed,
+ * model.init_from. Without a backend (sink mode) only the metrics. Returns 0,
+ * or -1 with err (the process should not start). */
+int sf_ckpt_start(struct sf_app *app, char *err, size_t errlen);
+/* After the engine started: periodic saves (checkpoint.every_steps). */
+void sf_ckpt_attach(struct sf_app *app);
+/* After sf_engine_stop, before the backend is destroyed: stops the I/O thread
+ * (a write in progress completes; a URL transfer is cut short), writes the
+ * final checkpoint (checkpoint.on_shutdown, when the state changed since the
+ * last file), and frees everything. */
+void sf_ckpt_shutdown(struct sf_app *app);
+
+/* ---- request operations (handlers/checkpoint.c) ------------------------------ */
+
+/* Each returns an operation, or NULL with e filled (nothing was started). */
+/* GET /v1/checkpoint: a snapshot, as a safetensors file in memory. */
+sf_ckpt_op *sf_ckpt_get(struct sf_app *app, int with_optimizer, sf_ckpt_error *e);
+/* PUT /v1/checkpoint: body (len bytes, borrowed for the call) is validated at
+ * once; on success it is applied between two steps. */
+sf_ckpt_op *sf_ckpt_put(struct sf_app *app, const uint8_t *body, size_t len, sf_ckpt_error *e);
+/* POST /v1/checkpoint/save: exactly one of path, url, or neither (then
+ * ckpt-<step>.safetensors in checkpoint.dir, counted in checkpoint.keep). */
+sf_ckpt_op *sf_ckpt_save(struct sf_app *app, const char *path, const char *url, int with_optimizer,
+                         sf_ckpt_error *e);
+/* POST /v1/checkpoint/load: path, url, or neither (the newest valid
+ * ckpt-<step>.safetensors of checkpoint.dir). */
+sf_ckpt_op *sf_ckpt_load(struct sf_app *app, const char *path, const char *url, sf_ckpt_error *e);
+
+/* Moves the operation on (it may post the next stage); 1 when it finished
+ * (then sf_ckpt_op_error says how), 0 while it runs. */
+int sf_ckpt_op_advance(struct sf_app *app, sf_ckpt_op *op);
+uint64_t sf_ckpt_op_key(const sf_ckpt_op *op);
+/* NULL when the operation succeeded. */
+const sf_ckpt_error *sf_ckpt_op_error(const sf_ckpt_op *op);
+
+typedef struct sf_ckpt_result {
+    uint64_t step;          /* the step count of the state saved or loaded */
+    uint64_t bytes;         /* file size */
+    int tensors;            /* tensors in the file */
+    int optimizer;          /* 1: optimizer state was saved / restored */
+    double seconds;         /* the whole operation */
+    char where[2048];       /* the file written or read, or the URL; "" for GET/PUT */
+    int url;                /* where is a URL (its query cut off) */
+} sf_ckpt_result;
+void sf_ckpt_op_result(const sf_ckpt_op *op, sf_ckpt_result *out);
+
+/* GET: hands the file over (once); free_fn(data) releases it. */
+int sf_ckpt_op_take_file(sf_ckpt_op *op, void **data, size_t *len, void (**free_fn)(void *));
+void sf_ckpt_op_release(sf_ckpt_op *op);
+
+/* A large request buffer (a PUT body): 0 when one of SF_CKPT_MAX_BUFFERS was
+ * free, else -1 (reply 503 checkpoint_busy). Pair with sf_ckpt_buffer_return. */
+int sf_ckpt_buffer_reserve(struct sf_app *app);
+void sf_ckpt_buffer_return(struct sf_app *app);
+
+#endif

@@ -203,7 +203,9 @@ class TorchSide:
         self.torch.manual_seed(seed)
         model = torch_model(self.preset)
         save_file(model.state_dict(), path)
-        return model.to(self.device).eval(), {k: v.numpy() for k, v in model.state_dict().items()}
+        # nn.Module.to() moves in place: take the host copy first.
+        host = {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+        return model.to(self.device).eval(), host
 
     def log_softmax(self, model, x):
         torch = self.torch

@@ -27,7 +27,7 @@ PORT    ?= 8080
 PYTHON  ?= python3
 VENV    := .venv
 
-DEB_PKGS := libmicrohttpd-dev libcjson-dev libcurl4-openssl-dev libcmocka-dev prometheus clang pkg-config
+DEB_PKGS := libmicrohttpd-dev libcjson-dev libcurl4-openssl-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g

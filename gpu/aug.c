@@ -23,6 +23,7 @@
  *   gaussian_blur: draw 0 -> sigma = min + u*(max-min) (float)
  * random_mask: mask_seed = sf_hash4(seed, seq, i, SF_AUG_MASK_KEY).
  */
+#include "gpu/common.h"
 #include "aug.h"
 
 #include <ctype.h>
@@ -43,15 +44,7 @@
 #define M_PI 3.14159265358979323846
 #endif
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+
 
 static const char *const kind_names[SF_AUG_KIND_COUNT] = {
     [SF_AUG_RANDOM_CROP] = "random_crop",
@@ -88,7 +81,7 @@ static int get_num(const cJSON *o, const char *key, double *out, const char *wha
     if (!v)
         return 0;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
-        set_err(err, errlen, "%s: \"%s\" must be a number", what, key);
+        sf_errf(err, errlen, "%s: \"%s\" must be a number", what, key);
         return -1;
     }
     *out = v->valuedouble;
@@ -106,7 +99,7 @@ static int get_size(const cJSON *o, int allow_scalar, int *h, int *w, const char
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "size");
     if (!v) {
-        set_err(err, errlen, "%s: missing \"size\" ([h,w])", what);
+        sf_errf(err, errlen, "%s: missing \"size\" ([h,w])", what);
         return -1;
     }
     double d[2];
@@ -117,11 +110,11 @@ static int get_size(const cJSON *o, int allow_scalar, int *h, int *w, const char
         d[0] = cJSON_GetArrayItem(v, 0)->valuedouble;
         d[1] = cJSON_GetArrayItem(v, 1)->valuedouble;
     } else {
-        set_err(err, errlen, "%s: \"size\" must be [h,w]%s", what, allow_scalar ? " or an integer" : "");
+        sf_errf(err, errlen, "%s: \"size\" must be [h,w]%s", what, allow_scalar ? " or an integer" : "");
         return -1;
     }
     if (!is_int_in(d[0], 1, SF_AUG_MAX_DIM) || !is_int_in(d[1], 1, SF_AUG_MAX_DIM)) {
-        set_err(err, errlen, "%s: \"size\" values must be integers in [1,%d]", what, SF_AUG_MAX_DIM);
+        sf_errf(err, errlen, "%s: \"size\" values must be integers in [1,%d]", what, SF_AUG_MAX_DIM);
         return -1;
     }
     *h = (int)d[0];
@@ -143,11 +136,11 @@ static int get_range(const cJSON *o, const char *key, int sym, float *lo, float 
         a = cJSON_GetArrayItem(v, 0)->valuedouble;
         b = cJSON_GetArrayItem(v, 1)->valuedouble;
     } else {
-        set_err(err, errlen, "%s: \"%s\" must be [min,max] or a number", what, key);
+        sf_errf(err, errlen, "%s: \"%s\" must be [min,max] or a number", what, key);
         return -1;
     }
     if (!isfinite(a) || !isfinite(b) || a > b) {
-        set_err(err, errlen, "%s: \"%s\" must be finite with min <= max", what, key);
+        sf_errf(err, errlen, "%s: \"%s\" must be finite with min <= max", what, key);
         return -1;
     }
     *lo = (float)a;
@@ -166,14 +159,14 @@ static int get_vec(const cJSON *o, const char *key, float *out, const char *what
     }
     int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
     if (n < 1 || n > SF_AUG_MAX_C) {
-        set_err(err, errlen, "%s: \"%s\" must be a number or an array of 1..%d numbers", what, key,
+        sf_errf(err, errlen, "%s: \"%s\" must be a number or an array of 1..%d numbers", what, key,
                 SF_AUG_MAX_C);
         return -1;
     }
     for (int i = 0; i < n; i++) {
         const cJSON *e = cJSON_GetArrayItem(v, i);
         if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble)) {
-            set_err(err, errlen, "%s: \"%s\"[%d] must be a finite number", what, key, i);
+            sf_errf(err, errlen, "%s: \"%s\"[%d] must be a finite number", what, key, i);
             return -1;
         }
         out[i] = (float)e->valuedouble;
@@ -197,7 +190,7 @@ static int check_keys(const cJSON *o, const char *const *allowed, const char *wh
         for (const char *const *a = allowed; *a && !ok; a++)
             ok = it->string && strcmp(it->string, *a) == 0;
         if (!ok) {
-            set_err(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
+            sf_errf(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
             return -1;
         }
     }
@@ -209,12 +202,12 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
     char what[64];
     memset(op, 0, sizeof *op);
     if (!cJSON_IsObject(jo)) {
-        set_err(err, errlen, "aug op %d: must be an object", idx);
+        sf_errf(err, errlen, "aug op %d: must be an object", idx);
         return -1;
     }
     const cJSON *jn = cJSON_GetObjectItemCaseSensitive(jo, "op");
     if (!cJSON_IsString(jn)) {
-        set_err(err, errlen, "aug op %d: missing string \"op\"", idx);
+        sf_errf(err, errlen, "aug op %d: missing string \"op\"", idx);
         return -1;
     }
     int kind = -1;
@@ -222,7 +215,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         if (strcmp(jn->valuestring, kind_names[k]) == 0)
             kind = k;
     if (kind < 0) {
-        set_err(err, errlen, "aug op %d (%.40s): unknown op", idx, jn->valuestring);
+        sf_errf(err, errlen, "aug op %d (%.40s): unknown op", idx, jn->valuestring);
         return -1;
     }
     op->kind = (sf_aug_kind)kind;
@@ -243,7 +236,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             return -1;
         const cJSON *aa = cJSON_GetObjectItemCaseSensitive(jo, "antialias");
         if (aa && !cJSON_IsFalse(aa)) {
-            set_err(err, errlen, "%s: only \"antialias\": false is supported", what);
+            sf_errf(err, errlen, "%s: only \"antialias\": false is supported", what);
             return -1;
         }
         break;
@@ -254,7 +247,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             get_range(jo, "degrees", 1, &op->deg_min, &op->deg_max, what, err, errlen))
             return -1;
         if (op->deg_min < -3600.0f || op->deg_max > 3600.0f) {
-            set_err(err, errlen, "%s: \"degrees\" must lie in [-3600,3600]", what);
+            sf_errf(err, errlen, "%s: \"degrees\" must lie in [-3600,3600]", what);
             return -1;
         }
         op->interp = SF_INTERP_BILINEAR;
@@ -265,14 +258,14 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             else if (cJSON_IsString(ji) && str_ieq(ji->valuestring, "nearest"))
                 op->interp = SF_INTERP_NEAREST;
             else {
-                set_err(err, errlen, "%s: \"interpolation\" must be \"bilinear\" or \"nearest\"", what);
+                sf_errf(err, errlen, "%s: \"interpolation\" must be \"bilinear\" or \"nearest\"", what);
                 return -1;
             }
         }
         if ((r = get_num(jo, "fill", &d, what, err, errlen)) < 0)
             return -1;
         if (r == 1 && d != 0.0) {
-            set_err(err, errlen, "%s: only \"fill\": 0 is supported", what);
+            sf_errf(err, errlen, "%s: only \"fill\": 0 is supported", what);
             return -1;
         }
         break;
@@ -286,7 +279,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             return -1;
         if (r == 1) {
             if (d < 0.0 || d > 1.0) {
-                set_err(err, errlen, "%s: \"p\" must lie in [0,1]", what);
+                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
                 return -1;
             }
             op->p = (float)d;
@@ -307,7 +300,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             k1 = cJSON_GetArrayItem(jk, 1)->valuedouble;
         }
         if (k0 != k1 || !is_int_in(k0, 1, SF_AUG_MAX_KSIZE) || ((int)k0 % 2) == 0) {
-            set_err(err, errlen, "%s: \"kernel_size\" must be an odd integer in [1,%d] (or [k,k])", what,
+            sf_errf(err, errlen, "%s: \"kernel_size\" must be an odd integer in [1,%d] (or [k,k])", what,
                     SF_AUG_MAX_KSIZE);
             return -1;
         }
@@ -318,7 +311,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             get_range(jo, "sigma", 0, &op->sigma_min, &op->sigma_max, what, err, errlen))
             return -1;
         if (!(op->sigma_min > 0.0f) || op->sigma_max > 1000.0f) {
-            set_err(err, errlen, "%s: \"sigma\" must lie in (0,1000]", what);
+            sf_errf(err, errlen, "%s: \"sigma\" must lie in (0,1000]", what);
             return -1;
         }
         break;
@@ -334,7 +327,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         if (ns < 0)
             return -1;
         if (nm != ns && nm != 1 && ns != 1) {
-            set_err(err, errlen, "%s: \"mean\" has %d values and \"std\" %d", what, nm, ns);
+            sf_errf(err, errlen, "%s: \"mean\" has %d values and \"std\" %d", what, nm, ns);
             return -1;
         }
         op->n_mean = nm > ns ? nm : ns;
@@ -346,7 +339,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         }
         for (int i = 0; i < op->n_mean; i++)
             if (!(op->std[i] != 0.0f)) {
-                set_err(err, errlen, "%s: \"std\"[%d] must not be 0", what, i);
+                sf_errf(err, errlen, "%s: \"std\"[%d] must not be 0", what, i);
                 return -1;
             }
         break;
@@ -358,11 +351,11 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         const cJSON *jt = cJSON_GetObjectItemCaseSensitive(jo, "to");
         const cJSON *jf = cJSON_GetObjectItemCaseSensitive(jo, "from");
         if (jt && !(cJSON_IsString(jt) && str_ieq(jt->valuestring, "ycbcr"))) {
-            set_err(err, errlen, "%s: only \"to\": \"ycbcr\" is supported", what);
+            sf_errf(err, errlen, "%s: only \"to\": \"ycbcr\" is supported", what);
             return -1;
         }
         if (jf && !(cJSON_IsString(jf) && str_ieq(jf->valuestring, "rgb"))) {
-            set_err(err, errlen, "%s: only \"from\": \"rgb\" is supported", what);
+            sf_errf(err, errlen, "%s: only \"from\": \"rgb\" is supported", what);
             return -1;
         }
         break;
@@ -373,7 +366,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             return -1;
         if ((r = get_num(jo, "ratio", &d, what, err, errlen)) <= 0 || d < 0.0 || d > 1.0) {
             if (r >= 0)
-                set_err(err, errlen, "%s: \"ratio\" must be a number in [0,1]", what);
+                sf_errf(err, errlen, "%s: \"ratio\" must be a number in [0,1]", what);
             return -1;
         }
         op->ratio = (float)d;
@@ -382,7 +375,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             return -1;
         if (r == 1) {
             if (!is_int_in(d, 0, SF_AUG_MAX_DILATE)) {
-                set_err(err, errlen, "%s: \"dilate\" must be an integer in [0,%d]", what, SF_AUG_MAX_DILATE);
+                sf_errf(err, errlen, "%s: \"dilate\" must be an integer in [0,%d]", what, SF_AUG_MAX_DILATE);
                 return -1;
             }
             op->dilate = (int)d;
@@ -395,7 +388,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             return -1;
         const cJSON *jd = cJSON_GetObjectItemCaseSensitive(jo, "dtype");
         if (jd && !(cJSON_IsString(jd) && strcmp(jd->valuestring, "float32") == 0)) {
-            set_err(err, errlen, "%s: only \"dtype\": \"float32\" is supported", what);
+            sf_errf(err, errlen, "%s: only \"dtype\": \"float32\" is supported", what);
             return -1;
         }
         op->scale = 1.0f;
@@ -406,7 +399,7 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         break;
     }
     default:
-        set_err(err, errlen, "%s: unknown op", what);
+        sf_errf(err, errlen, "%s: unknown op", what);
         return -1;
     }
     return 0;
@@ -416,22 +409,22 @@ int sf_aug_parse(const char *json, sf_aug_pipeline *p, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
     if (!json) {
-        set_err(err, errlen, "augmentation list missing");
+        sf_errf(err, errlen, "augmentation list missing");
         return -1;
     }
     cJSON *root = cJSON_Parse(json);
     if (!root) {
-        set_err(err, errlen, "augmentation list is not valid JSON");
+        sf_errf(err, errlen, "augmentation list is not valid JSON");
         return -1;
     }
     int rc = -1;
     if (!cJSON_IsArray(root)) {
-        set_err(err, errlen, "augmentation list must be a JSON array");
+        sf_errf(err, errlen, "augmentation list must be a JSON array");
         goto out;
     }
     int n = cJSON_GetArraySize(root);
     if (n > SF_AUG_MAX_OPS) {
-        set_err(err, errlen, "augmentation list has %d ops (at most %d)", n, SF_AUG_MAX_OPS);
+        sf_errf(err, errlen, "augmentation list has %d ops (at most %d)", n, SF_AUG_MAX_OPS);
         goto out;
     }
     int i = 0;
@@ -455,12 +448,12 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
     memset(plan, 0, sizeof *plan);
     if (in_h < 1 || in_w < 1 || in_h > SF_AUG_MAX_DIM || in_w > SF_AUG_MAX_DIM || c < 1 ||
         c > SF_AUG_MAX_C) {
-        set_err(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
+        sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
                 in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
         return -1;
     }
     if (p->n_ops < 0 || p->n_ops > SF_AUG_MAX_OPS) {
-        set_err(err, errlen, "augmentation list has %d ops (at most %d)", p->n_ops, SF_AUG_MAX_OPS);
+        sf_errf(err, errlen, "augmentation list has %d ops (at most %d)", p->n_ops, SF_AUG_MAX_OPS);
         return -1;
     }
     plan->in_h = in_h;
@@ -479,7 +472,7 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
         switch (op->kind) {
         case SF_AUG_RANDOM_CROP:
             if (op->size_h < 1 || op->size_w < 1 || op->size_h > h || op->size_w > w) {
-                set_err(err, errlen, "aug op %d (%s): crop %dx%d does not fit its %dx%d input", i, name,
+                sf_errf(err, errlen, "aug op %d (%s): crop %dx%d does not fit its %dx%d input", i, name,
                         op->size_h, op->size_w, h, w);
                 return -1;
             }
@@ -489,7 +482,7 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
         case SF_AUG_RESIZE:
             if (op->size_h < 1 || op->size_w < 1 || op->size_h > SF_AUG_MAX_DIM ||
                 op->size_w > SF_AUG_MAX_DIM) {
-                set_err(err, errlen, "aug op %d (%s): size %dx%d out of range [1,%d]", i, name,
+                sf_errf(err, errlen, "aug op %d (%s): size %dx%d out of range [1,%d]", i, name,
                         op->size_h, op->size_w, SF_AUG_MAX_DIM);
                 return -1;
             }
@@ -504,18 +497,18 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             break;
         case SF_AUG_GAUSSIAN_BLUR:
             if (blur_at >= 0) {
-                set_err(err, errlen, "aug op %d (%s): only one gaussian_blur per pipeline (op %d is one)",
+                sf_errf(err, errlen, "aug op %d (%s): only one gaussian_blur per pipeline (op %d is one)",
                         i, name, blur_at);
                 return -1;
             }
             if (op->ksize < 1 || op->ksize > SF_AUG_MAX_KSIZE || op->ksize % 2 == 0 ||
                 !(op->sigma_min > 0.0f) || op->sigma_min > op->sigma_max) {
-                set_err(err, errlen, "aug op %d (%s): kernel_size %d / sigma [%g,%g] invalid", i, name,
+                sf_errf(err, errlen, "aug op %d (%s): kernel_size %d / sigma [%g,%g] invalid", i, name,
                         op->ksize, (double)op->sigma_min, (double)op->sigma_max);
                 return -1;
             }
             if (plan->has_mask) {
-                set_err(err, errlen, "aug op %d (%s): random_mask must come after gaussian_blur "
+                sf_errf(err, errlen, "aug op %d (%s): random_mask must come after gaussian_blur "
                         "(a mask does not commute with a blur)", i, name);
                 return -1;
             }
@@ -531,7 +524,7 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
         }
         case SF_AUG_NORMALIZE: {
             if (op->n_mean != 1 && op->n_mean != c) {
-                set_err(err, errlen, "aug op %d (%s): %d mean/std values for %d channels", i, name,
+                sf_errf(err, errlen, "aug op %d (%s): %d mean/std values for %d channels", i, name,
                         op->n_mean, c);
                 return -1;
             }
@@ -540,7 +533,7 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             for (int ch = 0; ch < c; ch++) {
                 int j = op->n_mean == 1 ? 0 : ch;
                 if (!(op->std[j] != 0.0f)) {
-                    set_err(err, errlen, "aug op %d (%s): std[%d] is 0", i, name, j);
+                    sf_errf(err, errlen, "aug op %d (%s): std[%d] is 0", i, name, j);
                     return -1;
                 }
                 pw->a[ch] = op->mean[j];
@@ -550,7 +543,7 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
         }
         case SF_AUG_COLOR_CONVERT: {
             if (c != 3) {
-                set_err(err, errlen, "aug op %d (%s): RGB->YCbCr needs 3 channels, the input has %d", i,
+                sf_errf(err, errlen, "aug op %d (%s): RGB->YCbCr needs 3 channels, the input has %d", i,
                         name, c);
                 return -1;
             }
@@ -563,12 +556,12 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
         }
         case SF_AUG_RANDOM_MASK: {
             if (plan->has_mask) {
-                set_err(err, errlen, "aug op %d (%s): only one random_mask per pipeline", i, name);
+                sf_errf(err, errlen, "aug op %d (%s): only one random_mask per pipeline", i, name);
                 return -1;
             }
             if (!(op->ratio >= 0.0f && op->ratio <= 1.0f) || op->dilate < 0 ||
                 op->dilate > SF_AUG_MAX_DILATE) {
-                set_err(err, errlen, "aug op %d (%s): ratio %g / dilate %d out of range", i, name,
+                sf_errf(err, errlen, "aug op %d (%s): ratio %g / dilate %d out of range", i, name,
                         (double)op->ratio, op->dilate);
                 return -1;
             }
@@ -580,7 +573,7 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             break;
         }
         default:
-            set_err(err, errlen, "aug op %d: unknown kind %d", i, (int)op->kind);
+            sf_errf(err, errlen, "aug op %d: unknown kind %d", i, (int)op->kind);
             return -1;
         }
     }

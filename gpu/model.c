@@ -1,5 +1,6 @@
 /* gpu/model.c — model descriptions: presets, the JSON layer list, shape
  * resolution and PyTorch-style default initialisation. See gpu/model.h. */
+#include "gpu/common.h"
 #include "model.h"
 
 #include <math.h>
@@ -19,15 +20,7 @@
 #define MAX_PARAMS ((size_t)1 << 31) /* floats of the parameter buffer (8 GiB) */
 #define MAX_ACT ((size_t)1 << 30)    /* floats of one sample's activation */
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+
 
 static const char *const kind_names[SF_L_KIND_COUNT] = {
     [SF_L_CONV2D] = "conv2d",
@@ -58,21 +51,21 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
 {
     if (m->in_c < 1 || m->in_h < 1 || m->in_w < 1 || m->in_c > MAX_CHANNELS ||
         m->in_h > MAX_SPATIAL || m->in_w > MAX_SPATIAL) {
-        set_err(err, errlen, "model input %dx%dx%d out of range (C in [1,%d], H,W in [1,%d])",
+        sf_errf(err, errlen, "model input %dx%dx%d out of range (C in [1,%d], H,W in [1,%d])",
                 m->in_c, m->in_h, m->in_w, MAX_CHANNELS, MAX_SPATIAL);
         return -1;
     }
     if (m->n_layers < 1 || m->n_layers > SF_MAX_LAYERS) {
-        set_err(err, errlen, "model has %d layers (1..%d allowed)", m->n_layers, SF_MAX_LAYERS);
+        sf_errf(err, errlen, "model has %d layers (1..%d allowed)", m->n_layers, SF_MAX_LAYERS);
         return -1;
     }
     if (m->n_classes < 1 || m->n_classes > MAX_CHANNELS) {
-        set_err(err, errlen, "model classes %d out of range [1,%d]", m->n_classes, MAX_CHANNELS);
+        sf_errf(err, errlen, "model classes %d out of range [1,%d]", m->n_classes, MAX_CHANNELS);
         return -1;
     }
 
     if ((size_t)m->in_c * m->in_h * m->in_w > MAX_ACT) {
-        set_err(err, errlen, "model input %dx%dx%d is too large", m->in_c, m->in_h, m->in_w);
+        sf_errf(err, errlen, "model input %dx%dx%d is too large", m->in_c, m->in_h, m->in_w);
         return -1;
     }
 
@@ -85,23 +78,23 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
         sf_layer *L = &m->layers[i];
         const char *kn = sf_layer_kind_name(L->kind);
         if ((int)L->kind < 0 || L->kind >= SF_L_KIND_COUNT) {
-            set_err(err, errlen, "layer %d: unknown layer kind %d", i, (int)L->kind);
+            sf_errf(err, errlen, "layer %d: unknown layer kind %d", i, (int)L->kind);
             return -1;
         }
         if (!kind_supported(L->kind)) {
-            set_err(err, errlen, "layer %d (%s): not supported yet", i, kn);
+            sf_errf(err, errlen, "layer %d (%s): not supported yet", i, kn);
             return -1;
         }
         if (L->name[0] == '\0')
             snprintf(L->name, sizeof L->name, "%d", i);
         for (int j = 0; j < i; j++)
             if (strncmp(m->layers[j].name, L->name, sizeof L->name) == 0) {
-                set_err(err, errlen, "layer %d (%s): name \"%s\" is already used by layer %d", i, kn,
+                sf_errf(err, errlen, "layer %d (%s): name \"%s\" is already used by layer %d", i, kn,
                         L->name, j);
                 return -1;
             }
         if (L->in_c != 0 && L->in_c != c) {
-            set_err(err, errlen, "layer %d (%s): declared input %d does not match the previous output %d",
+            sf_errf(err, errlen, "layer %d (%s): declared input %d does not match the previous output %d",
                     i, kn, L->in_c, c);
             return -1;
         }
@@ -114,24 +107,24 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
         switch (L->kind) {
         case SF_L_CONV2D: {
             if (flat) {
-                set_err(err, errlen, "layer %d (%s): input is flattened; conv2d needs [C,H,W]", i, kn);
+                sf_errf(err, errlen, "layer %d (%s): input is flattened; conv2d needs [C,H,W]", i, kn);
                 return -1;
             }
             if (L->out_c < 1 || L->out_c > MAX_CHANNELS) {
-                set_err(err, errlen, "layer %d (%s): out channels %d out of range [1,%d]", i, kn,
+                sf_errf(err, errlen, "layer %d (%s): out channels %d out of range [1,%d]", i, kn,
                         L->out_c, MAX_CHANNELS);
                 return -1;
             }
             if (L->k < 1 || L->k > MAX_KERNEL || L->stride < 1 || L->stride > MAX_KERNEL ||
                 L->pad < 0 || L->pad > MAX_KERNEL) {
-                set_err(err, errlen, "layer %d (%s): k=%d stride=%d pad=%d out of range "
+                sf_errf(err, errlen, "layer %d (%s): k=%d stride=%d pad=%d out of range "
                         "(k,stride in [1,%d], pad in [0,%d])", i, kn, L->k, L->stride, L->pad,
                         MAX_KERNEL, MAX_KERNEL);
                 return -1;
             }
             int eh = h + 2 * L->pad - L->k, ew = w + 2 * L->pad - L->k;
             if (eh < 0 || ew < 0) {
-                set_err(err, errlen, "layer %d (%s): kernel %d does not fit the %dx%d input (pad %d)",
+                sf_errf(err, errlen, "layer %d (%s): kernel %d does not fit the %dx%d input (pad %d)",
                         i, kn, L->k, h, w, L->pad);
                 return -1;
             }
@@ -151,7 +144,7 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
         case SF_L_FLATTEN: {
             size_t feat = (size_t)c * h * w;
             if (feat > MAX_ACT) {
-                set_err(err, errlen, "layer %d (%s): %zu features is too many", i, kn, feat);
+                sf_errf(err, errlen, "layer %d (%s): %zu features is too many", i, kn, feat);
                 return -1;
             }
             L->out_c = (int)feat;
@@ -161,12 +154,12 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
         }
         case SF_L_LINEAR:
             if (!flat && (h != 1 || w != 1)) {
-                set_err(err, errlen, "layer %d (%s): input is [%d,%d,%d]; add a flatten layer before linear",
+                sf_errf(err, errlen, "layer %d (%s): input is [%d,%d,%d]; add a flatten layer before linear",
                         i, kn, c, h, w);
                 return -1;
             }
             if (L->out_c < 1 || L->out_c > MAX_CHANNELS) {
-                set_err(err, errlen, "layer %d (%s): out features %d out of range [1,%d]", i, kn,
+                sf_errf(err, errlen, "layer %d (%s): out features %d out of range [1,%d]", i, kn,
                         L->out_c, MAX_CHANNELS);
                 return -1;
             }
@@ -176,13 +169,13 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
             L->n_b = L->bias ? (size_t)L->out_c : 0;
             break;
         default:
-            set_err(err, errlen, "layer %d (%s): not supported yet", i, kn);
+            sf_errf(err, errlen, "layer %d (%s): not supported yet", i, kn);
             return -1;
         }
 
         L->out_elems = (size_t)L->out_ch * L->out_h * L->out_w;
         if (L->out_elems > MAX_ACT) {
-            set_err(err, errlen, "layer %d (%s): output of %zu floats per sample is too large", i, kn,
+            sf_errf(err, errlen, "layer %d (%s): output of %zu floats per sample is too large", i, kn,
                     L->out_elems);
             return -1;
         }
@@ -195,7 +188,7 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
             off += L->n_b;
         }
         if (off > MAX_PARAMS) {
-            set_err(err, errlen, "layer %d (%s): model exceeds %zu parameters", i, kn, MAX_PARAMS);
+            sf_errf(err, errlen, "layer %d (%s): model exceeds %zu parameters", i, kn, MAX_PARAMS);
             return -1;
         }
         if (L->out_elems > max_act)
@@ -210,7 +203,7 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
 
     const sf_layer *last = &m->layers[m->n_layers - 1];
     if (last->out_elems != (size_t)m->n_classes) {
-        set_err(err, errlen, "layer %d (%s): output has %zu values per sample but the model has %d classes",
+        sf_errf(err, errlen, "layer %d (%s): output has %zu values per sample but the model has %d classes",
                 m->n_layers - 1, sf_layer_kind_name(last->kind), last->out_elems, m->n_classes);
         return -1;
     }
@@ -254,7 +247,7 @@ int sf_model_from_preset(const char *name, sf_model *m, char *err, size_t errlen
 {
     memset(m, 0, sizeof *m);
     if (!name) {
-        set_err(err, errlen, "model preset name missing");
+        sf_errf(err, errlen, "model preset name missing");
         return -1;
     }
     if (strcmp(name, "seed-classifier") == 0) {
@@ -293,7 +286,7 @@ int sf_model_from_preset(const char *name, sf_model *m, char *err, size_t errlen
         push(m, SF_L_FLATTEN);
         push_linear(m, 32 * 4 * 4, 10);
     } else {
-        set_err(err, errlen, "unknown model preset \"%s\" (known: seed-classifier, tiny)", name);
+        sf_errf(err, errlen, "unknown model preset \"%s\" (known: seed-classifier, tiny)", name);
         return -1;
     }
     snprintf(m->preset, sizeof m->preset, "%s", name);
@@ -312,7 +305,7 @@ static int json_int(const cJSON *obj, const char *key, int lo, int hi, int *out,
         return 0;
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
         v->valuedouble < lo || v->valuedouble > hi) {
-        set_err(err, errlen, "%s: \"%s\" must be an integer in [%d,%d]", what, key, lo, hi);
+        sf_errf(err, errlen, "%s: \"%s\" must be an integer in [%d,%d]", what, key, lo, hi);
         return -1;
     }
     *out = (int)v->valuedouble;
@@ -342,22 +335,22 @@ static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t 
     char what[64];
     memset(L, 0, sizeof *L);
     if (!cJSON_IsObject(jl)) {
-        set_err(err, errlen, "layer %d: must be an object", idx);
+        sf_errf(err, errlen, "layer %d: must be an object", idx);
         return -1;
     }
     const cJSON *jt = cJSON_GetObjectItemCaseSensitive(jl, "type");
     if (!cJSON_IsString(jt)) {
-        set_err(err, errlen, "layer %d: missing string \"type\"", idx);
+        sf_errf(err, errlen, "layer %d: missing string \"type\"", idx);
         return -1;
     }
     if (parse_kind(jt->valuestring, &L->kind) != 0) {
-        set_err(err, errlen, "layer %d (%.40s): unknown layer type (known: conv2d, relu, flatten, linear)",
+        sf_errf(err, errlen, "layer %d (%.40s): unknown layer type (known: conv2d, relu, flatten, linear)",
                 idx, jt->valuestring);
         return -1;
     }
     snprintf(what, sizeof what, "layer %d (%s)", idx, sf_layer_kind_name(L->kind));
     if (!kind_supported(L->kind)) {
-        set_err(err, errlen, "%s: not supported yet", what);
+        sf_errf(err, errlen, "%s: not supported yet", what);
         return -1;
     }
 
@@ -369,7 +362,7 @@ static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t 
                                                           : plain_keys;
     for (const cJSON *it = jl->child; it; it = it->next) {
         if (!it->string || !key_allowed(it->string, allowed)) {
-            set_err(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
+            sf_errf(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
             return -1;
         }
     }
@@ -378,7 +371,7 @@ static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t 
     if (jn) {
         if (!cJSON_IsString(jn) || jn->valuestring[0] == '\0' ||
             strlen(jn->valuestring) >= SF_LAYER_NAME_MAX) {
-            set_err(err, errlen, "%s: \"name\" must be a non-empty string shorter than %d", what,
+            sf_errf(err, errlen, "%s: \"name\" must be a non-empty string shorter than %d", what,
                     SF_LAYER_NAME_MAX);
             return -1;
         }
@@ -393,14 +386,14 @@ static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t 
             return -1;
         if ((r = json_int(jl, "out", 1, MAX_CHANNELS, &L->out_c, what, err, errlen)) <= 0) {
             if (r == 0)
-                set_err(err, errlen, "%s: missing \"out\" (a positive integer)", what);
+                sf_errf(err, errlen, "%s: missing \"out\" (a positive integer)", what);
             return -1;
         }
         L->bias = 1;
         const cJSON *jb = cJSON_GetObjectItemCaseSensitive(jl, "bias");
         if (jb) {
             if (!cJSON_IsBool(jb)) {
-                set_err(err, errlen, "%s: \"bias\" must be true or false", what);
+                sf_errf(err, errlen, "%s: \"bias\" must be true or false", what);
                 return -1;
             }
             L->bias = cJSON_IsTrue(jb);
@@ -410,7 +403,7 @@ static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t 
         int r;
         if ((r = json_int(jl, "k", 1, MAX_KERNEL, &L->k, what, err, errlen)) <= 0) {
             if (r == 0)
-                set_err(err, errlen, "%s: missing \"k\" (kernel size)", what);
+                sf_errf(err, errlen, "%s: missing \"k\" (kernel size)", what);
             return -1;
         }
         L->stride = 1;
@@ -426,30 +419,30 @@ int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)
 {
     memset(m, 0, sizeof *m);
     if (!json) {
-        set_err(err, errlen, "model spec missing");
+        sf_errf(err, errlen, "model spec missing");
         return -1;
     }
     cJSON *root = cJSON_Parse(json);
     int rc = -1;
     if (!root) {
-        set_err(err, errlen, "model spec is not valid JSON");
+        sf_errf(err, errlen, "model spec is not valid JSON");
         return -1;
     }
     if (!cJSON_IsObject(root)) {
-        set_err(err, errlen, "model spec must be a JSON object");
+        sf_errf(err, errlen, "model spec must be a JSON object");
         goto out;
     }
     for (const cJSON *it = root->child; it; it = it->next) {
         if (!it->string || (strcmp(it->string, "input") && strcmp(it->string, "classes") &&
                             strcmp(it->string, "layers"))) {
-            set_err(err, errlen, "model spec: unknown field \"%.40s\" (known: input, classes, layers)",
+            sf_errf(err, errlen, "model spec: unknown field \"%.40s\" (known: input, classes, layers)",
                     it->string ? it->string : "");
             goto out;
         }
     }
     const cJSON *jin = cJSON_GetObjectItemCaseSensitive(root, "input");
     if (!cJSON_IsArray(jin) || cJSON_GetArraySize(jin) != 3) {
-        set_err(err, errlen, "model spec: \"input\" must be [C,H,W]");
+        sf_errf(err, errlen, "model spec: \"input\" must be [C,H,W]");
         goto out;
     }
     int dims[3];
@@ -458,7 +451,7 @@ int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)
         int hi = d == 0 ? MAX_CHANNELS : MAX_SPATIAL;
         if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
             v->valuedouble > hi) {
-            set_err(err, errlen, "model spec: \"input\"[%d] must be an integer in [1,%d]", d, hi);
+            sf_errf(err, errlen, "model spec: \"input\"[%d] must be an integer in [1,%d]", d, hi);
             goto out;
         }
         dims[d] = (int)v->valuedouble;
@@ -468,17 +461,17 @@ int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)
     m->in_w = dims[2];
     int r = json_int(root, "classes", 1, MAX_CHANNELS, &m->n_classes, "model spec", err, errlen);
     if (r == 0)
-        set_err(err, errlen, "model spec: missing \"classes\" (an integer in [1,%d])", MAX_CHANNELS);
+        sf_errf(err, errlen, "model spec: missing \"classes\" (an integer in [1,%d])", MAX_CHANNELS);
     if (r <= 0)
         goto out;
     const cJSON *jl = cJSON_GetObjectItemCaseSensitive(root, "layers");
     if (!cJSON_IsArray(jl)) {
-        set_err(err, errlen, "model spec: \"layers\" must be an array");
+        sf_errf(err, errlen, "model spec: \"layers\" must be an array");
         goto out;
     }
     int nl = cJSON_GetArraySize(jl);
     if (nl < 1 || nl > SF_MAX_LAYERS) {
-        set_err(err, errlen, "model spec: %d layers (1..%d allowed)", nl, SF_MAX_LAYERS);
+        sf_errf(err, errlen, "model spec: %d layers (1..%d allowed)", nl, SF_MAX_LAYERS);
         goto out;
     }
     /* in_c is inferred, and every shape error is found, by sf_model_resolve,

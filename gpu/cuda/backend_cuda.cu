@@ -50,6 +50,7 @@
  */
 extern "C" {
 #include <nvtx3/nvToolsExt.h>
+#include "gpu/common.h"
 #include "../backend.h"
 }
 
@@ -139,15 +140,7 @@ typedef struct cuda_ctx {
     int t_samples_cap;
 } cuda_ctx;
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+
 
 /* Bounded string copy that always terminates. */
 static void scopy(char *d, size_t n, const char *s)
@@ -412,7 +405,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     cuda_ctx *c = ctx_of(be);
     cudaSetDevice(c->device);
     if (c->sticky) {
-        set_err(err, errlen, "%s", c->sticky_msg);
+        sf_errf(err, errlen, "%s", c->sticky_msg);
         return -1;
     }
     /* Work in flight finishes first; its events stay queued for the engine. */
@@ -423,26 +416,26 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     }
     free_buffers(c);
     if (!m || !cfg) {
-        set_err(err, errlen, "cuda build: model or config missing");
+        sf_errf(err, errlen, "cuda build: model or config missing");
         return -1;
     }
     if (cfg->max_batch < 1) {
-        set_err(err, errlen, "cuda build: max_batch %d must be >= 1", cfg->max_batch);
+        sf_errf(err, errlen, "cuda build: max_batch %d must be >= 1", cfg->max_batch);
         return -1;
     }
     if (cfg->device != c->device) {
-        set_err(err, errlen, "cuda build: config names device %d but this backend owns device %d", cfg->device,
+        sf_errf(err, errlen, "cuda build: config names device %d but this backend owns device %d", cfg->device,
                 c->device);
         return -1;
     }
     if (cfg->precision == SF_PREC_BF16) {
-        set_err(err, errlen, "cuda build: bf16 is not implemented yet (fp32 and tf32 are)");
+        sf_errf(err, errlen, "cuda build: bf16 is not implemented yet (fp32 and tf32 are)");
         return -1;
     }
     c->m = *m;
     char e2[200];
     if (sf_model_resolve(&c->m, e2, sizeof e2) != 0) {
-        set_err(err, errlen, "cuda build: %s", e2);
+        sf_errf(err, errlen, "cuda build: %s", e2);
         return -1;
     }
     c->cfg = *cfg;
@@ -463,7 +456,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
 
     sf_cuda_clear_error();
     if (alloc_buffers(c)) {
-        set_err(err, errlen, "cuda build: %s", sf_cuda_last_error());
+        sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
         return -1;
     }
@@ -487,12 +480,12 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.fuse = env_int("SF_CUDNN_FUSE", 1);
     nc.seed = cfg->seed;
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
-        set_err(err, errlen, "cuda build: %s", sf_cuda_last_error());
+        sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
         return -1;
     }
     if (anchor_init(c)) {
-        set_err(err, errlen, "cuda build: %s", sf_cuda_last_error());
+        sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
         return -1;
     }
@@ -505,44 +498,11 @@ static int cu_max_inflight(sf_backend *be) { return CUDA_NBUF; }
 
 static int check_batch(cuda_ctx *c, const sf_batch *b, int need_model, char *err, size_t errlen)
 {
-    if (!b || !b->plan || !b->samples || !b->images) {
-        set_err(err, errlen, "cuda: batch, plan, samples or images missing");
+    if (need_model && !c->built) {
+        sf_errf(err, errlen, "cuda: no model built");
         return -1;
     }
-    const sf_aug_plan *p = b->plan;
-    if (b->n < 1) {
-        set_err(err, errlen, "cuda: batch of %d samples", b->n);
-        return -1;
-    }
-    if (b->h != p->in_h || b->w != p->in_w || b->c != p->c) {
-        set_err(err, errlen, "cuda: images are %dx%dx%d (HxWxC) but the augmentation plan is for %dx%dx%d",
-                b->h, b->w, b->c, p->in_h, p->in_w, p->c);
-        return -1;
-    }
-    if (!need_model)
-        return 0;
-    if (!c->built) {
-        set_err(err, errlen, "cuda: no model built");
-        return -1;
-    }
-    if (b->n > c->cfg.max_batch) {
-        set_err(err, errlen, "cuda: batch of %d samples exceeds max_batch %d", b->n, c->cfg.max_batch);
-        return -1;
-    }
-    if (p->c != c->m.in_c || p->out_h != c->m.in_h || p->out_w != c->m.in_w) {
-        set_err(err, errlen, "cuda: augmentation output %dx%dx%d (CxHxW) does not match the model input %dx%dx%d",
-                p->c, p->out_h, p->out_w, c->m.in_c, c->m.in_h, c->m.in_w);
-        return -1;
-    }
-    if (!b->labels) {
-        set_err(err, errlen, "cuda: labels missing");
-        return -1;
-    }
-    if (b->label_dtype != SF_LABEL_U8 && b->label_dtype != SF_LABEL_I32 && b->label_dtype != SF_LABEL_I64) {
-        set_err(err, errlen, "cuda: unknown label dtype %d", (int)b->label_dtype);
-        return -1;
-    }
-    return 0;
+    return sf_batch_check(b, need_model ? &c->m : NULL, c->cfg.max_batch, "cuda", err, errlen);
 }
 
 static size_t label_size(sf_label_dtype d) { return d == SF_LABEL_U8 ? 1 : d == SF_LABEL_I32 ? 4 : 8; }
@@ -685,19 +645,19 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
     cuda_ctx *c = ctx_of(be);
     cudaSetDevice(c->device);
     if (c->sticky) {
-        set_err(err, errlen, "%s", c->sticky_msg);
+        sf_errf(err, errlen, "%s", c->sticky_msg);
         return -1;
     }
     if (check_batch(c, bt, 1, err, errlen) != 0)
         return -1;
     if (c->q_count >= c->nbuf) {
-        set_err(err, errlen, "cuda: %d batches in flight (max_inflight %d); poll first", c->q_count, c->nbuf);
+        sf_errf(err, errlen, "cuda: %d batches in flight (max_inflight %d); poll first", c->q_count, c->nbuf);
         return -1;
     }
     sf_cuda_clear_error();
     /* A batch size seen for the first time gets its plans (once, synchronous). */
     if (sf_net_prepare(c->net, bt->n)) {
-        set_err(err, errlen, "cuda: %s", sf_cuda_last_error());
+        sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
         return -1;
     }
     const int b = c->next_buf;
@@ -723,7 +683,7 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
 
     int rt = enqueue_transform(c, bt, b);
     if (rt == 1) {
-        set_err(err, errlen, "cuda: %s", sf_cuda_last_error());
+        sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
         cudaGetLastError();
         return -1;
     }
@@ -790,13 +750,13 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
     cuda_ctx *c = ctx_of(be);
     cudaSetDevice(c->device);
     if (c->sticky) {
-        set_err(err, errlen, "%s", c->sticky_msg);
+        sf_errf(err, errlen, "%s", c->sticky_msg);
         return -1;
     }
     if (check_batch(c, b, 0, err, errlen) != 0)
         return -1;
     if (!out) {
-        set_err(err, errlen, "cuda: output buffer missing");
+        sf_errf(err, errlen, "cuda: output buffer missing");
         return -1;
     }
     const sf_aug_plan *p = b->plan;
@@ -827,12 +787,12 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
     cudaError_t se = cudaStreamSynchronize(s);
     if (se != cudaSuccess) {
         make_sticky(c, "transform", se);
-        set_err(err, errlen, "%s", c->sticky_msg);
+        sf_errf(err, errlen, "%s", c->sticky_msg);
         return -1;
     }
     if (rc) {
         const char *m = sf_cuda_last_error();
-        set_err(err, errlen, "cuda transform: %s", *m ? m : cudaGetErrorString(cudaGetLastError()));
+        sf_errf(err, errlen, "cuda transform: %s", *m ? m : cudaGetErrorString(cudaGetLastError()));
         cudaGetLastError();
         return -1;
     }
@@ -867,7 +827,7 @@ static int cu_health(sf_backend *be, char *err, size_t errlen)
             make_sticky(c, "compute stream", e);
     }
     if (c->sticky) {
-        set_err(err, errlen, "%s", c->sticky_msg);
+        sf_errf(err, errlen, "%s", c->sticky_msg);
         return -1;
     }
     return 0;
@@ -985,33 +945,33 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
     cuda_ctx *c = ctx_of(be);
     cudaSetDevice(c->device);
     if (c->sticky) {
-        set_err(err, errlen, "%s", c->sticky_msg);
+        sf_errf(err, errlen, "%s", c->sticky_msg);
         return -1;
     }
     if (check_batch(c, bt, 1, err, errlen) != 0)
         return -1;
     if (mode != SF_BENCH_STEP && mode != SF_BENCH_AUG_STEP && mode != SF_BENCH_H2D_AUG_STEP) {
-        set_err(err, errlen, "cuda bench: unknown mode %d", (int)mode);
+        sf_errf(err, errlen, "cuda bench: unknown mode %d", (int)mode);
         return -1;
     }
     if (warmup < 0 || steps < 1 || !seconds) {
-        set_err(err, errlen, "cuda bench: warmup %d must be >= 0 and steps %d >= 1", warmup, steps);
+        sf_errf(err, errlen, "cuda bench: warmup %d must be >= 0 and steps %d >= 1", warmup, steps);
         return -1;
     }
     if (c->q_count > 0) {
-        set_err(err, errlen, "cuda bench: %d batches in flight; bench needs an idle backend", c->q_count);
+        sf_errf(err, errlen, "cuda bench: %d batches in flight; bench needs an idle backend", c->q_count);
         return -1;
     }
     int64_t bad_val = 0;
     const int bad_at = bad_label(bt, c->m.n_classes, &bad_val);
     if (bad_at >= 0) {
-        set_err(err, errlen, "cuda bench: label %lld of sample %d is outside [0,%d)", (long long)bad_val, bad_at,
+        sf_errf(err, errlen, "cuda bench: label %lld of sample %d is outside [0,%d)", (long long)bad_val, bad_at,
                 c->m.n_classes);
         return -1;
     }
     sf_cuda_clear_error();
     if (sf_net_prepare(c->net, bt->n)) {
-        set_err(err, errlen, "cuda bench: %s", sf_cuda_last_error());
+        sf_errf(err, errlen, "cuda bench: %s", sf_cuda_last_error());
         return -1;
     }
     /* The training state, snapshotted on the device and restored afterwards,
@@ -1019,7 +979,7 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
     float *snap = NULL;
     if (cudaMalloc((void **)&snap, sizeof(float) * (sf_net_state_floats(c->net) + 1)) != cudaSuccess) {
         cudaGetLastError();
-        set_err(err, errlen, "cuda bench: no device memory for the %zu-float state snapshot",
+        sf_errf(err, errlen, "cuda bench: no device memory for the %zu-float state snapshot",
                 sf_net_state_floats(c->net));
         return -1;
     }
@@ -1035,7 +995,7 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
     cudaError_t e2 = cudaStreamSynchronize(c->st_compute);
     if (e1 != cudaSuccess || e2 != cudaSuccess) {
         make_sticky(c, "bench", e1 != cudaSuccess ? e1 : e2);
-        set_err(err, errlen, "%s", c->sticky_msg);
+        sf_errf(err, errlen, "%s", c->sticky_msg);
         cudaFree(snap);
         return -1;
     }
@@ -1048,12 +1008,12 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
     if (rr || e3 != cudaSuccess) {
         if (e3 != cudaSuccess)
             make_sticky(c, "bench restore", e3);
-        set_err(err, errlen, "cuda bench: restoring the training state failed: %s",
+        sf_errf(err, errlen, "cuda bench: restoring the training state failed: %s",
                 e3 != cudaSuccess ? c->sticky_msg : sf_cuda_last_error());
         return -1;
     }
     if (rc) {
-        set_err(err, errlen, "cuda bench: %s", msg);
+        sf_errf(err, errlen, "cuda bench: %s", msg);
         return -1;
     }
     *seconds = sec;
@@ -1121,29 +1081,29 @@ static int init_ctx(cuda_ctx *c, char *err, size_t errlen)
         cudaStreamCreateWithPriority(&c->st_transform_own, cudaStreamNonBlocking, lo) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->st_aux, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreate(&c->anchor) != cudaSuccess || cudaEventCreate(&c->anchor_next) != cudaSuccess) {
-        set_err(err, errlen, "cuda: stream/event creation failed: %s", cudaGetErrorString(cudaGetLastError()));
+        sf_errf(err, errlen, "cuda: stream/event creation failed: %s", cudaGetErrorString(cudaGetLastError()));
         return -1;
     }
     c->st_transform = c->st_transform_own;
     cudnnStatus_t ds = cudnnCreate(&c->dnn);
     if (ds != CUDNN_STATUS_SUCCESS) {
-        set_err(err, errlen, "cuda: cudnnCreate: %s", cudnnGetErrorString(ds));
+        sf_errf(err, errlen, "cuda: cudnnCreate: %s", cudnnGetErrorString(ds));
         return -1;
     }
     if (cudnnGetVersion() < 90000) {
-        set_err(err, errlen, "cuda: cuDNN %zu found, 9.x needed", cudnnGetVersion());
+        sf_errf(err, errlen, "cuda: cuDNN %zu found, 9.x needed", cudnnGetVersion());
         return -1;
     }
     cudnnSetStream(c->dnn, c->st_compute);
     if (cublasCreate(&c->blas) != CUBLAS_STATUS_SUCCESS) {
-        set_err(err, errlen, "cuda: cublasCreate failed");
+        sf_errf(err, errlen, "cuda: cublasCreate failed");
         return -1;
     }
     /* An explicit workspace keeps cuBLAS from allocating inside a captured graph. */
     if (cudaMalloc(&c->blas_ws, CUBLAS_WS_BYTES) != cudaSuccess ||
         cublasSetStream(c->blas, c->st_compute) != CUBLAS_STATUS_SUCCESS ||
         cublasSetWorkspace(c->blas, c->blas_ws, CUBLAS_WS_BYTES) != CUBLAS_STATUS_SUCCESS) {
-        set_err(err, errlen, "cuda: cuBLAS setup failed");
+        sf_errf(err, errlen, "cuda: cuBLAS setup failed");
         return -1;
     }
     return 0;
@@ -1154,24 +1114,24 @@ extern "C" sf_backend *sf_backend_cuda_new(int device, char *err, size_t errlen)
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        set_err(err, errlen, "cuda: no usable GPU (%s)",
+        sf_errf(err, errlen, "cuda: no usable GPU (%s)",
                 e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
         cudaGetLastError();
         return NULL;
     }
     if (device < 0 || device >= count) {
-        set_err(err, errlen, "cuda: device %d does not exist (%d found)", device, count);
+        sf_errf(err, errlen, "cuda: device %d does not exist (%d found)", device, count);
         return NULL;
     }
     if ((e = cudaSetDevice(device)) != cudaSuccess) {
-        set_err(err, errlen, "cuda: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+        sf_errf(err, errlen, "cuda: cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
         return NULL;
     }
     cudaFuncAttributes fa;
     if ((e = cudaFuncGetAttributes(&fa, k_probe)) != cudaSuccess) {
         cudaDeviceProp prop;
         cudaGetDeviceProperties(&prop, device);
-        set_err(err, errlen, "cuda: device %d (%s, compute capability %d.%d) cannot run this build's kernels "
+        sf_errf(err, errlen, "cuda: device %d (%s, compute capability %d.%d) cannot run this build's kernels "
                 "(built for sm_90): %s", device, prop.name, prop.major, prop.minor, cudaGetErrorString(e));
         cudaGetLastError();
         return NULL;
@@ -1181,7 +1141,7 @@ extern "C" sf_backend *sf_backend_cuda_new(int device, char *err, size_t errlen)
     if (!be || !c) {
         free(be);
         free(c);
-        set_err(err, errlen, "cuda: out of memory");
+        sf_errf(err, errlen, "cuda: out of memory");
         return NULL;
     }
     c->device = device;

@@ -20,6 +20,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* clock_gettime, nanosleep (the Makefile defines it too) */
 #endif
+#include "gpu/common.h"
 #include "../backend.h"
 
 #include <errno.h>
@@ -52,15 +53,7 @@ typedef struct ref_ctx {
     int head, count;
 } ref_ctx;
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+
 
 static uint64_t now_ns(void)
 {
@@ -123,17 +116,17 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     ref_ctx *c = ctx_of(be);
     free_state(c);
     if (!m || !cfg) {
-        set_err(err, errlen, "ref build: model or config missing");
+        sf_errf(err, errlen, "ref build: model or config missing");
         return -1;
     }
     if (cfg->max_batch < 1) {
-        set_err(err, errlen, "ref build: max_batch %d must be >= 1", cfg->max_batch);
+        sf_errf(err, errlen, "ref build: max_batch %d must be >= 1", cfg->max_batch);
         return -1;
     }
     c->m = *m;
     char e2[200];
     if (sf_model_resolve(&c->m, e2, sizeof e2) != 0) {
-        set_err(err, errlen, "ref build: %s", e2);
+        sf_errf(err, errlen, "ref build: %s", e2);
         memset(&c->m, 0, sizeof c->m);
         return -1;
     }
@@ -165,7 +158,7 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     }
     if (!ok) {
         free_state(c);
-        set_err(err, errlen, "ref build: out of memory for %s (%zu params, batch %d)", m->preset,
+        sf_errf(err, errlen, "ref build: out of memory for %s (%zu params, batch %d)", m->preset,
                 m->n_params, cfg->max_batch);
         return -1;
     }
@@ -263,44 +256,11 @@ static void backward(ref_ctx *c, int n)
 
 static int check_batch(ref_ctx *c, const sf_batch *b, int need_model, char *err, size_t errlen)
 {
-    if (!b || !b->plan || !b->samples || !b->images) {
-        set_err(err, errlen, "ref: batch, plan, samples or images missing");
+    if (need_model && !c->built) {
+        sf_errf(err, errlen, "ref: no model built");
         return -1;
     }
-    const sf_aug_plan *p = b->plan;
-    if (b->n < 1) {
-        set_err(err, errlen, "ref: batch of %d samples", b->n);
-        return -1;
-    }
-    if (b->h != p->in_h || b->w != p->in_w || b->c != p->c) {
-        set_err(err, errlen, "ref: images are %dx%dx%d (HxWxC) but the augmentation plan is for %dx%dx%d",
-                b->h, b->w, b->c, p->in_h, p->in_w, p->c);
-        return -1;
-    }
-    if (!need_model)
-        return 0;
-    if (!c->built) {
-        set_err(err, errlen, "ref: no model built");
-        return -1;
-    }
-    if (b->n > c->cfg.max_batch) {
-        set_err(err, errlen, "ref: batch of %d samples exceeds max_batch %d", b->n, c->cfg.max_batch);
-        return -1;
-    }
-    if (p->c != c->m.in_c || p->out_h != c->m.in_h || p->out_w != c->m.in_w) {
-        set_err(err, errlen, "ref: augmentation output %dx%dx%d (CxHxW) does not match the model input %dx%dx%d",
-                p->c, p->out_h, p->out_w, c->m.in_c, c->m.in_h, c->m.in_w);
-        return -1;
-    }
-    if (!b->labels) {
-        set_err(err, errlen, "ref: labels missing");
-        return -1;
-    }
-    if (b->label_dtype != SF_LABEL_U8 && b->label_dtype != SF_LABEL_I32 && b->label_dtype != SF_LABEL_I64) {
-        set_err(err, errlen, "ref: unknown label dtype %d", (int)b->label_dtype);
-        return -1;
-    }
-    return 0;
+    return sf_batch_check(b, need_model ? &c->m : NULL, c->cfg.max_batch, "ref", err, errlen);
 }
 
 /* Labels to int32; returns the index of the first out-of-range label or -1. */
@@ -339,7 +299,7 @@ static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errle
     if (check_batch(c, b, 1, err, errlen) != 0)
         return -1;
     if (c->count + 2 > REF_FIFO_CAP) {
-        set_err(err, errlen, "ref: %d events not yet polled; poll before submitting more", c->count);
+        sf_errf(err, errlen, "ref: %d events not yet polled; poll before submitting more", c->count);
         return -1;
     }
     const int n = b->n;
@@ -425,7 +385,7 @@ static int ref_transform(sf_backend *be, const sf_batch *b, float *out, char *er
     if (check_batch(c, b, 0, err, errlen) != 0)
         return -1;
     if (!out) {
-        set_err(err, errlen, "ref: output buffer missing");
+        sf_errf(err, errlen, "ref: output buffer missing");
         return -1;
     }
     if (b->plan->blur_ksize > 1 &&
@@ -504,17 +464,17 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
     if (check_batch(c, b, 1, err, errlen) != 0)
         return -1;
     if (mode != SF_BENCH_STEP && mode != SF_BENCH_AUG_STEP && mode != SF_BENCH_H2D_AUG_STEP) {
-        set_err(err, errlen, "ref bench: unknown mode %d", (int)mode);
+        sf_errf(err, errlen, "ref bench: unknown mode %d", (int)mode);
         return -1;
     }
     if (warmup < 0 || steps < 1 || !seconds) {
-        set_err(err, errlen, "ref bench: warmup %d must be >= 0 and steps %d >= 1", warmup, steps);
+        sf_errf(err, errlen, "ref bench: warmup %d must be >= 0 and steps %d >= 1", warmup, steps);
         return -1;
     }
     int64_t bad = 0;
     const int bad_at = convert_labels(c, b, &bad);
     if (bad_at >= 0) {
-        set_err(err, errlen, "ref bench: label %lld of sample %d is outside [0,%d)", (long long)bad, bad_at,
+        sf_errf(err, errlen, "ref bench: label %lld of sample %d is outside [0,%d)", (long long)bad, bad_at,
                 c->m.n_classes);
         return -1;
     }
@@ -526,7 +486,7 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
         free(save_p);
         free(save_m);
         free(raw);
-        set_err(err, errlen, "ref bench: out of memory");
+        sf_errf(err, errlen, "ref bench: out of memory");
         return -1;
     }
     memcpy(save_p, c->params, sizeof(float) * np);
@@ -611,7 +571,7 @@ sf_backend *sf_backend_ref_new(char *err, size_t errlen)
     if (!be || !c) {
         free(be);
         free(c);
-        set_err(err, errlen, "ref: out of memory");
+        sf_errf(err, errlen, "ref: out of memory");
         return NULL;
     }
     be->i = &ref_vtable;

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -630,6 +631,7 @@ void sf_config_print_markdown(void)
 
 static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static sf_config live;           /* effective now */
+static _Atomic uint64_t live_gen = 1; /* bumped whenever live changes */
 static sf_config wanted;         /* effective + pending restart-only changes */
 static void (*on_change)(const sf_config *c);
 
@@ -638,6 +640,7 @@ void sf_config_live_init(const sf_config *c)
     pthread_mutex_lock(&live_mu);
     live = *c;
     wanted = *c;
+    atomic_fetch_add(&live_gen, 1);
     pthread_mutex_unlock(&live_mu);
 }
 
@@ -646,6 +649,19 @@ void sf_config_get(sf_config *out)
     pthread_mutex_lock(&live_mu);
     *out = live;
     pthread_mutex_unlock(&live_mu);
+}
+
+const sf_config *sf_config_cur(void)
+{
+    static __thread sf_config tl;
+    static __thread uint64_t tl_gen; /* 0: never filled (live_gen starts at 1) */
+    if (tl_gen != atomic_load(&live_gen)) {
+        pthread_mutex_lock(&live_mu);
+        tl = live;
+        tl_gen = atomic_load(&live_gen);
+        pthread_mutex_unlock(&live_mu);
+    }
+    return &tl;
 }
 
 void sf_config_on_change(void (*fn)(const sf_config *c)) { on_change = fn; }
@@ -703,6 +719,7 @@ int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *
         }
     }
     wanted = *next;
+    atomic_fetch_add(&live_gen, 1);
     /* Hot values take effect in live and wanted alike; restart-only ones stay pending. */
     sf_config snapshot = live;
     cJSON *pe = pending_locked();

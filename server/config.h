@@ -154,6 +154,10 @@ void sf_config_print_markdown(void);
 void sf_config_live_init(const sf_config *c);
 /* Copies the current effective config. Any thread. */
 void sf_config_get(sf_config *out);
+/* The current effective config for hot paths: a per-thread copy refreshed
+ * only when a PATCH changed something, so a request does not copy the whole
+ * table (~25 KB) several times. Valid until this thread's next call. */
+const sf_config *sf_config_cur(void);
 /* Applies a JSON merge patch to the live config atomically: validates the
  * complete result first; on success, hot options take effect at once and
  * restart-only ones become pending. Fills *applied / *pending with arrays of

@@ -111,8 +111,7 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, char *err, size_t err
     /* The batch sequence number keys the augmentation RNG: the job id is
      * monotonic and unique, so a run is reproducible from the seed. */
     sf_aug_gen(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, smp);
-    sf_config c;
-    sf_config_get(&c);
+    const sf_config *c = sf_config_cur();
     memset(b, 0, sizeof *b);
     b->id = m->job_id;
     b->seq = m->job_id;
@@ -127,11 +126,11 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, char *err, size_t err
     b->labels = m->label_dtype < 0 ? NULL : bytes + m->labels_off;
     b->plan = plan;
     b->samples = smp;
-    b->hyper.lr = (float)c.optim.lr;
-    b->hyper.momentum = (float)c.optim.momentum;
-    b->hyper.weight_decay = (float)c.optim.weight_decay;
+    b->hyper.lr = (float)c->optim.lr;
+    b->hyper.momentum = (float)c->optim.momentum;
+    b->hyper.weight_decay = (float)c->optim.weight_decay;
     b->t_ready_ns = m->t_ready_ns;
-    sf_gauge_set(e->m_lr, c.optim.lr);
+    sf_gauge_set(e->m_lr, c->optim.lr);
     return 0;
 }
 

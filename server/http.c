@@ -384,8 +384,8 @@ static void stream_rejected(sf_req *r, const char *code)
 static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method, const char *url)
 {
     sf_app *app = r->app;
-    sf_config cfg;
-    sf_config_get(&cfg);
+    const sf_config *cfgp = sf_config_cur();
+#define cfg (*cfgp)
     const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
     uint64_t content_length = cl ? strtoull(cl, NULL, 10) : 0;
     int has_body = (cl && content_length > 0) ||
@@ -452,6 +452,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         return -1;
     }
     return 0;
+#undef cfg
 }
 
 static int buffer_body(sf_req *r, const char *data, size_t len)
@@ -584,9 +585,7 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     sf_counter_inc_l(h->app->m.http_requests, rc, 1);
     const char *rl[] = {route};
     sf_hist_observe(sf_metric_child(h->app->m.http_duration, rl), dur);
-    sf_config cfgl;
-    sf_config_get(&cfgl);
-    if (cfgl.log.requests)
+    if (sf_config_cur()->log.requests)
         sf_log(SF_LOG_INFO, "%s %s %d in=%llu out=%zu %.3fms id=%s%s", r->method, r->path, status,
                (unsigned long long)r->bytes_in, r->bytes_out, dur * 1e3, r->request_id,
                ok ? "" : " (connection ended early)");

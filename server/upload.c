@@ -66,10 +66,9 @@ static int status_of(sf_st_error e)
 
 uint64_t sf_upload_max_body(sf_app *app)
 {
-    sf_config c;
-    sf_config_get(&c);
+    const sf_config *c = sf_config_cur();
     /* A body is the data (at most one slot) plus its header. */
-    return (uint64_t)app->cfg.ring.slot_bytes + 8 + (uint64_t)c.limits.max_tensor_header_bytes;
+    return (uint64_t)app->cfg.ring.slot_bytes + 8 + (uint64_t)c->limits.max_tensor_header_bytes;
 }
 
 static sf_upload *upload_of(sf_req *r, int kind)
@@ -81,15 +80,14 @@ static sf_upload *upload_of(sf_req *r, int kind)
         return NULL;
     u->kind = kind;
     u->slot = -1;
-    sf_config c;
-    sf_config_get(&c);
+    const sf_config *c = sf_config_cur();
     sf_st_limits lim = {0};
-    lim.max_header_bytes = (uint64_t)c.limits.max_tensor_header_bytes;
+    lim.max_header_bytes = (uint64_t)c->limits.max_tensor_header_bytes;
     lim.max_body_bytes = sf_upload_max_body(r->app);
-    lim.max_n = c.limits.max_n < r->app->cfg.model.max_batch ? c.limits.max_n
+    lim.max_n = c->limits.max_n < r->app->cfg.model.max_batch ? c->limits.max_n
                                                               : r->app->cfg.model.max_batch;
-    lim.max_h = c.limits.max_h;
-    lim.max_w = c.limits.max_w;
+    lim.max_h = c->limits.max_h;
+    lim.max_w = c->limits.max_w;
     /* Labels are checked in sink mode too: it benchmarks the same ingest path. */
     lim.classes = kind == 0 ? r->app->model.n_classes : 0;
     lim.labels_required = kind == 0;
@@ -152,11 +150,10 @@ static int header_accepted(sf_req *r, sf_upload *u)
             r->wait = SF_WAIT_NONE;
             return 0;
         }
-        sf_config c;
-        sf_config_get(&c);
+        const sf_config *c = sf_config_cur();
         char ra[16];
-        snprintf(ra, sizeof ra, "%d", c.ring.retry_after_s);
-        if (strcmp(c.ring.full_policy, "reject") == 0) {
+        snprintf(ra, sizeof ra, "%d", c->ring.retry_after_s);
+        if (strcmp(c->ring.full_policy, "reject") == 0) {
             sf_reply_header(r, "Retry-After", ra);
             return reject(r, u, 429, "ring_full", "every ring slot is busy; retry later");
         }
@@ -166,14 +163,14 @@ static int header_accepted(sf_req *r, sf_upload *u)
         if (!u->t_wait_start_ns)
             u->t_wait_start_ns = now;
         uint64_t waited_ms = (now - u->t_wait_start_ns) / 1000000ull;
-        if (r->wait == SF_WAIT_TIMEOUT || waited_ms >= (uint64_t)c.ring.full_timeout_ms) {
+        if (r->wait == SF_WAIT_TIMEOUT || waited_ms >= (uint64_t)c->ring.full_timeout_ms) {
             sf_reply_header(r, "Retry-After", ra);
             char msg[160];
             snprintf(msg, sizeof msg, "no ring slot became free within %d ms; retry later",
-                     c.ring.full_timeout_ms);
+                     c->ring.full_timeout_ms);
             return reject(r, u, 503, "ring_full_timeout", msg);
         }
-        if (sf_http_wait(r, SF_WAIT_SLOT, 0, gen, c.ring.full_timeout_ms - (int)waited_ms) == 0)
+        if (sf_http_wait(r, SF_WAIT_SLOT, 0, gen, c->ring.full_timeout_ms - (int)waited_ms) == 0)
             return 1;
         /* A slot was freed meanwhile: try again. */
     }

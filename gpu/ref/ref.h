@@ -61,6 +61,55 @@ void sf_ref_xent(const float *logits, const int32_t *labels, int n, int k,
 void sf_ref_sgd(float *p, const float *grad, float *mom, size_t len,
                 float lr, float momentum, float wd);
 
+/* ---- layers of W2/W3 (issue 9), float ----------------------------------- */
+/* ConvTranspose2d (PyTorch semantics, output_padding 0, dilation 1, groups 1):
+ * weight [c, oc, k, k] (PyTorch's layout for ConvTranspose2d: in, out, kh, kw);
+ * out size oh = (h - 1) * stride - 2 * pad + k. b may be NULL. */
+void sf_ref_convt2d_fwd(const float *x, int n, int c, int h, int w, const float *wt, const float *b,
+                        int oc, int k, int stride, int pad, float *y);
+/* dx, db may be NULL. */
+void sf_ref_convt2d_bwd(const float *x, int n, int c, int h, int w, const float *wt, int oc, int k,
+                        int stride, int pad, const float *dy, float *dx, float *dw, float *db);
+/* Per-pixel softmax cross-entropy: logits [n, k, h, w], labels [n, h, w] in
+ * [0, k); mean over the n*h*w pixels (PyTorch CrossEntropyLoss on [N,K,H,W]).
+ * dlogits (may be NULL) = (softmax - onehot) / (n*h*w); correct (may be NULL)
+ * counts pixels whose argmax equals the label. */
+void sf_ref_xent2d(const float *logits, const int32_t *labels, int n, int k, int h, int w,
+                   float *loss, float *dlogits, int64_t *correct);
+/* BatchNorm2d, training mode: per-channel batch mean and biased variance over
+ * (n,h,w) normalise x; y = gamma * xhat + beta. Writes save_mean and
+ * save_invstd ([c], for the backward) and updates running_mean/running_var
+ * with PyTorch's rule (momentum m, unbiased variance for running_var):
+ * running = (1 - m) * running + m * batch_stat. eps as PyTorch (1e-5 default). */
+void sf_ref_bn2d_fwd_train(const float *x, int n, int c, int h, int w, const float *gamma,
+                           const float *beta, float eps, float momentum, float *running_mean,
+                           float *running_var, float *save_mean, float *save_invstd, float *y);
+/* Eval mode: normalise with the running statistics. */
+void sf_ref_bn2d_fwd_eval(const float *x, int n, int c, int h, int w, const float *gamma,
+                          const float *beta, float eps, const float *running_mean,
+                          const float *running_var, float *y);
+/* Backward of training mode: dx, dgamma, dbeta from dy and the saved stats. */
+void sf_ref_bn2d_bwd(const float *x, int n, int c, int h, int w, const float *gamma,
+                     const float *save_mean, const float *save_invstd, const float *dy, float *dx,
+                     float *dgamma, float *dbeta);
+/* MaxPool2d (kernel k, stride, pad; padding never wins; PyTorch picks the
+ * first maximum in row-major window order). argmax [n,c,oh,ow] receives the
+ * flat index (y*w + x) of the chosen input in its plane, for the backward. */
+void sf_ref_maxpool2d_fwd(const float *x, int n, int c, int h, int w, int k, int stride, int pad,
+                          float *y, int32_t *argmax);
+void sf_ref_maxpool2d_bwd(const float *dy, const int32_t *argmax, int n, int c, int h, int w,
+                          int oh, int ow, float *dx);
+/* AdaptiveAvgPool2d(1): [n,c,h,w] -> [n,c]. */
+void sf_ref_avgpool_fwd(const float *x, int n, int c, int h, int w, float *y);
+void sf_ref_avgpool_bwd(const float *dy, int n, int c, int h, int w, float *dx);
+/* Residual add: y = a + b (len elements); its backward passes dy to both. */
+void sf_ref_add_fwd(const float *a, const float *b, size_t len, float *y);
+/* AdamW with PyTorch semantics (torch.optim.AdamW, amsgrad off): step t >= 1
+ * (already incremented); p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+ * p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). */
+void sf_ref_adamw(float *p, const float *grad, float *m, float *v, size_t len, float lr, float beta1,
+                  float beta2, float eps, float wd, int64_t t);
+
 /* ---- layers (double), same semantics ----------------------------------- */
 void sf_ref_conv2d_fwd_f64(const double *x, int n, int c, int h, int w,
                            const double *wt, const double *b, int oc, int k, int stride,
@@ -76,5 +125,25 @@ void sf_ref_relu_fwd_f64(const double *x, size_t len, double *y);
 void sf_ref_relu_bwd_f64(const double *y, const double *dy, size_t len, double *dx);
 void sf_ref_xent_f64(const double *logits, const int32_t *labels, int n, int k,
                      double *loss, double *dlogits, int *correct);
+void sf_ref_convt2d_fwd_f64(const double *x, int n, int c, int h, int w, const double *wt,
+                            const double *b, int oc, int k, int stride, int pad, double *y);
+void sf_ref_convt2d_bwd_f64(const double *x, int n, int c, int h, int w, const double *wt, int oc,
+                            int k, int stride, int pad, const double *dy, double *dx, double *dw,
+                            double *db);
+void sf_ref_xent2d_f64(const double *logits, const int32_t *labels, int n, int k, int h, int w,
+                       double *loss, double *dlogits, int64_t *correct);
+void sf_ref_bn2d_fwd_train_f64(const double *x, int n, int c, int h, int w, const double *gamma,
+                               const double *beta, double eps, double momentum,
+                               double *running_mean, double *running_var, double *save_mean,
+                               double *save_invstd, double *y);
+void sf_ref_bn2d_bwd_f64(const double *x, int n, int c, int h, int w, const double *gamma,
+                         const double *save_mean, const double *save_invstd, const double *dy,
+                         double *dx, double *dgamma, double *dbeta);
+void sf_ref_maxpool2d_fwd_f64(const double *x, int n, int c, int h, int w, int k, int stride,
+                              int pad, double *y, int32_t *argmax);
+void sf_ref_maxpool2d_bwd_f64(const double *dy, const int32_t *argmax, int n, int c, int h, int w,
+                              int oh, int ow, double *dx);
+void sf_ref_avgpool_fwd_f64(const double *x, int n, int c, int h, int w, double *y);
+void sf_ref_avgpool_bwd_f64(const double *dy, int n, int c, int h, int w, double *dx);
 
 #endif

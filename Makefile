@@ -91,11 +91,19 @@ print-found:
 	@printf '%s\n' "streamfeed build: $(if $(filter 1,$(CUDA)),✓ nvcc ($(NVCC)) → CUDA backend ($(CUDA_ARCH)),✗ nvcc → CPU reference backend only)"
 	@printf '%s\n' "  $(if $(wildcard /dev/nvidia0),✓ GPU device node,✗ GPU device node: GPU tests will skip)"
 
-$(BUILD)/%.o: %.c
+# Objects depend on a stamp naming the build flavour, so switching CUDA=0/1 or
+# SANITIZE in one build folder rebuilds everything instead of mixing objects.
+FLAVOUR_STAMP := $(BUILD)/.flavour-cuda$(CUDA)$(if $(SANITIZE),-$(SANITIZE))
+$(FLAVOUR_STAMP):
+	@mkdir -p $(BUILD)
+	@rm -f $(BUILD)/.flavour-*
+	@touch $@
+
+$(BUILD)/%.o: %.c $(FLAVOUR_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu
+$(BUILD)/%.cu.o: %.cu $(FLAVOUR_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DSF_HAVE_CUDA=1 -MMD -MP -c $< -o $@
 
@@ -211,6 +219,7 @@ bench: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 # docs/CONFIG.md is generated from the option table; tests check it is current.
 docs: $(BUILD)/streamfeed
 	$(BUILD)/streamfeed --help-markdown > docs/CONFIG.md
+	$(PYTHON) tools/gen_openapi_config.py $(BUILD)/streamfeed openapi/streamfeed.yaml
 
 clean:
 	rm -rf $(BUILD)

@@ -29,6 +29,9 @@
 
 typedef enum sf_precision { SF_PREC_FP32 = 0, SF_PREC_TF32, SF_PREC_BF16 } sf_precision;
 
+/* The optimizer (optim.name), fixed at build time: its state is allocated then. */
+typedef enum sf_optim { SF_OPT_SGD = 0, SF_OPT_ADAMW } sf_optim;
+
 typedef enum sf_label_dtype { SF_LABEL_U8 = 0, SF_LABEL_I32, SF_LABEL_I64 } sf_label_dtype;
 
 /* Training settings a backend needs at build time. lr/momentum/wd may change
@@ -40,10 +43,13 @@ typedef struct sf_train_cfg {
     int overlap;            /* CUDA: transform and compute on separate streams */
     int cuda_graphs;        /* CUDA: capture the step as a graph */
     int device;             /* CUDA device ordinal */
+    sf_optim optim;         /* SGD (default) or AdamW */
+    int grad_accum_steps;   /* optimizer step every k batches (gradients averaged); 0 or 1: every batch */
 } sf_train_cfg;
 
 typedef struct sf_hyper {
     float lr, momentum, weight_decay;
+    float beta1, beta2, eps; /* AdamW only */
 } sf_hyper;
 
 /* A READY ring slot, described for the backend. The bytes stay valid and
@@ -56,7 +62,8 @@ typedef struct sf_batch {
     int nhwc;                /* 1: [n,h,w,c]; 0: [n,c,h,w] */
     const uint8_t *images;   /* host pointer (pinned on CUDA) */
     sf_label_dtype label_dtype;
-    const void *labels;      /* [n] integers in [0, classes) (validated by the server) */
+    const void *labels;      /* [n] integers in [0, classes) (validated by the server);
+                                [n, out_h, out_w] for a segmentation model */
     const sf_aug_plan *plan;     /* the augmentation plan for this shape */
     const sf_aug_sample *samples; /* n per-sample parameters, owned by the engine until SLOT_FREE */
     sf_hyper hyper;
@@ -73,8 +80,9 @@ typedef struct sf_event {
     char err[160];
     /* STEP_DONE only: */
     float loss;              /* mean over the batch */
-    int correct;             /* samples whose argmax equals the label */
+    int correct;             /* samples (pixels) whose argmax equals the label */
     int n;
+    int64_t n_labels;        /* labels scored: n, or n*H*W for segmentation; 0 means n */
     uint64_t step;           /* optimizer steps taken so far, this one included */
     double h2d_s, transform_s, step_s; /* stage durations (device events on CUDA) */
     uint64_t t_h2d_start_ns, t_transform_start_ns, t_step_start_ns, t_step_end_ns;
@@ -127,9 +135,10 @@ typedef struct sf_backend_i {
     void (*destroy)(sf_backend *be);
 
     /* ---- training state beyond the parameters (checkpoints) ------------- */
-    /* The optimizer state: SGD momentum buffers in sf_model layout (n_params
-     * floats; written as zeros when momentum has never been used, so a
-     * checkpoint always has them) and the optimizer step count. Called with
+    /* The optimizer state: SGD momentum buffers (AdamW: exp_avg) in sf_model
+     * layout (n_params floats; written as zeros when momentum has never been
+     * used, and for frozen parameters, so a checkpoint always has them) and
+     * the optimizer step count. Called with
      * nothing in flight. */
     int (*get_opt_state)(sf_backend *be, float *momentum, uint64_t *step);
     int (*set_opt_state)(sf_backend *be, const float *momentum, uint64_t step);
@@ -147,6 +156,18 @@ typedef struct sf_backend_i {
     /* May be called from any thread. Returns -1 where the backend has no
      * device telemetry (then metrics are absent, not zero). */
     int (*device_stats)(sf_backend *be, sf_device_stats *out);
+
+    /* ---- model buffers and AdamW (optional: NULL where the backend has none) */
+    /* The model's buffers (n_buffers floats in sf_model layout: batchnorm
+     * running_mean/var) and the one num_batches_tracked counter. Called with
+     * nothing in flight. */
+    int (*get_buffers)(sf_backend *be, float *dst, uint64_t *num_batches_tracked);
+    int (*set_buffers)(sf_backend *be, const float *src, uint64_t num_batches_tracked);
+    /* With optim AdamW, get/set_opt_state's buffer is exp_avg (first moment)
+     * and this one is exp_avg_sq (n_params floats, sf_model layout; zeros for
+     * frozen parameters). With SGD it reads as zeros and writes are ignored. */
+    int (*get_opt_sq)(sf_backend *be, float *exp_avg_sq);
+    int (*set_opt_sq)(sf_backend *be, const float *exp_avg_sq);
 } sf_backend_i;
 
 struct sf_backend {

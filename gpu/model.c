@@ -31,6 +31,7 @@ static const char *const kind_names[SF_L_KIND_COUNT] = {
     [SF_L_BATCHNORM2D] = "batchnorm2d",
     [SF_L_MAXPOOL2D] = "maxpool2d",
     [SF_L_GLOBAL_AVGPOOL] = "global_avgpool",
+    [SF_L_ADD] = "add",
 };
 
 const char *sf_layer_kind_name(sf_layer_kind k)
@@ -40,12 +41,32 @@ const char *sf_layer_kind_name(sf_layer_kind k)
     return kind_names[k];
 }
 
-static int kind_supported(sf_layer_kind k)
+int sf_layer_input(const sf_model *m, int i, int j)
 {
-    return k == SF_L_CONV2D || k == SF_L_RELU || k == SF_L_FLATTEN || k == SF_L_LINEAR;
+    const sf_layer *L = &m->layers[i];
+    if (L->n_in > j)
+        return L->in[j];
+    return i - 1; /* the previous layer; -1 (SF_IN_MODEL) for the first */
 }
 
 /* ---- resolution --------------------------------------------------------- */
+
+static int check_conv_geom(const sf_layer *L, int i, const char *kn, char *err, size_t errlen)
+{
+    if (L->kind != SF_L_MAXPOOL2D && (L->out_c < 1 || L->out_c > MAX_CHANNELS)) {
+        sf_errf(err, errlen, "layer %d (%s): out channels %d out of range [1,%d]", i, kn, L->out_c,
+                MAX_CHANNELS);
+        return -1;
+    }
+    if (L->k < 1 || L->k > MAX_KERNEL || L->stride < 1 || L->stride > MAX_KERNEL || L->pad < 0 ||
+        L->pad > MAX_KERNEL) {
+        sf_errf(err, errlen, "layer %d (%s): k=%d stride=%d pad=%d out of range "
+                "(k,stride in [1,%d], pad in [0,%d])", i, kn, L->k, L->stride, L->pad,
+                MAX_KERNEL, MAX_KERNEL);
+        return -1;
+    }
+    return 0;
+}
 
 int sf_model_resolve(sf_model *m, char *err, size_t errlen)
 {
@@ -69,20 +90,23 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
         return -1;
     }
 
-    int c = m->in_c, h = m->in_h, w = m->in_w;
-    int flat = 0; /* 1 after a flatten: the tensor is [features] */
-    size_t off = 0;
-    size_t max_act = (size_t)c * h * w;
+    size_t off = 0, boff = 0;
+    size_t max_act = (size_t)m->in_c * m->in_h * m->in_w;
+    unsigned char flat[SF_MAX_LAYERS]; /* 1: layer i's output is [features] (after a flatten) */
+    m->n_bn = 0;
+    m->n_frozen = 0;
+    m->train_off = 0;
+    const size_t freeze_len = strnlen(m->freeze, sizeof m->freeze);
+    if (freeze_len == sizeof m->freeze) {
+        sf_errf(err, errlen, "model.freeze prefix is too long");
+        return -1;
+    }
 
     for (int i = 0; i < m->n_layers; i++) {
         sf_layer *L = &m->layers[i];
         const char *kn = sf_layer_kind_name(L->kind);
         if ((int)L->kind < 0 || L->kind >= SF_L_KIND_COUNT) {
             sf_errf(err, errlen, "layer %d: unknown layer kind %d", i, (int)L->kind);
-            return -1;
-        }
-        if (!kind_supported(L->kind)) {
-            sf_errf(err, errlen, "layer %d (%s): not supported yet", i, kn);
             return -1;
         }
         if (L->name[0] == '\0')
@@ -93,9 +117,51 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
                         L->name, j);
                 return -1;
             }
+        /* Inputs: explicit indices must name earlier layers (or the model input). */
+        const int need_in = L->kind == SF_L_ADD ? 2 : 1;
+        if (L->n_in != 0 && L->n_in != need_in) {
+            sf_errf(err, errlen, "layer %d (%s): takes %d input(s), %d named", i, kn, need_in, L->n_in);
+            return -1;
+        }
+        if (L->kind == SF_L_ADD && L->n_in != 2) {
+            sf_errf(err, errlen, "layer %d (%s): needs two inputs (\"inputs\":[a,b])", i, kn);
+            return -1;
+        }
+        for (int j = 0; j < L->n_in; j++)
+            if (L->in[j] < SF_IN_MODEL || L->in[j] >= i) {
+                sf_errf(err, errlen, "layer %d (%s): input %d must be an earlier layer or -1 (the model "
+                        "input)", i, kn, L->in[j]);
+                return -1;
+            }
+        const int src = sf_layer_input(m, i, 0);
+        int c, h, w, isflat;
+        if (src == SF_IN_MODEL) {
+            c = m->in_c, h = m->in_h, w = m->in_w, isflat = 0;
+        } else {
+            const sf_layer *P = &m->layers[src];
+            c = P->out_ch, h = P->out_h, w = P->out_w, isflat = flat[src];
+        }
+        if (L->kind == SF_L_ADD) {
+            const int s2 = L->in[1];
+            int c2 = s2 == SF_IN_MODEL ? m->in_c : m->layers[s2].out_ch;
+            int h2 = s2 == SF_IN_MODEL ? m->in_h : m->layers[s2].out_h;
+            int w2 = s2 == SF_IN_MODEL ? m->in_w : m->layers[s2].out_w;
+            if (c2 != c || h2 != h || w2 != w) {
+                sf_errf(err, errlen, "layer %d (%s): inputs have shapes [%d,%d,%d] and [%d,%d,%d]", i, kn,
+                        c, h, w, c2, h2, w2);
+                return -1;
+            }
+        }
         if (L->in_c != 0 && L->in_c != c) {
             sf_errf(err, errlen, "layer %d (%s): declared input %d does not match the previous output %d",
                     i, kn, L->in_c, c);
+            return -1;
+        }
+        const int spatial = L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D ||
+                            L->kind == SF_L_BATCHNORM2D || L->kind == SF_L_MAXPOOL2D ||
+                            L->kind == SF_L_GLOBAL_AVGPOOL;
+        if (spatial && isflat) {
+            sf_errf(err, errlen, "layer %d (%s): input is flattened; %s needs [C,H,W]", i, kn, kn);
             return -1;
         }
         L->in_c = c;
@@ -103,25 +169,13 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
         L->in_w = w;
         L->n_w = L->n_b = 0;
         L->w_off = L->b_off = 0;
+        L->rm_off = L->rv_off = 0;
+        flat[i] = (unsigned char)isflat;
 
         switch (L->kind) {
         case SF_L_CONV2D: {
-            if (flat) {
-                sf_errf(err, errlen, "layer %d (%s): input is flattened; conv2d needs [C,H,W]", i, kn);
+            if (check_conv_geom(L, i, kn, err, errlen) != 0)
                 return -1;
-            }
-            if (L->out_c < 1 || L->out_c > MAX_CHANNELS) {
-                sf_errf(err, errlen, "layer %d (%s): out channels %d out of range [1,%d]", i, kn,
-                        L->out_c, MAX_CHANNELS);
-                return -1;
-            }
-            if (L->k < 1 || L->k > MAX_KERNEL || L->stride < 1 || L->stride > MAX_KERNEL ||
-                L->pad < 0 || L->pad > MAX_KERNEL) {
-                sf_errf(err, errlen, "layer %d (%s): k=%d stride=%d pad=%d out of range "
-                        "(k,stride in [1,%d], pad in [0,%d])", i, kn, L->k, L->stride, L->pad,
-                        MAX_KERNEL, MAX_KERNEL);
-                return -1;
-            }
             int eh = h + 2 * L->pad - L->k, ew = w + 2 * L->pad - L->k;
             if (eh < 0 || ew < 0) {
                 sf_errf(err, errlen, "layer %d (%s): kernel %d does not fit the %dx%d input (pad %d)",
@@ -135,7 +189,62 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
             L->n_b = L->bias ? (size_t)L->out_c : 0;
             break;
         }
+        case SF_L_CONV_TRANSPOSE2D: {
+            if (check_conv_geom(L, i, kn, err, errlen) != 0)
+                return -1;
+            long oh = (long)(h - 1) * L->stride - 2L * L->pad + L->k;
+            long ow = (long)(w - 1) * L->stride - 2L * L->pad + L->k;
+            if (oh < 1 || ow < 1 || oh > MAX_SPATIAL || ow > MAX_SPATIAL) {
+                sf_errf(err, errlen, "layer %d (%s): output %ldx%ld out of range [1,%d]", i, kn, oh, ow,
+                        MAX_SPATIAL);
+                return -1;
+            }
+            L->out_h = (int)oh;
+            L->out_w = (int)ow;
+            L->out_ch = L->out_c;
+            L->n_w = (size_t)c * L->out_c * L->k * L->k;
+            L->n_b = L->bias ? (size_t)L->out_c : 0;
+            break;
+        }
+        case SF_L_MAXPOOL2D: {
+            if (check_conv_geom(L, i, kn, err, errlen) != 0)
+                return -1;
+            if (2 * L->pad > L->k) {
+                sf_errf(err, errlen, "layer %d (%s): pad %d must be at most half of k=%d", i, kn, L->pad,
+                        L->k);
+                return -1;
+            }
+            int eh = h + 2 * L->pad - L->k, ew = w + 2 * L->pad - L->k;
+            if (eh < 0 || ew < 0) {
+                sf_errf(err, errlen, "layer %d (%s): kernel %d does not fit the %dx%d input (pad %d)",
+                        i, kn, L->k, h, w, L->pad);
+                return -1;
+            }
+            L->out_c = c;
+            L->out_h = eh / L->stride + 1;
+            L->out_w = ew / L->stride + 1;
+            L->out_ch = c;
+            break;
+        }
+        case SF_L_BATCHNORM2D:
+            L->out_c = c;
+            L->out_h = h;
+            L->out_w = w;
+            L->out_ch = c;
+            L->bias = 1;
+            L->n_w = L->n_b = (size_t)c;
+            L->rm_off = boff;
+            L->rv_off = boff + (size_t)c;
+            boff += 2 * (size_t)c;
+            m->n_bn++;
+            break;
+        case SF_L_GLOBAL_AVGPOOL:
+            L->out_c = c;
+            L->out_h = L->out_w = 1;
+            L->out_ch = c;
+            break;
         case SF_L_RELU:
+        case SF_L_ADD:
             L->out_c = c;
             L->out_h = h;
             L->out_w = w;
@@ -150,10 +259,11 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
             L->out_c = (int)feat;
             L->out_h = L->out_w = 1;
             L->out_ch = (int)feat;
+            flat[i] = 1;
             break;
         }
         case SF_L_LINEAR:
-            if (!flat && (h != 1 || w != 1)) {
+            if (!isflat && (h != 1 || w != 1)) {
                 sf_errf(err, errlen, "layer %d (%s): input is [%d,%d,%d]; add a flatten layer before linear",
                         i, kn, c, h, w);
                 return -1;
@@ -167,9 +277,10 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
             L->out_ch = L->out_c;
             L->n_w = (size_t)L->out_c * c;
             L->n_b = L->bias ? (size_t)L->out_c : 0;
+            flat[i] = 1;
             break;
         default:
-            sf_errf(err, errlen, "layer %d (%s): not supported yet", i, kn);
+            sf_errf(err, errlen, "layer %d (%s): not supported", i, kn);
             return -1;
         }
 
@@ -187,29 +298,67 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
             L->b_off = off;
             off += L->n_b;
         }
-        if (off > MAX_PARAMS) {
+        if (off > MAX_PARAMS || boff > MAX_PARAMS) {
             sf_errf(err, errlen, "layer %d (%s): model exceeds %zu parameters", i, kn, MAX_PARAMS);
             return -1;
         }
         if (L->out_elems > max_act)
             max_act = L->out_elems;
 
-        if (L->kind == SF_L_FLATTEN)
-            flat = 1;
-        c = L->out_ch;
-        h = L->out_h;
-        w = L->out_w;
+        /* Freezing: a leading run of layers whose names start with the prefix. */
+        L->frozen = freeze_len && strncmp(L->name, m->freeze, freeze_len) == 0;
+        if (L->frozen) {
+            if (m->n_frozen != i) {
+                sf_errf(err, errlen, "layer %d (%s): \"%s\" matches model.freeze \"%s\" but layer %d "
+                        "before it does not; frozen layers must lead the network", i, kn, L->name,
+                        m->freeze, m->n_frozen);
+                return -1;
+            }
+            m->n_frozen = i + 1;
+            m->train_off = off;
+        }
+    }
+    if (freeze_len && m->n_frozen == 0) {
+        sf_errf(err, errlen, "model.freeze \"%s\" matches no layer (the first is \"%s\")", m->freeze,
+                m->layers[0].name);
+        return -1;
+    }
+    if (freeze_len && m->train_off == off) {
+        sf_errf(err, errlen, "model.freeze \"%s\" leaves no trainable parameter", m->freeze);
+        return -1;
     }
 
     const sf_layer *last = &m->layers[m->n_layers - 1];
+    m->segmentation = 0;
     if (last->out_elems != (size_t)m->n_classes) {
-        sf_errf(err, errlen, "layer %d (%s): output has %zu values per sample but the model has %d classes",
-                m->n_layers - 1, sf_layer_kind_name(last->kind), last->out_elems, m->n_classes);
-        return -1;
+        if (!flat[m->n_layers - 1] && last->out_ch == m->n_classes && last->out_h * last->out_w > 1) {
+            m->segmentation = 1;
+        } else {
+            sf_errf(err, errlen, "layer %d (%s): output has %zu values per sample but the model has %d "
+                    "classes (a segmentation model ends in [classes,H,W])", m->n_layers - 1,
+                    sf_layer_kind_name(last->kind), last->out_elems, m->n_classes);
+            return -1;
+        }
     }
+    m->out_h = last->out_h;
+    m->out_w = last->out_w;
     m->n_params = off;
+    m->n_buffers = boff;
     m->max_act = max_act;
     return 0;
+}
+
+int sf_model_set_freeze(sf_model *m, const char *prefix, char *err, size_t errlen)
+{
+    if (!prefix)
+        prefix = "";
+    if (strlen(prefix) >= sizeof m->freeze) {
+        sf_errf(err, errlen, "model.freeze \"%.40s\" is longer than %d characters", prefix,
+                SF_LAYER_NAME_MAX - 1);
+        return -1;
+    }
+    snprintf(m->freeze, sizeof m->freeze, "%s", prefix);
+    return sf_model_resolve(m, err, errlen);
 }
 
 /* ---- presets ------------------------------------------------------------ */
@@ -233,6 +382,64 @@ static void push_conv(sf_model *m, int in_c, int out_c, int k, int stride)
     L->stride = stride;
     L->pad = 0;
     L->bias = 1;
+}
+
+static sf_layer *push_named(sf_model *m, sf_layer_kind kind, const char *name)
+{
+    sf_layer *L = push(m, kind);
+    snprintf(L->name, sizeof L->name, "%s", name);
+    return L;
+}
+
+/* A torchvision conv: bias-free, kaiming_normal_(fan_out, relu). */
+static int push_tv_conv(sf_model *m, const char *name, int in_c, int out_c, int k, int stride, int pad,
+                        int input)
+{
+    sf_layer *L = push_named(m, SF_L_CONV2D, name);
+    L->in_c = in_c;
+    L->out_c = out_c;
+    L->k = k;
+    L->stride = stride;
+    L->pad = pad;
+    L->bias = 0;
+    L->init = SF_INIT_KAIMING_FAN_OUT;
+    if (input != m->n_layers - 2) {
+        L->n_in = 1;
+        L->in[0] = input;
+    }
+    return m->n_layers - 1;
+}
+
+/* torchvision BasicBlock "layerX.Y" reading layer `input` (c_in channels). */
+static int push_basic_block(sf_model *m, const char *p, int input, int c_in, int c_out, int stride)
+{
+    char n[SF_LAYER_NAME_MAX];
+    snprintf(n, sizeof n, "%s.conv1", p);
+    push_tv_conv(m, n, c_in, c_out, 3, stride, 1, input);
+    snprintf(n, sizeof n, "%s.bn1", p);
+    push_named(m, SF_L_BATCHNORM2D, n);
+    snprintf(n, sizeof n, "%s.relu", p);
+    push_named(m, SF_L_RELU, n);
+    snprintf(n, sizeof n, "%s.conv2", p);
+    push_tv_conv(m, n, c_out, c_out, 3, 1, 1, m->n_layers - 1);
+    snprintf(n, sizeof n, "%s.bn2", p);
+    push_named(m, SF_L_BATCHNORM2D, n);
+    int main_out = m->n_layers - 1, skip = input;
+    if (stride != 1 || c_in != c_out) {
+        snprintf(n, sizeof n, "%s.downsample.0", p);
+        push_tv_conv(m, n, c_in, c_out, 1, stride, 0, input);
+        snprintf(n, sizeof n, "%s.downsample.1", p);
+        push_named(m, SF_L_BATCHNORM2D, n);
+        skip = m->n_layers - 1;
+    }
+    snprintf(n, sizeof n, "%s.add", p);
+    sf_layer *A = push_named(m, SF_L_ADD, n);
+    A->n_in = 2;
+    A->in[0] = main_out;
+    A->in[1] = skip;
+    snprintf(n, sizeof n, "%s.relu_out", p);
+    push_named(m, SF_L_RELU, n);
+    return m->n_layers - 1;
 }
 
 static void push_linear(sf_model *m, int in, int out)
@@ -285,8 +492,70 @@ int sf_model_from_preset(const char *name, sf_model *m, char *err, size_t errlen
         }
         push(m, SF_L_FLATTEN);
         push_linear(m, 32 * 4 * 4, 10);
+    } else if (strcmp(name, "seed-encdec") == 0) {
+        /* W2: encoder Conv2d(3,16,1), ReLU, 4 x [Conv2d(c,2c,2,2), ReLU]
+         * (16 -> 256 channels, 256 -> 16 spatial); decoder 4 x
+         * [ConvTranspose2d(c,c/2,2,2), ReLU] (256 -> 16 channels, 16 -> 256
+         * spatial), Conv2d(16,10,1). Names as two nn.Sequential members
+         * `encoder` and `decoder` of one module: 349,114 parameters. */
+        m->in_c = 3;
+        m->in_h = m->in_w = 256;
+        m->n_classes = 10;
+        char n[SF_LAYER_NAME_MAX];
+        int idx = 0, c = 16;
+        sf_layer *L = push(m, SF_L_CONV2D);
+        snprintf(L->name, sizeof L->name, "encoder.%d", idx++);
+        L->in_c = 3, L->out_c = 16, L->k = 1, L->stride = 1, L->bias = 1;
+        snprintf(n, sizeof n, "encoder.%d", idx++);
+        push_named(m, SF_L_RELU, n);
+        for (int i = 0; i < 4; i++, c *= 2) {
+            L = push(m, SF_L_CONV2D);
+            snprintf(L->name, sizeof L->name, "encoder.%d", idx++);
+            L->in_c = c, L->out_c = 2 * c, L->k = 2, L->stride = 2, L->bias = 1;
+            snprintf(n, sizeof n, "encoder.%d", idx++);
+            push_named(m, SF_L_RELU, n);
+        }
+        idx = 0;
+        for (int i = 0; i < 4; i++, c /= 2) {
+            L = push(m, SF_L_CONV_TRANSPOSE2D);
+            snprintf(L->name, sizeof L->name, "decoder.%d", idx++);
+            L->in_c = c, L->out_c = c / 2, L->k = 2, L->stride = 2, L->bias = 1;
+            snprintf(n, sizeof n, "decoder.%d", idx++);
+            push_named(m, SF_L_RELU, n);
+        }
+        L = push(m, SF_L_CONV2D);
+        snprintf(L->name, sizeof L->name, "decoder.%d", idx++);
+        L->in_c = 16, L->out_c = 10, L->k = 1, L->stride = 1, L->bias = 1;
+    } else if (strcmp(name, "resnet18") == 0) {
+        /* W3: torchvision.models.resnet18(num_classes=10): conv1 7x7/2, bn1,
+         * relu, maxpool 3/2 pad 1, layer1..layer4 of two BasicBlocks each
+         * (64, 128, 256, 512 channels; downsample.0/1 where the stride or the
+         * width changes), avgpool, flatten, fc. 11,181,642 parameters. */
+        m->in_c = 3;
+        m->in_h = m->in_w = 224;
+        m->n_classes = 10;
+        push_tv_conv(m, "conv1", 3, 64, 7, 2, 3, SF_IN_MODEL);
+        push_named(m, SF_L_BATCHNORM2D, "bn1");
+        push_named(m, SF_L_RELU, "relu");
+        sf_layer *P = push_named(m, SF_L_MAXPOOL2D, "maxpool");
+        P->k = 3, P->stride = 2, P->pad = 1;
+        int x = m->n_layers - 1, c = 64;
+        for (int s = 0; s < 4; s++) {
+            int co = 64 << s;
+            char p[SF_LAYER_NAME_MAX];
+            snprintf(p, sizeof p, "layer%d.0", s + 1);
+            x = push_basic_block(m, p, x, c, co, s == 0 ? 1 : 2);
+            snprintf(p, sizeof p, "layer%d.1", s + 1);
+            x = push_basic_block(m, p, x, co, co, 1);
+            c = co;
+        }
+        push_named(m, SF_L_GLOBAL_AVGPOOL, "avgpool");
+        push_named(m, SF_L_FLATTEN, "flatten");
+        sf_layer *F = push_named(m, SF_L_LINEAR, "fc");
+        F->in_c = 512, F->out_c = 10, F->bias = 1;
     } else {
-        sf_errf(err, errlen, "unknown model preset \"%s\" (known: seed-classifier, tiny)", name);
+        sf_errf(err, errlen, "unknown model preset \"%s\" (known: seed-classifier, seed-encdec, "
+                "resnet18, tiny)", name);
         return -1;
     }
     snprintf(m->preset, sizeof m->preset, "%s", name);
@@ -330,7 +599,44 @@ static int key_allowed(const char *key, const char *const *allowed)
     return 0;
 }
 
-static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t errlen)
+/* "inputs": [a] or [a,b], each an earlier layer's index, its name, or -1 for
+ * the model input. Names are looked up among the layers parsed before. */
+static int parse_inputs(const cJSON *ji, const sf_model *m, int idx, sf_layer *L, const char *what,
+                        char *err, size_t errlen)
+{
+    int n = cJSON_IsArray(ji) ? cJSON_GetArraySize(ji) : -1;
+    if (n < 1 || n > 2) {
+        sf_errf(err, errlen, "%s: \"inputs\" must be an array of one or two layer indices or names",
+                what);
+        return -1;
+    }
+    int j = 0;
+    for (const cJSON *v = ji->child; v; v = v->next, j++) {
+        if (cJSON_IsString(v)) {
+            int found = -2;
+            for (int k = 0; k < idx; k++)
+                if (strcmp(m->layers[k].name, v->valuestring) == 0)
+                    found = k;
+            if (found < -1) {
+                sf_errf(err, errlen, "%s: input \"%.40s\" names no earlier layer", what, v->valuestring);
+                return -1;
+            }
+            L->in[j] = found;
+        } else if (cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= -1 &&
+                   v->valuedouble < idx) {
+            L->in[j] = (int)v->valuedouble;
+        } else {
+            sf_errf(err, errlen, "%s: input %d must be an earlier layer's index (0..%d), its name, or -1 "
+                    "(the model input)", what, j, idx - 1);
+            return -1;
+        }
+    }
+    L->n_in = n;
+    return 0;
+}
+
+static int parse_layer(const cJSON *jl, int idx, const sf_model *m, sf_layer *L, char *err,
+                       size_t errlen)
 {
     char what[64];
     memset(L, 0, sizeof *L);
@@ -344,28 +650,31 @@ static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t 
         return -1;
     }
     if (parse_kind(jt->valuestring, &L->kind) != 0) {
-        sf_errf(err, errlen, "layer %d (%.40s): unknown layer type (known: conv2d, relu, flatten, linear)",
-                idx, jt->valuestring);
+        sf_errf(err, errlen, "layer %d (%.40s): unknown layer type (known: conv2d, conv_transpose2d, relu, "
+                "batchnorm2d, maxpool2d, global_avgpool, add, flatten, linear)", idx, jt->valuestring);
         return -1;
     }
     snprintf(what, sizeof what, "layer %d (%s)", idx, sf_layer_kind_name(L->kind));
-    if (!kind_supported(L->kind)) {
-        sf_errf(err, errlen, "%s: not supported yet", what);
-        return -1;
-    }
 
-    static const char *const conv_keys[] = {"type", "name", "in", "out", "k", "stride", "pad", "bias", NULL};
-    static const char *const lin_keys[] = {"type", "name", "in", "out", "bias", NULL};
-    static const char *const plain_keys[] = {"type", "name", NULL};
-    const char *const *allowed = L->kind == SF_L_CONV2D ? conv_keys
+    static const char *const conv_keys[] = {"type", "name", "inputs", "in", "out", "k", "stride", "pad",
+                                            "bias", NULL};
+    static const char *const lin_keys[] = {"type", "name", "inputs", "in", "out", "bias", NULL};
+    static const char *const pool_keys[] = {"type", "name", "inputs", "k", "stride", "pad", NULL};
+    static const char *const plain_keys[] = {"type", "name", "inputs", NULL};
+    const int convlike = L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D;
+    const char *const *allowed = convlike ? conv_keys
                                  : L->kind == SF_L_LINEAR ? lin_keys
-                                                          : plain_keys;
+                                 : L->kind == SF_L_MAXPOOL2D ? pool_keys
+                                                             : plain_keys;
     for (const cJSON *it = jl->child; it; it = it->next) {
         if (!it->string || !key_allowed(it->string, allowed)) {
             sf_errf(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
             return -1;
         }
     }
+    const cJSON *ji = cJSON_GetObjectItemCaseSensitive(jl, "inputs");
+    if (ji && parse_inputs(ji, m, idx, L, what, err, errlen) != 0)
+        return -1;
 
     const cJSON *jn = cJSON_GetObjectItemCaseSensitive(jl, "name");
     if (jn) {
@@ -380,7 +689,7 @@ static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t 
         snprintf(L->name, sizeof L->name, "%d", idx);
     }
 
-    if (L->kind == SF_L_CONV2D || L->kind == SF_L_LINEAR) {
+    if (convlike || L->kind == SF_L_LINEAR) {
         int r; /* "in" is optional; resolve checks it against the previous layer */
         if (json_int(jl, "in", 1, MAX_CHANNELS, &L->in_c, what, err, errlen) < 0)
             return -1;
@@ -399,14 +708,14 @@ static int parse_layer(const cJSON *jl, int idx, sf_layer *L, char *err, size_t 
             L->bias = cJSON_IsTrue(jb);
         }
     }
-    if (L->kind == SF_L_CONV2D) {
+    if (convlike || L->kind == SF_L_MAXPOOL2D) {
         int r;
         if ((r = json_int(jl, "k", 1, MAX_KERNEL, &L->k, what, err, errlen)) <= 0) {
             if (r == 0)
                 sf_errf(err, errlen, "%s: missing \"k\" (kernel size)", what);
             return -1;
         }
-        L->stride = 1;
+        L->stride = L->kind == SF_L_MAXPOOL2D ? L->k : 1; /* PyTorch: MaxPool2d stride defaults to k */
         L->pad = 0;
         if (json_int(jl, "stride", 1, MAX_KERNEL, &L->stride, what, err, errlen) < 0 ||
             json_int(jl, "pad", 0, MAX_KERNEL, &L->pad, what, err, errlen) < 0)
@@ -478,7 +787,7 @@ int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)
      * which walks the layers in order and names the first that fails. */
     int idx = 0;
     for (const cJSON *it = jl->child; it; it = it->next, idx++)
-        if (parse_layer(it, idx, &m->layers[idx], err, errlen) != 0)
+        if (parse_layer(it, idx, m, &m->layers[idx], err, errlen) != 0)
             goto out;
     m->n_layers = nl;
     snprintf(m->preset, sizeof m->preset, "custom");
@@ -490,13 +799,39 @@ out:
 
 /* ---- initialisation ----------------------------------------------------- */
 
+/* A standard normal from two counter-based uniforms (Box-Muller). */
+static double normal01(uint64_t seed, uint64_t li, uint64_t e)
+{
+    double u1 = sf_u01(sf_hash4(seed, li, e, 1)), u2 = sf_u01(sf_hash4(seed, li, e, 2));
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
 void sf_model_init_params(const sf_model *m, uint64_t seed, float *params)
 {
     for (int li = 0; li < m->n_layers; li++) {
         const sf_layer *L = &m->layers[li];
         if (L->n_w == 0 && L->n_b == 0)
             continue;
-        size_t fan_in = L->kind == SF_L_CONV2D ? (size_t)L->in_c * L->k * L->k : (size_t)L->in_c;
+        if (L->kind == SF_L_BATCHNORM2D) {
+            for (size_t e = 0; e < L->n_w; e++) {
+                params[L->w_off + e] = 1.0f;
+                params[L->b_off + e] = 0.0f;
+            }
+            continue;
+        }
+        if (L->init == SF_INIT_KAIMING_FAN_OUT) {
+            double sd = sqrt(2.0 / ((double)L->out_c * L->k * L->k));
+            for (size_t e = 0; e < L->n_w; e++)
+                params[L->w_off + e] = (float)(sd * normal01(seed, (uint64_t)li, e));
+            for (size_t e = 0; e < L->n_b; e++)
+                params[L->b_off + e] = 0.0f;
+            continue;
+        }
+        size_t fan_in = L->kind == SF_L_CONV2D ? (size_t)L->in_c * L->k * L->k
+                        : L->kind == SF_L_CONV_TRANSPOSE2D ? (size_t)L->out_c * L->k * L->k
+                                                           : (size_t)L->in_c;
         double bound = 1.0 / sqrt((double)fan_in);
         /* Element e of the layer: weight elements first, then bias elements;
          * u in [0,1) -> value in [-bound, bound). */
@@ -507,6 +842,19 @@ void sf_model_init_params(const sf_model *m, uint64_t seed, float *params)
                 params[L->w_off + e] = v;
             else
                 params[L->b_off + (e - L->n_w)] = v;
+        }
+    }
+}
+
+void sf_model_init_buffers(const sf_model *m, float *buffers)
+{
+    for (int li = 0; li < m->n_layers; li++) {
+        const sf_layer *L = &m->layers[li];
+        if (L->kind != SF_L_BATCHNORM2D)
+            continue;
+        for (int ch = 0; ch < L->out_ch; ch++) {
+            buffers[L->rm_off + (size_t)ch] = 0.0f;
+            buffers[L->rv_off + (size_t)ch] = 1.0f;
         }
     }
 }

@@ -1,6 +1,10 @@
 /* gpu/model.h — the model description shared by every backend.
  *
- * A model is a chain of layers over one input of shape [C,H,W] (per sample).
+ * A model is a list of layers in execution (topological) order over one input
+ * of shape [C,H,W] (per sample). Each layer reads the output of the layer
+ * before it unless it names its input(s) by index (in[]; SF_IN_MODEL is the
+ * model input): that is how residual connections are written (an `add` layer
+ * takes two inputs of the same shape). A tensor may feed several consumers.
  * The description is plain data: it is parsed from a preset name or a JSON
  * layer list, validated and resolved (every layer's input/output shape and its
  * parameters' offsets in one flat float buffer) once, on the host, and then
@@ -8,8 +12,24 @@
  *
  * Parameters live in one flat float32 buffer; for each layer with weights the
  * weight comes first, then the bias, each contiguous in PyTorch's own layout
- * (conv2d: [out_c, in_c, k, k]; linear: [out, in]), so a state_dict tensor maps
- * to a slice of the buffer with no transposition.
+ * (conv2d: [out_c, in_c, k, k]; conv_transpose2d: [in_c, out_c, k, k];
+ * linear: [out, in]; batchnorm2d: weight = gamma [C], bias = beta [C]), so a
+ * state_dict tensor maps to a slice of the buffer with no transposition.
+ *
+ * Buffers (state that is not trained: batchnorm2d's running_mean and
+ * running_var, [C] each, in that order per layer) live in a second flat float
+ * buffer of n_buffers floats (rm_off/rv_off). num_batches_tracked is one
+ * counter for the whole model, kept by the backend (every batchnorm layer that
+ * runs in training mode sees every training batch, so they are all equal).
+ *
+ * Freezing: m->freeze names a layer-name prefix; the layers whose names start
+ * with it must be the first n_frozen layers of the list. They run without
+ * gradients (batchnorm in eval mode) and have no gradient or optimizer state;
+ * their parameters are [0, train_off) of the flat buffer.
+ *
+ * A model is a classifier (last output [classes], labels [N]) or a
+ * segmentation model (last output [classes,H,W] with H*W > 1, labels
+ * [N,H,W] = [N, out_h, out_w], per-pixel cross-entropy, pixel accuracy).
  *
  * Pure C, no CUDA, no HTTP. Thread-safety: functions are reentrant; a resolved
  * sf_model is immutable and may be read from any thread.
@@ -20,7 +40,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SF_MAX_LAYERS 64
+#define SF_MAX_LAYERS 96 /* resnet18 needs 69 */
+#define SF_IN_MODEL (-1) /* in[] value: the model input */
 #define SF_LAYER_NAME_MAX 48
 
 typedef enum sf_layer_kind {
@@ -28,11 +49,13 @@ typedef enum sf_layer_kind {
     SF_L_RELU,
     SF_L_FLATTEN,      /* [C,H,W] -> [C*H*W] (a view, no data movement) */
     SF_L_LINEAR,       /* in_c -> out_c features, optional bias */
-    /* Reserved for the W2/W3 issue; parsers reject them until implemented. */
-    SF_L_CONV_TRANSPOSE2D,
-    SF_L_BATCHNORM2D,
-    SF_L_MAXPOOL2D,
-    SF_L_GLOBAL_AVGPOOL,
+    /* The W2/W3 kinds (issue 9): the reference backend runs them; the CUDA
+     * backend refuses them in build() for now. */
+    SF_L_CONV_TRANSPOSE2D, /* in_c -> out_c, kernel k, stride, pad, optional bias */
+    SF_L_BATCHNORM2D,  /* per-channel; weight (gamma) and bias (beta) always present */
+    SF_L_MAXPOOL2D,    /* kernel k, stride, pad */
+    SF_L_GLOBAL_AVGPOOL, /* [C,H,W] -> [C,1,1] (AdaptiveAvgPool2d(1)) */
+    SF_L_ADD,          /* two inputs of the same shape -> their sum */
     SF_L_KIND_COUNT
 } sf_layer_kind;
 
@@ -42,13 +65,25 @@ typedef struct sf_layer {
     int in_c, out_c;              /* channels (conv) or features (linear) */
     int k, stride, pad;           /* conv only */
     int bias;                     /* 1 when the layer has a bias */
+    int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
+    int in[2];                    /* input layer indices (< this index) or SF_IN_MODEL */
+    int init;                     /* SF_INIT_*: weight initialisation */
     /* Filled by sf_model_resolve: */
     int in_h, in_w, out_h, out_w; /* spatial sizes; 1x1 for flattened tensors */
     int out_ch;                   /* channels/features of the output */
     size_t w_off, b_off;          /* offsets (floats) into the flat parameter buffer */
     size_t n_w, n_b;              /* element counts; 0 where absent */
     size_t out_elems;             /* elements of the output per sample */
+    size_t rm_off, rv_off;        /* batchnorm2d: running_mean/var offsets in the buffers */
+    int frozen;                   /* 1: runs without gradients (model.freeze) */
 } sf_layer;
+
+/* Weight initialisation of conv2d (and conv_transpose2d, linear). */
+enum { SF_INIT_DEFAULT = 0,       /* PyTorch's default (kaiming_uniform_(a=sqrt(5))) */
+       SF_INIT_KAIMING_FAN_OUT }; /* torchvision ResNet: kaiming_normal_(fan_out, relu), no bias */
+
+#define SF_BN_EPS 1e-5f
+#define SF_BN_MOMENTUM 0.1f
 
 typedef struct sf_model {
     char preset[32];     /* preset name, or "custom" */
@@ -59,11 +94,23 @@ typedef struct sf_model {
     /* Filled by sf_model_resolve: */
     size_t n_params;     /* total floats of the flat parameter buffer */
     size_t max_act;      /* largest per-sample activation (floats) of any layer */
+    size_t n_buffers;    /* floats of the flat buffer area (running stats) */
+    int n_bn;            /* batchnorm2d layers */
+    int segmentation;    /* 1: last output is [classes,H,W], labels [N,H,W] */
+    int out_h, out_w;    /* spatial size of the last output (labels of a segmentation model) */
+    char freeze[SF_LAYER_NAME_MAX]; /* layer-name prefix of the frozen layers; "" none */
+    int n_frozen;        /* the first n_frozen layers are frozen */
+    size_t train_off;    /* first trainable parameter; [train_off, n_params) trains */
 } sf_model;
 
 /* Fills *m from a preset name: "seed-classifier" (W1 of shared/WORKLOADS.md,
- * 256x256x3 input) or "tiny" (32x32x3 input, few channels, for CPU tests and
- * the CPU demo). Resolves it. Returns 0, or -1 with a message in err. */
+ * 256x256x3 input), "seed-encdec" (W2: a segmentation model, 256x256x3 input,
+ * layers named as the fields of `class EncDec(nn.Module)` with two
+ * nn.Sequential members: "encoder.0".."encoder.9", "decoder.0".."decoder.8";
+ * model.freeze=encoder freezes the encoder), "resnet18" (W3: torchvision's
+ * resnet18(num_classes=10), 224x224x3 input, torchvision's state_dict names)
+ * or "tiny" (32x32x3 input, few channels, for CPU tests and the CPU demo).
+ * Resolves it. Returns 0, or -1 with a message in err. */
 int sf_model_from_preset(const char *name, sf_model *m, char *err, size_t errlen);
 
 /* Fills *m from a JSON object:
@@ -75,6 +122,11 @@ int sf_model_from_preset(const char *name, sf_model *m, char *err, size_t errlen
  * last layer's width != classes) fail naming the offending layer index and type. */
 int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen);
 
+/* Sets m->freeze to prefix ("" or NULL: nothing frozen) and resolves again;
+ * fails when the matching layers are not a leading run of the list, when none
+ * matches, or when nothing would be left to train. */
+int sf_model_set_freeze(sf_model *m, const char *prefix, char *err, size_t errlen);
+
 /* Computes shapes, parameter offsets and sizes. Called by both constructors;
  * exposed for models built field by field in tests. */
 int sf_model_resolve(sf_model *m, char *err, size_t errlen);
@@ -82,8 +134,17 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen);
 /* Initialises params (n_params floats) as PyTorch's default initialisation does
  * for Conv2d and Linear (kaiming_uniform_(a=sqrt(5)) for weights, i.e.
  * U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the same bound for biases), drawing
- * from the counter-based generator of gpu/rng.h keyed by seed. Deterministic. */
+ * from the counter-based generator of gpu/rng.h keyed by seed. Deterministic.
+ * SF_INIT_KAIMING_FAN_OUT layers draw N(0, 2/(out_c*k*k)) instead; batchnorm2d
+ * has weight 1, bias 0. conv_transpose2d's fan_in is out_c*k*k (PyTorch
+ * computes it from weight.size(1)). */
 void sf_model_init_params(const sf_model *m, uint64_t seed, float *params);
+
+/* Initialises the buffers (n_buffers floats): running_mean 0, running_var 1. */
+void sf_model_init_buffers(const sf_model *m, float *buffers);
+
+/* The input layer index of input j of layer i (SF_IN_MODEL: the model input). */
+int sf_layer_input(const sf_model *m, int i, int j);
 
 /* Short human-readable name of a layer kind ("conv2d", ...). */
 const char *sf_layer_kind_name(sf_layer_kind k);

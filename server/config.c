@@ -83,8 +83,9 @@ const sf_cfg_option sf_config_table[] = {
      SF_CF_HOT, NULL,
      "Interval of the GPU readings (NVML) behind streamfeed_gpu_*; 0 stops them. Absent "
      "without device telemetry."},
-    {"model.preset", SF_CT_ENUM, F(model.preset), "seed-classifier", 0, 0, "seed-classifier|tiny",
-     0, check_model, "Model preset (shared/WORKLOADS.md): seed-classifier is W1."},
+    {"model.preset", SF_CT_ENUM, F(model.preset), "seed-classifier", 0, 0,
+     "seed-classifier|seed-encdec|resnet18|tiny", 0, check_model,
+     "Model preset (shared/WORKLOADS.md): seed-classifier is W1, seed-encdec W2, resnet18 W3."},
     {"model.spec", SF_CT_JSON, F(model.spec), "", 0, 0, NULL, 0, check_model,
      "Model as a JSON layer list (overrides model.preset when set)."},
     {"model.precision", SF_CT_ENUM, F(model.precision), "tf32", 0, 0, "fp32|tf32|bf16", 0, NULL,
@@ -93,12 +94,25 @@ const sf_cfg_option sf_config_table[] = {
      "Seed of parameter initialisation."},
     {"model.max_batch", SF_CT_INT, F(model.max_batch), "256", 1, 65536, NULL, 0, NULL,
      "Largest batch N the model is built for (device memory is sized for it)."},
+    {"model.freeze", SF_CT_STRING, F(model.freeze), "", 0, 0, NULL, 0, check_model,
+     "Layer-name prefix of the leading layers that run without gradients or optimizer state "
+     "(W2: encoder); empty trains every layer."},
+    {"model.grad_accum_steps", SF_CT_INT, F(model.grad_accum_steps), "1", 1, 65536, NULL, 0, NULL,
+     "Gradient accumulation: the optimizer steps every k batches on the mean of their gradients."},
+    {"optim.name", SF_CT_ENUM, F(optim.name), "sgd", 0, 0, "sgd|adamw", 0, NULL,
+     "Optimizer: sgd (momentum, weight decay) or adamw (torch.optim.AdamW)."},
     {"optim.lr", SF_CT_DOUBLE, F(optim.lr), "0.001", 0, 10, NULL, SF_CF_HOT, NULL,
      "SGD learning rate."},
     {"optim.momentum", SF_CT_DOUBLE, F(optim.momentum), "0", 0, 1, NULL, SF_CF_HOT, NULL,
      "SGD momentum."},
     {"optim.weight_decay", SF_CT_DOUBLE, F(optim.weight_decay), "0", 0, 1, NULL, SF_CF_HOT, NULL,
-     "SGD weight decay (L2, PyTorch semantics)."},
+     "Weight decay: L2 for SGD, decoupled for AdamW (PyTorch semantics)."},
+    {"optim.beta1", SF_CT_DOUBLE, F(optim.beta1), "0.9", 0, 0.999999, NULL, SF_CF_HOT, NULL,
+     "AdamW beta1 (first-moment decay)."},
+    {"optim.beta2", SF_CT_DOUBLE, F(optim.beta2), "0.999", 0, 0.999999, NULL, SF_CF_HOT, NULL,
+     "AdamW beta2 (second-moment decay)."},
+    {"optim.eps", SF_CT_DOUBLE, F(optim.eps), "1e-08", 1e-12, 1, NULL, SF_CF_HOT, NULL,
+     "AdamW epsilon."},
     {"augment.pipeline", SF_CT_JSON, F(augment.pipeline), W1_AUGMENT, 0, 0, NULL, 0, check_augment,
      "Augmentation ops as a JSON list (DESIGN.md §5); [] converts uint8 to float only."},
     {"augment.seed", SF_CT_INT64, F(augment.seed), "0", 0, 9007199254740991.0, NULL, 0, NULL,
@@ -153,6 +167,8 @@ static int check_model(const sf_config *c, char *err, size_t errlen)
     }
     int rc = c->model.spec[0] ? sf_model_from_json(c->model.spec, m, err, errlen)
                               : sf_model_from_preset(c->model.preset, m, err, errlen);
+    if (rc == 0 && c->model.freeze[0])
+        rc = sf_model_set_freeze(m, c->model.freeze, err, errlen);
     free(m);
     return rc;
 }
@@ -483,6 +499,10 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
             sf_config_print_markdown();
             return 1;
         }
+        if (!strcmp(argv[i], "--help-openapi")) {
+            sf_config_print_openapi();
+            return 1;
+        }
         if (!strcmp(argv[i], "--config") && i + 1 < argc)
             path = argv[i + 1];
         else if (!strncmp(argv[i], "--config=", 9))
@@ -624,6 +644,96 @@ void sf_config_print_markdown(void)
                                                                       : o->def;
         printf("| `%s` | `%s` | %s | `%s` | %s | %s | %s |\n", o->name, env, type_name(o->type),
                def, range, (o->flags & SF_CF_HOT) ? "yes" : "restart", o->help);
+    }
+}
+
+/* One option's JSON schema as YAML flow mapping. Patch schemas also take
+ * null (reset to the default). A JSON option takes any JSON value. */
+static void print_option_schema(const sf_cfg_option *o, int patch)
+{
+    const char *null_t = patch ? ", \"null\"" : "";
+    switch (o->type) {
+    case SF_CT_INT:
+    case SF_CT_INT64:
+        printf("{type: [integer%s], minimum: %.17g, maximum: %.17g}", null_t, o->min, o->max);
+        break;
+    case SF_CT_DOUBLE:
+        printf("{type: [number%s], minimum: %.17g, maximum: %.17g}", null_t, o->min, o->max);
+        break;
+    case SF_CT_BOOL:
+        printf("{type: [boolean%s]}", null_t);
+        break;
+    case SF_CT_STRING:
+        printf("{type: [string%s], maxLength: %zu}", null_t, o->size - 1);
+        break;
+    case SF_CT_ENUM: {
+        printf("{enum: [");
+        const char *p = o->choices;
+        int first = 1;
+        while (*p) {
+            size_t n = strcspn(p, "|");
+            printf("%s\"%.*s\"", first ? "" : ", ", (int)n, p);
+            first = 0;
+            p += n;
+            if (*p == '|')
+                p++;
+        }
+        printf("%s]}", patch ? ", null" : "");
+        break;
+    }
+    case SF_CT_JSON:
+        printf("{description: \"JSON (or a string holding JSON)\"}");
+        break;
+    }
+}
+
+void sf_config_print_openapi(void)
+{
+    printf("    # Generated by `streamfeed --help-openapi` from the option table in server/config.c\n"
+           "    # (make docs); tests check it is current. Do not edit by hand.\n");
+    for (int patch = 0; patch < 2; patch++) {
+        printf("    %s:\n      type: object\n", patch ? "ConfigPatch" : "Config");
+        printf("      description: \"%s\"\n",
+               patch ? "A JSON merge patch of the configuration (only the options to change); "
+                       "null resets an option to its default."
+                     : "The effective configuration, by section, then by option.");
+        printf("      additionalProperties: false\n      properties:\n");
+        /* Sections in order of first appearance; a section's options may be
+         * spread over the table (rows are grouped by feature). */
+        for (size_t i = 0; i < sf_config_table_len; i++) {
+            const char *name = sf_config_table[i].name;
+            size_t slen = (size_t)(strchr(name, '.') - name);
+            int seen = 0;
+            for (size_t k = 0; k < i && !seen; k++)
+                seen = strncmp(sf_config_table[k].name, name, slen + 1) == 0;
+            if (seen)
+                continue;
+            printf("        %.*s:\n          type: object\n          additionalProperties: false\n",
+                   (int)slen, name);
+            if (!patch) {
+                printf("          required: [");
+                int first = 1;
+                for (size_t j = i; j < sf_config_table_len; j++)
+                    if (strncmp(sf_config_table[j].name, name, slen + 1) == 0) {
+                        printf("%s%s", first ? "" : ", ", sf_config_table[j].name + slen + 1);
+                        first = 0;
+                    }
+                printf("]\n");
+            }
+            printf("          properties:\n");
+            for (size_t j = i; j < sf_config_table_len; j++) {
+                const sf_cfg_option *o = &sf_config_table[j];
+                if (strncmp(o->name, name, slen + 1) != 0)
+                    continue;
+                printf("            %s: ", o->name + slen + 1);
+                /* GET masks a set secret as "***", beyond the enum/length rules. */
+                if (!patch && (o->flags & SF_CF_SENSITIVE))
+                    printf("{type: string}");
+                else
+                    print_option_schema(o, patch);
+                printf("\n");
+            }
+        }
     }
 }
 

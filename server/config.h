@@ -67,11 +67,15 @@ typedef struct sf_config {
         char precision[16];     /* fp32 | tf32 | bf16 */
         int64_t seed;
         int max_batch;
+        char freeze[48];        /* layer-name prefix of the frozen leading layers; "" none */
+        int grad_accum_steps;   /* optimizer step every k batches */
     } model;
     struct {
+        char name[16];          /* sgd | adamw */
         double lr;
         double momentum;
         double weight_decay;
+        double beta1, beta2, eps; /* AdamW */
     } optim;
     struct {
         char pipeline[SF_CFG_JSON]; /* JSON list of ops (gpu/aug.h) */
@@ -149,6 +153,9 @@ cJSON *sf_config_to_json(const sf_config *c);
 void sf_config_print_help(const char *prog);
 /* Prints the table as markdown (docs/CONFIG.md; --help-markdown). */
 void sf_config_print_markdown(void);
+/* Prints the Config and ConfigPatch schemas of openapi/streamfeed.yaml
+ * (--help-openapi; tools/gen_openapi_config.py splices them in). */
+void sf_config_print_openapi(void);
 
 /* ---- the live configuration ---------------------------------------------- */
 void sf_config_live_init(const sf_config *c);

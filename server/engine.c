@@ -129,6 +129,9 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, char *err, size_t err
     b->hyper.lr = (float)c->optim.lr;
     b->hyper.momentum = (float)c->optim.momentum;
     b->hyper.weight_decay = (float)c->optim.weight_decay;
+    b->hyper.beta1 = (float)c->optim.beta1;
+    b->hyper.beta2 = (float)c->optim.beta2;
+    b->hyper.eps = (float)c->optim.eps;
     b->t_ready_ns = m->t_ready_ns;
     sf_gauge_set(e->m_lr, c->optim.lr);
     return 0;
@@ -276,7 +279,9 @@ static void harvest(sf_engine *e, const sf_event *ev)
         job.queue_s = (double)(rec->t_popped - rec->t_ready) / 1e9;
     job.step = ev->step;
     job.loss = ev->loss;
-    job.accuracy = ev->n ? (double)ev->correct / ev->n : 0;
+    /* Pixel accuracy for a segmentation model: n_labels counts the pixels. */
+    const int64_t scored = ev->n_labels > 0 ? ev->n_labels : ev->n;
+    job.accuracy = scored ? (double)ev->correct / (double)scored : 0;
     job.h2d_s = ev->h2d_s;
     job.transform_s = ev->transform_s;
     job.step_s = ev->step_s;

@@ -86,6 +86,8 @@ static int build_model(sf_app *app, char *err, size_t errlen)
     const sf_config *c = &app->cfg;
     int rc = c->model.spec[0] ? sf_model_from_json(c->model.spec, &app->model, err, errlen)
                               : sf_model_from_preset(c->model.preset, &app->model, err, errlen);
+    if (rc == 0 && c->model.freeze[0])
+        rc = sf_model_set_freeze(&app->model, c->model.freeze, err, errlen);
     if (rc)
         return -1;
     if (sf_aug_parse(c->augment.pipeline, &app->aug, err, errlen))
@@ -99,6 +101,8 @@ static int build_model(sf_app *app, char *err, size_t errlen)
     tc.overlap = c->pipeline.overlap;
     tc.cuda_graphs = c->pipeline.cuda_graphs;
     tc.device = c->pipeline.device;
+    tc.optim = strcmp(c->optim.name, "adamw") == 0 ? SF_OPT_ADAMW : SF_OPT_SGD;
+    tc.grad_accum_steps = c->model.grad_accum_steps;
     return app->backend->i->build(app->backend, &app->model, &tc, err, errlen);
 }
 

@@ -117,9 +117,17 @@ static int header_accepted(sf_req *r, sf_upload *u)
                      app->model.in_h, app->model.in_w);
             return reject(r, u, 422, "shape_mismatch", msg);
         }
-        if (u->kind == 0 && in->label_ndim != 1)
+        if (u->kind == 0 && !app->model.segmentation && in->label_ndim != 1)
             return reject(r, u, 422, "labels_shape_unsupported",
                           "this model classifies: labels must be [N]");
+        if (u->kind == 0 && app->model.segmentation &&
+            (in->label_ndim != 3 || in->label_shape[1] != app->model.out_h ||
+             in->label_shape[2] != app->model.out_w)) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "this model segments: labels must be [N,%d,%d] (one class per "
+                     "output pixel)", app->model.out_h, app->model.out_w);
+            return reject(r, u, 422, "labels_shape_unsupported", msg);
+        }
     }
     const char *cl = sf_req_header(r, "Content-Length");
     if (cl && u->slot < 0 && strtoull(cl, NULL, 10) != in->body_len) {

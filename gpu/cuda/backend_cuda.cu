@@ -432,6 +432,27 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         sf_errf(err, errlen, "cuda build: bf16 is not implemented yet (fp32 and tf32 are)");
         return -1;
     }
+    /* The W2/W3 features (issue 9) run on the reference backend only so far. */
+    for (int i = 0; i < m->n_layers; i++) {
+        const sf_layer *L = &m->layers[i];
+        if (L->kind != SF_L_CONV2D && L->kind != SF_L_RELU && L->kind != SF_L_FLATTEN &&
+            L->kind != SF_L_LINEAR) {
+            sf_errf(err, errlen, "cuda build: layer %d (%s): not supported on the CUDA backend yet", i,
+                    sf_layer_kind_name(L->kind));
+            return -1;
+        }
+        if (L->n_in != 0 && !(L->n_in == 1 && L->in[0] == i - 1)) {
+            sf_errf(err, errlen, "cuda build: layer %d (%s): explicit inputs (residual connections) are "
+                    "not supported on the CUDA backend yet", i, sf_layer_kind_name(L->kind));
+            return -1;
+        }
+    }
+    if (m->freeze[0] || m->segmentation || cfg->optim != SF_OPT_SGD || cfg->grad_accum_steps > 1) {
+        sf_errf(err, errlen, "cuda build: %s is not supported on the CUDA backend yet",
+                m->freeze[0] ? "model.freeze" : m->segmentation ? "a segmentation model"
+                : cfg->optim != SF_OPT_SGD ? "optim.name=adamw" : "model.grad_accum_steps > 1");
+        return -1;
+    }
     c->m = *m;
     char e2[200];
     if (sf_model_resolve(&c->m, e2, sizeof e2) != 0) {
@@ -1063,6 +1084,7 @@ static const sf_backend_i cuda_vtable = {
     cu_name, cu_host_alloc, cu_host_free, cu_build, cu_max_inflight, cu_submit, cu_poll,
     cu_transform, cu_get_params, cu_set_params, cu_health, cu_destroy,
     cu_get_opt_state, cu_set_opt_state, cu_bench, cu_device_stats,
+    NULL, NULL, NULL, NULL, /* no W2/W3 kinds yet: no buffers, no AdamW */
 };
 
 __global__ void k_probe(int *p)

@@ -5,17 +5,39 @@
  * SLOT_FREE and STEP_DONE events, which poll() hands out. Every buffer is
  * allocated by build() for cfg->max_batch; a step allocates nothing.
  *
- * Activations: one buffer per conv/linear output; relu runs in place on its
- * input (the producer's backward needs only its own input, never its output)
- * and flatten is a view, so both alias their input. Gradients flow through two
- * ping-pong buffers of max_batch * max_act floats.
+ * The model is a layer graph in topological order (gpu/model.h): every layer
+ * but flatten (a view) owns its output buffer, and every trainable layer owns
+ * a gradient buffer for its output. The backward walks the layers in reverse,
+ * each one computing its input gradient into a scratch buffer and adding it to
+ * its producer's gradient buffer, so a tensor feeding two consumers (a
+ * residual block's input) receives the sum of both.
+ *
+ * Training mode: batchnorm2d normalises with the batch statistics and updates
+ * the running statistics (momentum 0.1, eps 1e-5, as PyTorch), and the one
+ * num_batches_tracked counter advances per training batch. Frozen layers
+ * (model.freeze) run in eval mode (batchnorm uses the running statistics)
+ * without gradients: no gradient buffers, no weight gradients, no optimizer
+ * state for parameters [0, train_off).
+ *
+ * Loss: cross-entropy per sample for a classifier; per pixel (labels
+ * [N,out_h,out_w], mean over pixels) for a segmentation model, whose
+ * `correct` counts pixels (n_labels = N*H*W).
+ *
+ * Optimizer: SGD (momentum, weight decay; PyTorch semantics) or AdamW
+ * (torch.optim.AdamW). With grad_accum_steps k > 1 the batch gradients are
+ * averaged over k batches and the optimizer steps on every k-th; the step
+ * count counts optimizer steps.
  *
  * Precision: every precision is computed in fp32 here.
  *
- * Checkpoints: get/set_opt_state are the momentum buffer (zeros until a step
- * with momentum != 0) and the step count. bench runs submit's stages
- * synchronously, without events, and restores parameters, momentum and the
- * step count. No device telemetry (device_stats answers -1).
+ * Checkpoints: get/set_opt_state are SGD's momentum buffer (zeros until a step
+ * with momentum != 0) or AdamW's exp_avg, in sf_model layout with zeros for
+ * frozen parameters, and the step count; get/set_opt_sq is AdamW's exp_avg_sq
+ * in the same layout; get/set_buffers the running statistics and
+ * num_batches_tracked. A partly accumulated gradient is not state: setting the
+ * optimizer state discards it. bench runs submit's stages synchronously,
+ * without events, and restores the whole training state. No device telemetry
+ * (device_stats answers -1).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* clock_gettime, nanosleep (the Makefile defines it too) */
@@ -38,16 +60,29 @@ typedef struct ref_ctx {
     int built;
     sf_model m;
     sf_train_cfg cfg;
-    uint64_t step;
+    uint64_t step;                /* optimizer steps */
+    uint64_t nbt;                 /* num_batches_tracked of every batchnorm layer */
+    int accum_count;              /* batches accumulated since the last optimizer step */
+    size_t n_train;               /* trainable floats: n_params - train_off */
 
-    float *params, *grads, *mom;
+    float *params;                /* [n_params] */
+    float *buffers;               /* [n_buffers] running statistics */
+    float *grads;                 /* [n_train] this batch's gradient */
+    float *gacc;                  /* [n_train] accumulated gradient (grad_accum_steps > 1), else NULL */
+    float *mom;                   /* [n_train] SGD momentum / AdamW exp_avg */
+    float *sq;                    /* [n_train] AdamW exp_avg_sq, else NULL */
     float *input;                 /* [max_batch, in_c, in_h, in_w] augmented batch */
-    float *act_buf[SF_MAX_LAYERS]; /* owned output buffers (conv/linear), else NULL */
-    float *act[SF_MAX_LAYERS];    /* output of each layer (aliases for relu/flatten) */
-    float *g0, *g1;               /* gradient ping-pong, [max_batch * max_act] */
+    float *act_buf[SF_MAX_LAYERS]; /* owned output buffers (all but flatten), else NULL */
+    float *act[SF_MAX_LAYERS];    /* output of each layer (flatten aliases its input) */
+    float *dact_buf[SF_MAX_LAYERS]; /* owned output gradients of trainable layers */
+    float *dact[SF_MAX_LAYERS];   /* output gradient of each trainable layer (flatten aliases) */
+    float *bn_save[SF_MAX_LAYERS]; /* batchnorm: [2*C] saved mean, then invstd */
+    int32_t *argmax[SF_MAX_LAYERS]; /* maxpool: [max_batch * out_elems] */
+    float *gtmp;                  /* input-gradient scratch, [max_batch * max_act] */
     float *aug_tmp;               /* one sample's geometric output (blur input) */
     size_t aug_tmp_len;           /* floats */
-    int32_t *labels;              /* [max_batch] */
+    int32_t *labels;              /* [max_batch] or [max_batch, out_h, out_w] */
+    size_t labels_per_sample;     /* 1, or out_h*out_w for segmentation */
 
     sf_event fifo[REF_FIFO_CAP];
     int head, count;
@@ -81,13 +116,19 @@ static void ref_host_free(sf_backend *be, void *p) { free(p); }
 static void free_state(ref_ctx *c)
 {
     free(c->params);
+    free(c->buffers);
     free(c->grads);
+    free(c->gacc);
     free(c->mom);
+    free(c->sq);
     free(c->input);
-    for (int i = 0; i < SF_MAX_LAYERS; i++)
+    for (int i = 0; i < SF_MAX_LAYERS; i++) {
         free(c->act_buf[i]);
-    free(c->g0);
-    free(c->g1);
+        free(c->dact_buf[i]);
+        free(c->bn_save[i]);
+        free(c->argmax[i]);
+    }
+    free(c->gtmp);
     free(c->aug_tmp);
     free(c->labels);
     sf_event fifo_keep[REF_FIFO_CAP];
@@ -135,25 +176,52 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     const sf_model *mm = &c->m;
     const size_t in_elems = (size_t)mm->in_c * mm->in_h * mm->in_w;
 
+    if (cfg->grad_accum_steps < 0 || (cfg->optim != SF_OPT_SGD && cfg->optim != SF_OPT_ADAMW)) {
+        sf_errf(err, errlen, "ref build: grad_accum_steps %d or optimizer %d invalid", cfg->grad_accum_steps,
+                (int)cfg->optim);
+        memset(&c->m, 0, sizeof c->m);
+        return -1;
+    }
+    c->n_train = mm->n_params - mm->train_off;
+    c->labels_per_sample = mm->segmentation ? (size_t)mm->out_h * mm->out_w : 1;
     c->params = alloc_floats(mm->n_params, 1);
-    c->grads = alloc_floats(mm->n_params, 1);
-    c->mom = alloc_floats(mm->n_params, 1);
+    c->buffers = alloc_floats(mm->n_buffers, 1);
+    c->grads = alloc_floats(c->n_train, 1);
+    c->gacc = cfg->grad_accum_steps > 1 ? alloc_floats(c->n_train, 1) : NULL;
+    c->mom = alloc_floats(c->n_train, 1);
+    c->sq = cfg->optim == SF_OPT_ADAMW ? alloc_floats(c->n_train, 1) : NULL;
     c->input = alloc_floats(nb, in_elems);
-    c->g0 = alloc_floats(nb, mm->max_act);
-    c->g1 = alloc_floats(nb, mm->max_act);
+    c->gtmp = alloc_floats(nb, mm->max_act);
     c->aug_tmp_len = in_elems; /* the geometric output has the model's input shape */
     c->aug_tmp = alloc_floats(in_elems, 1);
-    c->labels = calloc(nb, sizeof(int32_t));
-    int ok = c->params && c->grads && c->mom && c->input && c->g0 && c->g1 && c->aug_tmp && c->labels;
+    c->labels = c->labels_per_sample <= SIZE_MAX / sizeof(int32_t) / nb
+                    ? calloc(nb * c->labels_per_sample, sizeof(int32_t))
+                    : NULL;
+    int ok = c->params && c->buffers && c->grads && c->mom && c->input && c->gtmp && c->aug_tmp &&
+             c->labels && (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq);
     for (int i = 0; ok && i < mm->n_layers; i++) {
         const sf_layer *L = &mm->layers[i];
-        float *prev = i == 0 ? c->input : c->act[i - 1];
-        if (L->kind == SF_L_CONV2D || L->kind == SF_L_LINEAR) {
+        const int src = sf_layer_input(mm, i, 0);
+        if (L->kind == SF_L_FLATTEN) {
+            c->act[i] = src == SF_IN_MODEL ? c->input : c->act[src];
+            c->dact[i] = src >= mm->n_frozen ? c->dact[src] : NULL;
+        } else {
             c->act_buf[i] = alloc_floats(nb, L->out_elems);
             c->act[i] = c->act_buf[i];
             ok = c->act[i] != NULL;
-        } else {
-            c->act[i] = prev; /* relu in place, flatten a view */
+            if (ok && !L->frozen) {
+                c->dact_buf[i] = alloc_floats(nb, L->out_elems);
+                c->dact[i] = c->dact_buf[i];
+                ok = c->dact[i] != NULL;
+            }
+        }
+        if (ok && L->kind == SF_L_BATCHNORM2D) {
+            c->bn_save[i] = alloc_floats(2, (size_t)L->out_ch);
+            ok = c->bn_save[i] != NULL;
+        }
+        if (ok && L->kind == SF_L_MAXPOOL2D) {
+            c->argmax[i] = (int32_t *)alloc_floats(nb, L->out_elems); /* same size as a float */
+            ok = c->argmax[i] != NULL;
         }
     }
     if (!ok) {
@@ -163,7 +231,10 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
         return -1;
     }
     sf_model_init_params(mm, cfg->seed, c->params);
+    sf_model_init_buffers(mm, c->buffers);
     c->step = 0;
+    c->nbt = 0;
+    c->accum_count = 0;
     c->built = 1;
     return 0;
 }
@@ -197,60 +268,135 @@ static void augment(ref_ctx *c, const sf_batch *b, float *out)
     }
 }
 
-static void forward(ref_ctx *c, int n)
+static const float *in_act(ref_ctx *c, int i, int j)
+{
+    int src = sf_layer_input(&c->m, i, j);
+    return src == SF_IN_MODEL ? c->input : c->act[src];
+}
+
+/* Forward of the n samples in c->input. train: batchnorm of trainable layers
+ * uses batch statistics and updates the running ones. */
+static void forward(ref_ctx *c, int n, int train)
 {
     const sf_model *m = &c->m;
+    int bn_trained = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
-        const float *x = i == 0 ? c->input : c->act[i - 1];
+        const float *x = in_act(c, i, 0);
         float *y = c->act[i];
+        const float *P = c->params;
         switch (L->kind) {
         case SF_L_CONV2D:
-            sf_ref_conv2d_fwd(x, n, L->in_c, L->in_h, L->in_w, c->params + L->w_off,
-                              L->n_b ? c->params + L->b_off : NULL, L->out_c, L->k, L->stride, L->pad, y);
+            sf_ref_conv2d_fwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, L->n_b ? P + L->b_off : NULL,
+                              L->out_c, L->k, L->stride, L->pad, y);
+            break;
+        case SF_L_CONV_TRANSPOSE2D:
+            sf_ref_convt2d_fwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, L->n_b ? P + L->b_off : NULL,
+                               L->out_c, L->k, L->stride, L->pad, y);
             break;
         case SF_L_LINEAR:
-            sf_ref_linear_fwd(x, n, L->in_c, c->params + L->w_off, L->n_b ? c->params + L->b_off : NULL,
-                              L->out_c, y);
+            sf_ref_linear_fwd(x, n, L->in_c, P + L->w_off, L->n_b ? P + L->b_off : NULL, L->out_c, y);
             break;
         case SF_L_RELU:
             sf_ref_relu_fwd(x, (size_t)n * L->out_elems, y);
+            break;
+        case SF_L_BATCHNORM2D:
+            if (train && !L->frozen) {
+                sf_ref_bn2d_fwd_train(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, P + L->b_off, SF_BN_EPS,
+                                      SF_BN_MOMENTUM, c->buffers + L->rm_off, c->buffers + L->rv_off,
+                                      c->bn_save[i], c->bn_save[i] + L->out_ch, y);
+                bn_trained = 1;
+            } else {
+                sf_ref_bn2d_fwd_eval(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, P + L->b_off, SF_BN_EPS,
+                                     c->buffers + L->rm_off, c->buffers + L->rv_off, y);
+            }
+            break;
+        case SF_L_MAXPOOL2D:
+            sf_ref_maxpool2d_fwd(x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, y, c->argmax[i]);
+            break;
+        case SF_L_GLOBAL_AVGPOOL:
+            sf_ref_avgpool_fwd(x, n, L->in_c, L->in_h, L->in_w, y);
+            break;
+        case SF_L_ADD:
+            sf_ref_add_fwd(x, in_act(c, i, 1), (size_t)n * L->out_elems, y);
             break;
         default: /* flatten: a view */
             break;
         }
     }
+    if (bn_trained)
+        c->nbt++;
 }
 
-/* Backward from dlogits (in c->g0). */
+/* The gradient slice of a parameter at offset off (a trainable layer's). */
+static float *grad_at(ref_ctx *c, size_t off) { return c->grads + (off - c->m.train_off); }
+
+/* Adds len floats of src into the output gradient of layer src_layer, when
+ * that layer is trainable (a frozen producer or the model input needs none). */
+static void add_into(ref_ctx *c, int src_layer, const float *src, size_t len)
+{
+    if (src_layer < 0 || !c->dact[src_layer])
+        return;
+    float *d = c->dact[src_layer];
+    for (size_t e = 0; e < len; e++)
+        d[e] += src[e];
+}
+
+/* Backward from dlogits (already in the last layer's dact): weight gradients
+ * into c->grads, input gradients summed into the producers' dact. */
 static void backward(ref_ctx *c, int n)
 {
     const sf_model *m = &c->m;
-    float *g = c->g0, *other = c->g1;
-    for (int i = m->n_layers - 1; i >= 0; i--) {
+    const float *P = c->params;
+    for (int i = m->n_layers - 1; i >= m->n_frozen; i--) {
         const sf_layer *L = &m->layers[i];
-        const float *x = i == 0 ? c->input : c->act[i - 1];
-        float *dx = i == 0 ? NULL : other; /* no gradient for the input */
+        const int src = sf_layer_input(m, i, 0);
+        const float *x = in_act(c, i, 0);
+        const float *g = c->dact[i];
+        const int want_dx = src >= 0 && c->dact[src]; /* the model input and frozen layers need none */
+        float *dx = want_dx ? c->gtmp : NULL;
+        const size_t in_len = (size_t)n * L->in_c * L->in_h * L->in_w;
         switch (L->kind) {
         case SF_L_CONV2D:
-            sf_ref_conv2d_bwd(x, n, L->in_c, L->in_h, L->in_w, c->params + L->w_off, L->out_c, L->k,
-                              L->stride, L->pad, g, dx, c->grads + L->w_off,
-                              L->n_b ? c->grads + L->b_off : NULL);
+            sf_ref_conv2d_bwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, L->out_c, L->k, L->stride,
+                              L->pad, g, dx, grad_at(c, L->w_off), L->n_b ? grad_at(c, L->b_off) : NULL);
+            break;
+        case SF_L_CONV_TRANSPOSE2D:
+            sf_ref_convt2d_bwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, L->out_c, L->k, L->stride,
+                               L->pad, g, dx, grad_at(c, L->w_off), L->n_b ? grad_at(c, L->b_off) : NULL);
             break;
         case SF_L_LINEAR:
-            sf_ref_linear_bwd(x, n, L->in_c, c->params + L->w_off, L->out_c, g, dx, c->grads + L->w_off,
-                              L->n_b ? c->grads + L->b_off : NULL);
+            sf_ref_linear_bwd(x, n, L->in_c, P + L->w_off, L->out_c, g, dx, grad_at(c, L->w_off),
+                              L->n_b ? grad_at(c, L->b_off) : NULL);
+            break;
+        case SF_L_BATCHNORM2D:
+            /* dx is needed for the weight gradients' sake too; gtmp is scratch. */
+            sf_ref_bn2d_bwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, c->bn_save[i],
+                            c->bn_save[i] + L->out_ch, g, c->gtmp, grad_at(c, L->w_off),
+                            grad_at(c, L->b_off));
             break;
         case SF_L_RELU:
-            sf_ref_relu_bwd(c->act[i], g, (size_t)n * L->out_elems, g); /* in place */
+            if (want_dx)
+                sf_ref_relu_bwd(c->act[i], g, in_len, dx);
+            break;
+        case SF_L_MAXPOOL2D:
+            if (want_dx)
+                sf_ref_maxpool2d_bwd(g, c->argmax[i], n, L->in_c, L->in_h, L->in_w, L->out_h, L->out_w, dx);
+            break;
+        case SF_L_GLOBAL_AVGPOOL:
+            if (want_dx)
+                sf_ref_avgpool_bwd(g, n, L->in_c, L->in_h, L->in_w, dx);
+            break;
+        case SF_L_ADD:
+            /* dy passes unchanged to both inputs. */
+            add_into(c, src, g, in_len);
+            add_into(c, sf_layer_input(m, i, 1), g, in_len);
             continue;
-        default: /* flatten: same buffer, same layout */
+        default: /* flatten: its gradient buffer is its input's */
             continue;
         }
-        if (dx) {
-            other = g;
-            g = dx;
-        }
+        if (want_dx)
+            add_into(c, src, c->gtmp, in_len);
     }
 }
 
@@ -264,9 +410,10 @@ static int check_batch(ref_ctx *c, const sf_batch *b, int need_model, char *err,
 }
 
 /* Labels to int32; returns the index of the first out-of-range label or -1. */
-static int convert_labels(ref_ctx *c, const sf_batch *b, int64_t *bad_value)
+static long long convert_labels(ref_ctx *c, const sf_batch *b, int64_t *bad_value)
 {
-    for (int i = 0; i < b->n; i++) {
+    const size_t count = (size_t)b->n * c->labels_per_sample;
+    for (size_t i = 0; i < count; i++) {
         int64_t v;
         switch (b->label_dtype) {
         case SF_LABEL_U8: v = ((const uint8_t *)b->labels)[i]; break;
@@ -275,22 +422,57 @@ static int convert_labels(ref_ctx *c, const sf_batch *b, int64_t *bad_value)
         }
         if (v < 0 || v >= c->m.n_classes) {
             *bad_value = v;
-            return i;
+            return (long long)i;
         }
         c->labels[i] = (int32_t)v;
     }
     return -1;
 }
 
-/* Forward, loss, backward and the SGD update of the n samples in c->input
- * with the labels in c->labels; counts the step. */
+/* The optimizer update on gradient g (n_train floats); counts the step. */
+static void opt_step(ref_ctx *c, const float *g, const sf_hyper *h)
+{
+    float *p = c->params + c->m.train_off;
+    c->step++;
+    if (c->cfg.optim == SF_OPT_ADAMW)
+        sf_ref_adamw(p, g, c->mom, c->sq, c->n_train, h->lr, h->beta1, h->beta2, h->eps, h->weight_decay,
+                     (int64_t)c->step);
+    else
+        sf_ref_sgd(p, g, c->mom, c->n_train, h->lr, h->momentum, h->weight_decay);
+}
+
+/* Forward, loss, backward and (every grad_accum_steps batches) the optimizer
+ * update of the n samples in c->input with the labels in c->labels. */
 static void train_step(ref_ctx *c, int n, const sf_hyper *h, float *loss, int *correct)
 {
-    forward(c, n);
-    sf_ref_xent(c->act[c->m.n_layers - 1], c->labels, n, c->m.n_classes, loss, c->g0, correct);
+    const sf_model *m = &c->m;
+    const int last = m->n_layers - 1;
+    forward(c, n, 1);
+    for (int i = m->n_frozen; i < m->n_layers; i++)
+        if (c->dact_buf[i])
+            memset(c->dact_buf[i], 0, sizeof(float) * (size_t)n * m->layers[i].out_elems);
+    if (m->segmentation) {
+        int64_t corr = 0;
+        sf_ref_xent2d(c->act[last], c->labels, n, m->n_classes, m->out_h, m->out_w, loss, c->dact[last],
+                      &corr);
+        *correct = corr > INT32_MAX ? INT32_MAX : (int)corr;
+    } else {
+        sf_ref_xent(c->act[last], c->labels, n, m->n_classes, loss, c->dact[last], correct);
+    }
     backward(c, n);
-    sf_ref_sgd(c->params, c->grads, c->mom, c->m.n_params, h->lr, h->momentum, h->weight_decay);
-    c->step++;
+    const int k = c->cfg.grad_accum_steps > 1 ? c->cfg.grad_accum_steps : 1;
+    if (k == 1) {
+        opt_step(c, c->grads, h);
+        return;
+    }
+    const float inv_k = 1.0f / (float)k;
+    for (size_t e = 0; e < c->n_train; e++)
+        c->gacc[e] += c->grads[e] * inv_k;
+    if (++c->accum_count == k) {
+        opt_step(c, c->gacc, h);
+        memset(c->gacc, 0, sizeof(float) * c->n_train);
+        c->accum_count = 0;
+    }
 }
 
 static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errlen)
@@ -308,7 +490,7 @@ static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errle
     const uint64_t t0 = now_ns();
     augment(c, b, c->input);
     int64_t bad = 0;
-    const int bad_at = convert_labels(c, b, &bad);
+    const long long bad_at = convert_labels(c, b, &bad);
     const uint64_t t1 = now_ns();
 
     /* The slot's bytes (images, labels, samples) are consumed. */
@@ -325,8 +507,8 @@ static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errle
     ev.n = n;
     if (bad_at >= 0) {
         ev.status = -1;
-        snprintf(ev.err, sizeof ev.err, "ref: label %lld of sample %d is outside [0,%d)", (long long)bad,
-                 bad_at, c->m.n_classes);
+        snprintf(ev.err, sizeof ev.err, "ref: label %lld at element %lld of the labels is outside [0,%d)",
+                 (long long)bad, bad_at, c->m.n_classes);
         ev.step = c->step;
         ev.t_h2d_start_ns = t0;
         ev.t_transform_start_ns = t0;
@@ -343,6 +525,7 @@ static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errle
 
     ev.loss = loss;
     ev.correct = correct;
+    ev.n_labels = (int64_t)n * (int64_t)c->labels_per_sample;
     ev.step = c->step;
     /* No host-to-device copy on the CPU: a zero-length h2d stage. */
     ev.h2d_s = 0.0;
@@ -420,15 +603,25 @@ static int ref_health(sf_backend *be, char *err, size_t errlen) { return 0; }
 
 /* ---- optimizer state ------------------------------------------------------ */
 
-/* The momentum buffer is zeroed by build and touched only by steps with
- * momentum != 0, so it reads as zeros until momentum is first used. */
+/* The moment buffers cover the trainable parameters only; in sf_model layout
+ * the frozen ones [0, train_off) read as zeros. The momentum buffer is zeroed
+ * by build and touched only by steps with momentum != 0 (or AdamW steps). */
+static void put_model_layout(const ref_ctx *c, const float *src, float *dst)
+{
+    memset(dst, 0, sizeof(float) * c->m.train_off);
+    if (src)
+        memcpy(dst + c->m.train_off, src, sizeof(float) * c->n_train);
+    else
+        memset(dst + c->m.train_off, 0, sizeof(float) * c->n_train);
+}
+
 static int ref_get_opt_state(sf_backend *be, float *momentum, uint64_t *step)
 {
     ref_ctx *c = ctx_of(be);
     if (!c->built)
         return -1;
     if (momentum)
-        memcpy(momentum, c->mom, sizeof(float) * c->m.n_params);
+        put_model_layout(c, c->mom, momentum);
     if (step)
         *step = c->step;
     return 0;
@@ -440,10 +633,61 @@ static int ref_set_opt_state(sf_backend *be, const float *momentum, uint64_t ste
     if (!c->built)
         return -1;
     if (momentum)
-        memcpy(c->mom, momentum, sizeof(float) * c->m.n_params);
+        memcpy(c->mom, momentum + c->m.train_off, sizeof(float) * c->n_train);
     else
-        memset(c->mom, 0, sizeof(float) * c->m.n_params);
+        memset(c->mom, 0, sizeof(float) * c->n_train);
     c->step = step;
+    if (c->gacc)
+        memset(c->gacc, 0, sizeof(float) * c->n_train);
+    c->accum_count = 0;
+    return 0;
+}
+
+static int ref_get_opt_sq(sf_backend *be, float *exp_avg_sq)
+{
+    ref_ctx *c = ctx_of(be);
+    if (!c->built || !exp_avg_sq)
+        return -1;
+    put_model_layout(c, c->sq, exp_avg_sq);
+    return 0;
+}
+
+static int ref_set_opt_sq(sf_backend *be, const float *exp_avg_sq)
+{
+    ref_ctx *c = ctx_of(be);
+    if (!c->built)
+        return -1;
+    if (!c->sq)
+        return 0; /* SGD: nothing to set */
+    if (exp_avg_sq)
+        memcpy(c->sq, exp_avg_sq + c->m.train_off, sizeof(float) * c->n_train);
+    else
+        memset(c->sq, 0, sizeof(float) * c->n_train);
+    return 0;
+}
+
+static int ref_get_buffers(sf_backend *be, float *dst, uint64_t *num_batches_tracked)
+{
+    ref_ctx *c = ctx_of(be);
+    if (!c->built)
+        return -1;
+    if (dst)
+        memcpy(dst, c->buffers, sizeof(float) * c->m.n_buffers);
+    if (num_batches_tracked)
+        *num_batches_tracked = c->nbt;
+    return 0;
+}
+
+static int ref_set_buffers(sf_backend *be, const float *src, uint64_t num_batches_tracked)
+{
+    ref_ctx *c = ctx_of(be);
+    if (!c->built)
+        return -1;
+    if (src)
+        memcpy(c->buffers, src, sizeof(float) * c->m.n_buffers);
+    else
+        sf_model_init_buffers(&c->m, c->buffers);
+    c->nbt = num_batches_tracked;
     return 0;
 }
 
@@ -472,26 +716,38 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
         return -1;
     }
     int64_t bad = 0;
-    const int bad_at = convert_labels(c, b, &bad);
+    const long long bad_at = convert_labels(c, b, &bad);
     if (bad_at >= 0) {
-        sf_errf(err, errlen, "ref bench: label %lld of sample %d is outside [0,%d)", (long long)bad, bad_at,
+        sf_errf(err, errlen, "ref bench: label %lld at element %lld is outside [0,%d)", (long long)bad, bad_at,
                 c->m.n_classes);
         return -1;
     }
-    const size_t np = c->m.n_params;
+    const size_t np = c->m.n_params, nt = c->n_train, nbuf = c->m.n_buffers;
     const size_t img_bytes = (size_t)b->n * b->h * b->w * b->c;
-    float *save_p = alloc_floats(np, 1), *save_m = alloc_floats(np, 1);
+    /* Saved: parameters, buffers, momentum, AdamW's second moment, the accumulated gradient. */
+    float *save_p = alloc_floats(np, 1), *save_m = alloc_floats(nt, 1), *save_b = alloc_floats(nbuf, 1);
+    float *save_sq = c->sq ? alloc_floats(nt, 1) : NULL, *save_acc = c->gacc ? alloc_floats(nt, 1) : NULL;
     uint8_t *raw = mode == SF_BENCH_AUG_STEP ? malloc(img_bytes ? img_bytes : 1) : NULL;
-    if (!save_p || !save_m || (mode == SF_BENCH_AUG_STEP && !raw)) {
+    if (!save_p || !save_m || !save_b || (c->sq && !save_sq) || (c->gacc && !save_acc) ||
+        (mode == SF_BENCH_AUG_STEP && !raw)) {
         free(save_p);
         free(save_m);
+        free(save_b);
+        free(save_sq);
+        free(save_acc);
         free(raw);
         sf_errf(err, errlen, "ref bench: out of memory");
         return -1;
     }
     memcpy(save_p, c->params, sizeof(float) * np);
-    memcpy(save_m, c->mom, sizeof(float) * np);
-    const uint64_t save_step = c->step;
+    memcpy(save_m, c->mom, sizeof(float) * nt);
+    memcpy(save_b, c->buffers, sizeof(float) * nbuf);
+    if (c->sq)
+        memcpy(save_sq, c->sq, sizeof(float) * nt);
+    if (c->gacc)
+        memcpy(save_acc, c->gacc, sizeof(float) * nt);
+    const uint64_t save_step = c->step, save_nbt = c->nbt;
+    const int save_accum = c->accum_count;
 
     sf_batch cached = *b;
     if (mode == SF_BENCH_AUG_STEP) {
@@ -517,10 +773,20 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
     *seconds = s > 0 ? s : 1e-9; /* a clock that did not move still ran the steps */
 
     memcpy(c->params, save_p, sizeof(float) * np);
-    memcpy(c->mom, save_m, sizeof(float) * np);
+    memcpy(c->mom, save_m, sizeof(float) * nt);
+    memcpy(c->buffers, save_b, sizeof(float) * nbuf);
+    if (c->sq)
+        memcpy(c->sq, save_sq, sizeof(float) * nt);
+    if (c->gacc)
+        memcpy(c->gacc, save_acc, sizeof(float) * nt);
     c->step = save_step;
+    c->nbt = save_nbt;
+    c->accum_count = save_accum;
     free(save_p);
     free(save_m);
+    free(save_b);
+    free(save_sq);
+    free(save_acc);
     free(raw);
     return 0;
 }
@@ -562,6 +828,10 @@ static const sf_backend_i ref_vtable = {
     .set_opt_state = ref_set_opt_state,
     .bench = ref_bench,
     .device_stats = ref_device_stats,
+    .get_buffers = ref_get_buffers,
+    .set_buffers = ref_set_buffers,
+    .get_opt_sq = ref_get_opt_sq,
+    .set_opt_sq = ref_set_opt_sq,
 };
 
 sf_backend *sf_backend_ref_new(char *err, size_t errlen)

@@ -15,7 +15,7 @@ from sfharness import (BIN, REPO, SINK, TINY, key, learnable_batch, random_batch
 
 # ---- the option table, read from the C source it is generated from ------------
 
-_ROW = re.compile(r'\{"([a-z_]+\.[a-z_]+)",\s*SF_CT_(\w+),\s*F\([^)]*\),\s*("(?:[^"\\]|\\.)*"|\w+)')
+_ROW = re.compile(r'\{"([a-z_]+\.[a-z0-9_]+)",\s*SF_CT_(\w+),\s*F\([^)]*\),\s*("(?:[^"\\]|\\.)*"|\w+)')
 
 
 def config_table():
@@ -345,7 +345,7 @@ def test_log_requests_is_hot(start_server):
 def test_help_lists_every_option_of_the_table():
     p = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
-    listed = set(re.findall(r"^\s+--([a-z_]+\.[a-z_]+)\s", p.stdout, re.MULTILINE))
+    listed = set(re.findall(r"^\s+--([a-z_]+\.[a-z0-9_]+)\s", p.stdout, re.MULTILINE))
     assert listed == set(config_table())
     for name in config_table():
         assert "STREAMFEED_" + name.upper().replace(".", "_") in p.stdout, name

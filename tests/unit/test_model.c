@@ -173,26 +173,101 @@ static void invalid_json_specs_fail_naming_the_layer_index_and_type(void **state
     expect_json_error("{\"input\":[3,4,4],\"layers\":[{\"type\":\"flatten\"}]}", "classes", NULL);
 }
 
-static void reserved_layer_kinds_are_rejected_as_not_supported_yet(void **state)
+static void w23_presets_resolve_with_pytorch_parameter_counts(void **state)
 {
-    const char *kinds[] = {"conv_transpose2d", "batchnorm2d", "maxpool2d", "global_avgpool"};
-    for (int i = 0; i < 4; i++) {
-        char js[256];
-        snprintf(js, sizeof js, "{\"input\":[3,4,4],\"classes\":2,\"layers\":[{\"type\":\"relu\"},"
-                                "{\"type\":\"%s\"}]}", kinds[i]);
-        expect_json_error(js, "layer 1", "not supported yet");
-        expect_json_error(js, kinds[i], NULL);
-    }
-    /* and through resolve, for models built field by field */
     static sf_model m;
-    memset(&m, 0, sizeof m);
-    m.in_c = 3;
-    m.in_h = m.in_w = 4;
-    m.n_classes = 48;
-    m.n_layers = 1;
-    m.layers[0].kind = SF_L_MAXPOOL2D;
-    assert_int_equal(sf_model_resolve(&m, err, sizeof err), -1);
-    assert_non_null(strstr(err, "not supported yet"));
+    assert_int_equal(sf_model_from_preset("resnet18", &m, err, sizeof err), 0);
+    assert_int_equal(m.n_params, 11181642); /* torchvision resnet18(num_classes=10) */
+    assert_int_equal(m.n_bn, 20);
+    assert_int_equal(m.n_buffers, 2 * 4800); /* running_mean + running_var of 4800 channels */
+    assert_int_equal(m.segmentation, 0);
+    assert_string_equal(m.layers[0].name, "conv1");
+    int found = 0;
+    for (int i = 0; i < m.n_layers; i++)
+        if (!strcmp(m.layers[i].name, "layer2.0.downsample.1")) {
+            found = 1;
+            assert_int_equal(m.layers[i].kind, SF_L_BATCHNORM2D);
+            assert_int_equal(m.layers[i].out_h, 28);
+        }
+    assert_true(found);
+    assert_string_equal(m.layers[m.n_layers - 1].name, "fc");
+
+    assert_int_equal(sf_model_from_preset("seed-encdec", &m, err, sizeof err), 0);
+    assert_int_equal(m.n_params, 349114);
+    assert_int_equal(m.segmentation, 1);
+    assert_int_equal(m.out_h, 256);
+    assert_int_equal(m.out_w, 256);
+    assert_string_equal(m.layers[9].name, "encoder.9");
+    assert_string_equal(m.layers[10].name, "decoder.0");
+    assert_int_equal(m.layers[10].kind, SF_L_CONV_TRANSPOSE2D);
+    assert_int_equal(sf_model_set_freeze(&m, "encoder", err, sizeof err), 0);
+    assert_int_equal(m.n_frozen, 10);
+    assert_int_equal(m.train_off, 174624);
+}
+
+static void freeze_must_name_a_leading_run_of_layers(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_preset("seed-encdec", &m, err, sizeof err), 0);
+    assert_int_equal(sf_model_set_freeze(&m, "decoder", err, sizeof err), -1);
+    assert_non_null(strstr(err, "must lead"));
+    assert_int_equal(sf_model_set_freeze(&m, "nope", err, sizeof err), -1);
+    assert_int_equal(sf_model_set_freeze(&m, "e", err, sizeof err), 0); /* a prefix of "encoder." */
+    assert_int_equal(sf_model_set_freeze(&m, "", err, sizeof err), 0);
+    assert_int_equal(m.n_frozen, 0);
+    assert_int_equal(m.train_off, 0);
+}
+
+static void json_specs_with_new_kinds_and_residual_inputs_parse(void **state)
+{
+    static sf_model m;
+    const char *js =
+        "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+        "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn\"},{\"type\":\"relu\"},"
+        "{\"type\":\"conv2d\",\"out\":4,\"k\":3,\"pad\":1},"
+        "{\"type\":\"add\",\"inputs\":[\"2\",3]},"
+        "{\"type\":\"maxpool2d\",\"k\":2},"
+        "{\"type\":\"conv_transpose2d\",\"out\":2,\"k\":2,\"stride\":2},"
+        "{\"type\":\"global_avgpool\"},{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}";
+    if (sf_model_from_json(js, &m, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(m.layers[4].n_in, 2);
+    assert_int_equal(m.layers[4].in[0], 2);
+    assert_int_equal(m.layers[4].in[1], 3);
+    assert_int_equal(m.layers[5].out_h, 4);        /* maxpool stride defaults to k */
+    assert_int_equal(m.layers[6].out_h, 8);        /* (4-1)*2 + 2 */
+    assert_int_equal(m.layers[6].n_w, 4 * 2 * 2 * 2); /* [in, out, k, k] */
+    assert_int_equal(m.layers[1].n_w, 4);
+    assert_int_equal(m.n_buffers, 8);
+    assert_int_equal(m.n_params, 4 * 3 * 9 + 8 + (4 * 4 * 9 + 4) + (32 + 2) + (2 * 4 + 4));
+    /* A segmentation spec ends in [classes,H,W]. */
+    assert_int_equal(sf_model_from_json("{\"input\":[3,8,8],\"classes\":3,\"layers\":["
+                                        "{\"type\":\"conv2d\",\"out\":3,\"k\":1}]}", &m, err, sizeof err), 0);
+    assert_int_equal(m.segmentation, 1);
+}
+
+static void bad_w23_specs_fail_naming_the_layer(void **state)
+{
+    /* add needs two inputs */
+    expect_json_error("{\"input\":[3,8,8],\"classes\":3,\"layers\":[{\"type\":\"conv2d\",\"out\":3,\"k\":1},"
+                      "{\"type\":\"add\"}]}", "layer 1", "add");
+    /* add of different shapes */
+    expect_json_error("{\"input\":[3,8,8],\"classes\":3,\"layers\":[{\"type\":\"conv2d\",\"out\":3,\"k\":2,"
+                      "\"stride\":2},{\"type\":\"add\",\"inputs\":[0,-1]}]}", "layer 1", "shapes");
+    /* an input that is not earlier */
+    expect_json_error("{\"input\":[3,8,8],\"classes\":3,\"layers\":[{\"type\":\"relu\",\"inputs\":[0]},"
+                      "{\"type\":\"conv2d\",\"out\":3,\"k\":1}]}", "layer 0", "relu");
+    expect_json_error("{\"input\":[3,8,8],\"classes\":3,\"layers\":[{\"type\":\"relu\"},"
+                      "{\"type\":\"add\",\"inputs\":[\"zz\",0]}]}", "layer 1", "zz");
+    /* maxpool on a flattened tensor; pad too large */
+    expect_json_error("{\"input\":[3,8,8],\"classes\":3,\"layers\":[{\"type\":\"flatten\"},"
+                      "{\"type\":\"batchnorm2d\"}]}", "layer 1", "batchnorm2d");
+    expect_json_error("{\"input\":[3,8,8],\"classes\":3,\"layers\":[{\"type\":\"maxpool2d\",\"k\":2,"
+                      "\"pad\":2},{\"type\":\"conv2d\",\"out\":3,\"k\":1}]}", "layer 0", "maxpool2d");
+    /* unknown field of a new kind */
+    expect_json_error("{\"input\":[3,8,8],\"classes\":3,\"layers\":[{\"type\":\"batchnorm2d\",\"k\":3},"
+                      "{\"type\":\"conv2d\",\"out\":3,\"k\":1}]}", "layer 0", "\"k\"");
 }
 
 static void more_than_max_layers_is_rejected(void **state)
@@ -268,7 +343,10 @@ int main(void)
         cmocka_unit_test(unknown_preset_is_rejected_by_name),
         cmocka_unit_test(json_spec_parses_and_infers_input_channels),
         cmocka_unit_test(invalid_json_specs_fail_naming_the_layer_index_and_type),
-        cmocka_unit_test(reserved_layer_kinds_are_rejected_as_not_supported_yet),
+        cmocka_unit_test(w23_presets_resolve_with_pytorch_parameter_counts),
+        cmocka_unit_test(freeze_must_name_a_leading_run_of_layers),
+        cmocka_unit_test(json_specs_with_new_kinds_and_residual_inputs_parse),
+        cmocka_unit_test(bad_w23_specs_fail_naming_the_layer),
         cmocka_unit_test(more_than_max_layers_is_rejected),
         cmocka_unit_test(layer_kind_names_are_stable),
         cmocka_unit_test(init_is_deterministic_and_within_pytorch_bounds),

@@ -70,6 +70,7 @@ extern "C" {
 #define CUDA_NBUF 3       /* device batch buffers = max_inflight */
 #define RING_CAP (4 * CUDA_NBUF)
 #define STAGE_LABELS_OFF 256
+#define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after the SGD hyper-parameters */
 #define ANCHOR_PERIOD_NS 2000000000ull
 #define CUBLAS_WS_BYTES ((size_t)32 << 20)
 
@@ -79,7 +80,10 @@ typedef struct cbuf {
     uint8_t *d_raw;     /* uint8 images */
     size_t raw_cap;
     float *d_x;         /* augmented batch, the net's layout */
-    int32_t *d_lab;     /* labels as int32 */
+    int32_t *d_lab;     /* labels as int32 ([n] or [n, out_h, out_w]) */
+    uint8_t *d_labraw;  /* segmentation: the raw labels, copied straight from the slot */
+    int do_opt;         /* this buffer's batch steps the optimizer (accumulation) */
+    int64_t opt_t;      /* AdamW: the optimizer step it makes */
     sf_xent_out *d_res;
     sf_xent_out *h_res; /* pinned */
     cudaEvent_t h2d0, h2d, ready, step0, done;
@@ -93,6 +97,7 @@ typedef struct entry {
     char err[160];
     int no_events;      /* failed before or after its GPU work was waited for: nothing to query */
     int slot_freed;     /* SLOT_FREE generated */
+    int opt;            /* the step ran the optimizer (counts in the step counter) */
     uint64_t t_submit_ns;
 } entry;
 
@@ -121,6 +126,9 @@ typedef struct cuda_ctx {
     sf_event ring[RING_CAP];
     int r_head, r_count;
     uint64_t steps;
+    size_t lps;          /* labels per sample: 1, or out_h*out_w for segmentation */
+    int accum_k, accum_count; /* gradient accumulation, counted at submit */
+    uint64_t opt_submitted;   /* optimizer steps enqueued (AdamW's t) */
 
     cudaEvent_t anchor, anchor_next;
     uint64_t anchor_ns, anchor_next_ns;
@@ -244,6 +252,7 @@ static void free_buffers(cuda_ctx *c)
         if (B->d_raw) cudaFree(B->d_raw);
         if (B->d_x) cudaFree(B->d_x);
         if (B->d_lab) cudaFree(B->d_lab);
+        if (B->d_labraw) cudaFree(B->d_labraw);
         if (B->d_res) cudaFree(B->d_res);
         cudaEvent_t *ev[5] = {&B->h2d0, &B->h2d, &B->ready, &B->step0, &B->done};
         for (int i = 0; i < 5; i++)
@@ -322,7 +331,9 @@ static void harvest(cuda_ctx *c, int block)
         if (e->status == 0) {
             ev.loss = B->h_res->loss;
             ev.correct = B->h_res->correct;
-            c->steps++;
+            ev.n_labels = (int64_t)e->n * (int64_t)c->lps;
+            if (e->opt)
+                c->steps++;
         } else {
             scopy(ev.err, sizeof ev.err, e->err);
         }
@@ -348,7 +359,7 @@ static int alloc_buffers(cuda_ctx *c)
 {
     const size_t nb = (size_t)c->cfg.max_batch;
     const size_t in = (size_t)c->m.in_c * c->m.in_h * c->m.in_w;
-    const size_t lab_bytes = (nb * 8 + 255) & ~(size_t)255;
+    const size_t lab_bytes = ((c->lps > 1 ? 1 : nb) * 8 + 255) & ~(size_t)255;
     c->samples_off = STAGE_LABELS_OFF + lab_bytes;
     c->stage_bytes = c->samples_off + nb * sizeof(sf_aug_sample);
     for (int b = 0; b < c->nbuf; b++) {
@@ -360,7 +371,9 @@ static int alloc_buffers(cuda_ctx *c)
         B->raw_cap = nb * in; /* grows when larger sources arrive */
         SF_CUDA_CHECK(cudaMalloc((void **)&B->d_raw, B->raw_cap));
         SF_CUDA_CHECK(cudaMalloc((void **)&B->d_x, sizeof(float) * nb * in));
-        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_lab, sizeof(int32_t) * nb));
+        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_lab, sizeof(int32_t) * nb * c->lps));
+        if (c->lps > 1)
+            SF_CUDA_CHECK(cudaMalloc((void **)&B->d_labraw, sizeof(int64_t) * nb * c->lps));
         SF_CUDA_CHECK(cudaMalloc((void **)&B->d_res, sizeof(sf_xent_out)));
         SF_CUDA_CHECK(cudaEventCreate(&B->h2d0));
         SF_CUDA_CHECK(cudaEventCreate(&B->h2d));
@@ -432,25 +445,9 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         sf_errf(err, errlen, "cuda build: bf16 is not implemented yet (fp32 and tf32 are)");
         return -1;
     }
-    /* The W2/W3 features (issue 9) run on the reference backend only so far. */
-    for (int i = 0; i < m->n_layers; i++) {
-        const sf_layer *L = &m->layers[i];
-        if (L->kind != SF_L_CONV2D && L->kind != SF_L_RELU && L->kind != SF_L_FLATTEN &&
-            L->kind != SF_L_LINEAR) {
-            sf_errf(err, errlen, "cuda build: layer %d (%s): not supported on the CUDA backend yet", i,
-                    sf_layer_kind_name(L->kind));
-            return -1;
-        }
-        if (L->n_in != 0 && !(L->n_in == 1 && L->in[0] == i - 1)) {
-            sf_errf(err, errlen, "cuda build: layer %d (%s): explicit inputs (residual connections) are "
-                    "not supported on the CUDA backend yet", i, sf_layer_kind_name(L->kind));
-            return -1;
-        }
-    }
-    if (m->freeze[0] || m->segmentation || cfg->optim != SF_OPT_SGD || cfg->grad_accum_steps > 1) {
-        sf_errf(err, errlen, "cuda build: %s is not supported on the CUDA backend yet",
-                m->freeze[0] ? "model.freeze" : m->segmentation ? "a segmentation model"
-                : cfg->optim != SF_OPT_SGD ? "optim.name=adamw" : "model.grad_accum_steps > 1");
+    if (cfg->grad_accum_steps < 0 || (cfg->optim != SF_OPT_SGD && cfg->optim != SF_OPT_ADAMW)) {
+        sf_errf(err, errlen, "cuda build: grad_accum_steps %d or optimizer %d invalid", cfg->grad_accum_steps,
+                (int)cfg->optim);
         return -1;
     }
     c->m = *m;
@@ -460,6 +457,10 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         return -1;
     }
     c->cfg = *cfg;
+    c->lps = c->m.segmentation ? (size_t)c->m.out_h * c->m.out_w : 1;
+    c->accum_k = cfg->grad_accum_steps > 1 ? cfg->grad_accum_steps : 1;
+    c->accum_count = 0;
+    c->opt_submitted = 0;
     c->nbuf = CUDA_NBUF;
     c->next_buf = 0;
     c->st_transform = cfg->overlap ? c->st_transform_own : c->st_compute;
@@ -489,6 +490,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         io[b].hyper = (const sf_sgd_hyper *)c->buf[b].d_stage;
         io[b].result = c->buf[b].d_res;
         io[b].h_result = c->buf[b].h_res;
+        io[b].adamw = (const sf_adamw_hyper *)(c->buf[b].d_stage + STAGE_ADAMW_OFF);
     }
     sf_net_cfg nc;
     memset(&nc, 0, sizeof nc);
@@ -500,11 +502,14 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.fork = env_int("SF_CUDA_FORK", 1);
     nc.fuse = env_int("SF_CUDNN_FUSE", 1);
     nc.seed = cfg->seed;
+    nc.adamw = cfg->optim == SF_OPT_ADAMW;
+    nc.accum = c->accum_k;
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
         return -1;
     }
+    c->layout = sf_net_layout(c->net); /* the general (W2/W3) path runs NCHW */
     if (anchor_init(c)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
@@ -529,9 +534,35 @@ static int check_batch(cuda_ctx *c, const sf_batch *b, int need_model, char *err
 static size_t label_size(sf_label_dtype d) { return d == SF_LABEL_U8 ? 1 : d == SF_LABEL_I32 ? 4 : 8; }
 
 /* Index of the first label outside [0, classes), or -1. */
-static int bad_label(const sf_batch *b, int classes, int64_t *val)
+static long long bad_label(const sf_batch *b, int classes, int64_t *val, size_t lps)
 {
-    for (int i = 0; i < b->n; i++) {
+    const long long cnt = (long long)b->n * (long long)lps;
+    if (lps > 1) {
+        /* segmentation: a vectorisable scan first, the position only on failure */
+        int any = 0;
+        if (b->label_dtype == SF_LABEL_U8) {
+            const uint8_t *p = (const uint8_t *)b->labels;
+            uint8_t mx = 0;
+            for (long long i = 0; i < cnt; i++)
+                mx = p[i] > mx ? p[i] : mx;
+            any = mx >= classes;
+        } else if (b->label_dtype == SF_LABEL_I32) {
+            const int32_t *p = (const int32_t *)b->labels;
+            uint32_t mx = 0;
+            for (long long i = 0; i < cnt; i++)
+                mx = (uint32_t)p[i] > mx ? (uint32_t)p[i] : mx;
+            any = mx >= (uint32_t)classes;
+        } else {
+            const int64_t *p = (const int64_t *)b->labels;
+            uint64_t mx = 0;
+            for (long long i = 0; i < cnt; i++)
+                mx = (uint64_t)p[i] > mx ? (uint64_t)p[i] : mx;
+            any = mx >= (uint64_t)classes;
+        }
+        if (!any)
+            return -1;
+    }
+    for (long long i = 0; i < cnt; i++) {
         int64_t v;
         switch (b->label_dtype) {
         case SF_LABEL_U8: v = ((const uint8_t *)b->labels)[i]; break;
@@ -589,14 +620,31 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
     cbuf *B = &c->buf[b];
     cudaStream_t ts = c->st_transform;
     const int n = bt->n;
-    if (sf_cuda_labels_i32(B->d_stage + STAGE_LABELS_OFF, (int)bt->label_dtype, n, B->d_lab, ts))
+    if (sf_cuda_labels_i32(c->lps > 1 ? (const void *)B->d_labraw : (const void *)(B->d_stage + STAGE_LABELS_OFF),
+                           (int)bt->label_dtype, (int)((size_t)n * c->lps), B->d_lab, ts))
         return -1;
     const sf_aug_sample *d_samples = (const sf_aug_sample *)(B->d_stage + c->samples_off);
     if (sf_cuda_augment(bt->plan, d_samples, n, B->d_raw, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
                         c->d_aug_tmp, ts))
         return -1;
+    /* The frozen encoder (DESIGN.md §1): its output is what the step reads. */
+    if (sf_net_frozen_fwd(c->net, b, n, ts))
+        return -1;
     SF_CUDA_CHECK(cudaEventRecord(B->ready, ts));
     return 0;
+}
+
+/* Accumulation: whether the next batch steps the optimizer, and AdamW's t. */
+static void plan_opt(cuda_ctx *c, int b)
+{
+    cbuf *B = &c->buf[b];
+    c->accum_count++;
+    B->do_opt = c->accum_count >= c->accum_k;
+    if (B->do_opt) {
+        c->accum_count = 0;
+        c->opt_submitted++;
+    }
+    B->opt_t = (int64_t)c->opt_submitted + (B->do_opt ? 0 : 1);
 }
 
 /* Queues the transform-stream half of a batch. Returns 0; 1 when it failed
@@ -625,7 +673,17 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
      * out of this area have completed. */
     sf_sgd_hyper hyp = {bt->hyper.lr, bt->hyper.momentum, bt->hyper.weight_decay, 0.f};
     memcpy(B->h_stage, &hyp, sizeof hyp);
-    memcpy(B->h_stage + STAGE_LABELS_OFF, bt->labels, (size_t)n * label_size(bt->label_dtype));
+    sf_adamw_hyper ah;
+    memset(&ah, 0, sizeof ah);
+    ah.lr = bt->hyper.lr;
+    ah.beta1 = bt->hyper.beta1;
+    ah.beta2 = bt->hyper.beta2;
+    ah.eps = bt->hyper.eps;
+    ah.weight_decay = bt->hyper.weight_decay;
+    sf_adamw_hyper_at(&ah, B->opt_t > 0 ? B->opt_t : 1);
+    memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);
+    if (c->lps == 1)
+        memcpy(B->h_stage + STAGE_LABELS_OFF, bt->labels, (size_t)n * label_size(bt->label_dtype));
     memcpy(B->h_stage + c->samples_off, bt->samples, (size_t)n * sizeof(sf_aug_sample));
     const size_t stage_used = c->samples_off + (size_t)n * sizeof(sf_aug_sample);
 
@@ -637,6 +695,9 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     NOT_STARTED(cudaMemcpyAsync(B->d_stage, B->h_stage, stage_used, cudaMemcpyHostToDevice, ts));
     nvtx_push("streamfeed h2d", bt->id);
     cudaError_t ce = cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts);
+    if (ce == cudaSuccess && c->lps > 1)
+        ce = cudaMemcpyAsync(B->d_labraw, bt->labels, (size_t)n * c->lps * label_size(bt->label_dtype),
+                             cudaMemcpyHostToDevice, ts);
     if (ce == cudaSuccess)
         ce = cudaEventRecord(B->h2d, ts);
     nvtxRangePop();
@@ -653,7 +714,7 @@ static int enqueue_step(cuda_ctx *c, int b, int n)
     SF_CUDA_CHECK(cudaStreamWaitEvent(cs, B->ready, 0));
     SF_CUDA_CHECK(cudaEventRecord(B->step0, cs));
     nvtx_push("streamfeed step", (uint64_t)b);
-    int rs = sf_net_step(c->net, b, n, c->cfg.cuda_graphs);
+    int rs = sf_net_step_ex(c->net, b, n, c->cfg.cuda_graphs, B->do_opt);
     nvtxRangePop();
     if (rs)
         return -1;
@@ -691,19 +752,25 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
     e->t_submit_ns = now_ns();
 
     int64_t bad_val = 0;
-    const int bad_at = bad_label(bt, c->m.n_classes, &bad_val);
+    const long long bad_at = bad_label(bt, c->m.n_classes, &bad_val, c->lps);
     if (bad_at >= 0) {
         /* Rejected like the reference backend: nothing runs, the slot is free at once. */
         e->status = -1;
         e->no_events = 1;
-        snprintf(e->err, sizeof e->err, "cuda: label %lld of sample %d is outside [0,%d)", (long long)bad_val,
-                 bad_at, c->m.n_classes);
+        snprintf(e->err, sizeof e->err, "cuda: label %lld of sample %lld is outside [0,%d)", (long long)bad_val,
+                 (long long)(bad_at / (long long)c->lps), c->m.n_classes);
         c->q_count++;
         return 0;
     }
 
+    const int saved_count = c->accum_count;
+    const uint64_t saved_sub = c->opt_submitted;
+    plan_opt(c, b);
+    e->opt = c->buf[b].do_opt;
     int rt = enqueue_transform(c, bt, b);
     if (rt == 1) {
+        c->accum_count = saved_count;
+        c->opt_submitted = saved_sub;
         sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
         cudaGetLastError();
         return -1;
@@ -889,7 +956,45 @@ static int cu_set_opt_state(sf_backend *be, const float *momentum, uint64_t step
             return -1;
     }
     c->steps = step;
-    return 0;
+    c->opt_submitted = step;
+    c->accum_count = 0; /* a partly accumulated gradient is not state */
+    return sf_net_reset_accum(c->net);
+}
+
+static int cu_get_buffers(sf_backend *be, float *dst, uint64_t *nbt)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || c->sticky)
+        return -1;
+    return sf_net_get_buffers(c->net, dst, nbt);
+}
+
+static int cu_set_buffers(sf_backend *be, const float *src, uint64_t nbt)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || c->sticky)
+        return -1;
+    return sf_net_set_buffers(c->net, src, nbt);
+}
+
+static int cu_get_opt_sq(sf_backend *be, float *dst)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || c->sticky)
+        return -1;
+    return sf_net_get_sq(c->net, dst);
+}
+
+static int cu_set_opt_sq(sf_backend *be, const float *src)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || c->sticky)
+        return -1;
+    return sf_net_set_sq(c->net, src);
 }
 
 /* ---- the caching method (DESIGN.md §3) -------------------------------------- */
@@ -908,6 +1013,8 @@ static int bench_run(cuda_ctx *c, const sf_batch *bt, sf_bench_mode mode, int wa
     if (mode == SF_BENCH_STEP) {
         /* The augmented batch cached in buffer 0: the step alone, back to back
          * on the compute stream (as a device-cached training loop would). */
+        c->buf[0].do_opt = 1;
+        c->buf[0].opt_t = (int64_t)c->opt_submitted + 1;
         if (enqueue_transform(c, bt, 0))
             return -1;
         SF_CUDA_CHECK(cudaStreamWaitEvent(cs, c->buf[0].ready, 0));
@@ -940,6 +1047,7 @@ static int bench_run(cuda_ctx *c, const sf_batch *bt, sf_bench_mode mode, int wa
             /* max_inflight: buffer b's previous step completes first (then its
              * staging area and inputs are free, as after a harvest). */
             SF_CUDA_CHECK(cudaEventSynchronize(B->done));
+            plan_opt(c, b);
             if (mode == SF_BENCH_H2D_AUG_STEP) {
                 if (enqueue_transform(c, bt, b))
                     return -1;
@@ -984,10 +1092,10 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
         return -1;
     }
     int64_t bad_val = 0;
-    const int bad_at = bad_label(bt, c->m.n_classes, &bad_val);
+    const long long bad_at = bad_label(bt, c->m.n_classes, &bad_val, c->lps);
     if (bad_at >= 0) {
-        sf_errf(err, errlen, "cuda bench: label %lld of sample %d is outside [0,%d)", (long long)bad_val, bad_at,
-                c->m.n_classes);
+        sf_errf(err, errlen, "cuda bench: label %lld of sample %lld is outside [0,%d)", (long long)bad_val,
+                (long long)(bad_at / (long long)c->lps), c->m.n_classes);
         return -1;
     }
     sf_cuda_clear_error();
@@ -1004,7 +1112,8 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
                 sf_net_state_floats(c->net));
         return -1;
     }
-    const uint64_t saved_steps = c->steps;
+    const uint64_t saved_steps = c->steps, saved_sub = c->opt_submitted;
+    const int saved_count = c->accum_count;
     double sec = 0;
     int rc = sf_net_save_state(c->net, snap);
     if (rc == 0)
@@ -1026,6 +1135,8 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
     cudaError_t e3 = cudaStreamSynchronize(c->st_compute);
     cudaFree(snap);
     c->steps = saved_steps;
+    c->opt_submitted = saved_sub;
+    c->accum_count = saved_count;
     if (rr || e3 != cudaSuccess) {
         if (e3 != cudaSuccess)
             make_sticky(c, "bench restore", e3);
@@ -1084,7 +1195,7 @@ static const sf_backend_i cuda_vtable = {
     cu_name, cu_host_alloc, cu_host_free, cu_build, cu_max_inflight, cu_submit, cu_poll,
     cu_transform, cu_get_params, cu_set_params, cu_health, cu_destroy,
     cu_get_opt_state, cu_set_opt_state, cu_bench, cu_device_stats,
-    NULL, NULL, NULL, NULL, /* no W2/W3 kinds yet: no buffers, no AdamW */
+    cu_get_buffers, cu_set_buffers, cu_get_opt_sq, cu_set_opt_sq,
 };
 
 __global__ void k_probe(int *p)

@@ -30,7 +30,7 @@
 
 #define WS_TUNE_BYTES ((size_t)512 << 20) /* workspace limit while choosing engines */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
-#define MAX_ALLOCS 128
+#define MAX_ALLOCS 512
 
 typedef enum op_kind { OP_CONV, OP_LINEAR, OP_RELU, OP_FLAT_T, OP_VIEW } op_kind;
 
@@ -52,6 +52,8 @@ typedef struct net_op {
     cudnnBackendDescriptor_t vpf[SF_NET_MAX_BUF]; /* fused forward (binds the bias too) */
     int fusable;        /* CONV with a bias or ReLU epilogue and cfg.fuse */
 } net_op;
+
+typedef struct gen_net gen_net; /* the general path (W2/W3), below */
 
 typedef struct net_shape {
     int n;
@@ -91,6 +93,8 @@ struct sf_cuda_net {
 
     void *allocs[MAX_ALLOCS];
     int n_allocs;
+
+    gen_net *g;         /* the general path; NULL for W1 chain models */
 };
 
 /* ---- helpers -------------------------------------------------------------- */
@@ -664,6 +668,827 @@ static int capture(sf_cuda_net *net, net_shape *S, int b, int n)
     return 0;
 }
 
+/* ---- the general path: a layer-graph executor (W2/W3) --------------------- */
+/* Every layer but flatten owns its output; every trainable layer but flatten
+ * owns its output gradient. The trainable part reads copies of its inputs
+ * (x0: the model input; bin: the frozen boundary), so each cuDNN plan binds
+ * one set of pointers whatever the buffer b. The backward walks the layers in
+ * reverse; the first consumer (in backward order) of a tensor overwrites its
+ * gradient, later ones add theirs through gtmp (a residual block's input). */
+
+typedef struct gop {
+    int frozen;
+    int src[2], n_in;
+    int first[2];        /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
+    int want[2];         /* backward: src[j] needs a gradient */
+    float *y;            /* output (flatten: alias) */
+    float *dy;           /* output gradient (trainable; flatten: alias), else NULL */
+    float *save;         /* batchnorm: [2C] mean, invstd */
+    int32_t *argmax;     /* maxpool */
+    cudnnBackendDescriptor_t vp[3]; /* conv: variant packs (fixed pointers) */
+} gop;
+
+typedef struct gshape {
+    int n;
+    sf_conv_plan cp[SF_MAX_LAYERS][3];
+    sf_convt_plans tp[SF_MAX_LAYERS];
+    cudaGraphExec_t exec[SF_NET_MAX_BUF][2];
+} gshape;
+
+struct gen_net {
+    gop op[SF_MAX_LAYERS];
+    int nl, nf;          /* layers, frozen layers */
+    float *x0, *bin;     /* model input copy; trainable copy of the frozen boundary */
+    float *bnd[SF_NET_MAX_BUF]; /* frozen boundary per buffer */
+    size_t bnd_elems;    /* per sample */
+    float *mom_raw, *sq, *gacc, *bufs;
+    float *gtmp;
+    void *scratch;       /* bn, xent2d, bias-grad scratch (compute stream) */
+    size_t scratch_bytes;
+    sf_xent2d_out *x2d;
+    void *fws;           /* frozen workspace (transform stream) */
+    int has_bn_train;
+    uint64_t nbt, nbt_saved;
+    gshape *shapes[SF_NET_MAX_SHAPES];
+    int n_shapes;
+};
+
+static int g_src(const sf_model *m, int i, int j) { return sf_layer_input(m, i, j); }
+
+/* The layer that owns the buffer layer i's output lives in (through flattens); -1: model input. */
+static int g_owner(const sf_model *m, int i)
+{
+    while (i >= 0 && m->layers[i].kind == SF_L_FLATTEN)
+        i = g_src(m, i, 0);
+    return i;
+}
+
+/* Input j of layer i as the layer reads it. */
+static float *g_in(const sf_cuda_net *net, int i, int j)
+{
+    const gen_net *g = net->g;
+    const int s = g_src(&net->m, i, j);
+    if (s < 0)
+        return g->x0;
+    if (!g->op[i].frozen && g->op[s].frozen)
+        return g->bin;
+    return g->op[s].y;
+}
+
+static int needs_general(const sf_model *m, const sf_net_cfg *cfg)
+{
+    if (m->freeze[0] || m->n_frozen > 0 || m->segmentation || cfg->adamw || cfg->accum > 1)
+        return 1;
+    for (int i = 0; i < m->n_layers; i++) {
+        const sf_layer *L = &m->layers[i];
+        if (L->kind != SF_L_CONV2D && L->kind != SF_L_RELU && L->kind != SF_L_FLATTEN && L->kind != SF_L_LINEAR)
+            return 1;
+        if (L->n_in != 0 && !(L->n_in == 1 && L->in[0] == i - 1))
+            return 1;
+    }
+    return 0;
+}
+
+static void g_convd(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
+{
+    const sf_layer *L = &net->m.layers[i];
+    memset(d, 0, sizeof *d);
+    d->n = n;
+    d->c = L->in_c;
+    d->h = L->in_h;
+    d->w = L->in_w;
+    d->oc = L->out_c;
+    d->k = L->k;
+    d->stride = L->stride;
+    d->pad = L->pad;
+    d->layout = SF_LAYOUT_NCHW;
+    d->tf32 = net->cfg.tf32;
+}
+
+static void g_convtd(const sf_cuda_net *net, int i, int n, sf_convt_desc *d)
+{
+    const sf_layer *L = &net->m.layers[i];
+    memset(d, 0, sizeof *d);
+    d->n = n;
+    d->c = L->in_c;
+    d->h = L->in_h;
+    d->w = L->in_w;
+    d->oc = L->out_c;
+    d->k = L->k;
+    d->stride = L->stride;
+    d->pad = L->pad;
+    d->layout = SF_LAYOUT_NCHW;
+    d->tf32 = net->cfg.tf32;
+}
+
+/* Pointers of conv/convT layer i in direction dir (conv roles; convT uses the same roles). */
+static void g_ptrs(const sf_cuda_net *net, int i, int dir, void *ws, sf_conv_ptrs *p)
+{
+    const gen_net *g = net->g;
+    const gop *o = &g->op[i];
+    const sf_layer *L = &net->m.layers[i];
+    memset(p, 0, sizeof *p);
+    p->ws = ws;
+    if (dir == SF_CONV_FWD) {
+        p->x = g_in(net, i, 0);
+        p->w = net->params + L->w_off;
+        p->y = o->y;
+    } else if (dir == SF_CONV_BWD_DATA) {
+        const int s = g_owner(&net->m, g_src(&net->m, i, 0));
+        p->x = o->first[0] ? g->op[s].dy : g->gtmp;
+        p->w = net->params + L->w_off;
+        p->y = o->dy;
+    } else {
+        p->x = g_in(net, i, 0);
+        p->w = net->grads + L->w_off;
+        p->y = o->dy;
+    }
+}
+
+static int g_dirs(const gop *o) { return o->frozen ? 1 : (o->want[0] ? 7 : 5); }
+
+static void gshape_destroy(gshape *S)
+{
+    if (!S)
+        return;
+    for (int b = 0; b < SF_NET_MAX_BUF; b++)
+        for (int k = 0; k < 2; k++)
+            if (S->exec[b][k])
+                cudaGraphExecDestroy(S->exec[b][k]);
+    for (int i = 0; i < SF_MAX_LAYERS; i++) {
+        for (int d = 0; d < 3; d++)
+            sf_conv_plan_destroy(&S->cp[i][d]);
+        sf_convt_plans_destroy(&S->tp[i]);
+    }
+    free(S);
+}
+
+static int g_build_shape(sf_cuda_net *net, int n, void *ws, size_t ws_limit, gshape **out)
+{
+    gen_net *g = net->g;
+    gshape *S = (gshape *)calloc(1, sizeof *S);
+    if (!S) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    S->n = n;
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &net->m.layers[i];
+        const gop *o = &g->op[i];
+        const int dirs = g_dirs(o);
+        if (L->kind == SF_L_CONV2D) {
+            for (int dir = 0; dir < 3; dir++) {
+                if (!(dirs & (1 << dir)))
+                    continue;
+                sf_conv_desc d;
+                g_convd(net, i, n, &d);
+                sf_conv_ptrs p;
+                g_ptrs(net, i, dir, ws, &p);
+                d.align_x = sf_cuda_ptr_align(p.x);
+                d.align_w = sf_cuda_ptr_align(p.w);
+                d.align_y = sf_cuda_ptr_align(p.y);
+                if (sf_conv_plan_build(net->dnn, &d, (sf_conv_dir)dir, ws_limit, net->cfg.tune,
+                                       net->cfg.tune > 1 ? &p : NULL, &S->cp[i][dir])) {
+                    gshape_destroy(S);
+                    return -1;
+                }
+            }
+        } else if (L->kind == SF_L_CONV_TRANSPOSE2D) {
+            sf_convt_desc d;
+            g_convtd(net, i, n, &d);
+            /* align over the pointers of every direction, by role */
+            int ax = 16, aw = 16, ay = 16;
+            for (int dir = 0; dir < 3; dir++) {
+                if (!(dirs & (1 << dir)))
+                    continue;
+                sf_conv_ptrs p;
+                g_ptrs(net, i, dir, ws, &p);
+                int a;
+                if ((a = sf_cuda_ptr_align(p.x)) < ax) ax = a;
+                if ((a = sf_cuda_ptr_align(p.w)) < aw) aw = a;
+                if ((a = sf_cuda_ptr_align(p.y)) < ay) ay = a;
+            }
+            d.align_x = ax;
+            d.align_w = aw;
+            d.align_y = ay;
+            if (sf_convt_plans_build(net->dnn, &d, dirs, ws_limit, net->cfg.tune, NULL, &S->tp[i])) {
+                gshape_destroy(S);
+                return -1;
+            }
+        }
+    }
+    *out = S;
+    return 0;
+}
+
+static gshape *g_find(const sf_cuda_net *net, int n)
+{
+    for (int i = 0; i < net->g->n_shapes; i++)
+        if (net->g->shapes[i]->n == n)
+            return net->g->shapes[i];
+    return NULL;
+}
+
+static size_t g_shape_ws(const sf_cuda_net *net, const gshape *S)
+{
+    size_t mx = 0;
+    for (int i = 0; i < net->g->nl; i++) {
+        for (int d = 0; d < 3; d++)
+            if (S->cp[i][d].plan && (size_t)S->cp[i][d].ws_bytes > mx)
+                mx = (size_t)S->cp[i][d].ws_bytes;
+        if (S->tp[i].dirs && sf_convt_ws_bytes(&S->tp[i]) > mx)
+            mx = sf_convt_ws_bytes(&S->tp[i]);
+    }
+    return mx;
+}
+
+__global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
+{
+    out->loss = in->loss;
+    out->bad = in->bad;
+    out->correct = in->correct > 0x7fffffffLL ? 0x7fffffff : (int)in->correct;
+    out->pad_ = 0;
+}
+
+__global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, size_t len, float inv_k)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len)
+        acc[i] += g[i] * inv_k;
+}
+
+/* Allocation shifted so that p + off (floats) is 16-byte aligned (cudaMalloc is 256-aligned). */
+static int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size_t off)
+{
+    float *raw;
+    if (dmallocf(net, &raw, floats + 4))
+        return -1;
+    const size_t sh = (4 - off % 4) % 4;
+    *p = raw + sh;
+    SF_CUDA_CHECK(cudaMemsetAsync(raw, 0, sizeof(float) * (floats + 4), net->s));
+    return 0;
+}
+
+static int g_create(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    const size_t nb = (size_t)net->cfg.max_batch;
+    net->cfg.layout = SF_LAYOUT_NCHW;
+    gen_net *g = (gen_net *)calloc(1, sizeof *g);
+    if (!g) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    net->g = g;
+    g->nl = m->n_layers;
+    g->nf = m->n_frozen;
+    /* checks */
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        gop *o = &g->op[i];
+        o->frozen = i < g->nf;
+        o->n_in = L->kind == SF_L_ADD ? 2 : 1;
+        for (int j = 0; j < o->n_in; j++)
+            o->src[j] = g_src(m, i, j);
+        if (o->frozen && L->kind == SF_L_LINEAR) {
+            sf_cuda_set_error("%s:%d: layer %d: a frozen linear layer is not supported on the CUDA backend",
+                              __FILE__, __LINE__, i);
+            return -1;
+        }
+        if (L->kind == SF_L_BATCHNORM2D && !o->frozen)
+            g->has_bn_train = 1;
+        for (int j = 0; j < o->n_in; j++) {
+            const int s = o->src[j];
+            if (!o->frozen && g->nf > 0 && (s < 0 || (s < g->nf && s != g->nf - 1))) {
+                sf_cuda_set_error("%s:%d: layer %d reads a frozen tensor other than the last frozen layer's output",
+                                  __FILE__, __LINE__, i);
+                return -1;
+            }
+        }
+    }
+    if (g->nf > 0 && m->layers[g->nf - 1].kind == SF_L_FLATTEN) {
+        sf_cuda_set_error("%s:%d: the last frozen layer is a flatten", __FILE__, __LINE__);
+        return -1;
+    }
+    /* backward schedule */
+    {
+        int written[SF_MAX_LAYERS];
+        memset(written, 0, sizeof written);
+        for (int i = g->nl - 1; i >= g->nf; i--) {
+            gop *o = &g->op[i];
+            if (m->layers[i].kind == SF_L_FLATTEN)
+                continue;
+            for (int j = 0; j < o->n_in; j++) {
+                const int ow = g_owner(m, o->src[j]);
+                o->want[j] = ow >= g->nf;
+                if (o->want[j]) {
+                    o->first[j] = !written[ow];
+                    written[ow] = 1;
+                }
+            }
+        }
+    }
+    /* parameters and optimizer state; the trainable slice 16-byte aligned */
+    const size_t np = m->n_params;
+    if (g_alloc_shift(net, &net->params, np, m->train_off) || g_alloc_shift(net, &net->grads, np, m->train_off) ||
+        g_alloc_shift(net, &net->mom, np, m->train_off))
+        return -1;
+    if (net->cfg.adamw && g_alloc_shift(net, &g->sq, np, m->train_off))
+        return -1;
+    if (net->cfg.accum > 1 && g_alloc_shift(net, &g->gacc, np, m->train_off))
+        return -1;
+    if (dmallocf(net, &g->bufs, m->n_buffers ? m->n_buffers : 1))
+        return -1;
+    /* activations */
+    size_t in_elems = (size_t)m->in_c * m->in_h * m->in_w;
+    if (dmallocf(net, &g->x0, nb * in_elems))
+        return -1;
+    int max_c = 1;
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        gop *o = &g->op[i];
+        if (L->out_ch > max_c)
+            max_c = L->out_ch;
+        if (L->in_c > max_c)
+            max_c = L->in_c;
+        if (L->kind == SF_L_FLATTEN) {
+            o->y = g_in(net, i, 0);
+            const int ow = g_owner(m, o->src[0]);
+            o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
+            continue;
+        }
+        if (dmallocf(net, &o->y, nb * L->out_elems))
+            return -1;
+        if (!o->frozen && dmallocf(net, &o->dy, nb * L->out_elems))
+            return -1;
+        if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
+            return -1;
+        if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
+            return -1;
+        if (i == g->nf - 1) {
+            g->bnd_elems = L->out_elems;
+            if (dmallocf(net, &g->bin, nb * L->out_elems))
+                return -1;
+            for (int b = 0; b < net->cfg.nbuf; b++)
+                if (dmallocf(net, &g->bnd[b], nb * L->out_elems))
+                    return -1;
+        }
+    }
+    if (dmallocf(net, &g->gtmp, nb * m->max_act))
+        return -1;
+    /* compute-stream scratch: bn, xent2d, bias grad (never used at once) */
+    size_t sc = sizeof(float) * sf_cuda_bias_grad_scratch(max_c);
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        if (L->kind == SF_L_BATCHNORM2D) {
+            size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW);
+            if (b > sc)
+                sc = b;
+        }
+    }
+    if (m->segmentation) {
+        size_t b = sf_cuda_xent2d_scratch_bytes((int)nb, m->out_h, m->out_w);
+        if (b > sc)
+            sc = b;
+    }
+    g->scratch_bytes = sc;
+    if (dmalloc(net, &g->scratch, sc) || dmalloc(net, (void **)&g->x2d, sizeof(sf_xent2d_out)))
+        return -1;
+    return 0;
+}
+
+/* Scratch of batch size n fits (sized for max_batch; checked per shape). */
+static int g_scratch_fits(const sf_cuda_net *net, int n)
+{
+    const sf_model *m = &net->m;
+    for (int i = 0; i < m->n_layers; i++) {
+        const sf_layer *L = &m->layers[i];
+        if (L->kind == SF_L_BATCHNORM2D &&
+            sf_cuda_bn_scratch_bytes(n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW) > net->g->scratch_bytes)
+            return 0;
+    }
+    if (m->segmentation && sf_cuda_xent2d_scratch_bytes(n, m->out_h, m->out_w) > net->g->scratch_bytes)
+        return 0;
+    return 1;
+}
+
+static int g_vpacks(sf_cuda_net *net)
+{
+    gen_net *g = net->g;
+    for (int i = 0; i < g->nl; i++) {
+        if (net->m.layers[i].kind != SF_L_CONV2D)
+            continue;
+        const int dirs = g_dirs(&g->op[i]);
+        for (int dir = 0; dir < 3; dir++) {
+            if (!(dirs & (1 << dir)))
+                continue;
+            sf_conv_ptrs p;
+            g_ptrs(net, i, dir, g->op[i].frozen ? g->fws : net->ws, &p);
+            if (sf_conv_vpack_make(&p, &g->op[i].vp[dir]))
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* Forward of layers [from, to) for n samples on stream s with handle h (workspace ws). */
+static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, cudaStream_t s, cudnnHandle_t h,
+                     void *ws)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    const float *P = net->params;
+    for (int i = from; i < to; i++) {
+        const sf_layer *L = &m->layers[i];
+        gop *o = &g->op[i];
+        const float *x = g_in(net, i, 0);
+        switch (L->kind) {
+        case SF_L_CONV2D:
+            if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vp[SF_CONV_FWD]) ||
+                sf_cuda_bias_act(o->y, L->n_b ? P + L->b_off : NULL, (size_t)n, L->out_c,
+                                 (size_t)L->out_h * L->out_w, 0, s))
+                return -1;
+            break;
+        case SF_L_CONV_TRANSPOSE2D: {
+            sf_convt_ptrs p = {(void *)x, (void *)(P + L->w_off), o->y, ws};
+            if (sf_convt_run(h, &S->tp[i], SF_CONV_FWD, &p))
+                return -1;
+            if (L->n_b && sf_convt_bias_act(&S->tp[i].d, o->y, P + L->b_off, 0, s))
+                return -1;
+            break;
+        }
+        case SF_L_LINEAR:
+            if (sf_linear_fwd(net->blas, x, n, L->in_c, P + L->w_off, L->out_c, o->y, net->cfg.tf32) ||
+                sf_cuda_bias_act(o->y, L->n_b ? P + L->b_off : NULL, (size_t)n, L->out_c, 1, 0, s))
+                return -1;
+            break;
+        case SF_L_RELU:
+            if (sf_cuda_relu_fwd(x, o->y, (size_t)n * L->out_elems, s))
+                return -1;
+            break;
+        case SF_L_BATCHNORM2D:
+            if (o->frozen) {
+                if (sf_cuda_bn_fwd_eval(x, n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, P + L->w_off, P + L->b_off,
+                                        SF_BN_EPS, g->bufs + L->rm_off, g->bufs + L->rv_off, o->y, 0, s))
+                    return -1;
+            } else if (sf_cuda_bn_fwd_train(x, n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, P + L->w_off,
+                                            P + L->b_off, SF_BN_EPS, SF_BN_MOMENTUM, g->bufs + L->rm_off,
+                                            g->bufs + L->rv_off, o->save, o->save + L->out_ch, o->y, 0, g->scratch,
+                                            s)) {
+                return -1;
+            }
+            break;
+        case SF_L_MAXPOOL2D:
+            if (sf_cuda_maxpool_fwd(x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, SF_LAYOUT_NCHW, o->y,
+                                    o->argmax, s))
+                return -1;
+            break;
+        case SF_L_GLOBAL_AVGPOOL:
+            if (sf_cuda_avgpool_fwd(x, n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, o->y, s))
+                return -1;
+            break;
+        case SF_L_ADD:
+            if (sf_cuda_add(x, g_in(net, i, 1), o->y, (size_t)n * L->out_elems, 0, s))
+                return -1;
+            break;
+        default: /* flatten */
+            break;
+        }
+    }
+    return 0;
+}
+
+/* dst for input j of layer i's gradient (NULL: none wanted) and whether to add it after. */
+static float *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
+{
+    gen_net *g = net->g;
+    const gop *o = &g->op[i];
+    *add_after = 0;
+    if (!o->want[j])
+        return NULL;
+    if (o->first[j])
+        return g->op[g_owner(&net->m, o->src[j])].dy;
+    *add_after = 1;
+    return g->gtmp;
+}
+
+static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s)
+{
+    float *d = net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
+    return sf_cuda_add(d, net->g->gtmp, d, len, 0, s);
+}
+
+static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    cudaStream_t s = net->s;
+    const float *P = net->params;
+    const int tf32 = net->cfg.tf32;
+    /* the trainable part's input */
+    if (g->nf > 0)
+        SF_CUDA_CHECK(cudaMemcpyAsync(g->bin, g->bnd[b], sizeof(float) * (size_t)n * g->bnd_elems,
+                                      cudaMemcpyDeviceToDevice, s));
+    else
+        SF_CUDA_CHECK(cudaMemcpyAsync(g->x0, net->io[b].x, sizeof(float) * (size_t)n * m->in_c * m->in_h * m->in_w,
+                                      cudaMemcpyDeviceToDevice, s));
+    if (g_forward(net, S, g->nf, g->nl, n, s, net->dnn, net->ws))
+        return -1;
+    /* loss */
+    const int last = g->nl - 1;
+    const float *logits = g->op[last].y;
+    float *dlog = g->op[last].dy;
+    if (m->segmentation) {
+        if (sf_cuda_xent2d(logits, net->io[b].labels, n, m->n_classes, m->out_h, m->out_w, SF_LAYOUT_NCHW, dlog,
+                           g->x2d, g->scratch, s))
+            return -1;
+        k_x2d_out<<<1, 1, 0, s>>>(g->x2d, net->io[b].result);
+        SF_CUDA_CHECK(cudaGetLastError());
+    } else if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, dlog, net->io[b].result, s)) {
+        return -1;
+    }
+    /* backward */
+    for (int i = last; i >= g->nf; i--) {
+        const sf_layer *L = &m->layers[i];
+        gop *o = &g->op[i];
+        const size_t in_len = (size_t)n * L->in_c * L->in_h * L->in_w;
+        int add0 = 0;
+        float *dx = g_dst(net, i, 0, &add0);
+        switch (L->kind) {
+        case SF_L_CONV2D:
+            if (L->n_b && sf_cuda_bias_grad(o->dy, NULL, (size_t)n, L->out_c, (size_t)L->out_h * L->out_w,
+                                            net->grads + L->b_off, (float *)g->scratch, s))
+                return -1;
+            if (sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_FILTER], o->vp[SF_CONV_BWD_FILTER]))
+                return -1;
+            if (dx && sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_DATA], o->vp[SF_CONV_BWD_DATA]))
+                return -1;
+            break;
+        case SF_L_CONV_TRANSPOSE2D: {
+            if (L->n_b && sf_convt_bias_grad(&S->tp[i].d, o->dy, NULL, net->grads + L->b_off, (float *)g->scratch, s))
+                return -1;
+            sf_convt_ptrs pf = {(void *)g_in(net, i, 0), net->grads + L->w_off, o->dy, net->ws};
+            if (sf_convt_run(net->dnn, &S->tp[i], SF_CONV_BWD_FILTER, &pf))
+                return -1;
+            if (dx) {
+                sf_convt_ptrs pd = {dx, (void *)(P + L->w_off), o->dy, net->ws};
+                if (sf_convt_run(net->dnn, &S->tp[i], SF_CONV_BWD_DATA, &pd))
+                    return -1;
+            }
+            break;
+        }
+        case SF_L_LINEAR:
+            if (L->n_b && sf_cuda_bias_grad(o->dy, NULL, (size_t)n, L->out_c, 1, net->grads + L->b_off,
+                                            (float *)g->scratch, s))
+                return -1;
+            if (sf_linear_bwd_filter(net->blas, g_in(net, i, 0), n, L->in_c, o->dy, L->out_c, net->grads + L->w_off,
+                                     tf32))
+                return -1;
+            if (dx && sf_linear_bwd_data(net->blas, o->dy, n, L->in_c, P + L->w_off, L->out_c, dx, tf32))
+                return -1;
+            break;
+        case SF_L_RELU:
+            if (dx && sf_cuda_relu_bwd(o->y, o->dy, dx, in_len, s))
+                return -1;
+            break;
+        case SF_L_BATCHNORM2D:
+            if (sf_cuda_bn_bwd(g_in(net, i, 0), n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, P + L->w_off, o->save,
+                               o->save + L->out_ch, o->dy, NULL, dx ? dx : g->gtmp, net->grads + L->w_off,
+                               net->grads + L->b_off, g->scratch, s))
+                return -1;
+            break;
+        case SF_L_MAXPOOL2D:
+            if (dx && sf_cuda_maxpool_bwd(o->dy, o->argmax, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad,
+                                          SF_LAYOUT_NCHW, dx, s))
+                return -1;
+            break;
+        case SF_L_GLOBAL_AVGPOOL:
+            if (dx && sf_cuda_avgpool_bwd(o->dy, n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, dx, s))
+                return -1;
+            break;
+        case SF_L_ADD:
+            for (int j = 0; j < 2; j++) {
+                int addj = 0;
+                float *d = g_dst(net, i, j, &addj);
+                if (!d)
+                    continue;
+                if (addj) {
+                    float *t = g->op[g_owner(m, o->src[j])].dy;
+                    if (sf_cuda_add(t, o->dy, t, in_len, 0, s))
+                        return -1;
+                } else {
+                    SF_CUDA_CHECK(cudaMemcpyAsync(d, o->dy, sizeof(float) * in_len, cudaMemcpyDeviceToDevice, s));
+                }
+            }
+            continue;
+        default:
+            continue;
+        }
+        if (dx && add0 && g_add_back(net, i, 0, in_len, s))
+            return -1;
+    }
+    /* optimizer over the trainable slice */
+    const size_t off = m->train_off, len = m->n_params - m->train_off;
+    const float *grad = net->grads + off;
+    if (g->gacc) {
+        const float inv_k = 1.0f / (float)net->cfg.accum;
+        k_accum<<<(unsigned)((len + 255) / 256 ? (len + 255) / 256 : 1), 256, 0, s>>>(g->gacc + off, net->grads + off,
+                                                                                    len, inv_k);
+        SF_CUDA_CHECK(cudaGetLastError());
+        grad = g->gacc + off;
+    }
+    if (do_opt) {
+        if (net->cfg.adamw) {
+            if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, NULL, len, net->io[b].adamw, NULL,
+                              s))
+                return -1;
+        } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &net->segs, s)) {
+            return -1;
+        }
+        if (g->gacc)
+            SF_CUDA_CHECK(cudaMemsetAsync(g->gacc + off, 0, sizeof(float) * len, s));
+    }
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
+                                  cudaMemcpyDeviceToHost, s));
+    return 0;
+}
+
+static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
+{
+    cudaGraph_t gr = NULL;
+    SF_CUDA_CHECK(cudaStreamBeginCapture(net->s, cudaStreamCaptureModeThreadLocal));
+    int rc = g_step(net, S, b, n, do_opt);
+    char msg[SF_CUDA_ERR_LEN];
+    scopy(msg, sizeof msg, sf_cuda_last_error());
+    cudaError_t e = cudaStreamEndCapture(net->s, &gr);
+    if (rc != 0 || e != cudaSuccess) {
+        if (gr)
+            cudaGraphDestroy(gr);
+        cudaGetLastError();
+        sf_cuda_set_error("%s:%d: graph capture of the step failed: %s", __FILE__, __LINE__,
+                          rc ? msg : cudaGetErrorString(e));
+        return -1;
+    }
+    e = cudaGraphInstantiate(&S->exec[b][do_opt], gr, 0);
+    cudaGraphDestroy(gr);
+    if (e != cudaSuccess) {
+        S->exec[b][do_opt] = NULL;
+        sf_cuda_set_error("%s:%d: cudaGraphInstantiate: %s", __FILE__, __LINE__, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
+/* sf_net_create's general half: after g_create. */
+static int g_finish_create(sf_cuda_net *net)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    const size_t nb = (size_t)net->cfg.max_batch;
+    cudaStream_t s = net->s;
+    float *hp = (float *)malloc(sizeof(float) * (m->n_params ? m->n_params : 1) + sizeof(float) * (m->n_buffers + 1));
+    if (!hp) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    sf_model_init_params(m, net->cfg.seed, hp);
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->params, hp, sizeof(float) * m->n_params, cudaMemcpyHostToDevice, s));
+    SF_CUDA_CHECK(cudaStreamSynchronize(s));
+    sf_model_init_buffers(m, hp);
+    SF_CUDA_CHECK(cudaMemcpyAsync(g->bufs, hp, sizeof(float) * m->n_buffers, cudaMemcpyHostToDevice, s));
+    SF_CUDA_CHECK(cudaStreamSynchronize(s));
+    free(hp);
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        if (L->kind == SF_L_FLATTEN)
+            continue;
+        if (sf_cuda_fill_random(g->op[i].y, nb * L->out_elems, 11 + i, 1.f, s))
+            return -1;
+        if (g->op[i].dy && sf_cuda_fill_random(g->op[i].dy, nb * L->out_elems, 111 + i, 1e-3f, s))
+            return -1;
+    }
+    if (sf_cuda_fill_random(g->x0, nb * m->in_c * m->in_h * m->in_w, 6, 1.f, s) ||
+        (g->bin && sf_cuda_fill_random(g->bin, nb * g->bnd_elems, 7, 1.f, s)) ||
+        sf_cuda_fill_random(g->gtmp, nb * m->max_act, 8, 1e-3f, s))
+        return -1;
+    void *tune_ws = NULL;
+    if (cudaMalloc(&tune_ws, WS_TUNE_BYTES) != cudaSuccess) {
+        cudaGetLastError();
+        tune_ws = NULL;
+    }
+    gshape *S = NULL;
+    int rc = g_build_shape(net, net->cfg.max_batch, tune_ws, tune_ws ? WS_TUNE_BYTES : 0, &S);
+    if (tune_ws)
+        cudaFree(tune_ws);
+    if (rc)
+        return -1;
+    size_t mx = g_shape_ws(net, S);
+    net->ws_bytes = mx > WS_MIN_BYTES ? mx : WS_MIN_BYTES;
+    if (dmalloc(net, &net->ws, net->ws_bytes) || dmalloc(net, &g->fws, net->ws_bytes)) {
+        gshape_destroy(S);
+        return -1;
+    }
+    g->shapes[g->n_shapes++] = S;
+    if (g_vpacks(net))
+        return -1;
+    SF_CUDA_CHECK(cudaStreamSynchronize(s));
+    return 0;
+}
+
+static void g_destroy(sf_cuda_net *net)
+{
+    gen_net *g = net->g;
+    if (!g)
+        return;
+    cudaDeviceSynchronize();
+    for (int i = 0; i < g->n_shapes; i++)
+        gshape_destroy(g->shapes[i]);
+    for (int i = 0; i < SF_MAX_LAYERS; i++)
+        for (int d = 0; d < 3; d++)
+            sf_conv_vpack_destroy(g->op[i].vp[d]);
+    free(g);
+    net->g = NULL;
+}
+
+static int g_prepare(sf_cuda_net *net, int n)
+{
+    gen_net *g = net->g;
+    if (g_find(net, n))
+        return 0;
+    if (g->n_shapes >= SF_NET_MAX_SHAPES) {
+        sf_cuda_set_error("%s:%d: more than %d distinct batch sizes", __FILE__, __LINE__, SF_NET_MAX_SHAPES);
+        return -1;
+    }
+    if (!g_scratch_fits(net, n)) {
+        sf_cuda_set_error("%s:%d: batch size %d needs more scratch than max_batch's", __FILE__, __LINE__, n);
+        return -1;
+    }
+    /* Timing runs write activations the transform stream's frozen forward
+     * also writes: everything queued finishes first (a new batch size only). */
+    SF_CUDA_CHECK(cudaDeviceSynchronize());
+    gshape *S;
+    if (g_build_shape(net, n, net->ws, net->ws_bytes, &S))
+        return -1;
+    if (g_shape_ws(net, S) > net->ws_bytes) {
+        gshape_destroy(S);
+        sf_cuda_set_error("%s:%d: batch size %d: plans need more workspace", __FILE__, __LINE__, n);
+        return -1;
+    }
+    SF_CUDA_CHECK(cudaDeviceSynchronize());
+    g->shapes[g->n_shapes++] = S;
+    return 0;
+}
+
+static int g_step_public(sf_cuda_net *net, int b, int n, int graph, int do_opt)
+{
+    gen_net *g = net->g;
+    gshape *S = g_find(net, n);
+    if (!S || b < 0 || b >= net->cfg.nbuf) {
+        sf_cuda_set_error("%s:%d: sf_net_step: batch size %d not prepared or buffer %d", __FILE__, __LINE__, n, b);
+        return -1;
+    }
+    do_opt = do_opt ? 1 : 0;
+    if (g->has_bn_train)
+        g->nbt++;
+    if (graph && !net->graphs_broken) {
+        if (!S->exec[b][do_opt] && g_capture(net, S, b, n, do_opt)) {
+            net->graphs_broken = 1;
+            scopy(net->graph_err, sizeof net->graph_err, sf_cuda_last_error());
+        }
+        if (S->exec[b][do_opt]) {
+            SF_CUDA_CHECK(cudaGraphLaunch(S->exec[b][do_opt], net->s));
+            return 0;
+        }
+    }
+    return g_step(net, S, b, n, do_opt);
+}
+
+static int g_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t ts)
+{
+    gen_net *g = net->g;
+    if (g->nf == 0)
+        return 0;
+    gshape *S = g_find(net, n);
+    if (!S || b < 0 || b >= net->cfg.nbuf) {
+        sf_cuda_set_error("%s:%d: sf_net_frozen_fwd: batch size %d not prepared or buffer %d", __FILE__, __LINE__,
+                          n, b);
+        return -1;
+    }
+    const sf_model *m = &net->m;
+    SF_CUDA_CHECK(cudaMemcpyAsync(g->x0, net->io[b].x, sizeof(float) * (size_t)n * m->in_c * m->in_h * m->in_w,
+                                  cudaMemcpyDeviceToDevice, ts));
+    /* The net's handle, moved to the transform stream for the frozen layers
+     * (one thread enqueues both streams; the compute stream gets it back). */
+    SF_CUDNN_CHECK(cudnnSetStream(net->dnn, ts));
+    int rc = g_forward(net, S, 0, g->nf, n, ts, net->dnn, g->fws);
+    SF_CUDNN_CHECK(cudnnSetStream(net->dnn, net->s));
+    if (rc)
+        return -1;
+    SF_CUDA_CHECK(cudaMemcpyAsync(g->bnd[b], g->op[g->nf - 1].y, sizeof(float) * (size_t)n * g->bnd_elems,
+                                  cudaMemcpyDeviceToDevice, ts));
+    return 0;
+}
+
 /* ---- public --------------------------------------------------------------- */
 
 extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_cfg *cfg,
@@ -692,6 +1517,14 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
     net_shape *S = NULL;
     size_t max_ws = 0;
     int prio = 0;
+    if (needs_general(m, cfg)) {
+        if (g_create(net) || g_finish_create(net)) {
+            sf_net_destroy(net);
+            return -1;
+        }
+        *out = net;
+        return 0;
+    }
     if (build_ops(net) || alloc_all(net))
         goto fail;
     /* The side stream shares the compute stream's priority. */
@@ -773,6 +1606,7 @@ extern "C" void sf_net_destroy(sf_cuda_net *net)
         return;
     if (net->s)
         cudaStreamSynchronize(net->s);
+    g_destroy(net);
     if (net->side) {
         cudaStreamSynchronize(net->side);
         cudaStreamDestroy(net->side);
@@ -806,6 +1640,8 @@ extern "C" int sf_net_prepare(sf_cuda_net *net, int n)
                           net->cfg.max_batch);
         return -1;
     }
+    if (net->g)
+        return g_prepare(net, n);
     if (find_shape(net, n))
         return 0;
     if (net->n_shapes >= SF_NET_MAX_SHAPES) {
@@ -824,6 +1660,8 @@ extern "C" int sf_net_prepare(sf_cuda_net *net, int n)
 
 extern "C" int sf_net_step(sf_cuda_net *net, int b, int n, int graph)
 {
+    if (net->g)
+        return g_step_public(net, b, n, graph, 1);
     net_shape *S = find_shape(net, n);
     if (!S || b < 0 || b >= net->cfg.nbuf) {
         sf_cuda_set_error("%s:%d: sf_net_step: batch size %d not prepared or buffer %d", __FILE__, __LINE__,
@@ -882,13 +1720,34 @@ extern "C" int sf_net_set_momentum(sf_cuda_net *net, const float *host)
     return 0;
 }
 
-extern "C" size_t sf_net_state_floats(const sf_cuda_net *net) { return 2 * net->m.n_params; }
+extern "C" size_t sf_net_state_floats(const sf_cuda_net *net)
+{
+    size_t f = 2 * net->m.n_params;
+    if (net->g)
+        f += net->m.n_buffers + (net->g->sq ? net->m.n_params : 0) + (net->g->gacc ? net->m.n_params : 0);
+    return f;
+}
 
 extern "C" int sf_net_save_state(sf_cuda_net *net, float *dev)
 {
     const size_t n = net->m.n_params;
     SF_CUDA_CHECK(cudaMemcpyAsync(dev, net->params, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
     SF_CUDA_CHECK(cudaMemcpyAsync(dev + n, net->mom, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    if (net->g) {
+        gen_net *g = net->g;
+        float *d = dev + 2 * n;
+        if (net->m.n_buffers)
+            SF_CUDA_CHECK(cudaMemcpyAsync(d, g->bufs, sizeof(float) * net->m.n_buffers, cudaMemcpyDeviceToDevice,
+                                          net->s));
+        d += net->m.n_buffers;
+        if (g->sq) {
+            SF_CUDA_CHECK(cudaMemcpyAsync(d, g->sq, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+            d += n;
+        }
+        if (g->gacc)
+            SF_CUDA_CHECK(cudaMemcpyAsync(d, g->gacc, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+        g->nbt_saved = g->nbt;
+    }
     return 0;
 }
 
@@ -897,7 +1756,91 @@ extern "C" int sf_net_restore_state(sf_cuda_net *net, const float *dev)
     const size_t n = net->m.n_params;
     SF_CUDA_CHECK(cudaMemcpyAsync(net->params, dev, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
     SF_CUDA_CHECK(cudaMemcpyAsync(net->mom, dev + n, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    if (net->g) {
+        gen_net *g = net->g;
+        const float *d = dev + 2 * n;
+        if (net->m.n_buffers)
+            SF_CUDA_CHECK(cudaMemcpyAsync(g->bufs, d, sizeof(float) * net->m.n_buffers, cudaMemcpyDeviceToDevice,
+                                          net->s));
+        d += net->m.n_buffers;
+        if (g->sq) {
+            SF_CUDA_CHECK(cudaMemcpyAsync(g->sq, d, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+            d += n;
+        }
+        if (g->gacc)
+            SF_CUDA_CHECK(cudaMemcpyAsync(g->gacc, d, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+        g->nbt = g->nbt_saved;
+    }
     return refresh_wdev(net);
+}
+
+extern "C" int sf_net_general(const sf_cuda_net *net) { return net->g != NULL; }
+extern "C" int sf_net_has_frozen(const sf_cuda_net *net) { return net->g && net->g->nf > 0; }
+extern "C" int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s)
+{
+    return net->g ? g_frozen_fwd(net, b, n, s) : 0;
+}
+extern "C" int sf_net_step_ex(sf_cuda_net *net, int b, int n, int graph, int do_opt)
+{
+    if (net->g)
+        return g_step_public(net, b, n, graph, do_opt);
+    return sf_net_step(net, b, n, graph);
+}
+
+extern "C" int sf_net_get_buffers(sf_cuda_net *net, float *host, uint64_t *nbt)
+{
+    if (net->g && net->m.n_buffers) {
+        SF_CUDA_CHECK(cudaMemcpyAsync(host, net->g->bufs, sizeof(float) * net->m.n_buffers, cudaMemcpyDeviceToHost,
+                                      net->s));
+        SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    }
+    if (nbt)
+        *nbt = net->g ? net->g->nbt : 0;
+    return 0;
+}
+
+extern "C" int sf_net_set_buffers(sf_cuda_net *net, const float *host, uint64_t nbt)
+{
+    if (!net->g)
+        return 0;
+    if (host && net->m.n_buffers) {
+        SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+        SF_CUDA_CHECK(cudaMemcpyAsync(net->g->bufs, host, sizeof(float) * net->m.n_buffers, cudaMemcpyHostToDevice,
+                                      net->s));
+        SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    }
+    net->g->nbt = nbt;
+    return 0;
+}
+
+extern "C" int sf_net_get_sq(sf_cuda_net *net, float *host)
+{
+    if (!net->g || !net->g->sq) {
+        memset(host, 0, sizeof(float) * net->m.n_params);
+        return 0;
+    }
+    SF_CUDA_CHECK(cudaMemcpyAsync(host, net->g->sq, sizeof(float) * net->m.n_params, cudaMemcpyDeviceToHost, net->s));
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    return 0;
+}
+
+extern "C" int sf_net_set_sq(sf_cuda_net *net, const float *host)
+{
+    if (!net->g || !net->g->sq)
+        return 0;
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->g->sq, host, sizeof(float) * net->m.n_params, cudaMemcpyHostToDevice, net->s));
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    return 0;
+}
+
+extern "C" int sf_net_reset_accum(sf_cuda_net *net)
+{
+    if (net->g && net->g->gacc) {
+        SF_CUDA_CHECK(cudaMemsetAsync(net->g->gacc, 0, sizeof(float) * net->m.n_params, net->s));
+        SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    }
+    return 0;
 }
 
 extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len)
@@ -931,6 +1874,10 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
 
 extern "C" int sf_net_profile(sf_cuda_net *net, int b, int n, char *buf, size_t len)
 {
+    if (net->g) {
+        sf_cuda_set_error("%s:%d: sf_net_profile: not available on the general (W2/W3) path", __FILE__, __LINE__);
+        return -1;
+    }
     net_shape *S = find_shape(net, n);
     if (!S || b < 0 || b >= net->cfg.nbuf) {
         sf_cuda_set_error("%s:%d: sf_net_profile: batch size %d not prepared", __FILE__, __LINE__, n);

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "layers.h"
+#include "layers_w23.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +44,8 @@ typedef struct sf_net_io {
     const sf_sgd_hyper *hyper; /* lr, momentum, weight decay of this batch */
     sf_xent_out *result;       /* device: loss, correct, bad labels */
     sf_xent_out *h_result;     /* pinned host: the step ends by copying result here */
+    const sf_adamw_hyper *adamw; /* AdamW hyper-parameters of this batch (step t filled by
+                                    the caller); NULL with SGD */
 } sf_net_io;
 
 typedef struct sf_net_cfg {
@@ -57,6 +60,8 @@ typedef struct sf_net_cfg {
                             only where it times faster than conv + our epilogue kernel
                             (needs tune > 1) */
     uint64_t seed;       /* parameter initialisation (sf_model_init_params) */
+    int adamw;           /* optimizer: 0 SGD, 1 AdamW (general path only) */
+    int accum;           /* gradient accumulation steps (> 1: general path only) */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;
@@ -80,6 +85,31 @@ int sf_net_prepare(sf_cuda_net *net, int n);
  * A capture that fails falls back to eager for good (sf_net_graph_error says why). */
 int sf_net_step(sf_cuda_net *net, int b, int n, int graph);
 const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
+
+/* ---- the general path (W2/W3 features) --------------------------------------
+ * A model with any W2/W3 feature (conv_transpose2d, batchnorm2d, maxpool2d,
+ * global_avgpool, add / explicit inputs, freeze, segmentation, AdamW,
+ * accumulation) runs on a layer-graph executor with NCHW activations (the
+ * layout cfg asks for is overridden: sf_net_layout says which). Chain models
+ * of W1 keep the op-list path above unchanged.
+ *
+ * Frozen prefix: sf_net_frozen_fwd enqueues the frozen layers' forward of
+ * buffer b on stream s (the transform stream, after augmentation), with its
+ * own cuDNN handle and workspace; its output lands in b's boundary buffer,
+ * which the step of b reads. A no-op without frozen layers. */
+int sf_net_general(const sf_cuda_net *net);       /* 1: the general path */
+int sf_net_has_frozen(const sf_cuda_net *net);
+int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s);
+/* sf_net_step with the optimizer on (do_opt) or off (accumulation only). */
+int sf_net_step_ex(sf_cuda_net *net, int b, int n, int graph, int do_opt);
+/* Running statistics (n_buffers floats) and num_batches_tracked. */
+int sf_net_get_buffers(sf_cuda_net *net, float *host, uint64_t *nbt);
+int sf_net_set_buffers(sf_cuda_net *net, const float *host, uint64_t nbt);
+/* AdamW exp_avg_sq (n_params floats; zeros with SGD, writes ignored). */
+int sf_net_get_sq(sf_cuda_net *net, float *host);
+int sf_net_set_sq(sf_cuda_net *net, const float *host);
+/* Drops a partly accumulated gradient. */
+int sf_net_reset_accum(sf_cuda_net *net);
 
 /* Parameters in model layout (n_params floats). Synchronous; nothing may be in flight. */
 int sf_net_get_params(sf_cuda_net *net, float *host);

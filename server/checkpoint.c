@@ -33,7 +33,12 @@
 #define FILE_PREFIX "ckpt-"
 #define FILE_SUFFIX ".safetensors"
 #define OPT_PREFIX "optim."
-#define MOM_SUFFIX ".momentum_buffer"
+#define MOM_SUFFIX ".momentum_buffer"  /* SGD */
+#define AVG_SUFFIX ".exp_avg"          /* AdamW: first moment */
+#define SQ_SUFFIX ".exp_avg_sq"        /* AdamW: second moment */
+#define RM_SUFFIX ".running_mean"
+#define RV_SUFFIX ".running_var"
+#define NBT_SUFFIX ".num_batches_tracked"
 #define FORMAT_NAME "streamfeed.checkpoint"
 #define PATH_MAX_IN 1024          /* longest path a request may give */
 #define URL_MAX 2048
@@ -59,11 +64,21 @@ static void fail(sf_ckpt_error *e, int status, const char *code, const char *fie
 
 /* One parameter tensor of the model: a slice of the flat buffer. */
 typedef struct ptensor {
-    char name[SF_LAYER_NAME_MAX + 8]; /* "<layer>.weight" */
+    char name[SF_LAYER_NAME_MAX + 24]; /* "<layer>.weight", "<layer>.running_mean" */
     int ndim;
     int64_t shape[4];
     size_t off, n;                    /* floats */
 } ptensor;
+
+/* The file's tensors, in file order (checkpoint.h):
+ *   [0, n_pt)                 parameters          (flat parameter buffer)
+ *   [bt0, bt0 + n_bt)         running_mean/var    (flat buffers area)
+ *   [nb0, nb0 + n_bn)         num_batches_tracked (I64 [], one per batchnorm layer)
+ *   [o10, o10 + n_pt)         optim.<p>.momentum_buffer | .exp_avg
+ *   [o20, o20 + n_pt)         optim.<p>.exp_avg_sq (AdamW only)
+ *   n_desc - 1                optim.step
+ * The state_dict part ends at bt0 + n_bt + n_bn = o10. */
+enum { K_PARAM = 0, K_BUF, K_NBT, K_OPT1, K_OPT2, K_STEP };
 
 typedef struct blob blob;
 
@@ -73,7 +88,13 @@ struct sf_ckpt {
     /* The model's tensors and the file layout, fixed at start. */
     ptensor pt[2 * SF_MAX_LAYERS];
     int n_pt;
-    sf_st_tensor_desc *desc;     /* params, then momentum, then optim.step */
+    ptensor bt[2 * SF_MAX_LAYERS];   /* running_mean, running_var of each batchnorm layer */
+    int n_bt;
+    char bn_name[SF_MAX_LAYERS][SF_LAYER_NAME_MAX]; /* the batchnorm layers */
+    int n_bn;
+    int adamw;                   /* optim.name=adamw: exp_avg and exp_avg_sq */
+    int bt0, nb0, o10, o20;      /* first index of each block of desc */
+    sf_st_tensor_desc *desc;     /* the file's tensors, in order (see above) */
     char (*desc_names)[SF_LAYER_NAME_MAX + 40];
     int n_desc;
     size_t hdr_bytes[2];         /* reserved header (8 + JSON) without / with optimizer */
@@ -110,7 +131,8 @@ struct blob {
     sf_ckpt *ck;
     uint8_t *file;               /* 8-byte length, header padded to hdr, data */
     size_t len, hdr;
-    float *params, *mom;         /* into file */
+    float *params, *bufs, *mom, *sq; /* into file (sq: AdamW only) */
+    uint8_t *nbt_at;             /* the n_bn I64 num_batches_tracked, into file */
     uint8_t *step_at;            /* the I64 of optim.step, into file */
     uint64_t step, gen;
     int with_opt;
@@ -121,8 +143,10 @@ _Static_assert(sizeof(blob) <= BLOB_PREFIX, "blob header outgrew its prefix");
 
 static size_t data_bytes(const sf_ckpt *ck, int with_opt)
 {
-    size_t n = ck->app->model.n_params * sizeof(float);
-    return with_opt ? 2 * n + sizeof(int64_t) : n;
+    const sf_model *m = &ck->app->model;
+    size_t n = m->n_params * sizeof(float);
+    size_t state = n + m->n_buffers * sizeof(float) + (size_t)ck->n_bn * sizeof(int64_t);
+    return with_opt ? state + (ck->adamw ? 2 : 1) * n + sizeof(int64_t) : state;
 }
 
 static blob *blob_new(sf_ckpt *ck, int with_opt, int pinned, int reserved)
@@ -140,11 +164,15 @@ static blob *blob_new(sf_ckpt *ck, int with_opt, int pinned, int reserved)
     b->file = base + BLOB_PREFIX;
     b->len = len;
     b->hdr = hdr;
+    const sf_model *m = &ck->app->model;
     b->params = (float *)(b->file + hdr);
+    b->bufs = b->params + m->n_params;
+    b->nbt_at = (uint8_t *)(b->bufs + m->n_buffers);
     b->with_opt = with_opt;
     if (with_opt) {
-        b->mom = b->params + ck->app->model.n_params;
-        b->step_at = (uint8_t *)(b->mom + ck->app->model.n_params);
+        b->mom = (float *)(b->nbt_at + (size_t)ck->n_bn * sizeof(int64_t));
+        b->sq = ck->adamw ? b->mom + m->n_params : NULL;
+        b->step_at = (uint8_t *)(b->mom + (ck->adamw ? 2 : 1) * m->n_params);
     }
     b->pinned = pinned;
     b->reserved = reserved;
@@ -201,14 +229,27 @@ static char *model_to_json(const sf_model *m)
         cJSON *l = cJSON_CreateObject();
         cJSON_AddStringToObject(l, "type", sf_layer_kind_name(L->kind));
         cJSON_AddStringToObject(l, "name", L->name);
-        if (L->kind == SF_L_CONV2D || L->kind == SF_L_LINEAR) {
+        if (L->n_in > 0) {
+            /* Residual wiring: the inputs by name (-1: the model input). */
+            cJSON *ins = cJSON_AddArrayToObject(l, "inputs");
+            for (int j = 0; j < L->n_in; j++)
+                cJSON_AddItemToArray(ins, L->in[j] == SF_IN_MODEL
+                                              ? cJSON_CreateNumber(-1)
+                                              : cJSON_CreateString(m->layers[L->in[j]].name));
+        }
+        const int convlike = L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D;
+        if (convlike || L->kind == SF_L_LINEAR) {
             cJSON_AddNumberToObject(l, "out", L->out_c);
-            if (L->kind == SF_L_CONV2D) {
+            if (convlike) {
                 cJSON_AddNumberToObject(l, "k", L->k);
                 cJSON_AddNumberToObject(l, "stride", L->stride);
                 cJSON_AddNumberToObject(l, "pad", L->pad);
             }
             cJSON_AddBoolToObject(l, "bias", L->bias);
+        } else if (L->kind == SF_L_MAXPOOL2D) {
+            cJSON_AddNumberToObject(l, "k", L->k);
+            cJSON_AddNumberToObject(l, "stride", L->stride);
+            cJSON_AddNumberToObject(l, "pad", L->pad);
         }
         cJSON_AddItemToArray(layers, l);
     }
@@ -247,7 +288,7 @@ static char *metadata_json(sf_ckpt *ck, uint64_t step, uint64_t hash)
     snprintf(buf, sizeof buf, "%llu", (unsigned long long)step);
     cJSON_AddStringToObject(o, "step", buf);
     cJSON_AddStringToObject(o, "model", ck->model_json);
-    cJSON_AddStringToObject(o, "optimizer", "sgd");
+    cJSON_AddStringToObject(o, "optimizer", ck->adamw ? "adamw" : "sgd");
     snprintf(buf, sizeof buf, "%016llx", (unsigned long long)hash);
     cJSON_AddStringToObject(o, "config_hash", buf);
     cJSON_AddStringToObject(o, "backend", ck->app->backend_name ? ck->app->backend_name : "none");
@@ -256,12 +297,35 @@ static char *metadata_json(sf_ckpt *ck, uint64_t step, uint64_t hash)
     return s;
 }
 
-static int n_desc_of(const sf_ckpt *ck, int with_opt) { return with_opt ? ck->n_desc : ck->n_pt; }
+static int n_desc_of(const sf_ckpt *ck, int with_opt) { return with_opt ? ck->n_desc : ck->o10; }
+
+/* What block of the file layout desc[k] lies in (K_*) and its index there. */
+static int desc_kind(const sf_ckpt *ck, int k, int *idx)
+{
+    int kind = k < ck->bt0 ? K_PARAM : k < ck->nb0 ? K_BUF : k < ck->o10 ? K_NBT
+             : k == ck->n_desc - 1 ? K_STEP : k < ck->o20 ? K_OPT1 : K_OPT2;
+    int base = kind == K_PARAM ? 0 : kind == K_BUF ? ck->bt0 : kind == K_NBT ? ck->nb0
+             : kind == K_OPT1 ? ck->o10 : kind == K_OPT2 ? ck->o20 : k;
+    if (idx)
+        *idx = k - base;
+    return kind;
+}
+
+static void set_desc(sf_ckpt *ck, int k, const char *name, sf_st_dtype dt, int ndim, const int64_t *shape)
+{
+    snprintf(ck->desc_names[k], sizeof ck->desc_names[k], "%s", name);
+    ck->desc[k].name = ck->desc_names[k];
+    ck->desc[k].dtype = dt;
+    ck->desc[k].ndim = ndim;
+    if (ndim)
+        memcpy(ck->desc[k].shape, shape, (size_t)ndim * sizeof shape[0]);
+}
 
 static int layout_init(sf_ckpt *ck, char *err, size_t errlen)
 {
     const sf_model *m = &ck->app->model;
-    ck->n_pt = 0;
+    ck->adamw = strcmp(ck->app->cfg.optim.name, "adamw") == 0;
+    ck->n_pt = ck->n_bt = ck->n_bn = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
         for (int part = 0; part < 2; part++) {
@@ -272,30 +336,67 @@ static int layout_init(sf_ckpt *ck, char *err, size_t errlen)
             snprintf(t->name, sizeof t->name, "%s.%s", L->name, part ? "bias" : "weight");
             t->off = part ? L->b_off : L->w_off;
             t->n = n;
-            if (part) {
+            if (part || L->kind == SF_L_BATCHNORM2D) {
                 t->ndim = 1;
-                t->shape[0] = L->out_c;
-            } else if (L->kind == SF_L_CONV2D) {
+                t->shape[0] = (int64_t)n;
+            } else if (L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D) {
+                /* conv_transpose2d's weight is [in_c, out_c, k, k] in PyTorch */
+                int tr = L->kind == SF_L_CONV_TRANSPOSE2D;
                 t->ndim = 4;
-                t->shape[0] = L->out_c;
-                t->shape[1] = L->in_c;
+                t->shape[0] = tr ? L->in_c : L->out_c;
+                t->shape[1] = tr ? L->out_c : L->in_c;
                 t->shape[2] = t->shape[3] = L->k;
             } else {
                 t->ndim = 2;
                 t->shape[0] = L->out_c;
                 t->shape[1] = L->in_c;
             }
+            int64_t prod = 1;
+            for (int d = 0; d < t->ndim; d++)
+                prod *= t->shape[d];
+            if ((size_t)prod != n) {
+                snprintf(err, errlen, "parameter %s: its PyTorch shape does not hold its %zu values",
+                         t->name, n);
+                return -1;
+            }
+        }
+        if (L->kind == SF_L_BATCHNORM2D) {
+            snprintf(ck->bn_name[ck->n_bn++], sizeof ck->bn_name[0], "%s", L->name);
+            size_t c = L->n_w;
+            for (int part = 0; part < 2; part++) {
+                ptensor *t = &ck->bt[ck->n_bt++];
+                snprintf(t->name, sizeof t->name, "%s%s", L->name, part ? RV_SUFFIX : RM_SUFFIX);
+                t->off = part ? L->rv_off : L->rm_off;
+                t->n = c;
+                t->ndim = 1;
+                t->shape[0] = (int64_t)c;
+            }
         }
     }
     /* The flat buffer holds each layer's weight then bias, layer by layer:
-     * the file's parameter block is that buffer only if the order agrees. */
-    for (int i = 1; i < ck->n_pt; i++)
-        if (ck->pt[i].off != ck->pt[i - 1].off + ck->pt[i - 1].n) {
+     * the file's parameter block is that buffer only if the order agrees.
+     * The same holds for the buffers area (running_mean then running_var). */
+    for (int i = 0; i < ck->n_pt; i++)
+        if (ck->pt[i].off != (i ? ck->pt[i - 1].off + ck->pt[i - 1].n : 0)) {
             snprintf(err, errlen, "parameter %s is not contiguous with the one before it",
                      ck->pt[i].name);
             return -1;
         }
-    ck->n_desc = 2 * ck->n_pt + 1;
+    for (int i = 0; i < ck->n_bt; i++)
+        if (ck->bt[i].off != (i ? ck->bt[i - 1].off + ck->bt[i - 1].n : 0)) {
+            snprintf(err, errlen, "buffer %s is not contiguous with the one before it", ck->bt[i].name);
+            return -1;
+        }
+    if ((ck->n_pt ? ck->pt[ck->n_pt - 1].off + ck->pt[ck->n_pt - 1].n : 0) != m->n_params ||
+        (ck->n_bt ? ck->bt[ck->n_bt - 1].off + ck->bt[ck->n_bt - 1].n : 0) != m->n_buffers) {
+        snprintf(err, errlen, "the model's tensors do not cover its parameter and buffer areas");
+        return -1;
+    }
+    ck->bt0 = ck->n_pt;
+    ck->nb0 = ck->bt0 + ck->n_bt;
+    ck->o10 = ck->nb0 + ck->n_bn;
+    ck->o20 = ck->o10 + ck->n_pt;
+    ck->n_desc = ck->o10 + (ck->adamw ? 2 : 1) * ck->n_pt + 1;
     ck->desc = calloc((size_t)ck->n_desc, sizeof *ck->desc);
     ck->desc_names = calloc((size_t)ck->n_desc, sizeof *ck->desc_names);
     ck->model_json = model_to_json(m);
@@ -303,25 +404,24 @@ static int layout_init(sf_ckpt *ck, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    char name[sizeof ck->desc_names[0]];
     for (int i = 0; i < ck->n_pt; i++) {
-        for (int opt = 0; opt < 2; opt++) {
-            int k = opt ? ck->n_pt + i : i;
-            if (opt)
-                snprintf(ck->desc_names[k], sizeof ck->desc_names[k], OPT_PREFIX "%s" MOM_SUFFIX,
-                         ck->pt[i].name);
-            else
-                snprintf(ck->desc_names[k], sizeof ck->desc_names[k], "%s", ck->pt[i].name);
-            ck->desc[k].name = ck->desc_names[k];
-            ck->desc[k].dtype = SF_ST_F32;
-            ck->desc[k].ndim = ck->pt[i].ndim;
-            memcpy(ck->desc[k].shape, ck->pt[i].shape, sizeof ck->pt[i].shape);
+        const ptensor *p = &ck->pt[i];
+        set_desc(ck, i, p->name, SF_ST_F32, p->ndim, p->shape);
+        snprintf(name, sizeof name, OPT_PREFIX "%s%s", p->name, ck->adamw ? AVG_SUFFIX : MOM_SUFFIX);
+        set_desc(ck, ck->o10 + i, name, SF_ST_F32, p->ndim, p->shape);
+        if (ck->adamw) {
+            snprintf(name, sizeof name, OPT_PREFIX "%s" SQ_SUFFIX, p->name);
+            set_desc(ck, ck->o20 + i, name, SF_ST_F32, p->ndim, p->shape);
         }
     }
-    int k = 2 * ck->n_pt;
-    snprintf(ck->desc_names[k], sizeof ck->desc_names[k], OPT_PREFIX "step");
-    ck->desc[k].name = ck->desc_names[k];
-    ck->desc[k].dtype = SF_ST_I64;
-    ck->desc[k].ndim = 0;
+    for (int i = 0; i < ck->n_bt; i++)
+        set_desc(ck, ck->bt0 + i, ck->bt[i].name, SF_ST_F32, 1, ck->bt[i].shape);
+    for (int i = 0; i < ck->n_bn; i++) {
+        snprintf(name, sizeof name, "%s" NBT_SUFFIX, ck->bn_name[i]);
+        set_desc(ck, ck->nb0 + i, name, SF_ST_I64, 0, NULL);
+    }
+    set_desc(ck, ck->n_desc - 1, OPT_PREFIX "step", SF_ST_I64, 0, NULL);
     /* Reserve the header for the longest step count; shorter ones are padded
      * with spaces (the format allows it), so the data never moves. */
     char *meta = metadata_json(ck, UINT64_MAX, UINT64_MAX);
@@ -370,6 +470,13 @@ static int blob_header(sf_ckpt *ck, blob *b, uint64_t step, char *err, size_t er
 
 /* ---- snapshot and restore (the engine thread, or main's before/after it) ---------- */
 
+/* The backend can hand over the whole optimizer state (AdamW: both moments). */
+static int can_read_opt(const sf_ckpt *ck)
+{
+    const sf_backend *be = ck->app->backend;
+    return be->i->get_opt_state && (!ck->adamw || be->i->get_opt_sq);
+}
+
 static int snapshot(sf_ckpt *ck, blob *b, char *err, size_t errlen)
 {
     sf_app *app = ck->app;
@@ -379,13 +486,29 @@ static int snapshot(sf_ckpt *ck, blob *b, char *err, size_t errlen)
         return -1;
     }
     uint64_t step = atomic_load(&app->step);
+    if (ck->n_bn > 0) {
+        uint64_t nbt = 0;
+        if (!be->i->get_buffers) {
+            snprintf(err, errlen, "the %s backend cannot read its batchnorm running statistics yet",
+                     app->backend_name);
+            return -1;
+        }
+        if (be->i->get_buffers(be, b->bufs, &nbt) != 0) {
+            snprintf(err, errlen, "the %s backend could not read its buffers", app->backend_name);
+            return -1;
+        }
+        /* One counter in the service; PyTorch has one per layer: the same value in each. */
+        for (int i = 0; i < ck->n_bn; i++)
+            put_le64(b->nbt_at + 8 * (size_t)i, nbt);
+    }
     if (b->with_opt) {
-        if (!be->i->get_opt_state) {
+        if (!be->i->get_opt_state || (ck->adamw && !be->i->get_opt_sq)) {
             snprintf(err, errlen, "the %s backend cannot read its optimizer state yet",
                      app->backend_name);
             return -1;
         }
-        if (be->i->get_opt_state(be, b->mom, &step) != 0) {
+        if (be->i->get_opt_state(be, b->mom, &step) != 0 ||
+            (ck->adamw && be->i->get_opt_sq(be, b->sq) != 0)) {
             snprintf(err, errlen, "the %s backend could not read its optimizer state",
                      app->backend_name);
             return -1;
@@ -400,7 +523,11 @@ static int snapshot(sf_ckpt *ck, blob *b, char *err, size_t errlen)
 /* A checkpoint read and checked against the model. */
 typedef struct decoded {
     float *params;      /* n_params floats (strict reads) */
-    float *mom;         /* n_params floats: the file's momentum or zeros; NULL if not needed */
+    float *bufs;        /* n_buffers floats (strict reads; partial reads when the caller fills it) */
+    uint64_t nbt;       /* num_batches_tracked: the largest of the file's (PyTorch keeps one per layer) */
+    int has_nbt;
+    float *mom;         /* n_params floats: the file's momentum / exp_avg or zeros; NULL if not needed */
+    float *sq;          /* AdamW: n_params floats, exp_avg_sq or zeros; NULL if not needed */
     int has_opt;        /* the file has optimizer tensors */
     int has_step;
     uint64_t step;
@@ -411,7 +538,9 @@ typedef struct decoded {
 static void decoded_free(decoded *d)
 {
     free(d->params);
+    free(d->bufs);
     free(d->mom);
+    free(d->sq);
     memset(d, 0, sizeof *d);
 }
 
@@ -419,16 +548,29 @@ static int apply(sf_ckpt *ck, const decoded *d, char *err, size_t errlen)
 {
     sf_app *app = ck->app;
     sf_backend *be = app->backend;
-    if (d->has_opt && !be->i->set_opt_state) {
+    if (d->has_opt && (!be->i->set_opt_state || (ck->adamw && !be->i->set_opt_sq))) {
         /* Checked when the file was read; kept here so nothing half-applies. */
         snprintf(err, errlen, "the %s backend cannot restore optimizer state yet", app->backend_name);
+        return -1;
+    }
+    if (ck->n_bn > 0 && !be->i->set_buffers) {
+        snprintf(err, errlen, "the %s backend cannot restore batchnorm running statistics yet",
+                 app->backend_name);
         return -1;
     }
     if (be->i->set_params(be, d->params) != 0) {
         snprintf(err, errlen, "the %s backend could not set its parameters", app->backend_name);
         return -1;
     }
+    if (ck->n_bn > 0 && be->i->set_buffers(be, d->bufs, d->nbt) != 0) {
+        snprintf(err, errlen, "the %s backend could not set its buffers", app->backend_name);
+        return -1;
+    }
     uint64_t step = d->has_step ? d->step : atomic_load(&app->step);
+    if (ck->adamw && be->i->set_opt_sq && be->i->set_opt_sq(be, d->sq) != 0) {
+        snprintf(err, errlen, "the %s backend could not set its optimizer state", app->backend_name);
+        return -1;
+    }
     if (be->i->set_opt_state) {
         if (be->i->set_opt_state(be, d->mom, step) != 0) {
             snprintf(err, errlen, "the %s backend could not set its optimizer state",
@@ -680,6 +822,7 @@ static int decode(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, decoded
     if (st_read(buf, len, &f, e) != 0)
         return -1;
     int rc = -1;
+    unsigned char *seen = NULL;
     d->tensors = f.n;
     d->bytes = len;
     /* Metadata is ours only when it says so (PyTorch writes {"format":"pt"}). */
@@ -709,75 +852,113 @@ static int decode(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, decoded
             }
         }
     }
+    /* The optimizer the file's state belongs to (our metadata says it). */
+    const char *file_opt = NULL;
+    if (cJSON_IsString(fmt) && strcmp(fmt->valuestring, FORMAT_NAME) == 0) {
+        const cJSON *o = cJSON_GetObjectItemCaseSensitive(f.meta, "optimizer");
+        if (cJSON_IsString(o))
+            file_opt = o->valuestring;
+    }
+    const char *my_opt = ck->adamw ? "adamw" : "sgd";
+    const int can_opt = be->i->set_opt_state && (!ck->adamw || be->i->set_opt_sq);
     if (mode == READ_STRICT) {
         d->params = malloc(m->n_params * sizeof(float));
-        d->mom = be->i->set_opt_state ? calloc(m->n_params, sizeof(float)) : NULL;
-        if (!d->params || (be->i->set_opt_state && !d->mom)) {
+        d->bufs = m->n_buffers ? malloc(m->n_buffers * sizeof(float)) : NULL;
+        d->mom = can_opt ? calloc(m->n_params, sizeof(float)) : NULL;
+        d->sq = can_opt && ck->adamw ? calloc(m->n_params, sizeof(float)) : NULL;
+        if (!d->params || (m->n_buffers && !d->bufs) || (can_opt && !d->mom) ||
+            (can_opt && ck->adamw && !d->sq)) {
             fail(e, 503, "out_of_memory", NULL, "cannot hold the checkpoint's %zu parameters",
                  m->n_params);
             goto out;
         }
     }
-    unsigned char seen[2 * SF_MAX_LAYERS][2];
-    memset(seen, 0, sizeof seen);
-    int n_mom = 0, have_step_tensor = 0;
+    seen = calloc((size_t)ck->n_desc, 1);
+    if (!seen) {
+        fail(e, 503, "out_of_memory", NULL, "cannot index the checkpoint");
+        goto out;
+    }
+    int n_opt = 0, have_step_tensor = 0;
     for (int i = 0; i < f.n; i++) {
         const st_entry *t = &f.ent[i];
-        const ptensor *p = find_param(ck, t->name);
-        int is_mom = 0;
-        if (!p && strncmp(t->name, OPT_PREFIX, strlen(OPT_PREFIX)) == 0) {
-            const char *rest = t->name + strlen(OPT_PREFIX);
-            size_t rl = strlen(rest), sl = strlen(MOM_SUFFIX);
-            if (strcmp(rest, "step") == 0) {
-                if (mode == READ_PARTIAL)
-                    continue;
-                int64_t none[1] = {0};
-                if (!(t->dtype == SF_ST_I64 && (t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1)))) {
-                    check_tensor(t, SF_ST_I64, 0, none, e);
-                    goto out;
-                }
-                int64_t v = (int64_t)get_le64(f.data + t->begin);
-                if (v < 0) {
-                    fail(e, 400, "checkpoint_tensor_mismatch", t->name, "optim.step is negative (%lld)",
-                         (long long)v);
-                    goto out;
-                }
-                d->step = (uint64_t)v;
-                d->has_step = 1;
-                have_step_tensor = 1;
-                continue;
+        int k = -1;
+        for (int j = 0; j < ck->n_desc; j++)
+            if (strcmp(ck->desc_names[j], t->name) == 0) {
+                k = j;
+                break;
             }
-            if (rl > sl && strcmp(rest + rl - sl, MOM_SUFFIX) == 0) {
-                char pname[sizeof ck->pt[0].name];
-                if (rl - sl < sizeof pname) {
-                    memcpy(pname, rest, rl - sl);
-                    pname[rl - sl] = '\0';
-                    p = find_param(ck, pname);
-                    is_mom = p != NULL;
-                }
-            }
-        }
-        if (!p) {
+        if (k < 0) {
             if (mode == READ_PARTIAL)
                 continue;
+            /* The other optimizer's state for one of our parameters: say so. */
+            if (strncmp(t->name, OPT_PREFIX, strlen(OPT_PREFIX)) == 0) {
+                static const char *const sfx[] = {MOM_SUFFIX, AVG_SUFFIX, SQ_SUFFIX};
+                const char *rest = t->name + strlen(OPT_PREFIX);
+                size_t rl = strlen(rest);
+                for (int j = 0; j < 3; j++) {
+                    size_t sl = strlen(sfx[j]);
+                    char pname[sizeof ck->pt[0].name];
+                    if (rl <= sl || rl - sl >= sizeof pname || strcmp(rest + rl - sl, sfx[j]) != 0)
+                        continue;
+                    memcpy(pname, rest, rl - sl);
+                    pname[rl - sl] = '\0';
+                    if (!find_param(ck, pname))
+                        continue;
+                    fail(e, 400, "checkpoint_optimizer_mismatch", t->name,
+                         "tensor %s is %s state; this service trains with optim.name=%s (its state "
+                         "is %s); load the parameters alone (GET ?optimizer=false, or a file "
+                         "without \"" OPT_PREFIX "\" tensors) to start a new optimizer",
+                         t->name, j == 0 ? "SGD" : "AdamW", my_opt,
+                         ck->adamw ? OPT_PREFIX "<p>" AVG_SUFFIX ", " OPT_PREFIX "<p>" SQ_SUFFIX
+                                   : OPT_PREFIX "<p>" MOM_SUFFIX);
+                    goto out;
+                }
+            }
             fail(e, 400, "checkpoint_tensor_unknown", t->name,
-                 "tensor %s is not a parameter of the model (names are the PyTorch state_dict "
+                 "tensor %s is not in the model's state_dict (names are the PyTorch state_dict "
                  "names: \"%s\", ...; optimizer state under \"" OPT_PREFIX "\")",
                  t->name, ck->n_pt ? ck->pt[0].name : "");
             goto out;
         }
-        if (is_mom && mode == READ_PARTIAL)
+        int idx, kind = desc_kind(ck, k, &idx);
+        if (mode == READ_PARTIAL && kind != K_PARAM && kind != K_BUF && kind != K_NBT)
             continue;
-        if (check_tensor(t, SF_ST_F32, p->ndim, p->shape, e) != 0)
+        const sf_st_tensor_desc *want = &ck->desc[k];
+        if (kind == K_STEP || kind == K_NBT) {
+            /* I64 []; [1] is taken too (a scalar saved as a one-element tensor). */
+            int64_t none[1] = {0};
+            if (!(t->dtype == SF_ST_I64 && (t->ndim == 0 || (t->ndim == 1 && t->shape[0] == 1)))) {
+                check_tensor(t, SF_ST_I64, 0, none, e);
+                goto out;
+            }
+            int64_t v = (int64_t)get_le64(f.data + t->begin);
+            if (v < 0) {
+                fail(e, 400, "checkpoint_tensor_mismatch", t->name, "%s is negative (%lld)", t->name,
+                     (long long)v);
+                goto out;
+            }
+            seen[k] = 1;
+            if (kind == K_STEP) {
+                d->step = (uint64_t)v;
+                d->has_step = 1;
+                have_step_tensor = 1;
+            } else if (!d->has_nbt || (uint64_t)v > d->nbt) {
+                d->nbt = (uint64_t)v;
+                d->has_nbt = 1;
+            }
+            continue;
+        }
+        if (check_tensor(t, SF_ST_F32, want->ndim, want->shape, e) != 0)
             goto out;
-        int k = (int)(p - ck->pt);
-        seen[k][is_mom] = 1;
-        float *dst = is_mom ? d->mom : d->params;
+        seen[k] = 1;
+        const ptensor *p = kind == K_BUF ? &ck->bt[idx] : &ck->pt[idx];
+        float *dst = kind == K_PARAM ? d->params : kind == K_BUF ? d->bufs
+                   : kind == K_OPT1 ? d->mom : d->sq;
         if (dst)
             memcpy(dst + p->off, f.data + t->begin, p->n * sizeof(float));
-        if (is_mom)
-            n_mom++;
-        else
+        if (kind == K_OPT1 || kind == K_OPT2)
+            n_opt++;
+        else if (kind == K_PARAM)
             d->matched++;
     }
     if (mode == READ_PARTIAL) {
@@ -790,32 +971,45 @@ static int decode(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, decoded
         rc = 0;
         goto out;
     }
-    for (int k = 0; k < ck->n_pt; k++)
-        if (!seen[k][0]) {
-            fail(e, 400, "checkpoint_tensor_missing", ck->pt[k].name,
-                 "tensor %s is missing: every parameter of the model must be in the checkpoint",
-                 ck->pt[k].name);
+    /* The state_dict part: every parameter and buffer, as torch's strict load wants. */
+    for (int k = 0; k < ck->o10; k++)
+        if (!seen[k]) {
+            fail(e, 400, "checkpoint_tensor_missing", ck->desc_names[k],
+                 "tensor %s is missing: every tensor of the model's state_dict must be in the "
+                 "checkpoint", ck->desc_names[k]);
             goto out;
         }
-    if (n_mom > 0 || have_step_tensor) {
-        for (int k = 0; k < ck->n_pt; k++)
-            if (!seen[k][1]) {
-                char name[sizeof ck->desc_names[0]];
-                snprintf(name, sizeof name, OPT_PREFIX "%s" MOM_SUFFIX, ck->pt[k].name);
-                fail(e, 400, "checkpoint_tensor_missing", name,
-                     "tensor %s is missing: optimizer state comes for every parameter or none", name);
+    if (n_opt > 0 || have_step_tensor) {
+        if (file_opt && strcmp(file_opt, my_opt) != 0) {
+            fail(e, 400, "checkpoint_optimizer_mismatch", "optimizer",
+                 "the checkpoint holds %.16s optimizer state; this service trains with "
+                 "optim.name=%s; load the parameters alone to start a new optimizer",
+                 file_opt, my_opt);
+            goto out;
+        }
+        for (int k = ck->o10; k < ck->n_desc; k++)
+            if (!seen[k]) {
+                fail(e, 400, "checkpoint_tensor_missing", ck->desc_names[k],
+                     "tensor %s is missing: optimizer state comes for every parameter or none",
+                     ck->desc_names[k]);
                 goto out;
             }
         d->has_opt = 1;
-        if (!be->i->set_opt_state) {
+        if (!can_opt) {
             fail(e, 501, "optimizer_state_unsupported", NULL,
                  "the %s backend cannot restore optimizer state yet; send the parameters alone",
                  ck->app->backend_name);
             goto out;
         }
     }
+    if (ck->n_bn > 0 && !be->i->set_buffers) {
+        fail(e, 501, "buffers_unsupported", NULL,
+             "the %s backend cannot restore batchnorm running statistics yet", ck->app->backend_name);
+        goto out;
+    }
     rc = 0;
 out:
+    free(seen);
     st_file_free(&f);
     if (rc && mode == READ_STRICT)
         decoded_free(d);
@@ -1598,8 +1792,7 @@ static int cmd_snapshot(sf_app *app, void *arg, char *err, size_t errlen)
     if (op->kind == OP_PERIODIC && !op->b) {
         /* Periodic saves turned on at run time: the buffer comes now, once. */
         if (!ck->periodic) {
-            sf_backend *be = app->backend;
-            ck->periodic = blob_new(ck, be->i->get_opt_state != NULL, 0, 0);
+            ck->periodic = blob_new(ck, can_read_opt(ck), 0, 0);
         }
         op->b = ck->periodic;
         if (!op->b) {
@@ -1707,7 +1900,12 @@ static int usable(sf_app *app, sf_ckpt_error *e)
 
 static int opt_readable(sf_app *app, int with_opt, sf_ckpt_error *e)
 {
-    if (with_opt && !app->backend->i->get_opt_state) {
+    if (app->ckpt->n_bn > 0 && !app->backend->i->get_buffers) {
+        fail(e, 501, "buffers_unsupported", NULL,
+             "the %s backend cannot read its batchnorm running statistics yet", app->backend_name);
+        return -1;
+    }
+    if (with_opt && !can_read_opt(app->ckpt)) {
         fail(e, 501, "optimizer_state_unsupported", "optimizer",
              "the %s backend cannot read its optimizer state yet; ask for the parameters alone "
              "(optimizer=false)", app->backend_name);
@@ -2012,11 +2210,22 @@ static int init_from(sf_ckpt *ck, const char *src, char *err, size_t errlen)
         snprintf(err, errlen, "model.init_from: cannot read the initial parameters");
         goto out;
     }
+    /* Batchnorm running statistics named in the file initialise theirs too (a
+     * pre-trained backbone runs with its own statistics). */
+    sf_backend *be = app->backend;
+    int bufs = ck->n_bn > 0 && be->i->get_buffers && be->i->set_buffers;
+    if (bufs) {
+        d.bufs = malloc(app->model.n_buffers * sizeof(float));
+        if (!d.bufs || be->i->get_buffers(be, d.bufs, &d.nbt) != 0) {
+            snprintf(err, errlen, "model.init_from: cannot read the initial buffers");
+            goto out;
+        }
+    }
     if (fetch(ck, src, &buf, &len, &e) != 0 || decode(ck, buf, len, READ_PARTIAL, &d, &e) != 0) {
         snprintf(err, errlen, "model.init_from %s: %s", shown, e.msg);
         goto out;
     }
-    if (app->backend->i->set_params(app->backend, d.params) != 0) {
+    if (be->i->set_params(be, d.params) != 0 || (bufs && be->i->set_buffers(be, d.bufs, d.nbt) != 0)) {
         snprintf(err, errlen, "model.init_from: the backend could not set its parameters");
         goto out;
     }
@@ -2073,7 +2282,7 @@ int sf_ckpt_start(sf_app *app, char *err, size_t errlen)
     /* Periodic saves configured from the start get their buffer now, in memory
      * the backend copies to fastest (pinned on CUDA). */
     if (ck->dir[0] && c->checkpoint.every_steps > 0) {
-        ck->periodic = blob_new(ck, app->backend->i->get_opt_state != NULL, 1, 0);
+        ck->periodic = blob_new(ck, can_read_opt(ck), 1, 0);
         if (!ck->periodic) {
             snprintf(err, errlen, "cannot allocate %zu bytes for periodic checkpoints",
                      ck->hdr_bytes[1] + data_bytes(ck, 1));
@@ -2111,7 +2320,7 @@ static void final_save(sf_ckpt *ck)
                 (unsigned long long)step);
         return;
     }
-    int with_opt = app->backend->i->get_opt_state != NULL;
+    int with_opt = can_read_opt(ck);
     sf_ckpt_op *op = op_new(ck, OP_FINAL);
     if (!op)
         return;

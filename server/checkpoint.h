@@ -3,25 +3,44 @@
  *
  * The format (format_version 1). One safetensors file holds, in this order:
  *   "<layer>.weight", "<layer>.bias"      F32, PyTorch shapes (conv2d [oc,ic,k,k],
- *                                         linear [out,in]); <layer> is the layer's
- *                                         name, "0", "2", ... for Sequential presets,
- *                                         so torch's model.load_state_dict takes them
- *   "optim.<layer>.weight.momentum_buffer", ...   F32, the SGD momentum of each
- *                                         parameter, same shapes (left out on request)
+ *                                         conv_transpose2d [ic,oc,k,k], linear
+ *                                         [out,in], batchnorm2d [c]); <layer> is the
+ *                                         layer's name, "0", "2", ... for Sequential
+ *                                         presets, torchvision's for resnet18
+ *   "<bn>.running_mean", "<bn>.running_var"  F32 [c], each batchnorm2d layer's buffers
+ *   "<bn>.num_batches_tracked"            I64 [], one per batchnorm2d layer (the
+ *                                         service keeps one counter: the same value
+ *                                         in each), so torch's strict
+ *                                         model.load_state_dict takes the file
+ *   "optim.<layer>.weight.momentum_buffer", ...   optim.name=sgd: F32, the SGD
+ *                                         momentum of each parameter, same shapes
+ *   "optim.<p>.exp_avg", then "optim.<p>.exp_avg_sq"  optim.name=adamw instead:
+ *                                         AdamW's moments (torch.optim.AdamW's names)
  *   "optim.step"                          I64 [], optimizer steps taken
- * and "__metadata__" (strings): format "streamfeed.checkpoint", format_version
- * "1", step, model (the model as a JSON layer list, model.spec syntax),
- * optimizer "sgd", config_hash (FNV-1a 64 of the effective configuration,
- * secrets masked), backend. The tensors lie back to back in the order above,
- * so the parameter block is exactly the backend's flat buffer (gpu/model.h).
+ * (the optim. tensors are left out on request) and "__metadata__" (strings):
+ * format "streamfeed.checkpoint", format_version "1", step, model (the model
+ * as a JSON layer list, model.spec syntax), optimizer "sgd" | "adamw",
+ * config_hash (FNV-1a 64 of the effective configuration, secrets masked),
+ * backend. The tensors lie back to back in the order above, so the parameter
+ * block is exactly the backend's flat buffer and the running statistics its
+ * flat buffers area (gpu/model.h).
  *
  * Reading is strict where a checkpoint replaces the state (PUT, load, resume):
- * every parameter must be there with its PyTorch shape and dtype F32, no other
- * tensor may be, optimizer tensors come all or none; a file without them
- * loads the parameters and zeroes the momentum (a new optimizer, as in
- * PyTorch), keeping the step count unless the file has one. Reading for
- * model.init_from is partial: tensors whose name is a parameter's initialise
- * it (shape and dtype must match), every other tensor is ignored.
+ * every tensor of the state_dict part must be there with its PyTorch shape and
+ * dtype (F32; num_batches_tracked I64 [] or [1]), no other tensor may be,
+ * optimizer tensors come all or none and must be the service's optimizer's
+ * (another optimizer's state, by tensor name or by __metadata__.optimizer, is
+ * 400 checkpoint_optimizer_mismatch); a file without them loads the state_dict
+ * and zeroes the optimizer state (a new optimizer, as in PyTorch), keeping the
+ * step count unless the file has one. Of differing num_batches_tracked values
+ * the largest is kept. Reading for model.init_from is partial: tensors whose
+ * name is a parameter's or a batchnorm buffer's initialise it (shape and dtype
+ * must match), every other tensor is ignored.
+ *
+ * Backends without the optional vtable entries (get/set_buffers,
+ * get/set_opt_sq: NULL) keep working for models without batchnorm and with
+ * SGD; a batchnorm model's checkpoint then fails (501 buffers_unsupported on
+ * load), and an AdamW one is taken without its optimizer state only.
  *
  * Who calls the backend. Only the engine thread, between two steps, through
  * an engine command (sf_engine_post), so a snapshot sees the state after a

@@ -398,6 +398,101 @@ static int overlaps(const std::vector<ev_rec> &ev)
     return k;
 }
 
+
+/* Diagnostics for the resnet multi-step drift: per-step update/momentum error
+ * against the reference for graphs on/off, overlap on/off, one batch in flight
+ * (serial) or three, and a constant weight decay. */
+static void diag_states(sf_backend *be, const sf_model &m, const sf_train_cfg &cfg, batch_set &bs, int serial,
+                        std::vector<state> &st)
+{
+    char err[300];
+    st.assign(4, state());
+    std::vector<ev_rec> ev;
+    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+        fail("diag build: %s", err);
+        return;
+    }
+    get_state(be, m, st[0]);
+    if (serial) {
+        for (int k = 0; k < 3; k++)
+            if (run_steps(be, bs, k, k + 1, ev) || get_state(be, m, st[k + 1]))
+                return;
+    } else {
+        if (run_steps(be, bs, 0, 1, ev) || get_state(be, m, st[1]) || run_steps(be, bs, 1, 3, ev) ||
+            get_state(be, m, st[3]))
+            return;
+    }
+}
+
+static void diag_print(const char *tag, const sf_model &m, const std::vector<state> &c, const std::vector<state> &r,
+                       int serial)
+{
+    const size_t np = m.n_params, to = m.train_off;
+    for (int k = 1; k <= 3; k++) {
+        if (!serial && k == 2)
+            continue;
+        const double du = delta_err(r[k - 1].p, c[k].p, r[k].p, to, np);
+        const double dt = delta_err(r[0].p, c[k].p, r[k].p, to, np);
+        const double em = rel_err(c[k].mom, r[k].mom, 0, np);
+        const double eb = delta_err(r[0].buf, c[k].buf, r[k].buf, 0, m.n_buffers);
+        printf("diag %-34s after step %d: total update %.2e  step-%d update %.2e  mom %.2e  bufs %.2e\n", tag, k, dt,
+               k, du, em, eb);
+    }
+    fflush(stdout);
+}
+
+static void run_diag(sf_backend *cu, sf_backend *ref)
+{
+    sf_model m;
+    if (resnet(m, 64))
+        return;
+    if (getenv("SF_DIAG2")) {
+        for (int v = 0; v < 3; v++) {
+            batch_set bs;
+            if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 31, 0.005f))
+                return;
+            for (int k = 0; k < 3; k++) {
+                if (v == 0)
+                    bs.b[k].hyper.momentum = 0.f;
+                if (v == 1 && k == 0)
+                    bs.b[k].hyper.lr = 0.f;
+                if (v == 2)
+                    bs.b[k].hyper.weight_decay = 0.f, bs.b[k].hyper.momentum = 0.f;
+            }
+            sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
+            std::vector<state> r, c;
+            diag_states(ref, m, cfg, bs, 1, r);
+            diag_states(cu, m, cfg, bs, 1, c);
+            diag_print(v == 0 ? "sgd momentum 0" : v == 1 ? "sgd lr1=0" : "sgd momentum 0 wd 0", m, c, r, 1);
+            free_batches(cu, bs);
+        }
+        return;
+    }
+    for (int wdc = 0; wdc < 2; wdc++) {
+        batch_set bs;
+        if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 31, 0.005f))
+            return;
+        if (wdc)
+            bs.b[2].hyper.weight_decay = 1e-4f;
+        sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
+        std::vector<state> r;
+        diag_states(ref, m, cfg, bs, 1, r);
+        struct { int g, o, s; } V[5] = {{1, 1, 0}, {1, 1, 1}, {0, 1, 1}, {1, 0, 1}, {0, 0, 1}};
+        for (int v = 0; v < 5; v++) {
+            if (wdc && v > 1)
+                break;
+            sf_train_cfg c2 = make_cfg(SF_PREC_FP32, 8, V[v].o, V[v].g);
+            std::vector<state> c;
+            diag_states(cu, m, c2, bs, V[v].s, c);
+            char tag[100];
+            snprintf(tag, sizeof tag, "sgd wd3=%s graphs %d overlap %d %s", wdc ? "1e-4" : "1e-3", V[v].g, V[v].o,
+                     V[v].s ? "serial" : "batched");
+            diag_print(tag, m, c, r, V[v].s);
+        }
+        free_batches(cu, bs);
+    }
+}
+
 int main(int argc, char **argv)
 {
     int count = 0;
@@ -412,6 +507,11 @@ int main(int argc, char **argv)
     if (!cu || !ref) {
         printf("FAIL backends: %s\n", err);
         return 1;
+    }
+    if (argc > 1 && strcmp(argv[1], "--diag") == 0) {
+        run_diag(cu, ref);
+        printf("%d ok, %d failed\n", g_ok, g_fail);
+        return 0;
     }
 
     /* 1. reduced seed-encdec */

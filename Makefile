@@ -130,9 +130,9 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.cu $(LIB)
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h $(LIB)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
+	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $(filter-out %.h,$^) -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
 # ---- tests -----------------------------------------------------------------
 test: all unit integration client-test sanitize-test ops-test fuzz-smoke gpu-test

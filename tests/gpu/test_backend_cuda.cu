@@ -41,42 +41,13 @@ extern "C" {
 #include <time.h>
 #include <vector>
 
+#include "gpu_test.h"
+
 #include <cuda_runtime.h>
 
 #include "../../gpu/cuda/nvml.h"
 #include "../../gpu/cuda/pipeline.h"
 
-static int g_fail = 0, g_ok = 0;
-
-static void ok(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void ok(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("ok ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    g_ok++;
-}
-static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    printf("FAIL ");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    g_fail++;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- models and batches ----------------------------------------------------- */
 

@@ -22,9 +22,10 @@ extern "C" {
 #include <string.h>
 #include <vector>
 
+#include "gpu_test.h"
+
 #include "../../gpu/cuda/layers.h"
 
-static int g_fail = 0, g_ok = 0;
 static uint64_t g_seed = 0x1234abcd;
 
 /* ---- helpers -------------------------------------------------------------- */
@@ -40,58 +41,6 @@ static void rand_fill(std::vector<float> &v, float scale)
     }
 }
 
-static std::vector<double> to_d(const std::vector<float> &v) { return std::vector<double>(v.begin(), v.end()); }
-
-/* ||a - ref|| / ||ref||; NaN or Inf anywhere gives +inf. Prints the worst elements on failure. */
-static void check(const char *name, const float *got, const double *ref, size_t n, double tol)
-{
-    double num = 0, den = 0;
-    size_t bad_nan = 0, first_nan = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) {
-            if (!bad_nan)
-                first_nan = i;
-            bad_nan++;
-            continue;
-        }
-        double d = got[i] - ref[i];
-        num += d * d;
-        den += ref[i] * ref[i];
-    }
-    double rel = bad_nan ? INFINITY : (den > 0 ? sqrt(num / den) : sqrt(num));
-    if (rel < tol) {
-        printf("ok %s (rel %.2e)\n", name, rel);
-        g_ok++;
-        return;
-    }
-    g_fail++;
-    if (bad_nan) {
-        printf("FAIL %s: %zu of %zu elements not finite (first at %zu: %g, ref %g)\n", name, bad_nan, n,
-               first_nan, got[first_nan], ref[first_nan]);
-        return;
-    }
-    printf("FAIL %s: rel %.3e >= %.1e; worst:", name, rel, tol);
-    /* the three largest absolute errors */
-    size_t w[3] = {0, 0, 0};
-    double we[3] = {-1, -1, -1};
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs(got[i] - ref[i]);
-        for (int k = 0; k < 3; k++)
-            if (e > we[k]) {
-                for (int j = 2; j > k; j--) {
-                    we[j] = we[j - 1];
-                    w[j] = w[j - 1];
-                }
-                we[k] = e;
-                w[k] = i;
-                break;
-            }
-    }
-    for (int k = 0; k < 3; k++)
-        if (we[k] >= 0)
-            printf(" [%zu] %g vs %g;", w[k], got[w[k]], ref[w[k]]);
-    printf("\n");
-}
 
 static void check_f(const char *name, const float *got, const std::vector<double> &ref, double tol)
 {

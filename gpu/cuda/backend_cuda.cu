@@ -169,6 +169,15 @@ static uint64_t now_ns(void)
 
 static cuda_ctx *ctx_of(sf_backend *be) { return (cuda_ctx *)be->ctx; }
 
+/* The context of a backend whose model is built and whose device is not in a
+ * sticky error state, with its device made current; NULL otherwise. */
+static cuda_ctx *usable_ctx(sf_backend *be)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    return (c->built && !c->sticky) ? c : NULL;
+}
+
 static void make_sticky(cuda_ctx *c, const char *what, cudaError_t e)
 {
     if (c->sticky)
@@ -889,18 +898,16 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
 
 static int cu_get_params(sf_backend *be, float *dst)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (!c->built || c->sticky)
+    cuda_ctx *c = usable_ctx(be);
+    if (!c)
         return -1;
     return sf_net_get_params(c->net, dst);
 }
 
 static int cu_set_params(sf_backend *be, const float *src)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (!c->built || c->sticky)
+    cuda_ctx *c = usable_ctx(be);
+    if (!c)
         return -1;
     return sf_net_set_params(c->net, src);
 }
@@ -925,9 +932,8 @@ static int cu_health(sf_backend *be, char *err, size_t errlen)
 
 static int cu_get_opt_state(sf_backend *be, float *momentum, uint64_t *step)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (!c->built || c->sticky)
+    cuda_ctx *c = usable_ctx(be);
+    if (!c)
         return -1;
     if (momentum && sf_net_get_momentum(c->net, momentum))
         return -1;
@@ -938,9 +944,8 @@ static int cu_get_opt_state(sf_backend *be, float *momentum, uint64_t *step)
 
 static int cu_set_opt_state(sf_backend *be, const float *momentum, uint64_t step)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (!c->built || c->sticky)
+    cuda_ctx *c = usable_ctx(be);
+    if (!c)
         return -1;
     if (momentum) {
         if (sf_net_set_momentum(c->net, momentum))
@@ -963,36 +968,32 @@ static int cu_set_opt_state(sf_backend *be, const float *momentum, uint64_t step
 
 static int cu_get_buffers(sf_backend *be, float *dst, uint64_t *nbt)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (!c->built || c->sticky)
+    cuda_ctx *c = usable_ctx(be);
+    if (!c)
         return -1;
     return sf_net_get_buffers(c->net, dst, nbt);
 }
 
 static int cu_set_buffers(sf_backend *be, const float *src, uint64_t nbt)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (!c->built || c->sticky)
+    cuda_ctx *c = usable_ctx(be);
+    if (!c)
         return -1;
     return sf_net_set_buffers(c->net, src, nbt);
 }
 
 static int cu_get_opt_sq(sf_backend *be, float *dst)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (!c->built || c->sticky)
+    cuda_ctx *c = usable_ctx(be);
+    if (!c)
         return -1;
     return sf_net_get_sq(c->net, dst);
 }
 
 static int cu_set_opt_sq(sf_backend *be, const float *src)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (!c->built || c->sticky)
+    cuda_ctx *c = usable_ctx(be);
+    if (!c)
         return -1;
     return sf_net_set_sq(c->net, src);
 }

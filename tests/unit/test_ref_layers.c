@@ -14,21 +14,8 @@
 #include "gpu/ref/ref.h"
 #include "gpu/rng.h"
 
-#define FD_EPS 1e-5
-#define FD_TOL 1e-6
-
-static uint64_t rng_ctr;
-
-/* Uniform in [-1, 1), keyed by a running counter. */
-static double rnd(void) { return 2.0 * sf_u01(sf_hash4(1234, rng_ctr++, 0, 0)) - 1.0; }
-
-static double *rand_vec(size_t n)
-{
-    double *v = malloc(sizeof(double) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++)
-        v[i] = rnd();
-    return v;
-}
+#define REF_CHECK_SEED 1234
+#include "ref_check.h"
 
 static float *to_float(const double *v, size_t n)
 {
@@ -36,39 +23,6 @@ static float *to_float(const double *v, size_t n)
     for (size_t i = 0; i < n; i++)
         f[i] = (float)v[i];
     return f;
-}
-
-static double dot(const double *a, const double *b, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
-/* ||a - b|| / ||b|| (b is the reference); 0 when both are 0. */
-static double rel_err_d(const double *a, const double *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(b[i]))
-            return INFINITY;
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return den == 0 ? sqrt(num) : sqrt(num / den);
-}
-
-static double rel_err_fd(const float *a, const double *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(b[i]))
-            return INFINITY;
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return den == 0 ? sqrt(num) : sqrt(num / den);
 }
 
 /* ---- conv2d --------------------------------------------------------------- */

@@ -17,22 +17,9 @@
 #include "gpu/ref/ref.h"
 #include "gpu/rng.h"
 
-#define FD_EPS 1e-5
-#define FD_TOL 1e-6
+#define REF_CHECK_SEED 4321
+#include "ref_check.h"
 #define F32_TOL 1e-5
-
-static uint64_t rng_ctr;
-
-/* Uniform in [-1, 1), keyed by a running counter. */
-static double rnd(void) { return 2.0 * sf_u01(sf_hash4(4321, rng_ctr++, 0, 0)) - 1.0; }
-
-static double *rand_vec(size_t n)
-{
-    double *v = malloc(sizeof(double) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++)
-        v[i] = rnd();
-    return v;
-}
 
 /* The float copy of v; v is rounded to the float values so that both
  * precisions see the same data. */
@@ -52,39 +39,6 @@ static float *nan_floats(size_t n)
     for (size_t i = 0; i < n; i++)
         f[i] = NAN;
     return f;
-}
-
-static double dot(const double *a, const double *b, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++)
-        s += a[i] * b[i];
-    return s;
-}
-
-/* ||a - b|| / ||b|| (b is the reference); 0 when both are 0; NaN never passes. */
-static double rel_err_d(const double *a, const double *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(b[i]))
-            return INFINITY;
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return den == 0 ? sqrt(num) : sqrt(num / den);
-}
-
-static double rel_err_fd(const float *a, const double *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(a[i]) || isnan(b[i]))
-            return INFINITY;
-        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-        den += b[i] * b[i];
-    }
-    return den == 0 ? sqrt(num) : sqrt(num / den);
 }
 
 /* Central differences g[i] = dL/dv[i] of a scalar loss L(ctx) that reads v. */

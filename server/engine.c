@@ -485,7 +485,6 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
 }
 
 int sf_engine_running(sf_engine *e) { return e && atomic_load(&e->running); }
-int sf_engine_inflight(sf_engine *e) { return e ? atomic_load(&e->inflight) : 0; }
 
 void sf_engine_stop(sf_engine *e)
 {

@@ -70,8 +70,6 @@ int sf_engine_trace(sf_engine *e, sf_step_record *out, int max);
 
 sf_engine *sf_engine_start(struct sf_app *app, char *err, size_t errlen);
 int sf_engine_running(sf_engine *e);
-/* Batches taken from the ring and not finished. */
-int sf_engine_inflight(sf_engine *e);
 /* Stops the thread after the batches already submitted finish; READY slots
  * not yet taken are failed with "shutdown". */
 void sf_engine_stop(sf_engine *e);

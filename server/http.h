@@ -35,9 +35,9 @@ typedef struct sf_http sf_http;
 struct sf_app;
 
 enum {
-    SF_ROUTE_AUTH = 1,   /* requires the bearer token when one is configured */
-    SF_ROUTE_STREAM = 2, /* body goes to stream->on_data, not buffered */
-    SF_ROUTE_JSON = 4,   /* body must be JSON (Content-Type application/json or merge-patch) */
+    SF_ROUTE_AUTH = 1, /* requires the bearer token when one is configured */
+    /* A route streams its body when it has stream ops; its accepted
+     * Content-Types are its content_types list. */
 };
 
 typedef struct sf_stream_ops {

@@ -35,6 +35,12 @@ extern "C" {
 
 typedef enum sf_layout { SF_LAYOUT_NCHW = 0, SF_LAYOUT_NHWC = 1 } sf_layout;
 
+/* Element type of activations (and of the weight copies convolutions read):
+ * fp32, or bf16 (__nv_bfloat16 bit patterns, rounded to nearest even; math and
+ * accumulation in fp32, as autocast). Zero (a memset descriptor) is fp32. */
+typedef enum sf_dtype { SF_DT_F32 = 0, SF_DT_BF16 = 1 } sf_dtype;
+static inline size_t sf_dtype_size(sf_dtype t) { return t == SF_DT_BF16 ? 2 : 4; }
+
 /* ---- convolutions (cuDNN graph API) -------------------------------------- */
 
 typedef enum sf_conv_dir { SF_CONV_FWD = 0, SF_CONV_BWD_DATA = 1, SF_CONV_BWD_FILTER = 2 } sf_conv_dir;
@@ -46,6 +52,7 @@ typedef struct sf_conv_desc {
     int oc, k, stride, pad;  /* square kernel, symmetric padding */
     sf_layout layout;        /* NHWC activations pair with a KRSC filter */
     int tf32;                /* allow TF32 tensor-core engines (else strict fp32) */
+    sf_dtype dt;             /* x, w, y element type (bf16: tensor cores, fp32 compute) */
     int align_x, align_w, align_y; /* byte alignment (1..16, a power of 2) of the
                                       pointers that will be bound to x, w, y */
     /* FWD only: a cuDNN pointwise epilogue fused into the graph,
@@ -117,6 +124,15 @@ int sf_linear_bwd_data(cublasHandle_t h, const float *dy, int n, int in, const f
                        float *dx, int tf32);                /* dx = dy w */
 int sf_linear_bwd_filter(cublasHandle_t h, const float *x, int n, int in, const float *dy, int out,
                          float *dw, int tf32);              /* dw = dy^T x */
+/* The same with x, w, y, dy, dx of element type dt (bf16: tensor cores, fp32
+ * accumulation, each output rounded once); dw is always fp32 (the master
+ * gradient); tf32 only matters for SF_DT_F32. */
+int sf_linear_fwd_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *w, int out,
+                     void *y, int tf32);
+int sf_linear_bwd_data_dt(cublasHandle_t h, sf_dtype dt, const void *dy, int n, int in, const void *w, int out,
+                          void *dx, int tf32);
+int sf_linear_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *dy, int out,
+                            float *dw, int tf32);
 
 /* ---- pointwise ops and reductions ----------------------------------------- */
 /* Tensors with a channel axis are viewed as [outer, c, inner]:

@@ -44,6 +44,7 @@ typedef struct sf_convt_desc {
     int oc, k, stride, pad;  /* output channels, square kernel, symmetric padding */
     sf_layout layout;
     int tf32;                /* allow TF32 tensor-core engines */
+    sf_dtype dt;             /* x, w, y element type (layers.h) */
     int align_x, align_w, align_y; /* byte alignment (1..16) of the pointers bound
                                       to x (input or its grad), w, y (output or its grad) */
 } sf_convt_desc;
@@ -195,6 +196,61 @@ typedef struct sf_adamw_hyper {
 void sf_adamw_hyper_at(sf_adamw_hyper *h, int64_t t);
 int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float *wdev, size_t len,
                   const sf_adamw_hyper *d_hyper, const sf_sgd_segs *segs, cudaStream_t s);
+
+/* ---- element types (bf16, issue 9) ------------------------------------------
+ * The _dt launchers take the activation tensors (x, y, dy, dx, a, b) with
+ * element type dt through void pointers; per-channel parameters, biases,
+ * statistics, scratch and parameter gradients stay fp32. Arithmetic is fp32
+ * (the statistics as in the fp32 versions) and each output is rounded once to
+ * dt. The fp32 launchers above are the dt == SF_DT_F32 case of these. */
+int sf_cuda_relu_fwd_dt(sf_dtype dt, const void *x, void *y, size_t len, cudaStream_t s);
+int sf_cuda_relu_bwd_dt(sf_dtype dt, const void *y, const void *dy, void *dx, size_t len, cudaStream_t s);
+/* As sf_cuda_bias_act / sf_cuda_bias_grad (layers.h); bias, db, scratch fp32. */
+int sf_cuda_bias_act_dt(sf_dtype dt, void *y, const float *bias, size_t outer, int c, size_t inner, int relu,
+                        cudaStream_t s);
+int sf_cuda_bias_grad_dt(sf_dtype dt, void *dy, const void *y, size_t outer, int c, size_t inner, float *db,
+                         float *scratch, cudaStream_t s);
+int sf_convt_bias_act_dt(const sf_convt_desc *d, void *y, const float *b, int relu, cudaStream_t s);   /* d->dt */
+int sf_convt_bias_grad_dt(const sf_convt_desc *d, void *dy, const void *y, float *db, float *scratch,
+                          cudaStream_t s);                                                           /* d->dt */
+int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                            const float *gamma, const float *beta, float eps, float momentum,
+                            float *running_mean, float *running_var, float *save_mean, float *save_invstd,
+                            void *y, int relu, void *scratch, cudaStream_t s);
+int sf_cuda_bn_fwd_eval_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                           const float *gamma, const float *beta, float eps, const float *running_mean,
+                           const float *running_var, void *y, int relu, cudaStream_t s);
+int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                      const float *save_mean, const float *save_invstd, const void *dy, const void *y, void *dx,
+                      float *dgamma, float *dbeta, void *scratch, cudaStream_t s);
+int sf_cuda_maxpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, int k, int stride, int pad,
+                           sf_layout lay, void *y, int32_t *argmax, cudaStream_t s);
+int sf_cuda_maxpool_bwd_dt(sf_dtype dt, const void *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
+                           int stride, int pad, sf_layout lay, void *dx, cudaStream_t s);
+int sf_cuda_avgpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay, void *y,
+                           cudaStream_t s);
+int sf_cuda_avgpool_bwd_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay, void *dx,
+                           cudaStream_t s);
+int sf_cuda_add_dt(sf_dtype dt, const void *a, const void *b, void *y, size_t len, int relu, cudaStream_t s);
+
+/* dst[i] = (dt)src[i] for i < len (bf16 <-> fp32, or a copy when st == dt). */
+int sf_cuda_cast(const void *src, sf_dtype st, void *dst, sf_dtype dt, size_t len, cudaStream_t s);
+/* Uniform values in [-scale, scale) keyed by seed, as sf_cuda_fill_random, in dt. */
+int sf_cuda_fill_random_dt(sf_dtype dt, void *p, size_t len, uint64_t seed, float scale, cudaStream_t s);
+
+/* Weights between the model layout of the master parameters (fp32, PyTorch's
+ * order) and the device copy convolutions read (element type dt; inside each
+ * segment of segs permuted as sf_cuda_sgd describes: model index
+ * off + (o*c + ci)*rs + t <-> device index off + (o*rs + t)*c + ci, which is
+ * KCRS -> KRSC for a conv weight and [c][oc][k][k] -> [c][k][k][oc] for a convT
+ * weight; a segment with c == 1 is an identity copy). One launch each.
+ *   sf_cuda_weights_dev: wd[device index] = (dt)p[model index] for all len
+ *     elements (identity outside the segments).
+ *   sf_cuda_grads_model: g[model index] = (float)gd[device index] inside the
+ *     segments only (elements outside them are not touched).
+ * segs may be NULL (no segments). */
+int sf_cuda_weights_dev(const float *p, void *wd, sf_dtype dt, size_t len, const sf_sgd_segs *segs, cudaStream_t s);
+int sf_cuda_grads_model(const void *gd, sf_dtype dt, float *g, const sf_sgd_segs *segs, cudaStream_t s);
 
 #ifdef __cplusplus
 }

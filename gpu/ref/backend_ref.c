@@ -28,7 +28,33 @@
  * averaged over k batches and the optimizer steps on every k-th; the step
  * count counts optimizer steps.
  *
- * Precision: every precision is computed in fp32 here.
+ * Precision (model.precision): fp32 and tf32 are both computed in plain fp32
+ * here (the reference does not emulate TF32's 10-bit mantissa; a CUDA tf32
+ * run is compared with it under a tolerance). bf16 emulates what the CUDA
+ * backend does, PyTorch autocast's semantics, by rounding to bf16 (round to
+ * nearest even, sf_bf16_round) at the points where that backend stores bf16;
+ * all arithmetic stays fp32, so the result is as if every kernel accumulated
+ * in fp32 and rounded each output once:
+ *   - master weights, their gradients and the optimizer state stay fp32;
+ *   - the model input is rounded after augmentation (the transform writes
+ *     bf16); every layer's output is rounded after the layer computed it in
+ *     fp32 (bias included; flatten is a view);
+ *   - conv2d, conv_transpose2d and linear read a bf16-rounded copy of their
+ *     weights (c->wq, refreshed from the master weights by every forward);
+ *     biases and batchnorm gamma/beta are read in fp32;
+ *   - the loss is fp32 from the bf16 logits; the logits' gradient is rounded;
+ *   - backward: a layer's output gradient is rounded once complete (after the
+ *     sum of both branches at a residual fork), and every input gradient a
+ *     layer produces is rounded before it is added to its producer's;
+ *     conv2d/conv_transpose2d weight gradients are rounded to bf16 (cuDNN
+ *     writes them in bf16) before accumulation and the optimizer; linear
+ *     weight gradients, bias gradients and batchnorm gamma/beta gradients
+ *     stay fp32 (computed from the bf16 tensors);
+ *   - batchnorm statistics are fp32 from the bf16 input; running stats fp32.
+ * Frozen layers run the same forward rounding; accumulated gradients are
+ * summed in fp32. transform() (POST /v1/transform) answers the fp32
+ * augmentation in every mode. The fp32 path executes exactly the same
+ * operations as before bf16 existed (every rounding is behind c->bf16).
  *
  * Checkpoints: get/set_opt_state are SGD's momentum buffer (zeros until a step
  * with momentum != 0) or AdamW's exp_avg, in sf_model layout with zeros for
@@ -63,6 +89,7 @@ typedef struct ref_ctx {
     uint64_t step;                /* optimizer steps */
     uint64_t nbt;                 /* num_batches_tracked of every batchnorm layer */
     int accum_count;              /* batches accumulated since the last optimizer step */
+    int bf16;                     /* model.precision=bf16: activations rounded to bf16 (see the top) */
     size_t n_train;               /* trainable floats: n_params - train_off */
 
     float *params;                /* [n_params] */
@@ -71,6 +98,8 @@ typedef struct ref_ctx {
     float *gacc;                  /* [n_train] accumulated gradient (grad_accum_steps > 1), else NULL */
     float *mom;                   /* [n_train] SGD momentum / AdamW exp_avg */
     float *sq;                    /* [n_train] AdamW exp_avg_sq, else NULL */
+    float *wq;                    /* bf16 only: [n_params], the conv/convT/linear weights rounded to
+                                     bf16 (refreshed by every forward); other entries unused. Else NULL */
     float *input;                 /* [max_batch, in_c, in_h, in_w] augmented batch */
     float *act_buf[SF_MAX_LAYERS]; /* owned output buffers (all but flatten), else NULL */
     float *act[SF_MAX_LAYERS];    /* output of each layer (flatten aliases its input) */
@@ -121,6 +150,7 @@ static void free_state(ref_ctx *c)
     free(c->gacc);
     free(c->mom);
     free(c->sq);
+    free(c->wq);
     free(c->input);
     for (int i = 0; i < SF_MAX_LAYERS; i++) {
         free(c->act_buf[i]);
@@ -190,6 +220,8 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     c->gacc = cfg->grad_accum_steps > 1 ? alloc_floats(c->n_train, 1) : NULL;
     c->mom = alloc_floats(c->n_train, 1);
     c->sq = cfg->optim == SF_OPT_ADAMW ? alloc_floats(c->n_train, 1) : NULL;
+    c->bf16 = cfg->precision == SF_PREC_BF16;
+    c->wq = c->bf16 ? alloc_floats(mm->n_params, 1) : NULL;
     c->input = alloc_floats(nb, in_elems);
     c->gtmp = alloc_floats(nb, mm->max_act);
     c->aug_tmp_len = in_elems; /* the geometric output has the model's input shape */
@@ -198,7 +230,8 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
                     ? calloc(nb * c->labels_per_sample, sizeof(int32_t))
                     : NULL;
     int ok = c->params && c->buffers && c->grads && c->mom && c->input && c->gtmp && c->aug_tmp &&
-             c->labels && (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq);
+             c->labels && (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq) &&
+             (!c->bf16 || c->wq);
     for (int i = 0; ok && i < mm->n_layers; i++) {
         const sf_layer *L = &mm->layers[i];
         const int src = sf_layer_input(mm, i, 0);
@@ -274,12 +307,52 @@ static const float *in_act(ref_ctx *c, int i, int j)
     return src == SF_IN_MODEL ? c->input : c->act[src];
 }
 
+/* ---- bf16 emulation (model.precision=bf16; no-ops otherwise) ------------- */
+
+/* Rounds len floats to bf16 in place when the model runs in bf16. */
+static void to_bf16(const ref_ctx *c, float *p, size_t len)
+{
+    if (c->bf16)
+        sf_bf16_round_n(p, len);
+}
+
+/* The model input of b: augmented in fp32, then stored as the transform
+ * writes it (bf16 in bf16 mode). */
+static void make_input(ref_ctx *c, const sf_batch *b)
+{
+    augment(c, b, c->input);
+    to_bf16(c, c->input, (size_t)b->n * c->m.in_c * c->m.in_h * c->m.in_w);
+}
+
+/* The weights conv2d, conv_transpose2d and linear compute with: the fp32
+ * master weights, or in bf16 mode their bf16-rounded copy in c->wq (refreshed
+ * from the master weights by every forward; biases and batchnorm parameters
+ * are read from the master weights in both modes). */
+static const float *weights_of(const ref_ctx *c, const sf_layer *L)
+{
+    return (c->bf16 ? c->wq : c->params) + L->w_off;
+}
+
+static void refresh_bf16_weights(ref_ctx *c)
+{
+    if (!c->bf16)
+        return;
+    for (int i = 0; i < c->m.n_layers; i++) {
+        const sf_layer *L = &c->m.layers[i];
+        if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D && L->kind != SF_L_LINEAR)
+            continue;
+        for (size_t e = 0; e < L->n_w; e++)
+            c->wq[L->w_off + e] = sf_bf16_round(c->params[L->w_off + e]);
+    }
+}
+
 /* Forward of the n samples in c->input. train: batchnorm of trainable layers
  * uses batch statistics and updates the running ones. */
 static void forward(ref_ctx *c, int n, int train)
 {
     const sf_model *m = &c->m;
     int bn_trained = 0;
+    refresh_bf16_weights(c);
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
         const float *x = in_act(c, i, 0);
@@ -287,15 +360,15 @@ static void forward(ref_ctx *c, int n, int train)
         const float *P = c->params;
         switch (L->kind) {
         case SF_L_CONV2D:
-            sf_ref_conv2d_fwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, L->n_b ? P + L->b_off : NULL,
+            sf_ref_conv2d_fwd(x, n, L->in_c, L->in_h, L->in_w, weights_of(c, L), L->n_b ? P + L->b_off : NULL,
                               L->out_c, L->k, L->stride, L->pad, y);
             break;
         case SF_L_CONV_TRANSPOSE2D:
-            sf_ref_convt2d_fwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, L->n_b ? P + L->b_off : NULL,
+            sf_ref_convt2d_fwd(x, n, L->in_c, L->in_h, L->in_w, weights_of(c, L), L->n_b ? P + L->b_off : NULL,
                                L->out_c, L->k, L->stride, L->pad, y);
             break;
         case SF_L_LINEAR:
-            sf_ref_linear_fwd(x, n, L->in_c, P + L->w_off, L->n_b ? P + L->b_off : NULL, L->out_c, y);
+            sf_ref_linear_fwd(x, n, L->in_c, weights_of(c, L), L->n_b ? P + L->b_off : NULL, L->out_c, y);
             break;
         case SF_L_RELU:
             sf_ref_relu_fwd(x, (size_t)n * L->out_elems, y);
@@ -321,8 +394,10 @@ static void forward(ref_ctx *c, int n, int train)
             sf_ref_add_fwd(x, in_act(c, i, 1), (size_t)n * L->out_elems, y);
             break;
         default: /* flatten: a view */
-            break;
+            continue;
         }
+        /* The output is stored in bf16 (computed in fp32, bias included). */
+        to_bf16(c, y, (size_t)n * L->out_elems);
     }
     if (bn_trained)
         c->nbt++;
@@ -354,20 +429,26 @@ static void backward(ref_ctx *c, int n)
         const float *x = in_act(c, i, 0);
         const float *g = c->dact[i];
         const int want_dx = src >= 0 && c->dact[src]; /* the model input and frozen layers need none */
+        /* bf16: the output gradient is complete here (every consumer has
+         * added its part; two at a residual fork): stored in bf16. */
+        if (L->kind != SF_L_FLATTEN)
+            to_bf16(c, c->dact[i], (size_t)n * L->out_elems);
         float *dx = want_dx ? c->gtmp : NULL;
         const size_t in_len = (size_t)n * L->in_c * L->in_h * L->in_w;
         switch (L->kind) {
         case SF_L_CONV2D:
-            sf_ref_conv2d_bwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, L->out_c, L->k, L->stride,
+            sf_ref_conv2d_bwd(x, n, L->in_c, L->in_h, L->in_w, weights_of(c, L), L->out_c, L->k, L->stride,
                               L->pad, g, dx, grad_at(c, L->w_off), L->n_b ? grad_at(c, L->b_off) : NULL);
+            to_bf16(c, grad_at(c, L->w_off), L->n_w); /* cuDNN writes bf16 weight gradients */
             break;
         case SF_L_CONV_TRANSPOSE2D:
-            sf_ref_convt2d_bwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, L->out_c, L->k, L->stride,
+            sf_ref_convt2d_bwd(x, n, L->in_c, L->in_h, L->in_w, weights_of(c, L), L->out_c, L->k, L->stride,
                                L->pad, g, dx, grad_at(c, L->w_off), L->n_b ? grad_at(c, L->b_off) : NULL);
+            to_bf16(c, grad_at(c, L->w_off), L->n_w);
             break;
         case SF_L_LINEAR:
-            sf_ref_linear_bwd(x, n, L->in_c, P + L->w_off, L->out_c, g, dx, grad_at(c, L->w_off),
-                              L->n_b ? grad_at(c, L->b_off) : NULL);
+            sf_ref_linear_bwd(x, n, L->in_c, weights_of(c, L), L->out_c, g, dx, grad_at(c, L->w_off),
+                              L->n_b ? grad_at(c, L->b_off) : NULL); /* dw, db stay fp32 */
             break;
         case SF_L_BATCHNORM2D:
             /* dx is needed for the weight gradients' sake too; gtmp is scratch. */
@@ -395,8 +476,10 @@ static void backward(ref_ctx *c, int n)
         default: /* flatten: its gradient buffer is its input's */
             continue;
         }
-        if (want_dx)
+        if (want_dx) {
+            to_bf16(c, c->gtmp, in_len);
             add_into(c, src, c->gtmp, in_len);
+        }
     }
 }
 
@@ -459,6 +542,8 @@ static void train_step(ref_ctx *c, int n, const sf_hyper *h, float *loss, int *c
     } else {
         sf_ref_xent(c->act[last], c->labels, n, m->n_classes, loss, c->dact[last], correct);
     }
+    /* bf16: the loss is fp32 from the bf16 logits; their gradient is stored in bf16. */
+    to_bf16(c, c->dact[last], (size_t)n * m->layers[last].out_elems);
     backward(c, n);
     const int k = c->cfg.grad_accum_steps > 1 ? c->cfg.grad_accum_steps : 1;
     if (k == 1) {
@@ -488,7 +573,7 @@ static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errle
     sf_event ev;
 
     const uint64_t t0 = now_ns();
-    augment(c, b, c->input);
+    make_input(c, b);
     int64_t bad = 0;
     const long long bad_at = convert_labels(c, b, &bad);
     const uint64_t t1 = now_ns();
@@ -755,13 +840,13 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
         cached.images = raw;
     }
     if (mode == SF_BENCH_STEP)
-        augment(c, b, c->input);
+        make_input(c, b);
     uint64_t t0 = 0;
     for (int i = 0; i < warmup + steps; i++) {
         if (i == warmup)
             t0 = now_ns();
         if (mode != SF_BENCH_STEP) {
-            augment(c, &cached, c->input);
+            make_input(c, &cached);
             convert_labels(c, &cached, &bad);
         }
         float loss = 0.0f;

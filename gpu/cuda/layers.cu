@@ -657,37 +657,104 @@ static cublasComputeType_t linear_ct(int tf32)
     return tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
+/* Operand type and compute type of a linear layer with data type dt; -1 (error
+ * set) for an unknown dt. bf16: CUDA_R_16BF operands with CUBLAS_COMPUTE_32F
+ * (tensor cores, fp32 accumulation; the scalars stay float). */
+static int linear_types(sf_dtype dt, int tf32, const char *fn, cudaDataType_t *ab, cublasComputeType_t *ct)
+{
+    if (dt == SF_DT_F32) {
+        *ab = CUDA_R_32F;
+        *ct = linear_ct(tf32);
+        return 0;
+    }
+    if (dt == SF_DT_BF16) {
+        *ab = CUDA_R_16BF;
+        *ct = CUBLAS_COMPUTE_32F;
+        return 0;
+    }
+    sf_cuda_set_error("%s:%d: %s: dtype %d", __FILE__, __LINE__, fn, (int)dt);
+    return -1;
+}
+
+/* cublasGemmEx with the handle's math mode, plus, for bf16 operands,
+ * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION for the call: without it a
+ * split-K GEMM may sum its partial products in the output type (bf16), which
+ * is not "fp32 accumulation, one rounding". The mode is restored afterwards
+ * (host-side handle state only: no allocation, capturable). fp32 calls leave
+ * the handle alone, so they are the calls the float functions always made. */
+static cublasStatus_t gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const void *A, cudaDataType_t at, int lda, const void *B, cudaDataType_t bt, int ldb,
+                              void *C, cudaDataType_t ctype, int ldc, cublasComputeType_t ct)
+{
+    const float one = 1.f, zero = 0.f;
+    if (at != CUDA_R_16BF)
+        return cublasGemmEx(h, ta, tb, m, n, k, &one, A, at, lda, B, bt, ldb, &zero, C, ctype, ldc, ct,
+                            CUBLAS_GEMM_DEFAULT);
+    cublasMath_t mode;
+    cublasStatus_t st = cublasGetMathMode(h, &mode);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    st = cublasSetMathMode(h, (cublasMath_t)(mode | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    st = cublasGemmEx(h, ta, tb, m, n, k, &one, A, at, lda, B, bt, ldb, &zero, C, ctype, ldc, ct, CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t st2 = cublasSetMathMode(h, mode);
+    return st != CUBLAS_STATUS_SUCCESS ? st : st2;
+}
+
+extern "C" int sf_linear_fwd_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *w,
+                                int out, void *y, int tf32)
+{
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, "sf_linear_fwd_dt", &t, &ct))
+        return -1;
+    /* y^T [out, n] = w [out, in] . x^T [in, n] */
+    SF_CUBLAS_CHECK(gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, w, t, in, x, t, in, y, t, out, ct));
+    return 0;
+}
+
+extern "C" int sf_linear_bwd_data_dt(cublasHandle_t h, sf_dtype dt, const void *dy, int n, int in, const void *w,
+                                     int out, void *dx, int tf32)
+{
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, "sf_linear_bwd_data_dt", &t, &ct))
+        return -1;
+    /* dx^T [in, n] = w^T [in, out] . dy^T [out, n] */
+    SF_CUBLAS_CHECK(gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, w, t, in, dy, t, out, dx, t, in, ct));
+    return 0;
+}
+
+extern "C" int sf_linear_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *dy,
+                                       int out, float *dw, int tf32)
+{
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, "sf_linear_bwd_filter_dt", &t, &ct))
+        return -1;
+    /* dw^T [in, out] = x^T [in, n] . dy [n, out]; dw is fp32 whatever dt is
+     * (bf16 A/B with an fp32 C is one of cublasGemmEx's combinations). */
+    SF_CUBLAS_CHECK(gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, x, t, in, dy, t, out, dw, CUDA_R_32F, in, ct));
+    return 0;
+}
+
 extern "C" int sf_linear_fwd(cublasHandle_t h, const float *x, int n, int in, const float *w, int out,
                              float *y, int tf32)
 {
-    const float one = 1.f, zero = 0.f;
-    /* y^T [out, n] = w [out, in] . x^T [in, n] */
-    SF_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &one, w, CUDA_R_32F, in, x,
-                                 CUDA_R_32F, in, &zero, y, CUDA_R_32F, out, linear_ct(tf32),
-                                 CUBLAS_GEMM_DEFAULT));
-    return 0;
+    return sf_linear_fwd_dt(h, SF_DT_F32, x, n, in, w, out, y, tf32);
 }
 
 extern "C" int sf_linear_bwd_data(cublasHandle_t h, const float *dy, int n, int in, const float *w,
                                   int out, float *dx, int tf32)
 {
-    const float one = 1.f, zero = 0.f;
-    /* dx^T [in, n] = w^T [in, out] . dy^T [out, n] */
-    SF_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, &one, w, CUDA_R_32F, in, dy,
-                                 CUDA_R_32F, out, &zero, dx, CUDA_R_32F, in, linear_ct(tf32),
-                                 CUBLAS_GEMM_DEFAULT));
-    return 0;
+    return sf_linear_bwd_data_dt(h, SF_DT_F32, dy, n, in, w, out, dx, tf32);
 }
 
 extern "C" int sf_linear_bwd_filter(cublasHandle_t h, const float *x, int n, int in, const float *dy,
                                     int out, float *dw, int tf32)
 {
-    const float one = 1.f, zero = 0.f;
-    /* dw^T [in, out] = x^T [in, n] . dy [n, out] */
-    SF_CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, &one, x, CUDA_R_32F, in, dy,
-                                 CUDA_R_32F, out, &zero, dw, CUDA_R_32F, in, linear_ct(tf32),
-                                 CUBLAS_GEMM_DEFAULT));
-    return 0;
+    return sf_linear_bwd_filter_dt(h, SF_DT_F32, x, n, in, dy, out, dw, tf32);
 }
 
 /* ======================================================================== */
@@ -734,23 +801,28 @@ static int keep(sf_conv_plan *p, cudnnBackendDescriptor_t d)
     return 0;
 }
 
-static int make_tensor_v(sf_conv_plan *p, int64_t uid, const int64_t dims[4], const int64_t str[4],
-                         int64_t align, bool is_virtual, cudnnBackendDescriptor_t *out);
-
-static int make_tensor(sf_conv_plan *p, int64_t uid, const int64_t dims[4], const int64_t str[4],
-                       int64_t align, cudnnBackendDescriptor_t *out)
+static cudnnDataType_t cudnn_type(sf_dtype dt)
 {
-    return make_tensor_v(p, uid, dims, str, align, false, out);
+    return dt == SF_DT_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
 
-static int make_tensor_v(sf_conv_plan *p, int64_t uid, const int64_t dims[4], const int64_t str[4],
-                         int64_t align, bool is_virtual, cudnnBackendDescriptor_t *out)
+static int make_tensor_v(sf_conv_plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dims[4],
+                         const int64_t str[4], int64_t align, bool is_virtual, cudnnBackendDescriptor_t *out);
+
+static int make_tensor(sf_conv_plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dims[4],
+                       const int64_t str[4], int64_t align, cudnnBackendDescriptor_t *out)
+{
+    return make_tensor_v(p, uid, dt, dims, str, align, false, out);
+}
+
+/* align: bytes (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT), whatever the element type. */
+static int make_tensor_v(sf_conv_plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dims[4],
+                         const int64_t str[4], int64_t align, bool is_virtual, cudnnBackendDescriptor_t *out)
 {
     cudnnBackendDescriptor_t t;
     SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
     if (keep(p, t))
         return -1;
-    cudnnDataType_t dt = CUDNN_DATA_FLOAT;
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str));
@@ -763,7 +835,10 @@ static int make_tensor_v(sf_conv_plan *p, int64_t uid, const int64_t dims[4], co
     return 0;
 }
 
-/* Builds the one-operation graph of (d, dir) into p->keep; returns the graph. */
+/* Builds the graph of (d, dir) into p->keep (the convolution, and for a fused
+ * forward the pointwise epilogue); returns the graph. x, w, y have type d->dt;
+ * the compute type, the virtual intermediates, the bias and the pointwise math
+ * are fp32. */
 static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, sf_conv_plan *p,
                        cudnnBackendDescriptor_t *graph_out)
 {
@@ -775,13 +850,15 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
     dims_strides(d->n, d->oc, oh, ow, d->layout, yd, ys);
     cudnnBackendDescriptor_t tx, tw, ty, ty_out = NULL;
     const int fused = dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu);
-    if (make_tensor(p, 1, xd, xs, d->align_x, &tx) || make_tensor(p, 2, wd, ws, d->align_w, &tw))
+    const cudnnDataType_t et = cudnn_type(d->dt);
+    if (make_tensor(p, 1, et, xd, xs, d->align_x, &tx) || make_tensor(p, 2, et, wd, ws, d->align_w, &tw))
         return -1;
     if (fused) {
-        /* conv -> virtual tensor -> (+ bias) -> (relu) -> y */
-        if (make_tensor_v(p, 10, yd, ys, 16, true, &ty) || make_tensor(p, 3, yd, ys, d->align_y, &ty_out))
+        /* conv -> fp32 virtual tensor -> (+ fp32 bias) -> (relu) -> y (type dt) */
+        if (make_tensor_v(p, 10, CUDNN_DATA_FLOAT, yd, ys, 16, true, &ty) ||
+            make_tensor(p, 3, et, yd, ys, d->align_y, &ty_out))
             return -1;
-    } else if (make_tensor(p, 3, yd, ys, d->align_y, &ty)) {
+    } else if (make_tensor(p, 3, et, yd, ys, d->align_y, &ty)) {
         return -1;
     }
 
@@ -790,7 +867,7 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
     if (keep(p, conv))
         return -1;
     const int64_t nsp = 2;
-    const cudnnDataType_t ct = CUDNN_DATA_FLOAT;
+    const cudnnDataType_t ct = CUDNN_DATA_FLOAT; /* fp32 accumulation for fp32 and bf16 data */
     const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
     const int64_t pad[2] = {d->pad, d->pad}, str[2] = {d->stride, d->stride}, dil[2] = {1, 1};
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nsp));
@@ -846,7 +923,7 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
                 continue;
             const int last = stage == 1 || !d->fuse_relu;
             cudnnBackendDescriptor_t out_t = ty_out, bt = NULL;
-            if (!last && make_tensor_v(p, 11, yd, ys, 16, true, &out_t))
+            if (!last && make_tensor_v(p, 11, CUDNN_DATA_FLOAT, yd, ys, 16, true, &out_t))
                 return -1;
             if (stage == 0) {
                 int64_t bd[4] = {1, d->oc, 1, 1}, bs[4];
@@ -854,7 +931,7 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
                 bs[1] = 1;
                 bs[2] = d->layout == SF_LAYOUT_NHWC ? d->oc : 1;
                 bs[3] = d->layout == SF_LAYOUT_NHWC ? d->oc : 1;
-                if (make_tensor(p, 4, bd, bs, d->align_b, &bt))
+                if (make_tensor(p, 4, CUDNN_DATA_FLOAT, bd, bs, d->align_b, &bt))
                     return -1;
             }
             cudnnBackendDescriptor_t pw, pop;
@@ -936,8 +1013,17 @@ static int heuristics(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mod
     return 0;
 }
 
-/* Reads the engine's notes: returns 1 when the config is acceptable. */
-static int cfg_ok(cudnnBackendDescriptor_t cfg, int tf32, int allow_rtc, int64_t *engine_idx, int *tc)
+/* Reads the engine's notes: returns 1 when the config is acceptable for data
+ * of type dt (the rule is spelled out at sf_conv_plan_build in layers.h):
+ *   REDUCED_PRECISION_REDUCTION  never (accumulation below fp32);
+ *   DOWN_CONVERT_INPUTS          never (fp32 operands narrowed to fp16/bf16, or
+ *                                bf16 operands narrowed further, e.g. to fp16,
+ *                                which loses bf16's range);
+ *   TENSOR_CORE                  bf16: always (bf16 MMA, fp32 accumulation);
+ *                                fp32: only with tf32 (the MMA is TF32);
+ *   RUNTIME_COMPILATION          only with allow_rtc.
+ * *tc reports the TENSOR_CORE note whether or not the config is kept. */
+static int cfg_ok(cudnnBackendDescriptor_t cfg, sf_dtype dt, int tf32, int allow_rtc, int64_t *engine_idx, int *tc)
 {
     cudnnBackendDescriptor_t eng;
     if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) != CUDNN_STATUS_SUCCESS)
@@ -959,13 +1045,14 @@ static int cfg_ok(cudnnBackendDescriptor_t cfg, int tf32, int allow_rtc, int64_t
             nb = 0;
         cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &cnt, engine_idx);
     }
+    const int tc_allowed = dt == SF_DT_BF16 || tf32;
     for (int64_t i = 0; ok && i < nn; i++) {
         if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ||
             notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION)
             ok = 0;
         if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE) {
             *tc = 1;
-            if (!tf32)
+            if (!tc_allowed)
                 ok = 0;
         }
     }
@@ -1033,8 +1120,22 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
     out->ms = -1.f;
     out->engine = -1;
     static const char *dir_name[3] = {"fwd", "bwd_data", "bwd_filter"};
+    if ((unsigned)dir > SF_CONV_BWD_FILTER || (d->dt != SF_DT_F32 && d->dt != SF_DT_BF16)) {
+        sf_cuda_set_error("%s:%d: sf_conv_plan_build: direction %d, dtype %d", __FILE__, __LINE__, (int)dir,
+                          (int)d->dt);
+        return -1;
+    }
+    out->dt = d->dt;
     cudnnBackendDescriptor_t graph;
     if (build_graph(h, d, dir, out, &graph)) {
+        /* cuDNN rejected a descriptor (for a bf16 fused graph: possibly the
+         * mixed-type epilogue); name the convolution in the message. */
+        char why[SF_CUDA_ERR_LEN];
+        snprintf(why, sizeof why, "%s", sf_cuda_last_error());
+        sf_cuda_set_error("conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d %s %s: graph rejected: %s", dir_name[dir],
+                          dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu) ? "+bias/relu" : "", d->n, d->c,
+                          d->h, d->w, d->oc, d->k, d->stride, d->pad, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
+                          sf_conv_prec_name(d->dt, d->tf32), why);
         sf_conv_plan_destroy(out);
         return -1;
     }
@@ -1065,7 +1166,7 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         for (int64_t i = 0; i < ncfg; i++) {
             int64_t eidx;
             int tc;
-            int use = tried < max_candidates && cfg_ok(cfgs[i], d->tf32, allow_rtc, &eidx, &tc);
+            int use = tried < max_candidates && cfg_ok(cfgs[i], d->dt, d->tf32, allow_rtc, &eidx, &tc);
             cudnnBackendDescriptor_t plan = NULL;
             if (use && cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
                 use = 0;
@@ -1118,7 +1219,7 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
                           "(workspace limit %zu bytes)",
                           __FILE__, __LINE__, dir_name[dir], out->fused ? "+bias/relu" : "", d->n, d->c, d->h,
                           d->w, d->oc, d->k, d->stride,
-                          d->pad, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw", d->tf32 ? "tf32" : "fp32",
+                          d->pad, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw", sf_conv_prec_name(d->dt, d->tf32),
                           ws_limit);
         sf_conv_plan_destroy(out);
         return -1;

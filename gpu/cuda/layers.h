@@ -13,6 +13,11 @@
  * ([oc][c][k][k], PyTorch's layout). Linear layers use PyTorch's row-major
  * [out, in] weights and [n, features] activations in either layout.
  *
+ * Precision. fp32 data is computed in strict fp32, or with TF32 tensor cores
+ * where the caller allows it (tf32 flags). bf16 data (sf_dtype) is computed
+ * as PyTorch autocast does: bf16 operands, tensor cores allowed, fp32
+ * accumulation, each output rounded to bf16 once (the tf32 flags do not apply).
+ *
  * Semantics are those of gpu/ref/ref.h, which tests/gpu/test_layers.cu checks.
  * Threads: any host thread may call a launcher; a handle must not be used by
  * two threads at once.
@@ -51,15 +56,33 @@ typedef struct sf_conv_desc {
     int n, c, h, w;          /* input [n, c, h, w] */
     int oc, k, stride, pad;  /* square kernel, symmetric padding */
     sf_layout layout;        /* NHWC activations pair with a KRSC filter */
-    int tf32;                /* allow TF32 tensor-core engines (else strict fp32) */
-    sf_dtype dt;             /* x, w, y element type (bf16: tensor cores, fp32 compute) */
+    int tf32;                /* fp32 data: allow TF32 tensor-core engines (else strict
+                                fp32); ignored for bf16 */
+    sf_dtype dt;             /* x, w, y element type, in every direction (so for
+                                BWD_FILTER dw is bf16 too); bf16: tensor cores
+                                allowed, fp32 compute type (accumulation) */
     int align_x, align_w, align_y; /* byte alignment (1..16, a power of 2) of the
-                                      pointers that will be bound to x, w, y */
+                                      pointers that will be bound to x, w, y;
+                                      bytes whatever dt is (sf_cuda_ptr_align) */
     /* FWD only: a cuDNN pointwise epilogue fused into the graph,
-     * y = relu?(conv(x, w) + b?). The bias tensor (uid 4, [1, oc, 1, 1]) is bound
-     * through sf_conv_ptrs.b; align_b is its pointer's alignment. */
+     * y = relu?(conv(x, w) + b?). The bias tensor (uid 4, [1, oc, 1, 1]) is fp32
+     * for either dt and bound through sf_conv_ptrs.b; align_b is its pointer's
+     * alignment. The conv result and the sum are fp32 virtual tensors and the
+     * pointwise math is fp32; only y has element type dt. For bf16 this is a
+     * mixed-type graph: when no engine accepts it (or only engines that compile
+     * at run time, see below), sf_conv_plan_build returns -1 with the error set,
+     * and the caller falls back to the plain plan plus its own epilogue. */
     int fuse_bias, fuse_relu, align_b;
 } sf_conv_desc;
+
+/* "bf16", "tf32" or "fp32": the data type and math of a convolution, for
+ * descriptions and messages. For a desc pass (d->dt, d->tf32) (what it allows);
+ * for a built plan (p->dt, p->tensor_core) (what its engine does: an fp32 plan
+ * on tensor cores computes in TF32). */
+static inline const char *sf_conv_prec_name(sf_dtype dt, int tf32_or_tc)
+{
+    return dt == SF_DT_BF16 ? "bf16" : tf32_or_tc ? "tf32" : "fp32";
+}
 
 /* The three tensors of every direction, by role (the tensors' unique ids are
  * 1, 2, 3 in this order):
@@ -82,22 +105,33 @@ typedef struct sf_conv_plan {
     int n_keep;
     int64_t ws_bytes;                           /* workspace the plan needs */
     int64_t engine;                             /* cuDNN global engine index */
-    int tensor_core;                            /* the engine uses tensor cores (TF32) */
+    int tensor_core;                            /* the engine uses tensor cores (TF32 on
+                                                   fp32 data, bf16 MMA on bf16 data) */
     int tried;                                  /* candidates finalised and timed */
     int fused;                                  /* the graph has the bias/ReLU epilogue */
     float ms;                                   /* measured time when tuned, else -1 */
+    sf_dtype dt;                                /* element type of x, w, y (the desc's) */
 } sf_conv_plan;
 
 /* Builds the plan (for FWD with fuse_bias/fuse_relu, the graph conv -> add bias
- * -> ReLU, which needs an engine that fuses it): heuristics (mode A, then
- * fallback) list engine configs; those
- * that down-convert inputs or reduce in lower precision are dropped, and so are
- * tensor-core (TF32) engines unless d->tf32; engines that compile at run time
- * are dropped unless the environment sets SF_CUDNN_RTC=1. Of the remaining
- * configs the first max_candidates that finalise with a workspace <= ws_limit
- * are kept; when tune is non-NULL each is timed on those buffers (on the
- * handle's stream, synchronously) and the fastest wins, else the first does.
- * Build time only. */
+ * -> ReLU, which needs an engine that fuses it). x, w, y are tensors of type
+ * d->dt (CUDNN_DATA_FLOAT or CUDNN_DATA_BFLOAT16); the convolution's compute
+ * type is CUDNN_DATA_FLOAT for both. Heuristics (mode A, then fallback) list
+ * engine configs, filtered by their numerical and behaviour notes:
+ *   - REDUCED_PRECISION_REDUCTION (accumulates below fp32): dropped, any dt;
+ *   - DOWN_CONVERT_INPUTS (converts the operands to a narrower type: fp32 to
+ *     fp16/bf16, or bf16 to something narrower such as fp16): dropped, any dt
+ *     (TF32 engines do not carry this note; they carry TENSOR_CORE);
+ *   - TENSOR_CORE: on fp32 data it means TF32 math, kept only when d->tf32;
+ *     on bf16 data kept always (the bf16 products are exact and summed in
+ *     fp32, which is the precision asked for);
+ *   - behaviour RUNTIME_COMPILATION: dropped unless the environment sets
+ *     SF_CUDNN_RTC=1.
+ * Of the remaining configs the first max_candidates that finalise with a
+ * workspace <= ws_limit are kept; when tune is non-NULL each is timed on those
+ * buffers (on the handle's stream, synchronously) and the fastest wins, else
+ * the first does. Build time only. -1 (error set, naming the shape, layout and
+ * precision) when no config is left or a descriptor is rejected. */
 int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, size_t ws_limit,
                        int max_candidates, const sf_conv_ptrs *tune, sf_conv_plan *out);
 void sf_conv_plan_destroy(sf_conv_plan *p);
@@ -117,16 +151,21 @@ int sf_cuda_ptr_align(const void *p);
 /* ---- linear layers (cuBLAS) ------------------------------------------------ */
 /* Row-major x [n, in], w [out, in], y [n, out]; outputs overwritten.
  * tf32: CUBLAS_COMPUTE_32F_FAST_TF32, else CUBLAS_COMPUTE_32F. The handle needs a
- * workspace (cublasSetWorkspace) to be capturable. */
+ * workspace (cublasSetWorkspace) to be capturable; nothing here allocates. */
 int sf_linear_fwd(cublasHandle_t h, const float *x, int n, int in, const float *w, int out,
                   float *y, int tf32);                      /* y = x w^T (bias separately) */
 int sf_linear_bwd_data(cublasHandle_t h, const float *dy, int n, int in, const float *w, int out,
                        float *dx, int tf32);                /* dx = dy w */
 int sf_linear_bwd_filter(cublasHandle_t h, const float *x, int n, int in, const float *dy, int out,
                          float *dw, int tf32);              /* dw = dy^T x */
-/* The same with x, w, y, dy, dx of element type dt (bf16: tensor cores, fp32
- * accumulation, each output rounded once); dw is always fp32 (the master
- * gradient); tf32 only matters for SF_DT_F32. */
+/* The same with x, w, y, dy, dx of element type dt (bf16: cublasGemmEx with
+ * CUDA_R_16BF operands and CUBLAS_COMPUTE_32F, i.e. tensor cores, fp32
+ * accumulation, each output rounded once: the call adds
+ * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION to the handle's math mode
+ * and restores the mode after); dw is always fp32 (the master
+ * gradient: CUDA_R_32F output from bf16 operands); tf32 only matters for
+ * SF_DT_F32, where these are exactly the float functions above (which call
+ * them). -1 for an unknown dt. */
 int sf_linear_fwd_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *w, int out,
                      void *y, int tf32);
 int sf_linear_bwd_data_dt(cublasHandle_t h, sf_dtype dt, const void *dy, int n, int in, const void *w, int out,

@@ -8,8 +8,18 @@
  * filters, NHWC with KRSC filters) and both precisions, at odd sizes and with
  * stride and padding variants.
  *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU.
+ * bf16 (convolutions in both layouts and all three directions, linear layers):
+ * inputs are rounded to bf16 on the host and the double reference runs on
+ * those values; outputs are NaN-poisoned first; the criterion is
+ * max |out - ref| <= 1e-2 * max |ref| (fp32 dw of a linear layer: 1e-3), see
+ * check_max for why.
+ *
+ * Then, unless --quick, informational throughput of ResNet-18's convolutions
+ * at batch 256 (bf16 NHWC vs tf32 NHWC vs tf32 NCHW; perf_resnet18).
+ *
+ * Prints "ok <case>" or "FAIL <case>: ..." per case ("info ..." and "perf ..."
+ * lines are informational); exits 1 on any failure, 0 with "SKIPPED: no CUDA
+ * device" when there is no GPU.
  */
 extern "C" {
 #include "../../gpu/ref/ref.h"
@@ -20,7 +30,10 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <vector>
+
+#include <cuda_bf16.h>
 
 #include "gpu_test.h"
 
@@ -84,6 +97,68 @@ static std::vector<float> down(const float *d, size_t n)
     return h;
 }
 static void poison(float *d, size_t n) { CU(cudaMemset(d, 0xff, n * 4)); } /* all-ones bits: NaN */
+
+/* ---- bf16 data ---------------------------------------------------------------
+ * Host values are rounded to bf16 first (sf_bf16_round, ref.h), so the bf16 bit
+ * patterns uploaded hold exactly the values the reference is given. */
+
+static void round_bf16(std::vector<float> &v) { sf_bf16_round_n(v.data(), v.size()); }
+static void upb(uint16_t *d, const std::vector<float> &h)
+{
+    std::vector<uint16_t> b(h.size());
+    for (size_t i = 0; i < h.size(); i++)
+        b[i] = sf_bf16_bits(h[i]);
+    CU(cudaMemcpy(d, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+}
+static std::vector<float> downb(const uint16_t *d, size_t n)
+{
+    std::vector<uint16_t> b(n);
+    CU(cudaMemcpy(b.data(), d, n * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = sf_bf16_float(b[i]);
+    return h;
+}
+static void poison_b(uint16_t *d, size_t n) { CU(cudaMemset(d, 0xff, n * 2)); } /* 0xffff: a bf16 NaN */
+
+/* The bf16 criterion: max |got - ref| <= tol * max |ref|, NaN or Inf anywhere
+ * failing. ref is the double-precision reference on the bf16-rounded inputs,
+ * so the inputs contribute no error; what is left is fp32 accumulation (relative
+ * ~1e-6 here) and, for a bf16 output, its one rounding to nearest, at most
+ * half an ulp, 2^-8 ~ 3.9e-3 of the element, so of max |ref|. tol 1e-2 leaves
+ * a factor 2.5 over that and still catches a wrong layout, a dropped tap, a
+ * channel mix-up or a half-written output (errors of order max |ref|). */
+static void check_max(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double tol)
+{
+    size_t bad = 0, first = 0, worst = 0;
+    double err = 0, scale = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        scale = fmax(scale, fabs(ref[i]));
+        if (!isfinite(got[i])) {
+            if (!bad++)
+                first = i;
+            continue;
+        }
+        const double e = fabs((double)got[i] - ref[i]);
+        if (e > err) {
+            err = e;
+            worst = i;
+        }
+    }
+    char why[200];
+    if (bad) {
+        snprintf(why, sizeof why, "%zu of %zu elements not finite (first at %zu: %g, ref %g)", bad, ref.size(), first,
+                 got[first], ref[first]);
+        fail(name, why);
+    } else if (err > tol * scale || scale == 0) {
+        snprintf(why, sizeof why, "max err %.3e > %.0e * max|ref| %.3e (worst [%zu] %g vs %g)", err, tol, scale, worst,
+                 got[worst], ref[worst]);
+        fail(name, why);
+    } else {
+        printf("ok %s (max err %.2e of max|ref| %.3g)\n", name, err / scale, scale);
+        g_ok++;
+    }
+}
 
 /* NCHW <-> NHWC on the host (also KCRS <-> KRSC with n=oc, c=c, h=w=k). */
 static std::vector<float> nchw_to_nhwc(const std::vector<float> &x, int n, int c, int h, int w)
@@ -308,12 +383,204 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
     cudaFree(ddw); cudaFree(ddb); cudaFree(scratch); cudaFree(ws);
 }
 
+/* ---- bf16 convolution ------------------------------------------------------- */
+
+/* One shape in bf16 (x, w, y, dy, dx, dw all bf16; fp32 compute), both layouts,
+ * against the double reference on the same bf16 values (check_max, tol 1e-2).
+ * The reference runs once per shape. misalign: x and dx are bound 2 bytes past
+ * a 256-byte boundary and declared so (align_x = 2), which checks that the
+ * alignment fields are taken in bytes for bf16 too. tf32 = 0 throughout: the
+ * tf32 flag is about fp32 data and must not keep bf16 off tensor cores. */
+static void test_conv_bf16(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, int tune, int misalign)
+{
+    const int oh = (cc.h + 2 * cc.pad - cc.k) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - cc.k) / cc.stride + 1;
+    const double tol = 1e-2;
+    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
+                 ny = (size_t)cc.n * cc.oc * oh * ow;
+    std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(b, 0.5f);
+    rand_fill(dy, 1.f);
+    round_bf16(x);
+    round_bf16(wt);
+    round_bf16(dy); /* b stays fp32: the fused epilogue's bias is an fp32 tensor */
+
+    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
+    std::vector<double> yr(ny), ybr(ny), dxr(nx), dwr(nw);
+    sf_ref_conv2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad,
+                          yr.data());
+    sf_ref_conv2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
+                          dxr.data(), dwr.data(), NULL);
+    /* relu(conv + b) for the fused epilogue */
+    for (int a = 0; a < cc.n; a++)
+        for (int o = 0; o < cc.oc; o++)
+            for (int i = 0; i < oh * ow; i++) {
+                const size_t e = ((size_t)a * cc.oc + o) * oh * ow + i;
+                const double v = yr[e] + bd[o];
+                ybr[e] = v < 0 ? 0 : v;
+            }
+
+    for (int lay = 0; lay < 2; lay++) {
+        const int nhwc = lay == SF_LAYOUT_NHWC;
+        char name[200], nm[300];
+        snprintf(name, sizeof name, "conv n%d c%d %dx%d oc%d k%d s%d p%d %s bf16%s%s", cc.n, cc.c, cc.h, cc.w, cc.oc,
+                 cc.k, cc.stride, cc.pad, nhwc ? "nhwc" : "nchw", tune > 1 ? " tuned" : "",
+                 misalign ? " x@+2B" : "");
+        std::vector<float> xl = nhwc ? nchw_to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x;
+        std::vector<float> wl = nhwc ? nchw_to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt;
+        std::vector<float> dyl = nhwc ? nchw_to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy;
+        const size_t off = misalign ? 1 : 0; /* elements: 2 bytes */
+        uint16_t *bx_mem = dalloc<uint16_t>(nx + off), *bdx_mem = dalloc<uint16_t>(nx + off);
+        uint16_t *bx = bx_mem + off, *bdx = bdx_mem + off;
+        uint16_t *bw = dalloc<uint16_t>(nw), *by = dalloc<uint16_t>(ny), *bdy = dalloc<uint16_t>(ny),
+                 *bdw = dalloc<uint16_t>(nw);
+        float *bb = dalloc<float>(cc.oc);
+        const size_t ws_bytes = (size_t)256 << 20;
+        void *ws = dalloc<char>(ws_bytes);
+        upb(bx, xl);
+        upb(bw, wl);
+        upb(bdy, dyl);
+        up(bb, b);
+
+        sf_conv_desc d;
+        memset(&d, 0, sizeof d);
+        d.n = cc.n; d.c = cc.c; d.h = cc.h; d.w = cc.w; d.oc = cc.oc; d.k = cc.k; d.stride = cc.stride; d.pad = cc.pad;
+        d.layout = (sf_layout)lay;
+        d.tf32 = 0;
+        d.dt = SF_DT_BF16;
+        d.align_x = sf_cuda_ptr_align(bx);
+        d.align_w = d.align_y = 16;
+        if (misalign && (d.align_x != 2 || sf_cuda_ptr_align(bdx) != 2)) {
+            snprintf(nm, sizeof nm, "%s setup", name);
+            fail(nm, "x pointer is not 2-byte aligned as intended");
+        }
+        sf_conv_ptrs pf = {bx, bw, by, ws, NULL}, pd = {bdx, bw, bdy, ws, NULL}, pw = {bx, bdw, bdy, ws, NULL};
+        sf_conv_plan plan[3];
+        memset(plan, 0, sizeof plan);
+        cudnnBackendDescriptor_t vp[3] = {NULL, NULL, NULL};
+        const sf_conv_ptrs *ptrs[3] = {&pf, &pd, &pw};
+        static const char *dn[3] = {"fwd", "bwd_data", "bwd_filter"};
+        for (int dir = 0; dir < 3; dir++) {
+            if (sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_bytes, tune, tune > 1 ? ptrs[dir] : NULL, &plan[dir]) ||
+                sf_conv_vpack_make(ptrs[dir], &vp[dir])) {
+                snprintf(nm, sizeof nm, "%s %s plan", name, dn[dir]);
+                fail(nm, sf_cuda_last_error());
+                continue;
+            }
+            if (plan[dir].dt != SF_DT_BF16) {
+                snprintf(nm, sizeof nm, "%s %s plan", name, dn[dir]);
+                fail(nm, "plan.dt is not SF_DT_BF16");
+            }
+            uint16_t *outp = dir == SF_CONV_FWD ? by : dir == SF_CONV_BWD_DATA ? bdx : bdw;
+            const size_t nout = dir == SF_CONV_FWD ? ny : dir == SF_CONV_BWD_DATA ? nx : nw;
+            poison_b(outp, nout);
+            const int rc = sf_conv_run(dnn, &plan[dir], vp[dir]);
+            CU(cudaStreamSynchronize(s));
+            snprintf(nm, sizeof nm, "%s %s (engine %lld%s)", name, dn[dir], (long long)plan[dir].engine,
+                     plan[dir].tensor_core ? " tc" : "");
+            if (rc) {
+                fail(nm, sf_cuda_last_error());
+                continue;
+            }
+            std::vector<float> g = downb(outp, nout);
+            if (dir == SF_CONV_FWD) {
+                if (nhwc)
+                    g = nhwc_to_nchw(g, cc.n, cc.oc, oh, ow);
+                check_max(nm, g, yr, tol);
+            } else if (dir == SF_CONV_BWD_DATA) {
+                if (nhwc)
+                    g = nhwc_to_nchw(g, cc.n, cc.c, cc.h, cc.w);
+                check_max(nm, g, dxr, tol);
+            } else {
+                if (nhwc)
+                    g = nhwc_to_nchw(g, cc.oc, cc.c, cc.k, cc.k);
+                check_max(nm, g, dwr, tol);
+            }
+        }
+        /* The fused conv + fp32 bias + ReLU with a bf16 output: it must either
+         * compute the right thing or refuse at build time with a message (the
+         * callers then fall back to the plain plan and their own epilogue). */
+        {
+            sf_conv_desc df = d;
+            df.fuse_bias = 1;
+            df.fuse_relu = 1;
+            df.align_b = 16;
+            sf_conv_ptrs pfb = pf;
+            pfb.b = bb;
+            sf_conv_plan plfu;
+            cudnnBackendDescriptor_t vfu = NULL;
+            snprintf(nm, sizeof nm, "%s fused fwd+bias+relu", name);
+            if (sf_conv_plan_build(dnn, &df, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pfb : NULL, &plfu) == 0) {
+                if (sf_conv_vpack_make(&pfb, &vfu)) {
+                    fail(nm, sf_cuda_last_error());
+                } else {
+                    poison_b(by, ny);
+                    const int rc = sf_conv_run(dnn, &plfu, vfu);
+                    CU(cudaStreamSynchronize(s));
+                    if (rc)
+                        fail(nm, sf_cuda_last_error());
+                    else {
+                        std::vector<float> g = downb(by, ny);
+                        if (nhwc)
+                            g = nhwc_to_nchw(g, cc.n, cc.oc, oh, ow);
+                        char n2[340];
+                        snprintf(n2, sizeof n2, "%s (engine %lld)", nm, (long long)plfu.engine);
+                        check_max(n2, g, ybr, tol);
+                    }
+                    sf_conv_vpack_destroy(vfu);
+                }
+                sf_conv_plan_destroy(&plfu);
+            } else {
+                const char *why = sf_cuda_last_error();
+                if (!why[0])
+                    fail(nm, "plan build returned -1 without an error message");
+                else
+                    printf("info %s: no plan, falls back (%s)\n", nm, why);
+                sf_cuda_clear_error();
+            }
+        }
+        for (int dir = 0; dir < 3; dir++) {
+            sf_conv_vpack_destroy(vp[dir]);
+            sf_conv_plan_destroy(&plan[dir]);
+        }
+        cudaFree(bx_mem); cudaFree(bdx_mem); cudaFree(bw); cudaFree(by); cudaFree(bdy); cudaFree(bdw); cudaFree(bb);
+        cudaFree(ws);
+    }
+}
+
+/* Build-time refusals: an unknown dtype is an error with a message, not a plan. */
+static void test_conv_bad_dtype(cudnnHandle_t dnn)
+{
+    sf_conv_desc d;
+    memset(&d, 0, sizeof d);
+    d.n = 1; d.c = 8; d.h = 8; d.w = 8; d.oc = 8; d.k = 3; d.stride = 1; d.pad = 1;
+    d.layout = SF_LAYOUT_NHWC;
+    d.dt = (sf_dtype)7;
+    d.align_x = d.align_w = d.align_y = 16;
+    sf_conv_plan p;
+    sf_cuda_clear_error();
+    const int rc = sf_conv_plan_build(dnn, &d, SF_CONV_FWD, 1 << 20, 1, NULL, &p);
+    if (rc == -1 && sf_cuda_last_error()[0] && !p.plan) {
+        printf("ok conv plan refuses dtype 7 (%s)\n", sf_cuda_last_error());
+        g_ok++;
+    } else {
+        fail("conv plan refuses dtype 7", rc ? "no message" : "built a plan");
+        if (!rc)
+            sf_conv_plan_destroy(&p);
+    }
+    sf_cuda_clear_error();
+}
+
 /* ---- linear ---------------------------------------------------------------- */
 
-static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int out, int tf32)
+/* via_dt: through the _dt launchers with SF_DT_F32 (which must be the float
+ * functions exactly) instead of the float ones. */
+static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int out, int tf32, int via_dt)
 {
     char name[160], nm[200];
-    snprintf(name, sizeof name, "linear n%d in%d out%d %s", n, in, out, tf32 ? "tf32" : "fp32");
+    snprintf(name, sizeof name, "linear n%d in%d out%d %s%s", n, in, out, tf32 ? "tf32" : "fp32",
+             via_dt ? " via _dt(SF_DT_F32)" : "");
     const double tol = tf32 ? 1e-3 : 1e-4;
     std::vector<float> x((size_t)n * in), w((size_t)out * in), b(out), dy((size_t)n * out);
     rand_fill(x, 1.f);
@@ -335,21 +602,25 @@ static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int 
     poison(gx, x.size());
     poison(gw, w.size());
     poison(gb, out);
-    int rc = sf_linear_fwd(blas, dx, n, in, dw, out, y, tf32) || sf_cuda_bias_act(y, db, n, out, 1, 0, s);
+    int rc = (via_dt ? sf_linear_fwd_dt(blas, SF_DT_F32, dx, n, in, dw, out, y, tf32)
+                     : sf_linear_fwd(blas, dx, n, in, dw, out, y, tf32)) ||
+             sf_cuda_bias_act(y, db, n, out, 1, 0, s);
     CU(cudaStreamSynchronize(s));
     snprintf(nm, sizeof nm, "%s fwd+bias", name);
     if (rc)
         fail(nm, sf_cuda_last_error());
     else
         check_f(nm, down(y, yr.size()).data(), yr, tol);
-    rc = sf_linear_bwd_data(blas, ddy, n, in, dw, out, gx, tf32);
+    rc = via_dt ? sf_linear_bwd_data_dt(blas, SF_DT_F32, ddy, n, in, dw, out, gx, tf32)
+                : sf_linear_bwd_data(blas, ddy, n, in, dw, out, gx, tf32);
     CU(cudaStreamSynchronize(s));
     snprintf(nm, sizeof nm, "%s bwd_data", name);
     if (rc)
         fail(nm, sf_cuda_last_error());
     else
         check_f(nm, down(gx, x.size()).data(), dxr, tol);
-    rc = sf_linear_bwd_filter(blas, dx, n, in, ddy, out, gw, tf32);
+    rc = via_dt ? sf_linear_bwd_filter_dt(blas, SF_DT_F32, dx, n, in, ddy, out, gw, tf32)
+                : sf_linear_bwd_filter(blas, dx, n, in, ddy, out, gw, tf32);
     CU(cudaStreamSynchronize(s));
     snprintf(nm, sizeof nm, "%s bwd_filter", name);
     if (rc)
@@ -365,6 +636,79 @@ static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int 
         check_f(nm, down(gb, out).data(), dbr, 1e-5);
     cudaFree(dx); cudaFree(dw); cudaFree(db); cudaFree(ddy); cudaFree(y); cudaFree(gx); cudaFree(gw); cudaFree(gb);
     cudaFree(scr);
+}
+
+/* bf16 linear layer: x, w, dy bf16 (rounded on the host first), y and dx bf16,
+ * dw fp32, against the double reference on the same values. y and dx: the
+ * bf16 criterion (check_max, 1e-2: fp32 accumulation plus one bf16 rounding).
+ * dw is fp32 with no output rounding, and each product of two bf16 values is
+ * exact in fp32, so only the fp32 sum's rounding is left: tol 1e-3 of max|ref|
+ * (a dw rounded through bf16 on the way, up to 3.9e-3, would typically fail). */
+static void test_linear_bf16(cublasHandle_t blas, cudaStream_t s, int n, int in, int out)
+{
+    char name[160], nm[200];
+    snprintf(name, sizeof name, "linear n%d in%d out%d bf16", n, in, out);
+    std::vector<float> x((size_t)n * in), w((size_t)out * in), dy((size_t)n * out);
+    rand_fill(x, 1.f);
+    rand_fill(w, 0.5f);
+    rand_fill(dy, 1.f);
+    round_bf16(x);
+    round_bf16(w);
+    round_bf16(dy);
+    std::vector<double> xd = to_d(x), wd = to_d(w), dyd = to_d(dy);
+    std::vector<double> yr((size_t)n * out), dxr((size_t)n * in), dwr((size_t)out * in);
+    sf_ref_linear_fwd_f64(xd.data(), n, in, wd.data(), NULL, out, yr.data());
+    sf_ref_linear_bwd_f64(xd.data(), n, in, wd.data(), out, dyd.data(), dxr.data(), dwr.data(), NULL);
+    uint16_t *bx = dalloc<uint16_t>(x.size()), *bw = dalloc<uint16_t>(w.size()), *bdy = dalloc<uint16_t>(dy.size()),
+             *by = dalloc<uint16_t>(yr.size()), *bgx = dalloc<uint16_t>(x.size());
+    float *gw = dalloc<float>(w.size());
+    upb(bx, x);
+    upb(bw, w);
+    upb(bdy, dy);
+    poison_b(by, yr.size());
+    poison_b(bgx, x.size());
+    poison(gw, w.size());
+    int rc = sf_linear_fwd_dt(blas, SF_DT_BF16, bx, n, in, bw, out, by, 0);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s fwd", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_max(nm, downb(by, yr.size()), yr, 1e-2);
+    rc = sf_linear_bwd_data_dt(blas, SF_DT_BF16, bdy, n, in, bw, out, bgx, 0);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bwd_data", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_max(nm, downb(bgx, x.size()), dxr, 1e-2);
+    /* tf32 = 1 here: it must not matter for bf16 operands */
+    rc = sf_linear_bwd_filter_dt(blas, SF_DT_BF16, bx, n, in, bdy, out, gw, 1);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bwd_filter (fp32 dw)", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_max(nm, down(gw, w.size()), dwr, 1e-3);
+    cudaFree(bx); cudaFree(bw); cudaFree(bdy); cudaFree(by); cudaFree(bgx); cudaFree(gw);
+}
+
+/* The _dt launchers refuse an unknown dtype with a message, touching nothing. */
+static void test_linear_bad_dtype(cublasHandle_t blas)
+{
+    float *p = dalloc<float>(64);
+    sf_cuda_clear_error();
+    const int a = sf_linear_fwd_dt(blas, (sf_dtype)7, p, 2, 4, p, 4, p, 0);
+    const int b = sf_linear_bwd_data_dt(blas, (sf_dtype)7, p, 2, 4, p, 4, p, 0);
+    const int c = sf_linear_bwd_filter_dt(blas, (sf_dtype)7, p, 2, 4, p, 4, p, 0);
+    if (a == -1 && b == -1 && c == -1 && sf_cuda_last_error()[0]) {
+        printf("ok linear _dt refuse dtype 7 (%s)\n", sf_cuda_last_error());
+        g_ok++;
+    } else {
+        fail("linear _dt refuse dtype 7", "accepted");
+    }
+    sf_cuda_clear_error();
+    cudaFree(p);
 }
 
 /* ---- pointwise, reductions, loss, optimizer -------------------------------- */
@@ -595,8 +939,166 @@ static void test_transpose(cudaStream_t s, int batch, int rows, int cols)
     cudaFree(dy);
 }
 
-int main(void)
+/* ---- throughput (informational) ---------------------------------------------
+ * ResNet-18's convolutions at batch 256 with their true spatial sizes (224x224
+ * input: stem 224 -> 112, layer1 56, layer2 28, layer3 14, layer4 7), each
+ * direction, in bf16 NHWC (KRSC), tf32 NHWC and tf32 NCHW (KCRS), with plans
+ * chosen as the backend does (SF_CUDNN_TUNE's default of 8 candidates timed,
+ * 512 MiB workspace limit). Prints time, engine and TFLOP/s; asserts nothing.
+ * Skipped with --quick. */
+
+__global__ void k_fill_bf16(uint16_t *p, size_t len, uint64_t seed)
 {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < len)
+        p[i] = __bfloat16_as_ushort(__float2bfloat16_rn(sf_u01(sf_hash4(seed, i, 0xbf16, 0)) * 2.f - 1.f));
+}
+
+struct rn_conv {
+    const char *name;
+    int c, h, oc, k, stride, pad;
+    int count; /* convolutions of this shape in ResNet-18 */
+};
+
+static const rn_conv g_rn18[] = {
+    {"conv1 7x7/2", 3, 224, 64, 7, 2, 3, 1},
+    {"layer1 3x3", 64, 56, 64, 3, 1, 1, 4},
+    {"layer2.0 3x3/2", 64, 56, 128, 3, 2, 1, 1},
+    {"layer2.0 down 1x1/2", 64, 56, 128, 1, 2, 0, 1},
+    {"layer2 3x3", 128, 28, 128, 3, 1, 1, 3},
+    {"layer3.0 3x3/2", 128, 28, 256, 3, 2, 1, 1},
+    {"layer3.0 down 1x1/2", 128, 28, 256, 1, 2, 0, 1},
+    {"layer3 3x3", 256, 14, 256, 3, 1, 1, 3},
+    {"layer4.0 3x3/2", 256, 14, 512, 3, 2, 1, 1},
+    {"layer4.0 down 1x1/2", 256, 14, 512, 1, 2, 0, 1},
+    {"layer4 3x3", 512, 7, 512, 3, 1, 1, 3},
+};
+
+static void perf_resnet18(cudnnHandle_t dnn, cudaStream_t s, int batch)
+{
+    const int nshape = (int)(sizeof g_rn18 / sizeof g_rn18[0]);
+    size_t mx = 0, my = 0, mw = 0;
+    for (int i = 0; i < nshape; i++) {
+        const rn_conv &r = g_rn18[i];
+        const size_t oh = (size_t)(r.h + 2 * r.pad - r.k) / r.stride + 1;
+        mx = std::max(mx, (size_t)batch * r.c * r.h * r.h);
+        my = std::max(my, (size_t)batch * r.oc * oh * oh);
+        mw = std::max(mw, (size_t)r.oc * r.c * r.k * r.k);
+    }
+    /* Buffers sized for fp32; bf16 uses the first half of each. */
+    float *x = dalloc<float>(mx), *dx = dalloc<float>(mx), *y = dalloc<float>(my), *dy = dalloc<float>(my),
+          *w = dalloc<float>(mw), *dw = dalloc<float>(mw);
+    const size_t ws_bytes = (size_t)512 << 20;
+    void *ws = dalloc<char>(ws_bytes);
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    struct cfg_t {
+        const char *name;
+        sf_dtype dt;
+        sf_layout lay;
+        int tf32;
+    } cfgs[3] = {{"bf16 nhwc", SF_DT_BF16, SF_LAYOUT_NHWC, 0},
+                 {"tf32 nhwc", SF_DT_F32, SF_LAYOUT_NHWC, 1},
+                 {"tf32 nchw", SF_DT_F32, SF_LAYOUT_NCHW, 1}};
+    static const char *dn[3] = {"fwd", "dgrad", "wgrad"};
+    double total_ms[3] = {0, 0, 0};
+    int total_ok[3] = {1, 1, 1};
+    printf("perf: ResNet-18 convolutions, batch %d, 224x224; plans tuned over 8 candidates, ws <= 512 MiB\n", batch);
+    const uint64_t t0 = now_ns();
+    for (int ci = 0; ci < 3; ci++) {
+        /* fresh random data per configuration (the data type differs) */
+        const cfg_t &cf = cfgs[ci];
+        if (cf.dt == SF_DT_BF16) {
+            uint16_t *bufs[6] = {(uint16_t *)x, (uint16_t *)dx, (uint16_t *)y, (uint16_t *)dy, (uint16_t *)w,
+                                 (uint16_t *)dw};
+            const size_t lens[6] = {mx, mx, my, my, mw, mw};
+            for (int k = 0; k < 6; k++) {
+                k_fill_bf16<<<(unsigned)((lens[k] + 255) / 256), 256, 0, s>>>(bufs[k], lens[k], 100 + k);
+                CU(cudaGetLastError());
+            }
+        } else {
+            float *bufs[6] = {x, dx, y, dy, w, dw};
+            const size_t lens[6] = {mx, mx, my, my, mw, mw};
+            for (int k = 0; k < 6; k++)
+                if (sf_cuda_fill_random(bufs[k], lens[k], 100 + k, 1.f, s)) {
+                    printf("info perf: fill: %s\n", sf_cuda_last_error());
+                    return;
+                }
+        }
+        CU(cudaStreamSynchronize(s));
+        for (int i = 0; i < nshape; i++) {
+            const rn_conv &r = g_rn18[i];
+            const int oh = (r.h + 2 * r.pad - r.k) / r.stride + 1;
+            const double flop = 2.0 * batch * oh * oh * (double)r.oc * r.c * r.k * r.k;
+            sf_conv_desc d;
+            memset(&d, 0, sizeof d);
+            d.n = batch; d.c = r.c; d.h = r.h; d.w = r.h; d.oc = r.oc; d.k = r.k; d.stride = r.stride; d.pad = r.pad;
+            d.layout = cf.lay;
+            d.tf32 = cf.tf32;
+            d.dt = cf.dt;
+            d.align_x = d.align_w = d.align_y = 16;
+            sf_conv_ptrs pf = {x, w, y, ws, NULL}, pd = {dx, w, dy, ws, NULL}, pw = {x, dw, dy, ws, NULL};
+            const sf_conv_ptrs *ptrs[3] = {&pf, &pd, &pw};
+            for (int dir = 0; dir < 3; dir++) {
+                sf_conv_plan p;
+                cudnnBackendDescriptor_t vp = NULL;
+                if (sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_bytes, 8, ptrs[dir], &p)) {
+                    printf("info perf %-20s %s %s: no plan (%s)\n", r.name, dn[dir], cf.name, sf_cuda_last_error());
+                    sf_cuda_clear_error();
+                    total_ok[ci] = 0;
+                    continue;
+                }
+                if (sf_conv_vpack_make(ptrs[dir], &vp)) {
+                    printf("info perf %-20s %s %s: %s\n", r.name, dn[dir], cf.name, sf_cuda_last_error());
+                    sf_cuda_clear_error();
+                    sf_conv_plan_destroy(&p);
+                    total_ok[ci] = 0;
+                    continue;
+                }
+                /* one warm-up, then enough runs for ~20 ms (at least 3, at most 50) */
+                int rc = sf_conv_run(dnn, &p, vp);
+                CU(cudaStreamSynchronize(s));
+                const int reps = p.ms > 0.f ? std::min(50, std::max(3, (int)(20.f / p.ms))) : 5;
+                CU(cudaEventRecord(e0, s));
+                for (int k = 0; k < reps && !rc; k++)
+                    rc = sf_conv_run(dnn, &p, vp);
+                CU(cudaEventRecord(e1, s));
+                CU(cudaEventSynchronize(e1));
+                float ms = 0.f;
+                CU(cudaEventElapsedTime(&ms, e0, e1));
+                ms /= (float)reps;
+                if (rc) {
+                    printf("info perf %-20s %s %s: run failed (%s)\n", r.name, dn[dir], cf.name, sf_cuda_last_error());
+                    sf_cuda_clear_error();
+                    total_ok[ci] = 0;
+                } else {
+                    printf("perf %-20s n%d %3d->%-3d %3dx%-3d %-5s %s: %8.3f ms %7.1f TFLOP/s  engine %lld%s (%s, of %d)\n",
+                           r.name, batch, r.c, r.oc, r.h, r.h, dn[dir], cf.name, ms, flop / (ms * 1e-3) / 1e12,
+                           (long long)p.engine, p.tensor_core ? " tc" : "", sf_conv_prec_name(p.dt, p.tensor_core),
+                           p.tried);
+                    /* the network never needs the stem's input gradient */
+                    if (!(i == 0 && dir == SF_CONV_BWD_DATA))
+                        total_ms[ci] += ms * r.count;
+                }
+                fflush(stdout);
+                sf_conv_vpack_destroy(vp);
+                sf_conv_plan_destroy(&p);
+            }
+        }
+    }
+    for (int ci = 0; ci < 3; ci++)
+        printf("perf ResNet-18 conv total (fwd + dgrad + wgrad, layer counts, no stem dgrad), batch %d, %s: %.2f ms%s\n",
+               batch, cfgs[ci].name, total_ms[ci], total_ok[ci] ? "" : " (incomplete: some plans missing)");
+    printf("perf: %.1f s including plan tuning\n", (double)(now_ns() - t0) * 1e-9);
+    CU(cudaEventDestroy(e0));
+    CU(cudaEventDestroy(e1));
+    cudaFree(x); cudaFree(dx); cudaFree(y); cudaFree(dy); cudaFree(w); cudaFree(dw); cudaFree(ws);
+}
+
+int main(int argc, char **argv)
+{
+    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         printf("SKIPPED: no CUDA device\n");
@@ -636,11 +1138,38 @@ int main(void)
     test_conv(dnn, s, cases[0], SF_LAYOUT_NHWC, 1, 4);
     test_conv(dnn, s, cases[3], SF_LAYOUT_NCHW, 0, 4);
 
-    for (int tf32 = 0; tf32 < 2; tf32++) {
-        test_linear(blas, s, 5, 37, 11, tf32);
-        test_linear(blas, s, 32, 4096, 10, tf32);
-        test_linear(blas, s, 3, 1, 7, tf32);
-    }
+    /* bf16 convolutions: small and odd shapes, then ResNet-18's shapes with
+     * batch and spatial size scaled down (stem 7x7/2 3->64, 3x3 64->64, 3x3/2
+     * 64->128, 1x1/2 64->128 downsample, 3x3 512->512 at 7x7) */
+    const conv_case bf16_cases[] = {
+        {3, 16, 32, 32, 32, 2, 2, 0},  /* a W1 block */
+        {2, 3, 17, 13, 5, 3, 1, 1},    /* odd sizes, padding, 3 channels */
+        {2, 7, 9, 11, 6, 3, 2, 1},     /* stride and padding, odd channels */
+        {5, 64, 4, 4, 128, 2, 2, 0},   /* deep, tiny spatial */
+        {2, 3, 32, 32, 64, 7, 2, 3},   /* ResNet-18 stem (224 -> 32) */
+        {2, 64, 14, 14, 64, 3, 1, 1},  /* layer1 3x3 (56 -> 14) */
+        {2, 64, 14, 14, 128, 3, 2, 1}, /* layer2.0 3x3/2 */
+        {2, 64, 14, 14, 128, 1, 2, 0}, /* layer2.0 downsample 1x1/2 */
+        {2, 512, 7, 7, 512, 3, 1, 1},  /* layer4 3x3 at its true 7x7 */
+    };
+    for (const conv_case &cc : bf16_cases)
+        test_conv_bf16(dnn, s, cc, 1, 0);
+    /* the timed choice, and an x pointer aligned to 2 bytes only */
+    test_conv_bf16(dnn, s, bf16_cases[5], 4, 0);
+    test_conv_bf16(dnn, s, conv_case{2, 16, 12, 12, 16, 3, 1, 1}, 1, 1);
+    test_conv_bad_dtype(dnn);
+
+    for (int tf32 = 0; tf32 < 2; tf32++)
+        for (int via_dt = 0; via_dt < 2; via_dt++) {
+            test_linear(blas, s, 5, 37, 11, tf32, via_dt);
+            test_linear(blas, s, 32, 4096, 10, tf32, via_dt);
+            test_linear(blas, s, 3, 1, 7, tf32, via_dt);
+        }
+    test_linear_bf16(blas, s, 5, 37, 11);
+    test_linear_bf16(blas, s, 3, 1, 7);
+    test_linear_bf16(blas, s, 32, 4096, 10);
+    test_linear_bf16(blas, s, 256, 512, 1000); /* ResNet-18's classifier */
+    test_linear_bad_dtype(blas);
     test_relu(s, 1001);
     test_relu(s, 1 << 16);
     test_bias_grad(s, 100003, 16, 1);
@@ -657,6 +1186,9 @@ int main(void)
     test_sgd(s, 0.f);
     test_transpose(s, 3, 37, 45);
     test_transpose(s, 2, 4096, 3);
+
+    if (!quick)
+        perf_resnet18(dnn, s, 256);
 
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {

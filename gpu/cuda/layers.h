@@ -121,7 +121,7 @@ typedef struct sf_conv_plan {
  *   - REDUCED_PRECISION_REDUCTION (accumulates below fp32): dropped, any dt;
  *   - DOWN_CONVERT_INPUTS (converts the operands to a narrower type: fp32 to
  *     fp16/bf16, or bf16 to something narrower such as fp16): dropped, any dt
- *     (TF32 engines do not carry this note; they carry TENSOR_CORE);
+ *     (as before bf16: TF32 engines are recognised by TENSOR_CORE, below);
  *   - TENSOR_CORE: on fp32 data it means TF32 math, kept only when d->tf32;
  *     on bf16 data kept always (the bf16 products are exact and summed in
  *     fp32, which is the precision asked for);

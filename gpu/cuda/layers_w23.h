@@ -105,7 +105,8 @@ sf_convt_plans *sf_convt_cache_get(cudnnHandle_t h, sf_convt_cache *c, const sf_
 void sf_convt_cache_destroy(sf_convt_cache *c);
 
 /* Bias of the convT output y [n, oc, oh, ow] (in its layout): y += b[oc], with an
- * optional ReLU (a wrapper over sf_cuda_bias_act). */
+ * optional ReLU (a wrapper over sf_cuda_bias_act). These two fp32 wrappers
+ * refuse a descriptor whose dt is not SF_DT_F32 (the _dt ones below take it). */
 int sf_convt_bias_act(const sf_convt_desc *d, float *y, const float *b, int relu, cudaStream_t s);
 /* db[oc] = sum of dy over n, oh, ow; when y (the ReLU output) is non-NULL, dy is
  * first masked in place (ReLU backward). Deterministic; scratch of
@@ -140,7 +141,10 @@ int sf_cuda_xent2d(const float *logits, const int32_t *labels, int n, int k, int
  * Backward of training mode: dx, dgamma, dbeta; when y (the fused ReLU output)
  * is non-NULL the ReLU backward is applied to dy on the fly (dy is not written).
  * Statistics accumulate in double: per-block partial sums of values shifted by
- * the channel's first element, combined in a fixed order. */
+ * the channel's first element, combined in a fixed order. (bf16 data: each
+ * thread first sums a handful of values, at most 8, in fp32, then adds that to
+ * its double sums; the per-channel combination is a fixed tree. Deterministic
+ * as well; not bit-equal to the fp32 path on the same values.) */
 size_t sf_cuda_bn_scratch_bytes(int n, int c, int h, int w, sf_layout lay);
 int sf_cuda_bn_fwd_train(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                          const float *beta, float eps, float momentum, float *running_mean,
@@ -248,7 +252,9 @@ int sf_cuda_fill_random_dt(sf_dtype dt, void *p, size_t len, uint64_t seed, floa
  *     elements (identity outside the segments).
  *   sf_cuda_grads_model: g[model index] = (float)gd[device index] inside the
  *     segments only (elements outside them are not touched).
- * segs may be NULL (no segments). */
+ * segs may be NULL (no segments); their order in segs does not matter. -1 when a
+ * segment is malformed: c or rs < 1, len not a multiple of c*rs or >= 2^32,
+ * two segments overlapping, or (weights_dev) a segment reaching past len. */
 int sf_cuda_weights_dev(const float *p, void *wd, sf_dtype dt, size_t len, const sf_sgd_segs *segs, cudaStream_t s);
 int sf_cuda_grads_model(const void *gd, sf_dtype dt, float *g, const sf_sgd_segs *segs, cudaStream_t s);
 

@@ -1,0 +1,164 @@
+/* bench/cached.cu — a preset's training step on a device-cached batch through
+ * the backend vtable (gpu/backend.h bench(): the caching method of
+ * DESIGN.md §3), for W3 (WORKLOADS.md: ResNet-18, batch 1024, bf16) and any
+ * other preset:
+ *   aug+step: one raw uint8 batch cached on the device; each step augments
+ *             it (W3: (x/255 - 0.5)/0.5 into the net's layout and type) and
+ *             trains on it, as PyTorch's "device-cached batch" loop does;
+ *   step:     the augmented batch cached; the step alone.
+ * Timed steps follow warm-up steps; the backend restores the training state.
+ *
+ * Build: make bench-bins (build/bench/cached). Run:
+ *   build/bench/cached [--preset resnet18] [--batch 1024] [--hw 224]
+ *       [--precision bf16|tf32|fp32] [--optim sgd|adamw] [--graphs 1|0]
+ *       [--steps 30] [--warmup 5] [--freeze PREFIX]
+ * The layout follows the backend's rule (SF_CUDA_LAYOUT=nhwc|nchw overrides).
+ * Prints one human line per mode and one JSON line; exits 0 with
+ * "SKIPPED: no CUDA device" without a GPU.
+ */
+extern "C" {
+#include "../gpu/aug.h"
+#include "../gpu/backend.h"
+#include "../gpu/model.h"
+#include "../gpu/rng.h"
+}
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+static const char *AUG_W3 =
+    "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"
+    "{\"op\":\"normalize\",\"mean\":[0.5],\"std\":[0.5]}]";
+
+int main(int argc, char **argv)
+{
+    const char *preset = "resnet18", *prec = "bf16", *optim = "sgd", *freeze = "";
+    int batch = 1024, hw = 224, graphs = 1, steps = 30, warmup = 5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *k = argv[i], *v = argv[i + 1];
+        if (!strcmp(k, "--preset")) preset = v;
+        else if (!strcmp(k, "--batch")) batch = atoi(v);
+        else if (!strcmp(k, "--hw")) hw = atoi(v);
+        else if (!strcmp(k, "--precision")) prec = v;
+        else if (!strcmp(k, "--optim")) optim = v;
+        else if (!strcmp(k, "--graphs")) graphs = atoi(v);
+        else if (!strcmp(k, "--steps")) steps = atoi(v);
+        else if (!strcmp(k, "--warmup")) warmup = atoi(v);
+        else if (!strcmp(k, "--freeze")) freeze = v;
+        else {
+            fprintf(stderr, "cached: unknown option %s\n", k);
+            return 2;
+        }
+    }
+    if (batch < 1 || hw < 8 || steps < 1 || warmup < 0) {
+        fprintf(stderr, "cached: bad --batch/--hw/--steps/--warmup\n");
+        return 2;
+    }
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    char err[300];
+    sf_model m;
+    if (sf_model_from_preset(preset, &m, err, sizeof err)) {
+        fprintf(stderr, "cached: %s\n", err);
+        return 1;
+    }
+    if (strcmp(preset, "resnet18") == 0)
+        m.in_h = m.in_w = hw;
+    if (sf_model_resolve(&m, err, sizeof err) || (freeze[0] && sf_model_set_freeze(&m, freeze, err, sizeof err))) {
+        fprintf(stderr, "cached: %s\n", err);
+        return 1;
+    }
+    sf_train_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.precision = !strcmp(prec, "bf16") ? SF_PREC_BF16 : !strcmp(prec, "fp32") ? SF_PREC_FP32 : SF_PREC_TF32;
+    cfg.optim = !strcmp(optim, "adamw") ? SF_OPT_ADAMW : SF_OPT_SGD;
+    cfg.seed = 1;
+    cfg.max_batch = batch;
+    cfg.overlap = 1;
+    cfg.cuda_graphs = graphs;
+    cfg.device = 0;
+    sf_backend *be = sf_backend_cuda_new(0, err, sizeof err);
+    if (!be) {
+        fprintf(stderr, "cached: %s\n", err);
+        return 1;
+    }
+    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+        fprintf(stderr, "cached: build: %s\n", err);
+        return 1;
+    }
+    sf_aug_pipeline pipe;
+    sf_aug_plan plan;
+    if (sf_aug_parse(AUG_W3, &pipe, err, sizeof err) ||
+        sf_aug_plan_make(&pipe, m.in_h, m.in_w, 3, &plan, err, sizeof err)) {
+        fprintf(stderr, "cached: augmentation: %s\n", err);
+        return 1;
+    }
+    const size_t img = (size_t)batch * m.in_h * m.in_w * 3;
+    const size_t nl = (size_t)batch * (m.segmentation ? (size_t)m.out_h * m.out_w : 1);
+    uint8_t *im = (uint8_t *)be->i->host_alloc(be, img);
+    int64_t *lab = (int64_t *)be->i->host_alloc(be, nl * 8);
+    if (!im || !lab) {
+        fprintf(stderr, "cached: host_alloc\n");
+        return 1;
+    }
+    /* 32x32 random images upscaled (nearest) to hw x hw, as W3 describes */
+    for (int s = 0; s < batch; s++)
+        for (int y = 0; y < m.in_h; y++)
+            for (int x = 0; x < m.in_w; x++)
+                for (int c = 0; c < 3; c++) {
+                    const int sy = y * 32 / m.in_h, sx = x * 32 / m.in_w;
+                    im[(((size_t)s * m.in_h + y) * m.in_w + x) * 3 + c] =
+                        (uint8_t)(sf_hash4(7, (uint64_t)s, (uint64_t)(sy * 32 + sx), (uint64_t)c) >> 56);
+                }
+    for (size_t i = 0; i < nl; i++)
+        lab[i] = (int64_t)(sf_hash4(7, i, 0, 9) % (uint64_t)m.n_classes);
+    std::vector<sf_aug_sample> samples((size_t)batch);
+    sf_aug_gen(&pipe, &plan, 7, 0, batch, samples.data());
+    sf_batch b;
+    memset(&b, 0, sizeof b);
+    b.id = 1;
+    b.n = batch;
+    b.h = m.in_h;
+    b.w = m.in_w;
+    b.c = 3;
+    b.nhwc = 1;
+    b.images = im;
+    b.label_dtype = SF_LABEL_I64;
+    b.labels = lab;
+    b.plan = &plan;
+    b.samples = samples.data();
+    b.hyper.lr = 1e-3f;
+    b.hyper.momentum = 0.9f;
+    b.hyper.beta1 = 0.9f;
+    b.hyper.beta2 = 0.999f;
+    b.hyper.eps = 1e-8f;
+    double sec_as = 0, sec_s = 0;
+    if (be->i->bench(be, &b, SF_BENCH_AUG_STEP, warmup, steps, &sec_as, err, sizeof err) ||
+        be->i->bench(be, &b, SF_BENCH_STEP, warmup, steps, &sec_s, err, sizeof err)) {
+        fprintf(stderr, "cached: bench: %s\n", err);
+        return 1;
+    }
+    const char *lay = getenv("SF_CUDA_LAYOUT");
+    printf("%s %s batch %d %dx%d: aug+step %.1f samples/s (%.2f ms/step), step only %.1f samples/s (%.2f ms/step) "
+           "[%s, layout %s]\n",
+           preset, prec, batch, m.in_h, m.in_w, steps * batch / sec_as, sec_as * 1e3 / steps, steps * batch / sec_s,
+           sec_s * 1e3 / steps, prop.name, lay ? lay : "default");
+    printf("{\"bench\":\"cached\",\"device\":\"%s\",\"preset\":\"%s\",\"precision\":\"%s\",\"layout\":\"%s\","
+           "\"batch\":%d,\"hw\":%d,\"graphs\":%d,\"steps\":%d,\"aug_step_samples_per_s\":%.1f,"
+           "\"step_samples_per_s\":%.1f,\"aug_step_ms\":%.3f,\"step_ms\":%.3f}\n",
+           prop.name, preset, prec, lay ? lay : "default", batch, m.in_h, graphs, steps, steps * batch / sec_as,
+           steps * batch / sec_s, sec_as * 1e3 / steps, sec_s * 1e3 / steps);
+    be->i->host_free(be, im);
+    be->i->host_free(be, lab);
+    be->i->destroy(be);
+    return 0;
+}

@@ -986,17 +986,28 @@ __global__ void __launch_bounds__(W_TPB)
         db[v] = 0.0;
     }
     for (size_t r = r0 + rl; r < r1; r += (size_t)RS * U) {
+        /* every load issued before any is used: rows past the chunk load
+         * row r (in range) and are replaced by `pad` / zero afterwards */
         uint4 rx[U], rg[U], ry[U];
+        bool in[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const size_t rr = r + (size_t)u * RS;
-            const bool in = rr < r1;
-            rx[u] = in ? w_ldrow(xp, rr, C) : pad;
+            in[u] = rr < r1;
+            const size_t rc = in[u] ? rr : r;
+            rx[u] = w_ldrow(xp, rc, C);
             if constexpr (MODE == 1) {
-                rg[u] = in ? w_ldrow(dp, rr, C) : zero;
-                ry[u] = (in && yp) ? w_ldrow(yp, rr, C) : zero;
+                rg[u] = w_ldrow(dp, rc, C);
+                ry[u] = yp ? w_ldrow(yp, rc, C) : zero;
             }
         }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (!in[u]) {
+                rx[u] = pad;
+                rg[u] = zero;
+                ry[u] = zero;
+            }
         float fa[V], fb[V];
 #pragma unroll
         for (int v = 0; v < V; v++) {
@@ -1316,6 +1327,9 @@ __global__ void k_mp3_fwd_nchw(const T *__restrict__ x, int H, int W, int OH, in
     const unsigned oy = r % (unsigned)OH, plane = r / (unsigned)OH;
     const T *xp = x + (size_t)plane * H * W;
     const int iy0 = 2 * (int)oy - 1, ix0 = 2 * (int)ox - 1;
+    /* taps outside the input load the first inside one (unconditional loads,
+     * all in flight together) and are skipped below */
+    const int a0 = (iy0 > 0 ? iy0 : 0) * W + (ix0 > 0 ? ix0 : 0);
     float v[9];
     bool ok[9];
 #pragma unroll
@@ -1325,10 +1339,10 @@ __global__ void k_mp3_fwd_nchw(const T *__restrict__ x, int H, int W, int OH, in
             const int iy = iy0 + ky, ix = ix0 + kx;
             const bool in = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
             ok[ky * 3 + kx] = in;
-            v[ky * 3 + kx] = in ? w_f(xp[iy * W + ix]) : 0.f;
+            v[ky * 3 + kx] = w_f(xp[in ? iy * W + ix : a0]);
         }
     float m = -INFINITY;
-    int arg = (iy0 > 0 ? iy0 : 0) * W + (ix0 > 0 ? ix0 : 0);
+    int arg = a0;
 #pragma unroll
     for (int t = 0; t < 9; t++)
         if (ok[t] && (v[t] > m || isnan(v[t]))) {
@@ -1394,14 +1408,28 @@ __global__ void k_mp3_bwd_nchw(const T *__restrict__ dy, const int32_t *__restri
     const size_t o = (size_t)i; /* (plane*OH + qy)*OW + qx */
     int a[4];
     float d[4];
+    /* missing windows load window 00 (unconditional loads) and are masked */
+    const size_t o1 = nx ? o + 1 : o, o2 = ny ? o + OW : o, o3 = (nx && ny) ? o + OW + 1 : o;
     a[0] = am[o];
+    a[1] = am[o1];
+    a[2] = am[o2];
+    a[3] = am[o3];
     d[0] = w_f(dy[o]);
-    a[1] = nx ? am[o + 1] : -1;
-    d[1] = nx ? w_f(dy[o + 1]) : 0.f;
-    a[2] = ny ? am[o + OW] : -1;
-    d[2] = ny ? w_f(dy[o + OW]) : 0.f;
-    a[3] = (nx && ny) ? am[o + OW + 1] : -1;
-    d[3] = (nx && ny) ? w_f(dy[o + OW + 1]) : 0.f;
+    d[1] = w_f(dy[o1]);
+    d[2] = w_f(dy[o2]);
+    d[3] = w_f(dy[o3]);
+    if (!nx) {
+        a[1] = -1;
+        d[1] = 0.f;
+    }
+    if (!ny) {
+        a[2] = -1;
+        d[2] = 0.f;
+    }
+    if (!(nx && ny)) {
+        a[3] = -1;
+        d[3] = 0.f;
+    }
     const int iy = 2 * (int)qy, ix = 2 * (int)qx;
     float s[4];
     mp3_quad(a, d, iy * W + ix, W, s);
@@ -1442,6 +1470,9 @@ __global__ void __launch_bounds__(W_TPB)
     const unsigned oy = r % (unsigned)OH, ni = r / (unsigned)OH;
     const T *xb = x + (size_t)ni * H * W * C + cv * V;
     const int iy0 = 2 * (int)oy - 1, ix0 = 2 * (int)ox - 1;
+    const int a0 = (iy0 > 0 ? iy0 : 0) * W + (ix0 > 0 ? ix0 : 0);
+    /* taps outside the input load the first inside one (unconditional loads,
+     * all nine in flight together) and are skipped below */
     float v[9][V];
     bool ok[9];
 #pragma unroll
@@ -1450,17 +1481,10 @@ __global__ void __launch_bounds__(W_TPB)
         for (int kx = 0; kx < 3; kx++) {
             const int iy = iy0 + ky, ix = ix0 + kx, t = ky * 3 + kx;
             ok[t] = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
-            if (ok[t]) {
-                w_ld<T, V>(xb + ((size_t)iy * W + ix) * C, v[t]);
-            } else {
-#pragma unroll
-                for (int j = 0; j < V; j++)
-                    v[t][j] = 0.f;
-            }
+            w_ld<T, V>(xb + (size_t)(ok[t] ? iy * W + ix : a0) * C, v[t]);
         }
     float m[V];
     int arg[V];
-    const int a0 = (iy0 > 0 ? iy0 : 0) * W + (ix0 > 0 ? ix0 : 0);
 #pragma unroll
     for (int j = 0; j < V; j++) {
         m[j] = -INFINITY;
@@ -1503,21 +1527,24 @@ __global__ void __launch_bounds__(W_TPB)
     const size_t o = (size_t)i * V; /* ((ni*OH + qy)*OW + qx)*C + cv*V */
     const size_t wo[4] = {0, (size_t)C, (size_t)OW * C, (size_t)(OW + 1) * C};
     const bool wok[4] = {true, nx, ny, nx && ny};
+    /* missing windows load window 00 (unconditional loads) and are masked */
     int a[4][V];
     float d[4][V];
 #pragma unroll
     for (int t = 0; t < 4; t++) {
-        if (wok[t]) {
-            w_ldi<V>(am + o + wo[t], a[t]);
-            w_ld<T, V>(dy + o + wo[t], d[t]);
-        } else {
+        const size_t ot = o + (wok[t] ? wo[t] : 0);
+        w_ldi<V>(am + ot, a[t]);
+        w_ld<T, V>(dy + ot, d[t]);
+    }
+#pragma unroll
+    for (int t = 1; t < 4; t++)
+        if (!wok[t]) {
 #pragma unroll
             for (int j = 0; j < V; j++) {
                 a[t][j] = -1;
                 d[t][j] = 0.f;
             }
         }
-    }
     const int iy = 2 * (int)qy, ix = 2 * (int)qx;
     const int me00 = iy * W + ix;
     float s[4][V];

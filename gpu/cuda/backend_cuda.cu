@@ -21,7 +21,7 @@
  * cudaEventElapsedTime is a float of milliseconds).
  *
  * Tuning knobs (environment, read at build; defaults are the measured best):
- *   SF_CUDA_LAYOUT=nhwc|nchw  activation layout (default: nhwc for tf32, nchw for fp32)
+ *   SF_CUDA_LAYOUT=nhwc|nchw  activation layout (default: nhwc for tf32 and bf16, nchw for fp32)
  *   SF_CUDNN_TUNE=N           cuDNN engine configs timed per convolution (8; 1 = heuristics' pick)
  *   SF_CUDNN_FUSE=0|1         allow cuDNN's fused conv+bias+ReLU forward (1)
  *   SF_CUDA_FORK=0|1          backward-filter beside backward-data on a side stream (1)
@@ -450,10 +450,6 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
                 c->device);
         return -1;
     }
-    if (cfg->precision == SF_PREC_BF16) {
-        sf_errf(err, errlen, "cuda build: bf16 is not implemented yet (fp32 and tf32 are)");
-        return -1;
-    }
     if (cfg->grad_accum_steps < 0 || (cfg->optim != SF_OPT_SGD && cfg->optim != SF_OPT_ADAMW)) {
         sf_errf(err, errlen, "cuda build: grad_accum_steps %d or optimizer %d invalid", cfg->grad_accum_steps,
                 (int)cfg->optim);
@@ -475,7 +471,8 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     c->st_transform = cfg->overlap ? c->st_transform_own : c->st_compute;
     /* Activation layout, measured on the W1 step (H100, batch 32, graphs):
      * TF32 tensor cores run best on NHWC (2.19 ms vs 4.05 ms NCHW); strict fp32
-     * runs best on NCHW (5.29 ms vs 6.64 ms NHWC). SF_CUDA_LAYOUT=nchw|nhwc
+     * runs best on NCHW (5.29 ms vs 6.64 ms NHWC); bf16 tensor cores want
+     * NHWC too (bench/results: ResNet-18). SF_CUDA_LAYOUT=nchw|nhwc
      * overrides. */
     const char *lay = getenv("SF_CUDA_LAYOUT");
     if (lay && strcmp(lay, "nchw") == 0)
@@ -483,7 +480,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     else if (lay && strcmp(lay, "nhwc") == 0)
         c->layout = SF_LAYOUT_NHWC;
     else
-        c->layout = cfg->precision == SF_PREC_TF32 ? SF_LAYOUT_NHWC : SF_LAYOUT_NCHW;
+        c->layout = cfg->precision != SF_PREC_FP32 ? SF_LAYOUT_NHWC : SF_LAYOUT_NCHW;
 
     sf_cuda_clear_error();
     if (alloc_buffers(c)) {
@@ -513,12 +510,13 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.seed = cfg->seed;
     nc.adamw = cfg->optim == SF_OPT_ADAMW;
     nc.accum = c->accum_k;
+    nc.dt = cfg->precision == SF_PREC_BF16 ? SF_DT_BF16 : SF_DT_F32;
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
         return -1;
     }
-    c->layout = sf_net_layout(c->net); /* the general (W2/W3) path runs NCHW */
+    c->layout = sf_net_layout(c->net); /* a flatten of a spatial tensor forces NCHW */
     if (anchor_init(c)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
@@ -633,9 +631,15 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
                            (int)bt->label_dtype, (int)((size_t)n * c->lps), B->d_lab, ts))
         return -1;
     const sf_aug_sample *d_samples = (const sf_aug_sample *)(B->d_stage + c->samples_off);
-    if (sf_cuda_augment(bt->plan, d_samples, n, B->d_raw, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
-                        c->d_aug_tmp, ts))
+    /* bf16 nets read bf16 input: the transform writes half the bytes */
+    if (sf_net_dtype(c->net) == SF_DT_BF16) {
+        if (sf_cuda_augment_bf16(bt->plan, d_samples, n, B->d_raw, bt->nhwc, (uint16_t *)B->d_x,
+                                 c->layout == SF_LAYOUT_NHWC, c->d_aug_tmp, ts))
+            return -1;
+    } else if (sf_cuda_augment(bt->plan, d_samples, n, B->d_raw, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
+                               c->d_aug_tmp, ts)) {
         return -1;
+    }
     /* The frozen encoder (DESIGN.md §1): its output is what the step reads. */
     if (sf_net_frozen_fwd(c->net, b, n, ts))
         return -1;

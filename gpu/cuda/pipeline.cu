@@ -136,7 +136,7 @@ static float *op_out(const sf_cuda_net *net, int i, int b)
 static float *op_in(const sf_cuda_net *net, int i, int b)
 {
     const int x = net->ops[i].x_op;
-    return x < 0 ? net->io[b].x : op_out(net, x, b);
+    return x < 0 ? (float *)net->io[b].x : op_out(net, x, b);
 }
 
 /* [outer, c, inner] view of an op's output. */
@@ -487,9 +487,14 @@ static int make_vpacks(sf_cuda_net *net)
     return 0;
 }
 
-/* Copies the k>1 conv weights into wdev in KRSC order. */
+static int g_refresh_wd(sf_cuda_net *net, int all, cudaStream_t s);
+
+/* Copies the k>1 conv weights into wdev in KRSC order (the general path: its
+ * device weights, all of them). */
 static int refresh_wdev(sf_cuda_net *net)
 {
+    if (net->g)
+        return g_refresh_wd(net, 1, net->s);
     for (int k = 0; k < net->segs.n; k++) {
         const sf_perm_seg *sg = &net->segs.s[k];
         const int oc = (int)(sg->len / ((size_t)sg->c * sg->rs));
@@ -669,20 +674,38 @@ static int capture(sf_cuda_net *net, net_shape *S, int b, int n)
 }
 
 /* ---- the general path: a layer-graph executor (W2/W3) --------------------- */
-/* Every layer but flatten owns its output; every trainable layer but flatten
- * owns its output gradient. The trainable part reads copies of its inputs
- * (x0: the model input; bin: the frozen boundary), so each cuDNN plan binds
- * one set of pointers whatever the buffer b. The backward walks the layers in
- * reverse; the first consumer (in backward order) of a tensor overwrites its
- * gradient, later ones add theirs through gtmp (a residual block's input). */
+/* Every layer but flatten (and a ReLU fused into its producer) owns its
+ * output; every trainable layer of those owns its output gradient. The
+ * trainable part reads copies of its inputs (x0: the model input; bin: the
+ * frozen boundary), so each cuDNN plan binds one set of pointers whatever the
+ * buffer b. The backward walks the layers in reverse; the first consumer (in
+ * backward order) of a tensor overwrites its gradient, later ones add theirs
+ * through gtmp (a residual block's input).
+ *
+ * Element type and layout (issue 9): activations and their gradients are of
+ * type g->dt (fp32, or bf16 with model.precision=bf16) in layout g->lay.
+ * The master parameters, their gradients and the optimizer state stay fp32 in
+ * model layout; convolutions read a device copy of the weights (wd: dt, conv
+ * weights permuted to KRSC in NHWC) that the step refreshes after the
+ * optimizer, and write their weight gradients into gd (same layout), which
+ * sf_cuda_grads_model folds into the fp32 gradients before the optimizer.
+ * With fp32 NCHW, wd and gd are the parameters and gradients themselves.
+ * Logits are cast to fp32 for the loss (and its gradient back to dt).
+ *
+ * ReLU fusion: a ReLU whose input is produced by a conv, convT, linear,
+ * batchnorm or add that nothing else reads is folded into that layer's
+ * epilogue (forward) and gradient mask (backward); the ReLU layer then only
+ * aliases its producer's tensors. */
 
 typedef struct gop {
     int frozen;
     int src[2], n_in;
     int first[2];        /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
     int want[2];         /* backward: src[j] needs a gradient */
-    float *y;            /* output (flatten: alias) */
-    float *dy;           /* output gradient (trainable; flatten: alias), else NULL */
+    int relu;            /* the next layer's ReLU is fused here */
+    int fused;           /* this ReLU is fused into the previous layer: y/dy alias it */
+    void *y;             /* output (flatten, fused ReLU: alias) */
+    void *dy;            /* output gradient (trainable; aliases as y), else NULL */
     float *save;         /* batchnorm: [2C] mean, invstd */
     int32_t *argmax;     /* maxpool */
     cudnnBackendDescriptor_t vp[3]; /* conv: variant packs (fixed pointers) */
@@ -698,11 +721,19 @@ typedef struct gshape {
 struct gen_net {
     gop op[SF_MAX_LAYERS];
     int nl, nf;          /* layers, frozen layers */
-    float *x0, *bin;     /* model input copy; trainable copy of the frozen boundary */
-    float *bnd[SF_NET_MAX_BUF]; /* frozen boundary per buffer */
+    sf_dtype dt;         /* activations */
+    size_t es;           /* bytes per activation element */
+    sf_layout lay;
+    void *x0, *bin;      /* model input copy; trainable copy of the frozen boundary */
+    void *bnd[SF_NET_MAX_BUF]; /* frozen boundary per buffer */
     size_t bnd_elems;    /* per sample */
-    float *mom_raw, *sq, *gacc, *bufs;
-    float *gtmp;
+    float *sq, *gacc, *bufs;
+    void *gtmp;
+    void *wd, *gd;       /* device weights / conv weight gradients (dt, device layout) */
+    int wsep;            /* wd, gd are copies (else params, grads) */
+    sf_sgd_segs segs_all;   /* conv/convT weights, model offsets */
+    sf_sgd_segs segs_train; /* trainable ones, offsets from train_off */
+    float *lg, *dlg;     /* fp32 logits and their gradient (dt != fp32) */
     void *scratch;       /* bn, xent2d, bias-grad scratch (compute stream) */
     size_t scratch_bytes;
     sf_xent2d_out *x2d;
@@ -712,6 +743,10 @@ struct gen_net {
     gshape *shapes[SF_NET_MAX_SHAPES];
     int n_shapes;
 };
+
+static const sf_sgd_segs k_no_segs = {};
+
+static inline void *E(const void *p, size_t i, size_t es) { return (char *)p + i * es; }
 
 static int g_src(const sf_model *m, int i, int j) { return sf_layer_input(m, i, j); }
 
@@ -724,7 +759,7 @@ static int g_owner(const sf_model *m, int i)
 }
 
 /* Input j of layer i as the layer reads it. */
-static float *g_in(const sf_cuda_net *net, int i, int j)
+static void *g_in(const sf_cuda_net *net, int i, int j)
 {
     const gen_net *g = net->g;
     const int s = g_src(&net->m, i, j);
@@ -735,9 +770,24 @@ static float *g_in(const sf_cuda_net *net, int i, int j)
     return g->op[s].y;
 }
 
+static void *g_wd(const sf_cuda_net *net, const sf_layer *L) { return E(net->g->wd, L->w_off, net->g->es); }
+static void *g_gd(const sf_cuda_net *net, const sf_layer *L) { return E(net->g->gd, L->w_off, net->g->es); }
+
+/* [outer, c, inner] view of an activation [n, c, h*w] in the net's layout. */
+static void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *inner)
+{
+    if (g->lay == SF_LAYOUT_NHWC) {
+        *outer = (size_t)n * hw;
+        *inner = 1;
+    } else {
+        *outer = (size_t)n;
+        *inner = hw;
+    }
+}
+
 static int needs_general(const sf_model *m, const sf_net_cfg *cfg)
 {
-    if (m->freeze[0] || m->n_frozen > 0 || m->segmentation || cfg->adamw || cfg->accum > 1)
+    if (m->freeze[0] || m->n_frozen > 0 || m->segmentation || cfg->adamw || cfg->accum > 1 || cfg->dt != SF_DT_F32)
         return 1;
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
@@ -761,8 +811,9 @@ static void g_convd(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
     d->k = L->k;
     d->stride = L->stride;
     d->pad = L->pad;
-    d->layout = SF_LAYOUT_NCHW;
+    d->layout = net->g->lay;
     d->tf32 = net->cfg.tf32;
+    d->dt = net->g->dt;
 }
 
 static void g_convtd(const sf_cuda_net *net, int i, int n, sf_convt_desc *d)
@@ -777,8 +828,9 @@ static void g_convtd(const sf_cuda_net *net, int i, int n, sf_convt_desc *d)
     d->k = L->k;
     d->stride = L->stride;
     d->pad = L->pad;
-    d->layout = SF_LAYOUT_NCHW;
+    d->layout = net->g->lay;
     d->tf32 = net->cfg.tf32;
+    d->dt = net->g->dt;
 }
 
 /* Pointers of conv/convT layer i in direction dir (conv roles; convT uses the same roles). */
@@ -791,16 +843,16 @@ static void g_ptrs(const sf_cuda_net *net, int i, int dir, void *ws, sf_conv_ptr
     p->ws = ws;
     if (dir == SF_CONV_FWD) {
         p->x = g_in(net, i, 0);
-        p->w = net->params + L->w_off;
+        p->w = g_wd(net, L);
         p->y = o->y;
     } else if (dir == SF_CONV_BWD_DATA) {
         const int s = g_owner(&net->m, g_src(&net->m, i, 0));
         p->x = o->first[0] ? g->op[s].dy : g->gtmp;
-        p->w = net->params + L->w_off;
+        p->w = g_wd(net, L);
         p->y = o->dy;
     } else {
         p->x = g_in(net, i, 0);
-        p->w = net->grads + L->w_off;
+        p->w = g_gd(net, L);
         p->y = o->dy;
     }
 }
@@ -929,11 +981,38 @@ static int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size_t off)
     return 0;
 }
 
+/* The device copy of the weights from the master parameters: all of them
+ * (build, set_params, restore) or the trainable slice (after a step). */
+static int g_refresh_wd(sf_cuda_net *net, int all, cudaStream_t s)
+{
+    gen_net *g = net->g;
+    if (!g->wsep)
+        return 0;
+    const size_t off = all ? 0 : net->m.train_off, len = net->m.n_params - off;
+    if (len == 0)
+        return 0;
+    return sf_cuda_weights_dev(net->params + off, E(g->wd, off, g->es), g->dt, len,
+                               all ? &g->segs_all : &g->segs_train, s);
+}
+
+static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
+{
+    if (sg->n >= SF_SGD_MAX_SEGS) {
+        sf_cuda_set_error("%s:%d: more than %d convolution weights", __FILE__, __LINE__, SF_SGD_MAX_SEGS);
+        return -1;
+    }
+    sf_perm_seg *p = &sg->s[sg->n++];
+    p->off = off;
+    p->len = len;
+    p->c = c;
+    p->rs = rs;
+    return 0;
+}
+
 static int g_create(sf_cuda_net *net)
 {
     const sf_model *m = &net->m;
     const size_t nb = (size_t)net->cfg.max_batch;
-    net->cfg.layout = SF_LAYOUT_NCHW;
     gen_net *g = (gen_net *)calloc(1, sizeof *g);
     if (!g) {
         sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
@@ -942,6 +1021,15 @@ static int g_create(sf_cuda_net *net)
     net->g = g;
     g->nl = m->n_layers;
     g->nf = m->n_frozen;
+    g->dt = net->cfg.dt;
+    g->es = sf_dtype_size(g->dt);
+    g->lay = net->cfg.layout;
+    /* A flatten of a tensor with spatial extent flattens in NCHW order
+     * (PyTorch's): such a model runs NCHW. */
+    for (int i = 0; i < g->nl; i++)
+        if (m->layers[i].kind == SF_L_FLATTEN && m->layers[i].in_h * m->layers[i].in_w > 1)
+            g->lay = SF_LAYOUT_NCHW;
+    net->cfg.layout = g->lay;
     /* checks */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
@@ -969,6 +1057,29 @@ static int g_create(sf_cuda_net *net)
     if (g->nf > 0 && m->layers[g->nf - 1].kind == SF_L_FLATTEN) {
         sf_cuda_set_error("%s:%d: the last frozen layer is a flatten", __FILE__, __LINE__);
         return -1;
+    }
+    /* ReLU fusion (SF_CUDA_FUSE_RELU=0 turns it off, for comparisons) */
+    {
+        const char *fe = getenv("SF_CUDA_FUSE_RELU");
+        const int fuse_on = !(fe && strcmp(fe, "0") == 0);
+        int readers[SF_MAX_LAYERS];
+        memset(readers, 0, sizeof readers);
+        for (int i = 0; i < g->nl; i++)
+            for (int j = 0; j < g->op[i].n_in; j++)
+                if (g->op[i].src[j] >= 0)
+                    readers[g->op[i].src[j]]++;
+        for (int i = 0; fuse_on && i + 1 < g->nl; i++) {
+            const sf_layer *L = &m->layers[i], *R = &m->layers[i + 1];
+            const int k = L->kind;
+            if (R->kind != SF_L_RELU || g->op[i + 1].src[0] != i || readers[i] != 1 || g->op[i].fused ||
+                g->op[i].frozen != g->op[i + 1].frozen || i + 1 == g->nl - 1)
+                continue;
+            if (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR || k == SF_L_BATCHNORM2D ||
+                k == SF_L_ADD) {
+                g->op[i].relu = 1;
+                g->op[i + 1].fused = 1;
+            }
+        }
     }
     /* backward schedule */
     {
@@ -999,9 +1110,33 @@ static int g_create(sf_cuda_net *net)
         return -1;
     if (dmallocf(net, &g->bufs, m->n_buffers ? m->n_buffers : 1))
         return -1;
+    /* device weights: conv weights permuted (NHWC) and/or in bf16 */
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
+            continue;
+        const int nhwc = g->lay == SF_LAYOUT_NHWC && L->k > 1;
+        /* conv [oc][c][k][k] -> [oc][k][k][c]; convT [c][oc][k][k] -> [c][k][k][oc] */
+        const int c = !nhwc ? 1 : L->kind == SF_L_CONV2D ? L->in_c : L->out_c;
+        const int rs = !nhwc ? (int)L->n_w : L->k * L->k;
+        if (g_add_seg(&g->segs_all, L->w_off, L->n_w, c, rs))
+            return -1;
+        if (i >= g->nf && g_add_seg(&g->segs_train, L->w_off - m->train_off, L->n_w, c, rs))
+            return -1;
+    }
+    g->wsep = g->dt != SF_DT_F32 || g->lay == SF_LAYOUT_NHWC;
+    if (g->wsep) {
+        if (dmalloc(net, &g->wd, g->es * (np ? np : 1)) || dmalloc(net, &g->gd, g->es * (np ? np : 1)))
+            return -1;
+        SF_CUDA_CHECK(cudaMemsetAsync(g->gd, 0, g->es * (np ? np : 1), net->s));
+    } else {
+        g->wd = net->params;
+        g->gd = net->grads;
+    }
     /* activations */
+    const size_t es = g->es;
     size_t in_elems = (size_t)m->in_c * m->in_h * m->in_w;
-    if (dmallocf(net, &g->x0, nb * in_elems))
+    if (dmalloc(net, &g->x0, es * nb * in_elems))
         return -1;
     int max_c = 1;
     for (int i = 0; i < g->nl; i++) {
@@ -1011,37 +1146,44 @@ static int g_create(sf_cuda_net *net)
             max_c = L->out_ch;
         if (L->in_c > max_c)
             max_c = L->in_c;
-        if (L->kind == SF_L_FLATTEN) {
+        if (L->kind == SF_L_FLATTEN || o->fused) {
             o->y = g_in(net, i, 0);
             const int ow = g_owner(m, o->src[0]);
             o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
             continue;
         }
-        if (dmallocf(net, &o->y, nb * L->out_elems))
+        if (dmalloc(net, &o->y, es * nb * L->out_elems))
             return -1;
-        if (!o->frozen && dmallocf(net, &o->dy, nb * L->out_elems))
+        if (!o->frozen && dmalloc(net, &o->dy, es * nb * L->out_elems))
             return -1;
         if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
             return -1;
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
             return -1;
-        if (i == g->nf - 1) {
-            g->bnd_elems = L->out_elems;
-            if (dmallocf(net, &g->bin, nb * L->out_elems))
-                return -1;
-            for (int b = 0; b < net->cfg.nbuf; b++)
-                if (dmallocf(net, &g->bnd[b], nb * L->out_elems))
-                    return -1;
-        }
     }
-    if (dmallocf(net, &g->gtmp, nb * m->max_act))
+    /* the frozen boundary (after fusion: the last frozen layer may alias) */
+    if (g->nf > 0) {
+        const sf_layer *L = &m->layers[g->nf - 1];
+        g->bnd_elems = L->out_elems;
+        if (dmalloc(net, &g->bin, es * nb * L->out_elems))
+            return -1;
+        for (int b = 0; b < net->cfg.nbuf; b++)
+            if (dmalloc(net, &g->bnd[b], es * nb * L->out_elems))
+                return -1;
+    }
+    if (dmalloc(net, &g->gtmp, es * nb * m->max_act))
         return -1;
+    if (g->dt != SF_DT_F32) {
+        const size_t lsz = nb * (size_t)m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
+        if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
+            return -1;
+    }
     /* compute-stream scratch: bn, xent2d, bias grad (never used at once) */
     size_t sc = sizeof(float) * sf_cuda_bias_grad_scratch(max_c);
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         if (L->kind == SF_L_BATCHNORM2D) {
-            size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW);
+            size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, g->lay);
             if (b > sc)
                 sc = b;
         }
@@ -1064,7 +1206,7 @@ static int g_scratch_fits(const sf_cuda_net *net, int n)
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
         if (L->kind == SF_L_BATCHNORM2D &&
-            sf_cuda_bn_scratch_bytes(n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW) > net->g->scratch_bytes)
+            sf_cuda_bn_scratch_bytes(n, L->in_c, L->in_h, L->in_w, net->g->lay) > net->g->scratch_bytes)
             return 0;
     }
     if (m->segmentation && sf_cuda_xent2d_scratch_bytes(n, m->out_h, m->out_w) > net->g->scratch_bytes)
@@ -1098,57 +1240,66 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, cudaS
     gen_net *g = net->g;
     const sf_model *m = &net->m;
     const float *P = net->params;
+    const sf_dtype dt = g->dt;
     for (int i = from; i < to; i++) {
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];
-        const float *x = g_in(net, i, 0);
+        if (o->fused)
+            continue;
+        const void *x = g_in(net, i, 0);
+        size_t outer, inner;
         switch (L->kind) {
         case SF_L_CONV2D:
-            if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vp[SF_CONV_FWD]) ||
-                sf_cuda_bias_act(o->y, L->n_b ? P + L->b_off : NULL, (size_t)n, L->out_c,
-                                 (size_t)L->out_h * L->out_w, 0, s))
+            g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
+            if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vp[SF_CONV_FWD]))
+                return -1;
+            if ((L->n_b || o->relu) &&
+                sf_cuda_bias_act_dt(dt, o->y, L->n_b ? P + L->b_off : NULL, outer, L->out_c, inner, o->relu, s))
                 return -1;
             break;
         case SF_L_CONV_TRANSPOSE2D: {
-            sf_convt_ptrs p = {(void *)x, (void *)(P + L->w_off), o->y, ws};
+            sf_convt_ptrs p = {(void *)x, g_wd(net, L), o->y, ws};
             if (sf_convt_run(h, &S->tp[i], SF_CONV_FWD, &p))
                 return -1;
-            if (L->n_b && sf_convt_bias_act(&S->tp[i].d, o->y, P + L->b_off, 0, s))
+            if ((L->n_b || o->relu) &&
+                sf_convt_bias_act_dt(&S->tp[i].d, o->y, L->n_b ? P + L->b_off : NULL, o->relu, s))
                 return -1;
             break;
         }
         case SF_L_LINEAR:
-            if (sf_linear_fwd(net->blas, x, n, L->in_c, P + L->w_off, L->out_c, o->y, net->cfg.tf32) ||
-                sf_cuda_bias_act(o->y, L->n_b ? P + L->b_off : NULL, (size_t)n, L->out_c, 1, 0, s))
+            if (sf_linear_fwd_dt(net->blas, dt, x, n, L->in_c, g_wd(net, L), L->out_c, o->y, net->cfg.tf32))
+                return -1;
+            if ((L->n_b || o->relu) &&
+                sf_cuda_bias_act_dt(dt, o->y, L->n_b ? P + L->b_off : NULL, (size_t)n, L->out_c, 1, o->relu, s))
                 return -1;
             break;
         case SF_L_RELU:
-            if (sf_cuda_relu_fwd(x, o->y, (size_t)n * L->out_elems, s))
+            if (sf_cuda_relu_fwd_dt(dt, x, o->y, (size_t)n * L->out_elems, s))
                 return -1;
             break;
         case SF_L_BATCHNORM2D:
             if (o->frozen) {
-                if (sf_cuda_bn_fwd_eval(x, n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, P + L->w_off, P + L->b_off,
-                                        SF_BN_EPS, g->bufs + L->rm_off, g->bufs + L->rv_off, o->y, 0, s))
+                if (sf_cuda_bn_fwd_eval_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
+                                           SF_BN_EPS, g->bufs + L->rm_off, g->bufs + L->rv_off, o->y, o->relu, s))
                     return -1;
-            } else if (sf_cuda_bn_fwd_train(x, n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, P + L->w_off,
-                                            P + L->b_off, SF_BN_EPS, SF_BN_MOMENTUM, g->bufs + L->rm_off,
-                                            g->bufs + L->rv_off, o->save, o->save + L->out_ch, o->y, 0, g->scratch,
-                                            s)) {
+            } else if (sf_cuda_bn_fwd_train_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
+                                               P + L->b_off, SF_BN_EPS, SF_BN_MOMENTUM, g->bufs + L->rm_off,
+                                               g->bufs + L->rv_off, o->save, o->save + L->out_ch, o->y, o->relu,
+                                               g->scratch, s)) {
                 return -1;
             }
             break;
         case SF_L_MAXPOOL2D:
-            if (sf_cuda_maxpool_fwd(x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, SF_LAYOUT_NCHW, o->y,
-                                    o->argmax, s))
+            if (sf_cuda_maxpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, g->lay, o->y,
+                                       o->argmax, s))
                 return -1;
             break;
         case SF_L_GLOBAL_AVGPOOL:
-            if (sf_cuda_avgpool_fwd(x, n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, o->y, s))
+            if (sf_cuda_avgpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, o->y, s))
                 return -1;
             break;
         case SF_L_ADD:
-            if (sf_cuda_add(x, g_in(net, i, 1), o->y, (size_t)n * L->out_elems, 0, s))
+            if (sf_cuda_add_dt(dt, x, g_in(net, i, 1), o->y, (size_t)n * L->out_elems, o->relu, s))
                 return -1;
             break;
         default: /* flatten */
@@ -1159,7 +1310,7 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, cudaS
 }
 
 /* dst for input j of layer i's gradient (NULL: none wanted) and whether to add it after. */
-static float *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
+static void *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
 {
     gen_net *g = net->g;
     const gop *o = &g->op[i];
@@ -1174,8 +1325,8 @@ static float *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
 
 static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s)
 {
-    float *d = net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
-    return sf_cuda_add(d, net->g->gtmp, d, len, 0, s);
+    void *d = net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
+    return sf_cuda_add_dt(net->g->dt, d, net->g->gtmp, d, len, 0, s);
 }
 
 static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
@@ -1185,39 +1336,55 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
     cudaStream_t s = net->s;
     const float *P = net->params;
     const int tf32 = net->cfg.tf32;
+    const sf_dtype dt = g->dt;
+    const size_t es = g->es;
     /* the trainable part's input */
     if (g->nf > 0)
-        SF_CUDA_CHECK(cudaMemcpyAsync(g->bin, g->bnd[b], sizeof(float) * (size_t)n * g->bnd_elems,
-                                      cudaMemcpyDeviceToDevice, s));
+        SF_CUDA_CHECK(cudaMemcpyAsync(g->bin, g->bnd[b], es * (size_t)n * g->bnd_elems, cudaMemcpyDeviceToDevice, s));
     else
-        SF_CUDA_CHECK(cudaMemcpyAsync(g->x0, net->io[b].x, sizeof(float) * (size_t)n * m->in_c * m->in_h * m->in_w,
+        SF_CUDA_CHECK(cudaMemcpyAsync(g->x0, net->io[b].x, es * (size_t)n * m->in_c * m->in_h * m->in_w,
                                       cudaMemcpyDeviceToDevice, s));
     if (g_forward(net, S, g->nf, g->nl, n, s, net->dnn, net->ws))
         return -1;
-    /* loss */
+    /* loss, in fp32 */
     const int last = g->nl - 1;
-    const float *logits = g->op[last].y;
-    float *dlog = g->op[last].dy;
+    const size_t nlog = (size_t)n * m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
+    const float *logits = (const float *)g->op[last].y;
+    float *dlog = (float *)g->op[last].dy;
+    if (dt != SF_DT_F32) {
+        if (sf_cuda_cast(g->op[last].y, dt, g->lg, SF_DT_F32, nlog, s))
+            return -1;
+        logits = g->lg;
+        dlog = g->dlg;
+    }
     if (m->segmentation) {
-        if (sf_cuda_xent2d(logits, net->io[b].labels, n, m->n_classes, m->out_h, m->out_w, SF_LAYOUT_NCHW, dlog,
-                           g->x2d, g->scratch, s))
+        if (sf_cuda_xent2d(logits, net->io[b].labels, n, m->n_classes, m->out_h, m->out_w, g->lay, dlog, g->x2d,
+                           g->scratch, s))
             return -1;
         k_x2d_out<<<1, 1, 0, s>>>(g->x2d, net->io[b].result);
         SF_CUDA_CHECK(cudaGetLastError());
     } else if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, dlog, net->io[b].result, s)) {
         return -1;
     }
+    if (dt != SF_DT_F32 && sf_cuda_cast(g->dlg, SF_DT_F32, g->op[last].dy, dt, nlog, s))
+        return -1;
     /* backward */
     for (int i = last; i >= g->nf; i--) {
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];
+        if (o->fused)
+            continue;
         const size_t in_len = (size_t)n * L->in_c * L->in_h * L->in_w;
+        const void *ymask = o->relu ? o->y : NULL;
         int add0 = 0;
-        float *dx = g_dst(net, i, 0, &add0);
+        void *dx = g_dst(net, i, 0, &add0);
+        size_t outer, inner;
         switch (L->kind) {
         case SF_L_CONV2D:
-            if (L->n_b && sf_cuda_bias_grad(o->dy, NULL, (size_t)n, L->out_c, (size_t)L->out_h * L->out_w,
-                                            net->grads + L->b_off, (float *)g->scratch, s))
+            g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
+            if ((L->n_b || o->relu) &&
+                sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
+                                     (float *)g->scratch, s))
                 return -1;
             if (sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_FILTER], o->vp[SF_CONV_BWD_FILTER]))
                 return -1;
@@ -1225,59 +1392,64 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
                 return -1;
             break;
         case SF_L_CONV_TRANSPOSE2D: {
-            if (L->n_b && sf_convt_bias_grad(&S->tp[i].d, o->dy, NULL, net->grads + L->b_off, (float *)g->scratch, s))
+            if ((L->n_b || o->relu) &&
+                sf_convt_bias_grad_dt(&S->tp[i].d, o->dy, ymask, L->n_b ? net->grads + L->b_off : NULL,
+                                      (float *)g->scratch, s))
                 return -1;
-            sf_convt_ptrs pf = {(void *)g_in(net, i, 0), net->grads + L->w_off, o->dy, net->ws};
+            sf_convt_ptrs pf = {g_in(net, i, 0), g_gd(net, L), o->dy, net->ws};
             if (sf_convt_run(net->dnn, &S->tp[i], SF_CONV_BWD_FILTER, &pf))
                 return -1;
             if (dx) {
-                sf_convt_ptrs pd = {dx, (void *)(P + L->w_off), o->dy, net->ws};
+                sf_convt_ptrs pd = {dx, g_wd(net, L), o->dy, net->ws};
                 if (sf_convt_run(net->dnn, &S->tp[i], SF_CONV_BWD_DATA, &pd))
                     return -1;
             }
             break;
         }
         case SF_L_LINEAR:
-            if (L->n_b && sf_cuda_bias_grad(o->dy, NULL, (size_t)n, L->out_c, 1, net->grads + L->b_off,
-                                            (float *)g->scratch, s))
+            if ((L->n_b || o->relu) &&
+                sf_cuda_bias_grad_dt(dt, o->dy, ymask, (size_t)n, L->out_c, 1, L->n_b ? net->grads + L->b_off : NULL,
+                                     (float *)g->scratch, s))
                 return -1;
-            if (sf_linear_bwd_filter(net->blas, g_in(net, i, 0), n, L->in_c, o->dy, L->out_c, net->grads + L->w_off,
-                                     tf32))
+            if (sf_linear_bwd_filter_dt(net->blas, dt, g_in(net, i, 0), n, L->in_c, o->dy, L->out_c,
+                                        net->grads + L->w_off, tf32))
                 return -1;
-            if (dx && sf_linear_bwd_data(net->blas, o->dy, n, L->in_c, P + L->w_off, L->out_c, dx, tf32))
+            if (dx && sf_linear_bwd_data_dt(net->blas, dt, o->dy, n, L->in_c, g_wd(net, L), L->out_c, dx, tf32))
                 return -1;
             break;
         case SF_L_RELU:
-            if (dx && sf_cuda_relu_bwd(o->y, o->dy, dx, in_len, s))
+            if (dx && sf_cuda_relu_bwd_dt(dt, o->y, o->dy, dx, in_len, s))
                 return -1;
             break;
         case SF_L_BATCHNORM2D:
-            if (sf_cuda_bn_bwd(g_in(net, i, 0), n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, P + L->w_off, o->save,
-                               o->save + L->out_ch, o->dy, NULL, dx ? dx : g->gtmp, net->grads + L->w_off,
-                               net->grads + L->b_off, g->scratch, s))
+            if (sf_cuda_bn_bwd_dt(dt, g_in(net, i, 0), n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, o->save,
+                                  o->save + L->out_ch, o->dy, ymask, dx ? dx : g->gtmp, net->grads + L->w_off,
+                                  net->grads + L->b_off, g->scratch, s))
                 return -1;
             break;
         case SF_L_MAXPOOL2D:
-            if (dx && sf_cuda_maxpool_bwd(o->dy, o->argmax, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad,
-                                          SF_LAYOUT_NCHW, dx, s))
+            if (dx && sf_cuda_maxpool_bwd_dt(dt, o->dy, o->argmax, n, L->in_c, L->in_h, L->in_w, L->k, L->stride,
+                                             L->pad, g->lay, dx, s))
                 return -1;
             break;
         case SF_L_GLOBAL_AVGPOOL:
-            if (dx && sf_cuda_avgpool_bwd(o->dy, n, L->in_c, L->in_h, L->in_w, SF_LAYOUT_NCHW, dx, s))
+            if (dx && sf_cuda_avgpool_bwd_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, g->lay, dx, s))
                 return -1;
             break;
         case SF_L_ADD:
+            if (o->relu && sf_cuda_relu_bwd_dt(dt, o->y, o->dy, o->dy, in_len, s))
+                return -1;
             for (int j = 0; j < 2; j++) {
                 int addj = 0;
-                float *d = g_dst(net, i, j, &addj);
+                void *d = g_dst(net, i, j, &addj);
                 if (!d)
                     continue;
                 if (addj) {
-                    float *t = g->op[g_owner(m, o->src[j])].dy;
-                    if (sf_cuda_add(t, o->dy, t, in_len, 0, s))
+                    void *t = g->op[g_owner(m, o->src[j])].dy;
+                    if (sf_cuda_add_dt(dt, t, o->dy, t, in_len, 0, s))
                         return -1;
                 } else {
-                    SF_CUDA_CHECK(cudaMemcpyAsync(d, o->dy, sizeof(float) * in_len, cudaMemcpyDeviceToDevice, s));
+                    SF_CUDA_CHECK(cudaMemcpyAsync(d, o->dy, es * in_len, cudaMemcpyDeviceToDevice, s));
                 }
             }
             continue;
@@ -1289,6 +1461,8 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
     }
     /* optimizer over the trainable slice */
     const size_t off = m->train_off, len = m->n_params - m->train_off;
+    if (g->wsep && sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_train, s))
+        return -1;
     const float *grad = net->grads + off;
     if (g->gacc) {
         const float inv_k = 1.0f / (float)net->cfg.accum;
@@ -1302,11 +1476,13 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
             if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, NULL, len, net->io[b].adamw, NULL,
                               s))
                 return -1;
-        } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &net->segs, s)) {
+        } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &k_no_segs, s)) {
             return -1;
         }
         if (g->gacc)
             SF_CUDA_CHECK(cudaMemsetAsync(g->gacc + off, 0, sizeof(float) * len, s));
+        if (g_refresh_wd(net, 0, s))
+            return -1;
     }
     SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
                                   cudaMemcpyDeviceToHost, s));
@@ -1347,12 +1523,17 @@ static int g_finish_create(sf_cuda_net *net)
     const size_t nb = (size_t)net->cfg.max_batch;
     cudaStream_t s = net->s;
     float *hp = (float *)malloc(sizeof(float) * (m->n_params ? m->n_params : 1) + sizeof(float) * (m->n_buffers + 1));
+    const sf_dtype dt = g->dt;
     if (!hp) {
         sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
         return -1;
     }
     sf_model_init_params(m, net->cfg.seed, hp);
     SF_CUDA_CHECK(cudaMemcpyAsync(net->params, hp, sizeof(float) * m->n_params, cudaMemcpyHostToDevice, s));
+    if (g_refresh_wd(net, 1, s)) {
+        free(hp);
+        return -1;
+    }
     SF_CUDA_CHECK(cudaStreamSynchronize(s));
     sf_model_init_buffers(m, hp);
     SF_CUDA_CHECK(cudaMemcpyAsync(g->bufs, hp, sizeof(float) * m->n_buffers, cudaMemcpyHostToDevice, s));
@@ -1360,16 +1541,16 @@ static int g_finish_create(sf_cuda_net *net)
     free(hp);
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
-        if (L->kind == SF_L_FLATTEN)
+        if (L->kind == SF_L_FLATTEN || g->op[i].fused)
             continue;
-        if (sf_cuda_fill_random(g->op[i].y, nb * L->out_elems, 11 + i, 1.f, s))
+        if (sf_cuda_fill_random_dt(dt, g->op[i].y, nb * L->out_elems, 11 + i, 1.f, s))
             return -1;
-        if (g->op[i].dy && sf_cuda_fill_random(g->op[i].dy, nb * L->out_elems, 111 + i, 1e-3f, s))
+        if (g->op[i].dy && sf_cuda_fill_random_dt(dt, g->op[i].dy, nb * L->out_elems, 111 + i, 1e-3f, s))
             return -1;
     }
-    if (sf_cuda_fill_random(g->x0, nb * m->in_c * m->in_h * m->in_w, 6, 1.f, s) ||
-        (g->bin && sf_cuda_fill_random(g->bin, nb * g->bnd_elems, 7, 1.f, s)) ||
-        sf_cuda_fill_random(g->gtmp, nb * m->max_act, 8, 1e-3f, s))
+    if (sf_cuda_fill_random_dt(dt, g->x0, nb * m->in_c * m->in_h * m->in_w, 6, 1.f, s) ||
+        (g->bin && sf_cuda_fill_random_dt(dt, g->bin, nb * g->bnd_elems, 7, 1.f, s)) ||
+        sf_cuda_fill_random_dt(dt, g->gtmp, nb * m->max_act, 8, 1e-3f, s))
         return -1;
     void *tune_ws = NULL;
     if (cudaMalloc(&tune_ws, WS_TUNE_BYTES) != cudaSuccess) {
@@ -1475,7 +1656,7 @@ static int g_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t ts)
         return -1;
     }
     const sf_model *m = &net->m;
-    SF_CUDA_CHECK(cudaMemcpyAsync(g->x0, net->io[b].x, sizeof(float) * (size_t)n * m->in_c * m->in_h * m->in_w,
+    SF_CUDA_CHECK(cudaMemcpyAsync(g->x0, net->io[b].x, g->es * (size_t)n * m->in_c * m->in_h * m->in_w,
                                   cudaMemcpyDeviceToDevice, ts));
     /* The net's handle, moved to the transform stream for the frozen layers
      * (one thread enqueues both streams; the compute stream gets it back). */
@@ -1484,7 +1665,7 @@ static int g_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t ts)
     SF_CUDNN_CHECK(cudnnSetStream(net->dnn, net->s));
     if (rc)
         return -1;
-    SF_CUDA_CHECK(cudaMemcpyAsync(g->bnd[b], g->op[g->nf - 1].y, sizeof(float) * (size_t)n * g->bnd_elems,
+    SF_CUDA_CHECK(cudaMemcpyAsync(g->bnd[b], g->op[g->nf - 1].y, g->es * (size_t)n * g->bnd_elems,
                                   cudaMemcpyDeviceToDevice, ts));
     return 0;
 }
@@ -1562,7 +1743,7 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
     if (sf_cuda_fill_random(net->gbuf[0], (size_t)cfg->max_batch * m->max_act, 3, 1e-3f, s) ||
         sf_cuda_fill_random(net->gbuf[1], (size_t)cfg->max_batch * m->max_act, 4, 1e-3f, s) ||
         sf_cuda_fill_random(net->dlog, (size_t)cfg->max_batch * m->n_classes, 5, 1e-3f, s) ||
-        sf_cuda_fill_random(io[0].x, (size_t)cfg->max_batch * m->in_c * m->in_h * m->in_w, 6, 1.f, s))
+        sf_cuda_fill_random((float *)io[0].x, (size_t)cfg->max_batch * m->in_c * m->in_h * m->in_w, 6, 1.f, s))
         goto fail;
 
     /* Plans for max_batch with a generous workspace, then one workspace sized
@@ -1632,6 +1813,7 @@ extern "C" void sf_net_destroy(sf_cuda_net *net)
 }
 
 extern "C" sf_layout sf_net_layout(const sf_cuda_net *net) { return net->cfg.layout; }
+extern "C" sf_dtype sf_net_dtype(const sf_cuda_net *net) { return net->g ? net->g->dt : SF_DT_F32; }
 
 extern "C" int sf_net_prepare(sf_cuda_net *net, int n)
 {

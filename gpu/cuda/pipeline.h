@@ -39,7 +39,8 @@ extern "C" {
 
 /* One batch buffer's device inputs and outputs. */
 typedef struct sf_net_io {
-    float *x;                  /* [max_batch, in_c*in_h*in_w] augmented input, net layout */
+    void *x;                   /* [max_batch, in_c*in_h*in_w] augmented input, net layout and
+                                  element type (sf_net_dtype) */
     const int32_t *labels;     /* [max_batch] */
     const sf_sgd_hyper *hyper; /* lr, momentum, weight decay of this batch */
     sf_xent_out *result;       /* device: loss, correct, bad labels */
@@ -62,6 +63,8 @@ typedef struct sf_net_cfg {
     uint64_t seed;       /* parameter initialisation (sf_model_init_params) */
     int adamw;           /* optimizer: 0 SGD, 1 AdamW (general path only) */
     int accum;           /* gradient accumulation steps (> 1: general path only) */
+    sf_dtype dt;         /* activations: fp32, or bf16 (general path only: a bf16 net
+                            always runs there) */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;
@@ -73,8 +76,9 @@ int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_cfg *cfg, c
                   cudnnHandle_t dnn, cublasHandle_t blas, cudaStream_t s);
 void sf_net_destroy(sf_cuda_net *net);
 
-/* Layout of the input the net reads (the augmentation writes it). */
+/* Layout and element type of the input the net reads (the augmentation writes it). */
 sf_layout sf_net_layout(const sf_cuda_net *net);
+sf_dtype sf_net_dtype(const sf_cuda_net *net);
 
 /* Makes batch size n runnable: builds its plans once (synchronous on s). */
 int sf_net_prepare(sf_cuda_net *net, int n);
@@ -89,9 +93,11 @@ const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
 /* ---- the general path (W2/W3 features) --------------------------------------
  * A model with any W2/W3 feature (conv_transpose2d, batchnorm2d, maxpool2d,
  * global_avgpool, add / explicit inputs, freeze, segmentation, AdamW,
- * accumulation) runs on a layer-graph executor with NCHW activations (the
- * layout cfg asks for is overridden: sf_net_layout says which). Chain models
- * of W1 keep the op-list path above unchanged.
+ * accumulation) or bf16 activations runs on a layer-graph executor in the
+ * layout cfg asks for (NCHW when a flatten of a tensor with spatial extent
+ * needs PyTorch's order: sf_net_layout says which) with activations of type
+ * cfg->dt, ReLUs fused into their producers. Chain models of W1 in fp32/tf32
+ * keep the op-list path above unchanged.
  *
  * Frozen prefix: sf_net_frozen_fwd enqueues the frozen layers' forward of
  * buffer b on stream s (the transform stream, after augmentation), with its

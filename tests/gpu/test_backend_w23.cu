@@ -549,6 +549,44 @@ int main(int argc, char **argv)
                     compare(name, m, tc, tr, 3, prec ? 1e-3 : 1e-5, prec ? 2e-2 : 1e-4, 0, 0);
                     free_batches(cu, bs);
                 }
+            /* fp32 in NHWC (the tf32/bf16 layout, checked without tensor-core
+             * rounding), and bf16 against the reference's bf16 emulation: both
+             * round every activation to bf16, but sums run in other orders, so
+             * single elements differ by a bf16 ulp and the loss by ~1e-3. */
+            for (int v = 0; v < 2; v++) {
+                batch_set bs;
+                if (make_batches(cu, bs, 3, 4, 64, 64, 10, 64 * 64, SF_LABEL_U8, 17 + v, 0.05f))
+                    break;
+                if (v == 0)
+                    setenv("SF_CUDA_LAYOUT", "nhwc", 1);
+                sf_train_cfg cfg = make_cfg(v ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
+                train_out tc, tr;
+                train(cu, m, cfg, bs, 3, tc);
+                unsetenv("SF_CUDA_LAYOUT");
+                train(ref, m, cfg, bs, 3, tr);
+                compare(v ? "encdec64 bf16 nhwc" : "encdec64 fp32 nhwc", m, tc, tr, 3, v ? 2e-2 : 1e-5,
+                        v ? 1e-1 : 1e-4, 0, 0);
+                free_batches(cu, bs);
+            }
+        }
+    }
+
+    /* 1b. seed-classifier (W1) in bf16: the general path, NHWC, fused ReLUs */
+    {
+        sf_model m;
+        char e1[200];
+        if (sf_model_from_preset("seed-classifier", &m, e1, sizeof e1) || sf_model_resolve(&m, e1, sizeof e1)) {
+            fail("seed-classifier: %s", e1);
+        } else {
+            batch_set bs;
+            if (make_batches(cu, bs, 3, 4, 256, 256, 10, 1, SF_LABEL_I64, 23, 0.01f) == 0) {
+                sf_train_cfg cfg = make_cfg(SF_PREC_BF16, 8, 1, 1);
+                train_out tc, tr;
+                train(cu, m, cfg, bs, 3, tc);
+                train(ref, m, cfg, bs, 3, tr);
+                compare("seed-classifier bf16", m, tc, tr, 3, 2e-2, 1e-1, 0, 0);
+                free_batches(cu, bs);
+            }
         }
     }
 
@@ -581,6 +619,18 @@ int main(int argc, char **argv)
                 g_xfail = 0;
                 if (v != 2)
                     compare_stepwise(names[v], cu, ref, m, cfg, bs, steps, prec ? 5e-2 : 1e-3, v == 1);
+                free_batches(cu, bs);
+            }
+            for (int v = 0; v < 2; v++) {
+                batch_set bs;
+                if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 41 + v, 0.005f))
+                    break;
+                sf_train_cfg cfg = make_cfg(v ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
+                if (v == 0)
+                    setenv("SF_CUDA_LAYOUT", "nhwc", 1);
+                compare_stepwise(v ? "resnet18-64 bf16 nhwc sgd" : "resnet18-64 fp32 nhwc sgd", cu, ref, m, cfg, bs, 3,
+                                 v ? 1e-1 : 1e-3, 0);
+                unsetenv("SF_CUDA_LAYOUT");
                 free_batches(cu, bs);
             }
             /* buffers round trip */
@@ -660,16 +710,18 @@ int main(int argc, char **argv)
         }
         sf_model r18;
         if (resnet(r18, 224) == 0) {
-            const int rb[2] = {256, 1024};
+            const int rb[2] = {256, 256};
             for (int k = 0; k < 2; k++)
                 for (int prec = 0; prec < 2; prec++) {
                     const int n = rb[k];
+                    /* k == 0: tf32, bf16 in NHWC; k == 1: the same in NCHW */
+                    setenv("SF_CUDA_LAYOUT", k ? "nchw" : "nhwc", 1);
                     batch_set bs;
                     if (make_batches(cu, bs, 1, n, 224, 224, 10, 1, SF_LABEL_I64, 5, 1e-3f))
                         break;
-                    sf_train_cfg cfg = make_cfg(prec ? SF_PREC_TF32 : SF_PREC_FP32, n, 1, 1);
+                    sf_train_cfg cfg = make_cfg(prec ? SF_PREC_BF16 : SF_PREC_TF32, n, 1, 1);
                     if (cu->i->build(cu, &r18, &cfg, err, sizeof err)) {
-                        printf("perf resnet18 batch %d %s: build failed: %s\n", n, prec ? "tf32" : "fp32", err);
+                        printf("perf resnet18 batch %d %s: build failed: %s\n", n, prec ? "bf16" : "tf32", err);
                         free_batches(cu, bs);
                         continue;
                     }
@@ -678,9 +730,10 @@ int main(int argc, char **argv)
                     if (cu->i->bench(cu, &bs.b[0], SF_BENCH_STEP, 2, steps, &sec, err, sizeof err))
                         printf("perf resnet18 batch %d: bench failed: %s\n", n, err);
                     else
-                        printf("perf resnet18 %s batch %d NCHW: %.0f samples/s (device-cached, graphs)\n",
-                               prec ? "tf32" : "fp32", n, steps * n / sec);
+                        printf("perf resnet18 %s batch %d %s: %.0f samples/s (device-cached, graphs)\n",
+                               prec ? "bf16" : "tf32", n, k ? "NCHW" : "NHWC", steps * n / sec);
                     free_batches(cu, bs);
+                    unsetenv("SF_CUDA_LAYOUT");
                 }
         }
     }

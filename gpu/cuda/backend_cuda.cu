@@ -22,6 +22,7 @@
  *
  * Tuning knobs (environment, read at build; defaults are the measured best):
  *   SF_CUDA_LAYOUT=nhwc|nchw  activation layout (default: nhwc for tf32 and bf16, nchw for fp32)
+ *   SF_CUDA_DESCRIBE=1        print the chosen convolution plans on stderr after a build
  *   SF_CUDNN_TUNE=N           cuDNN engine configs timed per convolution (8; 1 = heuristics' pick)
  *   SF_CUDNN_FUSE=0|1         allow cuDNN's fused conv+bias+ReLU forward (1)
  *   SF_CUDA_FORK=0|1          backward-filter beside backward-data on a side stream (1)
@@ -517,6 +518,15 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         return -1;
     }
     c->layout = sf_net_layout(c->net); /* a flatten of a spatial tensor forces NCHW */
+    if (env_int("SF_CUDA_DESCRIBE", 0)) {
+        /* debugging aid: the chosen convolution engines, on stderr */
+        char *d = (char *)malloc(1 << 16);
+        if (d) {
+            sf_net_describe(c->net, cfg->max_batch, d, 1 << 16);
+            fputs(d, stderr);
+            free(d);
+        }
+    }
     if (anchor_init(c)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);

@@ -1552,13 +1552,24 @@ static int g_finish_create(sf_cuda_net *net)
         (g->bin && sf_cuda_fill_random_dt(dt, g->bin, nb * g->bnd_elems, 7, 1.f, s)) ||
         sf_cuda_fill_random_dt(dt, g->gtmp, nb * m->max_act, 8, 1e-3f, s))
         return -1;
+    /* The engines large batches run best on may want more workspace than the
+     * W1 path's 512 MiB (ResNet-18 at batch 1024): let the candidates use up
+     * to 1/16 of free device memory, at most 4 GiB; the net then keeps only
+     * what the chosen plans need. */
+    size_t tune_bytes = WS_TUNE_BYTES, fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && fr / 16 > tune_bytes)
+        tune_bytes = fr / 16 < ((size_t)4 << 30) ? fr / 16 : ((size_t)4 << 30);
     void *tune_ws = NULL;
-    if (cudaMalloc(&tune_ws, WS_TUNE_BYTES) != cudaSuccess) {
+    if (cudaMalloc(&tune_ws, tune_bytes) != cudaSuccess) {
         cudaGetLastError();
         tune_ws = NULL;
+        if (cudaMalloc(&tune_ws, WS_TUNE_BYTES) == cudaSuccess)
+            tune_bytes = WS_TUNE_BYTES;
+        else
+            cudaGetLastError(), tune_ws = NULL;
     }
     gshape *S = NULL;
-    int rc = g_build_shape(net, net->cfg.max_batch, tune_ws, tune_ws ? WS_TUNE_BYTES : 0, &S);
+    int rc = g_build_shape(net, net->cfg.max_batch, tune_ws, tune_ws ? tune_bytes : 0, &S);
     if (tune_ws)
         cudaFree(tune_ws);
     if (rc)
@@ -2025,11 +2036,48 @@ extern "C" int sf_net_reset_accum(sf_cuda_net *net)
     return 0;
 }
 
+/* sf_net_describe of the general path: every conv/convT plan of shape n. */
+static void g_describe(const sf_cuda_net *net, int n, char *buf, size_t len)
+{
+    static const char *dn[3] = {"fwd", "dgrad", "wgrad"};
+    const gen_net *g = net->g;
+    const gshape *S = g_find(net, n);
+    size_t at = 0;
+    if (!S)
+        return;
+    for (int i = 0; i < g->nl && at < len; i++) {
+        const sf_layer *L = &net->m.layers[i];
+        if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
+            continue;
+        for (int d = 0; d < 3 && at < len; d++) {
+            const sf_conv_plan *p = L->kind == SF_L_CONV2D ? &S->cp[i][d] : &S->tp[i].plan[d];
+            if (!p->plan)
+                continue;
+            int w = snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d %s: engine %lld%s ws %lld B, %.3f ms (of %d)\n",
+                             i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             dn[d], (long long)p->engine, p->tensor_core ? " tc" : "", (long long)p->ws_bytes, p->ms,
+                             p->tried);
+            if (w < 0)
+                break;
+            at += (size_t)w;
+        }
+    }
+    if (at < len)
+        snprintf(buf + at, len - at, "general path: batch %d, workspaces 2 x %zu B, layout %s, %s%s%s\n", n,
+                 net->ws_bytes, g->lay == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
+                 g->dt == SF_DT_BF16 ? "bf16" : net->cfg.tf32 ? "tf32" : "fp32", net->graphs_broken ? ", graphs off: " : "",
+                 net->graphs_broken ? net->graph_err : "");
+}
+
 extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len)
 {
     static const char *dn[3] = {"fwd", "dgrad", "wgrad"};
     size_t at = 0;
     buf[0] = '\0';
+    if (net->g) {
+        g_describe(net, n, buf, len);
+        return;
+    }
     const net_shape *S = find_shape(net, n);
     if (!S)
         return;

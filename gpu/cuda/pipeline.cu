@@ -1214,6 +1214,16 @@ static int g_create(sf_cuda_net *net)
     size_t in_elems = (size_t)g->pc * m->in_h * m->in_w;
     if (dmalloc(net, &g->x0, es * nb * in_elems))
         return -1;
+    /* the frozen boundary first: a flatten after it aliases bin */
+    if (g->nf > 0) {
+        const sf_layer *L = &m->layers[g->nf - 1];
+        g->bnd_elems = L->out_elems;
+        if (dmalloc(net, &g->bin, es * nb * L->out_elems))
+            return -1;
+        for (int b = 0; b < net->cfg.nbuf; b++)
+            if (dmalloc(net, &g->bnd[b], es * nb * L->out_elems))
+                return -1;
+    }
     int max_c = 1;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
@@ -1236,16 +1246,6 @@ static int g_create(sf_cuda_net *net)
             return -1;
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
             return -1;
-    }
-    /* the frozen boundary (after fusion: the last frozen layer may alias) */
-    if (g->nf > 0) {
-        const sf_layer *L = &m->layers[g->nf - 1];
-        g->bnd_elems = L->out_elems;
-        if (dmalloc(net, &g->bin, es * nb * L->out_elems))
-            return -1;
-        for (int b = 0; b < net->cfg.nbuf; b++)
-            if (dmalloc(net, &g->bnd[b], es * nb * L->out_elems))
-                return -1;
     }
     if (dmalloc(net, &g->gtmp, es * nb * m->max_act))
         return -1;

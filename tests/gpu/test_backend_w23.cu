@@ -665,6 +665,33 @@ int main(int argc, char **argv)
                 unsetenv("SF_CUDA_PAD_STEM");
                 free_batches(cu, bs);
             }
+            /* everything before the flatten frozen (eval-mode batchnorm on the
+             * transform stream; the flatten aliases the frozen boundary) */
+            {
+                sf_model mf = m;
+                char e2[200];
+                for (int i = 0; i < mf.n_layers && mf.layers[i].kind != SF_L_FLATTEN; i++) {
+                    char nm[sizeof mf.layers[i].name];
+                    snprintf(nm, sizeof nm, "bb.%s", mf.layers[i].name);
+                    memcpy(mf.layers[i].name, nm, sizeof nm);
+                }
+                if (sf_model_set_freeze(&mf, "bb.", e2, sizeof e2)) {
+                    fail("resnet18-64 frozen trunk: %s", e2);
+                } else {
+                    for (int prec = 0; prec < 2; prec++) {
+                        batch_set bs;
+                        if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 51, 0.01f))
+                            break;
+                        sf_train_cfg cfg = make_cfg(prec ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
+                        train_out tc, tr;
+                        train(cu, mf, cfg, bs, 3, tc);
+                        train(ref, mf, cfg, bs, 3, tr);
+                        compare(prec ? "resnet18-64 frozen trunk bf16" : "resnet18-64 frozen trunk fp32", mf, tc, tr, 3,
+                                prec ? 2e-2 : 1e-5, prec ? 1e-1 : 1e-4, 0, 0);
+                        free_batches(cu, bs);
+                    }
+                }
+            }
             /* buffers round trip */
             std::vector<float> b(m.n_buffers), b2(m.n_buffers);
             uint64_t nbt2 = 0;

@@ -314,7 +314,7 @@ struct w_op_add {
     __device__ __forceinline__ float operator()(float a, float b) const
     {
         const float o = a + b;
-        return relu ? (o > 0.f ? o : 0.f) : o;
+        return relu ? (o < 0.f ? 0.f : o) : o; /* NaN propagates, as torch.relu */
     }
 };
 
@@ -2600,6 +2600,30 @@ extern "C" int sf_cuda_bias_grad_dt(sf_dtype dt, void *dy, const void *y, size_t
     if (dt == SF_DT_BF16)
         return bias_grad_t<w_bf16>((w_bf16 *)dy, (const w_bf16 *)y, outer, c, inner, db, scratch, s);
     return bias_grad_t<float>((float *)dy, (const float *)y, outer, c, inner, db, scratch, s);
+}
+
+/* The fp32 launchers of layers.h (the W1 op-list path's epilogues) are the
+ * float case of the templates above: one implementation of each kernel. */
+extern "C" int sf_cuda_bias_act(float *y, const float *bias, size_t outer, int c, size_t inner, int relu,
+                                cudaStream_t s)
+{
+    return bias_act_t<float>(y, bias, outer, c, inner, relu, s);
+}
+
+extern "C" int sf_cuda_relu_fwd(const float *x, float *y, size_t len, cudaStream_t s)
+{
+    return ew_launch<float, 1>(x, (const float *)NULL, y, len, w_op_relu(), s);
+}
+
+extern "C" int sf_cuda_relu_bwd(const float *y, const float *dy, float *dx, size_t len, cudaStream_t s)
+{
+    return ew_launch<float, 2>(y, dy, dx, len, w_op_relu_bwd(), s);
+}
+
+extern "C" int sf_cuda_bias_grad(float *dy, const float *y, size_t outer, int c, size_t inner, float *db,
+                                 float *scratch, cudaStream_t s)
+{
+    return bias_grad_t<float>(dy, y, outer, c, inner, db, scratch, s);
 }
 
 /* ---- element type conversion, random fill --------------------------------- */

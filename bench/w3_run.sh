@@ -4,7 +4,7 @@
 # streamfeed's device-cached figures (build/bench/cached: raw uint8 batch on
 # the device, augment+step, and the step alone) for each layout/precision
 # choice, then PyTorch's eager / channels_last / torch.compile variants
-# (bench/pytorch_w3.py). Output under $1. W3_HTTP=1 adds an end-to-end run
+# (bench/pytorch_w3.py; W3_TORCH=0 skips it). Output under $1. W3_HTTP=1 adds an end-to-end run
 # over HTTP (bf16, batch $W3_HTTP_BATCH).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,14 +12,14 @@ D=${1:-build/w3-out}
 B=${W3_BATCH:-1024}
 mkdir -p "$D"
 # precision layout pad-stem
-for c in "bf16 nhwc 1" "bf16 nhwc 0" "bf16 nchw 1" "tf32 nhwc 1" "tf32 nchw 1"; do
+for c in "bf16 nhwc 0" "bf16 nhwc 1" "bf16 nchw 0" "tf32 nhwc 0" "tf32 nhwc 1" "tf32 nchw 0"; do
   set -- $c
   SF_CUDA_LAYOUT=$2 SF_CUDA_PAD_STEM=$3 timeout 180 build/bench/cached --preset resnet18 --batch "$B" --precision $1 \
     --steps ${W3_STEPS:-20} --warmup 3 > "$D/cached.tmp" 2>&1
   head -n 1 "$D/cached.tmp" | sed "s/\]$/, pad_stem $3]/" | tee -a "$D/w3.log"
   grep '^{' "$D/cached.tmp" | sed "s/}$/,\"pad_stem\":$3}/" >> "$D/w3_streamfeed.jsonl"
 done
-PYTHONUNBUFFERED=1 timeout 420 python3 bench/pytorch_w3.py --batch "$B" --steps ${W3_TORCH_STEPS:-30} \
+[ "${W3_TORCH:-1}" = 1 ] && PYTHONUNBUFFERED=1 timeout 420 python3 bench/pytorch_w3.py --batch "$B" --steps ${W3_TORCH_STEPS:-30} \
   --warmup 5 --json "$D/pytorch_w3.json" 2>&1 | tee -a "$D/w3.log"
 if [ "${W3_HTTP:-0}" = 1 ]; then
   HB=${W3_HTTP_BATCH:-256}

@@ -8,11 +8,15 @@
  *  - a reduced ResNet-18 (torchvision's block structure, 32x32 input): SGD with
  *    momentum + weight decay, AdamW, grad_accum_steps=2; parameters, running
  *    statistics, num_batches_tracked, momentum / exp_avg, exp_avg_sq.
+ *  - bf16 (layer-graph path, NHWC) against the reference's bf16 emulation:
+ *    seed-encdec, seed-classifier, ResNet-18; fp32 NHWC with tight tolerances.
+ *  - ResNet-18 step by step from a common state (compare_stepwise), and with
+ *    everything before the flatten frozen (eval-mode batchnorm).
  *  - the frozen encoder on the transform stream overlapping the previous
  *    batch's decoder step, in event times (seed-encdec, 256x256).
  *  - throughput prints (not assertions): seed-encdec batch 8/32/128 end to end
- *    through the vtable, overlap on/off; resnet18 (224x224) device-cached
- *    samples/s in fp32 and tf32.
+ *    through the vtable, overlap on/off; resnet18 (224x224, batch 256)
+ *    device-cached samples/s in tf32 and bf16, NHWC and NCHW.
  * Prints "ok <case>" / "FAIL <case>: ..."; exits 1 on failure, 0 with
  * "SKIPPED: no CUDA device" without a GPU. --quick skips the throughput part.
  */

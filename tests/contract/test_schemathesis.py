@@ -161,19 +161,30 @@ checks.negative_data_rejection.expected-statuses = {NEGATIVE_OK}
 include-operation-id = "postDiagnose"
 checks.positive_data_acceptance.expected-statuses = {DIAGNOSE_POSITIVE_OK}
 ''')
-        reports = work / "reports"
         env = dict(os.environ, NO_COLOR="1", COLUMNS="120")
-        try:
-            excluded = [arg for op in EXCLUDED for arg in ("--exclude-operation-id", op)]
-            proc = subprocess.run([cli, "--config-file", str(config), "run", str(SPEC), "--no-color",
-                                   "--report", "json", "--report-dir", str(reports)] + excluded,
-                                  cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=RUN_TIMEOUT_S, text=True)
-        except subprocess.TimeoutExpired as e:
-            pytest.fail(f"schemathesis ran over {RUN_TIMEOUT_S}s:\n{(e.stdout or '')[-3000:]}")
-        found = sorted(reports.glob("*.json"))
-        assert found, f"schemathesis wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
-        report = json.loads(found[-1].read_text())
+        excluded = [arg for op in EXCLUDED for arg in ("--exclude-operation-id", op)]
+        # A run whose report holds a schemathesis "Runtime Error" (a request
+        # that raised in the client: seen once in a CI run on 2026-11-21, not
+        # reproduced in 11 runs since, with or without CPU load) is kept in
+        # full in the work directory and run once more; an error in the second
+        # run fails the test as before.
+        for attempt in (1, 2):
+            reports = work / f"reports{attempt}"
+            try:
+                proc = subprocess.run([cli, "--config-file", str(config), "run", str(SPEC), "--no-color",
+                                       "--report", "json", "--report-dir", str(reports)] + excluded,
+                                      cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      timeout=RUN_TIMEOUT_S, text=True)
+            except subprocess.TimeoutExpired as e:
+                pytest.fail(f"schemathesis ran over {RUN_TIMEOUT_S}s:\n{(e.stdout or '')[-3000:]}")
+            (work / f"stdout{attempt}.txt").write_text(proc.stdout)
+            found = sorted(reports.glob("*.json"))
+            assert found, f"schemathesis wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
+            report = json.loads(found[-1].read_text())
+            if not report.get("errors") or attempt == 2:
+                break
+            print(f"schemathesis run 1 reported errors {report['errors']}; full output in "
+                  f"{work / 'stdout1.txt'}; running once more", file=sys.stderr)
         alive = server.alive()
     finally:
         server_error = None

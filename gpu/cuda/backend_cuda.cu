@@ -23,7 +23,6 @@
  * Tuning knobs (environment, read at build; defaults are the measured best):
  *   SF_CUDA_LAYOUT=nhwc|nchw  activation layout (default: nhwc for tf32 and bf16, nchw for fp32)
  *   SF_CUDA_DESCRIBE=1        print the chosen convolution plans on stderr after a build
- *   SF_CUDA_PAD_STEM=1        pad a 3-channel NHWC first convolution to 8 (bf16) / 4 channels
  *   SF_CUDA_FUSE_RELU=0       keep ReLUs as separate kernels on the layer-graph path
  *   SF_CUDNN_TUNE=N           cuDNN engine configs timed per convolution (8; 1 = heuristics' pick)
  *   SF_CUDNN_FUSE=0|1         allow cuDNN's fused conv+bias+ReLU forward (1)

@@ -734,9 +734,6 @@ struct gen_net {
     sf_sgd_segs segs_all;   /* conv/convT weights, model offsets */
     sf_sgd_segs segs_train; /* trainable ones, offsets from train_off */
     float *lg, *dlg;     /* fp32 logits and their gradient (dt != fp32) */
-    int pc;              /* channels of x0: the model input's, or padded to 8 (bf16) / 4 (fp32)
-                            for an NHWC first convolution with SF_CUDA_PAD_STEM=1 */
-    void *wpad, *gpad;   /* that convolution's padded weight and weight gradient */
     void *scratch;       /* bn, xent2d, bias-grad scratch (compute stream) */
     size_t scratch_bytes;
     sf_xent2d_out *x2d;
@@ -773,55 +770,16 @@ static void *g_in(const sf_cuda_net *net, int i, int j)
     return g->op[s].y;
 }
 
-static void *g_wd(const sf_cuda_net *net, const sf_layer *L)
-{
-    return L == &net->m.layers[0] && net->g->wpad ? net->g->wpad : E(net->g->wd, L->w_off, net->g->es);
-}
-static void *g_gd(const sf_cuda_net *net, const sf_layer *L)
-{
-    return L == &net->m.layers[0] && net->g->gpad ? net->g->gpad : E(net->g->gd, L->w_off, net->g->es);
-}
+static void *g_wd(const sf_cuda_net *net, const sf_layer *L) { return E(net->g->wd, L->w_off, net->g->es); }
+static void *g_gd(const sf_cuda_net *net, const sf_layer *L) { return E(net->g->gd, L->w_off, net->g->es); }
 
-/* dst[r][j] = j < cs ? src[r][j] : 0 for r < rows, j < cd: pads rows of cs
- * channels to cd (cd > cs) or keeps the first cd (cd < cs). */
-template <typename T>
-__global__ void k_repack(const T *__restrict__ src, T *__restrict__ dst, size_t rows, int cs, int cd)
-{
-    const size_t total = rows * (size_t)cd;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-        const size_t r = i / (size_t)cd;
-        const int j = (int)(i - r * (size_t)cd);
-        dst[i] = j < cs ? src[r * (size_t)cs + j] : (T)0;
-    }
-}
-
-static int g_repack(const gen_net *g, const void *src, void *dst, size_t rows, int cs, int cd, cudaStream_t s)
-{
-    const size_t total = rows * (size_t)cd;
-    size_t blocks = (total + 255) / 256;
-    if (blocks > 65536)
-        blocks = 65536;
-    if (blocks == 0)
-        return 0;
-    if (g->es == 2)
-        k_repack<uint16_t><<<(unsigned)blocks, 256, 0, s>>>((const uint16_t *)src, (uint16_t *)dst, rows, cs, cd);
-    else
-        k_repack<float><<<(unsigned)blocks, 256, 0, s>>>((const float *)src, (float *)dst, rows, cs, cd);
-    SF_CUDA_CHECK(cudaGetLastError());
-    return 0;
-}
-
-/* The model input of buffer b into x0 (channels padded when pc > in_c). */
+/* The model input of buffer b into x0, on stream s. */
 static int g_load_input(sf_cuda_net *net, int b, int n, cudaStream_t s)
 {
-    const gen_net *g = net->g;
     const sf_model *m = &net->m;
-    if (g->pc == m->in_c) {
-        SF_CUDA_CHECK(cudaMemcpyAsync(g->x0, net->io[b].x, g->es * (size_t)n * m->in_c * m->in_h * m->in_w,
-                                      cudaMemcpyDeviceToDevice, s));
-        return 0;
-    }
-    return g_repack(g, net->io[b].x, g->x0, (size_t)n * m->in_h * m->in_w, m->in_c, g->pc, s);
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->g->x0, net->io[b].x, net->g->es * (size_t)n * m->in_c * m->in_h * m->in_w,
+                                  cudaMemcpyDeviceToDevice, s));
+    return 0;
 }
 
 /* [outer, c, inner] view of an activation [n, c, h*w] in the net's layout. */
@@ -855,7 +813,7 @@ static void g_convd(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
     const sf_layer *L = &net->m.layers[i];
     memset(d, 0, sizeof *d);
     d->n = n;
-    d->c = i == 0 && net->g->wpad ? net->g->pc : L->in_c;
+    d->c = L->in_c;
     d->h = L->in_h;
     d->w = L->in_w;
     d->oc = L->out_c;
@@ -1042,14 +1000,8 @@ static int g_refresh_wd(sf_cuda_net *net, int all, cudaStream_t s)
     const size_t off = all ? 0 : net->m.train_off, len = net->m.n_params - off;
     if (len == 0)
         return 0;
-    if (sf_cuda_weights_dev(net->params + off, E(g->wd, off, g->es), g->dt, len, all ? &g->segs_all : &g->segs_train,
-                            s))
-        return -1;
-    if (g->wpad && (all || net->m.train_off == 0)) {
-        const sf_layer *L = &net->m.layers[0];
-        return g_repack(g, E(g->wd, L->w_off, g->es), g->wpad, (size_t)L->out_c * L->k * L->k, L->in_c, g->pc, s);
-    }
-    return 0;
+    return sf_cuda_weights_dev(net->params + off, E(g->wd, off, g->es), g->dt, len,
+                               all ? &g->segs_all : &g->segs_train, s);
 }
 
 static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
@@ -1190,28 +1142,9 @@ static int g_create(sf_cuda_net *net)
         g->wd = net->params;
         g->gd = net->grads;
     }
-    /* the first convolution's input channels padded (NHWC, SF_CUDA_PAD_STEM=1).
-     * Off by default: measured on an H200 (ResNet-18, bf16, batch 1024) it
-     * changes nothing (21.50k vs 21.53k samples/s) once the stem's plans may
-     * take the workspace they want; kept as a switch for other GPUs. */
-    g->pc = m->in_c;
-    {
-        const char *pe = getenv("SF_CUDA_PAD_STEM");
-        const int want = g->dt == SF_DT_BF16 ? 8 : 4;
-        const sf_layer *L0 = &m->layers[0];
-        if (pe && strcmp(pe, "1") == 0 && g->lay == SF_LAYOUT_NHWC && g->nl > 0 && L0->kind == SF_L_CONV2D &&
-            g_src(m, 0, 0) < 0 && L0->k > 1 && m->in_c % want != 0) {
-            g->pc = (m->in_c + want - 1) / want * want;
-            const size_t wn = (size_t)L0->out_c * L0->k * L0->k * g->pc;
-            if (dmalloc(net, &g->wpad, g->es * wn))
-                return -1;
-            if (!g->op[0].frozen && dmalloc(net, &g->gpad, g->es * wn))
-                return -1;
-        }
-    }
     /* activations */
     const size_t es = g->es;
-    size_t in_elems = (size_t)g->pc * m->in_h * m->in_w;
+    size_t in_elems = (size_t)m->in_c * m->in_h * m->in_w;
     if (dmalloc(net, &g->x0, es * nb * in_elems))
         return -1;
     /* the frozen boundary first: a flatten after it aliases bin */
@@ -1536,11 +1469,6 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
     }
     /* optimizer over the trainable slice */
     const size_t off = m->train_off, len = m->n_params - m->train_off;
-    if (g->gpad) {
-        const sf_layer *L = &m->layers[0];
-        if (g_repack(g, g->gpad, E(g->gd, L->w_off, es), (size_t)L->out_c * L->k * L->k, g->pc, L->in_c, s))
-            return -1;
-    }
     if (g->wsep && sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_train, s))
         return -1;
     const float *grad = net->grads + off;
@@ -1628,7 +1556,7 @@ static int g_finish_create(sf_cuda_net *net)
         if (g->op[i].dy && sf_cuda_fill_random_dt(dt, g->op[i].dy, nb * L->out_elems, 111 + i, 1e-3f, s))
             return -1;
     }
-    if (sf_cuda_fill_random_dt(dt, g->x0, nb * g->pc * m->in_h * m->in_w, 6, 1.f, s) ||
+    if (sf_cuda_fill_random_dt(dt, g->x0, nb * m->in_c * m->in_h * m->in_w, 6, 1.f, s) ||
         (g->bin && sf_cuda_fill_random_dt(dt, g->bin, nb * g->bnd_elems, 7, 1.f, s)) ||
         sf_cuda_fill_random_dt(dt, g->gtmp, nb * m->max_act, 8, 1e-3f, s))
         return -1;

@@ -662,11 +662,9 @@ int main(int argc, char **argv)
                 sf_train_cfg cfg = make_cfg(v ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
                 if (v == 0)
                     setenv("SF_CUDA_LAYOUT", "nhwc", 1);
-                setenv("SF_CUDA_PAD_STEM", "1", 1); /* the padded stem, checked here */
                 compare_stepwise(v ? "resnet18-64 bf16 nhwc sgd" : "resnet18-64 fp32 nhwc sgd", cu, ref, m, cfg, bs, 3,
                                  v ? 0.6 : 2e-2, 0);
                 unsetenv("SF_CUDA_LAYOUT");
-                unsetenv("SF_CUDA_PAD_STEM");
                 free_batches(cu, bs);
             }
             /* everything before the flatten frozen (eval-mode batchnorm on the

@@ -1,5 +1,6 @@
 /* tests/gpu/gpu_test.h — what every GPU test program shares: the ok/FAIL
- * counters and lines, a host clock, and the relative-error check against a
+ * counters and lines, a host clock, device-buffer helpers (CU, dalloc, up,
+ * down, NCHW <-> NHWC on the host), and the relative-error check against a
  * double-precision reference (DESIGN.md §8: NaN or Inf anywhere fails, the
  * worst elements are printed). Header-only: each test is one program. */
 #ifndef SF_TESTS_GPU_TEST_H
@@ -9,8 +10,11 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 #include <vector>
+
+#include <cuda_runtime.h>
 
 static int g_fail = 0, g_ok = 0;
 /* While set, failures print "XFAIL (known: <g_xfail_what>)" and do not count:
@@ -110,6 +114,63 @@ static __attribute__((unused)) void check(const char *name, const float *got, co
         if (we[k] >= 0)
             printf(" [%zu] %g vs %g;", w[k], got[w[k]], ref[w[k]]);
     printf("\n");
+}
+
+
+/* ---- device buffers (CUDA test programs) ----------------------------------- */
+/* DEV_OK expects the including file's fail(name, why). */
+#define DEV_OK(call, name)                                                                          \
+    do {                                                                                             \
+        if ((call) != 0) {                                                                           \
+            fail(name, sf_cuda_last_error());                                                        \
+            return;                                                                                  \
+        }                                                                                            \
+    } while (0)
+#define CU(call)                                                                                     \
+    do {                                                                                             \
+        cudaError_t e_ = (call);                                                                     \
+        if (e_ != cudaSuccess) {                                                                     \
+            printf("FAIL cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            exit(1);                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+template <typename T> static T *dalloc(size_t n)
+{
+    T *p = NULL;
+    CU(cudaMalloc((void **)&p, (n ? n : 1) * sizeof(T)));
+    return p;
+}
+
+template <typename T> static void up(T *d, const std::vector<T> &h)
+{
+    CU(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+}
+template <typename T> static std::vector<T> down(const T *d, size_t n)
+{
+    std::vector<T> h(n);
+    CU(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+/* NCHW <-> NHWC on the host (also [a][b][k][k] <-> [a][k][k][b]). */
+template <typename T> static std::vector<T> to_nhwc(const std::vector<T> &x, int n, int c, int h, int w)
+{
+    std::vector<T> y(x.size());
+    for (int a = 0; a < n; a++)
+        for (int ci = 0; ci < c; ci++)
+            for (int i = 0; i < h * w; i++)
+                y[((size_t)a * h * w + i) * c + ci] = x[((size_t)a * c + ci) * h * w + i];
+    return y;
+}
+template <typename T> static std::vector<T> to_nchw(const std::vector<T> &y, int n, int c, int h, int w)
+{
+    std::vector<T> x(y.size());
+    for (int a = 0; a < n; a++)
+        for (int ci = 0; ci < c; ci++)
+            for (int i = 0; i < h * w; i++)
+                x[((size_t)a * c + ci) * h * w + i] = y[((size_t)a * h * w + i) * c + ci];
+    return x;
 }
 
 #endif

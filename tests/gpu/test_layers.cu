@@ -66,36 +66,6 @@ static void fail(const char *name, const char *why)
     printf("FAIL %s: %s\n", name, why);
 }
 
-#define DEV_OK(call, name)                                                                          \
-    do {                                                                                             \
-        if ((call) != 0) {                                                                           \
-            fail(name, sf_cuda_last_error());                                                        \
-            return;                                                                                  \
-        }                                                                                            \
-    } while (0)
-#define CU(call)                                                                                     \
-    do {                                                                                             \
-        cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) {                                                                     \
-            printf("FAIL cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
-
-template <typename T> static T *dalloc(size_t n)
-{
-    T *p = NULL;
-    CU(cudaMalloc((void **)&p, (n ? n : 1) * sizeof(T)));
-    return p;
-}
-
-static void up(float *d, const std::vector<float> &h) { CU(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice)); }
-static std::vector<float> down(const float *d, size_t n)
-{
-    std::vector<float> h(n);
-    CU(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost));
-    return h;
-}
 static void poison(float *d, size_t n) { CU(cudaMemset(d, 0xff, n * 4)); } /* all-ones bits: NaN */
 
 /* ---- bf16 data ---------------------------------------------------------------
@@ -160,26 +130,6 @@ static void check_max(const char *name, const std::vector<float> &got, const std
     }
 }
 
-/* NCHW <-> NHWC on the host (also KCRS <-> KRSC with n=oc, c=c, h=w=k). */
-static std::vector<float> nchw_to_nhwc(const std::vector<float> &x, int n, int c, int h, int w)
-{
-    std::vector<float> y(x.size());
-    for (int a = 0; a < n; a++)
-        for (int ci = 0; ci < c; ci++)
-            for (int i = 0; i < h * w; i++)
-                y[((size_t)a * h * w + i) * c + ci] = x[((size_t)a * c + ci) * h * w + i];
-    return y;
-}
-static std::vector<float> nhwc_to_nchw(const std::vector<float> &y, int n, int c, int h, int w)
-{
-    std::vector<float> x(y.size());
-    for (int a = 0; a < n; a++)
-        for (int ci = 0; ci < c; ci++)
-            for (int i = 0; i < h * w; i++)
-                x[((size_t)a * c + ci) * h * w + i] = y[((size_t)a * h * w + i) * c + ci];
-    return x;
-}
-
 /* ---- convolution ----------------------------------------------------------- */
 
 struct conv_case {
@@ -213,9 +163,9 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
         yrelu[i] = yr[i] < 0 ? 0 : yr[i];
 
     const int nhwc = lay == SF_LAYOUT_NHWC;
-    std::vector<float> xl = nhwc ? nchw_to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x;
-    std::vector<float> wl = nhwc ? nchw_to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt;
-    std::vector<float> dyl = nhwc ? nchw_to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy;
+    std::vector<float> xl = nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x;
+    std::vector<float> wl = nhwc ? to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt;
+    std::vector<float> dyl = nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy;
     float *dx_in = dalloc<float>(nx), *dw_in = dalloc<float>(nw), *db_in = dalloc<float>(cc.oc),
           *ddy = dalloc<float>(ny), *dy_out = dalloc<float>(ny), *ddx = dalloc<float>(nx), *ddw = dalloc<float>(nw),
           *ddb = dalloc<float>(cc.oc);
@@ -257,7 +207,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
         else {
             std::vector<float> y = down(dy_out, ny);
             if (nhwc)
-                y = nhwc_to_nchw(y, cc.n, cc.oc, oh, ow);
+                y = to_nchw(y, cc.n, cc.oc, oh, ow);
             check_f(nm, y.data(), yr, tol);
         }
         /* forward + bias + relu */
@@ -270,7 +220,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
             fail(nm, sf_cuda_last_error());
         else {
             yact = down(dy_out, ny);
-            std::vector<float> y = nhwc ? nhwc_to_nchw(yact, cc.n, cc.oc, oh, ow) : yact;
+            std::vector<float> y = nhwc ? to_nchw(yact, cc.n, cc.oc, oh, ow) : yact;
             check_f(nm, y.data(), yrelu, tol);
         }
         /* cuDNN's fused conv + bias + ReLU, when an engine exists for this case */
@@ -296,7 +246,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
                     else {
                         std::vector<float> y = down(dy_out, ny);
                         if (nhwc)
-                            y = nhwc_to_nchw(y, cc.n, cc.oc, oh, ow);
+                            y = to_nchw(y, cc.n, cc.oc, oh, ow);
                         char n2[300];
                         snprintf(n2, sizeof n2, "%s (engine %lld)", nm, (long long)plfu.engine);
                         check_f(n2, y.data(), yrelu, tol);
@@ -319,7 +269,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
         else {
             std::vector<float> g = down(ddx, nx);
             if (nhwc)
-                g = nhwc_to_nchw(g, cc.n, cc.c, cc.h, cc.w);
+                g = to_nchw(g, cc.n, cc.c, cc.h, cc.w);
             check_f(nm, g.data(), dxr, tol);
         }
         /* backward filter */
@@ -332,7 +282,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
         else {
             std::vector<float> g = down(ddw, nw);
             if (nhwc)
-                g = nhwc_to_nchw(g, cc.oc, cc.c, cc.k, cc.k);
+                g = to_nchw(g, cc.oc, cc.c, cc.k, cc.k);
             check_f(nm, g.data(), dwr, tol);
         }
         /* bias gradient (no relu) */
@@ -348,7 +298,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
         if (!yact.empty()) {
             /* The mask comes from the GPU's own forward output, so that values
              * near zero cannot flip between the two. */
-            std::vector<float> ya = nhwc ? nhwc_to_nchw(yact, cc.n, cc.oc, oh, ow) : yact;
+            std::vector<float> ya = nhwc ? to_nchw(yact, cc.n, cc.oc, oh, ow) : yact;
             std::vector<double> dymask(ny), dbmask(cc.oc, 0.0);
             for (int o = 0; o < cc.oc; o++)
                 for (int a = 0; a < cc.n; a++)
@@ -366,7 +316,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
             else {
                 std::vector<float> g = down(ddy, ny);
                 if (nhwc)
-                    g = nhwc_to_nchw(g, cc.n, cc.oc, oh, ow);
+                    g = to_nchw(g, cc.n, cc.oc, oh, ow);
                 check_f(nm, g.data(), dymask, 1e-6);
                 snprintf(nm, sizeof nm, "%s relu_bwd+bias_grad db", name);
                 check_f(nm, down(ddb, cc.oc).data(), dbmask, 1e-5);
@@ -427,9 +377,9 @@ static void test_conv_bf16(cudnnHandle_t dnn, cudaStream_t s, const conv_case &c
         snprintf(name, sizeof name, "conv n%d c%d %dx%d oc%d k%d s%d p%d %s bf16%s%s", cc.n, cc.c, cc.h, cc.w, cc.oc,
                  cc.k, cc.stride, cc.pad, nhwc ? "nhwc" : "nchw", tune > 1 ? " tuned" : "",
                  misalign ? " x@+2B" : "");
-        std::vector<float> xl = nhwc ? nchw_to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x;
-        std::vector<float> wl = nhwc ? nchw_to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt;
-        std::vector<float> dyl = nhwc ? nchw_to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy;
+        std::vector<float> xl = nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x;
+        std::vector<float> wl = nhwc ? to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt;
+        std::vector<float> dyl = nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy;
         const size_t off = misalign ? 1 : 0; /* elements: 2 bytes */
         uint16_t *bx_mem = dalloc<uint16_t>(nx + off), *bdx_mem = dalloc<uint16_t>(nx + off);
         uint16_t *bx = bx_mem + off, *bdx = bdx_mem + off;
@@ -486,15 +436,15 @@ static void test_conv_bf16(cudnnHandle_t dnn, cudaStream_t s, const conv_case &c
             std::vector<float> g = downb(outp, nout);
             if (dir == SF_CONV_FWD) {
                 if (nhwc)
-                    g = nhwc_to_nchw(g, cc.n, cc.oc, oh, ow);
+                    g = to_nchw(g, cc.n, cc.oc, oh, ow);
                 check_max(nm, g, yr, tol);
             } else if (dir == SF_CONV_BWD_DATA) {
                 if (nhwc)
-                    g = nhwc_to_nchw(g, cc.n, cc.c, cc.h, cc.w);
+                    g = to_nchw(g, cc.n, cc.c, cc.h, cc.w);
                 check_max(nm, g, dxr, tol);
             } else {
                 if (nhwc)
-                    g = nhwc_to_nchw(g, cc.oc, cc.c, cc.k, cc.k);
+                    g = to_nchw(g, cc.oc, cc.c, cc.k, cc.k);
                 check_max(nm, g, dwr, tol);
             }
         }
@@ -523,7 +473,7 @@ static void test_conv_bf16(cudnnHandle_t dnn, cudaStream_t s, const conv_case &c
                     else {
                         std::vector<float> g = downb(by, ny);
                         if (nhwc)
-                            g = nhwc_to_nchw(g, cc.n, cc.oc, oh, ow);
+                            g = to_nchw(g, cc.n, cc.oc, oh, ow);
                         char n2[340];
                         snprintf(n2, sizeof n2, "%s (engine %lld)", nm, (long long)plfu.engine);
                         check_max(n2, g, ybr, tol);

@@ -88,60 +88,7 @@ static void pass_or_fail(const char *name, int ok, const char *why)
     }
 }
 
-#define DEV_OK(call, name)                                                                          \
-    do {                                                                                             \
-        if ((call) != 0) {                                                                           \
-            fail(name, sf_cuda_last_error());                                                        \
-            return;                                                                                  \
-        }                                                                                            \
-    } while (0)
-#define CU(call)                                                                                     \
-    do {                                                                                             \
-        cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) {                                                                     \
-            printf("FAIL cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
-
-template <typename T> static T *dalloc(size_t n)
-{
-    T *p = NULL;
-    CU(cudaMalloc((void **)&p, (n ? n : 1) * sizeof(T)));
-    return p;
-}
-
-template <typename T> static void up(T *d, const std::vector<T> &h)
-{
-    CU(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-template <typename T> static std::vector<T> down(const T *d, size_t n)
-{
-    std::vector<T> h(n);
-    CU(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
 static void poison(void *d, size_t bytes) { CU(cudaMemset(d, 0xff, bytes)); } /* floats: NaN; ints: -1 */
-
-/* NCHW <-> NHWC on the host (also [a][b][k][k] <-> [a][k][k][b]). */
-template <typename T> static std::vector<T> to_nhwc(const std::vector<T> &x, int n, int c, int h, int w)
-{
-    std::vector<T> y(x.size());
-    for (int a = 0; a < n; a++)
-        for (int ci = 0; ci < c; ci++)
-            for (int i = 0; i < h * w; i++)
-                y[((size_t)a * h * w + i) * c + ci] = x[((size_t)a * c + ci) * h * w + i];
-    return y;
-}
-template <typename T> static std::vector<T> to_nchw(const std::vector<T> &y, int n, int c, int h, int w)
-{
-    std::vector<T> x(y.size());
-    for (int a = 0; a < n; a++)
-        for (int ci = 0; ci < c; ci++)
-            for (int i = 0; i < h * w; i++)
-                x[((size_t)a * c + ci) * h * w + i] = y[((size_t)a * h * w + i) * c + ci];
-    return x;
-}
 
 static const char *lname(sf_layout l) { return l == SF_LAYOUT_NHWC ? "nhwc" : "nchw"; }
 

@@ -1201,6 +1201,32 @@ __global__ void __launch_bounds__(W_TPB)
 
 /* ---- maxpool ----------------------------------------------------------------- */
 
+/* Element u of a pooling tensor [N, C, Y, X] (NHWC or NCHW; 32-bit index
+ * arithmetic: the launchers keep tensors under 2^32 elements): its x, y, and
+ * where its (n, c) plane starts in the other tensor of the pair, whose planes
+ * hold other_hw elements, with the stride between that plane's elements. */
+__device__ __forceinline__ void w_pool_index(unsigned u, int C, int X, int Y, int nhwc, size_t other_hw, int *x,
+                                             int *y, size_t *base, size_t *step)
+{
+    if (nhwc) {
+        const unsigned c = u % (unsigned)C;
+        unsigned r = u / (unsigned)C;
+        *x = (int)(r % (unsigned)X);
+        r /= (unsigned)X;
+        *y = (int)(r % (unsigned)Y);
+        const unsigned ni = r / (unsigned)Y;
+        *base = (size_t)ni * other_hw * C + c;
+        *step = (size_t)C;
+    } else {
+        *x = (int)(u % (unsigned)X);
+        unsigned r = u / (unsigned)X;
+        *y = (int)(r % (unsigned)Y);
+        r /= (unsigned)Y; /* ni*C + c */
+        *base = (size_t)r * other_hw;
+        *step = 1;
+    }
+}
+
 /* Any window: a thread per output element. NCHW: index = ((ni*C + c)*oh + oy)*ow + ox;
  * NHWC: ((ni*oh + oy)*ow + ox)*C + c. As PyTorch: the first in-bounds input
  * starts the running maximum at -inf; a larger value or a NaN replaces it. */
@@ -1213,27 +1239,9 @@ __global__ void k_maxpool_fwd(const T *__restrict__ x, int C, int H, int W, int 
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
         return;
-    /* 32-bit index arithmetic: the launchers keep tensors under 2^32 elements */
-    const unsigned u = (unsigned)i;
     int ox, oy;
     size_t plane, cs;
-    if (nhwc) {
-        const unsigned c = u % (unsigned)C;
-        unsigned r = u / (unsigned)C;
-        ox = (int)(r % (unsigned)OW);
-        r /= (unsigned)OW;
-        oy = (int)(r % (unsigned)OH);
-        const unsigned ni = r / (unsigned)OH;
-        plane = (size_t)ni * H * W * C + c;
-        cs = (size_t)C;
-    } else {
-        ox = (int)(u % (unsigned)OW);
-        unsigned r = u / (unsigned)OW;
-        oy = (int)(r % (unsigned)OH);
-        r /= (unsigned)OH; /* ni*C + c */
-        plane = (size_t)r * H * W;
-        cs = 1;
-    }
+    w_pool_index((unsigned)i, C, OW, OH, nhwc, (size_t)H * W, &ox, &oy, &plane, &cs);
     const int ys = oy * stride - pad, xs = ox * stride - pad;
     const int y0 = ys > 0 ? ys : 0, x0 = xs > 0 ? xs : 0;
     const int y1 = ys + k < H ? ys + k : H, x1 = xs + k < W ? xs + k : W;
@@ -1264,26 +1272,9 @@ __global__ void k_maxpool_bwd(const T *__restrict__ dy, const int32_t *__restric
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
         return;
-    const unsigned u = (unsigned)i;
     int ix, iy;
     size_t obase, os;
-    if (nhwc) {
-        const unsigned c = u % (unsigned)C;
-        unsigned r = u / (unsigned)C;
-        ix = (int)(r % (unsigned)W);
-        r /= (unsigned)W;
-        iy = (int)(r % (unsigned)H);
-        const unsigned ni = r / (unsigned)H;
-        obase = (size_t)ni * OH * OW * C + c;
-        os = (size_t)C;
-    } else {
-        ix = (int)(u % (unsigned)W);
-        unsigned r = u / (unsigned)W;
-        iy = (int)(r % (unsigned)H);
-        r /= (unsigned)H;
-        obase = (size_t)r * OH * OW;
-        os = 1;
-    }
+    w_pool_index((unsigned)i, C, W, H, nhwc, (size_t)OH * OW, &ix, &iy, &obase, &os);
     /* oy*stride - pad <= iy <= oy*stride - pad + k - 1 */
     const int ty = iy + pad - k + 1, tx = ix + pad - k + 1;
     const unsigned us = (unsigned)stride;

@@ -27,12 +27,12 @@ PORT    ?= 8080
 PYTHON  ?= python3
 VENV    := .venv
 
-DEB_PKGS := libmicrohttpd-dev libcjson-dev libcurl4-openssl-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config
+DEB_PKGS := libmicrohttpd-dev libcjson-dev libcurl4-openssl-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
-LDLIBS   += -lmicrohttpd -lcjson -lcurl -lm -lpthread
+LDLIBS   += -lmicrohttpd -lcjson -lcurl -lturbojpeg -lm -lpthread
 
 ifdef DEBUG
   CFLAGS += -O0
@@ -179,7 +179,7 @@ sanitize-test: $(VENV)/.stamp
 	STREAMFEED_ASAN_BIN=$(abspath $(BUILD)/asan/streamfeed) $(VENV)/bin/python -m pytest -q tests/sanitize
 
 FUZZ_CC ?= clang
-$(BUILD)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c server/safetensors.c
+$(BUILD)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c server/safetensors.c server/jpeg_header.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson
 fuzz: $(BUILD)/fuzz_safetensors

@@ -3,6 +3,7 @@
 #include "server/safetensors.h"
 
 #include <cjson/cJSON.h>
+#include "server/jpeg_header.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,6 +102,14 @@ static const char *const error_names[SF_ST_ERROR_COUNT] = {
     [SF_ST_E_SLOT_TOO_SMALL] = "slot_too_small",
     [SF_ST_E_OUT_OF_MEMORY] = "out_of_memory",
     [SF_ST_E_BAD_CALL] = "bad_call",
+    [SF_ST_E_JPEG_OFFSETS_INVALID] = "jpeg_offsets_invalid",
+    [SF_ST_E_JPEG_NOT_JPEG] = "jpeg_not_jpeg",
+    [SF_ST_E_JPEG_TRUNCATED] = "jpeg_truncated",
+    [SF_ST_E_JPEG_MALFORMED] = "jpeg_malformed",
+    [SF_ST_E_JPEG_SIDE_TOO_LARGE] = "jpeg_side_too_large",
+    [SF_ST_E_JPEG_TOO_MANY_PIXELS] = "jpeg_too_many_pixels",
+    [SF_ST_E_JPEG_UNSUPPORTED] = "jpeg_unsupported",
+    [SF_ST_E_JPEG_BATCH_TOO_LARGE] = "jpeg_batch_too_large",
 };
 
 const char *sf_st_error_name(sf_st_error e)
@@ -173,6 +182,7 @@ void sf_st_init(sf_st_parser *p, const sf_st_limits *lim)
     p->state = SF_ST_HEADER;
     p->err = SF_ST_OK;
     p->bad_label_index = -1;
+    p->bad_sample = -1;
 }
 
 void sf_st_free(sf_st_parser *p)
@@ -202,6 +212,8 @@ sf_st_error sf_st_error_of(const sf_st_parser *p) { return p->err; }
 int64_t sf_st_bad_label_index(const sf_st_parser *p) { return p->bad_label_index; }
 
 int64_t sf_st_bad_label_value(const sf_st_parser *p) { return p->bad_label_value; }
+
+int64_t sf_st_bad_sample(const sf_st_parser *p) { return p->bad_sample; }
 
 /* ---- header: raw scan while it arrives ------------------------------------ */
 
@@ -407,6 +419,123 @@ static int check_size(sf_st_parser *p, const tensor *t, uint64_t *bytes)
 
 static int in_134(int64_t c) { return c == 1 || c == 3 || c == 4; }
 
+static uint64_t align64(uint64_t v) { return (v + SF_ST_LABEL_ALIGN - 1) / SF_ST_LABEL_ALIGN * SF_ST_LABEL_ALIGN; }
+
+static int cmp_begin(const void *a, const void *b)
+{
+    const tensor *x = *(const tensor *const *)a, *y = *(const tensor *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* The encoded form: "jpeg" U8 [total], "jpeg_offsets" I64 [n+1], "labels" [n]
+ * (labels may be absent where not required). Fills p->info. */
+static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *joff, const cJSON *lab)
+{
+    sf_st_info *in = &p->info;
+    tensor tj, to, tl;
+    memset(&tj, 0, sizeof tj);
+    memset(&to, 0, sizeof to);
+    memset(&tl, 0, sizeof tl);
+    if (parse_tensor(p, jpg, &tj) != 0 || parse_tensor(p, joff, &to) != 0) return -1;
+    if (tj.dtype != SF_ST_U8 || tj.ndim != 1) {
+        fail(p, tj.dtype != SF_ST_U8 ? SF_ST_E_UNSUPPORTED_DTYPE : SF_ST_E_BAD_SHAPE,
+             "tensor \"jpeg\" is %s with %d dimensions; it must be U8 [total_bytes]",
+             sf_st_dtype_name(tj.dtype), tj.ndim);
+        return -1;
+    }
+    if (to.dtype != SF_ST_I64 || to.ndim != 1) {
+        fail(p, to.dtype != SF_ST_I64 ? SF_ST_E_UNSUPPORTED_DTYPE : SF_ST_E_BAD_SHAPE,
+             "tensor \"jpeg_offsets\" is %s with %d dimensions; it must be I64 [N+1]",
+             sf_st_dtype_name(to.dtype), to.ndim);
+        return -1;
+    }
+    int64_t n = to.shape[0] - 1;
+    if (n < 1) {
+        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"jpeg_offsets\" has shape [%lld]; a batch of N files needs [N+1], N >= 1",
+             (long long)to.shape[0]);
+        return -1;
+    }
+    if (n > p->lim.max_n) {
+        fail(p, SF_ST_E_BATCH_TOO_LARGE, "tensor \"jpeg_offsets\" describes %lld samples; the limit is %d",
+             (long long)n, p->lim.max_n);
+        return -1;
+    }
+    if (tj.shape[0] < n) {
+        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"jpeg\" holds %lld bytes for %lld files; every file is at least 1 byte",
+             (long long)tj.shape[0], (long long)n);
+        return -1;
+    }
+    uint64_t jpeg_bytes, off_bytes, labels_bytes = 0;
+    if (check_size(p, &tj, &jpeg_bytes) != 0 || check_size(p, &to, &off_bytes) != 0) return -1;
+    if (lab) {
+        if (parse_tensor(p, lab, &tl) != 0) return -1;
+        if (tl.dtype != SF_ST_U8 && tl.dtype != SF_ST_I32 && tl.dtype != SF_ST_I64) {
+            fail(p, SF_ST_E_UNSUPPORTED_DTYPE, "tensor \"labels\": dtype is %s; labels must be U8, I32 or I64",
+                 sf_st_dtype_name(tl.dtype));
+            return -1;
+        }
+        if (tl.ndim != 1) {
+            fail(p, SF_ST_E_BAD_SHAPE,
+                 "tensor \"labels\" has %d dimensions; with \"jpeg\" it must be [N] (class labels)", tl.ndim);
+            return -1;
+        }
+        if (tl.shape[0] != n) {
+            fail(p, SF_ST_E_LABEL_COUNT_MISMATCH, "tensor \"labels\" holds %lld labels for %lld files",
+                 (long long)tl.shape[0], (long long)n);
+            return -1;
+        }
+        if (check_size(p, &tl, &labels_bytes) != 0) return -1;
+    }
+
+    /* data_offsets: the tensors tile the data section from 0, in any order. */
+    const tensor *order[3] = {&tj, &to, lab ? &tl : NULL};
+    int nt = lab ? 3 : 2;
+    qsort(order, (size_t)nt, sizeof order[0], cmp_begin);
+    uint64_t at = 0;
+    for (int i = 0; i < nt; i++) {
+        if (order[i]->begin < at) {
+            fail(p, SF_ST_E_OFFSETS_OVERLAP, "data_offsets of \"%s\" [%llu, %llu] overlap the tensor before it",
+                 order[i]->name, (unsigned long long)order[i]->begin, (unsigned long long)order[i]->end);
+            return -1;
+        }
+        if (order[i]->begin != at) {
+            fail(p, SF_ST_E_DATA_NOT_CONTIGUOUS,
+                 "data_offsets of \"%s\" [%llu, %llu] leave a hole in the data section at byte %llu",
+                 order[i]->name, (unsigned long long)order[i]->begin, (unsigned long long)order[i]->end,
+                 (unsigned long long)at);
+            return -1;
+        }
+        at = order[i]->end;
+    }
+    uint64_t body_len = 8 + in->header_len + at;
+    if (body_len > p->lim.max_body_bytes) {
+        fail(p, SF_ST_E_BODY_TOO_LARGE, "the body declares %llu bytes; the limit is %llu",
+             (unsigned long long)body_len, (unsigned long long)p->lim.max_body_bytes);
+        return -1;
+    }
+    in->n = (int)n;
+    in->h = in->w = 0;
+    in->c = 3;
+    in->nhwc = 1;
+    in->has_labels = lab != NULL;
+    in->label_dtype = lab ? tl.dtype : SF_ST_U8;
+    in->label_ndim = lab ? 1 : 0;
+    in->label_shape[0] = lab ? n : 0;
+    in->data_len = at;
+    in->body_len = body_len;
+    in->images_bytes = jpeg_bytes;
+    in->labels_bytes = labels_bytes;
+    in->labels_dest_off = lab ? align64(jpeg_bytes) : 0;
+    in->encoded = 1;
+    in->jpeg_offsets_dest_off = align64(lab ? in->labels_dest_off + labels_bytes : jpeg_bytes);
+    in->jpeg_info_dest_off = align64(in->jpeg_offsets_dest_off + off_bytes);
+    in->dest_bytes = in->jpeg_info_dest_off + (uint64_t)n * sizeof(sf_jpeg_info);
+    p->images_begin = tj.begin;
+    p->labels_begin = tl.begin;
+    p->offsets_begin = to.begin;
+    return 0;
+}
+
 /* Everything about the header; fills p->info. Returns 0 or -1 (failed). */
 static int validate_header(sf_st_parser *p, const cJSON *root)
 {
@@ -416,15 +545,18 @@ static int validate_header(sf_st_parser *p, const cJSON *root)
         fail(p, SF_ST_E_HEADER_NOT_OBJECT, "the header JSON is not an object");
         return -1;
     }
-    const cJSON *img = NULL, *lab = NULL, *meta = NULL;
+    const cJSON *img = NULL, *lab = NULL, *meta = NULL, *jpg = NULL, *joff = NULL;
     for (const cJSON *it = root->child; it; it = it->next) {
         const cJSON **slot;
         if (strcmp(it->string, "images") == 0) slot = &img;
         else if (strcmp(it->string, "labels") == 0) slot = &lab;
         else if (strcmp(it->string, "__metadata__") == 0) slot = &meta;
+        else if (strcmp(it->string, "jpeg") == 0) slot = &jpg;
+        else if (strcmp(it->string, "jpeg_offsets") == 0) slot = &joff;
         else {
             fail(p, SF_ST_E_UNKNOWN_TENSOR,
-                 "the header names the tensor \"%s\"; only \"images\" and \"labels\" are accepted",
+                 "the header names the tensor \"%s\"; only \"images\" or \"jpeg\" with \"jpeg_offsets\", "
+                 "and \"labels\" are accepted",
                  quote(qn, sizeof qn, it->string));
             return -1;
         }
@@ -468,8 +600,25 @@ static int validate_header(sf_st_parser *p, const cJSON *root)
         }
     }
 
+    if (img && (jpg || joff)) {
+        fail(p, SF_ST_E_BAD_TENSOR, "the header names \"images\" and \"%s\"; a body carries pixels or JPEG files, not both",
+             jpg ? "jpeg" : "jpeg_offsets");
+        return -1;
+    }
+    if (jpg || joff) {
+        if (!jpg || !joff) {
+            fail(p, SF_ST_E_BAD_TENSOR, "the header names \"%s\" without \"%s\"", jpg ? "jpeg" : "jpeg_offsets",
+                 jpg ? "jpeg_offsets" : "jpeg");
+            return -1;
+        }
+        if (!lab && p->lim.labels_required) {
+            fail(p, SF_ST_E_MISSING_LABELS, "the header has no tensor \"labels\"");
+            return -1;
+        }
+        return validate_jpeg_form(p, jpg, joff, lab);
+    }
     if (!img) {
-        fail(p, SF_ST_E_MISSING_IMAGES, "the header has no tensor \"images\"");
+        fail(p, SF_ST_E_MISSING_IMAGES, "the header has no tensor \"images\" (nor \"jpeg\")");
         return -1;
     }
     if (!lab && p->lim.labels_required) {
@@ -715,6 +864,76 @@ static void check_labels(sf_st_parser *p)
     }
 }
 
+static int64_t load_i64(const uint8_t *b)
+{
+    uint64_t u = 0;
+    for (int k = 7; k >= 0; k--) u = (u << 8) | b[k];
+    return (int64_t)u;
+}
+
+/* The "jpeg" form, after each chunk: the offsets once they are complete,
+ * then the header of every file whose last byte has arrived. */
+static void check_jpeg(sf_st_parser *p)
+{
+    sf_st_info *in = &p->info;
+    const uint8_t *ob = p->dest + in->jpeg_offsets_dest_off;
+    if (!p->offsets_checked) {
+        if (p->data_have < p->offsets_begin + (uint64_t)(in->n + 1) * 8) return;
+        p->offsets_checked = 1;
+        int64_t prev = load_i64(ob);
+        if (prev != 0) {
+            fail(p, SF_ST_E_JPEG_OFFSETS_INVALID, "tensor \"jpeg_offsets\": element 0 is %lld; it must be 0",
+                 (long long)prev);
+            return;
+        }
+        for (int i = 1; i <= in->n; i++) {
+            int64_t v = load_i64(ob + 8 * (size_t)i);
+            if (v <= prev) {
+                fail(p, SF_ST_E_JPEG_OFFSETS_INVALID,
+                     "tensor \"jpeg_offsets\": element %d is %lld, not above element %d (%lld); every file is non-empty",
+                     i, (long long)v, i - 1, (long long)prev);
+                return;
+            }
+            prev = v;
+        }
+        if ((uint64_t)prev != in->images_bytes) {
+            fail(p, SF_ST_E_JPEG_OFFSETS_INVALID,
+                 "tensor \"jpeg_offsets\": the last element is %lld but \"jpeg\" holds %llu bytes", (long long)prev,
+                 (unsigned long long)in->images_bytes);
+            return;
+        }
+    }
+    sf_jpeg_limits jl = {p->lim.jpeg_max_side, p->lim.jpeg_max_pixels};
+    sf_jpeg_info *infos = (sf_jpeg_info *)(void *)(p->dest + in->jpeg_info_dest_off);
+    while (p->jpeg_next < in->n) {
+        int i = p->jpeg_next;
+        uint64_t b = (uint64_t)load_i64(ob + 8 * (size_t)i), e = (uint64_t)load_i64(ob + 8 * (size_t)(i + 1));
+        if (p->data_have < p->images_begin + e) return;
+        char msg[SF_JPEG_MSG_CAP];
+        sf_jpeg_info ji;
+        sf_jpeg_error je = sf_jpeg_header_parse(p->dest + b, (size_t)(e - b), &jl, &ji, msg, sizeof msg);
+        if (je != SF_JPEG_OK) {
+            p->bad_sample = i;
+            fail(p, (sf_st_error)(SF_ST_E_JPEG_NOT_JPEG + (je - SF_JPEG_E_NOT_JPEG)), "sample %d of \"jpeg\": %s", i,
+                 msg);
+            return;
+        }
+        int64_t px = (int64_t)ji.h * ji.w;
+        if (p->lim.jpeg_max_batch_pixels > 0 && in->jpeg_pixels + px > p->lim.jpeg_max_batch_pixels) {
+            p->bad_sample = i;
+            fail(p, SF_ST_E_JPEG_BATCH_TOO_LARGE,
+                 "sample %d of \"jpeg\" (%dx%d) brings the batch to %lld decoded pixels; jpeg.max_batch_pixels is %lld",
+                 i, ji.h, ji.w, (long long)(in->jpeg_pixels + px), (long long)p->lim.jpeg_max_batch_pixels);
+            return;
+        }
+        in->jpeg_pixels += px;
+        if (ji.h > in->jpeg_max_h) in->jpeg_max_h = ji.h;
+        if (ji.w > in->jpeg_max_w) in->jpeg_max_w = ji.w;
+        memcpy(&infos[i], &ji, sizeof ji);
+        p->jpeg_next++;
+    }
+}
+
 static size_t feed_data(sf_st_parser *p, const uint8_t *data, size_t len)
 {
     const sf_st_info *in = &p->info;
@@ -727,11 +946,16 @@ static size_t feed_data(sf_st_parser *p, const uint8_t *data, size_t len)
         copy_part(p->dest, p->images_begin, in->images_bytes, data, pos, take);
         if (in->has_labels)
             copy_part(p->dest + in->labels_dest_off, p->labels_begin, in->labels_bytes, data, pos, take);
+        if (in->encoded)
+            copy_part(p->dest + in->jpeg_offsets_dest_off, p->offsets_begin, (uint64_t)(in->n + 1) * 8, data,
+                      pos, take);
         p->data_have += take;
         if (in->has_labels && !p->labels_checked && p->data_have >= p->labels_begin + in->labels_bytes) {
             p->labels_checked = 1;
             check_labels(p);
         }
+        if (in->encoded && p->state != SF_ST_FAILED)
+            check_jpeg(p);
         if (p->state == SF_ST_DATA && p->data_have == in->data_len) p->state = SF_ST_COMPLETE;
     }
     if (take < len)

@@ -58,6 +58,21 @@
  * every parse, so concurrent parses race on that variable. The parser never
  * reads it and nothing else should rely on it; ThreadSanitizer reports it.
  *
+ * The encoded ("jpeg") form. Instead of "images" a body may carry "jpeg", U8
+ * [total_bytes] (the n JPEG files concatenated, as they are on disk), and
+ * "jpeg_offsets", I64 [n+1] (file i is jpeg[off[i], off[i+1]); off[0] = 0,
+ * off[n] = total_bytes, every file non-empty), with "labels" [n] as usual.
+ * In dest the files land at dest + 0, the labels at labels_dest_off, the
+ * offsets at jpeg_offsets_dest_off and one sf_jpeg_info per sample at
+ * jpeg_info_dest_off (all 64-byte aligned). The offsets are checked once they
+ * have arrived, and each file's header (server/jpeg_header.h) as soon as its
+ * last byte has arrived (or, when the offsets come after the files in the
+ * data section, as soon as the offsets have), so a bad file fails the parse
+ * from sf_st_feed() with a jpeg_* code and sf_st_bad_sample() names it. The
+ * sum of the samples' pixels is bounded by limits.jpeg_max_batch_pixels
+ * (jpeg_batch_too_large), so the decoded batch always fits the decoders'
+ * buffers, which are sized once from that bound.
+ *
  * The writer sf_st_header_build() builds the 8-byte length plus the JSON header
  * for tensors stored back to back, for the transform endpoint, checkpoints and
  * the load generator.
@@ -89,6 +104,11 @@ typedef struct sf_st_limits {
     int max_n, max_h, max_w;    /* batch size and image height/width; default SF_ST_DEFAULT_MAX_DIM each */
     int classes;                /* label values must lie in [0, classes); 0: unchecked */
     int labels_required;        /* 1: a body without "labels" fails with missing_labels */
+    /* The "jpeg" form: bounds of each file's header (0: unbounded) and of the
+     * batch's decoded pixels, the sum of h*w over its samples (0: unbounded). */
+    int jpeg_max_side;
+    int64_t jpeg_max_pixels;
+    int64_t jpeg_max_batch_pixels;
 } sf_st_limits;
 
 #define SF_ST_DEFAULT_MAX_HEADER_BYTES ((uint64_t)64 * 1024)
@@ -114,6 +134,15 @@ typedef struct sf_st_info {
     uint64_t images_bytes, labels_bytes;
     uint64_t labels_dest_off; /* align_up(images_bytes, 64); 0 without labels */
     uint64_t dest_bytes;      /* the smallest dest capacity sf_st_set_dest accepts */
+    /* The "jpeg" form (encoded = 1): images_bytes are the n files
+     * concatenated, at dest + 0; h, w are 0 and c is 3 (every file decodes
+     * to 3 channels). The other fields are 0 in the pixel form. */
+    int encoded;
+    uint64_t jpeg_offsets_dest_off; /* int64 [n+1]: file i is dest[off[i], off[i+1]) */
+    uint64_t jpeg_info_dest_off;    /* sf_jpeg_info [n], filled as each file's header is read */
+    /* Valid once the body is complete (SF_ST_COMPLETE): */
+    int64_t jpeg_pixels;            /* sum of h*w over the samples */
+    int jpeg_max_h, jpeg_max_w;     /* the largest height and width in the batch */
 } sf_st_info;
 
 typedef enum sf_st_state {
@@ -139,6 +168,11 @@ typedef enum sf_st_error {
     SF_ST_E_BODY_TOO_SHORT, SF_ST_E_LABEL_OUT_OF_RANGE, SF_ST_E_SLOT_TOO_SMALL,
     SF_ST_E_OUT_OF_MEMORY, /* the header buffer could not be allocated */
     SF_ST_E_BAD_CALL,      /* an API call out of order (a bug in the caller) */
+    /* The "jpeg" form: sf_st_bad_sample() names the sample. The six
+     * jpeg_* codes of one file are server/jpeg_header.h's, in its order. */
+    SF_ST_E_JPEG_OFFSETS_INVALID, SF_ST_E_JPEG_NOT_JPEG, SF_ST_E_JPEG_TRUNCATED,
+    SF_ST_E_JPEG_MALFORMED, SF_ST_E_JPEG_SIDE_TOO_LARGE, SF_ST_E_JPEG_TOO_MANY_PIXELS,
+    SF_ST_E_JPEG_UNSUPPORTED, SF_ST_E_JPEG_BATCH_TOO_LARGE,
     SF_ST_ERROR_COUNT
 } sf_st_error;
 
@@ -166,6 +200,11 @@ typedef struct sf_st_parser {
     size_t dest_cap;
     int labels_checked;
     int64_t bad_label_index, bad_label_value;
+    /* the "jpeg" form */
+    uint64_t offsets_begin;
+    int offsets_checked;
+    int jpeg_next;          /* samples [0, jpeg_next) have valid headers */
+    int64_t bad_sample;
     char msg[SF_ST_MSG_CAP];
 } sf_st_parser;
 
@@ -208,6 +247,9 @@ const char *sf_st_error_name(sf_st_error e);
 /* After label_out_of_range: the flat index of the first bad label and its value. */
 int64_t sf_st_bad_label_index(const sf_st_parser *p);
 int64_t sf_st_bad_label_value(const sf_st_parser *p);
+/* After a failure of one JPEG file (the jpeg_* codes but jpeg_offsets_invalid):
+ * the sample's index; -1 otherwise. */
+int64_t sf_st_bad_sample(const sf_st_parser *p);
 
 /* "U8", "I64", ...; NULL if d is out of range. */
 const char *sf_st_dtype_name(sf_st_dtype d);

@@ -6,7 +6,7 @@
 #   make run          start the server with the default config
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
 #   make bench        side-by-side benchmarks (needs a GPU)
-#   make fuzz         the safetensors parser under libFuzzer (clang)
+#   make fuzz         the safetensors parser under libFuzzer (clang); build/fuzz_jpeg_header the JPEG header reader
 #   make deps         install the Debian packages (root), or print the command
 #
 # Options: CUDA=0|1  CUDA_ARCH=sm_90  DEPS_PREFIX=/opt/deps/usr  SANITIZE=address|undefined
@@ -179,16 +179,19 @@ sanitize-test: $(VENV)/.stamp
 	STREAMFEED_ASAN_BIN=$(abspath $(BUILD)/asan/streamfeed) $(VENV)/bin/python -m pytest -q tests/sanitize
 
 FUZZ_CC ?= clang
-$(BUILD)/fuzz_safetensors: tests/fuzz/fuzz_safetensors.c server/safetensors.c server/jpeg_header.c
+# Every target links the body parser and the JPEG header reader it calls.
+FUZZ_LIB_SRC := server/safetensors.c server/jpeg_header.c
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson
 fuzz: $(BUILD)/fuzz_safetensors
 	@mkdir -p tests/fuzz/corpus-run
 	$< -max_total_time=$${FUZZ_SECONDS:-300} tests/fuzz/corpus-run tests/fuzz/corpus
-fuzz-smoke: $(BUILD)/fuzz_safetensors
-	@mkdir -p $(BUILD)/fuzz-corpus
+fuzz-smoke: $(BUILD)/fuzz_safetensors $(BUILD)/fuzz_jpeg_header
+	@mkdir -p $(BUILD)/fuzz-corpus $(BUILD)/fuzz-corpus-jpeg
 	$< -max_total_time=20 -print_final_stats=0 $(BUILD)/fuzz-corpus tests/fuzz/corpus
-	@echo "fuzz smoke: 20 s of libFuzzer on the safetensors parser, no crash"
+	$(BUILD)/fuzz_jpeg_header -max_total_time=10 -print_final_stats=0 $(BUILD)/fuzz-corpus-jpeg tests/fuzz/corpus_jpeg_header
+	@echo "fuzz smoke: 20 s of libFuzzer on the safetensors parser and 10 s on the JPEG header reader, no crash"
 
 gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
 	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-test: built without CUDA (no nvcc)"; \

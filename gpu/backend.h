@@ -45,6 +45,9 @@ typedef struct sf_train_cfg {
     int device;             /* CUDA device ordinal */
     sf_optim optim;         /* SGD (default) or AdamW */
     int grad_accum_steps;   /* optimizer step every k batches (gradients averaged); 0 or 1: every batch */
+    int64_t jpeg_max_batch_pixels; /* most decoded pixels of one encoded batch: the decode
+                                      buffers (3 bytes a pixel) are sized from it once; 0: no
+                                      encoded batches */
 } sf_train_cfg;
 
 typedef struct sf_hyper {
@@ -60,7 +63,17 @@ typedef struct sf_batch {
     void *token;             /* opaque to the backend; returned in events */
     int n, h, w, c;          /* images: n samples of h x w x c uint8 */
     int nhwc;                /* 1: [n,h,w,c]; 0: [n,c,h,w] */
-    const uint8_t *images;   /* host pointer (pinned on CUDA) */
+    const uint8_t *images;   /* host pointer (pinned on CUDA); NULL in the encoded form */
+    /* The encoded form (jpeg != NULL): n JPEG files whose headers the server
+     * has validated, file i at jpeg[jpeg_off[i], jpeg_off[i+1]) (host memory,
+     * pinned on CUDA, valid like images). The backend decodes sample i to
+     * 3-channel HWC uint8 of sf_batch_src_h/w(b, i) at byte sf_batch_src_off(b, i)
+     * of its decode buffer (gpu/common.h), then augments from there. */
+    const uint8_t *jpeg;
+    const int64_t *jpeg_off;
+    int jpeg_progressive;    /* some file is progressive (SOF2) or extended (SOF1): not
+                                every decoder takes it (nvJPEG's hardware engine does not) */
+    size_t decoded_bytes;    /* sum over the samples of h*w*3 */
     sf_label_dtype label_dtype;
     const void *labels;      /* [n] integers in [0, classes) (validated by the server);
                                 [n, out_h, out_w] for a segmentation model */

@@ -17,8 +17,12 @@ void sf_errf(char *err, size_t errlen, const char *fmt, ...)
 int sf_batch_check(const sf_batch *b, const sf_model *m, int max_batch, const char *who, char *err,
                    size_t errlen)
 {
-    if (!b || !b->plan || !b->samples || !b->images) {
+    if (!b || !b->plan || !b->samples || (!b->images && !(b->jpeg && b->jpeg_off))) {
         sf_errf(err, errlen, "%s: batch, plan, samples or images missing", who);
+        return -1;
+    }
+    if (b->jpeg && (b->c != 3 || !b->nhwc)) {
+        sf_errf(err, errlen, "%s: an encoded batch decodes to 3-channel HWC, not %d channels", who, b->c);
         return -1;
     }
     const sf_aug_plan *p = b->plan;

@@ -147,6 +147,16 @@ const sf_cfg_option sf_config_table[] = {
      "Largest image width accepted."},
     {"limits.max_tensor_header_bytes", SF_CT_INT, F(limits.max_tensor_header_bytes), "65536", 64,
      16777216, NULL, SF_CF_HOT, NULL, "Largest safetensors JSON header accepted."},
+    {"jpeg.max_side", SF_CT_INT, F(jpeg.max_side), "8192", 1, 65535, NULL, SF_CF_HOT, NULL,
+     "Largest height or width of a JPEG sample (its header is read before any decode; a larger one "
+     "is refused with jpeg_side_too_large)."},
+    {"jpeg.max_pixels", SF_CT_INT64, F(jpeg.max_pixels), "16777216", 1, 4294836225.0, NULL, SF_CF_HOT,
+     NULL, "Most pixels (h*w) of one JPEG sample; more is refused with jpeg_too_many_pixels "
+     "(decompression bombs)."},
+    {"jpeg.max_batch_pixels", SF_CT_INT64, F(jpeg.max_batch_pixels), "67108864", 1, 4294967296.0, NULL,
+     0, NULL,
+     "Most decoded pixels (sum of h*w) of one JPEG batch; more is refused with jpeg_batch_too_large. "
+     "The decode buffers are sized once from it (3 bytes per pixel, pinned host and device memory)."},
     {"log.level", SF_CT_ENUM, F(log.level), "info", 0, 0, "debug|info|warn|error", SF_CF_HOT, NULL,
      "Log level."},
     {"log.format", SF_CT_ENUM, F(log.format), "text", 0, 0, "text|json", SF_CF_HOT, NULL,

@@ -86,6 +86,11 @@ typedef struct sf_config {
         int max_tensor_header_bytes;
     } limits;
     struct {
+        int max_side;            /* largest JPEG height or width */
+        int64_t max_pixels;      /* largest h*w of one JPEG */
+        int64_t max_batch_pixels; /* largest sum of h*w over a batch's JPEGs: sizes the decode buffers */
+    } jpeg;
+    struct {
         char level[16];
         char format[16];        /* text | json */
         int requests;

@@ -121,7 +121,14 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, char *err, size_t err
     b->w = m->w;
     b->c = m->c;
     b->nhwc = m->nhwc;
-    b->images = bytes;
+    if (m->encoded) {
+        b->jpeg = bytes;
+        b->jpeg_off = (const int64_t *)(const void *)(bytes + m->jpeg_offsets_off);
+        b->jpeg_progressive = m->jpeg_progressive;
+        b->decoded_bytes = m->decoded_bytes;
+    } else {
+        b->images = bytes;
+    }
     b->label_dtype = m->label_dtype < 0 ? SF_LABEL_U8 : (sf_label_dtype)m->label_dtype;
     b->labels = m->label_dtype < 0 ? NULL : bytes + m->labels_off;
     b->plan = plan;

@@ -103,6 +103,7 @@ static int build_model(sf_app *app, char *err, size_t errlen)
     tc.device = c->pipeline.device;
     tc.optim = strcmp(c->optim.name, "adamw") == 0 ? SF_OPT_ADAMW : SF_OPT_SGD;
     tc.grad_accum_steps = c->model.grad_accum_steps;
+    tc.jpeg_max_batch_pixels = c->jpeg.max_batch_pixels;
     return app->backend->i->build(app->backend, &app->model, &tc, err, errlen);
 }
 

@@ -9,6 +9,7 @@
 #include "server/app.h"
 #include "server/jobs.h"
 #include "server/log.h"
+#include "server/jpeg_header.h"
 #include "server/ring.h"
 
 /* The transform reply, shared by the request and the engine: whichever lets go
@@ -35,16 +36,23 @@ void sf_upload_on_rejected(sf_req *r, const char *reason)
     sf_counter_inc_l(r->app->m.batches_received, s, 1);
 }
 
-/* Rejects the upload: one reply, one count, the slot back to FREE. */
-static int reject(sf_req *r, sf_upload *u, int status, const char *code, const char *msg)
+/* Rejects the upload: one reply, one count, the slot back to FREE. field
+ * (may be NULL) names the bad part, e.g. "jpeg[3]" for a sample. */
+static int reject_field(sf_req *r, sf_upload *u, int status, const char *code, const char *field,
+                        const char *msg)
 {
     if (u && u->slot >= 0 && !u->committed) {
         sf_ring_abort(r->app->ring, u->slot);
         u->slot = -1;
     }
     sf_upload_on_rejected(r, code);
-    sf_reply_error(r, status, code, "%s", msg);
+    sf_reply_error_field(r, status, code, field, "%s", msg);
     return -1;
+}
+
+static int reject(sf_req *r, sf_upload *u, int status, const char *code, const char *msg)
+{
+    return reject_field(r, u, status, code, NULL, msg);
 }
 
 static int status_of(sf_st_error e)
@@ -56,12 +64,57 @@ static int status_of(sf_st_error e)
     case SF_ST_E_LABEL_OUT_OF_RANGE:
     case SF_ST_E_IMAGE_TOO_LARGE:
     case SF_ST_E_BATCH_TOO_LARGE:
+    case SF_ST_E_JPEG_SIDE_TOO_LARGE:
+    case SF_ST_E_JPEG_TOO_MANY_PIXELS:
+    case SF_ST_E_JPEG_BATCH_TOO_LARGE:
         return 422;
     case SF_ST_E_OUT_OF_MEMORY:
         return 503;
     default:
         return 400;
     }
+}
+
+/* Rejects a body the parser refused; a bad JPEG file is named in the reply's
+ * field ("jpeg[3]") as in its message. */
+static int reject_parse(sf_req *r, sf_upload *u)
+{
+    const sf_st_parser *p = &u->parser;
+    int64_t bad = sf_st_bad_sample(p);
+    char field[32];
+    if (bad >= 0)
+        snprintf(field, sizeof field, "jpeg[%lld]", (long long)bad);
+    return reject_field(r, u, status_of(sf_st_error_of(p)), sf_st_error_code(p), bad >= 0 ? field : NULL,
+                        sf_st_error_message(p));
+}
+
+/* The encoded form, once every file's header was read: the sizes the decoded
+ * batch will have. Every sample must have the first one's size, since the
+ * augmentation's plan is made for one source size. Returns 0, or -1 after a
+ * reply. */
+static int jpeg_sizes(sf_req *r, sf_upload *u, int *h, int *w, int *progressive)
+{
+    const sf_st_info *in = sf_st_info_of(&u->parser);
+    const sf_jpeg_info *ji =
+        (const sf_jpeg_info *)(const void *)(sf_ring_bytes(r->app->ring, u->slot) + in->jpeg_info_dest_off);
+    *h = ji[0].h;
+    *w = ji[0].w;
+    *progressive = 0;
+    for (int i = 0; i < in->n; i++) {
+        if (ji[i].h != *h || ji[i].w != *w) {
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "sample %d of \"jpeg\" is %dx%d (HxW) but sample 0 is %dx%d; the samples of a batch "
+                     "must have one size",
+                     i, ji[i].h, ji[i].w, *h, *w);
+            char field[32];
+            snprintf(field, sizeof field, "jpeg[%d]", i);
+            return reject_field(r, u, 422, "jpeg_sizes_differ", field, msg);
+        }
+        if (ji[i].sof != 0)
+            *progressive = 1;
+    }
+    return 0;
 }
 
 uint64_t sf_upload_max_body(sf_app *app)
@@ -91,6 +144,10 @@ static sf_upload *upload_of(sf_req *r, int kind)
     /* Labels are checked in sink mode too: it benchmarks the same ingest path. */
     lim.classes = kind == 0 ? r->app->model.n_classes : 0;
     lim.labels_required = kind == 0;
+    lim.jpeg_max_side = c->jpeg.max_side;
+    lim.jpeg_max_pixels = c->jpeg.max_pixels;
+    /* The decode buffers were sized from the value at start (restart-only). */
+    lim.jpeg_max_batch_pixels = r->app->cfg.jpeg.max_batch_pixels;
     sf_st_init(&u->parser, &lim);
     r->user = u;
     return u;
@@ -102,7 +159,19 @@ static int header_accepted(sf_req *r, sf_upload *u)
 {
     sf_app *app = r->app;
     const sf_st_info *in = sf_st_info_of(&u->parser);
-    if (app->backend && u->slot < 0 && !u->t_wait_start_ns) {
+    if (app->backend && u->slot < 0 && !u->t_wait_start_ns && in->encoded) {
+        /* The sizes are known file by file as they arrive (checked at the
+         * commit); the channels are known now: JPEGs decode to 3. */
+        if (u->kind == 0 && app->model.in_c != 3) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "JPEG samples decode to 3 channels but the model takes %d",
+                     app->model.in_c);
+            return reject(r, u, 422, "shape_mismatch", msg);
+        }
+        if (u->kind == 0 && app->model.segmentation)
+            return reject(r, u, 422, "labels_shape_unsupported",
+                          "this model segments: JPEG batches carry class labels [N] only");
+    } else if (app->backend && u->slot < 0 && !u->t_wait_start_ns) {
         /* Check once, before waiting: the augmented shape must be the model's input. */
         sf_aug_plan plan;
         char err[256];
@@ -212,8 +281,7 @@ int sf_upload_on_data(sf_req *r, int kind, const uint8_t *data, size_t *len)
     }
     if (sf_st_state_of(&u->parser) == SF_ST_FAILED) {
         *len = 0;
-        return reject(r, u, status_of(sf_st_error_of(&u->parser)), sf_st_error_code(&u->parser),
-                      sf_st_error_message(&u->parser));
+        return reject_parse(r, u);
     }
     *len = left;
     return 0;
@@ -235,18 +303,36 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
         return -1;
     }
     if (sf_st_finish(&u->parser) != 0)
-        return reject(r, u, status_of(sf_st_error_of(&u->parser)), sf_st_error_code(&u->parser),
-                      sf_st_error_message(&u->parser));
+        return reject_parse(r, u);
     if (u->slot < 0) /* cannot happen after a successful finish; defensive */
         return reject(r, u, 400, "body_empty", "no data");
     const sf_st_info *in = sf_st_info_of(&u->parser);
+    int h = in->h, w = in->w, progressive = 0;
+    if (in->encoded && jpeg_sizes(r, u, &h, &w, &progressive) != 0)
+        return -1;
+    if (in->encoded && app->backend && u->kind == 0) {
+        sf_aug_plan plan;
+        char err[256];
+        if (sf_aug_plan_make(&app->aug, h, w, in->c, &plan, err, sizeof err))
+            return reject(r, u, 422, "augment_shape_invalid", err);
+        if (plan.out_h != app->model.in_h || plan.out_w != app->model.in_w) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "JPEG samples of %dx%d (HxW) augment to %dx%d but the model takes %dx%d",
+                     h, w, plan.out_h, plan.out_w, app->model.in_h, app->model.in_w);
+            return reject(r, u, 422, "shape_mismatch", msg);
+        }
+    }
     sf_slot_meta *m = sf_ring_meta(app->ring, u->slot);
     m->kind = u->kind;
     m->n = in->n;
-    m->h = in->h;
-    m->w = in->w;
+    m->h = h;
+    m->w = w;
     m->c = in->c;
     m->nhwc = in->nhwc;
+    m->encoded = in->encoded;
+    m->jpeg_progressive = progressive;
+    m->jpeg_offsets_off = in->jpeg_offsets_dest_off;
+    m->decoded_bytes = in->encoded ? (size_t)in->jpeg_pixels * 3 : 0;
     m->labels_off = in->labels_dest_off;
     m->used = in->dest_bytes;
     m->label_dtype = !in->has_labels            ? -1
@@ -258,7 +344,7 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
             return reject(r, u, 409, "no_backend", "transform needs a compute backend (pipeline.mode=train)");
         sf_aug_plan plan;
         char err[256];
-        if (sf_aug_plan_make(&app->aug, in->h, in->w, in->c, &plan, err, sizeof err))
+        if (sf_aug_plan_make(&app->aug, h, w, in->c, &plan, err, sizeof err))
             return reject(r, u, 422, "augment_shape_invalid", err);
         size_t hl = xform_header(in, &plan, NULL, 0);
         size_t dl = (size_t)in->n * (size_t)plan.c * (size_t)plan.out_h * (size_t)plan.out_w * 4;

@@ -110,6 +110,8 @@ typedef struct ref_ctx {
     float *gtmp;                  /* input-gradient scratch, [max_batch * max_act] */
     float *aug_tmp;               /* one sample's geometric output (blur input) */
     size_t aug_tmp_len;           /* floats */
+    uint8_t *decoded;             /* encoded batches: the decoded images, [decoded_cap] bytes */
+    size_t decoded_cap;           /* 3 * cfg.jpeg_max_batch_pixels */
     int32_t *labels;              /* [max_batch] or [max_batch, out_h, out_w] */
     size_t labels_per_sample;     /* 1, or out_h*out_w for segmentation */
 
@@ -160,6 +162,7 @@ static void free_state(ref_ctx *c)
     }
     free(c->gtmp);
     free(c->aug_tmp);
+    free(c->decoded);
     free(c->labels);
     sf_event fifo_keep[REF_FIFO_CAP];
     memcpy(fifo_keep, c->fifo, sizeof fifo_keep);
@@ -229,8 +232,13 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     c->labels = c->labels_per_sample <= SIZE_MAX / sizeof(int32_t) / nb
                     ? calloc(nb * c->labels_per_sample, sizeof(int32_t))
                     : NULL;
+    /* Untouched pages of the decode buffer cost no memory until a batch needs them. */
+    if (cfg->jpeg_max_batch_pixels > 0 && (uint64_t)cfg->jpeg_max_batch_pixels <= SIZE_MAX / 3) {
+        c->decoded_cap = (size_t)cfg->jpeg_max_batch_pixels * 3;
+        c->decoded = malloc(c->decoded_cap);
+    }
     int ok = c->params && c->buffers && c->grads && c->mom && c->input && c->gtmp && c->aug_tmp &&
-             c->labels && (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq) &&
+             c->labels && (cfg->jpeg_max_batch_pixels <= 0 || c->decoded) && (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq) &&
              (!c->bf16 || c->wq);
     for (int i = 0; ok && i < mm->n_layers; i++) {
         const sf_layer *L = &mm->layers[i];
@@ -560,22 +568,49 @@ static void train_step(ref_ctx *c, int n, const sf_hyper *h, float *loss, int *c
     }
 }
 
-static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errlen)
+/* An encoded batch decoded into c->decoded, as the raw batch *raw (b itself
+ * when it is not encoded). 0, or -1 with err naming the sample. */
+static int decode(ref_ctx *c, const sf_batch *b, sf_batch *raw, char *err, size_t errlen)
+{
+    *raw = *b;
+    if (!b->jpeg)
+        return 0;
+    if (!c->decoded || b->decoded_bytes > c->decoded_cap) {
+        sf_errf(err, errlen, "ref: the decoded batch needs %zu bytes; the decode buffer holds %zu "
+                "(jpeg.max_batch_pixels)", b->decoded_bytes, c->decoded_cap);
+        return -1;
+    }
+    if (sf_ref_jpeg_decode(b, c->decoded, c->decoded_cap, err, errlen) != 0)
+        return -1;
+    raw->images = c->decoded;
+    raw->jpeg = NULL;
+    raw->jpeg_off = NULL;
+    return 0;
+}
+
+static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t errlen)
 {
     ref_ctx *c = ctx_of(be);
-    if (check_batch(c, b, 1, err, errlen) != 0)
+    if (check_batch(c, b_in, 1, err, errlen) != 0)
         return -1;
     if (c->count + 2 > REF_FIFO_CAP) {
         sf_errf(err, errlen, "ref: %d events not yet polled; poll before submitting more", c->count);
         return -1;
     }
-    const int n = b->n;
+    const int n = b_in->n;
     sf_event ev;
 
     const uint64_t t0 = now_ns();
-    make_input(c, b);
+    sf_batch raw;
+    char derr[sizeof ev.err];
+    const int decode_rc = decode(c, b_in, &raw, derr, sizeof derr);
+    const sf_batch *b = &raw;
     int64_t bad = 0;
-    const long long bad_at = convert_labels(c, b, &bad);
+    long long bad_at = -1;
+    if (decode_rc == 0) {
+        make_input(c, b);
+        bad_at = convert_labels(c, b, &bad);
+    }
     const uint64_t t1 = now_ns();
 
     /* The slot's bytes (images, labels, samples) are consumed. */
@@ -590,10 +625,13 @@ static int ref_submit(sf_backend *be, const sf_batch *b, char *err, size_t errle
     ev.id = b->id;
     ev.token = b->token;
     ev.n = n;
-    if (bad_at >= 0) {
+    if (decode_rc != 0 || bad_at >= 0) {
         ev.status = -1;
-        snprintf(ev.err, sizeof ev.err, "ref: label %lld at element %lld of the labels is outside [0,%d)",
-                 (long long)bad, bad_at, c->m.n_classes);
+        if (decode_rc != 0)
+            snprintf(ev.err, sizeof ev.err, "%s", derr);
+        else
+            snprintf(ev.err, sizeof ev.err, "ref: label %lld at element %lld of the labels is outside [0,%d)",
+                     (long long)bad, bad_at, c->m.n_classes);
         ev.step = c->step;
         ev.t_h2d_start_ns = t0;
         ev.t_transform_start_ns = t0;
@@ -647,15 +685,19 @@ static int ref_poll(sf_backend *be, sf_event *ev, int max, int timeout_us)
     return k;
 }
 
-static int ref_transform(sf_backend *be, const sf_batch *b, float *out, char *err, size_t errlen)
+static int ref_transform(sf_backend *be, const sf_batch *b_in, float *out, char *err, size_t errlen)
 {
     ref_ctx *c = ctx_of(be);
-    if (check_batch(c, b, 0, err, errlen) != 0)
+    if (check_batch(c, b_in, 0, err, errlen) != 0)
         return -1;
     if (!out) {
         sf_errf(err, errlen, "ref: output buffer missing");
         return -1;
     }
+    sf_batch raw;
+    if (decode(c, b_in, &raw, err, errlen) != 0)
+        return -1;
+    const sf_batch *b = &raw;
     if (b->plan->blur_ksize > 1 &&
         (size_t)b->plan->c * b->plan->out_h * b->plan->out_w > c->aug_tmp_len) {
         /* Not the model's shape (or no model): the stages' one-off path. */

@@ -1,0 +1,186 @@
+"""JPEG batches through the real HTTP path on the reference backend: they
+train, the service decodes them as libjpeg-turbo does, a bad file is refused
+naming its index while the next good batch trains, a decompression bomb is
+refused while its body is still arriving, and a file whose scan data is
+damaged fails its batch with the sample named."""
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from sfharness import TINY, key, learnable_batch, read_reply, st_body, wait_until
+
+LEARN = TINY + ["--optim.lr", "0.05", "--optim.momentum", "0.9", "--model.seed", "1"]
+
+
+def to_jpeg(img, quality=90, subsampling=2, progressive=False):
+    """One HxWx3 (or HxW gray) uint8 image as JPEG bytes (Pillow; subsampling 2 is 4:2:0)."""
+    out = io.BytesIO()
+    Image.fromarray(img).save(out, format="JPEG", quality=quality, subsampling=subsampling,
+                              progressive=progressive)
+    return out.getvalue()
+
+
+def jpeg_body(files, labels):
+    offsets = np.zeros(len(files) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(f) for f in files])
+    return st_save({"jpeg": np.frombuffer(b"".join(files), dtype=np.uint8), "jpeg_offsets": offsets,
+                    "labels": np.asarray(labels, dtype=np.int64)})
+
+
+def learnable_jpeg_batch(rng, n=32):
+    images, labels = learnable_batch(rng, n)
+    return [to_jpeg(im) for im in images], labels
+
+
+def test_jpeg_batches_of_the_learnable_task_train_the_tiny_model(start_server):
+    s = start_server(LEARN)
+    rng = np.random.default_rng(7)
+    losses = []
+    for step in range(120):
+        files, labels = learnable_jpeg_batch(rng)
+        r = s.post_batch(jpeg_body(files, labels))
+        assert r.status_code == 202, r.text
+        b = s.wait_batch(r.json()["id"])
+        assert b["state"] == "done", b
+        losses.append(b["loss"])
+        if len(losses) >= 6 and max(losses[-5:]) < losses[0] / 2:
+            break
+    assert max(losses[-5:]) < losses[0] / 2, f"loss did not halve: {losses[:5]} ... {losses[-5:]}"
+    jpeg_bytes = sum(len(f) for f in files)
+    assert jpeg_bytes < 32 * 32 * 32 * 3, "the files should be smaller than their pixels"
+
+
+def test_the_transform_of_a_jpeg_batch_equals_that_of_its_decoded_pixels(start_server, rng):
+    """The service decodes with libjpeg-turbo's defaults, as Pillow does:
+    the augmented output of the files and of Pillow's decode agree."""
+    s = start_server(TINY)
+    imgs = rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    imgs[:, 8:24, 8:24] = 200  # some structure, so that the codec has edges to keep
+    files = [to_jpeg(imgs[0], subsampling=0), to_jpeg(imgs[1], subsampling=1),
+             to_jpeg(imgs[2][:, :, 0], progressive=True)]  # 4:4:4, 4:2:2, progressive grayscale
+    decoded = np.stack([np.asarray(Image.open(io.BytesIO(f)).convert("RGB")) for f in files])
+    got = s.post_batch(jpeg_body(files, [0, 1, 2]), path="/v1/transform")
+    assert got.status_code == 200, got.text
+    want = s.post_batch(st_body(decoded, np.array([0, 1, 2])), path="/v1/transform")
+    assert want.status_code == 200, want.text
+    a, b = st_load(got.content)["images"], st_load(want.content)["images"]
+    assert a.shape == (3, 3, 32, 32)
+    diff = np.abs(a - b).max()
+    assert diff <= 1.0, f"decoded pixels differ by up to {diff} of 255"
+    # Grayscale becomes three equal channels.
+    assert np.array_equal(a[2, 0], a[2, 1]) and np.array_equal(a[2, 0], a[2, 2])
+
+
+def test_a_corrupt_sample_is_refused_naming_its_index_and_the_next_good_batch_trains(start_server):
+    s = start_server(TINY)
+    rng = np.random.default_rng(3)
+    files, labels = learnable_jpeg_batch(rng, 4)
+    bad = list(files)
+    bad[2] = b"GIF89a" + files[2][6:]
+    r = s.post_batch(jpeg_body(bad, labels))
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "jpeg_not_jpeg"
+    assert err["field"] == "jpeg[2]"
+    assert "sample 2" in err["message"]
+    m = s.metrics()
+    assert m[key("streamfeed_batches_rejected_total", reason="jpeg_not_jpeg")] == 1
+    r = s.post_batch(jpeg_body(files, labels), wait=True)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    assert r.json()["step"] == 1
+
+
+def test_a_truncated_sample_and_offsets_that_do_not_tile_the_files_are_refused(start_server):
+    s = start_server(TINY)
+    rng = np.random.default_rng(4)
+    files, labels = learnable_jpeg_batch(rng, 3)
+    cut = list(files)
+    cut[1] = files[1][: len(files[1]) // 2]
+    r = s.post_batch(jpeg_body(cut, labels))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "jpeg_truncated", r.text
+    assert r.json()["error"]["field"] == "jpeg[1]"
+    body = bytearray(jpeg_body(files, labels))
+    n = int.from_bytes(body[:8], "little")
+    hdr = json.loads(body[8:8 + n])
+    o0 = 8 + n + hdr["jpeg_offsets"]["data_offsets"][0]
+    body[o0 + 8:o0 + 16] = (0).to_bytes(8, "little")  # offsets[1] = 0: an empty file
+    r = s.post_batch(bytes(body))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "jpeg_offsets_invalid", r.text
+    assert s.metric("streamfeed_batches_rejected_total", reason="jpeg_truncated") == 1
+    assert s.metric("streamfeed_batches_rejected_total", reason="jpeg_offsets_invalid") == 1
+
+
+def bomb(small):
+    """A real tiny JPEG whose SOF declares 65535 x 65535 pixels."""
+    b = bytearray(small)
+    i = next(i for i in range(2, len(b) - 1) if b[i] == 0xFF and 0xC0 <= b[i + 1] <= 0xC2)
+    b[i + 5:i + 9] = b"\xff\xff\xff\xff"
+    return bytes(b)
+
+
+def test_a_decompression_bomb_is_refused_while_its_body_is_still_arriving(start_server):
+    """65535 x 65535 declared in about 1 KB: the upload is refused once the
+    server has read the bomb's bytes, before the rest of the body, so nothing
+    was decoded (decoding starts only once a whole batch is in)."""
+    s = start_server(TINY)
+    rng = np.random.default_rng(5)
+    files, labels = learnable_jpeg_batch(rng, 2)
+    b = bomb(files[0])
+    assert len(b) < 1024
+    filler = to_jpeg(rng.integers(0, 256, (512, 512, 3), dtype=np.uint8), quality=95)
+    body = st_save({"jpeg_offsets": np.array([0, len(b), len(b) + len(filler)], dtype=np.int64),
+                    "labels": np.asarray([0, 1], dtype=np.int64),
+                    "jpeg": np.frombuffer(b + filler, dtype=np.uint8)})
+    n = int.from_bytes(body[:8], "little")
+    hdr = json.loads(body[8:8 + n])
+    bomb_end = 8 + n + hdr["jpeg"]["data_offsets"][0] + len(b)
+    assert len(body) - bomb_end > 100_000
+    sock = s.start_upload(body, bomb_end)
+    # Refused (counted, its slot freed) with the rest of the body not yet sent.
+    wait_until(lambda: s.metric("streamfeed_batches_rejected_total", reason="jpeg_side_too_large") == 1, 10,
+               what="the bomb to be refused")
+    assert s.metric("streamfeed_ring_slots", state="filling") == 0
+    sock.sendall(body[bomb_end:])  # HTTP/1.1: the reply follows the drained body
+    reply = read_reply(sock)
+    sock.close()
+    assert reply.status_code == 422, reply.text
+    err = reply.json()["error"]
+    assert err["code"] == "jpeg_side_too_large" and err["field"] == "jpeg[0]"
+    assert "65535x65535" in err["message"]
+    r = s.post_batch(jpeg_body([bomb(files[0])], [0]))
+    assert r.status_code == 422 and r.json()["error"]["code"] == "jpeg_side_too_large"
+    s2 = start_server(TINY + ["--jpeg.max_side", "65535", "--jpeg.max_pixels", "1000000"])
+    r = s2.post_batch(jpeg_body([bomb(files[0])], [0]))
+    assert r.status_code == 422 and r.json()["error"]["code"] == "jpeg_too_many_pixels", r.text
+
+
+def test_a_file_with_damaged_scan_data_fails_its_batch_naming_the_sample(start_server):
+    """The header is valid, so the batch is accepted; the decode then finds the
+    scan data cut short and the batch fails, nothing trained."""
+    s = start_server(TINY)
+    rng = np.random.default_rng(6)
+    files, labels = learnable_jpeg_batch(rng, 3)
+    f = files[1]
+    sos = f.index(b"\xff\xda")
+    damaged = f[: sos + 40] + b"\xff\xd9"
+    r = s.post_batch(jpeg_body([files[0], damaged, files[2]], labels))
+    assert r.status_code == 202, r.text
+    b = s.wait_batch(r.json()["id"])
+    assert b["state"] == "failed", b
+    assert "sample 1" in json.dumps(b)
+    assert s.metric("streamfeed_steps_total") == 0
+
+
+def test_a_jpeg_batch_for_a_model_of_other_input_size_is_refused_with_shape_mismatch(start_server):
+    s = start_server(TINY)
+    rng = np.random.default_rng(8)
+    files = [to_jpeg(rng.integers(0, 256, (48, 40, 3), dtype=np.uint8)) for _ in range(2)]
+    r = s.post_batch(jpeg_body(files, [0, 1]))
+    assert r.status_code == 422 and r.json()["error"]["code"] == "shape_mismatch", r.text
+    assert "48x40" in r.json()["error"]["message"]
+    assert s.metric("streamfeed_ring_slots", state="free") == s.config()["ring"]["slots"]

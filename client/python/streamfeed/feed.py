@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
 from . import errors as E
+from .jpeg import EncodedBatch
 from .wire import encode_batch
 
 _END = object()
@@ -117,7 +118,9 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
     Args:
         client: a :class:`streamfeed.Client`.
         loader: an iterable of ``(images, labels)`` (or ``{"images", "labels"}``)
-            batches; images uint8 NHWC or NCHW, numpy or torch.
+            batches; images uint8 NHWC or NCHW, numpy or torch; or of
+            :class:`streamfeed.jpeg.EncodedBatch` (JPEG files:
+            ``jpeg_batches(dataset_of_bytes_and_labels, 32)``), sent as they are.
         connections: concurrent uploads (worker threads, each with its own
             keep-alive connection).
         wait_last: post the last batch with ``wait=1`` after every other batch
@@ -171,9 +174,12 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
 
     def work(index: int, item: Any, wait: bool, is_last: bool) -> None:
         try:
-            images, labels = _unpack(item)
-            body = encode_batch(images, labels, layout)
-            n = len(labels) if not hasattr(labels, "shape") else int(labels.shape[0])
+            if isinstance(item, EncodedBatch):  # e.g. JPEG files (streamfeed.jpeg.jpeg_batches)
+                body, n = item.body, item.n
+            else:
+                images, labels = _unpack(item)
+                body = encode_batch(images, labels, layout)
+                n = len(labels) if not hasattr(labels, "shape") else int(labels.shape[0])
             try:
                 reply, retries = client.post_body(body, wait)
             except E.APIError as e:

@@ -1,0 +1,134 @@
+"""JPEG files as they are on disk: the encoded batch form.
+
+A batch body may carry JPEG files instead of pixels (the service decodes them:
+nvJPEG on a GPU, libjpeg-turbo on the reference backend)::
+
+    jpeg          U8  [total_bytes]   the N files concatenated
+    jpeg_offsets  I64 [N+1]           file i is jpeg[off[i]:off[i+1]]
+    labels        I64 [N]
+
+so a loader reads files and sends them, about ten times fewer bytes than the
+decoded pixels, and decodes nothing::
+
+    from streamfeed import Client
+    from streamfeed.jpeg import post_jpeg, jpeg_batches, image_folder
+
+    client = Client("http://gpu-box:8080")
+    post_jpeg(client, ["a.jpg", "b.jpg"], [3, 7], wait=True)
+    summary = client.feed(jpeg_batches(image_folder("train/"), 32), connections=8)
+
+:func:`jpeg_batches` turns any iterable of ``(bytes_or_path, label)`` samples
+(a dataset of encoded files) into batches that :meth:`Client.feed` uploads
+as they are. Every sample of a batch must have one size until the service
+takes ragged batches (it answers 422 ``jpeg_sizes_differ`` otherwise).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple, Union
+
+import numpy as np
+from safetensors.numpy import save as _st_save
+
+FileLike = Union[bytes, bytearray, memoryview, str, os.PathLike]
+
+#: File name suffixes image_folder() takes as JPEG files.
+JPEG_SUFFIXES = (".jpg", ".jpeg", ".JPG", ".JPEG")
+
+
+def read_file(f: FileLike) -> bytes:
+    """The bytes of a sample: given as bytes, or read from a path."""
+    if isinstance(f, (bytes, bytearray, memoryview)):
+        return bytes(f)
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as fh:
+            return fh.read()
+    raise TypeError(f"a JPEG sample is bytes or a path, got {type(f).__name__}")
+
+
+class EncodedBatch:
+    """A batch body already encoded, which :func:`streamfeed.feed` sends as is.
+
+    Attributes:
+        body: the safetensors body.
+        n: the number of samples.
+    """
+
+    __slots__ = ("body", "n")
+
+    def __init__(self, body: bytes, n: int):
+        self.body = body
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
+    """The body of one batch of JPEG files (bytes or paths) and integer labels [N].
+
+    Raises:
+        ValueError: no files, a label count other than the file count, an
+            empty file, or a file that does not start with the JPEG SOI marker
+            (caught here, before anything is sent).
+    """
+    data = [read_file(f) for f in files]
+    if not data:
+        raise ValueError("a batch needs at least one file")
+    lab = np.asarray(labels)
+    if lab.ndim != 1 or lab.shape[0] != len(data):
+        raise ValueError(f"labels must be [N] with N = {len(data)} files, got shape {lab.shape}")
+    if not np.issubdtype(lab.dtype, np.integer):
+        raise ValueError(f"labels must be integers, got {lab.dtype}")
+    for i, d in enumerate(data):
+        if len(d) < 2 or d[0] != 0xFF or d[1] != 0xD8:
+            raise ValueError(f"sample {i} is not a JPEG file (no SOI marker)")
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(d) for d in data])
+    body = _st_save({"jpeg": np.frombuffer(b"".join(data), dtype=np.uint8),
+                     "jpeg_offsets": offsets, "labels": lab.astype(np.int64)})
+    return EncodedBatch(body, len(data))
+
+
+def post_jpeg(client: Any, files: Sequence[FileLike], labels: Any, wait: bool = False) -> Dict[str, Any]:
+    """POSTs one batch of JPEG files; returns what :meth:`Client.post_batch` returns.
+
+    A bad file is refused with a 400/422 :class:`~streamfeed.errors.APIError`
+    whose ``code`` says why (``jpeg_truncated``, ``jpeg_side_too_large``, ...)
+    and whose ``field`` names the sample (``"jpeg[3]"``)."""
+    return client.post_body(encode_jpeg_batch(files, labels).body, wait)[0]
+
+
+def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int,
+                 drop_last: bool = False) -> Iterator[EncodedBatch]:
+    """Groups a dataset of ``(bytes_or_path, label)`` samples into encoded
+    batches of batch_size, lazily (one batch in memory at a time)."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    files: List[FileLike] = []
+    labels: List[int] = []
+    for f, y in dataset:
+        files.append(f)
+        labels.append(int(y))
+        if len(files) == batch_size:
+            yield encode_jpeg_batch(files, labels)
+            files, labels = [], []
+    if files and not drop_last:
+        yield encode_jpeg_batch(files, labels)
+
+
+def image_folder(root: Union[str, os.PathLike]) -> List[Tuple[Path, int]]:
+    """The JPEG files of an ImageFolder layout: ``root/<class>/<file>.jpg``.
+
+    Classes are the subfolder names in sorted order (label 0 is the first),
+    as torchvision's ImageFolder numbers them; files are sorted by path.
+    Returns ``[(path, label), ...]``."""
+    root = Path(root)
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    out: List[Tuple[Path, int]] = []
+    for k, c in enumerate(classes):
+        for p in sorted((root / c).rglob("*")):
+            if p.is_file() and p.suffix in JPEG_SUFFIXES:
+                out.append((p, k))
+    return out

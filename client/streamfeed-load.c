@@ -5,8 +5,11 @@
  * server, over N concurrent keep-alive HTTP connections, and reports what the
  * server accepted, how fast, and the training loss when the server tells it.
  * The bodies are either synthetic (the workloads of WORKLOADS.md, optionally
- * with labels that a small model can learn) or the *.safetensors files of a
- * directory.
+ * with labels that a small model can learn), the *.safetensors files of a
+ * directory, or JPEG files sent undecoded in the encoded body form
+ * (jpeg + jpeg_offsets + labels): the class folders of a directory
+ * (ImageFolder layout), or w1-jpeg's natural-looking 256x256 files, which are
+ * generated once into a cache folder.
  *
  * How it is built. Bodies are made once, before the clock starts, into a pool
  * of at most --pool bodies and at most --pool-mb MiB, and then cycled through,
@@ -64,6 +67,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <turbojpeg.h>
+
 #include "server/safetensors.h"
 
 /* ---- limits -------------------------------------------------------------- */
@@ -93,13 +98,18 @@ typedef struct workload {
     int classes;
     int segmentation; /* 1: labels are [N,H,W] per pixel */
     const char *about;
+    int jpeg;         /* 1: JPEG files of h x w, generated once into the cache */
 } workload;
 
 static const workload WORKLOADS[] = {
-    {"w1", 256, 256, 256, 256, 10, 0, "256x256x3, 10 classes, labels [N]"},
-    {"w2", 256, 256, 256, 256, 10, 1, "256x256x3, per-pixel labels [N,256,256], 10 classes"},
-    {"w3", 224, 224, 32, 32, 10, 0, "224x224x3 upscaled (nearest) from 32x32 content, 10 classes"},
-    {"tiny", 32, 32, 32, 32, 10, 0, "32x32x3, 10 classes, labels [N]"},
+    {"w1", 256, 256, 256, 256, 10, 0, "256x256x3, 10 classes, labels [N]", 0},
+    {"w2", 256, 256, 256, 256, 10, 1, "256x256x3, per-pixel labels [N,256,256], 10 classes", 0},
+    {"w3", 224, 224, 32, 32, 10, 0, "224x224x3 upscaled (nearest) from 32x32 content, 10 classes", 0},
+    {"tiny", 32, 32, 32, 32, 10, 0, "32x32x3, 10 classes, labels [N]", 0},
+    {"w1-jpeg", 256, 256, 256, 256, 10, 0,
+     "W1 as JPEG files: 256x256 natural-looking images, quality 90, generated once into the cache "
+     "(--cache-dir) and sent encoded",
+     1},
 };
 #define N_WORKLOADS ((int)(sizeof WORKLOADS / sizeof WORKLOADS[0]))
 #define MAX_SRC_PIXELS (64 * 64) /* content resolution bound of an upscaled workload */
@@ -112,7 +122,7 @@ enum {
     OPT_CONNECTIONS = 'c', OPT_JSON = 'j', OPT_QUIET = 'q', OPT_HELP = 'h',
     OPT_THREADS = 256, OPT_LEARNABLE, OPT_SEED, OPT_DIR, OPT_RATE, OPT_POOL, OPT_POOL_MB,
     OPT_LABEL_DTYPE, OPT_WAIT, OPT_DRAIN, OPT_TOKEN, OPT_TIMEOUT_MS, OPT_RETRIES,
-    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE,
+    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE, OPT_CACHE_DIR,
 };
 
 typedef struct opt_spec {
@@ -125,7 +135,7 @@ typedef struct opt_spec {
 
 static const opt_spec OPTS[] = {
     {"url", 1, OPT_URL, "URL", "server base URL (default http://127.0.0.1:8080)"},
-    {"workload", 1, OPT_WORKLOAD, "W", "w1 | w2 | w3 | tiny (default w1; see below)"},
+    {"workload", 1, OPT_WORKLOAD, "W", "w1 | w2 | w3 | tiny | w1-jpeg (default w1; see below)"},
     {"batch", 1, OPT_BATCH, "N", "samples per batch, 1..65536 (default 32)"},
     {"batches", 1, OPT_BATCHES, "N", "batches to send in all (default 200)"},
     {"seconds", 1, OPT_SECONDS, "S", "send for S seconds instead of a batch count (with --diagnose: the measurement's length)"},
@@ -136,7 +146,13 @@ static const opt_spec OPTS[] = {
      "labels a small model can learn: the class sets the image's hue (noise on top); "
      "w2: the image is 32x32 blocks, each of its class's hue, labelled per pixel"},
     {"seed", 1, OPT_SEED, "S", "seed of the synthetic data (default 1)"},
-    {"dir", 1, OPT_DIR, "PATH", "send the *.safetensors files of PATH (sorted, round-robin) instead"},
+    {"dir", 1, OPT_DIR, "PATH",
+     "send the *.safetensors files of PATH (sorted, round-robin) instead; or, when it has none, the JPEG "
+     "files of its class folders PATH/<class>/*.jpg as encoded batches of --batch files (labels: the "
+     "class folders in sorted order, 0 first, as torchvision's ImageFolder; files shuffled by --seed; "
+     "at most 1024 batches and --pool-mb)"},
+    {"cache-dir", 1, OPT_CACHE_DIR, "PATH",
+     "where w1-jpeg keeps its generated files (default $XDG_CACHE_HOME/streamfeed or ~/.cache/streamfeed)"},
     {"rate", 1, OPT_RATE, "R", "at most R new batches per second overall (default unlimited)"},
     {"pool", 1, OPT_POOL, "K", "distinct bodies generated once and cycled, 1..1024 (default 8)"},
     {"pool-mb", 1, OPT_POOL_MB, "M",
@@ -169,6 +185,7 @@ typedef struct options {
     int learnable;
     uint64_t seed;
     const char *dir;
+    const char *cache_dir; /* w1-jpeg: where the generated files are kept */
     double rate;        /* > 0: rate limit */
     int pool;
     uint64_t pool_mb;
@@ -288,6 +305,7 @@ typedef struct pool {
     body *b;
     int n;
     size_t bytes;
+    int encoded; /* bodies of JPEG files (made from --dir class folders or w1-jpeg) */
 } pool;
 
 /* The layout of one generated body: header, images [N,H,W,3] U8, labels. */
@@ -545,6 +563,8 @@ static int cmp_str(const void *a, const void *b)
 /* Loads the *.safetensors files of o->dir, sorted by name, until --pool-mb is
  * reached. The files are sent as they are (a directory of deliberately broken
  * files is a test of the server's error replies). Returns 0, 1 or 2. */
+static int pool_load_jpeg_dir(const options *o, const char *root, pool *out);
+
 static int pool_load_dir(const options *o, pool *out)
 {
     DIR *d = opendir(o->dir);
@@ -576,8 +596,8 @@ static int pool_load_dir(const options *o, pool *out)
     }
     closedir(d);
     if (rc == 0 && nn == 0) {
-        fprintf(stderr, "streamfeed-load: --dir %s holds no *.safetensors file\n", o->dir);
-        rc = 2;
+        free(names);
+        return pool_load_jpeg_dir(o, o->dir, out);
     }
     if (rc == 0) {
         qsort(names, (size_t)nn, sizeof *names, cmp_str);
@@ -631,6 +651,413 @@ static int pool_load_dir(const options *o, pool *out)
     if (rc != 0)
         pool_free(out);
     return rc;
+}
+
+/* ---- JPEG files: --dir of class folders, --workload w1-jpeg --------------- */
+
+/* A body of the encoded form: jpeg_offsets I64 [N+1], labels [N], jpeg U8
+ * [total] (the order Python's safetensors writes, offsets first, so the
+ * server checks each file as soon as it has arrived). */
+
+typedef struct jfile {
+    char *path;
+    int label;
+} jfile;
+
+/* snprintf for paths; -1 when the result would not fit. */
+static int pathf(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int pathf(char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+static int is_jpeg_name(const char *n)
+{
+    size_t l = strlen(n);
+    return (l > 4 && (strcmp(n + l - 4, ".jpg") == 0 || strcmp(n + l - 4, ".JPG") == 0)) ||
+           (l > 5 && (strcmp(n + l - 5, ".jpeg") == 0 || strcmp(n + l - 5, ".JPEG") == 0));
+}
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void jfiles_free(jfile *f, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(f[i].path);
+    free(f);
+}
+
+/* The JPEG files of an ImageFolder layout, root/<class>/<file>.jpg: classes
+ * are the subfolders in sorted order (label 0 first), as torchvision's
+ * ImageFolder numbers them. Returns the count (0: none), or -1. */
+static int list_image_folder(const char *root, jfile **out, int *nclasses)
+{
+    struct dirent **cls = NULL;
+    int nc = scandir(root, &cls, NULL, alphasort), n = 0, cap = 0, k = 0, rc = 0;
+    jfile *f = NULL;
+    *nclasses = 0;
+    if (nc < 0)
+        return -1;
+    for (int c = 0; c < nc; c++) {
+        char sub[PATH_MAX];
+        if (cls[c]->d_name[0] == '.' || pathf(sub, sizeof sub, "%s/%s", root, cls[c]->d_name) || !is_dir(sub))
+            continue;
+        struct dirent **ents = NULL;
+        int ne = scandir(sub, &ents, NULL, alphasort);
+        for (int e = 0; e < ne; e++) {
+            if (rc == 0 && n < MAX_DIR_FILES && is_jpeg_name(ents[e]->d_name)) {
+                if (n == cap) {
+                    cap = cap ? cap * 2 : 256;
+                    jfile *nf = realloc(f, (size_t)cap * sizeof *f);
+                    if (!nf)
+                        rc = -1;
+                    else
+                        f = nf;
+                }
+                if (rc == 0) {
+                    char p[PATH_MAX];
+                    f[n].path = pathf(p, sizeof p, "%s/%s", sub, ents[e]->d_name) ? NULL : strdup(p);
+                    f[n].label = k;
+                    if (!f[n].path)
+                        rc = -1;
+                    else
+                        n++;
+                }
+            }
+            free(ents[e]);
+        }
+        free(ents);
+        k++;
+    }
+    for (int c = 0; c < nc; c++)
+        free(cls[c]);
+    free(cls);
+    if (rc != 0) {
+        jfiles_free(f, n);
+        return -1;
+    }
+    *out = f;
+    *nclasses = k;
+    return n;
+}
+
+static uint8_t *read_whole(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    if (!f)
+        return NULL;
+    uint8_t *b = NULL;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        b = malloc((size_t)st.st_size);
+        if (b && fread(b, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
+            free(b);
+            b = NULL;
+        }
+        *len = (size_t)st.st_size;
+    }
+    fclose(f);
+    return b;
+}
+
+/* Builds the pool from the files: shuffled by --seed (a class-sorted order
+ * would give single-class batches), then cut into batches of --batch, the
+ * last one filled from the start again; at most MAX_POOL bodies and
+ * --pool-mb. Returns 0, 1 or 2. */
+static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
+{
+    uint64_t s = o->seed * 0x9e3779b97f4a7c15ULL + 17;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_next(&s) % (uint64_t)(i + 1));
+        jfile t = f[i];
+        f[i] = f[j];
+        f[j] = t;
+    }
+    const int bsz = o->batch;
+    int nb = (n + bsz - 1) / bsz;
+    if (nb > MAX_POOL)
+        nb = MAX_POOL;
+    out->b = calloc((size_t)nb, sizeof *out->b);
+    uint8_t **data = calloc((size_t)bsz, sizeof *data);
+    size_t *lens = calloc((size_t)bsz, sizeof *lens);
+    int64_t *off = calloc((size_t)bsz + 1, sizeof *off);
+    uint8_t *labels = calloc((size_t)bsz, 8);
+    int rc = out->b && data && lens && off && labels ? 0 : 1;
+    out->encoded = 1;
+    const uint64_t capb = o->pool_mb * 1024 * 1024;
+    for (int b = 0; rc == 0 && b < nb; b++) {
+        size_t total = 0;
+        for (int i = 0; rc == 0 && i < bsz; i++) {
+            const jfile *jf = &f[((size_t)b * (size_t)bsz + (size_t)i) % (size_t)n];
+            data[i] = read_whole(jf->path, &lens[i]);
+            if (!data[i]) {
+                fprintf(stderr, "streamfeed-load: %s: cannot read it (%s)\n", jf->path,
+                        errno ? strerror(errno) : "empty");
+                rc = 2;
+                break;
+            }
+            off[i] = (int64_t)total;
+            total += lens[i];
+            put_label(labels, (size_t)i, o->label_dtype, jf->label);
+        }
+        off[bsz] = (int64_t)total;
+        sf_st_tensor_desc t[3] = {
+            {.name = "jpeg_offsets", .dtype = SF_ST_I64, .ndim = 1, .shape = {bsz + 1}},
+            {.name = "labels", .dtype = o->label_dtype, .ndim = 1, .shape = {bsz}},
+            {.name = "jpeg", .dtype = SF_ST_U8, .ndim = 1, .shape = {(int64_t)total}},
+        };
+        size_t hl = rc == 0 ? sf_st_header_build(NULL, 0, t, 3, NULL) : 0;
+        size_t lb = (size_t)bsz * (size_t)sf_st_dtype_size(o->label_dtype);
+        size_t len = hl + 8 * ((size_t)bsz + 1) + lb + total;
+        if (rc == 0 && (hl == 0 || out->bytes + len > capb)) {
+            if (out->n == 0) {
+                fprintf(stderr, "streamfeed-load: one batch of JPEG files is larger than --pool-mb %" PRIu64 "\n",
+                        o->pool_mb);
+                rc = 2;
+            } else if (!o->quiet) {
+                fprintf(stderr, "streamfeed-load: using the first %d of %d batches (--pool-mb %" PRIu64 ")\n",
+                        out->n, nb, o->pool_mb);
+            }
+            for (int i = 0; i < bsz; i++)
+                free(data[i]), data[i] = NULL;
+            break;
+        }
+        uint8_t *body = rc == 0 ? malloc(len) : NULL;
+        if (rc == 0 && !body)
+            rc = 1;
+        if (rc == 0) {
+            sf_st_header_build((char *)body, hl, t, 3, NULL);
+            uint8_t *p = body + hl;
+            for (int i = 0; i <= bsz; i++, p += 8)
+                for (int k = 0; k < 8; k++)
+                    p[k] = (uint8_t)((uint64_t)off[i] >> (8 * k));
+            memcpy(p, labels, lb);
+            p += lb;
+            for (int i = 0; i < bsz; i++) {
+                memcpy(p, data[i], lens[i]);
+                p += lens[i];
+            }
+            out->b[out->n].data = body;
+            out->b[out->n].len = len;
+            out->n++;
+            out->bytes += len;
+        }
+        for (int i = 0; i < bsz; i++)
+            free(data[i]), data[i] = NULL;
+    }
+    free(data);
+    free(lens);
+    free(off);
+    free(labels);
+    if (rc != 0)
+        pool_free(out);
+    return rc;
+}
+
+/* --dir PATH of class folders holding *.jpg files. Returns 0, 1 or 2. */
+static int pool_load_jpeg_dir(const options *o, const char *root, pool *out)
+{
+    jfile *f = NULL;
+    int nclasses = 0;
+    int n = list_image_folder(root, &f, &nclasses);
+    if (n < 0) {
+        fprintf(stderr, "streamfeed-load: --dir %s: %s\n", root, strerror(errno));
+        return 2;
+    }
+    if (n == 0) {
+        fprintf(stderr,
+                "streamfeed-load: --dir %s holds no *.safetensors file and no class folder of *.jpg files "
+                "(PATH/<class>/<name>.jpg)\n",
+                root);
+        return 2;
+    }
+    if (!o->quiet)
+        fprintf(stderr, "streamfeed-load: %d JPEG files in %d class folders of %s\n", n, nclasses, root);
+    int rc = pool_from_jpegs(o, f, n, out);
+    jfiles_free(f, n);
+    return rc;
+}
+
+/* Natural-looking content, so that the files have the size and decode cost
+ * of photographs rather than of noise (which JPEG cannot compress) or of flat
+ * colour (which it compresses to nothing): a smooth two-colour gradient with a
+ * low-frequency ripple, a few soft-edged discs and rectangles, a multi-scale
+ * texture and mild per-pixel noise. With a hue (--learnable) the image is tinted halfway
+ * towards the class's colour, which the model can learn. */
+static void natural_image(uint8_t *px, int h, int w, uint64_t s, const uint8_t *hue)
+{
+    double c0[3], c1[3];
+    for (int c = 0; c < 3; c++) {
+        c0[c] = (double)(rng_next(&s) % 256);
+        c1[c] = (double)(rng_next(&s) % 256);
+    }
+    double th = (double)(rng_next(&s) % 6283) / 1000.0, dx = cos(th), dy = sin(th);
+    double fx = (double)(1 + rng_next(&s) % 4) / w, fy = (double)(1 + rng_next(&s) % 4) / h;
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) {
+            double t = ((x - w / 2.0) * dx + (y - h / 2.0) * dy) / (0.75 * (w + h)) + 0.5;
+            double rip = 18.0 * sin(2 * M_PI * (fx * x + fy * y));
+            for (int c = 0; c < 3; c++)
+                px[((size_t)y * w + x) * 3 + c] = (uint8_t)fmin(255, fmax(0, c0[c] + (c1[c] - c0[c]) * t + rip));
+        }
+    }
+    int shapes = 3 + (int)(rng_next(&s) % 4);
+    for (int k = 0; k < shapes; k++) {
+        double cx = (double)(rng_next(&s) % (uint64_t)w), cy = (double)(rng_next(&s) % (uint64_t)h);
+        double r = (double)(w / 16 + (int)(rng_next(&s) % (uint64_t)(w / 4)));
+        int disc = (int)(rng_next(&s) & 1);
+        double col[3];
+        for (int c = 0; c < 3; c++)
+            col[c] = (double)(rng_next(&s) % 256);
+        for (int y = 0; y < h; y++) {
+            for (int x = 0; x < w; x++) {
+                /* Signed distance to the edge (negative inside), for a 2-pixel soft edge. */
+                double d = disc ? hypot(x - cx, y - cy) - r : fmax(fabs(x - cx), fabs(y - cy) * 1.5) - r;
+                double a = d <= -1 ? 1 : d >= 1 ? 0 : (1 - d) / 2;
+                if (a <= 0)
+                    continue;
+                uint8_t *p = px + ((size_t)y * w + x) * 3;
+                for (int c = 0; c < 3; c++)
+                    p[c] = (uint8_t)(p[c] * (1 - a) + col[c] * a + 0.5);
+            }
+        }
+    }
+    /* Texture: value noise of four octaves (cells of 32 down to 4 pixels,
+     * bilinear between random lattice values), the fine detail photographs
+     * have and JPEG spends most of its bytes on. */
+    for (int cell = 32, amp = 14; cell >= 4; cell /= 2, amp = amp * 3 / 4) {
+        const int gw = w / cell + 2, gh = h / cell + 2;
+        int8_t lat[(256 / 4 + 2) * (256 / 4 + 2)];
+        if (gw * gh > (int)sizeof lat)
+            break;
+        for (int k = 0; k < gw * gh; k++)
+            lat[k] = (int8_t)((int)(rng_next(&s) % 255) - 127);
+        for (int y = 0; y < h; y++) {
+            const int gy = y / cell;
+            const double fy = (double)(y % cell) / cell;
+            for (int x = 0; x < w; x++) {
+                const int gx = x / cell;
+                const double fx = (double)(x % cell) / cell;
+                const double v = (lat[gy * gw + gx] * (1 - fx) + lat[gy * gw + gx + 1] * fx) * (1 - fy) +
+                                 (lat[(gy + 1) * gw + gx] * (1 - fx) + lat[(gy + 1) * gw + gx + 1] * fx) * fy;
+                const int d = (int)lround(v * amp / 127.0);
+                uint8_t *p = px + ((size_t)y * w + x) * 3;
+                for (int c = 0; c < 3; c++) {
+                    const int q = p[c] + d;
+                    p[c] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+                }
+            }
+        }
+    }
+    for (size_t i = 0; i < (size_t)h * (size_t)w * 3; i += 8) {
+        uint64_t r = rng_next(&s);
+        for (size_t k = i; k < i + 8 && k < (size_t)h * (size_t)w * 3; k++, r >>= 8) {
+            int v = px[k] + (int)((r & 15) + ((r >> 4) & 15)) / 2 - 7; /* triangular, about +-7 */
+            if (hue)
+                v = (v + hue[k % 3]) / 2;
+            px[k] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+    }
+}
+
+/* Where w1-jpeg keeps its files: --cache-dir, else $XDG_CACHE_HOME/streamfeed,
+ * ~/.cache/streamfeed, or /tmp/streamfeed-cache. */
+static void cache_root(const options *o, char *out, size_t cap)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (o->cache_dir)
+        snprintf(out, cap, "%s", o->cache_dir);
+    else if (x && *x)
+        snprintf(out, cap, "%s/streamfeed", x);
+    else if (home && *home)
+        snprintf(out, cap, "%s/.cache/streamfeed", home);
+    else
+        snprintf(out, cap, "/tmp/streamfeed-cache");
+}
+
+static int mkdir_p(const char *path)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *q = p + 1; *q; q++) {
+        if (*q == '/') {
+            *q = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *q = '/';
+        }
+    }
+    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* --workload w1-jpeg: --pool x --batch files of 256x256, quality 90, 4:2:0,
+ * generated once into the cache (a folder per seed, count and --learnable,
+ * written beside and renamed into place when complete, so an interrupted
+ * run leaves nothing half-made) and then sent like a --dir. */
+static int pool_generate_jpeg(const options *o, pool *out)
+{
+    const workload *wl = o->wl;
+    const int count = o->pool * o->batch;
+    char root[PATH_MAX - 128], dir[PATH_MAX], tmp[PATH_MAX];
+    cache_root(o, root, sizeof root);
+    if (pathf(dir, sizeof dir, "%s/%s-%dx%d-q90-s%" PRIu64 "-n%d%s", root, wl->name, wl->h, wl->w, o->seed,
+              count, o->learnable ? "-learnable" : "")) {
+        fprintf(stderr, "streamfeed-load: the cache path under %s is too long\n", root);
+        return 2;
+    }
+    if (!is_dir(dir)) {
+        double t0 = now_s();
+        if (pathf(tmp, sizeof tmp, "%s.tmp-%ld", dir, (long)getpid())) {
+            fprintf(stderr, "streamfeed-load: the cache path %s is too long\n", dir);
+            return 2;
+        }
+        body_plan hp = {.o = o};
+        plan_hues(&hp, wl->classes);
+        uint8_t *px = malloc((size_t)wl->h * (size_t)wl->w * 3);
+        tjhandle tj = tjInitCompress();
+        int rc = px && tj && mkdir_p(tmp) == 0 ? 0 : 1;
+        for (int k = 0; rc == 0 && k < wl->classes; k++) {
+            char cdir[PATH_MAX];
+            rc = pathf(cdir, sizeof cdir, "%s/%d", tmp, k) == 0 && mkdir(cdir, 0755) == 0 ? 0 : 1;
+        }
+        for (int i = 0; rc == 0 && i < count && !g_sigint; i++) {
+            int cls = i % wl->classes;
+            natural_image(px, wl->h, wl->w, o->seed * 0x100000001b3ULL ^ ((uint64_t)i << 20),
+                          o->learnable ? hp.hue[cls] : NULL);
+            unsigned char *jpg = NULL;
+            unsigned long len = 0;
+            if (tjCompress2(tj, px, wl->w, wl->w * 3, wl->h, TJPF_RGB, &jpg, &len, TJSAMP_420, 90, 0) != 0) {
+                fprintf(stderr, "streamfeed-load: JPEG encode failed: %s\n", tjGetErrorStr2(tj));
+                rc = 1;
+                break;
+            }
+            char p[PATH_MAX];
+            FILE *f = pathf(p, sizeof p, "%s/%d/%06d.jpg", tmp, cls, i) ? NULL : fopen(p, "wb");
+            if (!f || fwrite(jpg, 1, len, f) != len)
+                rc = 1;
+            if (f && fclose(f) != 0)
+                rc = 1;
+            tjFree(jpg);
+        }
+        if (tj)
+            tjDestroy(tj);
+        free(px);
+        if (rc != 0 || g_sigint || rename(tmp, dir) != 0) {
+            fprintf(stderr, "streamfeed-load: could not generate %s: %s\n", dir, strerror(errno));
+            return 1;
+        }
+        if (!o->quiet)
+            fprintf(stderr, "streamfeed-load: generated %d JPEG files in %s (%.1f s)\n", count, dir, now_s() - t0);
+    }
+    return pool_load_jpeg_dir(o, dir, out);
 }
 
 /* ---- shared run state ---------------------------------------------------- */
@@ -1353,7 +1780,7 @@ static void usage(FILE *f)
     }
     fprintf(f, "\nworkloads:\n");
     for (int i = 0; i < N_WORKLOADS; i++)
-        fprintf(f, "  %-5s %s\n", WORKLOADS[i].name, WORKLOADS[i].about);
+        fprintf(f, "  %-7s %s\n", WORKLOADS[i].name, WORKLOADS[i].about);
     fprintf(f, "\n503 and 429 replies are retried with the same body after Retry-After (or back-off),\n"
                "without holding up the other connections; other errors are counted per code.\n"
                "Progress (on a terminal): batches sent/accepted, MB/s and batches/s over the\n"
@@ -1412,7 +1839,7 @@ static int parse_args(int argc, char **argv, options *o)
             for (i = 0; i < N_WORKLOADS && strcmp(a, WORKLOADS[i].name) != 0; i++)
                 ;
             if (i == N_WORKLOADS)
-                return usage_error("--workload must be w1, w2, w3 or tiny, not '%s'", a);
+                return usage_error("--workload must be w1, w2, w3, tiny or w1-jpeg, not '%s'", a);
             o->wl = &WORKLOADS[i];
             break;
         }
@@ -1447,6 +1874,9 @@ static int parse_args(int argc, char **argv, options *o)
             break;
         case OPT_DIR:
             o->dir = a;
+            break;
+        case OPT_CACHE_DIR:
+            o->cache_dir = a;
             break;
         case OPT_RATE:
             if (parse_double(a, 1e-6, 1e6, &o->rate))
@@ -1708,14 +2138,14 @@ int main(int argc, char **argv)
 
     pool p = {0};
     double g0 = now_s();
-    rc = o.dir ? pool_load_dir(&o, &p) : pool_generate(&o, &p);
+    rc = o.dir ? pool_load_dir(&o, &p) : o.wl->jpeg ? pool_generate_jpeg(&o, &p) : pool_generate(&o, &p);
     if (rc != 0)
         return rc;
     if (!o.quiet && !g_sigint)
         fprintf(stderr,
                 "streamfeed-load: pool of %d %s, %.1f MiB in all (bound --pool-mb %" PRIu64 "), ready in %.2f s; "
                 "%d connection%s on %d thread%s to %s\n",
-                p.n, o.dir ? "files" : "bodies", (double)p.bytes / 1048576.0, o.pool_mb, now_s() - g0,
+                p.n, o.dir && !p.encoded ? "files" : "bodies", (double)p.bytes / 1048576.0, o.pool_mb, now_s() - g0,
                 o.connections, o.connections == 1 ? "" : "s", o.threads, o.threads == 1 ? "" : "s", o.url);
     R.p = &p;
 

@@ -5,6 +5,7 @@ refused while its body is still arriving, and a file whose scan data is
 damaged fails its batch with the sample named."""
 import io
 import json
+import subprocess
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from PIL import Image
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from sfharness import TINY, key, learnable_batch, read_reply, st_body, wait_until
+from sfharness import LOAD_BIN, TINY, key, learnable_batch, read_reply, st_body, wait_until
 
 LEARN = TINY + ["--optim.lr", "0.05", "--optim.momentum", "0.9", "--model.seed", "1"]
 
@@ -184,3 +185,58 @@ def test_a_jpeg_batch_for_a_model_of_other_input_size_is_refused_with_shape_mism
     assert r.status_code == 422 and r.json()["error"]["code"] == "shape_mismatch", r.text
     assert "48x40" in r.json()["error"]["message"]
     assert s.metric("streamfeed_ring_slots", state="free") == s.config()["ring"]["slots"]
+
+
+# ---- the reference loader ---------------------------------------------------------
+
+# The tiny model behind a resize: W1's 256x256 files train it in a few milliseconds a step.
+TINY_256 = ["--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline",
+            '[{"op":"resize","size":[32,32]},{"op":"to_dtype","scale":0.0039}]']
+
+
+def run_load(s, *args):
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--quiet", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_streamfeed_load_w1_jpeg_generates_its_files_once_and_they_train(start_server, tmp_path):
+    s = start_server(TINY_256)
+    cache = tmp_path / "cache"
+    summary = run_load(s, "--workload", "w1-jpeg", "--cache-dir", str(cache), "--pool", "2", "--batch", "8",
+                       "--batches", "6")
+    assert summary["accepted"] == 6 and summary["failed"] == 0 and summary["errors"] == {}, summary
+    (folder,) = cache.iterdir()
+    files = sorted(folder.glob("*/*.jpg"))
+    assert len(files) == 16 and len({f.parent.name for f in files}) == 10
+    first = files[0].read_bytes()
+    im = Image.open(io.BytesIO(first))
+    assert im.size == (256, 256) and im.format == "JPEG"
+    px = np.asarray(im, dtype=np.float64)
+    assert 4_000 < len(first) < 100_000, "quality-90 files of natural content, neither flat nor noise"
+    assert px.std() > 10
+    # Bytes on the wire: the files, not their pixels.
+    assert summary["bytes"] < 6 * 8 * 256 * 256 * 3 / 4
+    mtime = files[0].stat().st_mtime_ns
+    run_load(s, "--workload", "w1-jpeg", "--cache-dir", str(cache), "--pool", "2", "--batch", "8", "--batches", "2")
+    assert files[0].stat().st_mtime_ns == mtime, "the cached files were made again"
+    assert s.metric("streamfeed_steps_total") == 8
+
+
+def test_streamfeed_load_dir_sends_the_jpegs_of_class_folders_as_encoded_batches(start_server, tmp_path):
+    s = start_server(TINY)
+    rng = np.random.default_rng(9)
+    for cls in ("b_second", "a_first"):
+        (tmp_path / cls).mkdir()
+        for i in range(3):
+            (tmp_path / cls / f"{i}.jpg").write_bytes(to_jpeg(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)))
+    (tmp_path / "a_first" / "readme.txt").write_text("not an image")
+    summary = run_load(s, "--dir", str(tmp_path), "--batch", "6", "--batches", "3", "--label-dtype", "u8")
+    assert summary["accepted"] == 3 and summary["errors"] == {}, summary
+    assert s.metric("streamfeed_samples_trained_total") == 18
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--dir", str(empty), "--quiet"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "class folder" in p.stderr

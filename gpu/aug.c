@@ -442,12 +442,16 @@ out:
 
 /* ---- plan --------------------------------------------------------------- */
 
-int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
+/* Walks the list for an in_h x in_w source, or for ragged sources when
+ * in_h = in_w = 0: then h = w = 0 stands for "each sample's own size" until an
+ * op fixes the size. */
+static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
                      char *err, size_t errlen)
 {
     memset(plan, 0, sizeof *plan);
-    if (in_h < 1 || in_w < 1 || in_h > SF_AUG_MAX_DIM || in_w > SF_AUG_MAX_DIM || c < 1 ||
-        c > SF_AUG_MAX_C) {
+    const int ragged = in_h == 0 && in_w == 0;
+    if ((!ragged && (in_h < 1 || in_w < 1 || in_h > SF_AUG_MAX_DIM || in_w > SF_AUG_MAX_DIM)) ||
+        c < 1 || c > SF_AUG_MAX_C) {
         sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
                 in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
         return -1;
@@ -459,6 +463,8 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
     plan->in_h = in_h;
     plan->in_w = in_w;
     plan->c = c;
+    plan->ragged = ragged;
+    plan->has_geom = ragged; /* ragged sources always need the map */
     plan->interp = SF_INTERP_BILINEAR;
     int h = in_h, w = in_w;
     int blur_at = -1;
@@ -471,6 +477,11 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             plan->has_geom = 1;
         switch (op->kind) {
         case SF_AUG_RANDOM_CROP:
+            if (h == 0) {
+                sf_errf(err, errlen, "aug op %d (%s): ragged sources have no fixed size to crop from; "
+                        "put a resize, random_resized_crop or center_crop before it", i, name);
+                return -1;
+            }
             if (op->size_h < 1 || op->size_w < 1 || op->size_h > h || op->size_w > w) {
                 sf_errf(err, errlen, "aug op %d (%s): crop %dx%d does not fit its %dx%d input", i, name,
                         op->size_h, op->size_w, h, w);
@@ -577,9 +588,32 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             return -1;
         }
     }
+    if (h == 0) {
+        sf_errf(err, errlen, "ragged sources need a resize, random_resized_crop or center_crop that "
+                "fixes the output size; the augmentation list has none");
+        return -1;
+    }
     plan->out_h = h;
     plan->out_w = w;
     return 0;
+}
+
+int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
+                     char *err, size_t errlen)
+{
+    if (in_h == 0 && in_w == 0) { /* plan_walk's ragged marker is not a size */
+        memset(plan, 0, sizeof *plan);
+        sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
+                in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
+        return -1;
+    }
+    return plan_walk(p, in_h, in_w, c, plan, err, errlen);
+}
+
+int sf_aug_plan_make_ragged(const sf_aug_pipeline *p, int c, sf_aug_plan *plan, char *err,
+                            size_t errlen)
+{
+    return plan_walk(p, 0, 0, c, plan, err, errlen);
 }
 
 /* ---- per-sample parameters ---------------------------------------------- */
@@ -603,88 +637,108 @@ static float draw(uint64_t seed, uint64_t seq, int i, int op, int k)
     return sf_u01(sf_hash4(seed, seq, (uint64_t)i, (uint64_t)op * 16u + (uint64_t)k));
 }
 
+/* The parameters of sample i, whose source is src_h x src_w at byte src_off. */
+static void gen_one(const sf_aug_pipeline *p, uint64_t seed, uint64_t seq, int i, int src_h,
+                    int src_w, size_t src_off, sf_aug_sample *s)
+{
+    memset(s, 0, sizeof *s);
+    s->src_h = src_h;
+    s->src_w = src_w;
+    s->src_off = src_off;
+    double m[6] = {1, 0, 0, 0, 1, 0}; /* image k -> source, starting at k = 0 */
+    int h = src_h, w = src_w;
+
+    for (int k = 0; k < p->n_ops; k++) {
+        const sf_aug_op *op = &p->ops[k];
+        switch (op->kind) {
+        case SF_AUG_RANDOM_CROP: {
+            int ry = h - op->size_h, rx = w - op->size_w; /* >= 0 (checked by the plan) */
+            int y0 = (int)(draw(seed, seq, i, k, 0) * (float)(ry + 1));
+            int x0 = (int)(draw(seed, seq, i, k, 1) * (float)(rx + 1));
+            if (y0 > ry)
+                y0 = ry;
+            if (x0 > rx)
+                x0 = rx;
+            if (y0 < 0)
+                y0 = 0;
+            if (x0 < 0)
+                x0 = 0;
+            const double t[6] = {1, 0, x0, 0, 1, y0};
+            affine_then(m, t);
+            s->crop_x = x0;
+            s->crop_y = y0;
+            h = op->size_h;
+            w = op->size_w;
+            break;
+        }
+        case SF_AUG_RESIZE: {
+            const double t[6] = {(double)w / op->size_w, 0, 0, 0, (double)h / op->size_h, 0};
+            affine_then(m, t);
+            h = op->size_h;
+            w = op->size_w;
+            break;
+        }
+        case SF_AUG_RANDOM_ROTATION: {
+            float u = draw(seed, seq, i, k, 0);
+            float ang = op->deg_min + u * (op->deg_max - op->deg_min);
+            double a = (double)ang * (M_PI / 180.0);
+            double ca = cos(a), sa = sin(a);
+            double cx = w * 0.5, cy = h * 0.5;
+            /* source = C + R (p - C), R = [ca, -sa; sa, ca] */
+            const double t[6] = {ca, -sa, cx - ca * cx + sa * cy, sa, ca, cy - sa * cx - ca * cy};
+            affine_then(m, t);
+            s->angle_deg = ang;
+            break;
+        }
+        case SF_AUG_HFLIP: {
+            if (draw(seed, seq, i, k, 0) < op->p) {
+                const double t[6] = {-1, 0, (double)w, 0, 1, 0};
+                affine_then(m, t);
+                s->flip ^= 1;
+            }
+            break;
+        }
+        case SF_AUG_GAUSSIAN_BLUR: {
+            float u = draw(seed, seq, i, k, 0);
+            float sigma = op->sigma_min + u * (op->sigma_max - op->sigma_min);
+            s->sigma = sigma;
+            /* torchvision _get_gaussian_kernel1d: x = -(k-1)/2 .. (k-1)/2,
+             * pdf = exp(-0.5 (x/sigma)^2), normalised to sum 1. */
+            double wsum = 0.0, wk[SF_AUG_MAX_KSIZE];
+            int ks = op->ksize, half = (ks - 1) / 2;
+            for (int j = 0; j < ks; j++) {
+                double x = (double)(j - half) / sigma;
+                wk[j] = exp(-0.5 * x * x);
+                wsum += wk[j];
+            }
+            for (int j = 0; j < ks; j++)
+                s->blur_w[j] = (float)(wk[j] / wsum);
+            break;
+        }
+        default:
+            break; /* pointwise ops draw nothing here */
+        }
+    }
+    for (int j = 0; j < 6; j++)
+        s->inv[j] = (float)m[j];
+    s->mask_seed = sf_hash4(seed, seq, (uint64_t)i, SF_AUG_MASK_KEY);
+}
+
 void sf_aug_gen(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed, uint64_t seq,
                 int n, sf_aug_sample *out)
 {
-    for (int i = 0; i < n; i++) {
-        sf_aug_sample *s = &out[i];
-        memset(s, 0, sizeof *s);
-        double m[6] = {1, 0, 0, 0, 1, 0}; /* image k -> source, starting at k = 0 */
-        int h = plan->in_h, w = plan->in_w;
+    const size_t in_sz = (size_t)plan->c * plan->in_h * plan->in_w;
+    for (int i = 0; i < n; i++)
+        gen_one(p, seed, seq, i, plan->in_h, plan->in_w, in_sz * (size_t)i, &out[i]);
+}
 
-        for (int k = 0; k < p->n_ops; k++) {
-            const sf_aug_op *op = &p->ops[k];
-            switch (op->kind) {
-            case SF_AUG_RANDOM_CROP: {
-                int ry = h - op->size_h, rx = w - op->size_w; /* >= 0 (checked by the plan) */
-                int y0 = (int)(draw(seed, seq, i, k, 0) * (float)(ry + 1));
-                int x0 = (int)(draw(seed, seq, i, k, 1) * (float)(rx + 1));
-                if (y0 > ry)
-                    y0 = ry;
-                if (x0 > rx)
-                    x0 = rx;
-                if (y0 < 0)
-                    y0 = 0;
-                if (x0 < 0)
-                    x0 = 0;
-                const double t[6] = {1, 0, x0, 0, 1, y0};
-                affine_then(m, t);
-                s->crop_x = x0;
-                s->crop_y = y0;
-                h = op->size_h;
-                w = op->size_w;
-                break;
-            }
-            case SF_AUG_RESIZE: {
-                const double t[6] = {(double)w / op->size_w, 0, 0, 0, (double)h / op->size_h, 0};
-                affine_then(m, t);
-                h = op->size_h;
-                w = op->size_w;
-                break;
-            }
-            case SF_AUG_RANDOM_ROTATION: {
-                float u = draw(seed, seq, i, k, 0);
-                float ang = op->deg_min + u * (op->deg_max - op->deg_min);
-                double a = (double)ang * (M_PI / 180.0);
-                double ca = cos(a), sa = sin(a);
-                double cx = w * 0.5, cy = h * 0.5;
-                /* source = C + R (p - C), R = [ca, -sa; sa, ca] */
-                const double t[6] = {ca, -sa, cx - ca * cx + sa * cy, sa, ca, cy - sa * cx - ca * cy};
-                affine_then(m, t);
-                s->angle_deg = ang;
-                break;
-            }
-            case SF_AUG_HFLIP: {
-                if (draw(seed, seq, i, k, 0) < op->p) {
-                    const double t[6] = {-1, 0, (double)w, 0, 1, 0};
-                    affine_then(m, t);
-                    s->flip ^= 1;
-                }
-                break;
-            }
-            case SF_AUG_GAUSSIAN_BLUR: {
-                float u = draw(seed, seq, i, k, 0);
-                float sigma = op->sigma_min + u * (op->sigma_max - op->sigma_min);
-                s->sigma = sigma;
-                /* torchvision _get_gaussian_kernel1d: x = -(k-1)/2 .. (k-1)/2,
-                 * pdf = exp(-0.5 (x/sigma)^2), normalised to sum 1. */
-                double wsum = 0.0, wk[SF_AUG_MAX_KSIZE];
-                int ks = op->ksize, half = (ks - 1) / 2;
-                for (int j = 0; j < ks; j++) {
-                    double x = (double)(j - half) / sigma;
-                    wk[j] = exp(-0.5 * x * x);
-                    wsum += wk[j];
-                }
-                for (int j = 0; j < ks; j++)
-                    s->blur_w[j] = (float)(wk[j] / wsum);
-                break;
-            }
-            default:
-                break; /* pointwise ops draw nothing here */
-            }
-        }
-        for (int j = 0; j < 6; j++)
-            s->inv[j] = (float)m[j];
-        s->mask_seed = sf_hash4(seed, seq, (uint64_t)i, SF_AUG_MASK_KEY);
+void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
+                       uint64_t seq, int n, const int *src_hw, sf_aug_sample *out)
+{
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const int h = src_hw[2 * i], w = src_hw[2 * i + 1];
+        gen_one(p, seed, seq, i, h, w, off, &out[i]);
+        off += (size_t)plan->c * (size_t)h * (size_t)w;
     }
 }

@@ -31,6 +31,14 @@
  *  among them does not matter; a random_mask listed before gaussian_blur is
  *  rejected by sf_aug_plan since it would not commute.
  * Output: float32 NCHW [n, out_c, out_h, out_w] (out_c == in c).
+ *
+ * Sources. A batch's sources lie in one uint8 buffer; sample i's image starts at
+ * byte sf_aug_sample.src_off and is src_h x src_w. Uniform batches (every image
+ * in_h x in_w, sf_aug_plan_make) are NHWC or NCHW as the caller says; ragged
+ * batches (sf_aug_plan_make_ragged, sf_aug_gen_ragged) are HWC per image, rows
+ * tightly packed, plan->c channels, images in sample order. Backends address
+ * every sample through src_off/src_h/src_w, which sf_aug_gen fills for uniform
+ * batches as well.
  */
 #ifndef SF_GPU_AUG_H
 #define SF_GPU_AUG_H
@@ -91,9 +99,11 @@ typedef struct sf_aug_pw {
     float a[SF_AUG_MAX_C], b[SF_AUG_MAX_C];
 } sf_aug_pw;
 
-/* A pipeline resolved for one input shape. Plain data, copyable to the device. */
+/* A pipeline resolved for one input shape (or for ragged sources). Plain data,
+ * copyable to the device. */
 typedef struct sf_aug_plan {
-    int in_h, in_w, c;        /* source image per sample */
+    int in_h, in_w, c;        /* source image per sample; in_h = in_w = 0 when ragged */
+    int ragged;               /* 1: every sample has its own size (sf_aug_sample.src_*) */
     int out_h, out_w;         /* after geometry */
     sf_interp interp;         /* resampling of the composed map */
     int has_geom;             /* 0: identity map (a plain uint8->float conversion) */
@@ -111,6 +121,8 @@ typedef struct sf_aug_sample {
     float sigma;         /* gaussian_blur sigma (0 when no blur) */
     float blur_w[SF_AUG_MAX_KSIZE]; /* normalised 1-D Gaussian weights, ksize of them */
     uint64_t mask_seed;  /* key of the random mask */
+    int src_h, src_w;    /* this sample's source image */
+    size_t src_off;      /* byte offset of its first byte in the batch's source buffer */
     /* For logs, tests and traces; backends use only the fields above. */
     int crop_x, crop_y, flip;
     float angle_deg;
@@ -130,10 +142,29 @@ int sf_aug_parse(const char *json, sf_aug_pipeline *p, char *err, size_t errlen)
 int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c,
                      sf_aug_plan *plan, char *err, size_t errlen);
 
+/* Resolves the pipeline for ragged sources of c channels: every sample has its
+ * own height and width, and the geometric ops must map them all to one output
+ * size. Some op before the end of the geometry must fix the size (resize,
+ * random_resized_crop, center_crop); an op that needs a known input size before
+ * that (random_crop) is refused naming it, as is a list that never fixes the
+ * size. The plan has ragged = 1 and in_h = in_w = 0. */
+int sf_aug_plan_make_ragged(const sf_aug_pipeline *p, int c, sf_aug_plan *plan, char *err,
+                            size_t errlen);
+
 /* Draws the per-sample parameters of samples [0, n) of batch `seq` under
- * `seed`: a pure function of (seed, seq, sample index, pipeline). */
+ * `seed`: a pure function of (seed, seq, sample index, pipeline, source size).
+ * For a uniform plan; src_h/src_w are the plan's and src_off = i*c*in_h*in_w
+ * (the sample's offset in an NHWC or NCHW batch), so a backend may always
+ * address a sample through them. */
 void sf_aug_gen(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
                 uint64_t seq, int n, sf_aug_sample *out);
+
+/* The same for a ragged plan: src_hw holds 2n integers, (h, w) of each sample,
+ * each in [1, 16384]; the samples' images lie one after the other, HWC uint8
+ * with plan->c channels and tightly packed rows, so src_off is the running sum
+ * of c*h*w. A uniform plan works too (its own size must then equal src_hw). */
+void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
+                       uint64_t seq, int n, const int *src_hw, sf_aug_sample *out);
 
 const char *sf_aug_kind_name(sf_aug_kind k);
 

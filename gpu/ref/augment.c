@@ -43,8 +43,10 @@ static float tap0(const uint8_t *src, int nhwc, int c, int h, int w, int ch, int
 void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s, const uint8_t *src1,
                          int nhwc, float *dst1)
 {
-    const int c = plan->c, h = plan->in_h, w = plan->in_w;
+    const int c = plan->c, h = s->src_h, w = s->src_w;
     const int oh = plan->out_h, ow = plan->out_w;
+    if (plan->ragged)
+        nhwc = 1; /* ragged images are HWC by definition (gpu/aug.h) */
     const size_t plane = (size_t)oh * ow;
 
     if (!plan->has_geom) { /* out == in: uint8 -> float and NCHW */
@@ -202,7 +204,6 @@ void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s, float
 void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n, const uint8_t *src,
                     int nhwc, float *dst)
 {
-    const size_t in_sz = (size_t)plan->c * plan->in_h * plan->in_w;
     const size_t out_sz = (size_t)plan->c * plan->out_h * plan->out_w;
     float *tmp = NULL;
     if (plan->blur_ksize > 1) {
@@ -219,10 +220,10 @@ void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n, cons
     for (int i = 0; i < n; i++) {
         float *d = dst + out_sz * i;
         if (tmp) {
-            sf_ref_aug_geometry(plan, &s[i], src + in_sz * i, nhwc, tmp);
+            sf_ref_aug_geometry(plan, &s[i], src + s[i].src_off, nhwc, tmp);
             sf_ref_aug_blur(plan, &s[i], tmp, d);
         } else {
-            sf_ref_aug_geometry(plan, &s[i], src + in_sz * i, nhwc, d);
+            sf_ref_aug_geometry(plan, &s[i], src + s[i].src_off, nhwc, d);
         }
         sf_ref_aug_pointwise(plan, &s[i], d);
     }

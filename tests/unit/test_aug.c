@@ -503,6 +503,76 @@ static void plan_errors_name_the_op_and_mask_before_blur_is_rejected(void **stat
     assert_int_equal(plan.blur_ksize, 3);
 }
 
+/* ---- ragged sources ------------------------------------------------------ */
+
+static void ragged_batch_gives_each_image_the_output_of_its_own_uniform_plan(void **state)
+{
+    /* Two HWC images of different sizes, one after the other. Each sample's
+     * output must equal what a uniform plan of that image's size gives the same
+     * sample index, and its offset must be the running sum of c*h*w. */
+    const char *js = "[{\"op\":\"horizontal_flip\",\"p\":0.5},{\"op\":\"resize\",\"size\":[5,7]},"
+                     "{\"op\":\"random_rotation\",\"degrees\":[-30,30]}]";
+    enum { C = 3 };
+    const int hw[4] = {6, 9, 11, 4};
+    uint8_t src[C * (6 * 9 + 11 * 4)];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)(i * 37 + 11);
+    static aug_fixture f, u;
+    assert_int_equal(sf_aug_parse(js, &f.p, err, sizeof err), 0);
+    if (sf_aug_plan_make_ragged(&f.p, C, &f.plan, err, sizeof err) != 0)
+        fail_msg("plan: %s", err);
+    assert_int_equal(f.plan.ragged, 1);
+    assert_int_equal(f.plan.out_h, 5);
+    assert_int_equal(f.plan.out_w, 7);
+    sf_aug_gen_ragged(&f.p, &f.plan, 21, 4, 2, hw, f.s);
+    assert_int_equal(f.s[0].src_off, 0);
+    assert_int_equal(f.s[1].src_off, C * 6 * 9);
+    assert_int_equal(f.s[1].src_h, 11);
+    assert_int_equal(f.s[1].src_w, 4);
+    const size_t out_sz = (size_t)C * 5 * 7;
+    float got[2 * C * 5 * 7], want[C * 5 * 7];
+    sf_ref_augment(&f.plan, f.s, 2, src, 1, got);
+    for (int i = 0; i < 2; i++) {
+        setup_aug(&u, js, hw[2 * i], hw[2 * i + 1], C);
+        sf_aug_gen(&u.p, &u.plan, 21, 4, 2, u.s);
+        assert_memory_equal(u.s[i].inv, f.s[i].inv, sizeof f.s[i].inv);
+        sf_ref_aug_geometry(&u.plan, &u.s[i], src + f.s[i].src_off, 1, want);
+        expect_close(got + out_sz * i, want, out_sz, 0.0f);
+    }
+    /* A uniform plan's samples carry their offsets too. */
+    setup_aug(&u, js, 6, 9, C);
+    sf_aug_gen(&u.p, &u.plan, 21, 4, 3, u.s);
+    assert_int_equal(u.s[2].src_off, 2 * C * 6 * 9);
+    assert_int_equal(u.s[2].src_h, 6);
+}
+
+static void expect_ragged_plan_error(const char *js, const char *n1)
+{
+    static sf_aug_pipeline p;
+    static sf_aug_plan plan;
+    assert_int_equal(sf_aug_parse(js, &p, err, sizeof err), 0);
+    err[0] = 0;
+    assert_int_equal(sf_aug_plan_make_ragged(&p, 3, &plan, err, sizeof err), -1);
+    if (!strstr(err, n1))
+        fail_msg("error \"%s\" should mention \"%s\"", err, n1);
+}
+
+static void ragged_plans_refuse_lists_that_do_not_fix_the_output_size(void **state)
+{
+    expect_ragged_plan_error("[{\"op\":\"random_crop\",\"size\":[4,4]},{\"op\":\"resize\",\"size\":[4,4]}]",
+                             "aug op 0 (random_crop)");
+    expect_ragged_plan_error("[{\"op\":\"horizontal_flip\"},{\"op\":\"normalize\",\"mean\":0,\"std\":1}]",
+                             "fixes the output size");
+    expect_ragged_plan_error("[]", "fixes the output size");
+    /* A crop after the size is fixed is fine. */
+    static sf_aug_pipeline p;
+    static sf_aug_plan plan;
+    assert_int_equal(sf_aug_parse("[{\"op\":\"resize\",\"size\":[8,8]},{\"op\":\"random_crop\",\"size\":[4,4]}]",
+                                  &p, err, sizeof err), 0);
+    assert_int_equal(sf_aug_plan_make_ragged(&p, 3, &plan, err, sizeof err), 0);
+    assert_int_equal(plan.out_h, 4);
+}
+
 static void kind_names_match_the_config_op_names(void **state)
 {
     assert_string_equal(sf_aug_kind_name(SF_AUG_RANDOM_CROP), "random_crop");
@@ -533,6 +603,8 @@ int main(void)
         cmocka_unit_test(different_seq_or_seed_gives_different_params),
         cmocka_unit_test(parse_errors_name_the_op_index_and_kind),
         cmocka_unit_test(plan_errors_name_the_op_and_mask_before_blur_is_rejected),
+        cmocka_unit_test(ragged_batch_gives_each_image_the_output_of_its_own_uniform_plan),
+        cmocka_unit_test(ragged_plans_refuse_lists_that_do_not_fix_the_output_size),
         cmocka_unit_test(kind_names_match_the_config_op_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,15 +11,41 @@
  * so the CUDA and reference backends compute the same function.
  *
  * Semantics of the composed pipeline (what both backends implement):
- *  1. Geometry. random_crop, resize, random_rotation and horizontal_flip compose
- *     into one affine map from output pixel centres to source coordinates
- *     (sf_aug_sample.inv), and the source is sampled once: bilinear (or
- *     nearest) with per-tap zero padding (a tap outside the source image reads
- *     0, as torch grid_sample(padding_mode="zeros", align_corners=False)).
- *     Pixel centres follow PyTorch's align_corners=False convention.
+ *  1. Geometry. random_crop, center_crop, random_resized_crop, resize,
+ *     random_rotation and horizontal_flip compose into one affine map from
+ *     output pixel centres to source coordinates (sf_aug_sample.inv), and the
+ *     source is sampled once. Pixel centres follow PyTorch's align_corners=False
+ *     convention.
+ *     Edges, as torchvision. Taps clamp to the edge of the clamp box
+ *     (sf_aug_sample.clip): the source, or the window of the last crop made
+ *     before any resize or rotation (crop, center_crop, random_resized_crop's
+ *     crop), since torchvision resizes a crop as an image of its own
+ *     (F.resize's bilinear clamps its source index; its antialias filter
+ *     renormalises over the taps inside). Only the rotation's outside region
+ *     takes the fill (0): the clamped value is multiplied by the coverage of the
+ *     rotation's input image at the point (bilinear: the bilinear weight its
+ *     pixels would give an all-ones image, as grid_sample(padding_mode="zeros");
+ *     nearest: 1 if the nearest pixel is inside, else 0). For a rotation of the
+ *     source itself this is exactly v2.functional.rotate(fill=None);
+ *     RandomRotation's fill=0 multiplies by that coverage a second time within
+ *     one pixel of the border.
+ *     Antialias. With "antialias": true (the default of resize and
+ *     random_resized_crop, as torchvision v2) and bilinear resampling, the
+ *     sample is PIL/torch's triangle filter (torch _upsample_bilinear2d_aa):
+ *     along each source axis, support a = max(1, |d source / d output|) (the
+ *     norm of that row of inv), taps j with weight max(0, 1 - |j + 0.5 - s| / a)
+ *     over the clamp box, normalised by their sum, with s the point clamped to
+ *     the box's pixel centres. a = 1 is bilinear with clamped taps, so a plan
+ *     uses the filter only when some axis may shrink (sf_aug_plan.antialias).
+ *     Without rotation this equals torchvision's resize/resized_crop; with one,
+ *     the filter runs along the source axes at the rotated point, where
+ *     torchvision filters first and rotates the result with bilinear taps (ours
+ *     is sharper by that second interpolation).
  *     Differences from sequential torchvision ops: one resampling instead of
  *     one per op (sharper, and no intermediate rounding or clipping to uint8);
- *     the rotation's fill applies to the composed map's outside region.
+ *     a crop that follows a resize or a rotation does not narrow the clamp box;
+ *     a center_crop larger than a ragged source repeats its edge pixels where
+ *     torchvision pads with 0; at most one random_rotation per list.
  *  2. Blur. gaussian_blur (separable, odd kernel ksize, per-sample sigma,
  *     reflect padding as torchvision) on the geometric output.
  *  3. Pointwise ops in list order: to_dtype (x*scale), normalize ((x-mean)/std
@@ -60,6 +86,10 @@ typedef enum sf_aug_kind {
     SF_AUG_COLOR_CONVERT,   /* RGB -> YCbCr; needs c == 3 */
     SF_AUG_RANDOM_MASK,     /* ratio, dilate (iterations of 4-neighbour dilation) */
     SF_AUG_TO_DTYPE,        /* scale: multiply (e.g. 1/255); dtype "float32" */
+    SF_AUG_RANDOM_RESIZED_CROP, /* size [h,w]; area scale [min,max], aspect ratio
+                                   [min,max] (log-uniform); torchvision's 10 tries,
+                                   then its centre-crop fallback; antialias */
+    SF_AUG_CENTER_CROP,     /* size [h,w]; top-left round((H-h)/2), round((W-w)/2) */
     SF_AUG_KIND_COUNT
 } sf_aug_kind;
 
@@ -67,7 +97,10 @@ typedef enum sf_interp { SF_INTERP_BILINEAR = 0, SF_INTERP_NEAREST = 1 } sf_inte
 
 typedef struct sf_aug_op {
     sf_aug_kind kind;
-    int size_h, size_w;          /* random_crop, resize */
+    int size_h, size_w;          /* random_crop, center_crop, resize, random_resized_crop */
+    int antialias;               /* resize, random_resized_crop (default 1) */
+    float area_min, area_max;    /* random_resized_crop "scale" */
+    float aspect_min, aspect_max;/* random_resized_crop "ratio" */
     float deg_min, deg_max;      /* random_rotation */
     sf_interp interp;            /* random_rotation: resampling of the composed map */
     float p;                     /* horizontal_flip */
@@ -107,6 +140,8 @@ typedef struct sf_aug_plan {
     int out_h, out_w;         /* after geometry */
     sf_interp interp;         /* resampling of the composed map */
     int has_geom;             /* 0: identity map (a plain uint8->float conversion) */
+    int has_rot;              /* a random_rotation: multiply by its coverage */
+    int antialias;            /* resample with the triangle filter (sf_aug_sample.aa) */
     int blur_ksize;           /* 0: no blur */
     int n_pw;
     sf_aug_pw pw[SF_AUG_MAX_OPS];
@@ -123,8 +158,18 @@ typedef struct sf_aug_sample {
     uint64_t mask_seed;  /* key of the random mask */
     int src_h, src_w;    /* this sample's source image */
     size_t src_off;      /* byte offset of its first byte in the batch's source buffer */
+    int clip[4];         /* clamp box: source pixels x in [clip[0], clip[2]], y in
+                            [clip[1], clip[3]] (inclusive, inside the source) */
+    float rot[4];        /* source point -> the rotation's input image: x' = rot[0]*x
+                            + rot[1], y' = rot[2]*y + rot[3] (plan->has_rot) */
+    float pre[4];        /* its inverse, the rotation's input -> source: x = pre[0]*x'
+                            + pre[1], y = pre[2]*y' + pre[3] (plan->has_rot) */
+    float rot_w, rot_h;  /* the rotation's input size (plan->has_rot) */
+    float aa[2];         /* antialias support along source x and y, >= 1
+                            (plan->antialias; else 0) */
     /* For logs, tests and traces; backends use only the fields above. */
-    int crop_x, crop_y, flip;
+    int crop_x, crop_y, crop_w, crop_h; /* the last crop, in its input's pixels */
+    int flip;
     float angle_deg;
 } sf_aug_sample;
 

@@ -112,13 +112,13 @@ __host__ __device__ __forceinline__ int geo_mode(const sf_aug_plan &P)
 }
 
 /* Resamples output pixel (x, y) of one sample (x, y inside the output image):
- * s is the sample's source, inv its map. */
+ * s is the sample's source image (W x H), inv its map. */
 template <int C, bool NHWC, int MODE>
 __device__ __forceinline__ void geom_px(const sf_aug_plan &P, const float (&inv)[6],
-                                        const uint8_t *__restrict__ s, int x, int y,
+                                        const uint8_t *__restrict__ s, int W, int H, int x, int y,
                                         float (&v)[C])
 {
-    const int W = P.in_w, H = P.in_h;
+    (void)P;
     const size_t plane = (size_t)W * H;
     constexpr int px = NHWC ? C : 1; /* elements per pixel step */
     const uint32_t row = (uint32_t)W * px; /* elements per row step */
@@ -181,7 +181,7 @@ __device__ __forceinline__ void geom_px(const sf_aug_plan &P, const float (&inv)
  * need the reflect padding. */
 template <int C, bool NHWC, int MODE>
 __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const float (&inv)[6],
-                                          const uint8_t *__restrict__ s, float *G, int slot,
+                                          const uint8_t *__restrict__ s, int W, int H, float *G, int slot,
                                           int R, int GH, int GW, int GWP, int tx0, int ty0)
 {
     const int OW = P.out_w, OH = P.out_h;
@@ -195,7 +195,7 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const float (&in
             x = reflect_idx(x, OW);
         }
         float g[C];
-        geom_px<C, NHWC, MODE>(P, inv, s, x, y, g);
+        geom_px<C, NHWC, MODE>(P, inv, s, W, H, x, y, g);
         float *o = G + r * GWP + q;
 #pragma unroll
         for (int c = 0; c < C; ++c) o[c * slot] = g[c];
@@ -209,7 +209,7 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const float (&in
  * are computed at a clamped position and never stored. */
 template <int C, bool NHWC, int MODE>
 __device__ __forceinline__ void geom_direct(const sf_aug_plan &P, const float (&inv)[6],
-                                            const uint8_t *__restrict__ s, int xb, int yb,
+                                            const uint8_t *__restrict__ s, int W, int H, int xb, int yb,
                                             float (&v)[C][2][4])
 {
 #pragma unroll
@@ -218,7 +218,7 @@ __device__ __forceinline__ void geom_direct(const sf_aug_plan &P, const float (&
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float g[C];
-            geom_px<C, NHWC, MODE>(P, inv, s, min(xb + j, P.out_w - 1), y, g);
+            geom_px<C, NHWC, MODE>(P, inv, s, W, H, min(xb + j, P.out_w - 1), y, g);
 #pragma unroll
             for (int c = 0; c < C; ++c) v[c][rr][j] = g[c];
         }
@@ -502,9 +502,13 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
     float inv[6];
 #pragma unroll
     for (int k = 0; k < 6; ++k) inv[k] = S->inv[k];
-    const uint8_t *s = src + (size_t)n * P.in_h * P.in_w * C;
-    /* Keep the sample's base in a register: without this the compiler recomputes
-     * the 64-bit n*h*w*c product for every pixel of the geometry loop. */
+    /* Every sample is addressed through its own offset and size (uniform batches
+     * included, where they equal n*h*w*c and the plan's size): one load per
+     * thread, outside the pixel loops, and ragged sources cost nothing extra. */
+    const uint8_t *s = src + S->src_off;
+    const int W = S->src_w, H = S->src_h;
+    /* Keep the sample's base in a register: without this the compiler may reload
+     * or recompute it for every pixel of the geometry loop. */
     asm("" : "+l"(s));
     const int q4 = threadIdx.x & 7, rp = threadIdx.x >> 3;
     float v[C][2][4];
@@ -519,9 +523,9 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
 
         float *G = slots + slot; /* channel c's geometry in slot c+1 */
         switch (geo_mode(P)) {
-        case GEO_IDENTITY: geom_tile<C, NHWC, GEO_IDENTITY>(P, inv, s, G, slot, R, GH, GW, GWP, tx0, ty0); break;
-        case GEO_NEAREST: geom_tile<C, NHWC, GEO_NEAREST>(P, inv, s, G, slot, R, GH, GW, GWP, tx0, ty0); break;
-        default: geom_tile<C, NHWC, GEO_BILINEAR>(P, inv, s, G, slot, R, GH, GW, GWP, tx0, ty0); break;
+        case GEO_IDENTITY: geom_tile<C, NHWC, GEO_IDENTITY>(P, inv, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0); break;
+        case GEO_NEAREST: geom_tile<C, NHWC, GEO_NEAREST>(P, inv, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0); break;
+        default: geom_tile<C, NHWC, GEO_BILINEAR>(P, inv, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0); break;
         }
         __syncthreads();
         switch (R) {
@@ -534,9 +538,9 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
     } else {
         const int xb = tx0 + 4 * q4, yb = ty0 + 2 * rp;
         switch (geo_mode(P)) {
-        case GEO_IDENTITY: geom_direct<C, NHWC, GEO_IDENTITY>(P, inv, s, xb, yb, v); break;
-        case GEO_NEAREST: geom_direct<C, NHWC, GEO_NEAREST>(P, inv, s, xb, yb, v); break;
-        default: geom_direct<C, NHWC, GEO_BILINEAR>(P, inv, s, xb, yb, v); break;
+        case GEO_IDENTITY: geom_direct<C, NHWC, GEO_IDENTITY>(P, inv, s, W, H, xb, yb, v); break;
+        case GEO_NEAREST: geom_direct<C, NHWC, GEO_NEAREST>(P, inv, s, W, H, xb, yb, v); break;
+        default: geom_direct<C, NHWC, GEO_BILINEAR>(P, inv, s, W, H, xb, yb, v); break;
         }
     }
 
@@ -606,8 +610,11 @@ int augment_any(const char *fn, const sf_aug_plan *plan, const sf_aug_sample *d_
     if (!d_samples || !d_src || !d_dst) SF_AUG_REJECT("NULL device pointer");
     const int C = plan->c;
     if (C < 1 || C > SF_AUG_MAX_C) SF_AUG_REJECT("c = %d outside [1, %d]", C, SF_AUG_MAX_C);
-    if (plan->in_h < 1 || plan->in_w < 1 || plan->out_h < 1 || plan->out_w < 1)
+    if ((!plan->ragged && (plan->in_h < 1 || plan->in_w < 1)) || plan->out_h < 1 || plan->out_w < 1)
         SF_AUG_REJECT("empty image (%dx%d -> %dx%d)", plan->in_h, plan->in_w, plan->out_h, plan->out_w);
+    if (plan->ragged && (!plan->has_geom || !nhwc))
+        SF_AUG_REJECT("ragged sources need the geometric map and HWC images (has_geom %d, nhwc %d)",
+                      plan->has_geom, nhwc);
     if (!plan->has_geom && (plan->in_h != plan->out_h || plan->in_w != plan->out_w))
         SF_AUG_REJECT("identity geometry with different in/out shapes");
     if (plan->interp != SF_INTERP_BILINEAR && plan->interp != SF_INTERP_NEAREST)

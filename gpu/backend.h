@@ -66,9 +66,10 @@ typedef struct sf_batch {
     const uint8_t *images;   /* host pointer (pinned on CUDA); NULL in the encoded form */
     /* The encoded form (jpeg != NULL): n JPEG files whose headers the server
      * has validated, file i at jpeg[jpeg_off[i], jpeg_off[i+1]) (host memory,
-     * pinned on CUDA, valid like images). The backend decodes sample i to
-     * 3-channel HWC uint8 of sf_batch_src_h/w(b, i) at byte sf_batch_src_off(b, i)
-     * of its decode buffer (gpu/common.h), then augments from there. */
+     * pinned on CUDA, valid like images). The plan is ragged (gpu/aug.h) and h,
+     * w are 0: the backend decodes sample i to 3-channel HWC uint8 of
+     * samples[i].src_h x src_w at byte samples[i].src_off of its decode
+     * buffer, then augments from there. */
     const uint8_t *jpeg;
     const int64_t *jpeg_off;
     int jpeg_progressive;    /* some file is progressive (SOF2) or extended (SOF1): not

@@ -22,16 +22,6 @@ void sf_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((form
 int sf_batch_check(const sf_batch *b, const sf_model *m, int max_batch, const char *who, char *err,
                    size_t errlen);
 
-/* The encoded form (sf_batch.jpeg): sample i's decoded size and its byte
- * offset in the decode buffer (3-channel HWC, tightly packed, samples back to
- * back). Every sample of a batch has the batch's h x w. */
-static inline int sf_batch_src_h(const sf_batch *b, int i) { (void)i; return b->h; }
-static inline int sf_batch_src_w(const sf_batch *b, int i) { (void)i; return b->w; }
-static inline size_t sf_batch_src_off(const sf_batch *b, int i)
-{
-    return (size_t)i * (size_t)b->h * (size_t)b->w * 3;
-}
-
 #ifdef __cplusplus
 }
 #endif

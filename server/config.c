@@ -147,7 +147,7 @@ const sf_cfg_option sf_config_table[] = {
      "Largest image width accepted."},
     {"limits.max_tensor_header_bytes", SF_CT_INT, F(limits.max_tensor_header_bytes), "65536", 64,
      16777216, NULL, SF_CF_HOT, NULL, "Largest safetensors JSON header accepted."},
-    {"jpeg.max_side", SF_CT_INT, F(jpeg.max_side), "8192", 1, 65535, NULL, SF_CF_HOT, NULL,
+    {"jpeg.max_side", SF_CT_INT, F(jpeg.max_side), "8192", 1, 16384, NULL, SF_CF_HOT, NULL,
      "Largest height or width of a JPEG sample (its header is read before any decode; a larger one "
      "is refused with jpeg_side_too_large)."},
     {"jpeg.max_pixels", SF_CT_INT64, F(jpeg.max_pixels), "16777216", 1, 4294836225.0, NULL, SF_CF_HOT,

@@ -12,6 +12,7 @@
 #include "server/app.h"
 #include "server/http.h"
 #include "server/jobs.h"
+#include "server/jpeg_header.h"
 #include "server/log.h"
 #include "server/ring.h"
 
@@ -45,6 +46,7 @@ struct sf_engine {
     atomic_int inflight;
     int max_batch;
     sf_aug_sample **samples;   /* per slot: max_batch parameters, owned until SLOT_FREE */
+    int *src_hw;               /* encoded batches: (h, w) of each sample, 2 * max_batch */
     plan_entry plans[PLAN_CACHE];
     int next_plan;
     /* Busy-ratio window and starvation accounting (compute-side edges). */
@@ -66,7 +68,9 @@ static const sf_aug_plan *plan_for(sf_engine *e, int h, int w, int c, char *err,
     plan_entry *p = &e->plans[e->next_plan];
     e->next_plan = (e->next_plan + 1) % PLAN_CACHE;
     p->valid = 0;
-    if (sf_aug_plan_make(&e->app->aug, h, w, c, &p->plan, err, errlen))
+    /* 0 x 0 names the ragged plan of encoded batches (every sample its own size). */
+    if (h == 0 && w == 0 ? sf_aug_plan_make_ragged(&e->app->aug, c, &p->plan, err, errlen)
+                         : sf_aug_plan_make(&e->app->aug, h, w, c, &p->plan, err, errlen))
         return NULL;
     p->h = h;
     p->w = w;
@@ -110,7 +114,17 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, char *err, size_t err
     sf_aug_sample *smp = e->samples[slot];
     /* The batch sequence number keys the augmentation RNG: the job id is
      * monotonic and unique, so a run is reproducible from the seed. */
-    sf_aug_gen(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, smp);
+    if (m->encoded) {
+        /* Each decoded image's size, from the headers the upload read. */
+        const sf_jpeg_info *ji = (const sf_jpeg_info *)(const void *)(bytes + m->jpeg_info_off);
+        for (int i = 0; i < m->n; i++) {
+            e->src_hw[2 * i] = ji[i].h;
+            e->src_hw[2 * i + 1] = ji[i].w;
+        }
+        sf_aug_gen_ragged(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, e->src_hw, smp);
+    } else {
+        sf_aug_gen(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, smp);
+    }
     const sf_config *c = sf_config_cur();
     memset(b, 0, sizeof *b);
     b->id = m->job_id;
@@ -461,10 +475,10 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
     pthread_mutex_init(&e->cmd_mu, NULL);
     pthread_mutex_init(&e->trace_mu, NULL);
     int slots = sf_ring_slots(app->ring);
-    e->samples = calloc((size_t)slots, sizeof *e->samples);
-    for (int i = 0; e->samples && i < slots; i++) {
-        e->samples[i] = calloc((size_t)e->max_batch, sizeof(sf_aug_sample));
-        if (!e->samples[i]) {
+    e->src_hw = calloc(2 * (size_t)e->max_batch, sizeof *e->src_hw);
+    e->samples = e->src_hw ? calloc((size_t)slots, sizeof *e->samples) : NULL;
+    for (int i = 0; i < slots; i++) {
+        if (!e->samples || !(e->samples[i] = calloc((size_t)e->max_batch, sizeof(sf_aug_sample)))) {
             snprintf(err, errlen, "out of memory for augmentation parameters");
             sf_engine_stop(e);
             return NULL;
@@ -537,5 +551,6 @@ void sf_engine_stop(sf_engine *e)
             free(e->samples[i]);
         free(e->samples);
     }
+    free(e->src_hw);
     free(e);
 }

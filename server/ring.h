@@ -25,11 +25,12 @@ typedef struct sf_slot_meta {
     int n, h, w, c, nhwc;
     int label_dtype;     /* sf_label_dtype of gpu/backend.h; -1 when no labels */
     size_t labels_off;   /* labels at bytes + labels_off */
-    /* The encoded form (encoded = 1): JPEG files at bytes + 0, int64 offsets
-     * [n+1] at bytes + jpeg_offsets_off; h, w are every sample's size. */
+    /* The encoded form (encoded = 1; h, w are 0): JPEG files at bytes + 0,
+     * int64 offsets [n+1] at bytes + jpeg_offsets_off, one sf_jpeg_info per
+     * sample (server/jpeg_header.h) at bytes + jpeg_info_off. */
     int encoded;
     int jpeg_progressive;
-    size_t jpeg_offsets_off;
+    size_t jpeg_offsets_off, jpeg_info_off;
     size_t decoded_bytes;
     size_t used;         /* bytes written */
     uint64_t t_filling_ns, t_ready_ns, t_popped_ns;

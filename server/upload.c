@@ -88,32 +88,51 @@ static int reject_parse(sf_req *r, sf_upload *u)
                         sf_st_error_message(p));
 }
 
-/* The encoded form, once every file's header was read: the sizes the decoded
- * batch will have. Every sample must have the first one's size, since the
- * augmentation's plan is made for one source size. Returns 0, or -1 after a
- * reply. */
-static int jpeg_sizes(sf_req *r, sf_upload *u, int *h, int *w, int *progressive)
+/* The encoded form, once every file's header was read. The batch is ragged
+ * (*h = *w = 0) when the augmentation maps any source size to one output;
+ * otherwise (a list without a resize or crop that fixes the size) every file
+ * must have one size, which the plan is made for and checked against the
+ * model. *progressive: some file needs a decoder that takes progressive (or
+ * extended) JPEG. Returns 0, or -1 after a reply. */
+static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, int *progressive)
 {
+    sf_app *app = r->app;
     const sf_st_info *in = sf_st_info_of(&u->parser);
     const sf_jpeg_info *ji =
-        (const sf_jpeg_info *)(const void *)(sf_ring_bytes(r->app->ring, u->slot) + in->jpeg_info_dest_off);
-    *h = ji[0].h;
-    *w = ji[0].w;
+        (const sf_jpeg_info *)(const void *)(sf_ring_bytes(app->ring, u->slot) + in->jpeg_info_dest_off);
     *progressive = 0;
-    for (int i = 0; i < in->n; i++) {
-        if (ji[i].h != *h || ji[i].w != *w) {
-            char msg[200];
+    for (int i = 0; i < in->n; i++)
+        if (ji[i].sof != 0)
+            *progressive = 1;
+    *h = *w = 0;
+    sf_aug_plan plan;
+    char ragged_err[256];
+    if (!app->backend || sf_aug_plan_make_ragged(&app->aug, in->c, &plan, ragged_err, sizeof ragged_err) == 0)
+        return 0;
+    for (int i = 1; i < in->n; i++) {
+        if (ji[i].h != ji[0].h || ji[i].w != ji[0].w) {
+            char msg[512], field[32];
             snprintf(msg, sizeof msg,
-                     "sample %d of \"jpeg\" is %dx%d (HxW) but sample 0 is %dx%d; the samples of a batch "
-                     "must have one size",
-                     i, ji[i].h, ji[i].w, *h, *w);
-            char field[32];
+                     "sample %d of \"jpeg\" is %dx%d (HxW) but sample 0 is %dx%d, and this augmentation needs "
+                     "one source size: %s",
+                     i, ji[i].h, ji[i].w, ji[0].h, ji[0].w, ragged_err);
             snprintf(field, sizeof field, "jpeg[%d]", i);
             return reject_field(r, u, 422, "jpeg_sizes_differ", field, msg);
         }
-        if (ji[i].sof != 0)
-            *progressive = 1;
     }
+    char err[256];
+    if (sf_aug_plan_make(&app->aug, ji[0].h, ji[0].w, in->c, &plan, err, sizeof err))
+        return reject(r, u, 422, "augment_shape_invalid", err);
+    if (u->kind == 0 && (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
+                         plan.out_w != app->model.in_w)) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "JPEG samples of %dx%d (HxW) augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)", ji[0].h, ji[0].w, plan.c, plan.out_h, plan.out_w, app->model.in_c, app->model.in_h,
+                 app->model.in_w);
+        return reject(r, u, 422, "shape_mismatch", msg);
+    }
+    *h = ji[0].h;
+    *w = ji[0].w;
     return 0;
 }
 
@@ -160,12 +179,20 @@ static int header_accepted(sf_req *r, sf_upload *u)
     sf_app *app = r->app;
     const sf_st_info *in = sf_st_info_of(&u->parser);
     if (app->backend && u->slot < 0 && !u->t_wait_start_ns && in->encoded) {
-        /* The sizes are known file by file as they arrive (checked at the
-         * commit); the channels are known now: JPEGs decode to 3. */
-        if (u->kind == 0 && app->model.in_c != 3) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "JPEG samples decode to 3 channels but the model takes %d",
-                     app->model.in_c);
+        /* Every file has its own size: the augmentation must map any size to
+         * one output (a ragged plan), and that output and the 3 channels JPEGs
+         * decode to must be the model's input. */
+        sf_aug_plan plan;
+        char err[256];
+        /* A list that cannot take ragged sources (no resize or crop that fixes
+         * the size) is checked at the commit, when the sizes are known. */
+        if (sf_aug_plan_make_ragged(&app->aug, in->c, &plan, err, sizeof err) == 0 && u->kind == 0 &&
+            (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
+                             plan.out_w != app->model.in_w)) {
+            char msg[256];
+            snprintf(msg, sizeof msg,
+                     "JPEG samples augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)", plan.c,
+                     plan.out_h, plan.out_w, app->model.in_c, app->model.in_h, app->model.in_w);
             return reject(r, u, 422, "shape_mismatch", msg);
         }
         if (u->kind == 0 && app->model.segmentation)
@@ -308,20 +335,8 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
         return reject(r, u, 400, "body_empty", "no data");
     const sf_st_info *in = sf_st_info_of(&u->parser);
     int h = in->h, w = in->w, progressive = 0;
-    if (in->encoded && jpeg_sizes(r, u, &h, &w, &progressive) != 0)
+    if (in->encoded && jpeg_batch_shape(r, u, &h, &w, &progressive) != 0)
         return -1;
-    if (in->encoded && app->backend && u->kind == 0) {
-        sf_aug_plan plan;
-        char err[256];
-        if (sf_aug_plan_make(&app->aug, h, w, in->c, &plan, err, sizeof err))
-            return reject(r, u, 422, "augment_shape_invalid", err);
-        if (plan.out_h != app->model.in_h || plan.out_w != app->model.in_w) {
-            char msg[256];
-            snprintf(msg, sizeof msg, "JPEG samples of %dx%d (HxW) augment to %dx%d but the model takes %dx%d",
-                     h, w, plan.out_h, plan.out_w, app->model.in_h, app->model.in_w);
-            return reject(r, u, 422, "shape_mismatch", msg);
-        }
-    }
     sf_slot_meta *m = sf_ring_meta(app->ring, u->slot);
     m->kind = u->kind;
     m->n = in->n;
@@ -332,6 +347,7 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
     m->encoded = in->encoded;
     m->jpeg_progressive = progressive;
     m->jpeg_offsets_off = in->jpeg_offsets_dest_off;
+    m->jpeg_info_off = in->jpeg_info_dest_off;
     m->decoded_bytes = in->encoded ? (size_t)in->jpeg_pixels * 3 : 0;
     m->labels_off = in->labels_dest_off;
     m->used = in->dest_bytes;
@@ -344,7 +360,8 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
             return reject(r, u, 409, "no_backend", "transform needs a compute backend (pipeline.mode=train)");
         sf_aug_plan plan;
         char err[256];
-        if (sf_aug_plan_make(&app->aug, h, w, in->c, &plan, err, sizeof err))
+        if ((in->encoded && h == 0 ? sf_aug_plan_make_ragged(&app->aug, in->c, &plan, err, sizeof err)
+                                   : sf_aug_plan_make(&app->aug, h, w, in->c, &plan, err, sizeof err)))
             return reject(r, u, 422, "augment_shape_invalid", err);
         size_t hl = xform_header(in, &plan, NULL, 0);
         size_t dl = (size_t)in->n * (size_t)plan.c * (size_t)plan.out_h * (size_t)plan.out_w * 4;

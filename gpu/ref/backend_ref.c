@@ -238,7 +238,8 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
         c->decoded = malloc(c->decoded_cap);
     }
     int ok = c->params && c->buffers && c->grads && c->mom && c->input && c->gtmp && c->aug_tmp &&
-             c->labels && (cfg->jpeg_max_batch_pixels <= 0 || c->decoded) && (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq) &&
+             c->labels && (cfg->jpeg_max_batch_pixels <= 0 || c->decoded) &&
+             (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq) &&
              (!c->bf16 || c->wq);
     for (int i = 0; ok && i < mm->n_layers; i++) {
         const sf_layer *L = &mm->layers[i];

@@ -29,8 +29,8 @@ int sf_ref_jpeg_decode(const sf_batch *b, uint8_t *dst, size_t cap, char *err, s
     int rc = 0;
     for (int i = 0; i < b->n && rc == 0; i++) {
         const int64_t o0 = b->jpeg_off[i], o1 = b->jpeg_off[i + 1];
-        const int h = sf_batch_src_h(b, i), w = sf_batch_src_w(b, i);
-        const size_t off = sf_batch_src_off(b, i);
+        const int h = b->samples[i].src_h, w = b->samples[i].src_w;
+        const size_t off = b->samples[i].src_off;
         unsigned char *src = (unsigned char *)(uintptr_t)(b->jpeg + o0);
         int fw = 0, fh = 0, ss = 0, cs = 0;
         if (off + (size_t)h * w * 3 > cap) {

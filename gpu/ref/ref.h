@@ -48,7 +48,8 @@ static inline void sf_bf16_round_n(float *p, size_t n)
 struct sf_batch;
 
 /* Decodes the n files of the encoded batch b (b->jpeg) into dst, cap bytes:
- * sample i as 3-channel HWC uint8 at sf_batch_src_off(b, i). 0, or -1 with a
+ * sample i as 3-channel HWC uint8 of samples[i].src_h x src_w at byte
+ * samples[i].src_off. 0, or -1 with a
  * message naming the sample. */
 int sf_ref_jpeg_decode(const struct sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen);
 

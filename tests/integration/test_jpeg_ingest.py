@@ -16,6 +16,10 @@ from safetensors.numpy import save as st_save
 from sfharness import LOAD_BIN, TINY, key, learnable_batch, read_reply, st_body, wait_until
 
 LEARN = TINY + ["--optim.lr", "0.05", "--optim.momentum", "0.9", "--model.seed", "1"]
+# The tiny model behind a resize: any source size, W1's 256x256 files included,
+# trains it in a few milliseconds a step.
+TINY_256 = ["--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline",
+            '[{"op":"resize","size":[32,32]},{"op":"to_dtype","scale":0.0039}]']
 
 
 def to_jpeg(img, quality=90, subsampling=2, progressive=False):
@@ -116,11 +120,11 @@ def test_a_truncated_sample_and_offsets_that_do_not_tile_the_files_are_refused(s
     assert s.metric("streamfeed_batches_rejected_total", reason="jpeg_offsets_invalid") == 1
 
 
-def bomb(small):
-    """A real tiny JPEG whose SOF declares 65535 x 65535 pixels."""
+def bomb(small, side=65535):
+    """A real tiny JPEG whose SOF declares side x side pixels."""
     b = bytearray(small)
     i = next(i for i in range(2, len(b) - 1) if b[i] == 0xFF and 0xC0 <= b[i + 1] <= 0xC2)
-    b[i + 5:i + 9] = b"\xff\xff\xff\xff"
+    b[i + 5:i + 9] = side.to_bytes(2, "big") * 2
     return bytes(b)
 
 
@@ -155,8 +159,8 @@ def test_a_decompression_bomb_is_refused_while_its_body_is_still_arriving(start_
     assert "65535x65535" in err["message"]
     r = s.post_batch(jpeg_body([bomb(files[0])], [0]))
     assert r.status_code == 422 and r.json()["error"]["code"] == "jpeg_side_too_large"
-    s2 = start_server(TINY + ["--jpeg.max_side", "65535", "--jpeg.max_pixels", "1000000"])
-    r = s2.post_batch(jpeg_body([bomb(files[0])], [0]))
+    s2 = start_server(TINY + ["--jpeg.max_side", "16384", "--jpeg.max_pixels", "1000000"])
+    r = s2.post_batch(jpeg_body([bomb(files[0], 16384)], [0]))
     assert r.status_code == 422 and r.json()["error"]["code"] == "jpeg_too_many_pixels", r.text
 
 
@@ -187,11 +191,45 @@ def test_a_jpeg_batch_for_a_model_of_other_input_size_is_refused_with_shape_mism
     assert s.metric("streamfeed_ring_slots", state="free") == s.config()["ring"]["slots"]
 
 
+def test_files_of_different_sizes_train_as_one_ragged_batch_when_the_augmentation_fixes_the_size(start_server):
+    """A resize maps every source to the model's input, so a batch may mix
+    sizes; its transform equals that of each decoded image alone."""
+    s = start_server(TINY_256)
+    rng = np.random.default_rng(10)
+    shapes = [(40, 56), (32, 32), (100, 80), (17, 300)]
+    files = []
+    for h, w in shapes:
+        img = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        img[h // 4:h // 2, w // 4:w // 2] = 230
+        files.append(to_jpeg(img))
+    r = s.post_batch(jpeg_body(files, [0, 1, 2, 3]), wait=True)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    got = s.post_batch(jpeg_body(files, [0, 1, 2, 3]), path="/v1/transform")
+    assert got.status_code == 200, got.text
+    out = st_load(got.content)["images"]
+    assert out.shape == (4, 3, 32, 32)
+    for i, f in enumerate(files):
+        pixels = np.asarray(Image.open(io.BytesIO(f)).convert("RGB"))[None]
+        one = s.post_batch(st_body(pixels, np.array([0])), path="/v1/transform")
+        assert one.status_code == 200, one.text
+        diff = np.abs(out[i] - st_load(one.content)["images"][0]).max()
+        assert diff <= 1.0 * 0.0039 + 1e-6, f"sample {i} {shapes[i]}: differs by {diff}"
+
+
+def test_files_of_different_sizes_are_refused_naming_one_when_the_augmentation_needs_one_size(start_server):
+    s = start_server(TINY)
+    rng = np.random.default_rng(11)
+    files = [to_jpeg(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)),
+             to_jpeg(rng.integers(0, 256, (40, 32, 3), dtype=np.uint8))]
+    r = s.post_batch(jpeg_body(files, [0, 1]))
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "jpeg_sizes_differ" and err["field"] == "jpeg[1]"
+    assert "40x32" in err["message"]
+
+
 # ---- the reference loader ---------------------------------------------------------
 
-# The tiny model behind a resize: W1's 256x256 files train it in a few milliseconds a step.
-TINY_256 = ["--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline",
-            '[{"op":"resize","size":[32,32]},{"op":"to_dtype","scale":0.0039}]']
 
 
 def run_load(s, *args):

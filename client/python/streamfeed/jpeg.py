@@ -19,8 +19,10 @@ decoded pixels, and decodes nothing::
 
 :func:`jpeg_batches` turns any iterable of ``(bytes_or_path, label)`` samples
 (a dataset of encoded files) into batches that :meth:`Client.feed` uploads
-as they are. Every sample of a batch must have one size until the service
-takes ragged batches (it answers 422 ``jpeg_sizes_differ`` otherwise).
+as they are. The files of a batch may have different sizes when the server's
+augmentation fixes the output size (resize, center_crop,
+random_resized_crop); otherwise they must have one size (422
+``jpeg_sizes_differ``).
 """
 from __future__ import annotations
 

@@ -59,8 +59,22 @@ ifeq ($(CUDA),1)
   NVCCFLAGS   += -std=c++17 -arch=$(CUDA_ARCH) -I. -Xcompiler -Wall,-Wno-unused-parameter
   CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
   LDFLAGS     += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR)
-  LDLIBS      += -lcudnn -lcublasLt -lcublas -lcudart -lstdc++ -ldl -lrt
+  LDLIBS      += -lcudnn -lcublasLt -lcublas -lcudart -l:libnvjpeg.so.13 -lstdc++ -ldl -lrt
   BACKEND_NAME := cuda
+  # nvJPEG ships with the CUDA toolkit of a GPU host. A build machine whose
+  # toolkit lacks it (a compiler-only install, CI) takes the header and library
+  # from PyPI's nvidia-nvjpeg wheel of the same CUDA release, unpacked into
+  # the build folder: the GPU host, which cannot reach PyPI, never needs it.
+  ifeq ($(wildcard $(CUDA_HOME)/include/nvjpeg.h),)
+    CUDA_RELEASE := $(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9]*\.[0-9]*\).*/\1/p')
+    NVJPEG_WHEEL := $(BUILD)/nvjpeg-wheel
+    NVJPEG_HOME  := $(NVJPEG_WHEEL)/nvidia/cu$(firstword $(subst ., ,$(CUDA_RELEASE)))
+    NVJPEG_DEP   := $(NVJPEG_HOME)/include/nvjpeg.h
+    CPPFLAGS     += -I$(NVJPEG_HOME)/include
+    NVCCFLAGS    += -I$(NVJPEG_HOME)/include
+    LDFLAGS      += -L$(NVJPEG_HOME)/lib -Wl,-rpath,$(abspath $(NVJPEG_HOME)/lib)
+    NVCC_LDFLAGS += -L$(NVJPEG_HOME)/lib -Xlinker -rpath,$(abspath $(NVJPEG_HOME)/lib)
+  endif
 else
   CUDA_C_SRC  :=
   CUDA_CU_SRC :=
@@ -89,6 +103,7 @@ all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
 	@printf '%s\n' "streamfeed build: $(if $(filter 1,$(CUDA)),✓ nvcc ($(NVCC)) → CUDA backend ($(CUDA_ARCH)),✗ nvcc → CPU reference backend only)"
+	@$(if $(filter 1,$(CUDA)),printf '%s\n' "  $(if $(NVJPEG_DEP),✗ nvjpeg.h in the toolkit → nvJPEG from the nvidia-nvjpeg wheel ($(NVJPEG_HOME)),✓ nvJPEG from the toolkit)",true)
 	@printf '%s\n' "  $(if $(wildcard /dev/nvidia0),✓ GPU device node,✗ GPU device node: GPU tests will skip)"
 
 # Objects depend on a stamp naming the build flavour, so switching CUDA=0/1 or
@@ -103,9 +118,18 @@ $(BUILD)/%.o: %.c $(FLAVOUR_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu $(FLAVOUR_STAMP)
+$(BUILD)/%.cu.o: %.cu $(FLAVOUR_STAMP) | $(NVJPEG_DEP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -DSF_HAVE_CUDA=1 -MMD -MP -c $< -o $@
+
+ifdef NVJPEG_DEP
+$(NVJPEG_DEP):
+	@echo "nvjpeg.h is not in $(CUDA_HOME)/include: fetching nvidia-nvjpeg==$(CUDA_RELEASE).* from PyPI"
+	@rm -rf $(NVJPEG_WHEEL) && mkdir -p $(NVJPEG_WHEEL)
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: -d $(NVJPEG_WHEEL) "nvidia-nvjpeg==$(CUDA_RELEASE).*"
+	$(PYTHON) -m zipfile -e $(NVJPEG_WHEEL)/nvidia_nvjpeg-*.whl $(NVJPEG_WHEEL)
+	@test -f $@ || { echo "the nvidia-nvjpeg wheel has no $@"; exit 1; }
+endif
 
 # The spec is linked into the binary (GET /openapi.yaml serves it).
 $(BUILD)/openapi_spec.o: openapi/streamfeed.yaml

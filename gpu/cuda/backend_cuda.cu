@@ -7,8 +7,9 @@
  *                     is pageable, and a graph must read hyper-parameters from
  *                     device memory).
  *   transform stream: wait done[b] -> h2d0[b] -> staging H2D, images H2D (from
- *                     the pinned ring slot) -> h2d[b] -> labels to int32 ->
- *                     sf_cuda_augment -> ready[b]
+ *                     the pinned ring slot; a JPEG batch is decoded by nvJPEG
+ *                     from the slot into jpeg_decode.h's staging area instead)
+ *                     -> h2d[b] -> labels to int32 -> sf_cuda_augment -> ready[b]
  *   compute stream:   wait ready[b] -> step0[b] -> step (graph or eager; it ends
  *                     by copying loss/correct to b's pinned result) -> done[b]
  *   poll (host):      h2d[b] complete -> SF_EV_SLOT_FREE; done[b] complete ->
@@ -62,6 +63,7 @@ extern "C" {
 #include <cuda_runtime.h>
 
 #include "augment.h"
+#include "jpeg_decode.h"
 #include "nvml.h"
 #include "executor.h"
 
@@ -144,6 +146,12 @@ typedef struct cuda_ctx {
     size_t t_out_cap;
     sf_aug_sample *t_samples;
     int t_samples_cap;
+
+    /* Encoded batches: nvJPEG decodes them on the transform stream into its
+     * staging area, which the augmentation reads (jpeg_decode.h). NULL when
+     * cfg.jpeg_max_batch_pixels is 0 or nvJPEG could not be used (jpeg_err). */
+    sf_cuda_jpeg *jpeg;
+    char jpeg_err[160];
 } cuda_ctx;
 
 
@@ -271,6 +279,8 @@ static void free_buffers(cuda_ctx *c)
         cudaFree(c->d_aug_tmp);
         c->d_aug_tmp = NULL;
     }
+    sf_cuda_jpeg_free(c->jpeg);
+    c->jpeg = NULL;
     c->built = 0;
 }
 
@@ -528,6 +538,15 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         free_buffers(c);
         return -1;
     }
+    /* The JPEG decoder, sized once for the largest encoded batch. Without it
+     * the backend still trains raw batches; an encoded one fails naming why. */
+    c->jpeg_err[0] = '\0';
+    if (cfg->jpeg_max_batch_pixels > 0) {
+        c->jpeg = sf_cuda_jpeg_new(cfg->max_batch, cfg->jpeg_max_batch_pixels, c->jpeg_err, sizeof c->jpeg_err);
+        cudaGetLastError();
+    } else {
+        snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: JPEG decoding is off (jpeg.max_batch_pixels is 0)");
+    }
     c->steps = 0;
     c->built = 1;
     return 0;
@@ -539,6 +558,10 @@ static int check_batch(cuda_ctx *c, const sf_batch *b, int need_model, char *err
 {
     if (need_model && !c->built) {
         sf_errf(err, errlen, "cuda: no model built");
+        return -1;
+    }
+    if (b && b->jpeg && !c->jpeg) {
+        sf_errf(err, errlen, "%s", c->jpeg_err);
         return -1;
     }
     return sf_batch_check(b, need_model ? &c->m : NULL, c->cfg.max_batch, "cuda", err, errlen);
@@ -637,12 +660,14 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
                            (int)bt->label_dtype, (int)((size_t)n * c->lps), B->d_lab, ts))
         return -1;
     const sf_aug_sample *d_samples = (const sf_aug_sample *)(B->d_stage + c->samples_off);
+    /* An encoded batch was decoded into the JPEG staging area. */
+    const uint8_t *src = bt->jpeg ? sf_cuda_jpeg_output(c->jpeg) : B->d_raw;
     /* bf16 nets read bf16 input: the transform writes half the bytes */
     if (sf_net_dtype(c->net) == SF_DT_BF16) {
-        if (sf_cuda_augment_bf16(bt->plan, d_samples, n, B->d_raw, bt->nhwc, (uint16_t *)B->d_x,
+        if (sf_cuda_augment_bf16(bt->plan, d_samples, n, src, bt->nhwc, (uint16_t *)B->d_x,
                                  c->layout == SF_LAYOUT_NHWC, c->d_aug_tmp, ts))
             return -1;
-    } else if (sf_cuda_augment(bt->plan, d_samples, n, B->d_raw, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
+    } else if (sf_cuda_augment(bt->plan, d_samples, n, src, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
                                c->d_aug_tmp, ts)) {
         return -1;
     }
@@ -713,7 +738,14 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     NOT_STARTED(cudaEventRecord(B->h2d0, ts));
     NOT_STARTED(cudaMemcpyAsync(B->d_stage, B->h_stage, stage_used, cudaMemcpyHostToDevice, ts));
     nvtx_push("streamfeed h2d", bt->id);
-    cudaError_t ce = cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts);
+    cudaError_t ce = cudaSuccess;
+    if (!bt->jpeg)
+        ce = cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts);
+    else if (sf_cuda_jpeg_decode(c->jpeg, bt, SF_CUDA_JPEG_AUTO, ts)) {
+        /* The h2d event then never fires: the error path waits for the streams. */
+        nvtxRangePop();
+        return -1;
+    }
     if (ce == cudaSuccess && c->lps > 1)
         ce = cudaMemcpyAsync(B->d_labraw, bt->labels, (size_t)n * c->lps * label_size(bt->label_dtype),
                              cudaMemcpyHostToDevice, ts);
@@ -885,10 +917,18 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
     }
     if (!rc)
         rc = cudaMemcpyAsync(c->t_samples, b->samples, n * sizeof(sf_aug_sample), cudaMemcpyHostToDevice, s) !=
-                     cudaSuccess ||
-             cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
+             cudaSuccess;
+    /* An encoded batch: the JPEG staging area is the transform stream's, so
+     * that stream's work (which reads it) completes before this decode
+     * overwrites it; the engine queues no more until this call returns. */
+    if (!rc && b->jpeg)
+        rc = cudaStreamSynchronize(c->st_transform) != cudaSuccess ||
+             sf_cuda_jpeg_decode(c->jpeg, b, SF_CUDA_JPEG_AUTO, s);
+    else if (!rc)
+        rc = cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
     if (!rc)
-        rc = sf_cuda_augment(p, c->t_samples, b->n, c->t_raw, b->nhwc, c->t_out, 0, c->t_tmp, s);
+        rc = sf_cuda_augment(p, c->t_samples, b->n, b->jpeg ? sf_cuda_jpeg_output(c->jpeg) : c->t_raw, b->nhwc,
+                             c->t_out, 0, c->t_tmp, s);
     if (!rc)
         rc = cudaMemcpyAsync(out, c->t_out, dst * sizeof(float), cudaMemcpyDeviceToHost, s) != cudaSuccess;
     cudaError_t se = cudaStreamSynchronize(s);
@@ -1211,6 +1251,13 @@ static int cu_describe(sf_backend *be, char *buf, size_t len)
         return -1;
     sf_net_describe(c->net, c->cfg.max_batch, buf, len);
     size_t at = strlen(buf);
+    if (at < len) {
+        if (c->jpeg)
+            sf_cuda_jpeg_describe(c->jpeg, buf + at, len - at);
+        else
+            snprintf(buf + at, len - at, "jpeg decode: unavailable (%s)\n", c->jpeg_err);
+        at = strlen(buf);
+    }
     size_t fr = 0, tot = 0;
     if (at < len && cudaMemGetInfo(&fr, &tot) == cudaSuccess)
         snprintf(buf + at, len - at, "device: %zu B of %zu B in use by all processes\n", tot - fr, tot);

@@ -1,0 +1,92 @@
+/* gpu/cuda/jpeg_decode.h — batched JPEG decode on the GPU (nvJPEG) into one
+ * device staging area, on the caller's stream.
+ *
+ * What it is for. An encoded batch (sf_batch.jpeg, gpu/backend.h) is decoded
+ * on the transform stream right where a raw batch is copied to the device;
+ * the augmentation then reads the decoded images from the staging area, so
+ * the decode of batch N+1 overlaps the step of batch N as the copy and
+ * augmentation do. The staging area holds one batch: the transform stream is
+ * serial, so the augmentation of batch N has read it before the decode of
+ * batch N+1 overwrites it (a user on another stream must order itself after
+ * the transform stream's work first).
+ *
+ * Backends. nvJPEG has three that take host bitstreams: HARDWARE (the NVJPG
+ * engines of A100/H100/H200-class GPUs; baseline, single-scan files, no 4:1:0
+ * or 4:1:1), GPU_HYBRID (Huffman decode on the GPU for baseline files in
+ * batches above 50, on the CPU otherwise; IDCT and colour on the GPU) and
+ * HYBRID (Huffman on the CPU). sf_cuda_jpeg_new creates each one the device
+ * and library allow; a batch runs on HARDWARE when it is available, no file
+ * is progressive and nvJPEG says it supports every file
+ * (nvjpegDecodeBatchedSupported), else on GPU_HYBRID (HYBRID where that could
+ * not be created). A caller may force one backend (the benchmark does).
+ *
+ * Output. Sample i as interleaved RGB (3-channel HWC uint8, rows of 3w bytes)
+ * at byte samples[i].src_off of the staging area, samples[i].src_h x src_w:
+ * grayscale files give three equal channels. Chroma is upsampled with
+ * interpolation (NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION), as libjpeg-turbo's
+ * default "fancy" upsampling does; nvJPEG and libjpeg-turbo still differ by
+ * IDCT rounding (tests/gpu/test_jpeg_decode.cu states and checks the bound).
+ *
+ * Memory. The staging area (3 * max_pixels bytes) is allocated by
+ * sf_cuda_jpeg_new, once. nvJPEG's own pinned and device buffers are
+ * pre-allocated for max_batch images of the average size where the library
+ * offers it (the hardware backend); otherwise they grow to the largest batch
+ * seen and are reused after that.
+ *
+ * Threads: one decoder is used by one thread at a time (the engine thread).
+ */
+#ifndef SF_GPU_CUDA_JPEG_DECODE_H
+#define SF_GPU_CUDA_JPEG_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "gpu/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct sf_cuda_jpeg sf_cuda_jpeg;
+
+typedef enum sf_cuda_jpeg_backend {
+    SF_CUDA_JPEG_AUTO = 0,   /* the choice described above, per batch */
+    SF_CUDA_JPEG_HARDWARE,
+    SF_CUDA_JPEG_GPU_HYBRID,
+    SF_CUDA_JPEG_HYBRID,
+    SF_CUDA_JPEG_BACKENDS
+} sf_cuda_jpeg_backend;
+
+/* A decoder for batches of at most max_batch files and max_pixels decoded
+ * pixels in all, on the current device. NULL with err when nvJPEG cannot be
+ * used at all (no backend could be created, or the staging allocation failed). */
+sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, char *err, size_t errlen);
+void sf_cuda_jpeg_free(sf_cuda_jpeg *j);
+
+/* Queues the decode of b's n files on stream s (b->jpeg, b->jpeg_off,
+ * b->samples[i].src_off/src_h/src_w; b->jpeg_progressive picks the backend
+ * under AUTO). The files must stay unchanged until that work has completed on
+ * s. Returns 0, or -1 with sf_cuda_last_error() naming the backend and, when
+ * nvJPEG refused a file, the sample (found by decoding the files one by one:
+ * the error path only). */
+int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, cudaStream_t s);
+
+/* The device staging area the decode writes. */
+uint8_t *sf_cuda_jpeg_output(const sf_cuda_jpeg *j);
+/* The backend the last decode ran on; SF_CUDA_JPEG_AUTO before any. */
+sf_cuda_jpeg_backend sf_cuda_jpeg_last(const sf_cuda_jpeg *j);
+/* 1 when the backend could be created on this device. */
+int sf_cuda_jpeg_has(const sf_cuda_jpeg *j, sf_cuda_jpeg_backend be);
+/* "hardware", "gpu_hybrid", "hybrid", "auto". */
+const char *sf_cuda_jpeg_backend_name(sf_cuda_jpeg_backend be);
+/* One line for the backend's describe(): the backends available, the choice
+ * rule and the staging size. Returns the length written (snprintf's). */
+int sf_cuda_jpeg_describe(const sf_cuda_jpeg *j, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

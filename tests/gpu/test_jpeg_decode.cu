@@ -1,0 +1,230 @@
+/* tests/gpu/test_jpeg_decode.cu — nvJPEG (gpu/cuda/jpeg_decode.h) against
+ * libjpeg-turbo (gpu/ref/jpeg.c, the oracle) on the same files.
+ *
+ * Files: smooth content with edges and noise, encoded by libjpeg-turbo at
+ * quality 90, at several sizes (odd ones included) and subsamplings (4:4:4,
+ * 4:2:2, 4:2:0, grayscale), baseline, plus progressive files for the backends
+ * that take them. Each available nvJPEG backend decodes them as one ragged
+ * batch into the staging area; every pixel is compared with libjpeg-turbo's.
+ *
+ * Tolerance. The two decoders read the same DCT coefficients and differ in
+ * the IDCT's rounding (libjpeg-turbo's accurate integer IDCT is within 1 of
+ * the exact transform per sample), in the chroma upsampling filter (both
+ * interpolate; the edges of a subsampled plane may round differently) and in
+ * the YCbCr->RGB rounding, which scales a chroma difference by up to 1.77.
+ * Bound: max |nvJPEG - libjpeg-turbo| <= 8 of 255 at any pixel and mean <= 1.0
+ * per file. The measured max and mean of every file are printed, for the
+ * record (bench/results).
+ *
+ * Also: AUTO runs a baseline batch on the hardware engines where the device
+ * has them and a batch with a progressive file on gpu_hybrid; grayscale gives
+ * three equal channels.
+ */
+#include "gpu_test.h"
+
+#include <string.h>
+#include <turbojpeg.h>
+
+extern "C" {
+#include "gpu/backend.h"
+#include "gpu/cuda/jpeg_decode.h"
+#include "gpu/ref/ref.h"
+}
+#include "gpu/cuda/check.h"
+
+#define MAX_ERR 8
+#define MAX_MEAN 1.0
+
+typedef struct jcase {
+    int h, w, tjsamp, progressive;
+    const char *name;
+} jcase;
+
+static std::vector<uint8_t> encode(const jcase &c, uint64_t seed)
+{
+    const int gray = c.tjsamp == TJSAMP_GRAY, ch = gray ? 1 : 3;
+    std::vector<uint8_t> px((size_t)c.h * c.w * ch);
+    uint64_t s = seed;
+    for (int y = 0; y < c.h; y++)
+        for (int x = 0; x < c.w; x++)
+            for (int k = 0; k < ch; k++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                int v = (x * 200 / c.w + y * 120 / c.h + k * 50) % 256;
+                if ((x / 16 + y / 16) % 3 == 0)
+                    v = 255 - v; /* edges, where the decoders' rounding shows */
+                v += (int)((s >> 59) & 15) - 8;
+                px[((size_t)y * c.w + x) * ch + k] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+            }
+    tjhandle tj = tjInitCompress();
+    unsigned char *out = NULL;
+    unsigned long len = 0;
+    if (tjCompress2(tj, px.data(), c.w, c.w * ch, c.h, gray ? TJPF_GRAY : TJPF_RGB, &out, &len, c.tjsamp, 90,
+                    c.progressive ? TJFLAG_PROGRESSIVE : 0) != 0) {
+        fail("encode %s: %s", c.name, tjGetErrorStr2(tj));
+        tjDestroy(tj);
+        return {};
+    }
+    std::vector<uint8_t> f(out, out + len);
+    tjFree(out);
+    tjDestroy(tj);
+    return f;
+}
+
+/* An encoded batch of the cases' files, and the samples' decode layout. */
+typedef struct jbatch {
+    std::vector<uint8_t> bytes;
+    std::vector<int64_t> off;
+    std::vector<sf_aug_sample> smp;
+    size_t decoded;
+    int progressive;
+    sf_batch b;
+} jbatch;
+
+static void make_batch(jbatch &jb, const std::vector<jcase> &cases, uint64_t seed)
+{
+    jb.bytes.clear();
+    jb.off.assign(1, 0);
+    jb.smp.assign(cases.size(), sf_aug_sample());
+    jb.decoded = 0;
+    jb.progressive = 0;
+    for (size_t i = 0; i < cases.size(); i++) {
+        std::vector<uint8_t> f = encode(cases[i], seed + i);
+        jb.bytes.insert(jb.bytes.end(), f.begin(), f.end());
+        jb.off.push_back((int64_t)jb.bytes.size());
+        memset(&jb.smp[i], 0, sizeof jb.smp[i]);
+        jb.smp[i].src_h = cases[i].h;
+        jb.smp[i].src_w = cases[i].w;
+        jb.smp[i].src_off = jb.decoded;
+        jb.decoded += (size_t)cases[i].h * cases[i].w * 3;
+        jb.progressive |= cases[i].progressive;
+    }
+    memset(&jb.b, 0, sizeof jb.b);
+    jb.b.n = (int)cases.size();
+    jb.b.c = 3;
+    jb.b.nhwc = 1;
+    jb.b.jpeg = jb.bytes.data();
+    jb.b.jpeg_off = jb.off.data();
+    jb.b.jpeg_progressive = jb.progressive;
+    jb.b.decoded_bytes = jb.decoded;
+    jb.b.samples = jb.smp.data();
+}
+
+static void compare(const char *be, const std::vector<jcase> &cases, const jbatch &jb, const uint8_t *got,
+                    const uint8_t *ref)
+{
+    for (size_t i = 0; i < cases.size(); i++) {
+        const size_t o = jb.smp[i].src_off, len = (size_t)cases[i].h * cases[i].w * 3;
+        int worst = 0;
+        size_t at = 0;
+        double sum = 0;
+        for (size_t k = 0; k < len; k++) {
+            int d = abs((int)got[o + k] - (int)ref[o + k]);
+            sum += d;
+            if (d > worst) {
+                worst = d;
+                at = k;
+            }
+        }
+        const double mean = sum / (double)len;
+        if (worst <= MAX_ERR && mean <= MAX_MEAN)
+            ok("%s %s %dx%d: max |nvJPEG - libjpeg-turbo| %d, mean %.3f (bound %d, %.1f)", be, cases[i].name,
+               cases[i].h, cases[i].w, worst, mean, MAX_ERR, MAX_MEAN);
+        else
+            fail("%s %s %dx%d: max |nvJPEG - libjpeg-turbo| %d at (y %zu, x %zu, c %zu): %d vs %d, mean %.3f "
+                 "(bound %d, %.1f)",
+                 be, cases[i].name, cases[i].h, cases[i].w, worst, at / 3 / cases[i].w, at / 3 % cases[i].w,
+                 at % 3, got[o + at], ref[o + at], mean, MAX_ERR, MAX_MEAN);
+        if (cases[i].tjsamp == TJSAMP_GRAY) {
+            size_t unequal = 0;
+            for (size_t p = 0; p < len; p += 3)
+                unequal += got[o + p] != got[o + p + 1] || got[o + p] != got[o + p + 2];
+            if (unequal)
+                fail("%s %s: %zu grayscale pixels decoded to unequal channels", be, cases[i].name, unequal);
+        }
+    }
+}
+
+int main(void)
+{
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    const std::vector<jcase> baseline = {
+        {64, 64, TJSAMP_444, 0, "444"},     {64, 64, TJSAMP_422, 0, "422"},
+        {64, 64, TJSAMP_420, 0, "420"},     {64, 64, TJSAMP_GRAY, 0, "gray"},
+        {256, 256, TJSAMP_420, 0, "420"},   {375, 500, TJSAMP_420, 0, "420"},
+        {375, 500, TJSAMP_444, 0, "444"},   {33, 47, TJSAMP_420, 0, "420 odd"},
+        {47, 33, TJSAMP_422, 0, "422 odd"}, {17, 301, TJSAMP_GRAY, 0, "gray odd"},
+    };
+    std::vector<jcase> with_prog = baseline;
+    with_prog.push_back({256, 256, TJSAMP_420, 1, "420 progressive"});
+    with_prog.push_back({33, 47, TJSAMP_444, 1, "444 progressive odd"});
+
+    char err[200];
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(64, 4 << 20, err, sizeof err);
+    if (!j) {
+        fail("sf_cuda_jpeg_new: %s", err);
+        return 1;
+    }
+    char desc[300];
+    sf_cuda_jpeg_describe(j, desc, sizeof desc);
+    printf("%s", desc);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    jbatch jb;
+    const sf_cuda_jpeg_backend bes[] = {SF_CUDA_JPEG_HARDWARE, SF_CUDA_JPEG_GPU_HYBRID, SF_CUDA_JPEG_HYBRID};
+    for (sf_cuda_jpeg_backend be : bes) {
+        const char *name = sf_cuda_jpeg_backend_name(be);
+        if (!sf_cuda_jpeg_has(j, be)) {
+            printf("SKIPPED %s: not available on this device\n", name);
+            continue;
+        }
+        const std::vector<jcase> &cases = be == SF_CUDA_JPEG_HARDWARE ? baseline : with_prog;
+        make_batch(jb, cases, 1000 + (uint64_t)be);
+        std::vector<uint8_t> ref(jb.decoded), got(jb.decoded, 0xEE);
+        if (sf_ref_jpeg_decode(&jb.b, ref.data(), ref.size(), err, sizeof err)) {
+            fail("libjpeg-turbo: %s", err);
+            continue;
+        }
+        /* Poisoned first, so a sample nvJPEG does not write fails. */
+        cudaMemset(sf_cuda_jpeg_output(j), 0xEE, jb.decoded);
+        sf_cuda_clear_error();
+        if (sf_cuda_jpeg_decode(j, &jb.b, be, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess) {
+            fail("%s: decode failed: %s", name, sf_cuda_last_error());
+            continue;
+        }
+        cudaMemcpy(got.data(), sf_cuda_jpeg_output(j), jb.decoded, cudaMemcpyDeviceToHost);
+        compare(name, cases, jb, got.data(), ref.data());
+    }
+
+    /* AUTO: hardware for an all-baseline batch where the engines exist;
+     * gpu_hybrid (or hybrid) as soon as one file is progressive. */
+    make_batch(jb, baseline, 7);
+    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess)
+        fail("auto, baseline: %s", sf_cuda_last_error());
+    else if (sf_cuda_jpeg_has(j, SF_CUDA_JPEG_HARDWARE) != (sf_cuda_jpeg_last(j) == SF_CUDA_JPEG_HARDWARE))
+        fail("auto chose %s for a baseline batch", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
+    else
+        ok("auto runs a baseline batch on %s", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
+    make_batch(jb, with_prog, 8);
+    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess)
+        fail("auto, progressive: %s", sf_cuda_last_error());
+    else if (sf_cuda_jpeg_last(j) == SF_CUDA_JPEG_HARDWARE)
+        fail("auto ran a batch with progressive files on the hardware engines");
+    else
+        ok("auto runs a batch with a progressive file on %s", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
+
+    /* A batch that does not fit the staging area is refused before any work. */
+    jb.smp[0].src_off = (size_t)4 << 22;
+    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, s) == 0)
+        fail("a batch past the staging area was decoded");
+    else
+        ok("a batch past the staging area is refused: %s", sf_cuda_last_error());
+
+    cudaStreamDestroy(s);
+    sf_cuda_jpeg_free(j);
+    printf("test_jpeg_decode: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -127,7 +127,8 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, int *progre
                          plan.out_w != app->model.in_w)) {
         char msg[256];
         snprintf(msg, sizeof msg,
-                 "JPEG samples of %dx%d (HxW) augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)", ji[0].h, ji[0].w, plan.c, plan.out_h, plan.out_w, app->model.in_c, app->model.in_h,
+                 "JPEG samples of %dx%d (HxW) augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)",
+                 ji[0].h, ji[0].w, plan.c, plan.out_h, plan.out_w, app->model.in_c, app->model.in_h,
                  app->model.in_w);
         return reject(r, u, 422, "shape_mismatch", msg);
     }

@@ -18,7 +18,11 @@
  *
  * Also: AUTO runs a baseline batch on the hardware engines where the device
  * has them and a batch with a progressive file on gpu_hybrid; grayscale gives
- * three equal channels.
+ * three equal channels. Through the backends (sf_backend_i): a ragged JPEG
+ * batch's transform() on CUDA equals the reference backend's within the same
+ * bound (a resize is a convex combination of decoded pixels), and one trains
+ * through submit/poll with SLOT_FREE then STEP_DONE, its loss near the
+ * reference's.
  */
 #include "gpu_test.h"
 
@@ -26,8 +30,10 @@
 #include <turbojpeg.h>
 
 extern "C" {
+#include "gpu/aug.h"
 #include "gpu/backend.h"
 #include "gpu/cuda/jpeg_decode.h"
+#include "gpu/model.h"
 #include "gpu/ref/ref.h"
 }
 #include "gpu/cuda/check.h"
@@ -144,6 +150,111 @@ static void compare(const char *be, const std::vector<jcase> &cases, const jbatc
     }
 }
 
+/* A ragged JPEG batch through both backends' vtables (the tiny model, 32x32x3
+ * in, behind a resize). */
+static void through_backends(const std::vector<jcase> &cases)
+{
+    char err[300];
+    sf_backend *cu = sf_backend_cuda_new(0, err, sizeof err), *ref = sf_backend_ref_new(err, sizeof err);
+    sf_model m;
+    sf_aug_pipeline pipe;
+    sf_aug_plan plan;
+    if (!cu || !ref || sf_model_from_preset("tiny", &m, err, sizeof err) ||
+        sf_aug_parse("[{\"op\":\"resize\",\"size\":[32,32]}]", &pipe, err, sizeof err) ||
+        sf_aug_plan_make_ragged(&pipe, 3, &plan, err, sizeof err)) {
+        fail("backends: setup: %s", err);
+        return;
+    }
+    sf_train_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.seed = 42;
+    cfg.max_batch = (int)cases.size();
+    cfg.overlap = 1;
+    cfg.cuda_graphs = 1;
+    cfg.jpeg_max_batch_pixels = 4 << 20;
+    if (cu->i->build(cu, &m, &cfg, err, sizeof err) || ref->i->build(ref, &m, &cfg, err, sizeof err)) {
+        fail("backends: build: %s", err);
+        return;
+    }
+    jbatch jb;
+    make_batch(jb, cases, 99);
+    const int n = (int)cases.size();
+    std::vector<int> hw(2 * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        hw[2 * i] = cases[i].h;
+        hw[2 * i + 1] = cases[i].w;
+    }
+    std::vector<sf_aug_sample> smp(n);
+    sf_aug_gen_ragged(&pipe, &plan, 1, 1, n, hw.data(), smp.data());
+    /* The files in pinned memory, as in a ring slot. */
+    uint8_t *files = (uint8_t *)cu->i->host_alloc(cu, jb.bytes.size());
+    memcpy(files, jb.bytes.data(), jb.bytes.size());
+    std::vector<int64_t> labels(n);
+    for (int i = 0; i < n; i++)
+        labels[i] = i % 10;
+    sf_batch b = jb.b;
+    b.jpeg = files;
+    b.samples = smp.data();
+    b.plan = &plan;
+    b.labels = labels.data();
+    b.label_dtype = SF_LABEL_I64;
+    b.hyper.lr = 0.01f;
+    b.id = b.seq = 1;
+    const size_t len = (size_t)n * 3 * 32 * 32;
+    std::vector<float> oc(len, NAN), orf(len, NAN);
+    if (cu->i->transform(cu, &b, oc.data(), err, sizeof err) ||
+        ref->i->transform(ref, &b, orf.data(), err, sizeof err)) {
+        fail("backends: transform: %s", err);
+    } else {
+        double worst = 0;
+        for (size_t k = 0; k < len; k++)
+            worst = isfinite(oc[k]) ? fmax(worst, fabs((double)oc[k] - orf[k])) : INFINITY;
+        if (worst <= MAX_ERR)
+            ok("transform() of a ragged JPEG batch (%d files): CUDA vs reference max |diff| %.3f of 255", n, worst);
+        else
+            fail("transform() of a ragged JPEG batch: CUDA vs reference max |diff| %.3f of 255 (bound %d)", worst,
+                 MAX_ERR);
+    }
+    float loss[2] = {NAN, NAN};
+    sf_backend *bes[2] = {cu, ref};
+    for (int k = 0; k < 2; k++) {
+        if (bes[k]->i->submit(bes[k], &b, err, sizeof err)) {
+            fail("%s submit of a JPEG batch: %s", bes[k]->i->name(bes[k]), err);
+            continue;
+        }
+        sf_event ev[4];
+        int got = 0, slot_first = 0, status = -2;
+        for (int tries = 0; tries < 1000 && got < 2; tries++) {
+            int e = bes[k]->i->poll(bes[k], ev, 4, 10000);
+            for (int i = 0; i < e; i++, got++) {
+                if (ev[i].kind == SF_EV_SLOT_FREE)
+                    slot_first = got == 0;
+                else {
+                    status = ev[i].status;
+                    loss[k] = ev[i].loss;
+                    if (status)
+                        printf("  %s: %s\n", bes[k]->i->name(bes[k]), ev[i].err);
+                }
+            }
+        }
+        if (got != 2 || !slot_first || status != 0)
+            fail("%s: a JPEG batch gave %d events (SLOT_FREE first %d, status %d)", bes[k]->i->name(bes[k]), got,
+                 slot_first, status);
+    }
+    if (isfinite(loss[0]) && fabs(loss[0] - loss[1]) <= 0.02 * fabs(loss[1]))
+        ok("a JPEG batch trains through submit/poll: loss %.5f on CUDA, %.5f on the reference", loss[0], loss[1]);
+    else
+        fail("JPEG batch loss %.5f on CUDA vs %.5f on the reference (2%% allowed)", loss[0], loss[1]);
+    char desc[4096];
+    if (cu->i->describe && cu->i->describe(cu, desc, sizeof desc) == 0 && strstr(desc, "jpeg decode: nvJPEG"))
+        ok("describe() names the JPEG decoder");
+    else
+        fail("describe() does not name the JPEG decoder");
+    cu->i->host_free(cu, files);
+    cu->i->destroy(cu);
+    ref->i->destroy(ref);
+}
+
 int main(void)
 {
     int ndev = 0;
@@ -225,6 +336,7 @@ int main(void)
 
     cudaStreamDestroy(s);
     sf_cuda_jpeg_free(j);
+    through_backends(with_prog);
     printf("test_jpeg_decode: %d ok, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;
 }

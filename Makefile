@@ -6,6 +6,7 @@
 #   make run          start the server with the default config
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
 #   make bench        side-by-side benchmarks (needs a GPU)
+#   make bench-jpeg   JPEG decode and JPEG-fed training against PyTorch (needs a GPU)
 #   make fuzz         the safetensors parser under libFuzzer (clang); build/fuzz_jpeg_header the JPEG header reader
 #   make deps         install the Debian packages (root), or print the command
 #
@@ -98,7 +99,7 @@ $(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSI
 $(BUILD)/server/app.o $(BUILD)/server/main.o: .FORCE
 .FORCE:
 
-.PHONY: client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: bench-jpeg client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -229,7 +230,7 @@ run: $(BUILD)/streamfeed
 demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
 	@bash tools/demo.sh
 
-BENCH_BIN := $(BUILD)/bench/memcpy_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached)
+BENCH_BIN := $(BUILD)/bench/memcpy_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached $(BUILD)/bench/jpeg_decode)
 bench-bins: $(BENCH_BIN)
 $(BUILD)/bench/memcpy_bw: bench/memcpy_bw.c
 	@mkdir -p $(dir $@)
@@ -242,6 +243,12 @@ $(BUILD)/bench/%: bench/%.cu $(LIB)
 # results land in $(BENCH_OUT) (default build/bench-out) as JSON and report.md.
 bench: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 	@bash bench/run.sh
+
+# JPEG ingest on a GPU host: decode alone (each nvJPEG backend, torchvision,
+# PIL), W1 from JPEG vs raw over HTTP, and the ImageNet-like ResNet-18 case;
+# results in $(BENCH_OUT) (default build/bench-out/jpeg).
+bench-jpeg: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
+	@bash bench/jpeg_run.sh
 
 # docs/CONFIG.md is generated from the option table; tests check it is current.
 docs: $(BUILD)/streamfeed

@@ -110,6 +110,10 @@ static const workload WORKLOADS[] = {
      "W1 as JPEG files: 256x256 natural-looking images, quality 90, generated once into the cache "
      "(--cache-dir) and sent encoded",
      1},
+    {"in-jpeg", 375, 500, 375, 500, 10, 0,
+     "ImageNet-like JPEG files: 500x375 (WxH) natural-looking images, quality 90, generated once into the "
+     "cache and sent encoded (for random_resized_crop to the model's input)",
+     1},
 };
 #define N_WORKLOADS ((int)(sizeof WORKLOADS / sizeof WORKLOADS[0]))
 #define MAX_SRC_PIXELS (64 * 64) /* content resolution bound of an upscaled workload */
@@ -122,7 +126,7 @@ enum {
     OPT_CONNECTIONS = 'c', OPT_JSON = 'j', OPT_QUIET = 'q', OPT_HELP = 'h',
     OPT_THREADS = 256, OPT_LEARNABLE, OPT_SEED, OPT_DIR, OPT_RATE, OPT_POOL, OPT_POOL_MB,
     OPT_LABEL_DTYPE, OPT_WAIT, OPT_DRAIN, OPT_TOKEN, OPT_TIMEOUT_MS, OPT_RETRIES,
-    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE, OPT_CACHE_DIR,
+    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE, OPT_CACHE_DIR, OPT_PREPARE,
 };
 
 typedef struct opt_spec {
@@ -135,7 +139,7 @@ typedef struct opt_spec {
 
 static const opt_spec OPTS[] = {
     {"url", 1, OPT_URL, "URL", "server base URL (default http://127.0.0.1:8080)"},
-    {"workload", 1, OPT_WORKLOAD, "W", "w1 | w2 | w3 | tiny | w1-jpeg (default w1; see below)"},
+    {"workload", 1, OPT_WORKLOAD, "W", "w1 | w2 | w3 | tiny | w1-jpeg | in-jpeg (default w1; see below)"},
     {"batch", 1, OPT_BATCH, "N", "samples per batch, 1..65536 (default 32)"},
     {"batches", 1, OPT_BATCHES, "N", "batches to send in all (default 200)"},
     {"seconds", 1, OPT_SECONDS, "S", "send for S seconds instead of a batch count (with --diagnose: the measurement's length)"},
@@ -152,7 +156,8 @@ static const opt_spec OPTS[] = {
      "class folders in sorted order, 0 first, as torchvision's ImageFolder; files shuffled by --seed; "
      "at most 1024 batches and --pool-mb)"},
     {"cache-dir", 1, OPT_CACHE_DIR, "PATH",
-     "where w1-jpeg keeps its generated files (default $XDG_CACHE_HOME/streamfeed or ~/.cache/streamfeed)"},
+     "where w1-jpeg and in-jpeg keep their generated files (default $XDG_CACHE_HOME/streamfeed or "
+     "~/.cache/streamfeed)"},
     {"rate", 1, OPT_RATE, "R", "at most R new batches per second overall (default unlimited)"},
     {"pool", 1, OPT_POOL, "K", "distinct bodies generated once and cycled, 1..1024 (default 8)"},
     {"pool-mb", 1, OPT_POOL_MB, "M",
@@ -168,6 +173,8 @@ static const opt_spec OPTS[] = {
      "send nothing: ask the server where its pipeline loses time (POST /v1/diagnose, the caching "
      "method; training pauses meanwhile) and print the table; --seconds sets the measurement "
      "length (default: the server's diagnose.default_seconds). Run it while loaders are sending"},
+    {"prepare", 0, OPT_PREPARE, NULL,
+     "make the pool (and w1-jpeg's or in-jpeg's cached files), print where, and exit without sending"},
     {"json", 0, OPT_JSON, NULL, "print the final summary (or --diagnose's reply) as one JSON object on stdout"},
     {"quiet", 0, OPT_QUIET, NULL, "no progress line and no start-up or per-error messages"},
     {"help", 0, OPT_HELP, NULL, "print this help"},
@@ -199,6 +206,7 @@ typedef struct options {
     int json;
     int quiet;
     int diagnose;       /* --diagnose: POST /v1/diagnose and print the table */
+    int prepare;        /* --prepare: make the pool and exit */
 } options;
 
 /* ---- small helpers ------------------------------------------------------- */
@@ -664,6 +672,9 @@ typedef struct jfile {
     int label;
 } jfile;
 
+/* The folder the JPEG files were read from ("" for other pools): --prepare prints it. */
+static char g_jpeg_dir[PATH_MAX];
+
 /* snprintf for paths; -1 when the result would not fit. */
 static int pathf(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int pathf(char *out, size_t cap, const char *fmt, ...)
@@ -881,6 +892,7 @@ static int pool_load_jpeg_dir(const options *o, const char *root, pool *out)
     }
     if (!o->quiet)
         fprintf(stderr, "streamfeed-load: %d JPEG files in %d class folders of %s\n", n, nclasses, root);
+    snprintf(g_jpeg_dir, sizeof g_jpeg_dir, "%s", root);
     int rc = pool_from_jpegs(o, f, n, out);
     jfiles_free(f, n);
     return rc;
@@ -933,11 +945,9 @@ static void natural_image(uint8_t *px, int h, int w, uint64_t s, const uint8_t *
     /* Texture: value noise of four octaves (cells of 32 down to 4 pixels,
      * bilinear between random lattice values), the fine detail photographs
      * have and JPEG spends most of its bytes on. */
-    for (int cell = 32, amp = 14; cell >= 4; cell /= 2, amp = amp * 3 / 4) {
+    int8_t *lat = malloc((size_t)(w / 4 + 2) * (size_t)(h / 4 + 2));
+    for (int cell = 32, amp = 14; lat && cell >= 4; cell /= 2, amp = amp * 3 / 4) {
         const int gw = w / cell + 2, gh = h / cell + 2;
-        int8_t lat[(256 / 4 + 2) * (256 / 4 + 2)];
-        if (gw * gh > (int)sizeof lat)
-            break;
         for (int k = 0; k < gw * gh; k++)
             lat[k] = (int8_t)((int)(rng_next(&s) % 255) - 127);
         for (int y = 0; y < h; y++) {
@@ -957,6 +967,7 @@ static void natural_image(uint8_t *px, int h, int w, uint64_t s, const uint8_t *
             }
         }
     }
+    free(lat);
     for (size_t i = 0; i < (size_t)h * (size_t)w * 3; i += 8) {
         uint64_t r = rng_next(&s);
         for (size_t k = i; k < i + 8 && k < (size_t)h * (size_t)w * 3; k++, r >>= 8) {
@@ -998,7 +1009,7 @@ static int mkdir_p(const char *path)
     return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* --workload w1-jpeg: --pool x --batch files of 256x256, quality 90, 4:2:0,
+/* --workload w1-jpeg / in-jpeg: --pool x --batch files of the workload's size, quality 90, 4:2:0,
  * generated once into the cache (a folder per seed, count and --learnable,
  * written beside and renamed into place when complete, so an interrupted
  * run leaves nothing half-made) and then sent like a --dir. */
@@ -1839,7 +1850,7 @@ static int parse_args(int argc, char **argv, options *o)
             for (i = 0; i < N_WORKLOADS && strcmp(a, WORKLOADS[i].name) != 0; i++)
                 ;
             if (i == N_WORKLOADS)
-                return usage_error("--workload must be w1, w2, w3, tiny or w1-jpeg, not '%s'", a);
+                return usage_error("--workload must be w1, w2, w3, tiny, w1-jpeg or in-jpeg, not '%s'", a);
             o->wl = &WORKLOADS[i];
             break;
         }
@@ -1928,6 +1939,9 @@ static int parse_args(int argc, char **argv, options *o)
             break;
         case OPT_DIAGNOSE:
             o->diagnose = 1;
+            break;
+        case OPT_PREPARE:
+            o->prepare = 1;
             break;
         case OPT_QUIET:
             o->quiet = 1;
@@ -2141,6 +2155,12 @@ int main(int argc, char **argv)
     rc = o.dir ? pool_load_dir(&o, &p) : o.wl->jpeg ? pool_generate_jpeg(&o, &p) : pool_generate(&o, &p);
     if (rc != 0)
         return rc;
+    if (o.prepare) {
+        printf("%d bodies, %.1f MiB%s%s\n", p.n, (double)p.bytes / 1048576.0, g_jpeg_dir[0] ? ", files in " : "",
+               g_jpeg_dir);
+        pool_free(&p);
+        return 0;
+    }
     if (!o.quiet && !g_sigint)
         fprintf(stderr,
                 "streamfeed-load: pool of %d %s, %.1f MiB in all (bound --pool-mb %" PRIu64 "), ready in %.2f s; "

@@ -1,0 +1,226 @@
+/* bench/jpeg_decode.cu — JPEG decode alone: images/s of each nvJPEG backend
+ * through streamfeed's decoder (gpu/cuda/jpeg_decode.h), the same call the
+ * transform stream makes, on the *.jpg files of a folder (searched
+ * recursively: a streamfeed-load cache folder works as it is).
+ *
+ * Per backend (hardware, gpu_hybrid, hybrid, auto) and batch size, the files
+ * are cycled into batches, --warmup batches are decoded, then the wall time of
+ * --iters batches up to a stream synchronisation after the last one (host work
+ * such as the hybrid backends' CPU Huffman decode included) gives images/s.
+ * The files sit in pinned memory, as in a ring slot. A backend the device lacks
+ * is reported as unavailable.
+ *
+ * Run: build/bench/jpeg_decode DIR [--batch 32,256] [--iters 50] [--warmup 5] [--label NAME]
+ * Prints one human line and one JSON line per measurement; exits 0 with
+ * "SKIPPED: no CUDA device" without a GPU.
+ */
+extern "C" {
+#include "../gpu/backend.h"
+#include "../gpu/cuda/jpeg_decode.h"
+}
+#include "../gpu/cuda/check.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <turbojpeg.h>
+
+#include <string>
+#include <vector>
+
+typedef struct file {
+    std::vector<uint8_t> bytes;
+    int h, w;
+} file;
+
+static void scan(const std::string &dir, std::vector<std::string> &out)
+{
+    DIR *d = opendir(dir.c_str());
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        std::string p = dir + "/" + e->d_name;
+        struct stat st;
+        if (stat(p.c_str(), &st) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode))
+            scan(p, out);
+        else if (p.size() > 4 && (p.compare(p.size() - 4, 4, ".jpg") == 0 || p.compare(p.size() - 4, 4, ".JPG") == 0))
+            out.push_back(p);
+    }
+    closedir(d);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: jpeg_decode DIR [--batch 32,256] [--iters 50] [--warmup 5] [--label NAME]\n");
+        return 2;
+    }
+    const char *dir = argv[1], *label = "jpeg";
+    std::vector<int> batches = {32, 256};
+    int iters = 50, warmup = 5;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--batch")) {
+            batches.clear();
+            for (char *t = strtok(argv[i + 1], ","); t; t = strtok(NULL, ","))
+                batches.push_back(atoi(t));
+        } else if (!strcmp(argv[i], "--iters")) {
+            iters = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--warmup")) {
+            warmup = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--label")) {
+            label = argv[i + 1];
+        }
+    }
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    std::vector<std::string> paths;
+    scan(dir, paths);
+    if (paths.empty()) {
+        fprintf(stderr, "jpeg_decode: no *.jpg file under %s\n", dir);
+        return 2;
+    }
+    std::vector<file> files;
+    tjhandle tj = tjInitDecompress();
+    size_t total_bytes = 0;
+    for (const std::string &p : paths) {
+        FILE *f = fopen(p.c_str(), "rb");
+        if (!f)
+            continue;
+        file x;
+        fseek(f, 0, SEEK_END);
+        x.bytes.resize((size_t)ftell(f));
+        fseek(f, 0, SEEK_SET);
+        size_t got = fread(x.bytes.data(), 1, x.bytes.size(), f);
+        fclose(f);
+        int ss, cs;
+        if (got != x.bytes.size() ||
+            tjDecompressHeader3(tj, x.bytes.data(), (unsigned long)x.bytes.size(), &x.w, &x.h, &ss, &cs) != 0)
+            continue;
+        total_bytes += x.bytes.size();
+        files.push_back(std::move(x));
+    }
+    tjDestroy(tj);
+    if (files.empty()) {
+        fprintf(stderr, "jpeg_decode: no readable JPEG file under %s\n", dir);
+        return 2;
+    }
+    int maxb = 0;
+    for (int b : batches)
+        maxb = b > maxb ? b : maxb;
+    int64_t max_px = 0;
+    for (const file &f : files)
+        max_px = (int64_t)f.h * f.w > max_px ? (int64_t)f.h * f.w : max_px;
+    char err[300];
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(maxb, max_px * maxb, err, sizeof err);
+    if (!j) {
+        fprintf(stderr, "jpeg_decode: %s\n", err);
+        return 1;
+    }
+    char desc[300];
+    sf_cuda_jpeg_describe(j, desc, sizeof desc);
+    printf("%s: %zu files, %.1f KB average, from %s\n%s", label, files.size(), total_bytes / 1024.0 / files.size(),
+           dir, desc);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    const sf_cuda_jpeg_backend bes[] = {SF_CUDA_JPEG_HARDWARE, SF_CUDA_JPEG_GPU_HYBRID, SF_CUDA_JPEG_HYBRID,
+                                        SF_CUDA_JPEG_AUTO};
+    for (int bsz : batches) {
+        /* One pinned area per batch of the cycle: ceil(files / bsz) batches. */
+        const int nb = ((int)files.size() + bsz - 1) / bsz;
+        std::vector<uint8_t *> pin(nb);
+        std::vector<std::vector<int64_t>> off(nb);
+        std::vector<std::vector<sf_aug_sample>> smp(nb);
+        std::vector<sf_batch> bt(nb);
+        size_t bytes_per_batch = 0;
+        for (int k = 0; k < nb; k++) {
+            size_t len = 0, dec = 0;
+            off[k].assign(1, 0);
+            smp[k].assign(bsz, sf_aug_sample());
+            for (int i = 0; i < bsz; i++) {
+                const file &f = files[((size_t)k * bsz + i) % files.size()];
+                len += f.bytes.size();
+                off[k].push_back((int64_t)len);
+                memset(&smp[k][i], 0, sizeof smp[k][i]);
+                smp[k][i].src_h = f.h;
+                smp[k][i].src_w = f.w;
+                smp[k][i].src_off = dec;
+                dec += (size_t)f.h * f.w * 3;
+            }
+            cudaMallocHost((void **)&pin[k], len);
+            for (int i = 0; i < bsz; i++) {
+                const file &f = files[((size_t)k * bsz + i) % files.size()];
+                memcpy(pin[k] + off[k][i], f.bytes.data(), f.bytes.size());
+            }
+            memset(&bt[k], 0, sizeof bt[k]);
+            bt[k].n = bsz;
+            bt[k].c = 3;
+            bt[k].nhwc = 1;
+            bt[k].jpeg = pin[k];
+            bt[k].jpeg_off = off[k].data();
+            bt[k].samples = smp[k].data();
+            bt[k].decoded_bytes = dec;
+            bytes_per_batch += len;
+        }
+        bytes_per_batch /= (size_t)nb;
+        for (sf_cuda_jpeg_backend be : bes) {
+            const char *name = sf_cuda_jpeg_backend_name(be);
+            if (be != SF_CUDA_JPEG_AUTO && !sf_cuda_jpeg_has(j, be)) {
+                printf("%s nvjpeg %s batch %d: unavailable on this device\n", label, name, bsz);
+                printf("{\"bench\":\"jpeg_decode\",\"label\":\"%s\",\"decoder\":\"nvjpeg_%s\",\"batch\":%d,"
+                       "\"available\":false}\n",
+                       label, name, bsz);
+                continue;
+            }
+            sf_cuda_clear_error();
+            int rc = 0;
+            double t0 = 0;
+            for (int it = 0; it < warmup + iters && rc == 0; it++) {
+                if (it == warmup) {
+                    rc = cudaStreamSynchronize(s) != cudaSuccess;
+                    t0 = now_s();
+                }
+                rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, s);
+            }
+            rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
+            const double sec = now_s() - t0;
+            if (rc) {
+                printf("%s nvjpeg %s batch %d: failed: %s\n", label, name, bsz, sf_cuda_last_error());
+                cudaGetLastError();
+                continue;
+            }
+            const double ips = (double)iters * bsz / sec;
+            const char *ran = sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j));
+            printf("%s nvjpeg %s batch %d: %.0f images/s (%.2f ms a batch; ran on %s; %.1f KB a file)\n", label,
+                   name, bsz, ips, sec / iters * 1e3, ran, bytes_per_batch / 1024.0 / bsz);
+            printf("{\"bench\":\"jpeg_decode\",\"label\":\"%s\",\"decoder\":\"nvjpeg_%s\",\"ran_on\":\"%s\","
+                   "\"batch\":%d,\"images_per_s\":%.1f,\"ms_per_batch\":%.4f,\"iters\":%d,\"files\":%zu,"
+                   "\"bytes_per_file\":%.0f}\n",
+                   label, name, ran, bsz, ips, sec / iters * 1e3, iters, files.size(),
+                   (double)bytes_per_batch / bsz);
+            fflush(stdout);
+        }
+        for (int k = 0; k < nb; k++)
+            cudaFreeHost(pin[k]);
+    }
+    cudaStreamDestroy(s);
+    sf_cuda_jpeg_free(j);
+    return 0;
+}

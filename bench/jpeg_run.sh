@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# bench/jpeg_run.sh (make bench-jpeg) — JPEG ingest on a GPU host, streamfeed
+# and PyTorch in one session, so the ratios come from one run:
+#   1. decode alone, images/s: each nvJPEG backend through streamfeed's decoder
+#      (build/bench/jpeg_decode), torchvision.io.decode_jpeg(list, device="cuda")
+#      and PIL per core (bench/jpeg_decode.py), batch 32 and 256, on 256x256
+#      (w1-jpeg) and 500x375 (in-jpeg) quality-90 files;
+#   2. W1 over HTTP, 8 connections: raw uint8 batches against JPEG batches of
+#      the same size, steps/s and bytes on the wire (bench/ingest_e2e.py);
+#   3. ImageNet-like: ResNet-18 bf16 batch 256 from 500x375 JPEGs through
+#      random_resized_crop 224 (antialias), against raw 224x224 uint8 batches
+#      through the same list, and PyTorch's DataLoader+PIL and GPU-decode
+#      pipelines on the same files (bench/pytorch_jpeg.py).
+# The files are generated once by streamfeed-load into $JPEG_CACHE (no data
+# set, no network). Results: $BENCH_OUT (default build/bench-out/jpeg), one
+# .jsonl/.json per part and bench.log; the GPU, commit and date beside them.
+# Expects `make all bench-bins` done (make bench-jpeg does it).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTD=${BENCH_OUT:-build/bench-out/jpeg}
+CACHE=${JPEG_CACHE:-build/jpeg-cache}
+N=${BENCH_BATCHES:-2000}
+mkdir -p "$OUTD"
+log() { echo "bench-jpeg: $*" | tee -a "$OUTD/bench.log"; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUTD/gpu.txt" 2>/dev/null \
+  || echo "no GPU" > "$OUTD/gpu.txt"
+echo "${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$OUTD/commit.txt"
+date -u +%Y-%m-%dT%H:%M:%SZ > "$OUTD/date.txt"
+log "GPU: $(cat "$OUTD/gpu.txt"); commit $(cat "$OUTD/commit.txt")"
+
+LOAD=build/streamfeed-load
+# 256 files of each kind (8 bodies of 32), made once; --prepare prints the folder.
+W1DIR=$($LOAD --workload w1-jpeg --cache-dir "$CACHE" --pool 8 --batch 32 --prepare --quiet | sed -n 's/.*files in //p')
+INDIR=$($LOAD --workload in-jpeg --cache-dir "$CACHE" --pool 8 --batch 32 --prepare --quiet | sed -n 's/.*files in //p')
+log "files: $W1DIR, $INDIR"
+
+# 1. Decode alone.
+for d in "w1_256x256:$W1DIR" "in_500x375:$INDIR"; do
+  label=${d%%:*}; dir=${d#*:}
+  build/bench/jpeg_decode "$dir" --batch 32,256 --iters 50 --label "$label" 2>&1 | tee -a "$OUTD/bench.log" \
+    | grep '^{' >> "$OUTD/decode.jsonl"
+  python3 bench/jpeg_decode.py --dir "$dir" --batch 32,256 --iters 50 --label "$label" 2>&1 \
+    | tee -a "$OUTD/bench.log" | grep '^{' >> "$OUTD/decode.jsonl"
+done
+
+# 2. W1 over HTTP: raw uint8 against JPEG, same server, same augmentation.
+E2E="python3 bench/ingest_e2e.py --bin build/streamfeed --load build/streamfeed-load"
+W1S="--model.preset seed-classifier --model.max_batch 32 --ring.slots 16 --http.threads 8"
+$E2E --server-args "$W1S" --load-args "--workload w1 --batch 32 --connections 8 --pool 16" \
+     --batches "$N" --label w1_b32_raw --json "$OUTD/w1_b32_raw.json" | tee -a "$OUTD/bench.log"
+$E2E --server-args "$W1S" --load-args "--workload w1-jpeg --cache-dir $CACHE --batch 32 --connections 8 --pool 8" \
+     --batches "$N" --label w1_b32_jpeg --json "$OUTD/w1_b32_jpeg.json" | tee -a "$OUTD/bench.log"
+
+# 3. ImageNet-like: ResNet-18 bf16, batch 256, random_resized_crop to 224.
+AUG='[{"op":"random_resized_crop","size":[224,224]},{"op":"horizontal_flip","p":0.5},{"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.485,0.456,0.406],"std":[0.229,0.224,0.225]}]'
+W3S="--model.preset resnet18 --model.precision bf16 --model.max_batch 256 --ring.slots 8 --ring.slot_bytes 67108864 --http.threads 8"
+NB=$(( N / 8 ))
+$E2E --server-args "$W3S --augment.pipeline '$AUG'" \
+     --load-args "--workload in-jpeg --cache-dir $CACHE --batch 256 --connections 8 --pool 8" \
+     --batches "$NB" --label in_b256_jpeg --json "$OUTD/in_b256_jpeg.json" | tee -a "$OUTD/bench.log"
+$E2E --server-args "$W3S --augment.pipeline '$AUG'" \
+     --load-args "--workload w3 --batch 256 --connections 8 --pool 8" \
+     --batches "$NB" --label w3_b256_raw --json "$OUTD/w3_b256_raw.json" | tee -a "$OUTD/bench.log"
+if python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2>/dev/null; then
+  PYTHONUNBUFFERED=1 python3 bench/pytorch_jpeg.py --dir "$INDIR" --batch 256 --json "$OUTD/pytorch_jpeg.json" \
+    2>&1 | tee -a "$OUTD/bench.log"
+else
+  log "PyTorch with CUDA not available: no side-by-side figures"
+fi
+log "done: $OUTD"

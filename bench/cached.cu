@@ -98,9 +98,9 @@ int main(int argc, char **argv)
         return 1;
     }
     /* the plan's memory lines (the per-convolution lines are in GET /v1/model) */
-    static char plan[1 << 16];
-    if (be->i->describe && be->i->describe(be, plan, sizeof plan) == 0)
-        for (char *l = strtok(plan, "\n"); l; l = strtok(NULL, "\n"))
+    static char desc[1 << 16];
+    if (be->i->describe && be->i->describe(be, desc, sizeof desc) == 0)
+        for (char *l = strtok(desc, "\n"); l; l = strtok(NULL, "\n"))
             if (strncmp(l, "layer ", 6) != 0)
                 fprintf(stderr, "cached: plan: %s\n", l);
     sf_aug_pipeline pipe;

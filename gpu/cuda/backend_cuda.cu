@@ -694,7 +694,8 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     cbuf *B = &c->buf[b];
     cudaStream_t ts = c->st_transform;
     const int n = bt->n;
-    const size_t img_bytes = (size_t)n * bt->h * bt->w * bt->c;
+    /* A JPEG batch needs no raw buffer: it is decoded into the JPEG staging area. */
+    const size_t img_bytes = bt->jpeg ? 0 : (size_t)n * bt->h * bt->w * bt->c;
     if (img_bytes > B->raw_cap) {
         /* A larger source shape than seen so far: grow (outside the steady
          * state; buffer b is idle, its last batch was harvested). */

@@ -8,7 +8,7 @@
  * Every layer but flatten (and a ReLU fused into its producer) owns its output;
  * every trainable layer of those owns its output gradient. The first consumer
  * (in backward order) of a tensor overwrites its gradient, later ones add
- * theirs through gtmp (a residual block's input).
+ * theirs through a scratch tensor, gtmp (a residual block's input).
  *
  * Per layer kind: conv2d and conv_transpose2d through cuDNN's graph API (plans
  * built and timed per batch size, cuDNN's fused conv+bias+ReLU forward where it
@@ -46,6 +46,7 @@
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
 #define WS_TUNE_BYTES ((size_t)512 << 20) /* workspace limit while choosing engines */
+#define WS_TUNE_MAX ((size_t)1 << 30)     /* ... raised up to this where memory allows */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
 #define MAX_ALLOCS 512
 
@@ -144,6 +145,9 @@ typedef struct gop {
     void *dy;            /* output gradient (trainable; aliases as y), else NULL */
     float *save;         /* batchnorm: [2C] mean, invstd */
     int32_t *argmax;     /* maxpool */
+    void *gtmp;          /* the input gradient before it is added to its owner's (this layer
+                            is not its input's first consumer), or a batchnorm's unwanted
+                            dx: only live during this layer's backward */
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
     int perm;            /* conv/convT whose device weights are permuted (NHWC, k > 1) */
@@ -170,7 +174,6 @@ struct gen_net {
                                   (transform stream) writes it, the step of b reads it */
     size_t bnd_elems;    /* per sample */
     float *sq, *gacc, *bufs;
-    void *gtmp;
     void *wd, *gd;       /* device weights / conv weight gradients (dt, device layout) */
     int wmode;           /* W_SHARED, W_PERM_F32 or W_COPY (below) */
     sf_sgd_segs segs_all;   /* conv/convT weights, model offsets */
@@ -181,7 +184,6 @@ struct gen_net {
     size_t scratch_bytes;
     sf_xent2d_out *x2d;
     void *fws;           /* frozen workspace (transform stream) */
-    size_t gtmp_bytes;
     /* the memory plan (g_plan_memory): layer outputs and output gradients in
      * two arenas, placed by liveness */
     void *arena, *farena;            /* trainable part (compute stream), frozen prefix (transform) */
@@ -312,7 +314,7 @@ static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_c
         p->y = o->y;
     } else if (dir == SF_CONV_BWD_DATA) {
         const int s = g_owner(&net->m, g_src(&net->m, i, 0));
-        p->x = o->first[0] ? g->op[s].dy : g->gtmp;
+        p->x = o->first[0] ? g->op[s].dy : o->gtmp;
         p->w = g_wd(net, i);
         p->y = o->dy;
     } else {
@@ -603,7 +605,7 @@ static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
  * largest first at the lowest offset that overlaps no placed tensor of an
  * overlapping lifetime (256-byte aligned). */
 
-#define PLAN_MAX (2 * SF_MAX_LAYERS)
+#define PLAN_MAX (3 * SF_MAX_LAYERS)
 
 typedef struct plan_obj {
     size_t bytes, off;
@@ -685,6 +687,13 @@ static int g_plan_memory(sf_cuda_net *net)
         if (!g->op[i].frozen) {
             obj[n] = (plan_obj){bytes, 0, B(i), B(i), &g->op[i].dy, 0};
             di[i] = n++;
+        }
+        /* gradient scratch, written and read within this layer's backward */
+        const gop *o = &g->op[i];
+        if (!o->frozen && L->kind != SF_L_ADD &&
+            ((o->want[0] && !o->first[0]) || (L->kind == SF_L_BATCHNORM2D && !o->want[0]))) {
+            const size_t gb = (es * nb * L->in_c * L->in_h * L->in_w + 255) & ~(size_t)255;
+            obj[n++] = (plan_obj){gb, 0, B(i), B(i), &g->op[i].gtmp, 0};
         }
     }
     const int last = g_storage(net, nl - 1);
@@ -884,7 +893,6 @@ static int g_create(sf_cuda_net *net)
     if (g_plan_memory(net))
         return -1;
     int max_c = 1;
-    size_t gtmp_elems = 0;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];
@@ -900,20 +908,12 @@ static int g_create(sf_cuda_net *net)
             o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
             continue;
         }
-        /* gtmp: the input gradient of a layer that is not its input's first
-         * consumer (added to the owner's after), and a batchnorm's unwanted dx */
-        const size_t in_elems = (size_t)L->in_c * L->in_h * L->in_w;
-        if (!o->frozen && L->kind != SF_L_ADD &&
-            ((o->want[0] && !o->first[0]) || (L->kind == SF_L_BATCHNORM2D && !o->want[0])) && in_elems > gtmp_elems)
-            gtmp_elems = in_elems;
         if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
             return -1;
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
             return -1;
     }
-    g->gtmp_bytes = es * nb * gtmp_elems;
-    if (gtmp_elems && dmalloc(net, &g->gtmp, g->gtmp_bytes))
-        return -1;
+
     if (g->dt != SF_DT_F32) {
         const size_t lsz = nb * (size_t)m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
         if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
@@ -1075,13 +1075,13 @@ static void *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
     if (o->first[j])
         return g->op[g_owner(&net->m, o->src[j])].dy;
     *add_after = 1;
-    return g->gtmp;
+    return o->gtmp;
 }
 
 static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s)
 {
     void *d = net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
-    return sf_cuda_add_dt(net->g->dt, d, net->g->gtmp, d, len, 0, s);
+    return sf_cuda_add_dt(net->g->dt, d, net->g->op[i].gtmp, d, len, 0, s);
 }
 
 /* Backward of conv layer i: backward-filter and backward-data both only read
@@ -1200,7 +1200,7 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             break;
         case SF_L_BATCHNORM2D:
             if (sf_cuda_bn_bwd_dt(dt, g_in(net, i, 0, b), n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, o->save,
-                                  o->save + L->out_ch, o->dy, ymask, dx ? dx : g->gtmp, net->grads + L->w_off,
+                                  o->save + L->out_ch, o->dy, ymask, dx ? dx : o->gtmp, net->grads + L->w_off,
                                   net->grads + L->b_off, g->scratch, s))
                 return -1;
             break;
@@ -1332,15 +1332,16 @@ static int g_finish_create(sf_cuda_net *net)
         return -1;
     if (g->farena && sf_cuda_fill_random_dt(dt, g->farena, g->farena_bytes / g->es, 9, 1.f, s))
         return -1;
-    if (g->gtmp && sf_cuda_fill_random_dt(dt, g->gtmp, g->gtmp_bytes / g->es, 10, 1e-3f, s))
-        return -1;
-    /* The engines large batches run best on may want more workspace than the
-     * W1 path's 512 MiB (ResNet-18 at batch 1024): let the candidates use up
-     * to 1/16 of free device memory, at most 4 GiB; the net then keeps only
-     * what the chosen plans need. */
+    /* The engines large batches run best on may want more than 512 MiB of
+     * workspace (ResNet-18's stem at batch 1024: about 820 MB; with 512 MiB it
+     * ran at 571 samples/s instead of 21k): let the candidates use up to 1/16
+     * of free device memory, at most WS_TUNE_MAX. The candidates' workspace
+     * exists only while the plans are chosen, but it sets the process's peak
+     * device memory, so it is bounded; the net then keeps only what the
+     * chosen plans need. */
     size_t tune_bytes = WS_TUNE_BYTES, fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && fr / 16 > tune_bytes)
-        tune_bytes = fr / 16 < ((size_t)4 << 30) ? fr / 16 : ((size_t)4 << 30);
+        tune_bytes = fr / 16 < WS_TUNE_MAX ? fr / 16 : WS_TUNE_MAX;
     void *tune_ws = NULL;
     if (cudaMalloc(&tune_ws, tune_bytes) != cudaSuccess) {
         cudaGetLastError();
@@ -1731,9 +1732,9 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
     }
     if (at < len) {
         int w = snprintf(buf + at, len - at,
-                         "memory plan: layer outputs and gradients in %zu B (trainable arena) + %zu B (frozen "
-                         "arena), %zu B as one buffer each; input-gradient scratch %zu B\n",
-                         g->arena_bytes, g->farena_bytes, g->tensor_bytes, g->gtmp_bytes);
+                         "memory plan: layer outputs, gradients and gradient scratch in %zu B (trainable arena) "
+                         "+ %zu B (frozen arena), %zu B as one buffer each\n",
+                         g->arena_bytes, g->farena_bytes, g->tensor_bytes);
         if (w > 0)
             at += (size_t)w;
     }

@@ -4,7 +4,7 @@
 #   1. decode alone, images/s: each nvJPEG backend through streamfeed's decoder
 #      (build/bench/jpeg_decode), torchvision.io.decode_jpeg(list, device="cuda")
 #      and PIL per core (bench/jpeg_decode.py), batch 32 and 256, on 256x256
-#      (w1-jpeg) and 500x375 (in-jpeg) quality-90 files;
+#      (w1-jpeg) and 500x375 (imagenet-jpeg) quality-90 files;
 #   2. W1 over HTTP, 8 connections: raw uint8 batches against JPEG batches of
 #      the same size, steps/s and bytes on the wire (bench/ingest_e2e.py);
 #   3. ImageNet-like: ResNet-18 bf16 batch 256 from 500x375 JPEGs through
@@ -32,11 +32,11 @@ log "GPU: $(cat "$OUTD/gpu.txt"); commit $(cat "$OUTD/commit.txt")"
 LOAD=build/streamfeed-load
 # 256 files of each kind (8 bodies of 32), made once; --prepare prints the folder.
 W1DIR=$($LOAD --workload w1-jpeg --cache-dir "$CACHE" --pool 8 --batch 32 --prepare --quiet | sed -n 's/.*files in //p')
-INDIR=$($LOAD --workload in-jpeg --cache-dir "$CACHE" --pool 8 --batch 32 --prepare --quiet | sed -n 's/.*files in //p')
-log "files: $W1DIR, $INDIR"
+IMNDIR=$($LOAD --workload imagenet-jpeg --cache-dir "$CACHE" --pool 8 --batch 32 --prepare --quiet | sed -n 's/.*files in //p')
+log "files: $W1DIR, $IMNDIR"
 
 # 1. Decode alone.
-for d in "w1_256x256:$W1DIR" "in_500x375:$INDIR"; do
+for d in "w1_256x256:$W1DIR" "imagenet_500x375:$IMNDIR"; do
   label=${d%%:*}; dir=${d#*:}
   build/bench/jpeg_decode "$dir" --batch 32,256 --iters 50 --label "$label" 2>&1 | tee -a "$OUTD/bench.log" \
     | grep '^{' >> "$OUTD/decode.jsonl"
@@ -57,13 +57,13 @@ AUG='[{"op":"random_resized_crop","size":[224,224]},{"op":"horizontal_flip","p":
 W3S="--model.preset resnet18 --model.precision bf16 --model.max_batch 256 --ring.slots 8 --ring.slot_bytes 67108864 --http.threads 8"
 NB=$(( N / 8 ))
 $E2E --server-args "$W3S --augment.pipeline '$AUG'" \
-     --load-args "--workload in-jpeg --cache-dir $CACHE --batch 256 --connections 8 --pool 8" \
-     --batches "$NB" --label in_b256_jpeg --json "$OUTD/in_b256_jpeg.json" | tee -a "$OUTD/bench.log"
+     --load-args "--workload imagenet-jpeg --cache-dir $CACHE --batch 256 --connections 8 --pool 8" \
+     --batches "$NB" --label imagenet_b256_jpeg --json "$OUTD/imagenet_b256_jpeg.json" | tee -a "$OUTD/bench.log"
 $E2E --server-args "$W3S --augment.pipeline '$AUG'" \
      --load-args "--workload w3 --batch 256 --connections 8 --pool 8" \
      --batches "$NB" --label w3_b256_raw --json "$OUTD/w3_b256_raw.json" | tee -a "$OUTD/bench.log"
 if python3 -c "import torch, torchvision; assert torch.cuda.is_available()" 2>/dev/null; then
-  PYTHONUNBUFFERED=1 python3 bench/pytorch_jpeg.py --dir "$INDIR" --batch 256 --json "$OUTD/pytorch_jpeg.json" \
+  PYTHONUNBUFFERED=1 python3 bench/pytorch_jpeg.py --dir "$IMNDIR" --batch 256 --json "$OUTD/pytorch_jpeg.json" \
     2>&1 | tee -a "$OUTD/bench.log"
 else
   log "PyTorch with CUDA not available: no side-by-side figures"

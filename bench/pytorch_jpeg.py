@@ -1,8 +1,8 @@
 """PyTorch's side of the ImageNet-like JPEG case (bench/jpeg_run.sh): ResNet-18
 trained from JPEG files the way PyTorch users build it, on the same files the
-service is fed (streamfeed-load --workload in-jpeg: 500x375, quality 90):
+service is fed (streamfeed-load --workload imagenet-jpeg: 500x375, quality 90):
 
-    python3 bench/pytorch_jpeg.py --dir build/jpeg-cache/in-jpeg-... --batch 256 --json out.json
+    python3 bench/pytorch_jpeg.py --dir build/jpeg-cache/imagenet-jpeg-... --batch 256 --json out.json
 
 torchvision.models.resnet18(num_classes=10), bf16 autocast, channels_last,
 cross-entropy, SGD lr 1e-3 momentum 0.9. Per sample, as the service's list

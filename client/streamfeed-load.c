@@ -110,7 +110,7 @@ static const workload WORKLOADS[] = {
      "W1 as JPEG files: 256x256 natural-looking images, quality 90, generated once into the cache "
      "(--cache-dir) and sent encoded",
      1},
-    {"in-jpeg", 375, 500, 375, 500, 10, 0,
+    {"imagenet-jpeg", 375, 500, 375, 500, 10, 0,
      "ImageNet-like JPEG files: 500x375 (WxH) natural-looking images, quality 90, generated once into the "
      "cache and sent encoded (for random_resized_crop to the model's input)",
      1},
@@ -139,7 +139,8 @@ typedef struct opt_spec {
 
 static const opt_spec OPTS[] = {
     {"url", 1, OPT_URL, "URL", "server base URL (default http://127.0.0.1:8080)"},
-    {"workload", 1, OPT_WORKLOAD, "W", "w1 | w2 | w3 | tiny | w1-jpeg | in-jpeg (default w1; see below)"},
+    {"workload", 1, OPT_WORKLOAD, "W",
+     "w1 | w2 | w3 | tiny | w1-jpeg | imagenet-jpeg (default w1; see below)"},
     {"batch", 1, OPT_BATCH, "N", "samples per batch, 1..65536 (default 32)"},
     {"batches", 1, OPT_BATCHES, "N", "batches to send in all (default 200)"},
     {"seconds", 1, OPT_SECONDS, "S", "send for S seconds instead of a batch count (with --diagnose: the measurement's length)"},
@@ -156,7 +157,7 @@ static const opt_spec OPTS[] = {
      "class folders in sorted order, 0 first, as torchvision's ImageFolder; files shuffled by --seed; "
      "at most 1024 batches and --pool-mb)"},
     {"cache-dir", 1, OPT_CACHE_DIR, "PATH",
-     "where w1-jpeg and in-jpeg keep their generated files (default $XDG_CACHE_HOME/streamfeed or "
+     "where w1-jpeg and imagenet-jpeg keep their generated files (default $XDG_CACHE_HOME/streamfeed or "
      "~/.cache/streamfeed)"},
     {"rate", 1, OPT_RATE, "R", "at most R new batches per second overall (default unlimited)"},
     {"pool", 1, OPT_POOL, "K", "distinct bodies generated once and cycled, 1..1024 (default 8)"},
@@ -174,7 +175,7 @@ static const opt_spec OPTS[] = {
      "method; training pauses meanwhile) and print the table; --seconds sets the measurement "
      "length (default: the server's diagnose.default_seconds). Run it while loaders are sending"},
     {"prepare", 0, OPT_PREPARE, NULL,
-     "make the pool (and w1-jpeg's or in-jpeg's cached files), print where, and exit without sending"},
+     "make the pool (and w1-jpeg's or imagenet-jpeg's cached files), print where, and exit without sending"},
     {"json", 0, OPT_JSON, NULL, "print the final summary (or --diagnose's reply) as one JSON object on stdout"},
     {"quiet", 0, OPT_QUIET, NULL, "no progress line and no start-up or per-error messages"},
     {"help", 0, OPT_HELP, NULL, "print this help"},
@@ -1009,10 +1010,11 @@ static int mkdir_p(const char *path)
     return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-/* --workload w1-jpeg / in-jpeg: --pool x --batch files of the workload's size, quality 90, 4:2:0,
- * generated once into the cache (a folder per seed, count and --learnable,
- * written beside and renamed into place when complete, so an interrupted
- * run leaves nothing half-made) and then sent like a --dir. */
+/* --workload w1-jpeg or imagenet-jpeg: --pool x --batch files of the
+ * workload's size, quality 90, 4:2:0, generated once into the cache (a folder
+ * per seed, count and --learnable, written beside and renamed into place when
+ * complete, so an interrupted run leaves nothing half-made) and then sent
+ * like a --dir. */
 static int pool_generate_jpeg(const options *o, pool *out)
 {
     const workload *wl = o->wl;
@@ -1791,7 +1793,7 @@ static void usage(FILE *f)
     }
     fprintf(f, "\nworkloads:\n");
     for (int i = 0; i < N_WORKLOADS; i++)
-        fprintf(f, "  %-7s %s\n", WORKLOADS[i].name, WORKLOADS[i].about);
+        fprintf(f, "  %-13s %s\n", WORKLOADS[i].name, WORKLOADS[i].about);
     fprintf(f, "\n503 and 429 replies are retried with the same body after Retry-After (or back-off),\n"
                "without holding up the other connections; other errors are counted per code.\n"
                "Progress (on a terminal): batches sent/accepted, MB/s and batches/s over the\n"
@@ -1850,7 +1852,8 @@ static int parse_args(int argc, char **argv, options *o)
             for (i = 0; i < N_WORKLOADS && strcmp(a, WORKLOADS[i].name) != 0; i++)
                 ;
             if (i == N_WORKLOADS)
-                return usage_error("--workload must be w1, w2, w3, tiny, w1-jpeg or in-jpeg, not '%s'", a);
+                return usage_error("--workload must be w1, w2, w3, tiny, w1-jpeg or imagenet-jpeg, not '%s'",
+                                   a);
             o->wl = &WORKLOADS[i];
             break;
         }

@@ -1792,8 +1792,10 @@ static void usage(FILE *f)
         print_wrapped(f, s->help, 29, 79);
     }
     fprintf(f, "\nworkloads:\n");
-    for (int i = 0; i < N_WORKLOADS; i++)
-        fprintf(f, "  %-13s %s\n", WORKLOADS[i].name, WORKLOADS[i].about);
+    for (int i = 0; i < N_WORKLOADS; i++) {
+        fprintf(f, "  %-13s ", WORKLOADS[i].name);
+        print_wrapped(f, WORKLOADS[i].about, 16, 79);
+    }
     fprintf(f, "\n503 and 429 replies are retried with the same body after Retry-After (or back-off),\n"
                "without holding up the other connections; other errors are counted per code.\n"
                "Progress (on a terminal): batches sent/accepted, MB/s and batches/s over the\n"

@@ -68,8 +68,11 @@ static int backend_create(sf_cuda_jpeg *j, int k)
 {
     backend_state *B = &j->be[k];
     /* Interpolated chroma upsampling: libjpeg-turbo's default, so that the
-     * two decoders differ by IDCT rounding only. */
-    nvjpegStatus_t s = nvjpegCreateEx(NV_BACKEND[k], NULL, NULL, NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION, &B->h);
+     * two decoders differ by IDCT rounding only. Strict bitstreams: a damaged
+     * file fails, as the reference decode fails on libjpeg-turbo's warnings,
+     * rather than training as a partly grey image. */
+    const unsigned flags = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION | NVJPEG_FLAGS_BITSTREAM_STRICT;
+    nvjpegStatus_t s = nvjpegCreateEx(NV_BACKEND[k], NULL, NULL, flags, &B->h);
     if (s != NVJPEG_STATUS_SUCCESS) {
         B->h = NULL;
         snprintf(B->why, sizeof B->why, "%s", status_name(s));

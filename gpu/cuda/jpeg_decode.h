@@ -26,6 +26,8 @@
  * interpolation (NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION), as libjpeg-turbo's
  * default "fancy" upsampling does; nvJPEG and libjpeg-turbo still differ by
  * IDCT rounding (tests/gpu/test_jpeg_decode.cu states and checks the bound).
+ * Bitstreams are decoded strictly (NVJPEG_FLAGS_BITSTREAM_STRICT): damaged
+ * scan data fails the batch, as it does on the reference backend.
  *
  * Memory. The staging area (3 * max_pixels bytes) is allocated by
  * sf_cuda_jpeg_new, once. nvJPEG's own pinned and device buffers are

@@ -18,7 +18,8 @@
  *
  * Also: AUTO runs a baseline batch on the hardware engines where the device
  * has them and a batch with a progressive file on gpu_hybrid; grayscale gives
- * three equal channels. Through the backends (sf_backend_i): a ragged JPEG
+ * three equal channels; damaged scan data fails the batch naming the sample.
+ * Through the backends (sf_backend_i): a ragged JPEG
  * batch's transform() on CUDA equals the reference backend's within the same
  * bound (a resize is a convex combination of decoded pixels), and one trains
  * through submit/poll with SLOT_FREE then STEP_DONE, its loss near the
@@ -326,6 +327,51 @@ int main(void)
         fail("auto ran a batch with progressive files on the hardware engines");
     else
         ok("auto runs a batch with a progressive file on %s", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
+
+    /* Damaged scan data (the file cut inside its scan, EOI appended: a valid
+     * header) fails the batch on every backend, naming the sample, as the
+     * reference decode does. */
+    for (sf_cuda_jpeg_backend be : bes) {
+        if (!sf_cuda_jpeg_has(j, be))
+            continue;
+        make_batch(jb, baseline, 9);
+        const int bad = 2;
+        const int64_t o0 = jb.off[bad], o1 = jb.off[bad + 1];
+        std::vector<uint8_t> f(jb.bytes.begin() + o0, jb.bytes.begin() + o1);
+        size_t sos = 0;
+        for (size_t k = 2; k + 1 < f.size(); k++)
+            if (f[k] == 0xFF && f[k + 1] == 0xDA) {
+                sos = k;
+                break;
+            }
+        f.resize(sos + 40);
+        f.push_back(0xFF);
+        f.push_back(0xD9);
+        std::vector<uint8_t> bytes(jb.bytes.begin(), jb.bytes.begin() + o0);
+        bytes.insert(bytes.end(), f.begin(), f.end());
+        bytes.insert(bytes.end(), jb.bytes.begin() + o1, jb.bytes.end());
+        const int64_t shift = (int64_t)f.size() - (o1 - o0);
+        for (size_t k = bad + 1; k < jb.off.size(); k++)
+            jb.off[k] += shift;
+        jb.bytes = bytes;
+        jb.b.jpeg = jb.bytes.data();
+        char rerr[200];
+        std::vector<uint8_t> ref(jb.decoded);
+        const int ref_rc = sf_ref_jpeg_decode(&jb.b, ref.data(), ref.size(), rerr, sizeof rerr);
+        sf_cuda_clear_error();
+        int rc = sf_cuda_jpeg_decode(j, &jb.b, be, s);
+        rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
+        cudaGetLastError();
+        char want[32];
+        snprintf(want, sizeof want, "sample %d", bad);
+        if (ref_rc != 0 && rc != 0 && strstr(sf_cuda_last_error(), want))
+            ok("%s: damaged scan data fails the batch naming the sample: %s", sf_cuda_jpeg_backend_name(be),
+               sf_cuda_last_error());
+        else
+            fail("%s: damaged scan data in sample %d: nvJPEG %s (%s), libjpeg-turbo %s",
+                 sf_cuda_jpeg_backend_name(be), bad, rc ? "failed" : "decoded it", sf_cuda_last_error(),
+                 ref_rc ? "failed" : "decoded it");
+    }
 
     /* A batch that does not fit the staging area is refused before any work. */
     jb.smp[0].src_off = (size_t)4 << 22;

@@ -11,8 +11,8 @@
  * Build: make bench-bins (build/bench/cached). Run:
  *   build/bench/cached [--preset resnet18] [--batch 1024] [--hw 224]
  *       [--precision bf16|tf32|fp32] [--optim sgd|adamw] [--graphs 1|0]
- *       [--steps 30] [--warmup 5] [--freeze PREFIX]
- * The layout follows the backend's rule (SF_CUDA_LAYOUT=nhwc|nchw overrides).
+ *       [--steps 30] [--warmup 5] [--freeze PREFIX] [--layout auto|nhwc|nchw]
+ * The layout follows the backend's rule unless --layout nhwc|nchw names one.
  * Prints one human line per mode and one JSON line; exits 0 with
  * "SKIPPED: no CUDA device" without a GPU.
  */
@@ -36,7 +36,7 @@ static const char *AUG_W3 =
 
 int main(int argc, char **argv)
 {
-    const char *preset = "resnet18", *prec = "bf16", *optim = "sgd", *freeze = "";
+    const char *preset = "resnet18", *prec = "bf16", *optim = "sgd", *freeze = "", *lay = "auto";
     int batch = 1024, hw = 224, graphs = 1, steps = 30, warmup = 5;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -49,6 +49,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--steps")) steps = atoi(v);
         else if (!strcmp(k, "--warmup")) warmup = atoi(v);
         else if (!strcmp(k, "--freeze")) freeze = v;
+        else if (!strcmp(k, "--layout")) lay = v;
         else {
             fprintf(stderr, "cached: unknown option %s\n", k);
             return 2;
@@ -86,6 +87,7 @@ int main(int argc, char **argv)
     cfg.overlap = 1;
     cfg.cuda_graphs = graphs;
     cfg.device = 0;
+    cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
     sf_backend *be = sf_backend_cuda_new(0, err, sizeof err);
     if (!be) {
         fprintf(stderr, "cached: %s\n", err);
@@ -147,15 +149,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "cached: bench: %s\n", err);
         return 1;
     }
-    const char *lay = getenv("SF_CUDA_LAYOUT");
     printf("%s %s batch %d %dx%d: aug+step %.1f samples/s (%.2f ms/step), step only %.1f samples/s (%.2f ms/step) "
            "[%s, layout %s]\n",
            preset, prec, batch, m.in_h, m.in_w, steps * batch / sec_as, sec_as * 1e3 / steps, steps * batch / sec_s,
-           sec_s * 1e3 / steps, prop.name, lay ? lay : "default");
+           sec_s * 1e3 / steps, prop.name, lay);
     printf("{\"bench\":\"cached\",\"device\":\"%s\",\"preset\":\"%s\",\"precision\":\"%s\",\"layout\":\"%s\","
            "\"batch\":%d,\"hw\":%d,\"graphs\":%d,\"steps\":%d,\"aug_step_samples_per_s\":%.1f,"
            "\"step_samples_per_s\":%.1f,\"aug_step_ms\":%.3f,\"step_ms\":%.3f}\n",
-           prop.name, preset, prec, lay ? lay : "default", batch, m.in_h, graphs, steps, steps * batch / sec_as,
+           prop.name, preset, prec, lay, batch, m.in_h, graphs, steps, steps * batch / sec_as,
            steps * batch / sec_s, sec_as * 1e3 / steps, sec_s * 1e3 / steps);
     be->i->host_free(be, im);
     be->i->host_free(be, lab);

@@ -1,7 +1,7 @@
 /* bench/w1_cached.cu — W1's model-only figure: the seed-classifier training
  * step on a device-cached batch (WORKLOADS.md "cached"), timed with CUDA events
  * over --iters steps after --warmup steps. The step is the backend's own
- * (gpu/cuda/pipeline.h): forward, cross-entropy, backward, SGD (lr 1e-3, no
+ * (gpu/cuda/executor.h): forward, cross-entropy, backward, SGD (lr 1e-3, no
  * momentum, as W1), replayed as a CUDA graph unless --graphs 0.
  *
  * Build (from the repository root), listing every .c of gpu/ and gpu/ref/ and
@@ -24,7 +24,7 @@ extern "C" {
 
 #include <cuda_runtime.h>
 
-#include "../gpu/cuda/pipeline.h"
+#include "../gpu/cuda/executor.h"
 
 #define CK(x)                                                                                   \
     do {                                                                                         \
@@ -44,7 +44,7 @@ extern "C" {
 
 int main(int argc, char **argv)
 {
-    int batch = 32, tf32 = 1, graphs = 1, iters = 100, warmup = 10;
+    int batch = 32, tf32 = 1, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1;
     float momentum = 0.f;
     sf_layout layout = SF_LAYOUT_NHWC;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -56,6 +56,9 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--iters")) iters = atoi(v);
         else if (!strcmp(k, "--warmup")) warmup = atoi(v);
         else if (!strcmp(k, "--momentum")) momentum = (float)atof(v);
+        else if (!strcmp(k, "--tune")) tune = atoi(v);
+        else if (!strcmp(k, "--fork")) fork = atoi(v);
+        else if (!strcmp(k, "--fuse")) fuse = atoi(v);
         else {
             fprintf(stderr, "w1_cached: unknown option %s\n", k);
             return 2;
@@ -119,21 +122,21 @@ int main(int argc, char **argv)
     nc.tf32 = tf32;
     nc.max_batch = batch;
     nc.nbuf = 1;
-    nc.tune = getenv("SF_CUDNN_TUNE") ? atoi(getenv("SF_CUDNN_TUNE")) : 8;
-    nc.fork = getenv("SF_CUDA_FORK") ? atoi(getenv("SF_CUDA_FORK")) : 1;
-    nc.fuse = getenv("SF_CUDNN_FUSE") ? atoi(getenv("SF_CUDNN_FUSE")) : 1;
+    nc.tune = tune;
+    nc.no_fork = !fork;
+    nc.no_fuse = !fuse;
     nc.seed = 1;
     sf_cuda_net *net = NULL;
     CK(sf_net_create(&net, &m, &nc, &io, dnn, blas, s) == 0);
 
     for (int i = 0; i < warmup; i++)
-        CK(sf_net_step(net, 0, batch, graphs) == 0);
+        CK(sf_net_step(net, 0, batch, graphs, 1) == 0);
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     CU(cudaEventRecord(e0, s));
     for (int i = 0; i < iters; i++)
-        CK(sf_net_step(net, 0, batch, graphs) == 0);
+        CK(sf_net_step(net, 0, batch, graphs, 1) == 0);
     CU(cudaEventRecord(e1, s));
     CU(cudaEventSynchronize(e1));
     float ms = 0.f;

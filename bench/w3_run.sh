@@ -14,7 +14,7 @@ mkdir -p "$D"
 # precision layout
 for c in "bf16 nhwc" "bf16 nchw" "tf32 nhwc" "tf32 nchw"; do
   set -- $c
-  SF_CUDA_LAYOUT=$2 timeout 180 build/bench/cached --preset resnet18 --batch "$B" --precision $1 \
+  timeout 180 build/bench/cached --preset resnet18 --batch "$B" --precision $1 --layout $2 \
     --steps ${W3_STEPS:-20} --warmup 3 > "$D/cached.tmp" 2>&1
   head -n 1 "$D/cached.tmp" | tee -a "$D/w3.log"
   grep '^{' "$D/cached.tmp" >> "$D/w3_streamfeed.jsonl"

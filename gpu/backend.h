@@ -34,6 +34,19 @@ typedef enum sf_optim { SF_OPT_SGD = 0, SF_OPT_ADAMW } sf_optim;
 
 typedef enum sf_label_dtype { SF_LABEL_U8 = 0, SF_LABEL_I32, SF_LABEL_I64 } sf_label_dtype;
 
+/* Activation layout on the device (pipeline.layout): AUTO picks the measured
+ * best for the precision and model (the CUDA backend documents its rule). */
+typedef enum sf_act_layout { SF_ACT_LAYOUT_AUTO = 0, SF_ACT_LAYOUT_NCHW, SF_ACT_LAYOUT_NHWC } sf_act_layout;
+
+/* The executor's plan switches, for tests and benchmarks that compare a plan
+ * with its plainer variant. The server leaves them zero: the measured best. */
+typedef struct sf_exec_switches {
+    int no_fork;    /* CUDA: backward-filter after backward-data on one stream */
+    int no_fuse;    /* CUDA: no cuDNN fused conv+bias+ReLU forward */
+    int keep_relu;  /* CUDA: ReLUs as separate kernels, not fused into their producers */
+    int allow_rtc;  /* CUDA: consider cuDNN engines compiled at run time */
+} sf_exec_switches;
+
 /* Training settings a backend needs at build time. lr/momentum/wd may change
  * between steps (hot config): they are passed again with every batch. */
 typedef struct sf_train_cfg {
@@ -45,6 +58,10 @@ typedef struct sf_train_cfg {
     int device;             /* CUDA device ordinal */
     sf_optim optim;         /* SGD (default) or AdamW */
     int grad_accum_steps;   /* optimizer step every k batches (gradients averaged); 0 or 1: every batch */
+    sf_act_layout layout;   /* CUDA: activation layout (pipeline.layout) */
+    int tune_configs;       /* CUDA: cuDNN engine configs timed per convolution when a plan is
+                               built (pipeline.cudnn_tune_configs); 0: the default, 8 */
+    sf_exec_switches sw;    /* tests and benchmarks only */
 } sf_train_cfg;
 
 typedef struct sf_hyper {
@@ -168,6 +185,12 @@ typedef struct sf_backend_i {
      * frozen parameters). With SGD it reads as zeros and writes are ignored. */
     int (*get_opt_sq)(sf_backend *be, float *exp_avg_sq);
     int (*set_opt_sq)(sf_backend *be, const float *exp_avg_sq);
+
+    /* ---- the plan (optional) ----------------------------------------------- */
+    /* After build: what the backend chose, as plain text lines (layout,
+     * precision, per-convolution engines and fused epilogues, device memory
+     * the model holds). 0, or -1 where there is nothing to say. */
+    int (*describe)(sf_backend *be, char *buf, size_t len);
 } sf_backend_i;
 
 struct sf_backend {

@@ -1,4 +1,6 @@
 /* handlers/model.c — GET /v1/model: layers, shapes, parameter counts. */
+#include <string.h>
+
 #include "handlers/handlers.h"
 #include "server/app.h"
 #include "server/jobs.h"
@@ -18,6 +20,22 @@ int h_model(sf_req *r)
     cJSON_AddStringToObject(o, "precision", app->cfg.model.precision);
     cJSON_AddNumberToObject(o, "step", (double)atomic_load(&((sf_app *)app)->step));
     cJSON_AddStringToObject(o, "backend", app->backend_name ? app->backend_name : "none");
+    if (app->plan) {
+        /* one string per line of the backend's description */
+        cJSON *plan = cJSON_AddArrayToObject(o, "plan");
+        for (const char *p = app->plan; *p;) {
+            const char *e = strchr(p, '\n');
+            size_t n = e ? (size_t)(e - p) : strlen(p);
+            char line[512];
+            if (n >= sizeof line)
+                n = sizeof line - 1;
+            memcpy(line, p, n);
+            line[n] = '\0';
+            if (n)
+                cJSON_AddItemToArray(plan, cJSON_CreateString(line));
+            p += e ? (size_t)(e - p) + 1 : strlen(p);
+        }
+    }
     cJSON *layers = cJSON_AddArrayToObject(o, "layers");
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *l = &m->layers[i];

@@ -50,6 +50,9 @@ typedef struct sf_app {
     atomic_int backend_ok;      /* last health check passed */
     uint64_t t_start_ns;
     const char *backend_name;
+    char *plan;                 /* the backend's description of its plan (layout, engines, fused
+                                 * ops, memory), one line per item; set once at start-up, NULL
+                                 * where the backend has none */
     struct sf_telemetry *telemetry; /* the sampler thread (server/telemetry.c); NULL until started */
     struct sf_ckpt *ckpt;       /* checkpoints (server/checkpoint.c); NULL without a backend */
     _Atomic uint64_t step;      /* optimizer steps taken, as the backend counts them: set by

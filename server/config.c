@@ -68,6 +68,16 @@ const sf_cfg_option sf_config_table[] = {
      "Run augmentation on a transform stream overlapped with the step (CUDA)."},
     {"pipeline.cuda_graphs", SF_CT_BOOL, F(pipeline.cuda_graphs), "true", 0, 0, NULL, 0, NULL,
      "Capture the training step as a CUDA graph and replay it (CUDA)."},
+    {"pipeline.layout", SF_CT_ENUM, F(pipeline.layout), "auto", 0, 0, "auto|nchw|nhwc", 0, NULL,
+     "Activation layout on the GPU (CUDA). auto: NHWC for tf32 and bf16, NCHW for fp32 and for "
+     "tf32 models with transposed convolutions (the faster measured on an H100/H200); a model that "
+     "flattens a tensor with spatial extent runs NCHW whatever this says. GET /v1/model shows the "
+     "layout chosen."},
+    {"pipeline.cudnn_tune_configs", SF_CT_INT, F(pipeline.cudnn_tune_configs), "8", 1, 64, NULL, 0,
+     NULL,
+     "cuDNN engine configurations timed per convolution when its plan is built (CUDA); the "
+     "fastest is kept. 1 takes cuDNN's heuristic pick without timing (faster start-up, slower "
+     "steps); larger values search longer at start-up and for each new batch size."},
     {"pipeline.jobs_max", SF_CT_INT, F(pipeline.jobs_max), "4096", 64, 1048576, NULL, 0,
      check_slots, "Batch results kept for GET /v1/batches/{id}; the oldest are evicted."},
     {"pipeline.wait_timeout_ms", SF_CT_INT, F(pipeline.wait_timeout_ms), "60000", 0, 3600000, NULL,

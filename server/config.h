@@ -51,6 +51,8 @@ typedef struct sf_config {
         int device;
         int overlap;
         int cuda_graphs;
+        char layout[8];         /* auto | nchw | nhwc */
+        int cudnn_tune_configs;
         int jobs_max;
         int wait_timeout_ms;
     } pipeline;

@@ -103,7 +103,22 @@ static int build_model(sf_app *app, char *err, size_t errlen)
     tc.device = c->pipeline.device;
     tc.optim = strcmp(c->optim.name, "adamw") == 0 ? SF_OPT_ADAMW : SF_OPT_SGD;
     tc.grad_accum_steps = c->model.grad_accum_steps;
-    return app->backend->i->build(app->backend, &app->model, &tc, err, errlen);
+    tc.layout = !strcmp(c->pipeline.layout, "nchw")   ? SF_ACT_LAYOUT_NCHW
+                : !strcmp(c->pipeline.layout, "nhwc") ? SF_ACT_LAYOUT_NHWC
+                                                      : SF_ACT_LAYOUT_AUTO;
+    tc.tune_configs = c->pipeline.cudnn_tune_configs;
+    if (app->backend->i->build(app->backend, &app->model, &tc, err, errlen))
+        return -1;
+    /* The plan the backend chose, for GET /v1/model: fixed from here on. */
+    if (app->backend->i->describe) {
+        size_t cap = 1 << 16;
+        char *d = malloc(cap);
+        if (d && app->backend->i->describe(app->backend, d, cap) == 0)
+            app->plan = d;
+        else
+            free(d);
+    }
+    return 0;
 }
 
 /* Waits until queued batches finished and requests ended, or the grace period. */
@@ -234,6 +249,7 @@ int main(int argc, char **argv)
     sf_jobs_destroy(app.jobs);
     if (app.backend)
         app.backend->i->destroy(app.backend);
+    free(app.plan);
     sf_metrics_reset();
     SF_INFO("stopped");
     return 0;

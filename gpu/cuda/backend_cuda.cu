@@ -1,5 +1,5 @@
 /* gpu/cuda/backend_cuda.cu — the CUDA backend: sf_backend_i over the streams,
- * events and batch buffers of DESIGN.md §1, with the step from pipeline.h.
+ * events and batch buffers of docs/DESIGN.md, with the step from executor.h.
  *
  * Per batch, in buffer b (b = submission count mod nbuf):
  *   submit (host):    copy hyper-parameters, labels and the sf_aug_sample array
@@ -20,14 +20,10 @@
  * auxiliary stream at a known host time (renewed every few seconds, since
  * cudaEventElapsedTime is a float of milliseconds).
  *
- * Tuning knobs (environment, read at build; defaults are the measured best):
- *   SF_CUDA_LAYOUT=nhwc|nchw  activation layout (default: nhwc for tf32 and bf16, nchw for fp32)
- *   SF_CUDA_DESCRIBE=1        print the chosen convolution plans on stderr after a build
- *   SF_CUDA_FUSE_RELU=0       keep ReLUs as separate kernels on the layer-graph path
- *   SF_CUDNN_TUNE=N           cuDNN engine configs timed per convolution (8; 1 = heuristics' pick)
- *   SF_CUDNN_FUSE=0|1         allow cuDNN's fused conv+bias+ReLU forward (1)
- *   SF_CUDA_FORK=0|1          backward-filter beside backward-data on a side stream (1)
- *   SF_CUDNN_RTC=0|1          allow runtime-compiled cuDNN engines (0)
+ * Build options come from sf_train_cfg only: the activation layout
+ * (pipeline.layout, AUTO = the rule in cu_build), the cuDNN tuning budget
+ * (pipeline.cudnn_tune_configs) and the executor's switches (tests and
+ * benchmarks). describe() reports the plan chosen (GET /v1/model).
  *
  * Checkpoints: get/set_opt_state move the momentum buffer (model layout; the
  * KRSC copies exist for weights only and set_params refreshes them) and the
@@ -67,7 +63,7 @@ extern "C" {
 
 #include "augment.h"
 #include "nvml.h"
-#include "pipeline.h"
+#include "executor.h"
 
 #define CUDA_NBUF 3       /* device batch buffers = max_inflight */
 #define RING_CAP (4 * CUDA_NBUF)
@@ -418,12 +414,6 @@ static void cu_host_free(sf_backend *be, void *p)
         cudaFreeHost(p);
 }
 
-static int env_int(const char *name, int def)
-{
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : def;
-}
-
 /* The model has a transposed convolution (picks the tf32 layout). */
 static int has_convt(const sf_model *m)
 {
@@ -486,11 +476,10 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
      * NHWC too (H200, ResNet-18 batch 1024: bf16 NHWC 21.2k samples/s; tf32
      * NHWC 9.1k vs NCHW 3.6k). Transposed convolutions (seed-encdec, tf32,
      * batch 8) run faster NCHW: 0.82 ms vs 0.97 ms per step; in bf16 NHWC
-     * wins there too (0.55 ms). SF_CUDA_LAYOUT=nchw|nhwc overrides. */
-    const char *lay = getenv("SF_CUDA_LAYOUT");
-    if (lay && strcmp(lay, "nchw") == 0)
+     * wins there too (0.55 ms). pipeline.layout overrides. */
+    if (cfg->layout == SF_ACT_LAYOUT_NCHW)
         c->layout = SF_LAYOUT_NCHW;
-    else if (lay && strcmp(lay, "nhwc") == 0)
+    else if (cfg->layout == SF_ACT_LAYOUT_NHWC)
         c->layout = SF_LAYOUT_NHWC;
     else
         c->layout = cfg->precision != SF_PREC_FP32 && !(cfg->precision == SF_PREC_TF32 && has_convt(&c->m))
@@ -519,9 +508,11 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.tf32 = cfg->precision == SF_PREC_TF32;
     nc.max_batch = cfg->max_batch;
     nc.nbuf = c->nbuf;
-    nc.tune = env_int("SF_CUDNN_TUNE", 8);
-    nc.fork = env_int("SF_CUDA_FORK", 1);
-    nc.fuse = env_int("SF_CUDNN_FUSE", 1);
+    nc.tune = cfg->tune_configs > 0 ? cfg->tune_configs : 8;
+    nc.no_fork = cfg->sw.no_fork;
+    nc.no_fuse = cfg->sw.no_fuse;
+    nc.keep_relu = cfg->sw.keep_relu;
+    nc.allow_rtc = cfg->sw.allow_rtc;
     nc.seed = cfg->seed;
     nc.adamw = cfg->optim == SF_OPT_ADAMW;
     nc.accum = c->accum_k;
@@ -532,15 +523,6 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         return -1;
     }
     c->layout = sf_net_layout(c->net); /* a flatten of a spatial tensor forces NCHW */
-    if (env_int("SF_CUDA_DESCRIBE", 0)) {
-        /* debugging aid: the chosen convolution engines, on stderr */
-        char *d = (char *)malloc(1 << 16);
-        if (d) {
-            sf_net_describe(c->net, cfg->max_batch, d, 1 << 16);
-            fputs(d, stderr);
-            free(d);
-        }
-    }
     if (anchor_init(c)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
@@ -751,7 +733,7 @@ static int enqueue_step(cuda_ctx *c, int b, int n)
     SF_CUDA_CHECK(cudaStreamWaitEvent(cs, B->ready, 0));
     SF_CUDA_CHECK(cudaEventRecord(B->step0, cs));
     nvtx_push("streamfeed step", (uint64_t)b);
-    int rs = sf_net_step_ex(c->net, b, n, c->cfg.cuda_graphs, B->do_opt);
+    int rs = sf_net_step(c->net, b, n, c->cfg.cuda_graphs, B->do_opt);
     nvtxRangePop();
     if (rs)
         return -1;
@@ -1052,7 +1034,7 @@ static int bench_run(cuda_ctx *c, const sf_batch *bt, sf_bench_mode mode, int wa
                 SF_CUDA_CHECK(cudaStreamSynchronize(cs));
                 t0 = now_ns();
             }
-            if (sf_net_step(c->net, 0, n, c->cfg.cuda_graphs))
+            if (sf_net_step(c->net, 0, n, c->cfg.cuda_graphs, 1))
                 return -1;
         }
         SF_CUDA_CHECK(cudaStreamSynchronize(cs));
@@ -1220,11 +1202,26 @@ static void cu_destroy(sf_backend *be)
     free(be);
 }
 
+/* The plan of the built model: the net's description at max_batch, then the
+ * device memory the backend holds beside it (batch buffers, staging). */
+static int cu_describe(sf_backend *be, char *buf, size_t len)
+{
+    cuda_ctx *c = ctx_of(be);
+    if (!c->built || len == 0)
+        return -1;
+    sf_net_describe(c->net, c->cfg.max_batch, buf, len);
+    size_t at = strlen(buf);
+    size_t fr = 0, tot = 0;
+    if (at < len && cudaMemGetInfo(&fr, &tot) == cudaSuccess)
+        snprintf(buf + at, len - at, "device: %zu B of %zu B in use by all processes\n", tot - fr, tot);
+    return 0;
+}
+
 static const sf_backend_i cuda_vtable = {
     cu_name, cu_host_alloc, cu_host_free, cu_build, cu_max_inflight, cu_submit, cu_poll,
     cu_transform, cu_get_params, cu_set_params, cu_health, cu_destroy,
     cu_get_opt_state, cu_set_opt_state, cu_bench, cu_device_stats,
-    cu_get_buffers, cu_set_buffers, cu_get_opt_sq, cu_set_opt_sq,
+    cu_get_buffers, cu_set_buffers, cu_get_opt_sq, cu_set_opt_sq, cu_describe,
 };
 
 __global__ void k_probe(int *p)

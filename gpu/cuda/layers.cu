@@ -831,8 +831,7 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         sf_conv_plan_destroy(out);
         return -1;
     }
-    const char *rtc_env = getenv("SF_CUDNN_RTC");
-    const int allow_rtc = rtc_env && rtc_env[0] == '1';
+    const int allow_rtc = d->allow_rtc;
     if (max_candidates < 1)
         max_candidates = 1;
 

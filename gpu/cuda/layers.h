@@ -73,6 +73,9 @@ typedef struct sf_conv_desc {
      * at run time, see below), sf_conv_plan_build returns -1 with the error set,
      * and the caller falls back to the plain plan plus its own epilogue. */
     int fuse_bias, fuse_relu, align_b;
+    int allow_rtc;           /* consider engines that compile at run time (off by default:
+                                one picked a fused bf16 engine that gave wrong results for
+                                a 2-byte-aligned x; the engine filter does not catch it) */
 } sf_conv_desc;
 
 /* "bf16", "tf32" or "fp32": the data type and math of a convolution, for

@@ -2844,6 +2844,7 @@ static int convt_conv_desc(const sf_convt_desc *d, sf_conv_desc *cd)
     cd->align_x = d->align_y;
     cd->align_w = d->align_w;
     cd->align_y = d->align_x;
+    cd->allow_rtc = d->allow_rtc;
     return 0;
 }
 

@@ -47,6 +47,7 @@ typedef struct sf_convt_desc {
     sf_dtype dt;             /* x, w, y element type (layers.h) */
     int align_x, align_w, align_y; /* byte alignment (1..16) of the pointers bound
                                       to x (input or its grad), w, y (output or its grad) */
+    int allow_rtc;           /* as sf_conv_desc.allow_rtc */
 } sf_convt_desc;
 
 /* Pointers by role, the same in every direction (compare sf_conv_ptrs):

@@ -173,4 +173,20 @@ template <typename T> static std::vector<T> to_nchw(const std::vector<T> &y, int
     return x;
 }
 
+#ifdef SF_GPU_BACKEND_H
+/* The backend's build options a test varies between cases: the activation
+ * layout and the cuDNN tuning budget (what pipeline.layout and
+ * pipeline.cudnn_tune_configs set in the server). test_build applies them to
+ * every build, so a case sets them before it builds and puts them back after. */
+static sf_act_layout g_layout = SF_ACT_LAYOUT_AUTO;
+static int g_tune_configs = 0;
+static int test_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
+{
+    sf_train_cfg c = *cfg;
+    c.layout = g_layout;
+    c.tune_configs = g_tune_configs;
+    return be->i->build(be, m, &c, err, errlen);
+}
+#endif
+
 #endif

@@ -46,7 +46,7 @@ extern "C" {
 #include <cuda_runtime.h>
 
 #include "../../gpu/cuda/nvml.h"
-#include "../../gpu/cuda/pipeline.h"
+#include "../../gpu/cuda/executor.h"
 
 
 /* ---- models and batches ----------------------------------------------------- */
@@ -245,7 +245,7 @@ struct train_out {
 static void train(sf_backend *be, const sf_model &m, const sf_train_cfg &cfg, batch_set &bs, int steps, train_out &to)
 {
     char err[300];
-    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+    if (test_build(be, &m, &cfg, err, sizeof err)) {
         fail("%s build: %s", be->i->name(be), err);
         return;
     }
@@ -395,11 +395,9 @@ static void perf_device_cached(const sf_model &m, sf_layout lay, int tf32, int n
     nc.tf32 = tf32;
     nc.max_batch = n;
     nc.nbuf = 1;
-    const char *tv = getenv("SF_CUDNN_TUNE");
-    nc.tune = tv ? atoi(tv) : 8;
+    nc.tune = 8;
     nc.seed = 1;
-    nc.fork = fork;
-    nc.fuse = getenv("SF_CUDNN_FUSE") ? atoi(getenv("SF_CUDNN_FUSE")) : 1;
+    nc.no_fork = !fork;
     const char *ln = lay == SF_LAYOUT_NHWC ? "nhwc" : "nchw", *pn = tf32 ? "tf32" : "fp32";
     sf_cuda_net *net = NULL;
     uint64_t t0 = now_ns();
@@ -413,14 +411,14 @@ static void perf_device_cached(const sf_model &m, sf_layout lay, int tf32, int n
         for (int graph = 1; graph >= (both_graph_modes ? 0 : 1); graph--) {
             int rc = 0;
             for (int i = 0; i < 10 && !rc; i++)
-                rc = sf_net_step(net, 0, n, graph);
+                rc = sf_net_step(net, 0, n, graph, 1);
             cudaEvent_t e0, e1;
             cudaEventCreate(&e0);
             cudaEventCreate(&e1);
             const int iters = 100;
             cudaEventRecord(e0, s);
             for (int i = 0; i < iters && !rc; i++)
-                rc = sf_net_step(net, 0, n, graph);
+                rc = sf_net_step(net, 0, n, graph, 1);
             cudaEventRecord(e1, s);
             cudaError_t ce = cudaEventSynchronize(e1);
             float ms = 0;
@@ -460,7 +458,7 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
 {
     char err[300];
     sf_train_cfg cfg = make_cfg(prec, bs.n, overlap, graphs);
-    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+    if (test_build(be, &m, &cfg, err, sizeof err)) {
         fail("perf vtable build: %s", err);
         return;
     }
@@ -558,7 +556,7 @@ static void checkpoint_continuation(sf_backend *be, const sf_model &m, sf_precis
     char err[300];
     const char *pn = prec == SF_PREC_TF32 ? "tf32" : "fp32";
     sf_train_cfg cfg = make_cfg(prec, bs.n, 1, 1);
-    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+    if (test_build(be, &m, &cfg, err, sizeof err)) {
         fail("continuation %s build: %s", pn, err);
         return;
     }
@@ -586,7 +584,7 @@ static void checkpoint_continuation(sf_backend *be, const sf_model &m, sf_precis
         if (rebuilt) {
             sf_train_cfg c2 = cfg;
             c2.seed = 777; /* other initial parameters: all must come from the snapshot */
-            if (be->i->build(be, &m, &c2, err, sizeof err)) {
+            if (test_build(be, &m, &c2, err, sizeof err)) {
                 fail("continuation %s rebuild: %s", pn, err);
                 return;
             }
@@ -668,7 +666,7 @@ static void bench_reduced(sf_backend *be, const sf_model &m, batch_set &bs)
 {
     char err[300];
     sf_train_cfg cfg = make_cfg(SF_PREC_TF32, bs.n, 1, 1);
-    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+    if (test_build(be, &m, &cfg, err, sizeof err)) {
         fail("bench reduced-W1 build: %s", err);
         return;
     }
@@ -772,7 +770,7 @@ static void diagnose_w1(sf_backend *be, const sf_model &w1, batch_set &b4, sf_pr
 {
     char err[300];
     sf_train_cfg cfg = make_cfg(prec, b4.n, 1, 1);
-    if (be->i->build(be, &w1, &cfg, err, sizeof err)) {
+    if (test_build(be, &w1, &cfg, err, sizeof err)) {
         fail("diagnose build: %s", err);
         return;
     }
@@ -813,14 +811,11 @@ int main(int argc, char **argv)
     }
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     if (argc > 1 && strcmp(argv[1], "--perf-only") == 0) {
-        /* One configuration (env: SF_CUDNN_TUNE, SF_CUDNN_RTC...), for comparing engine choices. */
+        /* The W1 step alone, for comparing engine choices. */
         sf_model w1;
         char e[200];
         if (sf_model_from_preset("seed-classifier", &w1, e, sizeof e))
             return 1;
-        printf("perf-only: SF_CUDNN_TUNE=%s SF_CUDNN_RTC=%s SF_CUDNN_FUSE=%s\n",
-               getenv("SF_CUDNN_TUNE") ? getenv("SF_CUDNN_TUNE") : "-", getenv("SF_CUDNN_RTC") ? getenv("SF_CUDNN_RTC") : "-",
-               getenv("SF_CUDNN_FUSE") ? getenv("SF_CUDNN_FUSE") : "-");
         perf_device_cached(w1, SF_LAYOUT_NHWC, 1, 32, 1, 0.f, 0, 1);
         return g_fail ? 1 : 0;
     }
@@ -849,8 +844,9 @@ int main(int argc, char **argv)
     train_out tr_ref;
     train(ref, rw1, make_cfg(SF_PREC_FP32, 8, 1, 1), bs, 3, tr_ref);
     const char *layouts[2] = {"nhwc", "nchw"};
+    const sf_act_layout layout_of[2] = {SF_ACT_LAYOUT_NHWC, SF_ACT_LAYOUT_NCHW};
     for (int li = 0; li < 2; li++) {
-        setenv("SF_CUDA_LAYOUT", layouts[li], 1);
+        g_layout = layout_of[li];
         for (int prec = 0; prec < 2; prec++) {
             train_out tc;
             train(cu, rw1, make_cfg(prec ? SF_PREC_TF32 : SF_PREC_FP32, 8, 1, 1), bs, 3, tc);
@@ -859,11 +855,11 @@ int main(int argc, char **argv)
             compare(name, tc, tr_ref, 3, prec ? 1e-3 : 1e-5, prec ? 2e-2 : 1e-4);
         }
     }
-    setenv("SF_CUDA_LAYOUT", "nhwc", 1);
+    g_layout = SF_ACT_LAYOUT_NHWC;
 
     /* 2. overlap and graphs on/off: the same parameters (one engine choice for all) */
     {
-        setenv("SF_CUDNN_TUNE", "1", 1);
+        g_tune_configs = 1;
         train_out base;
         train(cu, rw1, make_cfg(SF_PREC_FP32, 8, 1, 1), bs, 3, base);
         for (int v = 1; v < 4; v++) {
@@ -883,7 +879,7 @@ int main(int argc, char **argv)
                 fail("overlap=%d graphs=%d differs from overlap=1 graphs=1: rel %.3e%s%s", overlap, graphs, d,
                      t.ro.events_ok ? "" : "; events: ", t.ro.why);
         }
-        unsetenv("SF_CUDNN_TUNE");
+        g_tune_configs = 0;
     }
 
     /* 3. tiny preset (NHWC flatten transpose) and a mixed chain */
@@ -902,7 +898,7 @@ int main(int argc, char **argv)
             train_out r2;
             train(ref, *ms[k], make_cfg(SF_PREC_FP32, 6, 1, 1), b2, 3, r2);
             for (int li = 0; li < 2; li++) {
-                setenv("SF_CUDA_LAYOUT", layouts[li], 1);
+                g_layout = layout_of[li];
                 train_out c2;
                 train(cu, *ms[k], make_cfg(SF_PREC_FP32, 6, 1, 1), b2, 3, c2);
                 char name[100];
@@ -911,14 +907,14 @@ int main(int argc, char **argv)
             }
             free_batches(cu, b2);
         }
-        setenv("SF_CUDA_LAYOUT", "nhwc", 1);
+        g_layout = SF_ACT_LAYOUT_NHWC;
     }
 
     /* 4. errors: a bad label fails its batch, the backend stays healthy */
     {
         char e2[200];
         sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
-        if (cu->i->build(cu, &rw1, &cfg, e2, sizeof e2) == 0) {
+        if (test_build(cu, &rw1, &cfg, e2, sizeof e2) == 0) {
             sf_batch b = bs.b[0];
             int64_t bad[8];
             memcpy(bad, bs.labels[0], sizeof bad);
@@ -1023,13 +1019,13 @@ int main(int argc, char **argv)
         batch_set bc;
         if (make_batches(cu, bc, AUG_SCALE, 7, 8, 64, 64, 3, 10, 61))
             return 1;
-        setenv("SF_CUDA_LAYOUT", "nhwc", 1); /* KRSC weight copies in play */
+        g_layout = SF_ACT_LAYOUT_NHWC; /* KRSC weight copies in play */
         /* One engine choice per build (timed choices may differ between the
          * original and the rebuilt backend, which is rounding, not state). */
-        setenv("SF_CUDNN_TUNE", "1", 1);
+        g_tune_configs = 1;
         checkpoint_continuation(cu, rw1, SF_PREC_FP32, bc, 3, 4);
         checkpoint_continuation(cu, rw1, SF_PREC_TF32, bc, 3, 4);
-        unsetenv("SF_CUDNN_TUNE");
+        g_tune_configs = 0;
         bench_reduced(cu, rw1, bc);
         free_batches(cu, bc);
     }
@@ -1082,7 +1078,7 @@ int main(int argc, char **argv)
                 b.hyper.momentum = 0.f;
                 b.hyper.weight_decay = 0.f;
             }
-            unsetenv("SF_CUDA_LAYOUT"); /* the backend's default per precision */
+            g_layout = SF_ACT_LAYOUT_AUTO; /* the backend's default per precision */
             for (int v = 0; v < 4; v++)
                 perf_vtable(cu, w1, b4, SF_PREC_TF32, !(v & 1), !(v & 2));
             perf_vtable(cu, w1, b4, SF_PREC_FP32, 1, 1);

@@ -197,7 +197,7 @@ struct train_out {
 static void train(sf_backend *be, const sf_model &m, const sf_train_cfg &cfg, batch_set &bs, int steps, train_out &to)
 {
     char err[300];
-    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+    if (test_build(be, &m, &cfg, err, sizeof err)) {
         fail("%s build: %s", be->i->name(be), err);
         return;
     }
@@ -367,7 +367,7 @@ static void compare_stepwise(const char *name, sf_backend *cu, sf_backend *ref, 
                              const sf_train_cfg &cfg, batch_set &bs, int steps, double tol_delta, int check_sq)
 {
     char err[300];
-    if (cu->i->build(cu, &m, &cfg, err, sizeof err) || ref->i->build(ref, &m, &cfg, err, sizeof err)) {
+    if (test_build(cu, &m, &cfg, err, sizeof err) || test_build(ref, &m, &cfg, err, sizeof err)) {
         fail("%s stepwise build: %s", name, err);
         return;
     }
@@ -449,7 +449,7 @@ static void diag_states(sf_backend *be, const sf_model &m, const sf_train_cfg &c
     char err[300];
     st.assign(4, state());
     std::vector<ev_rec> ev;
-    if (be->i->build(be, &m, &cfg, err, sizeof err)) {
+    if (test_build(be, &m, &cfg, err, sizeof err)) {
         fail("diag build: %s", err);
         return;
     }
@@ -482,12 +482,12 @@ static void diag_print(const char *tag, const sf_model &m, const std::vector<sta
     fflush(stdout);
 }
 
-static void run_diag(sf_backend *cu, sf_backend *ref)
+static void run_diag(sf_backend *cu, sf_backend *ref, int lr_momentum_variants)
 {
     sf_model m;
     if (resnet(m, 64))
         return;
-    if (getenv("SF_DIAG2")) {
+    if (lr_momentum_variants) {
         for (int v = 0; v < 3; v++) {
             batch_set bs;
             if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 31, 0.005f))
@@ -549,8 +549,8 @@ int main(int argc, char **argv)
         printf("FAIL backends: %s\n", err);
         return 1;
     }
-    if (argc > 1 && strcmp(argv[1], "--diag") == 0) {
-        run_diag(cu, ref);
+    if (argc > 1 && (strcmp(argv[1], "--diag") == 0 || strcmp(argv[1], "--diag2") == 0)) {
+        run_diag(cu, ref, strcmp(argv[1], "--diag2") == 0);
         printf("%d ok, %d failed\n", g_ok, g_fail);
         return 0;
     }
@@ -585,11 +585,11 @@ int main(int argc, char **argv)
                 if (make_batches(cu, bs, 3, 4, 64, 64, 10, 64 * 64, SF_LABEL_U8, 17 + v, 0.05f))
                     break;
                 if (v == 0)
-                    setenv("SF_CUDA_LAYOUT", "nhwc", 1);
+                    g_layout = SF_ACT_LAYOUT_NHWC;
                 sf_train_cfg cfg = make_cfg(v ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
                 train_out tc, tr;
                 train(cu, m, cfg, bs, 3, tc);
-                unsetenv("SF_CUDA_LAYOUT");
+                g_layout = SF_ACT_LAYOUT_AUTO;
                 train(ref, m, cfg, bs, 3, tr);
                 compare(v ? "encdec64 bf16 nhwc" : "encdec64 fp32 nhwc", m, tc, tr, 3, v ? 2e-2 : 1e-5,
                         v ? 1e-1 : 1e-4, 0, 0);
@@ -661,10 +661,10 @@ int main(int argc, char **argv)
                     break;
                 sf_train_cfg cfg = make_cfg(v ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
                 if (v == 0)
-                    setenv("SF_CUDA_LAYOUT", "nhwc", 1);
+                    g_layout = SF_ACT_LAYOUT_NHWC;
                 compare_stepwise(v ? "resnet18-64 bf16 nhwc sgd" : "resnet18-64 fp32 nhwc sgd", cu, ref, m, cfg, bs, 3,
                                  v ? 0.6 : 2e-2, 0);
-                unsetenv("SF_CUDA_LAYOUT");
+                g_layout = SF_ACT_LAYOUT_AUTO;
                 free_batches(cu, bs);
             }
             /* everything before the flatten frozen (eval-mode batchnorm on the
@@ -716,7 +716,7 @@ int main(int argc, char **argv)
         if (make_batches(cu, bs, N, 8, 256, 256, 10, 256 * 256, SF_LABEL_U8, 77, 1e-3f) == 0) {
             for (int ov = 1; ov >= 0; ov--) {
                 sf_train_cfg cfg = make_cfg(SF_PREC_TF32, 8, ov, 1);
-                if (cu->i->build(cu, &w2, &cfg, err, sizeof err)) {
+                if (test_build(cu, &w2, &cfg, err, sizeof err)) {
                     fail("seed-encdec build: %s", err);
                     break;
                 }
@@ -748,7 +748,7 @@ int main(int argc, char **argv)
                 break;
             for (int ov = 1; ov >= 0; ov--) {
                 sf_train_cfg cfg = make_cfg(SF_PREC_TF32, n, ov, 1);
-                if (cu->i->build(cu, &w2, &cfg, err, sizeof err)) {
+                if (test_build(cu, &w2, &cfg, err, sizeof err)) {
                     printf("perf seed-encdec batch %d: build failed: %s\n", n, err);
                     continue;
                 }
@@ -776,12 +776,12 @@ int main(int argc, char **argv)
                 for (int prec = 0; prec < 2; prec++) {
                     const int n = rb[k];
                     /* k == 0: tf32, bf16 in NHWC; k == 1: the same in NCHW */
-                    setenv("SF_CUDA_LAYOUT", k ? "nchw" : "nhwc", 1);
+                    g_layout = k ? SF_ACT_LAYOUT_NCHW : SF_ACT_LAYOUT_NHWC;
                     batch_set bs;
                     if (make_batches(cu, bs, 1, n, 224, 224, 10, 1, SF_LABEL_I64, 5, 1e-3f))
                         break;
                     sf_train_cfg cfg = make_cfg(prec ? SF_PREC_BF16 : SF_PREC_TF32, n, 1, 1);
-                    if (cu->i->build(cu, &r18, &cfg, err, sizeof err)) {
+                    if (test_build(cu, &r18, &cfg, err, sizeof err)) {
                         printf("perf resnet18 batch %d %s: build failed: %s\n", n, prec ? "bf16" : "tf32", err);
                         free_batches(cu, bs);
                         continue;
@@ -794,7 +794,7 @@ int main(int argc, char **argv)
                         printf("perf resnet18 %s batch %d %s: %.0f samples/s (device-cached, graphs)\n",
                                prec ? "bf16" : "tf32", n, k ? "NCHW" : "NHWC", steps * n / sec);
                     free_batches(cu, bs);
-                    unsetenv("SF_CUDA_LAYOUT");
+                    g_layout = SF_ACT_LAYOUT_AUTO;
                 }
         }
     }

@@ -1,0 +1,152 @@
+/* gpu/cuda/executor.h — the network executor: one training step of any model
+ * on the device (forward, loss, backward, optimizer), its parameters, optimizer
+ * state, activations, cuDNN plans per batch size, and the step enqueued eagerly
+ * or replayed as a CUDA graph. How it runs a model is described at the top of
+ * executor.cu.
+ *
+ * The streams, events and batch buffers around it (docs/DESIGN.md) live in
+ * backend_cuda.cu; this module only enqueues the step of one buffer on one
+ * stream (and a frozen prefix's forward on the transform stream). The ops come
+ * from layers.h and layers_w23.h.
+ *
+ * Ownership: the net owns parameters, gradients, optimizer state, activations,
+ * the cuDNN workspaces and its plans and graphs. The per-buffer inputs
+ * (sf_net_io: augmented images, int32 labels, hyper-parameters, loss output)
+ * belong to the caller, which fills them on its own streams and orders them
+ * before the step with events; the net reads buffer b's input in place for as
+ * long as b's step runs.
+ *
+ * Memory: every device buffer is allocated by sf_net_create for cfg->max_batch;
+ * a step allocates nothing. A batch size seen for the first time gets its
+ * plans built (and timed) by sf_net_prepare, synchronously, once.
+ *
+ * Threads: one thread at a time (the engine thread). Errors: -1 with
+ * sf_cuda_last_error() set.
+ */
+#ifndef SF_GPU_CUDA_EXECUTOR_H
+#define SF_GPU_CUDA_EXECUTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "layers.h"
+#include "layers_w23.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "../model.h"
+
+#define SF_NET_MAX_BUF 4     /* batch buffers a net can be bound to */
+#define SF_NET_MAX_SHAPES 16 /* distinct batch sizes with built plans */
+
+/* One batch buffer's device inputs and outputs. */
+typedef struct sf_net_io {
+    void *x;                   /* [max_batch, in_c*in_h*in_w] augmented input, net layout and
+                                  element type (sf_net_dtype) */
+    const int32_t *labels;     /* [max_batch] (segmentation: [max_batch, out_h*out_w]) */
+    const sf_sgd_hyper *hyper; /* lr, momentum, weight decay of this batch */
+    sf_xent_out *result;       /* device: loss, correct, bad labels */
+    sf_xent_out *h_result;     /* pinned host: the step ends by copying result here */
+    const sf_adamw_hyper *adamw; /* AdamW hyper-parameters of this batch (step t filled by
+                                    the caller); NULL with SGD */
+} sf_net_io;
+
+/* The plan options: what the net is built for, and how. The fields after
+ * `dt` are the executor's own switches; zero is the measured best, and only
+ * tests and benchmarks set them (to compare a fused or forked plan with the
+ * plain one). */
+typedef struct sf_net_cfg {
+    sf_layout layout;    /* activations; NHWC keeps KRSC copies of k>1 conv weights. A model
+                            that flattens a tensor with spatial extent runs NCHW whatever
+                            this says (PyTorch's flatten order): sf_net_layout tells */
+    int tf32;            /* TF32 tensor cores in convolutions and GEMMs */
+    int max_batch;
+    int nbuf;            /* sf_net_io entries, <= SF_NET_MAX_BUF */
+    int tune;            /* engine configs timed per convolution (1: heuristics' pick) */
+    uint64_t seed;       /* parameter initialisation (sf_model_init_params) */
+    int adamw;           /* optimizer: 0 SGD, 1 AdamW */
+    int accum;           /* gradient accumulation steps (> 1: the optimizer runs every accum-th) */
+    sf_dtype dt;         /* activations: fp32, or bf16 */
+    int no_fork;         /* 1: each conv's backward-filter runs after its backward-data on
+                            the compute stream instead of beside it on a side stream */
+    int no_fuse;         /* 1: never use cuDNN's fused conv+bias(+ReLU) forward (else kept per
+                            layer where it times faster than conv + epilogue; needs tune > 1) */
+    int keep_relu;       /* 1: ReLUs stay separate kernels instead of being fused into
+                            their producers */
+    int allow_rtc;       /* 1: consider cuDNN engines that compile at run time (sf_conv_desc) */
+} sf_net_cfg;
+
+typedef struct sf_cuda_net sf_cuda_net;
+
+/* Builds everything for m and cfg, initialises the parameters, and builds (and
+ * times) the plans for max_batch on stream s, synchronously. handles must be
+ * bound to s (cudnnSetStream, cublasSetStream) with a cuBLAS workspace set. */
+int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_cfg *cfg, const sf_net_io *io,
+                  cudnnHandle_t dnn, cublasHandle_t blas, cudaStream_t s);
+void sf_net_destroy(sf_cuda_net *net);
+
+/* Layout and element type of the input the net reads (the augmentation writes it). */
+sf_layout sf_net_layout(const sf_cuda_net *net);
+sf_dtype sf_net_dtype(const sf_cuda_net *net);
+
+/* Makes batch size n runnable: builds its plans once (synchronous on s). */
+int sf_net_prepare(sf_cuda_net *net, int n);
+
+/* Frozen prefix (model.freeze): sf_net_frozen_fwd enqueues the frozen layers'
+ * forward of buffer b on stream s (the transform stream, after augmentation)
+ * with its own workspace; its output lands in b's boundary buffer, which the
+ * step of b reads. A no-op without frozen layers. */
+int sf_net_has_frozen(const sf_cuda_net *net);
+int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s);
+
+/* Enqueues one step on s for buffer b (0 <= b < nbuf) and n samples (prepared):
+ * forward, loss, backward, then the optimizer when do_opt (else the gradient
+ * is only accumulated), and the copy of the result to io[b].h_result.
+ * graph: capture the step once per (b, n, do_opt) and replay it; else run it
+ * eagerly. A capture that fails falls back to eager for good
+ * (sf_net_graph_error says why). */
+int sf_net_step(sf_cuda_net *net, int b, int n, int graph, int do_opt);
+const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
+
+/* Parameters in model layout (n_params floats). Synchronous; nothing may be in flight. */
+int sf_net_get_params(sf_cuda_net *net, float *host);
+int sf_net_set_params(sf_cuda_net *net, const float *host);
+
+/* The SGD momentum buffer (AdamW: exp_avg) in model layout (n_params floats).
+ * Zeros until a step with momentum != 0 runs. Synchronous; nothing in flight. */
+int sf_net_get_momentum(sf_cuda_net *net, float *host);
+int sf_net_set_momentum(sf_cuda_net *net, const float *host);
+/* AdamW exp_avg_sq (n_params floats; zeros with SGD, writes ignored). */
+int sf_net_get_sq(sf_cuda_net *net, float *host);
+int sf_net_set_sq(sf_cuda_net *net, const float *host);
+/* Running statistics (n_buffers floats) and num_batches_tracked. */
+int sf_net_get_buffers(sf_cuda_net *net, float *host, uint64_t *nbt);
+int sf_net_set_buffers(sf_cuda_net *net, const float *host, uint64_t nbt);
+/* Drops a partly accumulated gradient. */
+int sf_net_reset_accum(sf_cuda_net *net);
+
+/* A device-side snapshot of the training state (parameters, optimizer state,
+ * running statistics, accumulated gradient), sf_net_state_floats() floats of
+ * device memory. Both enqueue device-to-device copies on the net's stream
+ * (ordered after the steps queued there) and do not synchronise; restore also
+ * refreshes the device copies of the weights. */
+size_t sf_net_state_floats(const sf_cuda_net *net);
+int sf_net_save_state(sf_cuda_net *net, float *dev);
+int sf_net_restore_state(sf_cuda_net *net, const float *dev);
+
+/* Diagnostics: runs one eager step of buffer b (it updates the parameters
+ * like any step) with an event after every layer, synchronously, and writes
+ * one line per layer with its time. */
+int sf_net_profile(sf_cuda_net *net, int b, int n, char *buf, size_t len);
+
+/* One line per convolution plan of batch size n (engine, fused epilogue,
+ * workspace, time), then layout, precision and workspaces. */
+void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_EXECUTOR_H */

@@ -30,22 +30,28 @@
  *     RandomRotation's fill=0 multiplies by that coverage a second time within
  *     one pixel of the border.
  *     Antialias. With "antialias": true (the default of resize and
- *     random_resized_crop, as torchvision v2) and bilinear resampling, the
- *     sample is PIL/torch's triangle filter (torch _upsample_bilinear2d_aa):
- *     along each source axis, support a = max(1, |d source / d output|) (the
- *     norm of that row of inv), taps j with weight max(0, 1 - |j + 0.5 - s| / a)
- *     over the clamp box, normalised by their sum, with s the point clamped to
- *     the box's pixel centres. a = 1 is bilinear with clamped taps, so a plan
- *     uses the filter only when some axis may shrink (sf_aug_plan.antialias).
- *     Without rotation this equals torchvision's resize/resized_crop; with one,
- *     the filter runs along the source axes at the rotated point, where
- *     torchvision filters first and rotates the result with bilinear taps (ours
- *     is sharper by that second interpolation).
- *     Differences from sequential torchvision ops: one resampling instead of
- *     one per op (sharper, and no intermediate rounding or clipping to uint8);
- *     a crop that follows a resize or a rotation does not narrow the clamp box;
- *     a center_crop larger than a ragged source repeats its edge pixels where
- *     torchvision pads with 0; at most one random_rotation per list.
+ *     random_resized_crop, as torchvision v2; the map is filtered when any
+ *     resizing op of the list asks for it) and bilinear resampling, a sample is
+ *     torch's triangle filter (_upsample_bilinear2d_aa, PIL's): along each
+ *     source axis, support a = max(1, source pixels per output pixel) (the norm
+ *     of that row of inv), taps j with weight max(0, 1 - |j + 0.5 - s| / a) over
+ *     the clamp box, normalised by their sum, with s the point clamped to the
+ *     box's pixel centres. a = 1 is bilinear with clamped taps, so a plan uses
+ *     the filter only where some axis may shrink (sf_aug_plan.antialias).
+ *     Without rotation this is torchvision's resize/resized_crop. With one, the
+ *     rotation's input image is what gets filtered, as torchvision resizes
+ *     first: the output takes the rotation's bilinear taps on that image (0
+ *     outside it), each tap the filtered sample of the source at that pixel's
+ *     centre with the supports of the map up to the rotation (sf_aug_sample.pre)
+ *     — torchvision's resize-then-rotate, at 4 filtered samples per pixel.
+ *     Differences from sequential torchvision ops: without the antialias filter
+ *     the map is sampled once where torchvision resamples once per op (sharper,
+ *     and no intermediate rounding or clipping to uint8; a bilinear upscale then
+ *     a rotation differs by up to 61 of 255 on hard edges, see
+ *     tests/unit/test_aug.c); a crop that follows a resize or a rotation does
+ *     not narrow the clamp box; a center_crop larger than a ragged source
+ *     repeats its edge pixels where torchvision pads with 0; at most one
+ *     random_rotation per list.
  *  2. Blur. gaussian_blur (separable, odd kernel ksize, per-sample sigma,
  *     reflect padding as torchvision) on the geometric output.
  *  3. Pointwise ops in list order: to_dtype (x*scale), normalize ((x-mean)/std
@@ -78,7 +84,7 @@
 
 typedef enum sf_aug_kind {
     SF_AUG_RANDOM_CROP = 0, /* size [h,w]; uniform top-left over valid positions */
-    SF_AUG_RESIZE,          /* size [h,w]; bilinear, align_corners=False */
+    SF_AUG_RESIZE,          /* size [h,w]; bilinear, align_corners=False, antialias */
     SF_AUG_RANDOM_ROTATION, /* degrees [min,max] uniform, about the centre, fill 0 */
     SF_AUG_HFLIP,           /* p: probability of flipping */
     SF_AUG_GAUSSIAN_BLUR,   /* ksize (odd), sigma [min,max] uniform */

@@ -629,6 +629,122 @@ static void reference_matches_torchvision_v2_on_the_fixture(void **state)
     }
 }
 
+/* ---- crops, antialias ----------------------------------------------------- */
+
+static void random_resized_crop_draws_areas_and_ratios_in_range_and_clamps_to_its_window(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_resized_crop\",\"size\":[8,8],\"scale\":[0.2,0.6],\"ratio\":[0.5,2]}]",
+              40, 60, 3);
+    assert_int_equal(f.plan.out_h, 8);
+    assert_int_equal(f.plan.antialias, 1);
+    int distinct = 0, last_w = -1;
+    for (uint64_t seq = 0; seq < 20; seq++) {
+        sf_aug_gen(&f.p, &f.plan, 9, seq, 8, f.s);
+        for (int i = 0; i < 8; i++) {
+            const sf_aug_sample *s = &f.s[i];
+            const double area = (double)s->crop_w * s->crop_h / (40.0 * 60.0);
+            const double ratio = (double)s->crop_w / s->crop_h;
+            /* round() of each side moves the area and ratio a little. */
+            if (area < 0.2 * 0.85 || area > 0.6 * 1.15 || ratio < 0.5 * 0.85 || ratio > 2.0 * 1.15)
+                fail_msg("crop %dx%d: area %.3f ratio %.3f", s->crop_w, s->crop_h, area, ratio);
+            assert_true(s->crop_x >= 0 && s->crop_x + s->crop_w <= 60);
+            assert_true(s->crop_y >= 0 && s->crop_y + s->crop_h <= 40);
+            assert_int_equal(s->clip[0], s->crop_x);
+            assert_int_equal(s->clip[1], s->crop_y);
+            assert_int_equal(s->clip[2], s->crop_x + s->crop_w - 1);
+            assert_int_equal(s->clip[3], s->crop_y + s->crop_h - 1);
+            assert_float_equal(s->inv[0], (float)s->crop_w / 8.0f, 1e-6);
+            assert_float_equal(s->aa[0], fmaxf(1.0f, (float)s->crop_w / 8.0f), 1e-6);
+            distinct += s->crop_w != last_w;
+            last_w = s->crop_w;
+        }
+    }
+    assert_true(distinct > 40);
+}
+
+static void random_resized_crop_falls_back_to_the_centre_crop_of_the_clamped_ratio(void **state)
+{
+    /* A ratio of 3..4 at 95..100% of a square's area never fits: torchvision's
+     * fallback is the full width and height round(40 / 3) = 13, centred. */
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_resized_crop\",\"size\":[4,4],\"scale\":[0.95,1],\"ratio\":[3,4]}]",
+              40, 40, 1);
+    sf_aug_gen(&f.p, &f.plan, 1, 2, 3, f.s);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(f.s[i].crop_w, 40);
+        assert_int_equal(f.s[i].crop_h, 13);
+        assert_int_equal(f.s[i].crop_x, 0);
+        assert_int_equal(f.s[i].crop_y, 13);
+    }
+}
+
+static void center_crop_offsets_round_half_to_even_as_torchvision(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"center_crop\",\"size\":[2,2]}]", 7, 9, 1);
+    sf_aug_gen(&f.p, &f.plan, 1, 1, 1, f.s);
+    assert_int_equal(f.s[0].crop_y, 2); /* round(2.5) */
+    assert_int_equal(f.s[0].crop_x, 4); /* round(3.5) */
+    const int box[4] = {4, 2, 5, 3};
+    assert_memory_equal(f.s[0].clip, box, sizeof box);
+    /* A center_crop larger than its (uniform) input is refused, naming the op. */
+    expect_plan_error("[{\"op\":\"center_crop\",\"size\":[8,8]}]", 7, 9, 1, "aug op 0 (center_crop)", NULL);
+}
+
+static void a_crop_then_upscale_repeats_the_crop_edge_not_the_pixels_beyond_it(void **state)
+{
+    /* The centre 2x2 of a 4x4 image whose border is 255: resized to 4x4, the
+     * border pixels must come from the crop (torchvision crops, then resizes an
+     * image of its own), never from the 255 ring around it. */
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"center_crop\",\"size\":[2,2]},{\"op\":\"resize\",\"size\":[4,4]}]", 4, 4, 1);
+    uint8_t src[16];
+    memset(src, 255, sizeof src);
+    src[5] = 10, src[6] = 20, src[9] = 30, src[10] = 40;
+    float *out = run_aug(&f, src, 1, 0, 0);
+    const float interp[16] = {10, 12.5f, 17.5f, 20, 15, 17.5f, 22.5f, 25,
+                              25, 27.5f, 32.5f, 35, 30, 32.5f, 37.5f, 40};
+    expect_close(out, interp, 16, 1e-5f);
+    free(out);
+}
+
+static void antialias_is_planned_only_where_an_axis_can_shrink(void **state)
+{
+    static const struct {
+        const char *json;
+        int aa;
+    } cases[] = {
+        {"[{\"op\":\"resize\",\"size\":[16,16]}]", 0},
+        {"[{\"op\":\"resize\",\"size\":[4,16]}]", 1},
+        {"[{\"op\":\"resize\",\"size\":[4,4],\"antialias\":false}]", 0},
+        {"[{\"op\":\"random_crop\",\"size\":[4,4]},{\"op\":\"resize\",\"size\":[8,8]}]", 0},
+        {"[{\"op\":\"resize\",\"size\":[4,4]},{\"op\":\"random_rotation\",\"degrees\":5,"
+         "\"interpolation\":\"nearest\"}]", 0},
+        {"[{\"op\":\"random_resized_crop\",\"size\":[16,16]}]", 1},
+        {"[{\"op\":\"random_resized_crop\",\"size\":[16,16],\"antialias\":false}]", 0},
+    };
+    static aug_fixture f;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        setup_aug(&f, cases[i].json, 8, 8, 3);
+        if (f.plan.antialias != cases[i].aa)
+            fail_msg("%s: antialias %d, want %d", cases[i].json, f.plan.antialias, cases[i].aa);
+    }
+}
+
+static void new_op_errors_name_the_op(void **state)
+{
+    expect_parse_error("[{\"op\":\"resize\",\"size\":[4,4],\"antialias\":\"yes\"}]", "aug op 0 (resize)",
+                       "antialias");
+    expect_parse_error("[{\"op\":\"random_resized_crop\",\"size\":4,\"scale\":[0,1]}]",
+                       "aug op 0 (random_resized_crop)", "scale");
+    expect_parse_error("[{\"op\":\"random_resized_crop\",\"size\":4,\"ratio\":[2,1]}]",
+                       "aug op 0 (random_resized_crop)", "ratio");
+    expect_parse_error("[{\"op\":\"center_crop\"}]", "aug op 0 (center_crop)", "size");
+    expect_plan_error("[{\"op\":\"random_rotation\",\"degrees\":5},{\"op\":\"random_rotation\",\"degrees\":5}]",
+                      8, 8, 3, "aug op 1 (random_rotation)", "one random_rotation");
+}
+
 static void kind_names_match_the_config_op_names(void **state)
 {
     assert_string_equal(sf_aug_kind_name(SF_AUG_RANDOM_CROP), "random_crop");
@@ -659,6 +775,12 @@ int main(void)
         cmocka_unit_test(different_seq_or_seed_gives_different_params),
         cmocka_unit_test(parse_errors_name_the_op_index_and_kind),
         cmocka_unit_test(plan_errors_name_the_op_and_mask_before_blur_is_rejected),
+        cmocka_unit_test(random_resized_crop_draws_areas_and_ratios_in_range_and_clamps_to_its_window),
+        cmocka_unit_test(random_resized_crop_falls_back_to_the_centre_crop_of_the_clamped_ratio),
+        cmocka_unit_test(center_crop_offsets_round_half_to_even_as_torchvision),
+        cmocka_unit_test(a_crop_then_upscale_repeats_the_crop_edge_not_the_pixels_beyond_it),
+        cmocka_unit_test(antialias_is_planned_only_where_an_axis_can_shrink),
+        cmocka_unit_test(new_op_errors_name_the_op),
         cmocka_unit_test(ragged_batch_gives_each_image_the_output_of_its_own_uniform_plan),
         cmocka_unit_test(ragged_plans_refuse_lists_that_do_not_fix_the_output_size),
         cmocka_unit_test(reference_matches_torchvision_v2_on_the_fixture),

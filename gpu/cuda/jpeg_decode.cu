@@ -266,11 +266,23 @@ int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
     nvjpegStatus_t st = run(j, k, b, 0, b->n, s);
     if (st == NVJPEG_STATUS_SUCCESS)
         return 0;
+    if (want == SF_CUDA_JPEG_AUTO && k == SF_CUDA_JPEG_HARDWARE) {
+        /* The engines refused what their check accepted: the batch runs on
+         * the hybrid backend, which takes every file the header reader lets in. */
+        const sf_cuda_jpeg_backend h =
+            j->be[SF_CUDA_JPEG_GPU_HYBRID].ok ? SF_CUDA_JPEG_GPU_HYBRID : SF_CUDA_JPEG_HYBRID;
+        if (j->be[h].ok) {
+            j->last = h;
+            if (run(j, h, b, 0, b->n, s) == NVJPEG_STATUS_SUCCESS)
+                return 0;
+        }
+    }
+    const sf_cuda_jpeg_backend kf = j->last;
     /* Error path: find the file nvJPEG refuses, one at a time. */
     for (int i = 0; i < b->n; i++) {
-        nvjpegStatus_t si = run(j, k, b, i, 1, s);
+        nvjpegStatus_t si = run(j, kf, b, i, 1, s);
         if (si != NVJPEG_STATUS_SUCCESS) {
-            sf_cuda_set_error("jpeg decode (nvJPEG %s): sample %d: %s", sf_cuda_jpeg_backend_name(k), i,
+            sf_cuda_set_error("jpeg decode (nvJPEG %s): sample %d: %s", sf_cuda_jpeg_backend_name(kf), i,
                               status_name(si));
             cudaStreamSynchronize(s);
             cudaGetLastError();
@@ -278,7 +290,7 @@ int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
         }
     }
     sf_cuda_set_error("jpeg decode (nvJPEG %s): the batch of %d files failed (%s) though each decodes alone",
-                      sf_cuda_jpeg_backend_name(k), b->n, status_name(st));
+                      sf_cuda_jpeg_backend_name(kf), b->n, status_name(st));
     cudaStreamSynchronize(s);
     cudaGetLastError();
     return -1;

@@ -18,7 +18,8 @@
  * and library allow; a batch runs on HARDWARE when it is available, no file
  * is progressive and nvJPEG says it supports every file
  * (nvjpegDecodeBatchedSupported), else on GPU_HYBRID (HYBRID where that could
- * not be created). A caller may force one backend (the benchmark does).
+ * not be created); a batch the engines still refuse runs again on the hybrid
+ * backend. A caller may force one backend (the benchmark does).
  *
  * Output. Sample i as interleaved RGB (3-channel HWC uint8, rows of 3w bytes)
  * at byte samples[i].src_off of the staging area, samples[i].src_h x src_w:

@@ -8,7 +8,7 @@ from PIL import Image
 from safetensors.numpy import load as st_load
 
 from streamfeed import errors as E
-from streamfeed.jpeg import encode_jpeg_batch, image_folder, jpeg_batches, post_jpeg
+from streamfeed.jpeg import encode_jpeg_batch, feed_jpeg, image_folder, jpeg_batches, post_jpeg
 
 
 def jpeg_bytes(rng, h=32, w=32):
@@ -65,3 +65,9 @@ def test_image_folder_numbers_the_sorted_class_folders_and_feed_trains_from_its_
     summary = c.feed(jpeg_batches(samples, 4), connections=2, progress=False)
     assert summary.ok and summary.batches == 3 and summary.samples == 10, summary
     assert summary.last_loss is not None and np.isfinite(summary.last_loss)
+
+
+def test_feed_jpeg_trains_from_a_dataset_yielding_bytes_and_labels(module_server, rng):
+    dataset = ((jpeg_bytes(rng), i % 10) for i in range(7))  # a generator: no len, read lazily
+    summary = feed_jpeg(module_server.client(), dataset, 3, connections=2, progress=False)
+    assert summary.ok and summary.batches == 3 and summary.samples == 7, summary

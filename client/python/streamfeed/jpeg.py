@@ -11,11 +11,12 @@ so a loader reads files and sends them, about ten times fewer bytes than the
 decoded pixels, and decodes nothing::
 
     from streamfeed import Client
-    from streamfeed.jpeg import post_jpeg, jpeg_batches, image_folder
+    from streamfeed.jpeg import feed_jpeg, image_folder, jpeg_batches, post_jpeg
 
     client = Client("http://gpu-box:8080")
     post_jpeg(client, ["a.jpg", "b.jpg"], [3, 7], wait=True)
     summary = client.feed(jpeg_batches(image_folder("train/"), 32), connections=8)
+    summary = feed_jpeg(client, my_dataset_of_bytes_and_labels, 32, connections=8)
 
 :func:`jpeg_batches` turns any iterable of ``(bytes_or_path, label)`` samples
 (a dataset of encoded files) into batches that :meth:`Client.feed` uploads
@@ -118,6 +119,13 @@ def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int,
             files, labels = [], []
     if files and not drop_last:
         yield encode_jpeg_batch(files, labels)
+
+
+def feed_jpeg(client: Any, dataset: Iterable[Tuple[FileLike, int]], batch_size: int, **feed_kwargs: Any):
+    """Feeds a dataset of ``(bytes_or_path, label)`` samples in batches of
+    batch_size: ``client.feed(jpeg_batches(dataset, batch_size), **feed_kwargs)``.
+    Returns the :class:`~streamfeed.feed.FeedSummary`."""
+    return client.feed(jpeg_batches(dataset, batch_size), **feed_kwargs)
 
 
 def image_folder(root: Union[str, os.PathLike]) -> List[Tuple[Path, int]]:

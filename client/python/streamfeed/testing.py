@@ -20,7 +20,7 @@ from typing import Dict, Iterable, Optional
 
 from .client import Client
 
-_LISTENING = re.compile(r"streamfeed listening on http://[^:\s]+:(\d+)")
+_LISTENING = re.compile(r"streamfeed listening on http://(?:\[[^\]]*\]|[^:\s/\[]+):(\d+)")
 
 
 class LocalServer:

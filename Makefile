@@ -160,11 +160,16 @@ unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
 # One virtualenv for every Python test suite (integration, client, contract, ops).
-REQS := $(wildcard tests/requirements*.txt)
-$(VENV)/.stamp: $(REQS)
+# torch (tests/requirements-torch.txt) comes from the PyTorch CPU index when it
+# answers: the CPU wheel is small and fast to install; PyPI's is the CUDA build.
+REQS := $(filter-out tests/requirements-torch.txt,$(wildcard tests/requirements*.txt))
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+$(VENV)/.stamp: $(REQS) tests/requirements-torch.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q $(addprefix -r ,$(REQS))
+	$(VENV)/bin/pip install -q --retries 1 --timeout 30 --index-url $(TORCH_INDEX) -r tests/requirements-torch.txt \
+	  || $(VENV)/bin/pip install -q -r tests/requirements-torch.txt
 	@touch $@
 venv: $(VENV)/.stamp
 
@@ -172,9 +177,11 @@ integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q tests/integration
 
-# The Python client against the real binary; the API contract (schemathesis)
-# and a real Prometheus scraping the service.
+# The Python client against the real binary (mypy --strict over the package
+# first); the API contract (schemathesis) and a real Prometheus scraping the service.
+# The package ships py.typed, so its typing is checked as strictly as users' mypy will.
 client-test: $(BUILD)/streamfeed $(VENV)/.stamp
+	cd client/python && $(abspath $(VENV))/bin/python -m mypy --strict --no-incremental streamfeed
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/client tests/contract
 
 # Deployment artefacts: OpenAPI spec, Dockerfile (hadolint), kustomize render +

@@ -248,9 +248,11 @@ bench: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 	@bash bench/run.sh
 
 # docs/CONFIG.md is generated from the option table; tests check it is current.
+# deploy/base/prometheusrule.yaml is generated from deploy/prometheus/alerts.yaml.
 docs: $(BUILD)/streamfeed
 	$(BUILD)/streamfeed --help-markdown > docs/CONFIG.md
 	$(PYTHON) tools/gen_openapi_config.py $(BUILD)/streamfeed openapi/streamfeed.yaml
+	$(PYTHON) tools/gen_prometheus_rule.py
 
 clean:
 	rm -rf $(BUILD)

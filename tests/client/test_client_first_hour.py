@@ -185,3 +185,62 @@ def test_the_asyncio_client_posts_checks_inputs_and_feeds(module_server, rng):
             assert e.value.batch_index == 1
 
     asyncio.run(main())
+
+
+def test_feed_sends_a_batch_again_after_its_connection_was_reset():
+    """A stand-in server resets the first upload's connection and answers the
+    second: feed() counts one retry and delivers the batch."""
+    import json
+    import socket
+    import struct
+    import threading
+
+    from streamfeed import RetryPolicy
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    posts = []
+
+    def read_request(conn):
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                return None
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        while len(body) < length:
+            body += conn.recv(65536)
+        return head
+
+    def serve():
+        while len(posts) < 2:
+            conn, _ = srv.accept()
+            with conn:
+                while True:
+                    head = read_request(conn)
+                    if head is None:
+                        break
+                    posts.append(head)
+                    if len(posts) == 1:  # a reset: SO_LINGER 0, then close
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        break
+                    body = json.dumps({"id": 1, "state": "done", "n": 2, "step": 1, "loss": 2.3,
+                                       "accuracy": 0.5, "timings": {}, "error": None}).encode()
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+                    if len(posts) >= 2:
+                        return
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    c = Client(f"http://127.0.0.1:{srv.getsockname()[1]}",
+               retry=RetryPolicy(connect_retries=2, backoff_base=0.001, backoff_max=0.01))
+    summary = c.feed([random_batch(np.random.default_rng(2), 2)], connections=1, progress=False)
+    t.join(10)
+    srv.close()
+    assert len(posts) == 2 and all(p.startswith(b"POST /v1/batches") for p in posts)
+    assert summary.ok and summary.batches == 1 and summary.retries == 1, summary
+    assert summary.first_loss == 2.3

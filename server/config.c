@@ -705,12 +705,13 @@ static const char *type_name(sf_cfg_type t)
 
 void sf_config_print_help(const char *prog)
 {
-    printf("usage: %s [--config FILE] [--SECTION.OPTION VALUE ...]\n\n"
+    printf("usage: %s [--config FILE] [--SECTION.OPTION VALUE ...]\n"
+           "       %s --version | --help | --help-markdown\n\n"
            "Every option can also be set in the JSON config file ({\"section\":{\"option\":v}})\n"
            "and in the environment (STREAMFEED_SECTION_OPTION). Precedence:\n"
            "defaults < file < environment < flags. [hot] options can change at run time\n"
            "through PATCH /v1/config; the others need a restart.\n\n",
-           prog);
+           prog, prog);
     for (size_t i = 0; i < sf_config_table_len; i++) {
         const sf_cfg_option *o = &sf_config_table[i];
         char env[128];

@@ -29,12 +29,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Sequence, Tuple, Union
 
 import numpy as np
 from safetensors.numpy import save as _st_save
 
-FileLike = Union[bytes, bytearray, memoryview, str, os.PathLike]
+if TYPE_CHECKING:  # the feed module imports this one
+    from .client import Client
+    from .feed import FeedSummary
+    from .results import BatchAccepted, BatchResult
+
+FileLike = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
 #: File name suffixes image_folder() takes as JPEG files.
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".JPG", ".JPEG")
@@ -94,7 +99,8 @@ def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
     return EncodedBatch(body, len(data))
 
 
-def post_jpeg(client: Any, files: Sequence[FileLike], labels: Any, wait: bool = False) -> Dict[str, Any]:
+def post_jpeg(client: "Client", files: Sequence[FileLike], labels: Any,
+              wait: bool = False) -> Union["BatchAccepted", "BatchResult"]:
     """POSTs one batch of JPEG files; returns what :meth:`Client.post_batch` returns.
 
     A bad file is refused with a 400/422 :class:`~streamfeed.errors.APIError`
@@ -121,14 +127,15 @@ def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int,
         yield encode_jpeg_batch(files, labels)
 
 
-def feed_jpeg(client: Any, dataset: Iterable[Tuple[FileLike, int]], batch_size: int, **feed_kwargs: Any):
+def feed_jpeg(client: "Client", dataset: Iterable[Tuple[FileLike, int]], batch_size: int,
+              **feed_kwargs: Any) -> "FeedSummary":
     """Feeds a dataset of ``(bytes_or_path, label)`` samples in batches of
     batch_size: ``client.feed(jpeg_batches(dataset, batch_size), **feed_kwargs)``.
     Returns the :class:`~streamfeed.feed.FeedSummary`."""
     return client.feed(jpeg_batches(dataset, batch_size), **feed_kwargs)
 
 
-def image_folder(root: Union[str, os.PathLike]) -> List[Tuple[Path, int]]:
+def image_folder(root: Union[str, "os.PathLike[str]"]) -> List[Tuple[Path, int]]:
     """The JPEG files of an ImageFolder layout: ``root/<class>/<file>.jpg``.
 
     Classes are the subfolder names in sorted order (label 0 is the first),

@@ -4,7 +4,7 @@
 # this tree as B, on the figures a change to the executor must keep:
 #   W1 (seed-classifier) batch 32 device-cached, tf32 NHWC and fp32 NCHW
 #   W1 batch 32 over HTTP, tf32 (8 connections)
-#   W2 (seed-encdec) tf32 device-cached, batch 8 / 32 / 128
+#   W2 (seed-encdec, encoder frozen) tf32 device-cached, batch 8 / 32 / 128
 #   W3 (resnet18) bf16 batch 1024 device-cached
 # W1 and W3 are taken A, B, A, B so machine drift shows as spread between the
 # two runs of one build; W2 once each. Output: $2/ab.log (human lines) and $2/ab.jsonl.
@@ -59,6 +59,6 @@ done
 for n in 8 32 128; do
   for x in "A $A" "B $B"; do
     set -- $x
-    cached "$2" "$1" --preset seed-encdec --batch $n --precision tf32 --steps 100 --warmup 10
+    cached "$2" "$1" --preset seed-encdec --freeze encoder --batch $n --precision tf32 --steps 100 --warmup 10
   done
 done

@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 SF="build/bench/cached --steps 30 --warmup 5"
 if [ "$SIDES" != pytorch ]; then
   peak sf_w1_b32_tf32 $SF --preset seed-classifier --batch 32 --precision tf32
-  for n in 8 32 128; do peak sf_w2_b${n}_tf32 $SF --preset seed-encdec --batch $n --precision tf32; done
+  for n in 8 32 128; do peak sf_w2_b${n}_tf32 $SF --preset seed-encdec --freeze encoder --batch $n --precision tf32; done
   peak sf_w3_b1024_bf16 $SF --preset resnet18 --batch 1024 --precision bf16 --steps 10 --warmup 3
 fi
 if [ "$SIDES" != streamfeed ]; then

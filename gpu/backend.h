@@ -202,9 +202,12 @@ typedef struct sf_backend_i {
 
     /* ---- the plan (optional) ----------------------------------------------- */
     /* After build: what the backend chose, as plain text lines (layout,
-     * precision, per-convolution engines and fused epilogues, device memory
-     * the model holds). 0, or -1 where there is nothing to say. */
-    int (*describe)(sf_backend *be, char *buf, size_t len);
+     * precision, per-convolution engines and fused epilogues, the memory
+     * plan), and in *device_bytes the device memory it allocated for the
+     * model and its batch buffers (its own figure; the process also holds
+     * the CUDA context and the libraries' kernels). 0, or -1 where there is
+     * nothing to say. */
+    int (*describe)(sf_backend *be, char *buf, size_t len, size_t *device_bytes);
 } sf_backend_i;
 
 struct sf_backend {

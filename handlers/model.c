@@ -21,6 +21,7 @@ int h_model(sf_req *r)
     cJSON_AddNumberToObject(o, "step", (double)atomic_load(&((sf_app *)app)->step));
     cJSON_AddStringToObject(o, "backend", app->backend_name ? app->backend_name : "none");
     if (app->plan) {
+        cJSON_AddNumberToObject(o, "device_memory_bytes", (double)app->plan_device_bytes);
         /* one string per line of the backend's description */
         cJSON *plan = cJSON_AddArrayToObject(o, "plan");
         for (const char *p = app->plan; *p;) {

@@ -54,6 +54,7 @@ typedef struct sf_app {
     char *plan;                 /* the backend's description of its plan (layout, engines, fused
                                  * ops, memory), one line per item; set once at start-up, NULL
                                  * where the backend has none */
+    size_t plan_device_bytes;   /* device memory the backend allocated for the model (describe) */
     struct sf_telemetry *telemetry; /* the sampler thread (server/telemetry.c); NULL until started */
     struct sf_ckpt *ckpt;       /* checkpoints (server/checkpoint.c); NULL without a backend */
     _Atomic uint64_t step;      /* optimizer steps taken, as the backend counts them: set by

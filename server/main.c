@@ -168,7 +168,7 @@ static int build_model(sf_app *app, char *err, size_t errlen)
     if (app->backend->i->describe) {
         size_t cap = 1 << 16;
         char *d = malloc(cap);
-        if (d && app->backend->i->describe(app->backend, d, cap) == 0)
+        if (d && app->backend->i->describe(app->backend, d, cap, &app->plan_device_bytes) == 0)
             app->plan = d;
         else
             free(d);

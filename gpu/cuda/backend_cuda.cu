@@ -120,6 +120,7 @@ typedef struct cuda_ctx {
     int nbuf;
     int next_buf;
     size_t stage_bytes, samples_off;
+    size_t buf_bytes;   /* device memory of the batch buffers, as allocated at build */
 
     entry q[CUDA_NBUF];
     int q_head, q_count;
@@ -374,6 +375,7 @@ static int alloc_buffers(cuda_ctx *c)
     const size_t in = (size_t)c->m.in_c * c->m.in_h * c->m.in_w;
     const size_t lab_bytes = ((c->lps > 1 ? 1 : nb) * 8 + 255) & ~(size_t)255;
     c->samples_off = STAGE_LABELS_OFF + lab_bytes;
+    c->buf_bytes = 0;
     c->stage_bytes = c->samples_off + nb * sizeof(sf_aug_sample);
     for (int b = 0; b < c->nbuf; b++) {
         cbuf *B = &c->buf[b];
@@ -394,6 +396,8 @@ static int alloc_buffers(cuda_ctx *c)
         SF_CUDA_CHECK(cudaEventCreate(&B->ready));
         SF_CUDA_CHECK(cudaEventCreate(&B->step0));
         SF_CUDA_CHECK(cudaEventCreate(&B->done));
+        c->buf_bytes += c->stage_bytes + B->raw_cap + x_es * nb * in + sizeof(int32_t) * nb * c->lps +
+                        (c->lps > 1 ? sizeof(int64_t) * nb * c->lps : 0) + sizeof(sf_xent_out);
     }
     return 0;
 }
@@ -1241,12 +1245,13 @@ static void cu_destroy(sf_backend *be)
 
 /* The plan of the built model: the net's description at max_batch, then the
  * device memory the backend holds beside it (batch buffers, staging). */
-static int cu_describe(sf_backend *be, char *buf, size_t len)
+static int cu_describe(sf_backend *be, char *buf, size_t len, size_t *device_bytes)
 {
     cuda_ctx *c = ctx_of(be);
     if (!c->built || len == 0)
         return -1;
     sf_net_describe(c->net, c->cfg.max_batch, buf, len);
+    *device_bytes = sf_net_device_bytes(c->net) + c->buf_bytes;
     size_t at = strlen(buf);
     if (at < len) {
         if (c->jpeg)

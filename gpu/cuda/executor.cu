@@ -24,10 +24,16 @@
  *
  * Element type and layout: activations and their gradients are of type g->dt
  * (fp32, or bf16 with model.precision=bf16) in layout g->lay. The master
- * parameters, their gradients and the optimizer state stay fp32 in model
- * (PyTorch's) layout; where convolution weights live for the device is the
- * weight mode (W_SHARED, W_PERM_F32, W_COPY, below). Logits are cast to fp32
- * for the loss (and its gradient back to dt).
+ * parameters, their gradients and the optimizer state are fp32 in the device
+ * layout: with NHWC activations a k>1 conv weight is stored KRSC ([oc][k][k][c];
+ * convT [c][k][k][oc]) where PyTorch stores KCRS, everything else in PyTorch's
+ * order. PyTorch's layout exists only at the host boundary (get/set of the
+ * parameters and optimizer state: checkpoints), which permutes on the host, so
+ * the optimizer is one elementwise pass and no device copy of the weights is
+ * kept for fp32. bf16 nets read bf16 copies of the weights (wd, refreshed
+ * after each optimizer step) and write bf16 conv weight gradients (gd, cast
+ * into the fp32 gradients before the optimizer). Logits are cast to fp32 for
+ * the loss (and its gradient back to dt).
  *
  * ReLU fusion: a ReLU whose input is produced by a conv, convT, linear,
  * batchnorm or add that nothing else reads is folded into that layer's
@@ -60,7 +66,7 @@ struct sf_cuda_net {
     cublasHandle_t blas;
     cudaStream_t s;
 
-    float *params, *grads, *mom; /* [n_params] each, model layout (grads: see W_PERM_F32) */
+    float *params, *grads, *mom; /* [n_params] each, the device layout (see the top) */
     void *ws;           /* forward and backward-data plans (on s) */
     void *ws2;          /* backward-filter plans (on side, with fork) */
     size_t ws_size[3];  /* bytes of the workspaces by kind (WS_MAIN: ws, WS_SIDE: ws2,
@@ -150,7 +156,6 @@ typedef struct gop {
                             dx: only live during this layer's backward */
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
-    int perm;            /* conv/convT whose device weights are permuted (NHWC, k > 1) */
     /* conv: variant packs per batch buffer (a layer reading the model input or
      * the frozen boundary binds buffer b's tensor, so no input is copied) */
     cudnnBackendDescriptor_t vp[3][SF_NET_MAX_BUF];
@@ -174,11 +179,13 @@ struct gen_net {
                                   (transform stream) writes it, the step of b reads it */
     size_t bnd_elems;    /* per sample */
     float *sq, *gacc, *bufs;
-    void *wd, *gd;       /* device weights / conv weight gradients (dt, device layout) */
-    int wmode;           /* W_SHARED, W_PERM_F32 or W_COPY (below) */
-    sf_sgd_segs segs_all;   /* conv/convT weights, model offsets */
-    sf_sgd_segs segs_train; /* trainable ones, offsets from train_off */
-    sf_sgd_segs segs_perm;  /* W_PERM_F32: the permuted trainable ones, offsets from train_off */
+    void *wd, *gd;       /* bf16 nets: bf16 copies of the weights and of the conv weight
+                            gradients (device layout); else the parameters and gradients */
+    int wcopy;           /* wd, gd are those copies */
+    sf_sgd_segs segs_perm;  /* the weights stored permuted (model offsets): what the host
+                               boundary permutes */
+    sf_sgd_segs segs_gd;    /* bf16: the trainable conv/convT weights, whose gradients gd
+                               holds (offsets from train_off, identity segments) */
     float *lg, *dlg;     /* fp32 logits and their gradient (dt != fp32) */
     void *scratch;       /* bn, xent2d, bias-grad scratch (compute stream) */
     size_t scratch_bytes;
@@ -199,18 +206,6 @@ struct gen_net {
 
 static const sf_sgd_segs k_no_segs = {};
 
-/* Where convolutions read their weights and write their weight gradients:
- *  W_SHARED    fp32 NCHW: the master parameters and gradients themselves.
- *  W_PERM_F32  fp32 NHWC: permuted conv weights (k > 1) live in wd at their
- *              model offsets in KRSC order; their gradients are written into
- *              the fp32 gradient buffer in that order, and the optimizer reads
- *              them there and writes the updated weight to both copies (one
- *              pass: no fold of the gradients, no refresh of wd). Every other
- *              layer reads the parameters directly.
- *  W_COPY      bf16: wd and gd are bf16 copies of everything (KRSC where
- *              permuted); sf_cuda_grads_model folds gd into the fp32 gradients
- *              before the optimizer and g_refresh_wd rewrites wd after it. */
-enum { W_SHARED = 0, W_PERM_F32, W_COPY };
 
 static inline void *E(const void *p, size_t i, size_t es) { return (char *)p + i * es; }
 
@@ -244,14 +239,7 @@ static void *g_in(const sf_cuda_net *net, int i, int j, int b)
     return g_act(net, g_src(&net->m, i, j), b, net->g->op[i].frozen);
 }
 
-static void *g_wd(const sf_cuda_net *net, int i)
-{
-    const gen_net *g = net->g;
-    const sf_layer *L = &net->m.layers[i];
-    if (g->wmode == W_PERM_F32 && !g->op[i].perm)
-        return net->params + L->w_off;
-    return E(g->wd, L->w_off, g->es);
-}
+static void *g_wd(const sf_cuda_net *net, int i) { return E(net->g->wd, net->m.layers[i].w_off, net->g->es); }
 static void *g_gd(const sf_cuda_net *net, int i) { return E(net->g->gd, net->m.layers[i].w_off, net->g->es); }
 
 /* [outer, c, inner] view of an activation [n, c, h*w] in the net's layout. */
@@ -564,20 +552,83 @@ static int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size_t off)
     return 0;
 }
 
-/* The device copy of the weights from the master parameters: all of them
+/* bf16: the weights' bf16 copy from the master parameters, all of them
  * (build, set_params, restore) or the trainable slice (after a step). */
 static int g_refresh_wd(sf_cuda_net *net, int all, cudaStream_t s)
 {
     gen_net *g = net->g;
-    /* W_PERM_F32: the optimizer writes both copies; only a parameter load
-     * (all) rewrites wd. */
-    if (g->wmode == W_SHARED || (g->wmode == W_PERM_F32 && !all))
+    if (!g->wcopy)
         return 0;
     const size_t off = all ? 0 : net->m.train_off, len = net->m.n_params - off;
     if (len == 0)
         return 0;
-    return sf_cuda_weights_dev(net->params + off, E(g->wd, off, g->es), g->dt, len,
-                               all ? &g->segs_all : &g->segs_train, s);
+    return sf_cuda_weights_dev(net->params + off, E(g->wd, off, g->es), g->dt, len, NULL, s);
+}
+
+/* One flat buffer between PyTorch's layout (model) and the device layout,
+ * on the host: inside each segment of segs, model index off + (o*c + ci)*rs + t
+ * is device index off + (o*rs + t)*c + ci; elsewhere the two agree. */
+static void g_permute_host(const float *src, float *dst, size_t n, const sf_sgd_segs *segs, int to_device)
+{
+    memcpy(dst, src, sizeof(float) * n);
+    for (int k = 0; k < segs->n; k++) {
+        const sf_perm_seg *sg = &segs->s[k];
+        const size_t c = (size_t)sg->c, rs = (size_t)sg->rs, oc = sg->len / (c * rs);
+        for (size_t o = 0; o < oc; o++)
+            for (size_t ci = 0; ci < c; ci++)
+                for (size_t t = 0; t < rs; t++) {
+                    const size_t mi = sg->off + (o * c + ci) * rs + t, di = sg->off + (o * rs + t) * c + ci;
+                    if (to_device)
+                        dst[di] = src[mi];
+                    else
+                        dst[mi] = src[di];
+                }
+    }
+}
+
+/* Device state buffer <-> host, in PyTorch's layout. Synchronous. */
+static int g_state_to_host(sf_cuda_net *net, const float *dev, float *host)
+{
+    const size_t n = net->m.n_params;
+    float *tmp = (float *)malloc(sizeof(float) * (n ? n : 1));
+    if (!tmp) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    if (cudaMemcpyAsync(tmp, dev, sizeof(float) * n, cudaMemcpyDeviceToHost, net->s) != cudaSuccess ||
+        cudaStreamSynchronize(net->s) != cudaSuccess) {
+        free(tmp);
+        sf_cuda_set_error("%s:%d: %s", __FILE__, __LINE__, cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
+    g_permute_host(tmp, host, n, &net->g->segs_perm, 0);
+    free(tmp);
+    return 0;
+}
+
+static int g_state_from_host(sf_cuda_net *net, float *dev, const float *host)
+{
+    const size_t n = net->m.n_params;
+    float *tmp = (float *)malloc(sizeof(float) * (n ? n : 1));
+    if (!tmp) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    g_permute_host(host, tmp, n, &net->g->segs_perm, 1);
+    /* On the net's stream, synchronised before the host buffer goes: a plain
+     * cudaMemcpy from pageable memory may return before its DMA lands, and
+     * the stream does not wait for the legacy stream. */
+    cudaError_t e = cudaStreamSynchronize(net->s);
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(dev, tmp, sizeof(float) * n, cudaMemcpyHostToDevice, net->s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(net->s);
+    free(tmp);
+    if (e != cudaSuccess) {
+        sf_cuda_set_error("%s:%d: %s", __FILE__, __LINE__, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
 }
 
 static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
@@ -893,29 +944,20 @@ static int g_create(sf_cuda_net *net)
         return -1;
     if (dmallocf(net, &g->bufs, m->n_buffers ? m->n_buffers : 1))
         return -1;
-    /* device weights: conv weights permuted (NHWC) and/or in bf16 */
+    /* the device layout: NHWC nets store k>1 conv weights permuted */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
             continue;
-        const int nhwc = g->lay == SF_LAYOUT_NHWC && L->k > 1;
         /* conv [oc][c][k][k] -> [oc][k][k][c]; convT [c][oc][k][k] -> [c][k][k][oc] */
-        const int c = !nhwc ? 1 : L->kind == SF_L_CONV2D ? L->in_c : L->out_c;
-        const int rs = !nhwc ? (int)L->n_w : L->k * L->k;
-        g->op[i].perm = nhwc;
-        if (g_add_seg(&g->segs_all, L->w_off, L->n_w, c, rs))
+        if (g->lay == SF_LAYOUT_NHWC && L->k > 1 &&
+            g_add_seg(&g->segs_perm, L->w_off, L->n_w, L->kind == SF_L_CONV2D ? L->in_c : L->out_c, L->k * L->k))
             return -1;
-        if (i >= g->nf && g_add_seg(&g->segs_train, L->w_off - m->train_off, L->n_w, c, rs))
-            return -1;
-        if (i >= g->nf && nhwc && g_add_seg(&g->segs_perm, L->w_off - m->train_off, L->n_w, c, rs))
+        if (i >= g->nf && g_add_seg(&g->segs_gd, L->w_off - m->train_off, L->n_w, 1, (int)L->n_w))
             return -1;
     }
-    g->wmode = g->dt != SF_DT_F32 ? W_COPY : g->lay == SF_LAYOUT_NHWC ? W_PERM_F32 : W_SHARED;
-    if (g->wmode == W_PERM_F32) {
-        if (g_alloc_shift(net, (float **)&g->wd, np, m->train_off))
-            return -1;
-        g->gd = net->grads;
-    } else if (g->wmode == W_COPY) {
+    g->wcopy = g->dt != SF_DT_F32;
+    if (g->wcopy) {
         if (dmalloc(net, &g->wd, g->es * (np ? np : 1)) || dmalloc(net, &g->gd, g->es * (np ? np : 1)))
             return -1;
         SF_CUDA_CHECK(cudaMemsetAsync(g->gd, 0, g->es * (np ? np : 1), net->s));
@@ -1276,7 +1318,9 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
     }
     /* optimizer over the trainable slice */
     const size_t off = m->train_off, len = m->n_params - m->train_off;
-    if (g->wmode == W_COPY && sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_train, s))
+    /* bf16: the conv weight gradients into the fp32 gradients (the linear
+     * layers wrote theirs there in fp32) */
+    if (g->wcopy && sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_gd, s))
         return -1;
     const float *grad = net->grads + off;
     if (g->gacc) {
@@ -1287,16 +1331,11 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         grad = g->gacc + off;
     }
     if (do_opt) {
-        /* W_PERM_F32: the permuted gradients are read, and the weights written,
-         * at their KRSC positions too */
-        const int perm = g->wmode == W_PERM_F32;
-        float *wdev = perm ? (float *)g->wd + off : NULL;
-        const sf_sgd_segs *segs = perm ? &g->segs_perm : &k_no_segs;
         if (net->cfg.adamw) {
-            if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, wdev, len, net->io[b].adamw, segs,
+            if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, NULL, len, net->io[b].adamw, NULL,
                               s))
                 return -1;
-        } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, wdev, len, net->io[b].hyper, segs, s)) {
+        } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &k_no_segs, s)) {
             return -1;
         }
         if (g->gacc)
@@ -1350,12 +1389,10 @@ static int g_finish_create(sf_cuda_net *net)
         return -1;
     }
     sf_model_init_params(m, net->cfg.seed, hp);
-    SF_CUDA_CHECK(cudaMemcpyAsync(net->params, hp, sizeof(float) * m->n_params, cudaMemcpyHostToDevice, s));
-    if (g_refresh_wd(net, 1, s)) {
+    if (sf_net_set_params(net, hp)) {
         free(hp);
         return -1;
     }
-    SF_CUDA_CHECK(cudaStreamSynchronize(s));
     sf_model_init_buffers(m, hp);
     SF_CUDA_CHECK(cudaMemcpyAsync(g->bufs, hp, sizeof(float) * m->n_buffers, cudaMemcpyHostToDevice, s));
     SF_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -1622,42 +1659,18 @@ extern "C" int sf_net_step(sf_cuda_net *net, int b, int n, int graph, int do_opt
 
 extern "C" const char *sf_net_graph_error(const sf_cuda_net *net) { return net->graph_err; }
 
-extern "C" int sf_net_get_params(sf_cuda_net *net, float *host)
-{
-    SF_CUDA_CHECK(cudaMemcpyAsync(host, net->params, sizeof(float) * net->m.n_params, cudaMemcpyDeviceToHost,
-                                  net->s));
-    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
-    return 0;
-}
+extern "C" int sf_net_get_params(sf_cuda_net *net, float *host) { return g_state_to_host(net, net->params, host); }
 
 extern "C" int sf_net_set_params(sf_cuda_net *net, const float *host)
 {
-    /* On the net's stream: a plain cudaMemcpy from pageable memory may return
-     * before its DMA lands, and the stream does not wait for the legacy stream. */
-    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
-    SF_CUDA_CHECK(cudaMemcpyAsync(net->params, host, sizeof(float) * net->m.n_params, cudaMemcpyHostToDevice,
-                                  net->s));
-    if (g_refresh_wd(net, 1, net->s))
+    if (g_state_from_host(net, net->params, host) || g_refresh_wd(net, 1, net->s))
         return -1;
     SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
     return 0;
 }
 
-extern "C" int sf_net_get_momentum(sf_cuda_net *net, float *host)
-{
-    SF_CUDA_CHECK(cudaMemcpyAsync(host, net->mom, sizeof(float) * net->m.n_params, cudaMemcpyDeviceToHost, net->s));
-    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
-    return 0;
-}
-
-extern "C" int sf_net_set_momentum(sf_cuda_net *net, const float *host)
-{
-    /* As sf_net_set_params: on the net's stream, from pageable memory. */
-    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
-    SF_CUDA_CHECK(cudaMemcpyAsync(net->mom, host, sizeof(float) * net->m.n_params, cudaMemcpyHostToDevice, net->s));
-    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
-    return 0;
-}
+extern "C" int sf_net_get_momentum(sf_cuda_net *net, float *host) { return g_state_to_host(net, net->mom, host); }
+extern "C" int sf_net_set_momentum(sf_cuda_net *net, const float *host) { return g_state_from_host(net, net->mom, host); }
 
 extern "C" size_t sf_net_state_floats(const sf_cuda_net *net)
 {
@@ -1738,19 +1751,14 @@ extern "C" int sf_net_get_sq(sf_cuda_net *net, float *host)
         memset(host, 0, sizeof(float) * net->m.n_params);
         return 0;
     }
-    SF_CUDA_CHECK(cudaMemcpyAsync(host, net->g->sq, sizeof(float) * net->m.n_params, cudaMemcpyDeviceToHost, net->s));
-    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
-    return 0;
+    return g_state_to_host(net, net->g->sq, host);
 }
 
 extern "C" int sf_net_set_sq(sf_cuda_net *net, const float *host)
 {
     if (!net->g->sq)
         return 0;
-    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
-    SF_CUDA_CHECK(cudaMemcpyAsync(net->g->sq, host, sizeof(float) * net->m.n_params, cudaMemcpyHostToDevice, net->s));
-    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
-    return 0;
+    return g_state_from_host(net, net->g->sq, host);
 }
 
 extern "C" int sf_net_reset_accum(sf_cuda_net *net)
@@ -1805,6 +1813,8 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
                  net->ws_size[WS_MAIN], net->ws2 ? net->ws_size[WS_SIDE] : 0, g->fws ? net->ws_size[WS_FROZEN] : 0,
                  net->graphs_broken ? ", graphs off: " : "", net->graphs_broken ? net->graph_err : "");
 }
+
+extern "C" size_t sf_net_device_bytes(const sf_cuda_net *net) { return net->alloc_bytes; }
 
 extern "C" int sf_net_profile(sf_cuda_net *net, int b, int n, char *buf, size_t len)
 {

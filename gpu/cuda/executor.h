@@ -110,12 +110,14 @@ int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s);
 int sf_net_step(sf_cuda_net *net, int b, int n, int graph, int do_opt);
 const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
 
-/* Parameters in model layout (n_params floats). Synchronous; nothing may be in flight. */
+/* The training state crosses here in PyTorch's layout (sf_model's: n_params
+ * floats); the net keeps it in its device layout and permutes on the host.
+ * Parameters: synchronous; nothing may be in flight. */
 int sf_net_get_params(sf_cuda_net *net, float *host);
 int sf_net_set_params(sf_cuda_net *net, const float *host);
 
-/* The SGD momentum buffer (AdamW: exp_avg) in model layout (n_params floats).
- * Zeros until a step with momentum != 0 runs. Synchronous; nothing in flight. */
+/* The SGD momentum buffer (AdamW: exp_avg). Zeros until a step with
+ * momentum != 0 runs. Synchronous; nothing in flight. */
 int sf_net_get_momentum(sf_cuda_net *net, float *host);
 int sf_net_set_momentum(sf_cuda_net *net, const float *host);
 /* AdamW exp_avg_sq (n_params floats; zeros with SGD, writes ignored). */
@@ -144,6 +146,8 @@ int sf_net_profile(sf_cuda_net *net, int b, int n, char *buf, size_t len);
 /* One line per convolution plan of batch size n (engine, fused epilogue,
  * workspace, time), then layout, precision and workspaces. */
 void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len);
+/* Device memory the net holds (everything it allocated). */
+size_t sf_net_device_bytes(const sf_cuda_net *net);
 
 #ifdef __cplusplus
 }

@@ -247,7 +247,8 @@ static void through_backends(const std::vector<jcase> &cases)
     else
         fail("JPEG batch loss %.5f on CUDA vs %.5f on the reference (2%% allowed)", loss[0], loss[1]);
     char desc[4096];
-    if (cu->i->describe && cu->i->describe(cu, desc, sizeof desc) == 0 && strstr(desc, "jpeg decode: nvJPEG"))
+    size_t dev_bytes = 0;
+    if (cu->i->describe && cu->i->describe(cu, desc, sizeof desc, &dev_bytes) == 0 && strstr(desc, "jpeg decode: nvJPEG"))
         ok("describe() names the JPEG decoder");
     else
         fail("describe() does not name the JPEG decoder");

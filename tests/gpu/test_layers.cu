@@ -37,7 +37,15 @@ extern "C" {
 
 #include "gpu_test.h"
 
-#include "../../gpu/cuda/layers.h"
+#include "../../gpu/cuda/batchnorm.h"
+#include "../../gpu/cuda/conv.h"
+#include "../../gpu/cuda/conv_transpose.h"
+#include "../../gpu/cuda/layout.h"
+#include "../../gpu/cuda/linear.h"
+#include "../../gpu/cuda/loss.h"
+#include "../../gpu/cuda/optimizer.h"
+#include "../../gpu/cuda/pointwise.h"
+#include "../../gpu/cuda/pool.h"
 
 static uint64_t g_seed = 0x1234abcd;
 

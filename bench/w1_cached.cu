@@ -115,7 +115,7 @@ int main(int argc, char **argv)
     /* one augmented-looking batch kept on the device (never zeros) */
     CK(sf_cuda_fill_random(x, (size_t)batch * in, 2024, 1.f, s) == 0);
 
-    sf_net_io io = {x, lab, hyp, res, hres};
+    sf_net_io io = {x, lab, hyp, res, hres, NULL};
     sf_net_cfg nc;
     memset(&nc, 0, sizeof nc);
     nc.layout = layout;

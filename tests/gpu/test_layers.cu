@@ -191,7 +191,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
     d.layout = lay;
     d.tf32 = tf32;
     d.align_x = d.align_w = d.align_y = 16;
-    sf_conv_ptrs pf = {dx_in, dw_in, dy_out, ws}, pd = {ddx, dw_in, ddy, ws}, pw = {dx_in, ddw, ddy, ws};
+    sf_conv_ptrs pf = {dx_in, dw_in, dy_out, ws, NULL}, pd = {ddx, dw_in, ddy, ws, NULL}, pw = {dx_in, ddw, ddy, ws, NULL};
     sf_conv_plan plf, pld, plw;
     const size_t outer = nhwc ? (size_t)cc.n * oh * ow : (size_t)cc.n, inner = nhwc ? 1 : (size_t)oh * ow;
     snprintf(name, sizeof name, "conv n%d c%d %dx%d oc%d k%d s%d p%d %s %s%s", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,

@@ -24,6 +24,8 @@ for t in 1 8; do $B/memcpy_bw $t 400 | tee -a "$OUTD/memcpy.jsonl"; done
 if [ -x $B/augment_bench ]; then
   run $B/augment_bench > "$OUTD/augment.txt"
   cat "$OUTD/augment.txt" >> "$OUTD/bench.log"
+  # The op families at ResNet-18's batch-256 shapes (convolutions, BN, maxpool, add).
+  run $B/layers_bench > "$OUTD/layers.txt"
   # streamfeed's own device-cached W1 figure (the model's upper bound).
   # The step variants at batch 32 (fork, momentum, layout x precision) that
   # tests/gpu/test_backend printed before it became a test, then larger batches.

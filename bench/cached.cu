@@ -97,6 +97,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "cached: build: %s\n", err);
         return 1;
     }
+    /* the plan's memory lines (the per-convolution lines are in GET /v1/model) */
+    static char desc[1 << 16];
+    if (be->i->describe && be->i->describe(be, desc, sizeof desc) == 0)
+        for (char *l = strtok(desc, "\n"); l; l = strtok(NULL, "\n"))
+            if (strncmp(l, "layer ", 6) != 0)
+                fprintf(stderr, "cached: plan: %s\n", l);
     sf_aug_pipeline pipe;
     sf_aug_plan plan;
     if (sf_aug_parse(AUG_W3, &pipe, err, sizeof err) ||

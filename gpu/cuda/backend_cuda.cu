@@ -77,7 +77,8 @@ typedef struct cbuf {
     uint8_t *d_stage;   /* device mirror */
     uint8_t *d_raw;     /* uint8 images */
     size_t raw_cap;
-    float *d_x;         /* augmented batch, the net's layout */
+    float *d_x;         /* augmented batch, the net's layout and element type (bf16 nets: half
+                           the bytes, through a uint16_t view) */
     int32_t *d_lab;     /* labels as int32 ([n] or [n, out_h, out_w]) */
     uint8_t *d_labraw;  /* segmentation: the raw labels, copied straight from the slot */
     int do_opt;         /* this buffer's batch steps the optimizer (accumulation) */
@@ -117,7 +118,6 @@ typedef struct cuda_ctx {
     int nbuf;
     int next_buf;
     size_t stage_bytes, samples_off;
-    float *d_aug_tmp;
 
     entry q[CUDA_NBUF];
     int q_head, q_count;
@@ -267,10 +267,6 @@ static void free_buffers(cuda_ctx *c)
                 cudaEventDestroy(*ev[i]);
         memset(B, 0, sizeof *B);
     }
-    if (c->d_aug_tmp) {
-        cudaFree(c->d_aug_tmp);
-        c->d_aug_tmp = NULL;
-    }
     c->built = 0;
 }
 
@@ -377,7 +373,8 @@ static int alloc_buffers(cuda_ctx *c)
         SF_CUDA_CHECK(cudaMalloc((void **)&B->d_stage, c->stage_bytes));
         B->raw_cap = nb * in; /* grows when larger sources arrive */
         SF_CUDA_CHECK(cudaMalloc((void **)&B->d_raw, B->raw_cap));
-        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_x, sizeof(float) * nb * in));
+        const size_t x_es = c->cfg.precision == SF_PREC_BF16 ? sizeof(uint16_t) : sizeof(float);
+        SF_CUDA_CHECK(cudaMalloc((void **)&B->d_x, x_es * nb * in));
         SF_CUDA_CHECK(cudaMalloc((void **)&B->d_lab, sizeof(int32_t) * nb * c->lps));
         if (c->lps > 1)
             SF_CUDA_CHECK(cudaMalloc((void **)&B->d_labraw, sizeof(int64_t) * nb * c->lps));
@@ -388,7 +385,6 @@ static int alloc_buffers(cuda_ctx *c)
         SF_CUDA_CHECK(cudaEventCreate(&B->step0));
         SF_CUDA_CHECK(cudaEventCreate(&B->done));
     }
-    SF_CUDA_CHECK(cudaMalloc((void **)&c->d_aug_tmp, sizeof(float) * nb * in));
     return 0;
 }
 
@@ -640,10 +636,10 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
     /* bf16 nets read bf16 input: the transform writes half the bytes */
     if (sf_net_dtype(c->net) == SF_DT_BF16) {
         if (sf_cuda_augment_bf16(bt->plan, d_samples, n, B->d_raw, bt->nhwc, (uint16_t *)B->d_x,
-                                 c->layout == SF_LAYOUT_NHWC, c->d_aug_tmp, ts))
+                                 c->layout == SF_LAYOUT_NHWC, NULL, ts))
             return -1;
     } else if (sf_cuda_augment(bt->plan, d_samples, n, B->d_raw, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
-                               c->d_aug_tmp, ts)) {
+                               NULL, ts)) {
         return -1;
     }
     /* The frozen encoder (DESIGN.md §1): its output is what the step reads. */

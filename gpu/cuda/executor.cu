@@ -8,7 +8,7 @@
  * Every layer but flatten (and a ReLU fused into its producer) owns its output;
  * every trainable layer of those owns its output gradient. The first consumer
  * (in backward order) of a tensor overwrites its gradient, later ones add
- * theirs through gtmp (a residual block's input).
+ * theirs through a scratch tensor, gtmp (a residual block's input).
  *
  * Per layer kind: conv2d and conv_transpose2d through cuDNN's graph API (plans
  * built and timed per batch size, cuDNN's fused conv+bias+ReLU forward where it
@@ -46,6 +46,7 @@
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
 #define WS_TUNE_BYTES ((size_t)512 << 20) /* workspace limit while choosing engines */
+#define WS_TUNE_MAX ((size_t)1 << 30)     /* ... raised up to this where memory allows */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
 #define MAX_ALLOCS 512
 
@@ -62,7 +63,8 @@ struct sf_cuda_net {
     float *params, *grads, *mom; /* [n_params] each, model layout (grads: see W_PERM_F32) */
     void *ws;           /* forward and backward-data plans (on s) */
     void *ws2;          /* backward-filter plans (on side, with fork) */
-    size_t ws_bytes;    /* each workspace */
+    size_t ws_size[3];  /* bytes of the workspaces by kind (WS_MAIN: ws, WS_SIDE: ws2,
+                           WS_FROZEN: the frozen prefix's) */
 
     cudaStream_t side;  /* backward-filter beside backward-data */
     cudaEvent_t ev_fork[SF_MAX_LAYERS], ev_join[SF_MAX_LAYERS];
@@ -143,6 +145,9 @@ typedef struct gop {
     void *dy;            /* output gradient (trainable; aliases as y), else NULL */
     float *save;         /* batchnorm: [2C] mean, invstd */
     int32_t *argmax;     /* maxpool */
+    void *gtmp;          /* the input gradient before it is added to its owner's (this layer
+                            is not its input's first consumer), or a batchnorm's unwanted
+                            dx: only live during this layer's backward */
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
     int perm;            /* conv/convT whose device weights are permuted (NHWC, k > 1) */
@@ -169,7 +174,6 @@ struct gen_net {
                                   (transform stream) writes it, the step of b reads it */
     size_t bnd_elems;    /* per sample */
     float *sq, *gacc, *bufs;
-    void *gtmp;
     void *wd, *gd;       /* device weights / conv weight gradients (dt, device layout) */
     int wmode;           /* W_SHARED, W_PERM_F32 or W_COPY (below) */
     sf_sgd_segs segs_all;   /* conv/convT weights, model offsets */
@@ -180,6 +184,11 @@ struct gen_net {
     size_t scratch_bytes;
     sf_xent2d_out *x2d;
     void *fws;           /* frozen workspace (transform stream) */
+    /* the memory plan (g_plan_memory): layer outputs and output gradients in
+     * two arenas, placed by liveness */
+    void *arena, *farena;            /* trainable part (compute stream), frozen prefix (transform) */
+    size_t arena_bytes, farena_bytes;
+    size_t tensor_bytes;             /* what one buffer per tensor would have taken */
     int has_bn_train;
     uint64_t nbt, nbt_saved;
     gshape *shapes[SF_NET_MAX_SHAPES];
@@ -305,7 +314,7 @@ static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_c
         p->y = o->y;
     } else if (dir == SF_CONV_BWD_DATA) {
         const int s = g_owner(&net->m, g_src(&net->m, i, 0));
-        p->x = o->first[0] ? g->op[s].dy : g->gtmp;
+        p->x = o->first[0] ? g->op[s].dy : o->gtmp;
         p->w = g_wd(net, i);
         p->y = o->dy;
     } else {
@@ -315,16 +324,25 @@ static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_c
     }
 }
 
-/* The workspace conv layer i binds in direction dir: the frozen layers run on
- * the transform stream (fws); a forked backward-filter on the side stream (ws2). */
+/* Which workspace a conv/convT plan of layer i in direction dir runs with:
+ * the frozen layers run on the transform stream (WS_FROZEN), a forked
+ * backward-filter on the side stream (WS_SIDE), everything else on the
+ * compute stream (WS_MAIN). Each is sized for the plans that use it. */
+enum { WS_MAIN = 0, WS_SIDE, WS_FROZEN };
+static int g_ws_kind(const sf_cuda_net *net, int i, int dir)
+{
+    const gop *o = &net->g->op[i];
+    if (o->frozen)
+        return WS_FROZEN;
+    if (net->m.layers[i].kind == SF_L_CONV2D && dir == SF_CONV_BWD_FILTER && !net->cfg.no_fork && o->want[0])
+        return WS_SIDE;
+    return WS_MAIN;
+}
+
 static void *g_ws_of(const sf_cuda_net *net, int i, int dir)
 {
-    const gen_net *g = net->g;
-    if (g->op[i].frozen)
-        return g->fws;
-    if (dir == SF_CONV_BWD_FILTER && !net->cfg.no_fork && g->op[i].want[0])
-        return net->ws2;
-    return net->ws;
+    const int k = g_ws_kind(net, i, dir);
+    return k == WS_FROZEN ? net->g->fws : k == WS_SIDE ? net->ws2 : net->ws;
 }
 
 static float *g_bias(const sf_cuda_net *net, int i)
@@ -406,7 +424,9 @@ static void gshape_destroy(gshape *S)
     free(S);
 }
 
-static int g_build_shape(sf_cuda_net *net, int n, void *ws, size_t ws_limit, gshape **out)
+/* Plans for batch size n; a plan of workspace kind k may use lim[k] bytes and
+ * is timed with workspace ws[k]. */
+static int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3], gshape **out)
 {
     gen_net *g = net->g;
     gshape *S = (gshape *)calloc(1, sizeof *S);
@@ -423,27 +443,28 @@ static int g_build_shape(sf_cuda_net *net, int n, void *ws, size_t ws_limit, gsh
             for (int dir = 0; dir < 3; dir++) {
                 if (!(dirs & (1 << dir)))
                     continue;
+                const int k = g_ws_kind(net, i, dir);
                 sf_conv_desc d;
                 g_convd(net, i, n, &d);
                 sf_conv_ptrs p;
-                g_ptrs(net, i, dir, 0, ws, &p);
+                g_ptrs(net, i, dir, 0, ws[k], &p);
                 /* every buffer's pointers are bound to this plan: align for the worst */
                 d.align_x = d.align_w = d.align_y = 16;
                 for (int b = 0; b < net->cfg.nbuf; b++) {
                     sf_conv_ptrs pb;
-                    g_ptrs(net, i, dir, b, ws, &pb);
+                    g_ptrs(net, i, dir, b, ws[k], &pb);
                     int a;
                     if ((a = sf_cuda_ptr_align(pb.x)) < d.align_x) d.align_x = a;
                     if ((a = sf_cuda_ptr_align(pb.w)) < d.align_w) d.align_w = a;
                     if ((a = sf_cuda_ptr_align(pb.y)) < d.align_y) d.align_y = a;
                 }
-                if (sf_conv_plan_build(net->dnn, &d, (sf_conv_dir)dir, ws_limit, net->cfg.tune,
+                if (sf_conv_plan_build(net->dnn, &d, (sf_conv_dir)dir, lim[k], net->cfg.tune,
                                        net->cfg.tune > 1 ? &p : NULL, &S->cp[i][dir])) {
                     gshape_destroy(S);
                     return -1;
                 }
                 if (dir == SF_CONV_FWD && o->fusable && net->cfg.tune > 1 &&
-                    g_try_fused(net, i, n, &d, &p, ws_limit, &S->cp[i][dir])) {
+                    g_try_fused(net, i, n, &d, &p, lim[k], &S->cp[i][dir])) {
                     gshape_destroy(S);
                     return -1;
                 }
@@ -457,7 +478,7 @@ static int g_build_shape(sf_cuda_net *net, int n, void *ws, size_t ws_limit, gsh
                 if (!(dirs & (1 << dir)))
                     continue;
                 sf_conv_ptrs p;
-                g_ptrs(net, i, dir, 0, ws, &p);
+                g_ptrs(net, i, dir, 0, NULL, &p);
                 int a;
                 if ((a = sf_cuda_ptr_align(p.x)) < ax) ax = a;
                 if ((a = sf_cuda_ptr_align(p.w)) < aw) aw = a;
@@ -466,7 +487,8 @@ static int g_build_shape(sf_cuda_net *net, int n, void *ws, size_t ws_limit, gsh
             d.align_x = ax;
             d.align_w = aw;
             d.align_y = ay;
-            if (sf_convt_plans_build(net->dnn, &d, dirs, ws_limit, net->cfg.tune, NULL, &S->tp[i])) {
+            if (sf_convt_plans_build(net->dnn, &d, dirs, lim[g_ws_kind(net, i, SF_CONV_FWD)], net->cfg.tune, NULL,
+                                     &S->tp[i])) {
                 gshape_destroy(S);
                 return -1;
             }
@@ -484,17 +506,20 @@ static gshape *g_find(const sf_cuda_net *net, int n)
     return NULL;
 }
 
-static size_t g_shape_ws(const sf_cuda_net *net, const gshape *S)
+/* The workspace bytes the plans of S need, by workspace kind. */
+static void g_shape_ws(const sf_cuda_net *net, const gshape *S, size_t need[3])
 {
-    size_t mx = 0;
+    need[0] = need[1] = need[2] = 0;
     for (int i = 0; i < net->g->nl; i++) {
-        for (int d = 0; d < 3; d++)
-            if (S->cp[i][d].plan && (size_t)S->cp[i][d].ws_bytes > mx)
-                mx = (size_t)S->cp[i][d].ws_bytes;
-        if (S->tp[i].dirs && sf_convt_ws_bytes(&S->tp[i]) > mx)
-            mx = sf_convt_ws_bytes(&S->tp[i]);
+        for (int d = 0; d < 3; d++) {
+            const int k = g_ws_kind(net, i, d);
+            if (S->cp[i][d].plan && (size_t)S->cp[i][d].ws_bytes > need[k])
+                need[k] = (size_t)S->cp[i][d].ws_bytes;
+        }
+        const int k = g_ws_kind(net, i, SF_CONV_FWD);
+        if (S->tp[i].dirs && sf_convt_ws_bytes(&S->tp[i]) > need[k])
+            need[k] = sf_convt_ws_bytes(&S->tp[i]);
     }
-    return mx;
 }
 
 __global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
@@ -551,6 +576,175 @@ static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
     p->len = len;
     p->c = c;
     p->rs = rs;
+    return 0;
+}
+
+/* ---- the memory plan ------------------------------------------------------ */
+/* Layer outputs (y) and output gradients (dy) live in two arenas, each tensor
+ * at an offset chosen when the net is built so that two tensors share bytes
+ * only when their lifetimes do not overlap. One step is a timeline of slots:
+ *   trainable part: forward of layer i at slot i - nf, the loss at slot
+ *     ntrain = nl - nf, the backward of layer i at ntrain + 1 + (nl - 1 - i);
+ *   frozen prefix (its own arena, written on the transform stream while the
+ *     compute stream runs another buffer's step): forward of layer i at slot
+ *     i, the copy of its output to the buffer's boundary at slot nf.
+ * A tensor lives from the slot that first writes it to the last slot that
+ * reads it, both included:
+ *   y of layer s: written by s's forward; read by its consumers' forwards, by
+ *     the backward of a consumer that needs its input (conv, convT and linear
+ *     for the weight gradient, batchnorm), by s's own backward where it is a
+ *     ReLU mask (a ReLU, or a layer with a ReLU fused into it), and by the loss
+ *     (the last layer);
+ *   dy of layer s: written by the backward of its consumers (the first in
+ *     backward order overwrites, later ones add) or the loss, read by s's
+ *     backward.
+ * A flatten and a fused ReLU are views of their input's tensors: their uses
+ * count as uses of the tensor they view. Everything a layer's backward reads,
+ * the side stream's backward-filter included, is joined before the next
+ * layer's backward starts, so slot granularity is exact. Tensors are placed
+ * largest first at the lowest offset that overlaps no placed tensor of an
+ * overlapping lifetime (256-byte aligned). */
+
+#define PLAN_MAX (3 * SF_MAX_LAYERS)
+
+typedef struct plan_obj {
+    size_t bytes, off;
+    int t0, t1;    /* first and last slot, inclusive */
+    void **ptr;    /* where the placed pointer goes */
+    int frozen;    /* which arena */
+} plan_obj;
+
+/* The layer whose tensors layer i's output lives in: through flattens and fused
+ * ReLUs; -1 for the model input. */
+static int g_storage(const sf_cuda_net *net, int i)
+{
+    const gen_net *g = net->g;
+    while (i >= 0 && (net->m.layers[i].kind == SF_L_FLATTEN || g->op[i].fused))
+        i = g->op[i].src[0];
+    return i;
+}
+
+static void widen(plan_obj *o, int t)
+{
+    if (t < o->t0)
+        o->t0 = t;
+    if (t > o->t1)
+        o->t1 = t;
+}
+
+static int cmp_obj_size(const void *a, const void *b)
+{
+    const plan_obj *x = *(const plan_obj *const *)a, *y = *(const plan_obj *const *)b;
+    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+/* Places the objects of one arena; returns its size. */
+static size_t place(plan_obj **objs, int n)
+{
+    qsort(objs, (size_t)n, sizeof *objs, cmp_obj_size);
+    size_t top = 0;
+    for (int k = 0; k < n; k++) {
+        plan_obj *o = objs[k];
+        size_t off = 0;
+        for (int again = 1; again;) {
+            again = 0;
+            for (int j = 0; j < k; j++) {
+                const plan_obj *p = objs[j];
+                if (p->t1 < o->t0 || o->t1 < p->t0)
+                    continue; /* lifetimes apart */
+                if (off < p->off + p->bytes && p->off < off + o->bytes) {
+                    off = (p->off + p->bytes + 255) & ~(size_t)255;
+                    again = 1;
+                }
+            }
+        }
+        o->off = off;
+        if (off + o->bytes > top)
+            top = off + o->bytes;
+    }
+    return top;
+}
+
+static int g_plan_memory(sf_cuda_net *net)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    const size_t nb = (size_t)net->cfg.max_batch, es = g->es;
+    const int nl = g->nl, nf = g->nf, ntrain = nl - nf;
+    plan_obj obj[PLAN_MAX];
+    int yi[SF_MAX_LAYERS], di[SF_MAX_LAYERS], n = 0;
+    /* F: forward slot; B: backward slot (trainable layers) */
+#define F(i) ((i) < nf ? (i) : (i) - nf)
+#define B(i) (ntrain + 1 + (nl - 1 - (i)))
+    for (int i = 0; i < nl; i++) {
+        yi[i] = di[i] = -1;
+        const sf_layer *L = &m->layers[i];
+        if (L->kind == SF_L_FLATTEN || g->op[i].fused)
+            continue;
+        const size_t bytes = (es * nb * L->out_elems + 255) & ~(size_t)255;
+        obj[n] = (plan_obj){bytes, 0, F(i), F(i), &g->op[i].y, g->op[i].frozen};
+        yi[i] = n++;
+        if (!g->op[i].frozen) {
+            obj[n] = (plan_obj){bytes, 0, B(i), B(i), &g->op[i].dy, 0};
+            di[i] = n++;
+        }
+        /* gradient scratch, written and read within this layer's backward */
+        const gop *o = &g->op[i];
+        if (!o->frozen && L->kind != SF_L_ADD &&
+            ((o->want[0] && !o->first[0]) || (L->kind == SF_L_BATCHNORM2D && !o->want[0]))) {
+            const size_t gb = (es * nb * L->in_c * L->in_h * L->in_w + 255) & ~(size_t)255;
+            obj[n++] = (plan_obj){gb, 0, B(i), B(i), &g->op[i].gtmp, 0};
+        }
+    }
+    const int last = g_storage(net, nl - 1);
+    if (last < nf || (nf > 0 && g_storage(net, nf - 1) < 0)) {
+        sf_cuda_set_error("%s:%d: the model's output is not produced by a trainable layer", __FILE__, __LINE__);
+        return -1;
+    }
+    if (nf > 0)
+        widen(&obj[yi[g_storage(net, nf - 1)]], nf); /* the copy to the boundary */
+    widen(&obj[yi[last]], ntrain); /* the loss reads the logits */
+    widen(&obj[di[last]], ntrain); /* and writes their gradient */
+    for (int c = 0; c < nl; c++) {
+        const sf_layer *L = &m->layers[c];
+        const gop *o = &g->op[c];
+        if (L->kind == SF_L_FLATTEN || o->fused)
+            continue;
+        const int k = L->kind;
+        const int needs_x = !o->frozen && (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR ||
+                                           k == SF_L_BATCHNORM2D);
+        if (!o->frozen && (k == SF_L_RELU || o->relu))
+            widen(&obj[yi[c]], B(c)); /* the ReLU mask */
+        for (int j = 0; j < o->n_in; j++) {
+            const int s = g_storage(net, o->src[j]);
+            if (s < 0 || (!o->frozen && g->op[s].frozen))
+                continue; /* the model input or the frozen boundary: per buffer */
+            widen(&obj[yi[s]], F(c));
+            if (needs_x)
+                widen(&obj[yi[s]], B(c));
+            if (o->want[j])
+                widen(&obj[di[s]], B(c));
+        }
+    }
+#undef F
+#undef B
+    plan_obj *tr[PLAN_MAX], *fr[PLAN_MAX];
+    int ntr = 0, nfr = 0;
+    g->tensor_bytes = 0;
+    for (int k = 0; k < n; k++) {
+        g->tensor_bytes += obj[k].bytes;
+        if (obj[k].frozen)
+            fr[nfr++] = &obj[k];
+        else
+            tr[ntr++] = &obj[k];
+    }
+    g->arena_bytes = place(tr, ntr);
+    g->farena_bytes = place(fr, nfr);
+    if ((g->arena_bytes && dmalloc(net, &g->arena, g->arena_bytes)) ||
+        (g->farena_bytes && dmalloc(net, &g->farena, g->farena_bytes)))
+        return -1;
+    for (int k = 0; k < n; k++)
+        *obj[k].ptr = (char *)(obj[k].frozen ? g->farena : g->arena) + obj[k].off;
     return 0;
 }
 
@@ -696,6 +890,8 @@ static int g_create(sf_cuda_net *net)
             if (dmalloc(net, &g->bnd[b], es * nb * L->out_elems))
                 return -1;
     }
+    if (g_plan_memory(net))
+        return -1;
     int max_c = 1;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
@@ -712,17 +908,12 @@ static int g_create(sf_cuda_net *net)
             o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
             continue;
         }
-        if (dmalloc(net, &o->y, es * nb * L->out_elems))
-            return -1;
-        if (!o->frozen && dmalloc(net, &o->dy, es * nb * L->out_elems))
-            return -1;
         if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
             return -1;
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
             return -1;
     }
-    if (dmalloc(net, &g->gtmp, es * nb * m->max_act))
-        return -1;
+
     if (g->dt != SF_DT_F32) {
         const size_t lsz = nb * (size_t)m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
         if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
@@ -884,13 +1075,13 @@ static void *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
     if (o->first[j])
         return g->op[g_owner(&net->m, o->src[j])].dy;
     *add_after = 1;
-    return g->gtmp;
+    return o->gtmp;
 }
 
 static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s)
 {
     void *d = net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
-    return sf_cuda_add_dt(net->g->dt, d, net->g->gtmp, d, len, 0, s);
+    return sf_cuda_add_dt(net->g->dt, d, net->g->op[i].gtmp, d, len, 0, s);
 }
 
 /* Backward of conv layer i: backward-filter and backward-data both only read
@@ -1009,7 +1200,7 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             break;
         case SF_L_BATCHNORM2D:
             if (sf_cuda_bn_bwd_dt(dt, g_in(net, i, 0, b), n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, o->save,
-                                  o->save + L->out_ch, o->dy, ymask, dx ? dx : g->gtmp, net->grads + L->w_off,
+                                  o->save + L->out_ch, o->dy, ymask, dx ? dx : o->gtmp, net->grads + L->w_off,
                                   net->grads + L->b_off, g->scratch, s))
                 return -1;
             break;
@@ -1133,28 +1324,24 @@ static int g_finish_create(sf_cuda_net *net)
     SF_CUDA_CHECK(cudaMemcpyAsync(g->bufs, hp, sizeof(float) * m->n_buffers, cudaMemcpyHostToDevice, s));
     SF_CUDA_CHECK(cudaStreamSynchronize(s));
     free(hp);
-    for (int i = 0; i < g->nl; i++) {
-        const sf_layer *L = &m->layers[i];
-        if (L->kind == SF_L_FLATTEN || g->op[i].fused)
-            continue;
-        if (sf_cuda_fill_random_dt(dt, g->op[i].y, nb * L->out_elems, 11 + i, 1.f, s))
-            return -1;
-        if (g->op[i].dy && sf_cuda_fill_random_dt(dt, g->op[i].dy, nb * L->out_elems, 111 + i, 1e-3f, s))
-            return -1;
-    }
     for (int b = 0; b < net->cfg.nbuf; b++)
         if (sf_cuda_fill_random_dt(dt, net->io[b].x, nb * m->in_c * m->in_h * m->in_w, 6 + 16 * b, 1.f, s) ||
             (g->bnd[b] && sf_cuda_fill_random_dt(dt, g->bnd[b], nb * g->bnd_elems, 7 + 16 * b, 1.f, s)))
             return -1;
-    if (sf_cuda_fill_random_dt(dt, g->gtmp, nb * m->max_act, 8, 1e-3f, s))
+    if (g->arena && sf_cuda_fill_random_dt(dt, g->arena, g->arena_bytes / g->es, 8, 1.f, s))
         return -1;
-    /* The engines large batches run best on may want more workspace than the
-     * W1 path's 512 MiB (ResNet-18 at batch 1024): let the candidates use up
-     * to 1/16 of free device memory, at most 4 GiB; the net then keeps only
-     * what the chosen plans need. */
+    if (g->farena && sf_cuda_fill_random_dt(dt, g->farena, g->farena_bytes / g->es, 9, 1.f, s))
+        return -1;
+    /* The engines large batches run best on may want more than 512 MiB of
+     * workspace (ResNet-18's stem at batch 1024: about 820 MB; with 512 MiB it
+     * ran at 571 samples/s instead of 21k): let the candidates use up to 1/16
+     * of free device memory, at most WS_TUNE_MAX. The candidates' workspace
+     * exists only while the plans are chosen, but it sets the process's peak
+     * device memory, so it is bounded; the net then keeps only what the
+     * chosen plans need. */
     size_t tune_bytes = WS_TUNE_BYTES, fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && fr / 16 > tune_bytes)
-        tune_bytes = fr / 16 < ((size_t)4 << 30) ? fr / 16 : ((size_t)4 << 30);
+        tune_bytes = fr / 16 < WS_TUNE_MAX ? fr / 16 : WS_TUNE_MAX;
     void *tune_ws = NULL;
     if (cudaMalloc(&tune_ws, tune_bytes) != cudaSuccess) {
         cudaGetLastError();
@@ -1165,18 +1352,23 @@ static int g_finish_create(sf_cuda_net *net)
             cudaGetLastError(), tune_ws = NULL;
     }
     gshape *S = NULL;
-    int rc = g_build_shape(net, net->cfg.max_batch, tune_ws, tune_ws ? tune_bytes : 0, &S);
+    void *const tws[3] = {tune_ws, tune_ws, tune_ws};
+    const size_t tlim[3] = {tune_ws ? tune_bytes : 0, tune_ws ? tune_bytes : 0, tune_ws ? tune_bytes : 0};
+    int rc = g_build_shape(net, net->cfg.max_batch, tws, tlim, &S);
     if (tune_ws)
         cudaFree(tune_ws);
     if (rc)
         return -1;
-    /* One size for every workspace: the largest chosen plan's, with slack for
-     * the plans of other batch sizes. The side stream's exists only with
-     * fork, the transform stream's only with frozen layers. */
-    size_t mx = g_shape_ws(net, S);
-    net->ws_bytes = mx > WS_MIN_BYTES ? mx : WS_MIN_BYTES;
-    if (dmalloc(net, &net->ws, net->ws_bytes) || (!net->cfg.no_fork && dmalloc(net, &net->ws2, net->ws_bytes)) ||
-        (g->nf > 0 && dmalloc(net, &g->fws, net->ws_bytes))) {
+    /* Each workspace holds what its plans chose, with slack for the plans of
+     * other batch sizes. The side stream's exists only with fork, the frozen
+     * prefix's only with frozen layers. */
+    size_t need[3];
+    g_shape_ws(net, S, need);
+    for (int k = 0; k < 3; k++)
+        net->ws_size[k] = need[k] > WS_MIN_BYTES ? need[k] : WS_MIN_BYTES;
+    if (dmalloc(net, &net->ws, net->ws_size[WS_MAIN]) ||
+        (!net->cfg.no_fork && dmalloc(net, &net->ws2, net->ws_size[WS_SIDE])) ||
+        (g->nf > 0 && dmalloc(net, &g->fws, net->ws_size[WS_FROZEN]))) {
         gshape_destroy(S);
         return -1;
     }
@@ -1222,9 +1414,12 @@ static int g_prepare(sf_cuda_net *net, int n)
      * also writes: everything queued finishes first (a new batch size only). */
     SF_CUDA_CHECK(cudaDeviceSynchronize());
     gshape *S;
-    if (g_build_shape(net, n, net->ws, net->ws_bytes, &S))
+    void *const ws[3] = {net->ws, net->ws2 ? net->ws2 : net->ws, g->fws ? g->fws : net->ws};
+    if (g_build_shape(net, n, ws, net->ws_size, &S))
         return -1;
-    if (g_shape_ws(net, S) > net->ws_bytes) {
+    size_t need[3];
+    g_shape_ws(net, S, need);
+    if (need[0] > net->ws_size[0] || need[1] > net->ws_size[1] || need[2] > net->ws_size[2]) {
         gshape_destroy(S);
         sf_cuda_set_error("%s:%d: batch size %d: plans need more workspace", __FILE__, __LINE__, n);
         return -1;
@@ -1535,11 +1730,22 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
             at += (size_t)w;
         }
     }
+    if (at < len) {
+        int w = snprintf(buf + at, len - at,
+                         "memory plan: layer outputs, gradients and gradient scratch in %zu B (trainable arena) "
+                         "+ %zu B (frozen arena), %zu B as one buffer each\n",
+                         g->arena_bytes, g->farena_bytes, g->tensor_bytes);
+        if (w > 0)
+            at += (size_t)w;
+    }
     if (at < len)
-        snprintf(buf + at, len - at, "batch %d, device memory %zu B in %d allocations (workspaces %d x %zu B), layout %s, %s%s%s\n", n,
-                 net->alloc_bytes, net->n_allocs, 1 + (net->ws2 != NULL) + (g->fws != NULL), net->ws_bytes, g->lay == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
-                 g->dt == SF_DT_BF16 ? "bf16" : net->cfg.tf32 ? "tf32" : "fp32", net->graphs_broken ? ", graphs off: " : "",
-                 net->graphs_broken ? net->graph_err : "");
+        snprintf(buf + at, len - at,
+                 "batch %d, layout %s, %s; the net holds %zu B of device memory in %d allocations (workspaces: "
+                 "compute %zu B, side %zu B, frozen %zu B)%s%s\n",
+                 n, g->lay == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
+                 g->dt == SF_DT_BF16 ? "bf16" : net->cfg.tf32 ? "tf32" : "fp32", net->alloc_bytes, net->n_allocs,
+                 net->ws_size[WS_MAIN], net->ws2 ? net->ws_size[WS_SIDE] : 0, g->fws ? net->ws_size[WS_FROZEN] : 0,
+                 net->graphs_broken ? ", graphs off: " : "", net->graphs_broken ? net->graph_err : "");
 }
 
 extern "C" int sf_net_profile(sf_cuda_net *net, int b, int n, char *buf, size_t len)

@@ -33,6 +33,7 @@ extern "C" {
 #include "../../gpu/rng.h"
 }
 
+#include <ctype.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -708,9 +709,23 @@ static void describe_check(sf_backend *be, const sf_model &m, batch_set &bs)
     for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
         if (strncmp(l, "layer ", 6) == 0)
             plan_lines++;
+        /* "batch <n>, ... <bytes> B of device memory ...": the first byte
+         * count on the line is what the net holds (the wording around it is
+         * the executor's to change) */
         int nb = 0;
-        if (sscanf(l, "batch %d, device memory %zu B", &nb, &mem) == 2 && nb == bs.n && mem > 0)
-            mem_line++;
+        const char *nl = strchr(l, '\n'), *dm = strstr(l, "device memory");
+        if (sscanf(l, "batch %d,", &nb) == 1 && nb == bs.n && dm && (!nl || dm < nl)) {
+            size_t v = 0;
+            const char *end = nl ? nl : l + strlen(l);
+            for (const char *q = l; q < end && !v; q++)
+                if (isdigit((unsigned char)*q) && (q == l || !isdigit((unsigned char)q[-1])) &&
+                    strncmp(q + strspn(q, "0123456789"), " B", 2) == 0)
+                    v = strtoull(q, NULL, 10);
+            if (v > 0) {
+                mem = v;
+                mem_line++;
+            }
+        }
         if (strncmp(l, "device: ", 8) == 0)
             dev_line++;
     }

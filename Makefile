@@ -1,9 +1,10 @@
 # streamfeed — build, test, run.
 #
-#   make              build/streamfeed (CUDA backend when nvcc is found; CUDA=0 forces CPU-only)
+#   make              build/streamfeed (CUDA backend when nvcc is found; CUDA=0 forces CPU-only
+#                     and is remembered for later makes in the same build folder)
 #   make test         unit tests (cmocka), integration tests (pytest), fuzz smoke run
 #   make demo         the main job: server + streamfeed-load training on the learnable task
-#   make run          start the server with the default config
+#   make run          start the server (the tiny model when there is no GPU)
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
 #   make bench        side-by-side benchmarks (needs a GPU)
 #   make fuzz         the safetensors parser under libFuzzer (clang)
@@ -19,8 +20,21 @@ BUILD   ?= build
 CC      ?= gcc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# CUDA=0|1 given on the command line (or in the environment) is remembered in
+# $(BUILD)/.cuda-choice, so a later plain `make run` or `make test` keeps the
+# flavour built instead of rebuilding everything for the other one.
+CUDA_CHOICE_FILE = $(BUILD)/.cuda-choice
 ifeq ($(origin CUDA),undefined)
-  CUDA := $(if $(NVCC),1,0)
+  CUDA := $(strip $(shell cat $(CUDA_CHOICE_FILE) 2>/dev/null))
+  ifeq ($(CUDA),)
+    CUDA := $(if $(NVCC),1,0)
+    CUDA_WHY := $(if $(NVCC),,no nvcc at build time)
+  else
+    CUDA_WHY := CUDA=$(CUDA), remembered in $(CUDA_CHOICE_FILE)
+  endif
+else
+  $(shell mkdir -p $(BUILD) && echo $(CUDA) > $(CUDA_CHOICE_FILE))
+  CUDA_WHY := CUDA=$(CUDA)
 endif
 CUDA_ARCH ?= sm_90
 PORT    ?= 8080
@@ -79,18 +93,22 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 GPU_TEST_SRC := $(wildcard tests/gpu/test_*.c) $(wildcard tests/gpu/test_*.cu)
 GPU_TEST_BIN := $(patsubst tests/gpu/%.cu,$(BUILD)/tests/gpu/%,$(patsubst tests/gpu/%.c,$(BUILD)/tests/gpu/%,$(GPU_TEST_SRC)))
 
-VERSION := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+COMMIT  := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 CPPFLAGS += -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\"
 # Only these objects carry the version, so a new commit does not rebuild everything.
-$(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSION)\"
+$(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSION)\" -DSF_COMMIT=\"$(COMMIT)\"
 $(BUILD)/server/app.o $(BUILD)/server/main.o: .FORCE
+# Why a CPU-only build has no CUDA backend: CUDA=0 asked for, or no nvcc found.
+$(BUILD)/gpu/nocuda/backend_nocuda.o: CPPFLAGS += -DSF_NOCUDA_REASON='"$(CUDA_WHY)"'
+$(BUILD)/gpu/nocuda/backend_nocuda.o: .FORCE
 .FORCE:
 
 .PHONY: client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
-	@printf '%s\n' "streamfeed build: $(if $(filter 1,$(CUDA)),✓ nvcc ($(NVCC)) → CUDA backend ($(CUDA_ARCH)),✗ nvcc → CPU reference backend only)"
+	@printf '%s\n' "streamfeed build: $(if $(filter 1,$(CUDA)),✓ nvcc ($(NVCC)) → CUDA backend ($(CUDA_ARCH)),✗ CUDA ($(CUDA_WHY)) → CPU reference backend only)"
 	@printf '%s\n' "  $(if $(wildcard /dev/nvidia0),✓ GPU device node,✗ GPU device node: GPU tests will skip)"
 
 # Objects depend on a stamp naming the build flavour, so switching CUDA=0/1 or
@@ -149,11 +167,16 @@ unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
 # One virtualenv for every Python test suite (integration, client, contract, ops).
-REQS := $(wildcard tests/requirements*.txt)
-$(VENV)/.stamp: $(REQS)
+# torch (tests/requirements-torch.txt) comes from the PyTorch CPU index when it
+# answers: the CPU wheel is small and fast to install; PyPI's is the CUDA build.
+REQS := $(filter-out tests/requirements-torch.txt,$(wildcard tests/requirements*.txt))
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+$(VENV)/.stamp: $(REQS) tests/requirements-torch.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q $(addprefix -r ,$(REQS))
+	$(VENV)/bin/pip install -q --retries 1 --timeout 30 --index-url $(TORCH_INDEX) -r tests/requirements-torch.txt \
+	  || $(VENV)/bin/pip install -q -r tests/requirements-torch.txt
 	@touch $@
 venv: $(VENV)/.stamp
 
@@ -161,9 +184,11 @@ integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q tests/integration
 
-# The Python client against the real binary; the API contract (schemathesis)
-# and a real Prometheus scraping the service.
+# The Python client against the real binary (mypy --strict over the package
+# first); the API contract (schemathesis) and a real Prometheus scraping the service.
+# The package ships py.typed, so its typing is checked as strictly as users' mypy will.
 client-test: $(BUILD)/streamfeed $(VENV)/.stamp
+	cd client/python && $(abspath $(VENV))/bin/python -m mypy --strict --no-incremental streamfeed
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/client tests/contract
 
 # Deployment artefacts: OpenAPI spec, Dockerfile (hadolint), kustomize render +
@@ -198,13 +223,19 @@ fuzz-smoke: $(BUILD)/fuzz_safetensors
 	@echo "fuzz smoke: 20 s of libFuzzer on the safetensors parser, no crash"
 
 gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
-	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-test: built without CUDA (no nvcc)"; \
+	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-test: built without CUDA ($(CUDA_WHY))"; \
 	elif ! ls /dev/nvidia0 >/dev/null 2>&1; then echo "SKIPPED gpu-test: no GPU on this machine (CUDA code compiled: $(words $(GPU_TEST_BIN)) test binaries built)"; \
 	else set -e; for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t; done; fi
 
 # ---- run -------------------------------------------------------------------
+# Without a GPU the CPU reference backend needs seconds to minutes per W1
+# batch: `make run` starts the tiny model there (32x32x3, milliseconds per
+# batch), so the README's first commands answer at once. RUN_FLAGS= overrides.
+TINY_AUGMENT := '[{"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.5],"std":[0.25]}]'
+CPU_RUN_FLAGS := --model.preset tiny --augment.pipeline $(TINY_AUGMENT)
+RUN_FLAGS ?= $(if $(wildcard /dev/nvidia0),,$(CPU_RUN_FLAGS))
 run: $(BUILD)/streamfeed
-	$(BUILD)/streamfeed --http.port $(PORT)
+	$(BUILD)/streamfeed --http.port $(PORT) $(RUN_FLAGS)
 
 demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
 	@bash tools/demo.sh
@@ -224,9 +255,11 @@ bench: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 	@bash bench/run.sh
 
 # docs/CONFIG.md is generated from the option table; tests check it is current.
+# deploy/base/prometheusrule.yaml is generated from deploy/prometheus/alerts.yaml.
 docs: $(BUILD)/streamfeed
 	$(BUILD)/streamfeed --help-markdown > docs/CONFIG.md
 	$(PYTHON) tools/gen_openapi_config.py $(BUILD)/streamfeed openapi/streamfeed.yaml
+	$(PYTHON) tools/gen_prometheus_rule.py
 
 clean:
 	rm -rf $(BUILD)

@@ -11,7 +11,8 @@
  * of back-to-back launches (launch gaps included).
  *
  * Usage: augment_bench [--batch N] [--iters N]
- * Prints a table and one JSON line per configuration (the first is W1).
+ * Prints a table and one JSON line per configuration (the first is W1; the last,
+ * rrc224_flip, times the antialiased random_resized_crop kernel).
  * Build: nvcc -std=c++17 -O3 -arch=sm_90 -I. bench/augment_bench.cu \
  *          gpu/cuda/augment.cu gpu/aug.c gpu/ref/augment.c -lcjson
  */
@@ -55,6 +56,13 @@ static const char *W1_NOBLUR_JSON =
     "{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"
     "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},"
     "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]";
+
+/* ImageNet-style training geometry on the same sources: random_resized_crop to
+ * 224 (antialiased where the crop shrinks), flip, normalize. */
+static const char *RRC224_JSON =
+    "[{\"op\":\"random_resized_crop\",\"size\":[224,224]},{\"op\":\"horizontal_flip\"},"
+    "{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862},"
+    "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]";
 
 static float median(std::vector<float> v)
 {
@@ -191,6 +199,7 @@ int main(int argc, char **argv)
         {"W1_out_nhwc", W1_JSON, 0, 1},
         {"W1_noblur", W1_NOBLUR_JSON, 0, 0},
         {"identity", "[]", 0, 0},
+        {"rrc224_flip", RRC224_JSON, 0, 0},
     };
     printf("%-12s %6s %10s %10s %12s %9s %9s %8s\n", "config", "batch", "median_us", "pipe_us",
            "images/s", "GB/s", "bound_us", "x_bound");

@@ -55,7 +55,7 @@ def main():
     # Steady window: from warmup_steps finished batches until 90% of them
     # finished (a finished batch is a trained step, or a sunk batch in sink mode).
     fin = "streamfeed_batches_finished_total"
-    byt = "streamfeed_bytes_received_total"
+    byt = "streamfeed_received_bytes_total"
     t0 = s0 = b0 = None
     while True:
         s = metric(url, fin) or 0

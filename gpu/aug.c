@@ -7,8 +7,9 @@
  * inverse: the map from a point of its output to the point of its input that
  * lands there. In list order, op k maps image k-1 to image k, so the composed
  * inverse is  inv = inv_1 o inv_2 o ... o inv_K  (output -> source).
- *   random_crop (x0,y0):   (x,y) -> (x + x0, y + y0)
- *   resize W,H -> w,h:     (x,y) -> (x * W/w, y * H/h)          (no antialias)
+ *   random_crop, center_crop (x0,y0):  (x,y) -> (x + x0, y + y0)
+ *   resize W,H -> w,h:     (x,y) -> (x * W/w, y * H/h)
+ *   random_resized_crop:   its crop (x0,y0,cw,ch), then a resize cw,ch -> w,h
  *   random_rotation a:     (x,y) -> C + R(a) (p - C), C = (W/2, H/2),
  *                          R(a) = [cos a, -sin a; sin a, cos a] with a positive
  *                          angle turning the content counter-clockwise on screen
@@ -20,6 +21,10 @@
  *   random_crop:  draw 0 -> y0 = min(floor(u*(H-h+1)), H-h); draw 1 -> x0 likewise
  *   random_rotation: draw 0 -> angle = min + u*(max-min) (float, degrees)
  *   horizontal_flip: draw 0 -> flip when u < p
+ *   random_resized_crop: attempt a's draws d = 0 (area), 1 (log ratio), 2 (top),
+ *                  3 (left) are sf_u01(sf_hash4(sf_hash4(seed, seq, i, op_index*16),
+ *                  a, d, SF_AUG_RRC_KEY)); see rrc_window
+ *   center_crop:   no draw; offsets round((H-h)/2), round((W-w)/2)
  *   gaussian_blur: draw 0 -> sigma = min + u*(max-min) (float)
  * random_mask: mask_seed = sf_hash4(seed, seq, i, SF_AUG_MASK_KEY).
  */
@@ -37,6 +42,7 @@
 #include "rng.h"
 
 #define SF_AUG_MASK_KEY 0x4D41534Bull /* "MASK" */
+#define SF_AUG_RRC_KEY 0x52524321ull  /* "RRC!" */
 #define SF_AUG_MAX_DIM 16384          /* largest image side, source or output */
 #define SF_AUG_MAX_DILATE 32
 
@@ -56,6 +62,8 @@ static const char *const kind_names[SF_AUG_KIND_COUNT] = {
     [SF_AUG_COLOR_CONVERT] = "color_convert",
     [SF_AUG_RANDOM_MASK] = "random_mask",
     [SF_AUG_TO_DTYPE] = "to_dtype",
+    [SF_AUG_RANDOM_RESIZED_CROP] = "random_resized_crop",
+    [SF_AUG_CENTER_CROP] = "center_crop",
 };
 
 const char *sf_aug_kind_name(sf_aug_kind k)
@@ -68,7 +76,7 @@ const char *sf_aug_kind_name(sf_aug_kind k)
 static int is_geom(sf_aug_kind k)
 {
     return k == SF_AUG_RANDOM_CROP || k == SF_AUG_RESIZE || k == SF_AUG_RANDOM_ROTATION ||
-           k == SF_AUG_HFLIP;
+           k == SF_AUG_HFLIP || k == SF_AUG_RANDOM_RESIZED_CROP || k == SF_AUG_CENTER_CROP;
 }
 
 /* ---- parsing ------------------------------------------------------------ */
@@ -197,6 +205,18 @@ static int check_keys(const cJSON *o, const char *const *allowed, const char *wh
     return 0;
 }
 
+/* "antialias": a boolean, true when absent (torchvision v2's default). */
+static int get_antialias(const cJSON *o, int *out, const char *what, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "antialias");
+    if (v && !cJSON_IsBool(v)) {
+        sf_errf(err, errlen, "%s: \"antialias\" must be true or false", what);
+        return -1;
+    }
+    *out = !v || cJSON_IsTrue(v);
+    return 0;
+}
+
 static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t errlen)
 {
     char what[64];
@@ -234,9 +254,37 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         static const char *const keys[] = {"op", "size", "antialias", NULL};
         if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 0, &op->size_h, &op->size_w, what, err, errlen))
             return -1;
-        const cJSON *aa = cJSON_GetObjectItemCaseSensitive(jo, "antialias");
-        if (aa && !cJSON_IsFalse(aa)) {
-            sf_errf(err, errlen, "%s: only \"antialias\": false is supported", what);
+        if (get_antialias(jo, &op->antialias, what, err, errlen))
+            return -1;
+        break;
+    }
+    case SF_AUG_CENTER_CROP: {
+        static const char *const keys[] = {"op", "size", NULL};
+        if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 1, &op->size_h, &op->size_w, what, err, errlen))
+            return -1;
+        break;
+    }
+    case SF_AUG_RANDOM_RESIZED_CROP: {
+        static const char *const keys[] = {"op", "size", "scale", "ratio", "antialias", NULL};
+        if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 1, &op->size_h, &op->size_w, what, err, errlen) ||
+            get_antialias(jo, &op->antialias, what, err, errlen))
+            return -1;
+        op->area_min = 0.08f; /* torchvision's defaults */
+        op->area_max = 1.0f;
+        op->aspect_min = 3.0f / 4.0f;
+        op->aspect_max = 4.0f / 3.0f;
+        if (cJSON_GetObjectItemCaseSensitive(jo, "scale") &&
+            get_range(jo, "scale", 0, &op->area_min, &op->area_max, what, err, errlen))
+            return -1;
+        if (cJSON_GetObjectItemCaseSensitive(jo, "ratio") &&
+            get_range(jo, "ratio", 0, &op->aspect_min, &op->aspect_max, what, err, errlen))
+            return -1;
+        if (!(op->area_min > 0.0f) || op->area_max > 1.0f) {
+            sf_errf(err, errlen, "%s: \"scale\" must lie in (0,1]", what);
+            return -1;
+        }
+        if (!(op->aspect_min >= 1e-3f) || op->aspect_max > 1e3f) {
+            sf_errf(err, errlen, "%s: \"ratio\" must lie in [0.001,1000]", what);
             return -1;
         }
         break;
@@ -442,12 +490,16 @@ out:
 
 /* ---- plan --------------------------------------------------------------- */
 
-int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
+/* Walks the list for an in_h x in_w source, or for ragged sources when
+ * in_h = in_w = 0: then h = w = 0 stands for "each sample's own size" until an
+ * op fixes the size. */
+static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
                      char *err, size_t errlen)
 {
     memset(plan, 0, sizeof *plan);
-    if (in_h < 1 || in_w < 1 || in_h > SF_AUG_MAX_DIM || in_w > SF_AUG_MAX_DIM || c < 1 ||
-        c > SF_AUG_MAX_C) {
+    const int ragged = in_h == 0 && in_w == 0;
+    if ((!ragged && (in_h < 1 || in_w < 1 || in_h > SF_AUG_MAX_DIM || in_w > SF_AUG_MAX_DIM)) ||
+        c < 1 || c > SF_AUG_MAX_C) {
         sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
                 in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
         return -1;
@@ -459,9 +511,16 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
     plan->in_h = in_h;
     plan->in_w = in_w;
     plan->c = c;
+    plan->ragged = ragged;
+    plan->has_geom = ragged; /* ragged sources always need the map */
     plan->interp = SF_INTERP_BILINEAR;
     int h = in_h, w = in_w;
     int blur_at = -1;
+    /* Antialias: whether some axis may shrink. scl_* bound the source pixels per
+     * pixel of the current image; unknown once a ragged source is resized, and
+     * random_resized_crop's scale is random. */
+    double scl_x = 1.0, scl_y = 1.0;
+    int may_shrink = 0, want_aa = 0;
     float value_scale = 1.0f; /* product of to_dtype scales so far (for YCbCr's offset) */
 
     for (int i = 0; i < p->n_ops; i++) {
@@ -471,6 +530,11 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             plan->has_geom = 1;
         switch (op->kind) {
         case SF_AUG_RANDOM_CROP:
+            if (h == 0) {
+                sf_errf(err, errlen, "aug op %d (%s): ragged sources have no fixed size to crop from; "
+                        "put a resize, random_resized_crop or center_crop before it", i, name);
+                return -1;
+            }
             if (op->size_h < 1 || op->size_w < 1 || op->size_h > h || op->size_w > w) {
                 sf_errf(err, errlen, "aug op %d (%s): crop %dx%d does not fit its %dx%d input", i, name,
                         op->size_h, op->size_w, h, w);
@@ -479,19 +543,54 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             h = op->size_h;
             w = op->size_w;
             break;
+        case SF_AUG_CENTER_CROP:
+            /* On a ragged source it fixes the size; a smaller sample repeats its
+             * edges (gpu/aug.h). */
+            if (op->size_h < 1 || op->size_w < 1 || op->size_h > SF_AUG_MAX_DIM ||
+                op->size_w > SF_AUG_MAX_DIM || (h > 0 && (op->size_h > h || op->size_w > w))) {
+                sf_errf(err, errlen, "aug op %d (%s): crop %dx%d does not fit its %dx%d input", i, name,
+                        op->size_h, op->size_w, h, w);
+                return -1;
+            }
+            h = op->size_h;
+            w = op->size_w;
+            break;
         case SF_AUG_RESIZE:
+        case SF_AUG_RANDOM_RESIZED_CROP:
             if (op->size_h < 1 || op->size_w < 1 || op->size_h > SF_AUG_MAX_DIM ||
                 op->size_w > SF_AUG_MAX_DIM) {
                 sf_errf(err, errlen, "aug op %d (%s): size %dx%d out of range [1,%d]", i, name,
                         op->size_h, op->size_w, SF_AUG_MAX_DIM);
                 return -1;
             }
+            if (op->kind == SF_AUG_RANDOM_RESIZED_CROP &&
+                (!(op->area_min > 0.0f) || op->area_min > op->area_max || !(op->aspect_min > 0.0f) ||
+                 op->aspect_min > op->aspect_max)) {
+                sf_errf(err, errlen, "aug op %d (%s): scale [%g,%g] / ratio [%g,%g] invalid", i, name,
+                        (double)op->area_min, (double)op->area_max, (double)op->aspect_min,
+                        (double)op->aspect_max);
+                return -1;
+            }
+            want_aa |= op->antialias;
+            if (h == 0 || op->kind == SF_AUG_RANDOM_RESIZED_CROP) {
+                may_shrink = 1;
+            } else {
+                scl_x *= (double)w / op->size_w;
+                scl_y *= (double)h / op->size_h;
+            }
             h = op->size_h;
             w = op->size_w;
             break;
         case SF_AUG_RANDOM_ROTATION:
+            if (plan->has_rot) {
+                sf_errf(err, errlen, "aug op %d (%s): only one random_rotation per pipeline", i, name);
+                return -1;
+            }
+            plan->has_rot = 1;
             if (op->interp == SF_INTERP_NEAREST)
                 plan->interp = SF_INTERP_NEAREST;
+            /* A turned pixel grid spans up to the larger scale along either axis. */
+            scl_x = scl_y = scl_x > scl_y ? scl_x : scl_y;
             break;
         case SF_AUG_HFLIP:
             break;
@@ -577,9 +676,36 @@ int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             return -1;
         }
     }
+    if (h == 0) {
+        sf_errf(err, errlen, "ragged sources need a resize, random_resized_crop or center_crop that "
+                "fixes the output size; the augmentation list has none");
+        return -1;
+    }
     plan->out_h = h;
     plan->out_w = w;
+    /* Where no axis can shrink the filter is bilinear with clamped taps: the
+     * plain path computes the same function faster. */
+    plan->antialias = want_aa && plan->interp == SF_INTERP_BILINEAR &&
+                      (may_shrink || scl_x > 1.0 || scl_y > 1.0);
     return 0;
+}
+
+int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
+                     char *err, size_t errlen)
+{
+    if (in_h == 0 && in_w == 0) { /* plan_walk's ragged marker is not a size */
+        memset(plan, 0, sizeof *plan);
+        sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
+                in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
+        return -1;
+    }
+    return plan_walk(p, in_h, in_w, c, plan, err, errlen);
+}
+
+int sf_aug_plan_make_ragged(const sf_aug_pipeline *p, int c, sf_aug_plan *plan, char *err,
+                            size_t errlen)
+{
+    return plan_walk(p, 0, 0, c, plan, err, errlen);
 }
 
 /* ---- per-sample parameters ---------------------------------------------- */
@@ -603,88 +729,232 @@ static float draw(uint64_t seed, uint64_t seq, int i, int op, int k)
     return sf_u01(sf_hash4(seed, seq, (uint64_t)i, (uint64_t)op * 16u + (uint64_t)k));
 }
 
+/* random_resized_crop's draws: value d (0..3) of attempt a (0..9). */
+static float draw_rrc(uint64_t seed, uint64_t seq, int i, int op, int a, int d)
+{
+    const uint64_t key = sf_hash4(seed, seq, (uint64_t)i, (uint64_t)op * 16u);
+    return sf_u01(sf_hash4(key, (uint64_t)a, (uint64_t)d, SF_AUG_RRC_KEY));
+}
+
+/* floor(u * (range + 1)) clamped to [0, range]: a uniform offset. */
+static int offset_in(float u, int range)
+{
+    int v = (int)(u * (float)(range + 1));
+    return v > range ? range : v < 0 ? 0 : v;
+}
+
+/* Composes the crop of image k at (x0, y0), cw x ch, into m (image k ->
+ * source). While m only translates or mirrors the source (clip_live: no resize
+ * or rotation yet), the window, in source pixels, also narrows the clamp box. */
+static void crop_into(double m[6], int clip[4], int clip_live, int x0, int y0, int cw, int ch,
+                      sf_aug_sample *s)
+{
+    if (clip_live) {
+        /* The source positions of the window's first and last pixel centres. */
+        const double xa = m[0] * (x0 + 0.5) + m[2], xb = m[0] * (x0 + cw - 0.5) + m[2];
+        const double ya = m[4] * (y0 + 0.5) + m[5], yb = m[4] * (y0 + ch - 0.5) + m[5];
+        const int lx = (int)floor(fmin(xa, xb)), hx = (int)floor(fmax(xa, xb));
+        const int ly = (int)floor(fmin(ya, yb)), hy = (int)floor(fmax(ya, yb));
+        /* Intersected with the box so far: a window larger than a ragged source
+         * (center_crop) keeps the source's own edges. */
+        if (lx > clip[0])
+            clip[0] = lx;
+        if (ly > clip[1])
+            clip[1] = ly;
+        if (hx < clip[2])
+            clip[2] = hx;
+        if (hy < clip[3])
+            clip[3] = hy;
+    }
+    const double t[6] = {1, 0, x0, 0, 1, y0};
+    affine_then(m, t);
+    s->crop_x = x0;
+    s->crop_y = y0;
+    s->crop_w = cw;
+    s->crop_h = ch;
+}
+
+/* torchvision's RandomResizedCrop.make_params on an h x w image: ten tries of
+ * area fraction u in [amin, amax] and log-uniform aspect ratio r, width
+ * round(sqrt(area*r)), height round(sqrt(area/r)) (half to even, as Python's
+ * round), until the crop fits; then the centre crop of the clamped ratio. */
+static void rrc_window(const sf_aug_op *op, uint64_t seed, uint64_t seq, int i, int k, int h, int w,
+                       int *x0, int *y0, int *cw, int *ch)
+{
+    const double area = (double)h * w;
+    const double lr0 = log((double)op->aspect_min), lr1 = log((double)op->aspect_max);
+    for (int a = 0; a < 10; a++) {
+        const double target = area * (op->area_min + draw_rrc(seed, seq, i, k, a, 0) *
+                                                         (double)(op->area_max - op->area_min));
+        const double ratio = exp(lr0 + draw_rrc(seed, seq, i, k, a, 1) * (lr1 - lr0));
+        const int tw = (int)rint(sqrt(target * ratio)), th = (int)rint(sqrt(target / ratio));
+        if (tw > 0 && tw <= w && th > 0 && th <= h) {
+            *cw = tw;
+            *ch = th;
+            *y0 = offset_in(draw_rrc(seed, seq, i, k, a, 2), h - th);
+            *x0 = offset_in(draw_rrc(seed, seq, i, k, a, 3), w - tw);
+            return;
+        }
+    }
+    const double in_ratio = (double)w / h;
+    if (in_ratio < op->aspect_min) {
+        *cw = w;
+        *ch = (int)rint(w / (double)op->aspect_min);
+    } else if (in_ratio > op->aspect_max) {
+        *ch = h;
+        *cw = (int)rint(h * (double)op->aspect_max);
+    } else {
+        *cw = w;
+        *ch = h;
+    }
+    *cw = *cw < 1 ? 1 : *cw > w ? w : *cw;
+    *ch = *ch < 1 ? 1 : *ch > h ? h : *ch;
+    *y0 = (h - *ch) / 2;
+    *x0 = (w - *cw) / 2;
+}
+
+/* torchvision's center_crop offset along one axis: round((n - c) / 2) (half to
+ * even); a crop larger than the image starts -((c - n) // 2), where torchvision
+ * places the image inside its zero padding. */
+static int center_offset(int n, int c)
+{
+    return n >= c ? (int)rint((n - c) / 2.0) : -((c - n) / 2);
+}
+
+/* The parameters of sample i, whose source is src_h x src_w at byte src_off. */
+static void gen_one(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
+                    uint64_t seq, int i, int src_h, int src_w, size_t src_off, sf_aug_sample *s)
+{
+    memset(s, 0, sizeof *s); /* plan->antialias reads aa only when set below */
+    s->src_h = src_h;
+    s->src_w = src_w;
+    s->src_off = src_off;
+    s->clip[2] = src_w - 1;
+    s->clip[3] = src_h - 1;
+    int clip_live = 1;
+    double m[6] = {1, 0, 0, 0, 1, 0}; /* image k -> source, starting at k = 0 */
+    int h = src_h, w = src_w;
+
+    for (int k = 0; k < p->n_ops; k++) {
+        const sf_aug_op *op = &p->ops[k];
+        switch (op->kind) {
+        case SF_AUG_RANDOM_CROP: {
+            /* h >= size_h and w >= size_w: checked by the plan */
+            const int y0 = offset_in(draw(seed, seq, i, k, 0), h - op->size_h);
+            const int x0 = offset_in(draw(seed, seq, i, k, 1), w - op->size_w);
+            crop_into(m, s->clip, clip_live, x0, y0, op->size_w, op->size_h, s);
+            h = op->size_h;
+            w = op->size_w;
+            break;
+        }
+        case SF_AUG_CENTER_CROP:
+            crop_into(m, s->clip, clip_live, center_offset(w, op->size_w), center_offset(h, op->size_h),
+                      op->size_w, op->size_h, s);
+            h = op->size_h;
+            w = op->size_w;
+            break;
+        case SF_AUG_RANDOM_RESIZED_CROP: {
+            int x0, y0, cw, ch;
+            rrc_window(op, seed, seq, i, k, h, w, &x0, &y0, &cw, &ch);
+            crop_into(m, s->clip, clip_live, x0, y0, cw, ch, s);
+            const double t[6] = {(double)cw / op->size_w, 0, 0, 0, (double)ch / op->size_h, 0};
+            affine_then(m, t);
+            clip_live = 0;
+            h = op->size_h;
+            w = op->size_w;
+            break;
+        }
+        case SF_AUG_RESIZE: {
+            const double t[6] = {(double)w / op->size_w, 0, 0, 0, (double)h / op->size_h, 0};
+            affine_then(m, t);
+            clip_live = 0;
+            h = op->size_h;
+            w = op->size_w;
+            break;
+        }
+        case SF_AUG_RANDOM_ROTATION: {
+            /* The map so far only scales, translates and mirrors (one rotation
+             * per list): invert it per axis for the coverage of this image. */
+            s->rot[0] = (float)(1.0 / m[0]);
+            s->rot[1] = (float)(-m[2] / m[0]);
+            s->rot[2] = (float)(1.0 / m[4]);
+            s->rot[3] = (float)(-m[5] / m[4]);
+            s->pre[0] = (float)m[0];
+            s->pre[1] = (float)m[2];
+            s->pre[2] = (float)m[4];
+            s->pre[3] = (float)m[5];
+            s->rot_w = (float)w;
+            s->rot_h = (float)h;
+            /* Antialias filters the rotation's input image, as torchvision's
+             * resize before its rotate: the supports are this map's scales. */
+            s->aa[0] = (float)fmax(1.0, fabs(m[0]));
+            s->aa[1] = (float)fmax(1.0, fabs(m[4]));
+            clip_live = 0;
+            float u = draw(seed, seq, i, k, 0);
+            float ang = op->deg_min + u * (op->deg_max - op->deg_min);
+            double a = (double)ang * (M_PI / 180.0);
+            double ca = cos(a), sa = sin(a);
+            double cx = w * 0.5, cy = h * 0.5;
+            /* source = C + R (p - C), R = [ca, -sa; sa, ca] */
+            const double t[6] = {ca, -sa, cx - ca * cx + sa * cy, sa, ca, cy - sa * cx - ca * cy};
+            affine_then(m, t);
+            s->angle_deg = ang;
+            break;
+        }
+        case SF_AUG_HFLIP: {
+            if (draw(seed, seq, i, k, 0) < op->p) {
+                const double t[6] = {-1, 0, (double)w, 0, 1, 0};
+                affine_then(m, t);
+                s->flip ^= 1;
+            }
+            break;
+        }
+        case SF_AUG_GAUSSIAN_BLUR: {
+            float u = draw(seed, seq, i, k, 0);
+            float sigma = op->sigma_min + u * (op->sigma_max - op->sigma_min);
+            s->sigma = sigma;
+            /* torchvision _get_gaussian_kernel1d: x = -(k-1)/2 .. (k-1)/2,
+             * pdf = exp(-0.5 (x/sigma)^2), normalised to sum 1. */
+            double wsum = 0.0, wk[SF_AUG_MAX_KSIZE];
+            int ks = op->ksize, half = (ks - 1) / 2;
+            for (int j = 0; j < ks; j++) {
+                double x = (double)(j - half) / sigma;
+                wk[j] = exp(-0.5 * x * x);
+                wsum += wk[j];
+            }
+            for (int j = 0; j < ks; j++)
+                s->blur_w[j] = (float)(wk[j] / wsum);
+            break;
+        }
+        default:
+            break; /* pointwise ops draw nothing here */
+        }
+    }
+    for (int j = 0; j < 6; j++)
+        s->inv[j] = (float)m[j];
+    if (plan->antialias && !plan->has_rot) {
+        /* Source pixels per output pixel along each source axis. */
+        s->aa[0] = (float)fmax(1.0, hypot(m[0], m[1]));
+        s->aa[1] = (float)fmax(1.0, hypot(m[3], m[4]));
+    }
+    s->mask_seed = sf_hash4(seed, seq, (uint64_t)i, SF_AUG_MASK_KEY);
+}
+
 void sf_aug_gen(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed, uint64_t seq,
                 int n, sf_aug_sample *out)
 {
-    for (int i = 0; i < n; i++) {
-        sf_aug_sample *s = &out[i];
-        memset(s, 0, sizeof *s);
-        double m[6] = {1, 0, 0, 0, 1, 0}; /* image k -> source, starting at k = 0 */
-        int h = plan->in_h, w = plan->in_w;
+    const size_t in_sz = (size_t)plan->c * plan->in_h * plan->in_w;
+    for (int i = 0; i < n; i++)
+        gen_one(p, plan, seed, seq, i, plan->in_h, plan->in_w, in_sz * (size_t)i, &out[i]);
+}
 
-        for (int k = 0; k < p->n_ops; k++) {
-            const sf_aug_op *op = &p->ops[k];
-            switch (op->kind) {
-            case SF_AUG_RANDOM_CROP: {
-                int ry = h - op->size_h, rx = w - op->size_w; /* >= 0 (checked by the plan) */
-                int y0 = (int)(draw(seed, seq, i, k, 0) * (float)(ry + 1));
-                int x0 = (int)(draw(seed, seq, i, k, 1) * (float)(rx + 1));
-                if (y0 > ry)
-                    y0 = ry;
-                if (x0 > rx)
-                    x0 = rx;
-                if (y0 < 0)
-                    y0 = 0;
-                if (x0 < 0)
-                    x0 = 0;
-                const double t[6] = {1, 0, x0, 0, 1, y0};
-                affine_then(m, t);
-                s->crop_x = x0;
-                s->crop_y = y0;
-                h = op->size_h;
-                w = op->size_w;
-                break;
-            }
-            case SF_AUG_RESIZE: {
-                const double t[6] = {(double)w / op->size_w, 0, 0, 0, (double)h / op->size_h, 0};
-                affine_then(m, t);
-                h = op->size_h;
-                w = op->size_w;
-                break;
-            }
-            case SF_AUG_RANDOM_ROTATION: {
-                float u = draw(seed, seq, i, k, 0);
-                float ang = op->deg_min + u * (op->deg_max - op->deg_min);
-                double a = (double)ang * (M_PI / 180.0);
-                double ca = cos(a), sa = sin(a);
-                double cx = w * 0.5, cy = h * 0.5;
-                /* source = C + R (p - C), R = [ca, -sa; sa, ca] */
-                const double t[6] = {ca, -sa, cx - ca * cx + sa * cy, sa, ca, cy - sa * cx - ca * cy};
-                affine_then(m, t);
-                s->angle_deg = ang;
-                break;
-            }
-            case SF_AUG_HFLIP: {
-                if (draw(seed, seq, i, k, 0) < op->p) {
-                    const double t[6] = {-1, 0, (double)w, 0, 1, 0};
-                    affine_then(m, t);
-                    s->flip ^= 1;
-                }
-                break;
-            }
-            case SF_AUG_GAUSSIAN_BLUR: {
-                float u = draw(seed, seq, i, k, 0);
-                float sigma = op->sigma_min + u * (op->sigma_max - op->sigma_min);
-                s->sigma = sigma;
-                /* torchvision _get_gaussian_kernel1d: x = -(k-1)/2 .. (k-1)/2,
-                 * pdf = exp(-0.5 (x/sigma)^2), normalised to sum 1. */
-                double wsum = 0.0, wk[SF_AUG_MAX_KSIZE];
-                int ks = op->ksize, half = (ks - 1) / 2;
-                for (int j = 0; j < ks; j++) {
-                    double x = (double)(j - half) / sigma;
-                    wk[j] = exp(-0.5 * x * x);
-                    wsum += wk[j];
-                }
-                for (int j = 0; j < ks; j++)
-                    s->blur_w[j] = (float)(wk[j] / wsum);
-                break;
-            }
-            default:
-                break; /* pointwise ops draw nothing here */
-            }
-        }
-        for (int j = 0; j < 6; j++)
-            s->inv[j] = (float)m[j];
-        s->mask_seed = sf_hash4(seed, seq, (uint64_t)i, SF_AUG_MASK_KEY);
+void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
+                       uint64_t seq, int n, const int *src_hw, sf_aug_sample *out)
+{
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const int h = src_hw[2 * i], w = src_hw[2 * i + 1];
+        gen_one(p, plan, seed, seq, i, h, w, off, &out[i]);
+        off += (size_t)plan->c * (size_t)h * (size_t)w;
     }
 }

@@ -11,15 +11,47 @@
  * so the CUDA and reference backends compute the same function.
  *
  * Semantics of the composed pipeline (what both backends implement):
- *  1. Geometry. random_crop, resize, random_rotation and horizontal_flip compose
- *     into one affine map from output pixel centres to source coordinates
- *     (sf_aug_sample.inv), and the source is sampled once: bilinear (or
- *     nearest) with per-tap zero padding (a tap outside the source image reads
- *     0, as torch grid_sample(padding_mode="zeros", align_corners=False)).
- *     Pixel centres follow PyTorch's align_corners=False convention.
- *     Differences from sequential torchvision ops: one resampling instead of
- *     one per op (sharper, and no intermediate rounding or clipping to uint8);
- *     the rotation's fill applies to the composed map's outside region.
+ *  1. Geometry. random_crop, center_crop, random_resized_crop, resize,
+ *     random_rotation and horizontal_flip compose into one affine map from
+ *     output pixel centres to source coordinates (sf_aug_sample.inv), and the
+ *     source is sampled once. Pixel centres follow PyTorch's align_corners=False
+ *     convention.
+ *     Edges, as torchvision. Taps clamp to the edge of the clamp box
+ *     (sf_aug_sample.clip): the source, or the window of the last crop made
+ *     before any resize or rotation (crop, center_crop, random_resized_crop's
+ *     crop), since torchvision resizes a crop as an image of its own
+ *     (F.resize's bilinear clamps its source index; its antialias filter
+ *     renormalises over the taps inside). Only the rotation's outside region
+ *     takes the fill (0): the clamped value is multiplied by the coverage of the
+ *     rotation's input image at the point (bilinear: the bilinear weight its
+ *     pixels would give an all-ones image, as grid_sample(padding_mode="zeros");
+ *     nearest: 1 if the nearest pixel is inside, else 0). For a rotation of the
+ *     source itself this is exactly v2.functional.rotate(fill=None);
+ *     RandomRotation's fill=0 multiplies by that coverage a second time within
+ *     one pixel of the border.
+ *     Antialias. With "antialias": true (the default of resize and
+ *     random_resized_crop, as torchvision v2; the map is filtered when any
+ *     resizing op of the list asks for it) and bilinear resampling, a sample is
+ *     torch's triangle filter (_upsample_bilinear2d_aa, PIL's): along each
+ *     source axis, support a = max(1, source pixels per output pixel) (the norm
+ *     of that row of inv), taps j with weight max(0, 1 - |j + 0.5 - s| / a) over
+ *     the clamp box, normalised by their sum, with s the point clamped to the
+ *     box's pixel centres. a = 1 is bilinear with clamped taps, so a plan uses
+ *     the filter only where some axis may shrink (sf_aug_plan.antialias).
+ *     Without rotation this is torchvision's resize/resized_crop. With one, the
+ *     rotation's input image is what gets filtered, as torchvision resizes
+ *     first: the output takes the rotation's bilinear taps on that image (0
+ *     outside it), each tap the filtered sample of the source at that pixel's
+ *     centre with the supports of the map up to the rotation (sf_aug_sample.pre)
+ *     — torchvision's resize-then-rotate, at 4 filtered samples per pixel.
+ *     Differences from sequential torchvision ops: without the antialias filter
+ *     the map is sampled once where torchvision resamples once per op (sharper,
+ *     and no intermediate rounding or clipping to uint8; a bilinear upscale then
+ *     a rotation differs by up to 61 of 255 on hard edges, see
+ *     tests/unit/test_aug.c); a crop that follows a resize or a rotation does
+ *     not narrow the clamp box; a center_crop larger than a ragged source
+ *     repeats its edge pixels where torchvision pads with 0; at most one
+ *     random_rotation per list.
  *  2. Blur. gaussian_blur (separable, odd kernel ksize, per-sample sigma,
  *     reflect padding as torchvision) on the geometric output.
  *  3. Pointwise ops in list order: to_dtype (x*scale), normalize ((x-mean)/std
@@ -31,6 +63,14 @@
  *  among them does not matter; a random_mask listed before gaussian_blur is
  *  rejected by sf_aug_plan since it would not commute.
  * Output: float32 NCHW [n, out_c, out_h, out_w] (out_c == in c).
+ *
+ * Sources. A batch's sources lie in one uint8 buffer; sample i's image starts at
+ * byte sf_aug_sample.src_off and is src_h x src_w. Uniform batches (every image
+ * in_h x in_w, sf_aug_plan_make) are NHWC or NCHW as the caller says; ragged
+ * batches (sf_aug_plan_make_ragged, sf_aug_gen_ragged) are HWC per image, rows
+ * tightly packed, plan->c channels, images in sample order. Backends address
+ * every sample through src_off/src_h/src_w, which sf_aug_gen fills for uniform
+ * batches as well.
  */
 #ifndef SF_GPU_AUG_H
 #define SF_GPU_AUG_H
@@ -44,7 +84,7 @@
 
 typedef enum sf_aug_kind {
     SF_AUG_RANDOM_CROP = 0, /* size [h,w]; uniform top-left over valid positions */
-    SF_AUG_RESIZE,          /* size [h,w]; bilinear, align_corners=False */
+    SF_AUG_RESIZE,          /* size [h,w]; bilinear, align_corners=False, antialias */
     SF_AUG_RANDOM_ROTATION, /* degrees [min,max] uniform, about the centre, fill 0 */
     SF_AUG_HFLIP,           /* p: probability of flipping */
     SF_AUG_GAUSSIAN_BLUR,   /* ksize (odd), sigma [min,max] uniform */
@@ -52,6 +92,10 @@ typedef enum sf_aug_kind {
     SF_AUG_COLOR_CONVERT,   /* RGB -> YCbCr; needs c == 3 */
     SF_AUG_RANDOM_MASK,     /* ratio, dilate (iterations of 4-neighbour dilation) */
     SF_AUG_TO_DTYPE,        /* scale: multiply (e.g. 1/255); dtype "float32" */
+    SF_AUG_RANDOM_RESIZED_CROP, /* size [h,w]; area scale [min,max], aspect ratio
+                                   [min,max] (log-uniform); torchvision's 10 tries,
+                                   then its centre-crop fallback; antialias */
+    SF_AUG_CENTER_CROP,     /* size [h,w]; top-left round((H-h)/2), round((W-w)/2) */
     SF_AUG_KIND_COUNT
 } sf_aug_kind;
 
@@ -59,7 +103,10 @@ typedef enum sf_interp { SF_INTERP_BILINEAR = 0, SF_INTERP_NEAREST = 1 } sf_inte
 
 typedef struct sf_aug_op {
     sf_aug_kind kind;
-    int size_h, size_w;          /* random_crop, resize */
+    int size_h, size_w;          /* random_crop, center_crop, resize, random_resized_crop */
+    int antialias;               /* resize, random_resized_crop (default 1) */
+    float area_min, area_max;    /* random_resized_crop "scale" */
+    float aspect_min, aspect_max;/* random_resized_crop "ratio" */
     float deg_min, deg_max;      /* random_rotation */
     sf_interp interp;            /* random_rotation: resampling of the composed map */
     float p;                     /* horizontal_flip */
@@ -91,12 +138,16 @@ typedef struct sf_aug_pw {
     float a[SF_AUG_MAX_C], b[SF_AUG_MAX_C];
 } sf_aug_pw;
 
-/* A pipeline resolved for one input shape. Plain data, copyable to the device. */
+/* A pipeline resolved for one input shape (or for ragged sources). Plain data,
+ * copyable to the device. */
 typedef struct sf_aug_plan {
-    int in_h, in_w, c;        /* source image per sample */
+    int in_h, in_w, c;        /* source image per sample; in_h = in_w = 0 when ragged */
+    int ragged;               /* 1: every sample has its own size (sf_aug_sample.src_*) */
     int out_h, out_w;         /* after geometry */
     sf_interp interp;         /* resampling of the composed map */
     int has_geom;             /* 0: identity map (a plain uint8->float conversion) */
+    int has_rot;              /* a random_rotation: multiply by its coverage */
+    int antialias;            /* resample with the triangle filter (sf_aug_sample.aa) */
     int blur_ksize;           /* 0: no blur */
     int n_pw;
     sf_aug_pw pw[SF_AUG_MAX_OPS];
@@ -111,8 +162,20 @@ typedef struct sf_aug_sample {
     float sigma;         /* gaussian_blur sigma (0 when no blur) */
     float blur_w[SF_AUG_MAX_KSIZE]; /* normalised 1-D Gaussian weights, ksize of them */
     uint64_t mask_seed;  /* key of the random mask */
+    int src_h, src_w;    /* this sample's source image */
+    size_t src_off;      /* byte offset of its first byte in the batch's source buffer */
+    int clip[4];         /* clamp box: source pixels x in [clip[0], clip[2]], y in
+                            [clip[1], clip[3]] (inclusive, inside the source) */
+    float rot[4];        /* source point -> the rotation's input image: x' = rot[0]*x
+                            + rot[1], y' = rot[2]*y + rot[3] (plan->has_rot) */
+    float pre[4];        /* its inverse, the rotation's input -> source: x = pre[0]*x'
+                            + pre[1], y = pre[2]*y' + pre[3] (plan->has_rot) */
+    float rot_w, rot_h;  /* the rotation's input size (plan->has_rot) */
+    float aa[2];         /* antialias support along source x and y, >= 1
+                            (plan->antialias; else 0) */
     /* For logs, tests and traces; backends use only the fields above. */
-    int crop_x, crop_y, flip;
+    int crop_x, crop_y, crop_w, crop_h; /* the last crop, in its input's pixels */
+    int flip;
     float angle_deg;
 } sf_aug_sample;
 
@@ -130,10 +193,29 @@ int sf_aug_parse(const char *json, sf_aug_pipeline *p, char *err, size_t errlen)
 int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c,
                      sf_aug_plan *plan, char *err, size_t errlen);
 
+/* Resolves the pipeline for ragged sources of c channels: every sample has its
+ * own height and width, and the geometric ops must map them all to one output
+ * size. Some op before the end of the geometry must fix the size (resize,
+ * random_resized_crop, center_crop); an op that needs a known input size before
+ * that (random_crop) is refused naming it, as is a list that never fixes the
+ * size. The plan has ragged = 1 and in_h = in_w = 0. */
+int sf_aug_plan_make_ragged(const sf_aug_pipeline *p, int c, sf_aug_plan *plan, char *err,
+                            size_t errlen);
+
 /* Draws the per-sample parameters of samples [0, n) of batch `seq` under
- * `seed`: a pure function of (seed, seq, sample index, pipeline). */
+ * `seed`: a pure function of (seed, seq, sample index, pipeline, source size).
+ * For a uniform plan; src_h/src_w are the plan's and src_off = i*c*in_h*in_w
+ * (the sample's offset in an NHWC or NCHW batch), so a backend may always
+ * address a sample through them. */
 void sf_aug_gen(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
                 uint64_t seq, int n, sf_aug_sample *out);
+
+/* The same for a ragged plan: src_hw holds 2n integers, (h, w) of each sample,
+ * each in [1, 16384]; the samples' images lie one after the other, HWC uint8
+ * with plan->c channels and tightly packed rows, so src_off is the running sum
+ * of c*h*w. A uniform plan works too (its own size must then equal src_hw). */
+void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
+                       uint64_t seq, int n, const int *src_hw, sf_aug_sample *out);
 
 const char *sf_aug_kind_name(sf_aug_kind k);
 

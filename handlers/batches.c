@@ -92,5 +92,6 @@ int h_batches_get(sf_req *r)
     if (errno || *end || r->param[0] == '-' || r->param[0] == '\0' || id == 0)
         return sf_reply_error(r, 400, "bad_batch_id", "batch id \"%s\" is not a positive integer",
                               r->param);
+    r->batch_id = id;
     return reply_job(r, id, 200);
 }

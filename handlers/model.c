@@ -36,6 +36,9 @@ int h_model(sf_req *r)
             p += e ? (size_t)(e - p) + 1 : strlen(p);
         }
     }
+    cJSON *warnings = cJSON_AddArrayToObject(o, "warnings");
+    if (app->model_warning[0])
+        cJSON_AddItemToArray(warnings, cJSON_CreateString(app->model_warning));
     cJSON *layers = cJSON_AddArrayToObject(o, "layers");
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *l = &m->layers[i];

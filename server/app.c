@@ -4,6 +4,7 @@
 #include "server/engine.h"
 #include "server/jobs.h"
 #include "server/http.h"
+#include "server/process.h"
 #include "server/ring.h"
 
 static const char *const L_ROUTE_CODE[] = {"route", "code", NULL};
@@ -12,7 +13,7 @@ static const char *const L_CODE[] = {"code", NULL};
 static const char *const L_STATUS[] = {"status", NULL};
 static const char *const L_REASON[] = {"reason", NULL};
 static const char *const L_STATE[] = {"state", NULL};
-static const char *const L_BUILD[] = {"version", "backend", NULL};
+static const char *const L_BUILD[] = {"version", "commit", "backend", NULL};
 static const char *const L_GPU[] = {"gpu", NULL};
 
 static void collect(void *ctx)
@@ -38,7 +39,14 @@ static void collect(void *ctx)
         sf_gauge_set(sf_metric_child(app->m.batches_finished, dn), (double)c[SF_JOB_DONE]);
         sf_gauge_set(sf_metric_child(app->m.batches_finished, fl), (double)c[SF_JOB_FAILED]);
     }
-    sf_gauge_set(sf_metric_only(app->m.up_seconds), (double)(sf_now_ns() - app->t_start_ns) / 1e9);
+    sf_process_stats ps;
+    if (sf_process_stats_read(&ps) == 0) {
+        sf_gauge_set(sf_metric_only(app->m.process_cpu), ps.cpu_seconds);
+        sf_gauge_set(sf_metric_only(app->m.process_rss), ps.resident_bytes);
+        sf_gauge_set(sf_metric_only(app->m.process_vsize), ps.virtual_bytes);
+        sf_gauge_set(sf_metric_only(app->m.process_fds), ps.open_fds);
+        sf_gauge_set(sf_metric_only(app->m.process_max_fds), ps.max_fds);
+    }
 }
 
 void sf_app_metrics_init(sf_app *app)
@@ -64,7 +72,7 @@ void sf_app_metrics_init(sf_app *app)
         "streamfeed_batches_pending",
         "Accepted batches not finished yet (queued or in flight); accepted = finished + pending.",
         NULL);
-    m->bytes_received = sf_metrics_counter("streamfeed_bytes_received_total",
+    m->bytes_received = sf_metrics_counter("streamfeed_received_bytes_total",
                                            "Bytes of batch bodies received.", NULL);
     m->samples_trained = sf_metrics_counter("streamfeed_samples_trained_total",
                                             "Samples that went through a training step.", NULL);
@@ -89,8 +97,22 @@ void sf_app_metrics_init(sf_app *app)
     m->compute_starved = sf_metrics_counter(
         "streamfeed_compute_starved_seconds_total",
         "Time the compute side waited with no batch ready while training.", NULL);
-    m->build_info = sf_metrics_gauge("streamfeed_build_info", "Build and backend; always 1.", L_BUILD);
-    m->up_seconds = sf_metrics_gauge("streamfeed_uptime_seconds", "Seconds since start.", NULL);
+    m->build_info = sf_metrics_gauge("streamfeed_build_info",
+                                     "Version, commit and backend of this process; always 1.", L_BUILD);
+    /* The process_* families every Prometheus client library exports, so the
+     * usual dashboards and alerts (restarts, memory, fd exhaustion) just work. */
+    m->process_start = sf_metrics_gauge("process_start_time_seconds",
+                                        "Start time of the process since the Unix epoch in seconds.",
+                                        NULL);
+    m->process_cpu = sf_metrics_counter("process_cpu_seconds_total",
+                                        "Total user and system CPU time spent in seconds.", NULL);
+    m->process_rss = sf_metrics_gauge("process_resident_memory_bytes", "Resident memory size in bytes.",
+                                      NULL);
+    m->process_vsize = sf_metrics_gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.",
+                                        NULL);
+    m->process_fds = sf_metrics_gauge("process_open_fds", "Number of open file descriptors.", NULL);
+    m->process_max_fds = sf_metrics_gauge("process_max_fds",
+                                          "Maximum number of open file descriptors.", NULL);
     m->gpu_utilization = sf_metrics_gauge(
         "streamfeed_gpu_utilization_ratio",
         "Share of the driver's last sample period the GPU was busy (NVML), sampled every "
@@ -103,8 +125,9 @@ void sf_app_metrics_init(sf_app *app)
                                            "Total GPU memory (NVML); absent without NVML.", L_GPU);
     m->gpu_power = sf_metrics_gauge("streamfeed_gpu_power_watts",
                                     "GPU power draw (NVML); absent without NVML.", L_GPU);
-    const char *bv[] = {SF_VERSION, app->backend_name ? app->backend_name : "none"};
+    const char *bv[] = {SF_VERSION, SF_COMMIT, app->backend_name ? app->backend_name : "none"};
     sf_gauge_set(sf_metric_child(m->build_info, bv), 1);
+    sf_gauge_set(sf_metric_only(m->process_start), sf_process_start_time());
     /* Create the unlabelled children so they render as 0 from the start. */
     sf_metric_only(m->bytes_received);
     sf_metric_only(m->samples_trained);

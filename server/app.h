@@ -30,7 +30,8 @@ typedef struct sf_app_metrics {
     sf_family *batches_received, *batches_finished, *batches_rejected, *batches_pending;
     sf_family *bytes_received, *samples_trained, *steps, *loss, *learning_rate;
     sf_family *ring_slots, *queue_wait, *h2d, *transform, *step;
-    sf_family *compute_busy, *compute_starved, *build_info, *up_seconds;
+    sf_family *compute_busy, *compute_starved, *build_info;
+    sf_family *process_start, *process_cpu, *process_rss, *process_vsize, *process_fds, *process_max_fds;
     /* Device telemetry (server/telemetry.c), labelled gpu="<ordinal>"; no
      * child until a valid sample, so absent without NVML. */
     sf_family *gpu_utilization, *gpu_memory_used, *gpu_memory_total, *gpu_power;
@@ -57,7 +58,12 @@ typedef struct sf_app {
     struct sf_ckpt *ckpt;       /* checkpoints (server/checkpoint.c); NULL without a backend */
     _Atomic uint64_t step;      /* optimizer steps taken, as the backend counts them: set by
                                  * every STEP_DONE and by checkpoint restores (GET /v1/model) */
+    char model_warning[512];    /* "" or why this model will be slow here (GET /v1/model) */
 } sf_app;
+
+/* Parameters above which a model is too large for the CPU reference backend
+ * to train interactively (tiny has a few thousand; W1 44.8 M, W3 11.7 M). */
+#define SF_CPU_LARGE_PARAMS 1000000u
 
 void sf_app_metrics_init(sf_app *app);
 /* Readiness: 0 ready, else fills reasons (cJSON array of strings, caller frees). */

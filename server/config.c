@@ -13,6 +13,7 @@
 
 #include "gpu/aug.h"
 #include "gpu/model.h"
+#include "server/netaddr.h"
 
 #define F(field) offsetof(sf_config, field), sizeof(((sf_config *)0)->field)
 
@@ -20,8 +21,9 @@ static int check_model(const sf_config *c, char *err, size_t errlen);
 static int check_augment(const sf_config *c, char *err, size_t errlen);
 static int check_slots(const sf_config *c, char *err, size_t errlen);
 static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
+static int check_host(const sf_config *c, char *err, size_t errlen);
 
-/* Defaults reproduce W1 of shared/WORKLOADS.md. */
+/* Defaults reproduce W1 of docs/WORKLOADS.md. */
 #define W1_AUGMENT                                                                              \
     "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"                              \
     "{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"      \
@@ -30,12 +32,14 @@ static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
     "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]"
 
 const sf_cfg_option sf_config_table[] = {
-    {"http.host", SF_CT_STRING, F(http.host), "0.0.0.0", 0, 0, NULL, 0, NULL,
-     "Address to listen on (IPv4 literal)."},
+    {"http.host", SF_CT_STRING, F(http.host), "0.0.0.0", 0, 0, NULL, 0, check_host,
+     "Address to listen on: an IPv4 or IPv6 literal (0.0.0.0, ::, [::1]) or a host name "
+     "(localhost), resolved at start."},
     {"http.port", SF_CT_INT, F(http.port), "8080", 0, 65535, NULL, 0, NULL,
      "TCP port; 0 picks a free one (printed at start)."},
     {"http.threads", SF_CT_INT, F(http.threads), "4", 1, 256, NULL, 0, NULL,
-     "HTTP worker threads (libmicrohttpd epoll thread pool)."},
+     "HTTP worker threads (libmicrohttpd thread pool; each thread poll()s its share of the "
+     "connections)."},
     {"http.max_connections", SF_CT_INT, F(http.max_connections), "256", 1, 65536, NULL, 0, NULL,
      "Concurrent connections accepted; more are refused."},
     {"http.connection_timeout_s", SF_CT_INT, F(http.connection_timeout_s), "60", 1, 3600, NULL, 0,
@@ -95,7 +99,8 @@ const sf_cfg_option sf_config_table[] = {
      "without device telemetry."},
     {"model.preset", SF_CT_ENUM, F(model.preset), "seed-classifier", 0, 0,
      "seed-classifier|seed-encdec|resnet18|tiny", 0, check_model,
-     "Model preset (shared/WORKLOADS.md): seed-classifier is W1, seed-encdec W2, resnet18 W3."},
+     "Model preset (docs/WORKLOADS.md): seed-classifier is W1, seed-encdec W2, resnet18 W3; tiny "
+     "(32x32x3 in, 10 classes) trains in milliseconds on the CPU reference backend."},
     {"model.spec", SF_CT_JSON, F(model.spec), "", 0, 0, NULL, 0, check_model,
      "Model as a JSON layer list (overrides model.preset when set)."},
     {"model.precision", SF_CT_ENUM, F(model.precision), "tf32", 0, 0, "fp32|tf32|bf16", 0, NULL,
@@ -124,7 +129,8 @@ const sf_cfg_option sf_config_table[] = {
     {"optim.eps", SF_CT_DOUBLE, F(optim.eps), "1e-08", 1e-12, 1, NULL, SF_CF_HOT, NULL,
      "AdamW epsilon."},
     {"augment.pipeline", SF_CT_JSON, F(augment.pipeline), W1_AUGMENT, 0, 0, NULL, 0, check_augment,
-     "Augmentation ops as a JSON list (DESIGN.md §5); [] converts uint8 to float only."},
+     "Augmentation ops as a JSON list (gpu/aug.h documents each op); [] converts uint8 to float "
+     "only."},
     {"augment.seed", SF_CT_INT64, F(augment.seed), "0", 0, 9007199254740991.0, NULL, 0, NULL,
      "Seed of the per-sample augmentation parameters."},
     {"checkpoint.dir", SF_CT_STRING, F(checkpoint.dir), "", 0, 0, NULL, 0, check_checkpoint,
@@ -162,7 +168,10 @@ const sf_cfg_option sf_config_table[] = {
     {"log.format", SF_CT_ENUM, F(log.format), "text", 0, 0, "text|json", SF_CF_HOT, NULL,
      "Log line format."},
     {"log.requests", SF_CT_BOOL, F(log.requests), "true", 0, 0, NULL, SF_CF_HOT, NULL,
-     "Log one line per HTTP request."},
+     "Log one line per HTTP request (method, path, status, duration_ms, bytes, request_id, "
+     "batch_id)."},
+    {"log.probes", SF_CT_BOOL, F(log.probes), "false", 0, 0, NULL, SF_CF_HOT, NULL,
+     "Also log the requests of probes and scrapers (/healthz, /readyz, /metrics)."},
     {"shutdown.grace_s", SF_CT_INT, F(shutdown.grace_s), "30", 0, 3600, NULL, SF_CF_HOT, NULL,
      "On SIGTERM, time allowed to finish queued batches and in-flight requests."},
 };
@@ -211,6 +220,15 @@ static int check_checkpoint(const sf_config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* A listening address that does not resolve fails the start before the
+ * backend initialises (which can take seconds on a GPU). */
+static int check_host(const sf_config *c, char *err, size_t errlen)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+    return sf_netaddr_resolve(c->http.host, c->http.port, &ss, &len, err, errlen);
+}
+
 const sf_cfg_option *sf_config_find(const char *name)
 {
     for (size_t i = 0; i < sf_config_table_len; i++)
@@ -240,10 +258,23 @@ static int enum_has(const char *choices, const char *v)
     return 0;
 }
 
+/* A bound or value as people write it: integer options as integers (an int64
+ * bound of 2^34 prints as 17179869184, not 1.71799e+10), numbers as %g. */
+static const char *fmt_num(const sf_cfg_option *o, double v, char *buf, size_t cap)
+{
+    if (o->type != SF_CT_DOUBLE && v == floor(v) && fabs(v) < 1e18)
+        snprintf(buf, cap, "%lld", (long long)v);
+    else
+        snprintf(buf, cap, "%g", v);
+    return buf;
+}
+
 static int set_number(sf_config *c, const sf_cfg_option *o, double v, char *err, size_t errlen)
 {
     if (!isfinite(v) || v < o->min || v > o->max) {
-        snprintf(err, errlen, "%s: %g is out of range [%g, %g]", o->name, v, o->min, o->max);
+        char a[32], b[32], d[32];
+        snprintf(err, errlen, "%s: %s is out of range [%s, %s]", o->name, fmt_num(o, v, a, sizeof a),
+                 fmt_num(o, o->min, b, sizeof b), fmt_num(o, o->max, d, sizeof d));
         return -1;
     }
     switch (o->type) {
@@ -285,11 +316,67 @@ static int set_string(sf_config *c, const sf_cfg_option *o, const char *v, char 
     return 0;
 }
 
+/* Edit distance (insertions, deletions, substitutions) of two short names. */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 127 || lb > 127)
+        return (size_t)-1;
+    size_t row[128];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+const sf_cfg_option *sf_config_suggest(const char *name)
+{
+    const sf_cfg_option *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        const sf_cfg_option *o = &sf_config_table[i];
+        /* "port" for "http.port": the option without its section. */
+        if (strcmp(strchr(o->name, '.') + 1, name) == 0)
+            return o;
+        size_t d = edit_distance(name, o->name);
+        if (d < best_d) {
+            best_d = d;
+            best = o;
+        }
+    }
+    /* A third of the name may be wrong (typos, a wrong section), no more:
+     * beyond that the suggestion is a guess. */
+    size_t limit = strlen(name) / 3 > 2 ? strlen(name) / 3 : 2;
+    return best_d <= limit ? best : NULL;
+}
+
+static void unknown_option(const char *name, char *err, size_t errlen)
+{
+    const sf_cfg_option *s = sf_config_suggest(name);
+    if (s)
+        snprintf(err, errlen, "unknown option \"%s\" (did you mean \"%s\"?)", name, s->name);
+    else
+        snprintf(err, errlen, "unknown option \"%s\" (--help lists them)", name);
+}
+
 int sf_config_set_text(sf_config *c, const char *name, const char *value, char *err, size_t errlen)
 {
     const sf_cfg_option *o = sf_config_find(name);
     if (!o) {
-        snprintf(err, errlen, "unknown option \"%s\"", name);
+        unknown_option(name, err, errlen);
         return -1;
     }
     switch (o->type) {
@@ -427,7 +514,7 @@ int sf_config_apply_json(sf_config *c, const cJSON *obj, char *err, size_t errle
                 snprintf(field, fieldlen, "%s", name);
             const sf_cfg_option *o = sf_config_find(name);
             if (!o) {
-                snprintf(err, errlen, "unknown option \"%s\"", name);
+                unknown_option(name, err, errlen);
                 return -1;
             }
             if (set_json(c, o, kv, err, errlen))
@@ -546,8 +633,14 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
             val = eq + 1;
         } else {
             snprintf(name, sizeof name, "%s", a);
-            if (i + 1 >= argc) {
-                snprintf(err, errlen, "--%s needs a value", name);
+            /* "--ring.slots --http.port 0": the next word is an option, so
+             * the value is missing (no option value starts with "--"). */
+            if (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0) {
+                if (!strcmp(name, "config") || sf_config_find(name))
+                    snprintf(err, errlen, "--%s needs a value%s%s", name,
+                             i + 1 < argc ? ", got the option " : "", i + 1 < argc ? argv[i + 1] : "");
+                else
+                    unknown_option(name, err, errlen);
                 return -1;
             }
             val = argv[++i];
@@ -612,12 +705,13 @@ static const char *type_name(sf_cfg_type t)
 
 void sf_config_print_help(const char *prog)
 {
-    printf("usage: %s [--config FILE] [--SECTION.OPTION VALUE ...]\n\n"
+    printf("usage: %s [--config FILE] [--SECTION.OPTION VALUE ...]\n"
+           "       %s --version | --help | --help-markdown\n\n"
            "Every option can also be set in the JSON config file ({\"section\":{\"option\":v}})\n"
            "and in the environment (STREAMFEED_SECTION_OPTION). Precedence:\n"
            "defaults < file < environment < flags. [hot] options can change at run time\n"
            "through PATCH /v1/config; the others need a restart.\n\n",
-           prog);
+           prog, prog);
     for (size_t i = 0; i < sf_config_table_len; i++) {
         const sf_cfg_option *o = &sf_config_table[i];
         char env[128];
@@ -627,12 +721,25 @@ void sf_config_print_help(const char *prog)
             printf("      %-30s one of %s; default %s; env %s\n", "", o->choices, o->def, env);
         else if (o->type == SF_CT_JSON)
             printf("      %-30s JSON; env %s\n", "", env);
-        else if (o->type <= SF_CT_DOUBLE)
-            printf("      %-30s %s in [%g, %g]; default %s; env %s\n", "", type_name(o->type), o->min,
-                   o->max, o->def, env);
+        else if (o->type <= SF_CT_DOUBLE) {
+            char lo[32], hi[32];
+            printf("      %-30s %s in [%s, %s]; default %s; env %s\n", "", type_name(o->type),
+                   fmt_num(o, o->min, lo, sizeof lo), fmt_num(o, o->max, hi, sizeof hi), o->def, env);
+        }
         else
             printf("      %-30s %s; default \"%s\"; env %s\n", "", type_name(o->type),
                    (o->flags & SF_CF_SENSITIVE) ? "" : o->def, env);
+    }
+}
+
+/* Prints s as the text of a Markdown table cell: "|" would end the cell. */
+static void md_cell(const char *s)
+{
+    for (; *s; s++) {
+        if (*s == '|')
+            fputs("\\|", stdout);
+        else
+            putchar(*s);
     }
 }
 
@@ -648,12 +755,20 @@ void sf_config_print_markdown(void)
         env_name(o->name, env, sizeof env);
         if (o->type == SF_CT_ENUM)
             snprintf(range, sizeof range, "%s", o->choices);
-        else if (o->type <= SF_CT_DOUBLE)
-            snprintf(range, sizeof range, "%g … %g", o->min, o->max);
+        else if (o->type <= SF_CT_DOUBLE) {
+            char lo[32], hi[32];
+            snprintf(range, sizeof range, "%s … %s", fmt_num(o, o->min, lo, sizeof lo),
+                     fmt_num(o, o->max, hi, sizeof hi));
+        }
         const char *def = o->type == SF_CT_JSON && strlen(o->def) > 24 ? "(W1 pipeline, see --help)"
                                                                       : o->def;
-        printf("| `%s` | `%s` | %s | `%s` | %s | %s | %s |\n", o->name, env, type_name(o->type),
-               def, range, (o->flags & SF_CF_HOT) ? "yes" : "restart", o->help);
+        printf("| `%s` | `%s` | %s | `", o->name, env, type_name(o->type));
+        md_cell(def);
+        printf("` | ");
+        md_cell(range);
+        printf(" | %s | ", (o->flags & SF_CF_HOT) ? "yes" : "restart");
+        md_cell(o->help);
+        printf(" |\n");
     }
 }
 

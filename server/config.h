@@ -91,6 +91,7 @@ typedef struct sf_config {
         char level[16];
         char format[16];        /* text | json */
         int requests;
+        int probes; /* log /healthz, /readyz, /metrics requests too */
     } log;
     struct {
         int grace_s;
@@ -133,6 +134,9 @@ extern const sf_cfg_option sf_config_table[];
 extern const size_t sf_config_table_len;
 
 const sf_cfg_option *sf_config_find(const char *name);
+/* The option a mistyped name most likely meant ("port" -> http.port,
+ * "ring.slot" -> ring.slots), or NULL when none is close. */
+const sf_cfg_option *sf_config_suggest(const char *name);
 
 /* Fills c with every default. */
 void sf_config_defaults(sf_config *c);

@@ -15,6 +15,7 @@
 
 #include "server/app.h"
 #include "server/log.h"
+#include "server/netaddr.h"
 
 #define MAX_EXTRA_HEADERS 4
 #define DRAIN_LIMIT (64ull << 20) /* beyond this, an early error closes the connection */
@@ -558,6 +559,35 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     return MHD_YES;
 }
 
+/* Probes and scrapes arrive every few seconds from machines, not people:
+ * logged only with log.probes. */
+static int request_log_wanted(const sf_config *c, const char *route)
+{
+    if (!c->log.requests)
+        return 0;
+    int probe = !strcmp(route, "healthz") || !strcmp(route, "readyz") || !strcmp(route, "metrics");
+    return !probe || c->log.probes;
+}
+
+/* The request log line: one event with its fields (JSON members in json mode). */
+static void log_request(const sf_req *r, int status, double dur, int ok)
+{
+    sf_log_field f[9];
+    int n = 0;
+    f[n++] = SF_LF_STR("method", r->method);
+    f[n++] = SF_LF_STR("path", r->path);
+    f[n++] = SF_LF_NUM("status", status);
+    f[n++] = SF_LF_NUM("duration_ms", dur * 1e3);
+    f[n++] = SF_LF_NUM("bytes", r->bytes_out);
+    f[n++] = SF_LF_NUM("bytes_in", r->bytes_in);
+    f[n++] = SF_LF_STR("request_id", r->request_id);
+    if (r->batch_id)
+        f[n++] = SF_LF_NUM("batch_id", r->batch_id);
+    if (!ok)
+        f[n++] = SF_LF_STR("note", "connection ended early");
+    sf_log_fields(SF_LOG_INFO, "request", f, n);
+}
+
 static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
@@ -585,10 +615,8 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     sf_counter_inc_l(h->app->m.http_requests, rc, 1);
     const char *rl[] = {route};
     sf_hist_observe(sf_metric_child(h->app->m.http_duration, rl), dur);
-    if (sf_config_cur()->log.requests)
-        sf_log(SF_LOG_INFO, "%s %s %d in=%llu out=%zu %.3fms id=%s%s", r->method, r->path, status,
-               (unsigned long long)r->bytes_in, r->bytes_out, dur * 1e3, r->request_id,
-               ok ? "" : " (connection ended early)");
+    if (request_log_wanted(sf_config_cur(), route))
+        log_request(r, status, dur, ok);
     free(r->body);
     free(r);
     atomic_fetch_sub(&h->active, 1);
@@ -621,12 +649,11 @@ sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
     app->http = h;
 
     const sf_config *c = &app->cfg;
-    struct sockaddr_in addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)c->http.port);
-    if (inet_pton(AF_INET, c->http.host, &addr.sin_addr) != 1) {
-        snprintf(err, errlen, "http.host \"%s\" is not an IPv4 address", c->http.host);
+    struct sockaddr_storage addr;
+    socklen_t addr_len;
+    char why[256];
+    if (sf_netaddr_resolve(c->http.host, c->http.port, &addr, &addr_len, why, sizeof why)) {
+        snprintf(err, errlen, "http.host: %s", why);
         free(h);
         app->http = NULL;
         return NULL;
@@ -641,6 +668,9 @@ sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
      * connection timeout (tests/integration/test_ingest.py). Each pool thread
      * polls its own share of at most http.max_connections sockets. */
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* "::" also takes IPv4 clients (dual stack), as 0.0.0.0 does on IPv4. */
+    if (addr.ss_family == AF_INET6)
+        flags |= MHD_USE_DUAL_STACK;
     h->d = MHD_start_daemon(
         flags, (uint16_t)c->http.port, NULL, NULL, access_cb, h, MHD_OPTION_SOCK_ADDR, &addr,
         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)c->http.threads, MHD_OPTION_CONNECTION_LIMIT,

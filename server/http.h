@@ -90,6 +90,7 @@ struct sf_req {
     int status;                /* status sent (0 until replied) */
     size_t bytes_out;
     sf_wait_state wait;        /* why the last wait ended */
+    uint64_t batch_id;         /* the batch this request created or reads (0: none), for the log */
     /* private to http.c */
     struct sf_req_priv *priv;
 };

@@ -1,6 +1,7 @@
 /* server/log.c — see log.h. */
 #include "server/log.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -45,6 +46,65 @@ static void json_escape(char *dst, size_t cap, const char *src)
     dst[o] = '\0';
 }
 
+void sf_log_time(char *out, int cap)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    snprintf(out, (size_t)cap, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+}
+
+/* A number as JSON and text show it: integers without a fraction. */
+static void fmt_number(char *out, size_t cap, double v)
+{
+    if (v == (double)(long long)v && v > -1e15 && v < 1e15)
+        snprintf(out, cap, "%lld", (long long)v);
+    else if (isfinite(v))
+        snprintf(out, cap, "%.3f", v);
+    else
+        snprintf(out, cap, "null");
+}
+
+void sf_log_fields(sf_log_level l, const char *msg, const sf_log_field *f, int n)
+{
+    if (!sf_log_enabled(l))
+        return;
+    char when[64], line[6144];
+    sf_log_time(when, sizeof when);
+    size_t o = 0;
+    int json = atomic_load(&g_json);
+    if (json) {
+        char esc[2100];
+        json_escape(esc, sizeof esc, msg);
+        o += (size_t)snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",\"msg\":\"%s\"",
+                              when, level_names[l], esc);
+    } else {
+        o += (size_t)snprintf(line, sizeof line, "%s %-5s %s", when, level_names[l], msg);
+    }
+    for (int i = 0; i < n && o < sizeof line; i++) {
+        char val[1100];
+        if (f[i].s) {
+            if (json) {
+                json_escape(val, sizeof val, f[i].s);
+                o += (size_t)snprintf(line + o, sizeof line - o, ",\"%s\":\"%s\"", f[i].key, val);
+            } else {
+                o += (size_t)snprintf(line + o, sizeof line - o, " %s=%s", f[i].key, f[i].s);
+            }
+        } else {
+            fmt_number(val, sizeof val, f[i].num);
+            o += (size_t)snprintf(line + o, sizeof line - o, json ? ",\"%s\":%s" : " %s=%s",
+                                  f[i].key, val);
+        }
+    }
+    if (o >= sizeof line)
+        o = sizeof line - 2;
+    if (json)
+        snprintf(line + o, sizeof line - o, "}");
+    fprintf(stderr, "%s\n", line);
+}
+
 void sf_log(sf_log_level l, const char *fmt, ...)
 {
     if (!sf_log_enabled(l))
@@ -54,19 +114,5 @@ void sf_log(sf_log_level l, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
-    char when[96];
-    snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-             tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
-    if (atomic_load(&g_json)) {
-        char esc[4200];
-        json_escape(esc, sizeof esc, msg);
-        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"%s\"}\n", when, level_names[l], esc);
-    } else {
-        fprintf(stderr, "%s %-5s %s\n", when, level_names[l], msg);
-    }
+    sf_log_fields(l, msg, NULL, 0);
 }

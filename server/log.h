@@ -1,7 +1,7 @@
 /* server/log.h — leveled logging to stderr, one line per event.
  *
- * Lines are "ts level message" in text mode or one JSON object per line in
- * json mode (for log collectors). The level and format are hot config: any
+ * Lines are "time level message" in text mode or one JSON object per line in
+ * json mode (for log collectors: {"time","level","msg", fields...}). The level and format are hot config: any
  * thread may log at any time; the settings are read atomically.
  */
 #ifndef SF_LOG_H
@@ -15,6 +15,22 @@ int sf_log_level_parse(const char *s, sf_log_level *out);
 int sf_log_enabled(sf_log_level l);
 
 void sf_log(sf_log_level l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* One field of a structured log line: a string (s != NULL) or a number. */
+typedef struct sf_log_field {
+    const char *key;
+    const char *s;
+    double num;
+} sf_log_field;
+#define SF_LF_STR(k, v) ((sf_log_field){(k), (v) ? (v) : "", 0})
+#define SF_LF_NUM(k, v) ((sf_log_field){(k), NULL, (double)(v)})
+
+/* A line with fields: in json mode each field is a member of the object
+ * beside time, level and msg; in text mode they follow msg as key=value. */
+void sf_log_fields(sf_log_level l, const char *msg, const sf_log_field *f, int n);
+
+/* The current UTC time as the log writes it (RFC 3339, milliseconds). */
+void sf_log_time(char *out, int cap);
 
 #define SF_DEBUG(...) sf_log(SF_LOG_DEBUG, __VA_ARGS__)
 #define SF_INFO(...) sf_log(SF_LOG_INFO, __VA_ARGS__)

@@ -22,6 +22,8 @@
 #include "server/http.h"
 #include "server/jobs.h"
 #include "server/log.h"
+#include "server/netaddr.h"
+#include "server/process.h"
 #include "server/ring.h"
 #include "server/telemetry.h"
 
@@ -60,8 +62,11 @@ static void on_slot_free(void *ctx)
     sf_http_wake(app->http, SF_WAIT_SLOT, UINT64_MAX);
 }
 
-static sf_backend *pick_backend(const sf_config *c, char *err, size_t errlen)
+/* Picks the backend; *fallback receives why auto fell back to the CPU (or ""). */
+static sf_backend *pick_backend(const sf_config *c, char *fallback, size_t fblen, char *err,
+                                size_t errlen)
 {
+    fallback[0] = '\0';
     if (strcmp(c->pipeline.backend, "ref") != 0) {
         char why[256] = "";
         sf_backend *be = sf_backend_cuda_new(c->pipeline.device, why, sizeof why);
@@ -71,9 +76,58 @@ static sf_backend *pick_backend(const sf_config *c, char *err, size_t errlen)
             snprintf(err, errlen, "pipeline.backend=cuda but no usable GPU: %s", why);
             return NULL;
         }
+        snprintf(fallback, fblen, "%s", why);
         SF_INFO("no usable GPU (%s): using the CPU reference backend", why);
     }
     return sf_backend_ref_new(err, errlen);
+}
+
+/* The reference backend is plain loops: fine for the tiny model, seconds to
+ * minutes per batch for the benchmark presets. A user who did not ask for the
+ * CPU (auto fell back) and got a large model must be told, or the first batch
+ * looks like a hang. GET /v1/model repeats the warning. */
+static void warn_cpu_fallback(sf_app *app, const char *why)
+{
+    if (!why[0] || app->model.n_params < SF_CPU_LARGE_PARAMS)
+        return;
+    snprintf(app->model_warning, sizeof app->model_warning,
+             "no usable GPU (%s): model %s (%.1f M parameters) runs on the CPU reference "
+             "backend, where one batch takes seconds to minutes; for a CPU trial use "
+             "--model.preset tiny, or pipeline.backend=cuda to refuse to start without a GPU",
+             why, app->model.preset, (double)app->model.n_params / 1e6);
+    SF_WARN("%s", app->model_warning);
+}
+
+/* --version: the only flag answered before the configuration is read. */
+static int print_version(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--version")) {
+            printf("streamfeed %s (commit %s, backend built: %s)\n", SF_VERSION, SF_COMMIT,
+                   SF_BACKEND_BUILT);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The line tests and scripts read the bound port from (http.port=0): plain
+ * text, or one JSON object in log.format=json so a log collector parses it. */
+static void print_listening(const sf_app *app)
+{
+    char host[300], url[400];
+    sf_netaddr_url_host(app->cfg.http.host, host, sizeof host);
+    snprintf(url, sizeof url, "http://%s:%d", host, sf_http_port(app->http));
+    if (strcmp(app->cfg.log.format, "json") == 0) {
+        char when[64];
+        sf_log_time(when, sizeof when);
+        printf("{\"time\":\"%s\",\"level\":\"info\",\"msg\":\"streamfeed listening on %s\","
+               "\"url\":\"%s\",\"port\":%d}\n",
+               when, url, url, sf_http_port(app->http));
+    } else {
+        printf("streamfeed listening on %s\n", url);
+    }
+    fflush(stdout);
 }
 
 static sf_precision precision_of(const char *s)
@@ -145,7 +199,9 @@ static void drain(sf_app *app)
 int main(int argc, char **argv)
 {
     static sf_app app; /* large (model description); static keeps it off the stack */
-    char err[1024];
+    char err[1024], fallback[256] = "";
+    if (print_version(argc, argv))
+        return 0;
     int rc = sf_config_load(&app.cfg, argc, argv, err, sizeof err);
     if (rc == 1)
         return 0;
@@ -157,6 +213,7 @@ int main(int argc, char **argv)
     sf_config_live_init(&app.cfg);
     sf_config_on_change(apply_log_settings);
     app.t_start_ns = sf_now_ns();
+    sf_process_start_time(); /* process_start_time_seconds: now, before the backend's slow start */
 
     /* Signals are taken by sigwait in this thread only: block them before any
      * other thread starts so they inherit the mask. */
@@ -169,7 +226,7 @@ int main(int argc, char **argv)
 
     int sink = strcmp(app.cfg.pipeline.mode, "sink") == 0;
     if (!sink) {
-        app.backend = pick_backend(&app.cfg, err, sizeof err);
+        app.backend = pick_backend(&app.cfg, fallback, sizeof fallback, err, sizeof err);
         if (!app.backend) {
             fprintf(stderr, "streamfeed: %s\n", err);
             return 1;
@@ -182,6 +239,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "streamfeed: model: %s\n", err);
         return 1;
     }
+    warn_cpu_fallback(&app, fallback);
     atomic_store(&app.backend_ok, 1);
     sf_app_metrics_init(&app);
     /* Resume or model.init_from: the backend is built, the engine not started yet. */
@@ -221,9 +279,7 @@ int main(int argc, char **argv)
     SF_INFO("streamfeed %s: backend %s, model %s (%zu parameters), %d ring slots of %lld bytes",
             SF_VERSION, app.backend_name, app.model.preset, app.model.n_params, app.cfg.ring.slots,
             (long long)app.cfg.ring.slot_bytes);
-    /* Tests and scripts read the bound port from this line (http.port=0). */
-    printf("streamfeed listening on http://%s:%d\n", app.cfg.http.host, sf_http_port(app.http));
-    fflush(stdout);
+    print_listening(&app);
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -284,6 +284,7 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
     sf_ring_commit(app->ring, u->slot);
     sf_counter_add(sf_metric_only(app->m.bytes_received), (double)r->bytes_in);
     *job_id = u->job_id;
+    r->batch_id = u->job_id;
     return 0;
 }
 

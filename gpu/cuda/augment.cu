@@ -6,7 +6,8 @@
  *   A. geometry: for every pixel of the tile plus the blur's halo (R = ksize/2 on each
  *      side, its positions reflected into the image as the blur's padding), map the
  *      output pixel centre through the sample's inverse affine map and resample the
- *      uint8 source (bilinear with per-tap zero padding, or nearest) into shared
+ *      uint8 source (bilinear or nearest with taps clamped into the sample's clamp
+ *      box, times a rotation's coverage; or the antialias filter) into shared
  *      memory, one slot per channel ([GH][GWP], GWP odd).
  *   B. horizontal blur, channel by channel, into the slot the previous channel's
  *      geometry has just vacated (see blur_tile).
@@ -25,8 +26,10 @@
  * the instructions: 32x64 tiles with a 3-pixel halo compute 1.30 geometry pixels
  * per output pixel, each with 12 byte loads. Measured: 37 us per batch (860k
  * images/s), 3.5x the memory bound of 10.5 us (31.5 MB at the 3.0 TB/s copy rate).
+ * (Those figures predate the clamp box and the rotation's coverage, which add about
+ * 15 instructions per geometry pixel; the W1 kernel keeps 64 registers.)
  * Hence the instruction-count habits: no integer division in loops, branch-free
- * bilinear taps (inside addresses, zeroed weights), one 64-bit add per tap
+ * bilinear taps (a clamped coordinate, so every address is inside), one 64-bit add per tap
  * pointer with the channel in the load's immediate, the sample base pinned in a
  * register, mode-specialised geometry loops, compile-time blur widths k = 3..9
  * with weights and windows in registers.
@@ -39,6 +42,10 @@
  * SF_MAC: one fused rounding by default (SF_AUG_FMA=1; ~1.6e-7 relative to the
  * reference, 37 us on W1), or two roundings, bit-identical to the reference, with
  * -DSF_AUG_FMA=0 (43 us on W1).
+ *
+ * Sources: every sample is read at src + its src_off with its own src_h x src_w
+ * (ragged batches and uniform ones alike). Antialiased plans run in kernels of
+ * their own (AA), whose per-pixel tap loops have data-dependent lengths.
  *
  * Threads: t = threadIdx.x; q4 = t & 7, rp = t >> 3. In C a thread owns output
  * pixels x = 4*q4 .. 4*q4+3 of tile rows 2*rp and 2*rp+1.
@@ -103,38 +110,173 @@ __device__ __forceinline__ float tap(const uint8_t *__restrict__ p, int ch, size
 }
 
 /* Resampling modes; a template parameter so the per-pixel loop carries no mode
- * branches. */
-enum GeoMode { GEO_IDENTITY = 0, GEO_NEAREST = 1, GEO_BILINEAR = 2 };
+ * branches. GEO_ROT marks a rotation, whose coverage multiplies the sample. */
+enum GeoMode {
+    GEO_IDENTITY = 0, GEO_NEAREST = 1, GEO_BILINEAR = 2, GEO_AA = 3, GEO_AA_ROT = 4,
+    GEO_ROT = 8
+};
 
 __host__ __device__ __forceinline__ int geo_mode(const sf_aug_plan &P)
 {
-    return !P.has_geom ? GEO_IDENTITY : P.interp == SF_INTERP_NEAREST ? GEO_NEAREST : GEO_BILINEAR;
+    if (!P.has_geom) return GEO_IDENTITY;
+    const int rot = P.has_rot ? GEO_ROT : 0;
+    if (P.interp == SF_INTERP_NEAREST) return GEO_NEAREST | rot;
+    if (P.antialias) return P.has_rot ? GEO_AA_ROT : GEO_AA;
+    return GEO_BILINEAR | rot;
+}
+
+/* One sample's geometry, read once per thread from its sf_aug_sample. */
+struct Geo {
+    float inv[6];
+    int xlo, ylo, xhi, yhi;         /* clamp box */
+    float rot[4], pre[4], rw, rh;   /* rotation input <-> source, its size */
+    float ax, ay, axi, ayi;         /* antialias supports and their inverses */
+};
+
+__device__ __forceinline__ void load_geo(const sf_aug_sample *S, Geo &g)
+{
+#pragma unroll
+    for (int k = 0; k < 6; ++k) g.inv[k] = S->inv[k];
+    g.xlo = S->clip[0]; g.ylo = S->clip[1]; g.xhi = S->clip[2]; g.yhi = S->clip[3];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) { g.rot[k] = S->rot[k]; g.pre[k] = S->pre[k]; }
+    g.rw = S->rot_w; g.rh = S->rot_h;
+    g.ax = S->aa[0]; g.ay = S->aa[1];
+    g.axi = __fdiv_rn(1.f, g.ax); g.ayi = __fdiv_rn(1.f, g.ay);
+}
+
+/* Coverage of the rotation's input along one axis (gpu/ref/augment.c cover1). */
+__device__ __forceinline__ float cover1(float u, float n)
+{
+    return fmaxf(fminf(fminf(__fadd_rn(u, 1.f), __fsub_rn(n, u)), 1.f), 0.f);
+}
+
+/* torch's antialias triangle filter. */
+__device__ __forceinline__ float aa_tri(float d)
+{
+    d = fabsf(d);
+    return d < 1.f ? __fsub_rn(1.f, d) : 0.f;
+}
+
+/* The antialiased sample at source point (sx, sy) (gpu/ref/augment.c aa_sample):
+ * the point clamped to the box's pixel centres, the taps of the filter's support
+ * inside the box, normalised by the product of the weight sums. The loop bounds
+ * vary per pixel; the work per image is about 4 taps per source pixel. */
+template <int C, bool NHWC>
+__device__ __forceinline__ void aa_sample(const Geo &g, const uint8_t *__restrict__ s, int W, int H,
+                                          float sx, float sy, float (&v)[C])
+{
+    constexpr int px = NHWC ? C : 1;
+    const uint32_t row = (uint32_t)W * px;
+    const size_t plane = (size_t)W * H;
+    const float pxf = fminf(fmaxf(sx, __fadd_rn((float)g.xlo, 0.5f)), __fadd_rn((float)g.xhi, 0.5f));
+    const float pyf = fminf(fmaxf(sy, __fadd_rn((float)g.ylo, 0.5f)), __fadd_rn((float)g.yhi, 0.5f));
+    const int i0 = max((int)floorf(__fadd_rn(__fsub_rn(pxf, g.ax), 0.5f)), g.xlo);
+    const int i1 = min((int)floorf(__fadd_rn(__fadd_rn(pxf, g.ax), 0.5f)), g.xhi + 1);
+    const int j0 = max((int)floorf(__fadd_rn(__fsub_rn(pyf, g.ay), 0.5f)), g.ylo);
+    const int j1 = min((int)floorf(__fadd_rn(__fadd_rn(pyf, g.ay), 0.5f)), g.yhi + 1);
+    float sumx = 0.f, sumy = 0.f;
+    for (int i = i0; i < i1; ++i)
+        sumx = __fadd_rn(sumx, aa_tri(__fmul_rn(__fsub_rn(__fadd_rn((float)i, 0.5f), pxf), g.axi)));
+    for (int j = j0; j < j1; ++j)
+        sumy = __fadd_rn(sumy, aa_tri(__fmul_rn(__fsub_rn(__fadd_rn((float)j, 0.5f), pyf), g.ayi)));
+    float acc[C];
+#pragma unroll
+    for (int c = 0; c < C; ++c) acc[c] = 0.f;
+    for (int j = j0; j < j1; ++j) {
+        const float wy = aa_tri(__fmul_rn(__fsub_rn(__fadd_rn((float)j, 0.5f), pyf), g.ayi));
+        float r[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c) r[c] = 0.f;
+        const uint8_t *p = s + (uint32_t)j * row + (uint32_t)i0 * px;
+        for (int i = i0; i < i1; ++i, p += px) {
+            const float wx = aa_tri(__fmul_rn(__fsub_rn(__fadd_rn((float)i, 0.5f), pxf), g.axi));
+#pragma unroll
+            for (int c = 0; c < C; ++c) {
+                const float t = tap<C, NHWC>(p, c, plane);
+                r[c] = SF_MAC(r[c], wx, t);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c] = SF_MAC(acc[c], wy, r[c]);
+    }
+    const float norm = __fmul_rn(sumx, sumy);
+#pragma unroll
+    for (int c = 0; c < C; ++c) v[c] = __fdiv_rn(acc[c], norm);
 }
 
 /* Resamples output pixel (x, y) of one sample (x, y inside the output image):
- * s is the sample's source, inv its map. */
+ * s is the sample's source image (W x H), g its geometry. Taps clamp into the
+ * clamp box; a rotation's coverage multiplies the result (gpu/aug.h). */
 template <int C, bool NHWC, int MODE>
-__device__ __forceinline__ void geom_px(const sf_aug_plan &P, const float (&inv)[6],
-                                        const uint8_t *__restrict__ s, int x, int y,
-                                        float (&v)[C])
+__device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict__ s, int W, int H,
+                                        int x, int y, float (&v)[C])
 {
-    const int W = P.in_w, H = P.in_h;
     const size_t plane = (size_t)W * H;
     constexpr int px = NHWC ? C : 1; /* elements per pixel step */
     const uint32_t row = (uint32_t)W * px; /* elements per row step */
-    if constexpr (MODE == GEO_IDENTITY) { /* out shape == in shape */
+    constexpr int BASE = MODE & 7;
+    constexpr bool ROT = (MODE & GEO_ROT) != 0;
+    if constexpr (BASE == GEO_IDENTITY) { /* out shape == in shape */
         const uint8_t *p = s + ((uint32_t)y * row + (uint32_t)x * px);
 #pragma unroll
         for (int c = 0; c < C; ++c) v[c] = tap<C, NHWC>(p, c, plane);
         return;
     }
     const float ox = __fadd_rn((float)x, 0.5f), oy = __fadd_rn((float)y, 0.5f);
-    const float fx = __fsub_rn(affine_rn(inv[0], inv[1], inv[2], ox, oy), 0.5f);
-    const float fy = __fsub_rn(affine_rn(inv[3], inv[4], inv[5], ox, oy), 0.5f);
-    if constexpr (MODE == GEO_NEAREST) {
-        const float rx = rintf(fx), ry = rintf(fy); /* half to even, as grid_sample */
-        const bool in = rx >= 0.f && rx < (float)W && ry >= 0.f && ry < (float)H;
-        const uint8_t *p = s + (in ? (uint32_t)(int)ry * row + (uint32_t)(int)rx * px : 0u);
+    const float sx = affine_rn(g.inv[0], g.inv[1], g.inv[2], ox, oy);
+    const float sy = affine_rn(g.inv[3], g.inv[4], g.inv[5], ox, oy);
+    if constexpr (BASE == GEO_AA) {
+        aa_sample<C, NHWC>(g, s, W, H, sx, sy, v);
+        return;
+    }
+    /* The point in the rotation's input image (pixel centres at integers). */
+    float ru = 0.f, rv = 0.f;
+    if constexpr (ROT || BASE == GEO_AA_ROT) {
+        ru = __fsub_rn(__fadd_rn(__fmul_rn(g.rot[0], sx), g.rot[1]), 0.5f);
+        rv = __fsub_rn(__fadd_rn(__fmul_rn(g.rot[2], sy), g.rot[3]), 0.5f);
+    }
+    if constexpr (BASE == GEO_AA_ROT) {
+        /* The rotation's bilinear taps on its input image, zero outside it, each
+         * the antialiased sample of the source at that pixel's centre. */
+        float acc[C];
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[c] = 0.f;
+        if (ru > -1.f && ru < g.rw && rv > -1.f && rv < g.rh) {
+            const float x0f = floorf(ru), y0f = floorf(rv);
+            const float ax = __fsub_rn(ru, x0f), ay = __fsub_rn(rv, y0f);
+            const float wx[2] = {__fsub_rn(1.f, ax), ax}, wy[2] = {__fsub_rn(1.f, ay), ay};
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const float tx = __fadd_rn(x0f, (float)(t & 1)), ty = __fadd_rn(y0f, (float)(t >> 1));
+                const float wt = __fmul_rn(wx[t & 1], wy[t >> 1]);
+                float tv[C];
+#pragma unroll
+                for (int c = 0; c < C; ++c) tv[c] = 0.f;
+                if (tx >= 0.f && tx < g.rw && ty >= 0.f && ty < g.rh)
+                    aa_sample<C, NHWC>(g, s, W, H,
+                                       __fadd_rn(__fmul_rn(g.pre[0], __fadd_rn(tx, 0.5f)), g.pre[1]),
+                                       __fadd_rn(__fmul_rn(g.pre[2], __fadd_rn(ty, 0.5f)), g.pre[3]), tv);
+#pragma unroll
+                for (int c = 0; c < C; ++c) acc[c] = SF_MAC(acc[c], tv[c], wt);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < C; ++c) v[c] = acc[c];
+        return;
+    }
+    const float fx = __fsub_rn(sx, 0.5f), fy = __fsub_rn(sy, 0.5f);
+    if constexpr (BASE == GEO_NEAREST) {
+        /* The nearest pixel clamped into the box (fmaxf also maps NaN inside);
+         * 0 where the rotation's nearest pixel is outside its input. */
+        const float rx = fminf(fmaxf(rintf(fx), (float)g.xlo), (float)g.xhi);
+        const float ry = fminf(fmaxf(rintf(fy), (float)g.ylo), (float)g.yhi);
+        bool in = true;
+        if constexpr (ROT) {
+            const float qx = rintf(ru), qy = rintf(rv);
+            in = qx >= 0.f && qx <= __fsub_rn(g.rw, 1.f) && qy >= 0.f && qy <= __fsub_rn(g.rh, 1.f);
+        }
+        const uint8_t *p = s + ((uint32_t)(int)ry * row + (uint32_t)(int)rx * px);
 #pragma unroll
         for (int c = 0; c < C; ++c) {
             const float t = tap<C, NHWC>(p, c, plane);
@@ -142,36 +284,31 @@ __device__ __forceinline__ void geom_px(const sf_aug_plan &P, const float (&inv)
         }
         return;
     }
-    /* Bilinear. Beyond one pixel outside, every tap is outside (this also keeps
-     * huge coordinates away from the int conversions). */
-    if (!(fx > -1.f && fx < (float)W && fy > -1.f && fy < (float)H)) {
-#pragma unroll
-        for (int c = 0; c < C; ++c) v[c] = 0.f;
-        return;
-    }
-    const float x0f = floorf(fx), y0f = floorf(fy);
-    const int x0 = (int)x0f, y0 = (int)y0f; /* in [-1, W-1] x [-1, H-1] */
-    const float ax = __fsub_rn(fx, x0f), ay = __fsub_rn(fy, y0f);
-    /* A tap outside the image reads 0 in the reference. Here its weight is 0 and
-     * its address that of an inside tap: 0 * v == 0 * 0, the same sum bit for bit. */
-    const bool vx0 = x0 >= 0, vx1 = x0 < W - 1, vy0 = y0 >= 0, vy1 = y0 < H - 1;
-    const float bx = vx0 ? __fsub_rn(1.f, ax) : 0.f;
-    const float by = vy0 ? __fsub_rn(1.f, ay) : 0.f;
-    const float axv = vx1 ? ax : 0.f;
-    const float ayv = vy1 ? ay : 0.f;
-    const float w00 = __fmul_rn(bx, by), w01 = __fmul_rn(axv, by);
-    const float w10 = __fmul_rn(bx, ayv), w11 = __fmul_rn(axv, ayv);
+    /* Bilinear with the coordinate clamped into the box, the same as clamping
+     * each tap (both taps of a clamped side are the edge pixel), so every
+     * address is inside and the tap pointers need no masks. */
+    const float u = fminf(fmaxf(fx, (float)g.xlo), (float)g.xhi);
+    const float w_ = fminf(fmaxf(fy, (float)g.ylo), (float)g.yhi);
+    const float x0f = floorf(u), y0f = floorf(w_);
+    const int x0 = (int)x0f, y0 = (int)y0f; /* inside the box, so >= 0 */
+    const float ax = __fsub_rn(u, x0f), ay = __fsub_rn(w_, y0f);
+    const float bx = __fsub_rn(1.f, ax), by = __fsub_rn(1.f, ay);
+    const float w00 = __fmul_rn(bx, by), w01 = __fmul_rn(ax, by);
+    const float w10 = __fmul_rn(bx, ay), w11 = __fmul_rn(ax, ay);
     /* Offsets are unsigned (never negative), so each pointer is one 64-bit add. */
-    const uint8_t *q00 = s + ((uint32_t)(vy0 ? y0 : 0) * row + (uint32_t)(vx0 ? x0 : 0) * px);
-    const uint32_t dx = vx0 && vx1 ? (uint32_t)px : 0u, dy = vy0 && vy1 ? row : 0u;
+    const uint8_t *q00 = s + ((uint32_t)y0 * row + (uint32_t)x0 * px);
+    const uint32_t dx = x0 < g.xhi ? (uint32_t)px : 0u, dy = y0 < g.yhi ? row : 0u;
     const uint8_t *q01 = q00 + dx, *q10 = q00 + dy, *q11 = q10 + dx;
+    float cov = 1.f;
+    if constexpr (ROT) cov = __fmul_rn(cover1(ru, g.rw), cover1(rv, g.rh));
 #pragma unroll
     for (int c = 0; c < C; ++c) {
         const float p00 = tap<C, NHWC>(q00, c, plane);
         const float p01 = tap<C, NHWC>(q01, c, plane);
         const float p10 = tap<C, NHWC>(q10, c, plane);
         const float p11 = tap<C, NHWC>(q11, c, plane);
-        v[c] = SF_MAC(SF_MAC(SF_MAC(__fmul_rn(p00, w00), w01, p01), w10, p10), w11, p11);
+        const float b = SF_MAC(SF_MAC(SF_MAC(__fmul_rn(p00, w00), w01, p01), w10, p10), w11, p11);
+        v[c] = ROT ? __fmul_rn(b, cov) : b;
     }
 }
 
@@ -180,8 +317,8 @@ __device__ __forceinline__ void geom_px(const sf_aug_plan &P, const float (&inv)
  * column) instead of a division per pixel. Only edge tiles (a block-uniform test)
  * need the reflect padding. */
 template <int C, bool NHWC, int MODE>
-__device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const float (&inv)[6],
-                                          const uint8_t *__restrict__ s, float *G, int slot,
+__device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const Geo &g,
+                                          const uint8_t *__restrict__ s, int W, int H, float *G, int slot,
                                           int R, int GH, int GW, int GWP, int tx0, int ty0)
 {
     const int OW = P.out_w, OH = P.out_h;
@@ -194,11 +331,11 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const float (&in
             y = reflect_idx(y, OH);
             x = reflect_idx(x, OW);
         }
-        float g[C];
-        geom_px<C, NHWC, MODE>(P, inv, s, x, y, g);
+        float gv[C];
+        geom_px<C, NHWC, MODE>(g, s, W, H, x, y, gv);
         float *o = G + r * GWP + q;
 #pragma unroll
-        for (int c = 0; c < C; ++c) o[c * slot] = g[c];
+        for (int c = 0; c < C; ++c) o[c * slot] = gv[c];
         r += dr;
         q += dq;
         if (q >= GW) { q -= GW; ++r; }
@@ -208,8 +345,8 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const float (&in
 /* The thread's 2 x 4 pixels without a blur; out-of-image pixels of an edge tile
  * are computed at a clamped position and never stored. */
 template <int C, bool NHWC, int MODE>
-__device__ __forceinline__ void geom_direct(const sf_aug_plan &P, const float (&inv)[6],
-                                            const uint8_t *__restrict__ s, int xb, int yb,
+__device__ __forceinline__ void geom_direct(const sf_aug_plan &P, const Geo &g,
+                                            const uint8_t *__restrict__ s, int W, int H, int xb, int yb,
                                             float (&v)[C][2][4])
 {
 #pragma unroll
@@ -217,10 +354,10 @@ __device__ __forceinline__ void geom_direct(const sf_aug_plan &P, const float (&
         const int y = min(yb + rr, P.out_h - 1);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            float g[C];
-            geom_px<C, NHWC, MODE>(P, inv, s, min(xb + j, P.out_w - 1), y, g);
+            float gv[C];
+            geom_px<C, NHWC, MODE>(g, s, W, H, min(xb + j, P.out_w - 1), y, gv);
 #pragma unroll
-            for (int c = 0; c < C; ++c) v[c][rr][j] = g[c];
+            for (int c = 0; c < C; ++c) v[c][rr][j] = gv[c];
         }
     }
 }
@@ -479,6 +616,24 @@ __device__ __forceinline__ void blur_tile(float *slots, int slot, const float *w
 
 /* ---- the kernel ------------------------------------------------------------ */
 
+/* Calls CALL(mode) with the plan's resampling mode as a compile-time constant.
+ * The antialias modes live in kernels of their own (AA): their variable-length
+ * tap loops need more registers, which would otherwise cap the occupancy of the
+ * plain modes' kernels (64 registers, 4 blocks per SM) as well. */
+#define SF_GEO_SWITCH(AA, mode, CALL)                                              \
+    if constexpr (AA) {                                                            \
+        if ((mode) == GEO_AA_ROT) CALL(GEO_AA_ROT);                                \
+        else CALL(GEO_AA);                                                         \
+    } else {                                                                       \
+        switch (mode) {                                                            \
+        case GEO_IDENTITY: CALL(GEO_IDENTITY); break;                              \
+        case GEO_NEAREST: CALL(GEO_NEAREST); break;                                \
+        case GEO_NEAREST | GEO_ROT: CALL(GEO_NEAREST | GEO_ROT); break;            \
+        case GEO_BILINEAR | GEO_ROT: CALL(GEO_BILINEAR | GEO_ROT); break;          \
+        default: CALL(GEO_BILINEAR); break;                                        \
+        }                                                                          \
+    }
+
 struct Launch {
     int out_nhwc;   /* output layout */
     int vec;        /* rows of the output are 4-element aligned */
@@ -488,8 +643,13 @@ struct Launch {
     unsigned off_g, off_bits, off_hd; /* byte offsets into dynamic shared memory */
 };
 
-template <int C, bool NHWC, bool BLUR, typename OutT>
-__global__ void __launch_bounds__(NT)
+/* Plain kernels of up to 3 channels keep to 64 registers, 4 blocks of NT
+ * threads per SM, as before the clamped taps and the rotation's coverage (which
+ * pushed some to 78 registers; ptxas fits them without spills). With 4 channels
+ * that bound spills, and the antialias loops want more: those kernels get 2
+ * blocks per SM (128 registers). */
+template <int C, bool NHWC, bool BLUR, bool AA, typename OutT>
+__global__ void __launch_bounds__(NT, (AA || C > 3) ? 2 : 4)
 augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ Launch L,
                const sf_aug_sample *__restrict__ samples, const uint8_t *__restrict__ src,
                OutT *__restrict__ dst)
@@ -499,12 +659,15 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
     const int tx0 = blockIdx.x * TW, ty0 = blockIdx.y * TH;
     const int OW = P.out_w, OH = P.out_h;
     const sf_aug_sample *S = samples + n;
-    float inv[6];
-#pragma unroll
-    for (int k = 0; k < 6; ++k) inv[k] = S->inv[k];
-    const uint8_t *s = src + (size_t)n * P.in_h * P.in_w * C;
-    /* Keep the sample's base in a register: without this the compiler recomputes
-     * the 64-bit n*h*w*c product for every pixel of the geometry loop. */
+    Geo g;
+    load_geo(S, g);
+    /* Every sample is addressed through its own offset and size (uniform batches
+     * included, where they equal n*h*w*c and the plan's size): one load per
+     * thread, outside the pixel loops, and ragged sources cost nothing extra. */
+    const uint8_t *s = src + S->src_off;
+    const int W = S->src_w, H = S->src_h;
+    /* Keep the sample's base in a register: without this the compiler may reload
+     * or recompute it for every pixel of the geometry loop. */
     asm("" : "+l"(s));
     const int q4 = threadIdx.x & 7, rp = threadIdx.x >> 3;
     float v[C][2][4];
@@ -518,11 +681,9 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
         if (threadIdx.x < K) wk[threadIdx.x] = S->blur_w[threadIdx.x];
 
         float *G = slots + slot; /* channel c's geometry in slot c+1 */
-        switch (geo_mode(P)) {
-        case GEO_IDENTITY: geom_tile<C, NHWC, GEO_IDENTITY>(P, inv, s, G, slot, R, GH, GW, GWP, tx0, ty0); break;
-        case GEO_NEAREST: geom_tile<C, NHWC, GEO_NEAREST>(P, inv, s, G, slot, R, GH, GW, GWP, tx0, ty0); break;
-        default: geom_tile<C, NHWC, GEO_BILINEAR>(P, inv, s, G, slot, R, GH, GW, GWP, tx0, ty0); break;
-        }
+#define SF_GEO_TILE(M) geom_tile<C, NHWC, M>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0)
+        SF_GEO_SWITCH(AA, geo_mode(P), SF_GEO_TILE);
+#undef SF_GEO_TILE
         __syncthreads();
         switch (R) {
         case 1: blur_tile<C, 3>(slots, slot, wk, K, GH, GWP, rp, q4, v); break;
@@ -533,11 +694,9 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
         }
     } else {
         const int xb = tx0 + 4 * q4, yb = ty0 + 2 * rp;
-        switch (geo_mode(P)) {
-        case GEO_IDENTITY: geom_direct<C, NHWC, GEO_IDENTITY>(P, inv, s, xb, yb, v); break;
-        case GEO_NEAREST: geom_direct<C, NHWC, GEO_NEAREST>(P, inv, s, xb, yb, v); break;
-        default: geom_direct<C, NHWC, GEO_BILINEAR>(P, inv, s, xb, yb, v); break;
-        }
+#define SF_GEO_DIRECT(M) geom_direct<C, NHWC, M>(P, g, s, W, H, xb, yb, v)
+        SF_GEO_SWITCH(AA, geo_mode(P), SF_GEO_DIRECT);
+#undef SF_GEO_DIRECT
     }
 
     if (P.n_pw > 0) {
@@ -557,7 +716,9 @@ template <int C, bool NHWC, bool BLUR, typename OutT>
 int launch_one(const sf_aug_plan *plan, const Launch &L, size_t smem, dim3 grid,
                const sf_aug_sample *d_samples, const uint8_t *d_src, OutT *d_dst, cudaStream_t s)
 {
-    auto k = augment_kernel<C, NHWC, BLUR, OutT>;
+    const int mode = geo_mode(*plan);
+    auto k = mode == GEO_AA || mode == GEO_AA_ROT ? augment_kernel<C, NHWC, BLUR, true, OutT>
+                                                  : augment_kernel<C, NHWC, BLUR, false, OutT>;
     if (smem > 48 * 1024) {
         int dev = 0, maxs = 0;
         SF_CUDA_CHECK(cudaGetDevice(&dev));
@@ -606,8 +767,11 @@ int augment_any(const char *fn, const sf_aug_plan *plan, const sf_aug_sample *d_
     if (!d_samples || !d_src || !d_dst) SF_AUG_REJECT("NULL device pointer");
     const int C = plan->c;
     if (C < 1 || C > SF_AUG_MAX_C) SF_AUG_REJECT("c = %d outside [1, %d]", C, SF_AUG_MAX_C);
-    if (plan->in_h < 1 || plan->in_w < 1 || plan->out_h < 1 || plan->out_w < 1)
+    if ((!plan->ragged && (plan->in_h < 1 || plan->in_w < 1)) || plan->out_h < 1 || plan->out_w < 1)
         SF_AUG_REJECT("empty image (%dx%d -> %dx%d)", plan->in_h, plan->in_w, plan->out_h, plan->out_w);
+    if (plan->ragged && (!plan->has_geom || !nhwc))
+        SF_AUG_REJECT("ragged sources need the geometric map and HWC images (has_geom %d, nhwc %d)",
+                      plan->has_geom, nhwc);
     if (!plan->has_geom && (plan->in_h != plan->out_h || plan->in_w != plan->out_w))
         SF_AUG_REJECT("identity geometry with different in/out shapes");
     if (plan->interp != SF_INTERP_BILINEAR && plan->interp != SF_INTERP_NEAREST)

@@ -36,7 +36,10 @@ extern "C" {
 
 /* Runs the plan on n samples on stream s.
  *   d_samples: device copy of the n sf_aug_sample (from sf_aug_gen).
- *   d_src:     uint8 [n, in_h, in_w, c] when nhwc, else [n, c, in_h, in_w].
+ *   d_src:     the batch's uint8 sources; sample i's image starts at byte
+ *              d_samples[i].src_off and is src_h x src_w x c, HWC when nhwc,
+ *              else CHW (uniform plans: [n, in_h, in_w, c] or [n, c, in_h, in_w]).
+ *              A ragged plan (gpu/aug.h) needs nhwc = 1.
  *   d_dst:     float32 [n, c, out_h, out_w] when out_nhwc == 0, else [n, out_h, out_w, c].
  *   d_tmp:     scratch of n*c*out_h*out_w floats, kept in the contract for a
  *              two-pass blur; this implementation fuses the blur into the one

@@ -45,8 +45,8 @@
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
-#define WS_TUNE_BYTES ((size_t)512 << 20) /* workspace limit while choosing engines */
-#define WS_TUNE_MAX ((size_t)1 << 30)     /* ... raised up to this where memory allows */
+#define WS_TUNE_MIN ((size_t)256 << 20) /* candidates' workspace while choosing engines: */
+#define WS_TUNE_MAX ((size_t)1 << 30)   /* bounds (g_finish_create) */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
 #define MAX_ALLOCS 512
 
@@ -189,6 +189,8 @@ struct gen_net {
     void *arena, *farena;            /* trainable part (compute stream), frozen prefix (transform) */
     size_t arena_bytes, farena_bytes;
     size_t tensor_bytes;             /* what one buffer per tensor would have taken */
+    struct plan_obj *plan;           /* the placements, until g_alloc_arenas applies them */
+    int n_plan;
     int has_bn_train;
     uint64_t nbt, nbt_saved;
     gshape *shapes[SF_NET_MAX_SHAPES];
@@ -300,6 +302,11 @@ static void g_convtd(const sf_cuda_net *net, int i, int n, sf_convt_desc *d)
     d->allow_rtc = net->cfg.allow_rtc;
 }
 
+/* Stand-ins for a convolution's activation tensors while plans are timed. */
+typedef struct timing_ptrs {
+    void *x, *y;
+} timing_ptrs;
+
 /* Pointers of conv/convT layer i in direction dir for buffer b (conv roles;
  * convT uses the same roles). */
 static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_conv_ptrs *p)
@@ -353,7 +360,7 @@ static float *g_bias(const sf_cuda_net *net, int i)
 
 /* Time of the bias(+ReLU) epilogue kernel on conv layer i's output for n
  * samples (ms, best of 3). */
-static float g_time_epilogue(sf_cuda_net *net, int i, int n)
+static float g_time_epilogue(sf_cuda_net *net, int i, int n, void *y)
 {
     const gen_net *g = net->g;
     const sf_layer *L = &net->m.layers[i];
@@ -366,7 +373,7 @@ static float g_time_epilogue(sf_cuda_net *net, int i, int n)
     for (int r = 0; r < 3; r++) {
         float ms = 0.f;
         cudaEventRecord(e[0], net->s);
-        sf_cuda_bias_act_dt(g->dt, g->op[i].y, g_bias(net, i), outer, L->out_c, inner, g->op[i].relu, net->s);
+        sf_cuda_bias_act_dt(g->dt, y, g_bias(net, i), outer, L->out_c, inner, g->op[i].relu, net->s);
         cudaEventRecord(e[1], net->s);
         if (cudaEventSynchronize(e[1]) == cudaSuccess && cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess &&
             ms < best)
@@ -396,7 +403,7 @@ static int g_try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, co
         sf_cuda_clear_error(); /* no fused engine: keep the plain plan */
         return 0;
     }
-    const float plain_ms = plain->ms + g_time_epilogue(net, i, n);
+    const float plain_ms = plain->ms + g_time_epilogue(net, i, n, p->y);
     if (fp.ms >= 0.f && fp.ms < plain_ms) {
         sf_conv_plan_destroy(plain);
         *plain = fp;
@@ -425,8 +432,10 @@ static void gshape_destroy(gshape *S)
 }
 
 /* Plans for batch size n; a plan of workspace kind k may use lim[k] bytes and
- * is timed with workspace ws[k]. */
-static int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3], gshape **out)
+ * is timed with workspace ws[k], on the layer's own tensors or, with tp, on
+ * stand-ins for them (before the arenas exist). */
+static int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3], const timing_ptrs *tp,
+                         gshape **out)
 {
     gen_net *g = net->g;
     gshape *S = (gshape *)calloc(1, sizeof *S);
@@ -448,7 +457,13 @@ static int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_
                 g_convd(net, i, n, &d);
                 sf_conv_ptrs p;
                 g_ptrs(net, i, dir, 0, ws[k], &p);
-                /* every buffer's pointers are bound to this plan: align for the worst */
+                if (tp) {
+                    p.x = tp->x;
+                    p.y = tp->y;
+                }
+                /* every buffer's pointers are bound to this plan: align for the worst
+                 * (arena tensors sit at 256-byte offsets: before the arena exists
+                 * their NULL-based pointers show the same alignment) */
                 d.align_x = d.align_w = d.align_y = 16;
                 for (int b = 0; b < net->cfg.nbuf; b++) {
                     sf_conv_ptrs pb;
@@ -740,11 +755,38 @@ static int g_plan_memory(sf_cuda_net *net)
     }
     g->arena_bytes = place(tr, ntr);
     g->farena_bytes = place(fr, nfr);
+    g->plan = (plan_obj *)malloc(sizeof(plan_obj) * (size_t)(n ? n : 1));
+    if (!g->plan) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    memcpy(g->plan, obj, sizeof(plan_obj) * (size_t)n);
+    g->n_plan = n;
+    return 0;
+}
+
+/* Allocates the arenas the plan sized and points every tensor at its place,
+ * then the views (flattens, fused ReLUs) at the tensors they view. Until
+ * then those pointers are NULL: plans are chosen before (g_finish_create). */
+static int g_alloc_arenas(sf_cuda_net *net)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
     if ((g->arena_bytes && dmalloc(net, &g->arena, g->arena_bytes)) ||
         (g->farena_bytes && dmalloc(net, &g->farena, g->farena_bytes)))
         return -1;
-    for (int k = 0; k < n; k++)
-        *obj[k].ptr = (char *)(obj[k].frozen ? g->farena : g->arena) + obj[k].off;
+    for (int k = 0; k < g->n_plan; k++)
+        *g->plan[k].ptr = (char *)(g->plan[k].frozen ? g->farena : g->arena) + g->plan[k].off;
+    for (int i = 0; i < g->nl; i++) {
+        gop *o = &g->op[i];
+        if (m->layers[i].kind != SF_L_FLATTEN && !o->fused)
+            continue;
+        /* a flatten's output is found through g_act (it may be a per-buffer
+         * tensor); a fused ReLU's is its producer's */
+        o->y = m->layers[i].kind == SF_L_FLATTEN ? NULL : g->op[o->src[0]].y;
+        const int ow = g_owner(m, o->src[0]);
+        o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
+    }
     return 0;
 }
 
@@ -900,14 +942,8 @@ static int g_create(sf_cuda_net *net)
             max_c = L->out_ch;
         if (L->in_c > max_c)
             max_c = L->in_c;
-        if (L->kind == SF_L_FLATTEN || o->fused) {
-            /* a flatten's output is found through g_act (it may be a per-buffer
-             * tensor); a fused ReLU's is its producer's */
-            o->y = L->kind == SF_L_FLATTEN ? NULL : g->op[o->src[0]].y;
-            const int ow = g_owner(m, o->src[0]);
-            o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
+        if (L->kind == SF_L_FLATTEN || o->fused)
             continue;
-        }
         if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
             return -1;
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
@@ -1328,37 +1364,58 @@ static int g_finish_create(sf_cuda_net *net)
         if (sf_cuda_fill_random_dt(dt, net->io[b].x, nb * m->in_c * m->in_h * m->in_w, 6 + 16 * b, 1.f, s) ||
             (g->bnd[b] && sf_cuda_fill_random_dt(dt, g->bnd[b], nb * g->bnd_elems, 7 + 16 * b, 1.f, s)))
             return -1;
-    if (g->arena && sf_cuda_fill_random_dt(dt, g->arena, g->arena_bytes / g->es, 8, 1.f, s))
-        return -1;
-    if (g->farena && sf_cuda_fill_random_dt(dt, g->farena, g->farena_bytes / g->es, 9, 1.f, s))
-        return -1;
-    /* The engines large batches run best on may want more than 512 MiB of
-     * workspace (ResNet-18's stem at batch 1024: about 820 MB; with 512 MiB it
-     * ran at 571 samples/s instead of 21k): let the candidates use up to 1/16
-     * of free device memory, at most WS_TUNE_MAX. The candidates' workspace
-     * exists only while the plans are chosen, but it sets the process's peak
-     * device memory, so it is bounded; the net then keeps only what the
-     * chosen plans need. */
-    size_t tune_bytes = WS_TUNE_BYTES, fr = 0, tot = 0;
-    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && fr / 16 > tune_bytes)
-        tune_bytes = fr / 16 < WS_TUNE_MAX ? fr / 16 : WS_TUNE_MAX;
-    void *tune_ws = NULL;
-    if (cudaMalloc(&tune_ws, tune_bytes) != cudaSuccess) {
+    /* Plans are chosen before the arenas exist, on one temporary block that
+     * holds the candidates' workspace and two stand-ins on which every
+     * convolution is timed (its input or input gradient, and its output or
+     * output gradient), so the process's peak device memory is the larger of
+     * this phase and the steady state, not their sum. The candidates may use
+     * twice the largest activation tensor of workspace, between WS_TUNE_MIN
+     * and WS_TUNE_MAX and at most 1/16 of free memory: ResNet-18's stem at
+     * batch 1024 runs best on an engine that wants about 820 MB (with 512 MiB
+     * it ran at 571 samples/s instead of 21k); W1's engines want at most
+     * 201 MB. */
+    size_t in_max = 0, out_max = 0;
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
+            continue;
+        const size_t ib = (g->es * nb * L->in_c * L->in_h * L->in_w + 255) & ~(size_t)255;
+        const size_t ob = (g->es * nb * L->out_elems + 255) & ~(size_t)255;
+        if (ib > in_max)
+            in_max = ib;
+        if (ob > out_max)
+            out_max = ob;
+    }
+    size_t tune_bytes = 2 * g->es * nb * m->max_act, fr = 0, tot = 0;
+    if (tune_bytes < WS_TUNE_MIN)
+        tune_bytes = WS_TUNE_MIN;
+    if (tune_bytes > WS_TUNE_MAX)
+        tune_bytes = WS_TUNE_MAX;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tune_bytes > fr / 16 && fr / 16 >= WS_TUNE_MIN)
+        tune_bytes = fr / 16;
+    char *tmp = NULL;
+    if (cudaMalloc((void **)&tmp, in_max + out_max + tune_bytes) != cudaSuccess) {
         cudaGetLastError();
-        tune_ws = NULL;
-        if (cudaMalloc(&tune_ws, WS_TUNE_BYTES) == cudaSuccess)
-            tune_bytes = WS_TUNE_BYTES;
-        else
-            cudaGetLastError(), tune_ws = NULL;
+        tune_bytes = WS_TUNE_MIN;
+        SF_CUDA_CHECK(cudaMalloc((void **)&tmp, in_max + out_max + tune_bytes));
     }
     gshape *S = NULL;
-    void *const tws[3] = {tune_ws, tune_ws, tune_ws};
-    const size_t tlim[3] = {tune_ws ? tune_bytes : 0, tune_ws ? tune_bytes : 0, tune_ws ? tune_bytes : 0};
-    int rc = g_build_shape(net, net->cfg.max_batch, tws, tlim, &S);
-    if (tune_ws)
-        cudaFree(tune_ws);
+    const timing_ptrs tp = {tmp, tmp + in_max};
+    void *const tws[3] = {tmp + in_max + out_max, tmp + in_max + out_max, tmp + in_max + out_max};
+    const size_t tlim[3] = {tune_bytes, tune_bytes, tune_bytes};
+    int rc = g_build_shape(net, net->cfg.max_batch, tws, tlim, &tp, &S);
+    cudaFree(tmp);
     if (rc)
         return -1;
+    if (g_alloc_arenas(net)) {
+        gshape_destroy(S);
+        return -1;
+    }
+    if ((g->arena && sf_cuda_fill_random_dt(dt, g->arena, g->arena_bytes / g->es, 8, 1.f, s)) ||
+        (g->farena && sf_cuda_fill_random_dt(dt, g->farena, g->farena_bytes / g->es, 9, 1.f, s))) {
+        gshape_destroy(S);
+        return -1;
+    }
     /* Each workspace holds what its plans chose, with slack for the plans of
      * other batch sizes. The side stream's exists only with fork, the frozen
      * prefix's only with frozen layers. */
@@ -1385,6 +1442,7 @@ static void g_destroy(sf_cuda_net *net)
     if (!g)
         return;
     cudaDeviceSynchronize();
+    free(g->plan);
     for (int i = 0; i < g->n_shapes; i++)
         gshape_destroy(g->shapes[i]);
     for (int i = 0; i < SF_MAX_LAYERS; i++)
@@ -1415,7 +1473,7 @@ static int g_prepare(sf_cuda_net *net, int n)
     SF_CUDA_CHECK(cudaDeviceSynchronize());
     gshape *S;
     void *const ws[3] = {net->ws, net->ws2 ? net->ws2 : net->ws, g->fws ? g->fws : net->ws};
-    if (g_build_shape(net, n, ws, net->ws_size, &S))
+    if (g_build_shape(net, n, ws, net->ws_size, NULL, &S))
         return -1;
     size_t need[3];
     g_shape_ws(net, S, need);

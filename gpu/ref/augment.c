@@ -6,12 +6,16 @@
  *
  * Geometry, per output pixel (ox, oy) = (x + 0.5, y + 0.5):
  *   sx = inv[0]*ox + inv[1]*oy + inv[2];   sy = inv[3]*ox + inv[4]*oy + inv[5]
- *   bilinear: u = sx - 0.5, v = sy - 0.5, x0 = floor(u), y0 = floor(v),
- *             ax = u - x0, ay = v - y0,
- *             out = ((v00*((1-ax)*(1-ay)) + v01*(ax*(1-ay))) + v10*((1-ax)*ay)) + v11*(ax*ay)
- *             with v01 the tap (y0, x0+1) etc.; a tap outside the image reads 0.
- *   nearest:  the tap (rint(v), rint(u)) (round half to even, as grid_sample),
- *             0 when outside.
+ *   bilinear: u = clamp(sx - 0.5, clip x range), v likewise, x0 = floor(u),
+ *             x1 = min(x0 + 1, clip[2]), ax = u - x0, ...,
+ *             out = (((v00*((1-ax)*(1-ay)) + v01*(ax*(1-ay))) + v10*((1-ax)*ay)) + v11*(ax*ay)) * cov
+ *   nearest:  the tap (rint(v), rint(u)) clamped into the box (round half to
+ *             even, as grid_sample), 0 where the rotation's coverage is 0.
+ *   antialias: px = clamp(sx, box centres); taps i in [floor(px - a + 0.5),
+ *             floor(px + a + 0.5)) within the box, weight tri((i + 0.5 - px) / a);
+ *             out = (sum_j wy_j (sum_i wx_i v_ji)) / (sum wx * sum wy) * cov.
+ *   cov (with a rotation): the coverage of the rotation's input image at
+ *             (rot[0]*sx + rot[1], rot[2]*sy + rot[3]) (gpu/aug.h), else 1.
  * Blur: out[y][x] = sum_j w[j] * ( sum_i w[i] * in[refl(y+j-r)][refl(x+i-r)] ),
  *   r = (k-1)/2, i.e. a horizontal pass then a vertical pass with float
  *   intermediates; refl mirrors without repeating the edge (torch "reflect"),
@@ -32,19 +36,63 @@ static float src_at(const uint8_t *src, int nhwc, int c, int h, int w, int ch, i
     return nhwc ? (float)src[((size_t)y * w + x) * c + ch] : (float)src[((size_t)ch * h + y) * w + x];
 }
 
-/* Tap with zero padding. */
-static float tap0(const uint8_t *src, int nhwc, int c, int h, int w, int ch, int y, int x)
+/* The triangle filter of torch's antialiased bilinear resize. */
+static float aa_tri(float d)
 {
-    if (x < 0 || x >= w || y < 0 || y >= h)
-        return 0.0f;
-    return src_at(src, nhwc, c, h, w, ch, y, x);
+    d = fabsf(d);
+    return d < 1.0f ? 1.0f - d : 0.0f;
+}
+
+/* Coverage of the rotation's input image along one axis at u (pixel units,
+ * centres at integers): the bilinear weight of its pixels. */
+static float cover1(float u, float n)
+{
+    float c = fminf(fminf(u + 1.0f, n - u), 1.0f);
+    return fmaxf(c, 0.0f);
+}
+
+/* The antialiased sample at source point (sx, sy) into v[0..c): the point
+ * clamped to the box's pixel centres, then the taps within the filter's
+ * support, inside the box, normalised by the sum of their weights. */
+static void aa_sample(const uint8_t *src1, int nhwc, int c, int h, int w, const sf_aug_sample *s,
+                      float sx, float sy, float *v)
+{
+    const int xlo = s->clip[0], ylo = s->clip[1], xhi = s->clip[2], yhi = s->clip[3];
+    const float ax_sup = s->aa[0], ay_sup = s->aa[1];
+    const float ax_inv = 1.0f / ax_sup, ay_inv = 1.0f / ay_sup;
+    const float px = fminf(fmaxf(sx, (float)xlo + 0.5f), (float)xhi + 0.5f);
+    const float py = fminf(fmaxf(sy, (float)ylo + 0.5f), (float)yhi + 0.5f);
+    int i0 = (int)floorf(px - ax_sup + 0.5f), i1 = (int)floorf(px + ax_sup + 0.5f);
+    int j0 = (int)floorf(py - ay_sup + 0.5f), j1 = (int)floorf(py + ay_sup + 0.5f);
+    i0 = i0 < xlo ? xlo : i0;
+    j0 = j0 < ylo ? ylo : j0;
+    i1 = i1 > xhi + 1 ? xhi + 1 : i1;
+    j1 = j1 > yhi + 1 ? yhi + 1 : j1;
+    float sumx = 0.0f, sumy = 0.0f;
+    for (int i = i0; i < i1; i++)
+        sumx += aa_tri(((float)i + 0.5f - px) * ax_inv);
+    for (int j = j0; j < j1; j++)
+        sumy += aa_tri(((float)j + 0.5f - py) * ay_inv);
+    const float norm = sumx * sumy;
+    for (int ch = 0; ch < c; ch++) {
+        float acc = 0.0f;
+        for (int j = j0; j < j1; j++) {
+            float row = 0.0f;
+            for (int i = i0; i < i1; i++)
+                row += aa_tri(((float)i + 0.5f - px) * ax_inv) * src_at(src1, nhwc, c, h, w, ch, j, i);
+            acc += aa_tri(((float)j + 0.5f - py) * ay_inv) * row;
+        }
+        v[ch] = acc / norm;
+    }
 }
 
 void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s, const uint8_t *src1,
                          int nhwc, float *dst1)
 {
-    const int c = plan->c, h = plan->in_h, w = plan->in_w;
+    const int c = plan->c, h = s->src_h, w = s->src_w;
     const int oh = plan->out_h, ow = plan->out_w;
+    if (plan->ragged)
+        nhwc = 1; /* ragged images are HWC by definition (gpu/aug.h) */
     const size_t plane = (size_t)oh * ow;
 
     if (!plan->has_geom) { /* out == in: uint8 -> float and NCHW */
@@ -54,43 +102,91 @@ void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s, const 
                     dst1[ch * plane + (size_t)y * ow + x] = src_at(src1, nhwc, c, h, w, ch, y, x);
         return;
     }
+    const int xlo = s->clip[0], ylo = s->clip[1], xhi = s->clip[2], yhi = s->clip[3];
 
     for (int y = 0; y < oh; y++) {
         for (int x = 0; x < ow; x++) {
             const float ox = (float)x + 0.5f, oy = (float)y + 0.5f;
             const float sx = s->inv[0] * ox + s->inv[1] * oy + s->inv[2];
             const float sy = s->inv[3] * ox + s->inv[4] * oy + s->inv[5];
-            const float u = sx - 0.5f, v = sy - 0.5f;
             const size_t o = (size_t)y * ow + x;
+            /* The coverage of the rotation's input at this point (1 without one). */
+            float cov = 1.0f;
+            if (plan->has_rot && !plan->antialias) {
+                const float ru = s->rot[0] * sx + s->rot[1] - 0.5f;
+                const float rv = s->rot[2] * sy + s->rot[3] - 0.5f;
+                if (plan->interp == SF_INTERP_NEAREST) {
+                    const float rx = rintf(ru), ry = rintf(rv);
+                    /* The comparisons are false for NaN too. */
+                    cov = rx >= 0.0f && rx <= s->rot_w - 1.0f && ry >= 0.0f && ry <= s->rot_h - 1.0f;
+                } else {
+                    cov = cover1(ru, s->rot_w) * cover1(rv, s->rot_h);
+                }
+            }
 
             if (plan->interp == SF_INTERP_NEAREST) {
-                const float rx = rintf(u), ry = rintf(v);
-                /* The comparisons are false for NaN too. */
-                const int inside = rx >= 0.0f && rx <= (float)(w - 1) && ry >= 0.0f && ry <= (float)(h - 1);
+                /* The nearest pixel, clamped into the box (fmaxf also maps NaN). */
+                const float rx = fminf(fmaxf(rintf(sx - 0.5f), (float)xlo), (float)xhi);
+                const float ry = fminf(fmaxf(rintf(sy - 0.5f), (float)ylo), (float)yhi);
                 for (int ch = 0; ch < c; ch++)
-                    dst1[ch * plane + o] = inside ? src_at(src1, nhwc, c, h, w, ch, (int)ry, (int)rx) : 0.0f;
+                    dst1[ch * plane + o] =
+                        cov != 0.0f ? src_at(src1, nhwc, c, h, w, ch, (int)ry, (int)rx) : 0.0f;
                 continue;
             }
 
-            if (!(u > -1.0f && u < (float)w && v > -1.0f && v < (float)h)) {
-                /* Every tap is outside (or the coordinate is not finite). */
+            if (plan->antialias && !plan->has_rot) {
+                float v[SF_AUG_MAX_C];
+                aa_sample(src1, nhwc, c, h, w, s, sx, sy, v);
                 for (int ch = 0; ch < c; ch++)
-                    dst1[ch * plane + o] = 0.0f;
+                    dst1[ch * plane + o] = v[ch];
                 continue;
             }
+            if (plan->antialias) {
+                /* As torchvision: the rotation's bilinear taps on its input
+                 * image, zero outside it, each pixel of which is the
+                 * antialiased sample of the source at its centre. */
+                const float ru = s->rot[0] * sx + s->rot[1] - 0.5f;
+                const float rv = s->rot[2] * sy + s->rot[3] - 0.5f;
+                float acc[SF_AUG_MAX_C] = {0};
+                if (ru > -1.0f && ru < s->rot_w && rv > -1.0f && rv < s->rot_h) {
+                    const float x0f = floorf(ru), y0f = floorf(rv);
+                    const float ax = ru - x0f, ay = rv - y0f;
+                    const float wx[2] = {1.0f - ax, ax}, wy[2] = {1.0f - ay, ay};
+                    for (int t = 0; t < 4; t++) {
+                        const float tx = x0f + (float)(t & 1), ty = y0f + (float)(t >> 1);
+                        const float wt = wx[t & 1] * wy[t >> 1];
+                        float v[SF_AUG_MAX_C] = {0};
+                        if (tx >= 0.0f && tx < s->rot_w && ty >= 0.0f && ty < s->rot_h)
+                            aa_sample(src1, nhwc, c, h, w, s, s->pre[0] * (tx + 0.5f) + s->pre[1],
+                                      s->pre[2] * (ty + 0.5f) + s->pre[3], v);
+                        for (int ch = 0; ch < c; ch++)
+                            acc[ch] += v[ch] * wt;
+                    }
+                }
+                for (int ch = 0; ch < c; ch++)
+                    dst1[ch * plane + o] = acc[ch];
+                continue;
+            }
+
+            /* Bilinear with the taps clamped into the box: clamping the
+             * coordinate first is the same (both taps of a clamped side are the
+             * edge pixel) and keeps every tap index valid. */
+            const float u = fminf(fmaxf(sx - 0.5f, (float)xlo), (float)xhi);
+            const float v = fminf(fmaxf(sy - 0.5f, (float)ylo), (float)yhi);
             const float x0f = floorf(u), y0f = floorf(v);
             const float ax = u - x0f, ay = v - y0f;
             const int x0 = (int)x0f, y0 = (int)y0f;
+            const int x1 = x0 < xhi ? x0 + 1 : x0, y1 = y0 < yhi ? y0 + 1 : y0;
             const float w00 = (1.0f - ax) * (1.0f - ay);
             const float w01 = ax * (1.0f - ay);
             const float w10 = (1.0f - ax) * ay;
             const float w11 = ax * ay;
             for (int ch = 0; ch < c; ch++) {
-                const float v00 = tap0(src1, nhwc, c, h, w, ch, y0, x0);
-                const float v01 = tap0(src1, nhwc, c, h, w, ch, y0, x0 + 1);
-                const float v10 = tap0(src1, nhwc, c, h, w, ch, y0 + 1, x0);
-                const float v11 = tap0(src1, nhwc, c, h, w, ch, y0 + 1, x0 + 1);
-                dst1[ch * plane + o] = v00 * w00 + v01 * w01 + v10 * w10 + v11 * w11;
+                const float v00 = src_at(src1, nhwc, c, h, w, ch, y0, x0);
+                const float v01 = src_at(src1, nhwc, c, h, w, ch, y0, x1);
+                const float v10 = src_at(src1, nhwc, c, h, w, ch, y1, x0);
+                const float v11 = src_at(src1, nhwc, c, h, w, ch, y1, x1);
+                dst1[ch * plane + o] = (v00 * w00 + v01 * w01 + v10 * w10 + v11 * w11) * cov;
             }
         }
     }
@@ -202,7 +298,6 @@ void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s, float
 void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n, const uint8_t *src,
                     int nhwc, float *dst)
 {
-    const size_t in_sz = (size_t)plan->c * plan->in_h * plan->in_w;
     const size_t out_sz = (size_t)plan->c * plan->out_h * plan->out_w;
     float *tmp = NULL;
     if (plan->blur_ksize > 1) {
@@ -219,10 +314,10 @@ void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n, cons
     for (int i = 0; i < n; i++) {
         float *d = dst + out_sz * i;
         if (tmp) {
-            sf_ref_aug_geometry(plan, &s[i], src + in_sz * i, nhwc, tmp);
+            sf_ref_aug_geometry(plan, &s[i], src + s[i].src_off, nhwc, tmp);
             sf_ref_aug_blur(plan, &s[i], tmp, d);
         } else {
-            sf_ref_aug_geometry(plan, &s[i], src + in_sz * i, nhwc, d);
+            sf_ref_aug_geometry(plan, &s[i], src + s[i].src_off, nhwc, d);
         }
         sf_ref_aug_pointwise(plan, &s[i], d);
     }

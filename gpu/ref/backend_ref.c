@@ -287,15 +287,14 @@ static void push_event(ref_ctx *c, const sf_event *ev)
 static void augment(ref_ctx *c, const sf_batch *b, float *out)
 {
     const sf_aug_plan *plan = b->plan;
-    const size_t in_sz = (size_t)plan->c * plan->in_h * plan->in_w;
     const size_t out_sz = (size_t)plan->c * plan->out_h * plan->out_w;
     for (int i = 0; i < b->n; i++) {
         float *d = out + out_sz * i;
         if (plan->blur_ksize > 1) {
-            sf_ref_aug_geometry(plan, &b->samples[i], b->images + in_sz * i, b->nhwc, c->aug_tmp);
+            sf_ref_aug_geometry(plan, &b->samples[i], b->images + b->samples[i].src_off, b->nhwc, c->aug_tmp);
             sf_ref_aug_blur(plan, &b->samples[i], c->aug_tmp, d);
         } else {
-            sf_ref_aug_geometry(plan, &b->samples[i], b->images + in_sz * i, b->nhwc, d);
+            sf_ref_aug_geometry(plan, &b->samples[i], b->images + b->samples[i].src_off, b->nhwc, d);
         }
         sf_ref_aug_pointwise(plan, &b->samples[i], d);
     }

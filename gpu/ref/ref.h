@@ -45,14 +45,17 @@ static inline void sf_bf16_round_n(float *p, size_t n)
 
 /* ---- augmentation ------------------------------------------------------- */
 
-/* Runs the whole plan on n samples. src: uint8, [n,h,w,c] when nhwc, else
- * [n,c,h,w], h/w/c = plan->in_h/in_w/c. dst: float [n, c, out_h, out_w]. */
+/* Runs the whole plan on n samples. Sample i's image starts at src + s[i].src_off
+ * and is s[i].src_h x src_w x plan->c, HWC when nhwc (always, for a ragged plan),
+ * else CHW; for a uniform plan that is src = [n,h,w,c] or [n,c,h,w].
+ * dst: float [n, c, out_h, out_w]. */
 void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n,
                     const uint8_t *src, int nhwc, float *dst);
 
 /* The stages, exposed for tests of single ops. */
 void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s,
-                         const uint8_t *src1, int nhwc, float *dst1); /* one sample */
+                         const uint8_t *src1, int nhwc, float *dst1); /* one sample: src1
+                                                                         is its image */
 void sf_ref_aug_blur(const sf_aug_plan *plan, const sf_aug_sample *s,
                      const float *in1, float *out1);                  /* one sample */
 void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s,

@@ -7,7 +7,11 @@
  * float32 < 1e-5, bf16 < 1e-2; NaN never passes. The device output is filled
  * with NaN before each run so any element the kernel fails to write fails the
  * case. Each case runs for both input layouts (NHWC, NCHW) and both output
- * layouts (NCHW, NHWC).
+ * layouts (NCHW, NHWC). Ragged cases give every sample its own random source
+ * size (HWC, packed one after the other, sf_aug_gen_ragged) and run NHWC only.
+ * The tolerance is the same for every geometry: clamped bilinear and nearest
+ * taps, the antialias filter (long sums, fused multiply-adds on the device) and
+ * its rotated form stay far below 1e-5 relative to the reference.
  *
  * Prints one line per case: "ok <name> (...)" or "FAIL <name>: rel err X, worst
  * elements ...". Exits 1 when any case fails, 0 otherwise; prints
@@ -198,6 +202,67 @@ static void run_case(const Case &cs, int bf16, int misalign)
     CK(cudaFree(d_tmp));
 }
 
+/* A ragged batch: n samples of random sizes in [min_side, max_side], packed HWC,
+ * through sf_aug_plan_make_ragged / sf_aug_gen_ragged, float32 NCHW and NHWC out. */
+static void run_ragged_case(const char *cname, const char *json, int c, int n, int min_side,
+                            int max_side)
+{
+    char err[256];
+    sf_aug_pipeline pipe;
+    sf_aug_plan plan;
+    if (sf_aug_parse(json, &pipe, err, sizeof err) != 0 ||
+        sf_aug_plan_make_ragged(&pipe, c, &plan, err, sizeof err) != 0) {
+        g_fail++;
+        printf("FAIL %s: plan: %s\n", cname, err);
+        return;
+    }
+    const int oh = plan.out_h, ow = plan.out_w;
+    std::vector<int> hw(2 * n);
+    size_t in_sz = 0;
+    for (int i = 0; i < 2 * n; i++) hw[i] = min_side + (int)(next_u64() % (uint64_t)(max_side - min_side + 1));
+    for (int i = 0; i < n; i++) in_sz += (size_t)c * hw[2 * i] * hw[2 * i + 1];
+    std::vector<sf_aug_sample> smp(n);
+    sf_aug_gen_ragged(&pipe, &plan, next_u64(), next_u64() % 1000000, n, hw.data(), smp.data());
+    std::vector<uint8_t> src(in_sz);
+    for (size_t i = 0; i < in_sz; i++) src[i] = (uint8_t)(next_u64() >> 56);
+    const size_t out_sz = (size_t)n * c * oh * ow;
+    std::vector<float> ref(out_sz), got(out_sz);
+    sf_ref_augment(&plan, smp.data(), n, src.data(), 1, ref.data());
+
+    uint8_t *d_src;
+    sf_aug_sample *d_smp;
+    float *d_out;
+    CK(cudaMalloc(&d_src, in_sz));
+    CK(cudaMalloc(&d_smp, sizeof(sf_aug_sample) * n));
+    CK(cudaMalloc(&d_out, sizeof(float) * out_sz));
+    CK(cudaMemcpy(d_src, src.data(), in_sz, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_smp, smp.data(), sizeof(sf_aug_sample) * n, cudaMemcpyHostToDevice));
+    for (int out_nhwc = 0; out_nhwc <= 1; out_nhwc++) {
+        char name[200];
+        snprintf(name, sizeof name, "%s ragged %d..%d c%d n%d ->%s", cname, min_side, max_side, c, n,
+                 out_nhwc ? "nhwc" : "nchw");
+        CK(cudaMemset(d_out, 0xFF, sizeof(float) * out_sz));
+        int rc = sf_cuda_augment(&plan, d_smp, n, d_src, 1, d_out, out_nhwc, NULL, 0);
+        cudaError_t se = cudaDeviceSynchronize();
+        if (rc != 0 || se != cudaSuccess) {
+            g_fail++;
+            printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
+            continue;
+        }
+        CK(cudaMemcpy(got.data(), d_out, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
+        compare(name, got.data(), ref.data(), n, c, oh, ow, out_nhwc, 1e-5);
+    }
+    /* Ragged sources are HWC: the launcher refuses to read them as CHW. */
+    sf_cuda_clear_error();
+    const int refused = sf_cuda_augment(&plan, d_smp, n, d_src, 0, d_out, 0, NULL, 0) == -1 &&
+                        strstr(sf_cuda_last_error(), "ragged") != NULL;
+    printf("%s %s ragged_sources_read_as_chw_are_refused\n", refused ? "ok" : "FAIL", cname);
+    refused ? g_pass++ : g_fail++;
+    CK(cudaFree(d_src));
+    CK(cudaFree(d_smp));
+    CK(cudaFree(d_out));
+}
+
 /* The launcher rejects what it cannot run, with a message, and n == 0 is a no-op. */
 static void check_errors(void)
 {
@@ -263,6 +328,14 @@ int main(void)
         {"resize_up", "[{\"op\":\"resize\",\"size\":[50,71]}]", 33, 47, 3, 3},
         {"resize_down_half", "[{\"op\":\"resize\",\"size\":[16,24]}]", 32, 48, 3, 3},
         {"resize_down_odd", "[{\"op\":\"resize\",\"size\":[13,19]}]", 33, 47, 3, 3},
+        {"resize_down_no_antialias", "[{\"op\":\"resize\",\"size\":[13,19],\"antialias\":false}]", 33, 47, 3, 3},
+        {"resize_down_by_9_antialias", "[{\"op\":\"resize\",\"size\":[5,7]}]", 45, 63, 3, 2},
+        {"center_crop", "[{\"op\":\"center_crop\",\"size\":[20,31]}]", 33, 47, 3, 3},
+        {"center_crop_resize_up_clamps_at_the_crop", "[{\"op\":\"center_crop\",\"size\":[9,12]},{\"op\":\"resize\",\"size\":[40,50]}]", 33, 47, 3, 3},
+        {"random_resized_crop", "[{\"op\":\"random_resized_crop\",\"size\":[24,20]}]", 48, 64, 3, 6},
+        {"random_resized_crop_no_antialias", "[{\"op\":\"random_resized_crop\",\"size\":[24,20],\"antialias\":false}]", 48, 64, 3, 6},
+        {"random_resized_crop_fallback", "[{\"op\":\"random_resized_crop\",\"size\":[16,16],\"scale\":[0.9,1],\"ratio\":[3,4]}]", 40, 40, 3, 3},
+        {"resize_down_then_rotation_antialias", "[{\"op\":\"resize\",\"size\":[19,23]},{\"op\":\"random_rotation\",\"degrees\":[-40,40]}]", 33, 47, 3, 4},
         {"rotation_bilinear", "[{\"op\":\"random_rotation\",\"degrees\":[-45,45]}]", 33, 47, 3, 4},
         {"rotation_nearest", "[{\"op\":\"random_rotation\",\"degrees\":[-180,180],\"interpolation\":\"nearest\"}]", 33, 47, 3, 4},
         {"resize_nearest_ties", "[{\"op\":\"resize\",\"size\":[16,24]},{\"op\":\"random_rotation\",\"degrees\":0,\"interpolation\":\"nearest\"}]", 32, 48, 3, 3},
@@ -301,16 +374,35 @@ int main(void)
         {"blur_mask_c2_aligned", "[{\"op\":\"random_rotation\",\"degrees\":[-20,20]},{\"op\":\"gaussian_blur\",\"kernel_size\":11,\"sigma\":[1,4]},{\"op\":\"random_mask\",\"ratio\":0.01,\"dilate\":4}]", 64, 64, 2, 3},
         {"resize_blur_c1_aligned", "[{\"op\":\"resize\",\"size\":[40,64]},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 33, 47, 1, 3},
         {"W1", W1, 256, 256, 3, 32},
+        {"imagenet_like", "[{\"op\":\"random_resized_crop\",\"size\":[56,56]},{\"op\":\"horizontal_flip\"},"
+                          "{\"op\":\"to_dtype\",\"scale\":0.00392156862},"
+                          "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]", 75, 100, 3, 8},
+        {"rrc_rotation_blur", "[{\"op\":\"random_resized_crop\",\"size\":[40,36]},{\"op\":\"random_rotation\",\"degrees\":[-30,30]},"
+                              "{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 60, 70, 3, 4},
     };
     for (const Case &cs : single) run_case(cs, 0, 0);
     for (const Case &cs : combo) run_case(cs, 0, 0);
     /* bf16 output and a misaligned float output on a few cases. */
-    run_case(single[6], 1, 0);
-    run_case(single[11], 1, 0);
+    run_case(single[14], 1, 0); /* rotation_bilinear */
+    run_case(single[19], 1, 0); /* blur_k7 */
+    run_case(single[10], 1, 0); /* random_resized_crop */
     run_case(combo[6], 1, 0);
     run_case(combo[10], 1, 0); /* W1 */
     run_case(combo[2], 0, 1);
     run_case(combo[6], 0, 1);
+    /* Ragged sources: every geometry mode, with and without a blur tile. */
+    run_ragged_case("rrc_antialias", "[{\"op\":\"random_resized_crop\",\"size\":[32,40]},{\"op\":\"horizontal_flip\"}]",
+                    3, 7, 9, 120);
+    run_ragged_case("resize_bilinear_rotation_blur", "[{\"op\":\"resize\",\"size\":[33,47],\"antialias\":false},"
+                    "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},{\"op\":\"gaussian_blur\",\"kernel_size\":7}]",
+                    3, 6, 5, 90);
+    run_ragged_case("rotation_nearest_then_center_crop", "[{\"op\":\"random_rotation\",\"degrees\":[-90,90],\"interpolation\":\"nearest\"},"
+                    "{\"op\":\"center_crop\",\"size\":[30,30]},{\"op\":\"random_mask\",\"ratio\":0.02,\"dilate\":1}]",
+                    1, 5, 20, 70);
+    run_ragged_case("resize_antialias_rotation_c4", "[{\"op\":\"resize\",\"size\":[24,28]},{\"op\":\"random_rotation\",\"degrees\":[-20,20]}]",
+                    4, 5, 30, 100);
+    run_ragged_case("imagenet_like_224", "[{\"op\":\"random_resized_crop\",\"size\":[224,224]},{\"op\":\"horizontal_flip\"},"
+                    "{\"op\":\"normalize\",\"mean\":[124,116,104],\"std\":[58,57,57]}]", 3, 16, 300, 520);
     check_errors();
 
     printf("test_augment: %d passed, %d failed\n", g_pass, g_fail);

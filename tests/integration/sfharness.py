@@ -235,7 +235,7 @@ class Server:
         self.stopped = False
         self._last_stderr = ""
         line = self._read_line(START_TIMEOUT_S)
-        m = re.search(r"streamfeed listening on http://[^:\s]+:(\d+)", line)
+        m = re.search(r"streamfeed listening on http://(?:\[[^\]]*\]|[^:\s/\[]+):(\d+)", line)
         if not m:
             self.proc.kill()
             self.proc.wait()

@@ -329,11 +329,11 @@ def test_patch_null_resets_an_option_to_its_default(start_server):
 
 def test_log_requests_is_hot(start_server):
     s = start_server(SINK)
-    s.get("/healthz", headers={"X-Request-Id": "logged-before"})
+    s.get("/v1/stats", headers={"X-Request-Id": "logged-before"})
     assert s.patch_config({"log": {"requests": False}}).status_code == 200
-    s.get("/healthz", headers={"X-Request-Id": "not-logged-after"})
+    s.get("/v1/stats", headers={"X-Request-Id": "not-logged-after"})
     assert s.patch_config({"log": {"requests": True}}).status_code == 200
-    s.get("/healthz", headers={"X-Request-Id": "logged-again"})
+    s.get("/v1/stats", headers={"X-Request-Id": "logged-again"})
     wait_until(lambda: "id=logged-again" in s.stderr(), 5, what="the request log line")
     err = s.stderr()
     assert "id=logged-before" in err and "id=not-logged-after" not in err
@@ -408,11 +408,14 @@ FAMILIES = {
     "streamfeed_http_requests_total": "counter", "streamfeed_http_errors_total": "counter",
     "streamfeed_batches_received_total": "counter", "streamfeed_batches_rejected_total": "counter",
     "streamfeed_batches_finished_total": "counter", "streamfeed_batches_pending": "gauge",
-    "streamfeed_bytes_received_total": "counter", "streamfeed_steps_total": "counter",
+    "streamfeed_received_bytes_total": "counter", "streamfeed_steps_total": "counter",
     "streamfeed_samples_trained_total": "counter", "streamfeed_loss": "gauge",
     "streamfeed_ring_slots": "gauge", "streamfeed_queue_wait_seconds": "histogram",
     "streamfeed_h2d_seconds": "histogram", "streamfeed_transform_seconds": "histogram",
     "streamfeed_step_seconds": "histogram", "streamfeed_build_info": "gauge",
+    "process_start_time_seconds": "gauge", "process_cpu_seconds_total": "counter",
+    "process_resident_memory_bytes": "gauge", "process_virtual_memory_bytes": "gauge",
+    "process_open_fds": "gauge", "process_max_fds": "gauge",
 }
 
 
@@ -428,6 +431,8 @@ def test_metrics_expose_every_documented_family_with_its_type(start_server, rng)
     assert m[key("streamfeed_ring_slots", state="free")] == 3
     build = [dict(labels) for (n, labels), v in m.items() if n == "streamfeed_build_info" and v == 1]
     assert build and build[0]["backend"] == "ref"
+    version = subprocess.run([BIN, "--version"], capture_output=True, text=True).stdout
+    assert f"streamfeed {build[0]['version']} (commit {build[0]['commit']}," in version
     assert m[key("streamfeed_steps_total")] == 1
     assert m[key("streamfeed_step_seconds_count")] == 1
 
@@ -528,3 +533,30 @@ def test_sigterm_answers_an_upload_waiting_for_a_slot_with_503_and_exits_0(start
     assert s.proc.wait(60) == 0
     for sock in holders + [waiting]:
         sock.close()
+
+
+def test_counters_put_the_unit_before_total_and_no_bespoke_uptime_is_exported(start_server):
+    s = start_server(SINK)
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", s.metrics_text(), re.MULTILINE))
+    assert "streamfeed_uptime_seconds" not in types
+    # Prometheus naming: the base unit comes before the _total suffix of a counter.
+    misplaced = [n for n, t in types.items() if t == "counter" and
+                 re.search(r"_total_(bytes|seconds)$|_(bytes|seconds)_received_total$", n)]
+    assert not misplaced and "streamfeed_bytes_received_total" not in types, misplaced
+
+
+def test_process_metrics_describe_this_process(start_server):
+    import os
+    import time
+    s = start_server(SINK)
+    m = s.metrics()
+    start = m[key("process_start_time_seconds")]
+    assert time.time() - 600 < start <= time.time()
+    with open(f"/proc/{s.proc.pid}/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    rss = m[key("process_resident_memory_bytes")]
+    assert 0.5 * rss_pages * os.sysconf("SC_PAGE_SIZE") < rss < 2 * rss_pages * os.sysconf("SC_PAGE_SIZE")
+    fds = len(os.listdir(f"/proc/{s.proc.pid}/fd"))
+    assert abs(m[key("process_open_fds")] - fds) <= 4
+    assert m[key("process_max_fds")] >= m[key("process_open_fds")]
+    assert m[key("process_cpu_seconds_total")] >= 0

@@ -40,7 +40,7 @@ def test_a_batch_written_by_safetensors_is_accepted_and_reaches_done_in_sink_mod
     m = s.metrics()
     assert m[key("streamfeed_batches_received_total", status="accepted")] == 1
     assert m[key("streamfeed_batches_finished_total", status="done")] == 1
-    assert m[key("streamfeed_bytes_received_total")] == len(body_bytes)
+    assert m[key("streamfeed_received_bytes_total")] == len(body_bytes)
 
 
 def test_a_batch_is_trained_and_reports_loss_accuracy_and_timings_in_train_mode(start_server, rng):
@@ -81,7 +81,7 @@ def test_a_chunked_upload_without_content_length_is_accepted(start_server, rng):
     r = s.post_batch(chunks())
     assert r.status_code == 202, r.text
     assert s.wait_batch(r.json()["id"])["state"] == "done"
-    assert s.metric("streamfeed_bytes_received_total") == len(body)
+    assert s.metric("streamfeed_received_bytes_total") == len(body)
 
 
 def test_batch_ids_increase_from_one(start_server, rng):

@@ -113,3 +113,38 @@ def test_model_describes_the_tiny_preset(start_server):
     assert m["backend"] == "ref" and m["step"] == 0
     assert m["params"] == sum(layer["params"] for layer in m["layers"]) > 0
     assert m["layers"][-1]["out"] == [10]
+
+
+def _torchvision_fixture():
+    """Images, cases and torchvision's outputs from the committed C fixture
+    (tests/unit/data/aug_torchvision.h, made once by
+    tools/gen_aug_torchvision_fixture.py)."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[1] / "unit" / "data" / "aug_torchvision.h").read_text()
+    arrays = {}
+    for m in re.finditer(r"static const (?:uint8_t|float) (tv_\w+)\[\d+\] = \{([^}]*)\};", text):
+        arrays[m.group(1)] = np.array([float(v.rstrip("f")) for v in m.group(2).split(",")])
+    hw = [tuple(map(int, p)) for p in re.findall(r"\{(\d+), (\d+)\}", text.split("tv_image_hw")[1].split(";")[0])]
+    cases = {}
+    for m in re.finditer(r'\{"(\w+)", "((?:[^"\\]|\\.)*)", (\d+), (\d+), (\d+), (tv_out\d+)\}', text):
+        name, js, img, oh, ow, out = m.groups()
+        h, w = hw[int(img)]
+        image = arrays["tv_image%s" % img].astype(np.uint8).reshape(1, h, w, 3)
+        cases[name] = (js.replace('\\"', '"'), image, arrays[out].reshape(1, 3, int(oh), int(ow)))
+    return cases
+
+
+@pytest.mark.parametrize("case", ["resize_down_antialias", "center_crop_then_resize_up",
+                                  "resize_down_antialias_then_rotate"])
+def test_transform_matches_torchvisions_own_output_within_a_hundredth_of_a_level(start_server, case):
+    # The same comparison as tests/unit/test_aug.c, through the HTTP path: an
+    # antialiased downscale, a crop whose upscale clamps at the crop's edge, and
+    # an antialiased downscale then a rotation.
+    js, image, want = _torchvision_fixture()[case]
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline", js)
+    r = s.post_batch(st_body(image), path="/v1/transform")
+    assert r.status_code == 200, r.text
+    got = st_load(r.content)["images"]
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-2

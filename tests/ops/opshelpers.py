@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Metric names from DESIGN.md section 7 (plus the two the alert rules need):
 # the fallback when the server sources are not in the tree.
 DESIGN_METRICS = {
-    "streamfeed_batches_received_total", "streamfeed_bytes_received_total",
+    "streamfeed_batches_received_total", "streamfeed_received_bytes_total",
     "streamfeed_batches_rejected_total", "streamfeed_samples_trained_total",
     "streamfeed_steps_total", "streamfeed_ring_slots", "streamfeed_compute_busy_ratio",
     "streamfeed_overlap_ratio", "streamfeed_loss", "streamfeed_learning_rate",

@@ -15,7 +15,7 @@ DASHBOARD = REPO / "deploy" / "grafana" / "streamfeed.json"
 
 # The metrics the dashboard is specified to show, plus Prometheus' `up`.
 ALLOWED = {
-    "streamfeed_bytes_received_total",
+    "streamfeed_received_bytes_total",
     "streamfeed_steps_total",
     "streamfeed_samples_trained_total",
     "streamfeed_loss",

@@ -18,7 +18,9 @@ TARGETS = ["base", "overlays/dev", "overlays/gpu"]
 K8S_VERSIONS = ["1.30.0", "1.37.0"]
 # Custom resources: kubernetes-validate has no schema for them (it only ships
 # the core API), so they are checked structurally below instead.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+# Cluster-scoped objects: no namespace.
+CLUSTER_KINDS = {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 # Volume types the Restricted profile allows.
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
                       "persistentVolumeClaim", "projected", "secret"}
@@ -47,8 +49,13 @@ def one(objs: list[dict], kind: str) -> dict:
     return found[0]
 
 
+def workload(objs: list[dict]) -> dict:
+    """The trainer: a StatefulSet (its checkpoint volume follows the pod)."""
+    return one(objs, "StatefulSet")
+
+
 def container(objs) -> dict:
-    containers = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    containers = workload(objs)["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
     return containers[0]
 
@@ -83,8 +90,10 @@ def test_every_builtin_object_validates_strictly(rendered, version):
 def test_every_target_has_the_full_set_of_objects(rendered):
     target, objs = rendered
     kinds = {o["kind"] for o in objs}
-    assert {"Deployment", "Service", "ConfigMap", "ServiceAccount", "PodDisruptionBudget",
-            "NetworkPolicy", "ServiceMonitor"} <= kinds, f"deploy/{target}: {sorted(kinds)}"
+    assert {"StatefulSet", "Service", "ConfigMap", "ServiceAccount", "PodDisruptionBudget",
+            "NetworkPolicy", "ServiceMonitor", "PrometheusRule", "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"} <= kinds, f"deploy/{target}: {sorted(kinds)}"
+    assert "Deployment" not in kinds and "HorizontalPodAutoscaler" not in kinds, sorted(kinds)
 
 
 def test_servicemonitor_scrapes_the_service_http_port_at_metrics(rendered):
@@ -105,7 +114,7 @@ def test_servicemonitor_scrapes_the_service_http_port_at_metrics(rendered):
 
 def test_selectors_match_the_pod(rendered):
     _, objs = rendered
-    dep = one(objs, "Deployment")
+    dep = workload(objs)
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
     for sel in (dep["spec"]["selector"]["matchLabels"],
                 one(objs, "Service")["spec"]["selector"],
@@ -116,7 +125,7 @@ def test_selectors_match_the_pod(rendered):
 
 def test_pod_meets_the_restricted_pod_security_standard(rendered):
     target, objs = rendered
-    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    pod = workload(objs)["spec"]["template"]["spec"]
     psc = pod["securityContext"]
     assert psc["runAsNonRoot"] is True
     assert psc["runAsUser"] == 10001
@@ -139,15 +148,19 @@ def test_pod_meets_the_restricted_pod_security_standard(rendered):
         assert all("hostPort" not in p for p in c.get("ports", []))
 
 
-def test_writable_paths_are_emptydir_volumes(rendered):
+def test_writable_paths_are_emptydir_or_claimed_volumes(rendered):
     _, objs = rendered
-    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    sts = workload(objs)
+    pod = sts["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
+    claims = {t["metadata"]["name"] for t in sts["spec"].get("volumeClaimTemplates", [])}
     mounts = {m["mountPath"]: m for m in container(objs)["volumeMounts"]}
     for path in ("/tmp", "/var/lib/streamfeed"):
         assert path in mounts, f"{path} must be mounted (the root filesystem is read-only)"
-        assert "emptyDir" in volumes[mounts[path]["name"]]
+        name = mounts[path]["name"]
+        assert (name in volumes and "emptyDir" in volumes[name]) or (name in claims and name not in volumes)
         assert not mounts[path].get("readOnly")
+    assert "emptyDir" in volumes[mounts["/tmp"]["name"]]
 
 
 def test_config_file_comes_from_the_configmap_and_is_passed_with_config(rendered):
@@ -157,7 +170,7 @@ def test_config_file_comes_from_the_configmap_and_is_passed_with_config(rendered
     assert "--config" in args and args[args.index("--config") + 1] == "/etc/streamfeed/config.json"
     cm = one(objs, "ConfigMap")
     assert json.loads(cm["data"]["config.json"]) == json.loads((REPO / "deploy/base/config.json").read_text())
-    volumes = {v["name"]: v for v in one(objs, "Deployment")["spec"]["template"]["spec"]["volumes"]}
+    volumes = {v["name"]: v for v in workload(objs)["spec"]["template"]["spec"]["volumes"]}
     mount = next(m for m in c["volumeMounts"] if m["mountPath"] in ("/etc/streamfeed", "/etc/streamfeed/config.json"))
     vol = volumes[mount["name"]]["configMap"]
     assert vol["name"] == cm["metadata"]["name"], "the mounted ConfigMap is the generated one (hash suffix)"
@@ -183,7 +196,7 @@ def test_probes_use_healthz_and_readyz_and_allow_five_minutes_to_start(rendered)
 
 def test_grace_period_covers_the_drain(rendered):
     _, objs = rendered
-    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    pod = workload(objs)["spec"]["template"]["spec"]
     pre_stop = container(objs).get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds", 0)
     grace = pod["terminationGracePeriodSeconds"]
     assert grace >= pre_stop + DRAIN_SECONDS + 15, f"{grace}s cannot fit preStop {pre_stop}s + {DRAIN_SECONDS}s drain + margin"
@@ -219,7 +232,7 @@ def test_config_file_and_environment_use_only_options_of_the_config_table(render
 
 def test_one_replica_with_resources_and_a_drain_friendly_pdb(rendered):
     _, objs = rendered
-    dep = one(objs, "Deployment")
+    dep = workload(objs)
     assert dep["spec"]["replicas"] == 1
     res = container(objs)["resources"]
     assert {"cpu", "memory"} <= set(res["requests"])
@@ -229,23 +242,79 @@ def test_one_replica_with_resources_and_a_drain_friendly_pdb(rendered):
     assert "minAvailable" not in pdb and pdb["maxUnavailable"] >= 1
 
 
-def test_networkpolicy_admits_only_the_http_port(rendered):
+def test_networkpolicy_admits_the_http_port_and_the_metrics_port_only_from_prometheus(rendered):
     _, objs = rendered
     np = one(objs, "NetworkPolicy")["spec"]
     assert np["policyTypes"] == ["Ingress"]
-    ports = [p for rule in np["ingress"] for p in rule.get("ports", [])]
-    assert ports == [{"port": 8080, "protocol": "TCP"}]
     assert all(rule.get("ports") for rule in np["ingress"]), "every ingress rule must name the port"
+    by_port = {p["port"]: rule for rule in np["ingress"] for p in rule["ports"]}
+    assert set(by_port) == {8080, 9090}
+    assert all(p["protocol"] == "TCP" for rule in np["ingress"] for p in rule["ports"])
+    # The metrics port is not open to everyone: only to the Prometheus pods.
+    sources = by_port[9090].get("from")
+    assert sources and all(src.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/name")
+                           == "prometheus" for src in sources), sources
+    assert 9090 not in [p["port"] for p in by_port[8080]["ports"]]
+
+
+def test_metrics_and_probes_are_served_on_the_metrics_port(rendered):
+    _, objs = rendered
+    c = container(objs)
+    args = c["args"]
+    assert "--http.metrics_port" in args and args[args.index("--http.metrics_port") + 1] == "9090"
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert c[probe]["httpGet"]["port"] == "metrics", probe
+    svc_ports = {p["name"]: p for p in one(objs, "Service")["spec"]["ports"]}
+    assert svc_ports["metrics"]["targetPort"] == "metrics"
+    assert [ep["port"] for ep in one(objs, "ServiceMonitor")["spec"]["endpoints"]] == ["metrics"]
+
+
+def test_replicas_are_pinned_to_one_by_an_admission_policy_and_no_autoscaler(rendered):
+    target, objs = rendered
+    sts = workload(objs)
+    assert sts["spec"]["replicas"] == 1
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    resources = {r for rule in rules for r in rule["resources"]}
+    # kubectl scale and autoscalers go through the scale subresource.
+    assert {"statefulsets", "statefulsets/scale"} <= resources
+    exprs = [v["expression"] for v in policy["spec"]["validations"]]
+    assert any("object.spec.replicas <= 1" in e for e in exprs), exprs
+    wanted = binding["spec"]["matchResources"]["objectSelector"]["matchLabels"]
+    assert wanted.items() <= sts["metadata"]["labels"].items(), "the binding misses the StatefulSet"
+    assert not any(o["kind"] == "HorizontalPodAutoscaler" for o in objs)
+
+
+def test_gpu_overlay_keeps_checkpoints_on_a_persistent_volume_and_resumes_them(overlays):
+    objs = overlays["overlays/gpu"]
+    sts = workload(objs)
+    claims = {t["metadata"]["name"]: t for t in sts["spec"]["volumeClaimTemplates"]}
+    assert "state" in claims and claims["state"]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claims["state"]["spec"]["resources"]["requests"]["storage"]
+    pod = sts["spec"]["template"]["spec"]
+    assert "state" not in {v["name"] for v in pod["volumes"]}, "the claim, not an emptyDir, backs the mount"
+    mount = next(m for m in container(objs)["volumeMounts"] if m["name"] == "state")
+    e = env(objs)
+    assert e["STREAMFEED_CHECKPOINT_DIR"].startswith(mount["mountPath"] + "/")
+    assert e["STREAMFEED_CHECKPOINT_RESUME"] == "true"
+    assert int(e["STREAMFEED_CHECKPOINT_EVERY_STEPS"]) > 0
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Retain", "whenScaled": "Retain"}
+    # The dev overlay has no claim: nothing to keep on a laptop cluster.
+    assert not workload(overlays["overlays/dev"])["spec"].get("volumeClaimTemplates")
 
 
 def test_gpu_overlay_requests_one_gpu_and_targets_gpu_nodes(overlays):
     objs = overlays["overlays/gpu"]
     res = container(objs)["resources"]
     assert int(res["limits"]["nvidia.com/gpu"]) == 1
-    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    pod = workload(objs)["spec"]["template"]["spec"]
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", []))
     assert env(objs).get("STREAMFEED_PIPELINE_BACKEND") == "cuda"
-    assert one(objs, "Deployment")["metadata"]["namespace"] == "streamfeed"
+    assert workload(objs)["metadata"]["namespace"] == "streamfeed"
 
 
 def test_base_requests_one_gpu(overlays):
@@ -260,9 +329,9 @@ def test_dev_overlay_runs_the_tiny_model_on_the_cpu_reference_without_a_gpu(over
     e = env(objs)
     assert e.get("STREAMFEED_PIPELINE_BACKEND") == "ref"
     assert e.get("STREAMFEED_MODEL_PRESET") == "tiny"
-    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    pod = workload(objs)["spec"]["template"]["spec"]
     assert "nvidia.com/gpu.present" not in pod.get("nodeSelector", {})
-    assert one(objs, "Deployment")["metadata"]["namespace"] == "streamfeed-dev"
+    assert workload(objs)["metadata"]["namespace"] == "streamfeed-dev"
 
 
 @pytest.mark.parametrize("overlay", ["overlays/dev", "overlays/gpu"])
@@ -270,5 +339,5 @@ def test_overlay_namespace_enforces_the_restricted_profile(overlays, overlay):
     objs = overlays[overlay]
     ns = one(objs, "Namespace")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    namespaced = [o for o in objs if o["kind"] != "Namespace"]
+    namespaced = [o for o in objs if o["kind"] not in CLUSTER_KINDS]
     assert {o["metadata"].get("namespace") for o in namespaced} == {ns["metadata"]["name"]}

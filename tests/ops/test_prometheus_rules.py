@@ -19,6 +19,8 @@ EXPECTED_ALERTS = {
     "StreamfeedComputeStarved",
     "StreamfeedBatchFailures",
     "StreamfeedGpuMemoryNearFull",
+    "StreamfeedLossNotFinite",
+    "StreamfeedLossRising",
 }
 SEVERITIES = {"critical", "warning", "info"}
 
@@ -80,3 +82,15 @@ def test_every_alert_is_unit_tested_firing_and_quiet():
             (fired if case.get("exp_alerts") else quiet).add(case["alertname"])
     assert fired == EXPECTED_ALERTS, f"alerts never shown firing: {EXPECTED_ALERTS - fired}"
     assert quiet == EXPECTED_ALERTS, f"alerts never shown quiet: {EXPECTED_ALERTS - quiet}"
+
+
+def test_the_prometheusrule_object_is_generated_from_alerts_yaml_and_current():
+    proc = run(["python3" if not tool("python") else tool("python"), str(REPO / "tools" / "gen_prometheus_rule.py"),
+                "--check"])
+    assert proc.returncode == 0, proc.stderr
+    generated = yaml.safe_load((REPO / "deploy" / "base" / "prometheusrule.yaml").read_text())
+    assert generated["kind"] == "PrometheusRule"
+    assert generated["apiVersion"] == "monitoring.coreos.com/v1"
+    assert generated["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    kustomization = yaml.safe_load((REPO / "deploy" / "base" / "kustomization.yaml").read_text())
+    assert "prometheusrule.yaml" in kustomization["resources"]

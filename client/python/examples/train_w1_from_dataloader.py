@@ -88,12 +88,12 @@ def main(argv=None):
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=False, num_workers=args.workers,
                         persistent_workers=args.workers > 0)
     try:
-        # max_errors=0: a batch the server refuses (e.g. shape_mismatch when
-        # the model's input does not fit --size) stops the run at once.
-        summary = client.feed(loader, connections=args.connections, max_errors=0,
+        # A batch the server refuses (e.g. shape_mismatch when the model's
+        # input does not fit --size) stops the run at once (feed's default).
+        summary = client.feed(loader, connections=args.connections,
                               progress=False if args.no_progress else None)
     except FeedAborted as e:
-        print(f"stopped: {e.summary.errors}", file=sys.stderr)
+        print(f"stopped: {e}", file=sys.stderr)
         return 1
     print(summary)
     if summary.first_loss is not None and summary.last_loss is not None:

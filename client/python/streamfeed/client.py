@@ -17,15 +17,19 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union
+from urllib.parse import urlsplit
 
 import numpy as np
 import requests
 
 from . import errors as E
-from .wire import CONTENT_TYPE, decode_tensors, encode_batch
+from .results import BatchAccepted, BatchResult
+from .wire import CONTENT_TYPE, Body, decode_tensors, encode_batch_parts
 
-FINISHED = ("done", "failed")
+if TYPE_CHECKING:  # feed.py imports this module: the summary type only for checkers
+    from .feed import FeedSummary
+
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,33 @@ class RetryPolicy:
 
     def delay(self, attempt: int, retry_after: Optional[float]) -> float:
         """Seconds to wait before retry number attempt + 1 (attempt counts from 0)."""
-        backoff = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 30)))
+        backoff = min(self.backoff_max, self.backoff_base * float(2 ** min(attempt, 30)))
         backoff *= random.uniform(0.5, 1.0)  # jitter: connections that failed together spread out
         if retry_after is not None:
             backoff = max(backoff, retry_after)
         return min(backoff, self.backoff_max)
+
+
+def check_url(url: str) -> str:
+    """The base URL without its trailing slash; a URL a user will not mean fails here.
+
+    Raises:
+        ValueError: no http:// or https:// scheme (``"host:8080"`` parses as a
+            scheme "host"), no host, or a query or fragment.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a string like 'http://host:8080', got {type(url).__name__}")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"url {url!r} needs a scheme and a host: write 'http://{url}' "
+                         f"(or https://), e.g. Client('http://localhost:8080')")
+    if parts.query or parts.fragment:
+        raise ValueError(f"url {url!r}: give the server's base URL, without a query or fragment")
+    try:
+        parts.port
+    except ValueError as e:
+        raise ValueError(f"url {url!r}: {e}") from None
+    return url.rstrip("/")
 
 
 def parse_retry_after(value: Optional[str]) -> Optional[float]:
@@ -92,8 +118,8 @@ class Client:
     """
 
     def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0,
-                 wait_timeout: float = 120.0, retry: Any = None):
-        self.url = url.rstrip("/")
+                 wait_timeout: float = 120.0, retry: Union[RetryPolicy, int, None] = None):
+        self.url = check_url(url)
         self.token = token
         self.timeout = float(timeout)
         self.wait_timeout = max(float(wait_timeout), self.timeout)
@@ -131,7 +157,7 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
@@ -154,8 +180,8 @@ class Client:
                    retry_after=parse_retry_after(resp.headers.get("Retry-After")), body=body,
                    method=method, url=url, attempts=attempts)
 
-    def _send(self, method: str, path: str, *, params: Optional[dict] = None, data: Any = None,
-              headers: Optional[dict] = None, timeout: Optional[float] = None,
+    def _send(self, method: str, path: str, *, params: Optional[Dict[str, str]] = None, data: Any = None,
+              headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
               ok: Tuple[int, ...] = ()) -> Tuple[requests.Response, int]:
         """Sends one request with the retry policy.
 
@@ -186,17 +212,22 @@ class Client:
                 continue
             raise self._error(resp, method, url, retries + 1)
 
-    def _json(self, method: str, path: str, **kw) -> Dict[str, Any]:
+    def _json(self, method: str, path: str, **kw: Any) -> Dict[str, Any]:
         resp, _ = self._send(method, path, **kw)
-        return resp.json()
+        out: Dict[str, Any] = resp.json()
+        return out
 
     # ---- batches -----------------------------------------------------------------
 
-    def post_body(self, body: bytes, wait: bool = False) -> Tuple[Dict[str, Any], int]:
+    def post_body(self, body: Union[bytes, Body], wait: bool = False
+                  ) -> Tuple[Union[BatchAccepted, BatchResult], int]:
         """POSTs an already encoded safetensors body to /v1/batches.
 
-        Returns (reply, retries): the reply is the BatchAccepted object
-        (``{"id", "queued", "ring"}``) or, with wait, the finished Batch.
+        body is bytes or a :class:`streamfeed.wire.Body` (its parts are written
+        to the socket as they are, without being joined into one copy).
+
+        Returns (reply, retries): the reply is a :class:`BatchAccepted` or,
+        with wait, the finished :class:`BatchResult`.
 
         Raises:
             BatchFailed: wait was set and the batch's step failed.
@@ -206,16 +237,18 @@ class Client:
                                    data=body, headers={"Content-Type": CONTENT_TYPE},
                                    timeout=self.wait_timeout if wait else None)
         reply = resp.json()
-        if wait:
-            if reply.get("state") not in FINISHED:
-                # The server's wait ended first (pipeline.wait_timeout_ms): poll.
-                reply = self.wait_batch(int(reply["id"]), timeout=self.wait_timeout)
-            if reply.get("state") == "failed":
-                raise E.BatchFailed(reply)
-        return reply, retries
+        if not wait:
+            return BatchAccepted.from_json(reply), retries
+        result = BatchResult.from_json(reply)
+        if not result.finished:
+            # The server's wait ended first (pipeline.wait_timeout_ms): poll.
+            result = self.wait_batch(result.id, timeout=self.wait_timeout)
+        if result.state == "failed":
+            raise E.BatchFailed(result.raw)
+        return result, retries
 
     def post_batch(self, images: Any, labels: Any, wait: bool = False, *,
-                   layout: Optional[str] = None) -> Dict[str, Any]:
+                   layout: Optional[str] = None) -> Union[BatchAccepted, BatchResult]:
         """Submits one batch for training.
 
         Args:
@@ -227,9 +260,10 @@ class Client:
             layout: "NHWC" or "NCHW" to override the guess.
 
         Returns:
-            Without wait, ``{"id": ..., "queued": ..., "ring": {"slots", "free"}}``.
-            With wait, the finished batch: ``{"id", "state": "done", "loss",
-            "accuracy", "step", "timings", ...}``.
+            Without wait, a :class:`BatchAccepted` (``id``, ``queued``,
+            ``ring_slots``, ``ring_free``). With wait, the finished
+            :class:`BatchResult` (``id``, ``state`` "done", ``loss``,
+            ``accuracy``, ``step``, ``timings``, ...).
 
         Raises:
             TypeError, ValueError: bad inputs (checked before anything is sent).
@@ -239,13 +273,21 @@ class Client:
         """
         if labels is None:
             raise ValueError("labels are required to train; use transform() for images alone")
-        return self.post_body(encode_batch(images, labels, layout), wait)[0]
+        return self.post_body(encode_batch_parts(images, labels, layout), wait)[0]
 
-    def batch(self, batch_id: int) -> Dict[str, Any]:
+    def batch(self, batch_id: int) -> BatchResult:
         """GET /v1/batches/{id}: the batch's state, loss, accuracy and timings."""
-        return self._json("GET", f"/v1/batches/{int(batch_id)}")
+        return BatchResult.from_json(self._json("GET", f"/v1/batches/{int(batch_id)}"))
 
-    def wait_batch(self, batch_id: int, timeout: float = 60.0) -> Dict[str, Any]:
+    def training_loss(self) -> Optional[float]:
+        """The loss of the server's latest training step (``streamfeed_loss``
+        of /metrics), or None before the first step. feed() shows it live."""
+        for line in self.metrics().splitlines():
+            if line.startswith("streamfeed_loss "):
+                return float(line.split()[1])
+        return None
+
+    def wait_batch(self, batch_id: int, timeout: float = 60.0) -> BatchResult:
         """Polls a batch until it is done or failed and returns it.
 
         Raises:
@@ -255,10 +297,10 @@ class Client:
         interval = 0.005
         while True:
             b = self.batch(batch_id)
-            if b.get("state") in FINISHED:
+            if b.finished:
                 return b
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"batch {batch_id} still {b.get('state')} after {timeout}s")
+                raise TimeoutError(f"batch {batch_id} still {b.state} after {timeout}s")
             time.sleep(interval)
             interval = min(interval * 2, 0.25)
 
@@ -273,13 +315,13 @@ class Client:
             float32 numpy array ``[N,C,H,W]``: the augmented batch exactly as a
             training step would see it.
         """
-        body = encode_batch(images, labels, layout)
+        body = encode_batch_parts(images, labels, layout)
         resp, _ = self._send("POST", "/v1/transform", data=body,
                              headers={"Content-Type": CONTENT_TYPE}, timeout=self.wait_timeout)
-        out = decode_tensors(resp.content)["images"]
-        return out
+        return decode_tensors(resp.content)["images"]
 
-    def feed(self, loader: Iterable, connections: int = 4, wait_last: bool = True, **kw):
+    def feed(self, loader: Iterable[Any], connections: int = 4, wait_last: bool = True,
+             **kw: Any) -> "FeedSummary":
         """Uploads every (images, labels) batch of loader over several connections.
 
         See :func:`streamfeed.feed.feed` for the arguments; returns a

@@ -79,11 +79,11 @@ class APIError(StreamfeedError):
         extra = f" [field {field}]" if field else ""
         super().__init__(f"{status} {code}: {message}{extra}{where}")
 
-    def __reduce__(self):  # picklable across process pools
+    def __reduce__(self) -> Any:  # picklable across process pools
         return (_rebuild_api_error, (type(self), self.status, self.code, self.message, self.__dict__))
 
 
-def _rebuild_api_error(cls, status, code, message, state):
+def _rebuild_api_error(cls: Any, status: int, code: str, message: str, state: Dict[str, Any]) -> Any:
     e = cls.__new__(cls)
     Exception.__init__(e, f"{status} {code}: {message}")
     e.__dict__.update(state)
@@ -147,7 +147,7 @@ class BatchFailed(StreamfeedError):
         self.message = err.get("message") or "the batch failed"
         super().__init__(f"batch {batch.get('id')} failed: {self.code}: {self.message}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         return (BatchFailed, (self.batch,))
 
 
@@ -163,7 +163,7 @@ _BY_STATUS = {
 }
 
 
-def error_class(status: int, retry_after_present: bool) -> type:
+def error_class(status: int, retry_after_present: bool) -> "type[APIError]":
     """The APIError subclass for a reply status."""
     if status in (429, 503) and retry_after_present:
         return Backpressure
@@ -175,13 +175,28 @@ def error_class(status: int, retry_after_present: bool) -> type:
 
 
 class FeedAborted(StreamfeedError):
-    """Client.feed stopped early because more than ``max_errors`` batches failed.
+    """Client.feed stopped early: a batch was rejected for a reason every later
+    batch would share (a 4xx other than back-pressure), or more than
+    ``max_errors`` batches failed.
 
-    ``summary`` is the FeedSummary of what was done up to then."""
+    Attributes:
+        summary: the FeedSummary of what was done up to then.
+        batch_index: the position in the loader of the rejected batch (None
+            when the feed stopped on max_errors).
+        error: the APIError of that batch (None likewise).
+    """
 
-    def __init__(self, message: str, summary: Any):
+    def __init__(self, message: str, summary: Any, *, batch_index: Optional[int] = None,
+                 error: Optional[APIError] = None):
         super().__init__(message)
         self.summary = summary
+        self.batch_index = batch_index
+        self.error = error
 
-    def __reduce__(self):
-        return (FeedAborted, (str(self), self.summary))
+    def __reduce__(self) -> Any:
+        return (_rebuild_feed_aborted, (str(self), self.summary, self.batch_index, self.error))
+
+
+def _rebuild_feed_aborted(message: str, summary: Any, batch_index: Optional[int],
+                          error: Optional[APIError]) -> FeedAborted:
+    return FeedAborted(message, summary, batch_index=batch_index, error=error)

@@ -8,6 +8,13 @@ their reply, and the loop takes the next batch from the loader only once one
 of them is answered, so memory stays bounded however long the loader is: at
 most ``max_in_flight + 2`` batches are held (the extra two: the batch waiting
 for a free upload slot and the one read ahead to tell the last batch apart).
+
+Errors: back-pressure (429/503 with Retry-After) is retried by the client; a
+batch whose connection broke is sent again (``RetryPolicy.connect_retries``
+times: the server may then have it twice — at least once, not exactly once).
+A deterministic rejection (any other 4xx: a wrong shape, a label out of range)
+would hit every later batch too, so by default it stops the feed with
+:class:`~streamfeed.errors.FeedAborted` naming the batch and the reason.
 """
 from __future__ import annotations
 
@@ -15,10 +22,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait as _wait_futures
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from . import errors as E
-from .wire import encode_batch
+from .results import BatchResult
+from .wire import encode_batch_parts
 
 _END = object()
 
@@ -39,6 +47,8 @@ class FeedSummary:
         first_loss: loss of the first batch. It is posted with ``wait=1`` before
             any other, so this is the loss of the model as the feed found it.
         last_loss: loss of the last batch when ``wait_last`` (else None).
+        latest_loss: the last training loss seen while feeding (the progress
+            bar shows it live), then last_loss when there is one.
         first_id, last_id: server ids of the first and last batch, when accepted.
         submitted: batches taken from the loader.
     """
@@ -54,6 +64,7 @@ class FeedSummary:
     first_id: Optional[int] = None
     last_id: Optional[int] = None
     submitted: int = 0
+    latest_loss: Optional[float] = None
 
     @property
     def failed(self) -> int:
@@ -86,18 +97,36 @@ class FeedSummary:
                 f"{self.retries} retries{loss}{errs}")
 
 
-def _unpack(item: Any):
+#: Keys of a dict item, tried in order: ours, then those of Hugging Face
+#: datasets ("image"/"label", "pixel_values"/"labels"), then torchvision's names.
+IMAGE_KEYS = ("images", "image", "pixel_values", "img")
+LABEL_KEYS = ("labels", "label", "target", "targets")
+
+
+def _unpack(item: Any, keys: Optional[Tuple[str, str]] = None) -> Tuple[Any, Any]:
     """(images, labels) from a loader item: a 2-tuple or 2-list (what a torch
-    DataLoader yields), or a mapping with "images" and "labels"."""
+    DataLoader yields), or a mapping: keys=(images_key, labels_key) when given,
+    else the first of IMAGE_KEYS and LABEL_KEYS it has."""
     if isinstance(item, Mapping):
-        return item["images"], item["labels"]
+        if keys is not None:
+            missing = [k for k in keys if k not in item]
+            if missing:
+                raise KeyError(f"loader item has no key {missing[0]!r} (keys={keys}); its keys: {sorted(item)}")
+            return item[keys[0]], item[keys[1]]
+        ik = next((k for k in IMAGE_KEYS if k in item), None)
+        lk = next((k for k in LABEL_KEYS if k in item), None)
+        if ik is None or lk is None:
+            raise TypeError(f"a dict loader item needs image and label keys (one of {IMAGE_KEYS} and one of "
+                            f"{LABEL_KEYS}); its keys are {sorted(item)}: pass keys=('your_image_key', "
+                            "'your_label_key')")
+        return item[ik], item[lk]
     if isinstance(item, (tuple, list)) and len(item) == 2:
         return item[0], item[1]
-    raise TypeError(f"a loader item must be (images, labels) or {{'images': ..., 'labels': ...}}, "
+    raise TypeError(f"a loader item must be (images, labels) or a dict with image and label keys, "
                     f"got {type(item).__name__}")
 
 
-def _make_bar(progress: Optional[bool], total: Optional[int]):
+def _make_bar(progress: Optional[bool], total: Optional[int]) -> Any:
     if progress is False:
         return None
     try:
@@ -107,17 +136,34 @@ def _make_bar(progress: Optional[bool], total: Optional[int]):
     return tqdm(total=total, unit="batch", desc="streamfeed", smoothing=0.1)
 
 
-def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = True, *,
+def _ordinal(i: int) -> str:
+    suffix = "th" if 10 <= i % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(i % 10, "th")
+    return f"{i}{suffix}"
+
+
+def _deterministic(e: E.APIError) -> bool:
+    """A rejection that the same body would get again: a 4xx other than back-pressure."""
+    return 400 <= e.status < 500 and not isinstance(e, E.Backpressure) and e.status != 408
+
+
+#: Seconds between two readings of the live loss for the progress bar.
+LOSS_INTERVAL_S = 0.5
+
+
+def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bool = True, *,
          max_in_flight: Optional[int] = None, progress: Optional[bool] = None,
          total: Optional[int] = None, max_errors: Optional[int] = None,
+         on_error: str = "stop", keys: Optional[Tuple[str, str]] = None,
          layout: Optional[str] = None,
-         on_result: Optional[Callable[[int, Dict[str, Any]], None]] = None) -> FeedSummary:
+         on_result: Optional[Callable[[int, Any], None]] = None) -> FeedSummary:
     """Uploads every batch of loader and returns a :class:`FeedSummary`.
 
     Args:
         client: a :class:`streamfeed.Client`.
-        loader: an iterable of ``(images, labels)`` (or ``{"images", "labels"}``)
-            batches; images uint8 NHWC or NCHW, numpy or torch.
+        loader: an iterable of ``(images, labels)`` batches or of dicts
+            (``{"image": ..., "label": ...}`` as Hugging Face datasets yield,
+            ``{"images", "labels"}``, or any keys with ``keys=``); images
+            uint8 NHWC or NCHW, numpy or torch.
         connections: concurrent uploads (worker threads, each with its own
             keep-alive connection).
         wait_last: post the last batch with ``wait=1`` after every other batch
@@ -127,23 +173,33 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
         max_in_flight: batches being uploaded or awaiting their reply, at most
             (default 2 x connections). Bounds the memory held: at most
             max_in_flight + 2 batches are taken from the loader and unanswered.
-        progress: a tqdm progress bar: None shows one when tqdm is installed,
-            False never.
+        progress: a tqdm progress bar showing the live training loss: None
+            shows one when tqdm is installed, False never.
         total: the number of batches, for the progress bar (default ``len(loader)``
             when the loader has one).
-        max_errors: stop after more than this many failed batches and raise
-            :class:`streamfeed.errors.FeedAborted` (None: never stop, count them).
+        on_error: "stop" (default): the first deterministic rejection (a 4xx
+            other than back-pressure) raises :class:`~streamfeed.errors.FeedAborted`
+            naming the batch and the server's reason. "count": count every
+            failure by code in ``summary.errors`` and go on (see max_errors).
+        max_errors: with on_error="count", stop after more than this many
+            failed batches and raise FeedAborted (None: never stop).
+        keys: (images key, labels key) of dict items.
         layout: "NHWC"/"NCHW" for every batch (default: guessed per batch).
         on_result: called as ``on_result(index, reply)`` for each accepted batch
-            (index: its position in the loader), on a worker thread.
+            (index: its position in the loader; reply: a BatchAccepted or, for
+            batches posted with wait, a BatchResult), on a worker thread.
 
     Raises:
         TypeError, ValueError: a batch is not usable (wrong dtype, rank, label
-            count): raised at once, since every later batch would fail the same way.
-        FeedAborted: more than max_errors batches failed.
+            count, one-hot labels): raised at once, before it is sent, since
+            every later batch would fail the same way.
+        FeedAborted: a batch was rejected (on_error="stop"), or more than
+            max_errors batches failed; ``.batch_index`` and ``.error`` say which and why.
     """
     if connections < 1:
         raise ValueError("connections must be at least 1")
+    if on_error not in ("stop", "count"):
+        raise ValueError(f"on_error must be 'stop' or 'count', got {on_error!r}")
     if max_in_flight is None:
         max_in_flight = 2 * connections
     if max_in_flight < 1:
@@ -158,9 +214,18 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
     lock = threading.Lock()
     slots = threading.BoundedSemaphore(max_in_flight)
     stop = threading.Event()
-    fatal: list = []
+    fatal: List[BaseException] = []
     bar = _make_bar(progress, total)
     t0 = time.monotonic()
+    connect_retries = int(getattr(getattr(client, "retry", None), "connect_retries", 0))
+
+    def show(loss: Optional[float]) -> None:
+        if bar is None:
+            return
+        post: Dict[str, Any] = {"retries": summary.retries}
+        if loss is not None:
+            post["loss"] = f"{loss:.4f}"
+        bar.set_postfix(post, refresh=False)
 
     def record_error(code: str, retries: int) -> None:
         with lock:
@@ -169,15 +234,40 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
             if max_errors is not None and summary.failed > max_errors:
                 stop.set()
 
+    def abort(index: int, e: E.APIError) -> None:
+        with lock:
+            if not fatal:
+                fatal.append(E.FeedAborted(
+                    f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}. "
+                    f"Every later batch would be too; fix the loader, or pass on_error='count' to go on",
+                    summary, batch_index=index, error=e))
+        stop.set()
+
+    def post(index: int, body: Any, wait: bool) -> Any:
+        """client.post_body, sending again after a broken connection (bounded)."""
+        attempt = 0
+        while True:
+            try:
+                return client.post_body(body, wait)
+            except E.TransportError:
+                if attempt >= connect_retries or stop.is_set():
+                    raise
+                time.sleep(client.retry.delay(attempt, None))
+                attempt += 1
+                with lock:
+                    summary.retries += 1
+
     def work(index: int, item: Any, wait: bool, is_last: bool) -> None:
         try:
-            images, labels = _unpack(item)
-            body = encode_batch(images, labels, layout)
+            images, labels = _unpack(item, keys)
+            body = encode_batch_parts(images, labels, layout)
             n = len(labels) if not hasattr(labels, "shape") else int(labels.shape[0])
             try:
-                reply, retries = client.post_body(body, wait)
+                reply, retries = post(index, body, wait)
             except E.APIError as e:
                 record_error(e.code, e.attempts - 1)
+                if on_error == "stop" and _deterministic(e):
+                    abort(index, e)
                 return
             except E.BatchFailed as e:
                 # Accepted, but its step failed: count it as an error, not a batch.
@@ -191,20 +281,18 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
                 summary.samples += n
                 summary.bytes += len(body)
                 summary.retries += retries
-                bid = reply.get("id")
+                bid = reply.id
+                loss = reply.loss if isinstance(reply, BatchResult) else None
                 if index == 0:
                     summary.first_id = bid
-                    summary.first_loss = reply.get("loss")
+                    summary.first_loss = loss
                 if is_last:
                     summary.last_id = bid
                     if wait:
-                        summary.last_loss = reply.get("loss")
-                if bar is not None:
-                    post = {"retries": summary.retries}
-                    loss = summary.last_loss if summary.last_loss is not None else summary.first_loss
-                    if loss is not None:
-                        post["loss"] = f"{loss:.4f}"
-                    bar.set_postfix(post, refresh=False)
+                        summary.last_loss = loss
+                if loss is not None:
+                    summary.latest_loss = loss
+                show(summary.latest_loss)
             if on_result is not None:
                 on_result(index, reply)
         except BaseException as e:  # a usage error: stop everything and re-raise in the caller
@@ -216,8 +304,27 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
             if bar is not None:
                 bar.update(1)
 
+    # The live loss: the server's latest step, read every LOSS_INTERVAL_S
+    # while the bar is shown (a 202 reply carries no loss: training follows).
+    done_feeding = threading.Event()
+
+    def watch_loss() -> None:
+        while not done_feeding.wait(LOSS_INTERVAL_S):
+            try:
+                loss = client.training_loss()
+            except E.StreamfeedError:
+                continue
+            if loss is not None:
+                with lock:
+                    summary.latest_loss = loss
+                    show(loss)
+                bar.refresh()
+
+    watcher = threading.Thread(target=watch_loss, name="streamfeed-loss", daemon=True) if bar is not None else None
+    if watcher is not None:
+        watcher.start()
     pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="streamfeed-feed")
-    futures: set = set()
+    futures: Set[Any] = set()
     try:
         it = iter(loader)
         nxt = next(it, _END)
@@ -231,6 +338,8 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
                 # Everything before must be accepted first, so that the last
                 # batch is also the last one the server trains.
                 _wait_futures(futures)
+                if stop.is_set():
+                    break
                 wait = True
             slots.acquire()
             if stop.is_set():
@@ -253,6 +362,9 @@ def feed(client: Any, loader: Iterable, connections: int = 4, wait_last: bool = 
         raise
     finally:
         pool.shutdown(wait=True)
+        done_feeding.set()
+        if watcher is not None:
+            watcher.join()
         summary.seconds = time.monotonic() - t0
         if bar is not None:
             bar.close()

@@ -16,11 +16,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from .client import Client
 
-_LISTENING = re.compile(r"streamfeed listening on http://[^:\s]+:(\d+)")
+_LISTENING = re.compile(r"streamfeed listening on http://(?:\[[^\]]*\]|[^:\s/\[]+):(\d+)")
 
 
 class LocalServer:
@@ -68,6 +68,7 @@ class LocalServer:
         self.url = f"http://{host}:{self.port}"
 
     def _read_line(self, timeout: float) -> str:
+        assert self.proc.stdout is not None  # Popen(stdout=PIPE)
         fd = self.proc.stdout.fileno()
         buf = b""
         deadline = time.monotonic() + timeout
@@ -84,7 +85,7 @@ class LocalServer:
             buf += chunk
         return buf.decode(errors="replace")
 
-    def client(self, **kw) -> Client:
+    def client(self, **kw: Any) -> Client:
         """A :class:`Client` of this server (keyword arguments go to Client)."""
         return Client(self.url, **kw)
 
@@ -129,6 +130,6 @@ class LocalServer:
     def __enter__(self) -> "LocalServer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
         self.cleanup()

@@ -12,11 +12,12 @@ or not.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+import json
+import struct
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from safetensors.numpy import load as _st_load
-from safetensors.numpy import save as _st_save
 
 #: Channel counts that identify the channel axis when the layout is guessed.
 CHANNEL_COUNTS = (1, 3, 4)
@@ -33,7 +34,8 @@ def to_numpy(x: Any, what: str = "array") -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if hasattr(x, "detach") and hasattr(x, "cpu") and hasattr(x, "numpy"):  # torch.Tensor
-        return x.detach().cpu().numpy()
+        out: np.ndarray = x.detach().cpu().numpy()
+        return out
     try:
         return np.asarray(x)
     except Exception as e:  # pragma: no cover - odd inputs
@@ -70,7 +72,7 @@ def prepare_images(images: Any, layout: Optional[str] = None) -> Tuple[np.ndarra
     """
     arr = to_numpy(images, "images")
     if arr.dtype != np.uint8:
-        raise TypeError(f"images must be uint8, got {arr.dtype}")
+        raise TypeError(_not_uint8_message(arr))
     if layout is None:
         layout = detect_layout(arr.shape)
     else:
@@ -82,18 +84,49 @@ def prepare_images(images: Any, layout: Optional[str] = None) -> Tuple[np.ndarra
     return np.ascontiguousarray(arr), layout
 
 
+def _not_uint8_message(arr: np.ndarray) -> str:
+    """Why images of another dtype are refused, and how to convert them."""
+    msg = f"images must be uint8 (the server augments raw bytes), got {arr.dtype}"
+    if np.issubdtype(arr.dtype, np.floating) and arr.size:
+        lo, hi = float(np.nanmin(arr)), float(np.nanmax(arr))
+        if 0.0 <= lo and hi <= 1.0:
+            msg += (f" with values in [{lo:.3g}, {hi:.3g}]: images scaled to [0, 1] (e.g. by "
+                    "ToTensor()) convert back with (images * 255).round().clip(0, 255) then "
+                    ".astype(np.uint8) (numpy) or .to(torch.uint8) (torch); better, drop "
+                    "ToTensor/Normalize from the loader and let the server's augment.pipeline "
+                    "scale and normalise")
+        elif 0.0 <= lo and hi <= 255.0:
+            msg += (f" with values in [{lo:.3g}, {hi:.3g}]: convert with "
+                    "images.round().astype(np.uint8) (numpy) or .to(torch.uint8) (torch)")
+        else:
+            msg += (f" with values in [{lo:.3g}, {hi:.3g}] (normalised?): send the raw uint8 "
+                    "images and configure the normalisation in the server's augment.pipeline")
+    return msg
+
+
 def prepare_labels(labels: Any, n: int) -> np.ndarray:
     """Returns labels as a contiguous int64 array whose first dimension is n.
 
+    Labels are class indices: ``[N]`` for classification, ``[N,H,W]`` for
+    segmentation. One-hot or soft labels (``[N,K]`` floats or 0/1 rows) and
+    float labels are refused here, before anything is sent, with the fix.
+
     Raises:
-        TypeError: the dtype is not an integer type (bool is not accepted).
-        ValueError: the first dimension differs from n.
+        TypeError: the dtype is not an integer type (bool and floats are not accepted).
+        ValueError: the first dimension differs from n, or the labels are one-hot.
     """
     arr = to_numpy(labels, "labels")
     if arr.ndim == 0:
         arr = arr.reshape(1)
+    if arr.ndim == 2 and arr.shape[0] == n and arr.shape[1] > 1:
+        raise ValueError(f"labels of shape {tuple(arr.shape)} look one-hot (or soft): send class "
+                         "indices [N] instead, e.g. labels.argmax(1)")
     if not np.issubdtype(arr.dtype, np.integer):
-        raise TypeError(f"labels must have an integer dtype, got {arr.dtype}")
+        hint = ""
+        if np.issubdtype(arr.dtype, np.floating):
+            hint = (": labels are class indices; convert whole-number floats with "
+                    "labels.astype(np.int64) (numpy) or labels.long() (torch)")
+        raise TypeError(f"labels must have an integer dtype, got {arr.dtype}{hint}")
     if arr.shape[0] != n:
         raise ValueError(f"{arr.shape[0]} labels for {n} images")
     return np.ascontiguousarray(arr, dtype=np.int64)
@@ -108,13 +141,54 @@ def encode_batch(images: Any, labels: Any = None, layout: Optional[str] = None) 
             POST /v1/transform accepts a batch without labels).
         layout: "NHWC" or "NCHW"; guessed from the shape when None.
     """
+    return b"".join(encode_batch_parts(images, labels, layout))
+
+
+class Body:
+    """A batch body as its parts: the safetensors header, then the tensors'
+    memory itself (no copy). Iterating yields the parts; ``len()`` is the
+    total byte count, so ``requests`` sends it with a Content-Length (not
+    chunked) and writes each part to the socket as it is."""
+
+    def __init__(self, parts: List[Any]):
+        self.parts = parts
+        self.nbytes = sum(memoryview(p).nbytes for p in parts)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.parts)
+
+    def tobytes(self) -> bytes:
+        return b"".join(self.parts)
+
+
+def encode_batch_parts(images: Any, labels: Any = None, layout: Optional[str] = None) -> Body:
+    """Encodes a batch as a safetensors body without copying the tensors.
+
+    The body of :func:`encode_batch` (the same bytes), as a :class:`Body`: a
+    small header and views of the (contiguous) image and label memory. This
+    is what the client sends: a copy of a multi-megabyte batch per request,
+    made while holding the GIL, is what bounds a Python loader's rate.
+    """
     img, layout = prepare_images(images, layout)
-    tensors = {"images": img}
+    tensors: List[Tuple[str, str, np.ndarray]] = [("images", "U8", img)]
     if labels is not None:
-        tensors["labels"] = prepare_labels(labels, img.shape[0])
-    return _st_save(tensors, metadata={"layout": layout})
+        tensors.append(("labels", "I64", prepare_labels(labels, img.shape[0])))
+    header: Dict[str, Any] = {"__metadata__": {"layout": layout}}
+    off = 0
+    for name, dtype, arr in tensors:
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [off, off + arr.nbytes]}
+        off += arr.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    parts: List[Any] = [struct.pack("<Q", len(text)) + text]
+    parts += [arr.data.cast("B") for _, _, arr in tensors]
+    return Body(parts)
 
 
-def decode_tensors(body: bytes) -> dict:
+def decode_tensors(body: bytes) -> Dict[str, np.ndarray]:
     """Decodes a safetensors body into {name: numpy array}."""
-    return _st_load(body)
+    out: Dict[str, np.ndarray] = _st_load(body)
+    return out

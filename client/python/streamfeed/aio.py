@@ -1,0 +1,273 @@
+"""The asyncio client, for loaders that already run an event loop.
+
+>>> from streamfeed.aio import AsyncClient
+>>> async with AsyncClient("http://localhost:8080") as c:       # doctest: +SKIP
+...     r = await c.post_batch(images, labels, wait=True)
+...     summary = await c.feed(async_batches(), connections=4)
+
+It speaks the same protocol as :class:`streamfeed.Client` over httpx (``pip
+install 'streamfeed[async]'``): the same typed replies and exceptions, the
+same back-pressure retries (429/503 with Retry-After, capped back-off, sleeping
+with ``asyncio.sleep`` so the loop keeps running), the same input checks
+before anything is sent, and a :meth:`AsyncClient.feed` with the semantics of
+:func:`streamfeed.feed` (first batch waited for, last batch waited for after
+every other was accepted, deterministic rejections stop the feed) driven by
+``connections`` concurrent tasks instead of threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterable, Dict, Iterable, List, Optional, Tuple, Union
+
+try:
+    import httpx
+except ImportError as _e:  # pragma: no cover - depends on the installation
+    raise ImportError("streamfeed.aio needs httpx: pip install 'streamfeed[async]' (or httpx)") from _e
+
+from . import errors as E
+from .client import RetryPolicy, check_url, parse_retry_after
+from .feed import FeedSummary, _deterministic, _ordinal, _unpack
+from .results import BatchAccepted, BatchResult
+from .wire import CONTENT_TYPE, Body, encode_batch_parts
+
+
+class AsyncClient:
+    """An asyncio client of one streamfeed server (see :class:`streamfeed.Client`).
+
+    Args:
+        url, token, timeout, wait_timeout, retry: as for :class:`streamfeed.Client`.
+        max_connections: the connection pool's size (feed's ``connections``
+            tasks share it).
+    """
+
+    def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0,
+                 wait_timeout: float = 120.0, retry: Union[RetryPolicy, int, None] = None,
+                 max_connections: int = 16):
+        self.url = check_url(url)
+        self.timeout = float(timeout)
+        self.wait_timeout = max(float(wait_timeout), self.timeout)
+        self.retry = RetryPolicy() if retry is None else RetryPolicy(max_retries=retry) if isinstance(retry, int) else retry
+        headers = {"User-Agent": "streamfeed-python-async/0.1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers,
+                                       limits=httpx.Limits(max_connections=max_connections),
+                                       timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.url!r})"
+
+    def _error(self, resp: httpx.Response, method: str, attempts: int) -> E.APIError:
+        try:
+            body: Any = resp.json()
+        except ValueError:
+            body = resp.text
+        err = body.get("error") if isinstance(body, dict) else None
+        if isinstance(err, dict) and "code" in err:
+            code, message, field = str(err["code"]), str(err.get("message", "")), err.get("field")
+        else:
+            code, message, field = f"http_{resp.status_code}", (resp.text or resp.reason_phrase)[:500], None
+        cls = E.error_class(resp.status_code, "Retry-After" in resp.headers)
+        return cls(resp.status_code, code, message, field=field, request_id=resp.headers.get("X-Request-Id"),
+                   retry_after=parse_retry_after(resp.headers.get("Retry-After")), body=body,
+                   method=method, url=str(resp.request.url), attempts=attempts)
+
+    async def _send(self, method: str, path: str, *, params: Optional[Dict[str, str]] = None,
+                    content: Optional[bytes] = None, headers: Optional[Dict[str, str]] = None,
+                    timeout: Optional[float] = None) -> Tuple[httpx.Response, int]:
+        retries = 0
+        t = self.timeout if timeout is None else timeout
+        while True:
+            try:
+                resp = await self._http.request(method, path, params=params, content=content, headers=headers,
+                                                timeout=httpx.Timeout(t, connect=min(t, 10.0)))
+            except httpx.TransportError as e:
+                if method == "GET" and retries < min(self.retry.connect_retries, self.retry.max_retries):
+                    await asyncio.sleep(self.retry.delay(retries, None))
+                    retries += 1
+                    continue
+                raise E.TransportError(f"{method} {self.url}{path}: {e}", e) from e
+            if resp.status_code < 400:
+                return resp, retries
+            if (resp.status_code in (429, 503) and "Retry-After" in resp.headers
+                    and retries < self.retry.max_retries):
+                await asyncio.sleep(self.retry.delay(retries, parse_retry_after(resp.headers.get("Retry-After"))))
+                retries += 1
+                continue
+            raise self._error(resp, method, retries + 1)
+
+    async def _json(self, method: str, path: str, **kw: Any) -> Dict[str, Any]:
+        resp, _ = await self._send(method, path, **kw)
+        out: Dict[str, Any] = resp.json()
+        return out
+
+    # ---- batches -----------------------------------------------------------------
+
+    async def post_body(self, body: Union[bytes, Body], wait: bool = False
+                        ) -> Tuple[Union[BatchAccepted, BatchResult], int]:
+        """POSTs an encoded safetensors body; returns (reply, retries) as Client.post_body."""
+        # httpx takes one bytes body: joined once here (its async transport
+        # copies into its write buffer anyway).
+        data = body.tobytes() if isinstance(body, Body) else body
+        resp, retries = await self._send("POST", "/v1/batches", params={"wait": "1"} if wait else None,
+                                         content=data, headers={"Content-Type": CONTENT_TYPE},
+                                         timeout=self.wait_timeout if wait else None)
+        reply = resp.json()
+        if not wait:
+            return BatchAccepted.from_json(reply), retries
+        result = BatchResult.from_json(reply)
+        if not result.finished:
+            result = await self.wait_batch(result.id, timeout=self.wait_timeout)
+        if result.state == "failed":
+            raise E.BatchFailed(result.raw)
+        return result, retries
+
+    async def post_batch(self, images: Any, labels: Any, wait: bool = False, *,
+                         layout: Optional[str] = None) -> Union[BatchAccepted, BatchResult]:
+        """Submits one batch (see Client.post_batch); inputs are checked before sending."""
+        if labels is None:
+            raise ValueError("labels are required to train")
+        return (await self.post_body(encode_batch_parts(images, labels, layout), wait))[0]
+
+    async def batch(self, batch_id: int) -> BatchResult:
+        return BatchResult.from_json(await self._json("GET", f"/v1/batches/{int(batch_id)}"))
+
+    async def wait_batch(self, batch_id: int, timeout: float = 60.0) -> BatchResult:
+        deadline = time.monotonic() + timeout
+        interval = 0.005
+        while True:
+            b = await self.batch(batch_id)
+            if b.finished:
+                return b
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"batch {batch_id} still {b.state} after {timeout}s")
+            await asyncio.sleep(interval)
+            interval = min(interval * 2, 0.25)
+
+    async def model(self) -> Dict[str, Any]:
+        return await self._json("GET", "/v1/model")
+
+    async def health(self) -> Dict[str, Any]:
+        return await self._json("GET", "/healthz")
+
+    # ---- feed -------------------------------------------------------------------------
+
+    async def feed(self, loader: Union[AsyncIterable[Any], Iterable[Any]], connections: int = 4,
+                   wait_last: bool = True, *, on_error: str = "stop",
+                   keys: Optional[Tuple[str, str]] = None, layout: Optional[str] = None) -> FeedSummary:
+        """Uploads every batch of an async (or plain) iterable; see :func:`streamfeed.feed`.
+
+        Raises:
+            TypeError, ValueError: an unusable batch, before it is sent.
+            FeedAborted: a deterministic rejection (on_error="stop").
+        """
+        if connections < 1:
+            raise ValueError("connections must be at least 1")
+        if on_error not in ("stop", "count"):
+            raise ValueError(f"on_error must be 'stop' or 'count', got {on_error!r}")
+        summary = FeedSummary()
+        t0 = time.monotonic()
+        queue: "asyncio.Queue[Optional[Tuple[int, Any, bool]]]" = asyncio.Queue(maxsize=connections)
+        fatal: List[BaseException] = []
+        stop = asyncio.Event()
+
+        async def one(index: int, item: Any, wait: bool, is_last: bool) -> None:
+            images, labels = _unpack(item, keys)
+            body = encode_batch_parts(images, labels, layout)
+            summary.submitted += 1
+            try:
+                reply, retries = await self.post_body(body, wait)
+            except E.APIError as e:
+                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                summary.retries += e.attempts - 1
+                if on_error == "stop" and _deterministic(e) and not fatal:
+                    fatal.append(E.FeedAborted(
+                        f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}",
+                        summary, batch_index=index, error=e))
+                    stop.set()
+                return
+            except (E.BatchFailed, E.TransportError) as e:
+                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                return
+            summary.batches += 1
+            summary.samples += int(getattr(labels, "shape", [len(labels)])[0])
+            summary.bytes += len(body)
+            summary.retries += retries
+            loss = reply.loss if isinstance(reply, BatchResult) else None
+            if index == 0:
+                summary.first_id, summary.first_loss = reply.id, loss
+            if is_last:
+                summary.last_id = reply.id
+                if wait:
+                    summary.last_loss = loss
+            if loss is not None:
+                summary.latest_loss = loss
+
+        async def worker() -> None:
+            while True:
+                job = await queue.get()
+                if job is None:
+                    return
+                if not stop.is_set():
+                    try:
+                        await one(job[0], job[1], False, job[2])
+                    except BaseException as e:  # a usage error: stop and re-raise in the caller
+                        fatal.append(e)
+                        stop.set()
+
+        async def items() -> Any:
+            if hasattr(loader, "__aiter__"):
+                async for x in loader:
+                    yield x
+            else:
+                for x in loader:
+                    yield x
+
+        it = items().__aiter__()
+        _end = object()
+
+        async def next_item() -> Any:
+            try:
+                return await it.__anext__()
+            except StopAsyncIteration:
+                return _end
+
+        cur = await next_item()
+        if cur is _end:
+            summary.seconds = time.monotonic() - t0
+            return summary
+        nxt = await next_item()
+        # The first batch alone, waited for: its loss is the model's as the feed found it.
+        await one(0, cur, True, nxt is _end)
+        tasks = [asyncio.ensure_future(worker()) for _ in range(connections)]
+        index = 1
+        last: Optional[Tuple[int, Any]] = None
+        try:
+            while nxt is not _end and not stop.is_set():
+                cur, nxt = nxt, await next_item()
+                if nxt is _end and wait_last:
+                    last = (index, cur)
+                    break
+                await queue.put((index, cur, nxt is _end))
+                index += 1
+        finally:
+            for _ in tasks:
+                await queue.put(None)
+            await asyncio.gather(*tasks)
+        if last is not None and not stop.is_set():
+            # After every other batch was accepted: the last one trained is this one.
+            await one(last[0], last[1], True, True)
+        summary.seconds = time.monotonic() - t0
+        if fatal:
+            raise fatal[0]
+        return summary

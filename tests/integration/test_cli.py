@@ -1,0 +1,227 @@
+"""A user's first commands: the command line, the start-up messages, the
+README's first snippet on a CPU host, and the documents --help and the docs
+point to. Each test runs the real binary (or make) as a user would."""
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from sfharness import BIN, REPO, SINK, TINY, wait_until
+
+
+def run(*args, env=None, timeout=30):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFEED_")}
+    full_env.update(env or {})
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+# ---- flags --------------------------------------------------------------------------
+
+
+def test_version_prints_the_version_and_the_commit():
+    p = run("--version")
+    assert p.returncode == 0, p.stderr
+    m = re.fullmatch(r"streamfeed (\S+) \(commit ([0-9a-f]{7,40}|unknown), backend built: (ref|cuda)\)\n",
+                     p.stdout)
+    assert m, p.stdout
+    # The same strings label streamfeed_build_info (test_foundation checks it).
+
+
+@pytest.mark.parametrize("flag,meant", [
+    ("--ring.slot", "ring.slots"),
+    ("--htpp.port", "http.port"),
+    ("--port", "http.port"),
+    ("--optim.learning_rate", None),
+])
+def test_an_unknown_option_gets_a_did_you_mean_when_one_is_close(flag, meant):
+    p = run(flag, "3")
+    assert p.returncode == 2
+    assert f'unknown option "{flag[2:]}"' in p.stderr
+    if meant:
+        assert f'did you mean "{meant}"?' in p.stderr, p.stderr
+    else:
+        assert "did you mean" not in p.stderr and "--help" in p.stderr, p.stderr
+
+
+def test_a_flag_followed_by_another_flag_is_reported_as_missing_its_value():
+    p = run("--ring.slots", "--http.port", "0")
+    assert p.returncode == 2
+    assert "--ring.slots needs a value" in p.stderr, p.stderr
+    assert "not a number" not in p.stderr
+
+
+def test_integer_bounds_print_as_integers_in_errors_and_help():
+    p = run("--ring.slot_bytes", "1")
+    assert p.returncode == 2
+    assert "[4096, 17179869184]" in p.stderr, p.stderr
+    h = run("--help").stdout
+    assert "int in [4096, 17179869184]" in h
+    assert "e+" not in h, [ln for ln in h.splitlines() if "e+" in ln]
+
+
+# ---- the listening address ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("host,url_host", [("localhost", "localhost"), ("::1", "[::1]"),
+                                           ("[::1]", "[::1]"), ("::", "[::]")])
+def test_http_host_takes_host_names_and_ipv6(start_server, host, url_host):
+    s = start_server(*SINK, "--http.host", host)
+    url = f"http://{'[::1]' if url_host in ('[::1]', '[::]') else 'localhost'}:{s.port}"
+    assert requests.get(url + "/healthz", timeout=10).json() == {"status": "ok"}
+    if host == "::":
+        # "::" is dual stack: IPv4 clients reach it too.
+        assert requests.get(f"http://127.0.0.1:{s.port}/healthz", timeout=10).status_code == 200
+
+
+def test_a_listening_line_with_ipv6_brackets_the_address(tmp_path):
+    p = subprocess.Popen([BIN, "--http.port", "0", "--http.host", "::1", *SINK], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = p.stdout.readline()
+        assert re.fullmatch(r"streamfeed listening on http://\[::1\]:\d+\n", line), line
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+
+
+def test_a_bad_http_host_fails_before_the_backend_is_initialised():
+    # pipeline.backend=cuda fails on a machine without a GPU: the host check
+    # must come first, and its message must be the one the user sees.
+    p = run("--http.host", "no-such-host.invalid", "--pipeline.backend", "cuda", "--http.port", "0")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "http.host" in p.stderr and "no-such-host.invalid" in p.stderr
+    assert "GPU" not in p.stderr
+
+
+# ---- start-up on a CPU host ------------------------------------------------------------
+
+
+def test_a_large_preset_on_the_cpu_fallback_is_warned_at_start_and_in_v1_model(start_server):
+    s = start_server("--model.preset", "resnet18", "--pipeline.backend", "auto", "--model.max_batch", "2",
+                     "--log.requests", "false")
+    m = s.get("/v1/model").json()
+    if m["backend"] != "ref":
+        pytest.skip("a GPU is usable here: there is no CPU fallback to warn about")
+    assert len(m["warnings"]) == 1, m["warnings"]
+    w = m["warnings"][0]
+    assert "CPU reference backend" in w and "resnet18" in w and "--model.preset tiny" in w
+    assert re.search(r"^\S+ warn +no usable GPU .*resnet18", s.stderr(), re.MULTILINE), s.stderr()
+
+
+def test_a_chosen_reference_backend_with_the_tiny_model_has_no_warning(start_server):
+    s = start_server(*TINY)
+    assert s.get("/v1/model").json()["warnings"] == []
+    assert " warn " not in s.stderr()
+
+
+def _make(*args, build):
+    return subprocess.run(["make", "-s", "--no-print-directory", f"BUILD={build}", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_make_cuda_0_is_remembered_by_later_makes_in_the_same_build_folder(tmp_path):
+    # NVCC=/bin/true: a machine where nvcc is found, so that only the
+    # remembered choice can keep the build CPU-only.
+    build = tmp_path / "build"
+    first = _make("CUDA=0", "NVCC=/bin/true", "print-found", build=build)
+    assert "CPU reference backend only" in first.stdout, first.stdout + first.stderr
+    later = _make("NVCC=/bin/true", "print-found", build=build)
+    assert "CPU reference backend only" in later.stdout, later.stdout
+    assert "CUDA=0, remembered" in later.stdout
+    again = _make("CUDA=1", "NVCC=/bin/true", "print-found", build=build)
+    assert "CUDA backend" in again.stdout
+
+
+def test_the_start_up_reason_tells_cuda_0_apart_from_no_nvcc(tmp_path):
+    obj = "gpu/nocuda/backend_nocuda.o"
+    off = _make("-n", "CUDA=0", f"{tmp_path / 'a'}/{obj}", build=tmp_path / "a")
+    assert "SF_NOCUDA_REASON='\"CUDA=0\"'" in off.stdout, off.stdout + off.stderr
+    none = _make("-n", "NVCC=", f"{tmp_path / 'b'}/{obj}", build=tmp_path / "b")
+    assert "SF_NOCUDA_REASON='\"no nvcc at build time\"'" in none.stdout, none.stdout + none.stderr
+
+
+def test_a_cuda_0_build_says_so_when_auto_falls_back(start_server):
+    if "backend built: ref" not in run("--version").stdout:
+        pytest.skip("the binary under test was built with CUDA")
+    s = start_server(*TINY, "--pipeline.backend", "auto")
+    wait_until(lambda: "no usable GPU" in s.stderr(), 10, what="the fallback line")
+    line = next(ln for ln in s.stderr().splitlines() if "no usable GPU" in ln)
+    assert "built without CUDA (CUDA=0" in line or "built without CUDA (no nvcc at build time)" in line
+
+
+def _readme_snippet():
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Posting a batch", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+
+
+def _make_run_command():
+    """The command `make run` starts, as make prints it (nothing is run)."""
+    build = Path(BIN).parent
+    p = _make("-n", "run", "PORT=0", build=build)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(str(build / "streamfeed")) or
+             ln.startswith(f"{build.name}/streamfeed")]
+    assert lines, p.stdout + p.stderr
+    return shlex.split(lines[-1])[1:]
+
+
+def test_the_readme_first_snippet_against_make_run_finishes_within_a_minute_on_this_host(start_server):
+    args = _make_run_command()
+    s = start_server(*args, "--log.requests", "false")
+    if s.get("/v1/model").json()["backend"] != "ref":
+        pytest.skip("a GPU is usable here: the CPU path is not the one a user gets")
+    code = _readme_snippet().replace("http://localhost:8080", s.url)
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    took = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr
+    assert took < 60, f"the README's first POST took {took:.0f} s on the CPU backend"
+    assert "'state': 'done'" in p.stdout, p.stdout
+
+
+# ---- what --help, the docs and the README cite ------------------------------------------
+
+
+_DOC_REF = re.compile(r"(?<![\w/.-])((?:\.\./)*[\w./-]*[A-Za-z0-9_-]+\.md)\b")
+
+
+def _cited_documents(text):
+    return {m.group(1) for m in _DOC_REF.finditer(text)}
+
+
+def test_help_docs_and_readme_cite_only_documents_that_ship_in_the_repository():
+    sources = {"--help": run("--help").stdout, "README.md": (REPO / "README.md").read_text()}
+    for p in sorted((REPO / "docs").glob("*.md")):
+        sources[f"docs/{p.name}"] = p.read_text()
+    missing = []
+    for where, text in sources.items():
+        base = REPO / "docs" if where.startswith("docs/") else REPO
+        for ref in _cited_documents(text):
+            if not ((REPO / ref).is_file() or (base / ref).is_file()):
+                missing.append(f"{where} cites {ref}")
+        if "DESIGN.md" in text or "shared/" in text:
+            missing.append(f"{where} mentions a document outside the repository (DESIGN.md, shared/)")
+    assert not missing, missing
+
+
+def test_generated_config_markdown_escapes_pipes_so_every_row_has_seven_cells():
+    p = run("--help-markdown")
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| `")]
+    assert len(rows) > 30
+    for row in rows:
+        cells = re.split(r"(?<!\\)\|", row.strip())[1:-1]
+        assert len(cells) == 7, row
+
+
+def test_help_describes_the_http_pool_as_poll_not_epoll():
+    h = run("--help").stdout
+    line = next(ln for ln in h.splitlines() if "--http.threads" in ln)
+    assert "poll" in line and "epoll" not in h

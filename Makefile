@@ -71,7 +71,9 @@ ifeq ($(CUDA),1)
   CUDA_CU_SRC := $(wildcard gpu/cuda/*.cu)
   CPPFLAGS    += -DSF_HAVE_CUDA=1 -I$(CUDA_HOME)/include
   NVCCFLAGS   ?= -O3 -lineinfo
-  NVCCFLAGS   += -std=c++17 -arch=$(CUDA_ARCH) -I. -Xcompiler -Wall,-Wno-unused-parameter
+  # Warnings are errors, as for the C code: nvcc's own (-Werror all-warnings)
+  # and the host compiler's (-Xcompiler -Werror).
+  NVCCFLAGS   += -std=c++17 -arch=$(CUDA_ARCH) -I. -Xcompiler -Wall,-Wextra,-Wno-unused-parameter,-Werror -Werror all-warnings
   CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/targets/x86_64-linux/lib))
   LDFLAGS     += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR)
   LDLIBS      += -lcudnn -lcublasLt -lcublas -lcudart -l:libnvjpeg.so.13 -lstdc++ -ldl -lrt
@@ -162,8 +164,13 @@ $(LIB): $(LIB_OBJ)
 $(BUILD)/streamfeed: $(BUILD)/server/main.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/streamfeed-load: $(BUILD)/client/streamfeed-load.o $(LIB)
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+# The load generator is a CPU-side HTTP client: it links the one module it shares
+# with the server (the safetensors header writer) and the libraries it calls, so it
+# runs on a machine without the CUDA libraries (no cuDNN/cuBLAS/cudart needed).
+LOAD_OBJ    := $(BUILD)/client/streamfeed-load.o $(BUILD)/server/safetensors.o
+LOAD_LDLIBS := -lcjson -lcurl -lm -lpthread
+$(BUILD)/streamfeed-load: $(LOAD_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ $(LOAD_LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/unit/%.o $(LIB)
 	@mkdir -p $(dir $@)
@@ -173,7 +180,7 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h $(LIB)
+$(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h $(LIB)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $(filter-out %.h,$^) -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
@@ -261,7 +268,7 @@ run: $(BUILD)/streamfeed
 demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
 	@bash tools/demo.sh
 
-BENCH_BIN := $(BUILD)/bench/memcpy_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached $(BUILD)/bench/jpeg_decode)
+BENCH_BIN := $(BUILD)/bench/memcpy_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached $(BUILD)/bench/jpeg_decode $(BUILD)/bench/layers_bench)
 bench-bins: $(BENCH_BIN)
 $(BUILD)/bench/memcpy_bw: bench/memcpy_bw.c
 	@mkdir -p $(dir $@)

@@ -31,9 +31,16 @@ def main():
          "date": read(os.path.join(d, "date.txt")), "w1_cached": {}, "augment": {}, "http": {},
          "ingest": {}, "memcpy": {}, "pytorch": {}}
     for line in read(os.path.join(d, "w1_cached.txt")).splitlines():
-        m = re.search(r"batch=(\d+) precision=(\w+) layout=(\w+) graphs=(\d).*?: ([\d.]+) steps/s", line)
+        m = re.search(r"batch=(\d+) precision=(\w+) layout=(\w+) graphs=(\d) momentum=([\d.e+-]+)"
+                      r"(?: fork=(\d) fuse=(\d))?: ([\d.]+) steps/s", line)
         if m:
-            s["w1_cached"][f"b{m[1]}_{m[2]}_{m[3]}_graphs{m[4]}"] = float(m[5])
+            # The executor's default switches keep the plain key (the headline
+            # figure); a variant names what it changed.
+            key = f"b{m[1]}_{m[2]}_{m[3]}_graphs{m[4]}"
+            key += "" if float(m[5]) == 0 else f"_momentum{m[5]}"
+            key += "" if m[6] in (None, "1") else "_nofork"
+            key += "" if m[7] in (None, "1") else "_nofuse"
+            s["w1_cached"][key] = float(m[8])
     for line in read(os.path.join(d, "augment.txt")).splitlines():
         if line.startswith("{"):
             j = json.loads(line)

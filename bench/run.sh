@@ -24,9 +24,15 @@ for t in 1 8; do $B/memcpy_bw $t 400 | tee -a "$OUTD/memcpy.jsonl"; done
 if [ -x $B/augment_bench ]; then
   run $B/augment_bench > "$OUTD/augment.txt"
   cat "$OUTD/augment.txt" >> "$OUTD/bench.log"
+  # The op families at ResNet-18's batch-256 shapes (convolutions, BN, maxpool, add).
+  run $B/layers_bench > "$OUTD/layers.txt"
   # streamfeed's own device-cached W1 figure (the model's upper bound).
-  for args in "--batch 32 --precision tf32" "--batch 32 --precision tf32 --graphs 0" \
-              "--batch 32 --precision fp32 --layout nchw" "--batch 128 --precision tf32" \
+  # The step variants at batch 32 (fork, momentum, layout x precision) that
+  # tests/gpu/test_backend printed before it became a test, then larger batches.
+  for args in "--batch 32 --precision tf32 --profile 1" "--batch 32 --precision tf32 --graphs 0" \
+              "--batch 32 --precision tf32 --fork 0" "--batch 32 --precision tf32 --momentum 0.9" \
+              "--batch 32 --precision tf32 --layout nchw" "--batch 32 --precision fp32 --layout nchw" \
+              "--batch 32 --precision fp32 --layout nhwc" "--batch 128 --precision tf32" \
               "--batch 256 --precision tf32"; do
     $B/w1_cached $args --iters 200 2>&1 | tee -a "$OUTD/w1_cached.txt"
   done

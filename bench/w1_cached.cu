@@ -10,8 +10,10 @@
  *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
  * Run: build/w1_cached [--batch 32] [--precision tf32|fp32] [--layout nhwc|nchw]
  *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
- * Prints one human line and one JSON line; exits 0 with "SKIPPED: no CUDA
- * device" without a GPU.
+ *                      [--fork 1|0] [--fuse 1|0] [--tune 8] [--profile 0|1]
+ * Prints one human line and one JSON line; --profile 1 adds the time of each
+ * op of one eager step and the plans chosen (engines, workspaces, memory).
+ * Exits 0 with "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
 #include "../gpu/model.h"
@@ -44,7 +46,7 @@ extern "C" {
 
 int main(int argc, char **argv)
 {
-    int batch = 32, tf32 = 1, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1;
+    int batch = 32, tf32 = 1, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, profile = 0;
     float momentum = 0.f;
     sf_layout layout = SF_LAYOUT_NHWC;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -59,6 +61,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--tune")) tune = atoi(v);
         else if (!strcmp(k, "--fork")) fork = atoi(v);
         else if (!strcmp(k, "--fuse")) fuse = atoi(v);
+        else if (!strcmp(k, "--profile")) profile = atoi(v);
         else {
             fprintf(stderr, "w1_cached: unknown option %s\n", k);
             return 2;
@@ -115,7 +118,7 @@ int main(int argc, char **argv)
     /* one augmented-looking batch kept on the device (never zeros) */
     CK(sf_cuda_fill_random(x, (size_t)batch * in, 2024, 1.f, s) == 0);
 
-    sf_net_io io = {x, lab, hyp, res, hres};
+    sf_net_io io = {x, lab, hyp, res, hres, NULL};
     sf_net_cfg nc;
     memset(&nc, 0, sizeof nc);
     nc.layout = layout;
@@ -143,13 +146,21 @@ int main(int argc, char **argv)
     CU(cudaEventElapsedTime(&ms, e0, e1));
     const double sps = 1000.0 * iters / ms;
     const char *pn = tf32 ? "tf32" : "fp32", *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
-    printf("w1_cached %s batch=%d precision=%s layout=%s graphs=%d momentum=%g: %.1f steps/s (%.3f ms/step, "
-           "last loss %.4f)%s\n",
-           prop.name, batch, pn, ln, graphs, momentum, sps, ms / iters, hres->loss,
+    printf("w1_cached %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d: %.1f steps/s "
+           "(%.3f ms/step, last loss %.4f)%s\n",
+           prop.name, batch, pn, ln, graphs, momentum, fork, fuse, sps, ms / iters, hres->loss,
            graphs && sf_net_graph_error(net)[0] ? " [graph capture failed: eager]" : "");
     printf("{\"bench\":\"w1_cached\",\"device\":\"%s\",\"batch\":%d,\"precision\":\"%s\",\"layout\":\"%s\","
            "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",
            prop.name, batch, pn, ln, graphs, sps, ms / iters);
+    if (profile) {
+        static char buf[16384];
+        if (sf_net_profile(net, 0, batch, buf, sizeof buf) == 0)
+            printf("profile %s %s fork=%d (eager, per op; with fork the side stream's work overlaps):\n%s", ln, pn,
+                   fork, buf);
+        sf_net_describe(net, batch, buf, sizeof buf);
+        printf("plans %s %s:\n%s", ln, pn, buf);
+    }
     sf_net_destroy(net);
     cudaFree(x);
     cudaFree(lab);

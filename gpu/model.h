@@ -49,8 +49,8 @@ typedef enum sf_layer_kind {
     SF_L_RELU,
     SF_L_FLATTEN,      /* [C,H,W] -> [C*H*W] (a view, no data movement) */
     SF_L_LINEAR,       /* in_c -> out_c features, optional bias */
-    /* The W2/W3 kinds (issue 9): the reference backend runs them; the CUDA
-     * backend refuses them in build() for now. */
+    /* Kinds beyond the convolution chain (transposed convolutions, batchnorm,
+     * pooling, residual adds); both backends run every kind. */
     SF_L_CONV_TRANSPOSE2D, /* in_c -> out_c, kernel k, stride, pad, optional bias */
     SF_L_BATCHNORM2D,  /* per-channel; weight (gamma) and bias (beta) always present */
     SF_L_MAXPOOL2D,    /* kernel k, stride, pad */

@@ -7,7 +7,7 @@
  * The streams, events and batch buffers around it (docs/DESIGN.md) live in
  * backend_cuda.cu; this module only enqueues the step of one buffer on one
  * stream (and a frozen prefix's forward on the transform stream). The ops come
- * from layers.h and layers_w23.h.
+ * from the op-family headers listed in tensor.h.
  *
  * Ownership: the net owns parameters, gradients, optimizer state, activations,
  * the cuDNN workspaces and its plans and graphs. The per-buffer inputs
@@ -29,8 +29,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "layers.h"
-#include "layers_w23.h"
+#include "batchnorm.h"
+#include "conv.h"
+#include "conv_transpose.h"
+#include "layout.h"
+#include "linear.h"
+#include "loss.h"
+#include "optimizer.h"
+#include "pointwise.h"
+#include "pool.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -19,7 +19,7 @@
 
 #include "../aug.h"
 
-/* ---- bf16 (issue 9) ------------------------------------------------------
+/* ---- bf16 ----------------------------------------------------------------
  * bfloat16 as the upper 16 bits of an IEEE float, rounded to nearest even
  * (as __float2bfloat16_rn; NaN stays a quiet NaN). The reference emulates
  * model.precision=bf16 by rounding tensors through these. */
@@ -71,7 +71,9 @@ void sf_ref_aug_blur(const sf_aug_plan *plan, const sf_aug_sample *s,
 void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s,
                           float *io1);                                /* one sample */
 
-/* ---- layers (float) ----------------------------------------------------- */
+/* ---- layers and optimizers (float) --------------------------------------
+ * One file per op family: conv.c, conv_transpose.c, linear.c, batchnorm.c,
+ * pool.c, pointwise.c (ReLU, add), loss.c (cross-entropy), optimizer.c. */
 /* out spatial size: oh = (h + 2*pad - k) / stride + 1 */
 void sf_ref_conv2d_fwd(const float *x, int n, int c, int h, int w,
                        const float *wt, const float *b, int oc, int k, int stride, int pad,
@@ -98,7 +100,6 @@ void sf_ref_xent(const float *logits, const int32_t *labels, int n, int k,
 void sf_ref_sgd(float *p, const float *grad, float *mom, size_t len,
                 float lr, float momentum, float wd);
 
-/* ---- layers of W2/W3 (issue 9), float ----------------------------------- */
 /* ConvTranspose2d (PyTorch semantics, output_padding 0, dilation 1, groups 1):
  * weight [c, oc, k, k] (PyTorch's layout for ConvTranspose2d: in, out, kh, kw);
  * out size oh = (h - 1) * stride - 2 * pad + k. b may be NULL. */

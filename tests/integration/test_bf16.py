@@ -2,7 +2,7 @@
 autocast (bf16 activations and weight copies, fp32 master weights; see
 gpu/ref/backend_ref.c). The three presets at the small shapes the reference
 tests use (the tiny preset for seed-classifier, the encoder/decoder and the
-residual + batchnorm specs of test_w23.py for seed-encdec and resnet18) train
+residual + batchnorm specs of test_models.py for seed-encdec and resnet18) train
 on learnable tasks; each full-size preset takes a bf16 step; the bf16 loss
 follows the fp32 one without being it; a checkpoint of a bf16 run holds fp32
 master weights and optimizer state."""
@@ -14,7 +14,7 @@ from safetensors.numpy import load as st_load
 
 from sfharness import TINY, learnable_batch
 from test_checkpoint import get_ckpt, header_of, put_ckpt, tensors_of_header
-from test_w23 import RES_SPEC, SEG_SPEC, args, cls_batch, seg_batch
+from test_models import RES_SPEC, SEG_SPEC, args, cls_batch, seg_batch
 
 BF16 = ["--model.precision", "bf16"]
 

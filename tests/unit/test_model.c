@@ -173,7 +173,7 @@ static void invalid_json_specs_fail_naming_the_layer_index_and_type(void **state
     expect_json_error("{\"input\":[3,4,4],\"layers\":[{\"type\":\"flatten\"}]}", "classes", NULL);
 }
 
-static void w23_presets_resolve_with_pytorch_parameter_counts(void **state)
+static void resnet18_and_seed_encdec_presets_resolve_with_pytorch_parameter_counts(void **state)
 {
     static sf_model m;
     assert_int_equal(sf_model_from_preset("resnet18", &m, err, sizeof err), 0);
@@ -247,7 +247,7 @@ static void json_specs_with_new_kinds_and_residual_inputs_parse(void **state)
     assert_int_equal(m.segmentation, 1);
 }
 
-static void bad_w23_specs_fail_naming_the_layer(void **state)
+static void bad_residual_batchnorm_and_pooling_specs_fail_naming_the_layer(void **state)
 {
     /* add needs two inputs */
     expect_json_error("{\"input\":[3,8,8],\"classes\":3,\"layers\":[{\"type\":\"conv2d\",\"out\":3,\"k\":1},"
@@ -343,10 +343,10 @@ int main(void)
         cmocka_unit_test(unknown_preset_is_rejected_by_name),
         cmocka_unit_test(json_spec_parses_and_infers_input_channels),
         cmocka_unit_test(invalid_json_specs_fail_naming_the_layer_index_and_type),
-        cmocka_unit_test(w23_presets_resolve_with_pytorch_parameter_counts),
+        cmocka_unit_test(resnet18_and_seed_encdec_presets_resolve_with_pytorch_parameter_counts),
         cmocka_unit_test(freeze_must_name_a_leading_run_of_layers),
         cmocka_unit_test(json_specs_with_new_kinds_and_residual_inputs_parse),
-        cmocka_unit_test(bad_w23_specs_fail_naming_the_layer),
+        cmocka_unit_test(bad_residual_batchnorm_and_pooling_specs_fail_naming_the_layer),
         cmocka_unit_test(more_than_max_layers_is_rejected),
         cmocka_unit_test(layer_kind_names_are_stable),
         cmocka_unit_test(init_is_deterministic_and_within_pytorch_bounds),

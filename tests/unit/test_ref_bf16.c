@@ -35,7 +35,7 @@
 static char err[256];
 
 /* Residual block with batchnorm, maxpool, global average pool (as in
- * test_ref_w23_models.c): 4 classes on 3x8x8. */
+ * test_ref_models.c): 4 classes on 3x8x8. */
 static const char *const RES_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"conv1\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
@@ -113,7 +113,7 @@ static void rig_free(rig *r)
     free(r);
 }
 
-/* Learnable batches (the tasks of test_ref_backend.c and test_ref_w23_models.c):
+/* Learnable batches (the tasks of test_ref_backend.c and test_ref_models.c):
  *   QUADRANT  dim noise, one quadrant brighter; the label is that quadrant (0..3).
  *   CHANNEL   label q in 0..3; q < 3 brightens channel q, 3 none.
  *   PIXEL     a pixel is class 1 when it is bright. */

@@ -1,6 +1,7 @@
-/* tests/unit/test_ref_layers_w23.c — reference layers of W2/W3 (issue 9):
- * conv_transpose2d, per-pixel cross-entropy, batchnorm2d, maxpool2d, global
- * average pool, residual add, AdamW. Gradients against central finite
+/* tests/unit/test_ref_bn_pool_convt.c — the reference batchnorm2d, maxpool2d,
+ * global average pool, conv_transpose2d, per-pixel cross-entropy, residual add
+ * and AdamW (gpu/ref/batchnorm.c, pool.c, conv_transpose.c, loss.c,
+ * pointwise.c, optimizer.c). Gradients against central finite
  * differences (double), float against double with NaN-poisoned outputs, and
  * small cases computed by hand. */
 #include <math.h>

@@ -1,41 +1,23 @@
-/* gpu/ref/layers_w23.c — reference layers of W2/W3 (issue 9) in float and
- * double (_f64), generated from one source (layers_w23_impl.h) the way
- * layers.c generates the W1 layers, plus the AdamW update (float only).
- * See gpu/ref/ref.h for the contracts. */
+/* gpu/ref/optimizer.c — reference SGD and AdamW updates (float: the optimizer
+ * state is float in every backend). Contracts in gpu/ref/ref.h. */
 #include "ref.h"
 
 #include <math.h>
 
-/* Generated for double too, but not (yet) declared in ref.h: declared here so
- * the definitions have prototypes. Move to ref.h if a caller needs them. */
-void sf_ref_bn2d_fwd_eval_f64(const double *x, int n, int c, int h, int w, const double *gamma,
-                              const double *beta, double eps, const double *running_mean,
-                              const double *running_var, double *y);
-void sf_ref_add_fwd_f64(const double *a, const double *b, size_t len, double *y);
-
-#define T float
-#define SF_FN(name) name
-#define SF_EXP expf
-#define SF_LOG logf
-#define SF_SQRT sqrtf
-#include "layers_w23_impl.h"
-#undef T
-#undef SF_FN
-#undef SF_EXP
-#undef SF_LOG
-#undef SF_SQRT
-
-#define T double
-#define SF_FN(name) name##_f64
-#define SF_EXP exp
-#define SF_LOG log
-#define SF_SQRT sqrt
-#include "layers_w23_impl.h"
-#undef T
-#undef SF_FN
-#undef SF_EXP
-#undef SF_LOG
-#undef SF_SQRT
+/* PyTorch SGD (dampening 0, no nesterov):
+ *   g = grad + wd * p;  buf = momentum * buf + g;  p -= lr * (momentum ? buf : g) */
+void sf_ref_sgd(float *p, const float *grad, float *mom, size_t len, float lr, float momentum, float wd)
+{
+    for (size_t i = 0; i < len; i++) {
+        const float g = grad[i] + wd * p[i];
+        if (momentum != 0.0f) {
+            mom[i] = momentum * mom[i] + g;
+            p[i] = p[i] - lr * mom[i];
+        } else {
+            p[i] = p[i] - lr * g;
+        }
+    }
+}
 
 /* torch.optim.AdamW (amsgrad off, maximize off), one step t >= 1, in the order
  * of PyTorch's single-tensor implementation:

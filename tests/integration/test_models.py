@@ -1,4 +1,4 @@
-"""The W2/W3 model features over HTTP on the CPU reference backend: a small
+"""Models beyond a convolution chain, over HTTP on the CPU reference backend: a small
 segmentation model (frozen encoder, transposed-conv decoder) trains on per-pixel
 labels posted as [N,H,W]; a residual + batchnorm model trains with AdamW and
 gradient accumulation; label shapes are checked against the model."""

@@ -1,16 +1,35 @@
-/* gpu/ref/layers_impl.h — the reference layers, written once for a scalar
- * type. Private to gpu/ref/layers.c, which includes it twice:
- *   T        the scalar type (float, double)
- *   SF_FN(x) the function name for that type (x, x##_f64)
- *   SF_EXP, SF_LOG  exp/log for T
- * Accumulators are T too, so the float version computes what a float kernel
- * would. Outputs are overwritten, never accumulated into.
- */
-#if !defined(T) || !defined(SF_FN) || !defined(SF_EXP) || !defined(SF_LOG)
-#error "layers_impl.h is included by gpu/ref/layers.c with T, SF_FN, SF_EXP, SF_LOG defined"
-#endif
+/* gpu/ref/conv.c — reference Conv2d, forward and backward, in float and double
+ * (_f64). Contracts in gpu/ref/ref.h. */
+#ifndef T
+#include "ref.h"
 
-/* tap_range (layers.c): the outputs [o0, o1) whose tap at kernel offset kk
+#include <math.h>
+
+/* Outputs o in [*o0, *o1) of a convolution axis (input length in, output
+ * length out) whose tap at kernel offset kk reads input index
+ * o*stride + kk - pad inside [0, in). */
+static void tap_range(int kk, int stride, int pad, int in, int out, int *o0, int *o1)
+{
+    int lo = 0, hi = out;
+    const int first = kk - pad;           /* input index read by o = 0 */
+    if (first < 0)
+        lo = (-first + stride - 1) / stride; /* smallest o with o*stride + first >= 0 */
+    if (first > in - 1)
+        hi = 0;
+    else if ((in - 1 - first) / stride + 1 < hi)
+        hi = (in - 1 - first) / stride + 1; /* largest o with o*stride + first <= in-1, plus 1 */
+    if (lo > hi)
+        lo = hi;
+    *o0 = lo;
+    *o1 = hi;
+}
+
+#define SF_REF_SELF "conv.c"
+#include "generic.h"
+
+#else /* the generic part, compiled once for float and once for double (generic.h) */
+
+/* tap_range (above): the outputs [o0, o1) whose tap at kernel offset kk
  * reads inside the input (o*stride + kk - pad in [0, in)); the loops below
  * visit only those, which is the same sum as skipping the zero-padded taps. */
 
@@ -120,107 +139,4 @@ void SF_FN(sf_ref_conv2d_bwd)(const T *x, int n, int c, int h, int w, const T *w
     }
 }
 
-/* y[n][o] = b[o] + sum_i w[o][i] * x[n][i] */
-void SF_FN(sf_ref_linear_fwd)(const T *x, int n, int in, const T *wt, const T *b, int out, T *y)
-{
-    for (int ni = 0; ni < n; ni++) {
-        const T *xn = x + (size_t)ni * in;
-        for (int o = 0; o < out; o++) {
-            const T *wo = wt + (size_t)o * in;
-            T acc = 0;
-            for (int i = 0; i < in; i++)
-                acc += wo[i] * xn[i];
-            y[(size_t)ni * out + o] = (b ? b[o] : (T)0) + acc;
-        }
-    }
-}
-
-/* dx[n][i] = sum_o dy[n][o] w[o][i];  dw[o][i] = sum_n dy[n][o] x[n][i];  db[o] = sum_n dy[n][o] */
-void SF_FN(sf_ref_linear_bwd)(const T *x, int n, int in, const T *wt, int out, const T *dy, T *dx,
-                              T *dw, T *db)
-{
-    if (dx) {
-        for (int ni = 0; ni < n; ni++) {
-            T *dxn = dx + (size_t)ni * in;
-            for (int i = 0; i < in; i++)
-                dxn[i] = 0;
-            for (int o = 0; o < out; o++) {
-                const T g = dy[(size_t)ni * out + o];
-                const T *wo = wt + (size_t)o * in;
-                for (int i = 0; i < in; i++)
-                    dxn[i] += g * wo[i];
-            }
-        }
-    }
-    for (int o = 0; o < out; o++) {
-        T *dwo = dw + (size_t)o * in;
-        for (int i = 0; i < in; i++)
-            dwo[i] = 0;
-        for (int ni = 0; ni < n; ni++) {
-            const T g = dy[(size_t)ni * out + o];
-            const T *xn = x + (size_t)ni * in;
-            for (int i = 0; i < in; i++)
-                dwo[i] += g * xn[i];
-        }
-    }
-    if (db) {
-        for (int o = 0; o < out; o++) {
-            T acc = 0;
-            for (int ni = 0; ni < n; ni++)
-                acc += dy[(size_t)ni * out + o];
-            db[o] = acc;
-        }
-    }
-}
-
-/* y = max(x, 0); NaN propagates (as torch.relu). x == y is allowed. */
-void SF_FN(sf_ref_relu_fwd)(const T *x, size_t len, T *y)
-{
-    for (size_t i = 0; i < len; i++)
-        y[i] = x[i] < (T)0 ? (T)0 : x[i];
-}
-
-/* dx = dy where y > 0, else 0. dx == dy is allowed. */
-void SF_FN(sf_ref_relu_bwd)(const T *y, const T *dy, size_t len, T *dx)
-{
-    for (size_t i = 0; i < len; i++)
-        dx[i] = y[i] > (T)0 ? dy[i] : (T)0;
-}
-
-/* loss = mean_n ( logsumexp(l[n]) - l[n][label] );  dl = (softmax - onehot) / n.
- * A label outside [0,k) makes the loss NaN (and that sample's gradient NaN). */
-void SF_FN(sf_ref_xent)(const T *logits, const int32_t *labels, int n, int k, T *loss, T *dlogits,
-                        int *correct)
-{
-    T total = 0;
-    int right = 0;
-    for (int ni = 0; ni < n; ni++) {
-        const T *l = logits + (size_t)ni * k;
-        const int32_t lab = labels[ni];
-        const int valid = lab >= 0 && lab < k;
-        int arg = 0;
-        T m = l[0];
-        for (int j = 1; j < k; j++)
-            if (l[j] > m) {
-                m = l[j];
-                arg = j;
-            }
-        T sum = 0;
-        for (int j = 0; j < k; j++)
-            sum += SF_EXP(l[j] - m);
-        const T lse = m + SF_LOG(sum);
-        total += valid ? lse - l[lab] : (T)NAN;
-        right += valid && arg == lab;
-        if (dlogits) {
-            T *d = dlogits + (size_t)ni * k;
-            for (int j = 0; j < k; j++) {
-                const T p = SF_EXP(l[j] - lse);
-                d[j] = valid ? (p - (j == lab ? (T)1 : (T)0)) / (T)n : (T)NAN;
-            }
-        }
-    }
-    if (loss)
-        *loss = total / (T)n;
-    if (correct)
-        *correct = right;
-}
+#endif

@@ -1,5 +1,7 @@
-/* tests/unit/test_ref_layers.c — reference layers: gradients against central
- * finite differences (double), float against double, SGD by hand. */
+/* tests/unit/test_ref_conv_linear.c — the reference Conv2d, linear layer,
+ * ReLU, cross-entropy and SGD (gpu/ref/conv.c, linear.c, pointwise.c, loss.c,
+ * optimizer.c): gradients against central finite differences (double), float
+ * against double, SGD by hand. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>

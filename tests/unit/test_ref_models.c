@@ -1,6 +1,6 @@
-/* tests/unit/test_ref_w23_models.c — the W2/W3 model features through the
- * reference backend's vtable: a residual + batchnorm model's analytic gradient
- * against finite differences of the loss, AdamW and gradient accumulation on a
+/* tests/unit/test_ref_models.c — model features beyond a plain convolution
+ * chain, through the reference backend's vtable: a residual + batchnorm
+ * model's analytic gradient against finite differences of the loss, AdamW and gradient accumulation on a
  * learnable task, a segmentation model on a learnable per-pixel task, frozen
  * layers, and the batchnorm buffers. */
 #include <math.h>

@@ -1,4 +1,4 @@
-"""Checkpoints of the W2/W3 model features on the CPU reference backend:
+"""Checkpoints of models with batchnorm and AdamW on the CPU reference backend:
 batchnorm buffers (running_mean, running_var, num_batches_tracked) travel in the
 state_dict part under torchvision's names, AdamW's moments under optim.<p>.exp_avg
 and .exp_avg_sq; round trips and resume are bit-exact; a checkpoint of the other
@@ -16,7 +16,7 @@ from safetensors.numpy import save as st_save
 from test_checkpoint import (ckpt_files, error_of, get_ckpt, header_of, listing, model_step, put_ckpt,
                              tensors_of_header)
 
-# A small residual + batchnorm classifier (as in test_w23.py).
+# A small residual + batchnorm classifier (as in test_models.py).
 RES_SPEC = {
     "input": [3, 8, 8], "classes": 4, "layers": [
         {"type": "conv2d", "name": "conv1", "out": 4, "k": 3, "pad": 1, "bias": False},

@@ -1,5 +1,7 @@
-/* tests/gpu/test_backend_cuda.cu — the CUDA backend through its vtable against
- * the reference backend (gpu/ref/backend_ref.c).
+/* tests/gpu/test_backend.cu — the CUDA backend through its vtable against
+ * the reference backend (gpu/ref/backend_ref.c), on the convolution/linear
+ * models; tests/gpu/test_backend_models.cu does the same for batchnorm,
+ * residual, segmentation and AdamW models.
  *
  *  - Models: a reduced W1 (64x64 input, 6 down-sampling convs), the "tiny"
  *    preset (a flatten over 4x4 spatial: the NHWC transpose path), a mixed
@@ -11,16 +13,15 @@
  *    tf32 and in both activation layouts.
  *  - Events: one SLOT_FREE then one STEP_DONE per batch, each kind in
  *    submission order, monotone stage times, step counter.
- *  - overlap on/off and CUDA graphs on/off give the same parameters.
+ *  - overlap on/off and CUDA graphs on/off give the same parameters; with
+ *    overlap on, the seed-classifier's transforms start inside the previous step.
  *  - Checkpoint state: params + momentum + step count restored (same backend
  *    and a rebuilt one) continue training as if it had never stopped.
  *  - bench (the caching method) in its three modes leaves the training state
- *    bit-identical; on the seed-classifier it prints the diagnose figures.
+ *    bit-identical.
  *  - device_stats (NVML): valid and plausible, also from concurrent threads.
- *  - Throughput prints (not assertions): the seed-classifier at batch 32 on a
- *    device-cached batch (the step alone, sf_net_step), graphs on and off, per
- *    layout and precision, with a per-op profile; and through the vtable with
- *    H2D + augmentation of a host-cached batch, overlap and graphs on and off.
+ *  - describe(): one line per convolution plan and the device-memory line.
+ * Throughput is measured in bench/ (w1_cached, cached), not here.
  *
  * Prints "ok <case>" / "FAIL <case>: ..."; exits 1 on failure, 0 with
  * "SKIPPED: no CUDA device" without a GPU.
@@ -32,6 +33,7 @@ extern "C" {
 #include "../../gpu/rng.h"
 }
 
+#include <ctype.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -39,6 +41,7 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <string>
 #include <vector>
 
 #include "gpu_test.h"
@@ -350,123 +353,24 @@ static sf_train_cfg make_cfg(sf_precision prec, int max_batch, int overlap, int 
     return cfg;
 }
 
-/* ---- performance ------------------------------------------------------------- */
+/* ---- overlap ----------------------------------------------------------------- */
 
-/* The step alone on a device-cached batch (the model-only figure). */
-static void perf_device_cached(const sf_model &m, sf_layout lay, int tf32, int n, int fork, float momentum,
-                               int both_graph_modes, int profile)
-{
-    cudaStream_t s;
-    cudaStreamCreate(&s); /* blocking: the plain cudaMemcpy uploads below go through the legacy stream */
-    cudnnHandle_t dnn;
-    cublasHandle_t blas;
-    cudnnCreate(&dnn);
-    cublasCreate(&blas);
-    cudnnSetStream(dnn, s);
-    cublasSetStream(blas, s);
-    void *bws;
-    cudaMalloc(&bws, (size_t)32 << 20);
-    cublasSetWorkspace(blas, bws, (size_t)32 << 20);
-    const size_t in = (size_t)m.in_c * m.in_h * m.in_w;
-    float *x;
-    int32_t *lab;
-    sf_sgd_hyper *hyp;
-    sf_xent_out *res, *hres;
-    cudaMalloc(&x, sizeof(float) * n * in);
-    cudaMalloc(&lab, sizeof(int32_t) * n);
-    cudaMalloc(&hyp, sizeof *hyp);
-    cudaMalloc(&res, sizeof *res);
-    cudaHostAlloc(&hres, sizeof *hres, 0);
-    std::vector<int32_t> hl(n);
-    for (int i = 0; i < n; i++)
-        hl[i] = i % m.n_classes;
-    cudaMemcpy(lab, hl.data(), 4 * n, cudaMemcpyHostToDevice);
-    sf_sgd_hyper h = {1e-3f, momentum, 0.f, 0.f}; /* W1: SGD lr=1e-3 */
-    cudaMemcpy(hyp, &h, sizeof h, cudaMemcpyHostToDevice);
-    sf_net_io io;
-    io.x = x;
-    io.labels = lab;
-    io.hyper = hyp;
-    io.result = res;
-    io.h_result = hres;
-    sf_net_cfg nc;
-    memset(&nc, 0, sizeof nc);
-    nc.layout = lay;
-    nc.tf32 = tf32;
-    nc.max_batch = n;
-    nc.nbuf = 1;
-    nc.tune = 8;
-    nc.seed = 1;
-    nc.no_fork = !fork;
-    const char *ln = lay == SF_LAYOUT_NHWC ? "nhwc" : "nchw", *pn = tf32 ? "tf32" : "fp32";
-    sf_cuda_net *net = NULL;
-    uint64_t t0 = now_ns();
-    sf_cuda_fill_random(x, (size_t)n * in, 99, 1.f, s); /* the net's buffers exist once created */
-    if (sf_net_create(&net, &m, &nc, &io, dnn, blas, s)) {
-        fail("perf %s %s build: %s", ln, pn, sf_cuda_last_error());
-    } else {
-        double build_s = (now_ns() - t0) * 1e-9;
-        sf_cuda_fill_random(x, (size_t)n * in, 99, 1.f, s);
-        static char buf[16384];
-        for (int graph = 1; graph >= (both_graph_modes ? 0 : 1); graph--) {
-            int rc = 0;
-            for (int i = 0; i < 10 && !rc; i++)
-                rc = sf_net_step(net, 0, n, graph, 1);
-            cudaEvent_t e0, e1;
-            cudaEventCreate(&e0);
-            cudaEventCreate(&e1);
-            const int iters = 100;
-            cudaEventRecord(e0, s);
-            for (int i = 0; i < iters && !rc; i++)
-                rc = sf_net_step(net, 0, n, graph, 1);
-            cudaEventRecord(e1, s);
-            cudaError_t ce = cudaEventSynchronize(e1);
-            float ms = 0;
-            cudaEventElapsedTime(&ms, e0, e1);
-            if (rc || ce != cudaSuccess)
-                fail("perf %s %s graphs=%d: %s", ln, pn, graph, rc ? sf_cuda_last_error() : cudaGetErrorString(ce));
-            else
-                printf("perf seed-classifier batch %d device-cached step %s %s graphs=%d fork=%d momentum=%g: %.1f "
-                       "steps/s (%.3f ms/step; loss %.4f; build %.1f s)%s\n",
-                       n, ln, pn, graph, fork, momentum, 1000.0 * iters / ms, ms / iters, hres->loss, build_s,
-                       graph && sf_net_graph_error(net)[0] ? " [graph capture failed, eager]" : "");
-            cudaEventDestroy(e0);
-            cudaEventDestroy(e1);
-        }
-        if (profile) {
-            if (sf_net_profile(net, 0, n, buf, sizeof buf) == 0)
-                printf("profile %s %s fork=%d (eager, per op; with fork the side stream's work overlaps):\n%s", ln,
-                       pn, fork, buf);
-            sf_net_describe(net, n, buf, sizeof buf);
-            printf("plans %s %s:\n%s", ln, pn, buf);
-        }
-        sf_net_destroy(net);
-    }
-    cudaFree(x);
-    cudaFree(lab);
-    cudaFree(hyp);
-    cudaFree(res);
-    cudaFreeHost(hres);
-    cudaFree(bws);
-    cudnnDestroy(dnn);
-    cublasDestroy(blas);
-    cudaStreamDestroy(s);
-}
-
-/* Through the vtable: H2D + augmentation + step, the same host batch each time. */
-static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_precision prec, int overlap, int graphs)
+/* Through the vtable with overlap on: H2D + augmentation + step of the same
+ * host batch, submitted ahead. The event times show the transform of batch N+1
+ * starting inside the step of batch N. (Its throughput is measured by bench/,
+ * not here.) */
+static void overlap_check(sf_backend *be, const sf_model &m, batch_set &bs, sf_precision prec)
 {
     char err[300];
-    sf_train_cfg cfg = make_cfg(prec, bs.n, overlap, graphs);
+    const int overlap = 1;
+    sf_train_cfg cfg = make_cfg(prec, bs.n, overlap, 1);
     if (test_build(be, &m, &cfg, err, sizeof err)) {
-        fail("perf vtable build: %s", err);
+        fail("overlap build: %s", err);
         return;
     }
     const int maxin = be->i->max_inflight(be);
-    const int warm = 10, iters = 100;
+    const int warm = 5, iters = 40;
     int submitted = 0, done = 0, inflight = 0;
-    uint64_t t0 = 0;
-    double busy = 0;
     /* Overlap evidence from the event timings: the transform of batch N+1
      * starts before the step of batch N ends. */
     uint64_t prev_step_end = 0;
@@ -476,7 +380,7 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
             sf_batch b = bs.b[0];
             b.id = 1 + submitted;
             if (be->i->submit(be, &b, err, sizeof err)) {
-                fail("perf vtable submit: %s", err);
+                fail("overlap submit: %s", err);
                 return;
             }
             submitted++;
@@ -488,7 +392,7 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
             if (ev[i].kind != SF_EV_STEP_DONE)
                 continue;
             if (ev[i].status) {
-                fail("perf vtable step: %s", ev[i].err);
+                fail("overlap step: %s", ev[i].err);
                 return;
             }
             done++;
@@ -498,17 +402,9 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
                 overlapped += ev[i].t_transform_start_ns < prev_step_end;
             }
             prev_step_end = ev[i].t_step_end_ns;
-            if (done == warm)
-                t0 = now_ns();
-            if (done > warm)
-                busy += ev[i].step_s;
         }
     }
-    double sec = (now_ns() - t0) * 1e-9;
-    printf("perf seed-classifier batch %d vtable (H2D+augment+step, host-cached batch, default layout) %s overlap=%d graphs=%d: "
-           "%.1f steps/s (compute busy %.0f%%)\n",
-           bs.n, prec == SF_PREC_TF32 ? "tf32" : "fp32", overlap, graphs, iters / sec, 100.0 * busy / sec);
-    if (overlap && pairs) {
+    if (pairs) {
         /* Batches are submitted ahead (max_inflight > 1), so nearly every
          * transform should start while the previous step still runs. */
         if (overlapped * 2 > pairs)
@@ -516,9 +412,8 @@ static void perf_vtable(sf_backend *be, const sf_model &m, batch_set &bs, sf_pre
         else
             fail("overlap=1: transform of batch N+1 started inside the step of batch N in only %d of %d pairs",
                  overlapped, pairs);
-    } else if (!overlap && pairs) {
-        printf("overlap=0: transform of N+1 inside the step of N in %d of %d pairs (serial: expect 0)\n",
-               overlapped, pairs);
+    } else {
+        fail("overlap=1: no pair of consecutive steps with transform times in %d steps", done);
     }
 }
 
@@ -675,9 +570,7 @@ static void bench_reduced(sf_backend *be, const sf_model &m, batch_set &bs)
     if (run_steps(be, bs, 0, 2, &sc, r)) /* momentum in use, step count 2 */
         return;
     double rate[3] = {0, 0, 0};
-    if (bench_all_modes(be, m, bs.b[2], 2, 5, "reduced-W1 tf32 batch 8", rate) == 0)
-        printf("info reduced-W1 b%d bench: step-only %.1f, aug+step %.1f, h2d+aug+step %.1f steps/s\n", bs.n, rate[0],
-               rate[1], rate[2]);
+    bench_all_modes(be, m, bs.b[2], 2, 5, "reduced-W1 tf32 batch 8", rate);
     /* Training goes on from where it was: the next step is step 3. */
     run_out r2;
     if (run_steps(be, bs, 2, 3, &sc, r2) == 0 && r2.events_ok)
@@ -763,41 +656,84 @@ static void device_stats_check(sf_backend *be)
              sf_nvml_error());
 }
 
-/* The diagnose figures: the seed-classifier at batch 32, graphs + overlap on,
- * the backend's default layout, W1's augmentation and optimizer. A sampler
- * thread reads device_stats meanwhile. */
-static void diagnose_w1(sf_backend *be, const sf_model &w1, batch_set &b4, sf_precision prec)
+/* ---- describe ----------------------------------------------------------------- */
+
+/* describe() after a build: one line per convolution plan ("layer <i> conv2d
+ * ... fwd|dgrad|wgrad: engine ..."), forward and weight gradient for every
+ * convolution and the data gradient for all but the first (its input, the
+ * model's, needs no gradient), then the net's device-memory line and the
+ * device's. */
+static void describe_check(sf_backend *be, const sf_model &m, batch_set &bs)
 {
     char err[300];
-    sf_train_cfg cfg = make_cfg(prec, b4.n, 1, 1);
-    if (test_build(be, &w1, &cfg, err, sizeof err)) {
-        fail("diagnose build: %s", err);
+    sf_train_cfg cfg = make_cfg(SF_PREC_FP32, bs.n, 1, 1);
+    if (test_build(be, &m, &cfg, err, sizeof err)) {
+        fail("describe build: %s", err);
         return;
     }
-    run_out r;
-    uint64_t sc = 0;
-    if (run_steps(be, b4, 0, 1, &sc, r)) /* a real step first: step count 1 */
+    static char buf[16384];
+    buf[0] = '\0';
+    if (!be->i->describe || be->i->describe(be, buf, sizeof buf) != 0) {
+        fail("describe: the CUDA backend says nothing about its plan");
         return;
-    volatile int stop = 0;
-    stats_thread th;
-    memset(&th, 0, sizeof th);
-    th.be = be;
-    th.stop = &stop;
-    pthread_t tid;
-    pthread_create(&tid, NULL, stats_main, &th);
-    double rate[3] = {0, 0, 0};
-    int rc = bench_all_modes(be, w1, b4.b[0], 10, 60, prec == SF_PREC_TF32 ? "seed-classifier tf32 b32" : "seed-classifier fp32 b32", rate);
-    stop = 1;
-    pthread_join(tid, NULL);
-    if (rc == 0)
-        printf("diagnose W1 b%d%s: step-only %.1f, aug+step %.1f, h2d+aug+step %.1f steps/s\n", b4.n,
-               prec == SF_PREC_TF32 ? "" : " (fp32)", rate[0], rate[1], rate[2]);
-    printf("info device_stats sampled %d times during the bench (%d valid), max utilization %.2f, last: %.2f GiB used, "
-           "%.1f W\n", th.n, th.valid, th.max_util, th.last.memory_used_bytes / 1073741824.0, th.last.power_watts);
-    if (th.valid > 0 && stats_plausible(th.last))
-        ok("device_stats from a sampler thread during bench: plausible");
-    else if (th.n > 0)
-        fail("device_stats from a sampler thread: %d of %d valid", th.valid, th.n);
+    }
+    static const char *dn[3] = {"fwd", "dgrad", "wgrad"};
+    int want = 0, missing = 0, first_conv = -1;
+    for (int i = 0; i < m.n_layers; i++) {
+        if (m.layers[i].kind != SF_L_CONV2D)
+            continue;
+        if (first_conv < 0)
+            first_conv = i;
+        for (int d = 0; d < 3; d++) {
+            if (d == 1 && i == first_conv)
+                continue;
+            want++;
+            char key[64];
+            snprintf(key, sizeof key, "layer %d conv2d ", i);
+            int found = 0;
+            for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+                const char *nl = strchr(l, '\n');
+                std::string line(l, nl ? (size_t)(nl - l) : strlen(l));
+                if (line.compare(0, strlen(key), key) == 0 && line.find(std::string(" ") + dn[d]) != std::string::npos &&
+                    line.find(": engine ") != std::string::npos)
+                    found = 1;
+            }
+            if (!found) {
+                missing++;
+                fail("describe: no %s plan line for conv layer %d", dn[d], i);
+            }
+        }
+    }
+    int plan_lines = 0, mem_line = 0, dev_line = 0;
+    size_t mem = 0;
+    for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        if (strncmp(l, "layer ", 6) == 0)
+            plan_lines++;
+        /* "batch <n>, ... <bytes> B of device memory ...": the first byte
+         * count on the line is what the net holds (the wording around it is
+         * the executor's to change) */
+        int nb = 0;
+        const char *nl = strchr(l, '\n'), *dm = strstr(l, "device memory");
+        if (sscanf(l, "batch %d,", &nb) == 1 && nb == bs.n && dm && (!nl || dm < nl)) {
+            size_t v = 0;
+            const char *end = nl ? nl : l + strlen(l);
+            for (const char *q = l; q < end && !v; q++)
+                if (isdigit((unsigned char)*q) && (q == l || !isdigit((unsigned char)q[-1])) &&
+                    strncmp(q + strspn(q, "0123456789"), " B", 2) == 0)
+                    v = strtoull(q, NULL, 10);
+            if (v > 0) {
+                mem = v;
+                mem_line++;
+            }
+        }
+        if (strncmp(l, "device: ", 8) == 0)
+            dev_line++;
+    }
+    if (!missing && plan_lines == want && mem_line == 1 && dev_line == 1)
+        ok("describe: %d plan lines (one per convolution plan), the net's device memory (%zu B) and the device's", want, mem);
+    else
+        fail("describe: %d plan lines for %d plans, %d net memory lines, %d device lines:\n%s", plan_lines, want, mem_line,
+             dev_line, buf);
 }
 
 /* ---- main -------------------------------------------------------------------- */
@@ -808,16 +744,6 @@ int main(int argc, char **argv)
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         printf("SKIPPED: no CUDA device\n");
         return 0;
-    }
-    const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    if (argc > 1 && strcmp(argv[1], "--perf-only") == 0) {
-        /* The W1 step alone, for comparing engine choices. */
-        sf_model w1;
-        char e[200];
-        if (sf_model_from_preset("seed-classifier", &w1, e, sizeof e))
-            return 1;
-        perf_device_cached(w1, SF_LAYOUT_NHWC, 1, 32, 1, 0.f, 0, 1);
-        return g_fail ? 1 : 0;
     }
     char err[300];
     sf_backend *cu = sf_backend_cuda_new(0, err, sizeof err);
@@ -1062,30 +988,20 @@ int main(int argc, char **argv)
         free_batches(cu, b3);
     }
 
-    /* 6. throughput (prints, not assertions) */
-    if (!quick) {
-        const int n = 32;
-        perf_device_cached(w1, SF_LAYOUT_NHWC, 1, n, 1, 0.f, 1, 1);
-        perf_device_cached(w1, SF_LAYOUT_NHWC, 1, n, 0, 0.f, 0, 0);
-        perf_device_cached(w1, SF_LAYOUT_NHWC, 1, n, 1, 0.9f, 0, 0);
-        perf_device_cached(w1, SF_LAYOUT_NCHW, 1, n, 1, 0.f, 1, 0);
-        perf_device_cached(w1, SF_LAYOUT_NCHW, 0, n, 1, 0.f, 1, 1);
-        perf_device_cached(w1, SF_LAYOUT_NHWC, 0, n, 1, 0.f, 0, 0);
+    /* 6. overlap on the seed-classifier at W1's batch size: transforms run
+     * inside the previous step */
+    {
         batch_set b4;
-        if (make_batches(cu, b4, AUG_W1, 1, n, 256, 256, 3, 10, 31) == 0) {
-            for (auto &b : b4.b) {
-                b.hyper.lr = 1e-3f; /* W1's optimizer: SGD lr=1e-3 */
-                b.hyper.momentum = 0.f;
-                b.hyper.weight_decay = 0.f;
-            }
+        if (make_batches(cu, b4, AUG_W1, 1, 32, 256, 256, 3, 10, 31) == 0) {
             g_layout = SF_ACT_LAYOUT_AUTO; /* the backend's default per precision */
-            for (int v = 0; v < 4; v++)
-                perf_vtable(cu, w1, b4, SF_PREC_TF32, !(v & 1), !(v & 2));
-            perf_vtable(cu, w1, b4, SF_PREC_FP32, 1, 1);
-            diagnose_w1(cu, w1, b4, SF_PREC_TF32);
+            overlap_check(cu, w1, b4, SF_PREC_TF32);
+            g_layout = SF_ACT_LAYOUT_NHWC;
             free_batches(cu, b4);
         }
     }
+
+    /* 7. describe(): the plan as GET /v1/model shows it */
+    describe_check(cu, rw1, bs);
 
     if (cu->i->health(cu, err, sizeof err) != 0)
         fail("health after the run: %s", err);
@@ -1094,6 +1010,6 @@ int main(int argc, char **argv)
     free_batches(cu, bs);
     cu->i->destroy(cu);
     ref->i->destroy(ref);
-    printf("test_backend_cuda: %d ok, %d failed\n", g_ok, g_fail);
+    printf("test_backend: %d ok, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -1,0 +1,954 @@
+/* gpu/cuda/batchnorm.cu — kernels first, then launchers: per-channel partial
+ * sums in double over fixed chunks, their fixed-order combination, and the
+ * normalisation and its backward; an NHWC row path in 16-byte vectors for bf16.
+ * Contracts in batchnorm.h. */
+#include "batchnorm.h"
+
+#include "kernel_common.cuh"
+
+/* ======================================================================== */
+/* kernels                                                                  */
+/* ======================================================================== */
+
+/* The channel of element e (e a multiple of V when V > 1). */
+__device__ __forceinline__ int bn_chan(unsigned e, int C, unsigned hw, int nhwc)
+{
+    return nhwc ? (int)(e % (unsigned)C) : (int)((e / hw) % (unsigned)C);
+}
+
+/* Per-channel statistics over an NCHW tensor, pass 1. Block (c, chunk) covers
+ * the flattened (sample, spatial) range [chunk*L, chunk*L + L) of channel c.
+ * mode 0 (forward): a = sum(x - shift), b = sum((x - shift)^2), shift = x's
+ * first element of the channel. mode 1 (backward): a = sum(g), b = sum(g * (x -
+ * mean)), g = dy masked by y > 0 when y is given. part[chunk][c][2].
+ * V = 4 (fp32) or 8 (bf16) elements of one channel a load, or 1. fp32 adds
+ * every value to the double sums; bf16 first sums a vector's 8 values in fp32
+ * (exact enough for 8-bit data, and 8 times fewer conversions to double). */
+template <typename T, int V>
+__global__ void k_bn_part_nchw(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
+                               const float *__restrict__ mean, int C, size_t hw, size_t E, size_t L, int mode,
+                               double *__restrict__ part)
+{
+    constexpr bool F32SUM = sizeof(T) == 2 && V > 1;
+    const int c = blockIdx.x;
+    const size_t e0 = (size_t)blockIdx.y * L;
+    const size_t e1 = e0 + L < E ? e0 + L : E;
+    const float sh = mode == 0 ? cu_f(x[(size_t)c * hw]) : mean[c];
+    double a = 0.0, b = 0.0;
+    /* 32-bit index arithmetic: the launchers keep tensors under 2^32 elements */
+    const unsigned hw32 = (unsigned)hw;
+    for (unsigned e = (unsigned)e0 + threadIdx.x * V; e < (unsigned)e1; e += blockDim.x * V) {
+        const unsigned ni = e / hw32, sp = e - ni * hw32;
+        const size_t off = ((size_t)ni * C + c) * hw + sp;
+        float xs[V];
+        cu_ld<T, V>(x + off, xs);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            xs[j] = xs[j] - sh;
+        if (mode == 0) {
+            if constexpr (F32SUM) {
+                float sa = 0.f, sb = 0.f;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    sa += xs[j];
+                    sb += xs[j] * xs[j];
+                }
+                a += (double)sa;
+                b += (double)sb;
+            } else {
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    a += (double)xs[j];
+                    b += (double)xs[j] * (double)xs[j];
+                }
+            }
+        } else {
+            float g[V];
+            cu_ld<T, V>(dy + off, g);
+            if (y) {
+                float yv[V];
+                cu_ld<T, V>(y + off, yv);
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    g[j] = yv[j] > 0.f ? g[j] : 0.f;
+            }
+            if constexpr (F32SUM) {
+                float sa = 0.f, sb = 0.f;
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    sa += g[j];
+                    sb += g[j] * xs[j];
+                }
+                a += (double)sa;
+                b += (double)sb;
+            } else {
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    a += (double)g[j];
+                    b += (double)g[j] * (double)xs[j];
+                }
+            }
+        }
+    }
+    block_sum2(a, b);
+    if (threadIdx.x == 0) {
+        double *o = part + ((size_t)blockIdx.y * C + c) * 2;
+        o[0] = a;
+        o[1] = b;
+    }
+}
+
+/* The same over NHWC, viewed as rows [R, C]. A block covers G channel groups
+ * of V channels and the row range [chunk*rpc, +rpc), RS = blockDim/G rows at a
+ * time, so a warp reads consecutive addresses. (bf16 with C % 8 == 0 and
+ * aligned tensors takes k_bn_part_rows instead.) */
+template <typename T, int V>
+__global__ void k_bn_part_nhwc(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
+                               const float *__restrict__ mean, int C, size_t R, size_t rpc, int mode,
+                               double *__restrict__ part)
+{
+    extern __shared__ double shd[];
+    const int Cv = C / V;
+    const int G = Cv < CU_TPB ? Cv : CU_TPB;
+    const int RS = blockDim.x / G;
+    const int tid = threadIdx.x, g = tid % G, rl = tid / G;
+    const int cg = blockIdx.x * G + g;
+    const size_t r0 = (size_t)blockIdx.y * rpc;
+    const size_t r1 = r0 + rpc < R ? r0 + rpc : R;
+    double a[V], b[V];
+    float sh[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        a[v] = 0.0;
+        b[v] = 0.0;
+        sh[v] = 0.f;
+    }
+    if (cg < Cv && rl < RS) {
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            sh[v] = mode == 0 ? cu_f(x[cg * V + v]) : mean[cg * V + v];
+        for (size_t r = r0 + rl; r < r1; r += RS) {
+            const size_t off = r * (size_t)C + (size_t)cg * V;
+            float xs[V], gs[V];
+            cu_ld<T, V>(x + off, xs);
+            if (mode == 1) {
+                cu_ld<T, V>(dy + off, gs);
+                if (y) {
+                    float yv[V];
+                    cu_ld<T, V>(y + off, yv);
+#pragma unroll
+                    for (int v = 0; v < V; v++)
+                        gs[v] = yv[v] > 0.f ? gs[v] : 0.f;
+                }
+            }
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                const float d = xs[v] - sh[v];
+                if (mode == 0) {
+                    a[v] += (double)d;
+                    b[v] += (double)d * (double)d;
+                } else {
+                    a[v] += (double)gs[v];
+                    b[v] += (double)gs[v] * (double)d;
+                }
+            }
+        }
+    }
+    /* shd[(rl*G + g)*V + v][2] */
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        shd[(tid * V + v) * 2] = a[v];
+        shd[(tid * V + v) * 2 + 1] = b[v];
+    }
+    __syncthreads();
+    for (int t = tid; t < G * V; t += blockDim.x) {
+        const int gg = t / V, v = t % V;
+        double sa = 0.0, sb = 0.0;
+        for (int k = 0; k < RS; k++) {
+            sa += shd[((k * G + gg) * V + v) * 2];
+            sb += shd[((k * G + gg) * V + v) * 2 + 1];
+        }
+        const int cgg = blockIdx.x * G + gg;
+        if (cgg < Cv) {
+            double *o = part + ((size_t)blockIdx.y * C + (size_t)cgg * V + v) * 2;
+            o[0] = sa;
+            o[1] = sb;
+        }
+    }
+}
+
+/* Channel c's forward statistics from its sums a = sum(x - shift), b =
+ * sum((x - shift)^2) over cnt values. */
+template <typename T>
+__device__ __forceinline__ void bn_stats_out(int c, double a, double b, double cnt, const T *__restrict__ x,
+                                             size_t shift_stride, float eps, float momentum,
+                                             float *__restrict__ rmean, float *__restrict__ rvar,
+                                             float *__restrict__ smean, float *__restrict__ sinv)
+{
+    const double sh = (double)cu_f(x[(size_t)c * shift_stride]);
+    const double dm = a / cnt;
+    double var = b / cnt - dm * dm;
+    if (var < 0.0)
+        var = 0.0;
+    const double mean = sh + dm;
+    smean[c] = (float)mean;
+    sinv[c] = (float)(1.0 / sqrt(var + (double)eps));
+    const double m = (double)momentum;
+    rmean[c] = (float)((1.0 - m) * (double)rmean[c] + m * mean);
+    rvar[c] = (float)((1.0 - m) * (double)rvar[c] + m * var * cnt / (cnt - 1.0));
+}
+
+/* Backward: dbeta, dgamma and the coefficients of dx:
+ * dx = k1 * (g - m1 - (x - mean) * k2), k1 = gamma*invstd, m1 = sum(g)/N,
+ * k2 = sum(g*(x-mean)) * invstd^2 / N. coef[c][3]. */
+__device__ __forceinline__ void bn_bwd_out(int c, double a, double b, double cnt, const float *__restrict__ gamma,
+                                           const float *__restrict__ sinv, float *__restrict__ dgamma,
+                                           float *__restrict__ dbeta, float *__restrict__ coef)
+{
+    const double inv = (double)sinv[c];
+    dbeta[c] = (float)a;
+    dgamma[c] = (float)(b * inv);
+    coef[c * 3 + 0] = (float)((double)gamma[c] * inv);
+    coef[c * 3 + 1] = (float)(a / cnt);
+    coef[c * 3 + 2] = (float)(b * inv * inv / cnt);
+}
+
+/* Forward statistics, pass 2 (fp32): a thread per channel sums the chunks in order. */
+__global__ void k_bn_stats_final(const double *__restrict__ part, int nchunks, int C, double cnt,
+                                 const float *__restrict__ x, size_t shift_stride, float eps,
+                                 float momentum, float *__restrict__ rmean, float *__restrict__ rvar,
+                                 float *__restrict__ smean, float *__restrict__ sinv)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    double a = 0.0, b = 0.0;
+    for (int k = 0; k < nchunks; k++) {
+        a += part[((size_t)k * C + c) * 2];
+        b += part[((size_t)k * C + c) * 2 + 1];
+    }
+    bn_stats_out<float>(c, a, b, cnt, x, shift_stride, eps, momentum, rmean, rvar, smean, sinv);
+}
+
+/* Backward, pass 2 (fp32): as k_bn_stats_final, then bn_bwd_out. */
+__global__ void k_bn_bwd_final(const double *__restrict__ part, int nchunks, int C, double cnt,
+                               const float *__restrict__ gamma, const float *__restrict__ sinv,
+                               float *__restrict__ dgamma, float *__restrict__ dbeta,
+                               float *__restrict__ coef)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    double a = 0.0, b = 0.0;
+    for (int k = 0; k < nchunks; k++) {
+        a += part[((size_t)k * C + c) * 2];
+        b += part[((size_t)k * C + c) * 2 + 1];
+    }
+    bn_bwd_out(c, a, b, cnt, gamma, sinv, dgamma, dbeta, coef);
+}
+
+/* Pass 2 of the bf16 paths: a warp per channel; lane l sums the partials
+ * l, l+32, ... in order, then a fixed shuffle tree (deterministic, and
+ * parallel where the fp32 kernels above walk up to 1024 chunks serially).
+ * Channel c's partial k is part[(c*cs + k*ks)*2]. MODE 0: statistics (x:
+ * the shift); 1: the backward's (sinv_in: the saved invstd). */
+template <typename T, int MODE>
+__global__ void k_bn_final_tree(const double *__restrict__ part, size_t cs, size_t ks, int nchunks, int C,
+                                double cnt, const T *__restrict__ x, size_t shift_stride, float eps,
+                                float momentum, float *__restrict__ rmean, float *__restrict__ rvar,
+                                float *__restrict__ smean, float *__restrict__ sinv,
+                                const float *__restrict__ gamma, const float *__restrict__ sinv_in,
+                                float *__restrict__ dgamma, float *__restrict__ dbeta, float *__restrict__ coef)
+{
+    const int lane = threadIdx.x & 31;
+    const int c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (c >= C)
+        return; /* the whole warp */
+    double a = 0.0, b = 0.0;
+    for (int k = lane; k < nchunks; k += 32) {
+        const double *p = part + ((size_t)c * cs + (size_t)k * ks) * 2;
+        a += p[0];
+        b += p[1];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, o);
+        b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+    if (lane == 0) {
+        if constexpr (MODE == 0)
+            bn_stats_out<T>(c, a, b, cnt, x, shift_stride, eps, momentum, rmean, rvar, smean, sinv);
+        else
+            bn_bwd_out(c, a, b, cnt, gamma, sinv_in, dgamma, dbeta, coef);
+    }
+}
+
+/* y = act(((x - mean) * invstd) * gamma + beta), elementwise; V > 1 when the
+ * V elements share a channel (NCHW, hw % V == 0) or are V consecutive
+ * channels (NHWC, C % V == 0). eval: mean/invstd from the running stats. */
+template <typename T, int V>
+__global__ void k_bn_apply(const T *__restrict__ x, size_t nvec, int C, size_t hw, int nhwc,
+                           const float *__restrict__ mean, const float *__restrict__ sinv,
+                           const float *__restrict__ rvar, float eps, const float *__restrict__ gamma,
+                           const float *__restrict__ beta, int relu, T *__restrict__ y)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nvec)
+        return;
+    const size_t e = i * V;
+    const int c0 = bn_chan((unsigned)e, C, (unsigned)hw, nhwc);
+    float xv[V];
+    cu_ld<T, V>(x + e, xv);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int c = (nhwc && V > 1) ? c0 + v : c0;
+        const float inv = rvar ? 1.f / sqrtf(rvar[c] + eps) : sinv[c];
+        float o = ((xv[v] - mean[c]) * inv) * gamma[c] + beta[c];
+        if (relu)
+            o = o > 0.f ? o : 0.f;
+        xv[v] = o;
+    }
+    cu_st<T, V>(y + e, xv);
+}
+
+/* dx = k1 * (g - m1 - (x - mean) * k2), g = dy masked by y > 0 when y. */
+template <typename T, int V>
+__global__ void k_bn_dx(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y, size_t nvec,
+                        int C, size_t hw, int nhwc, const float *__restrict__ mean, const float *__restrict__ coef,
+                        T *__restrict__ dx)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nvec)
+        return;
+    const size_t e = i * V;
+    const int c0 = bn_chan((unsigned)e, C, (unsigned)hw, nhwc);
+    float xv[V], gv[V];
+    cu_ld<T, V>(x + e, xv);
+    cu_ld<T, V>(dy + e, gv);
+    if (y) {
+        float yv[V];
+        cu_ld<T, V>(y + e, yv);
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            gv[v] = yv[v] > 0.f ? gv[v] : 0.f;
+    }
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int c = (nhwc && V > 1) ? c0 + v : c0;
+        const float k1 = coef[c * 3], m1 = coef[c * 3 + 1], k2 = coef[c * 3 + 2];
+        xv[v] = k1 * (gv[v] - m1 - (xv[v] - mean[c]) * k2);
+    }
+    cu_st<T, V>(dx + e, xv);
+}
+
+/* ---- batchnorm over NHWC rows in 16-byte vectors (the bf16 path) ------------ *
+ * Rows [R, C], C % V == 0 (V = 16/sizeof(T) channels a thread), tensors
+ * 16-byte aligned. A block is G threads across channel vectors (G = the lowest
+ * set bit of C/V, at most 16: a power of two dividing C/V and 32) by
+ * RS = 256/G rows; blockIdx.y picks the block's G channel vectors. A thread
+ * keeps its channels' parameters in registers and walks rows, so every load is
+ * a full 16-byte vector and a warp reads whole cache lines. */
+
+template <typename T> __device__ __forceinline__ uint4 ldrow(const T *p, size_t r, int C)
+{
+    return *reinterpret_cast<const uint4 *>(p + r * (size_t)C);
+}
+
+/* Pass 1 (MODE 0: forward statistics, 1: backward sums; as k_bn_part_nhwc).
+ * Block (chunk, channel block) covers rows [chunk*L, +L). A thread loads U
+ * rows, sums their values in fp32 and adds that into double accumulators
+ * (bf16 data: the fp32 sum of U values is exact to ~1e-6 relative, and it
+ * spares the double conversions, which run at a quarter of the fp32 rate).
+ * Then a fixed shuffle tree over a warp's rows, and warp order through shared
+ * memory. part[c][chunk][2]. */
+template <typename T, int MODE>
+__global__ void __launch_bounds__(CU_TPB)
+    k_bn_part_rows(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
+                   const float *__restrict__ mean, int C, int G, size_t R, size_t L, int nchunks,
+                   double *__restrict__ part)
+{
+    constexpr int V = 16 / sizeof(T);
+    constexpr int U = MODE == 0 ? 8 : 4;
+    __shared__ double red[CU_TPB / 32][16 * V * 2];
+    const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
+    const int c0 = (blockIdx.y * G + g) * V;
+    const size_t r0 = (size_t)blockIdx.x * L;
+    const size_t r1 = r0 + L < R ? r0 + L : R;
+    const T *xp = x + c0;
+    const T *dp = MODE == 1 ? dy + c0 : NULL;
+    const T *yp = y ? y + c0 : NULL;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    /* MODE 0: rows past the chunk read as the shift row, so they add 0 */
+    uint4 pad = zero;
+    float sh[V];
+    if constexpr (MODE == 0) {
+        pad = ldrow(xp, 0, C);
+        cu_unpack<T>(pad, sh);
+    } else {
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            sh[v] = mean[c0 + v];
+    }
+    double da[V], db[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        da[v] = 0.0;
+        db[v] = 0.0;
+    }
+    for (size_t r = r0 + rl; r < r1; r += (size_t)RS * U) {
+        /* every load issued before any is used: rows past the chunk load
+         * row r (in range) and are replaced by `pad` / zero afterwards */
+        uint4 rx[U], rg[U], ry[U];
+        bool in[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const size_t rr = r + (size_t)u * RS;
+            in[u] = rr < r1;
+            const size_t rc = in[u] ? rr : r;
+            rx[u] = ldrow(xp, rc, C);
+            if constexpr (MODE == 1) {
+                rg[u] = ldrow(dp, rc, C);
+                ry[u] = yp ? ldrow(yp, rc, C) : zero;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (!in[u]) {
+                rx[u] = pad;
+                rg[u] = zero;
+                ry[u] = zero;
+            }
+        float fa[V], fb[V];
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            fa[v] = 0.f;
+            fb[v] = 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float xv[V];
+            cu_unpack<T>(rx[u], xv);
+            if constexpr (MODE == 0) {
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    const float d = xv[v] - sh[v];
+                    fa[v] += d;
+                    fb[v] += d * d;
+                }
+            } else {
+                float gv[V];
+                cu_unpack<T>(rg[u], gv);
+                if (yp) {
+                    float yv[V];
+                    cu_unpack<T>(ry[u], yv);
+#pragma unroll
+                    for (int v = 0; v < V; v++)
+                        gv[v] = yv[v] > 0.f ? gv[v] : 0.f;
+                }
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    fa[v] += gv[v];
+                    fb[v] += gv[v] * (xv[v] - sh[v]);
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            da[v] += (double)fa[v];
+            db[v] += (double)fb[v];
+        }
+    }
+    /* lanes l, l+G, l+2G, ... of a warp hold the same channels */
+    for (int o = 16; o >= G; o >>= 1) {
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            da[v] += __shfl_down_sync(0xffffffffu, da[v], o);
+            db[v] += __shfl_down_sync(0xffffffffu, db[v], o);
+        }
+    }
+    const int lane = tid & 31, warp = tid >> 5;
+    if (lane < G) {
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            red[warp][(lane * V + v) * 2] = da[v];
+            red[warp][(lane * V + v) * 2 + 1] = db[v];
+        }
+    }
+    __syncthreads();
+    if (tid < G * V) {
+        double a = 0.0, b = 0.0;
+        for (int w = 0; w < CU_TPB / 32; w++) {
+            a += red[w][tid * 2];
+            b += red[w][tid * 2 + 1];
+        }
+        const size_t c = (size_t)blockIdx.y * G * V + tid; /* (blockIdx.y*G + tid/V)*V + tid%V */
+        double *o = part + (c * (size_t)nchunks + blockIdx.x) * 2;
+        o[0] = a;
+        o[1] = b;
+    }
+}
+
+/* Forward apply over rows (train: mean/sinv; eval: mean = running mean,
+ * invstd from rvar), as k_bn_apply. Grid (row blocks, C/V/G); grid-stride over
+ * rows, CU_UNROLL rows loaded before any is stored. */
+template <typename T>
+__global__ void __launch_bounds__(CU_TPB)
+    k_bn_apply_rows(const T *__restrict__ x, size_t R, int C, int G, const float *__restrict__ mean,
+                    const float *__restrict__ sinv, const float *__restrict__ rvar, float eps,
+                    const float *__restrict__ gamma, const float *__restrict__ beta, int relu, T *__restrict__ y)
+{
+    constexpr int V = 16 / sizeof(T);
+    const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
+    const int c0 = (blockIdx.y * G + g) * V;
+    float mu[V], iv[V], ga[V], be[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int c = c0 + v;
+        mu[v] = mean[c];
+        iv[v] = rvar ? 1.f / sqrtf(rvar[c] + eps) : sinv[c];
+        ga[v] = gamma[c];
+        be[v] = beta[c];
+    }
+    const T *xp = x + c0;
+    T *yp = y + c0;
+    const size_t step = (size_t)gridDim.x * RS;
+    size_t r = (size_t)blockIdx.x * RS + rl;
+    for (; r + (CU_UNROLL - 1) * step < R; r += CU_UNROLL * step) {
+        uint4 raw[CU_UNROLL];
+#pragma unroll
+        for (int q = 0; q < CU_UNROLL; q++)
+            raw[q] = ldrow(xp, r + q * step, C);
+#pragma unroll
+        for (int q = 0; q < CU_UNROLL; q++) {
+            float v[V];
+            cu_unpack<T>(raw[q], v);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                float o = ((v[j] - mu[j]) * iv[j]) * ga[j] + be[j];
+                v[j] = relu ? (o > 0.f ? o : 0.f) : o;
+            }
+            *reinterpret_cast<uint4 *>(yp + (r + q * step) * (size_t)C) = cu_pack<T>(v);
+        }
+    }
+    for (; r < R; r += step) {
+        float v[V];
+        cu_unpack<T>(ldrow(xp, r, C), v);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float o = ((v[j] - mu[j]) * iv[j]) * ga[j] + be[j];
+            v[j] = relu ? (o > 0.f ? o : 0.f) : o;
+        }
+        *reinterpret_cast<uint4 *>(yp + r * (size_t)C) = cu_pack<T>(v);
+    }
+}
+
+/* Backward dx over rows, as k_bn_dx. */
+template <typename T>
+__global__ void __launch_bounds__(CU_TPB)
+    k_bn_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y, size_t R, int C,
+                 int G, const float *__restrict__ mean, const float *__restrict__ coef, T *__restrict__ dx)
+{
+    constexpr int V = 16 / sizeof(T);
+    const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
+    const int c0 = (blockIdx.y * G + g) * V;
+    float mu[V], k1[V], m1[V], k2[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int c = c0 + v;
+        mu[v] = mean[c];
+        k1[v] = coef[c * 3];
+        m1[v] = coef[c * 3 + 1];
+        k2[v] = coef[c * 3 + 2];
+    }
+    const T *xp = x + c0, *dp = dy + c0, *yp = y ? y + c0 : NULL;
+    T *op = dx + c0;
+    const size_t step = (size_t)gridDim.x * RS;
+    size_t r = (size_t)blockIdx.x * RS + rl;
+    for (; r + (CU_UNROLL - 1) * step < R; r += CU_UNROLL * step) {
+        uint4 rx[CU_UNROLL], rg[CU_UNROLL], ry[CU_UNROLL];
+#pragma unroll
+        for (int q = 0; q < CU_UNROLL; q++) {
+            rx[q] = ldrow(xp, r + q * step, C);
+            rg[q] = ldrow(dp, r + q * step, C);
+            if (yp)
+                ry[q] = ldrow(yp, r + q * step, C);
+        }
+#pragma unroll
+        for (int q = 0; q < CU_UNROLL; q++) {
+            float xv[V], gv[V];
+            cu_unpack<T>(rx[q], xv);
+            cu_unpack<T>(rg[q], gv);
+            if (yp) {
+                float yv[V];
+                cu_unpack<T>(ry[q], yv);
+#pragma unroll
+                for (int j = 0; j < V; j++)
+                    gv[j] = yv[j] > 0.f ? gv[j] : 0.f;
+            }
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                xv[j] = k1[j] * (gv[j] - m1[j] - (xv[j] - mu[j]) * k2[j]);
+            *reinterpret_cast<uint4 *>(op + (r + q * step) * (size_t)C) = cu_pack<T>(xv);
+        }
+    }
+    for (; r < R; r += step) {
+        float xv[V], gv[V];
+        cu_unpack<T>(ldrow(xp, r, C), xv);
+        cu_unpack<T>(ldrow(dp, r, C), gv);
+        if (yp) {
+            float yv[V];
+            cu_unpack<T>(ldrow(yp, r, C), yv);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                gv[j] = yv[j] > 0.f ? gv[j] : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            xv[j] = k1[j] * (gv[j] - m1[j] - (xv[j] - mu[j]) * k2[j]);
+        *reinterpret_cast<uint4 *>(op + r * (size_t)C) = cu_pack<T>(xv);
+    }
+}
+
+/* ======================================================================== */
+/* launchers                                                                */
+/* ======================================================================== */
+
+/* The chunking of the per-channel reductions: a function of the shape only. */
+typedef struct bn_plan {
+    int nhwc;
+    size_t hw, E;     /* E = n*h*w elements per channel (= rows R for NHWC) */
+    int nchunks;
+    size_t L;         /* NCHW: elements per chunk (a multiple of 4); NHWC: rows per chunk */
+} bn_plan;
+
+static bn_plan bn_plan_of(int n, int c, int h, int w, sf_layout lay)
+{
+    bn_plan p;
+    p.nhwc = lay == SF_LAYOUT_NHWC;
+    p.hw = (size_t)h * w;
+    p.E = (size_t)n * p.hw;
+    if (!p.nhwc) {
+        size_t want = cu_cdiv(CU_RED_BLOCKS, (size_t)c);
+        const size_t most = cu_cdiv(p.E, 2048); /* at least 2048 elements a block */
+        if (want > most)
+            want = most;
+        if (want < 1)
+            want = 1;
+        p.L = (cu_cdiv(p.E, want) + 3) & ~(size_t)3;
+        p.nchunks = (int)cu_cdiv(p.E, p.L);
+    } else {
+        const size_t gx = cu_cdiv((size_t)c, 4 * CU_TPB); /* blocks across channels */
+        size_t want = cu_cdiv(CU_RED_BLOCKS, gx);
+        const size_t most = cu_cdiv(p.E, 64); /* at least 64 rows a block */
+        if (want > most)
+            want = most;
+        if (want < 1)
+            want = 1;
+        p.L = cu_cdiv(p.E, want);
+        p.nchunks = (int)cu_cdiv(p.E, p.L);
+    }
+    return p;
+}
+
+/* The bf16 plan: never more chunks than the fp32 plan of the shape (whose
+ * partials sf_cuda_bn_scratch_bytes sizes). NCHW chunks hold whole 16-byte
+ * vectors (a multiple of 8 elements); the NHWC row kernels (rows) take at
+ * least 128 rows a chunk, so the partials stay a few percent of the data. */
+static void bn_plan_bf16(bn_plan *p, int rows)
+{
+    if (!p->nhwc)
+        p->L = (p->L + 7) & ~(size_t)7;
+    else if (rows && p->L < 128)
+        p->L = 128;
+    p->nchunks = (int)cu_cdiv(p->E, p->L);
+}
+
+extern "C" size_t sf_cuda_bn_scratch_bytes(int n, int c, int h, int w, sf_layout lay)
+{
+    const bn_plan p = bn_plan_of(n, c, h, w, lay);
+    /* partials [nchunks][c][2] doubles, then coef [c][3] floats */
+    return sizeof(double) * 2 * (size_t)p.nchunks * c + sizeof(float) * 3 * (size_t)c + 16;
+}
+
+static int bn_check(const char *fn, int n, int c, int h, int w)
+{
+    if (n < 1 || c < 1 || h < 1 || w < 1 || (double)n * c * h * w >= 4294967296.0) {
+        sf_cuda_set_error("%s:%d: %s: n=%d c=%d h=%d w=%d", __FILE__, __LINE__, fn, n, c, h, w);
+        return -1;
+    }
+    return 0;
+}
+
+/* Launches pass 1 of a per-channel reduction (mode 0 forward, 1 backward)
+ * with the generic kernels: part[chunk][c]. */
+template <typename T>
+static int bn_partials(const bn_plan &p, const T *x, const T *dy, const T *y, const float *mean, int c, int mode,
+                       double *part, cudaStream_t s)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    const int al = cu_al16(x) && (mode == 0 || (cu_al16(dy) && (!y || cu_al16(y))));
+    if (!p.nhwc) {
+        dim3 grid((unsigned)c, (unsigned)p.nchunks);
+        if (p.hw % VEC == 0 && al)
+            k_bn_part_nchw<T, VEC><<<grid, CU_TPB, 0, s>>>(x, dy, y, mean, c, p.hw, p.E, p.L, mode, part);
+        else
+            k_bn_part_nchw<T, 1><<<grid, CU_TPB, 0, s>>>(x, dy, y, mean, c, p.hw, p.E, p.L, mode, part);
+    } else {
+        /* fp32: 4 channels a thread when they fit; bf16 comes here only
+         * when the row kernels cannot take it, one channel a thread */
+        const int V = (sizeof(T) == 4 && c % 4 == 0 && al) ? 4 : 1;
+        const int Cv = c / V;
+        const int G = Cv < CU_TPB ? Cv : CU_TPB;
+        const int RS = CU_TPB / G;
+        dim3 grid((unsigned)((Cv + G - 1) / G), (unsigned)p.nchunks);
+        const unsigned threads = (unsigned)(G * RS);
+        const size_t shm = sizeof(double) * 2 * threads * V;
+        if constexpr (sizeof(T) == 4) {
+            if (V == 4) {
+                k_bn_part_nhwc<T, 4><<<grid, threads, shm, s>>>(x, dy, y, mean, c, p.E, p.L, mode, part);
+                SF_CUDA_CHECK_LAUNCH();
+                return 0;
+            }
+        }
+        k_bn_part_nhwc<T, 1><<<grid, threads, shm, s>>>(x, dy, y, mean, c, p.E, p.L, mode, part);
+    }
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+/* Whether the generic elementwise kernels can take V elements at a time. */
+static int bn_vec(const bn_plan &p, int c, int V, const void *a, const void *b, const void *d, const void *e)
+{
+    const int shape = p.nhwc ? c % V == 0 : p.hw % (size_t)V == 0;
+    return shape && cu_al16(a) && cu_al16(b) && (!d || cu_al16(d)) && (!e || cu_al16(e));
+}
+
+/* The NHWC row kernels (k_bn_*_rows): threads across channel vectors in a block. */
+static int bn_rows_G(int c, int V)
+{
+    const int cv = c / V;
+    const int low = cv & -cv;
+    return low < 16 ? low : 16;
+}
+
+/* Whether the row kernels take a bf16 tensor: NHWC, C % 8 == 0, aligned. */
+static int bn_rows_ok(const bn_plan &p, int c, const void *a, const void *b, const void *d, const void *e)
+{
+    return p.nhwc && c % 8 == 0 && c / 8 / bn_rows_G(c, 8) <= 65535 && cu_al16(a) && cu_al16(b) &&
+           (!d || cu_al16(d)) && (!e || cu_al16(e));
+}
+
+/* Grid of the elementwise row kernels: ~16 rows a thread, but at least a
+ * device's worth of blocks when there are rows for them. */
+static dim3 bn_rows_grid(size_t R, int c, int V)
+{
+    const int G = bn_rows_G(c, V), RS = CU_TPB / G;
+    const unsigned gy = (unsigned)(c / V / G);
+    size_t gx = cu_cdiv(R, (size_t)RS * 16);
+    const size_t fill = cu_cdiv((size_t)cu_sms() * (2048 / CU_TPB), gy);
+    const size_t most = cu_cdiv(R, (size_t)RS);
+    if (gx < fill)
+        gx = fill;
+    if (gx > most)
+        gx = most;
+    if (gx > 0x7fffffffu)
+        gx = 0x7fffffffu;
+    return dim3((unsigned)gx, gy);
+}
+
+template <typename T>
+static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                          const float *beta, float eps, float momentum, float *running_mean, float *running_var,
+                          float *save_mean, float *save_invstd, T *y, int relu, void *scratch, cudaStream_t s)
+{
+    constexpr bool BF = sizeof(T) == 2;
+    constexpr int VEC = 16 / sizeof(T);
+    if (bn_check(fn, n, c, h, w))
+        return -1;
+    bn_plan p = bn_plan_of(n, c, h, w, lay);
+    if (p.E < 2) {
+        sf_cuda_set_error("%s:%d: %s: one value per channel (n*h*w=%zu)", __FILE__, __LINE__, fn, p.E);
+        return -1;
+    }
+    const int rows = BF && bn_rows_ok(p, c, x, y, NULL, NULL);
+    if (BF)
+        bn_plan_bf16(&p, rows);
+    double *part = (double *)scratch;
+    if (rows) {
+        if constexpr (BF) {
+            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
+            k_bn_part_rows<T, 0><<<grid, CU_TPB, 0, s>>>(x, NULL, NULL, NULL, c, bn_rows_G(c, VEC), p.E, p.L,
+                                                        p.nchunks, part);
+            SF_CUDA_CHECK_LAUNCH();
+        }
+    } else if (bn_partials<T>(p, x, NULL, NULL, NULL, c, 0, part, s)) {
+        return -1;
+    }
+    if constexpr (BF) {
+        /* rows: part[c][chunk]; generic: part[chunk][c] */
+        k_bn_final_tree<T, 0><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(
+            part, rows ? (size_t)p.nchunks : 1, rows ? 1 : (size_t)c, p.nchunks, c, (double)p.E, x,
+            p.nhwc ? 1 : p.hw, eps, momentum, running_mean, running_var, save_mean, save_invstd, NULL, NULL, NULL,
+            NULL, NULL);
+    } else {
+        k_bn_stats_final<<<cu_blocks((size_t)c, CU_TPB), CU_TPB, 0, s>>>(part, p.nchunks, c, (double)p.E, x,
+                                                                       p.nhwc ? 1 : p.hw, eps, momentum,
+                                                                       running_mean, running_var, save_mean,
+                                                                       save_invstd);
+    }
+    SF_CUDA_CHECK_LAUNCH();
+    const size_t len = (size_t)c * p.E;
+    if (rows) {
+        if constexpr (BF)
+            k_bn_apply_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
+                x, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, NULL, eps, gamma, beta, relu, y);
+    } else if (bn_vec(p, c, VEC, x, y, NULL, NULL))
+        k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, len / VEC, c, p.hw, p.nhwc, save_mean,
+                                                                       save_invstd, NULL, eps, gamma, beta, relu, y);
+    else
+        k_bn_apply<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, len, c, p.hw, p.nhwc, save_mean, save_invstd,
+                                                                NULL, eps, gamma, beta, relu, y);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <typename T>
+static int bn_fwd_eval_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                         const float *beta, float eps, const float *running_mean, const float *running_var, T *y,
+                         int relu, cudaStream_t s)
+{
+    constexpr bool BF = sizeof(T) == 2;
+    constexpr int VEC = 16 / sizeof(T);
+    if (bn_check(fn, n, c, h, w))
+        return -1;
+    const bn_plan p = bn_plan_of(n, c, h, w, lay);
+    const size_t len = (size_t)c * p.E;
+    if (BF && bn_rows_ok(p, c, x, y, NULL, NULL)) {
+        if constexpr (BF)
+            k_bn_apply_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
+                x, p.E, c, bn_rows_G(c, VEC), running_mean, NULL, running_var, eps, gamma, beta, relu, y);
+    } else if (bn_vec(p, c, VEC, x, y, NULL, NULL))
+        k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(
+            x, len / VEC, c, p.hw, p.nhwc, running_mean, NULL, running_var, eps, gamma, beta, relu, y);
+    else
+        k_bn_apply<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, len, c, p.hw, p.nhwc, running_mean, NULL,
+                                                                running_var, eps, gamma, beta, relu, y);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <typename T>
+static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                    const float *save_mean, const float *save_invstd, const T *dy, const T *y, T *dx, float *dgamma,
+                    float *dbeta, void *scratch, cudaStream_t s)
+{
+    constexpr bool BF = sizeof(T) == 2;
+    constexpr int VEC = 16 / sizeof(T);
+    if (bn_check(fn, n, c, h, w))
+        return -1;
+    bn_plan p = bn_plan_of(n, c, h, w, lay);
+    const int rows = BF && bn_rows_ok(p, c, x, dy, dx, y);
+    if (BF)
+        bn_plan_bf16(&p, rows);
+    double *part = (double *)scratch;
+    float *coef = (float *)(part + 2 * (size_t)p.nchunks * c);
+    if (rows) {
+        if constexpr (BF) {
+            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
+            k_bn_part_rows<T, 1><<<grid, CU_TPB, 0, s>>>(x, dy, y, save_mean, c, bn_rows_G(c, VEC), p.E, p.L,
+                                                        p.nchunks, part);
+            SF_CUDA_CHECK_LAUNCH();
+        }
+    } else if (bn_partials<T>(p, x, dy, y, save_mean, c, 1, part, s)) {
+        return -1;
+    }
+    if constexpr (BF)
+        k_bn_final_tree<T, 1><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(
+            part, rows ? (size_t)p.nchunks : 1, rows ? 1 : (size_t)c, p.nchunks, c, (double)p.E, x, 0, 0.f, 0.f,
+            NULL, NULL, NULL, NULL, gamma, save_invstd, dgamma, dbeta, coef);
+    else
+        k_bn_bwd_final<<<cu_blocks((size_t)c, CU_TPB), CU_TPB, 0, s>>>(part, p.nchunks, c, (double)p.E, gamma,
+                                                                     save_invstd, dgamma, dbeta, coef);
+    SF_CUDA_CHECK_LAUNCH();
+    const size_t len = (size_t)c * p.E;
+    if (rows) {
+        if constexpr (BF)
+            k_bn_dx_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(x, dy, y, p.E, c, bn_rows_G(c, VEC),
+                                                                        save_mean, coef, dx);
+    } else if (bn_vec(p, c, VEC, x, dy, dx, y))
+        k_bn_dx<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len / VEC, c, p.hw, p.nhwc,
+                                                                    save_mean, coef, dx);
+    else
+        k_bn_dx<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len, c, p.hw, p.nhwc, save_mean, coef, dx);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_bn_fwd_train(const float *x, int n, int c, int h, int w, sf_layout lay,
+                                    const float *gamma, const float *beta, float eps, float momentum,
+                                    float *running_mean, float *running_var, float *save_mean,
+                                    float *save_invstd, float *y, int relu, void *scratch, cudaStream_t s)
+{
+    return bn_fwd_train_t<float>("sf_cuda_bn_fwd_train", x, n, c, h, w, lay, gamma, beta, eps, momentum,
+                                 running_mean, running_var, save_mean, save_invstd, y, relu, scratch, s);
+}
+
+extern "C" int sf_cuda_bn_fwd_eval(const float *x, int n, int c, int h, int w, sf_layout lay,
+                                   const float *gamma, const float *beta, float eps, const float *running_mean,
+                                   const float *running_var, float *y, int relu, cudaStream_t s)
+{
+    return bn_fwd_eval_t<float>("sf_cuda_bn_fwd_eval", x, n, c, h, w, lay, gamma, beta, eps, running_mean,
+                                running_var, y, relu, s);
+}
+
+extern "C" int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                              const float *save_mean, const float *save_invstd, const float *dy,
+                              const float *y, float *dx, float *dgamma, float *dbeta, void *scratch,
+                              cudaStream_t s)
+{
+    return bn_bwd_t<float>("sf_cuda_bn_bwd", x, n, c, h, w, lay, gamma, save_mean, save_invstd, dy, y, dx, dgamma,
+                           dbeta, scratch, s);
+}
+
+extern "C" int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                       const float *gamma, const float *beta, float eps, float momentum,
+                                       float *running_mean, float *running_var, float *save_mean,
+                                       float *save_invstd, void *y, int relu, void *scratch, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_bn_fwd_train_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return bn_fwd_train_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, eps, momentum,
+                                      running_mean, running_var, save_mean, save_invstd, (cu_bf16 *)y, relu,
+                                      scratch, s);
+    return bn_fwd_train_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, eps, momentum, running_mean,
+                                 running_var, save_mean, save_invstd, (float *)y, relu, scratch, s);
+}
+
+extern "C" int sf_cuda_bn_fwd_eval_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                      const float *gamma, const float *beta, float eps, const float *running_mean,
+                                      const float *running_var, void *y, int relu, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_bn_fwd_eval_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return bn_fwd_eval_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, eps, running_mean,
+                                     running_var, (cu_bf16 *)y, relu, s);
+    return bn_fwd_eval_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, eps, running_mean, running_var,
+                                (float *)y, relu, s);
+}
+
+extern "C" int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                 const float *gamma, const float *save_mean, const float *save_invstd, const void *dy,
+                                 const void *y, void *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_bn_bwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return bn_bwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, save_mean, save_invstd,
+                                (const cu_bf16 *)dy, (const cu_bf16 *)y, (cu_bf16 *)dx, dgamma, dbeta, scratch, s);
+    return bn_bwd_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, save_mean, save_invstd, (const float *)dy,
+                           (const float *)y, (float *)dx, dgamma, dbeta, scratch, s);
+}

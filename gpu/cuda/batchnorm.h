@@ -1,0 +1,59 @@
+/* gpu/cuda/batchnorm.h — BatchNorm2d: training forward (batch statistics,
+ * running statistics updated), eval forward and the training backward, each
+ * with an optional fused ReLU. Contract: tensor.h; semantics: sf_ref_bn2d_*
+ * (gpu/ref/ref.h), checked by tests/gpu/test_batchnorm.cu.
+ */
+#ifndef SF_GPU_CUDA_BATCHNORM_H
+#define SF_GPU_CUDA_BATCHNORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- BatchNorm2d ----------------------------------------------------------- */
+/* x, y, dy, dx [n, c, h, w] in layout lay; per-channel arrays [c].
+ * Training forward: batch mean and biased variance over (n, h, w); writes
+ * save_mean, save_invstd = 1/sqrt(var + eps), updates running_mean/var as
+ * PyTorch (running = (1-m)*running + m*stat, unbiased variance in running_var;
+ * n*h*w must exceed 1, as PyTorch requires in training). relu: y = max(y, 0)
+ * fused (BN followed by ReLU).
+ * Eval forward: normalise with the running statistics.
+ * Backward of training mode: dx, dgamma, dbeta; when y (the fused ReLU output)
+ * is non-NULL the ReLU backward is applied to dy on the fly (dy is not written).
+ * Statistics accumulate in double: per-block partial sums of values shifted by
+ * the channel's first element, combined in a fixed order. (bf16 data: each
+ * thread first sums a handful of values, at most 8, in fp32, then adds that to
+ * its double sums; the per-channel combination is a fixed tree. Deterministic
+ * as well; not bit-equal to the fp32 path on the same values.) */
+size_t sf_cuda_bn_scratch_bytes(int n, int c, int h, int w, sf_layout lay);
+int sf_cuda_bn_fwd_train(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                         const float *beta, float eps, float momentum, float *running_mean,
+                         float *running_var, float *save_mean, float *save_invstd, float *y, int relu,
+                         void *scratch, cudaStream_t s);
+int sf_cuda_bn_fwd_eval(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                        const float *beta, float eps, const float *running_mean, const float *running_var,
+                        float *y, int relu, cudaStream_t s);
+int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                   const float *save_mean, const float *save_invstd, const float *dy, const float *y,
+                   float *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s);
+int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                            const float *gamma, const float *beta, float eps, float momentum,
+                            float *running_mean, float *running_var, float *save_mean, float *save_invstd,
+                            void *y, int relu, void *scratch, cudaStream_t s);
+int sf_cuda_bn_fwd_eval_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                           const float *gamma, const float *beta, float eps, const float *running_mean,
+                           const float *running_var, void *y, int relu, cudaStream_t s);
+int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                      const float *save_mean, const float *save_invstd, const void *dy, const void *y, void *dx,
+                      float *dgamma, float *dbeta, void *scratch, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_BATCHNORM_H */

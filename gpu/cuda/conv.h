@@ -1,0 +1,125 @@
+/* gpu/cuda/conv.h — 2-D convolutions through cuDNN's graph (backend) API:
+ * plans built once per (shape, direction), variant packs that bind pointers,
+ * and the launcher that runs a plan. Contract and precision: tensor.h;
+ * semantics: sf_ref_conv2d_* (gpu/ref/ref.h), checked by tests/gpu/test_conv.cu.
+ */
+#ifndef SF_GPU_CUDA_CONV_H
+#define SF_GPU_CUDA_CONV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cudnn.h>
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- convolutions (cuDNN graph API) -------------------------------------- */
+
+typedef enum sf_conv_dir { SF_CONV_FWD = 0, SF_CONV_BWD_DATA = 1, SF_CONV_BWD_FILTER = 2 } sf_conv_dir;
+
+/* One convolution shape. The output size follows ref.h:
+ * oh = (h + 2*pad - k)/stride + 1. */
+typedef struct sf_conv_desc {
+    int n, c, h, w;          /* input [n, c, h, w] */
+    int oc, k, stride, pad;  /* square kernel, symmetric padding */
+    sf_layout layout;        /* NHWC activations pair with a KRSC filter */
+    int tf32;                /* fp32 data: allow TF32 tensor-core engines (else strict
+                                fp32); ignored for bf16 */
+    sf_dtype dt;             /* x, w, y element type, in every direction (so for
+                                BWD_FILTER dw is bf16 too); bf16: tensor cores
+                                allowed, fp32 compute type (accumulation) */
+    int align_x, align_w, align_y; /* byte alignment (1..16, a power of 2) of the
+                                      pointers that will be bound to x, w, y;
+                                      bytes whatever dt is (sf_cuda_ptr_align) */
+    /* FWD only: a cuDNN pointwise epilogue fused into the graph,
+     * y = relu?(conv(x, w) + b?). The bias tensor (uid 4, [1, oc, 1, 1]) is fp32
+     * for either dt and bound through sf_conv_ptrs.b; align_b is its pointer's
+     * alignment. The conv result and the sum are fp32 virtual tensors and the
+     * pointwise math is fp32; only y has element type dt. For bf16 this is a
+     * mixed-type graph: when no engine accepts it (or only engines that compile
+     * at run time, see below), sf_conv_plan_build returns -1 with the error set,
+     * and the caller falls back to the plain plan plus its own epilogue. */
+    int fuse_bias, fuse_relu, align_b;
+    int allow_rtc;           /* consider engines that compile at run time (off by default:
+                                one picked a fused bf16 engine that gave wrong results for
+                                a 2-byte-aligned x; the engine filter does not catch it) */
+} sf_conv_desc;
+
+/* "bf16", "tf32" or "fp32": the data type and math of a convolution, for
+ * descriptions and messages. For a desc pass (d->dt, d->tf32) (what it allows);
+ * for a built plan (p->dt, p->tensor_core) (what its engine does: an fp32 plan
+ * on tensor cores computes in TF32). */
+static inline const char *sf_conv_prec_name(sf_dtype dt, int tf32_or_tc)
+{
+    return dt == SF_DT_BF16 ? "bf16" : tf32_or_tc ? "tf32" : "fp32";
+}
+
+/* The three tensors of every direction, by role (the tensors' unique ids are
+ * 1, 2, 3 in this order):
+ *   FWD:        x (read)   w (read)     y (written)
+ *   BWD_DATA:   x = dx (written)  w (read)   y = dy (read)
+ *   BWD_FILTER: x (read)   w = dw (written)  y = dy (read)
+ * Outputs are overwritten (beta = 0). ws: the workspace (>= plan's ws_bytes). */
+typedef struct sf_conv_ptrs {
+    void *x, *w, *y, *ws;
+    void *b; /* fused bias (uid 4); NULL for plans without a fused bias */
+} sf_conv_ptrs;
+
+#define SF_CONV_KEEP 20
+
+/* A finalised execution plan for one (shape, direction), and the descriptors it
+ * was built from (kept alive as long as the plan). */
+typedef struct sf_conv_plan {
+    cudnnBackendDescriptor_t plan;              /* NULL when not built */
+    cudnnBackendDescriptor_t keep[SF_CONV_KEEP];
+    int n_keep;
+    int64_t ws_bytes;                           /* workspace the plan needs */
+    int64_t engine;                             /* cuDNN global engine index */
+    int tensor_core;                            /* the engine uses tensor cores (TF32 on
+                                                   fp32 data, bf16 MMA on bf16 data) */
+    int tried;                                  /* candidates finalised and timed */
+    int fused;                                  /* the graph has the bias/ReLU epilogue */
+    float ms;                                   /* measured time when tuned, else -1 */
+    sf_dtype dt;                                /* element type of x, w, y (the desc's) */
+} sf_conv_plan;
+
+/* Builds the plan (for FWD with fuse_bias/fuse_relu, the graph conv -> add bias
+ * -> ReLU, which needs an engine that fuses it). x, w, y are tensors of type
+ * d->dt (CUDNN_DATA_FLOAT or CUDNN_DATA_BFLOAT16); the convolution's compute
+ * type is CUDNN_DATA_FLOAT for both. Heuristics (mode A, then fallback) list
+ * engine configs, filtered by their numerical and behaviour notes:
+ *   - REDUCED_PRECISION_REDUCTION (accumulates below fp32): dropped, any dt;
+ *   - DOWN_CONVERT_INPUTS (converts the operands to a narrower type: fp32 to
+ *     fp16/bf16, or bf16 to something narrower such as fp16): dropped, any dt
+ *     (TF32 engines are recognised by TENSOR_CORE, below);
+ *   - TENSOR_CORE: on fp32 data it means TF32 math, kept only when d->tf32;
+ *     on bf16 data kept always (the bf16 products are exact and summed in
+ *     fp32, which is the precision asked for);
+ *   - behaviour RUNTIME_COMPILATION: dropped unless d->allow_rtc.
+ * Of the remaining configs the first max_candidates that finalise with a
+ * workspace <= ws_limit are kept; when tune is non-NULL each is timed on those
+ * buffers (on the handle's stream, synchronously) and the fastest wins, else
+ * the first does. Build time only. -1 (error set, naming the shape, layout and
+ * precision) when no config is left or a descriptor is rejected. */
+int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, size_t ws_limit,
+                       int max_candidates, const sf_conv_ptrs *tune, sf_conv_plan *out);
+void sf_conv_plan_destroy(sf_conv_plan *p);
+
+/* A variant pack binds pointers to a plan's tensors; one pack serves any plan of
+ * the same direction whose tensors those pointers satisfy (any batch size up to
+ * the buffers' capacity). Build time only (allocates host memory). */
+int sf_conv_vpack_make(const sf_conv_ptrs *p, cudnnBackendDescriptor_t *vp);
+void sf_conv_vpack_destroy(cudnnBackendDescriptor_t vp);
+
+/* Enqueues the convolution on the handle's stream. Capturable. */
+int sf_conv_run(cudnnHandle_t h, const sf_conv_plan *p, cudnnBackendDescriptor_t vp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_CONV_H */

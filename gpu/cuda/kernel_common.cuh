@@ -1,0 +1,226 @@
+/* gpu/cuda/kernel_common.cuh — helpers the op families' kernels share (C++ and
+ * CUDA only; not part of any launcher's contract): grid sizing, alignment
+ * checks, element-type conversion, 16-byte vector loads and stores, and a
+ * fixed-order block sum.
+ *
+ * Element types: the activation kernels are templates on T (float or
+ * __nv_bfloat16); they load T, compute in fp32 (statistics in double) and round
+ * each output once to T. The fp32 launchers are the T = float instances, with
+ * the same arithmetic (and so the same bits) as a float-only kernel would do.
+ * Vector paths move 16 bytes a thread (4 floats or 8 bf16) when the shape and
+ * the pointers allow it, checked at run time, with a scalar fallback.
+ */
+#ifndef SF_GPU_CUDA_KERNEL_COMMON_CUH
+#define SF_GPU_CUDA_KERNEL_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor.h"
+
+#define CU_TPB 256
+/* Blocks a per-channel reduction aims for, whatever the device: the partial
+ * sums (and so the rounding) must depend on the shape alone. */
+#define CU_RED_BLOCKS 1024
+/* Blocks of the cross-entropy's first pass at most (its partials' count). */
+#define CU_XENT_BLOCKS 1024
+/* Vectors a thread of an elementwise kernel loads before it stores. */
+#define CU_UNROLL 4
+
+typedef __nv_bfloat16 cu_bf16;
+
+static inline unsigned int cu_blocks(size_t work, unsigned int tpb)
+{
+    size_t b = (work + tpb - 1) / tpb;
+    return (unsigned int)(b ? b : 1);
+}
+
+static inline int cu_al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+static inline size_t cu_cdiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* Multiprocessors of the current device (cached per device; 132 when it cannot
+ * be asked). Only elementwise grids depend on it, never a reduction's order. */
+static inline int cu_sms(void)
+{
+    static int cache[64];
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return 132;
+    int v = __atomic_load_n(&cache[dev], __ATOMIC_RELAXED);
+    if (v < 1) {
+        if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v < 1)
+            v = 132;
+        __atomic_store_n(&cache[dev], v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+/* Grid of a grid-stride elementwise kernel over `work` items of CU_TPB-thread
+ * blocks: enough blocks to fill the device once, no more. */
+static inline unsigned int cu_ew_blocks(size_t work)
+{
+    const size_t most = (size_t)cu_sms() * (2048 / CU_TPB);
+    const size_t b = cu_cdiv(work ? work : 1, CU_TPB);
+    return (unsigned int)(b < most ? b : most);
+}
+
+static inline int cu_dt_bad(const char *fn, sf_dtype dt)
+{
+    if (dt == SF_DT_F32 || dt == SF_DT_BF16)
+        return 0;
+    sf_cuda_set_error("%s:%d: %s: unknown element type %d", __FILE__, __LINE__, fn, (int)dt);
+    return 1;
+}
+
+/* ---- element types -------------------------------------------------------- */
+
+__device__ __forceinline__ float cu_f(float v) { return v; }
+__device__ __forceinline__ float cu_f(cu_bf16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T cu_to(float v);
+template <> __device__ __forceinline__ float cu_to<float>(float v) { return v; }
+template <> __device__ __forceinline__ cu_bf16 cu_to<cu_bf16>(float v) { return __float2bfloat16_rn(v); }
+
+/* Two bf16 packed in a 32-bit word (element 0 in the low half) <-> floats. */
+__device__ __forceinline__ void cu_bf2(unsigned u, float &a, float &b)
+{
+    a = __uint_as_float(u << 16);
+    b = __uint_as_float(u & 0xffff0000u);
+}
+__device__ __forceinline__ unsigned cu_pk2(float a, float b)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<unsigned *>(&h);
+}
+
+/* 16 bytes as V = 16/sizeof(T) floats, and back (rounding once to T). */
+template <typename T> __device__ __forceinline__ void cu_unpack(const uint4 &r, float *f)
+{
+    if constexpr (sizeof(T) == 4) {
+        f[0] = __uint_as_float(r.x);
+        f[1] = __uint_as_float(r.y);
+        f[2] = __uint_as_float(r.z);
+        f[3] = __uint_as_float(r.w);
+    } else {
+        cu_bf2(r.x, f[0], f[1]);
+        cu_bf2(r.y, f[2], f[3]);
+        cu_bf2(r.z, f[4], f[5]);
+        cu_bf2(r.w, f[6], f[7]);
+    }
+}
+template <typename T> __device__ __forceinline__ uint4 cu_pack(const float *f)
+{
+    uint4 r;
+    if constexpr (sizeof(T) == 4) {
+        r.x = __float_as_uint(f[0]);
+        r.y = __float_as_uint(f[1]);
+        r.z = __float_as_uint(f[2]);
+        r.w = __float_as_uint(f[3]);
+    } else {
+        r.x = cu_pk2(f[0], f[1]);
+        r.y = cu_pk2(f[2], f[3]);
+        r.z = cu_pk2(f[4], f[5]);
+        r.w = cu_pk2(f[6], f[7]);
+    }
+    return r;
+}
+
+/* V elements at p as floats: V == 1, or V == 16/sizeof(T) with p 16-byte aligned. */
+template <typename T, int V> __device__ __forceinline__ void cu_ld(const T *p, float *f)
+{
+    if constexpr (V == 1) {
+        f[0] = cu_f(*p);
+    } else {
+        static_assert(V * sizeof(T) == 16, "a vector is 16 bytes");
+        cu_unpack<T>(*reinterpret_cast<const uint4 *>(p), f);
+    }
+}
+template <typename T, int V> __device__ __forceinline__ void cu_st(T *p, const float *f)
+{
+    if constexpr (V == 1) {
+        *p = cu_to<T>(f[0]);
+    } else {
+        static_assert(V * sizeof(T) == 16, "a vector is 16 bytes");
+        *reinterpret_cast<uint4 *>(p) = cu_pack<T>(f);
+    }
+}
+/* V int32 (1, 4 or 8; 16-byte aligned when > 1). */
+template <int V> __device__ __forceinline__ void cu_ldi(const int32_t *p, int *a)
+{
+    if constexpr (V == 1) {
+        a[0] = *p;
+    } else {
+#pragma unroll
+        for (int q = 0; q < V / 4; q++) {
+            const int4 t = reinterpret_cast<const int4 *>(p)[q];
+            a[4 * q] = t.x;
+            a[4 * q + 1] = t.y;
+            a[4 * q + 2] = t.z;
+            a[4 * q + 3] = t.w;
+        }
+    }
+}
+template <int V> __device__ __forceinline__ void cu_sti(int32_t *p, const int *a)
+{
+    if constexpr (V == 1) {
+        *p = a[0];
+    } else {
+#pragma unroll
+        for (int q = 0; q < V / 4; q++)
+            reinterpret_cast<int4 *>(p)[q] = make_int4(a[4 * q], a[4 * q + 1], a[4 * q + 2], a[4 * q + 3]);
+    }
+}
+
+/* 8 elements at p as floats (16-byte aligned p): two float4 or one uint4. */
+template <typename T> __device__ __forceinline__ void cu_ld8(const T *p, float *f)
+{
+    if constexpr (sizeof(T) == 4) {
+        cu_ld<T, 4>(p, f);
+        cu_ld<T, 4>(p + 4, f + 4);
+    } else {
+        cu_ld<T, 8>(p, f);
+    }
+}
+template <typename T> __device__ __forceinline__ void cu_st8(T *p, const float *f)
+{
+    if constexpr (sizeof(T) == 4) {
+        cu_st<T, 4>(p, f);
+        cu_st<T, 4>(p + 4, f + 4);
+    } else {
+        cu_st<T, 8>(p, f);
+    }
+}
+
+/* ---- shared helpers ------------------------------------------------------ */
+
+/* Block-wide sum of two doubles in a fixed order (warp shuffles, then warp 0
+ * over the warps' results). Result valid in thread 0. */
+__device__ __forceinline__ void block_sum2(double &a, double &b)
+{
+    __shared__ double sa[32], sb[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, o);
+        b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads(); /* the shared arrays may be in use by a previous call */
+    if (lane == 0) {
+        sa[warp] = a;
+        sb[warp] = b;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        a = lane < nw ? sa[lane] : 0.0;
+        b = lane < nw ? sb[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) {
+            a += __shfl_down_sync(0xffffffffu, a, o);
+            b += __shfl_down_sync(0xffffffffu, b, o);
+        }
+    }
+}
+
+#endif /* SF_GPU_CUDA_KERNEL_COMMON_CUH */

@@ -1,0 +1,114 @@
+/* gpu/cuda/linear.cu — linear layers as cuBLAS GEMMs on row-major tensors.
+ * Contracts in linear.h. */
+#include "linear.h"
+
+#include "kernel_common.cuh"
+
+/* ======================================================================== */
+/* launchers                                                                */
+/* ======================================================================== */
+
+static cublasComputeType_t linear_ct(int tf32)
+{
+    return tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+}
+
+/* Operand type and compute type of a linear layer with data type dt; -1 (error
+ * set) for an unknown dt. bf16: CUDA_R_16BF operands with CUBLAS_COMPUTE_32F
+ * (tensor cores, fp32 accumulation; the scalars stay float). */
+static int linear_types(sf_dtype dt, int tf32, const char *fn, cudaDataType_t *ab, cublasComputeType_t *ct)
+{
+    if (dt == SF_DT_F32) {
+        *ab = CUDA_R_32F;
+        *ct = linear_ct(tf32);
+        return 0;
+    }
+    if (dt == SF_DT_BF16) {
+        *ab = CUDA_R_16BF;
+        *ct = CUBLAS_COMPUTE_32F;
+        return 0;
+    }
+    sf_cuda_set_error("%s:%d: %s: dtype %d", __FILE__, __LINE__, fn, (int)dt);
+    return -1;
+}
+
+/* cublasGemmEx with the handle's math mode, plus, for bf16 operands,
+ * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION for the call: without it a
+ * split-K GEMM may sum its partial products in the output type (bf16), which
+ * is not "fp32 accumulation, one rounding". The mode is restored afterwards
+ * (host-side handle state only: no allocation, capturable). fp32 calls leave
+ * the handle alone, so they are the calls the float functions always made. */
+static cublasStatus_t gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const void *A, cudaDataType_t at, int lda, const void *B, cudaDataType_t bt, int ldb,
+                              void *C, cudaDataType_t ctype, int ldc, cublasComputeType_t ct)
+{
+    const float one = 1.f, zero = 0.f;
+    if (at != CUDA_R_16BF)
+        return cublasGemmEx(h, ta, tb, m, n, k, &one, A, at, lda, B, bt, ldb, &zero, C, ctype, ldc, ct,
+                            CUBLAS_GEMM_DEFAULT);
+    cublasMath_t mode;
+    cublasStatus_t st = cublasGetMathMode(h, &mode);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    st = cublasSetMathMode(h, (cublasMath_t)(mode | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    st = cublasGemmEx(h, ta, tb, m, n, k, &one, A, at, lda, B, bt, ldb, &zero, C, ctype, ldc, ct, CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t st2 = cublasSetMathMode(h, mode);
+    return st != CUBLAS_STATUS_SUCCESS ? st : st2;
+}
+
+extern "C" int sf_linear_fwd_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *w,
+                                int out, void *y, int tf32)
+{
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, "sf_linear_fwd_dt", &t, &ct))
+        return -1;
+    /* y^T [out, n] = w [out, in] . x^T [in, n] */
+    SF_CUBLAS_CHECK(gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, w, t, in, x, t, in, y, t, out, ct));
+    return 0;
+}
+
+extern "C" int sf_linear_bwd_data_dt(cublasHandle_t h, sf_dtype dt, const void *dy, int n, int in, const void *w,
+                                     int out, void *dx, int tf32)
+{
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, "sf_linear_bwd_data_dt", &t, &ct))
+        return -1;
+    /* dx^T [in, n] = w^T [in, out] . dy^T [out, n] */
+    SF_CUBLAS_CHECK(gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, w, t, in, dy, t, out, dx, t, in, ct));
+    return 0;
+}
+
+extern "C" int sf_linear_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *dy,
+                                       int out, float *dw, int tf32)
+{
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, "sf_linear_bwd_filter_dt", &t, &ct))
+        return -1;
+    /* dw^T [in, out] = x^T [in, n] . dy [n, out]; dw is fp32 whatever dt is
+     * (bf16 A/B with an fp32 C is one of cublasGemmEx's combinations). */
+    SF_CUBLAS_CHECK(gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, x, t, in, dy, t, out, dw, CUDA_R_32F, in, ct));
+    return 0;
+}
+
+extern "C" int sf_linear_fwd(cublasHandle_t h, const float *x, int n, int in, const float *w, int out,
+                             float *y, int tf32)
+{
+    return sf_linear_fwd_dt(h, SF_DT_F32, x, n, in, w, out, y, tf32);
+}
+
+extern "C" int sf_linear_bwd_data(cublasHandle_t h, const float *dy, int n, int in, const float *w,
+                                  int out, float *dx, int tf32)
+{
+    return sf_linear_bwd_data_dt(h, SF_DT_F32, dy, n, in, w, out, dx, tf32);
+}
+
+extern "C" int sf_linear_bwd_filter(cublasHandle_t h, const float *x, int n, int in, const float *dy,
+                                    int out, float *dw, int tf32)
+{
+    return sf_linear_bwd_filter_dt(h, SF_DT_F32, x, n, in, dy, out, dw, tf32);
+}

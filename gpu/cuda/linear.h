@@ -1,0 +1,48 @@
+/* gpu/cuda/linear.h — fully connected layers through cuBLAS (forward,
+ * backward-data, backward-filter) in fp32, TF32 or bf16. Contract: tensor.h;
+ * semantics: sf_ref_linear_* (gpu/ref/ref.h), checked by tests/gpu/test_linear.cu.
+ */
+#ifndef SF_GPU_CUDA_LINEAR_H
+#define SF_GPU_CUDA_LINEAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cublas_v2.h>
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- linear layers (cuBLAS) ------------------------------------------------ */
+/* Row-major x [n, in], w [out, in], y [n, out]; outputs overwritten.
+ * tf32: CUBLAS_COMPUTE_32F_FAST_TF32, else CUBLAS_COMPUTE_32F. The handle needs a
+ * workspace (cublasSetWorkspace) to be capturable; nothing here allocates. */
+int sf_linear_fwd(cublasHandle_t h, const float *x, int n, int in, const float *w, int out,
+                  float *y, int tf32);                      /* y = x w^T (bias separately) */
+int sf_linear_bwd_data(cublasHandle_t h, const float *dy, int n, int in, const float *w, int out,
+                       float *dx, int tf32);                /* dx = dy w */
+int sf_linear_bwd_filter(cublasHandle_t h, const float *x, int n, int in, const float *dy, int out,
+                         float *dw, int tf32);              /* dw = dy^T x */
+/* The same with x, w, y, dy, dx of element type dt (bf16: cublasGemmEx with
+ * CUDA_R_16BF operands and CUBLAS_COMPUTE_32F, i.e. tensor cores, fp32
+ * accumulation, each output rounded once: the call adds
+ * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION to the handle's math mode
+ * and restores the mode after); dw is always fp32 (the master
+ * gradient: CUDA_R_32F output from bf16 operands); tf32 only matters for
+ * SF_DT_F32, where these are exactly the float functions above (which call
+ * them). -1 for an unknown dt. */
+int sf_linear_fwd_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *w, int out,
+                     void *y, int tf32);
+int sf_linear_bwd_data_dt(cublasHandle_t h, sf_dtype dt, const void *dy, int n, int in, const void *w, int out,
+                          void *dx, int tf32);
+int sf_linear_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *dy, int out,
+                            float *dw, int tf32);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_LINEAR_H */

@@ -1,0 +1,85 @@
+/* gpu/cuda/optimizer.h — the parameter updates (SGD with momentum, AdamW) over
+ * one flat parameter buffer, and the copies between the fp32 master weights in
+ * model layout and the device copy convolutions read. Contract: tensor.h;
+ * semantics: sf_ref_sgd / sf_ref_adamw (gpu/ref/ref.h), checked by
+ * tests/gpu/test_optimizer.cu.
+ */
+#ifndef SF_GPU_CUDA_OPTIMIZER_H
+#define SF_GPU_CUDA_OPTIMIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* SGD with PyTorch semantics, as sf_ref_sgd, over one flat buffer of len
+ * floats, in one launch; the hyper-parameters are read from device memory so a
+ * captured graph picks up new values.
+ *   p, m: parameters and momentum in model layout (PyTorch's).
+ *   g:    gradients, in model layout except inside `segs`.
+ *   segs: conv weights kept in KRSC device layout for NHWC convolutions: inside
+ *         segment s, model index off + (o*c + ci)*rs + t  (t = ky*k + kx) holds
+ *         device index off + (o*rs + t)*c + ci; g is read at the device index and
+ *         the updated weight is also written to wdev at the device index.
+ * The arithmetic rounds as the reference does (no fused multiply-add), so equal
+ * gradients give bit-equal parameters. */
+typedef struct sf_sgd_hyper {
+    float lr, momentum, weight_decay, pad_;
+} sf_sgd_hyper;
+typedef struct sf_perm_seg {
+    size_t off, len; /* floats, model offsets */
+    int c, rs;       /* input channels, kernel taps (k*k) */
+} sf_perm_seg;
+#define SF_SGD_MAX_SEGS 64
+typedef struct sf_sgd_segs {
+    int n;
+    sf_perm_seg s[SF_SGD_MAX_SEGS];
+} sf_sgd_segs;
+int sf_cuda_sgd(float *p, const float *g, float *m, float *wdev, size_t len,
+                const sf_sgd_hyper *d_hyper, const sf_sgd_segs *segs, cudaStream_t s);
+
+/* ---- AdamW ------------------------------------------------------------------- */
+/* torch.optim.AdamW (amsgrad off), as sf_ref_adamw, over one flat buffer in one
+ * launch:  p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;
+ *          p -= step_size * m / (sqrt(v)/bc2_sqrt + eps)
+ * with step_size = lr/(1 - b1^t), bc2_sqrt = sqrt(1 - b2^t) computed on the
+ * host in double (sf_adamw_hyper_at). The hyper-parameters are read from device
+ * memory so a captured graph picks up a new step: the host refreshes the struct
+ * and copies it before each replay. segs: as sf_cuda_sgd (conv weights kept in
+ * KRSC device layout; g read and wdev written at the device index); NULL or
+ * n == 0 for none. p, m, v in model layout, 16-byte aligned. */
+typedef struct sf_adamw_hyper {
+    float lr, beta1, beta2, eps, weight_decay;
+    float step_size, bc2_sqrt; /* of step t: filled by sf_adamw_hyper_at */
+    float pad_;
+} sf_adamw_hyper;
+/* Fills step_size and bc2_sqrt for step t >= 1 from lr, beta1, beta2. */
+void sf_adamw_hyper_at(sf_adamw_hyper *h, int64_t t);
+int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float *wdev, size_t len,
+                  const sf_adamw_hyper *d_hyper, const sf_sgd_segs *segs, cudaStream_t s);
+
+/* Weights between the model layout of the master parameters (fp32, PyTorch's
+ * order) and the device copy convolutions read (element type dt; inside each
+ * segment of segs permuted as sf_cuda_sgd describes: model index
+ * off + (o*c + ci)*rs + t <-> device index off + (o*rs + t)*c + ci, which is
+ * KCRS -> KRSC for a conv weight and [c][oc][k][k] -> [c][k][k][oc] for a convT
+ * weight; a segment with c == 1 is an identity copy). One launch each.
+ *   sf_cuda_weights_dev: wd[device index] = (dt)p[model index] for all len
+ *     elements (identity outside the segments).
+ *   sf_cuda_grads_model: g[model index] = (float)gd[device index] inside the
+ *     segments only (elements outside them are not touched).
+ * segs may be NULL (no segments); their order in segs does not matter. -1 when a
+ * segment is malformed: c or rs < 1, len not a multiple of c*rs or >= 2^32,
+ * two segments overlapping, or (weights_dev) a segment reaching past len. */
+int sf_cuda_weights_dev(const float *p, void *wd, sf_dtype dt, size_t len, const sf_sgd_segs *segs, cudaStream_t s);
+int sf_cuda_grads_model(const void *gd, sf_dtype dt, float *g, const sf_sgd_segs *segs, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_OPTIMIZER_H */

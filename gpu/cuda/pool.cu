@@ -1,0 +1,608 @@
+/* gpu/cuda/pool.cu — kernels first, then launchers: MaxPool2d for any window
+ * plus a k3 s2 p1 path (ResNet's stem) with the same results, and global
+ * average pooling. Contracts in pool.h. */
+#include "pool.h"
+
+#include "kernel_common.cuh"
+
+/* ======================================================================== */
+/* kernels                                                                  */
+/* ======================================================================== */
+
+/* Element u of a pooling tensor [N, C, Y, X] (NHWC or NCHW; 32-bit index
+ * arithmetic: the launchers keep tensors under 2^32 elements): its x, y, and
+ * where its (n, c) plane starts in the other tensor of the pair, whose planes
+ * hold other_hw elements, with the stride between that plane's elements. */
+__device__ __forceinline__ void pool_index(unsigned u, int C, int X, int Y, int nhwc, size_t other_hw, int *x,
+                                             int *y, size_t *base, size_t *step)
+{
+    if (nhwc) {
+        const unsigned c = u % (unsigned)C;
+        unsigned r = u / (unsigned)C;
+        *x = (int)(r % (unsigned)X);
+        r /= (unsigned)X;
+        *y = (int)(r % (unsigned)Y);
+        const unsigned ni = r / (unsigned)Y;
+        *base = (size_t)ni * other_hw * C + c;
+        *step = (size_t)C;
+    } else {
+        *x = (int)(u % (unsigned)X);
+        unsigned r = u / (unsigned)X;
+        *y = (int)(r % (unsigned)Y);
+        r /= (unsigned)Y; /* ni*C + c */
+        *base = (size_t)r * other_hw;
+        *step = 1;
+    }
+}
+
+/* Any window: a thread per output element. NCHW: index = ((ni*C + c)*oh + oy)*ow + ox;
+ * NHWC: ((ni*oh + oy)*ow + ox)*C + c. As PyTorch: the first in-bounds input
+ * starts the running maximum at -inf; a larger value or a NaN replaces it. */
+template <typename T, int KT, int ST>
+__global__ void k_maxpool_fwd(const T *__restrict__ x, int C, int H, int W, int k_arg, int s_arg, int pad, int OH,
+                              int OW, int nhwc, size_t total, T *__restrict__ y, int32_t *__restrict__ am)
+{
+    /* KT, ST: the window and stride as compile-time constants, or 0 for run-time values */
+    const int k = KT ? KT : k_arg, stride = ST ? ST : s_arg;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    int ox, oy;
+    size_t plane, cs;
+    pool_index((unsigned)i, C, OW, OH, nhwc, (size_t)H * W, &ox, &oy, &plane, &cs);
+    const int ys = oy * stride - pad, xs = ox * stride - pad;
+    const int y0 = ys > 0 ? ys : 0, x0 = xs > 0 ? xs : 0;
+    const int y1 = ys + k < H ? ys + k : H, x1 = xs + k < W ? xs + k : W;
+    float m = -INFINITY;
+    int arg = y0 * W + x0;
+    for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++) {
+            const int idx = iy * W + ix;
+            const float v = cu_f(x[plane + (size_t)idx * cs]);
+            if (v > m || isnan(v)) {
+                m = v;
+                arg = idx;
+            }
+        }
+    y[i] = cu_to<T>(m);
+    am[i] = arg;
+}
+
+/* Any window: a thread per input element, the sum in row-major output order of
+ * dy over the windows containing it whose argmax is it. dy is loaded with the
+ * argmax, not after the comparison, so the two loads overlap. */
+template <typename T, int KT, int ST>
+__global__ void k_maxpool_bwd(const T *__restrict__ dy, const int32_t *__restrict__ am, int C, int H, int W,
+                              int k_arg, int s_arg, int pad, int OH, int OW, int nhwc, size_t total,
+                              T *__restrict__ dx)
+{
+    const int k = KT ? KT : k_arg, stride = ST ? ST : s_arg;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    int ix, iy;
+    size_t obase, os;
+    pool_index((unsigned)i, C, W, H, nhwc, (size_t)OH * OW, &ix, &iy, &obase, &os);
+    /* oy*stride - pad <= iy <= oy*stride - pad + k - 1 */
+    const int ty = iy + pad - k + 1, tx = ix + pad - k + 1;
+    const unsigned us = (unsigned)stride;
+    int oy0 = ty > 0 ? (int)(((unsigned)ty + us - 1) / us) : 0;
+    int ox0 = tx > 0 ? (int)(((unsigned)tx + us - 1) / us) : 0;
+    int oy1 = (int)((unsigned)(iy + pad) / us), ox1 = (int)((unsigned)(ix + pad) / us);
+    if (oy1 > OH - 1)
+        oy1 = OH - 1;
+    if (ox1 > OW - 1)
+        ox1 = OW - 1;
+    const int me = iy * W + ix;
+    float s = 0.f;
+    for (int oy = oy0; oy <= oy1; oy++)
+        for (int ox = ox0; ox <= ox1; ox++) {
+            const size_t o = obase + ((size_t)oy * OW + ox) * os;
+            const int a = am[o];
+            const float d = cu_f(dy[o]);
+            if (a == me)
+                s += d;
+        }
+    dx[i] = cu_to<T>(s);
+}
+
+/* ---- maxpool k3 s2 p1 (ResNet's stem), the same results ---------------------- *
+ * Output (oy, ox) covers inputs 2oy-1 .. 2oy+1 (rows and columns alike), so
+ * input 2m lies in window m only and input 2m+1 in windows m and m+1; and
+ * oh = ceil(h/2), ow = ceil(w/2). The forward takes all nine taps in flight at
+ * once; the backward gives a thread the input quad (2m..2m+1, 2n..2n+1), whose
+ * windows are the four outputs (m..m+1, n..n+1): four argmax and four dy loads,
+ * issued together, and four outputs. */
+
+/* NCHW forward: a thread per output. */
+template <typename T>
+__global__ void k_mp3_fwd_nchw(const T *__restrict__ x, int H, int W, int OH, int OW, unsigned total,
+                               T *__restrict__ y, int32_t *__restrict__ am)
+{
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    const unsigned ox = i % (unsigned)OW, r = i / (unsigned)OW;
+    const unsigned oy = r % (unsigned)OH, plane = r / (unsigned)OH;
+    const T *xp = x + (size_t)plane * H * W;
+    const int iy0 = 2 * (int)oy - 1, ix0 = 2 * (int)ox - 1;
+    /* taps outside the input load the first inside one (unconditional loads,
+     * all in flight together) and are skipped below */
+    const int a0 = (iy0 > 0 ? iy0 : 0) * W + (ix0 > 0 ? ix0 : 0);
+    float v[9];
+    bool ok[9];
+#pragma unroll
+    for (int ky = 0; ky < 3; ky++)
+#pragma unroll
+        for (int kx = 0; kx < 3; kx++) {
+            const int iy = iy0 + ky, ix = ix0 + kx;
+            const bool in = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
+            ok[ky * 3 + kx] = in;
+            v[ky * 3 + kx] = cu_f(xp[in ? iy * W + ix : a0]);
+        }
+    float m = -INFINITY;
+    int arg = a0;
+#pragma unroll
+    for (int t = 0; t < 9; t++)
+        if (ok[t] && (v[t] > m || isnan(v[t]))) {
+            m = v[t];
+            arg = (iy0 + t / 3) * W + ix0 + t % 3;
+        }
+    y[i] = cu_to<T>(m);
+    am[i] = arg;
+}
+
+/* Two adjacent elements (p aligned to two). */
+template <typename T> __device__ __forceinline__ void st2(T *p, float a, float b)
+{
+    if constexpr (sizeof(T) == 4)
+        *reinterpret_cast<float2 *>(p) = make_float2(a, b);
+    else
+        *reinterpret_cast<unsigned *>(p) = cu_pk2(a, b);
+}
+
+/* The sums of the quad's four inputs from its four windows' argmax a[] and dy
+ * d[] (windows 00, 01, 10, 11 = (m, n), (m, n+1), (m+1, n), (m+1, n+1); a
+ * missing window has argmax -1), each in row-major window order. */
+__device__ __forceinline__ void mp3_quad(const int *a, const float *d, int me00, int W, float *s)
+{
+    const int me01 = me00 + 1, me10 = me00 + W, me11 = me10 + 1;
+    float s00 = 0.f, s01 = 0.f, s10 = 0.f, s11 = 0.f;
+    if (a[0] == me00)
+        s00 += d[0];
+    if (a[0] == me01)
+        s01 += d[0];
+    if (a[1] == me01)
+        s01 += d[1];
+    if (a[0] == me10)
+        s10 += d[0];
+    if (a[2] == me10)
+        s10 += d[2];
+    if (a[0] == me11)
+        s11 += d[0];
+    if (a[1] == me11)
+        s11 += d[1];
+    if (a[2] == me11)
+        s11 += d[2];
+    if (a[3] == me11)
+        s11 += d[3];
+    s[0] = s00;
+    s[1] = s01;
+    s[2] = s10;
+    s[3] = s11;
+}
+
+/* NCHW backward: a thread per input quad (m, n); PAIR: w even and dx aligned
+ * to two elements, so a quad row is one two-element store. */
+template <typename T, int PAIR>
+__global__ void k_mp3_bwd_nchw(const T *__restrict__ dy, const int32_t *__restrict__ am, int H, int W, int OH,
+                               int OW, unsigned total, T *__restrict__ dx)
+{
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    const unsigned qx = i % (unsigned)OW, r = i / (unsigned)OW;
+    const unsigned qy = r % (unsigned)OH, plane = r / (unsigned)OH;
+    const bool nx = qx + 1 < (unsigned)OW, ny = qy + 1 < (unsigned)OH;
+    const size_t o = (size_t)i; /* (plane*OH + qy)*OW + qx */
+    int a[4];
+    float d[4];
+    /* missing windows load window 00 (unconditional loads) and are masked */
+    const size_t o1 = nx ? o + 1 : o, o2 = ny ? o + OW : o, o3 = (nx && ny) ? o + OW + 1 : o;
+    a[0] = am[o];
+    a[1] = am[o1];
+    a[2] = am[o2];
+    a[3] = am[o3];
+    d[0] = cu_f(dy[o]);
+    d[1] = cu_f(dy[o1]);
+    d[2] = cu_f(dy[o2]);
+    d[3] = cu_f(dy[o3]);
+    if (!nx) {
+        a[1] = -1;
+        d[1] = 0.f;
+    }
+    if (!ny) {
+        a[2] = -1;
+        d[2] = 0.f;
+    }
+    if (!(nx && ny)) {
+        a[3] = -1;
+        d[3] = 0.f;
+    }
+    const int iy = 2 * (int)qy, ix = 2 * (int)qx;
+    float s[4];
+    mp3_quad(a, d, iy * W + ix, W, s);
+    T *p = dx + (size_t)plane * H * W + (size_t)iy * W + ix;
+    const bool cy = iy + 1 < H;
+    if (PAIR) {
+        st2<T>(p, s[0], s[1]);
+        if (cy)
+            st2<T>(p + W, s[2], s[3]);
+    } else {
+        const bool cx = ix + 1 < W;
+        p[0] = cu_to<T>(s[0]);
+        if (cx)
+            p[1] = cu_to<T>(s[1]);
+        if (cy) {
+            p[W] = cu_to<T>(s[2]);
+            if (cx)
+                p[W + 1] = cu_to<T>(s[3]);
+        }
+    }
+}
+
+/* NHWC forward: a thread per (output pixel, V channels); V = 16/sizeof(T)
+ * (C % V == 0, x, y, argmax 16-byte aligned) or 1. */
+template <typename T, int V>
+__global__ void __launch_bounds__(CU_TPB)
+    k_mp3_fwd_nhwc(const T *__restrict__ x, int C, int H, int W, int OH, int OW, unsigned total, T *__restrict__ y,
+                   int32_t *__restrict__ am)
+{
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    const unsigned Cv = (unsigned)C / V;
+    const unsigned cv = i % Cv;
+    unsigned r = i / Cv;
+    const unsigned ox = r % (unsigned)OW;
+    r /= (unsigned)OW;
+    const unsigned oy = r % (unsigned)OH, ni = r / (unsigned)OH;
+    const T *xb = x + (size_t)ni * H * W * C + cv * V;
+    const int iy0 = 2 * (int)oy - 1, ix0 = 2 * (int)ox - 1;
+    const int a0 = (iy0 > 0 ? iy0 : 0) * W + (ix0 > 0 ? ix0 : 0);
+    /* taps outside the input load the first inside one (unconditional loads,
+     * all nine in flight together) and are skipped below */
+    float v[9][V];
+    bool ok[9];
+#pragma unroll
+    for (int ky = 0; ky < 3; ky++)
+#pragma unroll
+        for (int kx = 0; kx < 3; kx++) {
+            const int iy = iy0 + ky, ix = ix0 + kx, t = ky * 3 + kx;
+            ok[t] = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
+            cu_ld<T, V>(xb + (size_t)(ok[t] ? iy * W + ix : a0) * C, v[t]);
+        }
+    float m[V];
+    int arg[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        m[j] = -INFINITY;
+        arg[j] = a0;
+    }
+#pragma unroll
+    for (int t = 0; t < 9; t++) {
+        if (!ok[t])
+            continue;
+        const int idx = (iy0 + t / 3) * W + ix0 + t % 3;
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            if (v[t][j] > m[j] || isnan(v[t][j])) {
+                m[j] = v[t][j];
+                arg[j] = idx;
+            }
+    }
+    /* output element ((ni*OH + oy)*OW + ox)*C + cv*V == i*V */
+    cu_st<T, V>(y + (size_t)i * V, m);
+    cu_sti<V>(am + (size_t)i * V, arg);
+}
+
+/* NHWC backward: a thread per (input quad, V channels), V as the forward
+ * (dy, argmax, dx aligned when V > 1). */
+template <typename T, int V>
+__global__ void __launch_bounds__(CU_TPB)
+    k_mp3_bwd_nhwc(const T *__restrict__ dy, const int32_t *__restrict__ am, int C, int H, int W, int OH, int OW,
+                   unsigned total, T *__restrict__ dx)
+{
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    const unsigned Cv = (unsigned)C / V;
+    const unsigned cv = i % Cv;
+    unsigned r = i / Cv;
+    const unsigned qx = r % (unsigned)OW;
+    r /= (unsigned)OW;
+    const unsigned qy = r % (unsigned)OH, ni = r / (unsigned)OH;
+    const bool nx = qx + 1 < (unsigned)OW, ny = qy + 1 < (unsigned)OH;
+    const size_t o = (size_t)i * V; /* ((ni*OH + qy)*OW + qx)*C + cv*V */
+    const size_t wo[4] = {0, (size_t)C, (size_t)OW * C, (size_t)(OW + 1) * C};
+    const bool wok[4] = {true, nx, ny, nx && ny};
+    /* missing windows load window 00 (unconditional loads) and are masked */
+    int a[4][V];
+    float d[4][V];
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+        const size_t ot = o + (wok[t] ? wo[t] : 0);
+        cu_ldi<V>(am + ot, a[t]);
+        cu_ld<T, V>(dy + ot, d[t]);
+    }
+#pragma unroll
+    for (int t = 1; t < 4; t++)
+        if (!wok[t]) {
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                a[t][j] = -1;
+                d[t][j] = 0.f;
+            }
+        }
+    const int iy = 2 * (int)qy, ix = 2 * (int)qx;
+    const int me00 = iy * W + ix;
+    float s[4][V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int aj[4] = {a[0][j], a[1][j], a[2][j], a[3][j]};
+        const float dj[4] = {d[0][j], d[1][j], d[2][j], d[3][j]};
+        float sj[4];
+        mp3_quad(aj, dj, me00, W, sj);
+        s[0][j] = sj[0];
+        s[1][j] = sj[1];
+        s[2][j] = sj[2];
+        s[3][j] = sj[3];
+    }
+    T *p = dx + (((size_t)ni * H + iy) * W + ix) * C + cv * V;
+    const bool cx = ix + 1 < W, cy = iy + 1 < H;
+    cu_st<T, V>(p, s[0]);
+    if (cx)
+        cu_st<T, V>(p + C, s[1]);
+    if (cy) {
+        cu_st<T, V>(p + (size_t)W * C, s[2]);
+        if (cx)
+            cu_st<T, V>(p + (size_t)(W + 1) * C, s[3]);
+    }
+}
+
+/* NCHW: a warp per (n, c) plane. */
+template <typename T>
+__global__ void k_avgpool_fwd_nchw(const T *__restrict__ x, size_t planes, int hw, T *__restrict__ y)
+{
+    const size_t wid = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (wid >= planes)
+        return;
+    const T *p = x + wid * (size_t)hw;
+    float s = 0.f;
+    for (int j = lane; j < hw; j += 32)
+        s += cu_f(p[j]);
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0)
+        y[wid] = cu_to<T>(s / (float)hw);
+}
+
+/* NHWC: a thread per (n, c), walking the hw rows (coalesced across c). */
+template <typename T>
+__global__ void k_avgpool_fwd_nhwc(const T *__restrict__ x, int N, int C, int hw, T *__restrict__ y)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)N * C)
+        return;
+    const size_t ni = i / C, c = i % C;
+    const T *p = x + ni * (size_t)hw * C + c;
+    float s = 0.f;
+    for (int j = 0; j < hw; j++)
+        s += cu_f(p[(size_t)j * C]);
+    y[i] = cu_to<T>(s / (float)hw);
+}
+
+template <typename T>
+__global__ void k_avgpool_bwd(const T *__restrict__ dy, size_t total, int C, int hw, int nhwc, T *__restrict__ dx)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    size_t o;
+    if (nhwc)
+        o = (i / ((size_t)hw * C)) * C + i % C;
+    else
+        o = i / hw;
+    dx[i] = cu_to<T>(cu_f(dy[o]) / (float)hw);
+}
+
+/* ======================================================================== */
+/* launchers                                                                */
+/* ======================================================================== */
+
+static int pool_check(const char *fn, int n, int c, int h, int w, int k, int stride, int pad, int *oh, int *ow)
+{
+    if (n < 1 || c < 1 || h < 1 || w < 1 || k < 1 || stride < 1 || pad < 0 || 2 * pad > k ||
+        (double)n * c * h * w >= 4294967296.0 || (double)h * w >= 2147483648.0 ||
+        h + 2 * pad < k || w + 2 * pad < k) {
+        sf_cuda_set_error("%s:%d: %s: n=%d c=%d %dx%d k=%d stride=%d pad=%d", __FILE__, __LINE__, fn, n, c, h, w,
+                          k, stride, pad);
+        return -1;
+    }
+    *oh = (h + 2 * pad - k) / stride + 1;
+    *ow = (w + 2 * pad - k) / stride + 1;
+    return 0;
+}
+
+/* k3 s2 p1 takes the stem kernels (oh = ceil(h/2): one quad of inputs per
+ * output in the backward); other windows the generic ones. */
+template <typename T>
+static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w, int k, int stride, int pad,
+                         sf_layout lay, T *y, int32_t *argmax, cudaStream_t s)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    int oh, ow;
+    if (pool_check(fn, n, c, h, w, k, stride, pad, &oh, &ow))
+        return -1;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (k == 3 && stride == 2 && pad == 1) {
+        if (nhwc && c % VEC == 0 && cu_al16(x) && cu_al16(y) && cu_al16(argmax)) {
+            const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
+            k_mp3_fwd_nhwc<T, VEC><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y, argmax);
+        } else if (nhwc) {
+            const unsigned total = (unsigned)((size_t)n * oh * ow * c);
+            k_mp3_fwd_nhwc<T, 1><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y, argmax);
+        } else {
+            const unsigned total = (unsigned)((size_t)n * c * oh * ow);
+            k_mp3_fwd_nchw<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, h, w, oh, ow, total, y, argmax);
+        }
+    } else {
+        const size_t total = (size_t)n * c * oh * ow;
+        if (k == 3 && stride == 2)
+            k_maxpool_fwd<T, 3, 2><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, k, stride, pad, oh, ow,
+                                                                            nhwc, total, y, argmax);
+        else
+            k_maxpool_fwd<T, 0, 0><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, k, stride, pad, oh, ow,
+                                                                            nhwc, total, y, argmax);
+    }
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <typename T>
+static int maxpool_bwd_t(const char *fn, const T *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
+                         int stride, int pad, sf_layout lay, T *dx, cudaStream_t s)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    int oh, ow;
+    if (pool_check(fn, n, c, h, w, k, stride, pad, &oh, &ow))
+        return -1;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (k == 3 && stride == 2 && pad == 1) {
+        if (nhwc && c % VEC == 0 && cu_al16(dy) && cu_al16(argmax) && cu_al16(dx)) {
+            const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
+            k_mp3_bwd_nhwc<T, VEC><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, oh, ow, total, dx);
+        } else if (nhwc) {
+            const unsigned total = (unsigned)((size_t)n * oh * ow * c);
+            k_mp3_bwd_nhwc<T, 1><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, oh, ow, total, dx);
+        } else {
+            const unsigned total = (unsigned)((size_t)n * c * oh * ow);
+            if (w % 2 == 0 && ((uintptr_t)dx % (2 * sizeof(T))) == 0)
+                k_mp3_bwd_nchw<T, 1><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, h, w, oh, ow, total, dx);
+            else
+                k_mp3_bwd_nchw<T, 0><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, h, w, oh, ow, total, dx);
+        }
+    } else {
+        const size_t total = (size_t)n * c * h * w;
+        if (k == 3 && stride == 2)
+            k_maxpool_bwd<T, 3, 2><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, k, stride, pad, oh,
+                                                                            ow, nhwc, total, dx);
+        else
+            k_maxpool_bwd<T, 0, 0><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, k, stride, pad, oh,
+                                                                            ow, nhwc, total, dx);
+    }
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_maxpool_fwd(const float *x, int n, int c, int h, int w, int k, int stride, int pad,
+                                   sf_layout lay, float *y, int32_t *argmax, cudaStream_t s)
+{
+    return maxpool_fwd_t<float>("sf_cuda_maxpool_fwd", x, n, c, h, w, k, stride, pad, lay, y, argmax, s);
+}
+
+extern "C" int sf_cuda_maxpool_bwd(const float *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
+                                   int stride, int pad, sf_layout lay, float *dx, cudaStream_t s)
+{
+    return maxpool_bwd_t<float>("sf_cuda_maxpool_bwd", dy, argmax, n, c, h, w, k, stride, pad, lay, dx, s);
+}
+
+extern "C" int sf_cuda_maxpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, int k, int stride,
+                                      int pad, sf_layout lay, void *y, int32_t *argmax, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_maxpool_fwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return maxpool_fwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, k, stride, pad, lay, (cu_bf16 *)y, argmax,
+                                     s);
+    return maxpool_fwd_t<float>(fn, (const float *)x, n, c, h, w, k, stride, pad, lay, (float *)y, argmax, s);
+}
+
+extern "C" int sf_cuda_maxpool_bwd_dt(sf_dtype dt, const void *dy, const int32_t *argmax, int n, int c, int h, int w,
+                                      int k, int stride, int pad, sf_layout lay, void *dx, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_maxpool_bwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return maxpool_bwd_t<cu_bf16>(fn, (const cu_bf16 *)dy, argmax, n, c, h, w, k, stride, pad, lay, (cu_bf16 *)dx,
+                                     s);
+    return maxpool_bwd_t<float>(fn, (const float *)dy, argmax, n, c, h, w, k, stride, pad, lay, (float *)dx, s);
+}
+
+template <typename T>
+static int avgpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, T *y,
+                         cudaStream_t s)
+{
+    if (n < 1 || c < 1 || h < 1 || w < 1) {
+        sf_cuda_set_error("%s:%d: %s: n=%d c=%d h=%d w=%d", __FILE__, __LINE__, fn, n, c, h, w);
+        return -1;
+    }
+    const size_t planes = (size_t)n * c;
+    if (lay == SF_LAYOUT_NHWC)
+        k_avgpool_fwd_nhwc<T><<<cu_blocks(planes, CU_TPB), CU_TPB, 0, s>>>(x, n, c, h * w, y);
+    else
+        k_avgpool_fwd_nchw<T><<<cu_blocks(planes * 32, CU_TPB), CU_TPB, 0, s>>>(x, planes, h * w, y);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <typename T>
+static int avgpool_bwd_t(const char *fn, const T *dy, int n, int c, int h, int w, sf_layout lay, T *dx,
+                         cudaStream_t s)
+{
+    if (n < 1 || c < 1 || h < 1 || w < 1) {
+        sf_cuda_set_error("%s:%d: %s: n=%d c=%d h=%d w=%d", __FILE__, __LINE__, fn, n, c, h, w);
+        return -1;
+    }
+    const size_t total = (size_t)n * c * h * w;
+    k_avgpool_bwd<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, total, c, h * w, lay == SF_LAYOUT_NHWC, dx);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_avgpool_fwd(const float *x, int n, int c, int h, int w, sf_layout lay, float *y,
+                                   cudaStream_t s)
+{
+    return avgpool_fwd_t<float>("sf_cuda_avgpool_fwd", x, n, c, h, w, lay, y, s);
+}
+
+extern "C" int sf_cuda_avgpool_bwd(const float *dy, int n, int c, int h, int w, sf_layout lay, float *dx,
+                                   cudaStream_t s)
+{
+    return avgpool_bwd_t<float>("sf_cuda_avgpool_bwd", dy, n, c, h, w, lay, dx, s);
+}
+
+extern "C" int sf_cuda_avgpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                      void *y, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_avgpool_fwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return avgpool_fwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, (cu_bf16 *)y, s);
+    return avgpool_fwd_t<float>(fn, (const float *)x, n, c, h, w, lay, (float *)y, s);
+}
+
+extern "C" int sf_cuda_avgpool_bwd_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay,
+                                      void *dx, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_avgpool_bwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return avgpool_bwd_t<cu_bf16>(fn, (const cu_bf16 *)dy, n, c, h, w, lay, (cu_bf16 *)dx, s);
+    return avgpool_bwd_t<float>(fn, (const float *)dy, n, c, h, w, lay, (float *)dx, s);
+}

@@ -1,0 +1,48 @@
+/* gpu/cuda/pool.h — MaxPool2d (with its argmax) and global average pooling,
+ * forward and backward. Contract: tensor.h; semantics: sf_ref_maxpool2d_* and
+ * sf_ref_avgpool_* (gpu/ref/ref.h), checked by tests/gpu/test_pool.cu.
+ */
+#ifndef SF_GPU_CUDA_POOL_H
+#define SF_GPU_CUDA_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- MaxPool2d --------------------------------------------------------------- */
+/* oh = (h + 2*pad - k)/stride + 1. argmax [n, c, oh, ow] (NCHW) or [n, oh, ow, c]
+ * (NHWC) holds the flat index y*w + x of the chosen input in its plane (first
+ * maximum in row-major window order; padding never wins; NaN wins and
+ * propagates, as PyTorch). The backward is a gather: each dx element sums, in
+ * row-major order, the dy of the windows that chose it, so it writes every
+ * element, needs no zeroing and no atomics. Requires pad <= k/2 (PyTorch's
+ * own limit), so every window holds at least one input. */
+int sf_cuda_maxpool_fwd(const float *x, int n, int c, int h, int w, int k, int stride, int pad,
+                        sf_layout lay, float *y, int32_t *argmax, cudaStream_t s);
+int sf_cuda_maxpool_bwd(const float *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
+                        int stride, int pad, sf_layout lay, float *dx, cudaStream_t s);
+
+/* ---- global average pooling -------------------------------------------------- */
+/* [n, c, h, w] (layout lay) -> [n, c]; the backward spreads dy/(h*w). */
+int sf_cuda_avgpool_fwd(const float *x, int n, int c, int h, int w, sf_layout lay, float *y, cudaStream_t s);
+int sf_cuda_avgpool_bwd(const float *dy, int n, int c, int h, int w, sf_layout lay, float *dx,
+                        cudaStream_t s);
+int sf_cuda_maxpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, int k, int stride, int pad,
+                           sf_layout lay, void *y, int32_t *argmax, cudaStream_t s);
+int sf_cuda_maxpool_bwd_dt(sf_dtype dt, const void *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
+                           int stride, int pad, sf_layout lay, void *dx, cudaStream_t s);
+int sf_cuda_avgpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay, void *y,
+                           cudaStream_t s);
+int sf_cuda_avgpool_bwd_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay, void *dx,
+                           cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_POOL_H */

@@ -1,0 +1,66 @@
+/* gpu/ref/linear.c — reference linear layer, forward and backward, in float and
+ * double (_f64). Contracts in gpu/ref/ref.h. */
+#ifndef T
+#include "ref.h"
+
+#include <math.h>
+
+#define SF_REF_SELF "linear.c"
+#include "generic.h"
+
+#else /* the generic part, compiled once for float and once for double (generic.h) */
+
+/* y[n][o] = b[o] + sum_i w[o][i] * x[n][i] */
+void SF_FN(sf_ref_linear_fwd)(const T *x, int n, int in, const T *wt, const T *b, int out, T *y)
+{
+    for (int ni = 0; ni < n; ni++) {
+        const T *xn = x + (size_t)ni * in;
+        for (int o = 0; o < out; o++) {
+            const T *wo = wt + (size_t)o * in;
+            T acc = 0;
+            for (int i = 0; i < in; i++)
+                acc += wo[i] * xn[i];
+            y[(size_t)ni * out + o] = (b ? b[o] : (T)0) + acc;
+        }
+    }
+}
+
+/* dx[n][i] = sum_o dy[n][o] w[o][i];  dw[o][i] = sum_n dy[n][o] x[n][i];  db[o] = sum_n dy[n][o] */
+void SF_FN(sf_ref_linear_bwd)(const T *x, int n, int in, const T *wt, int out, const T *dy, T *dx,
+                              T *dw, T *db)
+{
+    if (dx) {
+        for (int ni = 0; ni < n; ni++) {
+            T *dxn = dx + (size_t)ni * in;
+            for (int i = 0; i < in; i++)
+                dxn[i] = 0;
+            for (int o = 0; o < out; o++) {
+                const T g = dy[(size_t)ni * out + o];
+                const T *wo = wt + (size_t)o * in;
+                for (int i = 0; i < in; i++)
+                    dxn[i] += g * wo[i];
+            }
+        }
+    }
+    for (int o = 0; o < out; o++) {
+        T *dwo = dw + (size_t)o * in;
+        for (int i = 0; i < in; i++)
+            dwo[i] = 0;
+        for (int ni = 0; ni < n; ni++) {
+            const T g = dy[(size_t)ni * out + o];
+            const T *xn = x + (size_t)ni * in;
+            for (int i = 0; i < in; i++)
+                dwo[i] += g * xn[i];
+        }
+    }
+    if (db) {
+        for (int o = 0; o < out; o++) {
+            T acc = 0;
+            for (int ni = 0; ni < n; ni++)
+                acc += dy[(size_t)ni * out + o];
+            db[o] = acc;
+        }
+    }
+}
+
+#endif

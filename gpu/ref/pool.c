@@ -1,0 +1,98 @@
+/* gpu/ref/pool.c — reference MaxPool2d and global average pooling, forward and
+ * backward, in float and double (_f64). Contracts in gpu/ref/ref.h. */
+#ifndef T
+#include "ref.h"
+
+#include <math.h>
+
+#define SF_REF_SELF "pool.c"
+#include "generic.h"
+
+#else /* the generic part, compiled once for float and once for double (generic.h) */
+
+/* oh = (h + 2*pad - k) / stride + 1 (floor, as ceil_mode=False). The window of
+ * output (oy, ox) covers input rows oy*s-p .. oy*s-p+k-1 (same for columns);
+ * taps in the padding are skipped (padding is -inf in PyTorch: it never wins).
+ * The first in-input tap in row-major window order is taken, then a later tap
+ * replaces it only if strictly greater or NaN (PyTorch's rule, so the first
+ * maximum wins ties and a NaN propagates). A window with no tap inside the
+ * input (impossible when pad <= k/2, which PyTorch requires) gives -inf and
+ * argmax -1, which the backward skips. */
+void SF_FN(sf_ref_maxpool2d_fwd)(const T *x, int n, int c, int h, int w, int k, int stride,
+                                 int pad, T *y, int32_t *argmax)
+{
+    const int oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+    for (size_t plane = 0; plane < (size_t)n * c; plane++) {
+        const T *xp = x + plane * h * w;
+        T *yp = y + plane * oh * ow;
+        int32_t *ap = argmax + plane * oh * ow;
+        for (int oy = 0; oy < oh; oy++) {
+            for (int ox = 0; ox < ow; ox++) {
+                T best = (T)-INFINITY;
+                int32_t best_i = -1;
+                for (int ky = 0; ky < k; ky++) {
+                    const int iy = oy * stride - pad + ky;
+                    if (iy < 0 || iy >= h)
+                        continue;
+                    for (int kx = 0; kx < k; kx++) {
+                        const int ix = ox * stride - pad + kx;
+                        if (ix < 0 || ix >= w)
+                            continue;
+                        const T v = xp[(size_t)iy * w + ix];
+                        if (best_i < 0 || v > best || isnan(v)) {
+                            best = v;
+                            best_i = iy * w + ix;
+                        }
+                    }
+                }
+                yp[(size_t)oy * ow + ox] = best;
+                ap[(size_t)oy * ow + ox] = best_i;
+            }
+        }
+    }
+}
+
+/* dx[argmax] += dy for every output. NOTE: this one sums into dx (windows
+ * overlap when stride < k, so one input can be chosen by several outputs), so
+ * it zeroes the whole of dx first: the result is still written, not
+ * accumulated onto what the caller had there. */
+void SF_FN(sf_ref_maxpool2d_bwd)(const T *dy, const int32_t *argmax, int n, int c, int h, int w,
+                                 int oh, int ow, T *dx)
+{
+    for (size_t i = 0; i < (size_t)n * c * h * w; i++)
+        dx[i] = 0;
+    for (size_t plane = 0; plane < (size_t)n * c; plane++) {
+        const T *dyp = dy + plane * oh * ow;
+        const int32_t *ap = argmax + plane * oh * ow;
+        T *dxp = dx + plane * h * w;
+        for (size_t o = 0; o < (size_t)oh * ow; o++)
+            if (ap[o] >= 0)
+                dxp[ap[o]] += dyp[o];
+    }
+}
+
+/* y[n][c] = sum_{y,x} x[n][c][y][x] / (h*w) */
+void SF_FN(sf_ref_avgpool_fwd)(const T *x, int n, int c, int h, int w, T *y)
+{
+    const size_t hw = (size_t)h * w;
+    for (size_t plane = 0; plane < (size_t)n * c; plane++) {
+        const T *xp = x + plane * hw;
+        T acc = 0;
+        for (size_t i = 0; i < hw; i++)
+            acc += xp[i];
+        y[plane] = acc / (T)hw;
+    }
+}
+
+/* dx[n][c][y][x] = dy[n][c] / (h*w) */
+void SF_FN(sf_ref_avgpool_bwd)(const T *dy, int n, int c, int h, int w, T *dx)
+{
+    const size_t hw = (size_t)h * w;
+    for (size_t plane = 0; plane < (size_t)n * c; plane++) {
+        const T g = dy[plane] / (T)hw;
+        for (size_t i = 0; i < hw; i++)
+            dx[plane * hw + i] = g;
+    }
+}
+
+#endif

@@ -1,0 +1,272 @@
+/* tests/gpu/op_test.h — what the op-family tests (tests/gpu/test_<family>.cu)
+ * share beside gpu_test.h: fresh random inputs, NaN poisoning, the fp32/tf32
+ * relative-error checks, and the bf16 helpers (host rounding so both sides see
+ * the same values, bf16 uploads and downloads, the max-error and per-element
+ * criteria). Header-only: each test is one program.
+ *
+ * Every CUDA op runs against the double-precision reference of gpu/ref
+ * (DESIGN.md section 8) on fresh random inputs (never zeros), outputs poisoned
+ * with NaN before each run, NaN or Inf anywhere failing.
+ */
+#ifndef SF_TESTS_GPU_OP_TEST_H
+#define SF_TESTS_GPU_OP_TEST_H
+
+extern "C" {
+#include "../../gpu/ref/ref.h"
+#include "../../gpu/rng.h"
+}
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <vector>
+
+#include <cuda_bf16.h>
+
+#include "gpu_test.h"
+
+#include "../../gpu/cuda/batchnorm.h"
+#include "../../gpu/cuda/conv.h"
+#include "../../gpu/cuda/conv_transpose.h"
+#include "../../gpu/cuda/layout.h"
+#include "../../gpu/cuda/linear.h"
+#include "../../gpu/cuda/loss.h"
+#include "../../gpu/cuda/optimizer.h"
+#include "../../gpu/cuda/pointwise.h"
+#include "../../gpu/cuda/pool.h"
+
+static __attribute__((unused)) uint64_t g_seed = 0x9e3779b9;
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static __attribute__((unused)) void rand_fill(std::vector<float> &v, float scale, float offset = 0.f)
+{
+    uint64_t s = g_seed++;
+    for (size_t i = 0; i < v.size(); i++) {
+        float u = sf_u01(sf_hash4(s, i, 91, 0)) * 2.f - 1.f;
+        if (u == 0.f)
+            u = 0.5f; /* never zero */
+        v[i] = offset + u * scale;
+    }
+}
+
+static __attribute__((unused)) void check_f(const char *name, const float *got, const std::vector<double> &ref, double tol)
+{
+    check(name, got, ref.data(), ref.size(), tol);
+}
+
+static __attribute__((unused)) void check_v(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double tol)
+{
+    if (got.size() != ref.size()) {
+        g_fail++;
+        printf("FAIL %s: size %zu vs %zu\n", name, got.size(), ref.size());
+        return;
+    }
+    check(name, got.data(), ref.data(), ref.size(), tol);
+}
+
+static __attribute__((unused)) void fail(const char *name, const char *why)
+{
+    g_fail++;
+    printf("FAIL %s: %s\n", name, why);
+}
+
+static __attribute__((unused)) void pass_or_fail(const char *name, int ok, const char *why)
+{
+    if (ok) {
+        g_ok++;
+        printf("ok %s\n", name);
+    } else {
+        fail(name, why);
+    }
+}
+
+static __attribute__((unused)) void poison(void *d, size_t bytes) { CU(cudaMemset(d, 0xff, bytes)); } /* floats: NaN; ints: -1 */
+
+/* A float tensor of n elements filled with all-ones bits: NaN. */
+static __attribute__((unused)) void poison_f(float *d, size_t n) { poison(d, n * 4); }
+
+static const char *lname(sf_layout l) { return l == SF_LAYOUT_NHWC ? "nhwc" : "nchw"; }
+
+/* ---- bf16 data ---------------------------------------------------------------
+ * Host values are rounded to bf16 first (sf_bf16_round, ref.h), so the bf16 bit
+ * patterns uploaded hold exactly the values the reference is given. */
+
+static __attribute__((unused)) void round_bf16(std::vector<float> &v) { sf_bf16_round_n(v.data(), v.size()); }
+static __attribute__((unused)) void upb(uint16_t *d, const std::vector<float> &h)
+{
+    std::vector<uint16_t> b(h.size());
+    for (size_t i = 0; i < h.size(); i++)
+        b[i] = sf_bf16_bits(h[i]);
+    CU(cudaMemcpy(d, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+}
+static __attribute__((unused)) std::vector<float> downb(const uint16_t *d, size_t n)
+{
+    std::vector<uint16_t> b(n);
+    CU(cudaMemcpy(b.data(), d, n * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> h(n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = sf_bf16_float(b[i]);
+    return h;
+}
+static __attribute__((unused)) void poison_b(uint16_t *d, size_t n) { CU(cudaMemset(d, 0xff, n * 2)); } /* 0xffff: a bf16 NaN */
+
+/* The bf16 criterion: max |got - ref| <= tol * max |ref|, NaN or Inf anywhere
+ * failing. ref is the double-precision reference on the bf16-rounded inputs,
+ * so the inputs contribute no error; what is left is fp32 accumulation (relative
+ * ~1e-6 here) and, for a bf16 output, its one rounding to nearest, at most
+ * half an ulp, 2^-8 ~ 3.9e-3 of the element, so of max |ref|. tol 1e-2 leaves
+ * a factor 2.5 over that and still catches a wrong layout, a dropped tap, a
+ * channel mix-up or a half-written output (errors of order max |ref|). */
+static __attribute__((unused)) void check_max(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double tol)
+{
+    double err = 0, scale = 0;
+    size_t nonfin = 0, worst = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        scale = fmax(scale, fabs(ref[i]));
+        if (!isfinite(got[i])) {
+            nonfin++;
+            continue;
+        }
+        const double e = fabs((double)got[i] - ref[i]);
+        if (e > err) {
+            err = e;
+            worst = i;
+        }
+    }
+    char why[200];
+    if (nonfin || got.size() != ref.size()) {
+        snprintf(why, sizeof why, "%zu of %zu elements not finite (or size %zu)", nonfin, ref.size(), got.size());
+        fail(name, why);
+    } else if (err > tol * scale || scale == 0) {
+        snprintf(why, sizeof why, "max err %.3e > %.0e * max|ref| %.3e (worst [%zu] %g vs %g)", err, tol, scale, worst,
+                 got[worst], ref[worst]);
+        fail(name, why);
+    } else {
+        g_ok++;
+        printf("ok %s (max err %.2e of max|ref| %.3g)\n", name, err / scale, scale);
+    }
+}
+
+/* ---- element types (bf16): helpers ------------------------------------------
+ * bf16 cases draw float inputs, round them with sf_bf16_round (ref.h) so the
+ * device and the reference see the same values, run the reference in double
+ * (or float where ref.h has only that) and compare the kernel's bf16 output to
+ * the unrounded reference (check_dt). */
+
+static __attribute__((unused)) const char *dtname(sf_dtype dt) { return dt == SF_DT_BF16 ? "bf16" : "fp32"; }
+static __attribute__((unused)) void round_dt(std::vector<float> &v, sf_dtype dt)
+{
+    if (dt == SF_DT_BF16)
+        sf_bf16_round_n(v.data(), v.size());
+}
+
+/* A device tensor of n elements of dt; p is `mis` elements past the start of a
+ * fresh cudaMalloc (256-byte aligned), so mis = 1 breaks 16-byte alignment. */
+struct dbuf {
+    char *base;
+    void *p;
+    size_t n;
+    sf_dtype dt;
+};
+static __attribute__((unused)) dbuf dbuf_make(sf_dtype dt, size_t n, int mis)
+{
+    dbuf b;
+    b.base = dalloc<char>((n + 8) * sf_dtype_size(dt));
+    b.p = b.base + (size_t)mis * sf_dtype_size(dt);
+    b.n = n;
+    b.dt = dt;
+    return b;
+}
+static __attribute__((unused)) void dbuf_free(dbuf &b) { cudaFree(b.base); }
+static __attribute__((unused)) void up_dt(const dbuf &b, const std::vector<float> &h)
+{
+    if (b.dt == SF_DT_BF16) {
+        std::vector<uint16_t> u(h.size());
+        for (size_t i = 0; i < h.size(); i++)
+            u[i] = sf_bf16_bits(h[i]);
+        CU(cudaMemcpy(b.p, u.data(), u.size() * 2, cudaMemcpyHostToDevice));
+    } else {
+        CU(cudaMemcpy(b.p, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    }
+}
+static __attribute__((unused)) std::vector<float> down_dt(const dbuf &b, size_t n)
+{
+    std::vector<float> h(n);
+    if (b.dt == SF_DT_BF16) {
+        std::vector<uint16_t> u(n);
+        CU(cudaMemcpy(u.data(), b.p, n * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; i++)
+            h[i] = sf_bf16_float(u[i]);
+    } else {
+        CU(cudaMemcpy(h.data(), b.p, n * 4, cudaMemcpyDeviceToHost));
+    }
+    return h;
+}
+static __attribute__((unused)) void poison_dt(const dbuf &b) { poison(b.p, b.n * sf_dtype_size(b.dt)); } /* 0xffff: a bf16 NaN */
+
+/* Element by element: |got - ref| <= rel*|ref| + absf*max|ref|, NaN or Inf
+ * failing; rel = absf = 0 asks for exact values. Prints the worst element. */
+static __attribute__((unused)) void check_ulp(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double rel,
+                      double absf)
+{
+    if (got.size() != ref.size()) {
+        g_fail++;
+        printf("FAIL %s: size %zu vs %zu\n", name, got.size(), ref.size());
+        return;
+    }
+    double scale = 0;
+    for (size_t i = 0; i < ref.size(); i++)
+        scale = fmax(scale, fabs(ref[i]));
+    const double abst = absf * scale;
+    size_t bad = 0, nonfin = 0, worst = 0;
+    double wr = -1; /* worst error over its allowance */
+    for (size_t i = 0; i < ref.size(); i++) {
+        if (!isfinite(got[i])) {
+            if (!nonfin++)
+                worst = i;
+            continue;
+        }
+        const double e = fabs((double)got[i] - ref[i]), allow = rel * fabs(ref[i]) + abst;
+        if (e > allow)
+            bad++;
+        const double r = allow > 0 ? e / allow : (e > 0 ? INFINITY : 0);
+        if (!nonfin && r > wr) {
+            wr = r;
+            worst = i;
+        }
+    }
+    if (nonfin) {
+        g_fail++;
+        printf("FAIL %s: %zu of %zu elements not finite (first at %zu: %g, ref %g)\n", name, nonfin, ref.size(), worst,
+               got[worst], ref[worst]);
+    } else if (bad) {
+        g_fail++;
+        printf("FAIL %s: %zu of %zu elements beyond %g*|ref| + %g; worst [%zu] %.9g vs %.9g\n", name, bad, ref.size(),
+               rel, abst, worst, got[worst], ref[worst]);
+    } else {
+        g_ok++;
+        printf("ok %s (worst %.2f of the allowance)\n", name, wr < 0 ? 0.0 : wr);
+    }
+}
+
+/* The bf16 output criterion: |got - ref| <= 2^-8 |ref| + 1e-5 max|ref|.
+ * ref is the double reference on the same bf16-rounded inputs, so what is left
+ * is the kernel's fp32 arithmetic (~1e-6 relative) and the output's one
+ * rounding to nearest even: at most half an ulp, and half a bf16 ulp is at
+ * most 2^-8 of the value (8 significant bits). The absolute term, 1e-5 of the
+ * largest reference value, covers fp32 error on values near zero (BN's dx
+ * cancels terms of order max|ref|). fp32 outputs keep the suite's norm check
+ * (check_v) with the fp32 tolerance tol32. */
+static __attribute__((unused)) void check_dt(const char *name, sf_dtype dt, const std::vector<float> &got, const std::vector<double> &ref,
+                     double tol32)
+{
+    if (dt == SF_DT_F32)
+        check_v(name, got, ref, tol32);
+    else
+        check_ulp(name, got, ref, 1.0 / 256, 1e-5);
+}
+
+#endif

@@ -1,0 +1,351 @@
+/* tests/gpu/test_batchnorm.cu — BatchNorm2d of gpu/cuda/batchnorm.h against
+ * sf_ref_bn2d_*: training forward (statistics, running statistics), eval
+ * forward and training backward, with and without the fused ReLU, both
+ * layouts, at ResNet-18's first and last BN shapes and odd ones; the _dt
+ * launchers in fp32 and bf16 (row chunks, ragged chunks, channel counts off
+ * the vector width, misaligned pointers); and a captured forward+backward
+ * replaying bit-equal to the eager run (capturable, deterministic). *
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+/* ---- BatchNorm2d ----------------------------------------------------------- */
+
+static void test_bn(cudaStream_t s, int n, int c, int h, int w, sf_layout L, int relu)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "bn n%d c%d %dx%d %s%s", n, c, h, w, lname(L), relu ? " +relu" : "");
+    const size_t len = (size_t)n * c * h * w;
+    const float eps = 1e-5f, mom = 0.1f;
+    std::vector<float> x(len), dy(len), gamma(c), beta(c), rm(c), rv(c);
+    rand_fill(x, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
+    rand_fill(dy, 1.f);
+    rand_fill(gamma, 0.5f, 1.f);
+    rand_fill(beta, 0.5f);
+    rand_fill(rm, 0.5f);
+    rand_fill(rv, 0.4f, 1.f);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm),
+                        rvd = to_d(rv), yr(len), smr(c), sir(c), dxr(len), dgr(c), dbr(c);
+    sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd.data(), rvd.data(),
+                              smr.data(), sir.data(), yr.data());
+    if (relu) {
+        for (size_t i = 0; i < len; i++)
+            if (!(yr[i] > 0)) {
+                yr[i] = 0;
+                dyd[i] = 0; /* the ReLU backward, before the BN backward */
+            }
+    }
+    sf_ref_bn2d_bwd_f64(xd.data(), n, c, h, w, gd.data(), smr.data(), sir.data(), dyd.data(), dxr.data(),
+                        dgr.data(), dbr.data());
+    /* eval mode, float reference, on the updated running statistics */
+    std::vector<float> rm2(c), rv2(c), ye(len);
+    for (int i = 0; i < c; i++) {
+        rm2[i] = (float)rmd[i];
+        rv2[i] = (float)rvd[i];
+    }
+    sf_ref_bn2d_fwd_eval(x.data(), n, c, h, w, gamma.data(), beta.data(), eps, rm2.data(), rv2.data(), ye.data());
+    std::vector<double> yer = to_d(ye);
+    if (relu)
+        for (size_t i = 0; i < len; i++)
+            yer[i] = yer[i] > 0 ? yer[i] : 0;
+
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    float *d_x = dalloc<float>(len), *d_dy = dalloc<float>(len), *d_y = dalloc<float>(len),
+          *d_dx = dalloc<float>(len), *d_g = dalloc<float>(c), *d_b = dalloc<float>(c), *d_rm = dalloc<float>(c),
+          *d_rv = dalloc<float>(c), *d_sm = dalloc<float>(c), *d_si = dalloc<float>(c), *d_dg = dalloc<float>(c),
+          *d_db = dalloc<float>(c);
+    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, L));
+    up(d_x, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up(d_dy, nhwc ? to_nhwc(dy, n, c, h, w) : dy);
+    up(d_g, gamma);
+    up(d_b, beta);
+    up(d_rm, rm);
+    up(d_rv, rv);
+    poison(d_y, len * 4);
+    poison(d_dx, len * 4);
+    poison(d_sm, c * 4);
+    poison(d_si, c * 4);
+    poison(d_dg, c * 4);
+    poison(d_db, c * 4);
+    int rc = sf_cuda_bn_fwd_train(d_x, n, c, h, w, L, d_g, d_b, eps, mom, d_rm, d_rv, d_sm, d_si, d_y, relu, scr, s);
+    if (!rc)
+        rc = sf_cuda_bn_bwd(d_x, n, c, h, w, L, d_g, d_sm, d_si, d_dy, relu ? d_y : NULL, d_dx, d_dg, d_db, scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> y = down(d_y, len), dx = down(d_dx, len);
+        if (nhwc) {
+            y = to_nchw(y, n, c, h, w);
+            dx = to_nchw(dx, n, c, h, w);
+        }
+        char sub[220];
+        snprintf(sub, sizeof sub, "%s train y", nm);
+        check_v(sub, y, yr, 1e-4);
+        snprintf(sub, sizeof sub, "%s save_mean", nm);
+        check_v(sub, down(d_sm, c), smr, 1e-4);
+        snprintf(sub, sizeof sub, "%s save_invstd", nm);
+        check_v(sub, down(d_si, c), sir, 1e-4);
+        snprintf(sub, sizeof sub, "%s running_mean", nm);
+        check_v(sub, down(d_rm, c), rmd, 1e-4);
+        snprintf(sub, sizeof sub, "%s running_var", nm);
+        check_v(sub, down(d_rv, c), rvd, 1e-4);
+        snprintf(sub, sizeof sub, "%s bwd dx", nm);
+        check_v(sub, dx, dxr, 1e-4);
+        snprintf(sub, sizeof sub, "%s bwd dgamma", nm);
+        check_v(sub, down(d_dg, c), dgr, 1e-4);
+        snprintf(sub, sizeof sub, "%s bwd dbeta", nm);
+        check_v(sub, down(d_db, c), dbr, 1e-4);
+        /* eval, on the running statistics the device just updated */
+        poison(d_y, len * 4);
+        rc = sf_cuda_bn_fwd_eval(d_x, n, c, h, w, L, d_g, d_b, eps, d_rm, d_rv, d_y, relu, s);
+        CU(cudaStreamSynchronize(s));
+        snprintf(sub, sizeof sub, "%s eval y", nm);
+        if (rc) {
+            fail(sub, sf_cuda_last_error());
+        } else {
+            std::vector<float> y2 = down(d_y, len);
+            if (nhwc)
+                y2 = to_nchw(y2, n, c, h, w);
+            check_v(sub, y2, yer, 1e-5);
+        }
+    }
+    cudaFree(d_x); cudaFree(d_dy); cudaFree(d_y); cudaFree(d_dx); cudaFree(d_g); cudaFree(d_b);
+    cudaFree(d_rm); cudaFree(d_rv); cudaFree(d_sm); cudaFree(d_si); cudaFree(d_dg); cudaFree(d_db); cudaFree(scr);
+}
+
+/* ---- BatchNorm2d on dt ------------------------------------------------------------ */
+
+/* Training forward (optionally with the fused ReLU), backward, then eval on
+ * the running statistics the device updated. The backward's reference masks dy
+ * with the device's own ReLU output (a value the two sides round to opposite
+ * sides of zero would otherwise flip a mask bit). Per-channel fp32 outputs:
+ * norm check, 1e-4 (fp32 data) or 1e-3 (bf16 data). mis: every activation
+ * pointer one element off 16-byte alignment (the scalar fallbacks). */
+static void test_bn_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, sf_layout L, int relu, int mis)
+{
+    char nm[200], sub[260];
+    snprintf(nm, sizeof nm, "bn_dt %s n%d c%d %dx%d %s%s%s", dtname(dt), n, c, h, w, lname(L), relu ? " +relu" : "",
+             mis ? " misaligned" : "");
+    const size_t len = (size_t)n * c * h * w;
+    const float eps = 1e-5f, mom = 0.1f;
+    const double tolc = dt == SF_DT_BF16 ? 1e-3 : 1e-4;
+    std::vector<float> x(len), dy(len), gamma(c), beta(c), rm(c), rv(c);
+    rand_fill(x, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
+    rand_fill(dy, 1.f);
+    rand_fill(gamma, 0.5f, 1.f);
+    rand_fill(beta, 0.5f);
+    rand_fill(rm, 0.5f);
+    rand_fill(rv, 0.4f, 1.f);
+    round_dt(x, dt);
+    round_dt(dy, dt);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm),
+                        rvd = to_d(rv), yr(len), smr(c), sir(c), dxr(len), dgr(c), dbr(c);
+    sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd.data(), rvd.data(),
+                              smr.data(), sir.data(), yr.data());
+    if (relu)
+        for (size_t i = 0; i < len; i++)
+            yr[i] = yr[i] > 0 ? yr[i] : 0;
+
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    dbuf bx = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis),
+         bdx = dbuf_make(dt, len, mis);
+    float *d_g = dalloc<float>(c), *d_b = dalloc<float>(c), *d_rm = dalloc<float>(c), *d_rv = dalloc<float>(c),
+          *d_sm = dalloc<float>(c), *d_si = dalloc<float>(c), *d_dg = dalloc<float>(c), *d_db = dalloc<float>(c);
+    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, L));
+    up_dt(bx, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up_dt(bdy, nhwc ? to_nhwc(dy, n, c, h, w) : dy);
+    up(d_g, gamma);
+    up(d_b, beta);
+    up(d_rm, rm);
+    up(d_rv, rv);
+    poison_dt(by);
+    poison_dt(bdx);
+    poison(d_sm, c * 4);
+    poison(d_si, c * 4);
+    poison(d_dg, c * 4);
+    poison(d_db, c * 4);
+    int rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, mom, d_rm, d_rv, d_sm, d_si, by.p, relu,
+                                     scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+        goto done;
+    }
+    {
+        std::vector<float> y = down_dt(by, len);
+        if (nhwc)
+            y = to_nchw(y, n, c, h, w);
+        snprintf(sub, sizeof sub, "%s train y", nm);
+        check_dt(sub, dt, y, yr, 1e-4);
+        snprintf(sub, sizeof sub, "%s save_mean", nm);
+        check_v(sub, down(d_sm, c), smr, tolc);
+        snprintf(sub, sizeof sub, "%s save_invstd", nm);
+        check_v(sub, down(d_si, c), sir, tolc);
+        snprintf(sub, sizeof sub, "%s running_mean", nm);
+        check_v(sub, down(d_rm, c), rmd, tolc);
+        snprintf(sub, sizeof sub, "%s running_var", nm);
+        check_v(sub, down(d_rv, c), rvd, tolc);
+
+        if (relu)
+            for (size_t i = 0; i < len; i++)
+                if (!(y[i] > 0))
+                    dyd[i] = 0; /* the ReLU backward, before the BN backward */
+        sf_ref_bn2d_bwd_f64(xd.data(), n, c, h, w, gd.data(), smr.data(), sir.data(), dyd.data(), dxr.data(),
+                            dgr.data(), dbr.data());
+        rc = sf_cuda_bn_bwd_dt(dt, bx.p, n, c, h, w, L, d_g, d_sm, d_si, bdy.p, relu ? by.p : NULL, bdx.p, d_dg, d_db,
+                               scr, s);
+        CU(cudaStreamSynchronize(s));
+        snprintf(sub, sizeof sub, "%s bwd", nm);
+        if (rc) {
+            fail(sub, sf_cuda_last_error());
+            goto done;
+        }
+        std::vector<float> dx = down_dt(bdx, len);
+        if (nhwc)
+            dx = to_nchw(dx, n, c, h, w);
+        snprintf(sub, sizeof sub, "%s bwd dx", nm);
+        check_dt(sub, dt, dx, dxr, 1e-4);
+        snprintf(sub, sizeof sub, "%s bwd dgamma", nm);
+        check_v(sub, down(d_dg, c), dgr, tolc);
+        snprintf(sub, sizeof sub, "%s bwd dbeta", nm);
+        check_v(sub, down(d_db, c), dbr, tolc);
+
+        /* eval, on the running statistics the device just updated */
+        std::vector<float> rm2 = down(d_rm, c), rv2 = down(d_rv, c);
+        std::vector<double> yer(len);
+        const size_t hw = (size_t)h * w;
+        for (size_t i = 0; i < len; i++) {
+            const int ch = (int)((i / hw) % c);
+            const double v = (double)gamma[ch] * (((double)x[i] - rm2[ch]) / sqrt((double)rv2[ch] + eps)) + beta[ch];
+            yer[i] = relu ? (v > 0 ? v : 0) : v;
+        }
+        poison_dt(by);
+        rc = sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, d_rm, d_rv, by.p, relu, s);
+        CU(cudaStreamSynchronize(s));
+        snprintf(sub, sizeof sub, "%s eval y", nm);
+        if (rc) {
+            fail(sub, sf_cuda_last_error());
+        } else {
+            std::vector<float> y2 = down_dt(by, len);
+            if (nhwc)
+                y2 = to_nchw(y2, n, c, h, w);
+            check_dt(sub, dt, y2, yer, 1e-5);
+        }
+    }
+done:
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+    cudaFree(d_g); cudaFree(d_b); cudaFree(d_rm); cudaFree(d_rv); cudaFree(d_sm); cudaFree(d_si); cudaFree(d_dg);
+    cudaFree(d_db); cudaFree(scr);
+}
+
+/* ---- CUDA-graph capture ---------------------------------------------------- */
+
+/* A training forward + backward captured into a CUDA graph replays bit-equal
+ * to the eager run: the launchers allocate and synchronise nothing (else the
+ * capture fails) and their reductions are deterministic (else the bits differ). */
+static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n, int c, int hw, int relu)
+{
+    char nm[200];
+    snprintf(nm, sizeof nm, "bn %s %s n%d c%d %dx%d%s fwd+bwd: captured graph replays bit-equal", dtname(dt), lname(L),
+             n, c, hw, hw, relu ? " +relu" : "");
+    const size_t len = (size_t)n * c * hw * hw, es = sf_dtype_size(dt);
+    void *x = dalloc<char>(len * es), *y = dalloc<char>(len * es), *dy = dalloc<char>(len * es),
+         *dx = dalloc<char>(len * es);
+    float *g = dalloc<float>(c), *b = dalloc<float>(c), *rm = dalloc<float>(c), *rv = dalloc<float>(c),
+          *sm = dalloc<float>(c), *si = dalloc<float>(c), *dg = dalloc<float>(c), *db = dalloc<float>(c);
+    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, hw, hw, L));
+    auto enq = [&](cudaStream_t st) {
+        return sf_cuda_bn_fwd_train_dt(dt, x, n, c, hw, hw, L, g, b, 1e-5f, 0.1f, rm, rv, sm, si, y, relu, scr, st) ||
+               sf_cuda_bn_bwd_dt(dt, x, n, c, hw, hw, L, g, sm, si, dy, relu ? y : NULL, dx, dg, db, scr, st);
+    };
+    if (sf_cuda_fill_random_dt(dt, x, len, g_seed++, 2.f, s) || sf_cuda_fill_random_dt(dt, dy, len, g_seed++, 1.f, s) ||
+        sf_cuda_fill_random(g, c, g_seed++, 1.f, s) || sf_cuda_fill_random(b, c, g_seed++, 1.f, s) ||
+        sf_cuda_fill(rm, c, 0.f, s) || sf_cuda_fill(rv, c, 1.f, s) || enq(s)) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        CU(cudaStreamSynchronize(s));
+        std::vector<char> dx0(len * es), dx1(len * es);
+        CU(cudaMemcpy(dx0.data(), dx, len * es, cudaMemcpyDeviceToHost));
+        std::vector<float> dg0 = down(dg, c), db0 = down(db, c);
+        cudaGraph_t gr;
+        cudaGraphExec_t ge;
+        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        const int rc = enq(s);
+        const cudaError_t ce = cudaStreamEndCapture(s, &gr);
+        if (rc || ce != cudaSuccess || cudaGraphInstantiate(&ge, gr, 0) != cudaSuccess) {
+            fail(nm, rc ? sf_cuda_last_error() : "capture failed");
+        } else {
+            poison(dx, len * es);
+            poison_f(dg, c);
+            poison_f(db, c);
+            CU(cudaGraphLaunch(ge, s));
+            CU(cudaStreamSynchronize(s));
+            CU(cudaMemcpy(dx1.data(), dx, len * es, cudaMemcpyDeviceToHost));
+            std::vector<float> dg1 = down(dg, c), db1 = down(db, c);
+            pass_or_fail(nm, dx0 == dx1 && memcmp(dg0.data(), dg1.data(), c * 4) == 0 &&
+                                 memcmp(db0.data(), db1.data(), c * 4) == 0,
+                         "replay differs from the eager run (non-deterministic or not captured)");
+            cudaGraphExecDestroy(ge);
+        }
+        if (ce == cudaSuccess)
+            cudaGraphDestroy(gr);
+    }
+    cudaFree(x); cudaFree(y); cudaFree(dy); cudaFree(dx); cudaFree(g); cudaFree(b); cudaFree(rm); cudaFree(rv);
+    cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    /* A blocking stream: the uploads and NaN fills go through the legacy stream
+     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+
+    for (int lay = 0; lay < 2; lay++) {
+        const sf_layout L = (sf_layout)lay;
+        test_bn(s, 2, 64, 56, 56, L, 0); /* ResNet-18's first BN, batch 2 */
+        test_bn(s, 4, 512, 7, 7, L, 0);  /* its last */
+        test_bn(s, 4, 3, 5, 7, L, 0);
+        test_bn(s, 3, 6, 1, 1, L, 0);
+        test_bn(s, 8, 16, 13, 13, L, 1);
+        test_bn(s, 2, 128, 28, 28, L, 1);
+    }
+    for (int t = 0; t < 2; t++)
+        for (int lay = 0; lay < 2; lay++) {
+            const sf_dtype dt = (sf_dtype)t;
+            const sf_layout L = (sf_layout)lay;
+            test_bn_dt(s, dt, 2, 64, 56, 56, L, 1, 0); /* ResNet-18's first BN, batch 2 */
+            test_bn_dt(s, dt, 4, 512, 7, 7, L, 0, 0);  /* its last */
+            test_bn_dt(s, dt, 2, 128, 28, 28, L, 1, 0);
+            test_bn_dt(s, dt, 16, 64, 32, 32, L, 1, 0); /* many row chunks */
+            test_bn_dt(s, dt, 3, 64, 13, 11, L, 0, 0);  /* a ragged last chunk */
+            test_bn_dt(s, dt, 3, 24, 5, 5, L, 1, 0);    /* C/8 odd: one channel group a block */
+            test_bn_dt(s, dt, 8, 40, 13, 13, L, 1, 0);
+            test_bn_dt(s, dt, 2, 16, 8, 8, L, 0, 0);
+            test_bn_dt(s, dt, 4, 3, 5, 7, L, 0, 0);     /* C % 8 != 0: scalar */
+            test_bn_dt(s, dt, 3, 6, 1, 1, L, 0, 0);
+            test_bn_dt(s, dt, 2, 64, 9, 9, L, 1, 1);    /* misaligned: scalar fallback */
+        }
+    /* a captured forward+backward replays bit-equal to the eager run */
+    for (int lay = 0; lay < 2; lay++)
+        test_bn_graph_replay(s, SF_DT_F32, (sf_layout)lay, 32, 64, 28, 0);
+    test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 64, 28, 1);
+    test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 512, 7, 0);
+
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_batchnorm: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

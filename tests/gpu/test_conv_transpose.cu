@@ -1,0 +1,321 @@
+/* tests/gpu/test_conv_transpose.cu — ConvTranspose2d of
+ * gpu/cuda/conv_transpose.h against sf_ref_convt2d_*: forward + bias,
+ * backward-data, backward-filter and bias gradient in both layouts, fp32 and
+ * tf32, at W2's decoder shapes and odd ones; the plan cache; the bias/ReLU
+ * epilogue on fp32 and bf16; bf16 plans (max-error criterion). *
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+/* ---- ConvTranspose2d -------------------------------------------------------- */
+
+struct convt_case {
+    int n, c, h, w, oc, k, stride, pad;
+};
+
+static void test_convt(cudnnHandle_t dnn, cudaStream_t s, const convt_case &cc)
+{
+    const int oh = (cc.h - 1) * cc.stride - 2 * cc.pad + cc.k, ow = (cc.w - 1) * cc.stride - 2 * cc.pad + cc.k;
+    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.c * cc.oc * cc.k * cc.k,
+                 ny = (size_t)cc.n * cc.oc * oh * ow;
+    std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(b, 0.5f);
+    rand_fill(dy, 1.f);
+    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
+    std::vector<double> yr(ny), dxr(nx), dwr(nw), dbr(cc.oc);
+    sf_ref_convt2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), bd.data(), cc.oc, cc.k, cc.stride, cc.pad,
+                           yr.data());
+    sf_ref_convt2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
+                           dxr.data(), dwr.data(), dbr.data());
+
+    float *d_x = dalloc<float>(nx), *d_w = dalloc<float>(nw), *d_b = dalloc<float>(cc.oc),
+          *d_y = dalloc<float>(ny), *d_dy = dalloc<float>(ny), *d_dx = dalloc<float>(nx),
+          *d_dw = dalloc<float>(nw), *d_db = dalloc<float>(cc.oc);
+    float *scratch = dalloc<float>(sf_cuda_bias_grad_scratch(cc.oc));
+    const size_t ws_bytes = (size_t)256 << 20;
+    void *ws = dalloc<char>(ws_bytes);
+    for (int lay = 0; lay < 2; lay++)
+        for (int tf32 = 0; tf32 < 2; tf32++) {
+            const sf_layout L = (sf_layout)lay;
+            const int nhwc = L == SF_LAYOUT_NHWC;
+            char nm[200];
+            snprintf(nm, sizeof nm, "convT n%d c%d %dx%d -> oc%d k%d s%d p%d %s %s", cc.n, cc.c, cc.h, cc.w, cc.oc,
+                     cc.k, cc.stride, cc.pad, lname(L), tf32 ? "tf32" : "fp32");
+            const double tol = tf32 ? 1e-3 : 1e-4;
+            up(d_x, nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x);
+            up(d_w, nhwc ? to_nhwc(wt, cc.c, cc.oc, cc.k, cc.k) : wt); /* [c][k][k][oc] */
+            up(d_b, b);
+            up(d_dy, nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy);
+            poison(d_y, ny * 4);
+            poison(d_dx, nx * 4);
+            poison(d_dw, nw * 4);
+            poison(d_db, cc.oc * 4);
+            sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, tf32, SF_DT_F32, 16, 16, 16, 0};
+            sf_convt_plans pl;
+            memset(&pl, 0, sizeof pl);
+            if (sf_convt_plans_build(dnn, &d, SF_CONVT_DIR_ALL, ws_bytes, 1, NULL, &pl)) {
+                fail(nm, sf_cuda_last_error());
+                continue;
+            }
+            sf_convt_ptrs pf = {d_x, d_w, d_y, ws}, pd = {d_dx, d_w, d_dy, ws}, pw = {d_x, d_dw, d_dy, ws};
+            int rc = sf_convt_run(dnn, &pl, SF_CONV_FWD, &pf) || sf_convt_bias_act(&d, d_y, d_b, 0, s) ||
+                     sf_convt_run(dnn, &pl, SF_CONV_BWD_DATA, &pd) || sf_convt_run(dnn, &pl, SF_CONV_BWD_FILTER, &pw) ||
+                     sf_convt_bias_grad(&d, d_dy, NULL, d_db, scratch, s);
+            CU(cudaStreamSynchronize(s));
+            if (rc) {
+                fail(nm, sf_cuda_last_error());
+                sf_convt_plans_destroy(&pl);
+                continue;
+            }
+            std::vector<float> y = down(d_y, ny), dx = down(d_dx, nx), dw = down(d_dw, nw), db = down(d_db, cc.oc);
+            if (nhwc) {
+                y = to_nchw(y, cc.n, cc.oc, oh, ow);
+                dx = to_nchw(dx, cc.n, cc.c, cc.h, cc.w);
+                dw = to_nchw(dw, cc.c, cc.oc, cc.k, cc.k);
+            }
+            char sub[260];
+            snprintf(sub, sizeof sub, "%s fwd+bias", nm);
+            check_v(sub, y, yr, tol);
+            snprintf(sub, sizeof sub, "%s bwd_data", nm);
+            check_v(sub, dx, dxr, tol);
+            snprintf(sub, sizeof sub, "%s bwd_filter", nm);
+            check_v(sub, dw, dwr, tol);
+            snprintf(sub, sizeof sub, "%s bias_grad", nm);
+            check_v(sub, db, dbr, 1e-4);
+            sf_convt_plans_destroy(&pl);
+        }
+    cudaFree(d_x); cudaFree(d_w); cudaFree(d_b); cudaFree(d_y); cudaFree(d_dy); cudaFree(d_dx);
+    cudaFree(d_dw); cudaFree(d_db); cudaFree(scratch); cudaFree(ws);
+}
+
+/* The plan cache: a hit returns the same set, a new shape builds another. */
+static void test_convt_cache(cudnnHandle_t dnn)
+{
+    const char *nm = "convT cache hit/miss";
+    sf_convt_cache cache;
+    memset(&cache, 0, sizeof cache);
+    sf_convt_desc a = {2, 8, 4, 4, 4, 2, 2, 0, SF_LAYOUT_NCHW, 0, SF_DT_F32, 16, 16, 16, 0};
+    sf_convt_desc b = a;
+    b.n = 3;
+    sf_convt_plans *p1 = sf_convt_cache_get(dnn, &cache, &a, SF_CONVT_DIR_FWD, (size_t)64 << 20, 1);
+    sf_convt_plans *p2 = sf_convt_cache_get(dnn, &cache, &b, SF_CONVT_DIR_ALL, (size_t)64 << 20, 1);
+    sf_convt_plans *p3 = sf_convt_cache_get(dnn, &cache, &a, SF_CONVT_DIR_FWD, (size_t)64 << 20, 1);
+    sf_convt_plans *p4 = sf_convt_cache_get(dnn, &cache, &a, SF_CONVT_DIR_ALL, (size_t)64 << 20, 1);
+    pass_or_fail(nm, p1 && p2 && p3 == p1 && p2 != p1 && p4 == p1 && p4->dirs == SF_CONVT_DIR_ALL && cache.n == 2,
+                 sf_cuda_last_error());
+    sf_convt_cache_destroy(&cache);
+}
+
+/* The convT wrappers on d->dt: bias + ReLU on the output [n, oc, oh, ow] in
+ * its layout, then the bias gradient through that ReLU; and the fp32 wrappers
+ * refuse a bf16 descriptor. */
+static void test_convt_bias_dt(cudaStream_t s, sf_dtype dt, sf_layout L, int oc)
+{
+    char nm[200], sub[260];
+    sf_convt_desc d;
+    memset(&d, 0, sizeof d);
+    d.n = 2; d.c = 3; d.h = 5; d.w = 4; d.oc = oc; d.k = 3; d.stride = 2; d.pad = 1;
+    d.layout = L;
+    d.dt = dt;
+    const int oh = (d.h - 1) * d.stride - 2 * d.pad + d.k, ow = (d.w - 1) * d.stride - 2 * d.pad + d.k;
+    snprintf(nm, sizeof nm, "convT bias_dt %s %s out [%d,%d,%d,%d]", dtname(dt), lname(L), d.n, oc, oh, ow);
+    const size_t len = (size_t)d.n * oc * oh * ow;
+    std::vector<float> y(len), dy(len), b(oc);
+    rand_fill(y, 1.f);
+    rand_fill(dy, 1.f);
+    rand_fill(b, 0.5f);
+    round_dt(y, dt);
+    round_dt(dy, dt);
+    /* reference in NCHW */
+    std::vector<double> yr(len), dyr(len), dbr(oc, 0.0);
+    for (size_t i = 0; i < len; i++) {
+        const int ch = (int)((i / ((size_t)oh * ow)) % oc);
+        const double v = (double)y[i] + b[ch];
+        yr[i] = v < 0 ? 0 : v;
+    }
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    dbuf by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0);
+    float *d_b = dalloc<float>(oc), *d_db = dalloc<float>(oc), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(oc));
+    up_dt(by, nhwc ? to_nhwc(y, d.n, oc, oh, ow) : y);
+    up_dt(bdy, nhwc ? to_nhwc(dy, d.n, oc, oh, ow) : dy);
+    up(d_b, b);
+    poison(d_db, oc * 4);
+    int rc = sf_convt_bias_act_dt(&d, by.p, d_b, 1, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> got = down_dt(by, len);
+        if (nhwc)
+            got = to_nchw(got, d.n, oc, oh, ow);
+        snprintf(sub, sizeof sub, "%s bias_act +relu", nm);
+        check_dt(sub, dt, got, yr, 1e-6);
+        /* the backward masks with the device's own ReLU output */
+        for (size_t i = 0; i < len; i++) {
+            dyr[i] = got[i] > 0 ? dy[i] : 0;
+            dbr[(i / ((size_t)oh * ow)) % oc] += dyr[i];
+        }
+        rc = sf_convt_bias_grad_dt(&d, bdy.p, by.p, d_db, scr, s);
+        CU(cudaStreamSynchronize(s));
+        snprintf(sub, sizeof sub, "%s bias_grad", nm);
+        if (rc) {
+            fail(sub, sf_cuda_last_error());
+        } else {
+            std::vector<float> g = down_dt(bdy, len);
+            if (nhwc)
+                g = to_nchw(g, d.n, oc, oh, ow);
+            snprintf(sub, sizeof sub, "%s bias_grad dy masked (exact)", nm);
+            check_ulp(sub, g, dyr, 0, 0);
+            snprintf(sub, sizeof sub, "%s bias_grad db", nm);
+            check_v(sub, down(d_db, oc), dbr, 1e-4);
+        }
+    }
+    if (dt == SF_DT_BF16) {
+        snprintf(sub, sizeof sub, "%s: fp32 wrappers refuse a bf16 descriptor", nm);
+        const int r1 = sf_convt_bias_act(&d, (float *)by.p, d_b, 1, s);
+        const int r2 = sf_convt_bias_grad(&d, (float *)bdy.p, NULL, d_db, scr, s);
+        pass_or_fail(sub, r1 == -1 && r2 == -1, "accepted");
+    }
+    dbuf_free(by); dbuf_free(bdy);
+    cudaFree(d_b); cudaFree(d_db); cudaFree(scr);
+}
+
+/* A bf16 ConvTranspose2d through the plans (d.dt = SF_DT_BF16 reaches conv.cu's
+ * plans): forward + bias (sf_convt_bias_act_dt), backward data, backward filter
+ * (dw bf16, as the conv's w), bias gradient; x, w, dy rounded to bf16, double
+ * reference on those values; max |err| <= 1e-2 max|ref| (fp32 accumulation and
+ * one bf16 rounding, as test_conv's bf16 convolutions). */
+static void test_convt_bf16(cudnnHandle_t dnn, cudaStream_t s, const convt_case &cc)
+{
+    const int oh = (cc.h - 1) * cc.stride - 2 * cc.pad + cc.k, ow = (cc.w - 1) * cc.stride - 2 * cc.pad + cc.k;
+    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.c * cc.oc * cc.k * cc.k,
+                 ny = (size_t)cc.n * cc.oc * oh * ow;
+    std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(b, 0.5f);
+    rand_fill(dy, 1.f);
+    round_dt(x, SF_DT_BF16);
+    round_dt(wt, SF_DT_BF16);
+    round_dt(dy, SF_DT_BF16);
+    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
+    std::vector<double> yr(ny), dxr(nx), dwr(nw), dbr(cc.oc);
+    sf_ref_convt2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), bd.data(), cc.oc, cc.k, cc.stride, cc.pad,
+                           yr.data());
+    sf_ref_convt2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
+                           dxr.data(), dwr.data(), dbr.data());
+    const size_t ws_bytes = (size_t)256 << 20;
+    void *ws = dalloc<char>(ws_bytes);
+    float *d_b = dalloc<float>(cc.oc), *d_db = dalloc<float>(cc.oc), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(cc.oc));
+    dbuf bx = dbuf_make(SF_DT_BF16, nx, 0), bw = dbuf_make(SF_DT_BF16, nw, 0), by = dbuf_make(SF_DT_BF16, ny, 0),
+         bdy = dbuf_make(SF_DT_BF16, ny, 0), bdx = dbuf_make(SF_DT_BF16, nx, 0), bdw = dbuf_make(SF_DT_BF16, nw, 0);
+    up(d_b, b);
+    for (int lay = 0; lay < 2; lay++) {
+        const sf_layout L = (sf_layout)lay;
+        const int nhwc = L == SF_LAYOUT_NHWC;
+        char nm[200], sub[260];
+        snprintf(nm, sizeof nm, "convT n%d c%d %dx%d -> oc%d k%d s%d p%d %s bf16", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,
+                 cc.stride, cc.pad, lname(L));
+        up_dt(bx, nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x);
+        up_dt(bw, nhwc ? to_nhwc(wt, cc.c, cc.oc, cc.k, cc.k) : wt);
+        up_dt(bdy, nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy);
+        poison_dt(by);
+        poison_dt(bdx);
+        poison_dt(bdw);
+        poison(d_db, cc.oc * 4);
+        sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, 0, SF_DT_BF16, 16, 16, 16, 0};
+        sf_convt_plans pl;
+        memset(&pl, 0, sizeof pl);
+        if (sf_convt_plans_build(dnn, &d, SF_CONVT_DIR_ALL, ws_bytes, 1, NULL, &pl)) {
+            snprintf(sub, sizeof sub, "%s plans", nm);
+            fail(sub, sf_cuda_last_error());
+            continue;
+        }
+        sf_convt_ptrs pf = {bx.p, bw.p, by.p, ws}, pd = {bdx.p, bw.p, bdy.p, ws}, pw = {bx.p, bdw.p, bdy.p, ws};
+        int rc = sf_convt_run(dnn, &pl, SF_CONV_FWD, &pf) || sf_convt_bias_act_dt(&d, by.p, d_b, 0, s) ||
+                 sf_convt_run(dnn, &pl, SF_CONV_BWD_DATA, &pd) || sf_convt_run(dnn, &pl, SF_CONV_BWD_FILTER, &pw) ||
+                 sf_convt_bias_grad_dt(&d, bdy.p, NULL, d_db, scr, s);
+        CU(cudaStreamSynchronize(s));
+        if (rc) {
+            fail(nm, sf_cuda_last_error());
+            sf_convt_plans_destroy(&pl);
+            continue;
+        }
+        std::vector<float> y = down_dt(by, ny), dx = down_dt(bdx, nx), dw = down_dt(bdw, nw);
+        if (nhwc) {
+            y = to_nchw(y, cc.n, cc.oc, oh, ow);
+            dx = to_nchw(dx, cc.n, cc.c, cc.h, cc.w);
+            dw = to_nchw(dw, cc.c, cc.oc, cc.k, cc.k);
+        }
+        snprintf(sub, sizeof sub, "%s fwd+bias", nm);
+        check_max(sub, y, yr, 1e-2);
+        snprintf(sub, sizeof sub, "%s bwd_data", nm);
+        check_max(sub, dx, dxr, 1e-2);
+        snprintf(sub, sizeof sub, "%s bwd_filter", nm);
+        check_max(sub, dw, dwr, 1e-2);
+        snprintf(sub, sizeof sub, "%s bias_grad", nm);
+        check_v(sub, down(d_db, cc.oc), dbr, 1e-4);
+        sf_convt_plans_destroy(&pl);
+    }
+    dbuf_free(bx); dbuf_free(bw); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx); dbuf_free(bdw);
+    cudaFree(ws); cudaFree(d_b); cudaFree(d_db); cudaFree(scr);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    /* A blocking stream: the uploads and NaN fills go through the legacy stream
+     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    cudnnHandle_t dnn;
+    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS) {
+        printf("FAIL setup: cudnnCreate\n");
+        return 1;
+    }
+    cudnnSetStream(dnn, s);
+    printf("cuDNN %zu\n", cudnnGetVersion());
+
+    const convt_case ct[] = {
+        {2, 256, 16, 16, 128, 2, 2, 0}, /* W2's decoder, batch 2 */
+        {2, 128, 32, 32, 64, 2, 2, 0},
+        {2, 64, 64, 64, 32, 2, 2, 0},
+        {2, 32, 128, 128, 16, 2, 2, 0},
+        {2, 3, 5, 7, 4, 3, 2, 1},       /* odd sizes, padding */
+        {3, 5, 6, 5, 7, 3, 1, 1},       /* stride 1 */
+        {2, 4, 4, 3, 3, 4, 3, 0},       /* k4 s3 */
+        {1, 6, 3, 3, 2, 5, 2, 2},       /* k5 s2 p2 */
+    };
+    for (const convt_case &cc : ct)
+        test_convt(dnn, s, cc);
+    test_convt_cache(dnn);
+    for (int t = 0; t < 2; t++)
+        for (int lay = 0; lay < 2; lay++) {
+            test_convt_bias_dt(s, (sf_dtype)t, (sf_layout)lay, 5);
+            test_convt_bias_dt(s, (sf_dtype)t, (sf_layout)lay, 16);
+        }
+    const convt_case ct_bf16[] = {
+        {2, 64, 16, 16, 32, 2, 2, 0}, /* W2's decoder */
+        {2, 3, 5, 7, 4, 3, 2, 1},     /* odd sizes, padding */
+        {3, 5, 6, 5, 7, 3, 1, 1},     /* stride 1 */
+    };
+    for (const convt_case &cc : ct_bf16)
+        test_convt_bf16(dnn, s, cc);
+
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_conv_transpose: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

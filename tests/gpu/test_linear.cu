@@ -1,0 +1,188 @@
+/* tests/gpu/test_linear.cu — the cuBLAS linear layers of gpu/cuda/linear.h
+ * against sf_ref_linear_*: fp32 and tf32, through the float and the _dt entry
+ * points, bf16 (max-error criterion, fp32 dw 1e-3), ResNet-18's classifier, and
+ * a refused unknown element type. *
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+/* via_dt: through the _dt launchers with SF_DT_F32 (which must be the float
+ * functions exactly) instead of the float ones. */
+static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int out, int tf32, int via_dt)
+{
+    char name[160], nm[200];
+    snprintf(name, sizeof name, "linear n%d in%d out%d %s%s", n, in, out, tf32 ? "tf32" : "fp32",
+             via_dt ? " via _dt(SF_DT_F32)" : "");
+    const double tol = tf32 ? 1e-3 : 1e-4;
+    std::vector<float> x((size_t)n * in), w((size_t)out * in), b(out), dy((size_t)n * out);
+    rand_fill(x, 1.f);
+    rand_fill(w, 0.5f);
+    rand_fill(b, 0.5f);
+    rand_fill(dy, 1.f);
+    std::vector<double> xd = to_d(x), wd = to_d(w), bd = to_d(b), dyd = to_d(dy);
+    std::vector<double> yr((size_t)n * out), dxr((size_t)n * in), dwr((size_t)out * in), dbr(out);
+    sf_ref_linear_fwd_f64(xd.data(), n, in, wd.data(), bd.data(), out, yr.data());
+    sf_ref_linear_bwd_f64(xd.data(), n, in, wd.data(), out, dyd.data(), dxr.data(), dwr.data(), dbr.data());
+    float *dx = dalloc<float>(x.size()), *dw = dalloc<float>(w.size()), *db = dalloc<float>(out),
+          *ddy = dalloc<float>(dy.size()), *y = dalloc<float>(yr.size()), *gx = dalloc<float>(x.size()),
+          *gw = dalloc<float>(w.size()), *gb = dalloc<float>(out), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(out));
+    up(dx, x);
+    up(dw, w);
+    up(db, b);
+    up(ddy, dy);
+    poison_f(y, yr.size());
+    poison_f(gx, x.size());
+    poison_f(gw, w.size());
+    poison_f(gb, out);
+    int rc = (via_dt ? sf_linear_fwd_dt(blas, SF_DT_F32, dx, n, in, dw, out, y, tf32)
+                     : sf_linear_fwd(blas, dx, n, in, dw, out, y, tf32)) ||
+             sf_cuda_bias_act(y, db, n, out, 1, 0, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s fwd+bias", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_f(nm, down(y, yr.size()).data(), yr, tol);
+    rc = via_dt ? sf_linear_bwd_data_dt(blas, SF_DT_F32, ddy, n, in, dw, out, gx, tf32)
+                : sf_linear_bwd_data(blas, ddy, n, in, dw, out, gx, tf32);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bwd_data", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_f(nm, down(gx, x.size()).data(), dxr, tol);
+    rc = via_dt ? sf_linear_bwd_filter_dt(blas, SF_DT_F32, dx, n, in, ddy, out, gw, tf32)
+                : sf_linear_bwd_filter(blas, dx, n, in, ddy, out, gw, tf32);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bwd_filter", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_f(nm, down(gw, w.size()).data(), dwr, tol);
+    rc = sf_cuda_bias_grad(ddy, NULL, n, out, 1, gb, scr, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bias_grad", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_f(nm, down(gb, out).data(), dbr, 1e-5);
+    cudaFree(dx); cudaFree(dw); cudaFree(db); cudaFree(ddy); cudaFree(y); cudaFree(gx); cudaFree(gw); cudaFree(gb);
+    cudaFree(scr);
+}
+
+/* bf16 linear layer: x, w, dy bf16 (rounded on the host first), y and dx bf16,
+ * dw fp32, against the double reference on the same values. y and dx: the
+ * bf16 criterion (check_max, 1e-2: fp32 accumulation plus one bf16 rounding).
+ * dw is fp32 with no output rounding, and each product of two bf16 values is
+ * exact in fp32, so only the fp32 sum's rounding is left: tol 1e-3 of max|ref|
+ * (a dw rounded through bf16 on the way, up to 3.9e-3, would typically fail). */
+static void test_linear_bf16(cublasHandle_t blas, cudaStream_t s, int n, int in, int out)
+{
+    char name[160], nm[200];
+    snprintf(name, sizeof name, "linear n%d in%d out%d bf16", n, in, out);
+    std::vector<float> x((size_t)n * in), w((size_t)out * in), dy((size_t)n * out);
+    rand_fill(x, 1.f);
+    rand_fill(w, 0.5f);
+    rand_fill(dy, 1.f);
+    round_bf16(x);
+    round_bf16(w);
+    round_bf16(dy);
+    std::vector<double> xd = to_d(x), wd = to_d(w), dyd = to_d(dy);
+    std::vector<double> yr((size_t)n * out), dxr((size_t)n * in), dwr((size_t)out * in);
+    sf_ref_linear_fwd_f64(xd.data(), n, in, wd.data(), NULL, out, yr.data());
+    sf_ref_linear_bwd_f64(xd.data(), n, in, wd.data(), out, dyd.data(), dxr.data(), dwr.data(), NULL);
+    uint16_t *bx = dalloc<uint16_t>(x.size()), *bw = dalloc<uint16_t>(w.size()), *bdy = dalloc<uint16_t>(dy.size()),
+             *by = dalloc<uint16_t>(yr.size()), *bgx = dalloc<uint16_t>(x.size());
+    float *gw = dalloc<float>(w.size());
+    upb(bx, x);
+    upb(bw, w);
+    upb(bdy, dy);
+    poison_b(by, yr.size());
+    poison_b(bgx, x.size());
+    poison_f(gw, w.size());
+    int rc = sf_linear_fwd_dt(blas, SF_DT_BF16, bx, n, in, bw, out, by, 0);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s fwd", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_max(nm, downb(by, yr.size()), yr, 1e-2);
+    rc = sf_linear_bwd_data_dt(blas, SF_DT_BF16, bdy, n, in, bw, out, bgx, 0);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bwd_data", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_max(nm, downb(bgx, x.size()), dxr, 1e-2);
+    /* tf32 = 1 here: it must not matter for bf16 operands */
+    rc = sf_linear_bwd_filter_dt(blas, SF_DT_BF16, bx, n, in, bdy, out, gw, 1);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s bwd_filter (fp32 dw)", name);
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_max(nm, down(gw, w.size()), dwr, 1e-3);
+    cudaFree(bx); cudaFree(bw); cudaFree(bdy); cudaFree(by); cudaFree(bgx); cudaFree(gw);
+}
+
+/* The _dt launchers refuse an unknown dtype with a message, touching nothing. */
+static void test_linear_bad_dtype(cublasHandle_t blas)
+{
+    float *p = dalloc<float>(64);
+    sf_cuda_clear_error();
+    const int a = sf_linear_fwd_dt(blas, (sf_dtype)7, p, 2, 4, p, 4, p, 0);
+    const int b = sf_linear_bwd_data_dt(blas, (sf_dtype)7, p, 2, 4, p, 4, p, 0);
+    const int c = sf_linear_bwd_filter_dt(blas, (sf_dtype)7, p, 2, 4, p, 4, p, 0);
+    if (a == -1 && b == -1 && c == -1 && sf_cuda_last_error()[0]) {
+        printf("ok linear _dt refuse dtype 7 (%s)\n", sf_cuda_last_error());
+        g_ok++;
+    } else {
+        fail("linear _dt refuse dtype 7", "accepted");
+    }
+    sf_cuda_clear_error();
+    cudaFree(p);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    /* A blocking stream: the uploads and NaN fills go through the legacy stream
+     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    cublasHandle_t blas;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+        printf("FAIL setup: cublasCreate\n");
+        return 1;
+    }
+    cublasSetStream(blas, s);
+    void *bws = dalloc<char>((size_t)32 << 20);
+    cublasSetWorkspace(blas, bws, (size_t)32 << 20);
+
+    for (int tf32 = 0; tf32 < 2; tf32++)
+        for (int via_dt = 0; via_dt < 2; via_dt++) {
+            test_linear(blas, s, 5, 37, 11, tf32, via_dt);
+            test_linear(blas, s, 32, 4096, 10, tf32, via_dt);
+            test_linear(blas, s, 3, 1, 7, tf32, via_dt);
+        }
+    test_linear_bf16(blas, s, 5, 37, 11);
+    test_linear_bf16(blas, s, 3, 1, 7);
+    test_linear_bf16(blas, s, 32, 4096, 10);
+    test_linear_bf16(blas, s, 256, 512, 1000); /* ResNet-18's classifier */
+    test_linear_bad_dtype(blas);
+
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_linear: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,190 @@
+/* tests/gpu/test_loss.cu — the losses of gpu/cuda/loss.h against the
+ * reference: softmax cross-entropy (sf_ref_xent: loss, gradient, correct
+ * count, NaN for a bad label), the label conversion from u8/i32/i64, and the
+ * per-pixel cross-entropy (sf_ref_xent2d) in both layouts at W2's head shape
+ * and odd shapes, with a bad label. *
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+static void test_xent(cudaStream_t s, int n, int k)
+{
+    char nm[100];
+    std::vector<float> l((size_t)n * k);
+    rand_fill(l, 3.f);
+    std::vector<int32_t> lab(n);
+    for (int i = 0; i < n; i++)
+        lab[i] = (int32_t)(sf_hash4(g_seed, i, 5, 5) % (uint64_t)k);
+    g_seed++;
+    std::vector<double> ld = to_d(l), dref((size_t)n * k);
+    double lref;
+    int cref;
+    sf_ref_xent_f64(ld.data(), lab.data(), n, k, &lref, dref.data(), &cref);
+    float *dl = dalloc<float>(l.size()), *dd = dalloc<float>(l.size());
+    int32_t *dlab = dalloc<int32_t>(n);
+    sf_xent_out *out = dalloc<sf_xent_out>(1);
+    up(dl, l);
+    CU(cudaMemcpy(dlab, lab.data(), 4 * n, cudaMemcpyHostToDevice));
+    poison_f(dd, l.size());
+    CU(cudaMemset(out, 0xff, sizeof *out));
+    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "xent n%d k%d", n, k);
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        sf_xent_out h;
+        CU(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost));
+        char n2[140];
+        snprintf(n2, sizeof n2, "%s loss", nm);
+        check(n2, &h.loss, &lref, 1, 1e-5);
+        snprintf(n2, sizeof n2, "%s dlogits", nm);
+        check_f(n2, down(dd, l.size()).data(), dref, 1e-5);
+        snprintf(n2, sizeof n2, "%s correct", nm);
+        if (h.correct == cref && h.bad == 0) {
+            printf("ok %s (%d)\n", n2, cref);
+            g_ok++;
+        } else {
+            char why[80];
+            snprintf(why, sizeof why, "correct %d vs %d, bad %d", h.correct, cref, h.bad);
+            fail(n2, why);
+        }
+    }
+    cudaFree(dl); cudaFree(dd); cudaFree(dlab); cudaFree(out);
+}
+
+static void test_labels(cudaStream_t s)
+{
+    const int n = 37;
+    uint8_t u8[n];
+    int32_t i32[n];
+    int64_t i64[n];
+    for (int i = 0; i < n; i++) {
+        u8[i] = (uint8_t)(i * 7 % 10);
+        i32[i] = i * 3 % 10;
+        i64[i] = i * 5 % 10;
+    }
+    const void *src[3] = {u8, i32, i64};
+    const size_t sz[3] = {1, 4, 8};
+    for (int d = 0; d < 3; d++) {
+        void *dsrc = dalloc<char>(n * sz[d]);
+        int32_t *dst = dalloc<int32_t>(n);
+        CU(cudaMemcpy(dsrc, src[d], n * sz[d], cudaMemcpyHostToDevice));
+        CU(cudaMemset(dst, 0xff, 4 * n));
+        int rc = sf_cuda_labels_i32(dsrc, d, n, dst, s);
+        CU(cudaStreamSynchronize(s));
+        int32_t got[n];
+        CU(cudaMemcpy(got, dst, 4 * n, cudaMemcpyDeviceToHost));
+        int ok = rc == 0;
+        for (int i = 0; ok && i < n; i++) {
+            int64_t want = d == 0 ? u8[i] : d == 1 ? i32[i] : i64[i];
+            ok = got[i] == want;
+        }
+        char nm[60];
+        snprintf(nm, sizeof nm, "labels_i32 dtype %d", d);
+        if (ok) {
+            printf("ok %s\n", nm);
+            g_ok++;
+        } else {
+            fail(nm, "mismatch");
+        }
+        cudaFree(dsrc);
+        cudaFree(dst);
+    }
+}
+
+/* ---- per-pixel cross-entropy --------------------------------------------- */
+
+static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L, int bad_label)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "xent2d n%d k%d %dx%d %s%s", n, k, h, w, lname(L), bad_label ? " bad-label" : "");
+    const size_t npix = (size_t)n * h * w, nl = npix * k;
+    std::vector<float> lg(nl);
+    rand_fill(lg, 3.f);
+    std::vector<int32_t> lab(npix);
+    for (size_t i = 0; i < npix; i++)
+        lab[i] = (int32_t)(sf_hash4(g_seed, i, 5, 0) % (uint64_t)k);
+    g_seed++;
+    if (bad_label)
+        lab[npix / 2] = k;
+    std::vector<double> lgd = to_d(lg), dr(nl);
+    double lr;
+    int64_t cr;
+    sf_ref_xent2d_f64(lgd.data(), lab.data(), n, k, h, w, &lr, dr.data(), &cr);
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    float *d_l = dalloc<float>(nl), *d_d = dalloc<float>(nl);
+    int32_t *d_lab = dalloc<int32_t>(npix);
+    sf_xent2d_out *d_out = dalloc<sf_xent2d_out>(1);
+    void *scr = dalloc<char>(sf_cuda_xent2d_scratch_bytes(n, h, w));
+    up(d_l, nhwc ? to_nhwc(lg, n, k, h, w) : lg);
+    up(d_lab, lab);
+    poison(d_d, nl * 4);
+    poison(d_out, sizeof(sf_xent2d_out));
+    int rc = sf_cuda_xent2d(d_l, d_lab, n, k, h, w, L, d_d, d_out, scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        sf_xent2d_out o = down(d_out, 1)[0];
+        std::vector<float> dg = down(d_d, nl);
+        if (nhwc)
+            dg = to_nchw(dg, n, k, h, w);
+        char sub[220];
+        if (bad_label) {
+            size_t nan_grad = 0;
+            for (int j = 0; j < k; j++) {
+                const size_t pix = npix / 2, ni = pix / ((size_t)h * w), sp = pix % ((size_t)h * w);
+                nan_grad += isnan(dg[(ni * k + j) * h * w + sp]) != 0;
+            }
+            snprintf(sub, sizeof sub, "%s: NaN loss, bad=1, NaN gradient of that pixel", nm);
+            pass_or_fail(sub, isnan(o.loss) && o.bad == 1 && nan_grad == (size_t)k, "not reported");
+        } else {
+            snprintf(sub, sizeof sub, "%s loss", nm);
+            float lf = o.loss;
+            check(sub, &lf, &lr, 1, 1e-4);
+            snprintf(sub, sizeof sub, "%s correct %lld of %zu", nm, (long long)o.correct, npix);
+            pass_or_fail(sub, o.correct == cr && o.bad == 0, "count differs from the reference");
+            snprintf(sub, sizeof sub, "%s dlogits", nm);
+            check_v(sub, dg, dr, 1e-5);
+        }
+    }
+    cudaFree(d_l); cudaFree(d_d); cudaFree(d_lab); cudaFree(d_out); cudaFree(scr);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    /* A blocking stream: the uploads and NaN fills go through the legacy stream
+     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+
+    test_xent(s, 37, 10);
+    test_xent(s, 5, 1000);
+    test_xent(s, 300, 3);
+    test_labels(s);
+    for (int lay = 0; lay < 2; lay++) {
+        const sf_layout L = (sf_layout)lay;
+        test_xent2d(s, 2, 10, 256, 256, L, 0); /* W2's head */
+        test_xent2d(s, 3, 7, 13, 11, L, 0);
+        test_xent2d(s, 1, 3, 5, 1, L, 0);
+        test_xent2d(s, 2, 1, 3, 3, L, 0);
+        test_xent2d(s, 2, 5, 4, 4, L, 1);
+    }
+
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_loss: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,404 @@
+/* tests/gpu/test_pointwise.cu — the elementwise ops of gpu/cuda/pointwise.h
+ * against the reference: ReLU forward/backward, bias + ReLU and its
+ * deterministic per-channel gradient (rows and planes, many chunks), the
+ * residual add (in place, with ReLU); each _dt launcher in fp32 and bf16 at
+ * odd lengths and one element off 16-byte alignment (bf16 outputs within half
+ * an ulp: check_dt; masks exact); cast bit-exact against sf_bf16_bits; the
+ * random fill in bf16. *
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+static void test_relu(cudaStream_t s, size_t len)
+{
+    char nm[100];
+    std::vector<float> x(len), dy(len);
+    rand_fill(x, 1.f);
+    rand_fill(dy, 1.f);
+    std::vector<double> yr(len), dxr(len);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy);
+    sf_ref_relu_fwd_f64(xd.data(), len, yr.data());
+    sf_ref_relu_bwd_f64(yr.data(), dyd.data(), len, dxr.data());
+    float *dx = dalloc<float>(len), *dyv = dalloc<float>(len), *y = dalloc<float>(len), *g = dalloc<float>(len);
+    up(dx, x);
+    up(dyv, dy);
+    poison_f(y, len);
+    poison_f(g, len);
+    int rc = sf_cuda_relu_fwd(dx, y, len, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "relu_fwd len %zu", len);
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(y, len).data(), yr, 1e-5);
+    rc = sf_cuda_relu_bwd(y, dyv, g, len, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "relu_bwd len %zu", len);
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(g, len).data(), dxr, 1e-5);
+    rc = sf_cuda_relu_bwd(y, dyv, dyv, len, s); /* in place */
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "relu_bwd in place len %zu", len);
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(dyv, len).data(), dxr, 1e-5);
+    cudaFree(dx); cudaFree(dyv); cudaFree(y); cudaFree(g);
+}
+
+static void test_bias_grad(cudaStream_t s, size_t outer, int c, size_t inner)
+{
+    char nm[120];
+    snprintf(nm, sizeof nm, "bias_grad outer %zu c %d inner %zu", outer, c, inner);
+    const size_t len = outer * c * inner;
+    std::vector<float> dy(len);
+    rand_fill(dy, 1.f);
+    std::vector<double> ref(c, 0.0);
+    for (size_t o = 0; o < outer; o++)
+        for (int ci = 0; ci < c; ci++)
+            for (size_t i = 0; i < inner; i++)
+                ref[ci] += dy[(o * c + ci) * inner + i];
+    float *d = dalloc<float>(len), *db = dalloc<float>(c), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(c));
+    up(d, dy);
+    poison_f(db, c);
+    int rc = sf_cuda_bias_grad(d, NULL, outer, c, inner, db, scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(db, c).data(), ref, 1e-5);
+    cudaFree(d); cudaFree(db); cudaFree(scr);
+}
+
+/* ---- residual add ------------------------------------------------------------ */
+
+static void test_add(cudaStream_t s, size_t len, int relu, int in_place)
+{
+    char nm[120];
+    snprintf(nm, sizeof nm, "add%s len %zu%s", relu ? "+relu" : "", len, in_place ? " in place" : "");
+    std::vector<float> a(len), b(len), yf(len);
+    rand_fill(a, 1.f);
+    rand_fill(b, 1.f);
+    sf_ref_add_fwd(a.data(), b.data(), len, yf.data());
+    std::vector<double> yr = to_d(yf);
+    if (relu)
+        for (size_t i = 0; i < len; i++)
+            yr[i] = yr[i] > 0 ? yr[i] : 0;
+    float *d_a = dalloc<float>(len), *d_b = dalloc<float>(len), *d_y = dalloc<float>(len);
+    up(d_a, a);
+    up(d_b, b);
+    poison(d_y, len * 4);
+    float *out = in_place ? d_a : d_y;
+    int rc = sf_cuda_add(d_a, d_b, out, len, relu, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_v(nm, down(out, len), yr, 1e-6);
+    cudaFree(d_a); cudaFree(d_b); cudaFree(d_y);
+}
+
+/* ---- relu, add, cast, random fill on dt --------------------------------------- */
+
+static void test_relu_dt(cudaStream_t s, sf_dtype dt, size_t len, int mis, int in_place)
+{
+    char nm[160], sub[220];
+    snprintf(nm, sizeof nm, "relu_dt %s len %zu%s%s", dtname(dt), len, mis ? " misaligned" : "",
+             in_place ? " in place" : "");
+    std::vector<float> x(len), dy(len);
+    rand_fill(x, 1.f);
+    rand_fill(dy, 1.f);
+    round_dt(x, dt);
+    round_dt(dy, dt);
+    std::vector<double> yr(len), dxr(len);
+    for (size_t i = 0; i < len; i++) {
+        yr[i] = x[i] < 0 ? 0 : x[i];
+        dxr[i] = yr[i] > 0 ? dy[i] : 0;
+    }
+    dbuf bx = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis),
+         bdx = dbuf_make(dt, len, 0);
+    up_dt(bx, x);
+    up_dt(bdy, dy);
+    poison_dt(by);
+    poison_dt(bdx);
+    const dbuf &yo = in_place ? bx : by, &dxo = in_place ? bdy : bdx;
+    int rc = sf_cuda_relu_fwd_dt(dt, bx.p, yo.p, len, s);
+    if (!rc)
+        rc = sf_cuda_relu_bwd_dt(dt, yo.p, bdy.p, dxo.p, len, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        snprintf(sub, sizeof sub, "%s fwd (exact)", nm);
+        check_ulp(sub, down_dt(yo, len), yr, 0, 0);
+        snprintf(sub, sizeof sub, "%s bwd (exact)", nm);
+        check_ulp(sub, down_dt(dxo, len), dxr, 0, 0);
+    }
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+}
+
+static void test_add_dt(cudaStream_t s, sf_dtype dt, size_t len, int relu, int in_place, int mis)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "add_dt %s%s len %zu%s%s", dtname(dt), relu ? " +relu" : "", len,
+             in_place ? " in place" : "", mis ? " misaligned" : "");
+    std::vector<float> a(len), b(len);
+    rand_fill(a, 1.f);
+    rand_fill(b, 1.f);
+    round_dt(a, dt);
+    round_dt(b, dt);
+    std::vector<double> yr(len);
+    for (size_t i = 0; i < len; i++) {
+        const double v = (double)a[i] + b[i];
+        yr[i] = relu ? (v > 0 ? v : 0) : v;
+    }
+    dbuf ba = dbuf_make(dt, len, 0), bb = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, 0);
+    up_dt(ba, a);
+    up_dt(bb, b);
+    poison_dt(by);
+    const dbuf &out = in_place ? ba : by;
+    const int rc = sf_cuda_add_dt(dt, ba.p, bb.p, out.p, len, relu, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_dt(nm, dt, down_dt(out, len), yr, 1e-6);
+    dbuf_free(ba); dbuf_free(bb); dbuf_free(by);
+}
+
+/* fp32 -> bf16 bit-exact against sf_bf16_bits (ties to even, subnormals,
+ * overflow to inf; a NaN must stay a NaN), bf16 -> fp32 exact (every bit
+ * pattern), and the two same-type copies. */
+static void test_cast(cudaStream_t s, size_t len, int mis_src, int mis_dst)
+{
+    char nm[160], sub[220];
+    snprintf(nm, sizeof nm, "cast len %zu src+%d dst+%d", len, mis_src, mis_dst);
+    std::vector<float> f(len);
+    rand_fill(f, 1.f);
+    for (size_t i = 0; i < len; i++) /* spread the exponents over 2^-30 .. 2^30 */
+        f[i] = ldexpf(f[i], (int)(sf_hash4(g_seed, i, 7, 0) % 61) - 30);
+    g_seed++;
+    const float special[] = {0.f,        -0.f,          1.f,       -1.f,      1.00390625f /* 1+2^-8: tie to 1 */,
+                             1.01171875f /* 1+3*2^-8: tie to even, up */, 1e-40f, -1e-41f, 3.4028235e38f,
+                             -3.3961e38f, INFINITY,     -INFINITY, 65504.f,   1.17549435e-38f, NAN};
+    for (size_t i = 0; i < sizeof special / sizeof special[0] && i < len; i++)
+        f[i] = special[i];
+    std::vector<uint16_t> bits(len);
+    for (size_t i = 0; i < len; i++)
+        bits[i] = (uint16_t)(sf_hash4(g_seed, i, 8, 0) & 0xffff); /* every pattern, NaNs included */
+    g_seed++;
+
+    dbuf sf = dbuf_make(SF_DT_F32, len, mis_src), sb = dbuf_make(SF_DT_BF16, len, mis_src);
+    dbuf df = dbuf_make(SF_DT_F32, len, mis_dst), db = dbuf_make(SF_DT_BF16, len, mis_dst);
+    CU(cudaMemcpy(sf.p, f.data(), len * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(sb.p, bits.data(), len * 2, cudaMemcpyHostToDevice));
+    struct {
+        const char *what;
+        const dbuf *src, *dst;
+    } runs[4] = {{"fp32->bf16", &sf, &db}, {"bf16->fp32", &sb, &df}, {"fp32->fp32", &sf, &df}, {"bf16->bf16", &sb, &db}};
+    for (int r = 0; r < 4; r++) {
+        snprintf(sub, sizeof sub, "%s %s", nm, runs[r].what);
+        poison_dt(*runs[r].dst);
+        const int rc = sf_cuda_cast(runs[r].src->p, runs[r].src->dt, runs[r].dst->p, runs[r].dst->dt, len, s);
+        CU(cudaStreamSynchronize(s));
+        if (rc) {
+            fail(sub, sf_cuda_last_error());
+            continue;
+        }
+        size_t bad = 0, first = 0;
+        if (runs[r].dst->dt == SF_DT_BF16) {
+            std::vector<uint16_t> got(len);
+            CU(cudaMemcpy(got.data(), db.p, len * 2, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < len; i++) {
+                const uint16_t want = runs[r].src->dt == SF_DT_F32 ? sf_bf16_bits(f[i]) : bits[i];
+                const int got_nan = (got[i] & 0x7f80) == 0x7f80 && (got[i] & 0x7f);
+                const int want_nan = (want & 0x7f80) == 0x7f80 && (want & 0x7f);
+                if (want_nan ? !got_nan : got[i] != want)
+                    if (!bad++)
+                        first = i;
+            }
+        } else {
+            std::vector<uint32_t> got(len);
+            CU(cudaMemcpy(got.data(), df.p, len * 4, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < len; i++) {
+                uint32_t want;
+                if (runs[r].src->dt == SF_DT_BF16)
+                    want = (uint32_t)bits[i] << 16;
+                else
+                    memcpy(&want, &f[i], 4);
+                const int got_nan = (got[i] & 0x7f800000u) == 0x7f800000u && (got[i] & 0x7fffffu);
+                const int want_nan = (want & 0x7f800000u) == 0x7f800000u && (want & 0x7fffffu);
+                if (want_nan ? !got_nan : got[i] != want)
+                    if (!bad++)
+                        first = i;
+            }
+        }
+        char why[160];
+        snprintf(why, sizeof why, "%zu of %zu elements differ from the host conversion (first at %zu)", bad, len, first);
+        pass_or_fail(sub, bad == 0, why);
+    }
+    dbuf_free(sf); dbuf_free(sb); dbuf_free(df); dbuf_free(db);
+}
+
+/* sf_cuda_fill_random_dt: fp32 equals sf_cuda_fill_random bit for bit, bf16 is
+ * its rounding (sf_bf16_bits). */
+static void test_fill_random_dt(cudaStream_t s, size_t len)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "fill_random_dt len %zu", len);
+    float *ref = dalloc<float>(len);
+    dbuf bf = dbuf_make(SF_DT_F32, len, 0), bb = dbuf_make(SF_DT_BF16, len, 1);
+    poison_dt(bf);
+    poison_dt(bb);
+    int rc = sf_cuda_fill_random(ref, len, 77, 2.5f, s);
+    if (!rc)
+        rc = sf_cuda_fill_random_dt(SF_DT_F32, bf.p, len, 77, 2.5f, s);
+    if (!rc)
+        rc = sf_cuda_fill_random_dt(SF_DT_BF16, bb.p, len, 77, 2.5f, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> r = down(ref, len), gf(len);
+        std::vector<uint16_t> gb(len);
+        CU(cudaMemcpy(gf.data(), bf.p, len * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(gb.data(), bb.p, len * 2, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < len; i++)
+            bad += memcmp(&gf[i], &r[i], 4) != 0 || gb[i] != sf_bf16_bits(r[i]) || !(fabsf(r[i]) <= 2.5f);
+        pass_or_fail(nm, bad == 0, "differs from sf_cuda_fill_random (or its bf16 rounding)");
+    }
+    cudaFree(ref);
+    dbuf_free(bf); dbuf_free(bb);
+}
+
+/* ---- bias and activation on dt -------------------------------------------------- */
+/* [outer, c, inner]: inner == 1 is the NHWC (and [n, f]) view, inner > 1 NCHW. */
+
+static void test_bias_act_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, size_t inner, int relu, int bias,
+                             int mis)
+{
+    char nm[200];
+    snprintf(nm, sizeof nm, "bias_act_dt %s [%zu,%d,%zu]%s%s%s", dtname(dt), outer, c, inner, bias ? " +bias" : "",
+             relu ? " +relu" : "", mis ? " misaligned" : "");
+    const size_t len = outer * c * inner;
+    std::vector<float> y(len), b(c);
+    rand_fill(y, 1.f);
+    rand_fill(b, 0.5f); /* fp32, as the bias is */
+    round_dt(y, dt);
+    std::vector<double> yr(len);
+    for (size_t i = 0; i < len; i++) {
+        double v = (double)y[i] + (bias ? (double)b[(i / inner) % c] : 0.0);
+        yr[i] = relu ? (v < 0 ? 0 : v) : v;
+    }
+    dbuf by = dbuf_make(dt, len, mis);
+    float *d_b = dalloc<float>(c);
+    up_dt(by, y);
+    up(d_b, b);
+    const int rc = sf_cuda_bias_act_dt(dt, by.p, bias ? d_b : NULL, outer, c, inner, relu, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_dt(nm, dt, down_dt(by, len), yr, 1e-6);
+    dbuf_free(by);
+    cudaFree(d_b);
+}
+
+/* dy masked in place by y > 0 (when with_y; exact), db = sum of the masked dy
+ * per channel (when with_db; fp32, norm check 1e-4 for both element types: the
+ * sums run in fp32 either way). */
+static void test_bias_grad_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, size_t inner, int with_y,
+                              int with_db, int mis)
+{
+    char nm[200], sub[260];
+    snprintf(nm, sizeof nm, "bias_grad_dt %s [%zu,%d,%zu]%s%s%s", dtname(dt), outer, c, inner, with_y ? " relu-mask" : "",
+             with_db ? "" : " no db", mis ? " misaligned" : "");
+    const size_t len = outer * c * inner;
+    std::vector<float> dy(len), y(len);
+    rand_fill(dy, 1.f);
+    rand_fill(y, 1.f);
+    round_dt(dy, dt);
+    round_dt(y, dt);
+    std::vector<double> dyr(len), dbr(c, 0.0);
+    for (size_t i = 0; i < len; i++) {
+        dyr[i] = with_y ? (y[i] > 0 ? dy[i] : 0) : dy[i];
+        dbr[(i / inner) % c] += dyr[i];
+    }
+    dbuf bdy = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis);
+    float *d_db = dalloc<float>(c), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(c));
+    up_dt(bdy, dy);
+    up_dt(by, y);
+    poison(d_db, c * 4);
+    const int rc = sf_cuda_bias_grad_dt(dt, bdy.p, with_y ? by.p : NULL, outer, c, inner, with_db ? d_db : NULL, scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        snprintf(sub, sizeof sub, "%s dy (exact)", nm);
+        check_ulp(sub, down_dt(bdy, len), dyr, 0, 0);
+        if (with_db) {
+            snprintf(sub, sizeof sub, "%s db", nm);
+            check_v(sub, down(d_db, c), dbr, 1e-4);
+        }
+    }
+    dbuf_free(bdy); dbuf_free(by);
+    cudaFree(d_db); cudaFree(scr);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    /* A blocking stream: the uploads and NaN fills go through the legacy stream
+     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+
+    test_relu(s, 1001);
+    test_relu(s, 1 << 16);
+    test_bias_grad(s, 100003, 16, 1);
+    test_bias_grad(s, 7, 4096, 1);
+    test_bias_grad(s, 33, 3, 1);
+    test_bias_grad(s, 3, 5, 17);
+    test_bias_grad(s, 32, 16, 4096);
+    test_bias_grad(s, 9, 10, 1);
+    test_add(s, 1001, 0, 0);
+    test_add(s, 1 << 16, 0, 1);
+    test_add(s, 1 << 16, 1, 0);
+    test_add(s, 999, 1, 1);
+
+    /* element types (bf16), and the _dt launchers with SF_DT_F32 */
+    for (int t = 0; t < 2; t++) {
+        const sf_dtype dt = (sf_dtype)t;
+        test_relu_dt(s, dt, 1001, 0, 0);
+        test_relu_dt(s, dt, 1 << 16, 0, 1);
+        test_relu_dt(s, dt, 4099, 1, 0);
+        test_relu_dt(s, dt, 5, 0, 0);
+        test_add_dt(s, dt, 1001, 0, 0, 0);
+        test_add_dt(s, dt, 1 << 16, 1, 1, 0);
+        test_add_dt(s, dt, 999, 1, 0, 1);
+        test_add_dt(s, dt, 7, 0, 1, 0);
+        test_bias_act_dt(s, dt, 37, 64, 1, 1, 1, 0);   /* NHWC view, vector path */
+        test_bias_act_dt(s, dt, 3, 16, 49, 1, 1, 0);   /* NCHW view, inner odd */
+        test_bias_act_dt(s, dt, 2, 5, 64, 0, 1, 0);    /* NCHW view, inner % 8 == 0 */
+        test_bias_act_dt(s, dt, 19, 12, 1, 1, 1, 0);   /* channels not a multiple of 8 */
+        test_bias_act_dt(s, dt, 11, 24, 1, 1, 0, 1);   /* ReLU only, misaligned */
+        test_bias_grad_dt(s, dt, 301, 64, 1, 1, 1, 0); /* rows, vector path */
+        test_bias_grad_dt(s, dt, 1000, 8, 1, 0, 1, 0); /* rows, many chunks */
+        test_bias_grad_dt(s, dt, 57, 13, 1, 1, 1, 0);  /* rows, scalar */
+        test_bias_grad_dt(s, dt, 4, 6, 64, 1, 1, 0);   /* planes, vector */
+        test_bias_grad_dt(s, dt, 5, 7, 9, 1, 1, 1);    /* planes, scalar, misaligned */
+        test_bias_grad_dt(s, dt, 9, 16, 1, 1, 0, 0);   /* mask only (no db) */
+        test_bias_grad_dt(s, dt, 3, 2100, 1, 0, 1, 0); /* more channels than a block */
+    }
+    test_cast(s, 1001, 0, 0);
+    test_cast(s, 1 << 16, 0, 0);
+    test_cast(s, 333, 1, 0);
+    test_cast(s, 40, 0, 3);
+    test_fill_random_dt(s, 100003);
+
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_pointwise: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

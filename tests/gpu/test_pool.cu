@@ -1,0 +1,245 @@
+/* tests/gpu/test_pool.cu — MaxPool2d and global average pooling of
+ * gpu/cuda/pool.h against sf_ref_maxpool2d_* / sf_ref_avgpool_*: both layouts,
+ * ResNet-18's stem (the k3 s2 p1 path) and head, odd sizes, other windows;
+ * argmax and selections exact; the _dt launchers in fp32 and bf16 with
+ * misaligned pointers. *
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+/* ---- MaxPool2d --------------------------------------------------------------- */
+
+static void test_maxpool(cudaStream_t s, int n, int c, int h, int w, int k, int st, int pad, sf_layout L)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "maxpool n%d c%d %dx%d k%d s%d p%d %s", n, c, h, w, k, st, pad, lname(L));
+    const int oh = (h + 2 * pad - k) / st + 1, ow = (w + 2 * pad - k) / st + 1;
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
+    std::vector<float> x(nx), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(dy, 1.f);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
+    std::vector<int32_t> amr(ny);
+    sf_ref_maxpool2d_fwd_f64(xd.data(), n, c, h, w, k, st, pad, yr.data(), amr.data());
+    sf_ref_maxpool2d_bwd_f64(dyd.data(), amr.data(), n, c, h, w, oh, ow, dxr.data());
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    float *d_x = dalloc<float>(nx), *d_y = dalloc<float>(ny), *d_dy = dalloc<float>(ny), *d_dx = dalloc<float>(nx);
+    int32_t *d_am = dalloc<int32_t>(ny);
+    up(d_x, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up(d_dy, nhwc ? to_nhwc(dy, n, c, oh, ow) : dy);
+    poison(d_y, ny * 4);
+    poison(d_am, ny * 4);
+    poison(d_dx, nx * 4);
+    int rc = sf_cuda_maxpool_fwd(d_x, n, c, h, w, k, st, pad, L, d_y, d_am, s);
+    if (!rc)
+        rc = sf_cuda_maxpool_bwd(d_dy, d_am, n, c, h, w, k, st, pad, L, d_dx, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> y = down(d_y, ny), dx = down(d_dx, nx);
+        std::vector<int32_t> am = down(d_am, ny);
+        if (nhwc) {
+            y = to_nchw(y, n, c, oh, ow);
+            dx = to_nchw(dx, n, c, h, w);
+            am = to_nchw(am, n, c, oh, ow);
+        }
+        size_t diff = 0;
+        for (size_t i = 0; i < ny; i++)
+            diff += am[i] != amr[i];
+        char sub[220];
+        snprintf(sub, sizeof sub, "%s fwd y", nm);
+        check_v(sub, y, yr, 1e-6);
+        snprintf(sub, sizeof sub, "%s argmax (%zu of %zu differ)", nm, diff, ny);
+        pass_or_fail(sub, diff == 0, "argmax differs from the reference");
+        snprintf(sub, sizeof sub, "%s bwd dx", nm);
+        check_v(sub, dx, dxr, 1e-5);
+    }
+    cudaFree(d_x); cudaFree(d_y); cudaFree(d_dy); cudaFree(d_dx); cudaFree(d_am);
+}
+
+/* ---- global average pooling ----------------------------------------------- */
+
+static void test_avgpool(cudaStream_t s, int n, int c, int h, int w, sf_layout L)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "avgpool n%d c%d %dx%d %s", n, c, h, w, lname(L));
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c;
+    std::vector<float> x(nx), dy(ny);
+    rand_fill(x, 1.f, 0.25f);
+    rand_fill(dy, 1.f);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
+    sf_ref_avgpool_fwd_f64(xd.data(), n, c, h, w, yr.data());
+    sf_ref_avgpool_bwd_f64(dyd.data(), n, c, h, w, dxr.data());
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    float *d_x = dalloc<float>(nx), *d_y = dalloc<float>(ny), *d_dy = dalloc<float>(ny), *d_dx = dalloc<float>(nx);
+    up(d_x, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up(d_dy, dy);
+    poison(d_y, ny * 4);
+    poison(d_dx, nx * 4);
+    int rc = sf_cuda_avgpool_fwd(d_x, n, c, h, w, L, d_y, s);
+    if (!rc)
+        rc = sf_cuda_avgpool_bwd(d_dy, n, c, h, w, L, d_dx, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> dx = down(d_dx, nx);
+        if (nhwc)
+            dx = to_nchw(dx, n, c, h, w);
+        char sub[220];
+        snprintf(sub, sizeof sub, "%s fwd", nm);
+        check_v(sub, down(d_y, ny), yr, 1e-4);
+        snprintf(sub, sizeof sub, "%s bwd", nm);
+        check_v(sub, dx, dxr, 1e-5);
+    }
+    cudaFree(d_x); cudaFree(d_y); cudaFree(d_dy); cudaFree(d_dx);
+}
+
+/* ---- MaxPool2d and global average pooling on dt ------------------------------------- */
+
+/* y exact (a selection), argmax equal to the reference's, dx (sums of up to
+ * four dy in fp32, rounded once) by check_dt. */
+static void test_maxpool_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, int k, int st, int pad,
+                            sf_layout L, int mis)
+{
+    char nm[200], sub[260];
+    snprintf(nm, sizeof nm, "maxpool_dt %s n%d c%d %dx%d k%d s%d p%d %s%s", dtname(dt), n, c, h, w, k, st, pad,
+             lname(L), mis ? " misaligned" : "");
+    const int oh = (h + 2 * pad - k) / st + 1, ow = (w + 2 * pad - k) / st + 1;
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
+    std::vector<float> x(nx), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(dy, 1.f);
+    round_dt(x, dt); /* bf16 makes ties in a window common: the first maximum must win */
+    round_dt(dy, dt);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
+    std::vector<int32_t> amr(ny);
+    sf_ref_maxpool2d_fwd_f64(xd.data(), n, c, h, w, k, st, pad, yr.data(), amr.data());
+    sf_ref_maxpool2d_bwd_f64(dyd.data(), amr.data(), n, c, h, w, oh, ow, dxr.data());
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    dbuf bx = dbuf_make(dt, nx, mis), by = dbuf_make(dt, ny, mis), bdy = dbuf_make(dt, ny, mis),
+         bdx = dbuf_make(dt, nx, mis);
+    int32_t *am_mem = dalloc<int32_t>(ny + 4), *d_am = am_mem + mis;
+    up_dt(bx, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up_dt(bdy, nhwc ? to_nhwc(dy, n, c, oh, ow) : dy);
+    poison_dt(by);
+    poison_dt(bdx);
+    poison(d_am, ny * 4);
+    int rc = sf_cuda_maxpool_fwd_dt(dt, bx.p, n, c, h, w, k, st, pad, L, by.p, d_am, s);
+    if (!rc)
+        rc = sf_cuda_maxpool_bwd_dt(dt, bdy.p, d_am, n, c, h, w, k, st, pad, L, bdx.p, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> y = down_dt(by, ny), dx = down_dt(bdx, nx);
+        std::vector<int32_t> am = down(d_am, ny);
+        if (nhwc) {
+            y = to_nchw(y, n, c, oh, ow);
+            dx = to_nchw(dx, n, c, h, w);
+            am = to_nchw(am, n, c, oh, ow);
+        }
+        size_t diff = 0;
+        for (size_t i = 0; i < ny; i++)
+            diff += am[i] != amr[i];
+        snprintf(sub, sizeof sub, "%s fwd y (exact)", nm);
+        check_ulp(sub, y, yr, 0, 0);
+        snprintf(sub, sizeof sub, "%s argmax (%zu of %zu differ)", nm, diff, ny);
+        pass_or_fail(sub, diff == 0, "argmax differs from the reference");
+        snprintf(sub, sizeof sub, "%s bwd dx", nm);
+        check_dt(sub, dt, dx, dxr, 1e-5);
+    }
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+    cudaFree(am_mem);
+}
+
+static void test_avgpool_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, sf_layout L)
+{
+    char nm[200], sub[260];
+    snprintf(nm, sizeof nm, "avgpool_dt %s n%d c%d %dx%d %s", dtname(dt), n, c, h, w, lname(L));
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c;
+    std::vector<float> x(nx), dy(ny);
+    rand_fill(x, 1.f, 0.25f);
+    rand_fill(dy, 1.f);
+    round_dt(x, dt);
+    round_dt(dy, dt);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
+    sf_ref_avgpool_fwd_f64(xd.data(), n, c, h, w, yr.data());
+    sf_ref_avgpool_bwd_f64(dyd.data(), n, c, h, w, dxr.data());
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    dbuf bx = dbuf_make(dt, nx, 0), by = dbuf_make(dt, ny, 0), bdy = dbuf_make(dt, ny, 0), bdx = dbuf_make(dt, nx, 0);
+    up_dt(bx, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up_dt(bdy, dy);
+    poison_dt(by);
+    poison_dt(bdx);
+    int rc = sf_cuda_avgpool_fwd_dt(dt, bx.p, n, c, h, w, L, by.p, s);
+    if (!rc)
+        rc = sf_cuda_avgpool_bwd_dt(dt, bdy.p, n, c, h, w, L, bdx.p, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> dx = down_dt(bdx, nx);
+        if (nhwc)
+            dx = to_nchw(dx, n, c, h, w);
+        snprintf(sub, sizeof sub, "%s fwd", nm);
+        check_dt(sub, dt, down_dt(by, ny), yr, 1e-4);
+        snprintf(sub, sizeof sub, "%s bwd", nm);
+        check_dt(sub, dt, dx, dxr, 1e-5);
+    }
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    /* A blocking stream: the uploads and NaN fills go through the legacy stream
+     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+
+    for (int lay = 0; lay < 2; lay++) {
+        const sf_layout L = (sf_layout)lay;
+        test_maxpool(s, 2, 64, 112, 112, 3, 2, 1, L); /* ResNet-18's stem */
+        test_maxpool(s, 3, 5, 13, 11, 3, 2, 1, L);
+        test_maxpool(s, 2, 3, 9, 9, 2, 2, 0, L);
+        test_maxpool(s, 1, 4, 7, 8, 3, 1, 1, L);
+        test_maxpool(s, 2, 3, 10, 10, 5, 3, 2, L);
+
+        test_avgpool(s, 4, 512, 7, 7, L); /* ResNet-18's head */
+        test_avgpool(s, 3, 5, 3, 5, L);
+        test_avgpool(s, 4, 7, 1, 1, L);
+    }
+    for (int t = 0; t < 2; t++)
+        for (int lay = 0; lay < 2; lay++) {
+            const sf_dtype dt = (sf_dtype)t;
+            const sf_layout L = (sf_layout)lay;
+            test_maxpool_dt(s, dt, 2, 64, 112, 112, 3, 2, 1, L, 0); /* ResNet-18's stem */
+            test_maxpool_dt(s, dt, 3, 5, 13, 11, 3, 2, 1, L, 0);    /* odd sizes, C % 8 != 0 */
+            test_maxpool_dt(s, dt, 2, 16, 9, 10, 3, 2, 1, L, 0);    /* odd h, vector channels */
+            test_maxpool_dt(s, dt, 2, 16, 12, 12, 3, 2, 1, L, 1);   /* misaligned */
+            test_maxpool_dt(s, dt, 2, 8, 11, 11, 3, 2, 0, L, 0);    /* k3 s2 without padding */
+            test_maxpool_dt(s, dt, 2, 3, 9, 9, 2, 2, 0, L, 0);
+            test_maxpool_dt(s, dt, 1, 4, 7, 8, 3, 1, 1, L, 0);
+            test_maxpool_dt(s, dt, 2, 8, 10, 10, 5, 3, 2, L, 0);
+
+            test_avgpool_dt(s, dt, 4, 512, 7, 7, L);
+            test_avgpool_dt(s, dt, 3, 5, 3, 5, L);
+        }
+
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_pool: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -164,11 +164,12 @@ $(LIB): $(LIB_OBJ)
 $(BUILD)/streamfeed: $(BUILD)/server/main.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-# The load generator is a CPU-side HTTP client: it links the one module it shares
-# with the server (the safetensors header writer) and the libraries it calls, so it
-# runs on a machine without the CUDA libraries (no cuDNN/cuBLAS/cudart needed).
-LOAD_OBJ    := $(BUILD)/client/streamfeed-load.o $(BUILD)/server/safetensors.o
-LOAD_LDLIBS := -lcjson -lcurl -lm -lpthread
+# The load generator is a CPU-side HTTP client: it links the modules it shares
+# with the server (the safetensors header writer, which checks JPEG headers) and
+# the libraries it calls (libjpeg-turbo encodes its generated JPEG workloads), so
+# it runs on a machine without the CUDA libraries (no cuDNN/cuBLAS/cudart needed).
+LOAD_OBJ    := $(BUILD)/client/streamfeed-load.o $(BUILD)/server/safetensors.o $(BUILD)/server/jpeg_header.o
+LOAD_LDLIBS := -lcjson -lcurl -lturbojpeg -lm -lpthread
 $(BUILD)/streamfeed-load: $(LOAD_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LOAD_LDLIBS)
 

@@ -246,7 +246,7 @@ static void through_backends(const std::vector<jcase> &cases)
         ok("a JPEG batch trains through submit/poll: loss %.5f on CUDA, %.5f on the reference", loss[0], loss[1]);
     else
         fail("JPEG batch loss %.5f on CUDA vs %.5f on the reference (2%% allowed)", loss[0], loss[1]);
-    char desc[4096];
+    static char desc[1 << 16];
     size_t dev_bytes = 0;
     if (cu->i->describe && cu->i->describe(cu, desc, sizeof desc, &dev_bytes) == 0 && strstr(desc, "jpeg decode: nvJPEG"))
         ok("describe() names the JPEG decoder");

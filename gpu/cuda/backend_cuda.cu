@@ -717,6 +717,8 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     /* Host staging: buffer b's previous batch was harvested, so its copies
      * out of this area have completed. */
     sf_sgd_hyper hyp = {bt->hyper.lr, bt->hyper.momentum, bt->hyper.weight_decay, 0.f};
+    if (hyp.momentum != 0.f && sf_net_use_momentum(c->net))
+        return 1;
     memcpy(B->h_stage, &hyp, sizeof hyp);
     sf_adamw_hyper ah;
     memset(&ah, 0, sizeof ah);

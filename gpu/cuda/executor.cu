@@ -935,8 +935,10 @@ static int g_create(sf_cuda_net *net)
     }
     /* parameters and optimizer state; the trainable slice 16-byte aligned */
     const size_t np = m->n_params;
+    /* SGD's momentum buffer comes with the first step that asks for momentum
+     * (sf_net_use_momentum); AdamW's first moment from the start */
     if (g_alloc_shift(net, &net->params, np, m->train_off) || g_alloc_shift(net, &net->grads, np, m->train_off) ||
-        g_alloc_shift(net, &net->mom, np, m->train_off))
+        (net->cfg.adamw && g_alloc_shift(net, &net->mom, np, m->train_off)))
         return -1;
     if (net->cfg.adamw && g_alloc_shift(net, &g->sq, np, m->train_off))
         return -1;
@@ -1669,8 +1671,50 @@ extern "C" int sf_net_set_params(sf_cuda_net *net, const float *host)
     return 0;
 }
 
-extern "C" int sf_net_get_momentum(sf_cuda_net *net, float *host) { return g_state_to_host(net, net->mom, host); }
-extern "C" int sf_net_set_momentum(sf_cuda_net *net, const float *host) { return g_state_from_host(net, net->mom, host); }
+/* SGD keeps a momentum buffer only once a step asks for momentum, as
+ * torch.optim.SGD does: a model trained without momentum saves 4 bytes per
+ * parameter. The graphs captured before baked the absent buffer into the
+ * optimizer's launch, so they are dropped and captured again (an exec still
+ * running is freed when it completes). */
+extern "C" int sf_net_use_momentum(sf_cuda_net *net)
+{
+    gen_net *g = net->g;
+    if (net->mom)
+        return 0;
+    if (g_alloc_shift(net, &net->mom, net->m.n_params, net->m.train_off))
+        return -1;
+    for (int k = 0; k < g->n_shapes; k++)
+        for (int b = 0; b < SF_NET_MAX_BUF; b++)
+            for (int o = 0; o < 2; o++)
+                if (g->shapes[k]->exec[b][o]) {
+                    cudaGraphExecDestroy(g->shapes[k]->exec[b][o]);
+                    g->shapes[k]->exec[b][o] = NULL;
+                }
+    return 0;
+}
+
+extern "C" int sf_net_get_momentum(sf_cuda_net *net, float *host)
+{
+    if (!net->mom) {
+        memset(host, 0, sizeof(float) * net->m.n_params);
+        return 0;
+    }
+    return g_state_to_host(net, net->mom, host);
+}
+
+extern "C" int sf_net_set_momentum(sf_cuda_net *net, const float *host)
+{
+    if (!net->mom) {
+        size_t i = 0;
+        while (i < net->m.n_params && host[i] == 0.f)
+            i++;
+        if (i == net->m.n_params)
+            return 0; /* all zeros: the state of a net without a buffer */
+        if (sf_net_use_momentum(net))
+            return -1;
+    }
+    return g_state_from_host(net, net->mom, host);
+}
 
 extern "C" size_t sf_net_state_floats(const sf_cuda_net *net)
 {
@@ -1683,7 +1727,10 @@ extern "C" int sf_net_save_state(sf_cuda_net *net, float *dev)
     gen_net *g = net->g;
     const size_t n = net->m.n_params;
     SF_CUDA_CHECK(cudaMemcpyAsync(dev, net->params, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
-    SF_CUDA_CHECK(cudaMemcpyAsync(dev + n, net->mom, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    if (net->mom)
+        SF_CUDA_CHECK(cudaMemcpyAsync(dev + n, net->mom, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    else
+        SF_CUDA_CHECK(cudaMemsetAsync(dev + n, 0, sizeof(float) * n, net->s));
     float *d = dev + 2 * n;
     if (net->m.n_buffers)
         SF_CUDA_CHECK(cudaMemcpyAsync(d, g->bufs, sizeof(float) * net->m.n_buffers, cudaMemcpyDeviceToDevice, net->s));
@@ -1703,7 +1750,8 @@ extern "C" int sf_net_restore_state(sf_cuda_net *net, const float *dev)
     gen_net *g = net->g;
     const size_t n = net->m.n_params;
     SF_CUDA_CHECK(cudaMemcpyAsync(net->params, dev, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
-    SF_CUDA_CHECK(cudaMemcpyAsync(net->mom, dev + n, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+    if (net->mom) /* else it was never used, before the snapshot or since */
+        SF_CUDA_CHECK(cudaMemcpyAsync(net->mom, dev + n, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
     const float *d = dev + 2 * n;
     if (net->m.n_buffers)
         SF_CUDA_CHECK(cudaMemcpyAsync(g->bufs, d, sizeof(float) * net->m.n_buffers, cudaMemcpyDeviceToDevice, net->s));

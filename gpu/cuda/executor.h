@@ -124,7 +124,11 @@ int sf_net_get_params(sf_cuda_net *net, float *host);
 int sf_net_set_params(sf_cuda_net *net, const float *host);
 
 /* The SGD momentum buffer (AdamW: exp_avg). Zeros until a step with
- * momentum != 0 runs. Synchronous; nothing in flight. */
+ * momentum != 0 runs. Synchronous; nothing in flight. With SGD the buffer
+ * exists only from sf_net_use_momentum on: the caller calls it before it
+ * enqueues a step whose hyper-parameters have momentum != 0 (a set of
+ * nonzero momentum calls it too). */
+int sf_net_use_momentum(sf_cuda_net *net);
 int sf_net_get_momentum(sf_cuda_net *net, float *host);
 int sf_net_set_momentum(sf_cuda_net *net, const float *host);
 /* AdamW exp_avg_sq (n_params floats; zeros with SGD, writes ignored). */

@@ -11,7 +11,7 @@
  * Build: make bench-bins (build/bench/cached). Run:
  *   build/bench/cached [--preset resnet18] [--batch 1024] [--hw 224]
  *       [--precision bf16|tf32|fp32] [--optim sgd|adamw] [--graphs 1|0]
- *       [--steps 30] [--warmup 5] [--freeze PREFIX] [--layout auto|nhwc|nchw]
+ *       [--steps 30] [--warmup 5] [--freeze PREFIX] [--layout auto|nhwc|nchw] [--momentum 0.9]
  * The layout follows the backend's rule unless --layout nhwc|nchw names one.
  * Prints one human line per mode and one JSON line; exits 0 with
  * "SKIPPED: no CUDA device" without a GPU.
@@ -38,6 +38,7 @@ int main(int argc, char **argv)
 {
     const char *preset = "resnet18", *prec = "bf16", *optim = "sgd", *freeze = "", *lay = "auto";
     int batch = 1024, hw = 224, graphs = 1, steps = 30, warmup = 5;
+    float momentum = 0.9f; /* W3's SGD; W1 and W2 train without */
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--preset")) preset = v;
@@ -46,6 +47,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--precision")) prec = v;
         else if (!strcmp(k, "--optim")) optim = v;
         else if (!strcmp(k, "--graphs")) graphs = atoi(v);
+        else if (!strcmp(k, "--momentum")) momentum = (float)atof(v);
         else if (!strcmp(k, "--steps")) steps = atoi(v);
         else if (!strcmp(k, "--warmup")) warmup = atoi(v);
         else if (!strcmp(k, "--freeze")) freeze = v;
@@ -147,7 +149,7 @@ int main(int argc, char **argv)
     b.plan = &plan;
     b.samples = samples.data();
     b.hyper.lr = 1e-3f;
-    b.hyper.momentum = 0.9f;
+    b.hyper.momentum = momentum;
     b.hyper.beta1 = 0.9f;
     b.hyper.beta2 = 0.999f;
     b.hyper.eps = 1e-8f;

@@ -37,8 +37,11 @@ peak() { # label command...
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$D/memory.log"
 SF="build/bench/cached --steps 30 --warmup 5"
 if [ "$SIDES" != pytorch ]; then
-  peak sf_w1_b32_tf32 $SF --preset seed-classifier --batch 32 --precision tf32
-  for n in 8 32 128; do peak sf_w2_b${n}_tf32 $SF --preset seed-encdec --freeze encoder --batch $n --precision tf32; done
+  # W1 and W2 train with plain SGD (WORKLOADS.md), W3 with momentum 0.9
+  peak sf_w1_b32_tf32 $SF --preset seed-classifier --batch 32 --precision tf32 --momentum 0
+  for n in 8 32 128; do
+    peak sf_w2_b${n}_tf32 $SF --preset seed-encdec --freeze encoder --batch $n --precision tf32 --momentum 0
+  done
   peak sf_w3_b1024_bf16 $SF --preset resnet18 --batch 1024 --precision bf16 --steps 10 --warmup 3
 fi
 if [ "$SIDES" != streamfeed ]; then

@@ -139,9 +139,9 @@ static Result bench(const char *json, int batch, int iters, int bf16, int out_nh
     CK(cudaStreamCreate(&s));
     auto launch = [&](int it) {
         int rc = bf16 ? sf_cuda_augment_bf16(&plan, d_smp[it % NIN], batch, d_in[it % NIN], 1,
-                                             (uint16_t *)d_out[it % NOUT], out_nhwc, NULL, s)
+                                             (uint16_t *)d_out[it % NOUT], out_nhwc, s)
                       : sf_cuda_augment(&plan, d_smp[it % NIN], batch, d_in[it % NIN], 1,
-                                        (float *)d_out[it % NOUT], out_nhwc, NULL, s);
+                                        (float *)d_out[it % NOUT], out_nhwc, s);
         if (rc) {
             fprintf(stderr, "sf_cuda_augment: %s\n", sf_cuda_last_error());
             exit(2);

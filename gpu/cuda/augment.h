@@ -41,20 +41,15 @@ extern "C" {
  *              else CHW (uniform plans: [n, in_h, in_w, c] or [n, c, in_h, in_w]).
  *              A ragged plan (gpu/aug.h) needs nhwc = 1.
  *   d_dst:     float32 [n, c, out_h, out_w] when out_nhwc == 0, else [n, out_h, out_w, c].
- *   d_tmp:     scratch of n*c*out_h*out_w floats, kept in the contract for a
- *              two-pass blur; this implementation fuses the blur into the one
- *              launch and never touches it, so it may be NULL.
  * n == 0 is a no-op. Returns 0, or -1 with sf_cuda_last_error() set.
  * No allocation, no synchronisation. */
 int sf_cuda_augment(const sf_aug_plan *plan, const sf_aug_sample *d_samples, int n,
-                    const uint8_t *d_src, int nhwc, float *d_dst, int out_nhwc,
-                    float *d_tmp, cudaStream_t s);
+                    const uint8_t *d_src, int nhwc, float *d_dst, int out_nhwc, cudaStream_t s);
 
 /* The same with bf16 output (__nv_bfloat16 bit patterns in uint16_t storage,
  * rounded to nearest even from the float result). */
 int sf_cuda_augment_bf16(const sf_aug_plan *plan, const sf_aug_sample *d_samples, int n,
-                         const uint8_t *d_src, int nhwc, uint16_t *d_dst, int out_nhwc,
-                         float *d_tmp, cudaStream_t s);
+                         const uint8_t *d_src, int nhwc, uint16_t *d_dst, int out_nhwc, cudaStream_t s);
 
 #ifdef __cplusplus
 }

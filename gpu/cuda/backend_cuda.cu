@@ -143,7 +143,7 @@ typedef struct cuda_ctx {
     /* transform(): its own scratch on the auxiliary stream */
     uint8_t *t_raw;
     size_t t_raw_cap;
-    float *t_out, *t_tmp;
+    float *t_out;
     size_t t_out_cap;
     sf_aug_sample *t_samples;
     int t_samples_cap;
@@ -665,10 +665,9 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
     /* bf16 nets read bf16 input: the transform writes half the bytes */
     if (sf_net_dtype(c->net) == SF_DT_BF16) {
         if (sf_cuda_augment_bf16(bt->plan, d_samples, n, src, bt->nhwc, (uint16_t *)B->d_x,
-                                 c->layout == SF_LAYOUT_NHWC, NULL, ts))
+                                 c->layout == SF_LAYOUT_NHWC, ts))
             return -1;
-    } else if (sf_cuda_augment(bt->plan, d_samples, n, src, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC,
-                               NULL, ts)) {
+    } else if (sf_cuda_augment(bt->plan, d_samples, n, src, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC, ts)) {
         return -1;
     }
     /* The frozen encoder (DESIGN.md §1): its output is what the step reads. */
@@ -907,11 +906,10 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
     const size_t dst = n * p->c * p->out_h * p->out_w;
     cudaStream_t s = c->st_aux;
     sf_cuda_clear_error();
-    size_t out_cap = c->t_out_cap, tmp_cap = c->t_out_cap, smp_cap = (size_t)c->t_samples_cap * sizeof(sf_aug_sample);
+    size_t out_cap = c->t_out_cap, smp_cap = (size_t)c->t_samples_cap * sizeof(sf_aug_sample);
     int rc = grow((void **)&c->t_raw, &c->t_raw_cap, src);
     if (!rc && dst * sizeof(float) > c->t_out_cap) {
-        rc = grow((void **)&c->t_out, &out_cap, dst * sizeof(float)) ||
-             grow((void **)&c->t_tmp, &tmp_cap, dst * sizeof(float));
+        rc = grow((void **)&c->t_out, &out_cap, dst * sizeof(float));
         c->t_out_cap = rc ? 0 : dst * sizeof(float);
     }
     if (!rc) {
@@ -931,7 +929,7 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
         rc = cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
     if (!rc)
         rc = sf_cuda_augment(p, c->t_samples, b->n, b->jpeg ? sf_cuda_jpeg_output(c->jpeg) : c->t_raw, b->nhwc,
-                             c->t_out, 0, c->t_tmp, s);
+                             c->t_out, 0, s);
     if (!rc)
         rc = cudaMemcpyAsync(out, c->t_out, dst * sizeof(float), cudaMemcpyDeviceToHost, s) != cudaSuccess;
     cudaError_t se = cudaStreamSynchronize(s);
@@ -1230,7 +1228,6 @@ static void cu_destroy(sf_backend *be)
         free_buffers(c);
         if (c->t_raw) cudaFree(c->t_raw);
         if (c->t_out) cudaFree(c->t_out);
-        if (c->t_tmp) cudaFree(c->t_tmp);
         if (c->t_samples) cudaFree(c->t_samples);
         if (c->blas) cublasDestroy(c->blas);
         if (c->blas_ws) cudaFree(c->blas_ws);

@@ -2,7 +2,7 @@
  * the CPU reference (sf_ref_augment, gpu/ref/augment.c), DESIGN.md §8.
  *
  * Every case draws fresh random uint8 images (a new seed each run, printed; set
- * SF_TEST_SEED=0x... to replay one), runs the reference and the kernel with the
+ * `--seed 0x...` replays one), runs the reference and the kernel with the
  * same plan and per-sample parameters, and compares by ‖out−ref‖/‖ref‖:
  * float32 < 1e-5, bf16 < 1e-2; NaN never passes. The device output is filled
  * with NaN before each run so any element the kernel fails to write fails the
@@ -148,11 +148,10 @@ static void run_case(const Case &cs, int bf16, int misalign)
 
     uint8_t *d_src;
     sf_aug_sample *d_smp;
-    float *d_out, *d_tmp;
+    float *d_out;
     CK(cudaMalloc(&d_src, in_sz));
     CK(cudaMalloc(&d_smp, sizeof(sf_aug_sample) * n));
     CK(cudaMalloc(&d_out, sizeof(float) * (out_sz + 4)));
-    CK(cudaMalloc(&d_tmp, sizeof(float) * out_sz));
     CK(cudaMemcpy(d_smp, smp.data(), sizeof(sf_aug_sample) * n, cudaMemcpyHostToDevice));
     std::vector<float> ref(out_sz), got(out_sz);
     std::vector<uint16_t> gotb(out_sz);
@@ -168,8 +167,7 @@ static void run_case(const Case &cs, int bf16, int misalign)
             snprintf(name, sizeof name, "%s %dx%dx%d n%d %s->%s%s", cs.name, h, w, c, n,
                      in_nhwc ? "nhwc" : "nchw", out_nhwc ? "nhwc" : "nchw", misalign ? " misaligned" : "");
             CK(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4))); /* NaN everywhere */
-            int rc = sf_cuda_augment(&plan, d_smp, n, d_src, in_nhwc, d_dst, out_nhwc,
-                                     (out_nhwc ? NULL : d_tmp), 0);
+            int rc = sf_cuda_augment(&plan, d_smp, n, d_src, in_nhwc, d_dst, out_nhwc, 0);
             cudaError_t se = cudaDeviceSynchronize();
             if (rc != 0 || se != cudaSuccess) {
                 g_fail++;
@@ -184,7 +182,7 @@ static void run_case(const Case &cs, int bf16, int misalign)
                      in_nhwc ? "nhwc" : "nchw", out_nhwc ? "nhwc" : "nchw");
             uint16_t *d_b = reinterpret_cast<uint16_t *>(d_out);
             CK(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4)));
-            rc = sf_cuda_augment_bf16(&plan, d_smp, n, d_src, in_nhwc, d_b, out_nhwc, d_tmp, 0);
+            rc = sf_cuda_augment_bf16(&plan, d_smp, n, d_src, in_nhwc, d_b, out_nhwc, 0);
             se = cudaDeviceSynchronize();
             if (rc != 0 || se != cudaSuccess) {
                 g_fail++;
@@ -199,7 +197,6 @@ static void run_case(const Case &cs, int bf16, int misalign)
     CK(cudaFree(d_src));
     CK(cudaFree(d_smp));
     CK(cudaFree(d_out));
-    CK(cudaFree(d_tmp));
 }
 
 /* A ragged batch: n samples of random sizes in [min_side, max_side], packed HWC,
@@ -242,7 +239,7 @@ static void run_ragged_case(const char *cname, const char *json, int c, int n, i
         snprintf(name, sizeof name, "%s ragged %d..%d c%d n%d ->%s", cname, min_side, max_side, c, n,
                  out_nhwc ? "nhwc" : "nchw");
         CK(cudaMemset(d_out, 0xFF, sizeof(float) * out_sz));
-        int rc = sf_cuda_augment(&plan, d_smp, n, d_src, 1, d_out, out_nhwc, NULL, 0);
+        int rc = sf_cuda_augment(&plan, d_smp, n, d_src, 1, d_out, out_nhwc, 0);
         cudaError_t se = cudaDeviceSynchronize();
         if (rc != 0 || se != cudaSuccess) {
             g_fail++;
@@ -254,7 +251,7 @@ static void run_ragged_case(const char *cname, const char *json, int c, int n, i
     }
     /* Ragged sources are HWC: the launcher refuses to read them as CHW. */
     sf_cuda_clear_error();
-    const int refused = sf_cuda_augment(&plan, d_smp, n, d_src, 0, d_out, 0, NULL, 0) == -1 &&
+    const int refused = sf_cuda_augment(&plan, d_smp, n, d_src, 0, d_out, 0, 0) == -1 &&
                         strstr(sf_cuda_last_error(), "ragged") != NULL;
     printf("%s %s ragged_sources_read_as_chw_are_refused\n", refused ? "ok" : "FAIL", cname);
     refused ? g_pass++ : g_fail++;
@@ -285,14 +282,14 @@ static void check_errors(void)
     sf_aug_plan bad = plan;
     bad.blur_ksize = 4;
     sf_cuda_clear_error();
-    ok &= sf_cuda_augment(&bad, d_smp, 1, d_src, 1, d_dst, 0, NULL, 0) == -1 &&
+    ok &= sf_cuda_augment(&bad, d_smp, 1, d_src, 1, d_dst, 0, 0) == -1 &&
           strstr(sf_cuda_last_error(), "blur_ksize") != NULL;
     bad = plan;
     bad.c = 5;
-    ok &= sf_cuda_augment(&bad, d_smp, 1, d_src, 1, d_dst, 0, NULL, 0) == -1 &&
+    ok &= sf_cuda_augment(&bad, d_smp, 1, d_src, 1, d_dst, 0, 0) == -1 &&
           strstr(sf_cuda_last_error(), "augment.cu:") != NULL;
-    ok &= sf_cuda_augment(&plan, d_smp, 1, NULL, 1, d_dst, 0, NULL, 0) == -1;
-    ok &= sf_cuda_augment(&plan, d_smp, 0, d_src, 1, d_dst, 0, NULL, 0) == 0;
+    ok &= sf_cuda_augment(&plan, d_smp, 1, NULL, 1, d_dst, 0, 0) == -1;
+    ok &= sf_cuda_augment(&plan, d_smp, 0, d_src, 1, d_dst, 0, 0) == 0;
     CK(cudaDeviceSynchronize());
     printf("%s launcher_rejects_bad_arguments_and_names_them (last: \"%s\")\n", ok ? "ok" : "FAIL",
            sf_cuda_last_error());
@@ -302,17 +299,19 @@ static void check_errors(void)
     CK(cudaFree(d_smp));
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIPPED: no CUDA device\n");
         return 0;
     }
-    const char *es = getenv("SF_TEST_SEED");
+    /* --seed 0x... replays a run */
+    const char *es = argc > 2 && strcmp(argv[1], "--seed") == 0 ? argv[2] : NULL;
     uint64_t seed = es ? strtoull(es, NULL, 0) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
     g_rng = seed;
-    printf("test_augment: seed 0x%llx (SF_TEST_SEED to replay)\n", (unsigned long long)seed);
+    printf("test_augment: seed 0x%llx (--seed 0x%llx replays it)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
 
     static const char *W1 =
         "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"

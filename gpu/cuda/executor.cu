@@ -54,6 +54,7 @@
 #define WS_TUNE_MIN ((size_t)256 << 20) /* candidates' workspace while choosing engines: */
 #define WS_TUNE_MAX ((size_t)1 << 30)   /* bounds (g_finish_create) */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
+#define WS_SMALL_BYTES ((size_t)1 << 20)  /* the side and frozen workspaces' floor */
 #define MAX_ALLOCS 512
 
 typedef struct gen_net gen_net; /* the layer graph, below */
@@ -1455,13 +1456,17 @@ static int g_finish_create(sf_cuda_net *net)
         gshape_destroy(S);
         return -1;
     }
-    /* Each workspace holds what its plans chose, with slack for the plans of
-     * other batch sizes. The side stream's exists only with fork, the frozen
+    /* Each workspace holds what its plans chose; the compute stream's also
+     * keeps WS_MIN_BYTES of slack for the plans of other batch sizes (the
+     * others' plans for a new size are chosen among the engines that fit
+     * what is there). The side stream's exists only with fork, the frozen
      * prefix's only with frozen layers. */
     size_t need[3];
     g_shape_ws(net, S, need);
-    for (int k = 0; k < 3; k++)
-        net->ws_size[k] = need[k] > WS_MIN_BYTES ? need[k] : WS_MIN_BYTES;
+    for (int k = 0; k < 3; k++) {
+        const size_t floor = k == WS_MAIN ? WS_MIN_BYTES : WS_SMALL_BYTES;
+        net->ws_size[k] = need[k] > floor ? need[k] : floor;
+    }
     if (dmalloc(net, &net->ws, net->ws_size[WS_MAIN]) ||
         (!net->cfg.no_fork && dmalloc(net, &net->ws2, net->ws_size[WS_SIDE])) ||
         (g->nf > 0 && dmalloc(net, &g->fws, net->ws_size[WS_FROZEN]))) {

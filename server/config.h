@@ -37,6 +37,11 @@ typedef struct sf_config {
         int64_t max_json_bytes;
         char token[SF_CFG_STR];
         int max_json_depth;
+        int metrics_port;              /* 0: no probe/metrics listener */
+        int64_t upload_min_bytes_per_s; /* 0: no minimum rate */
+        int upload_deadline_s;         /* 0: no deadline */
+        char tls_cert[1024];           /* PEM paths; both empty: plain HTTP */
+        char tls_key[1024];
     } http;
     struct {
         int slots;

@@ -586,6 +586,26 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
     return sf_config_validate(c, err, errlen, fld, sizeof fld);
 }
 
+/* cJSON prints a number with 15 significant digits whenever that reads back
+ * within one ulp (its equality test is approximate), so a seed of 16 digits
+ * or a double like 0.9111111111111111 would come back changed from a GET
+ * patched back. These are written as the shortest text that reads back to
+ * exactly the same value instead. */
+static void add_exact_number(cJSON *s, const char *key, double v, int64_t i, int is_int)
+{
+    char buf[40];
+    if (is_int) {
+        snprintf(buf, sizeof buf, "%lld", (long long)i);
+    } else {
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v)
+                break;
+        }
+    }
+    cJSON_AddRawToObject(s, key, buf);
+}
+
 cJSON *sf_config_to_json(const sf_config *c)
 {
     cJSON *root = cJSON_CreateObject();
@@ -604,10 +624,10 @@ cJSON *sf_config_to_json(const sf_config *c)
             cJSON_AddNumberToObject(s, key, *(const int *)p);
             break;
         case SF_CT_INT64:
-            cJSON_AddNumberToObject(s, key, (double)*(const int64_t *)p);
+            add_exact_number(s, key, 0, *(const int64_t *)p, 1);
             break;
         case SF_CT_DOUBLE:
-            cJSON_AddNumberToObject(s, key, *(const double *)p);
+            add_exact_number(s, key, *(const double *)p, 0, 0);
             break;
         case SF_CT_BOOL:
             cJSON_AddBoolToObject(s, key, *(const int *)p);

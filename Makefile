@@ -8,7 +8,9 @@
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
 #   make bench        side-by-side benchmarks (needs a GPU)
 #   make bench-jpeg   JPEG decode and JPEG-fed training against PyTorch (needs a GPU)
-#   make fuzz         the safetensors parser under libFuzzer (clang); build/fuzz_jpeg_header the JPEG header reader
+#   make fuzz         every parser under libFuzzer (clang), FUZZ_SECONDS each (300)
+#   make fuzz-long    the same, an hour each (FUZZ_SECONDS=3600): tests/fuzz/RESULTS.md
+#   make soak         32 connections of mixed traffic for SOAK_SECONDS (600), checked
 #   make deps         install the Debian packages (root), or print the command
 #
 # Options: CUDA=0|1  CUDA_ARCH=sm_90  DEPS_PREFIX=/opt/deps/usr  SANITIZE=address|undefined
@@ -42,12 +44,12 @@ PORT    ?= 8080
 PYTHON  ?= python3
 VENV    := .venv
 
-DEB_PKGS := libmicrohttpd-dev libcjson-dev libcurl4-openssl-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config
+DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
-LDLIBS   += -lmicrohttpd -lcjson -lcurl -lturbojpeg -lm -lpthread
+LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -lm -lpthread
 
 ifdef DEBUG
   CFLAGS += -O0
@@ -119,7 +121,7 @@ $(BUILD)/gpu/nocuda/backend_nocuda.o: CPPFLAGS += -DSF_NOCUDA_REASON='"$(CUDA_WH
 $(BUILD)/gpu/nocuda/backend_nocuda.o: .FORCE
 .FORCE:
 
-.PHONY: bench-jpeg client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-smoke demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: bench-jpeg client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -231,25 +233,58 @@ docker-image:
 	  --build-arg VERSION=$(VERSION) --build-arg REVISION=$$(git rev-parse HEAD 2>/dev/null || echo unknown) \
 	  -t streamfeed:$(VERSION) .
 
-# A start–requests–stop cycle of a CPU-only build under ASan + LSan.
+# The integration suite against a CPU-only build under ASan + LSan + UBSan:
+# a sanitizer report, a leak at exit or a UBSan "runtime error" fails the test
+# that started the server (tests/integration/sfharness.py reads its stderr and
+# exit status). Then the start–requests–stop cycle of tests/sanitize.
+SAN_BUILD := $(BUILD)/asan
 sanitize-test: $(VENV)/.stamp
-	$(MAKE) --no-print-directory CUDA=0 SANITIZE=address BUILD=$(BUILD)/asan $(BUILD)/asan/streamfeed
-	STREAMFEED_ASAN_BIN=$(abspath $(BUILD)/asan/streamfeed) $(VENV)/bin/python -m pytest -q tests/sanitize
+	$(MAKE) --no-print-directory CUDA=0 SANITIZE=address,undefined BUILD=$(SAN_BUILD) \
+	  $(SAN_BUILD)/streamfeed $(SAN_BUILD)/streamfeed-load
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=1 \
+	  STREAMFEED_BIN=$(abspath $(SAN_BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(SAN_BUILD)/streamfeed-load) \
+	  $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integration
+	STREAMFEED_ASAN_BIN=$(abspath $(SAN_BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/sanitize
 
+# Not part of `make test`: N connections of mixed traffic for SOAK_SECONDS
+# against the CPU build (SOAK_BIN=build/asan/streamfeed for a sanitized soak).
+SOAK_SECONDS ?= 600
+SOAK_CONNECTIONS ?= 32
+soak: $(BUILD)/streamfeed $(VENV)/.stamp
+	STREAMFEED_BIN=$(abspath $(or $(SOAK_BIN),$(BUILD)/streamfeed)) $(VENV)/bin/python tests/soak/soak.py \
+	  --seconds $(SOAK_SECONDS) --connections $(SOAK_CONNECTIONS)
+
+# ---- fuzzing: clang libFuzzer with ASan + UBSan --------------------------------
+# One target per parser: tests/fuzz/fuzz_<name>.c, built with the sources it
+# needs (FUZZ_SRC_<name>) and started from its checked-in seeds
+# (FUZZ_CORPUS_<name>); the corpus it grows lives in $(BUILD)/fuzz-corpus/<name>.
+# To add one: append <name> to FUZZ_TARGETS and set the two variables.
 FUZZ_CC ?= clang
-# Every target links the body parser and the JPEG header reader it calls.
-FUZZ_LIB_SRC := server/safetensors.c server/jpeg_header.c
-$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC)
+FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+FUZZ_TARGETS := safetensors config_patch jpeg_header
+# The body parser calls the JPEG header reader.
+FUZZ_SRC_safetensors := server/safetensors.c server/jpeg_header.c
+FUZZ_CORPUS_safetensors := tests/fuzz/corpus
+FUZZ_SRC_config_patch := server/config.c gpu/model.c gpu/aug.c gpu/common.c
+FUZZ_CORPUS_config_patch := tests/fuzz/corpus_config_patch
+FUZZ_SRC_jpeg_header := server/safetensors.c server/jpeg_header.c
+FUZZ_CORPUS_jpeg_header := tests/fuzz/corpus_jpeg_header
+FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
+FUZZ_SMOKE_SECONDS ?= 15
+
+.SECONDEXPANSION:
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_SRC_$$*)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson
-fuzz: $(BUILD)/fuzz_safetensors
-	@mkdir -p tests/fuzz/corpus-run
-	$< -max_total_time=$${FUZZ_SECONDS:-300} tests/fuzz/corpus-run tests/fuzz/corpus
-fuzz-smoke: $(BUILD)/fuzz_safetensors $(BUILD)/fuzz_jpeg_header
-	@mkdir -p $(BUILD)/fuzz-corpus $(BUILD)/fuzz-corpus-jpeg
-	$< -max_total_time=20 -print_final_stats=0 $(BUILD)/fuzz-corpus tests/fuzz/corpus
-	$(BUILD)/fuzz_jpeg_header -max_total_time=10 -print_final_stats=0 $(BUILD)/fuzz-corpus-jpeg tests/fuzz/corpus_jpeg_header
-	@echo "fuzz smoke: 20 s of libFuzzer on the safetensors parser and 10 s on the JPEG header reader, no crash"
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson -lm
+
+# Every target for FUZZ_SECONDS each (fuzz: 300 by default; fuzz-long: 3600, the
+# runs tests/fuzz/RESULTS.md records). The script prints one result row per target.
+fuzz: $(FUZZ_BINS)
+	@bash tests/fuzz/run.sh $(BUILD) $${FUZZ_SECONDS:-300} $(foreach t,$(FUZZ_TARGETS),$(t):$(FUZZ_CORPUS_$(t)))
+fuzz-long: $(FUZZ_BINS)
+	@bash tests/fuzz/run.sh $(BUILD) $${FUZZ_SECONDS:-3600} $(foreach t,$(FUZZ_TARGETS),$(t):$(FUZZ_CORPUS_$(t)))
+fuzz-smoke: $(FUZZ_BINS)
+	@bash tests/fuzz/run.sh $(BUILD) $(FUZZ_SMOKE_SECONDS) $(foreach t,$(FUZZ_TARGETS),$(t):$(FUZZ_CORPUS_$(t)))
 
 gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
 	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-test: built without CUDA ($(CUDA_WHY))"; \

@@ -126,7 +126,7 @@ enum {
     OPT_CONNECTIONS = 'c', OPT_JSON = 'j', OPT_QUIET = 'q', OPT_HELP = 'h',
     OPT_THREADS = 256, OPT_LEARNABLE, OPT_SEED, OPT_DIR, OPT_RATE, OPT_POOL, OPT_POOL_MB,
     OPT_LABEL_DTYPE, OPT_WAIT, OPT_DRAIN, OPT_TOKEN, OPT_TIMEOUT_MS, OPT_RETRIES,
-    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE, OPT_CACHE_DIR, OPT_PREPARE,
+    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE, OPT_CACHE_DIR, OPT_PREPARE, OPT_CACERT,
 };
 
 typedef struct opt_spec {
@@ -167,6 +167,9 @@ static const opt_spec OPTS[] = {
     {"wait", 0, OPT_WAIT, NULL, "POST with ?wait=1: each reply comes when its batch is trained, with its loss"},
     {"drain", 0, OPT_DRAIN, NULL, "after sending, wait until the last accepted batch is trained (for its loss)"},
     {"token", 1, OPT_TOKEN, "TOKEN", "bearer token (default: $STREAMFEED_TOKEN)"},
+    {"cacert", 1, OPT_CACERT, "FILE",
+     "PEM file of the CA certificates that an https:// server's certificate must chain to "
+     "(default: the system's); the server's name or IP must be in the certificate"},
     {"timeout-ms", 1, OPT_TIMEOUT_MS, "MS", "limit of one request, 0 = none (default 120000)"},
     {"retries", 1, OPT_RETRIES, "N", "resends of one batch after 503/429, 0..1000 (default 20)"},
     {"max-backoff-ms", 1, OPT_MAX_BACKOFF_MS, "MS", "cap of one retry delay (default 5000)"},
@@ -201,6 +204,7 @@ typedef struct options {
     int wait;
     int drain;
     const char *token;
+    const char *cacert; /* CA file for https://; NULL: the system's */
     long timeout_ms;
     int retries;
     long max_backoff_ms;
@@ -1303,6 +1307,12 @@ static size_t on_reply_data(char *ptr, size_t size, size_t nmemb, void *userdata
         }                                                                                 \
     } while (0)
 
+/* https:// is verified (peer and host name) against --cacert, or the system's CAs. */
+static CURLcode set_tls(CURL *h, const options *o)
+{
+    return o->cacert ? curl_easy_setopt(h, CURLOPT_CAINFO, o->cacert) : CURLE_OK;
+}
+
 static int conn_init(conn *c, const char *url, struct curl_slist *headers, uint64_t seed)
 {
     c->reply = malloc(REPLY_CAP + 1);
@@ -1329,6 +1339,10 @@ static int conn_init(conn *c, const char *url, struct curl_slist *headers, uint6
     CURL_SETOPT(h, CURLOPT_TIMEOUT_MS, o->timeout_ms);
     long ct = o->timeout_ms > 0 && o->timeout_ms < 10000 ? o->timeout_ms : 10000;
     CURL_SETOPT(h, CURLOPT_CONNECTTIMEOUT_MS, ct);
+    if (set_tls(h, o) != CURLE_OK) {
+        fprintf(stderr, "streamfeed-load: this libcurl cannot take --cacert\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -1634,6 +1648,7 @@ static void poller_init(poller *p, const options *o)
     curl_easy_setopt(p->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(p->easy, CURLOPT_TIMEOUT_MS, (long)POLL_TIMEOUT_MS);
     curl_easy_setopt(p->easy, CURLOPT_USERAGENT, "streamfeed-load/1");
+    set_tls(p->easy, o);
 }
 
 static void poller_free(poller *p)
@@ -1925,6 +1940,11 @@ static int parse_args(int argc, char **argv, options *o)
         case OPT_TOKEN:
             o->token = a;
             break;
+        case OPT_CACERT:
+            if (access(a, R_OK) != 0)
+                return usage_error("--cacert %s cannot be read", a);
+            o->cacert = a;
+            break;
         case OPT_TIMEOUT_MS:
             if (parse_u64(a, 0, 86400000, &u))
                 return usage_error("--timeout-ms must be an integer in 0..86400000");
@@ -2084,6 +2104,7 @@ static int run_diagnose(const options *o)
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, o->timeout_ms);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
     curl_easy_setopt(h, CURLOPT_USERAGENT, "streamfeed-load/1");
+    set_tls(h, o);
     if (!o->quiet && isatty(STDERR_FILENO))
         fprintf(stderr, "streamfeed-load: diagnosing %s (training pauses meanwhile)...\n", o->url);
     CURLcode cr = curl_easy_perform(h);

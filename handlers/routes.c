@@ -8,9 +8,9 @@ static const char *const CT_PATCH[] = {"application/merge-patch+json", "applicat
 static const char *const CT_DIAGNOSE[] = {"application/json", NULL};
 
 const sf_route sf_routes[] = {
-    {"GET", "/healthz", "healthz", h_healthz, NULL, 0, NULL},
-    {"GET", "/readyz", "readyz", h_readyz, NULL, 0, NULL},
-    {"GET", "/metrics", "metrics", h_metrics, NULL, 0, NULL},
+    {"GET", "/healthz", "healthz", h_healthz, NULL, SF_ROUTE_PROBE, NULL},
+    {"GET", "/readyz", "readyz", h_readyz, NULL, SF_ROUTE_PROBE, NULL},
+    {"GET", "/metrics", "metrics", h_metrics, NULL, SF_ROUTE_PROBE, NULL},
     {"GET", "/openapi.yaml", "openapi", h_openapi, NULL, 0, NULL},
     {"POST", "/v1/diagnose", "diagnose", h_diagnose, NULL, SF_ROUTE_AUTH, CT_DIAGNOSE},
     {"GET", "/v1/trace", "trace", h_trace, NULL, 0, NULL},
@@ -18,10 +18,10 @@ const sf_route sf_routes[] = {
     {"GET", "/v1/config", "config", h_config_get, NULL, 0, NULL},
     {"PATCH", "/v1/config", "config", h_config_patch, NULL, SF_ROUTE_AUTH, CT_PATCH},
     {"POST", "/v1/batches", "batches", h_batches_post, &h_batches_stream,
-     SF_ROUTE_AUTH, CT_BATCH},
+     SF_ROUTE_AUTH | SF_ROUTE_UPLOAD, CT_BATCH},
     {"GET", "/v1/batches/{id}", "batch", h_batches_get, NULL, 0, NULL},
     {"POST", "/v1/transform", "transform", h_transform, &h_transform_stream,
-     SF_ROUTE_AUTH, CT_BATCH},
+     SF_ROUTE_AUTH | SF_ROUTE_UPLOAD, CT_BATCH},
     {"GET", "/v1/model", "model", h_model, NULL, 0, NULL},
     {"GET", "/v1/checkpoint", "checkpoint", h_checkpoint_get, &h_checkpoint_get_stream,
      SF_ROUTE_AUTH, NULL},

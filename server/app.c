@@ -72,6 +72,11 @@ void sf_app_metrics_init(sf_app *app)
         "streamfeed_batches_pending",
         "Accepted batches not finished yet (queued or in flight); accepted = finished + pending.",
         NULL);
+    m->uploads_evicted = sf_metrics_counter(
+        "streamfeed_uploads_evicted_total",
+        "Uploads whose ring slot was taken back because they were too slow "
+        "(http.upload_min_bytes_per_s) or past http.upload_deadline_s, by reason (error code).",
+        L_REASON);
     m->bytes_received = sf_metrics_counter("streamfeed_received_bytes_total",
                                            "Bytes of batch bodies received.", NULL);
     m->samples_trained = sf_metrics_counter("streamfeed_samples_trained_total",
@@ -138,6 +143,9 @@ void sf_app_metrics_init(sf_app *app)
     sf_metric_child(m->batches_received, rej);
     sf_metric_child(m->batches_finished, dn);
     sf_metric_child(m->batches_finished, fl);
+    const char *ev_slow[] = {"upload_too_slow"}, *ev_late[] = {"upload_deadline_exceeded"};
+    sf_metric_child(m->uploads_evicted, ev_slow);
+    sf_metric_child(m->uploads_evicted, ev_late);
     sf_metric_only(m->queue_wait);
     sf_metric_only(m->h2d);
     sf_metric_only(m->transform);

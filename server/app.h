@@ -32,6 +32,7 @@ typedef struct sf_app_metrics {
     sf_family *ring_slots, *queue_wait, *h2d, *transform, *step;
     sf_family *compute_busy, *compute_starved, *build_info;
     sf_family *process_start, *process_cpu, *process_rss, *process_vsize, *process_fds, *process_max_fds;
+    sf_family *uploads_evicted;
     /* Device telemetry (server/telemetry.c), labelled gpu="<ordinal>"; no
      * child until a valid sample, so absent without NVML. */
     sf_family *gpu_utilization, *gpu_memory_used, *gpu_memory_total, *gpu_power;
@@ -48,6 +49,7 @@ typedef struct sf_app {
     struct sf_http *http;
     sf_app_metrics m;
     atomic_int draining;        /* SIGTERM received: refuse new batches */
+    atomic_int closing;         /* the drain ended: commits are refused (sf_upload_close) */
     atomic_int backend_ok;      /* last health check passed */
     uint64_t t_start_ns;
     const char *backend_name;

@@ -22,6 +22,7 @@ static int check_augment(const sf_config *c, char *err, size_t errlen);
 static int check_slots(const sf_config *c, char *err, size_t errlen);
 static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 static int check_host(const sf_config *c, char *err, size_t errlen);
+static int check_listeners(const sf_config *c, char *err, size_t errlen);
 
 /* Defaults reproduce W1 of docs/WORKLOADS.md. */
 #define W1_AUGMENT                                                                              \
@@ -52,6 +53,24 @@ const sf_cfg_option sf_config_table[] = {
      "Deepest nesting accepted in a JSON request body."},
     {"http.token", SF_CT_STRING, F(http.token), "", 0, 0, NULL, SF_CF_HOT | SF_CF_SENSITIVE, NULL,
      "Bearer token required by mutating endpoints; empty disables auth."},
+    {"http.metrics_port", SF_CT_INT, F(http.metrics_port), "0", 0, 65535, NULL, 0, check_listeners,
+     "Second listener (plain HTTP, on http.host) serving only GET /metrics, /healthz and /readyz, "
+     "so probes and scrapes answer when http.max_connections are taken and during the shutdown "
+     "drain; 0 disables it."},
+    {"http.upload_min_bytes_per_s", SF_CT_INT64, F(http.upload_min_bytes_per_s), "65536", 0, 1e12,
+     NULL, SF_CF_HOT, NULL,
+     "Slowest average rate of an upload that holds a ring slot, counted from the moment it took "
+     "the slot after a 5 s allowance; a slower one is closed and its slot freed (408 "
+     "upload_too_slow in the log and metrics). 0 disables the check."},
+    {"http.upload_deadline_s", SF_CT_INT, F(http.upload_deadline_s), "300", 0, 86400, NULL,
+     SF_CF_HOT, NULL,
+     "Longest time an upload may hold a ring slot before its body is complete; a later one is "
+     "closed and its slot freed (408 upload_deadline_exceeded). 0 disables the deadline."},
+    {"http.tls_cert", SF_CT_STRING, F(http.tls_cert), "", 0, 0, NULL, 0, check_listeners,
+     "PEM certificate chain for HTTPS on http.port (with http.tls_key); empty serves plain HTTP. "
+     "Re-read on SIGHUP and when the file changes."},
+    {"http.tls_key", SF_CT_STRING, F(http.tls_key), "", 0, 0, NULL, 0, check_listeners,
+     "PEM private key of http.tls_cert (unencrypted)."},
     {"ring.slots", SF_CT_INT, F(ring.slots), "8", 2, 4096, NULL, 0, check_slots,
      "Ring slots of pinned host memory (batches buffered between HTTP and the GPU)."},
     {"ring.slot_bytes", SF_CT_INT64, F(ring.slot_bytes), "8388608", 4096, 17179869184.0, NULL, 0,
@@ -184,7 +203,9 @@ const sf_cfg_option sf_config_table[] = {
     {"log.probes", SF_CT_BOOL, F(log.probes), "false", 0, 0, NULL, SF_CF_HOT, NULL,
      "Also log the requests of probes and scrapers (/healthz, /readyz, /metrics)."},
     {"shutdown.grace_s", SF_CT_INT, F(shutdown.grace_s), "30", 0, 3600, NULL, SF_CF_HOT, NULL,
-     "On SIGTERM, time allowed to finish queued batches and in-flight requests."},
+     "On SIGTERM, the longest drain: uploads in progress finish and are trained with every "
+     "accepted batch, new connections are refused; at the end of it the process stops "
+     "(docs/OPERATIONS.md)."},
 };
 const size_t sf_config_table_len = sizeof sf_config_table / sizeof sf_config_table[0];
 
@@ -238,6 +259,20 @@ static int check_host(const sf_config *c, char *err, size_t errlen)
     struct sockaddr_storage ss;
     socklen_t len;
     return sf_netaddr_resolve(c->http.host, c->http.port, &ss, &len, err, errlen);
+}
+
+/* The listeners: a metrics port of its own, and TLS with both files or neither. */
+static int check_listeners(const sf_config *c, char *err, size_t errlen)
+{
+    if (c->http.metrics_port && c->http.metrics_port == c->http.port) {
+        snprintf(err, errlen, "http.metrics_port must differ from http.port (%d)", c->http.port);
+        return -1;
+    }
+    if (!c->http.tls_cert[0] != !c->http.tls_key[0]) {
+        snprintf(err, errlen, "http.tls_cert and http.tls_key go together: set both or neither");
+        return -1;
+    }
+    return 0;
 }
 
 const sf_cfg_option *sf_config_find(const char *name)
@@ -665,6 +700,26 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
     return sf_config_validate(c, err, errlen, fld, sizeof fld);
 }
 
+/* cJSON prints a number with 15 significant digits whenever that reads back
+ * within one ulp (its equality test is approximate), so a seed of 16 digits
+ * or a double like 0.9111111111111111 would come back changed from a GET
+ * patched back. These are written as the shortest text that reads back to
+ * exactly the same value instead. */
+static void add_exact_number(cJSON *s, const char *key, double v, int64_t i, int is_int)
+{
+    char buf[40];
+    if (is_int) {
+        snprintf(buf, sizeof buf, "%lld", (long long)i);
+    } else {
+        for (int prec = 15; prec <= 17; prec++) {
+            snprintf(buf, sizeof buf, "%.*g", prec, v);
+            if (strtod(buf, NULL) == v)
+                break;
+        }
+    }
+    cJSON_AddRawToObject(s, key, buf);
+}
+
 cJSON *sf_config_to_json(const sf_config *c)
 {
     cJSON *root = cJSON_CreateObject();
@@ -683,10 +738,10 @@ cJSON *sf_config_to_json(const sf_config *c)
             cJSON_AddNumberToObject(s, key, *(const int *)p);
             break;
         case SF_CT_INT64:
-            cJSON_AddNumberToObject(s, key, (double)*(const int64_t *)p);
+            add_exact_number(s, key, 0, *(const int64_t *)p, 1);
             break;
         case SF_CT_DOUBLE:
-            cJSON_AddNumberToObject(s, key, *(const double *)p);
+            add_exact_number(s, key, *(const double *)p, 0, 0);
             break;
         case SF_CT_BOOL:
             cJSON_AddBoolToObject(s, key, *(const int *)p);
@@ -949,6 +1004,29 @@ int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *
     int rc = sf_config_apply_json(next, patch, err, errlen, field, fieldlen);
     if (!rc)
         rc = sf_config_validate(next, err, errlen, field, fieldlen);
+    if (!rc) {
+        /* The hot options apply now, beside the restart-only values still in
+         * effect: that mix must be valid too (checkpoint.every_steps set now
+         * with a checkpoint.dir that only the next start would have). */
+        sf_config *eff = malloc(sizeof *eff);
+        if (!eff) {
+            snprintf(err, errlen, "out of memory");
+            rc = -1;
+        } else {
+            *eff = live;
+            for (size_t i = 0; i < sf_config_table_len; i++) {
+                const sf_cfg_option *o = &sf_config_table[i];
+                if ((o->flags & SF_CF_HOT) && !field_equal(next, &wanted, o))
+                    memcpy(field_ptr(eff, o), field_cptr(next, o), o->size);
+            }
+            char why[400];
+            rc = sf_config_validate(eff, why, sizeof why, field, fieldlen);
+            if (rc)
+                snprintf(err, errlen, "%s (the hot options of this patch apply now, but the "
+                         "restart-only ones only at the next start)", why);
+            free(eff);
+        }
+    }
     if (rc) {
         pthread_mutex_unlock(&live_mu);
         free(next);

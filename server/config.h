@@ -37,6 +37,11 @@ typedef struct sf_config {
         int64_t max_json_bytes;
         char token[SF_CFG_STR];
         int max_json_depth;
+        int metrics_port;              /* 0: no probe/metrics listener */
+        int64_t upload_min_bytes_per_s; /* 0: no minimum rate */
+        int upload_deadline_s;         /* 0: no deadline */
+        char tls_cert[1024];           /* PEM paths; both empty: plain HTTP */
+        char tls_key[1024];
     } http;
     struct {
         int slots;
@@ -158,7 +163,9 @@ int sf_config_validate(const sf_config *c, char *err, size_t errlen, char *field
 /* Loads defaults, then the file (if path), env, then argv flags. --help prints
  * usage and returns 1; errors return -1 with err. *config_path gets --config. */
 int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen);
-/* Nested JSON of the config; sensitive values masked. */
+/* Nested JSON of the config; sensitive values masked. int64 and double
+ * options are raw items holding their exact text (cJSON would round them to
+ * 15 digits): print the tree, do not read their valuedouble. */
 cJSON *sf_config_to_json(const sf_config *c);
 /* Prints --help generated from the table. */
 void sf_config_print_help(const char *prog);

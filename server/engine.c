@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <time.h>
 
 #include "server/app.h"
 #include "server/http.h"
@@ -43,6 +44,7 @@ struct sf_engine {
     pthread_t thread;
     atomic_int running;
     atomic_int stop;
+    _Atomic uint64_t stop_deadline_ns; /* the last in-flight wait ends here (0: none) */
     atomic_int inflight;
     int max_batch;
     sf_aug_sample **samples;   /* per slot: max_batch parameters, owned until SLOT_FREE */
@@ -456,9 +458,14 @@ static void *engine_main(void *arg)
             poll_backend(e, took ? 0 : (full ? 2000 : 200));
         }
     }
-    /* Let what was submitted finish, so no batch is left half-done. */
-    for (int tries = 0; atomic_load(&e->inflight) > 0 && tries < 100000; tries++)
+    /* Let what was submitted finish, so no batch is left half-done; but not
+     * past the stop deadline (sf_engine_stop_by), nor 100 s. */
+    uint64_t dl = atomic_load(&e->stop_deadline_ns);
+    for (int tries = 0; atomic_load(&e->inflight) > 0 && tries < 100000; tries++) {
+        if (dl && sf_now_ns() >= dl)
+            break;
         poll_backend(e, 1000);
+    }
     atomic_store(&e->running, 0);
     return NULL;
 }
@@ -507,13 +514,30 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
 
 int sf_engine_running(sf_engine *e) { return e && atomic_load(&e->running); }
 
-void sf_engine_stop(sf_engine *e)
+void sf_engine_stop(sf_engine *e) { (void)sf_engine_stop_by(e, 0); }
+
+int sf_engine_stop_by(sf_engine *e, uint64_t deadline_ns)
 {
     if (!e)
-        return;
+        return 0;
     if (e->thread) {
+        atomic_store(&e->stop_deadline_ns, deadline_ns);
         atomic_store(&e->stop, 1);
-        pthread_join(e->thread, NULL);
+        sf_ring_kick(e->app->ring);
+        if (!deadline_ns) {
+            pthread_join(e->thread, NULL);
+        } else {
+            /* pthread_timedjoin_np takes a CLOCK_REALTIME instant. */
+            uint64_t now = sf_now_ns();
+            uint64_t left = deadline_ns > now ? deadline_ns - now : 0;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + left;
+            ts.tv_sec = (time_t)(at / 1000000000ull);
+            ts.tv_nsec = (long)(at % 1000000000ull);
+            if (pthread_timedjoin_np(e->thread, NULL, &ts) != 0)
+                return -1;
+        }
     }
     /* Commands still queued are answered as failed: their requests wait. */
     for (;;) {
@@ -553,4 +577,5 @@ void sf_engine_stop(sf_engine *e)
     }
     free(e->src_hw);
     free(e);
+    return 0;
 }

@@ -73,5 +73,10 @@ int sf_engine_running(sf_engine *e);
 /* Stops the thread after the batches already submitted finish; READY slots
  * not yet taken are failed with "shutdown". */
 void sf_engine_stop(sf_engine *e);
+/* The same, waiting for the thread no later than deadline_ns (sf_now_ns
+ * clock). Returns 0 when stopped (e is freed), or -1 when the thread is still
+ * in a step or a command at the deadline: then nothing is freed, the thread
+ * still owns the backend, and the caller must exit without touching either. */
+int sf_engine_stop_by(sf_engine *e, uint64_t deadline_ns);
 
 #endif

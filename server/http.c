@@ -2,7 +2,11 @@
 #include "server/http.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
+#include <gnutls/crypto.h>
+#include <gnutls/gnutls.h>
 #include <microhttpd.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -10,19 +14,41 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "server/app.h"
 #include "server/log.h"
 #include "server/netaddr.h"
+#include "server/tls.h"
 
 #define MAX_EXTRA_HEADERS 4
 #define DRAIN_LIMIT (64ull << 20) /* beyond this, an early error closes the connection */
+#define LISTEN_BACKLOG SOMAXCONN
+/* The metrics port serves short requests from probes and scrapers only. */
+#define PROBE_MAX_CONNECTIONS 32
+#define PROBE_TIMEOUT_S 10
+#define TICK_NS 1000000000ull
+
+/* One listening socket and its daemon: the main port (every route), or the
+ * metrics port (GET /metrics, /healthz, /readyz only). */
+struct sf_listener {
+    struct sf_http *h;
+    struct MHD_Daemon *d;
+    int fd;          /* the socket we bound; libmicrohttpd accepts on it */
+    int port;
+    int probes_only;
+    int quiesced;    /* no longer accepting: the fd is ours to close */
+};
 
 struct sf_req_priv {
     struct MHD_Connection *conn;
     struct sf_http *h;
+    struct sf_listener *l;
+    int started;            /* access_cb has seen this request */
+    int bad_uri;            /* the raw request target carries %00 */
+    int fd;                 /* the connection's socket (for sf_req_abort) */
     char extra[MAX_EXTRA_HEADERS][2][64];
     int nextra;
     /* An error decided while the body still arrives is sent once it ended. */
@@ -42,16 +68,18 @@ struct sf_req_priv {
 
 struct sf_http {
     sf_app *app;
-    struct MHD_Daemon *d;
-    int port;
-    atomic_int active;
+    struct sf_listener main, probe;
+    int tls;
+    atomic_int active;                 /* requests in progress on the main port */
     pthread_mutex_t wmu;
     pthread_cond_t wcv;
     struct sf_req *waiters;            /* singly linked list */
     uint64_t gen[SF_WAIT_KINDS];
+    int closed;                        /* sf_http_wake_all ran: no new waits */
     pthread_t timer;
-    int timer_stop;
-    sf_metric *m_unmatched_404;
+    int timer_started, timer_stop;
+    void (*tick)(void *ctx);           /* run about once a second by the timer thread */
+    void *tick_ctx;
 };
 
 uint64_t sf_now_ns(void)
@@ -87,15 +115,19 @@ static int path_match(const char *pattern, const char *path, char *param, size_t
     return *pattern == '\0' && *path == '\0';
 }
 
-/* Finds the route; *allow lists the methods of routes whose path matches. */
-static const sf_route *route_find(const char *method, const char *path, char *param, size_t cap,
-                                  char *allow, size_t allow_cap, int *path_found)
+/* Finds the route; *allow lists the methods of routes whose path matches.
+ * probes_only: the metrics port, where only SF_ROUTE_PROBE routes exist. */
+static const sf_route *route_find(const char *method, const char *path, int probes_only,
+                                  char *param, size_t cap, char *allow, size_t allow_cap,
+                                  int *path_found)
 {
     const sf_route *hit = NULL;
     allow[0] = '\0';
     *path_found = 0;
     for (size_t i = 0; i < sf_routes_len; i++) {
         char p[64];
+        if (probes_only && !(sf_routes[i].flags & SF_ROUTE_PROBE))
+            continue;
         if (!path_match(sf_routes[i].pattern, path, p, sizeof p))
             continue;
         *path_found = 1;
@@ -108,7 +140,7 @@ static const sf_route *route_find(const char *method, const char *path, char *pa
     }
     /* HEAD is answered as GET by libmicrohttpd (it sends no body). */
     if (!hit && strcmp(method, "HEAD") == 0)
-        return route_find("GET", path, param, cap, allow, allow_cap, path_found);
+        return route_find("GET", path, probes_only, param, cap, allow, allow_cap, path_found);
     return hit;
 }
 
@@ -129,6 +161,10 @@ static struct MHD_Response *make_response(sf_req *r, const char *ctype, void *da
     for (int i = 0; i < r->priv->nextra; i++)
         MHD_add_response_header(resp, r->priv->extra[i][0], r->priv->extra[i][1]);
     r->priv->nextra = 0;
+    /* While draining, a kept-alive connection would only bring the next
+     * request to a server that is going away: close it after this reply. */
+    if (r->app && atomic_load(&r->app->draining) && !r->priv->l->probes_only)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     return resp;
 }
 
@@ -253,7 +289,14 @@ int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int t
 {
     sf_http *h = r->priv->h;
     pthread_mutex_lock(&h->wmu);
-    if (h->gen[kind] != gen || h->timer_stop) {
+    if (h->closed) {
+        /* The server is stopping: no new waits. The caller tests its
+         * condition again and, seeing SF_WAIT_SHUTDOWN, replies now. */
+        r->wait = SF_WAIT_SHUTDOWN;
+        pthread_mutex_unlock(&h->wmu);
+        return -1;
+    }
+    if (h->gen[kind] != gen) {
         /* A wake came between the caller's test and now: test again. */
         pthread_mutex_unlock(&h->wmu);
         return -1;
@@ -295,7 +338,7 @@ void sf_http_wake(sf_http *h, sf_wait_kind kind, uint64_t key)
 void sf_http_wake_all(sf_http *h)
 {
     pthread_mutex_lock(&h->wmu);
-    h->timer_stop = 1; /* no new waits from now on */
+    h->closed = 1; /* no new waits from now on */
     for (int k = 0; k < SF_WAIT_KINDS; k++)
         h->gen[k]++;
     while (h->waiters)
@@ -309,9 +352,19 @@ void sf_http_wake_all(sf_http *h)
 static void *timer_main(void *arg)
 {
     sf_http *h = arg;
+    uint64_t next_tick = sf_now_ns() + TICK_NS;
     pthread_mutex_lock(&h->wmu);
     while (!h->timer_stop) {
-        uint64_t now = sf_now_ns(), next = now + 1000000000ull;
+        uint64_t now = sf_now_ns();
+        if (now >= next_tick && h->tick) {
+            /* The tick takes its own locks (and may wake waiters): not under wmu. */
+            pthread_mutex_unlock(&h->wmu);
+            h->tick(h->tick_ctx);
+            pthread_mutex_lock(&h->wmu);
+            now = sf_now_ns();
+            next_tick = now + TICK_NS;
+        }
+        uint64_t next = next_tick > now ? next_tick : now + TICK_NS;
         for (sf_req *r = h->waiters, *n; r; r = n) {
             n = r->priv->wait_next;
             if (r->priv->deadline_ns <= now)
@@ -332,12 +385,77 @@ static void *timer_main(void *arg)
 
 /* ---- request handling ------------------------------------------------------- */
 
-static enum MHD_Result sum_headers(void *cls, enum MHD_ValueKind kind, const char *key,
+/* What on_headers needs to know about the request's header lines, in one pass. */
+typedef struct header_scan {
+    size_t bytes;            /* total size, as counted against http.max_header_bytes */
+    int hosts;               /* Host lines */
+    int content_lengths;     /* Content-Length lines */
+    int cl_conflict;         /* two of them with different values */
+    int cl_bad;              /* a value that is not plain digits */
+    const char *cl;          /* the first value */
+    const char *te;          /* Transfer-Encoding, if any */
+} header_scan;
+
+static int all_digits(const char *s)
+{
+    if (!*s)
+        return 0;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9')
+            return 0;
+    return 1;
+}
+
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key,
                                    const char *value)
 {
-    size_t *total = cls;
-    *total += strlen(key) + (value ? strlen(value) : 0) + 4;
+    header_scan *sc = cls;
+    (void)kind;
+    sc->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
+    if (strcasecmp(key, "Host") == 0)
+        sc->hosts++;
+    else if (strcasecmp(key, "Transfer-Encoding") == 0)
+        sc->te = value ? value : "";
+    else if (strcasecmp(key, "Content-Length") == 0) {
+        const char *v = value ? value : "";
+        if (!all_digits(v))
+            sc->cl_bad = 1;
+        if (sc->content_lengths++ == 0)
+            sc->cl = v;
+        else if (strcmp(sc->cl, v) != 0)
+            sc->cl_conflict = 1;
+    }
     return MHD_YES;
+}
+
+/* Compares the presented token with the configured one in time that depends
+ * on neither: both are hashed to SHA-256 first, so the comparison always runs
+ * over 32 bytes whatever the lengths, and a mismatch's position says nothing. */
+static int token_ok(const char *given, size_t given_len, const char *want)
+{
+    unsigned char a[32], b[32];
+    if (gnutls_hash_fast(GNUTLS_DIG_SHA256, given, given_len, a) < 0 ||
+        gnutls_hash_fast(GNUTLS_DIG_SHA256, want, strlen(want), b) < 0)
+        return 0;
+    unsigned diff = 0;
+    for (size_t i = 0; i < sizeof a; i++)
+        diff |= (unsigned)(a[i] ^ b[i]);
+    return diff == 0;
+}
+
+/* Authorization: <scheme> <credentials>, where the scheme is matched without
+ * regard to case (RFC 9110 11.1) and one or more spaces may follow it. */
+static int bearer_ok(const char *auth, const char *want)
+{
+    if (!auth || strncasecmp(auth, "Bearer", 6) != 0 || auth[6] != ' ')
+        return 0;
+    const char *t = auth + 6;
+    while (*t == ' ')
+        t++;
+    size_t n = strlen(t);
+    while (n && (t[n - 1] == ' ' || t[n - 1] == '\t'))
+        n--;
+    return n > 0 && token_ok(t, n, want);
 }
 
 static void make_request_id(sf_req *r, struct MHD_Connection *conn)
@@ -382,55 +500,98 @@ static void stream_rejected(sf_req *r, const char *code)
 
 /* First call: headers are in. Returns 0 to go on, -1 when an error reply was
  * made (deferred when a body follows). */
-static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method, const char *url)
+static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method, const char *url,
+                      const char *version)
 {
     sf_app *app = r->app;
     const sf_config *cfgp = sf_config_cur();
 #define cfg (*cfgp)
-    const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
-    uint64_t content_length = cl ? strtoull(cl, NULL, 10) : 0;
-    int has_body = (cl && content_length > 0) ||
-                   MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Transfer-Encoding");
+    header_scan sc = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, scan_header, &sc);
+    uint64_t content_length = sc.cl ? strtoull(sc.cl, NULL, 10) : 0;
+    int has_body = (sc.cl && content_length > 0) || sc.te;
     /* Errors found now are sent after the body, unless the body is too big to drain. */
     tl_body_pending = has_body && content_length <= DRAIN_LIMIT;
 
-    size_t hdr = 0;
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, sum_headers, &hdr);
-    if (hdr > (size_t)cfg.http.max_header_bytes)
+    if (sc.bytes > (size_t)cfg.http.max_header_bytes)
         return sf_reply_error(r, 431, "headers_too_large",
-                              "request headers are %zu bytes; the limit is %d", hdr,
+                              "request headers are %zu bytes; the limit is %d", sc.bytes,
                               cfg.http.max_header_bytes),
+               -1;
+    /* Framing that two parties could read differently (RFC 9112 6.3) is how
+     * requests are smuggled past a proxy: refuse it, and close the connection
+     * rather than guess where the body ends. */
+    if (sc.te && sc.cl) {
+        tl_body_pending = 0;
+        sf_reply_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+        return sf_reply_error(r, 400, "content_length_with_transfer_encoding",
+                              "a request may carry Content-Length or Transfer-Encoding, not both"),
+               -1;
+    }
+    if (sc.cl_conflict || sc.cl_bad) {
+        tl_body_pending = 0;
+        sf_reply_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+        return sf_reply_error(r, 400, "bad_content_length",
+                              sc.cl_conflict ? "the request carries Content-Length headers with "
+                                               "different values"
+                                             : "Content-Length must be a decimal number"),
+               -1;
+    }
+    if (sc.te && strcasecmp(sc.te, "chunked") != 0) {
+        tl_body_pending = 0;
+        sf_reply_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+        return sf_reply_error(r, 501, "transfer_encoding_not_implemented",
+                              "Transfer-Encoding \"%.40s\" is not implemented; only chunked is",
+                              sc.te),
+               -1;
+    }
+    /* HTTP/1.1 requires exactly one Host (RFC 9112 3.2); HTTP/1.0 may omit it. */
+    if (sc.hosts > 1)
+        return sf_reply_error(r, 400, "bad_host",
+                              "the request carries %d Host headers; exactly one is allowed",
+                              sc.hosts),
+               -1;
+    if (sc.hosts == 0 && version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0)
+        return sf_reply_error(r, 400, "bad_host", "an HTTP/1.1 request must carry a Host header"),
+               -1;
+    if (r->priv->bad_uri)
+        return sf_reply_error(r, 400, "bad_path",
+                              "the request target contains %%00 (an encoded NUL byte)"),
                -1;
 
     char allow[128];
     int path_found;
-    r->route = route_find(method, url, r->param, sizeof r->param, allow, sizeof allow, &path_found);
+    r->route = route_find(method, url, r->priv->l->probes_only, r->param, sizeof r->param, allow,
+                          sizeof allow, &path_found);
     if (!r->route) {
         if (path_found) {
             sf_reply_header(r, "Allow", allow);
             sf_reply_error(r, 405, "method_not_allowed", "%s is not allowed on %s; allowed: %s",
                            method, url, allow);
         } else {
-            sf_reply_error(r, 404, "not_found", "no route for %s %s", method, url);
+            sf_reply_error(r, 404, "not_found", "no route for %s %s%s", method, url,
+                           r->priv->l->probes_only ? " on the metrics port (GET /metrics, "
+                                                     "/healthz and /readyz only)"
+                                                   : "");
         }
         return -1;
     }
     const sf_route *rt = r->route;
-    if ((rt->flags & SF_ROUTE_AUTH) && cfg.http.token[0]) {
-        const char *a = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
-        size_t tl = strlen(cfg.http.token);
-        int ok = a && strncmp(a, "Bearer ", 7) == 0 && strlen(a + 7) == tl;
-        /* Constant-time comparison: no early exit on the first differing byte. */
-        unsigned diff = 0;
-        for (size_t i = 0; ok && i < tl; i++)
-            diff |= (unsigned)(a[7 + i] ^ cfg.http.token[i]);
-        if (!ok || diff) {
-            sf_reply_header(r, "WWW-Authenticate", "Bearer");
-            sf_reply_error(r, 401, "unauthorized", "a valid bearer token is required for %s %s",
-                           method, rt->pattern);
-            stream_rejected(r, "unauthorized");
-            return -1;
-        }
+    if ((rt->flags & SF_ROUTE_AUTH) && cfg.http.token[0] &&
+        !bearer_ok(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"),
+                   cfg.http.token)) {
+        sf_reply_header(r, "WWW-Authenticate", "Bearer");
+        sf_reply_error(r, 401, "unauthorized", "a valid bearer token is required for %s %s",
+                       method, rt->pattern);
+        stream_rejected(r, "unauthorized");
+        return -1;
+    }
+    if ((rt->flags & SF_ROUTE_UPLOAD) && atomic_load(&app->draining)) {
+        /* A batch whose request began after SIGTERM is not taken: the loader
+         * goes elsewhere now instead of after the drain (docs/OPERATIONS.md). */
+        sf_reply_error(r, 503, "shutting_down", "the service is shutting down");
+        stream_rejected(r, "shutting_down");
+        return -1;
     }
     if (has_body && !content_type_ok(rt, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                                      "Content-Type"))) {
@@ -444,7 +605,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         return -1;
     }
     r->priv->body_limit = rt->stream ? rt->stream->max_body(app) : (uint64_t)cfg.http.max_json_bytes;
-    if (cl && content_length > r->priv->body_limit) {
+    if (sc.cl && content_length > r->priv->body_limit) {
         tl_body_pending = 0; /* too big to drain: reply now, the connection closes */
         sf_reply_error(r, 413, "body_too_large", "body of %llu bytes exceeds the limit of %llu",
                        (unsigned long long)content_length,
@@ -481,30 +642,56 @@ static int buffer_body(sf_req *r, const char *data, size_t len)
     return 0;
 }
 
+static sf_req *req_new(struct sf_listener *l, struct MHD_Connection *conn)
+{
+    sf_req *r = calloc(1, sizeof *r + sizeof(struct sf_req_priv));
+    if (!r)
+        return NULL;
+    r->priv = (struct sf_req_priv *)(r + 1);
+    r->priv->conn = conn;
+    r->priv->h = l->h;
+    r->priv->l = l;
+    r->priv->fd = -1;
+    r->app = l->h->app;
+    r->t_start_ns = sf_now_ns();
+    return r;
+}
+
+/* libmicrohttpd shows the request target here before it decodes it: the one
+ * place where an encoded NUL (%00), which would cut the decoded path short,
+ * can be seen. The request state starts here. */
+static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
+{
+    sf_req *r = req_new(cls, conn);
+    if (r && uri) {
+        for (const char *p = strchr(uri, '%'); p && !r->priv->bad_uri; p = strchr(p + 1, '%'))
+            r->priv->bad_uri = p[1] == '0' && p[2] == '0';
+    }
+    return r;
+}
+
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls)
 {
-    sf_http *h = cls;
+    struct sf_listener *l = cls;
+    sf_http *h = l->h;
     sf_req *r = *con_cls;
     if (!r) {
-        r = calloc(1, sizeof *r + sizeof(struct sf_req_priv));
-        if (!r)
-            return MHD_NO;
-        r->priv = (struct sf_req_priv *)(r + 1);
-        r->priv->conn = conn;
-        r->priv->h = h;
-        r->app = h->app;
+        /* uri_cb could not allocate: nothing can be answered. */
+        return MHD_NO;
+    }
+    if (!r->priv->started) {
+        r->priv->started = 1;
         r->method = method;
         r->path = url;
-        r->t_start_ns = sf_now_ns();
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        r->priv->fd = ci ? ci->connect_fd : -1;
         make_request_id(r, conn);
-        atomic_fetch_add(&h->active, 1);
-        *con_cls = r;
-        if (on_headers(r, conn, method, url) != 0) {
-            tl_body_pending = 0;
-            return MHD_YES;
-        }
+        if (!l->probes_only)
+            atomic_fetch_add(&h->active, 1);
+        on_headers(r, conn, method, url, version);
         tl_body_pending = 0;
         return MHD_YES;
     }
@@ -516,18 +703,11 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         r->bytes_in += len;
         if (r->priv->draining || r->priv->pending) {
             *upload_data_size = 0;
-            if (r->bytes_in > DRAIN_LIMIT + r->priv->body_limit) {
-                /* Draining costs too much: send the error now and close. */
-                tl_body_pending = 0;
-                struct MHD_Response *p = r->priv->pending;
-                r->priv->pending = NULL;
-                if (p) {
-                    MHD_queue_response(conn, (unsigned)r->priv->pending_status, p);
-                    MHD_destroy_response(p);
-                }
-            }
             tl_body_pending = 0;
-            return MHD_YES;
+            /* Draining costs too much: close. libmicrohttpd 0.9.75 queues a
+             * reply only before the first body byte or after the last, so the
+             * error cannot be sent from here. */
+            return r->bytes_in > DRAIN_LIMIT + r->priv->body_limit ? MHD_NO : MHD_YES;
         }
         if (r->route->stream) {
             r->bytes_in -= len;
@@ -535,6 +715,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
             int rc = r->route->stream->on_data(r, (const uint8_t *)upload_data, &left);
             r->bytes_in += len - left;
             *upload_data_size = rc < 0 ? 0 : left;
+            if (rc == SF_STREAM_CLOSE) {
+                tl_body_pending = 0;
+                return MHD_NO;
+            }
         } else {
             buffer_body(r, upload_data, len);
             *upload_data_size = 0;
@@ -591,11 +775,23 @@ static void log_request(const sf_req *r, int status, double dur, int ok)
 static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    sf_http *h = cls;
+    struct sf_listener *l = cls;
+    sf_http *h = l->h;
     sf_req *r = *con_cls;
     if (!r)
         return;
     *con_cls = NULL;
+    if (!r->priv->started) {
+        /* Ended before its headers were complete: the client left, or
+         * libmicrohttpd refused the request itself (a malformed request line
+         * or header, an unsupported HTTP version, headers larger than its
+         * memory pool). Those replies are its own fixed HTML: 0.9.75 has no
+         * hook to render them, so they are not in the JSON error shape; the
+         * reason is in its log line (debug level). */
+        SF_DEBUG("a request ended before its headers were complete (code %d)", (int)toe);
+        free(r);
+        return;
+    }
     pthread_mutex_lock(&h->wmu);
     if (r->priv->in_wait_list)
         unlink_waiter_locked(h, r);
@@ -619,7 +815,8 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
         log_request(r, status, dur, ok);
     free(r->body);
     free(r);
-    atomic_fetch_sub(&h->active, 1);
+    if (!l->probes_only)
+        atomic_fetch_sub(&h->active, 1);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -632,6 +829,121 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     SF_DEBUG("libmicrohttpd: %s", msg);
 }
 
+/* Binds and listens on host:port ourselves, so that a port in use is reported
+ * as such (libmicrohttpd only says it could not start), and so that the
+ * socket can be shut down for the drain. SO_REUSEADDR lets a restart bind
+ * while the last run's connections sit in TIME_WAIT; SO_REUSEPORT, which would
+ * let a second process listen on the same port and share its connections, is
+ * deliberately not set. */
+/* A listening socket of our own (libmicrohttpd gets it by MHD_OPTION_LISTEN_SOCKET,
+ * so it can be quiesced and closed on our schedule). No SO_REUSEPORT: a second
+ * server on the same port must fail, not share its connections. The host may be
+ * a name or an IPv4/IPv6 address (server/netaddr.c); "::" also takes IPv4
+ * clients (dual stack), as 0.0.0.0 does on IPv4. */
+static int listen_on(const char *what, const char *host, int port, char *err, size_t errlen)
+{
+    struct sockaddr_storage addr;
+    socklen_t addr_len;
+    char why[256];
+    if (sf_netaddr_resolve(host, port, &addr, &addr_len, why, sizeof why)) {
+        snprintf(err, errlen, "http.host: %s", why);
+        return -1;
+    }
+    int fd = socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create the %s socket: %s", what, strerror(errno));
+        return -1;
+    }
+    int one = 1, zero = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (addr.ss_family == AF_INET6)
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    if (bind(fd, (struct sockaddr *)&addr, addr_len) != 0 || listen(fd, LISTEN_BACKLOG) != 0) {
+        int e = errno;
+        snprintf(err, errlen, "cannot listen on %s:%d (%s): %s%s", host, port, what, strerror(e),
+                 e == EADDRINUSE ? " (another process, perhaps another streamfeed, holds it)" : "");
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int bound_port(int fd)
+{
+    struct sockaddr_storage a;
+    socklen_t len = sizeof a;
+    if (getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        return -1;
+    if (a.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&a)->sin6_port);
+    return ntohs(((struct sockaddr_in *)&a)->sin_port);
+}
+
+static int listener_start(sf_http *h, struct sf_listener *l, int probes_only, int port, char *err,
+                          size_t errlen)
+{
+    const sf_config *c = &h->app->cfg;
+    l->h = h;
+    l->probes_only = probes_only;
+    l->fd = listen_on(probes_only ? "http.metrics_port" : "http.port", c->http.host, port, err,
+                      errlen);
+    if (l->fd < 0)
+        return -1;
+    l->port = bound_port(l->fd);
+    /* poll(), not epoll: libmicrohttpd 0.9.75's edge-triggered epoll mode
+     * misses an end of stream that arrives with the last bytes of a body (a
+     * loader killed mid-upload), leaving its ring slot FILLING until the
+     * connection timeout (tests/integration/test_ingest.py). Each pool thread
+     * polls its own share of at most http.max_connections sockets.
+     * MHD_ALLOW_SUSPEND_RESUME brings MHD_USE_ITC, which MHD_quiesce_daemon
+     * needs in this mode. */
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (probes_only) {
+        l->d = MHD_start_daemon(
+            flags, 0, NULL, NULL, access_cb, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
+            MHD_OPTION_CONNECTION_LIMIT, (unsigned)PROBE_MAX_CONNECTIONS,
+            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PROBE_TIMEOUT_S,
+            MHD_OPTION_URI_LOG_CALLBACK, uri_cb, l, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, l,
+            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
+    } else {
+        /* Memory per connection: headers (bounded by http.max_header_bytes,
+         * which on_headers enforces with a JSON 431; twice that here is a
+         * backstop) plus a large read buffer so uploads arrive in big chunks. */
+        size_t mem = (size_t)c->http.max_header_bytes * 2 + (1u << 20);
+        if (h->tls)
+            flags |= MHD_USE_TLS;
+        l->d = MHD_start_daemon(
+            flags, 0, NULL, NULL, access_cb, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
+            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)c->http.threads, MHD_OPTION_CONNECTION_LIMIT,
+            (unsigned)c->http.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+            (unsigned)c->http.connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
+            MHD_OPTION_URI_LOG_CALLBACK, uri_cb, l, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, l,
+            MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
+            /* Without TLS the list ends here and the callback is not read. */
+            h->tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, sf_tls_callback(),
+            MHD_OPTION_END);
+    }
+    if (!l->d) {
+        snprintf(err, errlen, "libmicrohttpd could not start on %s:%d (see the debug log)",
+                 c->http.host, l->port);
+        close(l->fd);
+        l->fd = -1;
+        return -1;
+    }
+    return 0;
+}
+
+static void listener_stop(struct sf_listener *l)
+{
+    if (l->d)
+        MHD_stop_daemon(l->d);
+    /* libmicrohttpd closes the socket, unless it was quiesced: then it is ours. */
+    if (l->quiesced && l->fd >= 0)
+        close(l->fd);
+    l->d = NULL;
+    l->fd = -1;
+}
+
 sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
 {
     sf_http *h = calloc(1, sizeof *h);
@@ -640,6 +952,7 @@ sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
         return NULL;
     }
     h->app = app;
+    h->main.fd = h->probe.fd = -1;
     pthread_mutex_init(&h->wmu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -649,58 +962,97 @@ sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
     app->http = h;
 
     const sf_config *c = &app->cfg;
-    struct sockaddr_storage addr;
-    socklen_t addr_len;
-    char why[256];
-    if (sf_netaddr_resolve(c->http.host, c->http.port, &addr, &addr_len, why, sizeof why)) {
-        snprintf(err, errlen, "http.host: %s", why);
-        free(h);
-        app->http = NULL;
-        return NULL;
+    if (c->http.tls_cert[0]) {
+        if (sf_tls_init(c->http.tls_cert, c->http.tls_key, err, errlen))
+            goto fail;
+        h->tls = 1;
     }
-    /* Memory per connection: headers (bounded by http.max_header_bytes, which
-     * on_headers enforces with a JSON 431; twice that here is a backstop) plus
-     * a large read buffer so uploads arrive in big chunks. */
-    size_t mem = (size_t)c->http.max_header_bytes * 2 + (1u << 20);
-    /* poll(), not epoll: libmicrohttpd 0.9.75's edge-triggered epoll mode
-     * misses an end of stream that arrives with the last bytes of a body (a
-     * loader killed mid-upload), leaving its ring slot FILLING until the
-     * connection timeout (tests/integration/test_ingest.py). Each pool thread
-     * polls its own share of at most http.max_connections sockets. */
-    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    /* "::" also takes IPv4 clients (dual stack), as 0.0.0.0 does on IPv4. */
-    if (addr.ss_family == AF_INET6)
-        flags |= MHD_USE_DUAL_STACK;
-    h->d = MHD_start_daemon(
-        flags, (uint16_t)c->http.port, NULL, NULL, access_cb, h, MHD_OPTION_SOCK_ADDR, &addr,
-        MHD_OPTION_THREAD_POOL_SIZE, (unsigned)c->http.threads, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)c->http.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)c->http.connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
-        MHD_OPTION_NOTIFY_COMPLETED, completed_cb, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
-    if (!h->d) {
-        snprintf(err, errlen, "cannot listen on %s:%d (in use, or not permitted)", c->http.host,
-                 c->http.port);
-        free(h);
-        app->http = NULL;
-        return NULL;
+    if (listener_start(h, &h->main, 0, c->http.port, err, errlen))
+        goto fail;
+    if (c->http.metrics_port && listener_start(h, &h->probe, 1, c->http.metrics_port, err, errlen))
+        goto fail;
+    if (pthread_create(&h->timer, NULL, timer_main, h) != 0) {
+        snprintf(err, errlen, "cannot start the HTTP timer thread");
+        goto fail;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = info ? info->port : c->http.port;
-    pthread_create(&h->timer, NULL, timer_main, h);
+    h->timer_started = 1;
     return h;
+fail:
+    listener_stop(&h->main);
+    listener_stop(&h->probe);
+    if (h->tls)
+        sf_tls_shutdown();
+    pthread_mutex_destroy(&h->wmu);
+    pthread_cond_destroy(&h->wcv);
+    app->http = NULL;
+    free(h);
+    return NULL;
 }
 
-int sf_http_port(const sf_http *h) { return h->port; }
+int sf_http_port(const sf_http *h) { return h->main.port; }
+int sf_http_metrics_port(const sf_http *h) { return h->probe.d ? h->probe.port : 0; }
+int sf_http_tls(const sf_http *h) { return h->tls; }
 int sf_http_active(const sf_http *h) { return atomic_load(&((sf_http *)h)->active); }
+
+void sf_http_set_tick(sf_http *h, void (*fn)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&h->wmu);
+    h->tick = fn;
+    h->tick_ctx = ctx;
+    pthread_mutex_unlock(&h->wmu);
+}
+
+void sf_http_quiesce(sf_http *h)
+{
+    if (!h || !h->main.d || h->main.quiesced)
+        return;
+    if (MHD_quiesce_daemon(h->main.d) == MHD_INVALID_SOCKET) {
+        SF_WARN("http: cannot stop accepting connections (libmicrohttpd refused to quiesce)");
+        return;
+    }
+    h->main.quiesced = 1;
+    /* No thread accepts on it any more; shutting the listening socket down
+     * (it stays open until the daemon stops) makes the kernel refuse new
+     * connections at once instead of queueing them in the backlog. */
+    shutdown(h->main.fd, SHUT_RDWR);
+}
+
+void sf_req_abort(sf_req *r)
+{
+    if (r->priv->fd >= 0)
+        shutdown(r->priv->fd, SHUT_RDWR);
+}
+
+int sf_http_tls_reload(sf_http *h, int force)
+{
+    if (!h || !h->tls)
+        return 0;
+    char err[512];
+    int rc = sf_tls_reload(force, err, sizeof err);
+    if (rc > 0)
+        SF_INFO("http: TLS certificate reloaded from %s", h->app->cfg.http.tls_cert);
+    else if (rc < 0)
+        SF_WARN("http: TLS certificate not reloaded, the previous one stays in use: %s", err);
+    return rc;
+}
 
 void sf_http_stop(sf_http *h)
 {
     if (!h)
         return;
     sf_http_wake_all(h);
-    pthread_join(h->timer, NULL);
-    MHD_stop_daemon(h->d);
+    if (h->timer_started) {
+        pthread_mutex_lock(&h->wmu);
+        h->timer_stop = 1;
+        pthread_cond_broadcast(&h->wcv);
+        pthread_mutex_unlock(&h->wmu);
+        pthread_join(h->timer, NULL);
+    }
+    listener_stop(&h->main);
+    /* The metrics port goes last: probes see readyz false until the end. */
+    listener_stop(&h->probe);
+    if (h->tls)
+        sf_tls_shutdown();
     pthread_mutex_destroy(&h->wmu);
     pthread_cond_destroy(&h->wcv);
     h->app->http = NULL;

@@ -35,15 +35,24 @@ typedef struct sf_http sf_http;
 struct sf_app;
 
 enum {
-    SF_ROUTE_AUTH = 1, /* requires the bearer token when one is configured */
+    SF_ROUTE_AUTH = 1,   /* requires the bearer token when one is configured */
+    SF_ROUTE_PROBE = 2,  /* also served on http.metrics_port (probes, scrapes) */
+    SF_ROUTE_UPLOAD = 4, /* a batch upload: refused (503) once the drain began */
     /* A route streams its body when it has stream ops; its accepted
      * Content-Types are its content_types list. */
 };
 
+/* on_data's return value that ends the connection without a reply:
+ * libmicrohttpd 0.9.75 can queue a reply only before the first body byte or
+ * after the last, so a request refused mid-body either drains the rest (-1)
+ * or is closed (this). */
+#define SF_STREAM_CLOSE (-2)
+
 typedef struct sf_stream_ops {
     /* Consumes a body chunk: sets *len to the bytes NOT consumed (0 = all).
-     * Returns 0 to go on, 1 when it suspended the request (sf_http_wait), or
-     * -1 after sf_reply_error (the rest of the body is then drained). */
+     * Returns 0 to go on, 1 when it suspended the request (sf_http_wait),
+     * -1 after sf_reply_error (the rest of the body is then drained), or
+     * SF_STREAM_CLOSE to close the connection at once. */
     int (*on_data)(sf_req *r, const uint8_t *data, size_t *len);
     /* Called once when the request ends, completed (ok=1) or aborted (ok=0). */
     void (*on_done)(sf_req *r, int ok);
@@ -95,15 +104,31 @@ struct sf_req {
     struct sf_req_priv *priv;
 };
 
-/* Starts the daemon on cfg's host:port (0 = any free port); the bound port is
- * returned by sf_http_port. */
+/* Starts the daemon on cfg's host:port (0 = any free port; the bound port is
+ * returned by sf_http_port), with TLS when http.tls_cert is set, and the
+ * probe-only listener on http.metrics_port when it is not 0. A port another
+ * process holds is an error that says so. */
 sf_http *sf_http_start(struct sf_app *app, char *err, size_t errlen);
 int sf_http_port(const sf_http *h);
-/* Ends every wait (SF_WAIT_SHUTDOWN) so suspended requests reply. */
+int sf_http_metrics_port(const sf_http *h); /* 0 when off */
+int sf_http_tls(const sf_http *h);          /* 1 when the main port speaks HTTPS */
+/* Shutdown, in this order: sf_http_quiesce (the main port accepts no new
+ * connection and refuses them at once; connections already open go on),
+ * sf_http_wake_all (every wait ends with SF_WAIT_SHUTDOWN and no new wait
+ * starts: suspended requests reply now), sf_http_stop (both listeners close,
+ * the metrics port last). */
+void sf_http_quiesce(sf_http *h);
 void sf_http_wake_all(sf_http *h);
 void sf_http_stop(sf_http *h);
-/* Requests being handled right now (for draining). */
+/* Requests being handled on the main port right now (for draining). */
 int sf_http_active(const sf_http *h);
+/* Runs fn(ctx) about once a second on the HTTP timer thread (the slow-upload
+ * sweep of server/upload.c). fn must not block. */
+void sf_http_set_tick(sf_http *h, void (*fn)(void *ctx), void *ctx);
+/* Re-reads the TLS certificate and key (SIGHUP: force=1; the periodic check
+ * for changed files: force=0). 1 reloaded, 0 nothing to do, -1 kept the old
+ * pair (logged). */
+int sf_http_tls_reload(sf_http *h, int force);
 
 /* ---- replies: exactly one per request ------------------------------------ */
 int sf_reply_json(sf_req *r, int status, cJSON *body);          /* takes ownership of body */
@@ -117,6 +142,12 @@ int sf_reply_error_field(sf_req *r, int status, const char *code, const char *fi
 #define sf_reply_error(r, status, code, ...) sf_reply_error_field(r, status, code, NULL, __VA_ARGS__)
 /* Adds a header to the reply that will be sent next (e.g. Retry-After). */
 void sf_reply_header(sf_req *r, const char *name, const char *value);
+
+/* Ends the request's connection from another thread without a reply (the
+ * slow-upload sweep): its socket is shut down, libmicrohttpd closes it on its
+ * next poll and on_done runs with ok=0 on the request's own thread. The
+ * caller must know the request is still alive (its on_done has not returned). */
+void sf_req_abort(sf_req *r);
 
 /* Query-string argument, or NULL. */
 const char *sf_req_arg(sf_req *r, const char *name);

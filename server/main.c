@@ -1,11 +1,25 @@
 /* server/main.c — the streamfeed process: configuration, components, signals.
  *
  * Start-up order: config -> model and augmentation (validated) -> backend ->
- * ring -> job table -> engine -> HTTP. Shutdown (SIGTERM/SIGINT) runs it
- * backwards after a drain: readiness turns false, new batches are refused,
- * queued batches finish within shutdown.grace_s, then requests still waiting
- * are answered and everything is released. Exit status 0 after a clean drain.
+ * ring -> job table -> engine -> HTTP. SIGHUP re-reads the TLS certificate
+ * (as does a change of its files, checked every few seconds).
+ *
+ * Shutdown (SIGTERM/SIGINT) keeps the promise of docs/OPERATIONS.md, all of
+ * it within shutdown.grace_s of the signal:
+ *   1. readiness turns false, the main port refuses new connections, uploads
+ *      waiting for a slot get 503, requests begun after the signal get 503;
+ *   2. the drain: requests in progress run to their end (uploads holding a
+ *      slot complete and are committed, ?wait=1 replies come when their batch
+ *      is trained) and every accepted batch is trained;
+ *   3. commits close (a body that completes now gets 503, never a 202 that
+ *      would not be trained), the last accepted batches are trained, the
+ *      engine stops, requests still waiting reply, the listeners close;
+ *   4. the final checkpoint is written.
+ * A step or engine command still running when the grace period ends is not
+ * waited for: the process exits at once without a final checkpoint. Exit
+ * status 0 after a signal either way; the log says which.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +40,10 @@
 #include "server/process.h"
 #include "server/ring.h"
 #include "server/telemetry.h"
+#include "server/upload.h"
+
+/* How often the TLS files are checked for a change. */
+#define TLS_CHECK_S 2
 
 static void apply_log_settings(const sf_config *c)
 {
@@ -117,7 +135,8 @@ static void print_listening(const sf_app *app)
 {
     char host[300], url[400];
     sf_netaddr_url_host(app->cfg.http.host, host, sizeof host);
-    snprintf(url, sizeof url, "http://%s:%d", host, sf_http_port(app->http));
+    /* Tests and scripts read the bound port from this line (http.port=0). */
+    snprintf(url, sizeof url, "%s://%s:%d", sf_http_tls(app->http) ? "https" : "http", host, sf_http_port(app->http));
     if (strcmp(app->cfg.log.format, "json") == 0) {
         char when[64];
         sf_log_time(when, sizeof when);
@@ -176,25 +195,72 @@ static int build_model(sf_app *app, char *err, size_t errlen)
     return 0;
 }
 
-/* Waits until queued batches finished and requests ended, or the grace period. */
-static void drain(sf_app *app)
+static uint64_t pending_batches(sf_app *app)
+{
+    uint64_t counts[SF_JOB_STATES], accepted;
+    sf_jobs_counts(app->jobs, counts, &accepted);
+    return counts[SF_JOB_QUEUED] + counts[SF_JOB_TRANSFORMING] + counts[SF_JOB_TRAINING];
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Waits until no accepted batch is pending (and, with requests_too, no request
+ * is in progress on the main port) or the deadline; returns whether that holds. */
+static int wait_for(sf_app *app, int requests_too, uint64_t deadline_ns)
+{
+    for (;;) {
+        int idle = pending_batches(app) == 0 && (!requests_too || sf_http_active(app->http) == 0);
+        if (idle)
+            return 1;
+        if (sf_now_ns() >= deadline_ns)
+            return 0;
+        sleep_ms(10);
+    }
+}
+
+/* Steps 1 to 3 of the shutdown (see the top of this file). Returns 0 when the
+ * engine stopped, -1 when it was still busy at the deadline. */
+static int drain_and_stop(sf_app *app, uint64_t t_signal_ns)
 {
     sf_config c;
     sf_config_get(&c);
-    uint64_t deadline = sf_now_ns() + (uint64_t)c.shutdown.grace_s * 1000000000ull;
-    for (;;) {
-        uint64_t counts[SF_JOB_STATES], accepted;
-        sf_jobs_counts(app->jobs, counts, &accepted);
-        uint64_t pending = counts[SF_JOB_QUEUED] + counts[SF_JOB_TRANSFORMING] + counts[SF_JOB_TRAINING];
-        if (pending == 0 || sf_now_ns() >= deadline) {
-            if (pending)
-                SF_WARN("grace period over with %llu batches unfinished: they are reported failed",
-                        (unsigned long long)pending);
-            break;
-        }
-        struct timespec ts = {0, 10 * 1000000L};
-        nanosleep(&ts, NULL);
+    uint64_t grace_ns = (uint64_t)c.shutdown.grace_s * 1000000000ull;
+    uint64_t deadline = t_signal_ns + grace_ns;
+    /* The stop after the drain (engine, replies, listeners) gets the last
+     * quarter of the grace period, at most a second, so that the whole
+     * shutdown ends within it. */
+    uint64_t reserve = grace_ns / 4 < 1000000000ull ? grace_ns / 4 : 1000000000ull;
+    uint64_t drain_end = deadline - reserve;
+
+    /* 1. */
+    atomic_store(&app->draining, 1);
+    sf_http_quiesce(app->http);
+    sf_http_wake(app->http, SF_WAIT_SLOT, UINT64_MAX);
+    /* 2. */
+    int drained = wait_for(app, 1, drain_end);
+    /* 3. Requests begun before the signal may still commit a batch until
+     * commits close; those batches are trained within the reserve. */
+    sf_upload_close(app);
+    drained = wait_for(app, 0, drain_end) && drained;
+    if (!drained) {
+        SF_WARN("grace period (%ds) over with %d requests in progress and %llu batches "
+                "unfinished: the requests are cut, the batches reported failed",
+                c.shutdown.grace_s, sf_http_active(app->http),
+                (unsigned long long)pending_batches(app));
     }
+    int stopped = sf_engine_stop_by(app->engine, deadline) == 0;
+    if (stopped)
+        app->engine = NULL;
+    /* Requests still waiting (on failed batches, on commands) reply now;
+     * give the replies until the deadline to go out. */
+    sf_http_wake_all(app->http);
+    while (sf_http_active(app->http) > 0 && sf_now_ns() < deadline)
+        sleep_ms(5);
+    return stopped ? 0 : -1;
 }
 
 int main(int argc, char **argv)
@@ -222,6 +288,7 @@ int main(int argc, char **argv)
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
     sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
@@ -277,26 +344,47 @@ int main(int argc, char **argv)
         fprintf(stderr, "streamfeed: %s\n", err);
         return 1;
     }
+    sf_http_set_tick(app.http, sf_upload_sweep, &app);
     SF_INFO("streamfeed %s: backend %s, model %s (%zu parameters), %d ring slots of %lld bytes",
             SF_VERSION, app.backend_name, app.model.preset, app.model.n_params, app.cfg.ring.slots,
             (long long)app.cfg.ring.slot_bytes);
+    if (sf_http_metrics_port(app.http))
+        SF_INFO("metrics and probes on http://%s:%d (GET /metrics, /healthz, /readyz)",
+                app.cfg.http.host, sf_http_metrics_port(app.http));
     print_listening(&app);
 
     int sig = 0;
-    sigwait(&sigs, &sig);
-    SF_INFO("signal %d: draining (grace %ds)", sig, app.cfg.shutdown.grace_s);
-    atomic_store(&app.draining, 1);
-    drain(&app);
-    sf_http_wake_all(app.http);
-    sf_engine_stop(app.engine);
-    app.engine = NULL;
+    for (;;) {
+        struct timespec tick = {TLS_CHECK_S, 0};
+        sig = sigtimedwait(&sigs, NULL, &tick);
+        if (sig == SIGHUP) {
+            if (sf_http_tls(app.http))
+                sf_http_tls_reload(app.http, 1);
+            else
+                SF_INFO("SIGHUP: no TLS certificate to reload (http.tls_cert is not set)");
+            continue;
+        }
+        if (sig < 0) {
+            if (errno == EAGAIN)
+                sf_http_tls_reload(app.http, 0); /* a certificate renewed on disk */
+            continue;
+        }
+        break;
+    }
+    uint64_t t_signal = sf_now_ns();
+    SF_INFO("signal %d: draining (grace %ds)", sig, sf_config_cur()->shutdown.grace_s);
+    if (drain_and_stop(&app, t_signal) != 0) {
+        /* The engine thread is inside a step or a command and owns the
+         * backend: nothing can be saved or freed safely. */
+        SF_WARN("a training step or engine command was still running when the grace period "
+                "ended: exiting without waiting for it and without a final checkpoint (the "
+                "newest periodic checkpoint stands)");
+        fflush(stdout);
+        fflush(stderr);
+        _exit(0);
+    }
     /* No engine thread any more: the final checkpoint reads the backend from here. */
     sf_ckpt_shutdown(&app);
-    /* Requests still waiting (results of failed batches) reply now; give them a moment. */
-    for (int i = 0; i < 200 && sf_http_active(app.http) > 0; i++) {
-        struct timespec ts = {0, 5 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
     sf_http_stop(app.http);
     /* Both call into the backend: before it is destroyed. */
     sf_telemetry_stop(app.telemetry);

@@ -5,12 +5,58 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "server/app.h"
 #include "server/jobs.h"
 #include "server/log.h"
 #include "server/jpeg_header.h"
 #include "server/ring.h"
+
+/* An upload may hold its slot this long before its average rate is checked:
+ * TCP slow start and a short pause of the loader are not slowness. */
+#define RATE_ALLOWANCE_NS 5000000000ull
+
+/* Uploads that hold a slot, for the sweep. Lock order: an upload's mu, then
+ * g_holders_mu; the sweep, which takes them the other way round, only tries
+ * an upload's mu (an upload busy on its thread is moving anyway). */
+static pthread_mutex_t g_holders_mu = PTHREAD_MUTEX_INITIALIZER;
+static sf_upload *g_holders;
+/* Commits in progress, for sf_upload_close. */
+static atomic_int g_committing;
+
+static void holders_add(sf_upload *u)
+{
+    pthread_mutex_lock(&g_holders_mu);
+    u->hprev = NULL;
+    u->hnext = g_holders;
+    if (g_holders)
+        g_holders->hprev = u;
+    g_holders = u;
+    u->holding = 1;
+    pthread_mutex_unlock(&g_holders_mu);
+}
+
+static void holders_remove_locked(sf_upload *u)
+{
+    if (!u->holding)
+        return;
+    if (u->hprev)
+        u->hprev->hnext = u->hnext;
+    else
+        g_holders = u->hnext;
+    if (u->hnext)
+        u->hnext->hprev = u->hprev;
+    u->hprev = u->hnext = NULL;
+    u->holding = 0;
+}
+
+static void holders_remove(sf_upload *u)
+{
+    pthread_mutex_lock(&g_holders_mu);
+    holders_remove_locked(u);
+    pthread_mutex_unlock(&g_holders_mu);
+}
 
 /* The transform reply, shared by the request and the engine: whichever lets go
  * last frees it, so a client that disconnects mid-transform leaves nothing
@@ -42,6 +88,7 @@ static int reject_field(sf_req *r, sf_upload *u, int status, const char *code, c
                         const char *msg)
 {
     if (u && u->slot >= 0 && !u->committed) {
+        holders_remove(u);
         sf_ring_abort(r->app->ring, u->slot);
         u->slot = -1;
     }
@@ -153,6 +200,8 @@ static sf_upload *upload_of(sf_req *r, int kind)
         return NULL;
     u->kind = kind;
     u->slot = -1;
+    u->req = r;
+    pthread_mutex_init(&u->mu, NULL);
     const sf_config *c = sf_config_cur();
     sf_st_limits lim = {0};
     lim.max_header_bytes = (uint64_t)c->limits.max_tensor_header_bytes;
@@ -243,18 +292,23 @@ static int header_accepted(sf_req *r, sf_upload *u)
         return reject(r, u, 413, "batch_exceeds_slot", msg);
     }
     for (;;) {
-        if (atomic_load(&app->draining))
-            return reject(r, u, 503, "shutting_down", "the service is shutting down");
         uint64_t gen = sf_http_gen(app->http, SF_WAIT_SLOT);
         int slot = sf_ring_acquire(app->ring);
         if (slot >= 0) {
             u->slot = slot;
+            u->t_slot_ns = sf_now_ns();
+            u->slot_bytes = 0;
+            holders_add(u);
             sf_slot_meta *m = sf_ring_meta(app->ring, slot);
-            m->t_filling_ns = sf_now_ns();
+            m->t_filling_ns = u->t_slot_ns;
             sf_st_set_dest(&u->parser, sf_ring_bytes(app->ring, slot), sf_ring_slot_bytes(app->ring));
             r->wait = SF_WAIT_NONE;
             return 0;
         }
+        /* Draining: an upload that began before the signal takes a free slot,
+         * but none waits for one (the loader is better served elsewhere). */
+        if (atomic_load(&app->draining) || r->wait == SF_WAIT_SHUTDOWN)
+            return reject(r, u, 503, "shutting_down", "the service is shutting down");
         const sf_config *c = sf_config_cur();
         char ra[16];
         snprintf(ra, sizeof ra, "%d", c->ring.retry_after_s);
@@ -262,8 +316,6 @@ static int header_accepted(sf_req *r, sf_upload *u)
             sf_reply_header(r, "Retry-After", ra);
             return reject(r, u, 429, "ring_full", "every ring slot is busy; retry later");
         }
-        if (r->wait == SF_WAIT_SHUTDOWN)
-            return reject(r, u, 503, "shutting_down", "the service is shutting down");
         uint64_t now = sf_now_ns();
         if (!u->t_wait_start_ns)
             u->t_wait_start_ns = now;
@@ -281,13 +333,8 @@ static int header_accepted(sf_req *r, sf_upload *u)
     }
 }
 
-int sf_upload_on_data(sf_req *r, int kind, const uint8_t *data, size_t *len)
+static int on_data_locked(sf_req *r, sf_upload *u, const uint8_t *data, size_t *len)
 {
-    sf_upload *u = upload_of(r, kind);
-    if (!u) {
-        sf_reply_error(r, 503, "out_of_memory", "cannot allocate the upload state");
-        return -1;
-    }
     size_t left = *len;
     while (left > 0) {
         sf_st_state st = sf_st_state_of(&u->parser);
@@ -304,6 +351,8 @@ int sf_upload_on_data(sf_req *r, int kind, const uint8_t *data, size_t *len)
         size_t used = sf_st_feed(&u->parser, data, left);
         data += used;
         left -= used;
+        if (u->slot >= 0)
+            u->slot_bytes += used;
         if (used == 0 && sf_st_state_of(&u->parser) != SF_ST_NEED_DEST)
             break;
     }
@@ -315,21 +364,118 @@ int sf_upload_on_data(sf_req *r, int kind, const uint8_t *data, size_t *len)
     return 0;
 }
 
+int sf_upload_on_data(sf_req *r, int kind, const uint8_t *data, size_t *len)
+{
+    sf_upload *u = upload_of(r, kind);
+    if (!u) {
+        sf_reply_error(r, 503, "out_of_memory", "cannot allocate the upload state");
+        return -1;
+    }
+    pthread_mutex_lock(&u->mu);
+    int rc;
+    if (u->evicted) {
+        /* The sweep took the slot back; bytes libmicrohttpd had already read
+         * still arrive: end the connection (on_done counts the eviction). */
+        *len = 0;
+        rc = SF_STREAM_CLOSE;
+    } else {
+        rc = on_data_locked(r, u, data, len);
+    }
+    pthread_mutex_unlock(&u->mu);
+    return rc;
+}
+
+void sf_upload_sweep(void *ctx)
+{
+    sf_app *app = ctx;
+    const sf_config *c = sf_config_cur();
+    uint64_t now = sf_now_ns();
+    uint64_t deadline_ns = (uint64_t)c->http.upload_deadline_s * 1000000000ull;
+    double min_rate = (double)c->http.upload_min_bytes_per_s;
+    if (!deadline_ns && min_rate <= 0)
+        return;
+    pthread_mutex_lock(&g_holders_mu);
+    for (sf_upload *u = g_holders, *next; u; u = next) {
+        next = u->hnext;
+        if (pthread_mutex_trylock(&u->mu) != 0)
+            continue; /* its thread is working on it right now: it moves */
+        uint64_t held = now > u->t_slot_ns ? now - u->t_slot_ns : 0;
+        const char *why = NULL;
+        char msg[200] = "";
+        if (deadline_ns && held > deadline_ns) {
+            why = "upload_deadline_exceeded";
+            snprintf(msg, sizeof msg, "held a ring slot for %.1f s without completing (http.upload_deadline_s %d)",
+                     (double)held / 1e9, c->http.upload_deadline_s);
+        } else if (min_rate > 0 && held > RATE_ALLOWANCE_NS &&
+                   (double)u->slot_bytes < min_rate * (double)(held - RATE_ALLOWANCE_NS) / 1e9) {
+            why = "upload_too_slow";
+            snprintf(msg, sizeof msg, "sent %llu bytes in %.1f s holding a ring slot, below "
+                     "http.upload_min_bytes_per_s %lld after the 5 s allowance",
+                     (unsigned long long)u->slot_bytes, (double)held / 1e9,
+                     (long long)c->http.upload_min_bytes_per_s);
+        }
+        if (why && u->slot >= 0 && !u->committed) {
+            holders_remove_locked(u);
+            sf_ring_abort(app->ring, u->slot);
+            u->slot = -1;
+            u->evicted = why;
+            SF_WARN("request %s: %s: %s; its slot is freed and the connection closed",
+                    u->req->request_id, why, msg);
+            /* Alive: on_done removes it from the list (under g_holders_mu)
+             * before it is freed. */
+            sf_req_abort(u->req);
+        }
+        pthread_mutex_unlock(&u->mu);
+    }
+    pthread_mutex_unlock(&g_holders_mu);
+}
+
+void sf_upload_close(sf_app *app)
+{
+    atomic_store(&app->closing, 1);
+    while (atomic_load(&g_committing) > 0) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static size_t xform_header(const sf_st_info *in, const sf_aug_plan *plan, char *buf, size_t cap)
 {
     sf_st_tensor_desc t = {"images", SF_ST_F32, 4, {in->n, plan->c, plan->out_h, plan->out_w}};
     return sf_st_header_build(buf, cap, &t, 1, "{\"layout\":\"NCHW\",\"producer\":\"streamfeed\"}");
 }
 
+static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id);
+
 int sf_upload_commit(sf_req *r, uint64_t *job_id)
 {
-    sf_app *app = r->app;
     sf_upload *u = r->user;
     if (!u) {
         sf_upload_on_rejected(r, "body_empty");
         sf_reply_error(r, 400, "body_empty", "the body must be a safetensors file");
         return -1;
     }
+    /* Counted before closing is tested: sf_upload_close sets closing first,
+     * then waits for this count, so a commit either sees closing or is
+     * waited for (both are sequentially consistent atomics). */
+    atomic_fetch_add(&g_committing, 1);
+    pthread_mutex_lock(&u->mu);
+    int rc = commit_locked(r, u, job_id);
+    pthread_mutex_unlock(&u->mu);
+    atomic_fetch_sub(&g_committing, 1);
+    return rc;
+}
+
+static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
+{
+    sf_app *app = r->app;
+    if (u->evicted) {
+        /* The sweep freed the slot just as the last bytes came in. */
+        return reject(r, u, 408, u->evicted, "the upload lost its ring slot for being too slow");
+    }
+    if (atomic_load(&app->closing))
+        return reject(r, u, 503, "shutting_down",
+                      "the service is shutting down: the batch was not accepted");
     if (sf_st_finish(&u->parser) != 0)
         return reject_parse(r, u);
     if (u->slot < 0) /* cannot happen after a successful finish; defensive */
@@ -385,6 +531,7 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
     m->job_id = u->job_id;
     m->t_ready_ns = sf_now_ns();
     u->committed = 1;
+    holders_remove(u);
     sf_ring_commit(app->ring, u->slot);
     sf_counter_add(sf_metric_only(app->m.bytes_received), (double)r->bytes_in);
     *job_id = u->job_id;
@@ -413,16 +560,27 @@ void sf_upload_on_done(sf_req *r, int ok)
             sf_upload_on_rejected(r, "aborted");
         return;
     }
+    /* Out of the sweep's sight first: from here on only this thread sees u. */
+    holders_remove(u);
     if (u->slot >= 0 && !u->committed) {
         /* The client went away mid-upload: the slot returns, nothing reaches READY. */
         sf_ring_abort(r->app->ring, u->slot);
         u->slot = -1;
     }
-    if (!u->committed && r->status == 0)
+    if (u->evicted && r->status == 0) {
+        /* Closed by the sweep, without a reply: the request's log line and
+         * status counters show 408 with the code. */
+        r->status = 408;
+        sf_upload_on_rejected(r, u->evicted);
+        const char *v[] = {u->evicted};
+        sf_counter_inc_l(r->app->m.uploads_evicted, v, 1);
+    } else if (!u->committed && r->status == 0) {
         sf_upload_on_rejected(r, "aborted");
+    }
     if (u->out)
         xform_release(u->out);
     sf_st_free(&u->parser);
+    pthread_mutex_destroy(&u->mu);
     free(u);
     r->user = NULL;
 }

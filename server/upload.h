@@ -10,10 +10,22 @@
  *
  * Every rejection replies with its own error code and is counted in
  * streamfeed_batches_rejected_total{reason=code}.
+ *
+ * A slot is held only by an upload that moves: once it has a slot, an upload
+ * must keep an average of http.upload_min_bytes_per_s (after a 5 s allowance)
+ * and end within http.upload_deadline_s. sf_upload_sweep, run every second,
+ * frees the slot of one that does not and closes its connection (no reply can
+ * be sent mid-body; the code, upload_too_slow or upload_deadline_exceeded, is
+ * in the request's log line and in streamfeed_uploads_evicted_total{reason}).
+ *
+ * Shutdown: sf_upload_close makes every later commit answer 503 and waits for
+ * the commits in progress, so that no batch gets a 202 after the engine
+ * stopped taking batches (docs/OPERATIONS.md).
  */
 #ifndef SF_UPLOAD_H
 #define SF_UPLOAD_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "server/http.h"
@@ -29,6 +41,15 @@ typedef struct sf_upload {
     uint64_t job_id;
     uint64_t t_wait_start_ns;
     sf_xform_out *out;     /* transform: the reply buffer (shared with the engine) */
+    /* Slot holding, watched by sf_upload_sweep. mu is held by the request's
+     * thread while it works on the upload, and tried by the sweep. */
+    pthread_mutex_t mu;
+    sf_req *req;
+    uint64_t t_slot_ns;    /* when the slot was taken */
+    uint64_t slot_bytes;   /* body bytes consumed since then */
+    const char *evicted;   /* the eviction's code, or NULL */
+    struct sf_upload *hprev, *hnext;
+    int holding;           /* in the list of slot holders */
 } sf_upload;
 
 /* Stream callbacks (sf_stream_ops) for a route of the given kind. */
@@ -40,6 +61,12 @@ void sf_upload_on_rejected(sf_req *r, const char *reason);
  * the slot. Returns 0 with the job id, or -1 after an error reply. */
 int sf_upload_commit(sf_req *r, uint64_t *job_id);
 uint64_t sf_upload_max_body(struct sf_app *app);
+/* Evicts slot holders that are too slow or past their deadline (see above).
+ * ctx is the sf_app; called by the HTTP timer thread (sf_http_set_tick). */
+void sf_upload_sweep(void *ctx);
+/* From now on commits are refused with 503 shutting_down; returns once no
+ * commit is in progress. */
+void sf_upload_close(struct sf_app *app);
 
 /* Transform output: the safetensors reply ("images" F32 [N,C,H,W]), header
  * included. Valid once the job is done. */

@@ -6,7 +6,7 @@ name, so that test files import it unambiguously even when pytest collects
 other directories that have a conftest.py too.
 
 Every server is started on port 0 and the bound port is read from the line
-``streamfeed listening on http://HOST:PORT`` it prints on stdout once ready.
+``streamfeed listening on http(s)://HOST:PORT`` it prints on stdout once ready.
 Nothing here sleeps for a fixed time: waits poll a condition until it holds or
 a deadline passes.
 
@@ -218,10 +218,19 @@ def read_reply(sock):
 # ---- the server ------------------------------------------------------------------
 
 
-class Server:
-    """One running streamfeed process and a client for it."""
+def free_port():
+    """A TCP port free right now (for options that cannot take 0, such as
+    http.metrics_port, where 0 means off)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    def __init__(self, args, env=None, log_dir=None, name="streamfeed"):
+
+class Server:
+    """One running streamfeed process and a client for it. verify: the CA
+    file for an HTTPS server (requests' verify=)."""
+
+    def __init__(self, args, env=None, log_dir=None, name="streamfeed", verify=None):
         self.args = [BIN, "--http.port", "0", "--http.host", "127.0.0.1"] + list(args)
         # The test's own STREAMFEED_* variables only: an option set in the
         # environment of the test runner must not leak into the server.
@@ -235,15 +244,17 @@ class Server:
         self.stopped = False
         self._last_stderr = ""
         line = self._read_line(START_TIMEOUT_S)
-        m = re.search(r"streamfeed listening on http://(?:\[[^\]]*\]|[^:\s/\[]+):(\d+)", line)
+        m = re.search(r"streamfeed listening on (https?)://(?:\[[^\]]*\]|[^:\s/\[]+):(\d+)", line)
         if not m:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"no listening line from {self.args}: stdout={line!r}, "
                                  f"stderr={self.stderr()!r}")
-        self.port = int(m.group(1))
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = int(m.group(2))
+        self.url = f"{m.group(1)}://127.0.0.1:{self.port}"
         self.http = requests.Session()
+        # Passed with each request: a session's verify loses to REQUESTS_CA_BUNDLE.
+        self.verify = verify
 
     def _read_line(self, timeout):
         fd = self.proc.stdout.fileno()
@@ -264,11 +275,12 @@ class Server:
 
     # -- plain HTTP --
     def get(self, path, **kw):
-        kw.setdefault("timeout", 30)
-        return self.http.get(self.url + path, **kw)
+        return self.request("GET", path, **kw)
 
     def request(self, method, path, **kw):
         kw.setdefault("timeout", 30)
+        if self.verify is not None:
+            kw.setdefault("verify", self.verify)
         return self.http.request(method, self.url + path, **kw)
 
     def patch_config(self, patch, headers=None, **kw):
@@ -401,11 +413,11 @@ class ServerFactory:
         self.log_dir = log_dir
         self.servers = []
 
-    def __call__(self, *args, env=None):
+    def __call__(self, *args, env=None, verify=None):
         flat = []
         for a in args:
             flat.extend(a if isinstance(a, (list, tuple)) else [a])
-        s = Server([str(x) for x in flat], env=env, log_dir=self.log_dir)
+        s = Server([str(x) for x in flat], env=env, log_dir=self.log_dir, verify=verify)
         self.servers.append(s)
         return s
 

@@ -1,7 +1,8 @@
-"""A start–requests–stop cycle under AddressSanitizer and LeakSanitizer.
+"""A start–requests–stop cycle under AddressSanitizer, LeakSanitizer and UBSan.
 
-`make sanitize-test` builds build/asan/streamfeed with SANITIZE=address and runs
-this file with STREAMFEED_ASAN_BIN pointing at it. Every kind of request —
+`make sanitize-test` builds build/asan/streamfeed with SANITIZE=address,undefined,
+runs the whole integration suite against it, then this file with
+STREAMFEED_ASAN_BIN pointing at it. Every kind of request —
 good batches (trained and waited for), a transform, bad bodies, a body cut
 short by a disconnect, config changes, metrics — then SIGTERM: the process must
 exit 0 and the sanitizers must report nothing (a leak makes the exit status

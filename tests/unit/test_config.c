@@ -370,6 +370,29 @@ static void test_to_json_nests_sections_and_masks_the_token(void **state)
     cJSON_Delete(j);
 }
 
+static void test_to_json_writes_int64_and_double_options_exactly(void **state)
+{
+    (void)state;
+    sf_config c, back;
+    sf_config_defaults(&c);
+    /* 16 digits, and a double that 15 digits only approximate: cJSON's own
+     * printing would round both (found by tests/fuzz/fuzz_config_patch.c). */
+    assert_int_equal(sf_config_set_text(&c, "model.seed", "1234567890123457", err, sizeof err), 0);
+    assert_int_equal(sf_config_set_text(&c, "optim.momentum", "0.9111111111111111", err, sizeof err), 0);
+    cJSON *j = sf_config_to_json(&c);
+    char *txt = cJSON_PrintUnformatted(j);
+    assert_non_null(strstr(txt, "\"seed\":1234567890123457"));
+    cJSON *parsed = cJSON_Parse(txt);
+    sf_config_defaults(&back);
+    char field[64];
+    assert_int_equal(sf_config_apply_json(&back, parsed, err, sizeof err, field, sizeof field), 0);
+    assert_true(back.model.seed == c.model.seed);
+    assert_true(back.optim.momentum == c.optim.momentum);
+    cJSON_Delete(parsed);
+    cJSON_free(txt);
+    cJSON_Delete(j);
+}
+
 /* ---- the live configuration and PATCH -------------------------------------- */
 
 static int changes_seen;
@@ -501,6 +524,7 @@ int main(void)
         cmocka_unit_test(test_load_applies_file_then_env_then_flags),
         cmocka_unit_test(test_load_fails_on_a_bad_flag_env_or_file),
         cmocka_unit_test(test_to_json_nests_sections_and_masks_the_token),
+        cmocka_unit_test(test_to_json_writes_int64_and_double_options_exactly),
         cmocka_unit_test_setup(test_patch_is_all_or_nothing, live_setup),
         cmocka_unit_test_setup(test_patch_applies_hot_options_and_keeps_restart_only_ones_pending, live_setup),
         cmocka_unit_test_setup(test_patch_validates_against_pending_values_too, live_setup),

@@ -1,0 +1,235 @@
+"""The HTTP layer under hostile or careless clients: slow uploads cannot hold
+the ring, probes answer on the metrics port when every connection is taken,
+framing that two parties could read differently is refused, Host and %00 are
+checked, the bearer scheme is case-insensitive, and a second server cannot
+bind a port in use."""
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+from sfharness import (BIN, SAFETENSORS, SINK, TINY, free_port, random_batch, read_reply, st_body,
+                       wait_until)
+
+
+def raw(s, data, timeout=10):
+    """Sends raw bytes on a new connection; returns (reply, closed_after):
+    whether the server closed the connection after its reply."""
+    sock = s.connect(timeout)
+    sock.sendall(data)
+    r = read_reply(sock)
+    sock.settimeout(2)
+    try:
+        closed = sock.recv(1) == b""
+    except (socket.timeout, ConnectionResetError):
+        closed = False
+    sock.close()
+    return r, closed
+
+
+def post_head(path="/v1/batches", extra="", host="Host: x\r\n", version="HTTP/1.1"):
+    return (f"POST {path} {version}\r\n{host}Content-Type: {SAFETENSORS}\r\n{extra}\r\n").encode()
+
+
+# ---- slow uploads --------------------------------------------------------------
+
+
+def trickle(sock, body, start, stop, every=0.3):
+    """Sends body[start:] one byte every `every` seconds until stop is set or
+    the server closes the connection."""
+    for i in range(start, len(body)):
+        if stop.is_set():
+            return
+        try:
+            sock.sendall(body[i:i + 1])
+        except OSError:
+            return
+        time.sleep(every)
+
+
+def test_slow_uploads_holding_every_slot_are_evicted_and_a_normal_loader_gets_in(start_server, rng):
+    s = start_server(SINK, "--ring.slots", "2", "--ring.full_timeout_ms", "20000",
+                     "--http.upload_min_bytes_per_s", "2000")
+    body = st_body(*random_batch(rng, 4))
+    stop = threading.Event()
+    slow = [s.start_upload(body, 400) for _ in range(2)]
+    threads = [threading.Thread(target=trickle, args=(k, body, 400, stop), daemon=True) for k in slow]
+    for t in threads:
+        t.start()
+    wait_until(lambda: s.metric("streamfeed_ring_slots", state="filling") == 2, 10)
+    t0 = time.monotonic()
+    r = s.post_batch(body, timeout=30)
+    stop.set()
+    # Both trickles are evicted once the 5 s allowance is over; the loader,
+    # waiting for a slot meanwhile, takes one of theirs.
+    assert r.status_code == 202, r.text
+    assert 4 < time.monotonic() - t0 < 15
+    m = wait_until(lambda: (lambda m: m if m.get(("streamfeed_uploads_evicted_total",
+                                                   frozenset({("reason", "upload_too_slow")}))) == 2 else None)(
+        s.metrics()), 10, what="two evictions to be counted")
+    assert m[("streamfeed_batches_rejected_total", frozenset({("reason", "upload_too_slow")}))] == 2
+    assert m[("streamfeed_ring_slots", frozenset({("state", "filling")}))] == 0
+    # The evicted connections were closed.
+    for k in slow:
+        k.settimeout(5)
+        with pytest.raises((ConnectionResetError, BrokenPipeError, OSError)):
+            for _ in range(50):
+                k.sendall(b"x" * 1024)
+                time.sleep(0.05)
+    for t in threads:
+        t.join(5)
+    assert "upload_too_slow" in s.stderr()
+
+
+def test_an_upload_past_its_deadline_is_evicted_even_when_it_keeps_a_good_rate(start_server, rng):
+    s = start_server(SINK, "--ring.slots", "2", "--http.upload_deadline_s", "2",
+                     "--http.upload_min_bytes_per_s", "0")
+    body = st_body(*random_batch(rng, 64))  # 196 KB at 2 KB per 0.05 s: about 5 s, past the 2 s
+    sock = s.start_upload(body, 400)
+    wait_until(lambda: s.metric("streamfeed_ring_slots", state="filling") == 1, 10)
+    for i in range(400, len(body), 2048):
+        try:
+            sock.sendall(body[i:i + 2048])
+        except OSError:
+            break
+        time.sleep(0.05)
+    wait_until(lambda: s.metric("streamfeed_uploads_evicted_total", reason="upload_deadline_exceeded") == 1, 10)
+    assert s.metric("streamfeed_ring_slots", state="filling") == 0
+    # The ring is whole again: the next upload is taken at once.
+    assert s.post_batch(body).status_code == 202
+
+
+def test_an_upload_that_moves_is_not_evicted(start_server, rng):
+    s = start_server(SINK, "--http.upload_min_bytes_per_s", "2000", "--http.upload_deadline_s", "30")
+    body = st_body(*random_batch(rng, 4))  # 12 KB over about 7 s: above 2000 B/s after the allowance
+    sock = s.start_upload(body, 400)
+    for i in range(400, len(body), 400):
+        sock.sendall(body[i:i + 400])
+        time.sleep(0.2)
+    assert read_reply(sock).status_code == 202
+    assert s.metric("streamfeed_uploads_evicted_total", reason="upload_too_slow") == 0
+
+
+def test_probes_answer_on_the_metrics_port_while_every_main_connection_is_taken(start_server):
+    mport = free_port()
+    s = start_server(SINK, "--http.max_connections", "4", "--http.metrics_port", mport)
+    idle = [s.connect() for _ in range(4)]
+    # Each of the four sent a request so that they are accepted, then idles.
+    for k in idle:
+        k.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_reply(k).status_code == 200
+    # The main port has no room left: a fifth connection gets no answer.
+    extra = s.connect(timeout=2)
+    extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    extra.settimeout(2)
+    try:
+        got = extra.recv(100)
+    except (socket.timeout, ConnectionResetError):
+        got = b""
+    assert not got.startswith(b"HTTP/1.1 200")
+    probe = f"http://127.0.0.1:{mport}"
+    assert requests.get(probe + "/healthz", timeout=5).json() == {"status": "ok"}
+    assert requests.get(probe + "/readyz", timeout=5).json()["ready"] is True
+    assert "streamfeed_build_info" in requests.get(probe + "/metrics", timeout=5).text
+    # Only the probes live there.
+    r = requests.get(probe + "/v1/config", timeout=5)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = requests.post(probe + "/v1/batches", data=b"x", headers={"Content-Type": SAFETENSORS}, timeout=5)
+    assert r.status_code == 404
+    for k in idle + [extra]:
+        k.close()
+
+
+def test_metrics_port_equal_to_the_main_port_is_refused_at_start():
+    r = subprocess.run([BIN, "--http.port", "18080", "--http.metrics_port", "18080"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "http.metrics_port must differ" in r.stderr
+
+
+# ---- framing, Host, path, auth ---------------------------------------------------
+
+
+def test_two_different_content_lengths_get_400_and_the_connection_closes(start_server, rng):
+    s = start_server(SINK)
+    body = st_body(*random_batch(rng, 2))
+    r, closed = raw(s, post_head(extra=f"Content-Length: {len(body)}\r\nContent-Length: {len(body) + 5}\r\n") + body)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_content_length"
+    assert closed
+    assert s.metric("streamfeed_batches_received_total", status="accepted") == 0
+    # The same value twice is one length, which RFC 9110 8.6 lets a recipient accept.
+    r, _ = raw(s, post_head(extra=f"Content-Length: {len(body)}\r\nContent-Length: {len(body)}\r\n") + body)
+    assert r.status_code == 202
+
+
+def test_content_length_with_transfer_encoding_gets_400_and_the_connection_closes(start_server, rng):
+    s = start_server(SINK)
+    body = st_body(*random_batch(rng, 2))
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    r, closed = raw(s, post_head(extra=f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n") + chunked)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "content_length_with_transfer_encoding"
+    assert closed
+    assert s.metric("streamfeed_batches_received_total", status="accepted") == 0
+
+
+def test_a_transfer_encoding_other_than_chunked_gets_501(start_server):
+    s = start_server(SINK)
+    r, closed = raw(s, post_head(extra="Transfer-Encoding: gzip\r\n") + b"xxxx")
+    assert r.status_code == 501 and r.json()["error"]["code"] == "transfer_encoding_not_implemented"
+    assert closed
+
+
+def test_http_1_1_without_host_gets_400_and_http_1_0_without_host_is_served(start_server):
+    s = start_server(SINK)
+    r, _ = raw(s, b"GET /healthz HTTP/1.1\r\n\r\n")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_host"
+    r, _ = raw(s, b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_host"
+    r, _ = raw(s, b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("target", ["/healthz%00", "/healthz%00/x", "/v1/batches/1%00", "/healthz?x=%00"])
+def test_an_encoded_nul_in_the_target_gets_400(start_server, target):
+    s = start_server(SINK)
+    r, _ = raw(s, f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_path"
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+def test_the_bearer_scheme_is_matched_without_regard_to_case(start_server, rng, scheme):
+    s = start_server(SINK, "--http.token", "s3cret")
+    body = st_body(*random_batch(rng, 1))
+    assert s.post_batch(body, headers={"Authorization": f"{scheme} s3cret"}).status_code == 202
+    assert s.post_batch(body, headers={"Authorization": f"{scheme}  s3cret"}).status_code == 202
+
+
+@pytest.mark.parametrize("auth", ["Bearer s3cre", "Bearer s3cret2", "Bearer ", "Bearers3cret",
+                                  "Basic czNjcmV0", "s3cret", "Bearer S3CRET"])
+def test_a_wrong_or_malformed_token_gets_401(start_server, rng, auth):
+    s = start_server(SINK, "--http.token", "s3cret")
+    r = s.post_batch(st_body(*random_batch(rng, 1)), headers={"Authorization": auth})
+    assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+
+
+# ---- one server per port ------------------------------------------------------------
+
+
+def test_a_second_server_on_a_port_in_use_fails_to_start_and_the_first_keeps_serving(start_server):
+    first = start_server(SINK)
+    r = subprocess.run([BIN, "--http.host", "127.0.0.1", "--http.port", str(first.port), *SINK],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{first.port}" in r.stderr and "Address already in use" in r.stderr
+    for _ in range(20):  # every connection reaches the first server
+        assert first.get("/healthz").status_code == 200
+    assert first.metric("streamfeed_http_requests_total", route="healthz", code="200") == 20
+
+
+def test_a_metrics_port_in_use_fails_the_start_naming_it(start_server):
+    first = start_server(SINK)
+    r = subprocess.run([BIN, "--http.host", "127.0.0.1", "--http.port", "0", "--http.metrics_port",
+                        str(first.port), *SINK], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "(http.metrics_port)" in r.stderr and "in use" in r.stderr

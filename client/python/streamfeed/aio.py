@@ -17,6 +17,7 @@ every other was accepted, deterministic rejections stop the feed) driven by
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from typing import Any, AsyncIterable, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -43,7 +44,7 @@ class AsyncClient:
 
     def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0,
                  wait_timeout: float = 120.0, retry: Union[RetryPolicy, int, None] = None,
-                 max_connections: int = 16):
+                 max_connections: int = 16, verify: Union[bool, str] = True):
         self.url = check_url(url)
         self.timeout = float(timeout)
         self.wait_timeout = max(float(wait_timeout), self.timeout)
@@ -51,7 +52,9 @@ class AsyncClient:
         headers = {"User-Agent": "streamfeed-python-async/0.1"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.AsyncClient(base_url=self.url, headers=headers,
+        # verify: as Client's (a CA bundle path, True for the system's, False to skip)
+        tls: Union[bool, ssl.SSLContext] = ssl.create_default_context(cafile=verify) if isinstance(verify, str) else verify
+        self._http = httpx.AsyncClient(base_url=self.url, headers=headers, verify=tls,
                                        limits=httpx.Limits(max_connections=max_connections),
                                        timeout=httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0)))
 

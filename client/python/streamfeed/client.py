@@ -112,15 +112,21 @@ class Client:
             (``wait=True``); keep it above the server's ``pipeline.wait_timeout_ms``.
         retry: the back-pressure retry policy (:class:`RetryPolicy`), or an int
             (max retries with the default back-off), 0 to never retry.
+        verify: for an ``https://`` server: the CA bundle (a path) that signed
+            its certificate, True for the system's CAs (the default), or
+            False to skip verification (never across a network you do not
+            trust). Given per request, so it wins over ``REQUESTS_CA_BUNDLE``.
 
     Methods return the server's JSON replies as dicts (see openapi/streamfeed.yaml)
     and raise :class:`streamfeed.errors.APIError` subclasses for error replies.
     """
 
     def __init__(self, url: str, token: Optional[str] = None, timeout: float = 60.0,
-                 wait_timeout: float = 120.0, retry: Union[RetryPolicy, int, None] = None):
+                 wait_timeout: float = 120.0, retry: Union[RetryPolicy, int, None] = None,
+                 verify: Union[bool, str, None] = None):
         self.url = check_url(url)
         self.token = token
+        self.verify = verify
         self.timeout = float(timeout)
         self.wait_timeout = max(float(wait_timeout), self.timeout)
         if retry is None:
@@ -192,8 +198,9 @@ class Client:
         retries = 0
         while True:
             try:
+                extra: Dict[str, Any] = {} if self.verify is None else {"verify": self.verify}
                 resp = self._session().request(method, url, params=params, data=data, headers=headers,
-                                               timeout=(min(timeout, 10.0), timeout))
+                                               timeout=(min(timeout, 10.0), timeout), **extra)
             except requests.ConnectionError as e:
                 if method == "GET" and retries < min(self.retry.connect_retries, self.retry.max_retries):
                     time.sleep(self.retry.delay(retries, None))

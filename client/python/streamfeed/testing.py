@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, Optional
 
 from .client import Client
 
-_LISTENING = re.compile(r"streamfeed listening on http://(?:\[[^\]]*\]|[^:\s/\[]+):(\d+)")
+_LISTENING = re.compile(r"streamfeed listening on (https?)://(?:\[[^\]]*\]|[^:\s/\[]+):(\d+)")
 
 
 class LocalServer:
@@ -64,8 +64,8 @@ class LocalServer:
             raise RuntimeError(f"no listening line from {self.args}: stdout={line!r}, "
                                f"stderr={self.stderr_path.read_text(errors='replace')[-2000:]!r}")
         self.host = host
-        self.port = int(m.group(1))
-        self.url = f"http://{host}:{self.port}"
+        self.port = int(m.group(2))
+        self.url = f"{m.group(1)}://{host}:{self.port}"
 
     def _read_line(self, timeout: float) -> str:
         assert self.proc.stdout is not None  # Popen(stdout=PIPE)

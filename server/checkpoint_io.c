@@ -1,0 +1,246 @@
+/* server/checkpoint_io.c — the checkpoint I/O thread: file and URL transfers
+ * of the operations, never on the engine thread or an HTTP thread (see
+ * checkpoint_state.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/checkpoint_state.h"
+#include "server/checkpoint_store.h"
+#include "server/checkpoint_url.h"
+#include "server/config.h"
+#include "server/http.h"
+#include "server/log.h"
+
+#define fail sf_ckpt_fail
+
+/* Keeps the newest checkpoint.keep ckpt-<step> files. */
+void sf_ckpt_rotate(sf_ckpt *ck)
+{
+    sf_config *c = malloc(sizeof *c);
+    if (!c)
+        return;
+    sf_config_get(c);
+    int keep = c->checkpoint.keep;
+    free(c);
+    sf_ckpt_store_rotate(ck->dir, keep);
+}
+
+/* Reads a file against the model and what this backend can restore. */
+int sf_ckpt_decode_for(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, sf_ckpt_decoded *d,
+                  sf_ckpt_error *e)
+{
+    const sf_backend *be = ck->app->backend;
+    sf_ckpt_caps caps = {
+        .opt = be->i->set_opt_state && (!ck->lay.adamw || be->i->set_opt_sq),
+        .buffers = be->i->set_buffers != NULL,
+        .backend = ck->app->backend_name,
+    };
+    return sf_ckpt_decode(&ck->lay, &caps, buf, len, mode, d, e);
+}
+
+/* Reads a checkpoint from a path or an http(s) URL into memory. */
+int sf_ckpt_fetch(sf_ckpt *ck, const char *where, uint8_t **buf, size_t *len, sf_ckpt_error *e)
+{
+    if (sf_ckpt_is_url(where)) {
+        sf_ckpt_xfer x;
+        if (sf_ckpt_url_transfer(where, NULL, 0, &ck->abort_xfer, &x, e) != 0)
+            return -1;
+        *buf = x.buf ? x.buf : malloc(1);
+        *len = x.len;
+        return *buf ? 0 : -1;
+    }
+    sf_config *c = malloc(sizeof *c);
+    if (!c) {
+        fail(e, 503, "out_of_memory", NULL, "out of memory");
+        return -1;
+    }
+    sf_config_get(c);
+    uint64_t max = (uint64_t)c->checkpoint.max_bytes;
+    free(c);
+    return sf_ckpt_store_read(where, max, buf, len, e);
+}
+
+
+int sf_ckpt_io_enqueue(sf_ckpt *ck, sf_ckpt_op *op)
+{
+    pthread_mutex_lock(&ck->mu);
+    if (!ck->io_started || ck->stop || ck->queued >= SF_CKPT_IO_QUEUE_MAX) {
+        pthread_mutex_unlock(&ck->mu);
+        return -1;
+    }
+    sf_ckpt_op_ref(op);
+    op->next = NULL;
+    if (ck->tail)
+        ck->tail->next = op;
+    else
+        ck->head = op;
+    ck->tail = op;
+    ck->queued++;
+    pthread_cond_signal(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+    return 0;
+}
+
+void sf_ckpt_count_save(sf_ckpt *ck, int ok, uint64_t t0, uint64_t step)
+{
+    sf_counter_add(ok ? ck->m_ok : ck->m_failed, 1);
+    if (ok) {
+        sf_hist_observe(ck->m_seconds, (double)(sf_now_ns() - t0) / 1e9);
+        sf_gauge_set(ck->m_last_step, (double)step);
+    }
+}
+
+/* Writes op->b where op says: a path, a URL, or ckpt-<step> in checkpoint.dir
+ * (then rotated). Runs on the I/O thread, or on main's at shutdown. */
+int sf_ckpt_write_blob(sf_ckpt *ck, sf_ckpt_op *op)
+{
+    blob *b = op->b;
+    int rc;
+    char err[512] = "";
+    if (op->url) {
+        sf_ckpt_xfer x;
+        rc = sf_ckpt_url_transfer(op->where, b->file, b->len, &ck->abort_xfer, &x, &op->err);
+        if (rc)
+            op->failed = 1;
+        sf_ckpt_url_redact(op->where, op->res.where, sizeof op->res.where);
+        op->res.url = 1;
+    } else {
+        char path[PATH_MAX + 80];
+        if (op->where[0])
+            snprintf(path, sizeof path, "%s", op->where);
+        else
+            snprintf(path, sizeof path, "%s/" SF_CKPT_FILE_PREFIX "%010llu" SF_CKPT_FILE_SUFFIX, ck->dir,
+                     (unsigned long long)b->step);
+        rc = sf_ckpt_store_write(path, b->file, b->len, err, sizeof err);
+        snprintf(op->res.where, sizeof op->res.where, "%.2000s", path);
+        if (rc) {
+            sf_ckpt_op_fail(op, 500, "checkpoint_write_failed", err);
+        } else if (!op->where[0]) {
+            atomic_store(&ck->saved_step, b->step);
+            atomic_store(&ck->saved_gen, b->gen);
+            sf_ckpt_rotate(ck);
+        }
+    }
+    sf_ckpt_count_save(ck, rc == 0, op->t0, b->step);
+    op->res.step = b->step;
+    op->res.bytes = b->len;
+    op->res.tensors = sf_ckpt_n_tensors(&ck->lay, b->with_opt);
+    op->res.optimizer = b->with_opt;
+    op->res.seconds = (double)(sf_now_ns() - op->t0) / 1e9;
+    if (rc && op->kind != OP_GET)
+        SF_WARN("checkpoint: saving step %llu to %s failed: %s", (unsigned long long)b->step,
+                op->res.where, op->err.msg);
+    else if (op->kind == OP_PERIODIC || op->kind == OP_FINAL)
+        SF_INFO("checkpoint: step %llu saved to %s (%zu bytes, %.3f s)", (unsigned long long)b->step,
+                op->res.where, b->len, op->res.seconds);
+    return rc;
+}
+
+/* The newest ckpt-<step> of checkpoint.dir that reads as a checkpoint;
+ * corrupt files are skipped with a warning, any other failure stops. */
+int sf_ckpt_read_newest(sf_ckpt *ck, sf_ckpt_decoded *d, char *chosen, size_t cap, sf_ckpt_error *e)
+{
+    sf_ckpt_file *v;
+    int n = sf_ckpt_store_list(ck->dir, &v);
+    if (n < 0) {
+        fail(e, 500, "checkpoint_read_failed", NULL, "cannot list %s: %s", ck->dir, strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        char p[PATH_MAX + 80];
+        snprintf(p, sizeof p, "%s/%s", ck->dir, v[i].name);
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        int rc = sf_ckpt_fetch(ck, p, &buf, &len, e);
+        if (rc == 0) {
+            rc = sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_STRICT, d, e);
+            free(buf);
+        }
+        if (rc == 0) {
+            snprintf(chosen, cap, "%s", p);
+            free(v);
+            return 0;
+        }
+        if (strcmp(e->code, "checkpoint_invalid") != 0 && strcmp(e->code, "checkpoint_read_failed") != 0) {
+            char msg[sizeof e->msg];
+            snprintf(msg, sizeof msg, "%s", e->msg);
+            snprintf(e->msg, sizeof e->msg, "%.200s: %.270s", p, msg);
+            free(v);
+            return -1;
+        }
+        SF_WARN("checkpoint: skipping %s: %s", p, e->msg);
+    }
+    free(v);
+    fail(e, 404, "checkpoint_not_found", NULL, "no valid " SF_CKPT_FILE_PREFIX "<step>" SF_CKPT_FILE_SUFFIX " in %s",
+         ck->dir);
+    return -1;
+}
+
+void sf_ckpt_io_read(sf_ckpt *ck, sf_ckpt_op *op)
+{
+    if (!op->where[0]) {
+        if (sf_ckpt_read_newest(ck, &op->d, op->res.where, sizeof op->res.where, &op->err) != 0)
+            op->failed = 1;
+    } else {
+        uint8_t *buf = NULL;
+        size_t len = 0;
+        if (sf_ckpt_fetch(ck, op->where, &buf, &len, &op->err) != 0 ||
+            sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_STRICT, &op->d, &op->err) != 0)
+            op->failed = 1;
+        free(buf);
+        op->res.url = op->url;
+        if (op->url)
+            sf_ckpt_url_redact(op->where, op->res.where, sizeof op->res.where);
+        else
+            snprintf(op->res.where, sizeof op->res.where, "%s", op->where);
+    }
+    if (op->failed)
+        sf_counter_add(ck->m_load_failed, 1);
+}
+
+void *sf_ckpt_io_main(void *arg)
+{
+    sf_ckpt *ck = arg;
+    pthread_mutex_lock(&ck->mu);
+    for (;;) {
+        while (!ck->head && !ck->stop)
+            pthread_cond_wait(&ck->cv, &ck->mu);
+        if (ck->stop)
+            break;
+        sf_ckpt_op *op = ck->head;
+        ck->head = op->next;
+        if (!ck->head)
+            ck->tail = NULL;
+        ck->queued--;
+        pthread_mutex_unlock(&ck->mu);
+        if (op->kind == OP_LOAD) {
+            sf_ckpt_io_read(ck, op);
+            sf_ckpt_stage_finish(op);
+        } else {
+            sf_ckpt_write_blob(ck, op);
+            if (op->kind == OP_PERIODIC)
+                atomic_store(&ck->periodic_busy, 0);
+            else
+                sf_ckpt_stage_finish(op);
+        }
+        sf_ckpt_op_release(op);
+        pthread_mutex_lock(&ck->mu);
+    }
+    /* Stopping: what is still queued fails. */
+    while (ck->head) {
+        sf_ckpt_op *op = ck->head;
+        ck->head = op->next;
+        ck->queued--;
+        if (op->kind != OP_PERIODIC) {
+            sf_ckpt_op_fail(op, 503, "shutting_down", "the service is shutting down");
+            sf_ckpt_stage_finish(op);
+        }
+        sf_ckpt_op_release(op);
+    }
+    ck->tail = NULL;
+    pthread_mutex_unlock(&ck->mu);
+    return NULL;
+}
+

@@ -2,6 +2,7 @@
 #include "server/checkpoint_format.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -343,6 +344,27 @@ static int check_tensor(const sf_st_entry *t, sf_st_dtype dtype, int ndim, const
     return -1;
 }
 
+/* A NaN or an infinity in a weight trains into NaN everywhere, silently
+ * (the loss reads null, the service stays ready): every F32 value taken from
+ * a file must be finite. The values are read through memcpy because the data
+ * section need not be aligned. */
+static int check_finite(const sf_st_entry *t, const uint8_t *data, sf_ckpt_error *e)
+{
+    const uint8_t *p = data + t->begin;
+    size_t n = (size_t)(t->end - t->begin) / sizeof(float);
+    for (size_t i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, p + i * sizeof v, sizeof v);
+        if (!isfinite(v)) {
+            fail(e, 400, "checkpoint_not_finite", t->name,
+                 "tensor %s holds %s at element %zu: every value of a checkpoint must be finite",
+                 t->name, isnan(v) ? "NaN" : v > 0 ? "+inf" : "-inf", i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int sf_ckpt_decode(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const uint8_t *buf, size_t len,
                    int mode, sf_ckpt_decoded *d, sf_ckpt_error *e)
 {
@@ -479,7 +501,7 @@ int sf_ckpt_decode(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const uin
             }
             continue;
         }
-        if (check_tensor(t, SF_ST_F32, want->ndim, want->shape, e) != 0)
+        if (check_tensor(t, SF_ST_F32, want->ndim, want->shape, e) != 0 || check_finite(t, f.data, e) != 0)
             goto out;
         seen[k] = 1;
         const sf_ckpt_tensor *p = kind == K_BUF ? &ck->bt[idx] : &ck->pt[idx];

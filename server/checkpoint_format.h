@@ -104,8 +104,9 @@ enum { SF_CKPT_READ_STRICT = 0, SF_CKPT_READ_PARTIAL = 1 };
 /* Reads a checkpoint against the model (checkpoint.h says what strict and
  * partial mean). Partial reads overlay matching tensors onto d->params (and
  * d->bufs when not NULL), which the caller filled; strict reads allocate
- * d->params, d->bufs, and d->mom/d->sq when caps->opt. 0, or -1 with e (a
- * strict read then frees what it allocated). */
+ * d->params, d->bufs, and d->mom/d->sq when caps->opt. Every F32 value taken
+ * must be finite: a NaN or an infinity is 400 checkpoint_not_finite naming the
+ * tensor. 0, or -1 with e (a strict read then frees what it allocated). */
 int sf_ckpt_decode(const sf_ckpt_layout *L, const sf_ckpt_caps *caps, const uint8_t *buf, size_t len,
                    int mode, sf_ckpt_decoded *d, sf_ckpt_error *e);
 

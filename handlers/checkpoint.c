@@ -267,6 +267,22 @@ static uint64_t json_max_body(sf_app *app)
 
 const sf_stream_ops h_checkpoint_json_stream = {json_data, ckpt_done, json_max_body, NULL};
 
+/* A JSON string may hold the escape \u0000, which a C string ends at: a path
+ * "ckpt.safetensors\u0000.evil" would silently become "ckpt.safetensors".
+ * The raw body is scanned for it (an escaped backslash before "u0000" is
+ * skipped as the pair it is). */
+static int has_nul_escape(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\')
+            continue;
+        if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0)
+            return 1;
+        i++;
+    }
+    return 0;
+}
+
 /* {"path": ..., "url": ..., "optimizer": bool}; an empty body is {}. Returns 0,
  * or -1 after a 400. *j must be freed by the caller. */
 static int parse_target(sf_req *r, int allow_opt, cJSON **j, const char **path, const char **url,
@@ -277,6 +293,9 @@ static int parse_target(sf_req *r, int allow_opt, cJSON **j, const char **path, 
     *opt = 1;
     if (r->body_len == 0)
         return 0;
+    if (has_nul_escape(r->body, r->body_len))
+        return sf_reply_error(r, 400, "path_invalid",
+                              "the body holds the escape \\u0000: a NUL cannot be part of a path or URL"), -1;
     *j = h_parse_json_body(r);
     if (!*j)
         return -1;

@@ -481,7 +481,7 @@ static int resume(sf_ckpt *ck, int *resumed, char *err, size_t errlen)
     sf_ckpt_error e = {0};
     char chosen[PATH_MAX + 80];
     *resumed = 0;
-    if (sf_ckpt_read_newest(ck, &d, chosen, sizeof chosen, &e) != 0) {
+    if (sf_ckpt_read_newest(ck, strcmp(ck->app->cfg.checkpoint.resume, "if_compatible") == 0, &d, chosen, sizeof chosen, &e) != 0) {
         if (e.status == 404) {
             SF_INFO("checkpoint.resume: no checkpoint in %s: starting from the initialisation", ck->dir);
             return 0;
@@ -537,7 +537,7 @@ static int init_from(sf_ckpt *ck, const char *src, char *err, size_t errlen)
             goto out;
         }
     }
-    if (sf_ckpt_fetch(ck, src, &buf, &len, &e) != 0 || sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_PARTIAL, &d, &e) != 0) {
+    if (sf_ckpt_fetch(ck, src, 1, &buf, &len, &e) != 0 || sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_PARTIAL, &d, &e) != 0) {
         snprintf(err, errlen, "model.init_from %s: %s", shown, e.msg);
         goto out;
     }
@@ -584,7 +584,7 @@ int sf_ckpt_start(sf_app *app, char *err, size_t errlen)
     }
     ck->curl_ready = 1;
     int resumed = 0;
-    if (c->checkpoint.resume && resume(ck, &resumed, err, errlen) != 0)
+    if (strcmp(c->checkpoint.resume, "false") != 0 && resume(ck, &resumed, err, errlen) != 0)
         return -1;
     if (c->checkpoint.init_from[0]) {
         if (resumed)

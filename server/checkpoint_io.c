@@ -41,7 +41,7 @@ int sf_ckpt_decode_for(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, sf
 }
 
 /* Reads a checkpoint from a path or an http(s) URL into memory. */
-int sf_ckpt_fetch(sf_ckpt *ck, const char *where, uint8_t **buf, size_t *len, sf_ckpt_error *e)
+int sf_ckpt_fetch(sf_ckpt *ck, const char *where, int follow, uint8_t **buf, size_t *len, sf_ckpt_error *e)
 {
     if (sf_ckpt_is_url(where)) {
         sf_ckpt_xfer x;
@@ -59,7 +59,7 @@ int sf_ckpt_fetch(sf_ckpt *ck, const char *where, uint8_t **buf, size_t *len, sf
     sf_config_get(c);
     uint64_t max = (uint64_t)c->checkpoint.max_bytes;
     free(c);
-    return sf_ckpt_store_read(where, max, buf, len, e);
+    return sf_ckpt_store_read(where, follow, max, buf, len, e);
 }
 
 
@@ -140,7 +140,21 @@ int sf_ckpt_write_blob(sf_ckpt *ck, sf_ckpt_op *op)
 
 /* The newest ckpt-<step> of checkpoint.dir that reads as a checkpoint;
  * corrupt files are skipped with a warning, any other failure stops. */
-int sf_ckpt_read_newest(sf_ckpt *ck, sf_ckpt_decoded *d, char *chosen, size_t cap, sf_ckpt_error *e)
+/* Files another model or optimizer wrote: decoding them failed for what they
+ * are, not for damage. */
+static int incompatible(const char *code)
+{
+    static const char *const codes[] = {"checkpoint_model_mismatch", "checkpoint_optimizer_mismatch",
+                                        "checkpoint_tensor_mismatch", "checkpoint_tensor_missing",
+                                        "checkpoint_tensor_unknown", "checkpoint_version_unsupported"};
+    for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
+        if (strcmp(code, codes[i]) == 0)
+            return 1;
+    return 0;
+}
+
+int sf_ckpt_read_newest(sf_ckpt *ck, int skip_incompatible, sf_ckpt_decoded *d, char *chosen, size_t cap,
+                        sf_ckpt_error *e)
 {
     sf_ckpt_file *v;
     int n = sf_ckpt_store_list(ck->dir, &v);
@@ -153,7 +167,7 @@ int sf_ckpt_read_newest(sf_ckpt *ck, sf_ckpt_decoded *d, char *chosen, size_t ca
         snprintf(p, sizeof p, "%s/%s", ck->dir, v[i].name);
         uint8_t *buf = NULL;
         size_t len = 0;
-        int rc = sf_ckpt_fetch(ck, p, &buf, &len, e);
+        int rc = sf_ckpt_fetch(ck, p, 0, &buf, &len, e);
         if (rc == 0) {
             rc = sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_STRICT, d, e);
             free(buf);
@@ -163,7 +177,14 @@ int sf_ckpt_read_newest(sf_ckpt *ck, sf_ckpt_decoded *d, char *chosen, size_t ca
             free(v);
             return 0;
         }
-        if (strcmp(e->code, "checkpoint_invalid") != 0 && strcmp(e->code, "checkpoint_read_failed") != 0) {
+        if (skip_incompatible && incompatible(e->code)) {
+            SF_WARN("checkpoint.resume=if_compatible: SKIPPING %s, written for another model or "
+                    "optimizer (%s: %s); an older compatible file or the initialisation is used "
+                    "instead, and this file is left in place", p, e->code, e->msg);
+            continue;
+        }
+        if (strcmp(e->code, "checkpoint_invalid") != 0 && strcmp(e->code, "checkpoint_read_failed") != 0 &&
+            strcmp(e->code, "path_not_allowed") != 0) {
             char msg[sizeof e->msg];
             snprintf(msg, sizeof msg, "%s", e->msg);
             snprintf(e->msg, sizeof e->msg, "%.200s: %.270s", p, msg);
@@ -181,12 +202,12 @@ int sf_ckpt_read_newest(sf_ckpt *ck, sf_ckpt_decoded *d, char *chosen, size_t ca
 void sf_ckpt_io_read(sf_ckpt *ck, sf_ckpt_op *op)
 {
     if (!op->where[0]) {
-        if (sf_ckpt_read_newest(ck, &op->d, op->res.where, sizeof op->res.where, &op->err) != 0)
+        if (sf_ckpt_read_newest(ck, 0, &op->d, op->res.where, sizeof op->res.where, &op->err) != 0)
             op->failed = 1;
     } else {
         uint8_t *buf = NULL;
         size_t len = 0;
-        if (sf_ckpt_fetch(ck, op->where, &buf, &len, &op->err) != 0 ||
+        if (sf_ckpt_fetch(ck, op->where, 0, &buf, &len, &op->err) != 0 ||
             sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_STRICT, &op->d, &op->err) != 0)
             op->failed = 1;
         free(buf);

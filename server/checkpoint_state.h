@@ -121,9 +121,14 @@ int sf_ckpt_write_blob(sf_ckpt *ck, sf_ckpt_op *op);
 /* Reads a file against the model and what this backend can restore. */
 int sf_ckpt_decode_for(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, sf_ckpt_decoded *d,
                        sf_ckpt_error *e);
-/* Reads a checkpoint from a path or an http(s) URL into memory. */
-int sf_ckpt_fetch(sf_ckpt *ck, const char *where, uint8_t **buf, size_t *len, sf_ckpt_error *e);
-/* The newest ckpt-<step> of checkpoint.dir that reads as a checkpoint. */
-int sf_ckpt_read_newest(sf_ckpt *ck, sf_ckpt_decoded *d, char *chosen, size_t cap, sf_ckpt_error *e);
+/* Reads a checkpoint from a path or an http(s) URL into memory; follow 0: a
+ * symbolic link is not followed (names from requests and listings). */
+int sf_ckpt_fetch(sf_ckpt *ck, const char *where, int follow, uint8_t **buf, size_t *len, sf_ckpt_error *e);
+/* The newest ckpt-<step> of checkpoint.dir that reads as a checkpoint:
+ * corrupt files and symbolic links are skipped with a warning, and with
+ * skip_incompatible files of another model or optimizer too (loudly); any
+ * other failure stops. ckpt-* links are never followed out of the directory. */
+int sf_ckpt_read_newest(sf_ckpt *ck, int skip_incompatible, sf_ckpt_decoded *d, char *chosen, size_t cap,
+                        sf_ckpt_error *e);
 
 #endif

@@ -47,6 +47,13 @@ int sf_ckpt_store_resolve(const char *dir, const char *in, int for_write, char *
             fail(e, 400, "path_not_allowed", "path", "path must not contain a \"..\" component");
             return -1;
         }
+        /* The file system refuses longer names (ENAMETOOLONG): the request's
+         * fault, so a 400 now rather than a failed write later. */
+        if (l > NAME_MAX) {
+            fail(e, 400, "path_invalid", "path", "a path component is %zu bytes; the limit is %d",
+                 l, NAME_MAX);
+            return -1;
+        }
         c += l;
         while (*c == '/')
             c++;
@@ -93,6 +100,12 @@ int sf_ckpt_store_resolve(const char *dir, const char *in, int for_write, char *
         }
         if (!S_ISREG(st.st_mode)) {
             fail(e, 400, "path_invalid", "path", "%s is not a regular file", in);
+            return -1;
+        }
+        /* The file checked is the file read: opened by its resolved name, with
+         * O_NOFOLLOW, so a link swapped in after the check is not followed. */
+        if ((size_t)snprintf(out, cap, "%s", fr) >= cap) {
+            fail(e, 400, "path_invalid", "path", "path is too long");
             return -1;
         }
     }
@@ -178,9 +191,14 @@ int sf_ckpt_store_write(const char *path, const uint8_t *data, size_t len, char 
 }
 
 /* Reads a whole regular file of at most max bytes. */
-int sf_ckpt_store_read(const char *path, uint64_t max, uint8_t **out, size_t *len, sf_ckpt_error *e)
+int sf_ckpt_store_read(const char *path, int follow, uint64_t max, uint8_t **out, size_t *len,
+                       sf_ckpt_error *e)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | (follow ? 0 : O_NOFOLLOW));
+    if (fd < 0 && errno == ELOOP && !follow) {
+        fail(e, 400, "path_not_allowed", "path", "%s is a symbolic link, which is not followed", path);
+        return -1;
+    }
     if (fd < 0) {
         fail(e, errno == ENOENT ? 404 : 400, errno == ENOENT ? "checkpoint_not_found" : "path_invalid",
              "path", "cannot open %s: %s", path, strerror(errno));

@@ -22,14 +22,18 @@
 #define SF_CKPT_FILE_SUFFIX ".safetensors"
 
 /* A request's path, resolved inside dir (the realpath of checkpoint.dir; ""
- * when unset: 409). for_write: the file need not exist, its directory must.
+ * when unset: 409). for_write: the file need not exist, its directory must;
+ * else out is the file's realpath. Components longer than NAME_MAX are 400.
  * 0 with out set, or -1 with e. */
 int sf_ckpt_store_resolve(const char *dir, const char *in, int for_write, char *out, size_t cap,
                           sf_ckpt_error *e);
 /* tmp file, fsync, rename, fsync of the directory. 0, or -1 with err. */
 int sf_ckpt_store_write(const char *path, const uint8_t *data, size_t len, char *err, size_t errlen);
-/* Reads a whole regular file of at most max bytes into *out (malloc). */
-int sf_ckpt_store_read(const char *path, uint64_t max, uint8_t **out, size_t *len, sf_ckpt_error *e);
+/* Reads a whole regular file of at most max bytes into *out (malloc).
+ * follow 0: a symbolic link is not followed (400 path_not_allowed), for every
+ * name that comes from a request or from listing checkpoint.dir. */
+int sf_ckpt_store_read(const char *path, int follow, uint64_t max, uint8_t **out, size_t *len,
+                       sf_ckpt_error *e);
 int sf_ckpt_store_fsync_dir(const char *dir);
 
 typedef struct sf_ckpt_file {

@@ -140,8 +140,11 @@ const sf_cfg_option sf_config_table[] = {
      SF_CF_HOT, NULL, "Save a checkpoint to checkpoint.dir every N optimizer steps; 0 disables."},
     {"checkpoint.keep", SF_CT_INT, F(checkpoint.keep), "3", 1, 100000, NULL, SF_CF_HOT, NULL,
      "Checkpoint files (ckpt-<step>.safetensors) kept in checkpoint.dir; older ones are deleted."},
-    {"checkpoint.resume", SF_CT_BOOL, F(checkpoint.resume), "false", 0, 0, NULL, 0, NULL,
-     "At start, load the newest valid checkpoint of checkpoint.dir (corrupt files are skipped)."},
+    {"checkpoint.resume", SF_CT_ENUM, F(checkpoint.resume), "false", 0, 0, "false|true|if_compatible", 0,
+     NULL,
+     "At start, load the newest valid checkpoint of checkpoint.dir (corrupt files and symbolic links "
+     "are skipped). true: a file of another model or optimizer stops the start; if_compatible: it "
+     "is skipped with a warning (the next older compatible file, or the initialisation, is used)."},
     {"checkpoint.on_shutdown", SF_CT_BOOL, F(checkpoint.on_shutdown), "true", 0, 0, NULL,
      SF_CF_HOT, NULL, "On SIGTERM, after the drain, save a final checkpoint to checkpoint.dir (if set)."},
     {"checkpoint.max_bytes", SF_CT_INT64, F(checkpoint.max_bytes), "2147483648", 4096,
@@ -224,7 +227,7 @@ static int check_slots(const sf_config *c, char *err, size_t errlen)
 /* Periodic saves and resume work on checkpoint.dir: without one they cannot. */
 static int check_checkpoint(const sf_config *c, char *err, size_t errlen)
 {
-    if (!c->checkpoint.dir[0] && (c->checkpoint.every_steps > 0 || c->checkpoint.resume)) {
+    if (!c->checkpoint.dir[0] && (c->checkpoint.every_steps > 0 || strcmp(c->checkpoint.resume, "false") != 0)) {
         snprintf(err, errlen, "checkpoint.every_steps and checkpoint.resume need a checkpoint.dir");
         return -1;
     }

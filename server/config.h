@@ -105,7 +105,7 @@ typedef struct sf_config {
         char dir[1024];         /* checkpoint files; "" disables file checkpoints */
         int64_t every_steps;    /* periodic save every N steps; 0 off */
         int keep;               /* ckpt-<step>.safetensors files kept */
-        int resume;
+        char resume[16];        /* false | true | if_compatible */
         int on_shutdown;
         int64_t max_bytes;      /* PUT body, file read, URL download */
         int url_timeout_s;

@@ -114,3 +114,74 @@ def test_resume_and_init_from_refuse_a_non_finite_file_with_a_clear_error(start_
     p = run_start(TRAIN + ["--model.init_from", str(newest)])
     assert p.returncode == 1, p.stderr
     assert "model.init_from" in p.stderr and "9.weight" in p.stderr and "finite" in p.stderr, p.stderr
+
+
+# ---- paths ---------------------------------------------------------------------------------
+
+
+def raw_post(s, path, text):
+    return s.request("POST", path, data=text.encode(), headers={"Content-Type": "application/json"})
+
+
+def test_a_nul_inside_a_json_path_is_400_and_writes_nothing(start_server, tmp_path):
+    d = tmp_path / "ck"
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d)])
+    for route in ("/v1/checkpoint/save", "/v1/checkpoint/load"):
+        r = raw_post(s, route, '{"path": "a.safetensors\\u0000.evil"}')
+        assert (r.status_code, error_of(r)["code"]) == (400, "path_invalid"), r.text
+    assert not (d / "a.safetensors").exists()
+    # An escaped backslash followed by "u0000" is not a NUL: an ordinary (odd) name.
+    r = raw_post(s, "/v1/checkpoint/save", '{"path": "b\\\\u0000.safetensors"}')
+    assert r.status_code == 200, r.text
+
+
+def test_a_name_longer_than_the_file_system_allows_is_400_not_500(start_server, tmp_path):
+    d = tmp_path / "ck"
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d)])
+    long = "a" * 300 + ".safetensors"
+    for route in ("/v1/checkpoint/save", "/v1/checkpoint/load"):
+        r = post_json(s, route, {"path": long})
+        assert (r.status_code, error_of(r)["code"]) == (400, "path_invalid"), r.text
+
+
+def test_load_newest_and_resume_do_not_follow_a_ckpt_symlink_out_of_the_dir(start_server, tmp_path):
+    d = tmp_path / "ck"
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d)])
+    assert post_json(s, "/v1/checkpoint/save").status_code == 200
+    train(s, np.random.default_rng(2), 2)
+    outside = tmp_path / "outside.safetensors"
+    outside.write_bytes(get_ckpt(s))
+    (d / "ckpt-9999999999.safetensors").symlink_to(outside)
+    saved = model_step(s)
+    r = post_json(s, "/v1/checkpoint/load")
+    assert r.status_code == 200, r.text
+    assert r.json()["path"].endswith("ckpt-0000000000.safetensors") and r.json()["step"] == 0
+    assert model_step(s) == 0 != saved
+    s.stop()
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d), "--checkpoint.resume", "true",
+                              "--checkpoint.on_shutdown", "false"])
+    assert model_step(s) == 0
+    assert "symbolic link" in s.stderr()
+
+
+def test_resume_if_compatible_skips_another_models_checkpoint_loudly(start_server, tmp_path):
+    d = tmp_path / "ck"
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d)])
+    train(s, np.random.default_rng(3), 2)
+    assert post_json(s, "/v1/checkpoint/save").status_code == 200
+    s.stop()
+    other = ('{"input": [3, 32, 32], "classes": 10, "layers": [{"type": "conv2d", "out": 4, "k": 1},'
+             ' {"type": "relu"}, {"type": "flatten"}, {"type": "linear", "out": 10}]}')
+    args = ["--pipeline.backend", "ref", "--model.spec", other, "--augment.pipeline", AUG,
+            "--checkpoint.dir", str(d), "--checkpoint.on_shutdown", "false"]
+    # true keeps its meaning: another model's file stops the start.
+    p = run_start(args + ["--checkpoint.resume", "true"])
+    assert p.returncode == 1 and "another model" in p.stderr, p.stderr
+    s = start_server(*args, "--checkpoint.resume", "if_compatible")
+    assert model_step(s) == 0
+    err = s.stderr()
+    assert "if_compatible: SKIPPING" in err and "ckpt-0000000002.safetensors" in err, err
+    assert s.config()["checkpoint"]["resume"] == "if_compatible"
+    s.stop()
+    # The skipped file is still there for the model that wrote it.
+    assert 2 in ckpt_files(d)

@@ -257,7 +257,27 @@ sf_ckpt_op *sf_ckpt_get(sf_app *app, int with_opt, sf_ckpt_error *e)
     return op;
 }
 
-sf_ckpt_op *sf_ckpt_put(sf_app *app, const uint8_t *body, size_t len, sf_ckpt_error *e)
+uint64_t sf_ckpt_max_bytes(sf_app *app)
+{
+    sf_config *c = malloc(sizeof *c);
+    if (!c)
+        return 0;
+    sf_config_get(c);
+    uint64_t max = (uint64_t)c->checkpoint.max_bytes;
+    free(c);
+    if (app->ckpt && sf_ckpt_max_file_bytes(&app->ckpt->lay) < max)
+        max = sf_ckpt_max_file_bytes(&app->ckpt->lay);
+    return max;
+}
+
+int sf_ckpt_spool_open(sf_app *app, sf_ckpt_error *e)
+{
+    if (usable(app, e))
+        return -1;
+    return sf_ckpt_store_spool(app->ckpt->dir, e);
+}
+
+sf_ckpt_op *sf_ckpt_put(sf_app *app, int fd, size_t len, sf_ckpt_error *e)
 {
     if (usable(app, e))
         return NULL;
@@ -268,7 +288,11 @@ sf_ckpt_op *sf_ckpt_put(sf_app *app, const uint8_t *body, size_t len, sf_ckpt_er
         return NULL;
     }
     /* Validated here, on the request's thread: a bad file changes nothing. */
-    if (sf_ckpt_decode_for(ck, body, len, SF_CKPT_READ_STRICT, &op->d, e) != 0) {
+    const uint8_t *body = sf_ckpt_store_map(fd, len, e);
+    int rc = body ? sf_ckpt_decode_for(ck, body, len, SF_CKPT_READ_STRICT, &op->d, e) : -1;
+    if (body)
+        sf_ckpt_store_unmap(body, len);
+    if (rc != 0) {
         sf_counter_add(ck->m_load_failed, 1);
         sf_ckpt_op_release(op);
         return NULL;
@@ -289,14 +313,8 @@ static int target_of(sf_ckpt *ck, sf_ckpt_op *op, const char *path, const char *
         return -1;
     }
     if (url) {
-        if (strlen(url) >= SF_CKPT_URL_MAX) {
-            fail(e, 400, "request_invalid", "url", "url is longer than %d bytes", SF_CKPT_URL_MAX - 1);
+        if (sf_ckpt_url_check(url, 1, e) != 0)
             return -1;
-        }
-        if (!sf_ckpt_url_scheme_ok(url)) {
-            fail(e, 400, "url_scheme_not_allowed", "url", "only http:// and https:// URLs are allowed");
-            return -1;
-        }
         snprintf(op->where, sizeof op->where, "%s", url);
         op->url = 1;
         return 0;
@@ -516,8 +534,6 @@ static int init_from(sf_ckpt *ck, const char *src, char *err, size_t errlen)
         sf_ckpt_url_redact(src, shown, sizeof shown);
     else
         snprintf(shown, sizeof shown, "%.500s", src);
-    uint8_t *buf = NULL;
-    size_t len = 0;
     sf_ckpt_error e = {0};
     sf_ckpt_decoded d = {0};
     d.params = malloc(app->model.n_params * sizeof(float));
@@ -537,7 +553,7 @@ static int init_from(sf_ckpt *ck, const char *src, char *err, size_t errlen)
             goto out;
         }
     }
-    if (sf_ckpt_fetch(ck, src, 1, &buf, &len, &e) != 0 || sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_PARTIAL, &d, &e) != 0) {
+    if (sf_ckpt_read_source(ck, src, 1, SF_CKPT_READ_PARTIAL, &d, &e) != 0) {
         snprintf(err, errlen, "model.init_from %s: %s", shown, e.msg);
         goto out;
     }
@@ -550,7 +566,6 @@ static int init_from(sf_ckpt *ck, const char *src, char *err, size_t errlen)
             d.matched, ck->lay.n_pt, shown, d.tensors);
     rc = 0;
 out:
-    free(buf);
     sf_ckpt_decoded_free(&d);
     return rc;
 }
@@ -606,12 +621,7 @@ int sf_ckpt_start(sf_app *app, char *err, size_t errlen)
             return -1;
         }
     }
-    if (pthread_create(&ck->io, NULL, sf_ckpt_io_main, ck) != 0) {
-        snprintf(err, errlen, "cannot start the checkpoint I/O thread");
-        return -1;
-    }
-    ck->io_started = 1;
-    return 0;
+    return sf_ckpt_io_start(ck, err, errlen);
 }
 
 void sf_ckpt_attach(sf_app *app)
@@ -667,15 +677,7 @@ void sf_ckpt_shutdown(sf_app *app)
     sf_ckpt *ck = app->ckpt;
     if (!ck)
         return;
-    if (ck->io_started) {
-        pthread_mutex_lock(&ck->mu);
-        ck->stop = 1;
-        atomic_store(&ck->abort_xfer, 1);
-        pthread_cond_broadcast(&ck->cv);
-        pthread_mutex_unlock(&ck->mu);
-        pthread_join(ck->io, NULL);
-        ck->io_started = 0;
-    }
+    sf_ckpt_io_stop(ck);
     if (app->backend)
         final_save(ck);
     /* Requests may still hold operations (and GET replies their files): those

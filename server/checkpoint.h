@@ -112,9 +112,17 @@ void sf_ckpt_shutdown(struct sf_app *app);
 /* Each returns an operation, or NULL with e filled (nothing was started). */
 /* GET /v1/checkpoint: a snapshot, as a safetensors file in memory. */
 sf_ckpt_op *sf_ckpt_get(struct sf_app *app, int with_optimizer, sf_ckpt_error *e);
-/* PUT /v1/checkpoint: body (len bytes, borrowed for the call) is validated at
- * once; on success it is applied between two steps. */
-sf_ckpt_op *sf_ckpt_put(struct sf_app *app, const uint8_t *body, size_t len, sf_ckpt_error *e);
+/* PUT /v1/checkpoint: the body, streamed into fd (sf_ckpt_spool_open; len
+ * bytes from offset 0; borrowed for the call), is validated at once; on
+ * success it is applied between two steps. */
+sf_ckpt_op *sf_ckpt_put(struct sf_app *app, int fd, size_t len, sf_ckpt_error *e);
+/* An unnamed temporary file in checkpoint.dir (P_tmpdir without one) for a
+ * PUT body: bodies go to disk, not memory. The fd, or -1 with e. */
+int sf_ckpt_spool_open(struct sf_app *app, sf_ckpt_error *e);
+/* The largest PUT body or download accepted: checkpoint.max_bytes, or less
+ * when this model's whole state (parameters, optimizer state, buffers) and a
+ * header cannot be that large (a longer file cannot be its checkpoint). */
+uint64_t sf_ckpt_max_bytes(struct sf_app *app);
 /* POST /v1/checkpoint/save: exactly one of path, url, or neither (then
  * ckpt-<step>.safetensors in checkpoint.dir, counted in checkpoint.keep). */
 sf_ckpt_op *sf_ckpt_save(struct sf_app *app, const char *path, const char *url, int with_optimizer,

@@ -293,6 +293,13 @@ size_t sf_ckpt_data_bytes(const sf_ckpt_layout *L, int with_opt)
     return with_opt ? state + (L->adamw ? 2 : 1) * n + sizeof(int64_t) : state;
 }
 
+uint64_t sf_ckpt_max_file_bytes(const sf_ckpt_layout *L)
+{
+    /* 256 bytes per tensor: a header entry with the longest name and offsets
+     * is under 200; 1 MiB more for __metadata__. */
+    return (uint64_t)sf_ckpt_file_bytes(L, 1) + (uint64_t)L->n_desc * 256 + ((uint64_t)1 << 20);
+}
+
 size_t sf_ckpt_file_bytes(const sf_ckpt_layout *L, int with_opt)
 {
     return L->hdr_bytes[with_opt ? 1 : 0] + sf_ckpt_data_bytes(L, with_opt);

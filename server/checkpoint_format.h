@@ -65,6 +65,12 @@ int sf_ckpt_n_tensors(const sf_ckpt_layout *L, int with_opt);
 size_t sf_ckpt_data_bytes(const sf_ckpt_layout *L, int with_opt);
 size_t sf_ckpt_file_bytes(const sf_ckpt_layout *L, int with_opt);
 #define SF_CKPT_MAX_HEADER ((uint64_t)100 << 20) /* safetensors' own bound on the JSON header */
+/* The largest file that can be a checkpoint of this model: its whole state
+ * with the optimizer's, and a header with room for another writer's layout
+ * (PyTorch's) — names, offsets and metadata — beside ours. A strict read of
+ * anything longer fails, so a body or download is refused as soon as it is
+ * (or announces to be) longer. */
+uint64_t sf_ckpt_max_file_bytes(const sf_ckpt_layout *L);
 
 /* Writes the header for step into file[0, hdr) (hdr: the reserved size),
  * padded with spaces so the data never moves. 0, or -1 with err. */

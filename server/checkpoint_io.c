@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "server/checkpoint_state.h"
+
+#include <unistd.h>
 #include "server/checkpoint_store.h"
 #include "server/checkpoint_url.h"
 #include "server/config.h"
@@ -41,16 +43,30 @@ int sf_ckpt_decode_for(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, sf
 }
 
 /* Reads a checkpoint from a path or an http(s) URL into memory. */
-int sf_ckpt_fetch(sf_ckpt *ck, const char *where, int follow, uint8_t **buf, size_t *len, sf_ckpt_error *e)
+/* A file fetched for a request from someone else's server is that server's
+ * words: its tensor names, header text and sizes are not repeated to the
+ * caller (they would make the service a reader of internal URLs). The code
+ * stays, and the tensor when it is one of the model's own names. */
+static void hide_fetched(sf_ckpt *ck, const char *url, sf_ckpt_error *e)
 {
-    if (sf_ckpt_is_url(where)) {
-        sf_ckpt_xfer x;
-        if (sf_ckpt_url_transfer(where, NULL, 0, &ck->abort_xfer, &x, e) != 0)
-            return -1;
-        *buf = x.buf ? x.buf : malloc(1);
-        *len = x.len;
-        return *buf ? 0 : -1;
-    }
+    int own = 0;
+    for (int k = 0; k < ck->lay.n_desc && e->field[0] && !own; k++)
+        own = strcmp(ck->lay.desc_names[k], e->field) == 0;
+    char shown[512];
+    sf_ckpt_url_redact(url, shown, sizeof shown);
+    char msg[sizeof e->msg + 256];
+    snprintf(msg, sizeof msg, "GET %.300s: not a usable checkpoint of this model (%s)%s%s", shown, e->code,
+             own ? ": tensor " : "", own ? e->field : "");
+    size_t n = strnlen(msg, sizeof e->msg - 1);
+    memcpy(e->msg, msg, n);
+    e->msg[n] = '\0';
+    if (!own)
+        snprintf(e->field, sizeof e->field, "url");
+}
+
+int sf_ckpt_read_source(sf_ckpt *ck, const char *where, int from_operator, int mode, sf_ckpt_decoded *d,
+                        sf_ckpt_error *e)
+{
     sf_config *c = malloc(sizeof *c);
     if (!c) {
         fail(e, 503, "out_of_memory", NULL, "out of memory");
@@ -59,26 +75,56 @@ int sf_ckpt_fetch(sf_ckpt *ck, const char *where, int follow, uint8_t **buf, siz
     sf_config_get(c);
     uint64_t max = (uint64_t)c->checkpoint.max_bytes;
     free(c);
-    return sf_ckpt_store_read(where, follow, max, buf, len, e);
+    if (mode == SF_CKPT_READ_STRICT && sf_ckpt_max_file_bytes(&ck->lay) < max)
+        max = sf_ckpt_max_file_bytes(&ck->lay);
+    int rc;
+    if (sf_ckpt_is_url(where)) {
+        /* Downloads stream to an unnamed file and are decoded from its
+         * mapping: memory holds the decoded state, never the raw bytes. */
+        int fd = sf_ckpt_store_spool(ck->dir, e);
+        if (fd < 0)
+            return -1;
+        uint64_t got = 0;
+        rc = sf_ckpt_url_transfer(where, !from_operator, fd, max, NULL, 0, &ck->abort_xfer, &got, e);
+        if (rc == 0) {
+            const uint8_t *p = sf_ckpt_store_map(fd, (size_t)got, e);
+            rc = p ? sf_ckpt_decode_for(ck, p, (size_t)got, mode, d, e) : -1;
+            if (p) {
+                sf_ckpt_store_unmap(p, (size_t)got);
+                if (rc && !from_operator)
+                    hide_fetched(ck, where, e);
+            }
+        }
+        close(fd);
+        return rc;
+    }
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    if (sf_ckpt_store_read(where, from_operator, max, &buf, &len, e) != 0)
+        return -1;
+    rc = sf_ckpt_decode_for(ck, buf, len, mode, d, e);
+    free(buf);
+    return rc;
 }
 
 
 int sf_ckpt_io_enqueue(sf_ckpt *ck, sf_ckpt_op *op)
 {
+    sf_ckpt_queue *q = &ck->q[op->url ? SF_CKPT_Q_URLS : SF_CKPT_Q_FILES];
     pthread_mutex_lock(&ck->mu);
-    if (!ck->io_started || ck->stop || ck->queued >= SF_CKPT_IO_QUEUE_MAX) {
+    if (!q->started || ck->stop || q->queued >= SF_CKPT_IO_QUEUE_MAX) {
         pthread_mutex_unlock(&ck->mu);
         return -1;
     }
     sf_ckpt_op_ref(op);
     op->next = NULL;
-    if (ck->tail)
-        ck->tail->next = op;
+    if (q->tail)
+        q->tail->next = op;
     else
-        ck->head = op;
-    ck->tail = op;
-    ck->queued++;
-    pthread_cond_signal(&ck->cv);
+        q->head = op;
+    q->tail = op;
+    q->queued++;
+    pthread_cond_broadcast(&ck->cv); /* both threads wait on it: wake the right one too */
     pthread_mutex_unlock(&ck->mu);
     return 0;
 }
@@ -100,8 +146,7 @@ int sf_ckpt_write_blob(sf_ckpt *ck, sf_ckpt_op *op)
     int rc;
     char err[512] = "";
     if (op->url) {
-        sf_ckpt_xfer x;
-        rc = sf_ckpt_url_transfer(op->where, b->file, b->len, &ck->abort_xfer, &x, &op->err);
+        rc = sf_ckpt_url_transfer(op->where, 1, -1, 0, b->file, b->len, &ck->abort_xfer, NULL, &op->err);
         if (rc)
             op->failed = 1;
         sf_ckpt_url_redact(op->where, op->res.where, sizeof op->res.where);
@@ -165,13 +210,7 @@ int sf_ckpt_read_newest(sf_ckpt *ck, int skip_incompatible, sf_ckpt_decoded *d, 
     for (int i = 0; i < n; i++) {
         char p[PATH_MAX + 80];
         snprintf(p, sizeof p, "%s/%s", ck->dir, v[i].name);
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        int rc = sf_ckpt_fetch(ck, p, 0, &buf, &len, e);
-        if (rc == 0) {
-            rc = sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_STRICT, d, e);
-            free(buf);
-        }
+        int rc = sf_ckpt_read_source(ck, p, 0, SF_CKPT_READ_STRICT, d, e);
         if (rc == 0) {
             snprintf(chosen, cap, "%s", p);
             free(v);
@@ -205,12 +244,8 @@ void sf_ckpt_io_read(sf_ckpt *ck, sf_ckpt_op *op)
         if (sf_ckpt_read_newest(ck, 0, &op->d, op->res.where, sizeof op->res.where, &op->err) != 0)
             op->failed = 1;
     } else {
-        uint8_t *buf = NULL;
-        size_t len = 0;
-        if (sf_ckpt_fetch(ck, op->where, 0, &buf, &len, &op->err) != 0 ||
-            sf_ckpt_decode_for(ck, buf, len, SF_CKPT_READ_STRICT, &op->d, &op->err) != 0)
+        if (sf_ckpt_read_source(ck, op->where, 0, SF_CKPT_READ_STRICT, &op->d, &op->err) != 0)
             op->failed = 1;
-        free(buf);
         op->res.url = op->url;
         if (op->url)
             sf_ckpt_url_redact(op->where, op->res.where, sizeof op->res.where);
@@ -221,20 +256,21 @@ void sf_ckpt_io_read(sf_ckpt *ck, sf_ckpt_op *op)
         sf_counter_add(ck->m_load_failed, 1);
 }
 
-void *sf_ckpt_io_main(void *arg)
+static void *io_main(void *arg)
 {
-    sf_ckpt *ck = arg;
+    sf_ckpt_queue *q = arg;
+    sf_ckpt *ck = q->ck;
     pthread_mutex_lock(&ck->mu);
     for (;;) {
-        while (!ck->head && !ck->stop)
+        while (!q->head && !ck->stop)
             pthread_cond_wait(&ck->cv, &ck->mu);
         if (ck->stop)
             break;
-        sf_ckpt_op *op = ck->head;
-        ck->head = op->next;
-        if (!ck->head)
-            ck->tail = NULL;
-        ck->queued--;
+        sf_ckpt_op *op = q->head;
+        q->head = op->next;
+        if (!q->head)
+            q->tail = NULL;
+        q->queued--;
         pthread_mutex_unlock(&ck->mu);
         if (op->kind == OP_LOAD) {
             sf_ckpt_io_read(ck, op);
@@ -250,18 +286,48 @@ void *sf_ckpt_io_main(void *arg)
         pthread_mutex_lock(&ck->mu);
     }
     /* Stopping: what is still queued fails. */
-    while (ck->head) {
-        sf_ckpt_op *op = ck->head;
-        ck->head = op->next;
-        ck->queued--;
+    while (q->head) {
+        sf_ckpt_op *op = q->head;
+        q->head = op->next;
+        q->queued--;
         if (op->kind != OP_PERIODIC) {
             sf_ckpt_op_fail(op, 503, "shutting_down", "the service is shutting down");
             sf_ckpt_stage_finish(op);
         }
         sf_ckpt_op_release(op);
     }
-    ck->tail = NULL;
+    q->tail = NULL;
     pthread_mutex_unlock(&ck->mu);
     return NULL;
+}
+
+int sf_ckpt_io_start(sf_ckpt *ck, char *err, size_t errlen)
+{
+    for (int i = 0; i < SF_CKPT_N_QUEUES; i++) {
+        sf_ckpt_queue *q = &ck->q[i];
+        q->ck = ck;
+        if (pthread_create(&q->th, NULL, io_main, q) != 0) {
+            snprintf(err, errlen, "cannot start the checkpoint I/O threads");
+            return -1;
+        }
+        pthread_mutex_lock(&ck->mu);
+        q->started = 1;
+        pthread_mutex_unlock(&ck->mu);
+    }
+    return 0;
+}
+
+void sf_ckpt_io_stop(sf_ckpt *ck)
+{
+    pthread_mutex_lock(&ck->mu);
+    ck->stop = 1;
+    atomic_store(&ck->abort_xfer, 1);
+    pthread_cond_broadcast(&ck->cv);
+    pthread_mutex_unlock(&ck->mu);
+    for (int i = 0; i < SF_CKPT_N_QUEUES; i++) {
+        if (ck->q[i].started)
+            pthread_join(ck->q[i].th, NULL);
+        ck->q[i].started = 0;
+    }
 }
 

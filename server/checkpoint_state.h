@@ -21,19 +21,29 @@
 
 typedef struct blob blob;
 
+/* One I/O thread and its queue. */
+typedef struct sf_ckpt_queue {
+    struct sf_ckpt *ck;
+    pthread_t th;
+    int started;
+    sf_ckpt_op *head, *tail;
+    int queued;
+} sf_ckpt_queue;
+enum { SF_CKPT_Q_FILES = 0, SF_CKPT_Q_URLS = 1, SF_CKPT_N_QUEUES };
+
 struct sf_ckpt {
     sf_app *app;
     char dir[PATH_MAX];          /* realpath of checkpoint.dir; "" when unset */
     sf_ckpt_layout lay;          /* the model's tensors and the file layout, fixed at start */
     /* Metrics. */
     sf_metric *m_ok, *m_failed, *m_skipped, *m_seconds, *m_last_step, *m_load_ok, *m_load_failed;
-    /* The I/O thread and its queue. */
-    pthread_t io;
-    int io_started;
+    /* The I/O threads: files (periodic, final, path saves and loads) and URL
+     * transfers each have their own, so a slow or hanging URL never holds a
+     * save to disk. One lock and condition for both queues. */
+    sf_ckpt_queue q[SF_CKPT_N_QUEUES];
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    sf_ckpt_op *head, *tail;
-    int queued, stop;
+    int stop;
     atomic_int abort_xfer;       /* cuts URL transfers short at shutdown */
     /* Periodic saves. */
     atomic_int periodic_busy;    /* a periodic snapshot or write is under way */
@@ -112,8 +122,13 @@ void sf_ckpt_op_fail(sf_ckpt_op *op, int status, const char *code, const char *m
 
 /* ---- the I/O thread (checkpoint_io.c) ----------------------------------------------- */
 
-void *sf_ckpt_io_main(void *ck);
-/* Queues op for the I/O thread (a reference is taken); -1 when stopping or full. */
+/* Starts the I/O threads; 0, or -1 with err. */
+int sf_ckpt_io_start(sf_ckpt *ck, char *err, size_t errlen);
+/* Stops them: a write in progress completes, a URL transfer is cut short,
+ * queued operations fail with 503 shutting_down. */
+void sf_ckpt_io_stop(sf_ckpt *ck);
+/* Queues op for its I/O thread (URL or files; a reference is taken); -1 when
+ * stopping or full. */
 int sf_ckpt_io_enqueue(sf_ckpt *ck, sf_ckpt_op *op);
 void sf_ckpt_count_save(sf_ckpt *ck, int ok, uint64_t t0, uint64_t step);
 /* Writes op->b where op says; on the I/O thread, or main's at shutdown. */
@@ -121,9 +136,13 @@ int sf_ckpt_write_blob(sf_ckpt *ck, sf_ckpt_op *op);
 /* Reads a file against the model and what this backend can restore. */
 int sf_ckpt_decode_for(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, sf_ckpt_decoded *d,
                        sf_ckpt_error *e);
-/* Reads a checkpoint from a path or an http(s) URL into memory; follow 0: a
- * symbolic link is not followed (names from requests and listings). */
-int sf_ckpt_fetch(sf_ckpt *ck, const char *where, int follow, uint8_t **buf, size_t *len, sf_ckpt_error *e);
+/* Reads a checkpoint from a path or an http(s) URL and decodes it (mode:
+ * SF_CKPT_READ_*), bounded by checkpoint.max_bytes and, for strict reads, by
+ * the largest file this model's state can be. from_operator 1: the
+ * operator's model.init_from (symbolic links followed, URL rules not
+ * applied); 0: names from requests and listings. */
+int sf_ckpt_read_source(sf_ckpt *ck, const char *where, int from_operator, int mode, sf_ckpt_decoded *d,
+                        sf_ckpt_error *e);
 /* The newest ckpt-<step> of checkpoint.dir that reads as a checkpoint:
  * corrupt files and symbolic links are skipped with a warning, and with
  * skip_incompatible files of another model or optimizer too (loudly); any

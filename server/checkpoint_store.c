@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -336,4 +337,40 @@ void sf_ckpt_store_remove_tmp(const char *dir)
             SF_INFO("checkpoint: removed %s, left by an interrupted write", p);
     }
     closedir(d);
+}
+
+int sf_ckpt_store_spool(const char *dir, sf_ckpt_error *e)
+{
+    const char *d = dir && dir[0] ? dir : P_tmpdir;
+    int fd = open(d, O_RDWR | O_TMPFILE | O_CLOEXEC, 0600);
+    if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+        /* No O_TMPFILE on this file system: a hidden name, unlinked at once. */
+        char tmp[PATH_MAX + 64];
+        snprintf(tmp, sizeof tmp, "%s/.spool.tmp-%d-XXXXXX", d, (int)getpid());
+        fd = mkostemp(tmp, O_CLOEXEC);
+        if (fd >= 0)
+            unlink(tmp);
+    }
+    if (fd < 0)
+        fail(e, 503, "checkpoint_busy", NULL, "cannot create a temporary file in %s: %s", d, strerror(errno));
+    return fd;
+}
+
+const uint8_t *sf_ckpt_store_map(int fd, size_t len, sf_ckpt_error *e)
+{
+    static const uint8_t empty[1];
+    if (len == 0)
+        return empty;
+    void *p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+        fail(e, 503, "out_of_memory", NULL, "cannot map %zu bytes of a temporary file: %s", len, strerror(errno));
+        return NULL;
+    }
+    return p;
+}
+
+void sf_ckpt_store_unmap(const uint8_t *p, size_t len)
+{
+    if (len)
+        munmap((void *)p, len);
 }

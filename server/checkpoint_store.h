@@ -42,6 +42,16 @@ typedef struct sf_ckpt_file {
 } sf_ckpt_file;
 /* The ckpt-<step> files of dir, newest first (*out: free it); the count, or -1. */
 int sf_ckpt_store_list(const char *dir, sf_ckpt_file **out);
+/* An unnamed temporary file in dir (P_tmpdir when dir is ""), for bodies and
+ * downloads on their way to the decoder: they stream to disk instead of
+ * memory. The fd (closing it frees the space), or -1 with e. */
+int sf_ckpt_store_spool(const char *dir, sf_ckpt_error *e);
+/* Maps len bytes of fd read-only (len 0 is allowed); NULL with e. Only for
+ * files the service alone holds (spools): a mapping of a file someone else
+ * truncates would fault. */
+const uint8_t *sf_ckpt_store_map(int fd, size_t len, sf_ckpt_error *e);
+void sf_ckpt_store_unmap(const uint8_t *p, size_t len);
+
 /* Keeps the newest keep ckpt-<step> files of dir. */
 void sf_ckpt_store_rotate(const char *dir, int keep);
 /* Removes the temporary files an interrupted write left in dir. */

@@ -155,6 +155,11 @@ const sf_cfg_option sf_config_table[] = {
     {"checkpoint.url_token", SF_CT_STRING, F(checkpoint.url_token), "", 0, 0, NULL,
      SF_CF_HOT | SF_CF_SENSITIVE, NULL,
      "Bearer token sent with checkpoint URL transfers (to the URL's host only, never to a redirect's)."},
+    {"checkpoint.url_allow", SF_CT_STRING, F(checkpoint.url_allow), "", 0, 0, NULL, SF_CF_HOT, NULL,
+     "Where POST /v1/checkpoint/save and /load may send the service (comma-separated): host names, "
+     "domains (.example.com), addresses or networks (10.0.0.0/8, ::1) and URL prefixes "
+     "(https://h/ckpt/). Empty: any host, and then only with http.token set. Loopback, link-local "
+     "(cloud metadata) and multicast addresses are refused unless listed here as addresses."},
     {"model.init_from", SF_CT_STRING, F(checkpoint.init_from), "", 0, 0, NULL, 0, NULL,
      "Path or http(s) URL of a safetensors state_dict: its tensors initialise the parameters of the "
      "same name and shape (a pre-trained backbone); the others keep their seeded values."},

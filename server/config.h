@@ -110,6 +110,7 @@ typedef struct sf_config {
         int64_t max_bytes;      /* PUT body, file read, URL download */
         int url_timeout_s;
         char url_token[2048];
+        char url_allow[2048];   /* hosts, networks, URL prefixes a request's URL may name */
         char init_from[2048];   /* model.init_from: path or URL of a state_dict */
     } checkpoint;
 } sf_config;

@@ -453,7 +453,8 @@ def store():
 
 def test_load_and_save_by_url_are_http_only_with_the_bearer_token(start_server, store):
     srv, handler, base = store
-    s = start_server(TRAIN + ["--checkpoint.url_token", "s3cr3t"])
+    # The store is on loopback, which URL transfers reach only when listed.
+    s = start_server(TRAIN + ["--checkpoint.url_token", "s3cr3t", "--checkpoint.url_allow", "127.0.0.1"])
     rng = np.random.default_rng(6)
     train(s, rng, 2)
     a = get_ckpt(s)

@@ -7,15 +7,18 @@ checkpoint.dir through a symlink; oversized bodies are refused before they
 are buffered; periodic saves do not wait behind a slow URL."""
 import http.server
 import os
+import re
+import socket
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from sfharness import BIN
+from sfharness import BIN, read_reply, wait_until
 from test_checkpoint import (AUG, TRAIN, ckpt_files, error_of, get_ckpt, model_step, post_json,
                              put_ckpt, train)
 
@@ -40,13 +43,33 @@ def poisoned(blob, name, value):
 
 
 class Files(http.server.BaseHTTPRequestHandler):
-    """Serves self.files; /hang answers nothing until released."""
+    """Serves self.files and records the paths asked for; /hang answers
+    nothing until released, /forever streams without end, /to/<url> redirects
+    to <url>."""
     files = {}
     release = None
+    seen = None
 
     def do_GET(self):
+        self.seen.append(self.path)
         if self.path == "/hang":
             self.release.wait(60)
+            return
+        if self.path.startswith("/to/"):
+            self.send_response(302)
+            self.send_header("Location", self.path[len("/to/"):])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.path == "/forever":
+            self.send_response(200)
+            self.end_headers()
+            chunk = b"\0" * (1 << 20)
+            try:
+                while not self.release.is_set():
+                    self.wfile.write(chunk)
+            except OSError:
+                pass
             return
         body = self.files.get(self.path)
         if body is None:
@@ -64,11 +87,12 @@ class Files(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def files():
-    handler = type("F", (Files,), {"files": {}, "release": threading.Event()})
+    handler = type("F", (Files,), {"files": {}, "release": threading.Event(), "seen": []})
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
-    yield handler, f"http://127.0.0.1:{srv.server_address[1]}"
+    handler.port = srv.server_address[1]
+    yield handler, f"http://127.0.0.1:{handler.port}"
     handler.release.set()
     srv.shutdown()
     srv.server_close()
@@ -185,3 +209,186 @@ def test_resume_if_compatible_skips_another_models_checkpoint_loudly(start_serve
     s.stop()
     # The skipped file is still there for the model that wrote it.
     assert 2 in ckpt_files(d)
+
+
+# ---- URL transfers: where the service may be sent ------------------------------------------------
+
+TOKEN = {"Authorization": "Bearer t0ken"}
+
+
+def load_url(s, url, headers=None):
+    return s.request("POST", "/v1/checkpoint/load", json={"url": url}, headers=headers or {})
+
+
+def test_url_transfers_need_auth_or_an_allow_list(start_server, files):
+    handler, base = files
+    s = start_server(TRAIN)
+    handler.files["/a.safetensors"] = get_ckpt(s)
+    for route in ("/v1/checkpoint/load", "/v1/checkpoint/save"):
+        r = post_json(s, route, {"url": f"{base}/a.safetensors"})
+        assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), r.text
+    assert handler.seen == []
+    # Listing the host is the other way in.
+    assert s.patch_config({"checkpoint": {"url_allow": "127.0.0.1"}}).status_code == 200
+    assert load_url(s, f"{base}/a.safetensors").status_code == 200
+    # Another host is not listed.
+    r = load_url(s, f"http://localhost:{handler.port}/a.safetensors")
+    assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), r.text
+
+
+def test_loopback_addresses_are_refused_after_resolution_unless_listed_as_addresses(start_server, files):
+    handler, base = files
+    s = start_server(TRAIN + ["--http.token", "t0ken"])
+    handler.files["/a.safetensors"] = s.request("GET", "/v1/checkpoint", headers=TOKEN).content
+    # With auth, any host, but no loopback: by address, by a name that
+    # resolves to loopback, by 0.0.0.0 (which Linux connects to loopback).
+    for url in (f"{base}/a.safetensors", f"http://localhost:{handler.port}/a.safetensors",
+                f"http://0.0.0.0:{handler.port}/a.safetensors", f"http://127.1.2.3:{handler.port}/a.safetensors"):
+        r = load_url(s, url, TOKEN)
+        assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), (url, r.text)
+    # A listed name does not make its loopback address reachable (a name can
+    # be made to resolve anywhere); the address must be listed.
+    s.patch_config({"checkpoint": {"url_allow": "localhost"}}, headers=TOKEN)
+    r = load_url(s, f"http://localhost:{handler.port}/a.safetensors", TOKEN)
+    assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), r.text
+    assert handler.seen == []
+    s.patch_config({"checkpoint": {"url_allow": "localhost, 127.0.0.0/8"}}, headers=TOKEN)
+    assert load_url(s, f"http://localhost:{handler.port}/a.safetensors", TOKEN).status_code == 200
+    assert handler.seen == ["/a.safetensors"]
+
+
+def test_redirects_are_checked_like_the_first_url(start_server, files):
+    handler, base = files
+    s = start_server(TRAIN + ["--checkpoint.url_allow", "127.0.0.1"])
+    handler.files["/a.safetensors"] = get_ckpt(s)
+    assert load_url(s, f"{base}/to/{base}/a.safetensors").status_code == 200
+    handler.seen.clear()
+    for target in (f"http://localhost:{handler.port}/a.safetensors", f"http://127.0.0.2:{handler.port}/a.safetensors"):
+        r = load_url(s, f"{base}/to/{target}")
+        assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), r.text
+    assert "/a.safetensors" not in handler.seen
+
+
+def closed_port():
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def silent_port(stop):
+    """A TCP port that accepts and closes at once: open, but no HTTP."""
+    sk = socket.socket()
+    sk.bind(("127.0.0.1", 0))
+    sk.listen(8)
+    sk.settimeout(0.2)
+
+    def serve():
+        while not stop.is_set():
+            try:
+                c, _ = sk.accept()
+                c.close()
+            except OSError:
+                pass
+        sk.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return sk.getsockname()[1]
+
+
+def test_errors_never_echo_fetched_bytes_and_open_and_closed_ports_look_alike(start_server, files):
+    handler, base = files
+    s = start_server(TRAIN + ["--checkpoint.url_allow", "127.0.0.1"])
+    good = get_ckpt(s)
+    handler.files["/text"] = b"SECRET-INTERNAL-PAGE " * 37
+    t = st_load(good)
+    t["secret_internal_name"] = np.zeros(3, np.float32)
+    handler.files["/extra.safetensors"] = st_save(t)
+    handler.files["/nan.safetensors"] = poisoned(good, "2.weight", np.nan)
+    for path, code in (("/text", "checkpoint_invalid"), ("/extra.safetensors", "checkpoint_tensor_unknown")):
+        r = load_url(s, base + path)
+        assert (r.status_code, error_of(r)["code"]) == (400, code), r.text
+        for leak in ("SECRET", "secret_internal", str(len(handler.files[path])), "777"):
+            assert leak not in r.text, (leak, r.text)
+    # A tensor of the model is named: that is the service's own name.
+    r = load_url(s, base + "/nan.safetensors")
+    assert (r.status_code, error_of(r)["code"], error_of(r)["field"]) == (400, "checkpoint_not_finite", "2.weight")
+    stop = threading.Event()
+    try:
+        msgs = []
+        for port in (closed_port(), silent_port(stop)):
+            r = load_url(s, f"http://127.0.0.1:{port}/a.safetensors")
+            assert (r.status_code, error_of(r)["code"]) == (422, "url_fetch_failed"), r.text
+            msgs.append(error_of(r)["message"].replace(str(port), "PORT"))
+        assert msgs[0] == msgs[1] and msgs[0].endswith("the transfer failed"), msgs
+    finally:
+        stop.set()
+
+
+def test_user_and_password_never_appear_in_replies_or_logs(start_server, files):
+    handler, base = files
+    s = start_server(TRAIN + ["--checkpoint.url_allow", "127.0.0.1"])
+    handler.files["/a.safetensors"] = get_ckpt(s)
+    cred = f"http://alice:hunter2@127.0.0.1:{handler.port}"
+    r = load_url(s, f"{cred}/a.safetensors")
+    assert r.status_code == 200 and r.json()["url"] == f"{base}/a.safetensors", r.text
+    r = load_url(s, f"{cred}/missing")
+    assert r.status_code == 422 and "404" in r.text, r.text
+    r = load_url(s, f"http://alice:hunter2@127.0.0.1:{closed_port()}/x")
+    assert r.status_code == 422, r.text
+    r = post_json(s, "/v1/checkpoint/save", {"url": f"http://alice:hunter2@127.0.0.1:{closed_port()}/x"})
+    assert r.status_code == 422, r.text
+    s.stop()
+    assert "hunter2" not in s.stderr() and "alice" not in s.stderr()
+
+
+# ---- bounded memory ---------------------------------------------------------------------------------
+
+
+def vm_hwm_kb(s):
+    text = open(f"/proc/{s.proc.pid}/status").read()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", text).group(1))
+
+
+def test_a_put_announcing_more_than_the_model_can_be_is_413_before_the_body(start_server):
+    s = start_server(TRAIN)
+    sk = s.connect(timeout=10)
+    sk.sendall(b"PUT /v1/checkpoint HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+               b"Content-Type: application/vnd.safetensors\r\nContent-Length: 100000000\r\n\r\n")
+    reply = read_reply(sk)
+    sk.close()
+    assert reply.status_code == 413, reply.text
+    assert reply.json()["error"]["code"] == "body_too_large"
+
+
+def test_a_download_that_streams_forever_is_cut_at_the_models_size_without_buffering(start_server, files):
+    handler, base = files
+    s = start_server(TRAIN + ["--checkpoint.url_allow", "127.0.0.1"])
+    before = vm_hwm_kb(s)
+    t0 = time.monotonic()
+    r = load_url(s, base + "/forever")
+    assert (r.status_code, error_of(r)["code"]) == (413, "checkpoint_too_large"), r.text
+    assert time.monotonic() - t0 < 20
+    # The tiny model's checkpoint is a few megabytes at most; the old code
+    # buffered up to checkpoint.max_bytes (2 GiB) before it gave up.
+    assert vm_hwm_kb(s) - before < 64 * 1024
+
+
+# ---- periodic saves beside URL transfers ------------------------------------------------------------
+
+
+def test_periodic_saves_land_while_a_url_transfer_hangs(start_server, files, tmp_path):
+    handler, base = files
+    d = tmp_path / "ck"
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d), "--checkpoint.every_steps", "1",
+                              "--checkpoint.url_allow", "127.0.0.1", "--checkpoint.url_timeout_s", "120"])
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=load_url(s, base + "/hang")), daemon=True)
+    t.start()
+    wait_until(lambda: "/hang" in handler.seen, timeout=10, what="the URL transfer started")
+    train(s, np.random.default_rng(4), 3)
+    # A save due while the last one is still being written is skipped, so not
+    # every step has its file; behind the hanging transfer none would land.
+    wait_until(lambda: ckpt_files(d), timeout=10, what="a periodic save beside a hanging URL")
+    assert "/hang" in handler.seen and t.is_alive()
+    handler.release.set()
+    t.join(30)
+    assert out["r"].status_code in (400, 422), out["r"].text

@@ -8,7 +8,8 @@
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
 #   make bench        side-by-side benchmarks (needs a GPU)
 #   make bench-jpeg   JPEG decode and JPEG-fed training against PyTorch (needs a GPU)
-#   make fuzz         the safetensors parser under libFuzzer (clang); build/fuzz_jpeg_header the JPEG header reader
+#   make fuzz         the safetensors parser under libFuzzer (clang); build/fuzz_jpeg_header the JPEG header reader,
+#                     build/fuzz_checkpoint the checkpoint decoder
 #   make deps         install the Debian packages (root), or print the command
 #
 # Options: CUDA=0|1  CUDA_ARCH=sm_90  DEPS_PREFIX=/opt/deps/usr  SANITIZE=address|undefined
@@ -237,19 +238,22 @@ sanitize-test: $(VENV)/.stamp
 	STREAMFEED_ASAN_BIN=$(abspath $(BUILD)/asan/streamfeed) $(VENV)/bin/python -m pytest -q tests/sanitize
 
 FUZZ_CC ?= clang
-# Every target links the body parser and the JPEG header reader it calls.
-FUZZ_LIB_SRC := server/safetensors.c server/jpeg_header.c
+# Every target (tests/fuzz/fuzz_NAME.c, seeds in tests/fuzz/corpus_NAME or, for
+# safetensors, tests/fuzz/corpus) links the parsers it calls: the body parser,
+# the JPEG header reader, the checkpoint decoder and the model it decodes against.
+FUZZ_LIB_SRC := server/safetensors.c server/jpeg_header.c server/checkpoint_format.c gpu/model.c gpu/common.c
 $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson -lm
 fuzz: $(BUILD)/fuzz_safetensors
 	@mkdir -p tests/fuzz/corpus-run
 	$< -max_total_time=$${FUZZ_SECONDS:-300} tests/fuzz/corpus-run tests/fuzz/corpus
-fuzz-smoke: $(BUILD)/fuzz_safetensors $(BUILD)/fuzz_jpeg_header
-	@mkdir -p $(BUILD)/fuzz-corpus $(BUILD)/fuzz-corpus-jpeg
+fuzz-smoke: $(BUILD)/fuzz_safetensors $(BUILD)/fuzz_jpeg_header $(BUILD)/fuzz_checkpoint
+	@mkdir -p $(BUILD)/fuzz-corpus $(BUILD)/fuzz-corpus-jpeg $(BUILD)/fuzz-corpus-checkpoint
 	$< -max_total_time=20 -print_final_stats=0 $(BUILD)/fuzz-corpus tests/fuzz/corpus
 	$(BUILD)/fuzz_jpeg_header -max_total_time=10 -print_final_stats=0 $(BUILD)/fuzz-corpus-jpeg tests/fuzz/corpus_jpeg_header
-	@echo "fuzz smoke: 20 s of libFuzzer on the safetensors parser and 10 s on the JPEG header reader, no crash"
+	$(BUILD)/fuzz_checkpoint -max_total_time=10 -print_final_stats=0 $(BUILD)/fuzz-corpus-checkpoint tests/fuzz/corpus_checkpoint
+	@echo "fuzz smoke: 20 s of libFuzzer on the safetensors parser, 10 s on the JPEG header reader and 10 s on the checkpoint decoder, no crash"
 
 gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
 	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-test: built without CUDA ($(CUDA_WHY))"; \

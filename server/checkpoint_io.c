@@ -191,7 +191,8 @@ static int incompatible(const char *code)
 {
     static const char *const codes[] = {"checkpoint_model_mismatch", "checkpoint_optimizer_mismatch",
                                         "checkpoint_tensor_mismatch", "checkpoint_tensor_missing",
-                                        "checkpoint_tensor_unknown", "checkpoint_version_unsupported"};
+                                        "checkpoint_tensor_unknown", "checkpoint_version_unsupported",
+                                        "checkpoint_too_large"};
     for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++)
         if (strcmp(code, codes[i]) == 0)
             return 1;

@@ -214,8 +214,8 @@ int sf_ckpt_store_read(const char *path, int follow, uint64_t max, uint8_t **out
     if ((uint64_t)st.st_size > max) {
         close(fd);
         fail(e, 413, "checkpoint_too_large", NULL,
-             "%s is %lld bytes; checkpoint.max_bytes is %llu", path, (long long)st.st_size,
-             (unsigned long long)max);
+             "%s is %lld bytes; the limit is %llu (checkpoint.max_bytes, or the largest checkpoint "
+             "this model's state can be)", path, (long long)st.st_size, (unsigned long long)max);
         return -1;
     }
     size_t n = (size_t)st.st_size;

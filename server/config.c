@@ -320,8 +320,21 @@ static int set_number(sf_config *c, const sf_cfg_option *o, double v, char *err,
     }
 }
 
+/* An option that was a boolean and grew a third value (checkpoint.resume:
+ * false|true|if_compatible) keeps every spelling it accepted as a boolean. */
+static int widened_bool(const sf_cfg_option *o)
+{
+    return o->type == SF_CT_ENUM && enum_has(o->choices, "true") && enum_has(o->choices, "false");
+}
+
 static int set_string(sf_config *c, const sf_cfg_option *o, const char *v, char *err, size_t errlen)
 {
+    if (widened_bool(o)) {
+        if (!strcmp(v, "1") || !strcmp(v, "yes"))
+            v = "true";
+        else if (!strcmp(v, "0") || !strcmp(v, "no"))
+            v = "false";
+    }
     size_t n = strlen(v);
     if (n >= o->size) {
         snprintf(err, errlen, "%s: value is %zu bytes, at most %zu allowed", o->name, n, o->size - 1);
@@ -484,6 +497,8 @@ static int set_json(sf_config *c, const sf_cfg_option *o, const cJSON *v, char *
         return 0;
     case SF_CT_STRING:
     case SF_CT_ENUM:
+        if (widened_bool(o) && cJSON_IsBool(v))
+            return set_string(c, o, cJSON_IsTrue(v) ? "true" : "false", err, errlen);
         if (!cJSON_IsString(v)) {
             snprintf(err, errlen, "%s: expected a string", o->name);
             return -1;

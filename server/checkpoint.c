@@ -1,7 +1,7 @@
 /* server/checkpoint.c — see checkpoint.h: the checkpoint operations (requests,
  * engine commands, the periodic hook) and the module's process life. The
  * format is in checkpoint_format.c, the state against the backend in
- * checkpoint_snapshot.c, the I/O thread in checkpoint_io.c, files in
+ * checkpoint_snapshot.c, the I/O threads in checkpoint_io.c, files in
  * checkpoint_store.c and URL transfers in checkpoint_url.c. */
 #include "server/checkpoint_state.h"
 

@@ -1,14 +1,13 @@
-/* server/checkpoint_io.c — the checkpoint I/O thread: file and URL transfers
- * of the operations, never on the engine thread or an HTTP thread (see
- * checkpoint_state.h). */
+/* server/checkpoint_io.c — the checkpoint I/O threads (one for files, one for
+ * URLs): the file and URL transfers of the operations, never on the engine
+ * thread or an HTTP thread (see checkpoint_state.h). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "server/checkpoint_state.h"
-
-#include <unistd.h>
 #include "server/checkpoint_store.h"
 #include "server/checkpoint_url.h"
 #include "server/config.h"
@@ -18,7 +17,7 @@
 #define fail sf_ckpt_fail
 
 /* Keeps the newest checkpoint.keep ckpt-<step> files. */
-void sf_ckpt_rotate(sf_ckpt *ck)
+static void rotate(sf_ckpt *ck)
 {
     sf_config *c = malloc(sizeof *c);
     if (!c)
@@ -31,7 +30,7 @@ void sf_ckpt_rotate(sf_ckpt *ck)
 
 /* Reads a file against the model and what this backend can restore. */
 int sf_ckpt_decode_for(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, sf_ckpt_decoded *d,
-                  sf_ckpt_error *e)
+                       sf_ckpt_error *e)
 {
     const sf_backend *be = ck->app->backend;
     sf_ckpt_caps caps = {
@@ -42,7 +41,6 @@ int sf_ckpt_decode_for(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, sf
     return sf_ckpt_decode(&ck->lay, &caps, buf, len, mode, d, e);
 }
 
-/* Reads a checkpoint from a path or an http(s) URL into memory. */
 /* A file fetched for a request from someone else's server is that server's
  * words: its tensor names, header text and sizes are not repeated to the
  * caller (they would make the service a reader of internal URLs). The code
@@ -107,7 +105,6 @@ int sf_ckpt_read_source(sf_ckpt *ck, const char *where, int from_operator, int m
     return rc;
 }
 
-
 int sf_ckpt_io_enqueue(sf_ckpt *ck, sf_ckpt_op *op)
 {
     sf_ckpt_queue *q = &ck->q[op->url ? SF_CKPT_Q_URLS : SF_CKPT_Q_FILES];
@@ -165,7 +162,7 @@ int sf_ckpt_write_blob(sf_ckpt *ck, sf_ckpt_op *op)
         } else if (!op->where[0]) {
             atomic_store(&ck->saved_step, b->step);
             atomic_store(&ck->saved_gen, b->gen);
-            sf_ckpt_rotate(ck);
+            rotate(ck);
         }
     }
     sf_ckpt_count_save(ck, rc == 0, op->t0, b->step);
@@ -239,7 +236,7 @@ int sf_ckpt_read_newest(sf_ckpt *ck, int skip_incompatible, sf_ckpt_decoded *d, 
     return -1;
 }
 
-void sf_ckpt_io_read(sf_ckpt *ck, sf_ckpt_op *op)
+static void io_read(sf_ckpt *ck, sf_ckpt_op *op)
 {
     if (!op->where[0]) {
         if (sf_ckpt_read_newest(ck, 0, &op->d, op->res.where, sizeof op->res.where, &op->err) != 0)
@@ -274,7 +271,7 @@ static void *io_main(void *arg)
         q->queued--;
         pthread_mutex_unlock(&ck->mu);
         if (op->kind == OP_LOAD) {
-            sf_ckpt_io_read(ck, op);
+            io_read(ck, op);
             sf_ckpt_stage_finish(op);
         } else {
             sf_ckpt_write_blob(ck, op);

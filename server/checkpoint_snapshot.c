@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/checkpoint_state.h"
-
 #include <cjson/cJSON.h>
+
+#include "server/checkpoint_state.h"
 #include "server/config.h"
 #include "server/log.h"
 
@@ -78,7 +78,7 @@ void sf_ckpt_buffer_return(sf_app *app)
 }
 
 /* FNV-1a 64 of the effective configuration as GET /v1/config shows it. */
-uint64_t sf_ckpt_config_hash(void)
+static uint64_t config_hash(void)
 {
     sf_config *c = malloc(sizeof *c);
     if (!c)
@@ -146,7 +146,7 @@ int sf_ckpt_snapshot(sf_ckpt *ck, blob *b, char *err, size_t errlen)
     }
     b->step = step;
     b->gen = atomic_load(&ck->state_gen);
-    return sf_ckpt_header_write(&ck->lay, b->file, b->hdr, b->with_opt, step, sf_ckpt_config_hash(),
+    return sf_ckpt_header_write(&ck->lay, b->file, b->hdr, b->with_opt, step, config_hash(),
                                 app->backend_name, err, errlen);
 }
 

@@ -1,6 +1,6 @@
 /* server/checkpoint_state.h — what checkpoint.c (operations, process life),
  * checkpoint_snapshot.c (the state against the backend) and checkpoint_io.c
- * (the I/O thread) share: the module's state, its buffers and operations.
+ * (the I/O threads) share: the module's state, its buffers and operations.
  * Private to those three files. */
 #ifndef SF_CHECKPOINT_STATE_H
 #define SF_CHECKPOINT_STATE_H
@@ -17,7 +17,7 @@
 #include "server/metrics.h"
 
 #define SF_CKPT_URL_MAX 2048
-#define SF_CKPT_IO_QUEUE_MAX 8   /* transfers waiting for the I/O thread */
+#define SF_CKPT_IO_QUEUE_MAX 8   /* transfers waiting for each I/O thread */
 
 typedef struct blob blob;
 
@@ -104,15 +104,14 @@ struct sf_ckpt_op {
     int failed;
     sf_ckpt_error err;
     blob *b;                   /* snapshot: GET, SAVE, PERIODIC */
-    sf_ckpt_decoded d;                 /* restore: PUT, LOAD */
+    sf_ckpt_decoded d;         /* restore: PUT, LOAD */
     int reserved;              /* holds a buffer reservation (LOAD) */
-    char where[SF_CKPT_URL_MAX];       /* resolved path or URL; "" = default name in checkpoint.dir */
+    char where[SF_CKPT_URL_MAX]; /* resolved path or URL; "" = default name in checkpoint.dir */
     int url;
     uint64_t t0;
     sf_ckpt_result res;
     sf_ckpt_op *next;          /* I/O queue */
 };
-
 
 sf_ckpt_op *sf_ckpt_op_new(sf_ckpt *ck, int kind);
 void sf_ckpt_op_ref(sf_ckpt_op *op);
@@ -120,7 +119,7 @@ void sf_ckpt_op_ref(sf_ckpt_op *op);
 void sf_ckpt_stage_finish(sf_ckpt_op *op);
 void sf_ckpt_op_fail(sf_ckpt_op *op, int status, const char *code, const char *msg);
 
-/* ---- the I/O thread (checkpoint_io.c) ----------------------------------------------- */
+/* ---- the I/O threads (checkpoint_io.c) ---------------------------------------------- */
 
 /* Starts the I/O threads; 0, or -1 with err. */
 int sf_ckpt_io_start(sf_ckpt *ck, char *err, size_t errlen);
@@ -131,7 +130,7 @@ void sf_ckpt_io_stop(sf_ckpt *ck);
  * stopping or full. */
 int sf_ckpt_io_enqueue(sf_ckpt *ck, sf_ckpt_op *op);
 void sf_ckpt_count_save(sf_ckpt *ck, int ok, uint64_t t0, uint64_t step);
-/* Writes op->b where op says; on the I/O thread, or main's at shutdown. */
+/* Writes op->b where op says; on an I/O thread, or main's at shutdown. */
 int sf_ckpt_write_blob(sf_ckpt *ck, sf_ckpt_op *op);
 /* Reads a file against the model and what this backend can restore. */
 int sf_ckpt_decode_for(sf_ckpt *ck, const uint8_t *buf, size_t len, int mode, sf_ckpt_decoded *d,

@@ -2,6 +2,7 @@
 #include "server/checkpoint_url.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -145,6 +146,34 @@ static int entry_has_addr(const char *e, size_t n, const void *arg)
     return parse_net(e, n, &nt) == 0 && net_has(&nt, x->family, x->a);
 }
 
+/* scheme://host:port/path of a URL as libcurl will request it: no
+ * user:password@ (which could dress evil.example as "http://good.example@"),
+ * dot segments removed (so "/ckpt/../admin" does not pass for "/ckpt/"), the
+ * default port written out. -1 when it is not a URL with a host. */
+static int canonical(const char *url, char *out, size_t cap)
+{
+    CURLU *u = curl_url();
+    char *scheme = NULL, *host = NULL, *port = NULL, *path = NULL;
+    int rc = -1;
+    if (u && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_PATH, &path, 0) == CURLUE_OK)
+        rc = (size_t)snprintf(out, cap, "%s://%s:%s%s", scheme, host, port, path) < cap ? 0 : -1;
+    curl_free(scheme);
+    curl_free(host);
+    curl_free(port);
+    curl_free(path);
+    curl_url_cleanup(u);
+    if (rc == 0) { /* scheme and host compare without case, the path with */
+        char *path_at = strchr(strstr(out, "://") + 3, '/');
+        for (char *c = out; c < path_at; c++)
+            *c = (char)tolower((unsigned char)*c);
+    }
+    return rc;
+}
+
 typedef struct host_arg {
     const char *url, *host;
 } host_arg;
@@ -152,8 +181,15 @@ typedef struct host_arg {
 static int entry_has_host(const char *e, size_t n, const void *arg)
 {
     const host_arg *x = arg;
-    if (n > 3 && memmem(e, n, "://", 3))
-        return strncmp(x->url, e, n) == 0;
+    if (n > 3 && memmem(e, n, "://", 3)) {
+        char entry[URL_MAX], want[URL_MAX], have[URL_MAX];
+        if (n >= sizeof entry)
+            return 0;
+        memcpy(entry, e, n);
+        entry[n] = '\0';
+        return canonical(entry, want, sizeof want) == 0 && canonical(x->url, have, sizeof have) == 0 &&
+               strncmp(have, want, strlen(want)) == 0;
+    }
     net nt;
     if (parse_net(e, n, &nt) == 0) {
         uint8_t a[16];

@@ -269,6 +269,20 @@ def test_redirects_are_checked_like_the_first_url(start_server, files):
     assert "/a.safetensors" not in handler.seen
 
 
+def test_a_url_prefix_in_the_allow_list_holds_after_dot_segments_are_resolved(start_server, files):
+    handler, base = files
+    loc = f"http://LocalHost:{handler.port}"
+    # The prefix lists the host by name; the address is listed apart.
+    s = start_server(TRAIN + ["--checkpoint.url_allow", f"{loc}/ok/, 127.0.0.1"])
+    handler.files["/ok/a.safetensors"] = handler.files["/a.safetensors"] = get_ckpt(s)
+    assert load_url(s, f"http://localhost:{handler.port}/ok/a.safetensors").status_code == 200
+    for url in (f"http://localhost:{handler.port}/ok/../a.safetensors",
+                f"http://localhost:{handler.port}/okay/a.safetensors"):
+        r = load_url(s, url)
+        assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), (url, r.text)
+    assert handler.seen == ["/ok/a.safetensors"]
+
+
 def closed_port():
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))

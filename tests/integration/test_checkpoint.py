@@ -543,8 +543,11 @@ def test_kill_9_during_saves_leaves_a_newest_file_that_resume_loads(start_server
         # Batches queued without waiting: the engine trains and saves while we kill it.
         for _ in range(15):
             assert s.post_arrays(*learnable_batch(rng, 8)).status_code == 202
-        wait_until(lambda: s.metric("streamfeed_steps_total") >= kill_after - step or None, 60,
-                   what="some steps")
+        # Killed once it trained and a save of this run landed: the first
+        # write's fsync may take longer than the steps do on a busy disk.
+        wait_until(lambda: (s.metric("streamfeed_steps_total") >= kill_after - step
+                            and max(ckpt_files(d), default=-1) > step) or None, 60,
+                   what="some steps and a checkpoint of them")
         kill9(s)
         files = ckpt_files(d)
         assert files, "no checkpoint written before the kill"

@@ -261,7 +261,7 @@ soak: $(BUILD)/streamfeed $(VENV)/.stamp
 # To add one: append <name> to FUZZ_TARGETS and set the two variables.
 FUZZ_CC ?= clang
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-FUZZ_TARGETS := safetensors config_patch jpeg_header
+FUZZ_TARGETS := safetensors config_patch jpeg_header checkpoint
 # The body parser calls the JPEG header reader.
 FUZZ_SRC_safetensors := server/safetensors.c server/jpeg_header.c
 FUZZ_CORPUS_safetensors := tests/fuzz/corpus
@@ -269,6 +269,9 @@ FUZZ_SRC_config_patch := server/config.c server/netaddr.c gpu/model.c gpu/aug.c 
 FUZZ_CORPUS_config_patch := tests/fuzz/corpus_config_patch
 FUZZ_SRC_jpeg_header := server/safetensors.c server/jpeg_header.c
 FUZZ_CORPUS_jpeg_header := tests/fuzz/corpus_jpeg_header
+# the checkpoint decoder, on the whole-file reader, against the model it decodes for
+FUZZ_SRC_checkpoint := server/safetensors.c server/jpeg_header.c server/checkpoint_format.c gpu/model.c gpu/common.c
+FUZZ_CORPUS_checkpoint := tests/fuzz/corpus_checkpoint
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 FUZZ_SMOKE_SECONDS ?= 15
 

@@ -8,10 +8,12 @@
  * PUT body) lives in r->user and is released by on_done, also when the client
  * goes away first; that is why every route here has stream callbacks.
  */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "handlers/handlers.h"
 #include "server/app.h"
@@ -22,23 +24,28 @@ const char *const h_checkpoint_json_types[] = {"application/json", NULL};
 
 typedef struct ckpt_req {
     sf_ckpt_op *op;
-    uint8_t *body;     /* PUT body */
-    size_t len, cap;
+    int fd;            /* PUT body: an unnamed temporary file, -1 before the first byte */
+    size_t len;
     int reserved;      /* the body holds a checkpoint buffer reservation */
 } ckpt_req;
 
 static ckpt_req *req_of(sf_req *r)
 {
-    if (!r->user)
-        r->user = calloc(1, sizeof(ckpt_req));
+    if (!r->user) {
+        ckpt_req *q = calloc(1, sizeof(ckpt_req));
+        if (q)
+            q->fd = -1;
+        r->user = q;
+    }
     return r->user;
 }
 
 static void drop_body(sf_req *r, ckpt_req *q)
 {
-    free(q->body);
-    q->body = NULL;
-    q->len = q->cap = 0;
+    if (q->fd >= 0)
+        close(q->fd);
+    q->fd = -1;
+    q->len = 0;
     if (q->reserved)
         sf_ckpt_buffer_return(r->app);
     q->reserved = 0;
@@ -163,12 +170,10 @@ int h_checkpoint_get(sf_req *r)
 
 /* ---- PUT /v1/checkpoint -------------------------------------------------------- */
 
-static uint64_t put_max_body(sf_app *app)
-{
-    sf_config c;
-    sf_config_get(&c);
-    return (uint64_t)c.checkpoint.max_bytes;
-}
+/* checkpoint.max_bytes, or less when the model's state cannot be that large:
+ * the HTTP layer refuses a longer announced Content-Length with 413 before a
+ * byte is read. */
+static uint64_t put_max_body(sf_app *app) { return sf_ckpt_max_bytes(app); }
 
 static int put_data(sf_req *r, const uint8_t *data, size_t *len)
 {
@@ -189,29 +194,31 @@ static int put_data(sf_req *r, const uint8_t *data, size_t *len)
     if (q->len + *len > max) {
         drop_body(r, q);
         return sf_reply_error(r, 413, "checkpoint_too_large",
-                              "the checkpoint exceeds checkpoint.max_bytes (%llu)",
-                              (unsigned long long)max), -1;
+                              "the checkpoint exceeds %llu bytes (checkpoint.max_bytes, or the largest "
+                              "checkpoint this model's state can be)", (unsigned long long)max), -1;
     }
-    if (q->len + *len > q->cap) {
-        /* The whole body at once when its length is announced, else doubling. */
-        const char *cl = sf_req_header(r, "Content-Length");
-        size_t cap = cl ? (size_t)strtoull(cl, NULL, 10) : 0;
-        if (cap < q->len + *len || cap > max) {
-            cap = q->cap ? 2 * q->cap : (1u << 20);
-            while (cap < q->len + *len)
-                cap *= 2;
-            if (cap > max)
-                cap = (size_t)max;
-        }
-        uint8_t *nb = realloc(q->body, cap);
-        if (!nb) {
+    /* The body goes to an unnamed file, not to memory: four bodies at once
+     * cost disk, and the decoder reads them through a mapping. */
+    if (q->fd < 0) {
+        sf_ckpt_error e;
+        q->fd = sf_ckpt_spool_open(r->app, &e);
+        if (q->fd < 0) {
             drop_body(r, q);
-            return sf_reply_error(r, 503, "out_of_memory", "cannot buffer the checkpoint"), -1;
+            return sf_reply_error(r, e.status, e.code, "%s", e.msg), -1;
         }
-        q->body = nb;
-        q->cap = cap;
     }
-    memcpy(q->body + q->len, data, *len);
+    for (size_t done = 0; done < *len;) {
+        ssize_t w = write(q->fd, data + done, *len - done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int err = w < 0 ? errno : EIO;
+            drop_body(r, q);
+            return sf_reply_error(r, 503, "checkpoint_busy", "cannot store the checkpoint body: %s",
+                                  strerror(err)), -1;
+        }
+        done += (size_t)w;
+    }
     q->len += *len;
     *len = 0;
     return 0;
@@ -228,7 +235,7 @@ int h_checkpoint_put(sf_req *r)
         sf_ckpt_error e;
         if (q->len == 0 && r->app->backend)
             return sf_reply_error(r, 400, "body_empty", "a safetensors checkpoint body is required");
-        q->op = sf_ckpt_put(r->app, q->body, q->len, &e);
+        q->op = sf_ckpt_put(r->app, q->fd, q->len, &e);
         drop_body(r, q); /* decoded into the operation: the raw body is not needed */
         if (!q->op)
             return reply_ckpt_error(r, &e);
@@ -267,6 +274,22 @@ static uint64_t json_max_body(sf_app *app)
 
 const sf_stream_ops h_checkpoint_json_stream = {json_data, ckpt_done, json_max_body, NULL};
 
+/* A JSON string may hold the escape \u0000, which a C string ends at: a path
+ * "ckpt.safetensors\u0000.evil" would silently become "ckpt.safetensors".
+ * The raw body is scanned for it (an escaped backslash before "u0000" is
+ * skipped as the pair it is). */
+static int has_nul_escape(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\')
+            continue;
+        if (s[i + 1] == 'u' && i + 5 < n && memcmp(s + i + 2, "0000", 4) == 0)
+            return 1;
+        i++;
+    }
+    return 0;
+}
+
 /* {"path": ..., "url": ..., "optimizer": bool}; an empty body is {}. Returns 0,
  * or -1 after a 400. *j must be freed by the caller. */
 static int parse_target(sf_req *r, int allow_opt, cJSON **j, const char **path, const char **url,
@@ -277,6 +300,9 @@ static int parse_target(sf_req *r, int allow_opt, cJSON **j, const char **path, 
     *opt = 1;
     if (r->body_len == 0)
         return 0;
+    if (has_nul_escape(r->body, r->body_len))
+        return sf_reply_error(r, 400, "path_invalid",
+                              "the body holds the escape \\u0000: a NUL cannot be part of a path or URL"), -1;
     *j = h_parse_json_body(r);
     if (!*j)
         return -1;

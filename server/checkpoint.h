@@ -46,9 +46,16 @@
  * an engine command (sf_engine_post), so a snapshot sees the state after a
  * completed step and a restore lands between steps; before the engine starts
  * and after it stopped, main's thread calls it directly (sf_ckpt_start,
- * sf_ckpt_shutdown). File and URL transfers run on this module's I/O thread,
- * never on the engine thread (training does not wait for a disk or a network)
- * and never on an HTTP thread.
+ * sf_ckpt_shutdown). File and URL transfers run on this module's two I/O
+ * threads, one for files and one for URLs (a slow URL never holds a save to
+ * disk), never on the engine thread (training does not wait for a disk or a
+ * network) and never on an HTTP thread.
+ *
+ * Untrusted input. Every value read into the state must be finite (400
+ * checkpoint_not_finite). PUT bodies and downloads stream to an unnamed file
+ * in checkpoint.dir, bounded by the largest file the model's state can be,
+ * and are decoded from its mapping. Where a URL may send the service is
+ * checkpoint_url.h's business.
  *
  * Requests: an HTTP handler starts an operation (sf_ckpt_get, _put, _save,
  * _load), then calls sf_ckpt_op_advance each time it runs until it returns 1;
@@ -64,7 +71,14 @@
  * default saves are named ckpt-<step>.safetensors in checkpoint.dir and the
  * newest checkpoint.keep of them are kept. Paths given by requests must lie
  * inside checkpoint.dir (relative to it, or absolute under it; no ".."
- * component, no hidden name; symbolic links are resolved before the check).
+ * component, no hidden name, no NUL, no component over NAME_MAX; symbolic
+ * links are resolved before the check); the ckpt-<step> files of load {} and
+ * resume are opened without following a symbolic link.
+ *
+ * The code: checkpoint.c (operations, process life), checkpoint_format.c
+ * (layout, header, decoder), checkpoint_snapshot.c (the state against the
+ * backend), checkpoint_io.c (the I/O threads), checkpoint_store.c (files),
+ * checkpoint_url.c (libcurl).
  */
 #ifndef SF_CHECKPOINT_H
 #define SF_CHECKPOINT_H
@@ -94,14 +108,15 @@ typedef struct sf_ckpt_error {
 
 /* After the backend is built, before the engine starts: registers the metrics,
  * checks checkpoint.dir (created if missing) and removes temporary files a
- * crash left there, starts the I/O thread, then applies checkpoint.resume
- * (the newest valid ckpt-<step>.safetensors) or, when nothing was resumed,
+ * crash left there, starts the I/O threads, then applies checkpoint.resume
+ * (the newest valid ckpt-<step>.safetensors; with if_compatible, the newest
+ * one of this model and optimizer) or, when nothing was resumed,
  * model.init_from. Without a backend (sink mode) only the metrics. Returns 0,
  * or -1 with err (the process should not start). */
 int sf_ckpt_start(struct sf_app *app, char *err, size_t errlen);
 /* After the engine started: periodic saves (checkpoint.every_steps). */
 void sf_ckpt_attach(struct sf_app *app);
-/* After sf_engine_stop, before the backend is destroyed: stops the I/O thread
+/* After sf_engine_stop, before the backend is destroyed: stops the I/O threads
  * (a write in progress completes; a URL transfer is cut short), writes the
  * final checkpoint (checkpoint.on_shutdown, when the state changed since the
  * last file), and frees everything. */
@@ -112,9 +127,17 @@ void sf_ckpt_shutdown(struct sf_app *app);
 /* Each returns an operation, or NULL with e filled (nothing was started). */
 /* GET /v1/checkpoint: a snapshot, as a safetensors file in memory. */
 sf_ckpt_op *sf_ckpt_get(struct sf_app *app, int with_optimizer, sf_ckpt_error *e);
-/* PUT /v1/checkpoint: body (len bytes, borrowed for the call) is validated at
- * once; on success it is applied between two steps. */
-sf_ckpt_op *sf_ckpt_put(struct sf_app *app, const uint8_t *body, size_t len, sf_ckpt_error *e);
+/* PUT /v1/checkpoint: the body, streamed into fd (sf_ckpt_spool_open; len
+ * bytes from offset 0; borrowed for the call), is validated at once; on
+ * success it is applied between two steps. */
+sf_ckpt_op *sf_ckpt_put(struct sf_app *app, int fd, size_t len, sf_ckpt_error *e);
+/* An unnamed temporary file in checkpoint.dir (P_tmpdir without one) for a
+ * PUT body: bodies go to disk, not memory. The fd, or -1 with e. */
+int sf_ckpt_spool_open(struct sf_app *app, sf_ckpt_error *e);
+/* The largest PUT body or download accepted: checkpoint.max_bytes, or less
+ * when this model's whole state (parameters, optimizer state, buffers) and a
+ * header cannot be that large (a longer file cannot be its checkpoint). */
+uint64_t sf_ckpt_max_bytes(struct sf_app *app);
 /* POST /v1/checkpoint/save: exactly one of path, url, or neither (then
  * ckpt-<step>.safetensors in checkpoint.dir, counted in checkpoint.keep). */
 sf_ckpt_op *sf_ckpt_save(struct sf_app *app, const char *path, const char *url, int with_optimizer,

@@ -159,8 +159,11 @@ const sf_cfg_option sf_config_table[] = {
      SF_CF_HOT, NULL, "Save a checkpoint to checkpoint.dir every N optimizer steps; 0 disables."},
     {"checkpoint.keep", SF_CT_INT, F(checkpoint.keep), "3", 1, 100000, NULL, SF_CF_HOT, NULL,
      "Checkpoint files (ckpt-<step>.safetensors) kept in checkpoint.dir; older ones are deleted."},
-    {"checkpoint.resume", SF_CT_BOOL, F(checkpoint.resume), "false", 0, 0, NULL, 0, NULL,
-     "At start, load the newest valid checkpoint of checkpoint.dir (corrupt files are skipped)."},
+    {"checkpoint.resume", SF_CT_ENUM, F(checkpoint.resume), "false", 0, 0, "false|true|if_compatible", 0,
+     NULL,
+     "At start, load the newest valid checkpoint of checkpoint.dir (corrupt files and symbolic links "
+     "are skipped). true: a file of another model or optimizer stops the start; if_compatible: it "
+     "is skipped with a warning (the next older compatible file, or the initialisation, is used)."},
     {"checkpoint.on_shutdown", SF_CT_BOOL, F(checkpoint.on_shutdown), "true", 0, 0, NULL,
      SF_CF_HOT, NULL, "On SIGTERM, after the drain, save a final checkpoint to checkpoint.dir (if set)."},
     {"checkpoint.max_bytes", SF_CT_INT64, F(checkpoint.max_bytes), "2147483648", 4096,
@@ -171,6 +174,11 @@ const sf_cfg_option sf_config_table[] = {
     {"checkpoint.url_token", SF_CT_STRING, F(checkpoint.url_token), "", 0, 0, NULL,
      SF_CF_HOT | SF_CF_SENSITIVE, NULL,
      "Bearer token sent with checkpoint URL transfers (to the URL's host only, never to a redirect's)."},
+    {"checkpoint.url_allow", SF_CT_STRING, F(checkpoint.url_allow), "", 0, 0, NULL, SF_CF_HOT, NULL,
+     "Where POST /v1/checkpoint/save and /load may send the service (comma-separated): host names, "
+     "domains (.example.com), addresses or networks (10.0.0.0/8, ::1) and URL prefixes "
+     "(https://h/ckpt/). Empty: any host, and then only with http.token set. Loopback, link-local "
+     "(cloud metadata) and multicast addresses are refused unless listed here as addresses."},
     {"model.init_from", SF_CT_STRING, F(checkpoint.init_from), "", 0, 0, NULL, 0, NULL,
      "Path or http(s) URL of a safetensors state_dict: its tensors initialise the parameters of the "
      "same name and shape (a pre-trained backbone); the others keep their seeded values."},
@@ -245,7 +253,7 @@ static int check_slots(const sf_config *c, char *err, size_t errlen)
 /* Periodic saves and resume work on checkpoint.dir: without one they cannot. */
 static int check_checkpoint(const sf_config *c, char *err, size_t errlen)
 {
-    if (!c->checkpoint.dir[0] && (c->checkpoint.every_steps > 0 || c->checkpoint.resume)) {
+    if (!c->checkpoint.dir[0] && (c->checkpoint.every_steps > 0 || strcmp(c->checkpoint.resume, "false") != 0)) {
         snprintf(err, errlen, "checkpoint.every_steps and checkpoint.resume need a checkpoint.dir");
         return -1;
     }
@@ -347,8 +355,21 @@ static int set_number(sf_config *c, const sf_cfg_option *o, double v, char *err,
     }
 }
 
+/* An option that was a boolean and grew a third value (checkpoint.resume:
+ * false|true|if_compatible) keeps every spelling it accepted as a boolean. */
+static int widened_bool(const sf_cfg_option *o)
+{
+    return o->type == SF_CT_ENUM && enum_has(o->choices, "true") && enum_has(o->choices, "false");
+}
+
 static int set_string(sf_config *c, const sf_cfg_option *o, const char *v, char *err, size_t errlen)
 {
+    if (widened_bool(o)) {
+        if (!strcmp(v, "1") || !strcmp(v, "yes"))
+            v = "true";
+        else if (!strcmp(v, "0") || !strcmp(v, "no"))
+            v = "false";
+    }
     size_t n = strlen(v);
     if (n >= o->size) {
         snprintf(err, errlen, "%s: value is %zu bytes, at most %zu allowed", o->name, n, o->size - 1);
@@ -511,6 +532,8 @@ static int set_json(sf_config *c, const sf_cfg_option *o, const cJSON *v, char *
         return 0;
     case SF_CT_STRING:
     case SF_CT_ENUM:
+        if (widened_bool(o) && cJSON_IsBool(v))
+            return set_string(c, o, cJSON_IsTrue(v) ? "true" : "false", err, errlen);
         if (!cJSON_IsString(v)) {
             snprintf(err, errlen, "%s: expected a string", o->name);
             return -1;

@@ -110,11 +110,12 @@ typedef struct sf_config {
         char dir[1024];         /* checkpoint files; "" disables file checkpoints */
         int64_t every_steps;    /* periodic save every N steps; 0 off */
         int keep;               /* ckpt-<step>.safetensors files kept */
-        int resume;
+        char resume[16];        /* false | true | if_compatible */
         int on_shutdown;
         int64_t max_bytes;      /* PUT body, file read, URL download */
         int url_timeout_s;
         char url_token[2048];
+        char url_allow[2048];   /* hosts, networks, URL prefixes a request's URL may name */
         char init_from[2048];   /* model.init_from: path or URL of a state_dict */
     } checkpoint;
 } sf_config;

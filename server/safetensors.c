@@ -293,13 +293,8 @@ static size_t utf8_check(const unsigned char *s, size_t len)
 
 /* ---- header: validation once complete -------------------------------------- */
 
-typedef struct tensor {
-    const char *name;
-    sf_st_dtype dtype;
-    int ndim;            /* <= 4 stored; larger ranks fail before use */
-    int64_t shape[4];
-    uint64_t begin, end; /* data_offsets */
-} tensor;
+/* One header entry; the file reader hands these out as sf_st_entry. */
+typedef sf_st_entry tensor;
 
 /* A JSON number that is an integer in [0, 2^53]; -1 otherwise. */
 static int json_uint(const cJSON *v, uint64_t *out)
@@ -313,9 +308,10 @@ static int json_uint(const cJSON *v, uint64_t *out)
     return 0;
 }
 
-/* Reads one tensor entry: its structure, dtype name, shape and offsets. The
- * checks that depend on the tensor's role come later. */
-static int parse_tensor(sf_st_parser *p, const cJSON *item, tensor *t)
+/* Reads one tensor entry: its structure, dtype name, shape (at most max_ndim
+ * dimensions) and offsets. The checks that depend on the tensor's role come
+ * later. */
+static int parse_tensor(sf_st_parser *p, const cJSON *item, tensor *t, int max_ndim)
 {
     char qn[64], qv[64];
     quote(qn, sizeof qn, item->string);
@@ -369,8 +365,8 @@ static int parse_tensor(sf_st_parser *p, const cJSON *item, tensor *t)
             fail(p, SF_ST_E_BAD_SHAPE, "tensor \"%s\": shape[%d] is not a non-negative integer", qn, nd);
             return -1;
         }
-        if (nd >= 4) {
-            fail(p, SF_ST_E_BAD_SHAPE, "tensor \"%s\" has more than 4 dimensions", qn);
+        if (nd >= max_ndim) {
+            fail(p, SF_ST_E_BAD_SHAPE, "tensor \"%s\" has more than %d dimensions", qn, max_ndim);
             return -1;
         }
         t->shape[nd] = (int64_t)v;
@@ -436,7 +432,7 @@ static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *jo
     memset(&tj, 0, sizeof tj);
     memset(&to, 0, sizeof to);
     memset(&tl, 0, sizeof tl);
-    if (parse_tensor(p, jpg, &tj) != 0 || parse_tensor(p, joff, &to) != 0) return -1;
+    if (parse_tensor(p, jpg, &tj, 4) != 0 || parse_tensor(p, joff, &to, 4) != 0) return -1;
     if (tj.dtype != SF_ST_U8 || tj.ndim != 1) {
         fail(p, tj.dtype != SF_ST_U8 ? SF_ST_E_UNSUPPORTED_DTYPE : SF_ST_E_BAD_SHAPE,
              "tensor \"jpeg\" is %s with %d dimensions; it must be U8 [total_bytes]",
@@ -468,7 +464,7 @@ static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *jo
     uint64_t jpeg_bytes, off_bytes, labels_bytes = 0;
     if (check_size(p, &tj, &jpeg_bytes) != 0 || check_size(p, &to, &off_bytes) != 0) return -1;
     if (lab) {
-        if (parse_tensor(p, lab, &tl) != 0) return -1;
+        if (parse_tensor(p, lab, &tl, 4) != 0) return -1;
         if (tl.dtype != SF_ST_U8 && tl.dtype != SF_ST_I32 && tl.dtype != SF_ST_I64) {
             fail(p, SF_ST_E_UNSUPPORTED_DTYPE, "tensor \"labels\": dtype is %s; labels must be U8, I32 or I64",
                  sf_st_dtype_name(tl.dtype));
@@ -630,7 +626,7 @@ static int validate_header(sf_st_parser *p, const cJSON *root)
     tensor ti, tl;
     memset(&ti, 0, sizeof ti);
     memset(&tl, 0, sizeof tl);
-    if (parse_tensor(p, img, &ti) != 0) return -1;
+    if (parse_tensor(p, img, &ti, 4) != 0) return -1;
     if (ti.dtype != SF_ST_U8) {
         fail(p, SF_ST_E_UNSUPPORTED_DTYPE, "tensor \"images\": dtype is %s; images must be U8",
              sf_st_dtype_name(ti.dtype));
@@ -681,7 +677,7 @@ static int validate_header(sf_st_parser *p, const cJSON *root)
     /* labels */
     uint64_t labels_bytes = 0;
     if (lab) {
-        if (parse_tensor(p, lab, &tl) != 0) return -1;
+        if (parse_tensor(p, lab, &tl, 4) != 0) return -1;
         if (tl.dtype != SF_ST_U8 && tl.dtype != SF_ST_I32 && tl.dtype != SF_ST_I64) {
             fail(p, SF_ST_E_UNSUPPORTED_DTYPE, "tensor \"labels\": dtype is %s; labels must be U8, I32 or I64",
                  sf_st_dtype_name(tl.dtype));
@@ -756,33 +752,43 @@ static int validate_header(sf_st_parser *p, const cJSON *root)
     return 0;
 }
 
+/* The complete header as JSON: balanced (the raw scan saw it all), UTF-8, one
+ * JSON value and only white space after it. NULL after a failure. */
+static cJSON *parse_header_json(sf_st_parser *p, const char *hdr, uint64_t len)
+{
+    if (p->scan_in_str || p->scan_depth != 0) {
+        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid JSON (unbalanced brackets or an unterminated string)");
+        return NULL;
+    }
+    size_t bad = utf8_check((const unsigned char *)hdr, (size_t)len);
+    if (bad != len) {
+        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid UTF-8 (at byte %zu)", bad);
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(hdr, (size_t)len, &end, 0);
+    if (!root) {
+        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid JSON");
+        return NULL;
+    }
+    for (const char *q = end; q < hdr + len; q++) {
+        if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
+            fail(p, SF_ST_E_HEADER_NOT_JSON, "the header has bytes after its JSON value (at byte %zu)",
+                 (size_t)(q - hdr));
+            cJSON_Delete(root);
+            return NULL;
+        }
+    }
+    return root;
+}
+
 static void header_complete(sf_st_parser *p)
 {
     uint64_t len = p->info.header_len;
     p->hdr[len] = '\0';
-    if (p->scan_in_str || p->scan_depth != 0) {
-        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid JSON (unbalanced brackets or an unterminated string)");
+    cJSON *root = parse_header_json(p, p->hdr, len);
+    if (!root)
         return;
-    }
-    size_t bad = utf8_check((const unsigned char *)p->hdr, (size_t)len);
-    if (bad != len) {
-        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid UTF-8 (at byte %zu)", bad);
-        return;
-    }
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(p->hdr, (size_t)len, &end, 0);
-    if (!root) {
-        fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid JSON");
-        return;
-    }
-    for (const char *q = end; q < p->hdr + len; q++) {
-        if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
-            fail(p, SF_ST_E_HEADER_NOT_JSON, "the header has bytes after its JSON value (at byte %zu)",
-                 (size_t)(q - p->hdr));
-            cJSON_Delete(root);
-            return;
-        }
-    }
     int rc = validate_header(p, root);
     cJSON_Delete(root);
     /* The raw header is no longer needed: give the memory back early. */
@@ -1042,6 +1048,169 @@ int sf_st_finish(sf_st_parser *p)
         return -1;
     }
     return -1;
+}
+
+/* ---- whole files ---------------------------------------------------------- */
+
+static int cmp_entry_name(const void *a, const void *b)
+{
+    return strcmp((*(const tensor *const *)a)->name, (*(const tensor *const *)b)->name);
+}
+
+static int cmp_entry_begin(const void *a, const void *b)
+{
+    const tensor *x = *(const tensor *const *)a, *y = *(const tensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* The entries of a parsed header, checked against each other and the data
+ * section: no name twice, and the data_offsets tile [0, data_len) exactly. */
+static int index_entries(sf_st_parser *p, sf_st_file *f, const cJSON *root, int max_tensors)
+{
+    char qn[64];
+    int count = 0;
+    for (const cJSON *it = root->child; it; it = it->next) count++;
+    if (count > max_tensors + 1) {
+        fail(p, SF_ST_E_BAD_TENSOR, "the header lists %d entries; at most %d are read", count, max_tensors);
+        return -1;
+    }
+    f->tensors = calloc((size_t)count + 1, sizeof *f->tensors);
+    tensor **order = calloc((size_t)count + 1, sizeof *order);
+    int rc = -1;
+    if (!f->tensors || !order) {
+        fail(p, SF_ST_E_OUT_OF_MEMORY, "no memory to index %d header entries", count);
+        goto out;
+    }
+    for (const cJSON *it = root->child; it; it = it->next) {
+        if (!it->string[0]) {
+            fail(p, SF_ST_E_BAD_TENSOR, "a tensor has an empty name");
+            goto out;
+        }
+        if (strcmp(it->string, "__metadata__") == 0) {
+            if (f->meta_) {
+                fail(p, SF_ST_E_DUPLICATE_KEY, "the header names \"__metadata__\" twice");
+                goto out;
+            }
+            if (!cJSON_IsObject(it)) {
+                fail(p, SF_ST_E_BAD_METADATA, "__metadata__ is not a JSON object");
+                goto out;
+            }
+            for (const cJSON *m = it->child; m; m = m->next)
+                if (!cJSON_IsString(m)) {
+                    fail(p, SF_ST_E_BAD_METADATA, "__metadata__.%s is not a string",
+                         quote(qn, sizeof qn, m->string));
+                    goto out;
+                }
+            f->meta_ = (void *)it;
+            continue;
+        }
+        tensor *t = &f->tensors[f->n];
+        uint64_t bytes;
+        if (parse_tensor(p, it, t, 8) != 0 || check_size(p, t, &bytes) != 0)
+            goto out;
+        order[f->n++] = t;
+    }
+    qsort(order, (size_t)f->n, sizeof *order, cmp_entry_name);
+    for (int i = 1; i < f->n; i++)
+        if (strcmp(order[i]->name, order[i - 1]->name) == 0) {
+            fail(p, SF_ST_E_DUPLICATE_KEY, "the header names the tensor \"%s\" twice",
+                 quote(qn, sizeof qn, order[i]->name));
+            goto out;
+        }
+    qsort(order, (size_t)f->n, sizeof *order, cmp_entry_begin);
+    uint64_t at = 0;
+    for (int i = 0; i < f->n; i++) {
+        if (order[i]->begin != at) {
+            fail(p, order[i]->begin < at ? SF_ST_E_OFFSETS_OVERLAP : SF_ST_E_DATA_NOT_CONTIGUOUS,
+                 "tensor \"%s\": data_offsets [%llu, %llu] leave a hole or overlap at byte %llu",
+                 quote(qn, sizeof qn, order[i]->name), (unsigned long long)order[i]->begin,
+                 (unsigned long long)order[i]->end, (unsigned long long)at);
+            goto out;
+        }
+        at = order[i]->end;
+    }
+    if (at != f->data_len) {
+        fail(p, at < f->data_len ? SF_ST_E_BODY_TOO_LONG : SF_ST_E_BODY_TOO_SHORT,
+             "the data section is %llu bytes but the tensors cover %llu",
+             (unsigned long long)f->data_len, (unsigned long long)at);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(order);
+    return rc;
+}
+
+int sf_st_file_read(sf_st_file *f, const uint8_t *buf, size_t len, uint64_t max_header_bytes,
+                    int max_tensors)
+{
+    memset(f, 0, sizeof *f);
+    sf_st_parser p;
+    sf_st_limits lim = {.max_header_bytes = max_header_bytes, .max_body_bytes = UINT64_MAX};
+    sf_st_init(&p, &lim);
+    if (len < 8) {
+        fail(&p, SF_ST_E_BODY_TOO_SHORT, "the file is %zu bytes: shorter than the 8-byte header length", len);
+        goto failed;
+    }
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--) n = (n << 8) | buf[i];
+    if (n < 2) {
+        fail(&p, SF_ST_E_HEADER_LENGTH_INVALID,
+             "the header length is %llu; a header is a JSON object of at least 2 bytes", (unsigned long long)n);
+        goto failed;
+    }
+    if (n > p.lim.max_header_bytes) {
+        fail(&p, SF_ST_E_HEADER_TOO_LARGE, "the header length is %llu bytes; the limit is %llu",
+             (unsigned long long)n, (unsigned long long)p.lim.max_header_bytes);
+        goto failed;
+    }
+    if (n > len - 8) {
+        fail(&p, SF_ST_E_BODY_TOO_SHORT, "the header length %llu does not fit the %zu-byte file",
+             (unsigned long long)n, len);
+        goto failed;
+    }
+    /* The same raw scan as for uploads: depth, control characters, \u0000. */
+    const char *hdr = (const char *)buf + 8;
+    for (uint64_t i = 0; i < n && p.state != SF_ST_FAILED; i++)
+        scan_byte(&p, (unsigned char)hdr[i], i);
+    if (p.state == SF_ST_FAILED)
+        goto failed;
+    cJSON *root = parse_header_json(&p, hdr, n);
+    if (!root)
+        goto failed;
+    f->json_ = root;
+    if (!cJSON_IsObject(root)) {
+        fail(&p, SF_ST_E_HEADER_NOT_OBJECT, "the header JSON is not an object");
+        goto failed;
+    }
+    f->data = buf + 8 + n;
+    f->data_len = len - 8 - n;
+    f->header_len = n;
+    if (index_entries(&p, f, root, max_tensors) != 0)
+        goto failed;
+    return 0;
+failed:
+    sf_st_file_free(f);
+    f->err = p.err;
+    memcpy(f->msg, p.msg, sizeof f->msg);
+    return -1;
+}
+
+const char *sf_st_file_meta(const sf_st_file *f, const char *key)
+{
+    const cJSON *v = f->meta_ ? cJSON_GetObjectItemCaseSensitive((const cJSON *)f->meta_, key) : NULL;
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+void sf_st_file_free(sf_st_file *f)
+{
+    cJSON_Delete(f->json_);
+    free(f->tensors);
+    f->json_ = NULL;
+    f->meta_ = NULL;
+    f->tensors = NULL;
+    f->n = 0;
 }
 
 /* ---- writer --------------------------------------------------------------- */

@@ -279,6 +279,41 @@ typedef struct sf_st_tensor_desc {
 size_t sf_st_header_build(char *buf, size_t cap, const sf_st_tensor_desc *t, int nt,
                           const char *metadata_json);
 
+/* ---- whole files ----------------------------------------------------------
+ *
+ * A file held in memory (a checkpoint) read with the same rules as an upload:
+ * the raw header scan (depth, control characters, \u0000), UTF-8, strict JSON,
+ * every entry's dtype, shape and data_offsets, no name twice, and entries
+ * that tile the data section exactly. The tensors' names and roles are the
+ * caller's business. The entries point into the file's parsed header and live
+ * until sf_st_file_free. */
+typedef struct sf_st_entry {
+    const char *name;
+    sf_st_dtype dtype;
+    int ndim;            /* at most 8 are read */
+    int64_t shape[8];
+    uint64_t begin, end; /* data_offsets, into the data section */
+} sf_st_entry;
+
+typedef struct sf_st_file {
+    sf_st_entry *tensors; /* in header order, __metadata__ left out */
+    int n;
+    const uint8_t *data;  /* the data section, inside the caller's buffer */
+    uint64_t data_len, header_len;
+    sf_st_error err;      /* after a failure: the stable code (sf_st_error_name) ... */
+    char msg[SF_ST_MSG_CAP]; /* ... and a sentence */
+    void *json_, *meta_;  /* private */
+} sf_st_file;
+
+/* Reads len bytes at buf; 0, or -1 with f->err and f->msg set (nothing to
+ * free then). max_header_bytes 0 takes the default; at most max_tensors
+ * entries are looked at. buf must outlive f. */
+int sf_st_file_read(sf_st_file *f, const uint8_t *buf, size_t len, uint64_t max_header_bytes,
+                    int max_tensors);
+/* A __metadata__ value, or NULL when the file has none under key. */
+const char *sf_st_file_meta(const sf_st_file *f, const char *key);
+void sf_st_file_free(sf_st_file *f);
+
 #ifdef __cplusplus
 }
 #endif

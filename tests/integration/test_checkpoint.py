@@ -453,7 +453,8 @@ def store():
 
 def test_load_and_save_by_url_are_http_only_with_the_bearer_token(start_server, store):
     srv, handler, base = store
-    s = start_server(TRAIN + ["--checkpoint.url_token", "s3cr3t"])
+    # The store is on loopback, which URL transfers reach only when listed.
+    s = start_server(TRAIN + ["--checkpoint.url_token", "s3cr3t", "--checkpoint.url_allow", "127.0.0.1"])
     rng = np.random.default_rng(6)
     train(s, rng, 2)
     a = get_ckpt(s)
@@ -542,8 +543,11 @@ def test_kill_9_during_saves_leaves_a_newest_file_that_resume_loads(start_server
         # Batches queued without waiting: the engine trains and saves while we kill it.
         for _ in range(15):
             assert s.post_arrays(*learnable_batch(rng, 8)).status_code == 202
-        wait_until(lambda: s.metric("streamfeed_steps_total") >= kill_after - step or None, 60,
-                   what="some steps")
+        # Killed once it trained and a save of this run landed: the first
+        # write's fsync may take longer than the steps do on a busy disk.
+        wait_until(lambda: (s.metric("streamfeed_steps_total") >= kill_after - step
+                            and max(ckpt_files(d), default=-1) > step) or None, 60,
+                   what="some steps and a checkpoint of them")
         kill9(s)
         files = ckpt_files(d)
         assert files, "no checkpoint written before the kill"

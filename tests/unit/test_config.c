@@ -173,6 +173,31 @@ static void test_set_text_accepts_only_the_choices_of_an_enum(void **state)
     assert_string_equal(c.ring.full_policy, "reject");
 }
 
+static void test_a_boolean_widened_into_an_enum_keeps_its_boolean_spellings(void **state)
+{
+    (void)state;
+    sf_config c;
+    sf_config_defaults(&c);
+    const char *f[] = {"false", "0", "no"}, *t[] = {"true", "1", "yes"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(sf_config_set_text(&c, "checkpoint.resume", t[i], err, sizeof err), 0);
+        assert_string_equal(c.checkpoint.resume, "true");
+        assert_int_equal(sf_config_set_text(&c, "checkpoint.resume", f[i], err, sizeof err), 0);
+        assert_string_equal(c.checkpoint.resume, "false");
+    }
+    assert_int_equal(sf_config_set_text(&c, "checkpoint.resume", "if_compatible", err, sizeof err), 0);
+    assert_string_equal(c.checkpoint.resume, "if_compatible");
+    assert_int_equal(sf_config_set_text(&c, "checkpoint.resume", "maybe", err, sizeof err), -1);
+    cJSON *j = parse("{\"checkpoint\":{\"resume\":true}}");
+    assert_int_equal(sf_config_apply_json(&c, j, err, sizeof err, field, sizeof field), 0);
+    cJSON_Delete(j);
+    assert_string_equal(c.checkpoint.resume, "true");
+    /* Another enum takes no boolean. */
+    j = parse("{\"ring\":{\"full_policy\":true}}");
+    assert_int_equal(sf_config_apply_json(&c, j, err, sizeof err, field, sizeof field), -1);
+    cJSON_Delete(j);
+}
+
 static void test_set_text_rejects_a_string_longer_than_its_field(void **state)
 {
     (void)state;
@@ -515,6 +540,7 @@ int main(void)
         cmocka_unit_test(test_set_text_rejects_text_that_is_not_of_the_option_type),
         cmocka_unit_test(test_set_text_parses_every_boolean_spelling),
         cmocka_unit_test(test_set_text_accepts_only_the_choices_of_an_enum),
+        cmocka_unit_test(test_a_boolean_widened_into_an_enum_keeps_its_boolean_spellings),
         cmocka_unit_test(test_set_text_rejects_a_string_longer_than_its_field),
         cmocka_unit_test(test_set_text_rejects_an_unknown_option),
         cmocka_unit_test(test_apply_json_sets_nested_options_and_null_resets_to_the_default),

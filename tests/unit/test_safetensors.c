@@ -1073,6 +1073,87 @@ static void test_calls_out_of_order_fail_with_bad_call_not_a_crash(void **st)
     sf_st_free(&p);
 }
 
+
+/* ---- whole files (sf_st_file_read) ------------------------------------------------------ */
+
+/* A file of the given header JSON and data_len data bytes (0x11 each). */
+static uint8_t *file_of(const char *json, size_t data_len, size_t *len)
+{
+    size_t hl = strlen(json);
+    *len = 8 + hl + data_len;
+    uint8_t *f = malloc(*len);
+    assert_non_null(f);
+    for (int i = 0; i < 8; i++) f[i] = (uint8_t)((uint64_t)hl >> (8 * i));
+    memcpy(f + 8, json, hl);
+    memset(f + 8 + hl, 0x11, data_len);
+    return f;
+}
+
+static sf_st_error read_error(const char *json, size_t data_len)
+{
+    size_t len;
+    uint8_t *f = file_of(json, data_len, &len);
+    sf_st_file sf;
+    int rc = sf_st_file_read(&sf, f, len, 0, 100);
+    sf_st_error e = rc == 0 ? SF_ST_OK : sf.err;
+    if (rc == 0) sf_st_file_free(&sf);
+    else assert_true(sf.msg[0] != '\0');
+    free(f);
+    return e;
+}
+
+static void test_a_file_reads_with_any_tensor_names_and_its_metadata(void **state)
+{
+    const char *json = "{\"__metadata__\":{\"format\":\"pt\"},"
+                       "\"b.weight\":{\"dtype\":\"F32\",\"shape\":[2,1,1,1,1],\"data_offsets\":[4,12]},"
+                       "\"a\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[12,20]},"
+                       "\"c\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
+    size_t len;
+    uint8_t *f = file_of(json, 20, &len);
+    sf_st_file sf;
+    assert_int_equal(sf_st_file_read(&sf, f, len, 0, 100), 0);
+    assert_int_equal(sf.n, 3);
+    assert_string_equal(sf.tensors[0].name, "b.weight");
+    assert_int_equal(sf.tensors[0].ndim, 5);
+    assert_int_equal(sf.tensors[0].begin, 4);
+    assert_int_equal(sf.tensors[1].ndim, 0);
+    assert_int_equal(sf.data_len, 20);
+    assert_ptr_equal(sf.data, f + 8 + strlen(json));
+    assert_string_equal(sf_st_file_meta(&sf, "format"), "pt");
+    assert_null(sf_st_file_meta(&sf, "step"));
+    sf_st_file_free(&sf);
+    free(f);
+}
+
+static void test_a_file_breaking_the_container_rules_fails_with_the_upload_parsers_codes(void **state)
+{
+    assert_int_equal(read_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                                "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}", 12),
+                     SF_ST_E_DATA_NOT_CONTIGUOUS);
+    assert_int_equal(read_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8),
+                     SF_ST_E_OFFSETS_OVERLAP);
+    assert_int_equal(read_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                                "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8),
+                     SF_ST_E_DUPLICATE_KEY);
+    assert_int_equal(read_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4),
+                     SF_ST_E_SHAPE_SIZE_MISMATCH);
+    assert_int_equal(read_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 5),
+                     SF_ST_E_BODY_TOO_LONG);
+    assert_int_equal(read_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4),
+                     SF_ST_E_BODY_TOO_SHORT);
+    assert_int_equal(read_error("{\"a\\u0000b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4),
+                     SF_ST_E_HEADER_NOT_JSON);
+    assert_int_equal(read_error("{\"__metadata__\":{\"step\":1}}", 0), SF_ST_E_BAD_METADATA);
+    assert_int_equal(read_error("[1]", 0), SF_ST_E_HEADER_NOT_OBJECT);
+    assert_int_equal(read_error("{\"a\":{\"dtype\":\"F32\",\"shape\":[[[1]]],\"data_offsets\":[0,4]}}", 4),
+                     SF_ST_E_HEADER_TOO_DEEP);
+    sf_st_file sf;
+    uint8_t tiny[4] = {0};
+    assert_int_equal(sf_st_file_read(&sf, tiny, sizeof tiny, 0, 100), -1);
+    assert_int_equal(sf.err, SF_ST_E_BODY_TOO_SHORT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1120,6 +1201,8 @@ int main(void)
         cmocka_unit_test(test_labels_are_checked_as_soon_as_they_are_complete_before_the_images),
         cmocka_unit_test(test_a_slot_smaller_than_dest_bytes_is_slot_too_small),
         cmocka_unit_test(test_calls_out_of_order_fail_with_bad_call_not_a_crash),
+        cmocka_unit_test(test_a_file_reads_with_any_tensor_names_and_its_metadata),
+        cmocka_unit_test(test_a_file_breaking_the_container_rules_fails_with_the_upload_parsers_codes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -255,25 +255,9 @@ static void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *in
     }
 }
 
-static void g_convd(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
-{
-    const sf_layer *L = &net->m.layers[i];
-    memset(d, 0, sizeof *d);
-    d->n = n;
-    d->c = L->in_c;
-    d->h = L->in_h;
-    d->w = L->in_w;
-    d->oc = L->out_c;
-    d->k = L->k;
-    d->stride = L->stride;
-    d->pad = L->pad;
-    d->layout = net->g->lay;
-    d->tf32 = net->cfg.tf32;
-    d->dt = net->g->dt;
-    d->allow_rtc = net->cfg.allow_rtc;
-}
-
-static void g_convtd(const sf_cuda_net *net, int i, int n, sf_convt_desc *d)
+/* The descriptor of conv or convT layer i for n samples (sf_conv_desc and
+ * sf_convt_desc name these fields alike); alignments are filled by the caller. */
+template <typename Desc> static void g_desc(const sf_cuda_net *net, int i, int n, Desc *d)
 {
     const sf_layer *L = &net->m.layers[i];
     memset(d, 0, sizeof *d);
@@ -443,7 +427,7 @@ static int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_
                     continue;
                 const int k = g_ws_kind(net, i, dir);
                 sf_conv_desc d;
-                g_convd(net, i, n, &d);
+                g_desc(net, i, n, &d);
                 sf_conv_ptrs p;
                 g_ptrs(net, i, dir, 0, ws[k], &p);
                 if (tp) {
@@ -475,7 +459,7 @@ static int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_
             }
         } else if (L->kind == SF_L_CONV_TRANSPOSE2D) {
             sf_convt_desc d;
-            g_convtd(net, i, n, &d);
+            g_desc(net, i, n, &d);
             /* align over the pointers of every direction, by role */
             int ax = 16, aw = 16, ay = 16;
             for (int dir = 0; dir < 3; dir++) {

@@ -13,6 +13,7 @@
 
 #include "gpu/aug.h"
 #include "gpu/model.h"
+#include "server/lr_schedule.h"
 #include "server/netaddr.h"
 
 #define F(field) offsetof(sf_config, field), sizeof(((sf_config *)0)->field)
@@ -23,6 +24,7 @@ static int check_slots(const sf_config *c, char *err, size_t errlen);
 static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 static int check_host(const sf_config *c, char *err, size_t errlen);
 static int check_listeners(const sf_config *c, char *err, size_t errlen);
+static int check_schedule(const sf_config *c, char *err, size_t errlen);
 
 /* Defaults reproduce W1 of docs/WORKLOADS.md. */
 #define W1_AUGMENT                                                                              \
@@ -147,6 +149,45 @@ const sf_cfg_option sf_config_table[] = {
      "AdamW beta2 (second-moment decay)."},
     {"optim.eps", SF_CT_DOUBLE, F(optim.eps), "1e-08", 1e-12, 1, NULL, SF_CF_HOT, NULL,
      "AdamW epsilon."},
+    {"optim.schedule", SF_CT_ENUM, F(optim.schedule), "constant", 0, 0,
+     "constant|step|multistep|cosine|one_cycle", SF_CF_HOT, check_schedule,
+     "Learning-rate schedule over optimizer steps, torch.optim.lr_scheduler semantics (closed "
+     "forms): constant (optim.lr), step (StepLR), multistep (MultiStepLR), cosine "
+     "(CosineAnnealingLR), one_cycle (OneCycleLR, cos annealing; ignores optim.lr). The position "
+     "is the optimizer step count, so it resumes from a checkpoint; a change applies from the "
+     "next optimizer step."},
+    {"optim.step_size", SF_CT_INT64, F(optim.step_size), "1", 1, 9007199254740991.0, NULL,
+     SF_CF_HOT, check_schedule, "step: multiply the lr by optim.gamma every step_size optimizer steps."},
+    {"optim.gamma", SF_CT_DOUBLE, F(optim.gamma), "0.1", 0, 1, NULL, SF_CF_HOT, check_schedule,
+     "step, multistep: multiplicative decay factor."},
+    {"optim.milestones", SF_CT_JSON, F(optim.milestones), "[]", 0, 0, NULL, SF_CF_HOT,
+     check_schedule,
+     "multistep: JSON list of strictly increasing optimizer steps (at most 64) at which the lr "
+     "is multiplied by optim.gamma."},
+    {"optim.t_max", SF_CT_INT64, F(optim.t_max), "0", 0, 9007199254740991.0, NULL, SF_CF_HOT,
+     check_schedule, "cosine: T_max, the half period in optimizer steps (>= 1 for cosine)."},
+    {"optim.eta_min", SF_CT_DOUBLE, F(optim.eta_min), "0", 0, 10, NULL, SF_CF_HOT, check_schedule,
+     "cosine: the lowest learning rate."},
+    {"optim.max_lr", SF_CT_DOUBLE, F(optim.max_lr), "0.01", 0, 10, NULL, SF_CF_HOT,
+     check_schedule, "one_cycle: the peak learning rate."},
+    {"optim.total_steps", SF_CT_INT64, F(optim.total_steps), "0", 0, 9007199254740991.0, NULL,
+     SF_CF_HOT, check_schedule,
+     "one_cycle: length of the cycle in optimizer steps; after it the last lr holds (torch "
+     "raises)."},
+    {"optim.pct_start", SF_CT_DOUBLE, F(optim.pct_start), "0.3", 0, 1, NULL, SF_CF_HOT,
+     check_schedule, "one_cycle: fraction of the cycle spent increasing the lr."},
+    {"optim.div_factor", SF_CT_DOUBLE, F(optim.div_factor), "25", 1, 100000, NULL, SF_CF_HOT,
+     check_schedule, "one_cycle: the initial lr is max_lr / div_factor."},
+    {"optim.final_div_factor", SF_CT_DOUBLE, F(optim.final_div_factor), "10000", 1, 100000, NULL,
+     SF_CF_HOT, check_schedule, "one_cycle: the final lr is the initial lr / final_div_factor."},
+    {"optim.warmup_steps", SF_CT_INT64, F(optim.warmup_steps), "0", 0, 9007199254740991.0, NULL,
+     SF_CF_HOT, check_schedule,
+     "Linear warmup in front of the schedule (LinearLR then SequentialLR): over the first "
+     "warmup_steps optimizer steps the lr rises from warmup_start_factor * optim.lr to optim.lr, "
+     "then the schedule starts at its own step 0. 0: none. Not with one_cycle."},
+    {"optim.warmup_start_factor", SF_CT_DOUBLE, F(optim.warmup_start_factor), "0.333333333333333",
+     1e-8, 1, NULL, SF_CF_HOT, check_schedule,
+     "Factor of optim.lr at the first warmup step (LinearLR start_factor)."},
     {"augment.pipeline", SF_CT_JSON, F(augment.pipeline), W1_AUGMENT, 0, 0, NULL, 0, check_augment,
      "Augmentation ops as a JSON list (gpu/aug.h documents each op); [] converts uint8 to float "
      "only."},
@@ -230,6 +271,12 @@ static int check_model(const sf_config *c, char *err, size_t errlen)
         rc = sf_model_set_freeze(m, c->model.freeze, err, errlen);
     free(m);
     return rc;
+}
+
+static int check_schedule(const sf_config *c, char *err, size_t errlen)
+{
+    sf_lr_sched s;
+    return sf_lr_sched_from_config(c, &s, err, errlen);
 }
 
 static int check_augment(const sf_config *c, char *err, size_t errlen)

@@ -83,6 +83,17 @@ typedef struct sf_config {
         double momentum;
         double weight_decay;
         double beta1, beta2, eps; /* AdamW */
+        char schedule[16];        /* constant|step|multistep|cosine|one_cycle (server/lr_schedule.h) */
+        int64_t step_size;        /* step */
+        double gamma;             /* step, multistep */
+        char milestones[1024];    /* multistep: JSON list of optimizer steps */
+        int64_t t_max;            /* cosine */
+        double eta_min;           /* cosine */
+        double max_lr, pct_start; /* one_cycle */
+        int64_t total_steps;      /* one_cycle */
+        double div_factor, final_div_factor; /* one_cycle */
+        int64_t warmup_steps;     /* linear warmup in front; 0: none */
+        double warmup_start_factor;
     } optim;
     struct {
         char pipeline[SF_CFG_JSON]; /* JSON list of ops (gpu/aug.h) */

@@ -61,6 +61,9 @@ typedef struct sf_app {
     struct sf_ckpt *ckpt;       /* checkpoints (server/checkpoint.c); NULL without a backend */
     _Atomic uint64_t step;      /* optimizer steps taken, as the backend counts them: set by
                                  * every STEP_DONE and by checkpoint restores (GET /v1/model) */
+    _Atomic uint64_t restore_gen; /* bumped by every checkpoint restore that sets step (the
+                                   * backend's accumulation restarts): the engine then re-bases
+                                   * its learning-rate schedule position on step */
     char model_warning[512];    /* "" or why this model will be slow here (GET /v1/model) */
 } sf_app;
 

@@ -185,6 +185,7 @@ int sf_ckpt_apply(sf_ckpt *ck, const sf_ckpt_decoded *d, char *err, size_t errle
             return -1;
         }
         atomic_store(&app->step, step);
+        atomic_fetch_add(&app->restore_gen, 1);
     } else if (!atomic_load(&ck->warned_no_opt)) {
         atomic_store(&ck->warned_no_opt, 1);
         SF_WARN("checkpoint: the %s backend has no optimizer-state interface yet: parameters "

@@ -15,6 +15,7 @@
 #include "server/jobs.h"
 #include "server/jpeg_header.h"
 #include "server/log.h"
+#include "server/lr_schedule.h"
 #include "server/ring.h"
 
 #define PLAN_CACHE 8
@@ -55,6 +56,11 @@ struct sf_engine {
     uint64_t win_start_ns;
     double win_busy_s;
     uint64_t last_step_end_ns;
+    /* The learning-rate schedule's position: training batches submitted,
+     * counted from sched_gen's restore (app->step * grad_accum_steps then),
+     * so batch b belongs to optimizer step b / grad_accum_steps. */
+    uint64_t sched_batches, sched_gen;
+    int sched_init;
     /* Cached metric children for the hot path. */
     sf_metric *m_samples, *m_steps, *m_loss, *m_lr, *m_queue, *m_h2d,
         *m_transform, *m_step, *m_busy, *m_starved;
@@ -101,7 +107,30 @@ static void run_sink(sf_engine *e, int slot)
     sf_http_wake(e->app->http, SF_WAIT_JOB, job.id);
 }
 
-static int fill_batch(sf_engine *e, int slot, sf_batch *b, char *err, size_t errlen)
+/* The learning rate of the optimizer step the next training batch belongs
+ * to. With gradient accumulation the backend steps with the hyperparameters
+ * of the group's last batch; every batch of a group gets the same step index,
+ * so a PATCH of the schedule applies from the next optimizer step. */
+static double sched_lr(sf_engine *e, const sf_config *c)
+{
+    sf_app *app = e->app;
+    uint64_t k = c->model.grad_accum_steps > 1 ? (uint64_t)c->model.grad_accum_steps : 1;
+    uint64_t gen = atomic_load(&app->restore_gen);
+    if (!e->sched_init || gen != e->sched_gen) {
+        /* Start-up or a restore: nothing is in flight and the backend's
+         * accumulation starts afresh at its step count. */
+        e->sched_init = 1;
+        e->sched_gen = gen;
+        e->sched_batches = atomic_load(&app->step) * k;
+    }
+    sf_lr_sched s;
+    char err[160];
+    if (sf_lr_sched_from_config(c, &s, err, sizeof err) != 0)
+        return c->optim.lr; /* unreachable: the config check refused it */
+    return sf_lr_at(&s, e->sched_batches / k);
+}
+
+static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err, size_t errlen)
 {
     sf_app *app = e->app;
     sf_slot_meta *m = sf_ring_meta(app->ring, slot);
@@ -149,14 +178,16 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, char *err, size_t err
     b->labels = m->label_dtype < 0 ? NULL : bytes + m->labels_off;
     b->plan = plan;
     b->samples = smp;
-    b->hyper.lr = (float)c->optim.lr;
+    double lr = train ? sched_lr(e, c) : c->optim.lr;
+    b->hyper.lr = (float)lr;
     b->hyper.momentum = (float)c->optim.momentum;
     b->hyper.weight_decay = (float)c->optim.weight_decay;
     b->hyper.beta1 = (float)c->optim.beta1;
     b->hyper.beta2 = (float)c->optim.beta2;
     b->hyper.eps = (float)c->optim.eps;
     b->t_ready_ns = m->t_ready_ns;
-    sf_gauge_set(e->m_lr, c->optim.lr);
+    if (train)
+        sf_gauge_set(e->m_lr, lr);
     return 0;
 }
 
@@ -171,7 +202,7 @@ static void run_transform(sf_engine *e, int slot)
     uint64_t id = m->job_id;
     void *owner = m->result_owner;
     void (*release)(void *) = m->release_result;
-    if (fill_batch(e, slot, &b, err, sizeof err) ||
+    if (fill_batch(e, slot, &b, 0, err, sizeof err) ||
         app->backend->i->transform(app->backend, &b, m->result, err, sizeof err)) {
         sf_ring_release(app->ring, slot);
         if (release)
@@ -222,12 +253,13 @@ static void submit(sf_engine *e, int slot)
     rec->t_recv_start = m->t_filling_ns;
     rec->t_ready = m->t_ready_ns;
     rec->t_popped = m->t_popped_ns;
-    if (fill_batch(e, slot, &b, err, sizeof err) ||
+    if (fill_batch(e, slot, &b, 1, err, sizeof err) ||
         app->backend->i->submit(app->backend, &b, err, sizeof err)) {
         sf_ring_release(app->ring, slot);
         finish_failed(e, id, "submit_failed", err);
         return;
     }
+    e->sched_batches++;
     atomic_fetch_add(&e->inflight, 1);
 }
 

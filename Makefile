@@ -265,7 +265,7 @@ FUZZ_TARGETS := safetensors config_patch jpeg_header checkpoint
 # The body parser calls the JPEG header reader.
 FUZZ_SRC_safetensors := server/safetensors.c server/jpeg_header.c
 FUZZ_CORPUS_safetensors := tests/fuzz/corpus
-FUZZ_SRC_config_patch := server/config.c server/netaddr.c gpu/model.c gpu/aug.c gpu/common.c
+FUZZ_SRC_config_patch := server/config.c server/netaddr.c server/lr_schedule.c gpu/model.c gpu/aug.c gpu/common.c
 FUZZ_CORPUS_config_patch := tests/fuzz/corpus_config_patch
 FUZZ_SRC_jpeg_header := server/safetensors.c server/jpeg_header.c
 FUZZ_CORPUS_jpeg_header := tests/fuzz/corpus_jpeg_header

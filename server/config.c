@@ -1035,6 +1035,8 @@ const sf_config *sf_config_cur(void)
     return &tl;
 }
 
+uint64_t sf_config_generation(void) { return atomic_load(&live_gen); }
+
 void sf_config_on_change(void (*fn)(const sf_config *c)) { on_change = fn; }
 
 static int field_equal(const sf_config *a, const sf_config *b, const sf_cfg_option *o)

@@ -195,6 +195,9 @@ void sf_config_get(sf_config *out);
  * only when a PATCH changed something, so a request does not copy the whole
  * table (~25 KB) several times. Valid until this thread's next call. */
 const sf_config *sf_config_cur(void);
+/* A number that changes whenever the live config changes (a PATCH applied):
+ * lets a hot path keep something derived from the config until it moves. */
+uint64_t sf_config_generation(void);
 /* Applies a JSON merge patch to the live config atomically: validates the
  * complete result first; on success, hot options take effect at once and
  * restart-only ones become pending. Fills *applied / *pending with arrays of

@@ -61,6 +61,10 @@ struct sf_engine {
      * so batch b belongs to optimizer step b / grad_accum_steps. */
     uint64_t sched_batches, sched_gen;
     int sched_init;
+    /* The schedule parsed from the config of generation sched_cfg_gen: parsed
+     * again only when a PATCH changed the config, not per batch. */
+    sf_lr_sched sched;
+    uint64_t sched_cfg_gen;
     /* Cached metric children for the hot path. */
     sf_metric *m_samples, *m_steps, *m_loss, *m_lr, *m_queue, *m_h2d,
         *m_transform, *m_step, *m_busy, *m_starved;
@@ -123,11 +127,16 @@ static double sched_lr(sf_engine *e, const sf_config *c)
         e->sched_gen = gen;
         e->sched_batches = atomic_load(&app->step) * k;
     }
-    sf_lr_sched s;
-    char err[160];
-    if (sf_lr_sched_from_config(c, &s, err, sizeof err) != 0)
-        return c->optim.lr; /* unreachable: the config check refused it */
-    return sf_lr_at(&s, e->sched_batches / k);
+    /* The generation is read before the config it labels: a PATCH in between
+     * leaves a newer config under an older number, parsed again next batch. */
+    const uint64_t cfg_gen = sf_config_generation();
+    if (e->sched_cfg_gen != cfg_gen) {
+        char err[160];
+        if (sf_lr_sched_from_config(sf_config_cur(), &e->sched, err, sizeof err) != 0)
+            return c->optim.lr; /* unreachable: the config check refused it */
+        e->sched_cfg_gen = cfg_gen;
+    }
+    return sf_lr_at(&e->sched, e->sched_batches / k);
 }
 
 static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err, size_t errlen)

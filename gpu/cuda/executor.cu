@@ -45,6 +45,10 @@
  */
 #include "executor.h"
 
+extern "C" {
+#include "gpu/memory_plan.h"
+}
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -652,17 +656,16 @@ static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
  * A flatten and a fused ReLU are views of their input's tensors: their uses
  * count as uses of the tensor they view. Everything a layer's backward reads,
  * the side stream's backward-filter included, is joined before the next
- * layer's backward starts, so slot granularity is exact. Tensors are placed
- * largest first at the lowest offset that overlaps no placed tensor of an
- * overlapping lifetime (256-byte aligned). */
+ * layer's backward starts, so slot granularity is exact. The tensors are
+ * then placed by gpu/memory_plan.h (largest first, lowest aligned offset that
+ * overlaps no tensor of an overlapping lifetime). */
 
 #define PLAN_MAX (3 * SF_MAX_LAYERS)
 
 typedef struct plan_obj {
-    size_t bytes, off;
-    int t0, t1;    /* first and last slot, inclusive */
-    void **ptr;    /* where the placed pointer goes */
-    int frozen;    /* which arena */
+    sf_plan_tensor t; /* first: the arenas are placed through pointers to it */
+    void **ptr;       /* where the placed pointer goes */
+    int frozen;       /* which arena */
 } plan_obj;
 
 /* The layer whose tensors layer i's output lives in: through flattens and fused
@@ -677,43 +680,10 @@ static int g_storage(const sf_cuda_net *net, int i)
 
 static void widen(plan_obj *o, int t)
 {
-    if (t < o->t0)
-        o->t0 = t;
-    if (t > o->t1)
-        o->t1 = t;
-}
-
-static int cmp_obj_size(const void *a, const void *b)
-{
-    const plan_obj *x = *(const plan_obj *const *)a, *y = *(const plan_obj *const *)b;
-    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
-}
-
-/* Places the objects of one arena; returns its size. */
-static size_t place(plan_obj **objs, int n)
-{
-    qsort(objs, (size_t)n, sizeof *objs, cmp_obj_size);
-    size_t top = 0;
-    for (int k = 0; k < n; k++) {
-        plan_obj *o = objs[k];
-        size_t off = 0;
-        for (int again = 1; again;) {
-            again = 0;
-            for (int j = 0; j < k; j++) {
-                const plan_obj *p = objs[j];
-                if (p->t1 < o->t0 || o->t1 < p->t0)
-                    continue; /* lifetimes apart */
-                if (off < p->off + p->bytes && p->off < off + o->bytes) {
-                    off = (p->off + p->bytes + 255) & ~(size_t)255;
-                    again = 1;
-                }
-            }
-        }
-        o->off = off;
-        if (off + o->bytes > top)
-            top = off + o->bytes;
-    }
-    return top;
+    if (t < o->t.t0)
+        o->t.t0 = t;
+    if (t > o->t.t1)
+        o->t.t1 = t;
 }
 
 static int g_plan_memory(sf_cuda_net *net)
@@ -733,10 +703,10 @@ static int g_plan_memory(sf_cuda_net *net)
         if (L->kind == SF_L_FLATTEN || g->op[i].fused)
             continue;
         const size_t bytes = (es * nb * L->out_elems + 255) & ~(size_t)255;
-        obj[n] = (plan_obj){bytes, 0, F(i), F(i), &g->op[i].y, g->op[i].frozen};
+        obj[n] = (plan_obj){{bytes, F(i), F(i), 0}, &g->op[i].y, g->op[i].frozen};
         yi[i] = n++;
         if (!g->op[i].frozen) {
-            obj[n] = (plan_obj){bytes, 0, B(i), B(i), &g->op[i].dy, 0};
+            obj[n] = (plan_obj){{bytes, B(i), B(i), 0}, &g->op[i].dy, 0};
             di[i] = n++;
         }
         /* gradient scratch, written and read within this layer's backward */
@@ -744,7 +714,7 @@ static int g_plan_memory(sf_cuda_net *net)
         if (!o->frozen && L->kind != SF_L_ADD &&
             ((o->want[0] && !o->first[0]) || (L->kind == SF_L_BATCHNORM2D && !o->want[0]))) {
             const size_t gb = (es * nb * L->in_c * L->in_h * L->in_w + 255) & ~(size_t)255;
-            obj[n++] = (plan_obj){gb, 0, B(i), B(i), &g->op[i].gtmp, 0};
+            obj[n++] = (plan_obj){{gb, B(i), B(i), 0}, &g->op[i].gtmp, 0};
         }
     }
     const int last = g_storage(net, nl - 1);
@@ -779,18 +749,18 @@ static int g_plan_memory(sf_cuda_net *net)
     }
 #undef F
 #undef B
-    plan_obj *tr[PLAN_MAX], *fr[PLAN_MAX];
+    sf_plan_tensor *tr[PLAN_MAX], *fr[PLAN_MAX];
     int ntr = 0, nfr = 0;
     g->tensor_bytes = 0;
     for (int k = 0; k < n; k++) {
-        g->tensor_bytes += obj[k].bytes;
+        g->tensor_bytes += obj[k].t.bytes;
         if (obj[k].frozen)
-            fr[nfr++] = &obj[k];
+            fr[nfr++] = &obj[k].t;
         else
-            tr[ntr++] = &obj[k];
+            tr[ntr++] = &obj[k].t;
     }
-    g->arena_bytes = place(tr, ntr);
-    g->farena_bytes = place(fr, nfr);
+    g->arena_bytes = sf_plan_place(tr, ntr);
+    g->farena_bytes = sf_plan_place(fr, nfr);
     g->plan = (plan_obj *)malloc(sizeof(plan_obj) * (size_t)(n ? n : 1));
     if (!g->plan) {
         sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
@@ -812,7 +782,7 @@ static int g_alloc_arenas(sf_cuda_net *net)
         (g->farena_bytes && dmalloc(net, &g->farena, g->farena_bytes)))
         return -1;
     for (int k = 0; k < g->n_plan; k++)
-        *g->plan[k].ptr = (char *)(g->plan[k].frozen ? g->farena : g->arena) + g->plan[k].off;
+        *g->plan[k].ptr = (char *)(g->plan[k].frozen ? g->farena : g->arena) + g->plan[k].t.off;
     for (int i = 0; i < g->nl; i++) {
         gop *o = &g->op[i];
         if (m->layers[i].kind != SF_L_FLATTEN && !o->fused)

@@ -21,7 +21,8 @@
 typedef struct diag_run {
     double seconds;
     uint64_t t_request_ns;   /* the live window ends here */
-    int ran;                 /* the engine ran it (res is valid) */
+    atomic_int ran;          /* the engine began it (res is valid once done); read by
+                                HTTP threads for "running" */
     sf_diag_result res;
 } diag_run;
 
@@ -397,7 +398,7 @@ static int diag_fn(sf_app *app, void *arg, char *err, size_t errlen)
     diag_run *run = arg;
     sf_diag_result *res = &run->res;
     uint64_t t0 = sf_now_ns();
-    run->ran = 1;
+    atomic_store(&run->ran, 1);
     snprintf(res->backend, sizeof res->backend, "%s", app->backend_name ? app->backend_name : "");
     res->status = run_stages(app, run, err, errlen);
     if (res->status)
@@ -509,7 +510,10 @@ int sf_diagnose_last(sf_diag_result *out, int *running)
     pthread_mutex_lock(&D.mu);
     harvest_locked();
     if (running)
-        *running = D.cmd && !atomic_load(&D.cmd->done);
+        /* Running means the engine has begun it, with nothing in flight:
+         * a queued diagnose still lets batches the engine already took
+         * train first. */
+        *running = D.cmd && atomic_load(&((diag_run *)D.cmd->arg)->ran) && !atomic_load(&D.cmd->done);
     int rc = -1;
     if (D.have_last) {
         *out = D.last;

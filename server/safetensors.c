@@ -432,6 +432,13 @@ static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *jo
     memset(&tj, 0, sizeof tj);
     memset(&to, 0, sizeof to);
     memset(&tl, 0, sizeof tl);
+    if (p->lim.jpeg_off) {
+        /* Refused from the header, before a byte of the body is kept: the
+         * service holds no decode buffers to decode it with. */
+        fail(p, SF_ST_E_JPEG_BATCH_TOO_LARGE,
+             "JPEG batches are off on this service (jpeg.max_batch_pixels is 0): send decoded \"images\"");
+        return -1;
+    }
     if (parse_tensor(p, jpg, &tj, 4) != 0 || parse_tensor(p, joff, &to, 4) != 0) return -1;
     if (tj.dtype != SF_ST_U8 || tj.ndim != 1) {
         fail(p, tj.dtype != SF_ST_U8 ? SF_ST_E_UNSUPPORTED_DTYPE : SF_ST_E_BAD_SHAPE,

@@ -109,6 +109,7 @@ typedef struct sf_st_limits {
     int jpeg_max_side;
     int64_t jpeg_max_pixels;
     int64_t jpeg_max_batch_pixels;
+    int jpeg_off;               /* 1: the "jpeg" form is refused (jpeg_batch_too_large) */
 } sf_st_limits;
 
 #define SF_ST_DEFAULT_MAX_HEADER_BYTES ((uint64_t)64 * 1024)

@@ -139,18 +139,25 @@ static int reject_parse(sf_req *r, sf_upload *u)
  * (*h = *w = 0) when the augmentation maps any source size to one output;
  * otherwise (a list without a resize or crop that fixes the size) every file
  * must have one size, which the plan is made for and checked against the
- * model. *progressive: some file needs a decoder that takes progressive (or
- * extended) JPEG. Returns 0, or -1 after a reply. */
-static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, int *progressive)
+ * model. *forms: the SF_JPEG_FORM_* bits (gpu/backend.h) over the files, so
+ * that the backend picks its decoder from what was read here instead of
+ * reading every header again on the engine thread. Returns 0, or -1 after a
+ * reply. */
+static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *forms)
 {
     sf_app *app = r->app;
     const sf_st_info *in = sf_st_info_of(&u->parser);
     const sf_jpeg_info *ji =
         (const sf_jpeg_info *)(const void *)(sf_ring_bytes(app->ring, u->slot) + in->jpeg_info_dest_off);
-    *progressive = 0;
-    for (int i = 0; i < in->n; i++)
-        if (ji[i].sof != 0)
-            *progressive = 1;
+    *forms = 0;
+    for (int i = 0; i < in->n; i++) {
+        if (ji[i].sof == 2)
+            *forms |= SF_JPEG_FORM_PROGRESSIVE;
+        else if (ji[i].sof != 0)
+            *forms |= SF_JPEG_FORM_EXTENDED;
+        if (ji[i].subsamp == SF_JPEG_411 || ji[i].subsamp == SF_JPEG_410)
+            *forms |= SF_JPEG_FORM_CHROMA_4X;
+    }
     *h = *w = 0;
     sf_aug_plan plan;
     char ragged_err[256];
@@ -217,6 +224,8 @@ static sf_upload *upload_of(sf_req *r, int kind)
     lim.jpeg_max_pixels = c->jpeg.max_pixels;
     /* The decode buffers were sized from the value at start (restart-only). */
     lim.jpeg_max_batch_pixels = r->app->cfg.jpeg.max_batch_pixels;
+    /* 0 allocated no decode buffers: JPEG batches are off. */
+    lim.jpeg_off = r->app->cfg.jpeg.max_batch_pixels == 0;
     sf_st_init(&u->parser, &lim);
     r->user = u;
     return u;
@@ -481,8 +490,9 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
     if (u->slot < 0) /* cannot happen after a successful finish; defensive */
         return reject(r, u, 400, "body_empty", "no data");
     const sf_st_info *in = sf_st_info_of(&u->parser);
-    int h = in->h, w = in->w, progressive = 0;
-    if (in->encoded && jpeg_batch_shape(r, u, &h, &w, &progressive) != 0)
+    int h = in->h, w = in->w;
+    unsigned forms = 0;
+    if (in->encoded && jpeg_batch_shape(r, u, &h, &w, &forms) != 0)
         return -1;
     sf_slot_meta *m = sf_ring_meta(app->ring, u->slot);
     m->kind = u->kind;
@@ -492,7 +502,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
     m->c = in->c;
     m->nhwc = in->nhwc;
     m->encoded = in->encoded;
-    m->jpeg_progressive = progressive;
+    m->jpeg_forms = forms;
     m->jpeg_offsets_off = in->jpeg_offsets_dest_off;
     m->jpeg_info_off = in->jpeg_info_dest_off;
     m->decoded_bytes = in->encoded ? (size_t)in->jpeg_pixels * 3 : 0;

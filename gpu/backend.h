@@ -47,6 +47,24 @@ typedef struct sf_exec_switches {
     int allow_rtc;  /* CUDA: consider cuDNN engines compiled at run time */
 } sf_exec_switches;
 
+/* Which nvJPEG backend decodes encoded batches on CUDA (jpeg.decoder). AUTO
+ * is the measured per-batch rule of gpu/cuda/jpeg_decode.h; the others force
+ * one backend for every batch. The reference backend always uses
+ * libjpeg-turbo. */
+typedef enum sf_jpeg_decoder {
+    SF_JPEG_DECODER_AUTO = 0,
+    SF_JPEG_DECODER_HARDWARE,
+    SF_JPEG_DECODER_GPU_HYBRID,
+    SF_JPEG_DECODER_HYBRID,
+} sf_jpeg_decoder;
+
+/* Bits of sf_batch.jpeg_forms: what the server's header reads found among a
+ * batch's files, so that a decoder picks its method without reading them
+ * again. */
+#define SF_JPEG_FORM_PROGRESSIVE 1u  /* some file is progressive (SOF2) */
+#define SF_JPEG_FORM_EXTENDED    2u  /* some file is extended sequential (SOF1) */
+#define SF_JPEG_FORM_CHROMA_4X   4u  /* some file has 4:1:1 or 4:1:0 chroma */
+
 /* Training settings a backend needs at build time. lr/momentum/wd may change
  * between steps (hot config): they are passed again with every batch. */
 typedef struct sf_train_cfg {
@@ -65,6 +83,7 @@ typedef struct sf_train_cfg {
     int64_t jpeg_max_batch_pixels; /* most decoded pixels of one encoded batch: the decode
                                       buffers (3 bytes a pixel) are sized from it once; 0: no
                                       encoded batches */
+    sf_jpeg_decoder jpeg_decoder;  /* CUDA: the nvJPEG backend, or AUTO (the per-batch rule) */
 } sf_train_cfg;
 
 typedef struct sf_hyper {
@@ -89,8 +108,8 @@ typedef struct sf_batch {
      * buffer, then augments from there. */
     const uint8_t *jpeg;
     const int64_t *jpeg_off;
-    int jpeg_progressive;    /* some file is progressive (SOF2) or extended (SOF1): not
-                                every decoder takes it (nvJPEG's hardware engine does not) */
+    unsigned jpeg_forms;     /* SF_JPEG_FORM_* bits over the files: not every decoder takes
+                                every form (nvJPEG's hardware engines take none of them) */
     size_t decoded_bytes;    /* sum over the samples of h*w*3 */
     sf_label_dtype label_dtype;
     const void *labels;      /* [n] integers in [0, classes) (validated by the server);
@@ -118,6 +137,13 @@ typedef struct sf_event {
     double h2d_s, transform_s, step_s; /* stage durations (device events on CUDA) */
     uint64_t t_h2d_start_ns, t_transform_start_ns, t_step_start_ns, t_step_end_ns;
                              /* host monotonic times of the stage edges (0 if unknown) */
+    /* An encoded batch: the decoder that ran ("hardware", "gpu_hybrid",
+     * "hybrid" on CUDA, "libjpeg-turbo" on the reference backend; empty for a
+     * raw batch), and the host time the submitting thread spent issuing the
+     * decode (all of it on the reference backend; on CUDA the nvJPEG call,
+     * which includes the hybrid backends' CPU Huffman decoding). */
+    char decoder[16];
+    double decode_host_s;
 } sf_event;
 
 typedef struct sf_backend sf_backend;

@@ -15,6 +15,7 @@ static const char *const L_REASON[] = {"reason", NULL};
 static const char *const L_STATE[] = {"state", NULL};
 static const char *const L_BUILD[] = {"version", "commit", "backend", NULL};
 static const char *const L_GPU[] = {"gpu", NULL};
+static const char *const L_DECODER[] = {"decoder", NULL};
 
 static void collect(void *ctx)
 {
@@ -102,6 +103,19 @@ void sf_app_metrics_init(sf_app *app)
     m->compute_starved = sf_metrics_counter(
         "streamfeed_compute_starved_seconds_total",
         "Time the compute side waited with no batch ready while training.", NULL);
+    m->jpeg_batches = sf_metrics_counter(
+        "streamfeed_jpeg_batches_total",
+        "JPEG batches trained, by the decoder that ran them (hardware, gpu_hybrid, hybrid: nvJPEG's "
+        "backends on CUDA; libjpeg-turbo on the reference backend).",
+        L_DECODER);
+    m->jpeg_samples = sf_metrics_counter("streamfeed_jpeg_samples_total",
+                                         "JPEG samples trained, by the decoder that ran them.", L_DECODER);
+    m->jpeg_decode_host = sf_metrics_counter(
+        "streamfeed_jpeg_decode_host_seconds_total",
+        "Host time the engine thread spent issuing JPEG decodes, by decoder (on CUDA the nvJPEG call, "
+        "which includes the hybrid backends' CPU Huffman decoding; the whole decode on the reference "
+        "backend).",
+        L_DECODER);
     m->build_info = sf_metrics_gauge("streamfeed_build_info",
                                      "Version, commit and backend of this process; always 1.", L_BUILD);
     /* The process_* families every Prometheus client library exports, so the

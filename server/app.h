@@ -33,6 +33,7 @@ typedef struct sf_app_metrics {
     sf_family *compute_busy, *compute_starved, *build_info;
     sf_family *process_start, *process_cpu, *process_rss, *process_vsize, *process_fds, *process_max_fds;
     sf_family *uploads_evicted;
+    sf_family *jpeg_batches, *jpeg_samples, *jpeg_decode_host; /* labelled decoder="..." */
     /* Device telemetry (server/telemetry.c), labelled gpu="<ordinal>"; no
      * child until a valid sample, so absent without NVML. */
     sf_family *gpu_utilization, *gpu_memory_used, *gpu_memory_total, *gpu_power;

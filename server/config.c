@@ -237,11 +237,18 @@ const sf_cfg_option sf_config_table[] = {
     {"jpeg.max_pixels", SF_CT_INT64, F(jpeg.max_pixels), "16777216", 1, 4294836225.0, NULL, SF_CF_HOT,
      NULL, "Most pixels (h*w) of one JPEG sample; more is refused with jpeg_too_many_pixels "
      "(decompression bombs)."},
-    {"jpeg.max_batch_pixels", SF_CT_INT64, F(jpeg.max_batch_pixels), "67108864", 1, 4294967296.0, NULL,
+    {"jpeg.max_batch_pixels", SF_CT_INT64, F(jpeg.max_batch_pixels), "67108864", 0, 4294967296.0, NULL,
      0, NULL,
      "Most decoded pixels (sum of h*w) of one JPEG batch; more is refused with jpeg_batch_too_large. "
-     "The decode buffer is sized once from it, at start: 3 bytes per pixel, in device memory on CUDA "
-     "(host memory on the reference backend)."},
+     "The decode buffers are sized once from it, at start: 3 bytes per pixel for the decoded images "
+     "(device memory on CUDA, host memory on the reference backend), and on CUDA nvJPEG's own "
+     "buffers for a batch of model.max_batch files of this many pixels in all. 0 turns JPEG batches "
+     "off: nothing is allocated for them and every one is refused with jpeg_batch_too_large."},
+    {"jpeg.decoder", SF_CT_ENUM, F(jpeg.decoder), "auto", 0, 0, "auto|hardware|gpu_hybrid|hybrid", 0, NULL,
+     "Which nvJPEG backend decodes JPEG batches on CUDA: auto chooses per batch by the measured rule of "
+     "docs/DESIGN.md (the hardware engines, or gpu_hybrid for large batches of small files); the others "
+     "force one for every batch (a batch it cannot take fails). The reference backend always uses "
+     "libjpeg-turbo."},
     {"log.level", SF_CT_ENUM, F(log.level), "info", 0, 0, "debug|info|warn|error", SF_CF_HOT, NULL,
      "Log level."},
     {"log.format", SF_CT_ENUM, F(log.format), "text", 0, 0, "text|json", SF_CF_HOT, NULL,

@@ -106,7 +106,9 @@ typedef struct sf_config {
     struct {
         int max_side;            /* largest JPEG height or width */
         int64_t max_pixels;      /* largest h*w of one JPEG */
-        int64_t max_batch_pixels; /* largest sum of h*w over a batch's JPEGs: sizes the decode buffers */
+        int64_t max_batch_pixels; /* largest sum of h*w over a batch's JPEGs: sizes the decode
+                                     buffers; 0 turns encoded batches off */
+        char decoder[16];        /* auto | hardware | gpu_hybrid | hybrid (CUDA) */
     } jpeg;
     struct {
         char level[16];

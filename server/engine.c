@@ -178,7 +178,7 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     if (m->encoded) {
         b->jpeg = bytes;
         b->jpeg_off = (const int64_t *)(const void *)(bytes + m->jpeg_offsets_off);
-        b->jpeg_progressive = m->jpeg_progressive;
+        b->jpeg_forms = m->jpeg_forms;
         b->decoded_bytes = m->decoded_bytes;
     } else {
         b->images = bytes;
@@ -358,6 +358,15 @@ static void harvest(sf_engine *e, const sf_event *ev)
     sf_hist_observe(e->m_h2d, ev->h2d_s);
     sf_hist_observe(e->m_transform, ev->transform_s);
     sf_hist_observe(e->m_step, ev->step_s);
+    if (ev->decoder[0]) {
+        /* Which decoder ran each JPEG batch: the choice is per batch. */
+        char dec[sizeof ev->decoder + 1];
+        snprintf(dec, sizeof dec, "%.*s", (int)sizeof ev->decoder, ev->decoder);
+        const char *lv[] = {dec};
+        sf_counter_add(sf_metric_child(app->m.jpeg_batches, lv), 1);
+        sf_counter_add(sf_metric_child(app->m.jpeg_samples, lv), ev->n);
+        sf_counter_add(sf_metric_child(app->m.jpeg_decode_host, lv), ev->decode_host_s);
+    }
     account_busy(e, ev);
     sf_http_wake(app->http, SF_WAIT_JOB, ev->id);
     if (e->after_step)

@@ -177,6 +177,10 @@ static int build_model(sf_app *app, char *err, size_t errlen)
     tc.optim = strcmp(c->optim.name, "adamw") == 0 ? SF_OPT_ADAMW : SF_OPT_SGD;
     tc.grad_accum_steps = c->model.grad_accum_steps;
     tc.jpeg_max_batch_pixels = c->jpeg.max_batch_pixels;
+    tc.jpeg_decoder = !strcmp(c->jpeg.decoder, "hardware")     ? SF_JPEG_DECODER_HARDWARE
+                      : !strcmp(c->jpeg.decoder, "gpu_hybrid") ? SF_JPEG_DECODER_GPU_HYBRID
+                      : !strcmp(c->jpeg.decoder, "hybrid")     ? SF_JPEG_DECODER_HYBRID
+                                                               : SF_JPEG_DECODER_AUTO;
     tc.layout = !strcmp(c->pipeline.layout, "nchw")   ? SF_ACT_LAYOUT_NCHW
                 : !strcmp(c->pipeline.layout, "nhwc") ? SF_ACT_LAYOUT_NHWC
                                                       : SF_ACT_LAYOUT_AUTO;

@@ -100,6 +100,8 @@ typedef struct entry {
     int slot_freed;     /* SLOT_FREE generated */
     int opt;            /* the step ran the optimizer (counts in the step counter) */
     uint64_t t_submit_ns;
+    char decoder[16];   /* an encoded batch: the nvJPEG backend that ran it */
+    double decode_host_s; /* host time in the nvJPEG call */
 } entry;
 
 typedef struct cuda_ctx {
@@ -153,6 +155,7 @@ typedef struct cuda_ctx {
      * cfg.jpeg_max_batch_pixels is 0 or nvJPEG could not be used (jpeg_err). */
     sf_cuda_jpeg *jpeg;
     char jpeg_err[160];
+    double jpeg_host_s;  /* the last encoded batch's host time in the nvJPEG call */
 } cuda_ctx;
 
 
@@ -352,6 +355,8 @@ static void harvest(cuda_ctx *c, int block)
             scopy(ev.err, sizeof ev.err, e->err);
         }
         ev.step = c->steps;
+        scopy(ev.decoder, sizeof ev.decoder, e->decoder);
+        ev.decode_host_s = e->decode_host_s;
         if (!e->no_events) {
             ev.h2d_s = ev_seconds(B->h2d0, B->h2d);
             ev.transform_s = ev_seconds(B->h2d, B->ready);
@@ -690,6 +695,17 @@ static void plan_opt(cuda_ctx *c, int b)
     B->opt_t = (int64_t)c->opt_submitted + (B->do_opt ? 0 : 1);
 }
 
+/* The nvJPEG backend jpeg.decoder asks for (SF_CUDA_JPEG_AUTO: the rule). */
+static sf_cuda_jpeg_backend jpeg_want(const cuda_ctx *c)
+{
+    switch (c->cfg.jpeg_decoder) {
+    case SF_JPEG_DECODER_HARDWARE: return SF_CUDA_JPEG_HARDWARE;
+    case SF_JPEG_DECODER_GPU_HYBRID: return SF_CUDA_JPEG_GPU_HYBRID;
+    case SF_JPEG_DECODER_HYBRID: return SF_CUDA_JPEG_HYBRID;
+    default: return SF_CUDA_JPEG_AUTO;
+    }
+}
+
 /* Queues the transform-stream half of a batch. Returns 0; 1 when it failed
  * before any copy was queued; -1 when it failed after. */
 static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
@@ -743,10 +759,18 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     cudaError_t ce = cudaSuccess;
     if (!bt->jpeg)
         ce = cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts);
-    else if (sf_cuda_jpeg_decode(c->jpeg, bt, SF_CUDA_JPEG_AUTO, ts)) {
-        /* The h2d event then never fires: the error path waits for the streams. */
-        nvtxRangePop();
-        return -1;
+    else {
+        /* The host time of the call is reported per batch (STEP_DONE's
+         * decode_host_s): the hybrid backends decode Huffman on this thread,
+         * and a call that blocks here delays the next submission. */
+        const uint64_t t0 = now_ns();
+        const int rc = sf_cuda_jpeg_decode(c->jpeg, bt, jpeg_want(c), ts);
+        c->jpeg_host_s = (double)(now_ns() - t0) * 1e-9;
+        if (rc) {
+            /* The h2d event then never fires: the error path waits for the streams. */
+            nvtxRangePop();
+            return -1;
+        }
     }
     if (ce == cudaSuccess && c->lps > 1)
         ce = cudaMemcpyAsync(B->d_labraw, bt->labels, (size_t)n * c->lps * label_size(bt->label_dtype),
@@ -821,6 +845,10 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
     plan_opt(c, b);
     e->opt = c->buf[b].do_opt;
     int rt = enqueue_transform(c, bt, b);
+    if (bt->jpeg && rt != 1) {
+        scopy(e->decoder, sizeof e->decoder, sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(c->jpeg)));
+        e->decode_host_s = c->jpeg_host_s;
+    }
     if (rt == 1) {
         c->accum_count = saved_count;
         c->opt_submitted = saved_sub;
@@ -924,7 +952,7 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
      * overwrites it; the engine queues no more until this call returns. */
     if (!rc && b->jpeg)
         rc = cudaStreamSynchronize(c->st_transform) != cudaSuccess ||
-             sf_cuda_jpeg_decode(c->jpeg, b, SF_CUDA_JPEG_AUTO, s);
+             sf_cuda_jpeg_decode(c->jpeg, b, jpeg_want(c), s);
     else if (!rc)
         rc = cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
     if (!rc)
@@ -1253,9 +1281,17 @@ static int cu_describe(sf_backend *be, char *buf, size_t len, size_t *device_byt
     *device_bytes = sf_net_device_bytes(c->net) + c->buf_bytes;
     size_t at = strlen(buf);
     if (at < len) {
-        if (c->jpeg)
+        if (c->jpeg) {
             sf_cuda_jpeg_describe(c->jpeg, buf + at, len - at);
-        else
+            at = strlen(buf);
+            if (jpeg_want(c) != SF_CUDA_JPEG_AUTO && at < len)
+                snprintf(buf + at, len - at, "jpeg decode: jpeg.decoder forces %s for every batch\n",
+                         sf_cuda_jpeg_backend_name(jpeg_want(c)));
+            /* The staging area and nvJPEG's device buffers are the backend's too. */
+            sf_cuda_jpeg_mem jm;
+            sf_cuda_jpeg_memory(c->jpeg, &jm);
+            *device_bytes += jm.staging_bytes + jm.device_bytes;
+        } else
             snprintf(buf + at, len - at, "jpeg decode: unavailable (%s)\n", c->jpeg_err);
         at = strlen(buf);
     }

@@ -30,13 +30,23 @@ static const char *status_name(nvjpegStatus_t s)
     return "unknown status";
 }
 
+/* What nvJPEG allocated through the allocators below: every device and
+ * pinned buffer of one backend goes through them, so that "sized once" is a
+ * count that tests and describe() can read rather than a hope. Updated with
+ * atomics: nvJPEG may allocate from its own threads. */
+typedef struct nv_mem {
+    long long device_bytes, pinned_bytes; /* held now */
+    long long allocs;                     /* allocations so far */
+} nv_mem;
+
 typedef struct backend_state {
     int ok;                 /* created on this device */
     nvjpegHandle_t h;
     nvjpegJpegState_t st;
-    nvjpegJpegStream_t js;  /* for nvjpegDecodeBatchedSupported (hardware) */
     int batch;              /* the batch size nvjpegDecodeBatchedInitialize was last called with; 0 none */
+    nv_mem mem;
     char why[96];           /* why it is not available */
+    char warm[96];          /* why the build-time decode failed; empty when it ran */
 } backend_state;
 
 struct sf_cuda_jpeg {
@@ -49,6 +59,7 @@ struct sf_cuda_jpeg {
     size_t *lengths;
     nvjpegImage_t *dst;
     sf_cuda_jpeg_backend last;
+    long long allocs_built; /* nvJPEG allocations (all backends) when sf_cuda_jpeg_new returned */
 };
 
 static const nvjpegBackend_t NV_BACKEND[SF_CUDA_JPEG_BACKENDS] = {
@@ -64,6 +75,59 @@ const char *sf_cuda_jpeg_backend_name(sf_cuda_jpeg_backend be)
     }
 }
 
+/* nvJPEG's allocators (the V2 form carries a context: the backend's nv_mem).
+ * Plain cudaMalloc and cudaHostAlloc, as nvJPEG's defaults; they only count.
+ * Returns 0 on success, as nvJPEG expects. */
+static int mem_dev_malloc(void *ctx, void **p, size_t size, cudaStream_t)
+{
+    if (cudaMalloc(p, size) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+    }
+    nv_mem *m = (nv_mem *)ctx;
+    __atomic_add_fetch(&m->device_bytes, (long long)size, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&m->allocs, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static int mem_dev_free(void *ctx, void *p, size_t size, cudaStream_t)
+{
+    if (!p)
+        return 0;
+    __atomic_sub_fetch(&((nv_mem *)ctx)->device_bytes, (long long)size, __ATOMIC_RELAXED);
+    return cudaFree(p) == cudaSuccess ? 0 : 1;
+}
+
+static int mem_pinned_malloc(void *ctx, void **p, size_t size, cudaStream_t)
+{
+    if (cudaHostAlloc(p, size, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        return 1;
+    }
+    nv_mem *m = (nv_mem *)ctx;
+    __atomic_add_fetch(&m->pinned_bytes, (long long)size, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&m->allocs, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static int mem_pinned_free(void *ctx, void *p, size_t size, cudaStream_t)
+{
+    if (!p)
+        return 0;
+    __atomic_sub_fetch(&((nv_mem *)ctx)->pinned_bytes, (long long)size, __ATOMIC_RELAXED);
+    return cudaFreeHost(p) == cudaSuccess ? 0 : 1;
+}
+
+static long long mem_allocs(const sf_cuda_jpeg *j)
+{
+    long long n = 0;
+    for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++)
+        n += __atomic_load_n(&j->be[k].mem.allocs, __ATOMIC_RELAXED);
+    return n;
+}
+
+static void prewarm(sf_cuda_jpeg *j);
+
 static int backend_create(sf_cuda_jpeg *j, int k)
 {
     backend_state *B = &j->be[k];
@@ -72,14 +136,15 @@ static int backend_create(sf_cuda_jpeg *j, int k)
      * file fails, as the reference decode fails on libjpeg-turbo's warnings,
      * rather than training as a partly grey image. */
     const unsigned flags = NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION | NVJPEG_FLAGS_BITSTREAM_STRICT;
-    nvjpegStatus_t s = nvjpegCreateEx(NV_BACKEND[k], NULL, NULL, flags, &B->h);
+    nvjpegDevAllocatorV2_t da = {mem_dev_malloc, mem_dev_free, &B->mem};
+    nvjpegPinnedAllocatorV2_t pa = {mem_pinned_malloc, mem_pinned_free, &B->mem};
+    nvjpegStatus_t s = nvjpegCreateExV2(NV_BACKEND[k], &da, &pa, flags, &B->h);
     if (s != NVJPEG_STATUS_SUCCESS) {
         B->h = NULL;
         snprintf(B->why, sizeof B->why, "%s", status_name(s));
         return -1;
     }
-    if ((s = nvjpegJpegStateCreate(B->h, &B->st)) != NVJPEG_STATUS_SUCCESS ||
-        (s = nvjpegJpegStreamCreate(B->h, &B->js)) != NVJPEG_STATUS_SUCCESS) {
+    if ((s = nvjpegJpegStateCreate(B->h, &B->st)) != NVJPEG_STATUS_SUCCESS) {
         snprintf(B->why, sizeof B->why, "%s", status_name(s));
         return -1;
     }
@@ -98,8 +163,6 @@ static int backend_create(sf_cuda_jpeg *j, int k)
 
 static void backend_destroy(backend_state *B)
 {
-    if (B->js)
-        nvjpegJpegStreamDestroy(B->js);
     if (B->st)
         nvjpegJpegStateDestroy(B->st);
     if (B->h)
@@ -169,10 +232,24 @@ sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, char *err, siz
         sf_cuda_jpeg_free(j);
         return NULL;
     }
+    prewarm(j);
+    j->allocs_built = mem_allocs(j);
     return j;
 }
 
 uint8_t *sf_cuda_jpeg_output(const sf_cuda_jpeg *j) { return j->d_out; }
+
+void sf_cuda_jpeg_memory(const sf_cuda_jpeg *j, sf_cuda_jpeg_mem *m)
+{
+    memset(m, 0, sizeof *m);
+    for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++) {
+        m->device_bytes += (size_t)__atomic_load_n(&j->be[k].mem.device_bytes, __ATOMIC_RELAXED);
+        m->pinned_bytes += (size_t)__atomic_load_n(&j->be[k].mem.pinned_bytes, __ATOMIC_RELAXED);
+        m->warm_failed += j->be[k].ok && j->be[k].warm[0];
+    }
+    m->staging_bytes = j->out_cap;
+    m->allocs_after_build = mem_allocs(j) - j->allocs_built;
+}
 
 sf_cuda_jpeg_backend sf_cuda_jpeg_last(const sf_cuda_jpeg *j) { return j->last; }
 
@@ -183,38 +260,54 @@ int sf_cuda_jpeg_has(const sf_cuda_jpeg *j, sf_cuda_jpeg_backend be)
 
 int sf_cuda_jpeg_describe(const sf_cuda_jpeg *j, char *buf, size_t len)
 {
+    sf_cuda_jpeg_mem m;
+    sf_cuda_jpeg_memory(j, &m);
+    char warm[3 * 112] = "";
+    size_t at = 0;
+    for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++)
+        if (j->be[k].ok && j->be[k].warm[0] && at < sizeof warm)
+            at += (size_t)snprintf(warm + at, sizeof warm - at, "; %s not sized at start (%s)",
+                                   sf_cuda_jpeg_backend_name((sf_cuda_jpeg_backend)k), j->be[k].warm);
     return snprintf(buf, len,
                     "jpeg decode: nvJPEG, hardware %s, gpu_hybrid %s, hybrid %s; a batch runs on hardware when "
-                    "available and every file is baseline, else on gpu_hybrid; staging %zu MiB\n",
+                    "available and every file is baseline, except batches of >= %d files of <= %d pixels on "
+                    "average, which run on gpu_hybrid; staging %zu MiB; nvJPEG buffers %zu MiB device, %zu MiB "
+                    "pinned, sized at start%s\n",
                     j->be[SF_CUDA_JPEG_HARDWARE].ok ? "yes" : "no", j->be[SF_CUDA_JPEG_GPU_HYBRID].ok ? "yes" : "no",
-                    j->be[SF_CUDA_JPEG_HYBRID].ok ? "yes" : "no", j->out_cap >> 20);
+                    j->be[SF_CUDA_JPEG_HYBRID].ok ? "yes" : "no", SF_CUDA_JPEG_GPU_HUFFMAN_MIN_BATCH,
+                    SF_CUDA_JPEG_GPU_HYBRID_MAX_PIXELS, j->out_cap >> 20, m.device_bytes >> 20, m.pinned_bytes >> 20,
+                    warm);
 }
 
-/* Whether the hardware engines take every file of b (nvJPEG's own check). */
-static int hardware_takes(sf_cuda_jpeg *j, const sf_batch *b)
+sf_cuda_jpeg_backend sf_cuda_jpeg_rule(int n, int64_t pixels, unsigned forms, int has_hardware, int has_gpu_hybrid)
 {
-    backend_state *B = &j->be[SF_CUDA_JPEG_HARDWARE];
-    for (int i = 0; i < b->n; i++) {
-        int unsupported = 1;
-        const int64_t o0 = b->jpeg_off[i], o1 = b->jpeg_off[i + 1];
-        if (nvjpegJpegStreamParseHeader(B->h, b->jpeg + o0, (size_t)(o1 - o0), B->js) != NVJPEG_STATUS_SUCCESS ||
-            nvjpegDecodeBatchedSupported(B->h, B->js, &unsupported) != NVJPEG_STATUS_SUCCESS || unsupported)
-            return 0;
-    }
-    return 1;
+    const sf_cuda_jpeg_backend hybrid = has_gpu_hybrid ? SF_CUDA_JPEG_GPU_HYBRID : SF_CUDA_JPEG_HYBRID;
+    if (!has_hardware || (forms & (SF_JPEG_FORM_PROGRESSIVE | SF_JPEG_FORM_EXTENDED | SF_JPEG_FORM_CHROMA_4X)))
+        return hybrid;
+    /* Every file is baseline with a chroma layout the engines take. gpu_hybrid
+     * decodes Huffman on the GPU only above SF_CUDA_JPEG_GPU_HUFFMAN_MIN_BATCH
+     * files; there, on small files, it outran the engines (see the header). */
+    if (has_gpu_hybrid && n >= SF_CUDA_JPEG_GPU_HUFFMAN_MIN_BATCH && n > 0 &&
+        pixels <= (int64_t)n * SF_CUDA_JPEG_GPU_HYBRID_MAX_PIXELS)
+        return SF_CUDA_JPEG_GPU_HYBRID;
+    return SF_CUDA_JPEG_HARDWARE;
 }
 
 static sf_cuda_jpeg_backend choose(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want)
 {
     if (want != SF_CUDA_JPEG_AUTO)
         return want;
-    if (j->be[SF_CUDA_JPEG_HARDWARE].ok && !b->jpeg_progressive && hardware_takes(j, b))
-        return SF_CUDA_JPEG_HARDWARE;
-    return j->be[SF_CUDA_JPEG_GPU_HYBRID].ok ? SF_CUDA_JPEG_GPU_HYBRID : SF_CUDA_JPEG_HYBRID;
+    /* From what the server read of every header (sf_batch.jpeg_forms and
+     * decoded_bytes): nothing is parsed again here, on the engine thread. A
+     * file the engines still refuse (a baseline file of several scans, which
+     * the header read cannot see) fails the call at once and the batch runs
+     * on the hybrid backend (sf_cuda_jpeg_decode). */
+    return sf_cuda_jpeg_rule(b->n, (int64_t)(b->decoded_bytes / 3), b->jpeg_forms,
+                             j->be[SF_CUDA_JPEG_HARDWARE].ok, j->be[SF_CUDA_JPEG_GPU_HYBRID].ok);
 }
 
-/* Decodes samples [i0, i0 + n) of b with backend k. */
-static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, int i0, int n, cudaStream_t s)
+/* Decodes the n files of j->data/lengths into j->dst with backend k. */
+static nvjpegStatus_t decode_arrays(sf_cuda_jpeg *j, int k, int n, cudaStream_t s)
 {
     backend_state *B = &j->be[k];
     nvjpegStatus_t st;
@@ -225,6 +318,15 @@ static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, int i0, int
         }
         B->batch = n;
     }
+    st = nvjpegDecodeBatched(B->h, B->st, j->data, j->lengths, j->dst, s);
+    if (st != NVJPEG_STATUS_SUCCESS)
+        B->batch = 0; /* a failed batch needs a fresh initialisation */
+    return st;
+}
+
+/* Decodes samples [i0, i0 + n) of b with backend k. */
+static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, int i0, int n, cudaStream_t s)
+{
     for (int i = 0; i < n; i++) {
         const sf_aug_sample *sm = &b->samples[i0 + i];
         j->data[i] = b->jpeg + b->jpeg_off[i0 + i];
@@ -233,10 +335,171 @@ static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, int i0, int
         j->dst[i].channel[0] = j->d_out + sm->src_off;
         j->dst[i].pitch[0] = (size_t)sm->src_w * 3;
     }
-    st = nvjpegDecodeBatched(B->h, B->st, j->data, j->lengths, j->dst, s);
-    if (st != NVJPEG_STATUS_SUCCESS)
-        B->batch = 0; /* a failed batch needs a fresh initialisation */
-    return st;
+    return decode_arrays(j, k, n, s);
+}
+
+/* ---- sizing nvJPEG's buffers at start -------------------------------------
+ *
+ * nvJPEG sizes its hybrid backends' buffers (coefficients, bitstream copies,
+ * per-image state) when a batch needs them and keeps the largest: left alone
+ * they grow on the first batches, with cudaMalloc/cudaFree (device-wide
+ * synchronisations) in the middle of training, and again whenever a larger
+ * batch comes. The library has no call that sizes them from bounds (only the
+ * hardware backend's nvjpegDecodeBatchedPreAllocate), so sf_cuda_jpeg_new
+ * decodes one synthetic batch at the bounds on every backend: max_batch files
+ * of side x side, side = sqrt(max_pixels / max_batch), 4:4:4 (the most
+ * coefficients per pixel of any layout the server lets in) with about 0.38
+ * bytes of entropy-coded data per pixel (twice the 0.17-0.19 of the quality-90
+ * files of bench/results/2026-11-24-h100-jpeg.md). The allocators above count
+ * what nvJPEG allocates after that (sf_cuda_jpeg_memory): the GPU test
+ * decodes batches of other sizes and layouts and asserts the count stays 0. */
+
+#define SYNTH_AC 31 /* coded AC coefficients per block: 3 + 2*31 bits per 8x8 block */
+
+static void put16(uint8_t *o, size_t *at, int v)
+{
+    o[(*at)++] = (uint8_t)(v >> 8);
+    o[(*at)++] = (uint8_t)v;
+}
+
+/* See jpeg_decode.h. */
+size_t sf_cuda_jpeg_synthetic_cap(int side)
+{
+    const size_t blocks = 3 * (size_t)((side + 7) / 8) * (size_t)((side + 7) / 8);
+    const size_t bits = blocks * (1 + 2 * SYNTH_AC + 2);
+    /* Markers and tables, the data, and stuffing of the padded last byte. */
+    return 256 + bits / 8 + 4;
+}
+
+/* A baseline, interleaved 4:4:4 JPEG of side x side (any side >= 1: the
+ * blocks cover ceil(side / 8) in each direction). Its own Huffman tables
+ * hold only the symbols it uses: DC category 0 ("0"), AC run 0 / size 1 ("0",
+ * then one bit: 1 for +1) and end of block ("10"); quantisation 1 everywhere.
+ * Every block codes DC difference 0 and SYNTH_AC coefficients of +1. The bit
+ * pattern never holds eight ones in a row, so only the padded last byte can
+ * need a stuffed zero. Returns the length written into o (synth_cap bytes). */
+size_t sf_cuda_jpeg_synthetic(int side, uint8_t *o)
+{
+    size_t at = 0;
+    put16(o, &at, 0xFFD8); /* SOI */
+    put16(o, &at, 0xFFDB); /* DQT: table 0, 8-bit, all ones */
+    put16(o, &at, 67);
+    o[at++] = 0x00;
+    for (int i = 0; i < 64; i++)
+        o[at++] = 1;
+    put16(o, &at, 0xFFC0); /* SOF0 */
+    put16(o, &at, 17);
+    o[at++] = 8;
+    put16(o, &at, side);
+    put16(o, &at, side);
+    o[at++] = 3;
+    for (int c = 1; c <= 3; c++) {
+        o[at++] = (uint8_t)c;
+        o[at++] = 0x11;
+        o[at++] = 0;
+    }
+    put16(o, &at, 0xFFC4); /* DHT: DC table 0, one code of length 1 */
+    put16(o, &at, 2 + 1 + 16 + 1);
+    o[at++] = 0x00;
+    for (int i = 0; i < 16; i++)
+        o[at++] = i == 0 ? 1 : 0;
+    o[at++] = 0x00;
+    put16(o, &at, 0xFFC4); /* DHT: AC table 0, codes of length 1 and 2 */
+    put16(o, &at, 2 + 1 + 16 + 2);
+    o[at++] = 0x10;
+    for (int i = 0; i < 16; i++)
+        o[at++] = i < 2 ? 1 : 0;
+    o[at++] = 0x01;
+    o[at++] = 0x00;
+    put16(o, &at, 0xFFDA); /* SOS: the three components, tables 0/0 */
+    put16(o, &at, 12);
+    o[at++] = 3;
+    for (int c = 1; c <= 3; c++) {
+        o[at++] = (uint8_t)c;
+        o[at++] = 0x00;
+    }
+    o[at++] = 0;
+    o[at++] = 63;
+    o[at++] = 0;
+    unsigned acc = 0;
+    int nbits = 0;
+#define SYNTH_BITS(v, len)                                              \
+    do {                                                                \
+        acc = (acc << (len)) | (unsigned)(v);                           \
+        nbits += (len);                                                 \
+        while (nbits >= 8) {                                            \
+            nbits -= 8;                                                 \
+            o[at++] = (uint8_t)(acc >> nbits);                          \
+        }                                                               \
+        acc &= (1u << nbits) - 1;                                       \
+    } while (0)
+    const size_t blocks = 3 * (size_t)((side + 7) / 8) * (size_t)((side + 7) / 8);
+    for (size_t blk = 0; blk < blocks; blk++) {
+        SYNTH_BITS(0, 1);         /* DC: category 0 */
+        for (int k = 0; k < SYNTH_AC; k++)
+            SYNTH_BITS(1, 2);     /* AC: "0" (run 0, size 1), then "1" (+1) */
+        SYNTH_BITS(2, 2);         /* EOB: "10" */
+    }
+    if (nbits > 0) {
+        /* Pad with ones; a byte of all ones is followed by a stuffed zero. */
+        const uint8_t last = (uint8_t)((acc << (8 - nbits)) | ((1u << (8 - nbits)) - 1));
+        o[at++] = last;
+        if (last == 0xFF)
+            o[at++] = 0x00;
+    }
+#undef SYNTH_BITS
+    put16(o, &at, 0xFFD9); /* EOI */
+    return at;
+}
+
+/* Decodes the synthetic batch at the bounds on every backend (see above).
+ * A backend whose decode fails keeps a reason in warm (describe() shows it)
+ * and grows its buffers on first use, as before. */
+static void prewarm(sf_cuda_jpeg *j)
+{
+    int side = (int)sqrt((double)j->max_pixels / j->max_batch);
+    side = side > 16384 ? 16384 : side;
+    for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++)
+        j->be[k].warm[0] = '\0';
+    if (side < 8) {
+        for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++)
+            snprintf(j->be[k].warm, sizeof j->be[k].warm, "the bounds give files under 8x8");
+        return;
+    }
+    uint8_t *file = (uint8_t *)malloc(sf_cuda_jpeg_synthetic_cap(side));
+    cudaStream_t s = NULL;
+    if (!file || cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaGetLastError();
+        free(file);
+        for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++)
+            snprintf(j->be[k].warm, sizeof j->be[k].warm, "out of memory for the synthetic batch");
+        return;
+    }
+    const size_t len = sf_cuda_jpeg_synthetic(side, file);
+    const size_t img = (size_t)side * side * 3;
+    for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++) {
+        backend_state *B = &j->be[k];
+        if (!B->ok)
+            continue;
+        /* The same file max_batch times: nvJPEG sizes by what it decodes,
+         * not by where the bytes come from. */
+        for (int i = 0; i < j->max_batch; i++) {
+            j->data[i] = file;
+            j->lengths[i] = len;
+            memset(&j->dst[i], 0, sizeof j->dst[i]);
+            j->dst[i].channel[0] = j->d_out + (size_t)i * img;
+            j->dst[i].pitch[0] = (size_t)side * 3;
+        }
+        nvjpegStatus_t st = decode_arrays(j, k, j->max_batch, s);
+        cudaError_t ce = cudaStreamSynchronize(s);
+        if (st != NVJPEG_STATUS_SUCCESS || ce != cudaSuccess) {
+            snprintf(B->warm, sizeof B->warm, "%s",
+                     st != NVJPEG_STATUS_SUCCESS ? status_name(st) : cudaGetErrorString(ce));
+            cudaGetLastError();
+        }
+    }
+    cudaStreamDestroy(s);
+    free(file);
 }
 
 int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, cudaStream_t s)

@@ -15,11 +15,25 @@
  * or 4:1:1), GPU_HYBRID (Huffman decode on the GPU for baseline files in
  * batches above 50, on the CPU otherwise; IDCT and colour on the GPU) and
  * HYBRID (Huffman on the CPU). sf_cuda_jpeg_new creates each one the device
- * and library allow; a batch runs on HARDWARE when it is available, no file
- * is progressive and nvJPEG says it supports every file
- * (nvjpegDecodeBatchedSupported), else on GPU_HYBRID (HYBRID where that could
- * not be created); a batch the engines still refuse runs again on the hybrid
- * backend. A caller may force one backend (the benchmark does).
+ * and library allow. Under AUTO a batch is placed by sf_cuda_jpeg_rule from
+ * what the server read of its headers (sf_batch.jpeg_forms, decoded_bytes):
+ * nothing is parsed again per batch. The rule, from the decode-alone
+ * measurements of bench/results/2026-11-24-h100-jpeg.md (H100, images/s,
+ * hardware vs gpu_hybrid): 256x256 files 16.1k vs 3.7k at batch 32 and
+ * 23.3k vs 43.3k at batch 256; 500x375 files 20.7k vs 1.4k at batch 32 and
+ * 26.6k vs 22.8k at batch 256. So: a batch with a progressive, extended or
+ * 4:1:x file runs on GPU_HYBRID (HYBRID where that could not be created);
+ * otherwise a batch of at least SF_CUDA_JPEG_GPU_HUFFMAN_MIN_BATCH files of
+ * at most SF_CUDA_JPEG_GPU_HYBRID_MAX_PIXELS pixels on average runs on
+ * GPU_HYBRID, and every other one on HARDWARE. The pixel bound lies between
+ * the two measured sizes (65 536 and 187 500 pixels; the crossover
+ * interpolated on a log scale is near 150 000) and below the crossover on
+ * purpose: GPU_HYBRID takes SM time from the training step, the engines do
+ * not, and the decode-alone figures do not see that. A batch the engines
+ * still refuse (a baseline file of several scans, which the header read does
+ * not see) fails nvJPEG's call before any GPU work and runs again on the
+ * hybrid backend. A caller may force one backend (jpeg.decoder, the
+ * benchmark).
  *
  * Output. Sample i as interleaved RGB (3-channel HWC uint8, rows of 3w bytes)
  * at byte samples[i].src_off of the staging area, samples[i].src_h x src_w:
@@ -30,11 +44,14 @@
  * Bitstreams are decoded strictly (NVJPEG_FLAGS_BITSTREAM_STRICT): damaged
  * scan data fails the batch, as it does on the reference backend.
  *
- * Memory. The staging area (3 * max_pixels bytes) is allocated by
- * sf_cuda_jpeg_new, once. nvJPEG's own pinned and device buffers are
- * pre-allocated for max_batch images of the average size where the library
- * offers it (the hardware backend); otherwise they grow to the largest batch
- * seen and are reused after that.
+ * Memory, sized once. The staging area (3 * max_pixels bytes) is allocated
+ * by sf_cuda_jpeg_new. nvJPEG's own pinned and device buffers are sized there
+ * too: the hardware backend by nvjpegDecodeBatchedPreAllocate, and every
+ * backend by decoding one synthetic batch at the bounds (jpeg_decode.cu says
+ * which), since the hybrid backends have no sizing call and otherwise grow
+ * on the first batches with cudaMalloc/cudaFree mid-training. Every nvJPEG
+ * allocation goes through counting allocators: sf_cuda_jpeg_memory reports
+ * the bytes held and the allocations made after sf_cuda_jpeg_new returned.
  *
  * Threads: one decoder is used by one thread at a time (the engine thread).
  */
@@ -69,12 +86,34 @@ sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, char *err, siz
 void sf_cuda_jpeg_free(sf_cuda_jpeg *j);
 
 /* Queues the decode of b's n files on stream s (b->jpeg, b->jpeg_off,
- * b->samples[i].src_off/src_h/src_w; b->jpeg_progressive picks the backend
- * under AUTO). The files must stay unchanged until that work has completed on
+ * b->samples[i].src_off/src_h/src_w; b->jpeg_forms, b->decoded_bytes and b->n
+ * pick the backend under AUTO). The files must stay unchanged until that work has completed on
  * s. Returns 0, or -1 with sf_cuda_last_error() naming the backend and, when
  * nvJPEG refused a file, the sample (found by decoding the files one by one:
  * the error path only). */
 int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, cudaStream_t s);
+
+/* The AUTO rule (see above) for a batch of n files of `pixels` decoded
+ * pixels in all whose forms are the SF_JPEG_FORM_* bits, given which backends
+ * exist. Pure: no nvJPEG call. */
+#define SF_CUDA_JPEG_GPU_HUFFMAN_MIN_BATCH 51    /* nvJPEG: GPU Huffman "when batch size is bigger than 50" */
+#define SF_CUDA_JPEG_GPU_HYBRID_MAX_PIXELS 131072 /* average pixels per file; see above */
+sf_cuda_jpeg_backend sf_cuda_jpeg_rule(int n, int64_t pixels, unsigned forms, int has_hardware, int has_gpu_hybrid);
+
+/* nvJPEG's own buffers, all backends together. */
+typedef struct sf_cuda_jpeg_mem {
+    size_t device_bytes, pinned_bytes; /* held now */
+    size_t staging_bytes;              /* the staging area (device memory), beside them */
+    long long allocs_after_build;      /* allocations since sf_cuda_jpeg_new returned: 0 is "sized once" */
+    int warm_failed;                   /* backends whose build-time decode failed (describe says why) */
+} sf_cuda_jpeg_mem;
+void sf_cuda_jpeg_memory(const sf_cuda_jpeg *j, sf_cuda_jpeg_mem *m);
+
+/* The synthetic file of the build-time decode (jpeg_decode.cu): a baseline
+ * 4:4:4 JPEG of side x side. sf_cuda_jpeg_synthetic writes it into out, which
+ * holds sf_cuda_jpeg_synthetic_cap(side) bytes, and returns its length. */
+size_t sf_cuda_jpeg_synthetic_cap(int side);
+size_t sf_cuda_jpeg_synthetic(int side, uint8_t *out);
 
 /* The device staging area the decode writes. */
 uint8_t *sf_cuda_jpeg_output(const sf_cuda_jpeg *j);
@@ -85,7 +124,7 @@ int sf_cuda_jpeg_has(const sf_cuda_jpeg *j, sf_cuda_jpeg_backend be);
 /* "hardware", "gpu_hybrid", "hybrid", "auto". */
 const char *sf_cuda_jpeg_backend_name(sf_cuda_jpeg_backend be);
 /* One line for the backend's describe(): the backends available, the choice
- * rule and the staging size. Returns the length written (snprintf's). */
+ * rule, the staging size and nvJPEG's buffers. Returns the length written (snprintf's). */
 int sf_cuda_jpeg_describe(const sf_cuda_jpeg *j, char *buf, size_t len);
 
 #ifdef __cplusplus

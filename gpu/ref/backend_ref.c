@@ -604,6 +604,7 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
     sf_batch raw;
     char derr[sizeof ev.err];
     const int decode_rc = decode(c, b_in, &raw, derr, sizeof derr);
+    const uint64_t t_decoded = now_ns();
     const sf_batch *b = &raw;
     int64_t bad = 0;
     long long bad_at = -1;
@@ -648,6 +649,10 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
 
     ev.loss = loss;
     ev.correct = correct;
+    if (b_in->jpeg) {
+        snprintf(ev.decoder, sizeof ev.decoder, "libjpeg-turbo");
+        ev.decode_host_s = (double)(t_decoded - t0) * 1e-9;
+    }
     ev.n_labels = (int64_t)n * (int64_t)c->labels_per_sample;
     ev.step = c->step;
     /* No host-to-device copy on the CPU: a zero-length h2d stage. */

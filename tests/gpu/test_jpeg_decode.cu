@@ -83,7 +83,7 @@ typedef struct jbatch {
     std::vector<int64_t> off;
     std::vector<sf_aug_sample> smp;
     size_t decoded;
-    int progressive;
+    unsigned forms;
     sf_batch b;
 } jbatch;
 
@@ -93,7 +93,7 @@ static void make_batch(jbatch &jb, const std::vector<jcase> &cases, uint64_t see
     jb.off.assign(1, 0);
     jb.smp.assign(cases.size(), sf_aug_sample());
     jb.decoded = 0;
-    jb.progressive = 0;
+    jb.forms = 0;
     for (size_t i = 0; i < cases.size(); i++) {
         std::vector<uint8_t> f = encode(cases[i], seed + i);
         jb.bytes.insert(jb.bytes.end(), f.begin(), f.end());
@@ -103,7 +103,9 @@ static void make_batch(jbatch &jb, const std::vector<jcase> &cases, uint64_t see
         jb.smp[i].src_w = cases[i].w;
         jb.smp[i].src_off = jb.decoded;
         jb.decoded += (size_t)cases[i].h * cases[i].w * 3;
-        jb.progressive |= cases[i].progressive;
+        /* What the server's header read would report (server/upload.c). */
+        if (cases[i].progressive)
+            jb.forms |= SF_JPEG_FORM_PROGRESSIVE;
     }
     memset(&jb.b, 0, sizeof jb.b);
     jb.b.n = (int)cases.size();
@@ -111,7 +113,7 @@ static void make_batch(jbatch &jb, const std::vector<jcase> &cases, uint64_t see
     jb.b.nhwc = 1;
     jb.b.jpeg = jb.bytes.data();
     jb.b.jpeg_off = jb.off.data();
-    jb.b.jpeg_progressive = jb.progressive;
+    jb.b.jpeg_forms = jb.forms;
     jb.b.decoded_bytes = jb.decoded;
     jb.b.samples = jb.smp.data();
 }
@@ -233,6 +235,13 @@ static void through_backends(const std::vector<jcase> &cases)
                 else {
                     status = ev[i].status;
                     loss[k] = ev[i].loss;
+                    /* The engine counts JPEG batches per decoder from this. */
+                    if (status == 0 && (!ev[i].decoder[0] || (k == 1 && strcmp(ev[i].decoder, "libjpeg-turbo"))))
+                        fail("%s: STEP_DONE of a JPEG batch names decoder \"%s\"", bes[k]->i->name(bes[k]),
+                             ev[i].decoder);
+                    else if (status == 0)
+                        ok("%s: STEP_DONE of a JPEG batch names its decoder (%s, %.3f ms on the host)",
+                           bes[k]->i->name(bes[k]), ev[i].decoder, ev[i].decode_host_s * 1e3);
                     if (status)
                         printf("  %s: %s\n", bes[k]->i->name(bes[k]), ev[i].err);
                 }
@@ -257,12 +266,131 @@ static void through_backends(const std::vector<jcase> &cases)
     ref->i->destroy(ref);
 }
 
+/* The AUTO rule (jpeg_decode.h), a pure function: the cases the H100
+ * measurements decided, and the forms only the hybrid backends take. */
+static void rule_cases(void)
+{
+    const int64_t small = 256 * 256, large = 500 * 375;
+    struct {
+        int n;
+        int64_t px;
+        unsigned forms;
+        int hw, gh;
+        sf_cuda_jpeg_backend want;
+        const char *what;
+    } c[] = {
+        {32, 32 * small, 0, 1, 1, SF_CUDA_JPEG_HARDWARE, "32 files of 256x256 (engines 16.1k vs 3.7k images/s)"},
+        {256, 256 * small, 0, 1, 1, SF_CUDA_JPEG_GPU_HYBRID, "256 files of 256x256 (gpu_hybrid 43.3k vs 23.3k)"},
+        {32, 32 * large, 0, 1, 1, SF_CUDA_JPEG_HARDWARE, "32 files of 500x375 (engines 20.7k vs 1.4k)"},
+        {256, 256 * large, 0, 1, 1, SF_CUDA_JPEG_HARDWARE, "256 files of 500x375 (engines 26.6k vs 22.8k)"},
+        {50, 50 * small, 0, 1, 1, SF_CUDA_JPEG_HARDWARE, "50 small files: Huffman would run on the CPU"},
+        {256, 256 * small, SF_JPEG_FORM_PROGRESSIVE, 1, 1, SF_CUDA_JPEG_GPU_HYBRID, "a progressive file"},
+        {8, 8 * small, SF_JPEG_FORM_EXTENDED, 1, 1, SF_CUDA_JPEG_GPU_HYBRID, "an extended (SOF1) file"},
+        {8, 8 * small, SF_JPEG_FORM_CHROMA_4X, 1, 1, SF_CUDA_JPEG_GPU_HYBRID, "a 4:1:1 file"},
+        {8, 8 * small, SF_JPEG_FORM_CHROMA_4X, 1, 0, SF_CUDA_JPEG_HYBRID, "a 4:1:1 file without gpu_hybrid"},
+        {256, 256 * small, 0, 0, 1, SF_CUDA_JPEG_GPU_HYBRID, "no engines"},
+        {256, 256 * small, 0, 1, 0, SF_CUDA_JPEG_HARDWARE, "no gpu_hybrid"},
+    };
+    for (const auto &k : c) {
+        sf_cuda_jpeg_backend got = sf_cuda_jpeg_rule(k.n, k.px, k.forms, k.hw, k.gh);
+        if (got == k.want)
+            ok("auto rule: %s -> %s", k.what, sf_cuda_jpeg_backend_name(got));
+        else
+            fail("auto rule: %s -> %s, expected %s", k.what, sf_cuda_jpeg_backend_name(got),
+                 sf_cuda_jpeg_backend_name(k.want));
+    }
+}
+
+/* The synthetic file that sizes nvJPEG's buffers at start is a valid JPEG of
+ * the size asked for, with no warning from libjpeg-turbo (which refuses
+ * damaged files), and carries the entropy-coded bytes jpeg_decode.cu states. */
+static void synthetic_file(void)
+{
+    const int sides[] = {8, 64, 433, 1024};
+    for (int side : sides) {
+        std::vector<uint8_t> f(sf_cuda_jpeg_synthetic_cap(side));
+        const size_t len = sf_cuda_jpeg_synthetic(side, f.data());
+        tjhandle tj = tjInitDecompress();
+        int w = 0, h = 0, sub = -1, cs = -1;
+        std::vector<uint8_t> px((size_t)side * side * 3);
+        int rc = tjDecompressHeader3(tj, f.data(), len, &w, &h, &sub, &cs);
+        rc = rc || tjDecompress2(tj, f.data(), len, px.data(), side, side * 3, side, TJPF_RGB, TJFLAG_STOPONWARNING);
+        if (rc || w != side || h != side || sub != TJSAMP_444)
+            fail("synthetic %dx%d JPEG: %s (%dx%d, subsampling %d)", side, side, rc ? tjGetErrorStr2(tj) : "ok",
+                 w, h, sub);
+        else
+            ok("synthetic %dx%d JPEG decodes on libjpeg-turbo: 4:4:4, %zu bytes (%.2f bytes per pixel)", side, side,
+               len, (double)len / ((double)side * side));
+        tjDestroy(tj);
+    }
+}
+
+/* nvJPEG's buffers are sized by sf_cuda_jpeg_new: batches of other sizes,
+ * counts and layouts afterwards allocate nothing (the counting allocators). */
+static void sized_once(const std::vector<jcase> &baseline, const std::vector<jcase> &with_prog)
+{
+    char err[200];
+    const int maxb = 64;
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(maxb, (int64_t)maxb * 200000, err, sizeof err);
+    if (!j) {
+        fail("sf_cuda_jpeg_new: %s", err);
+        return;
+    }
+    sf_cuda_jpeg_mem m0;
+    sf_cuda_jpeg_memory(j, &m0);
+    if (m0.warm_failed) {
+        char desc[1024];
+        sf_cuda_jpeg_describe(j, desc, sizeof desc);
+        fail("the build-time decode failed on %d backend(s): %s", m0.warm_failed, desc);
+    } else {
+        ok("nvJPEG buffers sized at start: %.1f MiB device, %.1f MiB pinned", m0.device_bytes / 1048576.0,
+           m0.pinned_bytes / 1048576.0);
+    }
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    std::vector<jcase> full_small(maxb, jcase{256, 256, TJSAMP_420, 0, "420"});
+    std::vector<jcase> full_large(maxb, jcase{375, 500, TJSAMP_420, 0, "420"});
+    std::vector<jcase> one = {{375, 500, TJSAMP_444, 0, "444"}};
+    const std::vector<jcase> *lists[] = {&baseline, &full_small, &full_large, &one, &with_prog};
+    const sf_cuda_jpeg_backend bes[] = {SF_CUDA_JPEG_AUTO, SF_CUDA_JPEG_HARDWARE, SF_CUDA_JPEG_GPU_HYBRID,
+                                        SF_CUDA_JPEG_HYBRID};
+    jbatch jb;
+    int runs = 0;
+    for (const std::vector<jcase> *l : lists) {
+        make_batch(jb, *l, 500 + (uint64_t)runs);
+        for (sf_cuda_jpeg_backend be : bes) {
+            if (be != SF_CUDA_JPEG_AUTO && !sf_cuda_jpeg_has(j, be))
+                continue;
+            if (be == SF_CUDA_JPEG_HARDWARE && jb.forms)
+                continue;
+            sf_cuda_clear_error();
+            if (sf_cuda_jpeg_decode(j, &jb.b, be, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess) {
+                fail("%s: %d files: %s", sf_cuda_jpeg_backend_name(be), jb.b.n, sf_cuda_last_error());
+                continue;
+            }
+            runs++;
+        }
+    }
+    sf_cuda_jpeg_mem m1;
+    sf_cuda_jpeg_memory(j, &m1);
+    if (m1.allocs_after_build == 0)
+        ok("%d decodes (1 to %d files, 4:2:0 to 4:4:4, progressive) allocated nothing after the build", runs, maxb);
+    else
+        fail("%d decodes allocated %lld more nvJPEG buffers after the build (now %.1f MiB device, %.1f MiB pinned)",
+             runs, m1.allocs_after_build, m1.device_bytes / 1048576.0, m1.pinned_bytes / 1048576.0);
+    cudaStreamDestroy(s);
+    sf_cuda_jpeg_free(j);
+}
+
 int main(void)
 {
+    /* Neither needs a device. */
+    rule_cases();
+    synthetic_file();
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIPPED: no CUDA device\n");
-        return 0;
+        printf("SKIPPED: no CUDA device (the rule and synthetic-file checks ran: %d ok, %d failed)\n", g_ok, g_fail);
+        return g_fail ? 1 : 0;
     }
     const std::vector<jcase> baseline = {
         {64, 64, TJSAMP_444, 0, "444"},     {64, 64, TJSAMP_422, 0, "422"},
@@ -281,7 +409,7 @@ int main(void)
         fail("sf_cuda_jpeg_new: %s", err);
         return 1;
     }
-    char desc[300];
+    char desc[1024];
     sf_cuda_jpeg_describe(j, desc, sizeof desc);
     printf("%s", desc);
     cudaStream_t s;
@@ -409,6 +537,7 @@ int main(void)
 
     cudaStreamDestroy(s);
     sf_cuda_jpeg_free(j);
+    sized_once(baseline, with_prog);
     through_backends(with_prog);
     printf("test_jpeg_decode: %d ok, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;

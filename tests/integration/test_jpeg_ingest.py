@@ -100,6 +100,40 @@ def test_a_corrupt_sample_is_refused_naming_its_index_and_the_next_good_batch_tr
     assert r.json()["step"] == 1
 
 
+def test_jpeg_batches_are_counted_per_decoder_in_the_metrics_and_raw_batches_are_not(start_server):
+    s = start_server(TINY)
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        files, labels = learnable_jpeg_batch(rng, 4)
+        r = s.post_batch(jpeg_body(files, labels), wait=True)
+        assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    images, labels = learnable_batch(rng, 4)
+    r = s.post_batch(st_body(images, labels), wait=True)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    m = s.metrics()
+    dec = {"decoder": "libjpeg-turbo"}
+    assert m[key("streamfeed_jpeg_batches_total", **dec)] == 2
+    assert m[key("streamfeed_jpeg_samples_total", **dec)] == 8
+    assert m[key("streamfeed_jpeg_decode_host_seconds_total", **dec)] > 0
+    assert m[key("streamfeed_samples_trained_total")] == 12
+
+
+def test_with_jpeg_max_batch_pixels_0_a_jpeg_batch_is_refused_from_its_header_and_raw_batches_train(
+        start_server):
+    s = start_server(TINY + ["--jpeg.max_batch_pixels", "0"])
+    rng = np.random.default_rng(4)
+    files, labels = learnable_jpeg_batch(rng, 4)
+    r = s.post_batch(jpeg_body(files, labels))
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "jpeg_batch_too_large"
+    assert "jpeg.max_batch_pixels is 0" in err["message"]
+    assert s.metric("streamfeed_batches_rejected_total", reason="jpeg_batch_too_large") == 1
+    images, labels = learnable_batch(rng, 4)
+    r = s.post_batch(st_body(images, labels), wait=True)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+
+
 def test_a_truncated_sample_and_offsets_that_do_not_tile_the_files_are_refused(start_server):
     s = start_server(TINY)
     rng = np.random.default_rng(4)

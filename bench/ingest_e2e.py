@@ -30,6 +30,30 @@ def metric(url, name):
     return total if found else None
 
 
+def by_label(url, name, label):
+    """{label value: sample} of one labelled family (e.g. the JPEG batches per decoder)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(name + r'\{.*' + label + r'="([^"]*)".*\} (\S+)$', line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def stages(url):
+    """Mean seconds per batch of each stage histogram over the whole run (on
+    CUDA the h2d stage holds a JPEG batch's decode, between the same events)."""
+    out = {}
+    for st in ("queue_wait", "h2d", "transform", "step"):
+        n = metric(url, f"streamfeed_{st}_seconds_count")
+        t = metric(url, f"streamfeed_{st}_seconds_sum")
+        if n:
+            out[st + "_ms"] = 1e3 * t / n
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="build/streamfeed")
@@ -70,6 +94,11 @@ def main():
             break
         time.sleep(0.01)
     out, _ = load.communicate(timeout=600)
+    # What ran: the decoder of each JPEG batch (the choice is per batch), the
+    # host time spent issuing decodes, and the mean stage times.
+    decoders = by_label(url, "streamfeed_jpeg_batches_total", "decoder")
+    decode_host = by_label(url, "streamfeed_jpeg_decode_host_seconds_total", "decoder")
+    stage_ms = stages(url)
     srv.send_signal(signal.SIGTERM)
     srv.wait(timeout=60)
     summary = json.loads(out) if out.strip() else {}
@@ -78,9 +107,17 @@ def main():
     gb_per_s = (b1 - b0) / (t1 - t0) / 1e9 if ok else 0.0
     res = {"label": a.label, "steps_per_s": steps_per_s, "ingest_gb_per_s": gb_per_s,
            "window_batches": (s1 - s0) if ok else 0, "loader": summary,
+           "jpeg_decoders": decoders,
+           "jpeg_decode_host_ms_per_batch": {k: 1e3 * v / decoders[k] for k, v in decode_host.items()
+                                             if decoders.get(k)},
+           "stage_ms": stage_ms,
            "server_args": a.server_args, "load_args": a.load_args}
     print(f"streamfeed {a.label}: {steps_per_s:.1f} batches/s finished, {gb_per_s:.2f} GB/s ingested "
           f"(loader {summary.get('mb_per_s', 0):.0f} MB/s, {summary.get('errors', {})} errors)", flush=True)
+    if decoders:
+        print(f"  jpeg batches per decoder {res['jpeg_decoders']}, host ms per batch "
+              f"{ {k: round(v, 3) for k, v in res['jpeg_decode_host_ms_per_batch'].items()} }", flush=True)
+    print(f"  mean stage ms { {k: round(v, 3) for k, v in stage_ms.items()} }", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -8,12 +8,16 @@
 #   2. W1 over HTTP, 8 connections: raw uint8 batches against JPEG batches of
 #      the same size, steps/s and bytes on the wire (bench/ingest_e2e.py);
 #   3. ImageNet-like: ResNet-18 bf16 batch 256 from 500x375 JPEGs through
-#      random_resized_crop 224 (antialias), against raw 224x224 uint8 batches
+#      random_resized_crop 224 (antialias), with the per-batch decoder choice
+#      and with gpu_hybrid forced, against raw 224x224 uint8 batches
 #      through the same list, and PyTorch's DataLoader+PIL and GPU-decode
 #      pipelines on the same files (bench/pytorch_jpeg.py).
 # The files are generated once by streamfeed-load into $JPEG_CACHE (no data
 # set, no network). Results: $BENCH_OUT (default build/bench-out/jpeg), one
 # .jsonl/.json per part and bench.log; the GPU, commit and date beside them.
+# Each HTTP run also records what ran: JPEG batches per decoder
+# (streamfeed_jpeg_batches_total), the engine thread's host time per decode,
+# and the mean h2d (on CUDA: the decode), transform and step times.
 # Expects `make all bench-bins` done (make bench-jpeg does it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,6 +63,13 @@ NB=$(( N / 8 ))
 $E2E --server-args "$W3S --augment.pipeline '$AUG'" \
      --load-args "--workload imagenet-jpeg --cache-dir $CACHE --batch 256 --connections 8 --pool 8" \
      --batches "$NB" --label imagenet_b256_jpeg --json "$OUTD/imagenet_b256_jpeg.json" | tee -a "$OUTD/bench.log"
+# The same with every batch forced onto gpu_hybrid: its Huffman/IDCT kernels
+# share the SMs with the step, where the engines' decode does not; the
+# decode-alone rates above cannot show that cost (the per-batch rule's input).
+$E2E --server-args "$W3S --jpeg.decoder gpu_hybrid --augment.pipeline '$AUG'" \
+     --load-args "--workload imagenet-jpeg --cache-dir $CACHE --batch 256 --connections 8 --pool 8" \
+     --batches "$NB" --label imagenet_b256_jpeg_gpu_hybrid --json "$OUTD/imagenet_b256_jpeg_gpu_hybrid.json" \
+     | tee -a "$OUTD/bench.log"
 $E2E --server-args "$W3S --augment.pipeline '$AUG'" \
      --load-args "--workload w3 --batch 256 --connections 8 --pool 8" \
      --batches "$NB" --label w3_b256_raw --json "$OUTD/w3_b256_raw.json" | tee -a "$OUTD/bench.log"

@@ -129,7 +129,7 @@ int main(int argc, char **argv)
     for (const file &f : files)
         max_px = (int64_t)f.h * f.w > max_px ? (int64_t)f.h * f.w : max_px;
     char err[300];
-    sf_cuda_jpeg *j = sf_cuda_jpeg_new(maxb, max_px * maxb, err, sizeof err);
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(maxb, max_px * maxb, 1, err, sizeof err);
     if (!j) {
         fprintf(stderr, "jpeg_decode: %s\n", err);
         return 1;
@@ -197,7 +197,7 @@ int main(int argc, char **argv)
                     rc = cudaStreamSynchronize(s) != cudaSuccess;
                     t0 = now_s();
                 }
-                rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, s);
+                rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, 0, s);
             }
             rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
             const double sec = now_s() - t0;

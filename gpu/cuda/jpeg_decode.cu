@@ -52,8 +52,10 @@ typedef struct backend_state {
 struct sf_cuda_jpeg {
     int max_batch;
     int64_t max_pixels;
-    uint8_t *d_out;         /* staging: 3 * max_pixels bytes */
-    size_t out_cap;
+    int stages;
+    uint8_t *d_out[SF_CUDA_JPEG_MAX_STAGES]; /* staging areas: 3 * max_pixels bytes each */
+    uint8_t *cur;           /* the one the current decode writes */
+    size_t out_cap;         /* bytes of one staging area */
     backend_state be[SF_CUDA_JPEG_BACKENDS];
     const unsigned char **data; /* [max_batch] host arrays handed to nvjpegDecodeBatched */
     size_t *lengths;
@@ -176,18 +178,19 @@ void sf_cuda_jpeg_free(sf_cuda_jpeg *j)
         return;
     for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++)
         backend_destroy(&j->be[k]);
-    cudaFree(j->d_out);
+    for (int k = 0; k < SF_CUDA_JPEG_MAX_STAGES; k++)
+        cudaFree(j->d_out[k]);
     free(j->data);
     free(j->lengths);
     free(j->dst);
     free(j);
 }
 
-sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, char *err, size_t errlen)
+sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, int stages, char *err, size_t errlen)
 {
-    if (max_batch < 1 || max_pixels < 1) {
-        snprintf(err, errlen, "jpeg decode: max_batch %d and max_pixels %lld must be >= 1", max_batch,
-                 (long long)max_pixels);
+    if (max_batch < 1 || max_pixels < 1 || stages < 1 || stages > SF_CUDA_JPEG_MAX_STAGES) {
+        snprintf(err, errlen, "jpeg decode: max_batch %d and max_pixels %lld must be >= 1, stages %d in 1..%d",
+                 max_batch, (long long)max_pixels, stages, SF_CUDA_JPEG_MAX_STAGES);
         return NULL;
     }
     sf_cuda_jpeg *j = (sf_cuda_jpeg *)calloc(1, sizeof *j);
@@ -223,21 +226,27 @@ sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, char *err, siz
         return NULL;
     }
     j->out_cap = (size_t)max_pixels * 3;
-    cudaError_t ce = cudaMalloc((void **)&j->d_out, j->out_cap);
-    if (ce != cudaSuccess) {
-        snprintf(err, errlen, "jpeg decode: cudaMalloc of %zu bytes for the staging area: %s", j->out_cap,
-                 cudaGetErrorString(ce));
-        cudaGetLastError();
-        j->d_out = NULL;
-        sf_cuda_jpeg_free(j);
-        return NULL;
+    j->stages = stages;
+    for (int k = 0; k < stages; k++) {
+        cudaError_t ce = cudaMalloc((void **)&j->d_out[k], j->out_cap);
+        if (ce != cudaSuccess) {
+            snprintf(err, errlen, "jpeg decode: cudaMalloc of %zu bytes for staging area %d of %d: %s", j->out_cap,
+                     k + 1, stages, cudaGetErrorString(ce));
+            cudaGetLastError();
+            j->d_out[k] = NULL;
+            sf_cuda_jpeg_free(j);
+            return NULL;
+        }
     }
     prewarm(j);
     j->allocs_built = mem_allocs(j);
     return j;
 }
 
-uint8_t *sf_cuda_jpeg_output(const sf_cuda_jpeg *j) { return j->d_out; }
+uint8_t *sf_cuda_jpeg_output(const sf_cuda_jpeg *j, int stage)
+{
+    return stage >= 0 && stage < j->stages ? j->d_out[stage] : NULL;
+}
 
 void sf_cuda_jpeg_memory(const sf_cuda_jpeg *j, sf_cuda_jpeg_mem *m)
 {
@@ -247,7 +256,7 @@ void sf_cuda_jpeg_memory(const sf_cuda_jpeg *j, sf_cuda_jpeg_mem *m)
         m->pinned_bytes += (size_t)__atomic_load_n(&j->be[k].mem.pinned_bytes, __ATOMIC_RELAXED);
         m->warm_failed += j->be[k].ok && j->be[k].warm[0];
     }
-    m->staging_bytes = j->out_cap;
+    m->staging_bytes = j->out_cap * (size_t)j->stages;
     m->allocs_after_build = mem_allocs(j) - j->allocs_built;
 }
 
@@ -271,11 +280,11 @@ int sf_cuda_jpeg_describe(const sf_cuda_jpeg *j, char *buf, size_t len)
     return snprintf(buf, len,
                     "jpeg decode: nvJPEG, hardware %s, gpu_hybrid %s, hybrid %s; a batch runs on hardware when "
                     "available and every file is baseline, except batches of >= %d files of <= %d pixels on "
-                    "average, which run on gpu_hybrid; staging %zu MiB; nvJPEG buffers %zu MiB device, %zu MiB "
+                    "average, which run on gpu_hybrid; staging %d x %zu MiB; nvJPEG buffers %zu MiB device, %zu MiB "
                     "pinned, sized at start%s\n",
                     j->be[SF_CUDA_JPEG_HARDWARE].ok ? "yes" : "no", j->be[SF_CUDA_JPEG_GPU_HYBRID].ok ? "yes" : "no",
                     j->be[SF_CUDA_JPEG_HYBRID].ok ? "yes" : "no", SF_CUDA_JPEG_GPU_HUFFMAN_MIN_BATCH,
-                    SF_CUDA_JPEG_GPU_HYBRID_MAX_PIXELS, j->out_cap >> 20, m.device_bytes >> 20, m.pinned_bytes >> 20,
+                    SF_CUDA_JPEG_GPU_HYBRID_MAX_PIXELS, j->stages, j->out_cap >> 20, m.device_bytes >> 20, m.pinned_bytes >> 20,
                     warm);
 }
 
@@ -332,7 +341,7 @@ static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, int i0, int
         j->data[i] = b->jpeg + b->jpeg_off[i0 + i];
         j->lengths[i] = (size_t)(b->jpeg_off[i0 + i + 1] - b->jpeg_off[i0 + i]);
         memset(&j->dst[i], 0, sizeof j->dst[i]);
-        j->dst[i].channel[0] = j->d_out + sm->src_off;
+        j->dst[i].channel[0] = j->cur + sm->src_off;
         j->dst[i].pitch[0] = (size_t)sm->src_w * 3;
     }
     return decode_arrays(j, k, n, s);
@@ -487,7 +496,7 @@ static void prewarm(sf_cuda_jpeg *j)
             j->data[i] = file;
             j->lengths[i] = len;
             memset(&j->dst[i], 0, sizeof j->dst[i]);
-            j->dst[i].channel[0] = j->d_out + (size_t)i * img;
+            j->dst[i].channel[0] = j->d_out[0] + (size_t)i * img;
             j->dst[i].pitch[0] = (size_t)side * 3;
         }
         nvjpegStatus_t st = decode_arrays(j, k, j->max_batch, s);
@@ -502,12 +511,17 @@ static void prewarm(sf_cuda_jpeg *j)
     free(file);
 }
 
-int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, cudaStream_t s)
+int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s)
 {
     if (!b->jpeg || !b->jpeg_off || !b->samples || b->n < 1 || b->n > j->max_batch) {
         sf_cuda_set_error("jpeg decode: not an encoded batch of 1..%d files", j->max_batch);
         return -1;
     }
+    if (stage < 0 || stage >= j->stages) {
+        sf_cuda_set_error("jpeg decode: staging area %d of %d", stage, j->stages);
+        return -1;
+    }
+    j->cur = j->d_out[stage];
     size_t need = 0;
     for (int i = 0; i < b->n; i++) {
         const sf_aug_sample *sm = &b->samples[i];

@@ -2,13 +2,13 @@
  * device staging area, on the caller's stream.
  *
  * What it is for. An encoded batch (sf_batch.jpeg, gpu/backend.h) is decoded
- * on the transform stream right where a raw batch is copied to the device;
- * the augmentation then reads the decoded images from the staging area, so
- * the decode of batch N+1 overlaps the step of batch N as the copy and
- * augmentation do. The staging area holds one batch: the transform stream is
- * serial, so the augmentation of batch N has read it before the decode of
- * batch N+1 overwrites it (a user on another stream must order itself after
- * the transform stream's work first).
+ * on the caller's stream into one of `stages` staging areas (each holds one
+ * batch); the augmentation then reads the decoded images from there. The
+ * caller orders the streams: a decode into area k must come after the
+ * augmentation that last read area k. The CUDA backend decodes on a stream of
+ * its own into two areas by turns, so that the decode of batch N+1 runs
+ * beside the augmentation of batch N (and the step of batch N-1), not after
+ * it (backend_cuda.cu, docs/DESIGN.md).
  *
  * Backends. nvJPEG has three that take host bitstreams: HARDWARE (the NVJPG
  * engines of A100/H100/H200-class GPUs; baseline, single-scan files, no 4:1:0
@@ -44,8 +44,8 @@
  * Bitstreams are decoded strictly (NVJPEG_FLAGS_BITSTREAM_STRICT): damaged
  * scan data fails the batch, as it does on the reference backend.
  *
- * Memory, sized once. The staging area (3 * max_pixels bytes) is allocated
- * by sf_cuda_jpeg_new. nvJPEG's own pinned and device buffers are sized there
+ * Memory, sized once. The staging areas (3 * max_pixels bytes each) are
+ * allocated by sf_cuda_jpeg_new. nvJPEG's own pinned and device buffers are sized there
  * too: the hardware backend by nvjpegDecodeBatchedPreAllocate, and every
  * backend by decoding one synthetic batch at the bounds (jpeg_decode.cu says
  * which), since the hybrid backends have no sizing call and otherwise grow
@@ -79,19 +79,22 @@ typedef enum sf_cuda_jpeg_backend {
     SF_CUDA_JPEG_BACKENDS
 } sf_cuda_jpeg_backend;
 
+#define SF_CUDA_JPEG_MAX_STAGES 2
+
 /* A decoder for batches of at most max_batch files and max_pixels decoded
- * pixels in all, on the current device. NULL with err when nvJPEG cannot be
- * used at all (no backend could be created, or the staging allocation failed). */
-sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, char *err, size_t errlen);
+ * pixels in all, with `stages` staging areas (1..SF_CUDA_JPEG_MAX_STAGES), on
+ * the current device. NULL with err when nvJPEG cannot be used at all (no
+ * backend could be created, or a staging allocation failed). */
+sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, int stages, char *err, size_t errlen);
 void sf_cuda_jpeg_free(sf_cuda_jpeg *j);
 
-/* Queues the decode of b's n files on stream s (b->jpeg, b->jpeg_off,
+/* Queues the decode of b's n files into staging area `stage` on stream s (b->jpeg, b->jpeg_off,
  * b->samples[i].src_off/src_h/src_w; b->jpeg_forms, b->decoded_bytes and b->n
  * pick the backend under AUTO). The files must stay unchanged until that work has completed on
  * s. Returns 0, or -1 with sf_cuda_last_error() naming the backend and, when
  * nvJPEG refused a file, the sample (found by decoding the files one by one:
  * the error path only). */
-int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, cudaStream_t s);
+int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s);
 
 /* The AUTO rule (see above) for a batch of n files of `pixels` decoded
  * pixels in all whose forms are the SF_JPEG_FORM_* bits, given which backends
@@ -103,7 +106,7 @@ sf_cuda_jpeg_backend sf_cuda_jpeg_rule(int n, int64_t pixels, unsigned forms, in
 /* nvJPEG's own buffers, all backends together. */
 typedef struct sf_cuda_jpeg_mem {
     size_t device_bytes, pinned_bytes; /* held now */
-    size_t staging_bytes;              /* the staging area (device memory), beside them */
+    size_t staging_bytes;              /* the staging areas (device memory), beside them */
     long long allocs_after_build;      /* allocations since sf_cuda_jpeg_new returned: 0 is "sized once" */
     int warm_failed;                   /* backends whose build-time decode failed (describe says why) */
 } sf_cuda_jpeg_mem;
@@ -115,8 +118,8 @@ void sf_cuda_jpeg_memory(const sf_cuda_jpeg *j, sf_cuda_jpeg_mem *m);
 size_t sf_cuda_jpeg_synthetic_cap(int side);
 size_t sf_cuda_jpeg_synthetic(int side, uint8_t *out);
 
-/* The device staging area the decode writes. */
-uint8_t *sf_cuda_jpeg_output(const sf_cuda_jpeg *j);
+/* Staging area `stage` (NULL out of range). */
+uint8_t *sf_cuda_jpeg_output(const sf_cuda_jpeg *j, int stage);
 /* The backend the last decode ran on; SF_CUDA_JPEG_AUTO before any. */
 sf_cuda_jpeg_backend sf_cuda_jpeg_last(const sf_cuda_jpeg *j);
 /* 1 when the backend could be created on this device. */

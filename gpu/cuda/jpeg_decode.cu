@@ -254,7 +254,8 @@ void sf_cuda_jpeg_memory(const sf_cuda_jpeg *j, sf_cuda_jpeg_mem *m)
     for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++) {
         m->device_bytes += (size_t)__atomic_load_n(&j->be[k].mem.device_bytes, __ATOMIC_RELAXED);
         m->pinned_bytes += (size_t)__atomic_load_n(&j->be[k].mem.pinned_bytes, __ATOMIC_RELAXED);
-        m->warm_failed += j->be[k].ok && j->be[k].warm[0];
+        m->warm_failed += j->be[k].ok && j->be[k].warm[0] &&
+                          !(k == SF_CUDA_JPEG_HYBRID && j->be[SF_CUDA_JPEG_GPU_HYBRID].ok);
     }
     m->staging_bytes = j->out_cap * (size_t)j->stages;
     m->allocs_after_build = mem_allocs(j) - j->allocs_built;
@@ -355,7 +356,8 @@ static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, int i0, int
  * synchronisations) in the middle of training, and again whenever a larger
  * batch comes. The library has no call that sizes them from bounds (only the
  * hardware backend's nvjpegDecodeBatchedPreAllocate), so sf_cuda_jpeg_new
- * decodes one synthetic batch at the bounds on every backend: max_batch files
+ * decodes one synthetic batch at the bounds on every backend that the AUTO
+ * rule can pick (hybrid only where gpu_hybrid is missing): max_batch files
  * of side x side, side = sqrt(max_pixels / max_batch), 4:4:4 (the most
  * coefficients per pixel of any layout the server lets in) with about 0.38
  * bytes of entropy-coded data per pixel (twice the 0.17-0.19 of the quality-90
@@ -490,6 +492,13 @@ static void prewarm(sf_cuda_jpeg *j)
         backend_state *B = &j->be[k];
         if (!B->ok)
             continue;
+        /* The CPU-Huffman backend runs only where gpu_hybrid could not be
+         * created, or when forced: its buffers (coefficients in pinned host
+         * memory as well) are not worth holding otherwise. */
+        if (k == SF_CUDA_JPEG_HYBRID && j->be[SF_CUDA_JPEG_GPU_HYBRID].ok) {
+            snprintf(B->warm, sizeof B->warm, "only used when forced");
+            continue;
+        }
         /* The same file max_batch times: nvJPEG sizes by what it decodes,
          * not by where the bytes come from. */
         for (int i = 0; i < j->max_batch; i++) {

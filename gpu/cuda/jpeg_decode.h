@@ -47,8 +47,9 @@
  * Memory, sized once. The staging areas (3 * max_pixels bytes each) are
  * allocated by sf_cuda_jpeg_new. nvJPEG's own pinned and device buffers are sized there
  * too: the hardware backend by nvjpegDecodeBatchedPreAllocate, and every
- * backend by decoding one synthetic batch at the bounds (jpeg_decode.cu says
- * which), since the hybrid backends have no sizing call and otherwise grow
+ * backend the AUTO rule can pick by decoding one synthetic batch at the
+ * bounds (jpeg_decode.cu says which; HYBRID, used only when forced where
+ * gpu_hybrid exists, grows on first use), since the hybrid backends have no sizing call and otherwise grow
  * on the first batches with cudaMalloc/cudaFree mid-training. Every nvJPEG
  * allocation goes through counting allocators: sf_cuda_jpeg_memory reports
  * the bytes held and the allocations made after sf_cuda_jpeg_new returned.

@@ -470,6 +470,9 @@ static void sized_once(const std::vector<jcase> &baseline, const std::vector<jca
         for (sf_cuda_jpeg_backend be : bes) {
             if (be != SF_CUDA_JPEG_AUTO && !sf_cuda_jpeg_has(j, be))
                 continue;
+            /* hybrid is sized at start only where it is AUTO's fallback. */
+            if (be == SF_CUDA_JPEG_HYBRID && sf_cuda_jpeg_has(j, SF_CUDA_JPEG_GPU_HYBRID))
+                continue;
             if (be == SF_CUDA_JPEG_HARDWARE && jb.forms)
                 continue;
             sf_cuda_clear_error();

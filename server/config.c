@@ -992,8 +992,7 @@ void sf_config_print_markdown(void)
             snprintf(range, sizeof range, "%s … %s", fmt_num(o, o->min, lo, sizeof lo),
                      fmt_num(o, o->max, hi, sizeof hi));
         }
-        const char *def = o->type == SF_CT_JSON && strlen(o->def) > 24 ? "(W1 pipeline, see --help)"
-                                                                      : o->def;
+        const char *def = o->type == SF_CT_JSON && strlen(o->def) > 24 ? "(see --help)" : o->def;
         printf("| `%s` | `%s` | %s | `", o->name, env, type_name(o->type));
         md_cell(def);
         printf("` | ");
@@ -1001,6 +1000,17 @@ void sf_config_print_markdown(void)
         printf(" | %s | ", (o->flags & SF_CF_HOT) ? "yes" : "restart");
         md_cell(o->help);
         printf(" |\n");
+    }
+    printf("\n## Preset recipes\n\n"
+           "The augmentation of a preset when augment.pipeline / augment.eval_pipeline are empty "
+           "(a model.spec model: `[]` for both).\n\n"
+           "| preset | train (augment.pipeline) | eval (augment.eval_pipeline) |\n| --- | --- | --- |\n");
+    for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++) {
+        printf("| `%s` | `", preset_recipes[i].preset);
+        md_cell(preset_recipes[i].train);
+        printf("` | `");
+        md_cell(preset_recipes[i].eval);
+        printf("` |\n");
     }
 }
 

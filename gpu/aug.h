@@ -96,6 +96,12 @@ typedef enum sf_aug_kind {
                                    [min,max] (log-uniform); torchvision's 10 tries,
                                    then its centre-crop fallback; antialias */
     SF_AUG_CENTER_CROP,     /* size [h,w]; top-left round((H-h)/2), round((W-w)/2) */
+    SF_AUG_COLOR_JITTER,    /* brightness, contrast, saturation [min,max] factors, hue
+                               [min,max] shift; applied in a random order per sample */
+    SF_AUG_RANDOM_ERASING,  /* p, scale [min,max], ratio [min,max] (log-uniform), value
+                               (per channel, or standard normal noise); 10 tries */
+    SF_AUG_MIXUP,           /* alpha (Beta(alpha, alpha)), p; batch-level */
+    SF_AUG_CUTMIX,          /* alpha (Beta(alpha, alpha)), p; batch-level */
     SF_AUG_KIND_COUNT
 } sf_aug_kind;
 
@@ -117,6 +123,16 @@ typedef struct sf_aug_op {
     float ratio;                 /* random_mask */
     int dilate;                  /* random_mask */
     float scale;                 /* to_dtype */
+    /* color_jitter: factor ranges of brightness (0), contrast (1), saturation
+     * (2) and the hue shift (3); jit_on[k] = 0 where the factor is absent (or
+     * is the identity range, as torchvision drops it). */
+    float jit_lo[4], jit_hi[4];
+    int jit_on[4];
+    /* random_erasing: p, scale in area_min/max, ratio in aspect_min/max. */
+    int erase_random;            /* value "random": standard normal noise */
+    float erase_value[SF_AUG_MAX_C];
+    int n_erase_value;           /* values given (1 broadcasts) */
+    float alpha;                 /* mixup, cutmix (p is their probability) */
 } sf_aug_op;
 
 typedef struct sf_aug_pipeline {
@@ -130,7 +146,12 @@ typedef enum sf_aug_pw_kind {
     SF_PW_NORMALIZE,  /* x = (x - a[c]) * b[c]   (b = 1/std) */
     SF_PW_YCBCR,      /* RGB -> YCbCr; a[0] is the chroma offset: 128 times the
                          scales applied before it, so it commutes with to_dtype */
-    SF_PW_MASK        /* random mask with ratio a[0], dilate (int)b[0] */
+    SF_PW_MASK,       /* random mask with ratio a[0], dilate (int)b[0] */
+    SF_PW_JITTER,     /* colour jitter: a[k] = 1 where factor k (brightness, contrast,
+                         saturation, hue) is on; b[0] = the clamp bound; parameters
+                         and order in sf_aug_sample.jitter / jitter_order */
+    SF_PW_ERASE       /* random erasing: the box in sf_aug_sample.erase; value a[c]
+                         per channel, or b[0] = 1: noise keyed by erase_seed */
 } sf_aug_pw_kind;
 
 typedef struct sf_aug_pw {
@@ -152,6 +173,13 @@ typedef struct sf_aug_plan {
     int n_pw;
     sf_aug_pw pw[SF_AUG_MAX_OPS];
     int has_mask;             /* a SF_PW_MASK stage exists */
+    /* The per-sample pointwise stages from the first color_jitter or
+     * random_erasing on, in list order: they run after the stages above, as a
+     * second pass over each sample's output (contrast needs the image's mean).
+     * n_post = 0 when the list has neither op. */
+    int n_post;
+    sf_aug_pw post[SF_AUG_MAX_OPS];
+    int has_mix;              /* a mixup or cutmix op: sf_aug_gen_mix draws per batch */
 } sf_aug_plan;
 
 /* Per-sample random parameters, generated once per batch on the host. */
@@ -173,6 +201,11 @@ typedef struct sf_aug_sample {
     float rot_w, rot_h;  /* the rotation's input size (plan->has_rot) */
     float aa[2];         /* antialias support along source x and y, >= 1
                             (plan->antialias; else 0) */
+    float jitter[4];     /* color_jitter: brightness, contrast, saturation factors and
+                            the hue shift (those off in the stage are unused) */
+    uint8_t jitter_order[4]; /* the order they apply in: a permutation of 0..3 */
+    int erase[4];        /* random_erasing box in output pixels: x, y, w, h; w = 0: none */
+    uint64_t erase_seed; /* key of the "random" erasing noise */
     /* For logs, tests and traces; backends use only the fields above. */
     int crop_x, crop_y, crop_w, crop_h; /* the last crop, in its input's pixels */
     int flip;
@@ -216,6 +249,28 @@ void sf_aug_gen(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed
  * of c*h*w. A uniform plan works too (its own size must then equal src_hw). */
 void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
                        uint64_t seq, int n, const int *src_hw, sf_aug_sample *out);
+
+/* The batch-level mixing of one batch (mixup / cutmix): sample i of the
+ * output is mixed with sample (i - 1) mod n of the per-sample output. */
+typedef enum sf_aug_mix_kind { SF_MIX_NONE = 0, SF_MIX_MIXUP = 1, SF_MIX_CUTMIX = 2 } sf_aug_mix_kind;
+
+typedef struct sf_aug_mix {
+    sf_aug_mix_kind kind;
+    float lam;     /* the weight of sample i's own label: 1 with no mixing; CutMix's
+                      is 1 - box area / image area */
+    int box[4];    /* CutMix: x1, y1, x2, y2 (half-open) of the pasted region */
+} sf_aug_mix;
+
+/* Draws batch `seq`'s mixing under `seed` for n samples (a pure function of
+ * seed, seq, the pipeline and the plan's output size). A plan without mixup
+ * or cutmix, or n < 2, gives SF_MIX_NONE with lam = 1. */
+void sf_aug_gen_mix(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed, uint64_t seq,
+                    int n, sf_aug_mix *out);
+
+/* The index of the list's first mixup or cutmix, or -1: such a list is
+ * refused for segmentation models (the labels are per pixel) and as an
+ * evaluation pipeline (evaluation does not mix). */
+int sf_aug_mix_op(const sf_aug_pipeline *p);
 
 const char *sf_aug_kind_name(sf_aug_kind k);
 

@@ -97,6 +97,10 @@ typedef struct sf_batch {
                                 [n, out_h, out_w] for a segmentation model */
     const sf_aug_plan *plan;     /* the augmentation plan for this shape */
     const sf_aug_sample *samples; /* n per-sample parameters, owned by the engine until SLOT_FREE */
+    sf_aug_mix mix;          /* the batch-level mixing of the augmented images (mixup,
+                                cutmix; sf_aug_gen_mix); all zero: none */
+    float mix_lam;           /* 1: no mixing; else the soft target of sample i is
+                                lam*onehot(y_i) + (1-lam)*onehot(y_{(i-1) mod n}) */
     sf_hyper hyper;
     uint64_t t_ready_ns;     /* host monotonic time the slot became READY (for traces) */
 } sf_batch;

@@ -27,6 +27,15 @@
  *   center_crop:   no draw; offsets round((H-h)/2), round((W-w)/2)
  *   gaussian_blur: draw 0 -> sigma = min + u*(max-min) (float)
  * random_mask: mask_seed = sf_hash4(seed, seq, i, SF_AUG_MASK_KEY).
+ *   color_jitter: draws 0..3 -> the factors lo + u*(hi-lo); draws 4..6 -> the
+ *                 order, Fisher-Yates from the end (j = 3, 2, 1 takes draw 7-j)
+ *   random_erasing: draw 0 -> erase when u < p; attempt a's draws d = 0..3
+ *                 (area, log ratio, top, left) as random_resized_crop's, keyed
+ *                 with SF_AUG_ERASE_KEY; erase_seed = sf_hash4(seed, seq, i,
+ *                 SF_AUG_ERASE_KEY)
+ * Batch-level (sf_aug_gen_mix): doubles u_k from sf_hash4(seed, seq,
+ *   SF_AUG_MIX_KEY, k): u_0 picks mixup or cutmix when both are listed, u_1 < p
+ *   applies it, u_2, u_3 the cutmix centre, u_16 on the gamma variates.
  */
 #include "gpu/common.h"
 #include "aug.h"

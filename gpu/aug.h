@@ -62,6 +62,57 @@
  *  Blur is linear and commutes with the affine pointwise ops, so its position
  *  among them does not matter; a random_mask listed before gaussian_blur is
  *  rejected by sf_aug_plan since it would not commute.
+ *  4. Second pass (sf_aug_plan.post), per sample, from the first color_jitter
+ *     or random_erasing on, in list order with the pointwise ops listed after
+ *     them (to_dtype, normalize, color_convert; geometry, blur and random_mask
+ *     must come before). At most one of each per list.
+ *     color_jitter (torchvision.transforms.v2.ColorJitter): per sample, the
+ *     factors of brightness b, contrast c, saturation s and the hue shift h
+ *     uniform in their ranges (a number x means [max(0, 1-x), 1+x], hue
+ *     [-x, x]; a range that is exactly the identity is off), applied in a
+ *     random order (a uniform permutation, sample.jitter_order), each clamped
+ *     to [0, B]: brightness x*b; contrast x*c + mean*(1-c), mean the image's
+ *     grayscale mean (0.2989 R + 0.587 G + 0.114 B; one channel: itself)
+ *     before this step; saturation x*s + gray*(1-s) per pixel; hue: RGB ->
+ *     HSV, H + h mod 1, -> RGB with torchvision's formulas and clamps at B.
+ *     Saturation and hue leave one channel unchanged. Value range: B = 255
+ *     times the to_dtype scales before the op: on 0..255 floats (before
+ *     to_dtype) B = 255, after to_dtype 1/255 B = 1, which is torchvision on
+ *     float images exactly. It needs intensities: listed after normalize or
+ *     color_convert it is refused, and it needs 1 or 3 channels. Unlike
+ *     torchvision on uint8 tensors, nothing is rounded to integers between the
+ *     steps and the gray image used by contrast and saturation is not floored
+ *     (uint8 torchvision differs by up to about 1 of 255 per step).
+ *     random_erasing (v2.RandomErasing): with probability p, ten tries of an
+ *     area fraction uniform in scale and a log-uniform ratio r: box height
+ *     round(sqrt(area*r)), width round(sqrt(area/r)), accepted when smaller
+ *     than the image along both axes, at a uniform position; no fit: nothing
+ *     erased. The box takes `value` per channel (a number broadcasts), or with
+ *     "random" standard normal noise per element: Box-Muller in double of two
+ *     24-bit uniforms of sf_hash4(sample.erase_seed, y, x, channel), rounded
+ *     to float (torchvision draws from torch's generator: same distribution,
+ *     other numbers). The values are written as given, on whatever scale the
+ *     ops before it leave (e.g. 0 after normalize is the mean).
+ *  5. Batch-level mixing (sf_aug_gen_mix, sf_aug_mix), after everything
+ *     else, over the batch's output: mixup and cutmix must end the list. One
+ *     lam per batch from Beta(alpha, alpha) (Marsaglia-Tsang gamma variates,
+ *     keyed by seed and batch seq); sample i is mixed with sample
+ *     (i - 1) mod n (torch.roll(x, 1, 0)). mixup: (1 - lam) x_{i-1} + lam x_i.
+ *     cutmix: a centre (rx, ry) uniform over the pixels, half sides
+ *     int(0.5 sqrt(1 - lam) W) and H, the box clamped to the image takes
+ *     x_{i-1}, and lam becomes 1 - box area / image area. "p" (default 1, as
+ *     v2.MixUp/CutMix, which always apply): with probability 1 - p a batch is
+ *     left unmixed (lam = 1), as RandomApply. Both listed: each batch takes one
+ *     of them with probability 1/2 (RandomChoice, torchvision's reference
+ *     recipe), then its p. The loss's soft target of sample i is
+ *     lam onehot(y_i) + (1 - lam) onehot(y_{i-1}) (sf_batch.mix_lam). Refused
+ *     for segmentation models (per-pixel labels) and evaluation pipelines.
+ *  Tolerances (tests/unit/test_aug.c, tests/gpu/test_augment.cu): the
+ *  reference against torchvision's adjust_* on [0, 1] images: 2e-6 absolute;
+ *  CUDA against the reference: the same relative 1e-5 (bf16 1e-2) as the
+ *  other ops, where the only differences are contrast's mean (double sums in
+ *  another order) and the device's double log/cos of the erasing noise;
+ *  mixing rounds as the reference does (two products and a sum, no FMA).
  * Output: float32 NCHW [n, out_c, out_h, out_w] (out_c == in c).
  *
  * Sources. A batch's sources lie in one uint8 buffer; sample i's image starts at

@@ -187,11 +187,9 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     b->labels = m->label_dtype < 0 ? NULL : bytes + m->labels_off;
     b->plan = plan;
     b->samples = smp;
-    /* Batch-level mixing is part of training only; its lam is the loss's. */
-    if (train)
-        sf_aug_gen_mix(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, &b->mix);
-    else
-        sf_aug_gen_mix(&app->aug, plan, 0, 0, 0, &b->mix); /* n = 0: none */
+    /* The batch-level mixing, keyed like the samples; its lam is the loss's.
+     * A transform mixes too: it shows what a training step would see. */
+    sf_aug_gen_mix(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, &b->mix);
     b->mix_lam = b->mix.lam;
     double lr = train ? sched_lr(e, c) : c->optim.lr;
     b->hyper.lr = (float)lr;

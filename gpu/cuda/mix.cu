@@ -3,8 +3,8 @@
  *
  * MixUp computes (1 - lam) * x_{i-1} + lam * x_i with two roundings and a
  * rounded sum, as the reference (torchvision's roll(1).mul_(1 - lam)
- * .add_(x.mul(lam))); CutMix copies. Both are bit-identical to the reference
- * in float32; bf16 rounds the result once more.
+ * .add_(x.mul(lam))); CutMix copies. In float32 both round as the reference
+ * does; bf16 rounds the result once more.
  */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

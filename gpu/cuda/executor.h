@@ -83,6 +83,7 @@ typedef struct sf_net_cfg {
     int keep_relu;       /* 1: ReLUs stay separate kernels instead of being fused into
                             their producers */
     int allow_rtc;       /* 1: consider cuDNN engines that compile at run time (sf_conv_desc) */
+    int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;

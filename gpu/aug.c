@@ -41,6 +41,7 @@
 #include "aug.h"
 
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1254,6 +1255,11 @@ void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64
 }
 
 /* ---- batch-level mixing ------------------------------------------------- */
+
+float sf_aug_mix_loss_lam(const sf_aug_mix *mix)
+{
+    return mix->lam > 0.0f ? mix->lam : FLT_MIN;
+}
 
 /* Draw k of batch seq's mixing: a uniform double in [0, 1). */
 static double mix_u(uint64_t seed, uint64_t seq, uint64_t k)

@@ -318,6 +318,11 @@ typedef struct sf_aug_mix {
 void sf_aug_gen_mix(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed, uint64_t seq,
                     int n, sf_aug_mix *out);
 
+/* The lam the loss reads (sf_batch.mix_lam): mix->lam, where 0 (the whole
+ * target from the previous sample) becomes the smallest positive float,
+ * since a mix_lam of 0 reads as "no mixing". */
+float sf_aug_mix_loss_lam(const sf_aug_mix *mix);
+
 /* The index of the list's first mixup or cutmix, or -1: such a list is
  * refused for segmentation models (the labels are per pixel) and as an
  * evaluation pipeline (evaluation does not mix). */

@@ -100,9 +100,14 @@ typedef struct sf_batch {
     const sf_aug_sample *samples; /* n per-sample parameters, owned by the engine until SLOT_FREE */
     sf_aug_mix mix;          /* the batch-level mixing of the augmented images (mixup,
                                 cutmix; sf_aug_gen_mix); all zero: none */
-    float mix_lam;           /* 1: no mixing; else the soft target of sample i is
-                                lam*onehot(y_i) + (1-lam)*onehot(y_{(i-1) mod n}) */
     sf_hyper hyper;
+    /* 1: no mixing. Else (mixup/cutmix) the target of sample i is
+     * mix_lam*onehot(y_i) + (1-mix_lam)*onehot(y_{(i-1) mod n}), the labels
+     * rolled by one as torchvision.transforms.v2 MixUp/CutMix make them.
+     * 0 reads as 1 too, so that a zero-initialised sf_batch is unmixed: a
+     * mixing op that draws lam = 0 passes the smallest positive float (the
+     * loss differs from lam = 0 by under 1e-37). */
+    float mix_lam;
     uint64_t t_ready_ns;     /* host monotonic time the slot became READY (for traces) */
 } sf_batch;
 

@@ -190,7 +190,6 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     /* The batch-level mixing, keyed like the samples; its lam is the loss's.
      * A transform mixes too: it shows what a training step would see. */
     sf_aug_gen_mix(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, &b->mix);
-    b->mix_lam = b->mix.lam;
     double lr = train ? sched_lr(e, c) : c->optim.lr;
     b->hyper.lr = (float)lr;
     b->hyper.momentum = (float)c->optim.momentum;
@@ -198,6 +197,7 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     b->hyper.beta1 = (float)c->optim.beta1;
     b->hyper.beta2 = (float)c->optim.beta2;
     b->hyper.eps = (float)c->optim.eps;
+    b->mix_lam = sf_aug_mix_loss_lam(&b->mix);
     b->t_ready_ns = m->t_ready_ns;
     if (train)
         sf_gauge_set(e->m_lr, lr);

@@ -1021,6 +1021,11 @@ static void cutmix_pastes_the_previous_samples_box_and_lam_is_one_minus_its_area
         partial += (b[0] == 0 || b[2] == 12 || b[1] == 0 || b[3] == 10) && b[2] > b[0];
     }
     assert_true(partial > 0); /* boxes are clamped at the edges */
+    /* A box over the whole image gives lam 0, which the loss must read as
+     * "all from the previous sample", not as the 0 of an unmixed batch. */
+    const sf_aug_mix whole = {SF_MIX_CUTMIX, 0.0f, {0, 0, 12, 10}}, part = {SF_MIX_CUTMIX, 0.25f, {0, 0, 6, 10}};
+    assert_true(sf_aug_mix_loss_lam(&whole) > 0.0f && sf_aug_mix_loss_lam(&whole) < 1e-37f);
+    assert_float_equal(sf_aug_mix_loss_lam(&part), 0.25f, 0);
     uint8_t src[4 * 2 * 10 * 12];
     for (size_t i = 0; i < sizeof src; i++)
         src[i] = (uint8_t)(i % 253);

@@ -522,7 +522,7 @@ __global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
     out->loss = in->loss;
     out->bad = in->bad;
     out->correct = in->correct > 0x7fffffffLL ? 0x7fffffff : (int)in->correct;
-    out->pad_ = 0;
+    out->correct5 = in->correct5 > 0x7fffffffLL ? 0x7fffffff : (int)in->correct5;
 }
 
 __global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, size_t len, float inv_k)
@@ -1188,11 +1188,12 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
     }
     if (m->segmentation) {
         if (sf_cuda_xent2d(logits, net->io[b].labels, n, m->n_classes, m->out_h, m->out_w, g->lay, dlog, g->x2d,
-                           g->scratch, s))
+                           g->scratch, net->io[b].ctl ? &net->io[b].ctl->loss : NULL, s))
             return -1;
         k_x2d_out<<<1, 1, 0, s>>>(g->x2d, net->io[b].result);
         SF_CUDA_CHECK(cudaGetLastError());
-    } else if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, dlog, net->io[b].result, s)) {
+    } else if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, dlog, net->io[b].result,
+                            net->io[b].ctl ? &net->io[b].ctl->loss : NULL, s)) {
         return -1;
     }
     if (dt != SF_DT_F32 && sf_cuda_cast(g->dlg, SF_DT_F32, g->op[last].dy, dt, nlog, s))

@@ -442,33 +442,25 @@ void sf_ref_aug_mix(const sf_aug_plan *plan, const sf_aug_mix *mix, int n, float
         return;
     const int c = plan->c, ow = plan->out_w;
     const size_t plane = (size_t)plan->out_h * ow, sz = plane * c;
-    /* Sample i takes from sample i - 1 (mod n): walk down from the last one
-     * and keep the last one's original for sample 0. */
-    float *last = malloc(sizeof(float) * sz);
-    if (!last) {
-        for (size_t e = 0; e < sz * (size_t)n; e++)
-            io[e] = NAN; /* visible, never silently wrong */
-        return;
-    }
-    memcpy(last, io + sz * (size_t)(n - 1), sizeof(float) * sz);
     const float lam = mix->lam, oml = 1.0f - mix->lam;
-    for (int i = n - 1; i >= 0; i--) {
-        float *d = io + sz * (size_t)i;
-        const float *prev = i > 0 ? io + sz * (size_t)(i - 1) : last;
-        if (mix->kind == SF_MIX_MIXUP) {
+    /* Sample i takes from sample i - 1 (mod n): per element position, walk
+     * down from the last sample, keeping its original for sample 0 (no
+     * second buffer, as the CUDA kernel). */
+    for (size_t e = 0; e < sz; e++) {
+        if (mix->kind == SF_MIX_CUTMIX) {
+            const size_t pix = e % plane;
+            const int y = (int)(pix / ow), x = (int)(pix % ow);
+            if (x < mix->box[0] || x >= mix->box[2] || y < mix->box[1] || y >= mix->box[3])
+                continue;
+        }
+        const float last = io[sz * (size_t)(n - 1) + e];
+        for (int i = n - 1; i >= 0; i--) {
+            float *d = io + sz * (size_t)i + e;
+            const float prev = i > 0 ? d[-(ptrdiff_t)sz] : last;
             /* v2.MixUp: input.roll(1, 0).mul_(1 - lam).add_(input.mul(lam)) */
-            for (size_t e = 0; e < sz; e++)
-                d[e] = prev[e] * oml + d[e] * lam;
-        } else {
-            for (int ch = 0; ch < c; ch++)
-                for (int y = mix->box[1]; y < mix->box[3]; y++)
-                    for (int x = mix->box[0]; x < mix->box[2]; x++) {
-                        const size_t e = ch * plane + (size_t)y * ow + x;
-                        d[e] = prev[e];
-                    }
+            *d = mix->kind == SF_MIX_MIXUP ? prev * oml + *d * lam : prev;
         }
     }
-    free(last);
 }
 
 void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n, const uint8_t *src,

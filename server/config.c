@@ -1003,15 +1003,10 @@ void sf_config_print_markdown(void)
     }
     printf("\n## Preset recipes\n\n"
            "The augmentation of a preset when augment.pipeline / augment.eval_pipeline are empty "
-           "(a model.spec model: `[]` for both).\n\n"
-           "| preset | train (augment.pipeline) | eval (augment.eval_pipeline) |\n| --- | --- | --- |\n");
-    for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++) {
-        printf("| `%s` | `", preset_recipes[i].preset);
-        md_cell(preset_recipes[i].train);
-        printf("` | `");
-        md_cell(preset_recipes[i].eval);
-        printf("` |\n");
-    }
+           "(a model.spec model: `[]` for both).\n\n");
+    for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++)
+        printf("- `%s`\n  - train: `%s`\n  - eval: `%s`\n", preset_recipes[i].preset, preset_recipes[i].train,
+               preset_recipes[i].eval);
 }
 
 /* One option's JSON schema as YAML flow mapping. Patch schemas also take

@@ -45,6 +45,7 @@ typedef struct sf_exec_switches {
     int no_fuse;    /* CUDA: no cuDNN fused conv+bias+ReLU forward */
     int keep_relu;  /* CUDA: ReLUs as separate kernels, not fused into their producers */
     int allow_rtc;  /* CUDA: consider cuDNN engines compiled at run time */
+    int no_thin;    /* CUDA: thin 1x1 convolutions through cuDNN, not gpu/cuda/conv_thin.h's kernels */
 } sf_exec_switches;
 
 /* Training settings a backend needs at build time. lr/momentum/wd may change

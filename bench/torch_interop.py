@@ -857,6 +857,13 @@ def eval_throughput(args, preset, backend, work):
                                            .reshape(B, h, w, c))).to(args.device)
         y = torch.randint(0, classes, (B,), device=args.device)
         dt = torch.bfloat16 if args.throughput_precision == "bf16" else None
+        if args.device.startswith("cuda"):
+            # PyTorch's fast path for convolutions on tensor cores (as bench/pytorch_w3.py).
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.allow_tf32 = args.throughput_precision == "tf32"
+            torch.backends.cuda.matmul.allow_tf32 = args.throughput_precision == "tf32"
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
         def sync():

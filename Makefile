@@ -44,12 +44,12 @@ PORT    ?= 8080
 PYTHON  ?= python3
 VENV    := .venv
 
-DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
+DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
-LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -lm -lpthread
+LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -lgloo -lstdc++ -lm -lpthread
 
 ifdef DEBUG
   CFLAGS += -O0
@@ -68,6 +68,12 @@ endif
 SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
 HANDLER_SRC := $(wildcard handlers/*.c)
 GPU_SRC     := $(wildcard gpu/*.c) $(wildcard gpu/ref/*.c)
+# dist/: collectives between the ranks of a data-parallel job (Gloo, C++ behind a C API).
+DIST_SRC    := $(wildcard dist/*.c)
+DIST_CC_SRC := $(wildcard dist/*.cc)
+CXX         ?= g++
+CXXFLAGS    ?= -O2 -g
+CXXFLAGS    += -std=c++17 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
 ifeq ($(CUDA),1)
   CUDA_C_SRC  := $(wildcard gpu/cuda/*.c)
   CUDA_CU_SRC := $(wildcard gpu/cuda/*.cu)
@@ -101,8 +107,8 @@ else
   BACKEND_NAME := ref
 endif
 
-LIB_C_SRC := $(SERVER_SRC) $(HANDLER_SRC) $(GPU_SRC) $(CUDA_C_SRC)
-LIB_OBJ   := $(LIB_C_SRC:%.c=$(BUILD)/%.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/openapi_spec.o
+LIB_C_SRC := $(SERVER_SRC) $(HANDLER_SRC) $(GPU_SRC) $(CUDA_C_SRC) $(DIST_SRC)
+LIB_OBJ   := $(LIB_C_SRC:%.c=$(BUILD)/%.o) $(DIST_CC_SRC:%.cc=$(BUILD)/%.cc.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/openapi_spec.o
 LIB       := $(BUILD)/libstreamfeed.a
 
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
@@ -140,6 +146,10 @@ $(FLAVOUR_STAMP):
 $(BUILD)/%.o: %.c $(FLAVOUR_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cc.o: %.cc $(FLAVOUR_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-omit-frame-pointer) -c $< -o $@
 
 $(BUILD)/%.cu.o: %.cu $(FLAVOUR_STAMP) | $(NVJPEG_DEP)
 	@mkdir -p $(dir $@)

@@ -32,6 +32,10 @@ int h_diagnose(sf_req *r);
 int h_trace(sf_req *r);
 int h_stats(sf_req *r);
 
+/* Rank 0's rendezvous store: PUT/GET /v1/distributed/kv/{key}. */
+int h_distributed_kv_put(sf_req *r);
+int h_distributed_kv_get(sf_req *r);
+
 /* Checkpoints: GET/PUT /v1/checkpoint, POST /v1/checkpoint/save and /load. */
 int h_checkpoint_get(sf_req *r);
 int h_checkpoint_put(sf_req *r);

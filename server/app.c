@@ -1,6 +1,7 @@
 /* server/app.c — metric registration and readiness. */
 #include "server/app.h"
 
+#include "server/distributed.h"
 #include "server/engine.h"
 #include "server/jobs.h"
 #include "server/http.h"
@@ -164,6 +165,11 @@ int sf_app_ready(sf_app *app, cJSON **reasons)
         cJSON_AddItemToArray(r, cJSON_CreateString("engine not running"));
     if (app->backend && !atomic_load(&app->backend_ok))
         cJSON_AddItemToArray(r, cJSON_CreateString("backend unhealthy (see logs)"));
+    if (app->dist) {
+        char why[400];
+        if (sf_distributed_state(app->dist, why, sizeof why) != SF_DIST_JOINED)
+            cJSON_AddItemToArray(r, cJSON_CreateString(why));
+    }
     int n = cJSON_GetArraySize(r);
     *reasons = r;
     return n ? -1 : 0;

@@ -23,6 +23,7 @@ struct sf_engine;
 struct sf_http;
 struct sf_telemetry;
 struct sf_ckpt;
+struct sf_distributed;
 
 /* Metric families, registered once (app.c: sf_app_metrics_init). */
 typedef struct sf_app_metrics {
@@ -65,6 +66,8 @@ typedef struct sf_app {
                                    * backend's accumulation restarts): the engine then re-bases
                                    * its learning-rate schedule position on step */
     char model_warning[512];    /* "" or why this model will be slow here (GET /v1/model) */
+    struct sf_distributed *dist; /* this rank of a data-parallel job (server/distributed.h);
+                                  * NULL with distributed.world_size 1 */
 } sf_app;
 
 /* Parameters above which a model is too large for the CPU reference backend

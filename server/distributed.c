@@ -26,7 +26,9 @@ typedef struct dist_patch {
 
 struct sf_distributed {
     sf_dist d;
-    sf_kv_store store;
+    sf_kv_store store;      /* what the ranks use: inner, cut short by cancel */
+    sf_kv_store inner;      /* the table or the HTTP client */
+    atomic_int cancel;      /* the service is stopping: the join gives up */
     sf_kv_table *table;    /* rank 0 */
     sf_kv_client *client;  /* ranks > 0 */
     char host[256];
@@ -47,6 +49,35 @@ struct sf_distributed {
 
     sf_metric *m_world, *m_rank, *m_empty, *m_allreduce, *m_state;
 };
+
+/* The join waits in the store's get for the other ranks' keys, up to
+ * distributed.join_timeout_s: in slices, so that a shutdown ends it. */
+#define JOIN_SLICE_MS 200
+
+static int store_set(void *ctx, const char *key, const void *val, size_t len)
+{
+    sf_distributed *d = ctx;
+    return d->inner.set(d->inner.ctx, key, val, len);
+}
+
+static int store_get(void *ctx, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms)
+{
+    sf_distributed *d = ctx;
+    for (int left = timeout_ms;;) {
+        if (atomic_load(&d->cancel))
+            return -1;
+        int slice = left < JOIN_SLICE_MS ? left : JOIN_SLICE_MS;
+        int rc = d->inner.get(d->inner.ctx, key, buf, cap, len, slice);
+        if (rc != 1 || (left -= slice) <= 0)
+            return rc;
+    }
+}
+
+void sf_distributed_cancel(sf_distributed *d)
+{
+    if (d)
+        atomic_store(&d->cancel, 1);
+}
 
 sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
 {
@@ -72,7 +103,7 @@ sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
             sf_distributed_free(d);
             return NULL;
         }
-        d->store = sf_kv_table_store(d->table);
+        d->inner = sf_kv_table_store(d->table);
         snprintf(d->rendezvous, sizeof d->rendezvous, "this process (rank 0)");
     } else {
         d->client = sf_kv_client_new(c->distributed.rendezvous, c->http.token, err, errlen);
@@ -80,8 +111,11 @@ sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
             sf_distributed_free(d);
             return NULL;
         }
-        d->store = sf_kv_client_store(d->client);
+        d->inner = sf_kv_client_store(d->client);
     }
+    d->store.ctx = d;
+    d->store.set = store_set;
+    d->store.get = store_get;
     d->d.store = &d->store;
     d->state = SF_DIST_JOINING;
     snprintf(d->reason, sizeof d->reason, "joining the data-parallel job (rank %d of %d)", d->d.rank, d->d.world);
@@ -136,6 +170,10 @@ int sf_distributed_join(sf_distributed *d)
     SF_INFO("distributed: rank %d of %d joining through %s (distributed.join_timeout_s %d)", d->d.rank,
             d->d.world, d->rendezvous, d->join_timeout_ms / 1000);
     sf_coll *c = sf_coll_new(d->d.rank, d->d.world, d->host, &d->store, d->join_timeout_ms, err, sizeof err);
+    if (!c && atomic_load(&d->cancel)) {
+        sf_distributed_ended(d, "the service stopped before every rank joined");
+        return -1;
+    }
     if (!c) {
         const char *detail = d->client ? sf_kv_client_error(d->client) : "";
         sf_distributed_fail(d, "could not join the data-parallel job through the rendezvous %s: %s%s%s",
@@ -332,6 +370,7 @@ static void apply_one(sf_distributed *d, const char *body, size_t len, dist_patc
 
 int sf_distributed_apply_patches(sf_distributed *d, const int64_t *lens, char *err, size_t errlen)
 {
+    int any = 0;
     for (int r = 0; r < d->d.world; r++) {
         if (lens[r] <= 0)
             continue;
@@ -356,8 +395,12 @@ int sf_distributed_apply_patches(sf_distributed *d, const int64_t *lens, char *e
         }
         apply_one(d, buf, (size_t)lens[r], r == d->d.rank ? &mine : NULL);
         free(buf);
+        any = 1;
     }
-    return 0;
+    /* The requests reply once every rank applied the patches (a broadcast's
+     * root may finish before its receivers did): one more tiny all-reduce. */
+    int64_t done = 1;
+    return any ? sf_coll_allreduce(d->d.coll, &done, 1, SF_COLL_I64, SF_COLL_SUM, err, errlen) : 0;
 }
 
 /* ---- metrics ----------------------------------------------------------------- */
@@ -379,12 +422,12 @@ void sf_distributed_observe_allreduce(sf_distributed *d, double seconds)
     pthread_mutex_unlock(&d->mu);
 }
 
-double sf_distributed_allreduce_mean(sf_distributed *d)
+void sf_distributed_allreduce_totals(sf_distributed *d, uint64_t *rounds, double *seconds)
 {
     pthread_mutex_lock(&d->mu);
-    double m = d->allreduce_count ? d->allreduce_sum / (double)d->allreduce_count : 0;
+    *rounds = d->allreduce_count;
+    *seconds = d->allreduce_sum;
     pthread_mutex_unlock(&d->mu);
-    return m;
 }
 
 void sf_distributed_to_json(sf_distributed *d, cJSON *o)

@@ -56,6 +56,8 @@ int sf_distributed_world(const sf_distributed *d);
  * reason naming the rendezvous address). */
 int sf_distributed_join(sf_distributed *d);
 sf_coll *sf_distributed_coll(sf_distributed *d);
+/* Any thread: a join in progress gives up (the service is stopping). */
+void sf_distributed_cancel(sf_distributed *d);
 
 /* The state and, unless JOINED, why (for /readyz and the logs). */
 sf_dist_state sf_distributed_state(sf_distributed *d, char *reason, size_t len);
@@ -87,8 +89,8 @@ int sf_distributed_apply_patches(sf_distributed *d, const int64_t *lens, char *e
 /* ---- metrics ------------------------------------------------------------- */
 void sf_distributed_count_empty(sf_distributed *d);
 void sf_distributed_observe_allreduce(sf_distributed *d, double seconds);
-/* Mean seconds of the gradient all-reduces so far (0 none), for diagnose. */
-double sf_distributed_allreduce_mean(sf_distributed *d);
+/* The gradient all-reduces so far: their count and total seconds (diagnose). */
+void sf_distributed_allreduce_totals(sf_distributed *d, uint64_t *rounds, double *seconds);
 /* Stats: rank, world_size, state, reason, empty contributions, all-reduce time. */
 void sf_distributed_to_json(sf_distributed *d, cJSON *obj);
 

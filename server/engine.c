@@ -789,6 +789,7 @@ int sf_engine_stop_by(sf_engine *e, uint64_t deadline_ns)
     if (e->thread) {
         atomic_store(&e->stop_deadline_ns, deadline_ns);
         atomic_store(&e->stop, 1);
+        sf_distributed_cancel(e->app->dist); /* a join still waiting for peers ends */
         sf_ring_kick(e->app->ring);
         if (!deadline_ns) {
             pthread_join(e->thread, NULL);

@@ -44,6 +44,7 @@
  * once as a CUDA graph and replayed.
  */
 #include "executor.h"
+#include "dist_nccl.h"
 
 extern "C" {
 #include "gpu/memory_plan.h"
@@ -1148,6 +1149,69 @@ static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int want_dx)
     return 0;
 }
 
+/* The end of a step: the gradient of the trainable slice complete (bf16 conv
+ * weight gradients converted when convert), the data-parallel all-reduce,
+ * accumulation, the optimizer (do_opt) and the result's copy to the host. */
+static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    cudaStream_t s = net->s;
+    const sf_dtype dt = g->dt;
+    const size_t es = g->es;
+    const size_t off = m->train_off, len = m->n_params - m->train_off;
+    /* bf16: the conv weight gradients into the fp32 gradients (the linear
+     * layers wrote theirs there in fp32) */
+    if (convert && g->wcopy && sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_gd, s))
+        return -1;
+    /* Data-parallel: every rank's share of the global mean, summed (NCCL). */
+    if (net->cfg.grad_reduce && net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, b, net->grads + off, len, s))
+        return -1;
+    const float *grad = net->grads + off;
+    if (g->gacc) {
+        const float inv_k = 1.0f / (float)net->cfg.accum;
+        k_accum<<<(unsigned)((len + 255) / 256 ? (len + 255) / 256 : 1), 256, 0, s>>>(g->gacc + off, net->grads + off,
+                                                                                    len, inv_k);
+        SF_CUDA_CHECK(cudaGetLastError());
+        grad = g->gacc + off;
+    }
+    if (do_opt) {
+        if (net->cfg.adamw) {
+            if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, NULL, len, net->io[b].adamw, NULL,
+                              s))
+                return -1;
+        } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &k_no_segs, s)) {
+            return -1;
+        }
+        if (g->gacc)
+            SF_CUDA_CHECK(cudaMemsetAsync(g->gacc + off, 0, sizeof(float) * len, s));
+        if (g_refresh_wd(net, 0, s))
+            return -1;
+        g_mark(pf, s, "optimizer", "", -1);
+    }
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
+                                  cudaMemcpyDeviceToHost, s));
+    return 0;
+}
+
+int sf_net_step_empty(sf_cuda_net *net, int b, int do_opt)
+{
+    if (b < 0 || b >= net->cfg.nbuf) {
+        sf_cuda_set_error("%s:%d: sf_net_step_empty: buffer %d", __FILE__, __LINE__, b);
+        return -1;
+    }
+    const sf_model *m = &net->m;
+    const size_t off = m->train_off, len = m->n_params - m->train_off;
+    SF_CUDA_CHECK(cudaMemsetAsync(net->grads + off, 0, sizeof(float) * len, net->s));
+    SF_CUDA_CHECK(cudaMemsetAsync(net->io[b].result, 0, sizeof(sf_xent_out), net->s));
+    return g_opt_tail(net, b, do_opt, 0, NULL);
+}
+
+int sf_net_param_digest(sf_cuda_net *net, uint64_t *digest)
+{
+    return sf_cuda_digest(net->params, net->m.n_params, digest, net->s);
+}
+
 static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *pf)
 {
     gen_net *g = net->g;
@@ -1273,37 +1337,7 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             return -1;
         g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
     }
-    /* optimizer over the trainable slice */
-    const size_t off = m->train_off, len = m->n_params - m->train_off;
-    /* bf16: the conv weight gradients into the fp32 gradients (the linear
-     * layers wrote theirs there in fp32) */
-    if (g->wcopy && sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_gd, s))
-        return -1;
-    const float *grad = net->grads + off;
-    if (g->gacc) {
-        const float inv_k = 1.0f / (float)net->cfg.accum;
-        k_accum<<<(unsigned)((len + 255) / 256 ? (len + 255) / 256 : 1), 256, 0, s>>>(g->gacc + off, net->grads + off,
-                                                                                    len, inv_k);
-        SF_CUDA_CHECK(cudaGetLastError());
-        grad = g->gacc + off;
-    }
-    if (do_opt) {
-        if (net->cfg.adamw) {
-            if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, NULL, len, net->io[b].adamw, NULL,
-                              s))
-                return -1;
-        } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &k_no_segs, s)) {
-            return -1;
-        }
-        if (g->gacc)
-            SF_CUDA_CHECK(cudaMemsetAsync(g->gacc + off, 0, sizeof(float) * len, s));
-        if (g_refresh_wd(net, 0, s))
-            return -1;
-        g_mark(pf, s, "optimizer", "", -1);
-    }
-    SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
-                                  cudaMemcpyDeviceToHost, s));
-    return 0;
+    return g_opt_tail(net, b, do_opt, 1, pf);
 }
 
 static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)

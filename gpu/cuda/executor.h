@@ -83,6 +83,12 @@ typedef struct sf_net_cfg {
     int keep_relu;       /* 1: ReLUs stay separate kernels instead of being fused into
                             their producers */
     int allow_rtc;       /* 1: consider cuDNN engines that compile at run time (sf_conv_desc) */
+    /* Data-parallel training: called on the step's stream once the fp32
+     * gradient of the trainable slice (grad, len floats, device) of buffer b
+     * is complete, before accumulation and the optimizer; it enqueues the
+     * all-reduce there, so a captured step holds it. NULL: one process. */
+    int (*grad_reduce)(void *ctx, int b, float *grad, size_t len, cudaStream_t s);
+    void *grad_reduce_ctx;
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;
@@ -116,6 +122,13 @@ int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s);
  * (sf_net_graph_error says why). */
 int sf_net_step(sf_cuda_net *net, int b, int n, int graph, int do_opt);
 const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
+/* A data-parallel round this rank joins without a batch: a zero gradient
+ * through grad_reduce, accumulation and the optimizer (when do_opt), a zero
+ * result in io[b]; eager, on the net's stream. */
+int sf_net_step_empty(sf_cuda_net *net, int b, int do_opt);
+/* The digest of the parameters (sf_cuda_digest over the device layout),
+ * synchronous; nothing may be in flight. */
+int sf_net_param_digest(sf_cuda_net *net, uint64_t *digest);
 
 /* The training state crosses here in PyTorch's layout (sf_model's: n_params
  * floats); the net keeps it in its device layout and permutes on the host.

@@ -8,6 +8,7 @@
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
 #   make bench        side-by-side benchmarks (needs a GPU)
 #   make bench-jpeg   JPEG decode and JPEG-fed training against PyTorch (needs a GPU)
+#   make bench-multi-gpu  data-parallel training on 1 and G GPUs against PyTorch DDP
 #   make fuzz         every parser under libFuzzer (clang), FUZZ_SECONDS each (300)
 #   make fuzz-long    the same, an hour each (FUZZ_SECONDS=3600): tests/fuzz/RESULTS.md
 #   make soak         32 connections of mixed traffic for SOAK_SECONDS (600), checked
@@ -127,7 +128,7 @@ $(BUILD)/gpu/nocuda/backend_nocuda.o: CPPFLAGS += -DSF_NOCUDA_REASON='"$(CUDA_WH
 $(BUILD)/gpu/nocuda/backend_nocuda.o: .FORCE
 .FORCE:
 
-.PHONY: bench-jpeg client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: bench-jpeg bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -336,6 +337,11 @@ bench: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 # results in $(BENCH_OUT) (default build/bench-out/jpeg).
 bench-jpeg: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 	@bash bench/jpeg_run.sh
+
+# Data-parallel streamfeed on 1 and G GPUs beside PyTorch DDP (needs the GPUs;
+# MG_CPU=1 bench/multi_gpu_run.sh is its smoke test on the CPU).
+bench-multi-gpu: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
+	@bash bench/multi_gpu_run.sh
 
 # docs/CONFIG.md is generated from the option table; tests check it is current.
 # deploy/base/prometheusrule.yaml is generated from deploy/prometheus/alerts.yaml.

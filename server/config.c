@@ -280,8 +280,8 @@ const sf_cfg_option sf_config_table[] = {
      "empty contribution (zero gradient, zero weight); counted in "
      "streamfeed_distributed_empty_contributions_total."},
     {"distributed.join_timeout_s", SF_CT_INT, F(distributed.join_timeout_s), "300", 1, 86400, NULL, 0,
-     NULL, "At start, every rank must have joined within this; else the process stops, naming the "
-     "rendezvous address."},
+     NULL, "At start, every rank must have joined within this; else the rank stays up with /readyz false "
+     "naming the rendezvous address and refuses batches."},
     {"distributed.timeout_s", SF_CT_INT, F(distributed.timeout_s), "600", 1, 86400, NULL, 0, NULL,
      "Longest wait in one collective call once joined (a peer that stopped answering); a closed "
      "connection (a peer that died) fails at once. Then /readyz turns false and batches are refused."},

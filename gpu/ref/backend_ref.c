@@ -23,6 +23,20 @@
  * [N,out_h,out_w], mean over pixels) for a segmentation model, whose
  * `correct` counts pixels (n_labels = N*H*W).
  *
+ * Loss options (sf_batch): label smoothing and mixup/cutmix soft targets,
+ * torch.nn.CrossEntropyLoss semantics (sf_ref_xent_soft); a segmentation
+ * model takes smoothing, never mixing. Top-5 hits in torch.sort's stable
+ * descending order.
+ *
+ * Evaluation batches (b->eval): the forward in eval mode, loss and hits; no
+ * backward, no update of anything (running statistics and num_batches_tracked
+ * included). Logits go to b->logits_out when it is set, for any batch.
+ *
+ * The optimizer step: the pre-clip L2 norm of the gradient about to be applied
+ * (after accumulation), then, when the norm or a loss of the step is NaN/Inf,
+ * a skipped step (parameters, optimizer state, step count unchanged; an
+ * accumulated gradient dropped), else clip_grad_norm_ scaling and the update.
+ *
  * Optimizer: SGD (momentum, weight decay; PyTorch semantics) or AdamW
  * (torch.optim.AdamW). With grad_accum_steps k > 1 the batch gradients are
  * averaged over k batches and the optimizer steps on every k-th; the step
@@ -72,6 +86,7 @@
 #include "../backend.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +104,7 @@ typedef struct ref_ctx {
     uint64_t step;                /* optimizer steps */
     uint64_t nbt;                 /* num_batches_tracked of every batchnorm layer */
     int accum_count;              /* batches accumulated since the last optimizer step */
+    int accum_nonfinite;          /* a batch of the current accumulation group had a non-finite loss */
     char dist_err[160];           /* the failed gradient all-reduce ("" none): health reports it */
     int bf16;                     /* model.precision=bf16: activations rounded to bf16 (see the top) */
     size_t n_train;               /* trainable floats: n_params - train_off */
@@ -533,12 +549,61 @@ static void opt_step(ref_ctx *c, const float *g, const sf_hyper *h)
         sf_ref_sgd(p, g, c->mom, c->n_train, h->lr, h->momentum, h->weight_decay);
 }
 
+/* What one batch's forward (and step) measured. */
+typedef struct step_out {
+    float loss;
+    int correct, correct5;
+    float grad_norm; /* pre-clip, of the gradients applied; 0 when no optimizer step ran */
+    int skipped;     /* the optimizer step was skipped for a non-finite loss or gradient */
+} step_out;
+
+/* The loss of the logits in the last layer's output against c->labels, with
+ * b's label smoothing and mixing; the logits' gradient into dlogits when not
+ * NULL. Segmentation models take no mixing (every pixel has its own label). */
+static void loss_of(ref_ctx *c, int n, const sf_batch *b, float *dlogits, step_out *o)
+{
+    const sf_model *m = &c->m;
+    const float *logits = c->act[m->n_layers - 1];
+    if (m->segmentation) {
+        int64_t corr = 0, corr5 = 0;
+        sf_ref_xent2d_smooth(logits, c->labels, n, m->n_classes, m->out_h, m->out_w, b->label_smoothing,
+                             &o->loss, dlogits, &corr, &corr5);
+        o->correct = corr > INT32_MAX ? INT32_MAX : (int)corr;
+        o->correct5 = corr5 > INT32_MAX ? INT32_MAX : (int)corr5;
+    } else {
+        sf_ref_xent_soft(logits, c->labels, n, m->n_classes, b->label_smoothing, b->eval ? 1.0f : b->mix_lam,
+                         &o->loss, dlogits, &o->correct, &o->correct5);
+    }
+}
+
+/* The optimizer step on the gradient g about to be applied: its pre-clip
+ * norm, and a skip (nothing changes, the step count included) when it or a
+ * loss of the step was not finite; else clipping and the update. */
+static void apply_step(ref_ctx *c, float *g, int nonfinite, const sf_hyper *h, step_out *o)
+{
+    const double norm = sf_ref_grad_norm(g, c->n_train);
+    if (nonfinite || !isfinite(norm)) {
+        o->skipped = 1;
+        o->grad_norm = 0.0f;
+        return;
+    }
+    o->grad_norm = (float)norm;
+    sf_ref_clip_grads(g, c->n_train, norm, h->clip_grad_norm);
+    opt_step(c, g, h);
+}
+
+/* Forward, loss, backward and (every grad_accum_steps batches) the optimizer
+ * update of the n samples in c->input with the labels in c->labels. A
+ * non-finite loss in any batch of an accumulation group skips the group's
+ * step, and the group's accumulated gradient is dropped either way (as a
+ * torch loop's zero_grad after a GradScaler-skipped step). */
 /* Data-parallel training: this rank's mean gradient of n samples becomes its
  * share n / global_n of the global mean, and the SUM over the ranks (Gloo, on
  * every rank the same result: the ring all-reduce adds in one order and
- * broadcasts the sums) is the gradient every rank applies. 0, or -1 with
- * dist_err set when a peer is gone. */
-static int allreduce_grads(ref_ctx *c, int n, int64_t global_n)
+ * broadcasts the sums) is the gradient every rank applies. A rank whose loss
+ * was not finite sends a NaN, so that every rank skips the step together.
+ * 0, or -1 with dist_err set when a peer is gone. */
+static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss)
 {
     const sf_dist *d = c->cfg.dist;
     if (!d || d->world <= 1 || global_n <= 0)
@@ -546,6 +611,8 @@ static int allreduce_grads(ref_ctx *c, int n, int64_t global_n)
     const float share = (float)n / (float)global_n;
     for (size_t e = 0; e < c->n_train; e++)
         c->grads[e] *= share;
+    if (bad_loss && c->n_train)
+        c->grads[0] = NAN;
     sf_dist *dm = (sf_dist *)d; /* the backend reports its all-reduce time in it (engine thread only) */
     const uint64_t t0 = now_ns();
     char err[sizeof c->dist_err];
@@ -556,52 +623,56 @@ static int allreduce_grads(ref_ctx *c, int n, int64_t global_n)
     return rc;
 }
 
-/* Forward, loss, backward and (every grad_accum_steps batches) the optimizer
- * update of the n samples in c->input with the labels in c->labels. With
- * global_n > 0 (a data-parallel round) the gradient is all-reduced first; n
- * may then be 0: zero gradients, the same all-reduce and optimizer step.
- * 0, or -1 when the all-reduce failed (no update). */
-static int train_step(ref_ctx *c, int n, int64_t global_n, const sf_hyper *h, float *loss, int *correct)
+/* With b->global_n > 0 (a data-parallel round) the gradient is all-reduced
+ * before accumulation and the optimizer, and n may be 0: zero gradients
+ * through the same all-reduce and optimizer step. 0, or -1 when the
+ * all-reduce failed (then nothing was updated). */
+static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
 {
     const sf_model *m = &c->m;
     const int last = m->n_layers - 1;
+    memset(o, 0, sizeof *o);
+    int bad_loss = 0;
     if (n > 0) {
         forward(c, n, 1);
         for (int i = m->n_frozen; i < m->n_layers; i++)
             if (c->dact_buf[i])
                 memset(c->dact_buf[i], 0, sizeof(float) * (size_t)n * m->layers[i].out_elems);
-        if (m->segmentation) {
-            int64_t corr = 0;
-            sf_ref_xent2d(c->act[last], c->labels, n, m->n_classes, m->out_h, m->out_w, loss, c->dact[last],
-                          &corr);
-            *correct = corr > INT32_MAX ? INT32_MAX : (int)corr;
-        } else {
-            sf_ref_xent(c->act[last], c->labels, n, m->n_classes, loss, c->dact[last], correct);
-        }
+        loss_of(c, n, b, c->dact[last], o);
+        bad_loss = !isfinite(o->loss);
         /* bf16: the loss is fp32 from the bf16 logits; their gradient is stored in bf16. */
         to_bf16(c, c->dact[last], (size_t)n * m->layers[last].out_elems);
         backward(c, n);
     } else {
         memset(c->grads, 0, sizeof(float) * c->n_train);
-        *loss = 0.0f;
-        *correct = 0;
     }
-    if (allreduce_grads(c, n, global_n) != 0)
+    if (allreduce_grads(c, n, b->global_n, bad_loss) != 0)
         return -1;
     const int k = c->cfg.grad_accum_steps > 1 ? c->cfg.grad_accum_steps : 1;
     if (k == 1) {
-        opt_step(c, c->grads, h);
+        apply_step(c, c->grads, bad_loss, &b->hyper, o);
         return 0;
     }
     const float inv_k = 1.0f / (float)k;
     for (size_t e = 0; e < c->n_train; e++)
         c->gacc[e] += c->grads[e] * inv_k;
+    c->accum_nonfinite |= bad_loss;
     if (++c->accum_count == k) {
-        opt_step(c, c->gacc, h);
+        apply_step(c, c->gacc, c->accum_nonfinite, &b->hyper, o);
         memset(c->gacc, 0, sizeof(float) * c->n_train);
         c->accum_count = 0;
+        c->accum_nonfinite = 0;
     }
     return 0;
+}
+
+/* An evaluation batch: the forward in eval mode (batchnorm on its running
+ * statistics, which stay as they are) and the loss; no backward, no step. */
+static void eval_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
+{
+    memset(o, 0, sizeof *o);
+    forward(c, n, 0);
+    loss_of(c, n, b, NULL, o);
 }
 
 /* An encoded batch decoded into c->decoded, as the raw batch *raw (b itself
@@ -627,7 +698,7 @@ static int decode(ref_ctx *c, const sf_batch *b, sf_batch *raw, char *err, size_
 /* An empty contribution to a data-parallel round (sf_batch.n == 0). */
 static int submit_empty(ref_ctx *c, const sf_batch *b, char *err, size_t errlen)
 {
-    if (!c->built || !c->cfg.dist || c->cfg.dist->world <= 1 || b->global_n <= 0) {
+    if (!c->built || !c->cfg.dist || c->cfg.dist->world <= 1 || b->global_n <= 0 || b->eval) {
         sf_errf(err, errlen, "ref: a batch of 0 samples outside a data-parallel round");
         return -1;
     }
@@ -642,15 +713,17 @@ static int submit_empty(ref_ctx *c, const sf_batch *b, char *err, size_t errlen)
     ev.token = b->token;
     push_event(c, &ev);
     const uint64_t t0 = now_ns();
-    float loss = 0.0f;
-    int correct = 0;
+    step_out o;
     memset(&ev, 0, sizeof ev);
     ev.kind = SF_EV_STEP_DONE;
     ev.id = b->id;
     ev.token = b->token;
-    if (train_step(c, 0, b->global_n, &b->hyper, &loss, &correct) != 0) {
+    if (train_step(c, 0, b, &o) != 0) {
         ev.status = -1;
         snprintf(ev.err, sizeof ev.err, "%s", c->dist_err);
+    } else {
+        ev.grad_norm = o.grad_norm;
+        ev.skipped = o.skipped;
     }
     const uint64_t t1 = now_ns();
     ev.step = c->step;
@@ -716,16 +789,24 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
         return 0;
     }
 
-    float loss = 0.0f;
-    int correct = 0;
-    if (train_step(c, n, b->global_n, &b->hyper, &loss, &correct) != 0) {
+    step_out o;
+    if (b->eval) {
+        eval_step(c, n, b, &o);
+    } else if (train_step(c, n, b, &o) != 0) {
         ev.status = -1;
         snprintf(ev.err, sizeof ev.err, "%s", c->dist_err);
     }
+    if (b->logits_out)
+        memcpy(b->logits_out, c->act[c->m.n_layers - 1],
+               sizeof(float) * (size_t)n * c->m.layers[c->m.n_layers - 1].out_elems);
     const uint64_t t2 = now_ns();
 
-    ev.loss = loss;
-    ev.correct = correct;
+    ev.loss = o.loss;
+    ev.correct = o.correct;
+    ev.correct5 = o.correct5;
+    ev.grad_norm = o.grad_norm;
+    ev.skipped = o.skipped;
+    ev.eval = b->eval;
     ev.n_labels = (int64_t)n * (int64_t)c->labels_per_sample;
     ev.step = c->step;
     /* No host-to-device copy on the CPU: a zero-length h2d stage. */
@@ -866,6 +947,7 @@ static int ref_set_opt_state(sf_backend *be, const float *momentum, uint64_t ste
     if (c->gacc)
         memset(c->gacc, 0, sizeof(float) * c->n_train);
     c->accum_count = 0;
+    c->accum_nonfinite = 0;
     return 0;
 }
 
@@ -973,7 +1055,7 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
     if (c->gacc)
         memcpy(save_acc, c->gacc, sizeof(float) * nt);
     const uint64_t save_step = c->step, save_nbt = c->nbt;
-    const int save_accum = c->accum_count;
+    const int save_accum = c->accum_count, save_accum_nonfinite = c->accum_nonfinite;
 
     sf_batch cached = *b;
     if (mode == SF_BENCH_AUG_STEP) {
@@ -990,10 +1072,9 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
             make_input(c, &cached);
             convert_labels(c, &cached, &bad);
         }
-        float loss = 0.0f;
-        int correct = 0;
-        /* Local: the caching method times this rank's step, without its peers. */
-        (void)train_step(c, b->n, 0, &b->hyper, &loss, &correct);
+        step_out o;
+        /* Local (global_n 0: no all-reduce): the caching method times this rank's step alone. */
+        (void)train_step(c, b->n, b, &o);
     }
     const uint64_t t1 = now_ns();
     double s = (double)(t1 - t0) * 1e-9;
@@ -1009,6 +1090,7 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
     c->step = save_step;
     c->nbt = save_nbt;
     c->accum_count = save_accum;
+    c->accum_nonfinite = save_accum_nonfinite;
     free(save_p);
     free(save_m);
     free(save_b);

@@ -340,7 +340,7 @@ const sf_cfg_option sf_config_table[] = {
      "(docs/OPERATIONS.md, \"Data-parallel training\")."},
     {"distributed.rank", SF_CT_INT, F(distributed.rank), "-1", -1, 1023, NULL, 0, NULL,
      "This process's rank in [0, world_size). -1: the ordinal N of a StatefulSet pod's host name "
-     "(name-N), or 0 with world_size 1."},
+     "(name-N); a single process (world_size 1) is rank 0."},
     {"distributed.rendezvous", SF_CT_STRING, F(distributed.rendezvous), "", 0, 0, NULL, 0, NULL,
      "host:port of rank 0's HTTP listener, where the other ranks join (its key-value store under "
      "/v1/distributed/kv/); required on ranks other than 0."},
@@ -389,7 +389,12 @@ static int check_schedule(const sf_config *c, char *err, size_t errlen)
 static int check_distributed(const sf_config *c, char *err, size_t errlen)
 {
     const int world = c->distributed.world_size, rank = c->distributed.rank;
-    if (rank >= world || (world > 1 && rank < 0)) {
+    if (world > 1 && rank < 0) {
+        snprintf(err, errlen, "distributed.rank is not set and the host name ends in no StatefulSet ordinal "
+                 "(name-N): set distributed.rank in [0, %d)", world);
+        return -1;
+    }
+    if (rank >= world) {
         snprintf(err, errlen, "distributed.rank %d is not in [0, %d) (distributed.world_size)", rank, world);
         return -1;
     }
@@ -845,12 +850,9 @@ static int load_file(sf_config *c, const char *path, char *err, size_t errlen)
  * so the rest of the service sees a plain number. */
 static void derive_rank(sf_config *c)
 {
-    if (c->distributed.rank >= 0)
+    /* One process: no rank to derive (the service answers rank 0 then). */
+    if (c->distributed.rank >= 0 || c->distributed.world_size <= 1)
         return;
-    if (c->distributed.world_size <= 1) {
-        c->distributed.rank = 0;
-        return;
-    }
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) != 0)
         return;

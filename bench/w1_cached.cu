@@ -90,7 +90,10 @@ int main(int argc, char **argv)
     }
 
     cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    /* the highest priority, as the backend's compute stream */
+    int lo_prio = 0, hi_prio = 0;
+    CU(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
+    CU(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi_prio));
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS || cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
@@ -123,7 +126,7 @@ int main(int argc, char **argv)
     /* one augmented-looking batch kept on the device (never zeros) */
     CK(sf_cuda_fill_random_dt(dt, x, (size_t)batch * in, 2024, 1.f, s) == 0);
 
-    sf_net_io io = {x, lab, hyp, res, hres, NULL};
+    sf_net_io io = {x, lab, hyp, res, hres, NULL, NULL};
     sf_net_cfg nc;
     memset(&nc, 0, sizeof nc);
     nc.layout = layout;

@@ -43,6 +43,7 @@
  * The whole step of one (buffer, batch size, optimizer on/off) is captured
  * once as a CUDA graph and replayed.
  */
+#include "conv_thin.h"
 #include "executor.h"
 
 extern "C" {
@@ -159,6 +160,7 @@ typedef struct gop {
     void *gtmp;          /* the input gradient before it is added to its owner's (this layer
                             is not its input's first consumer), or a batchnorm's unwanted
                             dx: only live during this layer's backward */
+    int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
     /* conv: variant packs per batch buffer (a layer reading the model input or
@@ -390,7 +392,8 @@ static int g_try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, co
     return 0;
 }
 
-static int g_dirs(const gop *o) { return o->frozen ? 1 : (o->want[0] ? 7 : 5); }
+/* The cuDNN plans layer i needs, as a bit mask of sf_conv_dir (none for a thin conv). */
+static int g_dirs(const gop *o) { return o->thin ? 0 : o->frozen ? 1 : (o->want[0] ? 7 : 5); }
 
 static void gshape_destroy(gshape *S)
 {
@@ -519,7 +522,7 @@ __global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
     out->loss = in->loss;
     out->bad = in->bad;
     out->correct = in->correct > 0x7fffffffLL ? 0x7fffffff : (int)in->correct;
-    out->pad_ = 0;
+    out->correct5 = in->correct5 > 0x7fffffffLL ? 0x7fffffff : (int)in->correct5;
 }
 
 __global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, size_t len, float inv_k)
@@ -866,9 +869,13 @@ static int g_create(sf_cuda_net *net)
                 g->op[i + 1].fused = 1;
             }
         }
-        for (int i = 0; i < g->nl; i++)
-            g->op[i].fusable = !net->cfg.no_fuse && m->layers[i].kind == SF_L_CONV2D &&
-                               (m->layers[i].n_b || g->op[i].relu);
+        for (int i = 0; i < g->nl; i++) {
+            const sf_layer *L = &m->layers[i];
+            g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
+                            sf_conv_thin_ok(L->in_c, L->out_c, L->k, L->stride, L->pad);
+            g->op[i].fusable = !net->cfg.no_fuse && L->kind == SF_L_CONV2D && !g->op[i].thin &&
+                               (L->n_b || g->op[i].relu);
+        }
     }
     /* backward schedule */
     {
@@ -954,10 +961,13 @@ static int g_create(sf_cuda_net *net)
         if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
             return -1;
     }
-    /* compute-stream scratch: bn, xent2d, bias grad (never used at once) */
+    /* compute-stream scratch: bn, xent2d, bias grad, thin conv partials (never
+     * used at once) */
     size_t sc = sizeof(float) * sf_cuda_bias_grad_scratch(max_c);
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
+        if (g->op[i].thin && sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c) > sc)
+            sc = sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c);
         if (L->kind == SF_L_BATCHNORM2D) {
             size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, g->lay);
             if (b > sc)
@@ -1034,6 +1044,12 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
         size_t outer, inner;
         switch (L->kind) {
         case SF_L_CONV2D:
+            if (o->thin) {
+                if (sf_conv_thin_fwd(dt, g->lay, x, g_wd(net, i), L->n_b ? P + L->b_off : NULL, o->y, n, L->in_c,
+                                     (size_t)L->in_h * L->in_w, L->out_c, o->relu, s))
+                    return -1;
+                break;
+            }
             if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
                 if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
                     return -1;
@@ -1172,11 +1188,12 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
     }
     if (m->segmentation) {
         if (sf_cuda_xent2d(logits, net->io[b].labels, n, m->n_classes, m->out_h, m->out_w, g->lay, dlog, g->x2d,
-                           g->scratch, s))
+                           g->scratch, net->io[b].ctl ? &net->io[b].ctl->loss : NULL, s))
             return -1;
         k_x2d_out<<<1, 1, 0, s>>>(g->x2d, net->io[b].result);
         SF_CUDA_CHECK(cudaGetLastError());
-    } else if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, dlog, net->io[b].result, s)) {
+    } else if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, dlog, net->io[b].result,
+                            net->io[b].ctl ? &net->io[b].ctl->loss : NULL, s)) {
         return -1;
     }
     if (dt != SF_DT_F32 && sf_cuda_cast(g->dlg, SF_DT_F32, g->op[last].dy, dt, nlog, s))
@@ -1195,6 +1212,13 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         size_t outer, inner;
         switch (L->kind) {
         case SF_L_CONV2D:
+            if (o->thin) {
+                if (sf_conv_thin_bwd(dt, g->lay, g_in(net, i, 0, b), g_wd(net, i), ymask, o->dy, dx, g_gd(net, i),
+                                     L->n_b ? net->grads + L->b_off : NULL, n, L->in_c, (size_t)L->in_h * L->in_w,
+                                     L->out_c, (float *)g->scratch, s))
+                    return -1;
+                break;
+            }
             g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
             if ((L->n_b || o->relu) &&
                 sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
@@ -1275,6 +1299,16 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
     }
     /* optimizer over the trainable slice */
     const size_t off = m->train_off, len = m->n_params - m->train_off;
+    if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc) {
+        /* bf16 SGD: gradients from both copies, update, bf16 weights, one pass */
+        if (sf_cuda_sgd_mixed(net->params + off, net->grads + off, E(g->gd, off, es), dt, &g->segs_gd,
+                              net->mom ? net->mom + off : NULL, E(g->wd, off, es), len, net->io[b].hyper, s))
+            return -1;
+        g_mark(pf, s, "optimizer", "", -1);
+        SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
+                                      cudaMemcpyDeviceToHost, s));
+        return 0;
+    }
     /* bf16: the conv weight gradients into the fp32 gradients (the linear
      * layers wrote theirs there in fp32) */
     if (g->wcopy && sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_gd, s))
@@ -1790,6 +1824,16 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         const sf_layer *L = &net->m.layers[i];
         if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
             continue;
+        if (g->op[i].thin) {
+            int w = snprintf(buf + at, len - at,
+                             "layer %d %s %d->%d k%d s%d %dx%d fwd+dgrad+wgrad: thin 1x1 kernels%s\n", i,
+                             sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             g->op[i].relu ? " (bias and ReLU inside)" : "");
+            if (w < 0)
+                break;
+            at += (size_t)w;
+            continue;
+        }
         for (int d = 0; d < 3 && at < len; d++) {
             const sf_conv_plan *p = L->kind == SF_L_CONV2D ? &S->cp[i][d] : &S->tp[i].plan[d];
             if (!p->plan)

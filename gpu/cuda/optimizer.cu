@@ -105,6 +105,60 @@ __global__ void k_sgd(float *__restrict__ p, const float *__restrict__ g, float 
     }
 }
 
+/* SGD of a bf16 net in one pass (sf_cuda_sgd_mixed): the gradient of an
+ * element inside segs is read from gd (the convolutions' weight gradients, in
+ * the net's element type), elsewhere from g; the updated weight is also
+ * written to wd in the net's element type. Four elements per thread as k_sgd. */
+template <typename T>
+__global__ void k_sgd_mixed(float *__restrict__ p, const float *__restrict__ g, const T *__restrict__ gd,
+                            float *__restrict__ m, T *__restrict__ wd, size_t len, const sf_sgd_hyper *__restrict__ hp,
+                            const __grid_constant__ sf_sgd_segs segs)
+{
+    const size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+    if (i0 >= len)
+        return;
+    const float lr = hp->lr, mom = hp->momentum, wdk = hp->weight_decay;
+    int si = -1, straddle = 0;
+    for (int k = 0; k < segs.n; k++) {
+        const size_t a = segs.s[k].off, b = a + segs.s[k].len;
+        if (i0 + 4 > a && i0 < b) {
+            si = k;
+            straddle = !(i0 >= a && i0 + 4 <= b);
+            break;
+        }
+    }
+    if (i0 + 4 <= len && !straddle) {
+        float4 pv = *reinterpret_cast<const float4 *>(p + i0);
+        float4 mv = mom != 0.f ? *reinterpret_cast<const float4 *>(m + i0) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 gv;
+        if (si < 0)
+            gv = *reinterpret_cast<const float4 *>(g + i0);
+        else
+            gv = make_float4(cu_f(gd[i0]), cu_f(gd[i0 + 1]), cu_f(gd[i0 + 2]), cu_f(gd[i0 + 3]));
+        sgd_one(pv.x, mv.x, gv.x, lr, mom, wdk);
+        sgd_one(pv.y, mv.y, gv.y, lr, mom, wdk);
+        sgd_one(pv.z, mv.z, gv.z, lr, mom, wdk);
+        sgd_one(pv.w, mv.w, gv.w, lr, mom, wdk);
+        *reinterpret_cast<float4 *>(p + i0) = pv;
+        if (mom != 0.f)
+            *reinterpret_cast<float4 *>(m + i0) = mv;
+        wd[i0] = cu_to<T>(pv.x);
+        wd[i0 + 1] = cu_to<T>(pv.y);
+        wd[i0 + 2] = cu_to<T>(pv.z);
+        wd[i0 + 3] = cu_to<T>(pv.w);
+        return;
+    }
+    for (size_t i = i0; i < i0 + 4 && i < len; i++) {
+        const int k = seg_of(segs, i);
+        float pv = p[i], mv = mom != 0.f ? m[i] : 0.f;
+        sgd_one(pv, mv, k < 0 ? g[i] : cu_f(gd[i]), lr, mom, wdk);
+        p[i] = pv;
+        if (mom != 0.f)
+            m[i] = mv;
+        wd[i] = cu_to<T>(pv);
+    }
+}
+
 /* One element in the order of PyTorch's single-tensor AdamW, rounding as the
  * reference (no contraction into FMA), so equal inputs give bit-equal results. */
 __device__ __forceinline__ void adamw_one(float &p, float &m, float &v, float g, const sf_adamw_hyper &h)
@@ -366,6 +420,29 @@ extern "C" int sf_cuda_sgd(float *p, const float *g, float *m, float *wdev, size
         return -1;
     }
     k_sgd<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, wdev, len, d_hyper, *segs);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_sgd_mixed(float *p, const float *g, const void *gd, sf_dtype dt, const sf_sgd_segs *segs,
+                                 float *m, void *wd, size_t len, const sf_sgd_hyper *d_hyper, cudaStream_t s)
+{
+    if (dt != SF_DT_BF16 || !segs || segs->n < 0 || segs->n > SF_SGD_MAX_SEGS || !cu_al16(p) ||
+        (m && !cu_al16(m)) || !cu_al16(g)) {
+        sf_cuda_set_error("%s:%d: sf_cuda_sgd_mixed: bf16 data, at most %d segments and 16-byte aligned p, g, m",
+                          __FILE__, __LINE__, SF_SGD_MAX_SEGS);
+        return -1;
+    }
+    for (int k = 0; k < segs->n; k++)
+        if (segs->s[k].c != 1 || segs->s[k].off + segs->s[k].len > len) {
+            sf_cuda_set_error("%s:%d: sf_cuda_sgd_mixed: segment %d is not an identity segment inside the buffer",
+                              __FILE__, __LINE__, k);
+            return -1;
+        }
+    if (len == 0)
+        return 0;
+    k_sgd_mixed<cu_bf16><<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, (const cu_bf16 *)gd, m,
+                                                                           (cu_bf16 *)wd, len, d_hyper, *segs);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

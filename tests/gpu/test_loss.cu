@@ -29,7 +29,7 @@ static void test_xent(cudaStream_t s, int n, int k)
     CU(cudaMemcpy(dlab, lab.data(), 4 * n, cudaMemcpyHostToDevice));
     poison_f(dd, l.size());
     CU(cudaMemset(out, 0xff, sizeof *out));
-    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, s);
+    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, NULL, s);
     CU(cudaStreamSynchronize(s));
     snprintf(nm, sizeof nm, "xent n%d k%d", n, k);
     if (rc) {
@@ -123,7 +123,7 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
     up(d_lab, lab);
     poison(d_d, nl * 4);
     poison(d_out, sizeof(sf_xent2d_out));
-    int rc = sf_cuda_xent2d(d_l, d_lab, n, k, h, w, L, d_d, d_out, scr, s);
+    int rc = sf_cuda_xent2d(d_l, d_lab, n, k, h, w, L, d_d, d_out, scr, NULL, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());

@@ -378,6 +378,11 @@ int main(int argc, char **argv)
         {"rotation_small_angle_blur_partial_tiles", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6]},{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 150, 101, 3, 4},
         {"rotation_small_angle_partial_tiles", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6]}]", 150, 101, 3, 4},
         {"rotation_nearest_small_angle_blur", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6],\"interpolation\":\"nearest\"},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 150, 101, 3, 4},
+        /* Bilinear blur tiles stage their source footprint in shared memory:
+         * taps at the crop's edge (the staged box repeats it), and a shrink
+         * whose footprint does not fit (the byte gathers instead). */
+        {"center_crop_resize_up_blur_clamps_at_the_crop", "[{\"op\":\"center_crop\",\"size\":[9,12]},{\"op\":\"resize\",\"size\":[40,50]},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 33, 47, 3, 3},
+        {"resize_down_no_antialias_blur_footprint_too_big", "[{\"op\":\"resize\",\"size\":[20,24],\"antialias\":false},{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 200, 240, 3, 2},
         {"rotation_blur_k31_wider_than_image", "[{\"op\":\"random_rotation\",\"degrees\":[-10,10]},{\"op\":\"gaussian_blur\",\"kernel_size\":31,\"sigma\":[3,9]}]", 9, 13, 3, 2},
     };
     /* Channel counts and compositions. */

@@ -402,7 +402,7 @@ __device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &
  * floored tap coordinates (the map is affine, so they bound every pixel's) one
  * pixel wider on each side for the per-pixel rounding, clamped into the clamp
  * box. Returns 0 when it does not fit in STG floats per channel (a shrink, or
- * a strong rotation of a large tile) or a coordinate is not a number. */
+ * a strong rotation of a large tile) or a corner's coordinate is not finite. */
 __device__ __forceinline__ int stage_box(const Geo &g, int xlo, int xhi, int ylo, int yhi, int &bx0,
                                          int &by0, int &bw, int &bh)
 {
@@ -414,7 +414,7 @@ __device__ __forceinline__ int stage_box(const Geo &g, int xlo, int xhi, int ylo
         const float oy = __fadd_rn((float)(k & 2 ? yhi : ylo), 0.5f);
         const float fx = __fsub_rn(affine_rn(g.inv[0], g.inv[1], g.inv[2], ox, oy), 0.5f);
         const float fy = __fsub_rn(affine_rn(g.inv[3], g.inv[4], g.inv[5], ox, oy), 0.5f);
-        num = num && fx == fx && fy == fy;
+        num = num && fabsf(fx) <= 1e30f && fabsf(fy) <= 1e30f; /* then every pixel's is finite */
         mnx = fminf(mnx, fx); mxx = fmaxf(mxx, fx);
         mny = fminf(mny, fy); mxy = fmaxf(mxy, fy);
     }

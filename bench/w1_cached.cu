@@ -123,7 +123,7 @@ int main(int argc, char **argv)
     /* one augmented-looking batch kept on the device (never zeros) */
     CK(sf_cuda_fill_random_dt(dt, x, (size_t)batch * in, 2024, 1.f, s) == 0);
 
-    sf_net_io io = {x, lab, hyp, res, hres, NULL};
+    sf_net_io io = {x, lab, hyp, res, hres, NULL, NULL};
     sf_net_cfg nc;
     memset(&nc, 0, sizeof nc);
     nc.layout = layout;

@@ -126,6 +126,20 @@ int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s);
  * (sf_net_graph_error says why). */
 int sf_net_step(sf_cuda_net *net, int b, int n, int graph, int do_opt);
 const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
+/* An evaluation step of buffer b: the forward in eval mode (batchnorm on its
+ * running statistics, which stay as they are), the loss and hits into
+ * io[b].result and its host copy; no backward, no optimizer, no state
+ * written. Replayed as its own graph like sf_net_step. */
+int sf_net_eval(sf_cuda_net *net, int b, int n, int graph);
+/* Buffer b's last gradient check (pinned host memory, valid once its step
+ * has completed): the pre-clip norm, the clipping scale, and skip = 1 when
+ * the loss or a gradient was NaN/Inf and the optimizer changed nothing. All
+ * zero after an evaluation step or a step that did not run the optimizer. */
+const sf_grad_state *sf_net_grad_state(const sf_cuda_net *net, int b);
+/* Enqueues on the net's stream the copy of buffer b's last step's logits
+ * (fp32, sf_model's layout: [n, classes] or [n, classes, out_h, out_w]) to
+ * host; call it right after that step, before the next one. */
+int sf_net_copy_logits(sf_cuda_net *net, int b, int n, float *host);
 
 /* The training state crosses here in PyTorch's layout (sf_model's: n_params
  * floats); the net keeps it in its device layout and permutes on the host.

@@ -47,7 +47,7 @@ static void test_sgd(cudaStream_t s, float momentum)
     up(dg, gdev);
     up(dm, m);
     poison_f(dw, len);
-    int rc = sf_cuda_sgd(dp, dg, dm, dw, len, hp, &segs, s);
+    int rc = sf_cuda_sgd(dp, dg, dm, dw, len, hp, &segs, NULL, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());
@@ -119,7 +119,7 @@ static void test_adamw(cudaStream_t s, size_t len, float wd, int perm)
         sf_adamw_hyper h = {lr, b1, b2, eps, wd, 0.f, 0.f, 0.f};
         sf_adamw_hyper_at(&h, t);
         CU(cudaMemcpy(d_h, &h, sizeof h, cudaMemcpyHostToDevice));
-        rc = sf_cuda_adamw(d_p, d_g, d_m, d_v, d_w, len, d_h, perm ? &segs : NULL, s);
+        rc = sf_cuda_adamw(d_p, d_g, d_m, d_v, d_w, len, d_h, perm ? &segs : NULL, NULL, s);
         sf_ref_adamw(p.data(), g.data(), m.data(), v.data(), len, lr, b1, b2, eps, wd, t);
     }
     CU(cudaStreamSynchronize(s));
@@ -344,9 +344,9 @@ static void test_sgd_mixed(cudaStream_t s, float momentum)
     CU(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
     sf_sgd_segs none;
     memset(&none, 0, sizeof none);
-    int rc = sf_cuda_grads_model(gd, SF_DT_BF16, g1, &segs, s) || sf_cuda_sgd(p1, g1, m1, NULL, len, dh, &none, s) ||
+    int rc = sf_cuda_grads_model(gd, SF_DT_BF16, g1, &segs, s) || sf_cuda_sgd(p1, g1, m1, NULL, len, dh, &none, NULL, s) ||
              sf_cuda_weights_dev(p1, w1, SF_DT_BF16, len, NULL, s) ||
-             sf_cuda_sgd_mixed(p2, g2, gd, SF_DT_BF16, &segs, m2, w2, len, dh, s);
+             sf_cuda_sgd_mixed(p2, g2, gd, SF_DT_BF16, &segs, m2, w2, len, dh, NULL, s);
     CU(cudaStreamSynchronize(s));
     char name[120];
     snprintf(name, sizeof name, "sgd_mixed bf16 momentum %g", momentum);
@@ -359,7 +359,7 @@ static void test_sgd_mixed(cudaStream_t s, float momentum)
     pass_or_fail(name, memcmp(a.data(), b.data(), len * 4) == 0 && memcmp(wa.data(), wb.data(), len * 2) == 0 &&
                            (momentum == 0.f || memcmp(ma.data(), mb.data(), len * 4) == 0),
                  "parameters, momentum or bf16 weights differ from grads_model + sgd + weights_dev");
-    pass_or_fail("sgd_mixed refuses fp32 data", sf_cuda_sgd_mixed(p2, g2, gd, SF_DT_F32, &segs, m2, w2, len, dh, s) != 0,
+    pass_or_fail("sgd_mixed refuses fp32 data", sf_cuda_sgd_mixed(p2, g2, gd, SF_DT_F32, &segs, m2, w2, len, dh, NULL, s) != 0,
                  "accepted");
     cudaFree(p1); cudaFree(p2); cudaFree(g1); cudaFree(g2); cudaFree(m1); cudaFree(m2);
     cudaFree(gd); cudaFree(w1); cudaFree(w2); cudaFree(dh);

@@ -25,7 +25,7 @@
  * Prints a table and one JSON line per case.
  * Build: make build/bench/augment_bench (CUDA=1), or
  *        nvcc -std=c++17 -O3 -arch=sm_90 -I. bench/augment_bench.cu \
- *          gpu/cuda/augment.cu gpu/aug.c gpu/ref/augment.c -lcjson
+ *          gpu/cuda/augment.cu gpu/cuda/aug_post.cu gpu/aug.c gpu/ref/augment.c gpu/common.c -lcjson
  */
 #include <cuda_runtime.h>
 #include <stdint.h>

@@ -64,7 +64,8 @@ ifdef DEPS_PREFIX
   # Debian puts Gloo in lib/, the others in lib/x86_64-linux-gnu/.
   LDFLAGS  += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu \
               -L$(DEPS_PREFIX)/lib -Wl,-rpath,$(DEPS_PREFIX)/lib
-  NVCC_LDFLAGS += -I$(DEPS_PREFIX)/include -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Xlinker -rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
+  NVCC_LDFLAGS += -I$(DEPS_PREFIX)/include -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Xlinker -rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu \
+                  -L$(DEPS_PREFIX)/lib -Xlinker -rpath,$(DEPS_PREFIX)/lib
 endif
 
 # ---- sources ---------------------------------------------------------------

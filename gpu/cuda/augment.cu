@@ -43,15 +43,27 @@
  * reference, 37 us on W1), or two roundings, bit-identical to the reference, with
  * -DSF_AUG_FMA=0 (43 us on W1).
  *
+ * A rotation's tile that maps wholly inside the rotation's input (rot_covers)
+ * runs the geometry loop without the coverage: about 20 of a bilinear sample's
+ * 137 instructions (W1: the 12 of 32 tiles away from the border). A bilinear
+ * blur tile whose source footprint fits in STG floats per channel stages it in
+ * shared memory first (stage_tile), so its samples read shared memory instead
+ * of gathering bytes through L1: 111 instead of 137 instructions per sample
+ * (sm_90 SASS, rotation included), for 26 per staged pixel.
+ *
  * Sources: every sample is read at src + its src_off with its own src_h x src_w
  * (ragged batches and uniform ones alike). Antialiased plans run in kernels of
- * their own (AA), whose per-pixel tap loops have data-dependent lengths.
+ * their own (AA), whose per-pixel tap loops have data-dependent lengths; without
+ * a rotation or a blur (the ImageNet recipe) the filter is separable and runs in
+ * aa_separable_kernel, which computes each tap weight once per tile instead of
+ * once per tap (see there and docs/DESIGN.md §5).
  *
  * Threads: t = threadIdx.x; q4 = t & 7, rp = t >> 3. In C a thread owns output
  * pixels x = 4*q4 .. 4*q4+3 of tile rows 2*rp and 2*rp+1.
  */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <limits.h>
 #include <stdint.h>
 
 #include "augment.h"
@@ -209,9 +221,18 @@ __device__ __forceinline__ void aa_sample(const Geo &g, const uint8_t *__restric
 /* Resamples output pixel (x, y) of one sample (x, y inside the output image):
  * s is the sample's source image (W x H), g its geometry. Taps clamp into the
  * clamp box; a rotation's coverage multiplies the result (gpu/aug.h). */
-template <int C, bool NHWC, int MODE>
+/* A tile's source footprint staged in shared memory as floats (stage_tile):
+ * channel c of source pixel (bx0 + i, by0 + j), its coordinates clamped into
+ * the clamp box, at p[c * STG + j * bw + i]. */
+constexpr int STG = 1800; /* floats per channel: a 42 x 42 footprint, W1's at 45 degrees */
+struct Stage {
+    const float *p;
+    int bw, bx0, by0;
+};
+
+template <int C, bool NHWC, int MODE, bool ST = false>
 __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict__ s, int W, int H,
-                                        int x, int y, float (&v)[C])
+                                        int x, int y, float (&v)[C], const Stage &st = Stage{})
 {
     const size_t plane = (size_t)W * H;
     constexpr int px = NHWC ? C : 1; /* elements per pixel step */
@@ -296,6 +317,22 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
     const float bx = __fsub_rn(1.f, ax), by = __fsub_rn(1.f, ay);
     const float w00 = __fmul_rn(bx, by), w01 = __fmul_rn(ax, by);
     const float w10 = __fmul_rn(bx, ay), w11 = __fmul_rn(ax, ay);
+    if constexpr (ST) {
+        /* The same taps from the staged footprint: (x0, y0) lies inside it, and
+         * its last column and row repeat the clamp box's edge where the box
+         * ends, so tap x0 + 1 is the pixel (or the edge) the global path reads. */
+        const float *q = st.p + ((y0 - st.by0) * st.bw + (x0 - st.bx0));
+        float cov = 1.f;
+        if constexpr (ROT) cov = __fmul_rn(cover1(ru, g.rw), cover1(rv, g.rh));
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            const float *qc = q + c * STG;
+            const float b = SF_MAC(SF_MAC(SF_MAC(__fmul_rn(qc[0], w00), w01, qc[1]), w10, qc[st.bw]), w11,
+                                   qc[st.bw + 1]);
+            v[c] = ROT ? __fmul_rn(b, cov) : b;
+        }
+        return;
+    }
     /* Offsets are unsigned (never negative), so each pointer is one 64-bit add. */
     const uint8_t *q00 = s + ((uint32_t)y0 * row + (uint32_t)x0 * px);
     const uint32_t dx = x0 < g.xhi ? (uint32_t)px : 0u, dy = y0 < g.yhi ? row : 0u;
@@ -313,14 +350,143 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
     }
 }
 
+/* The output pixels [lo, hi] of one axis that a tile starting at t0 (n pixels
+ * wide, reading r more on each side, reflected into [0, size)) may compute.
+ * Returns 0 when the reflection folds more than once (a blur wider than the
+ * image), where the range is not worth bounding. */
+__device__ __forceinline__ int tile_span(int t0, int n, int r, int size, int &lo, int &hi)
+{
+    const int a = t0 - r, b = t0 + n + r - 1; /* before reflection */
+    if (a < -(size - 1) || b > 2 * (size - 1)) return 0;
+    hi = min(b, size - 1);                           /* left reflections land in [0, r] */
+    lo = max(0, min(a, 2 * (size - 1) - b));         /* right ones in [2(size-1)-b, size-2] */
+    return 1;
+}
+
+/* Whether every output pixel centre of [xlo, xhi] x [ylo, yhi] maps inside the
+ * rotation's input image by more than a hundredth of a pixel, where its
+ * coverage (and the nearest-pixel test) is exactly 1 and the per-pixel rotation
+ * arithmetic can be skipped: about 20 of the 137 instructions of a bilinear
+ * geometry sample. The map is affine, so the rectangle's image is the
+ * parallelogram of its corners; the margin covers the few-ulp difference
+ * between this and the per-pixel rounding. Block-uniform. */
+__device__ __forceinline__ bool rot_covers(const Geo &g, int xlo, int xhi, int ylo, int yhi)
+{
+    bool in = true;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float ox = __fadd_rn((float)(k & 1 ? xhi : xlo), 0.5f);
+        const float oy = __fadd_rn((float)(k & 2 ? yhi : ylo), 0.5f);
+        const float sx = affine_rn(g.inv[0], g.inv[1], g.inv[2], ox, oy);
+        const float sy = affine_rn(g.inv[3], g.inv[4], g.inv[5], ox, oy);
+        const float ru = __fsub_rn(__fadd_rn(__fmul_rn(g.rot[0], sx), g.rot[1]), 0.5f);
+        const float rv = __fsub_rn(__fadd_rn(__fmul_rn(g.rot[2], sy), g.rot[3]), 0.5f);
+        in = in && ru >= 0.01f && ru <= g.rw - 1.01f && rv >= 0.01f && rv <= g.rh - 1.01f;
+    }
+    return in;
+}
+
 /* A: the geometry of a blur tile and its halo, GH x GW pixels into slots 1..C
  * (channel c at G + c*slot, row stride GWP), walked with an incremental (row,
  * column) instead of a division per pixel. Only edge tiles (a block-uniform test)
- * need the reflect padding. */
+ * need the reflect padding. A rotation's tile that lies wholly inside the
+ * rotation's input runs the loop without it (rot_covers). */
+template <int C, bool NHWC, int MODE, bool ST>
+__device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &g,
+                                               const uint8_t *__restrict__ s, int W, int H, float *G,
+                                               int slot, int R, int GH, int GW, int GWP, int tx0, int ty0,
+                                               const Stage &st);
+
+/* The source pixels a bilinear tile whose output pixels span [xlo, xhi] x
+ * [ylo, yhi] may read, as a box [bx0, bx0 + bw - 1] x [by0, by0 + bh - 1] whose
+ * last column and row are the taps' right and lower neighbours: the corners'
+ * floored tap coordinates (the map is affine, so they bound every pixel's) one
+ * pixel wider on each side for the per-pixel rounding, clamped into the clamp
+ * box. Returns 0 when it does not fit in STG floats per channel (a shrink, or
+ * a strong rotation of a large tile) or a corner's coordinate is not finite. */
+__device__ __forceinline__ int stage_box(const Geo &g, int xlo, int xhi, int ylo, int yhi, int &bx0,
+                                         int &by0, int &bw, int &bh)
+{
+    float mnx = 3e38f, mxx = -3e38f, mny = 3e38f, mxy = -3e38f;
+    bool num = true;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const float ox = __fadd_rn((float)(k & 1 ? xhi : xlo), 0.5f);
+        const float oy = __fadd_rn((float)(k & 2 ? yhi : ylo), 0.5f);
+        const float fx = __fsub_rn(affine_rn(g.inv[0], g.inv[1], g.inv[2], ox, oy), 0.5f);
+        const float fy = __fsub_rn(affine_rn(g.inv[3], g.inv[4], g.inv[5], ox, oy), 0.5f);
+        num = num && fabsf(fx) <= 1e30f && fabsf(fy) <= 1e30f; /* then every pixel's is finite */
+        mnx = fminf(mnx, fx); mxx = fmaxf(mxx, fx);
+        mny = fminf(mny, fy); mxy = fmaxf(mxy, fy);
+    }
+    /* Clamped first, so the floors are small integers. */
+    const float xl = (float)g.xlo, xh = (float)g.xhi, yl = (float)g.ylo, yh = (float)g.yhi;
+    bx0 = max((int)floorf(fminf(fmaxf(mnx, xl), xh)) - 1, g.xlo);
+    by0 = max((int)floorf(fminf(fmaxf(mny, yl), yh)) - 1, g.ylo);
+    bw = min((int)floorf(fminf(fmaxf(mxx, xl), xh)) + 1, g.xhi) - bx0 + 2;
+    bh = min((int)floorf(fminf(fmaxf(mxy, yl), yh)) + 1, g.yhi) - by0 + 2;
+    return num && bw * bh <= STG;
+}
+
+/* Copies the box of stage_box into St as floats, all threads of the block,
+ * walked as geom_tile_loop walks its tile. */
+template <int C, bool NHWC>
+__device__ __forceinline__ void stage_tile(float *St, const Geo &g, const uint8_t *__restrict__ s, int W,
+                                           int H, int bx0, int by0, int bw, int bh)
+{
+    const size_t plane = (size_t)W * H;
+    constexpr int px = NHWC ? C : 1;
+    const uint32_t row = (uint32_t)W * px;
+    const int dr = NT / bw, dq = NT - dr * bw;
+    int r = threadIdx.x / bw, q = threadIdx.x - r * bw;
+    while (r < bh) {
+        const int X = min(bx0 + q, g.xhi), Y = min(by0 + r, g.yhi);
+        const uint8_t *p = s + ((uint32_t)Y * row + (uint32_t)X * px);
+#pragma unroll
+        for (int c = 0; c < C; ++c) St[c * STG + r * bw + q] = tap<C, NHWC>(p, c, plane);
+        r += dr;
+        q += dq;
+        if (q >= bw) { q -= bw; ++r; }
+    }
+}
+
+/* St: STG * C floats of shared memory for the staged footprint, or NULL. A
+ * bilinear tile whose footprint fits is staged first: its 12 taps per pixel
+ * become shared loads at fixed offsets instead of byte gathers through L1,
+ * each with its conversion and 64-bit address (docs/DESIGN.md §5). */
 template <int C, bool NHWC, int MODE>
 __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const Geo &g,
                                           const uint8_t *__restrict__ s, int W, int H, float *G, int slot,
-                                          int R, int GH, int GW, int GWP, int tx0, int ty0)
+                                          int R, int GH, int GW, int GWP, int tx0, int ty0, float *St)
+{
+    constexpr int NOROT = MODE & ~GEO_ROT;
+    int xlo = 0, xhi = 0, ylo = 0, yhi = 0;
+    const bool span = tile_span(tx0, TW, R, P.out_w, xlo, xhi) && tile_span(ty0, TH, R, P.out_h, ylo, yhi);
+    const bool covered = (MODE & GEO_ROT) != 0 && span && rot_covers(g, xlo, xhi, ylo, yhi);
+    if constexpr ((MODE & 7) == GEO_BILINEAR) {
+        Stage st{St, 0, 0, 0};
+        int bh = 0;
+        if (St && span && stage_box(g, xlo, xhi, ylo, yhi, st.bx0, st.by0, st.bw, bh)) {
+            stage_tile<C, NHWC>(St, g, s, W, H, st.bx0, st.by0, st.bw, bh);
+            __syncthreads(); /* the footprint is read by every thread's pixels */
+            if (covered)
+                geom_tile_loop<C, NHWC, NOROT, true>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, st);
+            else
+                geom_tile_loop<C, NHWC, MODE, true>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, st);
+            return;
+        }
+    }
+    if (covered)
+        geom_tile_loop<C, NHWC, NOROT, false>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, Stage{});
+    else
+        geom_tile_loop<C, NHWC, MODE, false>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, Stage{});
+}
+
+template <int C, bool NHWC, int MODE, bool ST>
+__device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &g,
+                                               const uint8_t *__restrict__ s, int W, int H, float *G,
+                                               int slot, int R, int GH, int GW, int GWP, int tx0, int ty0,
+                                               const Stage &st)
 {
     const int OW = P.out_w, OH = P.out_h;
     const bool interior = ty0 - R >= 0 && ty0 + TH + R <= OH && tx0 - R >= 0 && tx0 + TW + R <= OW;
@@ -333,7 +499,7 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const Geo &g,
             x = reflect_idx(x, OW);
         }
         float gv[C];
-        geom_px<C, NHWC, MODE>(g, s, W, H, x, y, gv);
+        geom_px<C, NHWC, MODE, ST>(g, s, W, H, x, y, gv, st);
         float *o = G + r * GWP + q;
 #pragma unroll
         for (int c = 0; c < C; ++c) o[c * slot] = gv[c];
@@ -346,9 +512,30 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const Geo &g,
 /* The thread's 2 x 4 pixels without a blur; out-of-image pixels of an edge tile
  * are computed at a clamped position and never stored. */
 template <int C, bool NHWC, int MODE>
+__device__ __forceinline__ void geom_direct_px(const sf_aug_plan &P, const Geo &g,
+                                               const uint8_t *__restrict__ s, int W, int H, int xb,
+                                               int yb, float (&v)[C][2][4]);
+
+template <int C, bool NHWC, int MODE>
 __device__ __forceinline__ void geom_direct(const sf_aug_plan &P, const Geo &g,
                                             const uint8_t *__restrict__ s, int W, int H, int xb, int yb,
                                             float (&v)[C][2][4])
+{
+    if constexpr ((MODE & GEO_ROT) != 0) {
+        /* The block's tile, clamped into the image as the pixels are. */
+        const int tx0 = blockIdx.x * TW, ty0 = blockIdx.y * TH;
+        if (rot_covers(g, tx0, min(tx0 + TW, P.out_w) - 1, ty0, min(ty0 + TH, P.out_h) - 1)) {
+            geom_direct_px<C, NHWC, MODE & ~GEO_ROT>(P, g, s, W, H, xb, yb, v);
+            return;
+        }
+    }
+    geom_direct_px<C, NHWC, MODE>(P, g, s, W, H, xb, yb, v);
+}
+
+template <int C, bool NHWC, int MODE>
+__device__ __forceinline__ void geom_direct_px(const sf_aug_plan &P, const Geo &g,
+                                               const uint8_t *__restrict__ s, int W, int H, int xb,
+                                               int yb, float (&v)[C][2][4])
 {
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr) {
@@ -642,6 +829,7 @@ struct Launch {
     int mask_d;     /* dilation of the mask stage, -1 when none */
     int slot;       /* floats per blur slot: GH * max(GW|1, HS), a multiple of 4 */
     unsigned off_g, off_bits, off_hd; /* byte offsets into dynamic shared memory */
+    unsigned off_st; /* the staged footprint (BLUR, bilinear), 0 when none */
 };
 
 /* Plain kernels of up to 3 channels keep to 64 registers, 4 blocks of NT
@@ -682,7 +870,10 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
         if (threadIdx.x < K) wk[threadIdx.x] = S->blur_w[threadIdx.x];
 
         float *G = slots + slot; /* channel c's geometry in slot c+1 */
-#define SF_GEO_TILE(M) geom_tile<C, NHWC, M>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0)
+        /* The staged footprint: L.off_st up to the end of slot 0, which the
+         * horizontal pass fills only after the geometry is done. */
+        float *St = L.off_st ? reinterpret_cast<float *>(smem + L.off_st) : nullptr;
+#define SF_GEO_TILE(M) geom_tile<C, NHWC, M>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, St)
         SF_GEO_SWITCH(AA, geo_mode(P), SF_GEO_TILE);
 #undef SF_GEO_TILE
         __syncthreads();
@@ -711,7 +902,190 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
                         L.vec != 0);
 }
 
+/* ---- the separable antialias filter ----------------------------------------- */
+
+/* Without a rotation the composed map is axis-aligned (inv[1] = inv[3] = 0: crops,
+ * resizes and flips scale and shift each axis on its own), so the antialiased
+ * sample of output pixel (x, y) is
+ *   v = sum_j wy(y, j) * sum_i wx(x, i) * src[j][i]  /  (sumx(x) * sumy(y)),
+ * where the x taps and weights depend on the output column only and the y taps
+ * on the output row only. aa_sample, run per pixel, recomputes both sets of
+ * weights for every pixel and every tap (the x weights once per tap row), about
+ * 20 instructions per tap and 16 taps per pixel at a 2x shrink. This kernel
+ * computes them once per tile: tables of the TW columns' and TH rows' tap
+ * ranges, weights and reciprocal weight sums (AA_K taps each), then
+ *   1. horizontal pass: for every source row j the tile's rows reach, and every
+ *      tile column, Hs[c][j][x] = sum_i wx * src[j][i] — the reference's inner
+ *      sum, in its order;
+ *   2. vertical pass: each thread's 2 x 4 pixels sum wy * Hs over their rows;
+ * then the pointwise stages and the stores of augment_kernel. At a shrink of a
+ * per axis a tile costs (a*TH + 2a) rows x TW columns x 2a taps horizontally and
+ * TH x TW x 2a taps vertically: per output pixel and channel about 2a^2 + 2a
+ * tap-multiply-adds (each a byte load, a conversion and an FMA horizontally,
+ * a quarter of a 16-byte shared load and an FMA vertically) instead of 4a^2
+ * taps with their weights recomputed. For the ImageNet recipe (a ~1.7) that is
+ * about 9 instead of 48 weighted taps per pixel and channel.
+ * The sums run in the reference's order; only the final division becomes a
+ * multiplication by the reciprocal sums (a few ulp, far below the 1e-5 the
+ * tests allow). A sample whose map is not axis-aligned, whose taps per axis
+ * exceed AA_K, or whose rows exceed the AA_ROWS rows of Hs (a shrink beyond
+ * about 2.6) takes the per-pixel path (geom_direct) in the same block. */
+constexpr int AA_K = 16;     /* taps per axis held in the tables */
+/* Source rows of the horizontal pass held in Hs: a 64-row tile at a shrink up
+ * to 2.6 (a portrait 560-pixel side to 224), and 3 blocks of 3 channels per SM
+ * (73 KB each). */
+constexpr int AA_ROWS = 176;
+
+template <int C, bool NHWC, typename OutT>
+__global__ void __launch_bounds__(NT, C > 3 ? 2 : 3)
+aa_separable_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ Launch L,
+                    const sf_aug_sample *__restrict__ samples, const uint8_t *__restrict__ src,
+                    OutT *__restrict__ dst)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    /* Tables, transposed ([k][column], [k][row]) so a warp's 32 columns or rows
+     * read 32 banks. */
+    float *xw = reinterpret_cast<float *>(smem);          /* [AA_K][TW] */
+    float *yw = xw + AA_K * TW;                           /* [AA_K][TH] */
+    float *xr = yw + AA_K * TH;                           /* [TW] 1 / sumx */
+    float *yr = xr + TW;                                  /* [TH] 1 / sumy */
+    int *xi0 = reinterpret_cast<int *>(yr + TH);          /* [TW] first tap */
+    int *xn = xi0 + TW;                                   /* [TW] taps */
+    int *yj0 = xn + TW;                                   /* [TH] */
+    int *yn = yj0 + TH;                                   /* [TH] */
+    int *flags = yn + TH;                                 /* [3]: jlo, jhi, overflow */
+    float *Hs = reinterpret_cast<float *>(smem + L.off_g); /* [C][AA_ROWS][TW] */
+
+    const int n = blockIdx.z;
+    const int tx0 = blockIdx.x * TW, ty0 = blockIdx.y * TH;
+    const int OW = P.out_w, OH = P.out_h;
+    const sf_aug_sample *S = samples + n;
+    Geo g;
+    load_geo(S, g);
+    const uint8_t *s = src + S->src_off;
+    const int W = S->src_w, H = S->src_h;
+    asm("" : "+l"(s));
+    const int t = threadIdx.x, q4 = t & 7, rp = t >> 3;
+    float v[C][2][4];
+
+    if (t == 0) { flags[0] = INT_MAX; flags[1] = INT_MIN; flags[2] = 0; }
+    __syncthreads();
+    /* Threads 0..TW-1 build the column tables, TW..TW+TH-1 the row tables, with
+     * aa_sample's arithmetic. Columns and rows past the image are built at the
+     * last one (their pixels are computed and never stored). */
+    if (t < TW + TH) {
+        const bool col = t < TW;
+        const int e = col ? t : t - TW;
+        const float o = __fadd_rn((float)(col ? min(tx0 + e, OW - 1) : min(ty0 + e, OH - 1)), 0.5f);
+        /* With inv[1] = 0 (inv[3] = 0) sx (sy) does not depend on the other
+         * coordinate: the same float as affine_rn gives at every pixel. */
+        const float sc = col ? affine_rn(g.inv[0], g.inv[1], g.inv[2], o, 0.5f)
+                             : affine_rn(g.inv[3], g.inv[4], g.inv[5], 0.5f, o);
+        const int lo = col ? g.xlo : g.ylo, hi = col ? g.xhi : g.yhi;
+        const float a = col ? g.ax : g.ay, ai = col ? g.axi : g.ayi;
+        const float pc = fminf(fmaxf(sc, __fadd_rn((float)lo, 0.5f)), __fadd_rn((float)hi, 0.5f));
+        const int i0 = max((int)floorf(__fadd_rn(__fsub_rn(pc, a), 0.5f)), lo);
+        const int i1 = min((int)floorf(__fadd_rn(__fadd_rn(pc, a), 0.5f)), hi + 1);
+        const int stride = col ? TW : TH;
+        float *w = (col ? xw : yw) + e;
+        float sum = 0.f;
+        for (int i = i0; i < i1; ++i) {
+            const float wi = aa_tri(__fmul_rn(__fsub_rn(__fadd_rn((float)i, 0.5f), pc), ai));
+            sum = __fadd_rn(sum, wi);
+            if (i - i0 < AA_K) w[(i - i0) * stride] = wi;
+        }
+        (col ? xr : yr)[e] = __frcp_rn(sum);
+        (col ? xi0 : yj0)[e] = i0;
+        (col ? xn : yn)[e] = i1 - i0;
+        if (i1 - i0 > AA_K) flags[2] = 1;
+        if (!col) {
+            atomicMin(&flags[0], i0);
+            atomicMax(&flags[1], i1);
+        }
+    }
+    __syncthreads();
+    const int jlo = flags[0], nrows = flags[1] - jlo;
+    const bool separable = g.inv[1] == 0.f && g.inv[3] == 0.f && flags[2] == 0 && nrows <= AA_ROWS;
+
+    if (separable) {
+        /* 1: horizontal pass. A warp takes one source row, its lanes the tile's
+         * 32 columns, whose taps lie within about 32a pixels of the row: a few
+         * cache lines per load instruction. */
+        constexpr int px = NHWC ? C : 1;
+        const uint32_t row = (uint32_t)W * px;
+        const size_t plane = (size_t)W * H;
+        const int x = t % TW;
+        const int i0 = xi0[x], nx = xn[x];
+        for (int r = t / TW; r < nrows; r += NT / TW) {
+            const uint8_t *p = s + ((uint32_t)(jlo + r) * row + (uint32_t)i0 * px);
+            float acc[C];
+#pragma unroll
+            for (int c = 0; c < C; ++c) acc[c] = 0.f;
+            for (int k = 0; k < nx; ++k, p += px) {
+                const float w = xw[k * TW + x];
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const float tv = tap<C, NHWC>(p, c, plane);
+                    acc[c] = SF_MAC(acc[c], w, tv);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < C; ++c) Hs[(c * AA_ROWS + r) * TW + x] = acc[c];
+        }
+        __syncthreads();
+        /* 2: vertical pass, 16-byte loads of 4 columns per row. */
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const int yl = 2 * rp + rr;
+            const int j0 = yj0[yl] - jlo, ny = yn[yl];
+            float a[C][4];
+#pragma unroll
+            for (int c = 0; c < C; ++c)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) a[c][j] = 0.f;
+            for (int k = 0; k < ny; ++k) {
+                const float w = yw[k * TH + yl];
+#pragma unroll
+                for (int c = 0; c < C; ++c) {
+                    const float4 h = *reinterpret_cast<const float4 *>(Hs + (c * AA_ROWS + j0 + k) * TW + 4 * q4);
+                    a[c][0] = SF_MAC(a[c][0], w, h.x); a[c][1] = SF_MAC(a[c][1], w, h.y);
+                    a[c][2] = SF_MAC(a[c][2], w, h.z); a[c][3] = SF_MAC(a[c][3], w, h.w);
+                }
+            }
+            const float ry = yr[yl];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float rn = __fmul_rn(xr[4 * q4 + j], ry);
+#pragma unroll
+                for (int c = 0; c < C; ++c) v[c][rr][j] = __fmul_rn(a[c][j], rn);
+            }
+        }
+    } else {
+        geom_direct<C, NHWC, GEO_AA>(P, g, s, W, H, tx0 + 4 * q4, ty0 + 2 * rp, v);
+    }
+
+    if (P.n_pw > 0) {
+        const uint64_t seed = P.has_mask ? S->mask_seed : 0;
+        pointwise<C>(P, v, reinterpret_cast<uint8_t *>(smem + L.off_bits),
+                     reinterpret_cast<uint16_t *>(smem + L.off_hd), seed, tx0, ty0, rp, 4 * q4);
+    }
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+        store4<C, OutT>(dst, v, rr, n, ty0 + 2 * rp + rr, tx0 + 4 * q4, OH, OW, L.out_nhwc != 0,
+                        L.vec != 0);
+}
+
+/* Shared memory of aa_separable_kernel ahead of the mask's: the tables, then Hs. */
+constexpr size_t AA_TABLE_BYTES = sizeof(float) * (AA_K * (TW + TH) + TW + TH) + sizeof(int) * (2 * (TW + TH) + 4);
+
 /* ---- launchers ------------------------------------------------------------- */
+
+/* The plans aa_separable_kernel runs: the antialias filter on an axis-aligned
+ * map (no rotation), no blur tile. */
+bool aa_separable(const sf_aug_plan &P)
+{
+    return geo_mode(P) == GEO_AA && !(P.blur_ksize > 1);
+}
 
 template <int C, bool NHWC, bool BLUR, typename OutT>
 int launch_one(const sf_aug_plan *plan, const Launch &L, size_t smem, dim3 grid,
@@ -720,6 +1094,7 @@ int launch_one(const sf_aug_plan *plan, const Launch &L, size_t smem, dim3 grid,
     const int mode = geo_mode(*plan);
     auto k = mode == GEO_AA || mode == GEO_AA_ROT ? augment_kernel<C, NHWC, BLUR, true, OutT>
                                                   : augment_kernel<C, NHWC, BLUR, false, OutT>;
+    if (aa_separable(*plan)) k = aa_separable_kernel<C, NHWC, OutT>;
     if (smem > 48 * 1024) {
         int dev = 0, maxs = 0;
         SF_CUDA_CHECK(cudaGetDevice(&dev));
@@ -802,10 +1177,21 @@ int augment_any(const char *fn, const sf_aug_plan *plan, const sf_aug_sample *d_
 
     const bool blur = ks > 1; /* a 1-tap kernel's normalised weight is 1: no blur */
     size_t off = 32 * sizeof(float); /* blur weights */
-    if (blur) {
+    if (aa_separable(*plan)) {
+        L.off_g = (unsigned)align16(AA_TABLE_BYTES);
+        off = align16(L.off_g + sizeof(float) * (size_t)C * AA_ROWS * TW);
+    } else if (blur) {
         const int GH = TH + 2 * L.R, GWP = (TW + 2 * L.R) | 1;
         const int sw = ((GWP > HS ? GWP : HS) + 3) & ~3;
         L.slot = GH * sw;
+        if (plan->has_geom && plan->interp == SF_INTERP_BILINEAR && !plan->antialias) {
+            /* The staged footprint (geom_tile) takes slot 0, idle until the
+             * horizontal pass, and as much more as it needs just before it:
+             * 10 KB for W1, which keeps 4 blocks per SM. */
+            const int more = (STG * C - L.slot + 3) & ~3;
+            L.off_st = (unsigned)off;
+            off += sizeof(float) * (size_t)(more > 0 ? more : 0);
+        }
         L.off_g = (unsigned)off;
         off = align16(off + sizeof(float) * (size_t)(C + 1) * L.slot);
     }

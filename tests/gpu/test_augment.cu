@@ -214,9 +214,10 @@ static void run_case(const Case &cs, int bf16, int misalign)
 }
 
 /* A ragged batch: n samples of random sizes in [min_side, max_side], packed HWC,
- * through sf_aug_plan_make_ragged / sf_aug_gen_ragged, float32 NCHW and NHWC out. */
+ * through sf_aug_plan_make_ragged / sf_aug_gen_ragged, float32 (or, with bf16,
+ * bf16 within 1e-2) NCHW and NHWC out. */
 static void run_ragged_case(const char *cname, const char *json, int c, int n, int min_side,
-                            int max_side)
+                            int max_side, int bf16 = 0)
 {
     char err[256];
     sf_aug_pipeline pipe;
@@ -252,16 +253,25 @@ static void run_ragged_case(const char *cname, const char *json, int c, int n, i
         char name[200];
         snprintf(name, sizeof name, "%s ragged %d..%d c%d n%d ->%s", cname, min_side, max_side, c, n,
                  out_nhwc ? "nhwc" : "nchw");
+        if (bf16) strncat(name, " bf16", sizeof name - strlen(name) - 1);
         CK(cudaMemset(d_out, 0xFF, sizeof(float) * out_sz));
-        int rc = sf_cuda_augment(&plan, d_smp, n, d_src, 1, d_out, out_nhwc, 0);
+        int rc = bf16 ? sf_cuda_augment_bf16(&plan, d_smp, n, d_src, 1, reinterpret_cast<uint16_t *>(d_out),
+                                             out_nhwc, 0)
+                      : sf_cuda_augment(&plan, d_smp, n, d_src, 1, d_out, out_nhwc, 0);
         cudaError_t se = cudaDeviceSynchronize();
         if (rc != 0 || se != cudaSuccess) {
             g_fail++;
             printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
             continue;
         }
-        CK(cudaMemcpy(got.data(), d_out, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
-        compare(name, got.data(), ref.data(), n, c, oh, ow, out_nhwc, 1e-5);
+        if (bf16) {
+            std::vector<uint16_t> gotb(out_sz);
+            CK(cudaMemcpy(gotb.data(), d_out, sizeof(uint16_t) * out_sz, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < out_sz; i++) got[i] = bf16_to_float(gotb[i]);
+        } else {
+            CK(cudaMemcpy(got.data(), d_out, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
+        }
+        compare(name, got.data(), ref.data(), n, c, oh, ow, out_nhwc, bf16 ? 1e-2 : 1e-5);
     }
     /* Ragged sources are HWC: the launcher refuses to read them as CHW. */
     sf_cuda_clear_error();
@@ -366,6 +376,28 @@ int main(int argc, char **argv)
         {"mask_d1", "[{\"op\":\"random_mask\",\"ratio\":0.05,\"dilate\":1}]", 33, 47, 3, 3},
         {"mask_d5", "[{\"op\":\"random_mask\",\"ratio\":0.01,\"dilate\":5}]", 33, 47, 3, 3},
         {"mask_d32", "[{\"op\":\"random_mask\",\"ratio\":0.0005,\"dilate\":32}]", 70, 90, 3, 2},
+        /* The separable antialias kernel: output tiles cut by the image edge in
+         * both directions (67 = 64 + 3 rows, 37 = 32 + 5 columns), with the
+         * mask stage after it; a shrink by 5 whose source rows overflow its row
+         * buffer, and one by 40 whose taps overflow its tables: both take the
+         * per-pixel path inside the same kernel. */
+        {"rrc_tiles_cut_by_the_edge", "[{\"op\":\"random_resized_crop\",\"size\":[67,37]},{\"op\":\"horizontal_flip\"},"
+                                      "{\"op\":\"random_mask\",\"ratio\":0.02,\"dilate\":2}]", 90, 75, 3, 5},
+        {"resize_down_by_5_overflows_the_row_buffer", "[{\"op\":\"resize\",\"size\":[66,40]}]", 330, 41, 3, 2},
+        {"resize_down_by_40_overflows_the_tap_tables", "[{\"op\":\"resize\",\"size\":[15,20]}]", 600, 800, 3, 1},
+        /* A rotation's tiles wholly inside its input skip the coverage: small
+         * angles on an image of partial tiles, with and without a blur halo,
+         * bilinear and nearest, and a blur wider than the image (halo folded
+         * more than once). */
+        {"rotation_small_angle_blur_partial_tiles", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6]},{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 150, 101, 3, 4},
+        {"rotation_small_angle_partial_tiles", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6]}]", 150, 101, 3, 4},
+        {"rotation_nearest_small_angle_blur", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6],\"interpolation\":\"nearest\"},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 150, 101, 3, 4},
+        /* Bilinear blur tiles stage their source footprint in shared memory:
+         * taps at the crop's edge (the staged box repeats it), and a shrink
+         * whose footprint does not fit (the byte gathers instead). */
+        {"center_crop_resize_up_blur_clamps_at_the_crop", "[{\"op\":\"center_crop\",\"size\":[9,12]},{\"op\":\"resize\",\"size\":[40,50]},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 33, 47, 3, 3},
+        {"resize_down_no_antialias_blur_footprint_too_big", "[{\"op\":\"resize\",\"size\":[20,24],\"antialias\":false},{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 200, 240, 3, 2},
+        {"rotation_blur_k31_wider_than_image", "[{\"op\":\"random_rotation\",\"degrees\":[-10,10]},{\"op\":\"gaussian_blur\",\"kernel_size\":31,\"sigma\":[3,9]}]", 9, 13, 3, 2},
     };
     /* Channel counts and compositions. */
     const Case combo[] = {
@@ -420,6 +452,7 @@ int main(int argc, char **argv)
     run_case(single[10], 1, 0); /* random_resized_crop */
     run_case(combo[6], 1, 0);
     run_case(combo[10], 1, 0); /* W1 */
+    run_case(single[31], 1, 0); /* rrc_tiles_cut_by_the_edge */
     run_case(combo[2], 0, 1);
     run_case(combo[6], 0, 1);
     /* Ragged sources: every geometry mode, with and without a blur tile. */
@@ -435,6 +468,11 @@ int main(int argc, char **argv)
                     4, 5, 30, 100);
     run_ragged_case("imagenet_like_224", "[{\"op\":\"random_resized_crop\",\"size\":[224,224]},{\"op\":\"horizontal_flip\"},"
                     "{\"op\":\"normalize\",\"mean\":[124,116,104],\"std\":[58,57,57]}]", 3, 16, 300, 520);
+    /* The ImageNet recipe as the service runs it for a bf16 net: odd-sized
+     * sources, bf16 output. */
+    run_ragged_case("imagenet_like_224_odd_sources", "[{\"op\":\"random_resized_crop\",\"size\":[224,224]},{\"op\":\"horizontal_flip\"},"
+                    "{\"op\":\"to_dtype\",\"scale\":0.00392156862},"
+                    "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]", 3, 8, 301, 517, 1);
     check_errors();
 
     printf("test_augment: %d passed, %d failed\n", g_pass, g_fail);

@@ -90,7 +90,10 @@ int main(int argc, char **argv)
     }
 
     cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    /* the highest priority, as the backend's compute stream */
+    int lo_prio = 0, hi_prio = 0;
+    CU(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
+    CU(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi_prio));
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS || cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {

@@ -104,6 +104,8 @@ typedef struct sf_batch {
                                 [n, out_h, out_w] for a segmentation model */
     const sf_aug_plan *plan;     /* the augmentation plan for this shape */
     const sf_aug_sample *samples; /* n per-sample parameters, owned by the engine until SLOT_FREE */
+    sf_aug_mix mix;          /* the batch-level mixing of the augmented images (mixup,
+                                cutmix; sf_aug_gen_mix); all zero: none */
     sf_hyper hyper;
     /* 1: an evaluation batch. Forward only, in eval mode (batchnorm uses its
      * running statistics); no backward, no optimizer step: parameters,

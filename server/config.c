@@ -334,6 +334,22 @@ const sf_cfg_option sf_config_table[] = {
 };
 const size_t sf_config_table_len = sizeof sf_config_table / sizeof sf_config_table[0];
 
+/* Mixup and cutmix mix whole-image labels: a segmentation model's labels are
+ * per pixel, so the pair is refused whichever of the two keys changes. */
+static int check_mix_for_model(const sf_config *c, const sf_model *m, char *err, size_t errlen)
+{
+    sf_aug_pipeline p;
+    if (!m->segmentation || sf_aug_parse(sf_config_train_pipeline(c), &p, err, errlen) != 0)
+        return 0; /* a bad list is check_augment's to report */
+    const int k = sf_aug_mix_op(&p);
+    if (k >= 0) {
+        snprintf(err, errlen, "aug op %d (%s): batch-level mixing needs a classifier; the model is a "
+                 "segmentation model", k, sf_aug_kind_name(p.ops[k].kind));
+        return -1;
+    }
+    return 0;
+}
+
 static int check_model(const sf_config *c, char *err, size_t errlen)
 {
     sf_model *m = malloc(sizeof *m);
@@ -345,6 +361,8 @@ static int check_model(const sf_config *c, char *err, size_t errlen)
                               : sf_model_from_preset(c->model.preset, m, err, errlen);
     if (rc == 0 && c->model.freeze[0])
         rc = sf_model_set_freeze(m, c->model.freeze, err, errlen);
+    if (rc == 0)
+        rc = check_mix_for_model(c, m, err, errlen);
     free(m);
     return rc;
 }
@@ -358,7 +376,22 @@ static int check_schedule(const sf_config *c, char *err, size_t errlen)
 static int check_augment(const sf_config *c, char *err, size_t errlen)
 {
     sf_aug_pipeline p;
-    return sf_aug_parse(sf_config_train_pipeline(c), &p, err, errlen);
+    if (sf_aug_parse(sf_config_train_pipeline(c), &p, err, errlen) != 0)
+        return -1;
+    if (sf_aug_mix_op(&p) < 0)
+        return 0;
+    sf_model *m = malloc(sizeof *m);
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char merr[256];
+    int rc = 0;
+    if ((c->model.spec[0] ? sf_model_from_json(c->model.spec, m, merr, sizeof merr)
+                          : sf_model_from_preset(c->model.preset, m, merr, sizeof merr)) == 0)
+        rc = check_mix_for_model(c, m, err, errlen);
+    free(m); /* a model that does not build is check_model's to report */
+    return rc;
 }
 
 /* An evaluation must give the same answer every time it runs: no op that

@@ -210,6 +210,10 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     b->labels = m->label_dtype < 0 ? NULL : bytes + m->labels_off;
     b->plan = plan;
     b->samples = smp;
+    /* The batch-level mixing, keyed like the samples; its lam is the loss's.
+     * A transform mixes too: it shows what a training step would see; an
+     * eval batch never does (its pipeline refuses mixup and cutmix). */
+    sf_aug_gen_mix(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, eval ? 0 : m->n, &b->mix);
     /* An eval batch takes no step: it neither uses nor advances the schedule. */
     const int step = train && !eval;
     double lr = step ? sched_lr(e, c) : c->optim.lr;
@@ -221,7 +225,7 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     b->hyper.eps = (float)c->optim.eps;
     b->hyper.clip_grad_norm = (float)c->optim.clip_grad_norm;
     b->label_smoothing = (float)c->loss.label_smoothing;
-    b->mix_lam = 1.0f;
+    b->mix_lam = sf_aug_mix_loss_lam(&b->mix);
     b->eval = eval;
     b->logits_out = eval ? m->result : NULL;
     b->t_ready_ns = m->t_ready_ns;

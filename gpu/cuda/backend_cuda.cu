@@ -63,6 +63,7 @@ extern "C" {
 #include <cuda_runtime.h>
 
 #include "augment.h"
+#include "mix.h"
 #include "jpeg_decode.h"
 #include "nvml.h"
 #include "executor.h"
@@ -694,6 +695,11 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
     } else if (sf_cuda_augment(bt->plan, d_samples, n, src, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC, ts)) {
         return -1;
     }
+    /* Batch-level mixing reads other samples' output: after the whole batch. */
+    if (bt->mix.kind != SF_MIX_NONE &&
+        sf_cuda_aug_mix(bt->plan, &bt->mix, n, B->d_x, sf_net_dtype(c->net) == SF_DT_BF16,
+                        c->layout == SF_LAYOUT_NHWC, ts))
+        return -1;
     /* The frozen encoder (DESIGN.md §1): its output is what the step reads. */
     if (sf_net_frozen_fwd(c->net, b, n, ts))
         return -1;
@@ -979,6 +985,8 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
     if (!rc)
         rc = sf_cuda_augment(p, c->t_samples, b->n, b->jpeg ? sf_cuda_jpeg_output(c->jpeg) : c->t_raw, b->nhwc,
                              c->t_out, 0, s);
+    if (!rc)
+        rc = sf_cuda_aug_mix(p, &b->mix, b->n, c->t_out, 0, 0, s);
     if (!rc)
         rc = cudaMemcpyAsync(out, c->t_out, dst * sizeof(float), cudaMemcpyDeviceToHost, s) != cudaSuccess;
     cudaError_t se = cudaStreamSynchronize(s);

@@ -1713,8 +1713,8 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
         sf_net_destroy(net);
         return -1;
     }
-    /* The gradient check's sums run at the lowest priority: they fill the SMs
-     * the backward's small kernels leave idle instead of competing with them. */
+    /* The gradient check's sums run at the lowest priority (the backend's
+     * compute stream has the highest), so the backward's kernels go first. */
     int lo = 0, hi = 0;
     cudaDeviceGetStreamPriorityRange(&lo, &hi);
     if (cudaStreamCreateWithPriority(&net->nst, cudaStreamNonBlocking, lo) != cudaSuccess ||

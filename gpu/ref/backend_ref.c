@@ -308,7 +308,8 @@ static void push_event(ref_ctx *c, const sf_event *ev)
     c->count++;
 }
 
-/* The three stages of sf_ref_augment, with preallocated scratch. */
+/* The stages of sf_ref_augment, with preallocated scratch, then the batch's
+ * mixing. */
 static void augment(ref_ctx *c, const sf_batch *b, float *out)
 {
     const sf_aug_plan *plan = b->plan;
@@ -322,7 +323,9 @@ static void augment(ref_ctx *c, const sf_batch *b, float *out)
             sf_ref_aug_geometry(plan, &b->samples[i], b->images + b->samples[i].src_off, b->nhwc, d);
         }
         sf_ref_aug_pointwise(plan, &b->samples[i], d);
+        sf_ref_aug_post(plan, &b->samples[i], d);
     }
+    sf_ref_aug_mix(plan, &b->mix, b->n, out);
 }
 
 static const float *in_act(ref_ctx *c, int i, int j)
@@ -779,6 +782,7 @@ static int ref_transform(sf_backend *be, const sf_batch *b_in, float *out, char 
         (size_t)b->plan->c * b->plan->out_h * b->plan->out_w > c->aug_tmp_len) {
         /* Not the model's shape (or no model): the stages' one-off path. */
         sf_ref_augment(b->plan, b->samples, b->n, b->images, b->nhwc, out);
+        sf_ref_aug_mix(b->plan, &b->mix, b->n, out);
         return 0;
     }
     augment(c, b, out);

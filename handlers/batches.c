@@ -11,6 +11,18 @@
 #include "server/ring.h"
 #include "server/upload.h"
 
+/* A query value as it may be quoted in an error message: at most 32
+ * printable ASCII characters, any other byte as '?', so that the reply stays
+ * valid UTF-8 JSON whatever the client sent. */
+static const char *quotable(const char *v, char out[33])
+{
+    size_t i = 0;
+    for (; v[i] && i < 32; i++)
+        out[i] = v[i] >= 0x20 && v[i] < 0x7f ? v[i] : '?';
+    out[i] = 0;
+    return out;
+}
+
 /* Refuses a bad query with one reply and one count; returns -1. */
 static int refuse_query(sf_req *r, size_t *len, int status, const char *code, const char *msg)
 {
@@ -23,22 +35,22 @@ static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
 {
     if (!r->user) {
         /* Refuse a bad query before reading the body, not after training it. */
-        char msg[200];
+        char msg[200], q[33];
         const char *w = sf_req_arg(r, "wait");
         if (w && strcmp(w, "0") != 0 && strcmp(w, "1") != 0) {
-            snprintf(msg, sizeof msg, "wait must be 0 or 1, not \"%.32s\"", w);
+            snprintf(msg, sizeof msg, "wait must be 0 or 1, not \"%s\"", quotable(w, q));
             return refuse_query(r, len, 400, "bad_query", msg);
         }
         const char *mode = sf_req_arg(r, "mode"), *name = sf_req_arg(r, "eval"), *ret = sf_req_arg(r, "return");
         if (mode && strcmp(mode, "train") != 0 && strcmp(mode, "eval") != 0) {
-            snprintf(msg, sizeof msg, "mode must be train or eval, not \"%.32s\"", mode);
+            snprintf(msg, sizeof msg, "mode must be train or eval, not \"%s\"", quotable(mode, q));
             return refuse_query(r, len, 400, "bad_query", msg);
         }
         const int eval = mode && strcmp(mode, "eval") == 0;
         if ((name || ret) && !eval)
             return refuse_query(r, len, 400, "bad_query", "eval= and return= go with mode=eval only");
         if (ret && strcmp(ret, "logits") != 0) {
-            snprintf(msg, sizeof msg, "return must be logits, not \"%.32s\"", ret);
+            snprintf(msg, sizeof msg, "return must be logits, not \"%s\"", quotable(ret, q));
             return refuse_query(r, len, 400, "bad_query", msg);
         }
         if (ret && !(w && strcmp(w, "1") == 0))

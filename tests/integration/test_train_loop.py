@@ -260,3 +260,11 @@ def test_a_random_op_in_the_eval_pipeline_is_refused_at_start_naming_the_option(
                         '[{"op":"horizontal_flip","p":0.5}]'], capture_output=True, text=True, timeout=30, env=env)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert "augment.eval_pipeline" in p.stderr and "deterministic" in p.stderr
+
+
+def test_a_bad_mode_is_refused_with_valid_json_whatever_its_bytes(start_server):
+    s = start_server(*TINY)
+    x, y = learnable_batch(np.random.default_rng(10), 2)
+    r = s.request("POST", "/v1/batches?mode=%FF%FEval", data=st_body(x, y), headers=SAFETENSORS)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "bad_query" and "??val" in r.json()["error"]["message"]

@@ -21,6 +21,7 @@ EXPECTED_ALERTS = {
     "StreamfeedGpuMemoryNearFull",
     "StreamfeedLossNotFinite",
     "StreamfeedLossRising",
+    "StreamfeedStepsSkippedNonFinite",
 }
 SEVERITIES = {"critical", "warning", "info"}
 

@@ -686,16 +686,16 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
 /* Sets the socket's receive low-water mark for the rest of an upload, once
  * its handler has taken a chunk. Without it the HTTP thread, which reads
  * faster than one loader writes, sleeps in poll() after every read and is
- * woken for each few TCP segments: on loopback about 44 wake-ups and 51 reads
- * of 120 KB per W1 body, and each wake-up is paid on the sender's CPU
+ * woken for each few TCP segments: on loopback about 41 wake-ups and 50 reads
+ * of 127 KB per W1 body, and each wake-up is paid on the sender's CPU
  * (docs/DESIGN.md §1, "What one connection costs"). With the mark, poll()
  * reports the socket once a block of the body is queued.
  *
  * The mark never exceeds the body bytes still to come from the socket
  * (Content-Length, less the bytes libmicrohttpd read: those it was told are
- * consumed and those left in its buffer), so the last block always wakes the thread, and the
- * mark is back to 1 once the body is in: the next request's head sees the
- * kernel's default. A closed or reset connection is readable whatever the
+ * consumed and those left in its buffer), so the last block always wakes
+ * the thread, and the mark is back to 1 once the body is in: the next
+ * request's head sees the kernel's default. A closed or reset connection is readable whatever the
  * mark. It stays off for chunked bodies (the length is unknown), with TLS
  * (records and plaintext buffered by the TLS library do not map to socket
  * bytes), and when http.upload_min_bytes_per_s is 0 (a loader may then be

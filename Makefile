@@ -297,9 +297,9 @@ gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
 # ---- run -------------------------------------------------------------------
 # Without a GPU the CPU reference backend needs seconds to minutes per W1
 # batch: `make run` starts the tiny model there (32x32x3, milliseconds per
-# batch), so the README's first commands answer at once. RUN_FLAGS= overrides.
-TINY_AUGMENT := '[{"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.5],"std":[0.25]}]'
-CPU_RUN_FLAGS := --model.preset tiny --augment.pipeline $(TINY_AUGMENT)
+# batch), so the README's first commands answer at once; the preset brings its
+# own augmentation (docs/CONFIG.md, preset recipes). RUN_FLAGS= overrides.
+CPU_RUN_FLAGS := --model.preset tiny
 RUN_FLAGS ?= $(if $(wildcard /dev/nvidia0),,$(CPU_RUN_FLAGS))
 run: $(BUILD)/streamfeed
 	$(BUILD)/streamfeed --http.port $(PORT) $(RUN_FLAGS)

@@ -14,7 +14,7 @@
  * Prints a table and one JSON line per configuration (the first is W1; the last,
  * rrc224_flip, times the antialiased random_resized_crop kernel).
  * Build: nvcc -std=c++17 -O3 -arch=sm_90 -I. bench/augment_bench.cu \
- *          gpu/cuda/augment.cu gpu/aug.c gpu/ref/augment.c -lcjson
+ *          gpu/cuda/augment.cu gpu/cuda/aug_post.cu gpu/aug.c gpu/ref/augment.c gpu/common.c -lcjson
  */
 #include <cuda_runtime.h>
 #include <stdint.h>

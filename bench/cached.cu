@@ -5,7 +5,9 @@
  *   aug+step: one raw uint8 batch cached on the device; each step augments
  *             it (W3: (x/255 - 0.5)/0.5 into the net's layout and type) and
  *             trains on it, as PyTorch's "device-cached batch" loop does;
- *   step:     the augmented batch cached; the step alone.
+ *   step:     the augmented batch cached; the step alone;
+ *   eval:     aug+step's batch as evaluation batches (forward only, eval-mode
+ *             batchnorm): the training loop's forward-only rate.
  * Timed steps follow warm-up steps; the backend restores the training state.
  *
  * Build: make bench-bins (build/bench/cached). Run:
@@ -163,11 +165,21 @@ int main(int argc, char **argv)
            "[%s, layout %s]\n",
            preset, prec, batch, m.in_h, m.in_w, steps * batch / sec_as, sec_as * 1e3 / steps, steps * batch / sec_s,
            sec_s * 1e3 / steps, prop.name, lay);
+    /* Evaluation batches (forward only, eval-mode batchnorm) from the same
+     * cached raw batch, augmented each step as the training figure. */
+    double sec_ev = 0;
+    b.eval = 1;
+    if (be->i->bench(be, &b, SF_BENCH_AUG_STEP, warmup, steps, &sec_ev, err, sizeof err)) {
+        fprintf(stderr, "cached: eval bench: %s\n", err);
+        return 1;
+    }
+    printf("%s %s batch %d %dx%d: eval (aug+forward) %.1f samples/s (%.2f ms/batch), %.2fx aug+step\n", preset, prec,
+           batch, m.in_h, m.in_w, steps * batch / sec_ev, sec_ev * 1e3 / steps, sec_as / sec_ev);
     printf("{\"bench\":\"cached\",\"device\":\"%s\",\"preset\":\"%s\",\"precision\":\"%s\",\"layout\":\"%s\","
            "\"batch\":%d,\"hw\":%d,\"graphs\":%d,\"steps\":%d,\"aug_step_samples_per_s\":%.1f,"
-           "\"step_samples_per_s\":%.1f,\"aug_step_ms\":%.3f,\"step_ms\":%.3f}\n",
+           "\"step_samples_per_s\":%.1f,\"aug_step_ms\":%.3f,\"step_ms\":%.3f,\"eval_samples_per_s\":%.1f}\n",
            prop.name, preset, prec, lay, batch, m.in_h, graphs, steps, steps * batch / sec_as,
-           steps * batch / sec_s, sec_as * 1e3 / steps, sec_s * 1e3 / steps);
+           steps * batch / sec_s, sec_as * 1e3 / steps, sec_s * 1e3 / steps, steps * batch / sec_ev);
     be->i->host_free(be, im);
     be->i->host_free(be, lab);
     be->i->destroy(be);

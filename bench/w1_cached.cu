@@ -8,11 +8,13 @@
  * every .cu of gpu/cuda/ ($SRC):
  *   nvcc -std=c++17 -arch=sm_90 -O3 -I. -DSF_HAVE_CUDA=1 $SRC bench/w1_cached.cu \
  *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
- * Run: build/w1_cached [--batch 32] [--precision tf32|fp32] [--layout nhwc|nchw]
+ * Run: build/w1_cached [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
  *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
- *                      [--fork 1|0] [--fuse 1|0] [--tune 8] [--profile 0|1]
+ *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--tune 8] [--profile 0|1|2]
  * Prints one human line and one JSON line; --profile 1 adds the time of each
- * op of one eager step and the plans chosen (engines, workspaces, memory).
+ * op of one eager step and the plans chosen (engines, workspaces, memory);
+ * --profile 2 also brackets one more step (a graph replay with --graphs 1) with
+ * cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
  * Exits 0 with "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
@@ -24,6 +26,7 @@ extern "C" {
 #include <string.h>
 #include <vector>
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include "../gpu/cuda/executor.h"
@@ -46,13 +49,13 @@ extern "C" {
 
 int main(int argc, char **argv)
 {
-    int batch = 32, tf32 = 1, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, profile = 0;
+    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, profile = 0;
     float momentum = 0.f;
     sf_layout layout = SF_LAYOUT_NHWC;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--batch")) batch = atoi(v);
-        else if (!strcmp(k, "--precision")) tf32 = strcmp(v, "fp32") != 0;
+        else if (!strcmp(k, "--precision")) tf32 = strcmp(v, "fp32") != 0, bf16 = !strcmp(v, "bf16");
         else if (!strcmp(k, "--layout")) layout = strcmp(v, "nchw") ? SF_LAYOUT_NHWC : SF_LAYOUT_NCHW;
         else if (!strcmp(k, "--graphs")) graphs = atoi(v);
         else if (!strcmp(k, "--iters")) iters = atoi(v);
@@ -61,6 +64,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--tune")) tune = atoi(v);
         else if (!strcmp(k, "--fork")) fork = atoi(v);
         else if (!strcmp(k, "--fuse")) fuse = atoi(v);
+        else if (!strcmp(k, "--thin")) thin = atoi(v);
         else if (!strcmp(k, "--profile")) profile = atoi(v);
         else {
             fprintf(stderr, "w1_cached: unknown option %s\n", k);
@@ -86,7 +90,10 @@ int main(int argc, char **argv)
     }
 
     cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    /* the highest priority, as the backend's compute stream */
+    int lo_prio = 0, hi_prio = 0;
+    CU(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
+    CU(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi_prio));
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS || cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
@@ -100,11 +107,12 @@ int main(int argc, char **argv)
     cublasSetWorkspace(blas, bws, (size_t)32 << 20);
 
     const size_t in = (size_t)m.in_c * m.in_h * m.in_w;
-    float *x;
+    const sf_dtype dt = bf16 ? SF_DT_BF16 : SF_DT_F32;
+    void *x;
     int32_t *lab;
     sf_sgd_hyper *hyp;
     sf_xent_out *res, *hres;
-    CU(cudaMalloc(&x, sizeof(float) * batch * in));
+    CU(cudaMalloc(&x, sf_dtype_size(dt) * batch * in));
     CU(cudaMalloc(&lab, sizeof(int32_t) * batch));
     CU(cudaMalloc(&hyp, sizeof *hyp));
     CU(cudaMalloc(&res, sizeof *res));
@@ -116,18 +124,20 @@ int main(int argc, char **argv)
     sf_sgd_hyper h = {1e-3f, momentum, 0.f, 0.f};
     CU(cudaMemcpyAsync(hyp, &h, sizeof h, cudaMemcpyHostToDevice, s));
     /* one augmented-looking batch kept on the device (never zeros) */
-    CK(sf_cuda_fill_random(x, (size_t)batch * in, 2024, 1.f, s) == 0);
+    CK(sf_cuda_fill_random_dt(dt, x, (size_t)batch * in, 2024, 1.f, s) == 0);
 
-    sf_net_io io = {x, lab, hyp, res, hres, NULL};
+    sf_net_io io = {x, lab, hyp, res, hres, NULL, NULL};
     sf_net_cfg nc;
     memset(&nc, 0, sizeof nc);
     nc.layout = layout;
     nc.tf32 = tf32;
+    nc.dt = dt;
     nc.max_batch = batch;
     nc.nbuf = 1;
     nc.tune = tune;
     nc.no_fork = !fork;
     nc.no_fuse = !fuse;
+    nc.no_thin = !thin;
     nc.seed = 1;
     sf_cuda_net *net = NULL;
     CK(sf_net_create(&net, &m, &nc, &io, dnn, blas, s) == 0);
@@ -145,10 +155,10 @@ int main(int argc, char **argv)
     float ms = 0.f;
     CU(cudaEventElapsedTime(&ms, e0, e1));
     const double sps = 1000.0 * iters / ms;
-    const char *pn = tf32 ? "tf32" : "fp32", *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
-    printf("w1_cached %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d: %.1f steps/s "
+    const char *pn = bf16 ? "bf16" : tf32 ? "tf32" : "fp32", *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
+    printf("w1_cached %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d: %.1f steps/s "
            "(%.3f ms/step, last loss %.4f)%s\n",
-           prop.name, batch, pn, ln, graphs, momentum, fork, fuse, sps, ms / iters, hres->loss,
+           prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, sps, ms / iters, hres->loss,
            graphs && sf_net_graph_error(net)[0] ? " [graph capture failed: eager]" : "");
     printf("{\"bench\":\"w1_cached\",\"device\":\"%s\",\"batch\":%d,\"precision\":\"%s\",\"layout\":\"%s\","
            "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",
@@ -160,6 +170,13 @@ int main(int argc, char **argv)
                    fork, buf);
         sf_net_describe(net, batch, buf, sizeof buf);
         printf("plans %s %s:\n%s", ln, pn, buf);
+    }
+    if (profile == 2) {
+        CU(cudaStreamSynchronize(s));
+        cudaProfilerStart();
+        CK(sf_net_step(net, 0, batch, graphs, 1) == 0);
+        CU(cudaStreamSynchronize(s));
+        cudaProfilerStop();
     }
     sf_net_destroy(net);
     cudaFree(x);

@@ -27,11 +27,21 @@
  *   center_crop:   no draw; offsets round((H-h)/2), round((W-w)/2)
  *   gaussian_blur: draw 0 -> sigma = min + u*(max-min) (float)
  * random_mask: mask_seed = sf_hash4(seed, seq, i, SF_AUG_MASK_KEY).
+ *   color_jitter: draws 0..3 -> the factors lo + u*(hi-lo); draws 4..6 -> the
+ *                 order, Fisher-Yates from the end (j = 3, 2, 1 takes draw 7-j)
+ *   random_erasing: draw 0 -> erase when u < p; attempt a's draws d = 0..3
+ *                 (area, log ratio, top, left) as random_resized_crop's, keyed
+ *                 with SF_AUG_ERASE_KEY; erase_seed = sf_hash4(seed, seq, i,
+ *                 SF_AUG_ERASE_KEY)
+ * Batch-level (sf_aug_gen_mix): doubles u_k from sf_hash4(seed, seq,
+ *   SF_AUG_MIX_KEY, k): u_0 picks mixup or cutmix when both are listed, u_1 < p
+ *   applies it, u_2, u_3 the cutmix centre, u_16 on the gamma variates.
  */
 #include "gpu/common.h"
 #include "aug.h"
 
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -43,6 +53,8 @@
 
 #define SF_AUG_MASK_KEY 0x4D41534Bull /* "MASK" */
 #define SF_AUG_RRC_KEY 0x52524321ull  /* "RRC!" */
+#define SF_AUG_ERASE_KEY 0x45524153ull /* "ERAS" */
+#define SF_AUG_MIX_KEY 0x4D495855ull   /* "MIXU" */
 #define SF_AUG_MAX_DIM 16384          /* largest image side, source or output */
 #define SF_AUG_MAX_DILATE 32
 
@@ -64,6 +76,10 @@ static const char *const kind_names[SF_AUG_KIND_COUNT] = {
     [SF_AUG_TO_DTYPE] = "to_dtype",
     [SF_AUG_RANDOM_RESIZED_CROP] = "random_resized_crop",
     [SF_AUG_CENTER_CROP] = "center_crop",
+    [SF_AUG_COLOR_JITTER] = "color_jitter",
+    [SF_AUG_RANDOM_ERASING] = "random_erasing",
+    [SF_AUG_MIXUP] = "mixup",
+    [SF_AUG_CUTMIX] = "cutmix",
 };
 
 const char *sf_aug_kind_name(sf_aug_kind k)
@@ -71,6 +87,14 @@ const char *sf_aug_kind_name(sf_aug_kind k)
     if ((int)k < 0 || k >= SF_AUG_KIND_COUNT)
         return "unknown";
     return kind_names[k];
+}
+
+int sf_aug_mix_op(const sf_aug_pipeline *p)
+{
+    for (int k = 0; k < p->n_ops; k++)
+        if (p->ops[k].kind == SF_AUG_MIXUP || p->ops[k].kind == SF_AUG_CUTMIX)
+            return k;
+    return -1;
 }
 
 static int is_geom(sf_aug_kind k)
@@ -446,6 +470,127 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             op->scale = (float)d;
         break;
     }
+    case SF_AUG_COLOR_JITTER: {
+        static const char *const keys[] = {"op", "brightness", "contrast", "saturation", "hue", NULL};
+        static const char *const names[4] = {"brightness", "contrast", "saturation", "hue"};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        for (int k = 0; k < 4; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(jo, names[k]);
+            if (!v || cJSON_IsNull(v))
+                continue;
+            const double centre = k == 3 ? 0.0 : 1.0;
+            double lo, hi;
+            if (cJSON_IsNumber(v)) {
+                /* torchvision's _check_input: x means [centre - x, centre + x],
+                 * the factors' lower end clipped at 0. */
+                if (!isfinite(v->valuedouble) || v->valuedouble < 0.0) {
+                    sf_errf(err, errlen, "%s: \"%s\" as one number must be finite and >= 0", what, names[k]);
+                    return -1;
+                }
+                lo = centre - v->valuedouble;
+                hi = centre + v->valuedouble;
+                if (k < 3 && lo < 0.0)
+                    lo = 0.0;
+            } else {
+                float flo, fhi;
+                if (get_range(jo, names[k], 0, &flo, &fhi, what, err, errlen))
+                    return -1;
+                lo = flo;
+                hi = fhi;
+            }
+            const double bmin = k == 3 ? -0.5 : 0.0, bmax = k == 3 ? 0.5 : 1e6;
+            if (!(lo >= bmin && lo <= hi && hi <= bmax)) {
+                sf_errf(err, errlen, "%s: \"%s\" must give %s with min <= max", what, names[k],
+                        k == 3 ? "a shift in [-0.5,0.5]" : "factors in [0,1e6]");
+                return -1;
+            }
+            op->jit_lo[k] = (float)lo;
+            op->jit_hi[k] = (float)hi;
+            op->jit_on[k] = !(lo == centre && hi == centre);
+        }
+        break;
+    }
+    case SF_AUG_RANDOM_ERASING: {
+        static const char *const keys[] = {"op", "p", "scale", "ratio", "value", "inplace", NULL};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        op->p = 0.5f; /* torchvision's defaults */
+        op->area_min = 0.02f;
+        op->area_max = 0.33f;
+        op->aspect_min = 0.3f;
+        op->aspect_max = 3.3f;
+        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+            return -1;
+        if (r == 1) {
+            if (d < 0.0 || d > 1.0) {
+                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
+                return -1;
+            }
+            op->p = (float)d;
+        }
+        if (cJSON_GetObjectItemCaseSensitive(jo, "scale") &&
+            get_range(jo, "scale", 0, &op->area_min, &op->area_max, what, err, errlen))
+            return -1;
+        if (cJSON_GetObjectItemCaseSensitive(jo, "ratio") &&
+            get_range(jo, "ratio", 0, &op->aspect_min, &op->aspect_max, what, err, errlen))
+            return -1;
+        if (!(op->area_min > 0.0f) || op->area_max > 1.0f) {
+            sf_errf(err, errlen, "%s: \"scale\" must lie in (0,1]", what);
+            return -1;
+        }
+        if (!(op->aspect_min >= 1e-3f) || op->aspect_max > 1e3f) {
+            sf_errf(err, errlen, "%s: \"ratio\" must lie in [0.001,1000]", what);
+            return -1;
+        }
+        const cJSON *jv = cJSON_GetObjectItemCaseSensitive(jo, "value");
+        op->n_erase_value = 1; /* value 0 */
+        if (cJSON_IsString(jv)) {
+            if (strcmp(jv->valuestring, "random") != 0) {
+                sf_errf(err, errlen, "%s: \"value\" must be a number, [numbers] or \"random\"", what);
+                return -1;
+            }
+            op->erase_random = 1;
+        } else if (jv) {
+            const int nv = get_vec(jo, "value", op->erase_value, what, err, errlen);
+            if (nv < 0)
+                return -1;
+            op->n_erase_value = nv;
+        }
+        const cJSON *ji = cJSON_GetObjectItemCaseSensitive(jo, "inplace");
+        if (ji && !cJSON_IsBool(ji)) {
+            sf_errf(err, errlen, "%s: \"inplace\" must be true or false", what);
+            return -1;
+        }
+        break;
+    }
+    case SF_AUG_MIXUP:
+    case SF_AUG_CUTMIX: {
+        static const char *const keys[] = {"op", "alpha", "p", NULL};
+        if (check_keys(jo, keys, what, err, errlen))
+            return -1;
+        op->alpha = 1.0f; /* torchvision's default */
+        op->p = 1.0f;     /* v2.MixUp / v2.CutMix always apply */
+        if ((r = get_num(jo, "alpha", &d, what, err, errlen)) < 0)
+            return -1;
+        if (r == 1) {
+            if (!(d > 0.0 && d <= 1000.0)) {
+                sf_errf(err, errlen, "%s: \"alpha\" must lie in (0,1000]", what);
+                return -1;
+            }
+            op->alpha = (float)d;
+        }
+        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+            return -1;
+        if (r == 1) {
+            if (d < 0.0 || d > 1.0) {
+                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
+                return -1;
+            }
+            op->p = (float)d;
+        }
+        break;
+    }
     default:
         sf_errf(err, errlen, "%s: unknown op", what);
         return -1;
@@ -490,6 +635,12 @@ out:
 
 /* ---- plan --------------------------------------------------------------- */
 
+/* The next pointwise stage: of the fused pass, or of the second pass. */
+static sf_aug_pw *next_pw(sf_aug_plan *plan, int post)
+{
+    return post ? &plan->post[plan->n_post++] : &plan->pw[plan->n_pw++];
+}
+
 /* Walks the list for an in_h x in_w source, or for ragged sources when
  * in_h = in_w = 0: then h = w = 0 stands for "each sample's own size" until an
  * op fixes the size. */
@@ -522,12 +673,27 @@ static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
     double scl_x = 1.0, scl_y = 1.0;
     int may_shrink = 0, want_aa = 0;
     float value_scale = 1.0f; /* product of to_dtype scales so far (for YCbCr's offset) */
+    /* The first color_jitter or random_erasing (later stages run in the second
+     * pass), the first mixup or cutmix (only the other may follow it), and
+     * whether the values left the intensity scale (normalize, color_convert). */
+    int post_at = -1, mix_at = -1, jitter_at = -1, erase_at = -1, not_intensity = 0;
 
     for (int i = 0; i < p->n_ops; i++) {
         const sf_aug_op *op = &p->ops[i];
         const char *name = sf_aug_kind_name(op->kind);
         if (is_geom(op->kind))
             plan->has_geom = 1;
+        if (mix_at >= 0 && op->kind != SF_AUG_MIXUP && op->kind != SF_AUG_CUTMIX) {
+            sf_errf(err, errlen, "aug op %d (%s): batch-level %s (op %d) must come last", i, name,
+                    sf_aug_kind_name(p->ops[mix_at].kind), mix_at);
+            return -1;
+        }
+        if (post_at >= 0 && (is_geom(op->kind) || op->kind == SF_AUG_GAUSSIAN_BLUR ||
+                             op->kind == SF_AUG_RANDOM_MASK)) {
+            sf_errf(err, errlen, "aug op %d (%s): must come before %s (op %d), which acts on the "
+                    "geometric output", i, name, sf_aug_kind_name(p->ops[post_at].kind), post_at);
+            return -1;
+        }
         switch (op->kind) {
         case SF_AUG_RANDOM_CROP:
             if (h == 0) {
@@ -615,7 +781,7 @@ static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             plan->blur_ksize = op->ksize;
             break;
         case SF_AUG_TO_DTYPE: {
-            sf_aug_pw *pw = &plan->pw[plan->n_pw++];
+            sf_aug_pw *pw = next_pw(plan, post_at >= 0);
             pw->kind = SF_PW_SCALE;
             pw->a[0] = op->scale;
             value_scale *= op->scale;
@@ -627,7 +793,8 @@ static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
                         op->n_mean, c);
                 return -1;
             }
-            sf_aug_pw *pw = &plan->pw[plan->n_pw++];
+            sf_aug_pw *pw = next_pw(plan, post_at >= 0);
+            not_intensity = 1;
             pw->kind = SF_PW_NORMALIZE;
             for (int ch = 0; ch < c; ch++) {
                 int j = op->n_mean == 1 ? 0 : ch;
@@ -646,7 +813,8 @@ static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
                         name, c);
                 return -1;
             }
-            sf_aug_pw *pw = &plan->pw[plan->n_pw++];
+            sf_aug_pw *pw = next_pw(plan, post_at >= 0);
+            not_intensity = 1;
             pw->kind = SF_PW_YCBCR;
             /* Chroma offset: half the value range, 128 on the 0..255 scale,
              * times the to_dtype scales applied before this op. */
@@ -664,13 +832,91 @@ static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
                         (double)op->ratio, op->dilate);
                 return -1;
             }
-            sf_aug_pw *pw = &plan->pw[plan->n_pw++];
+            sf_aug_pw *pw = next_pw(plan, post_at >= 0);
             pw->kind = SF_PW_MASK;
             pw->a[0] = op->ratio;
             pw->b[0] = (float)op->dilate;
             plan->has_mask = 1;
             break;
         }
+        case SF_AUG_COLOR_JITTER: {
+            if (jitter_at >= 0) {
+                sf_errf(err, errlen, "aug op %d (%s): only one color_jitter per pipeline (op %d is one)", i,
+                        name, jitter_at);
+                return -1;
+            }
+            if (c != 1 && c != 3) {
+                sf_errf(err, errlen, "aug op %d (%s): needs 1 or 3 channels, the input has %d", i, name, c);
+                return -1;
+            }
+            if (not_intensity || !(value_scale > 0.0f)) {
+                sf_errf(err, errlen, "aug op %d (%s): must act on intensities: put it before normalize "
+                        "and color_convert, after to_dtype scales > 0 only", i, name);
+                return -1;
+            }
+            for (int k = 0; k < 4; k++)
+                if (op->jit_on[k] && (k == 3 ? !(op->jit_lo[k] >= -0.5f && op->jit_hi[k] <= 0.5f)
+                                             : !(op->jit_lo[k] >= 0.0f)) ) {
+                    sf_errf(err, errlen, "aug op %d (%s): factor range %d invalid", i, name, k);
+                    return -1;
+                }
+            jitter_at = i;
+            if (post_at < 0)
+                post_at = i;
+            sf_aug_pw *pw = next_pw(plan, 1);
+            pw->kind = SF_PW_JITTER;
+            for (int k = 0; k < 4; k++)
+                pw->a[k] = op->jit_on[k] ? 1.0f : 0.0f;
+            /* The clamp bound: 255 on the 0..255 scale, times the to_dtype
+             * scales before it (1 after to_dtype's 1/255, as torchvision's
+             * float images). */
+            pw->b[0] = 255.0f * value_scale;
+            break;
+        }
+        case SF_AUG_RANDOM_ERASING: {
+            if (erase_at >= 0) {
+                sf_errf(err, errlen, "aug op %d (%s): only one random_erasing per pipeline (op %d is one)",
+                        i, name, erase_at);
+                return -1;
+            }
+            if (!op->erase_random && op->n_erase_value != 1 && op->n_erase_value != c) {
+                sf_errf(err, errlen, "aug op %d (%s): %d values for %d channels", i, name,
+                        op->n_erase_value, c);
+                return -1;
+            }
+            if (!(op->p >= 0.0f && op->p <= 1.0f) || !(op->area_min > 0.0f) ||
+                op->area_min > op->area_max || !(op->aspect_min > 0.0f) ||
+                op->aspect_min > op->aspect_max) {
+                sf_errf(err, errlen, "aug op %d (%s): p / scale / ratio invalid", i, name);
+                return -1;
+            }
+            erase_at = i;
+            if (post_at < 0)
+                post_at = i;
+            sf_aug_pw *pw = next_pw(plan, 1);
+            pw->kind = SF_PW_ERASE;
+            for (int ch = 0; ch < c; ch++)
+                pw->a[ch] = op->erase_value[op->n_erase_value == 1 ? 0 : ch];
+            pw->b[0] = op->erase_random ? 1.0f : 0.0f;
+            break;
+        }
+        case SF_AUG_MIXUP:
+        case SF_AUG_CUTMIX:
+            for (int j = mix_at < 0 ? p->n_ops : mix_at; j < i; j++)
+                if (p->ops[j].kind == op->kind) {
+                    sf_errf(err, errlen, "aug op %d (%s): only one %s per pipeline (op %d is one)", i, name,
+                            name, j);
+                    return -1;
+                }
+            if (!(op->alpha > 0.0f) || !(op->p >= 0.0f && op->p <= 1.0f)) {
+                sf_errf(err, errlen, "aug op %d (%s): alpha %g / p %g invalid", i, name, (double)op->alpha,
+                        (double)op->p);
+                return -1;
+            }
+            if (mix_at < 0)
+                mix_at = i;
+            plan->has_mix = 1;
+            break;
         default:
             sf_errf(err, errlen, "aug op %d: unknown kind %d", i, (int)op->kind);
             return -1;
@@ -813,6 +1059,33 @@ static void rrc_window(const sf_aug_op *op, uint64_t seed, uint64_t seq, int i, 
     *x0 = (w - *cw) / 2;
 }
 
+/* torchvision's RandomErasing.make_params on an h x w image: ten tries of
+ * area fraction u in [amin, amax] and log-uniform aspect ratio r, box height
+ * round(sqrt(area*r)) and width round(sqrt(area/r)) (half to even), until the
+ * box is smaller than the image along both axes; then a uniform position. No
+ * fit in ten tries: no erasing (box stays 0). Draws as random_resized_crop's,
+ * keyed with SF_AUG_ERASE_KEY. */
+static void erase_window(const sf_aug_op *op, uint64_t seed, uint64_t seq, int i, int k, int h, int w,
+                         int box[4])
+{
+    const double area = (double)h * w;
+    const double lr0 = log((double)op->aspect_min), lr1 = log((double)op->aspect_max);
+    const uint64_t key = sf_hash4(seed, seq, (uint64_t)i, (uint64_t)k * 16u);
+    for (int a = 0; a < 10; a++) {
+        const double target = area * (op->area_min + sf_u01(sf_hash4(key, (uint64_t)a, 0, SF_AUG_ERASE_KEY)) *
+                                                         (double)(op->area_max - op->area_min));
+        const double ratio = exp(lr0 + sf_u01(sf_hash4(key, (uint64_t)a, 1, SF_AUG_ERASE_KEY)) * (lr1 - lr0));
+        const int eh = (int)rint(sqrt(target * ratio)), ew = (int)rint(sqrt(target / ratio));
+        if (!(eh < h && ew < w))
+            continue;
+        box[1] = offset_in(sf_u01(sf_hash4(key, (uint64_t)a, 2, SF_AUG_ERASE_KEY)), h - eh);
+        box[0] = offset_in(sf_u01(sf_hash4(key, (uint64_t)a, 3, SF_AUG_ERASE_KEY)), w - ew);
+        box[2] = eh > 0 ? ew : 0; /* an empty box erases nothing */
+        box[3] = ew > 0 ? eh : 0;
+        return;
+    }
+}
+
 /* torchvision's center_crop offset along one axis: round((n - c) / 2) (half to
  * even); a crop larger than the image starts -((c - n) // 2), where torchvision
  * places the image inside its zero padding. */
@@ -926,6 +1199,28 @@ static void gen_one(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t 
                 s->blur_w[j] = (float)(wk[j] / wsum);
             break;
         }
+        case SF_AUG_COLOR_JITTER: {
+            for (int f = 0; f < 4; f++) {
+                const float u = draw(seed, seq, i, k, f);
+                s->jitter[f] = op->jit_lo[f] + u * (op->jit_hi[f] - op->jit_lo[f]);
+            }
+            /* torchvision's randperm(4): a uniform permutation, here by
+             * Fisher-Yates with draws 4..6. */
+            for (int f = 0; f < 4; f++)
+                s->jitter_order[f] = (uint8_t)f;
+            for (int j = 3; j > 0; j--) {
+                const int r = offset_in(draw(seed, seq, i, k, 7 - j), j);
+                const uint8_t t = s->jitter_order[j];
+                s->jitter_order[j] = s->jitter_order[r];
+                s->jitter_order[r] = t;
+            }
+            break;
+        }
+        case SF_AUG_RANDOM_ERASING:
+            if (draw(seed, seq, i, k, 0) < op->p)
+                erase_window(op, seed, seq, i, k, plan->out_h, plan->out_w, s->erase);
+            s->erase_seed = sf_hash4(seed, seq, (uint64_t)i, SF_AUG_ERASE_KEY);
+            break;
         default:
             break; /* pointwise ops draw nothing here */
         }
@@ -957,4 +1252,97 @@ void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64
         gen_one(p, plan, seed, seq, i, h, w, off, &out[i]);
         off += (size_t)plan->c * (size_t)h * (size_t)w;
     }
+}
+
+/* ---- batch-level mixing ------------------------------------------------- */
+
+float sf_aug_mix_loss_lam(const sf_aug_mix *mix)
+{
+    return mix->lam > 0.0f ? mix->lam : FLT_MIN;
+}
+
+/* Draw k of batch seq's mixing: a uniform double in [0, 1). */
+static double mix_u(uint64_t seed, uint64_t seq, uint64_t k)
+{
+    return (double)(sf_hash4(seed, seq, SF_AUG_MIX_KEY, k) >> 11) * 0x1p-53;
+}
+
+/* A standard normal (Box-Muller) from draws k, k+1. */
+static double mix_normal(uint64_t seed, uint64_t seq, uint64_t k)
+{
+    const double u1 = 1.0 - mix_u(seed, seq, k); /* (0, 1]: log is finite */
+    const double u2 = mix_u(seed, seq, k + 1);
+    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* Gamma(a, 1) by Marsaglia and Tsang's method (a < 1: Gamma(a + 1) times
+ * U^(1/a)), drawing from counter *k on. The rejection loop is bounded; its
+ * acceptance rate is above 95%, so the bound is never reached in practice. */
+static double mix_gamma(uint64_t seed, uint64_t seq, double a, uint64_t *k)
+{
+    double boost = 1.0;
+    if (a < 1.0) {
+        boost = pow(1.0 - mix_u(seed, seq, (*k)++), 1.0 / a);
+        a += 1.0;
+    }
+    const double d = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
+    for (int tries = 0; tries < 64; tries++) {
+        const double x = mix_normal(seed, seq, *k);
+        const double u = 1.0 - mix_u(seed, seq, *k + 2);
+        *k += 3;
+        double v = 1.0 + c * x;
+        if (v <= 0.0)
+            continue;
+        v = v * v * v;
+        if (log(u) < 0.5 * x * x + d - d * v + d * log(v))
+            return d * v * boost;
+    }
+    return d * boost;
+}
+
+void sf_aug_gen_mix(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed, uint64_t seq,
+                    int n, sf_aug_mix *out)
+{
+    memset(out, 0, sizeof *out);
+    out->kind = SF_MIX_NONE;
+    out->lam = 1.0f;
+    if (!plan->has_mix || n < 2)
+        return; /* a batch of one mixed with itself is itself, labels included */
+    const sf_aug_op *mixup = NULL, *cutmix = NULL;
+    for (int k = 0; k < p->n_ops; k++) {
+        if (p->ops[k].kind == SF_AUG_MIXUP)
+            mixup = &p->ops[k];
+        else if (p->ops[k].kind == SF_AUG_CUTMIX)
+            cutmix = &p->ops[k];
+    }
+    /* Both listed: one of them per batch with equal probability, as
+     * torchvision's RandomChoice([MixUp, CutMix]) of its reference recipes. */
+    const sf_aug_op *op = mixup && cutmix ? (mix_u(seed, seq, 0) < 0.5 ? mixup : cutmix)
+                                          : mixup ? mixup : cutmix;
+    if (!op || !(mix_u(seed, seq, 1) < op->p))
+        return;
+    uint64_t k = 16;
+    const double x = mix_gamma(seed, seq, op->alpha, &k);
+    const double y = mix_gamma(seed, seq, op->alpha, &k);
+    const double lam = x + y > 0.0 ? x / (x + y) : (x >= y ? 1.0 : 0.0);
+    if (op->kind == SF_AUG_MIXUP) {
+        out->kind = SF_MIX_MIXUP;
+        out->lam = (float)lam;
+        return;
+    }
+    /* v2.CutMix: a centre uniform over the pixels, half-sides
+     * int(0.5 sqrt(1 - lam) W) and H, clamped to the image; lam becomes
+     * 1 - box area / image area. */
+    const int W = plan->out_w, H = plan->out_h;
+    const int rx = offset_in((float)mix_u(seed, seq, 2), W - 1);
+    const int ry = offset_in((float)mix_u(seed, seq, 3), H - 1);
+    const double r = 0.5 * sqrt(1.0 - lam);
+    const int rw = (int)(r * W), rh = (int)(r * H);
+    out->kind = SF_MIX_CUTMIX;
+    out->box[0] = rx - rw < 0 ? 0 : rx - rw;
+    out->box[1] = ry - rh < 0 ? 0 : ry - rh;
+    out->box[2] = rx + rw > W ? W : rx + rw;
+    out->box[3] = ry + rh > H ? H : ry + rh;
+    out->lam = (float)(1.0 - (double)(out->box[2] - out->box[0]) * (out->box[3] - out->box[1]) /
+                                 ((double)W * H));
 }

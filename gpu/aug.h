@@ -62,6 +62,57 @@
  *  Blur is linear and commutes with the affine pointwise ops, so its position
  *  among them does not matter; a random_mask listed before gaussian_blur is
  *  rejected by sf_aug_plan since it would not commute.
+ *  4. Second pass (sf_aug_plan.post), per sample, from the first color_jitter
+ *     or random_erasing on, in list order with the pointwise ops listed after
+ *     them (to_dtype, normalize, color_convert; geometry, blur and random_mask
+ *     must come before). At most one of each per list.
+ *     color_jitter (torchvision.transforms.v2.ColorJitter): per sample, the
+ *     factors of brightness b, contrast c, saturation s and the hue shift h
+ *     uniform in their ranges (a number x means [max(0, 1-x), 1+x], hue
+ *     [-x, x]; a range that is exactly the identity is off), applied in a
+ *     random order (a uniform permutation, sample.jitter_order), each clamped
+ *     to [0, B]: brightness x*b; contrast x*c + mean*(1-c), mean the image's
+ *     grayscale mean (0.2989 R + 0.587 G + 0.114 B; one channel: itself)
+ *     before this step; saturation x*s + gray*(1-s) per pixel; hue: RGB ->
+ *     HSV, H + h mod 1, -> RGB with torchvision's formulas and clamps at B.
+ *     Saturation and hue leave one channel unchanged. Value range: B = 255
+ *     times the to_dtype scales before the op: on 0..255 floats (before
+ *     to_dtype) B = 255, after to_dtype 1/255 B = 1, which is torchvision on
+ *     float images exactly. It needs intensities: listed after normalize or
+ *     color_convert it is refused, and it needs 1 or 3 channels. Unlike
+ *     torchvision on uint8 tensors, nothing is rounded to integers between the
+ *     steps and the gray image used by contrast and saturation is not floored
+ *     (uint8 torchvision differs by up to about 1 of 255 per step).
+ *     random_erasing (v2.RandomErasing): with probability p, ten tries of an
+ *     area fraction uniform in scale and a log-uniform ratio r: box height
+ *     round(sqrt(area*r)), width round(sqrt(area/r)), accepted when smaller
+ *     than the image along both axes, at a uniform position; no fit: nothing
+ *     erased. The box takes `value` per channel (a number broadcasts), or with
+ *     "random" standard normal noise per element: Box-Muller in double of two
+ *     24-bit uniforms of sf_hash4(sample.erase_seed, y, x, channel), rounded
+ *     to float (torchvision draws from torch's generator: same distribution,
+ *     other numbers). The values are written as given, on whatever scale the
+ *     ops before it leave (e.g. 0 after normalize is the mean).
+ *  5. Batch-level mixing (sf_aug_gen_mix, sf_aug_mix), after everything
+ *     else, over the batch's output: mixup and cutmix must end the list. One
+ *     lam per batch from Beta(alpha, alpha) (Marsaglia-Tsang gamma variates,
+ *     keyed by seed and batch seq); sample i is mixed with sample
+ *     (i - 1) mod n (torch.roll(x, 1, 0)). mixup: (1 - lam) x_{i-1} + lam x_i.
+ *     cutmix: a centre (rx, ry) uniform over the pixels, half sides
+ *     int(0.5 sqrt(1 - lam) W) and H, the box clamped to the image takes
+ *     x_{i-1}, and lam becomes 1 - box area / image area. "p" (default 1, as
+ *     v2.MixUp/CutMix, which always apply): with probability 1 - p a batch is
+ *     left unmixed (lam = 1), as RandomApply. Both listed: each batch takes one
+ *     of them with probability 1/2 (RandomChoice, torchvision's reference
+ *     recipe), then its p. The loss's soft target of sample i is
+ *     lam onehot(y_i) + (1 - lam) onehot(y_{i-1}) (sf_batch.mix_lam). Refused
+ *     for segmentation models (per-pixel labels) and evaluation pipelines.
+ *  Tolerances (tests/unit/test_aug.c, tests/gpu/test_augment.cu): the
+ *  reference against torchvision's adjust_* on [0, 1] images: 2e-6 absolute;
+ *  CUDA against the reference: the same relative 1e-5 (bf16 1e-2) as the
+ *  other ops, where the only differences are contrast's mean (double sums in
+ *  another order) and the device's double log/cos of the erasing noise;
+ *  mixing rounds as the reference does (two products and a sum, no FMA).
  * Output: float32 NCHW [n, out_c, out_h, out_w] (out_c == in c).
  *
  * Sources. A batch's sources lie in one uint8 buffer; sample i's image starts at
@@ -96,6 +147,12 @@ typedef enum sf_aug_kind {
                                    [min,max] (log-uniform); torchvision's 10 tries,
                                    then its centre-crop fallback; antialias */
     SF_AUG_CENTER_CROP,     /* size [h,w]; top-left round((H-h)/2), round((W-w)/2) */
+    SF_AUG_COLOR_JITTER,    /* brightness, contrast, saturation [min,max] factors, hue
+                               [min,max] shift; applied in a random order per sample */
+    SF_AUG_RANDOM_ERASING,  /* p, scale [min,max], ratio [min,max] (log-uniform), value
+                               (per channel, or standard normal noise); 10 tries */
+    SF_AUG_MIXUP,           /* alpha (Beta(alpha, alpha)), p; batch-level */
+    SF_AUG_CUTMIX,          /* alpha (Beta(alpha, alpha)), p; batch-level */
     SF_AUG_KIND_COUNT
 } sf_aug_kind;
 
@@ -117,6 +174,16 @@ typedef struct sf_aug_op {
     float ratio;                 /* random_mask */
     int dilate;                  /* random_mask */
     float scale;                 /* to_dtype */
+    /* color_jitter: factor ranges of brightness (0), contrast (1), saturation
+     * (2) and the hue shift (3); jit_on[k] = 0 where the factor is absent (or
+     * is the identity range, as torchvision drops it). */
+    float jit_lo[4], jit_hi[4];
+    int jit_on[4];
+    /* random_erasing: p, scale in area_min/max, ratio in aspect_min/max. */
+    int erase_random;            /* value "random": standard normal noise */
+    float erase_value[SF_AUG_MAX_C];
+    int n_erase_value;           /* values given (1 broadcasts) */
+    float alpha;                 /* mixup, cutmix (p is their probability) */
 } sf_aug_op;
 
 typedef struct sf_aug_pipeline {
@@ -130,7 +197,12 @@ typedef enum sf_aug_pw_kind {
     SF_PW_NORMALIZE,  /* x = (x - a[c]) * b[c]   (b = 1/std) */
     SF_PW_YCBCR,      /* RGB -> YCbCr; a[0] is the chroma offset: 128 times the
                          scales applied before it, so it commutes with to_dtype */
-    SF_PW_MASK        /* random mask with ratio a[0], dilate (int)b[0] */
+    SF_PW_MASK,       /* random mask with ratio a[0], dilate (int)b[0] */
+    SF_PW_JITTER,     /* colour jitter: a[k] = 1 where factor k (brightness, contrast,
+                         saturation, hue) is on; b[0] = the clamp bound; parameters
+                         and order in sf_aug_sample.jitter / jitter_order */
+    SF_PW_ERASE       /* random erasing: the box in sf_aug_sample.erase; value a[c]
+                         per channel, or b[0] = 1: noise keyed by erase_seed */
 } sf_aug_pw_kind;
 
 typedef struct sf_aug_pw {
@@ -152,6 +224,13 @@ typedef struct sf_aug_plan {
     int n_pw;
     sf_aug_pw pw[SF_AUG_MAX_OPS];
     int has_mask;             /* a SF_PW_MASK stage exists */
+    /* The per-sample pointwise stages from the first color_jitter or
+     * random_erasing on, in list order: they run after the stages above, as a
+     * second pass over each sample's output (contrast needs the image's mean).
+     * n_post = 0 when the list has neither op. */
+    int n_post;
+    sf_aug_pw post[SF_AUG_MAX_OPS];
+    int has_mix;              /* a mixup or cutmix op: sf_aug_gen_mix draws per batch */
 } sf_aug_plan;
 
 /* Per-sample random parameters, generated once per batch on the host. */
@@ -173,6 +252,11 @@ typedef struct sf_aug_sample {
     float rot_w, rot_h;  /* the rotation's input size (plan->has_rot) */
     float aa[2];         /* antialias support along source x and y, >= 1
                             (plan->antialias; else 0) */
+    float jitter[4];     /* color_jitter: brightness, contrast, saturation factors and
+                            the hue shift (those off in the stage are unused) */
+    uint8_t jitter_order[4]; /* the order they apply in: a permutation of 0..3 */
+    int erase[4];        /* random_erasing box in output pixels: x, y, w, h; w = 0: none */
+    uint64_t erase_seed; /* key of the "random" erasing noise */
     /* For logs, tests and traces; backends use only the fields above. */
     int crop_x, crop_y, crop_w, crop_h; /* the last crop, in its input's pixels */
     int flip;
@@ -216,6 +300,33 @@ void sf_aug_gen(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed
  * of c*h*w. A uniform plan works too (its own size must then equal src_hw). */
 void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
                        uint64_t seq, int n, const int *src_hw, sf_aug_sample *out);
+
+/* The batch-level mixing of one batch (mixup / cutmix): sample i of the
+ * output is mixed with sample (i - 1) mod n of the per-sample output. */
+typedef enum sf_aug_mix_kind { SF_MIX_NONE = 0, SF_MIX_MIXUP = 1, SF_MIX_CUTMIX = 2 } sf_aug_mix_kind;
+
+typedef struct sf_aug_mix {
+    sf_aug_mix_kind kind;
+    float lam;     /* the weight of sample i's own label: 1 with no mixing; CutMix's
+                      is 1 - box area / image area */
+    int box[4];    /* CutMix: x1, y1, x2, y2 (half-open) of the pasted region */
+} sf_aug_mix;
+
+/* Draws batch `seq`'s mixing under `seed` for n samples (a pure function of
+ * seed, seq, the pipeline and the plan's output size). A plan without mixup
+ * or cutmix, or n < 2, gives SF_MIX_NONE with lam = 1. */
+void sf_aug_gen_mix(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed, uint64_t seq,
+                    int n, sf_aug_mix *out);
+
+/* The lam the loss reads (sf_batch.mix_lam): mix->lam, where 0 (the whole
+ * target from the previous sample) becomes the smallest positive float,
+ * since a mix_lam of 0 reads as "no mixing". */
+float sf_aug_mix_loss_lam(const sf_aug_mix *mix);
+
+/* The index of the list's first mixup or cutmix, or -1: such a list is
+ * refused for segmentation models (the labels are per pixel) and as an
+ * evaluation pipeline (evaluation does not mix). */
+int sf_aug_mix_op(const sf_aug_pipeline *p);
 
 const char *sf_aug_kind_name(sf_aug_kind k);
 

@@ -45,6 +45,7 @@ typedef struct sf_exec_switches {
     int no_fuse;    /* CUDA: no cuDNN fused conv+bias+ReLU forward */
     int keep_relu;  /* CUDA: ReLUs as separate kernels, not fused into their producers */
     int allow_rtc;  /* CUDA: consider cuDNN engines compiled at run time */
+    int no_thin;    /* CUDA: thin 1x1 convolutions through cuDNN, not gpu/cuda/conv_thin.h's kernels */
 } sf_exec_switches;
 
 /* Training settings a backend needs at build time. lr/momentum/wd may change
@@ -70,6 +71,12 @@ typedef struct sf_train_cfg {
 typedef struct sf_hyper {
     float lr, momentum, weight_decay;
     float beta1, beta2, eps; /* AdamW only */
+    /* Gradient clipping (optim.clip_grad_norm): 0 is off. Else the gradients
+     * about to be applied (after accumulation, before weight decay and the
+     * optimizer) are scaled by min(1, clip_grad_norm / (norm + 1e-6)), where
+     * norm is the L2 norm over all trainable parameters' gradients, as
+     * torch.nn.utils.clip_grad_norm_ does. */
+    float clip_grad_norm;
 } sf_hyper;
 
 /* A READY ring slot, described for the backend. The bytes stay valid and
@@ -97,7 +104,27 @@ typedef struct sf_batch {
                                 [n, out_h, out_w] for a segmentation model */
     const sf_aug_plan *plan;     /* the augmentation plan for this shape */
     const sf_aug_sample *samples; /* n per-sample parameters, owned by the engine until SLOT_FREE */
+    sf_aug_mix mix;          /* the batch-level mixing of the augmented images (mixup,
+                                cutmix; sf_aug_gen_mix); all zero: none */
     sf_hyper hyper;
+    /* 1: an evaluation batch. Forward only, in eval mode (batchnorm uses its
+     * running statistics); no backward, no optimizer step: parameters,
+     * buffers, optimizer state and step count stay untouched. */
+    int eval;
+    /* NULL, or host float [n, classes] the backend fills with the logits
+     * before it reports STEP_DONE (eval batches asked with ?return=logits). */
+    float *logits_out;
+    /* Cross-entropy label smoothing in [0, 1), torch.nn.CrossEntropyLoss
+     * semantics: the target of sample i is (1-s)*t_i + s/classes. */
+    float label_smoothing;
+    /* 1: no mixing. Else (mixup/cutmix) the target of sample i is
+     * mix_lam*onehot(y_i) + (1-mix_lam)*onehot(y_{(i-1) mod n}), the labels
+     * rolled by one as torchvision.transforms.v2 MixUp/CutMix make them;
+     * label smoothing applies on top, as torch does for probability targets.
+     * 0 reads as 1 too, so that a zero-initialised sf_batch is unmixed: a
+     * mixing op that draws lam = 0 passes the smallest positive float (the
+     * loss differs from lam = 0 by under 1e-37). */
+    float mix_lam;
     uint64_t t_ready_ns;     /* host monotonic time the slot became READY (for traces) */
 } sf_batch;
 
@@ -112,9 +139,17 @@ typedef struct sf_event {
     /* STEP_DONE only: */
     float loss;              /* mean over the batch */
     int correct;             /* samples (pixels) whose argmax equals the label */
+    int correct5;            /* samples whose label is among the 5 largest logits (torch.topk
+                                order: ties go to the lower class index); with fewer than 5
+                                classes every sample counts */
     int n;
     int64_t n_labels;        /* labels scored: n, or n*H*W for segmentation; 0 means n */
     uint64_t step;           /* optimizer steps taken so far, this one included */
+    float grad_norm;         /* L2 norm of the gradients applied at this step, before clipping;
+                                0 when no optimizer step ran (eval, mid-accumulation) */
+    int skipped;             /* 1: the loss or a gradient was NaN/Inf, the optimizer step was
+                                skipped (parameters and optimizer state unchanged) */
+    int eval;                /* the batch's eval flag, echoed */
     double h2d_s, transform_s, step_s; /* stage durations (device events on CUDA) */
     uint64_t t_h2d_start_ns, t_transform_start_ns, t_step_start_ns, t_step_end_ns;
                              /* host monotonic times of the stage edges (0 if unknown) */

@@ -1,23 +1,59 @@
 /* handlers/batches.c — POST /v1/batches and GET /v1/batches/{id}. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "handlers/handlers.h"
 #include "server/app.h"
+#include "server/evals.h"
 #include "server/jobs.h"
 #include "server/ring.h"
 #include "server/upload.h"
+
+/* Refuses a bad query with one reply and one count; returns -1. */
+static int refuse_query(sf_req *r, size_t *len, int status, const char *code, const char *msg)
+{
+    sf_upload_on_rejected(r, code);
+    *len = 0;
+    return sf_reply_error(r, status, code, "%s", msg), -1;
+}
 
 static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
 {
     if (!r->user) {
         /* Refuse a bad query before reading the body, not after training it. */
+        char msg[200];
         const char *w = sf_req_arg(r, "wait");
         if (w && strcmp(w, "0") != 0 && strcmp(w, "1") != 0) {
-            sf_upload_on_rejected(r, "bad_query");
-            *len = 0;
-            return sf_reply_error(r, 400, "bad_query", "wait must be 0 or 1, not \"%.32s\"", w), -1;
+            snprintf(msg, sizeof msg, "wait must be 0 or 1, not \"%.32s\"", w);
+            return refuse_query(r, len, 400, "bad_query", msg);
+        }
+        const char *mode = sf_req_arg(r, "mode"), *name = sf_req_arg(r, "eval"), *ret = sf_req_arg(r, "return");
+        if (mode && strcmp(mode, "train") != 0 && strcmp(mode, "eval") != 0) {
+            snprintf(msg, sizeof msg, "mode must be train or eval, not \"%.32s\"", mode);
+            return refuse_query(r, len, 400, "bad_query", msg);
+        }
+        const int eval = mode && strcmp(mode, "eval") == 0;
+        if ((name || ret) && !eval)
+            return refuse_query(r, len, 400, "bad_query", "eval= and return= go with mode=eval only");
+        if (ret && strcmp(ret, "logits") != 0) {
+            snprintf(msg, sizeof msg, "return must be logits, not \"%.32s\"", ret);
+            return refuse_query(r, len, 400, "bad_query", msg);
+        }
+        if (ret && !(w && strcmp(w, "1") == 0))
+            return refuse_query(r, len, 400, "bad_query",
+                                "return=logits needs wait=1: the logits are the reply, kept nowhere else");
+        if (name && !sf_eval_name_valid(name)) {
+            snprintf(msg, sizeof msg, "eval must be 1 to %d characters of A-Z a-z 0-9 _ . -", SF_EVAL_NAME_MAX);
+            return refuse_query(r, len, 400, "bad_eval_name", msg);
+        }
+        if (eval && !r->app->backend)
+            return refuse_query(r, len, 409, "no_backend", "eval batches need a compute backend (pipeline.mode=train)");
+        if (eval && sf_evals_reserve(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME) != 0) {
+            snprintf(msg, sizeof msg, "eval.max_names (%d) evaluations exist; this one would be one more",
+                     r->app->cfg.eval.max_names);
+            return refuse_query(r, len, 409, "too_many_evals", msg);
         }
     }
     return sf_upload_on_data(r, 0, data, len);
@@ -46,6 +82,9 @@ static int wait_for_job(sf_req *r, uint64_t id)
         sf_job job;
         if (sf_jobs_get(r->app->jobs, id, &job))
             return reply_job(r, id, 200);
+        sf_upload *u = r->user;
+        if (job.state == SF_JOB_DONE && u && u->want_logits)
+            return sf_upload_transform_reply(r); /* the logits, as safetensors */
         if (job.state == SF_JOB_DONE || job.state == SF_JOB_FAILED)
             return sf_reply_json(r, 200, sf_job_to_json(&job));
         if (r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN)

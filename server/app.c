@@ -15,6 +15,11 @@ static const char *const L_REASON[] = {"reason", NULL};
 static const char *const L_STATE[] = {"state", NULL};
 static const char *const L_BUILD[] = {"version", "commit", "backend", NULL};
 static const char *const L_GPU[] = {"gpu", NULL};
+static const char *const L_EVAL[] = {"eval", NULL};
+static const char *const L_EVAL_K[] = {"eval", "k", NULL};
+/* Pre-clip gradient norms span decades: 1e-3 .. 1e4, about 3 buckets a decade. */
+static const double grad_norm_buckets[] = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5,
+                                           10, 20, 50, 100, 200, 500, 1000, 10000};
 
 static void collect(void *ctx)
 {
@@ -83,6 +88,25 @@ void sf_app_metrics_init(sf_app *app)
                                             "Samples that went through a training step.", NULL);
     m->steps = sf_metrics_counter("streamfeed_steps_total", "Optimizer steps taken.", NULL);
     m->loss = sf_metrics_gauge("streamfeed_loss", "Loss of the last training step.", NULL);
+    m->steps_skipped = sf_metrics_counter(
+        "streamfeed_steps_skipped_total",
+        "Optimizer steps skipped, by reason: nonfinite (a NaN/Inf loss or gradient; the weights and "
+        "optimizer state stayed as they were).",
+        L_REASON);
+    m->grad_norm = sf_metrics_histogram("streamfeed_grad_norm",
+                                        "Global L2 norm of the gradients of each optimizer step, before "
+                                        "clipping (optim.clip_grad_norm).",
+                                        NULL, grad_norm_buckets,
+                                        (int)(sizeof grad_norm_buckets / sizeof grad_norm_buckets[0]));
+    m->eval_loss = sf_metrics_gauge("streamfeed_eval_loss",
+                                    "Sample-weighted mean loss of all batches of the named evaluation.",
+                                    L_EVAL);
+    m->eval_accuracy = sf_metrics_gauge(
+        "streamfeed_eval_accuracy",
+        "Top-k accuracy (k=\"1\" or \"5\") over all batches of the named evaluation.", L_EVAL_K);
+    m->eval_samples = sf_metrics_counter("streamfeed_eval_samples_total",
+                                         "Samples scored by eval batches (no training), by evaluation name.",
+                                         L_EVAL);
     m->learning_rate = sf_metrics_gauge("streamfeed_learning_rate", "Current learning rate.", NULL);
     m->ring_slots = sf_metrics_gauge("streamfeed_ring_slots", "Ring slots by state.", L_STATE);
     m->queue_wait = sf_metrics_histogram("streamfeed_queue_wait_seconds",
@@ -138,6 +162,9 @@ void sf_app_metrics_init(sf_app *app)
     sf_metric_only(m->samples_trained);
     sf_metric_only(m->steps);
     sf_metric_only(m->compute_starved);
+    sf_metric_only(m->grad_norm);
+    const char *nonfinite[] = {"nonfinite"};
+    sf_metric_child(m->steps_skipped, nonfinite);
     const char *acc[] = {"accepted"}, *rej[] = {"rejected"}, *dn[] = {"done"}, *fl[] = {"failed"};
     sf_metric_child(m->batches_received, acc);
     sf_metric_child(m->batches_received, rej);
@@ -164,6 +191,10 @@ int sf_app_ready(sf_app *app, cJSON **reasons)
         cJSON_AddItemToArray(r, cJSON_CreateString("engine not running"));
     if (app->backend && !atomic_load(&app->backend_ok))
         cJSON_AddItemToArray(r, cJSON_CreateString("backend unhealthy (see logs)"));
+    if (atomic_load(&app->diverged))
+        cJSON_AddItemToArray(r, cJSON_CreateString("diverged: train.max_nonfinite_in_row optimizer steps in a "
+                                                   "row were skipped for a NaN/Inf loss or gradient; "
+                                                   "restore a checkpoint"));
     int n = cJSON_GetArraySize(r);
     *reasons = r;
     return n ? -1 : 0;

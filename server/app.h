@@ -23,6 +23,7 @@ struct sf_engine;
 struct sf_http;
 struct sf_telemetry;
 struct sf_ckpt;
+struct sf_evals;
 
 /* Metric families, registered once (app.c: sf_app_metrics_init). */
 typedef struct sf_app_metrics {
@@ -33,6 +34,11 @@ typedef struct sf_app_metrics {
     sf_family *compute_busy, *compute_starved, *build_info;
     sf_family *process_start, *process_cpu, *process_rss, *process_vsize, *process_fds, *process_max_fds;
     sf_family *uploads_evicted;
+    /* The training loop: skipped steps by reason, pre-clip gradient norms,
+     * and the named evaluations (labelled eval="<name>", at most
+     * eval.max_names of them). */
+    sf_family *steps_skipped, *grad_norm;
+    sf_family *eval_loss, *eval_accuracy, *eval_samples;
     /* Device telemetry (server/telemetry.c), labelled gpu="<ordinal>"; no
      * child until a valid sample, so absent without NVML. */
     sf_family *gpu_utilization, *gpu_memory_used, *gpu_memory_total, *gpu_power;
@@ -41,7 +47,9 @@ typedef struct sf_app_metrics {
 typedef struct sf_app {
     sf_config cfg;              /* as started: restart-only values come from here */
     sf_model model;
-    sf_aug_pipeline aug;
+    sf_aug_pipeline aug;        /* training batches (augment.pipeline or the preset's recipe) */
+    sf_aug_pipeline aug_eval;   /* eval batches (augment.eval_pipeline or the preset's recipe) */
+    struct sf_evals *evals;     /* named evaluations (server/evals.h) */
     sf_backend *backend;        /* NULL in sink mode */
     struct sf_ring *ring;
     struct sf_jobs *jobs;
@@ -64,6 +72,9 @@ typedef struct sf_app {
     _Atomic uint64_t restore_gen; /* bumped by every checkpoint restore that sets step (the
                                    * backend's accumulation restarts): the engine then re-bases
                                    * its learning-rate schedule position on step */
+    atomic_int nonfinite_in_row; /* consecutive optimizer steps skipped for a NaN/Inf */
+    atomic_int diverged;        /* nonfinite_in_row reached train.max_nonfinite_in_row: readyz
+                                 * false until a step trains again or a checkpoint is restored */
     char model_warning[512];    /* "" or why this model will be slow here (GET /v1/model) */
 } sf_app;
 

@@ -186,6 +186,10 @@ int sf_ckpt_apply(sf_ckpt *ck, const sf_ckpt_decoded *d, char *err, size_t errle
         }
         atomic_store(&app->step, step);
         atomic_fetch_add(&app->restore_gen, 1);
+        /* Restored weights are finite (a checkpoint with a NaN is refused):
+         * whatever diverged is gone. */
+        atomic_store(&app->nonfinite_in_row, 0);
+        atomic_store(&app->diverged, 0);
     } else if (!atomic_load(&ck->warned_no_opt)) {
         atomic_store(&ck->warned_no_opt, 1);
         SF_WARN("checkpoint: the %s backend has no optimizer-state interface yet: parameters "

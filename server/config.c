@@ -25,6 +25,7 @@ static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 static int check_host(const sf_config *c, char *err, size_t errlen);
 static int check_listeners(const sf_config *c, char *err, size_t errlen);
 static int check_schedule(const sf_config *c, char *err, size_t errlen);
+static int check_eval_augment(const sf_config *c, char *err, size_t errlen);
 
 /* Defaults reproduce W1 of docs/WORKLOADS.md. */
 #define W1_AUGMENT                                                                              \
@@ -33,6 +34,61 @@ static int check_schedule(const sf_config *c, char *err, size_t errlen);
     "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},"                                       \
     "{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]},"                        \
     "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]"
+
+/* The eval counterpart of W1_AUGMENT: its crop taken from the centre, no
+ * rotation or blur. */
+#define W1_EVAL_AUGMENT                                                                         \
+    "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"                              \
+    "{\"op\":\"center_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"      \
+    "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]"
+
+/* tiny: pixels to [0,1], then centred, for train and eval alike. */
+#define TINY_AUGMENT                                                                            \
+    "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"              \
+    "{\"op\":\"normalize\",\"mean\":[0.5],\"std\":[0.25]}]"
+
+/* resnet18: torchvision's ImageNet recipe (references/classification). The
+ * eval resize is to 256x256 (resize takes both sides), not the shorter side. */
+#define IMAGENET_NORMALIZE                                                                      \
+    "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]"
+#define RESNET_AUGMENT                                                                          \
+    "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"              \
+    "{\"op\":\"random_resized_crop\",\"size\":[224,224]},{\"op\":\"horizontal_flip\",\"p\":0.5}," \
+    IMAGENET_NORMALIZE
+#define RESNET_EVAL_AUGMENT                                                                     \
+    "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"              \
+    "{\"op\":\"resize\",\"size\":[256,256]},{\"op\":\"center_crop\",\"size\":[224,224]},"     \
+    IMAGENET_NORMALIZE
+
+/* Each preset's train and eval pipelines (augment.pipeline and
+ * augment.eval_pipeline when those are empty). */
+static const struct {
+    const char *preset, *train, *eval;
+} preset_recipes[] = {
+    {"seed-classifier", W1_AUGMENT, W1_EVAL_AUGMENT},
+    {"seed-encdec", W1_AUGMENT, W1_EVAL_AUGMENT},
+    {"resnet18", RESNET_AUGMENT, RESNET_EVAL_AUGMENT},
+    {"tiny", TINY_AUGMENT, TINY_AUGMENT},
+};
+
+static const char *recipe_of(const sf_config *c, int eval)
+{
+    if (!c->model.spec[0])
+        for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++)
+            if (strcmp(c->model.preset, preset_recipes[i].preset) == 0)
+                return eval ? preset_recipes[i].eval : preset_recipes[i].train;
+    return "[]";
+}
+
+const char *sf_config_train_pipeline(const sf_config *c)
+{
+    return c->augment.pipeline[0] ? c->augment.pipeline : recipe_of(c, 0);
+}
+
+const char *sf_config_eval_pipeline(const sf_config *c)
+{
+    return c->augment.eval_pipeline[0] ? c->augment.eval_pipeline : recipe_of(c, 1);
+}
 
 const sf_cfg_option sf_config_table[] = {
     {"http.host", SF_CT_STRING, F(http.host), "0.0.0.0", 0, 0, NULL, 0, check_host,
@@ -192,9 +248,29 @@ const sf_cfg_option sf_config_table[] = {
     {"optim.warmup_start_factor", SF_CT_DOUBLE, F(optim.warmup_start_factor), "0.333333333333333",
      1e-8, 1, NULL, SF_CF_HOT, check_schedule,
      "Factor of optim.lr at the first warmup step (LinearLR start_factor)."},
-    {"augment.pipeline", SF_CT_JSON, F(augment.pipeline), W1_AUGMENT, 0, 0, NULL, 0, check_augment,
-     "Augmentation ops as a JSON list (gpu/aug.h documents each op); [] converts uint8 to float "
-     "only."},
+    {"optim.clip_grad_norm", SF_CT_DOUBLE, F(optim.clip_grad_norm), "0", 0, 1e6, NULL, SF_CF_HOT,
+     NULL,
+     "Gradient clipping, torch.nn.utils.clip_grad_norm_ semantics: the gradients about to be "
+     "applied (after accumulation) are scaled by min(1, max_norm / (norm + 1e-6)), norm the L2 "
+     "norm over all trainable parameters. 0: off."},
+    {"loss.label_smoothing", SF_CT_DOUBLE, F(loss.label_smoothing), "0", 0, 0.999999, NULL,
+     SF_CF_HOT, NULL,
+     "Cross-entropy label smoothing, torch.nn.CrossEntropyLoss semantics: the target is (1 - s) "
+     "* the label's (or mixup/cutmix's) target + s / classes. Applies to eval batches too."},
+    {"train.max_nonfinite_in_row", SF_CT_INT, F(train.max_nonfinite_in_row), "10", 1, 1000000, NULL,
+     SF_CF_HOT, NULL,
+     "Consecutive optimizer steps skipped for a NaN/Inf loss or gradient after which readyz turns "
+     "false with the reason \"diverged\"; a checkpoint load or PUT clears it."},
+    {"eval.max_names", SF_CT_INT, F(eval.max_names), "16", 1, 256, NULL, 0, NULL,
+     "Distinct evaluation names (POST /v1/batches?mode=eval&eval=<name>) kept, with their "
+     "metrics; a batch naming one more is refused with 409 too_many_evals."},
+    {"augment.pipeline", SF_CT_JSON, F(augment.pipeline), "", 0, 0, NULL, 0, check_augment,
+     "Augmentation ops of training batches as a JSON list (gpu/aug.h documents each op); [] "
+     "converts uint8 to float only. Empty: the recipe of model.preset (docs/CONFIG.md lists them)."},
+    {"augment.eval_pipeline", SF_CT_JSON, F(augment.eval_pipeline), "", 0, 0, NULL, 0,
+     check_eval_augment,
+     "Augmentation ops of eval batches (?mode=eval): deterministic ops only (to_dtype, resize, "
+     "center_crop, normalize, color_convert). Empty: the eval recipe of model.preset."},
     {"augment.seed", SF_CT_INT64, F(augment.seed), "0", 0, 9007199254740991.0, NULL, 0, NULL,
      "Seed of the per-sample augmentation parameters."},
     {"checkpoint.dir", SF_CT_STRING, F(checkpoint.dir), "", 0, 0, NULL, 0, check_checkpoint,
@@ -262,6 +338,22 @@ const sf_cfg_option sf_config_table[] = {
 };
 const size_t sf_config_table_len = sizeof sf_config_table / sizeof sf_config_table[0];
 
+/* Mixup and cutmix mix whole-image labels: a segmentation model's labels are
+ * per pixel, so the pair is refused whichever of the two keys changes. */
+static int check_mix_for_model(const sf_config *c, const sf_model *m, char *err, size_t errlen)
+{
+    sf_aug_pipeline p;
+    if (!m->segmentation || sf_aug_parse(sf_config_train_pipeline(c), &p, err, errlen) != 0)
+        return 0; /* a bad list is check_augment's to report */
+    const int k = sf_aug_mix_op(&p);
+    if (k >= 0) {
+        snprintf(err, errlen, "aug op %d (%s): batch-level mixing needs a classifier; the model is a "
+                 "segmentation model", k, sf_aug_kind_name(p.ops[k].kind));
+        return -1;
+    }
+    return 0;
+}
+
 static int check_model(const sf_config *c, char *err, size_t errlen)
 {
     sf_model *m = malloc(sizeof *m);
@@ -273,6 +365,8 @@ static int check_model(const sf_config *c, char *err, size_t errlen)
                               : sf_model_from_preset(c->model.preset, m, err, errlen);
     if (rc == 0 && c->model.freeze[0])
         rc = sf_model_set_freeze(m, c->model.freeze, err, errlen);
+    if (rc == 0)
+        rc = check_mix_for_model(c, m, err, errlen);
     free(m);
     return rc;
 }
@@ -286,7 +380,42 @@ static int check_schedule(const sf_config *c, char *err, size_t errlen)
 static int check_augment(const sf_config *c, char *err, size_t errlen)
 {
     sf_aug_pipeline p;
-    return sf_aug_parse(c->augment.pipeline, &p, err, errlen);
+    if (sf_aug_parse(sf_config_train_pipeline(c), &p, err, errlen) != 0)
+        return -1;
+    if (sf_aug_mix_op(&p) < 0)
+        return 0;
+    sf_model *m = malloc(sizeof *m);
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    char merr[256];
+    int rc = 0;
+    if ((c->model.spec[0] ? sf_model_from_json(c->model.spec, m, merr, sizeof merr)
+                          : sf_model_from_preset(c->model.preset, m, merr, sizeof merr)) == 0)
+        rc = check_mix_for_model(c, m, err, errlen);
+    free(m); /* a model that does not build is check_model's to report */
+    return rc;
+}
+
+/* An evaluation must give the same answer every time it runs: no op that
+ * draws a random parameter. Listed by what is allowed, so that an op added
+ * later is refused until someone decides it is deterministic. */
+static int check_eval_augment(const sf_config *c, char *err, size_t errlen)
+{
+    sf_aug_pipeline p;
+    if (sf_aug_parse(sf_config_eval_pipeline(c), &p, err, errlen))
+        return -1;
+    for (int i = 0; i < p.n_ops; i++) {
+        const sf_aug_kind k = p.ops[i].kind;
+        if (k != SF_AUG_TO_DTYPE && k != SF_AUG_RESIZE && k != SF_AUG_CENTER_CROP &&
+            k != SF_AUG_NORMALIZE && k != SF_AUG_COLOR_CONVERT) {
+            snprintf(err, errlen, "op %d (%s) is random; an eval pipeline takes deterministic ops only "
+                     "(to_dtype, resize, center_crop, normalize, color_convert)", i, sf_aug_kind_name(k));
+            return -1;
+        }
+    }
+    return 0;
 }
 
 /* Job ids index a ring of results (server/jobs.c): every live batch must keep
@@ -900,8 +1029,7 @@ void sf_config_print_markdown(void)
             snprintf(range, sizeof range, "%s … %s", fmt_num(o, o->min, lo, sizeof lo),
                      fmt_num(o, o->max, hi, sizeof hi));
         }
-        const char *def = o->type == SF_CT_JSON && strlen(o->def) > 24 ? "(W1 pipeline, see --help)"
-                                                                      : o->def;
+        const char *def = o->type == SF_CT_JSON && strlen(o->def) > 24 ? "(see --help)" : o->def;
         printf("| `%s` | `%s` | %s | `", o->name, env, type_name(o->type));
         md_cell(def);
         printf("` | ");
@@ -909,6 +1037,17 @@ void sf_config_print_markdown(void)
         printf(" | %s | ", (o->flags & SF_CF_HOT) ? "yes" : "restart");
         md_cell(o->help);
         printf(" |\n");
+    }
+    printf("\n## Preset recipes\n\n"
+           "The augmentation of a preset when augment.pipeline / augment.eval_pipeline are empty "
+           "(a model.spec model: `[]` for both).\n\n"
+           "| preset | train (augment.pipeline) | eval (augment.eval_pipeline) |\n| --- | --- | --- |\n");
+    for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++) {
+        printf("| `%s` | `", preset_recipes[i].preset);
+        md_cell(preset_recipes[i].train);
+        printf("` | `");
+        md_cell(preset_recipes[i].eval);
+        printf("` |\n");
     }
 }
 

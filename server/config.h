@@ -94,9 +94,20 @@ typedef struct sf_config {
         double div_factor, final_div_factor; /* one_cycle */
         int64_t warmup_steps;     /* linear warmup in front; 0: none */
         double warmup_start_factor;
+        double clip_grad_norm;    /* 0: off; else clip_grad_norm_'s max_norm */
     } optim;
     struct {
-        char pipeline[SF_CFG_JSON]; /* JSON list of ops (gpu/aug.h) */
+        double label_smoothing;   /* CrossEntropyLoss label_smoothing, [0, 1) */
+    } loss;
+    struct {
+        int max_nonfinite_in_row; /* consecutive skipped steps that make readyz false ("diverged") */
+    } train;
+    struct {
+        int max_names;            /* distinct evaluation names (GET /v1/evals) */
+    } eval;
+    struct {
+        char pipeline[SF_CFG_JSON]; /* JSON list of ops (gpu/aug.h); "": the preset's recipe */
+        char eval_pipeline[SF_CFG_JSON]; /* deterministic ops only; "": the preset's recipe */
         int64_t seed;
     } augment;
     struct {
@@ -159,6 +170,11 @@ const sf_cfg_option *sf_config_find(const char *name);
 /* The option a mistyped name most likely meant ("port" -> http.port,
  * "ring.slot" -> ring.slots), or NULL when none is close. */
 const sf_cfg_option *sf_config_suggest(const char *name);
+
+/* The augmentation pipelines in force: augment.pipeline / eval_pipeline when
+ * set, else the recipe of model.preset (a model.spec model: [] for both). */
+const char *sf_config_train_pipeline(const sf_config *c);
+const char *sf_config_eval_pipeline(const sf_config *c);
 
 /* Fills c with every default. */
 void sf_config_defaults(sf_config *c);

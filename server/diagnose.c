@@ -372,6 +372,9 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
     b.labels = buf + lab_off;
     b.plan = &plan;
     b.samples = samples;
+    /* The measured pipeline is the configured one, batch-level mixing included. */
+    sf_aug_gen_mix(&app->aug, &plan, (uint64_t)c.augment.seed, DIAG_SEQ, res->n, &b.mix);
+    b.mix_lam = sf_aug_mix_loss_lam(&b.mix);
     b.hyper.lr = (float)c.optim.lr;
     b.hyper.momentum = (float)c.optim.momentum;
     b.hyper.weight_decay = (float)c.optim.weight_decay;

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "server/app.h"
+#include "server/evals.h"
 #include "server/http.h"
 #include "server/jobs.h"
 #include "server/jpeg_header.h"
@@ -23,11 +24,22 @@
 #define BUSY_WINDOW_NS 5000000000ull
 
 typedef struct plan_entry {
-    int h, w, c, valid;
+    int h, w, c, eval, valid;
     sf_aug_plan plan;
 } plan_entry;
 
 #define PENDING_RECS 64 /* > any backend's max_inflight */
+
+/* What the engine keeps of a batch in flight beyond its timeline: an eval
+ * batch's name and the logits buffer its request holds (released at
+ * STEP_DONE, once the backend has written it). */
+typedef struct pending_extra {
+    uint64_t id;
+    int eval;
+    char eval_name[SF_EVAL_NAME_MAX + 1];
+    void *result_owner;
+    void (*release_result)(void *owner);
+} pending_extra;
 
 struct sf_engine {
     sf_app *app;
@@ -39,6 +51,7 @@ struct sf_engine {
     void (*after_step)(sf_app *app, uint64_t step);
     /* Timelines: batches in flight by id % PENDING_RECS, and the last steps. */
     sf_step_record pending[PENDING_RECS];
+    pending_extra extra[PENDING_RECS];
     pthread_mutex_t trace_mu;
     sf_step_record trace[SF_ENGINE_TRACE_STEPS];
     uint64_t trace_count;
@@ -67,23 +80,29 @@ struct sf_engine {
     uint64_t sched_cfg_gen;
     /* Cached metric children for the hot path. */
     sf_metric *m_samples, *m_steps, *m_loss, *m_lr, *m_queue, *m_h2d,
-        *m_transform, *m_step, *m_busy, *m_starved;
+        *m_transform, *m_step, *m_busy, *m_starved, *m_skipped, *m_grad_norm;
 };
 
-static const sf_aug_plan *plan_for(sf_engine *e, int h, int w, int c, char *err, size_t errlen)
+static const sf_aug_pipeline *pipeline_of(sf_engine *e, int eval)
+{
+    return eval ? &e->app->aug_eval : &e->app->aug;
+}
+
+static const sf_aug_plan *plan_for(sf_engine *e, int h, int w, int c, int eval, char *err, size_t errlen)
 {
     for (int i = 0; i < PLAN_CACHE; i++) {
         plan_entry *p = &e->plans[i];
-        if (p->valid && p->h == h && p->w == w && p->c == c)
+        if (p->valid && p->h == h && p->w == w && p->c == c && p->eval == eval)
             return &p->plan;
     }
     plan_entry *p = &e->plans[e->next_plan];
     e->next_plan = (e->next_plan + 1) % PLAN_CACHE;
     p->valid = 0;
     /* 0 x 0 names the ragged plan of encoded batches (every sample its own size). */
-    if (h == 0 && w == 0 ? sf_aug_plan_make_ragged(&e->app->aug, c, &p->plan, err, errlen)
-                         : sf_aug_plan_make(&e->app->aug, h, w, c, &p->plan, err, errlen))
+    if (h == 0 && w == 0 ? sf_aug_plan_make_ragged(pipeline_of(e, eval), c, &p->plan, err, errlen)
+                         : sf_aug_plan_make(pipeline_of(e, eval), h, w, c, &p->plan, err, errlen))
         return NULL;
+    p->eval = eval;
     p->h = h;
     p->w = w;
     p->c = c;
@@ -106,6 +125,8 @@ static void run_sink(sf_engine *e, int slot)
     job.n = m->n;
     job.kind = m->kind;
     job.queue_s = (double)(m->t_popped_ns - m->t_ready_ns) / 1e9;
+    if (m->release_result)
+        m->release_result(m->result_owner);
     sf_ring_release(e->app->ring, slot);
     sf_jobs_done(e->app->jobs, &job);
     sf_http_wake(e->app->http, SF_WAIT_JOB, job.id);
@@ -148,9 +169,11 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
         snprintf(err, errlen, "batch of %d exceeds model.max_batch %d", m->n, e->max_batch);
         return -1;
     }
-    const sf_aug_plan *plan = plan_for(e, m->h, m->w, m->c, err, errlen);
+    const int eval = m->kind == 0 && m->eval;
+    const sf_aug_plan *plan = plan_for(e, m->h, m->w, m->c, eval, err, errlen);
     if (!plan)
         return -1;
+    const sf_aug_pipeline *pipe = pipeline_of(e, eval);
     sf_aug_sample *smp = e->samples[slot];
     /* The batch sequence number keys the augmentation RNG: the job id is
      * monotonic and unique, so a run is reproducible from the seed. */
@@ -161,9 +184,9 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
             e->src_hw[2 * i] = ji[i].h;
             e->src_hw[2 * i + 1] = ji[i].w;
         }
-        sf_aug_gen_ragged(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, e->src_hw, smp);
+        sf_aug_gen_ragged(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, e->src_hw, smp);
     } else {
-        sf_aug_gen(&app->aug, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, smp);
+        sf_aug_gen(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, smp);
     }
     const sf_config *c = sf_config_cur();
     memset(b, 0, sizeof *b);
@@ -187,15 +210,26 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     b->labels = m->label_dtype < 0 ? NULL : bytes + m->labels_off;
     b->plan = plan;
     b->samples = smp;
-    double lr = train ? sched_lr(e, c) : c->optim.lr;
+    /* The batch-level mixing, keyed like the samples; its lam is the loss's.
+     * A transform mixes too: it shows what a training step would see; an
+     * eval batch never does (its pipeline refuses mixup and cutmix). */
+    sf_aug_gen_mix(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, eval ? 0 : m->n, &b->mix);
+    /* An eval batch takes no step: it neither uses nor advances the schedule. */
+    const int step = train && !eval;
+    double lr = step ? sched_lr(e, c) : c->optim.lr;
     b->hyper.lr = (float)lr;
     b->hyper.momentum = (float)c->optim.momentum;
     b->hyper.weight_decay = (float)c->optim.weight_decay;
     b->hyper.beta1 = (float)c->optim.beta1;
     b->hyper.beta2 = (float)c->optim.beta2;
     b->hyper.eps = (float)c->optim.eps;
+    b->hyper.clip_grad_norm = (float)c->optim.clip_grad_norm;
+    b->label_smoothing = (float)c->loss.label_smoothing;
+    b->mix_lam = sf_aug_mix_loss_lam(&b->mix);
+    b->eval = eval;
+    b->logits_out = eval ? m->result : NULL;
     b->t_ready_ns = m->t_ready_ns;
-    if (train)
+    if (step)
         sf_gauge_set(e->m_lr, lr);
     return 0;
 }
@@ -262,13 +296,27 @@ static void submit(sf_engine *e, int slot)
     rec->t_recv_start = m->t_filling_ns;
     rec->t_ready = m->t_ready_ns;
     rec->t_popped = m->t_popped_ns;
+    pending_extra *x = &e->extra[id % PENDING_RECS];
+    memset(x, 0, sizeof *x);
+    x->id = id;
+    x->eval = m->eval;
+    snprintf(x->eval_name, sizeof x->eval_name, "%s", m->eval_name);
     if (fill_batch(e, slot, &b, 1, err, sizeof err) ||
         app->backend->i->submit(app->backend, &b, err, sizeof err)) {
+        if (m->release_result)
+            m->release_result(m->result_owner);
         sf_ring_release(app->ring, slot);
+        if (x->eval)
+            sf_evals_add_failed(app->evals, x->eval_name);
         finish_failed(e, id, "submit_failed", err);
         return;
     }
-    e->sched_batches++;
+    /* The logits buffer stays the request's until STEP_DONE, after the slot
+     * itself went back to the ring at SLOT_FREE. */
+    x->result_owner = m->result_owner;
+    x->release_result = m->release_result;
+    if (!m->eval)
+        e->sched_batches++;
     atomic_fetch_add(&e->inflight, 1);
 }
 
@@ -296,6 +344,73 @@ static void account_busy(sf_engine *e, const sf_event *ev)
     }
 }
 
+/* Non-finite steps and gradient norms. A skipped step is no step: the
+ * counter of steps taken stays, the skip is counted by reason, and
+ * train.max_nonfinite_in_row of them in a row make the service unready
+ * ("diverged"); a step that trains again clears that. A batch in the middle
+ * of an accumulation group takes no optimizer step (grad_norm 0, not
+ * skipped) and changes neither. */
+static void account_step(sf_engine *e, const sf_event *ev)
+{
+    sf_app *app = e->app;
+    if (ev->skipped) {
+        sf_counter_add(e->m_skipped, 1);
+        int in_row = atomic_fetch_add(&app->nonfinite_in_row, 1) + 1;
+        if (in_row >= sf_config_cur()->train.max_nonfinite_in_row && !atomic_exchange(&app->diverged, 1))
+            SF_WARN("diverged: %d optimizer steps in a row skipped for a NaN/Inf loss or gradient "
+                     "(train.max_nonfinite_in_row); readyz is false until a checkpoint is restored",
+                     in_row);
+        return;
+    }
+    sf_counter_add(e->m_steps, 1);
+    if (ev->grad_norm > 0.0f) {
+        sf_hist_observe(e->m_grad_norm, ev->grad_norm);
+        atomic_store(&app->nonfinite_in_row, 0);
+        if (atomic_exchange(&app->diverged, 0))
+            SF_INFO("a step trained again after a divergence: ready");
+    }
+}
+
+/* An eval batch's result: its reply, its evaluation's aggregates and metrics.
+ * No step was taken: the step count and the training metrics stay. */
+static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record *rec, const pending_extra *x)
+{
+    sf_app *app = e->app;
+    sf_job job = {0};
+    if (sf_jobs_get(app->jobs, ev->id, &job))
+        job.id = ev->id;
+    job.kind = SF_JOB_KIND_EVAL;
+    job.n = ev->n;
+    job.trained = 1;
+    snprintf(job.eval_name, sizeof job.eval_name, "%s", x->eval_name);
+    if (rec->id == ev->id && rec->t_popped >= rec->t_ready)
+        job.queue_s = (double)(rec->t_popped - rec->t_ready) / 1e9;
+    job.step = ev->step;
+    job.loss = ev->loss;
+    const int64_t scored = ev->n_labels > 0 ? ev->n_labels : ev->n;
+    job.accuracy = scored ? (double)ev->correct / (double)scored : 0;
+    job.top5 = scored ? (double)ev->correct5 / (double)scored : 0;
+    job.h2d_s = ev->h2d_s;
+    job.transform_s = ev->transform_s;
+    job.step_s = ev->step_s;
+    job.t_done_ns = sf_now_ns();
+    sf_eval_agg agg;
+    memset(&agg, 0, sizeof agg);
+    sf_evals_add(app->evals, x->eval_name, (uint64_t)scored, ev->loss, (uint64_t)ev->correct,
+                 (uint64_t)ev->correct5, ev->step, &agg);
+    sf_jobs_done(app->jobs, &job);
+    const char *name[] = {x->eval_name};
+    const char *k1[] = {x->eval_name, "1"}, *k5[] = {x->eval_name, "5"};
+    if (agg.samples) {
+        sf_gauge_set(sf_metric_child(app->m.eval_loss, name), agg.loss_sum / (double)agg.samples);
+        sf_gauge_set(sf_metric_child(app->m.eval_accuracy, k1), (double)agg.correct1 / (double)agg.samples);
+        sf_gauge_set(sf_metric_child(app->m.eval_accuracy, k5), (double)agg.correct5 / (double)agg.samples);
+    }
+    sf_counter_add(sf_metric_child(app->m.eval_samples, name), (double)ev->n);
+    account_busy(e, ev);
+    sf_http_wake(app->http, SF_WAIT_JOB, ev->id);
+}
+
 static void harvest(sf_engine *e, const sf_event *ev)
 {
     sf_app *app = e->app;
@@ -307,6 +422,12 @@ static void harvest(sf_engine *e, const sf_event *ev)
         return;
     }
     atomic_fetch_sub(&e->inflight, 1);
+    pending_extra *x = &e->extra[ev->id % PENDING_RECS];
+    const int eval = x->id == ev->id && x->eval;
+    if (x->id == ev->id && x->release_result) {
+        x->release_result(x->result_owner);
+        x->release_result = NULL;
+    }
     sf_step_record *rec = &e->pending[ev->id % PENDING_RECS];
     if (rec->id == ev->id) {
         rec->step = ev->step;
@@ -326,6 +447,8 @@ static void harvest(sf_engine *e, const sf_event *ev)
     }
     if (ev->status != 0) {
         SF_WARN("batch %llu failed: %s", (unsigned long long)ev->id, ev->err);
+        if (eval)
+            sf_evals_add_failed(app->evals, x->eval_name);
         finish_failed(e, ev->id, "step_failed", ev->err);
         char herr[160];
         if (app->backend->i->health(app->backend, herr, sizeof herr)) {
@@ -334,11 +457,16 @@ static void harvest(sf_engine *e, const sf_event *ev)
         }
         return;
     }
+    if (eval) {
+        harvest_eval(e, ev, rec, x);
+        return;
+    }
     sf_job job = {0};
     if (sf_jobs_get(app->jobs, ev->id, &job))
         job.id = ev->id;
     job.n = ev->n;
     job.trained = 1;
+    job.skipped = ev->skipped;
     if (rec->id == ev->id && rec->t_popped >= rec->t_ready)
         job.queue_s = (double)(rec->t_popped - rec->t_ready) / 1e9;
     job.step = ev->step;
@@ -352,7 +480,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
     job.t_done_ns = sf_now_ns();
     sf_jobs_done(app->jobs, &job);
     sf_counter_add(e->m_samples, ev->n);
-    sf_counter_add(e->m_steps, 1);
+    account_step(e, ev);
     atomic_store(&app->step, ev->step); /* the backend's count: continues after a restore */
     sf_gauge_set(e->m_loss, ev->loss);
     sf_hist_observe(e->m_h2d, ev->h2d_s);
@@ -543,6 +671,9 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
     e->m_step = sf_metric_only(mm->step);
     e->m_busy = sf_metric_only(mm->compute_busy);
     e->m_starved = sf_metric_only(mm->compute_starved);
+    const char *nonfinite[] = {"nonfinite"};
+    e->m_skipped = sf_metric_child(mm->steps_skipped, nonfinite);
+    e->m_grad_norm = sf_metric_only(mm->grad_norm);
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
         snprintf(err, errlen, "cannot start the engine thread");
         sf_engine_stop(e);

@@ -153,14 +153,28 @@ cJSON *sf_job_to_json(const sf_job *job)
 {
     cJSON *o = cJSON_CreateObject();
     int done = job->state == SF_JOB_DONE;
-    int train = job->kind == 0 && job->trained;
+    int train = (job->kind == SF_JOB_KIND_TRAIN || job->kind == SF_JOB_KIND_EVAL) && job->trained;
     cJSON_AddNumberToObject(o, "id", (double)job->id);
     cJSON_AddStringToObject(o, "state", sf_job_state_name(job->state));
-    cJSON_AddStringToObject(o, "kind", job->kind == 0 ? "train" : "transform");
+    cJSON_AddStringToObject(o, "kind", job->kind == SF_JOB_KIND_TRAIN       ? "train"
+                                       : job->kind == SF_JOB_KIND_EVAL ? "eval"
+                                                                       : "transform");
     cJSON_AddNumberToObject(o, "n", job->n);
     add_num_or_null(o, "step", done && train, (double)job->step);
     add_num_or_null(o, "loss", done && train, job->loss);
     add_num_or_null(o, "accuracy", done && train, job->accuracy);
+    if (job->kind == SF_JOB_KIND_EVAL) {
+        /* An eval batch's accuracy is its top-1; top-5 and its evaluation's name beside it. */
+        add_num_or_null(o, "top1", done && train, job->accuracy);
+        add_num_or_null(o, "top5", done && train, job->top5);
+        cJSON_AddStringToObject(o, "eval", job->eval_name);
+    }
+    if (job->kind == SF_JOB_KIND_TRAIN) {
+        if (done && job->skipped)
+            cJSON_AddStringToObject(o, "skipped", "nonfinite");
+        else
+            cJSON_AddNullToObject(o, "skipped");
+    }
     cJSON *t = cJSON_AddObjectToObject(o, "timings");
     add_num_or_null(t, "queue_s", done, job->queue_s);
     add_num_or_null(t, "h2d_s", done, job->h2d_s);

@@ -19,14 +19,19 @@
 
 typedef enum sf_job_state { SF_JOB_QUEUED = 0, SF_JOB_TRANSFORMING, SF_JOB_TRAINING, SF_JOB_DONE, SF_JOB_FAILED, SF_JOB_STATES } sf_job_state;
 
+enum { SF_JOB_KIND_TRAIN = 0, SF_JOB_KIND_TRANSFORM = 1, SF_JOB_KIND_EVAL = 2 };
+
 typedef struct sf_job {
     uint64_t id;
     sf_job_state state;
     int n;
-    int kind;              /* 0 train, 1 transform */
-    int trained;           /* a step ran (not sink mode, not transform) */
+    int kind;              /* 0 train, 1 transform, 2 eval (SF_JOB_KIND_*) */
+    int trained;           /* a step (or an eval forward) ran (not sink mode, not transform) */
     uint64_t step;         /* optimizer step count after this batch */
     double loss, accuracy;
+    double top5;           /* eval: share of samples whose label is among the 5 largest logits */
+    int skipped;           /* train: the optimizer step was skipped (a NaN/Inf loss or gradient) */
+    char eval_name[65];    /* eval: the evaluation it belongs to */
     double queue_s, h2d_s, transform_s, step_s;
     uint64_t t_accepted_ns, t_done_ns;
     char err_code[48];

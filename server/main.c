@@ -33,6 +33,7 @@
 #include "server/config.h"
 #include "server/diagnose.h"
 #include "server/engine.h"
+#include "server/evals.h"
 #include "server/http.h"
 #include "server/jobs.h"
 #include "server/log.h"
@@ -163,7 +164,9 @@ static int build_model(sf_app *app, char *err, size_t errlen)
         rc = sf_model_set_freeze(&app->model, c->model.freeze, err, errlen);
     if (rc)
         return -1;
-    if (sf_aug_parse(c->augment.pipeline, &app->aug, err, errlen))
+    if (sf_aug_parse(sf_config_train_pipeline(c), &app->aug, err, errlen))
+        return -1;
+    if (sf_aug_parse(sf_config_eval_pipeline(c), &app->aug_eval, err, errlen))
         return -1;
     if (!app->backend)
         return 0;
@@ -321,7 +324,8 @@ int main(int argc, char **argv)
                            : sf_ring_new(app.cfg.ring.slots, (size_t)app.cfg.ring.slot_bytes,
                                          cpu_alloc, cpu_free, NULL);
     app.jobs = sf_jobs_new(app.cfg.pipeline.jobs_max);
-    if (!app.ring || !app.jobs) {
+    app.evals = sf_evals_new(app.cfg.eval.max_names);
+    if (!app.ring || !app.jobs || !app.evals) {
         fprintf(stderr, "streamfeed: cannot allocate %d ring slots of %lld bytes\n",
                 app.cfg.ring.slots, (long long)app.cfg.ring.slot_bytes);
         return 1;
@@ -392,6 +396,7 @@ int main(int argc, char **argv)
     sf_diagnose_shutdown(&app);
     sf_ring_destroy(app.ring);
     sf_jobs_destroy(app.jobs);
+    sf_evals_destroy(app.evals);
     if (app.backend)
         app.backend->i->destroy(app.backend);
     free(app.plan);

@@ -22,6 +22,8 @@ typedef enum sf_slot_state { SF_SLOT_FREE = 0, SF_SLOT_FILLING, SF_SLOT_READY, S
 typedef struct sf_slot_meta {
     uint64_t job_id;
     int kind;            /* 0 train, 1 transform-only */
+    int eval;            /* kind 0: an eval batch (forward only; result = its logits or NULL) */
+    char eval_name[65];  /* eval: the evaluation's name (server/evals.h) */
     int n, h, w, c, nhwc;
     int label_dtype;     /* sf_label_dtype of gpu/backend.h; -1 when no labels */
     size_t labels_off;   /* labels at bytes + labels_off */
@@ -34,7 +36,8 @@ typedef struct sf_slot_meta {
     size_t decoded_bytes;
     size_t used;         /* bytes written */
     uint64_t t_filling_ns, t_ready_ns, t_popped_ns;
-    float *result;       /* transform-only: where the backend writes the output */
+    float *result;       /* transform-only: where the backend writes the output; eval with
+                            ?return=logits: where it writes the logits */
     void *result_owner;  /* reference held for the engine; dropped with release_result */
     void (*release_result)(void *owner);
 } sf_slot_meta;

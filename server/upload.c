@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "server/app.h"
+#include "server/evals.h"
 #include "server/jobs.h"
 #include "server/log.h"
 #include "server/jpeg_header.h"
@@ -72,6 +73,12 @@ static void xform_release(void *p)
     sf_xform_out *o = p;
     if (o && atomic_fetch_sub(&o->refs, 1) == 1)
         free(o);
+}
+
+/* The augmentation an upload's batch will get: eval batches have their own. */
+static const sf_aug_pipeline *aug_of(sf_app *app, const sf_upload *u)
+{
+    return u->eval ? &app->aug_eval : &app->aug;
 }
 
 void sf_upload_on_rejected(sf_req *r, const char *reason)
@@ -154,7 +161,7 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, int *progre
     *h = *w = 0;
     sf_aug_plan plan;
     char ragged_err[256];
-    if (!app->backend || sf_aug_plan_make_ragged(&app->aug, in->c, &plan, ragged_err, sizeof ragged_err) == 0)
+    if (!app->backend || sf_aug_plan_make_ragged(aug_of(app, u), in->c, &plan, ragged_err, sizeof ragged_err) == 0)
         return 0;
     for (int i = 1; i < in->n; i++) {
         if (ji[i].h != ji[0].h || ji[i].w != ji[0].w) {
@@ -168,7 +175,7 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, int *progre
         }
     }
     char err[256];
-    if (sf_aug_plan_make(&app->aug, ji[0].h, ji[0].w, in->c, &plan, err, sizeof err))
+    if (sf_aug_plan_make(aug_of(app, u), ji[0].h, ji[0].w, in->c, &plan, err, sizeof err))
         return reject(r, u, 422, "augment_shape_invalid", err);
     if (u->kind == 0 && (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
                          plan.out_w != app->model.in_w)) {
@@ -199,6 +206,13 @@ static sf_upload *upload_of(sf_req *r, int kind)
     if (!u)
         return NULL;
     u->kind = kind;
+    if (kind == 0) {
+        /* The query was checked by the route before the first body byte. */
+        const char *mode = sf_req_arg(r, "mode"), *name = sf_req_arg(r, "eval"), *ret = sf_req_arg(r, "return");
+        u->eval = mode && strcmp(mode, "eval") == 0;
+        u->want_logits = u->eval && ret && strcmp(ret, "logits") == 0;
+        snprintf(u->eval_name, sizeof u->eval_name, "%s", name ? name : SF_EVAL_DEFAULT_NAME);
+    }
     u->slot = -1;
     u->req = r;
     pthread_mutex_init(&u->mu, NULL);
@@ -236,7 +250,7 @@ static int header_accepted(sf_req *r, sf_upload *u)
         char err[256];
         /* A list that cannot take ragged sources (no resize or crop that fixes
          * the size) is checked at the commit, when the sizes are known. */
-        if (sf_aug_plan_make_ragged(&app->aug, in->c, &plan, err, sizeof err) == 0 && u->kind == 0 &&
+        if (sf_aug_plan_make_ragged(aug_of(app, u), in->c, &plan, err, sizeof err) == 0 && u->kind == 0 &&
             (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
                              plan.out_w != app->model.in_w)) {
             char msg[256];
@@ -252,7 +266,7 @@ static int header_accepted(sf_req *r, sf_upload *u)
         /* Check once, before waiting: the augmented shape must be the model's input. */
         sf_aug_plan plan;
         char err[256];
-        if (sf_aug_plan_make(&app->aug, in->h, in->w, in->c, &plan, err, sizeof err))
+        if (sf_aug_plan_make(aug_of(app, u), in->h, in->w, in->c, &plan, err, sizeof err))
             return reject(r, u, 422, "augment_shape_invalid", err);
         if (u->kind == 0 && (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
                              plan.out_w != app->model.in_w)) {
@@ -486,6 +500,11 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         return -1;
     sf_slot_meta *m = sf_ring_meta(app->ring, u->slot);
     m->kind = u->kind;
+    m->eval = u->eval;
+    snprintf(m->eval_name, sizeof m->eval_name, "%s", u->eval_name);
+    m->result = NULL;
+    m->result_owner = NULL;
+    m->release_result = NULL;
     m->n = in->n;
     m->h = h;
     m->w = w;
@@ -527,7 +546,33 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         m->result_owner = o;
         m->release_result = xform_release;
     }
-    u->job_id = sf_jobs_create(app->jobs, in->n, u->kind);
+    if (u->want_logits) {
+        /* The logits reply: [N, classes] (a segmentation model: [N, classes,
+         * H, W]) floats, at most model.max_batch of them, like any result. */
+        const sf_model *md = &app->model;
+        sf_st_tensor_desc t = {"logits", SF_ST_F32, 2, {in->n, md->n_classes, 0, 0}};
+        if (md->segmentation) {
+            t.ndim = 4;
+            t.shape[2] = md->out_h;
+            t.shape[3] = md->out_w;
+        }
+        const char *meta = "{\"producer\":\"streamfeed\"}";
+        size_t hl = sf_st_header_build(NULL, 0, &t, 1, meta);
+        size_t dl = (size_t)in->n * (size_t)md->n_classes *
+                    (md->segmentation ? (size_t)md->out_h * (size_t)md->out_w : 1) * 4;
+        sf_xform_out *o = hl ? malloc(sizeof *o + hl + dl + 64) : NULL;
+        if (!o)
+            return reject(r, u, 503, "out_of_memory", "cannot allocate the logits reply");
+        atomic_init(&o->refs, 2); /* the request and the engine */
+        o->header_len = hl;
+        o->data_len = dl;
+        sf_st_header_build(o->bytes, hl, &t, 1, meta);
+        u->out = o;
+        m->result = (float *)(void *)(o->bytes + hl);
+        m->result_owner = o;
+        m->release_result = xform_release;
+    }
+    u->job_id = sf_jobs_create(app->jobs, in->n, u->eval ? SF_JOB_KIND_EVAL : u->kind);
     m->job_id = u->job_id;
     m->t_ready_ns = sf_now_ns();
     u->committed = 1;

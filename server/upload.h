@@ -36,6 +36,9 @@ typedef struct sf_xform_out sf_xform_out;
 typedef struct sf_upload {
     sf_st_parser parser;
     int kind;              /* 0 train, 1 transform */
+    int eval;              /* kind 0 with ?mode=eval: an eval batch (eval augmentation, no step) */
+    int want_logits;       /* ?return=logits: out holds the logits reply */
+    char eval_name[65];    /* the evaluation (?eval=, SF_EVAL_NAME_MAX) */
     int slot;              /* -1 until acquired */
     int committed;
     uint64_t job_id;

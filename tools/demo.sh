@@ -19,7 +19,7 @@ if [ "$MODE" = gpu ]; then
   ARGS=(--pipeline.backend auto --model.preset seed-classifier --optim.lr 0.01 --optim.momentum 0.9)
   WORKLOAD=(--workload w1 --batch 32 --batches "${BATCHES:-2000}" --connections 8)
 else
-  ARGS=(--pipeline.backend ref --model.preset tiny --augment.pipeline '[{"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.5],"std":[0.25]}]' --optim.lr 0.01 --optim.momentum 0.9
+  ARGS=(--pipeline.backend ref --model.preset tiny --optim.lr 0.01 --optim.momentum 0.9
         --model.max_batch 64)
   WORKLOAD=(--workload tiny --batch 32 --batches "${BATCHES:-400}" --connections 2)
 fi

@@ -55,6 +55,7 @@
 #include <stdint.h>
 
 #include "augment.h"
+#include "aug_post.h"
 #include "check.h"
 #include "../rng.h"
 
@@ -831,7 +832,11 @@ int augment_any(const char *fn, const sf_aug_plan *plan, const sf_aug_sample *d_
 extern "C" int sf_cuda_augment(const sf_aug_plan *plan, const sf_aug_sample *d_samples, int n,
                                const uint8_t *d_src, int nhwc, float *d_dst, int out_nhwc, cudaStream_t s)
 {
-    return augment_any<float>("sf_cuda_augment", plan, d_samples, n, d_src, nhwc, d_dst, out_nhwc, s);
+    /* The second pass (color_jitter, random_erasing) when the plan has one. */
+    return augment_any<float>("sf_cuda_augment", plan, d_samples, n, d_src, nhwc, d_dst, out_nhwc, s) ||
+                   sf_cuda_aug_post(plan, d_samples, n, d_dst, 0, out_nhwc, s)
+               ? -1
+               : 0;
 }
 
 extern "C" int sf_cuda_augment_bf16(const sf_aug_plan *plan, const sf_aug_sample *d_samples, int n,
@@ -839,5 +844,8 @@ extern "C" int sf_cuda_augment_bf16(const sf_aug_plan *plan, const sf_aug_sample
                                     cudaStream_t s)
 {
     return augment_any<uint16_t>("sf_cuda_augment_bf16", plan, d_samples, n, d_src, nhwc, d_dst,
-                                 out_nhwc, s);
+                                 out_nhwc, s) ||
+                   sf_cuda_aug_post(plan, d_samples, n, d_dst, 1, out_nhwc, s)
+               ? -1
+               : 0;
 }

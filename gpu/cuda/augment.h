@@ -17,6 +17,10 @@
  * nothing is synchronised. Errors: -1 with sf_cuda_last_error() (check.h) set,
  * for invalid arguments or a failed launch; faults inside the kernel surface at
  * the caller's next synchronising call, as usual for CUDA.
+ *
+ * A plan with a second pass (sf_aug_plan.n_post > 0: color_jitter,
+ * random_erasing) launches it after the kernel (gpu/cuda/aug_post.h); one
+ * without launches nothing more.
  */
 #ifndef SF_GPU_CUDA_AUGMENT_H
 #define SF_GPU_CUDA_AUGMENT_H

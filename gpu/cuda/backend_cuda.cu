@@ -63,6 +63,7 @@ extern "C" {
 #include <cuda_runtime.h>
 
 #include "augment.h"
+#include "mix.h"
 #include "jpeg_decode.h"
 #include "nvml.h"
 #include "executor.h"
@@ -70,7 +71,8 @@ extern "C" {
 #define CUDA_NBUF 3       /* device batch buffers = max_inflight */
 #define RING_CAP (4 * CUDA_NBUF)
 #define STAGE_LABELS_OFF 256
-#define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after the SGD hyper-parameters */
+#define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping) after the SGD hyper-parameters */
+#define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
 #define ANCHOR_PERIOD_NS 2000000000ull
 #define CUBLAS_WS_BYTES ((size_t)32 << 20)
 
@@ -84,6 +86,9 @@ typedef struct cbuf {
     int32_t *d_lab;     /* labels as int32 ([n] or [n, out_h, out_w]) */
     uint8_t *d_labraw;  /* segmentation: the raw labels, copied straight from the slot */
     int do_opt;         /* this buffer's batch steps the optimizer (accumulation) */
+    int eval;           /* this buffer's batch is an evaluation batch */
+    float *h_logits;    /* pinned: the logits of a batch that asks for them (allocated at the
+                           first such batch, for max_batch) */
     int64_t opt_t;      /* AdamW: the optimizer step it makes */
     sf_xent_out *d_res;
     sf_xent_out *h_res; /* pinned */
@@ -99,6 +104,8 @@ typedef struct entry {
     int no_events;      /* failed before or after its GPU work was waited for: nothing to query */
     int slot_freed;     /* SLOT_FREE generated */
     int opt;            /* the step ran the optimizer (counts in the step counter) */
+    int eval;           /* an evaluation batch */
+    float *logits_out;  /* the engine's buffer for this batch's logits, or NULL */
     uint64_t t_submit_ns;
 } entry;
 
@@ -264,6 +271,7 @@ static void free_buffers(cuda_ctx *c)
         cbuf *B = &c->buf[b];
         if (B->h_stage) cudaFreeHost(B->h_stage);
         if (B->h_res) cudaFreeHost(B->h_res);
+        if (B->h_logits) cudaFreeHost(B->h_logits);
         if (B->d_stage) cudaFree(B->d_stage);
         if (B->d_raw) cudaFree(B->d_raw);
         if (B->d_x) cudaFree(B->d_x);
@@ -342,12 +350,27 @@ static void harvest(cuda_ctx *c, int block)
             snprintf(e->err, sizeof e->err, "cuda: %d labels outside [0,%d)", B->h_res->bad, c->m.n_classes);
         }
         ev.status = e->status;
+        ev.eval = e->eval;
         if (e->status == 0) {
+            const sf_grad_state *gs = sf_net_grad_state(c->net, e->b);
             ev.loss = B->h_res->loss;
             ev.correct = B->h_res->correct;
+            ev.correct5 = B->h_res->correct5;
             ev.n_labels = (int64_t)e->n * (int64_t)c->lps;
-            if (e->opt)
+            if (e->opt && gs && gs->skip) {
+                /* Nothing changed and the step does not count. AdamW's step
+                 * number of later batches follows (a batch already queued
+                 * behind this one keeps the number it was given). */
+                ev.skipped = 1;
+                if (c->opt_submitted > 0)
+                    c->opt_submitted--;
+            } else if (e->opt) {
+                ev.grad_norm = gs ? gs->norm : 0.f;
                 c->steps++;
+            }
+            if (e->logits_out)
+                memcpy(e->logits_out, B->h_logits,
+                       sizeof(float) * (size_t)e->n * c->m.n_classes * c->lps);
         } else {
             scopy(ev.err, sizeof ev.err, e->err);
         }
@@ -511,6 +534,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         io[b].result = c->buf[b].d_res;
         io[b].h_result = c->buf[b].h_res;
         io[b].adamw = (const sf_adamw_hyper *)(c->buf[b].d_stage + STAGE_ADAMW_OFF);
+        io[b].ctl = (const sf_step_ctl *)(c->buf[b].d_stage + STAGE_CTL_OFF);
     }
     sf_net_cfg nc;
     memset(&nc, 0, sizeof nc);
@@ -521,6 +545,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.tune = cfg->tune_configs > 0 ? cfg->tune_configs : 8;
     nc.no_fork = cfg->sw.no_fork;
     nc.no_fuse = cfg->sw.no_fuse;
+    nc.no_thin = cfg->sw.no_thin;
     nc.keep_relu = cfg->sw.keep_relu;
     nc.allow_rtc = cfg->sw.allow_rtc;
     nc.seed = cfg->seed;
@@ -670,6 +695,11 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
     } else if (sf_cuda_augment(bt->plan, d_samples, n, src, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC, ts)) {
         return -1;
     }
+    /* Batch-level mixing reads other samples' output: after the whole batch. */
+    if (bt->mix.kind != SF_MIX_NONE &&
+        sf_cuda_aug_mix(bt->plan, &bt->mix, n, B->d_x, sf_net_dtype(c->net) == SF_DT_BF16,
+                        c->layout == SF_LAYOUT_NHWC, ts))
+        return -1;
     /* The frozen encoder (DESIGN.md §1): its output is what the step reads. */
     if (sf_net_frozen_fwd(c->net, b, n, ts))
         return -1;
@@ -678,9 +708,15 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
 }
 
 /* Accumulation: whether the next batch steps the optimizer, and AdamW's t. */
-static void plan_opt(cuda_ctx *c, int b)
+static void plan_opt(cuda_ctx *c, int b, int eval)
 {
     cbuf *B = &c->buf[b];
+    B->eval = eval;
+    if (eval) { /* no optimizer, not part of an accumulation group */
+        B->do_opt = 0;
+        B->opt_t = (int64_t)c->opt_submitted + 1;
+        return;
+    }
     c->accum_count++;
     B->do_opt = c->accum_count >= c->accum_k;
     if (B->do_opt) {
@@ -719,6 +755,12 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     if (hyp.momentum != 0.f && sf_net_use_momentum(c->net))
         return 1;
     memcpy(B->h_stage, &hyp, sizeof hyp);
+    sf_step_ctl ctl;
+    memset(&ctl, 0, sizeof ctl);
+    ctl.loss.label_smoothing = bt->label_smoothing;
+    ctl.loss.mix_lam = bt->eval ? 1.f : bt->mix_lam;
+    ctl.clip_grad_norm = bt->hyper.clip_grad_norm;
+    memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
     sf_adamw_hyper ah;
     memset(&ah, 0, sizeof ah);
     ah.lr = bt->hyper.lr;
@@ -758,7 +800,7 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     return enqueue_augment(c, bt, b);
 }
 
-static int enqueue_step(cuda_ctx *c, int b, int n)
+static int enqueue_step(cuda_ctx *c, int b, int n, int want_logits)
 {
     cbuf *B = &c->buf[b];
     cudaStream_t cs = c->st_compute;
@@ -767,9 +809,10 @@ static int enqueue_step(cuda_ctx *c, int b, int n)
     SF_CUDA_CHECK(cudaStreamWaitEvent(cs, B->ready, 0));
     SF_CUDA_CHECK(cudaEventRecord(B->step0, cs));
     nvtx_push("streamfeed step", (uint64_t)b);
-    int rs = sf_net_step(c->net, b, n, c->cfg.cuda_graphs, B->do_opt);
+    int rs = B->eval ? sf_net_eval(c->net, b, n, c->cfg.cuda_graphs)
+                     : sf_net_step(c->net, b, n, c->cfg.cuda_graphs, B->do_opt);
     nvtxRangePop();
-    if (rs)
+    if (rs || (want_logits && sf_net_copy_logits(c->net, b, n, B->h_logits)))
         return -1;
     SF_CUDA_CHECK(cudaEventRecord(B->done, cs));
     return 0;
@@ -818,8 +861,20 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
 
     const int saved_count = c->accum_count;
     const uint64_t saved_sub = c->opt_submitted;
-    plan_opt(c, b);
+    plan_opt(c, b, bt->eval);
     e->opt = c->buf[b].do_opt;
+    e->eval = bt->eval;
+    e->logits_out = bt->logits_out;
+    if (bt->logits_out && !c->buf[b].h_logits &&
+        cudaHostAlloc((void **)&c->buf[b].h_logits,
+                      sizeof(float) * (size_t)c->cfg.max_batch * c->m.n_classes * c->lps, 0) != cudaSuccess) {
+        cudaGetLastError();
+        c->buf[b].h_logits = NULL;
+        c->accum_count = saved_count;
+        c->opt_submitted = saved_sub;
+        sf_errf(err, errlen, "cuda: no pinned memory for the logits of %d samples", c->cfg.max_batch);
+        return -1;
+    }
     int rt = enqueue_transform(c, bt, b);
     if (rt == 1) {
         c->accum_count = saved_count;
@@ -828,7 +883,7 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
         cudaGetLastError();
         return -1;
     }
-    int rs = rt == 0 ? enqueue_step(c, b, bt->n) : -1;
+    int rs = rt == 0 ? enqueue_step(c, b, bt->n, bt->logits_out != NULL) : -1;
     c->next_buf = (b + 1) % c->nbuf;
     c->q_count++;
     if (rs != 0) {
@@ -930,6 +985,8 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
     if (!rc)
         rc = sf_cuda_augment(p, c->t_samples, b->n, b->jpeg ? sf_cuda_jpeg_output(c->jpeg) : c->t_raw, b->nhwc,
                              c->t_out, 0, s);
+    if (!rc)
+        rc = sf_cuda_aug_mix(p, &b->mix, b->n, c->t_out, 0, 0, s);
     if (!rc)
         rc = cudaMemcpyAsync(out, c->t_out, dst * sizeof(float), cudaMemcpyDeviceToHost, s) != cudaSuccess;
     cudaError_t se = cudaStreamSynchronize(s);
@@ -1099,7 +1156,7 @@ static int bench_run(cuda_ctx *c, const sf_batch *bt, sf_bench_mode mode, int wa
             /* max_inflight: buffer b's previous step completes first (then its
              * staging area and inputs are free, as after a harvest). */
             SF_CUDA_CHECK(cudaEventSynchronize(B->done));
-            plan_opt(c, b);
+            plan_opt(c, b, bt->eval);
             if (mode == SF_BENCH_H2D_AUG_STEP) {
                 if (enqueue_transform(c, bt, b))
                     return -1;
@@ -1109,7 +1166,7 @@ static int bench_run(cuda_ctx *c, const sf_batch *bt, sf_bench_mode mode, int wa
                 if (enqueue_augment(c, bt, b))
                     return -1;
             }
-            if (enqueue_step(c, b, n))
+            if (enqueue_step(c, b, n, 0))
                 return -1;
         }
         SF_CUDA_CHECK(cudaStreamSynchronize(ts));

@@ -43,6 +43,7 @@
  * The whole step of one (buffer, batch size, optimizer on/off) is captured
  * once as a CUDA graph and replayed.
  */
+#include "conv_thin.h"
 #include "executor.h"
 
 extern "C" {
@@ -79,6 +80,8 @@ struct sf_cuda_net {
 
     cudaStream_t side;  /* backward-filter beside backward-data */
     cudaEvent_t ev_fork[SF_MAX_LAYERS], ev_join[SF_MAX_LAYERS];
+    cudaStream_t nst;   /* the gradient check's per-layer sums, beside the rest of the backward */
+    cudaEvent_t ev_norm[SF_MAX_LAYERS], ev_ndone;
 
     int graphs_broken;
     char graph_err[256];
@@ -159,6 +162,7 @@ typedef struct gop {
     void *gtmp;          /* the input gradient before it is added to its owner's (this layer
                             is not its input's first consumer), or a batchnorm's unwanted
                             dx: only live during this layer's backward */
+    int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
     /* conv: variant packs per batch buffer (a layer reading the model input or
@@ -171,7 +175,7 @@ typedef struct gshape {
     int n;
     sf_conv_plan cp[SF_MAX_LAYERS][3];
     sf_convt_plans tp[SF_MAX_LAYERS];
-    cudaGraphExec_t exec[SF_NET_MAX_BUF][2];
+    cudaGraphExec_t exec[SF_NET_MAX_BUF][3]; /* [b][k]: k = do_opt (training), 2 (evaluation) */
 } gshape;
 
 struct gen_net {
@@ -205,6 +209,15 @@ struct gen_net {
     int n_plan;
     int has_bn_train;
     uint64_t nbt, nbt_saved;
+    /* the gradient check (sf_grad_state): each trainable layer with
+     * parameters has a slot of SF_SUMSQ_BLOCKS partial sums of squares,
+     * computed on the norm stream as soon as its backward is done */
+    int slot[SF_MAX_LAYERS];         /* -1: no parameters to check */
+    int n_slots;
+    float *sq_part;                  /* [max(n_slots, 1) * SF_SUMSQ_BLOCKS] */
+    sf_grad_state *d_gs;             /* [nbuf] this buffer's last check */
+    sf_grad_state *h_gs;             /* [nbuf] pinned copies, written at the end of each step */
+    float *lgt;                      /* NHWC segmentation: logits transposed to NCHW for the host */
     gshape *shapes[SF_NET_MAX_SHAPES];
     int n_shapes;
 };
@@ -390,7 +403,8 @@ static int g_try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, co
     return 0;
 }
 
-static int g_dirs(const gop *o) { return o->frozen ? 1 : (o->want[0] ? 7 : 5); }
+/* The cuDNN plans layer i needs, as a bit mask of sf_conv_dir (none for a thin conv). */
+static int g_dirs(const gop *o) { return o->thin ? 0 : o->frozen ? 1 : (o->want[0] ? 7 : 5); }
 
 static void gshape_destroy(gshape *S)
 {
@@ -519,7 +533,7 @@ __global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
     out->loss = in->loss;
     out->bad = in->bad;
     out->correct = in->correct > 0x7fffffffLL ? 0x7fffffff : (int)in->correct;
-    out->pad_ = 0;
+    out->correct5 = in->correct5 > 0x7fffffffLL ? 0x7fffffff : (int)in->correct5;
 }
 
 __global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, size_t len, float inv_k)
@@ -866,9 +880,13 @@ static int g_create(sf_cuda_net *net)
                 g->op[i + 1].fused = 1;
             }
         }
-        for (int i = 0; i < g->nl; i++)
-            g->op[i].fusable = !net->cfg.no_fuse && m->layers[i].kind == SF_L_CONV2D &&
-                               (m->layers[i].n_b || g->op[i].relu);
+        for (int i = 0; i < g->nl; i++) {
+            const sf_layer *L = &m->layers[i];
+            g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
+                            sf_conv_thin_ok(L->in_c, L->out_c, L->k, L->stride, L->pad);
+            g->op[i].fusable = !net->cfg.no_fuse && L->kind == SF_L_CONV2D && !g->op[i].thin &&
+                               (L->n_b || g->op[i].relu);
+        }
     }
     /* backward schedule */
     {
@@ -954,10 +972,13 @@ static int g_create(sf_cuda_net *net)
         if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
             return -1;
     }
-    /* compute-stream scratch: bn, xent2d, bias grad (never used at once) */
+    /* compute-stream scratch: bn, xent2d, bias grad, thin conv partials (never
+     * used at once) */
     size_t sc = sizeof(float) * sf_cuda_bias_grad_scratch(max_c);
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
+        if (g->op[i].thin && sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c) > sc)
+            sc = sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c);
         if (L->kind == SF_L_BATCHNORM2D) {
             size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, g->lay);
             if (b > sc)
@@ -971,6 +992,21 @@ static int g_create(sf_cuda_net *net)
     }
     g->scratch_bytes = sc;
     if (dmalloc(net, &g->scratch, sc) || dmalloc(net, (void **)&g->x2d, sizeof(sf_xent2d_out)))
+        return -1;
+    /* the gradient check: a slot per trainable layer with parameters */
+    g->n_slots = 0;
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        g->slot[i] = i >= g->nf && L->n_w + L->n_b > 0 ? g->n_slots++ : -1;
+    }
+    if (dmallocf(net, &g->sq_part, (size_t)(g->n_slots > 0 ? g->n_slots : 1) * SF_SUMSQ_BLOCKS) ||
+        dmalloc(net, (void **)&g->d_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf))
+        return -1;
+    SF_CUDA_CHECK(cudaMemsetAsync(g->d_gs, 0, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf, net->s));
+    SF_CUDA_CHECK(cudaHostAlloc((void **)&g->h_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf, 0));
+    memset(g->h_gs, 0, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf);
+    if (m->segmentation && g->lay == SF_LAYOUT_NHWC &&
+        dmallocf(net, &g->lgt, nb * (size_t)m->n_classes * m->out_h * m->out_w))
         return -1;
     return 0;
 }
@@ -1019,7 +1055,7 @@ static int g_vpacks(sf_cuda_net *net)
 /* Forward of layers [from, to) of buffer b for n samples on stream s with
  * handle h (workspace ws), a profile mark after each layer when pf is set. */
 static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b, cudaStream_t s,
-                     cudnnHandle_t h, void *ws, prof *pf)
+                     cudnnHandle_t h, void *ws, prof *pf, int eval)
 {
     gen_net *g = net->g;
     const sf_model *m = &net->m;
@@ -1034,6 +1070,12 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
         size_t outer, inner;
         switch (L->kind) {
         case SF_L_CONV2D:
+            if (o->thin) {
+                if (sf_conv_thin_fwd(dt, g->lay, x, g_wd(net, i), L->n_b ? P + L->b_off : NULL, o->y, n, L->in_c,
+                                     (size_t)L->in_h * L->in_w, L->out_c, o->relu, s))
+                    return -1;
+                break;
+            }
             if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
                 if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
                     return -1;
@@ -1067,7 +1109,7 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         case SF_L_BATCHNORM2D:
-            if (o->frozen) {
+            if (o->frozen || eval) {
                 if (sf_cuda_bn_fwd_eval_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
                                            SF_BN_EPS, g->bufs + L->rm_off, g->bufs + L->rv_off, o->y, o->relu, s))
                     return -1;
@@ -1148,6 +1190,150 @@ static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int want_dx)
     return 0;
 }
 
+/* The gradient check's sums for layer i, whose gradients the compute stream
+ * has just completed (its backward-filter joined): on the norm stream, so
+ * they overlap the rest of the backward (W1's largest layer holds 75 % of
+ * its parameters and finishes first). bf16 conv weights are read where the
+ * backward wrote them (bf16), everything else in fp32. */
+static int g_norm_layer(sf_cuda_net *net, int i)
+{
+    gen_net *g = net->g;
+    const int k = g->slot[i];
+    if (k < 0)
+        return 0;
+    const sf_layer *L = &net->m.layers[i];
+    const int in_gd = g->wcopy && (L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D);
+    SF_CUDA_CHECK(cudaEventRecord(net->ev_norm[i], net->s));
+    SF_CUDA_CHECK(cudaStreamWaitEvent(net->nst, net->ev_norm[i], 0));
+    return sf_cuda_sumsq(in_gd ? g_gd(net, i) : (const void *)(net->grads + L->w_off), in_gd ? g->dt : SF_DT_F32,
+                         L->n_w, net->grads + L->b_off, L->n_b, g->sq_part + (size_t)k * SF_SUMSQ_BLOCKS, net->nst);
+}
+
+/* The end of a training step: the gradient check (norm, clipping
+ * coefficient, non-finite skip: sf_grad_state), accumulation, the optimizer
+ * (do_opt) and the results' copies to the host. Without accumulation the
+ * per-layer sums were made during the backward (g_norm_layer); with it, the
+ * check is of the accumulated gradient, at the step that applies it. convert:
+ * the bf16 conv weight gradients still need their fp32 copy. */
+static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    cudaStream_t s = net->s;
+    const sf_dtype dt = g->dt;
+    const size_t es = g->es;
+    const size_t off = m->train_off, len = m->n_params - m->train_off;
+    const sf_step_ctl *ctl = net->io[b].ctl;
+    const float *max_norm = ctl ? &ctl->clip_grad_norm : NULL;
+    const float *loss = &net->io[b].result->loss;
+    sf_grad_state *gs = g->d_gs + b;
+    if (!g->gacc) {
+        SF_CUDA_CHECK(cudaEventRecord(net->ev_ndone, net->nst));
+        SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_ndone, 0));
+        if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, gs, s))
+            return -1;
+    }
+    if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc) {
+        /* bf16 SGD: gradients from both copies, update, bf16 weights, one pass */
+        if (sf_cuda_sgd_mixed(net->params + off, net->grads + off, E(g->gd, off, es), dt, &g->segs_gd,
+                              net->mom ? net->mom + off : NULL, E(g->wd, off, es), len, net->io[b].hyper, gs, s))
+            return -1;
+        g_mark(pf, s, "optimizer", "", -1);
+    } else {
+        /* bf16: the conv weight gradients into the fp32 gradients (the linear
+         * layers wrote theirs there in fp32) */
+        if (convert && g->wcopy &&
+            sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_gd, s))
+            return -1;
+        const float *grad = net->grads + off;
+        if (g->gacc) {
+            const float inv_k = 1.0f / (float)net->cfg.accum;
+            k_accum<<<(unsigned)((len + 255) / 256 ? (len + 255) / 256 : 1), 256, 0, s>>>(
+                g->gacc + off, net->grads + off, len, inv_k);
+            SF_CUDA_CHECK(cudaGetLastError());
+            grad = g->gacc + off;
+            if (do_opt) {
+                if (sf_cuda_sumsq(grad, SF_DT_F32, len, NULL, 0, g->sq_part, s) ||
+                    sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, gs, s))
+                    return -1;
+            } else {
+                SF_CUDA_CHECK(cudaMemsetAsync(gs, 0, sizeof *gs, s));
+            }
+        }
+        if (do_opt) {
+            if (net->cfg.adamw) {
+                if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, NULL, len, net->io[b].adamw,
+                                  NULL, gs, s))
+                    return -1;
+            } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &k_no_segs,
+                                   gs, s)) {
+                return -1;
+            }
+            if (g->gacc)
+                SF_CUDA_CHECK(cudaMemsetAsync(g->gacc + off, 0, sizeof(float) * len, s));
+            /* a skipped step left the weights as they were: their copy too */
+            if (g_refresh_wd(net, 0, s))
+                return -1;
+            g_mark(pf, s, "optimizer", "", -1);
+        }
+    }
+    SF_CUDA_CHECK(cudaMemcpyAsync(g->h_gs + b, gs, sizeof *gs, cudaMemcpyDeviceToHost, s));
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
+                                  cudaMemcpyDeviceToHost, s));
+    return 0;
+}
+
+/* The loss of buffer b's n samples from the last layer's output: fp32
+ * logits (bf16 nets: cast into lg), the cross-entropy into io[b].result, and
+ * when dlog_out is set the logits' gradient into the last layer's dy (bf16:
+ * through dlg). */
+static int g_loss(sf_cuda_net *net, int b, int n, int want_grad)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    cudaStream_t s = net->s;
+    const sf_dtype dt = g->dt;
+    const int last = g->nl - 1;
+    const size_t nlog = (size_t)n * m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
+    const float *logits = (const float *)g_act(net, last, b, 0);
+    float *dlog = want_grad ? (float *)g->op[last].dy : NULL;
+    if (dt != SF_DT_F32) {
+        if (sf_cuda_cast(logits, dt, g->lg, SF_DT_F32, nlog, s))
+            return -1;
+        logits = g->lg;
+        dlog = want_grad ? g->dlg : NULL;
+    }
+    const sf_loss_ctl *lc = net->io[b].ctl ? &net->io[b].ctl->loss : NULL;
+    if (m->segmentation) {
+        if (sf_cuda_xent2d(logits, net->io[b].labels, n, m->n_classes, m->out_h, m->out_w, g->lay, dlog, g->x2d,
+                           g->scratch, lc, s))
+            return -1;
+        k_x2d_out<<<1, 1, 0, s>>>(g->x2d, net->io[b].result);
+        SF_CUDA_CHECK(cudaGetLastError());
+    } else if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, dlog, net->io[b].result, lc, s)) {
+        return -1;
+    }
+    if (want_grad && dt != SF_DT_F32 && sf_cuda_cast(g->dlg, SF_DT_F32, g->op[last].dy, dt, nlog, s))
+        return -1;
+    return 0;
+}
+
+/* An evaluation step of buffer b: the forward in eval mode (batchnorm on its
+ * running statistics, which stay as they are), the loss and hits; nothing
+ * else is written but activations, the result and its host copy. */
+static int g_eval(sf_cuda_net *net, gshape *S, int b, int n)
+{
+    if (g_forward(net, S, net->g->nf, net->g->nl, n, b, net->s, net->dnn, net->ws, NULL, 1) ||
+        g_loss(net, b, n, 0))
+        return -1;
+    SF_CUDA_CHECK(cudaMemsetAsync(net->g->d_gs + b, 0, sizeof(sf_grad_state), net->s));
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->g->h_gs + b, net->g->d_gs + b, sizeof(sf_grad_state),
+                                  cudaMemcpyDeviceToHost, net->s));
+    SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
+                                  cudaMemcpyDeviceToHost, net->s));
+    return 0;
+}
+
 static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *pf)
 {
     gen_net *g = net->g;
@@ -1157,29 +1343,11 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
     const int tf32 = net->cfg.tf32;
     const sf_dtype dt = g->dt;
     const size_t es = g->es;
-    if (g_forward(net, S, g->nf, g->nl, n, b, s, net->dnn, net->ws, pf))
+    if (g_forward(net, S, g->nf, g->nl, n, b, s, net->dnn, net->ws, pf, 0))
         return -1;
     /* loss, in fp32 */
     const int last = g->nl - 1;
-    const size_t nlog = (size_t)n * m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
-    const float *logits = (const float *)g_act(net, last, b, 0);
-    float *dlog = (float *)g->op[last].dy;
-    if (dt != SF_DT_F32) {
-        if (sf_cuda_cast(logits, dt, g->lg, SF_DT_F32, nlog, s))
-            return -1;
-        logits = g->lg;
-        dlog = g->dlg;
-    }
-    if (m->segmentation) {
-        if (sf_cuda_xent2d(logits, net->io[b].labels, n, m->n_classes, m->out_h, m->out_w, g->lay, dlog, g->x2d,
-                           g->scratch, s))
-            return -1;
-        k_x2d_out<<<1, 1, 0, s>>>(g->x2d, net->io[b].result);
-        SF_CUDA_CHECK(cudaGetLastError());
-    } else if (sf_cuda_xent(logits, net->io[b].labels, n, m->n_classes, dlog, net->io[b].result, s)) {
-        return -1;
-    }
-    if (dt != SF_DT_F32 && sf_cuda_cast(g->dlg, SF_DT_F32, g->op[last].dy, dt, nlog, s))
+    if (g_loss(net, b, n, 1))
         return -1;
     g_mark(pf, s, "loss", "", -1);
     /* backward */
@@ -1195,6 +1363,13 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         size_t outer, inner;
         switch (L->kind) {
         case SF_L_CONV2D:
+            if (o->thin) {
+                if (sf_conv_thin_bwd(dt, g->lay, g_in(net, i, 0, b), g_wd(net, i), ymask, o->dy, dx, g_gd(net, i),
+                                     L->n_b ? net->grads + L->b_off : NULL, n, L->in_c, (size_t)L->in_h * L->in_w,
+                                     L->out_c, (float *)g->scratch, s))
+                    return -1;
+                break;
+            }
             g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
             if ((L->n_b || o->relu) &&
                 sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
@@ -1272,45 +1447,18 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         if (dx && add0 && g_add_back(net, i, 0, in_len, s))
             return -1;
         g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
-    }
-    /* optimizer over the trainable slice */
-    const size_t off = m->train_off, len = m->n_params - m->train_off;
-    /* bf16: the conv weight gradients into the fp32 gradients (the linear
-     * layers wrote theirs there in fp32) */
-    if (g->wcopy && sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_gd, s))
-        return -1;
-    const float *grad = net->grads + off;
-    if (g->gacc) {
-        const float inv_k = 1.0f / (float)net->cfg.accum;
-        k_accum<<<(unsigned)((len + 255) / 256 ? (len + 255) / 256 : 1), 256, 0, s>>>(g->gacc + off, net->grads + off,
-                                                                                    len, inv_k);
-        SF_CUDA_CHECK(cudaGetLastError());
-        grad = g->gacc + off;
-    }
-    if (do_opt) {
-        if (net->cfg.adamw) {
-            if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, NULL, len, net->io[b].adamw, NULL,
-                              s))
-                return -1;
-        } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &k_no_segs, s)) {
+        if (!g->gacc && g_norm_layer(net, i))
             return -1;
-        }
-        if (g->gacc)
-            SF_CUDA_CHECK(cudaMemsetAsync(g->gacc + off, 0, sizeof(float) * len, s));
-        if (g_refresh_wd(net, 0, s))
-            return -1;
-        g_mark(pf, s, "optimizer", "", -1);
     }
-    SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
-                                  cudaMemcpyDeviceToHost, s));
-    return 0;
+    return g_opt_tail(net, b, do_opt, 1, pf);
 }
 
-static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
+/* k: do_opt (0, 1) for a training step, 2 for an evaluation step. */
+static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int k)
 {
     cudaGraph_t gr = NULL;
     SF_CUDA_CHECK(cudaStreamBeginCapture(net->s, cudaStreamCaptureModeThreadLocal));
-    int rc = g_step(net, S, b, n, do_opt, NULL);
+    int rc = k == 2 ? g_eval(net, S, b, n) : g_step(net, S, b, n, k, NULL);
     char msg[SF_CUDA_ERR_LEN];
     scopy(msg, sizeof msg, sf_cuda_last_error());
     cudaError_t e = cudaStreamEndCapture(net->s, &gr);
@@ -1322,10 +1470,10 @@ static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int do_opt)
                           rc ? msg : cudaGetErrorString(e));
         return -1;
     }
-    e = cudaGraphInstantiate(&S->exec[b][do_opt], gr, 0);
+    e = cudaGraphInstantiate(&S->exec[b][k], gr, 0);
     cudaGraphDestroy(gr);
     if (e != cudaSuccess) {
-        S->exec[b][do_opt] = NULL;
+        S->exec[b][k] = NULL;
         sf_cuda_set_error("%s:%d: cudaGraphInstantiate: %s", __FILE__, __LINE__, cudaGetErrorString(e));
         return -1;
     }
@@ -1441,6 +1589,8 @@ static void g_destroy(sf_cuda_net *net)
         return;
     cudaDeviceSynchronize();
     free(g->plan);
+    if (g->h_gs)
+        cudaFreeHost(g->h_gs);
     for (int i = 0; i < g->n_shapes; i++)
         gshape_destroy(g->shapes[i]);
     for (int i = 0; i < SF_MAX_LAYERS; i++)
@@ -1485,7 +1635,8 @@ static int g_prepare(sf_cuda_net *net, int n)
     return 0;
 }
 
-static int g_step_public(sf_cuda_net *net, int b, int n, int graph, int do_opt)
+/* k: do_opt (0, 1) for a training step, 2 for an evaluation step. */
+static int g_step_public(sf_cuda_net *net, int b, int n, int graph, int k)
 {
     gen_net *g = net->g;
     gshape *S = g_find(net, n);
@@ -1493,20 +1644,19 @@ static int g_step_public(sf_cuda_net *net, int b, int n, int graph, int do_opt)
         sf_cuda_set_error("%s:%d: sf_net_step: batch size %d not prepared or buffer %d", __FILE__, __LINE__, n, b);
         return -1;
     }
-    do_opt = do_opt ? 1 : 0;
-    if (g->has_bn_train)
+    if (g->has_bn_train && k != 2)
         g->nbt++;
     if (graph && !net->graphs_broken) {
-        if (!S->exec[b][do_opt] && g_capture(net, S, b, n, do_opt)) {
+        if (!S->exec[b][k] && g_capture(net, S, b, n, k)) {
             net->graphs_broken = 1;
             scopy(net->graph_err, sizeof net->graph_err, sf_cuda_last_error());
         }
-        if (S->exec[b][do_opt]) {
-            SF_CUDA_CHECK(cudaGraphLaunch(S->exec[b][do_opt], net->s));
+        if (S->exec[b][k]) {
+            SF_CUDA_CHECK(cudaGraphLaunch(S->exec[b][k], net->s));
             return 0;
         }
     }
-    return g_step(net, S, b, n, do_opt, NULL);
+    return k == 2 ? g_eval(net, S, b, n) : g_step(net, S, b, n, k, NULL);
 }
 
 static int g_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t ts)
@@ -1523,7 +1673,7 @@ static int g_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t ts)
     /* The net's handle, moved to the transform stream for the frozen layers
      * (one thread enqueues both streams; the compute stream gets it back). */
     SF_CUDNN_CHECK(cudnnSetStream(net->dnn, ts));
-    int rc = g_forward(net, S, 0, g->nf, n, b, ts, net->dnn, g->fws, NULL);
+    int rc = g_forward(net, S, 0, g->nf, n, b, ts, net->dnn, g->fws, NULL, 0);
     SF_CUDNN_CHECK(cudnnSetStream(net->dnn, net->s));
     if (rc)
         return -1;
@@ -1563,9 +1713,20 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
         sf_net_destroy(net);
         return -1;
     }
+    /* The gradient check's sums run at the lowest priority (the backend's
+     * compute stream has the highest), so the backward's kernels go first. */
+    int lo = 0, hi = 0;
+    cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    if (cudaStreamCreateWithPriority(&net->nst, cudaStreamNonBlocking, lo) != cudaSuccess ||
+        cudaEventCreateWithFlags(&net->ev_ndone, cudaEventDisableTiming) != cudaSuccess) {
+        sf_cuda_set_error("%s:%d: norm stream: %s", __FILE__, __LINE__, cudaGetErrorString(cudaGetLastError()));
+        sf_net_destroy(net);
+        return -1;
+    }
     for (int i = 0; i < m->n_layers; i++)
         if (cudaEventCreateWithFlags(&net->ev_fork[i], cudaEventDisableTiming) != cudaSuccess ||
-            cudaEventCreateWithFlags(&net->ev_join[i], cudaEventDisableTiming) != cudaSuccess) {
+            cudaEventCreateWithFlags(&net->ev_join[i], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&net->ev_norm[i], cudaEventDisableTiming) != cudaSuccess) {
             sf_cuda_set_error("%s:%d: events: %s", __FILE__, __LINE__, cudaGetErrorString(cudaGetLastError()));
             sf_net_destroy(net);
             return -1;
@@ -1589,11 +1750,19 @@ extern "C" void sf_net_destroy(sf_cuda_net *net)
         cudaStreamSynchronize(net->side);
         cudaStreamDestroy(net->side);
     }
+    if (net->nst) {
+        cudaStreamSynchronize(net->nst);
+        cudaStreamDestroy(net->nst);
+    }
+    if (net->ev_ndone)
+        cudaEventDestroy(net->ev_ndone);
     for (int i = 0; i < SF_MAX_LAYERS; i++) {
         if (net->ev_fork[i])
             cudaEventDestroy(net->ev_fork[i]);
         if (net->ev_join[i])
             cudaEventDestroy(net->ev_join[i]);
+        if (net->ev_norm[i])
+            cudaEventDestroy(net->ev_norm[i]);
     }
     for (int i = 0; i < net->n_allocs; i++)
         cudaFree(net->allocs[i]);
@@ -1613,9 +1782,37 @@ extern "C" int sf_net_prepare(sf_cuda_net *net, int n)
     return g_prepare(net, n);
 }
 
+extern "C" int sf_net_eval(sf_cuda_net *net, int b, int n, int graph) { return g_step_public(net, b, n, graph, 2); }
+
+extern "C" const sf_grad_state *sf_net_grad_state(const sf_cuda_net *net, int b)
+{
+    return b >= 0 && b < net->cfg.nbuf ? net->g->h_gs + b : NULL;
+}
+
+extern "C" int sf_net_copy_logits(sf_cuda_net *net, int b, int n, float *host)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    const size_t hw = m->segmentation ? (size_t)m->out_h * m->out_w : 1;
+    const size_t nlog = (size_t)n * m->n_classes * hw;
+    if (b < 0 || b >= net->cfg.nbuf || n < 1 || n > net->cfg.max_batch) {
+        sf_cuda_set_error("%s:%d: sf_net_copy_logits: buffer %d, batch size %d", __FILE__, __LINE__, b, n);
+        return -1;
+    }
+    /* the last step's fp32 logits (bf16 nets: their cast), in the net's layout */
+    const float *src = g->dt != SF_DT_F32 ? g->lg : (const float *)g_act(net, g->nl - 1, b, 0);
+    if (g->lgt) { /* NHWC segmentation: [n, hw, k] -> sf_model's [n, k, hw] */
+        if (sf_cuda_transpose(src, g->lgt, n, (int)hw, m->n_classes, net->s))
+            return -1;
+        src = g->lgt;
+    }
+    SF_CUDA_CHECK(cudaMemcpyAsync(host, src, sizeof(float) * nlog, cudaMemcpyDeviceToHost, net->s));
+    return 0;
+}
+
 extern "C" int sf_net_step(sf_cuda_net *net, int b, int n, int graph, int do_opt)
 {
-    return g_step_public(net, b, n, graph, do_opt);
+    return g_step_public(net, b, n, graph, do_opt ? 1 : 0);
 }
 
 extern "C" const char *sf_net_graph_error(const sf_cuda_net *net) { return net->graph_err; }
@@ -1790,6 +1987,16 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         const sf_layer *L = &net->m.layers[i];
         if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
             continue;
+        if (g->op[i].thin) {
+            int w = snprintf(buf + at, len - at,
+                             "layer %d %s %d->%d k%d s%d %dx%d fwd+dgrad+wgrad: thin 1x1 kernels%s\n", i,
+                             sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             g->op[i].relu ? " (bias and ReLU inside)" : "");
+            if (w < 0)
+                break;
+            at += (size_t)w;
+            continue;
+        }
         for (int d = 0; d < 3 && at < len; d++) {
             const sf_conv_plan *p = L->kind == SF_L_CONV2D ? &S->cp[i][d] : &S->tp[i].plan[d];
             if (!p->plan)

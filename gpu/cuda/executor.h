@@ -48,6 +48,14 @@ extern "C" {
 #define SF_NET_MAX_BUF 4     /* batch buffers a net can be bound to */
 #define SF_NET_MAX_SHAPES 16 /* distinct batch sizes with built plans */
 
+/* The per-batch settings of a step beyond the optimizer's hyper-parameters,
+ * in device memory (a captured graph reads the values of each replay). */
+typedef struct sf_step_ctl {
+    sf_loss_ctl loss;     /* label smoothing, mixing weight */
+    float clip_grad_norm; /* 0: no clipping (torch.nn.utils.clip_grad_norm_'s max_norm) */
+    float pad_;
+} sf_step_ctl;
+
 /* One batch buffer's device inputs and outputs. */
 typedef struct sf_net_io {
     void *x;                   /* [max_batch, in_c*in_h*in_w] augmented input, net layout and
@@ -58,6 +66,7 @@ typedef struct sf_net_io {
     sf_xent_out *h_result;     /* pinned host: the step ends by copying result here */
     const sf_adamw_hyper *adamw; /* AdamW hyper-parameters of this batch (step t filled by
                                     the caller); NULL with SGD */
+    const sf_step_ctl *ctl;    /* loss settings and clipping of this batch; NULL: none */
 } sf_net_io;
 
 /* The plan options: what the net is built for, and how. The fields after
@@ -83,6 +92,7 @@ typedef struct sf_net_cfg {
     int keep_relu;       /* 1: ReLUs stay separate kernels instead of being fused into
                             their producers */
     int allow_rtc;       /* 1: consider cuDNN engines that compile at run time (sf_conv_desc) */
+    int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;
@@ -116,6 +126,20 @@ int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s);
  * (sf_net_graph_error says why). */
 int sf_net_step(sf_cuda_net *net, int b, int n, int graph, int do_opt);
 const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
+/* An evaluation step of buffer b: the forward in eval mode (batchnorm on its
+ * running statistics, which stay as they are), the loss and hits into
+ * io[b].result and its host copy; no backward, no optimizer, no state
+ * written. Replayed as its own graph like sf_net_step. */
+int sf_net_eval(sf_cuda_net *net, int b, int n, int graph);
+/* Buffer b's last gradient check (pinned host memory, valid once its step
+ * has completed): the pre-clip norm, the clipping scale, and skip = 1 when
+ * the loss or a gradient was NaN/Inf and the optimizer changed nothing. All
+ * zero after an evaluation step or a step that did not run the optimizer. */
+const sf_grad_state *sf_net_grad_state(const sf_cuda_net *net, int b);
+/* Enqueues on the net's stream the copy of buffer b's last step's logits
+ * (fp32, sf_model's layout: [n, classes] or [n, classes, out_h, out_w]) to
+ * host; call it right after that step, before the next one. */
+int sf_net_copy_logits(sf_cuda_net *net, int b, int n, float *host);
 
 /* The training state crosses here in PyTorch's layout (sf_model's: n_params
  * floats); the net keeps it in its device layout and permutes on the host.

@@ -291,6 +291,174 @@ void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s, float
                             io1[ch * plane + (size_t)y * ow + x] = 0.0f;
             break;
         }
+        case SF_PW_JITTER:
+        case SF_PW_ERASE:
+            break; /* second-pass stages (sf_ref_aug_post); the plan never lists them here */
+        }
+    }
+}
+
+/* ---- the second pass: color_jitter, random_erasing and what follows ------ */
+
+static float clampf(float v, float hi)
+{
+    return fminf(fmaxf(v, 0.0f), hi);
+}
+
+/* torchvision's rgb_to_grayscale weights, in its order of evaluation. */
+static float gray3(float r, float g, float b)
+{
+    return r * 0.2989f + g * 0.587f + b * 0.114f;
+}
+
+/* The grayscale mean of the image (its one channel when c == 1): the gray
+ * values are summed in double, as float32 sums differ with the order. */
+static float gray_mean(const float *io1, int c, size_t plane)
+{
+    double sum = 0.0;
+    for (size_t i = 0; i < plane; i++)
+        sum += c == 3 ? gray3(io1[i], io1[plane + i], io1[2 * plane + i]) : io1[i];
+    return (float)(sum / (double)plane);
+}
+
+void sf_ref_aug_hue(float *r, float *g, float *b, float shift, float bound)
+{
+    /* torchvision's _rgb_to_hsv, the shift, and _hsv_to_rgb, with its clamps
+     * to [0, 1] at [0, bound] (the conversion is homogeneous in the values). */
+    const float R = *r, G = *g, B = *b;
+    const float maxc = fmaxf(fmaxf(R, G), B), minc = fminf(fminf(R, G), B);
+    const int eqc = maxc == minc;
+    const float cr = maxc - minc;
+    const float sat = cr / (eqc ? 1.0f : maxc);
+    const float crd = eqc ? 1.0f : cr;
+    const float rc = (maxc - R) / crd, gc = (maxc - G) / crd, bc = (maxc - B) / crd;
+    float h;
+    if (maxc == R)
+        h = bc - gc;
+    else if (maxc == G)
+        h = (rc + 2.0f) - bc;
+    else
+        h = (gc + 4.0f) - rc;
+    h = fmodf(h * (1.0f / 6.0f) + 1.0f, 1.0f);
+    h = h + shift;
+    h = h - floorf(h); /* torch.remainder(h, 1) */
+    const float h6 = h * 6.0f, fi = floorf(h6), f = h6 - fi;
+    int i = (int)fi % 6;
+    if (i < 0)
+        i += 6;
+    const float sxf = sat * f, oms = 1.0f - sat;
+    const float v = maxc;
+    const float q = clampf((1.0f - sxf) * v, bound);
+    const float t = clampf((sxf + oms) * v, bound);
+    const float pp = clampf(oms * v, bound);
+    const float vr[6] = {v, q, pp, pp, t, v}, vg[6] = {t, v, v, q, pp, pp}, vb[6] = {pp, pp, t, v, v, q};
+    *r = vr[i];
+    *g = vg[i];
+    *b = vb[i];
+}
+
+/* One colour adjustment f (0 brightness, 1 contrast, 2 saturation, 3 hue)
+ * of factor x over the image, each followed by the clamp to [0, bound]. */
+static void jitter_one(float *io1, int c, size_t plane, int f, float x, float bound)
+{
+    switch (f) {
+    case 0:
+        for (size_t i = 0; i < plane * c; i++)
+            io1[i] = clampf(io1[i] * x, bound);
+        break;
+    case 1: {
+        const float mean = gray_mean(io1, c, plane);
+        const float mw = mean * (1.0f - x);
+        for (size_t i = 0; i < plane * c; i++)
+            io1[i] = clampf(io1[i] * x + mw, bound);
+        break;
+    }
+    case 2:
+        if (c != 3)
+            break; /* as torchvision (and PIL): no saturation in one channel */
+        for (size_t i = 0; i < plane; i++) {
+            const float gw = gray3(io1[i], io1[plane + i], io1[2 * plane + i]) * (1.0f - x);
+            for (int ch = 0; ch < 3; ch++)
+                io1[ch * plane + i] = clampf(io1[ch * plane + i] * x + gw, bound);
+        }
+        break;
+    default:
+        if (c != 3)
+            break;
+        for (size_t i = 0; i < plane; i++)
+            sf_ref_aug_hue(&io1[i], &io1[plane + i], &io1[2 * plane + i], x, bound);
+        break;
+    }
+}
+
+float sf_ref_aug_erase_noise(uint64_t erase_seed, int y, int x, int ch)
+{
+    /* Box-Muller in double from two 24-bit uniforms, so host and device
+     * agree to the float rounding of the result. */
+    const uint64_t h = sf_hash4(erase_seed, (uint64_t)y, (uint64_t)x, (uint64_t)ch);
+    const double u1 = 1.0 - (double)sf_u01(h);            /* (0, 1] */
+    const double u2 = (double)((h >> 16) & 0xFFFFFFull) * (1.0 / 16777216.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void sf_ref_aug_post(const sf_aug_plan *plan, const sf_aug_sample *s, float *io1)
+{
+    const int c = plan->c, oh = plan->out_h, ow = plan->out_w;
+    const size_t plane = (size_t)oh * ow;
+    for (int st = 0; st < plan->n_post; st++) {
+        const sf_aug_pw *pw = &plan->post[st];
+        switch (pw->kind) {
+        case SF_PW_JITTER:
+            for (int k = 0; k < 4; k++) {
+                const int f = s->jitter_order[k] & 3;
+                if (pw->a[f] != 0.0f)
+                    jitter_one(io1, c, plane, f, s->jitter[f], pw->b[0]);
+            }
+            break;
+        case SF_PW_ERASE: {
+            const int x0 = s->erase[0], y0 = s->erase[1], ew = s->erase[2], eh = s->erase[3];
+            for (int ch = 0; ch < c; ch++)
+                for (int y = y0; y < y0 + eh; y++)
+                    for (int x = x0; x < x0 + ew; x++)
+                        io1[ch * plane + (size_t)y * ow + x] =
+                            pw->b[0] != 0.0f ? sf_ref_aug_erase_noise(s->erase_seed, y, x, ch) : pw->a[ch];
+            break;
+        }
+        default: {
+            /* The affine stages, as in the first pass. */
+            sf_aug_plan one = *plan;
+            one.n_pw = 1;
+            one.pw[0] = *pw;
+            sf_ref_aug_pointwise(&one, s, io1);
+            break;
+        }
+        }
+    }
+}
+
+void sf_ref_aug_mix(const sf_aug_plan *plan, const sf_aug_mix *mix, int n, float *io)
+{
+    if (mix->kind == SF_MIX_NONE || n < 2)
+        return;
+    const int c = plan->c, ow = plan->out_w;
+    const size_t plane = (size_t)plan->out_h * ow, sz = plane * c;
+    const float lam = mix->lam, oml = 1.0f - mix->lam;
+    /* Sample i takes from sample i - 1 (mod n): per element position, walk
+     * down from the last sample, keeping its original for sample 0 (no
+     * second buffer, as the CUDA kernel). */
+    for (size_t e = 0; e < sz; e++) {
+        if (mix->kind == SF_MIX_CUTMIX) {
+            const size_t pix = e % plane;
+            const int y = (int)(pix / ow), x = (int)(pix % ow);
+            if (x < mix->box[0] || x >= mix->box[2] || y < mix->box[1] || y >= mix->box[3])
+                continue;
+        }
+        const float last = io[sz * (size_t)(n - 1) + e];
+        for (int i = n - 1; i >= 0; i--) {
+            float *d = io + sz * (size_t)i + e;
+            const float prev = i > 0 ? d[-(ptrdiff_t)sz] : last;
+            /* v2.MixUp: input.roll(1, 0).mul_(1 - lam).add_(input.mul(lam)) */
+            *d = mix->kind == SF_MIX_MIXUP ? prev * oml + *d * lam : prev;
         }
     }
 }
@@ -320,6 +488,7 @@ void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n, cons
             sf_ref_aug_geometry(plan, &s[i], src + s[i].src_off, nhwc, d);
         }
         sf_ref_aug_pointwise(plan, &s[i], d);
+        sf_ref_aug_post(plan, &s[i], d);
     }
     free(tmp);
 }

@@ -23,6 +23,20 @@
  * [N,out_h,out_w], mean over pixels) for a segmentation model, whose
  * `correct` counts pixels (n_labels = N*H*W).
  *
+ * Loss options (sf_batch): label smoothing and mixup/cutmix soft targets,
+ * torch.nn.CrossEntropyLoss semantics (sf_ref_xent_soft); a segmentation
+ * model takes smoothing, never mixing. Top-5 hits in torch.sort's stable
+ * descending order.
+ *
+ * Evaluation batches (b->eval): the forward in eval mode, loss and hits; no
+ * backward, no update of anything (running statistics and num_batches_tracked
+ * included). Logits go to b->logits_out when it is set, for any batch.
+ *
+ * The optimizer step: the pre-clip L2 norm of the gradient about to be applied
+ * (after accumulation), then, when the norm or a loss of the step is NaN/Inf,
+ * a skipped step (parameters, optimizer state, step count unchanged; an
+ * accumulated gradient dropped), else clip_grad_norm_ scaling and the update.
+ *
  * Optimizer: SGD (momentum, weight decay; PyTorch semantics) or AdamW
  * (torch.optim.AdamW). With grad_accum_steps k > 1 the batch gradients are
  * averaged over k batches and the optimizer steps on every k-th; the step
@@ -72,6 +86,7 @@
 #include "../backend.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +104,7 @@ typedef struct ref_ctx {
     uint64_t step;                /* optimizer steps */
     uint64_t nbt;                 /* num_batches_tracked of every batchnorm layer */
     int accum_count;              /* batches accumulated since the last optimizer step */
+    int accum_nonfinite;          /* a batch of the current accumulation group had a non-finite loss */
     int bf16;                     /* model.precision=bf16: activations rounded to bf16 (see the top) */
     size_t n_train;               /* trainable floats: n_params - train_off */
 
@@ -292,7 +308,8 @@ static void push_event(ref_ctx *c, const sf_event *ev)
     c->count++;
 }
 
-/* The three stages of sf_ref_augment, with preallocated scratch. */
+/* The stages of sf_ref_augment, with preallocated scratch, then the batch's
+ * mixing. */
 static void augment(ref_ctx *c, const sf_batch *b, float *out)
 {
     const sf_aug_plan *plan = b->plan;
@@ -306,7 +323,9 @@ static void augment(ref_ctx *c, const sf_batch *b, float *out)
             sf_ref_aug_geometry(plan, &b->samples[i], b->images + b->samples[i].src_off, b->nhwc, d);
         }
         sf_ref_aug_pointwise(plan, &b->samples[i], d);
+        sf_ref_aug_post(plan, &b->samples[i], d);
     }
+    sf_ref_aug_mix(plan, &b->mix, b->n, out);
 }
 
 static const float *in_act(ref_ctx *c, int i, int j)
@@ -532,40 +551,92 @@ static void opt_step(ref_ctx *c, const float *g, const sf_hyper *h)
         sf_ref_sgd(p, g, c->mom, c->n_train, h->lr, h->momentum, h->weight_decay);
 }
 
+/* What one batch's forward (and step) measured. */
+typedef struct step_out {
+    float loss;
+    int correct, correct5;
+    float grad_norm; /* pre-clip, of the gradients applied; 0 when no optimizer step ran */
+    int skipped;     /* the optimizer step was skipped for a non-finite loss or gradient */
+} step_out;
+
+/* The loss of the logits in the last layer's output against c->labels, with
+ * b's label smoothing and mixing; the logits' gradient into dlogits when not
+ * NULL. Segmentation models take no mixing (every pixel has its own label). */
+static void loss_of(ref_ctx *c, int n, const sf_batch *b, float *dlogits, step_out *o)
+{
+    const sf_model *m = &c->m;
+    const float *logits = c->act[m->n_layers - 1];
+    if (m->segmentation) {
+        int64_t corr = 0, corr5 = 0;
+        sf_ref_xent2d_smooth(logits, c->labels, n, m->n_classes, m->out_h, m->out_w, b->label_smoothing,
+                             &o->loss, dlogits, &corr, &corr5);
+        o->correct = corr > INT32_MAX ? INT32_MAX : (int)corr;
+        o->correct5 = corr5 > INT32_MAX ? INT32_MAX : (int)corr5;
+    } else {
+        sf_ref_xent_soft(logits, c->labels, n, m->n_classes, b->label_smoothing, b->eval ? 1.0f : b->mix_lam,
+                         &o->loss, dlogits, &o->correct, &o->correct5);
+    }
+}
+
+/* The optimizer step on the gradient g about to be applied: its pre-clip
+ * norm, and a skip (nothing changes, the step count included) when it or a
+ * loss of the step was not finite; else clipping and the update. */
+static void apply_step(ref_ctx *c, float *g, int nonfinite, const sf_hyper *h, step_out *o)
+{
+    const double norm = sf_ref_grad_norm(g, c->n_train);
+    if (nonfinite || !isfinite(norm)) {
+        o->skipped = 1;
+        o->grad_norm = 0.0f;
+        return;
+    }
+    o->grad_norm = (float)norm;
+    sf_ref_clip_grads(g, c->n_train, norm, h->clip_grad_norm);
+    opt_step(c, g, h);
+}
+
 /* Forward, loss, backward and (every grad_accum_steps batches) the optimizer
- * update of the n samples in c->input with the labels in c->labels. */
-static void train_step(ref_ctx *c, int n, const sf_hyper *h, float *loss, int *correct)
+ * update of the n samples in c->input with the labels in c->labels. A
+ * non-finite loss in any batch of an accumulation group skips the group's
+ * step, and the group's accumulated gradient is dropped either way (as a
+ * torch loop's zero_grad after a GradScaler-skipped step). */
+static void train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
 {
     const sf_model *m = &c->m;
     const int last = m->n_layers - 1;
+    memset(o, 0, sizeof *o);
     forward(c, n, 1);
     for (int i = m->n_frozen; i < m->n_layers; i++)
         if (c->dact_buf[i])
             memset(c->dact_buf[i], 0, sizeof(float) * (size_t)n * m->layers[i].out_elems);
-    if (m->segmentation) {
-        int64_t corr = 0;
-        sf_ref_xent2d(c->act[last], c->labels, n, m->n_classes, m->out_h, m->out_w, loss, c->dact[last],
-                      &corr);
-        *correct = corr > INT32_MAX ? INT32_MAX : (int)corr;
-    } else {
-        sf_ref_xent(c->act[last], c->labels, n, m->n_classes, loss, c->dact[last], correct);
-    }
+    loss_of(c, n, b, c->dact[last], o);
+    const int bad_loss = !isfinite(o->loss);
     /* bf16: the loss is fp32 from the bf16 logits; their gradient is stored in bf16. */
     to_bf16(c, c->dact[last], (size_t)n * m->layers[last].out_elems);
     backward(c, n);
     const int k = c->cfg.grad_accum_steps > 1 ? c->cfg.grad_accum_steps : 1;
     if (k == 1) {
-        opt_step(c, c->grads, h);
+        apply_step(c, c->grads, bad_loss, &b->hyper, o);
         return;
     }
     const float inv_k = 1.0f / (float)k;
     for (size_t e = 0; e < c->n_train; e++)
         c->gacc[e] += c->grads[e] * inv_k;
+    c->accum_nonfinite |= bad_loss;
     if (++c->accum_count == k) {
-        opt_step(c, c->gacc, h);
+        apply_step(c, c->gacc, c->accum_nonfinite, &b->hyper, o);
         memset(c->gacc, 0, sizeof(float) * c->n_train);
         c->accum_count = 0;
+        c->accum_nonfinite = 0;
     }
+}
+
+/* An evaluation batch: the forward in eval mode (batchnorm on its running
+ * statistics, which stay as they are) and the loss; no backward, no step. */
+static void eval_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
+{
+    memset(o, 0, sizeof *o);
+    forward(c, n, 0);
+    loss_of(c, n, b, NULL, o);
 }
 
 /* An encoded batch decoded into c->decoded, as the raw batch *raw (b itself
@@ -641,13 +712,22 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
         return 0;
     }
 
-    float loss = 0.0f;
-    int correct = 0;
-    train_step(c, n, &b->hyper, &loss, &correct);
+    step_out o;
+    if (b->eval)
+        eval_step(c, n, b, &o);
+    else
+        train_step(c, n, b, &o);
+    if (b->logits_out)
+        memcpy(b->logits_out, c->act[c->m.n_layers - 1],
+               sizeof(float) * (size_t)n * c->m.layers[c->m.n_layers - 1].out_elems);
     const uint64_t t2 = now_ns();
 
-    ev.loss = loss;
-    ev.correct = correct;
+    ev.loss = o.loss;
+    ev.correct = o.correct;
+    ev.correct5 = o.correct5;
+    ev.grad_norm = o.grad_norm;
+    ev.skipped = o.skipped;
+    ev.eval = b->eval;
     ev.n_labels = (int64_t)n * (int64_t)c->labels_per_sample;
     ev.step = c->step;
     /* No host-to-device copy on the CPU: a zero-length h2d stage. */
@@ -702,6 +782,7 @@ static int ref_transform(sf_backend *be, const sf_batch *b_in, float *out, char 
         (size_t)b->plan->c * b->plan->out_h * b->plan->out_w > c->aug_tmp_len) {
         /* Not the model's shape (or no model): the stages' one-off path. */
         sf_ref_augment(b->plan, b->samples, b->n, b->images, b->nhwc, out);
+        sf_ref_aug_mix(b->plan, &b->mix, b->n, out);
         return 0;
     }
     augment(c, b, out);
@@ -767,6 +848,7 @@ static int ref_set_opt_state(sf_backend *be, const float *momentum, uint64_t ste
     if (c->gacc)
         memset(c->gacc, 0, sizeof(float) * c->n_train);
     c->accum_count = 0;
+    c->accum_nonfinite = 0;
     return 0;
 }
 
@@ -874,7 +956,7 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
     if (c->gacc)
         memcpy(save_acc, c->gacc, sizeof(float) * nt);
     const uint64_t save_step = c->step, save_nbt = c->nbt;
-    const int save_accum = c->accum_count;
+    const int save_accum = c->accum_count, save_accum_nonfinite = c->accum_nonfinite;
 
     sf_batch cached = *b;
     if (mode == SF_BENCH_AUG_STEP) {
@@ -891,9 +973,8 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
             make_input(c, &cached);
             convert_labels(c, &cached, &bad);
         }
-        float loss = 0.0f;
-        int correct = 0;
-        train_step(c, b->n, &b->hyper, &loss, &correct);
+        step_out o;
+        train_step(c, b->n, b, &o);
     }
     const uint64_t t1 = now_ns();
     double s = (double)(t1 - t0) * 1e-9;
@@ -909,6 +990,7 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
     c->step = save_step;
     c->nbt = save_nbt;
     c->accum_count = save_accum;
+    c->accum_nonfinite = save_accum_nonfinite;
     free(save_p);
     free(save_m);
     free(save_b);

@@ -50,3 +50,28 @@ void sf_ref_adamw(float *p, const float *grad, float *m, float *v, size_t len, f
         p[i] = p[i] - step_size * (m[i] / denom);
     }
 }
+
+/* The sum of squares is accumulated in double so that the reference norm is
+ * exact to float rounding whatever the parameter count; torch reduces in
+ * float (per tensor, then over the tensors' norms), which agrees to ~1e-6. */
+double sf_ref_grad_norm(const float *g, size_t len)
+{
+    double ss = 0.0;
+    for (size_t i = 0; i < len; i++)
+        ss += (double)g[i] * (double)g[i];
+    return sqrt(ss);
+}
+
+/* torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6),
+ * clamped to 1, formed in float from the float norm, and every gradient
+ * multiplied by it. A coefficient of 1 changes nothing, so it is skipped. */
+void sf_ref_clip_grads(float *g, size_t len, double norm, float max_norm)
+{
+    if (!(max_norm > 0.0f) || !isfinite(norm))
+        return;
+    const float coef = max_norm / ((float)norm + 1e-6f);
+    if (!(coef < 1.0f))
+        return;
+    for (size_t i = 0; i < len; i++)
+        g[i] *= coef;
+}

@@ -70,6 +70,16 @@ void sf_ref_aug_blur(const sf_aug_plan *plan, const sf_aug_sample *s,
                      const float *in1, float *out1);                  /* one sample */
 void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s,
                           float *io1);                                /* one sample */
+/* The second pass (plan->post: color_jitter, random_erasing and the stages
+ * after them), in place on one sample's output; nothing when n_post = 0. */
+void sf_ref_aug_post(const sf_aug_plan *plan, const sf_aug_sample *s, float *io1);
+/* One pixel's hue shift at clamp bound `bound` (tests). */
+void sf_ref_aug_hue(float *r, float *g, float *b, float shift, float bound);
+/* random_erasing's "random" value of (y, x, channel): a standard normal. */
+float sf_ref_aug_erase_noise(uint64_t erase_seed, int y, int x, int ch);
+/* The batch-level mixing, in place on the n samples' output io = [n, c,
+ * out_h, out_w]: sample i mixed with sample (i - 1) mod n as mix says. */
+void sf_ref_aug_mix(const sf_aug_plan *plan, const sf_aug_mix *mix, int n, float *io);
 
 /* ---- layers and optimizers (float) --------------------------------------
  * One file per op family: conv.c, conv_transpose.c, linear.c, batchnorm.c,
@@ -94,6 +104,24 @@ void sf_ref_relu_bwd(const float *y, const float *dy, size_t len, float *dx);
  * samples whose argmax equals the label (may be NULL). */
 void sf_ref_xent(const float *logits, const int32_t *labels, int n, int k,
                  float *loss, float *dlogits, int *correct);
+/* Soft-target softmax cross-entropy, mean over the batch, as
+ * torch.nn.CrossEntropyLoss(label_smoothing=s) on the probability targets
+ * torchvision.transforms.v2 MixUp/CutMix make: the target of sample i is
+ *   t = (1-s) * (lam*onehot(y_i) + (1-lam)*onehot(y_{(i-1) mod n})) + s/k,
+ *   loss_i = logsumexp(l_i) - sum_j t_j l_ij,  dlogits = (softmax - t) / n.
+ * lam = 1 (or 0, or outside (0,1]) is no mixing; s = 0 no smoothing. correct
+ * counts samples whose first argmax is y_i, correct5 those whose y_i is among
+ * the 5 largest logits in the order of torch.sort(descending=True,
+ * stable=True), ties to the lower class index (every sample with k <= 5).
+ * dlogits, correct, correct5 may be NULL. */
+void sf_ref_xent_soft(const float *logits, const int32_t *labels, int n, int k, float smoothing, float lam,
+                      float *loss, float *dlogits, int *correct, int *correct5);
+/* The global L2 norm of len gradient floats (accumulated in double), and
+ * torch.nn.utils.clip_grad_norm_'s scaling: when max_norm > 0 and the norm
+ * is finite, g *= min(1, max_norm / (norm + 1e-6)). Returns the pre-clip norm
+ * (NaN or Inf when a gradient is). */
+double sf_ref_grad_norm(const float *g, size_t len);
+void sf_ref_clip_grads(float *g, size_t len, double norm, float max_norm);
 /* SGD with PyTorch semantics (dampening 0, nesterov off):
  *   g = grad + wd * p;  buf = momentum * buf + g (buf starts at 0);
  *   p -= lr * (momentum ? buf : g).  mom may be NULL when momentum == 0. */
@@ -114,6 +142,10 @@ void sf_ref_convt2d_bwd(const float *x, int n, int c, int h, int w, const float 
  * counts pixels whose argmax equals the label. */
 void sf_ref_xent2d(const float *logits, const int32_t *labels, int n, int k, int h, int w,
                    float *loss, float *dlogits, int64_t *correct);
+/* The same with label smoothing s (per pixel, as sf_ref_xent_soft without
+ * mixing); correct5 (may be NULL) counts pixels whose label is in the top 5. */
+void sf_ref_xent2d_smooth(const float *logits, const int32_t *labels, int n, int k, int h, int w, float smoothing,
+                          float *loss, float *dlogits, int64_t *correct, int64_t *correct5);
 /* BatchNorm2d, training mode: per-channel batch mean and biased variance over
  * (n,h,w) normalise x; y = gamma * xhat + beta. Writes save_mean and
  * save_invstd ([c], for the backward) and updates running_mean/running_var
@@ -163,6 +195,8 @@ void sf_ref_relu_fwd_f64(const double *x, size_t len, double *y);
 void sf_ref_relu_bwd_f64(const double *y, const double *dy, size_t len, double *dx);
 void sf_ref_xent_f64(const double *logits, const int32_t *labels, int n, int k,
                      double *loss, double *dlogits, int *correct);
+void sf_ref_xent_soft_f64(const double *logits, const int32_t *labels, int n, int k, double smoothing,
+                          double lam, double *loss, double *dlogits, int *correct, int *correct5);
 void sf_ref_convt2d_fwd_f64(const double *x, int n, int c, int h, int w, const double *wt,
                             const double *b, int oc, int k, int stride, int pad, double *y);
 void sf_ref_convt2d_bwd_f64(const double *x, int n, int c, int h, int w, const double *wt, int oc,
@@ -170,6 +204,9 @@ void sf_ref_convt2d_bwd_f64(const double *x, int n, int c, int h, int w, const d
                             double *db);
 void sf_ref_xent2d_f64(const double *logits, const int32_t *labels, int n, int k, int h, int w,
                        double *loss, double *dlogits, int64_t *correct);
+void sf_ref_xent2d_smooth_f64(const double *logits, const int32_t *labels, int n, int k, int h, int w,
+                              double smoothing, double *loss, double *dlogits, int64_t *correct,
+                              int64_t *correct5);
 void sf_ref_bn2d_fwd_train_f64(const double *x, int n, int c, int h, int w, const double *gamma,
                                const double *beta, double eps, double momentum,
                                double *running_mean, double *running_var, double *save_mean,

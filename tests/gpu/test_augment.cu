@@ -17,8 +17,13 @@
  * elements ...". Exits 1 when any case fails, 0 otherwise; prints
  * "SKIPPED: no CUDA device" and exits 0 when there is no device.
  *
+ * The colour jitter, erasing and mixing cases run the second pass
+ * (gpu/cuda/aug_post.cu) and the mixing (gpu/cuda/mix.cu) after the kernel,
+ * with the same tolerances.
+ *
  * Build: nvcc -std=c++17 -O3 -arch=sm_90 -I. tests/gpu/test_augment.cu \
- *          gpu/cuda/augment.cu gpu/aug.c gpu/ref/augment.c -lcjson
+ *          gpu/cuda/augment.cu gpu/cuda/aug_post.cu gpu/cuda/mix.cu gpu/aug.c gpu/ref/augment.c \
+ *          gpu/common.c -lcjson
  */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "gpu/cuda/augment.h"
+#include "gpu/cuda/mix.h"
 extern "C" {
 #include "gpu/ref/ref.h"
 }
@@ -136,6 +142,9 @@ static void run_case(const Case &cs, int bf16, int misalign)
     const int n = cs.n, c = cs.c, h = cs.h, w = cs.w, oh = plan.out_h, ow = plan.out_w;
     std::vector<sf_aug_sample> smp(n);
     sf_aug_gen(&pipe, &plan, next_u64(), next_u64() % 1000000, n, smp.data());
+    /* The batch-level mixing (none unless the list has mixup or cutmix). */
+    sf_aug_mix mix;
+    sf_aug_gen_mix(&pipe, &plan, next_u64(), next_u64() % 1000000, n, &mix);
 
     const size_t in_sz = (size_t)n * h * w * c, out_sz = (size_t)n * c * oh * ow;
     std::vector<uint8_t> nhwc(in_sz), nchw(in_sz);
@@ -161,6 +170,7 @@ static void run_case(const Case &cs, int bf16, int misalign)
     for (int in_nhwc = 1; in_nhwc >= 0; in_nhwc--) {
         const std::vector<uint8_t> &src = in_nhwc ? nhwc : nchw;
         sf_ref_augment(&plan, smp.data(), n, src.data(), in_nhwc, ref.data());
+        sf_ref_aug_mix(&plan, &mix, n, ref.data());
         CK(cudaMemcpy(d_src, src.data(), in_sz, cudaMemcpyHostToDevice));
         for (int out_nhwc = 0; out_nhwc <= 1; out_nhwc++) {
             char name[200];
@@ -168,6 +178,8 @@ static void run_case(const Case &cs, int bf16, int misalign)
                      in_nhwc ? "nhwc" : "nchw", out_nhwc ? "nhwc" : "nchw", misalign ? " misaligned" : "");
             CK(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4))); /* NaN everywhere */
             int rc = sf_cuda_augment(&plan, d_smp, n, d_src, in_nhwc, d_dst, out_nhwc, 0);
+            if (rc == 0)
+                rc = sf_cuda_aug_mix(&plan, &mix, n, d_dst, 0, out_nhwc, 0);
             cudaError_t se = cudaDeviceSynchronize();
             if (rc != 0 || se != cudaSuccess) {
                 g_fail++;
@@ -183,6 +195,8 @@ static void run_case(const Case &cs, int bf16, int misalign)
             uint16_t *d_b = reinterpret_cast<uint16_t *>(d_out);
             CK(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4)));
             rc = sf_cuda_augment_bf16(&plan, d_smp, n, d_src, in_nhwc, d_b, out_nhwc, 0);
+            if (rc == 0)
+                rc = sf_cuda_aug_mix(&plan, &mix, n, d_b, 1, out_nhwc, 0);
             se = cudaDeviceSynchronize();
             if (rc != 0 || se != cudaSuccess) {
                 g_fail++;
@@ -379,8 +393,27 @@ int main(int argc, char **argv)
         {"rrc_rotation_blur", "[{\"op\":\"random_resized_crop\",\"size\":[40,36]},{\"op\":\"random_rotation\",\"degrees\":[-30,30]},"
                               "{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 60, 70, 3, 4},
     };
+    /* The second pass and the batch-level mixing: colour jitter on either value
+     * scale, erasing with constant or noise values, mixup and cutmix after them. */
+    const Case second[] = {
+        {"color_jitter_0_255", "[{\"op\":\"color_jitter\",\"brightness\":0.4,\"contrast\":0.4,\"saturation\":0.4,\"hue\":0.1}]", 33, 47, 3, 8},
+        {"color_jitter_0_1_after_crop", "[{\"op\":\"random_resized_crop\",\"size\":[40,36]},{\"op\":\"to_dtype\",\"scale\":0.00392156862},"
+                                        "{\"op\":\"color_jitter\",\"brightness\":0.8,\"contrast\":[0.2,1.8],\"saturation\":0.9,\"hue\":0.5},"
+                                        "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]", 60, 70, 3, 8},
+        {"color_jitter_c1_contrast_only", "[{\"op\":\"color_jitter\",\"contrast\":[0.1,3]}]", 33, 47, 1, 4},
+        {"random_erasing_value", "[{\"op\":\"to_dtype\",\"scale\":0.00392156862},{\"op\":\"random_erasing\",\"p\":1,\"value\":[0.1,0.2,0.3]}]", 33, 47, 3, 6},
+        {"random_erasing_random_after_normalize", "[{\"op\":\"normalize\",\"mean\":[128],\"std\":[64]},{\"op\":\"random_erasing\",\"p\":0.7,\"value\":\"random\"}]", 33, 47, 3, 6},
+        {"mixup", "[{\"op\":\"random_crop\",\"size\":[30,40]},{\"op\":\"mixup\",\"alpha\":0.4}]", 33, 47, 3, 7},
+        {"cutmix", "[{\"op\":\"random_crop\",\"size\":[30,40]},{\"op\":\"cutmix\"}]", 33, 47, 3, 7},
+        {"imagenet_recipe", "[{\"op\":\"random_resized_crop\",\"size\":[56,56]},{\"op\":\"horizontal_flip\"},"
+                            "{\"op\":\"to_dtype\",\"scale\":0.00392156862},{\"op\":\"color_jitter\",\"brightness\":0.4,\"contrast\":0.4,\"saturation\":0.4},"
+                            "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]},"
+                            "{\"op\":\"random_erasing\",\"p\":0.25},{\"op\":\"mixup\",\"alpha\":0.2},{\"op\":\"cutmix\",\"alpha\":1}]", 75, 100, 3, 16},
+    };
     for (const Case &cs : single) run_case(cs, 0, 0);
     for (const Case &cs : combo) run_case(cs, 0, 0);
+    for (const Case &cs : second) run_case(cs, 1, 0);
+    run_case(second[1], 0, 1);
     /* bf16 output and a misaligned float output on a few cases. */
     run_case(single[14], 1, 0); /* rotation_bilinear */
     run_case(single[19], 1, 0); /* blur_k7 */

@@ -4,12 +4,17 @@
  * KRSC filters), fp32 (< 1e-4 relative) and tf32 (< 1e-3), odd sizes, stride
  * and padding variants, the timed engine choice; bf16 in both layouts and all
  * three directions (max |out - ref| <= 1e-2 max |ref|: check_max), a 2-byte
- * aligned x, and a refused unknown element type. *
+ * aligned x, and a refused unknown element type; the thin 1x1 kernels
+ * (conv_thin.h: forward with bias and ReLU, the one-pass backward) in fp32
+ * (< 1e-5) and bf16 (check_max 1e-2), both layouts, with and without bias,
+ * ReLU and dx, up to the shape where the backward's block count saturates. *
  * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
 #include "op_test.h"
+
+#include "../../gpu/cuda/conv_thin.h"
 
 struct conv_case {
     int n, c, h, w, oc, k, stride, pad;
@@ -401,6 +406,105 @@ static void test_conv_bad_dtype(cudnnHandle_t dnn)
     sf_cuda_clear_error();
 }
 
+/* The thin 1x1 kernels against the double reference: y = relu?(conv + b),
+ * then dw, db, dx from dy masked by y > 0 where the ReLU is fused. */
+static void test_conv_thin(cudaStream_t s, int n, int c, int h, int w, int oc, sf_dtype dt, sf_layout lay, int bias,
+                           int relu, int want_dx)
+{
+    const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, ny = (size_t)n * oc * hw, nw = (size_t)oc * c;
+    const int bf = dt == SF_DT_BF16, nhwc = lay == SF_LAYOUT_NHWC;
+    std::vector<float> x(nx), wt(nw), b(oc), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(b, 0.5f);
+    rand_fill(dy, 1.f);
+    if (bf) {
+        round_bf16(x);
+        round_bf16(wt);
+        round_bf16(dy);
+    }
+    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), yr(ny), dyr = to_d(dy), dxr(nx), dwr(nw),
+                        dbr(oc, 0.0);
+    sf_ref_conv2d_fwd_f64(xd.data(), n, c, h, w, wd.data(), bias ? bd.data() : NULL, oc, 1, 1, 0, yr.data());
+    for (size_t e = 0; e < ny; e++) {
+        if (relu && yr[e] < 0)
+            yr[e] = 0;
+        if (relu && !(yr[e] > 0))
+            dyr[e] = 0;
+    }
+    sf_ref_conv2d_bwd_f64(xd.data(), n, c, h, w, wd.data(), oc, 1, 1, 0, dyr.data(), dxr.data(), dwr.data(), NULL);
+    for (int a = 0; a < n; a++)
+        for (int o = 0; o < oc; o++)
+            for (size_t i = 0; i < hw; i++)
+                dbr[o] += dyr[((size_t)a * oc + o) * hw + i];
+    char name[200], nm[260];
+    snprintf(name, sizeof name, "conv thin n%d c%d %dx%d oc%d %s %s%s%s%s", n, c, h, w, oc, lname(lay),
+             bf ? "bf16" : "fp32", bias ? " bias" : "", relu ? " relu" : "", want_dx ? " dx" : "");
+    std::vector<float> xl = nhwc ? to_nhwc(x, n, c, h, w) : x, dyl = nhwc ? to_nhwc(dy, n, oc, h, w) : dy;
+    const size_t es = bf ? 2 : 4;
+    void *dx_ = dalloc<char>(nx * es), *dy_ = dalloc<char>(ny * es), *dx2 = dalloc<char>(nx * es),
+         *dw_ = dalloc<char>(nw * es), *y_ = dalloc<char>(ny * es), *w_ = dalloc<char>(nw * es);
+    float *b_ = dalloc<float>(oc), *db_ = dalloc<float>(oc),
+          *scratch = dalloc<float>(sf_conv_thin_scratch_floats(c, oc));
+    if (bf) {
+        upb((uint16_t *)dx_, xl);
+        upb((uint16_t *)w_, wt);
+        upb((uint16_t *)dy_, dyl);
+        poison_b((uint16_t *)dx2, nx);
+        poison_b((uint16_t *)dw_, nw);
+    } else {
+        up((float *)dx_, xl);
+        up((float *)w_, wt);
+        up((float *)dy_, dyl);
+        poison_f((float *)dx2, nx);
+        poison_f((float *)dw_, nw);
+    }
+    up(b_, b);
+    poison_f(db_, oc);
+    int rc = sf_conv_thin_fwd(dt, lay, dx_, w_, bias ? b_ : NULL, y_, n, c, hw, oc, relu, s);
+    rc = rc || sf_conv_thin_bwd(dt, lay, dx_, w_, relu ? y_ : NULL, dy_, want_dx ? dx2 : NULL, dw_, bias ? db_ : NULL,
+                                n, c, hw, oc, scratch, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(name, sf_cuda_last_error());
+        return;
+    }
+    std::vector<float> y = bf ? downb((const uint16_t *)y_, ny) : down((const float *)y_, ny);
+    std::vector<float> gdx = bf ? downb((const uint16_t *)dx2, nx) : down((const float *)dx2, nx);
+    std::vector<float> gdw = bf ? downb((const uint16_t *)dw_, nw) : down((const float *)dw_, nw);
+    std::vector<float> gdb = down(db_, oc);
+    if (nhwc) {
+        y = to_nchw(y, n, oc, h, w);
+        gdx = to_nchw(gdx, n, c, h, w);
+    }
+    struct {
+        const char *what;
+        const std::vector<float> *got;
+        const std::vector<double> *ref;
+        int on;
+    } outs[4] = {{"y", &y, &yr, 1}, {"dw", &gdw, &dwr, 1}, {"db", &gdb, &dbr, bias}, {"dx", &gdx, &dxr, want_dx}};
+    for (auto &o : outs) {
+        if (!o.on)
+            continue;
+        snprintf(nm, sizeof nm, "%s %s", name, o.what);
+        if (bf)
+            check_max(nm, *o.got, *o.ref, 1e-2);
+        else
+            check_v(nm, *o.got, *o.ref, 1e-5);
+    }
+    /* the same inputs give the same bits (the block count depends on the shape) */
+    std::vector<float> dw_again;
+    if (sf_conv_thin_bwd(dt, lay, dx_, w_, relu ? y_ : NULL, dy_, NULL, dw_, bias ? db_ : NULL, n, c, hw, oc, scratch,
+                         s) == 0) {
+        CU(cudaStreamSynchronize(s));
+        std::vector<float> again = bf ? downb((const uint16_t *)dw_, nw) : down((const float *)dw_, nw);
+        snprintf(nm, sizeof nm, "%s dw repeats bit for bit", name);
+        pass_or_fail(nm, memcmp(again.data(), gdw.data(), nw * sizeof(float)) == 0, "dw differs between two runs");
+    }
+    cudaFree(dx_); cudaFree(dy_); cudaFree(dx2); cudaFree(dw_); cudaFree(y_); cudaFree(w_);
+    cudaFree(b_); cudaFree(db_); cudaFree(scratch);
+}
+
 int main(void)
 {
     int count = 0;
@@ -458,6 +562,20 @@ int main(void)
     test_conv_bf16(dnn, s, bf16_cases[5], 4, 0);
     test_conv_bf16(dnn, s, conv_case{2, 16, 12, 12, 16, 3, 1, 1}, 1, 1);
     test_conv_bad_dtype(dnn);
+
+    /* thin 1x1 kernels: W1's stem, every channel count they take, odd sizes,
+     * and 5x256x256 (more pixels than the backward's blocks x threads) */
+    const int thin_cases[][5] = {{4, 3, 20, 20, 16}, {2, 1, 7, 9, 8}, {3, 4, 5, 13, 32}, {2, 2, 16, 16, 8},
+                                 {5, 3, 256, 256, 16}};
+    for (const auto &t : thin_cases)
+        for (int bf = 0; bf < 2; bf++)
+            for (int lay = 0; lay < 2; lay++)
+                for (int v = 0; v < 4; v++)
+                    test_conv_thin(s, t[0], t[1], t[2], t[3], t[4], bf ? SF_DT_BF16 : SF_DT_F32, (sf_layout)lay,
+                                   v & 1, (v >> 1) & 1, v != 1);
+    pass_or_fail("conv thin refuses 5 input channels", !sf_conv_thin_ok(5, 16, 1, 1, 0) &&
+                                                            !sf_conv_thin_ok(3, 16, 2, 2, 0) &&
+                                                            sf_conv_thin_ok(3, 16, 1, 1, 0), "eligibility");
 
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {

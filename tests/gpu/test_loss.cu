@@ -29,7 +29,7 @@ static void test_xent(cudaStream_t s, int n, int k)
     CU(cudaMemcpy(dlab, lab.data(), 4 * n, cudaMemcpyHostToDevice));
     poison_f(dd, l.size());
     CU(cudaMemset(out, 0xff, sizeof *out));
-    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, s);
+    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, NULL, s);
     CU(cudaStreamSynchronize(s));
     snprintf(nm, sizeof nm, "xent n%d k%d", n, k);
     if (rc) {
@@ -53,6 +53,51 @@ static void test_xent(cudaStream_t s, int n, int k)
         }
     }
     cudaFree(dl); cudaFree(dd); cudaFree(dlab); cudaFree(out);
+}
+
+/* Label smoothing, mixed targets (labels rolled by one) and top-5 hits
+ * against sf_ref_xent_soft_f64; ties among the logits exercise top-5's order. */
+static void test_xent_soft(cudaStream_t s, int n, int k, float sm, float lam, int ties)
+{
+    char nm[120];
+    std::vector<float> l((size_t)n * k);
+    rand_fill(l, 3.f);
+    if (ties)
+        for (auto &v : l)
+            v = roundf(v); /* few distinct values: many ties */
+    std::vector<int32_t> lab(n);
+    for (int i = 0; i < n; i++)
+        lab[i] = (int32_t)(sf_hash4(g_seed, i, 6, 6) % (uint64_t)k);
+    g_seed++;
+    std::vector<double> ld = to_d(l), dref((size_t)n * k);
+    double lref;
+    int cref, c5ref;
+    sf_ref_xent_soft_f64(ld.data(), lab.data(), n, k, sm, lam, &lref, dref.data(), &cref, &c5ref);
+    float *dl = dalloc<float>(l.size()), *dd = dalloc<float>(l.size());
+    int32_t *dlab = dalloc<int32_t>(n);
+    sf_xent_out *out = dalloc<sf_xent_out>(1);
+    sf_loss_ctl ctl = {sm, lam}, *dctl = dalloc<sf_loss_ctl>(1);
+    CU(cudaMemcpy(dctl, &ctl, sizeof ctl, cudaMemcpyHostToDevice));
+    up(dl, l);
+    CU(cudaMemcpy(dlab, lab.data(), 4 * n, cudaMemcpyHostToDevice));
+    poison_f(dd, l.size());
+    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, dctl, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "xent n%d k%d smoothing %g mix %g%s", n, k, sm, lam, ties ? " ties" : "");
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        sf_xent_out h;
+        CU(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost));
+        char n2[160];
+        snprintf(n2, sizeof n2, "%s loss", nm);
+        check(n2, &h.loss, &lref, 1, 1e-5);
+        snprintf(n2, sizeof n2, "%s dlogits", nm);
+        check_f(n2, down(dd, l.size()).data(), dref, 1e-5);
+        snprintf(n2, sizeof n2, "%s top-1 %d top-5 %d", nm, cref, c5ref);
+        pass_or_fail(n2, h.correct == cref && h.correct5 == c5ref && h.bad == 0, "hits differ from the reference");
+    }
+    cudaFree(dl); cudaFree(dd); cudaFree(dlab); cudaFree(out); cudaFree(dctl);
 }
 
 static void test_labels(cudaStream_t s)
@@ -97,10 +142,11 @@ static void test_labels(cudaStream_t s)
 
 /* ---- per-pixel cross-entropy --------------------------------------------- */
 
-static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L, int bad_label)
+static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L, int bad_label, float sm = 0.f)
 {
     char nm[160];
-    snprintf(nm, sizeof nm, "xent2d n%d k%d %dx%d %s%s", n, k, h, w, lname(L), bad_label ? " bad-label" : "");
+    snprintf(nm, sizeof nm, "xent2d n%d k%d %dx%d %s%s smoothing %g", n, k, h, w, lname(L),
+             bad_label ? " bad-label" : "", sm);
     const size_t npix = (size_t)n * h * w, nl = npix * k;
     std::vector<float> lg(nl);
     rand_fill(lg, 3.f);
@@ -112,8 +158,10 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
         lab[npix / 2] = k;
     std::vector<double> lgd = to_d(lg), dr(nl);
     double lr;
-    int64_t cr;
-    sf_ref_xent2d_f64(lgd.data(), lab.data(), n, k, h, w, &lr, dr.data(), &cr);
+    int64_t cr, c5r;
+    sf_ref_xent2d_smooth_f64(lgd.data(), lab.data(), n, k, h, w, sm, &lr, dr.data(), &cr, &c5r);
+    sf_loss_ctl ctl = {sm, 1.f}, *dctl = dalloc<sf_loss_ctl>(1);
+    CU(cudaMemcpy(dctl, &ctl, sizeof ctl, cudaMemcpyHostToDevice));
     const int nhwc = L == SF_LAYOUT_NHWC;
     float *d_l = dalloc<float>(nl), *d_d = dalloc<float>(nl);
     int32_t *d_lab = dalloc<int32_t>(npix);
@@ -123,7 +171,7 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
     up(d_lab, lab);
     poison(d_d, nl * 4);
     poison(d_out, sizeof(sf_xent2d_out));
-    int rc = sf_cuda_xent2d(d_l, d_lab, n, k, h, w, L, d_d, d_out, scr, s);
+    int rc = sf_cuda_xent2d(d_l, d_lab, n, k, h, w, L, d_d, d_out, scr, sm != 0.f ? dctl : NULL, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());
@@ -145,13 +193,14 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
             snprintf(sub, sizeof sub, "%s loss", nm);
             float lf = o.loss;
             check(sub, &lf, &lr, 1, 1e-4);
-            snprintf(sub, sizeof sub, "%s correct %lld of %zu", nm, (long long)o.correct, npix);
-            pass_or_fail(sub, o.correct == cr && o.bad == 0, "count differs from the reference");
+            snprintf(sub, sizeof sub, "%s correct %lld, top-5 %lld of %zu", nm, (long long)o.correct,
+                     (long long)o.correct5, npix);
+            pass_or_fail(sub, o.correct == cr && o.correct5 == c5r && o.bad == 0, "counts differ from the reference");
             snprintf(sub, sizeof sub, "%s dlogits", nm);
             check_v(sub, dg, dr, 1e-5);
         }
     }
-    cudaFree(d_l); cudaFree(d_d); cudaFree(d_lab); cudaFree(d_out); cudaFree(scr);
+    cudaFree(d_l); cudaFree(d_d); cudaFree(d_lab); cudaFree(d_out); cudaFree(scr); cudaFree(dctl);
 }
 
 int main(void)
@@ -170,6 +219,11 @@ int main(void)
     test_xent(s, 37, 10);
     test_xent(s, 5, 1000);
     test_xent(s, 300, 3);
+    test_xent_soft(s, 37, 10, 0.1f, 1.f, 0);
+    test_xent_soft(s, 37, 10, 0.f, 0.6f, 0);
+    test_xent_soft(s, 64, 1000, 0.1f, 0.35f, 0);
+    test_xent_soft(s, 50, 20, 0.2f, 0.8f, 1);
+    test_xent_soft(s, 9, 4, 0.1f, 0.5f, 0); /* k <= 5: every sample is a top-5 hit */
     test_labels(s);
     for (int lay = 0; lay < 2; lay++) {
         const sf_layout L = (sf_layout)lay;
@@ -178,6 +232,8 @@ int main(void)
         test_xent2d(s, 1, 3, 5, 1, L, 0);
         test_xent2d(s, 2, 1, 3, 3, L, 0);
         test_xent2d(s, 2, 5, 4, 4, L, 1);
+        test_xent2d(s, 3, 7, 13, 11, L, 0, 0.1f);
+        test_xent2d(s, 2, 21, 16, 16, L, 0, 0.05f);
     }
 
     cudaError_t e = cudaDeviceSynchronize();

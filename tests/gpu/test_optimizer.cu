@@ -47,7 +47,7 @@ static void test_sgd(cudaStream_t s, float momentum)
     up(dg, gdev);
     up(dm, m);
     poison_f(dw, len);
-    int rc = sf_cuda_sgd(dp, dg, dm, dw, len, hp, &segs, s);
+    int rc = sf_cuda_sgd(dp, dg, dm, dw, len, hp, &segs, NULL, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());
@@ -119,7 +119,7 @@ static void test_adamw(cudaStream_t s, size_t len, float wd, int perm)
         sf_adamw_hyper h = {lr, b1, b2, eps, wd, 0.f, 0.f, 0.f};
         sf_adamw_hyper_at(&h, t);
         CU(cudaMemcpy(d_h, &h, sizeof h, cudaMemcpyHostToDevice));
-        rc = sf_cuda_adamw(d_p, d_g, d_m, d_v, d_w, len, d_h, perm ? &segs : NULL, s);
+        rc = sf_cuda_adamw(d_p, d_g, d_m, d_v, d_w, len, d_h, perm ? &segs : NULL, NULL, s);
         sf_ref_adamw(p.data(), g.data(), m.data(), v.data(), len, lr, b1, b2, eps, wd, t);
     }
     CU(cudaStreamSynchronize(s));
@@ -313,6 +313,58 @@ static void test_weights_perm(cudaStream_t s, sf_dtype dt, int mis, int big)
     cudaFree(pmem); cudaFree(gmem);
 }
 
+/* sf_cuda_sgd_mixed is bit-equal to the three passes it replaces
+ * (grads_model, sgd, weights_dev), with segments that start and end off the
+ * 4-element groups, with and without momentum. */
+static void test_sgd_mixed(cudaStream_t s, float momentum)
+{
+    const size_t len = 10007;
+    sf_sgd_segs segs;
+    memset(&segs, 0, sizeof segs);
+    const size_t so[3][2] = {{5, 1203}, {2000, 4096}, {9001, 1006}}; /* off, len */
+    for (int k = 0; k < 3; k++) {
+        segs.s[k].off = so[k][0];
+        segs.s[k].len = so[k][1];
+        segs.s[k].c = 1;
+        segs.s[k].rs = (int)so[k][1];
+    }
+    segs.n = 3;
+    std::vector<float> p(len), g(len), m(len), gdf(len);
+    rand_fill(p, 1.f);
+    rand_fill(g, 1.f);
+    rand_fill(m, 0.5f);
+    rand_fill(gdf, 1.f);
+    round_bf16(gdf);
+    float *p1 = dalloc<float>(len), *p2 = dalloc<float>(len), *g1 = dalloc<float>(len), *g2 = dalloc<float>(len),
+          *m1 = dalloc<float>(len), *m2 = dalloc<float>(len);
+    uint16_t *gd = dalloc<uint16_t>(len), *w1 = dalloc<uint16_t>(len), *w2 = dalloc<uint16_t>(len);
+    up(p1, p); up(p2, p); up(g1, g); up(g2, g); up(m1, m); up(m2, m);
+    upb(gd, gdf);
+    sf_sgd_hyper h = {0.05f, momentum, 0.01f, 0.f}, *dh = dalloc<sf_sgd_hyper>(1);
+    CU(cudaMemcpy(dh, &h, sizeof h, cudaMemcpyHostToDevice));
+    sf_sgd_segs none;
+    memset(&none, 0, sizeof none);
+    int rc = sf_cuda_grads_model(gd, SF_DT_BF16, g1, &segs, s) || sf_cuda_sgd(p1, g1, m1, NULL, len, dh, &none, NULL, s) ||
+             sf_cuda_weights_dev(p1, w1, SF_DT_BF16, len, NULL, s) ||
+             sf_cuda_sgd_mixed(p2, g2, gd, SF_DT_BF16, &segs, m2, w2, len, dh, NULL, s);
+    CU(cudaStreamSynchronize(s));
+    char name[120];
+    snprintf(name, sizeof name, "sgd_mixed bf16 momentum %g", momentum);
+    if (rc) {
+        fail(name, sf_cuda_last_error());
+        return;
+    }
+    std::vector<float> a = down(p1, len), b = down(p2, len), ma = down(m1, len), mb = down(m2, len);
+    std::vector<uint16_t> wa = down(w1, len), wb = down(w2, len);
+    pass_or_fail(name, memcmp(a.data(), b.data(), len * 4) == 0 && memcmp(wa.data(), wb.data(), len * 2) == 0 &&
+                           (momentum == 0.f || memcmp(ma.data(), mb.data(), len * 4) == 0),
+                 "parameters, momentum or bf16 weights differ from grads_model + sgd + weights_dev");
+    pass_or_fail("sgd_mixed refuses fp32 data", sf_cuda_sgd_mixed(p2, g2, gd, SF_DT_F32, &segs, m2, w2, len, dh, NULL, s) != 0,
+                 "accepted");
+    cudaFree(p1); cudaFree(p2); cudaFree(g1); cudaFree(g2); cudaFree(m1); cudaFree(m2);
+    cudaFree(gd); cudaFree(w1); cudaFree(w2); cudaFree(dh);
+}
+
 int main(void)
 {
     int count = 0;
@@ -328,6 +380,8 @@ int main(void)
 
     test_sgd(s, 0.9f);
     test_sgd(s, 0.f);
+    test_sgd_mixed(s, 0.9f);
+    test_sgd_mixed(s, 0.f);
     test_adamw(s, 10007, 0.01f, 0);
     test_adamw(s, 1 << 16, 0.f, 0);
     test_adamw(s, 64, 0.05f, 1);

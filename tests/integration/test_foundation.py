@@ -394,6 +394,7 @@ def test_config_file_can_come_from_the_environment(start_server, tmp_path):
     (["--ring.full_policy", "drop"], {}, "ring.full_policy"),
     ([], {"STREAMFEED_HTTP_THREADS": "0"}, "STREAMFEED_HTTP_THREADS"),
     (["--augment.pipeline", "[{\"op\":\"spin\"}]"], {}, "augment.pipeline"),
+    (["--model.preset", "seed-encdec", "--augment.pipeline", "[{\"op\":\"mixup\"}]"], {}, "segmentation"),
 ])
 def test_invalid_configuration_exits_2_naming_the_option(args, env, needle, tmp_path):
     import os

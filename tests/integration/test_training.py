@@ -148,3 +148,41 @@ def test_transform_matches_torchvisions_own_output_within_a_hundredth_of_a_level
     got = st_load(r.content)["images"]
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 1e-2
+
+
+def test_a_cutmix_transform_pastes_each_samples_predecessor_into_one_box_of_the_batch(start_server, rng):
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref",
+                     "--augment.pipeline", '[{"op":"cutmix"}]')
+    # Distinct values per sample, so every output pixel names its source.
+    images = (np.arange(4 * 32 * 32 * 3).reshape(4, 32, 32, 3) % 251).astype(np.uint8)
+    images[1:] = (images[1:].astype(np.int64) + 61 * np.arange(1, 4)[:, None, None, None]) % 256
+    x = images.transpose(0, 3, 1, 2).astype(np.float32)
+    for _ in range(10):  # a batch's box may be empty (lam near 1): new batches draw anew
+        r = s.post_batch(st_body(images), path="/v1/transform")
+        assert r.status_code == 200, r.text
+        out = st_load(r.content)["images"]
+        pasted = out != x
+        if not pasted.any():
+            continue
+        # One box for the whole batch, every channel, holding the previous sample.
+        box = pasted.any(axis=(0, 1))
+        ys, xs = np.nonzero(box)
+        assert box[ys.min():ys.max() + 1, xs.min():xs.max() + 1].all(), "the pasted region is a rectangle"
+        for i in range(4):
+            inside = np.zeros((32, 32), bool)
+            inside[ys.min():ys.max() + 1, xs.min():xs.max() + 1] = True
+            np.testing.assert_array_equal(out[i][:, inside], x[(i - 1) % 4][:, inside])
+            np.testing.assert_array_equal(out[i][:, ~inside], x[i][:, ~inside])
+        return
+    pytest.fail("ten cutmix batches pasted nothing")
+
+
+def test_batches_train_with_colour_jitter_erasing_and_mixup(start_server, rng):
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline",
+                     '[{"op":"to_dtype","scale":0.00392156862745098},'
+                     '{"op":"color_jitter","brightness":0.4,"contrast":0.4,"saturation":0.4,"hue":0.1},'
+                     '{"op":"random_erasing","p":1},{"op":"mixup","alpha":0.2}]')
+    for _ in range(3):
+        b = s.post_arrays(*random_batch(rng, 8), wait=True).json()
+        assert b["state"] == "done", b
+        assert np.isfinite(b["loss"]), b

@@ -745,6 +745,369 @@ static void new_op_errors_name_the_op(void **state)
                       8, 8, 3, "aug op 1 (random_rotation)", "one random_rotation");
 }
 
+/* ---- colour jitter, random erasing, mixup, cutmix ------------------------- */
+
+/* A plan of to_dtype(1/255) + color_jitter with every factor on, whose
+ * parameters the caller then sets per sample. */
+static void setup_jitter(aug_fixture *f, int h, int w)
+{
+    setup_aug(f, "[{\"op\":\"to_dtype\",\"scale\":0.00392156862745098},"
+                 "{\"op\":\"color_jitter\",\"brightness\":0.5,\"contrast\":0.5,\"saturation\":0.5,"
+                 "\"hue\":0.5}]", h, w, 3);
+}
+
+static void color_jitter_matches_torchvision_adjustments_in_the_given_order(void **state)
+{
+    static aug_fixture f;
+    const int nc = (int)(sizeof tv_color_cases / sizeof tv_color_cases[0]);
+    for (int k = 0; k < nc; k++) {
+        const tv_color_case *tc = &tv_color_cases[k];
+        const int h = tv_image_hw[tc->image][0], w = tv_image_hw[tc->image][1];
+        setup_jitter(&f, h, w);
+        assert_int_equal(f.plan.n_pw, 1); /* to_dtype in the fused pass */
+        assert_int_equal(f.plan.n_post, 1);
+        assert_float_equal(f.plan.post[0].b[0], 1.0f, 1e-6); /* the bound of [0, 1] images */
+        sf_aug_gen(&f.p, &f.plan, 1, 1, 1, f.s);
+        for (int j = 0; j < 4; j++) {
+            f.plan.post[0].a[j] = (float)tc->on[j];
+            f.s[0].jitter[j] = tc->factor[j];
+            f.s[0].jitter_order[j] = (uint8_t)tc->order[j];
+        }
+        const size_t n = (size_t)3 * h * w;
+        float *out = malloc(sizeof(float) * n);
+        sf_ref_augment(&f.plan, f.s, 1, tv_images[tc->image], 1, out);
+        double worst = 0.0;
+        size_t at = 0;
+        for (size_t i = 0; i < n; i++) {
+            const double d = fabs((double)out[i] - tc->want[i]);
+            if (!(d <= worst)) {
+                worst = d;
+                at = i;
+            }
+        }
+        print_message("%-28s |ours - torchvision| max %.2e\n", tc->name, worst);
+        /* DESIGN.md's tolerance: 2e-6 of the value range (float rounding of
+         * the ratios in the hue conversion, the order of contrast's mean). */
+        if (!(worst <= 2e-6))
+            fail_msg("%s: element %zu is %.7f, torchvision %.7f", tc->name, at, (double)out[at],
+                     (double)tc->want[at]);
+        free(out);
+    }
+}
+
+static void color_jitter_on_0_255_values_clamps_at_255_and_equals_the_scaled_0_1_result(void **state)
+{
+    /* The same factors on the 0..255 scale (no to_dtype before it) give 255
+     * times the [0, 1] result: the bound scales with the to_dtype before it. */
+    static aug_fixture f1, f255;
+    setup_jitter(&f1, 14, 19);
+    setup_aug(&f255, "[{\"op\":\"color_jitter\",\"brightness\":0.5,\"contrast\":0.5,\"saturation\":0.5,"
+                     "\"hue\":0.5},{\"op\":\"to_dtype\",\"scale\":0.00392156862745098}]", 14, 19, 3);
+    assert_float_equal(f255.plan.post[0].b[0], 255.0f, 1e-3);
+    assert_int_equal(f255.plan.n_pw, 0);
+    assert_int_equal(f255.plan.n_post, 2); /* to_dtype follows in the second pass */
+    const tv_color_case *tc = &tv_color_cases[5];
+    for (int pass = 0; pass < 2; pass++) {
+        aug_fixture *f = pass ? &f255 : &f1;
+        sf_aug_gen(&f->p, &f->plan, 1, 1, 1, f->s);
+        for (int j = 0; j < 4; j++) {
+            f->s[0].jitter[j] = tc->factor[j];
+            f->s[0].jitter_order[j] = (uint8_t)tc->order[j];
+        }
+    }
+    const size_t n = (size_t)3 * 14 * 19;
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    sf_ref_augment(&f1.plan, f1.s, 1, tv_images[0], 1, a);
+    sf_ref_augment(&f255.plan, f255.s, 1, tv_images[0], 1, b);
+    expect_close(b, a, n, 2e-6f);
+    free(a);
+    free(b);
+    /* Brightness 1.7 on 200 gives 255, not 340. */
+    static aug_fixture g;
+    setup_aug(&g, "[{\"op\":\"color_jitter\",\"brightness\":[1.7,1.7]}]", 1, 2, 1);
+    const uint8_t px[2] = {200, 100};
+    float *o = run_aug(&g, px, 1, 1, 1);
+    const float want[2] = {255.0f, 170.0f};
+    expect_close(o, want, 2, 1e-4f);
+    free(o);
+}
+
+static void color_jitter_draws_factors_in_range_and_every_order_of_the_four(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"color_jitter\",\"brightness\":0.4,\"contrast\":[0.5,0.9],\"saturation\":0.2,"
+                  "\"hue\":0.1}]", 8, 8, 3);
+    const float lo[4] = {0.6f, 0.5f, 0.8f, -0.1f}, hi[4] = {1.4f, 0.9f, 1.2f, 0.1f};
+    int seen[4][4][4][4] = {{{{0}}}};
+    int distinct = 0;
+    for (uint64_t seq = 0; seq < 100; seq++) {
+        sf_aug_gen(&f.p, &f.plan, 3, seq, 8, f.s);
+        for (int i = 0; i < 8; i++) {
+            const sf_aug_sample *s = &f.s[i];
+            for (int j = 0; j < 4; j++)
+                if (!(s->jitter[j] >= lo[j] && s->jitter[j] <= hi[j]))
+                    fail_msg("factor %d = %g outside [%g, %g]", j, s->jitter[j], lo[j], hi[j]);
+            int mask = 0;
+            for (int j = 0; j < 4; j++)
+                mask |= 1 << s->jitter_order[j];
+            assert_int_equal(mask, 15); /* a permutation */
+            int *c = &seen[s->jitter_order[0]][s->jitter_order[1]][s->jitter_order[2]][s->jitter_order[3]];
+            distinct += (*c)++ == 0;
+        }
+    }
+    assert_int_equal(distinct, 24); /* 800 draws of 24 orders: each one comes up */
+    /* A factor of exactly 1 (hue 0) is the identity range: torchvision drops it. */
+    setup_aug(&f, "[{\"op\":\"color_jitter\",\"brightness\":0,\"hue\":[0,0],\"contrast\":0.3}]", 8, 8, 3);
+    assert_float_equal(f.plan.post[0].a[0], 0.0f, 0);
+    assert_float_equal(f.plan.post[0].a[1], 1.0f, 0);
+    assert_float_equal(f.plan.post[0].a[3], 0.0f, 0);
+}
+
+static void contrast_blends_with_the_grayscale_mean_and_one_channel_is_its_own_gray(void **state)
+{
+    /* One channel, contrast 0.5: out = 0.5 x + 0.5 mean, mean of {0, 100} = 50. */
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"color_jitter\",\"contrast\":[0.5,0.5],\"saturation\":0.9,\"hue\":0.4}]", 1, 2, 1);
+    const uint8_t px[2] = {0, 100};
+    float *o = run_aug(&f, px, 1, 5, 5);
+    const float want[2] = {25.0f, 75.0f}; /* saturation and hue leave one channel alone */
+    expect_close(o, want, 2, 1e-4f);
+    free(o);
+}
+
+static void random_erasing_boxes_follow_scale_ratio_and_p(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_erasing\",\"p\":0.5,\"scale\":[0.05,0.2],\"ratio\":[0.5,2],"
+                  "\"value\":[1,2,3]}]", 40, 50, 3);
+    int erased = 0, total = 0;
+    for (uint64_t seq = 0; seq < 100; seq++) {
+        sf_aug_gen(&f.p, &f.plan, 4, seq, 8, f.s);
+        for (int i = 0; i < 8; i++, total++) {
+            const int *e = f.s[i].erase;
+            if (e[2] == 0)
+                continue;
+            erased++;
+            const double area = (double)e[2] * e[3] / (40.0 * 50.0), ratio = (double)e[3] / e[2];
+            /* round() of each side moves the area and ratio a little. */
+            if (area < 0.05 * 0.8 || area > 0.2 * 1.2 || ratio < 0.5 * 0.8 || ratio > 2.0 * 1.2)
+                fail_msg("box %dx%d: area %.3f ratio (h/w) %.3f", e[2], e[3], area, ratio);
+            assert_true(e[0] >= 0 && e[0] + e[2] <= 50 && e[1] >= 0 && e[1] + e[3] <= 40);
+        }
+    }
+    if (erased < total * 4 / 10 || erased > total * 6 / 10)
+        fail_msg("%d of %d samples erased with p = 0.5", erased, total);
+    /* The box holds the value per channel, the rest is the image. */
+    uint8_t src[3 * 40 * 50];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)(i * 7 % 251);
+    sf_aug_sample s;
+    int found = 0;
+    for (uint64_t seq = 0; seq < 10 && !found; seq++) {
+        sf_aug_gen(&f.p, &f.plan, 4, seq, 1, &s);
+        found = s.erase[2] > 0;
+    }
+    assert_true(found);
+    float out[3 * 40 * 50];
+    sf_ref_augment(&f.plan, &s, 1, src, 0, out);
+    for (int ch = 0; ch < 3; ch++)
+        for (int y = 0; y < 40; y++)
+            for (int x = 0; x < 50; x++) {
+                const int in = x >= s.erase[0] && x < s.erase[0] + s.erase[2] && y >= s.erase[1] &&
+                               y < s.erase[1] + s.erase[3];
+                const size_t e = (size_t)ch * 2000 + y * 50 + x;
+                assert_float_equal(out[e], in ? (float)(ch + 1) : (float)src[e], 0);
+            }
+    /* p = 0 never erases; a box that never fits (the whole image) neither. */
+    setup_aug(&f, "[{\"op\":\"random_erasing\",\"p\":0}]", 40, 50, 3);
+    sf_aug_gen(&f.p, &f.plan, 4, 1, 8, f.s);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(f.s[i].erase[2], 0);
+    setup_aug(&f, "[{\"op\":\"random_erasing\",\"p\":1,\"scale\":[1,1],\"ratio\":[1,1]}]", 40, 40, 3);
+    sf_aug_gen(&f.p, &f.plan, 4, 1, 8, f.s);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(f.s[i].erase[2], 0);
+}
+
+static void random_erasing_random_value_is_standard_normal_noise_inside_the_box(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"to_dtype\",\"scale\":0.00392156862745098},{\"op\":\"normalize\",\"mean\":0.5,"
+                  "\"std\":0.25},{\"op\":\"random_erasing\",\"p\":1,\"scale\":[0.3,0.3],\"value\":\"random\"}]",
+              64, 64, 3);
+    uint8_t src[3 * 64 * 64];
+    memset(src, 128, sizeof src);
+    float *out = run_aug(&f, src, 1, 8, 8);
+    const int *e = f.s[0].erase;
+    assert_true(e[2] > 0);
+    double sum = 0.0, sq = 0.0;
+    int n = 0;
+    for (int ch = 0; ch < 3; ch++)
+        for (int y = 0; y < 64; y++)
+            for (int x = 0; x < 64; x++) {
+                const float v = out[(size_t)ch * 4096 + y * 64 + x];
+                if (x >= e[0] && x < e[0] + e[2] && y >= e[1] && y < e[1] + e[3]) {
+                    assert_float_equal(v, sf_ref_aug_erase_noise(f.s[0].erase_seed, y, x, ch), 0);
+                    sum += v;
+                    sq += (double)v * v;
+                    n++;
+                } else {
+                    assert_float_equal(v, (128.0f / 255.0f - 0.5f) * 4.0f, 1e-5);
+                }
+            }
+    const double mean = sum / n, var = sq / n - mean * mean;
+    if (n < 3000 || fabs(mean) > 0.08 || fabs(var - 1.0) > 0.1)
+        fail_msg("%d noise values: mean %.3f variance %.3f", n, mean, var);
+    free(out);
+}
+
+static void mixup_blends_each_sample_with_the_previous_one_and_lam_is_beta_distributed(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"mixup\",\"alpha\":0.2}]", 2, 2, 1);
+    assert_int_equal(f.plan.has_mix, 1);
+    assert_int_equal(f.plan.n_post, 0);
+    /* lam ~ Beta(a, a): mean 1/2, variance 1 / (4 (2a + 1)). */
+    const double alphas[2] = {0.2, 1.0};
+    for (int k = 0; k < 2; k++) {
+        char js[96];
+        snprintf(js, sizeof js, "[{\"op\":\"mixup\",\"alpha\":%g}]", alphas[k]);
+        setup_aug(&f, js, 2, 2, 1);
+        double sum = 0.0, sq = 0.0;
+        const int nb = 4000;
+        for (int b = 0; b < nb; b++) {
+            sf_aug_mix m;
+            sf_aug_gen_mix(&f.p, &f.plan, 11, (uint64_t)b, 4, &m);
+            assert_int_equal(m.kind, SF_MIX_MIXUP);
+            assert_true(m.lam >= 0.0f && m.lam <= 1.0f);
+            sum += m.lam;
+            sq += (double)m.lam * m.lam;
+        }
+        const double mean = sum / nb, var = sq / nb - mean * mean, want = 1.0 / (4.0 * (2.0 * alphas[k] + 1.0));
+        print_message("alpha %.1f: lam mean %.4f variance %.4f (Beta: 0.5, %.4f)\n", alphas[k], mean, var, want);
+        if (fabs(mean - 0.5) > 0.02 || fabs(var - want) > 0.1 * want)
+            fail_msg("alpha %g: lam mean %.4f variance %.4f, Beta gives 0.5 and %.4f", alphas[k], mean, var, want);
+    }
+    /* out_i = (1 - lam) x_{i-1} + lam x_i, sample 0 taking the last one. */
+    const uint8_t src[12] = {10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120};
+    float *out = run_aug(&f, src, 3, 1, 1);
+    sf_aug_mix m;
+    sf_aug_gen_mix(&f.p, &f.plan, 1, 1, 3, &m);
+    sf_ref_aug_mix(&f.plan, &m, 3, out);
+    for (int i = 0; i < 3; i++)
+        for (int e = 0; e < 4; e++) {
+            const float want = (float)src[((i + 2) % 3) * 4 + e] * (1.0f - m.lam) + (float)src[i * 4 + e] * m.lam;
+            assert_float_equal(out[i * 4 + e], want, 0);
+        }
+    free(out);
+    /* A batch of one is left alone (mixing it with itself changes nothing). */
+    sf_aug_gen_mix(&f.p, &f.plan, 1, 1, 1, &m);
+    assert_int_equal(m.kind, SF_MIX_NONE);
+    assert_float_equal(m.lam, 1.0f, 0);
+}
+
+static void cutmix_pastes_the_previous_samples_box_and_lam_is_one_minus_its_area(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"cutmix\"}]", 10, 12, 2);
+    int partial = 0;
+    for (uint64_t seq = 0; seq < 200; seq++) {
+        sf_aug_mix m;
+        sf_aug_gen_mix(&f.p, &f.plan, 2, seq, 4, &m);
+        assert_int_equal(m.kind, SF_MIX_CUTMIX);
+        const int *b = m.box;
+        assert_true(0 <= b[0] && b[0] <= b[2] && b[2] <= 12 && 0 <= b[1] && b[1] <= b[3] && b[3] <= 10);
+        assert_float_equal(m.lam, 1.0 - (double)(b[2] - b[0]) * (b[3] - b[1]) / 120.0, 1e-6);
+        partial += (b[0] == 0 || b[2] == 12 || b[1] == 0 || b[3] == 10) && b[2] > b[0];
+    }
+    assert_true(partial > 0); /* boxes are clamped at the edges */
+    /* A box over the whole image gives lam 0, which the loss must read as
+     * "all from the previous sample", not as the 0 of an unmixed batch. */
+    const sf_aug_mix whole = {SF_MIX_CUTMIX, 0.0f, {0, 0, 12, 10}}, part = {SF_MIX_CUTMIX, 0.25f, {0, 0, 6, 10}};
+    assert_true(sf_aug_mix_loss_lam(&whole) > 0.0f && sf_aug_mix_loss_lam(&whole) < 1e-37f);
+    assert_float_equal(sf_aug_mix_loss_lam(&part), 0.25f, 0);
+    uint8_t src[4 * 2 * 10 * 12];
+    for (size_t i = 0; i < sizeof src; i++)
+        src[i] = (uint8_t)(i % 253);
+    sf_aug_mix m;
+    uint64_t seq = 0;
+    do
+        sf_aug_gen_mix(&f.p, &f.plan, 2, ++seq, 4, &m);
+    while (m.box[2] - m.box[0] < 2 || m.box[3] - m.box[1] < 2);
+    float *out = run_aug(&f, src, 4, 2, seq);
+    sf_ref_aug_mix(&f.plan, &m, 4, out);
+    for (int i = 0; i < 4; i++)
+        for (int ch = 0; ch < 2; ch++)
+            for (int y = 0; y < 10; y++)
+                for (int x = 0; x < 12; x++) {
+                    const int in = x >= m.box[0] && x < m.box[2] && y >= m.box[1] && y < m.box[3];
+                    const int from = in ? (i + 3) % 4 : i;
+                    const size_t e = (size_t)ch * 120 + y * 12 + x;
+                    assert_float_equal(out[(size_t)i * 240 + e], (float)src[(size_t)from * 240 + e], 0);
+                }
+    free(out);
+}
+
+static void mixing_probability_and_the_choice_between_mixup_and_cutmix(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"mixup\",\"p\":0}]", 8, 8, 3);
+    sf_aug_mix m;
+    for (uint64_t seq = 0; seq < 50; seq++) {
+        sf_aug_gen_mix(&f.p, &f.plan, 1, seq, 4, &m);
+        assert_int_equal(m.kind, SF_MIX_NONE);
+        assert_float_equal(m.lam, 1.0f, 0);
+    }
+    setup_aug(&f, "[{\"op\":\"random_crop\",\"size\":4},{\"op\":\"mixup\",\"p\":0.8},{\"op\":\"cutmix\",\"p\":0.8}]",
+              8, 8, 3);
+    int count[3] = {0};
+    for (uint64_t seq = 0; seq < 2000; seq++) {
+        sf_aug_gen_mix(&f.p, &f.plan, 1, seq, 4, &m);
+        count[m.kind]++;
+    }
+    /* 20% none, 40% each. */
+    if (abs(count[0] - 400) > 80 || abs(count[1] - 800) > 100 || abs(count[2] - 800) > 100)
+        fail_msg("none %d mixup %d cutmix %d of 2000", count[0], count[1], count[2]);
+}
+
+static void lists_without_the_new_ops_plan_no_second_pass_and_no_mixing(void **state)
+{
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_crop\",\"size\":4},{\"op\":\"to_dtype\",\"scale\":0.5},"
+                  "{\"op\":\"normalize\",\"mean\":0,\"std\":1}]", 8, 8, 3);
+    assert_int_equal(f.plan.n_pw, 2);
+    assert_int_equal(f.plan.n_post, 0);
+    assert_int_equal(f.plan.has_mix, 0);
+    assert_int_equal(sf_aug_mix_op(&f.p), -1);
+    sf_aug_mix m;
+    sf_aug_gen_mix(&f.p, &f.plan, 1, 1, 8, &m);
+    assert_int_equal(m.kind, SF_MIX_NONE);
+}
+
+static void colour_and_mixing_ops_are_refused_out_of_place_naming_the_op(void **state)
+{
+    expect_parse_error("[{\"op\":\"color_jitter\",\"hue\":0.6}]", "aug op 0 (color_jitter)", "hue");
+    expect_parse_error("[{\"op\":\"color_jitter\",\"brightness\":-1}]", "aug op 0 (color_jitter)", "brightness");
+    expect_parse_error("[{\"op\":\"color_jitter\",\"gamma\":1}]", "aug op 0 (color_jitter)", "gamma");
+    expect_parse_error("[{\"op\":\"to_dtype\"},{\"op\":\"random_erasing\",\"value\":\"noise\"}]",
+                       "aug op 1 (random_erasing)", "value");
+    expect_parse_error("[{\"op\":\"random_erasing\",\"scale\":[0,0.5]}]", "aug op 0 (random_erasing)", "scale");
+    expect_parse_error("[{\"op\":\"mixup\",\"alpha\":0}]", "aug op 0 (mixup)", "alpha");
+    expect_parse_error("[{\"op\":\"cutmix\",\"p\":2}]", "aug op 0 (cutmix)", "\"p\"");
+    expect_plan_error("[{\"op\":\"normalize\",\"mean\":0.5,\"std\":0.2},{\"op\":\"color_jitter\",\"brightness\":0.2}]",
+                      8, 8, 3, "aug op 1 (color_jitter)", "before normalize");
+    expect_plan_error("[{\"op\":\"color_jitter\",\"brightness\":0.2},{\"op\":\"random_crop\",\"size\":4}]",
+                      8, 8, 3, "aug op 1 (random_crop)", "color_jitter (op 0)");
+    expect_plan_error("[{\"op\":\"random_erasing\"},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]",
+                      8, 8, 3, "aug op 1 (gaussian_blur)", "random_erasing (op 0)");
+    expect_plan_error("[{\"op\":\"mixup\"},{\"op\":\"to_dtype\"}]", 8, 8, 3, "aug op 1 (to_dtype)", "must come last");
+    expect_plan_error("[{\"op\":\"cutmix\"},{\"op\":\"cutmix\"}]", 8, 8, 3, "aug op 1 (cutmix)", "only one");
+    expect_plan_error("[{\"op\":\"color_jitter\",\"brightness\":0.2}]", 8, 8, 4, "aug op 0 (color_jitter)",
+                      "1 or 3 channels");
+    expect_plan_error("[{\"op\":\"random_erasing\",\"value\":[1,2]}]", 8, 8, 3, "aug op 0 (random_erasing)",
+                      "2 values for 3 channels");
+}
+
 static void kind_names_match_the_config_op_names(void **state)
 {
     assert_string_equal(sf_aug_kind_name(SF_AUG_RANDOM_CROP), "random_crop");
@@ -784,6 +1147,17 @@ int main(void)
         cmocka_unit_test(ragged_batch_gives_each_image_the_output_of_its_own_uniform_plan),
         cmocka_unit_test(ragged_plans_refuse_lists_that_do_not_fix_the_output_size),
         cmocka_unit_test(reference_matches_torchvision_v2_on_the_fixture),
+        cmocka_unit_test(color_jitter_matches_torchvision_adjustments_in_the_given_order),
+        cmocka_unit_test(color_jitter_on_0_255_values_clamps_at_255_and_equals_the_scaled_0_1_result),
+        cmocka_unit_test(color_jitter_draws_factors_in_range_and_every_order_of_the_four),
+        cmocka_unit_test(contrast_blends_with_the_grayscale_mean_and_one_channel_is_its_own_gray),
+        cmocka_unit_test(random_erasing_boxes_follow_scale_ratio_and_p),
+        cmocka_unit_test(random_erasing_random_value_is_standard_normal_noise_inside_the_box),
+        cmocka_unit_test(mixup_blends_each_sample_with_the_previous_one_and_lam_is_beta_distributed),
+        cmocka_unit_test(cutmix_pastes_the_previous_samples_box_and_lam_is_one_minus_its_area),
+        cmocka_unit_test(mixing_probability_and_the_choice_between_mixup_and_cutmix),
+        cmocka_unit_test(lists_without_the_new_ops_plan_no_second_pass_and_no_mixing),
+        cmocka_unit_test(colour_and_mixing_ops_are_refused_out_of_place_naming_the_op),
         cmocka_unit_test(kind_names_match_the_config_op_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -317,6 +317,28 @@ static void test_validate_runs_the_semantic_checks_and_names_the_field(void **st
     assert_true(strncmp(field, "model.", 6) == 0);
 }
 
+static void test_validate_refuses_mixup_or_cutmix_with_a_segmentation_model_either_way_and_in_an_eval_pipeline(void **state)
+{
+    (void)state;
+    sf_config c;
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "augment.pipeline", "[{\"op\":\"cutmix\"}]", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), 0); /* a classifier */
+    assert_int_equal(sf_config_set_text(&c, "model.preset", "seed-encdec", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_non_null(strstr(err, "aug op 0 (cutmix)"));
+    assert_non_null(strstr(err, "segmentation"));
+    assert_int_equal(sf_config_set_text(&c, "augment.pipeline", "[{\"op\":\"color_jitter\",\"hue\":0.1}]",
+                                        err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), 0);
+    /* An evaluation never mixes: its pipeline refuses both. */
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "augment.eval_pipeline", "[{\"op\":\"mixup\"}]", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "augment.eval_pipeline");
+    assert_non_null(strstr(err, "mixup"));
+}
+
 /* ---- load: defaults < file < env < flags ----------------------------------- */
 
 static void test_load_applies_file_then_env_then_flags(void **state)
@@ -554,6 +576,7 @@ int main(void)
         cmocka_unit_test_setup(test_patch_is_all_or_nothing, live_setup),
         cmocka_unit_test_setup(test_patch_applies_hot_options_and_keeps_restart_only_ones_pending, live_setup),
         cmocka_unit_test_setup(test_patch_validates_against_pending_values_too, live_setup),
+        cmocka_unit_test(test_validate_refuses_mixup_or_cutmix_with_a_segmentation_model_either_way_and_in_an_eval_pipeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

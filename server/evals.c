@@ -1,0 +1,150 @@
+/* server/evals.c — see evals.h. */
+#include "server/evals.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct sf_evals {
+    pthread_mutex_t mu;
+    int max, n;
+    sf_eval_agg *a; /* [max], the first n in use */
+};
+
+sf_evals *sf_evals_new(int max_names)
+{
+    sf_evals *e = calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->max = max_names > 0 ? max_names : 1;
+    e->a = calloc((size_t)e->max, sizeof *e->a);
+    if (!e->a) {
+        free(e);
+        return NULL;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    return e;
+}
+
+void sf_evals_destroy(sf_evals *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_destroy(&e->mu);
+    free(e->a);
+    free(e);
+}
+
+int sf_eval_name_valid(const char *name)
+{
+    size_t len = name ? strlen(name) : 0;
+    if (len == 0 || len > SF_EVAL_NAME_MAX)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+              ch == '-' || ch == '.'))
+            return 0;
+    }
+    return 1;
+}
+
+static sf_eval_agg *find(sf_evals *e, const char *name)
+{
+    for (int i = 0; i < e->n; i++)
+        if (strcmp(e->a[i].name, name) == 0)
+            return &e->a[i];
+    return NULL;
+}
+
+int sf_evals_reserve(sf_evals *e, const char *name)
+{
+    pthread_mutex_lock(&e->mu);
+    int rc = 0;
+    if (!find(e, name)) {
+        if (e->n >= e->max) {
+            rc = -1;
+        } else {
+            sf_eval_agg *a = &e->a[e->n++];
+            memset(a, 0, sizeof *a);
+            snprintf(a->name, sizeof a->name, "%s", name);
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+void sf_evals_add(sf_evals *e, const char *name, uint64_t samples, double mean_loss, uint64_t correct1,
+                  uint64_t correct5, uint64_t step, sf_eval_agg *after)
+{
+    pthread_mutex_lock(&e->mu);
+    sf_eval_agg *a = find(e, name);
+    if (a) {
+        if (a->batches == 0)
+            a->first_step = step;
+        a->last_step = step;
+        a->batches++;
+        a->samples += samples;
+        a->loss_sum += mean_loss * (double)samples;
+        a->correct1 += correct1;
+        a->correct5 += correct5;
+        if (after)
+            *after = *a;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+void sf_evals_add_failed(sf_evals *e, const char *name)
+{
+    pthread_mutex_lock(&e->mu);
+    sf_eval_agg *a = find(e, name);
+    if (a)
+        a->failed++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int sf_evals_get(sf_evals *e, const char *name, sf_eval_agg *out)
+{
+    pthread_mutex_lock(&e->mu);
+    sf_eval_agg *a = find(e, name);
+    if (a)
+        *out = *a;
+    pthread_mutex_unlock(&e->mu);
+    return a ? 0 : -1;
+}
+
+cJSON *sf_eval_to_json(const sf_eval_agg *a)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", a->name);
+    cJSON_AddNumberToObject(o, "batches", (double)a->batches);
+    cJSON_AddNumberToObject(o, "samples", (double)a->samples);
+    cJSON_AddNumberToObject(o, "failed_batches", (double)a->failed);
+    if (a->samples) {
+        cJSON_AddNumberToObject(o, "loss", a->loss_sum / (double)a->samples);
+        cJSON_AddNumberToObject(o, "top1", (double)a->correct1 / (double)a->samples);
+        cJSON_AddNumberToObject(o, "top5", (double)a->correct5 / (double)a->samples);
+        cJSON_AddNumberToObject(o, "first_step", (double)a->first_step);
+        cJSON_AddNumberToObject(o, "last_step", (double)a->last_step);
+    } else {
+        cJSON_AddNullToObject(o, "loss");
+        cJSON_AddNullToObject(o, "top1");
+        cJSON_AddNullToObject(o, "top5");
+        cJSON_AddNullToObject(o, "first_step");
+        cJSON_AddNullToObject(o, "last_step");
+    }
+    return o;
+}
+
+cJSON *sf_evals_list_json(sf_evals *e)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(o, "evals");
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n; i++)
+        cJSON_AddItemToArray(arr, sf_eval_to_json(&e->a[i]));
+    cJSON_AddNumberToObject(o, "max_names", e->max);
+    pthread_mutex_unlock(&e->mu);
+    return o;
+}

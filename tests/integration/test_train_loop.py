@@ -1,0 +1,258 @@
+"""The training loop through the real server on the CPU reference backend:
+eval batches (no step, eval-mode batchnorm, named sample-weighted
+aggregates, a bounded number of names, logits as safetensors), skipped
+non-finite steps and the "diverged" readiness, gradient clipping and label
+smoothing against their formulas, and the tiny preset's own recipe."""
+import json
+import math
+
+import numpy as np
+import pytest
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from sfharness import learnable_batch, st_body
+
+SAFETENSORS = {"Content-Type": "application/vnd.safetensors"}
+AUG = '[{"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.5],"std":[0.25]}]'
+TINY = ["--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline", AUG, "--model.seed", "1"]
+
+# A batchnorm model on 32x32 inputs, so that eval mode (running statistics)
+# and the buffers are part of what an eval must leave alone.
+# Scaling only: an all-zero image stays all zero, so with zero biases every
+# feature of it is zero (the non-finite tests rely on it).
+SCALED = ["--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline",
+          '[{"op":"to_dtype","scale":0.00392157}]', "--model.seed", "1"]
+
+BN_SPEC = {"input": [3, 32, 32], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "conv", "out": 4, "k": 3, "stride": 2, "pad": 1, "bias": False},
+    {"type": "batchnorm2d", "name": "bn"}, {"type": "relu", "name": "relu"},
+    {"type": "global_avgpool", "name": "gap"}, {"type": "flatten", "name": "flat"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+BN = ["--model.spec", json.dumps(BN_SPEC), "--pipeline.backend", "ref", "--augment.pipeline", AUG,
+      "--augment.eval_pipeline", AUG, "--optim.name", "adamw", "--optim.lr", "0.01"]
+
+
+def post(s, images, labels, query=""):
+    return s.request("POST", "/v1/batches?wait=1" + query, data=st_body(images, labels), headers=SAFETENSORS)
+
+
+def train(s, images, labels):
+    r = post(s, images, labels)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    return r.json()
+
+
+def evaluate(s, images, labels, name=None):
+    r = post(s, images, labels, "&mode=eval" + (f"&eval={name}" if name else ""))
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    return r.json()
+
+
+def state(s):
+    """Every tensor of the full checkpoint: parameters, buffers, optimizer state."""
+    r = s.get("/v1/checkpoint")
+    assert r.status_code == 200, r.text
+    return st_load(r.content), r.headers["X-Checkpoint-Step"]
+
+
+def softmax_xent(logits, labels, smoothing=0.0):
+    z = logits.astype(np.float64)
+    logp = z - z.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    k = z.shape[1]
+    t = np.full_like(z, smoothing / k)
+    t[np.arange(len(labels)), labels] += 1 - smoothing
+    return float(-(t * logp).sum(1).mean())
+
+
+def test_an_eval_between_training_batches_leaves_weights_buffers_and_optimizer_state_bit_identical(start_server):
+    s = start_server(*BN)
+    rng = np.random.default_rng(1)
+    for _ in range(2):
+        train(s, *learnable_batch(rng, 8))
+    before, step = state(s)
+    x, y = learnable_batch(rng, 8)
+    e = evaluate(s, x, y)
+    assert e["kind"] == "eval" and e["eval"] == "default" and e["step"] == 2
+    assert 0 <= e["top1"] <= e["top5"] <= 1 and e["accuracy"] == e["top1"] and math.isfinite(e["loss"])
+    after, step_after = state(s)
+    assert step_after == step
+    assert before.keys() == after.keys()
+    for k in before:
+        assert np.array_equal(before[k], after[k]), k
+    # The same eval again gives the same answer: eval mode is deterministic.
+    assert evaluate(s, x, y)["loss"] == e["loss"]
+    # Training goes on from the same step count, and the eval took no step.
+    assert train(s, *learnable_batch(rng, 8))["step"] == 3
+    assert s.metric("streamfeed_steps_total") == 3
+
+
+def test_eval_aggregates_are_sample_weighted_over_the_batches_of_a_name(start_server):
+    s = start_server(*TINY)
+    rng = np.random.default_rng(2)
+    train(s, *learnable_batch(rng, 8))
+    a = evaluate(s, *learnable_batch(rng, 2), name="holdout")
+    b = evaluate(s, *learnable_batch(rng, 6), name="holdout")
+    r = s.get("/v1/evals/holdout")
+    assert r.status_code == 200, r.text
+    g = r.json()
+    assert g["batches"] == 2 and g["samples"] == 8 and g["first_step"] == 1 and g["last_step"] == 1
+    assert math.isclose(g["loss"], (2 * a["loss"] + 6 * b["loss"]) / 8, rel_tol=1e-6)
+    assert math.isclose(g["top1"], (2 * a["top1"] + 6 * b["top1"]) / 8, rel_tol=1e-9)
+    assert math.isclose(g["top5"], (2 * a["top5"] + 6 * b["top5"]) / 8, rel_tol=1e-9)
+    assert [e["name"] for e in s.get("/v1/evals").json()["evals"]] == ["holdout"]
+    assert math.isclose(s.metric("streamfeed_eval_loss", eval="holdout"), g["loss"], rel_tol=1e-6)
+    assert math.isclose(s.metric("streamfeed_eval_accuracy", eval="holdout", k="5"), g["top5"], rel_tol=1e-9)
+    assert s.metric("streamfeed_eval_samples_total", eval="holdout") == 8
+    assert s.get("/v1/evals/nobody").status_code == 404
+
+
+def test_the_number_of_eval_names_is_bounded_and_one_more_is_refused(start_server):
+    s = start_server(*TINY, "--eval.max_names", "2")
+    rng = np.random.default_rng(3)
+    x, y = learnable_batch(rng, 2)
+    evaluate(s, x, y, name="a")
+    evaluate(s, x, y, name="b")
+    r = post(s, x, y, "&mode=eval&eval=c")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_evals", r.text
+    evaluate(s, x, y, name="a")  # a known name is still fine
+    assert s.get("/v1/evals/a").json()["batches"] == 2
+    assert s.metric("streamfeed_batches_rejected_total", reason="too_many_evals") == 1
+    bad = post(s, x, y, "&mode=eval&eval=no%20spaces")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_eval_name"
+
+
+def test_returned_logits_have_the_batch_shape_and_match_the_reply_of_a_second_eval(start_server):
+    s = start_server(*TINY)
+    rng = np.random.default_rng(4)
+    train(s, *learnable_batch(rng, 8))
+    x, y = learnable_batch(rng, 5)
+    r = post(s, x, y, "&mode=eval&return=logits")
+    assert r.status_code == 200 and r.headers["Content-Type"] == "application/vnd.safetensors", r.text
+    logits = st_load(r.content)["logits"]
+    assert logits.shape == (5, 10) and logits.dtype == np.float32
+    again = post(s, x, y, "&mode=eval&return=logits")
+    assert np.array_equal(st_load(again.content)["logits"], logits)
+    e = evaluate(s, x, y)
+    assert math.isclose(e["loss"], softmax_xent(logits, y), rel_tol=1e-5)
+    assert e["top1"] == float(np.mean(logits.argmax(1) == y))
+    # The logits are the reply, so they need wait=1.
+    nowait = s.request("POST", "/v1/batches?mode=eval&return=logits", data=st_body(x, y), headers=SAFETENSORS)
+    assert nowait.status_code == 400 and nowait.json()["error"]["code"] == "bad_query"
+
+
+def overflowing_checkpoint(s):
+    """The server's checkpoint with every fc weight at 3e38 and every bias at
+    0: a batch with any positive feature overflows the logits (a NaN loss),
+    while an all-zero batch has zero features and finite logits (the bias)."""
+    sd, _ = state(s)
+    w = next(k for k, v in sd.items() if v.shape == (10, 512) and not k.startswith("optim"))
+    out = {}
+    for k, v in sd.items():
+        v = v.copy()
+        if k == w:
+            v[:] = 3e38
+        elif k.endswith(".bias") and not k.startswith("optim"):
+            v[:] = 0
+        out[k] = v
+    return st_save(out)
+
+
+def test_a_non_finite_step_is_skipped_and_the_next_batch_trains(start_server):
+    s = start_server(*SCALED)
+    rng = np.random.default_rng(5)
+    train(s, *learnable_batch(rng, 4))
+    r = s.request("PUT", "/v1/checkpoint", data=overflowing_checkpoint(s), headers=SAFETENSORS)
+    assert r.status_code == 200, r.text
+    before, step = state(s)
+    x, y = learnable_batch(rng, 4)
+    bad = train(s, x, y)
+    assert bad["skipped"] == "nonfinite" and bad["step"] == 1 and bad["loss"] is None
+    after, step_after = state(s)
+    assert step_after == step
+    for k in before:
+        assert np.array_equal(before[k], after[k]), k
+    assert s.metric("streamfeed_steps_skipped_total", reason="nonfinite") == 1
+    zeros = np.zeros((4, 32, 32, 3), np.uint8)
+    ok = train(s, zeros, y)
+    assert ok["skipped"] is None and ok["step"] == 2 and math.isfinite(ok["loss"])
+
+
+def test_consecutive_skipped_steps_turn_readyz_false_as_diverged_until_a_step_trains(start_server):
+    s = start_server(*SCALED, "--train.max_nonfinite_in_row", "3")
+    rng = np.random.default_rng(6)
+    train(s, *learnable_batch(rng, 4))
+    good = s.get("/v1/checkpoint").content
+    assert s.request("PUT", "/v1/checkpoint", data=overflowing_checkpoint(s), headers=SAFETENSORS).status_code == 200
+    for i in range(3):
+        assert s.get("/readyz").status_code == 200, i
+        assert train(s, *learnable_batch(rng, 4))["skipped"] == "nonfinite"
+    r = s.get("/readyz")
+    assert r.status_code == 503 and any(m.startswith("diverged") for m in r.json()["reasons"]), r.text
+    # A checkpoint restore clears it.
+    assert s.request("PUT", "/v1/checkpoint", data=good, headers=SAFETENSORS).status_code == 200
+    assert s.get("/readyz").status_code == 200
+    # So does a step that trains again.
+    assert s.request("PUT", "/v1/checkpoint", data=overflowing_checkpoint(s), headers=SAFETENSORS).status_code == 200
+    for _ in range(3):
+        train(s, *learnable_batch(rng, 4))
+    assert s.get("/readyz").status_code == 503
+    train(s, np.zeros((4, 32, 32, 3), np.uint8), np.zeros(4, np.int64))
+    assert s.get("/readyz").status_code == 200
+
+
+def fc_step(s, rng, extra):
+    """One SGD step (lr 1, no momentum) from the same start with the given
+    flags; returns (parameters before, after, the pre-clip norm histogram sum)."""
+    srv = s(*TINY, "--optim.lr", "1", *extra)
+    p0, _ = state(srv)
+    train(srv, *learnable_batch(np.random.default_rng(7), 8))
+    p1, _ = state(srv)
+    return p0, p1, srv.metric("streamfeed_grad_norm_sum")
+
+
+def test_clipping_with_a_tiny_max_norm_scales_the_step_by_the_clip_coefficient(start_server):
+    p0, p1, norm = fc_step(start_server, None, [])
+    _, c1, norm_c = fc_step(start_server, None, ["--optim.clip_grad_norm", "0.001"])
+    assert norm > 0 and math.isclose(norm, norm_c, rel_tol=1e-9)  # the pre-clip norm
+    coef = np.float32(0.001) / (np.float32(norm) + np.float32(1e-6))
+    # The unclipped update is the gradient (lr 1): its norm is the one reported.
+    g = {k: p0[k] - p1[k] for k in p0 if not k.startswith("optim")}
+    assert math.isclose(math.sqrt(sum(float((v.astype(np.float64) ** 2).sum()) for v in g.values())), norm,
+                        rel_tol=1e-4)
+    for k, gk in g.items():
+        want = p0[k] - gk * coef
+        assert np.allclose(c1[k], want, rtol=0, atol=1e-6 * np.abs(p0[k]).max() + 1e-9), k
+
+
+def test_label_smoothing_loss_matches_the_cross_entropy_formula(start_server):
+    s = start_server(*TINY, "--loss.label_smoothing", "0.2")
+    rng = np.random.default_rng(8)
+    x, y = learnable_batch(rng, 6)
+    logits = st_load(post(s, x, y, "&mode=eval&return=logits").content)["logits"]
+    e = evaluate(s, x, y)
+    assert math.isclose(e["loss"], softmax_xent(logits, y, 0.2), rel_tol=1e-5)
+    assert not math.isclose(e["loss"], softmax_xent(logits, y, 0.0), rel_tol=1e-3)
+    # Hot: a PATCH applies to the next batch.
+    assert s.patch_config({"loss": {"label_smoothing": 0}}).status_code == 200
+    assert math.isclose(evaluate(s, x, y)["loss"], softmax_xent(logits, y, 0.0), rel_tol=1e-5)
+
+
+def test_the_tiny_preset_trains_32x32_batches_with_no_other_flag(start_server):
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref")
+    rng = np.random.default_rng(9)
+    reply = train(s, *learnable_batch(rng, 8))
+    assert reply["step"] == 1 and math.isfinite(reply["loss"])
+    assert evaluate(s, *learnable_batch(rng, 4))["kind"] == "eval"
+
+
+def test_a_random_op_in_the_eval_pipeline_is_refused_at_start_naming_the_option():
+    import os
+    import subprocess
+    from sfharness import BIN
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFEED_")}
+    p = subprocess.run([BIN, "--http.port", "0", *TINY, "--augment.eval_pipeline",
+                        '[{"op":"horizontal_flip","p":0.5}]'], capture_output=True, text=True, timeout=30, env=env)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "augment.eval_pipeline" in p.stderr and "deterministic" in p.stderr

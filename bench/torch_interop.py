@@ -67,7 +67,23 @@ follows its own momentum exactly (p' = p - lr * buf').
      strict-loaded from the original checkpoint in eval() mode. Its frozen
      running statistics must not move.
 
+  5. A training trajectory (--trajectory; every preset without batchnorm
+     unless --trajectory-all): from the same weights, 20 SGD steps (momentum,
+     weight decay) with linear warmup + cosine (LinearLR, CosineAnnealingLR,
+     SequentialLR), clip_grad_norm_ and label smoothing, on the same batches,
+     in the service and in PyTorch; each step's loss must agree within
+     --tol-trajectory (relative, 1e-4: fp32 on both sides). Then an eval
+     batch (?mode=eval) against PyTorch's eval() under torch.no_grad(): loss,
+     top-1 and top-5 (torch.topk).
+  6. Eval throughput (--eval-throughput PRESET, e.g. resnet18 for W3): the
+     service's forward-only eval batches against its own training batches,
+     and PyTorch's torch.no_grad() eval and training step, samples/s in the
+     same run, with --throughput-batch and --throughput-batches.
+
     python3 bench/torch_interop.py --bin build/streamfeed --json build/torch_interop.json
+    python3 bench/torch_interop.py --preset tiny --backends ref --trajectory-only   # the CPU build
+    python3 bench/torch_interop.py --preset resnet18 --backends auto --trajectory-only --trajectory-all \
+        --eval-throughput resnet18
 
 Options: --preset tiny,seed-classifier,seed-encdec,resnet18 (the default; a
 comma list; --presets is the same option)  --backends auto,ref (ref is slow on
@@ -108,13 +124,15 @@ FROZEN_PREFIX = "backbone."  # check 4: the renamed trunk
 
 
 class Service:
-    def __init__(self, binary, model_args, backend, ckdir, log):
-        """model_args: ["--model.preset", name], or a --model.spec and its options."""
+    def __init__(self, binary, model_args, backend, ckdir, log, extra=()):
+        """model_args: ["--model.preset", name], or a --model.spec and its options.
+        extra: more flags, after (so instead of) these."""
         args = [binary, "--http.port", "0", "--http.host", "127.0.0.1", *model_args,
                 "--pipeline.backend", backend, "--model.precision", "fp32", "--augment.pipeline", AUG,
+                "--augment.eval_pipeline", AUG,
                 "--optim.lr", str(LR), "--optim.momentum", str(MOMENTUM), "--model.max_batch", "16",
                 "--checkpoint.dir", str(ckdir), "--checkpoint.on_shutdown", "false",
-                "--log.requests", "false"]
+                "--log.requests", "false", *extra]
         env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFEED_")}
         self.log = open(log, "w+b")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, env=env)
@@ -171,6 +189,30 @@ class Service:
         b = r.json()
         assert b["state"] == "done", b
         return b
+
+    def post_eval(self, images, labels):
+        body = st_save({"images": np.ascontiguousarray(images),
+                        "labels": np.ascontiguousarray(np.asarray(labels, np.int64))})
+        r = self.http.post(self.url + "/v1/batches?wait=1&mode=eval&eval=interop", data=body, headers=SAFETENSORS,
+                           timeout=600)
+        assert r.status_code == 200, r.text
+        b = r.json()
+        assert b["state"] == "done" and b["kind"] == "eval", b
+        return b
+
+    def post_async(self, body, query=""):
+        """Queues a batch (202) and returns its id; a full ring suspends the upload."""
+        r = self.http.post(self.url + "/v1/batches" + query, data=body, headers=SAFETENSORS, timeout=600)
+        assert r.status_code == 202, r.text
+        return r.json()["id"]
+
+    def wait_done(self, bid):
+        while True:
+            b = self.get(f"/v1/batches/{bid}").json()
+            if b["state"] in ("done", "failed"):
+                assert b["state"] == "done", b
+                return b
+            time.sleep(0.002)
 
     def transform(self, images):
         r = self.http.post(self.url + "/v1/transform", data=st_save({"images": np.ascontiguousarray(images)}),
@@ -696,6 +738,175 @@ def run_one(args, preset, backend, work):
     return res
 
 
+# ---- 5. the trajectory, and 6. eval throughput --------------------------------------
+
+TRAJ_LR, TRAJ_MOMENTUM, TRAJ_WD = 0.05, 0.9, 1e-4
+TRAJ_WARMUP, TRAJ_START, TRAJ_TMAX, TRAJ_ETA = 5, 0.1, 15, 0.001
+TRAJ_CLIP, TRAJ_SMOOTHING, TRAJ_STEPS, TRAJ_BATCH = 0.5, 0.1, 20, 8
+TRAJ_FLAGS = ["--optim.lr", str(TRAJ_LR), "--optim.momentum", str(TRAJ_MOMENTUM),
+              "--optim.weight_decay", str(TRAJ_WD), "--optim.schedule", "cosine",
+              "--optim.t_max", str(TRAJ_TMAX), "--optim.eta_min", str(TRAJ_ETA),
+              "--optim.warmup_steps", str(TRAJ_WARMUP), "--optim.warmup_start_factor", str(TRAJ_START),
+              "--optim.clip_grad_norm", str(TRAJ_CLIP), "--loss.label_smoothing", str(TRAJ_SMOOTHING)]
+
+
+def trajectory_check(args, preset, backend, work):
+    """Check 5: 20 steps of warmup + cosine, clipping and label smoothing from
+    the same weights, per-step loss against PyTorch; then one eval batch."""
+    import torch
+    import torch.nn.functional as F
+    ckdir = work / f"ck-traj-{preset}-{backend}"
+    ckdir.mkdir()
+    svc = Service(args.bin, ["--model.preset", preset], backend, ckdir, work / f"service-traj-{preset}-{backend}.log",
+                  TRAJ_FLAGS)
+    res = {"check": "trajectory", "preset": preset, "backend": svc.model["backend"], "steps": TRAJ_STEPS}
+    ok = True
+    try:
+        c, h, w = svc.model["input"]
+        classes = svc.model["classes"]
+        side = TorchSide(preset, args.device)
+        p0 = ckdir / "start.safetensors"
+        p0.write_bytes(svc.checkpoint(optimizer=False))
+        model = side.load(str(p0)).train()
+        opt = torch.optim.SGD(model.parameters(), lr=TRAJ_LR, momentum=TRAJ_MOMENTUM, weight_decay=TRAJ_WD)
+        sched = torch.optim.lr_scheduler.SequentialLR(
+            opt, [torch.optim.lr_scheduler.LinearLR(opt, start_factor=TRAJ_START, total_iters=TRAJ_WARMUP),
+                  torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=TRAJ_TMAX, eta_min=TRAJ_ETA)],
+            milestones=[TRAJ_WARMUP])
+        rng = np.random.default_rng(args.seed + 5)
+        worst, rows, clipped = 0.0, [], 0
+        for t in range(TRAJ_STEPS):
+            images = rng.integers(0, 256, (TRAJ_BATCH, h, w, c), dtype=np.uint8)
+            labels = rng.integers(0, classes, TRAJ_BATCH)
+            got = svc.post_batch(images, labels)
+            x = torch.from_numpy(svc.transform(images)).to(args.device)
+            y = torch.from_numpy(labels).to(args.device)
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y, label_smoothing=TRAJ_SMOOTHING)
+            loss.backward()
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), TRAJ_CLIP))
+            clipped += norm > TRAJ_CLIP
+            opt.step()
+            sched.step()
+            d = abs(got["loss"] - float(loss)) / max(abs(float(loss)), 1e-12)
+            worst = max(worst, d)
+            rows.append({"step": t + 1, "loss_service": got["loss"], "loss_torch": float(loss), "rel_diff": d,
+                         "grad_norm_torch": norm})
+        res.update({"max_rel_loss_diff": worst, "steps_clipped_in_torch": int(clipped), "per_step": rows})
+        ok &= worst <= args.tol_trajectory and got["step"] == TRAJ_STEPS
+        # The eval batch: eval() under no_grad, the same smoothing.
+        images = rng.integers(0, 256, (TRAJ_BATCH, h, w, c), dtype=np.uint8)
+        labels = rng.integers(0, classes, TRAJ_BATCH)
+        e = svc.post_eval(images, labels)
+        model.eval()
+        with torch.no_grad():
+            out = model(torch.from_numpy(svc.transform(images)).to(args.device))
+            y = torch.from_numpy(labels).to(args.device)
+            loss_t = float(F.cross_entropy(out, y, label_smoothing=TRAJ_SMOOTHING))
+            top1 = float((out.argmax(1) == y).float().mean())
+            top5 = float((out.topk(min(5, classes), 1).indices == y[:, None]).any(1).float().mean())
+        ed = abs(e["loss"] - loss_t) / max(abs(loss_t), 1e-12)
+        res["eval"] = {"loss_service": e["loss"], "loss_torch": loss_t, "rel_diff": ed,
+                       "top1_service": e["top1"], "top1_torch": top1, "top5_service": e["top5"], "top5_torch": top5,
+                       "step_service": e["step"]}
+        ok &= ed <= args.tol_trajectory and e["top1"] == top1 and e["top5"] == top5 and e["step"] == TRAJ_STEPS
+    except (AssertionError, requests.HTTPError) as ex:
+        res["error"] = str(ex)
+        ok = False
+    finally:
+        res["service_exit"] = svc.stop()
+    res["pass"] = bool(ok) and res["service_exit"] == 0
+    return res
+
+
+def eval_throughput(args, preset, backend, work):
+    """Check 6 (a measurement): samples/s of the service's eval and training
+    batches and of PyTorch's no_grad eval and training step, same run."""
+    import torch
+    import torch.nn.functional as F
+    ckdir = work / f"ck-rate-{preset}-{backend}"
+    ckdir.mkdir()
+    B, K = args.throughput_batch, args.throughput_batches
+    svc = Service(args.bin, ["--model.preset", preset], backend, ckdir, work / f"service-rate-{preset}-{backend}.log",
+                  ["--model.max_batch", str(B), "--model.precision", args.throughput_precision])
+    res = {"check": "eval_throughput", "preset": preset, "backend": svc.model["backend"], "batch": B, "batches": K,
+           "precision": args.throughput_precision}
+    try:
+        c, h, w = svc.model["input"]
+        classes = svc.model["classes"]
+        rng = np.random.default_rng(args.seed + 6)
+        body = st_save({"images": rng.integers(0, 256, (B, h, w, c), dtype=np.uint8),
+                        "labels": rng.integers(0, classes, B).astype(np.int64)})
+
+        def service_rate(query):
+            for _ in range(3):  # warm-up
+                svc.wait_done(svc.post_async(body, query))
+            t0 = time.perf_counter()
+            last = None
+            for _ in range(K):
+                last = svc.post_async(body, query)
+            svc.wait_done(last)
+            return B * K / (time.perf_counter() - t0)
+
+        res["service_train_samples_per_s"] = service_rate("")
+        res["service_eval_samples_per_s"] = service_rate("?mode=eval")
+        res["service_eval_over_train"] = res["service_eval_samples_per_s"] / res["service_train_samples_per_s"]
+        side = TorchSide(preset, args.device)
+        model = torch_model(preset).to(args.device)
+        x = torch.from_numpy(svc.transform(np.frombuffer(st_load(body)["images"].tobytes(), np.uint8)
+                                           .reshape(B, h, w, c))).to(args.device)
+        y = torch.randint(0, classes, (B,), device=args.device)
+        dt = torch.bfloat16 if args.throughput_precision == "bf16" else None
+        if args.device.startswith("cuda"):
+            # PyTorch's fast path for convolutions on tensor cores (as bench/pytorch_w3.py).
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+            torch.backends.cudnn.benchmark = True
+            torch.backends.cudnn.allow_tf32 = args.throughput_precision == "tf32"
+            torch.backends.cuda.matmul.allow_tf32 = args.throughput_precision == "tf32"
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        def sync():
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+
+        def torch_rate(step):
+            for _ in range(3):
+                step()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(K):
+                step()
+            sync()
+            return B * K / (time.perf_counter() - t0)
+
+        def train_step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=dt, enabled=dt is not None):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+
+        def eval_step():
+            with torch.no_grad(), torch.autocast("cuda", dtype=dt, enabled=dt is not None):
+                model(x)
+
+        model.train()
+        res["torch_train_samples_per_s"] = torch_rate(train_step)
+        model.eval()
+        res["torch_eval_samples_per_s"] = torch_rate(eval_step)
+        res["torch_eval_over_train"] = res["torch_eval_samples_per_s"] / res["torch_train_samples_per_s"]
+        res["mark_eval_over_train_2_5x"] = res["service_eval_over_train"] >= 2.5
+        del side
+    except (AssertionError, requests.HTTPError) as ex:
+        res["error"] = str(ex)
+    finally:
+        res["service_exit"] = svc.stop()
+    # A measurement, not a check: it passes when it ran.
+    res["pass"] = "error" not in res and res["service_exit"] == 0
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default="build/streamfeed")
@@ -717,8 +928,18 @@ def main():
     ap.add_argument("--no-eval-check", action="store_true",
                     help="skip check 4 (eval mode through a frozen trunk) for the batchnorm presets")
     ap.add_argument("--numpy", action="store_true", help="self-check without PyTorch (checks 1 and 2)")
+    ap.add_argument("--trajectory", action="store_true", help="also run check 5 (the trajectory and an eval batch)")
+    ap.add_argument("--trajectory-only", action="store_true", help="run check 5 (and 6 if asked) only")
+    ap.add_argument("--trajectory-all", action="store_true",
+                    help="check 5 on the batchnorm presets too (their fp32 gradients agree only to ~1e-3)")
+    ap.add_argument("--tol-trajectory", type=float, default=1e-4, help="max relative loss difference per step")
+    ap.add_argument("--eval-throughput", default=None, help="comma list of presets for check 6 (W3: resnet18)")
+    ap.add_argument("--throughput-batch", type=int, default=256)
+    ap.add_argument("--throughput-batches", type=int, default=20)
+    ap.add_argument("--throughput-precision", default="bf16", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    args.trajectory = args.trajectory or args.trajectory_only
     if not args.numpy and args.device is None:
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -729,6 +950,14 @@ def main():
             for backend in args.backends.split(","):
                 if backend == "ref" and preset != "tiny" and not args.ref_all:
                     continue
+                if args.trajectory and not args.numpy and (args.trajectory_all or preset in ("tiny", "seed-classifier")):
+                    t0 = time.monotonic()
+                    r = trajectory_check(args, preset, backend, work)
+                    r["seconds"] = round(time.monotonic() - t0, 1)
+                    results.append(r)
+                    print(json.dumps(r, indent=1, default=str), flush=True)
+                if args.trajectory_only:
+                    continue
                 t0 = time.monotonic()
                 r = run_one(args, preset, backend, work)
                 r["seconds"] = round(time.monotonic() - t0, 1)
@@ -737,10 +966,16 @@ def main():
                 if not r["pass"]:
                     for log in work.glob(f"service-{preset}-{backend}.log"):
                         print(log.read_text()[-3000:], file=sys.stderr)
+        for preset in (args.eval_throughput.split(",") if args.eval_throughput else []):
+            for backend in args.backends.split(","):
+                r = eval_throughput(args, preset, backend, work)
+                results.append(r)
+                print(json.dumps(r, indent=1, default=str), flush=True)
     report = {"device": args.device, "numpy": args.numpy, "results": results,
               "pass": all(r["pass"] for r in results)}
     print("torch_interop:", "PASS" if report["pass"] else "FAIL",
-          " ".join(f"{r['preset']}/{r['backend']}={'skipped' if r.get('skipped') else 'ok' if r['pass'] else 'FAIL'}"
+          " ".join(f"{r.get('check', 'interop')}:{r['preset']}/{r['backend']}="
+                   f"{'skipped' if r.get('skipped') else 'ok' if r['pass'] else 'FAIL'}"
                    for r in results))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))

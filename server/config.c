@@ -248,7 +248,7 @@ const sf_cfg_option sf_config_table[] = {
     {"optim.warmup_start_factor", SF_CT_DOUBLE, F(optim.warmup_start_factor), "0.333333333333333",
      1e-8, 1, NULL, SF_CF_HOT, check_schedule,
      "Factor of optim.lr at the first warmup step (LinearLR start_factor)."},
-    {"optim.clip_grad_norm", SF_CT_DOUBLE, F(optim.clip_grad_norm), "0", 0, 1e6, NULL, SF_CF_HOT,
+    {"optim.clip_grad_norm", SF_CT_DOUBLE, F(optim.clip_grad_norm), "0", 0, 10000, NULL, SF_CF_HOT,
      NULL,
      "Gradient clipping, torch.nn.utils.clip_grad_norm_ semantics: the gradients about to be "
      "applied (after accumulation) are scaled by min(1, max_norm / (norm + 1e-6)), norm the L2 "
@@ -1040,15 +1040,10 @@ void sf_config_print_markdown(void)
     }
     printf("\n## Preset recipes\n\n"
            "The augmentation of a preset when augment.pipeline / augment.eval_pipeline are empty "
-           "(a model.spec model: `[]` for both).\n\n"
-           "| preset | train (augment.pipeline) | eval (augment.eval_pipeline) |\n| --- | --- | --- |\n");
-    for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++) {
-        printf("| `%s` | `", preset_recipes[i].preset);
-        md_cell(preset_recipes[i].train);
-        printf("` | `");
-        md_cell(preset_recipes[i].eval);
-        printf("` |\n");
-    }
+           "(a model.spec model: `[]` for both).\n\n");
+    for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++)
+        printf("- `%s`\n  - train: `%s`\n  - eval: `%s`\n", preset_recipes[i].preset, preset_recipes[i].train,
+               preset_recipes[i].eval);
 }
 
 /* One option's JSON schema as YAML flow mapping. Patch schemas also take

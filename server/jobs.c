@@ -64,6 +64,15 @@ uint64_t sf_jobs_create(sf_jobs *j, int n, int kind)
     return id;
 }
 
+void sf_jobs_set_eval_name(sf_jobs *j, uint64_t id, const char *name)
+{
+    pthread_mutex_lock(&j->mu);
+    sf_job *e = find(j, id);
+    if (e)
+        snprintf(e->eval_name, sizeof e->eval_name, "%s", name);
+    pthread_mutex_unlock(&j->mu);
+}
+
 int sf_jobs_get(sf_jobs *j, uint64_t id, sf_job *out)
 {
     pthread_mutex_lock(&j->mu);

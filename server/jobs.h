@@ -44,6 +44,8 @@ sf_jobs *sf_jobs_new(int cap);
 void sf_jobs_destroy(sf_jobs *j);
 /* Creates a QUEUED job and returns its id. */
 uint64_t sf_jobs_create(sf_jobs *j, int n, int kind);
+/* An eval job's evaluation name, shown from the start (failures included). */
+void sf_jobs_set_eval_name(sf_jobs *j, uint64_t id, const char *name);
 /* Copies a job; -1 when unknown or evicted. */
 int sf_jobs_get(sf_jobs *j, uint64_t id, sf_job *out);
 void sf_jobs_set_state(sf_jobs *j, uint64_t id, sf_job_state s);

@@ -573,6 +573,8 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         m->release_result = xform_release;
     }
     u->job_id = sf_jobs_create(app->jobs, in->n, u->eval ? SF_JOB_KIND_EVAL : u->kind);
+    if (u->eval)
+        sf_jobs_set_eval_name(app->jobs, u->job_id, u->eval_name);
     m->job_id = u->job_id;
     m->t_ready_ns = sf_now_ns();
     u->committed = 1;

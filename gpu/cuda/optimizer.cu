@@ -64,6 +64,21 @@ __device__ __forceinline__ int seg_of(const sf_sgd_segs &segs, size_t i)
     return -1;
 }
 
+/* The segment the four elements from i0 fall in (-1: none), and whether they
+ * straddle its edge (then each element is looked up on its own). */
+__device__ __forceinline__ int seg_of4(const sf_sgd_segs &segs, size_t i0, int *straddle)
+{
+    *straddle = 0;
+    for (int k = 0; k < segs.n; k++) {
+        const size_t a = segs.s[k].off, b = a + segs.s[k].len;
+        if (i0 + 4 > a && i0 < b) {
+            *straddle = !(i0 >= a && i0 + 4 <= b);
+            return k;
+        }
+    }
+    return -1;
+}
+
 /* Four consecutive elements per thread. p and m are read and written as
  * float4 (the buffers are 256-byte aligned and i0 is a multiple of 4). */
 __global__ void k_sgd(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
@@ -77,15 +92,8 @@ __global__ void k_sgd(float *__restrict__ p, const float *__restrict__ g, float 
     if (grad_skip(gs, &coef))
         return;
     const float lr = hp->lr, mom = hp->momentum, wd = hp->weight_decay;
-    int si = -1, straddle = 0;
-    for (int k = 0; k < segs.n; k++) {
-        const size_t a = segs.s[k].off, b = a + segs.s[k].len;
-        if (i0 + 4 > a && i0 < b) {
-            si = k;
-            straddle = !(i0 >= a && i0 + 4 <= b);
-            break;
-        }
-    }
+    int straddle;
+    const int si = seg_of4(segs, i0, &straddle);
     if (i0 + 4 <= len && !straddle) {
         float4 pv = *reinterpret_cast<const float4 *>(p + i0);
         /* Without momentum the buffer is neither read nor written (plain SGD
@@ -149,15 +157,8 @@ __global__ void k_sgd_mixed(float *__restrict__ p, const float *__restrict__ g, 
     if (grad_skip(gs, &coef))
         return;
     const float lr = hp->lr, mom = hp->momentum, wdk = hp->weight_decay;
-    int si = -1, straddle = 0;
-    for (int k = 0; k < segs.n; k++) {
-        const size_t a = segs.s[k].off, b = a + segs.s[k].len;
-        if (i0 + 4 > a && i0 < b) {
-            si = k;
-            straddle = !(i0 >= a && i0 + 4 <= b);
-            break;
-        }
-    }
+    int straddle;
+    const int si = seg_of4(segs, i0, &straddle);
     if (i0 + 4 <= len && !straddle) {
         float4 pv = *reinterpret_cast<const float4 *>(p + i0);
         float4 mv = mom != 0.f ? *reinterpret_cast<const float4 *>(m + i0) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -216,15 +217,8 @@ __global__ void k_adamw(float *__restrict__ p, const float *__restrict__ g, floa
     if (grad_skip(gs, &coef))
         return;
     const sf_adamw_hyper h = *hp;
-    int si = -1, straddle = 0;
-    for (int k = 0; k < segs.n; k++) {
-        const size_t a = segs.s[k].off, b = a + segs.s[k].len;
-        if (i0 + 4 > a && i0 < b) {
-            si = k;
-            straddle = !(i0 >= a && i0 + 4 <= b);
-            break;
-        }
-    }
+    int straddle;
+    const int si = seg_of4(segs, i0, &straddle);
     if (i0 + 4 <= len && !straddle) {
         float4 pv = *reinterpret_cast<const float4 *>(p + i0);
         float4 mv = *reinterpret_cast<const float4 *>(m + i0);

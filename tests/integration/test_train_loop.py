@@ -116,7 +116,11 @@ def test_the_number_of_eval_names_is_bounded_and_one_more_is_refused(start_serve
     evaluate(s, x, y, name="b")
     r = post(s, x, y, "&mode=eval&eval=c")
     assert r.status_code == 409 and r.json()["error"]["code"] == "too_many_evals", r.text
-    evaluate(s, x, y, name="a")  # a known name is still fine
+    # A known name is still fine, queued (202) too: the batch names its evaluation.
+    queued = s.request("POST", "/v1/batches?mode=eval&eval=a", data=st_body(x, y), headers=SAFETENSORS)
+    assert queued.status_code == 202, queued.text
+    b = s.wait_batch(queued.json()["id"])
+    assert b["kind"] == "eval" and b["eval"] == "a" and b["state"] == "done"
     assert s.get("/v1/evals/a").json()["batches"] == 2
     assert s.metric("streamfeed_batches_rejected_total", reason="too_many_evals") == 1
     bad = post(s, x, y, "&mode=eval&eval=no%20spaces")

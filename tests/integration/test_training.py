@@ -66,9 +66,16 @@ def test_transform_with_an_identity_pipeline_returns_the_input_as_float32_nchw(s
     assert s.metric("streamfeed_steps_total") == 0
 
 
+# W1's augmentation (crop 128, resize 256, rotate, blur, normalize): the
+# seed-classifier preset's recipe, given explicitly to the tiny model here
+# (whose own recipe only normalises).
+W1_AUG = ('[{"op":"to_dtype","dtype":"float32","scale":1.0},{"op":"random_crop","size":[128,128]},'
+          '{"op":"resize","size":[256,256]},{"op":"random_rotation","degrees":[-45,45]},'
+          '{"op":"gaussian_blur","kernel_size":7,"sigma":[0.1,2.0]},{"op":"normalize","mean":[0],"std":[1]}]')
+
+
 def test_transform_with_the_w1_pipeline_returns_n_3_256_256_float32(start_server, rng):
-    # The default augmentation is W1 (crop 128, resize 256, rotate, blur, normalize).
-    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref")
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline", W1_AUG)
     images = rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8)
     r = s.post_batch(st_body(images), path="/v1/transform")
     assert r.status_code == 200, r.text
@@ -83,7 +90,8 @@ def test_transform_with_the_w1_pipeline_returns_n_3_256_256_float32(start_server
 
 
 def _w1_transform(start_server, images, seed):
-    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.seed", str(seed))
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline", W1_AUG,
+                     "--augment.seed", str(seed))
     r = s.post_batch(st_body(images), path="/v1/transform")
     assert r.status_code == 200, r.text
     s.stop()

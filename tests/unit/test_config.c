@@ -65,7 +65,10 @@ static void test_defaults_parse_and_hold_the_table_values(void **state)
     assert_true(c.optim.momentum == 0.0);
     assert_string_equal(c.log.level, "info");
     assert_int_equal(c.shutdown.grace_s, 30);
-    assert_non_null(strstr(c.augment.pipeline, "random_crop"));
+    /* Empty: the preset's recipe, W1's for seed-classifier. */
+    assert_string_equal(c.augment.pipeline, "");
+    assert_non_null(strstr(sf_config_train_pipeline(&c), "random_crop"));
+    assert_null(strstr(sf_config_eval_pipeline(&c), "random_crop"));
     /* The defaults pass every semantic check. */
     assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), 0);
 }
@@ -391,6 +394,40 @@ static void test_load_fails_on_a_bad_flag_env_or_file(void **state)
     assert_non_null(strstr(err, "/nonexistent/streamfeed.json"));
 }
 
+static void test_presets_bring_their_recipes_and_an_explicit_pipeline_overrides(void **state)
+{
+    (void)state;
+    sf_config c;
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "model.preset", "tiny", err, sizeof err), 0);
+    assert_non_null(strstr(sf_config_train_pipeline(&c), "normalize"));
+    assert_null(strstr(sf_config_train_pipeline(&c), "random"));
+    assert_int_equal(sf_config_set_text(&c, "model.preset", "resnet18", err, sizeof err), 0);
+    assert_non_null(strstr(sf_config_train_pipeline(&c), "random_resized_crop"));
+    assert_non_null(strstr(sf_config_eval_pipeline(&c), "center_crop"));
+    assert_int_equal(sf_config_set_text(&c, "augment.pipeline", "[]", err, sizeof err), 0);
+    assert_string_equal(sf_config_train_pipeline(&c), "[]");
+    assert_int_equal(sf_config_set_text(&c, "model.spec",
+                                        "{\"input\":[3,8,8],\"classes\":2,\"layers\":[{\"type\":\"flatten\","
+                                        "\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":2}]}",
+                                        err, sizeof err), 0);
+    assert_string_equal(sf_config_eval_pipeline(&c), "[]");
+}
+
+static void test_an_eval_pipeline_with_a_random_op_is_refused_naming_it(void **state)
+{
+    (void)state;
+    sf_config c;
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "augment.eval_pipeline",
+                                        "[{\"op\":\"center_crop\",\"size\":[8,8]},{\"op\":\"random_rotation\","
+                                        "\"degrees\":[-5,5]}]", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "augment.eval_pipeline");
+    assert_non_null(strstr(err, "random_rotation"));
+    assert_non_null(strstr(err, "deterministic"));
+}
+
 /* ---- to_json ---------------------------------------------------------------- */
 
 static void test_to_json_nests_sections_and_masks_the_token(void **state)
@@ -401,7 +438,7 @@ static void test_to_json_nests_sections_and_masks_the_token(void **state)
     cJSON *j = sf_config_to_json(&c);
     assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "http"), "token")->valuestring, "");
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "model"), "spec")));
-    assert_true(cJSON_IsArray(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "augment"), "pipeline")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "augment"), "pipeline")));
     assert_int_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "ring"), "slots")->valueint, 8);
     size_t n = 0;
     for (cJSON *s = j->child; s; s = s->next)
@@ -571,6 +608,8 @@ int main(void)
         cmocka_unit_test(test_validate_runs_the_semantic_checks_and_names_the_field),
         cmocka_unit_test(test_load_applies_file_then_env_then_flags),
         cmocka_unit_test(test_load_fails_on_a_bad_flag_env_or_file),
+        cmocka_unit_test(test_presets_bring_their_recipes_and_an_explicit_pipeline_overrides),
+        cmocka_unit_test(test_an_eval_pipeline_with_a_random_op_is_refused_naming_it),
         cmocka_unit_test(test_to_json_nests_sections_and_masks_the_token),
         cmocka_unit_test(test_to_json_writes_int64_and_double_options_exactly),
         cmocka_unit_test_setup(test_patch_is_all_or_nothing, live_setup),

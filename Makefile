@@ -8,6 +8,7 @@
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
 #   make bench        side-by-side benchmarks (needs a GPU)
 #   make bench-jpeg   JPEG decode and JPEG-fed training against PyTorch (needs a GPU)
+#   make bench-multi-gpu  data-parallel training on 1 and G GPUs against PyTorch DDP
 #   make fuzz         every parser under libFuzzer (clang), FUZZ_SECONDS each (300)
 #   make fuzz-long    the same, an hour each (FUZZ_SECONDS=3600): tests/fuzz/RESULTS.md
 #   make soak         32 connections of mixed traffic for SOAK_SECONDS (600), checked
@@ -44,12 +45,12 @@ PORT    ?= 8080
 PYTHON  ?= python3
 VENV    := .venv
 
-DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
+DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
-LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -lm -lpthread
+LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -lgloo -lstdc++ -lm -lpthread
 
 ifdef DEBUG
   CFLAGS += -O0
@@ -60,14 +61,23 @@ ifdef SANITIZE
 endif
 ifdef DEPS_PREFIX
   CPPFLAGS += -I$(DEPS_PREFIX)/include
-  LDFLAGS  += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
-  NVCC_LDFLAGS += -I$(DEPS_PREFIX)/include -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Xlinker -rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu
+  # Debian puts Gloo in lib/, the others in lib/x86_64-linux-gnu/.
+  LDFLAGS  += -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Wl,-rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu \
+              -L$(DEPS_PREFIX)/lib -Wl,-rpath,$(DEPS_PREFIX)/lib
+  NVCC_LDFLAGS += -I$(DEPS_PREFIX)/include -L$(DEPS_PREFIX)/lib/x86_64-linux-gnu -Xlinker -rpath,$(DEPS_PREFIX)/lib/x86_64-linux-gnu \
+                  -L$(DEPS_PREFIX)/lib -Xlinker -rpath,$(DEPS_PREFIX)/lib
 endif
 
 # ---- sources ---------------------------------------------------------------
 SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
 HANDLER_SRC := $(wildcard handlers/*.c)
 GPU_SRC     := $(wildcard gpu/*.c) $(wildcard gpu/ref/*.c)
+# dist/: collectives between the ranks of a data-parallel job (Gloo, C++ behind a C API).
+DIST_SRC    := $(wildcard dist/*.c)
+DIST_CC_SRC := $(wildcard dist/*.cc)
+CXX         ?= g++
+CXXFLAGS    ?= -O2 -g
+CXXFLAGS    += -std=c++17 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
 ifeq ($(CUDA),1)
   CUDA_C_SRC  := $(wildcard gpu/cuda/*.c)
   CUDA_CU_SRC := $(wildcard gpu/cuda/*.cu)
@@ -101,8 +111,8 @@ else
   BACKEND_NAME := ref
 endif
 
-LIB_C_SRC := $(SERVER_SRC) $(HANDLER_SRC) $(GPU_SRC) $(CUDA_C_SRC)
-LIB_OBJ   := $(LIB_C_SRC:%.c=$(BUILD)/%.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/openapi_spec.o
+LIB_C_SRC := $(SERVER_SRC) $(HANDLER_SRC) $(GPU_SRC) $(CUDA_C_SRC) $(DIST_SRC)
+LIB_OBJ   := $(LIB_C_SRC:%.c=$(BUILD)/%.o) $(DIST_CC_SRC:%.cc=$(BUILD)/%.cc.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/openapi_spec.o
 LIB       := $(BUILD)/libstreamfeed.a
 
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
@@ -121,7 +131,7 @@ $(BUILD)/gpu/nocuda/backend_nocuda.o: CPPFLAGS += -DSF_NOCUDA_REASON='"$(CUDA_WH
 $(BUILD)/gpu/nocuda/backend_nocuda.o: .FORCE
 .FORCE:
 
-.PHONY: bench-jpeg bench-ingest client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -140,6 +150,10 @@ $(FLAVOUR_STAMP):
 $(BUILD)/%.o: %.c $(FLAVOUR_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cc.o: %.cc $(FLAVOUR_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CPPFLAGS) $(CXXFLAGS) $(if $(SANITIZE),-fsanitize=$(SANITIZE) -fno-omit-frame-pointer) -c $< -o $@
 
 $(BUILD)/%.cu.o: %.cu $(FLAVOUR_STAMP) | $(NVJPEG_DEP)
 	@mkdir -p $(dir $@)
@@ -335,6 +349,11 @@ bench-ingest: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(BUILD)/bench/memcpy
 # results in $(BENCH_OUT) (default build/bench-out/jpeg).
 bench-jpeg: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 	@bash bench/jpeg_run.sh
+
+# Data-parallel streamfeed on 1 and G GPUs beside PyTorch DDP (needs the GPUs;
+# MG_CPU=1 bench/multi_gpu_run.sh is its smoke test on the CPU).
+bench-multi-gpu: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
+	@bash bench/multi_gpu_run.sh
 
 # docs/CONFIG.md is generated from the option table; tests check it is current.
 # deploy/base/prometheusrule.yaml is generated from deploy/prometheus/alerts.yaml.

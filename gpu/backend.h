@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "aug.h"
+#include "dist/collective.h"
 #include "model.h"
 
 typedef enum sf_precision { SF_PREC_FP32 = 0, SF_PREC_TF32, SF_PREC_BF16 } sf_precision;
@@ -66,6 +67,14 @@ typedef struct sf_train_cfg {
     int64_t jpeg_max_batch_pixels; /* most decoded pixels of one encoded batch: the decode
                                       buffers (3 bytes a pixel) are sized from it once; 0: no
                                       encoded batches */
+    /* Data-parallel training (dist/collective.h): NULL or world 1 is one
+     * process, and nothing below runs. With world > 1 every training batch
+     * is one rank's part of a step all ranks take together: after the
+     * backward its gradient, scaled by n / global_n, is SUM all-reduced
+     * (Gloo on the reference backend, NCCL on CUDA) before the optimizer, so
+     * every rank applies the global sample mean. The pointer stays valid
+     * until destroy; dist->coll is set before the first batch. */
+    const sf_dist *dist;
 } sf_train_cfg;
 
 typedef struct sf_hyper {
@@ -86,6 +95,12 @@ typedef struct sf_batch {
     uint64_t seq;            /* batch sequence number (RNG key) */
     void *token;             /* opaque to the backend; returned in events */
     int n, h, w, c;          /* images: n samples of h x w x c uint8 */
+    /* Data-parallel training: the samples of this step summed over the ranks
+     * (0 when single-process: n). n may be 0 then: an empty contribution
+     * (no images, labels, plan or samples) that adds zero gradients, still
+     * joins the all-reduce and the optimizer step, and yields SLOT_FREE and
+     * STEP_DONE like any batch. */
+    int64_t global_n;
     int nhwc;                /* 1: [n,h,w,c]; 0: [n,c,h,w] */
     const uint8_t *images;   /* host pointer (pinned on CUDA); NULL in the encoded form */
     /* The encoded form (jpeg != NULL): n JPEG files whose headers the server
@@ -243,6 +258,12 @@ typedef struct sf_backend_i {
      * the CUDA context and the libraries' kernels). 0, or -1 where there is
      * nothing to say. */
     int (*describe)(sf_backend *be, char *buf, size_t len, size_t *device_bytes);
+
+    /* ---- data-parallel checks -------------------------------------------- */
+    /* A hash of the parameter bytes (FNV-1a over the sf_model layout): equal
+     * on every rank of a data-parallel job that kept its parameters
+     * identical. Called with nothing in flight. */
+    int (*param_digest)(sf_backend *be, uint64_t *digest);
 } sf_backend_i;
 
 struct sf_backend {

@@ -17,6 +17,7 @@
 
 #include "handlers/handlers.h"
 #include "server/app.h"
+#include "server/distributed.h"
 #include "server/checkpoint.h"
 #include "server/config.h"
 
@@ -226,8 +227,30 @@ static int put_data(sf_req *r, const uint8_t *data, size_t *len)
 
 const sf_stream_ops h_checkpoint_put_stream = {put_data, ckpt_done, put_max_body, NULL};
 
+/* A data-parallel job keeps one state on every rank: it is written by rank 0
+ * only, and restored only at start (checkpoint.resume on rank 0, broadcast to
+ * the others), never into one rank while the others train on. */
+static int refuse_distributed(sf_req *r, int save)
+{
+    sf_app *app = r->app;
+    if (!app->dist)
+        return 0;
+    if (save && sf_distributed_rank(app->dist) == 0)
+        return 0;
+    if (save)
+        return sf_reply_error(r, 409, "not_rank_zero",
+                              "this is rank %d of a data-parallel job: rank 0 writes the checkpoints "
+                              "(every rank holds the same parameters)",
+                              sf_distributed_rank(app->dist)), -1;
+    return sf_reply_error(r, 409, "distributed_restore_refused",
+                          "a data-parallel job restores a checkpoint only at start (checkpoint.resume or "
+                          "model.init_from on rank 0, broadcast to every rank)"), -1;
+}
+
 int h_checkpoint_put(sf_req *r)
 {
+    if (refuse_distributed(r, 0))
+        return -1;
     ckpt_req *q = req_of(r);
     if (!q)
         return sf_reply_error(r, 503, "out_of_memory", "out of memory");
@@ -330,6 +353,8 @@ static int parse_target(sf_req *r, int allow_opt, cJSON **j, const char **path, 
 
 static int save_or_load(sf_req *r, int save)
 {
+    if (refuse_distributed(r, save))
+        return -1;
     ckpt_req *q = req_of(r);
     if (!q)
         return sf_reply_error(r, 503, "out_of_memory", "out of memory");

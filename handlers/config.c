@@ -1,9 +1,11 @@
 /* handlers/config.c — GET /v1/config and PATCH /v1/config (JSON merge patch). */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "handlers/handlers.h"
 #include "server/app.h"
 #include "server/config.h"
+#include "server/distributed.h"
 
 /* Depth of a parsed JSON value (a scalar is 1). */
 static int depth_of(const cJSON *j)
@@ -76,8 +78,94 @@ int h_config_get(sf_req *r)
     return sf_reply_json(r, 200, o);
 }
 
+/* Data-parallel job: a patch applies on every rank at one step boundary. It
+ * is checked here against this rank's config (so a bad one is refused at
+ * once), queued, sent to every rank at the next round (server/engine.c) and
+ * applied there in rank order; the request waits for that round. It keeps
+ * only the patch's id (r->user). */
+#define DIST_PATCH_KEY(id) ((1ull << 63) | (id))
+
+static int dist_patch_start(sf_req *r, uint64_t *id)
+{
+    cJSON *patch = h_parse_json_body(r);
+    if (!patch)
+        return -1;
+    if (!cJSON_IsObject(patch)) {
+        cJSON_Delete(patch);
+        return sf_reply_error(r, 400, "config_invalid", "a merge patch must be a JSON object of sections"), -1;
+    }
+    char err[512] = "", field[128] = "";
+    sf_config *trial = malloc(sizeof *trial);
+    if (!trial) {
+        cJSON_Delete(patch);
+        return sf_reply_error(r, 503, "out_of_memory", "out of memory"), -1;
+    }
+    sf_config_get(trial);
+    int rc = sf_config_apply_json(trial, patch, err, sizeof err, field, sizeof field);
+    if (rc == 0)
+        rc = sf_config_validate(trial, err, sizeof err, field, sizeof field);
+    free(trial);
+    cJSON_Delete(patch);
+    if (rc)
+        return sf_reply_error_field(r, 400, "config_invalid", field, "%s", err), -1;
+    if (sf_distributed_patch_post(r->app->dist, r->body, r->body_len, id, err, sizeof err) != 0) {
+        sf_reply_header(r, "Retry-After", "1");
+        return sf_reply_error(r, 503, "distributed_unavailable", "%s", err), -1;
+    }
+    return 0;
+}
+
+static int dist_patch(sf_req *r)
+{
+    uint64_t id = (uint64_t)(uintptr_t)r->user;
+    if (!id) {
+        if (dist_patch_start(r, &id))
+            return -1;
+        r->user = (void *)(uintptr_t)id;
+        r->wait = SF_WAIT_NONE;
+    }
+    for (;;) {
+        uint64_t gen = sf_http_gen(r->app->http, SF_WAIT_CMD);
+        int status = 0;
+        char err[512], field[128];
+        cJSON *reply = NULL;
+        int st = sf_distributed_patch_result(r->app->dist, id, &status, err, sizeof err, field, sizeof field,
+                                             &reply);
+        if (st < 0)
+            return sf_reply_error(r, 503, "distributed_unavailable", "%s", err);
+        if (st > 0) {
+            if (status != 0) {
+                cJSON_Delete(reply);
+                return sf_reply_error_field(r, 400, "config_invalid", field[0] ? field : NULL, "%s", err);
+            }
+            sf_config c;
+            sf_config_get(&c);
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddItemToObject(o, "config", sf_config_to_json(&c));
+            cJSON *a = reply ? cJSON_DetachItemFromObject(reply, "applied") : NULL;
+            cJSON *p = reply ? cJSON_DetachItemFromObject(reply, "pending_restart") : NULL;
+            cJSON_AddItemToObject(o, "applied", a ? a : cJSON_CreateObject());
+            cJSON_AddItemToObject(o, "pending_restart", p ? p : cJSON_CreateObject());
+            cJSON_Delete(reply);
+            return sf_reply_json(r, 200, o);
+        }
+        if (r->wait == SF_WAIT_SHUTDOWN) {
+            sf_reply_header(r, "Retry-After", "1");
+            return sf_reply_error(r, 503, "shutting_down", "the service is shutting down");
+        }
+        if (r->wait == SF_WAIT_TIMEOUT)
+            return sf_reply_error(r, 503, "distributed_unavailable",
+                                  "the ranks did not reach a step boundary within 60 s; the patch stays "
+                                  "queued and applies at the next one");
+        if (sf_http_wait(r, SF_WAIT_CMD, DIST_PATCH_KEY(id), gen, 60000) == 0)
+            return 0;
+    }
+}
+
 int h_config_patch(sf_req *r)
 {
+    if (r->app->dist)
+        return dist_patch(r);
     cJSON *patch = h_parse_json_body(r);
     if (!patch)
         return -1;

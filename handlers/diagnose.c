@@ -11,6 +11,7 @@
 #include "handlers/handlers.h"
 #include "server/app.h"
 #include "server/diagnose.h"
+#include "server/distributed.h"
 
 /* Longest hold of the reply: the run itself takes about `seconds` (plus the
  * calibration steps and the batches in flight ahead of it). */
@@ -86,6 +87,35 @@ static int start(sf_req *r, uint64_t *id, double *seconds)
     }
 }
 
+/* A data-parallel rank adds the stage its peers share: the gradient
+ * all-reduce. It cannot be replayed alone (the other ranks must take part),
+ * so it is the live mean of the rounds so far, measured by the backend. */
+static cJSON *with_allreduce(sf_app *app, cJSON *o)
+{
+    h_add_rank(app, o);
+    if (!app->dist)
+        return o;
+    uint64_t rounds = 0;
+    double total = 0;
+    sf_distributed_allreduce_totals(app->dist, &rounds, &total);
+    cJSON *stages = cJSON_GetObjectItemCaseSensitive(o, "stages");
+    const cJSON *first = stages ? cJSON_GetArrayItem(stages, 0) : NULL;
+    const cJSON *r0 = first ? cJSON_GetObjectItemCaseSensitive(first, "steps_per_s") : NULL;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "stage", "allreduce");
+    cJSON_AddStringToObject(j, "description",
+                            "all-reduce: interconnect (the gradient all-reduce of the live steps, as the "
+                            "backend timed it; ratio: its rate over step only's)");
+    cJSON_AddNumberToObject(j, "steps", (double)rounds);
+    cJSON_AddNumberToObject(j, "seconds", total);
+    const double rate = total > 0 ? (double)rounds / total : 0;
+    cJSON_AddNumberToObject(j, "steps_per_s", rate);
+    cJSON_AddNumberToObject(j, "samples_per_s", 0);
+    cJSON_AddNumberToObject(j, "ratio", r0 && r0->valuedouble > 0 ? rate / r0->valuedouble : 0);
+    cJSON_AddItemToArray(stages, j);
+    return o;
+}
+
 int h_diagnose(sf_req *r)
 {
     uint64_t id = (uint64_t)(uintptr_t)r->user;
@@ -107,7 +137,7 @@ int h_diagnose(sf_req *r)
             if (res.status != 0)
                 return sf_reply_error(r, 500, "diagnose_failed", "%s",
                                       res.err[0] ? res.err : "the diagnosis failed");
-            return sf_reply_json(r, 200, sf_diag_result_to_json(&res));
+            return sf_reply_json(r, 200, with_allreduce(r->app, sf_diag_result_to_json(&res)));
         }
         if (r->wait == SF_WAIT_SHUTDOWN) {
             sf_reply_header(r, "Retry-After", "1");

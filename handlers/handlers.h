@@ -33,6 +33,12 @@ cJSON *h_parse_json_body(sf_req *r);
 int h_diagnose(sf_req *r);
 int h_trace(sf_req *r);
 int h_stats(sf_req *r);
+/* rank, world_size (and the job's state with world_size > 1) into a reply. */
+void h_add_rank(struct sf_app *app, cJSON *o);
+
+/* Rank 0's rendezvous store: PUT/GET /v1/distributed/kv/{key}. */
+int h_distributed_kv_put(sf_req *r);
+int h_distributed_kv_get(sf_req *r);
 
 /* Checkpoints: GET/PUT /v1/checkpoint, POST /v1/checkpoint/save and /load. */
 int h_checkpoint_get(sf_req *r);

@@ -6,6 +6,7 @@
 static const char *const CT_BATCH[] = {"application/vnd.safetensors", "application/octet-stream", NULL};
 static const char *const CT_PATCH[] = {"application/merge-patch+json", "application/json", NULL};
 static const char *const CT_DIAGNOSE[] = {"application/json", NULL};
+static const char *const CT_KV[] = {"application/octet-stream", NULL};
 
 const sf_route sf_routes[] = {
     {"GET", "/healthz", "healthz", h_healthz, NULL, SF_ROUTE_PROBE, NULL},
@@ -33,5 +34,7 @@ const sf_route sf_routes[] = {
      SF_ROUTE_AUTH, h_checkpoint_json_types},
     {"POST", "/v1/checkpoint/load", "checkpoint_load", h_checkpoint_load, &h_checkpoint_json_stream,
      SF_ROUTE_AUTH, h_checkpoint_json_types},
+    {"PUT", "/v1/distributed/kv/{key}", "distributed_kv", h_distributed_kv_put, NULL, SF_ROUTE_AUTH, CT_KV},
+    {"GET", "/v1/distributed/kv/{key}", "distributed_kv", h_distributed_kv_get, NULL, SF_ROUTE_AUTH, NULL},
 };
 const size_t sf_routes_len = sizeof sf_routes / sizeof sf_routes[0];

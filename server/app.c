@@ -1,6 +1,7 @@
 /* server/app.c — metric registration and readiness. */
 #include "server/app.h"
 
+#include "server/distributed.h"
 #include "server/engine.h"
 #include "server/jobs.h"
 #include "server/http.h"
@@ -191,6 +192,11 @@ int sf_app_ready(sf_app *app, cJSON **reasons)
         cJSON_AddItemToArray(r, cJSON_CreateString("engine not running"));
     if (app->backend && !atomic_load(&app->backend_ok))
         cJSON_AddItemToArray(r, cJSON_CreateString("backend unhealthy (see logs)"));
+    if (app->dist) {
+        char why[400];
+        if (sf_distributed_state(app->dist, why, sizeof why) != SF_DIST_JOINED)
+            cJSON_AddItemToArray(r, cJSON_CreateString(why));
+    }
     if (atomic_load(&app->diverged))
         cJSON_AddItemToArray(r, cJSON_CreateString("diverged: train.max_nonfinite_in_row optimizer steps in a "
                                                    "row were skipped for a NaN/Inf loss or gradient; "

@@ -23,6 +23,7 @@ struct sf_engine;
 struct sf_http;
 struct sf_telemetry;
 struct sf_ckpt;
+struct sf_distributed;
 struct sf_evals;
 
 /* Metric families, registered once (app.c: sf_app_metrics_init). */
@@ -76,6 +77,8 @@ typedef struct sf_app {
     atomic_int diverged;        /* nonfinite_in_row reached train.max_nonfinite_in_row: readyz
                                  * false until a step trains again or a checkpoint is restored */
     char model_warning[512];    /* "" or why this model will be slow here (GET /v1/model) */
+    struct sf_distributed *dist; /* this rank of a data-parallel job (server/distributed.h);
+                                  * NULL with distributed.world_size 1 */
 } sf_app;
 
 /* Parameters above which a model is too large for the CPU reference backend

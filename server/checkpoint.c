@@ -18,6 +18,7 @@
 
 
 #include "server/app.h"
+#include "server/distributed.h"
 #include "server/checkpoint_format.h"
 #include "server/checkpoint_store.h"
 #include "server/checkpoint_url.h"
@@ -173,7 +174,8 @@ static int cmd_apply(sf_app *app, void *arg, char *err, size_t errlen)
 static void after_step(sf_app *app, uint64_t step)
 {
     sf_ckpt *ck = app->ckpt;
-    if (!ck || !ck->dir[0])
+    /* In a data-parallel job every rank holds the same state: rank 0 writes it. */
+    if (!ck || !ck->dir[0] || sf_distributed_rank(app->dist) != 0)
         return;
     sf_config *c = malloc(sizeof *c);
     if (!c)
@@ -678,7 +680,7 @@ void sf_ckpt_shutdown(sf_app *app)
     if (!ck)
         return;
     sf_ckpt_io_stop(ck);
-    if (app->backend)
+    if (app->backend && sf_distributed_rank(app->dist) == 0)
         final_save(ck);
     /* Requests may still hold operations (and GET replies their files): those
      * release themselves; the module's own state goes now. Each of them holds

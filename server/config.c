@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gpu/aug.h"
 #include "gpu/model.h"
@@ -25,6 +26,7 @@ static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 static int check_host(const sf_config *c, char *err, size_t errlen);
 static int check_listeners(const sf_config *c, char *err, size_t errlen);
 static int check_schedule(const sf_config *c, char *err, size_t errlen);
+static int check_distributed(const sf_config *c, char *err, size_t errlen);
 static int check_eval_augment(const sf_config *c, char *err, size_t errlen);
 
 /* Defaults reproduce W1 of docs/WORKLOADS.md. */
@@ -335,6 +337,34 @@ const sf_cfg_option sf_config_table[] = {
      "On SIGTERM, the longest drain: uploads in progress finish and are trained with every "
      "accepted batch, new connections are refused; at the end of it the process stops "
      "(docs/OPERATIONS.md)."},
+    {"distributed.world_size", SF_CT_INT, F(distributed.world_size), "1", 1, 1024, NULL, 0,
+     check_distributed,
+     "Ranks of one data-parallel job (one process per GPU): every optimizer step all-reduces the "
+     "gradients of all ranks, so they keep one model. 1: a single process, no collective call "
+     "(docs/OPERATIONS.md, \"Data-parallel training\")."},
+    {"distributed.rank", SF_CT_INT, F(distributed.rank), "-1", -1, 1023, NULL, 0, NULL,
+     "This process's rank in [0, world_size). -1: the ordinal N of a StatefulSet pod's host name "
+     "(name-N); a single process (world_size 1) is rank 0."},
+    {"distributed.rendezvous", SF_CT_STRING, F(distributed.rendezvous), "", 0, 0, NULL, 0, NULL,
+     "host:port of rank 0's HTTP listener, where the other ranks join (its key-value store under "
+     "/v1/distributed/kv/); required on ranks other than 0."},
+    {"distributed.host", SF_CT_STRING, F(distributed.host), "", 0, 0, NULL, 0, NULL,
+     "Address the collective's TCP connections of this rank listen on, published to the other ranks; "
+     "empty: this machine's host name (a pod's resolves to its IP)."},
+    {"distributed.verify_every", SF_CT_INT, F(distributed.verify_every), "100", 0, 1000000000, NULL,
+     SF_CF_HOT, NULL,
+     "Every N optimizer steps the ranks compare a digest of their parameters; a mismatch turns "
+     "/readyz false (\"diverged across ranks\"). 0 disables."},
+    {"distributed.wait_ms", SF_CT_INT, F(distributed.wait_ms), "50", 1, 60000, NULL, SF_CF_HOT, NULL,
+     "A rank with no batch waits this long for one before it joins the other ranks' step with an "
+     "empty contribution (zero gradient, zero weight); counted in "
+     "streamfeed_distributed_empty_contributions_total."},
+    {"distributed.join_timeout_s", SF_CT_INT, F(distributed.join_timeout_s), "300", 1, 86400, NULL, 0,
+     NULL, "At start, every rank must have joined within this; else the rank stays up with /readyz false "
+     "naming the rendezvous address and refuses batches."},
+    {"distributed.timeout_s", SF_CT_INT, F(distributed.timeout_s), "600", 1, 86400, NULL, 0, NULL,
+     "Longest wait in one collective call once joined (a peer that stopped answering); a closed "
+     "connection (a peer that died) fails at once. Then /readyz turns false and batches are refused."},
 };
 const size_t sf_config_table_len = sizeof sf_config_table / sizeof sf_config_table[0];
 
@@ -375,6 +405,26 @@ static int check_schedule(const sf_config *c, char *err, size_t errlen)
 {
     sf_lr_sched s;
     return sf_lr_sched_from_config(c, &s, err, errlen);
+}
+
+/* A job of several ranks needs to know who this process is and where rank 0 is. */
+static int check_distributed(const sf_config *c, char *err, size_t errlen)
+{
+    const int world = c->distributed.world_size, rank = c->distributed.rank;
+    if (world > 1 && rank < 0) {
+        snprintf(err, errlen, "distributed.rank is not set and the host name ends in no StatefulSet ordinal "
+                 "(name-N): set distributed.rank in [0, %d)", world);
+        return -1;
+    }
+    if (rank >= world) {
+        snprintf(err, errlen, "distributed.rank %d is not in [0, %d) (distributed.world_size)", rank, world);
+        return -1;
+    }
+    if (world > 1 && rank > 0 && !c->distributed.rendezvous[0]) {
+        snprintf(err, errlen, "distributed.rendezvous (host:port of rank 0) is required on rank %d", rank);
+        return -1;
+    }
+    return 0;
 }
 
 static int check_augment(const sf_config *c, char *err, size_t errlen)
@@ -832,6 +882,26 @@ static int load_file(sf_config *c, const char *path, char *err, size_t errlen)
     return rc;
 }
 
+/* distributed.rank -1: a StatefulSet names its pods <name>-<ordinal> and the
+ * pod's host name is its name, so the ordinal is the rank. Read here, once,
+ * so the rest of the service sees a plain number. */
+static void derive_rank(sf_config *c)
+{
+    /* One process: no rank to derive (the service answers rank 0 then). */
+    if (c->distributed.rank >= 0 || c->distributed.world_size <= 1)
+        return;
+    char host[256] = "";
+    if (gethostname(host, sizeof host - 1) != 0)
+        return;
+    const char *dash = strrchr(host, '-');
+    if (!dash || !dash[1])
+        return;
+    char *end;
+    long n = strtol(dash + 1, &end, 10);
+    if (*end == '\0' && n >= 0 && n < 1024)
+        c->distributed.rank = (int)n;
+}
+
 int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen)
 {
     sf_config_defaults(c);
@@ -899,6 +969,7 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
         if (sf_config_set_text(c, name, val, err, errlen))
             return -1;
     }
+    derive_rank(c);
     char fld[128];
     return sf_config_validate(c, err, errlen, fld, sizeof fld);
 }

@@ -140,6 +140,16 @@ typedef struct sf_config {
         char url_allow[2048];   /* hosts, networks, URL prefixes a request's URL may name */
         char init_from[2048];   /* model.init_from: path or URL of a state_dict */
     } checkpoint;
+    struct {
+        int world_size;         /* ranks of the data-parallel job; 1: one process, no collectives */
+        int rank;               /* this process's rank; -1 before the loader derives it */
+        char rendezvous[256];   /* host:port of rank 0's HTTP listener */
+        char host[256];         /* address this rank's collective listens on; "": the host name */
+        int verify_every;       /* parameter digest compared every N steps; 0 off */
+        int wait_ms;            /* a rank without a batch waits this long before an empty round */
+        int join_timeout_s;     /* every rank must join within this */
+        int timeout_s;          /* bound of one collective call once joined */
+    } distributed;
 } sf_config;
 
 typedef enum sf_cfg_type { SF_CT_INT, SF_CT_INT64, SF_CT_DOUBLE, SF_CT_BOOL, SF_CT_STRING, SF_CT_ENUM, SF_CT_JSON } sf_cfg_type;

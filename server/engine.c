@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "server/app.h"
+#include "server/distributed.h"
 #include "server/evals.h"
 #include "server/http.h"
 #include "server/jobs.h"
@@ -29,6 +30,8 @@ typedef struct plan_entry {
 } plan_entry;
 
 #define PENDING_RECS 64 /* > any backend's max_inflight */
+/* The token of an empty contribution to a data-parallel round: no ring slot. */
+#define EMPTY_TOKEN ((void *)(intptr_t)-1)
 
 /* What the engine keeps of a batch in flight beyond its timeline: an eval
  * batch's name and the logits buffer its request holds (released at
@@ -160,6 +163,19 @@ static double sched_lr(sf_engine *e, const sf_config *c)
     return sf_lr_at(&e->sched, e->sched_batches / k);
 }
 
+/* The optimizer's settings of a step: every rank of a data-parallel job,
+ * with a batch or an empty contribution, must step with the same ones. */
+static void fill_hyper(sf_hyper *h, const sf_config *c, double lr)
+{
+    h->lr = (float)lr;
+    h->momentum = (float)c->optim.momentum;
+    h->weight_decay = (float)c->optim.weight_decay;
+    h->beta1 = (float)c->optim.beta1;
+    h->beta2 = (float)c->optim.beta2;
+    h->eps = (float)c->optim.eps;
+    h->clip_grad_norm = (float)c->optim.clip_grad_norm;
+}
+
 static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err, size_t errlen)
 {
     sf_app *app = e->app;
@@ -217,13 +233,7 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     /* An eval batch takes no step: it neither uses nor advances the schedule. */
     const int step = train && !eval;
     double lr = step ? sched_lr(e, c) : c->optim.lr;
-    b->hyper.lr = (float)lr;
-    b->hyper.momentum = (float)c->optim.momentum;
-    b->hyper.weight_decay = (float)c->optim.weight_decay;
-    b->hyper.beta1 = (float)c->optim.beta1;
-    b->hyper.beta2 = (float)c->optim.beta2;
-    b->hyper.eps = (float)c->optim.eps;
-    b->hyper.clip_grad_norm = (float)c->optim.clip_grad_norm;
+    fill_hyper(&b->hyper, c, lr);
     b->label_smoothing = (float)c->loss.label_smoothing;
     b->mix_lam = sf_aug_mix_loss_lam(&b->mix);
     b->eval = eval;
@@ -266,7 +276,7 @@ static void run_transform(sf_engine *e, int slot)
     sf_http_wake(app->http, SF_WAIT_JOB, id);
 }
 
-static void submit(sf_engine *e, int slot)
+static void submit(sf_engine *e, int slot, int64_t global_n)
 {
     sf_app *app = e->app;
     sf_slot_meta *m = sf_ring_meta(app->ring, slot);
@@ -302,7 +312,7 @@ static void submit(sf_engine *e, int slot)
     x->eval = m->eval;
     snprintf(x->eval_name, sizeof x->eval_name, "%s", m->eval_name);
     if (fill_batch(e, slot, &b, 1, err, sizeof err) ||
-        app->backend->i->submit(app->backend, &b, err, sizeof err)) {
+        ((b.global_n = global_n), app->backend->i->submit(app->backend, &b, err, sizeof err))) {
         if (m->release_result)
             m->release_result(m->result_owner);
         sf_ring_release(app->ring, slot);
@@ -414,6 +424,15 @@ static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record 
 static void harvest(sf_engine *e, const sf_event *ev)
 {
     sf_app *app = e->app;
+    if (ev->token == EMPTY_TOKEN) {
+        /* An empty contribution: no slot, no job; only the step count moves. */
+        if (ev->kind == SF_EV_STEP_DONE) {
+            atomic_fetch_sub(&e->inflight, 1);
+            if (ev->status == 0)
+                atomic_store(&app->step, ev->step);
+        }
+        return;
+    }
     int slot = (int)(intptr_t)ev->token;
     if (ev->kind == SF_EV_SLOT_FREE) {
         /* The H2D copy is complete: the host bytes may be reused. */
@@ -596,12 +615,227 @@ static int poll_backend(sf_engine *e, int timeout_us)
     return n;
 }
 
+/* ---- data-parallel rounds (distributed.world_size > 1) --------------------------- */
+
+/* Rank 0's training state on every rank: identical parameters from the first
+ * step, also when rank 0 alone resumed from a checkpoint. */
+static int broadcast_state(sf_engine *e, char *err, size_t errlen)
+{
+    sf_app *app = e->app;
+    sf_backend *be = app->backend;
+    sf_coll *coll = sf_distributed_coll(app->dist);
+    const size_t np = app->model.n_params, nb = app->model.n_buffers;
+    float *buf = malloc(sizeof(float) * (np > nb ? np : nb) + 1);
+    if (!buf) {
+        snprintf(err, errlen, "out of memory for the parameter broadcast");
+        return -1;
+    }
+    int rc = -1;
+    uint64_t step = 0, nbt = 0;
+    if (be->i->get_params(be, buf) || sf_coll_broadcast(coll, buf, sizeof(float) * np, 0, err, errlen) ||
+        be->i->set_params(be, buf))
+        goto out;
+    if (be->i->get_opt_state(be, buf, &step) || sf_coll_broadcast(coll, buf, sizeof(float) * np, 0, err, errlen) ||
+        sf_coll_broadcast(coll, &step, sizeof step, 0, err, errlen) || be->i->set_opt_state(be, buf, step))
+        goto out;
+    if (be->i->get_opt_sq && (be->i->get_opt_sq(be, buf) ||
+                              sf_coll_broadcast(coll, buf, sizeof(float) * np, 0, err, errlen) ||
+                              be->i->set_opt_sq(be, buf)))
+        goto out;
+    if (nb && be->i->get_buffers &&
+        (be->i->get_buffers(be, buf, &nbt) || sf_coll_broadcast(coll, buf, sizeof(float) * nb, 0, err, errlen) ||
+         sf_coll_broadcast(coll, &nbt, sizeof nbt, 0, err, errlen) || be->i->set_buffers(be, buf, nbt)))
+        goto out;
+    atomic_store(&app->step, step);
+    atomic_fetch_add(&app->restore_gen, 1); /* the schedule re-bases on the broadcast step */
+    rc = 0;
+out:
+    if (rc && !err[0])
+        snprintf(err, errlen, "reading or writing the backend's state failed");
+    free(buf);
+    return rc;
+}
+
+/* Every distributed.verify_every steps: the ranks' parameter digests, min and
+ * max in one all-reduce (max of ~d is ~min of d). 0, or -1 when the
+ * collective failed. */
+static int verify_params(sf_engine *e, uint64_t step, char *err, size_t errlen)
+{
+    sf_app *app = e->app;
+    sf_backend *be = app->backend;
+    const int every = sf_config_cur()->distributed.verify_every;
+    if (every <= 0 || step == 0 || step % (uint64_t)every != 0 || !be->i->param_digest)
+        return 0;
+    uint64_t dg = 0;
+    if (be->i->param_digest(be, &dg) != 0)
+        return 0;
+    int64_t v[2] = {(int64_t)dg, ~(int64_t)dg};
+    if (sf_coll_allreduce(sf_distributed_coll(app->dist), v, 2, SF_COLL_I64, SF_COLL_MAX, err, errlen) != 0)
+        return -1;
+    const uint64_t hi = (uint64_t)v[0], lo = (uint64_t)~v[1];
+    if (hi != lo)
+        sf_distributed_diverged(app->dist,
+                                "diverged across ranks: the parameter digests differ at step %llu (this rank "
+                                "%016llx, lowest %016llx, highest %016llx)",
+                                (unsigned long long)step, (unsigned long long)dg, (unsigned long long)lo,
+                                (unsigned long long)hi);
+    return 0;
+}
+
+/* This rank's part of a round without a batch: zero gradient, zero weight. */
+static int submit_empty(sf_engine *e, int64_t global_n, char *err, size_t errlen)
+{
+    const sf_config *c = sf_config_cur();
+    sf_batch b;
+    memset(&b, 0, sizeof b);
+    b.token = EMPTY_TOKEN;
+    b.global_n = global_n;
+    const double lr = sched_lr(e, c);
+    fill_hyper(&b.hyper, c, lr);
+    b.t_ready_ns = sf_now_ns();
+    sf_gauge_set(e->m_lr, lr);
+    if (e->app->backend->i->submit(e->app->backend, &b, err, errlen))
+        return -1;
+    e->sched_batches++;
+    atomic_fetch_add(&e->inflight, 1);
+    return 0;
+}
+
+/* A batch the job can no longer train: failed with the reason, never lost. */
+static void fail_slot(sf_engine *e, int slot)
+{
+    sf_app *app = e->app;
+    char why[400];
+    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+    uint64_t id = m->job_id;
+    if (m->release_result)
+        m->release_result(m->result_owner);
+    sf_ring_release(app->ring, slot);
+    sf_distributed_state(app->dist, why, sizeof why);
+    finish_failed(e, id, "distributed_unavailable", why);
+}
+
+/* The job cannot take another step: run commands (checkpoint reads) and fail
+ * every batch that reaches the ring, until the service stops. */
+static void broken_loop(sf_engine *e)
+{
+    sf_app *app = e->app;
+    while (!atomic_load(&e->stop)) {
+        if (has_cmds(e))
+            run_cmds(e);
+        int slot = sf_ring_pop(app->ring, 100);
+        if (slot >= 0)
+            fail_slot(e, slot);
+    }
+}
+
+/* The rounds. Each: wait up to distributed.wait_ms for a batch, then one
+ * control all-reduce: [has a batch, samples, stop, patch length of rank 0,
+ * 1, ...] summed; apply the patches (all ranks, rank order); if anyone has a
+ * batch, every rank steps (those without one with an empty contribution) and
+ * the backend all-reduces the gradients; every verify_every steps compare
+ * the parameter digests; a stop from any rank ends the job on all. */
+static void dist_main(sf_engine *e)
+{
+    sf_app *app = e->app;
+    sf_distributed *d = app->dist;
+    const int world = sf_distributed_world(d), rank = sf_distributed_rank(d);
+    char err[512] = "";
+    if (sf_distributed_join(d) != 0) {
+        broken_loop(e);
+        return;
+    }
+    if (broadcast_state(e, err, sizeof err) != 0) {
+        sf_distributed_fail(d, "the initial parameter broadcast from rank 0 failed: %s", err);
+        broken_loop(e);
+        return;
+    }
+    int64_t *ctl = calloc((size_t)world + 3, sizeof *ctl);
+    if (!ctl) {
+        sf_distributed_fail(d, "out of memory for the round control");
+        broken_loop(e);
+        return;
+    }
+    sf_coll *coll = sf_distributed_coll(d);
+    for (;;) {
+        if (has_cmds(e))
+            run_cmds(e); /* nothing is in flight between rounds */
+        const int stopping = atomic_load(&e->stop);
+        int slot = -1;
+        if (!stopping) {
+            slot = sf_ring_pop(app->ring, sf_config_cur()->distributed.wait_ms);
+            if (slot >= 0 && sf_ring_meta(app->ring, slot)->kind == 1) {
+                /* Transform-only requests are this rank's own business. */
+                sf_ring_meta(app->ring, slot)->t_popped_ns = sf_now_ns();
+                run_transform(e, slot);
+                continue;
+            }
+            if (slot >= 0 && sf_ring_meta(app->ring, slot)->eval) {
+                /* So are evaluation batches: no gradient, no step. */
+                submit(e, slot, 0);
+                while (atomic_load(&e->inflight) > 0)
+                    poll_backend(e, 1000);
+                continue;
+            }
+        }
+        memset(ctl, 0, sizeof *ctl * ((size_t)world + 3));
+        ctl[0] = slot >= 0;
+        ctl[1] = slot >= 0 ? sf_ring_meta(app->ring, slot)->n : 0;
+        ctl[2] = stopping;
+        ctl[3 + rank] = sf_distributed_patch_len(d);
+        err[0] = '\0';
+        if (sf_coll_allreduce(coll, ctl, (size_t)world + 3, SF_COLL_I64, SF_COLL_SUM, err, sizeof err) != 0 ||
+            sf_distributed_apply_patches(d, ctl + 3, err, sizeof err) != 0) {
+            sf_distributed_fail(d, "lost the other ranks: %s", err);
+            sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* patches waiting are answered */
+            if (slot >= 0)
+                fail_slot(e, slot);
+            break;
+        }
+        if (ctl[3 + rank] > 0)
+            sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* this rank's patch request replies */
+        if (ctl[0] > 0) {
+            if (slot >= 0) {
+                submit(e, slot, ctl[1]);
+            } else if (submit_empty(e, ctl[1], err, sizeof err) == 0) {
+                sf_distributed_count_empty(d);
+            } else {
+                sf_distributed_fail(d, "cannot join the step: %s", err);
+                break;
+            }
+            while (atomic_load(&e->inflight) > 0)
+                poll_backend(e, 1000);
+            char herr[200];
+            if (app->backend->i->health(app->backend, herr, sizeof herr) != 0) {
+                sf_distributed_fail(d, "lost the other ranks in the gradient all-reduce: %s", herr);
+                break;
+            }
+            sf_distributed_observe_allreduce(d, sf_distributed_backend(d)->allreduce_s);
+            if (verify_params(e, atomic_load(&app->step), err, sizeof err) != 0) {
+                sf_distributed_fail(d, "lost the other ranks in the parameter check: %s", err);
+                break;
+            }
+        }
+        if (ctl[2] > 0) {
+            if (!stopping)
+                sf_distributed_ended(d, "%lld rank(s) shut down: the data-parallel job stopped",
+                                    (long long)ctl[2]);
+            break;
+        }
+    }
+    free(ctl);
+    sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX);
+    broken_loop(e);
+}
+
 static void *engine_main(void *arg)
 {
     sf_engine *e = arg;
     sf_app *app = e->app;
     int maxq = app->backend ? app->backend->i->max_inflight(app->backend) : 1;
     atomic_store(&e->running, 1);
+    if (app->dist && app->backend)
+        dist_main(e);
     while (!atomic_load(&e->stop)) {
         int inflight = atomic_load(&e->inflight);
         int took = 0;
@@ -618,7 +852,7 @@ static void *engine_main(void *arg)
              * harvested promptly; when idle, block on the ring's condition. */
             int slot = sf_ring_pop(app->ring, inflight ? 0 : 100);
             if (slot >= 0) {
-                submit(e, slot);
+                submit(e, slot, 0);
                 took = 1;
             }
         }
@@ -695,6 +929,7 @@ int sf_engine_stop_by(sf_engine *e, uint64_t deadline_ns)
     if (e->thread) {
         atomic_store(&e->stop_deadline_ns, deadline_ns);
         atomic_store(&e->stop, 1);
+        sf_distributed_cancel(e->app->dist); /* a join still waiting for peers ends */
         sf_ring_kick(e->app->ring);
         if (!deadline_ns) {
             pthread_join(e->thread, NULL);

@@ -32,6 +32,7 @@
 #include "server/checkpoint.h"
 #include "server/config.h"
 #include "server/diagnose.h"
+#include "server/distributed.h"
 #include "server/engine.h"
 #include "server/evals.h"
 #include "server/http.h"
@@ -184,6 +185,7 @@ static int build_model(sf_app *app, char *err, size_t errlen)
                 : !strcmp(c->pipeline.layout, "nhwc") ? SF_ACT_LAYOUT_NHWC
                                                       : SF_ACT_LAYOUT_AUTO;
     tc.tune_configs = c->pipeline.cudnn_tune_configs;
+    tc.dist = app->dist ? sf_distributed_backend(app->dist) : NULL;
     if (app->backend->i->build(app->backend, &app->model, &tc, err, errlen))
         return -1;
     /* The plan the backend chose, for GET /v1/model: fixed from here on. */
@@ -306,6 +308,20 @@ int main(int argc, char **argv)
     } else {
         app.backend_name = "sink";
     }
+    /* A rank of a data-parallel job: the store and the job's state exist
+     * before the backend is built (it keeps a pointer); the ranks join on the
+     * engine thread once the HTTP listener serves rank 0's store. */
+    if (app.cfg.distributed.world_size > 1) {
+        if (sink) {
+            fprintf(stderr, "streamfeed: distributed.world_size > 1 needs a backend (pipeline.mode=train)\n");
+            return 2;
+        }
+        app.dist = sf_distributed_new(&app.cfg, err, sizeof err);
+        if (!app.dist) {
+            fprintf(stderr, "streamfeed: distributed: %s\n", err);
+            return 1;
+        }
+    }
     if (build_model(&app, err, sizeof err)) {
         fprintf(stderr, "streamfeed: model: %s\n", err);
         return 1;
@@ -400,6 +416,7 @@ int main(int argc, char **argv)
     if (app.backend)
         app.backend->i->destroy(app.backend);
     free(app.plan);
+    sf_distributed_free(app.dist);
     sf_metrics_reset();
     SF_INFO("stopped");
     return 0;

@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "server/app.h"
+#include "server/distributed.h"
 #include "server/evals.h"
 #include "server/jobs.h"
 #include "server/log.h"
@@ -304,6 +305,13 @@ static int header_accepted(sf_req *r, sf_upload *u)
         snprintf(msg, sizeof msg, "batch data of %llu bytes exceeds ring.slot_bytes %zu",
                  (unsigned long long)in->dest_bytes, sf_ring_slot_bytes(app->ring));
         return reject(r, u, 413, "batch_exceeds_slot", msg);
+    }
+    if (app->dist && sf_distributed_state(app->dist, NULL, 0) == SF_DIST_BROKEN) {
+        /* The ranks can no longer take a step together: nothing accepted
+         * could be trained (GET /readyz says why). */
+        sf_reply_header(r, "Retry-After", "5");
+        return reject(r, u, 503, "distributed_unavailable",
+                      "this rank's data-parallel job stopped (a peer died, left or never joined): see /readyz");
     }
     for (;;) {
         uint64_t gen = sf_http_gen(app->http, SF_WAIT_SLOT);

@@ -67,12 +67,14 @@ extern "C" {
 #include "jpeg_decode.h"
 #include "nvml.h"
 #include "executor.h"
+#include "dist_nccl.h"
 
 #define CUDA_NBUF 3       /* device batch buffers = max_inflight */
 #define RING_CAP (4 * CUDA_NBUF)
 #define STAGE_LABELS_OFF 256
 #define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping) after the SGD hyper-parameters */
 #define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
+#define STAGE_SHARE_OFF 224 /* float: this rank's n / global_n (data-parallel), read by the all-reduce */
 #define ANCHOR_PERIOD_NS 2000000000ull
 #define CUBLAS_WS_BYTES ((size_t)32 << 20)
 
@@ -144,6 +146,10 @@ typedef struct cuda_ctx {
 
     int sticky;
     char sticky_msg[256];
+
+    /* Data-parallel training (cfg.dist, world > 1): the NCCL communicator,
+     * made at the first round (every rank has joined the job by then). */
+    sf_nccl *nccl;
 
     char pci_bus_id[32]; /* for NVML (device_stats); "" when unknown */
 
@@ -263,6 +269,8 @@ static double ev_seconds(cudaEvent_t a, cudaEvent_t b)
 
 static void free_buffers(cuda_ctx *c)
 {
+    sf_nccl_free(c->nccl);
+    c->nccl = NULL;
     if (c->net) {
         sf_net_destroy(c->net);
         c->net = NULL;
@@ -456,6 +464,21 @@ static int has_convt(const sf_model *m)
     return 0;
 }
 
+
+/* The executor's data-parallel hook (sf_net_cfg.grad_reduce): on the compute
+ * stream, after the backward and before the optimizer, this rank's share of
+ * the global mean (n / global_n, staged with the batch's hyper-parameters)
+ * summed over the ranks by one ncclAllReduce. */
+static int grad_reduce(void *ctx, int b, float *grad, size_t len, cudaStream_t s)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (!c->nccl) {
+        sf_cuda_set_error("%s:%d: the NCCL communicator is not made yet", __FILE__, __LINE__);
+        return -1;
+    }
+    return sf_nccl_allreduce(c->nccl, grad, len, (const float *)(c->buf[b].d_stage + STAGE_SHARE_OFF), s);
+}
+
 static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
 {
     cuda_ctx *c = ctx_of(be);
@@ -552,6 +575,10 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.adamw = cfg->optim == SF_OPT_ADAMW;
     nc.accum = c->accum_k;
     nc.dt = cfg->precision == SF_PREC_BF16 ? SF_DT_BF16 : SF_DT_F32;
+    if (cfg->dist && cfg->dist->world > 1) {
+        nc.grad_reduce = grad_reduce;
+        nc.grad_reduce_ctx = c;
+    }
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
@@ -770,6 +797,8 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     ah.weight_decay = bt->hyper.weight_decay;
     sf_adamw_hyper_at(&ah, B->opt_t > 0 ? B->opt_t : 1);
     memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);
+    const float share = bt->global_n > 0 ? (float)bt->n / (float)bt->global_n : 1.0f;
+    memcpy(B->h_stage + STAGE_SHARE_OFF, &share, sizeof share);
     if (c->lps == 1)
         memcpy(B->h_stage + STAGE_LABELS_OFF, bt->labels, (size_t)n * label_size(bt->label_dtype));
     memcpy(B->h_stage + c->samples_off, bt->samples, (size_t)n * sizeof(sf_aug_sample));
@@ -818,6 +847,68 @@ static int enqueue_step(cuda_ctx *c, int b, int n, int want_logits)
     return 0;
 }
 
+/* A data-parallel round this rank joins without a batch (n == 0): the hyper-
+ * parameters and a zero share staged, then a zero gradient through the same
+ * all-reduce and optimizer (sf_net_step_empty). Events as for any batch. */
+static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errlen)
+{
+    if (!c->built || c->q_count >= c->nbuf) {
+        sf_errf(err, errlen, "cuda: no model built, or %d batches in flight", c->q_count);
+        return -1;
+    }
+    const int b = c->next_buf;
+    cbuf *B = &c->buf[b];
+    entry *e = &c->q[(c->q_head + c->q_count) % CUDA_NBUF];
+    memset(e, 0, sizeof *e);
+    e->id = bt->id;
+    e->token = bt->token;
+    e->b = b;
+    e->t_submit_ns = now_ns();
+    plan_opt(c, b, 0);
+    e->opt = B->do_opt;
+    sf_sgd_hyper hyp = {bt->hyper.lr, bt->hyper.momentum, bt->hyper.weight_decay, 0.f};
+    sf_adamw_hyper ah;
+    memset(&ah, 0, sizeof ah);
+    ah.lr = bt->hyper.lr;
+    ah.beta1 = bt->hyper.beta1;
+    ah.beta2 = bt->hyper.beta2;
+    ah.eps = bt->hyper.eps;
+    ah.weight_decay = bt->hyper.weight_decay;
+    sf_adamw_hyper_at(&ah, B->opt_t > 0 ? B->opt_t : 1);
+    const float share = 0.0f;
+    cudaStream_t ts = c->st_transform, cs = c->st_compute;
+    int rc = -1;
+    /* Buffer b's staging is read by its previous step: wait for it first. */
+    if ((hyp.momentum == 0.f || sf_net_use_momentum(c->net) == 0) &&
+        cudaStreamWaitEvent(ts, B->done, 0) == cudaSuccess) {
+        sf_step_ctl ctl;
+        memset(&ctl, 0, sizeof ctl);
+        ctl.loss.mix_lam = 1.f;
+        ctl.clip_grad_norm = bt->hyper.clip_grad_norm; /* the same clipping as the ranks with a batch */
+        memcpy(B->h_stage, &hyp, sizeof hyp);
+        memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
+        memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);
+        memcpy(B->h_stage + STAGE_SHARE_OFF, &share, sizeof share);
+        if (cudaEventRecord(B->h2d0, ts) == cudaSuccess &&
+            cudaMemcpyAsync(B->d_stage, B->h_stage, STAGE_LABELS_OFF, cudaMemcpyHostToDevice, ts) == cudaSuccess &&
+            cudaEventRecord(B->h2d, ts) == cudaSuccess && cudaEventRecord(B->ready, ts) == cudaSuccess &&
+            cudaStreamWaitEvent(cs, B->ready, 0) == cudaSuccess && cudaEventRecord(B->step0, cs) == cudaSuccess &&
+            sf_net_step_empty(c->net, b, B->do_opt) == 0 && cudaEventRecord(B->done, cs) == cudaSuccess)
+            rc = 0;
+    }
+    c->next_buf = (b + 1) % c->nbuf;
+    c->q_count++;
+    if (rc != 0) {
+        e->status = -1;
+        e->no_events = 1;
+        scopy(e->err, sizeof e->err, sf_cuda_last_error()[0] ? sf_cuda_last_error() : "cuda: empty round failed");
+        cudaStreamSynchronize(ts);
+        cudaStreamSynchronize(cs);
+        cudaGetLastError();
+    }
+    return 0;
+}
+
 static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errlen)
 {
     cuda_ctx *c = ctx_of(be);
@@ -826,6 +917,19 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
         sf_errf(err, errlen, "%s", c->sticky_msg);
         return -1;
     }
+    /* The first data-parallel round: every rank has joined the job (the
+     * engine's rounds start after the join), so NCCL's init can complete. */
+    if (c->cfg.dist && c->cfg.dist->world > 1 && !c->nccl) {
+        char nerr[sizeof c->sticky_msg];
+        if (sf_nccl_new(&c->nccl, c->cfg.dist, nerr, sizeof nerr) != 0) {
+            c->sticky = 1;
+            scopy(c->sticky_msg, sizeof c->sticky_msg, nerr);
+            sf_errf(err, errlen, "%s", nerr);
+            return -1;
+        }
+    }
+    if (bt->n == 0 && bt->global_n > 0 && c->nccl)
+        return submit_empty(c, bt, err, errlen);
     if (check_batch(c, bt, 1, err, errlen) != 0)
         return -1;
     if (c->q_count >= c->nbuf) {
@@ -903,6 +1007,30 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
     return 0;
 }
 
+/* A peer that died or stopped answering leaves this rank's all-reduce
+ * kernel waiting: past the job's timeout (or on NCCL's own error) the
+ * communicator is aborted, the kernels return, and the backend reports the
+ * loss (sticky) instead of hanging. */
+static void nccl_watchdog(cuda_ctx *c)
+{
+    if (!c->nccl || c->sticky || c->q_count == 0)
+        return;
+    char nerr[200];
+    const entry *e = &c->q[c->q_head];
+    const uint64_t limit = (uint64_t)c->cfg.dist->timeout_ms * 1000000ull;
+    int bad = sf_nccl_check(c->nccl, nerr, sizeof nerr) != 0;
+    if (!bad && now_ns() - e->t_submit_ns > limit) {
+        snprintf(nerr, sizeof nerr, "the gradient all-reduce did not finish within %d s (distributed.timeout_s)",
+                 c->cfg.dist->timeout_ms / 1000);
+        bad = 1;
+    }
+    if (!bad)
+        return;
+    sf_nccl_abort(c->nccl);
+    c->sticky = 1;
+    snprintf(c->sticky_msg, sizeof c->sticky_msg, "cuda: NCCL: %s", nerr);
+}
+
 static int cu_poll(sf_backend *be, sf_event *ev, int max, int timeout_us)
 {
     cuda_ctx *c = ctx_of(be);
@@ -912,6 +1040,7 @@ static int cu_poll(sf_backend *be, sf_event *ev, int max, int timeout_us)
     const uint64_t deadline = now_ns() + (uint64_t)(timeout_us > 0 ? timeout_us : 0) * 1000ull;
     for (;;) {
         anchor_tick(c);
+        nccl_watchdog(c);
         harvest(c, 0);
         if (c->r_count > 0 || now_ns() >= deadline)
             break;
@@ -1186,6 +1315,13 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
         sf_errf(err, errlen, "%s", c->sticky_msg);
         return -1;
     }
+    /* A data-parallel step holds the NCCL all-reduce (captured in its graph):
+     * replayed by this rank alone it would wait for peers that are not there. */
+    if (c->cfg.dist && c->cfg.dist->world > 1) {
+        sf_errf(err, errlen, "cuda: the cached stages replay steps that all-reduce with the other ranks; "
+                "diagnose is not available with distributed.world_size > 1 on CUDA");
+        return -1;
+    }
     if (check_batch(c, bt, 1, err, errlen) != 0)
         return -1;
     if (mode != SF_BENCH_STEP && mode != SF_BENCH_AUG_STEP && mode != SF_BENCH_H2D_AUG_STEP) {
@@ -1322,11 +1458,21 @@ static int cu_describe(sf_backend *be, char *buf, size_t len, size_t *device_byt
     return 0;
 }
 
+static int cu_param_digest(sf_backend *be, uint64_t *digest)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (!c->built || sf_net_param_digest(c->net, digest) != 0)
+        return -1;
+    return 0;
+}
+
 static const sf_backend_i cuda_vtable = {
     cu_name, cu_host_alloc, cu_host_free, cu_build, cu_max_inflight, cu_submit, cu_poll,
     cu_transform, cu_get_params, cu_set_params, cu_health, cu_destroy,
     cu_get_opt_state, cu_set_opt_state, cu_bench, cu_device_stats,
     cu_get_buffers, cu_set_buffers, cu_get_opt_sq, cu_set_opt_sq, cu_describe,
+    cu_param_digest,
 };
 
 __global__ void k_probe(int *p)

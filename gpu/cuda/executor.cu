@@ -45,6 +45,7 @@
  */
 #include "conv_thin.h"
 #include "executor.h"
+#include "dist_nccl.h"
 
 extern "C" {
 #include "gpu/memory_plan.h"
@@ -1214,7 +1215,9 @@ static int g_norm_layer(sf_cuda_net *net, int i)
  * (do_opt) and the results' copies to the host. Without accumulation the
  * per-layer sums were made during the backward (g_norm_layer); with it, the
  * check is of the accumulated gradient, at the step that applies it. convert:
- * the bf16 conv weight gradients still need their fp32 copy. */
+ * the bf16 conv weight gradients still need their fp32 copy. With
+ * data-parallel training (grad_reduce) the gradient is all-reduced first, and
+ * the check, clipping and update are of the all-reduced gradient. */
 static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf)
 {
     gen_net *g = net->g;
@@ -1227,13 +1230,14 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
     const float *max_norm = ctl ? &ctl->clip_grad_norm : NULL;
     const float *loss = &net->io[b].result->loss;
     sf_grad_state *gs = g->d_gs + b;
-    if (!g->gacc) {
+    const int reduce = net->cfg.grad_reduce != NULL;
+    if (!g->gacc && !reduce) {
         SF_CUDA_CHECK(cudaEventRecord(net->ev_ndone, net->nst));
         SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_ndone, 0));
         if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, gs, s))
             return -1;
     }
-    if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc) {
+    if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc && !reduce) {
         /* bf16 SGD: gradients from both copies, update, bf16 weights, one pass */
         if (sf_cuda_sgd_mixed(net->params + off, net->grads + off, E(g->gd, off, es), dt, &g->segs_gd,
                               net->mom ? net->mom + off : NULL, E(g->wd, off, es), len, net->io[b].hyper, gs, s))
@@ -1245,6 +1249,16 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
         if (convert && g->wcopy &&
             sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_gd, s))
             return -1;
+        /* Data-parallel: every rank's share of the global mean, summed (NCCL),
+         * then the gradient check of that sum (the per-layer sums of the
+         * backward were skipped: they would be this rank's alone). */
+        if (reduce) {
+            if (net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, b, net->grads + off, len, s))
+                return -1;
+            if (!g->gacc && (sf_cuda_sumsq(net->grads + off, SF_DT_F32, len, NULL, 0, g->sq_part, s) ||
+                             sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, gs, s)))
+                return -1;
+        }
         const float *grad = net->grads + off;
         if (g->gacc) {
             const float inv_k = 1.0f / (float)net->cfg.accum;
@@ -1281,6 +1295,24 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
     SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
                                   cudaMemcpyDeviceToHost, s));
     return 0;
+}
+
+int sf_net_step_empty(sf_cuda_net *net, int b, int do_opt)
+{
+    if (b < 0 || b >= net->cfg.nbuf) {
+        sf_cuda_set_error("%s:%d: sf_net_step_empty: buffer %d", __FILE__, __LINE__, b);
+        return -1;
+    }
+    const sf_model *m = &net->m;
+    const size_t off = m->train_off, len = m->n_params - m->train_off;
+    SF_CUDA_CHECK(cudaMemsetAsync(net->grads + off, 0, sizeof(float) * len, net->s));
+    SF_CUDA_CHECK(cudaMemsetAsync(net->io[b].result, 0, sizeof(sf_xent_out), net->s));
+    return g_opt_tail(net, b, do_opt, 0, NULL);
+}
+
+int sf_net_param_digest(sf_cuda_net *net, uint64_t *digest)
+{
+    return sf_cuda_digest(net->params, net->m.n_params, digest, net->s);
 }
 
 /* The loss of buffer b's n samples from the last layer's output: fp32
@@ -1447,7 +1479,7 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         if (dx && add0 && g_add_back(net, i, 0, in_len, s))
             return -1;
         g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
-        if (!g->gacc && g_norm_layer(net, i))
+        if (!g->gacc && !net->cfg.grad_reduce && g_norm_layer(net, i))
             return -1;
     }
     return g_opt_tail(net, b, do_opt, 1, pf);

@@ -92,6 +92,12 @@ typedef struct sf_net_cfg {
     int keep_relu;       /* 1: ReLUs stay separate kernels instead of being fused into
                             their producers */
     int allow_rtc;       /* 1: consider cuDNN engines that compile at run time (sf_conv_desc) */
+    /* Data-parallel training: called on the step's stream once the fp32
+     * gradient of the trainable slice (grad, len floats, device) of buffer b
+     * is complete, before accumulation and the optimizer; it enqueues the
+     * all-reduce there, so a captured step holds it. NULL: one process. */
+    int (*grad_reduce)(void *ctx, int b, float *grad, size_t len, cudaStream_t s);
+    void *grad_reduce_ctx;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
 } sf_net_cfg;
 
@@ -126,6 +132,13 @@ int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s);
  * (sf_net_graph_error says why). */
 int sf_net_step(sf_cuda_net *net, int b, int n, int graph, int do_opt);
 const char *sf_net_graph_error(const sf_cuda_net *net); /* "" when none */
+/* A data-parallel round this rank joins without a batch: a zero gradient
+ * through grad_reduce, accumulation and the optimizer (when do_opt), a zero
+ * result in io[b]; eager, on the net's stream. */
+int sf_net_step_empty(sf_cuda_net *net, int b, int do_opt);
+/* The digest of the parameters (sf_cuda_digest over the device layout),
+ * synchronous; nothing may be in flight. */
+int sf_net_param_digest(sf_cuda_net *net, uint64_t *digest);
 /* An evaluation step of buffer b: the forward in eval mode (batchnorm on its
  * running statistics, which stay as they are), the loss and hits into
  * io[b].result and its host copy; no backward, no optimizer, no state

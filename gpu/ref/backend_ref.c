@@ -105,6 +105,7 @@ typedef struct ref_ctx {
     uint64_t nbt;                 /* num_batches_tracked of every batchnorm layer */
     int accum_count;              /* batches accumulated since the last optimizer step */
     int accum_nonfinite;          /* a batch of the current accumulation group had a non-finite loss */
+    char dist_err[160];           /* the failed gradient all-reduce ("" none): health reports it */
     int bf16;                     /* model.precision=bf16: activations rounded to bf16 (see the top) */
     size_t n_train;               /* trainable floats: n_params - train_off */
 
@@ -599,24 +600,61 @@ static void apply_step(ref_ctx *c, float *g, int nonfinite, const sf_hyper *h, s
  * non-finite loss in any batch of an accumulation group skips the group's
  * step, and the group's accumulated gradient is dropped either way (as a
  * torch loop's zero_grad after a GradScaler-skipped step). */
-static void train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
+/* Data-parallel training: this rank's mean gradient of n samples becomes its
+ * share n / global_n of the global mean, and the SUM over the ranks (Gloo, on
+ * every rank the same result: the ring all-reduce adds in one order and
+ * broadcasts the sums) is the gradient every rank applies. A rank whose loss
+ * was not finite sends a NaN, so that every rank skips the step together.
+ * 0, or -1 with dist_err set when a peer is gone. */
+static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss)
+{
+    const sf_dist *d = c->cfg.dist;
+    if (!d || d->world <= 1 || global_n <= 0)
+        return 0;
+    const float share = (float)n / (float)global_n;
+    for (size_t e = 0; e < c->n_train; e++)
+        c->grads[e] *= share;
+    if (bad_loss && c->n_train)
+        c->grads[0] = NAN;
+    sf_dist *dm = (sf_dist *)d; /* the backend reports its all-reduce time in it (engine thread only) */
+    const uint64_t t0 = now_ns();
+    char err[sizeof c->dist_err];
+    int rc = sf_coll_allreduce(d->coll, c->grads, c->n_train, SF_COLL_F32, SF_COLL_SUM, err, sizeof err);
+    dm->allreduce_s = (double)(now_ns() - t0) * 1e-9;
+    if (rc != 0)
+        snprintf(c->dist_err, sizeof c->dist_err, "%s", err);
+    return rc;
+}
+
+/* With b->global_n > 0 (a data-parallel round) the gradient is all-reduced
+ * before accumulation and the optimizer, and n may be 0: zero gradients
+ * through the same all-reduce and optimizer step. 0, or -1 when the
+ * all-reduce failed (then nothing was updated). */
+static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
 {
     const sf_model *m = &c->m;
     const int last = m->n_layers - 1;
     memset(o, 0, sizeof *o);
-    forward(c, n, 1);
-    for (int i = m->n_frozen; i < m->n_layers; i++)
-        if (c->dact_buf[i])
-            memset(c->dact_buf[i], 0, sizeof(float) * (size_t)n * m->layers[i].out_elems);
-    loss_of(c, n, b, c->dact[last], o);
-    const int bad_loss = !isfinite(o->loss);
-    /* bf16: the loss is fp32 from the bf16 logits; their gradient is stored in bf16. */
-    to_bf16(c, c->dact[last], (size_t)n * m->layers[last].out_elems);
-    backward(c, n);
+    int bad_loss = 0;
+    if (n > 0) {
+        forward(c, n, 1);
+        for (int i = m->n_frozen; i < m->n_layers; i++)
+            if (c->dact_buf[i])
+                memset(c->dact_buf[i], 0, sizeof(float) * (size_t)n * m->layers[i].out_elems);
+        loss_of(c, n, b, c->dact[last], o);
+        bad_loss = !isfinite(o->loss);
+        /* bf16: the loss is fp32 from the bf16 logits; their gradient is stored in bf16. */
+        to_bf16(c, c->dact[last], (size_t)n * m->layers[last].out_elems);
+        backward(c, n);
+    } else {
+        memset(c->grads, 0, sizeof(float) * c->n_train);
+    }
+    if (allreduce_grads(c, n, b->global_n, bad_loss) != 0)
+        return -1;
     const int k = c->cfg.grad_accum_steps > 1 ? c->cfg.grad_accum_steps : 1;
     if (k == 1) {
         apply_step(c, c->grads, bad_loss, &b->hyper, o);
-        return;
+        return 0;
     }
     const float inv_k = 1.0f / (float)k;
     for (size_t e = 0; e < c->n_train; e++)
@@ -628,6 +666,7 @@ static void train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
         c->accum_count = 0;
         c->accum_nonfinite = 0;
     }
+    return 0;
 }
 
 /* An evaluation batch: the forward in eval mode (batchnorm on its running
@@ -659,9 +698,50 @@ static int decode(ref_ctx *c, const sf_batch *b, sf_batch *raw, char *err, size_
     return 0;
 }
 
+/* An empty contribution to a data-parallel round (sf_batch.n == 0). */
+static int submit_empty(ref_ctx *c, const sf_batch *b, char *err, size_t errlen)
+{
+    if (!c->built || !c->cfg.dist || c->cfg.dist->world <= 1 || b->global_n <= 0 || b->eval) {
+        sf_errf(err, errlen, "ref: a batch of 0 samples outside a data-parallel round");
+        return -1;
+    }
+    if (c->count + 2 > REF_FIFO_CAP) {
+        sf_errf(err, errlen, "ref: %d events not yet polled; poll before submitting more", c->count);
+        return -1;
+    }
+    sf_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SF_EV_SLOT_FREE;
+    ev.id = b->id;
+    ev.token = b->token;
+    push_event(c, &ev);
+    const uint64_t t0 = now_ns();
+    step_out o;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = SF_EV_STEP_DONE;
+    ev.id = b->id;
+    ev.token = b->token;
+    if (train_step(c, 0, b, &o) != 0) {
+        ev.status = -1;
+        snprintf(ev.err, sizeof ev.err, "%s", c->dist_err);
+    } else {
+        ev.grad_norm = o.grad_norm;
+        ev.skipped = o.skipped;
+    }
+    const uint64_t t1 = now_ns();
+    ev.step = c->step;
+    ev.t_h2d_start_ns = ev.t_transform_start_ns = ev.t_step_start_ns = t0;
+    ev.t_step_end_ns = t1;
+    ev.step_s = (double)(t1 - t0) * 1e-9;
+    push_event(c, &ev);
+    return 0;
+}
+
 static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t errlen)
 {
     ref_ctx *c = ctx_of(be);
+    if (b_in && b_in->n == 0 && b_in->global_n > 0)
+        return submit_empty(c, b_in, err, errlen);
     if (check_batch(c, b_in, 1, err, errlen) != 0)
         return -1;
     if (c->count + 2 > REF_FIFO_CAP) {
@@ -713,10 +793,12 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
     }
 
     step_out o;
-    if (b->eval)
+    if (b->eval) {
         eval_step(c, n, b, &o);
-    else
-        train_step(c, n, b, &o);
+    } else if (train_step(c, n, b, &o) != 0) {
+        ev.status = -1;
+        snprintf(ev.err, sizeof ev.err, "%s", c->dist_err);
+    }
     if (b->logits_out)
         memcpy(b->logits_out, c->act[c->m.n_layers - 1],
                sizeof(float) * (size_t)n * c->m.layers[c->m.n_layers - 1].out_elems);
@@ -807,7 +889,28 @@ static int ref_set_params(sf_backend *be, const float *src)
     return 0;
 }
 
-static int ref_health(sf_backend *be, char *err, size_t errlen) { return 0; }
+static int ref_health(sf_backend *be, char *err, size_t errlen)
+{
+    ref_ctx *c = ctx_of(be);
+    if (!c->dist_err[0])
+        return 0;
+    sf_errf(err, errlen, "%s", c->dist_err);
+    return -1;
+}
+
+/* FNV-1a over the parameter bytes: cheap, and any differing bit changes it. */
+static int ref_param_digest(sf_backend *be, uint64_t *digest)
+{
+    ref_ctx *c = ctx_of(be);
+    if (!c->built)
+        return -1;
+    uint64_t h = 1469598103934665603ull;
+    const unsigned char *p = (const unsigned char *)c->params;
+    for (size_t i = 0; i < sizeof(float) * c->m.n_params; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    *digest = h;
+    return 0;
+}
 
 /* ---- optimizer state ------------------------------------------------------ */
 
@@ -974,7 +1077,8 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
             convert_labels(c, &cached, &bad);
         }
         step_out o;
-        train_step(c, b->n, b, &o);
+        /* Local (global_n 0: no all-reduce): the caching method times this rank's step alone. */
+        (void)train_step(c, b->n, b, &o);
     }
     const uint64_t t1 = now_ns();
     double s = (double)(t1 - t0) * 1e-9;
@@ -1041,6 +1145,7 @@ static const sf_backend_i ref_vtable = {
     .set_buffers = ref_set_buffers,
     .get_opt_sq = ref_get_opt_sq,
     .set_opt_sq = ref_set_opt_sq,
+    .param_digest = ref_param_digest,
 };
 
 sf_backend *sf_backend_ref_new(char *err, size_t errlen)

@@ -25,7 +25,8 @@ def test_every_option_of_the_table_is_in_the_config_schema():
     spec = yaml.safe_load((ROOT / "openapi" / "streamfeed.yaml").read_text())
     schema = spec["components"]["schemas"]["Config"]["properties"]
     md = (ROOT / "docs" / "CONFIG.md").read_text()
-    names = [line.split("`")[1] for line in md.splitlines() if line.startswith("| `")]
+    # Option rows only: the preset recipes' table also starts its rows with a backtick.
+    names = [line.split("`")[1] for line in md.splitlines() if line.startswith("| `") and "." in line.split("`")[1]]
     assert names, "no options found in docs/CONFIG.md"
     for name in names:
         sec, key = name.split(".", 1)

@@ -24,7 +24,8 @@ def test_stats_of_a_fresh_server_has_every_field_and_nothing_measured(start_serv
     s = start_server(TINY_AUG, "--ring.slots", "4")
     st = stats(s)
     assert set(st) == {"uptime_s", "backend", "steps_total", "samples_total", "throughput", "stages",
-                       "compute_busy_ratio", "ring", "diagnose", "gpu"}
+                       "compute_busy_ratio", "ring", "diagnose", "gpu", "rank", "world_size"}
+    assert (st["rank"], st["world_size"]) == (0, 1)
     assert st["backend"] == "ref" and st["steps_total"] == 0 and st["samples_total"] == 0
     for w in ("10s", "1m"):
         assert st["throughput"][w]["steps"] == 0 and st["throughput"][w]["steps_per_s"] == 0

@@ -12,7 +12,10 @@ import pytest
 
 from opshelpers import REPO, config_options, env_to_option, kubectl, load_yaml_docs, run
 
-TARGETS = ["base", "overlays/dev", "overlays/gpu"]
+TARGETS = ["base", "overlays/dev", "overlays/gpu", "overlays/multi-gpu"]
+# The data-parallel overlay's job size: its replicas, distributed.world_size
+# and the admission policy's bound must all say it.
+MULTI_GPU = "overlays/multi-gpu"
 # Oldest release we deploy to (the preStop `sleep` action is on by default
 # from 1.30) and the newest schemas kubernetes-validate ships.
 K8S_VERSIONS = ["1.30.0", "1.37.0"]
@@ -46,6 +49,14 @@ def overlays() -> dict[str, list[dict]]:
 def one(objs: list[dict], kind: str) -> dict:
     found = [o for o in objs if o["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def loaders_service(objs: list[dict]) -> dict:
+    """The Service loaders and Prometheus use (the data-parallel overlay adds
+    a headless one for the ranks)."""
+    found = [o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "streamfeed"]
+    assert len(found) == 1, f"expected one Service streamfeed, found {len(found)}"
     return found[0]
 
 
@@ -98,7 +109,7 @@ def test_every_target_has_the_full_set_of_objects(rendered):
 
 def test_servicemonitor_scrapes_the_service_http_port_at_metrics(rendered):
     target, objs = rendered
-    sm, svc = one(objs, "ServiceMonitor"), one(objs, "Service")
+    sm, svc = one(objs, "ServiceMonitor"), loaders_service(objs)
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
     assert sm["metadata"].get("namespace") == svc["metadata"].get("namespace")
     wanted = sm["spec"]["selector"]["matchLabels"]
@@ -117,7 +128,7 @@ def test_selectors_match_the_pod(rendered):
     dep = workload(objs)
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
     for sel in (dep["spec"]["selector"]["matchLabels"],
-                one(objs, "Service")["spec"]["selector"],
+                *[o["spec"]["selector"] for o in objs if o["kind"] == "Service"],
                 one(objs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
                 one(objs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]):
         assert sel and sel.items() <= pod_labels.items()
@@ -230,10 +241,15 @@ def test_config_file_and_environment_use_only_options_of_the_config_table(render
             assert e["value"] in choices, f"deploy/{target}: {e['name']}={e['value']!r} not in {choices}"
 
 
-def test_one_replica_with_resources_and_a_drain_friendly_pdb(rendered):
-    _, objs = rendered
+def world_size(target: str, objs: list[dict]) -> int:
+    """1, or the data-parallel job's size from its distributed.world_size."""
+    return int(env(objs).get("STREAMFEED_DISTRIBUTED_WORLD_SIZE") or 1) if target == MULTI_GPU else 1
+
+
+def test_one_replica_per_rank_with_resources_and_a_drain_friendly_pdb(rendered):
+    target, objs = rendered
     dep = workload(objs)
-    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["replicas"] == world_size(target, objs)
     res = container(objs)["resources"]
     assert {"cpu", "memory"} <= set(res["requests"])
     assert "memory" in res["limits"]
@@ -243,11 +259,17 @@ def test_one_replica_with_resources_and_a_drain_friendly_pdb(rendered):
 
 
 def test_networkpolicy_admits_the_http_port_and_the_metrics_port_only_from_prometheus(rendered):
-    _, objs = rendered
+    target, objs = rendered
     np = one(objs, "NetworkPolicy")["spec"]
     assert np["policyTypes"] == ["Ingress"]
     assert all(rule.get("ports") for rule in np["ingress"]), "every ingress rule must name the port"
     by_port = {p["port"]: rule for rule in np["ingress"] for p in rule["ports"]}
+    if target == MULTI_GPU:
+        # The ranks' collectives (Gloo, NCCL sockets) on ephemeral ports, from the job's pods only.
+        ranks = by_port.pop(1024)
+        assert [p.get("endPort") for p in ranks["ports"]] == [65535]
+        assert ranks["from"] == [{"podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "streamfeed", "app.kubernetes.io/component": "trainer"}}}]
     assert set(by_port) == {8080, 9090}
     assert all(p["protocol"] == "TCP" for rule in np["ingress"] for p in rule["ports"])
     # The metrics port is not open to everyone: only to the Prometheus pods.
@@ -265,15 +287,16 @@ def test_metrics_and_probes_are_served_on_the_metrics_port(rendered):
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in c["ports"]
     for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
         assert c[probe]["httpGet"]["port"] == "metrics", probe
-    svc_ports = {p["name"]: p for p in one(objs, "Service")["spec"]["ports"]}
+    svc_ports = {p["name"]: p for p in loaders_service(objs)["spec"]["ports"]}
     assert svc_ports["metrics"]["targetPort"] == "metrics"
     assert [ep["port"] for ep in one(objs, "ServiceMonitor")["spec"]["endpoints"]] == ["metrics"]
 
 
-def test_replicas_are_pinned_to_one_by_an_admission_policy_and_no_autoscaler(rendered):
+def test_replicas_are_pinned_by_an_admission_policy_and_no_autoscaler(rendered):
     target, objs = rendered
     sts = workload(objs)
-    assert sts["spec"]["replicas"] == 1
+    world = world_size(target, objs)
+    assert sts["spec"]["replicas"] == world
     policy = one(objs, "ValidatingAdmissionPolicy")
     binding = one(objs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
@@ -283,9 +306,17 @@ def test_replicas_are_pinned_to_one_by_an_admission_policy_and_no_autoscaler(ren
     # kubectl scale and autoscalers go through the scale subresource.
     assert {"statefulsets", "statefulsets/scale"} <= resources
     exprs = [v["expression"] for v in policy["spec"]["validations"]]
-    assert any("object.spec.replicas <= 1" in e for e in exprs), exprs
-    wanted = binding["spec"]["matchResources"]["objectSelector"]["matchLabels"]
+    pin = f"object.spec.replicas == {world}" if target == MULTI_GPU else "object.spec.replicas <= 1"
+    assert any(pin in e for e in exprs), exprs
+    selector = binding["spec"]["matchResources"]["objectSelector"]
+    wanted = selector["matchLabels"]
     assert wanted.items() <= sts["metadata"]["labels"].items(), "the binding misses the StatefulSet"
+    # The one-replica pin never matches a data-parallel job, and the job's pin never another size.
+    absent = {e["key"] for e in selector.get("matchExpressions", []) if e["operator"] == "DoesNotExist"}
+    if target == MULTI_GPU:
+        assert wanted["streamfeed.io/world-size"] == str(world)
+    else:
+        assert "streamfeed.io/world-size" in absent
     assert not any(o["kind"] == "HorizontalPodAutoscaler" for o in objs)
 
 
@@ -334,7 +365,29 @@ def test_dev_overlay_runs_the_tiny_model_on_the_cpu_reference_without_a_gpu(over
     assert workload(objs)["metadata"]["namespace"] == "streamfeed-dev"
 
 
-@pytest.mark.parametrize("overlay", ["overlays/dev", "overlays/gpu"])
+def test_multi_gpu_overlay_is_one_job_of_ranks_that_find_rank_0_by_its_stable_name(overlays):
+    objs = overlays[MULTI_GPU]
+    sts = workload(objs)
+    world = world_size(MULTI_GPU, objs)
+    assert world > 1 and sts["spec"]["replicas"] == world
+    # Every rank starts at once (none is ready before all joined).
+    sm = one(objs, "ServiceMonitor")["spec"]["selector"]["matchLabels"]
+    assert sts["spec"]["podManagementPolicy"] == "Parallel"
+    ranks = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == sts["spec"]["serviceName"])
+    assert ranks["spec"]["clusterIP"] == "None" and ranks["spec"]["publishNotReadyAddresses"] is True
+    assert not sm.items() <= ranks["metadata"]["labels"].items(), "Prometheus scrapes the pods once, not per Service"
+    e = env(objs)
+    assert e["STREAMFEED_DISTRIBUTED_RENDEZVOUS"] == f"{sts['metadata']['name']}-0.{ranks['metadata']['name']}:8080"
+    assert "STREAMFEED_DISTRIBUTED_RANK" not in e, "the rank is the pod's ordinal"
+    assert int(container(objs)["resources"]["limits"]["nvidia.com/gpu"]) == 1
+    assert e["STREAMFEED_PIPELINE_BACKEND"] == "cuda"
+    # Loaders reach ready ranks only, through the Service of the base.
+    loaders = next(o for o in objs if o["kind"] == "Service" and o["metadata"]["name"] == "streamfeed")
+    assert not loaders["spec"].get("publishNotReadyAddresses")
+    assert e["STREAMFEED_CHECKPOINT_RESUME"] == "true"
+
+
+@pytest.mark.parametrize("overlay", ["overlays/dev", "overlays/gpu", "overlays/multi-gpu"])
 def test_overlay_namespace_enforces_the_restricted_profile(overlays, overlay):
     objs = overlays[overlay]
     ns = one(objs, "Namespace")

@@ -37,6 +37,8 @@ ROUTES = {
     ("PUT", "/v1/checkpoint"),
     ("POST", "/v1/checkpoint/save"),
     ("POST", "/v1/checkpoint/load"),
+    ("PUT", "/v1/distributed/kv/{key}"),
+    ("GET", "/v1/distributed/kv/{key}"),
 }
 METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
 

@@ -1,0 +1,93 @@
+"""Helpers of bench/multi_gpu_run.sh, against running streamfeed ranks on
+127.0.0.1 (standard library and numpy only):
+
+  samples PORT...                  samples trained so far, summed over the ranks (GET /v1/stats)
+  checksum PORT...                 sha256 of each rank's parameters (GET /v1/checkpoint's tensor
+                                   bytes) and whether all are equal; exit 1 when they differ
+  losses --two P0,P1 --one P --batch B --steps N
+                                   posts the same learnable batches as 2 ranks x B (one batch to
+                                   each, at once) and as 1 rank x 2B, and prints both loss
+                                   curves and their largest difference (JSON)
+"""
+import hashlib
+import json
+import struct
+import sys
+import threading
+import urllib.request
+
+import numpy as np
+
+
+def get(port, path):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=600) as r:
+        return r.read()
+
+
+def post_batch(port, images, labels):
+    """images uint8 [n,h,w,3] (NHWC), labels int64 [n], as a safetensors body; waits for the step."""
+    tensors = [("images", "U8", list(images.shape), images.tobytes()), ("labels", "I64", list(labels.shape),
+                                                                        labels.astype("<i8").tobytes())]
+    header, off = {"__metadata__": {"layout": "NHWC"}}, 0
+    for name, dt, shape, data in tensors:
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    body = struct.pack("<Q", len(h)) + h + b"".join(t[3] for t in tensors)
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/batches?wait=1", data=body, method="POST",
+                                 headers={"Content-Type": "application/vnd.safetensors"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def tensor_bytes(ckpt):
+    n = struct.unpack("<Q", ckpt[:8])[0]
+    return ckpt[8 + n:]
+
+
+def learnable(rng, n, side):
+    """A bright square whose position is the class (as the tests' learnable batches)."""
+    labels = rng.integers(0, 10, n)
+    images = rng.integers(0, 20, (n, side, side, 3), dtype=np.uint8)
+    cell = side // 4
+    for i, k in enumerate(labels):
+        r, c = divmod(int(k), 4)
+        images[i, r * cell + 2:(r + 1) * cell - 2, c * cell + 2:(c + 1) * cell - 2, :] = 100
+    return images, labels
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "samples":
+        print(sum(json.loads(get(p, "/v1/stats"))["samples_total"] for p in args))
+    elif cmd == "checksum":
+        sums = [hashlib.sha256(tensor_bytes(get(p, "/v1/checkpoint"))).hexdigest() for p in args]
+        equal = len(set(sums)) == 1
+        print(json.dumps({"ranks": len(sums), "sha256": sums, "identical": equal}))
+        sys.exit(0 if equal else 1)
+    elif cmd == "losses":
+        opts = dict(zip(args[::2], args[1::2]))
+        two = [int(p) for p in opts["--two"].split(",")]
+        one, b, steps = int(opts["--one"]), int(opts["--batch"]), int(opts["--steps"])
+        side = int(opts.get("--side", "32"))
+        rng = np.random.default_rng(7)
+        rounds = [(learnable(rng, b, side), learnable(rng, b, side)) for _ in range(steps)]
+        curve2, curve1 = [], []
+        for a, c in rounds:
+            out = [None, None]
+            ts = [threading.Thread(target=lambda i, x: out.__setitem__(i, post_batch(two[i], *x)), args=(i, x))
+                  for i, x in enumerate((a, c))]
+            [t.start() for t in ts]
+            [t.join() for t in ts]
+            curve2.append((out[0]["loss"] + out[1]["loss"]) / 2)
+            r = post_batch(one, np.concatenate([a[0], c[0]]), np.concatenate([a[1], c[1]]))
+            curve1.append(r["loss"])
+        diff = float(np.max(np.abs(np.array(curve2) - np.array(curve1))))
+        print(json.dumps({"two_ranks_x_b": curve2, "one_rank_x_2b": curve1, "max_abs_diff": diff, "batch": b}))
+    else:
+        sys.exit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# bench/multi_gpu_run.sh — data-parallel streamfeed against PyTorch DDP on one
+# host with G GPUs, both in one command and one session:
+#   1. for W3 (ResNet-18 bf16, MG_W3_BATCH per rank) and W1 (seed classifier,
+#      TF32, MG_W1_BATCH per rank): a job of 1 rank, then of G ranks (one per
+#      GPU, --pipeline.device r), fed over HTTP by one streamfeed-load per rank
+#      (MG_SECONDS each); samples/s trained, summed over the ranks, from GET
+#      /v1/stats; then the ranks' parameter checksums (GET /v1/checkpoint),
+#      which must be equal;
+#   2. the loss of 2 ranks x batch B against 1 rank x batch 2B on the same
+#      learnable batches (tiny model, fp32; needs G >= 2);
+#   3. PyTorch DDP (bench/pytorch_ddp.py under torchrun, NCCL, channels_last,
+#      best of eager and torch.compile, device-cached batches) for the same
+#      workloads on 1 and G GPUs (MG_TORCH=0 skips it).
+# With one GPU it is a dry run at world size 1 (parts 1 and 3 only).
+# MG_CPU=1 runs part 1 on the CPU reference backend with the tiny model and 2
+# ranks: a smoke test of this script on a machine without GPUs.
+# Results: $BENCH_OUT (default build/bench-out/multi-gpu): summary.jsonl, one
+# log per rank, bench.log; the GPUs, commit and date beside them.
+# Expects `make` done (build/streamfeed, build/streamfeed-load).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUTD=${BENCH_OUT:-build/bench-out/multi-gpu}
+CPU=${MG_CPU:-0}
+SECS=${MG_SECONDS:-20}
+PORT0=${MG_PORT:-18080}
+PY=${PYTHON:-python3}
+mkdir -p "$OUTD"
+: > "$OUTD/summary.jsonl"
+log() { echo "multi-gpu: $*" | tee -a "$OUTD/bench.log"; }
+
+if [ "$CPU" = 1 ]; then
+  G=2
+  echo "no GPU (MG_CPU=1: reference backend)" > "$OUTD/gpu.txt"
+else
+  G=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader > "$OUTD/gpu.txt" 2>/dev/null
+  nvidia-smi topo -m > "$OUTD/topology.txt" 2>/dev/null
+  if [ "$G" -lt 1 ]; then
+    log "no GPU found (nvidia-smi -L); MG_CPU=1 runs the smoke test on the CPU"
+    exit 1
+  fi
+fi
+echo "${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$OUTD/commit.txt"
+date -u +%Y-%m-%dT%H:%M:%SZ > "$OUTD/date.txt"
+log "GPUs: $G ($(head -n 1 "$OUTD/gpu.txt")); commit $(cat "$OUTD/commit.txt")"
+WORLDS="1"
+[ "$G" -gt 1 ] && WORLDS="1 $G"
+[ "$G" = 1 ] && log "one GPU: a dry run at world size 1"
+
+PIDS=()
+# start_job WORLD NAME ARGS...: WORLD ranks on ports PORT0.., ready or fail.
+start_job() {
+  local world=$1 name=$2; shift 2
+  PIDS=()
+  for ((r = 0; r < world; r++)); do
+    local dargs=(--distributed.world_size "$world" --distributed.rank "$r" --distributed.host 127.0.0.1)
+    [ "$r" -gt 0 ] && dargs+=(--distributed.rendezvous "127.0.0.1:$PORT0")
+    [ "$CPU" = 1 ] || dargs+=(--pipeline.device "$r")
+    build/streamfeed --http.host 127.0.0.1 --http.port $((PORT0 + r)) --log.requests false \
+      "${dargs[@]}" "$@" > "$OUTD/$name-w$world-r$r.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for ((r = 0; r < world; r++)); do
+    local ok=0
+    for ((i = 0; i < 600; i++)); do
+      if curl -sf "http://127.0.0.1:$((PORT0 + r))/readyz" > /dev/null 2>&1; then ok=1; break; fi
+      sleep 0.5
+    done
+    if [ "$ok" != 1 ]; then
+      log "$name: rank $r of $world not ready after 300 s (see $OUTD/$name-w$world-r$r.log)"
+      stop_job
+      return 1
+    fi
+  done
+}
+stop_job() {
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2> /dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2> /dev/null; done
+  PIDS=()
+}
+ports() { local w=$1 s=""; for ((r = 0; r < w; r++)); do s="$s $((PORT0 + r))"; done; echo $s; }
+
+# 1. streamfeed, 1 and G ranks.
+if [ "$CPU" = 1 ]; then
+  WORKLOADS=("tiny:16:--model.preset tiny --pipeline.backend ref --augment.pipeline []")
+  WORLDS="1 2"
+else
+  W3B=${MG_W3_BATCH:-256}
+  W1B=${MG_W1_BATCH:-32}
+  W3PIPE='[{"op":"to_dtype","scale":0.00392156862745098},{"op":"normalize","mean":[0.5],"std":[0.5]}]'
+  WORKLOADS=(
+    "w3:$W3B:--model.preset resnet18 --model.precision bf16 --model.max_batch $W3B --optim.momentum 0.9 --ring.slots 8 --http.threads 8 --ring.slot_bytes $((W3B * 224 * 224 * 3 + 65536)) --augment.pipeline $W3PIPE"
+    "w1:$W1B:--model.preset seed-classifier --model.max_batch $W1B --ring.slots 16 --http.threads 8"
+  )
+fi
+for spec in "${WORKLOADS[@]}"; do
+  IFS=: read -r wl batch sargs <<< "$spec"
+  for world in $WORLDS; do
+    # shellcheck disable=SC2086  # the server flags are words
+    start_job "$world" "$wl" $sargs || continue
+    P=$(ports "$world")
+    s0=$($PY bench/multi_gpu_check.py samples $P)
+    t0=$(date +%s.%N)
+    LOADS=()
+    for p in $P; do
+      build/streamfeed-load --url "http://127.0.0.1:$p" --workload "$wl" --batch "$batch" --connections 4 \
+        --pool 8 --seconds "$SECS" --json > "$OUTD/$wl-w$world-load-$p.json" 2>> "$OUTD/bench.log" &
+      LOADS+=($!)
+    done
+    wait "${LOADS[@]}"
+    s1=$($PY bench/multi_gpu_check.py samples $P)
+    t1=$(date +%s.%N)
+    sum=$($PY bench/multi_gpu_check.py checksum $P)
+    rate=$($PY -c "print(round(($s1 - $s0) / ($t1 - $t0), 1))")
+    log "streamfeed $wl world $world: $rate samples/s (batch $batch per rank); parameters: $sum"
+    echo "{\"side\":\"streamfeed\",\"workload\":\"$wl\",\"world_size\":$world,\"batch_per_rank\":$batch,\"samples_per_s\":$rate,\"checksum\":$sum}" >> "$OUTD/summary.jsonl"
+    stop_job
+  done
+done
+
+# 2. 2 ranks x B against 1 rank x 2B (tiny, fp32; the CUDA backend's sums
+# are not in the reference's order, so the difference is reported, not bounded).
+if [ "$G" -ge 2 ]; then
+  LB=${MG_LOSS_BATCH:-16}
+  common=(--model.preset tiny --model.precision fp32 --model.max_batch $((2 * LB)) --augment.pipeline '[]'
+          --optim.lr 0.05 --optim.momentum 0.9 --distributed.wait_ms 10000)
+  [ "$CPU" = 1 ] && common+=(--pipeline.backend ref)
+  if start_job 2 loss2 "${common[@]}"; then
+    two="$PORT0,$((PORT0 + 1))"
+    KEEP=("${PIDS[@]}")
+    PORT0=$((PORT0 + 10))
+    if start_job 1 loss1 "${common[@]}"; then
+      res=$($PY bench/multi_gpu_check.py losses --two "$two" --one "$PORT0" --batch "$LB" --steps ${MG_LOSS_STEPS:-20})
+      log "2 ranks x $LB against 1 rank x $((2 * LB)): $res"
+      echo "{\"side\":\"streamfeed\",\"check\":\"loss_2xB_vs_1x2B\",\"result\":$res}" >> "$OUTD/summary.jsonl"
+      stop_job
+    fi
+    PORT0=$((PORT0 - 10))
+    PIDS=("${KEEP[@]}")
+    stop_job
+  fi
+fi
+
+# 3. PyTorch DDP, the same workloads on 1 and G GPUs.
+if [ "$CPU" != 1 ] && [ "${MG_TORCH:-1}" = 1 ]; then
+  for wl in w3 w1; do
+    b=$([ "$wl" = w3 ] && echo "$W3B" || echo "$W1B")
+    for world in $WORLDS; do
+      PYTHONUNBUFFERED=1 timeout 900 $PY -m torch.distributed.run --standalone --nproc_per_node "$world" \
+        bench/pytorch_ddp.py --workload "$wl" --batch "$b" --json "$OUTD/pytorch-$wl-w$world.json" \
+        2>> "$OUTD/bench.log" | tee -a "$OUTD/bench.log" | grep '"best"' | sed 's/^{/{"side":"pytorch_ddp",/' \
+        >> "$OUTD/summary.jsonl"
+    done
+  done
+fi
+log "summary: $OUTD/summary.jsonl"
+cat "$OUTD/summary.jsonl"

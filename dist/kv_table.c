@@ -1,0 +1,158 @@
+/* dist/kv_table.c — see kv_table.h. */
+#include "dist/kv_table.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct kv_entry {
+    char key[SF_KV_MAX_KEY + 1];
+    unsigned char *val;
+    size_t len;
+} kv_entry;
+
+struct sf_kv_table {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* signalled on every put, for waiting gets */
+    kv_entry e[SF_KV_MAX_ENTRIES];
+    int n;
+};
+
+sf_kv_table *sf_kv_table_new(void)
+{
+    sf_kv_table *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&t->cv, &a);
+    pthread_condattr_destroy(&a);
+    return t;
+}
+
+void sf_kv_table_free(sf_kv_table *t)
+{
+    if (!t)
+        return;
+    for (int i = 0; i < t->n; i++)
+        free(t->e[i].val);
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    free(t);
+}
+
+const char *sf_kv_key_check(const char *key)
+{
+    size_t n = key ? strlen(key) : 0;
+    if (n == 0 || n > SF_KV_MAX_KEY)
+        return "kv_key_invalid";
+    for (size_t i = 0; i < n; i++) {
+        char c = key[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-'))
+            return "kv_key_invalid";
+    }
+    return NULL;
+}
+
+static kv_entry *find(sf_kv_table *t, const char *key)
+{
+    for (int i = 0; i < t->n; i++)
+        if (!strcmp(t->e[i].key, key))
+            return &t->e[i];
+    return NULL;
+}
+
+int sf_kv_table_put(sf_kv_table *t, const char *key, const void *val, size_t len, const char **code)
+{
+    const char *bad = sf_kv_key_check(key);
+    if (bad || len > SF_KV_MAX_VALUE) {
+        *code = bad ? bad : "kv_value_too_large";
+        return -1;
+    }
+    unsigned char *copy = malloc(len ? len : 1);
+    if (!copy) {
+        *code = "kv_full";
+        return -1;
+    }
+    if (len)
+        memcpy(copy, val, len);
+    pthread_mutex_lock(&t->mu);
+    kv_entry *e = find(t, key);
+    if (!e) {
+        if (t->n == SF_KV_MAX_ENTRIES) {
+            pthread_mutex_unlock(&t->mu);
+            free(copy);
+            *code = "kv_full";
+            return -1;
+        }
+        e = &t->e[t->n++];
+        strcpy(e->key, key);
+    } else {
+        free(e->val);
+    }
+    e->val = copy;
+    e->len = len;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+int sf_kv_table_get(sf_kv_table *t, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms)
+{
+    if (sf_kv_key_check(key))
+        return -1;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&t->mu);
+    kv_entry *e;
+    while (!(e = find(t, key))) {
+        if (timeout_ms <= 0 || pthread_cond_timedwait(&t->cv, &t->mu, &until) == ETIMEDOUT) {
+            e = find(t, key);
+            break;
+        }
+    }
+    if (!e) {
+        pthread_mutex_unlock(&t->mu);
+        return 1;
+    }
+    memcpy(buf, e->val, e->len < cap ? e->len : cap);
+    *len = e->len;
+    pthread_mutex_unlock(&t->mu);
+    return 0;
+}
+
+int sf_kv_table_count(sf_kv_table *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int n = t->n;
+    pthread_mutex_unlock(&t->mu);
+    return n;
+}
+
+static int store_set(void *ctx, const char *key, const void *val, size_t len)
+{
+    const char *code;
+    return sf_kv_table_put(ctx, key, val, len, &code);
+}
+
+static int store_get(void *ctx, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms)
+{
+    return sf_kv_table_get(ctx, key, buf, cap, len, timeout_ms);
+}
+
+sf_kv_store sf_kv_table_store(sf_kv_table *t)
+{
+    sf_kv_store s = {t, store_set, store_get};
+    return s;
+}

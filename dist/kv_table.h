@@ -1,0 +1,34 @@
+/* dist/kv_table.h — the rendezvous store rank 0 keeps in memory: what
+ * PUT/GET /v1/distributed/kv/{key} read and write (handlers/distributed.c),
+ * and rank 0's own sf_kv_store.
+ *
+ * Bounded: keys of at most SF_KV_MAX_KEY characters of [A-Za-z0-9._-],
+ * values of at most SF_KV_MAX_VALUE bytes, at most SF_KV_MAX_ENTRIES keys.
+ * A key set again is replaced. Thread-safe (HTTP threads and the engine).
+ */
+#ifndef SF_DIST_KV_TABLE_H
+#define SF_DIST_KV_TABLE_H
+
+#include <stddef.h>
+
+#include "dist/collective.h"
+
+#define SF_KV_MAX_KEY 63
+#define SF_KV_MAX_VALUE 65536
+#define SF_KV_MAX_ENTRIES 256
+
+typedef struct sf_kv_table sf_kv_table;
+
+sf_kv_table *sf_kv_table_new(void);
+void sf_kv_table_free(sf_kv_table *t);
+/* 0 when the key is well formed; else a stable error code. */
+const char *sf_kv_key_check(const char *key);
+/* 0, or -1 with *code one of kv_key_invalid, kv_value_too_large, kv_full. */
+int sf_kv_table_put(sf_kv_table *t, const char *key, const void *val, size_t len, const char **code);
+/* 0 found (at most cap bytes copied, *len the full length), 1 not there within
+ * timeout_ms (0: do not wait), -1 a malformed key. */
+int sf_kv_table_get(sf_kv_table *t, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms);
+int sf_kv_table_count(sf_kv_table *t);
+sf_kv_store sf_kv_table_store(sf_kv_table *t);
+
+#endif

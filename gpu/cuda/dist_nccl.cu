@@ -1,0 +1,249 @@
+/* gpu/cuda/dist_nccl.cu — see dist_nccl.h. Kernels first, then NCCL. */
+#include "dist_nccl.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+
+#if __has_include(<nccl.h>)
+#include <nccl.h>
+#define SF_HAVE_NCCL_H 1
+#endif
+
+/* ---- kernels --------------------------------------------------------------------- */
+
+__global__ void k_scale(float *g, size_t len, const float *share)
+{
+    const float f = *share;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len; i += (size_t)gridDim.x * blockDim.x)
+        g[i] *= f;
+}
+
+__device__ static unsigned long long mix64(unsigned long long z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+__global__ void k_digest(const float *d, size_t n, unsigned long long *out)
+{
+    unsigned long long h = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        h ^= mix64(((unsigned long long)i << 32) ^ (unsigned long long)__float_as_uint(d[i]) ^ 0x9e3779b97f4a7c15ull);
+    if (h)
+        atomicXor(out, h);
+}
+
+static unsigned grid_for(size_t len)
+{
+    size_t g = (len + 255) / 256;
+    return (unsigned)(g < 1 ? 1 : (g > 1024 ? 1024 : g));
+}
+
+extern "C" int sf_cuda_digest(const float *d, size_t n, uint64_t *out, cudaStream_t s)
+{
+    unsigned long long *dv = NULL, hv = 0;
+    SF_CUDA_CHECK(cudaMallocAsync((void **)&dv, sizeof *dv, s));
+    cudaError_t e = cudaMemsetAsync(dv, 0, sizeof *dv, s);
+    if (e == cudaSuccess && n) {
+        k_digest<<<grid_for(n), 256, 0, s>>>(d, n, dv);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(&hv, dv, sizeof hv, cudaMemcpyDeviceToHost, s);
+    cudaFreeAsync(dv, s);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(s);
+    SF_CUDA_CHECK(e);
+    *out = hv;
+    return 0;
+}
+
+/* ---- NCCL ------------------------------------------------------------------------- */
+
+#ifdef SF_HAVE_NCCL_H
+/* The few entry points used, from the library loaded at run time. */
+typedef struct nccl_api {
+    void *lib;
+    ncclResult_t (*get_unique_id)(ncclUniqueId *);
+    ncclResult_t (*init_config)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+    ncclResult_t (*async_error)(ncclComm_t, ncclResult_t *);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*abort_comm)(ncclComm_t);
+    ncclResult_t (*destroy)(ncclComm_t);
+    const char *(*error_string)(ncclResult_t);
+} nccl_api;
+
+struct sf_nccl {
+    nccl_api api;
+    ncclComm_t comm;
+    int aborted;
+};
+
+static int load_api(nccl_api *a, char *err, size_t errlen)
+{
+    a->lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!a->lib) {
+        snprintf(err, errlen, "cuda: NCCL is needed for distributed.world_size > 1: %s", dlerror());
+        return -1;
+    }
+#define SYM(field, name)                                                                                     \
+    do {                                                                                                       \
+        *(void **)&a->field = dlsym(a->lib, name);                                                             \
+        if (!a->field) {                                                                                       \
+            snprintf(err, errlen, "cuda: libnccl.so.2 has no %s", name);                                       \
+            return -1;                                                                                         \
+        }                                                                                                      \
+    } while (0)
+    SYM(get_unique_id, "ncclGetUniqueId");
+    SYM(init_config, "ncclCommInitRankConfig");
+    SYM(async_error, "ncclCommGetAsyncError");
+    SYM(all_reduce, "ncclAllReduce");
+    SYM(abort_comm, "ncclCommAbort");
+    SYM(destroy, "ncclCommDestroy");
+    SYM(error_string, "ncclGetErrorString");
+#undef SYM
+    return 0;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t errlen)
+{
+    *out = NULL;
+    sf_nccl *x = (sf_nccl *)calloc(1, sizeof *x);
+    if (!x) {
+        snprintf(err, errlen, "cuda: out of memory");
+        return -1;
+    }
+    if (load_api(&x->api, err, errlen) != 0) {
+        sf_nccl_free(x);
+        return -1;
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    ncclResult_t r;
+    if (d->rank == 0) {
+        if ((r = x->api.get_unique_id(&id)) != ncclSuccess || d->store->set(d->store->ctx, "nccl.id", &id, sizeof id)) {
+            snprintf(err, errlen, "cuda: publishing the NCCL unique id failed: %s",
+                     r != ncclSuccess ? x->api.error_string(r) : "the store refused it");
+            sf_nccl_free(x);
+            return -1;
+        }
+    } else {
+        size_t len = 0;
+        if (d->store->get(d->store->ctx, "nccl.id", &id, sizeof id, &len, d->timeout_ms) != 0 || len != sizeof id) {
+            snprintf(err, errlen, "cuda: rank 0's NCCL unique id did not arrive within %d s", d->timeout_ms / 1000);
+            sf_nccl_free(x);
+            return -1;
+        }
+    }
+    /* Non-blocking, so that a rank that never comes is a timeout here, not a hang. */
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    r = x->api.init_config(&x->comm, d->world, id, d->rank, &cfg);
+    const uint64_t end = now_ms() + (uint64_t)d->timeout_ms;
+    while (r == ncclSuccess || r == ncclInProgress) {
+        ncclResult_t st = ncclInProgress;
+        if (x->api.async_error(x->comm, &st) != ncclSuccess)
+            st = ncclSystemError;
+        if (st == ncclSuccess)
+            break;
+        if (st != ncclInProgress || now_ms() >= end) {
+            r = st != ncclInProgress ? st : ncclSystemError;
+            break;
+        }
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+        r = ncclInProgress;
+    }
+    if (r != ncclSuccess && r != ncclInProgress) {
+        snprintf(err, errlen, "cuda: ncclCommInitRankConfig (rank %d of %d) failed or timed out: %s", d->rank,
+                 d->world, x->api.error_string(r));
+        sf_nccl_abort(x);
+        sf_nccl_free(x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+extern "C" int sf_nccl_allreduce(sf_nccl *x, float *grad, size_t len, const float *d_share, cudaStream_t s)
+{
+    if (x->aborted) {
+        sf_cuda_set_error("%s:%d: NCCL communicator aborted", __FILE__, __LINE__);
+        return -1;
+    }
+    k_scale<<<grid_for(len), 256, 0, s>>>(grad, len, d_share);
+    SF_CUDA_CHECK(cudaGetLastError());
+    ncclResult_t r = x->api.all_reduce(grad, grad, len, ncclFloat32, ncclSum, x->comm, s);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        sf_cuda_set_error("%s:%d: ncclAllReduce: %s", __FILE__, __LINE__, x->api.error_string(r));
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen)
+{
+    if (x->aborted) {
+        snprintf(err, errlen, "the NCCL communicator was aborted (a peer died or timed out)");
+        return -1;
+    }
+    ncclResult_t st = ncclSuccess;
+    if (x->api.async_error(x->comm, &st) != ncclSuccess || (st != ncclSuccess && st != ncclInProgress)) {
+        snprintf(err, errlen, "NCCL: %s", x->api.error_string(st));
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" void sf_nccl_abort(sf_nccl *x)
+{
+    if (x && x->comm && !x->aborted) {
+        x->api.abort_comm(x->comm);
+        x->aborted = 1;
+    }
+}
+
+extern "C" void sf_nccl_free(sf_nccl *x)
+{
+    if (!x)
+        return;
+    if (x->comm && !x->aborted)
+        x->api.destroy(x->comm);
+    if (x->api.lib)
+        dlclose(x->api.lib);
+    free(x);
+}
+
+#else /* no nccl.h at build time */
+
+struct sf_nccl {
+    int unused;
+};
+
+extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t errlen)
+{
+    *out = NULL;
+    snprintf(err, errlen, "cuda: built without nccl.h: distributed.world_size > 1 needs NCCL at build time");
+    return -1;
+}
+extern "C" int sf_nccl_allreduce(sf_nccl *x, float *grad, size_t len, const float *d_share, cudaStream_t s)
+{
+    return -1;
+}
+extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen) { return -1; }
+extern "C" void sf_nccl_abort(sf_nccl *x) {}
+extern "C" void sf_nccl_free(sf_nccl *x) {}
+#endif

@@ -1,0 +1,59 @@
+/* handlers/distributed.c — PUT/GET /v1/distributed/kv/{key}: rank 0's
+ * rendezvous store (dist/kv_table.h), where the ranks of a data-parallel job
+ * publish their addresses (and the NCCL unique id) to find each other.
+ * Served by rank 0 only; the bearer token is required when set. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/kv_table.h"
+#include "handlers/handlers.h"
+#include "server/app.h"
+#include "server/distributed.h"
+
+static sf_kv_table *table_or_refuse(sf_req *r)
+{
+    sf_kv_table *t = sf_distributed_table(r->app->dist);
+    if (!t) {
+        sf_reply_error(r, 409, "not_rendezvous",
+                       "this process is not rank 0 of a data-parallel job (distributed.world_size > 1): "
+                       "it serves no rendezvous store");
+        return NULL;
+    }
+    const char *bad = sf_kv_key_check(r->param);
+    if (bad) {
+        sf_reply_error_field(r, 400, bad, "key", "a key is 1 to %d characters of A-Z a-z 0-9 . _ -",
+                             SF_KV_MAX_KEY);
+        return NULL;
+    }
+    return t;
+}
+
+int h_distributed_kv_put(sf_req *r)
+{
+    sf_kv_table *t = table_or_refuse(r);
+    if (!t)
+        return -1;
+    const char *code = NULL;
+    if (sf_kv_table_put(t, r->param, r->body, r->body_len, &code) != 0) {
+        if (!strcmp(code, "kv_value_too_large"))
+            return sf_reply_error(r, 413, code, "a value holds at most %d bytes", SF_KV_MAX_VALUE);
+        return sf_reply_error(r, 507, code, "the store holds at most %d keys", SF_KV_MAX_ENTRIES);
+    }
+    return sf_reply_bytes(r, 204, "application/octet-stream", NULL, 0, NULL);
+}
+
+int h_distributed_kv_get(sf_req *r)
+{
+    sf_kv_table *t = table_or_refuse(r);
+    if (!t)
+        return -1;
+    void *buf = malloc(SF_KV_MAX_VALUE);
+    if (!buf)
+        return sf_reply_error(r, 503, "out_of_memory", "out of memory");
+    size_t len = 0;
+    if (sf_kv_table_get(t, r->param, buf, SF_KV_MAX_VALUE, &len, 0) != 0) {
+        free(buf);
+        return sf_reply_error(r, 404, "kv_key_not_found", "no rank has published \"%s\" yet", r->param);
+    }
+    return sf_reply_bytes(r, 200, "application/octet-stream", buf, len, free);
+}

@@ -1,0 +1,444 @@
+/* server/distributed.c — see distributed.h. */
+#include "server/distributed.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/kv_client.h"
+#include "server/log.h"
+
+/* Results of this rank's patches are kept for the requests that wait on
+ * them; older ones are forgotten (their requests have long replied). */
+#define PATCH_RESULTS 16
+
+typedef struct dist_patch {
+    uint64_t id;
+    char *body;
+    size_t len;
+    int done, status;
+    char err[512], field[128];
+    char *reply; /* printed {"applied","pending_restart"} */
+} dist_patch;
+
+struct sf_distributed {
+    sf_dist d;
+    sf_kv_store store;      /* what the ranks use: inner, cut short by cancel */
+    sf_kv_store inner;      /* the table or the HTTP client */
+    atomic_int cancel;      /* the service is stopping: the join gives up */
+    sf_kv_table *table;    /* rank 0 */
+    sf_kv_client *client;  /* ranks > 0 */
+    char host[256];
+    int join_timeout_ms;
+    int timeout_ms;
+    char rendezvous[256];
+
+    pthread_mutex_t mu;
+    sf_dist_state state;
+    char reason[400];
+    dist_patch queue[SF_DIST_MAX_PATCHES]; /* FIFO of this rank's patches not yet applied */
+    int nqueue;
+    dist_patch results[PATCH_RESULTS];     /* by id % PATCH_RESULTS */
+    uint64_t next_id;
+    uint64_t empty_rounds;
+    double allreduce_sum;
+    uint64_t allreduce_count;
+
+    sf_metric *m_world, *m_rank, *m_empty, *m_allreduce, *m_state;
+};
+
+/* The join waits in the store's get for the other ranks' keys, up to
+ * distributed.join_timeout_s: in slices, so that a shutdown ends it. */
+#define JOIN_SLICE_MS 200
+
+static int store_set(void *ctx, const char *key, const void *val, size_t len)
+{
+    sf_distributed *d = ctx;
+    return d->inner.set(d->inner.ctx, key, val, len);
+}
+
+static int store_get(void *ctx, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms)
+{
+    sf_distributed *d = ctx;
+    for (int left = timeout_ms;;) {
+        if (atomic_load(&d->cancel))
+            return -1;
+        int slice = left < JOIN_SLICE_MS ? left : JOIN_SLICE_MS;
+        int rc = d->inner.get(d->inner.ctx, key, buf, cap, len, slice);
+        if (rc != 1 || (left -= slice) <= 0)
+            return rc;
+    }
+}
+
+void sf_distributed_cancel(sf_distributed *d)
+{
+    if (d)
+        atomic_store(&d->cancel, 1);
+}
+
+sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
+{
+    if (c->distributed.world_size <= 1)
+        return NULL;
+    sf_distributed *d = calloc(1, sizeof *d);
+    if (!d) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&d->mu, NULL);
+    d->d.rank = c->distributed.rank;
+    d->d.world = c->distributed.world_size;
+    d->d.timeout_ms = c->distributed.timeout_s * 1000;
+    d->timeout_ms = d->d.timeout_ms;
+    d->join_timeout_ms = c->distributed.join_timeout_s * 1000;
+    snprintf(d->host, sizeof d->host, "%s", c->distributed.host);
+    snprintf(d->rendezvous, sizeof d->rendezvous, "%s", c->distributed.rendezvous);
+    if (d->d.rank == 0) {
+        d->table = sf_kv_table_new();
+        if (!d->table) {
+            snprintf(err, errlen, "out of memory");
+            sf_distributed_free(d);
+            return NULL;
+        }
+        d->inner = sf_kv_table_store(d->table);
+        snprintf(d->rendezvous, sizeof d->rendezvous, "this process (rank 0)");
+    } else {
+        d->client = sf_kv_client_new(c->distributed.rendezvous, c->http.token, err, errlen);
+        if (!d->client) {
+            sf_distributed_free(d);
+            return NULL;
+        }
+        d->inner = sf_kv_client_store(d->client);
+    }
+    d->store.ctx = d;
+    d->store.set = store_set;
+    d->store.get = store_get;
+    d->d.store = &d->store;
+    d->state = SF_DIST_JOINING;
+    snprintf(d->reason, sizeof d->reason, "joining the data-parallel job (rank %d of %d)", d->d.rank, d->d.world);
+
+    d->m_world = sf_metric_only(sf_metrics_gauge("streamfeed_distributed_world_size",
+                                                 "Ranks of the data-parallel job (distributed.world_size).", NULL));
+    d->m_rank = sf_metric_only(sf_metrics_gauge("streamfeed_distributed_rank", "This process's rank.", NULL));
+    d->m_state = sf_metric_only(sf_metrics_gauge(
+        "streamfeed_distributed_healthy",
+        "1 while the ranks train together with identical parameters; 0 while joining, after a peer was lost "
+        "or when the parameter digests differ (/readyz says why).",
+        NULL));
+    d->m_empty = sf_metric_only(sf_metrics_counter(
+        "streamfeed_distributed_empty_contributions_total",
+        "Rounds this rank joined without a batch (after distributed.wait_ms): zero gradient, zero weight.",
+        NULL));
+    d->m_allreduce = sf_metric_only(sf_metrics_counter(
+        "streamfeed_distributed_allreduce_seconds_total",
+        "Seconds this rank spent in the gradient all-reduce (its count: "
+        "GET /v1/stats distributed.allreduce_rounds).", NULL));
+    sf_gauge_set(d->m_world, d->d.world);
+    sf_gauge_set(d->m_rank, d->d.rank);
+    sf_gauge_set(d->m_state, 0);
+    return d;
+}
+
+void sf_distributed_free(sf_distributed *d)
+{
+    if (!d)
+        return;
+    if (d->d.coll)
+        sf_coll_free(d->d.coll);
+    for (int i = 0; i < d->nqueue; i++)
+        free(d->queue[i].body);
+    for (int i = 0; i < PATCH_RESULTS; i++)
+        free(d->results[i].reply);
+    sf_kv_table_free(d->table);
+    sf_kv_client_free(d->client);
+    pthread_mutex_destroy(&d->mu);
+    free(d);
+}
+
+const sf_dist *sf_distributed_backend(sf_distributed *d) { return &d->d; }
+sf_kv_table *sf_distributed_table(sf_distributed *d) { return d ? d->table : NULL; }
+int sf_distributed_rank(const sf_distributed *d) { return d ? d->d.rank : 0; }
+int sf_distributed_world(const sf_distributed *d) { return d ? d->d.world : 1; }
+sf_coll *sf_distributed_coll(sf_distributed *d) { return d->d.coll; }
+
+int sf_distributed_join(sf_distributed *d)
+{
+    char err[512];
+    SF_INFO("distributed: rank %d of %d joining through %s (distributed.join_timeout_s %d)", d->d.rank,
+            d->d.world, d->rendezvous, d->join_timeout_ms / 1000);
+    sf_coll *c = sf_coll_new(d->d.rank, d->d.world, d->host, &d->store, d->join_timeout_ms, err, sizeof err);
+    if (!c && atomic_load(&d->cancel)) {
+        sf_distributed_ended(d, "the service stopped before every rank joined");
+        return -1;
+    }
+    if (!c) {
+        const char *detail = d->client ? sf_kv_client_error(d->client) : "";
+        sf_distributed_fail(d, "could not join the data-parallel job through the rendezvous %s: %s%s%s",
+                            d->rendezvous, err, detail[0] ? "; last store error: " : "", detail);
+        return -1;
+    }
+    sf_coll_set_timeout(c, d->timeout_ms);
+    pthread_mutex_lock(&d->mu);
+    d->d.coll = c;
+    if (d->state == SF_DIST_JOINING) {
+        d->state = SF_DIST_JOINED;
+        d->reason[0] = '\0';
+    }
+    pthread_mutex_unlock(&d->mu);
+    sf_gauge_set(d->m_state, 1);
+    SF_INFO("distributed: rank %d of %d joined", d->d.rank, d->d.world);
+    return 0;
+}
+
+sf_dist_state sf_distributed_state(sf_distributed *d, char *reason, size_t len)
+{
+    pthread_mutex_lock(&d->mu);
+    sf_dist_state s = d->state;
+    if (reason && len)
+        snprintf(reason, len, "%s", d->reason);
+    pthread_mutex_unlock(&d->mu);
+    return s;
+}
+
+static void set_state(sf_distributed *d, sf_dist_state s, int loud, const char *fmt, va_list ap)
+{
+    char msg[sizeof d->reason];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    pthread_mutex_lock(&d->mu);
+    int first = d->state != SF_DIST_BROKEN;
+    if (first) {
+        d->state = s;
+        snprintf(d->reason, sizeof d->reason, "%s", msg);
+    }
+    /* A broken job applies no more patches: their requests are answered. */
+    if (s == SF_DIST_BROKEN) {
+        for (int i = 0; i < d->nqueue; i++) {
+            dist_patch *r = &d->results[d->queue[i].id % PATCH_RESULTS];
+            free(r->reply);
+            free(d->queue[i].body);
+            memset(r, 0, sizeof *r);
+            r->id = d->queue[i].id;
+            r->done = 1;
+            r->status = -1;
+            snprintf(r->err, sizeof r->err, "not applied: %s", msg);
+        }
+        d->nqueue = 0;
+    }
+    pthread_mutex_unlock(&d->mu);
+    sf_gauge_set(d->m_state, 0);
+    if (first && loud)
+        SF_ERROR("distributed: rank %d of %d: %s", d->d.rank, d->d.world, msg);
+    else if (first)
+        SF_WARN("distributed: rank %d of %d: %s", d->d.rank, d->d.world, msg);
+}
+
+void sf_distributed_fail(sf_distributed *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_state(d, SF_DIST_BROKEN, 1, fmt, ap);
+    va_end(ap);
+}
+
+void sf_distributed_ended(sf_distributed *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_state(d, SF_DIST_BROKEN, 0, fmt, ap);
+    va_end(ap);
+}
+
+void sf_distributed_diverged(sf_distributed *d, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_state(d, SF_DIST_DIVERGED, 1, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- patches ----------------------------------------------------------------- */
+
+int sf_distributed_patch_post(sf_distributed *d, const char *body, size_t len, uint64_t *id, char *err,
+                              size_t errlen)
+{
+    pthread_mutex_lock(&d->mu);
+    if (d->state == SF_DIST_BROKEN || d->state == SF_DIST_JOINING) {
+        snprintf(err, errlen, "the data-parallel job is not training: %s", d->reason);
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
+    if (d->nqueue == SF_DIST_MAX_PATCHES) {
+        snprintf(err, errlen, "%d configuration patches are already waiting for the next step", d->nqueue);
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
+    char *copy = malloc(len + 1);
+    if (!copy) {
+        pthread_mutex_unlock(&d->mu);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(copy, body, len);
+    copy[len] = '\0';
+    dist_patch *p = &d->queue[d->nqueue++];
+    memset(p, 0, sizeof *p);
+    p->id = ++d->next_id;
+    p->body = copy;
+    p->len = len;
+    dist_patch *r = &d->results[p->id % PATCH_RESULTS];
+    free(r->reply);
+    memset(r, 0, sizeof *r);
+    r->id = p->id;
+    *id = p->id;
+    pthread_mutex_unlock(&d->mu);
+    return 0;
+}
+
+int sf_distributed_patch_result(sf_distributed *d, uint64_t id, int *status, char *err, size_t errlen,
+                                char *field, size_t fieldlen, cJSON **reply)
+{
+    pthread_mutex_lock(&d->mu);
+    dist_patch *r = &d->results[id % PATCH_RESULTS];
+    int rc = 0;
+    if (r->id != id) {
+        snprintf(err, errlen, "configuration patch %llu was forgotten", (unsigned long long)id);
+        rc = -1;
+    } else if (r->done) {
+        *status = r->status;
+        snprintf(err, errlen, "%s", r->err);
+        snprintf(field, fieldlen, "%s", r->field);
+        *reply = r->reply ? cJSON_Parse(r->reply) : NULL;
+        rc = 1;
+    }
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+int64_t sf_distributed_patch_len(sf_distributed *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int64_t n = d->nqueue ? (int64_t)d->queue[0].len : 0;
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+/* Applies one rank's patch body on this rank; records the outcome when the
+ * patch is this rank's own (mine != NULL). */
+static void apply_one(sf_distributed *d, const char *body, size_t len, dist_patch *mine)
+{
+    cJSON *patch = cJSON_ParseWithLength(body, len);
+    cJSON *applied = NULL, *pending = NULL;
+    char err[512] = "", field[128] = "";
+    int rc = patch ? sf_config_patch(patch, &applied, &pending, err, sizeof err, field, sizeof field) : -1;
+    if (!patch)
+        snprintf(err, sizeof err, "the patch is not valid JSON");
+    cJSON_Delete(patch);
+    char *reply = NULL;
+    if (rc == 0) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToObject(o, "applied", applied ? applied : cJSON_CreateObject());
+        cJSON_AddItemToObject(o, "pending_restart", pending ? pending : cJSON_CreateObject());
+        reply = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+    } else {
+        cJSON_Delete(applied);
+        cJSON_Delete(pending);
+    }
+    if (!mine) {
+        if (rc != 0)
+            SF_WARN("distributed: a peer's configuration patch was refused here too: %s", err);
+        free(reply);
+        return;
+    }
+    pthread_mutex_lock(&d->mu);
+    dist_patch *r = &d->results[mine->id % PATCH_RESULTS];
+    if (r->id == mine->id) {
+        r->done = 1;
+        r->status = rc;
+        snprintf(r->err, sizeof r->err, "%s", err);
+        snprintf(r->field, sizeof r->field, "%s", field);
+        free(r->reply);
+        r->reply = reply;
+        reply = NULL;
+    }
+    pthread_mutex_unlock(&d->mu);
+    free(reply);
+}
+
+int sf_distributed_apply_patches(sf_distributed *d, const int64_t *lens, char *err, size_t errlen)
+{
+    int any = 0;
+    for (int r = 0; r < d->d.world; r++) {
+        if (lens[r] <= 0)
+            continue;
+        char *buf = malloc((size_t)lens[r] + 1);
+        if (!buf) {
+            snprintf(err, errlen, "out of memory for a %lld-byte configuration patch", (long long)lens[r]);
+            return -1;
+        }
+        dist_patch mine = {0};
+        if (r == d->d.rank) {
+            pthread_mutex_lock(&d->mu);
+            mine = d->queue[0];
+            memmove(d->queue, d->queue + 1, sizeof d->queue[0] * (size_t)(d->nqueue - 1));
+            d->nqueue--;
+            pthread_mutex_unlock(&d->mu);
+            memcpy(buf, mine.body, (size_t)lens[r]);
+            free(mine.body);
+        }
+        if (sf_coll_broadcast(d->d.coll, buf, (size_t)lens[r], r, err, errlen) != 0) {
+            free(buf);
+            return -1;
+        }
+        apply_one(d, buf, (size_t)lens[r], r == d->d.rank ? &mine : NULL);
+        free(buf);
+        any = 1;
+    }
+    /* The requests reply once every rank applied the patches (a broadcast's
+     * root may finish before its receivers did): one more tiny all-reduce. */
+    int64_t done = 1;
+    return any ? sf_coll_allreduce(d->d.coll, &done, 1, SF_COLL_I64, SF_COLL_SUM, err, errlen) : 0;
+}
+
+/* ---- metrics ----------------------------------------------------------------- */
+
+void sf_distributed_count_empty(sf_distributed *d)
+{
+    sf_counter_add(d->m_empty, 1);
+    pthread_mutex_lock(&d->mu);
+    d->empty_rounds++;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void sf_distributed_observe_allreduce(sf_distributed *d, double seconds)
+{
+    sf_counter_add(d->m_allreduce, seconds);
+    pthread_mutex_lock(&d->mu);
+    d->allreduce_sum += seconds;
+    d->allreduce_count++;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void sf_distributed_allreduce_totals(sf_distributed *d, uint64_t *rounds, double *seconds)
+{
+    pthread_mutex_lock(&d->mu);
+    *rounds = d->allreduce_count;
+    *seconds = d->allreduce_sum;
+    pthread_mutex_unlock(&d->mu);
+}
+
+void sf_distributed_to_json(sf_distributed *d, cJSON *o)
+{
+    static const char *const names[] = {"joining", "training", "broken", "diverged"};
+    pthread_mutex_lock(&d->mu);
+    cJSON_AddStringToObject(o, "state", names[d->state]);
+    if (d->reason[0])
+        cJSON_AddStringToObject(o, "reason", d->reason);
+    cJSON_AddNumberToObject(o, "empty_contributions", (double)d->empty_rounds);
+    cJSON_AddNumberToObject(o, "allreduce_rounds", (double)d->allreduce_count);
+    cJSON_AddNumberToObject(o, "allreduce_mean_s", d->allreduce_count ? d->allreduce_sum / (double)d->allreduce_count : 0);
+    pthread_mutex_unlock(&d->mu);
+}

@@ -131,7 +131,7 @@ $(BUILD)/gpu/nocuda/backend_nocuda.o: CPPFLAGS += -DSF_NOCUDA_REASON='"$(CUDA_WH
 $(BUILD)/gpu/nocuda/backend_nocuda.o: .FORCE
 .FORCE:
 
-.PHONY: bench-jpeg bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -321,11 +321,14 @@ run: $(BUILD)/streamfeed
 demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
 	@bash tools/demo.sh
 
-BENCH_BIN := $(BUILD)/bench/memcpy_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached $(BUILD)/bench/jpeg_decode $(BUILD)/bench/layers_bench)
+BENCH_BIN := $(BUILD)/bench/memcpy_bw $(BUILD)/bench/loopback_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached $(BUILD)/bench/jpeg_decode $(BUILD)/bench/layers_bench)
 bench-bins: $(BENCH_BIN)
 $(BUILD)/bench/memcpy_bw: bench/memcpy_bw.c
 	@mkdir -p $(dir $@)
 	$(CC) -O2 -pthread $< -o $@
+$(BUILD)/bench/loopback_bw: bench/loopback_bw.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -Wall -Wextra -Werror -pthread $< -o $@
 $(BUILD)/bench/%: bench/%.cu $(LIB)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $^ -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
@@ -334,6 +337,12 @@ $(BUILD)/bench/%: bench/%.cu $(LIB)
 # results land in $(BENCH_OUT) (default build/bench-out) as JSON and report.md.
 bench: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 	@bash bench/run.sh
+
+# Ingest alone (sink mode, no GPU needed) on 1 and 8 connections next to
+# memcpy and raw TCP loopback, measured in alternation in one run.
+bench-ingest: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(BUILD)/bench/memcpy_bw $(BUILD)/bench/loopback_bw
+	$(PYTHON) bench/ingest_ceiling.py --bench-dir $(BUILD)/bench --bin $(BUILD)/streamfeed --load $(BUILD)/streamfeed-load \
+	  --json $(or $(BENCH_OUT),$(BUILD)/bench-out)/ingest_ceiling.json
 
 # JPEG ingest on a GPU host: decode alone (each nvJPEG backend, torchvision,
 # PIL), W1 from JPEG vs raw over HTTP, and the ImageNet-like ResNet-18 case;

@@ -29,7 +29,7 @@ def main():
     d = sys.argv[1]
     s = {"gpu": read(os.path.join(d, "gpu.txt")), "commit": read(os.path.join(d, "commit.txt")),
          "date": read(os.path.join(d, "date.txt")), "w1_cached": {}, "augment": {}, "http": {},
-         "ingest": {}, "memcpy": {}, "pytorch": {}}
+         "ingest": {}, "memcpy": {}, "loopback": {}, "pytorch": {}}
     for line in read(os.path.join(d, "w1_cached.txt")).splitlines():
         m = re.search(r"batch=(\d+) precision=(\w+) layout=(\w+) graphs=(\d) momentum=([\d.e+-]+)"
                       r"(?: fork=(\d) fuse=(\d))?: ([\d.]+) steps/s", line)
@@ -49,6 +49,10 @@ def main():
         if line.startswith("{"):
             j = json.loads(line)
             s["memcpy"][j["threads"]] = j["gb_per_s"]
+    for line in read(os.path.join(d, "loopback.jsonl")).splitlines():
+        if line.startswith("{"):
+            j = json.loads(line)
+            s["loopback"][j["flows"]] = j["gb_per_s"]
     for f in glob.glob(os.path.join(d, "w1_*_http*.json")):
         j = jload(f)
         if j:
@@ -108,6 +112,9 @@ def main():
         if s["memcpy"]:
             out.append("Ceiling, plain memcpy of the same bodies: " + ", ".join(
                 f"{t} thread(s) {g:.1f} GB/s" for t, g in sorted(s["memcpy"].items(), key=lambda x: int(x[0]))))
+        if s["loopback"]:
+            out.append("\nCeiling, raw TCP over loopback (bench/loopback_bw: one copy each side, no HTTP): " + ", ".join(
+                f"{t} connection(s) {g:.1f} GB/s" for t, g in sorted(s["loopback"].items(), key=lambda x: int(x[0]))))
     print("\n".join(out))
 
 

@@ -18,8 +18,9 @@ date -u +%Y-%m-%dT%H:%M:%SZ > "$OUTD/date.txt"
 log "GPU: $(cat "$OUTD/gpu.txt"); commit $(cat "$OUTD/commit.txt")"
 
 B=build/bench
-# Ceiling of ingest: plain memcpy of W1 bodies.
+# Ceilings of ingest: plain memcpy of W1 bodies, and raw TCP over loopback.
 for t in 1 8; do $B/memcpy_bw $t 400 | tee -a "$OUTD/memcpy.jsonl"; done
+for t in 1 8; do $B/loopback_bw $t 400 | tee -a "$OUTD/loopback.jsonl"; done
 
 if [ -x $B/augment_bench ]; then
   run $B/augment_bench > "$OUTD/augment.txt"

@@ -121,7 +121,11 @@ const sf_cfg_option sf_config_table[] = {
      NULL, SF_CF_HOT, NULL,
      "Slowest average rate of an upload that holds a ring slot, counted from the moment it took "
      "the slot after a 5 s allowance; a slower one is closed and its slot freed (408 "
-     "upload_too_slow in the log and metrics). 0 disables the check."},
+     "upload_too_slow in the log and metrics). 0 disables the check. It also bounds the block an "
+     "upload's body is read in (this rate times the lesser of 4 s and half of "
+     "http.connection_timeout_s, at most 256 KiB), so an upload at this rate is never held back; "
+     "with 0 a body is read segment by segment as it arrives, which costs one fast connection "
+     "about a third of its throughput (docs/DESIGN.md section 1)."},
     {"http.upload_deadline_s", SF_CT_INT, F(http.upload_deadline_s), "300", 0, 86400, NULL,
      SF_CF_HOT, NULL,
      "Longest time an upload may hold a ring slot before its body is complete; a later one is "

@@ -30,6 +30,15 @@
 #define PROBE_MAX_CONNECTIONS 32
 #define PROBE_TIMEOUT_S 10
 #define TICK_NS 1000000000ull
+/* An upload's socket reports readable only once this much of the body is
+ * queued (SO_RCVLOWAT), or the rest of the body if that is less: see
+ * recv_lowat_update. Half of libmicrohttpd's read buffer (half its memory
+ * pool, listener_start), so one read takes all that woke it. */
+#define RECV_LOWAT_MAX (256u << 10)
+/* An upload that keeps http.upload_min_bytes_per_s fills the mark within
+ * this: its bytes reach the slow-upload sweep (5 s allowance) and
+ * libmicrohttpd's idle timeout at most this late. */
+#define RECV_LOWAT_LAG_MS 4000u
 
 /* One listening socket and its daemon: the main port (every route), or the
  * metrics port (GET /metrics, /healthz, /readyz only). */
@@ -58,6 +67,9 @@ struct sf_req_priv {
     size_t body_cap;
     uint64_t body_limit;
     int handled;            /* the handler has been called at least once */
+    uint64_t content_length; /* the declared body length; 0 when none or chunked */
+    uint64_t body_taken;    /* body bytes libmicrohttpd was told are consumed */
+    int lowat;              /* the SO_RCVLOWAT set on fd; 0: the kernel's default, 1 */
     /* Waiting. */
     int in_wait_list;
     sf_wait_kind wait_kind;
@@ -509,6 +521,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
     header_scan sc = {0};
     MHD_get_connection_values(conn, MHD_HEADER_KIND, scan_header, &sc);
     uint64_t content_length = sc.cl ? strtoull(sc.cl, NULL, 10) : 0;
+    r->priv->content_length = sc.te ? 0 : content_length;
     int has_body = (sc.cl && content_length > 0) || sc.te;
     /* Errors found now are sent after the body, unless the body is too big to drain. */
     tl_body_pending = has_body && content_length <= DRAIN_LIMIT;
@@ -670,6 +683,81 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
     return r;
 }
 
+/* Sets the socket's receive low-water mark for the rest of an upload, once
+ * its handler has taken a chunk. Without it the HTTP thread, which reads
+ * faster than one loader writes, sleeps in poll() after every read and is
+ * woken for each few TCP segments: on loopback about 41 wake-ups and 50 reads
+ * of 127 KB per W1 body, and each wake-up is paid on the sender's CPU
+ * (docs/DESIGN.md §1, "What one connection costs"). With the mark, poll()
+ * reports the socket once a block of the body is queued.
+ *
+ * The mark never exceeds the body bytes still to come from the socket
+ * (Content-Length, less the bytes libmicrohttpd read: those it was told are
+ * consumed and those left in its buffer), so the last block always wakes
+ * the thread, and the mark is back to 1 once the body is in: the next
+ * request's head sees the kernel's default. A closed or reset connection is readable whatever the
+ * mark. It stays off for chunked bodies (the length is unknown), with TLS
+ * (records and plaintext buffered by the TLS library do not map to socket
+ * bytes), and when http.upload_min_bytes_per_s is 0 (a loader may then be
+ * as slow as it likes, and must not be held to a block size); otherwise it
+ * is bounded so that a loader at that rate fills it within
+ * RECV_LOWAT_LAG_MS and within half the idle timeout. */
+static void recv_lowat_update(sf_req *r, size_t unconsumed)
+{
+    struct sf_req_priv *p = r->priv;
+    if (p->fd < 0)
+        return;
+    uint64_t taken = p->body_taken + unconsumed;
+    uint64_t left = p->content_length > taken ? p->content_length - taken : 0;
+    uint64_t rate = (uint64_t)sf_config_cur()->http.upload_min_bytes_per_s;
+    uint64_t lag_ms = (uint64_t)r->app->cfg.http.connection_timeout_s * 500u;
+    if (lag_ms > RECV_LOWAT_LAG_MS)
+        lag_ms = RECV_LOWAT_LAG_MS;
+    uint64_t mark = rate * lag_ms / 1000u;
+    if (mark > RECV_LOWAT_MAX)
+        mark = RECV_LOWAT_MAX;
+    if (mark > left)
+        mark = left;
+    int want = mark > 1 ? (int)mark : 1;
+    if (want == (p->lowat ? p->lowat : 1))
+        return;
+    if (setsockopt(p->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof want) == 0)
+        p->lowat = want;
+}
+
+/* A body chunk: to the route's stream, the buffer, or away while draining.
+ * *size is left at the bytes not consumed. */
+static enum MHD_Result on_body_chunk(sf_req *r, const char *data, size_t *size)
+{
+    tl_body_pending = 1;
+    size_t len = *size;
+    r->bytes_in += len;
+    if (r->priv->draining || r->priv->pending) {
+        *size = 0;
+        tl_body_pending = 0;
+        /* Draining costs too much: close. libmicrohttpd 0.9.75 queues a
+         * reply only before the first body byte or after the last, so the
+         * error cannot be sent from here. */
+        return r->bytes_in > DRAIN_LIMIT + r->priv->body_limit ? MHD_NO : MHD_YES;
+    }
+    if (r->route->stream) {
+        r->bytes_in -= len;
+        size_t left = len;
+        int rc = r->route->stream->on_data(r, (const uint8_t *)data, &left);
+        r->bytes_in += len - left;
+        *size = rc < 0 ? 0 : left;
+        if (rc == SF_STREAM_CLOSE) {
+            tl_body_pending = 0;
+            return MHD_NO;
+        }
+    } else {
+        buffer_body(r, data, len);
+        *size = 0;
+    }
+    tl_body_pending = 0;
+    return MHD_YES;
+}
+
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls)
@@ -697,34 +785,12 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     }
 
     if (*upload_data_size > 0) {
-        /* Body chunk. */
-        tl_body_pending = 1;
-        size_t len = *upload_data_size;
-        r->bytes_in += len;
-        if (r->priv->draining || r->priv->pending) {
-            *upload_data_size = 0;
-            tl_body_pending = 0;
-            /* Draining costs too much: close. libmicrohttpd 0.9.75 queues a
-             * reply only before the first body byte or after the last, so the
-             * error cannot be sent from here. */
-            return r->bytes_in > DRAIN_LIMIT + r->priv->body_limit ? MHD_NO : MHD_YES;
-        }
-        if (r->route->stream) {
-            r->bytes_in -= len;
-            size_t left = len;
-            int rc = r->route->stream->on_data(r, (const uint8_t *)upload_data, &left);
-            r->bytes_in += len - left;
-            *upload_data_size = rc < 0 ? 0 : left;
-            if (rc == SF_STREAM_CLOSE) {
-                tl_body_pending = 0;
-                return MHD_NO;
-            }
-        } else {
-            buffer_body(r, upload_data, len);
-            *upload_data_size = 0;
-        }
-        tl_body_pending = 0;
-        return MHD_YES;
+        size_t offered = *upload_data_size;
+        enum MHD_Result rc = on_body_chunk(r, upload_data, upload_data_size);
+        r->priv->body_taken += offered - *upload_data_size;
+        if (rc == MHD_YES && !l->probes_only && !h->tls)
+            recv_lowat_update(r, *upload_data_size);
+        return rc;
     }
 
     /* The body is complete (or there was none). */

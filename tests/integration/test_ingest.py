@@ -422,6 +422,51 @@ def test_client_whose_close_arrives_with_its_last_bytes_frees_its_slot_at_once(s
     assert s.metric("streamfeed_ring_slots", state="filling") == 0
 
 
+# ---- reading a body in blocks (the socket's receive low-water mark) --------------
+
+
+def _head(body, connection="keep-alive"):
+    return (f"POST /v1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: application/vnd.safetensors\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: {connection}\r\n\r\n").encode()
+
+
+def test_a_body_of_several_read_blocks_and_the_next_request_on_its_connection_are_answered_at_once(
+        start_server, rng):
+    # The server reads an upload in blocks of up to 256 KiB; the last block of
+    # this 786 KB body is smaller, and the next request's head is a few bytes.
+    # Both must wake the server as soon as they are in, not after the idle
+    # timeout.
+    s = start_server(SINK, "--http.connection_timeout_s", "30")
+    body = st_body(*random_batch(rng, 4, 256, 256))
+    sock = s.connect(timeout=5)
+    for _ in range(2):
+        sock.sendall(_head(body) + body)
+        r = read_reply(sock)
+        assert r.status_code == 202, r.text
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_reply(sock).status_code == 200
+    sock.close()
+    assert s.metric("streamfeed_batches_received_total", status="accepted") == 2
+
+
+def test_an_upload_above_the_minimum_rate_is_not_timed_out_while_it_fills_a_read_block(start_server, rng):
+    # 120 KB at about 40 KB/s, above http.upload_min_bytes_per_s (16 KB/s),
+    # with a 2 s idle timeout: the server must see its bytes well within 2 s,
+    # so the block it waits for is bounded by that rate (16 KB here), not
+    # 256 KiB (which this upload would take 3 s to fill).
+    s = start_server(SINK, "--http.connection_timeout_s", "2", "--http.upload_min_bytes_per_s", "16384")
+    body = st_body(*random_batch(rng, 2, 100, 200))
+    sock = s.connect(timeout=10)
+    sock.sendall(_head(body, "close"))
+    step = 4000
+    for i in range(0, len(body), step):
+        sock.sendall(body[i:i + step])
+        time.sleep(step / 40000)
+    r = read_reply(sock)
+    assert r.status_code == 202, r.text
+    assert s.metric("streamfeed_batches_received_total", status="accepted") == 1
+
+
 # ---- accounting -------------------------------------------------------------------
 
 

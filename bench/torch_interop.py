@@ -827,8 +827,12 @@ def eval_throughput(args, preset, backend, work):
     ckdir = work / f"ck-rate-{preset}-{backend}"
     ckdir.mkdir()
     B, K = args.throughput_batch, args.throughput_batches
+    # Ring slots big enough for a batch of the largest preset input (256x256x3,
+    # seed-classifier; resnet18 takes 224x224x3): the default slot holds 8 MB.
+    slot = B * 3 * 256 * 256 + (1 << 20)
     svc = Service(args.bin, ["--model.preset", preset], backend, ckdir, work / f"service-rate-{preset}-{backend}.log",
-                  ["--model.max_batch", str(B), "--model.precision", args.throughput_precision])
+                  ["--model.max_batch", str(B), "--model.precision", args.throughput_precision,
+                   "--ring.slot_bytes", str(slot), "--ring.slots", "4"])
     res = {"check": "eval_throughput", "preset": preset, "backend": svc.model["backend"], "batch": B, "batches": K,
            "precision": args.throughput_precision}
     try:

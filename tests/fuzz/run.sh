@@ -19,8 +19,12 @@ dict_dir="$build/fuzz-dicts"
 mkdir -p "$dict_dir"
 # The option names of the configuration table, as JSON keys: the config
 # fuzzer finds real options far sooner with them (generated, so never stale).
+# Written aside and renamed, so two runs started at once (one target each)
+# never read a half-written dictionary.
+dict_tmp=$(mktemp "$dict_dir/config_patch.dict.XXXXXX")
 grep -o '{"[a-z_]*\.[a-z_0-9]*"' server/config.c | tr -d '{"' | tr '.' '\n' | sort -u |
-    sed 's/.*/"\\"&\\""/' > "$dict_dir/config_patch.dict"
+    sed 's/.*/"\\"&\\""/' > "$dict_tmp"
+mv -f "$dict_tmp" "$dict_dir/config_patch.dict"
 status=0
 for spec in "$@"; do
     name=${spec%%:*} seeds=${spec#*:}

@@ -180,6 +180,28 @@ static int get_range(const cJSON *o, const char *key, int sym, float *lo, float 
     return 0;
 }
 
+/* random_resized_crop's and random_erasing's "scale" (area fraction, in
+ * (0,1]) and "ratio" (aspect, in [0.001,1000]) ranges, over the defaults
+ * already in op. */
+static int parse_scale_ratio(const cJSON *jo, sf_aug_op *op, const char *what, char *err, size_t errlen)
+{
+    if (cJSON_GetObjectItemCaseSensitive(jo, "scale") &&
+        get_range(jo, "scale", 0, &op->area_min, &op->area_max, what, err, errlen))
+        return -1;
+    if (cJSON_GetObjectItemCaseSensitive(jo, "ratio") &&
+        get_range(jo, "ratio", 0, &op->aspect_min, &op->aspect_max, what, err, errlen))
+        return -1;
+    if (!(op->area_min > 0.0f) || op->area_max > 1.0f) {
+        sf_errf(err, errlen, "%s: \"scale\" must lie in (0,1]", what);
+        return -1;
+    }
+    if (!(op->aspect_min >= 1e-3f) || op->aspect_max > 1e3f) {
+        sf_errf(err, errlen, "%s: \"ratio\" must lie in [0.001,1000]", what);
+        return -1;
+    }
+    return 0;
+}
+
 /* An array of 1..SF_AUG_MAX_C numbers, or one number. Returns the count. */
 static int get_vec(const cJSON *o, const char *key, float *out, const char *what, char *err,
                    size_t errlen)
@@ -297,20 +319,8 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         op->area_max = 1.0f;
         op->aspect_min = 3.0f / 4.0f;
         op->aspect_max = 4.0f / 3.0f;
-        if (cJSON_GetObjectItemCaseSensitive(jo, "scale") &&
-            get_range(jo, "scale", 0, &op->area_min, &op->area_max, what, err, errlen))
+        if (parse_scale_ratio(jo, op, what, err, errlen))
             return -1;
-        if (cJSON_GetObjectItemCaseSensitive(jo, "ratio") &&
-            get_range(jo, "ratio", 0, &op->aspect_min, &op->aspect_max, what, err, errlen))
-            return -1;
-        if (!(op->area_min > 0.0f) || op->area_max > 1.0f) {
-            sf_errf(err, errlen, "%s: \"scale\" must lie in (0,1]", what);
-            return -1;
-        }
-        if (!(op->aspect_min >= 1e-3f) || op->aspect_max > 1e3f) {
-            sf_errf(err, errlen, "%s: \"ratio\" must lie in [0.001,1000]", what);
-            return -1;
-        }
         break;
     }
     case SF_AUG_RANDOM_ROTATION: {
@@ -529,20 +539,8 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             }
             op->p = (float)d;
         }
-        if (cJSON_GetObjectItemCaseSensitive(jo, "scale") &&
-            get_range(jo, "scale", 0, &op->area_min, &op->area_max, what, err, errlen))
+        if (parse_scale_ratio(jo, op, what, err, errlen))
             return -1;
-        if (cJSON_GetObjectItemCaseSensitive(jo, "ratio") &&
-            get_range(jo, "ratio", 0, &op->aspect_min, &op->aspect_max, what, err, errlen))
-            return -1;
-        if (!(op->area_min > 0.0f) || op->area_max > 1.0f) {
-            sf_errf(err, errlen, "%s: \"scale\" must lie in (0,1]", what);
-            return -1;
-        }
-        if (!(op->aspect_min >= 1e-3f) || op->aspect_max > 1e3f) {
-            sf_errf(err, errlen, "%s: \"ratio\" must lie in [0.001,1000]", what);
-            return -1;
-        }
         const cJSON *jv = cJSON_GetObjectItemCaseSensitive(jo, "value");
         op->n_erase_value = 1; /* value 0 */
         if (cJSON_IsString(jv)) {

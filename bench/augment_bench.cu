@@ -10,7 +10,7 @@
  *     batch (default 256) of HWC images of about 500x375 (each side drawn within
  *     ±12%, one in four portrait), random_resized_crop 224 (scale [0.08, 1],
  *     antialias) + flip + to_dtype + normalize, bf16 NHWC output: what the
- *     service runs for ResNet-18 from JPEG (issue 14's ImageNet-like case).
+ *     service runs for ResNet-18 from JPEG (WORKLOADS.md's ImageNet-like case).
  *
  * The memory bound is (bytes in + bytes out) / copy bandwidth, where the copy
  * bandwidth counts bytes read plus bytes written of a 1 GiB cudaMemcpyAsync

@@ -34,6 +34,8 @@ static void collect(void *ctx)
             sf_gauge_set(sf_metric_child(app->m.ring_slots, v), c[s]);
         }
     }
+    if (app->http)
+        sf_gauge_set(sf_metric_only(app->m.uploads_waiting), sf_http_waiting(app->http, SF_WAIT_SLOT));
     if (app->jobs) {
         uint64_t c[SF_JOB_STATES], accepted;
         sf_jobs_counts(app->jobs, c, &accepted);
@@ -78,6 +80,10 @@ void sf_app_metrics_init(sf_app *app)
     m->batches_pending = sf_metrics_gauge(
         "streamfeed_batches_pending",
         "Accepted batches not finished yet (queued or in flight); accepted = finished + pending.",
+        NULL);
+    m->uploads_waiting = sf_metrics_gauge(
+        "streamfeed_uploads_waiting",
+        "Uploads suspended until a ring slot frees (ring.full_policy=block), each holding its connection.",
         NULL);
     m->uploads_evicted = sf_metrics_counter(
         "streamfeed_uploads_evicted_total",
@@ -188,6 +194,7 @@ void sf_app_metrics_init(sf_app *app)
     const char *ev_slow[] = {"upload_too_slow"}, *ev_late[] = {"upload_deadline_exceeded"};
     sf_metric_child(m->uploads_evicted, ev_slow);
     sf_metric_child(m->uploads_evicted, ev_late);
+    sf_metric_only(m->uploads_waiting);
     sf_metric_only(m->queue_wait);
     sf_metric_only(m->h2d);
     sf_metric_only(m->transform);

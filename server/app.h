@@ -30,6 +30,7 @@ struct sf_evals;
 typedef struct sf_app_metrics {
     sf_family *http_requests, *http_duration, *http_errors;
     sf_family *batches_received, *batches_finished, *batches_rejected, *batches_pending;
+    sf_family *uploads_waiting;
     sf_family *bytes_received, *samples_trained, *steps, *loss, *learning_rate;
     sf_family *ring_slots, *queue_wait, *h2d, *transform, *step;
     sf_family *compute_busy, *compute_starved, *build_info;

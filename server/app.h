@@ -25,6 +25,7 @@ struct sf_telemetry;
 struct sf_ckpt;
 struct sf_distributed;
 struct sf_evals;
+struct sf_kept_logits;
 
 /* Metric families, registered once (app.c: sf_app_metrics_init). */
 typedef struct sf_app_metrics {
@@ -36,6 +37,7 @@ typedef struct sf_app_metrics {
     sf_family *compute_busy, *compute_starved, *build_info;
     sf_family *process_start, *process_cpu, *process_rss, *process_vsize, *process_fds, *process_max_fds;
     sf_family *uploads_evicted;
+    sf_family *logits_kept, *logits_kept_bytes, *logits_evicted; /* server/kept_logits.h */
     /* The training loop: skipped steps by reason, pre-clip gradient norms,
      * and the named evaluations (labelled eval="<name>", at most
      * eval.max_names of them). */
@@ -56,6 +58,7 @@ typedef struct sf_app {
     sf_backend *backend;        /* NULL in sink mode */
     struct sf_ring *ring;
     struct sf_jobs *jobs;
+    struct sf_kept_logits *kept_logits; /* logits of eval batches whose wait ran out */
     struct sf_engine *engine;
     struct sf_http *http;
     sf_app_metrics m;

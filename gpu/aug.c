@@ -120,6 +120,20 @@ static int get_num(const cJSON *o, const char *key, double *out, const char *wha
     return 1;
 }
 
+/* An optional probability "p" in [0,1]; *p keeps its default when absent. */
+static int get_p(const cJSON *o, float *p, const char *what, char *err, size_t errlen)
+{
+    double d;
+    int r = get_num(o, "p", &d, what, err, errlen);
+    if (r == 1 && (d < 0.0 || d > 1.0)) {
+        sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
+        return -1;
+    }
+    if (r == 1)
+        *p = (float)d;
+    return r < 0 ? -1 : 0;
+}
+
 static int is_int_in(double v, double lo, double hi)
 {
     return v == floor(v) && v >= lo && v <= hi;
@@ -357,15 +371,8 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         if (check_keys(jo, keys, what, err, errlen))
             return -1;
         op->p = 0.5f;
-        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+        if (get_p(jo, &op->p, what, err, errlen))
             return -1;
-        if (r == 1) {
-            if (d < 0.0 || d > 1.0) {
-                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
-                return -1;
-            }
-            op->p = (float)d;
-        }
         break;
     }
     case SF_AUG_GAUSSIAN_BLUR: {
@@ -530,15 +537,8 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         op->area_max = 0.33f;
         op->aspect_min = 0.3f;
         op->aspect_max = 3.3f;
-        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+        if (get_p(jo, &op->p, what, err, errlen))
             return -1;
-        if (r == 1) {
-            if (d < 0.0 || d > 1.0) {
-                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
-                return -1;
-            }
-            op->p = (float)d;
-        }
         if (parse_scale_ratio(jo, op, what, err, errlen))
             return -1;
         const cJSON *jv = cJSON_GetObjectItemCaseSensitive(jo, "value");
@@ -578,15 +578,8 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             }
             op->alpha = (float)d;
         }
-        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+        if (get_p(jo, &op->p, what, err, errlen))
             return -1;
-        if (r == 1) {
-            if (d < 0.0 || d > 1.0) {
-                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
-                return -1;
-            }
-            op->p = (float)d;
-        }
         break;
     }
     default:

@@ -96,6 +96,9 @@ void sf_ref_linear_fwd(const float *x, int n, int in, const float *wt, const flo
                        int out, float *y);
 void sf_ref_linear_bwd(const float *x, int n, int in, const float *wt, int out,
                        const float *dy, float *dx, float *dw, float *db);
+/* The bias gradient of linear, conv and transposed conv layers: db[o] is the
+ * sum of dy [n, c, hw] over the batch and the hw positions of channel o. */
+void sf_ref_bias_grad(const float *dy, int n, int c, size_t hw, float *db);
 void sf_ref_relu_fwd(const float *x, size_t len, float *y);
 /* dx = dy where y > 0, else 0 (y is the forward output). */
 void sf_ref_relu_bwd(const float *y, const float *dy, size_t len, float *dx);
@@ -191,6 +194,7 @@ void sf_ref_linear_fwd_f64(const double *x, int n, int in, const double *wt,
                            const double *b, int out, double *y);
 void sf_ref_linear_bwd_f64(const double *x, int n, int in, const double *wt, int out,
                            const double *dy, double *dx, double *dw, double *db);
+void sf_ref_bias_grad_f64(const double *dy, int n, int c, size_t hw, double *db);
 void sf_ref_relu_fwd_f64(const double *x, size_t len, double *y);
 void sf_ref_relu_bwd_f64(const double *y, const double *dy, size_t len, double *dx);
 void sf_ref_xent_f64(const double *logits, const int32_t *labels, int n, int k,

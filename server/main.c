@@ -425,9 +425,9 @@ int main(int argc, char **argv)
     app.telemetry = NULL;
     sf_diagnose_shutdown(&app);
     sf_ring_destroy(app.ring);
+    sf_kept_logits_destroy(app.kept_logits); /* before the job table it marks */
     sf_jobs_destroy(app.jobs);
     sf_evals_destroy(app.evals);
-    sf_kept_logits_destroy(app.kept_logits);
     if (app.backend)
         app.backend->i->destroy(app.backend);
     free(app.plan);

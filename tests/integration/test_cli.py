@@ -123,8 +123,11 @@ def test_a_chosen_reference_backend_with_the_tiny_model_has_no_warning(start_ser
 
 
 def _make(*args, build):
+    # Without the outer make's MAKEFLAGS: under `make CUDA=0 test` they carry
+    # CUDA=0 into this make too, and the choice under test would not be ours.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     return subprocess.run(["make", "-s", "--no-print-directory", f"BUILD={build}", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_make_cuda_0_is_remembered_by_later_makes_in_the_same_build_folder(tmp_path):

@@ -14,11 +14,18 @@
  *   build/bench/cached [--preset resnet18] [--batch 1024] [--hw 224]
  *       [--precision bf16|tf32|fp32] [--optim sgd|adamw] [--graphs 1|0]
  *       [--steps 30] [--warmup 5] [--freeze PREFIX] [--layout auto|nhwc|nchw] [--momentum 0.9]
+ *       [--one-rank-job 0|1] [--bucket-mb 25]
  * The layout follows the backend's rule unless --layout nhwc|nchw names one.
+ * --one-rank-job 1 builds the backend as rank 0 of a data-parallel job of one
+ * rank (a store in this process): every step then runs the NCCL path (the
+ * gradient buckets all-reduced beside the backward, distributed.bucket_mb =
+ * --bucket-mb), whose cost against the same step without a job is what the
+ * data-parallel path adds on one GPU (make bench-multi-gpu's dry run).
  * Prints one human line per mode and one JSON line; exits 0 with
  * "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
+#include "../dist/collective.h"
 #include "../gpu/aug.h"
 #include "../gpu/backend.h"
 #include "../gpu/model.h"
@@ -28,9 +35,28 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <map>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
+
+/* The one-rank job's key-value store (rank 0 publishes NCCL's id in it). */
+static std::map<std::string, std::string> g_kv;
+static int kv_set(void *, const char *key, const void *val, size_t len)
+{
+    g_kv[key] = std::string((const char *)val, len);
+    return 0;
+}
+static int kv_get(void *, const char *key, void *buf, size_t cap, size_t *len, int)
+{
+    auto it = g_kv.find(key);
+    if (it == g_kv.end() || it->second.size() > cap)
+        return -1;
+    memcpy(buf, it->second.data(), it->second.size());
+    *len = it->second.size();
+    return 0;
+}
 
 static const char *AUG_W3 =
     "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"
@@ -39,7 +65,7 @@ static const char *AUG_W3 =
 int main(int argc, char **argv)
 {
     const char *preset = "resnet18", *prec = "bf16", *optim = "sgd", *freeze = "", *lay = "auto";
-    int batch = 1024, hw = 224, graphs = 1, steps = 30, warmup = 5;
+    int batch = 1024, hw = 224, graphs = 1, steps = 30, warmup = 5, one_rank = 0, bucket_mb = 25;
     float momentum = 0.9f; /* W3's SGD; W1 and W2 train without */
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -54,13 +80,15 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--warmup")) warmup = atoi(v);
         else if (!strcmp(k, "--freeze")) freeze = v;
         else if (!strcmp(k, "--layout")) lay = v;
+        else if (!strcmp(k, "--one-rank-job")) one_rank = atoi(v);
+        else if (!strcmp(k, "--bucket-mb")) bucket_mb = atoi(v);
         else {
             fprintf(stderr, "cached: unknown option %s\n", k);
             return 2;
         }
     }
-    if (batch < 1 || hw < 8 || steps < 1 || warmup < 0) {
-        fprintf(stderr, "cached: bad --batch/--hw/--steps/--warmup\n");
+    if (batch < 1 || hw < 8 || steps < 1 || warmup < 0 || bucket_mb < 1) {
+        fprintf(stderr, "cached: bad --batch/--hw/--steps/--warmup/--bucket-mb\n");
         return 2;
     }
     int count = 0;
@@ -92,6 +120,15 @@ int main(int argc, char **argv)
     cfg.cuda_graphs = graphs;
     cfg.device = 0;
     cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
+    static const sf_kv_store store = {NULL, kv_set, kv_get};
+    sf_dist job;
+    memset(&job, 0, sizeof job);
+    job.rank = 0;
+    job.world = 1;
+    job.store = &store;
+    job.timeout_ms = 60000;
+    job.bucket_bytes = (size_t)bucket_mb << 20;
+    cfg.dist = one_rank ? &job : NULL;
     sf_backend *be = sf_backend_cuda_new(0, err, sizeof err);
     if (!be) {
         fprintf(stderr, "cached: %s\n", err);
@@ -162,9 +199,9 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("%s %s batch %d %dx%d: aug+step %.1f samples/s (%.2f ms/step), step only %.1f samples/s (%.2f ms/step) "
-           "[%s, layout %s]\n",
+           "[%s, layout %s%s]\n",
            preset, prec, batch, m.in_h, m.in_w, steps * batch / sec_as, sec_as * 1e3 / steps, steps * batch / sec_s,
-           sec_s * 1e3 / steps, prop.name, lay);
+           sec_s * 1e3 / steps, prop.name, lay, one_rank ? ", one-rank NCCL job" : "");
     /* Evaluation batches (forward only, eval-mode batchnorm) from the same
      * cached raw batch, augmented each step as the training figure. */
     double sec_ev = 0;
@@ -177,9 +214,11 @@ int main(int argc, char **argv)
            batch, m.in_h, m.in_w, steps * batch / sec_ev, sec_ev * 1e3 / steps, sec_as / sec_ev);
     printf("{\"bench\":\"cached\",\"device\":\"%s\",\"preset\":\"%s\",\"precision\":\"%s\",\"layout\":\"%s\","
            "\"batch\":%d,\"hw\":%d,\"graphs\":%d,\"steps\":%d,\"aug_step_samples_per_s\":%.1f,"
-           "\"step_samples_per_s\":%.1f,\"aug_step_ms\":%.3f,\"step_ms\":%.3f,\"eval_samples_per_s\":%.1f}\n",
+           "\"step_samples_per_s\":%.1f,\"aug_step_ms\":%.3f,\"step_ms\":%.3f,\"eval_samples_per_s\":%.1f,"
+           "\"one_rank_job\":%d,\"bucket_mb\":%d}\n",
            prop.name, preset, prec, lay, batch, m.in_h, graphs, steps, steps * batch / sec_as,
-           steps * batch / sec_s, sec_as * 1e3 / steps, sec_s * 1e3 / steps, steps * batch / sec_ev);
+           steps * batch / sec_s, sec_as * 1e3 / steps, sec_s * 1e3 / steps, steps * batch / sec_ev, one_rank,
+           one_rank ? bucket_mb : 0);
     be->i->host_free(be, im);
     be->i->host_free(be, lab);
     be->i->destroy(be);

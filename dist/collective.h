@@ -66,6 +66,7 @@ typedef struct sf_dist {
     const sf_kv_store *store;
     sf_coll *coll;
     int timeout_ms;          /* bound of one collective call */
+    size_t bucket_bytes;     /* CUDA: all-reduce bucket (distributed.bucket_mb) */
     double allreduce_s;      /* seconds the backend spent in its last gradient all-reduce */
 } sf_dist;
 

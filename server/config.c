@@ -385,6 +385,11 @@ const sf_cfg_option sf_config_table[] = {
     {"distributed.timeout_s", SF_CT_INT, F(distributed.timeout_s), "600", 1, 86400, NULL, 0, NULL,
      "Longest wait in one collective call once joined (a peer that stopped answering); a closed "
      "connection (a peer that died) fails at once. Then /readyz turns false and batches are refused."},
+    {"distributed.bucket_mb", SF_CT_INT, F(distributed.bucket_mb), "25", 1, 4096, NULL, 0, NULL,
+     "CUDA backend: the gradients are all-reduced (NCCL) in buckets of consecutive layers of at least "
+     "this many MiB, each as soon as the backward has produced it, beside the rest of the backward "
+     "(PyTorch DDP's bucket_cap_mb, same default). With model.grad_accum_steps > 1 the whole "
+     "gradient is reduced once per batch instead."},
 };
 const size_t sf_config_table_len = sizeof sf_config_table / sizeof sf_config_table[0];
 

@@ -154,6 +154,7 @@ typedef struct sf_config {
         int wait_ms;            /* a rank without a batch waits this long before an empty round */
         int join_timeout_s;     /* every rank must join within this */
         int timeout_s;          /* bound of one collective call once joined */
+        int bucket_mb;          /* CUDA: gradient all-reduce bucket size, MiB */
     } distributed;
 } sf_config;
 

@@ -75,7 +75,6 @@ extern "C" {
 #define STAGE_LABELS_OFF 256
 #define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping) after the SGD hyper-parameters */
 #define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
-#define STAGE_SHARE_OFF 224 /* float: this rank's n / global_n (data-parallel), read by the all-reduce */
 #define ANCHOR_PERIOD_NS 2000000000ull
 #define CUBLAS_WS_BYTES ((size_t)32 << 20)
 
@@ -150,8 +149,8 @@ typedef struct cuda_ctx {
     int sticky;
     char sticky_msg[256];
 
-    /* Data-parallel training (cfg.dist, world > 1): the NCCL communicator,
-     * made at the first round (every rank has joined the job by then). */
+    /* Data-parallel training (cfg.dist): the NCCL communicator, made at the
+     * first round (every rank has joined the job by then). */
     sf_nccl *nccl;
 
     char pci_bus_id[32]; /* for NVML (device_stats); "" when unknown */
@@ -476,18 +475,18 @@ static int has_convt(const sf_model *m)
 }
 
 
-/* The executor's data-parallel hook (sf_net_cfg.grad_reduce): on the compute
- * stream, after the backward and before the optimizer, this rank's share of
- * the global mean (n / global_n, staged with the batch's hyper-parameters)
- * summed over the ranks by one ncclAllReduce. */
-static int grad_reduce(void *ctx, int b, float *grad, size_t len, cudaStream_t s)
+/* The executor's data-parallel hook (sf_net_cfg.grad_reduce): one bucket's
+ * pieces summed over the ranks by NCCL, on the stream the executor gives
+ * (beside the backward). Each rank's gradient is already its share of the
+ * global mean (ctl.loss.grad_scale = n / global_n, staged per batch). */
+static int grad_reduce(void *ctx, const sf_grad_piece *pieces, int n, cudaStream_t s)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
     if (!c->nccl) {
         sf_cuda_set_error("%s:%d: the NCCL communicator is not made yet", __FILE__, __LINE__);
         return -1;
     }
-    return sf_nccl_allreduce(c->nccl, grad, len, (const float *)(c->buf[b].d_stage + STAGE_SHARE_OFF), s);
+    return sf_nccl_allreduce(c->nccl, pieces, n, s);
 }
 
 static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
@@ -586,9 +585,12 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.adamw = cfg->optim == SF_OPT_ADAMW;
     nc.accum = c->accum_k;
     nc.dt = cfg->precision == SF_PREC_BF16 ? SF_DT_BF16 : SF_DT_F32;
-    if (cfg->dist && cfg->dist->world > 1) {
+    /* A job of one rank (a benchmark, a test) runs the same NCCL path: what
+     * it costs is what a larger job pays beside the transfers. */
+    if (cfg->dist) {
         nc.grad_reduce = grad_reduce;
         nc.grad_reduce_ctx = c;
+        nc.grad_bucket_bytes = cfg->dist->bucket_bytes;
     }
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
@@ -809,6 +811,7 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     memset(&ctl, 0, sizeof ctl);
     ctl.loss.label_smoothing = bt->label_smoothing;
     ctl.loss.mix_lam = bt->eval ? 1.f : bt->mix_lam;
+    ctl.loss.grad_scale = bt->global_n > 0 ? (float)bt->n / (float)bt->global_n : 1.0f;
     ctl.clip_grad_norm = bt->hyper.clip_grad_norm;
     memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
     sf_adamw_hyper ah;
@@ -820,8 +823,6 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     ah.weight_decay = bt->hyper.weight_decay;
     sf_adamw_hyper_at(&ah, B->opt_t > 0 ? B->opt_t : 1);
     memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);
-    const float share = bt->global_n > 0 ? (float)bt->n / (float)bt->global_n : 1.0f;
-    memcpy(B->h_stage + STAGE_SHARE_OFF, &share, sizeof share);
     if (c->lps == 1)
         memcpy(B->h_stage + STAGE_LABELS_OFF, bt->labels, (size_t)n * label_size(bt->label_dtype));
     memcpy(B->h_stage + c->samples_off, bt->samples, (size_t)n * sizeof(sf_aug_sample));
@@ -881,7 +882,7 @@ static int enqueue_step(cuda_ctx *c, int b, int n, int want_logits)
 }
 
 /* A data-parallel round this rank joins without a batch (n == 0): the hyper-
- * parameters and a zero share staged, then a zero gradient through the same
+ * parameters staged, then a zero gradient (a zero share) through the same
  * all-reduce and optimizer (sf_net_step_empty). Events as for any batch. */
 static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errlen)
 {
@@ -908,7 +909,6 @@ static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errle
     ah.eps = bt->hyper.eps;
     ah.weight_decay = bt->hyper.weight_decay;
     sf_adamw_hyper_at(&ah, B->opt_t > 0 ? B->opt_t : 1);
-    const float share = 0.0f;
     cudaStream_t ts = c->st_transform, cs = c->st_compute;
     int rc = -1;
     /* Buffer b's staging is read by its previous step: wait for it first. */
@@ -921,7 +921,6 @@ static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errle
         memcpy(B->h_stage, &hyp, sizeof hyp);
         memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
         memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);
-        memcpy(B->h_stage + STAGE_SHARE_OFF, &share, sizeof share);
         if (cudaEventRecord(B->h2d0, ts) == cudaSuccess &&
             cudaMemcpyAsync(B->d_stage, B->h_stage, STAGE_LABELS_OFF, cudaMemcpyHostToDevice, ts) == cudaSuccess &&
             cudaEventRecord(B->h2d, ts) == cudaSuccess && cudaEventRecord(B->ready, ts) == cudaSuccess &&
@@ -942,6 +941,22 @@ static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errle
     return 0;
 }
 
+/* A data-parallel backend's communicator, made at its first use; a failure
+ * is sticky (the job cannot train without it). */
+static int ensure_nccl(cuda_ctx *c, char *err, size_t errlen)
+{
+    if (!c->cfg.dist || c->nccl)
+        return 0;
+    char nerr[sizeof c->sticky_msg];
+    if (sf_nccl_new(&c->nccl, c->cfg.dist, nerr, sizeof nerr) != 0) {
+        c->sticky = 1;
+        scopy(c->sticky_msg, sizeof c->sticky_msg, nerr);
+        sf_errf(err, errlen, "%s", nerr);
+        return -1;
+    }
+    return 0;
+}
+
 static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errlen)
 {
     cuda_ctx *c = ctx_of(be);
@@ -952,15 +967,8 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
     }
     /* The first data-parallel round: every rank has joined the job (the
      * engine's rounds start after the join), so NCCL's init can complete. */
-    if (c->cfg.dist && c->cfg.dist->world > 1 && !c->nccl) {
-        char nerr[sizeof c->sticky_msg];
-        if (sf_nccl_new(&c->nccl, c->cfg.dist, nerr, sizeof nerr) != 0) {
-            c->sticky = 1;
-            scopy(c->sticky_msg, sizeof c->sticky_msg, nerr);
-            sf_errf(err, errlen, "%s", nerr);
-            return -1;
-        }
-    }
+    if (ensure_nccl(c, err, errlen))
+        return -1;
     if (bt->n == 0 && bt->global_n > 0 && c->nccl)
         return submit_empty(c, bt, err, errlen);
     if (check_batch(c, bt, 1, err, errlen) != 0)
@@ -1360,6 +1368,10 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
                 "diagnose is not available with distributed.world_size > 1 on CUDA");
         return -1;
     }
+    /* A job of one rank replays its all-reduce alone (the benchmark of the
+     * NCCL path's own cost). */
+    if (ensure_nccl(c, err, errlen))
+        return -1;
     if (check_batch(c, bt, 1, err, errlen) != 0)
         return -1;
     if (mode != SF_BENCH_STEP && mode != SF_BENCH_AUG_STEP && mode != SF_BENCH_H2D_AUG_STEP) {

@@ -16,13 +16,6 @@
 
 /* ---- kernels --------------------------------------------------------------------- */
 
-__global__ void k_scale(float *g, size_t len, const float *share)
-{
-    const float f = *share;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < len; i += (size_t)gridDim.x * blockDim.x)
-        g[i] *= f;
-}
-
 __device__ static unsigned long long mix64(unsigned long long z)
 {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -74,6 +67,8 @@ typedef struct nccl_api {
     ncclResult_t (*init_config)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
     ncclResult_t (*async_error)(ncclComm_t, ncclResult_t *);
     ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
     ncclResult_t (*abort_comm)(ncclComm_t);
     ncclResult_t (*destroy)(ncclComm_t);
     const char *(*error_string)(ncclResult_t);
@@ -83,13 +78,14 @@ struct sf_nccl {
     nccl_api api;
     ncclComm_t comm;
     int aborted;
+    int timeout_ms;
 };
 
 static int load_api(nccl_api *a, char *err, size_t errlen)
 {
     a->lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!a->lib) {
-        snprintf(err, errlen, "cuda: NCCL is needed for distributed.world_size > 1: %s", dlerror());
+        snprintf(err, errlen, "cuda: data-parallel training needs NCCL: %s", dlerror());
         return -1;
     }
 #define SYM(field, name)                                                                                     \
@@ -104,6 +100,8 @@ static int load_api(nccl_api *a, char *err, size_t errlen)
     SYM(init_config, "ncclCommInitRankConfig");
     SYM(async_error, "ncclCommGetAsyncError");
     SYM(all_reduce, "ncclAllReduce");
+    SYM(group_start, "ncclGroupStart");
+    SYM(group_end, "ncclGroupEnd");
     SYM(abort_comm, "ncclCommAbort");
     SYM(destroy, "ncclCommDestroy");
     SYM(error_string, "ncclGetErrorString");
@@ -126,6 +124,7 @@ extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t er
         snprintf(err, errlen, "cuda: out of memory");
         return -1;
     }
+    x->timeout_ms = d->timeout_ms;
     if (load_api(&x->api, err, errlen) != 0) {
         sf_nccl_free(x);
         return -1;
@@ -178,20 +177,54 @@ extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t er
     return 0;
 }
 
-extern "C" int sf_nccl_allreduce(sf_nccl *x, float *grad, size_t len, const float *d_share, cudaStream_t s)
+/* Waits out a non-blocking communicator's ncclInProgress (the call is still
+ * being enqueued, e.g. its first use of a connection): the next call may only
+ * come once it has. Bounded by the job's timeout. */
+static int settle(sf_nccl *x, ncclResult_t r, const char *what)
+{
+    const uint64_t end = now_ms() + (uint64_t)x->timeout_ms;
+    while (r == ncclInProgress) {
+        ncclResult_t st = ncclInProgress;
+        if (x->api.async_error(x->comm, &st) != ncclSuccess)
+            st = ncclSystemError;
+        if (st != ncclInProgress) {
+            r = st;
+            break;
+        }
+        if (now_ms() >= end) {
+            sf_cuda_set_error("%s:%d: %s still in progress after %d ms", __FILE__, __LINE__, what, x->timeout_ms);
+            return -1;
+        }
+        struct timespec ts = {0, 100000L};
+        nanosleep(&ts, NULL);
+    }
+    if (r != ncclSuccess) {
+        sf_cuda_set_error("%s:%d: %s: %s", __FILE__, __LINE__, what, x->api.error_string(r));
+        return -1;
+    }
+    return 0;
+}
+
+extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n, cudaStream_t s)
 {
     if (x->aborted) {
         sf_cuda_set_error("%s:%d: NCCL communicator aborted", __FILE__, __LINE__);
         return -1;
     }
-    k_scale<<<grid_for(len), 256, 0, s>>>(grad, len, d_share);
-    SF_CUDA_CHECK(cudaGetLastError());
-    ncclResult_t r = x->api.all_reduce(grad, grad, len, ncclFloat32, ncclSum, x->comm, s);
+    /* One group: NCCL fuses the pieces' reductions into one launch. */
+    if (settle(x, x->api.group_start(), "ncclGroupStart"))
+        return -1;
+    ncclResult_t r = ncclSuccess;
+    for (int i = 0; i < n && (r == ncclSuccess || r == ncclInProgress); i++) {
+        const ncclDataType_t t = pieces[i].dt == SF_DT_BF16 ? ncclBfloat16 : ncclFloat32;
+        r = x->api.all_reduce(pieces[i].p, pieces[i].p, pieces[i].len, t, ncclSum, x->comm, s);
+    }
+    const ncclResult_t re = x->api.group_end();
     if (r != ncclSuccess && r != ncclInProgress) {
         sf_cuda_set_error("%s:%d: ncclAllReduce: %s", __FILE__, __LINE__, x->api.error_string(r));
         return -1;
     }
-    return 0;
+    return settle(x, re, "ncclGroupEnd (the bucket's all-reduce)");
 }
 
 extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen)
@@ -236,10 +269,10 @@ struct sf_nccl {
 extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t errlen)
 {
     *out = NULL;
-    snprintf(err, errlen, "cuda: built without nccl.h: distributed.world_size > 1 needs NCCL at build time");
+    snprintf(err, errlen, "cuda: built without nccl.h: data-parallel training needs NCCL at build time");
     return -1;
 }
-extern "C" int sf_nccl_allreduce(sf_nccl *x, float *grad, size_t len, const float *d_share, cudaStream_t s)
+extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n, cudaStream_t s)
 {
     return -1;
 }

@@ -1,9 +1,9 @@
 /* gpu/cuda/dist_nccl.h — the CUDA backend's gradient all-reduce between the
  * ranks of a data-parallel job (NCCL), and the parameter digest on the device.
  *
- * NCCL is loaded at run time (dlopen "libnccl.so.2") when a job of more than
- * one rank builds its communicator, so a single-GPU process (world_size 1)
- * neither needs the library nor calls it. The communicator is made from the
+ * NCCL is loaded at run time (dlopen "libnccl.so.2") when a data-parallel
+ * job builds its communicator, so a single-GPU process (world_size 1, no
+ * job) neither needs the library nor calls it. The communicator is made from the
  * job's store (dist/collective.h): rank 0 puts ncclGetUniqueId's id under
  * the key "nccl.id", the others get it, then ncclCommInitRankConfig
  * (non-blocking, bounded by the job's timeout).
@@ -17,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include "dist/collective.h"
+#include "gpu/cuda/executor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -27,10 +28,11 @@ typedef struct sf_nccl sf_nccl;
 /* Joins the NCCL communicator of d's job on the current device. 0, or -1
  * with err (no NCCL, the id never came, the init timed out). */
 int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t errlen);
-/* Enqueues on s: grad[0..len) *= *d_share (this rank's n / global_n, in
- * device memory so a captured graph reads each step's value), then the SUM
- * all-reduce in place. */
-int sf_nccl_allreduce(sf_nccl *x, float *grad, size_t len, const float *d_share, cudaStream_t s);
+/* Enqueues on s the SUM all-reduce, in place, of the n pieces (fp32 or
+ * bf16, each summed in its own type), as one NCCL group. Returns once NCCL
+ * has enqueued it (a non-blocking communicator's ncclInProgress is waited
+ * out, bounded by the job's timeout). */
+int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n, cudaStream_t s);
 /* 0 healthy; else the communicator's asynchronous error, in err. */
 int sf_nccl_check(sf_nccl *x, char *err, size_t errlen);
 /* Ends every NCCL operation of the communicator (a peer died or timed out):

@@ -83,6 +83,12 @@ struct sf_cuda_net {
     cudaEvent_t ev_fork[SF_MAX_LAYERS], ev_join[SF_MAX_LAYERS];
     cudaStream_t nst;   /* the gradient check's per-layer sums, beside the rest of the backward */
     cudaEvent_t ev_norm[SF_MAX_LAYERS], ev_ndone;
+    /* Data-parallel (cfg.grad_reduce): the bucketed all-reduce's stream, at
+     * the compute stream's priority so that a bucket's reduce starts while
+     * the backward still runs; ev_reduced[i]: the bucket closed by layer i
+     * is reduced. NULL without grad_reduce. */
+    cudaStream_t rst;
+    cudaEvent_t ev_reduced[SF_MAX_LAYERS];
 
     int graphs_broken;
     char graph_err[256];
@@ -214,6 +220,9 @@ struct gen_net {
      * parameters has a slot of SF_SUMSQ_BLOCKS partial sums of squares,
      * computed on the norm stream as soon as its backward is done */
     int slot[SF_MAX_LAYERS];         /* -1: no parameters to check */
+    int rb_top[SF_MAX_LAYERS];       /* the all-reduce bucket closed by layer i's backward: its layers
+                                        are i .. rb_top[i] (its first in the backward's order); -1 none */
+    sf_grad_piece pieces[2 * SF_MAX_LAYERS]; /* one bucket's pieces (g_reduce_bucket) */
     int n_slots;
     float *sq_part;                  /* [max(n_slots, 1) * SF_SUMSQ_BLOCKS] */
     sf_grad_state *d_gs;             /* [nbuf] this buffer's last check */
@@ -1000,6 +1009,28 @@ static int g_create(sf_cuda_net *net)
         const sf_layer *L = &m->layers[i];
         g->slot[i] = i >= g->nf && L->n_w + L->n_b > 0 ? g->n_slots++ : -1;
     }
+    /* The all-reduce's buckets, in the backward's order (decreasing i): a
+     * bucket closes at the layer that brings it to grad_bucket_bytes, the
+     * last one at the lowest trainable layer with parameters. The layers'
+     * parameters are laid out in increasing i, so a bucket is one range. */
+    int top = -1, lowest = -1;
+    size_t bytes = 0;
+    for (int i = g->nl - 1; i >= 0; i--) {
+        g->rb_top[i] = -1;
+        if (g->slot[i] < 0)
+            continue;
+        const sf_layer *L = &m->layers[i];
+        top = top < 0 ? i : top;
+        bytes += sizeof(float) * (L->n_w + L->n_b);
+        lowest = i;
+        if (net->cfg.grad_bucket_bytes > 0 && bytes >= net->cfg.grad_bucket_bytes) {
+            g->rb_top[i] = top;
+            top = -1;
+            bytes = 0;
+        }
+    }
+    if (top >= 0)
+        g->rb_top[lowest] = top;
     if (dmallocf(net, &g->sq_part, (size_t)(g->n_slots > 0 ? g->n_slots : 1) * SF_SUMSQ_BLOCKS) ||
         dmalloc(net, (void **)&g->d_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf))
         return -1;
@@ -1191,23 +1222,82 @@ static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int want_dx)
     return 0;
 }
 
+/* The gradient check's sums of layer i's gradients into its slot, on the
+ * norm stream: bf16 conv weights are read where the backward wrote them
+ * (bf16), everything else in fp32. */
+static int g_layer_sumsq(sf_cuda_net *net, int i)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const int in_gd = g->wcopy && (L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D);
+    return sf_cuda_sumsq(in_gd ? g_gd(net, i) : (const void *)(net->grads + L->w_off), in_gd ? g->dt : SF_DT_F32,
+                         L->n_w, net->grads + L->b_off, L->n_b, g->sq_part + (size_t)g->slot[i] * SF_SUMSQ_BLOCKS,
+                         net->nst);
+}
+
 /* The gradient check's sums for layer i, whose gradients the compute stream
  * has just completed (its backward-filter joined): on the norm stream, so
  * they overlap the rest of the backward (W1's largest layer holds 75 % of
- * its parameters and finishes first). bf16 conv weights are read where the
- * backward wrote them (bf16), everything else in fp32. */
+ * its parameters and finishes first). */
 static int g_norm_layer(sf_cuda_net *net, int i)
 {
-    gen_net *g = net->g;
-    const int k = g->slot[i];
-    if (k < 0)
+    if (net->g->slot[i] < 0)
         return 0;
-    const sf_layer *L = &net->m.layers[i];
-    const int in_gd = g->wcopy && (L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D);
     SF_CUDA_CHECK(cudaEventRecord(net->ev_norm[i], net->s));
     SF_CUDA_CHECK(cudaStreamWaitEvent(net->nst, net->ev_norm[i], 0));
-    return sf_cuda_sumsq(in_gd ? g_gd(net, i) : (const void *)(net->grads + L->w_off), in_gd ? g->dt : SF_DT_F32,
-                         L->n_w, net->grads + L->b_off, L->n_b, g->sq_part + (size_t)k * SF_SUMSQ_BLOCKS, net->nst);
+    return g_layer_sumsq(net, i);
+}
+
+/* The all-reduce of the bucket that layer i's backward closes (rb_top),
+ * data-parallel training without accumulation: on the reduce stream once the
+ * compute stream has completed layer i's backward, so the backward of the
+ * layers below runs meanwhile; then, on the norm stream, the gradient check's
+ * sums of each of its layers, now of the reduced gradient. The pieces are
+ * the gradients where the backward wrote them: a bf16 net's convolution
+ * weights in bf16 (no conversion pass; the update reads them there as
+ * without a job), the rest fp32, adjacent fp32 runs merged. */
+static int g_reduce_bucket(sf_cuda_net *net, int i)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    const int top = g->rb_top[i];
+    if (top < 0)
+        return 0;
+    SF_CUDA_CHECK(cudaEventRecord(net->ev_norm[i], net->s));
+    SF_CUDA_CHECK(cudaStreamWaitEvent(net->rst, net->ev_norm[i], 0));
+    sf_grad_piece *pc = g->pieces;
+    int np = 0;
+    for (int j = i; j <= top; j++) {
+        const sf_layer *L = &m->layers[j];
+        if (g->slot[j] < 0)
+            continue;
+        const int in_gd = g->wcopy && (L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D);
+        struct {
+            size_t off, len;
+            int bf;
+        } part[2] = {{L->w_off, L->n_w, in_gd}, {L->b_off, L->n_b, 0}};
+        for (int k = 0; k < 2; k++) {
+            if (!part[k].len)
+                continue;
+            float *f = net->grads + part[k].off;
+            if (!part[k].bf && np > 0 && pc[np - 1].dt == SF_DT_F32 && (float *)pc[np - 1].p + pc[np - 1].len == f) {
+                pc[np - 1].len += part[k].len;
+                continue;
+            }
+            pc[np].p = part[k].bf ? g_gd(net, j) : (void *)f;
+            pc[np].len = part[k].len;
+            pc[np].dt = part[k].bf ? g->dt : SF_DT_F32;
+            np++;
+        }
+    }
+    if (np > 0 && net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, pc, np, net->rst))
+        return -1;
+    SF_CUDA_CHECK(cudaEventRecord(net->ev_reduced[i], net->rst));
+    SF_CUDA_CHECK(cudaStreamWaitEvent(net->nst, net->ev_reduced[i], 0));
+    for (int j = i; j <= top; j++)
+        if (g->slot[j] >= 0 && g_layer_sumsq(net, j))
+            return -1;
+    return 0;
 }
 
 /* The end of a training step: the gradient check (norm, clipping
@@ -1231,13 +1321,15 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
     const float *loss = &net->io[b].result->loss;
     sf_grad_state *gs = g->d_gs + b;
     const int reduce = net->cfg.grad_reduce != NULL;
-    if (!g->gacc && !reduce) {
+    /* Without accumulation the per-layer sums were made during the
+     * backward, after each bucket's all-reduce in a data-parallel job. */
+    if (!g->gacc) {
         SF_CUDA_CHECK(cudaEventRecord(net->ev_ndone, net->nst));
         SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_ndone, 0));
         if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, gs, s))
             return -1;
     }
-    if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc && !reduce) {
+    if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc) {
         /* bf16 SGD: gradients from both copies, update, bf16 weights, one pass */
         if (sf_cuda_sgd_mixed(net->params + off, net->grads + off, E(g->gd, off, es), dt, &g->segs_gd,
                               net->mom ? net->mom + off : NULL, E(g->wd, off, es), len, net->io[b].hyper, gs, s))
@@ -1249,16 +1341,12 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
         if (convert && g->wcopy &&
             sf_cuda_grads_model(E(g->gd, off, es), dt, net->grads + off, &g->segs_gd, s))
             return -1;
-        /* Data-parallel: every rank's share of the global mean, summed (NCCL),
-         * then the gradient check of that sum (the per-layer sums of the
-         * backward were skipped: they would be this rank's alone). */
-        if (reduce) {
-            if (net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, b, net->grads + off, len, s))
-                return -1;
-            if (!g->gacc && (sf_cuda_sumsq(net->grads + off, SF_DT_F32, len, NULL, 0, g->sq_part, s) ||
-                             sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, gs, s)))
-                return -1;
-        }
+        /* Data-parallel with accumulation: every rank's share of this
+         * batch's global mean, summed, then accumulated; the check is of the
+         * accumulated sum, below. */
+        const sf_grad_piece all = {net->grads + off, len, SF_DT_F32};
+        if (reduce && g->gacc && net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, &all, 1, s))
+            return -1;
         const float *grad = net->grads + off;
         if (g->gacc) {
             const float inv_k = 1.0f / (float)net->cfg.accum;
@@ -1306,7 +1394,14 @@ int sf_net_step_empty(sf_cuda_net *net, int b, int do_opt)
     const sf_model *m = &net->m;
     const size_t off = m->train_off, len = m->n_params - m->train_off;
     SF_CUDA_CHECK(cudaMemsetAsync(net->grads + off, 0, sizeof(float) * len, net->s));
+    if (net->g->wcopy)
+        SF_CUDA_CHECK(cudaMemsetAsync(E(net->g->gd, off, net->g->es), 0, net->g->es * len, net->s));
     SF_CUDA_CHECK(cudaMemsetAsync(net->io[b].result, 0, sizeof(sf_xent_out), net->s));
+    /* the same buckets, in the same order, as the other ranks' backward */
+    if (net->cfg.grad_reduce && !net->g->gacc)
+        for (int i = net->g->nl - 1; i >= net->g->nf; i--)
+            if (g_reduce_bucket(net, i))
+                return -1;
     return g_opt_tail(net, b, do_opt, 0, NULL);
 }
 
@@ -1479,7 +1574,7 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         if (dx && add0 && g_add_back(net, i, 0, in_len, s))
             return -1;
         g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
-        if (!g->gacc && !net->cfg.grad_reduce && g_norm_layer(net, i))
+        if (!g->gacc && (net->cfg.grad_reduce ? g_reduce_bucket(net, i) : g_norm_layer(net, i)))
             return -1;
     }
     return g_opt_tail(net, b, do_opt, 1, pf);
@@ -1755,8 +1850,15 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
         sf_net_destroy(net);
         return -1;
     }
+    if (cfg->grad_reduce && cudaStreamCreateWithPriority(&net->rst, cudaStreamNonBlocking, prio) != cudaSuccess) {
+        sf_cuda_set_error("%s:%d: reduce stream: %s", __FILE__, __LINE__, cudaGetErrorString(cudaGetLastError()));
+        net->rst = NULL;
+        sf_net_destroy(net);
+        return -1;
+    }
     for (int i = 0; i < m->n_layers; i++)
-        if (cudaEventCreateWithFlags(&net->ev_fork[i], cudaEventDisableTiming) != cudaSuccess ||
+        if ((net->rst && cudaEventCreateWithFlags(&net->ev_reduced[i], cudaEventDisableTiming) != cudaSuccess) ||
+            cudaEventCreateWithFlags(&net->ev_fork[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&net->ev_join[i], cudaEventDisableTiming) != cudaSuccess ||
             cudaEventCreateWithFlags(&net->ev_norm[i], cudaEventDisableTiming) != cudaSuccess) {
             sf_cuda_set_error("%s:%d: events: %s", __FILE__, __LINE__, cudaGetErrorString(cudaGetLastError()));
@@ -1786,6 +1888,10 @@ extern "C" void sf_net_destroy(sf_cuda_net *net)
         cudaStreamSynchronize(net->nst);
         cudaStreamDestroy(net->nst);
     }
+    if (net->rst) {
+        cudaStreamSynchronize(net->rst);
+        cudaStreamDestroy(net->rst);
+    }
     if (net->ev_ndone)
         cudaEventDestroy(net->ev_ndone);
     for (int i = 0; i < SF_MAX_LAYERS; i++) {
@@ -1795,6 +1901,8 @@ extern "C" void sf_net_destroy(sf_cuda_net *net)
             cudaEventDestroy(net->ev_join[i]);
         if (net->ev_norm[i])
             cudaEventDestroy(net->ev_norm[i]);
+        if (net->ev_reduced[i])
+            cudaEventDestroy(net->ev_reduced[i]);
     }
     for (int i = 0; i < net->n_allocs; i++)
         cudaFree(net->allocs[i]);

@@ -51,10 +51,18 @@ extern "C" {
 /* The per-batch settings of a step beyond the optimizer's hyper-parameters,
  * in device memory (a captured graph reads the values of each replay). */
 typedef struct sf_step_ctl {
-    sf_loss_ctl loss;     /* label smoothing, mixing weight */
+    sf_loss_ctl loss;     /* label smoothing, mixing weight, gradient scale */
     float clip_grad_norm; /* 0: no clipping (torch.nn.utils.clip_grad_norm_'s max_norm) */
-    float pad_;
 } sf_step_ctl;
+
+/* One piece of a gradient bucket for the data-parallel hook: len elements
+ * of type dt (SF_DT_F32, or SF_DT_BF16 for a bf16 net's convolution weight
+ * gradients, which cuDNN writes in bf16) at device address p. */
+typedef struct sf_grad_piece {
+    void *p;
+    size_t len;
+    sf_dtype dt;
+} sf_grad_piece;
 
 /* One batch buffer's device inputs and outputs. */
 typedef struct sf_net_io {
@@ -92,12 +100,23 @@ typedef struct sf_net_cfg {
     int keep_relu;       /* 1: ReLUs stay separate kernels instead of being fused into
                             their producers */
     int allow_rtc;       /* 1: consider cuDNN engines that compile at run time (sf_conv_desc) */
-    /* Data-parallel training: called on the step's stream once the fp32
-     * gradient of the trainable slice (grad, len floats, device) of buffer b
-     * is complete, before accumulation and the optimizer; it enqueues the
-     * all-reduce there, so a captured step holds it. NULL: one process. */
-    int (*grad_reduce)(void *ctx, int b, float *grad, size_t len, cudaStream_t s);
+    /* Data-parallel training: called once the gradient pieces of a bucket
+     * are complete on stream s, before accumulation and the optimizer; it
+     * enqueues their SUM all-reduce on s (in place, one group), so a
+     * captured step holds it. Each rank's gradient is already weighted by
+     * its share of the job's samples (sf_loss_ctl.grad_scale). Without
+     * accumulation the buckets are runs of consecutive layers of at least
+     * grad_bucket_bytes (the last one smaller; 0: the whole gradient), each
+     * reduced on a stream of its own as soon as the backward has produced
+     * it, in the backward's order, while the backward goes on, and a bf16
+     * net's convolution weight gradients are reduced in bf16 where cuDNN
+     * wrote them; with accumulation the whole fp32 gradient once, on the
+     * step's stream after the backward. Every rank calls it in the same
+     * order with the same pieces (sf_net_step_empty included). NULL: one
+     * process. */
+    int (*grad_reduce)(void *ctx, const sf_grad_piece *pieces, int n, cudaStream_t s);
     void *grad_reduce_ctx;
+    size_t grad_bucket_bytes;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
 } sf_net_cfg;
 

@@ -22,6 +22,7 @@ __global__ void k_xent(const float *__restrict__ logits, const int32_t *__restri
     if (!(lam > 0.f && lam <= 1.f))
         lam = 1.f; /* 0 reads as "no mixing" (gpu/backend.h) */
     const int plain = sm == 0.f && lam == 1.f;
+    const float gsc = ctl && ctl->grad_scale != 0.f ? ctl->grad_scale : 1.f;
     float wloss = 0.f;
     int wcorr = 0, wcorr5 = 0, wbad = 0;
     for (int s = warp; s < n; s += nw) {
@@ -75,7 +76,7 @@ __global__ void k_xent(const float *__restrict__ logits, const int32_t *__restri
                 const float p = expf(l[j] - lse);
                 const float t = plain ? (j == lab ? 1.f : 0.f)
                                       : one * ((j == lab ? lam : 0.f) + (j == lab2 ? 1.f - lam : 0.f)) + sk;
-                d[j] = valid ? (p - t) / (float)n : NAN;
+                d[j] = valid ? (p - t) / (float)n * gsc : NAN;
             }
         }
         if (lane == 0) {
@@ -144,6 +145,7 @@ __global__ void k_xent2d(const float *__restrict__ logits, const int32_t *__rest
     int bad = 0;
     const float sm = ctl ? ctl->label_smoothing : 0.f, one = 1.f - sm, sk = sm / (float)k;
     const float inv_den = (float)npix; /* divide as the reference does */
+    const float gsc = ctl && ctl->grad_scale != 0.f ? ctl->grad_scale : 1.f;
     for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < npix;
          p += (long long)gridDim.x * blockDim.x) {
         long long base, cs;
@@ -178,7 +180,7 @@ __global__ void k_xent2d(const float *__restrict__ logits, const int32_t *__rest
             for (int j = 0; j < k; j++) {
                 const float pr = expf(l[j * cs] - lse);
                 const float t = sm == 0.f ? (j == lab ? 1.f : 0.f) : one * (j == lab ? 1.f : 0.f) + sk;
-                d[j * cs] = valid ? (pr - t) / inv_den : NAN;
+                d[j * cs] = valid ? (pr - t) / inv_den * gsc : NAN;
             }
         }
         float dot = 0.f;

@@ -20,9 +20,13 @@ extern "C" {
  * and the mixing weight lam (1, or 0, or out of (0, 1]: no mixing; else the
  * target of sample i is lam*onehot(y_i) + (1-lam)*onehot(y_{(i-1) mod n}), the
  * labels rolled by one as torchvision.transforms.v2 MixUp/CutMix make them;
- * smoothing applies on top). NULL pointer: s = 0, no mixing. */
+ * smoothing applies on top). grad_scale multiplies dlogits (0 reads as 1):
+ * a rank of a data-parallel job weighs its gradient by its share of the
+ * job's samples (n / global_n) here, once, rather than in a pass over the
+ * whole gradient before the all-reduce, since every parameter's gradient is
+ * linear in dlogits. NULL pointer: s = 0, no mixing, scale 1. */
 typedef struct sf_loss_ctl {
-    float label_smoothing, mix_lam;
+    float label_smoothing, mix_lam, grad_scale;
 } sf_loss_ctl;
 
 /* Softmax cross-entropy over logits [n, k] with int32 labels, as

@@ -57,7 +57,7 @@ static void test_xent(cudaStream_t s, int n, int k)
 
 /* Label smoothing, mixed targets (labels rolled by one) and top-5 hits
  * against sf_ref_xent_soft_f64; ties among the logits exercise top-5's order. */
-static void test_xent_soft(cudaStream_t s, int n, int k, float sm, float lam, int ties)
+static void test_xent_soft(cudaStream_t s, int n, int k, float sm, float lam, int ties, float gsc = 0.f)
 {
     char nm[120];
     std::vector<float> l((size_t)n * k);
@@ -73,17 +73,20 @@ static void test_xent_soft(cudaStream_t s, int n, int k, float sm, float lam, in
     double lref;
     int cref, c5ref;
     sf_ref_xent_soft_f64(ld.data(), lab.data(), n, k, sm, lam, &lref, dref.data(), &cref, &c5ref);
+    for (double &v : dref) /* a data-parallel rank's share weighs its gradient, not its loss */
+        v *= gsc != 0.f ? gsc : 1.0;
     float *dl = dalloc<float>(l.size()), *dd = dalloc<float>(l.size());
     int32_t *dlab = dalloc<int32_t>(n);
     sf_xent_out *out = dalloc<sf_xent_out>(1);
-    sf_loss_ctl ctl = {sm, lam}, *dctl = dalloc<sf_loss_ctl>(1);
+    sf_loss_ctl ctl = {sm, lam, gsc}, *dctl = dalloc<sf_loss_ctl>(1);
     CU(cudaMemcpy(dctl, &ctl, sizeof ctl, cudaMemcpyHostToDevice));
     up(dl, l);
     CU(cudaMemcpy(dlab, lab.data(), 4 * n, cudaMemcpyHostToDevice));
     poison_f(dd, l.size());
     int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, dctl, s);
     CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "xent n%d k%d smoothing %g mix %g%s", n, k, sm, lam, ties ? " ties" : "");
+    snprintf(nm, sizeof nm, "xent n%d k%d smoothing %g mix %g%s grad scale %g", n, k, sm, lam, ties ? " ties" : "",
+             gsc != 0.f ? gsc : 1.f);
     if (rc) {
         fail(nm, sf_cuda_last_error());
     } else {
@@ -142,11 +145,12 @@ static void test_labels(cudaStream_t s)
 
 /* ---- per-pixel cross-entropy --------------------------------------------- */
 
-static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L, int bad_label, float sm = 0.f)
+static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L, int bad_label, float sm = 0.f,
+                        float gsc = 0.f)
 {
     char nm[160];
-    snprintf(nm, sizeof nm, "xent2d n%d k%d %dx%d %s%s smoothing %g", n, k, h, w, lname(L),
-             bad_label ? " bad-label" : "", sm);
+    snprintf(nm, sizeof nm, "xent2d n%d k%d %dx%d %s%s smoothing %g grad scale %g", n, k, h, w, lname(L),
+             bad_label ? " bad-label" : "", sm, gsc != 0.f ? gsc : 1.f);
     const size_t npix = (size_t)n * h * w, nl = npix * k;
     std::vector<float> lg(nl);
     rand_fill(lg, 3.f);
@@ -160,7 +164,9 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
     double lr;
     int64_t cr, c5r;
     sf_ref_xent2d_smooth_f64(lgd.data(), lab.data(), n, k, h, w, sm, &lr, dr.data(), &cr, &c5r);
-    sf_loss_ctl ctl = {sm, 1.f}, *dctl = dalloc<sf_loss_ctl>(1);
+    for (double &v : dr)
+        v *= gsc != 0.f ? gsc : 1.0;
+    sf_loss_ctl ctl = {sm, 1.f, gsc}, *dctl = dalloc<sf_loss_ctl>(1);
     CU(cudaMemcpy(dctl, &ctl, sizeof ctl, cudaMemcpyHostToDevice));
     const int nhwc = L == SF_LAYOUT_NHWC;
     float *d_l = dalloc<float>(nl), *d_d = dalloc<float>(nl);
@@ -171,7 +177,7 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
     up(d_lab, lab);
     poison(d_d, nl * 4);
     poison(d_out, sizeof(sf_xent2d_out));
-    int rc = sf_cuda_xent2d(d_l, d_lab, n, k, h, w, L, d_d, d_out, scr, sm != 0.f ? dctl : NULL, s);
+    int rc = sf_cuda_xent2d(d_l, d_lab, n, k, h, w, L, d_d, d_out, scr, sm != 0.f || gsc != 0.f ? dctl : NULL, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());
@@ -224,6 +230,8 @@ int main(void)
     test_xent_soft(s, 64, 1000, 0.1f, 0.35f, 0);
     test_xent_soft(s, 50, 20, 0.2f, 0.8f, 1);
     test_xent_soft(s, 9, 4, 0.1f, 0.5f, 0); /* k <= 5: every sample is a top-5 hit */
+    test_xent_soft(s, 37, 10, 0.f, 1.f, 0, 0.25f); /* a data-parallel rank's share */
+    test_xent_soft(s, 64, 1000, 0.1f, 0.35f, 0, 0.4f);
     test_labels(s);
     for (int lay = 0; lay < 2; lay++) {
         const sf_layout L = (sf_layout)lay;
@@ -234,6 +242,7 @@ int main(void)
         test_xent2d(s, 2, 5, 4, 4, L, 1);
         test_xent2d(s, 3, 7, 13, 11, L, 0, 0.1f);
         test_xent2d(s, 2, 21, 16, 16, L, 0, 0.05f);
+        test_xent2d(s, 3, 7, 13, 11, L, 0, 0.f, 0.25f);
     }
 
     cudaError_t e = cudaDeviceSynchronize();

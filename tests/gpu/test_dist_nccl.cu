@@ -1,0 +1,293 @@
+/* tests/gpu/test_dist_nccl.cu — the CUDA backend's data-parallel path (NCCL)
+ * in a job of one rank, against the same backend without a job.
+ *
+ * With one rank the all-reduce is the identity and this rank's share is 1, so
+ * everything the path adds must leave the arithmetic alone: the buckets
+ * reduced beside the backward, the bf16 convolution weight gradients made
+ * fp32 per bucket (exact), the gradient check's sums of the reduced gradient
+ * and the update from fp32 gradients. The parameters after a few steps must
+ * be the bits of the path without a job, for SGD and AdamW, fp32 and bf16,
+ * several buckets and one, and with gradient accumulation (the whole gradient
+ * reduced once per batch). Both builds time one cuDNN engine per convolution
+ * (tune_configs 1), so the engines are the same; the same build run twice is
+ * the baseline that shows the step is deterministic at all.
+ *
+ * Needs libnccl.so.2 at run time; without it the job's first step fails and
+ * the test says so (FAIL), as a missing cuDNN would.
+ */
+extern "C" {
+#include "../../dist/collective.h"
+#include "../../gpu/aug.h"
+#include "../../gpu/backend.h"
+#include "../../gpu/model.h"
+#include "../../gpu/rng.h"
+}
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpu_test.h"
+
+#include <cuda_runtime.h>
+
+/* The job's key-value store, in this process: rank 0 puts NCCL's id, the
+ * same rank reads nothing back (one rank). */
+static std::map<std::string, std::string> g_kv;
+
+static int kv_set(void *, const char *key, const void *val, size_t len)
+{
+    g_kv[key] = std::string((const char *)val, len);
+    return 0;
+}
+
+static int kv_get(void *, const char *key, void *buf, size_t cap, size_t *len, int)
+{
+    auto it = g_kv.find(key);
+    if (it == g_kv.end() || it->second.size() > cap)
+        return -1;
+    memcpy(buf, it->second.data(), it->second.size());
+    *len = it->second.size();
+    return 0;
+}
+
+static const sf_kv_store k_store = {NULL, kv_set, kv_get};
+
+struct batch_data {
+    sf_aug_pipeline pipe;
+    sf_aug_plan plan;
+    std::vector<uint8_t> im;
+    std::vector<int64_t> lab;
+    std::vector<sf_aug_sample> samples;
+    sf_batch b;
+};
+
+static const char *AUG = "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"
+                         "{\"op\":\"normalize\",\"mean\":[0.5],\"std\":[0.5]}]";
+
+static int make_batch(batch_data &d, const sf_model &m, int n, uint64_t seed)
+{
+    char err[200];
+    if (sf_aug_parse(AUG, &d.pipe, err, sizeof err) ||
+        sf_aug_plan_make(&d.pipe, m.in_h, m.in_w, 3, &d.plan, err, sizeof err)) {
+        fail("augmentation: %s", err);
+        return -1;
+    }
+    const size_t img = (size_t)n * m.in_h * m.in_w * 3;
+    d.im.resize(img);
+    d.lab.resize(n);
+    for (size_t i = 0; i < img; i++)
+        d.im[i] = (uint8_t)(sf_hash4(seed, 0, i, 1) >> 56);
+    for (int i = 0; i < n; i++)
+        d.lab[i] = (int64_t)(sf_hash4(seed, 0, i, 2) % (uint64_t)m.n_classes);
+    d.samples.resize(n);
+    sf_aug_gen(&d.pipe, &d.plan, seed, 0, n, d.samples.data());
+    memset(&d.b, 0, sizeof d.b);
+    d.b.id = seed;
+    d.b.n = n;
+    d.b.h = m.in_h;
+    d.b.w = m.in_w;
+    d.b.c = 3;
+    d.b.nhwc = 1;
+    d.b.images = d.im.data();
+    d.b.label_dtype = SF_LABEL_I64;
+    d.b.labels = d.lab.data();
+    d.b.plan = &d.plan;
+    d.b.samples = d.samples.data();
+    d.b.hyper.lr = 0.01f;
+    d.b.hyper.momentum = 0.9f;
+    d.b.hyper.weight_decay = 1e-4f;
+    d.b.hyper.beta1 = 0.9f;
+    d.b.hyper.beta2 = 0.999f;
+    d.b.hyper.eps = 1e-8f;
+    d.b.hyper.clip_grad_norm = 0.5f; /* the check's norm decides every update */
+    return 0;
+}
+
+/* The initial parameters (a build trains nothing): the update's reference. */
+static std::vector<float> bs0;
+
+struct run_out {
+    std::vector<float> p;
+    std::vector<float> loss, norm;
+    bool ok = false;
+};
+
+/* Trains the batches in order on a fresh CUDA backend (one at a time) and
+ * returns the parameters and the per-batch loss and gradient norm. */
+static run_out train(const sf_model &m, sf_precision prec, sf_optim optim, int accum, const sf_dist *dist,
+                     std::vector<batch_data> &bs)
+{
+    run_out out;
+    char err[300];
+    sf_backend *cu = sf_backend_cuda_new(0, err, sizeof err);
+    if (!cu) {
+        fail("backend: %s", err);
+        return out;
+    }
+    sf_train_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.precision = prec;
+    cfg.optim = optim;
+    cfg.grad_accum_steps = accum;
+    cfg.seed = 5;
+    cfg.max_batch = bs.empty() ? 8 : bs[0].b.n;
+    cfg.overlap = 1;
+    cfg.cuda_graphs = 1;
+    cfg.dist = dist;
+    if (test_build(cu, &m, &cfg, err, sizeof err)) {
+        fail("build: %s", err);
+        cu->i->destroy(cu);
+        return out;
+    }
+    if (bs.empty()) {
+        out.p.resize(m.n_params);
+        out.ok = cu->i->get_params(cu, out.p.data()) == 0;
+        bs0 = out.p;
+        cu->i->destroy(cu);
+        return out;
+    }
+    for (auto &d : bs) {
+        uint8_t *im = (uint8_t *)cu->i->host_alloc(cu, d.im.size());
+        memcpy(im, d.im.data(), d.im.size());
+        sf_batch b = d.b;
+        b.images = im;
+        if (cu->i->submit(cu, &b, err, sizeof err)) {
+            fail("submit: %s", err);
+            cu->i->host_free(cu, im);
+            cu->i->destroy(cu);
+            return out;
+        }
+        bool done = false;
+        for (int tries = 0; !done && tries < 60000; tries++) {
+            sf_event ev[4];
+            const int k = cu->i->poll(cu, ev, 4, 1000);
+            for (int i = 0; i < k; i++)
+                if (ev[i].kind == SF_EV_STEP_DONE) {
+                    done = true;
+                    if (ev[i].status) {
+                        fail("step: %s", ev[i].err);
+                        cu->i->host_free(cu, im);
+                        cu->i->destroy(cu);
+                        return out;
+                    }
+                    out.loss.push_back(ev[i].loss);
+                    out.norm.push_back(ev[i].grad_norm);
+                }
+        }
+        cu->i->host_free(cu, im);
+        if (!done) {
+            fail("no STEP_DONE");
+            cu->i->destroy(cu);
+            return out;
+        }
+    }
+    out.p.resize(m.n_params);
+    out.ok = cu->i->get_params(cu, out.p.data()) == 0;
+    cu->i->destroy(cu);
+    return out;
+}
+
+static size_t differing(const std::vector<float> &a, const std::vector<float> &b)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); i++)
+        k += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return k + (a.size() > b.size() ? a.size() - b.size() : b.size() - a.size());
+}
+
+/* ||(a - p0) - (b - p0)|| / ||a - p0|| */
+static double rel_delta(const std::vector<float> &p0, const std::vector<float> &a, const std::vector<float> &b)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < p0.size() && i < a.size() && i < b.size(); i++) {
+        const double da = (double)a[i] - p0[i], db = (double)b[i] - p0[i];
+        num += (da - db) * (da - db);
+        den += da * da;
+    }
+    return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+}
+
+static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_precision prec, sf_optim optim, int accum,
+                                   size_t bucket_bytes, std::vector<batch_data> &bs)
+{
+    sf_dist d;
+    memset(&d, 0, sizeof d);
+    d.rank = 0;
+    d.world = 1;
+    d.store = &k_store;
+    d.timeout_ms = 60000;
+    d.bucket_bytes = bucket_bytes;
+    g_kv.clear();
+    run_out a = train(m, prec, optim, accum, NULL, bs);
+    run_out a2 = train(m, prec, optim, accum, NULL, bs);
+    run_out j = train(m, prec, optim, accum, &d, bs);
+    if (!a.ok || !a2.ok || !j.ok)
+        return;
+    const size_t base = differing(a.p, a2.p);
+    if (base != 0) {
+        /* Some engines cuDNN picks (fp32 backward-filter with split
+         * reductions) are not bitwise reproducible: then the job's run must
+         * be as close to the run without a job as two runs without one are. */
+        const double eb = rel_delta(bs0, a.p, a2.p), ej = rel_delta(bs0, a.p, j.p);
+        if (ej <= 4 * eb + 1e-7)
+            ok("%s: not bitwise reproducible on this device (%zu of %zu parameters differ between two runs "
+               "without a job, update rel %.2e); one rank through NCCL is as close (update rel %.2e)",
+               name, base, a.p.size(), eb, ej);
+        else
+            fail("%s: one rank through NCCL: update rel %.2e against %.2e between two runs without a job", name, ej,
+                 eb);
+        return;
+    }
+    const size_t diff = differing(a.p, j.p);
+    const bool same_loss = a.loss == j.loss && a.norm == j.norm;
+    if (diff == 0 && same_loss)
+        ok("%s: one rank through NCCL (bucket %zu B) trains the same bits as no job over %zu batches "
+           "(last loss %.6f, norm %.4f)",
+           name, bucket_bytes, bs.size(), j.loss.back(), j.norm.back());
+    else
+        fail("%s: one rank through NCCL: %zu of %zu parameters differ; last loss %.8f vs %.8f, norm %.6f vs %.6f",
+             name, diff, a.p.size(), j.loss.back(), a.loss.back(), j.norm.back(), a.norm.back());
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    char err[300];
+    sf_model r18;
+    if (sf_model_from_preset("resnet18", &r18, err, sizeof err)) {
+        printf("FAIL resnet18: %s\n", err);
+        return 1;
+    }
+    r18.in_h = r18.in_w = 64;
+    if (sf_model_resolve(&r18, err, sizeof err)) {
+        printf("FAIL resnet18 at 64x64: %s\n", err);
+        return 1;
+    }
+    g_layout = SF_ACT_LAYOUT_NHWC;
+    g_tune_configs = 1;
+    std::vector<batch_data> bs(4);
+    for (size_t k = 0; k < bs.size(); k++)
+        if (make_batch(bs[k], r18, 8, 71 + k))
+            return 1;
+    std::vector<batch_data> none;
+    train(r18, SF_PREC_FP32, SF_OPT_SGD, 1, NULL, none);
+    /* ResNet-18's 11.7 M parameters: 4 MiB buckets make about a dozen, the
+     * largest (1 GiB) one. */
+    one_rank_equals_no_job("resnet18 bf16 SGD, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 4u << 20, bs);
+    one_rank_equals_no_job("resnet18 bf16 SGD, one bucket", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 1u << 30, bs);
+    one_rank_equals_no_job("resnet18 fp32 SGD, 4 MiB buckets", r18, SF_PREC_FP32, SF_OPT_SGD, 1, 4u << 20, bs);
+    one_rank_equals_no_job("resnet18 bf16 AdamW, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_ADAMW, 1, 4u << 20, bs);
+    one_rank_equals_no_job("resnet18 bf16 SGD, accumulation 2", r18, SF_PREC_BF16, SF_OPT_SGD, 2, 4u << 20, bs);
+    printf("%d passed, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -10,7 +10,17 @@
  * The files sit in pinned memory, as in a ring slot. A backend the device lacks
  * is reported as unavailable.
  *
- * Run: build/bench/jpeg_decode DIR [--batch 32,256] [--iters 50] [--warmup 5] [--label NAME]
+ * With --busy-ms X each backend is measured a second time with a kernel of
+ * X ms started on another (non-blocking) stream just before every decode
+ * call, as a training step runs beside the decode in the service: the host
+ * time of the call then says whether nvJPEG's call waits for other streams'
+ * work (about X + the decode) or only for its own.
+ *
+ * --lanes L decodes a batch of at least 64 files per lane in L slices at once
+ * (jpeg_decode.h's lanes).
+ *
+ * Run: build/bench/jpeg_decode DIR [--batch 32,256] [--iters 50] [--warmup 5] [--label NAME] [--busy-ms X]
+ *      [--lanes L]
  * Prints one human line and one JSON line per measurement; exits 0 with
  * "SKIPPED: no CUDA device" without a GPU.
  */
@@ -64,6 +74,16 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Spins one thread for ns nanoseconds of the device's global timer. */
+__global__ void k_busy(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
@@ -71,6 +91,8 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *dir = argv[1], *label = "jpeg";
+    double busy_ms = 0;
+    int lanes = 1;
     std::vector<int> batches = {32, 256};
     int iters = 50, warmup = 5;
     for (int i = 2; i + 1 < argc; i += 2) {
@@ -82,6 +104,10 @@ int main(int argc, char **argv)
             iters = atoi(argv[i + 1]);
         } else if (!strcmp(argv[i], "--warmup")) {
             warmup = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--lanes")) {
+            lanes = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--busy-ms")) {
+            busy_ms = atof(argv[i + 1]);
         } else if (!strcmp(argv[i], "--label")) {
             label = argv[i + 1];
         }
@@ -129,7 +155,7 @@ int main(int argc, char **argv)
     for (const file &f : files)
         max_px = (int64_t)f.h * f.w > max_px ? (int64_t)f.h * f.w : max_px;
     char err[300];
-    sf_cuda_jpeg *j = sf_cuda_jpeg_new(maxb, max_px * maxb, 1, err, sizeof err);
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(maxb, max_px * maxb, 1, lanes, err, sizeof err);
     if (!j) {
         fprintf(stderr, "jpeg_decode: %s\n", err);
         return 1;
@@ -138,8 +164,9 @@ int main(int argc, char **argv)
     sf_cuda_jpeg_describe(j, desc, sizeof desc);
     printf("%s: %zu files, %.1f KB average, from %s\n%s", label, files.size(), total_bytes / 1024.0 / files.size(),
            dir, desc);
-    cudaStream_t s;
+    cudaStream_t s, hog;
     cudaStreamCreate(&s);
+    cudaStreamCreateWithFlags(&hog, cudaStreamNonBlocking);
     const sf_cuda_jpeg_backend bes[] = {SF_CUDA_JPEG_HARDWARE, SF_CUDA_JPEG_GPU_HYBRID, SF_CUDA_JPEG_HYBRID,
                                         SF_CUDA_JPEG_AUTO};
     for (int bsz : batches) {
@@ -216,11 +243,36 @@ int main(int argc, char **argv)
                    label, name, ran, bsz, ips, sec / iters * 1e3, iters, files.size(),
                    (double)bytes_per_batch / bsz);
             fflush(stdout);
+            if (busy_ms > 0) {
+                double host = 0;
+                for (int it = 0; it < iters && rc == 0; it++) {
+                    rc = cudaStreamSynchronize(s) != cudaSuccess || cudaStreamSynchronize(hog) != cudaSuccess;
+                    k_busy<<<1, 1, 0, hog>>>((unsigned long long)(busy_ms * 1e6));
+                    const double h0 = now_s();
+                    rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, 0, s);
+                    host += now_s() - h0;
+                }
+                rc = rc || cudaStreamSynchronize(s) != cudaSuccess || cudaStreamSynchronize(hog) != cudaSuccess;
+                if (rc) {
+                    printf("%s nvjpeg %s batch %d beside a busy stream: failed: %s\n", label, name, bsz,
+                           sf_cuda_last_error());
+                    cudaGetLastError();
+                    continue;
+                }
+                printf("%s nvjpeg %s batch %d: the call holds the host %.2f ms with a %.1f ms kernel running on "
+                       "another stream (%.2f ms a batch alone)\n",
+                       label, name, bsz, host / iters * 1e3, busy_ms, sec / iters * 1e3);
+                printf("{\"bench\":\"jpeg_decode_beside_busy\",\"label\":\"%s\",\"decoder\":\"nvjpeg_%s\","
+                       "\"batch\":%d,\"busy_ms\":%.2f,\"host_ms_per_call\":%.4f,\"alone_ms_per_batch\":%.4f}\n",
+                       label, name, bsz, busy_ms, host / iters * 1e3, sec / iters * 1e3);
+                fflush(stdout);
+            }
         }
         for (int k = 0; k < nb; k++)
             cudaFreeHost(pin[k]);
     }
     cudaStreamDestroy(s);
+    cudaStreamDestroy(hog);
     sf_cuda_jpeg_free(j);
     return 0;
 }

@@ -6,10 +6,14 @@
  *                     into b's pinned staging area (the engine's sample array
  *                     is pageable, and a graph must read hyper-parameters from
  *                     device memory).
+ *   decode stream:    (a JPEG batch) wait jpeg_read[k] -> nvJPEG decode from
+ *                     the pinned ring slot into staging area k (k = 0, 1 by
+ *                     turns) -> jpeg_decoded[k]. The compute stream's
+ *                     priority: see init_ctx.
  *   transform stream: wait done[b] -> h2d0[b] -> staging H2D, images H2D (from
- *                     the pinned ring slot; for a JPEG batch the nvJPEG decode
- *                     from it into the one staging area instead) -> h2d[b]
- *                     -> labels to int32 -> sf_cuda_augment -> ready[b]
+ *                     the pinned ring slot; for a JPEG batch a wait for
+ *                     jpeg_decoded[k] instead) -> h2d[b] -> labels to int32
+ *                     -> sf_cuda_augment -> (JPEG) jpeg_read[k] -> ready[b]
  *   compute stream:   wait ready[b] -> step0[b] -> step (graph or eager; it ends
  *                     by copying loss/correct to b's pinned result) -> done[b]
  *   poll (host):      h2d[b] complete -> SF_EV_SLOT_FREE; done[b] complete ->
@@ -76,6 +80,10 @@ extern "C" {
 #define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping) after the SGD hyper-parameters */
 #define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
 #define ANCHOR_PERIOD_NS 2000000000ull
+/* nvJPEG decoders working on slices of one large JPEG batch at once
+ * (jpeg_decode.h): the ImageNet-like batch of 256 files held the engine
+ * thread 24 ms in one call against 11 ms for the same decode alone. */
+#define JPEG_LANES 2
 #define CUBLAS_WS_BYTES ((size_t)32 << 20)
 
 typedef struct cbuf {
@@ -163,16 +171,23 @@ typedef struct cuda_ctx {
     sf_aug_sample *t_samples;
     int t_samples_cap;
 
-    /* Encoded batches: nvJPEG decodes them on the transform stream into its
-     * one staging area, which the batch's augmentation then reads, in stream
-     * order (jpeg_decode.h). A decode on a stream of its own into two areas
-     * by turns gave other losses than this serial order on the H100 (8
-     * batches in a row, rel 4e-3 with one engine choice) for 3 % of the
-     * ImageNet-like rate, so the decode stays in the stream order. jpeg is
-     * NULL when cfg.jpeg_max_batch_pixels is 0 or nvJPEG could not be used
+    /* Encoded batches: nvJPEG decodes them on the decode stream into its two
+     * staging areas by turns; the augmentation on the transform stream reads
+     * them (jpeg_decode.h). jpeg_decoded[k]: area k holds its batch;
+     * jpeg_read[k]: the augmentation that read area k is done, so the next
+     * decode may overwrite it. jpeg_last: the area of the last decode queued
+     * (-1 none), whose completion the next nvJPEG call waits for on the host
+     * (enqueue_transform). Without overlap one area on the one stream. jpeg
+     * is NULL when cfg.jpeg_max_batch_pixels is 0 or nvJPEG could not be used
      * (jpeg_err). */
     sf_cuda_jpeg *jpeg;
     char jpeg_err[160];
+    cudaStream_t st_decode_own;
+    cudaStream_t st_decode;     /* st_decode_own, or st_compute without overlap */
+    cudaEvent_t jpeg_decoded[SF_CUDA_JPEG_MAX_STAGES], jpeg_read[SF_CUDA_JPEG_MAX_STAGES];
+    int jpeg_stages, jpeg_next; /* areas in use; the one the next batch decodes into */
+    int jpeg_cur;               /* the area of the batch being queued */
+    int jpeg_last;
     double jpeg_host_s;  /* the last encoded batch's host time in the nvJPEG call */
 } cuda_ctx;
 
@@ -536,6 +551,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     c->nbuf = CUDA_NBUF;
     c->next_buf = 0;
     c->st_transform = cfg->overlap ? c->st_transform_own : c->st_compute;
+    c->st_decode = cfg->overlap ? c->st_decode_own : c->st_compute;
     /* Activation layout, measured on the W1 step (H100, batch 32, graphs):
      * TF32 tensor cores run best on NHWC (2.19 ms vs 4.05 ms NCHW); strict fp32
      * runs best on NCHW (5.29 ms vs 6.64 ms NHWC); bf16 tensor cores want
@@ -607,8 +623,11 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
      * the backend still trains raw batches; an encoded one fails naming why. */
     c->jpeg_err[0] = '\0';
     if (cfg->jpeg_max_batch_pixels > 0) {
-        c->jpeg = sf_cuda_jpeg_new(cfg->max_batch, cfg->jpeg_max_batch_pixels, 1, c->jpeg_err,
-                                   sizeof c->jpeg_err);
+        c->jpeg_stages = cfg->overlap ? 2 : 1;
+        c->jpeg_next = 0;
+        c->jpeg_last = -1;
+        c->jpeg = sf_cuda_jpeg_new(cfg->max_batch, cfg->jpeg_max_batch_pixels, c->jpeg_stages, JPEG_LANES,
+                                   c->jpeg_err, sizeof c->jpeg_err);
         cudaGetLastError();
     } else {
         snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: JPEG decoding is off (jpeg.max_batch_pixels is 0)");
@@ -726,8 +745,8 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
                            (int)bt->label_dtype, (int)((size_t)n * c->lps), B->d_lab, ts))
         return -1;
     const sf_aug_sample *d_samples = (const sf_aug_sample *)(B->d_stage + c->samples_off);
-    /* An encoded batch was decoded into the staging area. */
-    const uint8_t *src = bt->jpeg ? sf_cuda_jpeg_output(c->jpeg, 0) : B->d_raw;
+    /* An encoded batch was decoded into staging area jpeg_cur. */
+    const uint8_t *src = bt->jpeg ? sf_cuda_jpeg_output(c->jpeg, c->jpeg_cur) : B->d_raw;
     /* bf16 nets read bf16 input: the transform writes half the bytes */
     if (sf_net_dtype(c->net) == SF_DT_BF16) {
         if (sf_cuda_augment_bf16(bt->plan, d_samples, n, src, bt->nhwc, (uint16_t *)B->d_x,
@@ -736,6 +755,9 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
     } else if (sf_cuda_augment(bt->plan, d_samples, n, src, bt->nhwc, B->d_x, c->layout == SF_LAYOUT_NHWC, ts)) {
         return -1;
     }
+    /* The staging area is read: the decode two batches on may overwrite it. */
+    if (bt->jpeg)
+        SF_CUDA_CHECK(cudaEventRecord(c->jpeg_read[c->jpeg_cur], ts));
     /* Batch-level mixing reads other samples' output: after the whole batch. */
     if (bt->mix.kind != SF_MIX_NONE &&
         sf_cuda_aug_mix(bt->plan, &bt->mix, n, B->d_x, sf_net_dtype(c->net) == SF_DT_BF16,
@@ -839,15 +861,43 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     if (!bt->jpeg)
         ce = cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts);
     else {
-        /* On the transform stream, after the previous batch's augmentation
-         * read the staging area. The host time of the call is reported per
-         * batch (STEP_DONE's decode_host_s): the hybrid backends decode
-         * Huffman on this thread, and a call that blocks here delays the
-         * next submission. */
+        /* On the decode stream, into the staging area the augmentation two
+         * encoded batches back read (jpeg_read): the decode of this batch
+         * runs beside the augmentation of the previous one instead of after
+         * it. It does not wait for buffer b's previous step (done[b]): it
+         * writes only its staging area. The transform stream waits for it.
+         * The host time of the call is reported per batch (STEP_DONE's
+         * decode_host_s): the hybrid backends decode Huffman on this thread,
+         * and a call that blocks here delays the next submission. */
+        const int k = c->jpeg_next;
+        const cudaStream_t ds = c->st_decode;
         const uint64_t t0 = now_ns();
-        int rc = sf_cuda_jpeg_decode(c->jpeg, bt, jpeg_want(c), 0, ts);
+        /* nvJPEG keeps one state per backend (pinned bitstream and
+         * coefficient buffers, device buffers), and a call may return
+         * before its copies and kernels have run (the hybrid backends): the
+         * next call would then rewrite buffers the last decode still reads.
+         * Waiting for the last decode here keeps the state's uses apart; on
+         * the decode stream's priority it is done by the time the next batch
+         * comes, so this wait is short. */
+        if (c->jpeg_last >= 0)
+            ce = cudaEventSynchronize(c->jpeg_decoded[c->jpeg_last]);
+        if (ce == cudaSuccess)
+            ce = cudaStreamWaitEvent(ds, c->jpeg_read[k], 0);
+        int rc = ce != cudaSuccess;
+        if (!rc)
+            rc = sf_cuda_jpeg_decode(c->jpeg, bt, jpeg_want(c), k, ds);
         c->jpeg_host_s = (double)(now_ns() - t0) * 1e-9;
+        if (!rc) {
+            ce = cudaEventRecord(c->jpeg_decoded[k], ds);
+            if (ce == cudaSuccess)
+                ce = cudaStreamWaitEvent(ts, c->jpeg_decoded[k], 0);
+            c->jpeg_cur = k;
+            c->jpeg_last = k;
+            c->jpeg_next = (k + 1) % c->jpeg_stages;
+        }
         if (rc) {
+            if (ce != cudaSuccess)
+                sf_cuda_set_error("cuda: the JPEG decode's stream ordering: %s", cudaGetErrorString(ce));
             /* The h2d event then never fires: the error path waits for the streams. */
             nvtxRangePop();
             return -1;
@@ -1041,9 +1091,12 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
         e->status = -1;
         e->no_events = 1;
         scopy(e->err, sizeof e->err, sf_cuda_last_error());
+        cudaError_t e0 = cudaStreamSynchronize(c->st_decode);
         cudaError_t e1 = cudaStreamSynchronize(c->st_transform);
         cudaError_t e2 = cudaStreamSynchronize(c->st_compute);
-        if (e1 != cudaSuccess)
+        if (e0 != cudaSuccess)
+            make_sticky(c, "cudaStreamSynchronize(decode)", e0);
+        else if (e1 != cudaSuccess)
             make_sticky(c, "cudaStreamSynchronize(transform)", e1);
         else if (e2 != cudaSuccess)
             make_sticky(c, "cudaStreamSynchronize(compute)", e2);
@@ -1153,7 +1206,8 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
      * decode overwrites area 0; the engine queues no more until this call
      * returns. */
     if (!rc && b->jpeg)
-        rc = cudaStreamSynchronize(c->st_transform) != cudaSuccess ||
+        rc = cudaStreamSynchronize(c->st_decode) != cudaSuccess ||
+             cudaStreamSynchronize(c->st_transform) != cudaSuccess ||
              sf_cuda_jpeg_decode(c->jpeg, b, jpeg_want(c), 0, s);
     else if (!rc)
         rc = cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
@@ -1416,10 +1470,11 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
     char msg[SF_CUDA_ERR_LEN];
     scopy(msg, sizeof msg, sf_cuda_last_error());
     /* Drain whatever was queued before the error, then restore. */
+    cudaError_t e0 = cudaStreamSynchronize(c->st_decode_own);
     cudaError_t e1 = cudaStreamSynchronize(c->st_transform_own);
     cudaError_t e2 = cudaStreamSynchronize(c->st_compute);
-    if (e1 != cudaSuccess || e2 != cudaSuccess) {
-        make_sticky(c, "bench", e1 != cudaSuccess ? e1 : e2);
+    if (e0 != cudaSuccess || e1 != cudaSuccess || e2 != cudaSuccess) {
+        make_sticky(c, "bench", e0 != cudaSuccess ? e0 : e1 != cudaSuccess ? e1 : e2);
         sf_errf(err, errlen, "%s", c->sticky_msg);
         cudaFree(snap);
         return -1;
@@ -1468,6 +1523,8 @@ static void cu_destroy(sf_backend *be)
             cudaStreamSynchronize(c->st_compute);
         if (c->st_transform_own)
             cudaStreamSynchronize(c->st_transform_own);
+        if (c->st_decode_own)
+            cudaStreamSynchronize(c->st_decode_own);
         free_buffers(c);
         if (c->t_raw) cudaFree(c->t_raw);
         if (c->t_out) cudaFree(c->t_out);
@@ -1479,6 +1536,11 @@ static void cu_destroy(sf_backend *be)
         if (c->anchor_next) cudaEventDestroy(c->anchor_next);
         if (c->st_compute) cudaStreamDestroy(c->st_compute);
         if (c->st_transform_own) cudaStreamDestroy(c->st_transform_own);
+        if (c->st_decode_own) cudaStreamDestroy(c->st_decode_own);
+        for (int k = 0; k < SF_CUDA_JPEG_MAX_STAGES; k++) {
+            if (c->jpeg_decoded[k]) cudaEventDestroy(c->jpeg_decoded[k]);
+            if (c->jpeg_read[k]) cudaEventDestroy(c->jpeg_read[k]);
+        }
         if (c->st_aux) cudaStreamDestroy(c->st_aux);
         free(c);
     }
@@ -1542,17 +1604,31 @@ __global__ void k_probe(int *p)
 static int init_ctx(cuda_ctx *c, char *err, size_t errlen)
 {
     /* The compute stream gets the higher priority: the step is the critical
-     * path, augmentation fills the gaps. */
+     * path, augmentation fills the gaps. The decode stream gets it too: a
+     * JPEG batch's decode is on the critical path as well, since nvJPEG's
+     * call returns only when the decode has run (the engines' backend) and
+     * the engine thread submits nothing meanwhile. On the low priority its
+     * colour-conversion kernels waited behind the step's and the call held
+     * the thread for about decode + step (24.4 ms per ImageNet-like batch of
+     * 256 against a 9.6 ms decode alone, bench/results). */
     int lo = 0, hi = 0;
     cudaDeviceGetStreamPriorityRange(&lo, &hi);
     if (cudaStreamCreateWithPriority(&c->st_compute, cudaStreamNonBlocking, hi) != cudaSuccess ||
         cudaStreamCreateWithPriority(&c->st_transform_own, cudaStreamNonBlocking, lo) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&c->st_decode_own, cudaStreamNonBlocking, hi) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->st_aux, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreate(&c->anchor) != cudaSuccess || cudaEventCreate(&c->anchor_next) != cudaSuccess) {
         sf_errf(err, errlen, "cuda: stream/event creation failed: %s", cudaGetErrorString(cudaGetLastError()));
         return -1;
     }
     c->st_transform = c->st_transform_own;
+    c->st_decode = c->st_decode_own;
+    for (int k = 0; k < SF_CUDA_JPEG_MAX_STAGES; k++)
+        if (cudaEventCreateWithFlags(&c->jpeg_decoded[k], cudaEventDisableTiming) != cudaSuccess ||
+            cudaEventCreateWithFlags(&c->jpeg_read[k], cudaEventDisableTiming) != cudaSuccess) {
+            sf_errf(err, errlen, "cuda: event creation failed: %s", cudaGetErrorString(cudaGetLastError()));
+            return -1;
+        }
     cudnnStatus_t ds = cudnnCreate(&c->dnn);
     if (ds != CUDNN_STATUS_SUCCESS) {
         sf_errf(err, errlen, "cuda: cudnnCreate: %s", cudnnGetErrorString(ds));

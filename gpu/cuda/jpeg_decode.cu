@@ -4,6 +4,7 @@
 #include "gpu/cuda/jpeg_decode.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,30 @@ struct sf_cuda_jpeg {
     nvjpegImage_t *dst;
     sf_cuda_jpeg_backend last;
     long long allocs_built; /* nvJPEG allocations (all backends) when sf_cuda_jpeg_new returned */
+    int borrowed;           /* d_out belongs to the decoder this one is a lane of */
+
+    /* Lanes (sf_cuda_jpeg_new's lanes > 1): decoders of their own (nvJPEG
+     * handles and states) that decode slices of one batch at the same time,
+     * each on its own thread and stream, into this decoder's staging areas.
+     * lane[l - 1] is lane l; lane 0 is this decoder on the caller's thread. */
+    int lanes;
+    sf_cuda_jpeg *lane[SF_CUDA_JPEG_MAX_LANES - 1];
+    int device;
+    pthread_mutex_t mu;
+    pthread_cond_t go, fin;
+    unsigned gen;           /* a new job for the lanes */
+    int pending, quit;
+    cudaEvent_t fork;       /* on the caller's stream: the lanes' streams start after it */
+
+    /* As a lane: its thread, stream, the slice it decodes and how that went. */
+    sf_cuda_jpeg *owner;
+    pthread_t th;
+    int has_th;
+    cudaStream_t lst;
+    cudaEvent_t ldone;
+    int job_k, job_i0, job_n;
+    const sf_batch *job_b;
+    nvjpegStatus_t job_rc;
 };
 
 static const nvjpegBackend_t NV_BACKEND[SF_CUDA_JPEG_BACKENDS] = {
@@ -176,9 +201,34 @@ void sf_cuda_jpeg_free(sf_cuda_jpeg *j)
 {
     if (!j)
         return;
+    if (j->lanes > 1) {
+        pthread_mutex_lock(&j->mu);
+        j->quit = 1;
+        pthread_cond_broadcast(&j->go);
+        pthread_mutex_unlock(&j->mu);
+    }
+    for (int l = 0; l < SF_CUDA_JPEG_MAX_LANES - 1; l++) {
+        sf_cuda_jpeg *L = j->lane[l];
+        if (!L)
+            continue;
+        if (L->has_th)
+            pthread_join(L->th, NULL);
+        if (L->lst)
+            cudaStreamDestroy(L->lst);
+        if (L->ldone)
+            cudaEventDestroy(L->ldone);
+        sf_cuda_jpeg_free(L);
+    }
+    if (j->lanes > 1) {
+        pthread_mutex_destroy(&j->mu);
+        pthread_cond_destroy(&j->go);
+        pthread_cond_destroy(&j->fin);
+        if (j->fork)
+            cudaEventDestroy(j->fork);
+    }
     for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++)
         backend_destroy(&j->be[k]);
-    for (int k = 0; k < SF_CUDA_JPEG_MAX_STAGES; k++)
+    for (int k = 0; k < SF_CUDA_JPEG_MAX_STAGES && !j->borrowed; k++)
         cudaFree(j->d_out[k]);
     free(j->data);
     free(j->lengths);
@@ -186,7 +236,56 @@ void sf_cuda_jpeg_free(sf_cuda_jpeg *j)
     free(j);
 }
 
-sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, int stages, char *err, size_t errlen)
+static sf_cuda_jpeg *jpeg_make(int max_batch, int64_t max_pixels, int stages, sf_cuda_jpeg *owner, char *err,
+                               size_t errlen);
+static void *lane_main(void *arg);
+
+sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, int stages, int lanes, char *err, size_t errlen)
+{
+    if (lanes < 1 || lanes > SF_CUDA_JPEG_MAX_LANES) {
+        snprintf(err, errlen, "jpeg decode: lanes %d not in 1..%d", lanes, SF_CUDA_JPEG_MAX_LANES);
+        return NULL;
+    }
+    sf_cuda_jpeg *j = jpeg_make(max_batch, max_pixels, stages, NULL, err, errlen);
+    if (!j || lanes == 1)
+        return j;
+    cudaGetDevice(&j->device);
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->go, NULL);
+    pthread_cond_init(&j->fin, NULL);
+    j->lanes = lanes;
+    if (cudaEventCreateWithFlags(&j->fork, cudaEventDisableTiming) != cudaSuccess) {
+        snprintf(err, errlen, "jpeg decode: event: %s", cudaGetErrorString(cudaGetLastError()));
+        sf_cuda_jpeg_free(j);
+        return NULL;
+    }
+    for (int l = 1; l < lanes; l++) {
+        sf_cuda_jpeg *L = jpeg_make(max_batch, max_pixels, stages, j, err, errlen);
+        if (!L) {
+            sf_cuda_jpeg_free(j);
+            return NULL;
+        }
+        j->lane[l - 1] = L;
+        L->owner = j;
+        if (cudaStreamCreateWithFlags(&L->lst, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaEventCreateWithFlags(&L->ldone, cudaEventDisableTiming) != cudaSuccess) {
+            snprintf(err, errlen, "jpeg decode: lane stream: %s", cudaGetErrorString(cudaGetLastError()));
+            sf_cuda_jpeg_free(j);
+            return NULL;
+        }
+        if (pthread_create(&L->th, NULL, lane_main, L) != 0) {
+            snprintf(err, errlen, "jpeg decode: could not start lane %d's thread", l);
+            sf_cuda_jpeg_free(j);
+            return NULL;
+        }
+        L->has_th = 1;
+    }
+    return j;
+}
+
+/* A decoder; a lane of owner (which holds the staging areas) when owner is set. */
+static sf_cuda_jpeg *jpeg_make(int max_batch, int64_t max_pixels, int stages, sf_cuda_jpeg *owner, char *err,
+                               size_t errlen)
 {
     if (max_batch < 1 || max_pixels < 1 || stages < 1 || stages > SF_CUDA_JPEG_MAX_STAGES) {
         snprintf(err, errlen, "jpeg decode: max_batch %d and max_pixels %lld must be >= 1, stages %d in 1..%d",
@@ -227,7 +326,13 @@ sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, int stages, ch
     }
     j->out_cap = (size_t)max_pixels * 3;
     j->stages = stages;
-    for (int k = 0; k < stages; k++) {
+    j->lanes = 1;
+    if (owner) {
+        j->borrowed = 1;
+        for (int k = 0; k < stages; k++)
+            j->d_out[k] = owner->d_out[k];
+    }
+    for (int k = 0; k < stages && !owner; k++) {
         cudaError_t ce = cudaMalloc((void **)&j->d_out[k], j->out_cap);
         if (ce != cudaSuccess) {
             snprintf(err, errlen, "jpeg decode: cudaMalloc of %zu bytes for staging area %d of %d: %s", j->out_cap,
@@ -259,6 +364,14 @@ void sf_cuda_jpeg_memory(const sf_cuda_jpeg *j, sf_cuda_jpeg_mem *m)
     }
     m->staging_bytes = j->out_cap * (size_t)j->stages;
     m->allocs_after_build = mem_allocs(j) - j->allocs_built;
+    for (int l = 0; l < j->lanes - 1; l++) {
+        sf_cuda_jpeg_mem lm;
+        sf_cuda_jpeg_memory(j->lane[l], &lm);
+        m->device_bytes += lm.device_bytes;
+        m->pinned_bytes += lm.pinned_bytes;
+        m->allocs_after_build += lm.allocs_after_build;
+        m->warm_failed += lm.warm_failed;
+    }
 }
 
 sf_cuda_jpeg_backend sf_cuda_jpeg_last(const sf_cuda_jpeg *j) { return j->last; }
@@ -281,11 +394,11 @@ int sf_cuda_jpeg_describe(const sf_cuda_jpeg *j, char *buf, size_t len)
     return snprintf(buf, len,
                     "jpeg decode: nvJPEG, hardware %s, gpu_hybrid %s, hybrid %s; a batch runs on hardware when "
                     "available and every file is baseline, except batches of >= %d files of <= %d pixels on "
-                    "average, which run on gpu_hybrid; staging %d x %zu MiB; nvJPEG buffers %zu MiB device, %zu MiB "
-                    "pinned, sized at start%s\n",
+                    "average, which run on gpu_hybrid; %d lane(s), a batch of >= %d files per lane split across them; "
+                    "staging %d x %zu MiB; nvJPEG buffers %zu MiB device, %zu MiB pinned, sized at start%s\n",
                     j->be[SF_CUDA_JPEG_HARDWARE].ok ? "yes" : "no", j->be[SF_CUDA_JPEG_GPU_HYBRID].ok ? "yes" : "no",
                     j->be[SF_CUDA_JPEG_HYBRID].ok ? "yes" : "no", SF_CUDA_JPEG_GPU_HUFFMAN_MIN_BATCH,
-                    SF_CUDA_JPEG_GPU_HYBRID_MAX_PIXELS, j->stages, j->out_cap >> 20, m.device_bytes >> 20, m.pinned_bytes >> 20,
+                    SF_CUDA_JPEG_GPU_HYBRID_MAX_PIXELS, j->lanes, SF_CUDA_JPEG_LANE_MIN, j->stages, j->out_cap >> 20, m.device_bytes >> 20, m.pinned_bytes >> 20,
                     warm);
 }
 
@@ -346,6 +459,82 @@ static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, int i0, int
         j->dst[i].pitch[0] = (size_t)sm->src_w * 3;
     }
     return decode_arrays(j, k, n, s);
+}
+
+/* A lane's thread: waits for a job (owner->gen), decodes its slice on its
+ * own stream, reports. */
+static void *lane_main(void *arg)
+{
+    sf_cuda_jpeg *L = (sf_cuda_jpeg *)arg, *j = L->owner;
+    cudaSetDevice(j->device);
+    unsigned seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        while (j->gen == seen && !j->quit)
+            pthread_cond_wait(&j->go, &j->mu);
+        if (j->quit) {
+            pthread_mutex_unlock(&j->mu);
+            return NULL;
+        }
+        seen = j->gen;
+        pthread_mutex_unlock(&j->mu);
+        L->job_rc = L->job_n > 0 ? run(L, L->job_k, L->job_b, L->job_i0, L->job_n, L->lst) : NVJPEG_STATUS_SUCCESS;
+        pthread_mutex_lock(&j->mu);
+        j->pending--;
+        pthread_cond_signal(&j->fin);
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
+/* Decodes b with backend k across the lanes: slices of about equal bytes,
+ * lane 0 on this thread and stream s, the others on theirs after an event
+ * on s; s then waits for every lane. The first failure's status. */
+static nvjpegStatus_t run_lanes(sf_cuda_jpeg *j, int k, const sf_batch *b, cudaStream_t s)
+{
+    const int nl = j->lanes;
+    const int64_t total = b->jpeg_off[b->n] - b->jpeg_off[0];
+    int start[SF_CUDA_JPEG_MAX_LANES + 1];
+    start[0] = 0;
+    start[nl] = b->n;
+    for (int l = 1, i = 0; l < nl; l++) {
+        const int64_t cut = b->jpeg_off[0] + total * l / nl;
+        while (i < b->n && b->jpeg_off[i] < cut)
+            i++;
+        /* at least one file per lane before and after */
+        i = i < start[l - 1] + 1 ? start[l - 1] + 1 : i;
+        i = i > b->n - (nl - l) ? b->n - (nl - l) : i;
+        start[l] = i;
+    }
+    if (cudaEventRecord(j->fork, s) != cudaSuccess)
+        return NVJPEG_STATUS_EXECUTION_FAILED;
+    for (int l = 1; l < nl; l++) {
+        sf_cuda_jpeg *L = j->lane[l - 1];
+        if (cudaStreamWaitEvent(L->lst, j->fork, 0) != cudaSuccess)
+            return NVJPEG_STATUS_EXECUTION_FAILED;
+        L->cur = j->cur;
+        L->job_k = k;
+        L->job_b = b;
+        L->job_i0 = start[l];
+        L->job_n = start[l + 1] - start[l];
+    }
+    pthread_mutex_lock(&j->mu);
+    j->pending = nl - 1;
+    j->gen++;
+    pthread_cond_broadcast(&j->go);
+    pthread_mutex_unlock(&j->mu);
+    nvjpegStatus_t st = run(j, k, b, 0, start[1], s);
+    pthread_mutex_lock(&j->mu);
+    while (j->pending > 0)
+        pthread_cond_wait(&j->fin, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+    for (int l = 1; l < nl; l++) {
+        sf_cuda_jpeg *L = j->lane[l - 1];
+        if (st == NVJPEG_STATUS_SUCCESS)
+            st = L->job_rc;
+        if (cudaEventRecord(L->ldone, L->lst) != cudaSuccess || cudaStreamWaitEvent(s, L->ldone, 0) != cudaSuccess)
+            st = st == NVJPEG_STATUS_SUCCESS ? NVJPEG_STATUS_EXECUTION_FAILED : st;
+    }
+    return st;
 }
 
 /* ---- sizing nvJPEG's buffers at start -------------------------------------
@@ -549,9 +738,18 @@ int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
         return -1;
     }
     j->last = k;
-    nvjpegStatus_t st = run(j, k, b, 0, b->n, s);
+    int split = j->lanes > 1 && b->n >= SF_CUDA_JPEG_LANE_MIN * j->lanes;
+    for (int l = 0; split && l < j->lanes - 1; l++)
+        split = sf_cuda_jpeg_has(j->lane[l], k);
+    nvjpegStatus_t st = split ? run_lanes(j, k, b, s) : run(j, k, b, 0, b->n, s);
     if (st == NVJPEG_STATUS_SUCCESS)
         return 0;
+    if (split) {
+        /* the lanes' streams may still hold work queued before the failure */
+        for (int l = 0; l < j->lanes - 1; l++)
+            cudaStreamSynchronize(j->lane[l]->lst);
+        cudaGetLastError();
+    }
     if (want == SF_CUDA_JPEG_AUTO && k == SF_CUDA_JPEG_HARDWARE) {
         /* The engines refused what their check accepted: the batch runs on
          * the hybrid backend, which takes every file the header reader lets in. */

@@ -54,7 +54,16 @@
  * allocation goes through counting allocators: sf_cuda_jpeg_memory reports
  * the bytes held and the allocations made after sf_cuda_jpeg_new returned.
  *
- * Threads: one decoder is used by one thread at a time (the engine thread).
+ * Lanes. With lanes > 1 (1..SF_CUDA_JPEG_MAX_LANES) a batch of at least
+ * SF_CUDA_JPEG_LANE_MIN files per lane is cut into slices of about equal
+ * bytes, decoded at the same time by decoders of their own (nvJPEG handles
+ * and states, threads, streams) into the same staging area; the call returns
+ * when every slice has been submitted (for the engines: decoded) and the
+ * caller's stream waits for them all. Each lane holds nvJPEG buffers of its
+ * own, sized as lane 0's.
+ *
+ * Threads: one decoder is used by one thread at a time (the engine thread);
+ * its lanes' threads are its own.
  */
 #ifndef SF_GPU_CUDA_JPEG_DECODE_H
 #define SF_GPU_CUDA_JPEG_DECODE_H
@@ -81,12 +90,14 @@ typedef enum sf_cuda_jpeg_backend {
 } sf_cuda_jpeg_backend;
 
 #define SF_CUDA_JPEG_MAX_STAGES 2
+#define SF_CUDA_JPEG_MAX_LANES 4
+#define SF_CUDA_JPEG_LANE_MIN 64 /* files per lane below which a batch is not split */
 
 /* A decoder for batches of at most max_batch files and max_pixels decoded
  * pixels in all, with `stages` staging areas (1..SF_CUDA_JPEG_MAX_STAGES), on
  * the current device. NULL with err when nvJPEG cannot be used at all (no
  * backend could be created, or a staging allocation failed). */
-sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, int stages, char *err, size_t errlen);
+sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, int stages, int lanes, char *err, size_t errlen);
 void sf_cuda_jpeg_free(sf_cuda_jpeg *j);
 
 /* Queues the decode of b's n files into staging area `stage` on stream s (b->jpeg, b->jpeg_off,

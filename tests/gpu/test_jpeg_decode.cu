@@ -319,7 +319,14 @@ static std::vector<float> train_in_a_row(const std::vector<jcase> &cases, int ov
         bs[k].plan = &plan;
         bs[k].labels = labels.data();
         bs[k].label_dtype = SF_LABEL_I64;
-        bs[k].hyper.lr = 0.01f;
+        /* Evaluation batches: the same decode and augmentation as training
+         * ones, but no update, so each batch's loss is a function of its
+         * decoded and augmented pixels alone (training steps need not be
+         * bitwise reproducible: two serial runs of training batches came
+         * 1e-4 apart on the H100). A decode that overwrote pixels an
+         * augmentation still read, or an augmentation of pixels not yet
+         * decoded, shows as another loss. */
+        bs[k].eval = 1;
         bs[k].id = bs[k].seq = (uint64_t)k + 1;
     }
     losses.assign(nb, NAN);
@@ -361,19 +368,27 @@ static std::vector<float> train_in_a_row(const std::vector<jcase> &cases, int ov
 static void overlapped_decode_equals_serial(const std::vector<jcase> &cases)
 {
     const int nb = 8;
-    std::vector<float> a = train_in_a_row(cases, 1, nb), b = train_in_a_row(cases, 0, nb);
-    if ((int)a.size() != nb || (int)b.size() != nb)
+    std::vector<float> a = train_in_a_row(cases, 1, nb), b = train_in_a_row(cases, 0, nb),
+                       b2 = train_in_a_row(cases, 0, nb);
+    if ((int)a.size() != nb || (int)b.size() != nb || (int)b2.size() != nb)
         return;
-    double worst = 0;
-    for (int k = 0; k < nb; k++)
+    /* The serial path run twice: how far two runs of the same path are
+     * apart on this device (cuDNN may pick engines that are not bitwise
+     * reproducible); a race shows as a difference well beyond it. */
+    double worst = 0, base = 0;
+    for (int k = 0; k < nb; k++) {
         worst = isfinite(a[k]) && isfinite(b[k]) ? fmax(worst, fabs((double)a[k] - b[k]) / fmax(1e-6, fabs(b[k])))
                                                  : INFINITY;
-    if (worst <= 1e-4)
-        ok("%d JPEG batches in a row, decode overlapped: losses equal the serial path's (max rel diff %.2e)", nb,
-           worst);
+        base = isfinite(b2[k]) ? fmax(base, fabs((double)b2[k] - b[k]) / fmax(1e-6, fabs(b[k]))) : INFINITY;
+    }
+    if (worst <= fmax(1e-6, 4 * base))
+        ok("%d JPEG batches in a row, decode overlapped: losses equal the serial path's (max rel diff %.2e; two "
+           "serial runs %.2e apart)",
+           nb, worst, base);
     else
-        fail("%d JPEG batches in a row: overlapped and serial losses differ (max rel diff %.2e; first %.6f vs %.6f)",
-             nb, worst, a[0], b[0]);
+        fail("%d JPEG batches in a row: overlapped and serial losses differ (max rel diff %.2e, two serial runs "
+             "%.2e apart; first %.6f vs %.6f)",
+             nb, worst, base, a[0], b[0]);
 }
 
 /* The AUTO rule (jpeg_decode.h), a pure function: the cases the H100
@@ -441,7 +456,7 @@ static void sized_once(const std::vector<jcase> &baseline, const std::vector<jca
 {
     char err[200];
     const int maxb = 64;
-    sf_cuda_jpeg *j = sf_cuda_jpeg_new(maxb, (int64_t)maxb * 200000, 1, err, sizeof err);
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(maxb, (int64_t)maxb * 200000, 1, 1, err, sizeof err);
     if (!j) {
         fail("sf_cuda_jpeg_new: %s", err);
         return;
@@ -510,6 +525,62 @@ static void sized_once(const std::vector<jcase> &baseline, const std::vector<jca
     sf_cuda_jpeg_free(j);
 }
 
+/* Lanes (jpeg_decode.h): a batch cut into slices decoded at once by other
+ * nvJPEG decoders gives the bytes one decoder gives, on every backend. */
+static void lanes_equal_one_decoder(void)
+{
+    char err[200];
+    const int n = 2 * SF_CUDA_JPEG_LANE_MIN + 37;
+    std::vector<jcase> base, prog;
+    for (int i = 0; i < n; i++) {
+        base.push_back(i % 3 ? jcase{256, 256, TJSAMP_420, 0, "420"} : jcase{375, 500, TJSAMP_444, 0, "444"});
+        prog.push_back(i % 5 ? base.back() : jcase{200, 300, TJSAMP_420, 1, "420p"});
+    }
+    const int64_t px = (int64_t)n * 375 * 500;
+    sf_cuda_jpeg *j1 = sf_cuda_jpeg_new(n, px, 1, 1, err, sizeof err);
+    sf_cuda_jpeg *j2 = j1 ? sf_cuda_jpeg_new(n, px, 1, 2, err, sizeof err) : NULL;
+    if (!j1 || !j2) {
+        fail("lanes: sf_cuda_jpeg_new: %s", err);
+        sf_cuda_jpeg_free(j1);
+        return;
+    }
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    jbatch jb;
+    const sf_cuda_jpeg_backend bes[] = {SF_CUDA_JPEG_AUTO, SF_CUDA_JPEG_HARDWARE, SF_CUDA_JPEG_GPU_HYBRID};
+    for (int v = 0; v < 2; v++) {
+        make_batch(jb, v ? prog : base, 900 + (uint64_t)v);
+        for (sf_cuda_jpeg_backend be : bes) {
+            if ((be != SF_CUDA_JPEG_AUTO && !sf_cuda_jpeg_has(j1, be)) || (be == SF_CUDA_JPEG_HARDWARE && jb.forms))
+                continue;
+            std::vector<uint8_t> a(jb.decoded), b(jb.decoded);
+            sf_cuda_clear_error();
+            CU(cudaMemset(sf_cuda_jpeg_output(j1, 0), 1, jb.decoded));
+            CU(cudaMemset(sf_cuda_jpeg_output(j2, 0), 2, jb.decoded));
+            if (sf_cuda_jpeg_decode(j1, &jb.b, be, 0, s) || sf_cuda_jpeg_decode(j2, &jb.b, be, 0, s) ||
+                cudaStreamSynchronize(s) != cudaSuccess) {
+                fail("lanes %s: %s", sf_cuda_jpeg_backend_name(be), sf_cuda_last_error());
+                continue;
+            }
+            CU(cudaMemcpy(a.data(), sf_cuda_jpeg_output(j1, 0), jb.decoded, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(b.data(), sf_cuda_jpeg_output(j2, 0), jb.decoded, cudaMemcpyDeviceToHost));
+            size_t diff = 0;
+            for (size_t i = 0; i < a.size(); i++)
+                diff += a[i] != b[i];
+            if (diff == 0)
+                ok("%d files%s on %s (ran on %s): two lanes decode the bytes one decoder does", n,
+                   v ? " (some progressive)" : "", sf_cuda_jpeg_backend_name(be),
+                   sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j2)));
+            else
+                fail("%d files on %s: two lanes differ from one decoder in %zu of %zu bytes", n,
+                     sf_cuda_jpeg_backend_name(be), diff, a.size());
+        }
+    }
+    cudaStreamDestroy(s);
+    sf_cuda_jpeg_free(j2);
+    sf_cuda_jpeg_free(j1);
+}
+
 int main(void)
 {
     /* Neither needs a device. */
@@ -532,7 +603,7 @@ int main(void)
     with_prog.push_back({33, 47, TJSAMP_444, 1, "444 progressive odd"});
 
     char err[200];
-    sf_cuda_jpeg *j = sf_cuda_jpeg_new(64, 4 << 20, 1, err, sizeof err);
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(64, 4 << 20, 1, 1, err, sizeof err);
     if (!j) {
         fail("sf_cuda_jpeg_new: %s", err);
         return 1;
@@ -666,6 +737,7 @@ int main(void)
     cudaStreamDestroy(s);
     sf_cuda_jpeg_free(j);
     sized_once(baseline, with_prog);
+    lanes_equal_one_decoder();
     through_backends(with_prog);
     overlapped_decode_equals_serial(baseline);
     printf("test_jpeg_decode: %d ok, %d failed\n", g_ok, g_fail);

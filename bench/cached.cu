@@ -26,6 +26,7 @@
  */
 extern "C" {
 #include "../dist/collective.h"
+#include "../dist/kv_table.h"
 #include "../gpu/aug.h"
 #include "../gpu/backend.h"
 #include "../gpu/model.h"
@@ -35,28 +36,9 @@ extern "C" {
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <map>
-#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
-
-/* The one-rank job's key-value store (rank 0 publishes NCCL's id in it). */
-static std::map<std::string, std::string> g_kv;
-static int kv_set(void *, const char *key, const void *val, size_t len)
-{
-    g_kv[key] = std::string((const char *)val, len);
-    return 0;
-}
-static int kv_get(void *, const char *key, void *buf, size_t cap, size_t *len, int)
-{
-    auto it = g_kv.find(key);
-    if (it == g_kv.end() || it->second.size() > cap)
-        return -1;
-    memcpy(buf, it->second.data(), it->second.size());
-    *len = it->second.size();
-    return 0;
-}
 
 static const char *AUG_W3 =
     "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"
@@ -120,7 +102,9 @@ int main(int argc, char **argv)
     cfg.cuda_graphs = graphs;
     cfg.device = 0;
     cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
-    static const sf_kv_store store = {NULL, kv_set, kv_get};
+    /* the job's store in this process, as rank 0 keeps it (dist/kv_table.h) */
+    sf_kv_table *kv = sf_kv_table_new();
+    const sf_kv_store store = sf_kv_table_store(kv);
     sf_dist job;
     memset(&job, 0, sizeof job);
     job.rank = 0;
@@ -222,5 +206,6 @@ int main(int argc, char **argv)
     be->i->host_free(be, im);
     be->i->host_free(be, lab);
     be->i->destroy(be);
+    sf_kv_table_free(kv);
     return 0;
 }

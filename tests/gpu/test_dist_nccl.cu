@@ -17,6 +17,7 @@
  */
 extern "C" {
 #include "../../dist/collective.h"
+#include "../../dist/kv_table.h"
 #include "../../gpu/aug.h"
 #include "../../gpu/backend.h"
 #include "../../gpu/model.h"
@@ -28,35 +29,11 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
-#include <map>
-#include <string>
 #include <vector>
 
 #include "gpu_test.h"
 
 #include <cuda_runtime.h>
-
-/* The job's key-value store, in this process: rank 0 puts NCCL's id, the
- * same rank reads nothing back (one rank). */
-static std::map<std::string, std::string> g_kv;
-
-static int kv_set(void *, const char *key, const void *val, size_t len)
-{
-    g_kv[key] = std::string((const char *)val, len);
-    return 0;
-}
-
-static int kv_get(void *, const char *key, void *buf, size_t cap, size_t *len, int)
-{
-    auto it = g_kv.find(key);
-    if (it == g_kv.end() || it->second.size() > cap)
-        return -1;
-    memcpy(buf, it->second.data(), it->second.size());
-    *len = it->second.size();
-    return 0;
-}
-
-static const sf_kv_store k_store = {NULL, kv_set, kv_get};
 
 struct batch_data {
     sf_aug_pipeline pipe;
@@ -220,13 +197,16 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
     memset(&d, 0, sizeof d);
     d.rank = 0;
     d.world = 1;
-    d.store = &k_store;
+    /* the job's store in this process, as rank 0 keeps it (dist/kv_table.h) */
+    sf_kv_table *t = sf_kv_table_new();
+    const sf_kv_store store = sf_kv_table_store(t);
+    d.store = &store;
     d.timeout_ms = 60000;
     d.bucket_bytes = bucket_bytes;
-    g_kv.clear();
     run_out a = train(m, prec, optim, accum, NULL, bs);
     run_out a2 = train(m, prec, optim, accum, NULL, bs);
     run_out j = train(m, prec, optim, accum, &d, bs);
+    sf_kv_table_free(t);
     if (!a.ok || !a2.ok || !j.ok)
         return;
     const size_t base = differing(a.p, a2.p);

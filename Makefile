@@ -184,7 +184,7 @@ $(BUILD)/streamfeed: $(BUILD)/server/main.o $(LIB)
 # with the server (the safetensors header writer, which checks JPEG headers) and
 # the libraries it calls (libjpeg-turbo encodes its generated JPEG workloads), so
 # it runs on a machine without the CUDA libraries (no cuDNN/cuBLAS/cudart needed).
-LOAD_OBJ    := $(BUILD)/client/streamfeed-load.o $(BUILD)/server/safetensors.o $(BUILD)/server/jpeg_header.o
+LOAD_OBJ    := $(BUILD)/client/streamfeed-load.o $(BUILD)/client/jpeg_pool.o $(BUILD)/client/natural_image.o $(BUILD)/server/safetensors.o $(BUILD)/server/jpeg_header.o
 LOAD_LDLIBS := -lcjson -lcurl -lturbojpeg -lm -lpthread
 $(BUILD)/streamfeed-load: $(LOAD_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LOAD_LDLIBS)

@@ -19,7 +19,9 @@
  * its own libcurl multi handle. An easy handle is one connection: it is reused
  * for every request it makes, so the TCP connection stays open (keep-alive).
  * The main thread only prints progress and, without --wait, asks the server
- * now and then for the loss of a recent batch.
+ * now and then for the loss of a recent batch. The pools of JPEG files live in
+ * jpeg_pool.c, the images of the generated ones in natural_image.c, and what
+ * the three files share in loader.h.
  *
  * Flow control. Batches are numbered by a shared ticket counter; a connection
  * takes the next ticket when it is idle. With --rate R, ticket k may not start
@@ -67,39 +69,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <turbojpeg.h>
-
+#include "client/jpeg_pool.h"
+#include "client/loader.h"
 #include "server/safetensors.h"
 
-/* ---- limits -------------------------------------------------------------- */
-
-#define MAX_CONNECTIONS 256
-#define MAX_THREADS 64
-#define MAX_POOL 1024
-#define MAX_POOL_MB (1024 * 1024)       /* 1 TiB: a sanity bound, not a target */
-#define MAX_BATCH 65536                  /* the server's default max N */
-#define MAX_RETRIES 1000
-#define MAX_DIR_FILES 100000
-#define REPLY_CAP (64 * 1024)            /* reply bytes kept per request */
-#define MAX_ERROR_CODES 64
-#define ERROR_CODE_LEN 64
-#define UPLOAD_BUFFER (2L * 1024 * 1024) /* libcurl's largest upload buffer */
-#define SEG_BLOCK 32                     /* learnable segmentation: label block edge, pixels */
-#define PROGRESS_PERIOD 0.5              /* seconds between progress lines and loss polls */
-#define POLL_TIMEOUT_MS 2000             /* one loss poll (GET) at most */
-#define DEFAULT_DRAIN_MS 60000           /* --drain without --timeout-ms */
-
 /* ---- workloads (WORKLOADS.md) -------------------------------------------- */
-
-typedef struct workload {
-    const char *name;
-    int h, w;         /* the image size sent */
-    int src_h, src_w; /* the content's resolution; upscaled by nearest to h x w */
-    int classes;
-    int segmentation; /* 1: labels are [N,H,W] per pixel */
-    const char *about;
-    int jpeg;         /* 1: JPEG files of h x w, generated once into the cache */
-} workload;
 
 static const workload WORKLOADS[] = {
     {"w1", 256, 256, 256, 256, 10, 0, "256x256x3, 10 classes, labels [N]", 0},
@@ -116,8 +90,6 @@ static const workload WORKLOADS[] = {
      1},
 };
 #define N_WORKLOADS ((int)(sizeof WORKLOADS / sizeof WORKLOADS[0]))
-#define MAX_SRC_PIXELS (64 * 64) /* content resolution bound of an upscaled workload */
-#define MAX_CLASSES 16           /* bound of workload.classes (the hue table) */
 
 /* ---- options: one table drives getopt_long and --help -------------------- */
 
@@ -185,38 +157,9 @@ static const opt_spec OPTS[] = {
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
-typedef struct options {
-    const char *url;
-    const workload *wl;
-    int batch;
-    uint64_t batches;
-    double seconds;     /* > 0: time mode */
-    int connections;
-    int threads;
-    int learnable;
-    uint64_t seed;
-    const char *dir;
-    const char *cache_dir; /* w1-jpeg: where the generated files are kept */
-    double rate;        /* > 0: rate limit */
-    int pool;
-    uint64_t pool_mb;
-    sf_st_dtype label_dtype;
-    int wait;
-    int drain;
-    const char *token;
-    const char *cacert; /* CA file for https://; NULL: the system's */
-    long timeout_ms;
-    int retries;
-    long max_backoff_ms;
-    int json;
-    int quiet;
-    int diagnose;       /* --diagnose: POST /v1/diagnose and print the table */
-    int prepare;        /* --prepare: make the pool and exit */
-} options;
-
 /* ---- small helpers ------------------------------------------------------- */
 
-static double now_s(void)
+double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -229,15 +172,6 @@ static void sleep_s(double s)
         return;
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     nanosleep(&ts, NULL);
-}
-
-/* splitmix64: a fast, well-mixed 64-bit generator; good enough for pixels. */
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
 }
 
 static void rng_fill(uint8_t *p, size_t n, uint64_t *s)
@@ -289,8 +223,7 @@ static int parse_double(const char *s, double lo, double hi, double *out)
     return 0;
 }
 
-/* Writes a little-endian integer label of the given dtype at element i. */
-static void put_label(uint8_t *dst, size_t i, sf_st_dtype dt, int64_t v)
+void put_label(uint8_t *dst, size_t i, sf_st_dtype dt, int64_t v)
 {
     switch (dt) {
     case SF_ST_U8:
@@ -309,18 +242,6 @@ static void put_label(uint8_t *dst, size_t i, sf_st_dtype dt, int64_t v)
 
 /* ---- the body pool ------------------------------------------------------- */
 
-typedef struct body {
-    uint8_t *data;
-    size_t len;
-} body;
-
-typedef struct pool {
-    body *b;
-    int n;
-    size_t bytes;
-    int encoded; /* bodies of JPEG files (made from --dir class folders or w1-jpeg) */
-} pool;
-
 /* The layout of one generated body: header, images [N,H,W,3] U8, labels. */
 typedef struct body_plan {
     const options *o;
@@ -332,7 +253,7 @@ typedef struct body_plan {
     uint8_t hue[MAX_CLASSES][3]; /* learnable: the colour of each class */
 } body_plan;
 
-static void plan_hues(body_plan *p, int classes)
+void class_hues(uint8_t hue[MAX_CLASSES][3], int classes)
 {
     /* Classes sit evenly on the hue circle. A hue survives crops, rotations,
      * flips, blur and per-sample standardisation, so the learnable task stays
@@ -340,7 +261,7 @@ static void plan_hues(body_plan *p, int classes)
     for (int k = 0; k < classes && k < MAX_CLASSES; k++) {
         double th = 2.0 * M_PI * k / classes;
         for (int c = 0; c < 3; c++)
-            p->hue[k][c] = (uint8_t)lround(128.0 + 80.0 * cos(th - 2.0 * M_PI * c / 3.0));
+            hue[k][c] = (uint8_t)lround(128.0 + 80.0 * cos(th - 2.0 * M_PI * c / 3.0));
     }
 }
 
@@ -450,7 +371,7 @@ typedef struct gen_job {
     atomic_int next;
 } gen_job;
 
-static volatile sig_atomic_t g_sigint; /* SIGINTs received */
+volatile sig_atomic_t g_sigint;
 
 static void *gen_thread(void *arg)
 {
@@ -470,7 +391,7 @@ static int online_cpus(void)
     return n < 1 ? 1 : n > 1024 ? 1024 : (int)n;
 }
 
-static void pool_free(pool *p)
+void pool_free(pool *p)
 {
     for (int i = 0; i < p->n; i++)
         free(p->b[i].data);
@@ -514,7 +435,7 @@ static int pool_generate(const options *o, pool *out)
     size_t label_elems = (size_t)n * (wl->segmentation ? (size_t)wl->h * (size_t)wl->w : 1);
     p.labels_bytes = label_elems * (size_t)sf_st_dtype_size(o->label_dtype);
     p.len = hl + p.images_bytes + p.labels_bytes;
-    plan_hues(&p, wl->classes);
+    class_hues(p.hue, wl->classes);
 
     uint64_t cap = o->pool_mb * 1024 * 1024;
     if (p.len > cap) {
@@ -576,8 +497,6 @@ static int cmp_str(const void *a, const void *b)
 /* Loads the *.safetensors files of o->dir, sorted by name, until --pool-mb is
  * reached. The files are sent as they are (a directory of deliberately broken
  * files is a test of the server's error replies). Returns 0, 1 or 2. */
-static int pool_load_jpeg_dir(const options *o, const char *root, pool *out);
-
 static int pool_load_dir(const options *o, pool *out)
 {
     DIR *d = opendir(o->dir);
@@ -664,417 +583,6 @@ static int pool_load_dir(const options *o, pool *out)
     if (rc != 0)
         pool_free(out);
     return rc;
-}
-
-/* ---- JPEG files: --dir of class folders, --workload w1-jpeg --------------- */
-
-/* A body of the encoded form: jpeg_offsets I64 [N+1], labels [N], jpeg U8
- * [total] (the order Python's safetensors writes, offsets first, so the
- * server checks each file as soon as it has arrived). */
-
-typedef struct jfile {
-    char *path;
-    int label;
-} jfile;
-
-/* The folder the JPEG files were read from ("" for other pools): --prepare prints it. */
-static char g_jpeg_dir[PATH_MAX];
-
-/* snprintf for paths; -1 when the result would not fit. */
-static int pathf(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int pathf(char *out, size_t cap, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out, cap, fmt, ap);
-    va_end(ap);
-    return n < 0 || (size_t)n >= cap ? -1 : 0;
-}
-
-static int is_jpeg_name(const char *n)
-{
-    size_t l = strlen(n);
-    return (l > 4 && (strcmp(n + l - 4, ".jpg") == 0 || strcmp(n + l - 4, ".JPG") == 0)) ||
-           (l > 5 && (strcmp(n + l - 5, ".jpeg") == 0 || strcmp(n + l - 5, ".JPEG") == 0));
-}
-
-static int is_dir(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static void jfiles_free(jfile *f, int n)
-{
-    for (int i = 0; i < n; i++)
-        free(f[i].path);
-    free(f);
-}
-
-/* The JPEG files of an ImageFolder layout, root/<class>/<file>.jpg: classes
- * are the subfolders in sorted order (label 0 first), as torchvision's
- * ImageFolder numbers them. Returns the count (0: none), or -1. */
-static int list_image_folder(const char *root, jfile **out, int *nclasses)
-{
-    struct dirent **cls = NULL;
-    int nc = scandir(root, &cls, NULL, alphasort), n = 0, cap = 0, k = 0, rc = 0;
-    jfile *f = NULL;
-    *nclasses = 0;
-    if (nc < 0)
-        return -1;
-    for (int c = 0; c < nc; c++) {
-        char sub[PATH_MAX];
-        if (cls[c]->d_name[0] == '.' || pathf(sub, sizeof sub, "%s/%s", root, cls[c]->d_name) || !is_dir(sub))
-            continue;
-        struct dirent **ents = NULL;
-        int ne = scandir(sub, &ents, NULL, alphasort);
-        for (int e = 0; e < ne; e++) {
-            if (rc == 0 && n < MAX_DIR_FILES && is_jpeg_name(ents[e]->d_name)) {
-                if (n == cap) {
-                    cap = cap ? cap * 2 : 256;
-                    jfile *nf = realloc(f, (size_t)cap * sizeof *f);
-                    if (!nf)
-                        rc = -1;
-                    else
-                        f = nf;
-                }
-                if (rc == 0) {
-                    char p[PATH_MAX];
-                    f[n].path = pathf(p, sizeof p, "%s/%s", sub, ents[e]->d_name) ? NULL : strdup(p);
-                    f[n].label = k;
-                    if (!f[n].path)
-                        rc = -1;
-                    else
-                        n++;
-                }
-            }
-            free(ents[e]);
-        }
-        free(ents);
-        k++;
-    }
-    for (int c = 0; c < nc; c++)
-        free(cls[c]);
-    free(cls);
-    if (rc != 0) {
-        jfiles_free(f, n);
-        return -1;
-    }
-    *out = f;
-    *nclasses = k;
-    return n;
-}
-
-static uint8_t *read_whole(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    struct stat st;
-    if (!f)
-        return NULL;
-    uint8_t *b = NULL;
-    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
-        b = malloc((size_t)st.st_size);
-        if (b && fread(b, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
-            free(b);
-            b = NULL;
-        }
-        *len = (size_t)st.st_size;
-    }
-    fclose(f);
-    return b;
-}
-
-/* Builds the pool from the files: shuffled by --seed (a class-sorted order
- * would give single-class batches), then cut into batches of --batch, the
- * last one filled from the start again; at most MAX_POOL bodies and
- * --pool-mb. Returns 0, 1 or 2. */
-static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
-{
-    uint64_t s = o->seed * 0x9e3779b97f4a7c15ULL + 17;
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rng_next(&s) % (uint64_t)(i + 1));
-        jfile t = f[i];
-        f[i] = f[j];
-        f[j] = t;
-    }
-    const int bsz = o->batch;
-    int nb = (n + bsz - 1) / bsz;
-    if (nb > MAX_POOL)
-        nb = MAX_POOL;
-    out->b = calloc((size_t)nb, sizeof *out->b);
-    uint8_t **data = calloc((size_t)bsz, sizeof *data);
-    size_t *lens = calloc((size_t)bsz, sizeof *lens);
-    int64_t *off = calloc((size_t)bsz + 1, sizeof *off);
-    uint8_t *labels = calloc((size_t)bsz, 8);
-    int rc = out->b && data && lens && off && labels ? 0 : 1;
-    out->encoded = 1;
-    const uint64_t capb = o->pool_mb * 1024 * 1024;
-    for (int b = 0; rc == 0 && b < nb; b++) {
-        size_t total = 0;
-        for (int i = 0; rc == 0 && i < bsz; i++) {
-            const jfile *jf = &f[((size_t)b * (size_t)bsz + (size_t)i) % (size_t)n];
-            data[i] = read_whole(jf->path, &lens[i]);
-            if (!data[i]) {
-                fprintf(stderr, "streamfeed-load: %s: cannot read it (%s)\n", jf->path,
-                        errno ? strerror(errno) : "empty");
-                rc = 2;
-                break;
-            }
-            off[i] = (int64_t)total;
-            total += lens[i];
-            put_label(labels, (size_t)i, o->label_dtype, jf->label);
-        }
-        off[bsz] = (int64_t)total;
-        sf_st_tensor_desc t[3] = {
-            {.name = "jpeg_offsets", .dtype = SF_ST_I64, .ndim = 1, .shape = {bsz + 1}},
-            {.name = "labels", .dtype = o->label_dtype, .ndim = 1, .shape = {bsz}},
-            {.name = "jpeg", .dtype = SF_ST_U8, .ndim = 1, .shape = {(int64_t)total}},
-        };
-        size_t hl = rc == 0 ? sf_st_header_build(NULL, 0, t, 3, NULL) : 0;
-        size_t lb = (size_t)bsz * (size_t)sf_st_dtype_size(o->label_dtype);
-        size_t len = hl + 8 * ((size_t)bsz + 1) + lb + total;
-        if (rc == 0 && (hl == 0 || out->bytes + len > capb)) {
-            if (out->n == 0) {
-                fprintf(stderr, "streamfeed-load: one batch of JPEG files is larger than --pool-mb %" PRIu64 "\n",
-                        o->pool_mb);
-                rc = 2;
-            } else if (!o->quiet) {
-                fprintf(stderr, "streamfeed-load: using the first %d of %d batches (--pool-mb %" PRIu64 ")\n",
-                        out->n, nb, o->pool_mb);
-            }
-            for (int i = 0; i < bsz; i++)
-                free(data[i]), data[i] = NULL;
-            break;
-        }
-        uint8_t *body = rc == 0 ? malloc(len) : NULL;
-        if (rc == 0 && !body)
-            rc = 1;
-        if (rc == 0) {
-            sf_st_header_build((char *)body, hl, t, 3, NULL);
-            uint8_t *p = body + hl;
-            for (int i = 0; i <= bsz; i++, p += 8)
-                for (int k = 0; k < 8; k++)
-                    p[k] = (uint8_t)((uint64_t)off[i] >> (8 * k));
-            memcpy(p, labels, lb);
-            p += lb;
-            for (int i = 0; i < bsz; i++) {
-                memcpy(p, data[i], lens[i]);
-                p += lens[i];
-            }
-            out->b[out->n].data = body;
-            out->b[out->n].len = len;
-            out->n++;
-            out->bytes += len;
-        }
-        for (int i = 0; i < bsz; i++)
-            free(data[i]), data[i] = NULL;
-    }
-    free(data);
-    free(lens);
-    free(off);
-    free(labels);
-    if (rc != 0)
-        pool_free(out);
-    return rc;
-}
-
-/* --dir PATH of class folders holding *.jpg files. Returns 0, 1 or 2. */
-static int pool_load_jpeg_dir(const options *o, const char *root, pool *out)
-{
-    jfile *f = NULL;
-    int nclasses = 0;
-    int n = list_image_folder(root, &f, &nclasses);
-    if (n < 0) {
-        fprintf(stderr, "streamfeed-load: --dir %s: %s\n", root, strerror(errno));
-        return 2;
-    }
-    if (n == 0) {
-        fprintf(stderr,
-                "streamfeed-load: --dir %s holds no *.safetensors file and no class folder of *.jpg files "
-                "(PATH/<class>/<name>.jpg)\n",
-                root);
-        return 2;
-    }
-    if (!o->quiet)
-        fprintf(stderr, "streamfeed-load: %d JPEG files in %d class folders of %s\n", n, nclasses, root);
-    snprintf(g_jpeg_dir, sizeof g_jpeg_dir, "%s", root);
-    int rc = pool_from_jpegs(o, f, n, out);
-    jfiles_free(f, n);
-    return rc;
-}
-
-/* Natural-looking content, so that the files have the size and decode cost
- * of photographs rather than of noise (which JPEG cannot compress) or of flat
- * colour (which it compresses to nothing): a smooth two-colour gradient with a
- * low-frequency ripple, a few soft-edged discs and rectangles, a multi-scale
- * texture and mild per-pixel noise. With a hue (--learnable) the image is tinted halfway
- * towards the class's colour, which the model can learn. */
-static void natural_image(uint8_t *px, int h, int w, uint64_t s, const uint8_t *hue)
-{
-    double c0[3], c1[3];
-    for (int c = 0; c < 3; c++) {
-        c0[c] = (double)(rng_next(&s) % 256);
-        c1[c] = (double)(rng_next(&s) % 256);
-    }
-    double th = (double)(rng_next(&s) % 6283) / 1000.0, dx = cos(th), dy = sin(th);
-    double fx = (double)(1 + rng_next(&s) % 4) / w, fy = (double)(1 + rng_next(&s) % 4) / h;
-    for (int y = 0; y < h; y++) {
-        for (int x = 0; x < w; x++) {
-            double t = ((x - w / 2.0) * dx + (y - h / 2.0) * dy) / (0.75 * (w + h)) + 0.5;
-            double rip = 18.0 * sin(2 * M_PI * (fx * x + fy * y));
-            for (int c = 0; c < 3; c++)
-                px[((size_t)y * w + x) * 3 + c] = (uint8_t)fmin(255, fmax(0, c0[c] + (c1[c] - c0[c]) * t + rip));
-        }
-    }
-    int shapes = 3 + (int)(rng_next(&s) % 4);
-    for (int k = 0; k < shapes; k++) {
-        double cx = (double)(rng_next(&s) % (uint64_t)w), cy = (double)(rng_next(&s) % (uint64_t)h);
-        double r = (double)(w / 16 + (int)(rng_next(&s) % (uint64_t)(w / 4)));
-        int disc = (int)(rng_next(&s) & 1);
-        double col[3];
-        for (int c = 0; c < 3; c++)
-            col[c] = (double)(rng_next(&s) % 256);
-        for (int y = 0; y < h; y++) {
-            for (int x = 0; x < w; x++) {
-                /* Signed distance to the edge (negative inside), for a 2-pixel soft edge. */
-                double d = disc ? hypot(x - cx, y - cy) - r : fmax(fabs(x - cx), fabs(y - cy) * 1.5) - r;
-                double a = d <= -1 ? 1 : d >= 1 ? 0 : (1 - d) / 2;
-                if (a <= 0)
-                    continue;
-                uint8_t *p = px + ((size_t)y * w + x) * 3;
-                for (int c = 0; c < 3; c++)
-                    p[c] = (uint8_t)(p[c] * (1 - a) + col[c] * a + 0.5);
-            }
-        }
-    }
-    /* Texture: value noise of four octaves (cells of 32 down to 4 pixels,
-     * bilinear between random lattice values), the fine detail photographs
-     * have and JPEG spends most of its bytes on. */
-    int8_t *lat = malloc((size_t)(w / 4 + 2) * (size_t)(h / 4 + 2));
-    for (int cell = 32, amp = 14; lat && cell >= 4; cell /= 2, amp = amp * 3 / 4) {
-        const int gw = w / cell + 2, gh = h / cell + 2;
-        for (int k = 0; k < gw * gh; k++)
-            lat[k] = (int8_t)((int)(rng_next(&s) % 255) - 127);
-        for (int y = 0; y < h; y++) {
-            const int gy = y / cell;
-            const double fy = (double)(y % cell) / cell;
-            for (int x = 0; x < w; x++) {
-                const int gx = x / cell;
-                const double fx = (double)(x % cell) / cell;
-                const double v = (lat[gy * gw + gx] * (1 - fx) + lat[gy * gw + gx + 1] * fx) * (1 - fy) +
-                                 (lat[(gy + 1) * gw + gx] * (1 - fx) + lat[(gy + 1) * gw + gx + 1] * fx) * fy;
-                const int d = (int)lround(v * amp / 127.0);
-                uint8_t *p = px + ((size_t)y * w + x) * 3;
-                for (int c = 0; c < 3; c++) {
-                    const int q = p[c] + d;
-                    p[c] = (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
-                }
-            }
-        }
-    }
-    free(lat);
-    for (size_t i = 0; i < (size_t)h * (size_t)w * 3; i += 8) {
-        uint64_t r = rng_next(&s);
-        for (size_t k = i; k < i + 8 && k < (size_t)h * (size_t)w * 3; k++, r >>= 8) {
-            int v = px[k] + (int)((r & 15) + ((r >> 4) & 15)) / 2 - 7; /* triangular, about +-7 */
-            if (hue)
-                v = (v + hue[k % 3]) / 2;
-            px[k] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-        }
-    }
-}
-
-/* Where w1-jpeg keeps its files: --cache-dir, else $XDG_CACHE_HOME/streamfeed,
- * ~/.cache/streamfeed, or /tmp/streamfeed-cache. */
-static void cache_root(const options *o, char *out, size_t cap)
-{
-    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (o->cache_dir)
-        snprintf(out, cap, "%s", o->cache_dir);
-    else if (x && *x)
-        snprintf(out, cap, "%s/streamfeed", x);
-    else if (home && *home)
-        snprintf(out, cap, "%s/.cache/streamfeed", home);
-    else
-        snprintf(out, cap, "/tmp/streamfeed-cache");
-}
-
-static int mkdir_p(const char *path)
-{
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", path);
-    for (char *q = p + 1; *q; q++) {
-        if (*q == '/') {
-            *q = '\0';
-            if (mkdir(p, 0755) != 0 && errno != EEXIST)
-                return -1;
-            *q = '/';
-        }
-    }
-    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
-/* --workload w1-jpeg or imagenet-jpeg: --pool x --batch files of the
- * workload's size, quality 90, 4:2:0, generated once into the cache (a folder
- * per seed, count and --learnable, written beside and renamed into place when
- * complete, so an interrupted run leaves nothing half-made) and then sent
- * like a --dir. */
-static int pool_generate_jpeg(const options *o, pool *out)
-{
-    const workload *wl = o->wl;
-    const int count = o->pool * o->batch;
-    char root[PATH_MAX - 128], dir[PATH_MAX], tmp[PATH_MAX];
-    cache_root(o, root, sizeof root);
-    if (pathf(dir, sizeof dir, "%s/%s-%dx%d-q90-s%" PRIu64 "-n%d%s", root, wl->name, wl->h, wl->w, o->seed,
-              count, o->learnable ? "-learnable" : "")) {
-        fprintf(stderr, "streamfeed-load: the cache path under %s is too long\n", root);
-        return 2;
-    }
-    if (!is_dir(dir)) {
-        double t0 = now_s();
-        if (pathf(tmp, sizeof tmp, "%s.tmp-%ld", dir, (long)getpid())) {
-            fprintf(stderr, "streamfeed-load: the cache path %s is too long\n", dir);
-            return 2;
-        }
-        body_plan hp = {.o = o};
-        plan_hues(&hp, wl->classes);
-        uint8_t *px = malloc((size_t)wl->h * (size_t)wl->w * 3);
-        tjhandle tj = tjInitCompress();
-        int rc = px && tj && mkdir_p(tmp) == 0 ? 0 : 1;
-        for (int k = 0; rc == 0 && k < wl->classes; k++) {
-            char cdir[PATH_MAX];
-            rc = pathf(cdir, sizeof cdir, "%s/%d", tmp, k) == 0 && mkdir(cdir, 0755) == 0 ? 0 : 1;
-        }
-        for (int i = 0; rc == 0 && i < count && !g_sigint; i++) {
-            int cls = i % wl->classes;
-            natural_image(px, wl->h, wl->w, o->seed * 0x100000001b3ULL ^ ((uint64_t)i << 20),
-                          o->learnable ? hp.hue[cls] : NULL);
-            unsigned char *jpg = NULL;
-            unsigned long len = 0;
-            if (tjCompress2(tj, px, wl->w, wl->w * 3, wl->h, TJPF_RGB, &jpg, &len, TJSAMP_420, 90, 0) != 0) {
-                fprintf(stderr, "streamfeed-load: JPEG encode failed: %s\n", tjGetErrorStr2(tj));
-                rc = 1;
-                break;
-            }
-            char p[PATH_MAX];
-            FILE *f = pathf(p, sizeof p, "%s/%d/%06d.jpg", tmp, cls, i) ? NULL : fopen(p, "wb");
-            if (!f || fwrite(jpg, 1, len, f) != len)
-                rc = 1;
-            if (f && fclose(f) != 0)
-                rc = 1;
-            tjFree(jpg);
-        }
-        if (tj)
-            tjDestroy(tj);
-        free(px);
-        if (rc != 0 || g_sigint || rename(tmp, dir) != 0) {
-            fprintf(stderr, "streamfeed-load: could not generate %s: %s\n", dir, strerror(errno));
-            return 1;
-        }
-        if (!o->quiet)
-            fprintf(stderr, "streamfeed-load: generated %d JPEG files in %s (%.1f s)\n", count, dir, now_s() - t0);
-    }
-    return pool_load_jpeg_dir(o, dir, out);
 }
 
 /* ---- shared run state ---------------------------------------------------- */
@@ -2182,8 +1690,8 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc;
     if (o.prepare) {
-        printf("%d bodies, %.1f MiB%s%s\n", p.n, (double)p.bytes / 1048576.0, g_jpeg_dir[0] ? ", files in " : "",
-               g_jpeg_dir);
+        printf("%d bodies, %.1f MiB%s%s\n", p.n, (double)p.bytes / 1048576.0, p.jpeg_dir[0] ? ", files in " : "",
+               p.jpeg_dir);
         pool_free(&p);
         return 0;
     }

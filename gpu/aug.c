@@ -120,9 +120,40 @@ static int get_num(const cJSON *o, const char *key, double *out, const char *wha
     return 1;
 }
 
+/* An optional probability "p" in [0,1]; *p keeps its default when absent. */
+static int get_p(const cJSON *o, float *p, const char *what, char *err, size_t errlen)
+{
+    double d;
+    int r = get_num(o, "p", &d, what, err, errlen);
+    if (r == 1 && (d < 0.0 || d > 1.0)) {
+        sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
+        return -1;
+    }
+    if (r == 1)
+        *p = (float)d;
+    return r < 0 ? -1 : 0;
+}
+
 static int is_int_in(double v, double lo, double hi)
 {
     return v == floor(v) && v >= lo && v <= hi;
+}
+
+/* A pair of numbers, [a, b], or (allow_scalar) one number a for [a, a];
+ * -1 when v (which may be NULL) is neither. */
+static int num_pair(const cJSON *v, int allow_scalar, double d[2])
+{
+    if (allow_scalar && cJSON_IsNumber(v)) {
+        d[0] = d[1] = v->valuedouble;
+        return 0;
+    }
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2 && cJSON_IsNumber(cJSON_GetArrayItem(v, 0)) &&
+        cJSON_IsNumber(cJSON_GetArrayItem(v, 1))) {
+        d[0] = cJSON_GetArrayItem(v, 0)->valuedouble;
+        d[1] = cJSON_GetArrayItem(v, 1)->valuedouble;
+        return 0;
+    }
+    return -1;
 }
 
 /* "size": [h, w] (or one integer for a square, random_crop only). */
@@ -135,13 +166,7 @@ static int get_size(const cJSON *o, int allow_scalar, int *h, int *w, const char
         return -1;
     }
     double d[2];
-    if (allow_scalar && cJSON_IsNumber(v)) {
-        d[0] = d[1] = v->valuedouble;
-    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2 &&
-               cJSON_IsNumber(cJSON_GetArrayItem(v, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(v, 1))) {
-        d[0] = cJSON_GetArrayItem(v, 0)->valuedouble;
-        d[1] = cJSON_GetArrayItem(v, 1)->valuedouble;
-    } else {
+    if (num_pair(v, allow_scalar, d)) {
         sf_errf(err, errlen, "%s: \"size\" must be [h,w]%s", what, allow_scalar ? " or an integer" : "");
         return -1;
     }
@@ -159,17 +184,15 @@ static int get_range(const cJSON *o, const char *key, int sym, float *lo, float 
                      const char *what, char *err, size_t errlen)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    double a, b;
-    if (cJSON_IsNumber(v)) {
-        a = sym ? -fabs(v->valuedouble) : v->valuedouble;
-        b = sym ? fabs(v->valuedouble) : v->valuedouble;
-    } else if (cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2 &&
-               cJSON_IsNumber(cJSON_GetArrayItem(v, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(v, 1))) {
-        a = cJSON_GetArrayItem(v, 0)->valuedouble;
-        b = cJSON_GetArrayItem(v, 1)->valuedouble;
-    } else {
+    double d[2];
+    if (num_pair(v, 1, d)) {
         sf_errf(err, errlen, "%s: \"%s\" must be [min,max] or a number", what, key);
         return -1;
+    }
+    double a = d[0], b = d[1];
+    if (sym && cJSON_IsNumber(v)) {
+        a = -fabs(d[0]);
+        b = fabs(d[0]);
     }
     if (!isfinite(a) || !isfinite(b) || a > b) {
         sf_errf(err, errlen, "%s: \"%s\" must be finite with min <= max", what, key);
@@ -357,31 +380,19 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         if (check_keys(jo, keys, what, err, errlen))
             return -1;
         op->p = 0.5f;
-        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+        if (get_p(jo, &op->p, what, err, errlen))
             return -1;
-        if (r == 1) {
-            if (d < 0.0 || d > 1.0) {
-                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
-                return -1;
-            }
-            op->p = (float)d;
-        }
         break;
     }
     case SF_AUG_GAUSSIAN_BLUR: {
         static const char *const keys[] = {"op", "kernel_size", "sigma", NULL};
         if (check_keys(jo, keys, what, err, errlen))
             return -1;
-        const cJSON *jk = cJSON_GetObjectItemCaseSensitive(jo, "kernel_size");
-        double k0 = -1, k1 = -1;
-        if (cJSON_IsNumber(jk))
-            k0 = k1 = jk->valuedouble;
-        else if (cJSON_IsArray(jk) && cJSON_GetArraySize(jk) == 2 &&
-                 cJSON_IsNumber(cJSON_GetArrayItem(jk, 0)) && cJSON_IsNumber(cJSON_GetArrayItem(jk, 1))) {
-            k0 = cJSON_GetArrayItem(jk, 0)->valuedouble;
-            k1 = cJSON_GetArrayItem(jk, 1)->valuedouble;
-        }
-        if (k0 != k1 || !is_int_in(k0, 1, SF_AUG_MAX_KSIZE) || ((int)k0 % 2) == 0) {
+        double kk[2];
+        if (num_pair(cJSON_GetObjectItemCaseSensitive(jo, "kernel_size"), 1, kk))
+            kk[0] = kk[1] = -1;
+        const double k0 = kk[0];
+        if (kk[0] != kk[1] || !is_int_in(k0, 1, SF_AUG_MAX_KSIZE) || ((int)k0 % 2) == 0) {
             sf_errf(err, errlen, "%s: \"kernel_size\" must be an odd integer in [1,%d] (or [k,k])", what,
                     SF_AUG_MAX_KSIZE);
             return -1;
@@ -530,15 +541,8 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
         op->area_max = 0.33f;
         op->aspect_min = 0.3f;
         op->aspect_max = 3.3f;
-        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+        if (get_p(jo, &op->p, what, err, errlen))
             return -1;
-        if (r == 1) {
-            if (d < 0.0 || d > 1.0) {
-                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
-                return -1;
-            }
-            op->p = (float)d;
-        }
         if (parse_scale_ratio(jo, op, what, err, errlen))
             return -1;
         const cJSON *jv = cJSON_GetObjectItemCaseSensitive(jo, "value");
@@ -578,15 +582,8 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             }
             op->alpha = (float)d;
         }
-        if ((r = get_num(jo, "p", &d, what, err, errlen)) < 0)
+        if (get_p(jo, &op->p, what, err, errlen))
             return -1;
-        if (r == 1) {
-            if (d < 0.0 || d > 1.0) {
-                sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
-                return -1;
-            }
-            op->p = (float)d;
-        }
         break;
     }
     default:

@@ -8,6 +8,7 @@
 #include "server/app.h"
 #include "server/evals.h"
 #include "server/jobs.h"
+#include "server/kept_logits.h"
 #include "server/ring.h"
 #include "server/upload.h"
 
@@ -55,7 +56,8 @@ static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
         }
         if (ret && !(w && strcmp(w, "1") == 0))
             return refuse_query(r, len, 400, "bad_query",
-                                "return=logits needs wait=1: the logits are the reply, kept nowhere else");
+                                "return=logits needs wait=1: the logits are the reply (kept for "
+                                "GET /v1/batches/{id}/logits only when that wait runs out)");
         if (name && !sf_eval_name_valid(name)) {
             snprintf(msg, sizeof msg, "eval must be 1 to %d characters of A-Z a-z 0-9 _ . -", SF_EVAL_NAME_MAX);
             return refuse_query(r, len, 400, "bad_eval_name", msg);
@@ -99,8 +101,19 @@ static int wait_for_job(sf_req *r, uint64_t id)
             return sf_upload_transform_reply(r); /* the logits, as safetensors */
         if (job.state == SF_JOB_DONE || job.state == SF_JOB_FAILED)
             return sf_reply_json(r, 200, sf_job_to_json(&job));
-        if (r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN)
+        if (r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN) {
+            if (u && u->want_logits) {
+                /* The 202 promises the logits: they are kept for GET
+                 * /v1/batches/{id}/logits, which Location names. */
+                sf_kept_logits_put(r->app->kept_logits, id, u->out, sf_now_ns());
+                char where[64];
+                snprintf(where, sizeof where, "/v1/batches/%llu/logits", (unsigned long long)id);
+                sf_reply_header(r, "Location", where);
+                if (sf_jobs_get(r->app->jobs, id, &job))
+                    return reply_job(r, id, 202);
+            }
             return sf_reply_json(r, 202, sf_job_to_json(&job)); /* still running: the state so far */
+        }
         if (sf_http_wait(r, SF_WAIT_JOB, id, gen, c.pipeline.wait_timeout_ms) == 0)
             return 0;
     }
@@ -135,14 +148,68 @@ int h_batches_post(sf_req *r)
     return sf_reply_json(r, 202, o);
 }
 
-int h_batches_get(sf_req *r)
+/* The {id} of the path, or 0 after a 400 reply. */
+static uint64_t batch_id_of(sf_req *r)
 {
     char *end;
     errno = 0;
     unsigned long long id = strtoull(r->param, &end, 10);
-    if (errno || *end || r->param[0] == '-' || r->param[0] == '\0' || id == 0)
-        return sf_reply_error(r, 400, "bad_batch_id", "batch id \"%s\" is not a positive integer",
-                              r->param);
+    if (errno || *end || r->param[0] == '-' || r->param[0] == '\0' || id == 0) {
+        sf_reply_error(r, 400, "bad_batch_id", "batch id \"%s\" is not a positive integer", r->param);
+        return 0;
+    }
     r->batch_id = id;
-    return reply_job(r, id, 200);
+    return id;
+}
+
+int h_batches_get(sf_req *r)
+{
+    uint64_t id = batch_id_of(r);
+    return id ? reply_job(r, id, 200) : -1;
+}
+
+/* GET /v1/batches/{id}/logits[?wait=1]: the logits a timed-out ?return=logits
+ * left behind (server/kept_logits.h); with wait=1, once the batch ran. */
+int h_batches_logits(sf_req *r)
+{
+    uint64_t id = batch_id_of(r);
+    if (!id)
+        return -1;
+    const char *w = sf_req_arg(r, "wait");
+    if (w && strcmp(w, "0") != 0 && strcmp(w, "1") != 0) {
+        char q[33];
+        return sf_reply_error(r, 400, "bad_query", "wait must be 0 or 1, not \"%s\"", quotable(w, q));
+    }
+    sf_config c;
+    sf_config_get(&c);
+    for (;;) {
+        uint64_t gen = sf_http_gen(r->app->http, SF_WAIT_JOB);
+        sf_job job;
+        if (sf_jobs_get(r->app->jobs, id, &job))
+            return reply_job(r, id, 200);
+        if (job.logits == SF_JOB_LOGITS_NONE)
+            return sf_reply_error(r, 404, "logits_not_kept",
+                                  "batch %llu's logits were not kept: only a ?mode=eval&return=logits&wait=1 "
+                                  "whose wait ran out (a 202) keeps them",
+                                  (unsigned long long)id);
+        if (job.state == SF_JOB_FAILED)
+            return sf_reply_error(r, 409, "batch_failed", "batch %llu failed (%s): it has no logits",
+                                  (unsigned long long)id, job.err_code);
+        sf_xform_out *o = NULL;
+        if (job.logits == SF_JOB_LOGITS_EXPIRED ||
+            (job.state == SF_JOB_DONE && !(o = sf_kept_logits_get(r->app->kept_logits, id, sf_now_ns()))))
+            return sf_reply_error(r, 410, "logits_expired",
+                                  "batch %llu's logits were let go (eval.logits_keep_s, "
+                                  "eval.logits_keep_max or eval.logits_keep_bytes)",
+                                  (unsigned long long)id);
+        if (o) {
+            int rc = sf_xform_out_reply(r, o);
+            sf_xform_out_release(o);
+            return rc;
+        }
+        if (!(w && strcmp(w, "1") == 0) || r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN)
+            return sf_reply_json(r, 202, sf_job_to_json(&job)); /* still running: the state so far */
+        if (sf_http_wait(r, SF_WAIT_JOB, id, gen, c.pipeline.wait_timeout_ms) == 0)
+            return 0;
+    }
 }

@@ -16,6 +16,7 @@ int h_config_get(sf_req *r);
 int h_config_patch(sf_req *r);
 int h_batches_post(sf_req *r);
 int h_batches_get(sf_req *r);
+int h_batches_logits(sf_req *r);
 int h_evals_list(sf_req *r);
 int h_evals_get(sf_req *r);
 int h_transform(sf_req *r);

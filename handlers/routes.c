@@ -21,6 +21,7 @@ const sf_route sf_routes[] = {
     {"POST", "/v1/batches", "batches", h_batches_post, &h_batches_stream,
      SF_ROUTE_AUTH | SF_ROUTE_UPLOAD, CT_BATCH},
     {"GET", "/v1/batches/{id}", "batch", h_batches_get, NULL, 0, NULL},
+    {"GET", "/v1/batches/{id}/logits", "batch_logits", h_batches_logits, NULL, 0, NULL},
     {"GET", "/v1/evals", "evals", h_evals_list, NULL, 0, NULL},
     {"GET", "/v1/evals/{name}", "eval", h_evals_get, NULL, 0, NULL},
     {"POST", "/v1/transform", "transform", h_transform, &h_transform_stream,

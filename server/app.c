@@ -4,6 +4,7 @@
 #include "server/distributed.h"
 #include "server/engine.h"
 #include "server/jobs.h"
+#include "server/kept_logits.h"
 #include "server/http.h"
 #include "server/process.h"
 #include "server/ring.h"
@@ -33,6 +34,15 @@ static void collect(void *ctx)
             const char *v[] = {sf_slot_state_name((sf_slot_state)s)};
             sf_gauge_set(sf_metric_child(app->m.ring_slots, v), c[s]);
         }
+    }
+    if (app->http)
+        sf_gauge_set(sf_metric_only(app->m.uploads_waiting), sf_http_waiting(app->http, SF_WAIT_SLOT));
+    if (app->kept_logits) {
+        int n;
+        size_t bytes;
+        sf_kept_logits_usage(app->kept_logits, &n, &bytes);
+        sf_gauge_set(sf_metric_only(app->m.logits_kept), n);
+        sf_gauge_set(sf_metric_only(app->m.logits_kept_bytes), (double)bytes);
     }
     if (app->jobs) {
         uint64_t c[SF_JOB_STATES], accepted;
@@ -79,6 +89,21 @@ void sf_app_metrics_init(sf_app *app)
         "streamfeed_batches_pending",
         "Accepted batches not finished yet (queued or in flight); accepted = finished + pending.",
         NULL);
+    m->uploads_waiting = sf_metrics_gauge(
+        "streamfeed_uploads_waiting",
+        "Uploads suspended until a ring slot frees (ring.full_policy=block), each holding its connection.",
+        NULL);
+    m->logits_kept = sf_metrics_gauge(
+        "streamfeed_logits_kept",
+        "Eval batches whose logits are kept for GET /v1/batches/{id}/logits (their ?return=logits wait ran out).",
+        NULL);
+    m->logits_kept_bytes = sf_metrics_gauge("streamfeed_logits_kept_bytes",
+                                            "Bytes of the logits kept (bounded by eval.logits_keep_bytes).", NULL);
+    m->logits_evicted = sf_metrics_counter(
+        "streamfeed_logits_evicted_total",
+        "Kept logits let go before anyone could rely on them longer, by reason: age "
+        "(eval.logits_keep_s), count (eval.logits_keep_max), bytes (eval.logits_keep_bytes).",
+        L_REASON);
     m->uploads_evicted = sf_metrics_counter(
         "streamfeed_uploads_evicted_total",
         "Uploads whose ring slot was taken back because they were too slow "
@@ -188,6 +213,13 @@ void sf_app_metrics_init(sf_app *app)
     const char *ev_slow[] = {"upload_too_slow"}, *ev_late[] = {"upload_deadline_exceeded"};
     sf_metric_child(m->uploads_evicted, ev_slow);
     sf_metric_child(m->uploads_evicted, ev_late);
+    sf_metric_only(m->uploads_waiting);
+    sf_metric_only(m->logits_kept);
+    sf_metric_only(m->logits_kept_bytes);
+    const char *lg_age[] = {"age"}, *lg_count[] = {"count"}, *lg_bytes[] = {"bytes"};
+    sf_metric_child(m->logits_evicted, lg_age);
+    sf_metric_child(m->logits_evicted, lg_count);
+    sf_metric_child(m->logits_evicted, lg_bytes);
     sf_metric_only(m->queue_wait);
     sf_metric_only(m->h2d);
     sf_metric_only(m->transform);

@@ -25,16 +25,19 @@ struct sf_telemetry;
 struct sf_ckpt;
 struct sf_distributed;
 struct sf_evals;
+struct sf_kept_logits;
 
 /* Metric families, registered once (app.c: sf_app_metrics_init). */
 typedef struct sf_app_metrics {
     sf_family *http_requests, *http_duration, *http_errors;
     sf_family *batches_received, *batches_finished, *batches_rejected, *batches_pending;
+    sf_family *uploads_waiting;
     sf_family *bytes_received, *samples_trained, *steps, *loss, *learning_rate;
     sf_family *ring_slots, *queue_wait, *h2d, *transform, *step;
     sf_family *compute_busy, *compute_starved, *build_info;
     sf_family *process_start, *process_cpu, *process_rss, *process_vsize, *process_fds, *process_max_fds;
     sf_family *uploads_evicted;
+    sf_family *logits_kept, *logits_kept_bytes, *logits_evicted; /* server/kept_logits.h */
     /* The training loop: skipped steps by reason, pre-clip gradient norms,
      * and the named evaluations (labelled eval="<name>", at most
      * eval.max_names of them). */
@@ -55,6 +58,7 @@ typedef struct sf_app {
     sf_backend *backend;        /* NULL in sink mode */
     struct sf_ring *ring;
     struct sf_jobs *jobs;
+    struct sf_kept_logits *kept_logits; /* logits of eval batches whose wait ran out */
     struct sf_engine *engine;
     struct sf_http *http;
     sf_app_metrics m;

@@ -332,18 +332,18 @@ static int target_of(sf_ckpt *ck, sf_ckpt_op *op, const char *path, const char *
     return 0;
 }
 
-sf_ckpt_op *sf_ckpt_save(sf_app *app, const char *path, const char *url, int with_opt,
-                         sf_ckpt_error *e)
+/* A save or a load (kind) of path or url, its target checked, holding one of
+ * the SF_CKPT_MAX_BUFFERS checkpoint buffers (the caller owns the reservation:
+ * the save's blob or the load's op->reserved returns it); NULL after fail(). */
+static sf_ckpt_op *op_with_buffer(sf_app *app, int kind, const char *path, const char *url,
+                                  sf_ckpt_error *e)
 {
-    if (usable(app, e) || opt_readable(app, with_opt, e))
-        return NULL;
-    sf_ckpt *ck = app->ckpt;
-    sf_ckpt_op *op = sf_ckpt_op_new(ck, OP_SAVE);
+    sf_ckpt_op *op = sf_ckpt_op_new(app->ckpt, kind);
     if (!op) {
         fail(e, 503, "out_of_memory", NULL, "out of memory");
         return NULL;
     }
-    if (target_of(ck, op, path, url, 1, e) != 0) {
+    if (target_of(app->ckpt, op, path, url, kind == OP_SAVE, e) != 0) {
         sf_ckpt_op_release(op);
         return NULL;
     }
@@ -353,6 +353,18 @@ sf_ckpt_op *sf_ckpt_save(sf_app *app, const char *path, const char *url, int wit
              SF_CKPT_MAX_BUFFERS);
         return NULL;
     }
+    return op;
+}
+
+sf_ckpt_op *sf_ckpt_save(sf_app *app, const char *path, const char *url, int with_opt,
+                         sf_ckpt_error *e)
+{
+    if (usable(app, e) || opt_readable(app, with_opt, e))
+        return NULL;
+    sf_ckpt *ck = app->ckpt;
+    sf_ckpt_op *op = op_with_buffer(app, OP_SAVE, path, url, e);
+    if (!op)
+        return NULL;
     op->b = sf_ckpt_blob_new(ck, with_opt, 0, 1);
     if (!op->b) {
         sf_ckpt_buffer_return(app);
@@ -372,21 +384,9 @@ sf_ckpt_op *sf_ckpt_load(sf_app *app, const char *path, const char *url, sf_ckpt
     if (usable(app, e))
         return NULL;
     sf_ckpt *ck = app->ckpt;
-    sf_ckpt_op *op = sf_ckpt_op_new(ck, OP_LOAD);
-    if (!op) {
-        fail(e, 503, "out_of_memory", NULL, "out of memory");
+    sf_ckpt_op *op = op_with_buffer(app, OP_LOAD, path, url, e);
+    if (!op)
         return NULL;
-    }
-    if (target_of(ck, op, path, url, 0, e) != 0) {
-        sf_ckpt_op_release(op);
-        return NULL;
-    }
-    if (sf_ckpt_buffer_reserve(app) != 0) {
-        sf_ckpt_op_release(op);
-        fail(e, 503, "checkpoint_busy", NULL, "%d checkpoint buffers are in use; retry later",
-             SF_CKPT_MAX_BUFFERS);
-        return NULL;
-    }
     op->reserved = 1;
     if (sf_ckpt_io_enqueue(ck, op) != 0) {
         sf_ckpt_op_release(op);

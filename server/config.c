@@ -266,6 +266,17 @@ const sf_cfg_option sf_config_table[] = {
     {"eval.max_names", SF_CT_INT, F(eval.max_names), "16", 1, 256, NULL, 0, NULL,
      "Distinct evaluation names (POST /v1/batches?mode=eval&eval=<name>) kept, with their "
      "metrics; a batch naming one more is refused with 409 too_many_evals."},
+    {"eval.logits_keep_s", SF_CT_INT, F(eval.logits_keep_s), "300", 1, 86400, NULL, SF_CF_HOT, NULL,
+     "How long the logits of a ?mode=eval&return=logits&wait=1 batch whose wait ran out (a 202) "
+     "are kept for GET /v1/batches/{id}/logits, counted from that 202; then 410 logits_expired."},
+    {"eval.logits_keep_max", SF_CT_INT, F(eval.logits_keep_max), "64", 1, 4096, NULL, SF_CF_HOT, NULL,
+     "Batches whose logits are kept after their wait ran out; one more evicts the oldest "
+     "(streamfeed_logits_evicted_total{reason=\"count\"})."},
+    {"eval.logits_keep_bytes", SF_CT_INT64, F(eval.logits_keep_bytes), "268435456", 4096,
+     68719476736.0, NULL, SF_CF_HOT, NULL,
+     "Bytes of kept logits (safetensors replies) in all; more evicts the oldest "
+     "(streamfeed_logits_evicted_total{reason=\"bytes\"}). A ?return=logits batch whose logits "
+     "alone exceed it is refused with 413 logits_too_large, so that every 202 can keep them."},
     {"augment.pipeline", SF_CT_JSON, F(augment.pipeline), "", 0, 0, NULL, 0, check_augment,
      "Augmentation ops of training batches as a JSON list (gpu/aug.h documents each op); [] "
      "converts uint8 to float only. Empty: the recipe of model.preset (docs/CONFIG.md lists them)."},

@@ -104,6 +104,9 @@ typedef struct sf_config {
     } train;
     struct {
         int max_names;            /* distinct evaluation names (GET /v1/evals) */
+        int logits_keep_s;        /* a timed-out ?return=logits keeps its logits this long */
+        int logits_keep_max;      /* ... for at most this many batches */
+        int64_t logits_keep_bytes; /* ... in at most this many bytes (and no larger logits) */
     } eval;
     struct {
         char pipeline[SF_CFG_JSON]; /* JSON list of ops (gpu/aug.h); "": the preset's recipe */

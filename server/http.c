@@ -285,6 +285,16 @@ uint64_t sf_http_gen(sf_http *h, sf_wait_kind kind)
     return g;
 }
 
+int sf_http_waiting(sf_http *h, sf_wait_kind kind)
+{
+    int n = 0;
+    pthread_mutex_lock(&h->wmu);
+    for (sf_req *r = h->waiters; r; r = r->priv->wait_next)
+        n += r->priv->wait_kind == kind;
+    pthread_mutex_unlock(&h->wmu);
+    return n;
+}
+
 static void unlink_waiter_locked(sf_http *h, sf_req *r)
 {
     for (sf_req **pp = &h->waiters; *pp; pp = &(*pp)->priv->wait_next) {

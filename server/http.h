@@ -157,6 +157,9 @@ const char *sf_req_header(sf_req *r, const char *name);
 /* Generation of a wait kind: read it BEFORE testing the condition you will
  * wait for, and pass it to sf_http_wait; if a wake of that kind happened in
  * between, the wait returns -1 at once and the caller tests again. */
+/* Requests suspended in sf_http_wait on waits of this kind right now (for
+ * the metrics: uploads waiting for a ring slot). */
+int sf_http_waiting(sf_http *h, sf_wait_kind kind);
 uint64_t sf_http_gen(sf_http *h, sf_wait_kind kind);
 /* Suspends the request until sf_http_wake(kind, key) or the timeout. Returns 0
  * when suspended (return from the callback; it runs again later with r->wait

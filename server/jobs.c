@@ -73,6 +73,15 @@ void sf_jobs_set_eval_name(sf_jobs *j, uint64_t id, const char *name)
     pthread_mutex_unlock(&j->mu);
 }
 
+void sf_jobs_set_logits(sf_jobs *j, uint64_t id, sf_job_logits l)
+{
+    pthread_mutex_lock(&j->mu);
+    sf_job *e = find(j, id);
+    if (e)
+        e->logits = l;
+    pthread_mutex_unlock(&j->mu);
+}
+
 int sf_jobs_get(sf_jobs *j, uint64_t id, sf_job *out)
 {
     pthread_mutex_lock(&j->mu);
@@ -107,9 +116,11 @@ void sf_jobs_done(sf_jobs *j, const sf_job *r)
         sf_job_state prev = e->state;
         uint64_t t0 = e->t_accepted_ns;
         int kind = e->kind;
+        sf_job_logits logits = e->logits; /* set by the request, not the engine */
         *e = *r;
         e->t_accepted_ns = t0;
         e->kind = kind;
+        e->logits = logits;
         e->state = prev;
         set_state_locked(j, e, SF_JOB_DONE);
     }
@@ -177,6 +188,8 @@ cJSON *sf_job_to_json(const sf_job *job)
         add_num_or_null(o, "top1", done && train, job->accuracy);
         add_num_or_null(o, "top5", done && train, job->top5);
         cJSON_AddStringToObject(o, "eval", job->eval_name);
+        if (job->logits != SF_JOB_LOGITS_NONE)
+            cJSON_AddStringToObject(o, "logits", job->logits == SF_JOB_LOGITS_KEPT ? "kept" : "expired");
     }
     if (job->kind == SF_JOB_KIND_TRAIN) {
         if (done && job->skipped)

@@ -21,6 +21,9 @@ typedef enum sf_job_state { SF_JOB_QUEUED = 0, SF_JOB_TRANSFORMING, SF_JOB_TRAIN
 
 enum { SF_JOB_KIND_TRAIN = 0, SF_JOB_KIND_TRANSFORM = 1, SF_JOB_KIND_EVAL = 2 };
 
+/* An eval batch's logits after a ?return=logits wait ran out (server/kept_logits.h). */
+typedef enum sf_job_logits { SF_JOB_LOGITS_NONE = 0, SF_JOB_LOGITS_KEPT, SF_JOB_LOGITS_EXPIRED } sf_job_logits;
+
 typedef struct sf_job {
     uint64_t id;
     sf_job_state state;
@@ -32,6 +35,7 @@ typedef struct sf_job {
     double top5;           /* eval: share of samples whose label is among the 5 largest logits */
     int skipped;           /* train: the optimizer step was skipped (a NaN/Inf loss or gradient) */
     char eval_name[65];    /* eval: the evaluation it belongs to */
+    sf_job_logits logits;  /* eval: its logits kept for GET /v1/batches/{id}/logits, or expired */
     double queue_s, h2d_s, transform_s, step_s;
     uint64_t t_accepted_ns, t_done_ns;
     char err_code[48];
@@ -46,6 +50,8 @@ void sf_jobs_destroy(sf_jobs *j);
 uint64_t sf_jobs_create(sf_jobs *j, int n, int kind);
 /* An eval job's evaluation name, shown from the start (failures included). */
 void sf_jobs_set_eval_name(sf_jobs *j, uint64_t id, const char *name);
+/* Whether the job's logits are kept or expired (server/kept_logits.c). */
+void sf_jobs_set_logits(sf_jobs *j, uint64_t id, sf_job_logits l);
 /* Copies a job; -1 when unknown or evicted. */
 int sf_jobs_get(sf_jobs *j, uint64_t id, sf_job *out);
 void sf_jobs_set_state(sf_jobs *j, uint64_t id, sf_job_state s);

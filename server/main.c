@@ -37,6 +37,7 @@
 #include "server/evals.h"
 #include "server/http.h"
 #include "server/jobs.h"
+#include "server/kept_logits.h"
 #include "server/log.h"
 #include "server/netaddr.h"
 #include "server/process.h"
@@ -204,6 +205,14 @@ static int build_model(sf_app *app, char *err, size_t errlen)
     return 0;
 }
 
+/* The HTTP timer's tick: slow uploads lose their slot, old kept logits go. */
+static void every_second(void *ctx)
+{
+    sf_app *app = ctx;
+    sf_upload_sweep(app);
+    sf_kept_logits_expire(app->kept_logits, sf_now_ns());
+}
+
 static uint64_t pending_batches(sf_app *app)
 {
     uint64_t counts[SF_JOB_STATES], accepted;
@@ -345,7 +354,8 @@ int main(int argc, char **argv)
                                          cpu_alloc, cpu_free, NULL);
     app.jobs = sf_jobs_new(app.cfg.pipeline.jobs_max);
     app.evals = sf_evals_new(app.cfg.eval.max_names);
-    if (!app.ring || !app.jobs || !app.evals) {
+    app.kept_logits = sf_kept_logits_new(app.jobs, app.m.logits_evicted);
+    if (!app.ring || !app.jobs || !app.evals || !app.kept_logits) {
         fprintf(stderr, "streamfeed: cannot allocate %d ring slots of %lld bytes\n",
                 app.cfg.ring.slots, (long long)app.cfg.ring.slot_bytes);
         return 1;
@@ -368,7 +378,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "streamfeed: %s\n", err);
         return 1;
     }
-    sf_http_set_tick(app.http, sf_upload_sweep, &app);
+    sf_http_set_tick(app.http, every_second, &app);
     SF_INFO("streamfeed %s: backend %s, model %s (%zu parameters), %d ring slots of %lld bytes",
             SF_VERSION, app.backend_name, app.model.preset, app.model.n_params, app.cfg.ring.slots,
             (long long)app.cfg.ring.slot_bytes);
@@ -415,6 +425,7 @@ int main(int argc, char **argv)
     app.telemetry = NULL;
     sf_diagnose_shutdown(&app);
     sf_ring_destroy(app.ring);
+    sf_kept_logits_destroy(app.kept_logits); /* before the job table it marks */
     sf_jobs_destroy(app.jobs);
     sf_evals_destroy(app.evals);
     if (app.backend)

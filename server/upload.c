@@ -578,6 +578,15 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         size_t hl = sf_st_header_build(NULL, 0, &t, 1, meta);
         size_t dl = (size_t)in->n * (size_t)md->n_classes *
                     (md->segmentation ? (size_t)md->out_h * (size_t)md->out_w : 1) * 4;
+        /* A 202 (the wait ran out) keeps the logits within eval.logits_keep_bytes:
+         * logits that could never fit are refused now, not lost later. */
+        int64_t keep = sf_config_cur()->eval.logits_keep_bytes;
+        if ((int64_t)(hl + dl) > keep) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "the logits (%zu bytes) exceed eval.logits_keep_bytes %lld",
+                     hl + dl, (long long)keep);
+            return reject(r, u, 413, "logits_too_large", msg);
+        }
         sf_xform_out *o = hl ? malloc(sizeof *o + hl + dl + 64) : NULL;
         if (!o)
             return reject(r, u, 503, "out_of_memory", "cannot allocate the logits reply");
@@ -606,14 +615,24 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
 
 static void free_reply(void *p) { xform_release((char *)p - offsetof(sf_xform_out, bytes)); }
 
+void sf_xform_out_retain(sf_xform_out *o) { atomic_fetch_add(&o->refs, 1); }
+
+void sf_xform_out_release(sf_xform_out *o) { xform_release(o); }
+
+size_t sf_xform_out_size(const sf_xform_out *o) { return o->header_len + o->data_len; }
+
+int sf_xform_out_reply(sf_req *r, sf_xform_out *o)
+{
+    /* The reply holds its own reference until libmicrohttpd has sent it. */
+    sf_xform_out_retain(o);
+    return sf_reply_bytes(r, 200, "application/vnd.safetensors", o->bytes, sf_xform_out_size(o),
+                          free_reply);
+}
+
 int sf_upload_transform_reply(sf_req *r)
 {
     sf_upload *u = r->user;
-    sf_xform_out *o = u->out;
-    /* The reply holds its own reference until libmicrohttpd has sent it. */
-    atomic_fetch_add(&o->refs, 1);
-    return sf_reply_bytes(r, 200, "application/vnd.safetensors", o->bytes,
-                          o->header_len + o->data_len, free_reply);
+    return sf_xform_out_reply(r, u->out);
 }
 
 void sf_upload_on_done(sf_req *r, int ok)

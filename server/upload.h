@@ -75,4 +75,14 @@ void sf_upload_close(struct sf_app *app);
  * included. Valid once the job is done. */
 int sf_upload_transform_reply(sf_req *r);
 
+/* The reply buffer (transform output or logits), shared by the request, the
+ * engine and server/kept_logits.c: each holder takes a reference and lets it
+ * go; the last one frees it. */
+void sf_xform_out_retain(sf_xform_out *o);
+void sf_xform_out_release(sf_xform_out *o);
+/* Its size: the safetensors header and data. */
+size_t sf_xform_out_size(const sf_xform_out *o);
+/* Replies 200 with it as safetensors; the reply holds a reference until sent. */
+int sf_xform_out_reply(sf_req *r, sf_xform_out *o);
+
 #endif

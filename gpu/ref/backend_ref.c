@@ -931,6 +931,16 @@ static void put_model_layout(const ref_ctx *c, const float *src, float *dst)
         memset(dst + c->m.train_off, 0, sizeof(float) * c->n_train);
 }
 
+/* The inverse: the trainable part of src (model layout) into dst, zeros
+ * when src is NULL. */
+static void take_model_layout(const ref_ctx *c, const float *src, float *dst)
+{
+    if (src)
+        memcpy(dst, src + c->m.train_off, sizeof(float) * c->n_train);
+    else
+        memset(dst, 0, sizeof(float) * c->n_train);
+}
+
 static int ref_get_opt_state(sf_backend *be, float *momentum, uint64_t *step)
 {
     ref_ctx *c = ctx_of(be);
@@ -948,10 +958,7 @@ static int ref_set_opt_state(sf_backend *be, const float *momentum, uint64_t ste
     ref_ctx *c = ctx_of(be);
     if (!c->built)
         return -1;
-    if (momentum)
-        memcpy(c->mom, momentum + c->m.train_off, sizeof(float) * c->n_train);
-    else
-        memset(c->mom, 0, sizeof(float) * c->n_train);
+    take_model_layout(c, momentum, c->mom);
     c->step = step;
     if (c->gacc)
         memset(c->gacc, 0, sizeof(float) * c->n_train);
@@ -976,10 +983,7 @@ static int ref_set_opt_sq(sf_backend *be, const float *exp_avg_sq)
         return -1;
     if (!c->sq)
         return 0; /* SGD: nothing to set */
-    if (exp_avg_sq)
-        memcpy(c->sq, exp_avg_sq + c->m.train_off, sizeof(float) * c->n_train);
-    else
-        memset(c->sq, 0, sizeof(float) * c->n_train);
+    take_model_layout(c, exp_avg_sq, c->sq);
     return 0;
 }
 

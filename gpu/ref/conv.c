@@ -74,17 +74,8 @@ void SF_FN(sf_ref_conv2d_bwd)(const T *x, int n, int c, int h, int w, const T *w
                               int stride, int pad, const T *dy, T *dx, T *dw, T *db)
 {
     const int oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
-    if (db) {
-        for (int o = 0; o < oc; o++) {
-            T acc = 0;
-            for (int ni = 0; ni < n; ni++) {
-                const T *dyp = dy + ((size_t)ni * oc + o) * oh * ow;
-                for (int i = 0; i < oh * ow; i++)
-                    acc += dyp[i];
-            }
-            db[o] = acc;
-        }
-    }
+    if (db)
+        SF_FN(sf_ref_bias_grad)(dy, n, oc, (size_t)oh * ow, db);
     for (int o = 0; o < oc; o++) {
         for (int ci = 0; ci < c; ci++) {
             for (int ky = 0; ky < k; ky++) {

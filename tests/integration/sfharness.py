@@ -174,6 +174,18 @@ def learnable_batch(rng, n=32, noise=20, bright=100):
     return images, labels.astype(np.int64)
 
 
+def colour_batch(rng, n=16):
+    """Images [n,8,8,3] uint8 for the 4-class models on 8x8 inputs: noise in
+    [0, 100), with channel k brightened by 100 for classes k < 3 (class 3
+    stays dark); labels uint8 [n]."""
+    labels = rng.integers(0, 4, size=n, dtype=np.uint8)
+    images = rng.integers(0, 100, size=(n, 8, 8, 3)).astype(np.uint8)
+    for i, q in enumerate(labels):
+        if q < 3:
+            images[i, :, :, q] += 100
+    return images, labels
+
+
 def random_batch(rng, n=4, h=32, w=32, c=3):
     images = rng.integers(0, 256, (n, h, w, c), dtype=np.uint8)
     labels = rng.integers(0, 10, n).astype(np.int64)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
-from sfharness import TINY, learnable_batch
+from sfharness import TINY, colour_batch, learnable_batch
 from test_checkpoint import get_ckpt, header_of, put_ckpt, tensors_of_header
-from test_models import RES_SPEC, SEG_SPEC, args, cls_batch, seg_batch
+from test_models import RES_SPEC, SEG_SPEC, args, seg_batch
 
 BF16 = ["--model.precision", "bf16"]
 
@@ -71,7 +71,7 @@ def test_small_seed_encdec_with_a_frozen_encoder_trains_in_bf16(start_server, rn
 def test_small_resnet_trains_in_bf16_with_adamw_and_gradient_accumulation(start_server, rng):
     s = start_server(args(RES_SPEC, "--optim.name", "adamw", "--optim.lr", "0.01", "--model.grad_accum_steps", "2",
                           *BF16))
-    losses = train(s, lambda: cls_batch(rng), 300,
+    losses = train(s, lambda: colour_batch(rng), 300,
                    lambda l: len(l) >= 12 and np.mean(l[-10:]) < np.mean(l[:10]) / 2, accum=2)
     assert np.mean(losses[-10:]) < np.mean(losses[:10]) / 2, f"{losses[:5]} ... {losses[-5:]}"
 
@@ -94,7 +94,7 @@ def test_a_bf16_checkpoint_holds_fp32_master_weights_and_loads_into_fp32(start_s
     flags = args(RES_SPEC, "--optim.lr", "0.01", "--optim.momentum", "0.9", "--model.seed", "3")
     s = start_server(flags + BF16)
     for _ in range(3):
-        assert s.post_arrays(*cls_batch(rng), wait=True).json()["state"] == "done"
+        assert s.post_arrays(*colour_batch(rng), wait=True).json()["state"] == "done"
     blob = get_ckpt(s)
     names = tensors_of_header(header_of(blob))
     sd = st_load(blob)

@@ -13,6 +13,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from sfharness import colour_batch
 from test_checkpoint import (ckpt_files, error_of, get_ckpt, header_of, listing, model_step, put_ckpt,
                              tensors_of_header)
 
@@ -50,13 +51,7 @@ def args(opt="sgd", *extra):
 
 
 def batch(i, n=16):
-    rng = np.random.default_rng(1000 + i)
-    labels = rng.integers(0, 4, size=n, dtype=np.uint8)
-    images = rng.integers(0, 100, size=(n, 8, 8, 3)).astype(np.uint8)
-    for j, q in enumerate(labels):
-        if q < 3:
-            images[j, :, :, q] += 100
-    return images, labels
+    return colour_batch(np.random.default_rng(1000 + i), n)
 
 
 def step(s, i):

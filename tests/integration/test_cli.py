@@ -123,8 +123,12 @@ def test_a_chosen_reference_backend_with_the_tiny_model_has_no_warning(start_ser
 
 
 def _make(*args, build):
+    # Without what an outer make passes down: under `make CUDA=0 test`, CUDA=0
+    # is in the environment and in MAKEFLAGS, and the choice under test would
+    # not be this make's own.
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDA", "MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     return subprocess.run(["make", "-s", "--no-print-directory", f"BUILD={build}", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 def test_make_cuda_0_is_remembered_by_later_makes_in_the_same_build_folder(tmp_path):

@@ -546,16 +546,21 @@ def test_sigterm_answers_an_upload_waiting_for_a_slot_with_503_and_exits_0(start
     body = st_body(*random_batch(rng, 2))
     holders = [s.start_upload(body, 300) for _ in range(2)]
     wait_until(lambda: s.metric("streamfeed_ring_slots", state="filling") == 2, 10)
-    # The whole third upload is on its way before the signal; the server
-    # keeps serving while the two half-sent uploads hold their connections.
+    # The third upload must be waiting on the server before the signal: a
+    # connection still in the listen backlog is a new connection, refused
+    # (reset) by the drain, not a request it answers.
     waiting = s.start_upload(body, len(body))
+    wait_until(lambda: s.metric("streamfeed_uploads_waiting") == 1, 10, what="the third upload to wait for a slot")
     s.proc.send_signal(signal.SIGTERM)
     r = read_reply(waiting)
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "shutting_down"
-    assert s.proc.wait(60) == 0
+    # The two holders are requests in progress, which the drain waits for:
+    # their clients give up, and the process ends without waiting for the
+    # slow-upload sweep to evict them.
     for sock in holders + [waiting]:
         sock.close()
+    assert s.proc.wait(60) == 0
 
 
 def test_counters_put_the_unit_before_total_and_no_bespoke_uptime_is_exported(start_server):

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from sfharness import st_body
+from sfharness import colour_batch, st_body
 
 SEG_SPEC = {
     "input": [3, 8, 8], "classes": 2, "layers": [
@@ -42,15 +42,6 @@ def args(spec, *extra):
 def seg_batch(rng, n=16):
     labels = rng.integers(0, 2, size=(n, 8, 8), dtype=np.uint8)
     images = rng.integers(0, 80, size=(n, 8, 8, 3)).astype(np.uint8) + (labels[..., None] * 120).astype(np.uint8)
-    return images, labels
-
-
-def cls_batch(rng, n=16):
-    labels = rng.integers(0, 4, size=n, dtype=np.uint8)
-    images = rng.integers(0, 100, size=(n, 8, 8, 3)).astype(np.uint8)
-    for i, q in enumerate(labels):
-        if q < 3:
-            images[i, :, :, q] += 100
     return images, labels
 
 
@@ -93,7 +84,7 @@ def test_residual_batchnorm_model_trains_with_adamw_and_gradient_accumulation(st
                           "--model.grad_accum_steps", "2"))
     losses = []
     for i in range(300):
-        b = s.post_arrays(*cls_batch(rng), wait=True).json()
+        b = s.post_arrays(*colour_batch(rng), wait=True).json()
         assert b["state"] == "done", b
         assert b["step"] == (i + 1) // 2  # optimizer steps
         losses.append(b["loss"])

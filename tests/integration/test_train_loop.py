@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from sfharness import learnable_batch, st_body
+from sfharness import learnable_batch, st_body, wait_until
 
 SAFETENSORS = {"Content-Type": "application/vnd.safetensors"}
 AUG = '[{"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.5],"std":[0.25]}]'
@@ -144,6 +144,79 @@ def test_returned_logits_have_the_batch_shape_and_match_the_reply_of_a_second_ev
     # The logits are the reply, so they need wait=1.
     nowait = s.request("POST", "/v1/batches?mode=eval&return=logits", data=st_body(x, y), headers=SAFETENSORS)
     assert nowait.status_code == 400 and nowait.json()["error"]["code"] == "bad_query"
+
+
+def timed_out_logits_eval(s, rng, x, y):
+    """Queues about a second of training, then posts an eval batch with
+    return=logits and a 1 ms wait, which runs out while the batch waits its
+    turn: the reply is the 202 of a batch still queued."""
+    body = st_body(*learnable_batch(rng, 256))
+    for _ in range(12):
+        assert s.post_batch(body).status_code == 202
+    assert s.patch_config({"pipeline": {"wait_timeout_ms": 1}}).status_code == 200
+    r = post(s, x, y, "&mode=eval&return=logits")
+    assert s.patch_config({"pipeline": {"wait_timeout_ms": 60000}}).status_code == 200
+    assert r.status_code == 202 and r.json()["state"] != "done", r.text
+    assert r.json()["logits"] == "kept"
+    assert r.headers["Location"] == f"/v1/batches/{r.json()['id']}/logits"
+    return r.json()["id"]
+
+
+def test_logits_whose_wait_ran_out_are_kept_and_match_those_of_a_wait_that_did_not(start_server):
+    s = start_server(*TINY, "--ring.slots", "16")
+    rng = np.random.default_rng(5)
+    x, y = learnable_batch(rng, 5)
+    bid = timed_out_logits_eval(s, rng, x, y)
+    r = s.get(f"/v1/batches/{bid}/logits?wait=1")
+    assert r.status_code == 200 and r.headers["Content-Type"] == "application/vnd.safetensors", r.text
+    kept = st_load(r.content)["logits"]
+    assert kept.shape == (5, 10) and kept.dtype == np.float32
+    # Nothing trained since: the same weights give the same logits in a reply.
+    direct = post(s, x, y, "&mode=eval&return=logits")
+    assert direct.status_code == 200, direct.text
+    assert np.array_equal(st_load(direct.content)["logits"], kept)
+    # Kept, not consumed: a second GET gets them again.
+    assert s.get(f"/v1/batches/{bid}/logits").content == r.content
+    assert s.batch(bid)["logits"] == "kept"
+    assert s.metric("streamfeed_logits_kept") == 1
+    assert s.metric("streamfeed_logits_kept_bytes") == len(r.content)
+
+
+def test_kept_logits_are_bounded_and_unknown_or_expired_ids_get_stable_codes(start_server):
+    s = start_server(*TINY, "--ring.slots", "16", "--eval.logits_keep_max", "1")
+    rng = np.random.default_rng(6)
+    x, y = learnable_batch(rng, 3)
+    first = timed_out_logits_eval(s, rng, x, y)
+    second = timed_out_logits_eval(s, rng, x, y)
+    # One more than eval.logits_keep_max: the oldest goes, counted.
+    assert s.batch(first)["logits"] == "expired"
+    r = s.get(f"/v1/batches/{first}/logits")
+    assert r.status_code == 410 and r.json()["error"]["code"] == "logits_expired", r.text
+    assert s.metric("streamfeed_logits_evicted_total", reason="count") == 1
+    assert s.get(f"/v1/batches/{second}/logits?wait=1").status_code == 200
+    # A training batch has no logits; an id never issued no batch.
+    r = s.get("/v1/batches/1/logits")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "logits_not_kept", r.text
+    r = s.get("/v1/batches/999999/logits")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "batch_not_found", r.text
+    r = s.get("/v1/batches/x/logits")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_batch_id", r.text
+    # Age: eval.logits_keep_s after its 202, the timer lets the second go.
+    assert s.patch_config({"eval": {"logits_keep_s": 1}}).status_code == 200
+    wait_until(lambda: s.metric("streamfeed_logits_evicted_total", reason="age") == 1, 10,
+               what="the kept logits to age out")
+    assert s.get(f"/v1/batches/{second}/logits").status_code == 410
+    assert s.metric("streamfeed_logits_kept") == 0 and s.metric("streamfeed_logits_kept_bytes") == 0
+
+
+def test_logits_larger_than_what_may_be_kept_are_refused_before_the_batch_runs(start_server):
+    s = start_server(*TINY, "--eval.logits_keep_bytes", "4096")
+    rng = np.random.default_rng(7)
+    # 128 x 10 floats are 5120 bytes: a 202 could not keep them.
+    r = post(s, *learnable_batch(rng, 128), "&mode=eval&return=logits")
+    assert r.status_code == 413 and r.json()["error"]["code"] == "logits_too_large", r.text
+    assert s.metric("streamfeed_batches_rejected_total", reason="logits_too_large") == 1
+    assert post(s, *learnable_batch(rng, 64), "&mode=eval&return=logits").status_code == 200
 
 
 def overflowing_checkpoint(s):

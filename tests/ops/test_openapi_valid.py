@@ -27,6 +27,7 @@ ROUTES = {
     ("PATCH", "/v1/config"),
     ("POST", "/v1/batches"),
     ("GET", "/v1/batches/{id}"),
+    ("GET", "/v1/batches/{id}/logits"),
     ("GET", "/v1/evals"),
     ("GET", "/v1/evals/{name}"),
     ("POST", "/v1/transform"),

@@ -15,6 +15,7 @@
 #include "gpu/backend.h"
 #include "gpu/ref/ref.h"
 #include "gpu/rng.h"
+#include "tests/unit/backend_step.h"
 
 #define BATCH 32
 #define HW 32
@@ -88,38 +89,15 @@ static void make_batch(fixture *f, uint64_t seq)
 static sf_batch batch_of(fixture *f, uint64_t seq, int n)
 {
     sf_aug_gen(&f->p, &f->plan, 1, seq, n, f->s);
-    sf_batch b = {0};
+    sf_batch b = u8_nhwc_batch(n, HW, HW, 3, f->images, f->labels, &f->plan, f->s, 0.02f);
     b.id = 1000 + seq;
     b.seq = seq;
     b.token = (void *)(uintptr_t)(0xabc0 + seq);
-    b.n = n;
-    b.h = HW;
-    b.w = HW;
-    b.c = 3;
-    b.nhwc = 1;
-    b.images = f->images;
-    b.label_dtype = SF_LABEL_U8;
-    b.labels = f->labels;
-    b.plan = &f->plan;
-    b.samples = f->s;
-    b.hyper.lr = 0.02f;
     b.hyper.momentum = 0.9f;
-    b.hyper.weight_decay = 0.0f;
     return b;
 }
 
-/* Submits one batch and polls its two events; returns STEP_DONE. */
-static sf_event step(fixture *f, const sf_batch *b)
-{
-    if (f->be->i->submit(f->be, b, err, sizeof err) != 0)
-        fail_msg("submit: %s", err);
-    sf_event ev[4];
-    int k = f->be->i->poll(f->be, ev, 4, 0);
-    assert_int_equal(k, 2);
-    assert_int_equal(ev[0].kind, SF_EV_SLOT_FREE);
-    assert_int_equal(ev[1].kind, SF_EV_STEP_DONE);
-    return ev[1];
-}
+static sf_event step(fixture *f, const sf_batch *b) { return submit_step(f->be, b); }
 
 static void training_the_tiny_preset_on_a_learnable_task_halves_the_loss(void **state)
 {

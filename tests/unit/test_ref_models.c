@@ -16,6 +16,7 @@
 
 #include "gpu/backend.h"
 #include "gpu/rng.h"
+#include "tests/unit/backend_step.h"
 
 #define BATCH 16
 #define HW 8
@@ -112,39 +113,14 @@ static void make_seg_batch(rig *r, uint64_t seq)
 static sf_batch batch_of(rig *r, uint64_t seq, float lr, float momentum)
 {
     sf_aug_gen(&r->p, &r->plan, 1, seq, BATCH, r->s);
-    sf_batch b = {0};
+    sf_batch b = u8_nhwc_batch(BATCH, HW, HW, 3, r->images, r->labels, &r->plan, r->s, lr);
     b.id = seq + 1;
     b.seq = seq;
-    b.n = BATCH;
-    b.h = HW;
-    b.w = HW;
-    b.c = 3;
-    b.nhwc = 1;
-    b.images = r->images;
-    b.label_dtype = SF_LABEL_U8;
-    b.labels = r->labels;
-    b.plan = &r->plan;
-    b.samples = r->s;
-    b.hyper.lr = lr;
     b.hyper.momentum = momentum;
-    b.hyper.beta1 = 0.9f;
-    b.hyper.beta2 = 0.999f;
-    b.hyper.eps = 1e-8f;
     return b;
 }
 
-static sf_event step(rig *r, const sf_batch *b)
-{
-    if (r->be->i->submit(r->be, b, err, sizeof err) != 0)
-        fail_msg("submit: %s", err);
-    sf_event ev[4];
-    assert_int_equal(r->be->i->poll(r->be, ev, 4, 0), 2);
-    assert_int_equal(ev[1].kind, SF_EV_STEP_DONE);
-    if (ev[1].status != 0)
-        fail_msg("step: %s", ev[1].err);
-    assert_true(isfinite(ev[1].loss));
-    return ev[1];
-}
+static sf_event step(rig *r, const sf_batch *b) { return trained_step(r->be, b); }
 
 /* Trains `steps` batches; returns mean loss of the last 10 over the first 10. */
 static double train_ratio(rig *r, int steps, int seg, float lr, float momentum, sf_event *last)

@@ -1,0 +1,336 @@
+/* client/jpeg_pool.c — see jpeg_pool.h. */
+#include "client/jpeg_pool.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <turbojpeg.h>
+
+#include "client/natural_image.h"
+
+/* A body of the encoded form: jpeg_offsets I64 [N+1], labels [N], jpeg U8
+ * [total] (the order Python's safetensors writes, offsets first, so the
+ * server checks each file as soon as it has arrived). */
+
+typedef struct jfile {
+    char *path;
+    int label;
+} jfile;
+
+/* snprintf for paths; -1 when the result would not fit. */
+static int pathf(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int pathf(char *out, size_t cap, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+static int is_jpeg_name(const char *n)
+{
+    size_t l = strlen(n);
+    return (l > 4 && (strcmp(n + l - 4, ".jpg") == 0 || strcmp(n + l - 4, ".JPG") == 0)) ||
+           (l > 5 && (strcmp(n + l - 5, ".jpeg") == 0 || strcmp(n + l - 5, ".JPEG") == 0));
+}
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void jfiles_free(jfile *f, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(f[i].path);
+    free(f);
+}
+
+/* The JPEG files of an ImageFolder layout, root/<class>/<file>.jpg: classes
+ * are the subfolders in sorted order (label 0 first), as torchvision's
+ * ImageFolder numbers them. Returns the count (0: none), or -1. */
+static int list_image_folder(const char *root, jfile **out, int *nclasses)
+{
+    struct dirent **cls = NULL;
+    int nc = scandir(root, &cls, NULL, alphasort), n = 0, cap = 0, k = 0, rc = 0;
+    jfile *f = NULL;
+    *nclasses = 0;
+    if (nc < 0)
+        return -1;
+    for (int c = 0; c < nc; c++) {
+        char sub[PATH_MAX];
+        if (cls[c]->d_name[0] == '.' || pathf(sub, sizeof sub, "%s/%s", root, cls[c]->d_name) || !is_dir(sub))
+            continue;
+        struct dirent **ents = NULL;
+        int ne = scandir(sub, &ents, NULL, alphasort);
+        for (int e = 0; e < ne; e++) {
+            if (rc == 0 && n < MAX_DIR_FILES && is_jpeg_name(ents[e]->d_name)) {
+                if (n == cap) {
+                    cap = cap ? cap * 2 : 256;
+                    jfile *nf = realloc(f, (size_t)cap * sizeof *f);
+                    if (!nf)
+                        rc = -1;
+                    else
+                        f = nf;
+                }
+                if (rc == 0) {
+                    char p[PATH_MAX];
+                    f[n].path = pathf(p, sizeof p, "%s/%s", sub, ents[e]->d_name) ? NULL : strdup(p);
+                    f[n].label = k;
+                    if (!f[n].path)
+                        rc = -1;
+                    else
+                        n++;
+                }
+            }
+            free(ents[e]);
+        }
+        free(ents);
+        k++;
+    }
+    for (int c = 0; c < nc; c++)
+        free(cls[c]);
+    free(cls);
+    if (rc != 0) {
+        jfiles_free(f, n);
+        return -1;
+    }
+    *out = f;
+    *nclasses = k;
+    return n;
+}
+
+static uint8_t *read_whole(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    struct stat st;
+    if (!f)
+        return NULL;
+    uint8_t *b = NULL;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
+        b = malloc((size_t)st.st_size);
+        if (b && fread(b, 1, (size_t)st.st_size, f) != (size_t)st.st_size) {
+            free(b);
+            b = NULL;
+        }
+        *len = (size_t)st.st_size;
+    }
+    fclose(f);
+    return b;
+}
+
+/* Builds the pool from the files: shuffled by --seed (a class-sorted order
+ * would give single-class batches), then cut into batches of --batch, the
+ * last one filled from the start again; at most MAX_POOL bodies and
+ * --pool-mb. Returns 0, 1 or 2. */
+static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
+{
+    uint64_t s = o->seed * 0x9e3779b97f4a7c15ULL + 17;
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng_next(&s) % (uint64_t)(i + 1));
+        jfile t = f[i];
+        f[i] = f[j];
+        f[j] = t;
+    }
+    const int bsz = o->batch;
+    int nb = (n + bsz - 1) / bsz;
+    if (nb > MAX_POOL)
+        nb = MAX_POOL;
+    out->b = calloc((size_t)nb, sizeof *out->b);
+    uint8_t **data = calloc((size_t)bsz, sizeof *data);
+    size_t *lens = calloc((size_t)bsz, sizeof *lens);
+    int64_t *off = calloc((size_t)bsz + 1, sizeof *off);
+    uint8_t *labels = calloc((size_t)bsz, 8);
+    int rc = out->b && data && lens && off && labels ? 0 : 1;
+    out->encoded = 1;
+    const uint64_t capb = o->pool_mb * 1024 * 1024;
+    for (int b = 0; rc == 0 && b < nb; b++) {
+        size_t total = 0;
+        for (int i = 0; rc == 0 && i < bsz; i++) {
+            const jfile *jf = &f[((size_t)b * (size_t)bsz + (size_t)i) % (size_t)n];
+            data[i] = read_whole(jf->path, &lens[i]);
+            if (!data[i]) {
+                fprintf(stderr, "streamfeed-load: %s: cannot read it (%s)\n", jf->path,
+                        errno ? strerror(errno) : "empty");
+                rc = 2;
+                break;
+            }
+            off[i] = (int64_t)total;
+            total += lens[i];
+            put_label(labels, (size_t)i, o->label_dtype, jf->label);
+        }
+        off[bsz] = (int64_t)total;
+        sf_st_tensor_desc t[3] = {
+            {.name = "jpeg_offsets", .dtype = SF_ST_I64, .ndim = 1, .shape = {bsz + 1}},
+            {.name = "labels", .dtype = o->label_dtype, .ndim = 1, .shape = {bsz}},
+            {.name = "jpeg", .dtype = SF_ST_U8, .ndim = 1, .shape = {(int64_t)total}},
+        };
+        size_t hl = rc == 0 ? sf_st_header_build(NULL, 0, t, 3, NULL) : 0;
+        size_t lb = (size_t)bsz * (size_t)sf_st_dtype_size(o->label_dtype);
+        size_t len = hl + 8 * ((size_t)bsz + 1) + lb + total;
+        if (rc == 0 && (hl == 0 || out->bytes + len > capb)) {
+            if (out->n == 0) {
+                fprintf(stderr, "streamfeed-load: one batch of JPEG files is larger than --pool-mb %" PRIu64 "\n",
+                        o->pool_mb);
+                rc = 2;
+            } else if (!o->quiet) {
+                fprintf(stderr, "streamfeed-load: using the first %d of %d batches (--pool-mb %" PRIu64 ")\n",
+                        out->n, nb, o->pool_mb);
+            }
+            for (int i = 0; i < bsz; i++)
+                free(data[i]), data[i] = NULL;
+            break;
+        }
+        uint8_t *body = rc == 0 ? malloc(len) : NULL;
+        if (rc == 0 && !body)
+            rc = 1;
+        if (rc == 0) {
+            sf_st_header_build((char *)body, hl, t, 3, NULL);
+            uint8_t *p = body + hl;
+            for (int i = 0; i <= bsz; i++, p += 8)
+                for (int k = 0; k < 8; k++)
+                    p[k] = (uint8_t)((uint64_t)off[i] >> (8 * k));
+            memcpy(p, labels, lb);
+            p += lb;
+            for (int i = 0; i < bsz; i++) {
+                memcpy(p, data[i], lens[i]);
+                p += lens[i];
+            }
+            out->b[out->n].data = body;
+            out->b[out->n].len = len;
+            out->n++;
+            out->bytes += len;
+        }
+        for (int i = 0; i < bsz; i++)
+            free(data[i]), data[i] = NULL;
+    }
+    free(data);
+    free(lens);
+    free(off);
+    free(labels);
+    if (rc != 0)
+        pool_free(out);
+    return rc;
+}
+
+int pool_load_jpeg_dir(const options *o, const char *root, pool *out)
+{
+    jfile *f = NULL;
+    int nclasses = 0;
+    int n = list_image_folder(root, &f, &nclasses);
+    if (n < 0) {
+        fprintf(stderr, "streamfeed-load: --dir %s: %s\n", root, strerror(errno));
+        return 2;
+    }
+    if (n == 0) {
+        fprintf(stderr,
+                "streamfeed-load: --dir %s holds no *.safetensors file and no class folder of *.jpg files "
+                "(PATH/<class>/<name>.jpg)\n",
+                root);
+        return 2;
+    }
+    if (!o->quiet)
+        fprintf(stderr, "streamfeed-load: %d JPEG files in %d class folders of %s\n", n, nclasses, root);
+    snprintf(out->jpeg_dir, sizeof out->jpeg_dir, "%s", root);
+    int rc = pool_from_jpegs(o, f, n, out);
+    jfiles_free(f, n);
+    return rc;
+}
+
+/* Where w1-jpeg keeps its files: --cache-dir, else $XDG_CACHE_HOME/streamfeed,
+ * ~/.cache/streamfeed, or /tmp/streamfeed-cache. */
+static void cache_root(const options *o, char *out, size_t cap)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (o->cache_dir)
+        snprintf(out, cap, "%s", o->cache_dir);
+    else if (x && *x)
+        snprintf(out, cap, "%s/streamfeed", x);
+    else if (home && *home)
+        snprintf(out, cap, "%s/.cache/streamfeed", home);
+    else
+        snprintf(out, cap, "/tmp/streamfeed-cache");
+}
+
+static int mkdir_p(const char *path)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    for (char *q = p + 1; *q; q++) {
+        if (*q == '/') {
+            *q = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST)
+                return -1;
+            *q = '/';
+        }
+    }
+    return mkdir(p, 0755) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+int pool_generate_jpeg(const options *o, pool *out)
+{
+    const workload *wl = o->wl;
+    const int count = o->pool * o->batch;
+    char root[PATH_MAX - 128], dir[PATH_MAX], tmp[PATH_MAX];
+    cache_root(o, root, sizeof root);
+    if (pathf(dir, sizeof dir, "%s/%s-%dx%d-q90-s%" PRIu64 "-n%d%s", root, wl->name, wl->h, wl->w, o->seed,
+              count, o->learnable ? "-learnable" : "")) {
+        fprintf(stderr, "streamfeed-load: the cache path under %s is too long\n", root);
+        return 2;
+    }
+    if (!is_dir(dir)) {
+        double t0 = now_s();
+        if (pathf(tmp, sizeof tmp, "%s.tmp-%ld", dir, (long)getpid())) {
+            fprintf(stderr, "streamfeed-load: the cache path %s is too long\n", dir);
+            return 2;
+        }
+        uint8_t hue[MAX_CLASSES][3];
+        class_hues(hue, wl->classes);
+        uint8_t *px = malloc((size_t)wl->h * (size_t)wl->w * 3);
+        tjhandle tj = tjInitCompress();
+        int rc = px && tj && mkdir_p(tmp) == 0 ? 0 : 1;
+        for (int k = 0; rc == 0 && k < wl->classes; k++) {
+            char cdir[PATH_MAX];
+            rc = pathf(cdir, sizeof cdir, "%s/%d", tmp, k) == 0 && mkdir(cdir, 0755) == 0 ? 0 : 1;
+        }
+        for (int i = 0; rc == 0 && i < count && !g_sigint; i++) {
+            int cls = i % wl->classes;
+            natural_image(px, wl->h, wl->w, o->seed * 0x100000001b3ULL ^ ((uint64_t)i << 20),
+                          o->learnable ? hue[cls] : NULL);
+            unsigned char *jpg = NULL;
+            unsigned long len = 0;
+            if (tjCompress2(tj, px, wl->w, wl->w * 3, wl->h, TJPF_RGB, &jpg, &len, TJSAMP_420, 90, 0) != 0) {
+                fprintf(stderr, "streamfeed-load: JPEG encode failed: %s\n", tjGetErrorStr2(tj));
+                rc = 1;
+                break;
+            }
+            char p[PATH_MAX];
+            FILE *f = pathf(p, sizeof p, "%s/%d/%06d.jpg", tmp, cls, i) ? NULL : fopen(p, "wb");
+            if (!f || fwrite(jpg, 1, len, f) != len)
+                rc = 1;
+            if (f && fclose(f) != 0)
+                rc = 1;
+            tjFree(jpg);
+        }
+        if (tj)
+            tjDestroy(tj);
+        free(px);
+        if (rc != 0 || g_sigint || rename(tmp, dir) != 0) {
+            fprintf(stderr, "streamfeed-load: could not generate %s: %s\n", dir, strerror(errno));
+            return 1;
+        }
+        if (!o->quiet)
+            fprintf(stderr, "streamfeed-load: generated %d JPEG files in %s (%.1f s)\n", count, dir, now_s() - t0);
+    }
+    return pool_load_jpeg_dir(o, dir, out);
+}

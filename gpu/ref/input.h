@@ -1,0 +1,50 @@
+/* gpu/ref/input.h — the reference input pipeline: JPEG decode (jpeg.c) and
+ * the augmentation (augment.c). Part of gpu/ref/ref.h, whose first comment
+ * states what every reference function promises. */
+#ifndef SF_GPU_REF_INPUT_H
+#define SF_GPU_REF_INPUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../aug.h"
+
+/* ---- JPEG decode (jpeg.c) ------------------------------------------------- */
+
+struct sf_batch;
+
+/* Decodes the n files of the encoded batch b (b->jpeg) into dst, cap bytes:
+ * sample i as 3-channel HWC uint8 of samples[i].src_h x src_w at byte
+ * samples[i].src_off. 0, or -1 with a message naming the sample. */
+int sf_ref_jpeg_decode(const struct sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen);
+
+
+/* ---- augmentation ------------------------------------------------------- */
+
+/* Runs the whole plan on n samples. Sample i's image starts at src + s[i].src_off
+ * and is s[i].src_h x src_w x plan->c, HWC when nhwc (always, for a ragged plan),
+ * else CHW; for a uniform plan that is src = [n,h,w,c] or [n,c,h,w].
+ * dst: float [n, c, out_h, out_w]. */
+void sf_ref_augment(const sf_aug_plan *plan, const sf_aug_sample *s, int n,
+                    const uint8_t *src, int nhwc, float *dst);
+
+/* The stages, exposed for tests of single ops. */
+void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s,
+                         const uint8_t *src1, int nhwc, float *dst1); /* one sample: src1
+                                                                         is its image */
+void sf_ref_aug_blur(const sf_aug_plan *plan, const sf_aug_sample *s,
+                     const float *in1, float *out1);                  /* one sample */
+void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s,
+                          float *io1);                                /* one sample */
+/* The second pass (plan->post: color_jitter, random_erasing and the stages
+ * after them), in place on one sample's output; nothing when n_post = 0. */
+void sf_ref_aug_post(const sf_aug_plan *plan, const sf_aug_sample *s, float *io1);
+/* One pixel's hue shift at clamp bound `bound` (tests). */
+void sf_ref_aug_hue(float *r, float *g, float *b, float shift, float bound);
+/* random_erasing's "random" value of (y, x, channel): a standard normal. */
+float sf_ref_aug_erase_noise(uint64_t erase_seed, int y, int x, int ch);
+/* The batch-level mixing, in place on the n samples' output io = [n, c,
+ * out_h, out_w]: sample i mixed with sample (i - 1) mod n as mix says. */
+void sf_ref_aug_mix(const sf_aug_plan *plan, const sf_aug_mix *mix, int n, float *io);
+
+#endif

@@ -160,13 +160,17 @@ def test_a_patch_on_rank_1_applies_on_rank_0_at_the_same_step(start_server, rng)
 
 
 def test_a_rank_killed_mid_run_makes_the_others_unready_with_a_reason_and_refuse_batches(start_server, rng):
-    ranks = start_job(start_server, 3, "--distributed.wait_ms", "20", "--distributed.timeout_s", "10")
+    # A survivor whose connection to the dead rank resets sees the loss at
+    # once; one that only waits on the other survivor sees it when its
+    # collective call times out (distributed.timeout_s), so the wait below
+    # must outlast that bound (under the sanitizers it was reached at 10 s).
+    ranks = start_job(start_server, 3, "--distributed.wait_ms", "20", "--distributed.timeout_s", "5")
     post_round(ranks, [learnable_batch(rng, n=B)] * 3)
     ranks[2].proc.kill()
     ranks[2].proc.wait()
     for s in ranks[:2]:
         reasons = wait_until(lambda s=s: (lambda r: r.json()["reasons"] if r.status_code == 503 else None)(
-            s.get("/readyz")), timeout=10, what="readyz false after a peer died")
+            s.get("/readyz")), timeout=20, what="readyz false after a peer died")
         assert any("lost the other ranks" in x for x in reasons), reasons
         im, lb = learnable_batch(rng, n=B)
         r = s.post_arrays(im, lb, wait=True)

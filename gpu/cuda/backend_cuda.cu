@@ -8,8 +8,7 @@
  *                     device memory).
  *   decode stream:    (a JPEG batch) wait jpeg_read[k] -> nvJPEG decode from
  *                     the pinned ring slot into staging area k (k = 0, 1 by
- *                     turns) -> jpeg_decoded[k]. The compute stream's
- *                     priority: see init_ctx.
+ *                     turns) -> jpeg_decoded[k]
  *   transform stream: wait done[b] -> h2d0[b] -> staging H2D, images H2D (from
  *                     the pinned ring slot; for a JPEG batch a wait for
  *                     jpeg_decoded[k] instead) -> h2d[b] -> labels to int32
@@ -175,11 +174,9 @@ typedef struct cuda_ctx {
      * staging areas by turns; the augmentation on the transform stream reads
      * them (jpeg_decode.h). jpeg_decoded[k]: area k holds its batch;
      * jpeg_read[k]: the augmentation that read area k is done, so the next
-     * decode may overwrite it. jpeg_last: the area of the last decode queued
-     * (-1 none), whose completion the next nvJPEG call waits for on the host
-     * (enqueue_transform). Without overlap one area on the one stream. jpeg
-     * is NULL when cfg.jpeg_max_batch_pixels is 0 or nvJPEG could not be used
-     * (jpeg_err). */
+     * decode may overwrite it. Without overlap one area on the one stream.
+     * jpeg is NULL when cfg.jpeg_max_batch_pixels is 0 or nvJPEG could not be
+     * used (jpeg_err). */
     sf_cuda_jpeg *jpeg;
     char jpeg_err[160];
     cudaStream_t st_decode_own;
@@ -187,7 +184,6 @@ typedef struct cuda_ctx {
     cudaEvent_t jpeg_decoded[SF_CUDA_JPEG_MAX_STAGES], jpeg_read[SF_CUDA_JPEG_MAX_STAGES];
     int jpeg_stages, jpeg_next; /* areas in use; the one the next batch decodes into */
     int jpeg_cur;               /* the area of the batch being queued */
-    int jpeg_last;
     double jpeg_host_s;  /* the last encoded batch's host time in the nvJPEG call */
 } cuda_ctx;
 
@@ -625,7 +621,6 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     if (cfg->jpeg_max_batch_pixels > 0) {
         c->jpeg_stages = cfg->overlap ? 2 : 1;
         c->jpeg_next = 0;
-        c->jpeg_last = -1;
         c->jpeg = sf_cuda_jpeg_new(cfg->max_batch, cfg->jpeg_max_batch_pixels, c->jpeg_stages, JPEG_LANES,
                                    c->jpeg_err, sizeof c->jpeg_err);
         cudaGetLastError();
@@ -872,17 +867,7 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
         const int k = c->jpeg_next;
         const cudaStream_t ds = c->st_decode;
         const uint64_t t0 = now_ns();
-        /* nvJPEG keeps one state per backend (pinned bitstream and
-         * coefficient buffers, device buffers), and a call may return
-         * before its copies and kernels have run (the hybrid backends): the
-         * next call would then rewrite buffers the last decode still reads.
-         * Waiting for the last decode here keeps the state's uses apart; on
-         * the decode stream's priority it is done by the time the next batch
-         * comes, so this wait is short. */
-        if (c->jpeg_last >= 0)
-            ce = cudaEventSynchronize(c->jpeg_decoded[c->jpeg_last]);
-        if (ce == cudaSuccess)
-            ce = cudaStreamWaitEvent(ds, c->jpeg_read[k], 0);
+        ce = cudaStreamWaitEvent(ds, c->jpeg_read[k], 0);
         int rc = ce != cudaSuccess;
         if (!rc)
             rc = sf_cuda_jpeg_decode(c->jpeg, bt, jpeg_want(c), k, ds);
@@ -892,7 +877,6 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
             if (ce == cudaSuccess)
                 ce = cudaStreamWaitEvent(ts, c->jpeg_decoded[k], 0);
             c->jpeg_cur = k;
-            c->jpeg_last = k;
             c->jpeg_next = (k + 1) % c->jpeg_stages;
         }
         if (rc) {
@@ -1604,18 +1588,14 @@ __global__ void k_probe(int *p)
 static int init_ctx(cuda_ctx *c, char *err, size_t errlen)
 {
     /* The compute stream gets the higher priority: the step is the critical
-     * path, augmentation fills the gaps. The decode stream gets it too: a
-     * JPEG batch's decode is on the critical path as well, since nvJPEG's
-     * call returns only when the decode has run (the engines' backend) and
-     * the engine thread submits nothing meanwhile. On the low priority its
-     * colour-conversion kernels waited behind the step's and the call held
-     * the thread for about decode + step (24.4 ms per ImageNet-like batch of
-     * 256 against a 9.6 ms decode alone, bench/results). */
+     * path, augmentation and decoding fill the gaps. (The decode stream at
+     * the compute stream's priority did not move the ImageNet-like JPEG rate
+     * on the H100: bench/results/2026-11-24-h100-data-parallel-jpeg-lanes-w2.md.) */
     int lo = 0, hi = 0;
     cudaDeviceGetStreamPriorityRange(&lo, &hi);
     if (cudaStreamCreateWithPriority(&c->st_compute, cudaStreamNonBlocking, hi) != cudaSuccess ||
         cudaStreamCreateWithPriority(&c->st_transform_own, cudaStreamNonBlocking, lo) != cudaSuccess ||
-        cudaStreamCreateWithPriority(&c->st_decode_own, cudaStreamNonBlocking, hi) != cudaSuccess ||
+        cudaStreamCreateWithPriority(&c->st_decode_own, cudaStreamNonBlocking, lo) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->st_aux, cudaStreamNonBlocking) != cudaSuccess ||
         cudaEventCreate(&c->anchor) != cudaSuccess || cudaEventCreate(&c->anchor_next) != cudaSuccess) {
         sf_errf(err, errlen, "cuda: stream/event creation failed: %s", cudaGetErrorString(cudaGetLastError()));

@@ -62,6 +62,13 @@ struct sf_cuda_jpeg {
     size_t *lengths;
     nvjpegImage_t *dst;
     sf_cuda_jpeg_backend last;
+    /* Completion of the last decode's work on its caller's stream (lanes
+     * included): nvJPEG reuses a state's pinned and device buffers, and the
+     * hybrid backends' calls return before their copies and kernels have
+     * run, so the next decode waits for it on the host before its nvJPEG
+     * call. The engines' calls return only when done: then it has fired. */
+    cudaEvent_t used;
+    int used_pending;
     long long allocs_built; /* nvJPEG allocations (all backends) when sf_cuda_jpeg_new returned */
     int borrowed;           /* d_out belongs to the decoder this one is a lane of */
 
@@ -228,6 +235,8 @@ void sf_cuda_jpeg_free(sf_cuda_jpeg *j)
     }
     for (int k = 1; k < SF_CUDA_JPEG_BACKENDS; k++)
         backend_destroy(&j->be[k]);
+    if (j->used)
+        cudaEventDestroy(j->used);
     for (int k = 0; k < SF_CUDA_JPEG_MAX_STAGES && !j->borrowed; k++)
         cudaFree(j->d_out[k]);
     free(j->data);
@@ -327,6 +336,12 @@ static sf_cuda_jpeg *jpeg_make(int max_batch, int64_t max_pixels, int stages, sf
     j->out_cap = (size_t)max_pixels * 3;
     j->stages = stages;
     j->lanes = 1;
+    if (cudaEventCreateWithFlags(&j->used, cudaEventDisableTiming) != cudaSuccess) {
+        snprintf(err, errlen, "jpeg decode: event: %s", cudaGetErrorString(cudaGetLastError()));
+        j->used = NULL;
+        sf_cuda_jpeg_free(j);
+        return NULL;
+    }
     if (owner) {
         j->borrowed = 1;
         for (int k = 0; k < stages; k++)
@@ -709,7 +724,26 @@ static void prewarm(sf_cuda_jpeg *j)
     free(file);
 }
 
+static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s);
+
 int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s)
+{
+    /* the last decode's use of the states is over (see `used`) */
+    if (j->used_pending && cudaEventSynchronize(j->used) != cudaSuccess) {
+        sf_cuda_set_error("jpeg decode: the previous decode failed on the device: %s",
+                          cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
+    j->used_pending = 0;
+    const int rc = decode_batch(j, b, want, stage, s);
+    if (cudaEventRecord(j->used, s) == cudaSuccess)
+        j->used_pending = 1;
+    else
+        cudaGetLastError();
+    return rc;
+}
+
+static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s)
 {
     if (!b->jpeg || !b->jpeg_off || !b->samples || b->n < 1 || b->n > j->max_batch) {
         sf_cuda_set_error("jpeg decode: not an encoded batch of 1..%d files", j->max_batch);

@@ -165,6 +165,25 @@ template <typename T> static std::vector<T> to_nchw(const std::vector<T> &y, int
     return x;
 }
 
+#ifdef SF_GPU_MODEL_H
+/* The resnet18 preset at hw x hw input (the GPU tests train it at 64x64 to
+ * stay quick). 0, or -1 with a FAIL line printed. */
+static __attribute__((unused)) int resnet18_at(int hw, sf_model *m)
+{
+    char err[300];
+    if (sf_model_from_preset("resnet18", m, err, sizeof err)) {
+        printf("FAIL resnet18: %s\n", err);
+        return -1;
+    }
+    m->in_h = m->in_w = hw;
+    if (sf_model_resolve(m, err, sizeof err)) {
+        printf("FAIL resnet18 at %dx%d: %s\n", hw, hw, err);
+        return -1;
+    }
+    return 0;
+}
+#endif
+
 #ifdef SF_GPU_BACKEND_H
 /* The backend's build options a test varies between cases: the activation
  * layout and the cuDNN tuning budget (what pipeline.layout and

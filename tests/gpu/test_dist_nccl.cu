@@ -242,17 +242,9 @@ int main(void)
         printf("SKIPPED: no CUDA device\n");
         return 0;
     }
-    char err[300];
     sf_model r18;
-    if (sf_model_from_preset("resnet18", &r18, err, sizeof err)) {
-        printf("FAIL resnet18: %s\n", err);
+    if (resnet18_at(64, &r18))
         return 1;
-    }
-    r18.in_h = r18.in_w = 64;
-    if (sf_model_resolve(&r18, err, sizeof err)) {
-        printf("FAIL resnet18 at 64x64: %s\n", err);
-        return 1;
-    }
     g_layout = SF_ACT_LAYOUT_NHWC;
     g_tune_configs = 1;
     std::vector<batch_data> bs(4);

@@ -309,15 +309,8 @@ int main(void)
         return 1;
     }
     sf_model m;
-    if (sf_model_from_preset("resnet18", &m, err, sizeof err)) {
-        printf("FAIL resnet18: %s\n", err);
+    if (resnet18_at(64, &m))
         return 1;
-    }
-    m.in_h = m.in_w = 64;
-    if (sf_model_resolve(&m, err, sizeof err)) {
-        printf("FAIL resnet18 at 64x64: %s\n", err);
-        return 1;
-    }
     one_batch b1, b2;
     if (make_batch(cu, b1, 8, 64, m.n_classes, 41) || make_batch(cu, b2, 8, 64, m.n_classes, 42))
         return 1;

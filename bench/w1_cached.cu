@@ -10,7 +10,7 @@
  *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
  * Run: build/w1_cached [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
  *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
- *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--tune 8] [--profile 0|1|2]
+ *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--tune 8] [--profile 0|1|2]
  * Prints one human line and one JSON line; --profile 1 adds the time of each
  * op of one eager step and the plans chosen (engines, workspaces, memory);
  * --profile 2 also brackets one more step (a graph replay with --graphs 1) with
@@ -49,7 +49,7 @@ extern "C" {
 
 int main(int argc, char **argv)
 {
-    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, profile = 0;
+    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, patch = 1, profile = 0;
     float momentum = 0.f;
     sf_layout layout = SF_LAYOUT_NHWC;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -65,6 +65,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--fork")) fork = atoi(v);
         else if (!strcmp(k, "--fuse")) fuse = atoi(v);
         else if (!strcmp(k, "--thin")) thin = atoi(v);
+        else if (!strcmp(k, "--patch")) patch = atoi(v);
         else if (!strcmp(k, "--profile")) profile = atoi(v);
         else {
             fprintf(stderr, "w1_cached: unknown option %s\n", k);
@@ -138,6 +139,7 @@ int main(int argc, char **argv)
     nc.no_fork = !fork;
     nc.no_fuse = !fuse;
     nc.no_thin = !thin;
+    nc.no_patch = !patch;
     nc.seed = 1;
     sf_cuda_net *net = NULL;
     CK(sf_net_create(&net, &m, &nc, &io, dnn, blas, s) == 0);
@@ -156,9 +158,9 @@ int main(int argc, char **argv)
     CU(cudaEventElapsedTime(&ms, e0, e1));
     const double sps = 1000.0 * iters / ms;
     const char *pn = bf16 ? "bf16" : tf32 ? "tf32" : "fp32", *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
-    printf("w1_cached %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d: %.1f steps/s "
+    printf("w1_cached %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d: %.1f steps/s "
            "(%.3f ms/step, last loss %.4f)%s\n",
-           prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, sps, ms / iters, hres->loss,
+           prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, patch, sps, ms / iters, hres->loss,
            graphs && sf_net_graph_error(net)[0] ? " [graph capture failed: eager]" : "");
     printf("{\"bench\":\"w1_cached\",\"device\":\"%s\",\"batch\":%d,\"precision\":\"%s\",\"layout\":\"%s\","
            "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",

@@ -47,6 +47,7 @@ typedef struct sf_exec_switches {
     int keep_relu;  /* CUDA: ReLUs as separate kernels, not fused into their producers */
     int allow_rtc;  /* CUDA: consider cuDNN engines compiled at run time */
     int no_thin;    /* CUDA: thin 1x1 convolutions through cuDNN, not gpu/cuda/conv_thin.h's kernels */
+    int no_patch;   /* CUDA: non-overlapping convolutions' backward through cuDNN, not gpu/cuda/conv_patch.h's */
 } sf_exec_switches;
 
 /* Which nvJPEG backend decodes encoded batches on CUDA (jpeg.decoder). AUTO

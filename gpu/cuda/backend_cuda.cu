@@ -591,6 +591,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.no_fork = cfg->sw.no_fork;
     nc.no_fuse = cfg->sw.no_fuse;
     nc.no_thin = cfg->sw.no_thin;
+    nc.no_patch = cfg->sw.no_patch;
     nc.keep_relu = cfg->sw.keep_relu;
     nc.allow_rtc = cfg->sw.allow_rtc;
     nc.seed = cfg->seed;

@@ -157,28 +157,6 @@ __global__ void __launch_bounds__(CU_TPB) k_thin_bwd(const T *__restrict__ x, co
     }
 }
 
-/* Second pass: one warp per output sums the blocks' partials. */
-template <typename T>
-__global__ void k_thin_bwd_final(const float *__restrict__ part, int nblk, int nw, int nj, T *__restrict__ dw,
-                                 float *__restrict__ db)
-{
-    const int j = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-    if (j >= nj)
-        return;
-    float v = 0.f;
-    for (int k = lane; k < nblk; k += 32)
-        v += part[(size_t)k * nj + j];
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-        v += __shfl_down_sync(0xffffffffu, v, o);
-    if (lane)
-        return;
-    if (j < nw)
-        dw[j] = cu_to<T>(v);
-    else if (db)
-        db[j - nw] = v;
-}
-
 template <typename T, int C, int K, bool NHWC>
 static int thin_fwd(const void *x, const void *w, const float *b, void *y, size_t P, size_t hw, int relu,
                     cudaStream_t s)
@@ -198,7 +176,7 @@ static int thin_bwd(const void *x, const void *w, const void *y, const void *dy,
     k_thin_bwd<T, C, K, NHWC><<<nblk, CU_TPB, 0, s>>>((const T *)x, (const T *)w, (const T *)y, (const T *)dy,
                                                       (T *)dx, part, P, hw);
     SF_CUDA_CHECK_LAUNCH();
-    k_thin_bwd_final<T><<<cu_blocks((size_t)NJ * 32, CU_TPB), CU_TPB, 0, s>>>(part, nblk, K * C, NJ, (T *)dw, db);
+    k_sum_partials<T><<<cu_blocks((size_t)NJ * 32, CU_TPB), CU_TPB, 0, s>>>(part, nblk, K * C, NJ, (T *)dw, db);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -43,6 +43,7 @@
  * The whole step of one (buffer, batch size, optimizer on/off) is captured
  * once as a CUDA graph and replayed.
  */
+#include "conv_patch.h"
 #include "conv_thin.h"
 #include "executor.h"
 #include "dist_nccl.h"
@@ -170,6 +171,7 @@ typedef struct gop {
                             is not its input's first consumer), or a batchnorm's unwanted
                             dx: only live during this layer's backward */
     int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
+    int patch;           /* conv whose backward is conv_patch.h's one pass (a forward plan only) */
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
     /* conv: variant packs per batch buffer (a layer reading the model input or
@@ -413,8 +415,9 @@ static int g_try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, co
     return 0;
 }
 
-/* The cuDNN plans layer i needs, as a bit mask of sf_conv_dir (none for a thin conv). */
-static int g_dirs(const gop *o) { return o->thin ? 0 : o->frozen ? 1 : (o->want[0] ? 7 : 5); }
+/* The cuDNN plans layer i needs, as a bit mask of sf_conv_dir (none for a thin
+ * conv, the forward alone for a frozen one or one with the patch backward). */
+static int g_dirs(const gop *o) { return o->thin ? 0 : o->frozen || o->patch ? 1 : (o->want[0] ? 7 : 5); }
 
 static void gshape_destroy(gshape *S)
 {
@@ -896,6 +899,8 @@ static int g_create(sf_cuda_net *net)
                             sf_conv_thin_ok(L->in_c, L->out_c, L->k, L->stride, L->pad);
             g->op[i].fusable = !net->cfg.no_fuse && L->kind == SF_L_CONV2D && !g->op[i].thin &&
                                (L->n_b || g->op[i].relu);
+            g->op[i].patch = !net->cfg.no_patch && L->kind == SF_L_CONV2D && !g->op[i].frozen && g->dt == SF_DT_F32 &&
+                             sf_conv_patch_ok(g->lay, L->in_c, L->in_h, L->in_w, L->out_c, L->k, L->stride, L->pad);
         }
     }
     /* backward schedule */
@@ -982,13 +987,15 @@ static int g_create(sf_cuda_net *net)
         if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
             return -1;
     }
-    /* compute-stream scratch: bn, xent2d, bias grad, thin conv partials (never
-     * used at once) */
+    /* compute-stream scratch: bn, xent2d, bias grad, thin and patch conv
+     * partials (never used at once) */
     size_t sc = sizeof(float) * sf_cuda_bias_grad_scratch(max_c);
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         if (g->op[i].thin && sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c) > sc)
             sc = sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c);
+        if (g->op[i].patch && sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k) > sc)
+            sc = sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k);
         if (L->kind == SF_L_BATCHNORM2D) {
             size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, g->lay);
             if (b > sc)
@@ -1494,6 +1501,13 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
                 if (sf_conv_thin_bwd(dt, g->lay, g_in(net, i, 0, b), g_wd(net, i), ymask, o->dy, dx, g_gd(net, i),
                                      L->n_b ? net->grads + L->b_off : NULL, n, L->in_c, (size_t)L->in_h * L->in_w,
                                      L->out_c, (float *)g->scratch, s))
+                    return -1;
+                break;
+            }
+            if (o->patch) {
+                if (sf_conv_patch_bwd(dt, g_in(net, i, 0, b), g_wd(net, i), ymask, o->dy, dx, g_gd(net, i),
+                                      L->n_b ? net->grads + L->b_off : NULL, n, L->in_c, L->in_h, L->in_w, L->out_c,
+                                      L->k, (float *)g->scratch, s))
                     return -1;
                 break;
             }
@@ -2136,6 +2150,14 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
                 break;
             at += (size_t)w;
             continue;
+        }
+        if (g->op[i].patch) {
+            int w = snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d dgrad+wgrad: one-pass patch kernel%s\n",
+                             i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             g->op[i].relu ? " (ReLU mask and bias gradient inside)" : "");
+            if (w < 0)
+                break;
+            at += (size_t)w;
         }
         for (int d = 0; d < 3 && at < len; d++) {
             const sf_conv_plan *p = L->kind == SF_L_CONV2D ? &S->cp[i][d] : &S->tp[i].plan[d];

@@ -118,6 +118,7 @@ typedef struct sf_net_cfg {
     void *grad_reduce_ctx;
     size_t grad_bucket_bytes;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
+    int no_patch;        /* 1: run non-overlapping convolutions' backward (conv_patch.h) through cuDNN too */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;

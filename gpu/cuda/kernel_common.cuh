@@ -223,4 +223,29 @@ __device__ __forceinline__ void block_sum2(double &a, double &b)
     }
 }
 
+/* The second pass of a two-pass reduction whose first pass left nblk rows of
+ * nj partial sums (part[block][j]): one warp per output, in a fixed order.
+ * Outputs j < nw go to dw (type T), the rest to db[j - nw] (fp32; NULL: not
+ * wanted). Launch with 32 * nj threads. */
+template <typename T>
+__global__ void k_sum_partials(const float *__restrict__ part, int nblk, int nw, int nj, T *__restrict__ dw,
+                               float *__restrict__ db)
+{
+    const int j = (int)((blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
+    if (j >= nj)
+        return;
+    float v = 0.f;
+    for (int k = lane; k < nblk; k += 32)
+        v += part[(size_t)k * nj + j];
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    if (lane)
+        return;
+    if (j < nw)
+        dw[j] = cu_to<T>(v);
+    else if (db)
+        db[j - nw] = v;
+}
+
 #endif /* SF_GPU_CUDA_KERNEL_COMMON_CUH */

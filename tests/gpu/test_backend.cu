@@ -688,19 +688,23 @@ static void describe_check(sf_backend *be, const sf_model &m, batch_set &bs)
         /* a convolution the thin kernels run (conv_thin.h) has one line and no plans */
         char tkey[64];
         snprintf(tkey, sizeof tkey, "layer %d conv2d ", i);
-        int thin = 0;
+        int thin = 0, patch = 0;
         for (const char *l = buf; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
             const char *nl = strchr(l, '\n');
             std::string line(l, nl ? (size_t)(nl - l) : strlen(l));
             if (line.compare(0, strlen(tkey), tkey) == 0 && line.find(": thin 1x1 kernels") != std::string::npos)
                 thin = 1;
+            if (line.compare(0, strlen(tkey), tkey) == 0 && line.find(": one-pass patch kernel") != std::string::npos)
+                patch = 1;
         }
         if (thin) {
             want++;
             continue;
         }
+        /* a patch conv: its backward's line, then the forward plan alone */
+        want += patch;
         for (int d = 0; d < 3; d++) {
-            if (d == 1 && i == first_conv)
+            if ((d == 1 && i == first_conv) || (patch && d > 0))
                 continue;
             want++;
             char key[64];

@@ -14,6 +14,7 @@
  */
 #include "op_test.h"
 
+#include "../../gpu/cuda/conv_patch.h"
 #include "../../gpu/cuda/conv_thin.h"
 
 struct conv_case {
@@ -505,6 +506,80 @@ static void test_conv_thin(cudaStream_t s, int n, int c, int h, int w, int oc, s
     cudaFree(b_); cudaFree(db_); cudaFree(scratch);
 }
 
+/* The one-pass backward of a non-overlapping convolution against the double
+ * reference: y = relu?(conv + b) from the reference (the kernel's input
+ * mask), then dw, db, dx from dy masked by y > 0. fp32, NHWC, weights KRSC
+ * on the device. */
+static void test_conv_patch(cudaStream_t s, int n, int c, int h, int w, int k, int bias, int relu, int want_dx)
+{
+    const int oc = 32, oh = h / k, ow = w / k;
+    const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, ny = (size_t)n * oc * oh * ow,
+                 nw = (size_t)oc * c * k * k, ohw = (size_t)oh * ow;
+    std::vector<float> x(nx), wt(nw), b(oc), dy(ny), y(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(b, 0.5f);
+    rand_fill(dy, 1.f);
+    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), yr(ny), dyr = to_d(dy), dxr(nx), dwr(nw),
+                        dbr(oc, 0.0);
+    sf_ref_conv2d_fwd_f64(xd.data(), n, c, h, w, wd.data(), bias ? bd.data() : NULL, oc, k, k, 0, yr.data());
+    for (size_t e = 0; e < ny; e++) {
+        y[e] = relu && yr[e] < 0 ? 0.f : (float)yr[e];
+        if (relu && !(y[e] > 0.f))
+            dyr[e] = 0;
+    }
+    sf_ref_conv2d_bwd_f64(xd.data(), n, c, h, w, wd.data(), oc, k, k, 0, dyr.data(), dxr.data(), dwr.data(), NULL);
+    for (int a = 0; a < n; a++)
+        for (int o = 0; o < oc; o++)
+            for (size_t i = 0; i < ohw; i++)
+                dbr[o] += dyr[((size_t)a * oc + o) * ohw + i];
+    char name[200], nm[260];
+    snprintf(name, sizeof name, "conv patch n%d c%d %dx%d k%d%s%s%s", n, c, h, w, k, bias ? " bias" : "",
+             relu ? " relu" : "", want_dx ? " dx" : "");
+    float *x_ = dalloc<float>(nx), *dy_ = dalloc<float>(ny), *dx_ = dalloc<float>(nx), *dw_ = dalloc<float>(nw),
+          *y_ = dalloc<float>(ny), *w_ = dalloc<float>(nw), *db_ = dalloc<float>(oc),
+          *scratch = dalloc<float>(sf_conv_patch_scratch_floats(c, oc, k));
+    up(x_, to_nhwc(x, n, c, h, w));
+    up(w_, to_nhwc(wt, oc, c, k, k)); /* KCRS -> KRSC */
+    up(dy_, to_nhwc(dy, n, oc, oh, ow));
+    up(y_, to_nhwc(y, n, oc, oh, ow));
+    poison_f(dx_, nx);
+    poison_f(dw_, nw);
+    poison_f(db_, oc);
+    int rc = sf_conv_patch_bwd(SF_DT_F32, x_, w_, relu ? y_ : NULL, dy_, want_dx ? dx_ : NULL, dw_,
+                               bias ? db_ : NULL, n, c, h, w, oc, k, scratch, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(name, sf_cuda_last_error());
+    } else {
+        const std::vector<float> gwk = down(dw_, nw), gdw = to_nchw(gwk, oc, c, k, k), gdb = down(db_, oc),
+                                 gdx = to_nchw(down(dx_, nx), n, c, h, w);
+        struct {
+            const char *what;
+            const std::vector<float> *got;
+            const std::vector<double> *ref;
+            int on;
+        } outs[3] = {{"dw", &gdw, &dwr, 1}, {"db", &gdb, &dbr, bias}, {"dx", &gdx, &dxr, want_dx}};
+        for (auto &o : outs) {
+            if (!o.on)
+                continue;
+            snprintf(nm, sizeof nm, "%s %s", name, o.what);
+            check_v(nm, *o.got, *o.ref, 1e-5);
+        }
+        /* the same inputs give the same bits (the block count is a constant) */
+        if (sf_conv_patch_bwd(SF_DT_F32, x_, w_, relu ? y_ : NULL, dy_, NULL, dw_, bias ? db_ : NULL, n, c, h, w,
+                              oc, k, scratch, s) == 0) {
+            CU(cudaStreamSynchronize(s));
+            const std::vector<float> again = down(dw_, nw);
+            snprintf(nm, sizeof nm, "%s dw repeats bit for bit", name);
+            pass_or_fail(nm, memcmp(again.data(), gwk.data(), nw * sizeof(float)) == 0,
+                         "dw differs between two runs");
+        }
+    }
+    cudaFree(x_); cudaFree(dy_); cudaFree(dx_); cudaFree(dw_); cudaFree(y_); cudaFree(w_);
+    cudaFree(db_); cudaFree(scratch);
+}
+
 int main(void)
 {
     int count = 0;
@@ -576,6 +651,31 @@ int main(void)
     pass_or_fail("conv thin refuses 5 input channels", !sf_conv_thin_ok(5, 16, 1, 1, 0) &&
                                                             !sf_conv_thin_ok(3, 16, 2, 2, 0) &&
                                                             sf_conv_thin_ok(3, 16, 1, 1, 0), "eligibility");
+
+    /* the one-pass backward of non-overlapping convolutions: W1's 16 -> 32
+     * k2s2, its other shapes (k4 over 4 channels, k8 over 1), one image, a
+     * ragged last chunk, and W1's full 256x256 (more chunks than blocks) */
+    const int patch_cases[][5] = {{2, 16, 16, 16, 2}, {1, 16, 6, 10, 2}, {3, 4, 16, 8, 4}, {2, 1, 16, 24, 8},
+                                  {3, 16, 256, 256, 2}};
+    for (const auto &t : patch_cases)
+        for (int v = 0; v < 4; v++)
+            test_conv_patch(s, t[0], t[1], t[2], t[3], t[4], v & 1, (v >> 1) & 1, v != 1);
+    {
+        float *z = dalloc<float>(64 * 32 * 2);
+        pass_or_fail("conv patch refuses bf16 data",
+                     sf_conv_patch_bwd(SF_DT_BF16, z, z, NULL, z, NULL, z, NULL, 1, 16, 2, 2, 32, 2, z, s) != 0,
+                     "accepted bf16");
+        sf_cuda_clear_error();
+        cudaFree(z);
+    }
+    pass_or_fail("conv patch takes only non-overlapping 64-input, 32-output NHWC patches",
+                 sf_conv_patch_ok(SF_LAYOUT_NHWC, 16, 256, 256, 32, 2, 2, 0) &&
+                     !sf_conv_patch_ok(SF_LAYOUT_NCHW, 16, 256, 256, 32, 2, 2, 0) &&
+                     !sf_conv_patch_ok(SF_LAYOUT_NHWC, 16, 255, 256, 32, 2, 2, 0) &&
+                     !sf_conv_patch_ok(SF_LAYOUT_NHWC, 16, 256, 256, 32, 2, 1, 0) &&
+                     !sf_conv_patch_ok(SF_LAYOUT_NHWC, 32, 256, 256, 64, 2, 2, 0) &&
+                     !sf_conv_patch_ok(SF_LAYOUT_NHWC, 16, 256, 256, 32, 2, 2, 1),
+                 "eligibility");
 
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {

@@ -209,8 +209,8 @@ extern "C" int sf_conv_patch_bwd(sf_dtype dt, const void *x, const void *w, cons
                           __FILE__, __LINE__, c, oc, k, h, wd, (int)dt);
         return -1;
     }
-    if (!cu_al16(x) || !cu_al16(w) || !cu_al16(dy) || (y && !cu_al16(y)) || (dx && !cu_al16(dx))) {
-        sf_cuda_set_error("%s:%d: sf_conv_patch_bwd: x, w, y, dy and dx must be 16-byte aligned", __FILE__,
+    if (!cu_al16(x) || !cu_al16(dy) || (y && !cu_al16(y)) || (dx && !cu_al16(dx))) {
+        sf_cuda_set_error("%s:%d: sf_conv_patch_bwd: x, y, dy and dx must be 16-byte aligned", __FILE__,
                           __LINE__);
         return -1;
     }
@@ -236,4 +236,117 @@ extern "C" int sf_conv_patch_bwd(sf_dtype dt, const void *x, const void *w, cons
                                                                                (float *)dw, db);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
+}
+
+/* ---- the transposed convolution's forward, NCHW ---------------------------- */
+
+namespace {
+
+constexpr int TCO = 8; /* output channels per thread */
+
+/* Each warp takes 32 consecutive input pixels and TCO output channels; warps
+ * next to each other take the other channel groups of the same pixels, so
+ * their x loads hit in cache. A lane multiplies its pixel's CI inputs by the
+ * weights (shared memory, float4 per (ci, co): the 2 x 2 outputs) into
+ * TCO x 4 accumulators and stores each output row pair as float2. */
+template <int CI, int CO>
+__global__ void __launch_bounds__(CU_TPB)
+    k_convt_patch_fwd(const float *__restrict__ x, const float *__restrict__ w, const float *__restrict__ b,
+                      float *__restrict__ y, size_t P, unsigned hw, unsigned wi, int relu)
+{
+    static_assert(CO % TCO == 0, "whole channel groups");
+    constexpr int G = CO / TCO;
+    __shared__ __align__(16) float sw[CI * CO * 4];
+    __shared__ float sb[CO];
+    for (int e = threadIdx.x; e < CI * CO * 4; e += blockDim.x)
+        sw[e] = w[e];
+    for (int e = threadIdx.x; e < CO; e += blockDim.x)
+        sb[e] = b ? b[e] : 0.f;
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const size_t items = (P + 31) / 32 * G;
+    const size_t wstep = (size_t)gridDim.x * (blockDim.x >> 5);
+    for (size_t it = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); it < items; it += wstep) {
+        const int g = (int)(it % G);
+        const size_t pix = it / G * 32 + lane;
+        if (pix >= P)
+            continue;
+        const size_t n = pix / hw;
+        const unsigned p = (unsigned)(pix - n * hw), i = p / wi, j = p - i * wi;
+        const float *xp = x + n * CI * hw + p;
+        float a[TCO][4];
+#pragma unroll
+        for (int c = 0; c < TCO; c++)
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                a[c][q] = 0.f;
+#pragma unroll 8
+        for (int ci = 0; ci < CI; ci++) {
+            const float xv = __ldg(xp + (size_t)ci * hw);
+            const float4 *wr = reinterpret_cast<const float4 *>(sw + (ci * CO + g * TCO) * 4);
+#pragma unroll
+            for (int c = 0; c < TCO; c++) {
+                const float4 wv = wr[c];
+                a[c][0] = fmaf(xv, wv.x, a[c][0]);
+                a[c][1] = fmaf(xv, wv.y, a[c][1]);
+                a[c][2] = fmaf(xv, wv.z, a[c][2]);
+                a[c][3] = fmaf(xv, wv.w, a[c][3]);
+            }
+        }
+        const size_t ow = 2 * (size_t)wi, ohw = 4 * (size_t)hw;
+        float *yp = y + (n * CO + (size_t)g * TCO) * ohw + (2 * (size_t)i) * ow + 2 * (size_t)j;
+#pragma unroll
+        for (int c = 0; c < TCO; c++) {
+            float v[4];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                v[q] = a[c][q] + sb[g * TCO + c];
+                if (relu)
+                    v[q] = fmaxf(v[q], 0.f);
+            }
+            *reinterpret_cast<float2 *>(yp + c * ohw) = make_float2(v[0], v[1]);
+            *reinterpret_cast<float2 *>(yp + c * ohw + ow) = make_float2(v[2], v[3]);
+        }
+    }
+}
+
+template <int CI, int CO>
+int convt_patch_fwd(const float *x, const float *w, const float *b, float *y, size_t P, unsigned hw, unsigned wi,
+                    int relu, cudaStream_t s)
+{
+    const size_t warps = (P + 31) / 32 * (CO / TCO);
+    const size_t most = (size_t)cu_sms() * 8; /* a full device of 256-thread blocks, 2048 threads per SM */
+    const size_t want = cu_cdiv(warps, CU_TPB / 32);
+    k_convt_patch_fwd<CI, CO><<<(unsigned)(want < most ? want : most), CU_TPB, 0, s>>>(x, w, b, y, P, hw, wi, relu);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+} /* namespace */
+
+extern "C" int sf_convt_patch_ok(sf_layout lay, int c, int oc, int k, int stride, int pad)
+{
+    return lay == SF_LAYOUT_NCHW && k == 2 && stride == 2 && pad == 0 && ((c == 32 && oc == 16) || (c == 64 && oc == 32));
+}
+
+extern "C" int sf_convt_patch_fwd(sf_dtype dt, const void *x, const void *w, const float *b, void *y, int n, int c,
+                                  int h, int wd, int oc, int k, int relu, cudaStream_t s)
+{
+    if (!sf_convt_patch_ok(SF_LAYOUT_NCHW, c, oc, k, k, 0) || dt != SF_DT_F32 || h < 1 || wd < 1) {
+        sf_cuda_set_error("%s:%d: sf_convt_patch_fwd: no kernel for %d -> %d channels, k%d, %dx%d (dtype %d)",
+                          __FILE__, __LINE__, c, oc, k, h, wd, (int)dt);
+        return -1;
+    }
+    if ((uintptr_t)y & 7u) {
+        sf_cuda_set_error("%s:%d: sf_convt_patch_fwd: y must be 8-byte aligned", __FILE__, __LINE__);
+        return -1;
+    }
+    const size_t P = (size_t)(n < 0 ? 0 : n) * h * wd;
+    if (P == 0)
+        return 0;
+    if (c == 32)
+        return convt_patch_fwd<32, 16>((const float *)x, (const float *)w, b, (float *)y, P, (unsigned)(h * wd),
+                                       (unsigned)wd, relu, s);
+    return convt_patch_fwd<64, 32>((const float *)x, (const float *)w, b, (float *)y, P, (unsigned)(h * wd),
+                                   (unsigned)wd, relu, s);
 }

@@ -1,5 +1,8 @@
-/* gpu/cuda/conv_patch.h — the backward of a convolution whose kernel tiles
- * its input without overlap (kernel size == stride, no padding) and whose
+/* gpu/cuda/conv_patch.h — convolutions whose kernel tiles their input
+ * without overlap (kernel == stride, no padding): the backward of W1's
+ * stride-2 conv and the forward of W2's stride-2 transposed convs.
+ *
+ * The backward of a convolution whose kernel tiles its input without overlap (kernel size == stride, no padding) and whose
  * patches are short (k*k*c == 64 inputs, 32 outputs: W1's 16 -> 32 k2s2 at
  * 256x256), as one pass instead of cuDNN's three.
  *
@@ -48,10 +51,24 @@ size_t sf_conv_patch_scratch_floats(int c, int oc, int k);
 
 /* Backward, dt == SF_DT_F32: y is the forward output when a ReLU was fused
  * (its mask), else NULL. Writes dw (KRSC), db (NULL: no bias) and dx (NULL:
- * not wanted). x, w, y, dy and dx are 16-byte aligned; scratch holds
+ * not wanted). x, y, dy and dx are 16-byte aligned; scratch holds
  * sf_conv_patch_scratch_floats(c, oc, k) floats. */
 int sf_conv_patch_bwd(sf_dtype dt, const void *x, const void *w, const void *y, const void *dy, void *dx, void *dw,
                       float *db, int n, int c, int h, int wd, int oc, int k, float *scratch, cudaStream_t s);
+
+/* The forward of a transposed convolution with kernel == stride == 2, no
+ * padding, NCHW, fp32, 32 -> 16 or 64 -> 32 channels (W2's last two decoder
+ * layers): y = relu?(convT(x, w) + b), w in PyTorch's [c][oc][2][2], b NULL
+ * for no bias; sf_ref_convt2d_fwd semantics (gpu/ref/layers.h), computed in
+ * fp32. Why: each input pixel owns its own 2 x 2 block of every output
+ * channel, so the layer is a per-pixel product writing 4 * oc / c times the
+ * bytes it reads, yet cuDNN ran it in NCHW as a layout conversion, an NHWC
+ * data-gradient kernel, a conversion back and a bias/ReLU pass (2.0 ms for
+ * W2's last layer at batch 128 on an H100, against ~0.27 ms of memory
+ * traffic). One kernel with the bias and ReLU inside. y is 8-byte aligned. */
+int sf_convt_patch_ok(sf_layout lay, int c, int oc, int k, int stride, int pad);
+int sf_convt_patch_fwd(sf_dtype dt, const void *x, const void *w, const float *b, void *y, int n, int c, int h,
+                       int wd, int oc, int k, int relu, cudaStream_t s);
 
 #ifdef __cplusplus
 }

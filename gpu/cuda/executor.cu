@@ -172,6 +172,7 @@ typedef struct gop {
                             dx: only live during this layer's backward */
     int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
     int patch;           /* conv whose backward is conv_patch.h's one pass (a forward plan only) */
+    int tpatch;          /* convT whose forward is conv_patch.h's kernel (backward plans only) */
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
     /* conv: variant packs per batch buffer (a layer reading the model input or
@@ -417,7 +418,14 @@ static int g_try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, co
 
 /* The cuDNN plans layer i needs, as a bit mask of sf_conv_dir (none for a thin
  * conv, the forward alone for a frozen one or one with the patch backward). */
-static int g_dirs(const gop *o) { return o->thin ? 0 : o->frozen || o->patch ? 1 : (o->want[0] ? 7 : 5); }
+static int g_dirs(const gop *o)
+{
+    if (o->thin)
+        return 0;
+    if (o->tpatch)
+        return o->frozen ? 0 : o->want[0] ? 6 : 4;
+    return o->frozen || o->patch ? 1 : (o->want[0] ? 7 : 5);
+}
 
 static void gshape_destroy(gshape *S)
 {
@@ -901,6 +909,8 @@ static int g_create(sf_cuda_net *net)
                                (L->n_b || g->op[i].relu);
             g->op[i].patch = !net->cfg.no_patch && L->kind == SF_L_CONV2D && !g->op[i].frozen && g->dt == SF_DT_F32 &&
                              sf_conv_patch_ok(g->lay, L->in_c, L->in_h, L->in_w, L->out_c, L->k, L->stride, L->pad);
+            g->op[i].tpatch = !net->cfg.no_patch && L->kind == SF_L_CONV_TRANSPOSE2D && g->dt == SF_DT_F32 &&
+                              sf_convt_patch_ok(g->lay, L->in_c, L->out_c, L->k, L->stride, L->pad);
         }
     }
     /* backward schedule */
@@ -1128,6 +1138,12 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         case SF_L_CONV_TRANSPOSE2D: {
+            if (o->tpatch) {
+                if (sf_convt_patch_fwd(dt, x, g_wd(net, i), L->n_b ? P + L->b_off : NULL, o->y, n, L->in_c, L->in_h,
+                                       L->in_w, L->out_c, L->k, o->relu, s))
+                    return -1;
+                break;
+            }
             sf_convt_ptrs p = {(void *)x, g_wd(net, i), o->y, ws};
             if (sf_convt_run(h, &S->tp[i], SF_CONV_FWD, &p))
                 return -1;
@@ -2151,10 +2167,12 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
             at += (size_t)w;
             continue;
         }
-        if (g->op[i].patch) {
-            int w = snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d dgrad+wgrad: one-pass patch kernel%s\n",
-                             i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
-                             g->op[i].relu ? " (ReLU mask and bias gradient inside)" : "");
+        if (g->op[i].patch || g->op[i].tpatch) {
+            int w = snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d %s: %s patch kernel%s\n", i,
+                             sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             g->op[i].patch ? "dgrad+wgrad" : "fwd", g->op[i].patch ? "one-pass" : "per-pixel",
+                             !g->op[i].relu ? "" : g->op[i].patch ? " (ReLU mask and bias gradient inside)"
+                                                                   : " (bias and ReLU inside)");
             if (w < 0)
                 break;
             at += (size_t)w;

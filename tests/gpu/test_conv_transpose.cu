@@ -2,12 +2,15 @@
  * gpu/cuda/conv_transpose.h against sf_ref_convt2d_*: forward + bias,
  * backward-data, backward-filter and bias gradient in both layouts, fp32 and
  * tf32, at W2's decoder shapes and odd ones; the plan cache; the bias/ReLU
- * epilogue on fp32 and bf16; bf16 plans (max-error criterion). *
+ * epilogue on fp32 and bf16; bf16 plans (max-error criterion); the
+ * per-pixel k2s2 forward of gpu/cuda/conv_patch.h (bias and ReLU inside). *
  * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
 #include "op_test.h"
+
+#include "../../gpu/cuda/conv_patch.h"
 
 /* ---- ConvTranspose2d -------------------------------------------------------- */
 
@@ -265,6 +268,39 @@ static void test_convt_bf16(cudnnHandle_t dnn, cudaStream_t s, const convt_case 
     cudaFree(ws); cudaFree(d_b); cudaFree(d_db); cudaFree(scr);
 }
 
+/* conv_patch.h's k2s2 forward against the double reference, NCHW fp32:
+ * y = relu?(convT(x) + b), an odd spatial size and a pixel count that is not
+ * a multiple of the warps' 32. */
+static void test_convt_patch(cudaStream_t s, int n, int c, int h, int w, int bias, int relu)
+{
+    const int oc = c / 2, oh = 2 * h, ow = 2 * w;
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * oc * oh * ow, nw = (size_t)c * oc * 4;
+    std::vector<float> x(nx), wt(nw), b(oc);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(b, 0.5f);
+    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), yr(ny);
+    sf_ref_convt2d_fwd_f64(xd.data(), n, c, h, w, wd.data(), bias ? bd.data() : NULL, oc, 2, 2, 0, yr.data());
+    if (relu)
+        for (double &v : yr)
+            v = v > 0 ? v : 0;
+    char name[160];
+    snprintf(name, sizeof name, "convT patch fwd n%d c%d %dx%d oc%d%s%s", n, c, h, w, oc, bias ? " bias" : "",
+             relu ? " relu" : "");
+    float *x_ = dalloc<float>(nx), *w_ = dalloc<float>(nw), *b_ = dalloc<float>(oc), *y_ = dalloc<float>(ny);
+    up(x_, x);
+    up(w_, wt);
+    up(b_, b);
+    poison_f(y_, ny);
+    const int rc = sf_convt_patch_fwd(SF_DT_F32, x_, w_, bias ? b_ : NULL, y_, n, c, h, w, oc, 2, relu, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail(name, sf_cuda_last_error());
+    else
+        check_v(name, down(y_, ny), yr, 1e-5);
+    cudaFree(x_); cudaFree(w_); cudaFree(b_); cudaFree(y_);
+}
+
 int main(void)
 {
     int count = 0;
@@ -310,6 +346,18 @@ int main(void)
     };
     for (const convt_case &cc : ct_bf16)
         test_convt_bf16(dnn, s, cc);
+    /* the k2s2 per-pixel forward: W2's last two decoder layers at batch 2,
+     * and odd sizes */
+    const int tp[][4] = {{2, 32, 128, 128}, {2, 64, 64, 64}, {3, 32, 5, 7}, {1, 64, 3, 11}};
+    for (const auto &t : tp)
+        for (int v = 0; v < 4; v++)
+            test_convt_patch(s, t[0], t[1], t[2], t[3], v & 1, v >> 1);
+    pass_or_fail("convT patch takes only NCHW k2s2 32->16 and 64->32",
+                 sf_convt_patch_ok(SF_LAYOUT_NCHW, 32, 16, 2, 2, 0) && sf_convt_patch_ok(SF_LAYOUT_NCHW, 64, 32, 2, 2, 0) &&
+                     !sf_convt_patch_ok(SF_LAYOUT_NHWC, 32, 16, 2, 2, 0) &&
+                     !sf_convt_patch_ok(SF_LAYOUT_NCHW, 32, 16, 3, 2, 0) &&
+                     !sf_convt_patch_ok(SF_LAYOUT_NCHW, 128, 64, 2, 2, 0),
+                 "eligibility");
 
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {

@@ -10,14 +10,31 @@
  * thread a few pixels at W1's 2M pixels and keep every SM busy. */
 #define THIN_BWD_BLOCKS 1024
 
-extern "C" int sf_conv_thin_ok(int c, int oc, int k, int stride, int pad)
+/* Blocks of the narrow backward's first pass (a constant, as above). */
+#define NARROW_BWD_BLOCKS 528
+#define NARROW_MAX 16 /* most input and output channels of the narrow kernels */
+#define NARROW_PX 256 /* pixels per chunk of the narrow backward: one per thread */
+
+/* The register kernels: few input channels, a few output channels. */
+static int thin_reg_ok(int c, int oc) { return c >= 1 && c <= 4 && (oc == 8 || oc == 16 || oc == 32); }
+
+/* The narrow kernels: up to 16 in and out, NCHW fp32 (see conv_thin.h). */
+static int thin_narrow_ok(sf_layout lay, sf_dtype dt, int c, int oc)
 {
-    return k == 1 && stride == 1 && pad == 0 && c >= 1 && c <= 4 && (oc == 8 || oc == 16 || oc == 32);
+    return lay == SF_LAYOUT_NCHW && dt == SF_DT_F32 && c >= 1 && c <= NARROW_MAX && oc >= 1 && oc <= NARROW_MAX;
+}
+
+extern "C" int sf_conv_thin_ok(sf_layout lay, sf_dtype dt, int c, int oc, int k, int stride, int pad)
+{
+    return k == 1 && stride == 1 && pad == 0 && (dt == SF_DT_F32 || dt == SF_DT_BF16) &&
+           (thin_reg_ok(c, oc) || thin_narrow_ok(lay, dt, c, oc));
 }
 
 extern "C" size_t sf_conv_thin_scratch_floats(int c, int oc)
 {
-    return (size_t)THIN_BWD_BLOCKS * (size_t)oc * (size_t)(c + 1);
+    const size_t reg = (size_t)THIN_BWD_BLOCKS * (size_t)oc * (size_t)(c + 1);
+    const size_t narrow = (size_t)NARROW_BWD_BLOCKS * (size_t)oc * (size_t)(c + 1);
+    return reg > narrow ? reg : narrow;
 }
 
 /* Pixel p's element j of a [p, J] (NHWC) or [n, J, hw] (NCHW) tensor. */
@@ -157,6 +174,167 @@ __global__ void __launch_bounds__(CU_TPB) k_thin_bwd(const T *__restrict__ x, co
     }
 }
 
+/* ---- the narrow kernels: NCHW fp32, up to 16 in and out channels ----------
+ * Forward: a thread per pixel, as k_thin_fwd with run-time channel counts.
+ * Backward: a block takes chunks of NARROW_PX consecutive pixels; each thread
+ * loads its pixel's dy (masked) and x into registers and shared memory,
+ * writes its dx from registers, and adds its dy to its bias sums; then thread
+ * j < oc * c adds pixel sums of dy[o] x[c] for weight (o, c) = (j / c, j % c)
+ * from shared memory (float4 rows) into one register kept across chunks.
+ * Holding all oc * c weight sums per thread, as k_thin_bwd does, would take
+ * up to 256 registers. */
+
+__global__ void __launch_bounds__(CU_TPB) k_narrow_fwd(const float *__restrict__ x, const float *__restrict__ w,
+                                                       const float *__restrict__ b, float *__restrict__ y, size_t P,
+                                                       size_t hw, int C, int K, int relu)
+{
+    __shared__ float sw[NARROW_MAX * NARROW_MAX], sb[NARROW_MAX];
+    for (int j = threadIdx.x; j < K * C; j += blockDim.x)
+        sw[j] = w[j];
+    for (int j = threadIdx.x; j < K; j += blockDim.x)
+        sb[j] = b ? b[j] : 0.f;
+    __syncthreads();
+    for (size_t p = (size_t)blockIdx.x * blockDim.x + threadIdx.x; p < P; p += (size_t)gridDim.x * blockDim.x) {
+        const size_t n = p / hw, q = p - n * hw;
+        const float *xp = x + n * C * hw + q;
+        float *yp = y + n * K * hw + q;
+        float xv[NARROW_MAX];
+#pragma unroll
+        for (int c = 0; c < NARROW_MAX; c++)
+            xv[c] = c < C ? xp[c * hw] : 0.f;
+#pragma unroll
+        for (int o = 0; o < NARROW_MAX; o++) {
+            if (o >= K)
+                break;
+            float a = sb[o];
+#pragma unroll
+            for (int c = 0; c < NARROW_MAX; c++)
+                if (c < C)
+                    a = fmaf(sw[o * C + c], xv[c], a);
+            yp[o * hw] = relu && a < 0.f ? 0.f : a;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(NARROW_PX)
+    k_narrow_bwd(const float *__restrict__ x, const float *__restrict__ w, const float *__restrict__ y,
+                 const float *__restrict__ dy, float *__restrict__ dx, float *__restrict__ part, size_t P, size_t hw,
+                 int C, int K)
+{
+    constexpr int RS = NARROW_PX + 4; /* row stride: 16-byte rows */
+    __shared__ __align__(16) float sx[NARROW_MAX * RS];
+    __shared__ __align__(16) float sd[NARROW_MAX * RS];
+    __shared__ float sw[NARROW_MAX * NARROW_MAX];
+    __shared__ float red[NARROW_PX / 32][NARROW_MAX];
+    const int t = threadIdx.x, NW = K * C;
+    for (int j = t; j < NW; j += blockDim.x)
+        sw[j] = w[j];
+    const int wo = t < NW ? t / C : 0, wc = t < NW ? t - wo * C : 0;
+    float aw = 0.f, ab[NARROW_MAX];
+#pragma unroll
+    for (int o = 0; o < NARROW_MAX; o++)
+        ab[o] = 0.f;
+    const size_t nch = (P + NARROW_PX - 1) / NARROW_PX;
+    for (size_t ch = blockIdx.x; ch < nch; ch += gridDim.x) {
+        __syncthreads(); /* the previous chunk's readers (and sw's writers) are done */
+        const size_t p = ch * NARROW_PX + t;
+        const bool in = p < P;
+        const size_t n = in ? p / hw : 0, q = in ? p - n * hw : 0;
+        float d[NARROW_MAX], xv[NARROW_MAX];
+#pragma unroll
+        for (int o = 0; o < NARROW_MAX; o++) {
+            float v = 0.f;
+            if (o < K && in) {
+                const size_t at = (n * K + o) * hw + q;
+                v = dy[at];
+                if (y && !(y[at] > 0.f))
+                    v = 0.f;
+            }
+            d[o] = v;
+            ab[o] += v;
+            if (o < K)
+                sd[o * RS + t] = v;
+        }
+#pragma unroll
+        for (int c = 0; c < NARROW_MAX; c++) {
+            xv[c] = c < C && in ? x[(n * C + c) * hw + q] : 0.f;
+            if (c < C)
+                sx[c * RS + t] = xv[c];
+        }
+        __syncthreads();
+        if (dx && in) {
+#pragma unroll
+            for (int c = 0; c < NARROW_MAX; c++) {
+                if (c >= C)
+                    break;
+                float a = 0.f;
+#pragma unroll
+                for (int o = 0; o < NARROW_MAX; o++)
+                    if (o < K)
+                        a = fmaf(sw[o * C + c], d[o], a);
+                dx[(n * C + c) * hw + q] = a;
+            }
+        }
+        if (t < NW) {
+            const float4 *xr = reinterpret_cast<const float4 *>(sx + wc * RS);
+            const float4 *dr = reinterpret_cast<const float4 *>(sd + wo * RS);
+#pragma unroll 8
+            for (int i = 0; i < NARROW_PX / 4; i++) {
+                const float4 a = xr[i], e = dr[i];
+                aw = fmaf(e.x, a.x, aw);
+                aw = fmaf(e.y, a.y, aw);
+                aw = fmaf(e.z, a.z, aw);
+                aw = fmaf(e.w, a.w, aw);
+            }
+        }
+    }
+    /* the block's sums: weights as they are, biases within each warp by
+     * shuffles, then across warps */
+    float *out = part + (size_t)blockIdx.x * (NW + K);
+    if (t < NW)
+        out[t] = aw;
+    const int lane = t & 31, wid = t >> 5;
+#pragma unroll
+    for (int o = 0; o < NARROW_MAX; o++) {
+        float v = ab[o];
+#pragma unroll
+        for (int k = 16; k; k >>= 1)
+            v += __shfl_down_sync(0xffffffffu, v, k);
+        if (lane == 0)
+            red[wid][o] = v;
+    }
+    __syncthreads();
+    if (t < K) {
+        float v = 0.f;
+        for (int k = 0; k < NARROW_PX / 32; k++)
+            v += red[k][t];
+        out[NW + t] = v;
+    }
+}
+
+static int narrow_fwd(const void *x, const void *w, const float *b, void *y, size_t P, size_t hw, int c, int oc,
+                      int relu, cudaStream_t s)
+{
+    k_narrow_fwd<<<cu_ew_blocks(P), CU_TPB, 0, s>>>((const float *)x, (const float *)w, b, (float *)y, P, hw, c, oc,
+                                                    relu);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+static int narrow_bwd(const void *x, const void *w, const void *y, const void *dy, void *dx, void *dw, float *db,
+                      size_t P, size_t hw, int c, int oc, float *part, cudaStream_t s)
+{
+    const size_t want = cu_cdiv(P, NARROW_PX);
+    const int nblk = (int)(want < NARROW_BWD_BLOCKS ? want : NARROW_BWD_BLOCKS), nj = oc * c + oc;
+    k_narrow_bwd<<<nblk, NARROW_PX, 0, s>>>((const float *)x, (const float *)w, (const float *)y, (const float *)dy,
+                                            (float *)dx, part, P, hw, c, oc);
+    SF_CUDA_CHECK_LAUNCH();
+    k_sum_partials<float><<<cu_blocks((size_t)nj * 32, CU_TPB), CU_TPB, 0, s>>>(part, nblk, oc * c, nj, (float *)dw,
+                                                                               db);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
 template <typename T, int C, int K, bool NHWC>
 static int thin_fwd(const void *x, const void *w, const float *b, void *y, size_t P, size_t hw, int relu,
                     cudaStream_t s)
@@ -214,7 +392,7 @@ template <typename T> static void thin_pick_c(int c, int oc, int nhwc, thin_fwd_
 
 static int thin_find(const char *fn, sf_dtype dt, sf_layout lay, int c, int oc, thin_fwd_fn *f, thin_bwd_fn *b)
 {
-    if (!sf_conv_thin_ok(c, oc, 1, 1, 0) || (dt != SF_DT_F32 && dt != SF_DT_BF16)) {
+    if (!thin_reg_ok(c, oc) || (dt != SF_DT_F32 && dt != SF_DT_BF16)) {
         sf_cuda_set_error("%s:%d: %s: no kernel for %d -> %d channels (dtype %d)", __FILE__, __LINE__, fn, c, oc,
                           (int)dt);
         return -1;
@@ -230,6 +408,8 @@ static int thin_find(const char *fn, sf_dtype dt, sf_layout lay, int c, int oc, 
 extern "C" int sf_conv_thin_fwd(sf_dtype dt, sf_layout lay, const void *x, const void *w, const float *b, void *y,
                                 int n, int c, size_t hw, int oc, int relu, cudaStream_t s)
 {
+    if (!thin_reg_ok(c, oc) && thin_narrow_ok(lay, dt, c, oc))
+        return n < 1 || hw == 0 ? 0 : narrow_fwd(x, w, b, y, (size_t)n * hw, hw, c, oc, relu, s);
     thin_fwd_fn f;
     thin_bwd_fn bw;
     if (thin_find("sf_conv_thin_fwd", dt, lay, c, oc, &f, &bw))
@@ -247,9 +427,10 @@ extern "C" int sf_conv_thin_bwd(sf_dtype dt, sf_layout lay, const void *x, const
                                 const void *dy, void *dx, void *dw, float *db, int n, int c, size_t hw, int oc,
                                 float *scratch, cudaStream_t s)
 {
+    const int narrow = !thin_reg_ok(c, oc) && thin_narrow_ok(lay, dt, c, oc);
     thin_fwd_fn f;
     thin_bwd_fn bw;
-    if (thin_find("sf_conv_thin_bwd", dt, lay, c, oc, &f, &bw))
+    if (!narrow && thin_find("sf_conv_thin_bwd", dt, lay, c, oc, &f, &bw))
         return -1;
     if (lay == SF_LAYOUT_NHWC && (!cu_al16(dy) || (y && !cu_al16(y)))) {
         sf_cuda_set_error("%s:%d: sf_conv_thin_bwd: dy and y must be 16-byte aligned", __FILE__, __LINE__);
@@ -262,5 +443,7 @@ extern "C" int sf_conv_thin_bwd(sf_dtype dt, sf_layout lay, const void *x, const
             SF_CUDA_CHECK(cudaMemsetAsync(db, 0, sizeof(float) * oc, s));
         return 0;
     }
+    if (narrow)
+        return narrow_bwd(x, w, y, dy, dx, dw, db, (size_t)n * hw, hw, c, oc, scratch, s);
     return bw(x, w, y, dy, dx, dw, db, (size_t)n * hw, hw, scratch, s);
 }

@@ -1,6 +1,7 @@
-/* gpu/cuda/conv_thin.h — 1x1, stride-1, unpadded convolutions with few input
+/* gpu/cuda/conv_thin.h — 1x1, stride-1, unpadded convolutions with few
  * channels (a stem that lifts RGB to a handful of channels, W1's 3 -> 16 at
- * 256x256), as two memory-bound kernels instead of cuDNN's.
+ * 256x256; a segmentation head, W2's 16 -> 10) as memory-bound kernels
+ * instead of cuDNN's.
  *
  * Why: such a layer does 2*c*oc flops per pixel (96 for 3 -> 16) on
  * (c + oc) elements, so it is bound by memory traffic, yet cuDNN runs it as an
@@ -36,9 +37,13 @@
 extern "C" {
 #endif
 
-/* Whether the kernels take this convolution: k == 1, stride 1, pad 0,
- * 1 <= c <= 4 and oc one of 8, 16, 32. */
-int sf_conv_thin_ok(int c, int oc, int k, int stride, int pad);
+/* Whether the kernels take this convolution: k == 1, stride 1, pad 0, fp32
+ * or bf16, and either 1 <= c <= 4 with oc one of 8, 16, 32 (any layout), or,
+ * NCHW fp32, up to 16 input and 16 output channels (the narrow kernels: a
+ * segmentation head such as W2's 16 -> 10 at 256x256, which cuDNN's NCHW
+ * fp32 engines ran at 1.5 ms forward and 2.0 ms backward on an H100 at batch
+ * 128, ~0.8 ms of memory traffic in all). */
+int sf_conv_thin_ok(sf_layout lay, sf_dtype dt, int c, int oc, int k, int stride, int pad);
 
 /* Floats of scratch sf_conv_thin_bwd needs at most (its partial sums). */
 size_t sf_conv_thin_scratch_floats(int c, int oc);

@@ -904,7 +904,7 @@ static int g_create(sf_cuda_net *net)
         for (int i = 0; i < g->nl; i++) {
             const sf_layer *L = &m->layers[i];
             g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
-                            sf_conv_thin_ok(L->in_c, L->out_c, L->k, L->stride, L->pad);
+                            sf_conv_thin_ok(g->lay, g->dt, L->in_c, L->out_c, L->k, L->stride, L->pad);
             g->op[i].fusable = !net->cfg.no_fuse && L->kind == SF_L_CONV2D && !g->op[i].thin &&
                                (L->n_b || g->op[i].relu);
             g->op[i].patch = !net->cfg.no_patch && L->kind == SF_L_CONV2D && !g->op[i].frozen && g->dt == SF_DT_F32 &&

@@ -648,9 +648,20 @@ int main(void)
                 for (int v = 0; v < 4; v++)
                     test_conv_thin(s, t[0], t[1], t[2], t[3], t[4], bf ? SF_DT_BF16 : SF_DT_F32, (sf_layout)lay,
                                    v & 1, (v >> 1) & 1, v != 1);
-    pass_or_fail("conv thin refuses 5 input channels", !sf_conv_thin_ok(5, 16, 1, 1, 0) &&
-                                                            !sf_conv_thin_ok(3, 16, 2, 2, 0) &&
-                                                            sf_conv_thin_ok(3, 16, 1, 1, 0), "eligibility");
+    /* the narrow kernels (NCHW fp32, up to 16 in and out): W2's head, odd
+     * channel counts and sizes, more pixels than the backward's blocks x 256 */
+    const int narrow_cases[][5] = {{2, 16, 9, 13, 10}, {3, 7, 5, 5, 16}, {1, 16, 3, 3, 1}, {2, 5, 20, 20, 12},
+                                   {3, 16, 256, 256, 10}};
+    for (const auto &t : narrow_cases)
+        for (int v = 0; v < 4; v++)
+            test_conv_thin(s, t[0], t[1], t[2], t[3], t[4], SF_DT_F32, SF_LAYOUT_NCHW, v & 1, (v >> 1) & 1, v != 1);
+    const sf_layout NC = SF_LAYOUT_NCHW, NH = SF_LAYOUT_NHWC;
+    pass_or_fail("conv thin eligibility: 1-4 in to 8/16/32 out anywhere, up to 16 x 16 NCHW fp32 only",
+                 sf_conv_thin_ok(NH, SF_DT_BF16, 3, 16, 1, 1, 0) && !sf_conv_thin_ok(NH, SF_DT_F32, 5, 16, 1, 1, 0) &&
+                     !sf_conv_thin_ok(NH, SF_DT_F32, 3, 16, 2, 2, 0) && sf_conv_thin_ok(NC, SF_DT_F32, 16, 10, 1, 1, 0) &&
+                     !sf_conv_thin_ok(NC, SF_DT_BF16, 16, 10, 1, 1, 0) &&
+                     !sf_conv_thin_ok(NC, SF_DT_F32, 17, 10, 1, 1, 0) && !sf_conv_thin_ok(NC, SF_DT_F32, 16, 17, 1, 1, 0),
+                 "eligibility");
 
     /* the one-pass backward of non-overlapping convolutions: W1's 16 -> 32
      * k2s2, its other shapes (k4 over 4 channels, k8 over 1), one image, a

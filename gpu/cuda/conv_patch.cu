@@ -35,6 +35,17 @@ constexpr int NJ = PO * PQ + PO; /* partial sums per block: dW, then db */
 constexpr int PATCH_BWD_BLOCKS = 792;
 
 static_assert(PT == (PC / 4) * (PQ / 4), "one 4 x 4 tile of dx per thread");
+
+/* a[i][j] += u_i v_j: one float4 operand pair, sixteen multiply-adds. */
+__device__ __forceinline__ void outer4(float (&a)[4][4], const float4 u, const float4 v)
+{
+    const float uu[4] = {u.x, u.y, u.z, u.w}, vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            a[i][j] = fmaf(uu[i], vv[j], a[i][j]);
+}
 static_assert(PT == 2 * (PO / 4) * (PQ / 4), "one 4 x 4 tile of dW per thread and patch parity");
 static_assert(PT % (PQ / 4) == 0 && PT % (PO / 4) == 0, "a thread loads the same columns in every row");
 
@@ -114,14 +125,8 @@ __global__ void __launch_bounds__(PT, 3)
                     a[m][j] = 0.f;
 #pragma unroll 8
             for (int o = 0; o < PO; o++) {
-                const float4 d = *reinterpret_cast<const float4 *>(&sDT[o * DTS + 4 * pg]);
-                const float4 wv = *reinterpret_cast<const float4 *>(&sW[o * PQ + q0]);
-                const float dv[4] = {d.x, d.y, d.z, d.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-                for (int m = 0; m < 4; m++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        a[m][j] = fmaf(dv[m], ww[j], a[m][j]);
+                outer4(a, *reinterpret_cast<const float4 *>(&sDT[o * DTS + 4 * pg]),
+                       *reinterpret_cast<const float4 *>(&sW[o * PQ + q0]));
             }
 #pragma unroll
             for (int m = 0; m < 4; m++) {
@@ -134,14 +139,8 @@ __global__ void __launch_bounds__(PT, 3)
         }
 #pragma unroll 4
         for (int p = par; p < PC; p += 2) {
-            const float4 d = *reinterpret_cast<const float4 *>(&sD[p * PO + 4 * og]);
-            const float4 xv = *reinterpret_cast<const float4 *>(&sX[p * PQ + q0]);
-            const float dv[4] = {d.x, d.y, d.z, d.w}, xx[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    aw[i][j] = fmaf(dv[i], xx[j], aw[i][j]);
+            outer4(aw, *reinterpret_cast<const float4 *>(&sD[p * PO + 4 * og]),
+                   *reinterpret_cast<const float4 *>(&sX[p * PQ + q0]));
         }
     }
     /* The block's partial sums. dW: the odd patches' tiles through shared

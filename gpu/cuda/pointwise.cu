@@ -287,24 +287,9 @@ __global__ void k_bgrad_planes_t(T *dy, const T *__restrict__ y, size_t N, int C
     }
 }
 
-/* Pass 2: db[c] = sum over chunks, in chunk order. */
-/* One warp per channel sums its chunks' partials: a thread per channel
- * walking 512 chunks one after another took ~20 us per layer on an H100 at
- * W1's shapes (one block in flight), longer than the first pass. */
-__global__ void k_bgrad_final_t(const float *__restrict__ partial, int nchunks, int C, float *__restrict__ db)
-{
-    const int c = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
-    if (c >= C)
-        return;
-    float s = 0.f;
-    for (int k = lane; k < nchunks; k += 32)
-        s += partial[(size_t)k * C + c];
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-        s += __shfl_down_sync(0xffffffffu, s, o);
-    if (lane == 0)
-        db[c] = s;
-}
+/* Pass 2 is k_sum_partials (kernel_common.cuh): one warp per channel sums
+ * its chunks' partials in chunk order (a thread per channel walking 512
+ * chunks one after another took ~20 us per layer on an H100 at W1's shapes). */
 
 /* ======================================================================== */
 /* launchers                                                                */
@@ -464,7 +449,7 @@ static int bias_grad_t(T *dy, const T *y, size_t outer, int c, size_t inner, flo
             k_bgrad_planes_t<T, 1><<<grid, CU_TPB, 0, s>>>(dy, y, outer, c, inner, npc, scratch);
     }
     SF_CUDA_CHECK_LAUNCH();
-    k_bgrad_final_t<<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(scratch, nchunks, c, db);
+    k_sum_partials<float><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(scratch, nchunks, 0, c, NULL, db);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -10,6 +10,10 @@ POST over HTTP as safetensors bodies. This package is such a loader::
     result = client.post_batch(images, labels, wait=True)   # a BatchResult
     print(result.loss, result.accuracy)
 
+    client.evaluate(images, labels, eval="holdout")   # forward only: loss, top1, top5
+    logits = client.logits(images, labels)            # float32 [N, classes]
+    client.eval_summary("holdout")                    # sample-weighted over its batches
+
     summary = client.feed(dataloader, connections=4)  # drain a whole DataLoader
     print(summary)
 
@@ -21,19 +25,19 @@ datasets yield them). :mod:`streamfeed.aio` is the asyncio client (httpx). Error
 code; back-pressure (429/503 with Retry-After) is retried with a capped back-off.
 """
 from .client import Client, RetryPolicy, check_url, parse_retry_after
-from .errors import (APIError, Backpressure, BadRequest, BatchFailed, Conflict, FeedAborted,
+from .errors import (APIError, Backpressure, BadRequest, BatchFailed, Conflict, FeedAborted, Gone,
                      MethodNotAllowed, NotFound, PayloadTooLarge, ServerError, StreamfeedError,
                      TransportError, Unauthorized, Unprocessable, UnsupportedMediaType)
 from .feed import FeedSummary, feed
-from .results import BatchAccepted, BatchResult
+from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import Body, decode_tensors, detect_layout, encode_batch, encode_batch_parts
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client", "RetryPolicy", "FeedSummary", "feed", "encode_batch", "encode_batch_parts", "Body",
-    "decode_tensors", "detect_layout", "check_url", "BatchAccepted", "BatchResult",
+    "decode_tensors", "detect_layout", "check_url", "BatchAccepted", "BatchResult", "EvalList", "EvalSummary",
     "parse_retry_after", "StreamfeedError", "TransportError", "APIError", "BadRequest", "Unauthorized",
-    "NotFound", "MethodNotAllowed", "Conflict", "PayloadTooLarge", "UnsupportedMediaType",
+    "NotFound", "MethodNotAllowed", "Conflict", "Gone", "PayloadTooLarge", "UnsupportedMediaType",
     "Unprocessable", "Backpressure", "ServerError", "BatchFailed", "FeedAborted", "__version__",
 ]

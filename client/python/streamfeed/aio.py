@@ -3,6 +3,8 @@
 >>> from streamfeed.aio import AsyncClient
 >>> async with AsyncClient("http://localhost:8080") as c:       # doctest: +SKIP
 ...     r = await c.post_batch(images, labels, wait=True)
+...     e = await c.evaluate(images, labels, eval="holdout")
+...     logits = await c.logits(images, labels)
 ...     summary = await c.feed(async_batches(), connections=4)
 
 It speaks the same protocol as :class:`streamfeed.Client` over httpx (``pip
@@ -19,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
-from typing import Any, AsyncIterable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, AsyncIterable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+
+import numpy as np
 
 try:
     import httpx
@@ -27,9 +31,10 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
     raise ImportError("streamfeed.aio needs httpx: pip install 'streamfeed[async]' (or httpx)") from _e
 
 from . import errors as E
-from .client import RetryPolicy, check_url, parse_retry_after
+from .client import (RetryPolicy, check_eval_name, check_url, decode_logits, eval_query, labels_for_eval,
+                     logits_path, logits_timeout, parse_retry_after)
 from .feed import FeedSummary, _deterministic, _ordinal, _unpack
-from .results import BatchAccepted, BatchResult
+from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
 
 
@@ -116,13 +121,17 @@ class AsyncClient:
 
     # ---- batches -----------------------------------------------------------------
 
-    async def post_body(self, body: Union[bytes, Body], wait: bool = False
+    async def post_body(self, body: Union[bytes, Body], wait: bool = False, *,
+                        query: Optional[Mapping[str, str]] = None
                         ) -> Tuple[Union[BatchAccepted, BatchResult], int]:
         """POSTs an encoded safetensors body; returns (reply, retries) as Client.post_body."""
         # httpx takes one bytes body: joined once here (its async transport
         # copies into its write buffer anyway).
         data = body.tobytes() if isinstance(body, Body) else body
-        resp, retries = await self._send("POST", "/v1/batches", params={"wait": "1"} if wait else None,
+        params = dict(query or {})
+        if wait:
+            params["wait"] = "1"
+        resp, retries = await self._send("POST", "/v1/batches", params=params or None,
                                          content=data, headers={"Content-Type": CONTENT_TYPE},
                                          timeout=self.wait_timeout if wait else None)
         reply = resp.json()
@@ -141,6 +150,87 @@ class AsyncClient:
         if labels is None:
             raise ValueError("labels are required to train")
         return (await self.post_body(encode_batch_parts(images, labels, layout), wait))[0]
+
+    # ---- evaluation ----------------------------------------------------------------
+
+    async def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = None, wait: bool = True,
+                       layout: Optional[str] = None) -> Union[BatchAccepted, BatchResult]:
+        """Submits one evaluation batch (POST /v1/batches?mode=eval); see Client.evaluate.
+
+        Returns the finished :class:`BatchResult` (``loss``, ``top1``,
+        ``top5``) with wait (the default), else a :class:`BatchAccepted`."""
+        body = encode_batch_parts(images, labels_for_eval(labels), layout)
+        return (await self.post_body(body, wait, query=eval_query(eval)))[0]
+
+    async def logits(self, images: Any, labels: Any, *, eval: Optional[str] = None,
+                     layout: Optional[str] = None) -> np.ndarray:
+        """The model's logits for an eval batch (``return=logits``); see Client.logits.
+
+        A 202 (the server's wait ran out first) is followed to the kept logits
+        (its ``Location``) until wait_timeout has passed since the POST.
+
+        Raises:
+            Gone, NotFound, PayloadTooLarge, BatchFailed, TimeoutError: as Client.logits.
+        """
+        body = encode_batch_parts(images, labels_for_eval(labels), layout).tobytes()
+        deadline = time.monotonic() + self.wait_timeout
+        resp, _ = await self._send("POST", "/v1/batches", params=eval_query(eval, logits=True), content=body,
+                                   headers={"Content-Type": CONTENT_TYPE}, timeout=self.wait_timeout)
+        if resp.status_code == 202:
+            batch_id = int(resp.json()["id"])
+            return await self._kept_logits(batch_id, logits_path(batch_id, resp.headers.get("Location")),
+                                           deadline)
+        return decode_logits(resp.headers.get("Content-Type", ""), resp.content, resp.json)
+
+    async def batch_logits(self, batch_id: int, wait: bool = True) -> Optional[np.ndarray]:
+        """GET /v1/batches/{id}/logits: the logits an eval batch kept; see
+        Client.batch_logits (None without wait while the batch has not run)."""
+        path = logits_path(batch_id)
+        if wait:
+            return await self._kept_logits(int(batch_id), path, time.monotonic() + self.wait_timeout)
+        resp = await self._get_logits(int(batch_id), path, wait=False)
+        if resp.status_code == 202:
+            return None
+        return decode_logits(resp.headers.get("Content-Type", ""), resp.content, resp.json)
+
+    async def _get_logits(self, batch_id: int, path: str, wait: bool) -> httpx.Response:
+        try:
+            resp, _ = await self._send("GET", path, params={"wait": "1"} if wait else None,
+                                       timeout=self.wait_timeout if wait else None)
+        except E.Conflict as e:
+            if e.code != "batch_failed":
+                raise
+            try:
+                failed = await self.batch(batch_id)
+            except E.NotFound:
+                raise e from None
+            raise E.BatchFailed(failed.raw) from e
+        return resp
+
+    async def _kept_logits(self, batch_id: int, path: str, deadline: float) -> np.ndarray:
+        """GET path?wait=1 until the logits come, pausing after a quick 202 (as Client's)."""
+        interval = 0.005
+        while True:
+            sent = time.monotonic()
+            resp = await self._get_logits(batch_id, path, wait=True)
+            if resp.status_code != 202:
+                return decode_logits(resp.headers.get("Content-Type", ""), resp.content, resp.json)
+            now = time.monotonic()
+            if now >= deadline:
+                raise logits_timeout(batch_id, self.wait_timeout)
+            if now - sent < interval:
+                await asyncio.sleep(min(interval - (now - sent), deadline - now))
+            interval = min(interval * 2, 0.25)
+
+    async def evals(self) -> EvalList:
+        """GET /v1/evals: every evaluation and ``max_names`` (see Client.evals)."""
+        return EvalList.from_json(await self._json("GET", "/v1/evals"))
+
+    async def eval_summary(self, name: str) -> EvalSummary:
+        """GET /v1/evals/{name}: one evaluation's aggregates (see Client.eval_summary)."""
+        return EvalSummary.from_json(await self._json("GET", f"/v1/evals/{check_eval_name(name)}"))
+
+    # ---- batch state -------------------------------------------------------------
 
     async def batch(self, batch_id: int) -> BatchResult:
         return BatchResult.from_json(await self._json("GET", f"/v1/batches/{int(batch_id)}"))

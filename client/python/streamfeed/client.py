@@ -14,17 +14,18 @@ from __future__ import annotations
 import email.utils
 import json
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 import numpy as np
 import requests
 
 from . import errors as E
-from .results import BatchAccepted, BatchResult
+from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, decode_tensors, encode_batch_parts
 
 if TYPE_CHECKING:  # feed.py imports this module: the summary type only for checkers
@@ -98,6 +99,82 @@ def parse_retry_after(value: Optional[str]) -> Optional[float]:
     if when is None:
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+#: An evaluation's name, as the server accepts it (openapi/streamfeed.yaml).
+EVAL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def check_eval_name(name: Any) -> str:
+    """name if the server would take it as an evaluation's name.
+
+    Raises:
+        TypeError: not a string.
+        ValueError: not 1 to 64 characters of ``A-Z a-z 0-9 _ . -``.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"eval must be a string naming the evaluation, got {type(name).__name__}")
+    if not EVAL_NAME.fullmatch(name):
+        raise ValueError(f"eval {name!r}: an evaluation's name is 1 to 64 characters of A-Z a-z 0-9 _ . -")
+    return name
+
+
+def eval_query(name: Optional[str], logits: bool = False) -> Dict[str, str]:
+    """The query of an eval batch: ``mode=eval``, ``eval=name`` when named,
+    ``return=logits`` (which the server takes with ``wait=1`` only)."""
+    q = {"mode": "eval"}
+    if name is not None:
+        q["eval"] = check_eval_name(name)
+    if logits:
+        q["return"] = "logits"
+        q["wait"] = "1"
+    return q
+
+
+def labels_for_eval(labels: Any) -> Any:
+    """labels, refusing None: the server scores every eval batch against its labels."""
+    if labels is None:
+        raise ValueError("labels are required: the server scores every eval batch against them "
+                         "(its loss, top1 and top5), logits included")
+    return labels
+
+
+def logits_path(batch_id: int, location: Optional[str] = None) -> str:
+    """The path of a batch's kept logits: the 202's ``Location`` when it is a
+    path, else the documented GET /v1/batches/{id}/logits."""
+    if location and location.startswith("/"):
+        return location
+    return f"/v1/batches/{int(batch_id)}/logits"
+
+
+def decode_logits(content_type: str, content: bytes, reply: Callable[[], Any]) -> np.ndarray:
+    """The ``logits`` tensor of a 200 reply of ``return=logits`` or GET
+    /v1/batches/{id}/logits, as the server sent it (float32 ``[N, classes]``,
+    ``[N, classes, H, W]`` for a segmentation model).
+
+    A JSON 200 instead is the final state of a batch that failed (reply()
+    decodes it).
+
+    Raises:
+        BatchFailed: the batch failed.
+        StreamfeedError: a reply that is neither.
+    """
+    if content_type.split(";")[0].strip() == CONTENT_TYPE:
+        tensors = decode_tensors(content)
+        if "logits" not in tensors:
+            raise E.StreamfeedError(f"the logits reply has no 'logits' tensor (it has {sorted(tensors)})")
+        return tensors["logits"]
+    body = reply()
+    if isinstance(body, dict) and body.get("state") == "failed":
+        raise E.BatchFailed(body)
+    raise E.StreamfeedError(f"expected the logits as safetensors, got {content_type or 'no content type'}: "
+                            f"{str(body)[:300]}")
+
+
+def logits_timeout(batch_id: int, timeout: float) -> TimeoutError:
+    """The TimeoutError of logits that did not come within the client's wait_timeout."""
+    return TimeoutError(f"batch {batch_id} had not run after {timeout}s; the server keeps its logits "
+                        f"(eval.logits_keep_s): ask again with batch_logits({batch_id})")
 
 
 class Client:
@@ -226,12 +303,14 @@ class Client:
 
     # ---- batches -----------------------------------------------------------------
 
-    def post_body(self, body: Union[bytes, Body], wait: bool = False
+    def post_body(self, body: Union[bytes, Body], wait: bool = False, *,
+                  query: Optional[Mapping[str, str]] = None
                   ) -> Tuple[Union[BatchAccepted, BatchResult], int]:
         """POSTs an already encoded safetensors body to /v1/batches.
 
         body is bytes or a :class:`streamfeed.wire.Body` (its parts are written
-        to the socket as they are, without being joined into one copy).
+        to the socket as they are, without being joined into one copy). query
+        holds further query parameters (``{"mode": "eval"}``: see evaluate()).
 
         Returns (reply, retries): the reply is a :class:`BatchAccepted` or,
         with wait, the finished :class:`BatchResult`.
@@ -240,7 +319,10 @@ class Client:
             BatchFailed: wait was set and the batch's step failed.
             APIError: the server rejected the batch (after the retries, for back-pressure).
         """
-        resp, retries = self._send("POST", "/v1/batches", params={"wait": "1"} if wait else None,
+        params = dict(query or {})
+        if wait:
+            params["wait"] = "1"
+        resp, retries = self._send("POST", "/v1/batches", params=params or None,
                                    data=body, headers={"Content-Type": CONTENT_TYPE},
                                    timeout=self.wait_timeout if wait else None)
         reply = resp.json()
@@ -281,6 +363,160 @@ class Client:
         if labels is None:
             raise ValueError("labels are required to train; use transform() for images alone")
         return self.post_body(encode_batch_parts(images, labels, layout), wait)[0]
+
+    # ---- evaluation ----------------------------------------------------------------
+
+    def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = None, wait: bool = True,
+                 layout: Optional[str] = None) -> Union[BatchAccepted, BatchResult]:
+        """Submits one evaluation batch (POST /v1/batches?mode=eval).
+
+        The server runs it forward only, in eval mode (batchnorm on its running
+        statistics), with ``augment.eval_pipeline``, on the weights left by
+        every training batch sent before it; nothing is updated. It counts
+        towards the evaluation named eval (GET /v1/evals/{name}).
+
+        Args:
+            images, labels, layout: as for :meth:`post_batch` (labels are
+                required: the batch is scored against them).
+            eval: the evaluation's name (1 to 64 of ``A-Z a-z 0-9 _ . -``);
+                None counts it towards "default".
+            wait: wait until it ran and return its result (the default).
+
+        Returns:
+            With wait, the finished :class:`BatchResult` (``kind`` "eval",
+            ``loss``, ``top1``, ``top5``, ``eval_name``, ``step``: the training
+            steps before it). Without, a :class:`BatchAccepted`.
+
+        Raises:
+            TypeError, ValueError: bad inputs or name (checked before anything is sent).
+            Conflict: code ``too_many_evals``: eval would be one name more than
+                the server's ``eval.max_names``.
+            APIError, Backpressure, BatchFailed: as for :meth:`post_batch`.
+        """
+        body = encode_batch_parts(images, labels_for_eval(labels), layout)
+        return self.post_body(body, wait, query=eval_query(eval))[0]
+
+    def logits(self, images: Any, labels: Any, *, eval: Optional[str] = None,
+               layout: Optional[str] = None) -> np.ndarray:
+        """The model's logits for a batch (POST /v1/batches?mode=eval&return=logits&wait=1).
+
+        The batch is an evaluation batch like :meth:`evaluate`'s (it counts
+        towards the evaluation eval too). When the server's wait
+        (``pipeline.wait_timeout_ms``) runs out before the batch ran, its
+        202 names where the logits are kept; they are fetched from there
+        (GET /v1/batches/{id}/logits?wait=1) until the client's wait_timeout
+        has passed since the POST.
+
+        Args:
+            images, layout: as for :meth:`post_batch`.
+            labels: required: the server scores every eval batch (its loss,
+                top1 and top5), logits included.
+            eval: the evaluation's name, as for :meth:`evaluate`.
+
+        Returns:
+            The logits as the server sends them: float32 ``[N, classes]``
+            (``[N, classes, H, W]`` for a segmentation model).
+
+        Raises:
+            PayloadTooLarge: code ``logits_too_large``: the logits alone exceed
+                the server's ``eval.logits_keep_bytes`` (refused before the batch ran).
+            Gone: code ``logits_expired``: the kept logits were let go before
+                they were fetched.
+            TimeoutError: the batch had not run within wait_timeout seconds
+                (the server still keeps the logits: :meth:`batch_logits`).
+            BatchFailed: the batch's forward failed.
+            TypeError, ValueError, APIError, Backpressure: as for :meth:`evaluate`.
+        """
+        body = encode_batch_parts(images, labels_for_eval(labels), layout)
+        deadline = time.monotonic() + self.wait_timeout
+        resp, _ = self._send("POST", "/v1/batches", params=eval_query(eval, logits=True), data=body,
+                             headers={"Content-Type": CONTENT_TYPE}, timeout=self.wait_timeout)
+        if resp.status_code == 202:
+            # The server's wait ran out first: it keeps the logits where Location says.
+            batch_id = int(resp.json()["id"])
+            return self._kept_logits(batch_id, logits_path(batch_id, resp.headers.get("Location")), deadline)
+        return decode_logits(resp.headers.get("Content-Type", ""), resp.content, resp.json)
+
+    def batch_logits(self, batch_id: int, wait: bool = True) -> Optional[np.ndarray]:
+        """The logits an eval batch kept when its ``return=logits`` wait ran
+        out (GET /v1/batches/{id}/logits). A read does not consume them.
+
+        Args:
+            batch_id: the batch's id (the 202's ``id``).
+            wait: wait until the batch ran, up to the client's wait_timeout.
+
+        Returns:
+            float32 ``[N, classes]`` (as :meth:`logits`); without wait, None
+            while the batch has not run yet.
+
+        Raises:
+            NotFound: code ``logits_not_kept`` (the batch kept none: a training
+                batch, or an eval batch whose logits were the POST's reply)
+                or ``batch_not_found`` (no such batch, or forgotten).
+            Gone: code ``logits_expired``: they were kept and have been let go
+                (``eval.logits_keep_s``, ``eval.logits_keep_max``,
+                ``eval.logits_keep_bytes``).
+            BatchFailed: the batch failed and has no logits.
+            TimeoutError: with wait, the batch had not run within wait_timeout.
+        """
+        path = logits_path(batch_id)
+        if wait:
+            return self._kept_logits(int(batch_id), path, time.monotonic() + self.wait_timeout)
+        resp = self._get_logits(int(batch_id), path, wait=False)
+        if resp.status_code == 202:
+            return None
+        return decode_logits(resp.headers.get("Content-Type", ""), resp.content, resp.json)
+
+    def _get_logits(self, batch_id: int, path: str, wait: bool) -> requests.Response:
+        """One GET of kept logits; a batch that failed raises BatchFailed with its state."""
+        try:
+            resp, _ = self._send("GET", path, params={"wait": "1"} if wait else None,
+                                 timeout=self.wait_timeout if wait else None)
+        except E.Conflict as e:
+            if e.code != "batch_failed":
+                raise
+            try:
+                failed = self.batch(batch_id)
+            except E.NotFound:
+                raise e from None
+            raise E.BatchFailed(failed.raw) from e
+        return resp
+
+    def _kept_logits(self, batch_id: int, path: str, deadline: float) -> np.ndarray:
+        """GET path?wait=1 until the logits come, or TimeoutError after deadline.
+
+        Each GET waits on the server (``pipeline.wait_timeout_ms``); a 202 that
+        comes back sooner than the polling interval (a server with a short
+        wait) is followed by a pause, so that the loop does not spin."""
+        interval = 0.005
+        while True:
+            sent = time.monotonic()
+            resp = self._get_logits(batch_id, path, wait=True)
+            if resp.status_code != 202:
+                return decode_logits(resp.headers.get("Content-Type", ""), resp.content, resp.json)
+            now = time.monotonic()
+            if now >= deadline:
+                raise logits_timeout(batch_id, self.wait_timeout)
+            if now - sent < interval:
+                time.sleep(min(interval - (now - sent), deadline - now))
+            interval = min(interval * 2, 0.25)
+
+    def evals(self) -> EvalList:
+        """GET /v1/evals: every evaluation (an :class:`EvalList` of
+        :class:`EvalSummary`, in the order of their first batch) and ``max_names``."""
+        return EvalList.from_json(self._json("GET", "/v1/evals"))
+
+    def eval_summary(self, name: str) -> EvalSummary:
+        """GET /v1/evals/{name}: one evaluation's sample-weighted loss, top1 and
+        top5 over all its batches (:class:`EvalSummary`).
+
+        Raises:
+            NotFound: code ``eval_not_found``: no eval batch with that name was accepted.
+            TypeError, ValueError: not a name the server would take.
+        """
+        return EvalSummary.from_json(self._json("GET", f"/v1/evals/{check_eval_name(name)}"))
+
+    # ---- batch state -------------------------------------------------------------
 
     def batch(self, batch_id: int) -> BatchResult:
         """GET /v1/batches/{id}: the batch's state, loss, accuracy and timings."""

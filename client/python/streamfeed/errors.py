@@ -19,6 +19,7 @@ Hierarchy::
         ├── NotFound              404
         ├── MethodNotAllowed      405
         ├── Conflict              409
+        ├── Gone                  410
         ├── PayloadTooLarge       413
         ├── UnsupportedMediaType  415
         ├── Unprocessable         422
@@ -99,7 +100,9 @@ class Unauthorized(APIError):
 
 
 class NotFound(APIError):
-    """404: no such route, or the batch id is unknown or was evicted."""
+    """404: no such route, the batch id is unknown or was evicted, no such
+    evaluation (``eval_not_found``), or a batch that kept no logits
+    (``logits_not_kept``)."""
 
 
 class MethodNotAllowed(APIError):
@@ -107,7 +110,15 @@ class MethodNotAllowed(APIError):
 
 
 class Conflict(APIError):
-    """409: the server's mode cannot do this (e.g. transform in sink mode)."""
+    """409: the server's mode or the resource's state cannot do this (e.g.
+    transform in sink mode, ``too_many_evals`` for one evaluation name more
+    than ``eval.max_names``)."""
+
+
+class Gone(APIError):
+    """410: the resource existed and has been let go (``logits_expired``: the
+    kept logits of an eval batch outlived ``eval.logits_keep_s`` or were
+    evicted by ``eval.logits_keep_max`` / ``eval.logits_keep_bytes``)."""
 
 
 class PayloadTooLarge(APIError):
@@ -157,6 +168,7 @@ _BY_STATUS = {
     404: NotFound,
     405: MethodNotAllowed,
     409: Conflict,
+    410: Gone,
     413: PayloadTooLarge,
     415: UnsupportedMediaType,
     422: Unprocessable,

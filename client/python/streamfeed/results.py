@@ -1,4 +1,5 @@
-"""Typed replies of the batch endpoints (openapi/streamfeed.yaml: BatchAccepted, Batch).
+"""Typed replies of the batch and evaluation endpoints (openapi/streamfeed.yaml:
+BatchAccepted, Batch, Eval).
 
 Each keeps the server's JSON object as ``raw`` and, so that code written
 against the dict replies keeps working, answers ``reply["loss"]`` as well as
@@ -7,7 +8,7 @@ against the dict replies keeps working, answers ``reply["loss"]`` as well as
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 
 class _Reply:
@@ -55,6 +56,15 @@ class BatchResult(_Reply):
         loss, accuracy: of its training step (None until done).
         timings: seconds per stage (queue_wait, h2d, transform, step, ...).
         error_code, error_message: why it failed (None unless failed).
+        kind: "train", "eval" (``mode=eval``) or "transform".
+        top1, top5: an eval batch's share of samples whose label is the
+            largest logit (the same as ``accuracy``) or among the 5 largest;
+            None for training batches and until done.
+        eval_name: the evaluation an eval batch counts towards (``eval=``,
+            "default" when none was named); None for training batches.
+        logits_state: "kept" or "expired" for an eval batch whose
+            ``return=logits`` wait ran out (whether GET
+            /v1/batches/{id}/logits still has its logits); None otherwise.
     """
 
     id: int
@@ -67,6 +77,12 @@ class BatchResult(_Reply):
     error_code: Optional[str]
     error_message: Optional[str]
     raw: Dict[str, Any] = field(repr=False, compare=False)
+    # After raw, with defaults: code that builds a BatchResult positionally keeps working.
+    kind: str = "train"
+    top1: Optional[float] = None
+    top5: Optional[float] = None
+    eval_name: Optional[str] = None
+    logits_state: Optional[str] = None
 
     @property
     def done(self) -> bool:
@@ -83,7 +99,80 @@ class BatchResult(_Reply):
         return cls(id=int(o["id"]), state=str(o.get("state")), n=int(o.get("n", 0)),
                    step=None if step is None else int(step), loss=_opt_float(o.get("loss")),
                    accuracy=_opt_float(o.get("accuracy")), timings=dict(o.get("timings") or {}),
-                   error_code=err.get("code"), error_message=err.get("message"), raw=dict(o))
+                   error_code=err.get("code"), error_message=err.get("message"), raw=dict(o),
+                   kind=str(o.get("kind") or "train"), top1=_opt_float(o.get("top1")),
+                   top5=_opt_float(o.get("top5")), eval_name=o.get("eval"), logits_state=o.get("logits"))
+
+
+@dataclass(frozen=True)
+class EvalSummary(_Reply):
+    """One named evaluation as GET /v1/evals/{name} describes it: the
+    sample-weighted aggregates of every eval batch sent with ``eval=name``.
+
+    Attributes:
+        name: the evaluation's name ("default" for eval batches sent without one).
+        batches: its finished batches; failed_batches: those that failed.
+        samples: the samples (pixels, for a segmentation model) scored.
+        loss, top1, top5: sample-weighted means over its batches; None before
+            the first batch finished (or, for loss, when it is not finite).
+        first_step, last_step: the optimizer step counts when its first and
+            its latest batch ran (None before the first).
+    """
+
+    name: str
+    batches: int
+    samples: int
+    failed_batches: int
+    loss: Optional[float]
+    top1: Optional[float]
+    top5: Optional[float]
+    first_step: Optional[int]
+    last_step: Optional[int]
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, o: Mapping[str, Any]) -> "EvalSummary":
+        return cls(name=str(o["name"]), batches=int(o.get("batches", 0)), samples=int(o.get("samples", 0)),
+                   failed_batches=int(o.get("failed_batches", 0)), loss=_opt_float(o.get("loss")),
+                   top1=_opt_float(o.get("top1")), top5=_opt_float(o.get("top5")),
+                   first_step=_opt_int(o.get("first_step")), last_step=_opt_int(o.get("last_step")),
+                   raw=dict(o))
+
+
+@dataclass(frozen=True)
+class EvalList(_Reply):
+    """GET /v1/evals: every evaluation, in the order of its first batch.
+
+    Iterating yields the :class:`EvalSummary` of each; ``len()`` counts them.
+
+    Attributes:
+        evals: the evaluations.
+        max_names: how many may exist (``eval.max_names``); an eval batch
+            naming one more is refused with 409 ``too_many_evals``.
+    """
+
+    evals: List[EvalSummary]
+    max_names: int
+    raw: Dict[str, Any] = field(repr=False, compare=False)
+
+    def __iter__(self) -> Iterator[EvalSummary]:
+        return iter(self.evals)
+
+    def __len__(self) -> int:
+        return len(self.evals)
+
+    def names(self) -> List[str]:
+        """The evaluations' names, in the order of their first batch."""
+        return [e.name for e in self.evals]
+
+    @classmethod
+    def from_json(cls, o: Mapping[str, Any]) -> "EvalList":
+        return cls(evals=[EvalSummary.from_json(e) for e in o.get("evals") or []],
+                   max_names=int(o.get("max_names", 0)), raw=dict(o))
+
+
+def _opt_int(v: Any) -> Optional[int]:
+    return None if v is None else int(v)
 
 
 def _opt_float(v: Any) -> Optional[float]:

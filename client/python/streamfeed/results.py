@@ -53,7 +53,8 @@ class BatchResult(_Reply):
         state: queued, transforming, training, done or failed.
         n: samples in the batch.
         step: the optimizer step it trained in (None until trained).
-        loss, accuracy: of its training step (None until done).
+        loss, accuracy: of its training step, or of an eval batch's forward
+            pass (None until done).
         timings: seconds per stage (queue_wait, h2d, transform, step, ...).
         error_code, error_message: why it failed (None unless failed).
         kind: "train", "eval" (``mode=eval``) or "transform".

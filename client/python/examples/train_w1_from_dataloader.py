@@ -6,7 +6,9 @@ ten colours (its label) plus uniform noise in [-40, 40], generated per index
 from a seed, so the DataLoader's worker processes produce the same data on
 every run. The loader yields uint8 NHWC batches ([B,256,256,3]) exactly as a
 real decoding loader would; streamfeed.Client.feed uploads them over several
-connections while the server augments and trains on its GPU.
+connections while the server augments and trains on its GPU. Then a held-out
+set (another seed) is scored as the evaluation "holdout" (Client.evaluate)
+and its sample-weighted loss and top-1 printed (Client.eval_summary).
 
 Run a server with the W1 model (``make run`` on a GPU host, or
 ``build/streamfeed --model.preset seed-classifier``), then::
@@ -17,9 +19,10 @@ Run a server with the W1 model (``make run`` on a GPU host, or
 Without a GPU, the tiny model with a resizing pipeline takes the same 256x256
 batches on the CPU reference backend::
 
+    PIPE='[{"op":"resize","size":[32,32]},{"op":"to_dtype","scale":0.00392157},
+           {"op":"normalize","mean":[0.5],"std":[0.25]}]'
     build/streamfeed --model.preset tiny --pipeline.backend ref --optim.lr 0.005 \\
-        --optim.momentum 0.9 --augment.pipeline '[{"op":"resize","size":[32,32]},
-        {"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.5],"std":[0.25]}]'
+        --optim.momentum 0.9 --augment.pipeline "$PIPE" --augment.eval_pipeline "$PIPE"
 
 Needs torch; exits with a message where it is not installed.
 """
@@ -73,6 +76,7 @@ def main(argv=None):
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=None, help="set optim.lr on the server first (hot)")
+    p.add_argument("--eval-batches", type=int, default=4, help="held-out batches scored after training (0: none)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
@@ -98,6 +102,17 @@ def main(argv=None):
     print(summary)
     if summary.first_loss is not None and summary.last_loss is not None:
         print(f"loss {summary.first_loss:.4f} -> {summary.last_loss:.4f}")
+    if args.eval_batches > 0:
+        # Another seed: images the model has not trained on. Eval batches run
+        # forward only, after every training batch sent before them.
+        holdout = ColourImages(args.eval_batches * args.batch_size, size=args.size, seed=args.seed + 1)
+        for images, labels in DataLoader(holdout, batch_size=args.batch_size):
+            client.evaluate(images, labels, eval="holdout")
+        e = client.eval_summary("holdout")
+        shown = {k: "n/a" if v is None else f"{v:.4f}" for k, v in (("loss", e.loss), ("top-1", e.top1),
+                                                                    ("top-5", e.top5))}
+        print(f"holdout: {e.samples} samples at step {e.last_step}, "
+              + ", ".join(f"{k} {v}" for k, v in shown.items()))
     return 0 if summary.ok else 1
 
 

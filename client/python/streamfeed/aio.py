@@ -32,7 +32,7 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
 
 from . import errors as E
 from .client import (RetryPolicy, check_eval_name, check_url, decode_logits, eval_query, labels_for_eval,
-                     logits_path, logits_timeout, parse_retry_after)
+                     logits_path, logits_timeout, parse_retry_after, poll_pause)
 from .feed import FeedSummary, _deterministic, _ordinal, _unpack
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
@@ -218,9 +218,9 @@ class AsyncClient:
             now = time.monotonic()
             if now >= deadline:
                 raise logits_timeout(batch_id, self.wait_timeout)
-            if now - sent < interval:
-                await asyncio.sleep(min(interval - (now - sent), deadline - now))
-            interval = min(interval * 2, 0.25)
+            pause, interval = poll_pause(sent, now, interval, deadline)
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     async def evals(self) -> EvalList:
         """GET /v1/evals: every evaluation and ``max_names`` (see Client.evals)."""

@@ -171,6 +171,15 @@ def decode_logits(content_type: str, content: bytes, reply: Callable[[], Any]) -
                             f"{str(body)[:300]}")
 
 
+def poll_pause(sent: float, now: float, interval: float, deadline: float) -> Tuple[float, float]:
+    """(seconds to sleep, next interval) after a 202 of a kept-logits GET sent
+    at sent: a reply that came sooner than interval (a server with a short
+    wait) is followed by a pause, so that polling does not spin; the interval
+    doubles up to 0.25 s. Shared by Client and AsyncClient."""
+    pause = min(interval - (now - sent), deadline - now) if now - sent < interval else 0.0
+    return pause, min(interval * 2, 0.25)
+
+
 def logits_timeout(batch_id: int, timeout: float) -> TimeoutError:
     """The TimeoutError of logits that did not come within the client's wait_timeout."""
     return TimeoutError(f"batch {batch_id} had not run after {timeout}s; the server keeps its logits "
@@ -497,9 +506,9 @@ class Client:
             now = time.monotonic()
             if now >= deadline:
                 raise logits_timeout(batch_id, self.wait_timeout)
-            if now - sent < interval:
-                time.sleep(min(interval - (now - sent), deadline - now))
-            interval = min(interval * 2, 0.25)
+            pause, interval = poll_pause(sent, now, interval, deadline)
+            if pause > 0:
+                time.sleep(pause)
 
     def evals(self) -> EvalList:
         """GET /v1/evals: every evaluation (an :class:`EvalList` of

@@ -1,5 +1,6 @@
 /* bench/w1_cached.cu — W1's model-only figure: the seed-classifier training
- * step on a device-cached batch (WORKLOADS.md "cached"), timed with CUDA events
+ * step (or another preset's: --preset, --hw for its input size) on a
+ * device-cached batch (WORKLOADS.md "cached"), timed with CUDA events
  * over --iters steps after --warmup steps. The step is the backend's own
  * (gpu/cuda/executor.h): forward, cross-entropy, backward, SGD (lr 1e-3, no
  * momentum, as W1), replayed as a CUDA graph unless --graphs 0.
@@ -8,9 +9,9 @@
  * every .cu of gpu/cuda/ ($SRC):
  *   nvcc -std=c++17 -arch=sm_90 -O3 -I. -DSF_HAVE_CUDA=1 $SRC bench/w1_cached.cu \
  *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
- * Run: build/w1_cached [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
+ * Run: build/w1_cached [--preset seed-classifier] [--hw N] [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
  *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
- *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--tune 8] [--profile 0|1|2]
+ *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--s2d 1|0] [--tune 8] [--profile 0|1|2]
  * Prints one human line and one JSON line; --profile 1 adds the time of each
  * op of one eager step and the plans chosen (engines, workspaces, memory);
  * --profile 2 also brackets one more step (a graph replay with --graphs 1) with
@@ -49,12 +50,16 @@ extern "C" {
 
 int main(int argc, char **argv)
 {
-    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, patch = 1, profile = 0;
+    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, patch = 1, s2d = 1, profile = 0;
     float momentum = 0.f;
+    const char *preset = "seed-classifier";
+    int hw = 0; /* 0: the preset's own input size */
     sf_layout layout = SF_LAYOUT_NHWC;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--batch")) batch = atoi(v);
+        else if (!strcmp(k, "--preset")) preset = v;
+        else if (!strcmp(k, "--hw")) hw = atoi(v);
         else if (!strcmp(k, "--precision")) tf32 = strcmp(v, "fp32") != 0, bf16 = !strcmp(v, "bf16");
         else if (!strcmp(k, "--layout")) layout = strcmp(v, "nchw") ? SF_LAYOUT_NHWC : SF_LAYOUT_NCHW;
         else if (!strcmp(k, "--graphs")) graphs = atoi(v);
@@ -66,6 +71,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--fuse")) fuse = atoi(v);
         else if (!strcmp(k, "--thin")) thin = atoi(v);
         else if (!strcmp(k, "--patch")) patch = atoi(v);
+        else if (!strcmp(k, "--s2d")) s2d = atoi(v);
         else if (!strcmp(k, "--profile")) profile = atoi(v);
         else {
             fprintf(stderr, "w1_cached: unknown option %s\n", k);
@@ -85,9 +91,16 @@ int main(int argc, char **argv)
     CU(cudaGetDeviceProperties(&prop, 0));
     char err[200];
     sf_model m;
-    if (sf_model_from_preset("seed-classifier", &m, err, sizeof err)) {
+    if (sf_model_from_preset(preset, &m, err, sizeof err)) {
         fprintf(stderr, "w1_cached: %s\n", err);
         return 1;
+    }
+    if (hw > 0) {
+        m.in_h = m.in_w = hw;
+        if (sf_model_resolve(&m, err, sizeof err)) {
+            fprintf(stderr, "w1_cached: %s\n", err);
+            return 1;
+        }
     }
 
     cudaStream_t s;
@@ -140,9 +153,12 @@ int main(int argc, char **argv)
     nc.no_fuse = !fuse;
     nc.no_thin = !thin;
     nc.no_patch = !patch;
+    nc.no_s2d = !s2d;
     nc.seed = 1;
     sf_cuda_net *net = NULL;
     CK(sf_net_create(&net, &m, &nc, &io, dnn, blas, s) == 0);
+    if (momentum != 0.f) /* the momentum buffer exists once a step asks for it */
+        CK(sf_net_use_momentum(net) == 0);
 
     for (int i = 0; i < warmup; i++)
         CK(sf_net_step(net, 0, batch, graphs, 1) == 0);
@@ -158,15 +174,15 @@ int main(int argc, char **argv)
     CU(cudaEventElapsedTime(&ms, e0, e1));
     const double sps = 1000.0 * iters / ms;
     const char *pn = bf16 ? "bf16" : tf32 ? "tf32" : "fp32", *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
-    printf("w1_cached %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d: %.1f steps/s "
+    printf("w1_cached %s %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d s2d=%d: %.1f steps/s "
            "(%.3f ms/step, last loss %.4f)%s\n",
-           prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, patch, sps, ms / iters, hres->loss,
+           preset, prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, patch, s2d, sps, ms / iters, hres->loss,
            graphs && sf_net_graph_error(net)[0] ? " [graph capture failed: eager]" : "");
     printf("{\"bench\":\"w1_cached\",\"device\":\"%s\",\"batch\":%d,\"precision\":\"%s\",\"layout\":\"%s\","
            "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",
            prop.name, batch, pn, ln, graphs, sps, ms / iters);
     if (profile) {
-        static char buf[16384];
+        static char buf[65536];
         if (sf_net_profile(net, 0, batch, buf, sizeof buf) == 0)
             printf("profile %s %s fork=%d (eager, per op; with fork the side stream's work overlaps):\n%s", ln, pn,
                    fork, buf);

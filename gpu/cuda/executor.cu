@@ -44,6 +44,7 @@
  * once as a CUDA graph and replayed.
  */
 #include "conv_patch.h"
+#include "conv_s2d.h"
 #include "conv_thin.h"
 #include "executor.h"
 #include "dist_nccl.h"
@@ -173,6 +174,11 @@ typedef struct gop {
     int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
     int patch;           /* conv whose backward is conv_patch.h's one pass (a forward plan only) */
     int tpatch;          /* convT whose forward is conv_patch.h's kernel (backward plans only) */
+    int s2d;             /* conv run as its space-to-depth form (conv_s2d.h): its plans are the
+                            rearranged convolution's, on the three tensors below */
+    void *s2d_x;         /* the rearranged input (max_batch samples), written by the forward,
+                            read by the backward-filter */
+    void *s2d_w, *s2d_gw; /* the rearranged weight (rebuilt each forward) and its gradient */
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
     /* conv: variant packs per batch buffer (a layer reading the model input or
@@ -305,6 +311,15 @@ template <typename Desc> static void g_desc(const sf_cuda_net *net, int i, int n
     d->allow_rtc = net->cfg.allow_rtc;
 }
 
+/* The descriptor cuDNN's plans of conv layer i are built for: the layer's
+ * own, or its space-to-depth form. */
+static void g_conv_desc(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
+{
+    g_desc(net, i, n, d);
+    if (net->g->op[i].s2d)
+        sf_conv_s2d_desc(d, d);
+}
+
 /* Stand-ins for a convolution's activation tensors while plans are timed. */
 typedef struct timing_ptrs {
     void *x, *y;
@@ -318,7 +333,11 @@ static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_c
     const gop *o = &g->op[i];
     memset(p, 0, sizeof *p);
     p->ws = ws;
-    if (dir == SF_CONV_FWD) {
+    if (o->s2d) { /* forward or backward-filter: one rearranged input for every buffer */
+        p->x = o->s2d_x;
+        p->w = dir == SF_CONV_FWD ? o->s2d_w : o->s2d_gw;
+        p->y = dir == SF_CONV_FWD ? o->y : o->dy;
+    } else if (dir == SF_CONV_FWD) {
         p->x = g_in(net, i, 0, b);
         p->w = g_wd(net, i);
         p->y = o->y;
@@ -466,7 +485,7 @@ static int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_
                     continue;
                 const int k = g_ws_kind(net, i, dir);
                 sf_conv_desc d;
-                g_desc(net, i, n, &d);
+                g_conv_desc(net, i, n, &d);
                 sf_conv_ptrs p;
                 g_ptrs(net, i, dir, 0, ws[k], &p);
                 if (tp) {
@@ -931,6 +950,16 @@ static int g_create(sf_cuda_net *net)
             }
         }
     }
+    /* space-to-depth: a trainable strided conv over few channels whose input
+     * gradient nobody wants (a stem reading the model input), in bf16 nets
+     * (where it was measured; fp32 and TF32 nets keep cuDNN's plain plan) */
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && g->dt == SF_DT_BF16 && !g->op[i].frozen &&
+                       !g->op[i].want[0] &&
+                       !g->op[i].thin && !g->op[i].patch &&
+                       sf_conv_s2d_ok(g->lay, L->in_c, L->k, L->stride);
+    }
     /* parameters and optimizer state; the trainable slice 16-byte aligned */
     const size_t np = m->n_params;
     /* SGD's momentum buffer comes with the first step that asks for momentum
@@ -988,6 +1017,15 @@ static int g_create(sf_cuda_net *net)
             continue;
         if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
             return -1;
+        if (o->s2d) {
+            sf_conv_desc d;
+            g_desc(net, i, (int)nb, &d);
+            if (dmalloc(net, &o->s2d_x, es * sf_conv_s2d_x_elems(&d)) ||
+                dmalloc(net, &o->s2d_w, es * sf_conv_s2d_w_elems(&d)) ||
+                dmalloc(net, &o->s2d_gw, es * sf_conv_s2d_w_elems(&d)))
+                return -1;
+            SF_CUDA_CHECK(cudaMemsetAsync(o->s2d_x, 0, es * sf_conv_s2d_x_elems(&d), net->s));
+        }
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
             return -1;
     }
@@ -1124,6 +1162,12 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                      (size_t)L->in_h * L->in_w, L->out_c, o->relu, s))
                     return -1;
                 break;
+            }
+            if (o->s2d) {
+                sf_conv_desc d;
+                g_desc(net, i, n, &d);
+                if (sf_conv_s2d_input(&d, x, o->s2d_x, s) || sf_conv_s2d_weight(&d, g_wd(net, i), o->s2d_w, s))
+                    return -1;
             }
             if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
                 if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
@@ -1534,6 +1578,12 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
                 return -1;
             if (g_conv_bwd(net, S, i, b, dx != NULL))
                 return -1;
+            if (o->s2d) {
+                sf_conv_desc d;
+                g_desc(net, i, n, &d);
+                if (sf_conv_s2d_wgrad(&d, o->s2d_gw, g_gd(net, i), s))
+                    return -1;
+            }
             break;
         case SF_L_CONV_TRANSPOSE2D: {
             if ((L->n_b || o->relu) &&
@@ -1670,15 +1720,22 @@ static int g_finish_create(sf_cuda_net *net)
      * this phase and the steady state, not their sum. The candidates may use
      * twice the largest activation tensor of workspace, between WS_TUNE_MIN
      * and WS_TUNE_MAX and at most 1/16 of free memory: ResNet-18's stem at
-     * batch 1024 runs best on an engine that wants about 820 MB (with 512 MiB
-     * it ran at 571 samples/s instead of 21k); W1's engines want at most
-     * 201 MB. */
+     * batch 1024, run as it is (executor switch no_s2d), runs best on an
+     * engine that wants about 820 MB (with 512 MiB it ran at 571 samples/s
+     * instead of 21k); W1's engines want at most 201 MB. */
     size_t in_max = 0, out_max = 0;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
             continue;
-        const size_t ib = (g->es * nb * L->in_c * L->in_h * L->in_w + 255) & ~(size_t)255;
+        size_t ib = (g->es * nb * L->in_c * L->in_h * L->in_w + 255) & ~(size_t)255;
+        if (g->op[i].s2d) {
+            sf_conv_desc d;
+            g_desc(net, i, (int)nb, &d);
+            const size_t sb = (g->es * sf_conv_s2d_x_elems(&d) + 255) & ~(size_t)255;
+            if (sb > ib)
+                ib = sb;
+        }
         const size_t ob = (g->es * nb * L->out_elems + 255) & ~(size_t)255;
         if (ib > in_max)
             in_max = ib;
@@ -2173,6 +2230,17 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
                              g->op[i].patch ? "dgrad+wgrad" : "fwd", g->op[i].patch ? "one-pass" : "per-pixel",
                              !g->op[i].relu ? "" : g->op[i].patch ? " (ReLU mask and bias gradient inside)"
                                                                    : " (bias and ReLU inside)");
+            if (w < 0)
+                break;
+            at += (size_t)w;
+        }
+        if (g->op[i].s2d) {
+            sf_conv_desc d, d2;
+            g_desc(net, i, n, &d);
+            sf_conv_s2d_desc(&d, &d2);
+            int w = snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d fwd+wgrad: space-to-depth, as %d->%d k%d s1 %dx%d\n",
+                             i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             d2.c, d2.oc, d2.k, d2.h, d2.w);
             if (w < 0)
                 break;
             at += (size_t)w;

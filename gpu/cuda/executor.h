@@ -119,6 +119,8 @@ typedef struct sf_net_cfg {
     size_t grad_bucket_bytes;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
     int no_patch;        /* 1: run non-overlapping convolutions' backward (conv_patch.h) through cuDNN too */
+    int no_s2d;          /* 1: run strided few-channel convolutions as they are, not in their
+                            space-to-depth form (conv_s2d.h) */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;

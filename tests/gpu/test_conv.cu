@@ -7,7 +7,10 @@
  * aligned x, and a refused unknown element type; the thin 1x1 kernels
  * (conv_thin.h: forward with bias and ReLU, the one-pass backward) in fp32
  * (< 1e-5) and bf16 (check_max 1e-2), both layouts, with and without bias,
- * ReLU and dx, up to the shape where the backward's block count saturates. *
+ * ReLU and dx, up to the shape where the backward's block count saturates;
+ * the space-to-depth form of strided few-channel convolutions (conv_s2d.h:
+ * the rearranged input bit for bit against its definition, the forward and
+ * the gathered filter gradient against the reference, fp32 and bf16). *
  * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
@@ -15,6 +18,7 @@
 #include "op_test.h"
 
 #include "../../gpu/cuda/conv_patch.h"
+#include "../../gpu/cuda/conv_s2d.h"
 #include "../../gpu/cuda/conv_thin.h"
 
 struct conv_case {
@@ -580,6 +584,137 @@ static void test_conv_patch(cudaStream_t s, int n, int c, int h, int w, int k, i
     cudaFree(db_); cudaFree(scratch);
 }
 
+/* The space-to-depth form (conv_s2d.h) of a strided convolution over few
+ * channels, NHWC: the rearranged input equals its definition bit for bit, and
+ * the stride-1 convolution of the rearranged tensors (cuDNN plans built on
+ * sf_conv_s2d_desc) gives the reference's forward, and its filter gradient
+ * gathered back the reference's dw. */
+static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf_dtype dt)
+{
+    char name[200], nm[300];
+    snprintf(name, sizeof name, "conv s2d n%d c%d %dx%d oc%d k%d s%d p%d %s", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,
+             cc.stride, cc.pad, dtname(dt));
+    const int oh = (cc.h + 2 * cc.pad - cc.k) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - cc.k) / cc.stride + 1;
+    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
+                 ny = (size_t)cc.n * cc.oc * oh * ow;
+    std::vector<float> x(nx), wt(nw), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(dy, 1.f);
+    round_dt(x, dt);
+    round_dt(wt, dt);
+    round_dt(dy, dt);
+    std::vector<double> xd = to_d(x), wd = to_d(wt), dyd = to_d(dy);
+    std::vector<double> yr(ny), dxr(nx), dwr(nw);
+    sf_ref_conv2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad,
+                          yr.data());
+    sf_ref_conv2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
+                          dxr.data(), dwr.data(), NULL);
+    std::vector<float> xl = to_nhwc(x, cc.n, cc.c, cc.h, cc.w), wl = to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k),
+                       dyl = to_nhwc(dy, cc.n, cc.oc, oh, ow);
+
+    sf_conv_desc d;
+    memset(&d, 0, sizeof d);
+    d.n = cc.n; d.c = cc.c; d.h = cc.h; d.w = cc.w; d.oc = cc.oc; d.k = cc.k; d.stride = cc.stride; d.pad = cc.pad;
+    d.layout = SF_LAYOUT_NHWC;
+    d.dt = dt;
+    d.align_x = d.align_w = d.align_y = 16;
+    sf_conv_desc d2;
+    sf_conv_s2d_desc(&d, &d2);
+    const size_t nxs = sf_conv_s2d_x_elems(&d), nws = sf_conv_s2d_w_elems(&d);
+    if (nxs != (size_t)d2.n * d2.c * d2.h * d2.w || nws != (size_t)d2.oc * d2.c * d2.k * d2.k || d2.stride != 1 ||
+        d2.pad != 0 || (d2.h - d2.k + 1) != oh || (d2.w - d2.k + 1) != ow || d2.c < cc.c * cc.stride * cc.stride ||
+        (d2.c * (int)sf_dtype_size(dt)) % 16) {
+        snprintf(nm, sizeof nm, "%s desc", name);
+        fail(nm, "the rearranged shape does not match the original's output");
+        return;
+    }
+    dbuf bx = dbuf_make(dt, nx, 0), bw = dbuf_make(dt, nw, 0), bdy = dbuf_make(dt, ny, 0), by = dbuf_make(dt, ny, 0),
+         bdw = dbuf_make(dt, nw, 0), bxs = dbuf_make(dt, nxs, 0), bws = dbuf_make(dt, nws, 0),
+         bdws = dbuf_make(dt, nws, 0);
+    up_dt(bx, xl);
+    up_dt(bw, wl);
+    up_dt(bdy, dyl);
+    poison_dt(bxs);
+    poison_dt(bws);
+    const size_t ws_bytes = (size_t)64 << 20;
+    void *ws = dalloc<char>(ws_bytes);
+    int rc = sf_conv_s2d_input(&d, bx.p, bxs.p, s) || sf_conv_s2d_weight(&d, bw.p, bws.p, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(nm, sizeof nm, "%s rearranged input and weight", name);
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        /* the definitions of conv_s2d.h, on the host */
+        const int S = cc.stride, C2 = d2.c, K2 = d2.k;
+        std::vector<float> xs_ref(nxs, 0.f), ws_ref(nws, 0.f);
+        for (int b = 0; b < cc.n; b++)
+            for (int j = 0; j < d2.h; j++)
+                for (int i = 0; i < d2.w; i++)
+                    for (int dy_ = 0; dy_ < S; dy_++)
+                        for (int dx_ = 0; dx_ < S; dx_++)
+                            for (int ci = 0; ci < cc.c; ci++) {
+                                const int r = S * j - cc.pad + dy_, q = S * i - cc.pad + dx_;
+                                if (r >= 0 && r < cc.h && q >= 0 && q < cc.w)
+                                    xs_ref[(((size_t)b * d2.h + j) * d2.w + i) * C2 + (dy_ * S + dx_) * cc.c + ci] =
+                                        xl[(((size_t)b * cc.h + r) * cc.w + q) * cc.c + ci];
+                            }
+        for (int o = 0; o < cc.oc; o++)
+            for (int by_ = 0; by_ < K2; by_++)
+                for (int bx_ = 0; bx_ < K2; bx_++)
+                    for (int dy_ = 0; dy_ < S; dy_++)
+                        for (int dx_ = 0; dx_ < S; dx_++)
+                            for (int ci = 0; ci < cc.c; ci++) {
+                                const int r = by_ * S + dy_, q = bx_ * S + dx_;
+                                if (r < cc.k && q < cc.k)
+                                    ws_ref[(((size_t)o * K2 + by_) * K2 + bx_) * C2 + (dy_ * S + dx_) * cc.c + ci] =
+                                        wl[(((size_t)o * cc.k + r) * cc.k + q) * cc.c + ci];
+                            }
+        std::vector<float> gx = down_dt(bxs, nxs), gw = down_dt(bws, nws);
+        pass_or_fail(nm, memcmp(gx.data(), xs_ref.data(), nxs * 4) == 0 && memcmp(gw.data(), ws_ref.data(), nws * 4) == 0,
+                     "differs from the definition");
+    }
+    const double tol = 1e-2;
+    sf_conv_ptrs pf = {bxs.p, bws.p, by.p, ws, NULL}, pw = {bxs.p, bdws.p, bdy.p, ws, NULL};
+    const sf_conv_ptrs *ptrs[3] = {&pf, NULL, &pw};
+    for (int dir = 0; dir < 3; dir += 2) {
+        sf_conv_plan plan;
+        cudnnBackendDescriptor_t vp = NULL;
+        snprintf(nm, sizeof nm, "%s %s", name, dir == SF_CONV_FWD ? "fwd" : "wgrad gathered");
+        if (sf_conv_plan_build(dnn, &d2, (sf_conv_dir)dir, ws_bytes, 4, ptrs[dir], &plan) ||
+            sf_conv_vpack_make(ptrs[dir], &vp)) {
+            fail(nm, sf_cuda_last_error());
+            sf_cuda_clear_error();
+            continue;
+        }
+        poison_dt(dir == SF_CONV_FWD ? by : bdw);
+        rc = sf_conv_run(dnn, &plan, vp);
+        if (!rc && dir == SF_CONV_BWD_FILTER)
+            rc = sf_conv_s2d_wgrad(&d, bdws.p, bdw.p, s);
+        CU(cudaStreamSynchronize(s));
+        if (rc) {
+            fail(nm, sf_cuda_last_error());
+        } else if (dir == SF_CONV_FWD) {
+            std::vector<float> g = to_nchw(down_dt(by, ny), cc.n, cc.oc, oh, ow);
+            if (dt == SF_DT_F32)
+                check_v(nm, g, yr, 1e-4);
+            else
+                check_max(nm, g, yr, tol);
+        } else {
+            std::vector<float> g = to_nchw(down_dt(bdw, nw), cc.oc, cc.c, cc.k, cc.k);
+            if (dt == SF_DT_F32)
+                check_v(nm, g, dwr, 1e-4);
+            else
+                check_max(nm, g, dwr, tol);
+        }
+        sf_conv_vpack_destroy(vp);
+        sf_conv_plan_destroy(&plan);
+    }
+    dbuf_free(bx); dbuf_free(bw); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdw); dbuf_free(bxs); dbuf_free(bws);
+    dbuf_free(bdws);
+    cudaFree(ws);
+}
+
 int main(void)
 {
     int count = 0;
@@ -686,6 +821,20 @@ int main(void)
                      !sf_conv_patch_ok(SF_LAYOUT_NHWC, 16, 256, 256, 32, 2, 1, 0) &&
                      !sf_conv_patch_ok(SF_LAYOUT_NHWC, 32, 256, 256, 64, 2, 2, 0) &&
                      !sf_conv_patch_ok(SF_LAYOUT_NHWC, 16, 256, 256, 32, 2, 2, 1),
+                 "eligibility");
+
+    /* space-to-depth: ResNet's stem (at a small size), odd sizes, a 3x3 and a
+     * 5x5 over one and four channels, stride 3 */
+    const conv_case s2d_cases[] = {{2, 3, 32, 32, 64, 7, 2, 3}, {1, 3, 33, 31, 16, 7, 2, 3}, {2, 1, 20, 20, 8, 3, 2, 1},
+                                   {1, 4, 17, 18, 8, 5, 2, 2}, {2, 1, 16, 17, 8, 5, 3, 1}, {3, 3, 224, 224, 64, 7, 2, 3}};
+    for (const auto &c : s2d_cases)
+        for (int t = 0; t < 2; t++)
+            test_conv_s2d(dnn, s, c, t ? SF_DT_BF16 : SF_DT_F32);
+    pass_or_fail("conv s2d takes NHWC strided convolutions over few channels",
+                 sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 7, 2) && sf_conv_s2d_ok(SF_LAYOUT_NHWC, 4, 3, 2) &&
+                     sf_conv_s2d_ok(SF_LAYOUT_NHWC, 1, 5, 4) && !sf_conv_s2d_ok(SF_LAYOUT_NCHW, 3, 7, 2) &&
+                     !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 5, 7, 2) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 2, 2) &&
+                     !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 3, 1) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 1, 9, 5),
                  "eligibility");
 
     cudaError_t e = cudaDeviceSynchronize();

@@ -1536,7 +1536,6 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
     const float *P = net->params;
     const int tf32 = net->cfg.tf32;
     const sf_dtype dt = g->dt;
-    const size_t es = g->es;
     if (g_forward(net, S, g->nf, g->nl, n, b, s, net->dnn, net->ws, pf, 0))
         return -1;
     /* loss, in fp32 */
@@ -1630,24 +1629,36 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             if (dx && sf_cuda_avgpool_bwd_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, g->lay, dx, s))
                 return -1;
             break;
-        case SF_L_ADD:
-            if (o->relu && sf_cuda_relu_bwd_dt(dt, o->y, o->dy, o->dy, in_len, s))
-                return -1;
+        case SF_L_ADD: {
+            /* The (ReLU-masked) gradient goes to both inputs: to the ones this
+             * layer writes first in one pass (a ResNet block's add writes both
+             * of its inputs' gradients: one pass instead of a mask pass and two
+             * copies), then into the ones already written. */
+            void *cp[2] = {NULL, NULL}, *sum[2] = {NULL, NULL};
+            int nc = 0, ns = 0;
             for (int j = 0; j < 2; j++) {
                 int addj = 0;
                 void *d = g_dst(net, i, j, &addj);
                 if (!d)
                     continue;
-                if (addj) {
-                    void *t = g->op[g_owner(m, o->src[j])].dy;
-                    if (sf_cuda_add_dt(dt, t, o->dy, t, in_len, 0, s))
-                        return -1;
-                } else {
-                    SF_CUDA_CHECK(cudaMemcpyAsync(d, o->dy, es * in_len, cudaMemcpyDeviceToDevice, s));
-                }
+                if (addj)
+                    sum[ns++] = g->op[g_owner(m, o->src[j])].dy;
+                else
+                    cp[nc++] = d;
             }
+            const void *src = o->dy;
+            if (nc || o->relu) {
+                void *d0 = nc ? cp[0] : o->dy;
+                if (sf_cuda_grad_fork_dt(dt, o->relu ? o->y : NULL, o->dy, d0, cp[1], in_len, s))
+                    return -1;
+                src = d0;
+            }
+            for (int k = 0; k < ns; k++)
+                if (sf_cuda_add_dt(dt, sum[k], src, sum[k], in_len, 0, s))
+                    return -1;
             g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
             continue;
+        }
         default:
             continue;
         }

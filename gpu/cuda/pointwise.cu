@@ -42,13 +42,14 @@ struct op_add {
     }
 };
 
-/* y[i] = f(a[i], b[i]) for i < len (b unused when NIN == 1), grid-stride, V
- * elements a vector (V > 1: a, b, y 16-byte aligned; the len % V tail goes one
- * element a thread), CU_UNROLL vectors loaded before any is stored. a, b and y
- * may alias (no __restrict__): each element is read before it is written, by
- * the same thread. */
+/* y[i] = f(a[i], b[i]) for i < len (b unused when NIN == 1), and the same
+ * value into y2[i] when y2 is non-NULL; grid-stride, V elements a vector
+ * (V > 1: a, b, y, y2 16-byte aligned; the len % V tail goes one element a
+ * thread), CU_UNROLL vectors loaded before any is stored. a, b and y may alias
+ * (no __restrict__): each element is read before it is written, by the same
+ * thread. */
 template <typename T, int V, int NIN, typename F>
-__global__ void k_ew(const T *a, const T *b, T *y, size_t len, F f)
+__global__ void k_ew(const T *a, const T *b, T *y, T *y2, size_t len, F f)
 {
     const size_t nvec = len / V, step = (size_t)gridDim.x * blockDim.x;
     const size_t t0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -71,6 +72,8 @@ __global__ void k_ew(const T *a, const T *b, T *y, size_t len, F f)
                 u[q][j] = f(u[q][j], bb);
             }
             cu_st<T, V>(y + (i + q * step) * V, u[q]);
+            if (y2)
+                cu_st<T, V>(y2 + (i + q * step) * V, u[q]);
         }
     }
     for (; i < nvec; i += step) {
@@ -86,11 +89,16 @@ __global__ void k_ew(const T *a, const T *b, T *y, size_t len, F f)
             u[j] = f(u[j], bb);
         }
         cu_st<T, V>(y + i * V, u);
+        if (y2)
+            cu_st<T, V>(y2 + i * V, u);
     }
     if constexpr (V > 1) {
         const size_t e = nvec * V + t0;
-        if (e < len)
+        if (e < len) {
             y[e] = cu_to<T>(f(cu_f(a[e]), NIN == 2 ? cu_f(b[e]) : 0.f));
+            if (y2)
+                y2[e] = y[e];
+        }
     }
 }
 
@@ -327,15 +335,15 @@ extern "C" int sf_cuda_fill(float *p, size_t len, float v, cudaStream_t s)
 /* Launches k_ew over len elements: 16-byte vectors when every pointer is
  * 16-byte aligned, else one element a thread. */
 template <typename T, int NIN, typename F>
-static int ew_launch(const T *a, const T *b, T *y, size_t len, F f, cudaStream_t s)
+static int ew_launch(const T *a, const T *b, T *y, size_t len, F f, cudaStream_t s, T *y2 = NULL)
 {
     constexpr int VEC = 16 / sizeof(T);
     if (len == 0)
         return 0;
-    if (cu_al16(a) && (NIN == 1 || cu_al16(b)) && cu_al16(y))
-        k_ew<T, VEC, NIN, F><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(a, b, y, len, f);
+    if (cu_al16(a) && (NIN == 1 || cu_al16(b)) && cu_al16(y) && (!y2 || cu_al16(y2)))
+        k_ew<T, VEC, NIN, F><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
     else
-        k_ew<T, 1, NIN, F><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, len, f);
+        k_ew<T, 1, NIN, F><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -375,6 +383,27 @@ extern "C" int sf_cuda_relu_bwd_dt(sf_dtype dt, const void *y, const void *dy, v
     if (dt == SF_DT_BF16)
         return ew_launch<cu_bf16, 2>((const cu_bf16 *)y, (const cu_bf16 *)dy, (cu_bf16 *)dx, len, op_relu_bwd(), s);
     return ew_launch<float, 2>((const float *)y, (const float *)dy, (float *)dx, len, op_relu_bwd(), s);
+}
+
+struct op_first {
+    __device__ __forceinline__ float operator()(float a, float) const { return a; }
+};
+
+extern "C" int sf_cuda_grad_fork_dt(sf_dtype dt, const void *y, const void *dy, void *d0, void *d1, size_t len,
+                                    cudaStream_t s)
+{
+    if (cu_dt_bad("sf_cuda_grad_fork_dt", dt))
+        return -1;
+    if (dt == SF_DT_BF16) {
+        if (y)
+            return ew_launch<cu_bf16, 2>((const cu_bf16 *)y, (const cu_bf16 *)dy, (cu_bf16 *)d0, len, op_relu_bwd(), s,
+                                         (cu_bf16 *)d1);
+        return ew_launch<cu_bf16, 1>((const cu_bf16 *)dy, (const cu_bf16 *)NULL, (cu_bf16 *)d0, len, op_first(), s,
+                                     (cu_bf16 *)d1);
+    }
+    if (y)
+        return ew_launch<float, 2>((const float *)y, (const float *)dy, (float *)d0, len, op_relu_bwd(), s, (float *)d1);
+    return ew_launch<float, 1>((const float *)dy, (const float *)NULL, (float *)d0, len, op_first(), s, (float *)d1);
 }
 
 /* ---- bias and activation on an element type ---------------------------------- */

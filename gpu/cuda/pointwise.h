@@ -44,6 +44,11 @@ int sf_cuda_add(const float *a, const float *b, float *y, size_t len, int relu, 
 /* The launchers above on activations of element type dt (tensor.h). */
 int sf_cuda_relu_fwd_dt(sf_dtype dt, const void *x, void *y, size_t len, cudaStream_t s);
 int sf_cuda_relu_bwd_dt(sf_dtype dt, const void *y, const void *dy, void *dx, size_t len, cudaStream_t s);
+/* The gradient of a tensor read by two layers, handed to both: d0 = d1 =
+ * (y > 0 ? dy : 0) with y (a fused ReLU's output), else dy; d1 may be NULL
+ * (d0 alone). One pass where a ReLU backward and two copies took three (a
+ * residual add's backward). d0 may alias dy; d1 aliases neither. */
+int sf_cuda_grad_fork_dt(sf_dtype dt, const void *y, const void *dy, void *d0, void *d1, size_t len, cudaStream_t s);
 /* As sf_cuda_bias_act / sf_cuda_bias_grad (above); bias, db, scratch fp32. */
 int sf_cuda_bias_act_dt(sf_dtype dt, void *y, const float *bias, size_t outer, int c, size_t inner, int relu,
                         cudaStream_t s);

@@ -1,7 +1,9 @@
 /* tests/gpu/test_pointwise.cu — the elementwise ops of gpu/cuda/pointwise.h
  * against the reference: ReLU forward/backward, bias + ReLU and its
  * deterministic per-channel gradient (rows and planes, many chunks), the
- * residual add (in place, with ReLU); each _dt launcher in fp32 and bf16 at
+ * residual add (in place, with ReLU), the gradient handed to an add's two
+ * inputs (sf_cuda_grad_fork_dt: masked or not, one or two outputs, over dy,
+ * exact); each _dt launcher in fp32 and bf16 at
  * odd lengths and one element off 16-byte alignment (bf16 outputs within half
  * an ulp: check_dt; masks exact); cast bit-exact against sf_bf16_bits; the
  * random fill in bf16. *
@@ -127,6 +129,55 @@ static void test_relu_dt(cudaStream_t s, sf_dtype dt, size_t len, int mis, int i
         check_ulp(sub, down_dt(dxo, len), dxr, 0, 0);
     }
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+}
+
+/* sf_cuda_grad_fork_dt: d0 = d1 = (y > 0 ? dy : 0) with a mask, else dy,
+ * exactly (the reference's ReLU backward); d1 NULL, d0 over dy, misaligned. */
+static void test_grad_fork_dt(cudaStream_t s, sf_dtype dt, size_t len, int relu, int two, int in_place, int mis)
+{
+    char nm[200];
+    snprintf(nm, sizeof nm, "grad_fork %s len %zu%s%s%s%s", dtname(dt), len, relu ? " relu" : "", two ? " two" : "",
+             in_place ? " over dy" : "", mis ? " misaligned" : "");
+    std::vector<float> y(len), dy(len);
+    rand_fill(y, 1.f);
+    rand_fill(dy, 1.f);
+    for (auto &v : y)
+        v = v < 0 ? 0 : v; /* a ReLU's output */
+    round_dt(y, dt);
+    round_dt(dy, dt);
+    std::vector<double> yd = to_d(y), dyd = to_d(dy), r(len);
+    if (relu)
+        sf_ref_relu_bwd_f64(yd.data(), dyd.data(), len, r.data());
+    else
+        r = dyd;
+    dbuf by = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis), b0 = dbuf_make(dt, len, mis),
+         b1 = dbuf_make(dt, len, mis);
+    up_dt(by, y);
+    up_dt(bdy, dy);
+    poison_dt(b0);
+    poison_dt(b1);
+    const dbuf &d0 = in_place ? bdy : b0;
+    const int rc = sf_cuda_grad_fork_dt(dt, relu ? by.p : NULL, bdy.p, d0.p, two ? b1.p : NULL, len, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        char sub[260];
+        snprintf(sub, sizeof sub, "%s d0 (exact)", nm);
+        check_ulp(sub, down_dt(d0, len), r, 0, 0);
+        if (two) {
+            snprintf(sub, sizeof sub, "%s d1 (exact)", nm);
+            check_ulp(sub, down_dt(b1, len), r, 0, 0);
+        } else {
+            std::vector<float> g = down_dt(b1, len);
+            size_t kept = 0;
+            for (float v : g)
+                kept += v != v; /* still the NaN poison */
+            snprintf(sub, sizeof sub, "%s d1 NULL leaves the other buffer alone", nm);
+            pass_or_fail(sub, kept == len, "written");
+        }
+    }
+    dbuf_free(by); dbuf_free(bdy); dbuf_free(b0); dbuf_free(b1);
 }
 
 static void test_add_dt(cudaStream_t s, sf_dtype dt, size_t len, int relu, int in_place, int mis)
@@ -375,6 +426,8 @@ int main(void)
         test_add_dt(s, dt, 1 << 16, 1, 1, 0);
         test_add_dt(s, dt, 999, 1, 0, 1);
         test_add_dt(s, dt, 7, 0, 1, 0);
+        for (int v = 0; v < 8; v++)
+            test_grad_fork_dt(s, dt, v & 4 ? 1001 : 1 << 16, v & 1, (v >> 1) & 1, v == 6, v == 5);
         test_bias_act_dt(s, dt, 37, 64, 1, 1, 1, 0);   /* NHWC view, vector path */
         test_bias_act_dt(s, dt, 3, 16, 49, 1, 1, 0);   /* NCHW view, inner odd */
         test_bias_act_dt(s, dt, 2, 5, 64, 0, 1, 0);    /* NCHW view, inner % 8 == 0 */

@@ -355,7 +355,7 @@ static int enq_bf_bn_fwd(void *v, cudaStream_t s)
 static int enq_bf_bn_bwd(void *v, cudaStream_t s)
 {
     bf_ctx *c = (bf_ctx *)v;
-    return sf_cuda_bn_bwd_dt(SF_DT_BF16, c->x, c->n, c->c, c->h, c->w, c->L, c->g, c->sm, c->si, c->dy,
+    return sf_cuda_bn_bwd_dt(SF_DT_BF16, c->x, c->n, c->c, c->h, c->w, c->L, c->g, c->b, c->sm, c->si, c->dy,
                              c->relu ? c->y : NULL, c->dx, c->dg, c->db, c->scr, s);
 }
 static int enq_bf_bn(void *v, cudaStream_t s) { return enq_bf_bn_fwd(v, s) || enq_bf_bn_bwd(v, s); }

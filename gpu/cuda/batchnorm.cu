@@ -348,12 +348,25 @@ __global__ void k_bn_dx(const T *__restrict__ x, const T *__restrict__ dy, const
  * keeps its channels' parameters in registers and walks rows, so every load is
  * a full 16-byte vector and a warp reads whole cache lines. */
 
+/* A training forward's output before its ReLU, rounded operation by operation
+ * (no contraction left to the compiler), so that the backward's recomputed
+ * ReLU mask, o > 0, is the forward's own decision. */
+__device__ __forceinline__ float bn_out(float x, float mu, float iv, float ga, float be)
+{
+    return __fmaf_rn(__fmul_rn(__fsub_rn(x, mu), iv), ga, be);
+}
+
 template <typename T> __device__ __forceinline__ uint4 ldrow(const T *p, size_t r, int C)
 {
     return *reinterpret_cast<const uint4 *>(p + r * (size_t)C);
 }
 
-/* Pass 1 (MODE 0: forward statistics, 1: backward sums; as k_bn_part_nhwc).
+/* Pass 1 (MODE 0: forward statistics, 1: backward sums; as k_bn_part_nhwc,
+ * except that with relu the mask is recomputed from x, the saved statistics
+ * and gamma/beta (bn_out > 0) instead of read from y: a third less traffic,
+ * and the same decision as the forward's, whose output is > 0 exactly when
+ * bn_out is (bf16 keeps fp32's exponent range, so no positive value above
+ * 2^-134 rounds to zero).
  * Block (chunk, channel block) covers rows [chunk*L, +L). A thread loads U
  * rows, sums their values in fp32 and adds that into double accumulators
  * (bf16 data: the fp32 sum of U values is exact to ~1e-6 relative, and it
@@ -362,9 +375,9 @@ template <typename T> __device__ __forceinline__ uint4 ldrow(const T *p, size_t 
  * memory. part[c][chunk][2]. */
 template <typename T, int MODE>
 __global__ void __launch_bounds__(CU_TPB)
-    k_bn_part_rows(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y,
-                   const float *__restrict__ mean, int C, int G, size_t R, size_t L, int nchunks,
-                   double *__restrict__ part)
+    k_bn_part_rows(const T *__restrict__ x, const T *__restrict__ dy, const float *__restrict__ mean,
+                   const float *__restrict__ sinv, const float *__restrict__ gamma, const float *__restrict__ beta,
+                   int relu, int C, int G, size_t R, size_t L, int nchunks, double *__restrict__ part)
 {
     constexpr int V = 16 / sizeof(T);
     constexpr int U = MODE == 0 ? 8 : 4;
@@ -375,18 +388,21 @@ __global__ void __launch_bounds__(CU_TPB)
     const size_t r1 = r0 + L < R ? r0 + L : R;
     const T *xp = x + c0;
     const T *dp = MODE == 1 ? dy + c0 : NULL;
-    const T *yp = y ? y + c0 : NULL;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
     /* MODE 0: rows past the chunk read as the shift row, so they add 0 */
     uint4 pad = zero;
-    float sh[V];
+    float sh[V], iv[V], ga[V], be[V];
     if constexpr (MODE == 0) {
         pad = ldrow(xp, 0, C);
         cu_unpack<T>(pad, sh);
     } else {
 #pragma unroll
-        for (int v = 0; v < V; v++)
+        for (int v = 0; v < V; v++) {
             sh[v] = mean[c0 + v];
+            iv[v] = relu ? sinv[c0 + v] : 0.f;
+            ga[v] = relu ? gamma[c0 + v] : 0.f;
+            be[v] = relu ? beta[c0 + v] : 0.f;
+        }
     }
     double da[V], db[V];
 #pragma unroll
@@ -397,7 +413,7 @@ __global__ void __launch_bounds__(CU_TPB)
     for (size_t r = r0 + rl; r < r1; r += (size_t)RS * U) {
         /* every load issued before any is used: rows past the chunk load
          * row r (in range) and are replaced by `pad` / zero afterwards */
-        uint4 rx[U], rg[U], ry[U];
+        uint4 rx[U], rg[U];
         bool in[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -405,17 +421,14 @@ __global__ void __launch_bounds__(CU_TPB)
             in[u] = rr < r1;
             const size_t rc = in[u] ? rr : r;
             rx[u] = ldrow(xp, rc, C);
-            if constexpr (MODE == 1) {
+            if constexpr (MODE == 1)
                 rg[u] = ldrow(dp, rc, C);
-                ry[u] = yp ? ldrow(yp, rc, C) : zero;
-            }
         }
 #pragma unroll
         for (int u = 0; u < U; u++)
             if (!in[u]) {
                 rx[u] = pad;
                 rg[u] = zero;
-                ry[u] = zero;
             }
         float fa[V], fb[V];
 #pragma unroll
@@ -437,12 +450,10 @@ __global__ void __launch_bounds__(CU_TPB)
             } else {
                 float gv[V];
                 cu_unpack<T>(rg[u], gv);
-                if (yp) {
-                    float yv[V];
-                    cu_unpack<T>(ry[u], yv);
+                if (relu) {
 #pragma unroll
                     for (int v = 0; v < V; v++)
-                        gv[v] = yv[v] > 0.f ? gv[v] : 0.f;
+                        gv[v] = bn_out(xv[v], sh[v], iv[v], ga[v], be[v]) > 0.f ? gv[v] : 0.f;
                 }
 #pragma unroll
                 for (int v = 0; v < V; v++) {
@@ -523,7 +534,7 @@ __global__ void __launch_bounds__(CU_TPB)
             cu_unpack<T>(raw[q], v);
 #pragma unroll
             for (int j = 0; j < V; j++) {
-                float o = ((v[j] - mu[j]) * iv[j]) * ga[j] + be[j];
+                float o = bn_out(v[j], mu[j], iv[j], ga[j], be[j]);
                 v[j] = relu ? (o > 0.f ? o : 0.f) : o;
             }
             *reinterpret_cast<uint4 *>(yp + (r + q * step) * (size_t)C) = cu_pack<T>(v);
@@ -534,23 +545,25 @@ __global__ void __launch_bounds__(CU_TPB)
         cu_unpack<T>(ldrow(xp, r, C), v);
 #pragma unroll
         for (int j = 0; j < V; j++) {
-            float o = ((v[j] - mu[j]) * iv[j]) * ga[j] + be[j];
+            float o = bn_out(v[j], mu[j], iv[j], ga[j], be[j]);
             v[j] = relu ? (o > 0.f ? o : 0.f) : o;
         }
         *reinterpret_cast<uint4 *>(yp + r * (size_t)C) = cu_pack<T>(v);
     }
 }
 
-/* Backward dx over rows, as k_bn_dx. */
+/* Backward dx over rows, as k_bn_dx, with the ReLU mask recomputed from x
+ * (as k_bn_part_rows) when relu. */
 template <typename T>
 __global__ void __launch_bounds__(CU_TPB)
-    k_bn_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, const T *__restrict__ y, size_t R, int C,
-                 int G, const float *__restrict__ mean, const float *__restrict__ coef, T *__restrict__ dx)
+    k_bn_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, size_t R, int C, int G,
+                 const float *__restrict__ mean, const float *__restrict__ sinv, const float *__restrict__ gamma,
+                 const float *__restrict__ beta, int relu, const float *__restrict__ coef, T *__restrict__ dx)
 {
     constexpr int V = 16 / sizeof(T);
     const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
     const int c0 = (blockIdx.y * G + g) * V;
-    float mu[V], k1[V], m1[V], k2[V];
+    float mu[V], k1[V], m1[V], k2[V], iv[V], ga[V], be[V];
 #pragma unroll
     for (int v = 0; v < V; v++) {
         const int c = c0 + v;
@@ -558,35 +571,32 @@ __global__ void __launch_bounds__(CU_TPB)
         k1[v] = coef[c * 3];
         m1[v] = coef[c * 3 + 1];
         k2[v] = coef[c * 3 + 2];
+        iv[v] = relu ? sinv[c] : 0.f;
+        ga[v] = relu ? gamma[c] : 0.f;
+        be[v] = relu ? beta[c] : 0.f;
     }
-    const T *xp = x + c0, *dp = dy + c0, *yp = y ? y + c0 : NULL;
+    const T *xp = x + c0, *dp = dy + c0;
     T *op = dx + c0;
     const size_t step = (size_t)gridDim.x * RS;
     size_t r = (size_t)blockIdx.x * RS + rl;
     for (; r + (CU_UNROLL - 1) * step < R; r += CU_UNROLL * step) {
-        uint4 rx[CU_UNROLL], rg[CU_UNROLL], ry[CU_UNROLL];
+        uint4 rx[CU_UNROLL], rg[CU_UNROLL];
 #pragma unroll
         for (int q = 0; q < CU_UNROLL; q++) {
             rx[q] = ldrow(xp, r + q * step, C);
             rg[q] = ldrow(dp, r + q * step, C);
-            if (yp)
-                ry[q] = ldrow(yp, r + q * step, C);
         }
 #pragma unroll
         for (int q = 0; q < CU_UNROLL; q++) {
             float xv[V], gv[V];
             cu_unpack<T>(rx[q], xv);
             cu_unpack<T>(rg[q], gv);
-            if (yp) {
-                float yv[V];
-                cu_unpack<T>(ry[q], yv);
 #pragma unroll
-                for (int j = 0; j < V; j++)
-                    gv[j] = yv[j] > 0.f ? gv[j] : 0.f;
-            }
-#pragma unroll
-            for (int j = 0; j < V; j++)
+            for (int j = 0; j < V; j++) {
+                if (relu && !(bn_out(xv[j], mu[j], iv[j], ga[j], be[j]) > 0.f))
+                    gv[j] = 0.f;
                 xv[j] = k1[j] * (gv[j] - m1[j] - (xv[j] - mu[j]) * k2[j]);
+            }
             *reinterpret_cast<uint4 *>(op + (r + q * step) * (size_t)C) = cu_pack<T>(xv);
         }
     }
@@ -594,16 +604,12 @@ __global__ void __launch_bounds__(CU_TPB)
         float xv[V], gv[V];
         cu_unpack<T>(ldrow(xp, r, C), xv);
         cu_unpack<T>(ldrow(dp, r, C), gv);
-        if (yp) {
-            float yv[V];
-            cu_unpack<T>(ldrow(yp, r, C), yv);
 #pragma unroll
-            for (int j = 0; j < V; j++)
-                gv[j] = yv[j] > 0.f ? gv[j] : 0.f;
-        }
-#pragma unroll
-        for (int j = 0; j < V; j++)
+        for (int j = 0; j < V; j++) {
+            if (relu && !(bn_out(xv[j], mu[j], iv[j], ga[j], be[j]) > 0.f))
+                gv[j] = 0.f;
             xv[j] = k1[j] * (gv[j] - m1[j] - (xv[j] - mu[j]) * k2[j]);
+        }
         *reinterpret_cast<uint4 *>(op + r * (size_t)C) = cu_pack<T>(xv);
     }
 }
@@ -776,8 +782,8 @@ static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w
     if (rows) {
         if constexpr (BF) {
             dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
-            k_bn_part_rows<T, 0><<<grid, CU_TPB, 0, s>>>(x, NULL, NULL, NULL, c, bn_rows_G(c, VEC), p.E, p.L,
-                                                        p.nchunks, part);
+            k_bn_part_rows<T, 0><<<grid, CU_TPB, 0, s>>>(x, NULL, NULL, NULL, NULL, NULL, 0, c, bn_rows_G(c, VEC),
+                                                        p.E, p.L, p.nchunks, part);
             SF_CUDA_CHECK_LAUNCH();
         }
     } else if (bn_partials<T>(p, x, NULL, NULL, NULL, c, 0, part, s)) {
@@ -838,15 +844,16 @@ static int bn_fwd_eval_t(const char *fn, const T *x, int n, int c, int h, int w,
 
 template <typename T>
 static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
-                    const float *save_mean, const float *save_invstd, const T *dy, const T *y, T *dx, float *dgamma,
-                    float *dbeta, void *scratch, cudaStream_t s)
+                    const float *beta, const float *save_mean, const float *save_invstd, const T *dy, const T *y,
+                    T *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
     constexpr int VEC = 16 / sizeof(T);
     if (bn_check(fn, n, c, h, w))
         return -1;
     bn_plan p = bn_plan_of(n, c, h, w, lay);
-    const int rows = BF && bn_rows_ok(p, c, x, dy, dx, y);
+    /* the row kernels recompute a ReLU mask (they need beta for it) */
+    const int rows = BF && (!y || beta) && bn_rows_ok(p, c, x, dy, dx, NULL);
     if (BF)
         bn_plan_bf16(&p, rows);
     double *part = (double *)scratch;
@@ -854,8 +861,8 @@ static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_l
     if (rows) {
         if constexpr (BF) {
             dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
-            k_bn_part_rows<T, 1><<<grid, CU_TPB, 0, s>>>(x, dy, y, save_mean, c, bn_rows_G(c, VEC), p.E, p.L,
-                                                        p.nchunks, part);
+            k_bn_part_rows<T, 1><<<grid, CU_TPB, 0, s>>>(x, dy, save_mean, save_invstd, gamma, beta, y != NULL, c,
+                                                        bn_rows_G(c, VEC), p.E, p.L, p.nchunks, part);
             SF_CUDA_CHECK_LAUNCH();
         }
     } else if (bn_partials<T>(p, x, dy, y, save_mean, c, 1, part, s)) {
@@ -872,8 +879,8 @@ static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_l
     const size_t len = (size_t)c * p.E;
     if (rows) {
         if constexpr (BF)
-            k_bn_dx_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(x, dy, y, p.E, c, bn_rows_G(c, VEC),
-                                                                        save_mean, coef, dx);
+            k_bn_dx_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
+                x, dy, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, gamma, beta, y != NULL, coef, dx);
     } else if (bn_vec(p, c, VEC, x, dy, dx, y))
         k_bn_dx<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len / VEC, c, p.hw, p.nhwc,
                                                                     save_mean, coef, dx);
@@ -905,8 +912,8 @@ extern "C" int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_lay
                               const float *y, float *dx, float *dgamma, float *dbeta, void *scratch,
                               cudaStream_t s)
 {
-    return bn_bwd_t<float>("sf_cuda_bn_bwd", x, n, c, h, w, lay, gamma, save_mean, save_invstd, dy, y, dx, dgamma,
-                           dbeta, scratch, s);
+    return bn_bwd_t<float>("sf_cuda_bn_bwd", x, n, c, h, w, lay, gamma, NULL, save_mean, save_invstd, dy, y, dx,
+                           dgamma, dbeta, scratch, s);
 }
 
 extern "C" int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
@@ -940,15 +947,16 @@ extern "C" int sf_cuda_bn_fwd_eval_dt(sf_dtype dt, const void *x, int n, int c, 
 }
 
 extern "C" int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
-                                 const float *gamma, const float *save_mean, const float *save_invstd, const void *dy,
-                                 const void *y, void *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s)
+                                 const float *gamma, const float *beta, const float *save_mean,
+                                 const float *save_invstd, const void *dy, const void *y, void *dx, float *dgamma,
+                                 float *dbeta, void *scratch, cudaStream_t s)
 {
     const char *fn = "sf_cuda_bn_bwd_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
     if (dt == SF_DT_BF16)
-        return bn_bwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, save_mean, save_invstd,
+        return bn_bwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
                                 (const cu_bf16 *)dy, (const cu_bf16 *)y, (cu_bf16 *)dx, dgamma, dbeta, scratch, s);
-    return bn_bwd_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, save_mean, save_invstd, (const float *)dy,
-                           (const float *)y, (float *)dx, dgamma, dbeta, scratch, s);
+    return bn_bwd_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
+                           (const float *)dy, (const float *)y, (float *)dx, dgamma, dbeta, scratch, s);
 }

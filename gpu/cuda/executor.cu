@@ -1615,7 +1615,8 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
                 return -1;
             break;
         case SF_L_BATCHNORM2D:
-            if (sf_cuda_bn_bwd_dt(dt, g_in(net, i, 0, b), n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, o->save,
+            if (sf_cuda_bn_bwd_dt(dt, g_in(net, i, 0, b), n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
+                                  P + L->b_off, o->save,
                                   o->save + L->out_ch, o->dy, ymask, dx ? dx : o->gtmp, net->grads + L->w_off,
                                   net->grads + L->b_off, g->scratch, s))
                 return -1;

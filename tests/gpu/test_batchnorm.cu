@@ -1,6 +1,8 @@
 /* tests/gpu/test_batchnorm.cu — BatchNorm2d of gpu/cuda/batchnorm.h against
  * sf_ref_bn2d_*: training forward (statistics, running statistics), eval
- * forward and training backward, with and without the fused ReLU, both
+ * forward and training backward, with and without the fused ReLU (the
+ * reference backward masks with the device's own forward output, so a bf16
+ * row kernel whose recomputed mask disagreed with it would fail by ~|dy|), both
  * layouts, at ResNet-18's first and last BN shapes and odd ones; the _dt
  * launchers in fp32 and bf16 (row chunks, ragged chunks, channel counts off
  * the vector width, misaligned pointers); and a captured forward+backward
@@ -195,7 +197,7 @@ static void test_bn_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, 
                     dyd[i] = 0; /* the ReLU backward, before the BN backward */
         sf_ref_bn2d_bwd_f64(xd.data(), n, c, h, w, gd.data(), smr.data(), sir.data(), dyd.data(), dxr.data(),
                             dgr.data(), dbr.data());
-        rc = sf_cuda_bn_bwd_dt(dt, bx.p, n, c, h, w, L, d_g, d_sm, d_si, bdy.p, relu ? by.p : NULL, bdx.p, d_dg, d_db,
+        rc = sf_cuda_bn_bwd_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, d_sm, d_si, bdy.p, relu ? by.p : NULL, bdx.p, d_dg, d_db,
                                scr, s);
         CU(cudaStreamSynchronize(s));
         snprintf(sub, sizeof sub, "%s bwd", nm);
@@ -259,7 +261,7 @@ static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n
     void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, hw, hw, L));
     auto enq = [&](cudaStream_t st) {
         return sf_cuda_bn_fwd_train_dt(dt, x, n, c, hw, hw, L, g, b, 1e-5f, 0.1f, rm, rv, sm, si, y, relu, scr, st) ||
-               sf_cuda_bn_bwd_dt(dt, x, n, c, hw, hw, L, g, sm, si, dy, relu ? y : NULL, dx, dg, db, scr, st);
+               sf_cuda_bn_bwd_dt(dt, x, n, c, hw, hw, L, g, b, sm, si, dy, relu ? y : NULL, dx, dg, db, scr, st);
     };
     if (sf_cuda_fill_random_dt(dt, x, len, g_seed++, 2.f, s) || sf_cuda_fill_random_dt(dt, dy, len, g_seed++, 1.f, s) ||
         sf_cuda_fill_random(g, c, g_seed++, 1.f, s) || sf_cuda_fill_random(b, c, g_seed++, 1.f, s) ||

@@ -213,15 +213,26 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
     if (base != 0) {
         /* Some engines cuDNN picks (fp32 backward-filter with split
          * reductions) are not bitwise reproducible: then the job's run must
-         * be as close to the run without a job as two runs without one are. */
-        const double eb = rel_delta(bs0, a.p, a2.p), ej = rel_delta(bs0, a.p, j.p);
+         * be as close to the runs without a job as they are to each other.
+         * Their spread is taken over three runs (on an H100, pairs of fp32
+         * ResNet-18 runs were seen 1.8e-5 and 4.6e-3 apart), the job's
+         * distance to the nearest of them. */
+        run_out a3 = train(m, prec, optim, accum, NULL, bs);
+        if (!a3.ok)
+            return;
+        const double e12 = rel_delta(bs0, a.p, a2.p), e13 = rel_delta(bs0, a.p, a3.p),
+                     e23 = rel_delta(bs0, a2.p, a3.p);
+        const double eb = fmax(e12, fmax(e13, e23));
+        const double ej = fmin(rel_delta(bs0, a.p, j.p), fmin(rel_delta(bs0, a2.p, j.p), rel_delta(bs0, a3.p, j.p)));
         if (ej <= 4 * eb + 1e-7)
             ok("%s: not bitwise reproducible on this device (%zu of %zu parameters differ between two runs "
-               "without a job, update rel %.2e); one rank through NCCL is as close (update rel %.2e)",
+               "without a job, update rel up to %.2e over three); one rank through NCCL is as close (update rel "
+               "%.2e to the nearest)",
                name, base, a.p.size(), eb, ej);
         else
-            fail("%s: one rank through NCCL: update rel %.2e against %.2e between two runs without a job", name, ej,
-                 eb);
+            fail("%s: one rank through NCCL: update rel %.2e to the nearest run without a job, against up to %.2e "
+                 "between three runs without one",
+                 name, ej, eb);
         return;
     }
     const size_t diff = differing(a.p, j.p);

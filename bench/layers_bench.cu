@@ -350,7 +350,7 @@ static int enq_bf_bn_fwd(void *v, cudaStream_t s)
 {
     bf_ctx *c = (bf_ctx *)v;
     return sf_cuda_bn_fwd_train_dt(SF_DT_BF16, c->x, c->n, c->c, c->h, c->w, c->L, c->g, c->b, 1e-5f, 0.1f, c->rm,
-                                   c->rv, c->sm, c->si, c->y, c->relu, c->scr, s);
+                                   c->rv, c->sm, c->si, NULL, c->y, c->relu, c->scr, s);
 }
 static int enq_bf_bn_bwd(void *v, cudaStream_t s)
 {

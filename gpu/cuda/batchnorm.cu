@@ -10,6 +10,14 @@
 /* kernels                                                                  */
 /* ======================================================================== */
 
+/* A training forward's output before its ReLU, rounded operation by operation
+ * (no contraction left to the compiler), so that the backward's recomputed
+ * ReLU mask, o > 0, is the forward's own decision. */
+__device__ __forceinline__ float bn_out(float x, float mu, float iv, float ga, float be)
+{
+    return __fmaf_rn(__fmul_rn(__fsub_rn(x, mu), iv), ga, be);
+}
+
 /* The channel of element e (e a multiple of V when V > 1). */
 __device__ __forceinline__ int bn_chan(unsigned e, int C, unsigned hw, int nhwc)
 {
@@ -282,27 +290,32 @@ __global__ void k_bn_final_tree(const double *__restrict__ part, size_t cs, size
     }
 }
 
-/* y = act(((x - mean) * invstd) * gamma + beta), elementwise; V > 1 when the
- * V elements share a channel (NCHW, hw % V == 0) or are V consecutive
- * channels (NHWC, C % V == 0). eval: mean/invstd from the running stats. */
+/* y = act(((x - mean) * invstd) * gamma + beta (+ res)), elementwise; V > 1
+ * when the V elements share a channel (NCHW, hw % V == 0) or are V
+ * consecutive channels (NHWC, C % V == 0). eval: mean/invstd from the running
+ * stats. res (NULL: none) is a residual added before the activation. */
 template <typename T, int V>
 __global__ void k_bn_apply(const T *__restrict__ x, size_t nvec, int C, size_t hw, int nhwc,
                            const float *__restrict__ mean, const float *__restrict__ sinv,
                            const float *__restrict__ rvar, float eps, const float *__restrict__ gamma,
-                           const float *__restrict__ beta, int relu, T *__restrict__ y)
+                           const float *__restrict__ beta, const T *__restrict__ res, int relu, T *__restrict__ y)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nvec)
         return;
     const size_t e = i * V;
     const int c0 = bn_chan((unsigned)e, C, (unsigned)hw, nhwc);
-    float xv[V];
+    float xv[V], rv[V];
     cu_ld<T, V>(x + e, xv);
+    if (res)
+        cu_ld<T, V>(res + e, rv);
 #pragma unroll
     for (int v = 0; v < V; v++) {
         const int c = (nhwc && V > 1) ? c0 + v : c0;
         const float inv = rvar ? 1.f / sqrtf(rvar[c] + eps) : sinv[c];
-        float o = ((xv[v] - mean[c]) * inv) * gamma[c] + beta[c];
+        float o = bn_out(xv[v], mean[c], inv, gamma[c], beta[c]);
+        if (res)
+            o += rv[v];
         if (relu)
             o = o > 0.f ? o : 0.f;
         xv[v] = o;
@@ -347,14 +360,6 @@ __global__ void k_bn_dx(const T *__restrict__ x, const T *__restrict__ dy, const
  * RS = 256/G rows; blockIdx.y picks the block's G channel vectors. A thread
  * keeps its channels' parameters in registers and walks rows, so every load is
  * a full 16-byte vector and a warp reads whole cache lines. */
-
-/* A training forward's output before its ReLU, rounded operation by operation
- * (no contraction left to the compiler), so that the backward's recomputed
- * ReLU mask, o > 0, is the forward's own decision. */
-__device__ __forceinline__ float bn_out(float x, float mu, float iv, float ga, float be)
-{
-    return __fmaf_rn(__fmul_rn(__fsub_rn(x, mu), iv), ga, be);
-}
 
 template <typename T> __device__ __forceinline__ uint4 ldrow(const T *p, size_t r, int C)
 {
@@ -499,13 +504,14 @@ __global__ void __launch_bounds__(CU_TPB)
 }
 
 /* Forward apply over rows (train: mean/sinv; eval: mean = running mean,
- * invstd from rvar), as k_bn_apply. Grid (row blocks, C/V/G); grid-stride over
- * rows, CU_UNROLL rows loaded before any is stored. */
+ * invstd from rvar), as k_bn_apply (res included). Grid (row blocks, C/V/G);
+ * grid-stride over rows, CU_UNROLL rows loaded before any is stored. */
 template <typename T>
 __global__ void __launch_bounds__(CU_TPB)
     k_bn_apply_rows(const T *__restrict__ x, size_t R, int C, int G, const float *__restrict__ mean,
                     const float *__restrict__ sinv, const float *__restrict__ rvar, float eps,
-                    const float *__restrict__ gamma, const float *__restrict__ beta, int relu, T *__restrict__ y)
+                    const float *__restrict__ gamma, const float *__restrict__ beta, const T *__restrict__ res,
+                    int relu, T *__restrict__ y)
 {
     constexpr int V = 16 / sizeof(T);
     const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
@@ -519,33 +525,44 @@ __global__ void __launch_bounds__(CU_TPB)
         ga[v] = gamma[c];
         be[v] = beta[c];
     }
-    const T *xp = x + c0;
+    const T *xp = x + c0, *rp = res ? res + c0 : NULL;
     T *yp = y + c0;
     const size_t step = (size_t)gridDim.x * RS;
     size_t r = (size_t)blockIdx.x * RS + rl;
     for (; r + (CU_UNROLL - 1) * step < R; r += CU_UNROLL * step) {
-        uint4 raw[CU_UNROLL];
-#pragma unroll
-        for (int q = 0; q < CU_UNROLL; q++)
-            raw[q] = ldrow(xp, r + q * step, C);
+        uint4 raw[CU_UNROLL], rr[CU_UNROLL];
 #pragma unroll
         for (int q = 0; q < CU_UNROLL; q++) {
-            float v[V];
+            raw[q] = ldrow(xp, r + q * step, C);
+            if (rp)
+                rr[q] = ldrow(rp, r + q * step, C);
+        }
+#pragma unroll
+        for (int q = 0; q < CU_UNROLL; q++) {
+            float v[V], rv[V];
             cu_unpack<T>(raw[q], v);
+            if (rp)
+                cu_unpack<T>(rr[q], rv);
 #pragma unroll
             for (int j = 0; j < V; j++) {
                 float o = bn_out(v[j], mu[j], iv[j], ga[j], be[j]);
+                if (rp)
+                    o += rv[j];
                 v[j] = relu ? (o > 0.f ? o : 0.f) : o;
             }
             *reinterpret_cast<uint4 *>(yp + (r + q * step) * (size_t)C) = cu_pack<T>(v);
         }
     }
     for (; r < R; r += step) {
-        float v[V];
+        float v[V], rv[V];
         cu_unpack<T>(ldrow(xp, r, C), v);
+        if (rp)
+            cu_unpack<T>(ldrow(rp, r, C), rv);
 #pragma unroll
         for (int j = 0; j < V; j++) {
             float o = bn_out(v[j], mu[j], iv[j], ga[j], be[j]);
+            if (rp)
+                o += rv[j];
             v[j] = relu ? (o > 0.f ? o : 0.f) : o;
         }
         *reinterpret_cast<uint4 *>(yp + r * (size_t)C) = cu_pack<T>(v);
@@ -764,7 +781,8 @@ static dim3 bn_rows_grid(size_t R, int c, int V)
 template <typename T>
 static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                           const float *beta, float eps, float momentum, float *running_mean, float *running_var,
-                          float *save_mean, float *save_invstd, T *y, int relu, void *scratch, cudaStream_t s)
+                          float *save_mean, float *save_invstd, const T *res, T *y, int relu, void *scratch,
+                          cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
     constexpr int VEC = 16 / sizeof(T);
@@ -775,7 +793,7 @@ static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w
         sf_cuda_set_error("%s:%d: %s: one value per channel (n*h*w=%zu)", __FILE__, __LINE__, fn, p.E);
         return -1;
     }
-    const int rows = BF && bn_rows_ok(p, c, x, y, NULL, NULL);
+    const int rows = BF && bn_rows_ok(p, c, x, y, res, NULL);
     if (BF)
         bn_plan_bf16(&p, rows);
     double *part = (double *)scratch;
@@ -806,21 +824,21 @@ static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w
     if (rows) {
         if constexpr (BF)
             k_bn_apply_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
-                x, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, NULL, eps, gamma, beta, relu, y);
-    } else if (bn_vec(p, c, VEC, x, y, NULL, NULL))
-        k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, len / VEC, c, p.hw, p.nhwc, save_mean,
-                                                                       save_invstd, NULL, eps, gamma, beta, relu, y);
+                x, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, NULL, eps, gamma, beta, res, relu, y);
+    } else if (bn_vec(p, c, VEC, x, y, res, NULL))
+        k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(
+            x, len / VEC, c, p.hw, p.nhwc, save_mean, save_invstd, NULL, eps, gamma, beta, res, relu, y);
     else
         k_bn_apply<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, len, c, p.hw, p.nhwc, save_mean, save_invstd,
-                                                                NULL, eps, gamma, beta, relu, y);
+                                                                NULL, eps, gamma, beta, res, relu, y);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
 
 template <typename T>
 static int bn_fwd_eval_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
-                         const float *beta, float eps, const float *running_mean, const float *running_var, T *y,
-                         int relu, cudaStream_t s)
+                         const float *beta, float eps, const float *running_mean, const float *running_var,
+                         const T *res, T *y, int relu, cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
     constexpr int VEC = 16 / sizeof(T);
@@ -828,16 +846,16 @@ static int bn_fwd_eval_t(const char *fn, const T *x, int n, int c, int h, int w,
         return -1;
     const bn_plan p = bn_plan_of(n, c, h, w, lay);
     const size_t len = (size_t)c * p.E;
-    if (BF && bn_rows_ok(p, c, x, y, NULL, NULL)) {
+    if (BF && bn_rows_ok(p, c, x, y, res, NULL)) {
         if constexpr (BF)
             k_bn_apply_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
-                x, p.E, c, bn_rows_G(c, VEC), running_mean, NULL, running_var, eps, gamma, beta, relu, y);
-    } else if (bn_vec(p, c, VEC, x, y, NULL, NULL))
+                x, p.E, c, bn_rows_G(c, VEC), running_mean, NULL, running_var, eps, gamma, beta, res, relu, y);
+    } else if (bn_vec(p, c, VEC, x, y, res, NULL))
         k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(
-            x, len / VEC, c, p.hw, p.nhwc, running_mean, NULL, running_var, eps, gamma, beta, relu, y);
+            x, len / VEC, c, p.hw, p.nhwc, running_mean, NULL, running_var, eps, gamma, beta, res, relu, y);
     else
         k_bn_apply<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, len, c, p.hw, p.nhwc, running_mean, NULL,
-                                                                running_var, eps, gamma, beta, relu, y);
+                                                                running_var, eps, gamma, beta, res, relu, y);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -896,7 +914,7 @@ extern "C" int sf_cuda_bn_fwd_train(const float *x, int n, int c, int h, int w, 
                                     float *save_invstd, float *y, int relu, void *scratch, cudaStream_t s)
 {
     return bn_fwd_train_t<float>("sf_cuda_bn_fwd_train", x, n, c, h, w, lay, gamma, beta, eps, momentum,
-                                 running_mean, running_var, save_mean, save_invstd, y, relu, scratch, s);
+                                 running_mean, running_var, save_mean, save_invstd, NULL, y, relu, scratch, s);
 }
 
 extern "C" int sf_cuda_bn_fwd_eval(const float *x, int n, int c, int h, int w, sf_layout lay,
@@ -904,7 +922,7 @@ extern "C" int sf_cuda_bn_fwd_eval(const float *x, int n, int c, int h, int w, s
                                    const float *running_var, float *y, int relu, cudaStream_t s)
 {
     return bn_fwd_eval_t<float>("sf_cuda_bn_fwd_eval", x, n, c, h, w, lay, gamma, beta, eps, running_mean,
-                                running_var, y, relu, s);
+                                running_var, NULL, y, relu, s);
 }
 
 extern "C" int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
@@ -919,31 +937,33 @@ extern "C" int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_lay
 extern "C" int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
                                        const float *gamma, const float *beta, float eps, float momentum,
                                        float *running_mean, float *running_var, float *save_mean,
-                                       float *save_invstd, void *y, int relu, void *scratch, cudaStream_t s)
+                                       float *save_invstd, const void *res, void *y, int relu, void *scratch,
+                                       cudaStream_t s)
 {
     const char *fn = "sf_cuda_bn_fwd_train_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
     if (dt == SF_DT_BF16)
         return bn_fwd_train_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, eps, momentum,
-                                      running_mean, running_var, save_mean, save_invstd, (cu_bf16 *)y, relu,
-                                      scratch, s);
+                                      running_mean, running_var, save_mean, save_invstd, (const cu_bf16 *)res,
+                                      (cu_bf16 *)y, relu, scratch, s);
     return bn_fwd_train_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, eps, momentum, running_mean,
-                                 running_var, save_mean, save_invstd, (float *)y, relu, scratch, s);
+                                 running_var, save_mean, save_invstd, (const float *)res, (float *)y, relu, scratch,
+                                 s);
 }
 
 extern "C" int sf_cuda_bn_fwd_eval_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
                                       const float *gamma, const float *beta, float eps, const float *running_mean,
-                                      const float *running_var, void *y, int relu, cudaStream_t s)
+                                      const float *running_var, const void *res, void *y, int relu, cudaStream_t s)
 {
     const char *fn = "sf_cuda_bn_fwd_eval_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
     if (dt == SF_DT_BF16)
         return bn_fwd_eval_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, eps, running_mean,
-                                     running_var, (cu_bf16 *)y, relu, s);
+                                     running_var, (const cu_bf16 *)res, (cu_bf16 *)y, relu, s);
     return bn_fwd_eval_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, eps, running_mean, running_var,
-                                (float *)y, relu, s);
+                                (const float *)res, (float *)y, relu, s);
 }
 
 extern "C" int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,

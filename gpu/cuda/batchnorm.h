@@ -41,13 +41,16 @@ int sf_cuda_bn_fwd_eval(const float *x, int n, int c, int h, int w, sf_layout la
 int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                    const float *save_mean, const float *save_invstd, const float *dy, const float *y,
                    float *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s);
+/* The _dt forwards take res (NULL: none), a tensor of x's shape added to the
+ * normalised value before the ReLU: y = relu?(bn(x) + res), a residual add
+ * in the same pass (one rounding to dt, where BN then add round twice). */
 int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
                             const float *gamma, const float *beta, float eps, float momentum,
                             float *running_mean, float *running_var, float *save_mean, float *save_invstd,
-                            void *y, int relu, void *scratch, cudaStream_t s);
+                            const void *res, void *y, int relu, void *scratch, cudaStream_t s);
 int sf_cuda_bn_fwd_eval_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
                            const float *gamma, const float *beta, float eps, const float *running_mean,
-                           const float *running_var, void *y, int relu, cudaStream_t s);
+                           const float *running_var, const void *res, void *y, int relu, cudaStream_t s);
 /* beta: the forward's (with y, the bf16 NHWC row kernels recompute the mask
  * y > 0 from x, the saved statistics, gamma and beta, with the forward's own
  * arithmetic, instead of reading y: a third less traffic; NULL: y is read). */

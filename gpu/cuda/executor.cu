@@ -174,6 +174,9 @@ typedef struct gop {
     int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
     int patch;           /* conv whose backward is conv_patch.h's one pass (a forward plan only) */
     int tpatch;          /* convT whose forward is conv_patch.h's kernel (backward plans only) */
+    int bn_add;          /* batchnorm: the index of the residual add whose output its forward
+                            writes, relu?(bn(x) + the add's other input) (0: none) */
+    int in_bn;           /* add computed by the batchnorm before it (bn_add): no forward of its own */
     int s2d;             /* conv run as its space-to-depth form (conv_s2d.h): its plans are the
                             rearranged convolution's, on the three tensors below */
     void *s2d_x;         /* the rearranged input (max_batch samples), written by the forward,
@@ -779,6 +782,9 @@ static int g_plan_memory(sf_cuda_net *net)
     if (nf > 0)
         widen(&obj[yi[g_storage(net, nf - 1)]], nf); /* the copy to the boundary */
     widen(&obj[yi[last]], ntrain); /* the loss reads the logits */
+    for (int i = 0; i < nl; i++)
+        if (g->op[i].bn_add)
+            widen(&obj[yi[g->op[i].bn_add]], F(i)); /* the batchnorm writes the add's output */
     widen(&obj[di[last]], ntrain); /* and writes their gradient */
     for (int c = 0; c < nl; c++) {
         const sf_layer *L = &m->layers[c];
@@ -919,6 +925,20 @@ static int g_create(sf_cuda_net *net)
                 g->op[i].relu = 1;
                 g->op[i + 1].fused = 1;
             }
+        }
+        /* A batchnorm whose only reader is the residual add right after it
+         * writes the add's output in its apply pass (bn + add + ReLU: three
+         * tensor passes where the two kernels took five); the add's other
+         * input comes from an earlier layer, so it is ready. */
+        for (int a = 1; !net->cfg.no_bn_add && a < g->nl; a++) {
+            const int i = a - 1;
+            const gop *oa = &g->op[a], *oi = &g->op[i];
+            if (m->layers[a].kind != SF_L_ADD || m->layers[i].kind != SF_L_BATCHNORM2D || oa->n_in != 2 ||
+                readers[i] != 1 || oi->relu || oi->fused || oi->frozen != oa->frozen ||
+                (oa->src[0] != i && oa->src[1] != i) || oa->src[0] == oa->src[1])
+                continue;
+            g->op[i].bn_add = a;
+            g->op[a].in_bn = 1;
         }
         for (int i = 0; i < g->nl; i++) {
             const sf_layer *L = &m->layers[i];
@@ -1207,18 +1227,24 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             if (sf_cuda_relu_fwd_dt(dt, x, o->y, (size_t)n * L->out_elems, s))
                 return -1;
             break;
-        case SF_L_BATCHNORM2D:
+        case SF_L_BATCHNORM2D: {
+            /* with bn_add, the add's output: relu?(bn(x) + its other input) */
+            const int a = o->bn_add;
+            const void *res = a ? g_in(net, a, g->op[a].src[0] == i ? 1 : 0, b) : NULL;
+            void *y = a ? g->op[a].y : o->y;
+            const int relu = a ? g->op[a].relu : o->relu;
             if (o->frozen || eval) {
                 if (sf_cuda_bn_fwd_eval_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
-                                           SF_BN_EPS, g->bufs + L->rm_off, g->bufs + L->rv_off, o->y, o->relu, s))
+                                           SF_BN_EPS, g->bufs + L->rm_off, g->bufs + L->rv_off, res, y, relu, s))
                     return -1;
             } else if (sf_cuda_bn_fwd_train_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
                                                P + L->b_off, SF_BN_EPS, SF_BN_MOMENTUM, g->bufs + L->rm_off,
-                                               g->bufs + L->rv_off, o->save, o->save + L->out_ch, o->y, o->relu,
+                                               g->bufs + L->rv_off, o->save, o->save + L->out_ch, res, y, relu,
                                                g->scratch, s)) {
                 return -1;
             }
             break;
+        }
         case SF_L_MAXPOOL2D:
             if (sf_cuda_maxpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, g->lay, o->y,
                                        o->argmax, s))
@@ -1229,7 +1255,7 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         case SF_L_ADD:
-            if (sf_cuda_add_dt(dt, x, g_in(net, i, 1, b), o->y, (size_t)n * L->out_elems, o->relu, s))
+            if (!o->in_bn && sf_cuda_add_dt(dt, x, g_in(net, i, 1, b), o->y, (size_t)n * L->out_elems, o->relu, s))
                 return -1;
             break;
         default: /* flatten */

@@ -169,7 +169,7 @@ static void test_bn_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, 
     poison(d_si, c * 4);
     poison(d_dg, c * 4);
     poison(d_db, c * 4);
-    int rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, mom, d_rm, d_rv, d_sm, d_si, by.p, relu,
+    int rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, mom, d_rm, d_rv, d_sm, d_si, NULL, by.p, relu,
                                      scr, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
@@ -225,7 +225,7 @@ static void test_bn_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, 
             yer[i] = relu ? (v > 0 ? v : 0) : v;
         }
         poison_dt(by);
-        rc = sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, d_rm, d_rv, by.p, relu, s);
+        rc = sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, d_rm, d_rv, NULL, by.p, relu, s);
         CU(cudaStreamSynchronize(s));
         snprintf(sub, sizeof sub, "%s eval y", nm);
         if (rc) {
@@ -241,6 +241,79 @@ done:
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
     cudaFree(d_g); cudaFree(d_b); cudaFree(d_rm); cudaFree(d_rv); cudaFree(d_sm); cudaFree(d_si); cudaFree(d_dg);
     cudaFree(d_db); cudaFree(scr);
+}
+
+/* The forwards with a residual (res): y = relu?(bn(x) + res) against the
+ * reference batchnorm plus the add, training and eval, both layouts, the row
+ * kernels and the generic ones (C % 8 != 0, misaligned). */
+static void test_bn_res(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, sf_layout L, int relu, int mis)
+{
+    char nm[200], sub[260];
+    snprintf(nm, sizeof nm, "bn_dt+res %s n%d c%d %dx%d %s%s%s", dtname(dt), n, c, h, w, lname(L),
+             relu ? " +relu" : "", mis ? " misaligned" : "");
+    const size_t len = (size_t)n * c * h * w;
+    const float eps = 1e-5f, mom = 0.1f;
+    std::vector<float> x(len), r(len), gamma(c), beta(c), rm(c), rv(c);
+    rand_fill(x, 2.f, 3.f);
+    rand_fill(r, 1.f);
+    rand_fill(gamma, 0.5f, 1.f);
+    rand_fill(beta, 0.5f);
+    rand_fill(rm, 0.5f);
+    rand_fill(rv, 0.4f, 1.f);
+    round_dt(x, dt);
+    round_dt(r, dt);
+    std::vector<double> xd = to_d(x), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm), rvd = to_d(rv), yt(len),
+                        ye(len), smr(c), sir(c);
+    std::vector<double> rmd2 = rmd, rvd2 = rvd;
+    sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd2.data(), rvd2.data(),
+                              smr.data(), sir.data(), yt.data());
+    for (int b = 0; b < n; b++) /* eval: the running statistics, in double (NCHW) */
+        for (int ch = 0; ch < c; ch++)
+            for (int q = 0; q < h * w; q++) {
+                const size_t e = ((size_t)b * c + ch) * h * w + q;
+                ye[e] = (xd[e] - rmd[ch]) / sqrt(rvd[ch] + (double)eps) * gd[ch] + bd[ch];
+            }
+    for (size_t i = 0; i < len; i++) {
+        yt[i] += r[i];
+        ye[i] += r[i];
+        if (relu) {
+            yt[i] = yt[i] > 0 ? yt[i] : 0;
+            ye[i] = ye[i] > 0 ? ye[i] : 0;
+        }
+    }
+    const int nhwc = L == SF_LAYOUT_NHWC;
+    dbuf bx = dbuf_make(dt, len, mis), br = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis);
+    float *d_g = dalloc<float>(c), *d_b = dalloc<float>(c), *d_rm = dalloc<float>(c), *d_rv = dalloc<float>(c),
+          *d_sm = dalloc<float>(c), *d_si = dalloc<float>(c);
+    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, L));
+    up_dt(bx, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up_dt(br, nhwc ? to_nhwc(r, n, c, h, w) : r);
+    up(d_g, gamma);
+    up(d_b, beta);
+    up(d_rm, rm);
+    up(d_rv, rv);
+    for (int ev = 0; ev < 2; ev++) {
+        poison_dt(by);
+        int rc = ev ? sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, d_rm, d_rv, br.p, by.p, relu, s)
+                    : sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, mom, d_rm, d_rv, d_sm, d_si,
+                                              br.p, by.p, relu, scr, s);
+        CU(cudaStreamSynchronize(s));
+        snprintf(sub, sizeof sub, "%s %s y", nm, ev ? "eval" : "train");
+        if (rc) {
+            fail(sub, sf_cuda_last_error());
+            continue;
+        }
+        std::vector<float> y = down_dt(by, len);
+        if (nhwc)
+            y = to_nchw(y, n, c, h, w);
+        check_dt(sub, dt, y, ev ? ye : yt, 1e-4);
+        if (!ev) { /* the eval pass below uses the running statistics as the reference's */
+            up(d_rm, rm);
+            up(d_rv, rv);
+        }
+    }
+    dbuf_free(bx); dbuf_free(br); dbuf_free(by);
+    cudaFree(d_g); cudaFree(d_b); cudaFree(d_rm); cudaFree(d_rv); cudaFree(d_sm); cudaFree(d_si); cudaFree(scr);
 }
 
 /* ---- CUDA-graph capture ---------------------------------------------------- */
@@ -260,7 +333,7 @@ static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n
           *sm = dalloc<float>(c), *si = dalloc<float>(c), *dg = dalloc<float>(c), *db = dalloc<float>(c);
     void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, hw, hw, L));
     auto enq = [&](cudaStream_t st) {
-        return sf_cuda_bn_fwd_train_dt(dt, x, n, c, hw, hw, L, g, b, 1e-5f, 0.1f, rm, rv, sm, si, y, relu, scr, st) ||
+        return sf_cuda_bn_fwd_train_dt(dt, x, n, c, hw, hw, L, g, b, 1e-5f, 0.1f, rm, rv, sm, si, NULL, y, relu, scr, st) ||
                sf_cuda_bn_bwd_dt(dt, x, n, c, hw, hw, L, g, b, sm, si, dy, relu ? y : NULL, dx, dg, db, scr, st);
     };
     if (sf_cuda_fill_random_dt(dt, x, len, g_seed++, 2.f, s) || sf_cuda_fill_random_dt(dt, dy, len, g_seed++, 1.f, s) ||
@@ -334,6 +407,10 @@ int main(void)
             test_bn_dt(s, dt, 8, 40, 13, 13, L, 1, 0);
             test_bn_dt(s, dt, 2, 16, 8, 8, L, 0, 0);
             test_bn_dt(s, dt, 4, 3, 5, 7, L, 0, 0);     /* C % 8 != 0: scalar */
+            test_bn_res(s, dt, 2, 64, 14, 14, L, 1, 0);
+            test_bn_res(s, dt, 3, 128, 7, 9, L, 0, 0);
+            test_bn_res(s, dt, 2, 24, 5, 5, L, 1, 1);
+            test_bn_res(s, dt, 2, 3, 5, 7, L, 1, 0);
             test_bn_dt(s, dt, 3, 6, 1, 1, L, 0, 0);
             test_bn_dt(s, dt, 2, 64, 9, 9, L, 1, 1);    /* misaligned: scalar fallback */
         }

@@ -782,10 +782,10 @@ static int g_plan_memory(sf_cuda_net *net)
     if (nf > 0)
         widen(&obj[yi[g_storage(net, nf - 1)]], nf); /* the copy to the boundary */
     widen(&obj[yi[last]], ntrain); /* the loss reads the logits */
+    widen(&obj[di[last]], ntrain); /* and writes their gradient */
     for (int i = 0; i < nl; i++)
         if (g->op[i].bn_add)
             widen(&obj[yi[g->op[i].bn_add]], F(i)); /* the batchnorm writes the add's output */
-    widen(&obj[di[last]], ntrain); /* and writes their gradient */
     for (int c = 0; c < nl; c++) {
         const sf_layer *L = &m->layers[c];
         const gop *o = &g->op[c];

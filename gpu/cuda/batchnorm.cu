@@ -753,11 +753,18 @@ static int bn_rows_G(int c, int V)
     return low < 16 ? low : 16;
 }
 
+/* The shape half of the row kernels' condition (the bf16 row kernels). */
+static int bn_rows_shape(int nhwc, int c) { return nhwc && c % 8 == 0 && c / 8 / bn_rows_G(c, 8) <= 65535; }
+
 /* Whether the row kernels take a bf16 tensor: NHWC, C % 8 == 0, aligned. */
 static int bn_rows_ok(const bn_plan &p, int c, const void *a, const void *b, const void *d, const void *e)
 {
-    return p.nhwc && c % 8 == 0 && c / 8 / bn_rows_G(c, 8) <= 65535 && cu_al16(a) && cu_al16(b) &&
-           (!d || cu_al16(d)) && (!e || cu_al16(e));
+    return bn_rows_shape(p.nhwc, c) && cu_al16(a) && cu_al16(b) && (!d || cu_al16(d)) && (!e || cu_al16(e));
+}
+
+extern "C" int sf_cuda_bn_bwd_reads_y(sf_dtype dt, sf_layout lay, int c)
+{
+    return !(dt == SF_DT_BF16 && bn_rows_shape(lay == SF_LAYOUT_NHWC, c));
 }
 
 /* Grid of the elementwise row kernels: ~16 rows a thread, but at least a

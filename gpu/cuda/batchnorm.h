@@ -54,6 +54,12 @@ int sf_cuda_bn_fwd_eval_dt(sf_dtype dt, const void *x, int n, int c, int h, int 
 /* beta: the forward's (with y, the bf16 NHWC row kernels recompute the mask
  * y > 0 from x, the saved statistics, gamma and beta, with the forward's own
  * arithmetic, instead of reading y: a third less traffic; NULL: y is read). */
+/* Whether sf_cuda_bn_bwd_dt reads y (a fused ReLU's output) for tensors of
+ * this type, layout and channel count; 0: it recomputes the mask from x (bf16
+ * NHWC, c % 8 == 0, given beta and 16-byte aligned x, dy and dx) and takes y
+ * only as the sign that there is a ReLU, so y need not outlive its readers in
+ * the forward. */
+int sf_cuda_bn_bwd_reads_y(sf_dtype dt, sf_layout lay, int c);
 int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                       const float *beta, const float *save_mean, const float *save_invstd, const void *dy,
                       const void *y, void *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s);

@@ -794,8 +794,12 @@ static int g_plan_memory(sf_cuda_net *net)
         const int k = L->kind;
         const int needs_x = !o->frozen && (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR ||
                                            k == SF_L_BATCHNORM2D);
-        if (!o->frozen && (k == SF_L_RELU || o->relu))
-            widen(&obj[yi[c]], B(c)); /* the ReLU mask */
+        /* the ReLU mask, unless batchnorm's backward recomputes it from x (the
+         * stem's 1.6 GB batchnorm output of ResNet-18 at batch 1024 then dies
+         * at the maxpool's forward) */
+        if (!o->frozen && (k == SF_L_RELU || o->relu) &&
+            !(k == SF_L_BATCHNORM2D && !sf_cuda_bn_bwd_reads_y(g->dt, g->lay, L->out_ch)))
+            widen(&obj[yi[c]], B(c));
         for (int j = 0; j < o->n_in; j++) {
             const int s = g_storage(net, o->src[j]);
             if (s < 0 || (!o->frozen && g->op[s].frozen))

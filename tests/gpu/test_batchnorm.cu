@@ -316,6 +316,55 @@ static void test_bn_res(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w,
     cudaFree(d_g); cudaFree(d_b); cudaFree(d_rm); cudaFree(d_rv); cudaFree(d_sm); cudaFree(d_si); cudaFree(scr);
 }
 
+/* The bf16 NHWC row kernels recompute a fused ReLU's mask from x: the
+ * backward gives the same bits whether y holds the forward's output or NaN
+ * (the executor lets y's memory be reused before the backward on that
+ * promise, sf_cuda_bn_bwd_reads_y), and the promise is made only there. */
+static void test_bn_mask_from_x(cudaStream_t s)
+{
+    const char *nm = "bn bf16 nhwc +relu backward reads no y";
+    const int n = 3, c = 64, h = 14, w = 10;
+    const size_t len = (size_t)n * c * h * w;
+    void *x = dalloc<char>(len * 2), *y = dalloc<char>(len * 2), *dy = dalloc<char>(len * 2),
+         *dx = dalloc<char>(len * 2);
+    float *g = dalloc<float>(c), *b = dalloc<float>(c), *rm = dalloc<float>(c), *rv = dalloc<float>(c),
+          *sm = dalloc<float>(c), *si = dalloc<float>(c), *dg = dalloc<float>(c), *db = dalloc<float>(c);
+    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, SF_LAYOUT_NHWC));
+    std::vector<char> dx0(len * 2), dx1(len * 2);
+    std::vector<float> dg0(c), dg1(c), db0(c), db1(c);
+    const sf_layout L = SF_LAYOUT_NHWC;
+    int rc = sf_cuda_fill_random_dt(SF_DT_BF16, x, len, g_seed++, 2.f, s) ||
+             sf_cuda_fill_random_dt(SF_DT_BF16, dy, len, g_seed++, 1.f, s) || sf_cuda_fill_random(g, c, g_seed++, 1.f, s) ||
+             sf_cuda_fill_random(b, c, g_seed++, 1.f, s) || sf_cuda_fill(rm, c, 0.f, s) || sf_cuda_fill(rv, c, 1.f, s) ||
+             sf_cuda_bn_fwd_train_dt(SF_DT_BF16, x, n, c, h, w, L, g, b, 1e-5f, 0.1f, rm, rv, sm, si, NULL, y, 1, scr, s) ||
+             sf_cuda_bn_bwd_dt(SF_DT_BF16, x, n, c, h, w, L, g, b, sm, si, dy, y, dx, dg, db, scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (!rc) {
+        CU(cudaMemcpy(dx0.data(), dx, len * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(dg0.data(), dg, c * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(db0.data(), db, c * 4, cudaMemcpyDeviceToHost));
+        poison(y, len * 2);
+        poison(dx, len * 2);
+        rc = sf_cuda_bn_bwd_dt(SF_DT_BF16, x, n, c, h, w, L, g, b, sm, si, dy, y, dx, dg, db, scr, s);
+        CU(cudaStreamSynchronize(s));
+    }
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        CU(cudaMemcpy(dx1.data(), dx, len * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(dg1.data(), dg, c * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(db1.data(), db, c * 4, cudaMemcpyDeviceToHost));
+        pass_or_fail(nm, dx0 == dx1 && memcmp(dg0.data(), dg1.data(), c * 4) == 0 && memcmp(db0.data(), db1.data(), c * 4) == 0,
+                     "the gradients changed with y");
+    }
+    pass_or_fail("bn backward reads y except bf16 nhwc with c % 8 == 0",
+                 !sf_cuda_bn_bwd_reads_y(SF_DT_BF16, L, 64) && sf_cuda_bn_bwd_reads_y(SF_DT_BF16, L, 60) &&
+                     sf_cuda_bn_bwd_reads_y(SF_DT_BF16, SF_LAYOUT_NCHW, 64) && sf_cuda_bn_bwd_reads_y(SF_DT_F32, L, 64),
+                 "wrong");
+    cudaFree(x); cudaFree(y); cudaFree(dy); cudaFree(dx); cudaFree(g); cudaFree(b); cudaFree(rm); cudaFree(rv);
+    cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
+}
+
 /* ---- CUDA-graph capture ---------------------------------------------------- */
 
 /* A training forward + backward captured into a CUDA graph replays bit-equal
@@ -414,6 +463,7 @@ int main(void)
             test_bn_dt(s, dt, 3, 6, 1, 1, L, 0, 0);
             test_bn_dt(s, dt, 2, 64, 9, 9, L, 1, 1);    /* misaligned: scalar fallback */
         }
+    test_bn_mask_from_x(s);
     /* a captured forward+backward replays bit-equal to the eager run */
     for (int lay = 0; lay < 2; lay++)
         test_bn_graph_replay(s, SF_DT_F32, (sf_layout)lay, 32, 64, 28, 0);

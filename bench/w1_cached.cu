@@ -11,7 +11,7 @@
  *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
  * Run: build/w1_cached [--preset seed-classifier] [--hw N] [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
  *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
- *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--s2d 1|0] [--bn-add 1|0] [--tune 8] [--profile 0|1|2]
+ *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--s2d 1|0] [--bn-fuse 1|0] [--tune 8] [--profile 0|1|2]
  * Prints one human line and one JSON line; --profile 1 adds the time of each
  * op of one eager step and the plans chosen (engines, workspaces, memory);
  * --profile 2 also brackets one more step (a graph replay with --graphs 1) with
@@ -50,7 +50,7 @@ extern "C" {
 
 int main(int argc, char **argv)
 {
-    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, patch = 1, s2d = 1, bn_add = 1, profile = 0;
+    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, patch = 1, s2d = 1, bn_fuse = 1, profile = 0;
     float momentum = 0.f;
     const char *preset = "seed-classifier";
     int hw = 0; /* 0: the preset's own input size */
@@ -72,7 +72,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--thin")) thin = atoi(v);
         else if (!strcmp(k, "--patch")) patch = atoi(v);
         else if (!strcmp(k, "--s2d")) s2d = atoi(v);
-        else if (!strcmp(k, "--bn-add")) bn_add = atoi(v);
+        else if (!strcmp(k, "--bn-fuse")) bn_fuse = atoi(v);
         else if (!strcmp(k, "--profile")) profile = atoi(v);
         else {
             fprintf(stderr, "w1_cached: unknown option %s\n", k);
@@ -155,7 +155,7 @@ int main(int argc, char **argv)
     nc.no_thin = !thin;
     nc.no_patch = !patch;
     nc.no_s2d = !s2d;
-    nc.no_bn_add = !bn_add;
+    nc.no_bn_fuse = !bn_fuse;
     nc.seed = 1;
     sf_cuda_net *net = NULL;
     CK(sf_net_create(&net, &m, &nc, &io, dnn, blas, s) == 0);
@@ -176,9 +176,9 @@ int main(int argc, char **argv)
     CU(cudaEventElapsedTime(&ms, e0, e1));
     const double sps = 1000.0 * iters / ms;
     const char *pn = bf16 ? "bf16" : tf32 ? "tf32" : "fp32", *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
-    printf("w1_cached %s %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d s2d=%d bn_add=%d: %.1f steps/s "
+    printf("w1_cached %s %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d s2d=%d bn_fuse=%d: %.1f steps/s "
            "(%.3f ms/step, last loss %.4f)%s\n",
-           preset, prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, patch, s2d, bn_add, sps, ms / iters, hres->loss,
+           preset, prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, patch, s2d, bn_fuse, sps, ms / iters, hres->loss,
            graphs && sf_net_graph_error(net)[0] ? " [graph capture failed: eager]" : "");
     printf("{\"bench\":\"w1_cached\",\"device\":\"%s\",\"batch\":%d,\"precision\":\"%s\",\"layout\":\"%s\","
            "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",

@@ -593,7 +593,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.no_thin = cfg->sw.no_thin;
     nc.no_patch = cfg->sw.no_patch;
     nc.no_s2d = cfg->sw.no_s2d;
-    nc.no_bn_add = cfg->sw.no_bn_add;
+    nc.no_bn_fuse = cfg->sw.no_bn_fuse;
     nc.keep_relu = cfg->sw.keep_relu;
     nc.allow_rtc = cfg->sw.allow_rtc;
     nc.seed = cfg->seed;

@@ -10,14 +10,6 @@
 /* kernels                                                                  */
 /* ======================================================================== */
 
-/* A training forward's output before its ReLU, rounded operation by operation
- * (no contraction left to the compiler), so that the backward's recomputed
- * ReLU mask, o > 0, is the forward's own decision. */
-__device__ __forceinline__ float bn_out(float x, float mu, float iv, float ga, float be)
-{
-    return __fmaf_rn(__fmul_rn(__fsub_rn(x, mu), iv), ga, be);
-}
-
 /* The channel of element e (e a multiple of V when V > 1). */
 __device__ __forceinline__ int bn_chan(unsigned e, int C, unsigned hw, int nhwc)
 {
@@ -827,6 +819,8 @@ static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w
                                                                        save_invstd);
     }
     SF_CUDA_CHECK_LAUNCH();
+    if (!y) /* the statistics only: the reader applies the normalisation itself */
+        return 0;
     const size_t len = (size_t)c * p.E;
     if (rows) {
         if constexpr (BF)

@@ -43,7 +43,9 @@ int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_layout lay, co
                    float *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s);
 /* The _dt forwards take res (NULL: none), a tensor of x's shape added to the
  * normalised value before the ReLU: y = relu?(bn(x) + res), a residual add
- * in the same pass (one rounding to dt, where BN then add round twice). */
+ * in the same pass (one rounding to dt, where BN then add round twice). The
+ * training forward with y NULL computes the statistics alone (its reader
+ * applies them: sf_cuda_maxpool_fwd_dt's pre-batchnorm). */
 int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
                             const float *gamma, const float *beta, float eps, float momentum,
                             float *running_mean, float *running_var, float *save_mean, float *save_invstd,

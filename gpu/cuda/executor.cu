@@ -177,6 +177,9 @@ typedef struct gop {
     int bn_add;          /* batchnorm: the index of the residual add whose output its forward
                             writes, relu?(bn(x) + the add's other input) (0: none) */
     int in_bn;           /* add computed by the batchnorm before it (bn_add): no forward of its own */
+    int bn_pool;         /* batchnorm + ReLU read only by a maxpool that applies them to its taps
+                            (training forward: the batchnorm computes its statistics alone) */
+    int pre_bn;          /* maxpool: the index of that batchnorm (0: none) */
     int s2d;             /* conv run as its space-to-depth form (conv_s2d.h): its plans are the
                             rearranged convolution's, on the three tensors below */
     void *s2d_x;         /* the rearranged input (max_batch samples), written by the forward,
@@ -934,7 +937,7 @@ static int g_create(sf_cuda_net *net)
          * writes the add's output in its apply pass (bn + add + ReLU: three
          * tensor passes where the two kernels took five); the add's other
          * input comes from an earlier layer, so it is ready. */
-        for (int a = 1; !net->cfg.no_bn_add && a < g->nl; a++) {
+        for (int a = 1; !net->cfg.no_bn_fuse && a < g->nl; a++) {
             const int i = a - 1;
             const gop *oa = &g->op[a], *oi = &g->op[i];
             if (m->layers[a].kind != SF_L_ADD || m->layers[i].kind != SF_L_BATCHNORM2D || oa->n_in != 2 ||
@@ -943,6 +946,23 @@ static int g_create(sf_cuda_net *net)
                 continue;
             g->op[i].bn_add = a;
             g->op[a].in_bn = 1;
+        }
+        /* A batchnorm + ReLU whose only reader is a 3x3/2 maxpool: in training
+         * the pool applies them to its taps, so the batchnorm's output (1.6 GB
+         * at ResNet-18's stem, batch 1024) is neither written nor read. Only
+         * where the batchnorm's backward recomputes the ReLU mask from x (it
+         * has no y to read then). */
+        for (int p = 2; !net->cfg.no_bn_fuse && p < g->nl; p++) {
+            const sf_layer *P = &m->layers[p];
+            const int r = g->op[p].src[0], i = r - 1;
+            if (P->kind != SF_L_MAXPOOL2D || r < 1 || m->layers[r].kind != SF_L_RELU || !g->op[r].fused ||
+                g->op[r].src[0] != i || m->layers[i].kind != SF_L_BATCHNORM2D || !g->op[i].relu ||
+                readers[r] != 1 || g->op[i].frozen || g->op[p].frozen ||
+                sf_cuda_bn_bwd_reads_y(g->dt, g->lay, m->layers[i].out_ch) ||
+                !sf_cuda_maxpool_pre_bn_ok(g->dt, g->lay, P->in_c, P->k, P->stride, P->pad))
+                continue;
+            g->op[i].bn_pool = 1;
+            g->op[p].pre_bn = i;
         }
         for (int i = 0; i < g->nl; i++) {
             const sf_layer *L = &m->layers[i];
@@ -1243,15 +1263,22 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                     return -1;
             } else if (sf_cuda_bn_fwd_train_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
                                                P + L->b_off, SF_BN_EPS, SF_BN_MOMENTUM, g->bufs + L->rm_off,
-                                               g->bufs + L->rv_off, o->save, o->save + L->out_ch, res, y, relu,
-                                               g->scratch, s)) {
+                                               g->bufs + L->rv_off, o->save, o->save + L->out_ch, res,
+                                               o->bn_pool ? NULL : y, relu, g->scratch, s)) {
                 return -1;
             }
             break;
         }
         case SF_L_MAXPOOL2D:
-            if (sf_cuda_maxpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, g->lay, o->y,
-                                       o->argmax, s))
+            if (o->pre_bn && !o->frozen && !eval) { /* the batchnorm + ReLU before it, on its taps */
+                const int bi = o->pre_bn;
+                const sf_layer *BL = &m->layers[bi];
+                const sf_pool_pre_bn pre = {g->op[bi].save, g->op[bi].save + BL->out_ch, P + BL->w_off, P + BL->b_off};
+                if (sf_cuda_maxpool_fwd_dt(dt, g_in(net, bi, 0, b), n, L->in_c, L->in_h, L->in_w, L->k, L->stride,
+                                           L->pad, g->lay, o->y, o->argmax, &pre, s))
+                    return -1;
+            } else if (sf_cuda_maxpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, g->lay,
+                                              o->y, o->argmax, NULL, s))
                 return -1;
             break;
         case SF_L_GLOBAL_AVGPOOL:

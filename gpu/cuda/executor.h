@@ -121,8 +121,8 @@ typedef struct sf_net_cfg {
     int no_patch;        /* 1: run non-overlapping convolutions' backward (conv_patch.h) through cuDNN too */
     int no_s2d;          /* 1: run strided few-channel convolutions as they are, not in their
                             space-to-depth form (conv_s2d.h) */
-    int no_bn_add;       /* 1: a residual add after a batchnorm is a kernel of its own, not the
-                            batchnorm's apply pass */
+    int no_bn_fuse;      /* 1: a residual add after a batchnorm, or a batchnorm + ReLU's maxpool,
+                            run as kernels of their own, not in one pass with the batchnorm */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;

@@ -164,6 +164,15 @@ template <int V> __device__ __forceinline__ void cu_ldi(const int32_t *p, int *a
         }
     }
 }
+/* A batchnorm's output before its ReLU, rounded operation by operation (no
+ * contraction left to the compiler), so that every kernel that recomputes it
+ * (the backward's ReLU mask, a maxpool reading the batchnorm's input) makes
+ * the forward's own decisions and values. */
+__device__ __forceinline__ float bn_out(float x, float mu, float iv, float ga, float be)
+{
+    return __fmaf_rn(__fmul_rn(__fsub_rn(x, mu), iv), ga, be);
+}
+
 template <int V> __device__ __forceinline__ void cu_sti(int32_t *p, const int *a)
 {
     if constexpr (V == 1) {

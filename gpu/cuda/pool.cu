@@ -252,11 +252,14 @@ __global__ void k_mp3_bwd_nchw(const T *__restrict__ dy, const int32_t *__restri
 }
 
 /* NHWC forward: a thread per (output pixel, V channels); V = 16/sizeof(T)
- * (C % V == 0, x, y, argmax 16-byte aligned) or 1. */
-template <typename T, int V>
+ * (C % V == 0, x, y, argmax 16-byte aligned) or 1. With pre (PRE), x is a
+ * batchnorm's input and each tap is first the batchnorm + ReLU's output,
+ * computed and rounded to T as that apply pass would have stored it, so the
+ * values, the maxima and their positions are the same bits. */
+template <typename T, int V, bool PRE>
 __global__ void __launch_bounds__(CU_TPB)
     k_mp3_fwd_nhwc(const T *__restrict__ x, int C, int H, int W, int OH, int OW, unsigned total, T *__restrict__ y,
-                   int32_t *__restrict__ am)
+                   int32_t *__restrict__ am, sf_pool_pre_bn pre)
 {
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
@@ -282,6 +285,18 @@ __global__ void __launch_bounds__(CU_TPB)
             ok[t] = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
             cu_ld<T, V>(xb + (size_t)(ok[t] ? iy * W + ix : a0) * C, v[t]);
         }
+    if constexpr (PRE) {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int c = (int)cv * V + j;
+            const float mu = pre.mean[c], iv = pre.invstd[c], ga = pre.gamma[c], be = pre.beta[c];
+#pragma unroll
+            for (int t = 0; t < 9; t++) {
+                const float o = bn_out(v[t][j], mu, iv, ga, be);
+                v[t][j] = cu_f(cu_to<T>(o > 0.f ? o : 0.f));
+            }
+        }
+    }
     float m[V];
     int arg[V];
 #pragma unroll
@@ -439,20 +454,36 @@ static int pool_check(const char *fn, int n, int c, int h, int w, int k, int str
  * output in the backward); other windows the generic ones. */
 template <typename T>
 static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w, int k, int stride, int pad,
-                         sf_layout lay, T *y, int32_t *argmax, cudaStream_t s)
+                         sf_layout lay, T *y, int32_t *argmax, const sf_pool_pre_bn *pre, cudaStream_t s)
 {
     constexpr int VEC = 16 / sizeof(T);
     int oh, ow;
     if (pool_check(fn, n, c, h, w, k, stride, pad, &oh, &ow))
         return -1;
     const int nhwc = lay == SF_LAYOUT_NHWC;
+    const sf_pool_pre_bn none = {NULL, NULL, NULL, NULL};
+    if (pre) {
+        if (!sf_cuda_maxpool_pre_bn_ok(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, lay, c, k, stride, pad) ||
+            !cu_al16(x) || !cu_al16(y) || !cu_al16(argmax)) {
+            sf_cuda_set_error("%s:%d: %s: no batchnorm-fused kernel for c%d k%d s%d p%d (layout %d) or unaligned "
+                              "tensors", __FILE__, __LINE__, fn, c, k, stride, pad, (int)lay);
+            return -1;
+        }
+        const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
+        k_mp3_fwd_nhwc<T, VEC, true><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y, argmax,
+                                                                               *pre);
+        SF_CUDA_CHECK_LAUNCH();
+        return 0;
+    }
     if (k == 3 && stride == 2 && pad == 1) {
         if (nhwc && c % VEC == 0 && cu_al16(x) && cu_al16(y) && cu_al16(argmax)) {
             const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
-            k_mp3_fwd_nhwc<T, VEC><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y, argmax);
+            k_mp3_fwd_nhwc<T, VEC, false><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y,
+                                                                                    argmax, none);
         } else if (nhwc) {
             const unsigned total = (unsigned)((size_t)n * oh * ow * c);
-            k_mp3_fwd_nhwc<T, 1><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y, argmax);
+            k_mp3_fwd_nhwc<T, 1, false><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y,
+                                                                                  argmax, none);
         } else {
             const unsigned total = (unsigned)((size_t)n * c * oh * ow);
             k_mp3_fwd_nchw<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, h, w, oh, ow, total, y, argmax);
@@ -509,7 +540,7 @@ static int maxpool_bwd_t(const char *fn, const T *dy, const int32_t *argmax, int
 extern "C" int sf_cuda_maxpool_fwd(const float *x, int n, int c, int h, int w, int k, int stride, int pad,
                                    sf_layout lay, float *y, int32_t *argmax, cudaStream_t s)
 {
-    return maxpool_fwd_t<float>("sf_cuda_maxpool_fwd", x, n, c, h, w, k, stride, pad, lay, y, argmax, s);
+    return maxpool_fwd_t<float>("sf_cuda_maxpool_fwd", x, n, c, h, w, k, stride, pad, lay, y, argmax, NULL, s);
 }
 
 extern "C" int sf_cuda_maxpool_bwd(const float *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
@@ -518,16 +549,22 @@ extern "C" int sf_cuda_maxpool_bwd(const float *dy, const int32_t *argmax, int n
     return maxpool_bwd_t<float>("sf_cuda_maxpool_bwd", dy, argmax, n, c, h, w, k, stride, pad, lay, dx, s);
 }
 
+extern "C" int sf_cuda_maxpool_pre_bn_ok(sf_dtype dt, sf_layout lay, int c, int k, int stride, int pad)
+{
+    return dt == SF_DT_BF16 && lay == SF_LAYOUT_NHWC && c % 8 == 0 && k == 3 && stride == 2 && pad == 1;
+}
+
 extern "C" int sf_cuda_maxpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, int k, int stride,
-                                      int pad, sf_layout lay, void *y, int32_t *argmax, cudaStream_t s)
+                                      int pad, sf_layout lay, void *y, int32_t *argmax, const sf_pool_pre_bn *pre,
+                                      cudaStream_t s)
 {
     const char *fn = "sf_cuda_maxpool_fwd_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
     if (dt == SF_DT_BF16)
         return maxpool_fwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, k, stride, pad, lay, (cu_bf16 *)y, argmax,
-                                     s);
-    return maxpool_fwd_t<float>(fn, (const float *)x, n, c, h, w, k, stride, pad, lay, (float *)y, argmax, s);
+                                     pre, s);
+    return maxpool_fwd_t<float>(fn, (const float *)x, n, c, h, w, k, stride, pad, lay, (float *)y, argmax, pre, s);
 }
 
 extern "C" int sf_cuda_maxpool_bwd_dt(sf_dtype dt, const void *dy, const int32_t *argmax, int n, int c, int h, int w,

@@ -32,8 +32,19 @@ int sf_cuda_maxpool_bwd(const float *dy, const int32_t *argmax, int n, int c, in
 int sf_cuda_avgpool_fwd(const float *x, int n, int c, int h, int w, sf_layout lay, float *y, cudaStream_t s);
 int sf_cuda_avgpool_bwd(const float *dy, int n, int c, int h, int w, sf_layout lay, float *dx,
                         cudaStream_t s);
+/* A training batchnorm + ReLU in front of the pool, applied to each tap as
+ * its apply pass would (gpu/cuda/batchnorm.h; the values rounded to dt as
+ * stored), so the pool reads the batchnorm's input and the batchnorm's output
+ * is never written: its saved statistics and its parameters, [c] each. */
+typedef struct sf_pool_pre_bn {
+    const float *mean, *invstd, *gamma, *beta;
+} sf_pool_pre_bn;
+/* Whether sf_cuda_maxpool_fwd_dt takes a pre-batchnorm: bf16 NHWC, c % 8 == 0,
+ * 3x3 stride 2 pad 1 (ResNet's stem), 16-byte aligned tensors. */
+int sf_cuda_maxpool_pre_bn_ok(sf_dtype dt, sf_layout lay, int c, int k, int stride, int pad);
+/* pre: NULL, or the batchnorm + ReLU that x goes through first (above). */
 int sf_cuda_maxpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, int k, int stride, int pad,
-                           sf_layout lay, void *y, int32_t *argmax, cudaStream_t s);
+                           sf_layout lay, void *y, int32_t *argmax, const sf_pool_pre_bn *pre, cudaStream_t s);
 int sf_cuda_maxpool_bwd_dt(sf_dtype dt, const void *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
                            int stride, int pad, sf_layout lay, void *dx, cudaStream_t s);
 int sf_cuda_avgpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay, void *y,

@@ -2,7 +2,8 @@
  * gpu/cuda/pool.h against sf_ref_maxpool2d_* / sf_ref_avgpool_*: both layouts,
  * ResNet-18's stem (the k3 s2 p1 path) and head, odd sizes, other windows;
  * argmax and selections exact; the _dt launchers in fp32 and bf16 with
- * misaligned pointers. *
+ * misaligned pointers; the pool with a pre-batchnorm + ReLU (bf16 NHWC stem)
+ * bit for bit against the batchnorm's apply pass followed by the pool. *
  * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
@@ -128,7 +129,7 @@ static void test_maxpool_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, in
     poison_dt(by);
     poison_dt(bdx);
     poison(d_am, ny * 4);
-    int rc = sf_cuda_maxpool_fwd_dt(dt, bx.p, n, c, h, w, k, st, pad, L, by.p, d_am, s);
+    int rc = sf_cuda_maxpool_fwd_dt(dt, bx.p, n, c, h, w, k, st, pad, L, by.p, d_am, NULL, s);
     if (!rc)
         rc = sf_cuda_maxpool_bwd_dt(dt, bdy.p, d_am, n, c, h, w, k, st, pad, L, bdx.p, s);
     CU(cudaStreamSynchronize(s));
@@ -193,6 +194,58 @@ static void test_avgpool_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, in
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
 }
 
+/* The stem's pool with the batchnorm + ReLU applied to its taps equals, bit
+ * for bit (values and argmax), the batchnorm's training apply pass followed
+ * by the plain pool; unsupported shapes and types are refused. */
+static void test_maxpool_pre_bn(cudaStream_t s, int n, int c, int h, int w)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "maxpool k3 s2 p1 with pre-batchnorm n%d c%d %dx%d bf16 nhwc", n, c, h, w);
+    const sf_layout L = SF_LAYOUT_NHWC;
+    const int OH = (h + 2 - 3) / 2 + 1, OW = (w + 2 - 3) / 2 + 1;
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * OH * OW;
+    void *x = dalloc<char>(nx * 2), *ybn = dalloc<char>(nx * 2), *y1 = dalloc<char>(ny * 2), *y2 = dalloc<char>(ny * 2);
+    int32_t *a1 = dalloc<int32_t>(ny), *a2 = dalloc<int32_t>(ny);
+    float *g = dalloc<float>(c), *b = dalloc<float>(c), *rm = dalloc<float>(c), *rv = dalloc<float>(c),
+          *sm = dalloc<float>(c), *si = dalloc<float>(c);
+    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, L));
+    int rc = sf_cuda_fill_random_dt(SF_DT_BF16, x, nx, g_seed++, 2.f, s) || sf_cuda_fill_random(g, c, g_seed++, 1.f, s) ||
+             sf_cuda_fill_random(b, c, g_seed++, 1.f, s) || sf_cuda_fill(rm, c, 0.f, s) || sf_cuda_fill(rv, c, 1.f, s) ||
+             sf_cuda_bn_fwd_train_dt(SF_DT_BF16, x, n, c, h, w, L, g, b, 1e-5f, 0.1f, rm, rv, sm, si, NULL, ybn, 1, scr,
+                                     s) ||
+             sf_cuda_maxpool_fwd_dt(SF_DT_BF16, ybn, n, c, h, w, 3, 2, 1, L, y1, a1, NULL, s);
+    const sf_pool_pre_bn pre = {sm, si, g, b};
+    if (!rc) {
+        poison(y2, ny * 2);
+        poison(a2, ny * 4);
+        rc = sf_cuda_maxpool_fwd_dt(SF_DT_BF16, x, n, c, h, w, 3, 2, 1, L, y2, a2, &pre, s);
+    }
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<char> h1(ny * 2), h2(ny * 2);
+        std::vector<int32_t> g1(ny), g2(ny);
+        CU(cudaMemcpy(h1.data(), y1, ny * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(h2.data(), y2, ny * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(g1.data(), a1, ny * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(g2.data(), a2, ny * 4, cudaMemcpyDeviceToHost));
+        pass_or_fail(nm, h1 == h2 && g1 == g2, "differs from the batchnorm's output pooled");
+    }
+    pass_or_fail("maxpool pre-batchnorm: only bf16 nhwc, c % 8 == 0, 3x3/2 pad 1",
+                 sf_cuda_maxpool_pre_bn_ok(SF_DT_BF16, L, 64, 3, 2, 1) &&
+                     !sf_cuda_maxpool_pre_bn_ok(SF_DT_F32, L, 64, 3, 2, 1) &&
+                     !sf_cuda_maxpool_pre_bn_ok(SF_DT_BF16, SF_LAYOUT_NCHW, 64, 3, 2, 1) &&
+                     !sf_cuda_maxpool_pre_bn_ok(SF_DT_BF16, L, 60, 3, 2, 1) &&
+                     !sf_cuda_maxpool_pre_bn_ok(SF_DT_BF16, L, 64, 2, 2, 0),
+                 "wrong");
+    rc = sf_cuda_maxpool_fwd_dt(SF_DT_F32, x, 1, 8, 4, 4, 3, 2, 1, L, y2, a2, &pre, s);
+    pass_or_fail("maxpool pre-batchnorm refuses fp32", rc != 0, "accepted");
+    sf_cuda_clear_error();
+    cudaFree(x); cudaFree(ybn); cudaFree(y1); cudaFree(y2); cudaFree(a1); cudaFree(a2); cudaFree(g); cudaFree(b);
+    cudaFree(rm); cudaFree(rv); cudaFree(sm); cudaFree(si); cudaFree(scr);
+}
+
 int main(void)
 {
     int count = 0;
@@ -235,6 +288,8 @@ int main(void)
             test_avgpool_dt(s, dt, 3, 5, 3, 5, L);
         }
 
+    test_maxpool_pre_bn(s, 2, 64, 112, 112); /* ResNet-18's stem */
+    test_maxpool_pre_bn(s, 3, 16, 9, 10);     /* odd sizes */
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         printf("FAIL device: %s\n", cudaGetErrorString(e));

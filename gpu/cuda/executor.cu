@@ -179,7 +179,8 @@ typedef struct gop {
     int in_bn;           /* add computed by the batchnorm before it (bn_add): no forward of its own */
     int bn_pool;         /* batchnorm + ReLU read only by a maxpool that applies them to its taps
                             (training forward: the batchnorm computes its statistics alone) */
-    int pre_bn;          /* maxpool: the index of that batchnorm (0: none) */
+    int pre_bn;          /* maxpool: 1 + the index of that batchnorm (0: none; a model may start
+                            with the batchnorm) */
     int s2d;             /* conv run as its space-to-depth form (conv_s2d.h): its plans are the
                             rearranged convolution's, on the three tensors below */
     void *s2d_x;         /* the rearranged input (max_batch samples), written by the forward,
@@ -962,7 +963,7 @@ static int g_create(sf_cuda_net *net)
                 !sf_cuda_maxpool_pre_bn_ok(g->dt, g->lay, P->in_c, P->k, P->stride, P->pad))
                 continue;
             g->op[i].bn_pool = 1;
-            g->op[p].pre_bn = i;
+            g->op[p].pre_bn = i + 1;
         }
         for (int i = 0; i < g->nl; i++) {
             const sf_layer *L = &m->layers[i];
@@ -1271,7 +1272,7 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
         }
         case SF_L_MAXPOOL2D:
             if (o->pre_bn && !o->frozen && !eval) { /* the batchnorm + ReLU before it, on its taps */
-                const int bi = o->pre_bn;
+                const int bi = o->pre_bn - 1;
                 const sf_layer *BL = &m->layers[bi];
                 const sf_pool_pre_bn pre = {g->op[bi].save, g->op[bi].save + BL->out_ch, P + BL->w_off, P + BL->b_off};
                 if (sf_cuda_maxpool_fwd_dt(dt, g_in(net, bi, 0, b), n, L->in_c, L->in_h, L->in_w, L->k, L->stride,

@@ -337,8 +337,9 @@ const sf_cfg_option sf_config_table[] = {
      "on the reference backend (host memory); on CUDA two such areas in device memory (6 bytes per "
      "pixel; one with pipeline.overlap off), so that a batch decodes while the one before is "
      "augmented, and nvJPEG's own buffers for a batch of model.max_batch files of this many pixels "
-     "in all. 0 turns JPEG batches off: nothing is allocated for them and every one is refused with "
-     "jpeg_batch_too_large."},
+     "in all (on an H100 with model.max_batch 1024 the default held about 2.7 GB of device memory). "
+     "0 turns JPEG batches off: nothing is allocated for them and every one is refused with "
+     "jpeg_batch_too_large; the setting for jobs that post raw tensors."},
     {"jpeg.decoder", SF_CT_ENUM, F(jpeg.decoder), "auto", 0, 0, "auto|hardware|gpu_hybrid|hybrid", 0, NULL,
      "Which nvJPEG backend decodes JPEG batches on CUDA: auto chooses per batch by the measured rule of "
      "docs/DESIGN.md (the hardware engines, or gpu_hybrid for large batches of small files); the others "

@@ -997,13 +997,13 @@ static int g_create(sf_cuda_net *net)
     }
     /* space-to-depth: a trainable strided conv over few channels whose input
      * gradient nobody wants (a stem reading the model input), in bf16 nets
-     * (where it was measured; fp32 and TF32 nets keep cuDNN's plain plan) */
+     * (where it was measured; fp32 and TF32 nets keep cuDNN's plain plan).
+     * Such a conv is never a thin one (k > stride >= 2) nor a patch one
+     * (fp32 only). */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && g->dt == SF_DT_BF16 && !g->op[i].frozen &&
-                       !g->op[i].want[0] &&
-                       !g->op[i].thin && !g->op[i].patch &&
-                       sf_conv_s2d_ok(g->lay, L->in_c, L->k, L->stride);
+                       !g->op[i].want[0] && sf_conv_s2d_ok(g->lay, L->in_c, L->k, L->stride);
     }
     /* parameters and optimizer state; the trainable slice 16-byte aligned */
     const size_t np = m->n_params;

@@ -776,10 +776,14 @@ static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
             plan->blur_ksize = op->ksize;
             break;
         case SF_AUG_TO_DTYPE: {
+            value_scale *= op->scale;
+            /* A scale of 1 changes no value (x * 1 == x, NaN and -0 included):
+             * no stage, so that no pass spends a multiply on it. */
+            if (op->scale == 1.0f)
+                break;
             sf_aug_pw *pw = next_pw(plan, post_at >= 0);
             pw->kind = SF_PW_SCALE;
             pw->a[0] = op->scale;
-            value_scale *= op->scale;
             break;
         }
         case SF_AUG_NORMALIZE: {
@@ -788,18 +792,22 @@ static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug
                         op->n_mean, c);
                 return -1;
             }
-            sf_aug_pw *pw = next_pw(plan, post_at >= 0);
+            sf_aug_pw nz = {.kind = SF_PW_NORMALIZE};
+            int identity = 1;
             not_intensity = 1;
-            pw->kind = SF_PW_NORMALIZE;
             for (int ch = 0; ch < c; ch++) {
                 int j = op->n_mean == 1 ? 0 : ch;
                 if (!(op->std[j] != 0.0f)) {
                     sf_errf(err, errlen, "aug op %d (%s): std[%d] is 0", i, name, j);
                     return -1;
                 }
-                pw->a[ch] = op->mean[j];
-                pw->b[ch] = 1.0f / op->std[j];
+                nz.a[ch] = op->mean[j];
+                nz.b[ch] = 1.0f / op->std[j];
+                identity = identity && nz.a[ch] == 0.0f && nz.b[ch] == 1.0f;
             }
+            /* Mean 0 and std 1 change no value ((x - 0) * 1 == x): no stage. */
+            if (!identity)
+                *next_pw(plan, post_at >= 0) = nz;
             break;
         }
         case SF_AUG_COLOR_CONVERT: {

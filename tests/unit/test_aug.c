@@ -1074,7 +1074,7 @@ static void lists_without_the_new_ops_plan_no_second_pass_and_no_mixing(void **s
 {
     static aug_fixture f;
     setup_aug(&f, "[{\"op\":\"random_crop\",\"size\":4},{\"op\":\"to_dtype\",\"scale\":0.5},"
-                  "{\"op\":\"normalize\",\"mean\":0,\"std\":1}]", 8, 8, 3);
+                  "{\"op\":\"normalize\",\"mean\":0.5,\"std\":1}]", 8, 8, 3);
     assert_int_equal(f.plan.n_pw, 2);
     assert_int_equal(f.plan.n_post, 0);
     assert_int_equal(f.plan.has_mix, 0);
@@ -1082,6 +1082,33 @@ static void lists_without_the_new_ops_plan_no_second_pass_and_no_mixing(void **s
     sf_aug_mix m;
     sf_aug_gen_mix(&f.p, &f.plan, 1, 1, 8, &m);
     assert_int_equal(m.kind, SF_MIX_NONE);
+}
+
+static void stages_that_change_no_value_are_left_out_of_the_plan(void **state)
+{
+    /* to_dtype with scale 1 and normalize with mean 0, std 1 leave every value
+     * as it is: no stage, and the output is the plain conversion. */
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"
+                  "{\"op\":\"normalize\",\"mean\":[0,0,0],\"std\":[1,1,1]}]", 5, 7, 3);
+    assert_int_equal(f.plan.n_pw, 0);
+    assert_int_equal(f.plan.n_post, 0);
+    uint8_t src[3 * 5 * 7];
+    float out[3 * 5 * 7];
+    for (int i = 0; i < 3 * 5 * 7; i++)
+        src[i] = (uint8_t)(i * 37 + 11);
+    sf_aug_gen(&f.p, &f.plan, 1, 1, 1, f.s);
+    sf_ref_augment(&f.plan, f.s, 1, src, 0, out);
+    for (int i = 0; i < 3 * 5 * 7; i++)
+        assert_float_equal(out[i], (float)src[i], 0);
+    /* One channel off the identity keeps the stage, with its value. */
+    static aug_fixture g;
+    setup_aug(&g, "[{\"op\":\"to_dtype\",\"scale\":0.5},"
+                  "{\"op\":\"normalize\",\"mean\":[0,0,0],\"std\":[1,1,2]}]", 5, 7, 3);
+    assert_int_equal(g.plan.n_pw, 2);
+    assert_int_equal(g.plan.pw[0].kind, SF_PW_SCALE);
+    assert_int_equal(g.plan.pw[1].kind, SF_PW_NORMALIZE);
+    assert_float_equal(g.plan.pw[1].b[2], 0.5f, 0);
 }
 
 static void colour_and_mixing_ops_are_refused_out_of_place_naming_the_op(void **state)
@@ -1157,6 +1184,7 @@ int main(void)
         cmocka_unit_test(cutmix_pastes_the_previous_samples_box_and_lam_is_one_minus_its_area),
         cmocka_unit_test(mixing_probability_and_the_choice_between_mixup_and_cutmix),
         cmocka_unit_test(lists_without_the_new_ops_plan_no_second_pass_and_no_mixing),
+        cmocka_unit_test(stages_that_change_no_value_are_left_out_of_the_plan),
         cmocka_unit_test(colour_and_mixing_ops_are_refused_out_of_place_naming_the_op),
         cmocka_unit_test(kind_names_match_the_config_op_names),
     };

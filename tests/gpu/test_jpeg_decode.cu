@@ -367,28 +367,42 @@ static std::vector<float> train_in_a_row(const std::vector<jcase> &cases, int ov
  * the serial path (overlap 0: one stream, one staging area). */
 static void overlapped_decode_equals_serial(const std::vector<jcase> &cases)
 {
-    const int nb = 8;
-    std::vector<float> a = train_in_a_row(cases, 1, nb), b = train_in_a_row(cases, 0, nb),
-                       b2 = train_in_a_row(cases, 0, nb);
-    if ((int)a.size() != nb || (int)b.size() != nb || (int)b2.size() != nb)
+    const int nb = 8, ns = 3;
+    std::vector<float> a = train_in_a_row(cases, 1, nb);
+    std::vector<std::vector<float>> b(ns);
+    for (auto &r : b)
+        r = train_in_a_row(cases, 0, nb);
+    if ((int)a.size() != nb)
         return;
-    /* The serial path run twice: how far two runs of the same path are
-     * apart on this device (cuDNN may pick engines that are not bitwise
-     * reproducible); a race shows as a difference well beyond it. */
+    for (auto &r : b)
+        if ((int)r.size() != nb)
+            return;
+    /* The serial path run three times: how far runs of the same path are
+     * apart on this device (cuDNN may pick engines whose reductions are not
+     * bitwise reproducible, and one pair of runs under-states that spread
+     * about half the time); the overlapped run is compared with the nearest
+     * serial one, and a race shows as a difference well beyond the spread. */
+    auto rel = [](float x, float y) {
+        return isfinite(x) && isfinite(y) ? fabs((double)x - y) / fmax(1e-6, fabs((double)y)) : INFINITY;
+    };
     double worst = 0, base = 0;
     for (int k = 0; k < nb; k++) {
-        worst = isfinite(a[k]) && isfinite(b[k]) ? fmax(worst, fabs((double)a[k] - b[k]) / fmax(1e-6, fabs(b[k])))
-                                                 : INFINITY;
-        base = isfinite(b2[k]) ? fmax(base, fabs((double)b2[k] - b[k]) / fmax(1e-6, fabs(b[k]))) : INFINITY;
+        double near = INFINITY;
+        for (int i = 0; i < ns; i++) {
+            near = fmin(near, rel(a[k], b[i][k]));
+            for (int j = i + 1; j < ns; j++)
+                base = fmax(base, rel(b[j][k], b[i][k]));
+        }
+        worst = fmax(worst, near);
     }
     if (worst <= fmax(1e-6, 4 * base))
-        ok("%d JPEG batches in a row, decode overlapped: losses equal the serial path's (max rel diff %.2e; two "
-           "serial runs %.2e apart)",
-           nb, worst, base);
+        ok("%d JPEG batches in a row, decode overlapped: losses equal the serial path's (max rel diff %.2e to the "
+           "nearest of %d serial runs, which are up to %.2e apart)",
+           nb, worst, ns, base);
     else
-        fail("%d JPEG batches in a row: overlapped and serial losses differ (max rel diff %.2e, two serial runs "
-             "%.2e apart; first %.6f vs %.6f)",
-             nb, worst, base, a[0], b[0]);
+        fail("%d JPEG batches in a row: overlapped and serial losses differ (max rel diff %.2e to the nearest of "
+             "%d serial runs, which are up to %.2e apart; first %.6f vs %.6f)",
+             nb, worst, ns, base, a[0], b[0][0]);
 }
 
 /* The AUTO rule (jpeg_decode.h), a pure function: the cases the H100

@@ -1109,6 +1109,7 @@ static void gen_one(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t 
     s->clip[3] = src_h - 1;
     int clip_live = 1;
     double m[6] = {1, 0, 0, 0, 1, 0}; /* image k -> source, starting at k = 0 */
+    double mr[6] = {1, 0, 0, 0, 1, 0}; /* the map at the rotation: its input -> source */
     int h = src_h, w = src_w;
 
     for (int k = 0; k < p->n_ops; k++) {
@@ -1150,11 +1151,8 @@ static void gen_one(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t 
         }
         case SF_AUG_RANDOM_ROTATION: {
             /* The map so far only scales, translates and mirrors (one rotation
-             * per list): invert it per axis for the coverage of this image. */
-            s->rot[0] = (float)(1.0 / m[0]);
-            s->rot[1] = (float)(-m[2] / m[0]);
-            s->rot[2] = (float)(1.0 / m[4]);
-            s->rot[3] = (float)(-m[5] / m[4]);
+             * per list): kept to invert per axis for this image's coverage (rmap). */
+            memcpy(mr, m, sizeof mr);
             s->pre[0] = (float)m[0];
             s->pre[1] = (float)m[2];
             s->pre[2] = (float)m[4];
@@ -1230,6 +1228,23 @@ static void gen_one(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t 
     }
     for (int j = 0; j < 6; j++)
         s->inv[j] = (float)m[j];
+    /* Pixel indices in, centres at integers out: the +0.5 of the output
+     * centres and the -0.5 of the source's folded into the constant terms. */
+    s->map[0] = (float)m[0];
+    s->map[1] = (float)m[1];
+    s->map[2] = (float)(m[2] + 0.5 * (m[0] + m[1]) - 0.5);
+    s->map[3] = (float)m[3];
+    s->map[4] = (float)m[4];
+    s->map[5] = (float)(m[5] + 0.5 * (m[3] + m[4]) - 0.5);
+    if (plan->has_rot) {
+        /* The rotation's input is the source through mr's per-axis inverse. */
+        s->rmap[0] = (float)(m[0] / mr[0]);
+        s->rmap[1] = (float)(m[1] / mr[0]);
+        s->rmap[2] = (float)((m[2] + 0.5 * (m[0] + m[1]) - mr[2]) / mr[0] - 0.5);
+        s->rmap[3] = (float)(m[3] / mr[4]);
+        s->rmap[4] = (float)(m[4] / mr[4]);
+        s->rmap[5] = (float)((m[5] + 0.5 * (m[3] + m[4]) - mr[5]) / mr[4] - 0.5);
+    }
     if (plan->antialias && !plan->has_rot) {
         /* Source pixels per output pixel along each source axis. */
         s->aa[0] = (float)fmax(1.0, hypot(m[0], m[1]));

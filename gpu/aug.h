@@ -15,7 +15,9 @@
  *     random_rotation and horizontal_flip compose into one affine map from
  *     output pixel centres to source coordinates (sf_aug_sample.inv), and the
  *     source is sampled once. Pixel centres follow PyTorch's align_corners=False
- *     convention.
+ *     convention. Both backends evaluate the map from pixel indices with two
+ *     fused multiply-adds per coordinate (sf_aug_sample.map, rmap), so they pick
+ *     the same taps to the bit.
  *     Edges, as torchvision. Taps clamp to the edge of the clamp box
  *     (sf_aug_sample.clip): the source, or the window of the last crop made
  *     before any resize or rotation (crop, center_crop, random_resized_crop's
@@ -237,7 +239,15 @@ typedef struct sf_aug_plan {
 typedef struct sf_aug_sample {
     float inv[6];        /* source (x,y) = inv[0..2]·(ox,oy,1), inv[3..5]·(ox,oy,1);
                             ox, oy are output pixel centres (i + 0.5); the result is
-                            in continuous source coordinates (pixel centre = i + 0.5) */
+                            in continuous source coordinates (pixel centre = i + 0.5).
+                            The composed map as drawn: for logs and tests */
+    float map[6];        /* the same map as the backends evaluate it, from output pixel
+                            indices to source pixel units with centres at integers:
+                            fx = fmaf(map[0], x, fmaf(map[1], y, map[2])),
+                            fy = fmaf(map[3], x, fmaf(map[4], y, map[5])) (one fused
+                            rounding each, so host and device agree to the bit) */
+    float rmap[6];       /* likewise output pixel (x, y) -> the rotation's input image,
+                            centres at integers (plan->has_rot): ru, rv */
     float sigma;         /* gaussian_blur sigma (0 when no blur) */
     float blur_w[SF_AUG_MAX_KSIZE]; /* normalised 1-D Gaussian weights, ksize of them */
     uint64_t mask_seed;  /* key of the random mask */
@@ -245,10 +255,8 @@ typedef struct sf_aug_sample {
     size_t src_off;      /* byte offset of its first byte in the batch's source buffer */
     int clip[4];         /* clamp box: source pixels x in [clip[0], clip[2]], y in
                             [clip[1], clip[3]] (inclusive, inside the source) */
-    float rot[4];        /* source point -> the rotation's input image: x' = rot[0]*x
-                            + rot[1], y' = rot[2]*y + rot[3] (plan->has_rot) */
-    float pre[4];        /* its inverse, the rotation's input -> source: x = pre[0]*x'
-                            + pre[1], y = pre[2]*y' + pre[3] (plan->has_rot) */
+    float pre[4];        /* the rotation's input -> source (centres at i + 0.5 both):
+                            x = pre[0]*x' + pre[1], y = pre[2]*y' + pre[3] (plan->has_rot) */
     float rot_w, rot_h;  /* the rotation's input size (plan->has_rot) */
     float aa[2];         /* antialias support along source x and y, >= 1
                             (plan->antialias; else 0) */

@@ -5,51 +5,53 @@
  *
  *   A. geometry: for every pixel of the tile plus the blur's halo (R = ksize/2 on each
  *      side, its positions reflected into the image as the blur's padding), map the
- *      output pixel centre through the sample's inverse affine map and resample the
+ *      output pixel through the sample's affine map (gpu/aug.h map) and resample the
  *      uint8 source (bilinear or nearest with taps clamped into the sample's clamp
  *      box, times a rotation's coverage; or the antialias filter) into shared
- *      memory, one slot per channel ([GH][GWP], GWP odd).
+ *      memory, one slot per channel ([GH][GWP], 16-byte rows), a warp taking
+ *      8 x 4 pixels at a time.
  *   B. horizontal blur, channel by channel, into the slot the previous channel's
  *      geometry has just vacated (see blur_tile).
  *   C. vertical blur into registers (2 rows x 4 pixels x C channels per thread), the
  *      pointwise stages in list order, vectorised stores.
  * Without a blur, a thread resamples its own 8 pixels straight into registers and
  * only C runs. The halo is recomputed per tile rather than kept in device memory:
- * geometry costs about 120 instructions per pixel, while a float intermediate
- * would triple the device-memory traffic, so no scratch buffer is needed.
+ * a float intermediate would triple the device-memory traffic.
  *
  * Cost model (W1 batch: 32 x 256x256x3 NHWC, crop 128, resize 256, rotate, blur
- * k7, normalize; ncu on an H100). The kernel is bound by instruction issue and by
- * the L1 traffic of the byte gathers, not by device memory (DRAM ~3% busy):
- * 20.3M warp instructions, issue slots 58% busy, L1/TEX 74%, 4 blocks of 256
- * threads per SM (64 registers, 45 KB shared memory). Stage A is about half of
- * the instructions: 32x64 tiles with a 3-pixel halo compute 1.30 geometry pixels
- * per output pixel, each with 12 byte loads. Measured: 37 us per batch (860k
- * images/s), 3.5x the memory bound of 10.5 us (31.5 MB at the 3.0 TB/s copy rate).
- * (Those figures predate the clamp box and the rotation's coverage, which add about
- * 15 instructions per geometry pixel; the W1 kernel keeps 64 registers.)
- * Hence the instruction-count habits: no integer division in loops, branch-free
- * bilinear taps (a clamped coordinate, so every address is inside), one 64-bit add per tap
- * pointer with the channel in the load's immediate, the sample base pinned in a
- * register, mode-specialised geometry loops, compile-time blur widths k = 3..9
- * with weights and windows in registers.
+ * k7, normalize to mean 0 std 1; ncu on an H100; docs/DESIGN.md §5). Device memory
+ * is not the limit (the bound is 10.5 us: 31.5 MB at the 3.0 TB/s copy rate); issue
+ * slots and shared-memory wavefronts are. 17.6M warp instructions, issue slots 62%
+ * busy, L1/TEX 71%, 4 blocks of 256 threads per SM (64 registers, 55 KB shared
+ * memory): 30.0 us per batch, 2.85x the bound. By stage: geometry loop ~48% of the
+ * instructions (62 per covered pixel, 79 with the rotation's coverage, plus ~20 of
+ * walk and reflection, 1.30 geometry pixels per output pixel for the 3-pixel halo),
+ * horizontal blur 13%, vertical blur 9% (the 42 multiply-adds per pixel a 7-tap
+ * kernel on 3 channels needs in fp32), staging the footprint 6%, the tile's set-up
+ * 7%, the rest stores and the prologue.
+ * Hence the instruction-count habits: no integer division in loops (div_small),
+ * branch-free bilinear taps (a clamped coordinate, so every address is inside), one
+ * 64-bit add per tap pointer with the channel in the load's immediate, the sample
+ * base pinned in a register, mode-specialised geometry loops, compile-time blur
+ * widths k = 3..9 with weights and windows in registers, block-uniform decisions
+ * made once per warp (tile_corners).
  *
- * Rounding. Source coordinates, floors and tap weights are computed with explicit
- * round-to-nearest intrinsics in the reference's order (gpu/ref/augment.c, ISO C,
- * not contracted), so every pixel takes the same taps and weights as the
- * reference: one FMA there could move a coordinate across a rounding boundary and
- * change a whole pixel. The blur's and the interpolation's multiply-adds use
- * SF_MAC: one fused rounding by default (SF_AUG_FMA=1; ~1.6e-7 relative to the
- * reference, 37 us on W1), or two roundings, bit-identical to the reference, with
- * -DSF_AUG_FMA=0 (43 us on W1).
+ * Rounding. Source coordinates are two fused multiply-adds from the pixel index
+ * (gpu/aug.h map, rmap), the reference's fmaf, and floors and tap weights are
+ * computed with explicit round-to-nearest intrinsics in the reference's order
+ * (gpu/ref/augment.c, ISO C, not contracted), so every pixel takes the same taps and
+ * weights as the reference: one contraction there could move a coordinate across a
+ * rounding boundary and change a whole pixel. The blur's and the interpolation's
+ * multiply-adds use SF_MAC: one fused rounding by default (SF_AUG_FMA=1; ~1.6e-7
+ * relative to the reference), or two roundings, bit-identical to the reference,
+ * with -DSF_AUG_FMA=0 (slower).
  *
- * A rotation's tile that maps wholly inside the rotation's input (rot_covers)
- * runs the geometry loop without the coverage: about 20 of a bilinear sample's
- * 137 instructions (W1: the 12 of 32 tiles away from the border). A bilinear
- * blur tile whose source footprint fits in STG floats per channel stages it in
- * shared memory first (stage_tile), so its samples read shared memory instead
- * of gathering bytes through L1: 111 instead of 137 instructions per sample
- * (sm_90 SASS, rotation included), for 26 per staged pixel.
+ * A rotation's tile that maps wholly inside the rotation's input (tile_corners)
+ * runs the geometry loop without the coverage (W1: the 12 of 32 tiles away from
+ * the border). A bilinear blur tile whose source footprint fits in STG pixels
+ * stages it in shared memory as floats first (stage_tile), so its samples read
+ * shared memory (one 8-byte and one 4-byte load per tap of 3 channels) instead of
+ * gathering bytes through L1.
  *
  * Sources: every sample is read at src + its src_off with its own src_h x src_w
  * (ragged batches and uniform ones alike). Antialiased plans run in kernels of
@@ -93,22 +95,46 @@ static_assert((TW / 4) * (TH / 2) == NT, "one thread per 2 x 4 output pixels");
 
 /* ---- small device helpers ------------------------------------------------ */
 
+/* Row stride in floats of a blur tile's geometry ([GH][GWP], GW = TW + 2R
+ * columns): 16-byte rows for the horizontal pass's vector loads, and 40 (8 mod
+ * 32 banks) up to R = 4, so that the geometry's 8 x 4 warp chunks store to 32
+ * distinct banks. */
+__host__ __device__ constexpr int g_stride(int R)
+{
+    return TW + 2 * R <= 40 ? 40 : (TW + 2 * R + 3) & ~3;
+}
+
 /* Reflect padding as torch's "reflect" (the edge is not repeated): -1 -> 1,
  * n -> n-2. Folds repeatedly, so any index maps into [0, n). */
 __device__ __forceinline__ int reflect_idx(int i, int n)
 {
     if ((unsigned)i < (unsigned)n) return i;
     if (n == 1) return 0;
+    /* One fold covers every index a blur's halo reaches while the kernel is
+     * narrower than the image; the division below is for wider ones. */
+    const int f = i < 0 ? -i : 2 * (n - 1) - i;
+    if ((unsigned)f < (unsigned)n) return f;
     const int p = 2 * (n - 1);
     i %= p;
     if (i < 0) i += p;
     return i < n ? i : p - i;
 }
 
-/* inv[0]*ox + inv[1]*oy + inv[2], left to right, without contraction. */
-__device__ __forceinline__ float affine_rn(float a, float b, float c, float ox, float oy)
+/* a / b for 0 <= a <= NT and 1 <= b <= 2^16, as a reciprocal and a multiply:
+ * (a + 0.5) / b lies at least 0.5 / b from an integer, far more than the
+ * approximate division's few-ulp error, so the truncation is exact. The
+ * integer division it replaces is ~25 instructions, run once per thread per
+ * tile walk. */
+__device__ __forceinline__ int div_small(int a, int b)
 {
-    return __fadd_rn(__fadd_rn(__fmul_rn(a, ox), __fmul_rn(b, oy)), c);
+    return (int)__fdividef((float)a + 0.5f, (float)b);
+}
+
+/* m[0]*x + m[1]*y + m[2] as gpu/aug.h's map: fmaf(m[0], x, fmaf(m[1], y, m[2])),
+ * each fused multiply-add rounded once, as the reference's fmaf. */
+__device__ __forceinline__ float affine_px(const float *m, float x, float y)
+{
+    return __fmaf_rn(m[0], x, __fmaf_rn(m[1], y, m[2]));
 }
 
 __device__ __forceinline__ float u8f(uint8_t b) { return __uint2float_rn((uint32_t)b); }
@@ -140,19 +166,22 @@ __host__ __device__ __forceinline__ int geo_mode(const sf_aug_plan &P)
 
 /* One sample's geometry, read once per thread from its sf_aug_sample. */
 struct Geo {
-    float inv[6];
+    float map[6], rmap[6];          /* output pixel -> source, -> rotation input */
     int xlo, ylo, xhi, yhi;         /* clamp box */
-    float rot[4], pre[4], rw, rh;   /* rotation input <-> source, its size */
+    float pre[4], rw, rh;           /* rotation input -> source, its size */
     float ax, ay, axi, ayi;         /* antialias supports and their inverses */
 };
 
 __device__ __forceinline__ void load_geo(const sf_aug_sample *S, Geo &g)
 {
 #pragma unroll
-    for (int k = 0; k < 6; ++k) g.inv[k] = S->inv[k];
+    for (int k = 0; k < 6; ++k) {
+        g.map[k] = S->map[k];
+        g.rmap[k] = S->rmap[k];
+    }
     g.xlo = S->clip[0]; g.ylo = S->clip[1]; g.xhi = S->clip[2]; g.yhi = S->clip[3];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) { g.rot[k] = S->rot[k]; g.pre[k] = S->pre[k]; }
+    for (int k = 0; k < 4; ++k) g.pre[k] = S->pre[k];
     g.rw = S->rot_w; g.rh = S->rot_h;
     g.ax = S->aa[0]; g.ay = S->aa[1];
     g.axi = __fdiv_rn(1.f, g.ax); g.ayi = __fdiv_rn(1.f, g.ay);
@@ -222,13 +251,37 @@ __device__ __forceinline__ void aa_sample(const Geo &g, const uint8_t *__restric
  * s is the sample's source image (W x H), g its geometry. Taps clamp into the
  * clamp box; a rotation's coverage multiplies the result (gpu/aug.h). */
 /* A tile's source footprint staged in shared memory as floats (stage_tile):
- * channel c of source pixel (bx0 + i, by0 + j), its coordinates clamped into
- * the clamp box, at p[c * STG + j * bw + i]. */
-constexpr int STG = 1800; /* floats per channel: a 42 x 42 footprint, W1's at 45 degrees */
+ * source pixel (bx0 + i, by0 + j), its coordinates clamped into the clamp box,
+ * is entry j * bw + i of each plane. Channels go in pairs, one float2 plane
+ * per pair (channels 2k, 2k+1 at p + 2k*STG), and an odd last channel in a
+ * float plane after them: a bilinear tap of 3 channels is one 8-byte and one
+ * 4-byte shared load instead of three 4-byte ones. */
+constexpr int STG = 1800; /* staged pixels: a 42 x 42 footprint, W1's at 45 degrees */
 struct Stage {
     const float *p;
     int bw, bx0, by0;
 };
+
+template <int C>
+__device__ __forceinline__ void st_put(float *St, int i, const float (&v)[C])
+{
+#pragma unroll
+    for (int k = 0; k + 1 < C; k += 2)
+        reinterpret_cast<float2 *>(St + k * STG)[i] = make_float2(v[k], v[k + 1]);
+    if constexpr (C & 1) St[(C - 1) * STG + i] = v[C - 1];
+}
+
+template <int C>
+__device__ __forceinline__ void st_get(const float *St, int i, float (&v)[C])
+{
+#pragma unroll
+    for (int k = 0; k + 1 < C; k += 2) {
+        const float2 t = reinterpret_cast<const float2 *>(St + k * STG)[i];
+        v[k] = t.x;
+        v[k + 1] = t.y;
+    }
+    if constexpr (C & 1) v[C - 1] = St[(C - 1) * STG + i];
+}
 
 template <int C, bool NHWC, int MODE, bool ST = false>
 __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict__ s, int W, int H,
@@ -245,18 +298,18 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
         for (int c = 0; c < C; ++c) v[c] = tap<C, NHWC>(p, c, plane);
         return;
     }
-    const float ox = __fadd_rn((float)x, 0.5f), oy = __fadd_rn((float)y, 0.5f);
-    const float sx = affine_rn(g.inv[0], g.inv[1], g.inv[2], ox, oy);
-    const float sy = affine_rn(g.inv[3], g.inv[4], g.inv[5], ox, oy);
+    const float xf = (float)x, yf = (float)y;
+    /* The source point, pixel centres at integers (gpu/aug.h map). */
+    const float fx = affine_px(g.map, xf, yf), fy = affine_px(g.map + 3, xf, yf);
     if constexpr (BASE == GEO_AA) {
-        aa_sample<C, NHWC>(g, s, W, H, sx, sy, v);
+        aa_sample<C, NHWC>(g, s, W, H, __fadd_rn(fx, 0.5f), __fadd_rn(fy, 0.5f), v);
         return;
     }
     /* The point in the rotation's input image (pixel centres at integers). */
     float ru = 0.f, rv = 0.f;
     if constexpr (ROT || BASE == GEO_AA_ROT) {
-        ru = __fsub_rn(__fadd_rn(__fmul_rn(g.rot[0], sx), g.rot[1]), 0.5f);
-        rv = __fsub_rn(__fadd_rn(__fmul_rn(g.rot[2], sy), g.rot[3]), 0.5f);
+        ru = affine_px(g.rmap, xf, yf);
+        rv = affine_px(g.rmap + 3, xf, yf);
     }
     if constexpr (BASE == GEO_AA_ROT) {
         /* The rotation's bilinear taps on its input image, zero outside it, each
@@ -287,7 +340,6 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
         for (int c = 0; c < C; ++c) v[c] = acc[c];
         return;
     }
-    const float fx = __fsub_rn(sx, 0.5f), fy = __fsub_rn(sy, 0.5f);
     if constexpr (BASE == GEO_NEAREST) {
         /* The nearest pixel clamped into the box (fmaxf also maps NaN inside);
          * 0 where the rotation's nearest pixel is outside its input. */
@@ -311,8 +363,10 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
      * address is inside and the tap pointers need no masks. */
     const float u = fminf(fmaxf(fx, (float)g.xlo), (float)g.xhi);
     const float w_ = fminf(fmaxf(fy, (float)g.ylo), (float)g.yhi);
-    const float x0f = floorf(u), y0f = floorf(w_);
-    const int x0 = (int)x0f, y0 = (int)y0f; /* inside the box, so >= 0 */
+    /* Inside the box, so >= 0 and exact as floats: one conversion each way
+     * instead of a rounding and a conversion. */
+    const int x0 = __float2int_rd(u), y0 = __float2int_rd(w_);
+    const float x0f = __int2float_rn(x0), y0f = __int2float_rn(y0);
     const float ax = __fsub_rn(u, x0f), ay = __fsub_rn(w_, y0f);
     const float bx = __fsub_rn(1.f, ax), by = __fsub_rn(1.f, ay);
     const float w00 = __fmul_rn(bx, by), w01 = __fmul_rn(ax, by);
@@ -321,14 +375,17 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
         /* The same taps from the staged footprint: (x0, y0) lies inside it, and
          * its last column and row repeat the clamp box's edge where the box
          * ends, so tap x0 + 1 is the pixel (or the edge) the global path reads. */
-        const float *q = st.p + ((y0 - st.by0) * st.bw + (x0 - st.bx0));
+        const int i = (y0 - st.by0) * st.bw + (x0 - st.bx0);
+        float p00[C], p01[C], p10[C], p11[C];
+        st_get<C>(st.p, i, p00);
+        st_get<C>(st.p, i + 1, p01);
+        st_get<C>(st.p, i + st.bw, p10);
+        st_get<C>(st.p, i + st.bw + 1, p11);
         float cov = 1.f;
         if constexpr (ROT) cov = __fmul_rn(cover1(ru, g.rw), cover1(rv, g.rh));
 #pragma unroll
         for (int c = 0; c < C; ++c) {
-            const float *qc = q + c * STG;
-            const float b = SF_MAC(SF_MAC(SF_MAC(__fmul_rn(qc[0], w00), w01, qc[1]), w10, qc[st.bw]), w11,
-                                   qc[st.bw + 1]);
+            const float b = SF_MAC(SF_MAC(SF_MAC(__fmul_rn(p00[c], w00), w01, p01[c]), w10, p10[c]), w11, p11[c]);
             v[c] = ROT ? __fmul_rn(b, cov) : b;
         }
         return;
@@ -363,73 +420,79 @@ __device__ __forceinline__ int tile_span(int t0, int n, int r, int size, int &lo
     return 1;
 }
 
-/* Whether every output pixel centre of [xlo, xhi] x [ylo, yhi] maps inside the
- * rotation's input image by more than a hundredth of a pixel, where its
- * coverage (and the nearest-pixel test) is exactly 1 and the per-pixel rotation
- * arithmetic can be skipped: about 20 of the 137 instructions of a bilinear
- * geometry sample. The map is affine, so the rectangle's image is the
- * parallelogram of its corners; the margin covers the few-ulp difference
- * between this and the per-pixel rounding. Block-uniform. */
-__device__ __forceinline__ bool rot_covers(const Geo &g, int xlo, int xhi, int ylo, int yhi)
-{
-    bool in = true;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const float ox = __fadd_rn((float)(k & 1 ? xhi : xlo), 0.5f);
-        const float oy = __fadd_rn((float)(k & 2 ? yhi : ylo), 0.5f);
-        const float sx = affine_rn(g.inv[0], g.inv[1], g.inv[2], ox, oy);
-        const float sy = affine_rn(g.inv[3], g.inv[4], g.inv[5], ox, oy);
-        const float ru = __fsub_rn(__fadd_rn(__fmul_rn(g.rot[0], sx), g.rot[1]), 0.5f);
-        const float rv = __fsub_rn(__fadd_rn(__fmul_rn(g.rot[2], sy), g.rot[3]), 0.5f);
-        in = in && ru >= 0.01f && ru <= g.rw - 1.01f && rv >= 0.01f && rv <= g.rh - 1.01f;
-    }
-    return in;
-}
-
 /* A: the geometry of a blur tile and its halo, GH x GW pixels into slots 1..C
  * (channel c at G + c*slot, row stride GWP), walked with an incremental (row,
  * column) instead of a division per pixel. Only edge tiles (a block-uniform test)
  * need the reflect padding. A rotation's tile that lies wholly inside the
- * rotation's input runs the loop without it (rot_covers). */
+ * rotation's input runs the loop without it (tile_corners). */
 template <int C, bool NHWC, int MODE, bool ST>
 __device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &g,
                                                const uint8_t *__restrict__ s, int W, int H, float *G,
                                                int slot, int R, int GH, int GW, int GWP, int tx0, int ty0,
                                                const Stage &st);
 
-/* The source pixels a bilinear tile whose output pixels span [xlo, xhi] x
- * [ylo, yhi] may read, as a box [bx0, bx0 + bw - 1] x [by0, by0 + bh - 1] whose
- * last column and row are the taps' right and lower neighbours: the corners'
- * floored tap coordinates (the map is affine, so they bound every pixel's) one
- * pixel wider on each side for the per-pixel rounding, clamped into the clamp
- * box. Returns 0 when it does not fit in STG floats per channel (a shrink, or
- * a strong rotation of a large tile) or a corner's coordinate is not finite. */
-__device__ __forceinline__ int stage_box(const Geo &g, int xlo, int xhi, int ylo, int yhi, int &bx0,
-                                         int &by0, int &bw, int &bh)
+/* What the corners of a tile's output span [xlo, xhi] x [ylo, yhi] decide,
+ * block-uniform:
+ *  covered: every output pixel centre of the span maps inside the rotation's
+ *    input image by more than a hundredth of a pixel, where its coverage (and
+ *    the nearest-pixel test) is exactly 1 and the per-pixel rotation arithmetic
+ *    can be skipped: about 20 of the 137 instructions of a bilinear geometry
+ *    sample. The map is affine, so the span's image is the parallelogram of its
+ *    corners; the margin covers the few-ulp difference between this and the
+ *    per-pixel rounding.
+ *  fits, (bx0, by0, bw, bh): the source pixels a bilinear tile may read, as a
+ *    box [bx0, bx0 + bw - 1] x [by0, by0 + bh - 1] whose last column and row are
+ *    the taps' right and lower neighbours: the corners' floored tap coordinates
+ *    (they bound every pixel's) one pixel wider on each side for the per-pixel
+ *    rounding, clamped into the clamp box. fits = 0 when it exceeds STG pixels
+ *    (a shrink, or a strong rotation of a large tile) or a corner's coordinate
+ *    is not finite.
+ * Lane k of every quad of lanes computes corner k, and votes and two shuffles
+ * combine them: each thread evaluating all four corners was a tenth of the
+ * blur kernel's instructions (each thread resamples only ~10 pixels). Every
+ * lane of the warp must call it. */
+struct Corners {
+    bool covered, fits;
+    int bx0, by0, bw, bh;
+};
+
+__device__ __forceinline__ Corners tile_corners(const Geo &g, int xlo, int xhi, int ylo, int yhi, bool rot,
+                                                bool box)
 {
-    float mnx = 3e38f, mxx = -3e38f, mny = 3e38f, mxy = -3e38f;
-    bool num = true;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const float ox = __fadd_rn((float)(k & 1 ? xhi : xlo), 0.5f);
-        const float oy = __fadd_rn((float)(k & 2 ? yhi : ylo), 0.5f);
-        const float fx = __fsub_rn(affine_rn(g.inv[0], g.inv[1], g.inv[2], ox, oy), 0.5f);
-        const float fy = __fsub_rn(affine_rn(g.inv[3], g.inv[4], g.inv[5], ox, oy), 0.5f);
-        num = num && fabsf(fx) <= 1e30f && fabsf(fy) <= 1e30f; /* then every pixel's is finite */
-        mnx = fminf(mnx, fx); mxx = fmaxf(mxx, fx);
-        mny = fminf(mny, fy); mxy = fmaxf(mxy, fy);
+    constexpr unsigned ALL = 0xffffffffu;
+    const int k = threadIdx.x & 3;
+    const float x = (float)(k & 1 ? xhi : xlo), y = (float)(k & 2 ? yhi : ylo);
+    Corners c{false, false, 0, 0, 0, 0};
+    if (rot) {
+        const float ru = affine_px(g.rmap, x, y), rv = affine_px(g.rmap + 3, x, y);
+        c.covered = __all_sync(ALL, ru >= 0.01f && ru <= g.rw - 1.01f && rv >= 0.01f && rv <= g.rh - 1.01f);
     }
-    /* Clamped first, so the floors are small integers. */
-    const float xl = (float)g.xlo, xh = (float)g.xhi, yl = (float)g.ylo, yh = (float)g.yhi;
-    bx0 = max((int)floorf(fminf(fmaxf(mnx, xl), xh)) - 1, g.xlo);
-    by0 = max((int)floorf(fminf(fmaxf(mny, yl), yh)) - 1, g.ylo);
-    bw = min((int)floorf(fminf(fmaxf(mxx, xl), xh)) + 1, g.xhi) - bx0 + 2;
-    bh = min((int)floorf(fminf(fmaxf(mxy, yl), yh)) + 1, g.yhi) - by0 + 2;
-    return num && bw * bh <= STG;
+    if (box) {
+        const float fx = affine_px(g.map, x, y), fy = affine_px(g.map + 3, x, y);
+        /* Finite corners make every pixel's coordinate finite. */
+        const bool num = __all_sync(ALL, fabsf(fx) <= 1e30f && fabsf(fy) <= 1e30f);
+        float mnx = fx, mxx = fx, mny = fy, mxy = fy;
+#pragma unroll
+        for (int m = 1; m <= 2; m <<= 1) {
+            mnx = fminf(mnx, __shfl_xor_sync(ALL, mnx, m));
+            mxx = fmaxf(mxx, __shfl_xor_sync(ALL, mxx, m));
+            mny = fminf(mny, __shfl_xor_sync(ALL, mny, m));
+            mxy = fmaxf(mxy, __shfl_xor_sync(ALL, mxy, m));
+        }
+        /* Clamped first, so the floors are small integers. */
+        const float xl = (float)g.xlo, xh = (float)g.xhi, yl = (float)g.ylo, yh = (float)g.yhi;
+        c.bx0 = max((int)floorf(fminf(fmaxf(mnx, xl), xh)) - 1, g.xlo);
+        c.by0 = max((int)floorf(fminf(fmaxf(mny, yl), yh)) - 1, g.ylo);
+        c.bw = min((int)floorf(fminf(fmaxf(mxx, xl), xh)) + 1, g.xhi) - c.bx0 + 2;
+        c.bh = min((int)floorf(fminf(fmaxf(mxy, yl), yh)) + 1, g.yhi) - c.by0 + 2;
+        c.fits = num && c.bw * c.bh <= STG;
+    }
+    return c;
 }
 
-/* Copies the box of stage_box into St as floats, all threads of the block,
- * walked as geom_tile_loop walks its tile. */
+/* Copies the box of tile_corners into St (layout: Stage), all threads of the
+ * block, walked as geom_tile_loop walks its tile, two pixels per step so that
+ * each thread has both pixels' loads in flight. */
 template <int C, bool NHWC>
 __device__ __forceinline__ void stage_tile(float *St, const Geo &g, const uint8_t *__restrict__ s, int W,
                                            int H, int bx0, int by0, int bw, int bh)
@@ -437,15 +500,25 @@ __device__ __forceinline__ void stage_tile(float *St, const Geo &g, const uint8_
     const size_t plane = (size_t)W * H;
     constexpr int px = NHWC ? C : 1;
     const uint32_t row = (uint32_t)W * px;
-    const int dr = NT / bw, dq = NT - dr * bw;
-    int r = threadIdx.x / bw, q = threadIdx.x - r * bw;
+    const int dr = div_small(NT, bw), dq = NT - dr * bw;
+    int r = div_small(threadIdx.x, bw), q = threadIdx.x - r * bw;
     while (r < bh) {
-        const int X = min(bx0 + q, g.xhi), Y = min(by0 + r, g.yhi);
-        const uint8_t *p = s + ((uint32_t)Y * row + (uint32_t)X * px);
+        int r2 = r + dr, q2 = q + dq;
+        if (q2 >= bw) { q2 -= bw; ++r2; }
+        const bool two = r2 < bh;
+        const uint8_t *p = s + ((uint32_t)min(by0 + r, g.yhi) * row + (uint32_t)min(bx0 + q, g.xhi) * px);
+        const uint8_t *p2 = s + ((uint32_t)min(by0 + (two ? r2 : r), g.yhi) * row +
+                                 (uint32_t)min(bx0 + (two ? q2 : q), g.xhi) * px);
+        float a[C], b[C];
 #pragma unroll
-        for (int c = 0; c < C; ++c) St[c * STG + r * bw + q] = tap<C, NHWC>(p, c, plane);
-        r += dr;
-        q += dq;
+        for (int c = 0; c < C; ++c) {
+            a[c] = tap<C, NHWC>(p, c, plane);
+            b[c] = tap<C, NHWC>(p2, c, plane);
+        }
+        st_put<C>(St, r * bw + q, a);
+        if (two) st_put<C>(St, r2 * bw + q2, b);
+        r = r2 + dr;
+        q = q2 + dq;
         if (q >= bw) { q -= bw; ++r; }
     }
 }
@@ -462,12 +535,14 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const Geo &g,
     constexpr int NOROT = MODE & ~GEO_ROT;
     int xlo = 0, xhi = 0, ylo = 0, yhi = 0;
     const bool span = tile_span(tx0, TW, R, P.out_w, xlo, xhi) && tile_span(ty0, TH, R, P.out_h, ylo, yhi);
-    const bool covered = (MODE & GEO_ROT) != 0 && span && rot_covers(g, xlo, xhi, ylo, yhi);
-    if constexpr ((MODE & 7) == GEO_BILINEAR) {
-        Stage st{St, 0, 0, 0};
-        int bh = 0;
-        if (St && span && stage_box(g, xlo, xhi, ylo, yhi, st.bx0, st.by0, st.bw, bh)) {
-            stage_tile<C, NHWC>(St, g, s, W, H, st.bx0, st.by0, st.bw, bh);
+    constexpr bool BIL = (MODE & 7) == GEO_BILINEAR;
+    Corners k{false, false, 0, 0, 0, 0};
+    if (span) k = tile_corners(g, xlo, xhi, ylo, yhi, (MODE & GEO_ROT) != 0, BIL && St);
+    const bool covered = k.covered;
+    if constexpr (BIL) {
+        if (k.fits) {
+            const Stage st{St, k.bw, k.bx0, k.by0};
+            stage_tile<C, NHWC>(St, g, s, W, H, k.bx0, k.by0, k.bw, k.bh);
             __syncthreads(); /* the footprint is read by every thread's pixels */
             if (covered)
                 geom_tile_loop<C, NHWC, NOROT, true>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, st);
@@ -490,9 +565,18 @@ __device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &
 {
     const int OW = P.out_w, OH = P.out_h;
     const bool interior = ty0 - R >= 0 && ty0 + TH + R <= OH && tx0 - R >= 0 && tx0 + TW + R <= OW;
-    const int dr = NT / GW, dq = NT - dr * GW;
-    int r = threadIdx.x / GW, q = threadIdx.x - r * GW;
-    while (r < GH) {
+    /* A warp takes 8 x 4 pixels at a time: its 32 samples' taps then fall in a
+     * few source rows and mostly share shared-memory words (broadcasts), where
+     * a 32 x 1 run reads about twice as many words, and its stores hit 32
+     * distinct banks (g_stride). The last chunk of a row or column is
+     * moved back inside the region (GW >= 8, GH >= 4), so every lane has a
+     * pixel and a few are computed twice (the same value stored twice). */
+    const int lx = threadIdx.x & 7, ly = (threadIdx.x >> 3) & 3, CX = (GW + 7) >> 3, CY = (GH + 3) >> 2;
+    /* Chunk (cx, cy) = k mod CX, k / CX for k = warp, warp + NT/32, ... */
+    const int dy = div_small(NT / 32, CX), dx = NT / 32 - dy * CX;
+    int cy = div_small(threadIdx.x >> 5, CX), cx = (threadIdx.x >> 5) - cy * CX;
+    while (cy < CY) {
+        const int q = min(8 * cx, GW - 8) + lx, r = min(4 * cy, GH - 4) + ly;
         int y = ty0 - R + r, x = tx0 - R + q;
         if (!interior) {
             y = reflect_idx(y, OH);
@@ -503,9 +587,9 @@ __device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &
         float *o = G + r * GWP + q;
 #pragma unroll
         for (int c = 0; c < C; ++c) o[c * slot] = gv[c];
-        r += dr;
-        q += dq;
-        if (q >= GW) { q -= GW; ++r; }
+        cx += dx;
+        cy += dy;
+        if (cx >= CX) { cx -= CX; ++cy; }
     }
 }
 
@@ -524,7 +608,8 @@ __device__ __forceinline__ void geom_direct(const sf_aug_plan &P, const Geo &g,
     if constexpr ((MODE & GEO_ROT) != 0) {
         /* The block's tile, clamped into the image as the pixels are. */
         const int tx0 = blockIdx.x * TW, ty0 = blockIdx.y * TH;
-        if (rot_covers(g, tx0, min(tx0 + TW, P.out_w) - 1, ty0, min(ty0 + TH, P.out_h) - 1)) {
+        if (tile_corners(g, tx0, min(tx0 + TW, P.out_w) - 1, ty0, min(ty0 + TH, P.out_h) - 1, true, false)
+                .covered) {
             geom_direct_px<C, NHWC, MODE & ~GEO_ROT>(P, g, s, W, H, xb, yb, v);
             return;
         }
@@ -737,8 +822,9 @@ __device__ __forceinline__ void blur_tile(float *slots, int slot, const float *w
     for (int k = 0; k < KR; ++k) wr[k] = wk[k];
 #define SF_W(k) (K ? wr[(K ? (k) : 0)] : wk[k])
     const int KK = K ? K : kr;
-    /* B: horizontal pass. Thread (t >> 3, q4) takes rows t>>3, +32, ...; the odd G
-     * stride puts a warp's 32 lanes (8 columns x 4 rows) on distinct banks. */
+    /* B: horizontal pass. Thread (t >> 3, q4) takes rows t>>3, +32, ...; each
+     * quarter warp (8 threads) reads one row's 32 consecutive floats per 16-byte
+     * load, without bank conflicts. */
     for (int c = 0; c < C; ++c) {
         const float *G = slots + (c + 1) * slot;
         float *Hb = slots + c * slot;
@@ -746,9 +832,15 @@ __device__ __forceinline__ void blur_tile(float *slots, int slot, const float *w
             const float *g = G + r * GWP + 4 * q4;
             float a0, a1, a2, a3;
             if constexpr (K > 0) {
-                float win[K + 3];
+                /* The K + 3 inputs of 4 outputs in 16-byte loads (rows are
+                 * 16-byte aligned, and 4*q4 + 4*NW <= GWP). */
+                constexpr int NW = (K + 6) / 4;
+                float win[4 * NW];
 #pragma unroll
-                for (int k = 0; k < K + 3; ++k) win[k] = g[k];
+                for (int k = 0; k < NW; ++k) {
+                    const float4 t = reinterpret_cast<const float4 *>(g)[k];
+                    win[4 * k] = t.x; win[4 * k + 1] = t.y; win[4 * k + 2] = t.z; win[4 * k + 3] = t.w;
+                }
                 a0 = __fmul_rn(wr[0], win[0]); a1 = __fmul_rn(wr[0], win[1]);
                 a2 = __fmul_rn(wr[0], win[2]); a3 = __fmul_rn(wr[0], win[3]);
 #pragma unroll
@@ -827,7 +919,7 @@ struct Launch {
     int vec;        /* rows of the output are 4-element aligned */
     int R;          /* blur radius (BLUR only) */
     int mask_d;     /* dilation of the mask stage, -1 when none */
-    int slot;       /* floats per blur slot: GH * max(GW|1, HS), a multiple of 4 */
+    int slot;       /* floats per blur slot: GH * max(GWP, HS), a multiple of 4 */
     unsigned off_g, off_bits, off_hd; /* byte offsets into dynamic shared memory */
     unsigned off_st; /* the staged footprint (BLUR, bilinear), 0 when none */
 };
@@ -863,7 +955,7 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
 
     if constexpr (BLUR) {
         const int R = L.R, K = 2 * R + 1;
-        const int GH = TH + 2 * R, GW = TW + 2 * R, GWP = GW | 1; /* odd stride: see blur_tile */
+        const int GH = TH + 2 * R, GW = TW + 2 * R, GWP = g_stride(R);
         float *wk = reinterpret_cast<float *>(smem);
         float *slots = reinterpret_cast<float *>(smem + L.off_g);
         const int slot = L.slot;
@@ -904,7 +996,7 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
 
 /* ---- the separable antialias filter ----------------------------------------- */
 
-/* Without a rotation the composed map is axis-aligned (inv[1] = inv[3] = 0: crops,
+/* Without a rotation the composed map is axis-aligned (map[1] = map[3] = 0: crops,
  * resizes and flips scale and shift each axis on its own), so the antialiased
  * sample of output pixel (x, y) is
  *   v = sum_j wy(y, j) * sum_i wx(x, i) * src[j][i]  /  (sumx(x) * sumy(y)),
@@ -976,11 +1068,11 @@ aa_separable_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant
     if (t < TW + TH) {
         const bool col = t < TW;
         const int e = col ? t : t - TW;
-        const float o = __fadd_rn((float)(col ? min(tx0 + e, OW - 1) : min(ty0 + e, OH - 1)), 0.5f);
-        /* With inv[1] = 0 (inv[3] = 0) sx (sy) does not depend on the other
-         * coordinate: the same float as affine_rn gives at every pixel. */
-        const float sc = col ? affine_rn(g.inv[0], g.inv[1], g.inv[2], o, 0.5f)
-                             : affine_rn(g.inv[3], g.inv[4], g.inv[5], 0.5f, o);
+        const float o = (float)(col ? min(tx0 + e, OW - 1) : min(ty0 + e, OH - 1));
+        /* With map[1] = 0 (map[3] = 0) fx (fy) does not depend on the other
+         * coordinate (fmaf(0, y, c) == c): the same float as geom_px gives at
+         * every pixel. */
+        const float sc = __fadd_rn(col ? affine_px(g.map, o, 0.f) : affine_px(g.map + 3, 0.f, o), 0.5f);
         const int lo = col ? g.xlo : g.ylo, hi = col ? g.xhi : g.yhi;
         const float a = col ? g.ax : g.ay, ai = col ? g.axi : g.ayi;
         const float pc = fminf(fmaxf(sc, __fadd_rn((float)lo, 0.5f)), __fadd_rn((float)hi, 0.5f));
@@ -1005,7 +1097,7 @@ aa_separable_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant
     }
     __syncthreads();
     const int jlo = flags[0], nrows = flags[1] - jlo;
-    const bool separable = g.inv[1] == 0.f && g.inv[3] == 0.f && flags[2] == 0 && nrows <= AA_ROWS;
+    const bool separable = g.map[1] == 0.f && g.map[3] == 0.f && flags[2] == 0 && nrows <= AA_ROWS;
 
     if (separable) {
         /* 1: horizontal pass. A warp takes one source row, its lanes the tile's
@@ -1181,7 +1273,7 @@ int augment_any(const char *fn, const sf_aug_plan *plan, const sf_aug_sample *d_
         L.off_g = (unsigned)align16(AA_TABLE_BYTES);
         off = align16(L.off_g + sizeof(float) * (size_t)C * AA_ROWS * TW);
     } else if (blur) {
-        const int GH = TH + 2 * L.R, GWP = (TW + 2 * L.R) | 1;
+        const int GH = TH + 2 * L.R, GWP = g_stride(L.R);
         const int sw = ((GWP > HS ? GWP : HS) + 3) & ~3;
         L.slot = GH * sw;
         if (plan->has_geom && plan->interp == SF_INTERP_BILINEAR && !plan->antialias) {

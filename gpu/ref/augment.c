@@ -2,11 +2,13 @@
  *
  * The CUDA backend reproduces this arithmetic; every float expression below is
  * written in the order it is evaluated, without fused multiply-adds (the build
- * is ISO C, where GCC does not contract a*b+c).
+ * is ISO C, where GCC does not contract a*b+c) except the explicit fmaf of the
+ * coordinates, which both sides round once.
  *
- * Geometry, per output pixel (ox, oy) = (x + 0.5, y + 0.5):
- *   sx = inv[0]*ox + inv[1]*oy + inv[2];   sy = inv[3]*ox + inv[4]*oy + inv[5]
- *   bilinear: u = clamp(sx - 0.5, clip x range), v likewise, x0 = floor(u),
+ * Geometry, per output pixel (x, y) (gpu/aug.h map, rmap):
+ *   fx = fmaf(map[0], x, fmaf(map[1], y, map[2])), fy likewise with map[3..5]:
+ *   the source point with pixel centres at integers; sx = fx + 0.5, sy = fy + 0.5
+ *   bilinear: u = clamp(fx, clip x range), v likewise, x0 = floor(u),
  *             x1 = min(x0 + 1, clip[2]), ax = u - x0, ...,
  *             out = (((v00*((1-ax)*(1-ay)) + v01*(ax*(1-ay))) + v10*((1-ax)*ay)) + v11*(ax*ay)) * cov
  *   nearest:  the tap (rint(v), rint(u)) clamped into the box (round half to
@@ -15,7 +17,9 @@
  *             floor(px + a + 0.5)) within the box, weight tri((i + 0.5 - px) / a);
  *             out = (sum_j wy_j (sum_i wx_i v_ji)) / (sum wx * sum wy) * cov.
  *   cov (with a rotation): the coverage of the rotation's input image at
- *             (rot[0]*sx + rot[1], rot[2]*sy + rot[3]) (gpu/aug.h), else 1.
+ *             (ru, rv), its pixel units with centres at integers:
+ *             ru = fmaf(rmap[0], x, fmaf(rmap[1], y, rmap[2])), rv likewise
+ *             (gpu/aug.h), else 1.
  * Blur: out[y][x] = sum_j w[j] * ( sum_i w[i] * in[refl(y+j-r)][refl(x+i-r)] ),
  *   r = (k-1)/2, i.e. a horizontal pass then a vertical pass with float
  *   intermediates; refl mirrors without repeating the edge (torch "reflect"),
@@ -106,15 +110,17 @@ void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s, const 
 
     for (int y = 0; y < oh; y++) {
         for (int x = 0; x < ow; x++) {
-            const float ox = (float)x + 0.5f, oy = (float)y + 0.5f;
-            const float sx = s->inv[0] * ox + s->inv[1] * oy + s->inv[2];
-            const float sy = s->inv[3] * ox + s->inv[4] * oy + s->inv[5];
+            /* The source point, centres at integers (gpu/aug.h map), and at
+             * i + 0.5 for the antialias filter. */
+            const float fx = fmaf(s->map[0], (float)x, fmaf(s->map[1], (float)y, s->map[2]));
+            const float fy = fmaf(s->map[3], (float)x, fmaf(s->map[4], (float)y, s->map[5]));
+            const float sx = fx + 0.5f, sy = fy + 0.5f;
             const size_t o = (size_t)y * ow + x;
             /* The coverage of the rotation's input at this point (1 without one). */
             float cov = 1.0f;
             if (plan->has_rot && !plan->antialias) {
-                const float ru = s->rot[0] * sx + s->rot[1] - 0.5f;
-                const float rv = s->rot[2] * sy + s->rot[3] - 0.5f;
+                const float ru = fmaf(s->rmap[0], (float)x, fmaf(s->rmap[1], (float)y, s->rmap[2]));
+                const float rv = fmaf(s->rmap[3], (float)x, fmaf(s->rmap[4], (float)y, s->rmap[5]));
                 if (plan->interp == SF_INTERP_NEAREST) {
                     const float rx = rintf(ru), ry = rintf(rv);
                     /* The comparisons are false for NaN too. */
@@ -126,8 +132,8 @@ void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s, const 
 
             if (plan->interp == SF_INTERP_NEAREST) {
                 /* The nearest pixel, clamped into the box (fmaxf also maps NaN). */
-                const float rx = fminf(fmaxf(rintf(sx - 0.5f), (float)xlo), (float)xhi);
-                const float ry = fminf(fmaxf(rintf(sy - 0.5f), (float)ylo), (float)yhi);
+                const float rx = fminf(fmaxf(rintf(fx), (float)xlo), (float)xhi);
+                const float ry = fminf(fmaxf(rintf(fy), (float)ylo), (float)yhi);
                 for (int ch = 0; ch < c; ch++)
                     dst1[ch * plane + o] =
                         cov != 0.0f ? src_at(src1, nhwc, c, h, w, ch, (int)ry, (int)rx) : 0.0f;
@@ -145,8 +151,8 @@ void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s, const 
                 /* As torchvision: the rotation's bilinear taps on its input
                  * image, zero outside it, each pixel of which is the
                  * antialiased sample of the source at its centre. */
-                const float ru = s->rot[0] * sx + s->rot[1] - 0.5f;
-                const float rv = s->rot[2] * sy + s->rot[3] - 0.5f;
+                const float ru = fmaf(s->rmap[0], (float)x, fmaf(s->rmap[1], (float)y, s->rmap[2]));
+                const float rv = fmaf(s->rmap[3], (float)x, fmaf(s->rmap[4], (float)y, s->rmap[5]));
                 float acc[SF_AUG_MAX_C] = {0};
                 if (ru > -1.0f && ru < s->rot_w && rv > -1.0f && rv < s->rot_h) {
                     const float x0f = floorf(ru), y0f = floorf(rv);
@@ -171,8 +177,8 @@ void sf_ref_aug_geometry(const sf_aug_plan *plan, const sf_aug_sample *s, const 
             /* Bilinear with the taps clamped into the box: clamping the
              * coordinate first is the same (both taps of a clamped side are the
              * edge pixel) and keeps every tap index valid. */
-            const float u = fminf(fmaxf(sx - 0.5f, (float)xlo), (float)xhi);
-            const float v = fminf(fmaxf(sy - 0.5f, (float)ylo), (float)yhi);
+            const float u = fminf(fmaxf(fx, (float)xlo), (float)xhi);
+            const float v = fminf(fmaxf(fy, (float)ylo), (float)yhi);
             const float x0f = floorf(u), y0f = floorf(v);
             const float ax = u - x0f, ay = v - y0f;
             const int x0 = (int)x0f, y0 = (int)y0f;

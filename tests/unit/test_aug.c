@@ -223,6 +223,39 @@ static void crop_then_resize_compose_in_list_order(void **state)
     assert_float_equal(f.s[0].inv[2], 0.5f * (float)f.s[0].crop_x, 0);
 }
 
+static void the_pixel_index_maps_are_the_centre_map_and_the_rotation_inputs(void **state)
+{
+    /* map: output pixel (x, y) -> source point with centres at integers, the
+     * centre map inv at (x + 0.5, y + 0.5) less half a pixel; rmap: the same
+     * point in the rotation's input image (pixel units, centres at integers),
+     * the source point through the per-axis map up to the rotation (pre). */
+    static aug_fixture f;
+    setup_aug(&f, "[{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"
+                  "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},{\"op\":\"horizontal_flip\"}]",
+              256, 256, 3);
+    sf_aug_gen(&f.p, &f.plan, 3, 9, 8, f.s);
+    double worst = 0, worst_r = 0;
+    for (int i = 0; i < 8; i++) {
+        const sf_aug_sample *s = &f.s[i];
+        for (int y = 0; y < 256; y += 17)
+            for (int x = 0; x < 256; x += 13) {
+                const double ox = x + 0.5, oy = y + 0.5;
+                const double sx = s->inv[0] * ox + s->inv[1] * oy + s->inv[2];
+                const double sy = s->inv[3] * ox + s->inv[4] * oy + s->inv[5];
+                const float fx = fmaf(s->map[0], (float)x, fmaf(s->map[1], (float)y, s->map[2]));
+                const float fy = fmaf(s->map[3], (float)x, fmaf(s->map[4], (float)y, s->map[5]));
+                worst = fmax(worst, fmax(fabs(fx - (sx - 0.5)), fabs(fy - (sy - 0.5))));
+                const double ru = (sx - s->pre[1]) / s->pre[0] - 0.5, rv = (sy - s->pre[3]) / s->pre[2] - 0.5;
+                const float gu = fmaf(s->rmap[0], (float)x, fmaf(s->rmap[1], (float)y, s->rmap[2]));
+                const float gv = fmaf(s->rmap[3], (float)x, fmaf(s->rmap[4], (float)y, s->rmap[5]));
+                worst_r = fmax(worst_r, fmax(fabs(gu - ru), fabs(gv - rv)));
+            }
+    }
+    /* Float rounding of coordinates below 512: a few 1e-5 of a pixel. */
+    if (!(worst < 1e-4 && worst_r < 1e-4))
+        fail_msg("map off by %g px, rmap by %g px", worst, worst_r);
+}
+
 static void random_crop_positions_cover_every_valid_offset(void **state)
 {
     static aug_fixture f;
@@ -1154,6 +1187,7 @@ int main(void)
         cmocka_unit_test(horizontal_flip_reverses_columns_and_p0_never_flips),
         cmocka_unit_test(resize_2x2_to_4x4_matches_pytorch_bilinear_align_corners_false_edges_included),
         cmocka_unit_test(crop_then_resize_compose_in_list_order),
+        cmocka_unit_test(the_pixel_index_maps_are_the_centre_map_and_the_rotation_inputs),
         cmocka_unit_test(random_crop_positions_cover_every_valid_offset),
         cmocka_unit_test(blur_of_a_constant_image_is_constant_even_when_the_kernel_is_wider_than_the_image),
         cmocka_unit_test(blur_weights_are_torchvision_gaussian_and_padding_reflects_without_repeating_the_edge),

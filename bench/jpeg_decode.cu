@@ -224,7 +224,7 @@ int main(int argc, char **argv)
                     rc = cudaStreamSynchronize(s) != cudaSuccess;
                     t0 = now_s();
                 }
-                rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, 0, s);
+                rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, 0, NULL, s);
             }
             rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
             const double sec = now_s() - t0;
@@ -249,7 +249,7 @@ int main(int argc, char **argv)
                     rc = cudaStreamSynchronize(s) != cudaSuccess || cudaStreamSynchronize(hog) != cudaSuccess;
                     k_busy<<<1, 1, 0, hog>>>((unsigned long long)(busy_ms * 1e6));
                     const double h0 = now_s();
-                    rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, 0, s);
+                    rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, 0, NULL, s);
                     host += now_s() - h0;
                 }
                 rc = rc || cudaStreamSynchronize(s) != cudaSuccess || cudaStreamSynchronize(hog) != cudaSuccess;

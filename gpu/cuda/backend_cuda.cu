@@ -872,8 +872,13 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
         const uint64_t t0 = now_ns();
         ce = cudaStreamWaitEvent(ds, c->jpeg_read[k], 0);
         int rc = ce != cudaSuccess;
+        /* jpeg_read[k] also goes to the decoder: the hardware engines write
+         * the area during the call, outside the stream's order, so there the
+         * host waits for it (with one area, the augmentation queued just
+         * before; without that wait the engines overwrote pixels it had not
+         * read yet). */
         if (!rc)
-            rc = sf_cuda_jpeg_decode(c->jpeg, bt, jpeg_want(c), k, ds);
+            rc = sf_cuda_jpeg_decode(c->jpeg, bt, jpeg_want(c), k, c->jpeg_read[k], ds);
         c->jpeg_host_s = (double)(now_ns() - t0) * 1e-9;
         if (!rc) {
             ce = cudaEventRecord(c->jpeg_decoded[k], ds);
@@ -1195,7 +1200,7 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
     if (!rc && b->jpeg)
         rc = cudaStreamSynchronize(c->st_decode) != cudaSuccess ||
              cudaStreamSynchronize(c->st_transform) != cudaSuccess ||
-             sf_cuda_jpeg_decode(c->jpeg, b, jpeg_want(c), 0, s);
+             sf_cuda_jpeg_decode(c->jpeg, b, jpeg_want(c), 0, NULL, s);
     else if (!rc)
         rc = cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
     if (!rc)

@@ -724,9 +724,11 @@ static void prewarm(sf_cuda_jpeg *j)
     free(file);
 }
 
-static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s);
+static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage,
+                        cudaEvent_t area_free, cudaStream_t s);
 
-int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s)
+int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage,
+                        cudaEvent_t area_free, cudaStream_t s)
 {
     /* the last decode's use of the states is over (see `used`) */
     if (j->used_pending && cudaEventSynchronize(j->used) != cudaSuccess) {
@@ -735,7 +737,7 @@ int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
         return -1;
     }
     j->used_pending = 0;
-    const int rc = decode_batch(j, b, want, stage, s);
+    const int rc = decode_batch(j, b, want, stage, area_free, s);
     if (cudaEventRecord(j->used, s) == cudaSuccess)
         j->used_pending = 1;
     else
@@ -743,7 +745,8 @@ int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
     return rc;
 }
 
-static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s)
+static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage,
+                        cudaEvent_t area_free, cudaStream_t s)
 {
     if (!b->jpeg || !b->jpeg_off || !b->samples || b->n < 1 || b->n > j->max_batch) {
         sf_cuda_set_error("jpeg decode: not an encoded batch of 1..%d files", j->max_batch);
@@ -772,6 +775,13 @@ static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
         return -1;
     }
     j->last = k;
+    /* The engines write the area while the call runs, whatever s still has
+     * queued: the area's last reader must be done (sf_cuda_jpeg_decode). */
+    if (k == SF_CUDA_JPEG_HARDWARE && area_free && cudaEventSynchronize(area_free) != cudaSuccess) {
+        sf_cuda_set_error("jpeg decode: waiting for the staging area's last reader: %s",
+                          cudaGetErrorString(cudaGetLastError()));
+        return -1;
+    }
     int split = j->lanes > 1 && b->n >= SF_CUDA_JPEG_LANE_MIN * j->lanes;
     for (int l = 0; split && l < j->lanes - 1; l++)
         split = sf_cuda_jpeg_has(j->lane[l], k);

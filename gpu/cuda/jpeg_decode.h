@@ -103,10 +103,16 @@ void sf_cuda_jpeg_free(sf_cuda_jpeg *j);
 /* Queues the decode of b's n files into staging area `stage` on stream s (b->jpeg, b->jpeg_off,
  * b->samples[i].src_off/src_h/src_w; b->jpeg_forms, b->decoded_bytes and b->n
  * pick the backend under AUTO). The files must stay unchanged until that work has completed on
- * s. Returns 0, or -1 with sf_cuda_last_error() naming the backend and, when
+ * s. area_free: the event after which the staging area may be overwritten (the
+ * last read of its previous batch), or NULL when nothing queued still reads
+ * it. The hybrid backends write the area in s's order, so the caller makes s
+ * wait for that event; the hardware engines write it during the call, outside
+ * any stream's order, so for them this call waits for area_free on the host
+ * first. Returns 0, or -1 with sf_cuda_last_error() naming the backend and, when
  * nvJPEG refused a file, the sample (found by decoding the files one by one:
  * the error path only). */
-int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage, cudaStream_t s);
+int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage,
+                        cudaEvent_t area_free, cudaStream_t s);
 
 /* The AUTO rule (see above) for a batch of n files of `pixels` decoded
  * pixels in all whose forms are the SF_JPEG_FORM_* bits, given which backends

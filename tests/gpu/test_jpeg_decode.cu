@@ -363,46 +363,29 @@ static std::vector<float> train_in_a_row(const std::vector<jcase> &cases, int ov
 /* The decode of batch N+1 runs on its own stream into the other staging area
  * while batch N is augmented: a missing wait would let a decode overwrite
  * pixels an augmentation still reads, or an augmentation read pixels not yet
- * decoded. Batches of other pixels trained in a row give the same losses as
- * the serial path (overlap 0: one stream, one staging area). */
+ * decoded. The serial path (overlap 0: one stream, one staging area) has the
+ * same hazard one batch closer, for a decoder that writes outside the
+ * stream's order (the hardware engines). Evaluation batches are a function
+ * of their pixels, and the forward is deterministic: batches of other pixels
+ * trained in a row give bit-identical losses on both paths and on two serial
+ * runs (before the host waited for the staging area, the serial runs drifted
+ * 5e-5 to 2e-4 apart on the H100, run to run). */
 static void overlapped_decode_equals_serial(const std::vector<jcase> &cases)
 {
-    const int nb = 8, ns = 3;
-    std::vector<float> a = train_in_a_row(cases, 1, nb);
-    std::vector<std::vector<float>> b(ns);
-    for (auto &r : b)
-        r = train_in_a_row(cases, 0, nb);
-    if ((int)a.size() != nb)
+    const int nb = 8;
+    std::vector<float> a = train_in_a_row(cases, 1, nb), b = train_in_a_row(cases, 0, nb),
+                       b2 = train_in_a_row(cases, 0, nb);
+    if ((int)a.size() != nb || (int)b.size() != nb || (int)b2.size() != nb)
         return;
-    for (auto &r : b)
-        if ((int)r.size() != nb)
-            return;
-    /* The serial path run three times: how far runs of the same path are
-     * apart on this device (cuDNN may pick engines whose reductions are not
-     * bitwise reproducible, and one pair of runs under-states that spread
-     * about half the time); the overlapped run is compared with the nearest
-     * serial one, and a race shows as a difference well beyond the spread. */
-    auto rel = [](float x, float y) {
-        return isfinite(x) && isfinite(y) ? fabs((double)x - y) / fmax(1e-6, fabs((double)y)) : INFINITY;
-    };
-    double worst = 0, base = 0;
-    for (int k = 0; k < nb; k++) {
-        double near = INFINITY;
-        for (int i = 0; i < ns; i++) {
-            near = fmin(near, rel(a[k], b[i][k]));
-            for (int j = i + 1; j < ns; j++)
-                base = fmax(base, rel(b[j][k], b[i][k]));
-        }
-        worst = fmax(worst, near);
-    }
-    if (worst <= fmax(1e-6, 4 * base))
-        ok("%d JPEG batches in a row, decode overlapped: losses equal the serial path's (max rel diff %.2e to the "
-           "nearest of %d serial runs, which are up to %.2e apart)",
-           nb, worst, ns, base);
+    int bad = -1;
+    for (int k = 0; k < nb && bad < 0; k++)
+        if (!(isfinite(b[k]) && a[k] == b[k] && b2[k] == b[k]))
+            bad = k;
+    if (bad < 0)
+        ok("%d JPEG batches in a row: overlapped decode and two serial runs give bit-identical losses", nb);
     else
-        fail("%d JPEG batches in a row: overlapped and serial losses differ (max rel diff %.2e to the nearest of "
-             "%d serial runs, which are up to %.2e apart; first %.6f vs %.6f)",
-             nb, worst, ns, base, a[0], b[0][0]);
+        fail("%d JPEG batches in a row: batch %d's loss is %.9g overlapped, %.9g and %.9g serial", nb, bad,
+             a[bad], b[bad], b2[bad]);
 }
 
 /* The AUTO rule (jpeg_decode.h), a pure function: the cases the H100
@@ -516,7 +499,7 @@ static void sized_once(const std::vector<jcase> &baseline, const std::vector<jca
                 if (be == SF_CUDA_JPEG_HARDWARE && jb.forms)
                     continue;
                 sf_cuda_clear_error();
-                if (sf_cuda_jpeg_decode(j, &jb.b, be, 0, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess) {
+                if (sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess) {
                     fail("%s: %d files: %s", sf_cuda_jpeg_backend_name(be), jb.b.n, sf_cuda_last_error());
                     continue;
                 }
@@ -571,7 +554,7 @@ static void lanes_equal_one_decoder(void)
             sf_cuda_clear_error();
             CU(cudaMemset(sf_cuda_jpeg_output(j1, 0), 1, jb.decoded));
             CU(cudaMemset(sf_cuda_jpeg_output(j2, 0), 2, jb.decoded));
-            if (sf_cuda_jpeg_decode(j1, &jb.b, be, 0, s) || sf_cuda_jpeg_decode(j2, &jb.b, be, 0, s) ||
+            if (sf_cuda_jpeg_decode(j1, &jb.b, be, 0, NULL, s) || sf_cuda_jpeg_decode(j2, &jb.b, be, 0, NULL, s) ||
                 cudaStreamSynchronize(s) != cudaSuccess) {
                 fail("lanes %s: %s", sf_cuda_jpeg_backend_name(be), sf_cuda_last_error());
                 continue;
@@ -645,7 +628,7 @@ int main(void)
         /* Poisoned first, so a sample nvJPEG does not write fails. */
         cudaMemset(sf_cuda_jpeg_output(j, 0), 0xEE, jb.decoded);
         sf_cuda_clear_error();
-        if (sf_cuda_jpeg_decode(j, &jb.b, be, 0, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess) {
+        if (sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess) {
             fail("%s: decode failed: %s", name, sf_cuda_last_error());
             continue;
         }
@@ -656,14 +639,14 @@ int main(void)
     /* AUTO: hardware for an all-baseline batch where the engines exist;
      * gpu_hybrid (or hybrid) as soon as one file is progressive. */
     make_batch(jb, baseline, 7);
-    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess)
+    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess)
         fail("auto, baseline: %s", sf_cuda_last_error());
     else if (sf_cuda_jpeg_has(j, SF_CUDA_JPEG_HARDWARE) != (sf_cuda_jpeg_last(j) == SF_CUDA_JPEG_HARDWARE))
         fail("auto chose %s for a baseline batch", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
     else
         ok("auto runs a baseline batch on %s", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
     make_batch(jb, with_prog, 8);
-    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess)
+    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess)
         fail("auto, progressive: %s", sf_cuda_last_error());
     else if (sf_cuda_jpeg_last(j) == SF_CUDA_JPEG_HARDWARE)
         fail("auto ran a batch with progressive files on the hardware engines");
@@ -710,7 +693,7 @@ int main(void)
         std::vector<uint8_t> ref(jb.decoded);
         const int ref_rc = sf_ref_jpeg_decode(&jb.b, ref.data(), ref.size(), rerr, sizeof rerr);
         sf_cuda_clear_error();
-        int rc = sf_cuda_jpeg_decode(j, &jb.b, be, 0, s);
+        int rc = sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s);
         rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
         cudaGetLastError();
         char want[32];
@@ -743,7 +726,7 @@ int main(void)
 
     /* A batch that does not fit the staging area is refused before any work. */
     jb.smp[0].src_off = (size_t)4 << 22;
-    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, s) == 0)
+    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) == 0)
         fail("a batch past the staging area was decoded");
     else
         ok("a batch past the staging area is refused: %s", sf_cuda_last_error());

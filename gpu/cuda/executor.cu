@@ -42,65 +42,18 @@
  *
  * The whole step of one (buffer, batch size, optimizer on/off) is captured
  * once as a CUDA graph and replayed.
+ *
+ * Files: executor_plan.cu builds the layer graph when a net is created (the
+ * per-layer decisions above, the buffers, the memory plan); this file chooses
+ * the cuDNN plans per batch size and runs the step; executor_graph.h holds
+ * what both read.
  */
-#include "conv_patch.h"
-#include "conv_s2d.h"
-#include "conv_thin.h"
-#include "executor.h"
-#include "dist_nccl.h"
-
-extern "C" {
-#include "gpu/memory_plan.h"
-}
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#include "executor_graph.h"
 
 #define WS_TUNE_MIN ((size_t)256 << 20) /* candidates' workspace while choosing engines: */
 #define WS_TUNE_MAX ((size_t)1 << 30)   /* bounds (g_finish_create) */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
 #define WS_SMALL_BYTES ((size_t)1 << 20)  /* the side and frozen workspaces' floor */
-#define MAX_ALLOCS 512
-
-typedef struct gen_net gen_net; /* the layer graph, below */
-
-struct sf_cuda_net {
-    sf_model m;
-    sf_net_cfg cfg;
-    sf_net_io io[SF_NET_MAX_BUF];
-    cudnnHandle_t dnn;
-    cublasHandle_t blas;
-    cudaStream_t s;
-
-    float *params, *grads, *mom; /* [n_params] each, the device layout (see the top) */
-    void *ws;           /* forward and backward-data plans (on s) */
-    void *ws2;          /* backward-filter plans (on side, with fork) */
-    size_t ws_size[3];  /* bytes of the workspaces by kind (WS_MAIN: ws, WS_SIDE: ws2,
-                           WS_FROZEN: the frozen prefix's) */
-
-    cudaStream_t side;  /* backward-filter beside backward-data */
-    cudaEvent_t ev_fork[SF_MAX_LAYERS], ev_join[SF_MAX_LAYERS];
-    cudaStream_t nst;   /* the gradient check's per-layer sums, beside the rest of the backward */
-    cudaEvent_t ev_norm[SF_MAX_LAYERS], ev_ndone;
-    /* Data-parallel (cfg.grad_reduce): the bucketed all-reduce's stream, at
-     * the compute stream's priority so that a bucket's reduce starts while
-     * the backward still runs; ev_reduced[i]: the bucket closed by layer i
-     * is reduced. NULL without grad_reduce. */
-    cudaStream_t rst;
-    cudaEvent_t ev_reduced[SF_MAX_LAYERS];
-
-    int graphs_broken;
-    char graph_err[256];
-
-    void *allocs[MAX_ALLOCS];
-    int n_allocs;
-    size_t alloc_bytes; /* device memory the net holds (sf_net_describe) */
-
-    gen_net *g;         /* the layer graph and its buffers */
-};
 
 /* ---- helpers -------------------------------------------------------------- */
 
@@ -114,23 +67,6 @@ static void scopy(char *d, size_t n, const char *s)
     d[l] = '\0';
 }
 
-
-static int dmalloc(sf_cuda_net *net, void **p, size_t bytes)
-{
-    if (net->n_allocs >= MAX_ALLOCS) {
-        sf_cuda_set_error("%s:%d: net: too many allocations", __FILE__, __LINE__);
-        return -1;
-    }
-    SF_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 256));
-    net->allocs[net->n_allocs++] = *p;
-    net->alloc_bytes += bytes ? bytes : 256;
-    return 0;
-}
-
-static int dmallocf(sf_cuda_net *net, float **p, size_t floats)
-{
-    return dmalloc(net, (void **)p, floats * sizeof(float));
-}
 
 /* ---- the step ------------------------------------------------------------- */
 
@@ -155,113 +91,8 @@ static void g_mark(prof *pf, cudaStream_t s, const char *phase, const char *kind
     pf->n++;
 }
 
-/* ---- the layer graph ------------------------------------------------------ */
-
-typedef struct gop {
-    int frozen;
-    int src[2], n_in;
-    int first[2];        /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
-    int want[2];         /* backward: src[j] needs a gradient */
-    int relu;            /* the next layer's ReLU is fused here */
-    int fused;           /* this ReLU is fused into the previous layer: y/dy alias it */
-    void *y;             /* output (flatten, fused ReLU: alias) */
-    void *dy;            /* output gradient (trainable; aliases as y), else NULL */
-    float *save;         /* batchnorm: [2C] mean, invstd */
-    int32_t *argmax;     /* maxpool */
-    void *gtmp;          /* the input gradient before it is added to its owner's (this layer
-                            is not its input's first consumer), or a batchnorm's unwanted
-                            dx: only live during this layer's backward */
-    int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
-    int patch;           /* conv whose backward is conv_patch.h's one pass (a forward plan only) */
-    int tpatch;          /* convT whose forward is conv_patch.h's kernel (backward plans only) */
-    int bn_add;          /* batchnorm: the index of the residual add whose output its forward
-                            writes, relu?(bn(x) + the add's other input) (0: none) */
-    int in_bn;           /* add computed by the batchnorm before it (bn_add): no forward of its own */
-    int bn_pool;         /* batchnorm + ReLU read only by a maxpool that applies them to its taps
-                            (training forward: the batchnorm computes its statistics alone) */
-    int pre_bn;          /* maxpool: 1 + the index of that batchnorm (0: none; a model may start
-                            with the batchnorm) */
-    int s2d;             /* conv run as its space-to-depth form (conv_s2d.h): its plans are the
-                            rearranged convolution's, on the three tensors below */
-    void *s2d_x;         /* the rearranged input (max_batch samples), written by the forward,
-                            read by the backward-filter */
-    void *s2d_w, *s2d_gw; /* the rearranged weight (rebuilt each forward) and its gradient */
-    int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
-                            conv + epilogue kernel (kept per shape where it times faster) */
-    /* conv: variant packs per batch buffer (a layer reading the model input or
-     * the frozen boundary binds buffer b's tensor, so no input is copied) */
-    cudnnBackendDescriptor_t vp[3][SF_NET_MAX_BUF];
-    cudnnBackendDescriptor_t vpf[SF_NET_MAX_BUF]; /* fused forward (binds the bias too) */
-} gop;
-
-typedef struct gshape {
-    int n;
-    sf_conv_plan cp[SF_MAX_LAYERS][3];
-    sf_convt_plans tp[SF_MAX_LAYERS];
-    cudaGraphExec_t exec[SF_NET_MAX_BUF][3]; /* [b][k]: k = do_opt (training), 2 (evaluation) */
-} gshape;
-
-struct gen_net {
-    gop op[SF_MAX_LAYERS];
-    int nl, nf;          /* layers, frozen layers */
-    sf_dtype dt;         /* activations */
-    size_t es;           /* bytes per activation element */
-    sf_layout lay;
-    void *bnd[SF_NET_MAX_BUF]; /* frozen boundary per buffer: the frozen forward of buffer b
-                                  (transform stream) writes it, the step of b reads it */
-    size_t bnd_elems;    /* per sample */
-    float *sq, *gacc, *bufs;
-    void *wd, *gd;       /* bf16 nets: bf16 copies of the weights and of the conv weight
-                            gradients (device layout); else the parameters and gradients */
-    int wcopy;           /* wd, gd are those copies */
-    sf_sgd_segs segs_perm;  /* the weights stored permuted (model offsets): what the host
-                               boundary permutes */
-    sf_sgd_segs segs_gd;    /* bf16: the trainable conv/convT weights, whose gradients gd
-                               holds (offsets from train_off, identity segments) */
-    float *lg, *dlg;     /* fp32 logits and their gradient (dt != fp32) */
-    void *scratch;       /* bn, xent2d, bias-grad scratch (compute stream) */
-    size_t scratch_bytes;
-    sf_xent2d_out *x2d;
-    void *fws;           /* frozen workspace (transform stream) */
-    /* the memory plan (g_plan_memory): layer outputs and output gradients in
-     * two arenas, placed by liveness */
-    void *arena, *farena;            /* trainable part (compute stream), frozen prefix (transform) */
-    size_t arena_bytes, farena_bytes;
-    size_t tensor_bytes;             /* what one buffer per tensor would have taken */
-    struct plan_obj *plan;           /* the placements, until g_alloc_arenas applies them */
-    int n_plan;
-    int has_bn_train;
-    uint64_t nbt, nbt_saved;
-    /* the gradient check (sf_grad_state): each trainable layer with
-     * parameters has a slot of SF_SUMSQ_BLOCKS partial sums of squares,
-     * computed on the norm stream as soon as its backward is done */
-    int slot[SF_MAX_LAYERS];         /* -1: no parameters to check */
-    int rb_top[SF_MAX_LAYERS];       /* the all-reduce bucket closed by layer i's backward: its layers
-                                        are i .. rb_top[i] (its first in the backward's order); -1 none */
-    sf_grad_piece pieces[2 * SF_MAX_LAYERS]; /* one bucket's pieces (g_reduce_bucket) */
-    int n_slots;
-    float *sq_part;                  /* [max(n_slots, 1) * SF_SUMSQ_BLOCKS] */
-    sf_grad_state *d_gs;             /* [nbuf] this buffer's last check */
-    sf_grad_state *h_gs;             /* [nbuf] pinned copies, written at the end of each step */
-    float *lgt;                      /* NHWC segmentation: logits transposed to NCHW for the host */
-    gshape *shapes[SF_NET_MAX_SHAPES];
-    int n_shapes;
-};
-
 static const sf_sgd_segs k_no_segs = {};
 
-
-static inline void *E(const void *p, size_t i, size_t es) { return (char *)p + i * es; }
-
-static int g_src(const sf_model *m, int i, int j) { return sf_layer_input(m, i, j); }
-
-/* The layer that owns the buffer layer i's output lives in (through flattens); -1: model input. */
-static int g_owner(const sf_model *m, int i)
-{
-    while (i >= 0 && m->layers[i].kind == SF_L_FLATTEN)
-        i = g_src(m, i, 0);
-    return i;
-}
 
 /* The tensor layer s produces (through flattens) as a layer of the given
  * frozenness reads it in buffer b: the model input and the frozen boundary
@@ -296,26 +127,6 @@ static void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *in
         *outer = (size_t)n;
         *inner = hw;
     }
-}
-
-/* The descriptor of conv or convT layer i for n samples (sf_conv_desc and
- * sf_convt_desc name these fields alike); alignments are filled by the caller. */
-template <typename Desc> static void g_desc(const sf_cuda_net *net, int i, int n, Desc *d)
-{
-    const sf_layer *L = &net->m.layers[i];
-    memset(d, 0, sizeof *d);
-    d->n = n;
-    d->c = L->in_c;
-    d->h = L->in_h;
-    d->w = L->in_w;
-    d->oc = L->out_c;
-    d->k = L->k;
-    d->stride = L->stride;
-    d->pad = L->pad;
-    d->layout = net->g->lay;
-    d->tf32 = net->cfg.tf32;
-    d->dt = net->g->dt;
-    d->allow_rtc = net->cfg.allow_rtc;
 }
 
 /* The descriptor cuDNN's plans of conv layer i are built for: the layer's
@@ -590,17 +401,6 @@ __global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, si
         acc[i] += g[i] * inv_k;
 }
 
-/* Allocation shifted so that p + off (floats) is 16-byte aligned (cudaMalloc is 256-aligned). */
-static int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size_t off)
-{
-    float *raw;
-    if (dmallocf(net, &raw, floats + 4))
-        return -1;
-    const size_t sh = (4 - off % 4) % 4;
-    *p = raw + sh;
-    SF_CUDA_CHECK(cudaMemsetAsync(raw, 0, sizeof(float) * (floats + 4), net->s));
-    return 0;
-}
 
 /* bf16: the weights' bf16 copy from the master parameters, all of them
  * (build, set_params, restore) or the trainable slice (after a step). */
@@ -678,468 +478,6 @@ static int g_state_from_host(sf_cuda_net *net, float *dev, const float *host)
         sf_cuda_set_error("%s:%d: %s", __FILE__, __LINE__, cudaGetErrorString(e));
         return -1;
     }
-    return 0;
-}
-
-static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
-{
-    if (sg->n >= SF_SGD_MAX_SEGS) {
-        sf_cuda_set_error("%s:%d: more than %d convolution weights", __FILE__, __LINE__, SF_SGD_MAX_SEGS);
-        return -1;
-    }
-    sf_perm_seg *p = &sg->s[sg->n++];
-    p->off = off;
-    p->len = len;
-    p->c = c;
-    p->rs = rs;
-    return 0;
-}
-
-/* ---- the memory plan ------------------------------------------------------ */
-/* Layer outputs (y) and output gradients (dy) live in two arenas, each tensor
- * at an offset chosen when the net is built so that two tensors share bytes
- * only when their lifetimes do not overlap. One step is a timeline of slots:
- *   trainable part: forward of layer i at slot i - nf, the loss at slot
- *     ntrain = nl - nf, the backward of layer i at ntrain + 1 + (nl - 1 - i);
- *   frozen prefix (its own arena, written on the transform stream while the
- *     compute stream runs another buffer's step): forward of layer i at slot
- *     i, the copy of its output to the buffer's boundary at slot nf.
- * A tensor lives from the slot that first writes it to the last slot that
- * reads it, both included:
- *   y of layer s: written by s's forward; read by its consumers' forwards, by
- *     the backward of a consumer that needs its input (conv, convT and linear
- *     for the weight gradient, batchnorm), by s's own backward where it is a
- *     ReLU mask (a ReLU, or a layer with a ReLU fused into it), and by the loss
- *     (the last layer);
- *   dy of layer s: written by the backward of its consumers (the first in
- *     backward order overwrites, later ones add) or the loss, read by s's
- *     backward.
- * A flatten and a fused ReLU are views of their input's tensors: their uses
- * count as uses of the tensor they view. Everything a layer's backward reads,
- * the side stream's backward-filter included, is joined before the next
- * layer's backward starts, so slot granularity is exact. The tensors are
- * then placed by gpu/memory_plan.h (largest first, lowest aligned offset that
- * overlaps no tensor of an overlapping lifetime). */
-
-#define PLAN_MAX (3 * SF_MAX_LAYERS)
-
-typedef struct plan_obj {
-    sf_plan_tensor t; /* first: the arenas are placed through pointers to it */
-    void **ptr;       /* where the placed pointer goes */
-    int frozen;       /* which arena */
-} plan_obj;
-
-/* The layer whose tensors layer i's output lives in: through flattens and fused
- * ReLUs; -1 for the model input. */
-static int g_storage(const sf_cuda_net *net, int i)
-{
-    const gen_net *g = net->g;
-    while (i >= 0 && (net->m.layers[i].kind == SF_L_FLATTEN || g->op[i].fused))
-        i = g->op[i].src[0];
-    return i;
-}
-
-static void widen(plan_obj *o, int t)
-{
-    if (t < o->t.t0)
-        o->t.t0 = t;
-    if (t > o->t.t1)
-        o->t.t1 = t;
-}
-
-static int g_plan_memory(sf_cuda_net *net)
-{
-    gen_net *g = net->g;
-    const sf_model *m = &net->m;
-    const size_t nb = (size_t)net->cfg.max_batch, es = g->es;
-    const int nl = g->nl, nf = g->nf, ntrain = nl - nf;
-    plan_obj obj[PLAN_MAX];
-    int yi[SF_MAX_LAYERS], di[SF_MAX_LAYERS], n = 0;
-    /* F: forward slot; B: backward slot (trainable layers) */
-#define F(i) ((i) < nf ? (i) : (i) - nf)
-#define B(i) (ntrain + 1 + (nl - 1 - (i)))
-    for (int i = 0; i < nl; i++) {
-        yi[i] = di[i] = -1;
-        const sf_layer *L = &m->layers[i];
-        if (L->kind == SF_L_FLATTEN || g->op[i].fused)
-            continue;
-        const size_t bytes = (es * nb * L->out_elems + 255) & ~(size_t)255;
-        obj[n] = (plan_obj){{bytes, F(i), F(i), 0}, &g->op[i].y, g->op[i].frozen};
-        yi[i] = n++;
-        if (!g->op[i].frozen) {
-            obj[n] = (plan_obj){{bytes, B(i), B(i), 0}, &g->op[i].dy, 0};
-            di[i] = n++;
-        }
-        /* gradient scratch, written and read within this layer's backward */
-        const gop *o = &g->op[i];
-        if (!o->frozen && L->kind != SF_L_ADD &&
-            ((o->want[0] && !o->first[0]) || (L->kind == SF_L_BATCHNORM2D && !o->want[0]))) {
-            const size_t gb = (es * nb * L->in_c * L->in_h * L->in_w + 255) & ~(size_t)255;
-            obj[n++] = (plan_obj){{gb, B(i), B(i), 0}, &g->op[i].gtmp, 0};
-        }
-    }
-    const int last = g_storage(net, nl - 1);
-    if (last < nf || (nf > 0 && g_storage(net, nf - 1) < 0)) {
-        sf_cuda_set_error("%s:%d: the model's output is not produced by a trainable layer", __FILE__, __LINE__);
-        return -1;
-    }
-    if (nf > 0)
-        widen(&obj[yi[g_storage(net, nf - 1)]], nf); /* the copy to the boundary */
-    widen(&obj[yi[last]], ntrain); /* the loss reads the logits */
-    widen(&obj[di[last]], ntrain); /* and writes their gradient */
-    for (int i = 0; i < nl; i++)
-        if (g->op[i].bn_add)
-            widen(&obj[yi[g->op[i].bn_add]], F(i)); /* the batchnorm writes the add's output */
-    for (int c = 0; c < nl; c++) {
-        const sf_layer *L = &m->layers[c];
-        const gop *o = &g->op[c];
-        if (L->kind == SF_L_FLATTEN || o->fused)
-            continue;
-        const int k = L->kind;
-        const int needs_x = !o->frozen && (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR ||
-                                           k == SF_L_BATCHNORM2D);
-        /* the ReLU mask, unless batchnorm's backward recomputes it from x (the
-         * stem's 1.6 GB batchnorm output of ResNet-18 at batch 1024 then dies
-         * at the maxpool's forward) */
-        if (!o->frozen && (k == SF_L_RELU || o->relu) &&
-            !(k == SF_L_BATCHNORM2D && !sf_cuda_bn_bwd_reads_y(g->dt, g->lay, L->out_ch)))
-            widen(&obj[yi[c]], B(c));
-        for (int j = 0; j < o->n_in; j++) {
-            const int s = g_storage(net, o->src[j]);
-            if (s < 0 || (!o->frozen && g->op[s].frozen))
-                continue; /* the model input or the frozen boundary: per buffer */
-            widen(&obj[yi[s]], F(c));
-            if (needs_x)
-                widen(&obj[yi[s]], B(c));
-            if (o->want[j])
-                widen(&obj[di[s]], B(c));
-        }
-    }
-#undef F
-#undef B
-    sf_plan_tensor *tr[PLAN_MAX], *fr[PLAN_MAX];
-    int ntr = 0, nfr = 0;
-    g->tensor_bytes = 0;
-    for (int k = 0; k < n; k++) {
-        g->tensor_bytes += obj[k].t.bytes;
-        if (obj[k].frozen)
-            fr[nfr++] = &obj[k].t;
-        else
-            tr[ntr++] = &obj[k].t;
-    }
-    g->arena_bytes = sf_plan_place(tr, ntr);
-    g->farena_bytes = sf_plan_place(fr, nfr);
-    g->plan = (plan_obj *)malloc(sizeof(plan_obj) * (size_t)(n ? n : 1));
-    if (!g->plan) {
-        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
-        return -1;
-    }
-    memcpy(g->plan, obj, sizeof(plan_obj) * (size_t)n);
-    g->n_plan = n;
-    return 0;
-}
-
-/* Allocates the arenas the plan sized and points every tensor at its place,
- * then the views (flattens, fused ReLUs) at the tensors they view. Until
- * then those pointers are NULL: plans are chosen before (g_finish_create). */
-static int g_alloc_arenas(sf_cuda_net *net)
-{
-    gen_net *g = net->g;
-    const sf_model *m = &net->m;
-    if ((g->arena_bytes && dmalloc(net, &g->arena, g->arena_bytes)) ||
-        (g->farena_bytes && dmalloc(net, &g->farena, g->farena_bytes)))
-        return -1;
-    for (int k = 0; k < g->n_plan; k++)
-        *g->plan[k].ptr = (char *)(g->plan[k].frozen ? g->farena : g->arena) + g->plan[k].t.off;
-    for (int i = 0; i < g->nl; i++) {
-        gop *o = &g->op[i];
-        if (m->layers[i].kind != SF_L_FLATTEN && !o->fused)
-            continue;
-        /* a flatten's output is found through g_act (it may be a per-buffer
-         * tensor); a fused ReLU's is its producer's */
-        o->y = m->layers[i].kind == SF_L_FLATTEN ? NULL : g->op[o->src[0]].y;
-        const int ow = g_owner(m, o->src[0]);
-        o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
-    }
-    return 0;
-}
-
-static int g_create(sf_cuda_net *net)
-{
-    const sf_model *m = &net->m;
-    const size_t nb = (size_t)net->cfg.max_batch;
-    gen_net *g = (gen_net *)calloc(1, sizeof *g);
-    if (!g) {
-        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
-        return -1;
-    }
-    net->g = g;
-    g->nl = m->n_layers;
-    g->nf = m->n_frozen;
-    g->dt = net->cfg.dt;
-    g->es = sf_dtype_size(g->dt);
-    g->lay = net->cfg.layout;
-    /* A flatten of a tensor with spatial extent flattens in NCHW order
-     * (PyTorch's): such a model runs NCHW. */
-    for (int i = 0; i < g->nl; i++)
-        if (m->layers[i].kind == SF_L_FLATTEN && m->layers[i].in_h * m->layers[i].in_w > 1)
-            g->lay = SF_LAYOUT_NCHW;
-    net->cfg.layout = g->lay;
-    /* checks */
-    for (int i = 0; i < g->nl; i++) {
-        const sf_layer *L = &m->layers[i];
-        gop *o = &g->op[i];
-        o->frozen = i < g->nf;
-        o->n_in = L->kind == SF_L_ADD ? 2 : 1;
-        for (int j = 0; j < o->n_in; j++)
-            o->src[j] = g_src(m, i, j);
-        if (o->frozen && L->kind == SF_L_LINEAR) {
-            sf_cuda_set_error("%s:%d: layer %d: a frozen linear layer is not supported on the CUDA backend",
-                              __FILE__, __LINE__, i);
-            return -1;
-        }
-        if (L->kind == SF_L_BATCHNORM2D && !o->frozen)
-            g->has_bn_train = 1;
-        for (int j = 0; j < o->n_in; j++) {
-            const int s = o->src[j];
-            if (!o->frozen && g->nf > 0 && (s < 0 || (s < g->nf && s != g->nf - 1))) {
-                sf_cuda_set_error("%s:%d: layer %d reads a frozen tensor other than the last frozen layer's output",
-                                  __FILE__, __LINE__, i);
-                return -1;
-            }
-        }
-    }
-    if (g->nf > 0 && m->layers[g->nf - 1].kind == SF_L_FLATTEN) {
-        sf_cuda_set_error("%s:%d: the last frozen layer is a flatten", __FILE__, __LINE__);
-        return -1;
-    }
-    /* ReLU fusion (cfg.keep_relu turns it off, for comparisons) */
-    {
-        const int fuse_on = !net->cfg.keep_relu;
-        int readers[SF_MAX_LAYERS];
-        memset(readers, 0, sizeof readers);
-        for (int i = 0; i < g->nl; i++)
-            for (int j = 0; j < g->op[i].n_in; j++)
-                if (g->op[i].src[j] >= 0)
-                    readers[g->op[i].src[j]]++;
-        for (int i = 0; fuse_on && i + 1 < g->nl; i++) {
-            const sf_layer *L = &m->layers[i], *R = &m->layers[i + 1];
-            const int k = L->kind;
-            if (R->kind != SF_L_RELU || g->op[i + 1].src[0] != i || readers[i] != 1 || g->op[i].fused ||
-                g->op[i].frozen != g->op[i + 1].frozen || i + 1 == g->nl - 1)
-                continue;
-            if (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR || k == SF_L_BATCHNORM2D ||
-                k == SF_L_ADD) {
-                g->op[i].relu = 1;
-                g->op[i + 1].fused = 1;
-            }
-        }
-        /* A batchnorm whose only reader is the residual add right after it
-         * writes the add's output in its apply pass (bn + add + ReLU: three
-         * tensor passes where the two kernels took five); the add's other
-         * input comes from an earlier layer, so it is ready. */
-        for (int a = 1; !net->cfg.no_bn_fuse && a < g->nl; a++) {
-            const int i = a - 1;
-            const gop *oa = &g->op[a], *oi = &g->op[i];
-            if (m->layers[a].kind != SF_L_ADD || m->layers[i].kind != SF_L_BATCHNORM2D || oa->n_in != 2 ||
-                readers[i] != 1 || oi->relu || oi->fused || oi->frozen != oa->frozen ||
-                (oa->src[0] != i && oa->src[1] != i) || oa->src[0] == oa->src[1])
-                continue;
-            g->op[i].bn_add = a;
-            g->op[a].in_bn = 1;
-        }
-        /* A batchnorm + ReLU whose only reader is a 3x3/2 maxpool: in training
-         * the pool applies them to its taps, so the batchnorm's output (1.6 GB
-         * at ResNet-18's stem, batch 1024) is neither written nor read. Only
-         * where the batchnorm's backward recomputes the ReLU mask from x (it
-         * has no y to read then). */
-        for (int p = 2; !net->cfg.no_bn_fuse && p < g->nl; p++) {
-            const sf_layer *P = &m->layers[p];
-            const int r = g->op[p].src[0], i = r - 1;
-            if (P->kind != SF_L_MAXPOOL2D || r < 1 || m->layers[r].kind != SF_L_RELU || !g->op[r].fused ||
-                g->op[r].src[0] != i || m->layers[i].kind != SF_L_BATCHNORM2D || !g->op[i].relu ||
-                readers[r] != 1 || g->op[i].frozen || g->op[p].frozen ||
-                sf_cuda_bn_bwd_reads_y(g->dt, g->lay, m->layers[i].out_ch) ||
-                !sf_cuda_maxpool_pre_bn_ok(g->dt, g->lay, P->in_c, P->k, P->stride, P->pad))
-                continue;
-            g->op[i].bn_pool = 1;
-            g->op[p].pre_bn = i + 1;
-        }
-        for (int i = 0; i < g->nl; i++) {
-            const sf_layer *L = &m->layers[i];
-            g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
-                            sf_conv_thin_ok(g->lay, g->dt, L->in_c, L->out_c, L->k, L->stride, L->pad);
-            g->op[i].fusable = !net->cfg.no_fuse && L->kind == SF_L_CONV2D && !g->op[i].thin &&
-                               (L->n_b || g->op[i].relu);
-            g->op[i].patch = !net->cfg.no_patch && L->kind == SF_L_CONV2D && !g->op[i].frozen && g->dt == SF_DT_F32 &&
-                             sf_conv_patch_ok(g->lay, L->in_c, L->in_h, L->in_w, L->out_c, L->k, L->stride, L->pad);
-            g->op[i].tpatch = !net->cfg.no_patch && L->kind == SF_L_CONV_TRANSPOSE2D && g->dt == SF_DT_F32 &&
-                              sf_convt_patch_ok(g->lay, L->in_c, L->out_c, L->k, L->stride, L->pad);
-        }
-    }
-    /* backward schedule */
-    {
-        int written[SF_MAX_LAYERS];
-        memset(written, 0, sizeof written);
-        for (int i = g->nl - 1; i >= g->nf; i--) {
-            gop *o = &g->op[i];
-            if (m->layers[i].kind == SF_L_FLATTEN)
-                continue;
-            for (int j = 0; j < o->n_in; j++) {
-                const int ow = g_owner(m, o->src[j]);
-                o->want[j] = ow >= g->nf;
-                if (o->want[j]) {
-                    o->first[j] = !written[ow];
-                    written[ow] = 1;
-                }
-            }
-        }
-    }
-    /* space-to-depth: a trainable strided conv over few channels whose input
-     * gradient nobody wants (a stem reading the model input), in bf16 nets
-     * (where it was measured; fp32 and TF32 nets keep cuDNN's plain plan).
-     * Such a conv is never a thin one (k > stride >= 2) nor a patch one
-     * (fp32 only). */
-    for (int i = 0; i < g->nl; i++) {
-        const sf_layer *L = &m->layers[i];
-        g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && g->dt == SF_DT_BF16 && !g->op[i].frozen &&
-                       !g->op[i].want[0] && sf_conv_s2d_ok(g->lay, L->in_c, L->k, L->stride);
-    }
-    /* parameters and optimizer state; the trainable slice 16-byte aligned */
-    const size_t np = m->n_params;
-    /* SGD's momentum buffer comes with the first step that asks for momentum
-     * (sf_net_use_momentum); AdamW's first moment from the start */
-    if (g_alloc_shift(net, &net->params, np, m->train_off) || g_alloc_shift(net, &net->grads, np, m->train_off) ||
-        (net->cfg.adamw && g_alloc_shift(net, &net->mom, np, m->train_off)))
-        return -1;
-    if (net->cfg.adamw && g_alloc_shift(net, &g->sq, np, m->train_off))
-        return -1;
-    if (net->cfg.accum > 1 && g_alloc_shift(net, &g->gacc, np, m->train_off))
-        return -1;
-    if (dmallocf(net, &g->bufs, m->n_buffers ? m->n_buffers : 1))
-        return -1;
-    /* the device layout: NHWC nets store k>1 conv weights permuted */
-    for (int i = 0; i < g->nl; i++) {
-        const sf_layer *L = &m->layers[i];
-        if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
-            continue;
-        /* conv [oc][c][k][k] -> [oc][k][k][c]; convT [c][oc][k][k] -> [c][k][k][oc] */
-        if (g->lay == SF_LAYOUT_NHWC && L->k > 1 &&
-            g_add_seg(&g->segs_perm, L->w_off, L->n_w, L->kind == SF_L_CONV2D ? L->in_c : L->out_c, L->k * L->k))
-            return -1;
-        if (i >= g->nf && g_add_seg(&g->segs_gd, L->w_off - m->train_off, L->n_w, 1, (int)L->n_w))
-            return -1;
-    }
-    g->wcopy = g->dt != SF_DT_F32;
-    if (g->wcopy) {
-        if (dmalloc(net, &g->wd, g->es * (np ? np : 1)) || dmalloc(net, &g->gd, g->es * (np ? np : 1)))
-            return -1;
-        SF_CUDA_CHECK(cudaMemsetAsync(g->gd, 0, g->es * (np ? np : 1), net->s));
-    } else {
-        g->wd = net->params;
-        g->gd = net->grads;
-    }
-    /* activations */
-    const size_t es = g->es;
-    if (g->nf > 0) {
-        const sf_layer *L = &m->layers[g->nf - 1];
-        g->bnd_elems = L->out_elems;
-        for (int b = 0; b < net->cfg.nbuf; b++)
-            if (dmalloc(net, &g->bnd[b], es * nb * L->out_elems))
-                return -1;
-    }
-    if (g_plan_memory(net))
-        return -1;
-    int max_c = 1;
-    for (int i = 0; i < g->nl; i++) {
-        const sf_layer *L = &m->layers[i];
-        gop *o = &g->op[i];
-        if (L->out_ch > max_c)
-            max_c = L->out_ch;
-        if (L->in_c > max_c)
-            max_c = L->in_c;
-        if (L->kind == SF_L_FLATTEN || o->fused)
-            continue;
-        if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
-            return -1;
-        if (o->s2d) {
-            sf_conv_desc d;
-            g_desc(net, i, (int)nb, &d);
-            if (dmalloc(net, &o->s2d_x, es * sf_conv_s2d_x_elems(&d)) ||
-                dmalloc(net, &o->s2d_w, es * sf_conv_s2d_w_elems(&d)) ||
-                dmalloc(net, &o->s2d_gw, es * sf_conv_s2d_w_elems(&d)))
-                return -1;
-            SF_CUDA_CHECK(cudaMemsetAsync(o->s2d_x, 0, es * sf_conv_s2d_x_elems(&d), net->s));
-        }
-        if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
-            return -1;
-    }
-
-    if (g->dt != SF_DT_F32) {
-        const size_t lsz = nb * (size_t)m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
-        if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
-            return -1;
-    }
-    /* compute-stream scratch: bn, xent2d, bias grad, thin and patch conv
-     * partials (never used at once) */
-    size_t sc = sizeof(float) * sf_cuda_bias_grad_scratch(max_c);
-    for (int i = 0; i < g->nl; i++) {
-        const sf_layer *L = &m->layers[i];
-        if (g->op[i].thin && sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c) > sc)
-            sc = sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c);
-        if (g->op[i].patch && sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k) > sc)
-            sc = sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k);
-        if (L->kind == SF_L_BATCHNORM2D) {
-            size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, g->lay);
-            if (b > sc)
-                sc = b;
-        }
-    }
-    if (m->segmentation) {
-        size_t b = sf_cuda_xent2d_scratch_bytes((int)nb, m->out_h, m->out_w);
-        if (b > sc)
-            sc = b;
-    }
-    g->scratch_bytes = sc;
-    if (dmalloc(net, &g->scratch, sc) || dmalloc(net, (void **)&g->x2d, sizeof(sf_xent2d_out)))
-        return -1;
-    /* the gradient check: a slot per trainable layer with parameters */
-    g->n_slots = 0;
-    for (int i = 0; i < g->nl; i++) {
-        const sf_layer *L = &m->layers[i];
-        g->slot[i] = i >= g->nf && L->n_w + L->n_b > 0 ? g->n_slots++ : -1;
-    }
-    /* The all-reduce's buckets, in the backward's order (decreasing i): a
-     * bucket closes at the layer that brings it to grad_bucket_bytes, the
-     * last one at the lowest trainable layer with parameters. The layers'
-     * parameters are laid out in increasing i, so a bucket is one range. */
-    int top = -1, lowest = -1;
-    size_t bytes = 0;
-    for (int i = g->nl - 1; i >= 0; i--) {
-        g->rb_top[i] = -1;
-        if (g->slot[i] < 0)
-            continue;
-        const sf_layer *L = &m->layers[i];
-        top = top < 0 ? i : top;
-        bytes += sizeof(float) * (L->n_w + L->n_b);
-        lowest = i;
-        if (net->cfg.grad_bucket_bytes > 0 && bytes >= net->cfg.grad_bucket_bytes) {
-            g->rb_top[i] = top;
-            top = -1;
-            bytes = 0;
-        }
-    }
-    if (top >= 0)
-        g->rb_top[lowest] = top;
-    if (dmallocf(net, &g->sq_part, (size_t)(g->n_slots > 0 ? g->n_slots : 1) * SF_SUMSQ_BLOCKS) ||
-        dmalloc(net, (void **)&g->d_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf))
-        return -1;
-    SF_CUDA_CHECK(cudaMemsetAsync(g->d_gs, 0, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf, net->s));
-    SF_CUDA_CHECK(cudaHostAlloc((void **)&g->h_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf, 0));
-    memset(g->h_gs, 0, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf);
-    if (m->segmentation && g->lay == SF_LAYOUT_NHWC &&
-        dmallocf(net, &g->lgt, nb * (size_t)m->n_classes * m->out_h * m->out_w))
-        return -1;
     return 0;
 }
 
@@ -1757,7 +1095,7 @@ static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int k)
     return 0;
 }
 
-/* sf_net_create's general half: after g_create. */
+/* sf_net_create's general half: after sf_exec_build_graph. */
 static int g_finish_create(sf_cuda_net *net)
 {
     gen_net *g = net->g;
@@ -1833,7 +1171,7 @@ static int g_finish_create(sf_cuda_net *net)
     cudaFree(tmp);
     if (rc)
         return -1;
-    if (g_alloc_arenas(net)) {
+    if (sf_exec_alloc_arenas(net)) {
         gshape_destroy(S);
         return -1;
     }
@@ -2022,7 +1360,7 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
             sf_net_destroy(net);
             return -1;
         }
-    if (g_create(net) || g_finish_create(net)) {
+    if (sf_exec_build_graph(net) || g_finish_create(net)) {
         sf_net_destroy(net);
         return -1;
     }

@@ -1,0 +1,225 @@
+/* gpu/cuda/executor_graph.h — the executor's network object and layer graph,
+ * shared by the file that builds the graph (executor_plan.cu: per layer which
+ * kernels run it, its buffers, the memory plan) and the file that runs it
+ * (executor.cu: plans, the step, graphs). Internal to those two files; the
+ * contract is executor.h. */
+#ifndef SF_GPU_CUDA_EXECUTOR_GRAPH_H
+#define SF_GPU_CUDA_EXECUTOR_GRAPH_H
+
+#include "conv_patch.h"
+#include "conv_s2d.h"
+#include "conv_thin.h"
+#include "executor.h"
+#include "dist_nccl.h"
+
+extern "C" {
+#include "gpu/memory_plan.h"
+}
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+#define MAX_ALLOCS 512
+
+typedef struct gen_net gen_net; /* the layer graph, below */
+
+struct sf_cuda_net {
+    sf_model m;
+    sf_net_cfg cfg;
+    sf_net_io io[SF_NET_MAX_BUF];
+    cudnnHandle_t dnn;
+    cublasHandle_t blas;
+    cudaStream_t s;
+
+    float *params, *grads, *mom; /* [n_params] each, the device layout (see the top) */
+    void *ws;           /* forward and backward-data plans (on s) */
+    void *ws2;          /* backward-filter plans (on side, with fork) */
+    size_t ws_size[3];  /* bytes of the workspaces by kind (WS_MAIN: ws, WS_SIDE: ws2,
+                           WS_FROZEN: the frozen prefix's) */
+
+    cudaStream_t side;  /* backward-filter beside backward-data */
+    cudaEvent_t ev_fork[SF_MAX_LAYERS], ev_join[SF_MAX_LAYERS];
+    cudaStream_t nst;   /* the gradient check's per-layer sums, beside the rest of the backward */
+    cudaEvent_t ev_norm[SF_MAX_LAYERS], ev_ndone;
+    /* Data-parallel (cfg.grad_reduce): the bucketed all-reduce's stream, at
+     * the compute stream's priority so that a bucket's reduce starts while
+     * the backward still runs; ev_reduced[i]: the bucket closed by layer i
+     * is reduced. NULL without grad_reduce. */
+    cudaStream_t rst;
+    cudaEvent_t ev_reduced[SF_MAX_LAYERS];
+
+    int graphs_broken;
+    char graph_err[256];
+
+    void *allocs[MAX_ALLOCS];
+    int n_allocs;
+    size_t alloc_bytes; /* device memory the net holds (sf_net_describe) */
+
+    gen_net *g;         /* the layer graph and its buffers */
+};
+
+static inline int dmalloc(sf_cuda_net *net, void **p, size_t bytes)
+{
+    if (net->n_allocs >= MAX_ALLOCS) {
+        sf_cuda_set_error("%s:%d: net: too many allocations", __FILE__, __LINE__);
+        return -1;
+    }
+    SF_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 256));
+    net->allocs[net->n_allocs++] = *p;
+    net->alloc_bytes += bytes ? bytes : 256;
+    return 0;
+}
+
+static inline int dmallocf(sf_cuda_net *net, float **p, size_t floats)
+{
+    return dmalloc(net, (void **)p, floats * sizeof(float));
+}
+
+/* ---- the layer graph ------------------------------------------------------ */
+
+typedef struct gop {
+    int frozen;
+    int src[2], n_in;
+    int first[2];        /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
+    int want[2];         /* backward: src[j] needs a gradient */
+    int relu;            /* the next layer's ReLU is fused here */
+    int fused;           /* this ReLU is fused into the previous layer: y/dy alias it */
+    void *y;             /* output (flatten, fused ReLU: alias) */
+    void *dy;            /* output gradient (trainable; aliases as y), else NULL */
+    float *save;         /* batchnorm: [2C] mean, invstd */
+    int32_t *argmax;     /* maxpool */
+    void *gtmp;          /* the input gradient before it is added to its owner's (this layer
+                            is not its input's first consumer), or a batchnorm's unwanted
+                            dx: only live during this layer's backward */
+    int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
+    int patch;           /* conv whose backward is conv_patch.h's one pass (a forward plan only) */
+    int tpatch;          /* convT whose forward is conv_patch.h's kernel (backward plans only) */
+    int bn_add;          /* batchnorm: the index of the residual add whose output its forward
+                            writes, relu?(bn(x) + the add's other input) (0: none) */
+    int in_bn;           /* add computed by the batchnorm before it (bn_add): no forward of its own */
+    int bn_pool;         /* batchnorm + ReLU read only by a maxpool that applies them to its taps
+                            (training forward: the batchnorm computes its statistics alone) */
+    int pre_bn;          /* maxpool: 1 + the index of that batchnorm (0: none; a model may start
+                            with the batchnorm) */
+    int s2d;             /* conv run as its space-to-depth form (conv_s2d.h): its plans are the
+                            rearranged convolution's, on the three tensors below */
+    void *s2d_x;         /* the rearranged input (max_batch samples), written by the forward,
+                            read by the backward-filter */
+    void *s2d_w, *s2d_gw; /* the rearranged weight (rebuilt each forward) and its gradient */
+    int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
+                            conv + epilogue kernel (kept per shape where it times faster) */
+    /* conv: variant packs per batch buffer (a layer reading the model input or
+     * the frozen boundary binds buffer b's tensor, so no input is copied) */
+    cudnnBackendDescriptor_t vp[3][SF_NET_MAX_BUF];
+    cudnnBackendDescriptor_t vpf[SF_NET_MAX_BUF]; /* fused forward (binds the bias too) */
+} gop;
+
+typedef struct gshape {
+    int n;
+    sf_conv_plan cp[SF_MAX_LAYERS][3];
+    sf_convt_plans tp[SF_MAX_LAYERS];
+    cudaGraphExec_t exec[SF_NET_MAX_BUF][3]; /* [b][k]: k = do_opt (training), 2 (evaluation) */
+} gshape;
+
+struct gen_net {
+    gop op[SF_MAX_LAYERS];
+    int nl, nf;          /* layers, frozen layers */
+    sf_dtype dt;         /* activations */
+    size_t es;           /* bytes per activation element */
+    sf_layout lay;
+    void *bnd[SF_NET_MAX_BUF]; /* frozen boundary per buffer: the frozen forward of buffer b
+                                  (transform stream) writes it, the step of b reads it */
+    size_t bnd_elems;    /* per sample */
+    float *sq, *gacc, *bufs;
+    void *wd, *gd;       /* bf16 nets: bf16 copies of the weights and of the conv weight
+                            gradients (device layout); else the parameters and gradients */
+    int wcopy;           /* wd, gd are those copies */
+    sf_sgd_segs segs_perm;  /* the weights stored permuted (model offsets): what the host
+                               boundary permutes */
+    sf_sgd_segs segs_gd;    /* bf16: the trainable conv/convT weights, whose gradients gd
+                               holds (offsets from train_off, identity segments) */
+    float *lg, *dlg;     /* fp32 logits and their gradient (dt != fp32) */
+    void *scratch;       /* bn, xent2d, bias-grad scratch (compute stream) */
+    size_t scratch_bytes;
+    sf_xent2d_out *x2d;
+    void *fws;           /* frozen workspace (transform stream) */
+    /* the memory plan (g_plan_memory): layer outputs and output gradients in
+     * two arenas, placed by liveness */
+    void *arena, *farena;            /* trainable part (compute stream), frozen prefix (transform) */
+    size_t arena_bytes, farena_bytes;
+    size_t tensor_bytes;             /* what one buffer per tensor would have taken */
+    struct plan_obj *plan;           /* the placements, until sf_exec_alloc_arenas applies them */
+    int n_plan;
+    int has_bn_train;
+    uint64_t nbt, nbt_saved;
+    /* the gradient check (sf_grad_state): each trainable layer with
+     * parameters has a slot of SF_SUMSQ_BLOCKS partial sums of squares,
+     * computed on the norm stream as soon as its backward is done */
+    int slot[SF_MAX_LAYERS];         /* -1: no parameters to check */
+    int rb_top[SF_MAX_LAYERS];       /* the all-reduce bucket closed by layer i's backward: its layers
+                                        are i .. rb_top[i] (its first in the backward's order); -1 none */
+    sf_grad_piece pieces[2 * SF_MAX_LAYERS]; /* one bucket's pieces (g_reduce_bucket) */
+    int n_slots;
+    float *sq_part;                  /* [max(n_slots, 1) * SF_SUMSQ_BLOCKS] */
+    sf_grad_state *d_gs;             /* [nbuf] this buffer's last check */
+    sf_grad_state *h_gs;             /* [nbuf] pinned copies, written at the end of each step */
+    float *lgt;                      /* NHWC segmentation: logits transposed to NCHW for the host */
+    gshape *shapes[SF_NET_MAX_SHAPES];
+    int n_shapes;
+};
+
+static inline void *E(const void *p, size_t i, size_t es) { return (char *)p + i * es; }
+
+static inline int g_src(const sf_model *m, int i, int j) { return sf_layer_input(m, i, j); }
+
+/* The layer that owns the buffer layer i's output lives in (through flattens); -1: model input. */
+static inline int g_owner(const sf_model *m, int i)
+{
+    while (i >= 0 && m->layers[i].kind == SF_L_FLATTEN)
+        i = g_src(m, i, 0);
+    return i;
+}
+
+/* The descriptor of conv or convT layer i for n samples (sf_conv_desc and
+ * sf_convt_desc name these fields alike); alignments are filled by the caller. */
+template <typename Desc> static inline void g_desc(const sf_cuda_net *net, int i, int n, Desc *d)
+{
+    const sf_layer *L = &net->m.layers[i];
+    memset(d, 0, sizeof *d);
+    d->n = n;
+    d->c = L->in_c;
+    d->h = L->in_h;
+    d->w = L->in_w;
+    d->oc = L->out_c;
+    d->k = L->k;
+    d->stride = L->stride;
+    d->pad = L->pad;
+    d->layout = net->g->lay;
+    d->tf32 = net->cfg.tf32;
+    d->dt = net->g->dt;
+    d->allow_rtc = net->cfg.allow_rtc;
+}
+
+/* Allocation shifted so that p + off (floats) is 16-byte aligned (cudaMalloc is 256-aligned). */
+static inline int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size_t off)
+{
+    float *raw;
+    if (dmallocf(net, &raw, floats + 4))
+        return -1;
+    const size_t sh = (4 - off % 4) % 4;
+    *p = raw + sh;
+    SF_CUDA_CHECK(cudaMemsetAsync(raw, 0, sizeof(float) * (floats + 4), net->s));
+    return 0;
+}
+
+/* executor_plan.cu: the layer graph of net->m (the per-layer decisions, the
+ * parameters and their optimizer state, the buffers, the memory plan's
+ * placements); then, once plans are chosen, the arenas those placements
+ * point into. 0, or -1 with sf_cuda_last_error() set. */
+int sf_exec_build_graph(sf_cuda_net *net);
+int sf_exec_alloc_arenas(sf_cuda_net *net);
+
+#endif /* SF_GPU_CUDA_EXECUTOR_GRAPH_H */

@@ -436,8 +436,8 @@ __device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &
  *  covered: every output pixel centre of the span maps inside the rotation's
  *    input image by more than a hundredth of a pixel, where its coverage (and
  *    the nearest-pixel test) is exactly 1 and the per-pixel rotation arithmetic
- *    can be skipped: about 20 of the 137 instructions of a bilinear geometry
- *    sample. The map is affine, so the span's image is the parallelogram of its
+ *    can be skipped (17 of a bilinear geometry sample's 79 instructions on
+ *    sm_90). The map is affine, so the span's image is the parallelogram of its
  *    corners; the margin covers the few-ulp difference between this and the
  *    per-pixel rounding.
  *  fits, (bx0, by0, bw, bh): the source pixels a bilinear tile may read, as a

@@ -43,12 +43,12 @@ struct op_add {
 };
 
 /* y[i] = f(a[i], b[i]) for i < len (b unused when NIN == 1), and the same
- * value into y2[i] when y2 is non-NULL; grid-stride, V elements a vector
- * (V > 1: a, b, y, y2 16-byte aligned; the len % V tail goes one element a
- * thread), CU_UNROLL vectors loaded before any is stored. a, b and y may alias
- * (no __restrict__): each element is read before it is written, by the same
- * thread. */
-template <typename T, int V, int NIN, typename F>
+ * value into y2[i] when Y2 (a compile-time choice, so the single-output ops'
+ * stores carry no test); grid-stride, V elements a vector (V > 1: a, b, y, y2
+ * 16-byte aligned; the len % V tail goes one element a thread), CU_UNROLL
+ * vectors loaded before any is stored. a, b and y may alias (no __restrict__):
+ * each element is read before it is written, by the same thread. */
+template <typename T, int V, int NIN, typename F, bool Y2 = false>
 __global__ void k_ew(const T *a, const T *b, T *y, T *y2, size_t len, F f)
 {
     const size_t nvec = len / V, step = (size_t)gridDim.x * blockDim.x;
@@ -72,7 +72,7 @@ __global__ void k_ew(const T *a, const T *b, T *y, T *y2, size_t len, F f)
                 u[q][j] = f(u[q][j], bb);
             }
             cu_st<T, V>(y + (i + q * step) * V, u[q]);
-            if (y2)
+            if constexpr (Y2)
                 cu_st<T, V>(y2 + (i + q * step) * V, u[q]);
         }
     }
@@ -89,14 +89,14 @@ __global__ void k_ew(const T *a, const T *b, T *y, T *y2, size_t len, F f)
             u[j] = f(u[j], bb);
         }
         cu_st<T, V>(y + i * V, u);
-        if (y2)
+        if constexpr (Y2)
             cu_st<T, V>(y2 + i * V, u);
     }
     if constexpr (V > 1) {
         const size_t e = nvec * V + t0;
         if (e < len) {
             y[e] = cu_to<T>(f(cu_f(a[e]), NIN == 2 ? cu_f(b[e]) : 0.f));
-            if (y2)
+            if constexpr (Y2)
                 y2[e] = y[e];
         }
     }
@@ -340,10 +340,15 @@ static int ew_launch(const T *a, const T *b, T *y, size_t len, F f, cudaStream_t
     constexpr int VEC = 16 / sizeof(T);
     if (len == 0)
         return 0;
-    if (cu_al16(a) && (NIN == 1 || cu_al16(b)) && cu_al16(y) && (!y2 || cu_al16(y2)))
-        k_ew<T, VEC, NIN, F><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
+    const bool vec = cu_al16(a) && (NIN == 1 || cu_al16(b)) && cu_al16(y) && (!y2 || cu_al16(y2));
+    if (vec && y2)
+        k_ew<T, VEC, NIN, F, true><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
+    else if (vec)
+        k_ew<T, VEC, NIN, F><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(a, b, y, NULL, len, f);
+    else if (y2)
+        k_ew<T, 1, NIN, F, true><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
     else
-        k_ew<T, 1, NIN, F><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
+        k_ew<T, 1, NIN, F><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, NULL, len, f);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -389,21 +394,20 @@ struct op_first {
     __device__ __forceinline__ float operator()(float a, float) const { return a; }
 };
 
+template <typename T>
+static int grad_fork(const void *y, const void *dy, void *d0, void *d1, size_t len, cudaStream_t s)
+{
+    if (y)
+        return ew_launch<T, 2>((const T *)y, (const T *)dy, (T *)d0, len, op_relu_bwd(), s, (T *)d1);
+    return ew_launch<T, 1>((const T *)dy, (const T *)NULL, (T *)d0, len, op_first(), s, (T *)d1);
+}
+
 extern "C" int sf_cuda_grad_fork_dt(sf_dtype dt, const void *y, const void *dy, void *d0, void *d1, size_t len,
                                     cudaStream_t s)
 {
     if (cu_dt_bad("sf_cuda_grad_fork_dt", dt))
         return -1;
-    if (dt == SF_DT_BF16) {
-        if (y)
-            return ew_launch<cu_bf16, 2>((const cu_bf16 *)y, (const cu_bf16 *)dy, (cu_bf16 *)d0, len, op_relu_bwd(), s,
-                                         (cu_bf16 *)d1);
-        return ew_launch<cu_bf16, 1>((const cu_bf16 *)dy, (const cu_bf16 *)NULL, (cu_bf16 *)d0, len, op_first(), s,
-                                     (cu_bf16 *)d1);
-    }
-    if (y)
-        return ew_launch<float, 2>((const float *)y, (const float *)dy, (float *)d0, len, op_relu_bwd(), s, (float *)d1);
-    return ew_launch<float, 1>((const float *)dy, (const float *)NULL, (float *)d0, len, op_first(), s, (float *)d1);
+    return dt == SF_DT_BF16 ? grad_fork<cu_bf16>(y, dy, d0, d1, len, s) : grad_fork<float>(y, dy, d0, d1, len, s);
 }
 
 /* ---- bias and activation on an element type ---------------------------------- */

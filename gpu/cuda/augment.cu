@@ -247,9 +247,6 @@ __device__ __forceinline__ void aa_sample(const Geo &g, const uint8_t *__restric
     for (int c = 0; c < C; ++c) v[c] = __fdiv_rn(acc[c], norm);
 }
 
-/* Resamples output pixel (x, y) of one sample (x, y inside the output image):
- * s is the sample's source image (W x H), g its geometry. Taps clamp into the
- * clamp box; a rotation's coverage multiplies the result (gpu/aug.h). */
 /* A tile's source footprint staged in shared memory as floats (stage_tile):
  * source pixel (bx0 + i, by0 + j), its coordinates clamped into the clamp box,
  * is entry j * bw + i of each plane. Channels go in pairs, one float2 plane
@@ -258,9 +255,53 @@ __device__ __forceinline__ void aa_sample(const Geo &g, const uint8_t *__restric
  * 4-byte shared load instead of three 4-byte ones. */
 constexpr int STG = 1800; /* staged pixels: a 42 x 42 footprint, W1's at 45 degrees */
 struct Stage {
-    const float *p;
     int bw, bx0, by0;
+    /* Shared-memory byte addresses for geom_at, mod 2^32: the float2 planes'
+     * and the float plane's entry 0, each less (F23 + by0) * bw + F23 + bx0
+     * entries, and a row of each in bytes. */
+    uint32_t a2, a1, row2, row1;
 };
+
+/* The bit pattern of 2^23 as a float: __float_as_int(2^23 + k) == F23 + k for
+ * integers 0 <= k < 2^23. */
+constexpr int F23 = 0x4B000000;
+
+/* Shared loads at a 32-bit shared-memory address plus a constant: the staged
+ * taps' addresses are formed in 32 bits from the floors' bit patterns
+ * (geom_at), which C++ pointer arithmetic would not allow. */
+template <int OFF>
+__device__ __forceinline__ float2 lds2(uint32_t a)
+{
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2+%3];" : "=f"(v.x), "=f"(v.y) : "r"(a), "n"(OFF));
+    return v;
+}
+template <int OFF>
+__device__ __forceinline__ float lds1(uint32_t a)
+{
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1+%2];" : "=f"(v) : "r"(a), "n"(OFF));
+    return v;
+}
+
+/* Channels of the staged pixel at byte addresses a2 (float2 planes) and a1
+ * (float plane), plus OFF2 / OFF1 bytes (layout: Stage). */
+template <int C, int OFF2, int OFF1>
+__device__ __forceinline__ void st_tap(uint32_t a2, uint32_t a1, float (&v)[C])
+{
+    static_assert(C <= 4, "two channel pairs at most");
+    if constexpr (C >= 2) {
+        const float2 t = lds2<OFF2>(a2);
+        v[0] = t.x;
+        v[1] = t.y;
+    }
+    if constexpr (C >= 4) {
+        const float2 t = lds2<OFF2 + 2 * STG * 4>(a2);
+        v[2] = t.x;
+        v[3] = t.y;
+    }
+    if constexpr (C & 1) v[C - 1] = lds1<OFF1>(a1);
+}
 
 template <int C>
 __device__ __forceinline__ void st_put(float *St, int i, const float (&v)[C])
@@ -271,45 +312,25 @@ __device__ __forceinline__ void st_put(float *St, int i, const float (&v)[C])
     if constexpr (C & 1) St[(C - 1) * STG + i] = v[C - 1];
 }
 
-template <int C>
-__device__ __forceinline__ void st_get(const float *St, int i, float (&v)[C])
-{
-#pragma unroll
-    for (int k = 0; k + 1 < C; k += 2) {
-        const float2 t = reinterpret_cast<const float2 *>(St + k * STG)[i];
-        v[k] = t.x;
-        v[k + 1] = t.y;
-    }
-    if constexpr (C & 1) v[C - 1] = St[(C - 1) * STG + i];
-}
-
+/* The sample whose source point is (fx, fy) and, for a rotation, whose point in
+ * the rotation's input image is (ru, rv) (pixel centres at integers; gpu/aug.h
+ * map and rmap at an output pixel): s is the sample's source image (W x H), g
+ * its geometry. Taps clamp into the clamp box; a rotation's coverage multiplies
+ * the result (gpu/aug.h). Not for GEO_IDENTITY (geom_px). */
 template <int C, bool NHWC, int MODE, bool ST = false>
-__device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict__ s, int W, int H,
-                                        int x, int y, float (&v)[C], const Stage &st = Stage{})
+__device__ __forceinline__ void geom_at(const Geo &g, const uint8_t *__restrict__ s, int W, int H,
+                                        float fx, float fy, float ru, float rv, float (&v)[C],
+                                        const Stage &st = Stage{})
 {
     const size_t plane = (size_t)W * H;
     constexpr int px = NHWC ? C : 1; /* elements per pixel step */
     const uint32_t row = (uint32_t)W * px; /* elements per row step */
     constexpr int BASE = MODE & 7;
     constexpr bool ROT = (MODE & GEO_ROT) != 0;
-    if constexpr (BASE == GEO_IDENTITY) { /* out shape == in shape */
-        const uint8_t *p = s + ((uint32_t)y * row + (uint32_t)x * px);
-#pragma unroll
-        for (int c = 0; c < C; ++c) v[c] = tap<C, NHWC>(p, c, plane);
-        return;
-    }
-    const float xf = (float)x, yf = (float)y;
-    /* The source point, pixel centres at integers (gpu/aug.h map). */
-    const float fx = affine_px(g.map, xf, yf), fy = affine_px(g.map + 3, xf, yf);
+    static_assert(BASE != GEO_IDENTITY, "the identity reads pixel indices: geom_px");
     if constexpr (BASE == GEO_AA) {
         aa_sample<C, NHWC>(g, s, W, H, __fadd_rn(fx, 0.5f), __fadd_rn(fy, 0.5f), v);
         return;
-    }
-    /* The point in the rotation's input image (pixel centres at integers). */
-    float ru = 0.f, rv = 0.f;
-    if constexpr (ROT || BASE == GEO_AA_ROT) {
-        ru = affine_px(g.rmap, xf, yf);
-        rv = affine_px(g.rmap + 3, xf, yf);
     }
     if constexpr (BASE == GEO_AA_ROT) {
         /* The rotation's bilinear taps on its input image, zero outside it, each
@@ -363,10 +384,25 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
      * address is inside and the tap pointers need no masks. */
     const float u = fminf(fmaxf(fx, (float)g.xlo), (float)g.xhi);
     const float w_ = fminf(fmaxf(fy, (float)g.ylo), (float)g.yhi);
-    /* Inside the box, so >= 0 and exact as floats: one conversion each way
-     * instead of a rounding and a conversion. */
-    const int x0 = __float2int_rd(u), y0 = __float2int_rd(w_);
-    const float x0f = __int2float_rn(x0), y0f = __int2float_rn(y0);
+    /* Inside the box, so 0 <= u < 2^23. The staged path takes the floors as
+     * u + 2^23 rounded down, exactly 2^23 + floor(u), an integer whose low
+     * mantissa bits are floor(u): the floor as a float and (in the staged
+     * entry's address) as an int from full-rate adds instead of quarter-rate
+     * conversions. The global path's byte addresses want the ints themselves:
+     * one conversion each way. */
+    float tu = 0.f, tw = 0.f, x0f, y0f;
+    int x0 = 0, y0 = 0;
+    if constexpr (ST) {
+        tu = __fadd_rd(u, 0x1p23f);
+        tw = __fadd_rd(w_, 0x1p23f);
+        x0f = __fsub_rn(tu, 0x1p23f);
+        y0f = __fsub_rn(tw, 0x1p23f);
+    } else {
+        x0 = __float2int_rd(u);
+        y0 = __float2int_rd(w_);
+        x0f = __int2float_rn(x0);
+        y0f = __int2float_rn(y0);
+    }
     const float ax = __fsub_rn(u, x0f), ay = __fsub_rn(w_, y0f);
     const float bx = __fsub_rn(1.f, ax), by = __fsub_rn(1.f, ay);
     const float w00 = __fmul_rn(bx, by), w01 = __fmul_rn(ax, by);
@@ -375,12 +411,16 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
         /* The same taps from the staged footprint: (x0, y0) lies inside it, and
          * its last column and row repeat the clamp box's edge where the box
          * ends, so tap x0 + 1 is the pixel (or the edge) the global path reads. */
-        const int i = (y0 - st.by0) * st.bw + (x0 - st.bx0);
+        /* Entry (y0 - by0) * bw + x0 - bx0 from the floors' bit patterns: one
+         * multiply-add, the tile's constant folded into the base addresses
+         * (unsigned: the intermediate wraps, the address does not). */
+        const uint32_t j = (uint32_t)__float_as_int(tw) * (uint32_t)st.bw + (uint32_t)__float_as_int(tu);
+        const uint32_t a2 = st.a2 + 8u * j, a1 = st.a1 + 4u * j;
         float p00[C], p01[C], p10[C], p11[C];
-        st_get<C>(st.p, i, p00);
-        st_get<C>(st.p, i + 1, p01);
-        st_get<C>(st.p, i + st.bw, p10);
-        st_get<C>(st.p, i + st.bw + 1, p11);
+        st_tap<C, 0, 0>(a2, a1, p00);
+        st_tap<C, 8, 4>(a2, a1, p01);
+        st_tap<C, 0, 0>(a2 + st.row2, a1 + st.row1, p10);
+        st_tap<C, 8, 4>(a2 + st.row2, a1 + st.row1, p11);
         float cov = 1.f;
         if constexpr (ROT) cov = __fmul_rn(cover1(ru, g.rw), cover1(rv, g.rh));
 #pragma unroll
@@ -407,6 +447,29 @@ __device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict_
     }
 }
 
+/* Resamples output pixel (x, y) of one sample (x, y inside the output image). */
+template <int C, bool NHWC, int MODE, bool ST = false>
+__device__ __forceinline__ void geom_px(const Geo &g, const uint8_t *__restrict__ s, int W, int H,
+                                        int x, int y, float (&v)[C], const Stage &st = Stage{})
+{
+    constexpr int BASE = MODE & 7;
+    if constexpr (BASE == GEO_IDENTITY) { /* out shape == in shape */
+        constexpr int px = NHWC ? C : 1;
+        const uint8_t *p = s + ((uint32_t)y * W * px + (uint32_t)x * px);
+#pragma unroll
+        for (int c = 0; c < C; ++c) v[c] = tap<C, NHWC>(p, c, (size_t)W * H);
+    } else {
+        const float xf = (float)x, yf = (float)y;
+        float ru = 0.f, rv = 0.f;
+        if constexpr ((MODE & GEO_ROT) != 0 || BASE == GEO_AA_ROT) {
+            ru = affine_px(g.rmap, xf, yf);
+            rv = affine_px(g.rmap + 3, xf, yf);
+        }
+        geom_at<C, NHWC, MODE, ST>(g, s, W, H, affine_px(g.map, xf, yf), affine_px(g.map + 3, xf, yf), ru, rv,
+                                   v, st);
+    }
+}
+
 /* The output pixels [lo, hi] of one axis that a tile starting at t0 (n pixels
  * wide, reading r more on each side, reflected into [0, size)) may compute.
  * Returns 0 when the reflection folds more than once (a blur wider than the
@@ -429,7 +492,7 @@ template <int C, bool NHWC, int MODE, bool ST>
 __device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &g,
                                                const uint8_t *__restrict__ s, int W, int H, float *G,
                                                int slot, int R, int GH, int GW, int GWP, int tx0, int ty0,
-                                               const Stage &st);
+                                               const float *xt, const Stage &st);
 
 /* What the corners of a tile's output span [xlo, xhi] x [ylo, yhi] decide,
  * block-uniform:
@@ -530,9 +593,17 @@ __device__ __forceinline__ void stage_tile(float *St, const Geo &g, const uint8_
 template <int C, bool NHWC, int MODE>
 __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const Geo &g,
                                           const uint8_t *__restrict__ s, int W, int H, float *G, int slot,
-                                          int R, int GH, int GW, int GWP, int tx0, int ty0, float *St)
+                                          int R, int GH, int GW, int GWP, int tx0, int ty0, float *St,
+                                          float *xt)
 {
     constexpr int NOROT = MODE & ~GEO_ROT;
+    /* The region's columns as output x coordinates, reflected: the walk reads
+     * each pixel's from here (one shared load) instead of reflecting and
+     * converting it per pixel. Read after the barrier below. */
+    if (threadIdx.x < GW) {
+        const int x = tx0 - R + (int)threadIdx.x;
+        xt[threadIdx.x] = (float)reflect_idx(x, P.out_w);
+    }
     int xlo = 0, xhi = 0, ylo = 0, yhi = 0;
     const bool span = tile_span(tx0, TW, R, P.out_w, xlo, xhi) && tile_span(ty0, TH, R, P.out_h, ylo, yhi);
     constexpr bool BIL = (MODE & 7) == GEO_BILINEAR;
@@ -541,55 +612,90 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const Geo &g,
     const bool covered = k.covered;
     if constexpr (BIL) {
         if (k.fits) {
-            const Stage st{St, k.bw, k.bx0, k.by0};
+            const uint32_t off = ((uint32_t)F23 + (uint32_t)k.by0) * (uint32_t)k.bw + (uint32_t)F23 + (uint32_t)k.bx0;
+            const uint32_t base = (uint32_t)__cvta_generic_to_shared(St);
+            const Stage st{k.bw, k.bx0, k.by0, base - 8u * off, base + 4u * (C - 1) * STG - 4u * off,
+                           8u * (uint32_t)k.bw, 4u * (uint32_t)k.bw};
             stage_tile<C, NHWC>(St, g, s, W, H, k.bx0, k.by0, k.bw, k.bh);
-            __syncthreads(); /* the footprint is read by every thread's pixels */
+            __syncthreads(); /* the footprint (and xt) are read by every thread's pixels */
             if (covered)
-                geom_tile_loop<C, NHWC, NOROT, true>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, st);
+                geom_tile_loop<C, NHWC, NOROT, true>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, xt, st);
             else
-                geom_tile_loop<C, NHWC, MODE, true>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, st);
+                geom_tile_loop<C, NHWC, MODE, true>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, xt, st);
             return;
         }
     }
+    __syncthreads(); /* xt */
     if (covered)
-        geom_tile_loop<C, NHWC, NOROT, false>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, Stage{});
+        geom_tile_loop<C, NHWC, NOROT, false>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, xt, Stage{});
     else
-        geom_tile_loop<C, NHWC, MODE, false>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, Stage{});
+        geom_tile_loop<C, NHWC, MODE, false>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, xt, Stage{});
 }
 
 template <int C, bool NHWC, int MODE, bool ST>
 __device__ __forceinline__ void geom_tile_loop(const sf_aug_plan &P, const Geo &g,
                                                const uint8_t *__restrict__ s, int W, int H, float *G,
                                                int slot, int R, int GH, int GW, int GWP, int tx0, int ty0,
-                                               const Stage &st)
+                                               const float *xt, const Stage &st)
 {
-    const int OW = P.out_w, OH = P.out_h;
-    const bool interior = ty0 - R >= 0 && ty0 + TH + R <= OH && tx0 - R >= 0 && tx0 + TW + R <= OW;
+    constexpr int BASE = MODE & 7;
+    constexpr bool RMAP = (MODE & GEO_ROT) != 0 || BASE == GEO_AA_ROT;
+    /* Only edge tiles need the reflect padding (the columns' is in xt). */
+    const bool in_y = ty0 - R >= 0 && ty0 + TH + R <= P.out_h;
     /* A warp takes 8 x 4 pixels at a time: its 32 samples' taps then fall in a
      * few source rows and mostly share shared-memory words (broadcasts), where
      * a 32 x 1 run reads about twice as many words, and its stores hit 32
-     * distinct banks (g_stride). The last chunk of a row or column is
-     * moved back inside the region (GW >= 8, GH >= 4), so every lane has a
-     * pixel and a few are computed twice (the same value stored twice). */
-    const int lx = threadIdx.x & 7, ly = (threadIdx.x >> 3) & 3, CX = (GW + 7) >> 3, CY = (GH + 3) >> 2;
-    /* Chunk (cx, cy) = k mod CX, k / CX for k = warp, warp + NT/32, ... */
-    const int dy = div_small(NT / 32, CX), dx = NT / 32 - dy * CX;
-    int cy = div_small(threadIdx.x >> 5, CX), cx = (threadIdx.x >> 5) - cy * CX;
-    while (cy < CY) {
-        const int q = min(8 * cx, GW - 8) + lx, r = min(4 * cy, GH - 4) + ly;
-        int y = ty0 - R + r, x = tx0 - R + q;
-        if (!interior) {
-            y = reflect_idx(y, OH);
-            x = reflect_idx(x, OW);
+     * distinct banks (g_stride). The region is CY bands of 4 rows, each CX
+     * chunks of 8 columns; the last chunk of a row or band is moved back inside
+     * the region (GW >= 8, GH >= 4), so every lane has a pixel and a few are
+     * computed twice (the same value stored twice). Warp w takes chunks
+     * [w S / 8, (w+1) S / 8) in band order, so the warps' shares differ by at
+     * most one chunk, and it walks them along the band: the row's part of each
+     * map, fmaf(m[1], y, m[2]), and the row's reflection are computed once per
+     * band, leaving one fused multiply-add per coordinate per pixel — the same
+     * roundings as affine_px, so the same taps as the reference. */
+    constexpr int NW = NT / 32;
+    const int lx = threadIdx.x & 7, ly = (threadIdx.x >> 3) & 3, wp = threadIdx.x >> 5;
+    const int CX = (GW + 7) >> 3, S = CX * ((GH + 3) >> 2);
+    int k = wp * S / NW;
+    const int k1 = (wp + 1) * S / NW;
+    int band = div_small(k, CX);
+    int q = min(8 * (k - band * CX), GW - 8) + lx; /* the lane's column */
+    const int qlast = GW - 8 + lx;
+    while (k < k1) {
+        const int r = min(4 * band, GH - 4) + ly;
+        int y = ty0 - R + r;
+        if (!in_y) y = reflect_idx(y, P.out_h);
+        const float yf = (float)y;
+        const float mx = __fmaf_rn(g.map[1], yf, g.map[2]), my = __fmaf_rn(g.map[4], yf, g.map[5]);
+        float rx = 0.f, ry = 0.f;
+        if constexpr (RMAP) {
+            rx = __fmaf_rn(g.rmap[1], yf, g.rmap[2]);
+            ry = __fmaf_rn(g.rmap[4], yf, g.rmap[5]);
         }
-        float gv[C];
-        geom_px<C, NHWC, MODE, ST>(g, s, W, H, x, y, gv, st);
-        float *o = G + r * GWP + q;
+        float *o = G + r * GWP;
+        /* This band's chunks of the warp's share. */
+        const int kend = min(k1, (band + 1) * CX);
+        for (; k < kend; ++k) {
+            float gv[C];
+            if constexpr (BASE == GEO_IDENTITY) {
+                geom_px<C, NHWC, MODE>(g, s, W, H, (int)xt[q], y, gv);
+            } else {
+                const float xf = xt[q];
+                float ru = 0.f, rv = 0.f;
+                if constexpr (RMAP) {
+                    ru = __fmaf_rn(g.rmap[0], xf, rx);
+                    rv = __fmaf_rn(g.rmap[3], xf, ry);
+                }
+                geom_at<C, NHWC, MODE, ST>(g, s, W, H, __fmaf_rn(g.map[0], xf, mx), __fmaf_rn(g.map[3], xf, my),
+                                           ru, rv, gv, st);
+            }
 #pragma unroll
-        for (int c = 0; c < C; ++c) o[c * slot] = gv[c];
-        cx += dx;
-        cy += dy;
-        if (cx >= CX) { cx -= CX; ++cy; }
+            for (int c = 0; c < C; ++c) o[q + c * slot] = gv[c];
+            q = min(q + 8, qlast);
+        }
+        ++band;
+        q = lx;
     }
 }
 
@@ -965,7 +1071,7 @@ augment_kernel(const __grid_constant__ sf_aug_plan P, const __grid_constant__ La
         /* The staged footprint: L.off_st up to the end of slot 0, which the
          * horizontal pass fills only after the geometry is done. */
         float *St = L.off_st ? reinterpret_cast<float *>(smem + L.off_st) : nullptr;
-#define SF_GEO_TILE(M) geom_tile<C, NHWC, M>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, St)
+#define SF_GEO_TILE(M) geom_tile<C, NHWC, M>(P, g, s, W, H, G, slot, R, GH, GW, GWP, tx0, ty0, St, wk + 32)
         SF_GEO_SWITCH(AA, geo_mode(P), SF_GEO_TILE);
 #undef SF_GEO_TILE
         __syncthreads();
@@ -1268,7 +1374,9 @@ int augment_any(const char *fn, const sf_aug_plan *plan, const sf_aug_sample *d_
     L.vec = row_elems % 4 == 0 && ((uintptr_t)d_dst % (4 * sizeof(OutT))) == 0;
 
     const bool blur = ks > 1; /* a 1-tap kernel's normalised weight is 1: no blur */
-    size_t off = 32 * sizeof(float); /* blur weights */
+    /* The blur's weights (32 floats) and its region's column coordinates (64:
+     * TW + 2 * R <= 62, geom_tile's xt). */
+    size_t off = (blur ? 96 : 32) * sizeof(float);
     if (aa_separable(*plan)) {
         L.off_g = (unsigned)align16(AA_TABLE_BYTES);
         off = align16(L.off_g + sizeof(float) * (size_t)C * AA_ROWS * TW);

@@ -21,20 +21,24 @@
  * Cost model (W1 batch: 32 x 256x256x3 NHWC, crop 128, resize 256, rotate, blur
  * k7, normalize to mean 0 std 1; ncu on an H100; docs/DESIGN.md §5). Device memory
  * is not the limit (the bound is 10.5 us: 31.5 MB at the 3.0 TB/s copy rate); issue
- * slots and shared-memory wavefronts are. 17.6M warp instructions, issue slots 62%
- * busy, L1/TEX 71%, 4 blocks of 256 threads per SM (64 registers, 55 KB shared
- * memory): 30.0 us per batch, 2.85x the bound. By stage: geometry loop ~48% of the
- * instructions (62 per covered pixel, 79 with the rotation's coverage, plus ~20 of
- * walk and reflection, 1.30 geometry pixels per output pixel for the 3-pixel halo),
- * horizontal blur 13%, vertical blur 9% (the 42 multiply-adds per pixel a 7-tap
- * kernel on 3 channels needs in fp32), staging the footprint 6%, the tile's set-up
- * 7%, the rest stores and the prologue.
+ * slots, shared-memory wavefronts and latency are. 15.9M warp instructions, issue
+ * slots 59% busy, L1/TEX 78%, 4 blocks of 256 threads per SM (64 registers, 56 KB
+ * shared memory): 28.2 us per batch, 2.68x the bound. A staged bilinear geometry
+ * pixel is ~55 instructions (~68 with the rotation's coverage), walk included, and
+ * a 32 x 64 tile computes 1.30 of them per output pixel for the 3-pixel halo (1.37
+ * with the chunks moved back inside the region). Where the warps' time goes
+ * (ncu's stall samples): the geometry loops 27%, the tile's set-up 13% (the
+ * sample's parameters from global memory, tile_corners), staging the footprint
+ * 13% (mostly waiting for its loads), the horizontal blur 11% and its barriers
+ * 8%, the vertical blur 8% (the 42 multiply-adds per pixel a 7-tap kernel on 3
+ * channels needs in fp32), the stores 10%.
  * Hence the instruction-count habits: no integer division in loops (div_small),
  * branch-free bilinear taps (a clamped coordinate, so every address is inside), one
  * 64-bit add per tap pointer with the channel in the load's immediate, the sample
- * base pinned in a register, mode-specialised geometry loops, compile-time blur
- * widths k = 3..9 with weights and windows in registers, block-uniform decisions
- * made once per warp (tile_corners).
+ * base pinned in a register, mode-specialised geometry loops, per-row parts of the
+ * maps computed once per row (geom_tile_loop), floors from full-rate adds
+ * (geom_at), compile-time blur widths k = 3..9 with weights and windows in
+ * registers, block-uniform decisions made once per warp (tile_corners).
  *
  * Rounding. Source coordinates are two fused multiply-adds from the pixel index
  * (gpu/aug.h map, rmap), the reference's fmaf, and floors and tap weights are

@@ -64,7 +64,10 @@ static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
         }
         if (eval && !r->app->backend)
             return refuse_query(r, len, 409, "no_backend", "eval batches need a compute backend (pipeline.mode=train)");
-        if (eval && sf_evals_reserve(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME) != 0) {
+        /* Tested here, before the body is read; the name is reserved only
+         * when the batch is accepted (sf_upload_commit), so a refused batch
+         * creates no evaluation. */
+        if (eval && !sf_evals_has_room(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME)) {
             snprintf(msg, sizeof msg, "eval.max_names (%d) evaluations exist; this one would be one more",
                      r->app->cfg.eval.max_names);
             return refuse_query(r, len, 409, "too_many_evals", msg);

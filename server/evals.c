@@ -58,6 +58,14 @@ static sf_eval_agg *find(sf_evals *e, const char *name)
     return NULL;
 }
 
+int sf_evals_has_room(sf_evals *e, const char *name)
+{
+    pthread_mutex_lock(&e->mu);
+    const int ok = find(e, name) != NULL || e->n < e->max;
+    pthread_mutex_unlock(&e->mu);
+    return ok;
+}
+
 int sf_evals_reserve(sf_evals *e, const char *name)
 {
     pthread_mutex_lock(&e->mu);

@@ -34,7 +34,11 @@ sf_evals *sf_evals_new(int max_names);
 void sf_evals_destroy(sf_evals *e);
 /* 1 when name has the syntax of an evaluation name. */
 int sf_eval_name_valid(const char *name);
-/* Makes name known (no-op when it is). 0, or -1 when max_names are taken. */
+/* 1 when name is known or one more name fits: a request's early test, which
+ * reserves nothing (its batch may still be refused). */
+int sf_evals_has_room(sf_evals *e, const char *name);
+/* Makes name known (no-op when it is), when its batch is accepted. 0, or -1
+ * when max_names are taken. */
 int sf_evals_reserve(sf_evals *e, const char *name);
 /* Adds one finished batch of samples scored (its mean loss and hits). */
 void sf_evals_add(sf_evals *e, const char *name, uint64_t samples, double mean_loss, uint64_t correct1,

@@ -599,6 +599,18 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         m->result_owner = o;
         m->release_result = xform_release;
     }
+    /* The evaluation's name is made known by its first accepted batch only:
+     * the last test, so that no refusal after it leaves an empty evaluation
+     * holding one of eval.max_names (the early test in handlers/batches.c
+     * may have raced with other names' first batches). */
+    if (u->eval && sf_evals_reserve(app->evals, u->eval_name) != 0) {
+        if (u->out)
+            xform_release(u->out); /* the engine's reference (it never sees the slot); on_done drops ours */
+        char msg[160];
+        snprintf(msg, sizeof msg, "eval.max_names (%d) evaluations exist; this one would be one more",
+                 app->cfg.eval.max_names);
+        return reject(r, u, 409, "too_many_evals", msg);
+    }
     u->job_id = sf_jobs_create(app->jobs, in->n, u->eval ? SF_JOB_KIND_EVAL : u->kind);
     if (u->eval)
         sf_jobs_set_eval_name(app->jobs, u->job_id, u->eval_name);

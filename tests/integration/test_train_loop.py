@@ -123,6 +123,24 @@ def test_the_number_of_eval_names_is_bounded_and_one_more_is_refused(start_serve
     assert b["kind"] == "eval" and b["eval"] == "a" and b["state"] == "done"
     assert s.get("/v1/evals/a").json()["batches"] == 2
     assert s.metric("streamfeed_batches_rejected_total", reason="too_many_evals") == 1
+
+
+def test_a_refused_eval_batch_creates_no_evaluation(start_server):
+    # Refused batches (a body that is no safetensors file, a label out of
+    # range) name evaluations that must not take eval.max_names: a name is
+    # made known by its first accepted batch.
+    s = start_server(*TINY, "--eval.max_names", "2")
+    rng = np.random.default_rng(4)
+    x, y = learnable_batch(rng, 2)
+    for i in range(3):
+        r = s.request("POST", f"/v1/batches?wait=1&mode=eval&eval=junk{i}", data=b"garbage!", headers=SAFETENSORS)
+        assert 400 <= r.status_code < 500, r.text
+    bad = post(s, x, np.full_like(y, 1000), "&mode=eval&eval=badlabel")
+    assert 400 <= bad.status_code < 500, bad.text
+    assert s.get("/v1/evals").json()["evals"] == []
+    evaluate(s, x, y, name="a")
+    evaluate(s, x, y)  # the default name
+    assert [e["name"] for e in s.get("/v1/evals").json()["evals"]] == ["a", "default"]
     bad = post(s, x, y, "&mode=eval&eval=no%20spaces")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_eval_name"
 

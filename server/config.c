@@ -16,6 +16,7 @@
 #include "gpu/model.h"
 #include "server/lr_schedule.h"
 #include "server/netaddr.h"
+#include "server/text.h"
 
 #define F(field) offsetof(sf_config, field), sizeof(((sf_config *)0)->field)
 
@@ -629,6 +630,12 @@ static int set_string(sf_config *c, const sf_cfg_option *o, const char *v, char 
     size_t n = strlen(v);
     if (n >= o->size) {
         snprintf(err, errlen, "%s: value is %zu bytes, at most %zu allowed", o->name, n, o->size - 1);
+        return -1;
+    }
+    /* Values are echoed by GET /v1/config, the logs and the metrics' labels:
+     * ill-formed UTF-8 would make each of them invalid for every reader. */
+    if (!sf_text_ok(v)) {
+        snprintf(err, errlen, "%s: the value is not UTF-8 text (or holds control characters)", o->name);
         return -1;
     }
     if (o->type == SF_CT_ENUM && !enum_has(o->choices, v)) {

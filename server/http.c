@@ -21,6 +21,7 @@
 #include "server/app.h"
 #include "server/log.h"
 #include "server/netaddr.h"
+#include "server/text.h"
 #include "server/tls.h"
 
 #define MAX_EXTRA_HEADERS 4
@@ -231,11 +232,19 @@ int sf_reply_json(sf_req *r, int status, cJSON *body)
 int sf_reply_error_field(sf_req *r, int status, const char *code, const char *field,
                         const char *fmt, ...)
 {
-    char msg[512];
+    char msg[512], fld[128];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* Messages and fields quote what the client sent (a path, a header, a
+     * JSON key): the reply must stay valid UTF-8 JSON whatever that was. */
+    sf_text_sanitize(msg);
+    if (field) {
+        snprintf(fld, sizeof fld, "%s", field);
+        sf_text_sanitize(fld);
+        field = fld;
+    }
     if (r->app) {
         const char *v[] = {code};
         sf_counter_inc_l(r->app->m.http_errors, v, 1);

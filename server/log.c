@@ -1,5 +1,6 @@
 /* server/log.c — see log.h. */
 #include "server/log.h"
+#include "server/text.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -29,19 +30,41 @@ int sf_log_level_parse(const char *s, sf_log_level *out)
     return -1;
 }
 
-/* Escapes a message for a JSON string value into dst (always terminated). */
-static void json_escape(char *dst, size_t cap, const char *src)
+/* Escapes text for a log line into dst (always terminated): for a JSON string
+ * value (json: quotes, backslashes and control characters as JSON escapes),
+ * or for the text format (control characters as \n, \t, \xNN, so one
+ * record is one line). Bytes that are not well-formed UTF-8 — a request path
+ * may hold any — become U+FFFD (JSON) or \xNN (text). */
+static void log_escape(char *dst, size_t cap, const char *src, int json)
 {
     size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)src; *p && o + 7 < cap; p++) {
-        if (*p == '"' || *p == '\\') {
+    const unsigned char *p = (const unsigned char *)src;
+    size_t left = strlen(src);
+    while (left && o + 7 < cap) {
+        const size_t n = sf_utf8_seq(p, left);
+        const unsigned char c = *p;
+        if (n == 0 && json) {
+            o += (size_t)snprintf(dst + o, cap - o, "\\ufffd");
+        } else if (n == 0) {
+            o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
+        } else if (json && (c == '"' || c == '\\')) {
             dst[o++] = '\\';
-            dst[o++] = (char)*p;
-        } else if (*p < 0x20) {
-            o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", *p);
+            dst[o++] = (char)c;
+        } else if (c < 0x20 || c == 0x7f) {
+            if (json)
+                o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", c);
+            else if (c == '\n' || c == '\r' || c == '\t')
+                o += (size_t)snprintf(dst + o, cap - o, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
+            else
+                o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
+        } else if (n <= cap - 1 - o) {
+            memcpy(dst + o, p, n);
+            o += n;
         } else {
-            dst[o++] = (char)*p;
+            break;
         }
+        p += n ? n : 1;
+        left -= n ? n : 1;
     }
     dst[o] = '\0';
 }
@@ -75,23 +98,18 @@ void sf_log_fields(sf_log_level l, const char *msg, const sf_log_field *f, int n
     sf_log_time(when, sizeof when);
     size_t o = 0;
     int json = atomic_load(&g_json);
-    if (json) {
-        char esc[2100];
-        json_escape(esc, sizeof esc, msg);
+    char esc[2100];
+    log_escape(esc, sizeof esc, msg, json);
+    if (json)
         o += (size_t)snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",\"msg\":\"%s\"",
                               when, level_names[l], esc);
-    } else {
-        o += (size_t)snprintf(line, sizeof line, "%s %-5s %s", when, level_names[l], msg);
-    }
+    else
+        o += (size_t)snprintf(line, sizeof line, "%s %-5s %s", when, level_names[l], esc);
     for (int i = 0; i < n && o < sizeof line; i++) {
         char val[1100];
         if (f[i].s) {
-            if (json) {
-                json_escape(val, sizeof val, f[i].s);
-                o += (size_t)snprintf(line + o, sizeof line - o, ",\"%s\":\"%s\"", f[i].key, val);
-            } else {
-                o += (size_t)snprintf(line + o, sizeof line - o, " %s=%s", f[i].key, f[i].s);
-            }
+            log_escape(val, sizeof val, f[i].s, json);
+            o += (size_t)snprintf(line + o, sizeof line - o, json ? ",\"%s\":\"%s\"" : " %s=%s", f[i].key, val);
         } else {
             fmt_number(val, sizeof val, f[i].num);
             o += (size_t)snprintf(line + o, sizeof line - o, json ? ",\"%s\":%s" : " %s=%s",

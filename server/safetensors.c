@@ -4,6 +4,7 @@
 
 #include <cjson/cJSON.h>
 #include "server/jpeg_header.h"
+#include "server/text.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,32 +264,6 @@ static void scan_byte(sf_st_parser *p, unsigned char ch, uint64_t pos)
                  ch, (unsigned long long)pos);
         break;
     }
-}
-
-/* Returns the offset of the first invalid UTF-8 sequence, or len. */
-static size_t utf8_check(const unsigned char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = s[i];
-        if (c < 0x80) { i++; continue; }
-        size_t n;
-        uint32_t cp;
-        if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1F; }
-        else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0F; }
-        else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07; }
-        else return i;
-        if (len - i <= n) return i;
-        for (size_t k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-            (cp >= 0xD800 && cp <= 0xDFFF))
-            return i;
-        i += n + 1;
-    }
-    return len;
 }
 
 /* ---- header: validation once complete -------------------------------------- */
@@ -767,7 +742,7 @@ static cJSON *parse_header_json(sf_st_parser *p, const char *hdr, uint64_t len)
         fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid JSON (unbalanced brackets or an unterminated string)");
         return NULL;
     }
-    size_t bad = utf8_check((const unsigned char *)hdr, (size_t)len);
+    size_t bad = sf_utf8_valid_prefix((const unsigned char *)hdr, (size_t)len);
     if (bad != len) {
         fail(p, SF_ST_E_HEADER_NOT_JSON, "the header is not valid UTF-8 (at byte %zu)", bad);
         return NULL;
@@ -1260,9 +1235,14 @@ static void put_jstr(sink *s, const char *str)
     put(s, "\"", 1);
 }
 
+static int utf8_ok(const char *s)
+{
+    return sf_utf8_valid_prefix((const unsigned char *)s, strlen(s)) == strlen(s);
+}
+
 static int name_ok(const char *s)
 {
-    return s && s[0] && strcmp(s, "__metadata__") != 0 && utf8_check((const unsigned char *)s, strlen(s)) == strlen(s);
+    return s && s[0] && strcmp(s, "__metadata__") != 0 && utf8_ok(s);
 }
 
 size_t sf_st_header_build(char *buf, size_t cap, const sf_st_tensor_desc *t, int nt,
@@ -1282,8 +1262,7 @@ size_t sf_st_header_build(char *buf, size_t cap, const sf_st_tensor_desc *t, int
         meta = cJSON_Parse(metadata_json);
         if (!cJSON_IsObject(meta)) { cJSON_Delete(meta); return 0; }
         for (const cJSON *m = meta->child; m; m = m->next) {
-            if (!cJSON_IsString(m) || !name_ok(m->string) ||
-                utf8_check((const unsigned char *)m->valuestring, strlen(m->valuestring)) != strlen(m->valuestring)) {
+            if (!cJSON_IsString(m) || !name_ok(m->string) || !utf8_ok(m->valuestring)) {
                 cJSON_Delete(meta);
                 return 0;
             }

@@ -198,6 +198,36 @@ def test_an_encoded_nul_in_the_target_gets_400(start_server, target):
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_path"
 
 
+def patch_config_raw(body, content_type=b"application/json"):
+    return (b"PATCH /v1/config HTTP/1.1\r\nHost: x\r\nContent-Type: " + content_type +
+            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /%ff%fe HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /v1/batches/%ff HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: \xff\xfe\r\nContent-Length: 2\r\n\r\n{}",
+    patch_config_raw(b'{"log":{"level":"\xff\xfe"}}'),
+    patch_config_raw(b'{"\xff\xfe\\n":1}'),
+])
+def test_error_replies_stay_utf8_json_whatever_bytes_the_client_sent(start_server, request_bytes):
+    s = start_server(SINK)
+    r, _ = raw(s, request_bytes)  # RawReply decodes the body as UTF-8: raises on ill-formed bytes
+    assert 400 <= r.status_code < 500
+    assert r.json()["error"]["code"]
+
+
+def test_a_config_string_that_is_not_utf8_text_is_refused_and_the_config_stays_readable(start_server):
+    s = start_server(SINK)
+    body = b'{"checkpoint":{"url_allow":"\xff\xfe.example.com"}}'
+    r = s.request("PATCH", "/v1/config", data=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "config_invalid", r.text
+    r = s.get("/v1/config")
+    assert r.status_code == 200
+    r.content.decode("utf-8")
+    assert r.json()
+
+
 @pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
 def test_the_bearer_scheme_is_matched_without_regard_to_case(start_server, rng, scheme):
     s = start_server(SINK, "--http.token", "s3cret")

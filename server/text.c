@@ -1,0 +1,76 @@
+/* server/text.c — UTF-8 validation and sanitising (server/text.h). */
+#include "server/text.h"
+
+#include <stdint.h>
+#include <string.h>
+
+size_t sf_utf8_seq(const unsigned char *s, size_t avail)
+{
+    if (avail == 0)
+        return 0;
+    const unsigned char c = s[0];
+    if (c < 0x80)
+        return 1;
+    size_t n;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+        n = 1;
+        cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 2;
+        cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 3;
+        cp = c & 0x07;
+    } else {
+        return 0;
+    }
+    if (avail <= n)
+        return 0;
+    for (size_t k = 1; k <= n; k++) {
+        if ((s[k] & 0xC0) != 0x80)
+            return 0;
+        cp = (cp << 6) | (s[k] & 0x3F);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n + 1;
+}
+
+size_t sf_utf8_valid_prefix(const unsigned char *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        const size_t n = sf_utf8_seq(s + i, len - i);
+        if (!n)
+            return i;
+        i += n;
+    }
+    return len;
+}
+
+static int is_control(unsigned char c) { return c < 0x20 || c == 0x7F; }
+
+int sf_text_ok(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    const size_t len = strlen(s);
+    for (size_t i = 0; i < len; i++)
+        if (is_control(p[i]))
+            return 0;
+    return sf_utf8_valid_prefix(p, len) == len;
+}
+
+void sf_text_sanitize(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    size_t len = strlen(s), i = 0;
+    while (i < len) {
+        const size_t n = sf_utf8_seq(p + i, len - i);
+        if (n == 0 || (n == 1 && is_control(p[i]))) {
+            p[i++] = '?';
+            continue;
+        }
+        i += n;
+    }
+}

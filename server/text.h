@@ -1,0 +1,23 @@
+/* server/text.h — client text made safe to store, echo and log: UTF-8
+ * validation, and the replacements error replies and log lines use, so that
+ * a reply stays valid UTF-8 JSON and a log line stays one line whatever
+ * bytes a client sent. */
+#ifndef SF_TEXT_H
+#define SF_TEXT_H
+
+#include <stddef.h>
+
+/* The length (1..4) of the well-formed UTF-8 sequence at s, of at most avail
+ * bytes; 0 when it is not one (a stray continuation byte, an overlong form, a
+ * surrogate, beyond U+10FFFF, or cut short). */
+size_t sf_utf8_seq(const unsigned char *s, size_t avail);
+/* The offset of the first ill-formed sequence of s[0..len), or len. */
+size_t sf_utf8_valid_prefix(const unsigned char *s, size_t len);
+/* 1 when s is well-formed UTF-8 without control characters (U+0000..U+001F,
+ * U+007F): what a configuration value may hold. */
+int sf_text_ok(const char *s);
+/* In place: every byte of an ill-formed sequence and every control character
+ * becomes '?'. */
+void sf_text_sanitize(char *s);
+
+#endif

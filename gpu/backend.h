@@ -165,6 +165,9 @@ typedef struct sf_batch {
     uint64_t t_ready_ns;     /* host monotonic time the slot became READY (for traces) */
 } sf_batch;
 
+/* transform()'s return when the batch's data, not the backend, failed. */
+#define SF_BACKEND_BAD_INPUT (-2)
+
 typedef enum sf_event_kind { SF_EV_SLOT_FREE = 1, SF_EV_STEP_DONE = 2 } sf_event_kind;
 
 typedef struct sf_event {
@@ -234,7 +237,9 @@ typedef struct sf_backend_i {
     /* Writes up to max completions into ev and returns their count; waits up
      * to timeout_us for the first one when none is ready. */
     int (*poll)(sf_backend *be, sf_event *ev, int max, int timeout_us);
-    /* Augmentation only, synchronous: out is float [n, c, out_h, out_w]. */
+    /* Augmentation only, synchronous: out is float [n, c, out_h, out_w].
+     * 0; SF_BACKEND_BAD_INPUT when the decoder refuses a sample's JPEG data
+     * (the client's error: err names the sample); -1 on any other failure. */
     int (*transform)(sf_backend *be, const sf_batch *b, float *out, char *err, size_t errlen);
     /* Parameters as one flat float buffer in sf_model layout (n_params floats).
      * Called with nothing in flight. */

@@ -1,5 +1,7 @@
 /* handlers/transform.c — POST /v1/transform: augmentation only; the reply is
  * the augmented batch as safetensors ("images", F32, [N,C,H,W]). */
+#include <string.h>
+
 #include "handlers/handlers.h"
 #include "server/app.h"
 #include "server/jobs.h"
@@ -33,7 +35,8 @@ int h_transform(sf_req *r)
         if (job.state == SF_JOB_DONE)
             return sf_upload_transform_reply(r);
         if (job.state == SF_JOB_FAILED)
-            return sf_reply_error(r, 500, job.err_code, "%s", job.err_msg);
+            return sf_reply_error(r, strcmp(job.err_code, "jpeg_undecodable") == 0 ? 422 : 500, job.err_code,
+                                  "%s", job.err_msg);
         if (r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN)
             return sf_reply_error(r, 503, "transform_timeout",
                                   "the transform did not finish within %d ms",

@@ -255,12 +255,16 @@ static void run_transform(sf_engine *e, int slot)
     uint64_t id = m->job_id;
     void *owner = m->result_owner;
     void (*release)(void *) = m->release_result;
-    if (fill_batch(e, slot, &b, 0, err, sizeof err) ||
-        app->backend->i->transform(app->backend, &b, m->result, err, sizeof err)) {
+    int rc = fill_batch(e, slot, &b, 0, err, sizeof err) ? -1 : 0;
+    if (!rc)
+        rc = app->backend->i->transform(app->backend, &b, m->result, err, sizeof err);
+    if (rc) {
         sf_ring_release(app->ring, slot);
         if (release)
             release(owner);
-        finish_failed(e, id, "transform_failed", err);
+        /* A file the decoder refuses is the client's error (POST /v1/transform
+         * answers 422 with this code); anything else is the service's. */
+        finish_failed(e, id, rc == SF_BACKEND_BAD_INPUT ? "jpeg_undecodable" : "transform_failed", err);
         return;
     }
     sf_job job = {0};

@@ -1197,11 +1197,16 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
      * decodes and the augmentations that read them complete before this
      * decode overwrites area 0; the engine queues no more until this call
      * returns. */
-    if (!rc && b->jpeg)
+    int bad_input = 0; /* nvJPEG refused a file: the client's error */
+    if (!rc && b->jpeg) {
         rc = cudaStreamSynchronize(c->st_decode) != cudaSuccess ||
-             cudaStreamSynchronize(c->st_transform) != cudaSuccess ||
-             sf_cuda_jpeg_decode(c->jpeg, b, jpeg_want(c), 0, NULL, s);
-    else if (!rc)
+             cudaStreamSynchronize(c->st_transform) != cudaSuccess;
+        if (!rc) {
+            const int drc = sf_cuda_jpeg_decode(c->jpeg, b, jpeg_want(c), 0, NULL, s);
+            bad_input = drc == SF_BACKEND_BAD_INPUT;
+            rc = drc != 0;
+        }
+    } else if (!rc)
         rc = cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
     if (!rc)
         rc = sf_cuda_augment(p, c->t_samples, b->n, b->jpeg ? sf_cuda_jpeg_output(c->jpeg, 0) : c->t_raw, b->nhwc,
@@ -1220,7 +1225,7 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
         const char *m = sf_cuda_last_error();
         sf_errf(err, errlen, "cuda transform: %s", *m ? m : cudaGetErrorString(cudaGetLastError()));
         cudaGetLastError();
-        return -1;
+        return bad_input ? SF_BACKEND_BAD_INPUT : -1;
     }
     return 0;
 }

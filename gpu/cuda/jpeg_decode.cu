@@ -2,6 +2,7 @@
  * file chooses its backend per batch, points its outputs into the staging
  * area and names a file nvJPEG refuses. */
 #include "gpu/cuda/jpeg_decode.h"
+#include "gpu/backend.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -814,7 +815,8 @@ static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
                               status_name(si));
             cudaStreamSynchronize(s);
             cudaGetLastError();
-            return -1;
+            return si == NVJPEG_STATUS_BAD_JPEG || si == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ? SF_BACKEND_BAD_INPUT
+                                                                                         : -1;
         }
     }
     sf_cuda_set_error("jpeg decode (nvJPEG %s): the batch of %d files failed (%s) though each decodes alone",

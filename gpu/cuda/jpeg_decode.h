@@ -108,9 +108,10 @@ void sf_cuda_jpeg_free(sf_cuda_jpeg *j);
  * it. The hybrid backends write the area in s's order, so the caller makes s
  * wait for that event; the hardware engines write it during the call, outside
  * any stream's order, so for them this call waits for area_free on the host
- * first. Returns 0, or -1 with sf_cuda_last_error() naming the backend and, when
- * nvJPEG refused a file, the sample (found by decoding the files one by one:
- * the error path only). */
+ * first. Returns 0; SF_BACKEND_BAD_INPUT (gpu/backend.h) when nvJPEG refuses a
+ * file's data (bad or unsupported JPEG); -1 otherwise. sf_cuda_last_error()
+ * names the backend and, when nvJPEG refused a file, the sample (found by
+ * decoding the files one by one: the error path only). */
 int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage,
                         cudaEvent_t area_free, cudaStream_t s);
 

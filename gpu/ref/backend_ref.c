@@ -679,7 +679,8 @@ static void eval_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
 }
 
 /* An encoded batch decoded into c->decoded, as the raw batch *raw (b itself
- * when it is not encoded). 0, or -1 with err naming the sample. */
+ * when it is not encoded). 0; SF_BACKEND_BAD_INPUT with err naming the sample
+ * when a file's data is refused; -1 when the buffer is too small. */
 static int decode(ref_ctx *c, const sf_batch *b, sf_batch *raw, char *err, size_t errlen)
 {
     *raw = *b;
@@ -690,8 +691,9 @@ static int decode(ref_ctx *c, const sf_batch *b, sf_batch *raw, char *err, size_
                 "(jpeg.max_batch_pixels)", b->decoded_bytes, c->decoded_cap);
         return -1;
     }
-    if (sf_ref_jpeg_decode(b, c->decoded, c->decoded_cap, err, errlen) != 0)
-        return -1;
+    const int rc = sf_ref_jpeg_decode(b, c->decoded, c->decoded_cap, err, errlen);
+    if (rc != 0)
+        return rc;
     raw->images = c->decoded;
     raw->jpeg = NULL;
     raw->jpeg_off = NULL;
@@ -862,8 +864,9 @@ static int ref_transform(sf_backend *be, const sf_batch *b_in, float *out, char 
         return -1;
     }
     sf_batch raw;
-    if (decode(c, b_in, &raw, err, errlen) != 0)
-        return -1;
+    const int drc = decode(c, b_in, &raw, err, errlen);
+    if (drc != 0)
+        return drc;
     const sf_batch *b = &raw;
     if (b->plan->blur_ksize > 1 &&
         (size_t)b->plan->c * b->plan->out_h * b->plan->out_w > c->aug_tmp_len) {

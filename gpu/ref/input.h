@@ -15,7 +15,8 @@ struct sf_batch;
 
 /* Decodes the n files of the encoded batch b (b->jpeg) into dst, cap bytes:
  * sample i as 3-channel HWC uint8 of samples[i].src_h x src_w at byte
- * samples[i].src_off. 0, or -1 with a message naming the sample. */
+ * samples[i].src_off. 0; SF_BACKEND_BAD_INPUT (gpu/backend.h) with a message
+ * naming the sample when libjpeg-turbo refuses a file; -1 otherwise. */
 int sf_ref_jpeg_decode(const struct sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen);
 
 

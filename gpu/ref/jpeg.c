@@ -9,6 +9,7 @@
  * fails the batch naming the sample: the decode is strict, so a damaged file
  * never trains as a half-grey image.
  */
+#include "gpu/backend.h"
 #include "gpu/common.h"
 #include "ref.h"
 
@@ -39,14 +40,14 @@ int sf_ref_jpeg_decode(const sf_batch *b, uint8_t *dst, size_t cap, char *err, s
             rc = -1;
         } else if (tjDecompressHeader3(tj, src, (unsigned long)(o1 - o0), &fw, &fh, &ss, &cs) != 0) {
             sf_errf(err, errlen, "ref jpeg: sample %d: %s", i, tjGetErrorStr2(tj));
-            rc = -1;
+            rc = SF_BACKEND_BAD_INPUT;
         } else if (fw != w || fh != h) {
             sf_errf(err, errlen, "ref jpeg: sample %d is %dx%d (HxW), not the %dx%d its header was read as", i,
                     fh, fw, h, w);
-            rc = -1;
+            rc = SF_BACKEND_BAD_INPUT;
         } else if (tjDecompress2(tj, src, (unsigned long)(o1 - o0), dst + off, w, w * 3, h, TJPF_RGB, 0) != 0) {
             sf_errf(err, errlen, "ref jpeg: sample %d: %s", i, tjGetErrorStr2(tj));
-            rc = -1;
+            rc = SF_BACKEND_BAD_INPUT;
         }
     }
     tjDestroy(tj);

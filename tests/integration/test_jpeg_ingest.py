@@ -213,6 +213,10 @@ def test_a_file_with_damaged_scan_data_fails_its_batch_naming_the_sample(start_s
     assert b["state"] == "failed", b
     assert "sample 1" in json.dumps(b)
     assert s.metric("streamfeed_steps_total") == 0
+    # The same files on POST /v1/transform: the client's error, not the service's.
+    r = s.post_batch(jpeg_body([files[0], damaged, files[2]], labels), path="/v1/transform")
+    assert r.status_code == 422 and r.json()["error"]["code"] == "jpeg_undecodable", r.text
+    assert "sample 1" in r.json()["error"]["message"]
 
 
 def test_a_jpeg_batch_for_a_model_of_other_input_size_is_refused_with_shape_mismatch(start_server):

@@ -88,6 +88,20 @@ int sf_ckpt_store_resolve(const char *dir, const char *in, int for_write, char *
         fail(e, 400, "path_invalid", "path", "path is too long");
         return -1;
     }
+    if (for_write) {
+        /* What the write would fail on later, as a 500 from the I/O thread,
+         * is the request's fault: a file where a directory is named, or a
+         * directory where the file is. */
+        struct stat st;
+        if (stat(real, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fail(e, 400, "path_invalid", "path", "%s: %s is not a directory", in, real);
+            return -1;
+        }
+        if (lstat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
+            fail(e, 400, "path_invalid", "path", "%s is a directory", in);
+            return -1;
+        }
+    }
     if (!for_write) {
         char fr[PATH_MAX];
         struct stat st;

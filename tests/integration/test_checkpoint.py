@@ -367,6 +367,10 @@ def test_save_and_load_by_path_stay_inside_checkpoint_dir(start_server, tmp_path
                                ({"path": 3}, "request_invalid", 400)):
         r = post_json(s, "/v1/checkpoint/load", body)
         assert (r.status_code, error_of(r)["code"]) == (status, code), (body, r.text)
+    # A save onto a directory, or below a file, is the request's fault.
+    for body in ({"path": "sub"}, {"path": "a.safetensors/x.safetensors"}):
+        r = post_json(s, "/v1/checkpoint/save", body)
+        assert (r.status_code, error_of(r)["code"]) == (400, "path_invalid"), (body, r.text)
     assert get_ckpt(s) == saved
 
 

@@ -106,6 +106,10 @@ const sf_cfg_option sf_config_table[] = {
      "Concurrent connections accepted; more are refused."},
     {"http.connection_timeout_s", SF_CT_INT, F(http.connection_timeout_s), "60", 1, 3600, NULL, 0,
      NULL, "Idle connection timeout in seconds."},
+    {"http.header_timeout_s", SF_CT_INT, F(http.header_timeout_s), "10", 1, 3600, NULL, SF_CF_HOT, NULL,
+     "Seconds a request's headers may take to arrive after its request line; then the connection is "
+     "closed (the idle timeout alone lets a client that sends a byte every few seconds hold a "
+     "connection forever)."},
     {"http.max_header_bytes", SF_CT_INT, F(http.max_header_bytes), "16384", 1024, 1048576, NULL, 0,
      NULL, "Largest total size of request headers; larger gets 431."},
     {"http.max_json_bytes", SF_CT_INT64, F(http.max_json_bytes), "1048576", 1024, 67108864, NULL,

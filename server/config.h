@@ -33,6 +33,7 @@ typedef struct sf_config {
         int threads;
         int max_connections;
         int connection_timeout_s;
+        int header_timeout_s;
         int max_header_bytes;
         int64_t max_json_bytes;
         char token[SF_CFG_STR];

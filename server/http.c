@@ -59,6 +59,10 @@ struct sf_req_priv {
     int started;            /* access_cb has seen this request */
     int bad_uri;            /* the raw request target carries %00 */
     int fd;                 /* the connection's socket (for sf_req_abort) */
+    /* In h->heads from its request line until its headers are complete (the
+     * header deadline, sweep_heads). */
+    int in_heads;
+    struct sf_req *head_prev, *head_next;
     char extra[MAX_EXTRA_HEADERS][2][64];
     int nextra;
     /* An error decided while the body still arrives is sent once it ended. */
@@ -93,6 +97,7 @@ struct sf_http {
     int timer_started, timer_stop;
     void (*tick)(void *ctx);           /* run about once a second by the timer thread */
     void *tick_ctx;
+    struct sf_req *heads;              /* requests whose headers are incomplete (under wmu) */
 };
 
 uint64_t sf_now_ns(void)
@@ -380,6 +385,54 @@ void sf_http_wake_all(sf_http *h)
 
 /* Resumes waiters whose deadline passed. Sleeps on a condition variable until
  * the nearest deadline (or a new waiter), so it costs nothing when idle. */
+/* ---- the header deadline ---------------------------------------------------- */
+
+/* libmicrohttpd's connection timeout is an idle timeout: a client sending a
+ * header byte every few seconds keeps a connection forever, and
+ * http.max_connections of them lock everyone else out. So a request whose
+ * headers are not complete http.header_timeout_s after its request line
+ * arrived has its socket shut down by the timer thread (the connection then
+ * ends as if the client had left; counted as streamfeed_http_errors_total
+ * {code="header_timeout"}). The list is under wmu, and a request leaves it
+ * in completed_cb, which libmicrohttpd runs before it closes the socket, so
+ * the descriptor shut down is always the request's own. */
+static void heads_unlink_locked(sf_http *h, sf_req *r)
+{
+    struct sf_req_priv *p = r->priv;
+    if (!p->in_heads)
+        return;
+    if (p->head_prev)
+        p->head_prev->priv->head_next = p->head_next;
+    else
+        h->heads = p->head_next;
+    if (p->head_next)
+        p->head_next->priv->head_prev = p->head_prev;
+    p->in_heads = 0;
+    p->head_prev = p->head_next = NULL;
+}
+
+static void heads_leave(sf_http *h, sf_req *r)
+{
+    pthread_mutex_lock(&h->wmu);
+    heads_unlink_locked(h, r);
+    pthread_mutex_unlock(&h->wmu);
+}
+
+static void sweep_heads_locked(sf_http *h, uint64_t now)
+{
+    const uint64_t limit = (uint64_t)sf_config_cur()->http.header_timeout_s * 1000000000ull;
+    for (sf_req *r = h->heads, *n; r; r = n) {
+        n = r->priv->head_next;
+        if (now - r->t_start_ns < limit)
+            continue;
+        heads_unlink_locked(h, r);
+        shutdown(r->priv->fd, SHUT_RDWR);
+        const char *v[] = {"header_timeout"};
+        sf_counter_inc_l(h->app->m.http_errors, v, 1);
+        SF_DEBUG("a request's headers were not complete after http.header_timeout_s: connection closed");
+    }
+}
+
 static void *timer_main(void *arg)
 {
     sf_http *h = arg;
@@ -394,6 +447,7 @@ static void *timer_main(void *arg)
             pthread_mutex_lock(&h->wmu);
             now = sf_now_ns();
             next_tick = now + TICK_NS;
+            sweep_heads_locked(h, now);
         }
         uint64_t next = next_tick > now ? next_tick : now + TICK_NS;
         for (sf_req *r = h->waiters, *n; r; r = n) {
@@ -699,6 +753,21 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
         for (const char *p = strchr(uri, '%'); p && !r->priv->bad_uri; p = strchr(p + 1, '%'))
             r->priv->bad_uri = p[1] == '0' && p[2] == '0';
     }
+    if (r) {
+        /* Its headers now have http.header_timeout_s to arrive. */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        r->priv->fd = ci ? ci->connect_fd : -1;
+        if (r->priv->fd >= 0) {
+            sf_http *h = r->priv->h;
+            pthread_mutex_lock(&h->wmu);
+            r->priv->head_next = h->heads;
+            if (h->heads)
+                h->heads->priv->head_prev = r;
+            h->heads = r;
+            r->priv->in_heads = 1;
+            pthread_mutex_unlock(&h->wmu);
+        }
+    }
     return r;
 }
 
@@ -790,6 +859,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     }
     if (!r->priv->started) {
         r->priv->started = 1;
+        heads_leave(h, r); /* the headers are complete */
         r->method = method;
         r->path = url;
         const union MHD_ConnectionInfo *ci =
@@ -866,6 +936,7 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r)
         return;
     *con_cls = NULL;
+    heads_leave(h, r);
     if (!r->priv->started) {
         /* Ended before its headers were complete: the client left, or
          * libmicrohttpd refused the request itself (a malformed request line

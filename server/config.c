@@ -826,6 +826,16 @@ static int set_json(sf_config *c, const sf_cfg_option *o, const cJSON *v, char *
     return -1;
 }
 
+/* 1 when some option is named "sec.<name>". */
+static int section_known(const char *sec)
+{
+    const size_t n = strlen(sec);
+    for (size_t i = 0; i < sf_config_table_len; i++)
+        if (strncmp(sf_config_table[i].name, sec, n) == 0 && sf_config_table[i].name[n] == '.')
+            return 1;
+    return 0;
+}
+
 int sf_config_apply_json(sf_config *c, const cJSON *obj, char *err, size_t errlen, char *field,
                          size_t fieldlen)
 {
@@ -841,6 +851,14 @@ int sf_config_apply_json(sf_config *c, const cJSON *obj, char *err, size_t errle
                 snprintf(field, fieldlen, "%s", sec->string);
             snprintf(err, errlen, "%s: expected an object of options (e.g. {\"%s\":{...}})",
                      sec->string, sec->string);
+            return -1;
+        }
+        if (!sec->child && !section_known(sec->string)) {
+            /* An empty unknown section is a typo, not a no-op (a key in one
+             * is refused below, naming the option). */
+            if (field)
+                snprintf(field, fieldlen, "%s", sec->string);
+            snprintf(err, errlen, "unknown section \"%.64s\" (GET /v1/config lists them)", sec->string);
             return -1;
         }
         for (const cJSON *kv = sec->child; kv; kv = kv->next) {

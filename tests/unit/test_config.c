@@ -263,6 +263,13 @@ static void test_apply_json_names_the_field_of_an_unknown_key(void **state)
     assert_int_equal(sf_config_apply_json(&c, j, err, sizeof err, field, sizeof field), -1);
     assert_string_equal(field, "nosection.a");
     cJSON_Delete(j);
+    j = parse("{\"nosection\":{}}");
+    assert_int_equal(sf_config_apply_json(&c, j, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "nosection");
+    cJSON_Delete(j);
+    j = parse("{\"http\":{}}"); /* a known section, empty: nothing to set */
+    assert_int_equal(sf_config_apply_json(&c, j, err, sizeof err, field, sizeof field), 0);
+    cJSON_Delete(j);
 }
 
 static void test_apply_json_names_the_field_of_a_wrong_type(void **state)

@@ -214,9 +214,12 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
         /* Some engines cuDNN picks (fp32 backward-filter with split
          * reductions) are not bitwise reproducible: then the job's run must
          * be as close to the runs without a job as they are to each other.
-         * Their spread is taken over three runs (on an H100, pairs of fp32
-         * ResNet-18 runs were seen 1.8e-5 and 4.6e-3 apart), the job's
-         * distance to the nearest of them. */
+         * Their spread is taken over three runs, the job's distance to the
+         * nearest of them. On an H100 pairs of fp32 ResNet-18 runs were seen
+         * from 1.8e-5 to 6.0e-3 apart, and three runs can all land close
+         * (1.8e-5) while a fourth is 5e-3 away: so the job may also be as
+         * far as 1e-2, still two orders below what a wrong reduction gives
+         * (a bucket summed twice or not at all moves the update by O(1)). */
         run_out a3 = train(m, prec, optim, accum, NULL, bs);
         if (!a3.ok)
             return;
@@ -224,7 +227,7 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
                      e23 = rel_delta(bs0, a2.p, a3.p);
         const double eb = fmax(e12, fmax(e13, e23));
         const double ej = fmin(rel_delta(bs0, a.p, j.p), fmin(rel_delta(bs0, a2.p, j.p), rel_delta(bs0, a3.p, j.p)));
-        if (ej <= 4 * eb + 1e-7)
+        if (ej <= fmax(4 * eb, 1e-2))
             ok("%s: not bitwise reproducible on this device (%zu of %zu parameters differ between two runs "
                "without a job, update rel up to %.2e over three); one rank through NCCL is as close (update rel "
                "%.2e to the nearest)",

@@ -181,10 +181,12 @@ $(BUILD)/streamfeed: $(BUILD)/server/main.o $(LIB)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
 # The load generator is a CPU-side HTTP client: it links the modules it shares
-# with the server (the safetensors header writer, which checks JPEG headers) and
-# the libraries it calls (libjpeg-turbo encodes its generated JPEG workloads), so
-# it runs on a machine without the CUDA libraries (no cuDNN/cuBLAS/cudart needed).
-LOAD_OBJ    := $(BUILD)/client/streamfeed-load.o $(BUILD)/client/jpeg_pool.o $(BUILD)/client/natural_image.o $(BUILD)/server/safetensors.o $(BUILD)/server/jpeg_header.o
+# with the server (the safetensors header writer, which checks JPEG headers and
+# UTF-8) and the libraries it calls (libjpeg-turbo encodes its generated JPEG
+# workloads), so it runs on a machine without the CUDA libraries (no
+# cuDNN/cuBLAS/cudart needed).
+LOAD_OBJ    := $(BUILD)/client/streamfeed-load.o $(BUILD)/client/jpeg_pool.o $(BUILD)/client/natural_image.o \
+               $(BUILD)/server/safetensors.o $(BUILD)/server/jpeg_header.o $(BUILD)/server/text.o
 LOAD_LDLIBS := -lcjson -lcurl -lturbojpeg -lm -lpthread
 $(BUILD)/streamfeed-load: $(LOAD_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LOAD_LDLIBS)
@@ -277,14 +279,14 @@ FUZZ_CC ?= clang
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 FUZZ_TARGETS := safetensors config_patch jpeg_header checkpoint
 # The body parser calls the JPEG header reader.
-FUZZ_SRC_safetensors := server/safetensors.c server/jpeg_header.c
+FUZZ_SRC_safetensors := server/safetensors.c server/jpeg_header.c server/text.c
 FUZZ_CORPUS_safetensors := tests/fuzz/corpus
-FUZZ_SRC_config_patch := server/config.c server/netaddr.c server/lr_schedule.c gpu/model.c gpu/aug.c gpu/common.c
+FUZZ_SRC_config_patch := server/config.c server/netaddr.c server/lr_schedule.c server/text.c gpu/model.c gpu/aug.c gpu/common.c
 FUZZ_CORPUS_config_patch := tests/fuzz/corpus_config_patch
-FUZZ_SRC_jpeg_header := server/safetensors.c server/jpeg_header.c
+FUZZ_SRC_jpeg_header := server/safetensors.c server/jpeg_header.c server/text.c
 FUZZ_CORPUS_jpeg_header := tests/fuzz/corpus_jpeg_header
 # the checkpoint decoder, on the whole-file reader, against the model it decodes for
-FUZZ_SRC_checkpoint := server/safetensors.c server/jpeg_header.c server/checkpoint_format.c gpu/model.c gpu/common.c
+FUZZ_SRC_checkpoint := server/safetensors.c server/jpeg_header.c server/text.c server/checkpoint_format.c gpu/model.c gpu/common.c
 FUZZ_CORPUS_checkpoint := tests/fuzz/corpus_checkpoint
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 FUZZ_SMOKE_SECONDS ?= 15

@@ -60,7 +60,7 @@ struct sf_req_priv {
     int bad_uri;            /* the raw request target carries %00 */
     int fd;                 /* the connection's socket (for sf_req_abort) */
     /* In h->heads from its request line until its headers are complete (the
-     * header deadline, sweep_heads). */
+     * header deadline, sweep_heads_locked). */
     int in_heads;
     struct sf_req *head_prev, *head_next;
     char extra[MAX_EXTRA_HEADERS][2][64];
@@ -383,8 +383,6 @@ void sf_http_wake_all(sf_http *h)
     pthread_mutex_unlock(&h->wmu);
 }
 
-/* Resumes waiters whose deadline passed. Sleeps on a condition variable until
- * the nearest deadline (or a new waiter), so it costs nothing when idle. */
 /* ---- the header deadline ---------------------------------------------------- */
 
 /* libmicrohttpd's connection timeout is an idle timeout: a client sending a
@@ -433,6 +431,9 @@ static void sweep_heads_locked(sf_http *h, uint64_t now)
     }
 }
 
+/* Resumes waiters whose deadline passed and, once a second, sweeps the header
+ * deadline. Sleeps on a condition variable until the nearest deadline (or a
+ * new waiter), so it costs nothing when idle. */
 static void *timer_main(void *arg)
 {
     sf_http *h = arg;

@@ -143,8 +143,13 @@ static double main_lr(const sf_lr_sched *s, uint64_t t)
     case SF_LR_ONE_CYCLE: {
         double initial = s->max_lr / s->div_factor;
         double min_lr = initial / s->final_div_factor;
-        /* torch raises past total_steps; here the last value holds. */
-        double st = (double)(t > (uint64_t)s->total_steps ? (uint64_t)s->total_steps : t);
+        /* torch raises past total_steps; here the last value, step
+         * total_steps - 1's (min_lr), holds. Clamping at total_steps instead
+         * would evaluate the annealing past its end (fraction > 1), which
+         * cos() turns back up: step total_steps and every later one trained
+         * at the lr of step total_steps - 2. */
+        const uint64_t last = s->total_steps > 0 ? (uint64_t)s->total_steps - 1 : 0;
+        double st = (double)(t > last ? last : t);
         double end1 = s->pct_start * (double)s->total_steps - 1.0;
         double end2 = (double)s->total_steps - 1.0;
         if (st <= end1)

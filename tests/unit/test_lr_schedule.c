@@ -90,11 +90,14 @@ static void one_cycle_schedule_matches_torch_onecyclelr_cos(void **state)
     (void)state;
     sf_lr_sched s = sched_of((const char *const[]){"optim.schedule", "one_cycle", "optim.max_lr", "0.01",
                                                    "optim.total_steps", "10", "optim.pct_start", "0.3", NULL});
+    /* Steps 0 .. total_steps-1 are torch's values. At total_steps torch
+     * evaluates the annealing past its end and gives 0.000495 (pytorch issue
+     * 91765), raising one step later; here the cycle's last value, min_lr,
+     * holds from then on: a service that keeps training after the cycle must
+     * not go back up to 5 % of max_lr. */
     const point p[] = {{0, 0.0003999999999999993}, {1, 0.0052}, {2, 0.01}, {3, 0.009504846320134737},
-                       {9, 4e-08}, {10, 0.0004951936798652623},
-                       /* Past total_steps (torch raises) the value at total_steps holds. */
-                       {11, 0.0004951936798652623}};
-    expect(&s, p, 7);
+                       {9, 4e-08}, {10, 4e-08}, {11, 4e-08}, {1000000, 4e-08}};
+    expect(&s, p, 8);
 }
 
 static void warmup_then_cosine_matches_torch_sequentiallr(void **state)

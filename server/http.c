@@ -143,7 +143,7 @@ static const sf_route *route_find(const char *method, const char *path, int prob
     allow[0] = '\0';
     *path_found = 0;
     for (size_t i = 0; i < sf_routes_len; i++) {
-        char p[64];
+        char p[sizeof ((sf_req *)0)->param];
         if (probes_only && !(sf_routes[i].flags & SF_ROUTE_PROBE))
             continue;
         if (!path_match(sf_routes[i].pattern, path, p, sizeof p))

@@ -89,7 +89,9 @@ struct sf_req {
     const sf_route *route;
     const char *method;
     const char *path;
-    char param[64];            /* the {param} segment, if the pattern has one */
+    /* The {param} segment, if the pattern has one: up to 127 bytes (an
+     * evaluation's name is up to 64 characters); a longer one matches no route. */
+    char param[128];
     char request_id[64];
     void *user;                /* per-request state of a streaming route */
     char *body;                /* buffered body (non-streaming routes), NUL-terminated */

@@ -123,6 +123,8 @@ def test_the_number_of_eval_names_is_bounded_and_one_more_is_refused(start_serve
     assert b["kind"] == "eval" and b["eval"] == "a" and b["state"] == "done"
     assert s.get("/v1/evals/a").json()["batches"] == 2
     assert s.metric("streamfeed_batches_rejected_total", reason="too_many_evals") == 1
+    bad = post(s, x, y, "&mode=eval&eval=no%20spaces")
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_eval_name"
 
 
 def test_a_refused_eval_batch_creates_no_evaluation(start_server):
@@ -141,8 +143,15 @@ def test_a_refused_eval_batch_creates_no_evaluation(start_server):
     evaluate(s, x, y, name="a")
     evaluate(s, x, y)  # the default name
     assert [e["name"] for e in s.get("/v1/evals").json()["evals"]] == ["a", "default"]
-    bad = post(s, x, y, "&mode=eval&eval=no%20spaces")
-    assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_eval_name"
+
+
+def test_an_eval_name_of_the_longest_length_is_readable_by_its_route(start_server):
+    s = start_server(*TINY)
+    rng = np.random.default_rng(5)
+    name = "e" * 64
+    evaluate(s, *learnable_batch(rng, 2), name=name)
+    r = s.get(f"/v1/evals/{name}")
+    assert r.status_code == 200 and r.json()["name"] == name, r.text
 
 
 def test_returned_logits_have_the_batch_shape_and_match_the_reply_of_a_second_eval(start_server):

@@ -342,7 +342,22 @@ static void render_child(buf *b, const sf_family *f, sf_metric *m)
     bput(b, " %llu\n", (unsigned long long)cum);
 }
 
+/* Scrapes run one at a time: a collector reads a source (getrusage, the job
+ * counts) and then sets a value, so two concurrent scrapes could set an older
+ * reading after a newer one and a counter would go backwards. */
+static pthread_mutex_t render_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static char *render_locked(size_t *len);
+
 char *sf_metrics_render(size_t *len)
+{
+    pthread_mutex_lock(&render_mu);
+    char *txt = render_locked(len);
+    pthread_mutex_unlock(&render_mu);
+    return txt;
+}
+
+static char *render_locked(size_t *len)
 {
     pthread_mutex_lock(&reg_mu);
     int nc = ncollectors;

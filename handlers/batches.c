@@ -157,7 +157,8 @@ static uint64_t batch_id_of(sf_req *r)
     char *end;
     errno = 0;
     unsigned long long id = strtoull(r->param, &end, 10);
-    if (errno || *end || r->param[0] == '-' || r->param[0] == '\0' || id == 0) {
+    /* Digits only: strtoull also takes leading blanks and a sign. */
+    if (errno || *end || r->param[0] < '0' || r->param[0] > '9' || id == 0) {
         sf_reply_error(r, 400, "bad_batch_id", "batch id \"%s\" is not a positive integer", r->param);
         return 0;
     }

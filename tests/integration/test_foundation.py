@@ -167,6 +167,8 @@ ERROR_CASES = [
     ("unknown_path", lambda s: s.get("/v1/unknown"), 404, "not_found"),
     ("wrong_method", lambda s: s.request("DELETE", "/metrics"), 405, "method_not_allowed"),
     ("batch_id_not_a_number", lambda s: s.get("/v1/batches/abc"), 400, "bad_batch_id"),
+    ("batch_id_with_a_sign", lambda s: s.get("/v1/batches/+1"), 400, "bad_batch_id"),
+    ("batch_id_with_a_blank", lambda s: s.get("/v1/batches/%201"), 400, "bad_batch_id"),
     ("batch_id_unknown", lambda s: s.get("/v1/batches/999999"), 404, "batch_not_found"),
 ]
 

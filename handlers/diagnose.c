@@ -81,6 +81,9 @@ static int start(sf_req *r, uint64_t *id, double *seconds)
     case SF_DIAG_E_NOMEM:
         sf_reply_header(r, "Retry-After", "1");
         return sf_reply_error(r, 503, "out_of_memory", "%s", err), -1;
+    case SF_DIAG_E_JOINING:
+        sf_reply_header(r, "Retry-After", "5");
+        return sf_reply_error(r, 503, "distributed_unavailable", "%s", err), -1;
     default:
         sf_reply_header(r, "Retry-After", "1");
         return sf_reply_error(r, 503, "engine_busy", "%s", err), -1;

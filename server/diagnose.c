@@ -10,6 +10,7 @@
 
 #include "gpu/rng.h"
 #include "server/app.h"
+#include "server/distributed.h"
 #include "server/engine.h"
 #include "server/http.h"
 #include "server/log.h"
@@ -445,6 +446,13 @@ sf_diag_start_err sf_diagnose_start(sf_app *app, double seconds, uint64_t *id, c
         snprintf(err, errlen, "the %s backend does not implement the caching method (bench) yet",
                  app->backend_name ? app->backend_name : "current");
         return SF_DIAG_E_UNSUPPORTED;
+    }
+    if (app->dist && sf_distributed_state(app->dist, NULL, 0) == SF_DIST_JOINING) {
+        /* The engine runs no command until every rank has joined: queued
+         * now, the run would wait out the whole join window. */
+        snprintf(err, errlen, "this rank is still joining its data-parallel job (distributed.join_timeout_s); "
+                              "diagnose runs once every rank has joined");
+        return SF_DIAG_E_JOINING;
     }
     pthread_mutex_lock(&D.mu);
     if (D.cmd && !atomic_load(&D.cmd->done)) {

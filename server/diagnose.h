@@ -101,6 +101,7 @@ typedef enum sf_diag_start_err {
     SF_DIAG_E_UNSUPPORTED, /* 501 diagnose_unsupported (backend without bench) */
     SF_DIAG_E_ENGINE,      /* 503 engine_busy (stopping, or its command queue is full) */
     SF_DIAG_E_NOMEM,       /* 503 out_of_memory */
+    SF_DIAG_E_JOINING,     /* 503 distributed_unavailable (a data-parallel rank still joining) */
 } sf_diag_start_err;
 
 /* Queues a run of `seconds` (already validated against config). On success

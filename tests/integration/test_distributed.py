@@ -197,6 +197,16 @@ def test_ranks_that_update_differently_are_reported_as_diverged(start_server, rn
         assert s.proc.returncode == 0
 
 
+def test_diagnose_on_a_rank_still_joining_is_refused_at_once(start_server):
+    # The engine runs no command until every rank has joined: a diagnose
+    # queued then would wait out the whole join window.
+    r0 = start_server(dist_flags(2, 0, None, "--distributed.join_timeout_s", "600"))
+    r = r0.request("POST", "/v1/diagnose", json={"seconds": 0.1}, timeout=10)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "distributed_unavailable", r.text
+    assert r0.get("/v1/stats").json()["diagnose"]["running"] is False
+    r0.stop(check=False)
+
+
 def test_the_rendezvous_store_requires_the_token_and_a_rank_without_it_never_joins(start_server):
     r0 = start_server(dist_flags(2, 0, None, "--http.token", "s3cret"))
     h = {"Content-Type": "application/octet-stream"}

@@ -259,7 +259,7 @@ __device__ __forceinline__ void aa_sample(const Geo &g, const uint8_t *__restric
  * 4-byte shared load instead of three 4-byte ones. */
 constexpr int STG = 1800; /* staged pixels: a 42 x 42 footprint, W1's at 45 degrees */
 struct Stage {
-    int bw, bx0, by0;
+    int bw;
     /* Shared-memory byte addresses for geom_at, mod 2^32: the float2 planes'
      * and the float plane's entry 0, each less (F23 + by0) * bw + F23 + bx0
      * entries, and a row of each in bytes. */
@@ -618,7 +618,7 @@ __device__ __forceinline__ void geom_tile(const sf_aug_plan &P, const Geo &g,
         if (k.fits) {
             const uint32_t off = ((uint32_t)F23 + (uint32_t)k.by0) * (uint32_t)k.bw + (uint32_t)F23 + (uint32_t)k.bx0;
             const uint32_t base = (uint32_t)__cvta_generic_to_shared(St);
-            const Stage st{k.bw, k.bx0, k.by0, base - 8u * off, base + 4u * (C - 1) * STG - 4u * off,
+            const Stage st{k.bw, base - 8u * off, base + 4u * (C - 1) * STG - 4u * off,
                            8u * (uint32_t)k.bw, 4u * (uint32_t)k.bw};
             stage_tile<C, NHWC>(St, g, s, W, H, k.bx0, k.by0, k.bw, k.bh);
             __syncthreads(); /* the footprint (and xt) are read by every thread's pixels */

@@ -391,8 +391,9 @@ void sf_http_wake_all(sf_http *h)
  * headers are not complete http.header_timeout_s after its request line
  * arrived has its socket shut down by the timer thread (the connection then
  * ends as if the client had left; counted as streamfeed_http_errors_total
- * {code="header_timeout"}). The list is under wmu, and a request leaves it
- * in completed_cb, which libmicrohttpd runs before it closes the socket, so
+ * {code="header_timeout"}). The list is under wmu; a request leaves it when
+ * its headers are complete (access_cb) or it ends without them
+ * (completed_cb, which libmicrohttpd runs before it closes the socket), so
  * the descriptor shut down is always the request's own. */
 static void heads_unlink_locked(sf_http *h, sf_req *r)
 {
@@ -862,10 +863,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         r->priv->started = 1;
         heads_leave(h, r); /* the headers are complete */
         r->method = method;
-        r->path = url;
-        const union MHD_ConnectionInfo *ci =
-            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        r->priv->fd = ci ? ci->connect_fd : -1;
+        r->path = url; /* r->priv->fd was taken in uri_cb */
         make_request_id(r, conn);
         if (!l->probes_only)
             atomic_fetch_add(&h->active, 1);
@@ -937,8 +935,10 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r)
         return;
     *con_cls = NULL;
-    heads_leave(h, r);
     if (!r->priv->started) {
+        /* A started request left the header list in access_cb (only this
+         * thread and the sweep, which takes only list members, touch it). */
+        heads_leave(h, r);
         /* Ended before its headers were complete: the client left, or
          * libmicrohttpd refused the request itself (a malformed request line
          * or header, an unsupported HTTP version, headers larger than its

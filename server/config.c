@@ -880,21 +880,71 @@ int sf_config_apply_json(sf_config *c, const cJSON *obj, char *err, size_t errle
     return 0;
 }
 
-int sf_config_validate(const sf_config *c, char *err, size_t errlen, char *field, size_t fieldlen)
+static int field_equal(const sf_config *a, const sf_config *b, const sf_cfg_option *o);
+
+/* Whether msg names the option: its name as a whole word ("optim.lr" is not
+ * named by "optim.lr_warmup"). */
+static int message_names(const char *msg, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = strstr(msg, name); p; p = strstr(p + 1, name)) {
+        const char b = p == msg ? ' ' : p[-1], a = p[n];
+        if (!(isalnum((unsigned char)b) || b == '_' || b == '.') && !(isalnum((unsigned char)a) || a == '_'))
+            return 1;
+    }
+    return 0;
+}
+
+/* The option a failed check is reported under. A check guards a constraint
+ * between several options (each lists it), so the first of them is often not
+ * the one at fault: the field is one that this change set (differs from base),
+ * preferring one the message names; else one the message names; else the
+ * first option that lists the check. */
+static const sf_cfg_option *blamed_option(const sf_config *c, const sf_config *base,
+                                          const sf_cfg_option *first, const char *msg)
+{
+    const sf_cfg_option *changed = NULL, *named = NULL;
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        const sf_cfg_option *o = &sf_config_table[i];
+        if (o->check != first->check)
+            continue;
+        const int set = base && !field_equal(c, base, o), says = message_names(msg, o->name);
+        if (set && says)
+            return o;
+        if (set && !changed)
+            changed = o;
+        if (says && !named)
+            named = o;
+    }
+    return changed ? changed : named ? named : first;
+}
+
+/* Runs the checks; base (or NULL) is the config the change started from. */
+static int validate_change(const sf_config *c, const sf_config *base, char *err, size_t errlen, char *field,
+                           size_t fieldlen)
 {
     for (size_t i = 0; i < sf_config_table_len; i++) {
         const sf_cfg_option *o = &sf_config_table[i];
         if (o->check && o->check(c, err, errlen)) {
+            o = blamed_option(c, base, o, err);
             if (field)
                 snprintf(field, fieldlen, "%s", o->name);
-            /* Prefix the option so the message names the field. */
-            char tmp[512];
-            snprintf(tmp, sizeof tmp, "%s: %s", o->name, err);
-            snprintf(err, errlen, "%s", tmp);
+            /* The message names the field first, once. */
+            const size_t n = strlen(o->name);
+            if (strncmp(err, o->name, n) != 0 || err[n] != ':') {
+                char tmp[512];
+                snprintf(tmp, sizeof tmp, "%s: %s", o->name, err);
+                snprintf(err, errlen, "%s", tmp);
+            }
             return -1;
         }
     }
     return 0;
+}
+
+int sf_config_validate(const sf_config *c, char *err, size_t errlen, char *field, size_t fieldlen)
+{
+    return validate_change(c, NULL, err, errlen, field, fieldlen);
 }
 
 static void env_name(const char *opt, char *out, size_t cap)
@@ -1339,7 +1389,7 @@ int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *
     *next = wanted;
     int rc = sf_config_apply_json(next, patch, err, errlen, field, fieldlen);
     if (!rc)
-        rc = sf_config_validate(next, err, errlen, field, fieldlen);
+        rc = validate_change(next, &wanted, err, errlen, field, fieldlen);
     if (!rc) {
         /* The hot options apply now, beside the restart-only values still in
          * effect: that mix must be valid too (checkpoint.every_steps set now
@@ -1356,7 +1406,7 @@ int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *
                     memcpy(field_ptr(eff, o), field_cptr(next, o), o->size);
             }
             char why[400];
-            rc = sf_config_validate(eff, why, sizeof why, field, fieldlen);
+            rc = validate_change(eff, &live, why, sizeof why, field, fieldlen);
             if (rc)
                 snprintf(err, errlen, "%s (the hot options of this patch apply now, but the "
                          "restart-only ones only at the next start)", why);

@@ -308,6 +308,22 @@ def test_patch_with_an_unknown_key_or_wrong_type_is_rejected_naming_the_field(st
     assert s.config() == before
 
 
+@pytest.mark.parametrize("patch,field", [
+    ({"optim": {"schedule": "multistep", "milestones": [30, 10]}}, "optim.milestones"),
+    ({"ring": {"slots": 4096}}, "ring.slots"),
+    ({"pipeline": {"jobs_max": 64}}, "pipeline.jobs_max"),
+])
+def test_a_patch_breaking_a_rule_between_options_names_the_option_it_set(start_server, patch, field):
+    s = start_server(SINK)
+    before = s.config()
+    r = s.patch_config(patch)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "config_invalid" and err["field"] == field, err
+    assert err["message"].startswith(field + ": ") and err["message"].count(field + ": ") == 1, err
+    assert s.config() == before
+
+
 def test_patching_back_the_config_that_get_returned_changes_nothing(start_server):
     s = start_server(SINK)
     cfg = s.config()

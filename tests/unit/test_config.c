@@ -591,9 +591,46 @@ static void test_patch_validates_against_pending_values_too(void **state)
     assert_true(names_are(pe, "ring.slots", "pipeline.jobs_max", NULL));
     cJSON_Delete(ap);
     cJSON_Delete(pe);
-    /* Lowering the pending jobs_max again now conflicts with the pending slots. */
+    /* Lowering the pending jobs_max again now conflicts with the pending
+     * slots: the error is the option this patch set. */
     assert_int_equal(patch_text("{\"pipeline\":{\"jobs_max\":4096}}", &ap, &pe), -1);
-    assert_string_equal(field, "ring.slots");
+    assert_string_equal(field, "pipeline.jobs_max");
+}
+
+/* A check guarding several options reports the one at fault: the one the
+ * patch set, else the one its message names, never merely the first option
+ * that lists the check; and the message names it once. */
+static void test_a_cross_option_error_names_the_option_at_fault(void **state)
+{
+    (void)state;
+    cJSON *ap, *pe;
+    assert_int_equal(patch_text("{\"optim\":{\"schedule\":\"multistep\",\"milestones\":[30,10]}}", &ap, &pe), -1);
+    assert_string_equal(field, "optim.milestones");
+    assert_non_null(strstr(err, "increasing"));
+    assert_int_equal(strncmp(err, "optim.milestones: ", 18), 0);
+    assert_null(strstr(err + 1, "optim.milestones: optim.milestones"));
+    assert_int_equal(patch_text("{\"optim\":{\"gamma\":0.5}}", &ap, &pe), 0);
+    cJSON_Delete(ap);
+    cJSON_Delete(pe);
+
+    /* Not through a patch (a file, flags): the option the message names. */
+    sf_config c;
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "http.tls_key", "/etc/key.pem", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "http.tls_cert");
+    assert_non_null(strstr(err, "go together"));
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "optim.schedule", "multistep", err, sizeof err), 0);
+    assert_int_equal(sf_config_set_text(&c, "optim.milestones", "[5,5]", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "optim.milestones");
+    /* The metrics port against the main one: the option the message names first. */
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "http.metrics_port", "8080", err, sizeof err), 0);
+    assert_int_equal(sf_config_set_text(&c, "http.port", "8080", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "http.metrics_port");
 }
 
 int main(void)
@@ -622,6 +659,7 @@ int main(void)
         cmocka_unit_test_setup(test_patch_is_all_or_nothing, live_setup),
         cmocka_unit_test_setup(test_patch_applies_hot_options_and_keeps_restart_only_ones_pending, live_setup),
         cmocka_unit_test_setup(test_patch_validates_against_pending_values_too, live_setup),
+        cmocka_unit_test_setup(test_a_cross_option_error_names_the_option_at_fault, live_setup),
         cmocka_unit_test(test_validate_refuses_mixup_or_cutmix_with_a_segmentation_model_either_way_and_in_an_eval_pipeline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -68,8 +68,7 @@ static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
          * when the batch is accepted (sf_upload_commit), so a refused batch
          * creates no evaluation. */
         if (eval && !sf_evals_has_room(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME)) {
-            snprintf(msg, sizeof msg, "eval.max_names (%d) evaluations exist; this one would be one more",
-                     r->app->cfg.eval.max_names);
+            sf_evals_full_message(r->app->evals, msg, sizeof msg);
             return refuse_query(r, len, 409, "too_many_evals", msg);
         }
     }

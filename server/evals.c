@@ -66,6 +66,11 @@ int sf_evals_has_room(sf_evals *e, const char *name)
     return ok;
 }
 
+void sf_evals_full_message(const sf_evals *e, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "eval.max_names (%d) evaluations exist; this one would be one more", e->max);
+}
+
 int sf_evals_reserve(sf_evals *e, const char *name)
 {
     pthread_mutex_lock(&e->mu);

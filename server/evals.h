@@ -40,6 +40,9 @@ int sf_evals_has_room(sf_evals *e, const char *name);
 /* Makes name known (no-op when it is), when its batch is accepted. 0, or -1
  * when max_names are taken. */
 int sf_evals_reserve(sf_evals *e, const char *name);
+/* The message of a batch refused because max_names evaluations exist (409
+ * too_many_evals, by the early test and at reservation alike). */
+void sf_evals_full_message(const sf_evals *e, char *buf, size_t cap);
 /* Adds one finished batch of samples scored (its mean loss and hits). */
 void sf_evals_add(sf_evals *e, const char *name, uint64_t samples, double mean_loss, uint64_t correct1,
                   uint64_t correct5, uint64_t step, sf_eval_agg *after);

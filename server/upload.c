@@ -607,8 +607,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         if (u->out)
             xform_release(u->out); /* the engine's reference (it never sees the slot); on_done drops ours */
         char msg[160];
-        snprintf(msg, sizeof msg, "eval.max_names (%d) evaluations exist; this one would be one more",
-                 app->cfg.eval.max_names);
+        sf_evals_full_message(app->evals, msg, sizeof msg);
         return reject(r, u, 409, "too_many_evals", msg);
     }
     u->job_id = sf_jobs_create(app->jobs, in->n, u->eval ? SF_JOB_KIND_EVAL : u->kind);

@@ -20,6 +20,10 @@
  * than the L2 holds so each launch reads its source from device memory. Times
  * are medians of single launches bracketed by events, after a warm-up;
  * "pipelined" is the mean of back-to-back launches (launch gaps included).
+ * copy_us is a cudaMemcpyAsync of the case's own bytes (half of bytes in + out
+ * each way) timed the same way: what a copy achieves at that size, launch and
+ * ramp included, which the 1 GiB rate of the bound leaves out (W1 batch 32:
+ * about 1.3x the bound).
  *
  * Usage: augment_bench [--batch N] [--imagenet-batch N] [--iters N]
  * Prints a table and one JSON line per case.
@@ -110,7 +114,7 @@ static double copy_bandwidth(void)
 }
 
 struct Result {
-    float med_us, pipe_us;
+    float med_us, pipe_us, copy_us;
     double bytes_in, bytes_out, crop_bytes;
 };
 
@@ -216,6 +220,32 @@ static Result bench(const Cfg &cfg, int batch, int iters)
     CK(cudaStreamSynchronize(s));
     float tot;
     CK(cudaEventElapsedTime(&tot, ev[0], ev[1]));
+    /* The same-size copy: bytes in + out moved as one device-to-device copy
+     * of half as many bytes, timed like the kernel. Each copy reads a buffer
+     * last written NC/2 copies before, over 240 MB of traffic ago, so it
+     * comes from device memory as the kernel's source does. */
+    double in_all = 0;
+    for (int i = 0; i < NIN; i++) in_all += (double)in_sz[i] / NIN;
+    const size_t half = (size_t)((in_all + (double)out_sz) / 2) & ~(size_t)255;
+    const int NC = std::min(64, std::max(4, 2 * (int)(240e6 / (2.0 * half) + 1)));
+    std::vector<void *> cb(NC);
+    for (auto &p : cb) {
+        CK(cudaMalloc(&p, half));
+        CK(cudaMemsetAsync(p, 0x5A, half, s));
+    }
+    auto copy = [&](int i) {
+        CK(cudaMemcpyAsync(cb[(i + NC / 2) % NC], cb[i % NC], half, cudaMemcpyDeviceToDevice, s));
+    };
+    for (int i = 0; i < NC; i++) copy(i);
+    for (int i = 0; i < iters; i++) {
+        CK(cudaEventRecord(ev[2 * i], s));
+        copy(i);
+        CK(cudaEventRecord(ev[2 * i + 1], s));
+    }
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> cms(iters);
+    for (int i = 0; i < iters; i++) CK(cudaEventElapsedTime(&cms[i], ev[2 * i], ev[2 * i + 1]));
+    for (auto &p : cb) CK(cudaFree(p));
     for (auto &e : ev) CK(cudaEventDestroy(e));
     for (int i = 0; i < NIN; i++) {
         CK(cudaFree(d_in[i]));
@@ -226,7 +256,7 @@ static Result bench(const Cfg &cfg, int batch, int iters)
     /* Bytes of one launch: the mean over the rotating inputs. */
     double in_mean = 0;
     for (int i = 0; i < NIN; i++) in_mean += (double)in_sz[i] / NIN;
-    return Result{median(ms) * 1e3f, tot * 1e3f / iters, in_mean, (double)out_sz, crop_bytes};
+    return Result{median(ms) * 1e3f, tot * 1e3f / iters, median(cms) * 1e3f, in_mean, (double)out_sz, crop_bytes};
 }
 
 int main(int argc, char **argv)
@@ -256,8 +286,8 @@ int main(int argc, char **argv)
         {"rrc224_flip", RRC224_JSON, 0, 0, 0},
         {"imagenet_rrc224_bf16", RRC224_JSON, 1, 1, 1},
     };
-    printf("%-21s %6s %10s %10s %12s %9s %9s %9s %9s %8s\n", "config", "batch", "median_us", "pipe_us",
-           "images/s", "MB_in", "MB_out", "GB/s", "bound_us", "x_bound");
+    printf("%-21s %6s %10s %10s %12s %9s %9s %9s %9s %8s %8s %7s\n", "config", "batch", "median_us", "pipe_us",
+           "images/s", "MB_in", "MB_out", "GB/s", "bound_us", "x_bound", "copy_us", "x_copy");
     for (const Cfg &c : cfgs) {
         const int b = c.ragged ? imagenet_batch : batch;
         Result r = bench(c, b, iters);
@@ -265,16 +295,17 @@ int main(int argc, char **argv)
         const double gbs = bytes / (r.med_us * 1e-6) * 1e-9;
         const double bound_us = bytes / bw * 1e6;
         const double ips = b / (r.med_us * 1e-6);
-        printf("%-21s %6d %10.2f %10.2f %12.0f %9.1f %9.1f %9.0f %9.2f %8.2f\n", c.name, b, r.med_us,
-               r.pipe_us, ips, r.bytes_in * 1e-6, r.bytes_out * 1e-6, gbs, bound_us, r.med_us / bound_us);
+        printf("%-21s %6d %10.2f %10.2f %12.0f %9.1f %9.1f %9.0f %9.2f %8.2f %8.2f %7.2f\n", c.name, b, r.med_us,
+               r.pipe_us, ips, r.bytes_in * 1e-6, r.bytes_out * 1e-6, gbs, bound_us, r.med_us / bound_us,
+               r.copy_us, r.med_us / r.copy_us);
         printf("{\"bench\":\"augment\",\"config\":\"%s\",\"device\":\"%s\",\"batch\":%d,"
                "\"median_us\":%.3f,\"pipelined_us\":%.3f,\"images_per_s\":%.0f,\"bytes_in\":%.0f,"
                "\"bytes_out\":%.0f,\"crop_bytes\":%.0f,\"bytes\":%.0f,\"achieved_gbps\":%.1f,"
                "\"copy_gbps\":%.1f,\"ratio_to_copy\":%.3f,\"bound_us\":%.3f,\"x_of_bound\":%.3f,"
-               "\"fma\":%d}\n",
+               "\"same_size_copy_us\":%.3f,\"x_of_same_size_copy\":%.3f,\"fma\":%d}\n",
                c.name, prop.name, b, r.med_us, r.pipe_us, ips, r.bytes_in, r.bytes_out, r.crop_bytes,
-               bytes, gbs, bw * 1e-9, gbs / (bw * 1e-9), bound_us, r.med_us / bound_us,
-               SF_AUG_FMA_BUILD);
+               bytes, gbs, bw * 1e-9, gbs / (bw * 1e-9), bound_us, r.med_us / bound_us, r.copy_us,
+               r.med_us / r.copy_us, SF_AUG_FMA_BUILD);
     }
     return 0;
 }

@@ -206,14 +206,19 @@ static Result bench(const Cfg &cfg, int batch, int iters)
 
     std::vector<cudaEvent_t> ev(2 * iters);
     for (auto &e : ev) CK(cudaEventCreate(&e));
-    for (int i = 0; i < iters; i++) {
-        CK(cudaEventRecord(ev[2 * i], s));
-        launch(i);
-        CK(cudaEventRecord(ev[2 * i + 1], s));
-    }
-    CK(cudaStreamSynchronize(s));
-    std::vector<float> ms(iters);
-    for (int i = 0; i < iters; i++) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+    /* The median of iters single operations, each bracketed by events. */
+    auto median_us = [&](auto &&op) {
+        for (int i = 0; i < iters; i++) {
+            CK(cudaEventRecord(ev[2 * i], s));
+            op(i);
+            CK(cudaEventRecord(ev[2 * i + 1], s));
+        }
+        CK(cudaStreamSynchronize(s));
+        std::vector<float> ms(iters);
+        for (int i = 0; i < iters; i++) CK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+        return median(ms) * 1e3f;
+    };
+    const float med_us = median_us(launch);
     CK(cudaEventRecord(ev[0], s));
     for (int i = 0; i < iters; i++) launch(i);
     CK(cudaEventRecord(ev[1], s));
@@ -237,14 +242,7 @@ static Result bench(const Cfg &cfg, int batch, int iters)
         CK(cudaMemcpyAsync(cb[(i + NC / 2) % NC], cb[i % NC], half, cudaMemcpyDeviceToDevice, s));
     };
     for (int i = 0; i < NC; i++) copy(i);
-    for (int i = 0; i < iters; i++) {
-        CK(cudaEventRecord(ev[2 * i], s));
-        copy(i);
-        CK(cudaEventRecord(ev[2 * i + 1], s));
-    }
-    CK(cudaStreamSynchronize(s));
-    std::vector<float> cms(iters);
-    for (int i = 0; i < iters; i++) CK(cudaEventElapsedTime(&cms[i], ev[2 * i], ev[2 * i + 1]));
+    const float copy_us = median_us(copy);
     for (auto &p : cb) CK(cudaFree(p));
     for (auto &e : ev) CK(cudaEventDestroy(e));
     for (int i = 0; i < NIN; i++) {
@@ -256,7 +254,7 @@ static Result bench(const Cfg &cfg, int batch, int iters)
     /* Bytes of one launch: the mean over the rotating inputs. */
     double in_mean = 0;
     for (int i = 0; i < NIN; i++) in_mean += (double)in_sz[i] / NIN;
-    return Result{median(ms) * 1e3f, tot * 1e3f / iters, median(cms) * 1e3f, in_mean, (double)out_sz, crop_bytes};
+    return Result{med_us, tot * 1e3f / iters, copy_us, in_mean, (double)out_sz, crop_bytes};
 }
 
 int main(int argc, char **argv)

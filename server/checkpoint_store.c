@@ -27,6 +27,8 @@ static int inside_dir(const char *p, const char *dir)
     return strncmp(p, dir, n) == 0 && (p[n] == '\0' || p[n] == '/');
 }
 
+static int parse_ckpt_name(const char *name, uint64_t *step);
+
 /* A request's path, resolved inside checkpoint.dir. for_write: the file need
  * not exist, its directory must. */
 int sf_ckpt_store_resolve(const char *dir, const char *in, int for_write, char *out, size_t cap,
@@ -99,6 +101,18 @@ int sf_ckpt_store_resolve(const char *dir, const char *in, int for_write, char *
         }
         if (lstat(out, &st) == 0 && S_ISDIR(st.st_mode)) {
             fail(e, 400, "path_invalid", "path", "%s is a directory", in);
+            return -1;
+        }
+        /* The rotating checkpoints' names are the service's: a save under
+         * one would be ranked by the step in its name, deleted or kept and
+         * restored by resume as if the service had written it then. */
+        uint64_t step;
+        char rdir[PATH_MAX];
+        if (parse_ckpt_name(base, &step) == 0 && realpath(dir, rdir) && strcmp(real, rdir) == 0) {
+            fail(e, 400, "path_reserved", "path",
+                 "%s is the name of a rotating checkpoint (" SF_CKPT_FILE_PREFIX "<step>" SF_CKPT_FILE_SUFFIX
+                 " in checkpoint.dir, kept by checkpoint.keep); save without \"path\" for one, or under "
+                 "another name", in);
             return -1;
         }
     }
@@ -260,6 +274,10 @@ int sf_ckpt_store_read(const char *path, int follow, uint64_t max, uint8_t **out
     return 0;
 }
 
+/* The step of a file the service itself names, ckpt-%010llu.safetensors:
+ * that form exactly (ckpt-1.safetensors or ckpt-007.safetensors are someone
+ * else's files, which rotation must not take for old checkpoints and delete,
+ * nor for new ones and prefer). */
 static int parse_ckpt_name(const char *name, uint64_t *step)
 {
     size_t pl = strlen(SF_CKPT_FILE_PREFIX), sl = strlen(SF_CKPT_FILE_SUFFIX), n = strlen(name);
@@ -272,6 +290,10 @@ static int parse_ckpt_name(const char *name, uint64_t *step)
             __builtin_add_overflow(v, (uint64_t)(name[i] - '0'), &v))
             return -1;
     }
+    char canon[64];
+    snprintf(canon, sizeof canon, SF_CKPT_FILE_PREFIX "%010llu" SF_CKPT_FILE_SUFFIX, (unsigned long long)v);
+    if (strcmp(canon, name) != 0)
+        return -1;
     *step = v;
     return 0;
 }

@@ -498,6 +498,37 @@ def test_load_and_save_by_url_are_http_only_with_the_bearer_token(start_server, 
 # ---- periodic saves, kill -9, resume -----------------------------------------------------------
 
 
+def test_rotation_and_resume_count_only_the_service_s_own_checkpoint_names(start_server, tmp_path):
+    d = tmp_path / "ck"
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d), "--checkpoint.keep", "1"])
+    rng = np.random.default_rng(9)
+    train(s, rng, 2)
+    # A save under a rotating checkpoint's name would be ranked by the step in
+    # its name: refused in checkpoint.dir itself, a plain name below it.
+    for name in ("ckpt-9999999999.safetensors", str(d / "ckpt-0000000001.safetensors")):
+        r = post_json(s, "/v1/checkpoint/save", {"path": name})
+        assert (r.status_code, error_of(r)["code"], error_of(r)["field"]) == (400, "path_reserved", "path"), r.text
+    (d / "sub").mkdir()
+    assert post_json(s, "/v1/checkpoint/save", {"path": "sub/ckpt-9999999999.safetensors"}).status_code == 200
+    assert post_json(s, "/v1/checkpoint/save", {"path": "mine.safetensors"}).status_code == 200
+    # Files that only look like one (not the service's zero-padded form) are
+    # neither deleted by rotation nor taken for the newest.
+    for name in ("ckpt-1.safetensors", "ckpt-09999999999.safetensors", "ckpt-10.safetensors"):
+        (d / name).write_bytes((d / "mine.safetensors").read_bytes())
+    for step in (3, 4):
+        train(s, rng, 1)
+        r = post_json(s, "/v1/checkpoint/save", {})
+        assert r.status_code == 200 and r.json()["step"] == step, r.text
+        assert Path(r.json()["path"]).name == f"ckpt-{step:010d}.safetensors"
+        assert Path(r.json()["path"]).exists()
+    assert sorted(p.name for p in d.glob("ckpt-*")) == [
+        "ckpt-0000000004.safetensors", "ckpt-09999999999.safetensors", "ckpt-1.safetensors", "ckpt-10.safetensors"]
+    train(s, rng, 1)
+    r = post_json(s, "/v1/checkpoint/load", {})
+    assert r.status_code == 200 and r.json()["step"] == 4, r.text
+    assert model_step(s) == 4
+
+
 def test_periodic_saves_keep_the_last_k_files(start_server, tmp_path):
     d = tmp_path / "ck"
     s = start_server(TRAIN + ["--checkpoint.dir", str(d), "--checkpoint.every_steps", "2",

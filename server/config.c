@@ -295,11 +295,11 @@ const sf_cfg_option sf_config_table[] = {
      "Directory of checkpoint files: periodic and final saves, resume, and the only place the "
      "paths of POST /v1/checkpoint/save and /load may name; empty disables file checkpoints."},
     {"checkpoint.every_steps", SF_CT_INT64, F(checkpoint.every_steps), "0", 0, 1e12, NULL,
-     SF_CF_HOT, NULL, "Save a checkpoint to checkpoint.dir every N optimizer steps; 0 disables."},
+     SF_CF_HOT, check_checkpoint, "Save a checkpoint to checkpoint.dir every N optimizer steps; 0 disables."},
     {"checkpoint.keep", SF_CT_INT, F(checkpoint.keep), "3", 1, 100000, NULL, SF_CF_HOT, NULL,
      "Checkpoint files (ckpt-<step>.safetensors) kept in checkpoint.dir; older ones are deleted."},
     {"checkpoint.resume", SF_CT_ENUM, F(checkpoint.resume), "false", 0, 0, "false|true|if_compatible", 0,
-     NULL,
+     check_checkpoint,
      "At start, load the newest valid checkpoint of checkpoint.dir (corrupt files and symbolic links "
      "are skipped). true: a file of another model or optimizer stops the start; if_compatible: it "
      "is skipped with a warning (the next older compatible file, or the initialisation, is used)."},
@@ -368,10 +368,10 @@ const sf_cfg_option sf_config_table[] = {
      "Ranks of one data-parallel job (one process per GPU): every optimizer step all-reduces the "
      "gradients of all ranks, so they keep one model. 1: a single process, no collective call "
      "(docs/OPERATIONS.md, \"Data-parallel training\")."},
-    {"distributed.rank", SF_CT_INT, F(distributed.rank), "-1", -1, 1023, NULL, 0, NULL,
+    {"distributed.rank", SF_CT_INT, F(distributed.rank), "-1", -1, 1023, NULL, 0, check_distributed,
      "This process's rank in [0, world_size). -1: the ordinal N of a StatefulSet pod's host name "
      "(name-N); a single process (world_size 1) is rank 0."},
-    {"distributed.rendezvous", SF_CT_STRING, F(distributed.rendezvous), "", 0, 0, NULL, 0, NULL,
+    {"distributed.rendezvous", SF_CT_STRING, F(distributed.rendezvous), "", 0, 0, NULL, 0, check_distributed,
      "host:port of rank 0's HTTP listener, where the other ranks join (its key-value store under "
      "/v1/distributed/kv/); required on ranks other than 0."},
     {"distributed.host", SF_CT_STRING, F(distributed.host), "", 0, 0, NULL, 0, NULL,
@@ -504,8 +504,8 @@ static int check_eval_augment(const sf_config *c, char *err, size_t errlen)
 static int check_slots(const sf_config *c, char *err, size_t errlen)
 {
     if (c->pipeline.jobs_max < 2 * c->ring.slots + 64) {
-        snprintf(err, errlen, "pipeline.jobs_max (%d) must be at least 2*ring.slots+64 (%d)",
-                 c->pipeline.jobs_max, 2 * c->ring.slots + 64);
+        snprintf(err, errlen, "ring.slots (%d) needs pipeline.jobs_max of at least 2*ring.slots+64 (%d); it is %d",
+                 c->ring.slots, 2 * c->ring.slots + 64, c->pipeline.jobs_max);
         return -1;
     }
     return 0;
@@ -514,8 +514,13 @@ static int check_slots(const sf_config *c, char *err, size_t errlen)
 /* Periodic saves and resume work on checkpoint.dir: without one they cannot. */
 static int check_checkpoint(const sf_config *c, char *err, size_t errlen)
 {
-    if (!c->checkpoint.dir[0] && (c->checkpoint.every_steps > 0 || strcmp(c->checkpoint.resume, "false") != 0)) {
-        snprintf(err, errlen, "checkpoint.every_steps and checkpoint.resume need a checkpoint.dir");
+    if (!c->checkpoint.dir[0] && c->checkpoint.every_steps > 0) {
+        snprintf(err, errlen, "checkpoint.every_steps (%lld) needs a checkpoint.dir",
+                 (long long)c->checkpoint.every_steps);
+        return -1;
+    }
+    if (!c->checkpoint.dir[0] && strcmp(c->checkpoint.resume, "false") != 0) {
+        snprintf(err, errlen, "checkpoint.resume (%s) needs a checkpoint.dir", c->checkpoint.resume);
         return -1;
     }
     return 0;
@@ -882,41 +887,48 @@ int sf_config_apply_json(sf_config *c, const cJSON *obj, char *err, size_t errle
 
 static int field_equal(const sf_config *a, const sf_config *b, const sf_cfg_option *o);
 
-/* Whether msg names the option: its name as a whole word ("optim.lr" is not
- * named by "optim.lr_warmup"). */
-static int message_names(const char *msg, const char *name)
+/* Where msg first names the option, as a whole word ("optim.lr" is not named
+ * by "optim.lr_warmup"): its offset, or -1. */
+static long message_names(const char *msg, const char *name)
 {
     const size_t n = strlen(name);
     for (const char *p = strstr(msg, name); p; p = strstr(p + 1, name)) {
         const char b = p == msg ? ' ' : p[-1], a = p[n];
         if (!(isalnum((unsigned char)b) || b == '_' || b == '.') && !(isalnum((unsigned char)a) || a == '_'))
-            return 1;
+            return p - msg;
     }
-    return 0;
+    return -1;
 }
 
 /* The option a failed check is reported under. A check guards a constraint
  * between several options (each lists it), so the first of them is often not
  * the one at fault: the field is one that this change set (differs from base),
- * preferring one the message names; else one the message names; else the
+ * preferring the one the message names first; else the option the message
+ * names first (messages begin with the option they are about); else the
  * first option that lists the check. */
 static const sf_cfg_option *blamed_option(const sf_config *c, const sf_config *base,
                                           const sf_cfg_option *first, const char *msg)
 {
-    const sf_cfg_option *changed = NULL, *named = NULL;
+    const sf_cfg_option *changed = NULL, *set_named = NULL, *named = NULL;
+    long set_at = -1, named_at = -1;
     for (size_t i = 0; i < sf_config_table_len; i++) {
         const sf_cfg_option *o = &sf_config_table[i];
         if (o->check != first->check)
             continue;
-        const int set = base && !field_equal(c, base, o), says = message_names(msg, o->name);
-        if (set && says)
-            return o;
+        const int set = base && !field_equal(c, base, o);
+        const long at = message_names(msg, o->name);
+        if (set && at >= 0 && (set_at < 0 || at < set_at)) {
+            set_named = o;
+            set_at = at;
+        }
         if (set && !changed)
             changed = o;
-        if (says && !named)
+        if (at >= 0 && (named_at < 0 || at < named_at)) {
             named = o;
+            named_at = at;
+        }
     }
-    return changed ? changed : named ? named : first;
+    return set_named ? set_named : changed ? changed : named ? named : first;
 }
 
 /* Runs the checks; base (or NULL) is the config the change started from. */

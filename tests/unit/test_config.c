@@ -612,6 +612,13 @@ static void test_a_cross_option_error_names_the_option_at_fault(void **state)
     assert_int_equal(patch_text("{\"optim\":{\"gamma\":0.5}}", &ap, &pe), 0);
     cJSON_Delete(ap);
     cJSON_Delete(pe);
+    /* Options whose rule is checked beside another's: each carries it. */
+    assert_int_equal(patch_text("{\"checkpoint\":{\"every_steps\":5}}", &ap, &pe), -1);
+    assert_string_equal(field, "checkpoint.every_steps");
+    assert_int_equal(patch_text("{\"checkpoint\":{\"resume\":\"true\"}}", &ap, &pe), -1);
+    assert_string_equal(field, "checkpoint.resume");
+    assert_int_equal(patch_text("{\"distributed\":{\"rank\":3}}", &ap, &pe), -1);
+    assert_string_equal(field, "distributed.rank");
 
     /* Not through a patch (a file, flags): the option the message names. */
     sf_config c;
@@ -620,6 +627,15 @@ static void test_a_cross_option_error_names_the_option_at_fault(void **state)
     assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
     assert_string_equal(field, "http.tls_cert");
     assert_non_null(strstr(err, "go together"));
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "checkpoint.resume", "true", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "checkpoint.resume");
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "distributed.world_size", "2", err, sizeof err), 0);
+    assert_int_equal(sf_config_set_text(&c, "distributed.rank", "1", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "distributed.rendezvous");
     sf_config_defaults(&c);
     assert_int_equal(sf_config_set_text(&c, "optim.schedule", "multistep", err, sizeof err), 0);
     assert_int_equal(sf_config_set_text(&c, "optim.milestones", "[5,5]", err, sizeof err), 0);

@@ -144,8 +144,10 @@ static int dist_patch(sf_req *r)
             cJSON_AddItemToObject(o, "config", sf_config_to_json(&c));
             cJSON *a = reply ? cJSON_DetachItemFromObject(reply, "applied") : NULL;
             cJSON *p = reply ? cJSON_DetachItemFromObject(reply, "pending_restart") : NULL;
-            cJSON_AddItemToObject(o, "applied", a ? a : cJSON_CreateObject());
-            cJSON_AddItemToObject(o, "pending_restart", p ? p : cJSON_CreateObject());
+            /* Lists of option names, as a single process answers. */
+            cJSON_AddItemToObject(o, "applied", cJSON_IsArray(a) ? a : (cJSON_Delete(a), cJSON_CreateArray()));
+            cJSON_AddItemToObject(o, "pending_restart",
+                                  cJSON_IsArray(p) ? p : (cJSON_Delete(p), cJSON_CreateArray()));
             cJSON_Delete(reply);
             return sf_reply_json(r, 200, o);
         }

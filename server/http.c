@@ -57,7 +57,7 @@ struct sf_req_priv {
     struct sf_http *h;
     struct sf_listener *l;
     int started;            /* access_cb has seen this request */
-    int bad_uri;            /* the raw request target carries %00 */
+    int bad_uri;            /* the raw request target carries %00 (1), or %2F in its path (2) */
     int fd;                 /* the connection's socket (for sf_req_abort) */
     /* In h->heads from its request line until its headers are complete (the
      * header deadline, sweep_heads_locked). */
@@ -150,7 +150,9 @@ static const sf_route *route_find(const char *method, const char *path, int prob
             continue;
         *path_found = 1;
         size_t l = strlen(allow);
-        snprintf(allow + l, allow_cap - l, "%s%s", l ? ", " : "", sf_routes[i].method);
+        /* HEAD is served wherever GET is (below). */
+        snprintf(allow + l, allow_cap - l, "%s%s%s", l ? ", " : "", sf_routes[i].method,
+                 strcmp(sf_routes[i].method, "GET") == 0 ? ", HEAD" : "");
         if (!hit && strcmp(sf_routes[i].method, method) == 0) {
             hit = &sf_routes[i];
             snprintf(param, cap, "%s", p);
@@ -642,9 +644,14 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
     if (sc.hosts == 0 && version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0)
         return sf_reply_error(r, 400, "bad_host", "an HTTP/1.1 request must carry a Host header"),
                -1;
+    /* Routes match the decoded path: an encoded '/' would reach a route
+     * that a proxy's rules on the raw path (allow /v1/batches only) never
+     * saw, and no route takes one in a segment. */
     if (r->priv->bad_uri)
-        return sf_reply_error(r, 400, "bad_path",
-                              "the request target contains %%00 (an encoded NUL byte)"),
+        return sf_reply_error(r, 400, "bad_path", "%s",
+                              r->priv->bad_uri == 1 ? "the request target contains %00 (an encoded NUL byte)"
+                                                    : "the request's path contains %2F (an encoded '/'), "
+                                                      "which no route takes"),
                -1;
 
     char allow[128];
@@ -747,13 +754,18 @@ static sf_req *req_new(struct sf_listener *l, struct MHD_Connection *conn)
 
 /* libmicrohttpd shows the request target here before it decodes it: the one
  * place where an encoded NUL (%00), which would cut the decoded path short,
- * can be seen. The request state starts here. */
+ * or an encoded '/' in the path can be seen. The request state starts here. */
 static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
 {
     sf_req *r = req_new(cls, conn);
     if (r && uri) {
-        for (const char *p = strchr(uri, '%'); p && !r->priv->bad_uri; p = strchr(p + 1, '%'))
-            r->priv->bad_uri = p[1] == '0' && p[2] == '0';
+        const char *q = strchr(uri, '?');
+        for (const char *p = strchr(uri, '%'); p && !r->priv->bad_uri; p = strchr(p + 1, '%')) {
+            if (p[1] == '0' && p[2] == '0')
+                r->priv->bad_uri = 1;
+            else if ((!q || p < q) && p[1] == '2' && (p[2] == 'F' || p[2] == 'f'))
+                r->priv->bad_uri = 2;
+        }
     }
     if (r) {
         /* Its headers now have http.header_timeout_s to arrive. */

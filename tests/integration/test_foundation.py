@@ -104,10 +104,10 @@ def test_unknown_path_gets_404_not_found_as_json(start_server):
 
 
 @pytest.mark.parametrize("method,path,allow", [
-    ("DELETE", "/v1/config", {"GET", "PATCH"}),
-    ("POST", "/healthz", {"GET"}),
+    ("DELETE", "/v1/config", {"GET", "HEAD", "PATCH"}),
+    ("POST", "/healthz", {"GET", "HEAD"}),
     ("GET", "/v1/batches", {"POST"}),
-    ("PUT", "/v1/batches/7", {"GET"}),
+    ("PUT", "/v1/batches/7", {"GET", "HEAD"}),
 ])
 def test_wrong_method_gets_405_with_an_allow_header(start_server, method, path, allow):
     s = start_server(SINK)

@@ -222,6 +222,16 @@ def test_an_encoded_nul_in_the_target_gets_400(start_server, target):
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_path"
 
 
+@pytest.mark.parametrize("target", ["/v1%2Fconfig", "/v1/batches/1%2flogits", "/v1/evals/a%2Fb"])
+def test_an_encoded_slash_in_the_path_gets_400_not_another_route(start_server, target):
+    s = start_server(SINK)
+    r, _ = raw(s, f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert r.status_code == 400 and r.json()["error"]["code"] == "bad_path", r.text
+    # In a query value it is only a character.
+    r, _ = raw(s, b"GET /healthz?x=a%2Fb HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert r.status_code == 200
+
+
 def patch_config_raw(body, content_type=b"application/json"):
     return (b"PATCH /v1/config HTTP/1.1\r\nHost: x\r\nContent-Type: " + content_type +
             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)

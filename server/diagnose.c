@@ -30,10 +30,17 @@ typedef struct diag_run {
 /* The latest run and the last successful result; the host buffer is touched
  * only by the engine thread (during a run) and by shutdown (after the engine
  * stopped). */
+/* Finished runs' results kept after a newer run replaced them: a requester
+ * that was woken for its run's end may be scheduled only after another
+ * request started the next one. */
+enum { DIAG_DONE_KEEP = 8 };
+
 static struct {
     pthread_mutex_t mu;
     sf_engine_cmd *cmd;      /* the latest run, one reference held here; NULL before the first */
     int harvested;           /* its result was considered for `last` */
+    sf_diag_result done[DIAG_DONE_KEEP]; /* replaced runs' results, by id, oldest overwritten */
+    unsigned done_next;
     sf_diag_result last;
     int have_last;
     uint8_t *buf;
@@ -435,6 +442,22 @@ static void harvest_locked(void)
     D.harvested = 1;
 }
 
+/* The result of a finished run, as its requester gets it. */
+static void result_of(const sf_engine_cmd *cmd, sf_diag_result *out)
+{
+    const diag_run *run = cmd->arg;
+    if (run->ran) {
+        *out = run->res;
+    } else {
+        /* The engine stopped before running it. */
+        memset(out, 0, sizeof *out);
+        out->status = cmd->status ? cmd->status : -1;
+        snprintf(out->err, sizeof out->err, "%s", cmd->err);
+        out->seconds = run->seconds;
+    }
+    out->id = cmd->id;
+}
+
 sf_diag_start_err sf_diagnose_start(sf_app *app, double seconds, uint64_t *id, char *err,
                                     size_t errlen)
 {
@@ -480,8 +503,10 @@ sf_diag_start_err sf_diagnose_start(sf_app *app, double seconds, uint64_t *id, c
         snprintf(err, errlen, "the engine is stopping or has too many commands queued");
         return SF_DIAG_E_ENGINE;
     }
-    if (D.cmd)
+    if (D.cmd) {
+        result_of(D.cmd, &D.done[D.done_next++ % DIAG_DONE_KEEP]);
         sf_engine_cmd_release(D.cmd);
+    }
     D.cmd = cmd;
     D.harvested = 0;
     *id = cmd->id;
@@ -493,6 +518,12 @@ int sf_diagnose_result(uint64_t id, sf_diag_result *out)
 {
     pthread_mutex_lock(&D.mu);
     if (!D.cmd || D.cmd->id != id) {
+        for (unsigned i = 0; i < DIAG_DONE_KEEP; i++)
+            if (D.done[i].id == id && id) {
+                *out = D.done[i];
+                pthread_mutex_unlock(&D.mu);
+                return 1;
+            }
         pthread_mutex_unlock(&D.mu);
         return -1;
     }
@@ -501,17 +532,7 @@ int sf_diagnose_result(uint64_t id, sf_diag_result *out)
         return 0;
     }
     harvest_locked();
-    diag_run *run = D.cmd->arg;
-    if (run->ran) {
-        *out = run->res;
-    } else {
-        /* The engine stopped before running it. */
-        memset(out, 0, sizeof *out);
-        out->status = D.cmd->status ? D.cmd->status : -1;
-        snprintf(out->err, sizeof out->err, "%s", D.cmd->err);
-        out->seconds = run->seconds;
-    }
-    out->id = id;
+    result_of(D.cmd, out);
     pthread_mutex_unlock(&D.mu);
     return 1;
 }

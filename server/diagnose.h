@@ -109,7 +109,8 @@ typedef enum sf_diag_start_err {
 sf_diag_start_err sf_diagnose_start(struct sf_app *app, double seconds, uint64_t *id, char *err,
                                     size_t errlen);
 /* 1 when run `id` has finished (*out filled, status says how), 0 while it is
- * queued or running, -1 when id is not the latest run. */
+ * queued or running, -1 when id is neither the latest run nor one of the
+ * last runs it replaced. */
 int sf_diagnose_result(uint64_t id, sf_diag_result *out);
 /* The last finished successful run: 0 and *out, or -1 when none. *running
  * (optional) tells whether a run is queued or running now. */

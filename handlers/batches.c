@@ -188,8 +188,18 @@ int h_batches_logits(sf_req *r)
     for (;;) {
         uint64_t gen = sf_http_gen(r->app->http, SF_WAIT_JOB);
         sf_job job;
-        if (sf_jobs_get(r->app->jobs, id, &job))
+        if (sf_jobs_get(r->app->jobs, id, &job)) {
+            /* The batch's entry was evicted (pipeline.jobs_max newer batches)
+             * while its logits are still kept: the 202 promised them until
+             * they are let go, so they stay readable. */
+            sf_xform_out *o = sf_kept_logits_get(r->app->kept_logits, id, sf_now_ns());
+            if (o) {
+                int rc = sf_xform_out_reply(r, o);
+                sf_xform_out_release(o);
+                return rc;
+            }
             return reply_job(r, id, 200);
+        }
         if (job.logits == SF_JOB_LOGITS_NONE)
             return sf_reply_error(r, 404, "logits_not_kept",
                                   "batch %llu's logits were not kept: only a ?mode=eval&return=logits&wait=1 "

@@ -236,6 +236,24 @@ def test_kept_logits_are_bounded_and_unknown_or_expired_ids_get_stable_codes(sta
     assert s.metric("streamfeed_logits_kept") == 0 and s.metric("streamfeed_logits_kept_bytes") == 0
 
 
+def test_kept_logits_stay_readable_after_the_batch_entry_is_evicted(start_server):
+    # pipeline.jobs_max newer batches evict the batch's entry; its logits are
+    # still kept (and counted), so they must still be served until let go.
+    s = start_server(*TINY, "--ring.slots", "16", "--pipeline.jobs_max", "96")
+    rng = np.random.default_rng(8)
+    x, y = learnable_batch(rng, 4)
+    bid = timed_out_logits_eval(s, rng, x, y)
+    r = s.get(f"/v1/batches/{bid}/logits?wait=1")
+    assert r.status_code == 200, r.text
+    small = st_body(*learnable_batch(rng, 2))
+    for _ in range(100):
+        assert s.post_batch(small).status_code == 202
+    wait_until(lambda: s.get(f"/v1/batches/{bid}").status_code == 404, 60, what="the entry's eviction")
+    again = s.get(f"/v1/batches/{bid}/logits")
+    assert again.status_code == 200 and again.content == r.content, again.text
+    assert s.metric("streamfeed_logits_kept") == 1
+
+
 def test_logits_larger_than_what_may_be_kept_are_refused_before_the_batch_runs(start_server):
     s = start_server(*TINY, "--eval.logits_keep_bytes", "4096")
     rng = np.random.default_rng(7)

@@ -119,6 +119,22 @@ static void finish_failed(sf_engine *e, uint64_t id, const char *code, const cha
     sf_http_wake(e->app->http, SF_WAIT_JOB, id);
 }
 
+/* An accepted batch in the ring that will not run: its result and slot go
+ * back, an eval batch counts as a failure of its evaluation (GET /v1/evals'
+ * failed_batches), and the batch reports why. */
+static void fail_ring_batch(sf_engine *e, int slot, const char *code, const char *msg)
+{
+    sf_app *app = e->app;
+    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+    const uint64_t id = m->job_id;
+    if (m->eval)
+        sf_evals_add_failed(app->evals, m->eval_name);
+    if (m->release_result)
+        m->release_result(m->result_owner);
+    sf_ring_release(app->ring, slot);
+    finish_failed(e, id, code, msg);
+}
+
 /* Sink mode: check the slot and mark the batch done without computing. */
 static void run_sink(sf_engine *e, int slot)
 {
@@ -317,12 +333,7 @@ static void submit(sf_engine *e, int slot, int64_t global_n)
     snprintf(x->eval_name, sizeof x->eval_name, "%s", m->eval_name);
     if (fill_batch(e, slot, &b, 1, err, sizeof err) ||
         ((b.global_n = global_n), app->backend->i->submit(app->backend, &b, err, sizeof err))) {
-        if (m->release_result)
-            m->release_result(m->result_owner);
-        sf_ring_release(app->ring, slot);
-        if (x->eval)
-            sf_evals_add_failed(app->evals, x->eval_name);
-        finish_failed(e, id, "submit_failed", err);
+        fail_ring_batch(e, slot, "submit_failed", err);
         return;
     }
     /* The logits buffer stays the request's until STEP_DONE, after the slot
@@ -718,15 +729,9 @@ static int submit_empty(sf_engine *e, int64_t global_n, char *err, size_t errlen
 /* A batch the job can no longer train: failed with the reason, never lost. */
 static void fail_slot(sf_engine *e, int slot)
 {
-    sf_app *app = e->app;
     char why[400];
-    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
-    uint64_t id = m->job_id;
-    if (m->release_result)
-        m->release_result(m->result_owner);
-    sf_ring_release(app->ring, slot);
-    sf_distributed_state(app->dist, why, sizeof why);
-    finish_failed(e, id, "distributed_unavailable", why);
+    sf_distributed_state(e->app->dist, why, sizeof why);
+    fail_ring_batch(e, slot, "distributed_unavailable", why);
 }
 
 /* The job cannot take another step: run commands (checkpoint reads) and fail
@@ -981,14 +986,8 @@ int sf_engine_stop_by(sf_engine *e, uint64_t deadline_ns)
      * reported, never silently dropped. */
     if (e->app->ring) {
         int slot;
-        while ((slot = sf_ring_pop(e->app->ring, 0)) >= 0) {
-            sf_slot_meta *m = sf_ring_meta(e->app->ring, slot);
-            uint64_t id = m->job_id;
-            if (m->release_result)
-                m->release_result(m->result_owner);
-            sf_ring_release(e->app->ring, slot);
-            finish_failed(e, id, "shutdown", "the service stopped before this batch was trained");
-        }
+        while ((slot = sf_ring_pop(e->app->ring, 0)) >= 0)
+            fail_ring_batch(e, slot, "shutdown", "the service stopped before this batch was trained");
     }
     if (e->samples) {
         int slots = sf_ring_slots(e->app->ring);

@@ -1,5 +1,6 @@
 """The OpenAPI spec and the server's route table list exactly the same
-(method, path) pairs, and the server serves the spec file byte for byte."""
+(method, path) pairs, the spec names every error code the sources send, and
+the server serves the spec file byte for byte."""
 import re
 
 import yaml
@@ -55,3 +56,25 @@ def test_get_openapi_yaml_returns_the_spec_file_byte_for_byte(start_server):
     assert r.content == SPEC.read_bytes(), (
         "GET /openapi.yaml differs from openapi/streamfeed.yaml (rebuild the binary after editing the spec)")
     assert yaml.safe_load(r.content)["paths"]
+
+
+# An error reply's status and code as the sources write them:
+# sf_reply_error(r, 409, "no_backend", ...), reject(r, u, 413, "body_too_large", ...),
+# fail(e, 400, "path_invalid", "path", ...), and a status chosen with its code:
+# fail(e, w ? 400 : 404, w ? "path_invalid" : "checkpoint_not_found", ...).
+_ERROR_CODE = re.compile(r'\b[1-5]\d\d\s*,\s*"([a-z][a-z0-9_]*)"')
+_ERROR_CODE_PAIR = re.compile(r'\b[1-5]\d\d\s*:\s*[1-5]\d\d\s*,[^,;]*\?\s*"([a-z][a-z0-9_]*)"\s*:\s*"([a-z][a-z0-9_]*)"')
+
+
+def test_every_error_code_the_sources_send_is_in_the_spec():
+    codes = set()
+    for d in ("server", "handlers", "dist"):
+        for f in (REPO / d).glob("*.c"):
+            src = f.read_text()
+            codes |= {m.group(1) for m in _ERROR_CODE.finditer(src)}
+            for m in _ERROR_CODE_PAIR.finditer(src):
+                codes |= {m.group(1), m.group(2)}
+    assert len(codes) > 50, sorted(codes)  # the patterns still find the calls
+    spec = SPEC.read_text()
+    missing = sorted(c for c in codes if not re.search(r"\b" + c + r"\b", spec))
+    assert not missing, f"error codes the spec does not name: {missing}"

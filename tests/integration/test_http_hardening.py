@@ -232,6 +232,25 @@ def test_an_encoded_slash_in_the_path_gets_400_not_another_route(start_server, t
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize("body,key", [
+    (b'{"optim":{"lr":0.1},"optim":{"lr":0.2}}', "optim"),
+    (b'{"optim":{"lr":0.1,"momentum":0.5,"lr":0.2}}', "lr"),
+])
+def test_a_json_body_with_a_key_twice_in_one_object_is_refused(start_server, body, key):
+    # Which value would win is left open by JSON; a filter in front may read the other.
+    s = start_server(SINK)
+    before = s.config()
+    r = s.request("PATCH", "/v1/config", data=body, headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert (e["code"], e["field"]) == ("json_duplicate_key", key), e
+    assert s.config() == before
+    # The same key in two different objects is no duplicate.
+    r = s.request("PATCH", "/v1/config", data=b'{"optim":{"lr":0.2},"ring":{"full_policy":"block"}}',
+                  headers={"Content-Type": "application/merge-patch+json"})
+    assert r.status_code == 200, r.text
+
+
 def patch_config_raw(body, content_type=b"application/json"):
     return (b"PATCH /v1/config HTTP/1.1\r\nHost: x\r\nContent-Type: " + content_type +
             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)

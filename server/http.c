@@ -495,6 +495,35 @@ static int all_digits(const char *s)
     return 1;
 }
 
+/* The query's keys, to find one given twice: sf_req_arg reads the first, and
+ * a client (or a filter in front) meaning the other would be misread. No
+ * route takes more than a few. */
+enum { MAX_QUERY_ARGS = 32 };
+typedef struct {
+    const char *key[MAX_QUERY_ARGS];
+    int n;
+    const char *dup; /* a key given twice, or NULL */
+    int too_many;
+} query_scan;
+
+static enum MHD_Result scan_query(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    (void)value;
+    query_scan *q = cls;
+    for (int i = 0; i < q->n; i++)
+        if (strcmp(q->key[i], key) == 0) {
+            q->dup = q->key[i];
+            return MHD_NO;
+        }
+    if (q->n == MAX_QUERY_ARGS) {
+        q->too_many = 1;
+        return MHD_NO;
+    }
+    q->key[q->n++] = key;
+    return MHD_YES;
+}
+
 static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key,
                                    const char *value)
 {
@@ -669,6 +698,17 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
                                                      "/healthz and /readyz only)"
                                                    : "");
         }
+        return -1;
+    }
+    query_scan qs = {.n = 0};
+    MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, scan_query, &qs);
+    if (qs.dup || qs.too_many) {
+        if (qs.dup)
+            sf_reply_error_field(r, 400, "bad_query", qs.dup,
+                                 "the query parameter \"%.64s\" is given twice; each may be given once", qs.dup);
+        else
+            sf_reply_error(r, 400, "bad_query", "more than %d query parameters", MAX_QUERY_ARGS);
+        stream_rejected(r, "bad_query");
         return -1;
     }
     const sf_route *rt = r->route;

@@ -251,6 +251,21 @@ def test_a_json_body_with_a_key_twice_in_one_object_is_refused(start_server, bod
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("path,key", [
+    ("/v1/trace?steps=1&steps=5000", "steps"),
+    ("/v1/batches/1/logits?wait=0&wait=1", "wait"),
+    ("/healthz?a=1&b=2&a=3", "a"),
+])
+def test_a_query_parameter_given_twice_is_refused(start_server, path, key):
+    # sf_req_arg reads the first; a client or a filter meaning the other would be misread.
+    s = start_server(SINK)
+    r = s.get(path)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["field"]) == ("bad_query", key), r.text
+    r = s.get("/v1/trace?steps=2&other=1")
+    assert r.status_code == 200, r.text
+
+
 def patch_config_raw(body, content_type=b"application/json"):
     return (b"PATCH /v1/config HTTP/1.1\r\nHost: x\r\nContent-Type: " + content_type +
             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)

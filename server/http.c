@@ -502,15 +502,20 @@ enum { MAX_QUERY_ARGS = 32 };
 typedef struct {
     const char *key[MAX_QUERY_ARGS];
     int n;
-    const char *dup; /* a key given twice, or NULL */
+    const char *dup;  /* a key given twice, or NULL */
+    const char *bare; /* a key without "=value" ("?wait"), or NULL */
     int too_many;
 } query_scan;
 
 static enum MHD_Result scan_query(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
 {
     (void)kind;
-    (void)value;
     query_scan *q = cls;
+    if (!value) {
+        /* sf_req_arg would take it for absent, while "wait=" is refused. */
+        q->bare = key;
+        return MHD_NO;
+    }
     for (int i = 0; i < q->n; i++)
         if (strcmp(q->key[i], key) == 0) {
             q->dup = q->key[i];
@@ -702,8 +707,11 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
     }
     query_scan qs = {.n = 0};
     MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, scan_query, &qs);
-    if (qs.dup || qs.too_many) {
-        if (qs.dup)
+    if (qs.dup || qs.bare || qs.too_many) {
+        if (qs.bare)
+            sf_reply_error_field(r, 400, "bad_query", qs.bare,
+                                 "the query parameter \"%.64s\" has no value; give it as name=value", qs.bare);
+        else if (qs.dup)
             sf_reply_error_field(r, 400, "bad_query", qs.dup,
                                  "the query parameter \"%.64s\" is given twice; each may be given once", qs.dup);
         else

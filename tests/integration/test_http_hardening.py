@@ -255,9 +255,11 @@ def test_a_json_body_with_a_key_twice_in_one_object_is_refused(start_server, bod
     ("/v1/trace?steps=1&steps=5000", "steps"),
     ("/v1/batches/1/logits?wait=0&wait=1", "wait"),
     ("/healthz?a=1&b=2&a=3", "a"),
+    ("/v1/batches/1/logits?wait", "wait"),
 ])
-def test_a_query_parameter_given_twice_is_refused(start_server, path, key):
-    # sf_req_arg reads the first; a client or a filter meaning the other would be misread.
+def test_a_query_parameter_given_twice_or_without_a_value_is_refused(start_server, path, key):
+    # sf_req_arg reads the first; a client or a filter meaning the other would
+    # be misread. A bare "?wait" read as absent would silently not wait.
     s = start_server(SINK)
     r = s.get(path)
     assert r.status_code == 400, r.text

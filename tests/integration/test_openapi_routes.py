@@ -75,6 +75,13 @@ def test_every_error_code_the_sources_send_is_in_the_spec():
             for m in _ERROR_CODE_PAIR.finditer(src):
                 codes |= {m.group(1), m.group(2)}
     assert len(codes) > 50, sorted(codes)  # the patterns still find the calls
+    # The batch parser's codes (server/safetensors.c error_names), sent as
+    # the reply's code; bad_call is a caller's bug, never a reply.
+    st = (REPO / "server" / "safetensors.c").read_text()
+    table = st[st.index("error_names[SF_ST_ERROR_COUNT]"):]
+    parser_codes = set(re.findall(r'=\s*"([a-z][a-z0-9_]*)"', table[:table.index("};")])) - {"ok", "bad_call"}
+    assert len(parser_codes) > 20, sorted(parser_codes)
+    codes |= parser_codes
     spec = SPEC.read_text()
     missing = sorted(c for c in codes if not re.search(r"\b" + c + r"\b", spec))
     assert not missing, f"error codes the spec does not name: {missing}"

@@ -1496,6 +1496,16 @@ static int parse_args(int argc, char **argv, options *o)
         return usage_error("--url must start with http:// or https://");
     if (strlen(o->url) > 1900)
         return usage_error("--url is too long");
+    {
+        /* "http://host:8080/" names the same server as without the slash:
+         * the API's paths are appended to it ("//v1/batches" is no route). */
+        static char url[1901];
+        snprintf(url, sizeof url, "%s", o->url);
+        size_t n = strlen(url);
+        while (n > 8 && url[n - 1] == '/')
+            url[--n] = '\0';
+        o->url = url;
+    }
     if (o->token && strlen(o->token) > 900)
         return usage_error("--token is too long");
     if (o->token && !*o->token)

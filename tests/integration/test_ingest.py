@@ -547,6 +547,15 @@ def test_streamfeed_load_drives_a_two_slot_ring_full_and_back_without_error(star
     assert m[key("streamfeed_steps_total")] == 16
 
 
+def test_streamfeed_load_takes_a_base_url_with_a_trailing_slash(start_server):
+    s = start_server(SINK)
+    p = subprocess.run([LOAD_BIN, "--url", s.url + "//", "--workload", "tiny", "--batch", "8", "--batches", "3",
+                        "--json", "--quiet"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["accepted"] == 3 and summary["errors"] == {}, summary
+
+
 def test_streamfeed_load_help_exits_0():
     p = subprocess.run([LOAD_BIN, "--help"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0

@@ -1389,8 +1389,26 @@ cJSON *sf_config_pending(void)
     return a;
 }
 
+/* One patch at a time, its change hook included: the hook runs after live_mu
+ * is released (it may read the config), so without this two patches of
+ * log.level could reach the logger in the other order than they reached the
+ * config, leaving the two disagreeing. */
+static pthread_mutex_t patch_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int patch_serial(const cJSON *patch, cJSON **applied, cJSON **pending, char *err, size_t errlen,
+                        char *field, size_t fieldlen);
+
 int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *err,
                     size_t errlen, char *field, size_t fieldlen)
+{
+    pthread_mutex_lock(&patch_mu);
+    int rc = patch_serial(patch, applied, pending, err, errlen, field, fieldlen);
+    pthread_mutex_unlock(&patch_mu);
+    return rc;
+}
+
+static int patch_serial(const cJSON *patch, cJSON **applied, cJSON **pending, char *err, size_t errlen,
+                        char *field, size_t fieldlen)
 {
     sf_config *next = malloc(sizeof *next);
     if (!next) {

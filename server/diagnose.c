@@ -27,14 +27,14 @@ typedef struct diag_run {
     sf_diag_result res;
 } diag_run;
 
-/* The latest run and the last successful result; the host buffer is touched
- * only by the engine thread (during a run) and by shutdown (after the engine
- * stopped). */
 /* Finished runs' results kept after a newer run replaced them: a requester
  * that was woken for its run's end may be scheduled only after another
  * request started the next one. */
 enum { DIAG_DONE_KEEP = 8 };
 
+/* The latest run and the last successful result; the host buffer is touched
+ * only by the engine thread (during a run) and by shutdown (after the engine
+ * stopped). */
 static struct {
     pthread_mutex_t mu;
     sf_engine_cmd *cmd;      /* the latest run, one reference held here; NULL before the first */

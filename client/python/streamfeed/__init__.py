@@ -26,8 +26,8 @@ code; back-pressure (429/503 with Retry-After) is retried with a capped back-off
 """
 from .client import Client, RetryPolicy, check_url, parse_retry_after
 from .errors import (APIError, Backpressure, BadRequest, BatchFailed, Conflict, FeedAborted, Gone,
-                     MethodNotAllowed, NotFound, PayloadTooLarge, ServerError, StreamfeedError,
-                     TransportError, Unauthorized, Unprocessable, UnsupportedMediaType)
+                     MethodNotAllowed, NotFound, OutcomeUnknown, PayloadTooLarge, ServerError,
+                     StreamfeedError, TransportError, Unauthorized, Unprocessable, UnsupportedMediaType)
 from .feed import FeedSummary, feed
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import Body, decode_tensors, detect_layout, encode_batch, encode_batch_parts
@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "RetryPolicy", "FeedSummary", "feed", "encode_batch", "encode_batch_parts", "Body",
     "decode_tensors", "detect_layout", "check_url", "BatchAccepted", "BatchResult", "EvalList", "EvalSummary",
-    "parse_retry_after", "StreamfeedError", "TransportError", "APIError", "BadRequest", "Unauthorized",
+    "parse_retry_after", "StreamfeedError", "TransportError", "OutcomeUnknown", "APIError", "BadRequest", "Unauthorized",
     "NotFound", "MethodNotAllowed", "Conflict", "Gone", "PayloadTooLarge", "UnsupportedMediaType",
     "Unprocessable", "Backpressure", "ServerError", "BatchFailed", "FeedAborted", "__version__",
 ]

@@ -38,6 +38,14 @@ from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
 
 
+#: httpx errors raised before the request was written whole (while connecting,
+#: waiting for a pooled connection, or writing): the server cannot have acted
+#: on it. Any other httpx.TransportError (a read timeout, a connection closed
+#: while waiting for the reply) is an OutcomeUnknown.
+_NOT_DELIVERED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteError,
+                  httpx.WriteTimeout, httpx.UnsupportedProtocol, httpx.ProxyError)
+
+
 class AsyncClient:
     """An asyncio client of one streamfeed server (see :class:`streamfeed.Client`).
 
@@ -104,7 +112,10 @@ class AsyncClient:
                     await asyncio.sleep(self.retry.delay(retries, None))
                     retries += 1
                     continue
-                raise E.TransportError(f"{method} {self.url}{path}: {e}", e) from e
+                if isinstance(e, _NOT_DELIVERED):
+                    raise E.TransportError(f"{method} {self.url}{path}: {e}", e, retries=retries) from e
+                raise E.OutcomeUnknown(f"{method} {self.url}{path}: no reply after the request was sent, so the "
+                                       f"server may have acted on it: {e}", e, retries=retries) from e
             if resp.status_code < 400:
                 return resp, retries
             if (resp.status_code in (429, 503) and "Retry-After" in resp.headers

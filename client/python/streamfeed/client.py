@@ -18,11 +18,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 import numpy as np
 import requests
+import urllib3
 
 from . import errors as E
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
@@ -42,9 +43,13 @@ class RetryPolicy:
     times. Each wait is the server's ``Retry-After`` or the exponential
     back-off ``backoff_base * 2**attempt`` (with jitter), whichever is longer,
     capped at ``backoff_max`` seconds. GET requests are also retried on
-    connection errors, ``connect_retries`` times (they are idempotent); POSTs
-    are not, since the server may have accepted the batch before the
-    connection broke.
+    connection errors, ``connect_retries`` times (they are idempotent). The
+    client never sends a POST again by itself; :func:`streamfeed.feed` sends
+    a batch again, ``connect_retries`` times, only when it certainly did not
+    reach the server (:class:`~streamfeed.errors.TransportError`: the
+    connection could not be made, or broke before the body was sent), never
+    after the whole body was sent (:class:`~streamfeed.errors.OutcomeUnknown`:
+    the server may have accepted it).
     """
 
     max_retries: int = 20
@@ -186,6 +191,59 @@ def logits_timeout(batch_id: int, timeout: float) -> TimeoutError:
                         f"(eval.logits_keep_s): ask again with batch_logits({batch_id})")
 
 
+class _TrackedBody:
+    """A request body (bytes or a :class:`Body`) that records whether it was
+    written to the socket to its end.
+
+    urllib3 sends an iterable body part by part and asks for the next part
+    only once the previous one was written, so ``done`` becomes True only after
+    the last part left; a request that failed with ``done`` still False never
+    reached the server whole (its connection was never made, or broke during
+    the upload), and the server cannot have accepted it."""
+
+    __slots__ = ("data", "nbytes", "done")
+
+    def __init__(self, data: Union[bytes, bytearray, memoryview, Body]):
+        self.data = data
+        self.nbytes = len(data) if isinstance(data, Body) else memoryview(data).nbytes
+        self.done = False
+
+    def __len__(self) -> int:  # requests sends a Content-Length, not chunks
+        return self.nbytes
+
+    def __iter__(self) -> Iterator[Any]:
+        self.done = False
+        if isinstance(self.data, Body):
+            yield from self.data.parts
+        else:
+            yield self.data
+        self.done = True
+
+
+def _connect_failed(e: BaseException) -> bool:
+    """A requests exception raised while making the connection (refused,
+    connect timeout, DNS, the TLS handshake): nothing of the request was sent."""
+    if isinstance(e, (requests.ConnectTimeout, requests.exceptions.SSLError)):
+        return True
+    reason = getattr(e.args[0], "reason", None) if e.args else None
+    return isinstance(reason, urllib3.exceptions.NewConnectionError)  # includes NameResolutionError
+
+
+def transport_error(method: str, url: str, e: BaseException, body: Optional[_TrackedBody],
+                    retries: int) -> E.TransportError:
+    """The TransportError of a request that got no reply: OutcomeUnknown when
+    the whole request may have reached the server (its body was written to its
+    end, or, without a tracked body, the connection had been made)."""
+    if body is not None:
+        delivered = body.done
+    else:
+        delivered = not _connect_failed(e)
+    if delivered:
+        return E.OutcomeUnknown(f"{method} {url}: no reply after the request was sent, so the server may have "
+                                f"acted on it: {e}", e, retries=retries)
+    return E.TransportError(f"{method} {url}: {e}", e, retries=retries)
+
+
 class Client:
     """A client of one streamfeed server.
 
@@ -283,18 +341,20 @@ class Client:
         timeout = self.timeout if timeout is None else timeout
         retries = 0
         while True:
+            body = _TrackedBody(data) if isinstance(data, (bytes, bytearray, memoryview, Body)) else None
             try:
                 extra: Dict[str, Any] = {} if self.verify is None else {"verify": self.verify}
-                resp = self._session().request(method, url, params=params, data=data, headers=headers,
+                resp = self._session().request(method, url, params=params,
+                                               data=data if body is None else body, headers=headers,
                                                timeout=(min(timeout, 10.0), timeout), **extra)
             except requests.ConnectionError as e:
                 if method == "GET" and retries < min(self.retry.connect_retries, self.retry.max_retries):
                     time.sleep(self.retry.delay(retries, None))
                     retries += 1
                     continue
-                raise E.TransportError(f"{method} {url}: {e}", e) from e
+                raise transport_error(method, url, e, body, retries) from e
             except requests.RequestException as e:
-                raise E.TransportError(f"{method} {url}: {e}", e) from e
+                raise transport_error(method, url, e, body, retries) from e
             if resp.status_code < 400 or resp.status_code in ok:
                 return resp, retries
             if (resp.status_code in (429, 503) and "Retry-After" in resp.headers

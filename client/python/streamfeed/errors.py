@@ -11,7 +11,11 @@ when the server sent ``Retry-After``.
 Hierarchy::
 
     StreamfeedError
-    ├── TransportError            no HTTP reply (connection refused, reset, timeout)
+    ├── TransportError            no HTTP reply, and the request did not reach the server whole
+    │   │                         (connection refused, connect timeout, DNS, broken before the
+    │   │                         body was sent): a POST may be sent again
+    │   └── OutcomeUnknown        no HTTP reply after the whole request was sent (read timeout,
+    │                             reset while waiting): the server may have acted on it
     ├── BatchFailed               the batch was accepted but its step failed (state "failed")
     └── APIError                  an HTTP error reply
         ├── BadRequest            400
@@ -36,16 +40,52 @@ class StreamfeedError(Exception):
 
 
 class TransportError(StreamfeedError):
-    """The request got no HTTP reply: connection refused or reset, or a timeout.
+    """The request got no HTTP reply.
 
-    ``cause`` is the underlying ``requests`` exception."""
+    A TransportError itself (code ``transport_error``) means the request
+    certainly did not reach the server whole: the connection could not be made
+    (refused, connect timeout, a name that does not resolve, a TLS handshake
+    that failed) or broke before the body was sent to its end, so the server
+    cannot have acted on it and sending it again is safe. Its subclass
+    :class:`OutcomeUnknown` is the other case.
+
+    Attributes:
+        cause: the underlying ``requests`` (or ``httpx``) exception.
+        sent: False here; True for :class:`OutcomeUnknown`.
+        retries: back-pressure retries (429/503 + Retry-After) made before
+            this attempt failed.
+    """
 
     code = "transport_error"
+    sent = False
 
-    def __init__(self, message: str, cause: Optional[BaseException] = None):
+    def __init__(self, message: str, cause: Optional[BaseException] = None, *, retries: int = 0):
         super().__init__(message)
         self.message = message
         self.cause = cause
+        self.retries = retries
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_transport_error, (type(self), self.message, self.retries))
+
+
+def _rebuild_transport_error(cls: Any, message: str, retries: int) -> Any:
+    return cls(message, None, retries=retries)
+
+
+class OutcomeUnknown(TransportError):
+    """The whole request was sent and no reply came (a read timeout, the
+    connection reset or closed while waiting for the reply).
+
+    The server may have acted on it: a batch may have been accepted and
+    trained. It is never sent again automatically (that could train the batch
+    twice); :func:`streamfeed.feed` counts it under ``outcome_unknown``. Raise
+    the client's ``timeout`` (``wait_timeout`` for ``wait=True``) when replies
+    are slow rather than lost.
+    """
+
+    code = "outcome_unknown"
+    sent = True
 
 
 class APIError(StreamfeedError):
@@ -188,18 +228,21 @@ def error_class(status: int, retry_after_present: bool) -> "type[APIError]":
 
 class FeedAborted(StreamfeedError):
     """Client.feed stopped early: a batch was rejected for a reason every later
-    batch would share (a 4xx other than back-pressure), or more than
-    ``max_errors`` batches failed.
+    batch would share (a 4xx other than back-pressure), more than
+    ``max_errors`` batches failed, or the server stopped answering (a run of
+    consecutive transport failures).
 
     Attributes:
         summary: the FeedSummary of what was done up to then.
-        batch_index: the position in the loader of the rejected batch (None
-            when the feed stopped on max_errors).
-        error: the APIError of that batch (None likewise).
+        batch_index: the position in the loader of the rejected batch, or of
+            the last batch of the run of transport failures (None when the
+            feed stopped on max_errors).
+        error: the APIError of that batch, or the last TransportError of the
+            run (None likewise).
     """
 
     def __init__(self, message: str, summary: Any, *, batch_index: Optional[int] = None,
-                 error: Optional[APIError] = None):
+                 error: Optional[StreamfeedError] = None):
         super().__init__(message)
         self.summary = summary
         self.batch_index = batch_index
@@ -210,5 +253,5 @@ class FeedAborted(StreamfeedError):
 
 
 def _rebuild_feed_aborted(message: str, summary: Any, batch_index: Optional[int],
-                          error: Optional[APIError]) -> FeedAborted:
+                          error: Optional[StreamfeedError]) -> FeedAborted:
     return FeedAborted(message, summary, batch_index=batch_index, error=error)

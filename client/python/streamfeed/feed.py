@@ -9,9 +9,12 @@ of them is answered, so memory stays bounded however long the loader is: at
 most ``max_in_flight + 2`` batches are held (the extra two: the batch waiting
 for a free upload slot and the one read ahead to tell the last batch apart).
 
-Errors: back-pressure (429/503 with Retry-After) is retried by the client; a
-batch whose connection broke is sent again (``RetryPolicy.connect_retries``
-times: the server may then have it twice — at least once, not exactly once).
+Errors: back-pressure (429/503 with Retry-After) is retried by the client. A
+batch that certainly did not reach the server (its connection could not be
+made, or broke before the body was sent) is sent again
+(``RetryPolicy.connect_retries`` times); one whose whole body was sent and
+that got no reply (a read timeout, a reset while waiting) is never sent again,
+since the server may have accepted it: it counts under ``outcome_unknown``.
 A deterministic rejection (any other 4xx: a wrong shape, a label out of range)
 would hit every later batch too, so by default it stops the feed with
 :class:`~streamfeed.errors.FeedAborted` naming the batch and the reason.
@@ -41,9 +44,12 @@ class FeedSummary:
         samples: images in the accepted batches.
         bytes: body bytes of the accepted batches (safetensors, headers included).
         seconds: wall time of the whole feed.
-        errors: batches that finally failed, by the server's error code
-            (``transport_error`` when there was no reply; a step that failed
-            counts under its job error code).
+        errors: batches that finally failed, by the server's error code (a
+            step that failed counts under its job error code). Without a reply:
+            ``transport_error`` when the batch certainly did not reach the
+            server; ``outcome_unknown`` when it was sent whole and no reply
+            came, so the server may have accepted and trained it (such a
+            batch is never sent again).
         retries: back-pressure retries (429/503 + Retry-After) over all batches.
         first_loss: loss of the first batch. It is posted with ``wait=1`` before
             any other, so this is the loss of the model as the feed found it.
@@ -247,13 +253,14 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         stop.set()
 
     def post(index: int, body: Any, wait: bool) -> Any:
-        """client.post_body, sending again after a broken connection (bounded)."""
+        """client.post_body, sending again (bounded) only a batch that
+        certainly did not reach the server: never after an OutcomeUnknown."""
         attempt = 0
         while True:
             try:
                 return client.post_body(body, wait)
-            except E.TransportError:
-                if attempt >= connect_retries or stop.is_set():
+            except E.TransportError as e:
+                if e.sent or attempt >= connect_retries or stop.is_set():
                     raise
                 time.sleep(client.retry.delay(attempt, None))
                 attempt += 1
@@ -280,8 +287,8 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                 # Accepted, but its step failed: count it as an error, not a batch.
                 record_error(e.code, 0)
                 return
-            except E.TransportError:
-                record_error("transport_error", 0)
+            except E.TransportError as e:
+                record_error(e.code, 0)
                 return
             with lock:
                 summary.batches += 1

@@ -1,0 +1,198 @@
+"""When the Python client sends a batch again and when it must not, how it
+reports a batch whose outcome it cannot know, and what feed() leaves behind
+(threads, sessions, sockets) and how fast it stops.
+
+Most of these use a stand-in server on a socket (StandIn): a script of what
+to do with each POST (answer it, reset the connection halfway through the
+body, read it whole and never answer), so that each case happens on purpose
+and the test can count the POSTs that arrived."""
+import json
+import re
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from streamfeed import Client, OutcomeUnknown, RetryPolicy, TransportError
+
+
+def random_batch(rng, n=2, side=32):
+    return rng.integers(0, 256, (n, side, side, 3), dtype=np.uint8), rng.integers(0, 10, n)
+
+
+def _reply(conn, status=200, body=None, headers=""):
+    body = json.dumps(body if body is not None else {
+        "id": 1, "state": "done", "n": 2, "step": 1, "loss": 2.3, "accuracy": 0.5,
+        "timings": {}, "error": None}).encode()
+    reason = {200: "OK", 202: "Accepted", 503: "Service Unavailable"}.get(status, "X")
+    conn.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n{headers}"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+
+def _reset(conn):
+    """Closes with SO_LINGER 0: the peer sees ECONNRESET."""
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
+
+
+class StandIn:
+    """A one-thread HTTP/1.1 server that reads each request's head and hands
+    the connection to script(n, conn, head, length), n counting requests from
+    0. The script reads the body itself (read_body) or not. ``heads`` keeps
+    every request head seen; a script that returns False closes the connection."""
+
+    def __init__(self, script):
+        self.script = script
+        self.heads = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.closed = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def read_body(conn, rest, length):
+        body = rest
+        while len(body) < length:
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                break
+            body += chunk
+        return body
+
+    def _serve(self):
+        while not self.closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
+
+    def _conn(self, conn):
+        try:
+            data = b""
+            while True:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, rest = data.partition(b"\r\n\r\n")
+                m = re.search(rb"(?i)content-length: *(\d+)", head)
+                n = len(self.heads)
+                self.heads.append(head)
+                keep = self.script(n, conn, head, int(m.group(1)) if m else 0, rest)
+                if keep is False:
+                    return
+                data = b""
+        except OSError:
+            pass
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def posts(self):
+        return [h for h in self.heads if h.startswith(b"POST /v1/batches")]
+
+    def close(self):
+        self.closed.set()
+        self.sock.close()
+
+
+@pytest.fixture
+def stand_in():
+    made = []
+
+    def make(script):
+        s = StandIn(script)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+FAST = RetryPolicy(connect_retries=3, backoff_base=0.001, backoff_max=0.01)
+
+
+# ---- a batch sent whole is never sent again --------------------------------------------------------
+
+
+def test_a_read_timeout_after_the_whole_batch_was_sent_is_outcome_unknown_and_never_resent(stand_in, rng):
+    """The server read the whole batch (it may have accepted it) and its reply
+    is late: re-sending would train the batch twice."""
+    def never_answer(n, conn, head, length, rest):
+        StandIn.read_body(conn, rest, length)
+        time.sleep(3)
+        return False
+
+    srv = stand_in(never_answer)
+    c = Client(srv.url, timeout=0.3, wait_timeout=0.3, retry=FAST)
+    with pytest.raises(OutcomeUnknown) as e:
+        c.post_batch(*random_batch(rng))
+    assert isinstance(e.value, TransportError) and e.value.sent and e.value.code == "outcome_unknown"
+    assert "may have" in str(e.value)
+    summary = c.feed([random_batch(rng)], connections=1, progress=False)
+    assert len(srv.posts()) == 2, "feed() sent a batch again after the server had read it whole"
+    assert summary.errors == {"outcome_unknown": 1} and summary.batches == 0, summary
+    assert "outcome_unknown" in str(summary)
+
+
+def test_a_reset_while_waiting_for_the_reply_is_outcome_unknown_and_never_resent(stand_in, rng):
+    def reset_after_body(n, conn, head, length, rest):
+        StandIn.read_body(conn, rest, length)
+        if n == 0:
+            _reset(conn)
+            return False
+        _reply(conn)
+
+    srv = stand_in(reset_after_body)
+    c = Client(srv.url, retry=FAST)
+    summary = c.feed([random_batch(rng)], connections=1, progress=False)
+    assert len(srv.posts()) == 1, "feed() sent a batch again after the server had read it whole"
+    assert summary.errors == {"outcome_unknown": 1}, summary
+
+
+# ---- a batch that did not reach the server is sent again ------------------------------------------------
+
+
+def test_a_batch_whose_connection_broke_during_the_upload_is_sent_again(stand_in, rng):
+    """The first connection is reset with most of the body unread (the
+    client is still writing it): the server cannot have the batch, so feed()
+    sends it again."""
+    def reset_halfway(n, conn, head, length, rest):
+        if n < 2:  # post_batch's, then feed()'s first try
+            StandIn.read_body(conn, rest, length // 8)
+            _reset(conn)
+            return False
+        StandIn.read_body(conn, rest, length)
+        _reply(conn)
+
+    srv = stand_in(reset_halfway)
+    c = Client(srv.url, retry=FAST)
+    big = random_batch(rng, n=64, side=256)  # 12 MB: far more than the socket buffers hold
+    with pytest.raises(TransportError) as e:
+        c.post_batch(*big)
+    assert not isinstance(e.value, OutcomeUnknown) and not e.value.sent
+    summary = c.feed([big], connections=1, progress=False)
+    assert len(srv.posts()) == 3  # the post_batch, then the feed's first try and its resend
+    assert summary.ok and summary.batches == 1 and summary.first_loss == 2.3, summary
+
+
+def test_a_refused_connection_is_a_transport_error_not_an_unknown_outcome(rng):
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    c = Client(f"http://127.0.0.1:{port}", retry=FAST)
+    with pytest.raises(TransportError) as e:
+        c.post_batch(*random_batch(rng))
+    assert type(e.value) is TransportError and e.value.code == "transport_error"

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from streamfeed import Client, OutcomeUnknown, RetryPolicy, TransportError
+from streamfeed import Backpressure, Client, OutcomeUnknown, RetryPolicy, TransportError, encode_batch
+from test_client import metric, wait_until
 
 
 def random_batch(rng, n=2, side=32):
@@ -196,3 +197,40 @@ def test_a_refused_connection_is_a_transport_error_not_an_unknown_outcome(rng):
     with pytest.raises(TransportError) as e:
         c.post_batch(*random_batch(rng))
     assert type(e.value) is TransportError and e.value.code == "transport_error"
+
+
+# ---- a suspended upload waits for the server's answer --------------------------------------------------
+
+
+def _hold_slot(port, body):
+    """Starts an upload of body and sends only half of it: the server holds a
+    ring slot (FILLING) for it until the connection ends."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall((f"POST /v1/batches HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/vnd.safetensors\r\n"
+               f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body[:len(body) // 2])
+    return s
+
+
+def test_an_upload_suspended_by_a_full_ring_gets_the_servers_503_after_more_than_10s(start_server, rng):
+    """A full ring holds an upload unread for ring.full_timeout_ms, then
+    answers 503 with Retry-After. The client sent the body under a 10 s cap
+    whatever its timeout, so with the server waiting 11 s it gave up first
+    with a TransportError instead of getting the 503 it can retry."""
+    s = start_server("--ring.slots", "2", "--ring.full_timeout_ms", "11000", "--pipeline.mode", "sink",
+                     "--model.max_batch", "1024", "--ring.slot_bytes", str(64 << 20),
+                     "--http.upload_min_bytes_per_s", "0")
+    small = encode_batch(*random_batch(rng, 8))
+    holders = [_hold_slot(s.port, small) for _ in range(2)]
+    try:
+        c = s.client(timeout=15, retry=0)
+        wait_until(lambda: metric(c.metrics(), "streamfeed_ring_slots", state="filling") == 2,
+                   what="both ring slots to be held by the partial uploads")
+        big = random_batch(rng, 1024)  # 3 MB: the client is still writing it when the server stops reading
+        t0 = time.monotonic()
+        with pytest.raises(Backpressure) as e:
+            c.post_batch(*big)
+        assert e.value.status == 503 and e.value.retry_after is not None, e.value
+        assert time.monotonic() - t0 >= 10.5
+    finally:
+        for h in holders:
+            h.close()

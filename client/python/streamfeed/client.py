@@ -251,7 +251,13 @@ class Client:
         url: the server's base URL, e.g. ``http://gpu-box:8080``.
         token: the bearer token when the server has ``http.token`` set; sent
             as ``Authorization: Bearer <token>`` on every request.
-        timeout: seconds to wait for a reply (connect and read).
+        timeout: seconds allowed to connect, to send a body and to wait for
+            its reply. A full ring holds an upload unread for up to the
+            server's ``ring.full_timeout_ms`` before it answers 503 with
+            ``Retry-After``: keep timeout above that (the default 60 s is
+            above the server's default 10 s), or a suspended upload fails
+            with :class:`~streamfeed.errors.TransportError` instead of
+            getting the 503 that is retried.
         wait_timeout: read timeout of requests that wait for a training step
             (``wait=True``); keep it above the server's ``pipeline.wait_timeout_ms``.
         retry: the back-pressure retry policy (:class:`RetryPolicy`), or an int
@@ -346,7 +352,7 @@ class Client:
                 extra: Dict[str, Any] = {} if self.verify is None else {"verify": self.verify}
                 resp = self._session().request(method, url, params=params,
                                                data=data if body is None else body, headers=headers,
-                                               timeout=(min(timeout, 10.0), timeout), **extra)
+                                               timeout=(timeout, timeout), **extra)
             except requests.ConnectionError as e:
                 if method == "GET" and retries < min(self.retry.connect_retries, self.retry.max_retries):
                     time.sleep(self.retry.delay(retries, None))

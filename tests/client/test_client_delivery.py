@@ -234,3 +234,44 @@ def test_an_upload_suspended_by_a_full_ring_gets_the_servers_503_after_more_than
     finally:
         for h in holders:
             h.close()
+
+
+# ---- what a feed leaves behind ------------------------------------------------------------------------------
+
+
+def _open_fds():
+    import os
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_feed_closes_the_sessions_and_sockets_of_its_threads(start_server, rng):
+    """Each worker thread makes a requests session (a keep-alive socket) that
+    the client kept in its list after the thread was gone: every feed leaked
+    connections x (session + socket)."""
+    s = start_server("--pipeline.mode", "sink")
+    c = s.client()
+    batches = [random_batch(rng, 4)] * 12
+    c.feed(batches, connections=4, progress=False)  # the first feed's imports and the like
+    before = _open_fds()
+    for _ in range(8):
+        summary = c.feed(batches, connections=4, progress=False)
+        assert summary.ok, summary
+    assert c._sessions == [], f"{len(c._sessions)} sessions of ended feed threads are still held"
+    assert _open_fds() <= before + 1, "every feed left sockets open"
+    # The client stays usable from this thread and from a new feed.
+    assert c.health()["status"] == "ok"
+    assert c.feed(batches, connections=2, progress=False).ok
+
+
+def test_feed_closes_its_sessions_when_it_stops_on_an_exception(start_server, rng):
+    s = start_server("--pipeline.mode", "sink")
+    c = s.client()
+
+    def loader():
+        for i in range(6):
+            yield random_batch(rng, 4)
+        raise RuntimeError("the loader broke")
+
+    with pytest.raises(RuntimeError, match="the loader broke"):
+        c.feed(loader(), connections=3, progress=False)
+    assert c._sessions == []

@@ -302,6 +302,17 @@ class Client:
                 self._sessions.append(s)
         return s
 
+    def _drop_sessions(self, sessions: Iterable[requests.Session]) -> None:
+        """Closes sessions whose threads have ended (feed()'s workers) and
+        forgets them: a thread's session is otherwise held here, with its
+        open connection, for as long as the client lives."""
+        sessions = list(sessions)
+        gone = {id(s) for s in sessions}
+        with self._lock:
+            self._sessions = [s for s in self._sessions if id(s) not in gone]
+        for s in sessions:
+            s.close()
+
     def close(self) -> None:
         """Closes every thread's connections. The client stays usable (it reconnects)."""
         with self._lock:

@@ -267,8 +267,21 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                 with lock:
                     summary.retries += 1
 
+    # The requests sessions (one per thread, each with a keep-alive
+    # connection) that this feed's threads made: closed when the feed ends,
+    # since the client would otherwise keep them, and their sockets, open.
+    sessions: Set[Any] = set()
+    session_of = getattr(client, "_session", None)
+
+    def own_session() -> None:
+        if session_of is not None:
+            s = session_of()
+            with lock:
+                sessions.add(s)
+
     def work(index: int, item: Any, wait: bool, is_last: bool) -> None:
         try:
+            own_session()
             body: Any
             if isinstance(item, EncodedBatch):  # e.g. JPEG files (streamfeed.jpeg.jpeg_batches)
                 body, n = item.body, item.n
@@ -323,6 +336,7 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
     done_feeding = threading.Event()
 
     def watch_loss() -> None:
+        own_session()
         while not done_feeding.wait(LOSS_INTERVAL_S):
             try:
                 loss = client.training_loss()
@@ -379,6 +393,9 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         done_feeding.set()
         if watcher is not None:
             watcher.join()
+        drop = getattr(client, "_drop_sessions", None)
+        if drop is not None:
+            drop(sessions)
         summary.seconds = time.monotonic() - t0
         if bar is not None:
             bar.close()

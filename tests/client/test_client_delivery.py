@@ -275,3 +275,45 @@ def test_feed_closes_its_sessions_when_it_stops_on_an_exception(start_server, rn
     with pytest.raises(RuntimeError, match="the loader broke"):
         c.feed(loader(), connections=3, progress=False)
     assert c._sessions == []
+
+
+# ---- stopping -------------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_a_feed_against_a_full_ring_returns_at_once(start_server, rng):
+    """Ctrl-C while every worker waits out a 429's Retry-After: the workers'
+    waits ended only with their retries (here 3 x 5 s each, 20 x 5 s by
+    default), and feed() joined them before the KeyboardInterrupt reached
+    the caller."""
+    import os
+    import signal
+    s = start_server("--ring.slots", "2", "--ring.full_policy", "reject", "--ring.retry_after_s", "5",
+                     "--pipeline.mode", "sink")
+    c = s.client(retry=RetryPolicy(max_retries=3, backoff_max=5.0))
+    probe = s.client()
+    holders = []
+
+    def loader():
+        for i in range(100):
+            if i == 2:  # the first batches went in; from now on the ring stays full
+                holders.extend(_hold_slot(s.port, encode_batch(*random_batch(rng, 8))) for _ in range(2))
+                wait_until(lambda: metric(probe.metrics(), "streamfeed_ring_slots", state="filling") == 2,
+                           what="both ring slots to be held by the partial uploads")
+            yield random_batch(rng, 4)
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))  # as Ctrl-C: to the process
+    try:
+        timer.start()
+        timer_started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            c.feed(loader(), connections=4, progress=False)
+        stopped = time.monotonic()
+        took = stopped - (timer_started + 1.5)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, old)
+        for h in holders:
+            h.close()
+    assert took < 1.0, f"the KeyboardInterrupt reached the caller {took:.1f}s after Ctrl-C"
+    assert c._sessions == []

@@ -349,11 +349,14 @@ class Client:
 
     def _send(self, method: str, path: str, *, params: Optional[Dict[str, str]] = None, data: Any = None,
               headers: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
-              ok: Tuple[int, ...] = ()) -> Tuple[requests.Response, int]:
+              ok: Tuple[int, ...] = (), cancel: Optional[threading.Event] = None
+              ) -> Tuple[requests.Response, int]:
         """Sends one request with the retry policy.
 
         Returns (response, retries). A status >= 400 raises an APIError, except
-        the statuses listed in ok."""
+        the statuses listed in ok. When cancel is set (before or during a
+        back-pressure wait) no retry follows: the last reply's APIError is
+        raised at once."""
         url = self.url + path
         timeout = self.timeout if timeout is None else timeout
         retries = 0
@@ -376,8 +379,15 @@ class Client:
                 return resp, retries
             if (resp.status_code in (429, 503) and "Retry-After" in resp.headers
                     and retries < self.retry.max_retries):
-                resp.close()
-                time.sleep(self.retry.delay(retries, parse_retry_after(resp.headers.get("Retry-After"))))
+                delay = self.retry.delay(retries, parse_retry_after(resp.headers.get("Retry-After")))
+                if cancel is not None:
+                    err = self._error(resp, method, url, retries + 1)
+                    resp.close()
+                    if cancel.wait(delay):
+                        raise err
+                else:
+                    resp.close()
+                    time.sleep(delay)
                 retries += 1
                 continue
             raise self._error(resp, method, url, retries + 1)
@@ -390,13 +400,16 @@ class Client:
     # ---- batches -----------------------------------------------------------------
 
     def post_body(self, body: Union[bytes, Body], wait: bool = False, *,
-                  query: Optional[Mapping[str, str]] = None
+                  query: Optional[Mapping[str, str]] = None, cancel: Optional[threading.Event] = None
                   ) -> Tuple[Union[BatchAccepted, BatchResult], int]:
         """POSTs an already encoded safetensors body to /v1/batches.
 
         body is bytes or a :class:`streamfeed.wire.Body` (its parts are written
         to the socket as they are, without being joined into one copy). query
         holds further query parameters (``{"mode": "eval"}``: see evaluate()).
+        cancel, when given, cuts the back-pressure retries short once it is
+        set: the last reply's :class:`~streamfeed.errors.Backpressure` is
+        raised without waiting (feed() passes its stop event).
 
         Returns (reply, retries): the reply is a :class:`BatchAccepted` or,
         with wait, the finished :class:`BatchResult`.
@@ -410,7 +423,7 @@ class Client:
             params["wait"] = "1"
         resp, retries = self._send("POST", "/v1/batches", params=params or None,
                                    data=body, headers={"Content-Type": CONTENT_TYPE},
-                                   timeout=self.wait_timeout if wait else None)
+                                   timeout=self.wait_timeout if wait else None, cancel=cancel)
         reply = resp.json()
         if not wait:
             return BatchAccepted.from_json(reply), retries

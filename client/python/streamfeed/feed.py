@@ -198,6 +198,11 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
             (index: its position in the loader; reply: a BatchAccepted or, for
             batches posted with wait, a BatchResult), on a worker thread.
 
+    A KeyboardInterrupt (Ctrl-C) in the calling thread stops the feed: the
+    workers' back-pressure waits end at once, the batches not yet sent are
+    dropped, and the interrupt reaches the caller once the requests already
+    on the wire have ended (within the client's timeout).
+
     Raises:
         TypeError, ValueError: a batch is not usable (wrong dtype, rank, label
             count, one-hot labels): raised at once, before it is sent, since
@@ -258,11 +263,10 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         attempt = 0
         while True:
             try:
-                return client.post_body(body, wait)
+                return client.post_body(body, wait, cancel=stop)
             except E.TransportError as e:
-                if e.sent or attempt >= connect_retries or stop.is_set():
+                if e.sent or attempt >= connect_retries or stop.wait(client.retry.delay(attempt, None)):
                     raise
-                time.sleep(client.retry.delay(attempt, None))
                 attempt += 1
                 with lock:
                     summary.retries += 1

@@ -33,7 +33,7 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
 from . import errors as E
 from .client import (RetryPolicy, check_eval_name, check_url, decode_logits, eval_query, labels_for_eval,
                      logits_path, logits_timeout, parse_retry_after, poll_pause)
-from .feed import FeedSummary, _deterministic, _ordinal, _unpack
+from .feed import FeedSummary, _deterministic, _encode_item, _ordinal
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
 
@@ -271,6 +271,9 @@ class AsyncClient:
                    keys: Optional[Tuple[str, str]] = None, layout: Optional[str] = None) -> FeedSummary:
         """Uploads every batch of an async (or plain) iterable; see :func:`streamfeed.feed`.
 
+        Items are those :func:`streamfeed.feed` takes: ``(images, labels)``,
+        dicts, or :class:`streamfeed.jpeg.EncodedBatch` (``jpeg_batches()``).
+
         Raises:
             TypeError, ValueError: an unusable batch, before it is sent.
             FeedAborted: a deterministic rejection (on_error="stop").
@@ -286,8 +289,7 @@ class AsyncClient:
         stop = asyncio.Event()
 
         async def one(index: int, item: Any, wait: bool, is_last: bool) -> None:
-            images, labels = _unpack(item, keys)
-            body = encode_batch_parts(images, labels, layout)
+            body, n = _encode_item(item, keys, layout)
             summary.submitted += 1
             try:
                 reply, retries = await self.post_body(body, wait)
@@ -304,7 +306,7 @@ class AsyncClient:
                 summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
                 return
             summary.batches += 1
-            summary.samples += int(getattr(labels, "shape", [len(labels)])[0])
+            summary.samples += n
             summary.bytes += len(body)
             summary.retries += retries
             loss = reply.loss if isinstance(reply, BatchResult) else None

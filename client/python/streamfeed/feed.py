@@ -133,6 +133,19 @@ def _unpack(item: Any, keys: Optional[Tuple[str, str]] = None) -> Tuple[Any, Any
                     f"got {type(item).__name__}")
 
 
+def _encode_item(item: Any, keys: Optional[Tuple[str, str]], layout: Optional[str]) -> Tuple[Any, int]:
+    """(body, samples) of a loader item: an :class:`~streamfeed.jpeg.EncodedBatch`
+    (JPEG files: jpeg_batches()) as it is, else ``(images, labels)`` or a dict
+    encoded (its inputs checked: TypeError, ValueError). Shared by
+    :func:`feed` and ``AsyncClient.feed``, so that both take the same items."""
+    if isinstance(item, EncodedBatch):
+        return item.body, item.n
+    images, labels = _unpack(item, keys)
+    body = encode_batch_parts(images, labels, layout)
+    n = len(labels) if not hasattr(labels, "shape") else int(labels.shape[0])
+    return body, n
+
+
 def _make_bar(progress: Optional[bool], total: Optional[int]) -> Any:
     if progress is False:
         return None
@@ -286,13 +299,7 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
     def work(index: int, item: Any, wait: bool, is_last: bool) -> None:
         try:
             own_session()
-            body: Any
-            if isinstance(item, EncodedBatch):  # e.g. JPEG files (streamfeed.jpeg.jpeg_batches)
-                body, n = item.body, item.n
-            else:
-                images, labels = _unpack(item, keys)
-                body = encode_batch_parts(images, labels, layout)
-                n = len(labels) if not hasattr(labels, "shape") else int(labels.shape[0])
+            body, n = _encode_item(item, keys, layout)
             try:
                 reply, retries = post(index, body, wait)
             except E.APIError as e:

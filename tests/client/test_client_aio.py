@@ -1,13 +1,19 @@
 """streamfeed.aio.AsyncClient.feed against the real server: it takes the
-loader items the thread-pool feed() takes."""
+loader items the thread-pool feed() takes, and a cancelled feed stops its
+uploads at once."""
 import asyncio
 import io
+import time
 
 import numpy as np
+import pytest
 from PIL import Image
 
+from streamfeed import RetryPolicy, encode_batch
 from streamfeed.aio import AsyncClient
 from streamfeed.jpeg import jpeg_batches
+from test_client import metric, random_batch, wait_until
+from test_client_delivery import _hold_slot
 
 
 def jpeg_bytes(rng, h=32, w=32):
@@ -28,3 +34,39 @@ def test_the_async_feed_takes_jpeg_batches_as_the_thread_feed_does(module_server
     summary = asyncio.run(main())
     assert summary.ok and summary.batches == 3 and summary.samples == 12, summary
     assert summary.bytes == threaded.bytes and summary.last_loss is not None
+
+
+def test_cancelling_the_async_feed_cancels_its_uploads_at_once(start_server, rng):
+    """Cancelled while its workers wait out 429s (Retry-After 5 s): the feed
+    queued an end marker per worker and waited for them to upload every
+    queued batch, back-pressure retries included, before the cancellation
+    took effect."""
+    s = start_server("--ring.slots", "2", "--ring.full_policy", "reject", "--ring.retry_after_s", "5",
+                     "--pipeline.mode", "sink")
+    probe = s.client()
+    holders = []
+
+    def loader():
+        for i in range(100):
+            if i == 2:  # the first batches went in; from now on the ring stays full
+                holders.extend(_hold_slot(s.port, encode_batch(*random_batch(rng, 8))) for _ in range(2))
+                wait_until(lambda: metric(probe.metrics(), "streamfeed_ring_slots", state="filling") == 2,
+                           what="both ring slots to be held by the partial uploads")
+            yield random_batch(rng, 4)
+
+    async def main():
+        async with AsyncClient(s.url, retry=RetryPolicy(max_retries=3, backoff_max=5.0)) as c:
+            task = asyncio.ensure_future(c.feed(loader(), connections=4))
+            await asyncio.sleep(1.5)
+            t0 = time.monotonic()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return time.monotonic() - t0
+
+    try:
+        took = asyncio.run(main())
+    finally:
+        for h in holders:
+            h.close()
+    assert took < 0.5, f"the cancelled feed ended {took:.1f}s after cancel()"

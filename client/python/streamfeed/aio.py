@@ -273,6 +273,8 @@ class AsyncClient:
 
         Items are those :func:`streamfeed.feed` takes: ``(images, labels)``,
         dicts, or :class:`streamfeed.jpeg.EncodedBatch` (``jpeg_batches()``).
+        Cancelling the task that awaits it cancels the uploads in flight at
+        once.
 
         Raises:
             TypeError, ValueError: an unusable batch, before it is sent.
@@ -327,7 +329,7 @@ class AsyncClient:
                 if not stop.is_set():
                     try:
                         await one(job[0], job[1], False, job[2])
-                    except BaseException as e:  # a usage error: stop and re-raise in the caller
+                    except Exception as e:  # a usage error: stop and re-raise in the caller
                         fatal.append(e)
                         stop.set()
 
@@ -358,18 +360,32 @@ class AsyncClient:
         tasks = [asyncio.ensure_future(worker()) for _ in range(connections)]
         index = 1
         last: Optional[Tuple[int, Any]] = None
+        loader_error: Optional[Exception] = None
         try:
-            while nxt is not _end and not stop.is_set():
-                cur, nxt = nxt, await next_item()
-                if nxt is _end and wait_last:
-                    last = (index, cur)
-                    break
-                await queue.put((index, cur, nxt is _end))
-                index += 1
-        finally:
+            try:
+                while nxt is not _end and not stop.is_set():
+                    cur, nxt = nxt, await next_item()
+                    if nxt is _end and wait_last:
+                        last = (index, cur)
+                        break
+                    await queue.put((index, cur, nxt is _end))
+                    index += 1
+            except Exception as e:  # the loader failed: the batches it gave are still uploaded
+                loader_error = e
             for _ in tasks:
                 await queue.put(None)
             await asyncio.gather(*tasks)
+        except BaseException:
+            # Cancelled: the workers are cancelled, not drained (they were
+            # left to upload every queued batch, back-pressure waits
+            # included, before the cancellation took effect).
+            stop.set()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        if loader_error is not None:
+            raise loader_error
         if last is not None and not stop.is_set():
             # After every other batch was accepted: the last one trained is this one.
             await one(last[0], last[1], True, True)

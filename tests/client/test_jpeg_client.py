@@ -69,5 +69,32 @@ def test_image_folder_numbers_the_sorted_class_folders_and_feed_trains_from_its_
 
 def test_feed_jpeg_trains_from_a_dataset_yielding_bytes_and_labels(module_server, rng):
     dataset = ((jpeg_bytes(rng), i % 10) for i in range(7))  # a generator: no len, read lazily
-    summary = feed_jpeg(module_server.client(), dataset, 3, connections=2, progress=False)
+    summary = feed_jpeg(module_server.client(), dataset, 3, shuffle=False, connections=2, progress=False)
     assert summary.ok and summary.batches == 3 and summary.samples == 7, summary
+
+
+def _labels(batch):
+    return [int(y) for y in st_load(batch.body)["labels"]]
+
+
+def test_jpeg_batches_shuffle_an_image_folder_by_seed_so_batches_mix_the_classes(rng, tmp_path):
+    """image_folder() lists its files class by class; batched in that order
+    the model trains on one class at a time. jpeg_batches shuffles by seed
+    (on by default), as streamfeed-load --dir does by --seed."""
+    for cls in ("a", "b", "c", "d"):
+        (tmp_path / cls).mkdir()
+        for i in range(8):
+            (tmp_path / cls / f"{i}.jpg").write_bytes(jpeg_bytes(rng, 8, 8))
+    samples = image_folder(tmp_path)
+    assert [y for _, y in samples] == sorted(y for _, y in samples)  # class by class
+    batches = [_labels(b) for b in jpeg_batches(samples, 4)]
+    assert len(batches) == 8 and sorted(sum(batches, [])) == [y for _, y in samples]
+    assert sum(len(set(b)) > 1 for b in batches) >= 6, f"the batches run class by class: {batches}"
+    assert [_labels(b) for b in jpeg_batches(samples, 4)] == batches  # seed=0 again: the same order
+    assert [_labels(b) for b in jpeg_batches(samples, 4, seed=1)] != batches
+    unshuffled = [_labels(b) for b in jpeg_batches(samples, 4, shuffle=False)]
+    assert unshuffled == [[k] * 4 for k in range(4) for _ in range(2)]
+    # A generator cannot be shuffled without reading it whole: refused, saying what to do.
+    with pytest.raises(TypeError, match="shuffle=False"):
+        jpeg_batches((s for s in samples), 4)
+    assert len(list(jpeg_batches((s for s in samples), 4, shuffle=False))) == 8

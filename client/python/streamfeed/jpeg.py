@@ -15,12 +15,13 @@ decoded pixels, and decodes nothing::
 
     client = Client("http://gpu-box:8080")
     post_jpeg(client, ["a.jpg", "b.jpg"], [3, 7], wait=True)
-    summary = client.feed(jpeg_batches(image_folder("train/"), 32), connections=8)
+    summary = client.feed(jpeg_batches(image_folder("train/"), 32), connections=8)   # shuffled
     summary = feed_jpeg(client, my_dataset_of_bytes_and_labels, 32, connections=8)
 
-:func:`jpeg_batches` turns any iterable of ``(bytes_or_path, label)`` samples
-(a dataset of encoded files) into batches that :meth:`Client.feed` uploads
-as they are. The files of a batch may have different sizes when the server's
+:func:`jpeg_batches` turns a dataset of ``(bytes_or_path, label)`` samples
+(encoded files) into batches that :meth:`Client.feed` uploads as they are,
+in an order shuffled by ``seed`` (``shuffle=False`` keeps the dataset's
+order, and is needed for a generator). The files of a batch may have different sizes when the server's
 augmentation fixes the output size (resize, center_crop,
 random_resized_crop); otherwise they must have one size (422
 ``jpeg_sizes_differ``).
@@ -109,15 +110,51 @@ def post_jpeg(client: "Client", files: Sequence[FileLike], labels: Any,
     return client.post_body(encode_jpeg_batch(files, labels).body, wait)[0]
 
 
-def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int,
-                 drop_last: bool = False) -> Iterator[EncodedBatch]:
+def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last: bool = False, *,
+                 shuffle: bool = True, seed: int = 0) -> Iterator[EncodedBatch]:
     """Groups a dataset of ``(bytes_or_path, label)`` samples into encoded
-    batches of batch_size, lazily (one batch in memory at a time)."""
+    batches of batch_size, lazily (one batch's files in memory at a time).
+
+    Args:
+        dataset: the samples. With shuffle (the default) it needs ``len()``
+            and indexing by position: a list (what :func:`image_folder`
+            returns), a tuple, a map-style ``torch.utils.data.Dataset``.
+        batch_size: samples per batch (the last one may be smaller).
+        drop_last: leave out a last batch smaller than batch_size.
+        shuffle: send the samples in an order drawn from seed, as
+            ``streamfeed-load --dir`` shuffles by ``--seed``. On by default:
+            :func:`image_folder` lists its files class by class, and sent in
+            that order the model would train on one class at a time. False
+            sends them in the dataset's own order (the only choice for a
+            stream such as a generator, which cannot be shuffled without
+            reading it whole).
+        seed: the order's seed: the same seed gives the same order; pass the
+            epoch number for a new order each epoch.
+
+    Raises:
+        ValueError: batch_size below 1.
+        TypeError: shuffle with a dataset that has no ``len()`` or indexing
+            (pass ``shuffle=False``, or a list of its samples).
+    """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    samples: Iterable[Tuple[FileLike, int]] = dataset
+    if shuffle:
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"jpeg_batches shuffles the samples (shuffle=True, the default), which needs a dataset "
+                            f"with len() and indexing (a list, image_folder()'s result); a "
+                            f"{type(dataset).__name__} has not: pass shuffle=False to send it in its own order, "
+                            f"or list() its samples first")
+        seq: Any = dataset
+        order = np.random.default_rng(seed).permutation(len(seq))
+        samples = (seq[int(i)] for i in order)
+    return _batches(samples, batch_size, drop_last)
+
+
+def _batches(samples: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last: bool) -> Iterator[EncodedBatch]:
     files: List[FileLike] = []
     labels: List[int] = []
-    for f, y in dataset:
+    for f, y in samples:
         files.append(f)
         labels.append(int(y))
         if len(files) == batch_size:
@@ -127,19 +164,22 @@ def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int,
         yield encode_jpeg_batch(files, labels)
 
 
-def feed_jpeg(client: "Client", dataset: Iterable[Tuple[FileLike, int]], batch_size: int,
-              **feed_kwargs: Any) -> "FeedSummary":
+def feed_jpeg(client: "Client", dataset: Iterable[Tuple[FileLike, int]], batch_size: int, *,
+              shuffle: bool = True, seed: int = 0, **feed_kwargs: Any) -> "FeedSummary":
     """Feeds a dataset of ``(bytes_or_path, label)`` samples in batches of
-    batch_size: ``client.feed(jpeg_batches(dataset, batch_size), **feed_kwargs)``.
-    Returns the :class:`~streamfeed.feed.FeedSummary`."""
-    return client.feed(jpeg_batches(dataset, batch_size), **feed_kwargs)
+    batch_size: ``client.feed(jpeg_batches(dataset, batch_size, shuffle=shuffle,
+    seed=seed), **feed_kwargs)`` (a generator needs ``shuffle=False``: see
+    :func:`jpeg_batches`). Returns the :class:`~streamfeed.feed.FeedSummary`."""
+    return client.feed(jpeg_batches(dataset, batch_size, shuffle=shuffle, seed=seed), **feed_kwargs)
 
 
 def image_folder(root: Union[str, "os.PathLike[str]"]) -> List[Tuple[Path, int]]:
     """The JPEG files of an ImageFolder layout: ``root/<class>/<file>.jpg``.
 
     Classes are the subfolder names in sorted order (label 0 is the first),
-    as torchvision's ImageFolder numbers them; files are sorted by path.
+    as torchvision's ImageFolder numbers them; files are sorted by path, so
+    the list runs class by class: :func:`jpeg_batches` shuffles it (by
+    default) before batching.
     Returns ``[(path, label), ...]``."""
     root = Path(root)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())

@@ -186,6 +186,22 @@ def test_a_batch_whose_connection_broke_during_the_upload_is_sent_again(stand_in
     summary = c.feed([big], connections=1, progress=False)
     assert len(srv.posts()) == 3  # the post_batch, then the feed's first try and its resend
     assert summary.ok and summary.batches == 1 and summary.first_loss == 2.3, summary
+    # A resend is not a back-pressure retry: summary.retries counts only those.
+    assert summary.resends == 1 and summary.retries == 0, summary
+
+
+def test_retry_0_sends_no_batch_again(stand_in, rng):
+    """retry=0 is "never retry": feed() still sent a batch whose connection
+    broke connect_retries (3) more times."""
+    def always_reset(n, conn, head, length, rest):
+        StandIn.read_body(conn, rest, length // 8)
+        _reset(conn)
+        return False
+
+    srv = stand_in(always_reset)
+    summary = Client(srv.url, retry=0).feed([random_batch(rng, n=64, side=256)], connections=1, progress=False)
+    assert len(srv.posts()) == 1, f"retry=0 sent the batch {len(srv.posts())} times"
+    assert summary.errors == {"transport_error": 1} and summary.resends == 0, summary
 
 
 def test_a_refused_connection_is_a_transport_error_not_an_unknown_outcome(rng):

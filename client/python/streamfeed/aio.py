@@ -152,7 +152,7 @@ class AsyncClient:
         if not result.finished:
             result = await self.wait_batch(result.id, timeout=self.wait_timeout)
         if result.state == "failed":
-            raise E.BatchFailed(result.raw)
+            raise E.BatchFailed(result.raw, retries)
         return result, retries
 
     async def post_batch(self, images: Any, labels: Any, wait: bool = False, *,
@@ -306,6 +306,7 @@ class AsyncClient:
                 return
             except (E.BatchFailed, E.TransportError) as e:
                 summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                summary.retries += e.retries
                 return
             summary.batches += 1
             summary.samples += n

@@ -261,7 +261,8 @@ class Client:
         wait_timeout: read timeout of requests that wait for a training step
             (``wait=True``); keep it above the server's ``pipeline.wait_timeout_ms``.
         retry: the back-pressure retry policy (:class:`RetryPolicy`), or an int
-            (max retries with the default back-off), 0 to never retry.
+            (max retries with the default back-off), 0 to never retry
+            (feed() then sends no batch again either).
         verify: for an ``https://`` server: the CA bundle (a path) that signed
             its certificate, True for the system's CAs (the default), or
             False to skip verification (never across a network you do not
@@ -432,7 +433,7 @@ class Client:
             # The server's wait ended first (pipeline.wait_timeout_ms): poll.
             result = self.wait_batch(result.id, timeout=self.wait_timeout)
         if result.state == "failed":
-            raise E.BatchFailed(result.raw)
+            raise E.BatchFailed(result.raw, retries)
         return result, retries
 
     def post_batch(self, images: Any, labels: Any, wait: bool = False, *,

@@ -189,17 +189,20 @@ class BatchFailed(StreamfeedError):
     Attributes:
         batch: the server's batch object (GET /v1/batches/{id}).
         code, message: from ``batch["error"]``.
+        retries: back-pressure retries (429/503 + Retry-After) before the
+            batch was accepted.
     """
 
-    def __init__(self, batch: Dict[str, Any]):
+    def __init__(self, batch: Dict[str, Any], retries: int = 0):
         err = batch.get("error") or {}
         self.batch = batch
+        self.retries = retries
         self.code = err.get("code") or "batch_failed"
         self.message = err.get("message") or "the batch failed"
         super().__init__(f"batch {batch.get('id')} failed: {self.code}: {self.message}")
 
     def __reduce__(self) -> Any:
-        return (BatchFailed, (self.batch,))
+        return (BatchFailed, (self.batch, self.retries))
 
 
 _BY_STATUS = {

@@ -50,7 +50,11 @@ class FeedSummary:
             server; ``outcome_unknown`` when it was sent whole and no reply
             came, so the server may have accepted and trained it (such a
             batch is never sent again).
-        retries: back-pressure retries (429/503 + Retry-After) over all batches.
+        retries: back-pressure retries (429/503 + Retry-After) over all
+            batches, those of batches that finally failed included.
+        resends: batches sent again because they certainly did not reach the
+            server (the connection could not be made, or broke before the
+            body was sent), at most ``RetryPolicy.connect_retries`` per batch.
         first_loss: loss of the first batch. It is posted with ``wait=1`` before
             any other, so this is the loss of the model as the feed found it.
         last_loss: loss of the last batch when ``wait_last`` (else None).
@@ -72,6 +76,7 @@ class FeedSummary:
     last_id: Optional[int] = None
     submitted: int = 0
     latest_loss: Optional[float] = None
+    resends: int = 0
 
     @property
     def failed(self) -> int:
@@ -98,10 +103,11 @@ class FeedSummary:
             if self.last_loss is not None:
                 loss += f" -> {self.last_loss:.4f}"
         errs = f", errors {dict(self.errors)}" if self.errors else ""
+        resent = f", {self.resends} resent" if self.resends else ""
         return (f"{self.batches}/{self.submitted} batches, {self.samples} samples, "
                 f"{self.bytes / 1e6:.1f} MB in {self.seconds:.2f}s "
                 f"({self.samples_per_second:.0f} samples/s, {self.bytes_per_second / 1e6:.1f} MB/s), "
-                f"{self.retries} retries{loss}{errs}")
+                f"{self.retries} retries{resent}{loss}{errs}")
 
 
 #: Keys of a dict item, tried in order: ours, then those of Hugging Face
@@ -244,7 +250,11 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
     fatal: List[BaseException] = []
     bar = _make_bar(progress, total)
     t0 = time.monotonic()
-    connect_retries = int(getattr(getattr(client, "retry", None), "connect_retries", 0))
+    # Batches that did not reach the server are sent again connect_retries
+    # times, as Client retries GETs: never when the policy retries nothing
+    # (retry=0).
+    policy = getattr(client, "retry", None)
+    connect_retries = min(int(getattr(policy, "connect_retries", 0)), int(getattr(policy, "max_retries", 0)))
 
     def show(loss: Optional[float]) -> None:
         if bar is None:
@@ -282,7 +292,7 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                     raise
                 attempt += 1
                 with lock:
-                    summary.retries += 1
+                    summary.resends += 1
 
     # The requests sessions (one per thread, each with a keep-alive
     # connection) that this feed's threads made: closed when the feed ends,
@@ -309,10 +319,10 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                 return
             except E.BatchFailed as e:
                 # Accepted, but its step failed: count it as an error, not a batch.
-                record_error(e.code, 0)
+                record_error(e.code, e.retries)
                 return
             except E.TransportError as e:
-                record_error(e.code, 0)
+                record_error(e.code, e.retries)
                 return
             with lock:
                 summary.batches += 1

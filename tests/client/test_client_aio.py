@@ -70,3 +70,28 @@ def test_cancelling_the_async_feed_cancels_its_uploads_at_once(start_server, rng
         for h in holders:
             h.close()
     assert took < 0.5, f"the cancelled feed ended {took:.1f}s after cancel()"
+
+
+def test_the_async_feed_stops_with_feed_aborted_when_no_server_answers(rng):
+    import socket
+
+    from streamfeed import FeedAborted, TransportError
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens on port now
+    taken = []
+
+    def loader():
+        for i in range(400):
+            taken.append(i)
+            yield random_batch(rng, 4)
+
+    async def main():
+        async with AsyncClient(f"http://127.0.0.1:{port}") as c:
+            await c.feed(loader(), connections=3)
+
+    with pytest.raises(FeedAborted) as e:
+        asyncio.run(main())
+    assert isinstance(e.value.error, TransportError) and e.value.summary.errors["transport_error"] >= 6
+    assert len(taken) < 20, f"the async feed took {len(taken)} batches from the loader of a dead server"

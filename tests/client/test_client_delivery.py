@@ -333,3 +333,36 @@ def test_ctrl_c_during_a_feed_against_a_full_ring_returns_at_once(start_server, 
             h.close()
     assert took < 1.0, f"the KeyboardInterrupt reached the caller {took:.1f}s after Ctrl-C"
     assert c._sessions == []
+
+
+def test_feed_stops_with_feed_aborted_when_the_server_is_gone(rng):
+    """The server dies mid-feed: every later batch failed with a transport
+    error, and feed() drained the whole loader, returning a summary and no
+    exception. It now stops after 2 x connections batches in a row without
+    a reply, as streamfeed-load does."""
+    import os
+    import signal
+
+    from streamfeed import FeedAborted
+    from streamfeed.testing import LocalServer
+    from conftest import BIN, TINY
+
+    taken = []
+    with LocalServer(BIN, TINY) as s:
+        c = s.client(retry=RetryPolicy(backoff_base=0.001, backoff_max=0.01))
+
+        def loader():
+            for i in range(400):
+                if i == 20:
+                    os.kill(s.proc.pid, signal.SIGKILL)
+                    s.proc.wait()
+                taken.append(i)
+                yield random_batch(rng, 8)
+
+        with pytest.raises(FeedAborted) as e:
+            c.feed(loader(), connections=4, progress=False)
+    summary = e.value.summary
+    assert isinstance(e.value.error, TransportError) and "in a row" in str(e.value)
+    assert 8 <= sum(summary.errors.values()) <= 8 + 2 * 4, summary  # 2 x connections, and those in flight
+    assert set(summary.errors) <= {"transport_error", "outcome_unknown"}, summary
+    assert len(taken) < 60, f"feed() took {len(taken)} batches from the loader of a dead server"

@@ -278,7 +278,8 @@ class AsyncClient:
 
         Raises:
             TypeError, ValueError: an unusable batch, before it is sent.
-            FeedAborted: a deterministic rejection (on_error="stop").
+            FeedAborted: a deterministic rejection (on_error="stop"), or 2 x
+                connections batches in a row without a reply.
         """
         if connections < 1:
             raise ValueError("connections must be at least 1")
@@ -290,12 +291,25 @@ class AsyncClient:
         fatal: List[BaseException] = []
         stop = asyncio.Event()
 
+        no_reply = [0]  # batches in a row without a reply: 2 x connections stop the feed, as feed()'s
+
         async def one(index: int, item: Any, wait: bool, is_last: bool) -> None:
             body, n = _encode_item(item, keys, layout)
             summary.submitted += 1
             try:
                 reply, retries = await self.post_body(body, wait)
+            except E.TransportError as e:
+                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                summary.retries += e.retries
+                no_reply[0] += 1
+                if no_reply[0] >= 2 * connections and not fatal:
+                    fatal.append(E.FeedAborted(
+                        f"{no_reply[0]} batches in a row got no reply from {self.url} (the last, index {index}: "
+                        f"{e}); is the server up?", summary, batch_index=index, error=e))
+                    stop.set()
+                return
             except E.APIError as e:
+                no_reply[0] = 0
                 summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
                 summary.retries += e.attempts - 1
                 if on_error == "stop" and _deterministic(e) and not fatal:
@@ -304,10 +318,12 @@ class AsyncClient:
                         summary, batch_index=index, error=e))
                     stop.set()
                 return
-            except (E.BatchFailed, E.TransportError) as e:
+            except E.BatchFailed as e:
+                no_reply[0] = 0
                 summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
                 summary.retries += e.retries
                 return
+            no_reply[0] = 0
             summary.batches += 1
             summary.samples += n
             summary.bytes += len(body)

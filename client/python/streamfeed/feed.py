@@ -226,8 +226,10 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         TypeError, ValueError: a batch is not usable (wrong dtype, rank, label
             count, one-hot labels): raised at once, before it is sent, since
             every later batch would fail the same way.
-        FeedAborted: a batch was rejected (on_error="stop"), or more than
-            max_errors batches failed; ``.batch_index`` and ``.error`` say which and why.
+        FeedAborted: a batch was rejected (on_error="stop"), more than
+            max_errors batches failed, or 2 x connections batches in a row
+            got no reply (the server is gone); ``.batch_index`` and
+            ``.error`` say which and why, ``.summary`` what was done.
     """
     if connections < 1:
         raise ValueError("connections must be at least 1")
@@ -280,6 +282,28 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                     summary, batch_index=index, error=e))
         stop.set()
 
+    # Batches in a row that got no reply at all: a server that is gone (or
+    # answers nothing) stops the feed after 2 x connections of them, as
+    # streamfeed-load does, rather than failing every batch of the loader.
+    no_reply = [0]
+    max_no_reply = 2 * connections
+
+    def answered() -> None:
+        with lock:
+            no_reply[0] = 0
+
+    def unanswered(index: int, e: E.TransportError) -> None:
+        with lock:
+            no_reply[0] += 1
+            if no_reply[0] < max_no_reply:
+                return
+            if not fatal:
+                fatal.append(E.FeedAborted(
+                    f"{no_reply[0]} batches in a row got no reply from {getattr(client, 'url', 'the server')} "
+                    f"(the last, index {index}: {e}); is the server up?",
+                    summary, batch_index=index, error=e))
+        stop.set()
+
     def post(index: int, body: Any, wait: bool) -> Any:
         """client.post_body, sending again (bounded) only a batch that
         certainly did not reach the server: never after an OutcomeUnknown."""
@@ -313,17 +337,21 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
             try:
                 reply, retries = post(index, body, wait)
             except E.APIError as e:
+                answered()
                 record_error(e.code, e.attempts - 1)
                 if on_error == "stop" and _deterministic(e):
                     abort(index, e)
                 return
             except E.BatchFailed as e:
                 # Accepted, but its step failed: count it as an error, not a batch.
+                answered()
                 record_error(e.code, e.retries)
                 return
             except E.TransportError as e:
                 record_error(e.code, e.retries)
+                unanswered(index, e)
                 return
+            answered()
             with lock:
                 summary.batches += 1
                 summary.samples += n

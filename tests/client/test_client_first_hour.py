@@ -60,6 +60,16 @@ def test_one_hot_and_float_labels_are_refused_before_anything_is_sent():
         c.post_batch(images, np.array([1.0, 2.0, 3.0]))
 
 
+def test_an_empty_batch_is_refused_with_a_value_error_before_anything_is_sent():
+    """N=0 failed deep in the encoder with a TypeError about casting a memoryview."""
+    with pytest.raises(ValueError, match=r"N=0"):
+        encode_batch_parts(np.zeros((0, 32, 32, 3), np.uint8), np.zeros(0, np.int64))
+    with pytest.raises(ValueError, match="N=0"):
+        Client("http://127.0.0.1:9").post_batch(np.zeros((0, 3, 32, 32), np.uint8), [])
+    with pytest.raises(ValueError, match="no pixels"):
+        encode_batch_parts(np.zeros((2, 0, 32, 3), np.uint8), [0, 1])
+
+
 def test_the_zero_copy_body_is_byte_for_byte_the_safetensors_encoding():
     from safetensors.numpy import save
     rng = np.random.default_rng(3)

@@ -68,11 +68,16 @@ def prepare_images(images: Any, layout: Optional[str] = None) -> Tuple[np.ndarra
     Raises:
         TypeError: the dtype is not uint8 (the server trains on raw bytes;
             convert on purpose rather than by accident).
-        ValueError: bad rank, or an unknown layout.
+        ValueError: bad rank, an unknown layout, or no pixels (N=0, or a
+            dimension of 0): the server refuses an empty batch.
     """
     arr = to_numpy(images, "images")
     if arr.dtype != np.uint8:
         raise TypeError(_not_uint8_message(arr))
+    if arr.size == 0:
+        what = "no samples (N=0)" if arr.ndim and arr.shape[0] == 0 else "no pixels"
+        raise ValueError(f"images of shape {tuple(arr.shape)} hold {what}: a batch needs at least one "
+                         "image (a loader's last, empty batch? skip it)")
     if layout is None:
         layout = detect_layout(arr.shape)
     else:

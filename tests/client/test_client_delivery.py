@@ -366,3 +366,54 @@ def test_feed_stops_with_feed_aborted_when_the_server_is_gone(rng):
     assert 8 <= sum(summary.errors.values()) <= 8 + 2 * 4, summary  # 2 x connections, and those in flight
     assert set(summary.errors) <= {"transport_error", "outcome_unknown"}, summary
     assert len(taken) < 60, f"feed() took {len(taken)} batches from the loader of a dead server"
+
+
+def test_a_loader_that_fails_still_gets_the_batches_it_gave_sent_and_the_summary(stand_in, rng):
+    """The loader raises after 5 batches while the server answers slowly:
+    feed() cancelled the batches handed to its pool but not yet started and
+    raised the loader's exception with no word of what had been sent."""
+    def slow(n, conn, head, length, rest):
+        StandIn.read_body(conn, rest, length)
+        time.sleep(0.3)
+        _reply(conn)
+
+    srv = stand_in(slow)
+
+    def loader():
+        for _ in range(5):
+            yield random_batch(rng)
+        raise RuntimeError("disk error at batch 5")
+
+    with pytest.raises(RuntimeError, match="disk error") as e:
+        Client(srv.url).feed(loader(), connections=2, progress=False)
+    assert len(srv.posts()) == 5, f"{len(srv.posts())} of the 5 batches the loader gave were sent"
+    summary = e.value.feed_summary
+    assert summary.submitted == summary.batches == 5 and summary.errors == {}, summary
+    assert summary.last_id is None  # no batch was the loader's last
+
+
+def test_an_async_loader_that_fails_still_gets_the_batches_it_gave_sent_and_the_summary(stand_in, rng):
+    import asyncio
+
+    from streamfeed.aio import AsyncClient
+
+    def slow(n, conn, head, length, rest):
+        StandIn.read_body(conn, rest, length)
+        time.sleep(0.2)
+        _reply(conn)
+
+    srv = stand_in(slow)
+
+    async def loader():
+        for _ in range(5):
+            yield random_batch(rng)
+        raise RuntimeError("disk error at batch 5")
+
+    async def main():
+        async with AsyncClient(srv.url) as c:
+            await c.feed(loader(), connections=2)
+
+    with pytest.raises(RuntimeError, match="disk error") as e:
+        asyncio.run(main())
+    assert len(srv.posts()) == 5, f"{len(srv.posts())} of the 5 batches the loader gave were sent"
+    assert e.value.feed_summary.batches == 5, e.value.feed_summary

@@ -33,7 +33,7 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
 from . import errors as E
 from .client import (RetryPolicy, check_eval_name, check_url, decode_logits, eval_query, labels_for_eval,
                      logits_path, logits_timeout, parse_retry_after, poll_pause)
-from .feed import FeedSummary, _deterministic, _encode_item, _ordinal
+from .feed import FeedSummary, _attach_summary, _deterministic, _encode_item, _ordinal
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
 
@@ -361,34 +361,40 @@ class AsyncClient:
         it = items().__aiter__()
         _end = object()
 
+        # An exception of the loader itself ends the feed like its end, so
+        # that the batches it gave are still sent; it is raised after them.
+        loader_error: List[Exception] = []
+
         async def next_item() -> Any:
             try:
                 return await it.__anext__()
             except StopAsyncIteration:
                 return _end
+            except Exception as e:
+                loader_error.append(e)
+                return _end
 
         cur = await next_item()
         if cur is _end:
             summary.seconds = time.monotonic() - t0
+            if loader_error:
+                raise _attach_summary(loader_error[0], summary)
             return summary
         nxt = await next_item()
         # The first batch alone, waited for: its loss is the model's as the feed found it.
-        await one(0, cur, True, nxt is _end)
+        await one(0, cur, True, nxt is _end and not loader_error)
         tasks = [asyncio.ensure_future(worker()) for _ in range(connections)]
         index = 1
         last: Optional[Tuple[int, Any]] = None
-        loader_error: Optional[Exception] = None
         try:
-            try:
-                while nxt is not _end and not stop.is_set():
-                    cur, nxt = nxt, await next_item()
-                    if nxt is _end and wait_last:
-                        last = (index, cur)
-                        break
-                    await queue.put((index, cur, nxt is _end))
-                    index += 1
-            except Exception as e:  # the loader failed: the batches it gave are still uploaded
-                loader_error = e
+            while nxt is not _end and not stop.is_set():
+                cur, nxt = nxt, await next_item()
+                is_last = nxt is _end and not loader_error
+                if is_last and wait_last:
+                    last = (index, cur)
+                    break
+                await queue.put((index, cur, is_last))
+                index += 1
             for _ in tasks:
                 await queue.put(None)
             await asyncio.gather(*tasks)
@@ -401,12 +407,12 @@ class AsyncClient:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
-        if loader_error is not None:
-            raise loader_error
         if last is not None and not stop.is_set():
             # After every other batch was accepted: the last one trained is this one.
             await one(last[0], last[1], True, True)
         summary.seconds = time.monotonic() - t0
+        if loader_error:
+            raise _attach_summary(loader_error[0], summary)
         if fatal:
             raise fatal[0]
         return summary

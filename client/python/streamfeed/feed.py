@@ -25,7 +25,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait as _wait_futures
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
 
 from . import errors as E
 from .jpeg import EncodedBatch
@@ -152,6 +152,20 @@ def _encode_item(item: Any, keys: Optional[Tuple[str, str]], layout: Optional[st
     return body, n
 
 
+def _attach_summary(e: BaseException, summary: "FeedSummary") -> BaseException:
+    """e, the exception of a loader that failed mid-feed, carrying what the
+    feed did before it as ``e.feed_summary`` (and a note in its traceback)."""
+    try:
+        setattr(e, "feed_summary", summary)
+    except Exception:  # pragma: no cover - an exception type that takes no attributes
+        pass
+    add_note = getattr(e, "add_note", None)  # Python 3.11+
+    if add_note is not None:
+        add_note(f"streamfeed: the loader failed after {summary.submitted} batches were taken from it; "
+                 f"every one was sent first ({summary})")
+    return e
+
+
 def _make_bar(progress: Optional[bool], total: Optional[int]) -> Any:
     if progress is False:
         return None
@@ -226,6 +240,8 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         TypeError, ValueError: a batch is not usable (wrong dtype, rank, label
             count, one-hot labels): raised at once, before it is sent, since
             every later batch would fail the same way.
+        Exception: the loader's own, once the batches it gave before were
+            sent and answered; ``e.feed_summary`` is the FeedSummary so far.
         FeedAborted: a batch was rejected (on_error="stop"), more than
             max_errors batches failed, or 2 x connections batches in a row
             got no reply (the server is gone); ``.batch_index`` and
@@ -402,14 +418,25 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         watcher.start()
     pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="streamfeed-feed")
     futures: Set[Any] = set()
+    # An exception of the loader itself ends the loop like its end, so that
+    # the batches it gave are still sent; it is raised after them.
+    loader_error: List[Exception] = []
+
+    def pull(it: Iterator[Any]) -> Any:
+        try:
+            return next(it, _END)
+        except Exception as e:
+            loader_error.append(e)
+            return _END
+
     try:
         it = iter(loader)
-        nxt = next(it, _END)
+        nxt = pull(it)
         index = 0
         while nxt is not _END and not stop.is_set():
             item = nxt
-            nxt = next(it, _END)
-            is_last = nxt is _END
+            nxt = pull(it)
+            is_last = nxt is _END and not loader_error
             wait = index == 0
             if is_last and wait_last:
                 # Everything before must be accepted first, so that the last
@@ -448,6 +475,8 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         summary.seconds = time.monotonic() - t0
         if bar is not None:
             bar.close()
+    if loader_error:
+        raise _attach_summary(loader_error[0], summary)
     if fatal:
         raise fatal[0]
     if max_errors is not None and summary.failed > max_errors:

@@ -335,7 +335,7 @@ def test_ctrl_c_during_a_feed_against_a_full_ring_returns_at_once(start_server, 
     assert c._sessions == []
 
 
-def test_feed_stops_with_feed_aborted_when_the_server_is_gone(rng):
+def test_feed_stops_with_feed_aborted_when_the_server_is_gone(start_server, rng):
     """The server dies mid-feed: every later batch failed with a transport
     error, and feed() drained the whole loader, returning a summary and no
     exception. It now stops after 2 x connections batches in a row without
@@ -344,11 +344,11 @@ def test_feed_stops_with_feed_aborted_when_the_server_is_gone(rng):
     import signal
 
     from streamfeed import FeedAborted
-    from streamfeed.testing import LocalServer
-    from conftest import BIN, TINY
 
+    s = start_server()
+    start_server.servers.remove(s)  # killed here: not one to stop and check for a clean exit
     taken = []
-    with LocalServer(BIN, TINY) as s:
+    try:
         c = s.client(retry=RetryPolicy(backoff_base=0.001, backoff_max=0.01))
 
         def loader():
@@ -361,6 +361,9 @@ def test_feed_stops_with_feed_aborted_when_the_server_is_gone(rng):
 
         with pytest.raises(FeedAborted) as e:
             c.feed(loader(), connections=4, progress=False)
+    finally:
+        s.stop()
+        s.cleanup()
     summary = e.value.summary
     assert isinstance(e.value.error, TransportError) and "in a row" in str(e.value)
     assert 8 <= sum(summary.errors.values()) <= 8 + 2 * 4, summary  # 2 x connections, and those in flight

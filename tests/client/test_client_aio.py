@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from streamfeed import RetryPolicy, encode_batch
+from streamfeed import RetryPolicy
 from streamfeed.aio import AsyncClient
 from streamfeed.jpeg import jpeg_batches
-from test_client import metric, random_batch, wait_until
-from test_client_delivery import _hold_slot
+from test_client import random_batch
+from test_client_delivery import full_ring_loader
 
 
 def jpeg_bytes(rng, h=32, w=32):
@@ -47,12 +47,7 @@ def test_cancelling_the_async_feed_cancels_its_uploads_at_once(start_server, rng
     holders = []
 
     def loader():
-        for i in range(100):
-            if i == 2:  # the first batches went in; from now on the ring stays full
-                holders.extend(_hold_slot(s.port, encode_batch(*random_batch(rng, 8))) for _ in range(2))
-                wait_until(lambda: metric(probe.metrics(), "streamfeed_ring_slots", state="filling") == 2,
-                           what="both ring slots to be held by the partial uploads")
-            yield random_batch(rng, 4)
+        return full_ring_loader(s, rng, holders, probe)
 
     async def main():
         async with AsyncClient(s.url, retry=RetryPolicy(max_retries=3, backoff_max=5.0)) as c:

@@ -227,6 +227,18 @@ def _hold_slot(port, body):
     return s
 
 
+def full_ring_loader(s, rng, holders, probe):
+    """100 small batches; after the first two, two partial uploads (kept in
+    holders) hold both of the server's ring slots, so every later batch meets
+    a full ring."""
+    for i in range(100):
+        if i == 2:
+            holders.extend(_hold_slot(s.port, encode_batch(*random_batch(rng, 8))) for _ in range(2))
+            wait_until(lambda: metric(probe.metrics(), "streamfeed_ring_slots", state="filling") == 2,
+                       what="both ring slots to be held by the partial uploads")
+        yield random_batch(rng, 4)
+
+
 def test_an_upload_suspended_by_a_full_ring_gets_the_servers_503_after_more_than_10s(start_server, rng):
     """A full ring holds an upload unread for ring.full_timeout_ms, then
     answers 503 with Retry-After. The client sent the body under a 10 s cap
@@ -310,12 +322,7 @@ def test_ctrl_c_during_a_feed_against_a_full_ring_returns_at_once(start_server, 
     holders = []
 
     def loader():
-        for i in range(100):
-            if i == 2:  # the first batches went in; from now on the ring stays full
-                holders.extend(_hold_slot(s.port, encode_batch(*random_batch(rng, 8))) for _ in range(2))
-                wait_until(lambda: metric(probe.metrics(), "streamfeed_ring_slots", state="filling") == 2,
-                           what="both ring slots to be held by the partial uploads")
-            yield random_batch(rng, 4)
+        return full_ring_loader(s, rng, holders, probe)
 
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))  # as Ctrl-C: to the process

@@ -289,14 +289,17 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
             if max_errors is not None and summary.failed > max_errors:
                 stop.set()
 
+    def fail_feed(message: str, index: int, e: E.StreamfeedError) -> None:
+        """Stops the feed with FeedAborted (the first reason only); lock held."""
+        if not fatal:
+            fatal.append(E.FeedAborted(message, summary, batch_index=index, error=e))
+        stop.set()
+
     def abort(index: int, e: E.APIError) -> None:
         with lock:
-            if not fatal:
-                fatal.append(E.FeedAborted(
-                    f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}. "
-                    f"Every later batch would be too; fix the loader, or pass on_error='count' to go on",
-                    summary, batch_index=index, error=e))
-        stop.set()
+            fail_feed(f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}. "
+                      f"Every later batch would be too; fix the loader, or pass on_error='count' to go on",
+                      index, e)
 
     # Batches in a row that got no reply at all: a server that is gone (or
     # answers nothing) stops the feed after 2 x connections of them, as
@@ -311,14 +314,9 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
     def unanswered(index: int, e: E.TransportError) -> None:
         with lock:
             no_reply[0] += 1
-            if no_reply[0] < max_no_reply:
-                return
-            if not fatal:
-                fatal.append(E.FeedAborted(
-                    f"{no_reply[0]} batches in a row got no reply from {getattr(client, 'url', 'the server')} "
-                    f"(the last, index {index}: {e}); is the server up?",
-                    summary, batch_index=index, error=e))
-        stop.set()
+            if no_reply[0] >= max_no_reply:
+                fail_feed(f"{no_reply[0]} batches in a row got no reply from {getattr(client, 'url', 'the server')} "
+                          f"(the last, index {index}: {e}); is the server up?", index, e)
 
     def post(index: int, body: Any, wait: bool) -> Any:
         """client.post_body, sending again (bounded) only a batch that

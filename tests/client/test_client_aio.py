@@ -90,3 +90,14 @@ def test_the_async_feed_stops_with_feed_aborted_when_no_server_answers(rng):
         asyncio.run(main())
     assert isinstance(e.value.error, TransportError) and e.value.summary.errors["transport_error"] >= 6
     assert len(taken) < 20, f"the async feed took {len(taken)} batches from the loader of a dead server"
+
+
+def test_async_feed_refuses_more_connections_than_its_client_pools():
+    # The tasks beyond the pool would wait for a connection and fail with
+    # httpx's PoolTimeout, counted as transport errors: refused before sending.
+    async def main():
+        async with AsyncClient("http://127.0.0.1:9", max_connections=2) as c:
+            with pytest.raises(ValueError, match="max_connections=4"):
+                await c.feed([], connections=4)
+
+    asyncio.run(main())

@@ -59,6 +59,7 @@ class AsyncClient:
                  wait_timeout: float = 120.0, retry: Union[RetryPolicy, int, None] = None,
                  max_connections: int = 16, verify: Union[bool, str] = True):
         self.url = check_url(url)
+        self.max_connections = int(max_connections)
         self.timeout = float(timeout)
         self.wait_timeout = max(float(wait_timeout), self.timeout)
         self.retry = RetryPolicy() if retry is None else RetryPolicy(max_retries=retry) if isinstance(retry, int) else retry
@@ -277,12 +278,19 @@ class AsyncClient:
         once.
 
         Raises:
-            TypeError, ValueError: an unusable batch, before it is sent.
+            TypeError, ValueError: an unusable batch, before it is sent; more
+                connections than the client's max_connections.
             FeedAborted: a deterministic rejection (on_error="stop"), or 2 x
                 connections batches in a row without a reply.
         """
         if connections < 1:
             raise ValueError("connections must be at least 1")
+        if connections > self.max_connections:
+            # The tasks beyond the pool would wait for a pooled connection
+            # and fail with httpx's PoolTimeout, counted as transport errors.
+            raise ValueError(f"connections ({connections}) exceeds this client's pool "
+                             f"(max_connections={self.max_connections}); create the AsyncClient with "
+                             f"max_connections={connections} or more")
         if on_error not in ("stop", "count"):
             raise ValueError(f"on_error must be 'stop' or 'count', got {on_error!r}")
         summary = FeedSummary()

@@ -173,6 +173,14 @@ int h_batches_get(sf_req *r)
 
 /* GET /v1/batches/{id}/logits[?wait=1]: the logits a timed-out ?return=logits
  * left behind (server/kept_logits.h); with wait=1, once the batch ran. */
+/* Replies with kept logits and lets go of this reference. */
+static int reply_kept(sf_req *r, sf_xform_out *o)
+{
+    int rc = sf_xform_out_reply(r, o);
+    sf_xform_out_release(o);
+    return rc;
+}
+
 int h_batches_logits(sf_req *r)
 {
     uint64_t id = batch_id_of(r);
@@ -193,12 +201,7 @@ int h_batches_logits(sf_req *r)
              * while its logits are still kept: the 202 promised them until
              * they are let go, so they stay readable. */
             sf_xform_out *o = sf_kept_logits_get(r->app->kept_logits, id, sf_now_ns());
-            if (o) {
-                int rc = sf_xform_out_reply(r, o);
-                sf_xform_out_release(o);
-                return rc;
-            }
-            return reply_job(r, id, 200);
+            return o ? reply_kept(r, o) : reply_job(r, id, 200);
         }
         if (job.logits == SF_JOB_LOGITS_NONE)
             return sf_reply_error(r, 404, "logits_not_kept",
@@ -215,11 +218,8 @@ int h_batches_logits(sf_req *r)
                                   "batch %llu's logits were let go (eval.logits_keep_s, "
                                   "eval.logits_keep_max or eval.logits_keep_bytes)",
                                   (unsigned long long)id);
-        if (o) {
-            int rc = sf_xform_out_reply(r, o);
-            sf_xform_out_release(o);
-            return rc;
-        }
+        if (o)
+            return reply_kept(r, o);
         if (!(w && strcmp(w, "1") == 0) || r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN)
             return sf_reply_json(r, 202, sf_job_to_json(&job)); /* still running: the state so far */
         if (sf_http_wait(r, SF_WAIT_JOB, id, gen, c.pipeline.wait_timeout_ms) == 0)

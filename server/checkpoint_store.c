@@ -107,8 +107,7 @@ int sf_ckpt_store_resolve(const char *dir, const char *in, int for_write, char *
          * one would be ranked by the step in its name, deleted or kept and
          * restored by resume as if the service had written it then. */
         uint64_t step;
-        char rdir[PATH_MAX];
-        if (parse_ckpt_name(base, &step) == 0 && realpath(dir, rdir) && strcmp(real, rdir) == 0) {
+        if (parse_ckpt_name(base, &step) == 0 && strcmp(real, dir) == 0) { /* dir is canonical (open_dir) */
             fail(e, 400, "path_reserved", "path",
                  "%s is the name of a rotating checkpoint (" SF_CKPT_FILE_PREFIX "<step>" SF_CKPT_FILE_SUFFIX
                  " in checkpoint.dir, kept by checkpoint.keep); save without \"path\" for one, or under "

@@ -111,7 +111,8 @@ const sf_cfg_option sf_config_table[] = {
      "closed (the idle timeout alone lets a client that sends a byte every few seconds hold a "
      "connection forever)."},
     {"http.max_header_bytes", SF_CT_INT, F(http.max_header_bytes), "16384", 1024, 1048576, NULL, 0,
-     NULL, "Largest total size of request headers; larger gets 431."},
+     NULL, "Largest total size of a request's target (path and query) and headers; a larger target gets 414, "
+     "a larger total 431."},
     {"http.max_json_bytes", SF_CT_INT64, F(http.max_json_bytes), "1048576", 1024, 67108864, NULL,
      SF_CF_HOT, NULL, "Largest JSON request body; larger gets 413."},
     {"http.max_json_depth", SF_CT_INT, F(http.max_json_depth), "16", 2, 64, NULL, SF_CF_HOT, NULL,

@@ -58,6 +58,7 @@ struct sf_req_priv {
     struct sf_listener *l;
     int started;            /* access_cb has seen this request */
     int bad_uri;            /* the raw request target carries %00 (1), or %2F in its path (2) */
+    size_t uri_len;         /* the raw request target's length, counted against http.max_header_bytes */
     int fd;                 /* the connection's socket (for sf_req_abort) */
     /* In h->heads from its request line until its headers are complete (the
      * header deadline, sweep_heads_locked). */
@@ -637,10 +638,17 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
     /* Errors found now are sent after the body, unless the body is too big to drain. */
     tl_body_pending = has_body && content_length <= DRAIN_LIMIT;
 
-    if (sc.bytes > (size_t)cfg.http.max_header_bytes)
+    /* The request target is part of the head: libmicrohttpd alone would take
+     * one as large as its connection pool (over 1 MB) and hand it to every
+     * route, log line and error message. */
+    if (r->priv->uri_len > (size_t)cfg.http.max_header_bytes)
+        return sf_reply_error(r, 414, "uri_too_long", "the request target is %zu bytes; the limit is %d",
+                              r->priv->uri_len, cfg.http.max_header_bytes),
+               -1;
+    if (sc.bytes + r->priv->uri_len > (size_t)cfg.http.max_header_bytes)
         return sf_reply_error(r, 431, "headers_too_large",
-                              "request headers are %zu bytes; the limit is %d", sc.bytes,
-                              cfg.http.max_header_bytes),
+                              "the request target and headers are %zu bytes; the limit is %d",
+                              sc.bytes + r->priv->uri_len, cfg.http.max_header_bytes),
                -1;
     /* Framing that two parties could read differently (RFC 9112 6.3) is how
      * requests are smuggled past a proxy: refuse it, and close the connection
@@ -807,6 +815,7 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
 {
     sf_req *r = req_new(cls, conn);
     if (r && uri) {
+        r->priv->uri_len = strlen(uri);
         const char *q = strchr(uri, '?');
         for (const char *p = strchr(uri, '%'); p && !r->priv->bad_uri; p = strchr(p + 1, '%')) {
             if (p[1] == '0' && p[2] == '0')

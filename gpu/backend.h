@@ -101,7 +101,12 @@ typedef struct sf_train_cfg {
 
 typedef struct sf_hyper {
     float lr, momentum, weight_decay;
-    float beta1, beta2, eps; /* AdamW only */
+    /* AdamW only. The betas stay double, as the config has them: PyTorch
+     * forms 1 - beta and the bias corrections 1 - beta^t from the Python
+     * floats, and 1 - (float)0.999 is 1.3e-5 (relative) below 0.001, which
+     * the second moment exp_avg_sq would carry. */
+    double beta1, beta2;
+    float eps;
     /* Gradient clipping (optim.clip_grad_norm): 0 is off. Else the gradients
      * about to be applied (after accumulation, before weight decay and the
      * optimizer) are scaled by min(1, clip_grad_norm / (norm + 1e-6)), where

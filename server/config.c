@@ -200,7 +200,11 @@ const sf_cfg_option sf_config_table[] = {
      "Largest batch N the model is built for (device memory is sized for it)."},
     {"model.freeze", SF_CT_STRING, F(model.freeze), "", 0, 0, NULL, 0, check_model,
      "Layer-name prefix of the leading layers that run without gradients or optimizer state "
-     "(W2: encoder); empty trains every layer."},
+     "(W2: encoder); empty trains every layer. They run in eval mode, as a frozen PyTorch module "
+     "put in eval(): their batchnorm layers normalise with the running statistics and leave them "
+     "as they are. num_batches_tracked is one counter of every batchnorm layer, so a frozen "
+     "layer's counts the training batches where PyTorch's stays (only BatchNorm2d(momentum=None) "
+     "reads it; streamfeed's batchnorm uses momentum 0.1)."},
     {"model.grad_accum_steps", SF_CT_INT, F(model.grad_accum_steps), "1", 1, 65536, NULL, 0, NULL,
      "Gradient accumulation: the optimizer steps every k batches on the mean of their gradients."},
     {"optim.name", SF_CT_ENUM, F(optim.name), "sgd", 0, 0, "sgd|adamw", 0, NULL,
@@ -221,9 +225,10 @@ const sf_cfg_option sf_config_table[] = {
      "constant|step|multistep|cosine|one_cycle", SF_CF_HOT, check_schedule,
      "Learning-rate schedule over optimizer steps, torch.optim.lr_scheduler semantics (closed "
      "forms): constant (optim.lr), step (StepLR), multistep (MultiStepLR), cosine "
-     "(CosineAnnealingLR), one_cycle (OneCycleLR, cos annealing; ignores optim.lr). The position "
-     "is the optimizer step count, so it resumes from a checkpoint; a change applies from the "
-     "next optimizer step."},
+     "(CosineAnnealingLR), one_cycle (OneCycleLR with cycle_momentum=False, cos annealing: the "
+     "learning rate only, SGD's momentum and AdamW's beta1 stay as set; ignores optim.lr). The "
+     "position is the optimizer step count, so it resumes from a checkpoint; a change applies "
+     "from the next optimizer step."},
     {"optim.step_size", SF_CT_INT64, F(optim.step_size), "1", 1, 9007199254740991.0, NULL,
      SF_CF_HOT, check_schedule, "step: multiply the lr by optim.gamma every step_size optimizer steps."},
     {"optim.gamma", SF_CT_DOUBLE, F(optim.gamma), "0.1", 0, 1, NULL, SF_CF_HOT, check_schedule,

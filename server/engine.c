@@ -186,8 +186,8 @@ static void fill_hyper(sf_hyper *h, const sf_config *c, double lr)
     h->lr = (float)lr;
     h->momentum = (float)c->optim.momentum;
     h->weight_decay = (float)c->optim.weight_decay;
-    h->beta1 = (float)c->optim.beta1;
-    h->beta2 = (float)c->optim.beta2;
+    h->beta1 = c->optim.beta1;
+    h->beta2 = c->optim.beta2;
     h->eps = (float)c->optim.eps;
     h->clip_grad_norm = (float)c->optim.clip_grad_norm;
 }

@@ -63,11 +63,12 @@ static T SF_FN(soft_xent_one)(const T *l, size_t stride, int k, int y, int y2, T
 }
 
 /* See ref.h. A label outside [0,k) makes the loss NaN (and that sample's
- * gradient NaN). */
+ * gradient NaN). The per-sample losses are summed in double (as the per-pixel
+ * ones below), so the mean is the float rounding of the exact mean. */
 void SF_FN(sf_ref_xent_soft)(const T *logits, const int32_t *labels, int n, int k, T smoothing, T lam, T *loss,
                              T *dlogits, int *correct, int *correct5)
 {
-    T total = 0;
+    double total = 0;
     int right = 0, right5 = 0;
     if (lam <= (T)0 || lam > (T)1)
         lam = 1; /* 0 reads as "no mixing" (backend.h) */
@@ -78,7 +79,7 @@ void SF_FN(sf_ref_xent_soft)(const T *logits, const int32_t *labels, int n, int 
         const int32_t prev = lam < (T)1 ? labels[(ni + n - 1) % n] : lab;
         T *d = dlogits ? dlogits + (size_t)ni * k : NULL;
         if (lab < 0 || lab >= k || prev < 0 || prev >= k) {
-            total += (T)NAN;
+            total += NAN;
             for (int j = 0; d && j < k; j++)
                 d[j] = (T)NAN;
             continue;
@@ -90,7 +91,7 @@ void SF_FN(sf_ref_xent_soft)(const T *logits, const int32_t *labels, int n, int 
         right5 += SF_FN(top5_hit)(l, 1, k, lab);
     }
     if (loss)
-        *loss = total / (T)n;
+        *loss = (T)(total / n);
     if (correct)
         *correct = right;
     if (correct5)
@@ -106,13 +107,17 @@ void SF_FN(sf_ref_xent)(const T *logits, const int32_t *labels, int n, int k, T 
 
 /* See ref.h: per pixel, with label smoothing s; the argmax is the first
  * maximum (as torch.argmax). A label outside [0,k) makes the loss NaN and
- * that pixel's gradient NaN (as sf_ref_xent). */
+ * that pixel's gradient NaN (as sf_ref_xent). The pixels' losses are summed
+ * in double: a float running sum over W2's 65536 pixels per image drifts by
+ * about 1e-4 relative (8.7e-5 measured on two images against PyTorch in
+ * float64, whose float32 loss is within 1.2e-7), and the CUDA kernel sums its
+ * blocks' partial sums in double too. */
 void SF_FN(sf_ref_xent2d_smooth)(const T *logits, const int32_t *labels, int n, int k, int h, int w,
                                  T smoothing, T *loss, T *dlogits, int64_t *correct, int64_t *correct5)
 {
     const size_t hw = (size_t)h * w;
     const size_t pixels = (size_t)n * hw;
-    T total = 0;
+    double total = 0;
     int64_t right = 0, right5 = 0;
     for (int ni = 0; ni < n; ni++) {
         for (size_t pix = 0; pix < hw; pix++) {
@@ -120,7 +125,7 @@ void SF_FN(sf_ref_xent2d_smooth)(const T *logits, const int32_t *labels, int n, 
             const int32_t lab = labels[(size_t)ni * hw + pix];
             T *d = dlogits ? dlogits + (size_t)ni * k * hw + pix : NULL;
             if (lab < 0 || lab >= k) {
-                total += (T)NAN;
+                total += NAN;
                 for (int j = 0; d && j < k; j++)
                     d[j * hw] = (T)NAN;
                 continue;
@@ -132,7 +137,7 @@ void SF_FN(sf_ref_xent2d_smooth)(const T *logits, const int32_t *labels, int n, 
         }
     }
     if (loss)
-        *loss = total / (T)pixels;
+        *loss = (T)(total / (double)pixels);
     if (correct)
         *correct = right;
     if (correct5)

@@ -21,8 +21,9 @@ void sf_ref_sgd(float *p, const float *grad, float *mom, size_t len,
                 float lr, float momentum, float wd);
 /* AdamW with PyTorch semantics (torch.optim.AdamW, amsgrad off): step t >= 1
  * (already incremented); p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
- * p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). */
-void sf_ref_adamw(float *p, const float *grad, float *m, float *v, size_t len, float lr, float beta1,
-                  float beta2, float eps, float wd, int64_t t);
+ * p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps). The betas are the
+ * configured doubles (1 - b and 1 - b^t are formed from them). */
+void sf_ref_adamw(float *p, const float *grad, float *m, float *v, size_t len, float lr, double beta1,
+                  double beta2, float eps, float wd, int64_t t);
 
 #endif

@@ -186,8 +186,8 @@ int main(int argc, char **argv)
     b.samples = samples.data();
     b.hyper.lr = 1e-3f;
     b.hyper.momentum = momentum;
-    b.hyper.beta1 = 0.9f;
-    b.hyper.beta2 = 0.999f;
+    b.hyper.beta1 = 0.9;
+    b.hyper.beta2 = 0.999;
     b.hyper.eps = 1e-8f;
     double sec_as = 0, sec_s = 0;
     if (be->i->bench(be, &b, SF_BENCH_AUG_STEP, warmup, steps, &sec_as, err, sizeof err) ||

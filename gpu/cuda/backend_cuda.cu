@@ -835,13 +835,8 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     ctl.clip_grad_norm = bt->hyper.clip_grad_norm;
     memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
     sf_adamw_hyper ah;
-    memset(&ah, 0, sizeof ah);
-    ah.lr = bt->hyper.lr;
-    ah.beta1 = bt->hyper.beta1;
-    ah.beta2 = bt->hyper.beta2;
-    ah.eps = bt->hyper.eps;
-    ah.weight_decay = bt->hyper.weight_decay;
-    sf_adamw_hyper_at(&ah, B->opt_t > 0 ? B->opt_t : 1);
+    sf_adamw_hyper_at(&ah, bt->hyper.lr, bt->hyper.beta1, bt->hyper.beta2, bt->hyper.eps, bt->hyper.weight_decay,
+                      B->opt_t > 0 ? B->opt_t : 1);
     memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);
     if (c->lps == 1)
         memcpy(B->h_stage + STAGE_LABELS_OFF, bt->labels, (size_t)n * label_size(bt->label_dtype));
@@ -944,13 +939,8 @@ static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errle
     e->opt = B->do_opt;
     sf_sgd_hyper hyp = {bt->hyper.lr, bt->hyper.momentum, bt->hyper.weight_decay, 0.f};
     sf_adamw_hyper ah;
-    memset(&ah, 0, sizeof ah);
-    ah.lr = bt->hyper.lr;
-    ah.beta1 = bt->hyper.beta1;
-    ah.beta2 = bt->hyper.beta2;
-    ah.eps = bt->hyper.eps;
-    ah.weight_decay = bt->hyper.weight_decay;
-    sf_adamw_hyper_at(&ah, B->opt_t > 0 ? B->opt_t : 1);
+    sf_adamw_hyper_at(&ah, bt->hyper.lr, bt->hyper.beta1, bt->hyper.beta2, bt->hyper.eps, bt->hyper.weight_decay,
+                      B->opt_t > 0 ? B->opt_t : 1);
     cudaStream_t ts = c->st_transform, cs = c->st_compute;
     int rc = -1;
     /* Buffer b's staging is read by its previous step: wait for it first. */

@@ -196,9 +196,9 @@ __global__ void k_sgd_mixed(float *__restrict__ p, const float *__restrict__ g, 
  * reference (no contraction into FMA), so equal inputs give bit-equal results. */
 __device__ __forceinline__ void adamw_one(float &p, float &m, float &v, float g, const sf_adamw_hyper &h)
 {
-    p = __fmul_rn(p, __fsub_rn(1.f, __fmul_rn(h.lr, h.weight_decay)));
-    m = __fadd_rn(__fmul_rn(h.beta1, m), __fmul_rn(__fsub_rn(1.f, h.beta1), g));
-    v = __fadd_rn(__fmul_rn(h.beta2, v), __fmul_rn(__fmul_rn(__fsub_rn(1.f, h.beta2), g), g));
+    p = __fmul_rn(p, h.decay);
+    m = __fadd_rn(__fmul_rn(h.beta1, m), __fmul_rn(h.one_minus_beta1, g));
+    v = __fadd_rn(__fmul_rn(h.beta2, v), __fmul_rn(__fmul_rn(h.one_minus_beta2, g), g));
     const float den = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), h.bc2_sqrt), h.eps);
     p = __fsub_rn(p, __fmul_rn(h.step_size, __fdiv_rn(m, den)));
 }
@@ -588,14 +588,18 @@ extern "C" int sf_cuda_grads_model(const void *gd, sf_dtype dt, float *g, const 
     return 0;
 }
 
-extern "C" void sf_adamw_hyper_at(sf_adamw_hyper *h, int64_t t)
+extern "C" void sf_adamw_hyper_at(sf_adamw_hyper *h, float lr, double beta1, double beta2, float eps,
+                                  float weight_decay, int64_t t)
 {
-    /* in double, as PyTorch computes them in Python floats */
-    const double bc1 = 1.0 - pow((double)h->beta1, (double)t);
-    const double bc2 = 1.0 - pow((double)h->beta2, (double)t);
-    h->step_size = (float)((double)h->lr / bc1);
-    h->bc2_sqrt = (float)sqrt(bc2);
-    h->pad_ = 0.f;
+    /* in double, as PyTorch computes them in Python floats (sf_ref_adamw) */
+    h->beta1 = (float)beta1;
+    h->beta2 = (float)beta2;
+    h->eps = eps;
+    h->decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    h->one_minus_beta1 = (float)(1.0 - beta1);
+    h->one_minus_beta2 = (float)(1.0 - beta2);
+    h->step_size = (float)((double)lr / (1.0 - pow(beta1, (double)t)));
+    h->bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)t));
 }
 
 extern "C" int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float *wdev, size_t len,

@@ -80,21 +80,26 @@ int sf_cuda_sgd_mixed(float *p, const float *g, const void *gd, sf_dtype dt, con
 
 /* ---- AdamW ------------------------------------------------------------------- */
 /* torch.optim.AdamW (amsgrad off), as sf_ref_adamw, over one flat buffer in one
- * launch:  p *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;
+ * launch:  p *= decay;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;
  *          p -= step_size * m / (sqrt(v)/bc2_sqrt + eps)
- * with step_size = lr/(1 - b1^t), bc2_sqrt = sqrt(1 - b2^t) computed on the
- * host in double (sf_adamw_hyper_at). The hyper-parameters are read from device
- * memory so a captured graph picks up a new step: the host refreshes the struct
- * and copies it before each replay. segs: as sf_cuda_sgd (conv weights kept in
- * KRSC device layout; g read and wdev written at the device index); NULL or
- * n == 0 for none. p, m, v in model layout, 16-byte aligned. */
+ * where decay = 1 - lr*wd, 1 - b1, 1 - b2, step_size = lr/(1 - b1^t) and
+ * bc2_sqrt = sqrt(1 - b2^t) are formed on the host in double from the
+ * configured (double) betas by sf_adamw_hyper_at, as PyTorch forms them from
+ * Python floats: 1 - (float)0.999 would be 1.3e-5 below PyTorch's 1 - beta2.
+ * The hyper-parameters are read from device memory so a captured graph picks
+ * up a new step: the host refreshes the struct and copies it before each
+ * replay. segs: as sf_cuda_sgd (conv weights kept in KRSC device layout; g read
+ * and wdev written at the device index); NULL or n == 0 for none. p, m, v in
+ * model layout, 16-byte aligned. */
 typedef struct sf_adamw_hyper {
-    float lr, beta1, beta2, eps, weight_decay;
-    float step_size, bc2_sqrt; /* of step t: filled by sf_adamw_hyper_at */
-    float pad_;
+    float beta1, beta2, eps;
+    float decay;                           /* 1 - lr * weight_decay */
+    float one_minus_beta1, one_minus_beta2;
+    float step_size, bc2_sqrt;             /* of step t */
 } sf_adamw_hyper;
-/* Fills step_size and bc2_sqrt for step t >= 1 from lr, beta1, beta2. */
-void sf_adamw_hyper_at(sf_adamw_hyper *h, int64_t t);
+/* Fills every field for step t >= 1. */
+void sf_adamw_hyper_at(sf_adamw_hyper *h, float lr, double beta1, double beta2, float eps, float weight_decay,
+                       int64_t t);
 int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float *wdev, size_t len,
                   const sf_adamw_hyper *d_hyper, const sf_sgd_segs *segs, const sf_grad_state *gs,
                   cudaStream_t s);

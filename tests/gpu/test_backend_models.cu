@@ -111,8 +111,8 @@ static int make_batches(sf_backend *hb, batch_set &bs, int steps, int n, int h, 
         b.hyper.lr = s == 0 ? lr : lr * 0.5f;
         b.hyper.momentum = 0.9f;
         b.hyper.weight_decay = s == 2 ? 1e-3f : 1e-4f;
-        b.hyper.beta1 = 0.9f;
-        b.hyper.beta2 = 0.999f;
+        b.hyper.beta1 = 0.9;
+        b.hyper.beta2 = 0.999;
         b.hyper.eps = 1e-8f;
         bs.b.push_back(b);
     }

@@ -79,8 +79,8 @@ static int make_batch(batch_data &d, const sf_model &m, int n, uint64_t seed)
     d.b.hyper.lr = 0.01f;
     d.b.hyper.momentum = 0.9f;
     d.b.hyper.weight_decay = 1e-4f;
-    d.b.hyper.beta1 = 0.9f;
-    d.b.hyper.beta2 = 0.999f;
+    d.b.hyper.beta1 = 0.9;
+    d.b.hyper.beta2 = 0.999;
     d.b.hyper.eps = 1e-8f;
     d.b.hyper.clip_grad_norm = 0.5f; /* the check's norm decides every update */
     return 0;

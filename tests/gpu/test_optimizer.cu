@@ -86,7 +86,10 @@ static void test_adamw(cudaStream_t s, size_t len, float wd, int perm)
 {
     char nm[120];
     snprintf(nm, sizeof nm, "adamw len %zu wd %g%s", len, wd, perm ? " permuted segment" : "");
-    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float lr = 1e-3f, eps = 1e-8f;
+    /* The configured betas are doubles: 1 - 0.999 is formed from the double
+     * on both sides, as PyTorch does. */
+    const double b1 = 0.9, b2 = 0.999;
     std::vector<float> p(len), m(len, 0.f), v(len, 0.f), g(len);
     rand_fill(p, 1.f);
     float *d_p = dalloc<float>(len), *d_m = dalloc<float>(len), *d_v = dalloc<float>(len), *d_g = dalloc<float>(len),
@@ -116,8 +119,8 @@ static void test_adamw(cudaStream_t s, size_t len, float wd, int perm)
                     for (int r = 0; r < rs; r++)
                         gdev[8 + ((size_t)o * rs + r) * ci + c] = g[8 + ((size_t)o * ci + c) * rs + r];
         up(d_g, gdev);
-        sf_adamw_hyper h = {lr, b1, b2, eps, wd, 0.f, 0.f, 0.f};
-        sf_adamw_hyper_at(&h, t);
+        sf_adamw_hyper h;
+        sf_adamw_hyper_at(&h, lr, b1, b2, eps, wd, t);
         CU(cudaMemcpy(d_h, &h, sizeof h, cudaMemcpyHostToDevice));
         rc = sf_cuda_adamw(d_p, d_g, d_m, d_v, d_w, len, d_h, perm ? &segs : NULL, NULL, s);
         sf_ref_adamw(p.data(), g.data(), m.data(), v.data(), len, lr, b1, b2, eps, wd, t);

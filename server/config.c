@@ -214,7 +214,8 @@ const sf_cfg_option sf_config_table[] = {
     {"optim.momentum", SF_CT_DOUBLE, F(optim.momentum), "0", 0, 1, NULL, SF_CF_HOT, NULL,
      "SGD momentum."},
     {"optim.weight_decay", SF_CT_DOUBLE, F(optim.weight_decay), "0", 0, 1, NULL, SF_CF_HOT, NULL,
-     "Weight decay: L2 for SGD, decoupled for AdamW (PyTorch semantics)."},
+     "Weight decay: L2 for SGD, decoupled for AdamW (PyTorch semantics). One default, 0, for both: "
+     "torch.optim.AdamW's own default is 0.01, so a port of a script that relies on it sets 0.01 here."},
     {"optim.beta1", SF_CT_DOUBLE, F(optim.beta1), "0.9", 0, 0.999999, NULL, SF_CF_HOT, NULL,
      "AdamW beta1 (first-moment decay)."},
     {"optim.beta2", SF_CT_DOUBLE, F(optim.beta2), "0.999", 0, 0.999999, NULL, SF_CF_HOT, NULL,

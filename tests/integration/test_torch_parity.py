@@ -1,5 +1,7 @@
 """Training parity with PyTorch on the CPU reference backend (fp32 on both
-sides). Each case starts the service and a PyTorch model from the same
+sides), or on the CUDA backend where STREAMFEED_PARITY_BACKEND=cuda and the
+binary is a CUDA build on a GPU host (every case passed on an H100 with these
+same tolerances, model.precision fp32). Each case starts the service and a PyTorch model from the same
 weights -- the PyTorch module's state_dict saved with safetensors and given to
 the service as model.init_from -- posts the same fixed batches to both, with
 an augmentation that only converts uint8 to float (to_dtype), and requires
@@ -33,6 +35,7 @@ cycling (1e-5 in the parameters) or 1 - beta2 formed from a float beta2
 orders of magnitude larger."""
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -53,6 +56,8 @@ from torch_interop import torch_model  # noqa: E402  (the presets' PyTorch modul
 
 SCALE = 0.00392156862745098  # 1/255
 AUG = json.dumps([{"op": "to_dtype", "dtype": "float32", "scale": SCALE}])
+# Which backend trains: the reference here; a GPU host sets cuda.
+BACKEND = os.environ.get("STREAMFEED_PARITY_BACKEND", "ref")
 TOL_LR = 1e-12  # the learning rate: float64 formulas on both sides
 
 
@@ -243,7 +248,7 @@ def start_pair(start_server, tmp_path, model, flags, make_opt, make_sched=None, 
     every tensor bit for bit."""
     init = tmp_path / "init.safetensors"
     torch_save_file(model.state_dict(), str(init))
-    flags = ["--pipeline.backend", "ref", "--model.precision", "fp32", "--augment.pipeline", AUG,
+    flags = ["--pipeline.backend", BACKEND, "--model.precision", "fp32", "--augment.pipeline", AUG,
              "--augment.eval_pipeline", AUG, "--model.max_batch", "16", "--model.init_from", str(init),
              "--log.requests", "false", *flags]
     s = start_server(*flags)

@@ -10,12 +10,14 @@ each other over the steps here (measured: 7e-7 over 8 steps); a step that paired
 divided by the wrong count, is off by far more (see the test).
 """
 import threading
+import time
 
 import numpy as np
 import pytest
+import requests
 from safetensors.numpy import load as st_load
 
-from sfharness import TINY, learnable_batch, wait_until
+from sfharness import SAFETENSORS, TINY, learnable_batch, st_body, wait_until
 
 B = 16
 STEPS = 8
@@ -243,3 +245,41 @@ def test_only_rank_0_writes_checkpoints_and_no_rank_restores_one_while_training(
     assert ranks[0].request("POST", "/v1/checkpoint/save", json={}).status_code == 200
     r = ranks[0].request("POST", "/v1/checkpoint/load", json={})
     assert r.status_code == 409 and r.json()["error"]["code"] == "distributed_restore_refused", r.text
+
+
+def test_a_rank_fed_a_steady_stream_of_evaluation_batches_still_takes_its_rounds(start_server, rng):
+    # Evaluation batches are a rank's own business, served between rounds;
+    # served back to back they kept rank 1 out of the rounds for as long as
+    # its ring held one, so rank 0's step waited in the control all-reduce
+    # until distributed.timeout_s broke the job for good.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20", "--distributed.timeout_s", "3",
+                      "--model.max_batch", "256")
+    stop = threading.Event()
+    evals = []
+    im, lb = learnable_batch(rng, n=256)
+    eval_body = st_body(im, lb)
+
+    def evaluate():
+        with requests.Session() as s:
+            while not stop.is_set():
+                r = s.post(ranks[1].url + "/v1/batches?mode=eval", data=eval_body,
+                           headers={"Content-Type": SAFETENSORS}, timeout=60)
+                evals.append(r.status_code)
+
+    loaders = [threading.Thread(target=evaluate) for _ in range(6)]
+    for t in loaders:
+        t.start()
+    try:
+        wait_until(lambda: len(evals) >= 20, timeout=20, what="rank 1 busy with evaluation batches")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5:  # beyond distributed.timeout_s
+            im, lb = learnable_batch(rng, n=B)
+            r = ranks[0].post_arrays(im, lb, wait=True, timeout=60)
+            assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    finally:
+        stop.set()
+        for t in loaders:
+            t.join()
+    assert set(evals) == {202}, set(evals)
+    for s in ranks:
+        assert s.get("/readyz").status_code == 200, s.get("/readyz").text

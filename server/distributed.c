@@ -326,17 +326,32 @@ int64_t sf_distributed_patch_len(sf_distributed *d)
     return n;
 }
 
-/* Applies one rank's patch body on this rank; records the outcome when the
- * patch is this rank's own (mine != NULL). */
-static void apply_one(sf_distributed *d, const char *body, size_t len, dist_patch *mine)
+/* Records the outcome of this rank's own patch for the request waiting on it. */
+static void record_result(sf_distributed *d, uint64_t id, int status, const char *err, const char *field,
+                          char *reply)
 {
-    cJSON *patch = cJSON_ParseWithLength(body, len);
+    pthread_mutex_lock(&d->mu);
+    dist_patch *r = &d->results[id % PATCH_RESULTS];
+    if (r->id == id) {
+        r->done = 1;
+        r->status = status;
+        snprintf(r->err, sizeof r->err, "%s", err);
+        snprintf(r->field, sizeof r->field, "%s", field);
+        free(r->reply);
+        r->reply = reply;
+        reply = NULL;
+    }
+    pthread_mutex_unlock(&d->mu);
+    free(reply);
+}
+
+/* Applies one rank's patch, which every rank found valid, on this rank;
+ * records the outcome when the patch is this rank's own (mine != NULL). */
+static void apply_one(sf_distributed *d, const cJSON *patch, const dist_patch *mine)
+{
     cJSON *applied = NULL, *pending = NULL;
     char err[512] = "", field[128] = "";
-    int rc = patch ? sf_config_patch(patch, &applied, &pending, err, sizeof err, field, sizeof field) : -1;
-    if (!patch)
-        snprintf(err, sizeof err, "the patch is not valid JSON");
-    cJSON_Delete(patch);
+    int rc = sf_config_patch(patch, &applied, &pending, err, sizeof err, field, sizeof field);
     char *reply = NULL;
     if (rc == 0) {
         cJSON *o = cJSON_CreateObject();
@@ -347,26 +362,58 @@ static void apply_one(sf_distributed *d, const char *body, size_t len, dist_patc
     } else {
         cJSON_Delete(applied);
         cJSON_Delete(pending);
+        SF_WARN("distributed: a configuration patch every rank had checked was refused here: %s", err);
     }
-    if (!mine) {
-        if (rc != 0)
-            SF_WARN("distributed: a peer's configuration patch was refused here too: %s", err);
+    if (mine)
+        record_result(d, mine->id, rc, err, field, reply);
+    else
         free(reply);
-        return;
+}
+
+/* The refusing rank's reason, sent to every rank with the patch's outcome. */
+typedef struct refusal {
+    char err[400];
+    char field[128];
+} refusal;
+
+/* Rank r's patch (buf, len), on every rank: each checks it against its own
+ * config, since ranks may differ in restart-only options (only rank 0 has a
+ * checkpoint.dir, say) and a patch one rank refuses must apply on none, or
+ * the ranks would train on with different hot options. One all-reduce (min)
+ * names the lowest refusing rank, which then broadcasts why. 0, or -1 when
+ * a collective failed. */
+static int decide_and_apply(sf_distributed *d, int r, const char *buf, size_t len, const dist_patch *mine,
+                            char *err, size_t errlen)
+{
+    const int world = d->d.world, rank = d->d.rank;
+    refusal why = {{0}, {0}};
+    cJSON *patch = cJSON_ParseWithLength(buf, len);
+    if (!patch)
+        snprintf(why.err, sizeof why.err, "the patch is not valid JSON");
+    int ok = patch && sf_config_patch_check(patch, why.err, sizeof why.err, why.field, sizeof why.field) == 0;
+    int64_t refuser = ok ? world : rank;
+    if (sf_coll_allreduce(d->d.coll, &refuser, 1, SF_COLL_I64, SF_COLL_MIN, err, errlen) != 0) {
+        cJSON_Delete(patch);
+        return -1;
     }
-    pthread_mutex_lock(&d->mu);
-    dist_patch *r = &d->results[mine->id % PATCH_RESULTS];
-    if (r->id == mine->id) {
-        r->done = 1;
-        r->status = rc;
-        snprintf(r->err, sizeof r->err, "%s", err);
-        snprintf(r->field, sizeof r->field, "%s", field);
-        free(r->reply);
-        r->reply = reply;
-        reply = NULL;
+    if (refuser == world) {
+        apply_one(d, patch, mine);
+        cJSON_Delete(patch);
+        return 0;
     }
-    pthread_mutex_unlock(&d->mu);
-    free(reply);
+    cJSON_Delete(patch);
+    if (sf_coll_broadcast(d->d.coll, &why, sizeof why, (int)refuser, err, errlen) != 0)
+        return -1;
+    why.err[sizeof why.err - 1] = why.field[sizeof why.field - 1] = '\0';
+    char msg[512];
+    snprintf(msg, sizeof msg, "rank %lld of the data-parallel job refused it, so no rank applied it: %s",
+             (long long)refuser, why.err);
+    if (mine)
+        record_result(d, mine->id, -1, msg, why.field, NULL);
+    else if (refuser == rank)
+        SF_WARN("distributed: rank %d's configuration patch is refused here, so no rank applies it: %s", r,
+                why.err);
+    return 0;
 }
 
 int sf_distributed_apply_patches(sf_distributed *d, const int64_t *lens, char *err, size_t errlen)
@@ -390,11 +437,11 @@ int sf_distributed_apply_patches(sf_distributed *d, const int64_t *lens, char *e
             memcpy(buf, mine.body, (size_t)lens[r]);
             free(mine.body);
         }
-        if (sf_coll_broadcast(d->d.coll, buf, (size_t)lens[r], r, err, errlen) != 0) {
+        if (sf_coll_broadcast(d->d.coll, buf, (size_t)lens[r], r, err, errlen) != 0 ||
+            decide_and_apply(d, r, buf, (size_t)lens[r], r == d->d.rank ? &mine : NULL, err, errlen) != 0) {
             free(buf);
             return -1;
         }
-        apply_one(d, buf, (size_t)lens[r], r == d->d.rank ? &mine : NULL);
         free(buf);
         any = 1;
     }

@@ -283,3 +283,31 @@ def test_a_rank_fed_a_steady_stream_of_evaluation_batches_still_takes_its_rounds
     assert set(evals) == {202}, set(evals)
     for s in ranks:
         assert s.get("/readyz").status_code == 200, s.get("/readyz").text
+
+
+def test_a_patch_that_one_rank_refuses_applies_on_no_rank(start_server, rng, tmp_path):
+    # The ranks differ in restart-only options: only rank 0 has a
+    # checkpoint.dir (docs/OPERATIONS.md), so checkpoint.every_steps is valid
+    # there and not on rank 1. Rank 1 used to refuse the whole patch alone
+    # while rank 0 applied it and answered 200, and the ranks trained on
+    # with different learning rates.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20",
+                      rank_extra={0: ["--checkpoint.dir", str(tmp_path)]})
+    r = ranks[0].patch_config({"optim": {"lr": 0.01}, "checkpoint": {"every_steps": 1000}})
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert e["code"] == "config_invalid" and e["field"] == "checkpoint.every_steps", r.text
+    assert "rank 1" in e["message"], r.text
+    # The other way round: valid on rank 1 once checkpoint.dir is there too
+    # (pending a restart), but every_steps applies now, and rank 1 has no
+    # checkpoint.dir now; rank 0 used to apply it anyway.
+    r = ranks[1].patch_config({"checkpoint": {"dir": str(tmp_path), "every_steps": 10}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "config_invalid", r.text
+    for s in ranks:
+        c = s.config()
+        assert (c["optim"]["lr"], c["checkpoint"]["every_steps"]) == (0.05, 0), c
+        assert s.get("/v1/config").json()["pending_restart"] == []
+    post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)])
+    assert_bit_identical(ranks)
+    for s in ranks:
+        assert s.get("/readyz").status_code == 200, s.get("/readyz").text

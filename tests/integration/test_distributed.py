@@ -311,3 +311,16 @@ def test_a_patch_that_one_rank_refuses_applies_on_no_rank(start_server, rng, tmp
     assert_bit_identical(ranks)
     for s in ranks:
         assert s.get("/readyz").status_code == 200, s.get("/readyz").text
+
+
+def test_checkpoint_reads_and_saves_on_a_rank_still_joining_are_refused_at_once(start_server, tmp_path):
+    # Both are engine commands, and the engine runs none until every rank has
+    # joined: the request waited out the whole join window unanswered.
+    r0 = start_server(dist_flags(2, 0, None, "--distributed.join_timeout_s", "600",
+                                 "--checkpoint.dir", str(tmp_path)))
+    for method, path, kw in [("GET", "/v1/checkpoint", {}), ("POST", "/v1/checkpoint/save", {"json": {}})]:
+        r = r0.request(method, path, timeout=10, **kw)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "distributed_unavailable", r.text
+        assert "joining" in r.json()["error"]["message"], r.text
+    r0.stop(check=False)
+    assert r0.proc.returncode == 0

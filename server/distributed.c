@@ -79,6 +79,16 @@ void sf_distributed_cancel(sf_distributed *d)
         atomic_store(&d->cancel, 1);
 }
 
+void sf_distributed_cancel_join(sf_distributed *d)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->mu);
+    if (d->state == SF_DIST_JOINING)
+        atomic_store(&d->cancel, 1);
+    pthread_mutex_unlock(&d->mu);
+}
+
 sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
 {
     if (c->distributed.world_size <= 1)
@@ -187,6 +197,10 @@ int sf_distributed_join(sf_distributed *d)
     if (d->state == SF_DIST_JOINING) {
         d->state = SF_DIST_JOINED;
         d->reason[0] = '\0';
+        /* A cancel_join that came as the join succeeded has nothing left to
+         * end; left set, it would cut short the store's later gets (the
+         * NCCL id at the first round). */
+        atomic_store(&d->cancel, 0);
     }
     pthread_mutex_unlock(&d->mu);
     sf_gauge_set(d->m_state, 1);

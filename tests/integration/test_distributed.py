@@ -324,3 +324,25 @@ def test_checkpoint_reads_and_saves_on_a_rank_still_joining_are_refused_at_once(
         assert "joining" in r.json()["error"]["message"], r.text
     r0.stop(check=False)
     assert r0.proc.returncode == 0
+
+
+def test_a_rank_stopped_while_still_joining_fails_its_accepted_batches_and_exits_at_once(start_server, rng):
+    # A batch accepted while the rank joins can only train once every rank
+    # has joined; a shutdown meanwhile ends the job anyway. The drain used to
+    # wait the whole grace period for that batch, with the join going on.
+    r0 = start_server(dist_flags(2, 0, None, "--distributed.join_timeout_s", "600", "--shutdown.grace_s", "20"))
+    im, lb = learnable_batch(rng, n=B)
+    accepted = r0.post_arrays(im, lb)
+    assert accepted.status_code == 202, accepted.text
+    waiting = {}
+    t = threading.Thread(target=lambda: waiting.setdefault("r", r0.post_arrays(im, lb, wait=True, timeout=60)))
+    t.start()
+    wait_until(lambda: r0.metric("streamfeed_batches_pending") == 2, what="both batches accepted")
+    t0 = time.monotonic()
+    assert r0.terminate() == 0
+    assert time.monotonic() - t0 < 5, "the drain waited for batches that could not train"
+    t.join()
+    r = waiting["r"]
+    assert r.json()["state"] == "failed", r.text
+    assert r.json()["error"]["code"] == "distributed_unavailable", r.text
+    r0.stop(check=False)

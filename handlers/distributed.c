@@ -33,6 +33,17 @@ int h_distributed_kv_put(sf_req *r)
     sf_kv_table *t = table_or_refuse(r);
     if (!t)
         return -1;
+    /* Every rank publishes its keys before rank 0 can connect to it, so once
+     * rank 0's join has ended no rank has anything left to write: a process
+     * that does (a rank started twice, or one too late) would only replace
+     * the keys of the rank it claims to be, and wait for a connection that
+     * never comes. */
+    sf_dist_state st = sf_distributed_state(r->app->dist, NULL, 0);
+    if (st != SF_DIST_JOINING)
+        return sf_reply_error(r, 409, "rendezvous_closed", "rank 0 takes no more rendezvous keys: %s",
+                              st == SF_DIST_BROKEN ? "it stopped waiting for the other ranks (its /readyz says why)"
+                                                   : "every rank of its data-parallel job has joined (is this "
+                                                     "rank running twice?)");
     const char *code = NULL;
     if (sf_kv_table_put(t, r->param, r->body, r->body_len, &code) != 0) {
         if (!strcmp(code, "kv_value_too_large"))

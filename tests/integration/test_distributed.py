@@ -346,3 +346,39 @@ def test_a_rank_stopped_while_still_joining_fails_its_accepted_batches_and_exits
     assert r.json()["state"] == "failed", r.text
     assert r.json()["error"]["code"] == "distributed_unavailable", r.text
     r0.stop(check=False)
+
+
+def join_failure(server):
+    """The reason a rank gives for a failed join, once it has given up."""
+    reasons = server.get("/readyz").json()["reasons"]
+    return next((x for x in reasons if "could not join" in x), None)
+
+
+def test_a_second_process_claiming_a_rank_of_a_running_job_is_refused_at_once_and_the_job_trains_on(
+        start_server, rng):
+    # Once rank 0 has joined, every rank has published its keys: the store
+    # takes no more. A second rank 1 used to replace the running rank 1's
+    # keys and then wait in Gloo's connect for 30 s, past its join timeout.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20")
+    post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)])
+    twin = start_server(dist_flags(2, 1, f"127.0.0.1:{ranks[0].port}"))
+    reason = wait_until(lambda: join_failure(twin), timeout=5, what="the second rank 1 to give up")
+    assert "409" in reason and "every rank of its data-parallel job has joined" in reason, reason
+    assert ranks[0].metric("streamfeed_http_errors_total", code="rendezvous_closed") >= 1
+    twin.stop(check=False)  # the failed join is logged as an error, as it must be
+    assert twin.proc.returncode == 0
+    for res in post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)]):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    assert_bit_identical(ranks)
+
+
+def test_a_rank_that_comes_after_rank_0_gave_up_waiting_is_told_why(start_server):
+    r0 = start_server(dist_flags(2, 0, None, "--distributed.join_timeout_s", "1"))
+    wait_until(lambda: join_failure(r0), timeout=10, what="rank 0 to give up")
+    r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{r0.port}"))
+    reason = wait_until(lambda: join_failure(r1), timeout=5, what="rank 1 to give up")
+    # Not a bare "connection refused" from rank 0's closed listener.
+    assert "409" in reason and "stopped waiting for the other ranks" in reason, reason
+    for s in (r0, r1):
+        s.stop(check=False)
+        assert s.proc.returncode == 0

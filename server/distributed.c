@@ -50,6 +50,12 @@ struct sf_distributed {
     sf_metric *m_world, *m_rank, *m_empty, *m_allreduce, *m_state;
 };
 
+/* Rank 0's store holds what the ranks' collective publishes for a job of its
+ * size and, beside it, a few keys of values up to 64 KiB: the NCCL unique id
+ * (CUDA) and room to spare. */
+#define KV_SPARE_KEYS 8
+#define KV_MIN_VALUE 65536
+
 /* The join waits in the store's get for the other ranks' keys, up to
  * distributed.join_timeout_s: in slices, so that a shutdown ends it. */
 #define JOIN_SLICE_MS 200
@@ -108,7 +114,10 @@ sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
     snprintf(d->host, sizeof d->host, "%s", c->distributed.host);
     snprintf(d->rendezvous, sizeof d->rendezvous, "%s", c->distributed.rendezvous);
     if (d->d.rank == 0) {
-        d->table = sf_kv_table_new();
+        int keys;
+        size_t value;
+        sf_coll_store_needs(d->d.world, &keys, &value);
+        d->table = sf_kv_table_new(keys + KV_SPARE_KEYS, value > KV_MIN_VALUE ? value : KV_MIN_VALUE);
         if (!d->table) {
             snprintf(err, errlen, "out of memory");
             sf_distributed_free(d);

@@ -382,3 +382,33 @@ def test_a_rank_that_comes_after_rank_0_gave_up_waiting_is_told_why(start_server
     for s in (r0, r1):
         s.stop(check=False)
         assert s.proc.returncode == 0
+
+
+def test_rank_0s_store_holds_what_every_rank_of_the_largest_job_publishes(start_server):
+    # Gloo publishes two keys per rank: its host name (gloo.rank_N) and the
+    # addresses of its pairs with every other rank (gloo.N: a 136-byte
+    # sockaddr_storage and sequence number per peer), and on GPUs rank 0
+    # adds nccl.id. A store of 256 keys of 64 KiB at most turned away the
+    # 129th rank of a job (and every rank of one over 481 ranks) although
+    # distributed.world_size goes up to 1024. Rank 0 joins here and waits
+    # for gloo.1 first, so the test publishes that last: rank 0 reads none
+    # of the made-up addresses before the store has taken all of them.
+    world = 1024
+    r0 = start_server(dist_flags(world, 0, None, "--distributed.join_timeout_s", "600",
+                                 "--log.requests", "false"))
+    h = {"Content-Type": "application/octet-stream"}
+    blob = b"\x00" * (136 * (world - 1))
+    with requests.Session() as s:
+        def put(key, value):
+            r = s.put(f"{r0.url}/v1/distributed/kv/{key}", data=value, headers=h, timeout=30)
+            assert r.status_code == 204, (key, r.status_code, r.text)
+        for n in range(1, world):
+            put(f"gloo.rank_{n}", b"127.0.0.1")
+        for n in range(2, world):
+            put(f"gloo.{n}", blob)
+        put("nccl.id", b"\x00" * 128)
+        put("gloo.1", blob)
+    # Its join fails on the made-up addresses, and closing a thousand Gloo
+    # pairs takes seconds: nothing of it is under test.
+    r0.proc.kill()
+    r0.stop(check=False)

@@ -20,6 +20,7 @@ typedef struct dist_patch {
     char *body;
     size_t len;
     int done, status;
+    int unavailable; /* the job broke before the patch was applied */
     char err[512], field[128];
     char *reply; /* printed {"applied","pending_restart"} */
 } dist_patch;
@@ -237,19 +238,19 @@ static void set_state(sf_distributed *d, sf_dist_state s, int loud, const char *
         d->state = s;
         snprintf(d->reason, sizeof d->reason, "%s", msg);
     }
-    /* A broken job applies no more patches: their requests are answered. */
+    /* A broken job applies no more patches: their requests are answered,
+     * as well as the one a failed round had taken from the queue. */
     if (s == SF_DIST_BROKEN) {
-        for (int i = 0; i < d->nqueue; i++) {
-            dist_patch *r = &d->results[d->queue[i].id % PATCH_RESULTS];
-            free(r->reply);
+        for (int i = 0; i < d->nqueue; i++)
             free(d->queue[i].body);
-            memset(r, 0, sizeof *r);
-            r->id = d->queue[i].id;
-            r->done = 1;
-            r->status = -1;
+        d->nqueue = 0;
+        for (int i = 0; i < PATCH_RESULTS; i++) {
+            dist_patch *r = &d->results[i];
+            if (!r->id || r->done)
+                continue;
+            r->done = r->unavailable = 1;
             snprintf(r->err, sizeof r->err, "not applied: %s", msg);
         }
-        d->nqueue = 0;
     }
     pthread_mutex_unlock(&d->mu);
     sf_gauge_set(d->m_state, 0);
@@ -329,6 +330,9 @@ int sf_distributed_patch_result(sf_distributed *d, uint64_t id, int *status, cha
     int rc = 0;
     if (r->id != id) {
         snprintf(err, errlen, "configuration patch %llu was forgotten", (unsigned long long)id);
+        rc = -1;
+    } else if (r->unavailable) {
+        snprintf(err, errlen, "%s", r->err);
         rc = -1;
     } else if (r->done) {
         *status = r->status;

@@ -739,6 +739,7 @@ static void fail_slot(sf_engine *e, int slot)
 static void broken_loop(sf_engine *e)
 {
     sf_app *app = e->app;
+    sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* patches that will not apply are answered */
     while (!atomic_load(&e->stop)) {
         if (has_cmds(e))
             run_cmds(e);

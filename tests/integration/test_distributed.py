@@ -9,6 +9,7 @@ rank divides its sum by 2B). The two runs' losses stay within LOSS_TOL of
 each other over the steps here (measured: 7e-7 over 8 steps); a step that paired the wrong batches, or
 divided by the wrong count, is off by far more (see the test).
 """
+import signal
 import threading
 import time
 
@@ -412,3 +413,34 @@ def test_rank_0s_store_holds_what_every_rank_of_the_largest_job_publishes(start_
     # pairs takes seconds: nothing of it is under test.
     r0.proc.kill()
     r0.stop(check=False)
+
+
+def test_patches_waiting_for_their_round_when_a_peer_dies_are_answered_503_distributed_unavailable(
+        start_server, rng):
+    # A job that broke is the service's failure, not a bad patch: they were
+    # answered 400 config_invalid.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20", "--distributed.timeout_s", "30")
+    # A round first: the ranks have ended their start (rank 0's state
+    # broadcast) and take rounds.
+    post_round(ranks, [learnable_batch(rng, n=B), None])
+    ranks[1].proc.send_signal(signal.SIGSTOP)  # no round can end now
+    replies = []
+    threads = [threading.Thread(target=lambda lr=lr: replies.append(ranks[0].patch_config({"optim": {"lr": lr}})))
+               for lr in (0.01, 0.02, 0.03, 0.04, 0.06, 0.07, 0.08, 0.09, 0.1)]
+    for t in threads:
+        t.start()
+    # One more than the queue holds: the first reply is the one refused, so
+    # the other eight wait for their round.
+    wait_until(lambda: replies, timeout=10, what="the patch the full queue refuses")
+    assert replies[0].status_code == 503 and "already waiting" in replies[0].text, replies[0].text
+    ranks[1].proc.kill()
+    ranks[1].proc.wait()
+    for t in threads:
+        t.join()
+    assert len(replies) == 9, "a patch got no answer"
+    for r in replies[1:]:
+        assert r.status_code == 503 and r.json()["error"]["code"] == "distributed_unavailable", r.text
+        assert "lost the other ranks" in r.json()["error"]["message"], r.text
+    assert ranks[0].config()["optim"]["lr"] == 0.05
+    for s in ranks:
+        s.stop(check=False)  # the loss is logged as an error, as it must be

@@ -48,6 +48,8 @@ class KvStore : public gloo::rendezvous::Store {
         const std::string k = "gloo." + key;
         if (kv_.set(kv_.ctx, k.c_str(), data.data(), data.size()) != 0)
             throw std::runtime_error("the rendezvous store refused key " + k);
+        if (is_addresses(key))
+            own_addresses_ = data.size();
     }
 
     std::vector<char> get(const std::string &key) override
@@ -59,6 +61,14 @@ class KvStore : public gloo::rendezvous::Store {
         if (rc == 1)
             throw std::runtime_error("no rank published " + k + " in " + std::to_string(timeout_ms_ / 1000) +
                                      " s (distributed.join_timeout_s): a rank never joined");
+        /* A rank's addresses of its pairs, one per rank of its job: of
+         * another length than this rank's own, they are another job's size,
+         * which Gloo would only report as a failed size check. */
+        if (rc == 0 && is_addresses(key) && own_addresses_ && len != own_addresses_)
+            throw std::runtime_error("rank " + key + " published the addresses of a job of another size (" +
+                                     std::to_string(len) + " bytes, this rank's " +
+                                     std::to_string(own_addresses_) +
+                                     "): every rank needs the same distributed.world_size");
         if (rc != 0 || len > buf.size())
             throw std::runtime_error("the rendezvous store failed to return " + k);
         buf.resize(len);
@@ -74,9 +84,16 @@ class KvStore : public gloo::rendezvous::Store {
     }
 
   private:
+    /* connectFullMesh publishes a rank's pair addresses under its number. */
+    static bool is_addresses(const std::string &key)
+    {
+        return !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
+    }
+
     sf_kv_store kv_;
     int timeout_ms_;
     size_t max_value_;
+    size_t own_addresses_ = 0;
 };
 
 void fill_err(char *err, size_t errlen, const char *what, const std::exception &e)

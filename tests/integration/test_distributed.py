@@ -444,3 +444,16 @@ def test_patches_waiting_for_their_round_when_a_peer_dies_are_answered_503_distr
     assert ranks[0].config()["optim"]["lr"] == 0.05
     for s in ranks:
         s.stop(check=False)  # the loss is logged as an error, as it must be
+
+
+def test_ranks_started_with_different_world_sizes_say_so(start_server):
+    # Each rank publishes the addresses of its pairs with every other rank:
+    # ranks of different world sizes read values of an unexpected length,
+    # which Gloo reported as "sizeof(impl_) == bytes.size(). 136 vs 272".
+    r0 = start_server(dist_flags(2, 0, None))
+    r1 = start_server(dist_flags(3, 1, f"127.0.0.1:{r0.port}"))
+    for s in (r0, r1):
+        reason = wait_until(lambda s=s: join_failure(s), timeout=10, what="the join to fail")
+        assert "every rank needs the same distributed.world_size" in reason, reason
+        s.stop(check=False)  # the failed join is logged as an error, as it must be
+        assert s.proc.returncode == 0

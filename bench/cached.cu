@@ -116,7 +116,7 @@ int main(int argc, char **argv)
     cfg.sw.no_thin = !thin;
     cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
     /* the job's store in this process, as rank 0 keeps it (dist/kv_table.h) */
-    sf_kv_table *kv = sf_kv_table_new();
+    sf_kv_table *kv = sf_kv_table_new(8, 65536); /* a job of one rank: the NCCL id */
     const sf_kv_store store = sf_kv_table_store(kv);
     sf_dist job;
     memset(&job, 0, sizeof job);

@@ -38,6 +38,11 @@ typedef struct sf_kv_store {
 
 typedef struct sf_coll sf_coll;
 
+/* What the store must hold for a job of world ranks: how many keys every
+ * rank publishes together, and the largest value (a rank's addresses of its
+ * pairs with every other rank). */
+void sf_coll_store_needs(int world, int *keys, size_t *value_bytes);
+
 typedef enum sf_coll_dtype { SF_COLL_F32 = 0, SF_COLL_F64, SF_COLL_I64 } sf_coll_dtype;
 typedef enum sf_coll_op { SF_COLL_SUM = 0, SF_COLL_MIN, SF_COLL_MAX } sf_coll_op;
 

@@ -26,37 +26,49 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 #pragma GCC diagnostic pop
 
 namespace {
-
-/* The largest value Gloo stores: every rank's addresses of its pairs. */
-constexpr size_t kMaxValue = 64 * 1024;
 
 /* Gloo's store interface on sf_kv_store. Gloo waits for a key with no bound
  * of its own; the wait is bounded by the join timeout here, and its expiry
  * becomes an exception that sf_coll_new reports. */
 class KvStore : public gloo::rendezvous::Store {
   public:
-    KvStore(const sf_kv_store *kv, int timeout_ms) : kv_(*kv), timeout_ms_(timeout_ms) {}
+    KvStore(const sf_kv_store *kv, int world, int timeout_ms) : kv_(*kv), timeout_ms_(timeout_ms)
+    {
+        int keys;
+        sf_coll_store_needs(world, &keys, &max_value_);
+    }
 
     void set(const std::string &key, const std::vector<char> &data) override
     {
         const std::string k = "gloo." + key;
         if (kv_.set(kv_.ctx, k.c_str(), data.data(), data.size()) != 0)
             throw std::runtime_error("the rendezvous store refused key " + k);
+        if (is_addresses(key))
+            own_addresses_ = data.size();
     }
 
     std::vector<char> get(const std::string &key) override
     {
         const std::string k = "gloo." + key;
-        std::vector<char> buf(kMaxValue);
+        std::vector<char> buf(max_value_);
         size_t len = 0;
         int rc = kv_.get(kv_.ctx, k.c_str(), buf.data(), buf.size(), &len, timeout_ms_);
         if (rc == 1)
             throw std::runtime_error("no rank published " + k + " in " + std::to_string(timeout_ms_ / 1000) +
                                      " s (distributed.join_timeout_s): a rank never joined");
+        /* A rank's addresses of its pairs, one per rank of its job: of
+         * another length than this rank's own, they are another job's size,
+         * which Gloo would only report as a failed size check. */
+        if (rc == 0 && is_addresses(key) && own_addresses_ && len != own_addresses_)
+            throw std::runtime_error("rank " + key + " published the addresses of a job of another size (" +
+                                     std::to_string(len) + " bytes, this rank's " +
+                                     std::to_string(own_addresses_) +
+                                     "): every rank needs the same distributed.world_size");
         if (rc != 0 || len > buf.size())
             throw std::runtime_error("the rendezvous store failed to return " + k);
         buf.resize(len);
@@ -72,8 +84,16 @@ class KvStore : public gloo::rendezvous::Store {
     }
 
   private:
+    /* connectFullMesh publishes a rank's pair addresses under its number. */
+    static bool is_addresses(const std::string &key)
+    {
+        return !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
+    }
+
     sf_kv_store kv_;
     int timeout_ms_;
+    size_t max_value_;
+    size_t own_addresses_ = 0;
 };
 
 void fill_err(char *err, size_t errlen, const char *what, const std::exception &e)
@@ -107,6 +127,14 @@ void run_allreduce(const std::shared_ptr<gloo::Context> &ctx, void *buf, size_t 
 
 } // namespace
 
+/* connectFullMesh: each rank publishes its host name (gloo.rank_N) and one
+ * value with its pairs' addresses, one per rank of the job (gloo.N). */
+extern "C" void sf_coll_store_needs(int world, int *keys, size_t *value_bytes)
+{
+    *keys = 2 * world;
+    *value_bytes = gloo::transport::tcp::Address().bytes().size() * (size_t)world;
+}
+
 struct sf_coll {
     int rank, world;
     std::chrono::milliseconds timeout;
@@ -139,7 +167,7 @@ extern "C" sf_coll *sf_coll_new(int rank, int world, const char *host, const sf_
         c->dev = gloo::transport::tcp::CreateDevice(attr);
         c->ctx = std::make_shared<gloo::rendezvous::Context>(rank, world);
         c->ctx->setTimeout(c->timeout);
-        KvStore kv(store, timeout_ms);
+        KvStore kv(store, world, timeout_ms);
         c->ctx->connectFullMesh(kv, c->dev);
         return c.release();
     } catch (const std::exception &e) {

@@ -1,6 +1,7 @@
 /* dist/kv_client.c — see kv_client.h. */
 #include "dist/kv_client.h"
 
+#include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -94,17 +95,32 @@ static long request(sf_kv_client *c, const char *method, const char *key, const 
     return status;
 }
 
+/* Why rank 0 refused a request: the message of its error reply, or what a
+ * 401 means here. */
+static void refusal(long status, const sink *reply, char *out, size_t cap)
+{
+    if (status == 401) {
+        snprintf(out, cap, "distributed ranks need the same http.token");
+        return;
+    }
+    cJSON *j = cJSON_ParseWithLength((const char *)reply->buf, reply->len < reply->cap ? reply->len : reply->cap);
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
+    snprintf(out, cap, "%s", cJSON_IsString(m) ? m->valuestring : "no error message");
+    cJSON_Delete(j);
+}
+
 static int kv_set(void *ctx, const char *key, const void *val, size_t len)
 {
     sf_kv_client *c = ctx;
-    long st = request(c, "PUT", key, val, len, NULL);
+    uint8_t body[600];
+    sink reply = {body, sizeof body, 0};
+    long st = request(c, "PUT", key, val, len, &reply);
     if (st == 200 || st == 204)
         return 0;
     if (st >= 0) {
-        char code[24];
-        snprintf(code, sizeof code, "%ld", st);
-        set_err(c, "the rendezvous %s refused key %s with HTTP %s (401: distributed ranks need the same "
-                "http.token)", c->base, key, code);
+        char why[400];
+        refusal(st, &reply, why, sizeof why);
+        set_err(c, "the rendezvous %s refused key %s with HTTP %ld: %s", c->base, key, st, why);
     }
     return -1;
 }
@@ -121,10 +137,9 @@ static int kv_get(void *ctx, const char *key, void *buf, size_t cap, size_t *len
             return 0;
         }
         if (st >= 0 && st != 404) {
-            char code[24];
-            snprintf(code, sizeof code, "%ld", st);
-            set_err(c, "the rendezvous %s answered key %s with HTTP %s (401: distributed ranks need the same "
-                    "http.token)", c->base, key, code);
+            char why[400];
+            refusal(st, &s, why, sizeof why);
+            set_err(c, "the rendezvous %s answered key %s with HTTP %ld: %s", c->base, key, st, why);
             return -1;
         }
         if (st == 404)

@@ -16,15 +16,20 @@ typedef struct kv_entry {
 struct sf_kv_table {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* signalled on every put, for waiting gets */
-    kv_entry e[SF_KV_MAX_ENTRIES];
-    int n;
+    kv_entry *e;       /* max_entries */
+    int n, max_entries;
+    size_t max_value;
 };
 
-sf_kv_table *sf_kv_table_new(void)
+sf_kv_table *sf_kv_table_new(int max_entries, size_t max_value)
 {
     sf_kv_table *t = calloc(1, sizeof *t);
-    if (!t)
+    if (!t || max_entries < 1 || !(t->e = calloc((size_t)max_entries, sizeof *t->e))) {
+        free(t);
         return NULL;
+    }
+    t->max_entries = max_entries;
+    t->max_value = max_value;
     pthread_mutex_init(&t->mu, NULL);
     pthread_condattr_t a;
     pthread_condattr_init(&a);
@@ -40,10 +45,14 @@ void sf_kv_table_free(sf_kv_table *t)
         return;
     for (int i = 0; i < t->n; i++)
         free(t->e[i].val);
+    free(t->e);
     pthread_cond_destroy(&t->cv);
     pthread_mutex_destroy(&t->mu);
     free(t);
 }
+
+int sf_kv_table_max_entries(const sf_kv_table *t) { return t->max_entries; }
+size_t sf_kv_table_max_value(const sf_kv_table *t) { return t->max_value; }
 
 const char *sf_kv_key_check(const char *key)
 {
@@ -70,7 +79,7 @@ static kv_entry *find(sf_kv_table *t, const char *key)
 int sf_kv_table_put(sf_kv_table *t, const char *key, const void *val, size_t len, const char **code)
 {
     const char *bad = sf_kv_key_check(key);
-    if (bad || len > SF_KV_MAX_VALUE) {
+    if (bad || len > t->max_value) {
         *code = bad ? bad : "kv_value_too_large";
         return -1;
     }
@@ -84,7 +93,7 @@ int sf_kv_table_put(sf_kv_table *t, const char *key, const void *val, size_t len
     pthread_mutex_lock(&t->mu);
     kv_entry *e = find(t, key);
     if (!e) {
-        if (t->n == SF_KV_MAX_ENTRIES) {
+        if (t->n == t->max_entries) {
             pthread_mutex_unlock(&t->mu);
             free(copy);
             *code = "kv_full";

@@ -2,9 +2,10 @@
  * PUT/GET /v1/distributed/kv/{key} read and write (handlers/distributed.c),
  * and rank 0's own sf_kv_store.
  *
- * Bounded: keys of at most SF_KV_MAX_KEY characters of [A-Za-z0-9._-],
- * values of at most SF_KV_MAX_VALUE bytes, at most SF_KV_MAX_ENTRIES keys.
- * A key set again is replaced. Thread-safe (HTTP threads and the engine).
+ * Bounded: keys of at most SF_KV_MAX_KEY characters of [A-Za-z0-9._-], and
+ * the number of keys and the size of a value given when it is made (what a
+ * job of its size publishes: sf_coll_store_needs). A key set again is
+ * replaced. Thread-safe (HTTP threads and the engine).
  */
 #ifndef SF_DIST_KV_TABLE_H
 #define SF_DIST_KV_TABLE_H
@@ -14,13 +15,15 @@
 #include "dist/collective.h"
 
 #define SF_KV_MAX_KEY 63
-#define SF_KV_MAX_VALUE 65536
-#define SF_KV_MAX_ENTRIES 256
 
 typedef struct sf_kv_table sf_kv_table;
 
-sf_kv_table *sf_kv_table_new(void);
+/* At most max_entries keys and values of at most max_value bytes; NULL when
+ * out of memory. */
+sf_kv_table *sf_kv_table_new(int max_entries, size_t max_value);
 void sf_kv_table_free(sf_kv_table *t);
+int sf_kv_table_max_entries(const sf_kv_table *t);
+size_t sf_kv_table_max_value(const sf_kv_table *t);
 /* 0 when the key is well formed; else a stable error code. */
 const char *sf_kv_key_check(const char *key);
 /* 0, or -1 with *code one of kv_key_invalid, kv_value_too_large, kv_full. */

@@ -129,8 +129,9 @@ int h_config_get(sf_req *r)
 
 /* Data-parallel job: a patch applies on every rank at one step boundary. It
  * is checked here against this rank's config (so a bad one is refused at
- * once), queued, sent to every rank at the next round (server/engine.c) and
- * applied there in rank order; the request waits for that round. It keeps
+ * once), queued, sent to every rank at the next round (server/engine.c),
+ * checked there by every rank and applied on all of them in rank order, or
+ * on none when one refuses it; the request waits for that round. It keeps
  * only the patch's id (r->user). */
 #define DIST_PATCH_KEY(id) ((1ull << 63) | (id))
 
@@ -144,16 +145,7 @@ static int dist_patch_start(sf_req *r, uint64_t *id)
         return sf_reply_error(r, 400, "config_invalid", "a merge patch must be a JSON object of sections"), -1;
     }
     char err[512] = "", field[128] = "";
-    sf_config *trial = malloc(sizeof *trial);
-    if (!trial) {
-        cJSON_Delete(patch);
-        return sf_reply_error(r, 503, "out_of_memory", "out of memory"), -1;
-    }
-    sf_config_get(trial);
-    int rc = sf_config_apply_json(trial, patch, err, sizeof err, field, sizeof field);
-    if (rc == 0)
-        rc = sf_config_validate(trial, err, sizeof err, field, sizeof field);
-    free(trial);
+    int rc = sf_config_patch_check(patch, err, sizeof err, field, sizeof field);
     cJSON_Delete(patch);
     if (rc)
         return sf_reply_error_field(r, 400, "config_invalid", field, "%s", err), -1;

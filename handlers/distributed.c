@@ -33,11 +33,22 @@ int h_distributed_kv_put(sf_req *r)
     sf_kv_table *t = table_or_refuse(r);
     if (!t)
         return -1;
+    /* Every rank publishes its keys before rank 0 can connect to it, so once
+     * rank 0's join has ended no rank has anything left to write: a process
+     * that does (a rank started twice, or one too late) would only replace
+     * the keys of the rank it claims to be, and wait for a connection that
+     * never comes. */
+    sf_dist_state st = sf_distributed_state(r->app->dist, NULL, 0);
+    if (st != SF_DIST_JOINING)
+        return sf_reply_error(r, 409, "rendezvous_closed", "rank 0 takes no more rendezvous keys: %s",
+                              st == SF_DIST_BROKEN ? "it stopped waiting for the other ranks (its /readyz says why)"
+                                                   : "every rank of its data-parallel job has joined (is this "
+                                                     "rank running twice?)");
     const char *code = NULL;
     if (sf_kv_table_put(t, r->param, r->body, r->body_len, &code) != 0) {
         if (!strcmp(code, "kv_value_too_large"))
-            return sf_reply_error(r, 413, code, "a value holds at most %d bytes", SF_KV_MAX_VALUE);
-        return sf_reply_error(r, 507, code, "the store holds at most %d keys", SF_KV_MAX_ENTRIES);
+            return sf_reply_error(r, 413, code, "a value holds at most %zu bytes", sf_kv_table_max_value(t));
+        return sf_reply_error(r, 507, code, "the store holds at most %d keys", sf_kv_table_max_entries(t));
     }
     return sf_reply_bytes(r, 204, "application/octet-stream", NULL, 0, NULL);
 }
@@ -47,11 +58,12 @@ int h_distributed_kv_get(sf_req *r)
     sf_kv_table *t = table_or_refuse(r);
     if (!t)
         return -1;
-    void *buf = malloc(SF_KV_MAX_VALUE);
+    const size_t cap = sf_kv_table_max_value(t);
+    void *buf = malloc(cap ? cap : 1);
     if (!buf)
         return sf_reply_error(r, 503, "out_of_memory", "out of memory");
     size_t len = 0;
-    if (sf_kv_table_get(t, r->param, buf, SF_KV_MAX_VALUE, &len, 0) != 0) {
+    if (sf_kv_table_get(t, r->param, buf, cap, &len, 0) != 0) {
         free(buf);
         return sf_reply_error(r, 404, "kv_key_not_found", "no rank has published \"%s\" yet", r->param);
     }

@@ -83,6 +83,14 @@ static int post_cmd(sf_ckpt *ck, int (*fn)(sf_app *, void *, char *, size_t), sf
         fail(e, 503, "shutting_down", NULL, "the service is shutting down");
         return -1;
     }
+    if (app->dist && sf_distributed_state(app->dist, NULL, 0) == SF_DIST_JOINING) {
+        /* The engine runs no command until every rank has joined: queued
+         * now, the request would wait out the whole join window. */
+        fail(e, 503, "distributed_unavailable", NULL,
+             "this rank is still joining its data-parallel job (distributed.join_timeout_s); checkpoints "
+             "are read and written once every rank has joined");
+        return -1;
+    }
     sf_ckpt_op_ref(op);
     sf_engine_cmd *c = sf_engine_cmd_new(fn, op, sf_ckpt_op_release_void);
     if (!c) {

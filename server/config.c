@@ -1403,19 +1403,27 @@ cJSON *sf_config_pending(void)
 static pthread_mutex_t patch_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int patch_serial(const cJSON *patch, cJSON **applied, cJSON **pending, char *err, size_t errlen,
-                        char *field, size_t fieldlen);
+                        char *field, size_t fieldlen, int commit);
 
 int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *err,
                     size_t errlen, char *field, size_t fieldlen)
 {
     pthread_mutex_lock(&patch_mu);
-    int rc = patch_serial(patch, applied, pending, err, errlen, field, fieldlen);
+    int rc = patch_serial(patch, applied, pending, err, errlen, field, fieldlen, 1);
+    pthread_mutex_unlock(&patch_mu);
+    return rc;
+}
+
+int sf_config_patch_check(const cJSON *patch, char *err, size_t errlen, char *field, size_t fieldlen)
+{
+    pthread_mutex_lock(&patch_mu);
+    int rc = patch_serial(patch, NULL, NULL, err, errlen, field, fieldlen, 0);
     pthread_mutex_unlock(&patch_mu);
     return rc;
 }
 
 static int patch_serial(const cJSON *patch, cJSON **applied, cJSON **pending, char *err, size_t errlen,
-                        char *field, size_t fieldlen)
+                        char *field, size_t fieldlen, int commit)
 {
     sf_config *next = malloc(sizeof *next);
     if (!next) {
@@ -1450,10 +1458,10 @@ static int patch_serial(const cJSON *patch, cJSON **applied, cJSON **pending, ch
             free(eff);
         }
     }
-    if (rc) {
+    if (rc || !commit) {
         pthread_mutex_unlock(&live_mu);
         free(next);
-        return -1;
+        return rc ? -1 : 0;
     }
     cJSON *ap = cJSON_CreateArray();
     for (size_t i = 0; i < sf_config_table_len; i++) {

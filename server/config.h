@@ -237,6 +237,9 @@ uint64_t sf_config_generation(void);
  * names (caller frees). Returns 0, or -1 with err and the offending field. */
 int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *err,
                     size_t errlen, char *field, size_t fieldlen);
+/* The checks of sf_config_patch alone: 0 when it would apply, else -1 with
+ * err and the offending field; nothing changes. */
+int sf_config_patch_check(const cJSON *patch, char *err, size_t errlen, char *field, size_t fieldlen);
 /* Names of restart-only options changed by PATCH since start (caller frees). */
 cJSON *sf_config_pending(void);
 /* Hook run (with the new config) after hot options changed. */

@@ -20,6 +20,7 @@ typedef struct dist_patch {
     char *body;
     size_t len;
     int done, status;
+    int unavailable; /* the job broke before the patch was applied */
     char err[512], field[128];
     char *reply; /* printed {"applied","pending_restart"} */
 } dist_patch;
@@ -50,6 +51,12 @@ struct sf_distributed {
     sf_metric *m_world, *m_rank, *m_empty, *m_allreduce, *m_state;
 };
 
+/* Rank 0's store holds what the ranks' collective publishes for a job of its
+ * size and, beside it, a few keys of values up to 64 KiB: the NCCL unique id
+ * (CUDA) and room to spare. */
+#define KV_SPARE_KEYS 8
+#define KV_MIN_VALUE 65536
+
 /* The join waits in the store's get for the other ranks' keys, up to
  * distributed.join_timeout_s: in slices, so that a shutdown ends it. */
 #define JOIN_SLICE_MS 200
@@ -79,6 +86,16 @@ void sf_distributed_cancel(sf_distributed *d)
         atomic_store(&d->cancel, 1);
 }
 
+void sf_distributed_cancel_join(sf_distributed *d)
+{
+    if (!d)
+        return;
+    pthread_mutex_lock(&d->mu);
+    if (d->state == SF_DIST_JOINING)
+        atomic_store(&d->cancel, 1);
+    pthread_mutex_unlock(&d->mu);
+}
+
 sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
 {
     if (c->distributed.world_size <= 1)
@@ -98,7 +115,10 @@ sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
     snprintf(d->host, sizeof d->host, "%s", c->distributed.host);
     snprintf(d->rendezvous, sizeof d->rendezvous, "%s", c->distributed.rendezvous);
     if (d->d.rank == 0) {
-        d->table = sf_kv_table_new();
+        int keys;
+        size_t value;
+        sf_coll_store_needs(d->d.world, &keys, &value);
+        d->table = sf_kv_table_new(keys + KV_SPARE_KEYS, value > KV_MIN_VALUE ? value : KV_MIN_VALUE);
         if (!d->table) {
             snprintf(err, errlen, "out of memory");
             sf_distributed_free(d);
@@ -187,6 +207,10 @@ int sf_distributed_join(sf_distributed *d)
     if (d->state == SF_DIST_JOINING) {
         d->state = SF_DIST_JOINED;
         d->reason[0] = '\0';
+        /* A cancel_join that came as the join succeeded has nothing left to
+         * end; left set, it would cut short the store's later gets (the
+         * NCCL id at the first round). */
+        atomic_store(&d->cancel, 0);
     }
     pthread_mutex_unlock(&d->mu);
     sf_gauge_set(d->m_state, 1);
@@ -214,19 +238,19 @@ static void set_state(sf_distributed *d, sf_dist_state s, int loud, const char *
         d->state = s;
         snprintf(d->reason, sizeof d->reason, "%s", msg);
     }
-    /* A broken job applies no more patches: their requests are answered. */
+    /* A broken job applies no more patches: their requests are answered,
+     * as well as the one a failed round had taken from the queue. */
     if (s == SF_DIST_BROKEN) {
-        for (int i = 0; i < d->nqueue; i++) {
-            dist_patch *r = &d->results[d->queue[i].id % PATCH_RESULTS];
-            free(r->reply);
+        for (int i = 0; i < d->nqueue; i++)
             free(d->queue[i].body);
-            memset(r, 0, sizeof *r);
-            r->id = d->queue[i].id;
-            r->done = 1;
-            r->status = -1;
+        d->nqueue = 0;
+        for (int i = 0; i < PATCH_RESULTS; i++) {
+            dist_patch *r = &d->results[i];
+            if (!r->id || r->done)
+                continue;
+            r->done = r->unavailable = 1;
             snprintf(r->err, sizeof r->err, "not applied: %s", msg);
         }
-        d->nqueue = 0;
     }
     pthread_mutex_unlock(&d->mu);
     sf_gauge_set(d->m_state, 0);
@@ -307,6 +331,9 @@ int sf_distributed_patch_result(sf_distributed *d, uint64_t id, int *status, cha
     if (r->id != id) {
         snprintf(err, errlen, "configuration patch %llu was forgotten", (unsigned long long)id);
         rc = -1;
+    } else if (r->unavailable) {
+        snprintf(err, errlen, "%s", r->err);
+        rc = -1;
     } else if (r->done) {
         *status = r->status;
         snprintf(err, errlen, "%s", r->err);
@@ -326,17 +353,32 @@ int64_t sf_distributed_patch_len(sf_distributed *d)
     return n;
 }
 
-/* Applies one rank's patch body on this rank; records the outcome when the
- * patch is this rank's own (mine != NULL). */
-static void apply_one(sf_distributed *d, const char *body, size_t len, dist_patch *mine)
+/* Records the outcome of this rank's own patch for the request waiting on it. */
+static void record_result(sf_distributed *d, uint64_t id, int status, const char *err, const char *field,
+                          char *reply)
 {
-    cJSON *patch = cJSON_ParseWithLength(body, len);
+    pthread_mutex_lock(&d->mu);
+    dist_patch *r = &d->results[id % PATCH_RESULTS];
+    if (r->id == id) {
+        r->done = 1;
+        r->status = status;
+        snprintf(r->err, sizeof r->err, "%s", err);
+        snprintf(r->field, sizeof r->field, "%s", field);
+        free(r->reply);
+        r->reply = reply;
+        reply = NULL;
+    }
+    pthread_mutex_unlock(&d->mu);
+    free(reply);
+}
+
+/* Applies one rank's patch, which every rank found valid, on this rank;
+ * records the outcome when the patch is this rank's own (mine != NULL). */
+static void apply_one(sf_distributed *d, const cJSON *patch, const dist_patch *mine)
+{
     cJSON *applied = NULL, *pending = NULL;
     char err[512] = "", field[128] = "";
-    int rc = patch ? sf_config_patch(patch, &applied, &pending, err, sizeof err, field, sizeof field) : -1;
-    if (!patch)
-        snprintf(err, sizeof err, "the patch is not valid JSON");
-    cJSON_Delete(patch);
+    int rc = sf_config_patch(patch, &applied, &pending, err, sizeof err, field, sizeof field);
     char *reply = NULL;
     if (rc == 0) {
         cJSON *o = cJSON_CreateObject();
@@ -347,26 +389,58 @@ static void apply_one(sf_distributed *d, const char *body, size_t len, dist_patc
     } else {
         cJSON_Delete(applied);
         cJSON_Delete(pending);
+        SF_WARN("distributed: a configuration patch every rank had checked was refused here: %s", err);
     }
-    if (!mine) {
-        if (rc != 0)
-            SF_WARN("distributed: a peer's configuration patch was refused here too: %s", err);
+    if (mine)
+        record_result(d, mine->id, rc, err, field, reply);
+    else
         free(reply);
-        return;
+}
+
+/* The refusing rank's reason, sent to every rank with the patch's outcome. */
+typedef struct refusal {
+    char err[400];
+    char field[128];
+} refusal;
+
+/* Rank r's patch (buf, len), on every rank: each checks it against its own
+ * config, since ranks may differ in restart-only options (only rank 0 has a
+ * checkpoint.dir, say) and a patch one rank refuses must apply on none, or
+ * the ranks would train on with different hot options. One all-reduce (min)
+ * names the lowest refusing rank, which then broadcasts why. 0, or -1 when
+ * a collective failed. */
+static int decide_and_apply(sf_distributed *d, int r, const char *buf, size_t len, const dist_patch *mine,
+                            char *err, size_t errlen)
+{
+    const int world = d->d.world, rank = d->d.rank;
+    refusal why = {{0}, {0}};
+    cJSON *patch = cJSON_ParseWithLength(buf, len);
+    if (!patch)
+        snprintf(why.err, sizeof why.err, "the patch is not valid JSON");
+    int ok = patch && sf_config_patch_check(patch, why.err, sizeof why.err, why.field, sizeof why.field) == 0;
+    int64_t refuser = ok ? world : rank;
+    if (sf_coll_allreduce(d->d.coll, &refuser, 1, SF_COLL_I64, SF_COLL_MIN, err, errlen) != 0) {
+        cJSON_Delete(patch);
+        return -1;
     }
-    pthread_mutex_lock(&d->mu);
-    dist_patch *r = &d->results[mine->id % PATCH_RESULTS];
-    if (r->id == mine->id) {
-        r->done = 1;
-        r->status = rc;
-        snprintf(r->err, sizeof r->err, "%s", err);
-        snprintf(r->field, sizeof r->field, "%s", field);
-        free(r->reply);
-        r->reply = reply;
-        reply = NULL;
+    if (refuser == world) {
+        apply_one(d, patch, mine);
+        cJSON_Delete(patch);
+        return 0;
     }
-    pthread_mutex_unlock(&d->mu);
-    free(reply);
+    cJSON_Delete(patch);
+    if (sf_coll_broadcast(d->d.coll, &why, sizeof why, (int)refuser, err, errlen) != 0)
+        return -1;
+    why.err[sizeof why.err - 1] = why.field[sizeof why.field - 1] = '\0';
+    char msg[512];
+    snprintf(msg, sizeof msg, "rank %lld of the data-parallel job refused it, so no rank applied it: %s",
+             (long long)refuser, why.err);
+    if (mine)
+        record_result(d, mine->id, -1, msg, why.field, NULL);
+    else if (refuser == rank)
+        SF_WARN("distributed: rank %d's configuration patch is refused here, so no rank applies it: %s", r,
+                why.err);
+    return 0;
 }
 
 int sf_distributed_apply_patches(sf_distributed *d, const int64_t *lens, char *err, size_t errlen)
@@ -390,11 +464,11 @@ int sf_distributed_apply_patches(sf_distributed *d, const int64_t *lens, char *e
             memcpy(buf, mine.body, (size_t)lens[r]);
             free(mine.body);
         }
-        if (sf_coll_broadcast(d->d.coll, buf, (size_t)lens[r], r, err, errlen) != 0) {
+        if (sf_coll_broadcast(d->d.coll, buf, (size_t)lens[r], r, err, errlen) != 0 ||
+            decide_and_apply(d, r, buf, (size_t)lens[r], r == d->d.rank ? &mine : NULL, err, errlen) != 0) {
             free(buf);
             return -1;
         }
-        apply_one(d, buf, (size_t)lens[r], r == d->d.rank ? &mine : NULL);
         free(buf);
         any = 1;
     }

@@ -58,6 +58,10 @@ int sf_distributed_join(sf_distributed *d);
 sf_coll *sf_distributed_coll(sf_distributed *d);
 /* Any thread: a join in progress gives up (the service is stopping). */
 void sf_distributed_cancel(sf_distributed *d);
+/* The same, only while the job is still joining: a shutdown began, and the
+ * batches accepted meanwhile could not train before every rank joined; they
+ * fail now instead of holding the drain for the whole grace period. */
+void sf_distributed_cancel_join(sf_distributed *d);
 
 /* The state and, unless JOINED, why (for /readyz and the logs). */
 sf_dist_state sf_distributed_state(sf_distributed *d, char *reason, size_t len);

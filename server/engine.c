@@ -739,6 +739,7 @@ static void fail_slot(sf_engine *e, int slot)
 static void broken_loop(sf_engine *e)
 {
     sf_app *app = e->app;
+    sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* patches that will not apply are answered */
     while (!atomic_load(&e->stop)) {
         if (has_cmds(e))
             run_cmds(e);
@@ -781,21 +782,31 @@ static void dist_main(sf_engine *e)
             run_cmds(e); /* nothing is in flight between rounds */
         const int stopping = atomic_load(&e->stop);
         int slot = -1;
-        if (!stopping) {
-            slot = sf_ring_pop(app->ring, sf_config_cur()->distributed.wait_ms);
-            if (slot >= 0 && sf_ring_meta(app->ring, slot)->kind == 1) {
-                /* Transform-only requests are this rank's own business. */
-                sf_ring_meta(app->ring, slot)->t_popped_ns = sf_now_ns();
+        /* Transform-only requests and evaluation batches (no gradient, no
+         * step) are this rank's own business, served while it waits for a
+         * training batch, but for distributed.wait_ms at most: the other
+         * ranks wait in the round for this one, and a steady stream of them
+         * would keep it out until their collectives time out. */
+        const uint64_t wait_until_ns = sf_now_ns() + (uint64_t)sf_config_cur()->distributed.wait_ms * 1000000ull;
+        while (!stopping) {
+            const uint64_t now = sf_now_ns();
+            if (now >= wait_until_ns)
+                break;
+            slot = sf_ring_pop(app->ring, (int)((wait_until_ns - now + 999999) / 1000000));
+            if (slot < 0)
+                break;
+            sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+            if (m->kind == 1) {
+                m->t_popped_ns = sf_now_ns();
                 run_transform(e, slot);
-                continue;
-            }
-            if (slot >= 0 && sf_ring_meta(app->ring, slot)->eval) {
-                /* So are evaluation batches: no gradient, no step. */
+            } else if (m->eval) {
                 submit(e, slot, 0);
                 while (atomic_load(&e->inflight) > 0)
                     poll_backend(e, 1000);
-                continue;
+            } else {
+                break;
             }
+            slot = -1;
         }
         memset(ctl, 0, sizeof *ctl * ((size_t)world + 3));
         ctl[0] = slot >= 0;

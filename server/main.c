@@ -256,6 +256,7 @@ static int drain_and_stop(sf_app *app, uint64_t t_signal_ns)
 
     /* 1. */
     atomic_store(&app->draining, 1);
+    sf_distributed_cancel_join(app->dist);
     sf_http_quiesce(app->http);
     sf_http_wake(app->http, SF_WAIT_SLOT, UINT64_MAX);
     /* 2. */

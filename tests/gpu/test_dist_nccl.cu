@@ -198,7 +198,7 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
     d.rank = 0;
     d.world = 1;
     /* the job's store in this process, as rank 0 keeps it (dist/kv_table.h) */
-    sf_kv_table *t = sf_kv_table_new();
+    sf_kv_table *t = sf_kv_table_new(8, 65536); /* a job of one rank: the NCCL id */
     const sf_kv_store store = sf_kv_table_store(t);
     d.store = &store;
     d.timeout_ms = 60000;

@@ -9,13 +9,16 @@ rank divides its sum by 2B). The two runs' losses stay within LOSS_TOL of
 each other over the steps here (measured: 7e-7 over 8 steps); a step that paired the wrong batches, or
 divided by the wrong count, is off by far more (see the test).
 """
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
+import requests
 from safetensors.numpy import load as st_load
 
-from sfharness import TINY, learnable_batch, wait_until
+from sfharness import SAFETENSORS, TINY, learnable_batch, st_body, wait_until
 
 B = 16
 STEPS = 8
@@ -243,3 +246,214 @@ def test_only_rank_0_writes_checkpoints_and_no_rank_restores_one_while_training(
     assert ranks[0].request("POST", "/v1/checkpoint/save", json={}).status_code == 200
     r = ranks[0].request("POST", "/v1/checkpoint/load", json={})
     assert r.status_code == 409 and r.json()["error"]["code"] == "distributed_restore_refused", r.text
+
+
+def test_a_rank_fed_a_steady_stream_of_evaluation_batches_still_takes_its_rounds(start_server, rng):
+    # Evaluation batches are a rank's own business, served between rounds;
+    # served back to back they kept rank 1 out of the rounds for as long as
+    # its ring held one, so rank 0's step waited in the control all-reduce
+    # until distributed.timeout_s broke the job for good.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20", "--distributed.timeout_s", "3",
+                      "--model.max_batch", "256")
+    stop = threading.Event()
+    evals = []
+    im, lb = learnable_batch(rng, n=256)
+    eval_body = st_body(im, lb)
+
+    def evaluate():
+        with requests.Session() as s:
+            while not stop.is_set():
+                r = s.post(ranks[1].url + "/v1/batches?mode=eval", data=eval_body,
+                           headers={"Content-Type": SAFETENSORS}, timeout=60)
+                evals.append(r.status_code)
+
+    loaders = [threading.Thread(target=evaluate) for _ in range(6)]
+    for t in loaders:
+        t.start()
+    try:
+        wait_until(lambda: len(evals) >= 20, timeout=20, what="rank 1 busy with evaluation batches")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5:  # beyond distributed.timeout_s
+            im, lb = learnable_batch(rng, n=B)
+            r = ranks[0].post_arrays(im, lb, wait=True, timeout=60)
+            assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    finally:
+        stop.set()
+        for t in loaders:
+            t.join()
+    assert set(evals) == {202}, set(evals)
+    for s in ranks:
+        assert s.get("/readyz").status_code == 200, s.get("/readyz").text
+
+
+def test_a_patch_that_one_rank_refuses_applies_on_no_rank(start_server, rng, tmp_path):
+    # The ranks differ in restart-only options: only rank 0 has a
+    # checkpoint.dir (docs/OPERATIONS.md), so checkpoint.every_steps is valid
+    # there and not on rank 1. Rank 1 used to refuse the whole patch alone
+    # while rank 0 applied it and answered 200, and the ranks trained on
+    # with different learning rates.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20",
+                      rank_extra={0: ["--checkpoint.dir", str(tmp_path)]})
+    r = ranks[0].patch_config({"optim": {"lr": 0.01}, "checkpoint": {"every_steps": 1000}})
+    assert r.status_code == 400, r.text
+    e = r.json()["error"]
+    assert e["code"] == "config_invalid" and e["field"] == "checkpoint.every_steps", r.text
+    assert "rank 1" in e["message"], r.text
+    # The other way round: valid on rank 1 once checkpoint.dir is there too
+    # (pending a restart), but every_steps applies now, and rank 1 has no
+    # checkpoint.dir now; rank 0 used to apply it anyway.
+    r = ranks[1].patch_config({"checkpoint": {"dir": str(tmp_path), "every_steps": 10}})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "config_invalid", r.text
+    for s in ranks:
+        c = s.config()
+        assert (c["optim"]["lr"], c["checkpoint"]["every_steps"]) == (0.05, 0), c
+        assert s.get("/v1/config").json()["pending_restart"] == []
+    post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)])
+    assert_bit_identical(ranks)
+    for s in ranks:
+        assert s.get("/readyz").status_code == 200, s.get("/readyz").text
+
+
+def test_checkpoint_reads_and_saves_on_a_rank_still_joining_are_refused_at_once(start_server, tmp_path):
+    # Both are engine commands, and the engine runs none until every rank has
+    # joined: the request waited out the whole join window unanswered.
+    r0 = start_server(dist_flags(2, 0, None, "--distributed.join_timeout_s", "600",
+                                 "--checkpoint.dir", str(tmp_path)))
+    for method, path, kw in [("GET", "/v1/checkpoint", {}), ("POST", "/v1/checkpoint/save", {"json": {}})]:
+        r = r0.request(method, path, timeout=10, **kw)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "distributed_unavailable", r.text
+        assert "joining" in r.json()["error"]["message"], r.text
+    r0.stop(check=False)
+    assert r0.proc.returncode == 0
+
+
+def test_a_rank_stopped_while_still_joining_fails_its_accepted_batches_and_exits_at_once(start_server, rng):
+    # A batch accepted while the rank joins can only train once every rank
+    # has joined; a shutdown meanwhile ends the job anyway. The drain used to
+    # wait the whole grace period for that batch, with the join going on.
+    r0 = start_server(dist_flags(2, 0, None, "--distributed.join_timeout_s", "600", "--shutdown.grace_s", "20"))
+    im, lb = learnable_batch(rng, n=B)
+    accepted = r0.post_arrays(im, lb)
+    assert accepted.status_code == 202, accepted.text
+    waiting = {}
+    t = threading.Thread(target=lambda: waiting.setdefault("r", r0.post_arrays(im, lb, wait=True, timeout=60)))
+    t.start()
+    wait_until(lambda: r0.metric("streamfeed_batches_pending") == 2, what="both batches accepted")
+    t0 = time.monotonic()
+    assert r0.terminate() == 0
+    assert time.monotonic() - t0 < 5, "the drain waited for batches that could not train"
+    t.join()
+    r = waiting["r"]
+    assert r.json()["state"] == "failed", r.text
+    assert r.json()["error"]["code"] == "distributed_unavailable", r.text
+    r0.stop(check=False)
+
+
+def join_failure(server):
+    """The reason a rank gives for a failed join, once it has given up."""
+    reasons = server.get("/readyz").json()["reasons"]
+    return next((x for x in reasons if "could not join" in x), None)
+
+
+def test_a_second_process_claiming_a_rank_of_a_running_job_is_refused_at_once_and_the_job_trains_on(
+        start_server, rng):
+    # Once rank 0 has joined, every rank has published its keys: the store
+    # takes no more. A second rank 1 used to replace the running rank 1's
+    # keys and then wait in Gloo's connect for 30 s, past its join timeout.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20")
+    post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)])
+    twin = start_server(dist_flags(2, 1, f"127.0.0.1:{ranks[0].port}"))
+    reason = wait_until(lambda: join_failure(twin), timeout=5, what="the second rank 1 to give up")
+    assert "409" in reason and "every rank of its data-parallel job has joined" in reason, reason
+    assert ranks[0].metric("streamfeed_http_errors_total", code="rendezvous_closed") >= 1
+    twin.stop(check=False)  # the failed join is logged as an error, as it must be
+    assert twin.proc.returncode == 0
+    for res in post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)]):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    assert_bit_identical(ranks)
+
+
+def test_a_rank_that_comes_after_rank_0_gave_up_waiting_is_told_why(start_server):
+    r0 = start_server(dist_flags(2, 0, None, "--distributed.join_timeout_s", "1"))
+    wait_until(lambda: join_failure(r0), timeout=10, what="rank 0 to give up")
+    r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{r0.port}"))
+    reason = wait_until(lambda: join_failure(r1), timeout=5, what="rank 1 to give up")
+    # Not a bare "connection refused" from rank 0's closed listener.
+    assert "409" in reason and "stopped waiting for the other ranks" in reason, reason
+    for s in (r0, r1):
+        s.stop(check=False)
+        assert s.proc.returncode == 0
+
+
+def test_rank_0s_store_holds_what_every_rank_of_the_largest_job_publishes(start_server):
+    # Gloo publishes two keys per rank: its host name (gloo.rank_N) and the
+    # addresses of its pairs with every other rank (gloo.N: a 136-byte
+    # sockaddr_storage and sequence number per peer), and on GPUs rank 0
+    # adds nccl.id. A store of 256 keys of 64 KiB at most turned away the
+    # 129th rank of a job (and every rank of one over 481 ranks) although
+    # distributed.world_size goes up to 1024. Rank 0 joins here and waits
+    # for gloo.1 first, so the test publishes that last: rank 0 reads none
+    # of the made-up addresses before the store has taken all of them.
+    world = 1024
+    r0 = start_server(dist_flags(world, 0, None, "--distributed.join_timeout_s", "600",
+                                 "--log.requests", "false"))
+    h = {"Content-Type": "application/octet-stream"}
+    blob = b"\x00" * (136 * (world - 1))
+    with requests.Session() as s:
+        def put(key, value):
+            r = s.put(f"{r0.url}/v1/distributed/kv/{key}", data=value, headers=h, timeout=30)
+            assert r.status_code == 204, (key, r.status_code, r.text)
+        for n in range(1, world):
+            put(f"gloo.rank_{n}", b"127.0.0.1")
+        for n in range(2, world):
+            put(f"gloo.{n}", blob)
+        put("nccl.id", b"\x00" * 128)
+        put("gloo.1", blob)
+    # Its join fails on the made-up addresses, and closing a thousand Gloo
+    # pairs takes seconds: nothing of it is under test.
+    r0.proc.kill()
+    r0.stop(check=False)
+
+
+def test_patches_waiting_for_their_round_when_a_peer_dies_are_answered_503_distributed_unavailable(
+        start_server, rng):
+    # A job that broke is the service's failure, not a bad patch: they were
+    # answered 400 config_invalid.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20", "--distributed.timeout_s", "30")
+    # A round first: the ranks have ended their start (rank 0's state
+    # broadcast) and take rounds.
+    post_round(ranks, [learnable_batch(rng, n=B), None])
+    ranks[1].proc.send_signal(signal.SIGSTOP)  # no round can end now
+    replies = []
+    threads = [threading.Thread(target=lambda lr=lr: replies.append(ranks[0].patch_config({"optim": {"lr": lr}})))
+               for lr in (0.01, 0.02, 0.03, 0.04, 0.06, 0.07, 0.08, 0.09, 0.1)]
+    for t in threads:
+        t.start()
+    # One more than the queue holds: the first reply is the one refused, so
+    # the other eight wait for their round.
+    wait_until(lambda: replies, timeout=10, what="the patch the full queue refuses")
+    assert replies[0].status_code == 503 and "already waiting" in replies[0].text, replies[0].text
+    ranks[1].proc.kill()
+    ranks[1].proc.wait()
+    for t in threads:
+        t.join()
+    assert len(replies) == 9, "a patch got no answer"
+    for r in replies[1:]:
+        assert r.status_code == 503 and r.json()["error"]["code"] == "distributed_unavailable", r.text
+        assert "lost the other ranks" in r.json()["error"]["message"], r.text
+    assert ranks[0].config()["optim"]["lr"] == 0.05
+    for s in ranks:
+        s.stop(check=False)  # the loss is logged as an error, as it must be
+
+
+def test_ranks_started_with_different_world_sizes_say_so(start_server):
+    # Each rank publishes the addresses of its pairs with every other rank:
+    # ranks of different world sizes read values of an unexpected length,
+    # which Gloo reported as "sizeof(impl_) == bytes.size(). 136 vs 272".
+    r0 = start_server(dist_flags(2, 0, None))
+    r1 = start_server(dist_flags(3, 1, f"127.0.0.1:{r0.port}"))
+    for s in (r0, r1):
+        reason = wait_until(lambda s=s: join_failure(s), timeout=10, what="the join to fail")
+        assert "every rank needs the same distributed.world_size" in reason, reason
+        s.stop(check=False)  # the failed join is logged as an error, as it must be
+        assert s.proc.returncode == 0

@@ -15,6 +15,10 @@
 
 #include "dist/kv_table.h"
 
+/* The bounds of the tables here (a job sizes its own: server/distributed.c). */
+#define MAX_ENTRIES 256
+#define MAX_VALUE 65536
+
 static void test_keys_are_one_to_63_safe_characters(void **state)
 {
     (void)state;
@@ -34,19 +38,19 @@ static void test_keys_are_one_to_63_safe_characters(void **state)
 static void test_a_value_over_the_limit_is_refused_and_one_at_it_is_kept(void **state)
 {
     (void)state;
-    sf_kv_table *t = sf_kv_table_new();
-    unsigned char *v = calloc(SF_KV_MAX_VALUE + 1, 1);
+    sf_kv_table *t = sf_kv_table_new(MAX_ENTRIES, MAX_VALUE);
+    unsigned char *v = calloc(MAX_VALUE + 1, 1);
     const char *code = NULL;
-    assert_int_equal(sf_kv_table_put(t, "big", v, SF_KV_MAX_VALUE + 1, &code), -1);
+    assert_int_equal(sf_kv_table_put(t, "big", v, MAX_VALUE + 1, &code), -1);
     assert_string_equal(code, "kv_value_too_large");
     assert_int_equal(sf_kv_table_count(t), 0);
-    v[SF_KV_MAX_VALUE - 1] = 7;
-    assert_int_equal(sf_kv_table_put(t, "big", v, SF_KV_MAX_VALUE, &code), 0);
-    unsigned char *out = calloc(SF_KV_MAX_VALUE, 1);
+    v[MAX_VALUE - 1] = 7;
+    assert_int_equal(sf_kv_table_put(t, "big", v, MAX_VALUE, &code), 0);
+    unsigned char *out = calloc(MAX_VALUE, 1);
     size_t len = 0;
-    assert_int_equal(sf_kv_table_get(t, "big", out, SF_KV_MAX_VALUE, &len, 0), 0);
-    assert_int_equal(len, SF_KV_MAX_VALUE);
-    assert_int_equal(out[SF_KV_MAX_VALUE - 1], 7);
+    assert_int_equal(sf_kv_table_get(t, "big", out, MAX_VALUE, &len, 0), 0);
+    assert_int_equal(len, MAX_VALUE);
+    assert_int_equal(out[MAX_VALUE - 1], 7);
     free(out);
     free(v);
     sf_kv_table_free(t);
@@ -55,17 +59,17 @@ static void test_a_value_over_the_limit_is_refused_and_one_at_it_is_kept(void **
 static void test_the_table_refuses_a_new_key_when_full_but_replaces_an_old_one(void **state)
 {
     (void)state;
-    sf_kv_table *t = sf_kv_table_new();
+    sf_kv_table *t = sf_kv_table_new(MAX_ENTRIES, MAX_VALUE);
     const char *code = NULL;
     char key[32];
-    for (int i = 0; i < SF_KV_MAX_ENTRIES; i++) {
+    for (int i = 0; i < MAX_ENTRIES; i++) {
         snprintf(key, sizeof key, "k%d", i);
         assert_int_equal(sf_kv_table_put(t, key, "v", 1, &code), 0);
     }
     assert_int_equal(sf_kv_table_put(t, "one-more", "v", 1, &code), -1);
     assert_string_equal(code, "kv_full");
     assert_int_equal(sf_kv_table_put(t, "k3", "new", 3, &code), 0);
-    assert_int_equal(sf_kv_table_count(t), SF_KV_MAX_ENTRIES);
+    assert_int_equal(sf_kv_table_count(t), MAX_ENTRIES);
     char out[8] = "";
     size_t len = 0;
     assert_int_equal(sf_kv_table_get(t, "k3", out, sizeof out, &len, 0), 0);
@@ -77,7 +81,7 @@ static void test_the_table_refuses_a_new_key_when_full_but_replaces_an_old_one(v
 static void test_a_get_copies_at_most_its_capacity_and_reports_the_full_length(void **state)
 {
     (void)state;
-    sf_kv_table *t = sf_kv_table_new();
+    sf_kv_table *t = sf_kv_table_new(MAX_ENTRIES, MAX_VALUE);
     const char *code = NULL;
     assert_int_equal(sf_kv_table_put(t, "k", "abcdef", 6, &code), 0);
     char out[4] = {0};
@@ -100,7 +104,7 @@ static uint64_t now_ms(void)
 static void test_a_get_of_a_missing_key_times_out_after_its_timeout(void **state)
 {
     (void)state;
-    sf_kv_table *t = sf_kv_table_new();
+    sf_kv_table *t = sf_kv_table_new(MAX_ENTRIES, MAX_VALUE);
     char out[4];
     size_t len = 0;
     uint64_t t0 = now_ms();
@@ -123,7 +127,7 @@ static void *put_later(void *arg)
 static void test_a_waiting_get_returns_when_another_thread_puts_the_key(void **state)
 {
     (void)state;
-    sf_kv_table *t = sf_kv_table_new();
+    sf_kv_table *t = sf_kv_table_new(MAX_ENTRIES, MAX_VALUE);
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, put_later, t), 0);
     char out[4];
@@ -139,7 +143,7 @@ static void test_a_waiting_get_returns_when_another_thread_puts_the_key(void **s
 static void test_the_local_store_interface_reads_what_it_wrote(void **state)
 {
     (void)state;
-    sf_kv_table *t = sf_kv_table_new();
+    sf_kv_table *t = sf_kv_table_new(MAX_ENTRIES, MAX_VALUE);
     sf_kv_store s = sf_kv_table_store(t);
     assert_int_equal(s.set(s.ctx, "id", "nccl", 4), 0);
     assert_int_equal(s.set(s.ctx, "bad/key", "x", 1), -1);

@@ -5,9 +5,10 @@
  * with it, the engine agrees on each round with it, and neither sees Gloo.
  *
  * Ranks find each other through a key-value store (sf_kv_store): rank 0
- * serves it over the service's own HTTP (dist/kv_table.c behind handlers/distributed.c), the others reach
- * it with libcurl (dist/kv_client.c). Gloo publishes each rank's listening
- * address in it and connects a full mesh of TCP pairs.
+ * serves it over the service's own HTTP (dist/kv_table.c behind
+ * handlers/distributed.c), the others reach it with libcurl
+ * (dist/kv_client.c). Gloo publishes each rank's listening address in it and
+ * connects a full mesh of TCP pairs.
  *
  * Every call is bounded by the timeout given to sf_coll_new and returns -1
  * with a reason when a peer dies, closes its connection or does not answer in

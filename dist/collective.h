@@ -27,10 +27,12 @@
 extern "C" {
 #endif
 
-/* The rendezvous store. set publishes a value under key (0, or -1 with a
- * reason the implementation logs); get waits up to timeout_ms for the key to
- * exist and copies at most cap bytes of its value into buf, its full length
- * into *len (0 found, 1 timed out, -1 error). */
+/* The rendezvous store. set publishes a value under key: 0; 1 when the
+ * store did not answer at all (rank 0 not listening yet: the caller may try
+ * again); -1 when it refused, with a reason the implementation keeps. get
+ * waits up to timeout_ms for the key to exist and copies at most cap bytes of
+ * its value into buf, its full length into *len (0 found, 1 timed out, -1
+ * error). */
 typedef struct sf_kv_store {
     void *ctx;
     int (*set)(void *ctx, const char *key, const void *val, size_t len);

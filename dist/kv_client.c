@@ -117,7 +117,9 @@ static int kv_set(void *ctx, const char *key, const void *val, size_t len)
     long st = request(c, "PUT", key, val, len, &reply);
     if (st == 200 || st == 204)
         return 0;
-    if (st >= 0) {
+    if (st < 0)
+        return 1; /* no answer: request() kept why */
+    {
         char why[400];
         refusal(st, &reply, why, sizeof why);
         set_err(c, "the rendezvous %s refused key %s with HTTP %ld: %s", c->base, key, st, why);
@@ -181,7 +183,12 @@ sf_kv_store sf_kv_client_store(sf_kv_client *c)
     return s;
 }
 
-const char *sf_kv_client_error(const sf_kv_client *c) { return c->last_err; }
+void sf_kv_client_error(sf_kv_client *c, char *out, size_t cap)
+{
+    pthread_mutex_lock(&c->mu);
+    snprintf(out, cap, "%s", c->last_err);
+    pthread_mutex_unlock(&c->mu);
+}
 
 void sf_kv_client_free(sf_kv_client *c)
 {

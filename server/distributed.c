@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dist/kv_client.h"
 #include "server/log.h"
@@ -61,10 +62,33 @@ struct sf_distributed {
  * distributed.join_timeout_s: in slices, so that a shutdown ends it. */
 #define JOIN_SLICE_MS 200
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A rank > 0 publishes its address first, and the ranks of a job start in
+ * any order (pods of a StatefulSet, processes of one script): rank 0 may not
+ * listen yet. A set the store did not answer is tried again every
+ * JOIN_RETRY_MS within distributed.join_timeout_s, as the gets wait for
+ * keys, and a shutdown ends it. */
+#define JOIN_RETRY_MS 100
+
 static int store_set(void *ctx, const char *key, const void *val, size_t len)
 {
     sf_distributed *d = ctx;
-    return d->inner.set(d->inner.ctx, key, val, len);
+    const int64_t end = now_ms() + d->join_timeout_ms;
+    for (;;) {
+        int rc = d->inner.set(d->inner.ctx, key, val, len);
+        if (rc != 1)
+            return rc;
+        if (atomic_load(&d->cancel) || now_ms() >= end)
+            return -1;
+        struct timespec ts = {0, JOIN_RETRY_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
 }
 
 static int store_get(void *ctx, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms)
@@ -196,7 +220,9 @@ int sf_distributed_join(sf_distributed *d)
         return -1;
     }
     if (!c) {
-        const char *detail = d->client ? sf_kv_client_error(d->client) : "";
+        char detail[512] = "";
+        if (d->client)
+            sf_kv_client_error(d->client, detail, sizeof detail);
         sf_distributed_fail(d, "could not join the data-parallel job through the rendezvous %s: %s%s%s",
                             d->rendezvous, err, detail[0] ? "; last store error: " : "", detail);
         return -1;
@@ -225,6 +251,15 @@ sf_dist_state sf_distributed_state(sf_distributed *d, char *reason, size_t len)
     if (reason && len)
         snprintf(reason, len, "%s", d->reason);
     pthread_mutex_unlock(&d->mu);
+    /* While joining, what the rank waits for is what an operator needs
+     * (rank 0 not listening, a key not published yet). */
+    if (s == SF_DIST_JOINING && reason && len && d->client) {
+        char detail[512];
+        sf_kv_client_error(d->client, detail, sizeof detail);
+        size_t n = strlen(reason);
+        if (detail[0] && n + 1 < len)
+            snprintf(reason + n, len - n, "; last store error: %s", detail);
+    }
     return s;
 }
 

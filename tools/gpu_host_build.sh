@@ -12,13 +12,14 @@
 # binaries' run path, but a library's own dependencies (Gloo's libibverbs,
 # its libnl) are not searched there: `source tools/gpu_host_build.sh --env`
 # exports LD_LIBRARY_PATH for them without building.
+# (The --env case comes before `set -e`, which would stay in a sourcing shell.)
+if [ "${1:-}" = "--env" ]; then
+  export LD_LIBRARY_PATH="${PREFIX:-/opt/deps}/usr/lib/x86_64-linux-gnu:${PREFIX:-/opt/deps}/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  return 0 2> /dev/null || exit 0
+fi
 set -euo pipefail
 PREFIX=${PREFIX:-/opt/deps}
 LIBS="$PREFIX/usr/lib/x86_64-linux-gnu:$PREFIX/usr/lib"
-if [ "${1:-}" = "--env" ]; then
-  export LD_LIBRARY_PATH="$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  return 0 2> /dev/null || exit 0
-fi
 cd "$(dirname "$0")/.."
 DEBS=${DEBS_DIR:-.deps}
 shopt -s nullglob

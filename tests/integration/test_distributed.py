@@ -18,7 +18,7 @@ import pytest
 import requests
 from safetensors.numpy import load as st_load
 
-from sfharness import SAFETENSORS, TINY, learnable_batch, st_body, wait_until
+from sfharness import SAFETENSORS, TINY, free_port, learnable_batch, st_body, wait_until
 
 B = 16
 STEPS = 8
@@ -353,6 +353,31 @@ def join_failure(server):
     """The reason a rank gives for a failed join, once it has given up."""
     reasons = server.get("/readyz").json()["reasons"]
     return next((x for x in reasons if "could not join" in x), None)
+
+
+def test_a_rank_started_before_rank_0_listens_waits_for_it_then_joins_and_trains(start_server, rng):
+    # Ranks start in any order (the pods of a StatefulSet, the processes of
+    # one script). Rank 1 comes first, its rendezvous a port nobody listens
+    # on yet: it used to fail its join at once on the refused connection,
+    # while rank 0, started a moment later, waited out its join timeout.
+    port = free_port()
+    r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{port}"))
+
+    def waiting_reason():
+        reasons = r1.get("/readyz").json()["reasons"]
+        return next((x for x in reasons if "last store error" in x), None)
+
+    # While it waits, its readiness says for what.
+    reason = wait_until(waiting_reason, timeout=10, what="rank 1 to report the unanswered rendezvous")
+    assert f"127.0.0.1:{port}" in reason and "did not answer" in reason, reason
+    assert join_failure(r1) is None
+    r0 = start_server(dist_flags(2, 0, None, "--http.port", str(port)))
+    assert r0.port == port
+    for s in (r0, r1):
+        wait_until(lambda s=s: s.get("/readyz").status_code == 200, timeout=30, what="every rank joined")
+    for res in post_round([r0, r1], [learnable_batch(rng, n=B), learnable_batch(rng, n=B)]):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    assert_bit_identical([r0, r1])
 
 
 def test_a_second_process_claiming_a_rank_of_a_running_job_is_refused_at_once_and_the_job_trains_on(

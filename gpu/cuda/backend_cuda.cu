@@ -288,12 +288,15 @@ static double ev_seconds(cudaEvent_t a, cudaEvent_t b)
 
 static void free_buffers(cuda_ctx *c)
 {
-    sf_nccl_free(c->nccl);
-    c->nccl = NULL;
+    /* The step's graphs captured the communicator's all-reduces, and NCCL
+     * holds a reference for each such graph until the graph is destroyed:
+     * a communicator destroyed first waits for those references forever. */
     if (c->net) {
         sf_net_destroy(c->net);
         c->net = NULL;
     }
+    sf_nccl_free(c->nccl);
+    c->nccl = NULL;
     for (int b = 0; b < CUDA_NBUF; b++) {
         cbuf *B = &c->buf[b];
         if (B->h_stage) cudaFreeHost(B->h_stage);

@@ -70,6 +70,7 @@ typedef struct nccl_api {
     ncclResult_t (*group_start)(void);
     ncclResult_t (*group_end)(void);
     ncclResult_t (*abort_comm)(ncclComm_t);
+    ncclResult_t (*finalize)(ncclComm_t);
     ncclResult_t (*destroy)(ncclComm_t);
     const char *(*error_string)(ncclResult_t);
 } nccl_api;
@@ -103,6 +104,7 @@ static int load_api(nccl_api *a, char *err, size_t errlen)
     SYM(group_start, "ncclGroupStart");
     SYM(group_end, "ncclGroupEnd");
     SYM(abort_comm, "ncclCommAbort");
+    SYM(finalize, "ncclCommFinalize");
     SYM(destroy, "ncclCommDestroy");
     SYM(error_string, "ncclGetErrorString");
 #undef SYM
@@ -249,12 +251,35 @@ extern "C" void sf_nccl_abort(sf_nccl *x)
     }
 }
 
+/* A healthy communicator is finalized (its operations flushed) before it is
+ * destroyed, which a non-blocking one does in the background: waited for up
+ * to NCCL_FINALIZE_MS, then aborted, so that process exit never waits on a
+ * peer that is already gone. */
+#define NCCL_FINALIZE_MS 10000
+
 extern "C" void sf_nccl_free(sf_nccl *x)
 {
     if (!x)
         return;
-    if (x->comm && !x->aborted)
-        x->api.destroy(x->comm);
+    if (x->comm && !x->aborted) {
+        ncclResult_t r = x->api.finalize(x->comm);
+        const uint64_t end = now_ms() + NCCL_FINALIZE_MS;
+        while (r == ncclSuccess || r == ncclInProgress) {
+            ncclResult_t st = ncclInProgress;
+            if (x->api.async_error(x->comm, &st) != ncclSuccess)
+                st = ncclSystemError;
+            if (st != ncclInProgress || now_ms() >= end) {
+                r = st == ncclInProgress ? ncclSystemError : st;
+                break;
+            }
+            struct timespec ts = {0, 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (r == ncclSuccess)
+            x->api.destroy(x->comm);
+        else
+            x->api.abort_comm(x->comm);
+    }
     if (x->api.lib)
         dlclose(x->api.lib);
     free(x);

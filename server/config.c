@@ -386,8 +386,9 @@ const sf_cfg_option sf_config_table[] = {
      "empty: this machine's host name (a pod's resolves to its IP)."},
     {"distributed.verify_every", SF_CT_INT, F(distributed.verify_every), "100", 0, 1000000000, NULL,
      SF_CF_HOT, NULL,
-     "Every N optimizer steps the ranks compare a digest of their parameters; a mismatch turns "
-     "/readyz false (\"diverged across ranks\"). 0 disables."},
+     "Every N rounds that trained (optimizer steps; with gradient accumulation, batches) the ranks "
+     "compare a digest of their parameters; a mismatch turns /readyz false (\"diverged across ranks\"). "
+     "0 disables."},
     {"distributed.wait_ms", SF_CT_INT, F(distributed.wait_ms), "50", 1, 60000, NULL, SF_CF_HOT, NULL,
      "A rank with no batch waits this long for one before it joins the other ranks' step with an "
      "empty contribution (zero gradient, zero weight); counted in "

@@ -681,15 +681,20 @@ out:
     return rc;
 }
 
-/* Every distributed.verify_every steps: the ranks' parameter digests, min and
- * max in one all-reduce (max of ~d is ~min of d). 0, or -1 when the
- * collective failed. */
+/* Harvests completions until at most keep batches are in flight. */
+static void settle(sf_engine *e, int keep)
+{
+    while (atomic_load(&e->inflight) > keep)
+        poll_backend(e, 1000);
+}
+
+/* The ranks' parameter digests, min and max in one all-reduce (max of ~d is
+ * ~min of d), with nothing in flight. 0, or -1 when the collective failed. */
 static int verify_params(sf_engine *e, uint64_t step, char *err, size_t errlen)
 {
     sf_app *app = e->app;
     sf_backend *be = app->backend;
-    const int every = sf_config_cur()->distributed.verify_every;
-    if (every <= 0 || step == 0 || step % (uint64_t)every != 0 || !be->i->param_digest)
+    if (step == 0 || !be->i->param_digest)
         return 0;
     uint64_t dg = 0;
     if (be->i->param_digest(be, &dg) != 0)
@@ -753,13 +758,27 @@ static void broken_loop(sf_engine *e)
  * control all-reduce: [has a batch, samples, stop, patch length of rank 0,
  * 1, ...] summed; apply the patches (all ranks, rank order); if anyone has a
  * batch, every rank steps (those without one with an empty contribution) and
- * the backend all-reduces the gradients; every verify_every steps compare
- * the parameter digests; a stop from any rank ends the job on all. */
+ * the backend all-reduces the gradients; every verify_every stepping rounds
+ * compare the parameter digests; a stop from any rank ends the job on all.
+ *
+ * A round's step is submitted while the previous round's may still run
+ * (ROUND_DEPTH in flight), as the single-process loop does: the next batch's
+ * copy and transform, and this thread's wait and control all-reduce, go on
+ * under the running step, and every rank submits the same steps in the same
+ * order, so their all-reduces pair up. Whatever must see finished steps
+ * (engine commands, the digest check, an idle round's replies, leaving the
+ * rounds) settles first. Decisions that every rank must make alike depend on
+ * the rounds alone, never on how far a rank has harvested. */
+#define ROUND_DEPTH 2
+
 static void dist_main(sf_engine *e)
 {
     sf_app *app = e->app;
     sf_distributed *d = app->dist;
     const int world = sf_distributed_world(d), rank = sf_distributed_rank(d);
+    const int maxq = app->backend->i->max_inflight(app->backend);
+    const int depth = maxq < ROUND_DEPTH ? maxq : ROUND_DEPTH;
+    uint64_t stepped = 0; /* rounds that took a step: the same count on every rank */
     char err[512] = "";
     if (sf_distributed_join(d) != 0) {
         broken_loop(e);
@@ -778,8 +797,10 @@ static void dist_main(sf_engine *e)
     }
     sf_coll *coll = sf_distributed_coll(d);
     for (;;) {
-        if (has_cmds(e))
-            run_cmds(e); /* nothing is in flight between rounds */
+        if (has_cmds(e)) {
+            settle(e, 0); /* commands run between steps */
+            run_cmds(e);
+        }
         const int stopping = atomic_load(&e->stop);
         int slot = -1;
         /* Transform-only requests and evaluation batches (no gradient, no
@@ -825,6 +846,7 @@ static void dist_main(sf_engine *e)
         if (ctl[3 + rank] > 0)
             sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* this rank's patch request replies */
         if (ctl[0] > 0) {
+            settle(e, depth - 1); /* room for this round's step */
             if (slot >= 0) {
                 submit(e, slot, ctl[1]);
             } else if (submit_empty(e, ctl[1], err, sizeof err) == 0) {
@@ -833,18 +855,24 @@ static void dist_main(sf_engine *e)
                 sf_distributed_fail(d, "cannot join the step: %s", err);
                 break;
             }
-            while (atomic_load(&e->inflight) > 0)
-                poll_backend(e, 1000);
+            stepped++;
+            poll_backend(e, 0);
+            const int every = sf_config_cur()->distributed.verify_every;
+            const int verify = every > 0 && stepped % (uint64_t)every == 0;
+            if (verify)
+                settle(e, 0);
             char herr[200];
             if (app->backend->i->health(app->backend, herr, sizeof herr) != 0) {
                 sf_distributed_fail(d, "lost the other ranks in the gradient all-reduce: %s", herr);
                 break;
             }
             sf_distributed_observe_allreduce(d, sf_distributed_backend(d)->allreduce_s);
-            if (verify_params(e, atomic_load(&app->step), err, sizeof err) != 0) {
+            if (verify && verify_params(e, atomic_load(&app->step), err, sizeof err) != 0) {
                 sf_distributed_fail(d, "lost the other ranks in the parameter check: %s", err);
                 break;
             }
+        } else {
+            settle(e, 0); /* an idle round: the last steps finish and reply */
         }
         if (ctl[2] > 0) {
             if (!stopping)
@@ -853,6 +881,9 @@ static void dist_main(sf_engine *e)
             break;
         }
     }
+    /* Steps still in flight finish (or fail, once the backend's watchdog
+     * gives up on a lost peer) and reply before the job is left. */
+    settle(e, 0);
     free(ctl);
     sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX);
     broken_loop(e);

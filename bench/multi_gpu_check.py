@@ -3,7 +3,10 @@
 
   samples PORT...                  samples trained so far, summed over the ranks (GET /v1/stats)
   checksum PORT...                 sha256 of each rank's parameters (GET /v1/checkpoint's tensor
-                                   bytes) and whether all are equal; exit 1 when they differ
+                                   bytes) and whether all are equal; exit 1 when they differ.
+                                   First waits (up to 120 s) until no rank has a batch queued or in
+                                   flight and every rank is at the same step: a rank still
+                                   training its queued batches is steps ahead of one that is not
   losses --two P0,P1 --one P --batch B --steps N
                                    posts the same learnable batches as 2 ranks x B (one batch to
                                    each, at once) and as 1 rank x 2B, and prints both loss
@@ -14,6 +17,7 @@ import json
 import struct
 import sys
 import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -41,6 +45,26 @@ def post_batch(port, images, labels):
         return json.loads(r.read())
 
 
+def quiet_step(ports, timeout=120.0):
+    """The step every rank reports once no rank has work queued or in flight
+    (twice in a row, 0.2 s apart); None if that does not happen in time."""
+    end, last = time.monotonic() + timeout, None
+    while time.monotonic() < end:
+        now = []
+        for p in ports:
+            st = json.loads(get(p, "/v1/stats"))
+            ring = st["ring"]
+            busy = ring["filling"] + ring["ready"] + ring["in_flight"]
+            now.append(None if busy else st["steps_total"])
+        steps = {json.loads(get(p, "/v1/model"))["step"] for p in ports}
+        key = (tuple(now), tuple(sorted(steps)))
+        if None not in now and len(steps) == 1 and key == last:
+            return steps.pop()
+        last = key
+        time.sleep(0.2)
+    return None
+
+
 def tensor_bytes(ckpt):
     n = struct.unpack("<Q", ckpt[:8])[0]
     return ckpt[8 + n:]
@@ -62,9 +86,10 @@ def main():
     if cmd == "samples":
         print(sum(json.loads(get(p, "/v1/stats"))["samples_total"] for p in args))
     elif cmd == "checksum":
+        step = quiet_step(args)
         sums = [hashlib.sha256(tensor_bytes(get(p, "/v1/checkpoint"))).hexdigest() for p in args]
-        equal = len(set(sums)) == 1
-        print(json.dumps({"ranks": len(sums), "sha256": sums, "identical": equal}))
+        equal = step is not None and len(set(sums)) == 1
+        print(json.dumps({"ranks": len(sums), "step": step, "sha256": sums, "identical": equal}))
         sys.exit(0 if equal else 1)
     elif cmd == "losses":
         opts = dict(zip(args[::2], args[1::2]))

@@ -74,9 +74,23 @@ start_job() {
     fi
   done
 }
+# stop_job: SIGTERM to every rank; a rank still running STOP_WAIT_S later is
+# reported and killed, so that one hung rank cannot eat the whole lease.
+STOP_WAIT_S=${MG_STOP_WAIT_S:-40}
 stop_job() {
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2> /dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2> /dev/null; done
+  local t0=$SECONDS
+  for p in "${PIDS[@]}"; do
+    while kill -0 "$p" 2> /dev/null && [ $((SECONDS - t0)) -lt "$STOP_WAIT_S" ]; do sleep 0.2; done
+    if kill -0 "$p" 2> /dev/null; then
+      log "pid $p still running ${STOP_WAIT_S} s after SIGTERM: killed"
+      kill -KILL "$p" 2> /dev/null
+    fi
+    wait "$p" 2> /dev/null
+    local rc=$?
+    [ "$rc" = 0 ] || log "pid $p exited with status $rc"
+  done
+  log "job stopped in $((SECONDS - t0)) s"
   PIDS=()
 }
 ports() { local w=$1 s=""; for ((r = 0; r < w; r++)); do s="$s $((PORT0 + r))"; done; echo $s; }

@@ -813,9 +813,18 @@ static void dist_main(sf_engine *e)
             const uint64_t now = sf_now_ns();
             if (now >= wait_until_ns)
                 break;
-            slot = sf_ring_pop(app->ring, (int)((wait_until_ns - now + 999999) / 1000000));
-            if (slot < 0)
-                break;
+            /* With the last round's step still running, peek at the ring and
+             * harvest between peeks: its reply must not wait for the next
+             * batch (a client posting with ?wait=1 sends none until it has
+             * it), nor for the whole wait. */
+            const int busy = atomic_load(&e->inflight) > 0;
+            slot = sf_ring_pop(app->ring, busy ? 0 : (int)((wait_until_ns - now + 999999) / 1000000));
+            if (slot < 0) {
+                if (!busy)
+                    break;
+                poll_backend(e, 1000);
+                continue;
+            }
             sf_slot_meta *m = sf_ring_meta(app->ring, slot);
             if (m->kind == 1) {
                 m->t_popped_ns = sf_now_ns();

@@ -2,8 +2,10 @@
 127.0.0.1 (standard library and numpy only):
 
   samples PORT...                  samples trained so far, summed over the ranks (GET /v1/stats)
-  checksum PORT...                 sha256 of each rank's parameters (GET /v1/checkpoint's tensor
-                                   bytes) and whether all are equal; exit 1 when they differ.
+  checksum PORT...                 sha256 of each rank's parameters and optimizer state (GET
+                                   /v1/checkpoint's tensors, BatchNorm's running statistics
+                                   apart: per rank by design) and whether all are equal; exit 1
+                                   when they differ.
                                    First waits (up to 120 s) until no rank has a batch queued or in
                                    flight and every rank is at the same step: a rank still
                                    training its queued batches is steps ahead of one that is not
@@ -65,9 +67,23 @@ def quiet_step(ports, timeout=120.0):
     return None
 
 
-def tensor_bytes(ckpt):
+# BatchNorm's running statistics: each rank's own batches update its own
+# (DDP without SyncBatchNorm does the same), so they differ between ranks by
+# design; parameters and optimizer state must not.
+BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")
+
+
+def digests(ckpt):
+    """sha256 of the parameters and optimizer state, and of the buffers, of a
+    checkpoint (safetensors), each over its tensors in name order."""
     n = struct.unpack("<Q", ckpt[:8])[0]
-    return ckpt[8 + n:]
+    header, data = json.loads(ckpt[8:8 + n]), ckpt[8 + n:]
+    state, buffers = hashlib.sha256(), hashlib.sha256()
+    for name in sorted(k for k in header if k != "__metadata__"):
+        a, b = header[name]["data_offsets"]
+        h = buffers if name.endswith(BUFFER_SUFFIXES) else state
+        h.update(name.encode() + b"\0" + data[a:b])
+    return state.hexdigest(), buffers.hexdigest()
 
 
 def learnable(rng, n, side):
@@ -87,9 +103,11 @@ def main():
         print(sum(json.loads(get(p, "/v1/stats"))["samples_total"] for p in args))
     elif cmd == "checksum":
         step = quiet_step(args)
-        sums = [hashlib.sha256(tensor_bytes(get(p, "/v1/checkpoint"))).hexdigest() for p in args]
+        pairs = [digests(get(p, "/v1/checkpoint")) for p in args]
+        sums = [a for a, _ in pairs]
         equal = step is not None and len(set(sums)) == 1
-        print(json.dumps({"ranks": len(sums), "step": step, "sha256": sums, "identical": equal}))
+        print(json.dumps({"ranks": len(sums), "step": step, "sha256": sums, "identical": equal,
+                          "batchnorm_statistics_identical": len({b for _, b in pairs}) == 1}))
         sys.exit(0 if equal else 1)
     elif cmd == "losses":
         opts = dict(zip(args[::2], args[1::2]))

@@ -9,6 +9,7 @@ rank divides its sum by 2B). The two runs' losses stay within LOSS_TOL of
 each other over the steps here (measured: 7e-7 over 8 steps); a step that paired the wrong batches, or
 divided by the wrong count, is off by far more (see the test).
 """
+import json
 import signal
 import threading
 import time
@@ -101,6 +102,43 @@ def test_ranks_fed_different_batches_keep_bit_identical_parameters(start_server,
         st = s.get("/v1/stats").json()
         assert (st["rank"], st["world_size"]) == (r, world)
         assert st["distributed"]["state"] == "training"
+
+
+BN_SPEC = {
+    "input": [3, 8, 8], "classes": 4, "layers": [
+        {"type": "conv2d", "name": "conv1", "out": 4, "k": 3, "pad": 1, "bias": False},
+        {"type": "batchnorm2d", "name": "bn1"}, {"type": "relu", "name": "relu"},
+        {"type": "global_avgpool", "name": "avgpool"}, {"type": "flatten", "name": "flatten"},
+        {"type": "linear", "name": "fc", "out": 4},
+    ]}
+BN_STATS = (".running_mean", ".running_var", ".num_batches_tracked")
+
+
+def test_batchnorm_ranks_share_parameters_and_optimizer_state_but_keep_their_own_running_statistics(
+        start_server, rng):
+    # As DDP without SyncBatchNorm: each rank normalises with its own batch's
+    # statistics and updates its own running statistics from them, while the
+    # gradient, hence every parameter and momentum buffer, is the job's.
+    spec = ["--model.spec", json.dumps(BN_SPEC), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
+            "--model.max_batch", str(B), "--optim.momentum", "0.9", "--distributed.wait_ms", "2000"]
+    r0 = start_server(dist_flags(2, 0, None) + spec)
+    r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{r0.port}") + spec)
+    ranks = [r0, r1]
+    for s in ranks:
+        wait_until(lambda s=s: s.get("/readyz").status_code == 200, timeout=30, what="every rank joined")
+    for _ in range(3):
+        batches = [(rng.integers(0, 256, (B, 8, 8, 3), dtype=np.uint8), rng.integers(0, 4, B))
+                   for _ in ranks]
+        for res in post_round(ranks, batches):
+            assert res[0] == 200 and res[1]["state"] == "done", res
+    a, b = parameters(r0), parameters(r1)
+    assert sorted(a) == sorted(b)
+    stats = [n for n in a if n.endswith(BN_STATS)]
+    assert stats and any(n.startswith("optim.") for n in a)
+    for name in a:
+        if name not in stats:
+            assert a[name].tobytes() == b[name].tobytes(), f"{name} differs between the ranks"
+    assert a["bn1.running_mean"].tobytes() != b["bn1.running_mean"].tobytes()
 
 
 def test_two_ranks_of_batch_b_follow_the_loss_curve_of_one_rank_of_batch_2b(start_server, rng):

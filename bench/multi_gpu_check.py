@@ -67,9 +67,10 @@ def quiet_step(ports, timeout=120.0):
     return None
 
 
-# BatchNorm's running statistics: each rank's own batches update its own
-# (DDP without SyncBatchNorm does the same), so they differ between ranks by
-# design; parameters and optimizer state must not.
+# BatchNorm's running statistics: each rank's own batches update its own, so
+# they differ between ranks by design (PyTorch DDP copies rank 0's to every
+# rank at each forward instead; rank 0's are those of its own batches in
+# both); parameters and optimizer state must not differ.
 BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")
 
 

@@ -116,9 +116,10 @@ BN_STATS = (".running_mean", ".running_var", ".num_batches_tracked")
 
 def test_batchnorm_ranks_share_parameters_and_optimizer_state_but_keep_their_own_running_statistics(
         start_server, rng):
-    # As DDP without SyncBatchNorm: each rank normalises with its own batch's
-    # statistics and updates its own running statistics from them, while the
-    # gradient, hence every parameter and momentum buffer, is the job's.
+    # Without SyncBatchNorm each rank normalises with its own batch's
+    # statistics, as in PyTorch DDP, and updates its own running statistics
+    # from them, while the gradient, hence every parameter and momentum
+    # buffer, is the job's.
     spec = ["--model.spec", json.dumps(BN_SPEC), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
             "--model.max_batch", str(B), "--optim.momentum", "0.9", "--distributed.wait_ms", "2000"]
     r0 = start_server(dist_flags(2, 0, None) + spec)

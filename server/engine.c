@@ -856,13 +856,20 @@ static void dist_main(sf_engine *e)
             sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* this rank's patch request replies */
         if (ctl[0] > 0) {
             settle(e, depth - 1); /* room for this round's step */
-            if (slot >= 0) {
-                submit(e, slot, ctl[1]);
-            } else if (submit_empty(e, ctl[1], err, sizeof err) == 0) {
+            const int before = atomic_load(&e->inflight);
+            if (slot >= 0)
+                submit(e, slot, ctl[1]); /* a batch the backend refuses is failed and released */
+            /* Every rank takes the round's step whatever became of its batch
+             * (the decoder refused one of its files): the other ranks are
+             * already inside the step's all-reduce. A refused batch joins it
+             * as an empty contribution; the samples it announced stay in
+             * global_n, so that step's gradient is the others' share alone. */
+            if (atomic_load(&e->inflight) == before) {
+                if (submit_empty(e, ctl[1], err, sizeof err) != 0) {
+                    sf_distributed_fail(d, "cannot join the step: %s", err);
+                    break;
+                }
                 sf_distributed_count_empty(d);
-            } else {
-                sf_distributed_fail(d, "cannot join the step: %s", err);
-                break;
             }
             stepped++;
             poll_backend(e, 0);

@@ -755,16 +755,17 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
 
     const uint64_t t0 = now_ns();
     sf_batch raw;
-    char derr[sizeof ev.err];
-    const int decode_rc = decode(c, b_in, &raw, derr, sizeof derr);
+    /* A file the decoder refuses fails the submission itself, before any
+     * event, as on the CUDA backend: the engine then knows at once that this
+     * batch takes no step (in a data-parallel round it joins the step with
+     * an empty contribution instead, so the ranks' collectives still pair). */
+    if (decode(c, b_in, &raw, err, errlen) != 0)
+        return -1;
     const uint64_t t_decoded = now_ns();
     const sf_batch *b = &raw;
     int64_t bad = 0;
-    long long bad_at = -1;
-    if (decode_rc == 0) {
-        make_input(c, b);
-        bad_at = convert_labels(c, b, &bad);
-    }
+    make_input(c, b);
+    const long long bad_at = convert_labels(c, b, &bad);
     const uint64_t t1 = now_ns();
 
     /* The slot's bytes (images, labels, samples) are consumed. */
@@ -779,13 +780,10 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
     ev.id = b->id;
     ev.token = b->token;
     ev.n = n;
-    if (decode_rc != 0 || bad_at >= 0) {
+    if (bad_at >= 0) {
         ev.status = -1;
-        if (decode_rc != 0)
-            snprintf(ev.err, sizeof ev.err, "%s", derr);
-        else
-            snprintf(ev.err, sizeof ev.err, "ref: label %lld at element %lld of the labels is outside [0,%d)",
-                     (long long)bad, bad_at, c->m.n_classes);
+        snprintf(ev.err, sizeof ev.err, "ref: label %lld at element %lld of the labels is outside [0,%d)",
+                 (long long)bad, bad_at, c->m.n_classes);
         ev.step = c->step;
         ev.t_h2d_start_ns = t0;
         ev.t_transform_start_ns = t0;

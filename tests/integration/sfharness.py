@@ -14,6 +14,7 @@ Environment:
     STREAMFEED_BIN   the server binary (default build/streamfeed)
     STREAMFEED_LOAD  the load generator (default build/streamfeed-load)
 """
+import io
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+from PIL import Image
 from safetensors.numpy import save as st_save
 
 REPO = Path(__file__).resolve().parents[2]
@@ -172,6 +174,26 @@ def learnable_batch(rng, n=32, noise=20, bright=100):
         r, c = divmod(int(k), GRID_COLS)
         images[i, r * CELL + 2:(r + 1) * CELL, c * CELL + 2:(c + 1) * CELL, :] = bright
     return images, labels.astype(np.int64)
+
+
+def to_jpeg(img, quality=90, subsampling=2, progressive=False):
+    """One HxWx3 (or HxW gray) uint8 image as JPEG bytes (Pillow; subsampling 2 is 4:2:0)."""
+    out = io.BytesIO()
+    Image.fromarray(img).save(out, format="JPEG", quality=quality, subsampling=subsampling,
+                              progressive=progressive)
+    return out.getvalue()
+
+
+def jpeg_body(files, labels):
+    offsets = np.zeros(len(files) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(f) for f in files])
+    return st_save({"jpeg": np.frombuffer(b"".join(files), dtype=np.uint8), "jpeg_offsets": offsets,
+                    "labels": np.asarray(labels, dtype=np.int64)})
+
+
+def learnable_jpeg_batch(rng, n=32):
+    images, labels = learnable_batch(rng, n)
+    return [to_jpeg(im) for im in images], labels
 
 
 def colour_batch(rng, n=16):

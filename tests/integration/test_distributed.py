@@ -19,7 +19,8 @@ import pytest
 import requests
 from safetensors.numpy import load as st_load
 
-from sfharness import SAFETENSORS, TINY, free_port, learnable_batch, st_body, wait_until
+from sfharness import (SAFETENSORS, TINY, free_port, jpeg_body, learnable_batch, learnable_jpeg_batch, st_body,
+                       wait_until)
 
 B = 16
 STEPS = 8
@@ -140,6 +141,42 @@ def test_batchnorm_ranks_share_parameters_and_optimizer_state_but_keep_their_own
         if name not in stats:
             assert a[name].tobytes() == b[name].tobytes(), f"{name} differs between the ranks"
     assert a["bn1.running_mean"].tobytes() != b["bn1.running_mean"].tobytes()
+
+
+def test_a_batch_whose_file_the_decoder_refuses_fails_alone_and_the_job_trains_on(start_server, rng):
+    # The header is valid, so the batch is accepted and enters a round; its
+    # scan data is cut short, so the decoder refuses it in the step. Its rank
+    # used to leave the step's gradient all-reduce out: the other rank's
+    # all-reduce then met the next round's control message, Gloo aborted
+    # rank 0's process, and the job was lost. Now the rank joins the step
+    # with an empty contribution and only that batch fails.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))
+    files, labels = learnable_jpeg_batch(rng, 3)
+    sos = files[1].index(b"\xff\xda")
+    damaged = [files[0], files[1][:sos + 40] + b"\xff\xd9", files[2]]
+    replies = []
+    for rank0_files in (damaged, files):
+        out = [None, None]
+
+        def post(i, body):
+            out[i] = ranks[i].post_batch(body, wait=True, timeout=60)
+
+        ts = [threading.Thread(target=post, args=(i, jpeg_body(f, labels)))
+              for i, f in enumerate((rank0_files, files))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert [r.status_code for r in out] == [200, 200], [r.text for r in out]
+        replies.append([r.json() for r in out])
+    assert [[b["state"] for b in r] for r in replies] == [["failed", "done"], ["done", "done"]], replies
+    assert "sample 1" in replies[0][0]["error"]["message"], replies[0][0]
+    for s in ranks:
+        assert s.get("/readyz").status_code == 200, s.get("/readyz").text
+        assert s.alive()
+    wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {2}, timeout=10,
+               what="both ranks at step 2")
+    assert_bit_identical(ranks)
 
 
 def test_two_ranks_of_batch_b_follow_the_loss_curve_of_one_rank_of_batch_2b(start_server, rng):

@@ -13,33 +13,14 @@ from PIL import Image
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from sfharness import LOAD_BIN, TINY, key, learnable_batch, read_reply, st_body, wait_until
+from sfharness import (LOAD_BIN, TINY, jpeg_body, key, learnable_batch, learnable_jpeg_batch, read_reply,
+                       st_body, to_jpeg, wait_until)
 
 LEARN = TINY + ["--optim.lr", "0.05", "--optim.momentum", "0.9", "--model.seed", "1"]
 # The tiny model behind a resize: any source size, W1's 256x256 files included,
 # trains it in a few milliseconds a step.
 TINY_256 = ["--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline",
             '[{"op":"resize","size":[32,32]},{"op":"to_dtype","scale":0.0039}]']
-
-
-def to_jpeg(img, quality=90, subsampling=2, progressive=False):
-    """One HxWx3 (or HxW gray) uint8 image as JPEG bytes (Pillow; subsampling 2 is 4:2:0)."""
-    out = io.BytesIO()
-    Image.fromarray(img).save(out, format="JPEG", quality=quality, subsampling=subsampling,
-                              progressive=progressive)
-    return out.getvalue()
-
-
-def jpeg_body(files, labels):
-    offsets = np.zeros(len(files) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(f) for f in files])
-    return st_save({"jpeg": np.frombuffer(b"".join(files), dtype=np.uint8), "jpeg_offsets": offsets,
-                    "labels": np.asarray(labels, dtype=np.int64)})
-
-
-def learnable_jpeg_batch(rng, n=32):
-    images, labels = learnable_batch(rng, n)
-    return [to_jpeg(im) for im in images], labels
 
 
 def test_jpeg_batches_of_the_learnable_task_train_the_tiny_model(start_server):

@@ -440,11 +440,16 @@ static void harvest(sf_engine *e, const sf_event *ev)
 {
     sf_app *app = e->app;
     if (ev->token == EMPTY_TOKEN) {
-        /* An empty contribution: no slot, no job; only the step count moves. */
+        /* An empty contribution: no slot, no job; the step count moves, and
+         * the step is the job's like any other (rank 0's periodic
+         * checkpoints fall on it too). */
         if (ev->kind == SF_EV_STEP_DONE) {
             atomic_fetch_sub(&e->inflight, 1);
-            if (ev->status == 0)
+            if (ev->status == 0) {
                 atomic_store(&app->step, ev->step);
+                if (e->after_step)
+                    e->after_step(app, ev->step);
+            }
         }
         return;
     }
@@ -838,10 +843,14 @@ static void dist_main(sf_engine *e)
             }
             slot = -1;
         }
+        /* A stop that came during the wait (its kick ends the wait) goes into
+         * this round, not the next: the other ranks would wait out their
+         * distributed.wait_ms once more before hearing of it. */
+        const int stop_now = stopping || atomic_load(&e->stop);
         memset(ctl, 0, sizeof *ctl * ((size_t)world + 3));
         ctl[0] = slot >= 0;
         ctl[1] = slot >= 0 ? sf_ring_meta(app->ring, slot)->n : 0;
-        ctl[2] = stopping;
+        ctl[2] = stop_now;
         ctl[3 + rank] = sf_distributed_patch_len(d);
         err[0] = '\0';
         if (sf_coll_allreduce(coll, ctl, (size_t)world + 3, SF_COLL_I64, SF_COLL_SUM, err, sizeof err) != 0 ||
@@ -891,7 +900,7 @@ static void dist_main(sf_engine *e)
             settle(e, 0); /* an idle round: the last steps finish and reply */
         }
         if (ctl[2] > 0) {
-            if (!stopping)
+            if (!stop_now)
                 sf_distributed_ended(d, "%lld rank(s) shut down: the data-parallel job stopped",
                                     (long long)ctl[2]);
             break;

@@ -179,6 +179,37 @@ def test_a_batch_whose_file_the_decoder_refuses_fails_alone_and_the_job_trains_o
     assert_bit_identical(ranks)
 
 
+def test_rank_0_writes_its_periodic_checkpoints_at_steps_where_it_had_no_batch(start_server, rng, tmp_path):
+    # Loaders may reach rank 1 only: rank 0 then joins every step with an
+    # empty contribution, and those steps are the job's like any other. Its
+    # periodic checkpoints were tied to its own batches and never written.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20",
+                      rank_extra={0: ["--checkpoint.dir", str(tmp_path), "--checkpoint.every_steps", "2",
+                                      "--checkpoint.keep", "10"]})
+    for _ in range(4):
+        im, lb = learnable_batch(rng, n=B)
+        r = ranks[1].post_arrays(im, lb, wait=True)
+        assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    want = ["ckpt-0000000002.safetensors", "ckpt-0000000004.safetensors"]
+    wait_until(lambda: sorted(p.name for p in tmp_path.glob("ckpt-*")) == want, timeout=10,
+               what="rank 0's checkpoints at steps 2 and 4")
+
+
+def test_a_rank_stopped_between_rounds_leaves_within_one_wait_and_rank_0_keeps_its_final_checkpoint(
+        start_server, rng, tmp_path):
+    # A stop that arrived while the rank waited for a batch went into the
+    # round after next: with wait_ms 3 s and a 5 s grace period rank 0
+    # overran its grace and exited without its final checkpoint.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "3000", "--shutdown.grace_s", "5",
+                      rank_extra={0: ["--checkpoint.dir", str(tmp_path)]})
+    for res in post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)]):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    ranks[0].stop()
+    assert [p.name for p in tmp_path.glob("ckpt-*")] == ["ckpt-0000000001.safetensors"], \
+        ranks[0]._last_stderr[-2000:]
+    assert "without a final checkpoint" not in ranks[0]._last_stderr
+
+
 def test_two_ranks_of_batch_b_follow_the_loss_curve_of_one_rank_of_batch_2b(start_server, rng):
     rounds = [(learnable_batch(rng, n=B), learnable_batch(rng, n=B)) for _ in range(STEPS)]
     ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))

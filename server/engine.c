@@ -699,21 +699,100 @@ static int verify_params(sf_engine *e, uint64_t step, char *err, size_t errlen)
 {
     sf_app *app = e->app;
     sf_backend *be = app->backend;
-    if (step == 0 || !be->i->param_digest)
-        return 0;
+    if (!be->i->param_digest)
+        return 0; /* every rank has the same backend (agree_on_job) */
+    /* Whether to take part is never decided by this rank's own state: the
+     * others are already in the all-reduce. A digest this rank could not
+     * read takes part with the value no maximum picks. */
     uint64_t dg = 0;
-    if (be->i->param_digest(be, &dg) != 0)
-        return 0;
-    int64_t v[2] = {(int64_t)dg, ~(int64_t)dg};
+    const int have = be->i->param_digest(be, &dg) == 0;
+    int64_t v[2] = {have ? (int64_t)dg : INT64_MIN, have ? ~(int64_t)dg : INT64_MIN};
     if (sf_coll_allreduce(sf_distributed_coll(app->dist), v, 2, SF_COLL_I64, SF_COLL_MAX, err, errlen) != 0)
         return -1;
     const uint64_t hi = (uint64_t)v[0], lo = (uint64_t)~v[1];
-    if (hi != lo)
+    if (have && hi != lo)
         sf_distributed_diverged(app->dist,
                                 "diverged across ranks: the parameter digests differ at step %llu (this rank "
                                 "%016llx, lowest %016llx, highest %016llx)",
                                 (unsigned long long)step, (unsigned long long)dg, (unsigned long long)lo,
                                 (unsigned long long)hi);
+    return 0;
+}
+
+/* 64-bit FNV-1a, kept to 62 bits so that it and its negation are int64s. */
+static int64_t fnv62(uint64_t h, const void *p, size_t n)
+{
+    if (!h)
+        h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) {
+        h ^= ((const unsigned char *)p)[i];
+        h *= 1099511628211ull;
+    }
+    return (int64_t)(h & 0x3fffffffffffffffull);
+}
+
+static int64_t str62(const char *s) { return fnv62(0, s, strlen(s)); }
+
+/* What sets the sequence and the sizes of the job's collectives: ranks that
+ * differ in any of it would pair collectives of different sizes (Gloo then
+ * aborts the process that reads the longer message) or skip one the others
+ * enter. Checked once, at the join, by one all-reduce (the maximum of each
+ * value and of its negation); every rank then fails the job naming the
+ * first that differs, as ranks of different world sizes already do. The hot
+ * ones among them (distributed.verify_every) change at a round on every rank
+ * alike. */
+static int agree_on_job(sf_engine *e, char *err, size_t errlen)
+{
+    sf_app *app = e->app;
+    const sf_model *m = &app->model;
+    sf_config *c = malloc(sizeof *c);
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    sf_config_get(c);
+    uint64_t h = 0;
+    for (int i = 0; i < m->n_layers; i++) {
+        const sf_layer *l = &m->layers[i];
+        const int64_t shape[] = {l->kind, l->in_c, l->out_c, l->k, l->stride, l->pad, l->bias,
+                                 (int64_t)l->n_w, (int64_t)l->n_b, l->frozen, l->out_h, l->out_w};
+        h = (uint64_t)fnv62(h, shape, sizeof shape);
+    }
+    const int64_t sizes[] = {m->n_layers, (int64_t)m->n_params, (int64_t)m->n_buffers, (int64_t)m->train_off};
+    /* hashed: a fingerprint, not worth printing. */
+    const struct {
+        const char *name;
+        int64_t v;
+        int hashed;
+    } t[] = {
+        {"the model (model.preset, model.spec, model.freeze)", fnv62(h, sizes, sizeof sizes), 1},
+        {"model.precision", str62(c->model.precision), 1},
+        {"model.grad_accum_steps", c->model.grad_accum_steps, 0},
+        {"optim.name", str62(c->optim.name), 1},
+        {"distributed.verify_every", c->distributed.verify_every, 0},
+        {"distributed.bucket_mb", c->distributed.bucket_mb, 0},
+        {"the backend (pipeline.backend)", str62(app->backend->i->name(app->backend)), 1},
+    };
+    free(c);
+    enum { N = sizeof t / sizeof t[0] };
+    int64_t v[2 * N];
+    for (int i = 0; i < N; i++) {
+        v[i] = t[i].v;
+        v[N + i] = -t[i].v;
+    }
+    if (sf_coll_allreduce(sf_distributed_coll(app->dist), v, 2 * N, SF_COLL_I64, SF_COLL_MAX, err, errlen) != 0)
+        return -1;
+    for (int i = 0; i < N; i++) {
+        if (v[i] == -v[N + i])
+            continue;
+        if (t[i].hashed)
+            snprintf(err, errlen, "the ranks differ in %s: every rank of a job needs the same", t[i].name);
+        else
+            snprintf(err, errlen, "the ranks differ in %s (this rank %lld, lowest %lld, highest %lld): every rank "
+                     "of a job needs the same", t[i].name, (long long)t[i].v, (long long)-v[N + i],
+                     (long long)v[i]);
+        return -1;
+    }
     return 0;
 }
 
@@ -786,6 +865,11 @@ static void dist_main(sf_engine *e)
     uint64_t stepped = 0; /* rounds that took a step: the same count on every rank */
     char err[512] = "";
     if (sf_distributed_join(d) != 0) {
+        broken_loop(e);
+        return;
+    }
+    if (agree_on_job(e, err, sizeof err) != 0) {
+        sf_distributed_fail(d, "%s", err);
         broken_loop(e);
         return;
     }

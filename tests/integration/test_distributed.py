@@ -300,9 +300,10 @@ def test_a_rank_killed_mid_run_makes_the_others_unready_with_a_reason_and_refuse
 
 
 def test_ranks_that_update_differently_are_reported_as_diverged(start_server, rng):
-    # Rank 1 runs AdamW where rank 0 runs SGD: the same all-reduced gradient,
-    # different updates, so the digest check of the first step must see it.
-    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20", rank_extra={1: ["--optim.name", "adamw"]})
+    # Rank 1 was started with another learning rate: the same all-reduced
+    # gradient, different updates, so the digest check of the first step
+    # must see it. (A different optimizer is refused at the join.)
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20", rank_extra={1: ["--optim.lr", "0.01"]})
     im, lb = learnable_batch(rng, n=B)
     assert ranks[0].post_arrays(im, lb, wait=True).status_code == 200
     for s in ranks:
@@ -593,4 +594,35 @@ def test_ranks_started_with_different_world_sizes_say_so(start_server):
         reason = wait_until(lambda s=s: join_failure(s), timeout=10, what="the join to fail")
         assert "every rank needs the same distributed.world_size" in reason, reason
         s.stop(check=False)  # the failed join is logged as an error, as it must be
+        assert s.proc.returncode == 0
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--distributed.verify_every", "3"], "distributed.verify_every (this rank {}, lowest 1, highest 3)"),
+    (["--model.grad_accum_steps", "2"], "model.grad_accum_steps (this rank {}, lowest 1, highest 2)"),
+    (["--model.spec", json.dumps(BN_SPEC)], "the model"),
+    (["--optim.name", "adamw"], "optim.name"),
+])
+def test_ranks_that_differ_in_what_shapes_the_collectives_refuse_the_job_naming_it(start_server, flags, named):
+    # Such ranks joined and then paired collectives of different sizes: Gloo
+    # aborted rank 0's process at the first mismatched all-reduce (a rank
+    # with another verify_every, accumulation or model), losing what it had
+    # accepted. The join now compares them and every rank says which.
+    r0 = start_server(dist_flags(2, 0, None))
+    r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{r0.port}", *flags))
+
+    def differ(s):
+        return next((x for x in s.get("/readyz").json()["reasons"] if "the ranks differ in" in x), None)
+
+    for s, own in ((r0, 1), (r1, int(flags[1]) if flags[1].isdigit() else None)):
+        reason = wait_until(lambda s=s: differ(s), timeout=10, what="the job to be refused")
+        assert f"the ranks differ in {named.format(own)}" in reason, reason
+        assert "every rank of a job needs the same" in reason, reason
+    rng = np.random.default_rng(3)
+    im, lb = learnable_batch(rng, n=B)
+    r = r0.post_arrays(im, lb, wait=True)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "distributed_unavailable", r.text
+    for s in (r0, r1):
+        assert s.alive()
+        s.stop(check=False)  # the refused job is logged as an error, as it must be
         assert s.proc.returncode == 0

@@ -1,7 +1,8 @@
 /* handlers/diagnose.c — POST /v1/diagnose: the caching method (server/diagnose.h).
  *
  * The body is optional: {"seconds": s} (default diagnose.default_seconds, at
- * most diagnose.max_seconds). The run is an engine command; the request is
+ * most diagnose.max_seconds, and a quarter of distributed.timeout_s on a rank
+ * of a data-parallel job). The run is an engine command; the request is
  * suspended until it finished (SF_WAIT_CMD), and keeps nothing but the run's
  * id (in r->user), so a client that goes away leaves nothing behind.
  */
@@ -21,8 +22,15 @@ static int parse_seconds(sf_req *r, double *seconds)
 {
     sf_config c;
     sf_config_get(&c);
-    *seconds = c.diagnose.default_seconds < c.diagnose.max_seconds ? c.diagnose.default_seconds
-                                                                   : c.diagnose.max_seconds;
+    /* On a rank of a data-parallel job the other ranks wait for this one in
+     * the next round, up to distributed.timeout_s, while its engine runs the
+     * diagnosis (up to about 4 x seconds with calibration and the batches
+     * ahead of it: wait_limit_ms): longer runs would break the job. */
+    double max = c.diagnose.max_seconds;
+    const int dist = sf_distributed_world(r->app->dist) > 1;
+    if (dist && max > c.distributed.timeout_s / 4.0)
+        max = c.distributed.timeout_s / 4.0;
+    *seconds = c.diagnose.default_seconds < max ? c.diagnose.default_seconds : max;
     if (!r->body || r->body_len == 0)
         return 0;
     cJSON *j = h_parse_json_body(r);
@@ -47,10 +55,11 @@ static int parse_seconds(sf_req *r, double *seconds)
             sf_reply_error_field(r, 400, "seconds_invalid", "seconds", "seconds must be a number");
             goto out;
         }
-        if (!(s->valuedouble >= 0.1 && s->valuedouble <= c.diagnose.max_seconds)) {
-            sf_reply_error_field(r, 400, "seconds_out_of_range", "seconds",
-                                 "seconds must be in [0.1, %g] (diagnose.max_seconds)",
-                                 c.diagnose.max_seconds);
+        if (!(s->valuedouble >= 0.1 && s->valuedouble <= max)) {
+            sf_reply_error_field(r, 400, "seconds_out_of_range", "seconds", "seconds must be in [0.1, %g] (%s)", max,
+                                 max < c.diagnose.max_seconds
+                                     ? "a quarter of distributed.timeout_s on a rank of a data-parallel job"
+                                     : "diagnose.max_seconds");
             goto out;
         }
         *seconds = s->valuedouble;

@@ -389,14 +389,14 @@ const sf_cfg_option sf_config_table[] = {
      "Every N rounds that trained (optimizer steps; with gradient accumulation, batches) the ranks "
      "compare a digest of their parameters; a mismatch turns /readyz false (\"diverged across ranks\"). "
      "0 disables."},
-    {"distributed.wait_ms", SF_CT_INT, F(distributed.wait_ms), "50", 1, 60000, NULL, SF_CF_HOT, NULL,
+    {"distributed.wait_ms", SF_CT_INT, F(distributed.wait_ms), "50", 1, 60000, NULL, SF_CF_HOT, check_distributed,
      "A rank with no batch waits this long for one before it joins the other ranks' step with an "
      "empty contribution (zero gradient, zero weight); counted in "
-     "streamfeed_distributed_empty_contributions_total."},
+     "streamfeed_distributed_empty_contributions_total. At most half of distributed.timeout_s."},
     {"distributed.join_timeout_s", SF_CT_INT, F(distributed.join_timeout_s), "300", 1, 86400, NULL, 0,
      NULL, "At start, every rank must have joined within this; else the rank stays up with /readyz false "
      "naming the rendezvous address and refuses batches."},
-    {"distributed.timeout_s", SF_CT_INT, F(distributed.timeout_s), "600", 1, 86400, NULL, 0, NULL,
+    {"distributed.timeout_s", SF_CT_INT, F(distributed.timeout_s), "600", 1, 86400, NULL, 0, check_distributed,
      "Longest wait in one collective call once joined (a peer that stopped answering); a closed "
      "connection (a peer that died) fails at once. Then /readyz turns false and batches are refused."},
     {"distributed.bucket_mb", SF_CT_INT, F(distributed.bucket_mb), "25", 1, 4096, NULL, 0, NULL,
@@ -461,6 +461,15 @@ static int check_distributed(const sf_config *c, char *err, size_t errlen)
     }
     if (world > 1 && rank > 0 && !c->distributed.rendezvous[0]) {
         snprintf(err, errlen, "distributed.rendezvous (host:port of rank 0) is required on rank %d", rank);
+        return -1;
+    }
+    /* A rank waits up to wait_ms for a batch before it enters the round,
+     * while the ranks that had one wait for it inside the round's
+     * all-reduce, up to timeout_s: a wait near the timeout breaks the job. */
+    if (world > 1 && 2 * (int64_t)c->distributed.wait_ms > 1000 * (int64_t)c->distributed.timeout_s) {
+        snprintf(err, errlen, "distributed.wait_ms (%d) must be at most half of distributed.timeout_s (%d s): "
+                 "the other ranks wait in the round for a rank that waits for a batch",
+                 c->distributed.wait_ms, c->distributed.timeout_s);
         return -1;
     }
     return 0;

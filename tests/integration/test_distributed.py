@@ -11,6 +11,7 @@ divided by the wrong count, is off by far more (see the test).
 """
 import json
 import signal
+import subprocess
 import threading
 import time
 
@@ -19,7 +20,7 @@ import pytest
 import requests
 from safetensors.numpy import load as st_load
 
-from sfharness import (SAFETENSORS, TINY, free_port, jpeg_body, learnable_batch, learnable_jpeg_batch, st_body,
+from sfharness import (BIN, SAFETENSORS, TINY, free_port, jpeg_body, learnable_batch, learnable_jpeg_batch, st_body,
                        wait_until)
 
 B = 16
@@ -626,3 +627,32 @@ def test_ranks_that_differ_in_what_shapes_the_collectives_refuse_the_job_naming_
         assert s.alive()
         s.stop(check=False)  # the refused job is logged as an error, as it must be
         assert s.proc.returncode == 0
+
+
+def test_a_rank_cannot_be_made_to_wait_or_diagnose_long_enough_to_time_the_job_out(start_server, rng):
+    # The other ranks wait in a round for a rank that waits for a batch
+    # (distributed.wait_ms) or runs a diagnosis on its engine, but only up
+    # to distributed.timeout_s: a PATCH of wait_ms to 5 s or a 3 s diagnosis
+    # under a 2 s timeout broke the whole job.
+    ranks = start_job(start_server, 2, "--distributed.timeout_s", "2", "--distributed.wait_ms", "20")
+    r = ranks[1].patch_config({"distributed": {"wait_ms": 5000}})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["field"]) == ("config_invalid", "distributed.wait_ms"), err
+    assert "at most half of distributed.timeout_s" in err["message"], err
+    r = ranks[1].request("POST", "/v1/diagnose", json={"seconds": 3})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "seconds_out_of_range" and "[0.1, 0.5]" in err["message"], err
+    assert "distributed.timeout_s" in err["message"], err
+    for res in post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)]):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    for s in ranks:
+        assert s.get("/readyz").status_code == 200
+
+
+def test_a_job_whose_wait_is_over_half_its_timeout_does_not_start():
+    flags = dist_flags(2, 0, None, "--distributed.timeout_s", "2", "--distributed.wait_ms", "1500")
+    r = subprocess.run([BIN, "--http.port", "0", *flags], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r
+    assert "distributed.wait_ms (1500) must be at most half of distributed.timeout_s (2 s)" in r.stderr, r.stderr

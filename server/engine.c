@@ -839,11 +839,11 @@ static void broken_loop(sf_engine *e)
 }
 
 /* The rounds. Each: wait up to distributed.wait_ms for a batch, then one
- * control all-reduce: [has a batch, samples, stop, patch length of rank 0,
- * 1, ...] summed; apply the patches (all ranks, rank order); if anyone has a
- * batch, every rank steps (those without one with an empty contribution) and
- * the backend all-reduces the gradients; every verify_every stepping rounds
- * compare the parameter digests; a stop from any rank ends the job on all.
+ * control all-reduce (the CTL_* layout below, summed); apply the patches
+ * (all ranks, rank order); if anyone has a batch, every rank steps (those
+ * without one with an empty contribution) and the backend all-reduces the
+ * gradients; every verify_every stepping rounds compare the parameter
+ * digests; a stopped rank ends the job on all unless all are shutting down.
  *
  * A round's step is submitted while the previous round's may still run
  * (ROUND_DEPTH in flight), as the single-process loop does: the next batch's
@@ -855,6 +855,22 @@ static void broken_loop(sf_engine *e)
  * the rounds alone, never on how far a rank has harvested. */
 #define ROUND_DEPTH 2
 
+/* The round's control all-reduce (a sum): whether a rank has a batch and
+ * its samples, how many ranks stop (their drain is over), how many drain
+ * (they had SIGTERM; a stopped rank too), how many stopped ranks must leave
+ * now, then each rank's queued patch length (CTL_PATCH + rank). */
+enum { CTL_BATCH, CTL_SAMPLES, CTL_STOP, CTL_DRAINING, CTL_LEAVE, CTL_PATCH };
+
+/* A stopped rank stays in the rounds this long for the other ranks to show
+ * that they are shutting down too (the signals of one job's stop reach its
+ * ranks milliseconds or more apart); then, if they are not all draining,
+ * it ends the job. */
+#define STOP_LINGER_NS 1000000000ull
+/* ... and leaves at the latest this long before its stop deadline, which
+ * keeps time for its final checkpoint. */
+#define STOP_RESERVE_NS 1000000000ull
+#define STOP_ROUND_MS 10
+
 static void dist_main(sf_engine *e)
 {
     sf_app *app = e->app;
@@ -863,6 +879,9 @@ static void dist_main(sf_engine *e)
     const int maxq = app->backend->i->max_inflight(app->backend);
     const int depth = maxq < ROUND_DEPTH ? maxq : ROUND_DEPTH;
     uint64_t stepped = 0; /* rounds that took a step: the same count on every rank */
+    uint64_t t_stopped = 0; /* when this rank's drain ended (its stop) */
+    int all_draining = 0;   /* the last round's: every rank was shutting down */
+    int someone_stopped = 0; /* the last round's: a rank had stopped */
     char err[512] = "";
     if (sf_distributed_join(d) != 0) {
         broken_loop(e);
@@ -878,7 +897,8 @@ static void dist_main(sf_engine *e)
         broken_loop(e);
         return;
     }
-    int64_t *ctl = calloc((size_t)world + 3, sizeof *ctl);
+    const size_t nctl = CTL_PATCH + (size_t)world;
+    int64_t *ctl = calloc(nctl, sizeof *ctl);
     if (!ctl) {
         sf_distributed_fail(d, "out of memory for the round control");
         broken_loop(e);
@@ -897,7 +917,13 @@ static void dist_main(sf_engine *e)
          * training batch, but for distributed.wait_ms at most: the other
          * ranks wait in the round for this one, and a steady stream of them
          * would keep it out until their collectives time out. */
-        const uint64_t wait_until_ns = sf_now_ns() + (uint64_t)sf_config_cur()->distributed.wait_ms * 1000000ull;
+        /* While a stopped rank lingers (the last round said so), rounds come
+         * every STOP_ROUND_MS at most, so that it hears within its linger
+         * whether the others are shutting down too. */
+        uint64_t wait_ms = (uint64_t)sf_config_cur()->distributed.wait_ms;
+        if (someone_stopped && wait_ms > STOP_ROUND_MS)
+            wait_ms = STOP_ROUND_MS;
+        const uint64_t wait_until_ns = sf_now_ns() + wait_ms * 1000000ull;
         while (!stopping) {
             const uint64_t now = sf_now_ns();
             if (now >= wait_until_ns)
@@ -931,34 +957,47 @@ static void dist_main(sf_engine *e)
          * this round, not the next: the other ranks would wait out their
          * distributed.wait_ms once more before hearing of it. */
         const int stop_now = stopping || atomic_load(&e->stop);
-        memset(ctl, 0, sizeof *ctl * ((size_t)world + 3));
-        ctl[0] = slot >= 0;
-        ctl[1] = slot >= 0 ? sf_ring_meta(app->ring, slot)->n : 0;
-        ctl[2] = stop_now;
-        ctl[3 + rank] = sf_distributed_patch_len(d);
+        const int draining = stop_now || atomic_load(&app->draining);
+        /* Whether this stopped rank must leave: decided from its own clock,
+         * so it goes into the all-reduce, and every rank acts on the sum. */
+        int leave = 0;
+        if (stop_now) {
+            const uint64_t now = sf_now_ns(), dl = atomic_load(&e->stop_deadline_ns);
+            if (!t_stopped)
+                t_stopped = now;
+            leave = (!all_draining && now >= t_stopped + STOP_LINGER_NS) ||
+                    (dl && now + STOP_RESERVE_NS >= dl);
+        }
+        memset(ctl, 0, sizeof *ctl * nctl);
+        ctl[CTL_BATCH] = slot >= 0;
+        ctl[CTL_SAMPLES] = slot >= 0 ? sf_ring_meta(app->ring, slot)->n : 0;
+        ctl[CTL_STOP] = stop_now;
+        ctl[CTL_DRAINING] = draining;
+        ctl[CTL_LEAVE] = leave;
+        ctl[CTL_PATCH + rank] = sf_distributed_patch_len(d);
         err[0] = '\0';
-        if (sf_coll_allreduce(coll, ctl, (size_t)world + 3, SF_COLL_I64, SF_COLL_SUM, err, sizeof err) != 0 ||
-            sf_distributed_apply_patches(d, ctl + 3, err, sizeof err) != 0) {
+        if (sf_coll_allreduce(coll, ctl, nctl, SF_COLL_I64, SF_COLL_SUM, err, sizeof err) != 0 ||
+            sf_distributed_apply_patches(d, ctl + CTL_PATCH, err, sizeof err) != 0) {
             sf_distributed_fail(d, "lost the other ranks: %s", err);
             sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* patches waiting are answered */
             if (slot >= 0)
                 fail_slot(e, slot);
             break;
         }
-        if (ctl[3 + rank] > 0)
+        if (ctl[CTL_PATCH + rank] > 0)
             sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* this rank's patch request replies */
-        if (ctl[0] > 0) {
+        if (ctl[CTL_BATCH] > 0) {
             settle(e, depth - 1); /* room for this round's step */
             const int before = atomic_load(&e->inflight);
             if (slot >= 0)
-                submit(e, slot, ctl[1]); /* a batch the backend refuses is failed and released */
+                submit(e, slot, ctl[CTL_SAMPLES]); /* a batch the backend refuses is failed and released */
             /* Every rank takes the round's step whatever became of its batch
              * (the decoder refused one of its files): the other ranks are
              * already inside the step's all-reduce. A refused batch joins it
              * as an empty contribution; the samples it announced stay in
              * global_n, so that step's gradient is the others' share alone. */
             if (atomic_load(&e->inflight) == before) {
-                if (submit_empty(e, ctl[1], err, sizeof err) != 0) {
+                if (submit_empty(e, ctl[CTL_SAMPLES], err, sizeof err) != 0) {
                     sf_distributed_fail(d, "cannot join the step: %s", err);
                     break;
                 }
@@ -983,10 +1022,18 @@ static void dist_main(sf_engine *e)
         } else {
             settle(e, 0); /* an idle round: the last steps finish and reply */
         }
-        if (ctl[2] > 0) {
+        /* A rank that stops (its drain is over) ends the job for every rank,
+         * after STOP_LINGER_NS, unless every rank is shutting down: then the
+         * job drains as one, the stopped ranks joining with empty
+         * contributions, until the last rank's drain is over too (or a
+         * stopped rank's deadline comes). So a job stopped by stopping all
+         * its ranks trains every batch it accepted. */
+        all_draining = ctl[CTL_DRAINING] == world;
+        someone_stopped = ctl[CTL_STOP] > 0;
+        if (ctl[CTL_STOP] == world || ctl[CTL_LEAVE] > 0) {
             if (!stop_now)
                 sf_distributed_ended(d, "%lld rank(s) shut down: the data-parallel job stopped",
-                                    (long long)ctl[2]);
+                                    (long long)ctl[CTL_STOP]);
             break;
         }
     }

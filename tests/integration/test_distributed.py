@@ -656,3 +656,30 @@ def test_a_job_whose_wait_is_over_half_its_timeout_does_not_start():
     r = subprocess.run([BIN, "--http.port", "0", *flags], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r
     assert "distributed.wait_ms (1500) must be at most half of distributed.timeout_s (2 s)" in r.stderr, r.stderr
+
+
+def test_a_job_stopped_by_stopping_all_its_ranks_trains_every_batch_it_accepted(start_server, rng):
+    # SIGTERM reaches the ranks of one job milliseconds apart. The rank that
+    # drained first (one batch) ended the job at once, and the other rank's
+    # queued batches failed with distributed_unavailable; now a stopped rank
+    # lingers, sees the others shutting down too, and the job drains as one.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "300")
+    out = []
+
+    def post(s):
+        im, lb = learnable_batch(rng, n=B)
+        r = s.post_arrays(im, lb, wait=True, timeout=60)
+        out.append((r.status_code, r.json()))
+
+    ts = [threading.Thread(target=post, args=(s,)) for s in [ranks[0]] * 4 + [ranks[1]]]
+    for t in ts:
+        t.start()
+    wait_until(lambda: sum(s.metric("streamfeed_batches_received_total", status="accepted") or 0
+                           for s in ranks) >= 2, timeout=10, what="the first batches accepted")
+    for s in ranks:
+        s.proc.send_signal(signal.SIGTERM)
+    for t in ts:
+        t.join(60)
+    assert len(out) == 5 and all(code == 200 and b["state"] == "done" for code, b in out), out
+    for s in ranks:
+        s.stop()

@@ -52,6 +52,7 @@ struct sf_engine {
     int ncmds;
     uint64_t next_cmd_id;
     void (*after_step)(sf_app *app, uint64_t step);
+    uint64_t hooked_step; /* the step the hook last ran for, or training started at */
     /* Timelines: batches in flight by id % PENDING_RECS, and the last steps. */
     sf_step_record pending[PENDING_RECS];
     pending_extra extra[PENDING_RECS];
@@ -396,6 +397,17 @@ static void account_step(sf_engine *e, const sf_event *ev)
     }
 }
 
+/* The after-step hook (periodic checkpoints) runs once per optimizer step:
+ * a batch inside an accumulation group, or a skipped step, leaves the step
+ * count where it was, and the hook saw that step already. */
+static void step_taken(sf_engine *e, uint64_t step)
+{
+    if (!e->after_step || step == e->hooked_step)
+        return;
+    e->hooked_step = step;
+    e->after_step(e->app, step);
+}
+
 /* An eval batch's result: its reply, its evaluation's aggregates and metrics.
  * No step was taken: the step count and the training metrics stay. */
 static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record *rec, const pending_extra *x)
@@ -447,8 +459,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
             atomic_fetch_sub(&e->inflight, 1);
             if (ev->status == 0) {
                 atomic_store(&app->step, ev->step);
-                if (e->after_step)
-                    e->after_step(app, ev->step);
+                step_taken(e, ev->step);
             }
         }
         return;
@@ -537,8 +548,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
     sf_hist_observe(e->m_step, ev->step_s);
     account_busy(e, ev);
     sf_http_wake(app->http, SF_WAIT_JOB, ev->id);
-    if (e->after_step)
-        e->after_step(app, ev->step);
+    step_taken(e, ev->step);
 }
 
 /* ---- commands -------------------------------------------------------------- */
@@ -1050,6 +1060,8 @@ static void *engine_main(void *arg)
     sf_engine *e = arg;
     sf_app *app = e->app;
     int maxq = app->backend ? app->backend->i->max_inflight(app->backend) : 1;
+    /* The step it starts from (resumed or 0) was not taken here. */
+    e->hooked_step = atomic_load(&app->step);
     atomic_store(&e->running, 1);
     if (app->dist && app->backend)
         dist_main(e);

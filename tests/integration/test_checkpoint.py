@@ -529,6 +529,20 @@ def test_rotation_and_resume_count_only_the_service_s_own_checkpoint_names(start
     assert model_step(s) == 4
 
 
+def test_with_gradient_accumulation_periodic_saves_fall_on_optimizer_steps_once_each(start_server, tmp_path):
+    # The hook ran for every batch: a batch inside an accumulation group left
+    # the step where it was, so step 0 was saved after the first batch and
+    # every save was written twice.
+    d = tmp_path / "ck"
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d), "--checkpoint.every_steps", "2",
+                              "--checkpoint.keep", "10", "--model.grad_accum_steps", "2"])
+    rng = np.random.default_rng(8)
+    train(s, rng, 8)  # 4 optimizer steps
+    wait_until(lambda: sorted(ckpt_files(d)) == [2, 4], 30, what="the checkpoints of steps 2 and 4")
+    wait_until(lambda: s.metric("streamfeed_checkpoints_total", status="ok") == 2, 10, what="two saves")
+    assert s.metric("streamfeed_checkpoints_total", status="skipped") == 0
+
+
 def test_periodic_saves_keep_the_last_k_files(start_server, tmp_path):
     d = tmp_path / "ck"
     s = start_server(TRAIN + ["--checkpoint.dir", str(d), "--checkpoint.every_steps", "2",

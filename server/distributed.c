@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "dist/kv_client.h"
+#include "server/http.h"
 #include "server/log.h"
 
 /* Results of this rank's patches are kept for the requests that wait on
@@ -62,13 +63,6 @@ struct sf_distributed {
  * distributed.join_timeout_s: in slices, so that a shutdown ends it. */
 #define JOIN_SLICE_MS 200
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* A rank > 0 publishes its address first, and the ranks of a job start in
  * any order (pods of a StatefulSet, processes of one script): rank 0 may not
  * listen yet. A set the store did not answer is tried again every
@@ -79,12 +73,12 @@ static int64_t now_ms(void)
 static int store_set(void *ctx, const char *key, const void *val, size_t len)
 {
     sf_distributed *d = ctx;
-    const int64_t end = now_ms() + d->join_timeout_ms;
+    const uint64_t end = sf_now_ns() + (uint64_t)d->join_timeout_ms * 1000000ull;
     for (;;) {
         int rc = d->inner.set(d->inner.ctx, key, val, len);
         if (rc != 1)
             return rc;
-        if (atomic_load(&d->cancel) || now_ms() >= end)
+        if (atomic_load(&d->cancel) || sf_now_ns() >= end)
             return -1;
         struct timespec ts = {0, JOIN_RETRY_MS * 1000000L};
         nanosleep(&ts, NULL);

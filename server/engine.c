@@ -956,8 +956,7 @@ static void dist_main(sf_engine *e)
                 run_transform(e, slot);
             } else if (m->eval) {
                 submit(e, slot, 0);
-                while (atomic_load(&e->inflight) > 0)
-                    poll_backend(e, 1000);
+                settle(e, 0);
             } else {
                 break;
             }

@@ -118,6 +118,26 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* A non-blocking communicator's call (r, what it returned) completes in the
+ * background: its state, read every millisecond, leaves ncclInProgress with
+ * the outcome. ncclSuccess, its error, or ncclSystemError after timeout_ms. */
+static ncclResult_t await_comm(sf_nccl *x, ncclResult_t r, int timeout_ms)
+{
+    const uint64_t end = now_ms() + (uint64_t)timeout_ms;
+    while (r == ncclSuccess || r == ncclInProgress) {
+        ncclResult_t st = ncclInProgress;
+        if (x->api.async_error(x->comm, &st) != ncclSuccess)
+            st = ncclSystemError;
+        if (st != ncclInProgress)
+            return st;
+        if (now_ms() >= end)
+            return ncclSystemError;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    return r;
+}
+
 extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t errlen)
 {
     *out = NULL;
@@ -152,23 +172,8 @@ extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t er
     /* Non-blocking, so that a rank that never comes is a timeout here, not a hang. */
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
-    r = x->api.init_config(&x->comm, d->world, id, d->rank, &cfg);
-    const uint64_t end = now_ms() + (uint64_t)d->timeout_ms;
-    while (r == ncclSuccess || r == ncclInProgress) {
-        ncclResult_t st = ncclInProgress;
-        if (x->api.async_error(x->comm, &st) != ncclSuccess)
-            st = ncclSystemError;
-        if (st == ncclSuccess)
-            break;
-        if (st != ncclInProgress || now_ms() >= end) {
-            r = st != ncclInProgress ? st : ncclSystemError;
-            break;
-        }
-        struct timespec ts = {0, 1000000L};
-        nanosleep(&ts, NULL);
-        r = ncclInProgress;
-    }
-    if (r != ncclSuccess && r != ncclInProgress) {
+    r = await_comm(x, x->api.init_config(&x->comm, d->world, id, d->rank, &cfg), d->timeout_ms);
+    if (r != ncclSuccess) {
         snprintf(err, errlen, "cuda: ncclCommInitRankConfig (rank %d of %d) failed or timed out: %s", d->rank,
                  d->world, x->api.error_string(r));
         sf_nccl_abort(x);
@@ -262,20 +267,7 @@ extern "C" void sf_nccl_free(sf_nccl *x)
     if (!x)
         return;
     if (x->comm && !x->aborted) {
-        ncclResult_t r = x->api.finalize(x->comm);
-        const uint64_t end = now_ms() + NCCL_FINALIZE_MS;
-        while (r == ncclSuccess || r == ncclInProgress) {
-            ncclResult_t st = ncclInProgress;
-            if (x->api.async_error(x->comm, &st) != ncclSuccess)
-                st = ncclSystemError;
-            if (st != ncclInProgress || now_ms() >= end) {
-                r = st == ncclInProgress ? ncclSystemError : st;
-                break;
-            }
-            struct timespec ts = {0, 1000000L};
-            nanosleep(&ts, NULL);
-        }
-        if (r == ncclSuccess)
+        if (await_comm(x, x->api.finalize(x->comm), NCCL_FINALIZE_MS) == ncclSuccess)
             x->api.destroy(x->comm);
         else
             x->api.abort_comm(x->comm);

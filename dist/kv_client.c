@@ -119,11 +119,9 @@ static int kv_set(void *ctx, const char *key, const void *val, size_t len)
         return 0;
     if (st < 0)
         return 1; /* no answer: request() kept why */
-    {
-        char why[400];
-        refusal(st, &reply, why, sizeof why);
-        set_err(c, "the rendezvous %s refused key %s with HTTP %ld: %s", c->base, key, st, why);
-    }
+    char why[400];
+    refusal(st, &reply, why, sizeof why);
+    set_err(c, "the rendezvous %s refused key %s with HTTP %ld: %s", c->base, key, st, why);
     return -1;
 }
 

@@ -398,6 +398,11 @@ static void harvest(cuda_ctx *c, int block)
                 ev.grad_norm = gs ? gs->norm : 0.f;
                 c->steps++;
             }
+            /* the engine reads it after each round (the reference backend
+             * times its all-reduce in place; here it is known once the step
+             * is done, so the figure is that of the last step harvested) */
+            if (c->cfg.dist && !e->eval)
+                ((sf_dist *)c->cfg.dist)->allreduce_s = sf_net_allreduce_s(c->net, e->b);
             if (e->logits_out)
                 memcpy(e->logits_out, B->h_logits,
                        sizeof(float) * (size_t)e->n * c->m.n_classes * c->lps);

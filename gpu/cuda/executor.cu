@@ -711,6 +711,33 @@ static int g_norm_layer(sf_cuda_net *net, int i)
     return g_layer_sumsq(net, i);
 }
 
+/* The reduce stream's clock around each bucket's all-reduce (d_ar, per
+ * buffer): stamps in the stream rather than events, because they are
+ * captured into the step's CUDA graph like the all-reduce itself, and they
+ * measure the collective alone, not the reduce stream's waits for the
+ * backward between buckets. */
+static __device__ unsigned long long clock_ns(void)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__global__ void k_ar_begin(unsigned long long *t) { t[0] = clock_ns(); }
+__global__ void k_ar_end(unsigned long long *t) { t[1] += clock_ns() - t[0]; }
+
+/* One all-reduce of buffer b's step, timed into d_ar[b]. */
+static int g_timed_reduce(sf_cuda_net *net, int b, const sf_grad_piece *pc, int np, cudaStream_t s)
+{
+    unsigned long long *t = net->g->d_ar + 2 * b;
+    k_ar_begin<<<1, 1, 0, s>>>(t);
+    SF_CUDA_CHECK(cudaGetLastError());
+    if (net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, pc, np, s))
+        return -1;
+    k_ar_end<<<1, 1, 0, s>>>(t);
+    SF_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
 /* The all-reduce of the bucket that layer i's backward closes (rb_top),
  * data-parallel training without accumulation: on the reduce stream once the
  * compute stream has completed layer i's backward, so the backward of the
@@ -719,7 +746,7 @@ static int g_norm_layer(sf_cuda_net *net, int i)
  * the gradients where the backward wrote them: a bf16 net's convolution
  * weights in bf16 (no conversion pass; the update reads them there as
  * without a job), the rest fp32, adjacent fp32 runs merged. */
-static int g_reduce_bucket(sf_cuda_net *net, int i)
+static int g_reduce_bucket(sf_cuda_net *net, int b, int i)
 {
     gen_net *g = net->g;
     const sf_model *m = &net->m;
@@ -753,7 +780,7 @@ static int g_reduce_bucket(sf_cuda_net *net, int i)
             np++;
         }
     }
-    if (np > 0 && net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, pc, np, net->rst))
+    if (np > 0 && g_timed_reduce(net, b, pc, np, net->rst))
         return -1;
     SF_CUDA_CHECK(cudaEventRecord(net->ev_reduced[i], net->rst));
     SF_CUDA_CHECK(cudaStreamWaitEvent(net->nst, net->ev_reduced[i], 0));
@@ -808,7 +835,7 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
          * batch's global mean, summed, then accumulated; the check is of the
          * accumulated sum, below. */
         const sf_grad_piece all = {net->grads + off, len, SF_DT_F32};
-        if (reduce && g->gacc && net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, &all, 1, s))
+        if (reduce && g->gacc && g_timed_reduce(net, b, &all, 1, s))
             return -1;
         const float *grad = net->grads + off;
         if (g->gacc) {
@@ -845,6 +872,12 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
     SF_CUDA_CHECK(cudaMemcpyAsync(g->h_gs + b, gs, sizeof *gs, cudaMemcpyDeviceToHost, s));
     SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
                                   cudaMemcpyDeviceToHost, s));
+    if (reduce) {
+        /* every bucket's end is behind this stream's wait for the norm
+         * stream (ev_ndone) or on it (accumulation) */
+        SF_CUDA_CHECK(cudaMemcpyAsync(g->h_ar + b, g->d_ar + 2 * b + 1, sizeof *g->h_ar, cudaMemcpyDeviceToHost, s));
+        SF_CUDA_CHECK(cudaMemsetAsync(g->d_ar + 2 * b + 1, 0, sizeof *g->d_ar, s));
+    }
     return 0;
 }
 
@@ -863,7 +896,7 @@ int sf_net_step_empty(sf_cuda_net *net, int b, int do_opt)
     /* the same buckets, in the same order, as the other ranks' backward */
     if (net->cfg.grad_reduce && !net->g->gacc)
         for (int i = net->g->nl - 1; i >= net->g->nf; i--)
-            if (g_reduce_bucket(net, i))
+            if (g_reduce_bucket(net, b, i))
                 return -1;
     return g_opt_tail(net, b, do_opt, 0, NULL);
 }
@@ -1062,7 +1095,7 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         if (dx && add0 && g_add_back(net, i, 0, in_len, s))
             return -1;
         g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
-        if (!g->gacc && (net->cfg.grad_reduce ? g_reduce_bucket(net, i) : g_norm_layer(net, i)))
+        if (!g->gacc && (net->cfg.grad_reduce ? g_reduce_bucket(net, b, i) : g_norm_layer(net, i)))
             return -1;
     }
     return g_opt_tail(net, b, do_opt, 1, pf);
@@ -1213,6 +1246,8 @@ static void g_destroy(sf_cuda_net *net)
     free(g->plan);
     if (g->h_gs)
         cudaFreeHost(g->h_gs);
+    if (g->h_ar)
+        cudaFreeHost(g->h_ar);
     for (int i = 0; i < g->n_shapes; i++)
         gshape_destroy(g->shapes[i]);
     for (int i = 0; i < SF_MAX_LAYERS; i++)
@@ -1422,6 +1457,11 @@ extern "C" int sf_net_eval(sf_cuda_net *net, int b, int n, int graph) { return g
 extern "C" const sf_grad_state *sf_net_grad_state(const sf_cuda_net *net, int b)
 {
     return b >= 0 && b < net->cfg.nbuf ? net->g->h_gs + b : NULL;
+}
+
+extern "C" double sf_net_allreduce_s(const sf_cuda_net *net, int b)
+{
+    return b >= 0 && b < net->cfg.nbuf ? (double)net->g->h_ar[b] * 1e-9 : 0.0;
 }
 
 extern "C" int sf_net_copy_logits(sf_cuda_net *net, int b, int n, float *host)

@@ -173,6 +173,10 @@ int sf_net_eval(sf_cuda_net *net, int b, int n, int graph);
  * the loss or a gradient was NaN/Inf and the optimizer changed nothing. All
  * zero after an evaluation step or a step that did not run the optimizer. */
 const sf_grad_state *sf_net_grad_state(const sf_cuda_net *net, int b);
+/* Data-parallel training: the seconds buffer b's last step spent in its
+ * gradient all-reduces (the collectives alone, summed over the buckets),
+ * valid once the step is done. */
+double sf_net_allreduce_s(const sf_cuda_net *net, int b);
 /* Enqueues on the net's stream the copy of buffer b's last step's logits
  * (fp32, sf_model's layout: [n, classes] or [n, classes, out_h, out_w]) to
  * host; call it right after that step, before the next one. */

@@ -166,6 +166,9 @@ struct gen_net {
     float *sq_part;                  /* [max(n_slots, 1) * SF_SUMSQ_BLOCKS] */
     sf_grad_state *d_gs;             /* [nbuf] this buffer's last check */
     sf_grad_state *h_gs;             /* [nbuf] pinned copies, written at the end of each step */
+    unsigned long long *d_ar;        /* [nbuf][2] data-parallel: the reduce stream's clock (ns) at the start
+                                        of the bucket in flight, and the sum of this step's buckets' spans */
+    unsigned long long *h_ar;        /* [nbuf] pinned: that sum, copied at the end of each step */
     float *lgt;                      /* NHWC segmentation: logits transposed to NCHW for the host */
     gshape *shapes[SF_NET_MAX_SHAPES];
     int n_shapes;

@@ -461,11 +461,15 @@ int sf_exec_build_graph(sf_cuda_net *net)
     if (top >= 0)
         g->rb_top[lowest] = top;
     if (dmallocf(net, &g->sq_part, (size_t)(g->n_slots > 0 ? g->n_slots : 1) * SF_SUMSQ_BLOCKS) ||
-        dmalloc(net, (void **)&g->d_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf))
+        dmalloc(net, (void **)&g->d_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf) ||
+        dmalloc(net, (void **)&g->d_ar, 2 * sizeof(unsigned long long) * (size_t)net->cfg.nbuf))
         return -1;
     SF_CUDA_CHECK(cudaMemsetAsync(g->d_gs, 0, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf, net->s));
+    SF_CUDA_CHECK(cudaMemsetAsync(g->d_ar, 0, 2 * sizeof(unsigned long long) * (size_t)net->cfg.nbuf, net->s));
     SF_CUDA_CHECK(cudaHostAlloc((void **)&g->h_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf, 0));
     memset(g->h_gs, 0, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf);
+    SF_CUDA_CHECK(cudaHostAlloc((void **)&g->h_ar, sizeof(unsigned long long) * (size_t)net->cfg.nbuf, 0));
+    memset(g->h_ar, 0, sizeof(unsigned long long) * (size_t)net->cfg.nbuf);
     if (m->segmentation && g->lay == SF_LAYOUT_NHWC &&
         dmallocf(net, &g->lgt, nb * (size_t)m->n_classes * m->out_h * m->out_w))
         return -1;

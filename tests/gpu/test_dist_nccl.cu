@@ -209,6 +209,11 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
     sf_kv_table_free(t);
     if (!a.ok || !a2.ok || !j.ok)
         return;
+    /* the step's all-reduces were timed (streamfeed_distributed_allreduce_seconds_total) */
+    if (d.allreduce_s > 0 && d.allreduce_s < 10)
+        ok("%s: the last step's all-reduces took %.1f us", name, d.allreduce_s * 1e6);
+    else
+        fail("%s: the backend reported %g s for the last step's all-reduces", name, d.allreduce_s);
     const size_t base = differing(a.p, a2.p);
     if (base != 0) {
         /* Some engines cuDNN picks (fp32 backward-filter with split

@@ -9,6 +9,10 @@
                                    First waits (up to 120 s) until no rank has a batch queued or in
                                    flight and every rank is at the same step: a rank still
                                    training its queued batches is steps ahead of one that is not
+  ranks PORT...                    per rank (JSON list): the share of the last 10 s the GPU
+                                   computed, the rounds it joined with no batch of its own
+                                   (starved of input), and its all-reduces' rounds and mean
+                                   seconds, as GET /v1/stats reports them
   losses --two P0,P1 --one P --batch B --steps N
                                    posts the same learnable batches as 2 ranks x B (one batch to
                                    each, at once) and as 1 rank x 2B, and prints both loss
@@ -102,6 +106,16 @@ def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "samples":
         print(sum(json.loads(get(p, "/v1/stats"))["samples_total"] for p in args))
+    elif cmd == "ranks":
+        out = []
+        for p in args:
+            st = json.loads(get(p, "/v1/stats"))
+            d = st.get("distributed", {})
+            out.append({"port": int(p), "rank": st.get("rank", 0), "compute_busy_ratio": st.get("compute_busy_ratio"),
+                        "empty_contributions": d.get("empty_contributions", 0),
+                        "allreduce_rounds": d.get("allreduce_rounds", 0),
+                        "allreduce_mean_s": d.get("allreduce_mean_s", 0), "ring": st.get("ring")})
+        print(json.dumps(out))
     elif cmd == "checksum":
         step = quiet_step(args)
         pairs = [digests(get(p, "/v1/checkpoint")) for p in args]

@@ -13,6 +13,8 @@
 #      best of eager and torch.compile, device-cached batches) for the same
 #      workloads on 1 and G GPUs (MG_TORCH=0 skips it).
 # With one GPU it is a dry run at world size 1 (parts 1 and 3 only).
+# MG_WORKLOADS="w1" limits parts 1 and 3 to those workloads; MG_LOSS=0 skips
+# part 2.
 # MG_CPU=1 runs part 1 on the CPU reference backend with the tiny model and 2
 # ranks: a smoke test of this script on a machine without GPUs.
 # Results: $BENCH_OUT (default build/bench-out/multi-gpu): summary.jsonl, one
@@ -108,14 +110,21 @@ else
     "w1:$W1B:--model.preset seed-classifier --model.max_batch $W1B --ring.slots 16 --http.threads 8"
   )
 fi
+ONLY=${MG_WORKLOADS:-}
 for spec in "${WORKLOADS[@]}"; do
   IFS=: read -r wl batch sargs <<< "$spec"
+  [ -z "$ONLY" ] || [[ " $ONLY " == *" $wl "* ]] || continue
   for world in $WORLDS; do
     # shellcheck disable=SC2086  # the server flags are words
     start_job "$world" "$wl" $sargs || continue
     P=$(ports "$world")
     s0=$($PY bench/multi_gpu_check.py samples $P)
     t0=$(date +%s.%N)
+    $PY bench/multi_gpu_check.py ranks $P > "$OUTD/$wl-w$world-ranks-start.json"
+    # where each rank's time went, taken while the loaders still post: GPU
+    # busy share, rounds without a batch of its own, all-reduce seconds
+    (sleep $((SECS > 2 ? SECS - 1 : 1)); $PY bench/multi_gpu_check.py ranks $P > "$OUTD/$wl-w$world-ranks.json") &
+    RANKS_PID=$!
     LOADS=()
     for p in $P; do
       build/streamfeed-load --url "http://127.0.0.1:$p" --workload "$wl" --batch "$batch" --connections 4 \
@@ -125,6 +134,8 @@ for spec in "${WORKLOADS[@]}"; do
     wait "${LOADS[@]}"
     s1=$($PY bench/multi_gpu_check.py samples $P)
     t1=$(date +%s.%N)
+    wait "$RANKS_PID"
+    log "$wl world $world, per rank: $(cat "$OUTD/$wl-w$world-ranks.json")"
     sum=$($PY bench/multi_gpu_check.py checksum $P)
     rate=$($PY -c "print(round(($s1 - $s0) / ($t1 - $t0), 1))")
     log "streamfeed $wl world $world: $rate samples/s (batch $batch per rank); parameters: $sum"
@@ -135,10 +146,10 @@ done
 
 # 2. 2 ranks x B against 1 rank x 2B (tiny, fp32; the CUDA backend's sums
 # are not in the reference's order, so the difference is reported, not bounded).
-if [ "$G" -ge 2 ]; then
+if [ "$G" -ge 2 ] && [ "${MG_LOSS:-1}" = 1 ]; then
   LB=${MG_LOSS_BATCH:-16}
   common=(--model.preset tiny --model.precision fp32 --model.max_batch $((2 * LB)) --augment.pipeline '[]'
-          --optim.lr 0.05 --optim.momentum 0.9 --distributed.wait_ms 10000)
+          --optim.lr 0.005 --optim.momentum 0.9 --distributed.wait_ms 10000)
   [ "$CPU" = 1 ] && common+=(--pipeline.backend ref)
   if start_job 2 loss2 "${common[@]}"; then
     two="$PORT0,$((PORT0 + 1))"
@@ -159,6 +170,7 @@ fi
 # 3. PyTorch DDP, the same workloads on 1 and G GPUs.
 if [ "$CPU" != 1 ] && [ "${MG_TORCH:-1}" = 1 ]; then
   for wl in w3 w1; do
+    [ -z "$ONLY" ] || [[ " $ONLY " == *" $wl "* ]] || continue
     b=$([ "$wl" = w3 ] && echo "$W3B" || echo "$W1B")
     for world in $WORLDS; do
       PYTHONUNBUFFERED=1 timeout 900 $PY -m torch.distributed.run --standalone --nproc_per_node "$world" \

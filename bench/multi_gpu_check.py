@@ -12,7 +12,8 @@
   ranks PORT...                    per rank (JSON list): the share of the last 10 s the GPU
                                    computed, the rounds it joined with no batch of its own
                                    (starved of input), and its all-reduces' rounds and mean
-                                   seconds, as GET /v1/stats reports them
+                                   seconds, and its stages' median and p99 seconds, as GET
+                                   /v1/stats reports them
   losses --two P0,P1 --one P --batch B --steps N
                                    posts the same learnable batches as 2 ranks x B (one batch to
                                    each, at once) and as 1 rank x 2B, and prints both loss
@@ -114,7 +115,8 @@ def main():
             out.append({"port": int(p), "rank": st.get("rank", 0), "compute_busy_ratio": st.get("compute_busy_ratio"),
                         "empty_contributions": d.get("empty_contributions", 0),
                         "allreduce_rounds": d.get("allreduce_rounds", 0),
-                        "allreduce_mean_s": d.get("allreduce_mean_s", 0), "ring": st.get("ring")})
+                        "allreduce_mean_s": d.get("allreduce_mean_s", 0), "ring": st.get("ring"),
+                        "stages": st.get("stages")})
         print(json.dumps(out))
     elif cmd == "checksum":
         step = quiet_step(args)

@@ -14,7 +14,8 @@
 #      workloads on 1 and G GPUs (MG_TORCH=0 skips it).
 # With one GPU it is a dry run at world size 1 (parts 1 and 3 only).
 # MG_WORKLOADS="w1" limits parts 1 and 3 to those workloads; MG_LOSS=0 skips
-# part 2.
+# part 2; MG_SERVER_ARGS adds server flags to every job (e.g.
+# "--distributed.bucket_mb 64").
 # MG_CPU=1 runs part 1 on the CPU reference backend with the tiny model and 2
 # ranks: a smoke test of this script on a machine without GPUs.
 # Results: $BENCH_OUT (default build/bench-out/multi-gpu): summary.jsonl, one
@@ -59,8 +60,9 @@ start_job() {
     local dargs=(--distributed.world_size "$world" --distributed.rank "$r" --distributed.host 127.0.0.1)
     [ "$r" -gt 0 ] && dargs+=(--distributed.rendezvous "127.0.0.1:$PORT0")
     [ "$CPU" = 1 ] || dargs+=(--pipeline.device "$r")
+    # shellcheck disable=SC2086  # MG_SERVER_ARGS: extra server flags, as words
     build/streamfeed --http.host 127.0.0.1 --http.port $((PORT0 + r)) --log.requests false \
-      "${dargs[@]}" "$@" > "$OUTD/$name-w$world-r$r.log" 2>&1 &
+      "${dargs[@]}" "$@" ${MG_SERVER_ARGS:-} > "$OUTD/$name-w$world-r$r.log" 2>&1 &
     PIDS+=($!)
   done
   for ((r = 0; r < world; r++)); do
@@ -122,8 +124,10 @@ for spec in "${WORKLOADS[@]}"; do
     t0=$(date +%s.%N)
     $PY bench/multi_gpu_check.py ranks $P > "$OUTD/$wl-w$world-ranks-start.json"
     # where each rank's time went, taken while the loaders still post: GPU
-    # busy share, rounds without a batch of its own, all-reduce seconds
-    (sleep $((SECS > 2 ? SECS - 1 : 1)); $PY bench/multi_gpu_check.py ranks $P > "$OUTD/$wl-w$world-ranks.json") &
+    # busy share, rounds without a batch of its own, all-reduce seconds, the
+    # stages' medians, and the last 40 steps' timelines (GET /v1/trace)
+    (sleep $((SECS > 2 ? SECS - 1 : 1)); $PY bench/multi_gpu_check.py ranks $P > "$OUTD/$wl-w$world-ranks.json"
+     for p in $P; do curl -s "http://127.0.0.1:$p/v1/trace?steps=40" > "$OUTD/$wl-w$world-trace-$p.json"; done) &
     RANKS_PID=$!
     LOADS=()
     for p in $P; do

@@ -3,9 +3,11 @@
 # host with G GPUs, both in one command and one session:
 #   1. for W3 (ResNet-18 bf16, MG_W3_BATCH per rank) and W1 (seed classifier,
 #      TF32, MG_W1_BATCH per rank): a job of 1 rank, then of G ranks (one per
-#      GPU, --pipeline.device r), fed over HTTP by one streamfeed-load per rank
-#      (MG_SECONDS each); samples/s trained, summed over the ranks, from GET
-#      /v1/stats; then the ranks' parameter checksums (GET /v1/checkpoint),
+#      GPU, --pipeline.device r), fed over HTTP by one streamfeed-load per rank;
+#      samples/s trained, summed over the ranks, from GET /v1/stats over
+#      MG_SECONDS after MG_WARMUP_S of training (default 8: the loaders' pools,
+#      the CUDA graphs and cuDNN's engines are made in it); then the ranks'
+#      parameter checksums (GET /v1/checkpoint),
 #      which must be equal;
 #   2. the loss of 2 ranks x batch B against 1 rank x batch 2B on the same
 #      learnable batches (tiny model, fp32; needs G >= 2);
@@ -26,6 +28,7 @@ cd "$(dirname "$0")/.."
 OUTD=${BENCH_OUT:-build/bench-out/multi-gpu}
 CPU=${MG_CPU:-0}
 SECS=${MG_SECONDS:-20}
+WARM=${MG_WARMUP_S:-8}
 PORT0=${MG_PORT:-18080}
 PY=${PYTHON:-python3}
 mkdir -p "$OUTD"
@@ -120,6 +123,17 @@ for spec in "${WORKLOADS[@]}"; do
     # shellcheck disable=SC2086  # the server flags are words
     start_job "$world" "$wl" $sargs || continue
     P=$(ports "$world")
+    # The loaders run for the warm-up and then the measured window: the
+    # window starts once every rank has trained at steady state for WARM s
+    # (the loaders' pools made, the CUDA graphs captured, cuDNN's engines
+    # chosen), as PyTorch's side leaves out its warm-up steps.
+    LOADS=()
+    for p in $P; do
+      build/streamfeed-load --url "http://127.0.0.1:$p" --workload "$wl" --batch "$batch" --connections 4 \
+        --pool 8 --seconds $((WARM + SECS + 2)) --json > "$OUTD/$wl-w$world-load-$p.json" 2>> "$OUTD/bench.log" &
+      LOADS+=($!)
+    done
+    sleep "$WARM"
     s0=$($PY bench/multi_gpu_check.py samples $P)
     t0=$(date +%s.%N)
     $PY bench/multi_gpu_check.py ranks $P > "$OUTD/$wl-w$world-ranks-start.json"
@@ -129,15 +143,10 @@ for spec in "${WORKLOADS[@]}"; do
     (sleep $((SECS > 2 ? SECS - 1 : 1)); $PY bench/multi_gpu_check.py ranks $P > "$OUTD/$wl-w$world-ranks.json"
      for p in $P; do curl -s "http://127.0.0.1:$p/v1/trace?steps=40" > "$OUTD/$wl-w$world-trace-$p.json"; done) &
     RANKS_PID=$!
-    LOADS=()
-    for p in $P; do
-      build/streamfeed-load --url "http://127.0.0.1:$p" --workload "$wl" --batch "$batch" --connections 4 \
-        --pool 8 --seconds "$SECS" --json > "$OUTD/$wl-w$world-load-$p.json" 2>> "$OUTD/bench.log" &
-      LOADS+=($!)
-    done
-    wait "${LOADS[@]}"
+    sleep "$SECS"
     s1=$($PY bench/multi_gpu_check.py samples $P)
     t1=$(date +%s.%N)
+    wait "${LOADS[@]}"
     wait "$RANKS_PID"
     log "$wl world $world, per rank: $(cat "$OUTD/$wl-w$world-ranks.json")"
     sum=$($PY bench/multi_gpu_check.py checksum $P)

@@ -17,7 +17,8 @@
 # With one GPU it is a dry run at world size 1 (parts 1 and 3 only).
 # MG_WORKLOADS="w1" limits parts 1 and 3 to those workloads; MG_LOSS=0 skips
 # part 2; MG_SERVER_ARGS adds server flags to every job (e.g.
-# "--distributed.bucket_mb 64").
+# "--distributed.bucket_mb 64"); MG_CONNECTIONS sets each loader's
+# connections (default 4).
 # MG_CPU=1 runs part 1 on the CPU reference backend with the tiny model and 2
 # ranks: a smoke test of this script on a machine without GPUs.
 # Results: $BENCH_OUT (default build/bench-out/multi-gpu): summary.jsonl, one
@@ -29,6 +30,7 @@ OUTD=${BENCH_OUT:-build/bench-out/multi-gpu}
 CPU=${MG_CPU:-0}
 SECS=${MG_SECONDS:-20}
 WARM=${MG_WARMUP_S:-8}
+CONNS=${MG_CONNECTIONS:-4}
 PORT0=${MG_PORT:-18080}
 PY=${PYTHON:-python3}
 mkdir -p "$OUTD"
@@ -129,7 +131,7 @@ for spec in "${WORKLOADS[@]}"; do
     # chosen), as PyTorch's side leaves out its warm-up steps.
     LOADS=()
     for p in $P; do
-      build/streamfeed-load --url "http://127.0.0.1:$p" --workload "$wl" --batch "$batch" --connections 4 \
+      build/streamfeed-load --url "http://127.0.0.1:$p" --workload "$wl" --batch "$batch" --connections "$CONNS" \
         --pool 8 --seconds $((WARM + SECS + 2)) --json > "$OUTD/$wl-w$world-load-$p.json" 2>> "$OUTD/bench.log" &
       LOADS+=($!)
     done

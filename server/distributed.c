@@ -173,8 +173,8 @@ sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
         NULL));
     d->m_allreduce = sf_metric_only(sf_metrics_counter(
         "streamfeed_distributed_allreduce_seconds_total",
-        "Seconds this rank spent in the gradient all-reduce (its count: "
-        "GET /v1/stats distributed.allreduce_rounds).", NULL));
+        "Seconds this rank spent in the gradient all-reduce (CUDA: the collectives on the GPU, "
+        "beside the backward; its count: GET /v1/stats distributed.allreduce_rounds).", NULL));
     sf_gauge_set(d->m_world, d->d.world);
     sf_gauge_set(d->m_rank, d->d.rank);
     sf_gauge_set(d->m_state, 0);

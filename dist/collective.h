@@ -75,7 +75,6 @@ typedef struct sf_dist {
     sf_coll *coll;
     int timeout_ms;          /* bound of one collective call */
     size_t bucket_bytes;     /* CUDA: all-reduce bucket (distributed.bucket_mb) */
-    int reduce_bf16;         /* distributed.reduce_dtype bf16: gradients rounded to bf16 for the sum */
     double allreduce_s;      /* seconds the backend spent in its last gradient all-reduce */
 } sf_dist;
 

@@ -404,12 +404,6 @@ const sf_cfg_option sf_config_table[] = {
      "this many MiB, each as soon as the backward has produced it, beside the rest of the backward "
      "(PyTorch DDP's bucket_cap_mb, same default). With model.grad_accum_steps > 1 the whole "
      "gradient is reduced once per batch instead."},
-    {"distributed.reduce_dtype", SF_CT_ENUM, F(distributed.reduce_dtype), "fp32", 0, 0, "fp32|bf16", 0, NULL,
-     "The gradients' dtype in the all-reduce. bf16 halves the bytes a step sends (as PyTorch DDP's "
-     "bf16_compress_hook): each rank's fp32 gradient is rounded to bf16 (nearest even), summed in bf16 "
-     "and widened back, so the update sees the gradient to bf16's 8 bits of mantissa; gradients a bf16 "
-     "model keeps in bf16 (its convolution weights) are reduced in bf16 either way. For a model whose "
-     "gradient is large against its step (the seed classifier's 179 MB per 1.5 ms on an H100/H200)."},
 };
 const size_t sf_config_table_len = sizeof sf_config_table / sizeof sf_config_table[0];
 

@@ -156,7 +156,6 @@ typedef struct sf_config {
         int join_timeout_s;     /* every rank must join within this */
         int timeout_s;          /* bound of one collective call once joined */
         int bucket_mb;          /* CUDA: gradient all-reduce bucket size, MiB */
-        char reduce_dtype[8];   /* fp32 | bf16: the gradients' dtype in the all-reduce */
     } distributed;
 } sf_config;
 

@@ -128,7 +128,6 @@ sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
     d->d.world = c->distributed.world_size;
     d->d.timeout_ms = c->distributed.timeout_s * 1000;
     d->d.bucket_bytes = (size_t)c->distributed.bucket_mb << 20;
-    d->d.reduce_bf16 = strcmp(c->distributed.reduce_dtype, "bf16") == 0;
     d->timeout_ms = d->d.timeout_ms;
     d->join_timeout_ms = c->distributed.join_timeout_s * 1000;
     snprintf(d->host, sizeof d->host, "%s", c->distributed.host);

@@ -614,7 +614,6 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         nc.grad_reduce = grad_reduce;
         nc.grad_reduce_ctx = c;
         nc.grad_bucket_bytes = cfg->dist->bucket_bytes;
-        nc.reduce_bf16 = cfg->dist->reduce_bf16;
     }
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());

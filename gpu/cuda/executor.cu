@@ -725,41 +725,14 @@ static __device__ unsigned long long clock_ns(void)
 __global__ void k_ar_begin(unsigned long long *t) { t[0] = clock_ns(); }
 __global__ void k_ar_end(unsigned long long *t) { t[1] += clock_ns() - t[0]; }
 
-/* One all-reduce of buffer b's step, timed into d_ar[b] (with reduce_bf16
- * its roundings included: they are the reduction's cost). With
- * reduce_bf16 the fp32 pieces are rounded into the scratch rbf, one after
- * the other, reduced there in bf16 and widened back in place; bf16 pieces
- * are reduced where they are. */
+/* One all-reduce of buffer b's step, timed into d_ar[b]. */
 static int g_timed_reduce(sf_cuda_net *net, int b, const sf_grad_piece *pc, int np, cudaStream_t s)
 {
-    gen_net *g = net->g;
-    unsigned long long *t = g->d_ar + 2 * b;
+    unsigned long long *t = net->g->d_ar + 2 * b;
     k_ar_begin<<<1, 1, 0, s>>>(t);
     SF_CUDA_CHECK(cudaGetLastError());
-    const int narrow = net->cfg.reduce_bf16 && g->rbf;
-    sf_grad_piece wire[2 * SF_MAX_LAYERS];
-    if (narrow) {
-        if (np > 2 * SF_MAX_LAYERS) {
-            sf_cuda_set_error("%s:%d: %d pieces in one all-reduce", __FILE__, __LINE__, np);
-            return -1;
-        }
-        size_t off = 0;
-        for (int k = 0; k < np; k++) {
-            wire[k] = pc[k];
-            if (pc[k].dt != SF_DT_F32)
-                continue;
-            wire[k].p = (uint16_t *)g->rbf + off;
-            wire[k].dt = SF_DT_BF16;
-            off += pc[k].len;
-            if (sf_cuda_cast(pc[k].p, SF_DT_F32, wire[k].p, SF_DT_BF16, pc[k].len, s))
-                return -1;
-        }
-    }
-    if (net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, narrow ? wire : pc, np, s))
+    if (net->cfg.grad_reduce(net->cfg.grad_reduce_ctx, pc, np, s))
         return -1;
-    for (int k = 0; narrow && k < np; k++)
-        if (pc[k].dt == SF_DT_F32 && sf_cuda_cast(wire[k].p, SF_DT_BF16, pc[k].p, SF_DT_F32, pc[k].len, s))
-            return -1;
     k_ar_end<<<1, 1, 0, s>>>(t);
     SF_CUDA_CHECK(cudaGetLastError());
     return 0;

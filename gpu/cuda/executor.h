@@ -117,9 +117,6 @@ typedef struct sf_net_cfg {
     int (*grad_reduce)(void *ctx, const sf_grad_piece *pieces, int n, cudaStream_t s);
     void *grad_reduce_ctx;
     size_t grad_bucket_bytes;
-    /* The fp32 pieces go to grad_reduce rounded to bf16 (in a scratch of
-     * the trainable parameters' count) and are widened back after it. */
-    int reduce_bf16;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
     int no_patch;        /* 1: run non-overlapping convolutions' backward (conv_patch.h) through cuDNN too */
     int no_s2d;          /* 1: run strided few-channel convolutions as they are, not in their

@@ -169,8 +169,6 @@ struct gen_net {
     unsigned long long *d_ar;        /* [nbuf][2] data-parallel: the reduce stream's clock (ns) at the start
                                         of the bucket in flight, and the sum of this step's buckets' spans */
     unsigned long long *h_ar;        /* [nbuf] pinned: that sum, copied at the end of each step */
-    void *rbf;                       /* cfg.reduce_bf16: bf16 scratch of the trainable parameters' count,
-                                        where the fp32 pieces of one all-reduce are rounded and summed */
     float *lgt;                      /* NHWC segmentation: logits transposed to NCHW for the host */
     gshape *shapes[SF_NET_MAX_SHAPES];
     int n_shapes;

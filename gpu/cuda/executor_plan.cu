@@ -462,9 +462,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
         g->rb_top[lowest] = top;
     if (dmallocf(net, &g->sq_part, (size_t)(g->n_slots > 0 ? g->n_slots : 1) * SF_SUMSQ_BLOCKS) ||
         dmalloc(net, (void **)&g->d_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf) ||
-        dmalloc(net, (void **)&g->d_ar, 2 * sizeof(unsigned long long) * (size_t)net->cfg.nbuf) ||
-        (net->cfg.grad_reduce && net->cfg.reduce_bf16 &&
-         dmalloc(net, &g->rbf, 2 * (size_t)(m->n_params - m->train_off))))
+        dmalloc(net, (void **)&g->d_ar, 2 * sizeof(unsigned long long) * (size_t)net->cfg.nbuf))
         return -1;
     SF_CUDA_CHECK(cudaMemsetAsync(g->d_gs, 0, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf, net->s));
     SF_CUDA_CHECK(cudaMemsetAsync(g->d_ar, 0, 2 * sizeof(unsigned long long) * (size_t)net->cfg.nbuf, net->s));

@@ -616,19 +616,11 @@ static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss)
         c->grads[e] *= share;
     if (bad_loss && c->n_train)
         c->grads[0] = NAN;
-    /* distributed.reduce_dtype bf16: what NCCL's bf16 sum does on CUDA, each
-     * rank's share rounded to bf16 and the sum rounded again (two bf16
-     * values add exactly in fp32, so for two ranks this is its result to the
-     * bit) */
-    if (d->reduce_bf16)
-        sf_bf16_round_n(c->grads, c->n_train);
     sf_dist *dm = (sf_dist *)d; /* the backend reports its all-reduce time in it (engine thread only) */
     const uint64_t t0 = now_ns();
     char err[sizeof c->dist_err];
     int rc = sf_coll_allreduce(d->coll, c->grads, c->n_train, SF_COLL_F32, SF_COLL_SUM, err, sizeof err);
     dm->allreduce_s = (double)(now_ns() - t0) * 1e-9;
-    if (rc == 0 && d->reduce_bf16)
-        sf_bf16_round_n(c->grads, c->n_train);
     if (rc != 0)
         snprintf(c->dist_err, sizeof c->dist_err, "%s", err);
     return rc;

@@ -18,7 +18,7 @@
 # MG_WORKLOADS="w1" limits parts 1 and 3 to those workloads; MG_LOSS=0 skips
 # part 2; MG_SERVER_ARGS adds server flags to every job (e.g.
 # "--distributed.bucket_mb 64"); MG_CONNECTIONS sets each loader's
-# connections (default 4).
+# connections (default 4); MG_WORLDS="2" runs only those world sizes.
 # MG_CPU=1 runs part 1 on the CPU reference backend with the tiny model and 2
 # ranks: a smoke test of this script on a machine without GPUs.
 # Results: $BENCH_OUT (default build/bench-out/multi-gpu): summary.jsonl, one
@@ -55,6 +55,7 @@ log "GPUs: $G ($(head -n 1 "$OUTD/gpu.txt")); commit $(cat "$OUTD/commit.txt")"
 WORLDS="1"
 [ "$G" -gt 1 ] && WORLDS="1 $G"
 [ "$G" = 1 ] && log "one GPU: a dry run at world size 1"
+WORLDS=${MG_WORLDS:-$WORLDS}
 
 PIDS=()
 # start_job WORLD NAME ARGS...: WORLD ranks on ports PORT0.., ready or fail.

@@ -58,6 +58,15 @@ WORLDS="1"
 WORLDS=${MG_WORLDS:-$WORLDS}
 
 PIDS=()
+LOADS=()
+# A script stopped from outside (a timeout's SIGTERM, ^C) takes its ranks and
+# loaders with it: left running they hold the ports and the binary, and the
+# next run on the same host fails or measures beside them.
+cleanup() {
+  for p in "${PIDS[@]}" "${LOADS[@]}"; do kill -TERM "$p" 2> /dev/null; done
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
 # start_job WORLD NAME ARGS...: WORLD ranks on ports PORT0.., ready or fail.
 start_job() {
   local world=$1 name=$2; shift 2

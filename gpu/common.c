@@ -57,3 +57,11 @@ int sf_batch_check(const sf_batch *b, const sf_model *m, int max_batch, const ch
     }
     return 0;
 }
+
+uint64_t sf_hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}

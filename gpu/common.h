@@ -1,11 +1,14 @@
 /* gpu/common.h — small helpers shared by both backends and the plain-data
- * modules of gpu/: one error formatter, and the one validation of a batch
+ * modules of gpu/: one error formatter, the one validation of a batch
  * against its augmentation plan and the built model, so the CPU and CUDA
- * backends refuse exactly the same batches with the same messages. */
+ * backends refuse exactly the same batches with the same messages, and the
+ * one byte hash (the reference's parameter digest, and the server's
+ * fingerprints of a configuration or a model). */
 #ifndef SF_GPU_COMMON_H
 #define SF_GPU_COMMON_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "gpu/backend.h"
 
@@ -21,6 +24,13 @@ void sf_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((form
  * message ("cuda", "ref"). 0 when the batch can run, else -1 with err. */
 int sf_batch_check(const sf_batch *b, const sf_model *m, int max_batch, const char *who, char *err,
                    size_t errlen);
+
+/* FNV-1a's step over n bytes from h. Every hash of the project starts from
+ * SF_HASH_SEED, not FNV's published offset basis (its last digit is
+ * missing): checkpoint files keep configuration hashes made with it, so it
+ * stays. */
+#define SF_HASH_SEED 1469598103934665603ull
+uint64_t sf_hash_bytes(uint64_t h, const void *p, size_t n);
 
 #ifdef __cplusplus
 }

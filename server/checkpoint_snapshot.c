@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "gpu/common.h"
 #include "server/checkpoint_state.h"
 #include "server/config.h"
 #include "server/log.h"
@@ -88,11 +89,7 @@ static uint64_t config_hash(void)
     free(c);
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = txt; p && *p; p++) {
-        h ^= (unsigned char)*p;
-        h *= 1099511628211ull;
-    }
+    const uint64_t h = sf_hash_bytes(SF_HASH_SEED, txt, txt ? strlen(txt) : 0);
     cJSON_free(txt);
     return h;
 }

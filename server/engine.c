@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include "gpu/common.h"
 #include "server/app.h"
 #include "server/distributed.h"
 #include "server/evals.h"
@@ -729,16 +730,11 @@ static int verify_params(sf_engine *e, uint64_t step, char *err, size_t errlen)
     return 0;
 }
 
-/* 64-bit FNV-1a, kept to 62 bits so that it and its negation are int64s. */
+/* The project's byte hash (0: from its seed), kept to 62 bits so that it
+ * and its negation are int64s. */
 static int64_t fnv62(uint64_t h, const void *p, size_t n)
 {
-    if (!h)
-        h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) {
-        h ^= ((const unsigned char *)p)[i];
-        h *= 1099511628211ull;
-    }
-    return (int64_t)(h & 0x3fffffffffffffffull);
+    return (int64_t)(sf_hash_bytes(h ? h : SF_HASH_SEED, p, n) & 0x3fffffffffffffffull);
 }
 
 static int64_t str62(const char *s) { return fnv62(0, s, strlen(s)); }

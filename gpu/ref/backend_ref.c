@@ -910,11 +910,7 @@ static int ref_param_digest(sf_backend *be, uint64_t *digest)
     ref_ctx *c = ctx_of(be);
     if (!c->built)
         return -1;
-    uint64_t h = 1469598103934665603ull;
-    const unsigned char *p = (const unsigned char *)c->params;
-    for (size_t i = 0; i < sizeof(float) * c->m.n_params; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    *digest = h;
+    *digest = sf_hash_bytes(SF_HASH_SEED, c->params, sizeof(float) * c->m.n_params);
     return 0;
 }
 

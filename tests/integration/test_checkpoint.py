@@ -537,7 +537,11 @@ def test_with_gradient_accumulation_periodic_saves_fall_on_optimizer_steps_once_
     s = start_server(TRAIN + ["--checkpoint.dir", str(d), "--checkpoint.every_steps", "2",
                               "--checkpoint.keep", "10", "--model.grad_accum_steps", "2"])
     rng = np.random.default_rng(8)
-    train(s, rng, 8)  # 4 optimizer steps
+    # A save due while the last one is still being written is skipped (by
+    # design): the next two steps wait for the first save.
+    train(s, rng, 4)  # 2 optimizer steps
+    wait_until(lambda: s.metric("streamfeed_checkpoints_total", status="ok") == 1, 30, what="the save of step 2")
+    train(s, rng, 4)  # 2 more
     wait_until(lambda: sorted(ckpt_files(d)) == [2, 4], 30, what="the checkpoints of steps 2 and 4")
     wait_until(lambda: s.metric("streamfeed_checkpoints_total", status="ok") == 2, 10, what="two saves")
     assert s.metric("streamfeed_checkpoints_total", status="skipped") == 0

@@ -192,10 +192,15 @@ def test_rank_0_writes_its_periodic_checkpoints_at_steps_where_it_had_no_batch(s
     ranks = start_job(start_server, 2, "--distributed.wait_ms", "20",
                       rank_extra={0: ["--checkpoint.dir", str(tmp_path), "--checkpoint.every_steps", "2",
                                       "--checkpoint.keep", "10"]})
-    for _ in range(4):
+    for step in range(1, 5):
         im, lb = learnable_batch(rng, n=B)
         r = ranks[1].post_arrays(im, lb, wait=True)
         assert r.status_code == 200 and r.json()["state"] == "done", r.text
+        if step == 2:
+            # a save due while the last one is still being written is
+            # skipped (by design): step 4's waits for step 2's
+            wait_until(lambda: ranks[0].metric("streamfeed_checkpoints_total", status="ok") == 1, timeout=10,
+                       what="rank 0's save of step 2")
     want = ["ckpt-0000000002.safetensors", "ckpt-0000000004.safetensors"]
     wait_until(lambda: sorted(p.name for p in tmp_path.glob("ckpt-*")) == want, timeout=10,
                what="rank 0's checkpoints at steps 2 and 4")

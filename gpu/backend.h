@@ -126,7 +126,12 @@ typedef struct sf_batch {
      * (0 when single-process: n). n may be 0 then: an empty contribution
      * (no images, labels, plan or samples) that adds zero gradients, still
      * joins the all-reduce and the optimizer step, and yields SLOT_FREE and
-     * STEP_DONE like any batch. */
+     * STEP_DONE like any batch. The samples each rank trains (n, or 0) are
+     * summed with the gradient: a batch announced in global_n and refused
+     * once the round began (then its rank submits an empty contribution)
+     * leaves a gradient that the backend rescales to the mean over the
+     * samples trained, and a step in which none was trained is skipped on
+     * every rank (SF_SKIP_EMPTY). */
     int64_t global_n;
     int nhwc;                /* 1: [n,h,w,c]; 0: [n,c,h,w] */
     const uint8_t *images;   /* host pointer (pinned on CUDA); NULL in the encoded form */
@@ -175,6 +180,9 @@ typedef struct sf_batch {
 
 typedef enum sf_event_kind { SF_EV_SLOT_FREE = 1, SF_EV_STEP_DONE = 2 } sf_event_kind;
 
+/* Why an optimizer step was skipped (sf_event.skipped). */
+enum { SF_SKIP_NONFINITE = 1, SF_SKIP_EMPTY = 2 };
+
 typedef struct sf_event {
     sf_event_kind kind;
     uint64_t id;
@@ -192,8 +200,11 @@ typedef struct sf_event {
     uint64_t step;           /* optimizer steps taken so far, this one included */
     float grad_norm;         /* L2 norm of the gradients applied at this step, before clipping;
                                 0 when no optimizer step ran (eval, mid-accumulation) */
-    int skipped;             /* 1: the loss or a gradient was NaN/Inf, the optimizer step was
-                                skipped (parameters and optimizer state unchanged) */
+    int skipped;             /* the optimizer step was skipped (parameters, optimizer state and
+                                step count unchanged): SF_SKIP_NONFINITE, the loss or a
+                                gradient was NaN/Inf; SF_SKIP_EMPTY, a data-parallel step in
+                                which no rank trained a sample (every batch of the round was
+                                refused after the round began); 0 otherwise */
     int eval;                /* the batch's eval flag, echoed */
     double h2d_s, transform_s, step_s; /* stage durations (device events on CUDA) */
     uint64_t t_h2d_start_ns, t_transform_start_ns, t_step_start_ns, t_step_end_ns;

@@ -117,8 +117,9 @@ void sf_app_metrics_init(sf_app *app)
     m->loss = sf_metrics_gauge("streamfeed_loss", "Loss of the last training step.", NULL);
     m->steps_skipped = sf_metrics_counter(
         "streamfeed_steps_skipped_total",
-        "Optimizer steps skipped, by reason: nonfinite (a NaN/Inf loss or gradient; the weights and "
-        "optimizer state stayed as they were).",
+        "Optimizer steps skipped, by reason: nonfinite (a NaN/Inf loss or gradient), no_samples (a "
+        "data-parallel step in which every rank's batch was refused after its round began); the weights, "
+        "optimizer state and step count stayed as they were.",
         L_REASON);
     m->grad_norm = sf_metrics_histogram("streamfeed_grad_norm",
                                         "Global L2 norm of the gradients of each optimizer step, before "
@@ -203,8 +204,9 @@ void sf_app_metrics_init(sf_app *app)
     sf_metric_only(m->steps);
     sf_metric_only(m->compute_starved);
     sf_metric_only(m->grad_norm);
-    const char *nonfinite[] = {"nonfinite"};
+    const char *nonfinite[] = {"nonfinite"}, *no_samples[] = {"no_samples"};
     sf_metric_child(m->steps_skipped, nonfinite);
+    sf_metric_child(m->steps_skipped, no_samples);
     const char *acc[] = {"accepted"}, *rej[] = {"rejected"}, *dn[] = {"done"}, *fl[] = {"failed"};
     sf_metric_child(m->batches_received, acc);
     sf_metric_child(m->batches_received, rej);

@@ -85,7 +85,7 @@ struct sf_engine {
     uint64_t sched_cfg_gen;
     /* Cached metric children for the hot path. */
     sf_metric *m_samples, *m_steps, *m_loss, *m_lr, *m_queue, *m_h2d,
-        *m_transform, *m_step, *m_busy, *m_starved, *m_skipped, *m_grad_norm;
+        *m_transform, *m_step, *m_busy, *m_starved, *m_skipped, *m_skipped_empty, *m_grad_norm;
 };
 
 static const sf_aug_pipeline *pipeline_of(sf_engine *e, int eval)
@@ -373,13 +373,18 @@ static void account_busy(sf_engine *e, const sf_event *ev)
 
 /* Non-finite steps and gradient norms. A skipped step is no step: the
  * counter of steps taken stays, the skip is counted by reason, and
- * train.max_nonfinite_in_row of them in a row make the service unready
- * ("diverged"); a step that trains again clears that. A batch in the middle
- * of an accumulation group takes no optimizer step (grad_norm 0, not
- * skipped) and changes neither. */
+ * train.max_nonfinite_in_row non-finite ones in a row make the service
+ * unready ("diverged"); a step that trains again clears that. A batch in the
+ * middle of an accumulation group takes no optimizer step (grad_norm 0, not
+ * skipped) and changes neither. A data-parallel step in which no rank
+ * trained a sample (SF_SKIP_EMPTY) says nothing of divergence. */
 static void account_step(sf_engine *e, const sf_event *ev)
 {
     sf_app *app = e->app;
+    if (ev->skipped == SF_SKIP_EMPTY) {
+        sf_counter_add(e->m_skipped_empty, 1);
+        return;
+    }
     if (ev->skipped) {
         sf_counter_add(e->m_skipped, 1);
         int in_row = atomic_fetch_add(&app->nonfinite_in_row, 1) + 1;
@@ -459,6 +464,8 @@ static void harvest(sf_engine *e, const sf_event *ev)
         if (ev->kind == SF_EV_STEP_DONE) {
             atomic_fetch_sub(&e->inflight, 1);
             if (ev->status == 0) {
+                if (ev->skipped == SF_SKIP_EMPTY) /* the round's batches were all refused */
+                    sf_counter_add(e->m_skipped_empty, 1);
                 atomic_store(&app->step, ev->step);
                 step_taken(e, ev->step);
             }
@@ -999,8 +1006,10 @@ static void dist_main(sf_engine *e)
             /* Every rank takes the round's step whatever became of its batch
              * (the decoder refused one of its files): the other ranks are
              * already inside the step's all-reduce. A refused batch joins it
-             * as an empty contribution; the samples it announced stay in
-             * global_n, so that step's gradient is the others' share alone. */
+             * as an empty contribution. The samples it announced are in
+             * global_n, but each rank also sums the samples it trained with
+             * the gradient, so the backend applies the mean over the samples
+             * trained, and every rank skips the step if none was. */
             if (atomic_load(&e->inflight) == before) {
                 if (submit_empty(e, ctl[CTL_SAMPLES], err, sizeof err) != 0) {
                     sf_distributed_fail(d, "cannot join the step: %s", err);
@@ -1129,8 +1138,9 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
     e->m_step = sf_metric_only(mm->step);
     e->m_busy = sf_metric_only(mm->compute_busy);
     e->m_starved = sf_metric_only(mm->compute_starved);
-    const char *nonfinite[] = {"nonfinite"};
+    const char *nonfinite[] = {"nonfinite"}, *no_samples[] = {"no_samples"};
     e->m_skipped = sf_metric_child(mm->steps_skipped, nonfinite);
+    e->m_skipped_empty = sf_metric_child(mm->steps_skipped, no_samples);
     e->m_grad_norm = sf_metric_only(mm->grad_norm);
     if (pthread_create(&e->thread, NULL, engine_main, e)) {
         snprintf(err, errlen, "cannot start the engine thread");

@@ -78,6 +78,8 @@ extern "C" {
 #define STAGE_LABELS_OFF 256
 #define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping) after the SGD hyper-parameters */
 #define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
+static_assert(STAGE_CTL_OFF + sizeof(sf_step_ctl) <= STAGE_ADAMW_OFF, "sf_step_ctl overlaps the AdamW hyper-parameters");
+static_assert(STAGE_ADAMW_OFF + sizeof(sf_adamw_hyper) <= STAGE_LABELS_OFF, "sf_adamw_hyper overlaps the labels");
 #define ANCHOR_PERIOD_NS 2000000000ull
 /* nvJPEG decoders working on slices of one large JPEG batch at once
  * (jpeg_decode.h): the ImageNet-like batch of 256 files held the engine
@@ -391,7 +393,7 @@ static void harvest(cuda_ctx *c, int block)
                 /* Nothing changed and the step does not count. AdamW's step
                  * number of later batches follows (a batch already queued
                  * behind this one keeps the number it was given). */
-                ev.skipped = 1;
+                ev.skipped = gs->skip == SF_GRAD_SKIP_EMPTY ? SF_SKIP_EMPTY : SF_SKIP_NONFINITE;
                 if (c->opt_submitted > 0)
                     c->opt_submitted--;
             } else if (e->opt) {
@@ -841,6 +843,8 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     ctl.loss.mix_lam = bt->eval ? 1.f : bt->mix_lam;
     ctl.loss.grad_scale = bt->global_n > 0 ? (float)bt->n / (float)bt->global_n : 1.0f;
     ctl.clip_grad_norm = bt->hyper.clip_grad_norm;
+    ctl.count[0] = (float)n;
+    ctl.count[1] = bt->global_n > 0 ? (float)bt->global_n : (float)n;
     memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
     sf_adamw_hyper ah;
     sf_adamw_hyper_at(&ah, bt->hyper.lr, bt->hyper.beta1, bt->hyper.beta2, bt->hyper.eps, bt->hyper.weight_decay,
@@ -958,6 +962,8 @@ static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errle
         memset(&ctl, 0, sizeof ctl);
         ctl.loss.mix_lam = 1.f;
         ctl.clip_grad_norm = bt->hyper.clip_grad_norm; /* the same clipping as the ranks with a batch */
+        ctl.count[0] = 0.f;                            /* trains nothing of the samples announced */
+        ctl.count[1] = (float)bt->global_n;
         memcpy(B->h_stage, &hyp, sizeof hyp);
         memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
         memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);

@@ -394,11 +394,24 @@ __global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
     out->correct5 = in->correct5 > 0x7fffffffLL ? 0x7fffffff : (int)in->correct5;
 }
 
-__global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, size_t len, float inv_k)
+/* acc += g / k; with count (a data-parallel step's sf_step_ctl.count) g is
+ * first taken to the mean over the samples trained, as sf_cuda_grad_state
+ * does without accumulation: a round in which none trained adds nothing. */
+__global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, size_t len, float inv_k,
+                        const float *__restrict__ count)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    float w = inv_k;
+    if (count)
+        w = !(count[0] > 0.f) ? 0.f : count[0] == count[1] ? inv_k : __fmul_rn(inv_k, __fdiv_rn(count[1], count[0]));
     if (i < len)
-        acc[i] += g[i] * inv_k;
+        acc[i] += g[i] * w;
+}
+
+/* A data-parallel step's sample counts, reduced with its last bucket. */
+static float *g_count(sf_cuda_net *net, int b)
+{
+    return net->cfg.grad_reduce && net->io[b].ctl ? (float *)net->io[b].ctl->count : NULL;
 }
 
 
@@ -780,6 +793,13 @@ static int g_reduce_bucket(sf_cuda_net *net, int b, int i)
             np++;
         }
     }
+    float *count = g_count(net, b);
+    if (i == g->rb_last && count && np > 0) {
+        pc[np].p = count;
+        pc[np].len = 1;
+        pc[np].dt = SF_DT_F32;
+        np++;
+    }
     if (np > 0 && g_timed_reduce(net, b, pc, np, net->rst))
         return -1;
     SF_CUDA_CHECK(cudaEventRecord(net->ev_reduced[i], net->rst));
@@ -816,7 +836,7 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
     if (!g->gacc) {
         SF_CUDA_CHECK(cudaEventRecord(net->ev_ndone, net->nst));
         SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_ndone, 0));
-        if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, gs, s))
+        if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, g_count(net, b), gs, s))
             return -1;
     }
     if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc) {
@@ -834,19 +854,20 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
         /* Data-parallel with accumulation: every rank's share of this
          * batch's global mean, summed, then accumulated; the check is of the
          * accumulated sum, below. */
-        const sf_grad_piece all = {net->grads + off, len, SF_DT_F32};
-        if (reduce && g->gacc && g_timed_reduce(net, b, &all, 1, s))
+        float *count = g_count(net, b);
+        const sf_grad_piece all[2] = {{net->grads + off, len, SF_DT_F32}, {count, 1, SF_DT_F32}};
+        if (reduce && g->gacc && g_timed_reduce(net, b, all, count ? 2 : 1, s))
             return -1;
         const float *grad = net->grads + off;
         if (g->gacc) {
             const float inv_k = 1.0f / (float)net->cfg.accum;
             k_accum<<<(unsigned)((len + 255) / 256 ? (len + 255) / 256 : 1), 256, 0, s>>>(
-                g->gacc + off, net->grads + off, len, inv_k);
+                g->gacc + off, net->grads + off, len, inv_k, count);
             SF_CUDA_CHECK(cudaGetLastError());
             grad = g->gacc + off;
             if (do_opt) {
                 if (sf_cuda_sumsq(grad, SF_DT_F32, len, NULL, 0, g->sq_part, s) ||
-                    sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, gs, s))
+                    sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, NULL, gs, s))
                     return -1;
             } else {
                 SF_CUDA_CHECK(cudaMemsetAsync(gs, 0, sizeof *gs, s));

@@ -53,6 +53,16 @@ extern "C" {
 typedef struct sf_step_ctl {
     sf_loss_ctl loss;     /* label smoothing, mixing weight, gradient scale */
     float clip_grad_norm; /* 0: no clipping (torch.nn.utils.clip_grad_norm_'s max_norm) */
+    /* Data-parallel training (grad_reduce): count[0] is the samples this
+     * rank trains in the step (its batch's n; 0 for an empty contribution),
+     * all-reduced in place with the last bucket into the samples the ranks
+     * trained; count[1] is the samples they announced (sf_batch.global_n),
+     * by which every rank's share was scaled. A batch refused after its
+     * round began announced samples nobody trained: the gradient check then
+     * scales the summed gradient by count[1] / count[0], so the step applies
+     * the mean over the samples trained, and skips the step when that is 0.
+     * Read only with grad_reduce. */
+    float count[2];
 } sf_step_ctl;
 
 /* One piece of a gradient bucket for the data-parallel hook: len elements

@@ -161,7 +161,9 @@ struct gen_net {
     int slot[SF_MAX_LAYERS];         /* -1: no parameters to check */
     int rb_top[SF_MAX_LAYERS];       /* the all-reduce bucket closed by layer i's backward: its layers
                                         are i .. rb_top[i] (its first in the backward's order); -1 none */
-    sf_grad_piece pieces[2 * SF_MAX_LAYERS]; /* one bucket's pieces (g_reduce_bucket) */
+    int rb_last;                     /* the bucket reduced last (closed by the lowest trainable layer
+                                        with parameters), which also carries sf_step_ctl.count */
+    sf_grad_piece pieces[2 * SF_MAX_LAYERS + 1]; /* one bucket's pieces (g_reduce_bucket), count included */
     int n_slots;
     float *sq_part;                  /* [max(n_slots, 1) * SF_SUMSQ_BLOCKS] */
     sf_grad_state *d_gs;             /* [nbuf] this buffer's last check */

@@ -460,6 +460,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
     }
     if (top >= 0)
         g->rb_top[lowest] = top;
+    g->rb_last = lowest;
     if (dmallocf(net, &g->sq_part, (size_t)(g->n_slots > 0 ? g->n_slots : 1) * SF_SUMSQ_BLOCKS) ||
         dmalloc(net, (void **)&g->d_gs, sizeof(sf_grad_state) * (size_t)net->cfg.nbuf) ||
         dmalloc(net, (void **)&g->d_ar, 2 * sizeof(unsigned long long) * (size_t)net->cfg.nbuf))

@@ -673,7 +673,8 @@ __global__ void __launch_bounds__(CU_TPB) k_sumsq(const T *__restrict__ a, size_
 }
 
 __global__ void k_grad_state(const float *__restrict__ part, int nparts, const float *__restrict__ max_norm,
-                             const float *__restrict__ loss, sf_grad_state *__restrict__ out)
+                             const float *__restrict__ loss, const float *__restrict__ count,
+                             sf_grad_state *__restrict__ out)
 {
     double a = 0.0, z = 0.0;
     for (int i = threadIdx.x; i < nparts; i += blockDim.x)
@@ -681,19 +682,33 @@ __global__ void k_grad_state(const float *__restrict__ part, int nparts, const f
     block_sum2(a, z);
     if (threadIdx.x != 0)
         return;
-    const float norm = (float)sqrt(a);
-    const float lv = loss ? *loss : 0.f;
     sf_grad_state st;
+    st.pad_ = 0;
+    /* the factor from the mean over the announced samples to the mean over
+     * those trained; 1 (the same bits as no count) when they are equal */
+    float f = 1.f;
+    if (count) {
+        if (!(count[0] > 0.f)) {
+            st.norm = 0.f;
+            st.scale = 1.f;
+            st.skip = SF_GRAD_SKIP_EMPTY;
+            *out = st;
+            return;
+        }
+        if (count[0] != count[1])
+            f = __fdiv_rn(count[1], count[0]);
+    }
+    const float norm = (float)(sqrt(a) * (double)f);
+    const float lv = loss ? *loss : 0.f;
     st.norm = norm;
-    st.skip = !isfinite(norm) || !isfinite(lv);
-    st.scale = 1.f;
+    st.skip = !isfinite(norm) || !isfinite(lv) ? SF_GRAD_SKIP_NONFINITE : 0;
+    st.scale = f;
     const float mx = max_norm ? *max_norm : 0.f;
     if (!st.skip && mx > 0.f) {
         /* torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6), clamped to 1 */
         const float c = __fdiv_rn(mx, __fadd_rn(norm, 1e-6f));
-        st.scale = c < 1.f ? c : 1.f;
+        st.scale = c < 1.f ? __fmul_rn(c, f) : f;
     }
-    st.pad_ = 0;
     *out = st;
 }
 
@@ -711,13 +726,13 @@ extern "C" int sf_cuda_sumsq(const void *a, sf_dtype ta, size_t na, const float 
 }
 
 extern "C" int sf_cuda_grad_state(const float *part, int nparts, const float *max_norm, const float *loss,
-                                  sf_grad_state *out, cudaStream_t s)
+                                  const float *count, sf_grad_state *out, cudaStream_t s)
 {
     if (nparts < 0) {
         sf_cuda_set_error("%s:%d: sf_cuda_grad_state: %d partial sums", __FILE__, __LINE__, nparts);
         return -1;
     }
-    k_grad_state<<<1, CU_TPB, 0, s>>>(part, nparts, max_norm, loss, out);
+    k_grad_state<<<1, CU_TPB, 0, s>>>(part, nparts, max_norm, loss, count, out);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -31,8 +31,9 @@ extern "C" {
 /* The gradient check before an optimizer step, in device memory, read by the
  * update kernels below (NULL there: no check, no scaling):
  *   norm   the L2 norm of the gradients about to be applied (pre-clip);
- *   skip   1 when the norm or the step's loss is NaN/Inf: the update kernels
- *          then change nothing (parameters, momentum, moments, weight copies);
+ *   skip   SF_GRAD_SKIP_NONFINITE when the norm or the step's loss is
+ *          NaN/Inf (or SF_GRAD_SKIP_EMPTY, below): the update kernels then
+ *          change nothing (parameters, momentum, moments, weight copies);
  *   scale  torch.nn.utils.clip_grad_norm_'s coefficient,
  *          min(1, max_norm / (norm + 1e-6)), or 1 without clipping; each
  *          gradient is multiplied by it (one rounding) before the update.
@@ -42,13 +43,21 @@ extern "C" {
  * order) and fills out from them, *max_norm (device; NULL or <= 0: no
  * clipping) and *loss (device; NULL: not checked). So equal gradients give
  * equal bits. */
+/* count (device; NULL: none) is a data-parallel step's [samples trained,
+ * samples announced] (sf_step_ctl.count): when they differ the summed
+ * gradient is a mean over the announced samples, and norm and scale take
+ * the factor announced / trained (exactly 1 when they are equal, so the
+ * bits are those of no count); no sample trained skips the step with
+ * skip = SF_GRAD_SKIP_EMPTY. */
 typedef struct sf_grad_state {
     float norm, scale;
     int skip, pad_;
 } sf_grad_state;
+#define SF_GRAD_SKIP_NONFINITE 1
+#define SF_GRAD_SKIP_EMPTY 2
 #define SF_SUMSQ_BLOCKS 1024
 int sf_cuda_sumsq(const void *a, sf_dtype ta, size_t na, const float *b, size_t nb, float *part, cudaStream_t s);
-int sf_cuda_grad_state(const float *part, int nparts, const float *max_norm, const float *loss,
+int sf_cuda_grad_state(const float *part, int nparts, const float *max_norm, const float *loss, const float *count,
                        sf_grad_state *out, cudaStream_t s);
 
 typedef struct sf_sgd_hyper {

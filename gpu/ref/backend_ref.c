@@ -236,7 +236,7 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     c->labels_per_sample = mm->segmentation ? (size_t)mm->out_h * mm->out_w : 1;
     c->params = alloc_floats(mm->n_params, 1);
     c->buffers = alloc_floats(mm->n_buffers, 1);
-    c->grads = alloc_floats(c->n_train, 1);
+    c->grads = alloc_floats(c->n_train + 1, 1); /* + the samples trained, all-reduced with them */
     c->gacc = cfg->grad_accum_steps > 1 ? alloc_floats(c->n_train, 1) : NULL;
     c->mom = alloc_floats(c->n_train, 1);
     c->sq = cfg->optim == SF_OPT_ADAMW ? alloc_floats(c->n_train, 1) : NULL;
@@ -582,16 +582,21 @@ static void loss_of(ref_ctx *c, int n, const sf_batch *b, float *dlogits, step_o
 /* The optimizer step on the gradient g about to be applied: its pre-clip
  * norm, and a skip (nothing changes, the step count included) when it or a
  * loss of the step was not finite; else clipping and the update. */
-static void apply_step(ref_ctx *c, float *g, int nonfinite, const sf_hyper *h, step_out *o)
+static void apply_step(ref_ctx *c, float *g, int nonfinite, float factor, const sf_hyper *h, step_out *o)
 {
-    const double norm = sf_ref_grad_norm(g, c->n_train);
+    if (factor == 0.0f) {
+        o->skipped = SF_SKIP_EMPTY;
+        o->grad_norm = 0.0f;
+        return;
+    }
+    const double norm = sf_ref_grad_norm(g, c->n_train) * (double)factor;
     if (nonfinite || !isfinite(norm)) {
-        o->skipped = 1;
+        o->skipped = SF_SKIP_NONFINITE;
         o->grad_norm = 0.0f;
         return;
     }
     o->grad_norm = (float)norm;
-    sf_ref_clip_grads(g, c->n_train, norm, h->clip_grad_norm);
+    sf_ref_scale_clip_grads(g, c->n_train, norm, h->clip_grad_norm, factor);
     opt_step(c, g, h);
 }
 
@@ -605,10 +610,14 @@ static void apply_step(ref_ctx *c, float *g, int nonfinite, const sf_hyper *h, s
  * every rank the same result: the ring all-reduce adds in one order and
  * broadcasts the sums) is the gradient every rank applies. A rank whose loss
  * was not finite sends a NaN, so that every rank skips the step together.
- * 0, or -1 with dist_err set when a peer is gone. */
-static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss)
+ * The samples each rank trained travel as one more element of the same
+ * message: *factor is global_n over their sum (1 when every announced batch
+ * trained; 0 when none did), the factor from the sum to the mean over the
+ * samples trained. 0, or -1 with dist_err set when a peer is gone. */
+static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss, float *factor)
 {
     const sf_dist *d = c->cfg.dist;
+    *factor = 1.0f;
     if (!d || d->world <= 1 || global_n <= 0)
         return 0;
     const float share = (float)n / (float)global_n;
@@ -616,14 +625,20 @@ static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss)
         c->grads[e] *= share;
     if (bad_loss && c->n_train)
         c->grads[0] = NAN;
+    c->grads[c->n_train] = (float)n;
     sf_dist *dm = (sf_dist *)d; /* the backend reports its all-reduce time in it (engine thread only) */
     const uint64_t t0 = now_ns();
     char err[sizeof c->dist_err];
-    int rc = sf_coll_allreduce(d->coll, c->grads, c->n_train, SF_COLL_F32, SF_COLL_SUM, err, sizeof err);
+    int rc = sf_coll_allreduce(d->coll, c->grads, c->n_train + 1, SF_COLL_F32, SF_COLL_SUM, err, sizeof err);
     dm->allreduce_s = (double)(now_ns() - t0) * 1e-9;
-    if (rc != 0)
+    if (rc != 0) {
         snprintf(c->dist_err, sizeof c->dist_err, "%s", err);
-    return rc;
+        return rc;
+    }
+    /* the same float operations as the CUDA gradient check (sf_cuda_grad_state) */
+    const float trained = c->grads[c->n_train], announced = (float)global_n;
+    *factor = !(trained > 0.0f) ? 0.0f : trained == announced ? 1.0f : announced / trained;
+    return 0;
 }
 
 /* With b->global_n > 0 (a data-parallel round) the gradient is all-reduced
@@ -649,19 +664,23 @@ static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
     } else {
         memset(c->grads, 0, sizeof(float) * c->n_train);
     }
-    if (allreduce_grads(c, n, b->global_n, bad_loss) != 0)
+    float factor;
+    if (allreduce_grads(c, n, b->global_n, bad_loss, &factor) != 0)
         return -1;
     const int k = c->cfg.grad_accum_steps > 1 ? c->cfg.grad_accum_steps : 1;
     if (k == 1) {
-        apply_step(c, c->grads, bad_loss, &b->hyper, o);
+        apply_step(c, c->grads, bad_loss, factor, &b->hyper, o);
         return 0;
     }
-    const float inv_k = 1.0f / (float)k;
+    /* Each batch of the group adds its mean over the samples trained, 1/k
+     * of it (a round in which none trained adds nothing; the group still
+     * steps, as CUDA's k_accum). */
+    const float inv_k = 1.0f / (float)k, w = inv_k * factor;
     for (size_t e = 0; e < c->n_train; e++)
-        c->gacc[e] += c->grads[e] * inv_k;
+        c->gacc[e] += c->grads[e] * w;
     c->accum_nonfinite |= bad_loss;
     if (++c->accum_count == k) {
-        apply_step(c, c->gacc, c->accum_nonfinite, &b->hyper, o);
+        apply_step(c, c->gacc, c->accum_nonfinite, 1.0f, &b->hyper, o);
         memset(c->gacc, 0, sizeof(float) * c->n_train);
         c->accum_count = 0;
         c->accum_nonfinite = 0;
@@ -784,6 +803,11 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
         ev.status = -1;
         snprintf(ev.err, sizeof ev.err, "ref: label %lld at element %lld of the labels is outside [0,%d)",
                  (long long)bad, bad_at, c->m.n_classes);
+        /* In a data-parallel round the other ranks are inside the step's
+         * all-reduce: this rank joins it with an empty contribution. */
+        step_out none;
+        if (b->global_n > 0 && !b->eval && train_step(c, 0, b, &none) != 0)
+            snprintf(ev.err, sizeof ev.err, "%s", c->dist_err);
         ev.step = c->step;
         ev.t_h2d_start_ns = t0;
         ev.t_transform_start_ns = t0;

@@ -75,10 +75,20 @@ double sf_ref_grad_norm(const float *g, size_t len)
  * multiplied by it. A coefficient of 1 changes nothing, so it is skipped. */
 void sf_ref_clip_grads(float *g, size_t len, double norm, float max_norm)
 {
-    if (!(max_norm > 0.0f) || !isfinite(norm))
+    sf_ref_scale_clip_grads(g, len, norm, max_norm, 1.0f);
+}
+
+void sf_ref_scale_clip_grads(float *g, size_t len, double norm, float max_norm, float factor)
+{
+    if (!isfinite(norm))
         return;
-    const float coef = max_norm / ((float)norm + 1e-6f);
-    if (!(coef < 1.0f))
+    float coef = factor;
+    if (max_norm > 0.0f) {
+        const float clip = max_norm / ((float)norm + 1e-6f);
+        if (clip < 1.0f)
+            coef = clip * factor;
+    }
+    if (coef == 1.0f)
         return;
     for (size_t i = 0; i < len; i++)
         g[i] *= coef;

@@ -11,9 +11,15 @@
 /* The global L2 norm of len gradient floats (accumulated in double), and
  * torch.nn.utils.clip_grad_norm_'s scaling: when max_norm > 0 and the norm
  * is finite, g *= min(1, max_norm / (norm + 1e-6)). Returns the pre-clip norm
- * (NaN or Inf when a gradient is). */
+ * (NaN or Inf when a gradient is).
+ * sf_ref_scale_clip_grads is the same for the gradient factor * g (a
+ * data-parallel step whose summed gradient is a mean over more samples than
+ * were trained): norm is that gradient's (factor * ||g||), and g is
+ * multiplied by factor * min(1, max_norm / (norm + 1e-6)) in one rounding;
+ * with factor 1 it is sf_ref_clip_grads. */
 double sf_ref_grad_norm(const float *g, size_t len);
 void sf_ref_clip_grads(float *g, size_t len, double norm, float max_norm);
+void sf_ref_scale_clip_grads(float *g, size_t len, double norm, float max_norm, float factor);
 /* SGD with PyTorch semantics (dampening 0, nesterov off):
  *   g = grad + wd * p;  buf = momentum * buf + g (buf starts at 0);
  *   p -= lr * (momentum ? buf : g).  mom may be NULL when momentum == 0. */

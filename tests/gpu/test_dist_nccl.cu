@@ -8,7 +8,11 @@
  * and the update from fp32 gradients. The parameters after a few steps must
  * be the bits of the path without a job, for SGD and AdamW, fp32 and bf16,
  * several buckets and one, and with gradient accumulation (the whole gradient
- * reduced once per batch). Both builds time one cuDNN engine per convolution
+ * reduced once per batch). The same batches with the job's other ranks'
+ * batches refused after their rounds began (global_n twice this rank's n)
+ * must train the same bits too, since the step is the mean over the samples
+ * trained, and a round in which no rank trained is skipped on this rank
+ * (SF_SKIP_EMPTY, no step counted). Both builds time one cuDNN engine per convolution
  * (tune_configs 1), so the engines are the same; the same build run twice is
  * the baseline that shows the step is deterministic at all.
  *
@@ -92,6 +96,8 @@ static std::vector<float> bs0;
 struct run_out {
     std::vector<float> p;
     std::vector<float> loss, norm;
+    std::vector<int> skipped;
+    std::vector<uint64_t> step;
     bool ok = false;
 };
 
@@ -130,8 +136,10 @@ static run_out train(const sf_model &m, sf_precision prec, sf_optim optim, int a
         return out;
     }
     for (auto &d : bs) {
-        uint8_t *im = (uint8_t *)cu->i->host_alloc(cu, d.im.size());
-        memcpy(im, d.im.data(), d.im.size());
+        /* an empty contribution (n 0) has no images */
+        uint8_t *im = d.im.empty() ? NULL : (uint8_t *)cu->i->host_alloc(cu, d.im.size());
+        if (im)
+            memcpy(im, d.im.data(), d.im.size());
         sf_batch b = d.b;
         b.images = im;
         if (cu->i->submit(cu, &b, err, sizeof err)) {
@@ -153,8 +161,13 @@ static run_out train(const sf_model &m, sf_precision prec, sf_optim optim, int a
                         cu->i->destroy(cu);
                         return out;
                     }
-                    out.loss.push_back(ev[i].loss);
-                    out.norm.push_back(ev[i].grad_norm);
+                    if (ev[i].skipped) {
+                        out.skipped.push_back(ev[i].skipped);
+                    } else {
+                        out.loss.push_back(ev[i].loss);
+                        out.norm.push_back(ev[i].grad_norm);
+                    }
+                    out.step.push_back(ev[i].step);
                 }
         }
         cu->i->host_free(cu, im);
@@ -190,8 +203,33 @@ static double rel_delta(const std::vector<float> &p0, const std::vector<float> &
     return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
 }
 
+/* The batches as one rank of a job whose other ranks announced as many
+ * samples again and then had their batches refused (global_n = 2n, the
+ * refused ranks' empty contributions adding zeros), with, after the first,
+ * a round in which every batch was refused (this rank's empty contribution,
+ * global_n > 0, nobody trained). */
+static std::vector<batch_data> with_refused(const std::vector<batch_data> &bs)
+{
+    std::vector<batch_data> out;
+    for (size_t k = 0; k < bs.size(); k++) {
+        out.push_back(bs[k]);
+        out.back().b.global_n = 2 * (int64_t)bs[k].b.n;
+        if (k == 0) {
+            batch_data e;
+            memset(&e.pipe, 0, sizeof e.pipe);
+            memset(&e.plan, 0, sizeof e.plan);
+            memset(&e.b, 0, sizeof e.b);
+            e.b.id = 999;
+            e.b.global_n = bs[k].b.n;
+            e.b.hyper = bs[k].b.hyper;
+            out.push_back(e);
+        }
+    }
+    return out;
+}
+
 static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_precision prec, sf_optim optim, int accum,
-                                   size_t bucket_bytes, std::vector<batch_data> &bs)
+                                   size_t bucket_bytes, std::vector<batch_data> &bs, bool refused = false)
 {
     sf_dist d;
     memset(&d, 0, sizeof d);
@@ -205,10 +243,29 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
     d.bucket_bytes = bucket_bytes;
     run_out a = train(m, prec, optim, accum, NULL, bs);
     run_out a2 = train(m, prec, optim, accum, NULL, bs);
-    run_out j = train(m, prec, optim, accum, &d, bs);
+    std::vector<batch_data> jb = refused ? with_refused(bs) : bs;
+    run_out j = train(m, prec, optim, accum, &d, jb);
     sf_kv_table_free(t);
     if (!a.ok || !a2.ok || !j.ok)
         return;
+    if (refused) {
+        /* The shares were scaled by n / 2n for the all-reduce, and the
+         * samples trained (n) take the step back to this batch's mean: a
+         * power of two each way, so the bits of no job are expected. The
+         * round nobody trained is skipped, and no step is counted for it. */
+        const uint64_t want_step = 1;
+        if (j.skipped.size() == 1 && j.skipped[0] == SF_SKIP_EMPTY && j.step.size() == jb.size() &&
+            j.step[1] == want_step && j.step.back() == a.step.back())
+            ok("%s: the round in which no rank trained was skipped (step stays %llu)", name,
+               (unsigned long long)j.step[1]);
+        else
+            fail("%s: the round nobody trained: %zu skipped (first %d, want %d), step %llu after it (want %llu), "
+                 "last %llu (want %llu)",
+                 name, j.skipped.size(), j.skipped.empty() ? 0 : j.skipped[0], SF_SKIP_EMPTY,
+                 (unsigned long long)(j.step.size() > 1 ? j.step[1] : 0), (unsigned long long)want_step,
+                 (unsigned long long)(j.step.empty() ? 0 : j.step.back()),
+                 (unsigned long long)(a.step.empty() ? 0 : a.step.back()));
+    }
     /* the step's all-reduces were timed (streamfeed_distributed_allreduce_seconds_total) */
     if (d.allreduce_s > 0 && d.allreduce_s < 10)
         ok("%s: the last step's all-reduces took %.1f us", name, d.allreduce_s * 1e6);
@@ -279,6 +336,10 @@ int main(void)
     one_rank_equals_no_job("resnet18 fp32 SGD, 4 MiB buckets", r18, SF_PREC_FP32, SF_OPT_SGD, 1, 4u << 20, bs);
     one_rank_equals_no_job("resnet18 bf16 AdamW, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_ADAMW, 1, 4u << 20, bs);
     one_rank_equals_no_job("resnet18 bf16 SGD, accumulation 2", r18, SF_PREC_BF16, SF_OPT_SGD, 2, 4u << 20, bs);
+    one_rank_equals_no_job("resnet18 bf16 SGD, the other ranks' batches refused", r18, SF_PREC_BF16, SF_OPT_SGD, 1,
+                           4u << 20, bs, true);
+    one_rank_equals_no_job("resnet18 fp32 AdamW, the other ranks' batches refused", r18, SF_PREC_FP32, SF_OPT_ADAMW,
+                           1, 4u << 20, bs, true);
     printf("%d passed, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -149,6 +149,29 @@ def test_batchnorm_ranks_share_parameters_and_optimizer_state_but_keep_their_own
     assert a["bn1.running_mean"].tobytes() != b["bn1.running_mean"].tobytes()
 
 
+def post_jpeg_round(ranks, bodies):
+    """Posts bodies[i] (JPEG batch bodies) to ranks[i] at the same time, waiting for each reply."""
+    out = [None] * len(ranks)
+
+    def post(i):
+        out[i] = ranks[i].post_batch(bodies[i], wait=True, timeout=60)
+
+    ts = [threading.Thread(target=post, args=(i,)) for i in range(len(ranks))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert [r.status_code for r in out] == [200] * len(ranks), [r.text for r in out]
+    return [r.json() for r in out]
+
+
+def cut_scan(files, i):
+    """files with file i's scan data cut short: its header passes the upload's
+    check, and the decoder refuses it in the step."""
+    sos = files[i].index(b"\xff\xda")
+    return files[:i] + [files[i][:sos + 40] + b"\xff\xd9"] + files[i + 1:]
+
+
 def test_a_batch_whose_file_the_decoder_refuses_fails_alone_and_the_job_trains_on(start_server, rng):
     # The header is valid, so the batch is accepted and enters a round; its
     # scan data is cut short, so the decoder refuses it in the step. Its rank
@@ -158,28 +181,78 @@ def test_a_batch_whose_file_the_decoder_refuses_fails_alone_and_the_job_trains_o
     # with an empty contribution and only that batch fails.
     ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))
     files, labels = learnable_jpeg_batch(rng, 3)
-    sos = files[1].index(b"\xff\xda")
-    damaged = [files[0], files[1][:sos + 40] + b"\xff\xd9", files[2]]
-    replies = []
-    for rank0_files in (damaged, files):
-        out = [None, None]
-
-        def post(i, body):
-            out[i] = ranks[i].post_batch(body, wait=True, timeout=60)
-
-        ts = [threading.Thread(target=post, args=(i, jpeg_body(f, labels)))
-              for i, f in enumerate((rank0_files, files))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        assert [r.status_code for r in out] == [200, 200], [r.text for r in out]
-        replies.append([r.json() for r in out])
+    replies = [post_jpeg_round(ranks, [jpeg_body(f, labels), jpeg_body(files, labels)])
+               for f in (cut_scan(files, 1), files)]
     assert [[b["state"] for b in r] for r in replies] == [["failed", "done"], ["done", "done"]], replies
     assert "sample 1" in replies[0][0]["error"]["message"], replies[0][0]
     for s in ranks:
         assert s.get("/readyz").status_code == 200, s.get("/readyz").text
         assert s.alive()
+    wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {2}, timeout=10,
+               what="both ranks at step 2")
+    assert_bit_identical(ranks)
+
+
+def test_a_step_whose_other_batch_was_refused_applies_the_mean_over_the_samples_trained(start_server, rng):
+    # Rank 0's batch is refused once the round has begun, after its 3
+    # samples were counted in the round's global_n (6): rank 1's gradient,
+    # scaled by 3/6 for the all-reduce, must still be applied as the mean
+    # over the 3 samples trained, as one process training that batch alone
+    # would. Halved (the samples announced but never trained kept in the
+    # mean), rank 1's update differs from the single process's.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))
+    files, labels = learnable_jpeg_batch(rng, 3)
+    other, other_labels = learnable_jpeg_batch(rng, 3)
+    replies = post_jpeg_round(ranks, [jpeg_body(cut_scan(files, 1), labels), jpeg_body(other, other_labels)])
+    assert [r["state"] for r in replies] == ["failed", "done"], replies
+    wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {1}, timeout=10,
+               what="both ranks at step 1")
+    assert ranks[0].metric("streamfeed_distributed_empty_contributions_total") == 1
+    assert_bit_identical(ranks)
+    job = parameters(ranks[1])
+    for s in ranks:
+        s.stop()
+    single = start_server(TINY + ["--model.max_batch", str(2 * B), "--optim.lr", "0.05", "--optim.momentum", "0.9"])
+    before = parameters(single)
+    r = single.post_batch(jpeg_body(other, other_labels), wait=True, timeout=60)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    alone = parameters(single)
+    # The scale 3/6 and its correction 6/3 are powers of two: the update is
+    # the single process's to the bit, the momentum buffers included.
+    trained = [n for n in alone if not n.endswith(BN_STATS) and not n.startswith("optim.")]
+    assert trained and any(not np.array_equal(before[n], alone[n]) for n in trained)
+    for name in alone:
+        if not name.endswith(BN_STATS):
+            assert alone[name].tobytes() == job[name].tobytes(), f"{name}: the job's step is not the batch's mean"
+
+
+def test_a_step_in_which_every_rank_s_batch_was_refused_is_skipped_on_every_rank(start_server, rng):
+    # Every batch of the round is refused after it began: nobody trained a
+    # sample, so no rank may take the step. Taken with a zero gradient, it
+    # would still move the weights by the momentum of the round before and
+    # count a step.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))
+    files, labels = learnable_jpeg_batch(rng, 3)
+    replies = post_jpeg_round(ranks, [jpeg_body(files, labels)] * 2)
+    assert [r["state"] for r in replies] == ["done", "done"], replies
+    wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {1}, timeout=10,
+               what="both ranks at step 1")
+    before = parameters(ranks[0])
+    replies = post_jpeg_round(ranks, [jpeg_body(cut_scan(files, 0), labels), jpeg_body(cut_scan(files, 2), labels)])
+    assert [r["state"] for r in replies] == ["failed", "failed"], replies
+    for s in ranks:
+        wait_until(lambda s=s: s.metric("streamfeed_steps_skipped_total", reason="no_samples") == 1, timeout=10,
+                   what="the skipped step counted")
+        assert s.metric("streamfeed_steps_skipped_total", reason="nonfinite") == 0
+        assert s.get("/v1/model").json()["step"] == 1
+        assert s.get("/readyz").status_code == 200, s.get("/readyz").text
+    after = parameters(ranks[0])
+    for name in before:
+        assert before[name].tobytes() == after[name].tobytes(), f"{name} changed in a step nobody trained"
+    assert_bit_identical(ranks)
+    # and the job trains on
+    replies = post_jpeg_round(ranks, [jpeg_body(files, labels)] * 2)
+    assert [r["state"] for r in replies] == ["done", "done"], replies
     wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {2}, timeout=10,
                what="both ranks at step 2")
     assert_bit_identical(ranks)

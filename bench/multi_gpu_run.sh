@@ -124,7 +124,7 @@ else
   W3PIPE='[{"op":"to_dtype","scale":0.00392156862745098},{"op":"normalize","mean":[0.5],"std":[0.5]}]'
   WORKLOADS=(
     "w3:$W3B:--model.preset resnet18 --model.precision bf16 --model.max_batch $W3B --optim.momentum 0.9 --ring.slots 6 --http.threads 8 --ring.slot_bytes $((W3B * 224 * 224 * 3 + 65536)) --augment.pipeline $W3PIPE"
-    "w1:$W1B:--model.preset seed-classifier --model.max_batch $W1B --ring.slots 16 --http.threads 8"
+    "w1:$W1B:--model.preset seed-classifier --model.max_batch $W1B --ring.slots 16 --http.threads 8 --ring.slot_bytes $((W1B * 256 * 256 * 3 + 65536))"
   )
 fi
 ONLY=${MG_WORKLOADS:-}

@@ -505,6 +505,13 @@ static void harvest(sf_engine *e, const sf_event *ev)
     }
     if (ev->status != 0) {
         SF_WARN("batch %llu failed: %s", (unsigned long long)ev->id, ev->err);
+        /* A batch that failed inside a data-parallel round may still have
+         * joined the round's step (the reference backend's labels check):
+         * the step count follows the backend's. */
+        if (ev->step > atomic_load(&app->step)) {
+            atomic_store(&app->step, ev->step);
+            step_taken(e, ev->step);
+        }
         if (eval)
             sf_evals_add_failed(app->evals, x->eval_name);
         finish_failed(e, ev->id, "step_failed", ev->err);

@@ -396,16 +396,25 @@ __global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
 
 /* acc += g / k; with count (a data-parallel step's sf_step_ctl.count) g is
  * first taken to the mean over the samples trained, as sf_cuda_grad_state
- * does without accumulation: a round in which none trained adds nothing. */
+ * does without accumulation: a round in which none trained adds nothing.
+ * acc_n sums the samples trained over the group, twice: it is the group
+ * step's count for sf_cuda_grad_state (factor exactly 1, or a skip when no
+ * round of the group trained a sample). */
 __global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, size_t len, float inv_k,
-                        const float *__restrict__ count)
+                        const float *__restrict__ count, float *__restrict__ acc_n)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     float w = inv_k;
     if (count)
         w = !(count[0] > 0.f) ? 0.f : count[0] == count[1] ? inv_k : __fmul_rn(inv_k, __fdiv_rn(count[1], count[0]));
+    if (count && i == 0) { /* the group's samples trained: [n, n], so that its check's factor is exactly 1 */
+        acc_n[0] += count[0];
+        acc_n[1] += count[0];
+    }
+    /* two roundings, as the reference: fused, a w that is not a power of
+     * two (a round with a refused batch) would round differently */
     if (i < len)
-        acc[i] += g[i] * w;
+        acc[i] = __fadd_rn(acc[i], __fmul_rn(g[i], w));
 }
 
 /* A data-parallel step's sample counts, reduced with its last bucket. */
@@ -862,12 +871,12 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
         if (g->gacc) {
             const float inv_k = 1.0f / (float)net->cfg.accum;
             k_accum<<<(unsigned)((len + 255) / 256 ? (len + 255) / 256 : 1), 256, 0, s>>>(
-                g->gacc + off, net->grads + off, len, inv_k, count);
+                g->gacc + off, net->grads + off, len, inv_k, count, g->gacc_n);
             SF_CUDA_CHECK(cudaGetLastError());
             grad = g->gacc + off;
             if (do_opt) {
                 if (sf_cuda_sumsq(grad, SF_DT_F32, len, NULL, 0, g->sq_part, s) ||
-                    sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, NULL, gs, s))
+                    sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, count ? g->gacc_n : NULL, gs, s))
                     return -1;
             } else {
                 SF_CUDA_CHECK(cudaMemsetAsync(gs, 0, sizeof *gs, s));
@@ -882,8 +891,10 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
                                    gs, s)) {
                 return -1;
             }
-            if (g->gacc)
+            if (g->gacc) {
                 SF_CUDA_CHECK(cudaMemsetAsync(g->gacc + off, 0, sizeof(float) * len, s));
+                SF_CUDA_CHECK(cudaMemsetAsync(g->gacc_n, 0, 2 * sizeof(float), s));
+            }
             /* a skipped step left the weights as they were: their copy too */
             if (g_refresh_wd(net, 0, s))
                 return -1;
@@ -1571,7 +1582,7 @@ extern "C" int sf_net_set_momentum(sf_cuda_net *net, const float *host)
 extern "C" size_t sf_net_state_floats(const sf_cuda_net *net)
 {
     const gen_net *g = net->g;
-    return 2 * net->m.n_params + net->m.n_buffers + (g->sq ? net->m.n_params : 0) + (g->gacc ? net->m.n_params : 0);
+    return 2 * net->m.n_params + net->m.n_buffers + (g->sq ? net->m.n_params : 0) + (g->gacc ? net->m.n_params + 2 : 0);
 }
 
 extern "C" int sf_net_save_state(sf_cuda_net *net, float *dev)
@@ -1591,8 +1602,10 @@ extern "C" int sf_net_save_state(sf_cuda_net *net, float *dev)
         SF_CUDA_CHECK(cudaMemcpyAsync(d, g->sq, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
         d += n;
     }
-    if (g->gacc)
+    if (g->gacc) {
         SF_CUDA_CHECK(cudaMemcpyAsync(d, g->gacc, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+        SF_CUDA_CHECK(cudaMemcpyAsync(d + n, g->gacc_n, 2 * sizeof(float), cudaMemcpyDeviceToDevice, net->s));
+    }
     g->nbt_saved = g->nbt;
     return 0;
 }
@@ -1612,8 +1625,10 @@ extern "C" int sf_net_restore_state(sf_cuda_net *net, const float *dev)
         SF_CUDA_CHECK(cudaMemcpyAsync(g->sq, d, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
         d += n;
     }
-    if (g->gacc)
+    if (g->gacc) {
         SF_CUDA_CHECK(cudaMemcpyAsync(g->gacc, d, sizeof(float) * n, cudaMemcpyDeviceToDevice, net->s));
+        SF_CUDA_CHECK(cudaMemcpyAsync(g->gacc_n, d + n, 2 * sizeof(float), cudaMemcpyDeviceToDevice, net->s));
+    }
     g->nbt = g->nbt_saved;
     return g_refresh_wd(net, 1, net->s);
 }
@@ -1665,6 +1680,7 @@ extern "C" int sf_net_reset_accum(sf_cuda_net *net)
 {
     if (net->g->gacc) {
         SF_CUDA_CHECK(cudaMemsetAsync(net->g->gacc, 0, sizeof(float) * net->m.n_params, net->s));
+        SF_CUDA_CHECK(cudaMemsetAsync(net->g->gacc_n, 0, 2 * sizeof(float), net->s));
         SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
     }
     return 0;

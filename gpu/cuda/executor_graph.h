@@ -134,6 +134,8 @@ struct gen_net {
                                   (transform stream) writes it, the step of b reads it */
     size_t bnd_elems;    /* per sample */
     float *sq, *gacc, *bufs;
+    float *gacc_n;       /* with gacc: [2], the samples the ranks trained in the group so far, twice
+                            (sf_grad_state's count for the group's step: 0 skips it) */
     void *wd, *gd;       /* bf16 nets: bf16 copies of the weights and of the conv weight
                             gradients (device layout); else the parameters and gradients */
     int wcopy;           /* wd, gd are those copies */

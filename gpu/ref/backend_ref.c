@@ -105,6 +105,8 @@ typedef struct ref_ctx {
     uint64_t nbt;                 /* num_batches_tracked of every batchnorm layer */
     int accum_count;              /* batches accumulated since the last optimizer step */
     int accum_nonfinite;          /* a batch of the current accumulation group had a non-finite loss */
+    int accum_trained;            /* a batch of the current accumulation group trained a sample on some
+                                     rank (a data-parallel round with none adds nothing) */
     char dist_err[160];           /* the failed gradient all-reduce ("" none): health reports it */
     int bf16;                     /* model.precision=bf16: activations rounded to bf16 (see the top) */
     size_t n_train;               /* trainable floats: n_params - train_off */
@@ -294,6 +296,7 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     c->step = 0;
     c->nbt = 0;
     c->accum_count = 0;
+    c->accum_trained = 0;
     c->built = 1;
     return 0;
 }
@@ -673,17 +676,20 @@ static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
         return 0;
     }
     /* Each batch of the group adds its mean over the samples trained, 1/k
-     * of it (a round in which none trained adds nothing; the group still
-     * steps, as CUDA's k_accum). */
+     * of it (a round in which none trained adds nothing; a group in which
+     * none did is skipped, SF_SKIP_EMPTY, as CUDA's k_accum / gacc_n). */
     const float inv_k = 1.0f / (float)k, w = inv_k * factor;
     for (size_t e = 0; e < c->n_train; e++)
         c->gacc[e] += c->grads[e] * w;
     c->accum_nonfinite |= bad_loss;
+    c->accum_trained |= factor != 0.0f;
     if (++c->accum_count == k) {
-        apply_step(c, c->gacc, c->accum_nonfinite, 1.0f, &b->hyper, o);
+        /* a group in which no rank trained a sample is skipped, as one round is without accumulation */
+        apply_step(c, c->gacc, c->accum_nonfinite, c->accum_trained ? 1.0f : 0.0f, &b->hyper, o);
         memset(c->gacc, 0, sizeof(float) * c->n_train);
         c->accum_count = 0;
         c->accum_nonfinite = 0;
+        c->accum_trained = 0;
     }
     return 0;
 }
@@ -985,6 +991,7 @@ static int ref_set_opt_state(sf_backend *be, const float *momentum, uint64_t ste
         memset(c->gacc, 0, sizeof(float) * c->n_train);
     c->accum_count = 0;
     c->accum_nonfinite = 0;
+    c->accum_trained = 0;
     return 0;
 }
 
@@ -1089,7 +1096,8 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
     if (c->gacc)
         memcpy(save_acc, c->gacc, sizeof(float) * nt);
     const uint64_t save_step = c->step, save_nbt = c->nbt;
-    const int save_accum = c->accum_count, save_accum_nonfinite = c->accum_nonfinite;
+    const int save_accum = c->accum_count, save_accum_nonfinite = c->accum_nonfinite,
+              save_accum_trained = c->accum_trained;
 
     sf_batch cached = *b;
     if (mode == SF_BENCH_AUG_STEP) {
@@ -1125,6 +1133,7 @@ static int ref_bench(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int 
     c->nbt = save_nbt;
     c->accum_count = save_accum;
     c->accum_nonfinite = save_accum_nonfinite;
+    c->accum_trained = save_accum_trained;
     free(save_p);
     free(save_m);
     free(save_b);

@@ -163,7 +163,7 @@ static run_out train(const sf_model &m, sf_precision prec, sf_optim optim, int a
                     }
                     if (ev[i].skipped) {
                         out.skipped.push_back(ev[i].skipped);
-                    } else {
+                    } else if (d.b.n > 0) { /* an empty contribution has no loss */
                         out.loss.push_back(ev[i].loss);
                         out.norm.push_back(ev[i].grad_norm);
                     }
@@ -205,16 +205,17 @@ static double rel_delta(const std::vector<float> &p0, const std::vector<float> &
 
 /* The batches as one rank of a job whose other ranks announced as many
  * samples again and then had their batches refused (global_n = 2n, the
- * refused ranks' empty contributions adding zeros), with, after the first,
- * a round in which every batch was refused (this rank's empty contribution,
- * global_n > 0, nobody trained). */
-static std::vector<batch_data> with_refused(const std::vector<batch_data> &bs)
+ * refused ranks' empty contributions adding zeros), with, after the first
+ * optimizer step, one step's rounds (accum of them) in which every batch
+ * was refused (this rank's empty contributions, global_n > 0, nobody
+ * trained). */
+static std::vector<batch_data> with_refused(const std::vector<batch_data> &bs, int accum)
 {
     std::vector<batch_data> out;
     for (size_t k = 0; k < bs.size(); k++) {
         out.push_back(bs[k]);
         out.back().b.global_n = 2 * (int64_t)bs[k].b.n;
-        if (k == 0) {
+        for (int r = 0; k + 1 == (size_t)accum && r < accum; r++) {
             batch_data e;
             memset(&e.pipe, 0, sizeof e.pipe);
             memset(&e.plan, 0, sizeof e.plan);
@@ -243,7 +244,7 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
     d.bucket_bytes = bucket_bytes;
     run_out a = train(m, prec, optim, accum, NULL, bs);
     run_out a2 = train(m, prec, optim, accum, NULL, bs);
-    std::vector<batch_data> jb = refused ? with_refused(bs) : bs;
+    std::vector<batch_data> jb = refused ? with_refused(bs, accum) : bs;
     run_out j = train(m, prec, optim, accum, &d, jb);
     sf_kv_table_free(t);
     if (!a.ok || !a2.ok || !j.ok)
@@ -252,18 +253,20 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
         /* The shares were scaled by n / 2n for the all-reduce, and the
          * samples trained (n) take the step back to this batch's mean: a
          * power of two each way, so the bits of no job are expected. The
-         * round nobody trained is skipped, and no step is counted for it. */
+         * step nobody trained is skipped (with accumulation, at the last
+         * round of its group), and no step is counted for it. */
+        const size_t last_empty = 2 * (size_t)accum - 1;
         const uint64_t want_step = 1;
         if (j.skipped.size() == 1 && j.skipped[0] == SF_SKIP_EMPTY && j.step.size() == jb.size() &&
-            j.step[1] == want_step && j.step.back() == a.step.back())
-            ok("%s: the round in which no rank trained was skipped (step stays %llu)", name,
-               (unsigned long long)j.step[1]);
+            j.step[last_empty] == want_step && j.step.back() == a.step.back())
+            ok("%s: the step in which no rank trained was skipped (step stays %llu)", name,
+               (unsigned long long)j.step[last_empty]);
         else
-            fail("%s: the round nobody trained: %zu skipped (first %d, want %d), step %llu after it (want %llu), "
+            fail("%s: the step nobody trained: %zu skipped (first %d, want %d), step %llu after it (want %llu), "
                  "last %llu (want %llu)",
                  name, j.skipped.size(), j.skipped.empty() ? 0 : j.skipped[0], SF_SKIP_EMPTY,
-                 (unsigned long long)(j.step.size() > 1 ? j.step[1] : 0), (unsigned long long)want_step,
-                 (unsigned long long)(j.step.empty() ? 0 : j.step.back()),
+                 (unsigned long long)(j.step.size() > last_empty ? j.step[last_empty] : 0),
+                 (unsigned long long)want_step, (unsigned long long)(j.step.empty() ? 0 : j.step.back()),
                  (unsigned long long)(a.step.empty() ? 0 : a.step.back()));
     }
     /* the step's all-reduces were timed (streamfeed_distributed_allreduce_seconds_total) */
@@ -340,6 +343,8 @@ int main(void)
                            4u << 20, bs, true);
     one_rank_equals_no_job("resnet18 fp32 AdamW, the other ranks' batches refused", r18, SF_PREC_FP32, SF_OPT_ADAMW,
                            1, 4u << 20, bs, true);
+    one_rank_equals_no_job("resnet18 bf16 SGD, accumulation 2, the other ranks' batches refused", r18, SF_PREC_BF16,
+                           SF_OPT_SGD, 2, 4u << 20, bs, true);
     printf("%d passed, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;
 }

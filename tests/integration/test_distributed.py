@@ -193,14 +193,41 @@ def test_a_batch_whose_file_the_decoder_refuses_fails_alone_and_the_job_trains_o
     assert_bit_identical(ranks)
 
 
-def test_a_step_whose_other_batch_was_refused_applies_the_mean_over_the_samples_trained(start_server, rng):
+def single_after(start_server, bodies, *extra):
+    """The parameters of one process (the job's optimizer flags) after training bodies in order."""
+    single = start_server(TINY + ["--model.max_batch", str(2 * B), "--optim.lr", "0.05", "--optim.momentum", "0.9",
+                                  *extra])
+    before = parameters(single)
+    for body in bodies:
+        r = single.post_batch(body, wait=True, timeout=60)
+        assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    after = parameters(single)
+    trained = [n for n in after if not n.endswith(BN_STATS) and not n.startswith("optim.")]
+    assert trained and any(not np.array_equal(before[n], after[n]) for n in trained)
+    return after
+
+
+def assert_same_update(job, alone):
+    for name in alone:
+        if not name.endswith(BN_STATS):
+            assert alone[name].tobytes() == job[name].tobytes(), f"{name}: the job's step is not the batches' mean"
+
+
+@pytest.mark.parametrize("extra", [
+    [],
+    ["--optim.clip_grad_norm", "0.01"],
+    ["--optim.name", "adamw"],
+    ["--model.precision", "bf16", "--optim.clip_grad_norm", "0.01", "--optim.weight_decay", "0.01"],
+], ids=["sgd", "clip", "adamw", "bf16-clip-wd"])
+def test_a_step_whose_other_batch_was_refused_applies_the_mean_over_the_samples_trained(start_server, rng, extra):
     # Rank 0's batch is refused once the round has begun, after its 3
     # samples were counted in the round's global_n (6): rank 1's gradient,
     # scaled by 3/6 for the all-reduce, must still be applied as the mean
     # over the 3 samples trained, as one process training that batch alone
     # would. Halved (the samples announced but never trained kept in the
-    # mean), rank 1's update differs from the single process's.
-    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))
+    # mean), rank 1's update differs from the single process's; with
+    # clipping, the norm that decides the coefficient must be the mean's.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS), *extra)
     files, labels = learnable_jpeg_batch(rng, 3)
     other, other_labels = learnable_jpeg_batch(rng, 3)
     replies = post_jpeg_round(ranks, [jpeg_body(cut_scan(files, 1), labels), jpeg_body(other, other_labels)])
@@ -212,18 +239,60 @@ def test_a_step_whose_other_batch_was_refused_applies_the_mean_over_the_samples_
     job = parameters(ranks[1])
     for s in ranks:
         s.stop()
-    single = start_server(TINY + ["--model.max_batch", str(2 * B), "--optim.lr", "0.05", "--optim.momentum", "0.9"])
-    before = parameters(single)
-    r = single.post_batch(jpeg_body(other, other_labels), wait=True, timeout=60)
-    assert r.status_code == 200 and r.json()["state"] == "done", r.text
-    alone = parameters(single)
     # The scale 3/6 and its correction 6/3 are powers of two: the update is
-    # the single process's to the bit, the momentum buffers included.
-    trained = [n for n in alone if not n.endswith(BN_STATS) and not n.startswith("optim.")]
-    assert trained and any(not np.array_equal(before[n], alone[n]) for n in trained)
-    for name in alone:
-        if not name.endswith(BN_STATS):
-            assert alone[name].tobytes() == job[name].tobytes(), f"{name}: the job's step is not the batch's mean"
+    # the single process's to the bit, the optimizer state included.
+    assert_same_update(job, single_after(start_server, [jpeg_body(other, other_labels)], *extra))
+
+
+def test_with_accumulation_a_round_whose_other_batch_was_refused_adds_the_mean_over_the_samples_trained(
+        start_server, rng):
+    # grad_accum_steps 2: round 1 trains only rank 1's X (rank 0's batch
+    # refused), round 2 trains Y on both ranks; one process accumulating X
+    # then Y applies the same bits.
+    acc = ["--model.grad_accum_steps", "2", "--optim.clip_grad_norm", "0.01"]
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS), *acc)
+    f0, l0 = learnable_jpeg_batch(rng, 3)
+    x, lx = learnable_jpeg_batch(rng, 3)
+    y, ly = learnable_jpeg_batch(rng, 3)
+    r = post_jpeg_round(ranks, [jpeg_body(cut_scan(f0, 1), l0), jpeg_body(x, lx)])
+    assert [v["state"] for v in r] == ["failed", "done"], r
+    r = post_jpeg_round(ranks, [jpeg_body(y, ly)] * 2)
+    assert [v["state"] for v in r] == ["done", "done"], r
+    wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {1}, timeout=10,
+               what="both ranks at step 1")
+    assert_bit_identical(ranks)
+    job = parameters(ranks[1])
+    for s in ranks:
+        s.stop()
+    assert_same_update(job, single_after(start_server, [jpeg_body(x, lx), jpeg_body(y, ly)], *acc))
+
+
+def test_with_accumulation_a_group_in_which_no_rank_trained_is_skipped(start_server, rng):
+    # grad_accum_steps 2: group 1 trains (step 1, momentum set); both
+    # rounds of group 2 are refused on every rank, so nobody trained a
+    # sample of that step: skipped, as a single round is without
+    # accumulation (taken, the momentum would move the weights).
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS), "--model.grad_accum_steps", "2")
+    files, labels = learnable_jpeg_batch(rng, 3)
+    for _ in range(2):
+        r = post_jpeg_round(ranks, [jpeg_body(files, labels)] * 2)
+        assert [x["state"] for x in r] == ["done", "done"], r
+    wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {1}, timeout=10,
+               what="both ranks at step 1")
+    before = parameters(ranks[0])
+    for _ in range(2):
+        r = post_jpeg_round(ranks, [jpeg_body(cut_scan(files, 0), labels), jpeg_body(cut_scan(files, 2), labels)])
+        assert [x["state"] for x in r] == ["failed", "failed"], r
+    for s in ranks:
+        wait_until(lambda s=s: s.metric("streamfeed_distributed_empty_contributions_total") == 2, timeout=10,
+                   what="both empty rounds done")
+        wait_until(lambda s=s: s.metric("streamfeed_steps_skipped_total", reason="no_samples") == 1, timeout=10,
+                   what="the skipped step counted")
+        assert s.get("/v1/model").json()["step"] == 1
+    after = parameters(ranks[0])
+    for name in before:
+        assert before[name].tobytes() == after[name].tobytes(), f"{name} changed in a group nobody trained"
+    assert_bit_identical(ranks)
 
 
 def test_a_step_in_which_every_rank_s_batch_was_refused_is_skipped_on_every_rank(start_server, rng):
@@ -238,6 +307,7 @@ def test_a_step_in_which_every_rank_s_batch_was_refused_is_skipped_on_every_rank
     wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {1}, timeout=10,
                what="both ranks at step 1")
     before = parameters(ranks[0])
+    assert 'streamfeed_steps_skipped_total{reason="no_samples"} 0' in ranks[0].metrics_text()
     replies = post_jpeg_round(ranks, [jpeg_body(cut_scan(files, 0), labels), jpeg_body(cut_scan(files, 2), labels)])
     assert [r["state"] for r in replies] == ["failed", "failed"], replies
     for s in ranks:

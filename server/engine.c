@@ -376,15 +376,12 @@ static void account_busy(sf_engine *e, const sf_event *ev)
  * train.max_nonfinite_in_row non-finite ones in a row make the service
  * unready ("diverged"); a step that trains again clears that. A batch in the
  * middle of an accumulation group takes no optimizer step (grad_norm 0, not
- * skipped) and changes neither. A data-parallel step in which no rank
- * trained a sample (SF_SKIP_EMPTY) says nothing of divergence. */
+ * skipped) and changes neither. (A data-parallel step in which no rank
+ * trained a sample, SF_SKIP_EMPTY, has only empty contributions: harvest
+ * counts it with them.) */
 static void account_step(sf_engine *e, const sf_event *ev)
 {
     sf_app *app = e->app;
-    if (ev->skipped == SF_SKIP_EMPTY) {
-        sf_counter_add(e->m_skipped_empty, 1);
-        return;
-    }
     if (ev->skipped) {
         sf_counter_add(e->m_skipped, 1);
         int in_row = atomic_fetch_add(&app->nonfinite_in_row, 1) + 1;

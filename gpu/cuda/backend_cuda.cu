@@ -78,7 +78,7 @@ extern "C" {
 #define STAGE_LABELS_OFF 256
 #define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping) after the SGD hyper-parameters */
 #define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
-static_assert(STAGE_CTL_OFF + sizeof(sf_step_ctl) <= STAGE_ADAMW_OFF, "sf_step_ctl overlaps the AdamW hyper-parameters");
+static_assert(STAGE_CTL_OFF + sizeof(sf_step_ctl) <= STAGE_ADAMW_OFF, "sf_step_ctl overlaps the AdamW hyper");
 static_assert(STAGE_ADAMW_OFF + sizeof(sf_adamw_hyper) <= STAGE_LABELS_OFF, "sf_adamw_hyper overlaps the labels");
 #define ANCHOR_PERIOD_NS 2000000000ull
 /* nvJPEG decoders working on slices of one large JPEG batch at once

@@ -404,9 +404,7 @@ __global__ void k_accum(float *__restrict__ acc, const float *__restrict__ g, si
                         const float *__restrict__ count, float *__restrict__ acc_n)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    float w = inv_k;
-    if (count)
-        w = !(count[0] > 0.f) ? 0.f : count[0] == count[1] ? inv_k : __fmul_rn(inv_k, __fdiv_rn(count[1], count[0]));
+    const float w = count ? __fmul_rn(inv_k, sf_trained_factor(count)) : inv_k;
     if (count && i == 0) { /* the group's samples trained: [n, n], so that its check's factor is exactly 1 */
         acc_n[0] += count[0];
         acc_n[1] += count[0];
@@ -840,12 +838,13 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
     const float *loss = &net->io[b].result->loss;
     sf_grad_state *gs = g->d_gs + b;
     const int reduce = net->cfg.grad_reduce != NULL;
+    float *count = g_count(net, b);
     /* Without accumulation the per-layer sums were made during the
      * backward, after each bucket's all-reduce in a data-parallel job. */
     if (!g->gacc) {
         SF_CUDA_CHECK(cudaEventRecord(net->ev_ndone, net->nst));
         SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_ndone, 0));
-        if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, g_count(net, b), gs, s))
+        if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, count, gs, s))
             return -1;
     }
     if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc) {
@@ -863,7 +862,6 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
         /* Data-parallel with accumulation: every rank's share of this
          * batch's global mean, summed, then accumulated; the check is of the
          * accumulated sum, below. */
-        float *count = g_count(net, b);
         const sf_grad_piece all[2] = {{net->grads + off, len, SF_DT_F32}, {count, 1, SF_DT_F32}};
         if (reduce && g->gacc && g_timed_reduce(net, b, all, count ? 2 : 1, s))
             return -1;

@@ -684,19 +684,14 @@ __global__ void k_grad_state(const float *__restrict__ part, int nparts, const f
         return;
     sf_grad_state st;
     st.pad_ = 0;
-    /* the factor from the mean over the announced samples to the mean over
-     * those trained; 1 (the same bits as no count) when they are equal */
-    float f = 1.f;
-    if (count) {
-        if (!(count[0] > 0.f)) {
-            st.norm = 0.f;
-            st.scale = 1.f;
-            st.skip = SF_GRAD_SKIP_EMPTY;
-            *out = st;
-            return;
-        }
-        if (count[0] != count[1])
-            f = __fdiv_rn(count[1], count[0]);
+    /* 1 without a count, and with one whose samples all trained: the same bits */
+    const float f = count ? sf_trained_factor(count) : 1.f;
+    if (f == 0.f) {
+        st.norm = 0.f;
+        st.scale = 1.f;
+        st.skip = SF_GRAD_SKIP_EMPTY;
+        *out = st;
+        return;
     }
     const float norm = (float)(sqrt(a) * (double)f);
     const float lv = loss ? *loss : 0.f;

@@ -55,6 +55,16 @@ typedef struct sf_grad_state {
 } sf_grad_state;
 #define SF_GRAD_SKIP_NONFINITE 1
 #define SF_GRAD_SKIP_EMPTY 2
+#ifdef __CUDACC__
+/* The factor from a data-parallel count's summed gradient (a mean over the
+ * samples announced) to the mean over the samples trained: announced /
+ * trained, exactly 1 when they are equal, 0 when none was trained. The
+ * reference backend's allreduce_grads forms it the same way. */
+__device__ __forceinline__ float sf_trained_factor(const float *count)
+{
+    return count[0] > 0.f ? __fdiv_rn(count[1], count[0]) : 0.f;
+}
+#endif
 #define SF_SUMSQ_BLOCKS 1024
 int sf_cuda_sumsq(const void *a, sf_dtype ta, size_t na, const float *b, size_t nb, float *part, cudaStream_t s);
 int sf_cuda_grad_state(const float *part, int nparts, const float *max_norm, const float *loss, const float *count,

@@ -640,7 +640,7 @@ static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss, fl
     }
     /* the same float operations as the CUDA gradient check (sf_cuda_grad_state) */
     const float trained = c->grads[c->n_train], announced = (float)global_n;
-    *factor = !(trained > 0.0f) ? 0.0f : trained == announced ? 1.0f : announced / trained;
+    *factor = trained > 0.0f ? announced / trained : 0.0f;
     return 0;
 }
 

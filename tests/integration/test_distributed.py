@@ -150,10 +150,15 @@ def test_batchnorm_ranks_share_parameters_and_optimizer_state_but_keep_their_own
 
 
 def post_jpeg_round(ranks, bodies):
-    """Posts bodies[i] (JPEG batch bodies) to ranks[i] at the same time, waiting for each reply."""
+    """Posts bodies[i] (JPEG batch bodies) to ranks[i] at the same time, waiting for each reply.
+    The threads start their posts together: a rank with a batch joins its
+    round at once, and one whose batch is still on its way joins without
+    it if its wait for a batch ends in between (see WAIT_MS)."""
     out = [None] * len(ranks)
+    start = threading.Barrier(len(ranks))
 
     def post(i):
+        start.wait()
         out[i] = ranks[i].post_batch(bodies[i], wait=True, timeout=60)
 
     ts = [threading.Thread(target=post, args=(i,)) for i in range(len(ranks))]

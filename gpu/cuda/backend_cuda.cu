@@ -158,7 +158,8 @@ typedef struct cuda_ctx {
     int sticky;
     char sticky_msg[256];
 
-    /* Data-parallel training (cfg.dist): the NCCL communicator, made at the
+    /* Data-parallel training (cfg.dist): NCCL, loaded at build (the
+     * gradients' memory comes from it); its communicator is made at the
      * first round (every rank has joined the job by then). */
     sf_nccl *nccl;
 
@@ -503,7 +504,7 @@ static int has_convt(const sf_model *m)
 static int grad_reduce(void *ctx, const sf_grad_piece *pieces, int n, cudaStream_t s)
 {
     cuda_ctx *c = (cuda_ctx *)ctx;
-    if (!c->nccl) {
+    if (!sf_nccl_joined(c->nccl)) {
         sf_cuda_set_error("%s:%d: the NCCL communicator is not made yet", __FILE__, __LINE__);
         return -1;
     }
@@ -613,9 +614,15 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     /* A job of one rank (a benchmark, a test) runs the same NCCL path: what
      * it costs is what a larger job pays beside the transfers. */
     if (cfg->dist) {
+        if (sf_nccl_open(&c->nccl, err, errlen) != 0) {
+            free_buffers(c);
+            return -1;
+        }
         nc.grad_reduce = grad_reduce;
         nc.grad_reduce_ctx = c;
         nc.grad_bucket_bytes = cfg->dist->bucket_bytes;
+        nc.grad_alloc = sf_nccl_alloc;
+        nc.grad_alloc_ctx = c->nccl;
     }
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
@@ -991,10 +998,12 @@ static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errle
  * is sticky (the job cannot train without it). */
 static int ensure_nccl(cuda_ctx *c, char *err, size_t errlen)
 {
-    if (!c->cfg.dist || c->nccl)
+    if (!c->cfg.dist || sf_nccl_joined(c->nccl))
         return 0;
     char nerr[sizeof c->sticky_msg];
-    if (sf_nccl_new(&c->nccl, c->cfg.dist, nerr, sizeof nerr) != 0) {
+    if (!c->nccl)
+        snprintf(nerr, sizeof nerr, "cuda: NCCL was not loaded at build");
+    if (!c->nccl || sf_nccl_join(c->nccl, c->cfg.dist, nerr, sizeof nerr) != 0) {
         c->sticky = 1;
         scopy(c->sticky_msg, sizeof c->sticky_msg, nerr);
         sf_errf(err, errlen, "%s", nerr);
@@ -1015,7 +1024,7 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
      * engine's rounds start after the join), so NCCL's init can complete. */
     if (ensure_nccl(c, err, errlen))
         return -1;
-    if (bt->n == 0 && bt->global_n > 0 && c->nccl)
+    if (bt->n == 0 && bt->global_n > 0 && sf_nccl_joined(c->nccl))
         return submit_empty(c, bt, err, errlen);
     if (check_batch(c, bt, 1, err, errlen) != 0)
         return -1;
@@ -1107,7 +1116,7 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
  * loss (sticky) instead of hanging. */
 static void nccl_watchdog(cuda_ctx *c)
 {
-    if (!c->nccl || c->sticky || c->q_count == 0)
+    if (!sf_nccl_joined(c->nccl) || c->sticky || c->q_count == 0)
         return;
     char nerr[200];
     const entry *e = &c->q[c->q_head];
@@ -1573,6 +1582,10 @@ static int cu_describe(sf_backend *be, char *buf, size_t len, size_t *device_byt
             snprintf(buf + at, len - at, "jpeg decode: unavailable (%s)\n", c->jpeg_err);
         at = strlen(buf);
     }
+    if (c->cfg.dist && at < len) {
+        sf_nccl_describe(c->nccl, buf + at, len - at);
+        at = strlen(buf);
+    }
     size_t fr = 0, tot = 0;
     if (at < len && cudaMemGetInfo(&fr, &tot) == cudaSuccess)
         snprintf(buf + at, len - at, "device: %zu B of %zu B in use by all processes\n", tot - fr, tot);
@@ -1607,10 +1620,13 @@ static int init_ctx(cuda_ctx *c, char *err, size_t errlen)
     /* The compute stream gets the higher priority: the step is the critical
      * path, augmentation and decoding fill the gaps. (The decode stream at
      * the compute stream's priority did not move the ImageNet-like JPEG rate
-     * on the H100: bench/results/2026-11-24-h100-data-parallel-jpeg-lanes-w2.md.) */
+     * on the H100: bench/results/2026-11-24-h100-data-parallel-jpeg-lanes-w2.md.)
+     * One level below the highest where the device has three or more: a
+     * data-parallel step's gradient all-reduce runs above it (executor.cu). */
     int lo = 0, hi = 0;
     cudaDeviceGetStreamPriorityRange(&lo, &hi);
-    if (cudaStreamCreateWithPriority(&c->st_compute, cudaStreamNonBlocking, hi) != cudaSuccess ||
+    const int compute_prio = lo - hi >= 2 ? hi + 1 : hi;
+    if (cudaStreamCreateWithPriority(&c->st_compute, cudaStreamNonBlocking, compute_prio) != cudaSuccess ||
         cudaStreamCreateWithPriority(&c->st_transform_own, cudaStreamNonBlocking, lo) != cudaSuccess ||
         cudaStreamCreateWithPriority(&c->st_decode_own, cudaStreamNonBlocking, lo) != cudaSuccess ||
         cudaStreamCreateWithFlags(&c->st_aux, cudaStreamNonBlocking) != cudaSuccess ||

@@ -73,13 +73,32 @@ typedef struct nccl_api {
     ncclResult_t (*finalize)(ncclComm_t);
     ncclResult_t (*destroy)(ncclComm_t);
     const char *(*error_string)(ncclResult_t);
+    ncclResult_t (*get_version)(int *);
+    /* NCCL >= 2.27 (NULL before): memory NCCL can map, and its windows */
+    ncclResult_t (*mem_alloc)(void **, size_t);
+    ncclResult_t (*mem_free)(void *);
+#ifdef NCCL_WIN_COLL_SYMMETRIC
+    ncclResult_t (*win_register)(ncclComm_t, void *, size_t, ncclWindow_t *, int);
+#endif
 } nccl_api;
+
+/* The gradients' blocks: a few per net (the fp32 gradients, a bf16 net's
+ * convolution weight gradients). */
+#define NCCL_MAX_BLOCKS 8
 
 struct sf_nccl {
     nccl_api api;
-    ncclComm_t comm;
+    ncclComm_t comm; /* NULL until sf_nccl_join */
     int aborted;
     int timeout_ms;
+    struct {
+        void *p;
+        size_t bytes;
+        int vmm; /* from ncclMemAlloc (else cudaMalloc) */
+    } blk[NCCL_MAX_BLOCKS];
+    int n_blk;
+    int windows;       /* the blocks are registered as symmetric windows */
+    char why_not[120]; /* else why not, for sf_nccl_describe */
 };
 
 static int load_api(nccl_api *a, char *err, size_t errlen)
@@ -107,7 +126,19 @@ static int load_api(nccl_api *a, char *err, size_t errlen)
     SYM(finalize, "ncclCommFinalize");
     SYM(destroy, "ncclCommDestroy");
     SYM(error_string, "ncclGetErrorString");
+    SYM(get_version, "ncclGetVersion");
 #undef SYM
+    *(void **)&a->mem_alloc = dlsym(a->lib, "ncclMemAlloc");
+    *(void **)&a->mem_free = dlsym(a->lib, "ncclMemFree");
+#ifdef NCCL_WIN_COLL_SYMMETRIC
+    *(void **)&a->win_register = dlsym(a->lib, "ncclCommWindowRegister");
+    if (!a->win_register)
+        a->mem_alloc = NULL;
+#else
+    a->mem_alloc = NULL; /* built without the window API: nothing to register */
+#endif
+    if (!a->mem_free)
+        a->mem_alloc = NULL;
     return 0;
 }
 
@@ -138,7 +169,7 @@ static ncclResult_t await_comm(sf_nccl *x, ncclResult_t r, int timeout_ms)
     return r;
 }
 
-extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t errlen)
+extern "C" int sf_nccl_open(sf_nccl **out, char *err, size_t errlen)
 {
     *out = NULL;
     sf_nccl *x = (sf_nccl *)calloc(1, sizeof *x);
@@ -146,11 +177,140 @@ extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t er
         snprintf(err, errlen, "cuda: out of memory");
         return -1;
     }
-    x->timeout_ms = d->timeout_ms;
     if (load_api(&x->api, err, errlen) != 0) {
         sf_nccl_free(x);
         return -1;
     }
+    *out = x;
+    return 0;
+}
+
+extern "C" int sf_nccl_alloc(void *ctx, void **p, size_t bytes)
+{
+    sf_nccl *x = (sf_nccl *)ctx;
+    *p = NULL;
+    if (x->comm || x->n_blk >= NCCL_MAX_BLOCKS) {
+        sf_cuda_set_error("%s:%d: gradient memory asked for %s", __FILE__, __LINE__,
+                          x->comm ? "after the job's join" : "in too many blocks");
+        return -1;
+    }
+    bytes = bytes ? bytes : 256;
+    int vmm = 0;
+    /* ncclMemAlloc fails where CUDA's virtual memory management is off or
+     * unsupported; cudaMalloc's memory then trains the same, without windows. */
+    if (x->api.mem_alloc && x->api.mem_alloc(p, bytes) == ncclSuccess)
+        vmm = 1;
+    else if (cudaMalloc(p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        *p = NULL;
+        sf_cuda_set_error("%s:%d: out of device memory for %zu bytes of gradients", __FILE__, __LINE__, bytes);
+        return -1;
+    }
+    x->blk[x->n_blk].p = *p;
+    x->blk[x->n_blk].bytes = bytes;
+    x->blk[x->n_blk].vmm = vmm;
+    x->n_blk++;
+    return 0;
+}
+
+/* Runs one small all-reduce to its end on a stream of its own, bounded by
+ * the job's timeout (a peer that dies meanwhile is a failure, not a hang). */
+static int allreduce_now(sf_nccl *x, int *d, size_t n, ncclRedOp_t op, char *err, size_t errlen)
+{
+    cudaStream_t s = NULL;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, errlen, "cuda: stream creation failed");
+        return -1;
+    }
+    int rc = -1;
+    ncclResult_t r = await_comm(x, x->api.all_reduce(d, d, n, ncclInt32, op, x->comm, s), x->timeout_ms);
+    if (r != ncclSuccess) {
+        snprintf(err, errlen, "cuda: NCCL: the windows' agreement: %s", x->api.error_string(r));
+    } else {
+        const uint64_t end = now_ms() + (uint64_t)x->timeout_ms;
+        for (;;) {
+            cudaError_t q = cudaStreamQuery(s);
+            ncclResult_t st = ncclSuccess;
+            if (q == cudaSuccess) {
+                rc = 0;
+                break;
+            }
+            if (q != cudaErrorNotReady || x->api.async_error(x->comm, &st) != ncclSuccess ||
+                (st != ncclSuccess && st != ncclInProgress) || now_ms() >= end) {
+                snprintf(err, errlen, "cuda: NCCL: the windows' agreement did not complete within %d s: %s",
+                         x->timeout_ms / 1000, q != cudaErrorNotReady ? cudaGetErrorString(q) : x->api.error_string(st));
+                break;
+            }
+            struct timespec ts = {0, 100000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (rc != 0)
+        sf_nccl_abort(x); /* the kernel may still wait on a peer: abort ends it */
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    return rc;
+}
+
+/* Windows need every rank to register the same blocks: the ranks first
+ * agree (a MIN all-reduce of "all my blocks are ncclMemAlloc's" and of the
+ * block count and its negation), then each block is registered in order. */
+static int register_windows(sf_nccl *x, char *err, size_t errlen)
+{
+    int mine[3] = {x->n_blk > 0, x->n_blk, -x->n_blk};
+    for (int i = 0; i < x->n_blk; i++)
+        mine[0] &= x->blk[i].vmm;
+    int *d = NULL, all[3] = {0, 0, 0};
+    if (cudaMalloc((void **)&d, sizeof mine) != cudaSuccess ||
+        cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d);
+        snprintf(err, errlen, "cuda: the windows' agreement: out of device memory");
+        return -1;
+    }
+    int rc = allreduce_now(x, d, 3, ncclMin, err, errlen);
+    if (rc == 0 && cudaMemcpy(all, d, sizeof all, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        cudaGetLastError();
+        snprintf(err, errlen, "cuda: the windows' agreement: copy failed");
+        rc = -1;
+    }
+    cudaFree(d);
+    if (rc != 0)
+        return -1;
+    if (!all[0] || all[1] != -all[2]) {
+        snprintf(x->why_not, sizeof x->why_not, "%s",
+                 !x->api.mem_alloc ? "this libnccl has no window API"
+                 : !mine[0]        ? "ncclMemAlloc failed on this rank"
+                 : all[1] != -all[2] ? "the ranks' gradient blocks differ"
+                                     : "ncclMemAlloc failed on another rank");
+        return 0;
+    }
+#ifdef NCCL_WIN_COLL_SYMMETRIC
+    for (int i = 0; i < x->n_blk; i++) {
+        ncclWindow_t w = NULL;
+        ncclResult_t r = await_comm(
+            x, x->api.win_register(x->comm, x->blk[i].p, x->blk[i].bytes, &w, NCCL_WIN_COLL_SYMMETRIC),
+            x->timeout_ms);
+        if (r != ncclSuccess) {
+            snprintf(err, errlen, "cuda: ncclCommWindowRegister of %zu bytes of gradients: %s", x->blk[i].bytes,
+                     x->api.error_string(r));
+            sf_nccl_abort(x);
+            return -1;
+        }
+    }
+    x->windows = 1;
+#endif
+    return 0;
+}
+
+extern "C" int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errlen)
+{
+    if (x->comm) {
+        snprintf(err, errlen, "cuda: the NCCL communicator is made already");
+        return -1;
+    }
+    x->timeout_ms = d->timeout_ms;
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     ncclResult_t r;
@@ -158,14 +318,12 @@ extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t er
         if ((r = x->api.get_unique_id(&id)) != ncclSuccess || d->store->set(d->store->ctx, "nccl.id", &id, sizeof id)) {
             snprintf(err, errlen, "cuda: publishing the NCCL unique id failed: %s",
                      r != ncclSuccess ? x->api.error_string(r) : "the store refused it");
-            sf_nccl_free(x);
             return -1;
         }
     } else {
         size_t len = 0;
         if (d->store->get(d->store->ctx, "nccl.id", &id, sizeof id, &len, d->timeout_ms) != 0 || len != sizeof id) {
             snprintf(err, errlen, "cuda: rank 0's NCCL unique id did not arrive within %d s", d->timeout_ms / 1000);
-            sf_nccl_free(x);
             return -1;
         }
     }
@@ -177,11 +335,39 @@ extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t er
         snprintf(err, errlen, "cuda: ncclCommInitRankConfig (rank %d of %d) failed or timed out: %s", d->rank,
                  d->world, x->api.error_string(r));
         sf_nccl_abort(x);
-        sf_nccl_free(x);
         return -1;
     }
-    *out = x;
-    return 0;
+    return register_windows(x, err, errlen);
+}
+
+extern "C" int sf_nccl_joined(const sf_nccl *x) { return x && x->comm && !x->aborted; }
+
+extern "C" void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len)
+{
+    int v = 0;
+    if (!x || x->api.get_version(&v) != ncclSuccess)
+        v = 0;
+    size_t bytes = 0;
+    for (int i = 0; x && i < x->n_blk; i++)
+        bytes += x->blk[i].bytes;
+    if (!x)
+        snprintf(buf, len, "gradient all-reduce: none (one process)\n");
+    else if (!x->comm) {
+        int vmm = x->n_blk > 0;
+        for (int i = 0; i < x->n_blk; i++)
+            vmm &= x->blk[i].vmm;
+        snprintf(buf, len, "gradient all-reduce: NCCL %d.%d.%d, %zu B of gradients in %s\n", v / 10000,
+                 v / 100 % 100, v % 100, bytes,
+                 vmm ? "ncclMemAlloc's memory, registered as symmetric windows at the job's first round if every "
+                       "rank's is"
+                     : x->api.mem_alloc ? "ordinary device memory (ncclMemAlloc failed): NCCL's ordinary kernels"
+                                        : "ordinary device memory (this libnccl has no window API): NCCL's "
+                                          "ordinary kernels");
+    }
+    else
+        snprintf(buf, len, "gradient all-reduce: NCCL %d.%d.%d, %zu B of gradients %s%s%s\n", v / 10000,
+                 v / 100 % 100, v % 100, bytes, x->windows ? "in symmetric windows" : "in ordinary device memory",
+                 x->windows ? "" : ": ", x->windows ? "" : x->why_not);
 }
 
 /* Waits out a non-blocking communicator's ncclInProgress (the call is still
@@ -214,8 +400,8 @@ static int settle(sf_nccl *x, ncclResult_t r, const char *what)
 
 extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n, cudaStream_t s)
 {
-    if (x->aborted) {
-        sf_cuda_set_error("%s:%d: NCCL communicator aborted", __FILE__, __LINE__);
+    if (x->aborted || !x->comm) {
+        sf_cuda_set_error("%s:%d: NCCL communicator %s", __FILE__, __LINE__, x->comm ? "aborted" : "not made yet");
         return -1;
     }
     /* One group: NCCL fuses the pieces' reductions into one launch. */
@@ -236,6 +422,10 @@ extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n,
 
 extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen)
 {
+    if (!x->comm) {
+        snprintf(err, errlen, "the NCCL communicator is not made yet");
+        return -1;
+    }
     if (x->aborted) {
         snprintf(err, errlen, "the NCCL communicator was aborted (a peer died or timed out)");
         return -1;
@@ -272,6 +462,13 @@ extern "C" void sf_nccl_free(sf_nccl *x)
         else
             x->api.abort_comm(x->comm);
     }
+    /* the windows went with the communicator; the memory only now */
+    for (int i = 0; i < x->n_blk; i++) {
+        if (x->blk[i].vmm)
+            x->api.mem_free(x->blk[i].p);
+        else
+            cudaFree(x->blk[i].p);
+    }
     if (x->api.lib)
         dlclose(x->api.lib);
     free(x);
@@ -283,12 +480,16 @@ struct sf_nccl {
     int unused;
 };
 
-extern "C" int sf_nccl_new(sf_nccl **out, const sf_dist *d, char *err, size_t errlen)
+extern "C" int sf_nccl_open(sf_nccl **out, char *err, size_t errlen)
 {
     *out = NULL;
     snprintf(err, errlen, "cuda: built without nccl.h: data-parallel training needs NCCL at build time");
     return -1;
 }
+extern "C" int sf_nccl_alloc(void *x, void **p, size_t bytes) { return -1; }
+extern "C" int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errlen) { return -1; }
+extern "C" int sf_nccl_joined(const sf_nccl *x) { return 0; }
+extern "C" void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len) { snprintf(buf, len, "\n"); }
 extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n, cudaStream_t s)
 {
     return -1;

@@ -1148,7 +1148,10 @@ static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int k)
                           rc ? msg : cudaGetErrorString(e));
         return -1;
     }
-    e = cudaGraphInstantiate(&S->exec[b][k], gr, 0);
+    /* Each kernel keeps the priority of the stream it was captured from (the
+     * norm stream's lowest, the reduce stream's highest) instead of all
+     * running at the launch stream's. */
+    e = cudaGraphInstantiate(&S->exec[b][k], gr, cudaGraphInstantiateFlagUseNodePriority);
     cudaGraphDestroy(gr);
     if (e != cudaSuccess) {
         S->exec[b][k] = NULL;
@@ -1410,7 +1413,12 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
         sf_net_destroy(net);
         return -1;
     }
-    if (cfg->grad_reduce && cudaStreamCreateWithPriority(&net->rst, cudaStreamNonBlocking, prio) != cudaSuccess) {
+    /* The all-reduce at the device's highest priority, above the compute
+     * stream (the backend leaves it that level where the device has one):
+     * the collective's thread blocks are dispatched before the backward's
+     * next ones, so each bucket's sum ends sooner and the last one, which
+     * the update waits for, is less late. */
+    if (cfg->grad_reduce && cudaStreamCreateWithPriority(&net->rst, cudaStreamNonBlocking, hi) != cudaSuccess) {
         sf_cuda_set_error("%s:%d: reduce stream: %s", __FILE__, __LINE__, cudaGetErrorString(cudaGetLastError()));
         net->rst = NULL;
         sf_net_destroy(net);

@@ -127,6 +127,13 @@ typedef struct sf_net_cfg {
     int (*grad_reduce)(void *ctx, const sf_grad_piece *pieces, int n, cudaStream_t s);
     void *grad_reduce_ctx;
     size_t grad_bucket_bytes;
+    /* With grad_reduce: the device memory of the gradients it sums (the
+     * fp32 gradients, a bf16 net's convolution weight gradients), from the
+     * collective library's allocator so that it can register them
+     * (dist_nccl.h); the memory is the allocator's, freed by it after the
+     * net is destroyed. NULL: cudaMalloc, freed with the net. */
+    int (*grad_alloc)(void *ctx, void **p, size_t bytes);
+    void *grad_alloc_ctx;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
     int no_patch;        /* 1: run non-overlapping convolutions' backward (conv_patch.h) through cuDNN too */
     int no_s2d;          /* 1: run strided few-channel convolutions as they are, not in their

@@ -33,6 +33,7 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 
+#include <string>
 #include <vector>
 
 #include "gpu_test.h"
@@ -98,6 +99,7 @@ struct run_out {
     std::vector<float> loss, norm;
     std::vector<int> skipped;
     std::vector<uint64_t> step;
+    std::string plan; /* the backend's plan (describe) after the batches */
     bool ok = false;
 };
 
@@ -179,6 +181,10 @@ static run_out train(const sf_model &m, sf_precision prec, sf_optim optim, int a
     }
     out.p.resize(m.n_params);
     out.ok = cu->i->get_params(cu, out.p.data()) == 0;
+    std::vector<char> plan(1 << 16);
+    size_t dev_bytes = 0;
+    if (cu->i->describe && cu->i->describe(cu, plan.data(), plan.size(), &dev_bytes) == 0)
+        out.plan = plan.data();
     cu->i->destroy(cu);
     return out;
 }
@@ -269,6 +275,15 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
                  (unsigned long long)want_step, (unsigned long long)(j.step.empty() ? 0 : j.step.back()),
                  (unsigned long long)(a.step.empty() ? 0 : a.step.back()));
     }
+    /* The gradients are in symmetric windows wherever the library has them
+     * (NCCL >= 2.27; the GPU hosts have 2.28); the plan says which. */
+    const size_t at = j.plan.find("gradient all-reduce: ");
+    const std::string line = at == std::string::npos ? "" : j.plan.substr(at, j.plan.find('\n', at) - at);
+    if (line.find("in symmetric windows") != std::string::npos ||
+        line.find("this libnccl has no window API") != std::string::npos)
+        ok("%s: %s", name, line.c_str());
+    else
+        fail("%s: the gradients are not in symmetric windows: '%s'", name, line.c_str());
     /* the step's all-reduces were timed (streamfeed_distributed_allreduce_seconds_total) */
     if (d.allreduce_s > 0 && d.allreduce_s < 10)
         ok("%s: the last step's all-reduces took %.1f us", name, d.allreduce_s * 1e6);

@@ -150,6 +150,8 @@ typedef struct cuda_ctx {
     size_t lps;          /* labels per sample: 1, or out_h*out_w for segmentation */
     int accum_k, accum_count; /* gradient accumulation, counted at submit */
     uint64_t opt_submitted;   /* optimizer steps enqueued (AdamW's t) */
+    unsigned skips_counted;   /* skipped steps harvested (sf_adamw_hyper.skips_counted); the net's
+                                 device count and this one are zeroed together */
 
     cudaEvent_t anchor, anchor_next;
     uint64_t anchor_ns, anchor_next_ns;
@@ -378,6 +380,16 @@ static void harvest(cuda_ctx *c, int block)
             e->status = -1;
             scopy(e->err, sizeof e->err, c->sticky_msg);
         }
+        /* The device ran this step's gradient check: its skip is counted
+         * there (sf_cuda_grad_state), so it is counted here too, even when
+         * the batch is reported failed below. */
+        const sf_grad_state *gs = sf_net_grad_state(c->net, e->b);
+        const int dev_skip = e->status == 0 && !e->no_events && e->opt && gs && gs->skip;
+        if (dev_skip) {
+            if (c->opt_submitted > 0)
+                c->opt_submitted--;
+            c->skips_counted++;
+        }
         if (e->status == 0 && B->h_res->bad > 0) {
             e->status = -1;
             snprintf(e->err, sizeof e->err, "cuda: %d labels outside [0,%d)", B->h_res->bad, c->m.n_classes);
@@ -385,18 +397,16 @@ static void harvest(cuda_ctx *c, int block)
         ev.status = e->status;
         ev.eval = e->eval;
         if (e->status == 0) {
-            const sf_grad_state *gs = sf_net_grad_state(c->net, e->b);
             ev.loss = B->h_res->loss;
             ev.correct = B->h_res->correct;
             ev.correct5 = B->h_res->correct5;
             ev.n_labels = (int64_t)e->n * (int64_t)c->lps;
-            if (e->opt && gs && gs->skip) {
-                /* Nothing changed and the step does not count. AdamW's step
-                 * number of later batches follows (a batch already queued
-                 * behind this one keeps the number it was given). */
+            if (dev_skip) {
+                /* Nothing changed and the step does not count: AdamW's
+                 * step number of later batches follows (a batch already
+                 * queued behind this one takes the number below its own on
+                 * the device: sf_adamw_hyper). */
                 ev.skipped = gs->skip == SF_GRAD_SKIP_EMPTY ? SF_SKIP_EMPTY : SF_SKIP_NONFINITE;
-                if (c->opt_submitted > 0)
-                    c->opt_submitted--;
             } else if (e->opt) {
                 ev.grad_norm = gs ? gs->norm : 0.f;
                 c->steps++;
@@ -555,6 +565,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     c->accum_k = cfg->grad_accum_steps > 1 ? cfg->grad_accum_steps : 1;
     c->accum_count = 0;
     c->opt_submitted = 0;
+    c->skips_counted = 0;
     c->nbuf = CUDA_NBUF;
     c->next_buf = 0;
     c->st_transform = cfg->overlap ? c->st_transform_own : c->st_compute;
@@ -855,7 +866,7 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
     sf_adamw_hyper ah;
     sf_adamw_hyper_at(&ah, bt->hyper.lr, bt->hyper.beta1, bt->hyper.beta2, bt->hyper.eps, bt->hyper.weight_decay,
-                      B->opt_t > 0 ? B->opt_t : 1);
+                      B->opt_t > 0 ? B->opt_t : 1, c->skips_counted);
     memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);
     if (c->lps == 1)
         memcpy(B->h_stage + STAGE_LABELS_OFF, bt->labels, (size_t)n * label_size(bt->label_dtype));
@@ -959,7 +970,7 @@ static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errle
     sf_sgd_hyper hyp = {bt->hyper.lr, bt->hyper.momentum, bt->hyper.weight_decay, 0.f};
     sf_adamw_hyper ah;
     sf_adamw_hyper_at(&ah, bt->hyper.lr, bt->hyper.beta1, bt->hyper.beta2, bt->hyper.eps, bt->hyper.weight_decay,
-                      B->opt_t > 0 ? B->opt_t : 1);
+                      B->opt_t > 0 ? B->opt_t : 1, c->skips_counted);
     cudaStream_t ts = c->st_transform, cs = c->st_compute;
     int rc = -1;
     /* Buffer b's staging is read by its previous step: wait for it first. */
@@ -1309,8 +1320,9 @@ static int cu_set_opt_state(sf_backend *be, const float *momentum, uint64_t step
     }
     c->steps = step;
     c->opt_submitted = step;
+    c->skips_counted = 0;
     c->accum_count = 0; /* a partly accumulated gradient is not state */
-    return sf_net_reset_accum(c->net);
+    return sf_net_reset_accum(c->net) || sf_net_reset_skips(c->net) ? -1 : 0;
 }
 
 static int cu_get_buffers(sf_backend *be, float *dst, uint64_t *nbt)
@@ -1497,6 +1509,10 @@ static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int 
     c->steps = saved_steps;
     c->opt_submitted = saved_sub;
     c->accum_count = saved_count;
+    /* the bench's own skips (if any) were never harvested */
+    c->skips_counted = 0;
+    if (rr == 0)
+        rr = sf_net_reset_skips(c->net);
     if (rr || e3 != cudaSuccess) {
         if (e3 != cudaSuccess)
             make_sticky(c, "bench restore", e3);

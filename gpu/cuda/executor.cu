@@ -844,7 +844,7 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
     if (!g->gacc) {
         SF_CUDA_CHECK(cudaEventRecord(net->ev_ndone, net->nst));
         SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_ndone, 0));
-        if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, count, gs, s))
+        if (sf_cuda_grad_state(g->sq_part, g->n_slots * SF_SUMSQ_BLOCKS, max_norm, loss, count, gs, g->skips, s))
             return -1;
     }
     if (g->wcopy && do_opt && !net->cfg.adamw && !g->gacc) {
@@ -874,7 +874,8 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
             grad = g->gacc + off;
             if (do_opt) {
                 if (sf_cuda_sumsq(grad, SF_DT_F32, len, NULL, 0, g->sq_part, s) ||
-                    sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, count ? g->gacc_n : NULL, gs, s))
+                    sf_cuda_grad_state(g->sq_part, SF_SUMSQ_BLOCKS, max_norm, loss, count ? g->gacc_n : NULL, gs,
+                                       g->skips, s))
                     return -1;
             } else {
                 SF_CUDA_CHECK(cudaMemsetAsync(gs, 0, sizeof *gs, s));
@@ -883,7 +884,7 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
         if (do_opt) {
             if (net->cfg.adamw) {
                 if (sf_cuda_adamw(net->params + off, grad, net->mom + off, g->sq + off, NULL, len, net->io[b].adamw,
-                                  NULL, gs, s))
+                                  NULL, gs, g->skips, s))
                     return -1;
             } else if (sf_cuda_sgd(net->params + off, grad, net->mom + off, NULL, len, net->io[b].hyper, &k_no_segs,
                                    gs, s)) {
@@ -1689,6 +1690,13 @@ extern "C" int sf_net_reset_accum(sf_cuda_net *net)
         SF_CUDA_CHECK(cudaMemsetAsync(net->g->gacc_n, 0, 2 * sizeof(float), net->s));
         SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
     }
+    return 0;
+}
+
+extern "C" int sf_net_reset_skips(sf_cuda_net *net)
+{
+    SF_CUDA_CHECK(cudaMemsetAsync(net->g->skips, 0, sizeof(unsigned), net->s));
+    SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
     return 0;
 }
 

@@ -221,6 +221,9 @@ int sf_net_get_buffers(sf_cuda_net *net, float *host, uint64_t *nbt);
 int sf_net_set_buffers(sf_cuda_net *net, const float *host, uint64_t nbt);
 /* Drops a partly accumulated gradient. */
 int sf_net_reset_accum(sf_cuda_net *net);
+/* Zeroes the device's count of skipped steps (sf_adamw_hyper.skips_counted
+ * counts from the same zero), with nothing in flight. */
+int sf_net_reset_skips(sf_cuda_net *net);
 
 /* A device-side snapshot of the training state (parameters, optimizer state,
  * running statistics, accumulated gradient), sf_net_state_floats() floats of

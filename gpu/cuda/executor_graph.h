@@ -146,6 +146,8 @@ struct gen_net {
                                   (transform stream) writes it, the step of b reads it */
     size_t bnd_elems;    /* per sample */
     float *sq, *gacc, *bufs;
+    unsigned *skips;     /* the steps skipped so far (sf_cuda_grad_state counts, AdamW reads;
+                            zeroed by sf_net_reset_skips) */
     float *gacc_n;       /* with gacc: [2], the samples the ranks trained in the group so far, twice
                             (sf_grad_state's count for the group's step: 0 skips it) */
     void *wd, *gd;       /* bf16 nets: bf16 copies of the weights and of the conv weight

@@ -343,6 +343,9 @@ int sf_exec_build_graph(sf_cuda_net *net)
         return -1;
     if (net->cfg.adamw && g_alloc_shift(net, &g->sq, np, m->train_off))
         return -1;
+    if (dmalloc(net, (void **)&g->skips, sizeof(unsigned)) ||
+        cudaMemsetAsync(g->skips, 0, sizeof(unsigned), net->s) != cudaSuccess)
+        return -1;
     if (net->cfg.accum > 1 && (g_alloc_shift(net, &g->gacc, np, m->train_off) || dmallocf(net, &g->gacc_n, 2) ||
                                cudaMemsetAsync(g->gacc_n, 0, 2 * sizeof(float), net->s) != cudaSuccess))
         return -1;

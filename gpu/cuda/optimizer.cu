@@ -194,7 +194,20 @@ __global__ void k_sgd_mixed(float *__restrict__ p, const float *__restrict__ g, 
 
 /* One element in the order of PyTorch's single-tensor AdamW, rounding as the
  * reference (no contraction into FMA), so equal inputs give bit-equal results. */
-__device__ __forceinline__ void adamw_one(float &p, float &m, float &v, float g, const sf_adamw_hyper &h)
+/* The factors of one step (sf_adamw_hyper, its step number chosen). */
+struct adamw_step {
+    float beta1, beta2, eps, decay, one_minus_beta1, one_minus_beta2, step_size, bc2_sqrt;
+};
+
+__device__ __forceinline__ adamw_step adamw_at(const sf_adamw_hyper *hp, const unsigned *skips)
+{
+    const sf_adamw_hyper &h = *hp;
+    unsigned k = skips ? *skips - h.skips_counted : 0u;
+    k = k < SF_ADAMW_BEHIND ? k : SF_ADAMW_BEHIND - 1;
+    return {h.beta1, h.beta2, h.eps, h.decay, h.one_minus_beta1, h.one_minus_beta2, h.step_size[k], h.bc2_sqrt[k]};
+}
+
+__device__ __forceinline__ void adamw_one(float &p, float &m, float &v, float g, const adamw_step &h)
 {
     p = __fmul_rn(p, h.decay);
     m = __fadd_rn(__fmul_rn(h.beta1, m), __fmul_rn(h.one_minus_beta1, g));
@@ -208,7 +221,7 @@ __device__ __forceinline__ void adamw_one(float &p, float &m, float &v, float g,
 __global__ void k_adamw(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ m,
                         float *__restrict__ v, float *__restrict__ wdev, size_t len,
                         const sf_adamw_hyper *__restrict__ hp, const __grid_constant__ sf_sgd_segs segs,
-                        const sf_grad_state *__restrict__ gs)
+                        const sf_grad_state *__restrict__ gs, const unsigned *__restrict__ skips)
 {
     const size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
     if (i0 >= len)
@@ -216,7 +229,7 @@ __global__ void k_adamw(float *__restrict__ p, const float *__restrict__ g, floa
     float coef;
     if (grad_skip(gs, &coef))
         return;
-    const sf_adamw_hyper h = *hp;
+    const adamw_step h = adamw_at(hp, skips);
     int straddle;
     const int si = seg_of4(segs, i0, &straddle);
     if (i0 + 4 <= len && !straddle) {
@@ -589,7 +602,7 @@ extern "C" int sf_cuda_grads_model(const void *gd, sf_dtype dt, float *g, const 
 }
 
 extern "C" void sf_adamw_hyper_at(sf_adamw_hyper *h, float lr, double beta1, double beta2, float eps,
-                                  float weight_decay, int64_t t)
+                                  float weight_decay, int64_t t, unsigned skips_counted)
 {
     /* in double, as PyTorch computes them in Python floats (sf_ref_adamw) */
     h->beta1 = (float)beta1;
@@ -598,13 +611,17 @@ extern "C" void sf_adamw_hyper_at(sf_adamw_hyper *h, float lr, double beta1, dou
     h->decay = (float)(1.0 - (double)lr * (double)weight_decay);
     h->one_minus_beta1 = (float)(1.0 - beta1);
     h->one_minus_beta2 = (float)(1.0 - beta2);
-    h->step_size = (float)((double)lr / (1.0 - pow(beta1, (double)t)));
-    h->bc2_sqrt = (float)sqrt(1.0 - pow(beta2, (double)t));
+    for (int k = 0; k < SF_ADAMW_BEHIND; k++) {
+        const double tk = (double)(t - k > 1 ? t - k : 1);
+        h->step_size[k] = (float)((double)lr / (1.0 - pow(beta1, tk)));
+        h->bc2_sqrt[k] = (float)sqrt(1.0 - pow(beta2, tk));
+    }
+    h->skips_counted = skips_counted;
 }
 
 extern "C" int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float *wdev, size_t len,
                              const sf_adamw_hyper *d_hyper, const sf_sgd_segs *segs, const sf_grad_state *gs,
-                             cudaStream_t s)
+                             const unsigned *skips, cudaStream_t s)
 {
     if (len == 0)
         return 0;
@@ -619,7 +636,7 @@ extern "C" int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float
         sf_cuda_set_error("%s:%d: sf_cuda_adamw: permuted segments need wdev", __FILE__, __LINE__);
         return -1;
     }
-    k_adamw<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, v, wdev, len, d_hyper, *sg, gs);
+    k_adamw<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, v, wdev, len, d_hyper, *sg, gs, skips);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -674,7 +691,7 @@ __global__ void __launch_bounds__(CU_TPB) k_sumsq(const T *__restrict__ a, size_
 
 __global__ void k_grad_state(const float *__restrict__ part, int nparts, const float *__restrict__ max_norm,
                              const float *__restrict__ loss, const float *__restrict__ count,
-                             sf_grad_state *__restrict__ out)
+                             sf_grad_state *__restrict__ out, unsigned *__restrict__ skips)
 {
     double a = 0.0, z = 0.0;
     for (int i = threadIdx.x; i < nparts; i += blockDim.x)
@@ -691,6 +708,8 @@ __global__ void k_grad_state(const float *__restrict__ part, int nparts, const f
         st.scale = 1.f;
         st.skip = SF_GRAD_SKIP_EMPTY;
         *out = st;
+        if (skips)
+            *skips += 1u;
         return;
     }
     const float norm = (float)(sqrt(a) * (double)f);
@@ -705,6 +724,8 @@ __global__ void k_grad_state(const float *__restrict__ part, int nparts, const f
         st.scale = c < 1.f ? __fmul_rn(c, f) : f;
     }
     *out = st;
+    if (st.skip && skips)
+        *skips += 1u;
 }
 
 extern "C" int sf_cuda_sumsq(const void *a, sf_dtype ta, size_t na, const float *b, size_t nb, float *part,
@@ -721,13 +742,13 @@ extern "C" int sf_cuda_sumsq(const void *a, sf_dtype ta, size_t na, const float 
 }
 
 extern "C" int sf_cuda_grad_state(const float *part, int nparts, const float *max_norm, const float *loss,
-                                  const float *count, sf_grad_state *out, cudaStream_t s)
+                                  const float *count, sf_grad_state *out, unsigned *skips, cudaStream_t s)
 {
     if (nparts < 0) {
         sf_cuda_set_error("%s:%d: sf_cuda_grad_state: %d partial sums", __FILE__, __LINE__, nparts);
         return -1;
     }
-    k_grad_state<<<1, CU_TPB, 0, s>>>(part, nparts, max_norm, loss, count, out);
+    k_grad_state<<<1, CU_TPB, 0, s>>>(part, nparts, max_norm, loss, count, out, skips);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

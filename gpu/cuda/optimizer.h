@@ -67,8 +67,10 @@ __device__ __forceinline__ float sf_trained_factor(const float *count)
 #endif
 #define SF_SUMSQ_BLOCKS 1024
 int sf_cuda_sumsq(const void *a, sf_dtype ta, size_t na, const float *b, size_t nb, float *part, cudaStream_t s);
+/* skips (device; NULL: none): the count of skipped steps, incremented here
+ * when this one is skipped (sf_cuda_adamw reads it). */
 int sf_cuda_grad_state(const float *part, int nparts, const float *max_norm, const float *loss, const float *count,
-                       sf_grad_state *out, cudaStream_t s);
+                       sf_grad_state *out, unsigned *skips, cudaStream_t s);
 
 typedef struct sf_sgd_hyper {
     float lr, momentum, weight_decay, pad_;
@@ -109,19 +111,32 @@ int sf_cuda_sgd_mixed(float *p, const float *g, const void *gd, sf_dtype dt, con
  * up a new step: the host refreshes the struct and copies it before each
  * replay. segs: as sf_cuda_sgd (conv weights kept in KRSC device layout; g read
  * and wdev written at the device index); NULL or n == 0 for none. p, m, v in
- * model layout, 16-byte aligned. */
+ * model layout, 16-byte aligned.
+ *
+ * The step number: a skipped step does not count (torch.optim.AdamW never
+ * sees it), but a batch is staged while the steps queued ahead of it may
+ * still be skipped. So the struct holds the factors of step t (the host's
+ * count when it staged the batch) and of the SF_ADAMW_BEHIND - 1 numbers
+ * below it, and skips_counted, the skips the host had counted into t; the
+ * update takes step t - k, k = *skips (sf_cuda_grad_state's count on the
+ * device) - skips_counted: the skips made ahead of this step that t did not
+ * know of. k is below the number of batches in flight (SF_NET_MAX_BUF). */
+#define SF_ADAMW_BEHIND 4
 typedef struct sf_adamw_hyper {
     float beta1, beta2, eps;
     float decay;                           /* 1 - lr * weight_decay */
     float one_minus_beta1, one_minus_beta2;
-    float step_size, bc2_sqrt;             /* of step t */
+    float step_size[SF_ADAMW_BEHIND];      /* of step max(t - k, 1) */
+    float bc2_sqrt[SF_ADAMW_BEHIND];
+    unsigned skips_counted;
 } sf_adamw_hyper;
-/* Fills every field for step t >= 1. */
+/* Fills every field for step t >= 1, skips_counted as above. */
 void sf_adamw_hyper_at(sf_adamw_hyper *h, float lr, double beta1, double beta2, float eps, float weight_decay,
-                       int64_t t);
+                       int64_t t, unsigned skips_counted);
+/* skips: the device's count of skipped steps (NULL: step t). */
 int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float *wdev, size_t len,
                   const sf_adamw_hyper *d_hyper, const sf_sgd_segs *segs, const sf_grad_state *gs,
-                  cudaStream_t s);
+                  const unsigned *skips, cudaStream_t s);
 
 /* Weights between the model layout of the master parameters (fp32, PyTorch's
  * order) and the device copy convolutions read (element type dt; inside each

@@ -80,7 +80,9 @@ static void test_sgd(cudaStream_t s, float momentum)
 /* ---- AdamW ------------------------------------------------------------------- */
 
 /* Three steps against sf_ref_adamw; also reports how many parameters are
- * bit-equal (the kernel rounds as the reference does). With perm, one segment
+ * bit-equal (the kernel rounds as the reference does). Steps 2 and 3 are
+ * staged with a step number 1 and 2 too high and as many skips on the device
+ * that the host had not counted (sf_adamw_hyper). With perm, one segment
  * of the buffer holds a conv weight whose gradient the device keeps in KRSC. */
 static void test_adamw(cudaStream_t s, size_t len, float wd, int perm)
 {
@@ -95,6 +97,7 @@ static void test_adamw(cudaStream_t s, size_t len, float wd, int perm)
     float *d_p = dalloc<float>(len), *d_m = dalloc<float>(len), *d_v = dalloc<float>(len), *d_g = dalloc<float>(len),
           *d_w = dalloc<float>(len);
     sf_adamw_hyper *d_h = dalloc<sf_adamw_hyper>(1);
+    unsigned *d_skips = dalloc<unsigned>(1);
     up(d_p, p);
     CU(cudaMemset(d_m, 0, len * 4));
     CU(cudaMemset(d_v, 0, len * 4));
@@ -119,10 +122,17 @@ static void test_adamw(cudaStream_t s, size_t len, float wd, int perm)
                     for (int r = 0; r < rs; r++)
                         gdev[8 + ((size_t)o * rs + r) * ci + c] = g[8 + ((size_t)o * ci + c) * rs + r];
         up(d_g, gdev);
+        /* Staged as the backend stages a batch queued behind `behind` steps
+         * that the device then skipped: the host's number t + behind, its
+         * count of skips 5, the device's 5 + behind. The update must be of
+         * step t (behind 0: the skip count is not read at all). */
+        const unsigned behind = (unsigned)(t - 1) % SF_ADAMW_BEHIND;
         sf_adamw_hyper h;
-        sf_adamw_hyper_at(&h, lr, b1, b2, eps, wd, t);
+        sf_adamw_hyper_at(&h, lr, b1, b2, eps, wd, t + (int64_t)behind, 5u);
         CU(cudaMemcpy(d_h, &h, sizeof h, cudaMemcpyHostToDevice));
-        rc = sf_cuda_adamw(d_p, d_g, d_m, d_v, d_w, len, d_h, perm ? &segs : NULL, NULL, s);
+        const unsigned dev_skips = 5u + behind;
+        CU(cudaMemcpy(d_skips, &dev_skips, sizeof dev_skips, cudaMemcpyHostToDevice));
+        rc = sf_cuda_adamw(d_p, d_g, d_m, d_v, d_w, len, d_h, perm ? &segs : NULL, NULL, behind ? d_skips : NULL, s);
         sf_ref_adamw(p.data(), g.data(), m.data(), v.data(), len, lr, b1, b2, eps, wd, t);
     }
     CU(cudaStreamSynchronize(s));
@@ -152,7 +162,7 @@ static void test_adamw(cudaStream_t s, size_t len, float wd, int perm)
             pass_or_fail(sub, okw, "wdev differs from p at the device index");
         }
     }
-    cudaFree(d_p); cudaFree(d_m); cudaFree(d_v); cudaFree(d_g); cudaFree(d_w); cudaFree(d_h);
+    cudaFree(d_p); cudaFree(d_m); cudaFree(d_v); cudaFree(d_g); cudaFree(d_w); cudaFree(d_h); cudaFree(d_skips);
 }
 
 /* ---- weights: model layout <-> device layout ------------------------------------ */

@@ -383,8 +383,9 @@ static void harvest(cuda_ctx *c, int block)
         /* The device ran this step's gradient check: its skip is counted
          * there (sf_cuda_grad_state), so it is counted here too, even when
          * the batch is reported failed below. */
-        const sf_grad_state *gs = sf_net_grad_state(c->net, e->b);
-        const int dev_skip = e->status == 0 && !e->no_events && e->opt && gs && gs->skip;
+        const int ran = e->status == 0 && !e->no_events && c->net;
+        const sf_grad_state *gs = ran ? sf_net_grad_state(c->net, e->b) : NULL;
+        const int dev_skip = ran && e->opt && gs && gs->skip;
         if (dev_skip) {
             if (c->opt_submitted > 0)
                 c->opt_submitted--;
@@ -1009,7 +1010,9 @@ static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errle
  * is sticky (the job cannot train without it). */
 static int ensure_nccl(cuda_ctx *c, char *err, size_t errlen)
 {
-    if (!c->cfg.dist || sf_nccl_joined(c->nccl))
+    /* without a model the batch's own check says so (a failed build leaves
+     * no NCCL, which is not this backend's fault to make sticky) */
+    if (!c->cfg.dist || !c->built || sf_nccl_joined(c->nccl))
         return 0;
     char nerr[sizeof c->sticky_msg];
     if (!c->nccl)
@@ -1097,6 +1100,14 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
         sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
         cudaGetLastError();
         return -1;
+    }
+    if (rt != 0) {
+        /* Nothing of the step was queued (a JPEG the decoder refused): the
+         * batch is no optimizer step and no round of an accumulation group.
+         * (A data-parallel round then takes an empty contribution, which
+         * counts the step.) */
+        c->accum_count = saved_count;
+        c->opt_submitted = saved_sub;
     }
     int rs = rt == 0 ? enqueue_step(c, b, bt->n, bt->logits_out != NULL) : -1;
     c->next_buf = (b + 1) % c->nbuf;

@@ -215,7 +215,7 @@ extern "C" int sf_nccl_alloc(void *ctx, void **p, size_t bytes)
 
 /* Runs one small all-reduce to its end on a stream of its own, bounded by
  * the job's timeout (a peer that dies meanwhile is a failure, not a hang). */
-static int allreduce_now(sf_nccl *x, int *d, size_t n, ncclRedOp_t op, char *err, size_t errlen)
+static int allreduce_now(sf_nccl *x, int64_t *d, size_t n, ncclRedOp_t op, char *err, size_t errlen)
 {
     cudaStream_t s = NULL;
     if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
@@ -224,7 +224,7 @@ static int allreduce_now(sf_nccl *x, int *d, size_t n, ncclRedOp_t op, char *err
         return -1;
     }
     int rc = -1;
-    ncclResult_t r = await_comm(x, x->api.all_reduce(d, d, n, ncclInt32, op, x->comm, s), x->timeout_ms);
+    ncclResult_t r = await_comm(x, x->api.all_reduce(d, d, n, ncclInt64, op, x->comm, s), x->timeout_ms);
     if (r != ncclSuccess) {
         snprintf(err, errlen, "cuda: NCCL: the windows' agreement: %s", x->api.error_string(r));
     } else {
@@ -254,14 +254,18 @@ static int allreduce_now(sf_nccl *x, int *d, size_t n, ncclRedOp_t op, char *err
 }
 
 /* Windows need every rank to register the same blocks: the ranks first
- * agree (a MIN all-reduce of "all my blocks are ncclMemAlloc's" and of the
- * block count and its negation), then each block is registered in order. */
+ * agree (a MIN all-reduce of "all my blocks are ncclMemAlloc's", of the
+ * block count and of the bytes, each also negated so that the MIN gives the
+ * MAX too), then each block is registered in order. */
 static int register_windows(sf_nccl *x, char *err, size_t errlen)
 {
-    int mine[3] = {x->n_blk > 0, x->n_blk, -x->n_blk};
+    int64_t bytes = 0;
+    for (int i = 0; i < x->n_blk; i++)
+        bytes += (int64_t)x->blk[i].bytes;
+    int64_t mine[5] = {x->n_blk > 0, x->n_blk, -x->n_blk, bytes, -bytes};
     for (int i = 0; i < x->n_blk; i++)
         mine[0] &= x->blk[i].vmm;
-    int *d = NULL, all[3] = {0, 0, 0};
+    int64_t *d = NULL, all[5] = {0, 0, 0, 0, 0};
     if (cudaMalloc((void **)&d, sizeof mine) != cudaSuccess ||
         cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice) != cudaSuccess) {
         cudaGetLastError();
@@ -269,7 +273,7 @@ static int register_windows(sf_nccl *x, char *err, size_t errlen)
         snprintf(err, errlen, "cuda: the windows' agreement: out of device memory");
         return -1;
     }
-    int rc = allreduce_now(x, d, 3, ncclMin, err, errlen);
+    int rc = allreduce_now(x, d, 5, ncclMin, err, errlen);
     if (rc == 0 && cudaMemcpy(all, d, sizeof all, cudaMemcpyDeviceToHost) != cudaSuccess) {
         cudaGetLastError();
         snprintf(err, errlen, "cuda: the windows' agreement: copy failed");
@@ -278,12 +282,13 @@ static int register_windows(sf_nccl *x, char *err, size_t errlen)
     cudaFree(d);
     if (rc != 0)
         return -1;
-    if (!all[0] || all[1] != -all[2]) {
+    const int same = all[1] == -all[2] && all[3] == -all[4];
+    if (!all[0] || !same) {
         snprintf(x->why_not, sizeof x->why_not, "%s",
-                 !x->api.mem_alloc ? "this libnccl has no window API"
+                 !x->api.mem_alloc ? "no window API (this libnccl, or the nccl.h it was built with, predates 2.27)"
                  : !mine[0]        ? "ncclMemAlloc failed on this rank"
-                 : all[1] != -all[2] ? "the ranks' gradient blocks differ"
-                                     : "ncclMemAlloc failed on another rank");
+                 : !same           ? "the ranks' gradient blocks differ"
+                                   : "ncclMemAlloc failed on another rank");
         return 0;
     }
 #ifdef NCCL_WIN_COLL_SYMMETRIC
@@ -361,8 +366,8 @@ extern "C" void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len)
                  vmm ? "ncclMemAlloc's memory, registered as symmetric windows at the job's first round if every "
                        "rank's is"
                      : x->api.mem_alloc ? "ordinary device memory (ncclMemAlloc failed): NCCL's ordinary kernels"
-                                        : "ordinary device memory (this libnccl has no window API): NCCL's "
-                                          "ordinary kernels");
+                                        : "ordinary device memory (no window API: this libnccl, or the nccl.h "
+                                          "it was built with, predates 2.27): NCCL's ordinary kernels");
     }
     else
         snprintf(buf, len, "gradient all-reduce: NCCL %d.%d.%d, %zu B of gradients %s%s%s\n", v / 10000,

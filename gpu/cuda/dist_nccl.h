@@ -18,8 +18,9 @@
  * into both, instead of passing it through the communicator's own buffers:
  * fewer thread blocks beside the backward and less memory traffic
  * (bench/results/2026-11-27-h200x2-w1-symmetric-windows.md). Where the
- * library predates windows (NCCL < 2.27) or cannot allocate such memory,
- * the blocks are cudaMalloc's and every rank runs the ordinary kernels.
+ * library predates windows (NCCL < 2.27, at run time or in the nccl.h of
+ * the build) the blocks are cudaMalloc's; where ncclMemAlloc fails on any
+ * rank, no rank registers windows, and every rank runs the ordinary kernels.
  * The communicator owns the windows: they go with it, and the blocks are
  * freed after it (sf_nccl_free), never while a peer may still map them.
  */
@@ -52,7 +53,7 @@ int sf_nccl_alloc(void *x, void **p, size_t bytes);
  * sf_nccl_alloc as symmetric windows where every rank can. 0, or -1 with err
  * (the id never came, the init or the registration failed or timed out). */
 int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errlen);
-/* 1 once sf_nccl_join has succeeded. */
+/* 1 once sf_nccl_join has succeeded, until the communicator is aborted. */
 int sf_nccl_joined(const sf_nccl *x);
 /* One line for the backend's plan: the library's version and where the
  * gradients are (symmetric windows, or why not). */

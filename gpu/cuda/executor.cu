@@ -1405,7 +1405,7 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
         return -1;
     }
     /* The gradient check's sums run at the lowest priority (the backend's
-     * compute stream has the highest), so the backward's kernels go first. */
+     * compute stream is above them), so the backward's kernels go first. */
     int lo = 0, hi = 0;
     cudaDeviceGetStreamPriorityRange(&lo, &hi);
     if (cudaStreamCreateWithPriority(&net->nst, cudaStreamNonBlocking, lo) != cudaSuccess ||

@@ -45,9 +45,10 @@ struct sf_cuda_net {
     cudaStream_t nst;   /* the gradient check's per-layer sums, beside the rest of the backward */
     cudaEvent_t ev_norm[SF_MAX_LAYERS], ev_ndone;
     /* Data-parallel (cfg.grad_reduce): the bucketed all-reduce's stream, at
-     * the compute stream's priority so that a bucket's reduce starts while
-     * the backward still runs; ev_reduced[i]: the bucket closed by layer i
-     * is reduced. NULL without grad_reduce. */
+     * the device's highest priority (above the compute stream), so that a
+     * bucket's reduce starts and runs while the backward still does;
+     * ev_reduced[i]: the bucket closed by layer i is reduced. NULL without
+     * grad_reduce. */
     cudaStream_t rst;
     cudaEvent_t ev_reduced[SF_MAX_LAYERS];
 

@@ -192,8 +192,6 @@ __global__ void k_sgd_mixed(float *__restrict__ p, const float *__restrict__ g, 
     }
 }
 
-/* One element in the order of PyTorch's single-tensor AdamW, rounding as the
- * reference (no contraction into FMA), so equal inputs give bit-equal results. */
 /* The factors of one step (sf_adamw_hyper, its step number chosen). */
 struct adamw_step {
     float beta1, beta2, eps, decay, one_minus_beta1, one_minus_beta2, step_size, bc2_sqrt;
@@ -207,6 +205,8 @@ __device__ __forceinline__ adamw_step adamw_at(const sf_adamw_hyper *hp, const u
     return {h.beta1, h.beta2, h.eps, h.decay, h.one_minus_beta1, h.one_minus_beta2, h.step_size[k], h.bc2_sqrt[k]};
 }
 
+/* One element in the order of PyTorch's single-tensor AdamW, rounding as the
+ * reference (no contraction into FMA), so equal inputs give bit-equal results. */
 __device__ __forceinline__ void adamw_one(float &p, float &m, float &v, float g, const adamw_step &h)
 {
     p = __fmul_rn(p, h.decay);

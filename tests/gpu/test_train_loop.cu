@@ -326,13 +326,13 @@ static int run_queued(sf_backend *be, const std::vector<sf_batch> &bs, std::vect
     return 0;
 }
 
-/* AdamW's step number behind a skipped step: a non-finite batch (label
- * smoothing NaN makes every logit's gradient NaN; a NaN mix_lam would read
- * as "no mixing") queued ahead of two finite ones, all staged before the skip is
- * known, must train what the two finite batches train alone (steps 1 and 2
- * of torch.optim.AdamW; the skipped one is not a step). Numbered 2 and 3,
- * the first update would be 0.74x of step 1's (bias corrections), far
- * outside the device's run-to-run spread. */
+/* AdamW's step number behind a skipped step: after one non-finite batch
+ * (label smoothing NaN makes every logit's gradient NaN; a NaN mix_lam would
+ * read as "no mixing"), another queued ahead of two finite ones, all staged
+ * before that skip is known, must train what the two finite batches train
+ * alone (steps 1 and 2 of torch.optim.AdamW; skipped ones are not steps).
+ * Numbered 2 and 3, the first update would be 0.74x of step 1's (bias
+ * corrections), far outside the device's run-to-run spread. */
 static void adamw_behind_skip(sf_backend *cu, const sf_model &m, one_batch &ob1, one_batch &ob2)
 {
     char err[300];
@@ -355,15 +355,19 @@ static void adamw_behind_skip(sf_backend *cu, const sf_model &m, one_batch &ob1,
     bad.label_smoothing = NAN;
     tstate s0, sa, sb;
     std::vector<float> sq0(m.n_params), sqa(m.n_params), sqb(m.n_params);
-    std::vector<sf_event> ea, eb;
-    if (get_state(cu, m, s0) || cu->i->get_opt_sq(cu, sq0.data()) || run_queued(cu, {bad, g1, g2}, ea) ||
+    /* A first skip harvested before the rest is staged, so that the host's
+     * count of skips is not zero either (the device's reaches 2 before g1). */
+    std::vector<sf_event> e0, ea, eb;
+    if (get_state(cu, m, s0) || cu->i->get_opt_sq(cu, sq0.data()) || run_queued(cu, {bad}, e0) ||
+        run_queued(cu, {bad, g1, g2}, ea) ||
         get_state(cu, m, sa) || cu->i->get_opt_sq(cu, sqa.data()) || set_state(cu, s0) ||
         cu->i->set_opt_sq(cu, sq0.data()) || run_queued(cu, {g1, g2}, eb) || get_state(cu, m, sb) ||
         cu->i->get_opt_sq(cu, sqb.data())) {
         fail("adamw behind a skip: a run or a state copy failed");
         return;
     }
-    const bool events = ea.size() == 3 && eb.size() == 2 && ea[0].skipped == SF_SKIP_NONFINITE && !ea[1].skipped &&
+    const bool events = e0.size() == 1 && e0[0].skipped == SF_SKIP_NONFINITE && ea.size() == 3 && eb.size() == 2 &&
+                        ea[0].skipped == SF_SKIP_NONFINITE && !ea[1].skipped &&
                         !ea[2].skipped && ea[1].step == s0.step + 1 && ea[2].step == s0.step + 2 &&
                         eb[1].step == s0.step + 2 && sa.step == sb.step;
     const double dp = delta_err(s0.p, sa.p, sb.p), dm = delta_err(s0.mom, sa.mom, sb.mom),

@@ -874,29 +874,23 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     memcpy(B->h_stage + c->samples_off, bt->samples, (size_t)n * sizeof(sf_aug_sample));
     const size_t stage_used = c->samples_off + (size_t)n * sizeof(sf_aug_sample);
 
-    /* Buffer b's inputs (staging, images, augmented batch, labels) are read by
-     * its previous step on the compute stream: wait for that step to finish
-     * before overwriting them. */
-    NOT_STARTED(cudaStreamWaitEvent(ts, B->done, 0));
-    NOT_STARTED(cudaEventRecord(B->h2d0, ts));
-    NOT_STARTED(cudaMemcpyAsync(B->d_stage, B->h_stage, stage_used, cudaMemcpyHostToDevice, ts));
-    nvtx_push("streamfeed h2d", bt->id);
-    cudaError_t ce = cudaSuccess;
-    if (!bt->jpeg)
-        ce = cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts);
-    else {
-        /* On the decode stream, into the staging area the augmentation two
-         * encoded batches back read (jpeg_read): the decode of this batch
-         * runs beside the augmentation of the previous one instead of after
-         * it. It does not wait for buffer b's previous step (done[b]): it
-         * writes only its staging area. The transform stream waits for it.
-         * The host time of the call is reported per batch (STEP_DONE's
-         * decode_host_s): the hybrid backends decode Huffman on this thread,
-         * and a call that blocks here delays the next submission. */
+    /* An encoded batch is decoded first, on the decode stream, into the
+     * staging area the augmentation two encoded batches back read
+     * (jpeg_read): the decode of this batch runs beside the augmentation of
+     * the previous one instead of after it. It does not wait for buffer b's
+     * previous step (done[b]): it writes only its staging area; the
+     * transform stream waits for it below. A file the decoder refuses fails
+     * the submission before anything is queued for buffer b (1), as on the
+     * reference backend: in a data-parallel round the engine then joins the
+     * step with an empty contribution. The host time of the call is
+     * reported per batch (STEP_DONE's decode_host_s): the hybrid backends
+     * decode Huffman on this thread, and a call that blocks here delays the
+     * next submission. */
+    if (bt->jpeg) {
         const int k = c->jpeg_next;
         const cudaStream_t ds = c->st_decode;
         const uint64_t t0 = now_ns();
-        ce = cudaStreamWaitEvent(ds, c->jpeg_read[k], 0);
+        cudaError_t ce = cudaStreamWaitEvent(ds, c->jpeg_read[k], 0);
         int rc = ce != cudaSuccess;
         /* jpeg_read[k] also goes to the decoder: the hardware engines write
          * the area during the call, outside the stream's order, so there the
@@ -908,19 +902,29 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
         c->jpeg_host_s = (double)(now_ns() - t0) * 1e-9;
         if (!rc) {
             ce = cudaEventRecord(c->jpeg_decoded[k], ds);
-            if (ce == cudaSuccess)
-                ce = cudaStreamWaitEvent(ts, c->jpeg_decoded[k], 0);
-            c->jpeg_cur = k;
-            c->jpeg_next = (k + 1) % c->jpeg_stages;
+            rc = ce != cudaSuccess;
         }
         if (rc) {
             if (ce != cudaSuccess)
                 sf_cuda_set_error("cuda: the JPEG decode's stream ordering: %s", cudaGetErrorString(ce));
-            /* The h2d event then never fires: the error path waits for the streams. */
-            nvtxRangePop();
-            return -1;
+            return 1;
         }
+        c->jpeg_cur = k;
+        c->jpeg_next = (k + 1) % c->jpeg_stages;
     }
+
+    /* Buffer b's inputs (staging, images, augmented batch, labels) are read by
+     * its previous step on the compute stream: wait for that step to finish
+     * before overwriting them. */
+    NOT_STARTED(cudaStreamWaitEvent(ts, B->done, 0));
+    NOT_STARTED(cudaEventRecord(B->h2d0, ts));
+    NOT_STARTED(cudaMemcpyAsync(B->d_stage, B->h_stage, stage_used, cudaMemcpyHostToDevice, ts));
+    nvtx_push("streamfeed h2d", bt->id);
+    cudaError_t ce = cudaSuccess;
+    if (!bt->jpeg)
+        ce = cudaMemcpyAsync(B->d_raw, bt->images, img_bytes, cudaMemcpyHostToDevice, ts);
+    else
+        ce = cudaStreamWaitEvent(ts, c->jpeg_decoded[c->jpeg_cur], 0);
     if (ce == cudaSuccess && c->lps > 1)
         ce = cudaMemcpyAsync(B->d_labraw, bt->labels, (size_t)n * c->lps * label_size(bt->label_dtype),
                              cudaMemcpyHostToDevice, ts);

@@ -255,6 +255,39 @@ static void through_backends(const std::vector<jcase> &cases)
         ok("a JPEG batch trains through submit/poll: loss %.5f on CUDA, %.5f on the reference", loss[0], loss[1]);
     else
         fail("JPEG batch loss %.5f on CUDA vs %.5f on the reference (2%% allowed)", loss[0], loss[1]);
+    /* A file the decoder cannot read (its markers zeroed after SOI) fails
+     * the submission itself on both backends, before anything is queued
+     * and with no event: in a data-parallel round the engine then joins the
+     * step with an empty contribution. The backend goes on: the same batch
+     * with the good file trains. */
+    {
+        uint8_t *badf = (uint8_t *)cu->i->host_alloc(cu, jb.bytes.size());
+        memcpy(badf, jb.bytes.data(), jb.bytes.size());
+        memset(badf + jb.off[0] + 2, 0, (size_t)(jb.off[1] - jb.off[0] - 2));
+        sf_batch bad = b;
+        bad.jpeg = badf;
+        for (int k = 0; k < 2; k++) {
+            char e1[300] = "";
+            const int r1 = bes[k]->i->submit(bes[k], &bad, e1, sizeof e1);
+            sf_event ev[4];
+            const int stray = bes[k]->i->poll(bes[k], ev, 4, 100000);
+            int status = -2;
+            if (bes[k]->i->submit(bes[k], &b, err, sizeof err) == 0)
+                for (int tries = 0; tries < 1000 && status == -2; tries++) {
+                    const int e = bes[k]->i->poll(bes[k], ev, 4, 10000);
+                    for (int i = 0; i < e; i++)
+                        if (ev[i].kind == SF_EV_STEP_DONE)
+                            status = ev[i].status;
+                }
+            if (r1 != 0 && stray == 0 && status == 0)
+                ok("%s: an unreadable file fails the submission (%s); the next batch trains", bes[k]->i->name(bes[k]),
+                   e1);
+            else
+                fail("%s: an unreadable file: submit returned %d, %d events after it, the next batch's status %d",
+                     bes[k]->i->name(bes[k]), r1, stray, status);
+        }
+        cu->i->host_free(cu, badf);
+    }
     static char desc[1 << 16];
     size_t dev_bytes = 0;
     if (cu->i->describe && cu->i->describe(cu, desc, sizeof desc, &dev_bytes) == 0 && strstr(desc, "jpeg decode: nvJPEG"))

@@ -8,6 +8,7 @@
 #include "server/app.h"
 #include "server/config.h"
 #include "server/distributed.h"
+#include "server/text.h"
 
 /* Depth of a parsed JSON value (a scalar is 1). */
 static int depth_of(const cJSON *j)
@@ -97,9 +98,10 @@ cJSON *h_parse_json_body(sf_req *r)
         sf_reply_error(r, 400, "json_too_deep", "JSON nesting deeper than %d", c.http.max_json_depth);
         return NULL;
     }
-    cJSON *j = cJSON_ParseWithLength(r->body, r->body_len);
+    const char *why = NULL;
+    cJSON *j = sf_json_parse_whole(r->body, r->body_len, &why);
     if (!j) {
-        sf_reply_error(r, 400, "json_invalid", "the body is not valid JSON");
+        sf_reply_error(r, 400, "json_invalid", "the body is not one JSON value: %s", why);
         return NULL;
     }
     if (depth_of(j) > c.http.max_json_depth + 1) {

@@ -763,9 +763,10 @@ int sf_config_set_text(sf_config *c, const char *name, const char *value, char *
             return set_string(c, o, value, err, errlen);
         /* Stored in cJSON's canonical rendering, so the same value always
          * compares equal however it was written (1.0 vs 1, spacing). */
-        cJSON *j = cJSON_Parse(value);
+        const char *why = NULL;
+        cJSON *j = sf_json_parse_whole(value, strlen(value), &why);
         if (!j) {
-            snprintf(err, errlen, "%s: not valid JSON", name);
+            snprintf(err, errlen, "%s: %s", name, why);
             return -1;
         }
         char *canon = cJSON_PrintUnformatted(j);
@@ -1002,10 +1003,11 @@ static int load_file(sf_config *c, const char *path, char *err, size_t errlen)
         return -1;
     }
     buf[n] = '\0';
-    cJSON *j = cJSON_Parse(buf);
+    const char *why = NULL;
+    cJSON *j = sf_json_parse_whole(buf, n, &why);
     free(buf);
     if (!j) {
-        snprintf(err, errlen, "--config %s: not valid JSON", path);
+        snprintf(err, errlen, "--config %s: %s", path, why);
         return -1;
     }
     char e2[512], fld[128];

@@ -74,3 +74,47 @@ void sf_text_sanitize(char *s)
         i += n;
     }
 }
+
+/* A NUL in the text: a raw byte anywhere, or a \u0000 escape in a string. */
+static int json_has_nul(const char *buf, size_t len)
+{
+    int in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        const char ch = buf[i];
+        if (ch == '\0')
+            return 1;
+        if (!in_str) {
+            in_str = ch == '"';
+            continue;
+        }
+        if (ch == '"') {
+            in_str = 0;
+        } else if (ch == '\\' && i + 1 < len) {
+            if (buf[i + 1] == 'u' && i + 5 < len && !memcmp(buf + i + 2, "0000", 4))
+                return 1;
+            i++; /* the escaped character, so that \\ and \" are not read again */
+        }
+    }
+    return 0;
+}
+
+cJSON *sf_json_parse_whole(const char *buf, size_t len, const char **why)
+{
+    if (json_has_nul(buf, len)) {
+        *why = "the JSON text holds a NUL character (a raw byte or \\u0000)";
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(buf, len, &end, 0);
+    if (!j) {
+        *why = "not valid JSON";
+        return NULL;
+    }
+    for (const char *p = end; p && p < buf + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(j);
+            *why = "more text follows the JSON value";
+            return NULL;
+        }
+    return j;
+}

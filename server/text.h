@@ -1,11 +1,13 @@
 /* server/text.h — client text made safe to store, echo and log: UTF-8
  * validation, and the replacements error replies and log lines use, so that
  * a reply stays valid UTF-8 JSON and a log line stays one line whatever
- * bytes a client sent. */
+ * bytes a client sent; and JSON text read as exactly one value. */
 #ifndef SF_TEXT_H
 #define SF_TEXT_H
 
 #include <stddef.h>
+
+#include <cjson/cJSON.h>
 
 /* The length (1..4) of the well-formed UTF-8 sequence at s, of at most avail
  * bytes; 0 when it is not one (a stray continuation byte, an overlong form, a
@@ -19,5 +21,13 @@ int sf_text_ok(const char *s);
 /* In place: every byte of an ill-formed sequence and every control character
  * becomes '?'. */
 void sf_text_sanitize(char *s);
+
+/* The JSON value that buf[0..len) is, as a whole; NULL with *why (a static
+ * string) when it is not valid JSON, when anything but whitespace follows
+ * the value (cJSON alone stops at the value's end, so "{...} junk" or two
+ * objects in a row would pass as the first), or when it holds a NUL, as a
+ * raw byte or a \u0000 escape: C strings end there, so a key or a value
+ * would be read shorter than it was sent (a bearer token cut at the NUL). */
+cJSON *sf_json_parse_whole(const char *buf, size_t len, const char **why);
 
 #endif

@@ -165,6 +165,13 @@ ERROR_CASES = [
     ("batch_with_application_json",
      lambda s: s.post_batch(b"{}", content_type="application/json"), 415, "unsupported_media_type"),
     ("malformed_json", _json_patch(b'{"optim": {"lr": 0.5'), 400, "json_invalid"),
+    # cJSON alone stops at the end of the first value: the rest must not be ignored
+    ("json_with_trailing_text", _json_patch(b'{"optim": {"lr": 0.3}} xyz'), 400, "json_invalid"),
+    ("two_json_values_in_a_row", _json_patch(b'{"optim":{"lr":0.4}}{"optim":{"lr":5}}'), 400, "json_invalid"),
+    # a NUL would end the C string: a key or a token read shorter than sent
+    ("json_key_with_a_nul_escape", _json_patch(b'{"optim\\u0000x":{"lr":0.1}}'), 400, "json_invalid"),
+    ("json_value_with_a_nul_escape", _json_patch(b'{"http":{"token":"abc\\u0000-long-secret"}}'), 400,
+     "json_invalid"),
     ("json_nested_deeper_than_the_limit", _json_patch(("[" * 20 + "]" * 20).encode()), 400, "json_too_deep"),
     ("empty_json_body", _json_patch(b""), 400, "body_empty"),
     ("unknown_path", lambda s: s.get("/v1/unknown"), 404, "not_found"),
@@ -434,6 +441,18 @@ def test_invalid_config_file_exits_2_naming_the_file_and_field(tmp_path):
     p = subprocess.run([BIN, "--config", str(bad), "--http.port", "0"], capture_output=True, text=True, timeout=30)
     assert p.returncode == 2
     assert str(bad) in p.stderr and "optim.lr" in p.stderr
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"optim": {"lr": 0.01}} trailing', "more text follows"),
+    ('{"http": {"token": "abc\\u0000-rest"}}', "NUL"),
+])
+def test_a_config_file_that_is_not_one_json_value_exits_2(tmp_path, text, why):
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    p = subprocess.run([BIN, "--config", str(bad), "--http.port", "0"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2, p.stderr
+    assert str(bad) in p.stderr and why in p.stderr
 
 
 # ---- metrics ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 /* tests/unit/test_text.c — client text made safe (server/text.c): UTF-8
  * validation at the edges of the encoding, sanitising for error replies, and
  * the log formats (server/log.c) keeping one record on one line and valid
- * UTF-8 whatever a request path holds. */
+ * UTF-8 whatever a request path holds; JSON text read as exactly one value
+ * with no NUL in it. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -110,6 +111,39 @@ static void test_a_request_path_cannot_forge_log_lines_or_break_utf8(void **stat
     sf_log_set_json(0);
 }
 
+static int whole(const char *text, size_t len, const char **why)
+{
+    cJSON *j = sf_json_parse_whole(text, len, why);
+    cJSON_Delete(j);
+    return j != NULL;
+}
+
+static void test_json_text_must_be_one_value_without_a_nul(void **state)
+{
+    (void)state;
+    const char *why = NULL;
+    /* one value, whitespace around it, escapes that are not a NUL (the
+     * fourth is a backslash followed by the text u0000) */
+    const char *good[] = {"{\"a\":1}", "  [1,2]\r\n\t ", "\"tab\\tquote\\\"\"", "\"\\\\u0000\"",
+                          "\"\\u0001\"", "0"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        assert_true(whole(good[i], strlen(good[i]), &why));
+    /* trailing text, two values, a NUL escape in a key or a value, nothing */
+    const char *bad[] = {"{\"optim\":{\"lr\":0.3}} xyz", "{\"a\":1}{\"a\":5}", "{\"a\":1},",
+                         "{\"optim\\u0000x\":{\"lr\":0.1}}", "{\"t\":\"abc\\u0000-secret\"}",
+                         "{\"k\":\"\\u00001\"}", "[1]]]]", "", "   "};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        why = NULL;
+        assert_false(whole(bad[i], strlen(bad[i]), &why));
+        assert_non_null(why);
+    }
+    const char raw[] = {'{', '"', 'a', '"', ':', '"', 'x', '\0', 'y', '"', '}'};
+    assert_false(whole(raw, sizeof raw, &why));
+    assert_non_null(strstr(why, "NUL"));
+    /* the length bounds the text: what lies beyond it is not read */
+    assert_true(whole("{\"a\":1} junk", 7, &why));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -118,6 +152,7 @@ int main(void)
         cmocka_unit_test(test_config_text_refuses_control_characters_and_bad_bytes),
         cmocka_unit_test(test_sanitising_replaces_each_bad_byte_and_keeps_the_rest),
         cmocka_unit_test(test_a_request_path_cannot_forge_log_lines_or_break_utf8),
+        cmocka_unit_test(test_json_text_must_be_one_value_without_a_nul),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -430,9 +430,11 @@ static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t e
             if (ns == 1)
                 op->std[i] = op->std[0];
         }
+        /* |std| >= 1e-6: a smaller one scales a 0..255 value past what fp32
+         * and bf16 hold (1e-38 gave infinities and only skipped steps) */
         for (int i = 0; i < op->n_mean; i++)
-            if (!(op->std[i] != 0.0f)) {
-                sf_errf(err, errlen, "%s: \"std\"[%d] must not be 0", what, i);
+            if (!(fabsf(op->std[i]) >= 1e-6f)) {
+                sf_errf(err, errlen, "%s: \"std\"[%d] must be at least 1e-6 in magnitude", what, i);
                 return -1;
             }
         break;

@@ -475,24 +475,49 @@ static int check_distributed(const sf_config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* The ops' order and parameters as every batch would check them
+ * (sf_aug_plan_make), once, on a large square source of the model's
+ * channels: a pipeline no batch can pass (mixup before another op) is a
+ * config error, not each batch's 422. What depends on the real source (a
+ * crop larger than it) stays the upload's to refuse. */
+#define PLAN_CHECK_SIDE 4096
+static int check_plan(const sf_aug_pipeline *p, int channels, char *err, size_t errlen)
+{
+    sf_aug_plan *plan = malloc(sizeof *plan);
+    if (!plan) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    const int rc = sf_aug_plan_make(p, PLAN_CHECK_SIDE, PLAN_CHECK_SIDE, channels, plan, err, errlen);
+    free(plan);
+    return rc;
+}
+
+/* The model's input channels, or 3 when it does not build (check_model's to report). */
+static int model_channels(const sf_config *c, sf_model *m)
+{
+    char merr[256];
+    if ((c->model.spec[0] ? sf_model_from_json(c->model.spec, m, merr, sizeof merr)
+                          : sf_model_from_preset(c->model.preset, m, merr, sizeof merr)) != 0)
+        return 0;
+    return m->in_c;
+}
+
 static int check_augment(const sf_config *c, char *err, size_t errlen)
 {
     sf_aug_pipeline p;
     if (sf_aug_parse(sf_config_train_pipeline(c), &p, err, errlen) != 0)
         return -1;
-    if (sf_aug_mix_op(&p) < 0)
-        return 0;
     sf_model *m = malloc(sizeof *m);
     if (!m) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    char merr[256];
-    int rc = 0;
-    if ((c->model.spec[0] ? sf_model_from_json(c->model.spec, m, merr, sizeof merr)
-                          : sf_model_from_preset(c->model.preset, m, merr, sizeof merr)) == 0)
+    const int in_c = model_channels(c, m);
+    int rc = check_plan(&p, in_c > 0 ? in_c : 3, err, errlen);
+    if (rc == 0 && in_c > 0 && sf_aug_mix_op(&p) >= 0)
         rc = check_mix_for_model(c, m, err, errlen);
-    free(m); /* a model that does not build is check_model's to report */
+    free(m);
     return rc;
 }
 
@@ -513,7 +538,14 @@ static int check_eval_augment(const sf_config *c, char *err, size_t errlen)
             return -1;
         }
     }
-    return 0;
+    sf_model *m = malloc(sizeof *m);
+    if (!m) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    const int in_c = model_channels(c, m);
+    free(m);
+    return check_plan(&p, in_c > 0 ? in_c : 3, err, errlen);
 }
 
 /* Job ids index a ring of results (server/jobs.c): every live batch must keep

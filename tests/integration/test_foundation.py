@@ -423,6 +423,12 @@ def test_config_file_can_come_from_the_environment(start_server, tmp_path):
     ([], {"STREAMFEED_HTTP_THREADS": "0"}, "STREAMFEED_HTTP_THREADS"),
     (["--augment.pipeline", "[{\"op\":\"spin\"}]"], {}, "augment.pipeline"),
     (["--model.preset", "seed-encdec", "--augment.pipeline", "[{\"op\":\"mixup\"}]"], {}, "segmentation"),
+    # pipelines no batch could pass: refused at start, not as every batch's 422
+    (["--augment.pipeline", "[{\"op\":\"mixup\"},{\"op\":\"to_dtype\",\"dtype\":\"float32\"}]"], {},
+     "must come last"),
+    (["--augment.eval_pipeline", "[{\"op\":\"resize\",\"size\":[16,16]},{\"op\":\"center_crop\",\"size\":[32,32]}]"],
+     {}, "augment.eval_pipeline"),
+    (["--augment.pipeline", "[{\"op\":\"normalize\",\"mean\":[0.5],\"std\":[1e-38]}]"], {}, "1e-6"),
 ])
 def test_invalid_configuration_exits_2_naming_the_option(args, env, needle, tmp_path):
     import os

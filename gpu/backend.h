@@ -175,7 +175,9 @@ typedef struct sf_batch {
     uint64_t t_ready_ns;     /* host monotonic time the slot became READY (for traces) */
 } sf_batch;
 
-/* transform()'s return when the batch's data, not the backend, failed. */
+/* transform()'s and submit()'s return when the batch's data, not the
+ * backend, failed: a JPEG file whose header passed but whose data the
+ * decoder refuses. */
 #define SF_BACKEND_BAD_INPUT (-2)
 
 typedef enum sf_event_kind { SF_EV_SLOT_FREE = 1, SF_EV_STEP_DONE = 2 } sf_event_kind;
@@ -248,7 +250,8 @@ typedef struct sf_backend_i {
     /* Batches that may be submitted and not yet STEP_DONE at once. */
     int (*max_inflight)(sf_backend *be);
     /* Starts a batch. Returns 0, or -1 (err filled) when it could not even be
-     * started; then no events follow for it. */
+     * started, SF_BACKEND_BAD_INPUT when its data was refused; then no
+     * events follow for it. */
     int (*submit)(sf_backend *be, const sf_batch *b, char *err, size_t errlen);
     /* Writes up to max completions into ev and returns their count; waits up
      * to timeout_us for the first one when none is ready. */

@@ -333,9 +333,15 @@ static void submit(sf_engine *e, int slot, int64_t global_n)
     x->id = id;
     x->eval = m->eval;
     snprintf(x->eval_name, sizeof x->eval_name, "%s", m->eval_name);
-    if (fill_batch(e, slot, &b, 1, err, sizeof err) ||
-        ((b.global_n = global_n), app->backend->i->submit(app->backend, &b, err, sizeof err))) {
-        fail_ring_batch(e, slot, "submit_failed", err);
+    int rc = fill_batch(e, slot, &b, 1, err, sizeof err) ? -1 : 0;
+    if (!rc) {
+        b.global_n = global_n;
+        rc = app->backend->i->submit(app->backend, &b, err, sizeof err);
+    }
+    if (rc) {
+        /* A file the decoder refuses is the client's error, as on POST
+         * /v1/transform; anything else is the service's. */
+        fail_ring_batch(e, slot, rc == SF_BACKEND_BAD_INPUT ? "jpeg_undecodable" : "submit_failed", err);
         return;
     }
     /* The logits buffer stays the request's until STEP_DONE, after the slot

@@ -828,7 +828,8 @@ static sf_cuda_jpeg_backend jpeg_want(const cuda_ctx *c)
 }
 
 /* Queues the transform-stream half of a batch. Returns 0; 1 when it failed
- * before any copy was queued; -1 when it failed after. */
+ * before any copy was queued, 2 when that was because the decoder refused a
+ * file (SF_BACKEND_BAD_INPUT); -1 when it failed after. */
 static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
 {
     cbuf *B = &c->buf[b];
@@ -907,7 +908,7 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
         if (rc) {
             if (ce != cudaSuccess)
                 sf_cuda_set_error("cuda: the JPEG decode's stream ordering: %s", cudaGetErrorString(ce));
-            return 1;
+            return rc == SF_BACKEND_BAD_INPUT ? 2 : 1;
         }
         c->jpeg_cur = k;
         c->jpeg_next = (k + 1) % c->jpeg_stages;
@@ -1094,16 +1095,16 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
         return -1;
     }
     int rt = enqueue_transform(c, bt, b);
-    if (bt->jpeg && rt != 1) {
+    if (bt->jpeg && rt != 1 && rt != 2) {
         scopy(e->decoder, sizeof e->decoder, sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(c->jpeg)));
         e->decode_host_s = c->jpeg_host_s;
     }
-    if (rt == 1) {
+    if (rt == 1 || rt == 2) {
         c->accum_count = saved_count;
         c->opt_submitted = saved_sub;
         sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
         cudaGetLastError();
-        return -1;
+        return rt == 2 ? SF_BACKEND_BAD_INPUT : -1;
     }
     if (rt != 0) {
         /* Nothing of the step was queued (a JPEG the decoder refused): the

@@ -784,8 +784,9 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
      * event, as on the CUDA backend: the engine then knows at once that this
      * batch takes no step (in a data-parallel round it joins the step with
      * an empty contribution instead, so the ranks' collectives still pair). */
-    if (decode(c, b_in, &raw, err, errlen) != 0)
-        return -1;
+    const int drc = decode(c, b_in, &raw, err, errlen);
+    if (drc != 0)
+        return drc == SF_BACKEND_BAD_INPUT ? SF_BACKEND_BAD_INPUT : -1;
     const uint64_t t_decoded = now_ns();
     const sf_batch *b = &raw;
     int64_t bad = 0;

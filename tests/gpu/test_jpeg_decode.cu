@@ -279,7 +279,7 @@ static void through_backends(const std::vector<jcase> &cases)
                         if (ev[i].kind == SF_EV_STEP_DONE)
                             status = ev[i].status;
                 }
-            if (r1 != 0 && stray == 0 && status == 0)
+            if (r1 == SF_BACKEND_BAD_INPUT && stray == 0 && status == 0)
                 ok("%s: an unreadable file fails the submission (%s); the next batch trains", bes[k]->i->name(bes[k]),
                    e1);
             else

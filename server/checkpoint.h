@@ -33,9 +33,12 @@
  * 400 checkpoint_optimizer_mismatch); a file without them loads the state_dict
  * and zeroes the optimizer state (a new optimizer, as in PyTorch), keeping the
  * step count unless the file has one. Of differing num_batches_tracked values
- * the largest is kept. Reading for model.init_from is partial: tensors whose
- * name is a parameter's or a batchnorm buffer's initialise it (shape and dtype
- * must match), every other tensor is ignored.
+ * the largest is kept. Counts (optim.step, num_batches_tracked, the metadata's
+ * step) above SF_CKPT_MAX_COUNT are refused on every read, and a snapshot past
+ * it fails rather than write a file no read would take. Reading for
+ * model.init_from is partial: tensors whose name is a parameter's or a
+ * batchnorm buffer's initialise it (shape and dtype must match), every other
+ * tensor is ignored.
  *
  * Backends without the optional vtable entries (get/set_buffers,
  * get/set_opt_sq: NULL) keep working for models without batchnorm and with

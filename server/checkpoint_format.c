@@ -406,15 +406,19 @@ int sf_ckpt_decode(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const uin
                  "the checkpoint was written for another model: %.200s", model);
             goto out;
         }
+        /* Digits only: strtoull alone reads " -1" as 2^64 - 1. Anything else
+         * is no step count, as before. */
         const char *st = sf_st_file_meta(&f, "step");
-        char *end;
-        if (st && st[0]) {
+        if (st && st[0] && st[strspn(st, "0123456789")] == '\0') {
             errno = 0;
-            unsigned long long v = strtoull(st, &end, 10);
-            if (!errno && !*end && st[0] != '-') {
-                d->step = v;
-                d->has_step = 1;
+            unsigned long long v = strtoull(st, NULL, 10);
+            if (errno == ERANGE || v > SF_CKPT_MAX_COUNT) {
+                fail(e, 400, "checkpoint_tensor_mismatch", "step",
+                     "__metadata__.step %.24s%s is " SF_CKPT_MAX_COUNT_WHY, st, strlen(st) > 24 ? "..." : "");
+                goto out;
             }
+            d->step = v;
+            d->has_step = 1;
         }
     }
     /* The optimizer the file's state belongs to (our metadata says it). */
@@ -495,6 +499,11 @@ int sf_ckpt_decode(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const uin
             if (v < 0) {
                 fail(e, 400, "checkpoint_tensor_mismatch", t->name, "%s is negative (%lld)", t->name,
                      (long long)v);
+                goto out;
+            }
+            if ((uint64_t)v > SF_CKPT_MAX_COUNT) {
+                fail(e, 400, "checkpoint_tensor_mismatch", t->name, "%s is %lld, " SF_CKPT_MAX_COUNT_WHY,
+                     t->name, (long long)v);
                 goto out;
             }
             seen[k] = 1;

@@ -18,6 +18,17 @@
 #include "server/checkpoint.h"
 #include "server/safetensors.h"
 
+/* The largest count a checkpoint may carry (optim.step, num_batches_tracked,
+ * __metadata__.step). Replies give the step count as a cJSON number, printed
+ * with 15 significant digits when that reads back within a relative epsilon:
+ * exact digits below 10^15 only (1e+15 and up in exponent form, rounded from
+ * 2^52), so the bound is 10^15 - 1 rather than 2^53 - 1. So far below 2^63 no
+ * count of training steps can wrap the I64 tensors a save writes. */
+#define SF_CKPT_MAX_COUNT UINT64_C(999999999999999)
+#define SF_CKPT_MAX_COUNT_WHY                                                                  \
+    "above 10^15 - 1 (999999999999999), the largest count a checkpoint may carry: replies "  \
+    "(GET /v1/model, batches) give step counts as JSON numbers, exact below 10^15 only"
+
 /* Fills e (when not NULL): status, stable code, the field or tensor to blame
  * (NULL: none) and a sentence. */
 void sf_ckpt_fail(sf_ckpt_error *e, int status, const char *code, const char *field, const char *fmt, ...)

@@ -123,6 +123,11 @@ int sf_ckpt_snapshot(sf_ckpt *ck, blob *b, char *err, size_t errlen)
             snprintf(err, errlen, "the %s backend could not read its buffers", app->backend_name);
             return -1;
         }
+        if (nbt > SF_CKPT_MAX_COUNT) {
+            snprintf(err, errlen, "num_batches_tracked is %llu, " SF_CKPT_MAX_COUNT_WHY
+                     "; no file is written that could not be loaded again", (unsigned long long)nbt);
+            return -1;
+        }
         /* One counter in the service; PyTorch has one per layer: the same value in each. */
         for (int i = 0; i < ck->lay.n_bn; i++)
             sf_ckpt_put_le64(b->nbt_at + 8 * (size_t)i, nbt);
@@ -140,6 +145,14 @@ int sf_ckpt_snapshot(sf_ckpt *ck, blob *b, char *err, size_t errlen)
             return -1;
         }
         sf_ckpt_put_le64(b->step_at, step);
+    }
+    /* Only a state loaded at the bound and trained on gets here; its file
+     * would be the newest ckpt-<step>, refused at resume, and would rotate the
+     * loadable ones away. */
+    if (step > SF_CKPT_MAX_COUNT) {
+        snprintf(err, errlen, "the step count is %llu, " SF_CKPT_MAX_COUNT_WHY
+                 "; no file is written that could not be loaded again", (unsigned long long)step);
+        return -1;
     }
     b->step = step;
     b->gen = atomic_load(&ck->state_gen);

@@ -294,6 +294,53 @@ def test_put_with_a_wrong_name_shape_or_dtype_is_400_naming_the_tensor_and_chang
     assert s.metric("streamfeed_checkpoint_loads_total", status="failed") == len(_bad_bodies())
 
 
+def test_step_counts_of_10_15_and_above_are_refused_and_10_15_minus_1_round_trips(start_server, tmp_path):
+    """optim.step 2^63-1 used to be taken, wrap to a negative step at the next
+    save, and leave a newest ckpt-<step> file that load and resume refuse.
+    Replies print the step as a cJSON number, exact digits below 10^15 only
+    (2^53 - 1 came back as 9.00719925474099e+15): that is the bound."""
+    d = tmp_path / "ck"
+    s = start_server(TRAIN + ["--checkpoint.dir", str(d)])
+    rng = np.random.default_rng(4)
+    train(s, rng, 1)
+    assert post_json(s, "/v1/checkpoint/save").status_code == 200
+    good = get_ckpt(s)
+    meta = header_of(good)["__metadata__"]
+    sd = st_load(good)
+
+    def refused(r, field):
+        assert r.status_code == 400, r.text
+        e = error_of(r)
+        assert (e["code"], e["field"]) == ("checkpoint_tensor_mismatch", field), e
+        assert "999999999999999" in e["message"] and "JSON" in e["message"], e
+
+    for step in (10**15, 2**53, 2**63 - 1):
+        sd["optim.step"] = np.array(step, np.int64)
+        refused(put_ckpt(s, st_save(sd, metadata=meta)), "optim.step")
+    (d / "big.safetensors").write_bytes(st_save(sd, metadata=meta))
+    refused(post_json(s, "/v1/checkpoint/load", {"path": "big.safetensors"}), "optim.step")
+    # Without optim.step the metadata's step is the one taken: bounded too.
+    bare = st_load(get_ckpt(s, optimizer=False))
+    refused(put_ckpt(s, st_save(bare, metadata={**meta, "step": str(10**15)})), "step")
+    assert get_ckpt(s) == good and model_step(s) == 1
+
+    top = 10**15 - 1
+    sd["optim.step"] = np.array(top, np.int64)
+    r = put_ckpt(s, st_save(sd, metadata=meta))
+    assert r.status_code == 200 and r.json()["step"] == top, r.text
+    assert re.search(r'"step":\s*999999999999999[,}]', s.get("/v1/model").text)
+    assert int(st_load(get_ckpt(s))["optim.step"]) == top
+    # One more step goes past the bound: saving that state is refused rather
+    # than leaving a newest file that rotates the loadable ones away.
+    r = s.post_arrays(*learnable_batch(rng, 8), wait=True)
+    assert r.json()["step"] == top + 1 and model_step(s) == top + 1, r.text
+    r = post_json(s, "/v1/checkpoint/save")
+    assert r.status_code == 500 and "999999999999999" in error_of(r)["message"], r.text
+    assert list(ckpt_files(d)) == [1]
+    r = post_json(s, "/v1/checkpoint/load")
+    assert r.status_code == 200 and r.json()["step"] == 1, r.text
+
+
 def test_a_checkpoint_written_by_python_safetensors_with_torch_names_loads(start_server, tmp_path):
     """What safetensors.torch.save_file(model.state_dict()) writes, emulated
     with numpy: the state_dict names, F32, no metadata of ours."""

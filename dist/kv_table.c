@@ -17,17 +17,24 @@ struct sf_kv_table {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* signalled on every put, for waiting gets */
     kv_entry *e;       /* max_entries */
-    int n, max_entries;
+    int n, max_entries; /* max_entries: every key of the job (sf_kv_job_keys) */
+    int world;
     size_t max_value;
 };
 
-sf_kv_table *sf_kv_table_new(int max_entries, size_t max_value)
+int sf_kv_job_keys(int world) { return 2 * world + 1; }
+
+sf_kv_table *sf_kv_table_new(int world, size_t max_value)
 {
+    if (world < 1 || world > SF_KV_MAX_WORLD)
+        return NULL;
     sf_kv_table *t = calloc(1, sizeof *t);
-    if (!t || max_entries < 1 || !(t->e = calloc((size_t)max_entries, sizeof *t->e))) {
+    const int max_entries = sf_kv_job_keys(world);
+    if (!t || !(t->e = calloc((size_t)max_entries, sizeof *t->e))) {
         free(t);
         return NULL;
     }
+    t->world = world;
     t->max_entries = max_entries;
     t->max_value = max_value;
     pthread_mutex_init(&t->mu, NULL);
@@ -51,21 +58,38 @@ void sf_kv_table_free(sf_kv_table *t)
     free(t);
 }
 
+int sf_kv_table_world(const sf_kv_table *t) { return t->world; }
 int sf_kv_table_max_entries(const sf_kv_table *t) { return t->max_entries; }
 size_t sf_kv_table_max_value(const sf_kv_table *t) { return t->max_value; }
 
-const char *sf_kv_key_check(const char *key)
+/* 1 when s is a rank of a job of world ranks, in decimal without leading
+ * zeros: one spelling per rank, so the keys that take a rank are finite. */
+static int is_rank(const char *s, int world)
 {
-    size_t n = key ? strlen(key) : 0;
-    if (n == 0 || n > SF_KV_MAX_KEY)
-        return "kv_key_invalid";
-    for (size_t i = 0; i < n; i++) {
-        char c = key[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-              c == '_' || c == '-'))
-            return "kv_key_invalid";
+    if (!*s || (s[0] == '0' && s[1]))
+        return 0;
+    long n = 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return 0;
+        n = n * 10 + (*s - '0');
+        if (n >= world)
+            return 0;
     }
-    return NULL;
+    return 1;
+}
+
+const char *sf_kv_key_check(const char *key, int world)
+{
+    if (!key)
+        return "kv_key_invalid";
+    if (!strcmp(key, "nccl.id"))
+        return NULL;
+    if (!strncmp(key, "gloo.rank_", 10) && is_rank(key + 10, world))
+        return NULL;
+    if (!strncmp(key, "gloo.", 5) && is_rank(key + 5, world))
+        return NULL;
+    return "kv_key_invalid";
 }
 
 static kv_entry *find(sf_kv_table *t, const char *key)
@@ -78,14 +102,14 @@ static kv_entry *find(sf_kv_table *t, const char *key)
 
 int sf_kv_table_put(sf_kv_table *t, const char *key, const void *val, size_t len, const char **code)
 {
-    const char *bad = sf_kv_key_check(key);
+    const char *bad = sf_kv_key_check(key, t->world);
     if (bad || len > t->max_value) {
         *code = bad ? bad : "kv_value_too_large";
         return -1;
     }
     unsigned char *copy = malloc(len ? len : 1);
     if (!copy) {
-        *code = "kv_full";
+        *code = "out_of_memory";
         return -1;
     }
     if (len)
@@ -113,7 +137,7 @@ int sf_kv_table_put(sf_kv_table *t, const char *key, const void *val, size_t len
 
 int sf_kv_table_get(sf_kv_table *t, const char *key, void *buf, size_t cap, size_t *len, int timeout_ms)
 {
-    if (sf_kv_key_check(key))
+    if (sf_kv_key_check(key, t->world))
         return -1;
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);

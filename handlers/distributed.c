@@ -19,10 +19,16 @@ static sf_kv_table *table_or_refuse(sf_req *r)
                        "it serves no rendezvous store");
         return NULL;
     }
-    const char *bad = sf_kv_key_check(r->param);
+    /* Only the keys the job writes: the store has room for all of them and
+     * for nothing else, so other keys can neither fill it nor keep a rank
+     * out (dist/kv_table.h). */
+    const int world = sf_kv_table_world(t);
+    const char *bad = sf_kv_key_check(r->param, world);
     if (bad) {
-        sf_reply_error_field(r, 400, bad, "key", "a key is 1 to %d characters of A-Z a-z 0-9 . _ -",
-                             SF_KV_MAX_KEY);
+        sf_reply_error_field(r, 400, bad, "key",
+                             "a key is one the ranks of this job write: gloo.rank_N or gloo.N with N a rank "
+                             "from 0 to %d (no leading zeros), or nccl.id",
+                             world - 1);
         return NULL;
     }
     return t;
@@ -48,7 +54,10 @@ int h_distributed_kv_put(sf_req *r)
     if (sf_kv_table_put(t, r->param, r->body, r->body_len, &code) != 0) {
         if (!strcmp(code, "kv_value_too_large"))
             return sf_reply_error(r, 413, code, "a value holds at most %zu bytes", sf_kv_table_max_value(t));
-        return sf_reply_error(r, 507, code, "the store holds at most %d keys", sf_kv_table_max_entries(t));
+        if (!strcmp(code, "out_of_memory"))
+            return sf_reply_error(r, 503, code, "out of memory");
+        /* Not reached: the table has room for every key it takes. */
+        return sf_reply_error(r, 409, code, "the store holds at most %d keys", sf_kv_table_max_entries(t));
     }
     return sf_reply_bytes(r, 204, "application/octet-stream", NULL, 0, NULL);
 }

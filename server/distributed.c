@@ -53,10 +53,12 @@ struct sf_distributed {
     sf_metric *m_world, *m_rank, *m_empty, *m_allreduce, *m_state;
 };
 
-/* Rank 0's store holds what the ranks' collective publishes for a job of its
- * size and, beside it, a few keys of values up to 64 KiB: the NCCL unique id
- * (CUDA) and room to spare. */
-#define KV_SPARE_KEYS 8
+/* Rank 0's store takes the keys a job of its size writes and no other
+ * (dist/kv_table.h: Gloo's two per rank and the NCCL unique id), with room
+ * for all of them: spare room for other keys was what anyone reaching the
+ * port could fill, with 10 junk keys in a job of 2 ranks, so that the next
+ * rank's own key was refused and the job never formed. Values up to 64 KiB,
+ * or Gloo's largest (a rank's addresses of its pairs) when that is more. */
 #define KV_MIN_VALUE 65536
 
 /* The join waits in the store's get for the other ranks' keys, up to
@@ -136,7 +138,13 @@ sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
         int keys;
         size_t value;
         sf_coll_store_needs(d->d.world, &keys, &value);
-        d->table = sf_kv_table_new(keys + KV_SPARE_KEYS, value > KV_MIN_VALUE ? value : KV_MIN_VALUE);
+        if (keys >= sf_kv_job_keys(d->d.world)) { /* the collective writes keys the store does not take */
+            snprintf(err, errlen, "the rendezvous store takes %d keys for %d ranks, the collective writes %d",
+                     sf_kv_job_keys(d->d.world), d->d.world, keys);
+            sf_distributed_free(d);
+            return NULL;
+        }
+        d->table = sf_kv_table_new(d->d.world, value > KV_MIN_VALUE ? value : KV_MIN_VALUE);
         if (!d->table) {
             snprintf(err, errlen, "out of memory");
             sf_distributed_free(d);

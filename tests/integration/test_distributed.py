@@ -488,13 +488,14 @@ def test_the_rendezvous_store_requires_the_token_and_a_rank_without_it_never_joi
     assert r0.request("PUT", "/v1/distributed/kv/probe", data=b"x", headers=h).status_code == 401
     assert r0.get("/v1/distributed/kv/probe").status_code == 401
     auth = {"Authorization": "Bearer s3cret"}
-    assert r0.request("PUT", "/v1/distributed/kv/probe", data=b"\x00\x01", headers={**h, **auth}).status_code == 204
-    got = r0.get("/v1/distributed/kv/probe", headers=auth)
+    # nccl.id: a key of the job that no rank reads on the reference backend.
+    assert r0.request("PUT", "/v1/distributed/kv/nccl.id", data=b"\x00\x01", headers={**h, **auth}).status_code == 204
+    got = r0.get("/v1/distributed/kv/nccl.id", headers=auth)
     assert got.status_code == 200 and got.content == b"\x00\x01"
-    assert r0.get("/v1/distributed/kv/absent", headers=auth).json()["error"]["code"] == "kv_key_not_found"
+    assert r0.get("/v1/distributed/kv/gloo.rank_1", headers=auth).json()["error"]["code"] == "kv_key_not_found"
     bad = r0.request("PUT", "/v1/distributed/kv/bad~key", data=b"x", headers={**h, **auth})
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "kv_key_invalid"
-    big = r0.request("PUT", "/v1/distributed/kv/big", data=b"x" * 65537, headers={**h, **auth})
+    big = r0.request("PUT", "/v1/distributed/kv/nccl.id", data=b"x" * 65537, headers={**h, **auth})
     assert big.status_code == 413 and big.json()["error"]["code"] == "kv_value_too_large"
     # A rank with the wrong token is refused by the store and says so, naming the address.
     r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{r0.port}", "--http.token", "wrong"))
@@ -507,6 +508,35 @@ def test_the_rendezvous_store_requires_the_token_and_a_rank_without_it_never_joi
     # A lone process serves no store.
     lone = start_server(TINY)
     assert lone.get("/v1/distributed/kv/probe").json()["error"]["code"] == "not_rendezvous"
+
+
+def test_rank_0s_store_takes_only_the_keys_of_the_job_so_junk_cannot_keep_a_rank_out(start_server, rng):
+    # The store had room for 2 keys per rank and 8 more, of any name: with no
+    # token set, 10 PUTs of junk keys filled a 2-rank job's store, rank 1's
+    # gloo.rank_1 was refused (507 kv_full) and neither rank ever got ready.
+    r0 = start_server(dist_flags(2, 0, None))
+    h = {"Content-Type": "application/octet-stream"}
+    junk = [f"junk{i}" for i in range(12)] + [
+        "gloo.2", "gloo.rank_2",  # ranks the job does not have
+        "gloo.01", "gloo.rank_00", "gloo.1.", "nccl.id0", "gloo.x",  # no spelling the job writes
+    ]
+    for key in junk:
+        r = r0.request("PUT", f"/v1/distributed/kv/{key}", data=b"x", headers=h)
+        assert r.status_code == 400, (key, r.status_code, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "kv_key_invalid" and "gloo.rank_N or gloo.N" in err["message"], r.text
+    r = r0.get("/v1/distributed/kv/junk0")
+    assert r.status_code == 400 and r.json()["error"]["code"] == "kv_key_invalid", r.text
+    assert r0.metric("streamfeed_http_errors_total", code="kv_key_invalid") >= len(junk) + 1
+    # A key of the job is taken (nccl.id: no rank reads it on the reference
+    # backend), and rank 1 then joins: its own keys still fit.
+    assert r0.request("PUT", "/v1/distributed/kv/nccl.id", data=b"x", headers=h).status_code == 204
+    r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{r0.port}"))
+    for s in (r0, r1):
+        wait_until(lambda s=s: s.get("/readyz").status_code == 200, timeout=30, what="every rank joined")
+    for res in post_round([r0, r1], [learnable_batch(rng, n=B), learnable_batch(rng, n=B)]):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    assert_bit_identical([r0, r1])
 
 
 def test_only_rank_0_writes_checkpoints_and_no_rank_restores_one_while_training(start_server, tmp_path):

@@ -423,6 +423,12 @@ static int check_mix_for_model(const sf_config *c, const sf_model *m, char *err,
     return 0;
 }
 
+int sf_config_model(const sf_config *c, sf_model *m, char *err, size_t errlen)
+{
+    return c->model.spec[0] ? sf_model_from_json(c->model.spec, m, err, errlen)
+                            : sf_model_from_preset(c->model.preset, m, err, errlen);
+}
+
 static int check_model(const sf_config *c, char *err, size_t errlen)
 {
     sf_model *m = malloc(sizeof *m);
@@ -430,8 +436,7 @@ static int check_model(const sf_config *c, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    int rc = c->model.spec[0] ? sf_model_from_json(c->model.spec, m, err, errlen)
-                              : sf_model_from_preset(c->model.preset, m, err, errlen);
+    int rc = sf_config_model(c, m, err, errlen);
     if (rc == 0 && c->model.freeze[0])
         rc = sf_model_set_freeze(m, c->model.freeze, err, errlen);
     if (rc == 0)
@@ -497,10 +502,7 @@ static int check_plan(const sf_aug_pipeline *p, int channels, char *err, size_t 
 static int model_channels(const sf_config *c, sf_model *m)
 {
     char merr[256];
-    if ((c->model.spec[0] ? sf_model_from_json(c->model.spec, m, merr, sizeof merr)
-                          : sf_model_from_preset(c->model.preset, m, merr, sizeof merr)) != 0)
-        return 0;
-    return m->in_c;
+    return sf_config_model(c, m, merr, sizeof merr) == 0 ? m->in_c : 0;
 }
 
 static int check_augment(const sf_config *c, char *err, size_t errlen)

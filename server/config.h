@@ -193,6 +193,11 @@ const sf_cfg_option *sf_config_suggest(const char *name);
 const char *sf_config_train_pipeline(const sf_config *c);
 const char *sf_config_eval_pipeline(const sf_config *c);
 
+/* The model the configuration names: model.spec when set, else model.preset
+ * (model.freeze not applied). 0, or -1 with err. */
+struct sf_model;
+int sf_config_model(const sf_config *c, struct sf_model *m, char *err, size_t errlen);
+
 /* Fills c with every default. */
 void sf_config_defaults(sf_config *c);
 /* Sets one option from text (env/flag syntax). 0, or -1 with err naming the option. */

@@ -160,8 +160,7 @@ static sf_precision precision_of(const char *s)
 static int build_model(sf_app *app, char *err, size_t errlen)
 {
     const sf_config *c = &app->cfg;
-    int rc = c->model.spec[0] ? sf_model_from_json(c->model.spec, &app->model, err, errlen)
-                              : sf_model_from_preset(c->model.preset, &app->model, err, errlen);
+    int rc = sf_config_model(c, &app->model, err, errlen);
     if (rc == 0 && c->model.freeze[0])
         rc = sf_model_set_freeze(&app->model, c->model.freeze, err, errlen);
     if (rc)

@@ -78,7 +78,7 @@ extern "C" {
 #define STAGE_LABELS_OFF 256
 #define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping) after the SGD hyper-parameters */
 #define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
-static_assert(STAGE_CTL_OFF + sizeof(sf_step_ctl) <= STAGE_ADAMW_OFF, "sf_step_ctl overlaps the AdamW hyper");
+static_assert(STAGE_CTL_OFF + sizeof(sf_step_ctl) <= STAGE_ADAMW_OFF, "sf_step_ctl overlaps the AdamW hyper-parameters");
 static_assert(STAGE_ADAMW_OFF + sizeof(sf_adamw_hyper) <= STAGE_LABELS_OFF, "sf_adamw_hyper overlaps the labels");
 #define ANCHOR_PERIOD_NS 2000000000ull
 /* nvJPEG decoders working on slices of one large JPEG batch at once
@@ -1099,20 +1099,17 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
         scopy(e->decoder, sizeof e->decoder, sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(c->jpeg)));
         e->decode_host_s = c->jpeg_host_s;
     }
-    if (rt == 1 || rt == 2) {
+    if (rt != 0) {
+        /* Nothing of the step was queued: the batch is no optimizer step and
+         * no round of an accumulation group. (In a data-parallel round the
+         * engine then adds an empty contribution, which counts the step.) */
         c->accum_count = saved_count;
         c->opt_submitted = saved_sub;
+    }
+    if (rt == 1 || rt == 2) {
         sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
         cudaGetLastError();
         return rt == 2 ? SF_BACKEND_BAD_INPUT : -1;
-    }
-    if (rt != 0) {
-        /* Nothing of the step was queued (a JPEG the decoder refused): the
-         * batch is no optimizer step and no round of an accumulation group.
-         * (A data-parallel round then takes an empty contribution, which
-         * counts the step.) */
-        c->accum_count = saved_count;
-        c->opt_submitted = saved_sub;
     }
     int rs = rt == 0 ? enqueue_step(c, b, bt->n, bt->logits_out != NULL) : -1;
     c->next_buf = (b + 1) % c->nbuf;
@@ -1614,7 +1611,7 @@ static int cu_describe(sf_backend *be, char *buf, size_t len, size_t *device_byt
             snprintf(buf + at, len - at, "jpeg decode: unavailable (%s)\n", c->jpeg_err);
         at = strlen(buf);
     }
-    if (c->cfg.dist && at < len) {
+    if (c->nccl && at < len) {
         sf_nccl_describe(c->nccl, buf + at, len - at);
         at = strlen(buf);
     }

@@ -253,18 +253,30 @@ static int allreduce_now(sf_nccl *x, int64_t *d, size_t n, ncclRedOp_t op, char 
     return rc;
 }
 
+/* The gradient blocks' total bytes; *all_vmm: there are blocks and all are
+ * ncclMemAlloc's. */
+static int64_t blocks_bytes(const sf_nccl *x, int *all_vmm)
+{
+    int64_t bytes = 0;
+    *all_vmm = x->n_blk > 0;
+    for (int i = 0; i < x->n_blk; i++) {
+        bytes += (int64_t)x->blk[i].bytes;
+        *all_vmm &= x->blk[i].vmm;
+    }
+    return bytes;
+}
+
+#define NO_WINDOW_API "no window API (this libnccl, or the nccl.h it was built with, predates 2.27)"
+
 /* Windows need every rank to register the same blocks: the ranks first
  * agree (a MIN all-reduce of "all my blocks are ncclMemAlloc's", of the
  * block count and of the bytes, each also negated so that the MIN gives the
  * MAX too), then each block is registered in order. */
 static int register_windows(sf_nccl *x, char *err, size_t errlen)
 {
-    int64_t bytes = 0;
-    for (int i = 0; i < x->n_blk; i++)
-        bytes += (int64_t)x->blk[i].bytes;
-    int64_t mine[5] = {x->n_blk > 0, x->n_blk, -x->n_blk, bytes, -bytes};
-    for (int i = 0; i < x->n_blk; i++)
-        mine[0] &= x->blk[i].vmm;
+    int vmm = 0;
+    const int64_t bytes = blocks_bytes(x, &vmm);
+    int64_t mine[5] = {vmm, x->n_blk, -x->n_blk, bytes, -bytes};
     int64_t *d = NULL, all[5] = {0, 0, 0, 0, 0};
     if (cudaMalloc((void **)&d, sizeof mine) != cudaSuccess ||
         cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice) != cudaSuccess) {
@@ -285,7 +297,7 @@ static int register_windows(sf_nccl *x, char *err, size_t errlen)
     const int same = all[1] == -all[2] && all[3] == -all[4];
     if (!all[0] || !same) {
         snprintf(x->why_not, sizeof x->why_not, "%s",
-                 !x->api.mem_alloc ? "no window API (this libnccl, or the nccl.h it was built with, predates 2.27)"
+                 !x->api.mem_alloc ? NO_WINDOW_API
                  : !mine[0]        ? "ncclMemAlloc failed on this rank"
                  : !same           ? "the ranks' gradient blocks differ"
                                    : "ncclMemAlloc failed on another rank");
@@ -349,30 +361,20 @@ extern "C" int sf_nccl_joined(const sf_nccl *x) { return x && x->comm && !x->abo
 
 extern "C" void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len)
 {
-    int v = 0;
-    if (!x || x->api.get_version(&v) != ncclSuccess)
+    int v = 0, vmm = 0;
+    if (x->api.get_version(&v) != ncclSuccess)
         v = 0;
-    size_t bytes = 0;
-    for (int i = 0; x && i < x->n_blk; i++)
-        bytes += x->blk[i].bytes;
-    if (!x)
-        snprintf(buf, len, "gradient all-reduce: none (one process)\n");
-    else if (!x->comm) {
-        int vmm = x->n_blk > 0;
-        for (int i = 0; i < x->n_blk; i++)
-            vmm &= x->blk[i].vmm;
-        snprintf(buf, len, "gradient all-reduce: NCCL %d.%d.%d, %zu B of gradients in %s\n", v / 10000,
-                 v / 100 % 100, v % 100, bytes,
-                 vmm ? "ncclMemAlloc's memory, registered as symmetric windows at the job's first round if every "
-                       "rank's is"
-                     : x->api.mem_alloc ? "ordinary device memory (ncclMemAlloc failed): NCCL's ordinary kernels"
-                                        : "ordinary device memory (no window API: this libnccl, or the nccl.h "
-                                          "it was built with, predates 2.27): NCCL's ordinary kernels");
-    }
-    else
-        snprintf(buf, len, "gradient all-reduce: NCCL %d.%d.%d, %zu B of gradients %s%s%s\n", v / 10000,
-                 v / 100 % 100, v % 100, bytes, x->windows ? "in symmetric windows" : "in ordinary device memory",
-                 x->windows ? "" : ": ", x->windows ? "" : x->why_not);
+    const long long bytes = (long long)blocks_bytes(x, &vmm);
+    const char *where = x->comm ? (x->windows ? "in symmetric windows" : "in ordinary device memory: ")
+                        : vmm   ? "in ncclMemAlloc's memory, registered as symmetric windows at the job's first "
+                                  "round if every rank's is"
+                                : "in ordinary device memory: ";
+    const char *why = x->comm ? (x->windows ? "" : x->why_not)
+                      : vmm   ? ""
+                      : x->api.mem_alloc ? "ncclMemAlloc failed"
+                                         : NO_WINDOW_API;
+    snprintf(buf, len, "gradient all-reduce: NCCL %d.%d.%d, %lld B of gradients %s%s\n", v / 10000, v / 100 % 100,
+             v % 100, bytes, where, why);
 }
 
 /* Waits out a non-blocking communicator's ncclInProgress (the call is still

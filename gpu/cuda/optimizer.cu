@@ -707,21 +707,18 @@ __global__ void k_grad_state(const float *__restrict__ part, int nparts, const f
         st.norm = 0.f;
         st.scale = 1.f;
         st.skip = SF_GRAD_SKIP_EMPTY;
-        *out = st;
-        if (skips)
-            *skips += 1u;
-        return;
-    }
-    const float norm = (float)(sqrt(a) * (double)f);
-    const float lv = loss ? *loss : 0.f;
-    st.norm = norm;
-    st.skip = !isfinite(norm) || !isfinite(lv) ? SF_GRAD_SKIP_NONFINITE : 0;
-    st.scale = f;
-    const float mx = max_norm ? *max_norm : 0.f;
-    if (!st.skip && mx > 0.f) {
-        /* torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6), clamped to 1 */
-        const float c = __fdiv_rn(mx, __fadd_rn(norm, 1e-6f));
-        st.scale = c < 1.f ? __fmul_rn(c, f) : f;
+    } else {
+        const float norm = (float)(sqrt(a) * (double)f);
+        const float lv = loss ? *loss : 0.f;
+        st.norm = norm;
+        st.skip = !isfinite(norm) || !isfinite(lv) ? SF_GRAD_SKIP_NONFINITE : 0;
+        st.scale = f;
+        const float mx = max_norm ? *max_norm : 0.f;
+        if (!st.skip && mx > 0.f) {
+            /* torch.nn.utils.clip_grad_norm_: max_norm / (total_norm + 1e-6), clamped to 1 */
+            const float c = __fdiv_rn(mx, __fadd_rn(norm, 1e-6f));
+            st.scale = c < 1.f ? __fmul_rn(c, f) : f;
+        }
     }
     *out = st;
     if (st.skip && skips)

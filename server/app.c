@@ -5,6 +5,7 @@
 #include "server/engine.h"
 #include "server/jobs.h"
 #include "server/kept_logits.h"
+#include "server/log.h"
 #include "server/http.h"
 #include "server/process.h"
 #include "server/ring.h"
@@ -64,6 +65,7 @@ static void collect(void *ctx)
         sf_gauge_set(sf_metric_only(app->m.process_fds), ps.open_fds);
         sf_gauge_set(sf_metric_only(app->m.process_max_fds), ps.max_fds);
     }
+    sf_gauge_set(sf_metric_only(app->m.log_dropped), (double)sf_log_dropped());
 }
 
 void sf_app_metrics_init(sf_app *app)
@@ -183,6 +185,11 @@ void sf_app_metrics_init(sf_app *app)
     m->process_fds = sf_metrics_gauge("process_open_fds", "Number of open file descriptors.", NULL);
     m->process_max_fds = sf_metrics_gauge("process_max_fds",
                                           "Maximum number of open file descriptors.", NULL);
+    m->log_dropped = sf_metrics_counter(
+        "streamfeed_log_lines_dropped_total",
+        "Log lines dropped because stderr (a pipe or socket) was read more slowly than they came; "
+        "the service never waits for the reader.",
+        NULL);
     m->gpu_utilization = sf_metrics_gauge(
         "streamfeed_gpu_utilization_ratio",
         "Share of the driver's last sample period the GPU was busy (NVML), sampled every "

@@ -36,6 +36,7 @@ typedef struct sf_app_metrics {
     sf_family *ring_slots, *queue_wait, *h2d, *transform, *step;
     sf_family *compute_busy, *compute_starved, *build_info;
     sf_family *process_start, *process_cpu, *process_rss, *process_vsize, *process_fds, *process_max_fds;
+    sf_family *log_dropped; /* server/log.h: lines a stalled stderr reader cost */
     sf_family *uploads_evicted;
     sf_family *logits_kept, *logits_kept_bytes, *logits_evicted; /* server/kept_logits.h */
     /* The training loop: skipped steps by reason, pre-clip gradient norms,

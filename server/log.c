@@ -2,13 +2,22 @@
 #include "server/log.h"
 #include "server/text.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static atomic_int g_level = SF_LOG_INFO;
 static atomic_int g_json = 0;
@@ -90,6 +99,170 @@ static void fmt_number(char *out, size_t cap, double v)
         snprintf(out, cap, "null");
 }
 
+/* ---- the writer ----------------------------------------------------------------
+ *
+ * A pipe or a socket on stderr (a container runtime's log FIFO, a collector)
+ * can stop being read; a thread blocked writing to it would stall whatever it
+ * was doing — a request, a probe, the training loop. Once sf_log_start has
+ * seen such a stderr, lines go into a bounded buffer that one thread writes
+ * out; when the buffer is full a line is dropped and counted, and the count
+ * is logged once the reader has caught up. A regular file, a terminal or
+ * /dev/null is written directly, in the caller, as before sf_log_start: its
+ * writes do not wait on a reader, and a line is there as soon as the call
+ * returns. */
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t more;  /* the writer waits for lines */
+    pthread_cond_t empty; /* sf_log_flush waits for the buffer to drain */
+    char *buf;
+    size_t head, len;     /* a ring of SF_LOG_BUFFER_BYTES */
+    uint64_t unreported;  /* lines dropped since the last report */
+    int fd;               /* stderr's descriptor as sf_log_start found it */
+    atomic_int running;
+    _Atomic uint64_t dropped;
+} W = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+uint64_t sf_log_dropped(void) { return atomic_load(&W.dropped); }
+
+/* Writes all of p; what cannot be written (a closed reader: EPIPE, SIGPIPE
+ * being ignored) is discarded. */
+static void write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k > 0) {
+            p += k;
+            n -= (size_t)k;
+        } else if (k < 0 && errno == EINTR) {
+            continue;
+        } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            poll(&pf, 1, 100);
+        } else {
+            return;
+        }
+    }
+}
+
+static void emit(const char *line, size_t n)
+{
+    if (!atomic_load(&W.running)) {
+        /* stdio's lock keeps concurrent lines whole */
+        fwrite(line, 1, n, stderr);
+        return;
+    }
+    pthread_mutex_lock(&W.mu);
+    if (SF_LOG_BUFFER_BYTES - W.len >= n) {
+        const size_t tail = (W.head + W.len) % SF_LOG_BUFFER_BYTES;
+        const size_t first = n < SF_LOG_BUFFER_BYTES - tail ? n : SF_LOG_BUFFER_BYTES - tail;
+        memcpy(W.buf + tail, line, first);
+        memcpy(W.buf, line + first, n - first);
+        W.len += n;
+        pthread_cond_signal(&W.more);
+    } else {
+        W.unreported++;
+        atomic_fetch_add(&W.dropped, 1);
+    }
+    pthread_mutex_unlock(&W.mu);
+}
+
+static void *writer_main(void *arg)
+{
+    (void)arg;
+    /* Signals belong to the thread that waits for them. */
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    pthread_mutex_lock(&W.mu);
+    for (;;) {
+        if (W.len == 0 && W.unreported) {
+            const uint64_t k = W.unreported;
+            W.unreported = 0;
+            pthread_mutex_unlock(&W.mu);
+            char msg[200];
+            snprintf(msg, sizeof msg,
+                     "log: %llu lines dropped: stderr was read more slowly than lines came "
+                     "(streamfeed_log_lines_dropped_total)", (unsigned long long)k);
+            const sf_log_field f = SF_LF_NUM("dropped", k);
+            sf_log_fields(SF_LOG_WARN, msg, &f, 1);
+            pthread_mutex_lock(&W.mu);
+            continue;
+        }
+        if (W.len == 0) {
+            pthread_cond_broadcast(&W.empty);
+            pthread_cond_wait(&W.more, &W.mu);
+            continue;
+        }
+        /* Producers only append after head + len: the span written here
+         * stays as it is while the lock is released. */
+        const size_t n = W.len < SF_LOG_BUFFER_BYTES - W.head ? W.len : SF_LOG_BUFFER_BYTES - W.head;
+        const char *p = W.buf + W.head;
+        pthread_mutex_unlock(&W.mu);
+        write_all(W.fd, p, n);
+        pthread_mutex_lock(&W.mu);
+        W.head = (W.head + n) % SF_LOG_BUFFER_BYTES;
+        W.len -= n;
+    }
+    return NULL;
+}
+
+int sf_log_flush(int timeout_ms)
+{
+    if (!atomic_load(&W.running)) {
+        fflush(stderr);
+        return 0;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&W.mu);
+    int rc = 0;
+    while ((W.len > 0 || W.unreported) && rc == 0)
+        rc = pthread_cond_timedwait(&W.empty, &W.mu, &until);
+    const int drained = W.len == 0 && !W.unreported;
+    pthread_mutex_unlock(&W.mu);
+    return drained ? 0 : -1;
+}
+
+static void flush_at_exit(void) { sf_log_flush(SF_LOG_EXIT_FLUSH_MS); }
+
+int sf_log_start(void)
+{
+    struct stat st;
+    if (atomic_load(&W.running) || fstat(STDERR_FILENO, &st) != 0 ||
+        !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
+        return 0;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&W.empty, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&W.more, NULL);
+    W.buf = malloc(SF_LOG_BUFFER_BYTES);
+    /* A descriptor of its own: the writer keeps writing where stderr
+     * pointed at the start even if descriptor 2 is later pointed elsewhere. */
+    W.fd = W.buf ? fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3) : -1;
+    pthread_t th;
+    if (W.fd < 0 || pthread_create(&th, NULL, writer_main, NULL) != 0) {
+        if (W.fd >= 0)
+            close(W.fd);
+        free(W.buf);
+        W.buf = NULL;
+        return -1; /* lines keep going straight to stderr */
+    }
+    pthread_detach(th);
+    fflush(stderr);
+    atomic_store(&W.running, 1);
+    atexit(flush_at_exit);
+    return 1;
+}
+
 void sf_log_fields(sf_log_level l, const char *msg, const sf_log_field *f, int n)
 {
     if (!sf_log_enabled(l))
@@ -116,11 +289,13 @@ void sf_log_fields(sf_log_level l, const char *msg, const sf_log_field *f, int n
                                   f[i].key, val);
         }
     }
-    if (o >= sizeof line)
-        o = sizeof line - 2;
+    /* room for the closing brace and the newline */
+    if (o > sizeof line - 3)
+        o = sizeof line - 3;
     if (json)
-        snprintf(line + o, sizeof line - o, "}");
-    fprintf(stderr, "%s\n", line);
+        line[o++] = '}';
+    line[o++] = '\n';
+    emit(line, o);
 }
 
 void sf_log(sf_log_level l, const char *fmt, ...)

@@ -3,11 +3,35 @@
  * Lines are "time level message" in text mode or one JSON object per line in
  * json mode (for log collectors: {"time","level","msg", fields...}). The level and format are hot config: any
  * thread may log at any time; the settings are read atomically.
+ *
+ * A stderr that is a pipe or a socket is written by a thread of its own once
+ * sf_log_start has run, through a buffer of SF_LOG_BUFFER_BYTES: a reader that
+ * stops reading costs dropped lines (counted, sf_log_dropped), never a
+ * blocked request or training step. Lines are written in the order they were
+ * logged either way.
  */
 #ifndef SF_LOG_H
 #define SF_LOG_H
 
 typedef enum sf_log_level { SF_LOG_DEBUG = 0, SF_LOG_INFO, SF_LOG_WARN, SF_LOG_ERROR } sf_log_level;
+
+#include <stdint.h>
+
+#define SF_LOG_BUFFER_BYTES (1u << 20)
+/* How long the exit path waits for buffered lines to reach stderr. */
+#define SF_LOG_EXIT_FLUSH_MS 2000
+
+/* Starts the writer thread when stderr is a pipe or a socket (1), or leaves
+ * lines written directly (0: a file, a terminal; -1: the thread could not
+ * start). The buffered lines are flushed at exit, for up to
+ * SF_LOG_EXIT_FLUSH_MS. Call it once every signal that another thread
+ * must not take is blocked, or not at all (tools, tests). */
+int sf_log_start(void);
+/* Waits up to timeout_ms for every line logged so far to be written:
+ * 0 once written, -1 if the reader has not taken them in time. */
+int sf_log_flush(int timeout_ms);
+/* Lines dropped because the buffer was full, since the start. */
+uint64_t sf_log_dropped(void);
 
 void sf_log_set_level(sf_log_level l);
 void sf_log_set_json(int json);

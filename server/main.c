@@ -20,6 +20,7 @@
  * status 0 after a signal either way; the log says which.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,6 +282,21 @@ static int drain_and_stop(sf_app *app, uint64_t t_signal_ns)
     return stopped ? 0 : -1;
 }
 
+/* A start-up failure: its message after every line logged before it (the
+ * log writer may hold some), then the exit status to return. */
+static int start_failed(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int start_failed(int rc, const char *fmt, ...)
+{
+    sf_log_flush(SF_LOG_EXIT_FLUSH_MS);
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("streamfeed: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     static sf_app app; /* large (model description); static keeps it off the stack */
@@ -309,14 +325,14 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* From here a stalled reader of stderr costs log lines, not progress. */
+    sf_log_start();
 
     int sink = strcmp(app.cfg.pipeline.mode, "sink") == 0;
     if (!sink) {
         app.backend = pick_backend(&app.cfg, fallback, sizeof fallback, err, sizeof err);
-        if (!app.backend) {
-            fprintf(stderr, "streamfeed: %s\n", err);
-            return 1;
-        }
+        if (!app.backend)
+            return start_failed(1, "%s", err);
         app.backend_name = app.backend->i->name(app.backend);
     } else {
         app.backend_name = "sink";
@@ -325,28 +341,20 @@ int main(int argc, char **argv)
      * before the backend is built (it keeps a pointer); the ranks join on the
      * engine thread once the HTTP listener serves rank 0's store. */
     if (app.cfg.distributed.world_size > 1) {
-        if (sink) {
-            fprintf(stderr, "streamfeed: distributed.world_size > 1 needs a backend (pipeline.mode=train)\n");
-            return 2;
-        }
+        if (sink)
+            return start_failed(2, "distributed.world_size > 1 needs a backend (pipeline.mode=train)");
         app.dist = sf_distributed_new(&app.cfg, err, sizeof err);
-        if (!app.dist) {
-            fprintf(stderr, "streamfeed: distributed: %s\n", err);
-            return 1;
-        }
+        if (!app.dist)
+            return start_failed(1, "distributed: %s", err);
     }
-    if (build_model(&app, err, sizeof err)) {
-        fprintf(stderr, "streamfeed: model: %s\n", err);
-        return 1;
-    }
+    if (build_model(&app, err, sizeof err))
+        return start_failed(1, "model: %s", err);
     warn_cpu_fallback(&app, fallback);
     atomic_store(&app.backend_ok, 1);
     sf_app_metrics_init(&app);
     /* Resume or model.init_from: the backend is built, the engine not started yet. */
-    if (sf_ckpt_start(&app, err, sizeof err)) {
-        fprintf(stderr, "streamfeed: checkpoint: %s\n", err);
-        return 1;
-    }
+    if (sf_ckpt_start(&app, err, sizeof err))
+        return start_failed(1, "checkpoint: %s", err);
 
     app.ring = app.backend ? sf_ring_new(app.cfg.ring.slots, (size_t)app.cfg.ring.slot_bytes,
                                          be_alloc, be_free, app.backend)
@@ -355,29 +363,21 @@ int main(int argc, char **argv)
     app.jobs = sf_jobs_new(app.cfg.pipeline.jobs_max);
     app.evals = sf_evals_new(app.cfg.eval.max_names);
     app.kept_logits = sf_kept_logits_new(app.jobs, app.m.logits_evicted);
-    if (!app.ring || !app.jobs || !app.evals || !app.kept_logits) {
-        fprintf(stderr, "streamfeed: cannot allocate %d ring slots of %lld bytes\n",
-                app.cfg.ring.slots, (long long)app.cfg.ring.slot_bytes);
-        return 1;
-    }
+    if (!app.ring || !app.jobs || !app.evals || !app.kept_logits)
+        return start_failed(1, "cannot allocate %d ring slots of %lld bytes", app.cfg.ring.slots,
+                            (long long)app.cfg.ring.slot_bytes);
     sf_ring_on_free(app.ring, on_slot_free, &app);
     app.engine = sf_engine_start(&app, err, sizeof err);
-    if (!app.engine) {
-        fprintf(stderr, "streamfeed: %s\n", err);
-        return 1;
-    }
+    if (!app.engine)
+        return start_failed(1, "%s", err);
     sf_ckpt_attach(&app); /* periodic checkpoints */
     /* The sampler (GPU readings, throughput history) before the daemon, so
      * app.telemetry is set before any handler can read it. */
     app.telemetry = sf_telemetry_start(&app, err, sizeof err);
-    if (!app.telemetry) {
-        fprintf(stderr, "streamfeed: %s\n", err);
-        return 1;
-    }
-    if (!sf_http_start(&app, err, sizeof err)) {
-        fprintf(stderr, "streamfeed: %s\n", err);
-        return 1;
-    }
+    if (!app.telemetry)
+        return start_failed(1, "%s", err);
+    if (!sf_http_start(&app, err, sizeof err))
+        return start_failed(1, "%s", err);
     sf_http_set_tick(app.http, every_second, &app);
     SF_INFO("streamfeed %s: backend %s, model %s (%zu parameters), %d ring slots of %lld bytes",
             SF_VERSION, app.backend_name, app.model.preset, app.model.n_params, app.cfg.ring.slots,
@@ -414,7 +414,7 @@ int main(int argc, char **argv)
                 "ended: exiting without waiting for it and without a final checkpoint (the "
                 "newest periodic checkpoint stands)");
         fflush(stdout);
-        fflush(stderr);
+        sf_log_flush(SF_LOG_EXIT_FLUSH_MS);
         _exit(0);
     }
     /* No engine thread any more: the final checkpoint reads the backend from here. */

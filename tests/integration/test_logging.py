@@ -1,10 +1,13 @@
 """The log as a collector reads it: JSON lines with real fields, the listening
 line in the same format, and no line per probe or scrape unless asked."""
 import json
+import re
 import signal
 import subprocess
 
-from sfharness import BIN, SINK, TINY, random_batch, wait_until
+import requests
+
+from sfharness import BIN, SINK, TINY, random_batch, st_body, wait_until
 
 
 def json_lines(text):
@@ -18,7 +21,6 @@ def json_lines(text):
 
 def test_json_request_lines_carry_method_path_status_duration_bytes_request_and_batch_ids(start_server, rng):
     s = start_server(*TINY, "--log.format", "json")
-    from sfharness import st_body
     images, labels = random_batch(rng, 2)
     r = s.post_batch(st_body(images, labels), wait=True, headers={"X-Request-Id": "post-one"})
     assert r.status_code == 200, r.text
@@ -62,3 +64,44 @@ def test_probes_and_scrapes_are_not_logged_unless_log_probes_is_set(start_server
     assert s.patch_config({"log": {"probes": True}}).status_code == 200
     s.get("/healthz", headers={"X-Request-Id": "probe-logged"})
     wait_until(lambda: "request_id=probe-logged" in s.stderr(), 10, what="the probe's line")
+
+
+def test_a_stderr_pipe_nobody_reads_costs_log_lines_not_requests_or_training(rng):
+    """A log collector that stops reading: the pipe fills, the requests and
+    the training go on, the lines that did not fit are counted, and their
+    count is logged once the reader is back."""
+    p = subprocess.Popen([BIN, "--http.port", "0", "--http.host", "127.0.0.1", *TINY],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", p.stdout.readline().decode())
+        url = f"http://127.0.0.1:{m.group(1)}"
+        http = requests.Session()
+        # About 1.1 KB of log line each (the path is logged): several times
+        # the pipe and the writer's buffer together.
+        for i in range(3000):
+            assert http.get(f"{url}/v1/no-such-route/{i:05d}/" + "x" * 1000, timeout=10).status_code == 404
+        images, labels = random_batch(rng, 2)
+        r = http.post(f"{url}/v1/batches?wait=1", data=st_body(images, labels),
+                      headers={"Content-Type": "application/vnd.safetensors"}, timeout=30)
+        assert r.status_code == 200 and r.json()["state"] == "done" and r.json()["step"] == 1, r.text
+        assert http.get(f"{url}/healthz", timeout=10).status_code == 200
+        metrics = http.get(f"{url}/metrics", timeout=10).text
+        dropped = int(re.search(r"^streamfeed_log_lines_dropped_total (\d+)$", metrics, re.M).group(1))
+        assert dropped > 0
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    lines = err.decode(errors="replace").splitlines()
+    # The kept lines are whole (a request's line is logged when its reply has
+    # gone, so two in a row may swap threads and order), the drops are
+    # reported, and the shutdown's own lines were still written.
+    routes = [ln for ln in lines if "/v1/no-such-route/" in ln]
+    seen = [int(x) for x in re.findall(r" path=/v1/no-such-route/(\d{5})/x{1000} status=404 ", "\n".join(routes))]
+    assert len(seen) == len(routes) == len(set(seen)) and 0 in seen
+    reported = sum(int(x) for x in re.findall(r"log: (\d+) lines dropped", "\n".join(lines)))
+    assert reported >= dropped
+    assert any(ln.endswith(" stopped") for ln in lines), lines[-5:]

@@ -20,6 +20,7 @@ EXPECTED_ALERTS = {
     "StreamfeedBatchFailures",
     "StreamfeedGpuMemoryNearFull",
     "StreamfeedLossNotFinite",
+    "StreamfeedLogLinesDropped",
     "StreamfeedLossRising",
     "StreamfeedStepsSkippedNonFinite",
 }

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from streamfeed import RetryPolicy
+from streamfeed import errors as E
 from streamfeed.aio import AsyncClient
 from streamfeed.jpeg import jpeg_batches
 from test_client import random_batch
@@ -101,3 +102,21 @@ def test_async_feed_refuses_more_connections_than_its_client_pools():
                 await c.feed([], connections=4)
 
     asyncio.run(main())
+
+
+def test_the_async_feed_leaves_out_a_file_the_server_refuses_by_name(module_server, rng):
+    cmyk = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).convert("CMYK").save(cmyk, format="JPEG")
+    samples = [(jpeg_bytes(rng), k) for k in range(7)]
+    samples.insert(2, (cmyk.getvalue(), 9))
+
+    async def main(**kw):
+        async with AsyncClient(module_server.url) as c:
+            return await c.feed(jpeg_batches(samples, 4, shuffle=False), connections=2, **kw)
+
+    summary = asyncio.run(main())
+    assert summary.ok and summary.batches == 2 and summary.samples == 7, summary
+    assert summary.skipped_files == {"jpeg_unsupported": 1}
+    assert (summary.skipped[0].batch_index, summary.skipped[0].sample) == (0, 2)
+    with pytest.raises(E.FeedAborted):
+        asyncio.run(main(skip_bad_files=False))

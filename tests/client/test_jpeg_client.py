@@ -1,6 +1,7 @@
 """streamfeed.jpeg: JPEG files posted as they are, from bytes, paths, an
 ImageFolder layout and a dataset of (bytes, label) through feed()."""
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +99,81 @@ def test_jpeg_batches_shuffle_an_image_folder_by_seed_so_batches_mix_the_classes
     with pytest.raises(TypeError, match="shuffle=False"):
         jpeg_batches((s for s in samples), 4)
     assert len(list(jpeg_batches((s for s in samples), 4, shuffle=False))) == 8
+
+
+def cmyk_jpeg_bytes(rng, h=32, w=32):
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).convert("CMYK").save(out, format="JPEG")
+    return out.getvalue()
+
+
+def png_bytes(rng, h=32, w=32):
+    out = io.BytesIO()
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def a_real_data_set(rng, tmp_path):
+    """Twelve files as a crawled data set has them: nine good JPEGs, a CMYK
+    JPEG and a file cut short (both refused by the server, by name), a PNG
+    named .jpg and an empty file (both left out before sending)."""
+    kinds = ["ok", "cmyk", "ok", "ok", "png", "ok", "cut", "ok", "ok", "empty", "ok", "ok", "ok"]
+    samples = []
+    for i, kind in enumerate(kinds):
+        good = jpeg_bytes(rng)
+        data = {"ok": good, "cmyk": cmyk_jpeg_bytes(rng), "png": png_bytes(rng), "cut": good[:300] + b"\xff\xd9",
+                "empty": b""}[kind]
+        p = tmp_path / f"{i:02d}-{kind}.jpg"
+        p.write_bytes(data)
+        samples.append((p, i % 10))
+    return samples
+
+
+def test_feed_leaves_out_the_files_a_real_data_set_has_and_trains_on_the_rest(module_server, rng, tmp_path):
+    samples = a_real_data_set(rng, tmp_path)
+    summary = module_server.client().feed(jpeg_batches(samples, 4, shuffle=False), connections=2, progress=False)
+    # Nine good files: the client fills each batch with the next good file,
+    # and the server's refusals cost their file alone.
+    assert summary.ok and summary.samples == 9 and not summary.errors, summary
+    assert summary.skipped_files.get("jpeg_unsupported") == 1
+    assert summary.skipped_files.get("jpeg_not_jpeg") == 2
+    assert sum(summary.skipped_files.values()) == 4, summary.skipped_files
+    named = {Path(s.name).name: s for s in summary.skipped}
+    assert set(named) == {"01-cmyk.jpg", "04-png.jpg", "06-cut.jpg", "09-empty.jpg"}
+    assert named["01-cmyk.jpg"].code == "jpeg_unsupported" and named["01-cmyk.jpg"].batch_index == 0
+    assert named["01-cmyk.jpg"].sample == 1
+    assert named["06-cut.jpg"].code in ("jpeg_truncated", "jpeg_malformed")
+    assert "empty" in named["09-empty.jpg"].message
+    assert "files left out" in str(summary)
+
+
+def test_with_skip_bad_files_off_a_refused_file_stops_the_feed_as_before(module_server, rng, tmp_path):
+    samples = a_real_data_set(rng, tmp_path)
+    with pytest.raises(E.FeedAborted) as ei:
+        module_server.client().feed(jpeg_batches(samples, 4, shuffle=False), connections=1, progress=False,
+                                    skip_bad_files=False)
+    assert ei.value.error.code == "jpeg_unsupported" and ei.value.error.field == "jpeg[1]"
+
+
+def test_jpeg_batches_keep_their_size_and_a_data_set_without_a_jpeg_is_refused(rng):
+    files = [jpeg_bytes(rng, 8, 8) for _ in range(6)]
+    data = [files[0], b"", files[1], png_bytes(rng, 8, 8), files[2], files[3], files[4], files[5], b"\x00"]
+    batches = list(jpeg_batches([(d, i) for i, d in enumerate(data)], 3, shuffle=False))
+    assert [b.n for b in batches] == [3, 3]
+    assert _labels(batches[0]) == [0, 2, 4] and _labels(batches[1]) == [5, 6, 7]
+    assert [(p, c) for p, _, c, _ in batches[0].left_out] == [(1, "jpeg_not_jpeg"), (3, "jpeg_not_jpeg")]
+    # the file after the last batch's files is recorded in that batch
+    assert [(p, c) for p, _, c, _ in batches[1].left_out] == [(3, "jpeg_not_jpeg")]
+    # one batch without its middle file: the rest, in order, with their positions
+    smaller = batches[0].without(1)
+    assert smaller.n == 2 and _labels(smaller) == [0, 4] and smaller.positions == [0, 4]
+    assert st_load(smaller.body)["jpeg"].tobytes() == files[0] + files[2]
+    with pytest.raises(ValueError, match="no JPEG file"):
+        list(jpeg_batches([(b"", 0), (png_bytes(rng), 1)], 2, shuffle=False))
+
+
+def test_a_batch_of_one_refused_file_fails_alone_without_stopping_the_feed(module_server, rng):
+    samples = [(jpeg_bytes(rng), 0), (cmyk_jpeg_bytes(rng), 1), (jpeg_bytes(rng), 2)]
+    summary = module_server.client().feed(jpeg_batches(samples, 1, shuffle=False), connections=1, progress=False)
+    assert summary.batches == 2 and summary.samples == 2, summary
+    assert summary.errors == {"jpeg_unsupported": 1} and summary.skipped_files == {"jpeg_unsupported": 1}

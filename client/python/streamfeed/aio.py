@@ -33,7 +33,9 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
 from . import errors as E
 from .client import (RetryPolicy, check_eval_name, check_url, decode_logits, eval_query, labels_for_eval,
                      logits_path, logits_timeout, parse_retry_after, poll_pause)
-from .feed import FeedSummary, _attach_summary, _deterministic, _encode_item, _ordinal
+from .feed import FeedSummary, _attach_summary, _deterministic, _encode_item, _note_left_out, _ordinal, \
+    _without_refused
+from .jpeg import EncodedBatch
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
 
@@ -269,11 +271,14 @@ class AsyncClient:
 
     async def feed(self, loader: Union[AsyncIterable[Any], Iterable[Any]], connections: int = 4,
                    wait_last: bool = True, *, on_error: str = "stop",
-                   keys: Optional[Tuple[str, str]] = None, layout: Optional[str] = None) -> FeedSummary:
+                   keys: Optional[Tuple[str, str]] = None, layout: Optional[str] = None,
+                   skip_bad_files: bool = True) -> FeedSummary:
         """Uploads every batch of an async (or plain) iterable; see :func:`streamfeed.feed`.
 
         Items are those :func:`streamfeed.feed` takes: ``(images, labels)``,
-        dicts, or :class:`streamfeed.jpeg.EncodedBatch` (``jpeg_batches()``).
+        dicts, or :class:`streamfeed.jpeg.EncodedBatch` (``jpeg_batches()``);
+        a JPEG file the server refuses by name is left out of its batch as
+        there (``skip_bad_files``).
         Cancelling the task that awaits it cancels the uploads in flight at
         once.
 
@@ -302,35 +307,48 @@ class AsyncClient:
         no_reply = [0]  # batches in a row without a reply: 2 x connections stop the feed, as feed()'s
 
         async def one(index: int, item: Any, wait: bool, is_last: bool) -> None:
+            _note_left_out(summary, index, item)
             body, n = _encode_item(item, keys, layout)
             summary.submitted += 1
-            try:
-                reply, retries = await self.post_body(body, wait)
-            except E.TransportError as e:
-                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
-                summary.retries += e.retries
-                no_reply[0] += 1
-                if no_reply[0] >= 2 * connections and not fatal:
-                    fatal.append(E.FeedAborted(
-                        f"{no_reply[0]} batches in a row got no reply from {self.url} (the last, index {index}: "
-                        f"{e}); is the server up?", summary, batch_index=index, error=e))
-                    stop.set()
-                return
-            except E.APIError as e:
-                no_reply[0] = 0
-                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
-                summary.retries += e.attempts - 1
-                if on_error == "stop" and _deterministic(e) and not fatal:
-                    fatal.append(E.FeedAborted(
-                        f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}",
-                        summary, batch_index=index, error=e))
-                    stop.set()
-                return
-            except E.BatchFailed as e:
-                no_reply[0] = 0
-                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
-                summary.retries += e.retries
-                return
+            first_n = n
+            while True:
+                try:
+                    reply, retries = await self.post_body(body, wait)
+                    break
+                except E.TransportError as e:
+                    summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                    summary.retries += e.retries
+                    no_reply[0] += 1
+                    if no_reply[0] >= 2 * connections and not fatal:
+                        fatal.append(E.FeedAborted(
+                            f"{no_reply[0]} batches in a row got no reply from {self.url} (the last, index {index}: "
+                            f"{e}); is the server up?", summary, batch_index=index, error=e))
+                        stop.set()
+                    return
+                except E.APIError as e:
+                    no_reply[0] = 0
+                    smaller = _without_refused(summary, index, item, e) if skip_bad_files else None
+                    if smaller is not None:
+                        summary.retries += e.attempts - 1
+                        item = smaller
+                        body, n = item.body, item.n
+                        continue
+                    summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                    summary.retries += e.attempts - 1
+                    # A batch of one bad file says nothing of the loader.
+                    lone_file = skip_bad_files and first_n == 1 and isinstance(item, EncodedBatch) \
+                        and item.refused_file(e.code, e.field) is not None
+                    if on_error == "stop" and _deterministic(e) and not fatal and not lone_file:
+                        fatal.append(E.FeedAborted(
+                            f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}",
+                            summary, batch_index=index, error=e))
+                        stop.set()
+                    return
+                except E.BatchFailed as e:
+                    no_reply[0] = 0
+                    summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                    summary.retries += e.retries
+                    return
             no_reply[0] = 0
             summary.batches += 1
             summary.samples += n

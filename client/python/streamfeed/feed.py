@@ -17,7 +17,10 @@ that got no reply (a read timeout, a reset while waiting) is never sent again,
 since the server may have accepted it: it counts under ``outcome_unknown``.
 A deterministic rejection (any other 4xx: a wrong shape, a label out of range)
 would hit every later batch too, so by default it stops the feed with
-:class:`~streamfeed.errors.FeedAborted` naming the batch and the reason.
+:class:`~streamfeed.errors.FeedAborted` naming the batch and the reason. The
+exception is a JPEG file the server refuses by name (a CMYK file, one cut
+short: the reply's field is ``"jpeg[i]"``): that file is left out and the rest
+of its batch sent again (``skip_bad_files``), counted in ``skipped_files``.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
 
 from . import errors as E
-from .jpeg import EncodedBatch
+from .jpeg import EncodedBatch, SkippedFile
 from .results import BatchResult
 from .wire import encode_batch_parts
 
@@ -62,6 +65,14 @@ class FeedSummary:
             bar shows it live), then last_loss when there is one.
         first_id, last_id: server ids of the first and last batch, when accepted.
         submitted: batches taken from the loader.
+        skipped_files: JPEG files left out of their batches, by code: refused
+            by the server by name (``jpeg_unsupported`` for CMYK, ...; the
+            rest of the batch was sent again), or left out before sending by
+            :func:`~streamfeed.jpeg.jpeg_batches` (``jpeg_not_jpeg``: empty,
+            or not a JPEG file). Their batches count as accepted.
+        skipped: the first MAX_SKIPPED_LISTED of them, as
+            :class:`~streamfeed.jpeg.SkippedFile` (batch, position, path,
+            code, message): what to remove from the data set.
     """
 
     batches: int = 0
@@ -77,6 +88,8 @@ class FeedSummary:
     submitted: int = 0
     latest_loss: Optional[float] = None
     resends: int = 0
+    skipped_files: Dict[str, int] = field(default_factory=dict)
+    skipped: List[SkippedFile] = field(default_factory=list)
 
     @property
     def failed(self) -> int:
@@ -104,6 +117,8 @@ class FeedSummary:
                 loss += f" -> {self.last_loss:.4f}"
         errs = f", errors {dict(self.errors)}" if self.errors else ""
         resent = f", {self.resends} resent" if self.resends else ""
+        if self.skipped_files:
+            resent += f", files left out {dict(self.skipped_files)}"
         return (f"{self.batches}/{self.submitted} batches, {self.samples} samples, "
                 f"{self.bytes / 1e6:.1f} MB in {self.seconds:.2f}s "
                 f"({self.samples_per_second:.0f} samples/s, {self.bytes_per_second / 1e6:.1f} MB/s), "
@@ -137,6 +152,38 @@ def _unpack(item: Any, keys: Optional[Tuple[str, str]] = None) -> Tuple[Any, Any
         return item[0], item[1]
     raise TypeError(f"a loader item must be (images, labels) or a dict with image and label keys, "
                     f"got {type(item).__name__}")
+
+
+#: FeedSummary.skipped lists this many files at most (skipped_files counts all).
+MAX_SKIPPED_LISTED = 1000
+
+
+def _note_skip(summary: FeedSummary, batch_index: int, position: int, name: Optional[str], code: str,
+               message: str) -> None:
+    """Counts a file left out of batch batch_index (caller holds the summary's lock)."""
+    summary.skipped_files[code] = summary.skipped_files.get(code, 0) + 1
+    if len(summary.skipped) < MAX_SKIPPED_LISTED:
+        summary.skipped.append(SkippedFile(batch_index, position, name, code, message))
+
+
+def _note_left_out(summary: FeedSummary, batch_index: int, item: Any) -> None:
+    """Counts the files jpeg_batches() left out of item before sending."""
+    for position, name, code, message in getattr(item, "left_out", ()) if isinstance(item, EncodedBatch) else ():
+        _note_skip(summary, batch_index, position, name, code, message)
+
+
+def _without_refused(summary: FeedSummary, batch_index: int, item: Any, e: E.APIError) -> Optional[EncodedBatch]:
+    """After a rejection: when it blames one JPEG file of item by name, that
+    file is counted as skipped and item without it returned, to be sent
+    again; None when the rejection blames the batch, or blamed its last file
+    (then the batch fails with e). Caller holds the summary's lock."""
+    if not isinstance(item, EncodedBatch):
+        return None
+    i = item.refused_file(e.code, e.field)
+    if i is None:
+        return None
+    _note_skip(summary, batch_index, item.position(i), item.name(i), e.code, e.message)
+    return item.without(i) if item.n > 1 else None
 
 
 def _encode_item(item: Any, keys: Optional[Tuple[str, str]], layout: Optional[str]) -> Tuple[Any, int]:
@@ -195,7 +242,8 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
          total: Optional[int] = None, max_errors: Optional[int] = None,
          on_error: str = "stop", keys: Optional[Tuple[str, str]] = None,
          layout: Optional[str] = None,
-         on_result: Optional[Callable[[int, Any], None]] = None) -> FeedSummary:
+         on_result: Optional[Callable[[int, Any], None]] = None,
+         skip_bad_files: bool = True) -> FeedSummary:
     """Uploads every batch of loader and returns a :class:`FeedSummary`.
 
     Args:
@@ -230,6 +278,13 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         on_result: called as ``on_result(index, reply)`` for each accepted batch
             (index: its position in the loader; reply: a BatchAccepted or, for
             batches posted with wait, a BatchResult), on a worker thread.
+        skip_bad_files: for JPEG batches (:func:`~streamfeed.jpeg.jpeg_batches`):
+            a file the server refuses by name (``field`` ``"jpeg[i]"``: a CMYK
+            file, one cut short, one too large) is left out and the rest of
+            its batch sent again, counted in ``summary.skipped_files`` and
+            listed in ``summary.skipped``; a batch whose every file is refused
+            fails with the last refusal. False: the refusal fails the batch
+            (and with on_error="stop" the feed).
 
     A KeyboardInterrupt (Ctrl-C) in the calling thread stops the feed: the
     workers' back-pressure waits end at once, the batches not yet sent are
@@ -347,24 +402,40 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
     def work(index: int, item: Any, wait: bool, is_last: bool) -> None:
         try:
             own_session()
+            with lock:
+                _note_left_out(summary, index, item)
             body, n = _encode_item(item, keys, layout)
-            try:
-                reply, retries = post(index, body, wait)
-            except E.APIError as e:
-                answered()
-                record_error(e.code, e.attempts - 1)
-                if on_error == "stop" and _deterministic(e):
-                    abort(index, e)
-                return
-            except E.BatchFailed as e:
-                # Accepted, but its step failed: count it as an error, not a batch.
-                answered()
-                record_error(e.code, e.retries)
-                return
-            except E.TransportError as e:
-                record_error(e.code, e.retries)
-                unanswered(index, e)
-                return
+            first_n = n
+            while True:
+                try:
+                    reply, retries = post(index, body, wait)
+                    break
+                except E.APIError as e:
+                    answered()
+                    with lock:
+                        smaller = _without_refused(summary, index, item, e) if skip_bad_files else None
+                        if smaller is not None:
+                            summary.retries += e.attempts - 1
+                    if smaller is not None:
+                        item = smaller
+                        body, n = item.body, item.n
+                        continue
+                    record_error(e.code, e.attempts - 1)
+                    # A batch of one bad file says nothing of the loader.
+                    lone_file = skip_bad_files and first_n == 1 and isinstance(item, EncodedBatch) \
+                        and item.refused_file(e.code, e.field) is not None
+                    if on_error == "stop" and _deterministic(e) and not lone_file:
+                        abort(index, e)
+                    return
+                except E.BatchFailed as e:
+                    # Accepted, but its step failed: count it as an error, not a batch.
+                    answered()
+                    record_error(e.code, e.retries)
+                    return
+                except E.TransportError as e:
+                    record_error(e.code, e.retries)
+                    unanswered(index, e)
+                    return
             answered()
             with lock:
                 summary.batches += 1

@@ -25,14 +25,26 @@ order, and is needed for a generator). The files of a batch may have different s
 augmentation fixes the output size (resize, center_crop,
 random_resized_crop); otherwise they must have one size (422
 ``jpeg_sizes_differ``).
+
+Real data sets hold a few files the service cannot decode (ImageNet's
+training set has CMYK JPEGs and a PNG named ``.JPEG``). They cost those files,
+not the feed: :func:`jpeg_batches` leaves out files that are empty or do not
+start like a JPEG file and fills the batch with the next ones, and
+:func:`streamfeed.feed` leaves out a file the server refuses by name (its
+reply's ``field`` is ``"jpeg[3]"``: ``jpeg_unsupported``, ``jpeg_truncated``,
+...) and sends the rest of its batch again. Both are counted in the
+summary's ``skipped_files`` and listed, with the file's path, in ``skipped``.
 """
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
 
 if TYPE_CHECKING:  # the feed module imports this one
@@ -56,22 +68,89 @@ def read_file(f: FileLike) -> bytes:
     raise TypeError(f"a JPEG sample is bytes or a path, got {type(f).__name__}")
 
 
+#: Codes of a JPEG batch's refusal that blame one file, which the reply's
+#: field names (``"jpeg[3]"``): that file is bad, not the loader.
+FILE_REFUSALS = frozenset({"jpeg_not_jpeg", "jpeg_truncated", "jpeg_malformed", "jpeg_unsupported",
+                           "jpeg_side_too_large", "jpeg_too_many_pixels"})
+_FILE_FIELD = re.compile(r"^jpeg\[(\d+)\]$")
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file left out of its batch (:attr:`FeedSummary.skipped`).
+
+    Attributes:
+        batch_index: the batch's position in the loader.
+        sample: the file's position among the samples of that batch as the
+            dataset gave them (files left out included).
+        name: its path, when the batch was made from paths; else None.
+        code: why: the server's error code (``jpeg_unsupported``, ...), or
+            ``jpeg_not_jpeg`` for a file left out before sending (empty, or
+            not starting with the JPEG SOI marker).
+        message: the server's message, or the client's.
+    """
+
+    batch_index: int
+    sample: int
+    name: Optional[str]
+    code: str
+    message: str
+
+
 class EncodedBatch:
     """A batch body already encoded, which :func:`streamfeed.feed` sends as is.
 
     Attributes:
         body: the safetensors body.
         n: the number of samples.
+        names: each sample's path when it was given as one, else None (or
+            None for the whole batch).
+        positions: each sample's position among the dataset's samples of this
+            batch (files left out count), or None: 0..n-1.
+        left_out: the files left out of this batch before sending, as
+            ``(position, name, code, message)``.
     """
 
-    __slots__ = ("body", "n")
+    __slots__ = ("body", "n", "names", "positions", "left_out")
 
-    def __init__(self, body: bytes, n: int):
+    def __init__(self, body: bytes, n: int, names: Optional[List[Optional[str]]] = None,
+                 positions: Optional[List[int]] = None,
+                 left_out: Sequence[Tuple[int, Optional[str], str, str]] = ()):
         self.body = body
         self.n = n
+        self.names = names
+        self.positions = positions
+        self.left_out = list(left_out)
 
     def __len__(self) -> int:
         return self.n
+
+    def position(self, i: int) -> int:
+        return self.positions[i] if self.positions is not None else i
+
+    def name(self, i: int) -> Optional[str]:
+        return self.names[i] if self.names is not None else None
+
+    def refused_file(self, code: str, field: Optional[str]) -> Optional[int]:
+        """The index of the file a refusal blames (code in FILE_REFUSALS,
+        field ``"jpeg[i]"``), or None when it blames the batch."""
+        m = _FILE_FIELD.match(field or "")
+        if code not in FILE_REFUSALS or not m or int(m.group(1)) >= self.n:
+            return None
+        return int(m.group(1))
+
+    def without(self, i: int) -> "EncodedBatch":
+        """This batch without its sample i (n must be at least 2)."""
+        t = _st_load(self.body)
+        off = t["jpeg_offsets"]
+        data = t["jpeg"].tobytes()
+        files = [data[int(off[k]):int(off[k + 1])] for k in range(self.n) if k != i]
+        labels = np.delete(t["labels"], i)
+        keep = [k for k in range(self.n) if k != i]
+        out = encode_jpeg_batch(files, labels)
+        out.names = [self.name(k) for k in keep] if self.names is not None else None
+        out.positions = [self.position(k) for k in keep]
+        return out
 
 
 def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
@@ -151,17 +230,61 @@ def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int, drop_
     return _batches(samples, batch_size, drop_last)
 
 
+def _not_a_jpeg(d: bytes) -> Optional[str]:
+    if not d:
+        return "an empty file"
+    if len(d) < 2 or d[0] != 0xFF or d[1] != 0xD8:
+        return f"the file ({len(d)} bytes) does not start with a JPEG SOI marker"
+    return None
+
+
 def _batches(samples: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last: bool) -> Iterator[EncodedBatch]:
-    files: List[FileLike] = []
+    """Batches of batch_size JPEG files. A file that is empty or does not
+    start like a JPEG file is left out (recorded in the batch's left_out) and
+    the next one takes its place. One batch is held back, so that files left
+    out after the last batch's files are recorded in it."""
+    files: List[bytes] = []
     labels: List[int] = []
+    names: List[Optional[str]] = []
+    positions: List[int] = []
+    left: List[Tuple[int, Optional[str], str, str]] = []
+    seen = 0  # samples of the batch being filled, left out ones included
+    held: Optional[EncodedBatch] = None
     for f, y in samples:
-        files.append(f)
-        labels.append(int(y))
+        d = read_file(f)
+        name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+        why = _not_a_jpeg(d)
+        if why is not None:
+            left.append((seen, name, "jpeg_not_jpeg", f"left out before sending: {why}"))
+        else:
+            files.append(d)
+            labels.append(int(y))
+            names.append(name)
+            positions.append(seen)
+        seen += 1
         if len(files) == batch_size:
-            yield encode_jpeg_batch(files, labels)
-            files, labels = [], []
+            b = encode_jpeg_batch(files, labels)
+            b.names, b.positions, b.left_out = names, positions, left
+            if held is not None:
+                yield held
+            held = b
+            files, labels, names, positions, left, seen = [], [], [], [], [], 0
     if files and not drop_last:
-        yield encode_jpeg_batch(files, labels)
+        b = encode_jpeg_batch(files, labels)
+        b.names, b.positions, b.left_out = names, positions, left
+        if held is not None:
+            yield held
+        held, left = b, []
+    if held is None:
+        if left:
+            raise ValueError(f"no JPEG file among the data set's {len(left)} samples (the first: "
+                             f"{left[0][1] or 'sample 0'}: {left[0][3]})")
+        return
+    if left:
+        # After the last batch: recorded in it, positions counted on from its end.
+        base = max([held.position(i) for i in range(held.n)] + [p for p, *_ in held.left_out]) + 1
+        held.left_out.extend((base + p, nm, c, m) for p, nm, c, m in left)
+    yield held
 
 
 def feed_jpeg(client: "Client", dataset: Iterable[Tuple[FileLike, int]], batch_size: int, *,

@@ -59,12 +59,13 @@ def test_image_folder_numbers_the_sorted_class_folders_and_feed_trains_from_its_
         for i in range(5):
             (tmp_path / cls / f"{i}.jpg").write_bytes(jpeg_bytes(rng))
     (tmp_path / "cat" / "notes.txt").write_text("not an image")
+    (tmp_path / "dog" / "CAPS.JpEg").write_bytes(jpeg_bytes(rng))  # suffixes in any case, as torchvision
     samples = image_folder(tmp_path)
-    assert len(samples) == 10
+    assert len(samples) == 11
     assert {p.parent.name: y for p, y in samples} == {"cat": 0, "dog": 1}
     c = module_server.client()
     summary = c.feed(jpeg_batches(samples, 4), connections=2, progress=False)
-    assert summary.ok and summary.batches == 3 and summary.samples == 10, summary
+    assert summary.ok and summary.batches == 3 and summary.samples == 11, summary
     assert summary.last_loss is not None and np.isfinite(summary.last_loss)
 
 

@@ -54,8 +54,9 @@ if TYPE_CHECKING:  # the feed module imports this one
 
 FileLike = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 
-#: File name suffixes image_folder() takes as JPEG files.
-JPEG_SUFFIXES = (".jpg", ".jpeg", ".JPG", ".JPEG")
+#: File name suffixes image_folder() takes as JPEG files, in any case (as
+#: torchvision's ImageFolder compares them): .jpg, .JPEG, .Jpg, ...
+JPEG_SUFFIXES = (".jpg", ".jpeg")
 
 
 def read_file(f: FileLike) -> bytes:
@@ -309,6 +310,6 @@ def image_folder(root: Union[str, "os.PathLike[str]"]) -> List[Tuple[Path, int]]
     out: List[Tuple[Path, int]] = []
     for k, c in enumerate(classes):
         for p in sorted((root / c).rglob("*")):
-            if p.is_file() and p.suffix in JPEG_SUFFIXES:
+            if p.is_file() and p.suffix.lower() in JPEG_SUFFIXES:
                 out.append((p, k))
     return out

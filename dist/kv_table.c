@@ -1,5 +1,6 @@
 /* dist/kv_table.c — see kv_table.h. */
 #include "dist/kv_table.h"
+#include "server/clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -139,14 +140,7 @@ int sf_kv_table_get(sf_kv_table *t, const char *key, void *buf, size_t cap, size
 {
     if (sf_kv_key_check(key, t->world))
         return -1;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    const struct timespec until = sf_deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&t->mu);
     kv_entry *e;
     while (!(e = find(t, key))) {

@@ -1,5 +1,6 @@
 /* server/log.c — see log.h. */
 #include "server/log.h"
+#include "server/clock.h"
 #include "server/text.h"
 
 #include <errno.h>
@@ -213,14 +214,7 @@ int sf_log_flush(int timeout_ms)
         fflush(stderr);
         return 0;
     }
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    const struct timespec until = sf_deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&W.mu);
     int rc = 0;
     while ((W.len > 0 || W.unreported) && rc == 0)

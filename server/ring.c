@@ -1,5 +1,6 @@
 /* server/ring.c — see ring.h. */
 #include "server/ring.h"
+#include "server/clock.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -141,14 +142,7 @@ int sf_ring_pop(sf_ring *r, int timeout_ms)
 {
     pthread_mutex_lock(&r->mu);
     if (r->count == 0 && timeout_ms > 0 && !r->closed) {
-        struct timespec dl;
-        clock_gettime(CLOCK_MONOTONIC, &dl);
-        dl.tv_sec += timeout_ms / 1000;
-        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (dl.tv_nsec >= 1000000000L) {
-            dl.tv_sec++;
-            dl.tv_nsec -= 1000000000L;
-        }
+        const struct timespec dl = sf_deadline_after_ms(timeout_ms);
         while (r->count == 0 && !r->closed && !r->kicked)
             if (pthread_cond_timedwait(&r->ready_cv, &r->mu, &dl) == ETIMEDOUT)
                 break;

@@ -1,0 +1,24 @@
+/* server/clock.h — absolute CLOCK_MONOTONIC deadlines, for
+ * pthread_cond_timedwait on condition variables whose clock is
+ * CLOCK_MONOTONIC (pthread_condattr_setclock): a wall-clock step (NTP, an
+ * operator) then neither cuts a wait short nor stretches it. */
+#ifndef SF_CLOCK_H
+#define SF_CLOCK_H
+
+#include <time.h>
+
+/* The CLOCK_MONOTONIC time ms milliseconds from now (ms >= 0). */
+static inline struct timespec sf_deadline_after_ms(int ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (t.tv_nsec >= 1000000000L) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000L;
+    }
+    return t;
+}
+
+#endif

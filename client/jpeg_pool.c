@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <turbojpeg.h>
 
 #include "client/natural_image.h"
+#include "server/jpeg_header.h"
 
 /* A body of the encoded form: jpeg_offsets I64 [N+1], labels [N], jpeg U8
  * [total] (the order Python's safetensors writes, offsets first, so the
@@ -36,11 +38,11 @@ static int pathf(char *out, size_t cap, const char *fmt, ...)
     return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
+/* .jpg or .jpeg in any case, as torchvision's ImageFolder takes them. */
 static int is_jpeg_name(const char *n)
 {
     size_t l = strlen(n);
-    return (l > 4 && (strcmp(n + l - 4, ".jpg") == 0 || strcmp(n + l - 4, ".JPG") == 0)) ||
-           (l > 5 && (strcmp(n + l - 5, ".jpeg") == 0 || strcmp(n + l - 5, ".JPEG") == 0));
+    return (l > 4 && strcasecmp(n + l - 4, ".jpg") == 0) || (l > 5 && strcasecmp(n + l - 5, ".jpeg") == 0);
 }
 
 static int is_dir(const char *path)
@@ -129,10 +131,31 @@ static uint8_t *read_whole(const char *path, size_t *len)
     return b;
 }
 
+/* Why the service would refuse the file data[0, len) whatever its limits
+ * (empty, not a JPEG, cut short, CMYK, ...: its own header check), into why;
+ * 0 when it would take it. */
+static int refused_file(const uint8_t *data, size_t len, char *why, size_t cap)
+{
+    sf_jpeg_info info;
+    char msg[SF_JPEG_MSG_CAP];
+    sf_jpeg_error e = sf_jpeg_header_parse(data, len, NULL, &info, msg, sizeof msg);
+    if (e == SF_JPEG_OK)
+        return 0;
+    snprintf(why, cap, "%s: %s", sf_jpeg_error_name(e), msg);
+    return 1;
+}
+
+/* Files left out of the pool, one line each up to this many, then a count. */
+#define LEFT_OUT_LINES 10
+
 /* Builds the pool from the files: shuffled by --seed (a class-sorted order
  * would give single-class batches), then cut into batches of --batch, the
  * last one filled from the start again; at most MAX_POOL bodies and
- * --pool-mb. Returns 0, 1 or 2. */
+ * --pool-mb. A file that cannot be read or that the service would refuse
+ * (real data sets hold a few: ImageNet's CMYK JPEGs, its PNG named .JPEG)
+ * is left out, said on stderr, and the next file takes its place: one bad
+ * file would otherwise have its whole batch refused at every send. Returns
+ * 0, 1 or 2. */
 static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
 {
     uint64_t s = o->seed * 0x9e3779b97f4a7c15ULL + 17;
@@ -154,20 +177,37 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
     int rc = out->b && data && lens && off && labels ? 0 : 1;
     out->encoded = 1;
     const uint64_t capb = o->pool_mb * 1024 * 1024;
+    size_t next = 0;     /* the next file to take, modulo n */
+    int left_out = 0;    /* distinct files left out */
+    size_t bad_run = 0;  /* files left out in a row: n of them means none is usable */
     for (int b = 0; rc == 0 && b < nb; b++) {
         size_t total = 0;
-        for (int i = 0; rc == 0 && i < bsz; i++) {
-            const jfile *jf = &f[((size_t)b * (size_t)bsz + (size_t)i) % (size_t)n];
+        for (int i = 0; rc == 0 && i < bsz;) {
+            const int first_pass = next < (size_t)n;
+            const jfile *jf = &f[next++ % (size_t)n];
+            char why[SF_JPEG_MSG_CAP + 40] = "";
+            lens[i] = 0;
+            errno = 0;
             data[i] = read_whole(jf->path, &lens[i]);
+            if (!data[i])
+                snprintf(why, sizeof why, "cannot read it (%s)", errno ? strerror(errno) : "empty");
+            else if (refused_file(data[i], lens[i], why, sizeof why))
+                free(data[i]), data[i] = NULL;
             if (!data[i]) {
-                fprintf(stderr, "streamfeed-load: %s: cannot read it (%s)\n", jf->path,
-                        errno ? strerror(errno) : "empty");
-                rc = 2;
-                break;
+                if (first_pass && ++left_out <= LEFT_OUT_LINES && !o->quiet)
+                    fprintf(stderr, "streamfeed-load: leaving out %s: %s\n", jf->path, why);
+                if (++bad_run >= (size_t)n) {
+                    fprintf(stderr, "streamfeed-load: no file of the %d is one the service can decode (the last: "
+                                    "%s: %s)\n", n, jf->path, why);
+                    rc = 2;
+                }
+                continue;
             }
+            bad_run = 0;
             off[i] = (int64_t)total;
             total += lens[i];
             put_label(labels, (size_t)i, o->label_dtype, jf->label);
+            i++;
         }
         off[bsz] = (int64_t)total;
         sf_st_tensor_desc t[3] = {
@@ -218,6 +258,9 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
     free(lens);
     free(off);
     free(labels);
+    if (rc == 0 && left_out > 0 && !o->quiet)
+        fprintf(stderr, "streamfeed-load: left out %d of the %d files the pool read (unreadable, or refused by "
+                        "the service's header check)\n", left_out, next < (size_t)n ? (int)next : n);
     if (rc != 0)
         pool_free(out);
     return rc;

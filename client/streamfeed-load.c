@@ -127,7 +127,8 @@ static const opt_spec OPTS[] = {
      "send the *.safetensors files of PATH (sorted, round-robin) instead; or, when it has none, the JPEG "
      "files of its class folders PATH/<class>/*.jpg as encoded batches of --batch files (labels: the "
      "class folders in sorted order, 0 first, as torchvision's ImageFolder; files shuffled by --seed; "
-     "at most 1024 batches and --pool-mb)"},
+     "at most 1024 batches and --pool-mb; a file that cannot be read or that the service would refuse, "
+     "such as a CMYK JPEG, is left out and said on stderr)"},
     {"cache-dir", 1, OPT_CACHE_DIR, "PATH",
      "where w1-jpeg and imagenet-jpeg keep their generated files (default $XDG_CACHE_HOME/streamfeed or "
      "~/.cache/streamfeed)"},

@@ -260,6 +260,48 @@ def run_load(s, *args):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def test_streamfeed_load_dir_leaves_out_the_files_the_service_would_refuse(start_server, tmp_path):
+    """A crawled data set's few bad files (ImageNet's CMYK JPEGs, its PNG
+    named .JPEG, an empty or cut file) are left out of the pool, said on
+    stderr, and the next files fill their batches: no batch is refused."""
+    s = start_server(TINY)
+    rng = np.random.default_rng(11)
+
+    def img():
+        return rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for i in range(5):
+        (tmp_path / "a" / f"{i}.jpg").write_bytes(to_jpeg(img()))
+        (tmp_path / "b" / f"{i}.JPEG").write_bytes(to_jpeg(img()))  # any case, as torchvision
+    cmyk = io.BytesIO()
+    Image.fromarray(img()).convert("CMYK").save(cmyk, format="JPEG")
+    (tmp_path / "a" / "cmyk.jpg").write_bytes(cmyk.getvalue())
+    png = io.BytesIO()
+    Image.fromarray(img()).save(png, format="PNG")
+    (tmp_path / "b" / "png.jpg").write_bytes(png.getvalue())
+    (tmp_path / "b" / "empty.jpg").write_bytes(b"")
+    (tmp_path / "a" / "cut.jpg").write_bytes(to_jpeg(img())[:200])
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--dir", str(tmp_path), "--batch", "5",
+                        "--batches", "4", "--label-dtype", "u8"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["accepted"] == 4 and summary["rejected"] == 0 and summary["errors"] == {}, summary
+    assert s.metric("streamfeed_samples_trained_total") == 20
+    for name, code in (("cmyk.jpg", "jpeg_unsupported"), ("png.jpg", "jpeg_not_jpeg"), ("empty.jpg", "empty"),
+                       ("cut.jpg", "jpeg_truncated")):
+        assert any(name in ln and code in ln for ln in p.stderr.splitlines()), (name, p.stderr)
+    assert "left out 4 of the 14 files" in p.stderr, p.stderr
+    # Nothing the service can decode: said, and no batch is sent.
+    bad = tmp_path / "bad"
+    (bad / "c").mkdir(parents=True)
+    (bad / "c" / "x.jpg").write_bytes(png.getvalue())
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--dir", str(bad), "--quiet"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "no file of the 1 is one the service can decode" in p.stderr, p.stderr
+
+
 def test_streamfeed_load_w1_jpeg_generates_its_files_once_and_they_train(start_server, tmp_path):
     s = start_server(TINY_256)
     cache = tmp_path / "cache"

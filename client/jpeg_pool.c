@@ -71,7 +71,12 @@ static int list_image_folder(const char *root, jfile **out, int *nclasses)
         return -1;
     for (int c = 0; c < nc; c++) {
         char sub[PATH_MAX];
-        if (cls[c]->d_name[0] == '.' || pathf(sub, sizeof sub, "%s/%s", root, cls[c]->d_name) || !is_dir(sub))
+        /* Hidden folders are classes too (a stray .ipynb_checkpoints shifts
+         * every label after it), as torchvision numbers them: the labels
+         * must match those of an ImageFolder over the same folder. */
+        const char *dn = cls[c]->d_name;
+        if (strcmp(dn, ".") == 0 || strcmp(dn, "..") == 0 || pathf(sub, sizeof sub, "%s/%s", root, dn) ||
+            !is_dir(sub))
             continue;
         struct dirent **ents = NULL;
         int ne = scandir(sub, &ents, NULL, alphasort);

@@ -302,6 +302,28 @@ def test_streamfeed_load_dir_leaves_out_the_files_the_service_would_refuse(start
     assert p.returncode == 2 and "no file of the 1 is one the service can decode" in p.stderr, p.stderr
 
 
+def test_streamfeed_load_dir_numbers_hidden_class_folders_as_torchvision_does(start_server, tmp_path):
+    """torchvision's ImageFolder counts every subfolder as a class, hidden ones
+    (a stray .ipynb_checkpoints) included; the loader's labels must match it.
+    Ten classes before c9 make c9's label 10, which the tiny model (10
+    classes) refuses: the refusal shows the numbering."""
+    s = start_server(TINY)
+    rng = np.random.default_rng(12)
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    for k in range(10):
+        (tmp_path / f"c{k}").mkdir()
+    for i in range(4):
+        (tmp_path / "c9" / f"{i}.jpg").write_bytes(to_jpeg(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)))
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--quiet", "--dir", str(tmp_path), "--batch",
+                        "4", "--batches", "1"], capture_output=True, text=True, timeout=120)
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["accepted"] == 0 and summary["rejected"] == 1, summary
+    assert list(summary["errors"]) == ["label_out_of_range"], summary
+    (tmp_path / ".ipynb_checkpoints").rmdir()
+    summary = run_load(s, "--dir", str(tmp_path), "--batch", "4", "--batches", "1")
+    assert summary["accepted"] == 1 and summary["errors"] == {}, summary
+
+
 def test_streamfeed_load_w1_jpeg_generates_its_files_once_and_they_train(start_server, tmp_path):
     s = start_server(TINY_256)
     cache = tmp_path / "cache"

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
@@ -114,12 +115,15 @@ static void fmt_number(char *out, size_t cap, double v)
 
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t more;  /* the writer waits for lines */
-    pthread_cond_t empty; /* sf_log_flush waits for the buffer to drain */
+    pthread_cond_t more;     /* the writer waits for lines */
+    pthread_cond_t progress; /* sf_log_flush waits for bytes to be written */
     char *buf;
-    size_t head, len;     /* a ring of SF_LOG_BUFFER_BYTES */
-    uint64_t unreported;  /* lines dropped since the last report */
-    int fd;               /* stderr's descriptor as sf_log_start found it */
+    size_t head, len;        /* a ring of SF_LOG_BUFFER_BYTES */
+    uint64_t appended;       /* bytes ever put in the ring */
+    uint64_t written;        /* bytes ever written out of it */
+    uint64_t unreported;     /* lines dropped since the last report */
+    int reporting;           /* the writer is logging a report of drops */
+    int fd;                  /* stderr's descriptor as sf_log_start found it */
     atomic_int running;
     _Atomic uint64_t dropped;
 } W = {.mu = PTHREAD_MUTEX_INITIALIZER};
@@ -160,12 +164,27 @@ static void emit(const char *line, size_t n)
         memcpy(W.buf + tail, line, first);
         memcpy(W.buf, line + first, n - first);
         W.len += n;
+        W.appended += n;
         pthread_cond_signal(&W.more);
     } else {
         W.unreported++;
         atomic_fetch_add(&W.dropped, 1);
     }
     pthread_mutex_unlock(&W.mu);
+}
+
+/* The length of the next write from p[0, n): at most PIPE_BUF bytes, which a
+ * pipe takes whole, so that nothing else written to it (another process on
+ * the same stderr) lands inside a line; up to the last newline in them when
+ * there is one. */
+static size_t write_span(const char *p, size_t n)
+{
+    if (n <= PIPE_BUF)
+        return n;
+    for (size_t k = PIPE_BUF; k > 0; k--)
+        if (p[k - 1] == '\n')
+            return k;
+    return PIPE_BUF;
 }
 
 static void *writer_main(void *arg)
@@ -180,6 +199,7 @@ static void *writer_main(void *arg)
         if (W.len == 0 && W.unreported) {
             const uint64_t k = W.unreported;
             W.unreported = 0;
+            W.reporting = 1;
             pthread_mutex_unlock(&W.mu);
             char msg[200];
             snprintf(msg, sizeof msg,
@@ -188,22 +208,25 @@ static void *writer_main(void *arg)
             const sf_log_field f = SF_LF_NUM("dropped", k);
             sf_log_fields(SF_LOG_WARN, msg, &f, 1);
             pthread_mutex_lock(&W.mu);
+            W.reporting = 0;
+            pthread_cond_broadcast(&W.progress);
             continue;
         }
         if (W.len == 0) {
-            pthread_cond_broadcast(&W.empty);
             pthread_cond_wait(&W.more, &W.mu);
             continue;
         }
         /* Producers only append after head + len: the span written here
          * stays as it is while the lock is released. */
-        const size_t n = W.len < SF_LOG_BUFFER_BYTES - W.head ? W.len : SF_LOG_BUFFER_BYTES - W.head;
         const char *p = W.buf + W.head;
+        const size_t n = write_span(p, W.len < SF_LOG_BUFFER_BYTES - W.head ? W.len : SF_LOG_BUFFER_BYTES - W.head);
         pthread_mutex_unlock(&W.mu);
         write_all(W.fd, p, n);
         pthread_mutex_lock(&W.mu);
         W.head = (W.head + n) % SF_LOG_BUFFER_BYTES;
         W.len -= n;
+        W.written += n;
+        pthread_cond_broadcast(&W.progress);
     }
     return NULL;
 }
@@ -216,12 +239,37 @@ int sf_log_flush(int timeout_ms)
     }
     const struct timespec until = sf_deadline_after_ms(timeout_ms);
     pthread_mutex_lock(&W.mu);
-    int rc = 0;
-    while ((W.len > 0 || W.unreported) && rc == 0)
-        rc = pthread_cond_timedwait(&W.empty, &W.mu, &until);
-    const int drained = W.len == 0 && !W.unreported;
+    /* Every byte logged before this call, and the report of any drop until
+     * then (the writer logs it once the ring is empty). Lines other threads
+     * log meanwhile are not waited for, unless a report comes after them. */
+    uint64_t target = W.appended;
+    int rc = 0, done = 0;
+    while (!done && rc == 0) {
+        if (W.unreported || W.reporting) {
+            rc = pthread_cond_timedwait(&W.progress, &W.mu, &until);
+            if (!W.unreported && !W.reporting && W.appended > target)
+                target = W.appended; /* the report is in the ring now */
+        } else if (W.written >= target) {
+            done = 1;
+        } else {
+            rc = pthread_cond_timedwait(&W.progress, &W.mu, &until);
+        }
+    }
+    done = done || (!W.unreported && !W.reporting && W.written >= target);
     pthread_mutex_unlock(&W.mu);
-    return drained ? 0 : -1;
+    return done ? 0 : -1;
+}
+
+void sf_log_raw(const char *fmt, ...)
+{
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    size_t o = n < 0 ? 0 : (size_t)n < sizeof line - 1 ? (size_t)n : sizeof line - 2;
+    line[o++] = '\n';
+    emit(line, o);
 }
 
 static void flush_at_exit(void) { sf_log_flush(SF_LOG_EXIT_FLUSH_MS); }
@@ -235,7 +283,7 @@ int sf_log_start(void)
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&W.empty, &ca);
+    pthread_cond_init(&W.progress, &ca);
     pthread_condattr_destroy(&ca);
     pthread_cond_init(&W.more, NULL);
     W.buf = malloc(SF_LOG_BUFFER_BYTES);

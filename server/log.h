@@ -27,9 +27,13 @@ typedef enum sf_log_level { SF_LOG_DEBUG = 0, SF_LOG_INFO, SF_LOG_WARN, SF_LOG_E
  * SF_LOG_EXIT_FLUSH_MS. Call it once every signal that another thread
  * must not take is blocked, or not at all (tools, tests). */
 int sf_log_start(void);
-/* Waits up to timeout_ms for every line logged so far to be written:
- * 0 once written, -1 if the reader has not taken them in time. */
+/* Waits up to timeout_ms for every line logged before the call (and the
+ * report of lines dropped until then) to be written: 0 once written, -1 if
+ * the reader has not taken them in time. */
 int sf_log_flush(int timeout_ms);
+/* One line as it is, without time or level (a start-up failure's
+ * "streamfeed: ..."), in order with the others. */
+void sf_log_raw(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Lines dropped because the buffer was full, since the start. */
 uint64_t sf_log_dropped(void);
 

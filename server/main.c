@@ -282,18 +282,18 @@ static int drain_and_stop(sf_app *app, uint64_t t_signal_ns)
     return stopped ? 0 : -1;
 }
 
-/* A start-up failure: its message after every line logged before it (the
- * log writer may hold some), then the exit status to return. */
+/* A start-up failure: its message, in order after the lines logged before
+ * it (through the log writer when there is one: exit flushes it, for
+ * SF_LOG_EXIT_FLUSH_MS at most), then the exit status to return. */
 static int start_failed(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int start_failed(int rc, const char *fmt, ...)
 {
-    sf_log_flush(SF_LOG_EXIT_FLUSH_MS);
+    char msg[1200];
     va_list ap;
     va_start(ap, fmt);
-    fputs("streamfeed: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    sf_log_raw("streamfeed: %s", msg);
     return rc;
 }
 

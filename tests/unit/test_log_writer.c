@@ -2,7 +2,8 @@
  * that is a pipe: lines come out whole and in order; a reader that stops
  * reading never blocks the thread that logs, the lines that did not fit are
  * counted and the count is logged once the reader catches up; a flush waits
- * for the reader, but only as long as it is told to.
+ * for the reader, but only as long as it is told to; a raw line (a start-up
+ * failure's message) keeps its place among the others.
  *
  * The cases share one process-wide writer, started once on a pipe, and run in
  * the order listed. */
@@ -71,17 +72,20 @@ static void test_lines_reach_the_pipe_whole_and_in_order(void **state)
     SF_INFO("first line");
     sf_log_fields(SF_LOG_WARN, "second line", &SF_LF_NUM("n", 2), 1);
     SF_DEBUG("below the level: not written");
+    sf_log_raw("streamfeed: a raw line %d", 7);
     SF_ERROR("third line");
     assert_int_equal(sf_log_flush(5000), 0);
     char buf[4096];
     read_some(buf, sizeof buf, 5000);
     const char *a = strstr(buf, "info  first line\n");
     const char *b = strstr(buf, "warn  second line n=2\n");
+    const char *raw = strstr(buf, "\nstreamfeed: a raw line 7\n");
     const char *c = strstr(buf, "error third line\n");
     assert_non_null(a);
     assert_non_null(b);
+    assert_non_null(raw);
     assert_non_null(c);
-    assert_true(a < b && b < c);
+    assert_true(a < b && b < raw && raw < c);
     assert_null(strstr(buf, "below the level"));
     assert_int_equal(sf_log_dropped(), 0);
 }
@@ -123,6 +127,7 @@ static void test_a_reader_that_stops_reading_costs_lines_not_a_blocked_thread(vo
     size_t cap = (size_t)FLOOD_LINES * (FLOOD_PAD + 100);
     char *buf = malloc(cap);
     assert_non_null(buf);
+    buf[0] = '\0';
     size_t n = 0;
     char want[160];
     snprintf(want, sizeof want, "log: %llu lines dropped", (unsigned long long)dropped);

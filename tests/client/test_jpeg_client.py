@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
 
 from streamfeed import errors as E
 from streamfeed.jpeg import encode_jpeg_batch, feed_jpeg, image_folder, jpeg_batches, post_jpeg
@@ -115,7 +116,7 @@ def png_bytes(rng, h=32, w=32):
 
 
 def a_real_data_set(rng, tmp_path):
-    """Twelve files as a crawled data set has them: nine good JPEGs, a CMYK
+    """Thirteen files as a crawled data set has them: nine good JPEGs, a CMYK
     JPEG and a file cut short (both refused by the server, by name), a PNG
     named .jpg and an empty file (both left out before sending)."""
     kinds = ["ok", "cmyk", "ok", "ok", "png", "ok", "cut", "ok", "ok", "empty", "ok", "ok", "ok"]
@@ -173,8 +174,29 @@ def test_jpeg_batches_keep_their_size_and_a_data_set_without_a_jpeg_is_refused(r
         list(jpeg_batches([(b"", 0), (png_bytes(rng), 1)], 2, shuffle=False))
 
 
-def test_a_batch_of_one_refused_file_fails_alone_without_stopping_the_feed(module_server, rng):
+def test_a_batch_whose_every_file_is_refused_fails_alone_without_stopping_the_feed(module_server, rng):
     samples = [(jpeg_bytes(rng), 0), (cmyk_jpeg_bytes(rng), 1), (jpeg_bytes(rng), 2)]
     summary = module_server.client().feed(jpeg_batches(samples, 1, shuffle=False), connections=1, progress=False)
     assert summary.batches == 2 and summary.samples == 2, summary
     assert summary.errors == {"jpeg_unsupported": 1} and summary.skipped_files == {"jpeg_unsupported": 1}
+    # Two CMYK files in one batch of two: both left out, the batch fails, the feed goes on.
+    samples = [(jpeg_bytes(rng), 0), (jpeg_bytes(rng), 1), (cmyk_jpeg_bytes(rng), 2), (cmyk_jpeg_bytes(rng), 3),
+               (jpeg_bytes(rng), 4), (jpeg_bytes(rng), 5)]
+    summary = module_server.client().feed(jpeg_batches(samples, 2, shuffle=False), connections=1, progress=False)
+    assert summary.batches == 2 and summary.samples == 4, summary
+    assert summary.errors == {"jpeg_unsupported": 1} and summary.skipped_files == {"jpeg_unsupported": 2}
+    assert sorted((f.batch_index, f.sample) for f in summary.skipped) == [(1, 0), (1, 1)]
+
+
+def test_without_keeps_the_labels_shape_and_dtype_and_drop_last_with_few_files_sends_nothing(rng):
+    files = [jpeg_bytes(rng, 8, 8) for _ in range(3)]
+    b = encode_jpeg_batch(files, [4, 5, 6])
+    t = dict(st_load(b.body))
+    t["labels"] = np.array([[4, 0], [5, 1], [6, 2]], dtype=np.int32)
+    two = type(b)(st_save(t), 3).without(0)
+    out = st_load(two.body)
+    assert out["labels"].dtype == np.int32 and out["labels"].tolist() == [[5, 1], [6, 2]]
+    assert out["jpeg"].tobytes() == files[1] + files[2]
+    assert out["jpeg_offsets"].tolist() == [0, len(files[1]), len(files[1]) + len(files[2])]
+    # fewer JPEG files than one batch, one bad file: drop_last sends nothing, and says nothing is wrong
+    assert list(jpeg_batches([(files[0], 0), (b"", 1)], 4, drop_last=True, shuffle=False)) == []

@@ -33,9 +33,8 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
 from . import errors as E
 from .client import (RetryPolicy, check_eval_name, check_url, decode_logits, eval_query, labels_for_eval,
                      logits_path, logits_timeout, parse_retry_after, poll_pause)
-from .feed import FeedSummary, _attach_summary, _deterministic, _encode_item, _note_left_out, _ordinal, \
-    _without_refused
-from .jpeg import EncodedBatch
+from .feed import FeedSummary, _attach_summary, _deterministic, _encode_item, _note_left_out, _note_skip, \
+    _ordinal, _refused_file
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
 
@@ -310,7 +309,6 @@ class AsyncClient:
             _note_left_out(summary, index, item)
             body, n = _encode_item(item, keys, layout)
             summary.submitted += 1
-            first_n = n
             while True:
                 try:
                     reply, retries = await self.post_body(body, wait)
@@ -327,18 +325,19 @@ class AsyncClient:
                     return
                 except E.APIError as e:
                     no_reply[0] = 0
-                    smaller = _without_refused(summary, index, item, e) if skip_bad_files else None
-                    if smaller is not None:
-                        summary.retries += e.attempts - 1
-                        item = smaller
-                        body, n = item.body, item.n
-                        continue
+                    bad = _refused_file(item, e) if skip_bad_files else None
+                    if bad is not None:
+                        _note_skip(summary, index, item.position(bad), item.name(bad), e.code, e.message)
+                        if item.n > 1:
+                            summary.retries += e.attempts - 1
+                            item = item.without(bad)
+                            body, n = item.body, item.n
+                            continue
                     summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
                     summary.retries += e.attempts - 1
-                    # A batch of one bad file says nothing of the loader.
-                    lone_file = skip_bad_files and first_n == 1 and isinstance(item, EncodedBatch) \
-                        and item.refused_file(e.code, e.field) is not None
-                    if on_error == "stop" and _deterministic(e) and not fatal and not lone_file:
+                    # A batch whose every file was refused by name says
+                    # nothing of the loader's other batches.
+                    if on_error == "stop" and _deterministic(e) and not fatal and bad is None:
                         fatal.append(E.FeedAborted(
                             f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}",
                             summary, batch_index=index, error=e))

@@ -69,7 +69,9 @@ class FeedSummary:
             by the server by name (``jpeg_unsupported`` for CMYK, ...; the
             rest of the batch was sent again), or left out before sending by
             :func:`~streamfeed.jpeg.jpeg_batches` (``jpeg_not_jpeg``: empty,
-            or not a JPEG file). Their batches count as accepted.
+            or not a JPEG file). A batch whose every file was refused counts
+            under errors too (with the last refusal's code); the others, as
+            accepted.
         skipped: the first MAX_SKIPPED_LISTED of them, as
             :class:`~streamfeed.jpeg.SkippedFile` (batch, position, path,
             code, message): what to remove from the data set.
@@ -172,18 +174,10 @@ def _note_left_out(summary: FeedSummary, batch_index: int, item: Any) -> None:
         _note_skip(summary, batch_index, position, name, code, message)
 
 
-def _without_refused(summary: FeedSummary, batch_index: int, item: Any, e: E.APIError) -> Optional[EncodedBatch]:
-    """After a rejection: when it blames one JPEG file of item by name, that
-    file is counted as skipped and item without it returned, to be sent
-    again; None when the rejection blames the batch, or blamed its last file
-    (then the batch fails with e). Caller holds the summary's lock."""
-    if not isinstance(item, EncodedBatch):
-        return None
-    i = item.refused_file(e.code, e.field)
-    if i is None:
-        return None
-    _note_skip(summary, batch_index, item.position(i), item.name(i), e.code, e.message)
-    return item.without(i) if item.n > 1 else None
+def _refused_file(item: Any, e: E.APIError) -> Optional[int]:
+    """The index of the one JPEG file of item that rejection e blames by name
+    (field ``"jpeg[i]"``), or None when it blames the batch."""
+    return item.refused_file(e.code, e.field) if isinstance(item, EncodedBatch) else None
 
 
 def _encode_item(item: Any, keys: Optional[Tuple[str, str]], layout: Optional[str]) -> Tuple[Any, int]:
@@ -283,8 +277,9 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
             file, one cut short, one too large) is left out and the rest of
             its batch sent again, counted in ``summary.skipped_files`` and
             listed in ``summary.skipped``; a batch whose every file is refused
-            fails with the last refusal. False: the refusal fails the batch
-            (and with on_error="stop" the feed).
+            fails with the last refusal, counted in ``summary.errors``, and
+            the feed goes on. False: the refusal fails the batch (and with
+            on_error="stop" the feed).
 
     A KeyboardInterrupt (Ctrl-C) in the calling thread stops the feed: the
     workers' back-pressure waits end at once, the batches not yet sent are
@@ -405,26 +400,26 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
             with lock:
                 _note_left_out(summary, index, item)
             body, n = _encode_item(item, keys, layout)
-            first_n = n
             while True:
                 try:
                     reply, retries = post(index, body, wait)
                     break
                 except E.APIError as e:
                     answered()
-                    with lock:
-                        smaller = _without_refused(summary, index, item, e) if skip_bad_files else None
-                        if smaller is not None:
-                            summary.retries += e.attempts - 1
-                    if smaller is not None:
-                        item = smaller
-                        body, n = item.body, item.n
-                        continue
+                    bad = _refused_file(item, e) if skip_bad_files else None
+                    if bad is not None:
+                        with lock:
+                            _note_skip(summary, index, item.position(bad), item.name(bad), e.code, e.message)
+                        if item.n > 1:
+                            with lock:
+                                summary.retries += e.attempts - 1
+                            item = item.without(bad)
+                            body, n = item.body, item.n
+                            continue
                     record_error(e.code, e.attempts - 1)
-                    # A batch of one bad file says nothing of the loader.
-                    lone_file = skip_bad_files and first_n == 1 and isinstance(item, EncodedBatch) \
-                        and item.refused_file(e.code, e.field) is not None
-                    if on_error == "stop" and _deterministic(e) and not lone_file:
+                    # A batch whose every file was refused by name says
+                    # nothing of the loader's other batches.
+                    if on_error == "stop" and _deterministic(e) and bad is None:
                         abort(index, e)
                     return
                 except E.BatchFailed as e:

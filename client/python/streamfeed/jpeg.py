@@ -141,17 +141,21 @@ class EncodedBatch:
         return int(m.group(1))
 
     def without(self, i: int) -> "EncodedBatch":
-        """This batch without its sample i (n must be at least 2)."""
-        t = _st_load(self.body)
+        """This batch without its sample i (n must be at least 2): its file,
+        offsets and labels (any dtype and shape [N, ...]) cut; any other
+        tensor of the body kept as it is."""
+        t = dict(_st_load(self.body))
         off = t["jpeg_offsets"]
         data = t["jpeg"].tobytes()
-        files = [data[int(off[k]):int(off[k + 1])] for k in range(self.n) if k != i]
-        labels = np.delete(t["labels"], i)
+        b, e = int(off[i]), int(off[i + 1])
+        t["jpeg"] = np.frombuffer(data[:b] + data[e:], dtype=np.uint8)
+        t["jpeg_offsets"] = np.concatenate([off[:i], off[i + 1:] - (e - b)]).astype(np.int64)
+        if "labels" in t:
+            t["labels"] = np.delete(t["labels"], i, axis=0)
         keep = [k for k in range(self.n) if k != i]
-        out = encode_jpeg_batch(files, labels)
-        out.names = [self.name(k) for k in keep] if self.names is not None else None
-        out.positions = [self.position(k) for k in keep]
-        return out
+        return EncodedBatch(_st_save(t), self.n - 1,
+                            [self.name(k) for k in keep] if self.names is not None else None,
+                            [self.position(k) for k in keep])
 
 
 def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
@@ -193,7 +197,11 @@ def post_jpeg(client: "Client", files: Sequence[FileLike], labels: Any,
 def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last: bool = False, *,
                  shuffle: bool = True, seed: int = 0) -> Iterator[EncodedBatch]:
     """Groups a dataset of ``(bytes_or_path, label)`` samples into encoded
-    batches of batch_size, lazily (one batch's files in memory at a time).
+    batches of batch_size, lazily (two batches' files in memory at a time:
+    one is held back so that files left out after the last batch's files are
+    recorded in it). Files that are empty or do not start like a JPEG file
+    are left out (the batch's ``left_out``, which :func:`streamfeed.feed`
+    counts) and the next files take their place.
 
     Args:
         dataset: the samples. With shuffle (the default) it needs ``len()``
@@ -212,7 +220,8 @@ def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int, drop_
             epoch number for a new order each epoch.
 
     Raises:
-        ValueError: batch_size below 1.
+        ValueError: batch_size below 1; no file of the dataset starts like a
+            JPEG file (raised when the dataset ends).
         TypeError: shuffle with a dataset that has no ``len()`` or indexing
             (pass ``shuffle=False``, or a list of its samples).
     """
@@ -250,6 +259,7 @@ def _batches(samples: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last
     positions: List[int] = []
     left: List[Tuple[int, Optional[str], str, str]] = []
     seen = 0  # samples of the batch being filled, left out ones included
+    good = 0  # JPEG files in the whole dataset
     held: Optional[EncodedBatch] = None
     for f, y in samples:
         d = read_file(f)
@@ -258,6 +268,7 @@ def _batches(samples: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last
         if why is not None:
             left.append((seen, name, "jpeg_not_jpeg", f"left out before sending: {why}"))
         else:
+            good += 1
             files.append(d)
             labels.append(int(y))
             names.append(name)
@@ -277,10 +288,10 @@ def _batches(samples: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last
             yield held
         held, left = b, []
     if held is None:
-        if left:
+        if left and not good:
             raise ValueError(f"no JPEG file among the data set's {len(left)} samples (the first: "
                              f"{left[0][1] or 'sample 0'}: {left[0][3]})")
-        return
+        return  # (with drop_last, fewer JPEG files than one batch: nothing to send)
     if left:
         # After the last batch: recorded in it, positions counted on from its end.
         base = max([held.position(i) for i in range(held.n)] + [p for p, *_ in held.left_out]) + 1

@@ -58,10 +58,60 @@ static void jfiles_free(jfile *f, int n)
     free(f);
 }
 
-/* The JPEG files of an ImageFolder layout, root/<class>/<file>.jpg: classes
- * are the subfolders in sorted order (label 0 first), as torchvision's
- * ImageFolder numbers them. Returns the count (0: none), or -1. */
-static int list_image_folder(const char *root, jfile **out, int *nclasses)
+/* Folders below a class folder are followed this deep at most (symbolic
+ * links are followed, as torchvision's os.walk(followlinks=True) does, so a
+ * link cycle must end somewhere). */
+#define MAX_DIR_DEPTH 16
+
+/* Appends the .jpg/.jpeg files under dir (its subfolders included, as
+ * torchvision's ImageFolder walks them) with this label. Returns 0 or -1. */
+static int add_class_files(const char *dir, int label, int depth, jfile **f, int *n, int *cap)
+{
+    struct dirent **ents = NULL;
+    int ne = scandir(dir, &ents, NULL, alphasort), rc = 0;
+    for (int e = 0; e < ne; e++) {
+        const char *dn = ents[e]->d_name;
+        char p[PATH_MAX];
+        struct stat st;
+        if (rc != 0 || *n >= MAX_DIR_FILES || strcmp(dn, ".") == 0 || strcmp(dn, "..") == 0 ||
+            pathf(p, sizeof p, "%s/%s", dir, dn) || stat(p, &st) != 0) {
+            free(ents[e]);
+            continue;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            if (depth < MAX_DIR_DEPTH)
+                rc = add_class_files(p, label, depth + 1, f, n, cap);
+        } else if (S_ISREG(st.st_mode) && is_jpeg_name(dn)) {
+            if (*n == *cap) {
+                int nc = *cap ? *cap * 2 : 256;
+                jfile *nf = realloc(*f, (size_t)nc * sizeof **f);
+                if (nf) {
+                    *f = nf;
+                    *cap = nc;
+                } else {
+                    rc = -1;
+                }
+            }
+            if (rc == 0) {
+                (*f)[*n].path = strdup(p);
+                (*f)[*n].label = label;
+                if (!(*f)[*n].path)
+                    rc = -1;
+                else
+                    (*n)++;
+            }
+        }
+        free(ents[e]);
+    }
+    free(ents);
+    return rc;
+}
+
+/* The JPEG files of an ImageFolder layout, root/<class>/.../<file>.jpg:
+ * classes are the subfolders in sorted order (label 0 first), as
+ * torchvision's ImageFolder numbers them. Returns the count (0: none), or
+ * -1. */
+static int list_image_folder(const char *root, int quiet, jfile **out, int *nclasses)
 {
     struct dirent **cls = NULL;
     int nc = scandir(root, &cls, NULL, alphasort), n = 0, cap = 0, k = 0, rc = 0;
@@ -69,7 +119,7 @@ static int list_image_folder(const char *root, jfile **out, int *nclasses)
     *nclasses = 0;
     if (nc < 0)
         return -1;
-    for (int c = 0; c < nc; c++) {
+    for (int c = 0; c < nc && rc == 0; c++) {
         char sub[PATH_MAX];
         /* Hidden folders are classes too (a stray .ipynb_checkpoints shifts
          * every label after it), as torchvision numbers them: the labels
@@ -78,31 +128,13 @@ static int list_image_folder(const char *root, jfile **out, int *nclasses)
         if (strcmp(dn, ".") == 0 || strcmp(dn, "..") == 0 || pathf(sub, sizeof sub, "%s/%s", root, dn) ||
             !is_dir(sub))
             continue;
-        struct dirent **ents = NULL;
-        int ne = scandir(sub, &ents, NULL, alphasort);
-        for (int e = 0; e < ne; e++) {
-            if (rc == 0 && n < MAX_DIR_FILES && is_jpeg_name(ents[e]->d_name)) {
-                if (n == cap) {
-                    cap = cap ? cap * 2 : 256;
-                    jfile *nf = realloc(f, (size_t)cap * sizeof *f);
-                    if (!nf)
-                        rc = -1;
-                    else
-                        f = nf;
-                }
-                if (rc == 0) {
-                    char p[PATH_MAX];
-                    f[n].path = pathf(p, sizeof p, "%s/%s", sub, ents[e]->d_name) ? NULL : strdup(p);
-                    f[n].label = k;
-                    if (!f[n].path)
-                        rc = -1;
-                    else
-                        n++;
-                }
-            }
-            free(ents[e]);
-        }
-        free(ents);
+        const int before = n;
+        rc = add_class_files(sub, k, 0, &f, &n, &cap);
+        if (rc == 0 && n == before && n < MAX_DIR_FILES && !quiet)
+            fprintf(stderr,
+                    "streamfeed-load: class folder %s holds no .jpg file; it still counts as class %d, as "
+                    "torchvision's ImageFolder numbers the classes (which refuses such a folder)\n",
+                    sub, k);
         k++;
     }
     for (int c = 0; c < nc; c++)
@@ -275,7 +307,7 @@ int pool_load_jpeg_dir(const options *o, const char *root, pool *out)
 {
     jfile *f = NULL;
     int nclasses = 0;
-    int n = list_image_folder(root, &f, &nclasses);
+    int n = list_image_folder(root, o->quiet, &f, &nclasses);
     if (n < 0) {
         fprintf(stderr, "streamfeed-load: --dir %s: %s\n", root, strerror(errno));
         return 2;

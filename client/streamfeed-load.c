@@ -125,8 +125,9 @@ static const opt_spec OPTS[] = {
     {"seed", 1, OPT_SEED, "S", "seed of the synthetic data (default 1)"},
     {"dir", 1, OPT_DIR, "PATH",
      "send the *.safetensors files of PATH (sorted, round-robin) instead; or, when it has none, the JPEG "
-     "files of its class folders PATH/<class>/*.jpg as encoded batches of --batch files (labels: the "
-     "class folders in sorted order, 0 first, as torchvision's ImageFolder; files shuffled by --seed; "
+     "files under its class folders PATH/<class>/**/*.jpg as encoded batches of --batch files (labels: "
+     "the class folders in sorted order, 0 first, hidden ones included, as torchvision's ImageFolder; "
+     "files shuffled by --seed; "
      "at most 1024 batches and --pool-mb; a file that cannot be read or that the service would refuse, "
      "such as a CMYK JPEG, is left out and said on stderr)"},
     {"cache-dir", 1, OPT_CACHE_DIR, "PATH",

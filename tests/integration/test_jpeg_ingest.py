@@ -289,8 +289,8 @@ def test_streamfeed_load_dir_leaves_out_the_files_the_service_would_refuse(start
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["accepted"] == 4 and summary["rejected"] == 0 and summary["errors"] == {}, summary
     assert s.metric("streamfeed_samples_trained_total") == 20
-    for name, code in (("cmyk.jpg", "jpeg_unsupported"), ("png.jpg", "jpeg_not_jpeg"), ("empty.jpg", "empty"),
-                       ("cut.jpg", "jpeg_truncated")):
+    for name, code in (("cmyk.jpg", "jpeg_unsupported"), ("png.jpg", "jpeg_not_jpeg"),
+                       ("empty.jpg", "cannot read it (empty)"), ("cut.jpg", "jpeg_truncated")):
         assert any(name in ln and code in ln for ln in p.stderr.splitlines()), (name, p.stderr)
     assert "left out 4 of the 14 files" in p.stderr, p.stderr
     # Nothing the service can decode: said, and no batch is sent.
@@ -312,13 +312,18 @@ def test_streamfeed_load_dir_numbers_hidden_class_folders_as_torchvision_does(st
     (tmp_path / ".ipynb_checkpoints").mkdir()
     for k in range(10):
         (tmp_path / f"c{k}").mkdir()
+    (tmp_path / "c9" / "nested").mkdir()
     for i in range(4):
-        (tmp_path / "c9" / f"{i}.jpg").write_bytes(to_jpeg(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)))
-    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--quiet", "--dir", str(tmp_path), "--batch",
+        # one in a subfolder: ImageFolder walks the class folder's whole tree
+        where = tmp_path / "c9" / ("nested" if i == 3 else "")
+        (where / f"{i}.jpg").write_bytes(to_jpeg(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)))
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--dir", str(tmp_path), "--batch",
                         "4", "--batches", "1"], capture_output=True, text=True, timeout=120)
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["accepted"] == 0 and summary["rejected"] == 1, summary
     assert list(summary["errors"]) == ["label_out_of_range"], summary
+    assert "4 JPEG files in 11 class folders" in p.stderr, p.stderr
+    assert ".ipynb_checkpoints holds no .jpg file; it still counts as class 0" in p.stderr, p.stderr
     (tmp_path / ".ipynb_checkpoints").rmdir()
     summary = run_load(s, "--dir", str(tmp_path), "--batch", "4", "--batches", "1")
     assert summary["accepted"] == 1 and summary["errors"] == {}, summary

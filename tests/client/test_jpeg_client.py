@@ -200,3 +200,24 @@ def test_without_keeps_the_labels_shape_and_dtype_and_drop_last_with_few_files_s
     assert out["jpeg_offsets"].tolist() == [0, len(files[1]), len(files[1]) + len(files[2])]
     # fewer JPEG files than one batch, one bad file: drop_last sends nothing, and says nothing is wrong
     assert list(jpeg_batches([(files[0], 0), (b"", 1)], 4, drop_last=True, shuffle=False)) == []
+
+
+def test_jpeg_batches_take_hugging_face_style_dict_samples_with_encoded_images(module_server, rng, tmp_path):
+    """A Hugging Face dataset with its image column left encoded
+    (cast_column("image", Image(decode=False))) yields {"image": {"bytes",
+    "path"}, "label"}: bytes when the parquet holds them, else a path."""
+    p = tmp_path / "on-disk.jpg"
+    p.write_bytes(jpeg_bytes(rng))
+    samples = [{"image": {"bytes": jpeg_bytes(rng), "path": "ignored.jpg"}, "label": 1},
+               {"image": {"bytes": None, "path": str(p)}, "label": 2},
+               {"img": jpeg_bytes(rng), "target": 3},
+               {"image": {"bytes": cmyk_jpeg_bytes(rng), "path": None}, "label": 4}]
+    batches = list(jpeg_batches(samples, 4, shuffle=False))
+    assert len(batches) == 1 and _labels(batches[0]) == [1, 2, 3, 4]
+    assert batches[0].names == [None, str(p), None, None]
+    summary = module_server.client().feed(batches, connections=1, progress=False)
+    assert summary.ok and summary.samples == 3 and summary.skipped_files == {"jpeg_unsupported": 1}, summary
+    with pytest.raises(TypeError, match="decode=False"):
+        list(jpeg_batches([{"image": Image.new("RGB", (4, 4)), "label": 0}], 1, shuffle=False))
+    with pytest.raises(TypeError, match="label key"):
+        list(jpeg_batches([{"image": jpeg_bytes(rng)}], 1, shuffle=False))

@@ -41,7 +41,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from safetensors.numpy import load as _st_load
@@ -53,6 +53,8 @@ if TYPE_CHECKING:  # the feed module imports this one
     from .results import BatchAccepted, BatchResult
 
 FileLike = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
+#: A dataset item: (file, label), or a dict of them (see :func:`jpeg_batches`).
+Sample = Union[Tuple[FileLike, int], Mapping[str, Any]]
 
 #: File name suffixes image_folder() takes as JPEG files, in any case (as
 #: torchvision's ImageFolder compares them): .jpg, .JPEG, .Jpg, ...
@@ -194,7 +196,7 @@ def post_jpeg(client: "Client", files: Sequence[FileLike], labels: Any,
     return client.post_body(encode_jpeg_batch(files, labels).body, wait)[0]
 
 
-def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last: bool = False, *,
+def jpeg_batches(dataset: Iterable[Sample], batch_size: int, drop_last: bool = False, *,
                  shuffle: bool = True, seed: int = 0) -> Iterator[EncodedBatch]:
     """Groups a dataset of ``(bytes_or_path, label)`` samples into encoded
     batches of batch_size, lazily (two batches' files in memory at a time:
@@ -204,9 +206,13 @@ def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int, drop_
     counts) and the next files take their place.
 
     Args:
-        dataset: the samples. With shuffle (the default) it needs ``len()``
-            and indexing by position: a list (what :func:`image_folder`
-            returns), a tuple, a map-style ``torch.utils.data.Dataset``.
+        dataset: the samples: ``(bytes_or_path, label)`` pairs, or dicts
+            such as a Hugging Face dataset yields with its image column left
+            encoded (``ds.cast_column("image", datasets.Image(decode=False))``:
+            ``{"image": {"bytes", "path"}, "label"}``). With shuffle (the
+            default) it needs ``len()`` and indexing by position: a list (what
+            :func:`image_folder` returns), a tuple, a map-style
+            ``torch.utils.data.Dataset``, a Hugging Face ``Dataset``.
         batch_size: samples per batch (the last one may be smaller).
         drop_last: leave out a last batch smaller than batch_size.
         shuffle: send the samples in an order drawn from seed, as
@@ -227,7 +233,7 @@ def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int, drop_
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    samples: Iterable[Tuple[FileLike, int]] = dataset
+    samples: Iterable[Sample] = dataset
     if shuffle:
         if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TypeError(f"jpeg_batches shuffles the samples (shuffle=True, the default), which needs a dataset "
@@ -240,6 +246,37 @@ def jpeg_batches(dataset: Iterable[Tuple[FileLike, int]], batch_size: int, drop_
     return _batches(samples, batch_size, drop_last)
 
 
+#: Keys of a dict sample, tried in order (those of Hugging Face datasets first).
+SAMPLE_IMAGE_KEYS = ("image", "img", "jpeg", "file", "path")
+SAMPLE_LABEL_KEYS = ("label", "labels", "target", "class", "y")
+
+
+def _sample(item: Any) -> Tuple[FileLike, int]:
+    """(file, label) of a dataset item: a pair, or a dict such as a Hugging
+    Face dataset yields with its image column left encoded
+    (``cast_column("image", Image(decode=False))``): ``{"image": {"bytes":
+    ..., "path": ...}, "label": 3}``, the bytes taken when there are some,
+    else the path."""
+    if isinstance(item, Mapping):
+        ik = next((k for k in SAMPLE_IMAGE_KEYS if k in item), None)
+        lk = next((k for k in SAMPLE_LABEL_KEYS if k in item), None)
+        if ik is None or lk is None:
+            raise TypeError(f"a dict sample needs a file key (one of {SAMPLE_IMAGE_KEYS}) and a label key (one of "
+                            f"{SAMPLE_LABEL_KEYS}); its keys are {sorted(item)}")
+        f = item[ik]
+        if isinstance(f, Mapping):  # Hugging Face's encoded Image: {"bytes", "path"}
+            f = f.get("bytes") if f.get("bytes") is not None else f.get("path")
+            if f is None:
+                raise TypeError(f"sample {ik!r} has neither bytes nor a path")
+        elif hasattr(f, "size") and hasattr(f, "mode"):
+            raise TypeError(f"sample {ik!r} is a decoded image ({type(f).__name__}); jpeg_batches sends files as "
+                            "they are: give bytes or a path (a Hugging Face dataset: "
+                            "ds.cast_column('image', datasets.Image(decode=False)))")
+        return f, int(item[lk])
+    f, y = item
+    return f, int(y)
+
+
 def _not_a_jpeg(d: bytes) -> Optional[str]:
     if not d:
         return "an empty file"
@@ -248,7 +285,7 @@ def _not_a_jpeg(d: bytes) -> Optional[str]:
     return None
 
 
-def _batches(samples: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last: bool) -> Iterator[EncodedBatch]:
+def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool) -> Iterator[EncodedBatch]:
     """Batches of batch_size JPEG files. A file that is empty or does not
     start like a JPEG file is left out (recorded in the batch's left_out) and
     the next one takes its place. One batch is held back, so that files left
@@ -261,7 +298,8 @@ def _batches(samples: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last
     seen = 0  # samples of the batch being filled, left out ones included
     good = 0  # JPEG files in the whole dataset
     held: Optional[EncodedBatch] = None
-    for f, y in samples:
+    for item in samples:
+        f, y = _sample(item)
         d = read_file(f)
         name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
         why = _not_a_jpeg(d)
@@ -299,7 +337,7 @@ def _batches(samples: Iterable[Tuple[FileLike, int]], batch_size: int, drop_last
     yield held
 
 
-def feed_jpeg(client: "Client", dataset: Iterable[Tuple[FileLike, int]], batch_size: int, *,
+def feed_jpeg(client: "Client", dataset: Iterable[Sample], batch_size: int, *,
               shuffle: bool = True, seed: int = 0, **feed_kwargs: Any) -> "FeedSummary":
     """Feeds a dataset of ``(bytes_or_path, label)`` samples in batches of
     batch_size: ``client.feed(jpeg_batches(dataset, batch_size, shuffle=shuffle,

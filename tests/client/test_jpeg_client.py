@@ -172,6 +172,10 @@ def test_jpeg_batches_keep_their_size_and_a_data_set_without_a_jpeg_is_refused(r
     assert st_load(smaller.body)["jpeg"].tobytes() == files[0] + files[2]
     with pytest.raises(ValueError, match="no JPEG file"):
         list(jpeg_batches([(b"", 0), (png_bytes(rng), 1)], 2, shuffle=False))
+    # A path that cannot be read (gone since it was listed) is left out too.
+    (only,) = jpeg_batches([("/nonexistent/streamfeed/x.jpg", 0), (files[0], 1)], 1, shuffle=False)
+    assert _labels(only) == [1]
+    assert [(p, n, c) for p, n, c, _ in only.left_out] == [(0, "/nonexistent/streamfeed/x.jpg", "file_unreadable")]
 
 
 def test_a_batch_whose_every_file_is_refused_fails_alone_without_stopping_the_feed(module_server, rng):

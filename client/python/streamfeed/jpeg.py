@@ -88,8 +88,9 @@ class SkippedFile:
             dataset gave them (files left out included).
         name: its path, when the batch was made from paths; else None.
         code: why: the server's error code (``jpeg_unsupported``, ...), or
-            ``jpeg_not_jpeg`` for a file left out before sending (empty, or
-            not starting with the JPEG SOI marker).
+            for a file left out before sending ``jpeg_not_jpeg`` (empty, or
+            not starting with the JPEG SOI marker) or ``file_unreadable``
+            (its path could not be read).
         message: the server's message, or the client's.
     """
 
@@ -201,9 +202,9 @@ def jpeg_batches(dataset: Iterable[Sample], batch_size: int, drop_last: bool = F
     """Groups a dataset of ``(bytes_or_path, label)`` samples into encoded
     batches of batch_size, lazily (two batches' files in memory at a time:
     one is held back so that files left out after the last batch's files are
-    recorded in it). Files that are empty or do not start like a JPEG file
-    are left out (the batch's ``left_out``, which :func:`streamfeed.feed`
-    counts) and the next files take their place.
+    recorded in it). Files that cannot be read, are empty or do not start
+    like a JPEG file are left out (the batch's ``left_out``, which
+    :func:`streamfeed.feed` counts) and the next files take their place.
 
     Args:
         dataset: the samples: ``(bytes_or_path, label)`` pairs, or dicts
@@ -300,8 +301,13 @@ def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool) -> Ite
     held: Optional[EncodedBatch] = None
     for item in samples:
         f, y = _sample(item)
-        d = read_file(f)
         name = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+        try:
+            d = read_file(f)
+        except OSError as e:  # gone since it was listed, no permission: that file, not the run
+            left.append((seen, name, "file_unreadable", f"left out before sending: {e}"))
+            seen += 1
+            continue
         why = _not_a_jpeg(d)
         if why is not None:
             left.append((seen, name, "jpeg_not_jpeg", f"left out before sending: {why}"))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from contextlib import nullcontext
 import time
 from typing import Any, AsyncIterable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
@@ -33,8 +34,8 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
 from . import errors as E
 from .client import (RetryPolicy, check_eval_name, check_url, decode_logits, eval_query, labels_for_eval,
                      logits_path, logits_timeout, parse_retry_after, poll_pause)
-from .feed import FeedSummary, _attach_summary, _deterministic, _encode_item, _note_left_out, _note_skip, \
-    _ordinal, _refused_file
+from .feed import FeedSummary, _attach_summary, _deterministic, _encode_item, _leave_out_refused, \
+    _note_left_out, _ordinal
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
 
@@ -325,19 +326,17 @@ class AsyncClient:
                     return
                 except E.APIError as e:
                     no_reply[0] = 0
-                    bad = _refused_file(item, e) if skip_bad_files else None
-                    if bad is not None:
-                        _note_skip(summary, index, item.position(bad), item.name(bad), e.code, e.message)
-                        if item.n > 1:
-                            summary.retries += e.attempts - 1
-                            item = item.without(bad)
-                            body, n = item.body, item.n
-                            continue
+                    file_refused, smaller = _leave_out_refused(summary, index, item, e, nullcontext()) \
+                        if skip_bad_files else (False, None)
+                    if smaller is not None:
+                        item = smaller
+                        body, n = item.body, item.n
+                        continue
                     summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
                     summary.retries += e.attempts - 1
                     # A batch whose every file was refused by name says
                     # nothing of the loader's other batches.
-                    if on_error == "stop" and _deterministic(e) and not fatal and bad is None:
+                    if on_error == "stop" and _deterministic(e) and not fatal and not file_refused:
                         fatal.append(E.FeedAborted(
                             f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}",
                             summary, batch_index=index, error=e))

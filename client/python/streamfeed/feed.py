@@ -170,14 +170,25 @@ def _note_skip(summary: FeedSummary, batch_index: int, position: int, name: Opti
 
 def _note_left_out(summary: FeedSummary, batch_index: int, item: Any) -> None:
     """Counts the files jpeg_batches() left out of item before sending."""
-    for position, name, code, message in getattr(item, "left_out", ()) if isinstance(item, EncodedBatch) else ():
+    for position, name, code, message in item.left_out if isinstance(item, EncodedBatch) else ():
         _note_skip(summary, batch_index, position, name, code, message)
 
 
-def _refused_file(item: Any, e: E.APIError) -> Optional[int]:
-    """The index of the one JPEG file of item that rejection e blames by name
-    (field ``"jpeg[i]"``), or None when it blames the batch."""
-    return item.refused_file(e.code, e.field) if isinstance(item, EncodedBatch) else None
+def _leave_out_refused(summary: FeedSummary, batch_index: int, item: Any, e: E.APIError,
+                       lock: Any) -> Tuple[bool, Optional[EncodedBatch]]:
+    """After rejection e of item, shared by both feeds: when e blames one JPEG
+    file by name (field ``"jpeg[i]"``), that file is counted as skipped (under
+    lock, the summary's) and the result is (True, item without it), or (True,
+    None) when it was the batch's last file; (False, None) when e blames the
+    batch. The batch is re-encoded outside the lock."""
+    bad = item.refused_file(e.code, e.field) if isinstance(item, EncodedBatch) else None
+    if bad is None:
+        return False, None
+    with lock:
+        _note_skip(summary, batch_index, item.position(bad), item.name(bad), e.code, e.message)
+        if item.n > 1:
+            summary.retries += e.attempts - 1
+    return True, item.without(bad) if item.n > 1 else None
 
 
 def _encode_item(item: Any, keys: Optional[Tuple[str, str]], layout: Optional[str]) -> Tuple[Any, int]:
@@ -406,20 +417,16 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                     break
                 except E.APIError as e:
                     answered()
-                    bad = _refused_file(item, e) if skip_bad_files else None
-                    if bad is not None:
-                        with lock:
-                            _note_skip(summary, index, item.position(bad), item.name(bad), e.code, e.message)
-                        if item.n > 1:
-                            with lock:
-                                summary.retries += e.attempts - 1
-                            item = item.without(bad)
-                            body, n = item.body, item.n
-                            continue
+                    file_refused, smaller = _leave_out_refused(summary, index, item, e, lock) \
+                        if skip_bad_files else (False, None)
+                    if smaller is not None:
+                        item = smaller
+                        body, n = item.body, item.n
+                        continue
                     record_error(e.code, e.attempts - 1)
                     # A batch whose every file was refused by name says
                     # nothing of the loader's other batches.
-                    if on_error == "stop" and _deterministic(e) and bad is None:
+                    if on_error == "stop" and _deterministic(e) and not file_refused:
                         abort(index, e)
                     return
                 except E.BatchFailed as e:

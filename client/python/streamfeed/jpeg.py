@@ -178,8 +178,9 @@ def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
     if not np.issubdtype(lab.dtype, np.integer):
         raise ValueError(f"labels must be integers, got {lab.dtype}")
     for i, d in enumerate(data):
-        if len(d) < 2 or d[0] != 0xFF or d[1] != 0xD8:
-            raise ValueError(f"sample {i} is not a JPEG file (no SOI marker)")
+        why = _not_a_jpeg(d)
+        if why is not None:
+            raise ValueError(f"sample {i} is not a JPEG file: {why}")
     offsets = np.zeros(len(data) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(d) for d in data])
     body = _st_save({"jpeg": np.frombuffer(b"".join(data), dtype=np.uint8),
@@ -286,6 +287,12 @@ def _not_a_jpeg(d: bytes) -> Optional[str]:
     return None
 
 
+def _recorded_batch(files: List[bytes], labels: List[int], names: List[Optional[str]], positions: List[int],
+                    left: List[Tuple[int, Optional[str], str, str]]) -> EncodedBatch:
+    """The encoded batch of files, with where each came from and what was left out."""
+    return EncodedBatch(encode_jpeg_batch(files, labels).body, len(files), names, positions, left)
+
+
 def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool) -> Iterator[EncodedBatch]:
     """Batches of batch_size JPEG files. A file that is empty or does not
     start like a JPEG file is left out (recorded in the batch's left_out) and
@@ -319,18 +326,14 @@ def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool) -> Ite
             positions.append(seen)
         seen += 1
         if len(files) == batch_size:
-            b = encode_jpeg_batch(files, labels)
-            b.names, b.positions, b.left_out = names, positions, left
             if held is not None:
                 yield held
-            held = b
+            held = _recorded_batch(files, labels, names, positions, left)
             files, labels, names, positions, left, seen = [], [], [], [], [], 0
     if files and not drop_last:
-        b = encode_jpeg_batch(files, labels)
-        b.names, b.positions, b.left_out = names, positions, left
         if held is not None:
             yield held
-        held, left = b, []
+        held, left = _recorded_batch(files, labels, names, positions, left), []
     if held is None:
         if left and not good:
             raise ValueError(f"no JPEG file among the data set's {len(left)} samples (the first: "

@@ -70,6 +70,23 @@ def test_image_folder_numbers_the_sorted_class_folders_and_feed_trains_from_its_
     assert summary.last_loss is not None and np.isfinite(summary.last_loss)
 
 
+def test_image_folder_lists_files_in_torchvisions_order_following_links_but_not_cycles(tmp_path):
+    """torchvision's make_dataset walks each class with
+    sorted(os.walk(followlinks=True)): a folder's own files come before its
+    subfolders' (plain path sorting would put c/b/y before c/x), and a linked
+    folder is followed. A link back up the tree is not walked round."""
+    root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
+    (root / "c" / "b").mkdir(parents=True)
+    elsewhere.mkdir()
+    for path in (root / "c" / "x.jpg", root / "c" / "b" / "y.jpg", elsewhere / "z.jpg", root / "c" / "a.jpg"):
+        path.write_bytes(b"\xff\xd8")
+    (root / "c" / "link").symlink_to(elsewhere, target_is_directory=True)
+    (root / "c" / "b" / "up").symlink_to(root / "c", target_is_directory=True)  # a cycle
+    (root / "d").symlink_to(elsewhere, target_is_directory=True)                # a linked class folder
+    got = [(str(p.relative_to(root)), y) for p, y in image_folder(root)]
+    assert got == [("c/a.jpg", 0), ("c/x.jpg", 0), ("c/b/y.jpg", 0), ("c/link/z.jpg", 0), ("d/z.jpg", 1)]
+
+
 def test_feed_jpeg_trains_from_a_dataset_yielding_bytes_and_labels(module_server, rng):
     dataset = ((jpeg_bytes(rng), i % 10) for i in range(7))  # a generator: no len, read lazily
     summary = feed_jpeg(module_server.client(), dataset, 3, shuffle=False, connections=2, progress=False)

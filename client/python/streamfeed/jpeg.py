@@ -41,7 +41,8 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 import numpy as np
 from safetensors.numpy import load as _st_load
@@ -359,15 +360,39 @@ def image_folder(root: Union[str, "os.PathLike[str]"]) -> List[Tuple[Path, int]]
     """The JPEG files of an ImageFolder layout: ``root/<class>/<file>.jpg``.
 
     Classes are the subfolder names in sorted order (label 0 is the first),
-    as torchvision's ImageFolder numbers them; files are sorted by path, so
-    the list runs class by class: :func:`jpeg_batches` shuffles it (by
-    default) before batching.
+    and within a class the files come in the order torchvision's ImageFolder
+    gives them (folders walked sorted, symbolic links to folders followed, a
+    folder's own files before its subfolders'), so with the same folder the
+    i-th sample here is the i-th sample there. The list runs class by class:
+    :func:`jpeg_batches` shuffles it (by default) before batching.
     Returns ``[(path, label), ...]``."""
     root = Path(root)
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     out: List[Tuple[Path, int]] = []
     for k, c in enumerate(classes):
-        for p in sorted((root / c).rglob("*")):
-            if p.is_file() and p.suffix.lower() in JPEG_SUFFIXES:
-                out.append((p, k))
+        out.extend((p, k) for p in _class_files(root / c))
     return out
+
+
+def _class_files(top: Path) -> List[Path]:
+    """One class folder's JPEG files as torchvision's make_dataset lists them:
+    ``sorted(os.walk(top, followlinks=True))``, each folder's file names
+    sorted. One difference: a link back to a folder the walk is already inside
+    (a cycle) is not entered, where a bare walk would go round it until the
+    path grew too long, so a crawled data set with such a link lists each file
+    once. A link to a folder elsewhere is followed as torchvision follows it."""
+    inside: Dict[str, FrozenSet[Tuple[int, int]]] = {}  # folder -> (device, inode) of it and all above
+    walked: List[Tuple[str, List[str]]] = []
+    for folder, dirs, files in os.walk(top, followlinks=True):
+        st = os.stat(folder)
+        here = (st.st_dev, st.st_ino)
+        above = inside.get(os.path.dirname(folder), frozenset())
+        if here in above:
+            dirs[:] = []
+            continue
+        inside[folder] = above | {here}
+        walked.append((folder, files))
+    return [Path(folder) / f
+            for folder, files in sorted(walked)
+            for f in sorted(files)
+            if Path(f).suffix.lower() in JPEG_SUFFIXES and (Path(folder) / f).is_file()]

@@ -185,7 +185,7 @@ $(BUILD)/streamfeed: $(BUILD)/server/main.o $(LIB)
 # UTF-8) and the libraries it calls (libjpeg-turbo encodes its generated JPEG
 # workloads), so it runs on a machine without the CUDA libraries (no
 # cuDNN/cuBLAS/cudart needed).
-LOAD_OBJ    := $(BUILD)/client/streamfeed-load.o $(BUILD)/client/jpeg_pool.o $(BUILD)/client/natural_image.o \
+LOAD_OBJ    := $(patsubst %.c,$(BUILD)/%.o,$(wildcard client/*.c)) \
                $(BUILD)/server/safetensors.o $(BUILD)/server/jpeg_header.o $(BUILD)/server/text.o
 LOAD_LDLIBS := -lcjson -lcurl -lturbojpeg -lm -lpthread
 $(BUILD)/streamfeed-load: $(LOAD_OBJ)

@@ -1,18 +1,24 @@
 /* client/loader.h — what the files of streamfeed-load share: its limits, the
  * workload and option records, the body pool, and a few helpers.
  *
- * streamfeed-load.c holds the options, the synthetic pool and the run;
- * jpeg_pool.c the pools of JPEG files (a --dir of class folders, the cache
- * of generated workloads); natural_image.c the images those are made of.
+ * streamfeed-load.c holds the run (connections, retries, progress, summary);
+ * options.c the command line; body_pool.c the synthetic pool and a --dir of
+ * *.safetensors files; jpeg_pool.c the pools of JPEG files (a --dir of class
+ * folders, the cache of generated workloads); natural_image.c the images
+ * those are made of; diagnose.c --diagnose.
  * Everything here is read-only once the pool is made, except g_sigint.
  */
 #ifndef SF_CLIENT_LOADER_H
 #define SF_CLIENT_LOADER_H
 
+#include <curl/curl.h>
+#include <cjson/cJSON.h>
+
 #include <limits.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "server/safetensors.h"
 
@@ -119,5 +125,37 @@ void put_label(uint8_t *dst, size_t i, sf_st_dtype dt, int64_t v);
 
 /* --learnable: the colour of each class, which the images are tinted with. */
 void class_hues(uint8_t hue[MAX_CLASSES][3], int classes);
+
+/* ---- what each file offers the others ----------------------------------- */
+
+/* options.c: fills o from argv. Returns -1 to go on, else the exit status. */
+int parse_args(int argc, char **argv, options *o);
+
+/* options.c: prints text from column indent (the cursor is there already),
+ * breaking lines at spaces before column width. */
+void print_wrapped(FILE *f, const char *text, int indent, int width);
+
+/* body_pool.c: the synthetic pool, min(--pool, what fits in --pool-mb)
+ * bodies; and the *.safetensors files of --dir (or, without any, its JPEG
+ * class folders). Each returns 0, 1 on a runtime failure, 2 on a usage error. */
+int pool_generate(const options *o, pool *out);
+int pool_load_dir(const options *o, pool *out);
+
+/* diagnose.c: one POST /v1/diagnose, printed. Returns the exit status. */
+int run_diagnose(const options *o);
+
+/* streamfeed-load.c: online CPUs, 1..1024. */
+int online_cpus(void);
+
+/* streamfeed-load.c: the number under key k of a JSON object, else dflt. */
+double json_num(const cJSON *o, const char *k, double dflt);
+
+/* streamfeed-load.c: {"error":{"code","message"}} of an error reply, else
+ * http_<status>; *retry_ms gets its optional retry_after_ms, else 0. */
+void read_error_reply(const char *text, size_t len, long status, char *code, size_t code_cap, char *message,
+                      size_t msg_cap, long *retry_ms);
+
+/* streamfeed-load.c: https:// is verified against --cacert, or the system's CAs. */
+CURLcode set_tls(CURL *h, const options *o);
 
 #endif

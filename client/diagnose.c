@@ -13,21 +13,6 @@
 
 #include "client/loader.h"
 
-typedef struct diag_reply {
-    char *data;
-    size_t len;
-} diag_reply;
-
-static size_t on_diag_data(char *ptr, size_t size, size_t nmemb, void *userdata)
-{
-    diag_reply *r = userdata;
-    size_t n = size * nmemb, room = REPLY_CAP - r->len;
-    size_t take = n < room ? n : room;
-    memcpy(r->data + r->len, ptr, take);
-    r->len += take;
-    return n;
-}
-
 static const char *diag_str(const cJSON *o, const char *k)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
@@ -89,7 +74,7 @@ int run_diagnose(const options *o)
     snprintf(url, sizeof url, "%s/v1/diagnose", o->url);
     if (o->seconds > 0)
         snprintf(body, sizeof body, "{\"seconds\":%.6g}", o->seconds);
-    diag_reply rep = {malloc(REPLY_CAP + 1), 0};
+    reply_buf rep = {malloc(REPLY_CAP + 1), 0};
     CURL *h = curl_easy_init();
     struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/json");
     if (hl)
@@ -109,7 +94,7 @@ int run_diagnose(const options *o)
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_diag_data);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, reply_buf_write);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &rep);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, o->timeout_ms);

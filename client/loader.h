@@ -155,6 +155,16 @@ double json_num(const cJSON *o, const char *k, double dflt);
 void read_error_reply(const char *text, size_t len, long status, char *code, size_t code_cap, char *message,
                       size_t msg_cap, long *retry_ms);
 
+/* A reply's first REPLY_CAP bytes (data holds REPLY_CAP + 1, for a NUL). */
+typedef struct reply_buf {
+    char *data;
+    size_t len;
+} reply_buf;
+
+/* streamfeed-load.c: libcurl's write callback into a reply_buf (its
+ * CURLOPT_WRITEDATA); what does not fit is read and dropped. */
+size_t reply_buf_write(char *ptr, size_t size, size_t nmemb, void *userdata);
+
 /* streamfeed-load.c: https:// is verified against --cacert, or the system's CAs. */
 CURLcode set_tls(CURL *h, const options *o);
 

@@ -287,8 +287,7 @@ typedef struct conn {
     int attempt;   /* retries made for the current batch */
     int counted;   /* the current batch was counted as sent */
     double not_before;
-    char *reply;   /* REPLY_CAP + 1 bytes */
-    size_t reply_len;
+    reply_buf reply; /* REPLY_CAP + 1 bytes */
     uint64_t rng;  /* retry jitter */
 } conn;
 
@@ -301,13 +300,13 @@ typedef struct worker {
     pthread_t tid;
 } worker;
 
-static size_t on_reply_data(char *ptr, size_t size, size_t nmemb, void *userdata)
+size_t reply_buf_write(char *ptr, size_t size, size_t nmemb, void *userdata)
 {
-    conn *c = userdata;
-    size_t n = size * nmemb, room = REPLY_CAP - c->reply_len;
+    reply_buf *r = userdata;
+    size_t n = size * nmemb, room = REPLY_CAP - r->len;
     size_t take = n < room ? n : room; /* the rest of an oversized reply is dropped */
-    memcpy(c->reply + c->reply_len, ptr, take);
-    c->reply_len += take;
+    memcpy(r->data + r->len, ptr, take);
+    r->len += take;
     return n;
 }
 
@@ -330,10 +329,10 @@ CURLcode set_tls(CURL *h, const options *o)
 
 static int conn_init(conn *c, const char *url, struct curl_slist *headers, uint64_t seed)
 {
-    c->reply = malloc(REPLY_CAP + 1);
+    c->reply.data = malloc(REPLY_CAP + 1);
     c->easy = curl_easy_init();
     c->rng = seed;
-    if (!c->reply || !c->easy) {
+    if (!c->reply.data || !c->easy) {
         fprintf(stderr, "streamfeed-load: could not create a connection\n");
         return -1;
     }
@@ -342,8 +341,8 @@ static int conn_init(conn *c, const char *url, struct curl_slist *headers, uint6
     CURL_SETOPT(h, CURLOPT_URL, url);
     CURL_SETOPT(h, CURLOPT_POST, 1L);
     CURL_SETOPT(h, CURLOPT_HTTPHEADER, headers);
-    CURL_SETOPT(h, CURLOPT_WRITEFUNCTION, on_reply_data);
-    CURL_SETOPT(h, CURLOPT_WRITEDATA, c);
+    CURL_SETOPT(h, CURLOPT_WRITEFUNCTION, reply_buf_write);
+    CURL_SETOPT(h, CURLOPT_WRITEDATA, &c->reply);
     CURL_SETOPT(h, CURLOPT_PRIVATE, c);
     CURL_SETOPT(h, CURLOPT_NOSIGNAL, 1L);
     CURL_SETOPT(h, CURLOPT_TCP_NODELAY, 1L);
@@ -365,7 +364,7 @@ static void conn_free(conn *c)
 {
     if (c->easy)
         curl_easy_cleanup(c->easy);
-    free(c->reply);
+    free(c->reply.data);
 }
 
 /* Gives an idle connection the next batch, if there is one to send. */
@@ -393,7 +392,7 @@ static int conn_start(worker *w, conn *c)
         curl_multi_add_handle(w->multi, h) != CURLM_OK) {
         return -1;
     }
-    c->reply_len = 0;
+    c->reply.len = 0;
     if (!c->counted) {
         c->counted = 1;
         atomic_fetch_add(&R.sent, 1);
@@ -450,7 +449,7 @@ static void conn_done(worker *w, conn *c, CURLcode res)
     curl_multi_remove_handle(w->multi, h);
     atomic_fetch_add(&R.bytes_uploaded, (uint64_t)(up > 0 ? up : 0));
     c->st = C_IDLE;
-    c->reply[c->reply_len] = '\0';
+    c->reply.data[c->reply.len] = '\0';
 
     if (res != CURLE_OK && status == 0) {
         char m[256];
@@ -472,12 +471,12 @@ static void conn_done(worker *w, conn *c, CURLcode res)
     if (status >= 200 && status < 300) {
         atomic_fetch_add(&R.accepted, 1);
         atomic_fetch_add(&R.bytes_accepted, c->b->len);
-        read_accept_reply(c->reply, c->reply_len);
+        read_accept_reply(c->reply.data, c->reply.len);
         return;
     }
     char code[ERROR_CODE_LEN], message[512];
     long retry_ms;
-    read_error_reply(c->reply, c->reply_len, status, code, sizeof code, message, sizeof message, &retry_ms);
+    read_error_reply(c->reply.data, c->reply.len, status, code, sizeof code, message, sizeof message, &retry_ms);
     if (status == 503 || status == 429) {
         if (stopping()) {
             atomic_fetch_add(&R.interrupted, 1);
@@ -573,21 +572,10 @@ static void *worker_main(void *arg)
 typedef struct poller {
     CURL *easy;
     struct curl_slist *headers;
-    char *reply;
-    size_t reply_len;
+    reply_buf reply;
     int failures;  /* consecutive; polling stops after a few */
     int first_done; /* the oldest id's loss is known or unknowable */
 } poller;
-
-static size_t on_poll_data(char *ptr, size_t size, size_t nmemb, void *userdata)
-{
-    poller *p = userdata;
-    size_t n = size * nmemb, room = REPLY_CAP - p->reply_len;
-    size_t take = n < room ? n : room;
-    memcpy(p->reply + p->reply_len, ptr, take);
-    p->reply_len += take;
-    return n;
-}
 
 /* GETs one batch; returns 1 when it is trained or failed (its loss recorded),
  * 0 while it is pending, -1 when the server could not say. */
@@ -598,7 +586,7 @@ static int poll_batch(poller *p, int64_t id)
     char url[2048];
     snprintf(url, sizeof url, "%s/v1/batches/%" PRId64, R.o->url, id);
     curl_easy_setopt(p->easy, CURLOPT_URL, url);
-    p->reply_len = 0;
+    p->reply.len = 0;
     long status = 0;
     if (curl_easy_perform(p->easy) != CURLE_OK ||
         curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK || status != 200) {
@@ -606,7 +594,7 @@ static int poll_batch(poller *p, int64_t id)
         return -1;
     }
     p->failures = 0;
-    cJSON *j = cJSON_ParseWithLength(p->reply, p->reply_len);
+    cJSON *j = cJSON_ParseWithLength(p->reply.data, p->reply.len);
     int r = 0;
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "state");
     const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
@@ -648,8 +636,8 @@ static void poller_init(poller *p, const options *o)
     memset(p, 0, sizeof *p);
     if (o->wait)
         return; /* losses come with the replies */
-    p->reply = malloc(REPLY_CAP);
-    p->easy = p->reply ? curl_easy_init() : NULL;
+    p->reply.data = malloc(REPLY_CAP + 1);
+    p->easy = p->reply.data ? curl_easy_init() : NULL;
     if (!p->easy)
         return;
     if (o->token) {
@@ -658,8 +646,8 @@ static void poller_init(poller *p, const options *o)
         p->headers = curl_slist_append(NULL, auth);
         curl_easy_setopt(p->easy, CURLOPT_HTTPHEADER, p->headers);
     }
-    curl_easy_setopt(p->easy, CURLOPT_WRITEFUNCTION, on_poll_data);
-    curl_easy_setopt(p->easy, CURLOPT_WRITEDATA, p);
+    curl_easy_setopt(p->easy, CURLOPT_WRITEFUNCTION, reply_buf_write);
+    curl_easy_setopt(p->easy, CURLOPT_WRITEDATA, &p->reply);
     curl_easy_setopt(p->easy, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(p->easy, CURLOPT_TIMEOUT_MS, (long)POLL_TIMEOUT_MS);
     curl_easy_setopt(p->easy, CURLOPT_USERAGENT, "streamfeed-load/1");
@@ -671,7 +659,7 @@ static void poller_free(poller *p)
     if (p->easy)
         curl_easy_cleanup(p->easy);
     curl_slist_free_all(p->headers);
-    free(p->reply);
+    free(p->reply.data);
 }
 
 /* ---- progress and summary ------------------------------------------------ */

@@ -948,6 +948,15 @@ static void dist_main(sf_engine *e)
             wait_ms = STOP_ROUND_MS;
         const uint64_t wait_until_ns = sf_now_ns() + wait_ms * 1000000ull;
         while (!stopping) {
+            /* A command posted during the wait (a checkpoint read, say) runs
+             * now: this is still between two rounds, where the top of the
+             * loop runs them, and going into the round early would only
+             * make it wait in the control all-reduce for the other ranks'
+             * waits, up to distributed.wait_ms, before it ran. */
+            if (has_cmds(e)) {
+                settle(e, 0);
+                run_cmds(e);
+            }
             const uint64_t now = sf_now_ns();
             if (now >= wait_until_ns)
                 break;
@@ -958,6 +967,13 @@ static void dist_main(sf_engine *e)
             const int busy = atomic_load(&e->inflight) > 0;
             slot = sf_ring_pop(app->ring, busy ? 0 : (int)((wait_until_ns - now + 999999) / 1000000));
             if (slot < 0) {
+                /* Early: a command's kick (it runs at the top), a stop's
+                 * (the round goes now), or a kick whose command already ran
+                 * at the top of the loop (the wait goes on: going into the
+                 * round would hold the next command there). On time, the
+                 * deadline at the top ends the wait. */
+                if (has_cmds(e) || (!busy && !atomic_load(&e->stop)))
+                    continue;
                 if (!busy)
                     break;
                 poll_backend(e, 1000);

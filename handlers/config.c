@@ -129,6 +129,24 @@ int h_config_get(sf_req *r)
     return sf_reply_json(r, 200, o);
 }
 
+/* On a service without http.token, a patch that names an option only an
+ * authenticated client may change (server/config.h SF_CF_NEEDS_TOKEN) to
+ * another value is refused whole: 403 config_needs_token. Returns 0 to go on, -1 replied. */
+static int refuse_without_token(sf_req *r, const cJSON *patch)
+{
+    const sf_config *cur = sf_config_cur();
+    const sf_cfg_option *o = cur->http.token[0] ? NULL : sf_config_patch_needs_token(patch, cur);
+    if (!o)
+        return 0;
+    sf_reply_error_field(r, 403, "config_needs_token", o->name,
+                         "%s can be changed at run time only on a service started with http.token: on an "
+                         "open one any client could %s; set it at start (flag, config file or environment)",
+                         o->name,
+                         strcmp(o->name, "http.token") == 0 ? "lock every other client out"
+                                                            : "widen where it sends the service");
+    return -1;
+}
+
 /* Data-parallel job: a patch applies on every rank at one step boundary. It
  * is checked here against this rank's config (so a bad one is refused at
  * once), queued, sent to every rank at the next round (server/engine.c),
@@ -145,6 +163,10 @@ static int dist_patch_start(sf_req *r, uint64_t *id)
     if (!cJSON_IsObject(patch)) {
         cJSON_Delete(patch);
         return sf_reply_error(r, 400, "config_invalid", "a merge patch must be a JSON object of sections"), -1;
+    }
+    if (refuse_without_token(r, patch)) {
+        cJSON_Delete(patch);
+        return -1;
     }
     char err[512] = "", field[128] = "";
     int rc = sf_config_patch_check(patch, err, sizeof err, field, sizeof field);
@@ -218,6 +240,10 @@ int h_config_patch(sf_req *r)
         cJSON_Delete(patch);
         return sf_reply_error(r, 400, "config_invalid",
                               "a merge patch must be a JSON object of sections");
+    }
+    if (refuse_without_token(r, patch)) {
+        cJSON_Delete(patch);
+        return -1;
     }
     cJSON *applied = NULL, *pending = NULL;
     char err[512], field[128];

@@ -117,8 +117,10 @@ const sf_cfg_option sf_config_table[] = {
      SF_CF_HOT, NULL, "Largest JSON request body; larger gets 413."},
     {"http.max_json_depth", SF_CT_INT, F(http.max_json_depth), "16", 2, 64, NULL, SF_CF_HOT, NULL,
      "Deepest nesting accepted in a JSON request body."},
-    {"http.token", SF_CT_STRING, F(http.token), "", 0, 0, NULL, SF_CF_HOT | SF_CF_SENSITIVE, NULL,
-     "Bearer token required by mutating endpoints; empty disables auth."},
+    {"http.token", SF_CT_STRING, F(http.token), "", 0, 0, NULL, SF_CF_HOT | SF_CF_SENSITIVE | SF_CF_NEEDS_TOKEN,
+     NULL,
+     "Bearer token required by mutating endpoints; empty disables auth. PATCH can change it only "
+     "while one is set (rotation): an open service is closed by a restart."},
     {"http.metrics_port", SF_CT_INT, F(http.metrics_port), "0", 0, 65535, NULL, 0, check_listeners,
      "Second listener (plain HTTP, on http.host) serving only GET /metrics, /healthz and /readyz, "
      "so probes and scrapes answer when http.max_connections are taken and during the shutdown "
@@ -320,11 +322,13 @@ const sf_cfg_option sf_config_table[] = {
     {"checkpoint.url_token", SF_CT_STRING, F(checkpoint.url_token), "", 0, 0, NULL,
      SF_CF_HOT | SF_CF_SENSITIVE, NULL,
      "Bearer token sent with checkpoint URL transfers (to the URL's host only, never to a redirect's)."},
-    {"checkpoint.url_allow", SF_CT_STRING, F(checkpoint.url_allow), "", 0, 0, NULL, SF_CF_HOT, NULL,
+    {"checkpoint.url_allow", SF_CT_STRING, F(checkpoint.url_allow), "", 0, 0, NULL,
+     SF_CF_HOT | SF_CF_NEEDS_TOKEN, NULL,
      "Where POST /v1/checkpoint/save and /load may send the service (comma-separated): host names, "
      "domains (.example.com), addresses or networks (10.0.0.0/8, ::1) and URL prefixes "
      "(https://h/ckpt/). Empty: any host, and then only with http.token set. Loopback, link-local "
-     "(cloud metadata) and multicast addresses are refused unless listed here as addresses."},
+     "(cloud metadata) and multicast addresses are refused unless listed here as addresses. PATCH "
+     "can change it only with http.token set, so an unauthenticated client cannot widen it."},
     {"model.init_from", SF_CT_STRING, F(checkpoint.init_from), "", 0, 0, NULL, 0, NULL,
      "Path or http(s) URL of a safetensors state_dict: its tensors initialise the parameters of the "
      "same name and shape (a pre-trained backbone); the others keep their seeded values."},
@@ -1226,7 +1230,10 @@ void sf_config_print_help(const char *prog)
         const sf_cfg_option *o = &sf_config_table[i];
         char env[128];
         env_name(o->name, env, sizeof env);
-        printf("  --%-30s %s%s\n", o->name, o->help, (o->flags & SF_CF_HOT) ? " [hot]" : "");
+        printf("  --%-30s %s%s\n", o->name, o->help,
+               !(o->flags & SF_CF_HOT)              ? ""
+               : (o->flags & SF_CF_NEEDS_TOKEN) ? " [hot with http.token]"
+                                                : " [hot]");
         if (o->type == SF_CT_ENUM)
             printf("      %-30s one of %s; default %s; env %s\n", "", o->choices, o->def, env);
         else if (o->type == SF_CT_JSON)
@@ -1275,7 +1282,9 @@ void sf_config_print_markdown(void)
         md_cell(def);
         printf("` | ");
         md_cell(range);
-        printf(" | %s | ", (o->flags & SF_CF_HOT) ? "yes" : "restart");
+        printf(" | %s | ", !(o->flags & SF_CF_HOT)              ? "restart"
+                           : (o->flags & SF_CF_NEEDS_TOKEN) ? "with http.token"
+                                                            : "yes");
         md_cell(o->help);
         printf(" |\n");
     }
@@ -1375,6 +1384,30 @@ void sf_config_print_openapi(void)
             }
         }
     }
+}
+
+const sf_cfg_option *sf_config_patch_needs_token(const cJSON *patch, const sf_config *cur)
+{
+    sf_config *next = NULL;
+    const sf_cfg_option *found = NULL;
+    /* Names are matched as sf_config_apply_json matches them. */
+    for (const cJSON *sec = cJSON_IsObject(patch) ? patch->child : NULL; sec && !found; sec = sec->next)
+        for (const cJSON *kv = cJSON_IsObject(sec) ? sec->child : NULL; kv && !found; kv = kv->next) {
+            char name[128], err[256];
+            snprintf(name, sizeof name, "%s.%s", sec->string, kv->string);
+            const sf_cfg_option *o = sf_config_find(name);
+            if (!o || !(o->flags & SF_CF_NEEDS_TOKEN))
+                continue;
+            if (!next && !(next = malloc(sizeof *next))) {
+                found = o; /* cannot tell that it is unchanged */
+                break;
+            }
+            *next = *cur;
+            if (set_json(next, o, kv, err, sizeof err) != 0 || !field_equal(next, cur, o))
+                found = o;
+        }
+    free(next);
+    return found;
 }
 
 /* ---- the live configuration ------------------------------------------------ */

@@ -164,6 +164,11 @@ typedef enum sf_cfg_type { SF_CT_INT, SF_CT_INT64, SF_CT_DOUBLE, SF_CT_BOOL, SF_
 enum {
     SF_CF_HOT = 1,       /* applied at once by PATCH */
     SF_CF_SENSITIVE = 2, /* never shown: GET /v1/config prints "***" when set */
+    /* PATCH may change it only on a service that has http.token already:
+     * on an open one, any client could otherwise close it to everyone else
+     * (http.token) or open the checkpoint URL guard to itself
+     * (checkpoint.url_allow). Set at start (flag, file, env) it works as any. */
+    SF_CF_NEEDS_TOKEN = 4,
 };
 
 typedef struct sf_cfg_option {
@@ -245,6 +250,11 @@ int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *
 /* The checks of sf_config_patch alone: 0 when it would apply, else -1 with
  * err and the offending field; nothing changes. */
 int sf_config_patch_check(const cJSON *patch, char *err, size_t errlen, char *field, size_t fieldlen);
+
+/* The first option with SF_CF_NEEDS_TOKEN that a merge patch would change
+ * from its value in cur, or NULL (the same value patched back is no change,
+ * so a GET's config patches back). */
+const sf_cfg_option *sf_config_patch_needs_token(const cJSON *patch, const sf_config *cur);
 /* Names of restart-only options changed by PATCH since start (caller frees). */
 cJSON *sf_config_pending(void);
 /* Hook run (with the new config) after hot options changed. */

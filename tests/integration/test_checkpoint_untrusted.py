@@ -228,12 +228,35 @@ def test_url_transfers_need_auth_or_an_allow_list(start_server, files):
         r = post_json(s, route, {"url": f"{base}/a.safetensors"})
         assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), r.text
     assert handler.seen == []
-    # Listing the host is the other way in.
-    assert s.patch_config({"checkpoint": {"url_allow": "127.0.0.1"}}).status_code == 200
-    assert load_url(s, f"{base}/a.safetensors").status_code == 200
-    # Another host is not listed.
-    r = load_url(s, f"http://localhost:{handler.port}/a.safetensors")
+    # Listing the host is the other way in, but only for the operator: on an
+    # open service the client the guard keeps out cannot list it by PATCH
+    # (nor set a token of its own and become "authenticated").
+    for patch in ({"checkpoint": {"url_allow": "127.0.0.1"}}, {"http": {"token": "mine"}},
+                  {"optim": {"lr": 0.123}, "checkpoint": {"url_allow": "127.0.0.1"}}):
+        r = s.patch_config(patch)
+        err = error_of(r)
+        assert (r.status_code, err["code"]) == (403, "config_needs_token"), r.text
+        assert err["field"] in ("checkpoint.url_allow", "http.token") and "http.token" in err["message"], err
+    cfg = s.get("/v1/config").json()["config"]
+    assert cfg["checkpoint"]["url_allow"] == "" and cfg["optim"]["lr"] != 0.123 and cfg["http"]["token"] == "", cfg
+    r = load_url(s, f"{base}/a.safetensors")
     assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), r.text
+    assert handler.seen == []
+    s2 = start_server(TRAIN + ["--checkpoint.url_allow", "127.0.0.1"])
+    assert load_url(s2, f"{base}/a.safetensors").status_code == 200
+    # Another host is not listed.
+    r = load_url(s2, f"http://localhost:{handler.port}/a.safetensors")
+    assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), r.text
+
+
+def test_with_a_token_the_guarded_options_change_by_patch_and_the_token_rotates(start_server):
+    s = start_server(TRAIN + ["--http.token", "t0ken"])
+    r = s.patch_config({"checkpoint": {"url_allow": "10.0.0.0/8"}}, headers=TOKEN)
+    assert r.status_code == 200 and "checkpoint.url_allow" in r.json()["applied"], r.text
+    r = s.patch_config({"http": {"token": "n3w"}}, headers=TOKEN)
+    assert r.status_code == 200, r.text
+    assert s.patch_config({"log": {"level": "info"}}, headers=TOKEN).status_code == 401
+    assert s.patch_config({"log": {"level": "info"}}, headers={"Authorization": "Bearer n3w"}).status_code == 200
 
 
 def test_loopback_addresses_are_refused_after_resolution_unless_listed_as_addresses(start_server, files):

@@ -537,17 +537,24 @@ def test_with_a_token_mutating_routes_need_the_bearer_token(start_server, rng):
     assert s.metric("streamfeed_http_errors_total", code="unauthorized") == 15
 
 
-def test_a_token_set_by_patch_guards_the_next_requests(start_server, rng):
-    s = start_server(SINK)
-    r = s.patch_config({"http": {"token": "n3w"}})
+def test_a_token_rotated_by_patch_guards_the_next_requests(start_server, rng):
+    s = start_server(SINK + ["--http.token", "old"])
+    r = s.patch_config({"http": {"token": "n3w"}}, headers={"Authorization": "Bearer old"})
     assert r.status_code == 200 and r.json()["applied"] == ["http.token"]
     assert r.json()["config"]["http"]["token"] == "***"
     body = st_body(*random_batch(rng, 1))
     assert s.post_batch(body).status_code == 401
+    assert s.post_batch(body, headers={"Authorization": "Bearer old"}).status_code == 401
     assert s.post_batch(body, headers={"Authorization": "Bearer n3w"}).status_code == 202
-    # Clearing it (null: back to the empty default) opens the routes again.
+    # Clearing it (null: back to the empty default) opens the routes again,
     assert s.patch_config({"http": {"token": None}}, headers={"Authorization": "Bearer n3w"}).status_code == 200
     assert s.post_batch(body).status_code == 202
+    # and then no client can close them to the others: a restart does.
+    r = s.patch_config({"http": {"token": "mine"}})
+    assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["field"]) == (
+        403, "config_needs_token", "http.token"), r.text
+    assert s.post_batch(body).status_code == 202
+    assert s.metric("streamfeed_http_errors_total", code="config_needs_token") == 1
 
 
 def test_without_a_token_mutating_routes_are_open(start_server, rng):

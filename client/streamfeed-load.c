@@ -31,7 +31,10 @@
  * --max-backoff-ms; exponential back-off when the header is missing), at most
  * --retries times; the other connections carry on meanwhile. Any other error
  * reply is counted by its error code, printed once per code, and the run goes
- * on with the next batch.
+ * on with the next batch, unless no batch has been accepted yet and
+ * max(8, 2 x connections) have been refused: then the run stops, since the
+ * rest would be refused too (a --dir of *.safetensors files, sent as they
+ * are, goes on).
  *
  * Bounds. Connections <= 256, threads <= 64, pool <= 1024 bodies and
  * <= --pool-mb MiB (default 2048), one reply buffer of 64 KiB per connection,
@@ -114,6 +117,7 @@ static struct {
     atomic_int_fast64_t min_id;      /* the oldest accepted id; INT64_MAX: none */
     atomic_int_fast64_t queued_at_max; /* "queued" in the reply that carried max_id */
     atomic_int consecutive_transport;
+    atomic_int refused_before_any;   /* 4xx replies while nothing was accepted yet */
     atomic_int stop;                 /* 1: start nothing new (fatal condition) */
     atomic_int workers_left;
     atomic_uint_fast64_t t_end_ns;   /* when the last worker finished */
@@ -436,6 +440,32 @@ static const char *transport_code(CURLcode rc)
     }
 }
 
+/* The pools made here are valid bodies, so when the first batches are all
+ * refused (a 4xx) and none is accepted, every later one would be too: the
+ * model takes another image size (shape_mismatch), a token is missing, ...
+ * The run stops after as many as the transport limit, naming the likely
+ * fix, instead of sending the rest to be refused. A --dir of *.safetensors
+ * files is sent as it is, broken files included on purpose, so it goes on. */
+static void stop_if_every_batch_is_refused(const char *code)
+{
+    const options *o = R.o;
+    if ((o->dir && !R.p->encoded) || atomic_load(&R.accepted) > 0)
+        return;
+    int limit = 2 * o->connections < 8 ? 8 : 2 * o->connections;
+    if (atomic_fetch_add(&R.refused_before_any, 1) + 1 < limit || atomic_exchange(&R.stop, 1))
+        return;
+    const char *hint =
+        strcmp(code, "shape_mismatch") == 0
+            ? "the server's model takes another image size (GET /v1/model, \"input\"): choose the --workload "
+              "that matches it (tiny: 32x32, as `make run` serves without a GPU)"
+        : strcmp(code, "unauthorized") == 0 ? "the server requires a token: --token or $STREAMFEED_TOKEN"
+                                            : "see the error above";
+    pthread_mutex_lock(&R.mu);
+    msg_locked("streamfeed-load: the first %d batches were all refused and none was accepted; stopping (%s)\n",
+               limit, hint);
+    pthread_mutex_unlock(&R.mu);
+}
+
 /* A request has ended: decide what becomes of its batch. */
 static void conn_done(worker *w, conn *c, CURLcode res)
 {
@@ -496,6 +526,8 @@ static void conn_done(worker *w, conn *c, CURLcode res)
     }
     record_error(code, message);
     atomic_fetch_add(&R.rejected, 1);
+    if (status >= 400 && status < 500)
+        stop_if_every_batch_is_refused(code);
 }
 
 static void *worker_main(void *arg)

@@ -2,6 +2,7 @@
 state, every way a body can be wrong, the full ring (block, reject, timeout),
 clients that go away, the accounting invariant, and the reference loader."""
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -554,6 +555,24 @@ def test_streamfeed_load_takes_a_base_url_with_a_trailing_slash(start_server):
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["accepted"] == 3 and summary["errors"] == {}, summary
+
+
+@pytest.mark.parametrize("extra, flags, code, hint", [
+    ([], [], "shape_mismatch", "choose the --workload that matches it"),                 # w1 at a tiny model
+    (["--http.token", "t0k"], ["--workload", "tiny"], "unauthorized", "--token or $STREAMFEED_TOKEN"),
+])
+def test_streamfeed_load_stops_when_its_first_batches_are_all_refused(start_server, extra, flags, code, hint):
+    # Its own pools are valid bodies: when the first ones are all refused,
+    # the rest would be too. It stops after max(8, 2 x connections) and says
+    # why, rather than sending thousands of batches to be refused.
+    s = start_server(TINY, *extra)
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--batches", "500", "--connections", "2", "--json"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "STREAMFEED_TOKEN": ""})
+    assert p.returncode == 1, p.stdout + p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["accepted"] == 0 and 8 <= summary["batches_sent"] <= 10, summary
+    assert list(summary["errors"]) == [code], summary
+    assert "the first 8 batches were all refused" in p.stderr and hint in p.stderr, p.stderr
 
 
 def test_streamfeed_load_help_exits_0():

@@ -260,6 +260,13 @@ def test_a_token_is_sent_when_given_and_its_absence_raises_unauthorized(start_se
     assert s.client().model()["classes"] == 10  # reads need no token
 
 
+def test_an_option_only_a_server_with_a_token_lets_a_request_change_raises_forbidden(module_server):
+    with pytest.raises(streamfeed.Forbidden) as e:
+        module_server.client().patch_config({"checkpoint": {"url_allow": "10.0.0.0/8"}})
+    assert (e.value.status, e.value.code, e.value.field) == (403, "config_needs_token", "checkpoint.url_allow")
+    assert isinstance(e.value, streamfeed.APIError)
+
+
 def test_an_unreachable_server_raises_transport_error():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

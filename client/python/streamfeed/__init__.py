@@ -25,7 +25,7 @@ datasets yield them). :mod:`streamfeed.aio` is the asyncio client (httpx). Error
 code; back-pressure (429/503 with Retry-After) is retried with a capped back-off.
 """
 from .client import Client, RetryPolicy, check_url, parse_retry_after
-from .errors import (APIError, Backpressure, BadRequest, BatchFailed, Conflict, FeedAborted, Gone,
+from .errors import (APIError, Backpressure, BadRequest, BatchFailed, Conflict, FeedAborted, Forbidden, Gone,
                      MethodNotAllowed, NotFound, OutcomeUnknown, PayloadTooLarge, ServerError,
                      StreamfeedError, TransportError, Unauthorized, Unprocessable, UnsupportedMediaType)
 from .feed import FeedSummary, feed
@@ -38,6 +38,6 @@ __all__ = [
     "Client", "RetryPolicy", "FeedSummary", "feed", "encode_batch", "encode_batch_parts", "Body",
     "decode_tensors", "detect_layout", "check_url", "BatchAccepted", "BatchResult", "EvalList", "EvalSummary",
     "parse_retry_after", "StreamfeedError", "TransportError", "OutcomeUnknown", "APIError", "BadRequest", "Unauthorized",
-    "NotFound", "MethodNotAllowed", "Conflict", "Gone", "PayloadTooLarge", "UnsupportedMediaType",
+    "Forbidden", "NotFound", "MethodNotAllowed", "Conflict", "Gone", "PayloadTooLarge", "UnsupportedMediaType",
     "Unprocessable", "Backpressure", "ServerError", "BatchFailed", "FeedAborted", "__version__",
 ]

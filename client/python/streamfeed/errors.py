@@ -20,6 +20,7 @@ Hierarchy::
     └── APIError                  an HTTP error reply
         ├── BadRequest            400
         ├── Unauthorized          401
+        ├── Forbidden             403
         ├── NotFound              404
         ├── MethodNotAllowed      405
         ├── Conflict              409
@@ -139,6 +140,13 @@ class Unauthorized(APIError):
     """401: a token is configured on the server and the request lacked it."""
 
 
+class Forbidden(APIError):
+    """403: the request is authenticated (or needs none) but may not do this:
+    a checkpoint URL the server may not be sent to (``url_not_allowed``), or
+    a config option only a server with a token lets a request change
+    (``config_needs_token``)."""
+
+
 class NotFound(APIError):
     """404: no such route, the batch id is unknown or was evicted, no such
     evaluation (``eval_not_found``), or a batch that kept no logits
@@ -208,6 +216,7 @@ class BatchFailed(StreamfeedError):
 _BY_STATUS = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     405: MethodNotAllowed,
     409: Conflict,

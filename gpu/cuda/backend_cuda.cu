@@ -57,6 +57,7 @@ extern "C" {
 #include "../backend.h"
 }
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1700,8 +1701,16 @@ extern "C" sf_backend *sf_backend_cuda_new(int device, char *err, size_t errlen)
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
-        sf_errf(err, errlen, "cuda: no usable GPU (%s)",
-                e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        /* Without the driver library at all the runtime says "CUDA driver
+         * version is insufficient", which sends the reader to upgrade a
+         * driver that is not there. */
+        void *driver = e == cudaErrorInsufficientDriver ? dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL) : NULL;
+        if (e == cudaErrorInsufficientDriver && !driver)
+            sf_errf(err, errlen, "cuda: no NVIDIA driver (libcuda.so.1 is not installed)");
+        else
+            sf_errf(err, errlen, "cuda: %s", e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        if (driver)
+            dlclose(driver);
         cudaGetLastError();
         return NULL;
     }

@@ -278,9 +278,15 @@ int parse_args(int argc, char **argv, options *o)
             if (parse_u64(a, 0, UINT64_MAX, &o->seed))
                 return usage_error("--seed must be a non-negative integer");
             break;
-        case OPT_DIR:
-            o->dir = a;
+        case OPT_DIR: {
+            /* "train/" as a shell completes it: paths are joined with '/',
+             * so the files would read train//class/x.jpg in messages. */
+            size_t n = strlen(optarg); /* argv's strings are the program's to modify */
+            while (n > 1 && optarg[n - 1] == '/')
+                optarg[--n] = '\0';
+            o->dir = optarg;
             break;
+        }
         case OPT_CACHE_DIR:
             o->cache_dir = a;
             break;

@@ -1,6 +1,7 @@
 """A user's first commands: the command line, the start-up messages, the
 README's first snippet on a CPU host, and the documents --help and the docs
 point to. Each test runs the real binary (or make) as a user would."""
+import ctypes
 import json
 import os
 import re
@@ -159,6 +160,21 @@ def test_a_cuda_0_build_says_so_when_auto_falls_back(start_server):
     wait_until(lambda: "no usable GPU" in s.stderr(), 10, what="the fallback line")
     line = next(ln for ln in s.stderr().splitlines() if "no usable GPU" in ln)
     assert "built without CUDA (CUDA=0" in line or "built without CUDA (no nvcc at build time)" in line
+
+
+def test_a_cuda_build_on_a_machine_without_the_driver_says_so_when_auto_falls_back(start_server):
+    if "backend built: ref" in run("--version").stdout:
+        pytest.skip("the binary under test was built without CUDA")
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this machine has an NVIDIA driver library")
+    except OSError:
+        pass
+    s = start_server(*TINY, "--pipeline.backend", "auto")
+    wait_until(lambda: "no usable GPU" in s.stderr(), 10, what="the fallback line")
+    line = next(ln for ln in s.stderr().splitlines() if "no usable GPU" in ln)
+    assert "no NVIDIA driver (libcuda.so.1 is not installed)" in line and "insufficient" not in line, line
+    assert line.count("no usable GPU") == 1, line
 
 
 def _readme_snippet():

@@ -283,7 +283,7 @@ def test_streamfeed_load_dir_leaves_out_the_files_the_service_would_refuse(start
     (tmp_path / "b" / "png.jpg").write_bytes(png.getvalue())
     (tmp_path / "b" / "empty.jpg").write_bytes(b"")
     (tmp_path / "a" / "cut.jpg").write_bytes(to_jpeg(img())[:200])
-    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--dir", str(tmp_path), "--batch", "5",
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--dir", f"{tmp_path}//", "--batch", "5",
                         "--batches", "4", "--label-dtype", "u8"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     summary = json.loads(p.stdout.strip().splitlines()[-1])
@@ -292,6 +292,8 @@ def test_streamfeed_load_dir_leaves_out_the_files_the_service_would_refuse(start
     for name, code in (("cmyk.jpg", "jpeg_unsupported"), ("png.jpg", "jpeg_not_jpeg"),
                        ("empty.jpg", "cannot read it (empty)"), ("cut.jpg", "jpeg_truncated")):
         assert any(name in ln and code in ln for ln in p.stderr.splitlines()), (name, p.stderr)
+    # "--dir train//": the paths said are train/<class>/<file>, not train//<class>.
+    assert f"{tmp_path}/a/cut.jpg" in p.stderr and f"{tmp_path}//" not in p.stderr, p.stderr
     assert "left out 4 of the 14 files" in p.stderr, p.stderr
     # Nothing the service can decode: said, and no batch is sent.
     bad = tmp_path / "bad"

@@ -28,7 +28,7 @@ int h_trace(sf_req *r)
         return sf_reply_error(r, 503, "out_of_memory", "cannot copy %ld step records", steps);
     }
     int n = r->app->engine ? sf_engine_trace(r->app->engine, recs, (int)steps) : 0;
-    cJSON *t = sf_trace_render(recs, n, r->app->cfg.pipeline.device);
+    cJSON *t = sf_trace_render(recs, n, r->app->backend_name, r->app->cfg.pipeline.device);
     free(recs);
     return sf_reply_json(r, 200, t);
 }

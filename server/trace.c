@@ -2,6 +2,7 @@
 #include "server/trace.h"
 
 #include <stdio.h>
+#include <string.h>
 
 const char *const sf_trace_track_names[SF_TRACE_TRACKS] = {
     "HTTP receive", "ring wait", "H2D", "transform stream", "compute stream",
@@ -54,7 +55,7 @@ static void slice(cJSON *events, const sf_step_record *r, int tid, uint64_t t0, 
 
 static uint64_t min_nonzero(uint64_t a, uint64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
 
-cJSON *sf_trace_render(const sf_step_record *recs, int n, int device)
+cJSON *sf_trace_render(const sf_step_record *recs, int n, const char *backend, int device)
 {
     uint64_t base = 0;
     for (int i = 0; i < n; i++) {
@@ -67,7 +68,10 @@ cJSON *sf_trace_render(const sf_step_record *recs, int n, int device)
     cJSON *root = cJSON_CreateObject();
     cJSON *events = cJSON_AddArrayToObject(root, "traceEvents");
     char pname[48];
-    snprintf(pname, sizeof pname, "streamfeed gpu%d", device);
+    if (backend && strcmp(backend, "cuda") == 0)
+        snprintf(pname, sizeof pname, "streamfeed gpu%d", device);
+    else
+        snprintf(pname, sizeof pname, "streamfeed %.16s (CPU)", backend ? backend : "ref");
     cJSON_AddItemToArray(events, meta("process_name", 0, "name", cJSON_CreateString(pname)));
     for (int t = 1; t <= SF_TRACE_TRACKS; t++) {
         cJSON_AddItemToArray(events, meta("thread_name", t, "name",

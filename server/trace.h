@@ -6,7 +6,7 @@
  * renders them in the Trace Event Format that Perfetto (ui.perfetto.dev) and
  * chrome://tracing open:
  *   {"traceEvents":[...], "displayTimeUnit":"ms", "otherData":{...}}
- * One process ("streamfeed gpu<device>") with one track (tid) per stage, in
+ * One process ("streamfeed gpu<device>", or "streamfeed ref (CPU)") with one track (tid) per stage, in
  * pipeline order:
  *   1 HTTP receive      t_recv_start -> t_ready       the body streamed into a slot
  *   2 ring wait         t_ready -> t_popped           READY in the ring
@@ -32,7 +32,9 @@ enum { SF_TRACE_TRACKS = 5 };
 /* The track names, by tid - 1. */
 extern const char *const sf_trace_track_names[SF_TRACE_TRACKS];
 
-/* The trace of recs[0..n) (oldest first) for the process of GPU `device`. */
-cJSON *sf_trace_render(const sf_step_record *recs, int n, int device);
+/* The trace of recs[0..n) (oldest first). The process is named after where
+ * the steps ran: "streamfeed gpu<device>" on the cuda backend, else
+ * "streamfeed <backend> (CPU)". */
+cJSON *sf_trace_render(const sf_step_record *recs, int n, const char *backend, int device);
 
 #endif

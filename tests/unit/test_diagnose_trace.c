@@ -111,7 +111,7 @@ static void test_trace_has_named_tracks_and_slices_in_microseconds_from_the_firs
 {
     (void)state;
     sf_step_record r[2] = {rec(7, 5000000), rec(8, 5006000)};
-    cJSON *t = sf_trace_render(r, 2, 0);
+    cJSON *t = sf_trace_render(r, 2, "cuda", 0);
     char *txt = cJSON_PrintUnformatted(t);
     cJSON *back = cJSON_Parse(txt); /* it is JSON */
     assert_non_null(back);
@@ -163,7 +163,7 @@ static void test_trace_leaves_out_slices_whose_edges_are_unknown(void **state)
     sf_step_record r = rec(3, 1000000);
     r.t_h2d_start = 0; /* the backend did not report it */
     r.t_step_end = r.t_step_start - 1; /* nonsense: ends before it starts */
-    cJSON *t = sf_trace_render(&r, 1, 2);
+    cJSON *t = sf_trace_render(&r, 1, "cuda", 2);
     const cJSON *events = cJSON_GetObjectItem(t, "traceEvents");
     assert_null(find_slice(events, 3, 3));
     assert_null(find_slice(events, 5, 3));

@@ -123,12 +123,18 @@ GPU_TEST_BIN := $(patsubst tests/gpu/%.cu,$(BUILD)/tests/gpu/%,$(patsubst tests/
 VERSION := $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
 COMMIT  := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 CPPFLAGS += -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\"
-# Only these objects carry the version, so a new commit does not rebuild everything.
+# Only these objects carry the version, so a new commit does not rebuild
+# everything; and they depend on stamp files rewritten only when their text
+# changes, so a make with nothing new (make run, make demo) relinks nothing.
 $(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSION)\" -DSF_COMMIT=\"$(COMMIT)\"
-$(BUILD)/server/app.o $(BUILD)/server/main.o: .FORCE
+$(BUILD)/server/app.o $(BUILD)/server/main.o: $(BUILD)/version.stamp
 # Why a CPU-only build has no CUDA backend: CUDA=0 asked for, or no nvcc found.
 $(BUILD)/gpu/nocuda/backend_nocuda.o: CPPFLAGS += -DSF_NOCUDA_REASON='"$(CUDA_WHY)"'
-$(BUILD)/gpu/nocuda/backend_nocuda.o: .FORCE
+$(BUILD)/gpu/nocuda/backend_nocuda.o: $(BUILD)/nocuda.stamp
+$(BUILD)/version.stamp: .FORCE
+	@mkdir -p $(@D); echo '$(VERSION) $(COMMIT)' | cmp -s - $@ || echo '$(VERSION) $(COMMIT)' > $@
+$(BUILD)/nocuda.stamp: .FORCE
+	@mkdir -p $(@D); echo '$(CUDA_WHY)' | cmp -s - $@ || echo '$(CUDA_WHY)' > $@
 .FORCE:
 
 .PHONY: bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found

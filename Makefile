@@ -137,7 +137,7 @@ $(BUILD)/nocuda.stamp: .FORCE
 	@mkdir -p $(@D); echo '$(CUDA_WHY)' | cmp -s - $@ || echo '$(CUDA_WHY)' > $@
 .FORCE:
 
-.PHONY: bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: test-builds sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -210,8 +210,15 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h $(
 	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $(filter-out %.h,$^) -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
 # ---- tests -----------------------------------------------------------------
-test: all unit integration client-test sanitize-test ops-test fuzz-smoke gpu-test
+# Everything the suites need is built first, on every core, and the Python
+# virtualenv is made meanwhile; then the suites run one after another, so
+# that their timings and output stay apart.
+NPROC ?= $(shell nproc 2>/dev/null || echo 2)
+test:
+	@$(MAKE) --no-print-directory -j$(NPROC) test-builds
+	@$(MAKE) --no-print-directory -j1 unit integration client-test sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
+test-builds: all $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN)) $(FUZZ_BINS) sanitize-bins $(VENV)/.stamp
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -261,9 +268,10 @@ docker-image:
 # that started the server (tests/integration/sfharness.py reads its stderr and
 # exit status). Then the start–requests–stop cycle of tests/sanitize.
 SAN_BUILD := $(BUILD)/asan
-sanitize-test: $(VENV)/.stamp
+sanitize-bins:
 	$(MAKE) --no-print-directory CUDA=0 SANITIZE=address,undefined BUILD=$(SAN_BUILD) \
 	  $(SAN_BUILD)/streamfeed $(SAN_BUILD)/streamfeed-load
+sanitize-test: sanitize-bins $(VENV)/.stamp
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=1 \
 	  STREAMFEED_BIN=$(abspath $(SAN_BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(SAN_BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/integration

@@ -288,9 +288,10 @@ def test_error_replies_stay_utf8_json_whatever_bytes_the_client_sent(start_serve
 
 
 def test_a_config_string_that_is_not_utf8_text_is_refused_and_the_config_stays_readable(start_server):
-    s = start_server(SINK)
+    s = start_server(SINK + ["--http.token", "t0k"])  # url_allow changes by PATCH only with a token
     body = b'{"checkpoint":{"url_allow":"\xff\xfe.example.com"}}'
-    r = s.request("PATCH", "/v1/config", data=body, headers={"Content-Type": "application/json"})
+    r = s.request("PATCH", "/v1/config", data=body,
+                  headers={"Content-Type": "application/json", "Authorization": "Bearer t0k"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "config_invalid", r.text
     r = s.get("/v1/config")
     assert r.status_code == 200

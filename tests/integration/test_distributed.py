@@ -549,19 +549,19 @@ def test_only_rank_0_writes_checkpoints_and_no_rank_restores_one_while_training(
 
 
 def test_a_checkpoint_read_on_an_idle_rank_is_not_held_for_the_rounds_wait(start_server, rng):
-    # Idle ranks meet once per distributed.wait_ms (10 s here). A read posted
+    # Idle ranks meet once per distributed.wait_ms (4 s here). A read posted
     # to the engine used to end the rank's wait, then sit in the round's
     # control all-reduce until the other rank's wait was over: the second of
-    # two reads in a row, starting just after a round, took the whole 10 s.
+    # two reads in a row, starting just after a round, took the whole 4 s.
     # A command runs in the wait instead, as it would between any two rounds.
-    ranks = start_job(start_server, 2, "--distributed.timeout_s", "30", "--distributed.wait_ms", "10000")
+    ranks = start_job(start_server, 2, "--distributed.timeout_s", "10", "--distributed.wait_ms", "4000")
     for res in post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)]):
         assert res[0] == 200 and res[1]["state"] == "done", res
     t0 = time.monotonic()
     for s in (ranks[1], ranks[0], ranks[1]):
         assert s.get("/v1/checkpoint").status_code == 200
     took = time.monotonic() - t0
-    assert took < 5, f"three checkpoint reads took {took:.1f} s"
+    assert took < 2, f"three checkpoint reads took {took:.1f} s"
     assert_bit_identical(ranks)
     for res in post_round(ranks, [learnable_batch(rng, n=B), learnable_batch(rng, n=B)]):
         assert res[0] == 200 and res[1]["state"] == "done" and res[1]["step"] == 2, res

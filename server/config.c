@@ -1224,7 +1224,8 @@ void sf_config_print_help(const char *prog)
            "Every option can also be set in the JSON config file ({\"section\":{\"option\":v}})\n"
            "and in the environment (STREAMFEED_SECTION_OPTION). Precedence:\n"
            "defaults < file < environment < flags. [hot] options can change at run time\n"
-           "through PATCH /v1/config; the others need a restart.\n\n",
+           "through PATCH /v1/config; [hot with http.token] ones only on a service started\n"
+           "with a token; the others need a restart.\n\n",
            prog, prog);
     for (size_t i = 0; i < sf_config_table_len; i++) {
         const sf_cfg_option *o = &sf_config_table[i];

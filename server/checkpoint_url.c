@@ -231,6 +231,30 @@ static int host_of(const char *url, char *host, size_t cap)
     return rc;
 }
 
+/* The URL's origin, "scheme://host:port" in lower case with the scheme's
+ * default port filled in: where a credential may go (as browsers and
+ * libcurl's own redirect rule decide it). */
+static int origin_of(const char *url, char *out, size_t cap)
+{
+    CURLU *u = curl_url();
+    char *scheme = NULL, *port = NULL, host[256];
+    int rc = -1;
+    if (u && host_of(url, host, sizeof host) == 0 && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+        curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK) {
+        int n = snprintf(out, cap, "%s://%s:%s", scheme, host, port);
+        if (n > 0 && (size_t)n < cap) {
+            for (char *c = out; *c; c++)
+                *c = (char)tolower((unsigned char)*c);
+            rc = 0;
+        }
+    }
+    curl_free(scheme);
+    curl_free(port);
+    curl_url_cleanup(u);
+    return rc;
+}
+
 int sf_ckpt_url_check(const char *url, int from_request, sf_ckpt_error *e)
 {
     char shown[512];
@@ -365,10 +389,10 @@ int sf_ckpt_url_transfer(const char *url, int confined, int fd, uint64_t max, co
     xfer x = {.abort = abort_flag, .fd = fd, .confined = confined, .max = max, .up = upload, .up_len = up_len};
     snprintf(x.allow, sizeof x.allow, "%s", c->checkpoint.url_allow);
     const char *verb = upload ? "PUT" : "GET";
-    char shown[512], cur[URL_MAX], first_host[256] = "", host[256];
+    char shown[512], cur[URL_MAX], first_origin[300] = "", origin[300];
     sf_ckpt_url_redact(url, shown, sizeof shown);
     snprintf(cur, sizeof cur, "%s", url);
-    host_of(url, first_host, sizeof first_host);
+    origin_of(url, first_origin, sizeof first_origin);
     char errbuf[CURL_ERROR_SIZE] = "";
     struct curl_slist *hdrs = NULL;
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -410,10 +434,12 @@ int sf_ckpt_url_transfer(const char *url, int confined, int fd, uint64_t max, co
             goto out;
         }
         curl_easy_setopt(h, CURLOPT_URL, cur);
-        /* The bearer token goes to the first URL's host only, never to a
-         * redirect's other host. */
-        int same_host = host_of(cur, host, sizeof host) == 0 && strcasecmp(host, first_host) == 0;
-        if (c->checkpoint.url_token[0] && same_host) {
+        /* The bearer token goes to the first URL's origin only: never to a
+         * redirect's other host, nor to another port or scheme of the same
+         * host (another service there, or plain http after https). */
+        int same_origin = first_origin[0] && origin_of(cur, origin, sizeof origin) == 0 &&
+                          strcmp(origin, first_origin) == 0;
+        if (c->checkpoint.url_token[0] && same_origin) {
             curl_easy_setopt(h, CURLOPT_HTTPAUTH, CURLAUTH_BEARER);
             curl_easy_setopt(h, CURLOPT_XOAUTH2_BEARER, c->checkpoint.url_token);
         } else {

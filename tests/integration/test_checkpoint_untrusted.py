@@ -280,6 +280,36 @@ def test_loopback_addresses_are_refused_after_resolution_unless_listed_as_addres
     assert handler.seen == ["/a.safetensors"]
 
 
+def test_the_url_token_goes_to_the_first_urls_origin_only_not_to_another_port_of_its_host(start_server):
+    # checkpoint.url_token is a credential for one service: a redirect to
+    # another port of the same host (another service) gets no token.
+    servers, seen = [], []
+    for _ in range(2):
+        handler = type("A", (Files,), {"files": {}, "release": threading.Event(), "seen": []})
+        handler.do_GET = lambda self, up=Files.do_GET: (
+            seen.append((self.server.server_address[1], self.path, self.headers.get("Authorization"))), up(self))
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append((srv, handler))
+    try:
+        (a, ha), (b, hb) = servers
+        pa, pb = a.server_address[1], b.server_address[1]
+        s = start_server(TRAIN + ["--http.token", "t0ken", "--checkpoint.url_token", "urltok",
+                                  "--checkpoint.url_allow", "127.0.0.1"])
+        ha.files["/a.safetensors"] = hb.files["/a.safetensors"] = s.request(
+            "GET", "/v1/checkpoint", headers=TOKEN).content
+        for target, port in ((f"http://127.0.0.1:{pa}/a.safetensors", pa), (f"http://127.0.0.1:{pb}/a.safetensors", pb)):
+            seen.clear()
+            assert load_url(s, f"http://127.0.0.1:{pa}/to/{target}", TOKEN).status_code == 200
+            assert seen[0] == (pa, f"/to/{target}", "Bearer urltok"), seen
+            assert seen[1][:2] == (port, "/a.safetensors"), seen
+            assert seen[1][2] == ("Bearer urltok" if port == pa else None), seen
+    finally:
+        for srv, h in servers:
+            srv.shutdown()
+            srv.server_close()
+
+
 def test_redirects_are_checked_like_the_first_url(start_server, files):
     handler, base = files
     s = start_server(TRAIN + ["--checkpoint.url_allow", "127.0.0.1"])

@@ -22,6 +22,7 @@
 #include "server/checkpoint_format.h"
 #include "server/checkpoint_store.h"
 #include "server/checkpoint_url.h"
+#include "server/text.h"
 #include "server/config.h"
 #include "server/engine.h"
 #include "server/http.h"
@@ -541,7 +542,7 @@ static int init_from(sf_ckpt *ck, const char *src, char *err, size_t errlen)
         return -1;
     }
     if (sf_ckpt_is_url(src))
-        sf_ckpt_url_redact(src, shown, sizeof shown);
+        sf_url_redact(src, shown, sizeof shown);
     else
         snprintf(shown, sizeof shown, "%.500s", src);
     sf_ckpt_error e = {0};

@@ -10,6 +10,7 @@
 #include "server/checkpoint_state.h"
 #include "server/checkpoint_store.h"
 #include "server/checkpoint_url.h"
+#include "server/text.h"
 #include "server/config.h"
 #include "server/http.h"
 #include "server/log.h"
@@ -51,7 +52,7 @@ static void hide_fetched(sf_ckpt *ck, const char *url, sf_ckpt_error *e)
     for (int k = 0; k < ck->lay.n_desc && e->field[0] && !own; k++)
         own = strcmp(ck->lay.desc_names[k], e->field) == 0;
     char shown[512];
-    sf_ckpt_url_redact(url, shown, sizeof shown);
+    sf_url_redact(url, shown, sizeof shown);
     char msg[sizeof e->msg + 256];
     snprintf(msg, sizeof msg, "GET %.300s: not a usable checkpoint of this model (%s)%s%s", shown, e->code,
              own ? ": tensor " : "", own ? e->field : "");
@@ -146,7 +147,7 @@ int sf_ckpt_write_blob(sf_ckpt *ck, sf_ckpt_op *op)
         rc = sf_ckpt_url_transfer(op->where, 1, -1, 0, b->file, b->len, &ck->abort_xfer, NULL, &op->err);
         if (rc)
             op->failed = 1;
-        sf_ckpt_url_redact(op->where, op->res.where, sizeof op->res.where);
+        sf_url_redact(op->where, op->res.where, sizeof op->res.where);
         op->res.url = 1;
     } else {
         char path[PATH_MAX + 80];
@@ -246,7 +247,7 @@ static void io_read(sf_ckpt *ck, sf_ckpt_op *op)
             op->failed = 1;
         op->res.url = op->url;
         if (op->url)
-            sf_ckpt_url_redact(op->where, op->res.where, sizeof op->res.where);
+            sf_url_redact(op->where, op->res.where, sizeof op->res.where);
         else
             snprintf(op->res.where, sizeof op->res.where, "%s", op->where);
     }

@@ -1,5 +1,6 @@
 /* server/checkpoint_url.c — see checkpoint_url.h. */
 #include "server/checkpoint_url.h"
+#include "server/text.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -26,25 +27,6 @@ int sf_ckpt_is_url(const char *s) { return strstr(s, "://") != NULL; }
 int sf_ckpt_url_scheme_ok(const char *s)
 {
     return strncasecmp(s, "http://", 7) == 0 || strncasecmp(s, "https://", 8) == 0;
-}
-
-void sf_ckpt_url_redact(const char *url, char *out, size_t cap)
-{
-    const char *rest = url, *sep = strstr(url, "://");
-    size_t head = 0;
-    if (sep) {
-        head = (size_t)(sep + 3 - url);
-        const char *auth = sep + 3;
-        size_t alen = strcspn(auth, "/?#");
-        const char *at = NULL;
-        for (const char *c = auth; c < auth + alen; c++)
-            if (*c == '@')
-                at = c;
-        rest = at ? at + 1 : auth;
-    }
-    size_t n = strcspn(rest, "?#");
-    snprintf(out, cap, "%.*s%.*s%s", (int)(head < 16 ? head : 16), url, (int)(n < 400 ? n : 400), rest,
-             rest[n] ? "?…" : "");
 }
 
 /* ---- the rules ----------------------------------------------------------------------- */
@@ -258,7 +240,7 @@ static int origin_of(const char *url, char *out, size_t cap)
 int sf_ckpt_url_check(const char *url, int from_request, sf_ckpt_error *e)
 {
     char shown[512];
-    sf_ckpt_url_redact(url, shown, sizeof shown);
+    sf_url_redact(url, shown, sizeof shown);
     if (strlen(url) >= URL_MAX) {
         fail(e, 400, "request_invalid", "url", "url is longer than %d bytes", URL_MAX - 1);
         return -1;
@@ -390,7 +372,7 @@ int sf_ckpt_url_transfer(const char *url, int confined, int fd, uint64_t max, co
     snprintf(x.allow, sizeof x.allow, "%s", c->checkpoint.url_allow);
     const char *verb = upload ? "PUT" : "GET";
     char shown[512], cur[URL_MAX], first_origin[300] = "", origin[300];
-    sf_ckpt_url_redact(url, shown, sizeof shown);
+    sf_url_redact(url, shown, sizeof shown);
     snprintf(cur, sizeof cur, "%s", url);
     origin_of(url, first_origin, sizeof first_origin);
     char errbuf[CURL_ERROR_SIZE] = "";

@@ -36,9 +36,6 @@
 int sf_ckpt_is_url(const char *s);
 /* http:// or https://, the only schemes accepted. */
 int sf_ckpt_url_scheme_ok(const char *s);
-/* The URL without user:password@, query and fragment, for messages and logs
- * (a signed URL carries its credentials in the query). */
-void sf_ckpt_url_redact(const char *url, char *out, size_t cap);
 /* The rules above for a URL a request gave (from_request: the auth rule
  * applies too); 0, or -1 with e (400 url_invalid / url_scheme_not_allowed,
  * 403 url_not_allowed). */

@@ -329,7 +329,7 @@ const sf_cfg_option sf_config_table[] = {
      "(https://h/ckpt/). Empty: any host, and then only with http.token set. Loopback, link-local "
      "(cloud metadata) and multicast addresses are refused unless listed here as addresses. PATCH "
      "can change it only with http.token set, so an unauthenticated client cannot widen it."},
-    {"model.init_from", SF_CT_STRING, F(checkpoint.init_from), "", 0, 0, NULL, 0, NULL,
+    {"model.init_from", SF_CT_STRING, F(checkpoint.init_from), "", 0, 0, NULL, SF_CF_URL, NULL,
      "Path or http(s) URL of a safetensors state_dict: its tensors initialise the parameters of the "
      "same name and shape (a pre-trained backbone); the others keep their seeded values."},
     {"limits.max_n", SF_CT_INT, F(limits.max_n), "1024", 1, 65536, NULL, SF_CF_HOT, NULL,
@@ -866,9 +866,16 @@ static int set_json(sf_config *c, const sf_cfg_option *o, const cJSON *v, char *
             snprintf(err, errlen, "%s: expected a string", o->name);
             return -1;
         }
-        /* GET shows a set secret as "***": sending that back keeps the secret. */
+        /* GET shows a set secret as "***", and a URL without its
+         * credentials: sending that back keeps the value. */
         if ((o->flags & SF_CF_SENSITIVE) && strcmp(v->valuestring, "***") == 0)
             return 0;
+        if (o->flags & SF_CF_URL) {
+            char shown[512];
+            sf_url_redact((const char *)field_cptr(c, o), shown, sizeof shown);
+            if (strcmp(v->valuestring, shown) == 0)
+                return 0;
+        }
         return set_string(c, o, v->valuestring, err, errlen);
     case SF_CT_JSON: {
         /* A JSON option takes a JSON value or a string holding JSON. */
@@ -1196,10 +1203,15 @@ cJSON *sf_config_to_json(const sf_config *c)
             break;
         case SF_CT_STRING:
         case SF_CT_ENUM:
-            if ((o->flags & SF_CF_SENSITIVE) && ((const char *)p)[0])
+            if ((o->flags & SF_CF_SENSITIVE) && ((const char *)p)[0]) {
                 cJSON_AddStringToObject(s, key, "***");
-            else
+            } else if (o->flags & SF_CF_URL) {
+                char shown[512];
+                sf_url_redact((const char *)p, shown, sizeof shown);
+                cJSON_AddStringToObject(s, key, shown);
+            } else {
                 cJSON_AddStringToObject(s, key, (const char *)p);
+            }
             break;
         case SF_CT_JSON: {
             cJSON *v = ((const char *)p)[0] ? cJSON_Parse((const char *)p) : NULL;

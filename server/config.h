@@ -169,6 +169,10 @@ enum {
      * (http.token) or open the checkpoint URL guard to itself
      * (checkpoint.url_allow). Set at start (flag, file, env) it works as any. */
     SF_CF_NEEDS_TOKEN = 4,
+    /* May be a URL with credentials (user:password@, a signed query): GET
+     * shows it as the logs do, without them; that text sent back keeps the
+     * value. */
+    SF_CF_URL = 8,
 };
 
 typedef struct sf_cfg_option {

@@ -2,6 +2,7 @@
 #include "server/text.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 size_t sf_utf8_seq(const unsigned char *s, size_t avail)
@@ -117,4 +118,23 @@ cJSON *sf_json_parse_whole(const char *buf, size_t len, const char **why)
             return NULL;
         }
     return j;
+}
+
+void sf_url_redact(const char *url, char *out, size_t cap)
+{
+    const char *rest = url, *sep = strstr(url, "://");
+    size_t head = 0;
+    if (sep) {
+        head = (size_t)(sep + 3 - url);
+        const char *auth = sep + 3;
+        size_t alen = strcspn(auth, "/?#");
+        const char *at = NULL;
+        for (const char *c = auth; c < auth + alen; c++)
+            if (*c == '@')
+                at = c;
+        rest = at ? at + 1 : auth;
+    }
+    size_t n = strcspn(rest, "?#");
+    snprintf(out, cap, "%.*s%.*s%s", (int)(head < 16 ? head : 16), url, (int)(n < 400 ? n : 400), rest,
+             rest[n] ? "?…" : "");
 }

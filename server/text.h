@@ -30,4 +30,9 @@ void sf_text_sanitize(char *s);
  * would be read shorter than it was sent (a bearer token cut at the NUL). */
 cJSON *sf_json_parse_whole(const char *buf, size_t len, const char **why);
 
+/* The URL without user:password@, query and fragment (at most its first 400
+ * bytes of path), for replies and logs: a signed URL carries its credentials
+ * in the query. Text without "://" loses only a query. */
+void sf_url_redact(const char *url, char *out, size_t cap);
+
 #endif

@@ -729,7 +729,8 @@ def test_init_from_initialises_the_parameters_it_names(start_server, tmp_path, s
     path = tmp_path / "backbone.safetensors"
     st_save_file(backbone, str(path))
     handler.files["/backbone.safetensors"] = path.read_bytes()
-    for src in (str(path), f"{base}/backbone.safetensors"):
+    signed = f"http://user:pa55@{base[len('http://'):]}/backbone.safetensors?sig=S3CR3T"
+    for src in (str(path), f"{base}/backbone.safetensors", signed):
         s = start_server(TRAIN + ["--model.init_from", src])
         got = st_load(get_ckpt(s, optimizer=False))
         for k in ("0.weight", "0.bias", "2.weight"):
@@ -738,6 +739,13 @@ def test_init_from_initialises_the_parameters_it_names(start_server, tmp_path, s
             np.testing.assert_array_equal(got[k], ref[k])
         assert "3 of 10 parameter tensors initialised" in s.stderr()
         assert s.post_arrays(*learnable_batch(rng, 8), wait=True).json()["state"] == "done"
+        # The configuration shows a URL as the logs do: no user:password@, no
+        # signed query; that text patched back keeps the value.
+        shown = s.config()["model"]["init_from"]
+        assert "pa55" not in shown and "S3CR3T" not in shown and "pa55" not in s.stderr(), shown
+        assert shown == (src if src != signed else f"{base}/backbone.safetensors?…"), shown
+        r = s.patch_config({"model": {"init_from": shown}})
+        assert r.status_code == 200 and r.json()["pending_restart"] == [], r.text
     # A tensor of the right name and the wrong shape stops the start.
     backbone["0.weight"] = np.zeros((4, 3), np.float32)
     st_save_file(backbone, str(path))

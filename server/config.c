@@ -107,9 +107,10 @@ const sf_cfg_option sf_config_table[] = {
     {"http.connection_timeout_s", SF_CT_INT, F(http.connection_timeout_s), "60", 1, 3600, NULL, 0,
      NULL, "Idle connection timeout in seconds."},
     {"http.header_timeout_s", SF_CT_INT, F(http.header_timeout_s), "10", 1, 3600, NULL, SF_CF_HOT, NULL,
-     "Seconds a request's headers may take to arrive after its request line; then the connection is "
-     "closed (the idle timeout alone lets a client that sends a byte every few seconds hold a "
-     "connection forever)."},
+     "Seconds a request's headers may take to arrive after its request line, and its body (a JSON "
+     "body, or one drained after a refusal) after its headers; then the connection is closed (the "
+     "idle timeout alone lets a client that sends a byte every few seconds hold a connection "
+     "forever)."},
     {"http.max_header_bytes", SF_CT_INT, F(http.max_header_bytes), "16384", 1024, 1048576, NULL, 0,
      NULL, "Largest total size of a request's target (path and query) and headers; a larger target gets 414, "
      "a larger total 431."},
@@ -136,8 +137,9 @@ const sf_cfg_option sf_config_table[] = {
      "about a third of its throughput (docs/DESIGN.md section 1)."},
     {"http.upload_deadline_s", SF_CT_INT, F(http.upload_deadline_s), "300", 0, 86400, NULL,
      SF_CF_HOT, NULL,
-     "Longest time an upload may hold a ring slot before its body is complete; a later one is "
-     "closed and its slot freed (408 upload_deadline_exceeded). 0 disables the deadline."},
+     "Longest time an upload may hold a ring slot before its body is complete, and a checkpoint PUT "
+     "may take for its body after its headers; a later one is closed (and its slot freed: 408 "
+     "upload_deadline_exceeded). 0 disables the deadline."},
     {"http.tls_cert", SF_CT_STRING, F(http.tls_cert), "", 0, 0, NULL, 0, check_listeners,
      "PEM certificate chain for HTTPS on http.port (with http.tls_key); empty serves plain HTTP. "
      "Re-read on SIGHUP and when the file changes."},

@@ -60,9 +60,15 @@ struct sf_req_priv {
     int bad_uri;            /* the raw request target carries %00 (1), or %2F in its path (2) */
     size_t uri_len;         /* the raw request target's length, counted against http.max_header_bytes */
     int fd;                 /* the connection's socket (for sf_req_abort) */
-    /* In h->heads from its request line until its headers are complete (the
-     * header deadline, sweep_heads_locked). */
+    /* In h->heads from its request line until its headers are complete and,
+     * for a body that is not streamed to a route, until that body is in (the
+     * request deadline, sweep_heads_locked). body_from_ns: when the headers
+     * were complete, for a request still in the list for its body (0 before);
+     * body_streamed: that body goes to its route's stream (a checkpoint PUT),
+     * not to a buffer or away. */
     int in_heads;
+    uint64_t body_from_ns;
+    int body_streamed;
     struct sf_req *head_prev, *head_next;
     char extra[MAX_EXTRA_HEADERS][2][64];
     int nextra;
@@ -386,18 +392,25 @@ void sf_http_wake_all(sf_http *h)
     pthread_mutex_unlock(&h->wmu);
 }
 
-/* ---- the header deadline ---------------------------------------------------- */
+/* ---- the request deadline --------------------------------------------------- */
 
 /* libmicrohttpd's connection timeout is an idle timeout: a client sending a
- * header byte every few seconds keeps a connection forever, and
+ * byte every few seconds keeps a connection forever, and
  * http.max_connections of them lock everyone else out. So a request whose
  * headers are not complete http.header_timeout_s after its request line
  * arrived has its socket shut down by the timer thread (the connection then
  * ends as if the client had left; counted as streamfeed_http_errors_total
- * {code="header_timeout"}). The list is under wmu; a request leaves it when
- * its headers are complete (access_cb) or it ends without them
- * (completed_cb, which libmicrohttpd runs before it closes the socket), so
- * the descriptor shut down is always the request's own. */
+ * {code="header_timeout"}). The same holds for a body: a buffered one (JSON)
+ * or one drained after a refusal (a 401 decided from the headers) gets as
+ * long again from the end of the headers (code "body_timeout"); one streamed
+ * to its route gets http.upload_deadline_s (a checkpoint PUT; code
+ * "upload_deadline_exceeded"), except an upload that holds a ring slot
+ * (batches, transform), which the slow-upload sweep bounds by its rate and
+ * the same deadline (server/upload.c). The list is
+ * under wmu; a request leaves it when what it waits for is complete
+ * (access_cb) or when it ends (completed_cb, which libmicrohttpd runs before
+ * it closes the socket), so the descriptor shut down is always the
+ * request's own. */
 static void heads_unlink_locked(sf_http *h, sf_req *r)
 {
     struct sf_req_priv *p = r->priv;
@@ -422,16 +435,23 @@ static void heads_leave(sf_http *h, sf_req *r)
 
 static void sweep_heads_locked(sf_http *h, uint64_t now)
 {
-    const uint64_t limit = (uint64_t)sf_config_cur()->http.header_timeout_s * 1000000000ull;
+    const sf_config *c = sf_config_cur();
+    const uint64_t head_limit = (uint64_t)c->http.header_timeout_s * 1000000000ull;
+    const uint64_t upload_limit = (uint64_t)c->http.upload_deadline_s * 1000000000ull;
     for (sf_req *r = h->heads, *n; r; r = n) {
         n = r->priv->head_next;
-        if (now - r->t_start_ns < limit)
+        const struct sf_req_priv *p = r->priv;
+        const uint64_t from = p->body_from_ns ? p->body_from_ns : r->t_start_ns;
+        const uint64_t limit = p->body_streamed ? upload_limit : head_limit;
+        if (limit == 0 || now - from < limit) /* upload_deadline_s 0: no deadline */
             continue;
+        const char *code = !p->body_from_ns ? "header_timeout" : p->body_streamed ? "upload_deadline_exceeded"
+                                                                                   : "body_timeout";
         heads_unlink_locked(h, r);
-        shutdown(r->priv->fd, SHUT_RDWR);
-        const char *v[] = {"header_timeout"};
+        shutdown(p->fd, SHUT_RDWR);
+        const char *v[] = {code};
         sf_counter_inc_l(h->app->m.http_errors, v, 1);
-        SF_DEBUG("a request's headers were not complete after http.header_timeout_s: connection closed");
+        SF_DEBUG("a request ran past its deadline (%s): connection closed", code);
     }
 }
 
@@ -930,13 +950,23 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     }
     if (!r->priv->started) {
         r->priv->started = 1;
-        heads_leave(h, r); /* the headers are complete */
         r->method = method;
         r->path = url; /* r->priv->fd was taken in uri_cb */
         make_request_id(r, conn);
         if (!l->probes_only)
             atomic_fetch_add(&h->active, 1);
         on_headers(r, conn, method, url, version);
+        /* The headers are complete; the body's deadline starts (a request
+         * without a body leaves the list at its next call, just below). */
+        const int streamed = r->route && r->route->stream && !r->priv->pending && !r->priv->draining;
+        pthread_mutex_lock(&h->wmu);
+        if (streamed && (r->route->flags & SF_ROUTE_UPLOAD)) {
+            heads_unlink_locked(h, r); /* bounded by the slow-upload sweep */
+        } else {
+            r->priv->body_streamed = streamed;
+            r->priv->body_from_ns = sf_now_ns();
+        }
+        pthread_mutex_unlock(&h->wmu);
         tl_body_pending = 0;
         return MHD_YES;
     }
@@ -952,6 +982,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
 
     /* The body is complete (or there was none). */
     tl_body_pending = 0;
+    heads_leave(h, r);
     if (r->priv->pending) {
         struct MHD_Response *p = r->priv->pending;
         r->priv->pending = NULL;
@@ -1004,10 +1035,8 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r)
         return;
     *con_cls = NULL;
+    heads_leave(h, r); /* if its headers or its body never came */
     if (!r->priv->started) {
-        /* A started request left the header list in access_cb (only this
-         * thread and the sweep, which takes only list members, touch it). */
-        heads_leave(h, r);
         /* Ended before its headers were complete: the client left, or
          * libmicrohttpd refused the request itself (a malformed request line
          * or header, an unsupported HTTP version, headers larger than its

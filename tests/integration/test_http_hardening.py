@@ -167,6 +167,55 @@ def test_connections_trickling_their_headers_are_closed_at_the_header_deadline(s
         k.close()
 
 
+def _trickle(conns, seconds):
+    """Sends one body byte a second on each connection; returns the indexes of
+    those the server closed within `seconds`."""
+    t0, closed = time.monotonic(), set()
+    while len(closed) < len(conns) and time.monotonic() - t0 < seconds:
+        time.sleep(1)
+        for i, k in enumerate(conns):
+            try:
+                k.sendall(b" ")
+            except OSError:
+                closed.add(i)
+    return closed
+
+
+def test_bodies_trickled_after_the_headers_are_closed_at_their_deadline(start_server, tmp_path):
+    # The headers arrive whole, then a body byte a second: a JSON body, one a
+    # 401 drains (refused from the headers; a token is set), and a checkpoint
+    # PUT (streamed, held to http.upload_deadline_s). The idle timeout never
+    # fires; each request's deadline does, and a normal client still gets in.
+    s = start_server(SINK, "--http.max_connections", "4", "--http.header_timeout_s", "2",
+                     "--http.upload_deadline_s", "3", "--http.token", "t0k")
+    auth = "Authorization: Bearer t0k\r\n"
+    heads = [f"PATCH /v1/config HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n",
+             "POST /v1/checkpoint/save HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+             f"PUT /v1/checkpoint HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/vnd.safetensors\r\n"]
+    slow = [s.connect() for _ in heads]
+    for k, head in zip(slow, heads):
+        k.sendall(f"{head}Content-Length: 100000\r\n\r\n{{".encode())
+    closed = _trickle(slow, 10)
+    assert closed == {0, 1, 2}, f"closed: {closed}"
+    assert requests.get(s.url + "/healthz", timeout=5).status_code == 200
+    assert s.metric("streamfeed_http_errors_total", code="body_timeout") == 2
+    assert s.metric("streamfeed_http_errors_total", code="upload_deadline_exceeded") == 1
+    for k in slow:
+        k.close()
+    # A body that keeps within the deadline is served as ever.
+    k = s.connect()
+    first, rest = b'{"optim": ', b'{"lr": 0.25}}'
+    k.sendall(f"PATCH /v1/config HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n"
+              f"Content-Length: {len(first + rest)}\r\nConnection: close\r\n\r\n".encode() + first)
+    time.sleep(1)
+    k.sendall(rest)
+    reply = b""
+    while chunk := k.recv(65536):
+        reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    k.close()
+
+
 def test_metrics_port_equal_to_the_main_port_is_refused_at_start():
     r = subprocess.run([BIN, "--http.port", "18080", "--http.metrics_port", "18080"],
                        capture_output=True, text=True, timeout=30)

@@ -13,8 +13,13 @@
  * every segment length must stay inside the file, exactly one SOF must come
  * before the first SOS, and the file must end with EOI (trailing zero bytes,
  * which some writers pad with, are allowed). The entropy-coded data itself is
- * not read: a file whose scan data is damaged passes here and fails its
- * decode (the batch then fails, naming the sample).
+ * not decoded: a file whose scan data is damaged passes here and fails its
+ * decode (the batch then fails, naming the sample). Its scans are counted
+ * (SOS markers, which entropy-coded bytes cannot imitate): each one is a
+ * pass over the whole image in the decoder, so a small file of thousands of
+ * tiny scans would cost seconds of decode; more than SF_JPEG_MAX_SCANS are
+ * refused as unsupported (libjpeg-turbo's TJFLAG_LIMITSCANS bound; a
+ * progressive file from a camera or an encoder has about ten).
  *
  * Supported: 8-bit Huffman JPEG, baseline (SOF0), extended sequential (SOF1)
  * and progressive (SOF2); 1 component (grayscale, decoded to 3 equal
@@ -23,7 +28,7 @@
  * components at 1x1 (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, 4:1:0). Refused as
  * unsupported: 4 components (CMYK, YCCK), 12-bit precision, lossless,
  * hierarchical and arithmetic-coded files, a height defined later by a DNL
- * marker (height 0).
+ * marker (height 0), more than SF_JPEG_MAX_SCANS scans.
  *
  * Threads and memory: pure functions, no state, no allocation.
  */
@@ -78,6 +83,9 @@ typedef enum sf_jpeg_error {
 } sf_jpeg_error;
 
 #define SF_JPEG_MSG_CAP 160
+
+/* The most scans (SOS markers) a file may have. */
+#define SF_JPEG_MAX_SCANS 500
 
 /* Reads the header of the file data[0, len). Fills *info (on success) and
  * returns SF_JPEG_OK, or returns the error with a sentence in msg (msg may be

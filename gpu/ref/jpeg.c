@@ -45,7 +45,8 @@ int sf_ref_jpeg_decode(const sf_batch *b, uint8_t *dst, size_t cap, char *err, s
             sf_errf(err, errlen, "ref jpeg: sample %d is %dx%d (HxW), not the %dx%d its header was read as", i,
                     fh, fw, h, w);
             rc = SF_BACKEND_BAD_INPUT;
-        } else if (tjDecompress2(tj, src, (unsigned long)(o1 - o0), dst + off, w, w * 3, h, TJPF_RGB, 0) != 0) {
+        } else if (tjDecompress2(tj, src, (unsigned long)(o1 - o0), dst + off, w, w * 3, h, TJPF_RGB,
+                                 TJFLAG_LIMITSCANS) != 0) {
             sf_errf(err, errlen, "ref jpeg: sample %d: %s", i, tjGetErrorStr2(tj));
             rc = SF_BACKEND_BAD_INPUT;
         }

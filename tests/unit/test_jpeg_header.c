@@ -228,6 +228,43 @@ static void test_cmyk_12_bit_lossless_arithmetic_hierarchical_and_dnl_files_are_
     free(ok.d);
 }
 
+/* A real progressive file with `extra` more scans (empty scans of the first
+ * component) inserted before its EOI. */
+static file with_extra_scans(int extra)
+{
+    file f = encode(16, 16, TJSAMP_420, 1);
+    static const uint8_t scan[] = {0xFF, 0xDA, 0x00, 0x08, 0x01, 0x01, 0x00, 0x00, 0x3F, 0x00, 0x12, 0x34};
+    size_t n = f.len + (size_t)extra * sizeof scan;
+    uint8_t *d = malloc(n);
+    assert_non_null(d);
+    memcpy(d, f.d, f.len - 2);
+    for (int k = 0; k < extra; k++)
+        memcpy(d + f.len - 2 + (size_t)k * sizeof scan, scan, sizeof scan);
+    memcpy(d + n - 2, f.d + f.len - 2, 2); /* EOI */
+    free(f.d);
+    return (file){d, n};
+}
+
+static void test_a_file_of_more_scans_than_the_bound_is_jpeg_unsupported(void **state)
+{
+    (void)state;
+    /* Scan data may hold 0xFF only as 0xFF00 or a restart marker: a real
+     * progressive file counts its own few scans, not its bytes. */
+    file real = encode(64, 64, TJSAMP_444, 1);
+    expect(&real, NULL, SF_JPEG_OK);
+    free(real.d);
+    file ok = with_extra_scans(SF_JPEG_MAX_SCANS - 30); /* the encoder's ~10 + these */
+    expect(&ok, NULL, SF_JPEG_OK);
+    free(ok.d);
+    file bomb = with_extra_scans(SF_JPEG_MAX_SCANS);
+    expect(&bomb, NULL, SF_JPEG_E_UNSUPPORTED);
+    sf_jpeg_info info;
+    char msg[SF_JPEG_MSG_CAP];
+    parse(&bomb, NULL, &info, msg);
+    assert_non_null(strstr(msg, "more than 500 scans"));
+    free(bomb.d);
+}
+
 static void test_chroma_sampled_above_1x1_or_an_odd_luma_factor_is_jpeg_unsupported(void **state)
 {
     const int chroma22[] = {0x22, 0x22, 0x11};
@@ -627,6 +664,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_encoder_files_of_every_subsampling_read_back_their_size_and_subsampling),
         cmocka_unit_test(test_a_file_without_soi_is_jpeg_not_jpeg),
+        cmocka_unit_test(test_a_file_of_more_scans_than_the_bound_is_jpeg_unsupported),
         cmocka_unit_test(test_every_cut_of_a_real_file_is_jpeg_truncated),
         cmocka_unit_test(test_trailing_zero_bytes_after_eoi_are_accepted),
         cmocka_unit_test(test_a_bomb_header_in_a_tiny_file_is_refused_by_side_then_by_pixels),

@@ -87,17 +87,29 @@ static int net_has(const net *n, int family, const uint8_t *a)
 }
 
 /* Loopback, unspecified, link-local (where cloud metadata services answer)
- * and multicast: never a checkpoint store, always worth a forger's try. */
+ * and multicast, and the metadata services elsewhere (AWS's IPv6 address,
+ * Alibaba's 100.100.100.200): never a checkpoint store, always worth a
+ * forger's try. An IPv6 address that carries an IPv4 one for a translator
+ * (NAT64 64:ff9b::/96, 6to4 2002::/16, the old IPv4-compatible ::/96) is
+ * also judged by that IPv4 address, which is where a translating network
+ * would deliver it. */
 static int address_blocked(int family, const uint8_t *a)
 {
     static const char *const blocked[] = {
-        "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3",
+        "0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3", "100.100.100.200/32",
         "::/128", "::1/128", "fe80::/10", "ff00::/8", "fd00:ec2::254/128",
     };
     for (size_t i = 0; i < sizeof blocked / sizeof blocked[0]; i++) {
         net n;
         if (parse_net(blocked[i], strlen(blocked[i]), &n) == 0 && net_has(&n, family, a))
             return 1;
+    }
+    if (family == AF_INET6) {
+        static const uint8_t nat64[12] = {0x00, 0x64, 0xff, 0x9b}, compat[12] = {0};
+        if (memcmp(a, nat64, 12) == 0 || memcmp(a, compat, 12) == 0)
+            return address_blocked(AF_INET, a + 12);
+        if (a[0] == 0x20 && a[1] == 0x02)
+            return address_blocked(AF_INET, a + 2);
     }
     return 0;
 }

@@ -265,8 +265,14 @@ def test_loopback_addresses_are_refused_after_resolution_unless_listed_as_addres
     handler.files["/a.safetensors"] = s.request("GET", "/v1/checkpoint", headers=TOKEN).content
     # With auth, any host, but no loopback: by address, by a name that
     # resolves to loopback, by 0.0.0.0 (which Linux connects to loopback).
-    for url in (f"{base}/a.safetensors", f"http://localhost:{handler.port}/a.safetensors",
-                f"http://0.0.0.0:{handler.port}/a.safetensors", f"http://127.1.2.3:{handler.port}/a.safetensors"):
+    # Nor the IPv6 forms a translating network delivers to an IPv4 address
+    # (NAT64, 6to4, IPv4-compatible), nor other clouds' metadata addresses.
+    p = handler.port
+    for url in (f"{base}/a.safetensors", f"http://localhost:{p}/a.safetensors",
+                f"http://0.0.0.0:{p}/a.safetensors", f"http://127.1.2.3:{p}/a.safetensors",
+                f"http://[64:ff9b::7f00:1]:{p}/a", f"http://[64:ff9b::a9fe:a9fe]:{p}/a",
+                f"http://[2002:7f00:1::]:{p}/a", f"http://[::127.0.0.1]:{p}/a",
+                f"http://100.100.100.200:{p}/a", f"http://[fd00:ec2::254]:{p}/a"):
         r = load_url(s, url, TOKEN)
         assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), (url, r.text)
     # A listed name does not make its loopback address reachable (a name can

@@ -172,6 +172,18 @@ typedef struct host_arg {
     const char *url, *host;
 } host_arg;
 
+/* A '.', '/' or '\\' written percent-encoded: a server that decodes it before
+ * resolving the path would read "/ckpt/%2e%2e/admin" as "/admin", which
+ * canonical() cannot see (it removes only literal dot segments). */
+static int has_encoded_separator(const char *s)
+{
+    for (const char *p = strchr(s, '%'); p; p = strchr(p + 1, '%'))
+        if ((p[1] == '2' && (p[2] == 'e' || p[2] == 'E' || p[2] == 'f' || p[2] == 'F')) ||
+            (p[1] == '5' && (p[2] == 'c' || p[2] == 'C')))
+            return 1;
+    return 0;
+}
+
 static int entry_has_host(const char *e, size_t n, const void *arg)
 {
     const host_arg *x = arg;
@@ -181,8 +193,9 @@ static int entry_has_host(const char *e, size_t n, const void *arg)
             return 0;
         memcpy(entry, e, n);
         entry[n] = '\0';
+        /* A URL prefix admits no path that could leave it once decoded. */
         return canonical(entry, want, sizeof want) == 0 && canonical(x->url, have, sizeof have) == 0 &&
-               strncmp(have, want, strlen(want)) == 0;
+               strncmp(have, want, strlen(want)) == 0 && !has_encoded_separator(have + strlen(want));
     }
     net nt;
     if (parse_net(e, n, &nt) == 0) {

@@ -335,8 +335,14 @@ def test_a_url_prefix_in_the_allow_list_holds_after_dot_segments_are_resolved(st
     s = start_server(TRAIN + ["--checkpoint.url_allow", f"{loc}/ok/, 127.0.0.1"])
     handler.files["/ok/a.safetensors"] = handler.files["/a.safetensors"] = get_ckpt(s)
     assert load_url(s, f"http://localhost:{handler.port}/ok/a.safetensors").status_code == 200
+    # ... and after decoding: a server that decodes %2e%2e (or %2f, %5c)
+    # before resolving the path would read these as leaving /ok/.
     for url in (f"http://localhost:{handler.port}/ok/../a.safetensors",
-                f"http://localhost:{handler.port}/okay/a.safetensors"):
+                f"http://localhost:{handler.port}/okay/a.safetensors",
+                f"http://localhost:{handler.port}/ok/%2e%2e/a.safetensors",
+                f"http://localhost:{handler.port}/ok/%2E./a.safetensors",
+                f"http://localhost:{handler.port}/ok/..%2Fa.safetensors",
+                f"http://localhost:{handler.port}/ok/..%5ca.safetensors"):
         r = load_url(s, url)
         assert (r.status_code, error_of(r)["code"]) == (403, "url_not_allowed"), (url, r.text)
     assert handler.seen == ["/ok/a.safetensors"]

@@ -143,33 +143,9 @@ def test_probes_answer_on_the_metrics_port_while_every_main_connection_is_taken(
         k.close()
 
 
-def test_connections_trickling_their_headers_are_closed_at_the_header_deadline(start_server):
-    # Every main connection sends a request line and then one header byte a
-    # second: the idle timeout never fires, the header deadline does.
-    s = start_server(SINK, "--http.max_connections", "4", "--http.header_timeout_s", "2")
-    slow = [s.connect() for _ in range(4)]
-    for k in slow:
-        k.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-    t0 = time.monotonic()
-    closed = set()
-    while len(closed) < 4 and time.monotonic() - t0 < 8:
-        time.sleep(1)
-        for i, k in enumerate(slow):
-            try:
-                k.sendall(b"a")
-            except OSError:
-                closed.add(i)
-    assert len(closed) == 4, f"{len(closed)} of 4 trickling connections were closed"
-    assert time.monotonic() - t0 < 6
-    assert requests.get(s.url + "/healthz", timeout=5).status_code == 200
-    assert s.metric("streamfeed_http_errors_total", code="header_timeout") == 4
-    for k in slow:
-        k.close()
-
-
 def _trickle(conns, seconds):
-    """Sends one body byte a second on each connection; returns the indexes of
-    those the server closed within `seconds`."""
+    """Sends one byte (a space) a second on each connection; returns the
+    indexes of those the server closed within `seconds`."""
     t0, closed = time.monotonic(), set()
     while len(closed) < len(conns) and time.monotonic() - t0 < seconds:
         time.sleep(1)
@@ -179,6 +155,23 @@ def _trickle(conns, seconds):
             except OSError:
                 closed.add(i)
     return closed
+
+
+def test_connections_trickling_their_headers_are_closed_at_the_header_deadline(start_server):
+    # Every main connection sends a request line and then one header byte a
+    # second: the idle timeout never fires, the header deadline does.
+    s = start_server(SINK, "--http.max_connections", "4", "--http.header_timeout_s", "2")
+    slow = [s.connect() for _ in range(4)]
+    for k in slow:
+        k.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    t0 = time.monotonic()
+    closed = _trickle(slow, 8)
+    assert len(closed) == 4, f"{len(closed)} of 4 trickling connections were closed"
+    assert time.monotonic() - t0 < 6
+    assert requests.get(s.url + "/healthz", timeout=5).status_code == 200
+    assert s.metric("streamfeed_http_errors_total", code="header_timeout") == 4
+    for k in slow:
+        k.close()
 
 
 def test_bodies_trickled_after_the_headers_are_closed_at_their_deadline(start_server, tmp_path):

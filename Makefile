@@ -218,7 +218,7 @@ test:
 	@$(MAKE) --no-print-directory -j$(NPROC) test-builds
 	@$(MAKE) --no-print-directory -j1 unit integration client-test sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
-test-builds: all $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN)) $(FUZZ_BINS) sanitize-bins $(VENV)/.stamp
+test-builds: all $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN)) sanitize-bins $(VENV)/.stamp
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -304,6 +304,7 @@ FUZZ_CORPUS_jpeg_header := tests/fuzz/corpus_jpeg_header
 FUZZ_SRC_checkpoint := server/safetensors.c server/jpeg_header.c server/text.c server/checkpoint_format.c gpu/model.c gpu/common.c
 FUZZ_CORPUS_checkpoint := tests/fuzz/corpus_checkpoint
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
+test-builds: $(FUZZ_BINS)
 FUZZ_SMOKE_SECONDS ?= 15
 
 .SECONDEXPANSION:

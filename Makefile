@@ -319,7 +319,8 @@ fuzz: $(FUZZ_BINS)
 fuzz-long: $(FUZZ_BINS)
 	@bash tests/fuzz/run.sh $(BUILD) $${FUZZ_SECONDS:-3600} $(foreach t,$(FUZZ_TARGETS),$(t):$(FUZZ_CORPUS_$(t)))
 fuzz-smoke: $(FUZZ_BINS)
-	@bash tests/fuzz/run.sh $(BUILD) $(FUZZ_SMOKE_SECONDS) $(foreach t,$(FUZZ_TARGETS),$(t):$(FUZZ_CORPUS_$(t)))
+	@FUZZ_TARGETS_AT_ONCE=$(NPROC) bash tests/fuzz/run.sh $(BUILD) $(FUZZ_SMOKE_SECONDS) \
+	  $(foreach t,$(FUZZ_TARGETS),$(t):$(FUZZ_CORPUS_$(t)))
 
 gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
 	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-test: built without CUDA ($(CUDA_WHY))"; \

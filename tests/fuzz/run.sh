@@ -8,7 +8,10 @@
 # BUILD/fuzz-artifacts/NAME-* and its log in BUILD/fuzz-logs/NAME.log, and
 # makes the script exit 1 after the remaining targets ran.
 # Environment: FUZZ_JOBS (default 1) parallel workers per target (-fork),
-# FUZZ_NICE (default 10) the nice level.
+# FUZZ_TARGETS_AT_ONCE (default 1) targets run side by side (make fuzz-smoke
+# runs one per core: a smoke run is about finding a crash at all, and the
+# rows still come out in the order given), FUZZ_NICE (default 10) the nice
+# level.
 set -uo pipefail
 build=$1 seconds=$2
 shift 2
@@ -25,14 +28,14 @@ dict_tmp=$(mktemp "$dict_dir/config_patch.dict.XXXXXX")
 grep -o '{"[a-z_]*\.[a-z_0-9]*"' server/config.c | tr -d '{"' | tr '.' '\n' | sort -u |
     sed 's/.*/"\\"&\\""/' > "$dict_tmp"
 mv -f "$dict_tmp" "$dict_dir/config_patch.dict"
-status=0
-for spec in "$@"; do
+# One target: its row on stdout, its log tail on stderr, exit 1 on a finding.
+run_one() {
+    local spec=$1 name seeds bin log start rc execs result
     name=${spec%%:*} seeds=${spec#*:}
     bin="$build/fuzz_$name" log="$build/fuzz-logs/$name.log"
     mkdir -p "$build/fuzz-corpus/$name"
-    dict=()
+    local dict=() jobs=()
     [ -s "$dict_dir/$name.dict" ] && dict=(-dict="$dict_dir/$name.dict")
-    jobs=()
     [ "${FUZZ_JOBS:-1}" -gt 1 ] && jobs=(-fork="$FUZZ_JOBS")
     start=$(date -u +%Y-%m-%dT%H:%MZ)
     nice -n "${FUZZ_NICE:-10}" "$bin" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
@@ -45,9 +48,29 @@ for spec in "$@"; do
         result="no crash, corpus $(ls "$build/fuzz-corpus/$name" | wc -l) inputs"
     else
         result="FAILED (exit $rc): $(grep -m1 -E 'ERROR|SUMMARY|deadly signal' "$log" | cut -c1-120)"
-        status=1
         tail -40 "$log" >&2
     fi
     echo "| $start | $commit | $name | $seconds | ${execs:-?} | $result |"
+    [ $rc -eq 0 ]
+}
+
+at_once=${FUZZ_TARGETS_AT_ONCE:-1}
+rows=$(mktemp -d)
+trap 'rm -rf "$rows"' EXIT
+status=0 i=0 pids=()
+for spec in "$@"; do
+    run_one "$spec" >"$rows/$i" &
+    pids+=($!)
+    i=$((i + 1))
+    if [ ${#pids[@]} -ge "$at_once" ]; then
+        wait "${pids[0]}" || status=1
+        pids=("${pids[@]:1}")
+    fi
+done
+for pid in "${pids[@]}"; do
+    wait "$pid" || status=1
+done
+for ((k = 0; k < i; k++)); do
+    cat "$rows/$k"
 done
 exit $status

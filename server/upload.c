@@ -66,14 +66,30 @@ static void holders_remove(sf_upload *u)
 struct sf_xform_out {
     atomic_int refs;
     size_t header_len, data_len;
+    size_t held; /* bytes counted in g_xform_held (a transform reply), else 0 */
     char bytes[]; /* safetensors header, then float32 data */
 };
+
+/* The bytes of transform replies held now, across requests. Each holds at
+ * most 8 x ring.slot_bytes until its client has read it, so http.
+ * max_connections slow readers could hold gigabytes; new transforms wait
+ * (503 transform_busy, Retry-After) beyond what every ring slot's output at
+ * once would take. */
+static atomic_size_t g_xform_held;
+
+static size_t xform_held_cap(const sf_app *app)
+{
+    return (size_t)app->cfg.ring.slots * (size_t)app->cfg.ring.slot_bytes * 8;
+}
 
 static void xform_release(void *p)
 {
     sf_xform_out *o = p;
-    if (o && atomic_fetch_sub(&o->refs, 1) == 1)
+    if (o && atomic_fetch_sub(&o->refs, 1) == 1) {
+        if (o->held)
+            atomic_fetch_sub(&g_xform_held, o->held);
         free(o);
+    }
 }
 
 /* The augmentation an upload's batch will get: eval batches have their own. */
@@ -552,12 +568,23 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         /* The float output is bounded like an input slot (times the float expansion). */
         if (hl == 0 || dl > (size_t)app->cfg.ring.slot_bytes * 8)
             return reject(r, u, 413, "output_too_large", "the augmented batch would be too large");
+        const size_t want = hl + dl;
+        if (atomic_fetch_add(&g_xform_held, want) + want > xform_held_cap(app)) {
+            atomic_fetch_sub(&g_xform_held, want);
+            sf_reply_header(r, "Retry-After", "1");
+            return reject(r, u, 503, "transform_busy",
+                          "transform replies not yet read by their clients hold ring.slots x 8 x "
+                          "ring.slot_bytes; retry once they are");
+        }
         sf_xform_out *o = malloc(sizeof *o + hl + dl + 64);
-        if (!o)
+        if (!o) {
+            atomic_fetch_sub(&g_xform_held, want);
             return reject(r, u, 503, "out_of_memory", "cannot allocate the transform output");
+        }
         atomic_init(&o->refs, 2); /* the request and the engine */
         o->header_len = hl;
         o->data_len = dl;
+        o->held = want;
         xform_header(in, &plan, o->bytes, hl);
         u->out = o;
         m->result = (float *)(void *)(o->bytes + hl);
@@ -593,6 +620,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         atomic_init(&o->refs, 2); /* the request and the engine */
         o->header_len = hl;
         o->data_len = dl;
+        o->held = 0; /* bounded by eval.logits_keep_bytes instead */
         sf_st_header_build(o->bytes, hl, &t, 1, meta);
         u->out = o;
         m->result = (float *)(void *)(o->bytes + hl);

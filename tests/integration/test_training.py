@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
-from sfharness import TINY, key, learnable_batch, random_batch, st_body
+from sfharness import TINY, key, learnable_batch, random_batch, st_body, wait_until
 
 LEARN = TINY + ["--optim.lr", "0.05", "--optim.momentum", "0.9", "--model.seed", "1"]
 MAX_STEPS = 200
@@ -87,6 +87,40 @@ def test_transform_with_the_w1_pipeline_returns_n_3_256_256_float32(start_server
     r = s.post_batch(st_body(rng.integers(0, 256, (1, 200, 300, 3), dtype=np.uint8)), path="/v1/transform")
     assert r.status_code == 200, r.text
     assert st_load(r.content)["images"].shape == (1, 3, 256, 256)
+
+
+def test_transform_replies_nobody_reads_hold_a_bounded_total_then_transform_busy(start_server, rng):
+    # Each reply is 3x256x256 floats x 40 = 31 MB, held until its client has
+    # read it; with 2 ring slots of 8 MiB, replies may hold 2 x 8 x 8 MiB =
+    # 128 MiB in all: four unread ones fit, a fifth waits (503, Retry-After).
+    import socket
+    s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline", W1_AUG,
+                     "--ring.slots", "2", "--ring.full_timeout_ms", "60000")
+    body = st_body(rng.integers(0, 256, (40, 256, 256, 3), dtype=np.uint8))
+    head = (f"POST /v1/transform HTTP/1.1\r\nHost: x\r\nContent-Type: application/vnd.safetensors\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+
+    def status_of(k):
+        line = b""
+        while not line.endswith(b"\r\n"):
+            line += k.recv(1)
+        return int(line.split()[1])
+
+    conns = []
+    for _ in range(6):
+        k = socket.socket()
+        k.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)  # the reply stays on the server
+        k.settimeout(120)
+        k.connect(("127.0.0.1", s.port))
+        k.sendall(head + body)
+        conns.append(k)
+    statuses = [status_of(k) for k in conns]
+    assert sorted(statuses) == [200] * 4 + [503] * 2, statuses
+    assert s.metric("streamfeed_http_errors_total", code="transform_busy") == 2
+    for k in conns:
+        k.close()  # replies dropped unread: their bytes are let go
+    wait_until(lambda: s.post_batch(body, path="/v1/transform").status_code == 200, 60,
+               what="a transform once the unread replies are gone")
 
 
 def _w1_transform(start_server, images, seed):

@@ -980,9 +980,12 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return rc;
     }
 
-    /* The body is complete (or there was none). */
+    /* The body is complete (or there was none). body_from_ns is set, on this
+     * thread, only for a request that stayed in the list for its body: an
+     * upload left it with its headers and takes no lock here. */
     tl_body_pending = 0;
-    heads_leave(h, r);
+    if (r->priv->body_from_ns)
+        heads_leave(h, r);
     if (r->priv->pending) {
         struct MHD_Response *p = r->priv->pending;
         r->priv->pending = NULL;
@@ -1035,7 +1038,8 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!r)
         return;
     *con_cls = NULL;
-    heads_leave(h, r); /* if its headers or its body never came */
+    if (!r->priv->started || r->priv->body_from_ns)
+        heads_leave(h, r); /* if its headers or its body never came */
     if (!r->priv->started) {
         /* Ended before its headers were complete: the client left, or
          * libmicrohttpd refused the request itself (a malformed request line

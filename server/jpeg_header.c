@@ -184,10 +184,14 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_l
     if (end < pos + 2 || d[end - 2] != 0xFF || d[end - 1] != 0xD9)
         return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
                     "the file (%zu bytes) does not end with an EOI marker: it is cut short", len);
-    /* Its scans: the first SOS, then every other 0xFFDA (in entropy-coded
-     * data a 0xFF byte is followed by 0x00 or a restart marker). */
+    /* A progressive file's scans: the first SOS, then every other 0xFFDA (in
+     * entropy-coded data a 0xFF byte is followed by 0x00 or a restart
+     * marker). Only there do scans refine the same image again and again;
+     * a sequential file's scans each carry components of their own, so a
+     * baseline file, most of a data set, costs no pass over its bytes here. */
     unsigned scans = 1;
-    for (const uint8_t *p = d + pos, *stop = d + end - 1; (p = memchr(p, 0xFF, (size_t)(stop - p))) != NULL;) {
+    for (const uint8_t *p = d + pos, *stop = d + end - 1;
+         got.progressive && (p = memchr(p, 0xFF, (size_t)(stop - p))) != NULL;) {
         if (*++p == 0xDA && ++scans > SF_JPEG_MAX_SCANS)
             return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                         "more than %d scans (each one a pass over the whole image in the decoder; an "

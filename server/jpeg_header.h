@@ -14,12 +14,13 @@
  * before the first SOS, and the file must end with EOI (trailing zero bytes,
  * which some writers pad with, are allowed). The entropy-coded data itself is
  * not decoded: a file whose scan data is damaged passes here and fails its
- * decode (the batch then fails, naming the sample). Its scans are counted
- * (SOS markers, which entropy-coded bytes cannot imitate): each one is a
- * pass over the whole image in the decoder, so a small file of thousands of
- * tiny scans would cost seconds of decode; more than SF_JPEG_MAX_SCANS are
- * refused as unsupported (libjpeg-turbo's TJFLAG_LIMITSCANS bound; a
- * progressive file from a camera or an encoder has about ten).
+ * decode (the batch then fails, naming the sample). A progressive file's
+ * scans are counted (SOS markers, which entropy-coded bytes cannot
+ * imitate): each one is a pass over the whole image in the decoder, so a
+ * small file of thousands of tiny scans would cost seconds of decode; more
+ * than SF_JPEG_MAX_SCANS are refused as unsupported (libjpeg-turbo's
+ * TJFLAG_LIMITSCANS bound, also for progressive files only; an encoder
+ * writes about ten).
  *
  * Supported: 8-bit Huffman JPEG, baseline (SOF0), extended sequential (SOF1)
  * and progressive (SOF2); 1 component (grayscale, decoded to 3 equal
@@ -28,7 +29,7 @@
  * components at 1x1 (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, 4:1:0). Refused as
  * unsupported: 4 components (CMYK, YCCK), 12-bit precision, lossless,
  * hierarchical and arithmetic-coded files, a height defined later by a DNL
- * marker (height 0), more than SF_JPEG_MAX_SCANS scans.
+ * marker (height 0), a progressive file of more than SF_JPEG_MAX_SCANS scans.
  *
  * Threads and memory: pure functions, no state, no allocation.
  */

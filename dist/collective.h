@@ -75,6 +75,8 @@ typedef struct sf_dist {
     sf_coll *coll;
     int timeout_ms;          /* bound of one collective call */
     size_t bucket_bytes;     /* CUDA: all-reduce bucket (distributed.bucket_mb) */
+    int bn_broadcast;        /* 1: rank 0's batchnorm running statistics go to every rank after each
+                                round (distributed.batchnorm broadcast) */
     double allreduce_s;      /* seconds the backend spent in its last gradient all-reduce */
 } sf_dist;
 

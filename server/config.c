@@ -410,6 +410,16 @@ const sf_cfg_option sf_config_table[] = {
      "this many MiB, each as soon as the backward has produced it, beside the rest of the backward "
      "(PyTorch DDP's bucket_cap_mb, same default). With model.grad_accum_steps > 1 the whole "
      "gradient is reduced once per batch instead."},
+    {"distributed.batchnorm", SF_CT_ENUM, F(distributed.batchnorm), "broadcast", 0, 0, "broadcast|local", 0, NULL,
+     "Batchnorm running statistics of a data-parallel job. broadcast: after every round rank 0's are "
+     "copied to every rank, so every rank's checkpoint is rank 0's, buffers included (PyTorch DDP's "
+     "broadcast_buffers=True). local: each rank keeps the statistics of its own batches. Training "
+     "itself normalises with each rank's batch statistics either way."},
+    {"distributed.allow_no_token", SF_CT_BOOL, F(distributed.allow_no_token), "false", 0, 0, NULL, 0,
+     check_distributed,
+     "Lets a data-parallel job (world_size > 1) start without http.token. Without a token any client "
+     "that reaches rank 0's port can write the job's rendezvous store and break its join; only for a "
+     "network no stranger reaches. Said in a warning at start."},
 };
 const size_t sf_config_table_len = sizeof sf_config_table / sizeof sf_config_table[0];
 
@@ -468,6 +478,12 @@ static int check_distributed(const sf_config *c, char *err, size_t errlen)
     }
     if (rank >= world) {
         snprintf(err, errlen, "distributed.rank %d is not in [0, %d) (distributed.world_size)", rank, world);
+        return -1;
+    }
+    if (world > 1 && !c->http.token[0] && !c->distributed.allow_no_token) {
+        snprintf(err, errlen, "a data-parallel job (distributed.world_size %d) needs http.token, the same on "
+                 "every rank: without it any client that reaches rank 0's port can write the job's rendezvous "
+                 "store and break the job (distributed.allow_no_token true starts it anyway)", world);
         return -1;
     }
     if (world > 1 && rank > 0 && !c->distributed.rendezvous[0]) {

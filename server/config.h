@@ -156,6 +156,8 @@ typedef struct sf_config {
         int join_timeout_s;     /* every rank must join within this */
         int timeout_s;          /* bound of one collective call once joined */
         int bucket_mb;          /* CUDA: gradient all-reduce bucket size, MiB */
+        char batchnorm[16];     /* broadcast | local: batchnorm running statistics across ranks */
+        int allow_no_token;     /* 1: a job of world_size > 1 may start without http.token */
     } distributed;
 } sf_config;
 

@@ -794,6 +794,7 @@ static int agree_on_job(sf_engine *e, char *err, size_t errlen)
         {"optim.name", str62(c->optim.name), 1},
         {"distributed.verify_every", c->distributed.verify_every, 0},
         {"distributed.bucket_mb", c->distributed.bucket_mb, 0},
+        {"distributed.batchnorm", str62(c->distributed.batchnorm), 1},
         {"the backend (pipeline.backend)", str62(app->backend->i->name(app->backend)), 1},
     };
     free(c);

@@ -523,6 +523,18 @@ static int grad_reduce(void *ctx, const sf_grad_piece *pieces, int n, cudaStream
     return sf_nccl_allreduce(c->nccl, pieces, n, s);
 }
 
+/* The executor's batchnorm hook (sf_net_cfg.buf_broadcast): rank 0's
+ * running statistics to every rank, on the stream the executor gives. */
+static int buf_broadcast(void *ctx, float *p, size_t n, cudaStream_t s)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (!sf_nccl_joined(c->nccl)) {
+        sf_cuda_set_error("%s:%d: the NCCL communicator is not made yet", __FILE__, __LINE__);
+        return -1;
+    }
+    return sf_nccl_broadcast(c->nccl, p, n, 0, s);
+}
+
 static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
 {
     cuda_ctx *c = ctx_of(be);
@@ -634,8 +646,8 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         nc.grad_reduce = grad_reduce;
         nc.grad_reduce_ctx = c;
         nc.grad_bucket_bytes = cfg->dist->bucket_bytes;
-        nc.grad_alloc = sf_nccl_alloc;
-        nc.grad_alloc_ctx = c->nccl;
+        if (cfg->dist->bn_broadcast)
+            nc.buf_broadcast = buf_broadcast;
     }
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());

@@ -74,31 +74,14 @@ typedef struct nccl_api {
     ncclResult_t (*destroy)(ncclComm_t);
     const char *(*error_string)(ncclResult_t);
     ncclResult_t (*get_version)(int *);
-    /* NCCL >= 2.27 (NULL before): memory NCCL can map, and its windows */
-    ncclResult_t (*mem_alloc)(void **, size_t);
-    ncclResult_t (*mem_free)(void *);
-#ifdef NCCL_WIN_COLL_SYMMETRIC
-    ncclResult_t (*win_register)(ncclComm_t, void *, size_t, ncclWindow_t *, int);
-#endif
+    ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
 } nccl_api;
-
-/* The gradients' blocks: a few per net (the fp32 gradients, a bf16 net's
- * convolution weight gradients). */
-#define NCCL_MAX_BLOCKS 8
 
 struct sf_nccl {
     nccl_api api;
     ncclComm_t comm; /* NULL until sf_nccl_join */
     int aborted;
     int timeout_ms;
-    struct {
-        void *p;
-        size_t bytes;
-        int vmm; /* from ncclMemAlloc (else cudaMalloc) */
-    } blk[NCCL_MAX_BLOCKS];
-    int n_blk;
-    int windows;       /* the blocks are registered as symmetric windows */
-    char why_not[120]; /* else why not, for sf_nccl_describe */
 };
 
 static int load_api(nccl_api *a, char *err, size_t errlen)
@@ -127,18 +110,8 @@ static int load_api(nccl_api *a, char *err, size_t errlen)
     SYM(destroy, "ncclCommDestroy");
     SYM(error_string, "ncclGetErrorString");
     SYM(get_version, "ncclGetVersion");
+    SYM(broadcast, "ncclBroadcast");
 #undef SYM
-    *(void **)&a->mem_alloc = dlsym(a->lib, "ncclMemAlloc");
-    *(void **)&a->mem_free = dlsym(a->lib, "ncclMemFree");
-#ifdef NCCL_WIN_COLL_SYMMETRIC
-    *(void **)&a->win_register = dlsym(a->lib, "ncclCommWindowRegister");
-    if (!a->win_register)
-        a->mem_alloc = NULL;
-#else
-    a->mem_alloc = NULL; /* built without the window API: nothing to register */
-#endif
-    if (!a->mem_free)
-        a->mem_alloc = NULL;
     return 0;
 }
 
@@ -185,142 +158,6 @@ extern "C" int sf_nccl_open(sf_nccl **out, char *err, size_t errlen)
     return 0;
 }
 
-extern "C" int sf_nccl_alloc(void *ctx, void **p, size_t bytes)
-{
-    sf_nccl *x = (sf_nccl *)ctx;
-    *p = NULL;
-    if (x->comm || x->n_blk >= NCCL_MAX_BLOCKS) {
-        sf_cuda_set_error("%s:%d: gradient memory asked for %s", __FILE__, __LINE__,
-                          x->comm ? "after the job's join" : "in too many blocks");
-        return -1;
-    }
-    bytes = bytes ? bytes : 256;
-    int vmm = 0;
-    /* ncclMemAlloc fails where CUDA's virtual memory management is off or
-     * unsupported; cudaMalloc's memory then trains the same, without windows. */
-    if (x->api.mem_alloc && x->api.mem_alloc(p, bytes) == ncclSuccess)
-        vmm = 1;
-    else if (cudaMalloc(p, bytes) != cudaSuccess) {
-        cudaGetLastError();
-        *p = NULL;
-        sf_cuda_set_error("%s:%d: out of device memory for %zu bytes of gradients", __FILE__, __LINE__, bytes);
-        return -1;
-    }
-    x->blk[x->n_blk].p = *p;
-    x->blk[x->n_blk].bytes = bytes;
-    x->blk[x->n_blk].vmm = vmm;
-    x->n_blk++;
-    return 0;
-}
-
-/* Runs one small all-reduce to its end on a stream of its own, bounded by
- * the job's timeout (a peer that dies meanwhile is a failure, not a hang). */
-static int allreduce_now(sf_nccl *x, int64_t *d, size_t n, ncclRedOp_t op, char *err, size_t errlen)
-{
-    cudaStream_t s = NULL;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-        cudaGetLastError();
-        snprintf(err, errlen, "cuda: stream creation failed");
-        return -1;
-    }
-    int rc = -1;
-    ncclResult_t r = await_comm(x, x->api.all_reduce(d, d, n, ncclInt64, op, x->comm, s), x->timeout_ms);
-    if (r != ncclSuccess) {
-        snprintf(err, errlen, "cuda: NCCL: the windows' agreement: %s", x->api.error_string(r));
-    } else {
-        const uint64_t end = now_ms() + (uint64_t)x->timeout_ms;
-        for (;;) {
-            cudaError_t q = cudaStreamQuery(s);
-            ncclResult_t st = ncclSuccess;
-            if (q == cudaSuccess) {
-                rc = 0;
-                break;
-            }
-            if (q != cudaErrorNotReady || x->api.async_error(x->comm, &st) != ncclSuccess ||
-                (st != ncclSuccess && st != ncclInProgress) || now_ms() >= end) {
-                snprintf(err, errlen, "cuda: NCCL: the windows' agreement did not complete within %d s: %s",
-                         x->timeout_ms / 1000, q != cudaErrorNotReady ? cudaGetErrorString(q) : x->api.error_string(st));
-                break;
-            }
-            struct timespec ts = {0, 100000L};
-            nanosleep(&ts, NULL);
-        }
-    }
-    if (rc != 0)
-        sf_nccl_abort(x); /* the kernel may still wait on a peer: abort ends it */
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-    return rc;
-}
-
-/* The gradient blocks' total bytes; *all_vmm: there are blocks and all are
- * ncclMemAlloc's. */
-static int64_t blocks_bytes(const sf_nccl *x, int *all_vmm)
-{
-    int64_t bytes = 0;
-    *all_vmm = x->n_blk > 0;
-    for (int i = 0; i < x->n_blk; i++) {
-        bytes += (int64_t)x->blk[i].bytes;
-        *all_vmm &= x->blk[i].vmm;
-    }
-    return bytes;
-}
-
-#define NO_WINDOW_API "no window API (this libnccl, or the nccl.h it was built with, predates 2.27)"
-
-/* Windows need every rank to register the same blocks: the ranks first
- * agree (a MIN all-reduce of "all my blocks are ncclMemAlloc's", of the
- * block count and of the bytes, each also negated so that the MIN gives the
- * MAX too), then each block is registered in order. */
-static int register_windows(sf_nccl *x, char *err, size_t errlen)
-{
-    int vmm = 0;
-    const int64_t bytes = blocks_bytes(x, &vmm);
-    int64_t mine[5] = {vmm, x->n_blk, -x->n_blk, bytes, -bytes};
-    int64_t *d = NULL, all[5] = {0, 0, 0, 0, 0};
-    if (cudaMalloc((void **)&d, sizeof mine) != cudaSuccess ||
-        cudaMemcpy(d, mine, sizeof mine, cudaMemcpyHostToDevice) != cudaSuccess) {
-        cudaGetLastError();
-        cudaFree(d);
-        snprintf(err, errlen, "cuda: the windows' agreement: out of device memory");
-        return -1;
-    }
-    int rc = allreduce_now(x, d, 5, ncclMin, err, errlen);
-    if (rc == 0 && cudaMemcpy(all, d, sizeof all, cudaMemcpyDeviceToHost) != cudaSuccess) {
-        cudaGetLastError();
-        snprintf(err, errlen, "cuda: the windows' agreement: copy failed");
-        rc = -1;
-    }
-    cudaFree(d);
-    if (rc != 0)
-        return -1;
-    const int same = all[1] == -all[2] && all[3] == -all[4];
-    if (!all[0] || !same) {
-        snprintf(x->why_not, sizeof x->why_not, "%s",
-                 !x->api.mem_alloc ? NO_WINDOW_API
-                 : !mine[0]        ? "ncclMemAlloc failed on this rank"
-                 : !same           ? "the ranks' gradient blocks differ"
-                                   : "ncclMemAlloc failed on another rank");
-        return 0;
-    }
-#ifdef NCCL_WIN_COLL_SYMMETRIC
-    for (int i = 0; i < x->n_blk; i++) {
-        ncclWindow_t w = NULL;
-        ncclResult_t r = await_comm(
-            x, x->api.win_register(x->comm, x->blk[i].p, x->blk[i].bytes, &w, NCCL_WIN_COLL_SYMMETRIC),
-            x->timeout_ms);
-        if (r != ncclSuccess) {
-            snprintf(err, errlen, "cuda: ncclCommWindowRegister of %zu bytes of gradients: %s", x->blk[i].bytes,
-                     x->api.error_string(r));
-            sf_nccl_abort(x);
-            return -1;
-        }
-    }
-    x->windows = 1;
-#endif
-    return 0;
-}
-
 extern "C" int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errlen)
 {
     if (x->comm) {
@@ -354,27 +191,20 @@ extern "C" int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errl
         sf_nccl_abort(x);
         return -1;
     }
-    return register_windows(x, err, errlen);
+    return 0;
 }
 
 extern "C" int sf_nccl_joined(const sf_nccl *x) { return x && x->comm && !x->aborted; }
 
 extern "C" void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len)
 {
-    int v = 0, vmm = 0;
+    int v = 0;
     if (x->api.get_version(&v) != ncclSuccess)
         v = 0;
-    const long long bytes = (long long)blocks_bytes(x, &vmm);
-    const char *where = x->comm ? (x->windows ? "in symmetric windows" : "in ordinary device memory: ")
-                        : vmm   ? "in ncclMemAlloc's memory, registered as symmetric windows at the job's first "
-                                  "round if every rank's is"
-                                : "in ordinary device memory: ";
-    const char *why = x->comm ? (x->windows ? "" : x->why_not)
-                      : vmm   ? ""
-                      : x->api.mem_alloc ? "ncclMemAlloc failed"
-                                         : NO_WINDOW_API;
-    snprintf(buf, len, "gradient all-reduce: NCCL %d.%d.%d, %lld B of gradients %s%s\n", v / 10000, v / 100 % 100,
-             v % 100, bytes, where, why);
+    snprintf(buf, len,
+             "gradient all-reduce: NCCL %d.%d.%d, in place in ordinary device memory (no symmetric windows: "
+             "dist_nccl.h says why)\n",
+             v / 10000, v / 100 % 100, v % 100);
 }
 
 /* Waits out a non-blocking communicator's ncclInProgress (the call is still
@@ -427,6 +257,15 @@ extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n,
     return settle(x, re, "ncclGroupEnd (the bucket's all-reduce)");
 }
 
+extern "C" int sf_nccl_broadcast(sf_nccl *x, float *p, size_t n, int root, cudaStream_t s)
+{
+    if (x->aborted || !x->comm) {
+        sf_cuda_set_error("%s:%d: NCCL communicator %s", __FILE__, __LINE__, x->comm ? "aborted" : "not made yet");
+        return -1;
+    }
+    return settle(x, x->api.broadcast(p, p, n, ncclFloat32, root, x->comm, s), "ncclBroadcast");
+}
+
 extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen)
 {
     if (!x->comm) {
@@ -469,13 +308,6 @@ extern "C" void sf_nccl_free(sf_nccl *x)
         else
             x->api.abort_comm(x->comm);
     }
-    /* the windows went with the communicator; the memory only now */
-    for (int i = 0; i < x->n_blk; i++) {
-        if (x->blk[i].vmm)
-            x->api.mem_free(x->blk[i].p);
-        else
-            cudaFree(x->blk[i].p);
-    }
     if (x->api.lib)
         dlclose(x->api.lib);
     free(x);
@@ -493,7 +325,6 @@ extern "C" int sf_nccl_open(sf_nccl **out, char *err, size_t errlen)
     snprintf(err, errlen, "cuda: built without nccl.h: data-parallel training needs NCCL at build time");
     return -1;
 }
-extern "C" int sf_nccl_alloc(void *x, void **p, size_t bytes) { return -1; }
 extern "C" int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errlen) { return -1; }
 extern "C" int sf_nccl_joined(const sf_nccl *x) { return 0; }
 extern "C" void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len) { snprintf(buf, len, "\n"); }
@@ -501,6 +332,7 @@ extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n,
 {
     return -1;
 }
+extern "C" int sf_nccl_broadcast(sf_nccl *x, float *p, size_t n, int root, cudaStream_t s) { return -1; }
 extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen) { return -1; }
 extern "C" void sf_nccl_abort(sf_nccl *x) {}
 extern "C" void sf_nccl_free(sf_nccl *x) {}

@@ -9,20 +9,14 @@
  * "nccl.id", the others get it, then ncclCommInitRankConfig (non-blocking,
  * bounded by the job's timeout).
  *
- * The gradients the all-reduce sums live in memory from sf_nccl_alloc:
- * ncclMemAlloc's (CUDA virtual memory that NCCL can map into the peers'
- * address spaces), which the join registers as symmetric windows
- * (ncclCommWindowRegister, NCCL_WIN_COLL_SYMMETRIC) once every rank has
- * said that all of its blocks are such memory. NCCL's kernels for windows
- * read the peer's half of each bucket straight over NVLink and write the sum
- * into both, instead of passing it through the communicator's own buffers:
- * fewer thread blocks beside the backward and less memory traffic
- * (bench/results/2026-11-27-h200x2-w1-symmetric-windows.md). Where the
- * library predates windows (NCCL < 2.27, at run time or in the nccl.h of
- * the build) the blocks are cudaMalloc's; where ncclMemAlloc fails on any
- * rank, no rank registers windows, and every rank runs the ordinary kernels.
- * The communicator owns the windows: they go with it, and the blocks are
- * freed after it (sf_nccl_free), never while a peer may still map them.
+ * The gradients are summed in place, in the executor's own device memory.
+ * They are not registered as NCCL symmetric windows (ncclMemAlloc +
+ * ncclCommWindowRegister), although NCCL's window kernels took 2-3 % off a
+ * two-rank W1 step: on two H200s with NCCL 2.28.3 the in-place window
+ * all-reduce of bf16 gradients left the ranks with different sums (W1 and
+ * ResNet-18 in bf16 diverged from the tenth step; the same runs without
+ * windows, NCCL_WIN_ENABLE=0, stayed bit-identical), and ranks that drift
+ * apart train no model at all.
  */
 #ifndef SF_GPU_CUDA_DIST_NCCL_H
 #define SF_GPU_CUDA_DIST_NCCL_H
@@ -44,32 +38,29 @@ typedef struct sf_nccl sf_nccl;
 /* Loads NCCL for a data-parallel job on the current device: 0, or -1 with
  * err (no libnccl.so.2). No communicator yet. */
 int sf_nccl_open(sf_nccl **out, char *err, size_t errlen);
-/* The executor's gradient memory (sf_net_cfg.grad_alloc): bytes of device
- * memory in *p that stay valid until sf_nccl_free, registered as a window
- * at the join. Only before the join (the registration is collective). 0, or
- * -1 with sf_cuda_last_error() set. */
-int sf_nccl_alloc(void *x, void **p, size_t bytes);
-/* Joins the NCCL communicator of d's job and registers the blocks of
- * sf_nccl_alloc as symmetric windows where every rank can. 0, or -1 with err
- * (the id never came, the init or the registration failed or timed out). */
+/* Joins the NCCL communicator of d's job. 0, or -1 with err (the id never
+ * came, the init failed or timed out). */
 int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errlen);
 /* 1 once sf_nccl_join has succeeded, until the communicator is aborted. */
 int sf_nccl_joined(const sf_nccl *x);
-/* One line for the backend's plan: the library's version and where the
- * gradients are (symmetric windows, or why not). */
+/* One line for the backend's plan: the library's version and how the
+ * gradients are summed. */
 void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len);
 /* Enqueues on s the SUM all-reduce, in place, of the n pieces (fp32 or
  * bf16, each summed in its own type), as one NCCL group. Returns once NCCL
  * has enqueued it (a non-blocking communicator's ncclInProgress is waited
  * out, bounded by the job's timeout). */
 int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n, cudaStream_t s);
+/* Enqueues on s the broadcast, in place, of n floats from rank root to
+ * every rank (batchnorm's running statistics, distributed.batchnorm
+ * broadcast). Returns once NCCL has enqueued it, as sf_nccl_allreduce. */
+int sf_nccl_broadcast(sf_nccl *x, float *p, size_t n, int root, cudaStream_t s);
 /* 0 healthy; else the communicator's asynchronous error, in err. */
 int sf_nccl_check(sf_nccl *x, char *err, size_t errlen);
 /* Ends every NCCL operation of the communicator (a peer died or timed out):
  * kernels waiting on a peer return, the communicator is unusable. */
 void sf_nccl_abort(sf_nccl *x);
-/* The communicator (finalized, or aborted if that does not complete), then
- * the blocks of sf_nccl_alloc: after the net that used them is destroyed. */
+/* The communicator (finalized, or aborted if that does not complete). */
 void sf_nccl_free(sf_nccl *x);
 
 /* A digest of n floats of device memory: the XOR over i of a 64-bit mix of

@@ -421,6 +421,24 @@ static float *g_count(sf_cuda_net *net, int b)
     return net->cfg.grad_reduce && net->io[b].ctl ? (float *)net->io[b].ctl->count : NULL;
 }
 
+/* A rank whose loss is not finite sends a NaN as its samples trained, so
+ * that the all-reduced count tells every rank to skip the step
+ * (sf_cuda_grad_state): the decision must not rest on this rank's loss
+ * alone, or a rank whose gradient stayed finite would step while this one
+ * skips, and the ranks would part. */
+__global__ void k_poison_count(const float *__restrict__ loss, float *__restrict__ count)
+{
+    if (!isfinite(*loss))
+        count[0] = __int_as_float(0x7fc00000);
+}
+
+static int g_poison_count(sf_cuda_net *net, int b, float *count, cudaStream_t s)
+{
+    k_poison_count<<<1, 1, 0, s>>>(&net->io[b].result->loss, count);
+    SF_CUDA_CHECK(cudaGetLastError());
+    return 0;
+}
+
 
 /* bf16: the weights' bf16 copy from the master parameters, all of them
  * (build, set_params, restore) or the trainable slice (after a step). */
@@ -801,6 +819,8 @@ static int g_reduce_bucket(sf_cuda_net *net, int b, int i)
         }
     }
     float *count = g_count(net, b);
+    if (i == g->rb_last && count && np > 0 && g_poison_count(net, b, count, net->rst))
+        return -1;
     if (i == g->rb_last && count && np > 0) {
         pc[np].p = count;
         pc[np].len = 1;
@@ -863,6 +883,8 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
          * batch's global mean, summed, then accumulated; the check is of the
          * accumulated sum, below. */
         const sf_grad_piece all[2] = {{net->grads + off, len, SF_DT_F32}, {count, 1, SF_DT_F32}};
+        if (reduce && g->gacc && count && g_poison_count(net, b, count, s))
+            return -1;
         if (reduce && g->gacc && g_timed_reduce(net, b, all, count ? 2 : 1, s))
             return -1;
         const float *grad = net->grads + off;
@@ -900,6 +922,11 @@ static int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf
             g_mark(pf, s, "optimizer", "", -1);
         }
     }
+    /* rank 0's running statistics to every rank, once this step's forward
+     * has moved them (captured in the step's graph like the all-reduce) */
+    if (reduce && net->cfg.buf_broadcast && g->has_bn_train && m->n_buffers &&
+        net->cfg.buf_broadcast(net->cfg.grad_reduce_ctx, g->bufs, m->n_buffers, s))
+        return -1;
     SF_CUDA_CHECK(cudaMemcpyAsync(g->h_gs + b, gs, sizeof *gs, cudaMemcpyDeviceToHost, s));
     SF_CUDA_CHECK(cudaMemcpyAsync(net->io[b].h_result, net->io[b].result, sizeof(sf_xent_out),
                                   cudaMemcpyDeviceToHost, s));

@@ -126,14 +126,13 @@ typedef struct sf_net_cfg {
      * process. */
     int (*grad_reduce)(void *ctx, const sf_grad_piece *pieces, int n, cudaStream_t s);
     void *grad_reduce_ctx;
+    /* Data-parallel training with grad_reduce: enqueues on s, at the end of
+     * every training step and empty round (so that every rank calls it alike),
+     * the broadcast of batchnorm's running statistics (n floats at p) from
+     * rank 0 to every rank (distributed.batchnorm broadcast); ctx is
+     * grad_reduce_ctx. NULL: each rank keeps its own. */
+    int (*buf_broadcast)(void *ctx, float *p, size_t n, cudaStream_t s);
     size_t grad_bucket_bytes;
-    /* With grad_reduce: the device memory of the gradients it sums (the
-     * fp32 gradients, a bf16 net's convolution weight gradients), from the
-     * collective library's allocator so that it can register them
-     * (dist_nccl.h); the memory is the allocator's, freed by it after the
-     * net is destroyed. NULL: cudaMalloc, freed with the net. */
-    int (*grad_alloc)(void *ctx, void **p, size_t bytes);
-    void *grad_alloc_ctx;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
     int no_patch;        /* 1: run non-overlapping convolutions' backward (conv_patch.h) through cuDNN too */
     int no_s2d;          /* 1: run strided few-channel convolutions as they are, not in their

@@ -79,18 +79,6 @@ static inline int dmallocf(sf_cuda_net *net, float **p, size_t floats)
     return dmalloc(net, (void **)p, floats * sizeof(float));
 }
 
-/* The gradients' memory: cfg.grad_alloc's where it is set (that allocator
- * frees it), else dmalloc's. */
-static inline int dmalloc_grad(sf_cuda_net *net, void **p, size_t bytes)
-{
-    if (!net->cfg.grad_alloc)
-        return dmalloc(net, p, bytes);
-    if (net->cfg.grad_alloc(net->cfg.grad_alloc_ctx, p, bytes ? bytes : 256))
-        return -1;
-    net->alloc_bytes += bytes ? bytes : 256;
-    return 0;
-}
-
 /* ---- the layer graph ------------------------------------------------------ */
 
 typedef struct gop {
@@ -226,11 +214,11 @@ template <typename Desc> static inline void g_desc(const sf_cuda_net *net, int i
 }
 
 /* Allocation shifted so that p + off (floats) is 16-byte aligned (cudaMalloc
- * and ncclMemAlloc are 256-aligned); grad: from dmalloc_grad. */
-static inline int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size_t off, int grad = 0)
+ * is 256-aligned). */
+static inline int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size_t off)
 {
     float *raw;
-    if (grad ? dmalloc_grad(net, (void **)&raw, sizeof(float) * (floats + 4)) : dmallocf(net, &raw, floats + 4))
+    if (dmallocf(net, &raw, floats + 4))
         return -1;
     const size_t sh = (4 - off % 4) % 4;
     *p = raw + sh;

@@ -338,7 +338,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
     const size_t np = m->n_params;
     /* SGD's momentum buffer comes with the first step that asks for momentum
      * (sf_net_use_momentum); AdamW's first moment from the start */
-    if (g_alloc_shift(net, &net->params, np, m->train_off) || g_alloc_shift(net, &net->grads, np, m->train_off, 1) ||
+    if (g_alloc_shift(net, &net->params, np, m->train_off) || g_alloc_shift(net, &net->grads, np, m->train_off) ||
         (net->cfg.adamw && g_alloc_shift(net, &net->mom, np, m->train_off)))
         return -1;
     if (net->cfg.adamw && g_alloc_shift(net, &g->sq, np, m->train_off))
@@ -365,7 +365,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
     }
     g->wcopy = g->dt != SF_DT_F32;
     if (g->wcopy) {
-        if (dmalloc(net, &g->wd, g->es * (np ? np : 1)) || dmalloc_grad(net, &g->gd, g->es * (np ? np : 1)))
+        if (dmalloc(net, &g->wd, g->es * (np ? np : 1)) || dmalloc(net, &g->gd, g->es * (np ? np : 1)))
             return -1;
         SF_CUDA_CHECK(cudaMemsetAsync(g->gd, 0, g->es * (np ? np : 1), net->s));
     } else {

@@ -703,7 +703,12 @@ __global__ void k_grad_state(const float *__restrict__ part, int nparts, const f
     st.pad_ = 0;
     /* 1 without a count, and with one whose samples all trained: the same bits */
     const float f = count ? sf_trained_factor(count) : 1.f;
-    if (f == 0.f) {
+    if (count && isnan(count[0])) {
+        /* a rank's loss was not finite (the executor's k_poison_count): every rank skips */
+        st.norm = __int_as_float(0x7fc00000);
+        st.scale = 1.f;
+        st.skip = SF_GRAD_SKIP_NONFINITE;
+    } else if (f == 0.f) {
         st.norm = 0.f;
         st.scale = 1.f;
         st.skip = SF_GRAD_SKIP_EMPTY;

@@ -644,6 +644,27 @@ static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss, fl
     return 0;
 }
 
+/* Batchnorm's running statistics and num_batches_tracked from rank 0 to
+ * every rank, after a data-parallel round's forward has moved each rank's
+ * with its own batch (sf_dist.bn_broadcast; PyTorch DDP's broadcast_buffers
+ * sends rank 0's at each forward, and since training normalises with the
+ * batch's statistics the two orders train the same and keep the same rank-0
+ * state). Every rank calls it in every round, an empty contribution too, so
+ * the collectives pair. 0, or -1 with dist_err set. */
+static int broadcast_buffers(ref_ctx *c, const sf_batch *b)
+{
+    const sf_dist *d = c->cfg.dist;
+    if (!d || d->world <= 1 || b->global_n <= 0 || !d->bn_broadcast || c->m.n_buffers == 0)
+        return 0;
+    char err[sizeof c->dist_err];
+    if (sf_coll_broadcast(d->coll, c->buffers, sizeof(float) * c->m.n_buffers, 0, err, sizeof err) != 0 ||
+        sf_coll_broadcast(d->coll, &c->nbt, sizeof c->nbt, 0, err, sizeof err) != 0) {
+        snprintf(c->dist_err, sizeof c->dist_err, "%s", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* With b->global_n > 0 (a data-parallel round) the gradient is all-reduced
  * before accumulation and the optimizer, and n may be 0: zero gradients
  * through the same all-reduce and optimizer step. 0, or -1 when the
@@ -668,7 +689,7 @@ static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
         memset(c->grads, 0, sizeof(float) * c->n_train);
     }
     float factor;
-    if (allreduce_grads(c, n, b->global_n, bad_loss, &factor) != 0)
+    if (allreduce_grads(c, n, b->global_n, bad_loss, &factor) != 0 || broadcast_buffers(c, b) != 0)
         return -1;
     const int k = c->cfg.grad_accum_steps > 1 ? c->cfg.grad_accum_steps : 1;
     if (k == 1) {

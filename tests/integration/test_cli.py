@@ -52,6 +52,14 @@ def test_an_unknown_option_gets_a_did_you_mean_when_one_is_close(flag, meant):
         assert "did you mean" not in p.stderr and "--help" in p.stderr, p.stderr
 
 
+def test_a_data_parallel_job_without_a_token_is_refused_unless_the_operator_allows_it():
+    # One unauthenticated write to rank 0's rendezvous store can break a
+    # joining job, so a job needs http.token unless the operator says otherwise.
+    p = run("--distributed.world_size", "2", "--distributed.rank", "0", "--http.port", "0")
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "needs http.token" in p.stderr and "distributed.allow_no_token" in p.stderr, p.stderr
+
+
 def test_a_flag_followed_by_another_flag_is_reported_as_missing_its_value():
     p = run("--ring.slots", "--http.port", "0")
     assert p.returncode == 2

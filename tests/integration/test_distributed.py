@@ -35,7 +35,7 @@ def dist_flags(world, rank, rendezvous=None, *extra):
     f = TINY + ["--model.max_batch", str(2 * B), "--optim.lr", "0.05", "--optim.momentum", "0.9",
                 "--distributed.world_size", str(world), "--distributed.rank", str(rank),
                 "--distributed.host", "127.0.0.1", "--distributed.join_timeout_s", "20",
-                "--distributed.verify_every", "1"]
+                "--distributed.verify_every", "1", "--distributed.allow_no_token", "true"]
     if rendezvous:
         f += ["--distributed.rendezvous", rendezvous]
     return f + list(extra)
@@ -121,14 +121,12 @@ BN_SPEC = {
 BN_STATS = (".running_mean", ".running_var", ".num_batches_tracked")
 
 
-def test_batchnorm_ranks_share_parameters_and_optimizer_state_but_keep_their_own_running_statistics(
-        start_server, rng):
-    # Without SyncBatchNorm each rank normalises with its own batch's
-    # statistics, as in PyTorch DDP, and updates its own running statistics
-    # from them, while the gradient, hence every parameter and momentum
-    # buffer, is the job's.
+def bn_job(start_server, rng, mode, port_after=None):
+    """Two reference-backend ranks of the batchnorm model, distributed.batchnorm
+    mode, trained three rounds on batches drawn from rng; their checkpoints."""
     spec = ["--model.spec", json.dumps(BN_SPEC), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
-            "--model.max_batch", str(B), "--optim.momentum", "0.9", "--distributed.wait_ms", "2000"]
+            "--model.max_batch", str(B), "--optim.momentum", "0.9", "--distributed.wait_ms", "2000",
+            "--distributed.batchnorm", mode]
     r0 = start_server(dist_flags(2, 0, None) + spec)
     r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{r0.port}") + spec)
     ranks = [r0, r1]
@@ -139,14 +137,38 @@ def test_batchnorm_ranks_share_parameters_and_optimizer_state_but_keep_their_own
                    for _ in ranks]
         for res in post_round(ranks, batches):
             assert res[0] == 200 and res[1]["state"] == "done", res
-    a, b = parameters(r0), parameters(r1)
-    assert sorted(a) == sorted(b)
-    stats = [n for n in a if n.endswith(BN_STATS)]
-    assert stats and any(n.startswith("optim.") for n in a)
+    out = [parameters(r0), parameters(r1)]
+    for s in ranks:
+        s.stop()
+    return out
+
+
+def test_batchnorm_buffers_are_rank_0s_on_every_rank_by_default_and_each_ranks_own_when_local(start_server):
+    # Each rank normalises with its own batch's statistics (no SyncBatchNorm),
+    # so the gradient, hence every parameter and momentum buffer, is the job's
+    # either way. broadcast (the default, PyTorch DDP's broadcast_buffers):
+    # rank 0's running statistics go to every rank after each round, so both
+    # checkpoints are rank 0's, whose statistics are those of its own batches,
+    # exactly what rank 0 keeps in local mode. local: each rank's own.
+    bcast = bn_job(start_server, np.random.default_rng(11), "broadcast")
+    local = bn_job(start_server, np.random.default_rng(11), "local")
+    for a, b in (bcast, local):
+        assert sorted(a) == sorted(b)
+        stats = [n for n in a if n.endswith(BN_STATS)]
+        assert stats and any(n.startswith("optim.") for n in a)
+        for name in a:
+            if name not in stats:
+                assert a[name].tobytes() == b[name].tobytes(), f"{name} differs between the ranks"
+    a, b = bcast
     for name in a:
-        if name not in stats:
-            assert a[name].tobytes() == b[name].tobytes(), f"{name} differs between the ranks"
-    assert a["bn1.running_mean"].tobytes() != b["bn1.running_mean"].tobytes()
+        assert a[name].tobytes() == b[name].tobytes(), f"broadcast: {name} differs between the ranks"
+    la, lb = local
+    assert la["bn1.running_mean"].tobytes() != lb["bn1.running_mean"].tobytes()
+    for name in (n for n in a if n.endswith(BN_STATS)):
+        assert a[name].tobytes() == la[name].tobytes(), f"broadcast: {name} is not rank 0's own"
+    for name in a:
+        if not name.endswith(BN_STATS):
+            assert a[name].tobytes() == la[name].tobytes(), f"{name}: the buffers' mode changed the training"
 
 
 def post_jpeg_round(ranks, bodies):

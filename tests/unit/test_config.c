@@ -633,7 +633,16 @@ static void test_a_cross_option_error_names_the_option_at_fault(void **state)
     assert_string_equal(field, "checkpoint.resume");
     sf_config_defaults(&c);
     assert_int_equal(sf_config_set_text(&c, "distributed.world_size", "2", err, sizeof err), 0);
+    assert_int_equal(sf_config_set_text(&c, "distributed.rank", "0", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "distributed.world_size");
+    assert_non_null(strstr(err, "needs http.token"));
+    assert_int_equal(sf_config_set_text(&c, "http.token", "t0k", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), 0);
+    sf_config_defaults(&c);
+    assert_int_equal(sf_config_set_text(&c, "distributed.world_size", "2", err, sizeof err), 0);
     assert_int_equal(sf_config_set_text(&c, "distributed.rank", "1", err, sizeof err), 0);
+    assert_int_equal(sf_config_set_text(&c, "distributed.allow_no_token", "true", err, sizeof err), 0);
     assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
     assert_string_equal(field, "distributed.rendezvous");
     sf_config_defaults(&c);

@@ -4,11 +4,15 @@
   samples PORT...                  samples trained so far, summed over the ranks (GET /v1/stats)
   checksum PORT...                 sha256 of each rank's parameters and optimizer state (GET
                                    /v1/checkpoint's tensors, BatchNorm's running statistics
-                                   apart: per rank by design) and whether all are equal; exit 1
-                                   when they differ.
+                                   digested apart) and whether all are equal; exit 1 when the
+                                   parameters or optimizer state differ.
                                    First waits (up to 120 s) until no rank has a batch queued or in
                                    flight and every rank is at the same step: a rank still
                                    training its queued batches is steps ahead of one that is not
+  diff PORT...                     the tensors (parameters, optimizer state, buffers) whose
+                                   bytes differ between rank 0 and each other rank, in the
+                                   checkpoint's order, with their largest absolute difference
+                                   (JSON); exit 1 when any parameter or optimizer tensor differs
   ranks PORT...                    per rank (JSON list): the share of the last 10 s the GPU
                                    computed, the rounds it joined with no batch of its own
                                    (starved of input), and its all-reduces' rounds and mean
@@ -72,10 +76,10 @@ def quiet_step(ports, timeout=120.0):
     return None
 
 
-# BatchNorm's running statistics: each rank's own batches update its own, so
-# they differ between ranks by design (PyTorch DDP copies rank 0's to every
-# rank at each forward instead; rank 0's are those of its own batches in
-# both); parameters and optimizer state must not differ.
+# BatchNorm's running statistics: with distributed.batchnorm broadcast (the
+# default, PyTorch DDP's broadcast_buffers) every rank holds rank 0's; with
+# local each rank keeps its own. They are digested apart so that a report
+# says which of the two differs; parameters and optimizer state must not.
 BUFFER_SUFFIXES = (".running_mean", ".running_var", ".num_batches_tracked")
 
 
@@ -90,6 +94,41 @@ def digests(ckpt):
         h = buffers if name.endswith(BUFFER_SUFFIXES) else state
         h.update(name.encode() + b"\0" + data[a:b])
     return state.hexdigest(), buffers.hexdigest()
+
+
+def tensors(ckpt):
+    """name -> float64 array of a checkpoint's tensors, in the file's order."""
+    n = struct.unpack("<Q", ckpt[:8])[0]
+    header, data = json.loads(ckpt[8:8 + n]), ckpt[8 + n:]
+    kinds = {"F32": "<f4", "BF16": None, "I64": "<i8", "F16": "<f2"}
+    out = {}
+    for name, t in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                          key=lambda kv: kv[1]["data_offsets"][0]):
+        a, b = t["data_offsets"]
+        if t["dtype"] == "BF16":
+            raw = np.frombuffer(data[a:b], dtype="<u2").astype(np.uint32) << 16
+            out[name] = raw.view(np.float32).astype(np.float64)
+        else:
+            out[name] = np.frombuffer(data[a:b], dtype=kinds[t["dtype"]]).astype(np.float64)
+    return out
+
+
+def differing(ports):
+    """Per other rank, the tensors that differ from rank 0's."""
+    ref = tensors(get(ports[0], "/v1/checkpoint"))
+    report, bad = [], False
+    for p in ports[1:]:
+        other = tensors(get(p, "/v1/checkpoint"))
+        rows = []
+        for name, a in ref.items():
+            b = other.get(name)
+            if b is None or b.shape != a.shape or not np.array_equal(a, b):
+                d = float(np.max(np.abs(a - b))) if b is not None and b.shape == a.shape else None
+                n = int(np.count_nonzero(a != b)) if b is not None and b.shape == a.shape else None
+                rows.append({"tensor": name, "max_abs_diff": d, "elements_differing": n, "elements": int(a.size)})
+                bad |= not name.endswith(BUFFER_SUFFIXES)
+        report.append({"port": int(p), "differing": len(rows), "first": rows[:12], "last": rows[-4:]})
+    return report, bad
 
 
 def learnable(rng, n, side):
@@ -126,6 +165,11 @@ def main():
         print(json.dumps({"ranks": len(sums), "step": step, "sha256": sums, "identical": equal,
                           "batchnorm_statistics_identical": len({b for _, b in pairs}) == 1}))
         sys.exit(0 if equal else 1)
+    elif cmd == "diff":
+        step = quiet_step(args)
+        report, bad = differing(args)
+        print(json.dumps({"step": step, "ranks": report}))
+        sys.exit(1 if bad or step is None else 0)
     elif cmd == "losses":
         opts = dict(zip(args[::2], args[1::2]))
         two = [int(p) for p in opts["--two"].split(",")]

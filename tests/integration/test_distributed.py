@@ -912,3 +912,102 @@ def test_a_job_stopped_by_stopping_all_its_ranks_trains_every_batch_it_accepted(
     assert len(out) == 5 and all(code == 200 and b["state"] == "done" for code, b in out), out
     for s in ranks:
         s.stop()
+
+
+# ---- faults: a rank killed, stopped, or rank 0 lost while it writes a checkpoint ----
+
+
+def test_a_rank_killed_inside_a_round_leaves_no_accepted_batch_pending_and_no_survivor_hung(start_server, rng):
+    # Rank 0 holds an accepted batch inside the round while rank 1 waits for
+    # a batch of its own; rank 1 is killed then (SIGKILL: no goodbye). Rank 0
+    # must see the loss, turn unready with a reason, and give its accepted
+    # batch a final state: nothing accepted may stay queued forever.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "2000", "--distributed.timeout_s", "5")
+    for res in post_round(ranks, [learnable_batch(rng, n=B)] * 2):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    im, lb = learnable_batch(rng, n=B)
+    r = ranks[0].post_arrays(im, lb)
+    assert r.status_code == 202, r.text
+    bid = r.json()["id"]
+    wait_until(lambda: ranks[0].get("/v1/stats").json()["ring"]["in_flight"] >= 1 or
+               ranks[0].batch(bid)["state"] not in ("queued",), timeout=5, what="rank 0's batch in its round")
+    ranks[1].proc.kill()
+    ranks[1].proc.wait()
+    t0 = time.monotonic()
+    final = ranks[0].wait_batch(bid, timeout=15)
+    assert final["state"] in ("done", "failed"), final
+    if final["state"] == "failed":
+        assert final["error"]["code"] == "distributed_unavailable", final
+    reasons = wait_until(lambda: (lambda x: x.json()["reasons"] if x.status_code == 503 else None)(
+        ranks[0].get("/readyz")), timeout=15, what="rank 0 unready after its peer died")
+    assert any("lost the other ranks" in x for x in reasons), reasons
+    assert time.monotonic() - t0 < 5 + 10, "the survivor took longer than distributed.timeout_s to notice"
+    # every batch rank 0 accepted has its answer: none is left pending
+    assert ranks[0].metric("streamfeed_batches_pending") == 0, ranks[0].metrics_text()[-3000:]
+    for s in ranks:
+        s.stop(check=False)  # the survivor logged the loss as an error, as it must
+    assert ranks[0].proc.returncode == 0
+
+
+def test_a_rank_stopped_for_twice_the_wait_and_resumed_rejoins_and_the_ranks_stay_identical(start_server, rng):
+    # SIGSTOP for 2 x wait_ms (well inside distributed.timeout_s): the other
+    # rank waits in the round, the job goes on after SIGCONT, no batch is
+    # lost, and the ranks end bit-identical and ready.
+    wait_ms = 300
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(wait_ms), "--distributed.timeout_s", "10")
+    for res in post_round(ranks, [learnable_batch(rng, n=B)] * 2):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    ranks[1].proc.send_signal(signal.SIGSTOP)
+    try:
+        im, lb = learnable_batch(rng, n=B)
+        r = ranks[0].post_arrays(im, lb)
+        assert r.status_code == 202, r.text
+        bid = r.json()["id"]
+        time.sleep(2 * wait_ms / 1000)  # the fault itself is a duration: the stop lasts twice the wait
+    finally:
+        ranks[1].proc.send_signal(signal.SIGCONT)
+    assert ranks[0].wait_batch(bid, timeout=20)["state"] == "done"
+    for _ in range(3):
+        for res in post_round(ranks, [learnable_batch(rng, n=B)] * 2):
+            assert res[0] == 200 and res[1]["state"] == "done", res
+    last = ranks[0].get("/v1/model").json()["step"]
+    wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {last}, timeout=10,
+               what="both ranks at the same step")
+    assert_bit_identical(ranks)
+    for s in ranks:
+        assert s.get("/readyz").status_code == 200
+    for s in ranks:
+        s.stop()
+
+
+def test_rank_0_lost_while_it_writes_checkpoints_then_the_restarted_job_resumes_identical(
+        start_server, rng, tmp_path):
+    # Rank 0 checkpoints every step and is killed right after a round, while
+    # its save may be under way. Rank 1 turns unready. Restarted, rank 0
+    # resumes from the last complete checkpoint (never a torn one) and
+    # broadcasts it: both ranks start from its step with the same state.
+    ckpt = ["--checkpoint.dir", str(tmp_path), "--checkpoint.every_steps", "1", "--checkpoint.keep", "3"]
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20", "--distributed.timeout_s", "5",
+                      rank_extra={0: ckpt})
+    for _ in range(4):
+        for res in post_round(ranks, [learnable_batch(rng, n=B)] * 2):
+            assert res[0] == 200 and res[1]["state"] == "done", res
+    ranks[0].proc.kill()
+    ranks[0].proc.wait()
+    reasons = wait_until(lambda: (lambda x: x.json()["reasons"] if x.status_code == 503 else None)(
+        ranks[1].get("/readyz")), timeout=15, what="rank 1 unready after rank 0 died")
+    assert any("lost the other ranks" in x for x in reasons), reasons
+    for s in ranks:
+        s.stop(check=False)  # rank 1 logged the loss as an error, as it must
+    saved = sorted(p.name for p in tmp_path.glob("ckpt-*.safetensors"))
+    assert saved, list(tmp_path.iterdir())
+    resumed = start_job(start_server, 2, "--distributed.wait_ms", "20", "--distributed.timeout_s", "5",
+                        rank_extra={0: ckpt + ["--checkpoint.resume", "true"]})
+    steps = {s.get("/v1/model").json()["step"] for s in resumed}
+    assert len(steps) == 1 and 1 <= steps.pop() <= 4, steps
+    assert_bit_identical(resumed)
+    for res in post_round(resumed, [learnable_batch(rng, n=B)] * 2):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    assert_bit_identical(resumed)
+    for s in resumed:
+        s.stop()

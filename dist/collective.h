@@ -61,8 +61,6 @@ int sf_coll_allreduce(sf_coll *c, void *buf, size_t count, sf_coll_dtype t, sf_c
                       size_t errlen);
 /* In place: bytes of root's buf are copied into every rank's buf. */
 int sf_coll_broadcast(sf_coll *c, void *buf, size_t bytes, int root, char *err, size_t errlen);
-int sf_coll_rank(const sf_coll *c);
-int sf_coll_world(const sf_coll *c);
 void sf_coll_free(sf_coll *c);
 
 /* What a backend is told about the job (sf_train_cfg.dist): NULL or world 1

@@ -221,8 +221,6 @@ extern "C" int sf_coll_broadcast(sf_coll *c, void *buf, size_t bytes, int root, 
     }
 }
 
-extern "C" int sf_coll_rank(const sf_coll *c) { return c->rank; }
-extern "C" int sf_coll_world(const sf_coll *c) { return c->world; }
 
 extern "C" void sf_coll_free(sf_coll *c)
 {

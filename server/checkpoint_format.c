@@ -275,16 +275,6 @@ int sf_ckpt_header_write(const sf_ckpt_layout *ck, uint8_t *file, size_t hdr, in
     return 0;
 }
 
-void sf_ckpt_layout_free(sf_ckpt_layout *L)
-{
-    free(L->desc);
-    free(L->desc_names);
-    cJSON_free(L->model_json);
-    L->desc = NULL;
-    L->desc_names = NULL;
-    L->model_json = NULL;
-}
-
 size_t sf_ckpt_data_bytes(const sf_ckpt_layout *L, int with_opt)
 {
     const sf_model *m = L->model;

@@ -67,9 +67,10 @@ typedef struct sf_ckpt_layout {
     char *model_json;            /* the model in model.spec syntax */
 } sf_ckpt_layout;
 
-/* Builds the layout of model m (kept by pointer); 0, or -1 with err. */
+/* Builds the layout of model m (kept by pointer); 0, or -1 with err. The
+ * layout lives as long as the process (the checkpoint module keeps it until
+ * exit, since requests may hold operations that point into it). */
 int sf_ckpt_layout_init(sf_ckpt_layout *L, const sf_model *m, int adamw, char *err, size_t errlen);
-void sf_ckpt_layout_free(sf_ckpt_layout *L);
 /* Tensors in a file with or without the optimizer state. */
 int sf_ckpt_n_tensors(const sf_ckpt_layout *L, int with_opt);
 /* Bytes of the data section, and of the whole file (reserved header included). */

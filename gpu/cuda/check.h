@@ -4,8 +4,9 @@
  *   "file:line: call: error string"
  * into a per-thread last-error buffer, readable with sf_cuda_last_error(), and then
  * `return -1;` from the enclosing function. Use them only in functions returning int
- * (0 = ok, -1 = failed); the caller turns -1 into a failed request (only start-up
- * and a lost device may end the process — see STYLE.md 3).
+ * (0 = ok, -1 = failed); the caller turns -1 into a failed request: only start-up
+ * and a lost device may end the process, so that one bad request never takes the
+ * service down.
  *
  * The buffer is thread-local so concurrent request threads do not overwrite each
  * other's message; it keeps the first message after sf_cuda_clear_error() until the

@@ -1667,7 +1667,6 @@ extern "C" int sf_net_restore_state(sf_cuda_net *net, const float *dev)
     return g_refresh_wd(net, 1, net->s);
 }
 
-extern "C" int sf_net_has_frozen(const sf_cuda_net *net) { return net->g->nf > 0; }
 extern "C" int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s) { return g_frozen_fwd(net, b, n, s); }
 
 extern "C" int sf_net_get_buffers(sf_cuda_net *net, float *host, uint64_t *nbt)

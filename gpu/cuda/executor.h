@@ -161,7 +161,6 @@ int sf_net_prepare(sf_cuda_net *net, int n);
  * forward of buffer b on stream s (the transform stream, after augmentation)
  * with its own workspace; its output lands in b's boundary buffer, which the
  * step of b reads. A no-op without frozen layers. */
-int sf_net_has_frozen(const sf_cuda_net *net);
 int sf_net_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t s);
 
 /* Enqueues one step on s for buffer b (0 <= b < nbuf) and n samples (prepared):

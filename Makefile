@@ -72,9 +72,9 @@ endif
 SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
 HANDLER_SRC := $(wildcard handlers/*.c)
 GPU_SRC     := $(wildcard gpu/*.c) $(wildcard gpu/ref/*.c)
-# dist/: collectives between the ranks of a data-parallel job (Gloo, C++ behind a C API).
-DIST_SRC    := $(wildcard dist/*.c)
-DIST_CC_SRC := $(wildcard dist/*.cc)
+# collective/: collectives between the ranks of a data-parallel job (Gloo, C++ behind a C API).
+COLLECTIVE_SRC    := $(wildcard collective/*.c)
+COLLECTIVE_CC_SRC := $(wildcard collective/*.cc)
 CXX         ?= g++
 CXXFLAGS    ?= -O2 -g
 CXXFLAGS    += -std=c++17 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
@@ -111,8 +111,8 @@ else
   BACKEND_NAME := ref
 endif
 
-LIB_C_SRC := $(SERVER_SRC) $(HANDLER_SRC) $(GPU_SRC) $(CUDA_C_SRC) $(DIST_SRC)
-LIB_OBJ   := $(LIB_C_SRC:%.c=$(BUILD)/%.o) $(DIST_CC_SRC:%.cc=$(BUILD)/%.cc.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/openapi_spec.o
+LIB_C_SRC := $(SERVER_SRC) $(HANDLER_SRC) $(GPU_SRC) $(CUDA_C_SRC) $(COLLECTIVE_SRC)
+LIB_OBJ   := $(LIB_C_SRC:%.c=$(BUILD)/%.o) $(COLLECTIVE_CC_SRC:%.cc=$(BUILD)/%.cc.o) $(CUDA_CU_SRC:%.cu=$(BUILD)/%.cu.o) $(BUILD)/openapi_spec.o
 LIB       := $(BUILD)/libstreamfeed.a
 
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)

@@ -30,8 +30,8 @@
  * "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
-#include "../dist/collective.h"
-#include "../dist/kv_table.h"
+#include "../collective/collective.h"
+#include "../collective/kv_table.h"
 #include "../gpu/aug.h"
 #include "../gpu/backend.h"
 #include "../gpu/model.h"
@@ -115,7 +115,7 @@ int main(int argc, char **argv)
     cfg.sw.no_bn_fuse = !bn_fuse;
     cfg.sw.no_thin = !thin;
     cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
-    /* the job's store in this process, as rank 0 keeps it (dist/kv_table.h) */
+    /* the job's store in this process, as rank 0 keeps it (collective/kv_table.h) */
     sf_kv_table *kv = sf_kv_table_new(8, 65536); /* a job of one rank: the NCCL id */
     const sf_kv_store store = sf_kv_table_store(kv);
     sf_dist job;

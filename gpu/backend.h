@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #include "aug.h"
-#include "dist/collective.h"
+#include "collective/collective.h"
 #include "model.h"
 
 typedef enum sf_precision { SF_PREC_FP32 = 0, SF_PREC_TF32, SF_PREC_BF16 } sf_precision;
@@ -89,7 +89,7 @@ typedef struct sf_train_cfg {
                                       buffers (3 bytes a pixel) are sized from it once; 0: no
                                       encoded batches */
     sf_jpeg_decoder jpeg_decoder;  /* CUDA: the nvJPEG backend, or AUTO (the per-batch rule) */
-    /* Data-parallel training (dist/collective.h): NULL or world 1 is one
+    /* Data-parallel training (collective/collective.h): NULL or world 1 is one
      * process, and nothing below runs. With world > 1 every training batch
      * is one rank's part of a step all ranks take together: after the
      * backward its gradient, scaled by n / global_n, is SUM all-reduced

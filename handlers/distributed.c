@@ -1,11 +1,11 @@
 /* handlers/distributed.c — PUT/GET /v1/distributed/kv/{key}: rank 0's
- * rendezvous store (dist/kv_table.h), where the ranks of a data-parallel job
+ * rendezvous store (collective/kv_table.h), where the ranks of a data-parallel job
  * publish their addresses (and the NCCL unique id) to find each other.
  * Served by rank 0 only; the bearer token is required when set. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "dist/kv_table.h"
+#include "collective/kv_table.h"
 #include "handlers/handlers.h"
 #include "server/app.h"
 #include "server/distributed.h"
@@ -21,7 +21,7 @@ static sf_kv_table *table_or_refuse(sf_req *r)
     }
     /* Only the keys the job writes: the store has room for all of them and
      * for nothing else, so other keys can neither fill it nor keep a rank
-     * out (dist/kv_table.h). */
+     * out (collective/kv_table.h). */
     const int world = sf_kv_table_world(t);
     const char *bad = sf_kv_key_check(r->param, world);
     if (bad) {

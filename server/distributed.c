@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dist/kv_client.h"
+#include "collective/kv_client.h"
 #include "server/http.h"
 #include "server/log.h"
 
@@ -54,7 +54,7 @@ struct sf_distributed {
 };
 
 /* Rank 0's store takes the keys a job of its size writes and no other
- * (dist/kv_table.h: Gloo's two per rank and the NCCL unique id), with room
+ * (collective/kv_table.h: Gloo's two per rank and the NCCL unique id), with room
  * for all of them: spare room for other keys was what anyone reaching the
  * port could fill, with 10 junk keys in a job of 2 ranks, so that the next
  * rank's own key was refused and the job never formed. Values up to 64 KiB,

@@ -20,8 +20,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "dist/collective.h"
-#include "dist/kv_table.h"
+#include "collective/collective.h"
+#include "collective/kv_table.h"
 #include "server/config.h"
 #include "server/metrics.h"
 

@@ -5,7 +5,7 @@
  * job's model is built (sf_nccl_open), so a single-GPU process (world_size 1,
  * no job) neither needs the library nor calls it. The communicator is made
  * at the job's first round (sf_nccl_join) from the job's store
- * (dist/collective.h): rank 0 puts ncclGetUniqueId's id under the key
+ * (collective/collective.h): rank 0 puts ncclGetUniqueId's id under the key
  * "nccl.id", the others get it, then ncclCommInitRankConfig (non-blocking,
  * bounded by the job's timeout).
  *
@@ -26,7 +26,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "dist/collective.h"
+#include "collective/collective.h"
 #include "gpu/cuda/executor.h"
 
 #ifdef __cplusplus

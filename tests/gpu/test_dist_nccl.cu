@@ -22,8 +22,8 @@
  * the test says so (FAIL), as a missing cuDNN would.
  */
 extern "C" {
-#include "../../dist/collective.h"
-#include "../../dist/kv_table.h"
+#include "../../collective/collective.h"
+#include "../../collective/kv_table.h"
 #include "../../gpu/aug.h"
 #include "../../gpu/backend.h"
 #include "../../gpu/model.h"
@@ -257,7 +257,7 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
     memset(&d, 0, sizeof d);
     d.rank = 0;
     d.world = 1;
-    /* the job's store in this process, as rank 0 keeps it (dist/kv_table.h) */
+    /* the job's store in this process, as rank 0 keeps it (collective/kv_table.h) */
     sf_kv_table *t = sf_kv_table_new(8, 65536); /* a job of one rank: the NCCL id */
     const sf_kv_store store = sf_kv_table_store(t);
     d.store = &store;

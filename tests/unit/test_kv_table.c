@@ -1,4 +1,4 @@
-/* tests/unit/test_kv_table.c — rank 0's rendezvous store (dist/kv_table.c):
+/* tests/unit/test_kv_table.c — rank 0's rendezvous store (collective/kv_table.c):
  * its bounds (only the keys the job writes, value size, room for every one of
  * those keys), replacing a key, and a get that waits for a put or times out. */
 #include <pthread.h>
@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "dist/kv_table.h"
+#include "collective/kv_table.h"
 
 /* The tables here are for a job of WORLD ranks; values of at most MAX_VALUE
  * bytes (a job sizes its own: server/distributed.c). */

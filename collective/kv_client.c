@@ -1,5 +1,5 @@
-/* dist/kv_client.c — see kv_client.h. */
-#include "dist/kv_client.h"
+/* collective/kv_client.c — see kv_client.h. */
+#include "collective/kv_client.h"
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>

@@ -1,5 +1,5 @@
-/* dist/kv_table.c — see kv_table.h. */
-#include "dist/kv_table.h"
+/* collective/kv_table.c — see kv_table.h. */
+#include "collective/kv_table.h"
 #include "server/clock.h"
 
 #include <errno.h>

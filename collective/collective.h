@@ -1,13 +1,13 @@
-/* dist/collective.h — collectives over host buffers between the ranks of one
- * data-parallel job (a C API over Gloo, dist/collective_gloo.cc).
+/* collective/collective.h — collectives over host buffers between the ranks of one
+ * data-parallel job (a C API over Gloo, collective/collective_gloo.cc).
  *
  * Neither gpu/ nor server/: the reference backend all-reduces its gradients
  * with it, the engine agrees on each round with it, and neither sees Gloo.
  *
  * Ranks find each other through a key-value store (sf_kv_store): rank 0
- * serves it over the service's own HTTP (dist/kv_table.c behind
+ * serves it over the service's own HTTP (collective/kv_table.c behind
  * handlers/distributed.c), the others reach it with libcurl
- * (dist/kv_client.c). Gloo publishes each rank's listening address in it and
+ * (collective/kv_client.c). Gloo publishes each rank's listening address in it and
  * connects a full mesh of TCP pairs.
  *
  * Every call is bounded by the timeout given to sf_coll_new and returns -1

@@ -1,4 +1,4 @@
-/* dist/kv_client.h — the rendezvous store of ranks > 0: rank 0's
+/* collective/kv_client.h — the rendezvous store of ranks > 0: rank 0's
  * /v1/distributed/kv/{key} over HTTP (libcurl), as an sf_kv_store.
  *
  * Bounded: every request has a timeout, a get retries (key not there yet,
@@ -11,7 +11,7 @@
 
 #include <stddef.h>
 
-#include "dist/collective.h"
+#include "collective/collective.h"
 
 typedef struct sf_kv_client sf_kv_client;
 

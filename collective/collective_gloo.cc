@@ -1,8 +1,8 @@
-/* dist/collective_gloo.cc — dist/collective.h over Gloo (the library
+/* collective/collective_gloo.cc — collective/collective.h over Gloo (the library
  * torch.distributed uses on CPUs): TCP pairs in a full mesh, rendezvous
  * through our key-value store, ring all-reduce and one-to-all broadcast.
  * Gloo reports failures by exceptions; none crosses the C API. */
-#include "dist/collective.h"
+#include "collective/collective.h"
 
 #include <chrono>
 #include <cstdio>

@@ -1,4 +1,4 @@
-/* dist/kv_table.h — the rendezvous store rank 0 keeps in memory: what
+/* collective/kv_table.h — the rendezvous store rank 0 keeps in memory: what
  * PUT/GET /v1/distributed/kv/{key} read and write (handlers/distributed.c),
  * and rank 0's own sf_kv_store.
  *
@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#include "dist/collective.h"
+#include "collective/collective.h"
 
 /* Room for a key in the table: the longest job key is far shorter. */
 #define SF_KV_MAX_KEY 63
@@ -26,7 +26,7 @@ typedef struct sf_kv_table sf_kv_table;
 
 /* The keys a job of world ranks writes, and the only ones the table takes:
  *   gloo.rank_N  rank N's host name        (Gloo's connectFullMesh, through
- *   gloo.N       rank N's pairs' addresses  dist/collective_gloo.cc's store,
+ *   gloo.N       rank N's pairs' addresses  collective/collective_gloo.cc's store,
  *                                           which prefixes "gloo.")
  *   nccl.id      the NCCL unique id rank 0 publishes (gpu/cuda/dist_nccl.cu)
  * with N a rank, 0 to world-1, in decimal without leading zeros (as Gloo

@@ -25,6 +25,9 @@
 #include "server/tls.h"
 
 #define MAX_EXTRA_HEADERS 4
+/* No route takes more than a few query arguments; a request with more gets
+ * 400 bad_query, and libmicrohttpd is given none of them (uri_cb). */
+#define MAX_QUERY_ARGS 32
 #define DRAIN_LIMIT (64ull << 20) /* beyond this, an early error closes the connection */
 #define LISTEN_BACKLOG SOMAXCONN
 /* The metrics port serves short requests from probes and scrapers only. */
@@ -52,12 +55,24 @@ struct sf_listener {
     int quiesced;    /* no longer accepting: the fd is ours to close */
 };
 
+/* One accepted connection, from libmicrohttpd's NOTIFY_CONNECTION STARTED to
+ * CLOSED. It owns the request in progress until libmicrohttpd completes it:
+ * one that libmicrohttpd drops without its completion callback (0.9.75 does
+ * for a request line whose query overflows its memory pool) is ended when
+ * the connection closes. Only the connection's own thread touches it. */
+typedef struct sf_conn {
+    struct sf_req *req;
+} sf_conn;
+
 struct sf_req_priv {
     struct MHD_Connection *conn;
     struct sf_http *h;
     struct sf_listener *l;
+    sf_conn *c;             /* the connection it arrived on */
     int started;            /* access_cb has seen this request */
     int bad_uri;            /* the raw request target carries %00 (1), or %2F in its path (2) */
+    int query_cut;          /* its query had more than MAX_QUERY_ARGS arguments, or the target was
+                               over http.max_header_bytes: libmicrohttpd was given none of them */
     size_t uri_len;         /* the raw request target's length, counted against http.max_header_bytes */
     int fd;                 /* the connection's socket (for sf_req_abort) */
     /* In h->heads from its request line until its headers are complete and,
@@ -517,9 +532,7 @@ static int all_digits(const char *s)
 }
 
 /* The query's keys, to find one given twice: sf_req_arg reads the first, and
- * a client (or a filter in front) meaning the other would be misread. No
- * route takes more than a few. */
-enum { MAX_QUERY_ARGS = 32 };
+ * a client (or a filter in front) meaning the other would be misread. */
 typedef struct {
     const char *key[MAX_QUERY_ARGS];
     int n;
@@ -735,6 +748,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
     }
     query_scan qs = {.n = 0};
     MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, scan_query, &qs);
+    qs.too_many |= r->priv->query_cut;
     if (qs.dup || qs.bare || qs.too_many) {
         if (qs.bare)
             sf_reply_error_field(r, 400, "bad_query", qs.bare,
@@ -813,6 +827,8 @@ static int buffer_body(sf_req *r, const char *data, size_t len)
     return 0;
 }
 
+static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe);
+
 static sf_req *req_new(struct sf_listener *l, struct MHD_Connection *conn)
 {
     sf_req *r = calloc(1, sizeof *r + sizeof(struct sf_req_priv));
@@ -830,7 +846,17 @@ static sf_req *req_new(struct sf_listener *l, struct MHD_Connection *conn)
 
 /* libmicrohttpd shows the request target here before it decodes it: the one
  * place where an encoded NUL (%00), which would cut the decoded path short,
- * or an encoded '/' in the path can be seen. The request state starts here. */
+ * or an encoded '/' in the path can be seen. The request state starts here.
+ *
+ * It is also the one place before libmicrohttpd splits the query into its
+ * arguments, each a record in the connection's memory pool. A query of tens
+ * of thousands of arguments overflows the pool, and 0.9.75 then drops the
+ * request: no reply, no completion callback, and a parse that scans the rest
+ * of the query once per argument. A target over http.max_header_bytes (414)
+ * or with more than MAX_QUERY_ARGS arguments (400 bad_query) is refused in
+ * on_headers anyway, so its query is cut here, in libmicrohttpd's own
+ * buffer, which the target points into and which it only reads afterwards:
+ * the request then goes on with no arguments and gets its JSON reply. */
 static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
 {
     sf_req *r = req_new(cls, conn);
@@ -843,8 +869,26 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
             else if ((!q || p < q) && p[1] == '2' && (p[2] == 'F' || p[2] == 'f'))
                 r->priv->bad_uri = 2;
         }
+        if (q) {
+            size_t args = 1;
+            for (const char *p = strchr(q + 1, '&'); p && args <= MAX_QUERY_ARGS; p = strchr(p + 1, '&'))
+                args++;
+            if (args > MAX_QUERY_ARGS || r->priv->uri_len > (size_t)sf_config_cur()->http.max_header_bytes) {
+                ((char *)q)[1] = '\0';
+                r->priv->query_cut = 1;
+            }
+        }
+    }
+    const union MHD_ConnectionInfo *sc = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    sf_conn *c = sc ? sc->socket_context : NULL;
+    if (c) {
+        /* A request libmicrohttpd dropped without completing it. */
+        if (c->req)
+            req_end(c->req, MHD_REQUEST_TERMINATED_WITH_ERROR);
+        c->req = r;
     }
     if (r) {
+        r->priv->c = c;
         /* Its headers now have http.header_timeout_s to arrive. */
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         r->priv->fd = ci ? ci->connect_fd : -1;
@@ -860,6 +904,28 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
         }
     }
     return r;
+}
+
+/* NOTIFY_CONNECTION: the connection's state lives from its accept to its
+ * close, which libmicrohttpd runs before it closes the socket. */
+static void conn_cb(void *cls, struct MHD_Connection *conn, void **socket_context,
+                    enum MHD_ConnectionNotificationCode code)
+{
+    (void)cls;
+    (void)conn;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = calloc(1, sizeof(sf_conn)); /* NULL: nothing to own */
+        return;
+    }
+    sf_conn *c = *socket_context;
+    if (!c)
+        return;
+    *socket_context = NULL;
+    if (c->req) {
+        c->req->priv->c = NULL;
+        req_end(c->req, MHD_REQUEST_TERMINATED_WITH_ERROR);
+    }
+    free(c);
 }
 
 /* Sets the socket's receive low-water mark for the rest of an upload, once
@@ -1029,15 +1095,15 @@ static void log_request(const sf_req *r, int status, double dur, int ok)
     sf_log_fields(SF_LOG_INFO, "request", f, n);
 }
 
-static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
+/* Ends a request: its route's on_done, the metrics and the log line. From
+ * libmicrohttpd's completion callback, or when the connection closes on a
+ * request that libmicrohttpd dropped without one. */
+static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
 {
-    struct sf_listener *l = cls;
+    struct sf_listener *l = r->priv->l;
     sf_http *h = l->h;
-    sf_req *r = *con_cls;
-    if (!r)
-        return;
-    *con_cls = NULL;
+    if (r->priv->c)
+        r->priv->c->req = NULL;
     if (!r->priv->started || r->priv->body_from_ns)
         heads_leave(h, r); /* if its headers or its body never came */
     if (!r->priv->started) {
@@ -1076,6 +1142,16 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     free(r);
     if (!l->probes_only)
         atomic_fetch_sub(&h->active, 1);
+}
+
+static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    sf_req *r = *con_cls;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    req_end(r, toe);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -1163,6 +1239,7 @@ static int listener_start(sf_http *h, struct sf_listener *l, int probes_only, in
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)PROBE_MAX_CONNECTIONS,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PROBE_TIMEOUT_S,
             MHD_OPTION_URI_LOG_CALLBACK, uri_cb, l, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, l,
+            MHD_OPTION_NOTIFY_CONNECTION, conn_cb, l,
             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
     } else {
         /* Memory per connection: headers (bounded by http.max_header_bytes,
@@ -1177,6 +1254,7 @@ static int listener_start(sf_http *h, struct sf_listener *l, int probes_only, in
             (unsigned)c->http.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
             (unsigned)c->http.connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
             MHD_OPTION_URI_LOG_CALLBACK, uri_cb, l, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, l,
+            MHD_OPTION_NOTIFY_CONNECTION, conn_cb, l,
             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
             /* Without TLS the list ends here and the callback is not read. */
             h->tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, sf_tls_callback(),

@@ -6,10 +6,12 @@
 #include <gnutls/crypto.h>
 #include <gnutls/gnutls.h>
 #include <microhttpd.h>
+#include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_received (glibc's lacks it) */
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,13 +57,40 @@ struct sf_listener {
     int quiesced;    /* no longer accepting: the fd is ours to close */
 };
 
+/* The phases of a connection that the deadline sweep times (sweep_locked). */
+typedef enum conn_phase {
+    PHASE_HEAD,  /* its request's head is incomplete: from accept, or from the
+                    first byte after the previous request on a kept-alive connection */
+    PHASE_BODY,  /* a body that is buffered or drained: from the end of the headers */
+    PHASE_STREAM, /* a body streamed to its route (a checkpoint PUT): from the headers */
+    PHASE_IDLE,  /* between two requests: the next one's first byte is looked for */
+    PHASE_FREE,  /* not timed here: a handler runs or waits with its own timeout,
+                    a reply is sent, or an upload streams (the slow-upload sweep) */
+} conn_phase;
+
 /* One accepted connection, from libmicrohttpd's NOTIFY_CONNECTION STARTED to
- * CLOSED. It owns the request in progress until libmicrohttpd completes it:
- * one that libmicrohttpd drops without its completion callback (0.9.75 does
- * for a request line whose query overflows its memory pool) is ended when
- * the connection closes. Only the connection's own thread touches it. */
+ * CLOSED, which it runs before it closes the socket: while the connection is
+ * in h->conns, its fd is its own. */
 typedef struct sf_conn {
+    struct sf_listener *l;
+    int fd;
+    /* Written only by the connection's own thread, under wmu (so that thread
+     * may read it without the lock). */
+    conn_phase phase;
+    /* Under wmu. from_ns: when the timed phase began; head_seen_ns: for an
+     * idle connection, when the sweep first saw bytes of its next request (0
+     * before); idle_bytes: the socket's bytes received when it went idle;
+     * expired: the sweep shut it down (counted once). */
+    uint64_t from_ns;
+    uint64_t head_seen_ns;
+    uint64_t idle_bytes;
+    int expired;
+    /* The request in progress, owned by the connection until libmicrohttpd
+     * completes it: one it drops without its completion callback (0.9.75 does
+     * for a request line whose query overflows its memory pool) is ended
+     * when the connection closes. Only the connection's thread touches it. */
     struct sf_req *req;
+    struct sf_conn *prev, *next;
 } sf_conn;
 
 struct sf_req_priv {
@@ -75,16 +104,6 @@ struct sf_req_priv {
                                over http.max_header_bytes: libmicrohttpd was given none of them */
     size_t uri_len;         /* the raw request target's length, counted against http.max_header_bytes */
     int fd;                 /* the connection's socket (for sf_req_abort) */
-    /* In h->heads from its request line until its headers are complete and,
-     * for a body that is not streamed to a route, until that body is in (the
-     * request deadline, sweep_heads_locked). body_from_ns: when the headers
-     * were complete, for a request still in the list for its body (0 before);
-     * body_streamed: that body goes to its route's stream (a checkpoint PUT),
-     * not to a buffer or away. */
-    int in_heads;
-    uint64_t body_from_ns;
-    int body_streamed;
-    struct sf_req *head_prev, *head_next;
     char extra[MAX_EXTRA_HEADERS][2][64];
     int nextra;
     /* An error decided while the body still arrives is sent once it ended. */
@@ -119,7 +138,7 @@ struct sf_http {
     int timer_started, timer_stop;
     void (*tick)(void *ctx);           /* run about once a second by the timer thread */
     void *tick_ctx;
-    struct sf_req *heads;              /* requests whose headers are incomplete (under wmu) */
+    sf_conn *conns;                    /* every open connection of both ports (under wmu) */
 };
 
 uint64_t sf_now_ns(void)
@@ -411,62 +430,78 @@ void sf_http_wake_all(sf_http *h)
 
 /* libmicrohttpd's connection timeout is an idle timeout: a client sending a
  * byte every few seconds keeps a connection forever, and
- * http.max_connections of them lock everyone else out. So a request whose
- * headers are not complete http.header_timeout_s after its request line
- * arrived has its socket shut down by the timer thread (the connection then
- * ends as if the client had left; counted as streamfeed_http_errors_total
- * {code="header_timeout"}). The same holds for a body: a buffered one (JSON)
- * or one drained after a refusal (a 401 decided from the headers) gets as
- * long again from the end of the headers (code "body_timeout"); one streamed
- * to its route gets http.upload_deadline_s (a checkpoint PUT; code
- * "upload_deadline_exceeded"), except an upload that holds a ring slot
- * (batches, transform), which the slow-upload sweep bounds by its rate and
- * the same deadline (server/upload.c). The list is
- * under wmu; a request leaves it when what it waits for is complete
- * (access_cb) or when it ends (completed_cb, which libmicrohttpd runs before
- * it closes the socket), so the descriptor shut down is always the
- * request's own. */
-static void heads_unlink_locked(sf_http *h, sf_req *r)
+ * http.max_connections of them lock everyone else out. So the timer thread
+ * bounds each phase of a connection (conn_phase) and shuts down the socket of
+ * one that overstays (the connection then ends as if the client had left;
+ * counted as streamfeed_http_errors_total{code}):
+ *   - a request's head (TLS handshake, request line and headers) has
+ *     http.header_timeout_s from the connection's accept or, on a kept-alive
+ *     connection, from the first byte after the previous request, seen by
+ *     the sweep in the socket's TCP_INFO byte count ("header_timeout");
+ *   - a body that is buffered (JSON) or drained after a refusal decided
+ *     from the headers gets as long again from their end ("body_timeout");
+ *     an upload is bounded by the slow-upload sweep (server/upload.c);
+ *   - a body streamed to its route (a checkpoint PUT) gets
+ *     http.upload_deadline_s ("upload_deadline_exceeded").
+ * Between requests a kept-alive connection is held by the idle timeout. A
+ * connection leaves h->conns in NOTIFY_CONNECTION CLOSED, which libmicrohttpd
+ * runs before it closes the socket, so the descriptor shut down is always the
+ * connection's own. */
+static void conn_set_phase(sf_http *h, sf_conn *c, conn_phase phase)
 {
-    struct sf_req_priv *p = r->priv;
-    if (!p->in_heads)
+    if (!c || c->phase == phase)
         return;
-    if (p->head_prev)
-        p->head_prev->priv->head_next = p->head_next;
-    else
-        h->heads = p->head_next;
-    if (p->head_next)
-        p->head_next->priv->head_prev = p->head_prev;
-    p->in_heads = 0;
-    p->head_prev = p->head_next = NULL;
-}
-
-static void heads_leave(sf_http *h, sf_req *r)
-{
     pthread_mutex_lock(&h->wmu);
-    heads_unlink_locked(h, r);
+    c->phase = phase;
+    c->from_ns = sf_now_ns();
+    c->expired = 0;
     pthread_mutex_unlock(&h->wmu);
 }
 
-static void sweep_heads_locked(sf_http *h, uint64_t now)
+/* Bytes the socket has received so far (TCP_INFO), or UINT64_MAX when the
+ * kernel does not say. */
+static uint64_t socket_bytes_received(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received)
+        return UINT64_MAX;
+    return ti.tcpi_bytes_received;
+}
+
+static void sweep_locked(sf_http *h, uint64_t now)
 {
     const sf_config *c = sf_config_cur();
     const uint64_t head_limit = (uint64_t)c->http.header_timeout_s * 1000000000ull;
     const uint64_t upload_limit = (uint64_t)c->http.upload_deadline_s * 1000000000ull;
-    for (sf_req *r = h->heads, *n; r; r = n) {
-        n = r->priv->head_next;
-        const struct sf_req_priv *p = r->priv;
-        const uint64_t from = p->body_from_ns ? p->body_from_ns : r->t_start_ns;
-        const uint64_t limit = p->body_streamed ? upload_limit : head_limit;
+    for (sf_conn *k = h->conns; k; k = k->next) {
+        if (k->expired || k->phase == PHASE_FREE)
+            continue;
+        uint64_t from = k->from_ns, limit = head_limit;
+        const char *code = "header_timeout";
+        if (k->phase == PHASE_IDLE) {
+            if (!k->head_seen_ns) {
+                uint64_t got = socket_bytes_received(k->fd);
+                if (got == UINT64_MAX || got == k->idle_bytes)
+                    continue;
+                k->head_seen_ns = now; /* the next request began within the last tick */
+            }
+            from = k->head_seen_ns;
+        } else if (k->phase == PHASE_BODY) {
+            code = "body_timeout";
+        } else if (k->phase == PHASE_STREAM) {
+            code = "upload_deadline_exceeded";
+            limit = upload_limit;
+        }
         if (limit == 0 || now - from < limit) /* upload_deadline_s 0: no deadline */
             continue;
-        const char *code = !p->body_from_ns ? "header_timeout" : p->body_streamed ? "upload_deadline_exceeded"
-                                                                                   : "body_timeout";
-        heads_unlink_locked(h, r);
-        shutdown(p->fd, SHUT_RDWR);
+        k->expired = 1;
+        shutdown(k->fd, SHUT_RDWR);
         const char *v[] = {code};
         sf_counter_inc_l(h->app->m.http_errors, v, 1);
-        SF_DEBUG("a request ran past its deadline (%s): connection closed", code);
+        SF_DEBUG("a connection ran past its deadline (%s): closed", code);
     }
 }
 
@@ -487,7 +522,7 @@ static void *timer_main(void *arg)
             pthread_mutex_lock(&h->wmu);
             now = sf_now_ns();
             next_tick = now + TICK_NS;
-            sweep_heads_locked(h, now);
+            sweep_locked(h, now);
         }
         uint64_t next = next_tick > now ? next_tick : now + TICK_NS;
         for (sf_req *r = h->waiters, *n; r; r = n) {
@@ -859,7 +894,8 @@ static sf_req *req_new(struct sf_listener *l, struct MHD_Connection *conn)
  * the request then goes on with no arguments and gets its JSON reply. */
 static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
 {
-    sf_req *r = req_new(cls, conn);
+    struct sf_listener *l = cls;
+    sf_req *r = req_new(l, conn);
     if (r && uri) {
         r->priv->uri_len = strlen(uri);
         const char *q = strchr(uri, '?');
@@ -879,42 +915,57 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
             }
         }
     }
-    const union MHD_ConnectionInfo *sc = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    sf_conn *c = sc ? sc->socket_context : NULL;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    sf_conn *c = ci ? ci->socket_context : NULL;
     if (c) {
         /* A request libmicrohttpd dropped without completing it. */
         if (c->req)
             req_end(c->req, MHD_REQUEST_TERMINATED_WITH_ERROR);
         c->req = r;
+        if (c->phase == PHASE_IDLE) {
+            /* The head of a request on a kept-alive connection: its deadline
+             * runs from its first byte, if the sweep saw it. */
+            pthread_mutex_lock(&l->h->wmu);
+            c->phase = PHASE_HEAD;
+            c->from_ns = c->head_seen_ns ? c->head_seen_ns : sf_now_ns();
+            c->expired = 0;
+            pthread_mutex_unlock(&l->h->wmu);
+        }
     }
     if (r) {
         r->priv->c = c;
-        /* Its headers now have http.header_timeout_s to arrive. */
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        r->priv->fd = ci ? ci->connect_fd : -1;
-        if (r->priv->fd >= 0) {
-            sf_http *h = r->priv->h;
-            pthread_mutex_lock(&h->wmu);
-            r->priv->head_next = h->heads;
-            if (h->heads)
-                h->heads->priv->head_prev = r;
-            h->heads = r;
-            r->priv->in_heads = 1;
-            pthread_mutex_unlock(&h->wmu);
-        }
+        r->priv->fd = c ? c->fd : -1;
     }
     return r;
 }
 
-/* NOTIFY_CONNECTION: the connection's state lives from its accept to its
- * close, which libmicrohttpd runs before it closes the socket. */
+/* NOTIFY_CONNECTION: a connection's deadline state lives from its accept to
+ * its close (the request deadline above). */
 static void conn_cb(void *cls, struct MHD_Connection *conn, void **socket_context,
                     enum MHD_ConnectionNotificationCode code)
 {
-    (void)cls;
-    (void)conn;
+    struct sf_listener *l = cls;
+    sf_http *h = l->h;
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
-        *socket_context = calloc(1, sizeof(sf_conn)); /* NULL: nothing to own */
+        sf_conn *c = calloc(1, sizeof *c);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!c || !ci) {
+            /* Without it the connection has only libmicrohttpd's idle timeout. */
+            free(c);
+            *socket_context = NULL;
+            return;
+        }
+        c->l = l;
+        c->fd = ci->connect_fd;
+        c->phase = PHASE_HEAD;
+        pthread_mutex_lock(&h->wmu);
+        c->from_ns = sf_now_ns();
+        c->next = h->conns;
+        if (h->conns)
+            h->conns->prev = c;
+        h->conns = c;
+        pthread_mutex_unlock(&h->wmu);
+        *socket_context = c;
         return;
     }
     sf_conn *c = *socket_context;
@@ -925,6 +976,14 @@ static void conn_cb(void *cls, struct MHD_Connection *conn, void **socket_contex
         c->req->priv->c = NULL;
         req_end(c->req, MHD_REQUEST_TERMINATED_WITH_ERROR);
     }
+    pthread_mutex_lock(&h->wmu);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    pthread_mutex_unlock(&h->wmu);
     free(c);
 }
 
@@ -1023,16 +1082,12 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
             atomic_fetch_add(&h->active, 1);
         on_headers(r, conn, method, url, version);
         /* The headers are complete; the body's deadline starts (a request
-         * without a body leaves the list at its next call, just below). */
+         * without a body leaves it at its next call, just below). */
         const int streamed = r->route && r->route->stream && !r->priv->pending && !r->priv->draining;
-        pthread_mutex_lock(&h->wmu);
-        if (streamed && (r->route->flags & SF_ROUTE_UPLOAD)) {
-            heads_unlink_locked(h, r); /* bounded by the slow-upload sweep */
-        } else {
-            r->priv->body_streamed = streamed;
-            r->priv->body_from_ns = sf_now_ns();
-        }
-        pthread_mutex_unlock(&h->wmu);
+        conn_set_phase(h, r->priv->c,
+                       !streamed ? PHASE_BODY
+                       : r->route->flags & SF_ROUTE_UPLOAD ? PHASE_FREE /* the slow-upload sweep */
+                                                           : PHASE_STREAM);
         tl_body_pending = 0;
         return MHD_YES;
     }
@@ -1046,12 +1101,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return rc;
     }
 
-    /* The body is complete (or there was none). body_from_ns is set, on this
-     * thread, only for a request that stayed in the list for its body: an
-     * upload left it with its headers and takes no lock here. */
+    /* The body is complete (or there was none): an upload that took a slot
+     * left the timed phases then, and takes no lock here. */
     tl_body_pending = 0;
-    if (r->priv->body_from_ns)
-        heads_leave(h, r);
+    conn_set_phase(h, r->priv->c, PHASE_FREE);
     if (r->priv->pending) {
         struct MHD_Response *p = r->priv->pending;
         r->priv->pending = NULL;
@@ -1102,10 +1155,18 @@ static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
 {
     struct sf_listener *l = r->priv->l;
     sf_http *h = l->h;
-    if (r->priv->c)
+    if (r->priv->c) {
         r->priv->c->req = NULL;
-    if (!r->priv->started || r->priv->body_from_ns)
-        heads_leave(h, r); /* if its headers or its body never came */
+        /* A kept-alive connection waits for its next request's first byte. */
+        uint64_t got = socket_bytes_received(r->priv->c->fd);
+        pthread_mutex_lock(&h->wmu);
+        r->priv->c->phase = PHASE_IDLE;
+        r->priv->c->from_ns = sf_now_ns();
+        r->priv->c->head_seen_ns = 0;
+        r->priv->c->idle_bytes = got;
+        r->priv->c->expired = 0;
+        pthread_mutex_unlock(&h->wmu);
+    }
     if (!r->priv->started) {
         /* Ended before its headers were complete: the client left, or
          * libmicrohttpd refused the request itself (a malformed request line

@@ -175,6 +175,90 @@ def test_connections_trickling_their_headers_are_closed_at_the_header_deadline(s
         k.close()
 
 
+def closed_now(sock):
+    """Whether the server has closed this connection (without blocking)."""
+    try:
+        return sock.recv(65536, socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_a_flood_trickling_request_lines_is_cut_at_the_header_deadline_and_probes_keep_answering(
+        start_server):
+    # 250 connections, more than the main port takes, send "GET /" and then a
+    # byte every half second, never completing the request line; ten more
+    # send nothing. Each has http.header_timeout_s from its accept, and those
+    # beyond http.max_connections wait in the listen backlog until the first
+    # are cut: two rounds of 2 s, each up to a second late (the sweep's tick),
+    # seen by a loop that takes about a second a round.
+    mport = free_port()
+    s = start_server(SINK, "--http.max_connections", "200", "--http.header_timeout_s", "2",
+                     "--http.metrics_port", mport)
+    t0 = time.monotonic()
+    silent = [s.connect() for _ in range(10)]
+    flood = [s.connect() for _ in range(250)]
+    for k in flood:
+        try:
+            k.sendall(b"GET /")
+        except OSError:
+            pass  # beyond http.max_connections: closed at once
+    open_ = set(range(len(flood)))
+    probe_ms, main_ok_at = [], None
+    while open_ and time.monotonic() - t0 < 12:
+        for i in list(open_):
+            if closed_now(flood[i]):
+                open_.discard(i)
+                continue
+            try:
+                flood[i].sendall(b"a")
+            except OSError:
+                open_.discard(i)
+        t = time.monotonic()
+        assert requests.get(f"http://127.0.0.1:{mport}/healthz", timeout=5).status_code == 200
+        probe_ms.append((time.monotonic() - t) * 1e3)
+        if main_ok_at is None:
+            try:
+                if requests.get(s.url + "/healthz", timeout=0.5).status_code == 200:
+                    main_ok_at = time.monotonic() - t0
+            except requests.exceptions.RequestException:
+                pass
+        time.sleep(0.5)
+    elapsed = time.monotonic() - t0
+    assert not open_, f"{len(open_)} trickling connections still open after {elapsed:.1f} s"
+    assert elapsed < 9.5, f"the trickling connections took {elapsed:.1f} s to be closed"
+    assert all(closed_now(k) for k in silent)
+    assert max(probe_ms) < 1000, f"the metrics port took up to {max(probe_ms):.0f} ms"
+    assert main_ok_at is not None and main_ok_at < 9.5, f"the main port answered at {main_ok_at}"
+    assert s.get("/healthz").status_code == 200
+    assert s.metric("streamfeed_http_errors_total", code="header_timeout") >= 200
+    for k in flood + silent:
+        k.close()
+
+
+def test_a_kept_alive_connection_trickling_its_next_request_line_is_cut_at_the_header_deadline(
+        start_server):
+    s = start_server(SINK, "--http.header_timeout_s", "2")
+    k = s.connect()
+    k.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert read_reply(k).status_code == 200
+    # Idle for longer than the header deadline: only the idle timeout holds an idle connection.
+    time.sleep(2.5)
+    k.sendall(b"GET /")
+    t0 = time.monotonic()
+    while not closed_now(k) and time.monotonic() - t0 < 8:
+        try:
+            k.sendall(b"a")
+        except OSError:
+            break
+        time.sleep(0.5)
+    # The deadline runs from the first byte, seen by the once-a-second sweep.
+    assert 1.5 < time.monotonic() - t0 < 5.5, f"closed after {time.monotonic() - t0:.1f} s"
+    assert s.metric("streamfeed_http_errors_total", code="header_timeout") == 1
+    k.close()
+
+
 def test_bodies_trickled_after_the_headers_are_closed_at_their_deadline(start_server, tmp_path):
     # The headers arrive whole, then a body byte a second: a JSON body, one a
     # 401 drains (refused from the headers; a token is set), and a checkpoint

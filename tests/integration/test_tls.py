@@ -9,6 +9,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import time
 
 import pytest
 import requests
@@ -160,3 +161,42 @@ def test_a_bad_tls_configuration_fails_the_start_naming_the_file(pki, case):
     want = {"key_mismatch": "is not the private key", "missing_key": "nope.key",
             "garbage_cert": "garbage.pem", "only_cert": "go together"}[case]
     assert want in r.stderr, r.stderr
+
+
+def test_a_stalled_handshake_and_a_trickled_request_line_are_closed_at_the_header_deadline(start_server, pki):
+    # The head's deadline runs from the accept on the TLS port too: a client
+    # that stops mid-handshake, one that never starts it, and one that
+    # trickles its request line through an established session.
+    d, ca, cert, key = pki
+    s = start_server(SINK, "--http.tls_cert", cert, "--http.tls_key", key, "--http.header_timeout_s", "2",
+                     verify=str(ca))
+    stalled = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    stalled.sendall(b"\x16\x03\x01\x02\x00\x01")  # the start of a ClientHello record
+    silent = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    ctx = ssl.create_default_context(cafile=str(ca))
+    trickler = ctx.wrap_socket(socket.create_connection(("127.0.0.1", s.port), timeout=10),
+                               server_hostname="127.0.0.1")
+    trickler.sendall(b"GET /")
+    t0 = time.monotonic()
+    ends = {}
+    while len(ends) < 3 and time.monotonic() - t0 < 10:
+        for name, k in (("stalled", stalled), ("silent", silent)):
+            if name not in ends:
+                try:
+                    if k.recv(100, socket.MSG_DONTWAIT) == b"":
+                        ends[name] = time.monotonic() - t0
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    ends[name] = time.monotonic() - t0
+        if "trickler" not in ends:
+            try:
+                trickler.sendall(b"a")
+            except OSError:
+                ends["trickler"] = time.monotonic() - t0
+        time.sleep(0.25)
+    assert set(ends) == {"stalled", "silent", "trickler"}, ends
+    assert all(t < 4.5 for t in ends.values()), ends
+    assert s.get("/healthz").status_code == 200
+    for k in (stalled, silent, trickler):
+        k.close()

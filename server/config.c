@@ -109,7 +109,8 @@ const sf_cfg_option sf_config_table[] = {
     {"http.header_timeout_s", SF_CT_INT, F(http.header_timeout_s), "10", 1, 3600, NULL, SF_CF_HOT, NULL,
      "Seconds a request's head (TLS handshake, request line and headers) may take, from the "
      "connection's accept or, on a kept-alive connection, from the first byte of the next request; "
-     "and its body (a JSON body, or one drained after a refusal) after its headers. Then the connection is closed (the idle timeout alone lets a client "
+     "and its body (a JSON body, one drained after a refusal, or an upload's until it holds a ring "
+     "slot) after its headers. Then the connection is closed (the idle timeout alone lets a client "
      "that sends a byte every few seconds hold a connection forever)."},
     {"http.max_header_bytes", SF_CT_INT, F(http.max_header_bytes), "16384", 1024, 1048576, NULL, 0,
      NULL, "Largest total size of a request's target (path and query) and headers; a larger target gets 414, "

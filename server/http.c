@@ -61,11 +61,12 @@ struct sf_listener {
 typedef enum conn_phase {
     PHASE_HEAD,  /* its request's head is incomplete: from accept, or from the
                     first byte after the previous request on a kept-alive connection */
-    PHASE_BODY,  /* a body that is buffered or drained: from the end of the headers */
+    PHASE_BODY,  /* a body that is buffered or drained, or an upload's body before
+                    it holds a ring slot: from the end of the headers */
     PHASE_STREAM, /* a body streamed to its route (a checkpoint PUT): from the headers */
     PHASE_IDLE,  /* between two requests: the next one's first byte is looked for */
     PHASE_FREE,  /* not timed here: a handler runs or waits with its own timeout,
-                    a reply is sent, or an upload streams (the slow-upload sweep) */
+                    a reply is sent, or an upload holds a slot (the slow-upload sweep) */
 } conn_phase;
 
 /* One accepted connection, from libmicrohttpd's NOTIFY_CONNECTION STARTED to
@@ -80,11 +81,13 @@ typedef struct sf_conn {
     /* Under wmu. from_ns: when the timed phase began; head_seen_ns: for an
      * idle connection, when the sweep first saw bytes of its next request (0
      * before); idle_bytes: the socket's bytes received when it went idle;
-     * expired: the sweep shut it down (counted once). */
+     * expired: the sweep shut it down (counted once); waiting: its request
+     * is suspended in sf_http_wait. */
     uint64_t from_ns;
     uint64_t head_seen_ns;
     uint64_t idle_bytes;
     int expired;
+    int waiting;
     /* The request in progress, owned by the connection until libmicrohttpd
      * completes it: one it drops without its completion callback (0.9.75 does
      * for a request line whose query overflows its memory pool) is ended
@@ -207,6 +210,8 @@ static const sf_route *route_find(const char *method, const char *path, int prob
 
 /* ---- replies ------------------------------------------------------------------ */
 
+static void conn_set_phase(sf_http *h, sf_conn *c, conn_phase phase);
+
 static struct MHD_Response *make_response(sf_req *r, const char *ctype, void *data, size_t len,
                                           void (*free_fn)(void *))
 {
@@ -237,6 +242,10 @@ static int send_or_defer(sf_req *r, int status, struct MHD_Response *resp, int b
         return -1;
     r->status = status;
     if (body_pending) {
+        /* The rest of the body is drained: within http.header_timeout_s from
+         * now, if nothing timed the body so far (an upload that held a slot). */
+        if (r->priv->c && r->priv->c->phase == PHASE_FREE)
+            conn_set_phase(r->priv->h, r->priv->c, PHASE_BODY);
         if (r->priv->pending)
             MHD_destroy_response(r->priv->pending);
         r->priv->pending = resp;
@@ -362,6 +371,8 @@ static void unlink_waiter_locked(sf_http *h, sf_req *r)
     }
     r->priv->in_wait_list = 0;
     r->priv->wait_next = NULL;
+    if (r->priv->c)
+        r->priv->c->waiting = 0;
 }
 
 int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int timeout_ms)
@@ -386,6 +397,8 @@ int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int t
     r->priv->deadline_ns = sf_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     r->priv->wait_next = h->waiters;
     r->priv->in_wait_list = 1;
+    if (r->priv->c)
+        r->priv->c->waiting = 1;
     h->waiters = r;
     MHD_suspend_connection(r->priv->conn);
     pthread_cond_signal(&h->wcv);
@@ -396,6 +409,9 @@ int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int t
 static void resume_locked(sf_http *h, sf_req *r, sf_wait_state why)
 {
     unlink_waiter_locked(h, r);
+    /* A body's allowance (an upload waiting for a slot) starts again. */
+    if (r->priv->c)
+        r->priv->c->from_ns = sf_now_ns();
     r->wait = why;
     MHD_resume_connection(r->priv->conn);
 }
@@ -438,9 +454,11 @@ void sf_http_wake_all(sf_http *h)
  *     http.header_timeout_s from the connection's accept or, on a kept-alive
  *     connection, from the first byte after the previous request, seen by
  *     the sweep in the socket's TCP_INFO byte count ("header_timeout");
- *   - a body that is buffered (JSON) or drained after a refusal decided
- *     from the headers gets as long again from their end ("body_timeout");
- *     an upload is bounded by the slow-upload sweep (server/upload.c);
+ *   - a body that is buffered (JSON) or drained after a refusal, and an
+ *     upload's body until it holds a ring slot, get as long again from the
+ *     end of the headers ("body_timeout"); an upload that holds a slot is
+ *     bounded by the slow-upload sweep (server/upload.c), and a wait for a
+ *     slot by its own timeout, after which the allowance starts again;
  *   - a body streamed to its route (a checkpoint PUT) gets
  *     http.upload_deadline_s ("upload_deadline_exceeded").
  * Between requests a kept-alive connection is held by the idle timeout. A
@@ -479,6 +497,8 @@ static void sweep_locked(sf_http *h, uint64_t now)
     for (sf_conn *k = h->conns; k; k = k->next) {
         if (k->expired || k->phase == PHASE_FREE)
             continue;
+        if (k->waiting)
+            continue; /* suspended: bounded by the wait's own timeout */
         uint64_t from = k->from_ns, limit = head_limit;
         const char *code = "header_timeout";
         if (k->phase == PHASE_IDLE) {
@@ -1085,9 +1105,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
          * without a body leaves it at its next call, just below). */
         const int streamed = r->route && r->route->stream && !r->priv->pending && !r->priv->draining;
         conn_set_phase(h, r->priv->c,
-                       !streamed ? PHASE_BODY
-                       : r->route->flags & SF_ROUTE_UPLOAD ? PHASE_FREE /* the slow-upload sweep */
-                                                           : PHASE_STREAM);
+                       streamed && !(r->route->flags & SF_ROUTE_UPLOAD) ? PHASE_STREAM : PHASE_BODY);
         tl_body_pending = 0;
         return MHD_YES;
     }
@@ -1413,6 +1431,11 @@ void sf_http_quiesce(sf_http *h)
      * (it stays open until the daemon stops) makes the kernel refuse new
      * connections at once instead of queueing them in the backlog. */
     shutdown(h->main.fd, SHUT_RDWR);
+}
+
+void sf_req_deadline_done(sf_req *r)
+{
+    conn_set_phase(r->priv->h, r->priv->c, PHASE_FREE);
 }
 
 void sf_req_abort(sf_req *r)

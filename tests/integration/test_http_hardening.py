@@ -114,6 +114,51 @@ def test_an_upload_that_moves_is_not_evicted(start_server, rng):
     assert s.metric("streamfeed_uploads_evicted_total", reason="upload_too_slow") == 0
 
 
+def test_an_upload_trickling_its_safetensors_header_without_a_slot_is_closed_at_the_header_deadline(
+        start_server, rng):
+    # It takes a ring slot only once its safetensors header is in; until then
+    # only the body deadline from the end of its headers holds it.
+    s = start_server(SINK, "--http.header_timeout_s", "2")
+    body = st_body(*random_batch(rng, 4))
+    sock = s.start_upload(body, 8, expect_continue=True)
+    t0 = time.monotonic()
+    i = 8
+    while time.monotonic() - t0 < 10:
+        try:
+            sock.sendall(body[i:i + 1])
+        except OSError:
+            break
+        i += 1
+        time.sleep(0.3)
+    took = time.monotonic() - t0
+    assert 1.5 < took < 4.5, f"closed after {took:.1f} s"
+    assert s.metric("streamfeed_http_errors_total", code="body_timeout") == 1
+    assert s.metric("streamfeed_ring_slots", state="filling") == 0
+    sock.close()
+
+
+def test_an_upload_waiting_for_a_slot_longer_than_the_header_deadline_gets_one(start_server, rng):
+    s = start_server(SINK, "--ring.slots", "2", "--http.header_timeout_s", "2", "--ring.full_timeout_ms", "10000",
+                     "--http.upload_min_bytes_per_s", "0")
+    body = st_body(*random_batch(rng, 4))
+    holder, other = s.start_upload(body, 400), s.start_upload(body, 400)
+    wait_until(lambda: s.metric("streamfeed_ring_slots", state="filling") == 2, 10)
+    result = {}
+    waiter = threading.Thread(target=lambda: result.update(r=s.post_batch(body, timeout=30)), daemon=True)
+    waiter.start()
+    wait_until(lambda: s.metric("streamfeed_uploads_waiting") == 1, 10)
+    time.sleep(3.5)  # the wait under test: longer than http.header_timeout_s
+    holder.sendall(body[400:])
+    assert read_reply(holder).status_code == 202
+    waiter.join(30)
+    assert result["r"].status_code == 202, result["r"].text
+    other.sendall(body[400:])
+    assert read_reply(other).status_code == 202
+    assert s.metric("streamfeed_http_errors_total", code="body_timeout") == 0
+    holder.close()
+    other.close()
+
+
 def test_probes_answer_on_the_metrics_port_while_every_main_connection_is_taken(start_server):
     mport = free_port()
     s = start_server(SINK, "--http.max_connections", "4", "--http.metrics_port", mport)

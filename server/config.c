@@ -17,6 +17,7 @@
 #include "server/lr_schedule.h"
 #include "server/netaddr.h"
 #include "server/text.h"
+#include "server/tls.h"
 
 #define F(field) offsetof(sf_config, field), sizeof(((sf_config *)0)->field)
 
@@ -26,6 +27,7 @@ static int check_slots(const sf_config *c, char *err, size_t errlen);
 static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 static int check_host(const sf_config *c, char *err, size_t errlen);
 static int check_listeners(const sf_config *c, char *err, size_t errlen);
+static int check_tls_priorities(const sf_config *c, char *err, size_t errlen);
 static int check_schedule(const sf_config *c, char *err, size_t errlen);
 static int check_distributed(const sf_config *c, char *err, size_t errlen);
 static int check_eval_augment(const sf_config *c, char *err, size_t errlen);
@@ -146,6 +148,11 @@ const sf_cfg_option sf_config_table[] = {
      "Re-read on SIGHUP and when the file changes."},
     {"http.tls_key", SF_CT_STRING, F(http.tls_key), "", 0, 0, NULL, 0, check_listeners,
      "PEM private key of http.tls_cert (unencrypted)."},
+    {"http.tls_priorities", SF_CT_STRING, F(http.tls_priorities),
+     "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-RSA", 0, 0, NULL, 0, check_tls_priorities,
+     "GnuTLS priority string of the HTTPS port: the protocol versions, key exchanges and ciphers it "
+     "accepts (`gnutls-cli --priority STRING --list` shows what a string allows). The default takes "
+     "TLS 1.2 and 1.3 with forward-secret key exchange only: no TLS 1.0 or 1.1, no static RSA."},
     {"ring.slots", SF_CT_INT, F(ring.slots), "8", 2, 4096, NULL, 0, check_slots,
      "Ring slots of pinned host memory (batches buffered between HTTP and the GPU)."},
     {"ring.slot_bytes", SF_CT_INT64, F(ring.slot_bytes), "8388608", 4096, 17179869184.0, NULL, 0,
@@ -605,6 +612,11 @@ static int check_listeners(const sf_config *c, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+static int check_tls_priorities(const sf_config *c, char *err, size_t errlen)
+{
+    return sf_tls_priorities_check(c->http.tls_priorities, "http.tls_priorities", err, errlen);
 }
 
 const sf_cfg_option *sf_config_find(const char *name)

@@ -1335,9 +1335,9 @@ static int listener_start(sf_http *h, struct sf_listener *l, int probes_only, in
             MHD_OPTION_URI_LOG_CALLBACK, uri_cb, l, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, l,
             MHD_OPTION_NOTIFY_CONNECTION, conn_cb, l,
             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
-            /* Without TLS the list ends here and the callback is not read. */
+            /* Without TLS the list ends here and the TLS options are not read. */
             h->tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, sf_tls_callback(),
-            MHD_OPTION_END);
+            MHD_OPTION_HTTPS_PRIORITIES, c->http.tls_priorities, MHD_OPTION_END);
     }
     if (!l->d) {
         snprintf(err, errlen, "libmicrohttpd could not start on %s:%d (see the debug log)",

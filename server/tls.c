@@ -52,6 +52,20 @@ int sf_tls_supported(char *err, size_t errlen)
     return 0;
 }
 
+int sf_tls_priorities_check(const char *prio, const char *what, char *err, size_t errlen)
+{
+    gnutls_priority_t pc;
+    const char *at = NULL;
+    int rc = gnutls_priority_init(&pc, prio, &at);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s: GnuTLS does not take \"%.200s\" (%s%s%.40s)", what, prio,
+                 gnutls_strerror(rc), at ? " at: " : "", at ? at : "");
+        return -1;
+    }
+    gnutls_priority_deinit(pc);
+    return 0;
+}
+
 static void pair_free(tls_pair *p)
 {
     if (!p)

@@ -19,6 +19,10 @@
 
 #include <stddef.h>
 
+/* 0 when prio is a GnuTLS priority string GnuTLS accepts, else -1 with err
+ * naming the option (what) and where the string went wrong. */
+int sf_tls_priorities_check(const char *prio, const char *what, char *err, size_t errlen);
+
 /* 0 when libmicrohttpd can serve HTTPS with a certificate callback, else -1
  * with the reason. */
 int sf_tls_supported(char *err, size_t errlen);

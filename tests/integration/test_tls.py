@@ -2,8 +2,9 @@
 certificates made by the openssl CLI for each test: requests and
 streamfeed-load --cacert verify it end to end, SIGHUP and a change of the
 files swap the certificate for new connections while the server runs, a
-pair that does not load leaves the current one in place, and the metrics port
-stays plain HTTP."""
+pair that does not load leaves the current one in place, the metrics port
+stays plain HTTP, TLS 1.0/1.1 and static RSA are refused unless
+http.tls_priorities allows them, and a stalled handshake is closed."""
 import shutil
 import signal
 import socket
@@ -40,6 +41,34 @@ def make_cert(d, name, cn="127.0.0.1"):
     openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
     return d / f"{name}.pem", d / f"{name}.key"
+
+
+def make_rsa_cert(d, name):
+    """A server certificate with an RSA key (static RSA key exchange needs one)."""
+    (d / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", "/CN=127.0.0.1", cwd=d)
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
+    return d / f"{name}.pem", d / f"{name}.key"
+
+
+def handshake(port, ca, version=None, ciphers=None):
+    """The protocol version and cipher a client offering only `version` (an
+    ssl.TLSVersion) and, for TLS 1.2 and older, only `ciphers` (an OpenSSL
+    list) gets, or None when the handshake fails."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(cafile=str(ca))
+    if version is not None:
+        ctx.minimum_version = ctx.maximum_version = version
+    if ciphers:
+        ctx.set_ciphers(ciphers + ":@SECLEVEL=0")  # let OpenSSL itself offer the old ones
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        try:
+            with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                return tls.version(), tls.cipher()[0]
+        except (ssl.SSLError, ConnectionError):
+            return None
 
 
 def served_cert(port, ca):
@@ -200,3 +229,34 @@ def test_a_stalled_handshake_and_a_trickled_request_line_are_closed_at_the_heade
     assert s.get("/healthz").status_code == 200
     for k in (stalled, silent, trickler):
         k.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_tls_1_1_and_static_rsa_are_refused_and_tls_1_2_and_1_3_with_ecdhe_are_taken(start_server, pki):
+    d, ca, _, _ = pki
+    cert, key = make_rsa_cert(d, "rsa")
+    s = start_server(SINK, "--http.tls_cert", cert, "--http.tls_key", key, verify=str(ca))
+    assert handshake(s.port, ca, ssl.TLSVersion.TLSv1_1, "DEFAULT") is None
+    assert handshake(s.port, ca, ssl.TLSVersion.TLSv1, "DEFAULT") is None
+    assert handshake(s.port, ca, ssl.TLSVersion.TLSv1_2, "AES128-GCM-SHA256:AES256-SHA") is None
+    assert handshake(s.port, ca, ssl.TLSVersion.TLSv1_2, "ECDHE-RSA-AES128-GCM-SHA256") == \
+        ("TLSv1.2", "ECDHE-RSA-AES128-GCM-SHA256")
+    assert handshake(s.port, ca, ssl.TLSVersion.TLSv1_3)[0] == "TLSv1.3"
+    assert s.get("/healthz").status_code == 200
+    assert s.config()["http"]["tls_priorities"] == "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-RSA"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_http_tls_priorities_lets_an_operator_take_static_rsa(start_server, pki):
+    d, ca, _, _ = pki
+    cert, key = make_rsa_cert(d, "rsa")
+    s = start_server(SINK, "--http.tls_cert", cert, "--http.tls_key", key,
+                     "--http.tls_priorities", "NORMAL:-VERS-ALL:+VERS-TLS1.2:+RSA", verify=str(ca))
+    assert handshake(s.port, ca, ssl.TLSVersion.TLSv1_2, "AES128-GCM-SHA256") == ("TLSv1.2", "AES128-GCM-SHA256")
+    assert handshake(s.port, ca, ssl.TLSVersion.TLSv1_3) is None
+
+
+def test_a_priority_string_gnutls_refuses_fails_the_start_naming_the_option():
+    r = subprocess.run([BIN, "--http.port", "0", "--http.tls_priorities", "NORMAL:+NO-SUCH-THING"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "http.tls_priorities" in r.stderr and "NO-SUCH-THING" in r.stderr, r.stderr

@@ -93,6 +93,9 @@ typedef struct sf_conn {
      * for a request line whose query overflows its memory pool) is ended
      * when the connection closes. Only the connection's thread touches it. */
     struct sf_req *req;
+    /* The TLS certificate pair its session shook hands with, given back when
+     * the connection closes (libmicrohttpd has freed the session by then). */
+    sf_tls_pair *tls_pair;
     struct sf_conn *prev, *next;
 } sf_conn;
 
@@ -959,6 +962,20 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
     return r;
 }
 
+/* sf_tls_hold_fn: a handshake took a reference to a certificate pair for its
+ * connection (libmicrohttpd sets the session's pointer to it). */
+static void tls_hold(void *session, sf_tls_pair *pair)
+{
+    struct MHD_Connection *conn = gnutls_session_get_ptr(session);
+    const union MHD_ConnectionInfo *ci =
+        conn ? MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT) : NULL;
+    sf_conn *c = ci ? ci->socket_context : NULL;
+    if (!c)
+        return; /* no connection state to keep it: the pair lives until exit */
+    sf_tls_pair_release(c->tls_pair); /* a second handshake on one connection */
+    c->tls_pair = pair;
+}
+
 /* NOTIFY_CONNECTION: a connection's deadline state lives from its accept to
  * its close (the request deadline above). */
 static void conn_cb(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -996,6 +1013,7 @@ static void conn_cb(void *cls, struct MHD_Connection *conn, void **socket_contex
         c->req->priv->c = NULL;
         req_end(c->req, MHD_REQUEST_TERMINATED_WITH_ERROR);
     }
+    sf_tls_pair_release(c->tls_pair);
     pthread_mutex_lock(&h->wmu);
     if (c->prev)
         c->prev->next = c->next;
@@ -1381,6 +1399,7 @@ sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
     if (c->http.tls_cert[0]) {
         if (sf_tls_init(c->http.tls_cert, c->http.tls_key, err, errlen))
             goto fail;
+        sf_tls_set_hold(tls_hold);
         h->tls = 1;
     }
     if (listener_start(h, &h->main, 0, c->http.port, err, errlen))

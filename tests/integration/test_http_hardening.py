@@ -440,6 +440,17 @@ def test_a_query_parameter_given_twice_or_without_a_value_is_refused(start_serve
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.parametrize("query", ["wait=abc", "wait=", "wait=2", "wait=1"])
+def test_a_batch_read_with_a_wait_it_cannot_honour_gets_400_bad_query(start_server, rng, query):
+    s = start_server(SINK)
+    bid = s.post_arrays(*random_batch(rng, 2)).json()["id"]
+    r = s.get(f"/v1/batches/{bid}?{query}")
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"]["field"]) == ("bad_query", "wait")
+    assert s.get(f"/v1/batches/{bid}?wait=0").status_code == 200
+    assert s.get(f"/v1/batches/{bid}").status_code == 200
+
+
 def patch_config_raw(body, content_type=b"application/json"):
     return (b"PATCH /v1/config HTTP/1.1\r\nHost: x\r\nContent-Type: " + content_type +
             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)

@@ -168,7 +168,20 @@ static uint64_t batch_id_of(sf_req *r)
 int h_batches_get(sf_req *r)
 {
     uint64_t id = batch_id_of(r);
-    return id ? reply_job(r, id, 200) : -1;
+    if (!id)
+        return -1;
+    /* This route answers at once. A wait=1 here would be read as a wait that
+     * did not happen, and any other value is refused as on every route. */
+    const char *w = sf_req_arg(r, "wait");
+    char q[33];
+    if (w && strcmp(w, "1") == 0)
+        return sf_reply_error_field(r, 400, "bad_query", "wait",
+                                    "GET /v1/batches/{id} does not wait (wait may only be 0 here); "
+                                    "POST /v1/batches?wait=1 and GET /v1/batches/{id}/logits?wait=1 do");
+    if (w && strcmp(w, "0") != 0)
+        return sf_reply_error_field(r, 400, "bad_query", "wait", "wait must be 0 or 1, not \"%s\"",
+                                    quotable(w, q));
+    return reply_job(r, id, 200);
 }
 
 /* GET /v1/batches/{id}/logits[?wait=1]: the logits a timed-out ?return=logits

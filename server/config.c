@@ -17,6 +17,7 @@
 #include "server/lr_schedule.h"
 #include "server/netaddr.h"
 #include "server/text.h"
+#include "server/tls.h"
 
 #define F(field) offsetof(sf_config, field), sizeof(((sf_config *)0)->field)
 
@@ -26,6 +27,7 @@ static int check_slots(const sf_config *c, char *err, size_t errlen);
 static int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 static int check_host(const sf_config *c, char *err, size_t errlen);
 static int check_listeners(const sf_config *c, char *err, size_t errlen);
+static int check_tls_priorities(const sf_config *c, char *err, size_t errlen);
 static int check_schedule(const sf_config *c, char *err, size_t errlen);
 static int check_distributed(const sf_config *c, char *err, size_t errlen);
 static int check_eval_augment(const sf_config *c, char *err, size_t errlen);
@@ -107,10 +109,11 @@ const sf_cfg_option sf_config_table[] = {
     {"http.connection_timeout_s", SF_CT_INT, F(http.connection_timeout_s), "60", 1, 3600, NULL, 0,
      NULL, "Idle connection timeout in seconds."},
     {"http.header_timeout_s", SF_CT_INT, F(http.header_timeout_s), "10", 1, 3600, NULL, SF_CF_HOT, NULL,
-     "Seconds a request's headers may take to arrive after its request line, and its body (a JSON "
-     "body, or one drained after a refusal) after its headers; then the connection is closed (the "
-     "idle timeout alone lets a client that sends a byte every few seconds hold a connection "
-     "forever)."},
+     "Seconds a request's head (TLS handshake, request line and headers) may take, from the "
+     "connection's accept or, on a kept-alive connection, from the first byte of the next request; "
+     "and its body (a JSON body, one drained after a refusal, or an upload's until it holds a ring "
+     "slot) after its headers. Then the connection is closed (the idle timeout alone lets a client "
+     "that sends a byte every few seconds hold a connection forever)."},
     {"http.max_header_bytes", SF_CT_INT, F(http.max_header_bytes), "16384", 1024, 1048576, NULL, 0,
      NULL, "Largest total size of a request's target (path and query) and headers; a larger target gets 414, "
      "a larger total 431."},
@@ -145,6 +148,11 @@ const sf_cfg_option sf_config_table[] = {
      "Re-read on SIGHUP and when the file changes."},
     {"http.tls_key", SF_CT_STRING, F(http.tls_key), "", 0, 0, NULL, 0, check_listeners,
      "PEM private key of http.tls_cert (unencrypted)."},
+    {"http.tls_priorities", SF_CT_STRING, F(http.tls_priorities),
+     "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-RSA", 0, 0, NULL, 0, check_tls_priorities,
+     "GnuTLS priority string of the HTTPS port: the protocol versions, key exchanges and ciphers it "
+     "accepts (`gnutls-cli --priority STRING --list` shows what a string allows). The default takes "
+     "TLS 1.2 and 1.3 with forward-secret key exchange only: no TLS 1.0 or 1.1, no static RSA."},
     {"ring.slots", SF_CT_INT, F(ring.slots), "8", 2, 4096, NULL, 0, check_slots,
      "Ring slots of pinned host memory (batches buffered between HTTP and the GPU)."},
     {"ring.slot_bytes", SF_CT_INT64, F(ring.slot_bytes), "8388608", 4096, 17179869184.0, NULL, 0,
@@ -620,6 +628,11 @@ static int check_listeners(const sf_config *c, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+static int check_tls_priorities(const sf_config *c, char *err, size_t errlen)
+{
+    return sf_tls_priorities_check(c->http.tls_priorities, "http.tls_priorities", err, errlen);
 }
 
 const sf_cfg_option *sf_config_find(const char *name)

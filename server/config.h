@@ -43,6 +43,7 @@ typedef struct sf_config {
         int upload_deadline_s;         /* 0: no deadline */
         char tls_cert[1024];           /* PEM paths; both empty: plain HTTP */
         char tls_key[1024];
+        char tls_priorities[512];      /* GnuTLS priority string of the HTTPS port */
     } http;
     struct {
         int slots;

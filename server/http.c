@@ -6,10 +6,12 @@
 #include <gnutls/crypto.h>
 #include <gnutls/gnutls.h>
 #include <microhttpd.h>
+#include <linux/tcp.h> /* struct tcp_info with tcpi_bytes_received (glibc's lacks it) */
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,9 @@
 #include "server/tls.h"
 
 #define MAX_EXTRA_HEADERS 4
+/* No route takes more than a few query arguments; a request with more gets
+ * 400 bad_query, and libmicrohttpd is given none of them (uri_cb). */
+#define MAX_QUERY_ARGS 32
 #define DRAIN_LIMIT (64ull << 20) /* beyond this, an early error closes the connection */
 #define LISTEN_BACKLOG SOMAXCONN
 /* The metrics port serves short requests from probes and scrapers only. */
@@ -52,24 +57,59 @@ struct sf_listener {
     int quiesced;    /* no longer accepting: the fd is ours to close */
 };
 
+/* The phases of a connection that the deadline sweep times (sweep_locked). */
+typedef enum conn_phase {
+    PHASE_HEAD,  /* its request's head is incomplete: from accept, or from the
+                    first byte after the previous request on a kept-alive connection */
+    PHASE_BODY,  /* a body that is buffered or drained, or an upload's body before
+                    it holds a ring slot: from the end of the headers */
+    PHASE_STREAM, /* a body streamed to its route (a checkpoint PUT): from the headers */
+    PHASE_IDLE,  /* between two requests: the next one's first byte is looked for */
+    PHASE_FREE,  /* not timed here: a handler runs or waits with its own timeout,
+                    a reply is sent, or an upload holds a slot (the slow-upload sweep) */
+} conn_phase;
+
+/* One accepted connection, from libmicrohttpd's NOTIFY_CONNECTION STARTED to
+ * CLOSED, which it runs before it closes the socket: while the connection is
+ * in h->conns, its fd is its own. */
+typedef struct sf_conn {
+    struct sf_listener *l;
+    int fd;
+    /* Written only by the connection's own thread, under wmu (so that thread
+     * may read it without the lock). */
+    conn_phase phase;
+    /* Under wmu. from_ns: when the timed phase began; head_seen_ns: for an
+     * idle connection, when the sweep first saw bytes of its next request (0
+     * before); idle_bytes: the socket's bytes received when it went idle;
+     * expired: the sweep shut it down (counted once); waiting: its request
+     * is suspended in sf_http_wait. */
+    uint64_t from_ns;
+    uint64_t head_seen_ns;
+    uint64_t idle_bytes;
+    int expired;
+    int waiting;
+    /* The request in progress, owned by the connection until libmicrohttpd
+     * completes it: one it drops without its completion callback (0.9.75 does
+     * for a request line whose query overflows its memory pool) is ended
+     * when the connection closes. Only the connection's thread touches it. */
+    struct sf_req *req;
+    /* The TLS certificate pair its session shook hands with, given back when
+     * the connection closes (libmicrohttpd has freed the session by then). */
+    sf_tls_pair *tls_pair;
+    struct sf_conn *prev, *next;
+} sf_conn;
+
 struct sf_req_priv {
     struct MHD_Connection *conn;
     struct sf_http *h;
     struct sf_listener *l;
+    sf_conn *c;             /* the connection it arrived on */
     int started;            /* access_cb has seen this request */
     int bad_uri;            /* the raw request target carries %00 (1), or %2F in its path (2) */
+    int query_cut;          /* its query had more than MAX_QUERY_ARGS arguments, or the target was
+                               over http.max_header_bytes: libmicrohttpd was given none of them */
     size_t uri_len;         /* the raw request target's length, counted against http.max_header_bytes */
     int fd;                 /* the connection's socket (for sf_req_abort) */
-    /* In h->heads from its request line until its headers are complete and,
-     * for a body that is not streamed to a route, until that body is in (the
-     * request deadline, sweep_heads_locked). body_from_ns: when the headers
-     * were complete, for a request still in the list for its body (0 before);
-     * body_streamed: that body goes to its route's stream (a checkpoint PUT),
-     * not to a buffer or away. */
-    int in_heads;
-    uint64_t body_from_ns;
-    int body_streamed;
-    struct sf_req *head_prev, *head_next;
     char extra[MAX_EXTRA_HEADERS][2][64];
     int nextra;
     /* An error decided while the body still arrives is sent once it ended. */
@@ -104,7 +144,7 @@ struct sf_http {
     int timer_started, timer_stop;
     void (*tick)(void *ctx);           /* run about once a second by the timer thread */
     void *tick_ctx;
-    struct sf_req *heads;              /* requests whose headers are incomplete (under wmu) */
+    sf_conn *conns;                    /* every open connection of both ports (under wmu) */
 };
 
 uint64_t sf_now_ns(void)
@@ -173,6 +213,8 @@ static const sf_route *route_find(const char *method, const char *path, int prob
 
 /* ---- replies ------------------------------------------------------------------ */
 
+static void conn_set_phase(sf_http *h, sf_conn *c, conn_phase phase);
+
 static struct MHD_Response *make_response(sf_req *r, const char *ctype, void *data, size_t len,
                                           void (*free_fn)(void *))
 {
@@ -203,6 +245,10 @@ static int send_or_defer(sf_req *r, int status, struct MHD_Response *resp, int b
         return -1;
     r->status = status;
     if (body_pending) {
+        /* The rest of the body is drained: within http.header_timeout_s from
+         * now, if nothing timed the body so far (an upload that held a slot). */
+        if (r->priv->c && r->priv->c->phase == PHASE_FREE)
+            conn_set_phase(r->priv->h, r->priv->c, PHASE_BODY);
         if (r->priv->pending)
             MHD_destroy_response(r->priv->pending);
         r->priv->pending = resp;
@@ -328,6 +374,8 @@ static void unlink_waiter_locked(sf_http *h, sf_req *r)
     }
     r->priv->in_wait_list = 0;
     r->priv->wait_next = NULL;
+    if (r->priv->c)
+        r->priv->c->waiting = 0;
 }
 
 int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int timeout_ms)
@@ -352,6 +400,8 @@ int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int t
     r->priv->deadline_ns = sf_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     r->priv->wait_next = h->waiters;
     r->priv->in_wait_list = 1;
+    if (r->priv->c)
+        r->priv->c->waiting = 1;
     h->waiters = r;
     MHD_suspend_connection(r->priv->conn);
     pthread_cond_signal(&h->wcv);
@@ -362,6 +412,9 @@ int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int t
 static void resume_locked(sf_http *h, sf_req *r, sf_wait_state why)
 {
     unlink_waiter_locked(h, r);
+    /* A body's allowance (an upload waiting for a slot) starts again. */
+    if (r->priv->c)
+        r->priv->c->from_ns = sf_now_ns();
     r->wait = why;
     MHD_resume_connection(r->priv->conn);
 }
@@ -396,62 +449,82 @@ void sf_http_wake_all(sf_http *h)
 
 /* libmicrohttpd's connection timeout is an idle timeout: a client sending a
  * byte every few seconds keeps a connection forever, and
- * http.max_connections of them lock everyone else out. So a request whose
- * headers are not complete http.header_timeout_s after its request line
- * arrived has its socket shut down by the timer thread (the connection then
- * ends as if the client had left; counted as streamfeed_http_errors_total
- * {code="header_timeout"}). The same holds for a body: a buffered one (JSON)
- * or one drained after a refusal (a 401 decided from the headers) gets as
- * long again from the end of the headers (code "body_timeout"); one streamed
- * to its route gets http.upload_deadline_s (a checkpoint PUT; code
- * "upload_deadline_exceeded"), except an upload that holds a ring slot
- * (batches, transform), which the slow-upload sweep bounds by its rate and
- * the same deadline (server/upload.c). The list is
- * under wmu; a request leaves it when what it waits for is complete
- * (access_cb) or when it ends (completed_cb, which libmicrohttpd runs before
- * it closes the socket), so the descriptor shut down is always the
- * request's own. */
-static void heads_unlink_locked(sf_http *h, sf_req *r)
+ * http.max_connections of them lock everyone else out. So the timer thread
+ * bounds each phase of a connection (conn_phase) and shuts down the socket of
+ * one that overstays (the connection then ends as if the client had left;
+ * counted as streamfeed_http_errors_total{code}):
+ *   - a request's head (TLS handshake, request line and headers) has
+ *     http.header_timeout_s from the connection's accept or, on a kept-alive
+ *     connection, from the first byte after the previous request, seen by
+ *     the sweep in the socket's TCP_INFO byte count ("header_timeout");
+ *   - a body that is buffered (JSON) or drained after a refusal, and an
+ *     upload's body until it holds a ring slot, get as long again from the
+ *     end of the headers ("body_timeout"); an upload that holds a slot is
+ *     bounded by the slow-upload sweep (server/upload.c), and a wait for a
+ *     slot by its own timeout, after which the allowance starts again;
+ *   - a body streamed to its route (a checkpoint PUT) gets
+ *     http.upload_deadline_s ("upload_deadline_exceeded").
+ * Between requests a kept-alive connection is held by the idle timeout. A
+ * connection leaves h->conns in NOTIFY_CONNECTION CLOSED, which libmicrohttpd
+ * runs before it closes the socket, so the descriptor shut down is always the
+ * connection's own. */
+static void conn_set_phase(sf_http *h, sf_conn *c, conn_phase phase)
 {
-    struct sf_req_priv *p = r->priv;
-    if (!p->in_heads)
+    if (!c || c->phase == phase)
         return;
-    if (p->head_prev)
-        p->head_prev->priv->head_next = p->head_next;
-    else
-        h->heads = p->head_next;
-    if (p->head_next)
-        p->head_next->priv->head_prev = p->head_prev;
-    p->in_heads = 0;
-    p->head_prev = p->head_next = NULL;
-}
-
-static void heads_leave(sf_http *h, sf_req *r)
-{
     pthread_mutex_lock(&h->wmu);
-    heads_unlink_locked(h, r);
+    c->phase = phase;
+    c->from_ns = sf_now_ns();
+    c->expired = 0;
     pthread_mutex_unlock(&h->wmu);
 }
 
-static void sweep_heads_locked(sf_http *h, uint64_t now)
+/* Bytes the socket has received so far (TCP_INFO), or UINT64_MAX when the
+ * kernel does not say. */
+static uint64_t socket_bytes_received(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(struct tcp_info, tcpi_bytes_received) + sizeof ti.tcpi_bytes_received)
+        return UINT64_MAX;
+    return ti.tcpi_bytes_received;
+}
+
+static void sweep_locked(sf_http *h, uint64_t now)
 {
     const sf_config *c = sf_config_cur();
     const uint64_t head_limit = (uint64_t)c->http.header_timeout_s * 1000000000ull;
     const uint64_t upload_limit = (uint64_t)c->http.upload_deadline_s * 1000000000ull;
-    for (sf_req *r = h->heads, *n; r; r = n) {
-        n = r->priv->head_next;
-        const struct sf_req_priv *p = r->priv;
-        const uint64_t from = p->body_from_ns ? p->body_from_ns : r->t_start_ns;
-        const uint64_t limit = p->body_streamed ? upload_limit : head_limit;
+    for (sf_conn *k = h->conns; k; k = k->next) {
+        if (k->expired || k->phase == PHASE_FREE)
+            continue;
+        if (k->waiting)
+            continue; /* suspended: bounded by the wait's own timeout */
+        uint64_t from = k->from_ns, limit = head_limit;
+        const char *code = "header_timeout";
+        if (k->phase == PHASE_IDLE) {
+            if (!k->head_seen_ns) {
+                uint64_t got = socket_bytes_received(k->fd);
+                if (got == UINT64_MAX || got == k->idle_bytes)
+                    continue;
+                k->head_seen_ns = now; /* the next request began within the last tick */
+            }
+            from = k->head_seen_ns;
+        } else if (k->phase == PHASE_BODY) {
+            code = "body_timeout";
+        } else if (k->phase == PHASE_STREAM) {
+            code = "upload_deadline_exceeded";
+            limit = upload_limit;
+        }
         if (limit == 0 || now - from < limit) /* upload_deadline_s 0: no deadline */
             continue;
-        const char *code = !p->body_from_ns ? "header_timeout" : p->body_streamed ? "upload_deadline_exceeded"
-                                                                                   : "body_timeout";
-        heads_unlink_locked(h, r);
-        shutdown(p->fd, SHUT_RDWR);
+        k->expired = 1;
+        shutdown(k->fd, SHUT_RDWR);
         const char *v[] = {code};
         sf_counter_inc_l(h->app->m.http_errors, v, 1);
-        SF_DEBUG("a request ran past its deadline (%s): connection closed", code);
+        SF_DEBUG("a connection ran past its deadline (%s): closed", code);
     }
 }
 
@@ -472,7 +545,7 @@ static void *timer_main(void *arg)
             pthread_mutex_lock(&h->wmu);
             now = sf_now_ns();
             next_tick = now + TICK_NS;
-            sweep_heads_locked(h, now);
+            sweep_locked(h, now);
         }
         uint64_t next = next_tick > now ? next_tick : now + TICK_NS;
         for (sf_req *r = h->waiters, *n; r; r = n) {
@@ -517,9 +590,7 @@ static int all_digits(const char *s)
 }
 
 /* The query's keys, to find one given twice: sf_req_arg reads the first, and
- * a client (or a filter in front) meaning the other would be misread. No
- * route takes more than a few. */
-enum { MAX_QUERY_ARGS = 32 };
+ * a client (or a filter in front) meaning the other would be misread. */
 typedef struct {
     const char *key[MAX_QUERY_ARGS];
     int n;
@@ -735,6 +806,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
     }
     query_scan qs = {.n = 0};
     MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, scan_query, &qs);
+    qs.too_many |= r->priv->query_cut;
     if (qs.dup || qs.bare || qs.too_many) {
         if (qs.bare)
             sf_reply_error_field(r, 400, "bad_query", qs.bare,
@@ -813,6 +885,8 @@ static int buffer_body(sf_req *r, const char *data, size_t len)
     return 0;
 }
 
+static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe);
+
 static sf_req *req_new(struct sf_listener *l, struct MHD_Connection *conn)
 {
     sf_req *r = calloc(1, sizeof *r + sizeof(struct sf_req_priv));
@@ -830,10 +904,21 @@ static sf_req *req_new(struct sf_listener *l, struct MHD_Connection *conn)
 
 /* libmicrohttpd shows the request target here before it decodes it: the one
  * place where an encoded NUL (%00), which would cut the decoded path short,
- * or an encoded '/' in the path can be seen. The request state starts here. */
+ * or an encoded '/' in the path can be seen. The request state starts here.
+ *
+ * It is also the one place before libmicrohttpd splits the query into its
+ * arguments, each a record in the connection's memory pool. A query of tens
+ * of thousands of arguments overflows the pool, and 0.9.75 then drops the
+ * request: no reply, no completion callback, and a parse that scans the rest
+ * of the query once per argument. A target over http.max_header_bytes (414)
+ * or with more than MAX_QUERY_ARGS arguments (400 bad_query) is refused in
+ * on_headers anyway, so its query is cut here, in libmicrohttpd's own
+ * buffer, which the target points into and which it only reads afterwards:
+ * the request then goes on with no arguments and gets its JSON reply. */
 static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
 {
-    sf_req *r = req_new(cls, conn);
+    struct sf_listener *l = cls;
+    sf_req *r = req_new(l, conn);
     if (r && uri) {
         r->priv->uri_len = strlen(uri);
         const char *q = strchr(uri, '?');
@@ -843,23 +928,101 @@ static void *uri_cb(void *cls, const char *uri, struct MHD_Connection *conn)
             else if ((!q || p < q) && p[1] == '2' && (p[2] == 'F' || p[2] == 'f'))
                 r->priv->bad_uri = 2;
         }
-    }
-    if (r) {
-        /* Its headers now have http.header_timeout_s to arrive. */
-        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-        r->priv->fd = ci ? ci->connect_fd : -1;
-        if (r->priv->fd >= 0) {
-            sf_http *h = r->priv->h;
-            pthread_mutex_lock(&h->wmu);
-            r->priv->head_next = h->heads;
-            if (h->heads)
-                h->heads->priv->head_prev = r;
-            h->heads = r;
-            r->priv->in_heads = 1;
-            pthread_mutex_unlock(&h->wmu);
+        if (q) {
+            size_t args = 1;
+            for (const char *p = strchr(q + 1, '&'); p && args <= MAX_QUERY_ARGS; p = strchr(p + 1, '&'))
+                args++;
+            if (args > MAX_QUERY_ARGS || r->priv->uri_len > (size_t)sf_config_cur()->http.max_header_bytes) {
+                ((char *)q)[1] = '\0';
+                r->priv->query_cut = 1;
+            }
         }
     }
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    sf_conn *c = ci ? ci->socket_context : NULL;
+    if (c) {
+        /* A request libmicrohttpd dropped without completing it. */
+        if (c->req)
+            req_end(c->req, MHD_REQUEST_TERMINATED_WITH_ERROR);
+        c->req = r;
+        if (c->phase == PHASE_IDLE) {
+            /* The head of a request on a kept-alive connection: its deadline
+             * runs from its first byte, if the sweep saw it. */
+            pthread_mutex_lock(&l->h->wmu);
+            c->phase = PHASE_HEAD;
+            c->from_ns = c->head_seen_ns ? c->head_seen_ns : sf_now_ns();
+            c->expired = 0;
+            pthread_mutex_unlock(&l->h->wmu);
+        }
+    }
+    if (r) {
+        r->priv->c = c;
+        r->priv->fd = c ? c->fd : -1;
+    }
     return r;
+}
+
+/* sf_tls_hold_fn: a handshake took a reference to a certificate pair for its
+ * connection (libmicrohttpd sets the session's pointer to it). */
+static void tls_hold(void *session, sf_tls_pair *pair)
+{
+    struct MHD_Connection *conn = gnutls_session_get_ptr(session);
+    const union MHD_ConnectionInfo *ci =
+        conn ? MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT) : NULL;
+    sf_conn *c = ci ? ci->socket_context : NULL;
+    if (!c)
+        return; /* no connection state to keep it: the pair lives until exit */
+    sf_tls_pair_release(c->tls_pair); /* a second handshake on one connection */
+    c->tls_pair = pair;
+}
+
+/* NOTIFY_CONNECTION: a connection's deadline state lives from its accept to
+ * its close (the request deadline above). */
+static void conn_cb(void *cls, struct MHD_Connection *conn, void **socket_context,
+                    enum MHD_ConnectionNotificationCode code)
+{
+    struct sf_listener *l = cls;
+    sf_http *h = l->h;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        sf_conn *c = calloc(1, sizeof *c);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!c || !ci) {
+            /* Without it the connection has only libmicrohttpd's idle timeout. */
+            free(c);
+            *socket_context = NULL;
+            return;
+        }
+        c->l = l;
+        c->fd = ci->connect_fd;
+        c->phase = PHASE_HEAD;
+        pthread_mutex_lock(&h->wmu);
+        c->from_ns = sf_now_ns();
+        c->next = h->conns;
+        if (h->conns)
+            h->conns->prev = c;
+        h->conns = c;
+        pthread_mutex_unlock(&h->wmu);
+        *socket_context = c;
+        return;
+    }
+    sf_conn *c = *socket_context;
+    if (!c)
+        return;
+    *socket_context = NULL;
+    if (c->req) {
+        c->req->priv->c = NULL;
+        req_end(c->req, MHD_REQUEST_TERMINATED_WITH_ERROR);
+    }
+    sf_tls_pair_release(c->tls_pair);
+    pthread_mutex_lock(&h->wmu);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        h->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    pthread_mutex_unlock(&h->wmu);
+    free(c);
 }
 
 /* Sets the socket's receive low-water mark for the rest of an upload, once
@@ -957,16 +1120,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
             atomic_fetch_add(&h->active, 1);
         on_headers(r, conn, method, url, version);
         /* The headers are complete; the body's deadline starts (a request
-         * without a body leaves the list at its next call, just below). */
+         * without a body leaves it at its next call, just below). */
         const int streamed = r->route && r->route->stream && !r->priv->pending && !r->priv->draining;
-        pthread_mutex_lock(&h->wmu);
-        if (streamed && (r->route->flags & SF_ROUTE_UPLOAD)) {
-            heads_unlink_locked(h, r); /* bounded by the slow-upload sweep */
-        } else {
-            r->priv->body_streamed = streamed;
-            r->priv->body_from_ns = sf_now_ns();
-        }
-        pthread_mutex_unlock(&h->wmu);
+        conn_set_phase(h, r->priv->c,
+                       streamed && !(r->route->flags & SF_ROUTE_UPLOAD) ? PHASE_STREAM : PHASE_BODY);
         tl_body_pending = 0;
         return MHD_YES;
     }
@@ -980,12 +1137,10 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return rc;
     }
 
-    /* The body is complete (or there was none). body_from_ns is set, on this
-     * thread, only for a request that stayed in the list for its body: an
-     * upload left it with its headers and takes no lock here. */
+    /* The body is complete (or there was none): an upload that took a slot
+     * left the timed phases then, and takes no lock here. */
     tl_body_pending = 0;
-    if (r->priv->body_from_ns)
-        heads_leave(h, r);
+    conn_set_phase(h, r->priv->c, PHASE_FREE);
     if (r->priv->pending) {
         struct MHD_Response *p = r->priv->pending;
         r->priv->pending = NULL;
@@ -1029,17 +1184,25 @@ static void log_request(const sf_req *r, int status, double dur, int ok)
     sf_log_fields(SF_LOG_INFO, "request", f, n);
 }
 
-static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
+/* Ends a request: its route's on_done, the metrics and the log line. From
+ * libmicrohttpd's completion callback, or when the connection closes on a
+ * request that libmicrohttpd dropped without one. */
+static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
 {
-    struct sf_listener *l = cls;
+    struct sf_listener *l = r->priv->l;
     sf_http *h = l->h;
-    sf_req *r = *con_cls;
-    if (!r)
-        return;
-    *con_cls = NULL;
-    if (!r->priv->started || r->priv->body_from_ns)
-        heads_leave(h, r); /* if its headers or its body never came */
+    if (r->priv->c) {
+        r->priv->c->req = NULL;
+        /* A kept-alive connection waits for its next request's first byte. */
+        uint64_t got = socket_bytes_received(r->priv->c->fd);
+        pthread_mutex_lock(&h->wmu);
+        r->priv->c->phase = PHASE_IDLE;
+        r->priv->c->from_ns = sf_now_ns();
+        r->priv->c->head_seen_ns = 0;
+        r->priv->c->idle_bytes = got;
+        r->priv->c->expired = 0;
+        pthread_mutex_unlock(&h->wmu);
+    }
     if (!r->priv->started) {
         /* Ended before its headers were complete: the client left, or
          * libmicrohttpd refused the request itself (a malformed request line
@@ -1076,6 +1239,16 @@ static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
     free(r);
     if (!l->probes_only)
         atomic_fetch_sub(&h->active, 1);
+}
+
+static void completed_cb(void *cls, struct MHD_Connection *conn, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    sf_req *r = *con_cls;
+    if (!r)
+        return;
+    *con_cls = NULL;
+    req_end(r, toe);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -1163,6 +1336,7 @@ static int listener_start(sf_http *h, struct sf_listener *l, int probes_only, in
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)PROBE_MAX_CONNECTIONS,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PROBE_TIMEOUT_S,
             MHD_OPTION_URI_LOG_CALLBACK, uri_cb, l, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, l,
+            MHD_OPTION_NOTIFY_CONNECTION, conn_cb, l,
             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
     } else {
         /* Memory per connection: headers (bounded by http.max_header_bytes,
@@ -1177,10 +1351,11 @@ static int listener_start(sf_http *h, struct sf_listener *l, int probes_only, in
             (unsigned)c->http.max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
             (unsigned)c->http.connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
             MHD_OPTION_URI_LOG_CALLBACK, uri_cb, l, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, l,
+            MHD_OPTION_NOTIFY_CONNECTION, conn_cb, l,
             MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h,
-            /* Without TLS the list ends here and the callback is not read. */
+            /* Without TLS the list ends here and the TLS options are not read. */
             h->tls ? MHD_OPTION_HTTPS_CERT_CALLBACK : MHD_OPTION_END, sf_tls_callback(),
-            MHD_OPTION_END);
+            MHD_OPTION_HTTPS_PRIORITIES, c->http.tls_priorities, MHD_OPTION_END);
     }
     if (!l->d) {
         snprintf(err, errlen, "libmicrohttpd could not start on %s:%d (see the debug log)",
@@ -1224,6 +1399,7 @@ sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
     if (c->http.tls_cert[0]) {
         if (sf_tls_init(c->http.tls_cert, c->http.tls_key, err, errlen))
             goto fail;
+        sf_tls_set_hold(tls_hold);
         h->tls = 1;
     }
     if (listener_start(h, &h->main, 0, c->http.port, err, errlen))
@@ -1274,6 +1450,11 @@ void sf_http_quiesce(sf_http *h)
      * (it stays open until the daemon stops) makes the kernel refuse new
      * connections at once instead of queueing them in the backlog. */
     shutdown(h->main.fd, SHUT_RDWR);
+}
+
+void sf_req_deadline_done(sf_req *r)
+{
+    conn_set_phase(r->priv->h, r->priv->c, PHASE_FREE);
 }
 
 void sf_req_abort(sf_req *r)

@@ -151,6 +151,11 @@ void sf_reply_header(sf_req *r, const char *name, const char *value);
  * caller must know the request is still alive (its on_done has not returned). */
 void sf_req_abort(sf_req *r);
 
+/* The body's deadline (http.header_timeout_s from the end of the headers)
+ * no longer applies: the caller bounds the rest of the body (an upload that
+ * took a ring slot, held to the slow-upload sweep). On the request's thread. */
+void sf_req_deadline_done(sf_req *r);
+
 /* Query-string argument, or NULL. */
 const char *sf_req_arg(sf_req *r, const char *name);
 const char *sf_req_header(sf_req *r, const char *name);

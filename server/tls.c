@@ -12,12 +12,19 @@
 
 #define MAX_CHAIN 16
 
-typedef struct tls_pair {
+/* GnuTLS keeps pointers into the pair a session shook hands with for as long
+ * as the session lives, so a pair is counted: one reference while it is the
+ * current one, and one for each connection that shook hands with it (taken
+ * in the retrieve callback, handed to the connection by g.hold, given back
+ * by sf_tls_pair_release once libmicrohttpd has freed the session). The last
+ * release frees it. */
+struct sf_tls_pair {
     gnutls_pcert_st chain[MAX_CHAIN];
     unsigned n;
     gnutls_privkey_t key;
-    struct tls_pair *retired_next;
-} tls_pair;
+    unsigned refs; /* under g.mu */
+};
+typedef struct sf_tls_pair tls_pair;
 
 /* What a file was when it was last read: a reload happens when it changes. */
 typedef struct file_id {
@@ -32,10 +39,7 @@ static struct {
     pthread_mutex_t mu;
     char cert_path[1024], key_path[1024];
     tls_pair *cur;
-    /* Pairs replaced by a reload. GnuTLS keeps pointers to the pair a session
-     * shook hands with for as long as the session lives, so they are freed
-     * only at shutdown; reloads are rare and a pair is a few kilobytes. */
-    tls_pair *retired;
+    sf_tls_hold_fn hold;
     file_id cert_id, key_id;
 } g = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -49,6 +53,20 @@ int sf_tls_supported(char *err, size_t errlen)
         snprintf(err, errlen, "this libmicrohttpd cannot take a certificate callback (GnuTLS < 3)");
         return -1;
     }
+    return 0;
+}
+
+int sf_tls_priorities_check(const char *prio, const char *what, char *err, size_t errlen)
+{
+    gnutls_priority_t pc;
+    const char *at = NULL;
+    int rc = gnutls_priority_init(&pc, prio, &at);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s: GnuTLS does not take \"%.200s\" (%s%s%.40s)", what, prio,
+                 gnutls_strerror(rc), at ? " at: " : "", at ? at : "");
+        return -1;
+    }
+    gnutls_priority_deinit(pc);
     return 0;
 }
 
@@ -153,16 +171,40 @@ fail:
     return NULL;
 }
 
+/* Drops one reference; the last frees the pair. */
+static void unref_locked(tls_pair *p)
+{
+    if (p && --p->refs == 0)
+        pair_free(p);
+}
+
+void sf_tls_pair_release(sf_tls_pair *p)
+{
+    if (!p)
+        return;
+    pthread_mutex_lock(&g.mu);
+    unref_locked(p);
+    pthread_mutex_unlock(&g.mu);
+}
+
+void sf_tls_set_hold(sf_tls_hold_fn hold) { g.hold = hold; }
+
 static int retrieve(gnutls_session_t session, const gnutls_datum_t *req_ca_dn, int nreqs,
                     const gnutls_pk_algorithm_t *pk_algos, int pk_algos_length,
                     gnutls_pcert_st **pcert, unsigned int *pcert_length, gnutls_privkey_t *privkey)
 {
-    (void)session, (void)req_ca_dn, (void)nreqs, (void)pk_algos, (void)pk_algos_length;
+    (void)req_ca_dn, (void)nreqs, (void)pk_algos, (void)pk_algos_length;
     pthread_mutex_lock(&g.mu);
     tls_pair *p = g.cur;
+    if (p)
+        p->refs++;
     pthread_mutex_unlock(&g.mu);
     if (!p)
         return -1;
+    /* Without a holder the reference is never given back: the pair then
+     * lives until exit, which is safe. */
+    if (g.hold)
+        g.hold(session, p);
     *pcert = p->chain;
     *pcert_length = p->n;
     *privkey = p->key;
@@ -182,6 +224,7 @@ int sf_tls_init(const char *cert_path, const char *key_path, char *err, size_t e
     tls_pair *p = pair_load(cert_path, key_path, err, errlen);
     if (!p)
         return -1;
+    p->refs = 1;
     pthread_mutex_lock(&g.mu);
     g.cur = p;
     pthread_mutex_unlock(&g.mu);
@@ -204,13 +247,11 @@ int sf_tls_reload(int force, char *err, size_t errlen)
     tls_pair *p = pair_load(g.cert_path, g.key_path, err, errlen);
     if (!p)
         return -1;
+    p->refs = 1;
     pthread_mutex_lock(&g.mu);
     tls_pair *old = g.cur;
     g.cur = p;
-    if (old) {
-        old->retired_next = g.retired;
-        g.retired = old;
-    }
+    unref_locked(old); /* freed now, or when its last connection closes */
     pthread_mutex_unlock(&g.mu);
     return 1;
 }
@@ -218,12 +259,7 @@ int sf_tls_reload(int force, char *err, size_t errlen)
 void sf_tls_shutdown(void)
 {
     pthread_mutex_lock(&g.mu);
-    pair_free(g.cur);
+    unref_locked(g.cur);
     g.cur = NULL;
-    while (g.retired) {
-        tls_pair *n = g.retired->retired_next;
-        pair_free(g.retired);
-        g.retired = n;
-    }
     pthread_mutex_unlock(&g.mu);
 }

@@ -7,7 +7,8 @@
  * checks that the key belongs to the certificate, and swaps the pair in for
  * the next handshakes; a pair that does not load leaves the current one in
  * place. Connections already established keep the certificate they shook
- * hands with.
+ * hands with: each holds a reference to its pair until it closes, and a pair
+ * replaced by a reload is freed when its last connection is gone.
  *
  * One certificate per process: the callback has no context argument, so the
  * module keeps its state in one static. Threads: sf_tls_reload and
@@ -18,6 +19,10 @@
 #define SF_TLS_H
 
 #include <stddef.h>
+
+/* 0 when prio is a GnuTLS priority string GnuTLS accepts, else -1 with err
+ * naming the option (what) and where the string went wrong. */
+int sf_tls_priorities_check(const char *prio, const char *what, char *err, size_t errlen);
 
 /* 0 when libmicrohttpd can serve HTTPS with a certificate callback, else -1
  * with the reason. */
@@ -31,7 +36,17 @@ void *sf_tls_callback(void);
  * stays). force=0 reloads only when a file's identity (inode, size, mtime)
  * changed since the last attempt, so a bad file is reported once. */
 int sf_tls_reload(int force, char *err, size_t errlen);
-/* Frees everything (after the daemon has stopped). */
+/* Frees the current pair (after the daemon has stopped: every connection has
+ * released its own). */
 void sf_tls_shutdown(void);
+
+/* A certificate pair, counted (tls.c). */
+typedef struct sf_tls_pair sf_tls_pair;
+/* Called on the connection's thread during a handshake with the GnuTLS
+ * session (a gnutls_session_t) and a reference to the pair it was given; the
+ * holder gives it back with sf_tls_pair_release once the session is freed. */
+typedef void (*sf_tls_hold_fn)(void *session, sf_tls_pair *pair);
+void sf_tls_set_hold(sf_tls_hold_fn hold);
+void sf_tls_pair_release(sf_tls_pair *pair);
 
 #endif

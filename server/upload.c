@@ -346,6 +346,7 @@ static int header_accepted(sf_req *r, sf_upload *u)
             u->t_slot_ns = sf_now_ns();
             u->slot_bytes = 0;
             holders_add(u);
+            sf_req_deadline_done(r); /* the slow-upload sweep bounds it from now */
             sf_slot_meta *m = sf_ring_meta(app->ring, slot);
             m->t_filling_ns = u->t_slot_ns;
             sf_st_set_dest(&u->parser, sf_ring_bytes(app->ring, slot), sf_ring_slot_bytes(app->ring));

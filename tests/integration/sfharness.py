@@ -55,6 +55,21 @@ _BAD_STDERR = re.compile(
 )
 
 
+# Whether the binary under test is built with AddressSanitizer (`make sanitize-test`).
+def built_with_asan():
+    try:
+        return b"__asan_init" in Path(BIN).read_bytes()
+    except OSError:
+        return False
+
+
+# For a test that measures the server's RSS: under AddressSanitizer
+# (`make sanitize-test`) freed memory would otherwise wait in its quarantine
+# (up to 256 MB) instead of being reused. Without ASan the variable does nothing.
+NO_ASAN_QUARANTINE = {"ASAN_OPTIONS": ":".join(
+    filter(None, [os.environ.get("ASAN_OPTIONS", ""), "quarantine_size_mb=0"]))}
+
+
 # ---- waiting -----------------------------------------------------------------
 
 

@@ -363,6 +363,13 @@ const sf_cfg_option sf_config_table[] = {
      "docs/DESIGN.md (the hardware engines, or gpu_hybrid for large batches of small files); the others "
      "force one for every batch (a batch it cannot take fails). The reference backend always uses "
      "libjpeg-turbo."},
+    {"decode.on_undecodable", SF_CT_ENUM, F(decode.on_undecodable), "skip", 0, 0, "skip|fail", SF_CF_HOT,
+     NULL,
+     "A JPEG file whose header passed but whose data the decoder refuses (a bogus Huffman table, a "
+     "damaged or cut scan, a file past the batch's decode budget): skip leaves the sample out and the "
+     "batch trains on the others (loss and accuracy over those; the reply's skipped_samples names "
+     "it, streamfeed_samples_undecodable_total counts it; a batch of which no file decodes fails "
+     "with jpeg_undecodable); fail fails the whole batch with jpeg_undecodable."},
     {"log.level", SF_CT_ENUM, F(log.level), "info", 0, 0, "debug|info|warn|error", SF_CF_HOT, NULL,
      "Log level."},
     {"log.format", SF_CT_ENUM, F(log.format), "text", 0, 0, "text|json", SF_CF_HOT, NULL,

@@ -25,6 +25,7 @@
 #include "server/tls.h"
 
 #define MAX_EXTRA_HEADERS 4
+#define EXTRA_HEADER_VALUE_MAX 1024
 #define DRAIN_LIMIT (64ull << 20) /* beyond this, an early error closes the connection */
 #define LISTEN_BACKLOG SOMAXCONN
 /* The metrics port serves short requests from probes and scrapers only. */
@@ -70,7 +71,10 @@ struct sf_req_priv {
     uint64_t body_from_ns;
     int body_streamed;
     struct sf_req *head_prev, *head_next;
-    char extra[MAX_EXTRA_HEADERS][2][64];
+    struct {
+        char name[64];
+        char value[EXTRA_HEADER_VALUE_MAX]; /* a transform's list of samples left out: up to 1 KB */
+    } extra[MAX_EXTRA_HEADERS];
     int nextra;
     /* An error decided while the body still arrives is sent once it ended. */
     struct MHD_Response *pending;
@@ -186,7 +190,7 @@ static struct MHD_Response *make_response(sf_req *r, const char *ctype, void *da
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     MHD_add_response_header(resp, "X-Request-Id", r->request_id);
     for (int i = 0; i < r->priv->nextra; i++)
-        MHD_add_response_header(resp, r->priv->extra[i][0], r->priv->extra[i][1]);
+        MHD_add_response_header(resp, r->priv->extra[i].name, r->priv->extra[i].value);
     r->priv->nextra = 0;
     /* While draining, a kept-alive connection would only bring the next
      * request to a server that is going away: close it after this reply. */
@@ -266,7 +270,7 @@ int sf_reply_error_field(sf_req *r, int status, const char *code, const char *fi
     /* Every 429/503 tells the client when to come back (the spec promises it). */
     int has_ra = 0;
     for (int i = 0; i < r->priv->nextra; i++)
-        has_ra |= strcasecmp(r->priv->extra[i][0], "Retry-After") == 0;
+        has_ra |= strcasecmp(r->priv->extra[i].name, "Retry-After") == 0;
     if ((status == 429 || status == 503) && !has_ra)
         sf_reply_header(r, "Retry-After", "1");
     cJSON *o = cJSON_CreateObject();
@@ -283,8 +287,8 @@ void sf_reply_header(sf_req *r, const char *name, const char *value)
 {
     if (r->priv->nextra >= MAX_EXTRA_HEADERS)
         return;
-    snprintf(r->priv->extra[r->priv->nextra][0], 64, "%s", name);
-    snprintf(r->priv->extra[r->priv->nextra][1], 64, "%s", value);
+    snprintf(r->priv->extra[r->priv->nextra].name, sizeof r->priv->extra[0].name, "%s", name);
+    snprintf(r->priv->extra[r->priv->nextra].value, sizeof r->priv->extra[0].value, "%s", value);
     r->priv->nextra++;
 }
 

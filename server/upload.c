@@ -174,14 +174,8 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *f
     const sf_jpeg_info *ji =
         (const sf_jpeg_info *)(const void *)(sf_ring_bytes(app->ring, u->slot) + in->jpeg_info_dest_off);
     *forms = 0;
-    for (int i = 0; i < in->n; i++) {
-        if (ji[i].sof == 2)
-            *forms |= SF_JPEG_FORM_PROGRESSIVE;
-        else if (ji[i].sof != 0)
-            *forms |= SF_JPEG_FORM_EXTENDED;
-        if (ji[i].subsamp == SF_JPEG_411 || ji[i].subsamp == SF_JPEG_410)
-            *forms |= SF_JPEG_FORM_CHROMA_4X;
-    }
+    for (int i = 0; i < in->n; i++)
+        *forms |= sf_jpeg_forms(&ji[i]);
     *h = *w = 0;
     sf_aug_plan plan;
     char ragged_err[256];

@@ -210,8 +210,9 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
     uint8_t **data = calloc((size_t)bsz, sizeof *data);
     size_t *lens = calloc((size_t)bsz, sizeof *lens);
     int64_t *off = calloc((size_t)bsz + 1, sizeof *off);
+    const jfile **used = calloc((size_t)bsz, sizeof *used); /* the files of the batch being made */
     uint8_t *labels = calloc((size_t)bsz, 8);
-    int rc = out->b && data && lens && off && labels ? 0 : 1;
+    int rc = out->b && data && lens && off && labels && used ? 0 : 1;
     out->encoded = 1;
     const uint64_t capb = o->pool_mb * 1024 * 1024;
     size_t next = 0;     /* the next file to take, modulo n */
@@ -241,6 +242,7 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
                 continue;
             }
             bad_run = 0;
+            used[i] = jf;
             off[i] = (int64_t)total;
             total += lens[i];
             put_label(labels, (size_t)i, o->label_dtype, jf->label);
@@ -285,6 +287,11 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
             }
             out->b[out->n].data = body;
             out->b[out->n].len = len;
+            /* The paths, so that a file the service leaves out is named. */
+            out->b[out->n].paths = calloc((size_t)bsz, sizeof(char *));
+            for (int i = 0; out->b[out->n].paths && i < bsz; i++)
+                if ((out->b[out->n].paths[i] = strdup(used[i]->path)) != NULL)
+                    out->b[out->n].npaths = i + 1;
             out->n++;
             out->bytes += len;
         }
@@ -295,6 +302,7 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
     free(lens);
     free(off);
     free(labels);
+    free(used);
     if (rc == 0 && left_out > 0 && !o->quiet)
         fprintf(stderr, "streamfeed-load: left out %d of the %d files the pool read (unreadable, or refused by "
                         "the service's header check)\n", left_out, next < (size_t)n ? (int)next : n);

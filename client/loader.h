@@ -16,6 +16,7 @@
 
 #include <limits.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -91,6 +92,12 @@ typedef struct options {
 typedef struct body {
     uint8_t *data;
     size_t len;
+    /* A --dir body: its files' paths, in the body's order (NULL otherwise),
+     * and the server's id of its first accepted send (0 until then): its
+     * result names the files the service could not decode and left out. */
+    char **paths;
+    int npaths;
+    _Atomic int64_t first_id;
 } body;
 
 typedef struct pool {

@@ -240,6 +240,10 @@ typedef struct sf_event {
      * which includes the hybrid backends' CPU Huffman decoding). */
     char decoder[16];
     double decode_host_s;
+    /* An encoded batch on CUDA: its files libjpeg-turbo decoded on the host
+     * (CMYK, YCCK, arithmetic-coded: forms nvJPEG does not take); the
+     * decoder above ran the others ("libjpeg-turbo" when it ran them all). */
+    int decoded_on_host;
 } sf_event;
 
 typedef struct sf_backend sf_backend;

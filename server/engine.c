@@ -568,7 +568,15 @@ static void harvest(sf_engine *e, const sf_event *ev)
         snprintf(dec, sizeof dec, "%.*s", (int)sizeof ev->decoder, ev->decoder);
         const char *lv[] = {dec};
         sf_counter_add(sf_metric_child(app->m.jpeg_batches, lv), 1);
-        sf_counter_add(sf_metric_child(app->m.jpeg_samples, lv), ev->n);
+        /* On CUDA the files nvJPEG does not take were decoded on the host:
+         * their samples count under libjpeg-turbo. */
+        const int on_host = ev->decoded_on_host > 0 && ev->decoded_on_host <= ev->n &&
+                            strcmp(dec, "libjpeg-turbo") != 0 ? ev->decoded_on_host : 0;
+        sf_counter_add(sf_metric_child(app->m.jpeg_samples, lv), ev->n - on_host);
+        if (on_host) {
+            const char *host[] = {"libjpeg-turbo"};
+            sf_counter_add(sf_metric_child(app->m.jpeg_samples, host), on_host);
+        }
         sf_counter_add(sf_metric_child(app->m.jpeg_decode_host, lv), ev->decode_host_s);
     }
     if (eval) {

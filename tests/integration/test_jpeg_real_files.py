@@ -209,3 +209,36 @@ def test_ycck_cmyk_and_arithmetic_coded_files_decode_as_pillow_decodes_them(star
         assert diff <= 1.0, f"{names[i]}: differs from Pillow's decode by up to {diff} grey levels"
     r = s.post_batch(jpeg_body(files, [0, 1, 2, 3]), wait=True)
     assert r.json()["state"] == "done" and r.json()["samples_trained"] == 4, r.text
+
+
+def test_streamfeed_load_dir_names_the_files_the_service_could_not_decode(start_server, tmp_path):
+    """A file whose header passes but whose data the decoder refuses is sent
+    (the loader's header check cannot see it); the service leaves it out and
+    trains its batch; the loader names it from the batch's result."""
+    import json
+    import subprocess
+
+    from sfharness import LOAD_BIN
+    s = start_server(TINY)
+    rng = np.random.default_rng(12)
+    for c in ("a", "b"):
+        (tmp_path / c).mkdir()
+        for i in range(5):
+            f = to_jpeg(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+            (tmp_path / c / f"{i}.jpg").write_bytes(bogus_huffman(f) if (c, i) == ("b", 3) else f)
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--dir", str(tmp_path), "--batch", "5",
+                        "--batches", "2", "--label-dtype", "u8"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["accepted"] == 2 and summary["rejected"] == 0 and summary["errors"] == {}, summary
+    assert summary["undecodable_files"] == 1, summary
+    assert s.metric("streamfeed_samples_trained_total") == 9
+    lines = [ln for ln in p.stderr.splitlines() if "jpeg_undecodable" in ln]
+    assert lines == [f"streamfeed-load: the service left out {tmp_path}/b/3.jpg: jpeg_undecodable (it could not "
+                     "decode the file; its batch trained without it)"], p.stderr
+    # With --wait the trained batch's reply names it; each pool body's file once, however often it is sent.
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--wait", "--json", "--dir", str(tmp_path), "--batch", "5",
+                        "--batches", "6", "--label-dtype", "u8"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1])["undecodable_files"] == 1, p.stdout
+    assert sum("b/3.jpg: jpeg_undecodable" in ln for ln in p.stderr.splitlines()) == 1, p.stderr

@@ -85,6 +85,10 @@ typedef struct options {
     int quiet;
     int diagnose;       /* --diagnose: POST /v1/diagnose and print the table */
     int prepare;        /* --prepare: make the pool and exit */
+    /* --dir: the server's bounds on a JPEG file (GET /v1/config before the
+     * pool is made; all 0 when it could not be read): a file over them is
+     * left out of the pool, named, as the server would refuse it. */
+    int64_t srv_max_side, srv_max_pixels, srv_max_batch_pixels, srv_slot_bytes;
 } options;
 
 /* ---- the body pool ------------------------------------------------------- */

@@ -857,6 +857,53 @@ static void print_summary(const options *o, double secs)
 
 /* ---- main ---------------------------------------------------------------- */
 
+/* --dir: the server's bounds on one JPEG file, from GET /v1/config, so that
+ * the pool leaves out, naming them, the files the server would refuse for
+ * their size. Quietly nothing when the server cannot say (not up yet, an
+ * older server): it then refuses such files itself, by name. */
+static void read_server_limits(options *o)
+{
+    CURL *h = curl_easy_init();
+    reply_buf rep = {malloc(REPLY_CAP + 1), 0};
+    struct curl_slist *hl = NULL;
+    if (!h || !rep.data)
+        goto out;
+    char url[2048], auth[1024];
+    snprintf(url, sizeof url, "%s/v1/config", o->url);
+    if (o->token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", o->token);
+        hl = curl_slist_append(NULL, auth);
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, reply_buf_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &rep);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "streamfeed-load/1");
+    set_tls(h, o);
+    long status = 0;
+    if (curl_easy_perform(h) != CURLE_OK || curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK ||
+        status != 200)
+        goto out;
+    cJSON *j = cJSON_ParseWithLength(rep.data, rep.len);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "config");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(c, "jpeg");
+    const cJSON *ring = cJSON_GetObjectItemCaseSensitive(c, "ring");
+    if (cJSON_IsObject(jp) && cJSON_IsObject(ring)) {
+        o->srv_max_side = (int64_t)json_num(jp, "max_side", 0);
+        o->srv_max_pixels = (int64_t)json_num(jp, "max_pixels", 0);
+        o->srv_max_batch_pixels = (int64_t)json_num(jp, "max_batch_pixels", 0);
+        o->srv_slot_bytes = (int64_t)json_num(ring, "slot_bytes", 0);
+    }
+    cJSON_Delete(j);
+out:
+    curl_slist_free_all(hl);
+    if (h)
+        curl_easy_cleanup(h);
+    free(rep.data);
+}
+
 static void on_sigint(int sig)
 {
     (void)sig;
@@ -888,6 +935,8 @@ int main(int argc, char **argv)
 
     pool p = {0};
     double g0 = now_s();
+    if (o.dir && !o.prepare)
+        read_server_limits(&o);
     rc = o.dir ? pool_load_dir(&o, &p) : o.wl->jpeg ? pool_generate_jpeg(&o, &p) : pool_generate(&o, &p);
     if (rc != 0)
         return rc;

@@ -76,7 +76,7 @@ static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
 }
 
 const sf_stream_ops h_batches_stream = {batches_data, sf_upload_on_done, sf_upload_max_body,
-                                        sf_upload_on_rejected};
+                                        sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION};
 
 static int reply_job(sf_req *r, uint64_t id, int status)
 {

@@ -82,6 +82,7 @@ struct sf_req_priv {
     int draining;           /* discard the rest of the body */
     size_t body_cap;
     uint64_t body_limit;
+    const char *body_option; /* the option(s) setting body_limit, for the 413's message */
     int handled;            /* the handler has been called at least once */
     uint64_t content_length; /* the declared body length; 0 when none or chunked */
     uint64_t body_taken;    /* body bytes libmicrohttpd was told are consumed */
@@ -780,11 +781,13 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         return -1;
     }
     r->priv->body_limit = rt->stream ? rt->stream->max_body(app) : (uint64_t)cfg.http.max_json_bytes;
+    r->priv->body_option = rt->stream ? rt->stream->max_body_option : "http.max_json_bytes";
     if (sc.cl && content_length > r->priv->body_limit) {
         tl_body_pending = 0; /* too big to drain: reply now, the connection closes */
-        sf_reply_error(r, 413, "body_too_large", "body of %llu bytes exceeds the limit of %llu",
-                       (unsigned long long)content_length,
-                       (unsigned long long)r->priv->body_limit);
+        sf_reply_error(r, 413, "body_too_large", "body of %llu bytes exceeds the limit of %llu%s%s%s",
+                       (unsigned long long)content_length, (unsigned long long)r->priv->body_limit,
+                       r->priv->body_option ? " (" : "", r->priv->body_option ? r->priv->body_option : "",
+                       r->priv->body_option ? ")" : "");
         stream_rejected(r, "body_too_large");
         return -1;
     }
@@ -795,8 +798,9 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
 static int buffer_body(sf_req *r, const char *data, size_t len)
 {
     if (r->body_len + len > r->priv->body_limit) {
-        sf_reply_error(r, 413, "body_too_large", "body exceeds the limit of %llu bytes",
-                       (unsigned long long)r->priv->body_limit);
+        sf_reply_error(r, 413, "body_too_large", "body exceeds the limit of %llu bytes%s%s%s",
+                       (unsigned long long)r->priv->body_limit, r->priv->body_option ? " (" : "",
+                       r->priv->body_option ? r->priv->body_option : "", r->priv->body_option ? ")" : "");
         return -1;
     }
     if (r->body_len + len + 1 > r->priv->body_cap) {

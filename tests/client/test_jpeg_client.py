@@ -277,3 +277,33 @@ def test_jpeg_batches_take_hugging_face_style_dict_samples_with_encoded_images(m
         list(jpeg_batches([{"image": Image.new("RGB", (4, 4)), "label": 0}], 1, shuffle=False))
     with pytest.raises(TypeError, match="label key"):
         list(jpeg_batches([{"image": jpeg_bytes(rng)}], 1, shuffle=False))
+
+
+def test_feed_jpeg_leaves_out_files_over_the_servers_size_bounds_before_sending(module_server, rng, tmp_path):
+    """The server's bounds come from GET /v1/config: a file over jpeg.max_side
+    or jpeg.max_pixels is left out before it is sent, named, with the code
+    the server would refuse it with and the option in its message."""
+    from streamfeed.jpeg import ServerLimits, jpeg_size
+
+    def declared(h, w):
+        b = bytearray(jpeg_bytes(rng))
+        i = next(i for i in range(2, len(b) - 1) if b[i] == 0xFF and b[i + 1] == 0xC0)
+        b[i + 5:i + 9] = h.to_bytes(2, "big") + w.to_bytes(2, "big")
+        return bytes(b)
+
+    c = module_server.client()
+    lim = ServerLimits.of(c)
+    assert lim.max_pixels >= 24_000_000 and lim.max_body_bytes >= 40 << 20, lim  # photographs by default
+    samples = []
+    for i, data in enumerate([jpeg_bytes(rng), declared(lim.max_side + 1, 8), jpeg_bytes(rng),
+                              declared(8000, 8000), jpeg_bytes(rng)]):
+        p = tmp_path / f"{i}.jpg"
+        p.write_bytes(data)
+        samples.append((p, i))
+    assert jpeg_size(samples[3][0].read_bytes()) == (8000, 8000)
+    summary = feed_jpeg(c, samples, 3, shuffle=False, connections=1, progress=False)
+    assert summary.ok and summary.samples == 3 and not summary.errors, summary
+    named = {Path(f.name).name: f for f in summary.skipped}
+    assert named["1.jpg"].code == "jpeg_side_too_large" and "jpeg.max_side" in named["1.jpg"].message
+    assert named["3.jpg"].code == "jpeg_too_many_pixels" and "jpeg.max_pixels" in named["3.jpg"].message
+    assert all(f.message.startswith("left out before sending") for f in summary.skipped), summary.skipped

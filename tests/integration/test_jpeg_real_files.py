@@ -242,3 +242,75 @@ def test_streamfeed_load_dir_names_the_files_the_service_could_not_decode(start_
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads(p.stdout.strip().splitlines()[-1])["undecodable_files"] == 1, p.stdout
     assert sum("b/3.jpg: jpeg_undecodable" in ln for ln in p.stderr.splitlines()) == 1, p.stderr
+
+
+def padded_photo(h, w, size):
+    """A real small JPEG whose SOF declares h x w, padded with COM segments to
+    `size` bytes: what the header check sees of a camera file (a sink-mode
+    server never decodes it)."""
+    b = bytearray(to_jpeg(np.full((16, 16, 3), 128, dtype=np.uint8)))
+    i = next(i for i in range(2, len(b) - 1) if b[i] == 0xFF and b[i + 1] == 0xC0)
+    b[i + 5:i + 9] = h.to_bytes(2, "big") + w.to_bytes(2, "big")
+    pad = bytearray()
+    while len(b) + len(pad) < size:
+        n = min(65533, size - len(b) - len(pad))
+        pad += b"\xff\xfe" + (n + 2).to_bytes(2, "big") + bytes(n)
+    return bytes(b[:2] + pad + b[2:])
+
+
+def test_a_batch_of_eight_phone_photos_and_a_24_megapixel_file_are_accepted_by_default(start_server):
+    s = start_server(TINY_ANY + ["--pipeline.mode", "sink"])
+    photos = [padded_photo(3000, 4000, 5_000_000) for _ in range(8)]  # 12 MP, 5 MB each
+    r = s.post_batch(jpeg_body(photos, list(range(8))))
+    assert r.status_code == 202, r.text[:300]
+    r = s.post_batch(jpeg_body([padded_photo(4000, 6000, 20_000)], [0]))  # 24 MP
+    assert r.status_code == 202, r.text[:300]
+
+
+def test_every_size_refusal_names_the_option_to_raise(start_server):
+    s = start_server(TINY_ANY + ["--ring.slot_bytes", "65536", "--limits.max_n", "2", "--http.max_json_bytes",
+                                 "1024", "--jpeg.max_pixels", "80000", "--jpeg.max_batch_pixels", "100000"])
+    big = padded_photo(100, 100, 70_000)
+    cases = [
+        (s.post_batch(jpeg_body([big], [0])), 413, "batch_exceeds_slot", "ring.slot_bytes"),
+        (s.post_batch(jpeg_body([padded_photo(100, 100, 2000)] * 3, [0, 1, 2])), 422, "batch_too_large",
+         "limits.max_n"),
+        (s.post_batch(jpeg_body([padded_photo(400, 400, 2000)], [0])), 422, "jpeg_too_many_pixels",
+         "jpeg.max_pixels"),
+        (s.post_batch(jpeg_body([padded_photo(250, 250, 2000)] * 2, [0, 1])), 422, "jpeg_batch_too_large",
+         "jpeg.max_batch_pixels"),
+        (s.request("POST", "/v1/batches", data=b"\0" * 200_000,
+                   headers={"Content-Type": "application/vnd.safetensors"}), 413, "body_too_large",
+         "ring.slot_bytes"),
+        (s.patch_config(b"{" + b" " * 2000 + b"}"), 413, "body_too_large", "http.max_json_bytes"),
+    ]
+    for r, status, code, option in cases:
+        assert r.status_code == status and r.json()["error"]["code"] == code, r.text
+        assert option in r.json()["error"]["message"], r.text
+
+
+def test_streamfeed_load_dir_leaves_out_the_files_over_the_servers_size_bounds(start_server, tmp_path):
+    """The loader reads the server's bounds (GET /v1/config) before it makes
+    its pool: a file over jpeg.max_pixels or jpeg.max_side is left out,
+    named, and no batch is refused for it."""
+    import json
+    import subprocess
+
+    from sfharness import LOAD_BIN
+    s = start_server(TINY_ANY + ["--jpeg.max_pixels", "50000", "--jpeg.max_side", "1000"])
+    rng = np.random.default_rng(13)
+    (tmp_path / "c").mkdir()
+    for i in range(6):
+        (tmp_path / "c" / f"{i}.jpg").write_bytes(to_jpeg(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)))
+    (tmp_path / "c" / "big.jpg").write_bytes(padded_photo(300, 300, 2000))    # 90 000 pixels
+    (tmp_path / "c" / "wide.jpg").write_bytes(padded_photo(10, 2000, 2000))   # wider than 1000
+    p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--dir", str(tmp_path), "--batch", "3",
+                        "--batches", "2", "--label-dtype", "u8"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["accepted"] == 2 and summary["rejected"] == 0 and summary["errors"] == {}, summary
+    assert any("big.jpg" in ln and "jpeg_too_many_pixels" in ln and "jpeg.max_pixels is 50000" in ln
+               for ln in p.stderr.splitlines()), p.stderr
+    assert any("wide.jpg" in ln and "jpeg_side_too_large" in ln and "jpeg.max_side is 1000" in ln
+               for ln in p.stderr.splitlines()), p.stderr
+    assert s.metric("streamfeed_batches_rejected_total", reason="jpeg_too_many_pixels") == 0

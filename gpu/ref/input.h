@@ -34,7 +34,7 @@ int sf_ref_jpeg_decode_some(const struct sf_batch *b, const uint8_t *which, uint
  * decodes: legitimate progressive files have about ten (a sequential file
  * one per component group), so a batch of them fits; once a batch has spent
  * it, its remaining files are refused. */
-#define SF_REF_JPEG_PASSES_PER_PIXEL 32
+#define SF_REF_JPEG_PASSES_PER_PIXEL 64
 
 
 /* ---- augmentation ------------------------------------------------------- */

@@ -236,7 +236,8 @@ def test_a_batch_whose_every_file_is_refused_fails_alone_without_stopping_the_fe
     assert summary.batches == 2 and summary.samples == 2, summary
     assert summary.errors == {"jpeg_unsupported": 1} and summary.skipped_files == {"jpeg_unsupported": 1}
     # Two 12-bit files in one batch of two: both left out, the batch fails, the feed goes on.
-    samples = [(jpeg_bytes(rng), 0), (jpeg_bytes(rng), 1), (twelve_bit_jpeg_bytes(rng), 2), (twelve_bit_jpeg_bytes(rng), 3),
+    samples = [(jpeg_bytes(rng), 0), (jpeg_bytes(rng), 1), (twelve_bit_jpeg_bytes(rng), 2),
+               (twelve_bit_jpeg_bytes(rng), 3),
                (jpeg_bytes(rng), 4), (jpeg_bytes(rng), 5)]
     summary = module_server.client().feed(jpeg_batches(samples, 2, shuffle=False), connections=1, progress=False)
     assert summary.batches == 2 and summary.samples == 4, summary

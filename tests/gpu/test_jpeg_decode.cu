@@ -614,7 +614,8 @@ static void lanes_equal_one_decoder(void)
 }
 
 /* A file nvJPEG refuses (a bogus Huffman table: more codes of length 1 than
- * exist) is left out with skip_undecodable: it is marked, every other
+ * exist) is left out with skip_undecodable; a file with a second file after
+ * its EOI (multi-picture camera files) decodes as its first image: it is marked, every other
  * sample decodes as libjpeg-turbo decodes it; a CMYK file (4 components,
  * which nvJPEG does not take) is decoded on the host, exactly as the
  * reference decodes it; without skipping the bogus file fails the batch
@@ -665,6 +666,16 @@ static void undecodable_left_out_and_cmyk_on_the_host(const std::vector<jcase> &
     jb.bytes.resize((size_t)jb.off[cm]);
     jb.bytes.insert(jb.bytes.end(), c.begin(), c.end());
     jb.off[cm + 1] = (int64_t)jb.bytes.size();
+    /* Sample 0 carries a second JPEG file after its EOI, as multi-picture
+     * (MPF) camera files do; the server's header read passes the whole file
+     * (it ends with EOI), so every decoder must stop at the first EOI. */
+    {
+        const int64_t l0 = jb.off[1];
+        std::vector<uint8_t> tail(jb.bytes.begin() + jb.off[2], jb.bytes.begin() + jb.off[3]);
+        jb.bytes.insert(jb.bytes.begin() + l0, tail.begin(), tail.end());
+        for (size_t k = 1; k < jb.off.size(); k++)
+            jb.off[k] += (int64_t)tail.size();
+    }
     jb.b.jpeg = jb.bytes.data();
     std::vector<sf_jpeg_file> files(baseline.size());
     for (size_t i = 0; i < files.size(); i++)

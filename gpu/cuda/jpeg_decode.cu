@@ -13,7 +13,9 @@
 #include <nvjpeg.h>
 
 #include "gpu/cuda/check.h"
-#include "gpu/ref/input.h"
+extern "C" {
+#include "gpu/ref/input.h" /* the host decode of the files nvJPEG does not take */
+}
 
 static const char *status_name(nvjpegStatus_t s)
 {

@@ -44,12 +44,15 @@
  * Bitstreams are decoded strictly (NVJPEG_FLAGS_BITSTREAM_STRICT): damaged
  * scan data fails the file, as it does on the reference backend.
  *
- * Files nvJPEG does not take. CMYK and YCCK (4 components) and
- * arithmetic-coded files (sf_batch.jpeg_files[i].forms) are decoded with
- * libjpeg-turbo on the calling thread (gpu/ref/input.h: the reference
- * decode, converted to RGB as it converts them) into a pinned buffer and
- * copied into their places of the staging area on the caller's stream;
- * sf_cuda_jpeg_host_decoded counts them.
+ * Files nvJPEG does not take. Arithmetic-coded files (nvJPEG decodes
+ * Huffman-coded ones only) and CMYK and YCCK files (4 components: the batched
+ * API used here has no switch for them; nvjpegDecodeParamsSetAllowCMYK is the
+ * decoupled API's, and its conversion to RGB is not torchvision's) are
+ * decoded with libjpeg-turbo on the calling thread (gpu/ref/input.h: the
+ * reference decode, converted to RGB as torchvision converts them) into a
+ * pinned buffer and copied into their places of the staging area on the
+ * caller's stream; sf_cuda_jpeg_host_decoded counts them. Such files are
+ * rare in data sets (ImageNet's training set holds a few dozen CMYK ones).
  *
  * A file a decoder refuses. With b->skip_undecodable it is marked in
  * b->undecodable and the others are decoded into their places (the batch

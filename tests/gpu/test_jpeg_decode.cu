@@ -25,7 +25,8 @@
  * batch's transform() on CUDA equals the reference backend's within the same
  * bound (a resize is a convex combination of decoded pixels), and one trains
  * through submit/poll with SLOT_FREE then STEP_DONE, its loss near the
- * reference's.
+ * reference's; with skip_undecodable an unreadable file is left out on both
+ * and the batch trains its other samples.
  */
 #include "gpu_test.h"
 
@@ -288,6 +289,64 @@ static void through_backends(const std::vector<jcase> &cases)
                 fail("%s: an unreadable file: submit returned %d, %d events after it, the next batch's status %d",
                      bes[k]->i->name(bes[k]), r1, stray, status);
         }
+        cu->i->host_free(cu, badf);
+    }
+    /* With skip_undecodable the same unreadable file is left out: both
+     * backends train the other samples (STEP_DONE's n counts them, the
+     * marks name sample 0) and their losses agree; a transform's row 0 is
+     * zeros on both. */
+    {
+        uint8_t *badf = (uint8_t *)cu->i->host_alloc(cu, jb.bytes.size());
+        memcpy(badf, jb.bytes.data(), jb.bytes.size());
+        memset(badf + jb.off[0] + 2, 0, (size_t)(jb.off[1] - jb.off[0] - 2));
+        float skip_loss[2] = {NAN, NAN};
+        for (int k = 0; k < 2; k++) {
+            std::vector<uint8_t> marks((size_t)n, 9);
+            sf_batch bad = b;
+            bad.jpeg = badf;
+            bad.skip_undecodable = 1;
+            bad.undecodable = marks.data();
+            bad.id = bad.seq = 7;
+            std::vector<float> out(len, NAN);
+            if (bes[k]->i->transform(bes[k], &bad, out.data(), err, sizeof err) != 0) {
+                fail("%s: transform with a file left out: %s", bes[k]->i->name(bes[k]), err);
+                continue;
+            }
+            int zero = 1;
+            for (size_t q = 0; q < len / (size_t)n; q++)
+                zero &= out[q] == 0.0f;
+            if (!zero || marks[0] != 1)
+                fail("%s: transform with a file left out: row 0 zero %d, mark %d", bes[k]->i->name(bes[k]), zero,
+                     marks[0]);
+            if (bes[k]->i->submit(bes[k], &bad, err, sizeof err) != 0) {
+                fail("%s: submit with a file left out: %s", bes[k]->i->name(bes[k]), err);
+                continue;
+            }
+            sf_event ev[4];
+            int done_n = -1, status = -2;
+            for (int tries = 0; tries < 1000 && status == -2; tries++) {
+                const int e = bes[k]->i->poll(bes[k], ev, 4, 10000);
+                for (int i = 0; i < e; i++)
+                    if (ev[i].kind == SF_EV_STEP_DONE) {
+                        status = ev[i].status;
+                        done_n = ev[i].n;
+                        skip_loss[k] = ev[i].loss;
+                    }
+            }
+            int marked = 0;
+            for (int i = 0; i < n; i++)
+                marked += marks[i] != 0;
+            if (status == 0 && done_n == n - 1 && marks[0] == 1 && marked == 1)
+                ok("%s: a file left out: the batch trains its other %d samples", bes[k]->i->name(bes[k]), done_n);
+            else
+                fail("%s: a file left out: status %d, n %d (want %d), %d marked", bes[k]->i->name(bes[k]), status,
+                     done_n, n - 1, marked);
+        }
+        if (isfinite(skip_loss[0]) && fabs(skip_loss[0] - skip_loss[1]) <= 0.02 * fabs(skip_loss[1]))
+            ok("a batch with a file left out: loss %.5f on CUDA, %.5f on the reference", skip_loss[0], skip_loss[1]);
+        else
+            fail("a batch with a file left out: loss %.5f on CUDA vs %.5f on the reference", skip_loss[0],
+                 skip_loss[1]);
         cu->i->host_free(cu, badf);
     }
     static char desc[1 << 16];

@@ -314,3 +314,22 @@ def test_streamfeed_load_dir_leaves_out_the_files_over_the_servers_size_bounds(s
     assert any("wide.jpg" in ln and "jpeg_side_too_large" in ln and "jpeg.max_side is 1000" in ln
                for ln in p.stderr.splitlines()), p.stderr
     assert s.metric("streamfeed_batches_rejected_total", reason="jpeg_too_many_pixels") == 0
+
+
+def test_an_eval_batch_leaves_out_an_undecodable_file_and_its_logits_row_is_nan(start_server):
+    s = start_server(TINY)
+    rng = np.random.default_rng(14)
+    files, labels = learnable_jpeg_batch(rng, 3)
+    r = s.request("POST", "/v1/batches?wait=1&mode=eval&return=logits",
+                  data=jpeg_body([files[0], bogus_huffman(files[1]), files[2]], labels),
+                  headers={"Content-Type": "application/vnd.safetensors"})
+    assert r.status_code == 200, r.text
+    assert r.headers["Streamfeed-Skipped-Samples"] == "1"
+    logits = st_load(r.content)["logits"]
+    assert logits.shape == (3, 10) and np.isnan(logits[1]).all()
+    assert np.isfinite(logits[[0, 2]]).all()
+    # The kept rows are those of the two files evaluated alone.
+    alone = s.request("POST", "/v1/batches?wait=1&mode=eval&return=logits",
+                      data=jpeg_body([files[0], files[2]], [labels[0], labels[2]]),
+                      headers={"Content-Type": "application/vnd.safetensors"})
+    assert np.allclose(st_load(alone.content)["logits"], logits[[0, 2]], rtol=1e-6, atol=1e-6)

@@ -144,15 +144,25 @@ static int decode_one(struct jpeg_decompress_struct *ci, ref_jerr *je, ref_jprog
     jpeg_start_decompress(ci);
     while (ci->output_scanline < ci->output_height) {
         uint8_t *out = dst + (size_t)ci->output_scanline * w * 3;
-        JSAMPROW row = cmyk ? *row4 : out;
+        if (!cmyk) {
+            /* Straight into the output, as many rows as the upsampler makes
+             * at once (TurboJPEG's way: no copy through a row of its own). */
+            JSAMPROW rows[16];
+            unsigned k = ci->output_height - ci->output_scanline;
+            k = k < 16 ? k : 16;
+            for (unsigned r = 0; r < k; r++)
+                rows[r] = out + (size_t)r * w * 3;
+            jpeg_read_scanlines(ci, rows, k);
+            continue;
+        }
+        JSAMPROW row = *row4;
         jpeg_read_scanlines(ci, &row, 1);
-        if (cmyk)
-            for (int x = 0; x < w; x++) {
-                const uint8_t *q = *row4 + 4 * x;
-                out[3 * x + 0] = cmyk_channel(q[3], q[0]);
-                out[3 * x + 1] = cmyk_channel(q[3], q[1]);
-                out[3 * x + 2] = cmyk_channel(q[3], q[2]);
-            }
+        for (int x = 0; x < w; x++) {
+            const uint8_t *q = *row4 + 4 * x;
+            out[3 * x + 0] = cmyk_channel(q[3], q[0]);
+            out[3 * x + 1] = cmyk_channel(q[3], q[1]);
+            out[3 * x + 2] = cmyk_channel(q[3], q[2]);
+        }
     }
     jpeg_finish_decompress(ci);
     return 0;

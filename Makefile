@@ -45,12 +45,12 @@ PORT    ?= 8080
 PYTHON  ?= python3
 VENV    := .venv
 
-DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
+DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libjpeg62-turbo-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
-LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -lgloo -lstdc++ -lm -lpthread
+LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -ljpeg -lgloo -lstdc++ -lm -lpthread
 
 ifdef DEBUG
   CFLAGS += -O0

@@ -198,8 +198,12 @@ static void *gen_thread(void *arg)
 
 void pool_free(pool *p)
 {
-    for (int i = 0; i < p->n; i++)
+    for (int i = 0; i < p->n; i++) {
         free(p->b[i].data);
+        for (int k = 0; k < p->b[i].npaths; k++)
+            free(p->b[i].paths[k]);
+        free(p->b[i].paths);
+    }
     free(p->b);
     p->b = NULL;
     p->n = 0;

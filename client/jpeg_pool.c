@@ -168,18 +168,30 @@ static uint8_t *read_whole(const char *path, size_t *len)
     return b;
 }
 
-/* Why the service would refuse the file data[0, len) whatever its limits
- * (empty, not a JPEG, cut short, CMYK, ...: its own header check), into why;
- * 0 when it would take it. */
-static int refused_file(const uint8_t *data, size_t len, char *why, size_t cap)
+/* Why the service would refuse the file data[0, len) (empty, not a JPEG,
+ * cut short, 12-bit, ...: its own header check, with its size bounds when
+ * o has them from GET /v1/config), into why; 0 when it would take it. */
+static int refused_file(const options *o, const uint8_t *data, size_t len, char *why, size_t cap)
 {
+    if (o->srv_slot_bytes > 0 && len > (uint64_t)o->srv_slot_bytes) {
+        snprintf(why, cap, "body_too_large: the file alone (%zu bytes) is more than a batch body may hold "
+                 "(ring.slot_bytes is %" PRId64 ")", len, o->srv_slot_bytes);
+        return 1;
+    }
+    const sf_jpeg_limits lim = {(int)o->srv_max_side, o->srv_max_pixels};
     sf_jpeg_info info;
     char msg[SF_JPEG_MSG_CAP];
-    sf_jpeg_error e = sf_jpeg_header_parse(data, len, NULL, &info, msg, sizeof msg);
-    if (e == SF_JPEG_OK)
-        return 0;
-    snprintf(why, cap, "%s: %s", sf_jpeg_error_name(e), msg);
-    return 1;
+    sf_jpeg_error e = sf_jpeg_header_parse(data, len, &lim, &info, msg, sizeof msg);
+    if (e != SF_JPEG_OK) {
+        snprintf(why, cap, "%s: %s", sf_jpeg_error_name(e), msg);
+        return 1;
+    }
+    if (o->srv_max_batch_pixels > 0 && (int64_t)info.h * info.w > o->srv_max_batch_pixels) {
+        snprintf(why, cap, "jpeg_batch_too_large: the image alone has %lld pixels; jpeg.max_batch_pixels is %" PRId64,
+                 (long long)info.h * info.w, o->srv_max_batch_pixels);
+        return 1;
+    }
+    return 0;
 }
 
 /* Files left out of the pool, one line each up to this many, then a count. */
@@ -210,8 +222,9 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
     uint8_t **data = calloc((size_t)bsz, sizeof *data);
     size_t *lens = calloc((size_t)bsz, sizeof *lens);
     int64_t *off = calloc((size_t)bsz + 1, sizeof *off);
+    const jfile **used = calloc((size_t)bsz, sizeof *used); /* the files of the batch being made */
     uint8_t *labels = calloc((size_t)bsz, 8);
-    int rc = out->b && data && lens && off && labels ? 0 : 1;
+    int rc = out->b && data && lens && off && labels && used ? 0 : 1;
     out->encoded = 1;
     const uint64_t capb = o->pool_mb * 1024 * 1024;
     size_t next = 0;     /* the next file to take, modulo n */
@@ -228,7 +241,7 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
             data[i] = read_whole(jf->path, &lens[i]);
             if (!data[i])
                 snprintf(why, sizeof why, "cannot read it (%s)", errno ? strerror(errno) : "empty");
-            else if (refused_file(data[i], lens[i], why, sizeof why))
+            else if (refused_file(o, data[i], lens[i], why, sizeof why))
                 free(data[i]), data[i] = NULL;
             if (!data[i]) {
                 if (first_pass && ++left_out <= LEFT_OUT_LINES && !o->quiet)
@@ -241,6 +254,7 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
                 continue;
             }
             bad_run = 0;
+            used[i] = jf;
             off[i] = (int64_t)total;
             total += lens[i];
             put_label(labels, (size_t)i, o->label_dtype, jf->label);
@@ -285,6 +299,11 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
             }
             out->b[out->n].data = body;
             out->b[out->n].len = len;
+            /* The paths, so that a file the service leaves out is named. */
+            out->b[out->n].paths = calloc((size_t)bsz, sizeof(char *));
+            for (int i = 0; out->b[out->n].paths && i < bsz; i++)
+                if ((out->b[out->n].paths[i] = strdup(used[i]->path)) != NULL)
+                    out->b[out->n].npaths = i + 1;
             out->n++;
             out->bytes += len;
         }
@@ -295,6 +314,7 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
     free(lens);
     free(off);
     free(labels);
+    free(used);
     if (rc == 0 && left_out > 0 && !o->quiet)
         fprintf(stderr, "streamfeed-load: left out %d of the %d files the pool read (unreadable, or refused by "
                         "the service's header check)\n", left_out, next < (size_t)n ? (int)next : n);

@@ -16,6 +16,7 @@
 
 #include <limits.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -84,6 +85,10 @@ typedef struct options {
     int quiet;
     int diagnose;       /* --diagnose: POST /v1/diagnose and print the table */
     int prepare;        /* --prepare: make the pool and exit */
+    /* --dir: the server's bounds on a JPEG file (GET /v1/config before the
+     * pool is made; all 0 when it could not be read): a file over them is
+     * left out of the pool, named, as the server would refuse it. */
+    int64_t srv_max_side, srv_max_pixels, srv_max_batch_pixels, srv_slot_bytes;
 } options;
 
 /* ---- the body pool ------------------------------------------------------- */
@@ -91,6 +96,12 @@ typedef struct options {
 typedef struct body {
     uint8_t *data;
     size_t len;
+    /* A --dir body: its files' paths, in the body's order (NULL otherwise),
+     * and the server's id of its first accepted send (0 until then): its
+     * result names the files the service could not decode and left out. */
+    char **paths;
+    int npaths;
+    _Atomic int64_t first_id;
 } body;
 
 typedef struct pool {

@@ -112,6 +112,7 @@ static struct {
     atomic_uint_fast64_t next_ticket;
     atomic_uint_fast64_t sent, accepted, rejected, interrupted, retries, errors, failed;
     atomic_uint_fast64_t bytes_accepted, bytes_uploaded;
+    atomic_uint_fast64_t undecodable; /* --dir files the service left out: it could not decode them */
     atomic_uint_fast64_t ring;       /* slots << 32 | free, from the last reply; 0: unknown */
     atomic_int_fast64_t max_id;      /* the newest accepted id; -1: none */
     atomic_int_fast64_t min_id;      /* the oldest accepted id; INT64_MAX: none */
@@ -215,15 +216,44 @@ double json_num(const cJSON *o, const char *k, double dflt)
     return cJSON_IsNumber(v) ? v->valuedouble : dflt;
 }
 
+/* Names, once per pool body, the files of a trained batch (the batch object
+ * j of body b) that the service could not decode and left out
+ * (decode.on_undecodable skip: "skipped_samples"). */
+static void report_left_out(const body *b, const cJSON *j)
+{
+    const cJSON *sk = cJSON_GetObjectItemCaseSensitive(j, "skipped_samples");
+    if (!b->paths || !cJSON_IsArray(sk))
+        return;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, sk) {
+        const double i = json_num(e, "index", -1);
+        if (i < 0 || i >= b->npaths || !b->paths[(int)i])
+            continue;
+        atomic_fetch_add(&R.undecodable, 1);
+        if (R.o->quiet)
+            continue;
+        pthread_mutex_lock(&R.mu);
+        msg_locked("streamfeed-load: the service left out %s: jpeg_undecodable (it could not decode the file; "
+                   "its batch trained without it)\n", b->paths[(int)i]);
+        pthread_mutex_unlock(&R.mu);
+    }
+}
+
 /* Reads a 2xx reply: the batch id, the queue length and ring occupancy (202),
  * or the batch object with its state and loss (200 from ?wait=1). A reply that
- * is not JSON still counts as accepted; it just tells nothing more. */
-static void read_accept_reply(const char *text, size_t len)
+ * is not JSON still counts as accepted; it just tells nothing more. The
+ * first accepted send of each pool body b is remembered (body.first_id), so
+ * that the files its batch left out are named once: from this reply when it
+ * is the trained batch, else from its result after the run. */
+static void read_accept_reply(body *b, const char *text, size_t len)
 {
     cJSON *j = cJSON_ParseWithLength(text, len);
     if (!j)
         return;
     double id = json_num(j, "id", -1);
+    int64_t unset = 0;
+    if (id > 0 && b->paths && atomic_compare_exchange_strong(&b->first_id, &unset, (int64_t)id))
+        report_left_out(b, j);
     const cJSON *ring = cJSON_GetObjectItemCaseSensitive(j, "ring");
     if (cJSON_IsObject(ring)) {
         double slots = json_num(ring, "slots", -1), fr = json_num(ring, "free", -1);
@@ -501,7 +531,7 @@ static void conn_done(worker *w, conn *c, CURLcode res)
     if (status >= 200 && status < 300) {
         atomic_fetch_add(&R.accepted, 1);
         atomic_fetch_add(&R.bytes_accepted, c->b->len);
-        read_accept_reply(c->reply.data, c->reply.len);
+        read_accept_reply((body *)c->b, c->reply.data, c->reply.len);
         return;
     }
     char code[ERROR_CODE_LEN], message[512];
@@ -642,6 +672,33 @@ static int poll_batch(poller *p, int64_t id)
     return r;
 }
 
+/* After the run (its batches trained: --drain), names the files each --dir
+ * pool body's first accepted batch left out, from that batch's result. A
+ * batch whose result the server no longer holds tells nothing. */
+static void report_pool_left_out(poller *p, const pool *pl)
+{
+    for (int k = 0; k < pl->n && p->easy && p->failures < 5; k++) {
+        body *b = &pl->b[k];
+        const int64_t id = atomic_load(&b->first_id);
+        if (!b->paths || id <= 0)
+            continue;
+        char url[2048];
+        snprintf(url, sizeof url, "%s/v1/batches/%" PRId64, R.o->url, id);
+        curl_easy_setopt(p->easy, CURLOPT_URL, url);
+        p->reply.len = 0;
+        long status = 0;
+        if (curl_easy_perform(p->easy) != CURLE_OK ||
+            curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK) {
+            p->failures++;
+            continue;
+        }
+        cJSON *j = status == 200 ? cJSON_ParseWithLength(p->reply.data, p->reply.len) : NULL;
+        if (j)
+            report_left_out(b, j);
+        cJSON_Delete(j);
+    }
+}
+
 /* Asks for the loss of the oldest accepted batch (once) and of the batch that
  * most likely trained last: the newest accepted id minus the queue length its
  * reply reported. Ids are the server's, so with other loaders running the
@@ -741,6 +798,7 @@ static void print_summary(const options *o, double secs)
         cJSON_AddNumberToObject(j, "interrupted", (double)atomic_load(&R.interrupted));
         cJSON_AddNumberToObject(j, "failed", (double)atomic_load(&R.failed));
         cJSON_AddNumberToObject(j, "retries", (double)atomic_load(&R.retries));
+        cJSON_AddNumberToObject(j, "undecodable_files", (double)atomic_load(&R.undecodable));
         cJSON *e = cJSON_AddObjectToObject(j, "errors");
         for (int i = 0; i < R.nerrs; i++)
             cJSON_AddNumberToObject(e, R.errs[i].code, (double)R.errs[i].count);
@@ -799,6 +857,53 @@ static void print_summary(const options *o, double secs)
 
 /* ---- main ---------------------------------------------------------------- */
 
+/* --dir: the server's bounds on one JPEG file, from GET /v1/config, so that
+ * the pool leaves out, naming them, the files the server would refuse for
+ * their size. Quietly nothing when the server cannot say (not up yet, an
+ * older server): it then refuses such files itself, by name. */
+static void read_server_limits(options *o)
+{
+    CURL *h = curl_easy_init();
+    reply_buf rep = {malloc(REPLY_CAP + 1), 0};
+    struct curl_slist *hl = NULL;
+    if (!h || !rep.data)
+        goto out;
+    char url[2048], auth[1024];
+    snprintf(url, sizeof url, "%s/v1/config", o->url);
+    if (o->token) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", o->token);
+        hl = curl_slist_append(NULL, auth);
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, reply_buf_write);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &rep);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 10000L);
+    curl_easy_setopt(h, CURLOPT_USERAGENT, "streamfeed-load/1");
+    set_tls(h, o);
+    long status = 0;
+    if (curl_easy_perform(h) != CURLE_OK || curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK ||
+        status != 200)
+        goto out;
+    cJSON *j = cJSON_ParseWithLength(rep.data, rep.len);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "config");
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(c, "jpeg");
+    const cJSON *ring = cJSON_GetObjectItemCaseSensitive(c, "ring");
+    if (cJSON_IsObject(jp) && cJSON_IsObject(ring)) {
+        o->srv_max_side = (int64_t)json_num(jp, "max_side", 0);
+        o->srv_max_pixels = (int64_t)json_num(jp, "max_pixels", 0);
+        o->srv_max_batch_pixels = (int64_t)json_num(jp, "max_batch_pixels", 0);
+        o->srv_slot_bytes = (int64_t)json_num(ring, "slot_bytes", 0);
+    }
+    cJSON_Delete(j);
+out:
+    curl_slist_free_all(hl);
+    if (h)
+        curl_easy_cleanup(h);
+    free(rep.data);
+}
+
 static void on_sigint(int sig)
 {
     (void)sig;
@@ -830,6 +935,8 @@ int main(int argc, char **argv)
 
     pool p = {0};
     double g0 = now_s();
+    if (o.dir && !o.prepare)
+        read_server_limits(&o);
     rc = o.dir ? pool_load_dir(&o, &p) : o.wl->jpeg ? pool_generate_jpeg(&o, &p) : pool_generate(&o, &p);
     if (rc != 0)
         return rc;
@@ -962,6 +1069,7 @@ int main(int argc, char **argv)
             }
             if (!pl.first_done)
                 poll_batch(&pl, atomic_load(&R.min_id));
+            report_pool_left_out(&pl, &p);
         } else if (!o.wait && atomic_load(&R.max_id) >= 0) {
             poll_losses(&pl); /* one last look, without waiting */
         }

@@ -69,6 +69,15 @@ typedef enum sf_jpeg_decoder {
 #define SF_JPEG_FORM_PROGRESSIVE 1u  /* some file is progressive (SOF2) */
 #define SF_JPEG_FORM_EXTENDED    2u  /* some file is extended sequential (SOF1) */
 #define SF_JPEG_FORM_CHROMA_4X   4u  /* some file has 4:1:1 or 4:1:0 chroma */
+#define SF_JPEG_FORM_CMYK        8u  /* some file has 4 components (CMYK or YCCK) */
+#define SF_JPEG_FORM_ARITHMETIC 16u  /* some file is arithmetic-coded (SOF9, SOF10) */
+
+/* One file of an encoded batch, as the server's read of its header found it. */
+typedef struct sf_jpeg_file {
+    int64_t len;      /* its JPEG data: the bytes up to and including its EOI marker; the
+                         bytes after it (which some writers append) go to no decoder */
+    unsigned forms;   /* its SF_JPEG_FORM_* bits */
+} sf_jpeg_file;
 
 /* Training settings a backend needs at build time. lr/momentum/wd may change
  * between steps (hot config): they are passed again with every batch. */
@@ -143,8 +152,21 @@ typedef struct sf_batch {
      * buffer, then augments from there. */
     const uint8_t *jpeg;
     const int64_t *jpeg_off;
+    /* NULL, or the n files' lengths and forms (sf_jpeg_file). Read during
+     * submit() and transform() only. */
+    const sf_jpeg_file *jpeg_files;
     unsigned jpeg_forms;     /* SF_JPEG_FORM_* bits over the files: not every decoder takes
                                 every form (nvJPEG's hardware engines take none of them) */
+    /* 1: a file the decoder refuses is left out and the batch goes on with
+     * the others (decode.on_undecodable skip): the step (or transform) runs
+     * on the samples decoded, in their order, and sf_event.n counts them. A
+     * batch of which no file decodes is refused as a whole
+     * (SF_BACKEND_BAD_INPUT). 0: any refused file refuses the batch. */
+    int skip_undecodable;
+    /* NULL, or n bytes the backend sets before submit() or transform()
+     * returns: 1 for each sample left out, 0 for the others. A transform's
+     * output keeps n rows; a row left out is zeros. */
+    uint8_t *undecodable;
     size_t decoded_bytes;    /* sum over the samples of h*w*3 */
     sf_label_dtype label_dtype;
     const void *labels;      /* [n] integers in [0, classes) (validated by the server);
@@ -218,6 +240,10 @@ typedef struct sf_event {
      * which includes the hybrid backends' CPU Huffman decoding). */
     char decoder[16];
     double decode_host_s;
+    /* An encoded batch on CUDA: its files libjpeg-turbo decoded on the host
+     * (CMYK, YCCK, arithmetic-coded: forms nvJPEG does not take); the
+     * decoder above ran the others ("libjpeg-turbo" when it ran them all). */
+    int decoded_on_host;
 } sf_event;
 
 typedef struct sf_backend sf_backend;

@@ -76,7 +76,7 @@ static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
 }
 
 const sf_stream_ops h_batches_stream = {batches_data, sf_upload_on_done, sf_upload_max_body,
-                                        sf_upload_on_rejected};
+                                        sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION};
 
 static int reply_job(sf_req *r, uint64_t id, int status)
 {
@@ -99,8 +99,16 @@ static int wait_for_job(sf_req *r, uint64_t id)
         if (sf_jobs_get(r->app->jobs, id, &job))
             return reply_job(r, id, 200);
         sf_upload *u = r->user;
-        if (job.state == SF_JOB_DONE && u && u->want_logits)
-            return sf_upload_transform_reply(r); /* the logits, as safetensors */
+        if (job.state == SF_JOB_DONE && u && u->want_logits) {
+            /* the logits, as safetensors: a sample left out (its file did
+             * not decode) has a row of NaN, and this header lists them */
+            if (job.n_undecodable > 0) {
+                char list[1024];
+                sf_job_undecodable_list(&job, list, sizeof list);
+                sf_reply_header(r, "Streamfeed-Skipped-Samples", list);
+            }
+            return sf_upload_transform_reply(r);
+        }
         if (job.state == SF_JOB_DONE || job.state == SF_JOB_FAILED)
             return sf_reply_json(r, 200, sf_job_to_json(&job));
         if (r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN) {

@@ -1,5 +1,7 @@
 /* handlers/transform.c — POST /v1/transform: augmentation only; the reply is
- * the augmented batch as safetensors ("images", F32, [N,C,H,W]). */
+ * the augmented batch as safetensors ("images", F32, [N,C,H,W]). Samples
+ * whose files did not decode (decode.on_undecodable skip) are rows of zeros,
+ * named by the Streamfeed-Skipped-Samples header ("1,3"). */
 #include <string.h>
 
 #include "handlers/handlers.h"
@@ -13,7 +15,7 @@ static int transform_data(sf_req *r, const uint8_t *data, size_t *len)
 }
 
 const sf_stream_ops h_transform_stream = {transform_data, sf_upload_on_done, sf_upload_max_body,
-                                          sf_upload_on_rejected};
+                                          sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION};
 
 int h_transform(sf_req *r)
 {
@@ -32,8 +34,16 @@ int h_transform(sf_req *r)
         sf_job job;
         if (sf_jobs_get(r->app->jobs, u->job_id, &job))
             return sf_reply_error(r, 500, "internal", "the transform job disappeared");
-        if (job.state == SF_JOB_DONE)
+        if (job.state == SF_JOB_DONE) {
+            /* The output keeps a row per sample; a row left out (its file did
+             * not decode) is zeros, and this header lists them by index. */
+            if (job.n_undecodable > 0) {
+                char list[1024];
+                sf_job_undecodable_list(&job, list, sizeof list);
+                sf_reply_header(r, "Streamfeed-Skipped-Samples", list);
+            }
             return sf_upload_transform_reply(r);
+        }
         if (job.state == SF_JOB_FAILED)
             return sf_reply_error(r, strcmp(job.err_code, "jpeg_undecodable") == 0 ? 422 : 500, job.err_code,
                                   "%s", job.err_msg);

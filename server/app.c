@@ -169,6 +169,12 @@ void sf_app_metrics_init(sf_app *app)
         "which includes the hybrid backends' CPU Huffman decoding; the whole decode on the reference "
         "backend).",
         L_DECODER);
+    m->samples_undecodable = sf_metrics_counter(
+        "streamfeed_samples_undecodable_total",
+        "Samples left out of their batch (trained, evaluated or transformed) because the decoder refused "
+        "their files' data (decode.on_undecodable skip); a batch of which none decoded counts its samples "
+        "too, and fails with jpeg_undecodable.",
+        NULL);
     m->build_info = sf_metrics_gauge("streamfeed_build_info",
                                      "Version, commit and backend of this process; always 1.", L_BUILD);
     /* The process_* families every Prometheus client library exports, so the

@@ -155,8 +155,11 @@ const sf_cfg_option sf_config_table[] = {
      "TLS 1.2 and 1.3 with forward-secret key exchange only: no TLS 1.0 or 1.1, no static RSA."},
     {"ring.slots", SF_CT_INT, F(ring.slots), "8", 2, 4096, NULL, 0, check_slots,
      "Ring slots of pinned host memory (batches buffered between HTTP and the GPU)."},
-    {"ring.slot_bytes", SF_CT_INT64, F(ring.slot_bytes), "8388608", 4096, 17179869184.0, NULL, 0,
-     NULL, "Bytes per slot: the largest batch data section accepted."},
+    {"ring.slot_bytes", SF_CT_INT64, F(ring.slot_bytes), "67108864", 4096, 17179869184.0, NULL, 0,
+     NULL, "Bytes per slot: the largest batch data section accepted (a larger body gets 413 "
+     "body_too_large naming this option). The default takes a batch of eight phone photos (3-5 MB "
+     "each) or W1's 256 raw 224x224 images; the ring holds ring.slots of them in pinned host memory on "
+     "CUDA (512 MiB by default), in untouched pages until used on the reference backend."},
     {"ring.full_policy", SF_CT_ENUM, F(ring.full_policy), "block", 0, 0, "block|reject", SF_CF_HOT,
      NULL, "When no slot is free: block (suspend the upload, 503 after the timeout) or reject (429)."},
     {"ring.full_timeout_ms", SF_CT_INT, F(ring.full_timeout_ms), "10000", 0, 600000, NULL,
@@ -353,17 +356,19 @@ const sf_cfg_option sf_config_table[] = {
     {"jpeg.max_side", SF_CT_INT, F(jpeg.max_side), "8192", 1, 16384, NULL, SF_CF_HOT, NULL,
      "Largest height or width of a JPEG sample (its header is read before any decode; a larger one "
      "is refused with jpeg_side_too_large)."},
-    {"jpeg.max_pixels", SF_CT_INT64, F(jpeg.max_pixels), "16777216", 1, 4294836225.0, NULL, SF_CF_HOT,
+    {"jpeg.max_pixels", SF_CT_INT64, F(jpeg.max_pixels), "33554432", 1, 4294836225.0, NULL, SF_CF_HOT,
      NULL, "Most pixels (h*w) of one JPEG sample; more is refused with jpeg_too_many_pixels "
-     "(decompression bombs)."},
-    {"jpeg.max_batch_pixels", SF_CT_INT64, F(jpeg.max_batch_pixels), "67108864", 0, 4294967296.0, NULL,
+     "(decompression bombs). The default, 32 Mi pixels, takes 24- and 33-megapixel camera files."},
+    {"jpeg.max_batch_pixels", SF_CT_INT64, F(jpeg.max_batch_pixels), "134217728", 0, 4294967296.0, NULL,
      0, NULL,
      "Most decoded pixels (sum of h*w) of one JPEG batch; more is refused with jpeg_batch_too_large. "
      "The decode buffers are sized once from it, at start: 3 bytes per pixel for the decoded images "
      "on the reference backend (host memory); on CUDA two such areas in device memory (6 bytes per "
      "pixel; one with pipeline.overlap off), so that a batch decodes while the one before is "
      "augmented, and nvJPEG's own buffers for a batch of model.max_batch files of this many pixels "
-     "in all (on an H100 with model.max_batch 1024 the default held about 2.7 GB of device memory). "
+     "in all (on an H100 with model.max_batch 1024, 64 Mi pixels held about 2.7 GB of device memory). "
+     "The default, 128 Mi pixels, takes a batch of ten 12-megapixel phone photos: 384 MiB of host "
+     "memory on the reference backend, 768 MiB of staging on CUDA plus nvJPEG's buffers (docs/IMAGES.md). "
      "0 turns JPEG batches off: nothing is allocated for them and every one is refused with "
      "jpeg_batch_too_large; the setting for jobs that post raw tensors."},
     {"jpeg.decoder", SF_CT_ENUM, F(jpeg.decoder), "auto", 0, 0, "auto|hardware|gpu_hybrid|hybrid", 0, NULL,
@@ -371,6 +376,13 @@ const sf_cfg_option sf_config_table[] = {
      "docs/DESIGN.md (the hardware engines, or gpu_hybrid for large batches of small files); the others "
      "force one for every batch (a batch it cannot take fails). The reference backend always uses "
      "libjpeg-turbo."},
+    {"decode.on_undecodable", SF_CT_ENUM, F(decode.on_undecodable), "skip", 0, 0, "skip|fail", SF_CF_HOT,
+     NULL,
+     "A JPEG file whose header passed but whose data the decoder refuses (a bogus Huffman table, a "
+     "damaged or cut scan, a file past the batch's decode budget): skip leaves the sample out and the "
+     "batch trains on the others (loss and accuracy over those; the reply's skipped_samples names "
+     "it, streamfeed_samples_undecodable_total counts it; a batch of which no file decodes fails "
+     "with jpeg_undecodable); fail fails the whole batch with jpeg_undecodable."},
     {"log.level", SF_CT_ENUM, F(log.level), "info", 0, 0, "debug|info|warn|error", SF_CF_HOT, NULL,
      "Log level."},
     {"log.format", SF_CT_ENUM, F(log.format), "text", 0, 0, "text|json", SF_CF_HOT, NULL,

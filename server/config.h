@@ -127,6 +127,9 @@ typedef struct sf_config {
         char decoder[16];        /* auto | hardware | gpu_hybrid | hybrid (CUDA) */
     } jpeg;
     struct {
+        char on_undecodable[8];  /* skip | fail */
+    } decode;
+    struct {
         char level[16];
         char format[16];        /* text | json */
         int requests;

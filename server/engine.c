@@ -43,6 +43,9 @@ typedef struct pending_extra {
     char eval_name[SF_EVAL_NAME_MAX + 1];
     void *result_owner;
     void (*release_result)(void *owner);
+    int n;                     /* the batch's samples, those left out included */
+    int n_undecodable;         /* samples left out: their files did not decode */
+    int32_t undecodable[SF_JOB_LISTED_UNDECODABLE];
 } pending_extra;
 
 struct sf_engine {
@@ -68,6 +71,8 @@ struct sf_engine {
     int max_batch;
     sf_aug_sample **samples;   /* per slot: max_batch parameters, owned until SLOT_FREE */
     int *src_hw;               /* encoded batches: (h, w) of each sample, 2 * max_batch */
+    sf_jpeg_file *jpeg_files;  /* encoded batches: each file's length and forms, max_batch */
+    uint8_t *undecodable;      /* encoded batches: the samples the backend left out, max_batch */
     plan_entry plans[PLAN_CACHE];
     int next_plan;
     /* Busy-ratio window and starvation accounting (compute-side edges). */
@@ -217,6 +222,8 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
         for (int i = 0; i < m->n; i++) {
             e->src_hw[2 * i] = ji[i].h;
             e->src_hw[2 * i + 1] = ji[i].w;
+            e->jpeg_files[i].len = ji[i].data_len;
+            e->jpeg_files[i].forms = sf_jpeg_forms(&ji[i]);
         }
         sf_aug_gen_ragged(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, e->src_hw, smp);
     } else {
@@ -235,6 +242,10 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     if (m->encoded) {
         b->jpeg = bytes;
         b->jpeg_off = (const int64_t *)(const void *)(bytes + m->jpeg_offsets_off);
+        b->jpeg_files = e->jpeg_files;
+        b->skip_undecodable = strcmp(c->decode.on_undecodable, "skip") == 0;
+        b->undecodable = e->undecodable;
+        memset(e->undecodable, 0, (size_t)m->n);
         b->jpeg_forms = m->jpeg_forms;
         b->decoded_bytes = m->decoded_bytes;
     } else {
@@ -276,6 +287,11 @@ static void run_transform(sf_engine *e, int slot)
     int rc = fill_batch(e, slot, &b, 0, err, sizeof err) ? -1 : 0;
     if (!rc)
         rc = app->backend->i->transform(app->backend, &b, m->result, err, sizeof err);
+    sf_job job = {0};
+    if (m->encoded && (rc == 0 || rc == SF_BACKEND_BAD_INPUT)) {
+        sf_job_set_undecodable(&job, e->undecodable, m->n);
+        sf_counter_add(sf_metric_only(app->m.samples_undecodable), job.n_undecodable);
+    }
     if (rc) {
         sf_ring_release(app->ring, slot);
         if (release)
@@ -285,7 +301,6 @@ static void run_transform(sf_engine *e, int slot)
         finish_failed(e, id, rc == SF_BACKEND_BAD_INPUT ? "jpeg_undecodable" : "transform_failed", err);
         return;
     }
-    sf_job job = {0};
     job.id = id;
     job.n = m->n;
     job.kind = 1;
@@ -337,6 +352,15 @@ static void submit(sf_engine *e, int slot, int64_t global_n)
     if (!rc) {
         b.global_n = global_n;
         rc = app->backend->i->submit(app->backend, &b, err, sizeof err);
+    }
+    x->n = m->n;
+    if (m->encoded && (rc == 0 || rc == SF_BACKEND_BAD_INPUT)) {
+        /* The samples the backend left out, known once submit returned. */
+        sf_job marks = {0};
+        sf_job_set_undecodable(&marks, e->undecodable, m->n);
+        x->n_undecodable = marks.n_undecodable;
+        memcpy(x->undecodable, marks.undecodable, sizeof x->undecodable);
+        sf_counter_add(sf_metric_only(app->m.samples_undecodable), marks.n_undecodable);
     }
     if (rc) {
         /* A file the decoder refuses is the client's error, as on POST
@@ -417,6 +441,17 @@ static void step_taken(sf_engine *e, uint64_t step)
     e->after_step(e->app, step);
 }
 
+/* A job's samples left out (their files did not decode), from the record
+ * submit kept: the job's n counts them, the event's n only those decoded. */
+static void take_undecodable(sf_job *job, const pending_extra *x, const sf_event *ev)
+{
+    if (x->id != ev->id || x->n_undecodable == 0)
+        return;
+    job->n = x->n;
+    job->n_undecodable = x->n_undecodable;
+    memcpy(job->undecodable, x->undecodable, sizeof job->undecodable);
+}
+
 /* An eval batch's result: its reply, its evaluation's aggregates and metrics.
  * No step was taken: the step count and the training metrics stay. */
 static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record *rec, const pending_extra *x)
@@ -427,6 +462,7 @@ static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record 
         job.id = ev->id;
     job.kind = SF_JOB_KIND_EVAL;
     job.n = ev->n;
+    take_undecodable(&job, x, ev);
     job.trained = 1;
     snprintf(job.eval_name, sizeof job.eval_name, "%s", x->eval_name);
     if (rec->id == ev->id && rec->t_popped >= rec->t_ready)
@@ -532,7 +568,15 @@ static void harvest(sf_engine *e, const sf_event *ev)
         snprintf(dec, sizeof dec, "%.*s", (int)sizeof ev->decoder, ev->decoder);
         const char *lv[] = {dec};
         sf_counter_add(sf_metric_child(app->m.jpeg_batches, lv), 1);
-        sf_counter_add(sf_metric_child(app->m.jpeg_samples, lv), ev->n);
+        /* On CUDA the files nvJPEG does not take were decoded on the host:
+         * their samples count under libjpeg-turbo. */
+        const int on_host = ev->decoded_on_host > 0 && ev->decoded_on_host <= ev->n &&
+                            strcmp(dec, "libjpeg-turbo") != 0 ? ev->decoded_on_host : 0;
+        sf_counter_add(sf_metric_child(app->m.jpeg_samples, lv), ev->n - on_host);
+        if (on_host) {
+            const char *host[] = {"libjpeg-turbo"};
+            sf_counter_add(sf_metric_child(app->m.jpeg_samples, host), on_host);
+        }
         sf_counter_add(sf_metric_child(app->m.jpeg_decode_host, lv), ev->decode_host_s);
     }
     if (eval) {
@@ -543,6 +587,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
     if (sf_jobs_get(app->jobs, ev->id, &job))
         job.id = ev->id;
     job.n = ev->n;
+    take_undecodable(&job, x, ev);
     job.trained = 1;
     job.skipped = ev->skipped;
     if (rec->id == ev->id && rec->t_popped >= rec->t_ready)
@@ -1146,7 +1191,9 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
     pthread_mutex_init(&e->trace_mu, NULL);
     int slots = sf_ring_slots(app->ring);
     e->src_hw = calloc(2 * (size_t)e->max_batch, sizeof *e->src_hw);
-    e->samples = e->src_hw ? calloc((size_t)slots, sizeof *e->samples) : NULL;
+    e->jpeg_files = calloc((size_t)e->max_batch, sizeof *e->jpeg_files);
+    e->undecodable = calloc((size_t)e->max_batch, 1);
+    e->samples = e->src_hw && e->jpeg_files && e->undecodable ? calloc((size_t)slots, sizeof *e->samples) : NULL;
     for (int i = 0; i < slots; i++) {
         if (!e->samples || !(e->samples[i] = calloc((size_t)e->max_batch, sizeof(sf_aug_sample)))) {
             snprintf(err, errlen, "out of memory for augmentation parameters");
@@ -1238,6 +1285,8 @@ int sf_engine_stop_by(sf_engine *e, uint64_t deadline_ns)
         free(e->samples);
     }
     free(e->src_hw);
+    free(e->jpeg_files);
+    free(e->undecodable);
     free(e);
     return 0;
 }

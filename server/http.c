@@ -30,6 +30,7 @@
 /* No route takes more than a few query arguments; a request with more gets
  * 400 bad_query, and libmicrohttpd is given none of them (uri_cb). */
 #define MAX_QUERY_ARGS 32
+#define EXTRA_HEADER_VALUE_MAX 1024
 #define DRAIN_LIMIT (64ull << 20) /* beyond this, an early error closes the connection */
 #define LISTEN_BACKLOG SOMAXCONN
 /* The metrics port serves short requests from probes and scrapers only. */
@@ -110,7 +111,10 @@ struct sf_req_priv {
                                over http.max_header_bytes: libmicrohttpd was given none of them */
     size_t uri_len;         /* the raw request target's length, counted against http.max_header_bytes */
     int fd;                 /* the connection's socket (for sf_req_abort) */
-    char extra[MAX_EXTRA_HEADERS][2][64];
+    struct {
+        char name[64];
+        char value[EXTRA_HEADER_VALUE_MAX]; /* a transform's list of samples left out: up to 1 KB */
+    } extra[MAX_EXTRA_HEADERS];
     int nextra;
     /* An error decided while the body still arrives is sent once it ended. */
     struct MHD_Response *pending;
@@ -118,6 +122,7 @@ struct sf_req_priv {
     int draining;           /* discard the rest of the body */
     size_t body_cap;
     uint64_t body_limit;
+    const char *body_option; /* the option(s) setting body_limit, for the 413's message */
     int handled;            /* the handler has been called at least once */
     uint64_t content_length; /* the declared body length; 0 when none or chunked */
     uint64_t body_taken;    /* body bytes libmicrohttpd was told are consumed */
@@ -228,7 +233,7 @@ static struct MHD_Response *make_response(sf_req *r, const char *ctype, void *da
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     MHD_add_response_header(resp, "X-Request-Id", r->request_id);
     for (int i = 0; i < r->priv->nextra; i++)
-        MHD_add_response_header(resp, r->priv->extra[i][0], r->priv->extra[i][1]);
+        MHD_add_response_header(resp, r->priv->extra[i].name, r->priv->extra[i].value);
     r->priv->nextra = 0;
     /* While draining, a kept-alive connection would only bring the next
      * request to a server that is going away: close it after this reply. */
@@ -312,7 +317,7 @@ int sf_reply_error_field(sf_req *r, int status, const char *code, const char *fi
     /* Every 429/503 tells the client when to come back (the spec promises it). */
     int has_ra = 0;
     for (int i = 0; i < r->priv->nextra; i++)
-        has_ra |= strcasecmp(r->priv->extra[i][0], "Retry-After") == 0;
+        has_ra |= strcasecmp(r->priv->extra[i].name, "Retry-After") == 0;
     if ((status == 429 || status == 503) && !has_ra)
         sf_reply_header(r, "Retry-After", "1");
     cJSON *o = cJSON_CreateObject();
@@ -329,8 +334,8 @@ void sf_reply_header(sf_req *r, const char *name, const char *value)
 {
     if (r->priv->nextra >= MAX_EXTRA_HEADERS)
         return;
-    snprintf(r->priv->extra[r->priv->nextra][0], 64, "%s", name);
-    snprintf(r->priv->extra[r->priv->nextra][1], 64, "%s", value);
+    snprintf(r->priv->extra[r->priv->nextra].name, sizeof r->priv->extra[0].name, "%s", name);
+    snprintf(r->priv->extra[r->priv->nextra].value, sizeof r->priv->extra[0].value, "%s", value);
     r->priv->nextra++;
 }
 
@@ -848,11 +853,13 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         return -1;
     }
     r->priv->body_limit = rt->stream ? rt->stream->max_body(app) : (uint64_t)cfg.http.max_json_bytes;
+    r->priv->body_option = rt->stream ? rt->stream->max_body_option : "http.max_json_bytes";
     if (sc.cl && content_length > r->priv->body_limit) {
         tl_body_pending = 0; /* too big to drain: reply now, the connection closes */
-        sf_reply_error(r, 413, "body_too_large", "body of %llu bytes exceeds the limit of %llu",
-                       (unsigned long long)content_length,
-                       (unsigned long long)r->priv->body_limit);
+        sf_reply_error(r, 413, "body_too_large", "body of %llu bytes exceeds the limit of %llu%s%s%s",
+                       (unsigned long long)content_length, (unsigned long long)r->priv->body_limit,
+                       r->priv->body_option ? " (" : "", r->priv->body_option ? r->priv->body_option : "",
+                       r->priv->body_option ? ")" : "");
         stream_rejected(r, "body_too_large");
         return -1;
     }
@@ -863,8 +870,9 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
 static int buffer_body(sf_req *r, const char *data, size_t len)
 {
     if (r->body_len + len > r->priv->body_limit) {
-        sf_reply_error(r, 413, "body_too_large", "body exceeds the limit of %llu bytes",
-                       (unsigned long long)r->priv->body_limit);
+        sf_reply_error(r, 413, "body_too_large", "body exceeds the limit of %llu bytes%s%s%s",
+                       (unsigned long long)r->priv->body_limit, r->priv->body_option ? " (" : "",
+                       r->priv->body_option ? r->priv->body_option : "", r->priv->body_option ? ")" : "");
         return -1;
     }
     if (r->body_len + len + 1 > r->priv->body_cap) {

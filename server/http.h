@@ -61,6 +61,9 @@ typedef struct sf_stream_ops {
     /* Told when this module refused the request before the route saw a body
      * byte (401, 413, 415), so the route can count the rejection. */
     void (*on_rejected)(sf_req *r, const char *code);
+    /* The option(s) that set max_body, named in a 413 so that its reader
+     * knows what to raise; NULL: the route takes no body. */
+    const char *max_body_option;
 } sf_stream_ops;
 
 typedef int (*sf_handler_fn)(sf_req *r);

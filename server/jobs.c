@@ -169,6 +169,35 @@ static void add_num_or_null(cJSON *o, const char *k, int has, double v)
         cJSON_AddNullToObject(o, k);
 }
 
+void sf_job_set_undecodable(sf_job *job, const uint8_t *flags, int n)
+{
+    job->n_undecodable = 0;
+    for (int i = 0; flags && i < n; i++) {
+        if (!flags[i])
+            continue;
+        if (job->n_undecodable < SF_JOB_LISTED_UNDECODABLE)
+            job->undecodable[job->n_undecodable] = i;
+        job->n_undecodable++;
+    }
+}
+
+void sf_job_undecodable_list(const sf_job *job, char *buf, size_t len)
+{
+    size_t at = 0;
+    if (len)
+        buf[0] = '\0';
+    const int listed = job->n_undecodable < SF_JOB_LISTED_UNDECODABLE ? job->n_undecodable
+                                                                      : SF_JOB_LISTED_UNDECODABLE;
+    for (int k = 0; k < listed && at < len; k++) {
+        int w = snprintf(buf + at, len - at, "%s%d", k ? "," : "", (int)job->undecodable[k]);
+        if (w < 0 || (size_t)w >= len - at) {
+            buf[at] = '\0'; /* a cut list ends at the last whole index */
+            break;
+        }
+        at += (size_t)w;
+    }
+}
+
 cJSON *sf_job_to_json(const sf_job *job)
 {
     cJSON *o = cJSON_CreateObject();
@@ -197,6 +226,22 @@ cJSON *sf_job_to_json(const sf_job *job)
         else
             cJSON_AddNullToObject(o, "skipped");
     }
+    /* The samples the decoder refused and the batch left out
+     * (decode.on_undecodable skip): the first SF_JOB_LISTED_UNDECODABLE by
+     * index, and how many were trained, so that a longer list shows as cut. */
+    cJSON *sk = cJSON_AddArrayToObject(o, "skipped_samples");
+    const int listed = job->n_undecodable < SF_JOB_LISTED_UNDECODABLE ? job->n_undecodable
+                                                                      : SF_JOB_LISTED_UNDECODABLE;
+    for (int k = 0; k < listed; k++) {
+        cJSON *e = cJSON_CreateObject();
+        char field[32];
+        snprintf(field, sizeof field, "jpeg[%d]", (int)job->undecodable[k]);
+        cJSON_AddNumberToObject(e, "index", job->undecodable[k]);
+        cJSON_AddStringToObject(e, "field", field);
+        cJSON_AddStringToObject(e, "code", "jpeg_undecodable");
+        cJSON_AddItemToArray(sk, e);
+    }
+    add_num_or_null(o, "samples_trained", done && train, (double)(job->n - job->n_undecodable));
     cJSON *t = cJSON_AddObjectToObject(o, "timings");
     add_num_or_null(t, "queue_s", done, job->queue_s);
     add_num_or_null(t, "h2d_s", done, job->h2d_s);

@@ -13,6 +13,7 @@
 #ifndef SF_JOBS_H
 #define SF_JOBS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cjson/cJSON.h>
@@ -24,6 +25,9 @@ enum { SF_JOB_KIND_TRAIN = 0, SF_JOB_KIND_TRANSFORM = 1, SF_JOB_KIND_EVAL = 2 };
 /* An eval batch's logits after a ?return=logits wait ran out (server/kept_logits.h). */
 typedef enum sf_job_logits { SF_JOB_LOGITS_NONE = 0, SF_JOB_LOGITS_KEPT, SF_JOB_LOGITS_EXPIRED } sf_job_logits;
 
+/* Samples left out a job lists by index; samples_trained says how many more there were. */
+#define SF_JOB_LISTED_UNDECODABLE 64
+
 typedef struct sf_job {
     uint64_t id;
     sf_job_state state;
@@ -34,6 +38,11 @@ typedef struct sf_job {
     double loss, accuracy;
     double top5;           /* eval: share of samples whose label is among the 5 largest logits */
     int skipped;           /* train: the optimizer step was skipped (a NaN/Inf loss or gradient) */
+    /* Samples left out because the decoder refused their files
+     * (decode.on_undecodable skip): how many, and the first
+     * SF_JOB_LISTED_UNDECODABLE indices in order. */
+    int n_undecodable;
+    int32_t undecodable[SF_JOB_LISTED_UNDECODABLE];
     char eval_name[65];    /* eval: the evaluation it belongs to */
     sf_job_logits logits;  /* eval: its logits kept for GET /v1/batches/{id}/logits, or expired */
     double queue_s, h2d_s, transform_s, step_s;
@@ -63,6 +72,10 @@ void sf_jobs_counts(sf_jobs *j, uint64_t counts[SF_JOB_STATES], uint64_t *accept
 uint64_t sf_jobs_last_id(sf_jobs *j);
 
 const char *sf_job_state_name(sf_job_state s);
+/* Sets a job's samples left out (decode.on_undecodable skip) from n flags. */
+void sf_job_set_undecodable(sf_job *job, const uint8_t *flags, int n);
+/* "1,3,7": the listed samples left out, for a header; "" when none. */
+void sf_job_undecodable_list(const sf_job *job, char *buf, size_t len);
 /* The JSON of GET /v1/batches/{id}. */
 cJSON *sf_job_to_json(const sf_job *job);
 

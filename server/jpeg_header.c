@@ -2,6 +2,8 @@
  * layouts are those of ITU-T T.81 (JPEG) Annex B. */
 #include "server/jpeg_header.h"
 
+#include "gpu/backend.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,6 +29,22 @@ const char *sf_jpeg_error_name(sf_jpeg_error e)
     return error_names[e];
 }
 
+unsigned sf_jpeg_forms(const sf_jpeg_info *info)
+{
+    unsigned f = 0;
+    if (info->progressive)
+        f |= SF_JPEG_FORM_PROGRESSIVE;
+    else if (info->sof != 0)
+        f |= SF_JPEG_FORM_EXTENDED;
+    if (info->sof >= 9)
+        f |= SF_JPEG_FORM_ARITHMETIC;
+    if (info->components == 4)
+        f |= SF_JPEG_FORM_CMYK;
+    if (info->subsamp == SF_JPEG_411 || info->subsamp == SF_JPEG_410)
+        f |= SF_JPEG_FORM_CHROMA_4X;
+    return f;
+}
+
 const char *sf_jpeg_subsamp_name(sf_jpeg_subsamp s)
 {
     if ((int)s < 0 || s >= SF_JPEG_SUBSAMP_COUNT) return NULL;
@@ -45,6 +63,14 @@ static sf_jpeg_error fail(sf_jpeg_error e, char *msg, size_t msglen, const char 
         va_end(ap);
     }
     return e;
+}
+
+unsigned sf_jpeg_scan_bound(const sf_jpeg_info *info)
+{
+    const int64_t px = (int64_t)info->h * info->w;
+    const int64_t by_pixels = px > 0 ? SF_JPEG_SCAN_PIXELS / px : SF_JPEG_MAX_SCANS;
+    return by_pixels > SF_JPEG_MAX_SCANS ? SF_JPEG_MAX_SCANS
+           : by_pixels < SF_JPEG_MIN_SCANS ? SF_JPEG_MIN_SCANS : (unsigned)by_pixels;
 }
 
 static unsigned be16(const uint8_t *p) { return (unsigned)p[0] << 8 | p[1]; }
@@ -89,9 +115,9 @@ static sf_jpeg_error parse_sof(int sof, const uint8_t *b, size_t n, const sf_jpe
         return fail(SF_JPEG_E_TOO_MANY_PIXELS, msg, msglen,
                     "the image is %dx%d (HxW), %lld pixels; jpeg.max_pixels is %lld", h, w,
                     (long long)h * w, (long long)lim->max_pixels);
-    if (nc != 1 && nc != 3)
+    if (nc != 1 && nc != 3 && nc != 4)
         return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
-                    "%d components; only grayscale (1) and colour (3) are supported (CMYK and YCCK are not)", nc);
+                    "%d components; only grayscale (1), colour (3) and CMYK or YCCK (4) are supported", nc);
     int ss = SF_JPEG_GRAY;
     if (nc == 3) {
         int h0 = b[7] >> 4, v0 = b[7] & 15;
@@ -105,6 +131,15 @@ static sf_jpeg_error parse_sof(int sof, const uint8_t *b, size_t n, const sf_jpe
         if (ss < 0)
             return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                         "luma sampled %dx%d over chroma 1x1 is not a supported subsampling", h0, v0);
+    } else if (nc == 4) {
+        /* CMYK and YCCK go to libjpeg-turbo, which takes any factors 1..4. */
+        for (int k = 0; k < 4; k++) {
+            int hk = b[7 + 3 * k] >> 4, vk = b[7 + 3 * k] & 15;
+            if (hk < 1 || hk > 4 || vk < 1 || vk > 4)
+                return fail(SF_JPEG_E_MALFORMED, msg, msglen, "component %d is sampled %dx%d; factors are 1..4", k,
+                            hk, vk);
+        }
+        ss = SF_JPEG_444;
     } else if ((b[7] >> 4) < 1 || (b[7] & 15) < 1) {
         return fail(SF_JPEG_E_MALFORMED, msg, msglen, "a sampling factor of 0");
     }
@@ -112,9 +147,85 @@ static sf_jpeg_error parse_sof(int sof, const uint8_t *b, size_t n, const sf_jpe
     info->w = w;
     info->components = nc;
     info->subsamp = ss;
-    info->progressive = sof == 2;
+    info->progressive = sof == 2 || sof == 10;
     info->sof = sof;
     return SF_JPEG_OK;
+}
+
+/* Walks the scans from the first SOS marker (at byte sos) to the first EOI
+ * and sets info->data_len to the bytes up to and including it. In
+ * entropy-coded data a 0xFF byte is followed by 0x00 (a stuffed zero) or a
+ * restart marker, so every other marker there is a real one: a segment
+ * between scans (DHT, DQT, DRI, COM, APPn, or the next scan's SOS) whose
+ * length is skipped, or EOI. A file that ends before its EOI is cut short.
+ * Scans are counted: in a progressive file each one is a pass over the
+ * whole image in the decoder, so a small file of thousands of tiny scans
+ * would cost seconds of decode; more than the bound of
+ * sf_jpeg_scan_bound are refused as unsupported. A sequential file's scans
+ * each carry components of their own, so they are bounded by its component
+ * count. */
+static sf_jpeg_error walk_scans(const uint8_t *d, size_t sos, size_t len, sf_jpeg_info *info, char *msg,
+                                size_t msglen)
+{
+    const unsigned bound = sf_jpeg_scan_bound(info);
+    unsigned scans = 0;
+    size_t pos = sos;
+    for (;;) {
+        /* pos is at a marker's 0xFF (fill bytes may follow) */
+        if (pos < len && d[pos] != 0xFF)
+            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "byte %zu is 0x%02x where a marker must start", pos,
+                        d[pos]);
+        while (pos < len && d[pos] == 0xFF) pos++;
+        if (pos >= len)
+            return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+                        "the file (%zu bytes) ends before its EOI marker: it is cut short", len);
+        const unsigned m = d[pos++];
+        if (m == 0xD9) {
+            info->data_len = (int64_t)pos;
+            return SF_JPEG_OK;
+        }
+        if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7) || (m >= 0xC0 && m <= 0xCF &&
+                                                                               m != 0xC4 && m != 0xCC))
+            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "the marker 0xFF%02X at byte %zu is out of place", m,
+                        pos - 2);
+        if (m == 0xDA && ++scans > bound)
+            return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
+                        "more than %u scans (each one a pass over the whole image in the decoder; an "
+                        "encoder writes about ten)", bound);
+        if (pos + 2 > len)
+            return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+                        "the file (%zu bytes) ends inside the length of marker 0xFF%02X: it is cut short", len, m);
+        const size_t seg = be16(d + pos);
+        if (seg < 2)
+            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "marker 0xFF%02X declares a segment length of %zu", m,
+                        seg);
+        pos += seg;
+        if (pos > len)
+            return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+                        "the file (%zu bytes) ends inside the segment of marker 0xFF%02X: it is cut short", len, m);
+        if (m != 0xDA)
+            continue;
+        /* Entropy-coded data up to the next marker. */
+        for (;;) {
+            const uint8_t *p = memchr(d + pos, 0xFF, len - pos);
+            if (!p)
+                return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+                            "the file (%zu bytes) ends inside a scan, before its EOI marker: it is cut short",
+                            len);
+            size_t q = (size_t)(p - d) + 1;
+            while (q < len && d[q] == 0xFF) q++;
+            if (q >= len)
+                return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+                            "the file (%zu bytes) ends inside a scan, before its EOI marker: it is cut short",
+                            len);
+            if (d[q] == 0x00 || (d[q] >= 0xD0 && d[q] <= 0xD7)) {
+                pos = q + 1;
+                continue;
+            }
+            pos = (size_t)(p - d);
+            break;
+        }
+    }
 }
 
 sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_limits *lim,
@@ -161,10 +272,7 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_l
                             pos - 2);
             if (sof == 3 || sof == 7 || sof == 11 || sof == 15)
                 return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen, "lossless JPEG (SOF%d) is not supported", sof);
-            if (sof >= 9)
-                return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
-                            "arithmetic-coded JPEG (SOF%d) is not supported", sof);
-            if (sof >= 5)
+            if (sof >= 5 && sof != 9 && sof != 10)
                 return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                             "hierarchical JPEG (SOF%d) is not supported", sof);
             sf_jpeg_error e = parse_sof(sof, body, n, lim, &got, msg, msglen);
@@ -178,24 +286,19 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_l
         }
         pos += seg;
     }
-    /* The scan data is not decoded; a complete file ends with EOI. */
+    /* The scan data is not decoded, but its end is found: the decoders stop
+     * at the first EOI, and bytes after it (which some writers and web
+     * servers append) are no part of the image. A file whose last bytes are
+     * EOI (or EOI and zero padding) is complete, and a baseline one costs no
+     * pass over its bytes here; any other file is walked to its EOI. */
     size_t end = len;
     while (end > pos && d[end - 1] == 0x00) end--;
-    if (end < pos + 2 || d[end - 2] != 0xFF || d[end - 1] != 0xD9)
-        return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
-                    "the file (%zu bytes) does not end with an EOI marker: it is cut short", len);
-    /* A progressive file's scans: the first SOS, then every other 0xFFDA (in
-     * entropy-coded data a 0xFF byte is followed by 0x00 or a restart
-     * marker). Only there do scans refine the same image again and again;
-     * a sequential file's scans each carry components of their own, so a
-     * baseline file, most of a data set, costs no pass over its bytes here. */
-    unsigned scans = 1;
-    for (const uint8_t *p = d + pos, *stop = d + end - 1;
-         got.progressive && (p = memchr(p, 0xFF, (size_t)(stop - p))) != NULL;) {
-        if (*++p == 0xDA && ++scans > SF_JPEG_MAX_SCANS)
-            return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
-                        "more than %d scans (each one a pass over the whole image in the decoder; an "
-                        "encoder writes about ten)", SF_JPEG_MAX_SCANS);
+    const int ends_with_eoi = end >= pos + 2 && d[end - 2] == 0xFF && d[end - 1] == 0xD9;
+    if (ends_with_eoi && !got.progressive) {
+        got.data_len = (int64_t)end;
+    } else {
+        sf_jpeg_error e = walk_scans(d, pos - 2, len, &got, msg, msglen);
+        if (e != SF_JPEG_OK) return e;
     }
     *info = got;
     return SF_JPEG_OK;

@@ -11,25 +11,31 @@
  *
  * What is read. The marker segments from SOI up to the first SOS header:
  * every segment length must stay inside the file, exactly one SOF must come
- * before the first SOS, and the file must end with EOI (trailing zero bytes,
- * which some writers pad with, are allowed). The entropy-coded data itself is
- * not decoded: a file whose scan data is damaged passes here and fails its
- * decode (the batch then fails, naming the sample). A progressive file's
- * scans are counted (SOS markers, which entropy-coded bytes cannot
- * imitate): each one is a pass over the whole image in the decoder, so a
- * small file of thousands of tiny scans would cost seconds of decode; more
- * than SF_JPEG_MAX_SCANS are refused as unsupported (libjpeg-turbo's
- * TJFLAG_LIMITSCANS bound, also for progressive files only; an encoder
- * writes about ten).
+ * before the first SOS, and the image must end with EOI. Bytes after the
+ * first EOI (zero padding, a web server's trailer, a second file) are no
+ * part of the image: they are allowed, and data_len tells the decoders where
+ * the image ends. A file that ends with EOI (or EOI and zero bytes) and is
+ * sequential costs no pass over its scan data; every other file is walked
+ * from marker to marker to its first EOI (entropy-coded bytes cannot imitate
+ * a marker: 0xFF is followed there by 0x00 or a restart marker), and a file
+ * that ends before it is cut short. The entropy-coded data itself is not
+ * decoded: a file whose scan data is damaged passes here and fails its
+ * decode (the sample is then left out of its batch, or fails it:
+ * decode.on_undecodable). Scans are counted on the walk: each one of a
+ * progressive file is a pass over the whole image in the decoder, so a small
+ * file of hundreds of tiny scans over a large header would cost seconds of
+ * decode; more than sf_jpeg_scan_bound (fewer for a larger image) are
+ * refused as unsupported.
  *
- * Supported: 8-bit Huffman JPEG, baseline (SOF0), extended sequential (SOF1)
- * and progressive (SOF2); 1 component (grayscale, decoded to 3 equal
- * channels) or 3 components (YCbCr, or RGB as Adobe marks it) with the luma
- * sampled 1, 2 or 4 times the chroma in each direction and both chroma
- * components at 1x1 (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, 4:1:0). Refused as
- * unsupported: 4 components (CMYK, YCCK), 12-bit precision, lossless,
- * hierarchical and arithmetic-coded files, a height defined later by a DNL
- * marker (height 0), a progressive file of more than SF_JPEG_MAX_SCANS scans.
+ * Supported: 8-bit JPEG, baseline (SOF0), extended sequential (SOF1) and
+ * progressive (SOF2), Huffman- or arithmetic-coded (SOF9, SOF10); 1
+ * component (grayscale, decoded to 3 equal channels), 3 components (YCbCr,
+ * or RGB as Adobe marks it) with the luma sampled 1, 2 or 4 times the chroma
+ * in each direction and both chroma components at 1x1 (4:4:4, 4:2:2, 4:2:0,
+ * 4:4:0, 4:1:1, 4:1:0), or 4 components (CMYK or YCCK, converted to RGB;
+ * subsamp reads SF_JPEG_444 for them). Refused as unsupported: 12-bit
+ * precision, lossless and hierarchical files, a height defined later by a
+ * DNL marker (height 0), a file of more scans than sf_jpeg_scan_bound.
  *
  * Threads and memory: pure functions, no state, no allocation.
  */
@@ -59,10 +65,13 @@ typedef enum sf_jpeg_subsamp {
 /* What a valid header says. Plain data, stored per sample in the ring slot. */
 typedef struct sf_jpeg_info {
     int32_t h, w;         /* image height and width in pixels */
-    int32_t components;   /* 1 or 3 (decoded to 3 channels either way) */
+    int32_t components;   /* 1, 3 or 4 (decoded to 3 channels in every case) */
     int32_t subsamp;      /* sf_jpeg_subsamp */
-    int32_t progressive;  /* 1: SOF2 */
-    int32_t sof;          /* the SOF marker's number: 0 baseline, 1 extended, 2 progressive */
+    int32_t progressive;  /* 1: SOF2 or SOF10 */
+    int32_t sof;          /* the SOF marker's number: 0 baseline, 1 extended, 2 progressive,
+                             9 arithmetic sequential, 10 arithmetic progressive */
+    int64_t data_len;     /* bytes up to and including the first EOI marker: what the
+                             decoders are given (bytes after it are no part of the image) */
 } sf_jpeg_info;
 
 /* The bounds a header is checked against; 0 means unbounded. */
@@ -85,14 +94,27 @@ typedef enum sf_jpeg_error {
 
 #define SF_JPEG_MSG_CAP 160
 
-/* The most scans (SOS markers) a file may have. */
+/* The most scans (SOS markers) a file may have: SF_JPEG_MAX_SCANS, and
+ * fewer for a large image, since each scan of a progressive file is a pass
+ * over the whole image in the decoder: at most SF_JPEG_SCAN_PIXELS / (h * w)
+ * scans, but never fewer than SF_JPEG_MIN_SCANS (encoders write about ten;
+ * mozjpeg's optimised progressions about twenty). */
 #define SF_JPEG_MAX_SCANS 500
+#define SF_JPEG_MIN_SCANS 40
+#define SF_JPEG_SCAN_PIXELS (1ll << 30)
+
+/* The scan bound above for a file of info's size. */
+unsigned sf_jpeg_scan_bound(const sf_jpeg_info *info);
 
 /* Reads the header of the file data[0, len). Fills *info (on success) and
  * returns SF_JPEG_OK, or returns the error with a sentence in msg (msg may be
  * NULL). lim may be NULL (unbounded). */
 sf_jpeg_error sf_jpeg_header_parse(const uint8_t *data, size_t len, const sf_jpeg_limits *lim,
                                    sf_jpeg_info *info, char *msg, size_t msglen);
+
+/* The SF_JPEG_FORM_* bits (gpu/backend.h) of a file whose header was read:
+ * what a backend picks its decoder by. */
+unsigned sf_jpeg_forms(const sf_jpeg_info *info);
 
 /* "jpeg_not_jpeg", ...; "ok" for SF_JPEG_OK; NULL when out of range. */
 const char *sf_jpeg_error_name(sf_jpeg_error e);

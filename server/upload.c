@@ -146,8 +146,25 @@ static int status_of(sf_st_error e)
     }
 }
 
+/* The option(s) that set the bound a size refusal hit, so that its message
+ * says what to raise (the parser knows bounds, not option names); NULL for
+ * the other refusals. */
+static const char *bound_option(sf_app *app, sf_st_error e)
+{
+    const sf_config *c = sf_config_cur();
+    switch (e) {
+    case SF_ST_E_BODY_TOO_LARGE: return SF_UPLOAD_MAX_BODY_OPTION;
+    case SF_ST_E_HEADER_TOO_LARGE: return "limits.max_tensor_header_bytes";
+    case SF_ST_E_BATCH_TOO_LARGE:
+        return c->limits.max_n < app->cfg.model.max_batch ? "limits.max_n" : "model.max_batch, a restart option";
+    case SF_ST_E_IMAGE_TOO_LARGE: return "limits.max_h and limits.max_w";
+    default: return NULL; /* the JPEG bounds' messages name jpeg.max_side, max_pixels, max_batch_pixels */
+    }
+}
+
 /* Rejects a body the parser refused; a bad JPEG file is named in the reply's
- * field ("jpeg[3]") as in its message. */
+ * field ("jpeg[3]") as in its message, and a size refusal names the option
+ * that sets its bound. */
 static int reject_parse(sf_req *r, sf_upload *u)
 {
     const sf_st_parser *p = &u->parser;
@@ -155,8 +172,11 @@ static int reject_parse(sf_req *r, sf_upload *u)
     char field[32];
     if (bad >= 0)
         snprintf(field, sizeof field, "jpeg[%lld]", (long long)bad);
-    return reject_field(r, u, status_of(sf_st_error_of(p)), sf_st_error_code(p), bad >= 0 ? field : NULL,
-                        sf_st_error_message(p));
+    const char *opt = bound_option(r->app, sf_st_error_of(p));
+    char msg[640];
+    snprintf(msg, sizeof msg, "%s%s%s%s", sf_st_error_message(p), opt ? " (bound by " : "", opt ? opt : "",
+             opt ? ")" : "");
+    return reject_field(r, u, status_of(sf_st_error_of(p)), sf_st_error_code(p), bad >= 0 ? field : NULL, msg);
 }
 
 /* The encoded form, once every file's header was read. The batch is ragged
@@ -174,14 +194,8 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *f
     const sf_jpeg_info *ji =
         (const sf_jpeg_info *)(const void *)(sf_ring_bytes(app->ring, u->slot) + in->jpeg_info_dest_off);
     *forms = 0;
-    for (int i = 0; i < in->n; i++) {
-        if (ji[i].sof == 2)
-            *forms |= SF_JPEG_FORM_PROGRESSIVE;
-        else if (ji[i].sof != 0)
-            *forms |= SF_JPEG_FORM_EXTENDED;
-        if (ji[i].subsamp == SF_JPEG_411 || ji[i].subsamp == SF_JPEG_410)
-            *forms |= SF_JPEG_FORM_CHROMA_4X;
-    }
+    for (int i = 0; i < in->n; i++)
+        *forms |= sf_jpeg_forms(&ji[i]);
     *h = *w = 0;
     sf_aug_plan plan;
     char ragged_err[256];
@@ -568,7 +582,8 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         size_t dl = (size_t)in->n * (size_t)plan.c * (size_t)plan.out_h * (size_t)plan.out_w * 4;
         /* The float output is bounded like an input slot (times the float expansion). */
         if (hl == 0 || dl > (size_t)app->cfg.ring.slot_bytes * 8)
-            return reject(r, u, 413, "output_too_large", "the augmented batch would be too large");
+            return reject(r, u, 413, "output_too_large",
+                          "the augmented batch would be too large: its floats may take 8 x ring.slot_bytes");
         const size_t want = hl + dl;
         if (atomic_fetch_add(&g_xform_held, want) + want > xform_held_cap(app)) {
             atomic_fetch_sub(&g_xform_held, want);

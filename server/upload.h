@@ -63,7 +63,11 @@ void sf_upload_on_rejected(sf_req *r, const char *reason);
 /* Called when the body has ended: validates the end of the body and commits
  * the slot. Returns 0 with the job id, or -1 after an error reply. */
 int sf_upload_commit(sf_req *r, uint64_t *job_id);
+/* The largest batch body: one ring slot of data (ring.slot_bytes) plus its
+ * header (limits.max_tensor_header_bytes); SF_UPLOAD_MAX_BODY_OPTION names
+ * them for a 413. */
 uint64_t sf_upload_max_body(struct sf_app *app);
+#define SF_UPLOAD_MAX_BODY_OPTION "ring.slot_bytes, a restart option, plus limits.max_tensor_header_bytes"
 /* Evicts slot holders that are too slow or past their deadline (see above).
  * ctx is the sf_app; called by the HTTP timer thread (sf_http_set_tick). */
 void sf_upload_sweep(void *ctx);

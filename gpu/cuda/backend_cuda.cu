@@ -102,6 +102,12 @@ typedef struct cbuf {
     float *h_logits;    /* pinned: the logits of a batch that asks for them (allocated at the
                            first such batch, for max_batch) */
     int64_t opt_t;      /* AdamW: the optimizer step it makes */
+    /* An encoded batch with samples left out (sf_batch.skip_undecodable):
+     * which ones (to place its logits rows), and, for per-pixel labels,
+     * which are copied asynchronously, the kept samples' labels (pinned).
+     * Allocated at the first such batch. */
+    uint8_t *left_out;  /* [max_batch] */
+    uint8_t *h_kept_labels; /* pinned, [max_batch * lps * 8] */
     sf_xent_out *d_res;
     sf_xent_out *h_res; /* pinned */
     cudaEvent_t h2d0, h2d, ready, step0, done;
@@ -121,6 +127,8 @@ typedef struct entry {
     uint64_t t_submit_ns;
     char decoder[16];   /* an encoded batch: the nvJPEG backend that ran it */
     double decode_host_s; /* host time in the nvJPEG call */
+    int decoded_on_host; /* an encoded batch: its files libjpeg-turbo decoded on the host */
+    int n_all;          /* the batch's samples, those left out included (n: those kept) */
 } entry;
 
 typedef struct cuda_ctx {
@@ -185,6 +193,10 @@ typedef struct cuda_ctx {
      * used (jpeg_err). */
     sf_cuda_jpeg *jpeg;
     char jpeg_err[160];
+    /* An encoded batch's kept samples when some were left out
+     * (decode_encoded): parameters and labels, in order; [max_batch]. */
+    sf_aug_sample *kept_samples;
+    uint8_t *kept_labels;   /* [max_batch * 8] */
     cudaStream_t st_decode_own;
     cudaStream_t st_decode;     /* st_decode_own, or st_compute without overlap */
     cudaEvent_t jpeg_decoded[SF_CUDA_JPEG_MAX_STAGES], jpeg_read[SF_CUDA_JPEG_MAX_STAGES];
@@ -308,6 +320,8 @@ static void free_buffers(cuda_ctx *c)
         if (B->h_stage) cudaFreeHost(B->h_stage);
         if (B->h_res) cudaFreeHost(B->h_res);
         if (B->h_logits) cudaFreeHost(B->h_logits);
+        if (B->h_kept_labels) cudaFreeHost(B->h_kept_labels);
+        free(B->left_out);
         if (B->d_stage) cudaFree(B->d_stage);
         if (B->d_raw) cudaFree(B->d_raw);
         if (B->d_x) cudaFree(B->d_x);
@@ -322,6 +336,10 @@ static void free_buffers(cuda_ctx *c)
     }
     sf_cuda_jpeg_free(c->jpeg);
     c->jpeg = NULL;
+    free(c->kept_samples);
+    free(c->kept_labels);
+    c->kept_samples = NULL;
+    c->kept_labels = NULL;
     c->built = 0;
 }
 
@@ -418,15 +436,29 @@ static void harvest(cuda_ctx *c, int block)
              * is done, so the figure is that of the last step harvested) */
             if (c->cfg.dist && !e->eval)
                 ((sf_dist *)c->cfg.dist)->allreduce_s = sf_net_allreduce_s(c->net, e->b);
-            if (e->logits_out)
+            if (e->logits_out && e->n_all > e->n) {
+                /* A sample left out has a row of NaN: no logits were computed for it. */
+                const size_t row = (size_t)c->m.n_classes * c->lps;
+                for (int i = 0, k = 0; i < e->n_all; i++) {
+                    float *dst = e->logits_out + (size_t)i * row;
+                    if (B->left_out[i]) {
+                        for (size_t q = 0; q < row; q++)
+                            dst[q] = NAN;
+                    } else {
+                        memcpy(dst, B->h_logits + (size_t)k++ * row, sizeof(float) * row);
+                    }
+                }
+            } else if (e->logits_out) {
                 memcpy(e->logits_out, B->h_logits,
                        sizeof(float) * (size_t)e->n * c->m.n_classes * c->lps);
+            }
         } else {
             scopy(ev.err, sizeof ev.err, e->err);
         }
         ev.step = c->steps;
         scopy(ev.decoder, sizeof ev.decoder, e->decoder);
         ev.decode_host_s = e->decode_host_s;
+        ev.decoded_on_host = e->decoded_on_host;
         if (!e->no_events) {
             ev.h2d_s = ev_seconds(B->h2d0, B->h2d);
             ev.transform_s = ev_seconds(B->h2d, B->ready);
@@ -669,6 +701,13 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         c->jpeg = sf_cuda_jpeg_new(cfg->max_batch, cfg->jpeg_max_batch_pixels, c->jpeg_stages, JPEG_LANES,
                                    c->jpeg_err, sizeof c->jpeg_err);
         cudaGetLastError();
+        c->kept_samples = (sf_aug_sample *)calloc((size_t)cfg->max_batch, sizeof *c->kept_samples);
+        c->kept_labels = (uint8_t *)calloc((size_t)cfg->max_batch, 8);
+        if (c->jpeg && (!c->kept_samples || !c->kept_labels)) {
+            sf_cuda_jpeg_free(c->jpeg);
+            c->jpeg = NULL;
+            snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: out of memory for the JPEG batches' kept samples");
+        }
     } else {
         snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: JPEG decoding is off (jpeg.max_batch_pixels is 0)");
     }
@@ -840,9 +879,89 @@ static sf_cuda_jpeg_backend jpeg_want(const cuda_ctx *c)
     }
 }
 
-/* Queues the transform-stream half of a batch. Returns 0; 1 when it failed
- * before any copy was queued, 2 when that was because the decoder refused a
- * file (SF_BACKEND_BAD_INPUT); -1 when it failed after. */
+/* An encoded batch is decoded first, on the decode stream, into the
+ * staging area the augmentation two encoded batches back read (jpeg_read):
+ * the decode of this batch runs beside the augmentation of the previous one
+ * instead of after it. It does not wait for buffer b's previous step
+ * (done[b]): it writes only its staging area; the transform stream waits for
+ * it (enqueue_transform). A file the decoder refuses either fails the
+ * submission before anything is queued for buffer b (SF_BACKEND_BAD_INPUT),
+ * as on the reference backend: in a data-parallel round the engine then
+ * joins the step with an empty contribution; or, with skipping, is left out:
+ * *out is then the batch of the samples kept, in order (their parameters in
+ * c->kept_samples, their labels in c->kept_labels or, per pixel, buffer b's
+ * pinned h_kept_labels), and buffer b's left_out says which went. The host
+ * time of the call is reported per batch (STEP_DONE's decode_host_s): the
+ * hybrid backends decode Huffman on this thread, and a call that blocks here
+ * delays the next submission. 0, SF_BACKEND_BAD_INPUT or -1
+ * (sf_cuda_last_error). */
+static int decode_encoded(cuda_ctx *c, const sf_batch *bt, int b, sf_batch *out)
+{
+    *out = *bt;
+    if (!bt->jpeg)
+        return 0;
+    const int k = c->jpeg_next;
+    const cudaStream_t ds = c->st_decode;
+    const uint64_t t0 = now_ns();
+    cudaError_t ce = cudaStreamWaitEvent(ds, c->jpeg_read[k], 0);
+    int rc = ce != cudaSuccess;
+    /* jpeg_read[k] also goes to the decoder: the hardware engines write
+     * the area during the call, outside the stream's order, so there the
+     * host waits for it (with one area, the augmentation queued just
+     * before; without that wait the engines overwrote pixels it had not
+     * read yet). */
+    if (!rc)
+        rc = sf_cuda_jpeg_decode(c->jpeg, bt, jpeg_want(c), k, c->jpeg_read[k], ds);
+    c->jpeg_host_s = (double)(now_ns() - t0) * 1e-9;
+    if (!rc) {
+        ce = cudaEventRecord(c->jpeg_decoded[k], ds);
+        rc = ce != cudaSuccess;
+    }
+    if (rc) {
+        if (ce != cudaSuccess)
+            sf_cuda_set_error("cuda: the JPEG decode's stream ordering: %s", cudaGetErrorString(ce));
+        return rc == SF_BACKEND_BAD_INPUT ? SF_BACKEND_BAD_INPUT : -1;
+    }
+    c->jpeg_cur = k;
+    c->jpeg_next = (k + 1) % c->jpeg_stages;
+    int kept = bt->n;
+    for (int i = 0; bt->undecodable && i < bt->n; i++)
+        kept -= bt->undecodable[i] != 0;
+    if (kept == bt->n)
+        return 0;
+    cbuf *B = &c->buf[b];
+    const size_t lsz = label_size(bt->label_dtype) * c->lps;
+    if (!B->left_out && !(B->left_out = (uint8_t *)malloc((size_t)c->cfg.max_batch))) {
+        sf_cuda_set_error("cuda: out of memory for the samples left out");
+        return -1;
+    }
+    if (c->lps > 1 && !B->h_kept_labels &&
+        cudaHostAlloc((void **)&B->h_kept_labels, (size_t)c->cfg.max_batch * c->lps * 8, 0) != cudaSuccess) {
+        cudaGetLastError();
+        B->h_kept_labels = NULL;
+        sf_cuda_set_error("cuda: no pinned memory for the labels of the samples kept");
+        return -1;
+    }
+    /* Buffer b's previous batch was harvested: its per-pixel labels' copy
+     * out of h_kept_labels has completed. */
+    uint8_t *lab = c->lps > 1 ? B->h_kept_labels : c->kept_labels;
+    memcpy(B->left_out, bt->undecodable, (size_t)bt->n);
+    for (int i = 0, q = 0; i < bt->n; i++) {
+        if (bt->undecodable[i])
+            continue;
+        c->kept_samples[q] = bt->samples[i];
+        memcpy(lab + (size_t)q * lsz, (const uint8_t *)bt->labels + (size_t)i * lsz, lsz);
+        q++;
+    }
+    out->n = kept;
+    out->samples = c->kept_samples;
+    out->labels = lab;
+    return 0;
+}
+
+/* Queues the transform-stream half of a batch (an encoded one decoded by
+ * decode_encoded). Returns 0; 1 when it failed before any copy was queued;
+ * -1 when it failed after. */
 static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
 {
     cbuf *B = &c->buf[b];
@@ -887,45 +1006,6 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
         memcpy(B->h_stage + STAGE_LABELS_OFF, bt->labels, (size_t)n * label_size(bt->label_dtype));
     memcpy(B->h_stage + c->samples_off, bt->samples, (size_t)n * sizeof(sf_aug_sample));
     const size_t stage_used = c->samples_off + (size_t)n * sizeof(sf_aug_sample);
-
-    /* An encoded batch is decoded first, on the decode stream, into the
-     * staging area the augmentation two encoded batches back read
-     * (jpeg_read): the decode of this batch runs beside the augmentation of
-     * the previous one instead of after it. It does not wait for buffer b's
-     * previous step (done[b]): it writes only its staging area; the
-     * transform stream waits for it below. A file the decoder refuses fails
-     * the submission before anything is queued for buffer b (1), as on the
-     * reference backend: in a data-parallel round the engine then joins the
-     * step with an empty contribution. The host time of the call is
-     * reported per batch (STEP_DONE's decode_host_s): the hybrid backends
-     * decode Huffman on this thread, and a call that blocks here delays the
-     * next submission. */
-    if (bt->jpeg) {
-        const int k = c->jpeg_next;
-        const cudaStream_t ds = c->st_decode;
-        const uint64_t t0 = now_ns();
-        cudaError_t ce = cudaStreamWaitEvent(ds, c->jpeg_read[k], 0);
-        int rc = ce != cudaSuccess;
-        /* jpeg_read[k] also goes to the decoder: the hardware engines write
-         * the area during the call, outside the stream's order, so there the
-         * host waits for it (with one area, the augmentation queued just
-         * before; without that wait the engines overwrote pixels it had not
-         * read yet). */
-        if (!rc)
-            rc = sf_cuda_jpeg_decode(c->jpeg, bt, jpeg_want(c), k, c->jpeg_read[k], ds);
-        c->jpeg_host_s = (double)(now_ns() - t0) * 1e-9;
-        if (!rc) {
-            ce = cudaEventRecord(c->jpeg_decoded[k], ds);
-            rc = ce != cudaSuccess;
-        }
-        if (rc) {
-            if (ce != cudaSuccess)
-                sf_cuda_set_error("cuda: the JPEG decode's stream ordering: %s", cudaGetErrorString(ce));
-            return rc == SF_BACKEND_BAD_INPUT ? 2 : 1;
-        }
-        c->jpeg_cur = k;
-        c->jpeg_next = (k + 1) % c->jpeg_stages;
-    }
 
     /* Buffer b's inputs (staging, images, augmented batch, labels) are read by
      * its previous step on the compute stream: wait for that step to finish
@@ -1044,7 +1124,7 @@ static int ensure_nccl(cuda_ctx *c, char *err, size_t errlen)
     return 0;
 }
 
-static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errlen)
+static int cu_submit(sf_backend *be, const sf_batch *bt_in, char *err, size_t errlen)
 {
     cuda_ctx *c = ctx_of(be);
     cudaSetDevice(c->device);
@@ -1056,28 +1136,47 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
      * engine's rounds start after the join), so NCCL's init can complete. */
     if (ensure_nccl(c, err, errlen))
         return -1;
-    if (bt->n == 0 && bt->global_n > 0 && sf_nccl_joined(c->nccl))
-        return submit_empty(c, bt, err, errlen);
-    if (check_batch(c, bt, 1, err, errlen) != 0)
+    if (bt_in->n == 0 && bt_in->global_n > 0 && sf_nccl_joined(c->nccl))
+        return submit_empty(c, bt_in, err, errlen);
+    if (check_batch(c, bt_in, 1, err, errlen) != 0)
         return -1;
     if (c->q_count >= c->nbuf) {
         sf_errf(err, errlen, "cuda: %d batches in flight (max_inflight %d); poll first", c->q_count, c->nbuf);
         return -1;
     }
     sf_cuda_clear_error();
+    const int b = c->next_buf;
+    /* An encoded batch is decoded first: a file the decoder refuses fails
+     * the submission before anything is queued, or is left out (bt is then
+     * the batch of the samples kept). */
+    sf_batch kept;
+    const int drc = decode_encoded(c, bt_in, b, &kept);
+    if (drc != 0) {
+        sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
+        cudaGetLastError();
+        return drc;
+    }
+    const sf_batch *bt = &kept;
     /* A batch size seen for the first time gets its plans (once, synchronous). */
     if (sf_net_prepare(c->net, bt->n)) {
         sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
         return -1;
     }
-    const int b = c->next_buf;
     entry *e = &c->q[(c->q_head + c->q_count) % CUDA_NBUF];
     memset(e, 0, sizeof *e);
     e->id = bt->id;
     e->token = bt->token;
     e->n = bt->n;
+    e->n_all = bt_in->n;
     e->b = b;
     e->t_submit_ns = now_ns();
+    if (bt->jpeg) {
+        const sf_cuda_jpeg_backend ran = sf_cuda_jpeg_last(c->jpeg);
+        e->decoded_on_host = sf_cuda_jpeg_host_decoded(c->jpeg);
+        scopy(e->decoder, sizeof e->decoder,
+              ran == SF_CUDA_JPEG_AUTO ? "libjpeg-turbo" : sf_cuda_jpeg_backend_name(ran));
+        e->decode_host_s = c->jpeg_host_s;
+    }
 
     int64_t bad_val = 0;
     const long long bad_at = bad_label(bt, c->m.n_classes, &bad_val, c->lps);
@@ -1108,10 +1207,6 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
         return -1;
     }
     int rt = enqueue_transform(c, bt, b);
-    if (bt->jpeg && rt != 1 && rt != 2) {
-        scopy(e->decoder, sizeof e->decoder, sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(c->jpeg)));
-        e->decode_host_s = c->jpeg_host_s;
-    }
     if (rt != 0) {
         /* Nothing of the step was queued: the batch is no optimizer step and
          * no round of an accumulation group. (In a data-parallel round the
@@ -1119,10 +1214,10 @@ static int cu_submit(sf_backend *be, const sf_batch *bt, char *err, size_t errle
         c->accum_count = saved_count;
         c->opt_submitted = saved_sub;
     }
-    if (rt == 1 || rt == 2) {
+    if (rt == 1) {
         sf_errf(err, errlen, "cuda: %s", sf_cuda_last_error());
         cudaGetLastError();
-        return rt == 2 ? SF_BACKEND_BAD_INPUT : -1;
+        return -1;
     }
     int rs = rt == 0 ? enqueue_step(c, b, bt->n, bt->logits_out != NULL) : -1;
     c->next_buf = (b + 1) % c->nbuf;
@@ -1240,14 +1335,13 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
         rc = grow((void **)&c->t_samples, &smp_cap, n * sizeof(sf_aug_sample));
         c->t_samples_cap = rc ? 0 : (int)(smp_cap / sizeof(sf_aug_sample));
     }
-    if (!rc)
-        rc = cudaMemcpyAsync(c->t_samples, b->samples, n * sizeof(sf_aug_sample), cudaMemcpyHostToDevice, s) !=
-             cudaSuccess;
     /* An encoded batch: the staging areas are the training path's, so its
      * decodes and the augmentations that read them complete before this
      * decode overwrites area 0; the engine queues no more until this call
      * returns. */
     int bad_input = 0; /* nvJPEG refused a file: the client's error */
+    const sf_aug_sample *smp = b->samples;
+    int kept = b->n;
     if (!rc && b->jpeg) {
         rc = cudaStreamSynchronize(c->st_decode) != cudaSuccess ||
              cudaStreamSynchronize(c->st_transform) != cudaSuccess;
@@ -1256,15 +1350,30 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
             bad_input = drc == SF_BACKEND_BAD_INPUT;
             rc = drc != 0;
         }
+        /* Samples left out: the kept ones are augmented, in order. */
+        for (int i = 0; !rc && b->undecodable && i < b->n; i++)
+            if (b->undecodable[i])
+                kept--;
+        if (!rc && kept < b->n) {
+            for (int i = 0, q = 0; i < b->n; i++)
+                if (!b->undecodable[i])
+                    c->kept_samples[q++] = b->samples[i];
+            smp = c->kept_samples;
+        }
     } else if (!rc)
         rc = cudaMemcpyAsync(c->t_raw, b->images, src, cudaMemcpyHostToDevice, s) != cudaSuccess;
     if (!rc)
-        rc = sf_cuda_augment(p, c->t_samples, b->n, b->jpeg ? sf_cuda_jpeg_output(c->jpeg, 0) : c->t_raw, b->nhwc,
+        rc = cudaMemcpyAsync(c->t_samples, smp, (size_t)kept * sizeof(sf_aug_sample), cudaMemcpyHostToDevice, s) !=
+             cudaSuccess;
+    if (!rc)
+        rc = sf_cuda_augment(p, c->t_samples, kept, b->jpeg ? sf_cuda_jpeg_output(c->jpeg, 0) : c->t_raw, b->nhwc,
                              c->t_out, 0, s);
     if (!rc)
-        rc = sf_cuda_aug_mix(p, &b->mix, b->n, c->t_out, 0, 0, s);
+        rc = sf_cuda_aug_mix(p, &b->mix, kept, c->t_out, 0, 0, s);
+    const size_t row = (size_t)p->c * p->out_h * p->out_w;
     if (!rc)
-        rc = cudaMemcpyAsync(out, c->t_out, dst * sizeof(float), cudaMemcpyDeviceToHost, s) != cudaSuccess;
+        rc = cudaMemcpyAsync(out, c->t_out, (size_t)kept * row * sizeof(float), cudaMemcpyDeviceToHost, s) !=
+             cudaSuccess;
     cudaError_t se = cudaStreamSynchronize(s);
     if (se != cudaSuccess) {
         make_sticky(c, "transform", se);
@@ -1276,6 +1385,20 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
         sf_errf(err, errlen, "cuda transform: %s", *m ? m : cudaGetErrorString(cudaGetLastError()));
         cudaGetLastError();
         return bad_input ? SF_BACKEND_BAD_INPUT : -1;
+    }
+    if (kept < b->n) {
+        /* The kept samples' rows move to their places, from the last one
+         * down (a row only ever moves up the buffer); a row left out is
+         * zeros, as on the reference backend. */
+        for (int i = b->n - 1, q = kept - 1; i >= 0; i--) {
+            if (b->undecodable[i]) {
+                memset(out + (size_t)i * row, 0, sizeof(float) * row);
+            } else {
+                if (q != i)
+                    memmove(out + (size_t)i * row, out + (size_t)q * row, sizeof(float) * row);
+                q--;
+            }
+        }
     }
     return 0;
 }

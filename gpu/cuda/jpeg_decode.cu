@@ -13,6 +13,9 @@
 #include <nvjpeg.h>
 
 #include "gpu/cuda/check.h"
+extern "C" {
+#include "gpu/ref/input.h" /* the host decode of the files nvJPEG does not take */
+}
 
 static const char *status_name(nvjpegStatus_t s)
 {
@@ -63,6 +66,19 @@ struct sf_cuda_jpeg {
     size_t *lengths;
     nvjpegImage_t *dst;
     sf_cuda_jpeg_backend last;
+    /* The files of the current batch nvJPEG decodes, by sample index, and
+     * those libjpeg-turbo decodes on the host (CMYK, YCCK, arithmetic-coded:
+     * forms nvJPEG does not take) into a pinned buffer, then copies into the
+     * staging area on the caller's stream. The buffer grows to the largest
+     * such batch seen (rare files, so not sized at start) and is reused only
+     * after `used` has fired. */
+    int *order;             /* [max_batch] */
+    int n_order;
+    uint8_t *on_host;       /* [max_batch] 1: decoded on the host */
+    sf_aug_sample *host_samples; /* [max_batch] the host files' parameters, src_off into h_host */
+    uint8_t *h_host;        /* pinned */
+    size_t h_host_cap;
+    int host_decoded;       /* files the last decode decoded on the host */
     /* Completion of the last decode's work on its caller's stream (lanes
      * included): nvJPEG reuses a state's pinned and device buffers, and the
      * hybrid backends' calls return before their copies and kernels have
@@ -243,6 +259,11 @@ void sf_cuda_jpeg_free(sf_cuda_jpeg *j)
     free(j->data);
     free(j->lengths);
     free(j->dst);
+    free(j->order);
+    free(j->on_host);
+    free(j->host_samples);
+    if (j->h_host)
+        cudaFreeHost(j->h_host);
     free(j);
 }
 
@@ -312,7 +333,10 @@ static sf_cuda_jpeg *jpeg_make(int max_batch, int64_t max_pixels, int stages, sf
     j->data = (const unsigned char **)calloc((size_t)max_batch, sizeof *j->data);
     j->lengths = (size_t *)calloc((size_t)max_batch, sizeof *j->lengths);
     j->dst = (nvjpegImage_t *)calloc((size_t)max_batch, sizeof *j->dst);
-    if (!j->data || !j->lengths || !j->dst) {
+    j->order = (int *)calloc((size_t)max_batch, sizeof *j->order);
+    j->on_host = (uint8_t *)calloc((size_t)max_batch, 1);
+    j->host_samples = (sf_aug_sample *)calloc((size_t)max_batch, sizeof *j->host_samples);
+    if (!j->data || !j->lengths || !j->dst || !j->order || !j->on_host || !j->host_samples) {
         snprintf(err, errlen, "jpeg decode: out of memory");
         sf_cuda_jpeg_free(j);
         return NULL;
@@ -463,13 +487,25 @@ static nvjpegStatus_t decode_arrays(sf_cuda_jpeg *j, int k, int n, cudaStream_t 
     return st;
 }
 
-/* Decodes samples [i0, i0 + n) of b with backend k. */
-static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, int i0, int n, cudaStream_t s)
+/* File i's JPEG data: up to its EOI when the server found bytes after it. */
+static size_t file_len(const sf_batch *b, int i)
+{
+    const int64_t whole = b->jpeg_off[i + 1] - b->jpeg_off[i];
+    if (b->jpeg_files && b->jpeg_files[i].len > 0 && b->jpeg_files[i].len < whole)
+        return (size_t)b->jpeg_files[i].len;
+    return (size_t)whole;
+}
+
+/* Decodes samples order[i0, i0 + n) of b (samples [i0, i0 + n) when order
+ * is NULL) with backend k. */
+static nvjpegStatus_t run(sf_cuda_jpeg *j, int k, const sf_batch *b, const int *order, int i0, int n,
+                          cudaStream_t s)
 {
     for (int i = 0; i < n; i++) {
-        const sf_aug_sample *sm = &b->samples[i0 + i];
-        j->data[i] = b->jpeg + b->jpeg_off[i0 + i];
-        j->lengths[i] = (size_t)(b->jpeg_off[i0 + i + 1] - b->jpeg_off[i0 + i]);
+        const int si = order ? order[i0 + i] : i0 + i;
+        const sf_aug_sample *sm = &b->samples[si];
+        j->data[i] = b->jpeg + b->jpeg_off[si];
+        j->lengths[i] = file_len(b, si);
         memset(&j->dst[i], 0, sizeof j->dst[i]);
         j->dst[i].channel[0] = j->cur + sm->src_off;
         j->dst[i].pitch[0] = (size_t)sm->src_w * 3;
@@ -494,7 +530,8 @@ static void *lane_main(void *arg)
         }
         seen = j->gen;
         pthread_mutex_unlock(&j->mu);
-        L->job_rc = L->job_n > 0 ? run(L, L->job_k, L->job_b, L->job_i0, L->job_n, L->lst) : NVJPEG_STATUS_SUCCESS;
+        L->job_rc = L->job_n > 0 ? run(L, L->job_k, L->job_b, NULL, L->job_i0, L->job_n, L->lst)
+                                 : NVJPEG_STATUS_SUCCESS;
         pthread_mutex_lock(&j->mu);
         j->pending--;
         pthread_cond_signal(&j->fin);
@@ -538,7 +575,7 @@ static nvjpegStatus_t run_lanes(sf_cuda_jpeg *j, int k, const sf_batch *b, cudaS
     j->gen++;
     pthread_cond_broadcast(&j->go);
     pthread_mutex_unlock(&j->mu);
-    nvjpegStatus_t st = run(j, k, b, 0, start[1], s);
+    nvjpegStatus_t st = run(j, k, b, NULL, 0, start[1], s);
     pthread_mutex_lock(&j->mu);
     while (j->pending > 0)
         pthread_cond_wait(&j->fin, &j->mu);
@@ -746,9 +783,105 @@ int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
     return rc;
 }
 
+/* The files of b nvJPEG does not take, decoded with libjpeg-turbo on this
+ * thread into the pinned buffer and copied into the staging area on s. With
+ * skipping, a file libjpeg-turbo refuses is marked in b->undecodable; else
+ * it fails the batch. 0, SF_BACKEND_BAD_INPUT or -1 (sf_cuda_last_error). */
+static int decode_on_host(sf_cuda_jpeg *j, const sf_batch *b, int skip, cudaStream_t s)
+{
+    size_t need = 0;
+    for (int i = 0; i < b->n; i++) {
+        j->host_samples[i] = b->samples[i];
+        if (!j->on_host[i])
+            continue;
+        j->host_samples[i].src_off = need;
+        need += (size_t)b->samples[i].src_h * (size_t)b->samples[i].src_w * 3;
+    }
+    if (need > j->h_host_cap) {
+        /* Grows outside the steady state: CMYK and arithmetic files are
+         * rare, so the buffer is not held for them from the start. The last
+         * decode's copies out of it are done (sf_cuda_jpeg_decode waited
+         * for `used`). */
+        if (j->h_host)
+            cudaFreeHost(j->h_host);
+        j->h_host = NULL;
+        j->h_host_cap = 0;
+        if (cudaHostAlloc((void **)&j->h_host, need, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError();
+            j->h_host = NULL;
+            sf_cuda_set_error("jpeg decode: no pinned memory (%zu bytes) for the files decoded on the host", need);
+            return -1;
+        }
+        j->h_host_cap = need;
+    }
+    sf_batch hb = *b;
+    hb.samples = j->host_samples;
+    hb.decoded_bytes = need;
+    char err[200];
+    const int rc = sf_ref_jpeg_decode_some(&hb, j->on_host, j->h_host, j->h_host_cap, skip ? b->undecodable : NULL,
+                                           err, sizeof err);
+    if (rc < 0 || (rc > 0 && !skip)) {
+        sf_cuda_set_error("jpeg decode (libjpeg-turbo on the host): %s", err);
+        return rc < 0 ? -1 : SF_BACKEND_BAD_INPUT;
+    }
+    for (int i = 0; i < b->n; i++) {
+        if (!j->on_host[i] || (skip && b->undecodable[i]))
+            continue;
+        const sf_aug_sample *sm = &b->samples[i];
+        const size_t bytes = (size_t)sm->src_h * (size_t)sm->src_w * 3;
+        if (cudaMemcpyAsync(j->cur + sm->src_off, j->h_host + j->host_samples[i].src_off, bytes,
+                            cudaMemcpyHostToDevice, s) != cudaSuccess) {
+            sf_cuda_set_error("jpeg decode: copying a host-decoded file: %s", cudaGetErrorString(cudaGetLastError()));
+            return -1;
+        }
+        j->host_decoded++;
+    }
+    return 0;
+}
+
+/* The nvJPEG files (order[0, n_order)) one at a time with backend kf, after
+ * their batch failed: the refused ones are marked (skip) or the first fails
+ * the batch. 0, SF_BACKEND_BAD_INPUT or -1 (sf_cuda_last_error). */
+static int decode_one_by_one(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend kf, int skip, cudaStream_t s,
+                             nvjpegStatus_t batch_st)
+{
+    int refused = 0;
+    for (int p = 0; p < j->n_order; p++) {
+        const int i = j->order[p];
+        nvjpegStatus_t si = run(j, kf, b, j->order, p, 1, s);
+        if (si == NVJPEG_STATUS_SUCCESS)
+            continue;
+        const int bad = si == NVJPEG_STATUS_BAD_JPEG || si == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ||
+                        si == NVJPEG_STATUS_INCOMPLETE_BITSTREAM;
+        if (refused == 0 || !skip)
+            sf_cuda_set_error("jpeg decode (nvJPEG %s): sample %d: %s", sf_cuda_jpeg_backend_name(kf), i,
+                              status_name(si));
+        if (!skip || !bad) {
+            cudaStreamSynchronize(s);
+            cudaGetLastError();
+            return bad ? SF_BACKEND_BAD_INPUT : -1;
+        }
+        b->undecodable[i] = 1;
+        refused++;
+        /* a failed call leaves the stream's error behind it */
+        cudaStreamSynchronize(s);
+        cudaGetLastError();
+    }
+    if (refused == 0) {
+        sf_cuda_set_error("jpeg decode (nvJPEG %s): the batch of %d files failed (%s) though each decodes alone",
+                          sf_cuda_jpeg_backend_name(kf), j->n_order, status_name(batch_st));
+        cudaStreamSynchronize(s);
+        cudaGetLastError();
+        return -1;
+    }
+    return 0;
+}
+
 static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend want, int stage,
                         cudaEvent_t area_free, cudaStream_t s)
 {
+    j->host_decoded = 0;
+    j->n_order = 0;
     if (!b->jpeg || !b->jpeg_off || !b->samples || b->n < 1 || b->n > j->max_batch) {
         sf_cuda_set_error("jpeg decode: not an encoded batch of 1..%d files", j->max_batch);
         return -1;
@@ -769,59 +902,81 @@ static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
                           "(jpeg.max_batch_pixels)", need, j->out_cap);
         return -1;
     }
-    const sf_cuda_jpeg_backend k = choose(j, b, want);
-    if (!sf_cuda_jpeg_has(j, k)) {
-        sf_cuda_set_error("jpeg decode: the nvJPEG %s backend is not available on this device (%s)",
-                          sf_cuda_jpeg_backend_name(k), j->be[k].why);
-        return -1;
-    }
-    j->last = k;
-    /* The engines write the area while the call runs, whatever s still has
-     * queued: the area's last reader must be done (sf_cuda_jpeg_decode). */
-    if (k == SF_CUDA_JPEG_HARDWARE && area_free && cudaEventSynchronize(area_free) != cudaSuccess) {
-        sf_cuda_set_error("jpeg decode: waiting for the staging area's last reader: %s",
-                          cudaGetErrorString(cudaGetLastError()));
-        return -1;
-    }
-    int split = j->lanes > 1 && b->n >= SF_CUDA_JPEG_LANE_MIN * j->lanes;
-    for (int l = 0; split && l < j->lanes - 1; l++)
-        split = sf_cuda_jpeg_has(j->lane[l], k);
-    nvjpegStatus_t st = split ? run_lanes(j, k, b, s) : run(j, k, b, 0, b->n, s);
-    if (st == NVJPEG_STATUS_SUCCESS)
-        return 0;
-    if (split) {
-        /* the lanes' streams may still hold work queued before the failure */
-        for (int l = 0; l < j->lanes - 1; l++)
-            cudaStreamSynchronize(j->lane[l]->lst);
-        cudaGetLastError();
-    }
-    if (want == SF_CUDA_JPEG_AUTO && k == SF_CUDA_JPEG_HARDWARE) {
-        /* The engines refused what their check accepted: the batch runs on
-         * the hybrid backend, which takes every file the header reader lets in. */
-        const sf_cuda_jpeg_backend h =
-            j->be[SF_CUDA_JPEG_GPU_HYBRID].ok ? SF_CUDA_JPEG_GPU_HYBRID : SF_CUDA_JPEG_HYBRID;
-        if (j->be[h].ok) {
-            j->last = h;
-            if (run(j, h, b, 0, b->n, s) == NVJPEG_STATUS_SUCCESS)
-                return 0;
-        }
-    }
-    const sf_cuda_jpeg_backend kf = j->last;
-    /* Error path: find the file nvJPEG refuses, one at a time. */
+    const int skip = b->skip_undecodable && b->undecodable;
+    if (b->undecodable)
+        memset(b->undecodable, 0, (size_t)b->n);
+    /* Which files nvJPEG takes: every one but CMYK, YCCK and arithmetic-coded. */
+    int n_host = 0;
     for (int i = 0; i < b->n; i++) {
-        nvjpegStatus_t si = run(j, kf, b, i, 1, s);
-        if (si != NVJPEG_STATUS_SUCCESS) {
-            sf_cuda_set_error("jpeg decode (nvJPEG %s): sample %d: %s", sf_cuda_jpeg_backend_name(kf), i,
-                              status_name(si));
-            cudaStreamSynchronize(s);
-            cudaGetLastError();
-            return si == NVJPEG_STATUS_BAD_JPEG || si == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ? SF_BACKEND_BAD_INPUT
-                                                                                         : -1;
+        const unsigned f = b->jpeg_files ? b->jpeg_files[i].forms : 0;
+        j->on_host[i] = (f & (SF_JPEG_FORM_CMYK | SF_JPEG_FORM_ARITHMETIC)) != 0;
+        if (j->on_host[i])
+            n_host++;
+        else
+            j->order[j->n_order++] = i;
+    }
+    j->last = SF_CUDA_JPEG_AUTO;
+    if (j->n_order > 0) {
+        const sf_cuda_jpeg_backend k = choose(j, b, want);
+        if (!sf_cuda_jpeg_has(j, k)) {
+            sf_cuda_set_error("jpeg decode: the nvJPEG %s backend is not available on this device (%s)",
+                              sf_cuda_jpeg_backend_name(k), j->be[k].why);
+            return -1;
+        }
+        j->last = k;
+        /* The engines write the area while the call runs, whatever s still has
+         * queued: the area's last reader must be done (sf_cuda_jpeg_decode). */
+        if (k == SF_CUDA_JPEG_HARDWARE && area_free && cudaEventSynchronize(area_free) != cudaSuccess) {
+            sf_cuda_set_error("jpeg decode: waiting for the staging area's last reader: %s",
+                              cudaGetErrorString(cudaGetLastError()));
+            return -1;
+        }
+        /* Lanes cut the batch by sample index: only a batch nvJPEG takes whole. */
+        int split = n_host == 0 && j->lanes > 1 && b->n >= SF_CUDA_JPEG_LANE_MIN * j->lanes;
+        for (int l = 0; split && l < j->lanes - 1; l++)
+            split = sf_cuda_jpeg_has(j->lane[l], k);
+        nvjpegStatus_t st = split ? run_lanes(j, k, b, s) : run(j, k, b, j->order, 0, j->n_order, s);
+        if (st != NVJPEG_STATUS_SUCCESS) {
+            if (split) {
+                /* the lanes' streams may still hold work queued before the failure */
+                for (int l = 0; l < j->lanes - 1; l++)
+                    cudaStreamSynchronize(j->lane[l]->lst);
+                cudaGetLastError();
+            }
+            int done = 0;
+            if (want == SF_CUDA_JPEG_AUTO && k == SF_CUDA_JPEG_HARDWARE) {
+                /* The engines refused what their check accepted: the batch runs on
+                 * the hybrid backend, which takes every file the header reader lets in. */
+                const sf_cuda_jpeg_backend h =
+                    j->be[SF_CUDA_JPEG_GPU_HYBRID].ok ? SF_CUDA_JPEG_GPU_HYBRID : SF_CUDA_JPEG_HYBRID;
+                if (j->be[h].ok) {
+                    j->last = h;
+                    done = run(j, h, b, j->order, 0, j->n_order, s) == NVJPEG_STATUS_SUCCESS;
+                }
+            }
+            /* Error path: find the files nvJPEG refuses, one at a time (each
+             * good one is decoded into its place on the way). */
+            int rc = done ? 0 : decode_one_by_one(j, b, j->last, skip, s, st);
+            if (rc != 0)
+                return rc;
         }
     }
-    sf_cuda_set_error("jpeg decode (nvJPEG %s): the batch of %d files failed (%s) though each decodes alone",
-                      sf_cuda_jpeg_backend_name(kf), b->n, status_name(st));
-    cudaStreamSynchronize(s);
-    cudaGetLastError();
-    return -1;
+    if (n_host > 0) {
+        const int rc = decode_on_host(j, b, skip, s);
+        if (rc != 0)
+            return rc;
+    }
+    if (skip) {
+        int left = 0;
+        for (int i = 0; i < b->n; i++)
+            left += !b->undecodable[i];
+        if (left == 0)
+            return SF_BACKEND_BAD_INPUT; /* sf_cuda_last_error names the first file */
+    }
+    return 0;
+}
+
+int sf_cuda_jpeg_host_decoded(const sf_cuda_jpeg *j)
+{
+    return j->host_decoded;
 }

@@ -42,7 +42,23 @@
  * default "fancy" upsampling does; nvJPEG and libjpeg-turbo still differ by
  * IDCT rounding (tests/gpu/test_jpeg_decode.cu states and checks the bound).
  * Bitstreams are decoded strictly (NVJPEG_FLAGS_BITSTREAM_STRICT): damaged
- * scan data fails the batch, as it does on the reference backend.
+ * scan data fails the file, as it does on the reference backend.
+ *
+ * Files nvJPEG does not take. Arithmetic-coded files (nvJPEG decodes
+ * Huffman-coded ones only) and CMYK and YCCK files (4 components: the batched
+ * API used here has no switch for them; nvjpegDecodeParamsSetAllowCMYK is the
+ * decoupled API's, and its conversion to RGB is not torchvision's) are
+ * decoded with libjpeg-turbo on the calling thread (gpu/ref/input.h: the
+ * reference decode, converted to RGB as torchvision converts them) into a
+ * pinned buffer and copied into their places of the staging area on the
+ * caller's stream; sf_cuda_jpeg_host_decoded counts them. Such files are
+ * rare in data sets (ImageNet's training set holds a few dozen CMYK ones).
+ *
+ * A file a decoder refuses. With b->skip_undecodable it is marked in
+ * b->undecodable and the others are decoded into their places (the batch
+ * that failed is decoded again one file at a time to find it: the error path
+ * only); a batch of which no file decodes is refused. Without, the first
+ * refused file refuses the batch.
  *
  * Memory, sized once. The staging areas (3 * max_pixels bytes each) are
  * allocated by sf_cuda_jpeg_new. nvJPEG's own pinned and device buffers are sized there
@@ -139,8 +155,11 @@ size_t sf_cuda_jpeg_synthetic(int side, uint8_t *out);
 
 /* Staging area `stage` (NULL out of range). */
 uint8_t *sf_cuda_jpeg_output(const sf_cuda_jpeg *j, int stage);
-/* The backend the last decode ran on; SF_CUDA_JPEG_AUTO before any. */
+/* The backend the last decode ran on; SF_CUDA_JPEG_AUTO before any, and
+ * when every file of the last batch was decoded on the host. */
 sf_cuda_jpeg_backend sf_cuda_jpeg_last(const sf_cuda_jpeg *j);
+/* Files of the last decode that libjpeg-turbo decoded on the host. */
+int sf_cuda_jpeg_host_decoded(const sf_cuda_jpeg *j);
 /* 1 when the backend could be created on this device. */
 int sf_cuda_jpeg_has(const sf_cuda_jpeg *j, sf_cuda_jpeg_backend be);
 /* "hardware", "gpu_hybrid", "hybrid", "auto". */

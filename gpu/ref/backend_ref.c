@@ -133,6 +133,11 @@ typedef struct ref_ctx {
     size_t decoded_cap;           /* 3 * cfg.jpeg_max_batch_pixels */
     int32_t *labels;              /* [max_batch] or [max_batch, out_h, out_w] */
     size_t labels_per_sample;     /* 1, or out_h*out_w for segmentation */
+    /* Encoded batches with samples left out (sf_batch.skip_undecodable):
+     * the kept samples' parameters and labels, in order. NULL without JPEG
+     * batches. */
+    sf_aug_sample *kept_samples;  /* [max_batch] */
+    uint8_t *kept_labels;         /* [max_batch * labels_per_sample] labels of 8 bytes or fewer */
 
     sf_event fifo[REF_FIFO_CAP];
     int head, count;
@@ -183,6 +188,8 @@ static void free_state(ref_ctx *c)
     free(c->aug_tmp);
     free(c->decoded);
     free(c->labels);
+    free(c->kept_samples);
+    free(c->kept_labels);
     sf_event fifo_keep[REF_FIFO_CAP];
     memcpy(fifo_keep, c->fifo, sizeof fifo_keep);
     int head = c->head, count = c->count;
@@ -255,9 +262,14 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     if (cfg->jpeg_max_batch_pixels > 0 && (uint64_t)cfg->jpeg_max_batch_pixels <= SIZE_MAX / 3) {
         c->decoded_cap = (size_t)cfg->jpeg_max_batch_pixels * 3;
         c->decoded = malloc(c->decoded_cap);
+        c->kept_samples = calloc(nb, sizeof *c->kept_samples);
+        c->kept_labels = c->labels_per_sample <= SIZE_MAX / sizeof(int64_t) / nb
+                             ? calloc(nb * c->labels_per_sample, sizeof(int64_t))
+                             : NULL;
     }
     int ok = c->params && c->buffers && c->grads && c->mom && c->input && c->gtmp && c->aug_tmp &&
-             c->labels && (cfg->jpeg_max_batch_pixels <= 0 || c->decoded) &&
+             c->labels &&
+             (cfg->jpeg_max_batch_pixels <= 0 || (c->decoded && c->kept_samples && c->kept_labels)) &&
              (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq) &&
              (!c->bf16 || c->wq);
     for (int i = 0; ok && i < mm->n_layers; i++) {
@@ -724,12 +736,24 @@ static void eval_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
     loss_of(c, n, b, NULL, o);
 }
 
+static size_t label_bytes(sf_label_dtype d)
+{
+    return d == SF_LABEL_U8 ? 1 : d == SF_LABEL_I32 ? 4 : 8;
+}
+
 /* An encoded batch decoded into c->decoded, as the raw batch *raw (b itself
- * when it is not encoded). 0; SF_BACKEND_BAD_INPUT with err naming the sample
- * when a file's data is refused; -1 when the buffer is too small. */
+ * when it is not encoded). With b->skip_undecodable the samples whose files
+ * libjpeg-turbo refuses are marked in b->undecodable and left out of *raw:
+ * the kept samples' parameters and labels, in order, are copied into
+ * c->kept_samples and c->kept_labels, and raw->n counts them. 0;
+ * SF_BACKEND_BAD_INPUT with err naming the (first) sample when a file's data
+ * is refused and the batch cannot go on (no skipping, or nothing left); -1
+ * when the buffer is too small. */
 static int decode(ref_ctx *c, const sf_batch *b, sf_batch *raw, char *err, size_t errlen)
 {
     *raw = *b;
+    if (b->undecodable)
+        memset(b->undecodable, 0, (size_t)b->n);
     if (!b->jpeg)
         return 0;
     if (!c->decoded || b->decoded_bytes > c->decoded_cap) {
@@ -737,12 +761,32 @@ static int decode(ref_ctx *c, const sf_batch *b, sf_batch *raw, char *err, size_
                 "(jpeg.max_batch_pixels)", b->decoded_bytes, c->decoded_cap);
         return -1;
     }
-    const int rc = sf_ref_jpeg_decode(b, c->decoded, c->decoded_cap, err, errlen);
-    if (rc != 0)
-        return rc;
+    const int skip = b->skip_undecodable && b->undecodable && c->kept_samples && b->n <= c->cfg.max_batch;
+    const int rc = sf_ref_jpeg_decode_some(b, NULL, c->decoded, c->decoded_cap, skip ? b->undecodable : NULL,
+                                           err, errlen);
+    if (rc < 0)
+        return -1;
+    if (rc > 0 && (!skip || rc == b->n))
+        return SF_BACKEND_BAD_INPUT;
     raw->images = c->decoded;
     raw->jpeg = NULL;
     raw->jpeg_off = NULL;
+    raw->jpeg_files = NULL;
+    if (rc == 0)
+        return 0;
+    const size_t lsz = b->labels ? label_bytes(b->label_dtype) * c->labels_per_sample : 0;
+    int k = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->undecodable[i])
+            continue;
+        c->kept_samples[k] = b->samples[i];
+        if (lsz)
+            memcpy(c->kept_labels + (size_t)k * lsz, (const uint8_t *)b->labels + (size_t)i * lsz, lsz);
+        k++;
+    }
+    raw->n = k;
+    raw->samples = c->kept_samples;
+    raw->labels = lsz ? c->kept_labels : b->labels;
     return 0;
 }
 
@@ -796,7 +840,6 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
         sf_errf(err, errlen, "ref: %d events not yet polled; poll before submitting more", c->count);
         return -1;
     }
-    const int n = b_in->n;
     sf_event ev;
 
     const uint64_t t0 = now_ns();
@@ -810,6 +853,7 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
         return drc == SF_BACKEND_BAD_INPUT ? SF_BACKEND_BAD_INPUT : -1;
     const uint64_t t_decoded = now_ns();
     const sf_batch *b = &raw;
+    const int n = b->n; /* the samples decoded: all, or those kept */
     int64_t bad = 0;
     make_input(c, b);
     const long long bad_at = convert_labels(c, b, &bad);
@@ -852,9 +896,21 @@ static int ref_submit(sf_backend *be, const sf_batch *b_in, char *err, size_t er
         ev.status = -1;
         snprintf(ev.err, sizeof ev.err, "%s", c->dist_err);
     }
-    if (b->logits_out)
-        memcpy(b->logits_out, c->act[c->m.n_layers - 1],
-               sizeof(float) * (size_t)n * c->m.layers[c->m.n_layers - 1].out_elems);
+    if (b->logits_out) {
+        /* A sample left out has a row of NaN: no logits were computed for it. */
+        const size_t row = c->m.layers[c->m.n_layers - 1].out_elems;
+        const float *src = c->act[c->m.n_layers - 1];
+        for (int i = 0, k = 0; i < b_in->n; i++) {
+            float *dst = b->logits_out + (size_t)i * row;
+            if (b_in->undecodable && b_in->undecodable[i] && n < b_in->n) {
+                for (size_t e = 0; e < row; e++)
+                    dst[e] = NAN;
+            } else {
+                memcpy(dst, src + (size_t)k * row, sizeof(float) * row);
+                k++;
+            }
+        }
+    }
     const uint64_t t2 = now_ns();
 
     ev.loss = o.loss;
@@ -923,9 +979,24 @@ static int ref_transform(sf_backend *be, const sf_batch *b_in, float *out, char 
         /* Not the model's shape (or no model): the stages' one-off path. */
         sf_ref_augment(b->plan, b->samples, b->n, b->images, b->nhwc, out);
         sf_ref_aug_mix(b->plan, &b->mix, b->n, out);
-        return 0;
+    } else {
+        augment(c, b, out);
     }
-    augment(c, b, out);
+    if (b->n < b_in->n) {
+        /* The kept samples' rows move to their places, from the last one
+         * down (a row only ever moves up the buffer), and a row left out
+         * becomes zeros. */
+        const size_t row = (size_t)b->plan->c * b->plan->out_h * b->plan->out_w;
+        for (int i = b_in->n - 1, k = b->n - 1; i >= 0; i--) {
+            if (b_in->undecodable[i]) {
+                memset(out + (size_t)i * row, 0, sizeof(float) * row);
+            } else {
+                if (k != i)
+                    memmove(out + (size_t)i * row, out + (size_t)k * row, sizeof(float) * row);
+                k--;
+            }
+        }
+    }
     return 0;
 }
 

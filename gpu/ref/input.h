@@ -19,6 +19,23 @@ struct sf_batch;
  * naming the sample when libjpeg-turbo refuses a file; -1 otherwise. */
 int sf_ref_jpeg_decode(const struct sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen);
 
+/* The same, sample by sample: decodes the samples i with which[i] != 0 (all
+ * when which is NULL) and, when bad is not NULL, marks each one libjpeg-turbo
+ * refuses with bad[i] = 1 and goes on with the others (err names the first).
+ * Returns the number refused (0..n; with bad NULL the decode stops at the
+ * first), or -1 when the batch itself is wrong (a buffer too small). */
+int sf_ref_jpeg_decode_some(const struct sf_batch *b, const uint8_t *which, uint8_t *dst, size_t cap,
+                            uint8_t *bad, char *err, size_t errlen);
+
+/* A file of more scans than this is refused (TurboJPEG's TJFLAG_LIMITSCANS
+ * bound). */
+#define SF_REF_JPEG_MAX_SCANS 500
+/* A batch's decode work is bounded at this many scans over each pixel it
+ * decodes: legitimate progressive files have about ten (a sequential file
+ * one per component group), so a batch of them fits; once a batch has spent
+ * it, its remaining files are refused. */
+#define SF_REF_JPEG_PASSES_PER_PIXEL 64
+
 
 /* ---- augmentation ------------------------------------------------------- */
 

@@ -1,56 +1,239 @@
-/* gpu/ref/jpeg.c — the reference JPEG decode: libjpeg-turbo's TurboJPEG API.
+/* gpu/ref/jpeg.c — the reference JPEG decode: libjpeg-turbo's libjpeg API.
  *
- * The oracle of the CUDA backend's nvJPEG decode (tests/gpu/test_jpeg_decode.cu)
- * and the reference backend's decode. Default TurboJPEG settings: the
- * accurate integer IDCT and smooth ("fancy") chroma upsampling, as
- * libjpeg-turbo's own tools, PIL and torchvision's CPU decode use them.
- * Grayscale files come out as three equal channels (TJPF_RGB). A file the
- * library reports anything about, a warning about corrupt data included,
- * fails the batch naming the sample: the decode is strict, so a damaged file
- * never trains as a half-grey image.
+ * The oracle of the CUDA backend's nvJPEG decode (tests/gpu/test_jpeg_decode.cu),
+ * the reference backend's decode, and the CUDA backend's host decode of the
+ * files nvJPEG does not take (CMYK, YCCK, arithmetic-coded). The settings are
+ * libjpeg's defaults, as TurboJPEG, libjpeg-turbo's own tools, PIL and
+ * torchvision's CPU decode use them: the accurate integer IDCT and smooth
+ * ("fancy") chroma upsampling. Grayscale files come out as three equal
+ * channels; CMYK and YCCK files (libjpeg converts YCCK to CMYK) as RGB by
+ * torchvision.io.decode_jpeg(mode=ImageReadMode.RGB)'s conversion, which is
+ * Pillow's: each channel is k - k * (255 - c) / 255, rounded, on the values
+ * as stored (Adobe writers store CMYK inverted, which is what makes this the
+ * product c * k / 255).
+ *
+ * Strict and bounded. The libjpeg API rather than TurboJPEG's, for what it
+ * lets a caller stop: the first warning (corrupt data, a bogus progression,
+ * a premature end) ends the file's decode at once, where libjpeg would go on
+ * over the rest of a damaged image, so that a damaged file never trains as a
+ * half-grey image and costs no more than the scans before its damage; and a
+ * progress hook ends a file past SF_REF_JPEG_MAX_SCANS scans (TurboJPEG's
+ * TJFLAG_LIMITSCANS bound; the server's header check applies a tighter one
+ * for large images) or a batch past its work budget
+ * (SF_REF_JPEG_PASSES_PER_PIXEL scans over each of its pixels).
  */
 #include "gpu/backend.h"
 #include "gpu/common.h"
 #include "ref.h"
 
+#include <setjmp.h>
 #include <stdio.h>
-#include <turbojpeg.h>
+#include <stdlib.h>
+#include <string.h>
 
-int sf_ref_jpeg_decode(const sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen)
+#include <jpeglib.h>
+
+/* The error manager: an error or a warning jumps out of the decode with its
+ * message; trace messages (level > 0) are ignored. */
+typedef struct ref_jerr {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    char msg[JMSG_LENGTH_MAX];
+} ref_jerr;
+
+/* The progress hook's state: the scan bound and the batch's work left. */
+typedef struct ref_jprog {
+    struct jpeg_progress_mgr pub;
+    ref_jerr *err;
+    int64_t *work_left;     /* pixel passes the batch may still spend; NULL: unbounded */
+    int64_t pass_pixels;    /* the image's pixels: one scan's worth of work */
+    int scans_seen;
+} ref_jprog;
+
+static void on_error(j_common_ptr ci)
+{
+    ref_jerr *e = (ref_jerr *)(void *)ci->err;
+    (*ci->err->format_message)(ci, e->msg);
+    longjmp(e->jb, 1);
+}
+
+static void on_message(j_common_ptr ci, int level)
+{
+    if (level >= 0)
+        return;
+    ref_jerr *e = (ref_jerr *)(void *)ci->err;
+    (*ci->err->format_message)(ci, e->msg);
+    longjmp(e->jb, 1);
+}
+
+/* Called by libjpeg between rows and scans. A new input scan is a pass over
+ * the whole image (for a progressive file), so the batch's budget is
+ * charged per scan, and the first scan of every file is charged too. */
+static void on_progress(j_common_ptr ci)
+{
+    ref_jprog *p = (ref_jprog *)(void *)ci->progress;
+    const j_decompress_ptr d = (j_decompress_ptr)ci;
+    if (!ci->is_decompressor || d->input_scan_number <= p->scans_seen)
+        return;
+    p->scans_seen = d->input_scan_number;
+    if (p->scans_seen > SF_REF_JPEG_MAX_SCANS) {
+        snprintf(p->err->msg, sizeof p->err->msg, "more than %d scans", SF_REF_JPEG_MAX_SCANS);
+        longjmp(p->err->jb, 1);
+    }
+    if (p->work_left) {
+        if (*p->work_left < p->pass_pixels) {
+            snprintf(p->err->msg, sizeof p->err->msg,
+                     "the batch's decode budget (%d scans over each of its pixels) is spent before this file's "
+                     "scan %d", SF_REF_JPEG_PASSES_PER_PIXEL, p->scans_seen);
+            longjmp(p->err->jb, 1);
+        }
+        *p->work_left -= p->pass_pixels;
+    }
+}
+
+/* torchvision's and Pillow's CMYK to RGB, per channel. */
+static inline uint8_t cmyk_channel(int k, int cmy)
+{
+    int v = k * (255 - cmy) + 128;
+    v = ((v >> 8) + v) >> 8;
+    const int out = k - v;
+    return (uint8_t)(out < 0 ? 0 : out > 255 ? 255 : out);
+}
+
+/* Decodes one file into dst (h x w x 3). 0, or -1 with why filled. row4 is a
+ * scratch row of at least 4 * w bytes for CMYK files (NULL when none). */
+static int decode_one(struct jpeg_decompress_struct *ci, ref_jerr *je, ref_jprog *jp, const uint8_t *src,
+                      size_t len, int h, int w, uint8_t *dst, uint8_t **row4, size_t *row4_cap, char *why,
+                      size_t whylen)
+{
+    if (setjmp(je->jb)) {
+        snprintf(why, whylen, "%s", je->msg);
+        jpeg_abort_decompress(ci);
+        return -1;
+    }
+    jp->scans_seen = 0;
+    jp->pass_pixels = (int64_t)h * w;
+    jpeg_mem_src(ci, src, (unsigned long)len);
+    if (jpeg_read_header(ci, TRUE) != JPEG_HEADER_OK) {
+        snprintf(why, whylen, "the file holds tables only, no image");
+        jpeg_abort_decompress(ci);
+        return -1;
+    }
+    if ((int)ci->image_width != w || (int)ci->image_height != h) {
+        snprintf(why, whylen, "the file is %ux%u (HxW), not the %dx%d its header was read as", ci->image_height,
+                 ci->image_width, h, w);
+        jpeg_abort_decompress(ci);
+        return -1;
+    }
+    const int cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
+    ci->out_color_space = cmyk ? JCS_CMYK : JCS_EXT_RGB;
+    ci->dct_method = JDCT_ISLOW;
+    ci->do_fancy_upsampling = TRUE;
+    if (cmyk && *row4_cap < (size_t)w * 4) {
+        /* Only CMYK files need a row of their own; it grows to the widest one
+         * and lives for the batch. */
+        uint8_t *r = realloc(*row4, (size_t)w * 4);
+        if (!r) {
+            snprintf(why, whylen, "out of memory for a CMYK row of %d pixels", w);
+            jpeg_abort_decompress(ci);
+            return -1;
+        }
+        *row4 = r;
+        *row4_cap = (size_t)w * 4;
+    }
+    jpeg_start_decompress(ci);
+    while (ci->output_scanline < ci->output_height) {
+        uint8_t *out = dst + (size_t)ci->output_scanline * w * 3;
+        if (!cmyk) {
+            /* Straight into the output, as many rows as the upsampler makes
+             * at once (TurboJPEG's way: no copy through a row of its own). */
+            JSAMPROW rows[16];
+            unsigned k = ci->output_height - ci->output_scanline;
+            k = k < 16 ? k : 16;
+            for (unsigned r = 0; r < k; r++)
+                rows[r] = out + (size_t)r * w * 3;
+            jpeg_read_scanlines(ci, rows, k);
+            continue;
+        }
+        JSAMPROW row = *row4;
+        jpeg_read_scanlines(ci, &row, 1);
+        for (int x = 0; x < w; x++) {
+            const uint8_t *q = *row4 + 4 * x;
+            out[3 * x + 0] = cmyk_channel(q[3], q[0]);
+            out[3 * x + 1] = cmyk_channel(q[3], q[1]);
+            out[3 * x + 2] = cmyk_channel(q[3], q[2]);
+        }
+    }
+    jpeg_finish_decompress(ci);
+    return 0;
+}
+
+int sf_ref_jpeg_decode_some(const sf_batch *b, const uint8_t *which, uint8_t *dst, size_t cap, uint8_t *bad,
+                            char *err, size_t errlen)
 {
     if (!b->jpeg || !b->jpeg_off) {
         sf_errf(err, errlen, "ref jpeg: the batch is not encoded");
         return -1;
     }
-    tjhandle tj = tjInitDecompress();
-    if (!tj) {
-        sf_errf(err, errlen, "ref jpeg: %s", tjGetErrorStr2(NULL));
-        return -1;
-    }
+    struct jpeg_decompress_struct ci;
+    ref_jerr je;
+    ref_jprog jp;
+    memset(&jp, 0, sizeof jp);
+    ci.err = jpeg_std_error(&je.pub);
+    je.pub.error_exit = on_error;
+    je.pub.emit_message = on_message;
+    je.msg[0] = '\0';
+    jpeg_create_decompress(&ci);
+    jp.pub.progress_monitor = on_progress;
+    jp.err = &je;
+    ci.progress = &jp.pub;
+    /* The batch's work budget: SF_REF_JPEG_PASSES_PER_PIXEL scans over
+     * every pixel it decodes, so that a batch of legitimate progressive
+     * files (about ten scans each) fits and files of many scans cannot
+     * together hold the engine for longer than that. */
+    int64_t work_left = (int64_t)(b->decoded_bytes / 3) * SF_REF_JPEG_PASSES_PER_PIXEL;
+    if (b->decoded_bytes == 0)
+        for (int i = 0; i < b->n; i++)
+            work_left += (int64_t)b->samples[i].src_h * b->samples[i].src_w * SF_REF_JPEG_PASSES_PER_PIXEL;
+    jp.work_left = &work_left;
+    uint8_t *row4 = NULL;
+    size_t row4_cap = 0;
+    int refused = 0;
     int rc = 0;
     for (int i = 0; i < b->n && rc == 0; i++) {
+        if (which && !which[i])
+            continue;
         const int64_t o0 = b->jpeg_off[i], o1 = b->jpeg_off[i + 1];
+        int64_t n = o1 - o0;
+        if (b->jpeg_files && b->jpeg_files[i].len > 0 && b->jpeg_files[i].len < n)
+            n = b->jpeg_files[i].len;
         const int h = b->samples[i].src_h, w = b->samples[i].src_w;
         const size_t off = b->samples[i].src_off;
-        unsigned char *src = (unsigned char *)(uintptr_t)(b->jpeg + o0);
-        int fw = 0, fh = 0, ss = 0, cs = 0;
+        char why[JMSG_LENGTH_MAX + 64];
         if (off + (size_t)h * w * 3 > cap) {
             sf_errf(err, errlen, "ref jpeg: sample %d (%dx%d) does not fit the decode buffer of %zu bytes", i, h,
                     w, cap);
             rc = -1;
-        } else if (tjDecompressHeader3(tj, src, (unsigned long)(o1 - o0), &fw, &fh, &ss, &cs) != 0) {
-            sf_errf(err, errlen, "ref jpeg: sample %d: %s", i, tjGetErrorStr2(tj));
-            rc = SF_BACKEND_BAD_INPUT;
-        } else if (fw != w || fh != h) {
-            sf_errf(err, errlen, "ref jpeg: sample %d is %dx%d (HxW), not the %dx%d its header was read as", i,
-                    fh, fw, h, w);
-            rc = SF_BACKEND_BAD_INPUT;
-        } else if (tjDecompress2(tj, src, (unsigned long)(o1 - o0), dst + off, w, w * 3, h, TJPF_RGB,
-                                 TJFLAG_LIMITSCANS) != 0) {
-            sf_errf(err, errlen, "ref jpeg: sample %d: %s", i, tjGetErrorStr2(tj));
-            rc = SF_BACKEND_BAD_INPUT;
+        } else if (decode_one(&ci, &je, &jp, b->jpeg + o0, (size_t)n, h, w, dst + off, &row4, &row4_cap, why,
+                              sizeof why) != 0) {
+            if (refused == 0)
+                sf_errf(err, errlen, "ref jpeg: sample %d: %s", i, why);
+            refused++;
+            if (bad)
+                bad[i] = 1;
+            else
+                rc = SF_BACKEND_BAD_INPUT;
         }
     }
-    tjDestroy(tj);
-    return rc;
+    jpeg_destroy_decompress(&ci);
+    free(row4);
+    if (rc == -1)
+        return -1;
+    return refused;
+}
+
+int sf_ref_jpeg_decode(const sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen)
+{
+    const int rc = sf_ref_jpeg_decode_some(b, NULL, dst, cap, NULL, err, errlen);
+    return rc > 0 ? SF_BACKEND_BAD_INPUT : rc;
 }

@@ -105,10 +105,11 @@ def test_async_feed_refuses_more_connections_than_its_client_pools():
 
 
 def test_the_async_feed_leaves_out_a_file_the_server_refuses_by_name(module_server, rng):
-    cmyk = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).convert("CMYK").save(cmyk, format="JPEG")
+    # a 12-bit JPEG: the server's header check refuses it by name
+    bad = bytearray(jpeg_bytes(rng))
+    bad[next(i for i in range(2, len(bad) - 1) if bad[i] == 0xFF and bad[i + 1] == 0xC0) + 4] = 12
     samples = [(jpeg_bytes(rng), k) for k in range(7)]
-    samples.insert(2, (cmyk.getvalue(), 9))
+    samples.insert(2, (bytes(bad), 9))
 
     async def main(**kw):
         async with AsyncClient(module_server.url) as c:
@@ -120,3 +121,22 @@ def test_the_async_feed_leaves_out_a_file_the_server_refuses_by_name(module_serv
     assert (summary.skipped[0].batch_index, summary.skipped[0].sample) == (0, 2)
     with pytest.raises(E.FeedAborted):
         asyncio.run(main(skip_bad_files=False))
+
+
+def test_the_async_feed_names_the_files_the_server_could_not_decode(module_server, rng):
+    """A file whose header passes but whose Huffman table the decoder
+    refuses: the server leaves it out and trains its batch on the rest; the
+    feed names it from the batch's result."""
+    bad = bytearray(jpeg_bytes(rng))
+    bad[bad.index(b"\xff\xc4") + 5] = 0xFF
+    samples = [(jpeg_bytes(rng), k % 10) for k in range(11)]
+    samples.insert(5, (bytes(bad), 9))
+
+    async def main():
+        async with AsyncClient(module_server.url) as c:
+            return await c.feed(jpeg_batches(samples, 4, shuffle=False), connections=2)
+
+    summary = asyncio.run(main())
+    assert summary.ok and summary.batches == 3 and summary.samples == 12, summary
+    assert summary.skipped_files == {"jpeg_undecodable": 1}, summary
+    assert (summary.skipped[0].batch_index, summary.skipped[0].sample) == (1, 1)

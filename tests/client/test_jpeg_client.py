@@ -120,10 +120,23 @@ def test_jpeg_batches_shuffle_an_image_folder_by_seed_so_batches_mix_the_classes
     assert len(list(jpeg_batches((s for s in samples), 4, shuffle=False))) == 8
 
 
-def cmyk_jpeg_bytes(rng, h=32, w=32):
-    out = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).convert("CMYK").save(out, format="JPEG")
-    return out.getvalue()
+def twelve_bit_jpeg_bytes(rng, h=32, w=32):
+    """A JPEG whose SOF declares 12-bit samples: refused by the server's
+    header check as jpeg_unsupported (CMYK files, which crawled data sets
+    hold too, are decoded)."""
+    b = bytearray(jpeg_bytes(rng, h, w))
+    i = next(i for i in range(2, len(b) - 1) if b[i] == 0xFF and b[i + 1] in (0xC0, 0xC2))
+    b[i + 4] = 12
+    return bytes(b)
+
+
+def bogus_huffman_jpeg_bytes(rng, h=32, w=32):
+    """A JPEG whose header passes but whose Huffman table the decoder refuses
+    (more codes of length 1 than exist): left out by the server."""
+    b = bytearray(jpeg_bytes(rng, h, w))
+    i = b.index(b"\xff\xc4")
+    b[i + 5] = 0xFF
+    return bytes(b)
 
 
 def png_bytes(rng, h=32, w=32):
@@ -133,14 +146,14 @@ def png_bytes(rng, h=32, w=32):
 
 
 def a_real_data_set(rng, tmp_path):
-    """Thirteen files as a crawled data set has them: nine good JPEGs, a CMYK
-    JPEG and a file cut short (both refused by the server, by name), a PNG
-    named .jpg and an empty file (both left out before sending)."""
-    kinds = ["ok", "cmyk", "ok", "ok", "png", "ok", "cut", "ok", "ok", "empty", "ok", "ok", "ok"]
+    """Thirteen files as a crawled data set has them: nine good JPEGs, a
+    12-bit JPEG and a file cut short (both refused by the server, by name), a
+    PNG named .jpg and an empty file (both left out before sending)."""
+    kinds = ["ok", "12bit", "ok", "ok", "png", "ok", "cut", "ok", "ok", "empty", "ok", "ok", "ok"]
     samples = []
     for i, kind in enumerate(kinds):
         good = jpeg_bytes(rng)
-        data = {"ok": good, "cmyk": cmyk_jpeg_bytes(rng), "png": png_bytes(rng), "cut": good[:300] + b"\xff\xd9",
+        data = {"ok": good, "12bit": twelve_bit_jpeg_bytes(rng), "png": png_bytes(rng), "cut": good[:300] + b"\xff\xd9",
                 "empty": b""}[kind]
         p = tmp_path / f"{i:02d}-{kind}.jpg"
         p.write_bytes(data)
@@ -158,9 +171,9 @@ def test_feed_leaves_out_the_files_a_real_data_set_has_and_trains_on_the_rest(mo
     assert summary.skipped_files.get("jpeg_not_jpeg") == 2
     assert sum(summary.skipped_files.values()) == 4, summary.skipped_files
     named = {Path(s.name).name: s for s in summary.skipped}
-    assert set(named) == {"01-cmyk.jpg", "04-png.jpg", "06-cut.jpg", "09-empty.jpg"}
-    assert named["01-cmyk.jpg"].code == "jpeg_unsupported" and named["01-cmyk.jpg"].batch_index == 0
-    assert named["01-cmyk.jpg"].sample == 1
+    assert set(named) == {"01-12bit.jpg", "04-png.jpg", "06-cut.jpg", "09-empty.jpg"}
+    assert named["01-12bit.jpg"].code == "jpeg_unsupported" and named["01-12bit.jpg"].batch_index == 0
+    assert named["01-12bit.jpg"].sample == 1
     assert named["06-cut.jpg"].code in ("jpeg_truncated", "jpeg_malformed")
     assert "empty" in named["09-empty.jpg"].message
     assert "files left out" in str(summary)
@@ -195,13 +208,36 @@ def test_jpeg_batches_keep_their_size_and_a_data_set_without_a_jpeg_is_refused(r
     assert [(p, n, c) for p, n, c, _ in only.left_out] == [(0, "/nonexistent/streamfeed/x.jpg", "file_unreadable")]
 
 
+def test_files_the_server_cannot_decode_are_reported_by_path_and_their_batches_train(module_server, rng,
+                                                                                     tmp_path):
+    """A file whose header passes but whose data the decoder refuses is left
+    out by the server (decode.on_undecodable: skip): its batch trains on the
+    others, and the feed names the file from the batch's result, for batches
+    accepted with a 202 as for the last one, posted with wait."""
+    samples = []
+    for i in range(12):
+        p = tmp_path / f"{i:02d}.jpg"
+        p.write_bytes(bogus_huffman_jpeg_bytes(rng) if i in (2, 11) else jpeg_bytes(rng))
+        samples.append((p, i % 10))
+    summary = module_server.client().feed(jpeg_batches(samples, 4, shuffle=False), connections=2, progress=False)
+    assert summary.ok and summary.batches == 3 and not summary.errors, summary
+    assert summary.skipped_files == {"jpeg_undecodable": 2}, summary
+    named = sorted((Path(f.name).name, f.batch_index, f.sample, f.code) for f in summary.skipped)
+    assert named == [("02.jpg", 0, 2, "jpeg_undecodable"), ("11.jpg", 2, 3, "jpeg_undecodable")], named
+    # A batch of which no file decodes fails alone; the feed goes on and names its files.
+    samples = [(jpeg_bytes(rng), 0), (bogus_huffman_jpeg_bytes(rng), 1), (jpeg_bytes(rng), 2)]
+    summary = module_server.client().feed(jpeg_batches(samples, 1, shuffle=False), connections=1, progress=False)
+    assert summary.errors == {"jpeg_undecodable": 1} and summary.skipped_files == {"jpeg_undecodable": 1}, summary
+
+
 def test_a_batch_whose_every_file_is_refused_fails_alone_without_stopping_the_feed(module_server, rng):
-    samples = [(jpeg_bytes(rng), 0), (cmyk_jpeg_bytes(rng), 1), (jpeg_bytes(rng), 2)]
+    samples = [(jpeg_bytes(rng), 0), (twelve_bit_jpeg_bytes(rng), 1), (jpeg_bytes(rng), 2)]
     summary = module_server.client().feed(jpeg_batches(samples, 1, shuffle=False), connections=1, progress=False)
     assert summary.batches == 2 and summary.samples == 2, summary
     assert summary.errors == {"jpeg_unsupported": 1} and summary.skipped_files == {"jpeg_unsupported": 1}
-    # Two CMYK files in one batch of two: both left out, the batch fails, the feed goes on.
-    samples = [(jpeg_bytes(rng), 0), (jpeg_bytes(rng), 1), (cmyk_jpeg_bytes(rng), 2), (cmyk_jpeg_bytes(rng), 3),
+    # Two 12-bit files in one batch of two: both left out, the batch fails, the feed goes on.
+    samples = [(jpeg_bytes(rng), 0), (jpeg_bytes(rng), 1), (twelve_bit_jpeg_bytes(rng), 2),
+               (twelve_bit_jpeg_bytes(rng), 3),
                (jpeg_bytes(rng), 4), (jpeg_bytes(rng), 5)]
     summary = module_server.client().feed(jpeg_batches(samples, 2, shuffle=False), connections=1, progress=False)
     assert summary.batches == 2 and summary.samples == 4, summary
@@ -232,7 +268,7 @@ def test_jpeg_batches_take_hugging_face_style_dict_samples_with_encoded_images(m
     samples = [{"image": {"bytes": jpeg_bytes(rng), "path": "ignored.jpg"}, "label": 1},
                {"image": {"bytes": None, "path": str(p)}, "label": 2},
                {"img": jpeg_bytes(rng), "target": 3},
-               {"image": {"bytes": cmyk_jpeg_bytes(rng), "path": None}, "label": 4}]
+               {"image": {"bytes": twelve_bit_jpeg_bytes(rng), "path": None}, "label": 4}]
     batches = list(jpeg_batches(samples, 4, shuffle=False))
     assert len(batches) == 1 and _labels(batches[0]) == [1, 2, 3, 4]
     assert batches[0].names == [None, str(p), None, None]
@@ -242,3 +278,33 @@ def test_jpeg_batches_take_hugging_face_style_dict_samples_with_encoded_images(m
         list(jpeg_batches([{"image": Image.new("RGB", (4, 4)), "label": 0}], 1, shuffle=False))
     with pytest.raises(TypeError, match="label key"):
         list(jpeg_batches([{"image": jpeg_bytes(rng)}], 1, shuffle=False))
+
+
+def test_feed_jpeg_leaves_out_files_over_the_servers_size_bounds_before_sending(module_server, rng, tmp_path):
+    """The server's bounds come from GET /v1/config: a file over jpeg.max_side
+    or jpeg.max_pixels is left out before it is sent, named, with the code
+    the server would refuse it with and the option in its message."""
+    from streamfeed.jpeg import ServerLimits, jpeg_size
+
+    def declared(h, w):
+        b = bytearray(jpeg_bytes(rng))
+        i = next(i for i in range(2, len(b) - 1) if b[i] == 0xFF and b[i + 1] == 0xC0)
+        b[i + 5:i + 9] = h.to_bytes(2, "big") + w.to_bytes(2, "big")
+        return bytes(b)
+
+    c = module_server.client()
+    lim = ServerLimits.of(c)
+    assert lim.max_pixels >= 24_000_000 and lim.max_body_bytes >= 40 << 20, lim  # photographs by default
+    samples = []
+    for i, data in enumerate([jpeg_bytes(rng), declared(lim.max_side + 1, 8), jpeg_bytes(rng),
+                              declared(8000, 8000), jpeg_bytes(rng)]):
+        p = tmp_path / f"{i}.jpg"
+        p.write_bytes(data)
+        samples.append((p, i))
+    assert jpeg_size(samples[3][0].read_bytes()) == (8000, 8000)
+    summary = feed_jpeg(c, samples, 3, shuffle=False, connections=1, progress=False)
+    assert summary.ok and summary.samples == 3 and not summary.errors, summary
+    named = {Path(f.name).name: f for f in summary.skipped}
+    assert named["1.jpg"].code == "jpeg_side_too_large" and "jpeg.max_side" in named["1.jpg"].message
+    assert named["3.jpg"].code == "jpeg_too_many_pixels" and "jpeg.max_pixels" in named["3.jpg"].message
+    assert all(f.message.startswith("left out before sending") for f in summary.skipped), summary.skipped

@@ -69,8 +69,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(a.h >= 1 && a.w >= 1 && a.h <= LIM.max_side && a.w <= LIM.max_side);
         CHECK((int64_t)a.h * a.w <= LIM.max_pixels);
         CHECK((a.components == 1) == (a.subsamp == SF_JPEG_GRAY));
-        CHECK(a.components == 1 || a.components == 3);
-        CHECK(a.sof >= 0 && a.sof <= 2 && a.progressive == (a.sof == 2));
+        CHECK(a.components == 1 || a.components == 3 || a.components == 4);
+        CHECK((a.sof >= 0 && a.sof <= 2) || a.sof == 9 || a.sof == 10);
+        CHECK(a.progressive == (a.sof == 2 || a.sof == 10));
+        /* the image ends inside the file, after its headers */
+        CHECK(a.data_len >= 4 && (size_t)a.data_len <= size);
+        CHECK(data[a.data_len - 2] == 0xFF && data[a.data_len - 1] == 0xD9);
     }
     if (size < 2 || size > 1 << 16)
         return 0;

@@ -16,14 +16,17 @@
  * per file. The measured max and mean of every file are printed, for the
  * record (bench/results).
  *
- * Also: AUTO runs a baseline batch on the hardware engines where the device
+ * Also: a file nvJPEG refuses is left out with skip_undecodable (the others
+ * decode), a CMYK file is decoded on the host as the reference decodes it.
+ * AUTO runs a baseline batch on the hardware engines where the device
  * has them and a batch with a progressive file on gpu_hybrid; grayscale gives
  * three equal channels; damaged scan data fails the batch naming the sample.
  * Through the backends (sf_backend_i): a ragged JPEG
  * batch's transform() on CUDA equals the reference backend's within the same
  * bound (a resize is a convex combination of decoded pixels), and one trains
  * through submit/poll with SLOT_FREE then STEP_DONE, its loss near the
- * reference's.
+ * reference's; with skip_undecodable an unreadable file is left out on both
+ * and the batch trains its other samples.
  */
 #include "gpu_test.h"
 
@@ -286,6 +289,64 @@ static void through_backends(const std::vector<jcase> &cases)
                 fail("%s: an unreadable file: submit returned %d, %d events after it, the next batch's status %d",
                      bes[k]->i->name(bes[k]), r1, stray, status);
         }
+        cu->i->host_free(cu, badf);
+    }
+    /* With skip_undecodable the same unreadable file is left out: both
+     * backends train the other samples (STEP_DONE's n counts them, the
+     * marks name sample 0) and their losses agree; a transform's row 0 is
+     * zeros on both. */
+    {
+        uint8_t *badf = (uint8_t *)cu->i->host_alloc(cu, jb.bytes.size());
+        memcpy(badf, jb.bytes.data(), jb.bytes.size());
+        memset(badf + jb.off[0] + 2, 0, (size_t)(jb.off[1] - jb.off[0] - 2));
+        float skip_loss[2] = {NAN, NAN};
+        for (int k = 0; k < 2; k++) {
+            std::vector<uint8_t> marks((size_t)n, 9);
+            sf_batch bad = b;
+            bad.jpeg = badf;
+            bad.skip_undecodable = 1;
+            bad.undecodable = marks.data();
+            bad.id = bad.seq = 7;
+            std::vector<float> out(len, NAN);
+            if (bes[k]->i->transform(bes[k], &bad, out.data(), err, sizeof err) != 0) {
+                fail("%s: transform with a file left out: %s", bes[k]->i->name(bes[k]), err);
+                continue;
+            }
+            int zero = 1;
+            for (size_t q = 0; q < len / (size_t)n; q++)
+                zero &= out[q] == 0.0f;
+            if (!zero || marks[0] != 1)
+                fail("%s: transform with a file left out: row 0 zero %d, mark %d", bes[k]->i->name(bes[k]), zero,
+                     marks[0]);
+            if (bes[k]->i->submit(bes[k], &bad, err, sizeof err) != 0) {
+                fail("%s: submit with a file left out: %s", bes[k]->i->name(bes[k]), err);
+                continue;
+            }
+            sf_event ev[4];
+            int done_n = -1, status = -2;
+            for (int tries = 0; tries < 1000 && status == -2; tries++) {
+                const int e = bes[k]->i->poll(bes[k], ev, 4, 10000);
+                for (int i = 0; i < e; i++)
+                    if (ev[i].kind == SF_EV_STEP_DONE) {
+                        status = ev[i].status;
+                        done_n = ev[i].n;
+                        skip_loss[k] = ev[i].loss;
+                    }
+            }
+            int marked = 0;
+            for (int i = 0; i < n; i++)
+                marked += marks[i] != 0;
+            if (status == 0 && done_n == n - 1 && marks[0] == 1 && marked == 1)
+                ok("%s: a file left out: the batch trains its other %d samples", bes[k]->i->name(bes[k]), done_n);
+            else
+                fail("%s: a file left out: status %d, n %d (want %d), %d marked", bes[k]->i->name(bes[k]), status,
+                     done_n, n - 1, marked);
+        }
+        if (isfinite(skip_loss[0]) && fabs(skip_loss[0] - skip_loss[1]) <= 0.02 * fabs(skip_loss[1]))
+            ok("a batch with a file left out: loss %.5f on CUDA, %.5f on the reference", skip_loss[0], skip_loss[1]);
+        else
+            fail("a batch with a file left out: loss %.5f on CUDA vs %.5f on the reference", skip_loss[0],
+                 skip_loss[1]);
         cu->i->host_free(cu, badf);
     }
     static char desc[1 << 16];
@@ -611,6 +672,154 @@ static void lanes_equal_one_decoder(void)
     sf_cuda_jpeg_free(j1);
 }
 
+/* A file nvJPEG refuses (a bogus Huffman table: more codes of length 1 than
+ * exist) is left out with skip_undecodable; a file with a second file after
+ * its EOI (multi-picture camera files) decodes as its first image: it is marked, every other
+ * sample decodes as libjpeg-turbo decodes it; a CMYK file (4 components,
+ * which nvJPEG does not take) is decoded on the host, exactly as the
+ * reference decodes it; without skipping the bogus file fails the batch
+ * naming it, and a batch of bogus files only is refused with skipping too. */
+static std::vector<uint8_t> cmyk_file(int h, int w)
+{
+    std::vector<uint8_t> px((size_t)h * w * 4);
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int k = 0; k < 4; k++)
+                px[((size_t)y * w + x) * 4 + k] = (uint8_t)((x * 7 + y * 3 + k * 60) & 255);
+    tjhandle tj = tjInitCompress();
+    unsigned char *out = NULL;
+    unsigned long len = 0;
+    std::vector<uint8_t> f;
+    if (tjCompress2(tj, px.data(), w, w * 4, h, TJPF_CMYK, &out, &len, TJSAMP_444, 90, 0) == 0)
+        f.assign(out, out + len);
+    else
+        fail("encode CMYK: %s", tjGetErrorStr2(tj));
+    tjFree(out);
+    tjDestroy(tj);
+    return f;
+}
+
+static void undecodable_left_out_and_cmyk_on_the_host(const std::vector<jcase> &baseline)
+{
+    char err[200];
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(64, 4 << 20, 1, 1, err, sizeof err);
+    if (!j) {
+        fail("sf_cuda_jpeg_new: %s", err);
+        return;
+    }
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    jbatch jb;
+    make_batch(jb, baseline, 21);
+    /* sample 1 becomes a bogus-Huffman file; the last sample is a CMYK file */
+    const int bad = 1, cm = (int)baseline.size() - 1;
+    {
+        const int64_t o0 = jb.off[bad];
+        for (int64_t k = o0 + 2; k + 5 < jb.off[bad + 1]; k++)
+            if (jb.bytes[k] == 0xFF && jb.bytes[k + 1] == 0xC4) {
+                jb.bytes[k + 5] = 0xFF;
+                break;
+            }
+    }
+    std::vector<uint8_t> c = cmyk_file(jb.smp[cm].src_h, jb.smp[cm].src_w);
+    jb.bytes.resize((size_t)jb.off[cm]);
+    jb.bytes.insert(jb.bytes.end(), c.begin(), c.end());
+    jb.off[cm + 1] = (int64_t)jb.bytes.size();
+    /* Sample 0 carries a second JPEG file after its EOI, as multi-picture
+     * (MPF) camera files do; the server's header read passes the whole file
+     * (it ends with EOI), so every decoder must stop at the first EOI. */
+    {
+        const int64_t l0 = jb.off[1];
+        std::vector<uint8_t> tail(jb.bytes.begin() + jb.off[2], jb.bytes.begin() + jb.off[3]);
+        jb.bytes.insert(jb.bytes.begin() + l0, tail.begin(), tail.end());
+        for (size_t k = 1; k < jb.off.size(); k++)
+            jb.off[k] += (int64_t)tail.size();
+    }
+    jb.b.jpeg = jb.bytes.data();
+    std::vector<sf_jpeg_file> files(baseline.size());
+    for (size_t i = 0; i < files.size(); i++)
+        files[i] = {jb.off[i + 1] - jb.off[i], 0u};
+    files[cm].forms = SF_JPEG_FORM_CMYK;
+    jb.b.jpeg_files = files.data();
+    jb.b.jpeg_forms |= SF_JPEG_FORM_CMYK;
+    std::vector<uint8_t> marks(baseline.size(), 7), ref(jb.decoded, 0), rbad(baseline.size(), 0);
+    if (sf_ref_jpeg_decode_some(&jb.b, NULL, ref.data(), ref.size(), rbad.data(), err, sizeof err) != 1 || !rbad[bad])
+        fail("libjpeg-turbo did not refuse the bogus file alone: %s", err);
+    jb.b.skip_undecodable = 1;
+    jb.b.undecodable = marks.data();
+    const sf_cuda_jpeg_backend bes[] = {SF_CUDA_JPEG_AUTO, SF_CUDA_JPEG_GPU_HYBRID, SF_CUDA_JPEG_HYBRID};
+    for (sf_cuda_jpeg_backend be : bes) {
+        if (be != SF_CUDA_JPEG_AUTO && !sf_cuda_jpeg_has(j, be))
+            continue;
+        const char *name = sf_cuda_jpeg_backend_name(be);
+        cudaMemset(sf_cuda_jpeg_output(j, 0), 0xEE, jb.decoded);
+        sf_cuda_clear_error();
+        int rc = sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s);
+        rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
+        if (rc) {
+            fail("%s: a batch with one bogus file failed with skipping on: %s", name, sf_cuda_last_error());
+            continue;
+        }
+        int marked = 0;
+        for (size_t i = 0; i < marks.size(); i++)
+            marked += marks[i] != 0;
+        if (marks[bad] != 1 || marked != 1)
+            fail("%s: %d samples marked left out (sample %d: %d); want sample %d alone", name, marked, bad,
+                 marks[bad], bad);
+        else
+            ok("%s: the bogus file is left out, the other %zu samples decode", name, marks.size() - 1);
+        if (sf_cuda_jpeg_host_decoded(j) != 1)
+            fail("%s: %d files decoded on the host; want the CMYK one", name, sf_cuda_jpeg_host_decoded(j));
+        std::vector<uint8_t> got(jb.decoded);
+        cudaMemcpy(got.data(), sf_cuda_jpeg_output(j, 0), jb.decoded, cudaMemcpyDeviceToHost);
+        const size_t co = jb.smp[cm].src_off, cl = (size_t)jb.smp[cm].src_h * jb.smp[cm].src_w * 3;
+        if (memcmp(got.data() + co, ref.data() + co, cl) != 0)
+            fail("%s: the CMYK file decoded on the host differs from the reference decode", name);
+        else
+            ok("%s: the CMYK file, decoded on the host, equals the reference decode", name);
+        std::vector<jcase> others;
+        jbatch rest = jb;
+        rest.smp.clear();
+        for (size_t k = 0; k + 1 < baseline.size(); k++)
+            if ((int)k != bad) {
+                others.push_back(baseline[k]);
+                rest.smp.push_back(jb.smp[k]);
+            }
+        compare(name, others, rest, got.data(), ref.data());
+    }
+    /* Without skipping: the batch fails naming the bogus file. */
+    jb.b.skip_undecodable = 0;
+    sf_cuda_clear_error();
+    int rc = sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s);
+    cudaStreamSynchronize(s);
+    cudaGetLastError();
+    if (rc != SF_BACKEND_BAD_INPUT || !strstr(sf_cuda_last_error(), "sample 1"))
+        fail("without skipping, the bogus file gave %d: %s", rc, sf_cuda_last_error());
+    else
+        ok("without skipping, the bogus file fails the batch: %s", sf_cuda_last_error());
+    /* With skipping, a batch of bogus files only is refused. */
+    jbatch one;
+    std::vector<jcase> single(baseline.begin(), baseline.begin() + 1);
+    make_batch(one, single, 22);
+    for (size_t k = 2; k + 5 < one.bytes.size(); k++)
+        if (one.bytes[k] == 0xFF && one.bytes[k + 1] == 0xC4) {
+            one.bytes[k + 5] = 0xFF;
+            break;
+        }
+    std::vector<uint8_t> m1(1, 0);
+    one.b.skip_undecodable = 1;
+    one.b.undecodable = m1.data();
+    rc = sf_cuda_jpeg_decode(j, &one.b, SF_CUDA_JPEG_AUTO, 0, NULL, s);
+    cudaStreamSynchronize(s);
+    cudaGetLastError();
+    if (rc != SF_BACKEND_BAD_INPUT || m1[0] != 1)
+        fail("a batch of one bogus file gave %d (mark %d); want it refused", rc, m1[0]);
+    else
+        ok("a batch of which no file decodes is refused with skipping on");
+    cudaStreamDestroy(s);
+    sf_cuda_jpeg_free(j);
+}
+
 int main(void)
 {
     /* Neither needs a device. */
@@ -770,6 +979,7 @@ int main(void)
     lanes_equal_one_decoder();
     through_backends(with_prog);
     overlapped_decode_equals_serial(baseline);
+    undecodable_left_out_and_cmyk_on_the_host(baseline);
     printf("test_jpeg_decode: %d ok, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;
 }

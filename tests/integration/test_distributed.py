@@ -192,6 +192,12 @@ def post_jpeg_round(ranks, bodies):
     return [r.json() for r in out]
 
 
+# The tests of batches refused once their round began: a file the decoder
+# refuses fails its whole batch (the default, skip, leaves the sample out:
+# test_a_sample_left_out_on_one_rank_makes_the_step_the_mean_over_the_samples_trained).
+FAIL_UNDECODABLE = ["--decode.on_undecodable", "fail"]
+
+
 def cut_scan(files, i):
     """files with file i's scan data cut short: its header passes the upload's
     check, and the decoder refuses it in the step."""
@@ -206,7 +212,7 @@ def test_a_batch_whose_file_the_decoder_refuses_fails_alone_and_the_job_trains_o
     # all-reduce then met the next round's control message, Gloo aborted
     # rank 0's process, and the job was lost. Now the rank joins the step
     # with an empty contribution and only that batch fails.
-    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))
+    ranks = start_job(start_server, 2, *FAIL_UNDECODABLE, "--distributed.wait_ms", str(WAIT_MS))
     files, labels = learnable_jpeg_batch(rng, 3)
     replies = [post_jpeg_round(ranks, [jpeg_body(f, labels), jpeg_body(files, labels)])
                for f in (cut_scan(files, 1), files)]
@@ -218,6 +224,34 @@ def test_a_batch_whose_file_the_decoder_refuses_fails_alone_and_the_job_trains_o
     wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {2}, timeout=10,
                what="both ranks at step 2")
     assert_bit_identical(ranks)
+
+
+def test_a_sample_left_out_on_one_rank_makes_the_step_the_mean_over_the_samples_trained(start_server, rng):
+    # Rank 0 announces 3 samples and trains 2 (its file 1 does not decode);
+    # rank 1 trains 3. The step must be the mean over the 5 samples trained,
+    # as one process training those 5 in one batch takes it (the tiny model
+    # has no batchnorm, so the batch split does not matter), not a mean that
+    # counts the sample left out.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))
+    files, labels = learnable_jpeg_batch(rng, 3)
+    other, other_labels = learnable_jpeg_batch(rng, 3)
+    replies = post_jpeg_round(ranks, [jpeg_body(cut_scan(files, 1), labels), jpeg_body(other, other_labels)])
+    assert [r["state"] for r in replies] == ["done", "done"], replies
+    assert [k["index"] for k in replies[0]["skipped_samples"]] == [1] and replies[0]["samples_trained"] == 2
+    wait_until(lambda: {s.get("/v1/model").json()["step"] for s in ranks} == {1}, timeout=10,
+               what="both ranks at step 1")
+    assert ranks[0].metric("streamfeed_samples_trained_total") == 2
+    assert_bit_identical(ranks)
+    job = parameters(ranks[1])
+    for s in ranks:
+        s.stop()
+    kept = [files[0], files[2]] + list(other)
+    kept_labels = np.concatenate([np.asarray(labels)[[0, 2]], np.asarray(other_labels)])
+    alone = single_after(start_server, [jpeg_body(kept, kept_labels)])
+    for name in alone:
+        if not name.startswith("optim."):
+            assert np.allclose(job[name], alone[name], rtol=1e-5, atol=1e-7), \
+                f"{name}: the job's step is not the mean over the 5 samples trained"
 
 
 def single_after(start_server, bodies, *extra):
@@ -254,7 +288,7 @@ def test_a_step_whose_other_batch_was_refused_applies_the_mean_over_the_samples_
     # would. Halved (the samples announced but never trained kept in the
     # mean), rank 1's update differs from the single process's; with
     # clipping, the norm that decides the coefficient must be the mean's.
-    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS), *extra)
+    ranks = start_job(start_server, 2, *FAIL_UNDECODABLE, "--distributed.wait_ms", str(WAIT_MS), *extra)
     files, labels = learnable_jpeg_batch(rng, 3)
     other, other_labels = learnable_jpeg_batch(rng, 3)
     replies = post_jpeg_round(ranks, [jpeg_body(cut_scan(files, 1), labels), jpeg_body(other, other_labels)])
@@ -277,7 +311,7 @@ def test_with_accumulation_a_round_whose_other_batch_was_refused_adds_the_mean_o
     # refused), round 2 trains Y on both ranks; one process accumulating X
     # then Y applies the same bits.
     acc = ["--model.grad_accum_steps", "2", "--optim.clip_grad_norm", "0.01"]
-    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS), *acc)
+    ranks = start_job(start_server, 2, *FAIL_UNDECODABLE, "--distributed.wait_ms", str(WAIT_MS), *acc)
     f0, l0 = learnable_jpeg_batch(rng, 3)
     x, lx = learnable_jpeg_batch(rng, 3)
     y, ly = learnable_jpeg_batch(rng, 3)
@@ -299,7 +333,8 @@ def test_with_accumulation_a_group_in_which_no_rank_trained_is_skipped(start_ser
     # rounds of group 2 are refused on every rank, so nobody trained a
     # sample of that step: skipped, as a single round is without
     # accumulation (taken, the momentum would move the weights).
-    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS), "--model.grad_accum_steps", "2")
+    ranks = start_job(start_server, 2, *FAIL_UNDECODABLE, "--distributed.wait_ms", str(WAIT_MS),
+                      "--model.grad_accum_steps", "2")
     files, labels = learnable_jpeg_batch(rng, 3)
     for _ in range(2):
         r = post_jpeg_round(ranks, [jpeg_body(files, labels)] * 2)
@@ -330,7 +365,7 @@ def test_a_step_in_which_every_rank_s_batch_was_refused_is_skipped_on_every_rank
     # sample, so no rank may take the step. Taken with a zero gradient, it
     # would still move the weights by the momentum of the round before and
     # count a step.
-    ranks = start_job(start_server, 2, "--distributed.wait_ms", str(WAIT_MS))
+    ranks = start_job(start_server, 2, *FAIL_UNDECODABLE, "--distributed.wait_ms", str(WAIT_MS))
     files, labels = learnable_jpeg_batch(rng, 3)
     replies = post_jpeg_round(ranks, [jpeg_body(files, labels)] * 2)
     assert [r["state"] for r in replies] == ["done", "done"], replies

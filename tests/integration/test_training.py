@@ -95,7 +95,7 @@ def test_transform_replies_nobody_reads_hold_a_bounded_total_then_transform_busy
     # 128 MiB in all: four unread ones fit, a fifth waits (503, Retry-After).
     import socket
     s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline", W1_AUG,
-                     "--ring.slots", "2", "--ring.full_timeout_ms", "60000")
+                     "--ring.slots", "2", "--ring.slot_bytes", str(8 << 20), "--ring.full_timeout_ms", "60000")
     body = st_body(rng.integers(0, 256, (40, 256, 256, 3), dtype=np.uint8))
     head = (f"POST /v1/transform HTTP/1.1\r\nHost: x\r\nContent-Type: application/vnd.safetensors\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()

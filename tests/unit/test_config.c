@@ -53,7 +53,7 @@ static void test_defaults_parse_and_hold_the_table_values(void **state)
     assert_int_equal(c.http.max_json_bytes, 1048576);
     assert_string_equal(c.http.token, "");
     assert_int_equal(c.ring.slots, 8);
-    assert_int_equal(c.ring.slot_bytes, 8388608);
+    assert_int_equal(c.ring.slot_bytes, 67108864);
     assert_string_equal(c.ring.full_policy, "block");
     assert_int_equal(c.ring.full_timeout_ms, 10000);
     assert_string_equal(c.pipeline.mode, "train");

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <turbojpeg.h>
 
+#include "gpu/backend.h"
 #include "server/jpeg_header.h"
 #include "server/safetensors.h"
 
@@ -86,7 +87,7 @@ static void expect(const file *f, const sf_jpeg_limits *lim, sf_jpeg_error want)
  * a 1-component SOS header, two bytes of scan data, EOI. */
 static file craft(int sof, int prec, int h, int w, int nc, const int *hv)
 {
-    uint8_t b[128];
+    uint8_t b[160];
     size_t n = 0;
     b[n++] = 0xFF; b[n++] = 0xD8;
     b[n++] = 0xFF; b[n++] = (uint8_t)(0xC0 + sof);
@@ -167,7 +168,45 @@ static void test_trailing_zero_bytes_after_eoi_are_accepted(void **state)
     memcpy(g.d, f.d, f.len);
     memset(g.d + f.len, 0, 5);
     expect(&g, NULL, SF_JPEG_OK);
-    g.d[f.len + 4] = 0x17;
+    free(f.d);
+    free(g.d);
+}
+
+/* Bytes after EOI (a web server's trailer, a second file, a cut-off copy)
+ * are no part of the image: the file is accepted and the decoders are given
+ * its bytes up to EOI. */
+static void test_bytes_after_eoi_are_accepted_and_left_out_of_the_data_length(void **state)
+{
+    for (int prog = 0; prog < 2; prog++) {
+        file f = encode(24, 40, TJSAMP_420, prog);
+        static const char tail[] = "\x17trailer<html>\xff\xd8\xff\xe0 and more";
+        const size_t tn = sizeof tail - 1;
+        file g = {malloc(f.len + tn), f.len + tn};
+        memcpy(g.d, f.d, f.len);
+        memcpy(g.d + f.len, tail, tn);
+        sf_jpeg_info info;
+        char msg[SF_JPEG_MSG_CAP];
+        sf_jpeg_error e = parse(&g, NULL, &info, msg);
+        if (e != SF_JPEG_OK)
+            fail_msg("progressive %d: %s (%s)", prog, sf_jpeg_error_name(e), msg);
+        assert_int_equal(info.data_len, (int64_t)f.len);
+        assert_int_equal(parse(&f, NULL, &info, msg), SF_JPEG_OK);
+        assert_int_equal(info.data_len, (int64_t)f.len);
+        free(f.d);
+        free(g.d);
+    }
+}
+
+/* A file cut inside its scan stays refused, whatever follows the cut, as
+ * long as no EOI does. */
+static void test_a_scan_cut_short_is_jpeg_truncated_even_with_bytes_after_the_cut(void **state)
+{
+    file f = encode(24, 40, TJSAMP_420, 0);
+    const size_t cut = f.len - 20;
+    file g = {malloc(cut + 7), cut + 7};
+    memcpy(g.d, f.d, cut);
+    static const uint8_t junk[7] = {0x17, 0x00, 'a', 'b', 'c', 0x00, 0x01};
+    memcpy(g.d + cut, junk, sizeof junk);
     expect(&g, NULL, SF_JPEG_E_TRUNCATED);
     free(f.d);
     free(g.d);
@@ -204,28 +243,58 @@ static void test_a_size_at_the_limits_is_accepted_and_one_more_is_refused(void *
     free(f.d);
 }
 
-static void test_cmyk_12_bit_lossless_arithmetic_hierarchical_and_dnl_files_are_jpeg_unsupported(void **state)
+static void test_12_bit_lossless_hierarchical_dnl_and_five_component_files_are_jpeg_unsupported(void **state)
 {
-    const int hv1[] = {0x11, 0x11, 0x11, 0x11};
+    const int hv1[] = {0x11, 0x11, 0x11, 0x11, 0x11};
     struct {
         int sof, prec, h, nc;
     } cases[] = {
-        {0, 8, 16, 4},  /* CMYK / YCCK */
         {1, 12, 16, 3}, /* 12-bit */
         {3, 8, 16, 3},  /* lossless */
-        {9, 8, 16, 3},  /* arithmetic */
-        {10, 8, 16, 3}, /* progressive arithmetic */
+        {11, 8, 16, 3}, /* lossless arithmetic */
         {5, 8, 16, 3},  /* hierarchical */
+        {13, 8, 16, 3}, /* hierarchical arithmetic */
         {0, 8, 0, 3},   /* height from a DNL marker */
+        {0, 8, 16, 5},  /* five components */
+        {0, 8, 16, 2},  /* two components */
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         file f = craft(cases[k].sof, cases[k].prec, cases[k].h, 16, cases[k].nc, hv1);
         expect(&f, NULL, SF_JPEG_E_UNSUPPORTED);
         free(f.d);
     }
-    file ok = craft(1, 8, 16, 16, 3, hv1); /* extended sequential, 8-bit: accepted */
-    expect(&ok, NULL, SF_JPEG_OK);
-    free(ok.d);
+}
+
+/* CMYK and YCCK (4 components) and arithmetic-coded files (SOF9, SOF10) are
+ * read, and their forms tell a backend to decode them on the host. */
+static void test_cmyk_and_arithmetic_files_are_accepted_with_their_forms(void **state)
+{
+    const int hv1[] = {0x11, 0x11, 0x11, 0x11};
+    struct {
+        int sof, nc;
+        unsigned forms;
+    } cases[] = {
+        {0, 4, SF_JPEG_FORM_CMYK},
+        {2, 4, SF_JPEG_FORM_CMYK | SF_JPEG_FORM_PROGRESSIVE},
+        {9, 3, SF_JPEG_FORM_ARITHMETIC | SF_JPEG_FORM_EXTENDED},
+        {10, 3, SF_JPEG_FORM_ARITHMETIC | SF_JPEG_FORM_PROGRESSIVE},
+        {1, 3, SF_JPEG_FORM_EXTENDED},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        file f = craft(cases[k].sof, 8, 16, 16, cases[k].nc, hv1);
+        sf_jpeg_info info;
+        char msg[SF_JPEG_MSG_CAP];
+        sf_jpeg_error e = parse(&f, NULL, &info, msg);
+        if (e != SF_JPEG_OK)
+            fail_msg("SOF%d with %d components: %s (%s)", cases[k].sof, cases[k].nc, sf_jpeg_error_name(e), msg);
+        assert_int_equal(info.components, cases[k].nc);
+        assert_int_equal(sf_jpeg_forms(&info), cases[k].forms);
+        free(f.d);
+    }
+    const int bad[] = {0x11, 0x11, 0x51, 0x11};
+    file f = craft(0, 8, 16, 16, 4, bad);
+    expect(&f, NULL, SF_JPEG_E_MALFORMED);
+    free(f.d);
 }
 
 /* A real progressive file with `extra` more scans (empty scans of the first
@@ -263,6 +332,30 @@ static void test_a_file_of_more_scans_than_the_bound_is_jpeg_unsupported(void **
     parse(&bomb, NULL, &info, msg);
     assert_non_null(strstr(msg, "more than 500 scans"));
     free(bomb.d);
+}
+
+/* Each scan of a progressive file is a pass over the whole image: a large
+ * image may have fewer scans than a small one, never fewer than
+ * SF_JPEG_MIN_SCANS. */
+static void test_the_scan_bound_shrinks_with_the_image_size(void **state)
+{
+    (void)state;
+    file f = with_extra_scans(100);
+    expect(&f, NULL, SF_JPEG_OK);
+    const size_t sof = sof_at(&f);
+    f.d[sof + 5] = 0x10; /* height 4096 */
+    f.d[sof + 6] = 0x00;
+    f.d[sof + 7] = 0x10; /* width 4096 */
+    f.d[sof + 8] = 0x00;
+    sf_jpeg_info info;
+    char msg[SF_JPEG_MSG_CAP];
+    assert_int_equal(parse(&f, NULL, &info, msg), SF_JPEG_E_UNSUPPORTED);
+    assert_non_null(strstr(msg, "more than 64 scans"));
+    free(f.d);
+    sf_jpeg_info big = {.h = 65535, .w = 65535};
+    assert_int_equal(sf_jpeg_scan_bound(&big), SF_JPEG_MIN_SCANS);
+    sf_jpeg_info small = {.h = 500, .w = 375};
+    assert_int_equal(sf_jpeg_scan_bound(&small), SF_JPEG_MAX_SCANS);
 }
 
 static void test_chroma_sampled_above_1x1_or_an_odd_luma_factor_is_jpeg_unsupported(void **state)
@@ -508,7 +601,7 @@ static void expect_body_error(file *f, int order, const sf_st_limits *lim, const
     free(b.d);
 }
 
-static void test_a_bomb_a_truncated_file_and_a_cmyk_file_are_refused_with_their_index(void **state)
+static void test_a_bomb_a_truncated_file_and_a_12_bit_file_are_refused_with_their_index(void **state)
 {
     for (int order = 0; order < 2; order++) {
         file f[NF] = {encode(16, 16, TJSAMP_420, 0), encode(16, 16, TJSAMP_420, 0),
@@ -527,7 +620,7 @@ static void test_a_bomb_a_truncated_file_and_a_cmyk_file_are_refused_with_their_
         f[3].len += 10;
         const int hv[] = {0x11, 0x11, 0x11, 0x11};
         free(f[0].d);
-        f[0] = craft(0, 8, 16, 16, 4, hv);
+        f[0] = craft(0, 12, 16, 16, 3, hv);
         expect_body_error(f, order, &lim, "jpeg_unsupported", 0);
         for (int i = 0; i < NF; i++) free(f[i].d);
     }
@@ -666,16 +759,20 @@ int main(void)
         cmocka_unit_test(test_a_file_without_soi_is_jpeg_not_jpeg),
         cmocka_unit_test(test_a_file_of_more_scans_than_the_bound_is_jpeg_unsupported),
         cmocka_unit_test(test_every_cut_of_a_real_file_is_jpeg_truncated),
+        cmocka_unit_test(test_the_scan_bound_shrinks_with_the_image_size),
+        cmocka_unit_test(test_bytes_after_eoi_are_accepted_and_left_out_of_the_data_length),
+        cmocka_unit_test(test_a_scan_cut_short_is_jpeg_truncated_even_with_bytes_after_the_cut),
         cmocka_unit_test(test_trailing_zero_bytes_after_eoi_are_accepted),
         cmocka_unit_test(test_a_bomb_header_in_a_tiny_file_is_refused_by_side_then_by_pixels),
         cmocka_unit_test(test_a_size_at_the_limits_is_accepted_and_one_more_is_refused),
-        cmocka_unit_test(test_cmyk_12_bit_lossless_arithmetic_hierarchical_and_dnl_files_are_jpeg_unsupported),
+        cmocka_unit_test(test_12_bit_lossless_hierarchical_dnl_and_five_component_files_are_jpeg_unsupported),
+        cmocka_unit_test(test_cmyk_and_arithmetic_files_are_accepted_with_their_forms),
         cmocka_unit_test(test_chroma_sampled_above_1x1_or_an_odd_luma_factor_is_jpeg_unsupported),
         cmocka_unit_test(test_bad_segment_lengths_markers_and_sof_bodies_are_jpeg_malformed),
         cmocka_unit_test(test_error_and_subsampling_names_are_stable),
         cmocka_unit_test(test_a_jpeg_body_in_any_chunking_and_order_lands_files_offsets_labels_and_headers_in_dest),
         cmocka_unit_test(test_a_bad_file_fails_as_soon_as_its_last_byte_arrives_naming_its_index),
-        cmocka_unit_test(test_a_bomb_a_truncated_file_and_a_cmyk_file_are_refused_with_their_index),
+        cmocka_unit_test(test_a_bomb_a_truncated_file_and_a_12_bit_file_are_refused_with_their_index),
         cmocka_unit_test(test_more_decoded_pixels_than_the_batch_bound_is_jpeg_batch_too_large),
         cmocka_unit_test(test_offsets_not_from_zero_not_rising_or_not_ending_at_the_total_are_jpeg_offsets_invalid),
         cmocka_unit_test(test_jpeg_headers_that_mix_forms_or_have_wrong_shapes_are_refused_at_the_header),

@@ -34,8 +34,9 @@ except ImportError as _e:  # pragma: no cover - depends on the installation
 from . import errors as E
 from .client import (RetryPolicy, check_eval_name, check_url, decode_logits, eval_query, labels_for_eval,
                      logits_path, logits_timeout, parse_retry_after, poll_pause)
-from .feed import FeedSummary, _attach_summary, _deterministic, _encode_item, _leave_out_refused, \
-    _note_left_out, _ordinal
+from .feed import UNDECODABLE_MESSAGE, FeedSummary, _attach_summary, _deterministic, _encode_item, \
+    _leave_out_refused, _LeftOutCheck, _note_left_out, _note_skip, _note_undecodable, _ordinal
+from .jpeg import EncodedBatch
 from .results import BatchAccepted, BatchResult, EvalList, EvalSummary
 from .wire import CONTENT_TYPE, Body, encode_batch_parts
 
@@ -305,6 +306,26 @@ class AsyncClient:
         stop = asyncio.Event()
 
         no_reply = [0]  # batches in a row without a reply: 2 x connections stop the feed, as feed()'s
+        # JPEG batches accepted with a 202: their results name the files the
+        # server could not decode and left out, as in feed().
+        left_out = _LeftOutCheck(lag=4 * connections) if skip_bad_files else None
+
+        async def check_left_out(final: bool) -> None:
+            if left_out is None:
+                return
+            for index, bid, n, names, positions in left_out.due(final):
+                try:
+                    res = await (self.wait_batch(bid, timeout=self.timeout) if final else self.batch(bid))
+                except (E.StreamfeedError, TimeoutError):
+                    continue  # evicted from the server's job table, or the server is gone
+                if res.done:
+                    _note_undecodable(summary, index, res, names, positions)
+                elif res.state == "failed" and res.error_code == "jpeg_undecodable":
+                    summary.errors["jpeg_undecodable"] = summary.errors.get("jpeg_undecodable", 0) + 1
+                    for i in range(n):
+                        _note_skip(summary, index, positions[i] if positions is not None else i,
+                                   names[i] if names is not None else None, "jpeg_undecodable",
+                                   res.error_message or UNDECODABLE_MESSAGE)
 
         async def one(index: int, item: Any, wait: bool, is_last: bool) -> None:
             _note_left_out(summary, index, item)
@@ -346,6 +367,9 @@ class AsyncClient:
                     no_reply[0] = 0
                     summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
                     summary.retries += e.retries
+                    if e.code == "jpeg_undecodable" and isinstance(item, EncodedBatch) and skip_bad_files:
+                        for i in range(item.n):
+                            _note_skip(summary, index, item.position(i), item.name(i), e.code, str(e))
                     return
             no_reply[0] = 0
             summary.batches += 1
@@ -361,6 +385,12 @@ class AsyncClient:
                     summary.last_loss = loss
             if loss is not None:
                 summary.latest_loss = loss
+            if isinstance(item, EncodedBatch):
+                if isinstance(reply, BatchResult):
+                    _note_undecodable(summary, index, reply, item.names, item.positions)
+                elif left_out is not None:
+                    left_out.add(index, reply.id, item)
+                    await check_left_out(False)
 
         async def worker() -> None:
             while True:
@@ -434,6 +464,8 @@ class AsyncClient:
         if last is not None and not stop.is_set():
             # After every other batch was accepted: the last one trained is this one.
             await one(last[0], last[1], True, True)
+        if not stop.is_set():
+            await check_left_out(True)
         summary.seconds = time.monotonic() - t0
         if loader_error:
             raise _attach_summary(loader_error[0], summary)

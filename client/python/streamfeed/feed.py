@@ -66,8 +66,11 @@ class FeedSummary:
         first_id, last_id: server ids of the first and last batch, when accepted.
         submitted: batches taken from the loader.
         skipped_files: JPEG files left out of their batches, by code: refused
-            by the server by name (``jpeg_unsupported`` for CMYK, ...; the
-            rest of the batch was sent again), or left out before sending by
+            by the server by name (``jpeg_truncated``, ...; the rest of the
+            batch was sent again), left out by the server because it could
+            not decode their data (``jpeg_undecodable``: the batch trained
+            without them; found from the batches' results, asked for once
+            they have trained), or left out before sending by
             :func:`~streamfeed.jpeg.jpeg_batches` (``jpeg_not_jpeg``: empty,
             or not a JPEG file). A batch whose every file was refused counts
             under errors too (with the last refusal's code); the others, as
@@ -189,6 +192,44 @@ def _leave_out_refused(summary: FeedSummary, batch_index: int, item: Any, e: E.A
         if item.n > 1:
             summary.retries += e.attempts - 1
     return True, item.without(bad) if item.n > 1 else None
+
+
+#: A message for a file the service left out of its batch: it trained without it.
+UNDECODABLE_MESSAGE = "the service could not decode its data; its batch trained without it"
+
+
+class _LeftOutCheck:
+    """The encoded batches accepted with a 202, whose results say later which
+    files the service could not decode and left out
+    (``decode.on_undecodable: skip``). Each is asked for once it has most
+    likely trained: when more than ``lag`` batches were accepted after it,
+    and at the end of the feed. Only the files' names and positions are
+    kept, never the bodies."""
+
+    def __init__(self, lag: int):
+        self.lag = lag
+        self.pending: List[Tuple[int, int, int, Optional[List[Optional[str]]], Optional[List[int]]]] = []
+        self.mu = threading.Lock()
+
+    def add(self, index: int, batch_id: int, item: EncodedBatch) -> None:
+        with self.mu:
+            self.pending.append((index, batch_id, item.n, item.names, item.positions))
+
+    def due(self, final: bool) -> List[Tuple[int, int, int, Optional[List[Optional[str]]], Optional[List[int]]]]:
+        with self.mu:
+            k = len(self.pending) if final else max(0, len(self.pending) - self.lag)
+            out, self.pending = self.pending[:k], self.pending[k:]
+            return out
+
+
+def _note_undecodable(summary: FeedSummary, index: int, result: BatchResult,
+                      names: Optional[List[Optional[str]]], positions: Optional[List[int]]) -> None:
+    """Counts the files the service left out of a batch that trained (caller
+    holds the summary's lock)."""
+    for i in result.skipped_samples:
+        name = names[i] if names is not None and i < len(names) else None
+        pos = positions[i] if positions is not None and i < len(positions) else i
+        _note_skip(summary, index, pos, name, "jpeg_undecodable", UNDECODABLE_MESSAGE)
 
 
 def _encode_item(item: Any, keys: Optional[Tuple[str, str]], layout: Optional[str]) -> Tuple[Any, int]:
@@ -324,6 +365,7 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
 
     summary = FeedSummary()
     lock = threading.Lock()
+    left_out = _LeftOutCheck(lag=2 * max_in_flight) if skip_bad_files else None
     slots = threading.BoundedSemaphore(max_in_flight)
     stop = threading.Event()
     fatal: List[BaseException] = []
@@ -405,6 +447,28 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
             with lock:
                 sessions.add(s)
 
+    def check_left_out(final: bool) -> None:
+        """Asks for the results of the encoded batches accepted with a 202
+        that have most likely trained by now (all of them when final)."""
+        if left_out is None:
+            return
+        for index, bid, n, names, positions in left_out.due(final):
+            try:
+                res = client.wait_batch(bid, timeout=getattr(client, "timeout", 60.0)) if final \
+                    else client.batch(bid)
+            except (E.StreamfeedError, TimeoutError):
+                continue  # evicted from the server's job table, or the server is gone: nothing to say
+            with lock:
+                if res.done:
+                    _note_undecodable(summary, index, res, names, positions)
+                elif res.state == "failed" and res.error_code == "jpeg_undecodable":
+                    # no file of the batch decoded: the step never ran
+                    summary.errors["jpeg_undecodable"] = summary.errors.get("jpeg_undecodable", 0) + 1
+                    for i in range(n):
+                        pos = positions[i] if positions is not None else i
+                        _note_skip(summary, index, pos, names[i] if names is not None else None,
+                                   "jpeg_undecodable", res.error_message or UNDECODABLE_MESSAGE)
+
     def work(index: int, item: Any, wait: bool, is_last: bool) -> None:
         try:
             own_session()
@@ -433,6 +497,10 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                     # Accepted, but its step failed: count it as an error, not a batch.
                     answered()
                     record_error(e.code, e.retries)
+                    if e.code == "jpeg_undecodable" and isinstance(item, EncodedBatch) and skip_bad_files:
+                        with lock:  # no file of it decoded (or, with on_undecodable fail, one did not)
+                            for i in range(item.n):
+                                _note_skip(summary, index, item.position(i), item.name(i), e.code, str(e))
                     return
                 except E.TransportError as e:
                     record_error(e.code, e.retries)
@@ -455,7 +523,12 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                         summary.last_loss = loss
                 if loss is not None:
                     summary.latest_loss = loss
+                if isinstance(item, EncodedBatch) and isinstance(reply, BatchResult):
+                    _note_undecodable(summary, index, reply, item.names, item.positions)
                 show(summary.latest_loss)
+            if isinstance(item, EncodedBatch) and not isinstance(reply, BatchResult) and left_out is not None:
+                left_out.add(index, bid, item)
+                check_left_out(False)
             if on_result is not None:
                 on_result(index, reply)
         except BaseException as e:  # a usage error: stop everything and re-raise in the caller
@@ -531,6 +604,8 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
             futures = {f for f in futures if not f.done()}
             index += 1
         _wait_futures(futures)
+        if not stop.is_set():
+            check_left_out(True)
     except BaseException:
         stop.set()
         pool.shutdown(wait=True, cancel_futures=True)

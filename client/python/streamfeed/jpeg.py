@@ -199,8 +199,78 @@ def post_jpeg(client: "Client", files: Sequence[FileLike], labels: Any,
     return client.post_body(encode_jpeg_batch(files, labels).body, wait)[0]
 
 
+@dataclass(frozen=True)
+class ServerLimits:
+    """The bounds a server checks each JPEG file against (``GET /v1/config``),
+    so that :func:`jpeg_batches` leaves out, before sending, a file the server
+    would refuse for its size: ``jpeg_batches(..., limits=ServerLimits.of(client))``.
+
+    Attributes:
+        max_side: ``jpeg.max_side``, the largest height or width.
+        max_pixels: ``jpeg.max_pixels``, the most pixels of one file.
+        max_batch_pixels: ``jpeg.max_batch_pixels``, the most decoded pixels of a batch.
+        max_body_bytes: the largest batch body (``ring.slot_bytes`` of data).
+    """
+
+    max_side: int
+    max_pixels: int
+    max_batch_pixels: int
+    max_body_bytes: int
+
+    @classmethod
+    def of(cls, client: Any) -> "ServerLimits":
+        c = client.config()["config"]
+        return cls(max_side=int(c["jpeg"]["max_side"]), max_pixels=int(c["jpeg"]["max_pixels"]),
+                   max_batch_pixels=int(c["jpeg"]["max_batch_pixels"]),
+                   max_body_bytes=int(c["ring"]["slot_bytes"]))
+
+    def refusal(self, d: bytes) -> Optional[Tuple[str, str]]:
+        """(code, message) when the server would refuse the file d for its
+        size, as its header check would; None when it would not."""
+        if len(d) > self.max_body_bytes:
+            return "body_too_large", (f"the file alone ({len(d)} bytes) is more than a batch body may hold "
+                                      f"(ring.slot_bytes is {self.max_body_bytes})")
+        hw = jpeg_size(d)
+        if hw is None:
+            return None  # the server's header check says why, if anything
+        h, w = hw
+        if h > self.max_side or w > self.max_side:
+            return "jpeg_side_too_large", f"the image is {h}x{w} (HxW); jpeg.max_side is {self.max_side}"
+        if h * w > self.max_pixels:
+            return "jpeg_too_many_pixels", (f"the image is {h}x{w} (HxW), {h * w} pixels; jpeg.max_pixels is "
+                                            f"{self.max_pixels}")
+        if h * w > self.max_batch_pixels:
+            return "jpeg_batch_too_large", (f"the image alone has {h * w} pixels; jpeg.max_batch_pixels is "
+                                            f"{self.max_batch_pixels}")
+        return None
+
+
+def jpeg_size(d: bytes) -> Optional[Tuple[int, int]]:
+    """(height, width) from the SOF segment of a JPEG file, or None when the
+    markers before it cannot be followed."""
+    pos = 2
+    while pos + 4 <= len(d):
+        if d[pos] != 0xFF:
+            return None
+        while pos < len(d) and d[pos] == 0xFF:
+            pos += 1
+        if pos + 3 > len(d):
+            return None
+        m = d[pos]
+        seg = int.from_bytes(d[pos + 1:pos + 3], "big")
+        if 0xC0 <= m <= 0xCF and m not in (0xC4, 0xC8, 0xCC):
+            if pos + 8 > len(d):
+                return None
+            return int.from_bytes(d[pos + 4:pos + 6], "big"), int.from_bytes(d[pos + 6:pos + 8], "big")
+        if m == 0xDA or seg < 2:
+            return None
+        pos += 1 + seg
+    return None
+
+
 def jpeg_batches(dataset: Iterable[Sample], batch_size: int, drop_last: bool = False, *,
-                 shuffle: bool = True, seed: int = 0) -> Iterator[EncodedBatch]:
+                 shuffle: bool = True, seed: int = 0,
+                 limits: Optional[ServerLimits] = None) -> Iterator[EncodedBatch]:
     """Groups a dataset of ``(bytes_or_path, label)`` samples into encoded
     batches of batch_size, lazily (two batches' files in memory at a time:
     one is held back so that files left out after the last batch's files are
@@ -227,6 +297,12 @@ def jpeg_batches(dataset: Iterable[Sample], batch_size: int, drop_last: bool = F
             reading it whole).
         seed: the order's seed: the same seed gives the same order; pass the
             epoch number for a new order each epoch.
+        limits: the server's bounds (:meth:`ServerLimits.of`): a file over
+            them (``jpeg.max_side``, ``jpeg.max_pixels``, a body) is left out
+            before sending, with the code the server would refuse it with,
+            and the next file takes its place. None: the server refuses such
+            a file by name and :func:`streamfeed.feed` sends the rest of its
+            batch again.
 
     Raises:
         ValueError: batch_size below 1; no file of the dataset starts like a
@@ -246,7 +322,7 @@ def jpeg_batches(dataset: Iterable[Sample], batch_size: int, drop_last: bool = F
         seq: Any = dataset
         order = np.random.default_rng(seed).permutation(len(seq))
         samples = (seq[int(i)] for i in order)
-    return _batches(samples, batch_size, drop_last)
+    return _batches(samples, batch_size, drop_last, limits)
 
 
 #: Keys of a dict sample, tried in order (those of Hugging Face datasets first).
@@ -294,7 +370,8 @@ def _recorded_batch(files: List[bytes], labels: List[int], names: List[Optional[
     return EncodedBatch(encode_jpeg_batch(files, labels).body, len(files), names, positions, left)
 
 
-def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool) -> Iterator[EncodedBatch]:
+def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool,
+             limits: Optional[ServerLimits] = None) -> Iterator[EncodedBatch]:
     """Batches of batch_size JPEG files. A file that is empty or does not
     start like a JPEG file is left out (recorded in the batch's left_out) and
     the next one takes its place. One batch is held back, so that files left
@@ -317,8 +394,11 @@ def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool) -> Ite
             seen += 1
             continue
         why = _not_a_jpeg(d)
+        over = limits.refusal(d) if limits is not None and why is None else None
         if why is not None:
             left.append((seen, name, "jpeg_not_jpeg", f"left out before sending: {why}"))
+        elif over is not None:
+            left.append((seen, name, over[0], f"left out before sending: {over[1]}"))
         else:
             good += 1
             files.append(d)
@@ -351,9 +431,12 @@ def feed_jpeg(client: "Client", dataset: Iterable[Sample], batch_size: int, *,
               shuffle: bool = True, seed: int = 0, **feed_kwargs: Any) -> "FeedSummary":
     """Feeds a dataset of ``(bytes_or_path, label)`` samples in batches of
     batch_size: ``client.feed(jpeg_batches(dataset, batch_size, shuffle=shuffle,
-    seed=seed), **feed_kwargs)`` (a generator needs ``shuffle=False``: see
-    :func:`jpeg_batches`). Returns the :class:`~streamfeed.feed.FeedSummary`."""
-    return client.feed(jpeg_batches(dataset, batch_size, shuffle=shuffle, seed=seed), **feed_kwargs)
+    seed=seed, limits=ServerLimits.of(client)), **feed_kwargs)`` (a generator
+    needs ``shuffle=False``: see :func:`jpeg_batches`): files over the
+    server's size bounds are left out before sending. Returns the
+    :class:`~streamfeed.feed.FeedSummary`."""
+    return client.feed(jpeg_batches(dataset, batch_size, shuffle=shuffle, seed=seed, limits=ServerLimits.of(client)),
+                       **feed_kwargs)
 
 
 def image_folder(root: Union[str, "os.PathLike[str]"]) -> List[Tuple[Path, int]]:

@@ -8,7 +8,7 @@ against the dict replies keeps working, answers ``reply["loss"]`` as well as
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 
 class _Reply:
@@ -84,6 +84,11 @@ class BatchResult(_Reply):
     top5: Optional[float] = None
     eval_name: Optional[str] = None
     logits_state: Optional[str] = None
+    #: The samples (by index) left out because the service could not decode
+    #: their files (``decode.on_undecodable: skip``): the batch trained the
+    #: others. At most 64 are listed; ``samples_trained`` counts the rest.
+    skipped_samples: Tuple[int, ...] = ()
+    samples_trained: Optional[int] = None
 
     @property
     def done(self) -> bool:
@@ -102,7 +107,10 @@ class BatchResult(_Reply):
                    accuracy=_opt_float(o.get("accuracy")), timings=dict(o.get("timings") or {}),
                    error_code=err.get("code"), error_message=err.get("message"), raw=dict(o),
                    kind=str(o.get("kind") or "train"), top1=_opt_float(o.get("top1")),
-                   top5=_opt_float(o.get("top5")), eval_name=o.get("eval"), logits_state=o.get("logits"))
+                   top5=_opt_float(o.get("top5")), eval_name=o.get("eval"), logits_state=o.get("logits"),
+                   skipped_samples=tuple(int(k["index"]) for k in (o.get("skipped_samples") or ())
+                                         if isinstance(k, Mapping) and "index" in k),
+                   samples_trained=None if o.get("samples_trained") is None else int(o["samples_trained"]))
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SF_MAX_LAYERS 96 /* resnet18 needs 69 */
-#define SF_IN_MODEL (-1) /* in[] value: the model input */
+#define SF_MAX_LAYERS 512 /* resnet18 needs 69; torchvision's densenet121 about 430 */
+#define SF_MAX_IN 64      /* inputs of one layer (concat) */
+#define SF_IN_MODEL (-1)  /* in[] value: the model input */
 #define SF_LAYER_NAME_MAX 48
 
 typedef enum sf_layer_kind {
@@ -56,6 +57,7 @@ typedef enum sf_layer_kind {
     SF_L_MAXPOOL2D,    /* kernel k, stride, pad */
     SF_L_GLOBAL_AVGPOOL, /* [C,H,W] -> [C,1,1] (AdaptiveAvgPool2d(1)) */
     SF_L_ADD,          /* two inputs of the same shape -> their sum */
+    /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
 
@@ -65,8 +67,16 @@ typedef struct sf_layer {
     int in_c, out_c;              /* channels (conv) or features (linear) */
     int k, stride, pad;           /* conv only */
     int bias;                     /* 1 when the layer has a bias */
+    int groups, dilation;         /* conv2d (1 = a plain convolution) */
+    int ceil_mode;                /* maxpool2d, avgpool2d: output size rounded up */
+    int count_include_pad;        /* avgpool2d: padding counts in the divisor */
+    int out_size[2];              /* adaptive_avgpool2d: output [h, w] */
+    int approximate;              /* gelu: 0 erf, 1 tanh */
+    int over_channels;            /* linear: applied per pixel over the channels of a map */
+    float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
+    float p;                      /* dropout, stochastic_depth: drop probability */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
-    int in[2];                    /* input layer indices (< this index) or SF_IN_MODEL */
+    int in[SF_MAX_IN];            /* input layer indices (< this index) or SF_IN_MODEL */
     int init;                     /* SF_INIT_*: weight initialisation */
     /* Filled by sf_model_resolve: */
     int in_h, in_w, out_h, out_w; /* spatial sizes; 1x1 for flattened tensors */
@@ -75,6 +85,7 @@ typedef struct sf_layer {
     size_t n_w, n_b;              /* element counts; 0 where absent */
     size_t out_elems;             /* elements of the output per sample */
     size_t rm_off, rv_off;        /* batchnorm2d: running_mean/var offsets in the buffers */
+    int flat;                     /* 1: the output is a feature vector (flatten, linear) */
     int frozen;                   /* 1: runs without gradients (model.freeze) */
 } sf_layer;
 

@@ -2,11 +2,49 @@
  * backward, in float and double (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
 #include "ref.h"
+#include "layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "pool.c"
 #include "generic.h"
+
+/* ---- the pooling layers' hooks (gpu/layers.c) ----------------------------- */
+
+/* The argmax of every output ([nb, out_elems] int32, stored in floats' room). */
+size_t sf_ref_layer_maxpool2d_save(const sf_layer *L, size_t nb) { return nb * L->out_elems; }
+
+void sf_ref_layer_maxpool2d_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_maxpool2d_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, io->y,
+                         (int32_t *)io->save);
+}
+
+void sf_ref_layer_maxpool2d_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (!io->want[0])
+        return;
+    sf_ref_maxpool2d_bwd(io->dy, (const int32_t *)io->save, io->n, L->in_c, L->in_h, L->in_w, L->out_h, L->out_w,
+                         io->scratch);
+    io->give(io, 0, io->scratch);
+}
+
+void sf_ref_layer_gap_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_avgpool_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->y);
+}
+
+void sf_ref_layer_gap_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (!io->want[0])
+        return;
+    sf_ref_avgpool_bwd(io->dy, io->n, L->in_c, L->in_h, L->in_w, io->scratch);
+    io->give(io, 0, io->scratch);
+}
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 

@@ -33,17 +33,64 @@
 #define F_BIAS {"bias", SF_FT_BOOL, OFF(bias), 0, 1, 1, 0, NULL, "a bias parameter"}
 #define F_END {NULL, 0, 0, 0, 0, 0, 0, NULL, NULL}
 
+static const char *const over_choices[] = {"features", "channels", NULL};
+static const char *const gelu_choices[] = {"none", "tanh", NULL};
+static const char *const depth_modes[] = {"row", NULL};
+
+#define F_EPS(flags) {"eps", SF_FT_FLOAT, OFF(eps), 0, 1, 1e-5, SF_FF_LO_OPEN | (flags), NULL, \
+                      "added to the variance before the square root"}
+#define F_CEIL(flags) {"ceil_mode", SF_FT_BOOL, OFF(ceil_mode), 0, 1, 0, flags, NULL, \
+                       "output size rounded up (a last window may start in the padding's reach)"}
+
 static const sf_layer_field conv2d_fields[] = {
-    F_IN, F_OUT("output channels"), F_K, F_STRIDE(1, "stride"), F_PAD, F_BIAS, F_END,
+    F_IN, F_OUT("output channels"), F_K, F_STRIDE(1, "stride"), F_PAD, F_BIAS,
+    {"groups", SF_FT_INT, OFF(groups), 1, MAX_CHANNELS, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+     "groups (in and out divisible by it; groups = in = out is depthwise)"},
+    {"dilation", SF_FT_INT, OFF(dilation), 1, MAX_KERNEL, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+     "spacing between kernel taps"},
+    F_END,
+};
+static const sf_layer_field bn2d_fields[] = {
+    F_EPS(SF_FF_IF_SET | SF_FF_CUDA_DEFAULT),
+    {"momentum", SF_FT_FLOAT, OFF(momentum), 0, 1, 0.1, SF_FF_LO_OPEN | SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+     "running statistics' update weight"},
+    F_END,
+};
+static const sf_layer_field avgpool2d_fields[] = {
+    F_K, F_STRIDE(0, "stride (default: k)"), F_PAD, F_CEIL(0),
+    {"count_include_pad", SF_FT_BOOL, OFF(count_include_pad), 0, 1, 1, 0, NULL,
+     "padding counts in the divisor"},
+    F_END,
+};
+static const sf_layer_field adaptive_fields[] = {
+    {"out", SF_FT_INT_PAIR, OFF(out_size), 1, MAX_SPATIAL, 1, SF_FF_REQUIRED, NULL, "output [h, w]"},
+    F_END,
+};
+static const sf_layer_field ln_fields[] = {F_EPS(0), F_END};
+static const sf_layer_field gelu_fields[] = {
+    {"approximate", SF_FT_ENUM, OFF(approximate), 0, 1, 0, 0, gelu_choices, "\"none\" (erf) or \"tanh\""},
+    F_END,
+};
+static const sf_layer_field dropout_fields[] = {
+    {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0.5, 0, NULL, "probability of an element being zeroed"},
+    F_END,
+};
+static const sf_layer_field depth_fields[] = {
+    {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0, SF_FF_REQUIRED, NULL, "probability of a sample's branch being zeroed"},
+    {"mode", SF_FT_ENUM, OFF(mode), 0, 0, 0, 0, depth_modes, "\"row\": per sample"},
+    F_END,
 };
 static const sf_layer_field convt2d_fields[] = {
     F_IN, F_OUT("output channels"), F_K, F_STRIDE(1, "stride"), F_PAD, F_BIAS, F_END,
 };
 static const sf_layer_field linear_fields[] = {
-    F_IN, F_OUT("output features"), F_BIAS, F_END,
+    F_IN, F_OUT("output features"), F_BIAS,
+    {"over", SF_FT_ENUM, OFF(over_channels), 0, 1, 0, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, over_choices,
+     "\"features\" of a flat input, or \"channels\" of each pixel of a map"},
+    F_END,
 };
 static const sf_layer_field maxpool2d_fields[] = {
-    F_K, F_STRIDE(0, "stride (default: k)"), F_PAD, F_END,
+    F_K, F_STRIDE(0, "stride (default: k)"), F_PAD, F_CEIL(SF_FF_IF_SET | SF_FF_CUDA_DEFAULT), F_END,
 };
 static const sf_layer_field no_fields[] = {F_END};
 
@@ -78,9 +125,19 @@ static int check_out_c(const sf_layer *L, const char *what, char *err, size_t er
 
 static int conv2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
+    if (L->groups == 0)
+        L->groups = 1;
+    if (L->dilation == 0)
+        L->dilation = 1;
     if (check_out_c(L, "channels", err, errlen) || check_window(L, err, errlen))
         return -1;
-    const int eh = in->h + 2 * L->pad - L->k, ew = in->w + 2 * L->pad - L->k;
+    if (L->groups < 1 || L->dilation < 1 || L->dilation > MAX_KERNEL || in->c % L->groups || L->out_c % L->groups) {
+        sf_errf(err, errlen, "groups %d must divide in %d and out %d, dilation %d in [1,%d]", L->groups, in->c,
+                L->out_c, L->dilation, MAX_KERNEL);
+        return -1;
+    }
+    const int span = L->dilation * (L->k - 1) + 1;
+    const int eh = in->h + 2 * L->pad - span, ew = in->w + 2 * L->pad - span;
     if (eh < 0 || ew < 0) {
         sf_errf(err, errlen, "kernel %d does not fit the %dx%d input (pad %d)", L->k, in->h, in->w, L->pad);
         return -1;
@@ -105,6 +162,16 @@ static int convt2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *ou
 
 static int linear_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
+    if (L->over_channels) {
+        if (in->flat) {
+            sf_errf(err, errlen, "\"over\":\"channels\" needs a [C,H,W] map; the input is flattened");
+            return -1;
+        }
+        if (check_out_c(L, "features", err, errlen))
+            return -1;
+        *out = (sf_shape){L->out_c, in->h, in->w, 0};
+        return 0;
+    }
     if (!in->flat && (in->h != 1 || in->w != 1)) {
         sf_errf(err, errlen, "input is [%d,%d,%d]; add a flatten layer before linear", in->c, in->h, in->w);
         return -1;
@@ -138,6 +205,19 @@ static int bn2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, 
     return 0;
 }
 
+/* PyTorch's pooling output size; with ceil_mode the last window must start
+ * inside the input or its left padding. 0 when the kernel does not fit. */
+static int pool_out(int in, int k, int s, int p, int ceil_mode)
+{
+    const int num = in + 2 * p - k;
+    if (num < 0)
+        return 0;
+    int out = (num + (ceil_mode ? s - 1 : 0)) / s + 1;
+    if (ceil_mode && (out - 1) * s >= in + p)
+        out--;
+    return out;
+}
+
 static int maxpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err,
                            size_t errlen)
 {
@@ -149,13 +229,13 @@ static int maxpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *
         sf_errf(err, errlen, "pad %d must be at most half of k=%d", L->pad, L->k);
         return -1;
     }
-    const int eh = in->h + 2 * L->pad - L->k, ew = in->w + 2 * L->pad - L->k;
-    if (eh < 0 || ew < 0) {
+    const int oh = pool_out(in->h, L->k, L->stride, L->pad, L->ceil_mode);
+    const int ow = pool_out(in->w, L->k, L->stride, L->pad, L->ceil_mode);
+    if (oh < 1 || ow < 1) {
         sf_errf(err, errlen, "kernel %d does not fit the %dx%d input (pad %d)", L->k, in->h, in->w, L->pad);
         return -1;
     }
-    L->out_c = in->c;
-    *out = (sf_shape){in->c, eh / L->stride + 1, ew / L->stride + 1, 0};
+    *out = (sf_shape){in->c, oh, ow, 0};
     return 0;
 }
 
@@ -178,6 +258,74 @@ static int add_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, c
     return 0;
 }
 
+static int avgpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err,
+                           size_t errlen)
+{
+    return maxpool2d_shape(L, in, n_in, out, err, errlen); /* the same window rules */
+}
+
+static int adaptive_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->out_size[0] < 1 || L->out_size[1] < 1 || L->out_size[0] > MAX_SPATIAL || L->out_size[1] > MAX_SPATIAL) {
+        sf_errf(err, errlen, "output %dx%d out of range [1,%d]", L->out_size[0], L->out_size[1], MAX_SPATIAL);
+        return -1;
+    }
+    *out = (sf_shape){in->c, L->out_size[0], L->out_size[1], 0};
+    return 0;
+}
+
+static int ln2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->eps == 0.0f)
+        L->eps = 1e-5f;
+    *out = in[0];
+    return 0;
+}
+
+/* A flat [F] tensor, or a [F,1,1] map (a pooled one not yet flattened). */
+static int ln_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (!in->flat && (in->h != 1 || in->w != 1)) {
+        sf_errf(err, errlen, "input is [%d,%d,%d]; layernorm normalises flat features (layernorm2d a map's "
+                "channels)", in->c, in->h, in->w);
+        return -1;
+    }
+    return ln2d_shape(L, in, n_in, out, err, errlen);
+}
+
+static int mul_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    const sf_shape *a = &in[0], *b = &in[1];
+    const int same = b->c == a->c && b->h == a->h && b->w == a->w && b->flat == a->flat;
+    const int bcast = b->c == a->c && b->h == 1 && b->w == 1 && !a->flat && !b->flat;
+    if (!same && !bcast) {
+        sf_errf(err, errlen, "inputs have shapes [%d,%d,%d] and [%d,%d,%d]; the second must be the first's "
+                "shape or [%d,1,1]", a->c, a->h, a->w, b->c, b->h, b->w, a->c);
+        return -1;
+    }
+    *out = *a;
+    return 0;
+}
+
+static int concat_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    long c = 0;
+    for (int j = 0; j < n_in; j++) {
+        if (in[j].h != in[0].h || in[j].w != in[0].w || in[j].flat != in[0].flat) {
+            sf_errf(err, errlen, "input %d is [%d,%d,%d] but input 0 is [%d,%d,%d]; concat needs equal H,W", j,
+                    in[j].c, in[j].h, in[j].w, in[0].c, in[0].h, in[0].w);
+            return -1;
+        }
+        c += in[j].c;
+    }
+    if (c > (long)MAX_ACT) {
+        sf_errf(err, errlen, "%ld channels is too many", c);
+        return -1;
+    }
+    *out = (sf_shape){(int)c, in[0].h, in[0].w, in[0].flat};
+    return 0;
+}
+
 /* ---- parameters ---------------------------------------------------------------- */
 
 static void pd_set(sf_param_desc *p, const char *suffix, int ndim, int64_t a, int64_t b, int64_t c, int64_t d)
@@ -189,7 +337,7 @@ static void pd_set(sf_param_desc *p, const char *suffix, int ndim, int64_t a, in
 
 static int conv2d_params(const sf_layer *L, sf_param_desc pd[2])
 {
-    pd_set(&pd[0], "weight", 4, L->out_c, L->in_c, L->k, L->k);
+    pd_set(&pd[0], "weight", 4, L->out_c, L->in_c / (L->groups > 1 ? L->groups : 1), L->k, L->k);
     pd_set(&pd[1], "bias", 1, L->out_c, 0, 0, 0);
     return L->bias ? 2 : 1;
 }
@@ -215,6 +363,13 @@ static int affine_params(const sf_layer *L, sf_param_desc pd[2])
     pd_set(&pd[0], "weight", 1, L->out_ch, 0, 0, 0);
     pd_set(&pd[1], "bias", 1, L->out_ch, 0, 0, 0);
     return 2;
+}
+
+/* ConvNeXt's CNBlock.layer_scale, [C,1,1]. */
+static int layer_scale_params(const sf_layer *L, sf_param_desc pd[2])
+{
+    pd_set(&pd[0], "layer_scale", 3, L->out_ch, 1, 1, 0);
+    return 1;
 }
 
 static const char *const bn_buffers[] = {"running_mean", "running_var", NULL};
@@ -258,7 +413,7 @@ static void init_fan_in(const sf_layer *L, int li, uint64_t seed, float *params,
 
 static void conv2d_init(const sf_layer *L, int li, uint64_t seed, float *params)
 {
-    init_fan_in(L, li, seed, params, (size_t)L->in_c * L->k * L->k);
+    init_fan_in(L, li, seed, params, (size_t)(L->in_c / (L->groups > 1 ? L->groups : 1)) * L->k * L->k);
 }
 
 /* PyTorch computes a transposed convolution's fan_in from weight.size(1). */
@@ -281,6 +436,13 @@ static void ones_zeros_init(const sf_layer *L, int li, uint64_t seed, float *par
         params[L->b_off + e] = 0.0f;
 }
 
+/* torchvision's CNBlock: torch.ones(dim, 1, 1) * layer_scale (1e-6). */
+static void layer_scale_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    for (size_t e = 0; e < L->n_w; e++)
+        params[L->w_off + e] = 1e-6f;
+}
+
 /* ---- the table ------------------------------------------------------------------ */
 
 static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
@@ -289,7 +451,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .fields = conv2d_fields, .shape = conv2d_shape, .params = conv2d_params, .init = conv2d_init,
         .ref_fwd = sf_ref_layer_conv2d_fwd, .ref_bwd = sf_ref_layer_conv2d_bwd,
         .bf16_weights = 1, .bf16_wgrad = 1, .cuda = 1,
-        .doc = "2-D convolution, square kernel; weight [out, in, k, k]"},
+        .doc = "2-D convolution, square kernel, grouped (depthwise) and dilated; weight [out, in/groups, k, k]"},
     [SF_L_RELU] = {
         .name = "relu", .torch = "nn.ReLU", .min_in = 1, .max_in = 1, .fields = no_fields,
         .shape = same_shape, .ref_fwd = sf_ref_layer_relu_fwd, .ref_bwd = sf_ref_layer_relu_bwd, .cuda = 1,
@@ -302,7 +464,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "linear", .torch = "nn.Linear", .min_in = 1, .max_in = 1, .fields = linear_fields,
         .shape = linear_shape, .params = linear_params, .init = linear_init,
         .ref_fwd = sf_ref_layer_linear_fwd, .ref_bwd = sf_ref_layer_linear_bwd, .bf16_weights = 1, .cuda = 1,
-        .doc = "fully connected layer over features; weight [out, in]"},
+        .doc = "fully connected layer over flat features, or per pixel over a map's channels; weight [out, in]"},
     [SF_L_CONV_TRANSPOSE2D] = {
         .name = "conv_transpose2d", .torch = "nn.ConvTranspose2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = convt2d_fields, .shape = convt2d_shape, .params = convt2d_params, .init = convt2d_init,
@@ -311,7 +473,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "transposed 2-D convolution; weight [in, out, k, k]"},
     [SF_L_BATCHNORM2D] = {
         .name = "batchnorm2d", .torch = "nn.BatchNorm2d", .min_in = 1, .max_in = 1, .needs_map = 1,
-        .fields = no_fields, .shape = bn2d_shape, .params = affine_params, .buffers = bn_buffers,
+        .fields = bn2d_fields, .shape = bn2d_shape, .params = affine_params, .buffers = bn_buffers,
         .init = ones_zeros_init, .ref_fwd = sf_ref_layer_bn2d_fwd, .ref_bwd = sf_ref_layer_bn2d_bwd,
         .ref_save = sf_ref_layer_bn2d_save, .cuda = 1,
         .doc = "batch normalisation per channel; running statistics as buffers"},
@@ -329,6 +491,59 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "add", .torch = "a + b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = add_shape,
         .ref_fwd = sf_ref_layer_add_fwd, .ref_bwd = sf_ref_layer_add_bwd, .cuda = 1,
         .doc = "elementwise sum of two inputs of one shape (residual connections)"},
+#define ACT(kind, nm, tch, flds, what)                                                                    \
+    [kind] = {.name = nm, .torch = tch, .min_in = 1, .max_in = 1, .fields = flds, .shape = same_shape,     \
+              .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .doc = what}
+    ACT(SF_L_RELU6, "relu6", "nn.ReLU6", no_fields, "min(max(x, 0), 6)"),
+    ACT(SF_L_SIGMOID, "sigmoid", "nn.Sigmoid", no_fields, "1 / (1 + exp(-x))"),
+    ACT(SF_L_SILU, "silu", "nn.SiLU", no_fields, "x * sigmoid(x)"),
+    ACT(SF_L_HARDSWISH, "hardswish", "nn.Hardswish", no_fields, "x * relu6(x + 3) / 6"),
+    ACT(SF_L_HARDSIGMOID, "hardsigmoid", "nn.Hardsigmoid", no_fields, "relu6(x + 3) / 6"),
+    ACT(SF_L_GELU, "gelu", "nn.GELU", gelu_fields, "x * Phi(x), exact (erf) or the tanh approximation"),
+#undef ACT
+    [SF_L_MUL] = {
+        .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
+        .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd,
+        .doc = "elementwise product; b of a's shape or [C,1,1] broadcast over H,W (squeeze-and-excitation)"},
+    [SF_L_LAYER_SCALE] = {
+        .name = "layer_scale", .torch = "x * layer_scale (ConvNeXt CNBlock)", .min_in = 1, .max_in = 1,
+        .needs_map = 1, .fields = no_fields, .shape = same_shape, .params = layer_scale_params,
+        .init = layer_scale_init, .ref_fwd = sf_ref_layer_layer_scale_fwd,
+        .ref_bwd = sf_ref_layer_layer_scale_bwd,
+        .doc = "per-channel scale by a parameter <name>.layer_scale [C,1,1] (initialised to 1e-6)"},
+    [SF_L_AVGPOOL2D] = {
+        .name = "avgpool2d", .torch = "nn.AvgPool2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = avgpool2d_fields, .shape = avgpool2d_shape, .ref_fwd = sf_ref_layer_avgpool2d_fwd,
+        .ref_bwd = sf_ref_layer_avgpool2d_bwd, .doc = "average pooling"},
+    [SF_L_ADAPTIVE_AVGPOOL2D] = {
+        .name = "adaptive_avgpool2d", .torch = "nn.AdaptiveAvgPool2d((h, w))", .min_in = 1, .max_in = 1,
+        .needs_map = 1, .fields = adaptive_fields, .shape = adaptive_shape,
+        .ref_fwd = sf_ref_layer_adaptive_avgpool2d_fwd, .ref_bwd = sf_ref_layer_adaptive_avgpool2d_bwd,
+        .doc = "average pooling to an output size, PyTorch's bins"},
+    [SF_L_LAYERNORM2D] = {
+        .name = "layernorm2d", .torch = "torchvision LayerNorm2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = ln_fields, .shape = ln2d_shape, .params = affine_params, .init = ones_zeros_init,
+        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd,
+        .doc = "LayerNorm over the channels of each pixel; weight, bias [C]"},
+    [SF_L_LAYERNORM] = {
+        .name = "layernorm", .torch = "nn.LayerNorm(F)", .min_in = 1, .max_in = 1, .fields = ln_fields,
+        .shape = ln_shape, .params = affine_params, .init = ones_zeros_init,
+        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd,
+        .doc = "LayerNorm over the features of a flat tensor; weight, bias [F]"},
+    [SF_L_CONCAT] = {
+        .name = "concat", .torch = "torch.cat(dim=1)", .min_in = 2, .max_in = SF_MAX_IN, .fields = no_fields,
+        .shape = concat_shape, .ref_fwd = sf_ref_layer_concat_fwd, .ref_bwd = sf_ref_layer_concat_bwd,
+        .doc = "concatenation along channels of inputs of equal H,W"},
+    [SF_L_DROPOUT] = {
+        .name = "dropout", .torch = "nn.Dropout", .min_in = 1, .max_in = 1, .fields = dropout_fields,
+        .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd, .ref_bwd = sf_ref_layer_dropout_bwd,
+        .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
+               "eval: identity"},
+    [SF_L_STOCHASTIC_DEPTH] = {
+        .name = "stochastic_depth", .torch = "torchvision StochasticDepth(p, \"row\")", .min_in = 1,
+        .max_in = 1, .fields = depth_fields, .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd,
+        .ref_bwd = sf_ref_layer_dropout_bwd,
+        .doc = "training: zero a sample with probability p, scale by 1/(1-p); eval: identity"},
 };
 
 const sf_layer_kind_info *sf_layer_info(sf_layer_kind k)

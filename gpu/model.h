@@ -57,6 +57,21 @@ typedef enum sf_layer_kind {
     SF_L_MAXPOOL2D,    /* kernel k, stride, pad */
     SF_L_GLOBAL_AVGPOOL, /* [C,H,W] -> [C,1,1] (AdaptiveAvgPool2d(1)) */
     SF_L_ADD,          /* two inputs of the same shape -> their sum */
+    SF_L_RELU6,
+    SF_L_SIGMOID,
+    SF_L_SILU,
+    SF_L_HARDSWISH,
+    SF_L_HARDSIGMOID,
+    SF_L_GELU,         /* erf, or the tanh approximation */
+    SF_L_MUL,          /* a * b, b of a's shape or [C,1,1] (broadcast over H,W) */
+    SF_L_LAYER_SCALE,  /* x * p, p a parameter [C,1,1] */
+    SF_L_AVGPOOL2D,    /* kernel k, stride, pad, ceil_mode, count_include_pad */
+    SF_L_ADAPTIVE_AVGPOOL2D, /* [C,H,W] -> [C,h,w] (PyTorch's bins) */
+    SF_L_LAYERNORM2D,  /* LayerNorm over the channels of each pixel */
+    SF_L_LAYERNORM,    /* LayerNorm over the features of a flat tensor */
+    SF_L_CONCAT,       /* 2..SF_MAX_IN inputs of equal H,W -> along channels */
+    SF_L_DROPOUT,      /* training: elementwise keep/drop and 1/(1-p); eval: identity */
+    SF_L_STOCHASTIC_DEPTH, /* training: per-sample keep/drop ("row"); eval: identity */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -75,6 +90,7 @@ typedef struct sf_layer {
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     float p;                      /* dropout, stochastic_depth: drop probability */
+    int mode;                     /* stochastic_depth: 0 "row" (the one mode run) */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
     int in[SF_MAX_IN];            /* input layer indices (< this index) or SF_IN_MODEL */
     int init;                     /* SF_INIT_*: weight initialisation */

@@ -73,4 +73,28 @@ void sf_ref_layer_relu_bwd(const sf_ref_io *io);
 void sf_ref_layer_add_fwd(const sf_ref_io *io);
 void sf_ref_layer_add_bwd(const sf_ref_io *io);
 
+/* conv_grouped.c is reached through the conv2d hooks (groups or dilation > 1). */
+/* activation.c: relu6, sigmoid, silu, hardswish, hardsigmoid, gelu */
+void sf_ref_layer_act_fwd(const sf_ref_io *io);
+void sf_ref_layer_act_bwd(const sf_ref_io *io);
+/* mul.c */
+void sf_ref_layer_mul_fwd(const sf_ref_io *io);
+void sf_ref_layer_mul_bwd(const sf_ref_io *io);
+void sf_ref_layer_layer_scale_fwd(const sf_ref_io *io);
+void sf_ref_layer_layer_scale_bwd(const sf_ref_io *io);
+/* avgpool.c */
+void sf_ref_layer_avgpool2d_fwd(const sf_ref_io *io);
+void sf_ref_layer_avgpool2d_bwd(const sf_ref_io *io);
+void sf_ref_layer_adaptive_avgpool2d_fwd(const sf_ref_io *io);
+void sf_ref_layer_adaptive_avgpool2d_bwd(const sf_ref_io *io);
+/* norm.c: layernorm2d, layernorm */
+void sf_ref_layer_layernorm_fwd(const sf_ref_io *io);
+void sf_ref_layer_layernorm_bwd(const sf_ref_io *io);
+/* concat.c */
+void sf_ref_layer_concat_fwd(const sf_ref_io *io);
+void sf_ref_layer_concat_bwd(const sf_ref_io *io);
+/* dropout.c: dropout, stochastic_depth */
+void sf_ref_layer_dropout_fwd(const sf_ref_io *io);
+void sf_ref_layer_dropout_bwd(const sf_ref_io *io);
+
 #endif

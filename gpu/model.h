@@ -43,7 +43,7 @@
 #define SF_MAX_LAYERS 512 /* resnet18 needs 69; torchvision's densenet121 about 430 */
 #define SF_MAX_IN 64      /* inputs of one layer (concat) */
 #define SF_IN_MODEL (-1)  /* in[] value: the model input */
-#define SF_LAYER_NAME_MAX 48
+#define SF_LAYER_NAME_MAX 64 /* with its NUL; torchvision's longest layer names (regnet) reach 50 */
 
 typedef enum sf_layer_kind {
     SF_L_CONV2D = 0,   /* in_c -> out_c, kernel k, stride, pad, optional bias */

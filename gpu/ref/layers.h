@@ -1,8 +1,11 @@
 /* gpu/ref/layers.h — the reference layers, forward and backward, in float
- * and in double (_f64): convolutions and linear (conv.c, conv_transpose.c,
- * linear.c), batchnorm (batchnorm.c), pooling (pool.c), ReLU and the residual
- * add (pointwise.c). Part of gpu/ref/ref.h, whose first comment states what
- * every reference function promises. */
+ * and in double (_f64): convolutions and linear (conv.c, conv_grouped.c,
+ * conv_transpose.c, linear.c), normalisation (batchnorm.c, norm.c), pooling
+ * (pool.c, avgpool.c), activations (pointwise.c, activation.c), products
+ * and concatenation (pointwise.c, mul.c, concat.c) and dropout (dropout.c).
+ * Each family file also holds its layer kinds' hooks (layer_io.h). Part of
+ * gpu/ref/ref.h, whose first comment states what every reference function
+ * promises. */
 #ifndef SF_GPU_REF_LAYERS_H
 #define SF_GPU_REF_LAYERS_H
 

@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "gpu/model.h"
 
@@ -135,6 +136,10 @@ int sf_layer_cuda_check(const sf_model *m, int i, char *err, size_t errlen);
  * them is written as it always was). */
 struct cJSON;
 void sf_layer_fields_to_json(const sf_layer *L, struct cJSON *obj);
+
+/* Writes the supported-op table (docs/LAYERS.md, `streamfeed --help-layers`)
+ * generated from the rows. */
+void sf_layer_kinds_markdown(FILE *out);
 
 /* The shape per sample of input j of layer i. */
 void sf_layer_in_shape(const sf_model *m, int i, int j, sf_shape *s);

@@ -24,6 +24,8 @@
 
 #include <cmocka.h>
 
+#include <cjson/cJSON.h>
+
 #include "gpu/backend.h"
 #include "gpu/layers.h"
 #include "gpu/ref/ref.h"
@@ -637,6 +639,41 @@ static void bad_new_kind_specs_fail_naming_the_layer_and_field(void **state)
     expect_json_error(HEAD "{\"type\":\"avgpool2d\",\"k\":2,\"pad\":2}]}", "layer 0", "pad");
 }
 
+static void expect_fields_json(const sf_layer *L, const char *want)
+{
+    cJSON *o = cJSON_CreateObject();
+    sf_layer_fields_to_json(L, o);
+    char *got = cJSON_PrintUnformatted(o);
+    if (strcmp(got, want))
+        fail_msg("%s fields written as %s, want %s", L->name, got, want);
+    cJSON_free(got);
+    cJSON_Delete(o);
+}
+
+/* A checkpoint's metadata carries the model spec, compared as a string when
+ * a checkpoint is loaded: the fields the nine first kinds had are written as
+ * they always were, the newer ones only when set. */
+static void default_valued_newer_fields_are_not_written_back(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
+                                        "{\"type\":\"batchnorm2d\"},{\"type\":\"maxpool2d\",\"k\":2},"
+                                        "{\"type\":\"conv2d\",\"out\":4,\"k\":1,\"groups\":2},"
+                                        "{\"type\":\"batchnorm2d\",\"momentum\":0.5},"
+                                        "{\"type\":\"maxpool2d\",\"k\":2,\"ceil_mode\":true},"
+                                        "{\"type\":\"avgpool2d\",\"k\":1},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":3,\"stride\":1,\"pad\":1,\"bias\":false}");
+    expect_fields_json(&m.layers[1], "{}");
+    expect_fields_json(&m.layers[2], "{\"k\":2,\"stride\":2,\"pad\":0}");
+    expect_fields_json(&m.layers[3], "{\"out\":4,\"k\":1,\"stride\":1,\"pad\":0,\"bias\":true,\"groups\":2}");
+    expect_fields_json(&m.layers[4], "{\"momentum\":0.5}");
+    expect_fields_json(&m.layers[5], "{\"k\":2,\"stride\":2,\"pad\":0,\"ceil_mode\":true}");
+    expect_fields_json(&m.layers[6], "{\"k\":1,\"stride\":1,\"pad\":0,\"ceil_mode\":false,\"count_include_pad\":true}");
+    expect_fields_json(&m.layers[8], "{\"out\":4,\"bias\":true}");
+}
+
 static void a_densenet_sized_concat_chain_fits_the_layer_limit(void **state)
 {
     /* 430 layers: 1x1 convs of the input and concats of up to 32 earlier
@@ -679,6 +716,7 @@ int main(void)
         cmocka_unit_test(parameters_are_named_and_shaped_as_pytorch_does),
         cmocka_unit_test(the_cuda_check_names_the_layer_and_the_reference_backend),
         cmocka_unit_test(bad_new_kind_specs_fail_naming_the_layer_and_field),
+        cmocka_unit_test(default_valued_newer_fields_are_not_written_back),
         cmocka_unit_test(a_densenet_sized_concat_chain_fits_the_layer_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,22 +14,16 @@
 #include "gpu/ref/layer_io.h"
 #include "gpu/rng.h"
 
-/* Bounds shared with gpu/model.c (which checks the model as a whole). */
-#define MAX_CHANNELS (1 << 16)
-#define MAX_SPATIAL (1 << 14)
-#define MAX_KERNEL 64
-#define MAX_ACT ((size_t)1 << 30)
-
 #define OFF(f) offsetof(sf_layer, f)
 
 /* ---- fields ------------------------------------------------------------------ */
 
-#define F_IN {"in", SF_FT_INT, OFF(in_c), 1, MAX_CHANNELS, 0, SF_FF_INFERRED, NULL, \
+#define F_IN {"in", SF_FT_INT, OFF(in_c), 1, SF_MAX_CHANNELS, 0, SF_FF_INFERRED, NULL, \
               "input channels or features; optional, checked against the previous layer"}
-#define F_OUT(what) {"out", SF_FT_INT, OFF(out_c), 1, MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL, what}
-#define F_K {"k", SF_FT_INT, OFF(k), 1, MAX_KERNEL, 0, SF_FF_REQUIRED, NULL, "kernel size (square)"}
-#define F_STRIDE(def, doc) {"stride", SF_FT_INT, OFF(stride), 1, MAX_KERNEL, def, 0, NULL, doc}
-#define F_PAD {"pad", SF_FT_INT, OFF(pad), 0, MAX_KERNEL, 0, 0, NULL, "zero padding on each side"}
+#define F_OUT(what) {"out", SF_FT_INT, OFF(out_c), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL, what}
+#define F_K {"k", SF_FT_INT, OFF(k), 1, SF_MAX_KERNEL, 0, SF_FF_REQUIRED, NULL, "kernel size (square)"}
+#define F_STRIDE(def, doc) {"stride", SF_FT_INT, OFF(stride), 1, SF_MAX_KERNEL, def, 0, NULL, doc}
+#define F_PAD {"pad", SF_FT_INT, OFF(pad), 0, SF_MAX_KERNEL, 0, 0, NULL, "zero padding on each side"}
 #define F_BIAS {"bias", SF_FT_BOOL, OFF(bias), 0, 1, 1, 0, NULL, "a bias parameter"}
 #define F_END {NULL, 0, 0, 0, 0, 0, 0, NULL, NULL}
 
@@ -44,9 +38,9 @@ static const char *const depth_modes[] = {"row", NULL};
 
 static const sf_layer_field conv2d_fields[] = {
     F_IN, F_OUT("output channels"), F_K, F_STRIDE(1, "stride"), F_PAD, F_BIAS,
-    {"groups", SF_FT_INT, OFF(groups), 1, MAX_CHANNELS, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+    {"groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
      "groups (in and out divisible by it; groups = in = out is depthwise)"},
-    {"dilation", SF_FT_INT, OFF(dilation), 1, MAX_KERNEL, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+    {"dilation", SF_FT_INT, OFF(dilation), 1, SF_MAX_KERNEL, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
      "spacing between kernel taps"},
     F_END,
 };
@@ -63,7 +57,7 @@ static const sf_layer_field avgpool2d_fields[] = {
     F_END,
 };
 static const sf_layer_field adaptive_fields[] = {
-    {"out", SF_FT_INT_PAIR, OFF(out_size), 1, MAX_SPATIAL, 1, SF_FF_REQUIRED, NULL, "output [h, w]"},
+    {"out", SF_FT_INT_PAIR, OFF(out_size), 1, SF_MAX_SPATIAL, 1, SF_FF_REQUIRED, NULL, "output [h, w]"},
     F_END,
 };
 static const sf_layer_field ln_fields[] = {F_EPS(0), F_END};
@@ -105,10 +99,10 @@ static int same_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, 
 /* Kernel, stride and padding of a convolution or pooling layer. */
 static int check_window(const sf_layer *L, char *err, size_t errlen)
 {
-    if (L->k < 1 || L->k > MAX_KERNEL || L->stride < 1 || L->stride > MAX_KERNEL || L->pad < 0 ||
-        L->pad > MAX_KERNEL) {
+    if (L->k < 1 || L->k > SF_MAX_KERNEL || L->stride < 1 || L->stride > SF_MAX_KERNEL || L->pad < 0 ||
+        L->pad > SF_MAX_KERNEL) {
         sf_errf(err, errlen, "k=%d stride=%d pad=%d out of range (k,stride in [1,%d], pad in [0,%d])", L->k,
-                L->stride, L->pad, MAX_KERNEL, MAX_KERNEL);
+                L->stride, L->pad, SF_MAX_KERNEL, SF_MAX_KERNEL);
         return -1;
     }
     return 0;
@@ -116,8 +110,8 @@ static int check_window(const sf_layer *L, char *err, size_t errlen)
 
 static int check_out_c(const sf_layer *L, const char *what, char *err, size_t errlen)
 {
-    if (L->out_c < 1 || L->out_c > MAX_CHANNELS) {
-        sf_errf(err, errlen, "out %s %d out of range [1,%d]", what, L->out_c, MAX_CHANNELS);
+    if (L->out_c < 1 || L->out_c > SF_MAX_CHANNELS) {
+        sf_errf(err, errlen, "out %s %d out of range [1,%d]", what, L->out_c, SF_MAX_CHANNELS);
         return -1;
     }
     return 0;
@@ -131,9 +125,9 @@ static int conv2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out
         L->dilation = 1;
     if (check_out_c(L, "channels", err, errlen) || check_window(L, err, errlen))
         return -1;
-    if (L->groups < 1 || L->dilation < 1 || L->dilation > MAX_KERNEL || in->c % L->groups || L->out_c % L->groups) {
+    if (L->groups < 1 || L->dilation < 1 || L->dilation > SF_MAX_KERNEL || in->c % L->groups || L->out_c % L->groups) {
         sf_errf(err, errlen, "groups %d must divide in %d and out %d, dilation %d in [1,%d]", L->groups, in->c,
-                L->out_c, L->dilation, MAX_KERNEL);
+                L->out_c, L->dilation, SF_MAX_KERNEL);
         return -1;
     }
     const int span = L->dilation * (L->k - 1) + 1;
@@ -152,8 +146,8 @@ static int convt2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *ou
         return -1;
     const long oh = (long)(in->h - 1) * L->stride - 2L * L->pad + L->k;
     const long ow = (long)(in->w - 1) * L->stride - 2L * L->pad + L->k;
-    if (oh < 1 || ow < 1 || oh > MAX_SPATIAL || ow > MAX_SPATIAL) {
-        sf_errf(err, errlen, "output %ldx%ld out of range [1,%d]", oh, ow, MAX_SPATIAL);
+    if (oh < 1 || ow < 1 || oh > SF_MAX_SPATIAL || ow > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "output %ldx%ld out of range [1,%d]", oh, ow, SF_MAX_SPATIAL);
         return -1;
     }
     *out = (sf_shape){L->out_c, (int)oh, (int)ow, 0};
@@ -185,7 +179,7 @@ static int linear_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out
 static int flatten_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     const size_t feat = (size_t)in->c * in->h * in->w;
-    if (feat > MAX_ACT) {
+    if (feat > SF_MAX_ACT) {
         sf_errf(err, errlen, "%zu features is too many", feat);
         return -1;
     }
@@ -266,8 +260,8 @@ static int avgpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *
 
 static int adaptive_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
-    if (L->out_size[0] < 1 || L->out_size[1] < 1 || L->out_size[0] > MAX_SPATIAL || L->out_size[1] > MAX_SPATIAL) {
-        sf_errf(err, errlen, "output %dx%d out of range [1,%d]", L->out_size[0], L->out_size[1], MAX_SPATIAL);
+    if (L->out_size[0] < 1 || L->out_size[1] < 1 || L->out_size[0] > SF_MAX_SPATIAL || L->out_size[1] > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "output %dx%d out of range [1,%d]", L->out_size[0], L->out_size[1], SF_MAX_SPATIAL);
         return -1;
     }
     *out = (sf_shape){in->c, L->out_size[0], L->out_size[1], 0};
@@ -318,7 +312,7 @@ static int concat_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out
         }
         c += in[j].c;
     }
-    if (c > (long)MAX_ACT) {
+    if (c > (long)SF_MAX_ACT) {
         sf_errf(err, errlen, "%ld channels is too many", c);
         return -1;
     }

@@ -28,6 +28,13 @@
 extern "C" {
 #endif
 
+/* Bounds that keep every size computation far from overflow and reject
+ * absurd specs early (a model past them could not be allocated anyway). */
+#define SF_MAX_CHANNELS (1 << 16)        /* channels or features of one layer */
+#define SF_MAX_SPATIAL (1 << 14)         /* height or width */
+#define SF_MAX_KERNEL 64                 /* kernel size, stride, padding, dilation */
+#define SF_MAX_ACT ((size_t)1 << 30)     /* floats of one sample's activation */
+
 /* How a JSON field is stored in sf_layer (at sf_layer_field.off). */
 typedef enum sf_field_type {
     SF_FT_INT = 0, /* int */

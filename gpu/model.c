@@ -1,5 +1,7 @@
 /* gpu/model.c — model descriptions: presets, the JSON layer list, shape
- * resolution and PyTorch-style default initialisation. See gpu/model.h. */
+ * resolution and PyTorch-style default initialisation. See gpu/model.h.
+ * What differs by layer kind (fields, shapes, parameters, initialisation)
+ * is in the kind's row of gpu/layers.c; this file loops over the rows. */
 #include "gpu/common.h"
 #include "model.h"
 #include "gpu/layers.h"
@@ -11,17 +13,8 @@
 
 #include <cjson/cJSON.h>
 
-#include "rng.h"
-
-/* Bounds that keep every size computation far from overflow and reject
- * absurd specs early (a model past them could not be allocated anyway). */
-#define MAX_CHANNELS (1 << 16)      /* channels or features of one layer */
-#define MAX_SPATIAL (1 << 14)       /* input height/width */
-#define MAX_KERNEL 64
-#define MAX_PARAMS ((size_t)1 << 31) /* floats of the parameter buffer (8 GiB) */
-#define MAX_ACT ((size_t)1 << 30)    /* floats of one sample's activation */
-
-
+/* Floats of the parameter buffer (8 GiB); the other bounds are in gpu/layers.h. */
+#define MAX_PARAMS ((size_t)1 << 31)
 
 const char *sf_layer_kind_name(sf_layer_kind k)
 {
@@ -118,7 +111,7 @@ static int resolve_layer(sf_model *m, int i, size_t *off, size_t *boff, char *er
     L->out_w = out.w;
     L->flat = out.flat;
     L->out_elems = (size_t)L->out_ch * L->out_h * L->out_w;
-    if (L->out_elems > MAX_ACT) {
+    if (L->out_elems > SF_MAX_ACT) {
         sf_errf(err, errlen, "layer %d (%s): output of %zu floats per sample is too large", i, kn, L->out_elems);
         return -1;
     }
@@ -155,22 +148,22 @@ static int resolve_layer(sf_model *m, int i, size_t *off, size_t *boff, char *er
 
 int sf_model_resolve(sf_model *m, char *err, size_t errlen)
 {
-    if (m->in_c < 1 || m->in_h < 1 || m->in_w < 1 || m->in_c > MAX_CHANNELS ||
-        m->in_h > MAX_SPATIAL || m->in_w > MAX_SPATIAL) {
+    if (m->in_c < 1 || m->in_h < 1 || m->in_w < 1 || m->in_c > SF_MAX_CHANNELS ||
+        m->in_h > SF_MAX_SPATIAL || m->in_w > SF_MAX_SPATIAL) {
         sf_errf(err, errlen, "model input %dx%dx%d out of range (C in [1,%d], H,W in [1,%d])",
-                m->in_c, m->in_h, m->in_w, MAX_CHANNELS, MAX_SPATIAL);
+                m->in_c, m->in_h, m->in_w, SF_MAX_CHANNELS, SF_MAX_SPATIAL);
         return -1;
     }
     if (m->n_layers < 1 || m->n_layers > SF_MAX_LAYERS) {
         sf_errf(err, errlen, "model has %d layers (1..%d allowed)", m->n_layers, SF_MAX_LAYERS);
         return -1;
     }
-    if (m->n_classes < 1 || m->n_classes > MAX_CHANNELS) {
-        sf_errf(err, errlen, "model classes %d out of range [1,%d]", m->n_classes, MAX_CHANNELS);
+    if (m->n_classes < 1 || m->n_classes > SF_MAX_CHANNELS) {
+        sf_errf(err, errlen, "model classes %d out of range [1,%d]", m->n_classes, SF_MAX_CHANNELS);
         return -1;
     }
 
-    if ((size_t)m->in_c * m->in_h * m->in_w > MAX_ACT) {
+    if ((size_t)m->in_c * m->in_h * m->in_w > SF_MAX_ACT) {
         sf_errf(err, errlen, "model input %dx%dx%d is too large", m->in_c, m->in_h, m->in_w);
         return -1;
     }
@@ -679,7 +672,7 @@ int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)
     int dims[3];
     for (int d = 0; d < 3; d++) {
         const cJSON *v = cJSON_GetArrayItem(jin, d);
-        int hi = d == 0 ? MAX_CHANNELS : MAX_SPATIAL;
+        int hi = d == 0 ? SF_MAX_CHANNELS : SF_MAX_SPATIAL;
         if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
             v->valuedouble > hi) {
             sf_errf(err, errlen, "model spec: \"input\"[%d] must be an integer in [1,%d]", d, hi);
@@ -690,9 +683,9 @@ int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)
     m->in_c = dims[0];
     m->in_h = dims[1];
     m->in_w = dims[2];
-    int r = json_int(root, "classes", 1, MAX_CHANNELS, &m->n_classes, "model spec", err, errlen);
+    int r = json_int(root, "classes", 1, SF_MAX_CHANNELS, &m->n_classes, "model spec", err, errlen);
     if (r == 0)
-        sf_errf(err, errlen, "model spec: missing \"classes\" (an integer in [1,%d])", MAX_CHANNELS);
+        sf_errf(err, errlen, "model spec: missing \"classes\" (an integer in [1,%d])", SF_MAX_CHANNELS);
     if (r <= 0)
         goto out;
     const cJSON *jl = cJSON_GetObjectItemCaseSensitive(root, "layers");

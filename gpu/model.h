@@ -12,9 +12,12 @@
  *
  * Parameters live in one flat float32 buffer; for each layer with weights the
  * weight comes first, then the bias, each contiguous in PyTorch's own layout
- * (conv2d: [out_c, in_c, k, k]; conv_transpose2d: [in_c, out_c, k, k];
- * linear: [out, in]; batchnorm2d: weight = gamma [C], bias = beta [C]), so a
+ * (conv2d: [out_c, in_c/groups, k, k]; conv_transpose2d: [in_c, out_c, k, k];
+ * linear: [out, in]; batchnorm2d: weight = gamma [C], bias = beta [C];
+ * layer_scale: its one parameter [C,1,1] in the weight's place), so a
  * state_dict tensor maps to a slice of the buffer with no transposition.
+ * Every kind's fields, shapes, parameters and buffers are its row in the
+ * registry (gpu/layers.h, docs/LAYERS.md).
  *
  * Buffers (state that is not trained: batchnorm2d's running_mean and
  * running_var, [C] each, in that order per layer) live in a second flat float

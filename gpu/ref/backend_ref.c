@@ -88,7 +88,6 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,7 +383,7 @@ static void io_of(ref_ctx *c, int i, int n, sf_ref_io *io)
 {
     const sf_model *m = &c->m;
     const sf_layer *L = &m->layers[i];
-    memset(io, 0, offsetof(sf_ref_io, x));
+    memset(io, 0, sizeof *io);
     io->m = m;
     io->L = L;
     io->li = i;

@@ -389,7 +389,9 @@ static void io_of(ref_ctx *c, int i, int n, sf_ref_io *io)
     io->li = i;
     io->n = n;
     io->bf16 = c->bf16;
-    io->seed = c->cfg.seed;
+    /* Each rank of a data-parallel job draws its own dropout masks: its
+     * samples are others than the other ranks' at the same batch index. */
+    io->seed = c->cfg.seed ^ (c->cfg.dist ? (uint64_t)c->cfg.dist->rank << 48 : 0);
     io->seq = c->seq;
     const int n_in = sf_layer_n_inputs(L);
     for (int j = 0; j < n_in; j++)

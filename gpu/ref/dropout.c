@@ -2,8 +2,9 @@
  * (torchvision.ops.stochastic_depth, mode "row": the whole sample), in float
  * and double (_f64), and their hooks. Contracts in gpu/ref/layers.h.
  *
- * The keep/drop decisions are a pure function of the run's seed, the batch's
- * sequence number, the layer index and the sample (and element) index
+ * The keep/drop decisions are a pure function of the run's seed (mixed with
+ * the rank in a data-parallel job), the batch's sequence number, the layer
+ * index and the sample (and element) index
  * (gpu/rng.h), so a run is reproducible and the backward draws the very mask
  * the forward used without storing it: the backward of either kind is its
  * forward applied to dy. Evaluation and frozen layers pass x through. */

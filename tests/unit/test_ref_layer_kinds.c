@@ -410,7 +410,7 @@ typedef struct rig {
     uint8_t labels[BATCH];
 } rig;
 
-static rig *rig_new(const char *spec, sf_precision prec)
+static rig *rig_new_on_rank(const char *spec, sf_precision prec, const sf_dist *dist)
 {
     rig *r = calloc(1, sizeof *r);
     r->be = sf_backend_ref_new(err, sizeof err);
@@ -421,6 +421,7 @@ static rig *rig_new(const char *spec, sf_precision prec)
     r->cfg.seed = 3;
     r->cfg.max_batch = BATCH;
     r->cfg.optim = SF_OPT_SGD;
+    r->cfg.dist = dist;
     if (r->be->i->build(r->be, &r->m, &r->cfg, err, sizeof err) != 0)
         fail_msg("build: %s", err);
     assert_int_equal(sf_aug_parse("[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"
@@ -429,6 +430,8 @@ static rig *rig_new(const char *spec, sf_precision prec)
     assert_int_equal(sf_aug_plan_make(&r->p, HW, HW, 3, &r->plan, err, sizeof err), 0);
     return r;
 }
+
+static rig *rig_new(const char *spec, sf_precision prec) { return rig_new_on_rank(spec, prec, NULL); }
 
 static void rig_free(rig *r)
 {
@@ -537,6 +540,25 @@ static void dropout_and_stochastic_depth_are_identity_in_eval(void **state)
         assert_true(memcmp(l1, l3, sizeof l1) != 0);
         rig_free(r);
     }
+}
+
+/* Ranks of a data-parallel job train different samples at the same batch
+ * index: each draws its own masks, and each rank's draws are reproducible.
+ * (world 1 keeps the reference from all-reducing: only the rank differs.) */
+static void each_rank_draws_its_own_dropout_masks(void **state)
+{
+    static const sf_dist rank0 = {.rank = 0, .world = 1}, rank1 = {.rank = 1, .world = 1};
+    float l[3][BATCH * 4];
+    const sf_dist *ranks[3] = {&rank0, &rank1, &rank1};
+    for (int k = 0; k < 3; k++) {
+        rig *r = rig_new_on_rank(DENSE_SPEC, SF_PREC_FP32, ranks[k]);
+        sf_batch b = batch_of(r, 1, 0.0f);
+        b.logits_out = l[k];
+        trained_step(r->be, &b);
+        rig_free(r);
+    }
+    assert_true(memcmp(l[0], l[1], sizeof l[0]) != 0);
+    assert_memory_equal(l[1], l[2], sizeof l[1]);
 }
 
 /* ---- the registry: names, shapes, refusals ------------------------------------ */
@@ -713,6 +735,7 @@ int main(void)
         cmocka_unit_test(every_new_kind_trains_with_gradients_matching_finite_differences),
         cmocka_unit_test(every_new_kind_trains_in_bf16_close_to_fp32),
         cmocka_unit_test(dropout_and_stochastic_depth_are_identity_in_eval),
+        cmocka_unit_test(each_rank_draws_its_own_dropout_masks),
         cmocka_unit_test(parameters_are_named_and_shaped_as_pytorch_does),
         cmocka_unit_test(the_cuda_check_names_the_layer_and_the_reference_backend),
         cmocka_unit_test(bad_new_kind_specs_fail_naming_the_layer_and_field),

@@ -1,6 +1,6 @@
 """The layer kinds beyond the convolution chain against PyTorch, on the
 reference backend (or the backend STREAMFEED_PARITY_BACKEND names) in fp32:
-small modules that use every new kind -- grouped, depthwise and dilated
+small modules that use each of them -- grouped, depthwise and dilated
 convolutions, the activations, squeeze-and-excitation's broadcast multiply,
 ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
 DenseNet's concatenations, average pooling with ceil_mode and
@@ -150,7 +150,7 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_a_model_of_the_new_kinds_trains_and_evaluates_like_pytorch(start_server, tmp_path, name):
+def test_a_model_of_these_kinds_trains_and_evaluates_like_pytorch(start_server, tmp_path, name):
     make, spec = CASES[name]
     torch.manual_seed(7)
     pair = start_pair(start_server, tmp_path, make(), ["--model.spec", json.dumps(spec), *SGD], sgd(), tol=NORMS)

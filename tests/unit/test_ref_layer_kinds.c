@@ -221,7 +221,7 @@ static double loss_of(const kcase *k, double *const *v, const double *r, double 
     return dot(r, y, k->ny);
 }
 
-static void every_new_kernel_backward_matches_finite_differences(void **state)
+static void each_kernels_backward_matches_finite_differences(void **state)
 {
     for (size_t ci = 0; ci < sizeof kcases / sizeof kcases[0]; ci++) {
         const kcase *k = &kcases[ci];
@@ -459,7 +459,7 @@ static sf_batch batch_of(rig *r, uint64_t seq, float lr)
 /* SGD with lr 1 and no momentum takes p1 = p0 - grad; each probed
  * parameter's finite difference of the loss (same batch, so the same dropout
  * masks) must agree. */
-static void every_new_kind_trains_with_gradients_matching_finite_differences(void **state)
+static void each_kind_trains_in_a_model_with_gradients_matching_finite_differences(void **state)
 {
     for (size_t si = 0; si < sizeof SPECS / sizeof SPECS[0]; si++) {
         rig *r = rig_new(*SPECS[si], SF_PREC_FP32);
@@ -496,9 +496,9 @@ static void every_new_kind_trains_with_gradients_matching_finite_differences(voi
     }
 }
 
-/* bf16 runs every new kind: finite losses close to fp32's from the same
+/* bf16 runs every kind of these models: finite losses close to fp32's from the same
  * initial weights, and the logits are bf16 values. */
-static void every_new_kind_trains_in_bf16_close_to_fp32(void **state)
+static void each_kind_trains_in_bf16_close_to_fp32(void **state)
 {
     for (size_t si = 0; si < sizeof SPECS / sizeof SPECS[0]; si++) {
         rig *a = rig_new(*SPECS[si], SF_PREC_FP32), *z = rig_new(*SPECS[si], SF_PREC_BF16);
@@ -605,7 +605,7 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_int_equal(layer_named(&m, "p2")->out_h, 3);
     assert_int_equal(layer_named(&m, "p3")->out_h, 2);
     assert_true(fabsf(layer_named(&m, "bn")->momentum - 0.2f) < 1e-7f);
-    /* Every new kind has its row and its hooks. */
+    /* Every kind has its row and its hooks. */
     for (int k = 0; k < SF_L_KIND_COUNT; k++) {
         const sf_layer_kind_info *info = sf_layer_info((sf_layer_kind)k);
         assert_non_null(info);
@@ -638,7 +638,7 @@ static void expect_json_error(const char *js, const char *needle1, const char *n
 }
 
 #define HEAD "{\"input\":[4,8,8],\"classes\":4,\"layers\":["
-static void bad_new_kind_specs_fail_naming_the_layer_and_field(void **state)
+static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **state)
 {
     expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":6,\"k\":1,\"groups\":3}]}", "layer 0", "groups");
     expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":1,\"dilation\":0}]}", "layer 0", "dilation");
@@ -673,9 +673,10 @@ static void expect_fields_json(const sf_layer *L, const char *want)
 }
 
 /* A checkpoint's metadata carries the model spec, compared as a string when
- * a checkpoint is loaded: the fields the nine first kinds had are written as
- * they always were, the newer ones only when set. */
-static void default_valued_newer_fields_are_not_written_back(void **state)
+ * a checkpoint is loaded: fields without SF_FF_IF_SET are always written, the
+ * SF_FF_IF_SET ones only when set, so a model that sets none of those reads
+ * back the same string from files written by builds without them. */
+static void fields_marked_if_set_are_written_back_only_when_set(void **state)
 {
     static sf_model m;
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
@@ -729,17 +730,17 @@ static void a_densenet_sized_concat_chain_fits_the_layer_limit(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(every_new_kernel_backward_matches_finite_differences),
+        cmocka_unit_test(each_kernels_backward_matches_finite_differences),
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
         cmocka_unit_test(dropout_keeps_about_one_minus_p_and_scales_the_kept),
-        cmocka_unit_test(every_new_kind_trains_with_gradients_matching_finite_differences),
-        cmocka_unit_test(every_new_kind_trains_in_bf16_close_to_fp32),
+        cmocka_unit_test(each_kind_trains_in_a_model_with_gradients_matching_finite_differences),
+        cmocka_unit_test(each_kind_trains_in_bf16_close_to_fp32),
         cmocka_unit_test(dropout_and_stochastic_depth_are_identity_in_eval),
         cmocka_unit_test(each_rank_draws_its_own_dropout_masks),
         cmocka_unit_test(parameters_are_named_and_shaped_as_pytorch_does),
         cmocka_unit_test(the_cuda_check_names_the_layer_and_the_reference_backend),
-        cmocka_unit_test(bad_new_kind_specs_fail_naming_the_layer_and_field),
-        cmocka_unit_test(default_valued_newer_fields_are_not_written_back),
+        cmocka_unit_test(bad_specs_of_these_kinds_fail_naming_the_layer_and_field),
+        cmocka_unit_test(fields_marked_if_set_are_written_back_only_when_set),
         cmocka_unit_test(a_densenet_sized_concat_chain_fits_the_layer_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

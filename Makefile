@@ -374,10 +374,12 @@ bench-jpeg: $(BUILD)/streamfeed $(BUILD)/streamfeed-load bench-bins
 bench-multi-gpu: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
 	@bash bench/multi_gpu_run.sh
 
-# docs/CONFIG.md is generated from the option table; tests check it is current.
+# docs/CONFIG.md is generated from the option table, docs/LAYERS.md from the layer-kind
+# registry (gpu/layers.c); tests check both are current.
 # deploy/base/prometheusrule.yaml is generated from deploy/prometheus/alerts.yaml.
 docs: $(BUILD)/streamfeed
 	$(BUILD)/streamfeed --help-markdown > docs/CONFIG.md
+	$(BUILD)/streamfeed --help-layers > docs/LAYERS.md
 	$(PYTHON) tools/gen_openapi_config.py $(BUILD)/streamfeed openapi/streamfeed.yaml
 	$(PYTHON) tools/gen_prometheus_rule.py
 

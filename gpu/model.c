@@ -1,7 +1,10 @@
 /* gpu/model.c — model descriptions: presets, the JSON layer list, shape
- * resolution and PyTorch-style default initialisation. See gpu/model.h. */
+ * resolution and PyTorch-style default initialisation. See gpu/model.h.
+ * What differs by layer kind (fields, shapes, parameters, initialisation)
+ * is in the kind's row of gpu/layers.c; this file loops over the rows. */
 #include "gpu/common.h"
 #include "model.h"
+#include "gpu/layers.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -10,35 +13,13 @@
 
 #include <cjson/cJSON.h>
 
-#include "rng.h"
-
-/* Bounds that keep every size computation far from overflow and reject
- * absurd specs early (a model past them could not be allocated anyway). */
-#define MAX_CHANNELS (1 << 16)      /* channels or features of one layer */
-#define MAX_SPATIAL (1 << 14)       /* input height/width */
-#define MAX_KERNEL 64
-#define MAX_PARAMS ((size_t)1 << 31) /* floats of the parameter buffer (8 GiB) */
-#define MAX_ACT ((size_t)1 << 30)    /* floats of one sample's activation */
-
-
-
-static const char *const kind_names[SF_L_KIND_COUNT] = {
-    [SF_L_CONV2D] = "conv2d",
-    [SF_L_RELU] = "relu",
-    [SF_L_FLATTEN] = "flatten",
-    [SF_L_LINEAR] = "linear",
-    [SF_L_CONV_TRANSPOSE2D] = "conv_transpose2d",
-    [SF_L_BATCHNORM2D] = "batchnorm2d",
-    [SF_L_MAXPOOL2D] = "maxpool2d",
-    [SF_L_GLOBAL_AVGPOOL] = "global_avgpool",
-    [SF_L_ADD] = "add",
-};
+/* Floats of the parameter buffer (8 GiB); the other bounds are in gpu/layers.h. */
+#define MAX_PARAMS ((size_t)1 << 31)
 
 const char *sf_layer_kind_name(sf_layer_kind k)
 {
-    if ((int)k < 0 || k >= SF_L_KIND_COUNT)
-        return "unknown";
-    return kind_names[k];
+    const sf_layer_kind_info *info = sf_layer_info(k);
+    return info ? info->name : "unknown";
 }
 
 int sf_layer_input(const sf_model *m, int i, int j)
@@ -51,18 +32,115 @@ int sf_layer_input(const sf_model *m, int i, int j)
 
 /* ---- resolution --------------------------------------------------------- */
 
-static int check_conv_geom(const sf_layer *L, int i, const char *kn, char *err, size_t errlen)
+/* The layer's inputs: how many, and that each names an earlier layer (or the
+ * model input). */
+static int check_inputs(const sf_model *m, int i, const sf_layer_kind_info *k, char *err, size_t errlen)
 {
-    if (L->kind != SF_L_MAXPOOL2D && (L->out_c < 1 || L->out_c > MAX_CHANNELS)) {
-        sf_errf(err, errlen, "layer %d (%s): out channels %d out of range [1,%d]", i, kn, L->out_c,
-                MAX_CHANNELS);
+    const sf_layer *L = &m->layers[i];
+    if (L->n_in < 0 || L->n_in > SF_MAX_IN || (L->n_in != 0 && (L->n_in < k->min_in || L->n_in > k->max_in))) {
+        if (k->min_in == k->max_in)
+            sf_errf(err, errlen, "layer %d (%s): takes %d input(s), %d named", i, k->name, k->min_in, L->n_in);
+        else
+            sf_errf(err, errlen, "layer %d (%s): takes %d to %d inputs, %d named", i, k->name, k->min_in,
+                    k->max_in, L->n_in);
         return -1;
     }
-    if (L->k < 1 || L->k > MAX_KERNEL || L->stride < 1 || L->stride > MAX_KERNEL || L->pad < 0 ||
-        L->pad > MAX_KERNEL) {
-        sf_errf(err, errlen, "layer %d (%s): k=%d stride=%d pad=%d out of range "
-                "(k,stride in [1,%d], pad in [0,%d])", i, kn, L->k, L->stride, L->pad,
-                MAX_KERNEL, MAX_KERNEL);
+    if (k->min_in > 1 && L->n_in < k->min_in) {
+        if (k->min_in == 2 && k->max_in == 2)
+            sf_errf(err, errlen, "layer %d (%s): needs two inputs (\"inputs\":[a,b])", i, k->name);
+        else
+            sf_errf(err, errlen, "layer %d (%s): needs %d to %d inputs (\"inputs\":[a,b,...])", i, k->name,
+                    k->min_in, k->max_in);
+        return -1;
+    }
+    for (int j = 0; j < L->n_in; j++)
+        if (L->in[j] < SF_IN_MODEL || L->in[j] >= i) {
+            sf_errf(err, errlen, "layer %d (%s): input %d must be an earlier layer or -1 (the model input)", i,
+                    k->name, L->in[j]);
+            return -1;
+        }
+    return 0;
+}
+
+/* Shapes, parameter and buffer sizes of layer i from its row (gpu/layers.c). */
+static int resolve_layer(sf_model *m, int i, size_t *off, size_t *boff, char *err, size_t errlen)
+{
+    sf_layer *L = &m->layers[i];
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    if (!k) {
+        sf_errf(err, errlen, "layer %d: unknown layer kind %d", i, (int)L->kind);
+        return -1;
+    }
+    const char *kn = k->name;
+    if (L->name[0] == '\0')
+        snprintf(L->name, sizeof L->name, "%d", i);
+    for (int j = 0; j < i; j++)
+        if (strncmp(m->layers[j].name, L->name, sizeof L->name) == 0) {
+            sf_errf(err, errlen, "layer %d (%s): name \"%s\" is already used by layer %d", i, kn, L->name, j);
+            return -1;
+        }
+    if (check_inputs(m, i, k, err, errlen) != 0)
+        return -1;
+    sf_shape in[SF_MAX_IN];
+    const int n_in = sf_layer_n_inputs(L);
+    for (int j = 0; j < n_in; j++)
+        sf_layer_in_shape(m, i, j, &in[j]);
+    if (L->in_c != 0 && L->in_c != in[0].c) {
+        sf_errf(err, errlen, "layer %d (%s): declared input %d does not match the previous output %d", i, kn,
+                L->in_c, in[0].c);
+        return -1;
+    }
+    if (k->needs_map && in[0].flat) {
+        sf_errf(err, errlen, "layer %d (%s): input is flattened; %s needs [C,H,W]", i, kn, kn);
+        return -1;
+    }
+    L->in_c = in[0].c;
+    L->in_h = in[0].h;
+    L->in_w = in[0].w;
+    L->n_w = L->n_b = 0;
+    L->w_off = L->b_off = 0;
+    L->rm_off = L->rv_off = 0;
+    sf_shape out;
+    char why[200];
+    if (k->shape(L, in, n_in, &out, why, sizeof why) != 0) {
+        sf_errf(err, errlen, "layer %d (%s): %s", i, kn, why);
+        return -1;
+    }
+    L->out_c = L->out_ch = out.c;
+    L->out_h = out.h;
+    L->out_w = out.w;
+    L->flat = out.flat;
+    L->out_elems = (size_t)L->out_ch * L->out_h * L->out_w;
+    if (L->out_elems > SF_MAX_ACT) {
+        sf_errf(err, errlen, "layer %d (%s): output of %zu floats per sample is too large", i, kn, L->out_elems);
+        return -1;
+    }
+    sf_param_desc pd[2];
+    const int np = k->params ? k->params(L, pd) : 0;
+    for (int p = 0; p < np; p++) {
+        size_t cnt = 1;
+        for (int d = 0; d < pd[p].ndim; d++)
+            cnt *= (size_t)pd[p].shape[d];
+        if (p == 0) {
+            L->n_w = cnt;
+            L->w_off = *off;
+        } else {
+            L->n_b = cnt;
+            L->b_off = *off;
+        }
+        *off += cnt;
+        if (*off > MAX_PARAMS)
+            break;
+    }
+    if (k->buffers) {
+        L->rm_off = *boff;
+        L->rv_off = *boff + (size_t)L->out_ch;
+        for (const char *const *b = k->buffers; *b; b++)
+            *boff += (size_t)L->out_ch;
+        m->n_bn++;
+    }
+    if (*off > MAX_PARAMS || *boff > MAX_PARAMS) {
+        sf_errf(err, errlen, "layer %d (%s): model exceeds %zu parameters", i, kn, MAX_PARAMS);
         return -1;
     }
     return 0;
@@ -70,29 +148,28 @@ static int check_conv_geom(const sf_layer *L, int i, const char *kn, char *err, 
 
 int sf_model_resolve(sf_model *m, char *err, size_t errlen)
 {
-    if (m->in_c < 1 || m->in_h < 1 || m->in_w < 1 || m->in_c > MAX_CHANNELS ||
-        m->in_h > MAX_SPATIAL || m->in_w > MAX_SPATIAL) {
+    if (m->in_c < 1 || m->in_h < 1 || m->in_w < 1 || m->in_c > SF_MAX_CHANNELS ||
+        m->in_h > SF_MAX_SPATIAL || m->in_w > SF_MAX_SPATIAL) {
         sf_errf(err, errlen, "model input %dx%dx%d out of range (C in [1,%d], H,W in [1,%d])",
-                m->in_c, m->in_h, m->in_w, MAX_CHANNELS, MAX_SPATIAL);
+                m->in_c, m->in_h, m->in_w, SF_MAX_CHANNELS, SF_MAX_SPATIAL);
         return -1;
     }
     if (m->n_layers < 1 || m->n_layers > SF_MAX_LAYERS) {
         sf_errf(err, errlen, "model has %d layers (1..%d allowed)", m->n_layers, SF_MAX_LAYERS);
         return -1;
     }
-    if (m->n_classes < 1 || m->n_classes > MAX_CHANNELS) {
-        sf_errf(err, errlen, "model classes %d out of range [1,%d]", m->n_classes, MAX_CHANNELS);
+    if (m->n_classes < 1 || m->n_classes > SF_MAX_CHANNELS) {
+        sf_errf(err, errlen, "model classes %d out of range [1,%d]", m->n_classes, SF_MAX_CHANNELS);
         return -1;
     }
 
-    if ((size_t)m->in_c * m->in_h * m->in_w > MAX_ACT) {
+    if ((size_t)m->in_c * m->in_h * m->in_w > SF_MAX_ACT) {
         sf_errf(err, errlen, "model input %dx%dx%d is too large", m->in_c, m->in_h, m->in_w);
         return -1;
     }
 
     size_t off = 0, boff = 0;
     size_t max_act = (size_t)m->in_c * m->in_h * m->in_w;
-    unsigned char flat[SF_MAX_LAYERS]; /* 1: layer i's output is [features] (after a flatten) */
     m->n_bn = 0;
     m->n_frozen = 0;
     m->train_off = 0;
@@ -104,204 +181,8 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
 
     for (int i = 0; i < m->n_layers; i++) {
         sf_layer *L = &m->layers[i];
-        const char *kn = sf_layer_kind_name(L->kind);
-        if ((int)L->kind < 0 || L->kind >= SF_L_KIND_COUNT) {
-            sf_errf(err, errlen, "layer %d: unknown layer kind %d", i, (int)L->kind);
+        if (resolve_layer(m, i, &off, &boff, err, errlen) != 0)
             return -1;
-        }
-        if (L->name[0] == '\0')
-            snprintf(L->name, sizeof L->name, "%d", i);
-        for (int j = 0; j < i; j++)
-            if (strncmp(m->layers[j].name, L->name, sizeof L->name) == 0) {
-                sf_errf(err, errlen, "layer %d (%s): name \"%s\" is already used by layer %d", i, kn,
-                        L->name, j);
-                return -1;
-            }
-        /* Inputs: explicit indices must name earlier layers (or the model input). */
-        const int need_in = L->kind == SF_L_ADD ? 2 : 1;
-        if (L->n_in != 0 && L->n_in != need_in) {
-            sf_errf(err, errlen, "layer %d (%s): takes %d input(s), %d named", i, kn, need_in, L->n_in);
-            return -1;
-        }
-        if (L->kind == SF_L_ADD && L->n_in != 2) {
-            sf_errf(err, errlen, "layer %d (%s): needs two inputs (\"inputs\":[a,b])", i, kn);
-            return -1;
-        }
-        for (int j = 0; j < L->n_in; j++)
-            if (L->in[j] < SF_IN_MODEL || L->in[j] >= i) {
-                sf_errf(err, errlen, "layer %d (%s): input %d must be an earlier layer or -1 (the model "
-                        "input)", i, kn, L->in[j]);
-                return -1;
-            }
-        const int src = sf_layer_input(m, i, 0);
-        int c, h, w, isflat;
-        if (src == SF_IN_MODEL) {
-            c = m->in_c, h = m->in_h, w = m->in_w, isflat = 0;
-        } else {
-            const sf_layer *P = &m->layers[src];
-            c = P->out_ch, h = P->out_h, w = P->out_w, isflat = flat[src];
-        }
-        if (L->kind == SF_L_ADD) {
-            const int s2 = L->in[1];
-            int c2 = s2 == SF_IN_MODEL ? m->in_c : m->layers[s2].out_ch;
-            int h2 = s2 == SF_IN_MODEL ? m->in_h : m->layers[s2].out_h;
-            int w2 = s2 == SF_IN_MODEL ? m->in_w : m->layers[s2].out_w;
-            if (c2 != c || h2 != h || w2 != w) {
-                sf_errf(err, errlen, "layer %d (%s): inputs have shapes [%d,%d,%d] and [%d,%d,%d]", i, kn,
-                        c, h, w, c2, h2, w2);
-                return -1;
-            }
-        }
-        if (L->in_c != 0 && L->in_c != c) {
-            sf_errf(err, errlen, "layer %d (%s): declared input %d does not match the previous output %d",
-                    i, kn, L->in_c, c);
-            return -1;
-        }
-        const int spatial = L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D ||
-                            L->kind == SF_L_BATCHNORM2D || L->kind == SF_L_MAXPOOL2D ||
-                            L->kind == SF_L_GLOBAL_AVGPOOL;
-        if (spatial && isflat) {
-            sf_errf(err, errlen, "layer %d (%s): input is flattened; %s needs [C,H,W]", i, kn, kn);
-            return -1;
-        }
-        L->in_c = c;
-        L->in_h = h;
-        L->in_w = w;
-        L->n_w = L->n_b = 0;
-        L->w_off = L->b_off = 0;
-        L->rm_off = L->rv_off = 0;
-        flat[i] = (unsigned char)isflat;
-
-        switch (L->kind) {
-        case SF_L_CONV2D: {
-            if (check_conv_geom(L, i, kn, err, errlen) != 0)
-                return -1;
-            int eh = h + 2 * L->pad - L->k, ew = w + 2 * L->pad - L->k;
-            if (eh < 0 || ew < 0) {
-                sf_errf(err, errlen, "layer %d (%s): kernel %d does not fit the %dx%d input (pad %d)",
-                        i, kn, L->k, h, w, L->pad);
-                return -1;
-            }
-            L->out_h = eh / L->stride + 1;
-            L->out_w = ew / L->stride + 1;
-            L->out_ch = L->out_c;
-            L->n_w = (size_t)L->out_c * c * L->k * L->k;
-            L->n_b = L->bias ? (size_t)L->out_c : 0;
-            break;
-        }
-        case SF_L_CONV_TRANSPOSE2D: {
-            if (check_conv_geom(L, i, kn, err, errlen) != 0)
-                return -1;
-            long oh = (long)(h - 1) * L->stride - 2L * L->pad + L->k;
-            long ow = (long)(w - 1) * L->stride - 2L * L->pad + L->k;
-            if (oh < 1 || ow < 1 || oh > MAX_SPATIAL || ow > MAX_SPATIAL) {
-                sf_errf(err, errlen, "layer %d (%s): output %ldx%ld out of range [1,%d]", i, kn, oh, ow,
-                        MAX_SPATIAL);
-                return -1;
-            }
-            L->out_h = (int)oh;
-            L->out_w = (int)ow;
-            L->out_ch = L->out_c;
-            L->n_w = (size_t)c * L->out_c * L->k * L->k;
-            L->n_b = L->bias ? (size_t)L->out_c : 0;
-            break;
-        }
-        case SF_L_MAXPOOL2D: {
-            if (check_conv_geom(L, i, kn, err, errlen) != 0)
-                return -1;
-            if (2 * L->pad > L->k) {
-                sf_errf(err, errlen, "layer %d (%s): pad %d must be at most half of k=%d", i, kn, L->pad,
-                        L->k);
-                return -1;
-            }
-            int eh = h + 2 * L->pad - L->k, ew = w + 2 * L->pad - L->k;
-            if (eh < 0 || ew < 0) {
-                sf_errf(err, errlen, "layer %d (%s): kernel %d does not fit the %dx%d input (pad %d)",
-                        i, kn, L->k, h, w, L->pad);
-                return -1;
-            }
-            L->out_c = c;
-            L->out_h = eh / L->stride + 1;
-            L->out_w = ew / L->stride + 1;
-            L->out_ch = c;
-            break;
-        }
-        case SF_L_BATCHNORM2D:
-            L->out_c = c;
-            L->out_h = h;
-            L->out_w = w;
-            L->out_ch = c;
-            L->bias = 1;
-            L->n_w = L->n_b = (size_t)c;
-            L->rm_off = boff;
-            L->rv_off = boff + (size_t)c;
-            boff += 2 * (size_t)c;
-            m->n_bn++;
-            break;
-        case SF_L_GLOBAL_AVGPOOL:
-            L->out_c = c;
-            L->out_h = L->out_w = 1;
-            L->out_ch = c;
-            break;
-        case SF_L_RELU:
-        case SF_L_ADD:
-            L->out_c = c;
-            L->out_h = h;
-            L->out_w = w;
-            L->out_ch = c;
-            break;
-        case SF_L_FLATTEN: {
-            size_t feat = (size_t)c * h * w;
-            if (feat > MAX_ACT) {
-                sf_errf(err, errlen, "layer %d (%s): %zu features is too many", i, kn, feat);
-                return -1;
-            }
-            L->out_c = (int)feat;
-            L->out_h = L->out_w = 1;
-            L->out_ch = (int)feat;
-            flat[i] = 1;
-            break;
-        }
-        case SF_L_LINEAR:
-            if (!isflat && (h != 1 || w != 1)) {
-                sf_errf(err, errlen, "layer %d (%s): input is [%d,%d,%d]; add a flatten layer before linear",
-                        i, kn, c, h, w);
-                return -1;
-            }
-            if (L->out_c < 1 || L->out_c > MAX_CHANNELS) {
-                sf_errf(err, errlen, "layer %d (%s): out features %d out of range [1,%d]", i, kn,
-                        L->out_c, MAX_CHANNELS);
-                return -1;
-            }
-            L->out_h = L->out_w = 1;
-            L->out_ch = L->out_c;
-            L->n_w = (size_t)L->out_c * c;
-            L->n_b = L->bias ? (size_t)L->out_c : 0;
-            flat[i] = 1;
-            break;
-        default:
-            sf_errf(err, errlen, "layer %d (%s): not supported", i, kn);
-            return -1;
-        }
-
-        L->out_elems = (size_t)L->out_ch * L->out_h * L->out_w;
-        if (L->out_elems > MAX_ACT) {
-            sf_errf(err, errlen, "layer %d (%s): output of %zu floats per sample is too large", i, kn,
-                    L->out_elems);
-            return -1;
-        }
-        if (L->n_w) {
-            L->w_off = off;
-            off += L->n_w;
-        }
-        if (L->n_b) {
-            L->b_off = off;
-            off += L->n_b;
-        }
-        if (off > MAX_PARAMS || boff > MAX_PARAMS) {
-            sf_errf(err, errlen, "layer %d (%s): model exceeds %zu parameters", i, kn, MAX_PARAMS);
-            return -1;
-        }
         if (L->out_elems > max_act)
             max_act = L->out_elems;
 
@@ -310,8 +191,8 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
         if (L->frozen) {
             if (m->n_frozen != i) {
                 sf_errf(err, errlen, "layer %d (%s): \"%s\" matches model.freeze \"%s\" but layer %d "
-                        "before it does not; frozen layers must lead the network", i, kn, L->name,
-                        m->freeze, m->n_frozen);
+                        "before it does not; frozen layers must lead the network", i,
+                        sf_layer_kind_name(L->kind), L->name, m->freeze, m->n_frozen);
                 return -1;
             }
             m->n_frozen = i + 1;
@@ -331,7 +212,7 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
     const sf_layer *last = &m->layers[m->n_layers - 1];
     m->segmentation = 0;
     if (last->out_elems != (size_t)m->n_classes) {
-        if (!flat[m->n_layers - 1] && last->out_ch == m->n_classes && last->out_h * last->out_w > 1) {
+        if (!last->flat && last->out_ch == m->n_classes && last->out_h * last->out_w > 1) {
             m->segmentation = 1;
         } else {
             sf_errf(err, errlen, "layer %d (%s): output has %zu values per sample but the model has %d "
@@ -581,33 +462,15 @@ static int json_int(const cJSON *obj, const char *key, int lo, int hi, int *out,
     return 1;
 }
 
-static int parse_kind(const char *s, sf_layer_kind *k)
-{
-    for (int i = 0; i < SF_L_KIND_COUNT; i++)
-        if (strcmp(s, kind_names[i]) == 0) {
-            *k = (sf_layer_kind)i;
-            return 0;
-        }
-    return -1;
-}
-
-static int key_allowed(const char *key, const char *const *allowed)
-{
-    for (; *allowed; allowed++)
-        if (strcmp(key, *allowed) == 0)
-            return 1;
-    return 0;
-}
-
-/* "inputs": [a] or [a,b], each an earlier layer's index, its name, or -1 for
+/* "inputs": [a, b, ...], each an earlier layer's index, its name, or -1 for
  * the model input. Names are looked up among the layers parsed before. */
 static int parse_inputs(const cJSON *ji, const sf_model *m, int idx, sf_layer *L, const char *what,
                         char *err, size_t errlen)
 {
     int n = cJSON_IsArray(ji) ? cJSON_GetArraySize(ji) : -1;
-    if (n < 1 || n > 2) {
-        sf_errf(err, errlen, "%s: \"inputs\" must be an array of one or two layer indices or names",
-                what);
+    if (n < 1 || n > SF_MAX_IN) {
+        sf_errf(err, errlen, "%s: \"inputs\" must be an array of 1 to %d layer indices or names", what,
+                SF_MAX_IN);
         return -1;
     }
     int j = 0;
@@ -635,6 +498,88 @@ static int parse_inputs(const cJSON *ji, const sf_model *m, int idx, sf_layer *L
     return 0;
 }
 
+/* Reads field f of a layer object into L (the default when absent).
+ * 0, or -1 with err naming the field and its bounds. */
+static int parse_field(const cJSON *jl, const sf_layer_field *f, sf_layer *L, const char *what, char *err,
+                       size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(jl, f->key);
+    char *p = (char *)L + f->off;
+    if (!v) {
+        if (f->flags & SF_FF_REQUIRED) {
+            if (strcmp(f->key, "k") == 0)
+                sf_errf(err, errlen, "%s: missing \"k\" (kernel size)", what);
+            else if (f->type == SF_FT_INT && f->lo >= 1)
+                sf_errf(err, errlen, "%s: missing \"%s\" (a positive integer)", what, f->key);
+            else
+                sf_errf(err, errlen, "%s: missing \"%s\"", what, f->key);
+            return -1;
+        }
+        return 0; /* sf_layer_set_defaults put the default there */
+    }
+    switch (f->type) {
+    case SF_FT_INT: {
+        int x;
+        if (json_int(jl, f->key, (int)f->lo, (int)f->hi, &x, what, err, errlen) < 0)
+            return -1;
+        *(int *)p = x;
+        return 0;
+    }
+    case SF_FT_BOOL:
+        if (!cJSON_IsBool(v)) {
+            sf_errf(err, errlen, "%s: \"%s\" must be true or false", what, f->key);
+            return -1;
+        }
+        *(int *)p = cJSON_IsTrue(v);
+        return 0;
+    case SF_FT_FLOAT: {
+        const double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+        const int lo_ok = (f->flags & SF_FF_LO_OPEN) ? d > f->lo : d >= f->lo;
+        const int hi_ok = (f->flags & SF_FF_HI_OPEN) ? d < f->hi : d <= f->hi;
+        if (!cJSON_IsNumber(v) || !isfinite(d) || !lo_ok || !hi_ok) {
+            sf_errf(err, errlen, "%s: \"%s\" must be a number in %c%g,%g%c", what, f->key,
+                    (f->flags & SF_FF_LO_OPEN) ? '(' : '[', f->lo, f->hi, (f->flags & SF_FF_HI_OPEN) ? ')' : ']');
+            return -1;
+        }
+        *(float *)p = (float)d;
+        return 0;
+    }
+    case SF_FT_ENUM:
+        for (int c = 0; cJSON_IsString(v) && f->choices[c]; c++)
+            if (strcmp(v->valuestring, f->choices[c]) == 0) {
+                *(int *)p = c;
+                return 0;
+            }
+        {
+            char list[160] = "";
+            size_t at = 0;
+            for (int c = 0; f->choices[c] && at < sizeof list; c++)
+                at += (size_t)snprintf(list + at, sizeof list - at, "%s\"%s\"", c ? ", " : "", f->choices[c]);
+            sf_errf(err, errlen, "%s: \"%s\" must be one of %s", what, f->key, list);
+        }
+        return -1;
+    case SF_FT_INT_PAIR: {
+        int ok = cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2;
+        int xy[2] = {0, 0};
+        for (int d = 0; ok && d < 2; d++) {
+            const cJSON *e = cJSON_GetArrayItem(v, d);
+            ok = cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) && e->valuedouble >= f->lo &&
+                 e->valuedouble <= f->hi;
+            if (ok)
+                xy[d] = (int)e->valuedouble;
+        }
+        if (!ok) {
+            sf_errf(err, errlen, "%s: \"%s\" must be [h, w], integers in [%g,%g]", what, f->key, f->lo, f->hi);
+            return -1;
+        }
+        ((int *)p)[0] = xy[0];
+        ((int *)p)[1] = xy[1];
+        return 0;
+    }
+    }
+    return -1;
+}
+
 static int parse_layer(const cJSON *jl, int idx, const sf_model *m, sf_layer *L, char *err,
                        size_t errlen)
 {
@@ -649,25 +594,23 @@ static int parse_layer(const cJSON *jl, int idx, const sf_model *m, sf_layer *L,
         sf_errf(err, errlen, "layer %d: missing string \"type\"", idx);
         return -1;
     }
-    if (parse_kind(jt->valuestring, &L->kind) != 0) {
-        sf_errf(err, errlen, "layer %d (%.40s): unknown layer type (known: conv2d, conv_transpose2d, relu, "
-                "batchnorm2d, maxpool2d, global_avgpool, add, flatten, linear)", idx, jt->valuestring);
+    const int kind = sf_layer_kind_from_name(jt->valuestring);
+    if (kind < 0) {
+        char known[512];
+        sf_layer_kind_list(known, sizeof known);
+        sf_errf(err, errlen, "layer %d (%.40s): unknown layer type (known: %s)", idx, jt->valuestring, known);
         return -1;
     }
-    snprintf(what, sizeof what, "layer %d (%s)", idx, sf_layer_kind_name(L->kind));
+    L->kind = (sf_layer_kind)kind;
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    snprintf(what, sizeof what, "layer %d (%s)", idx, k->name);
 
-    static const char *const conv_keys[] = {"type", "name", "inputs", "in", "out", "k", "stride", "pad",
-                                            "bias", NULL};
-    static const char *const lin_keys[] = {"type", "name", "inputs", "in", "out", "bias", NULL};
-    static const char *const pool_keys[] = {"type", "name", "inputs", "k", "stride", "pad", NULL};
-    static const char *const plain_keys[] = {"type", "name", "inputs", NULL};
-    const int convlike = L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D;
-    const char *const *allowed = convlike ? conv_keys
-                                 : L->kind == SF_L_LINEAR ? lin_keys
-                                 : L->kind == SF_L_MAXPOOL2D ? pool_keys
-                                                             : plain_keys;
     for (const cJSON *it = jl->child; it; it = it->next) {
-        if (!it->string || !key_allowed(it->string, allowed)) {
+        int known = it->string && (!strcmp(it->string, "type") || !strcmp(it->string, "name") ||
+                                   !strcmp(it->string, "inputs"));
+        for (const sf_layer_field *f = k->fields; !known && it->string && f->key; f++)
+            known = strcmp(it->string, f->key) == 0;
+        if (!known) {
             sf_errf(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
             return -1;
         }
@@ -688,39 +631,11 @@ static int parse_layer(const cJSON *jl, int idx, const sf_model *m, sf_layer *L,
     } else {
         snprintf(L->name, sizeof L->name, "%d", idx);
     }
-
-    if (convlike || L->kind == SF_L_LINEAR) {
-        int r; /* "in" is optional; resolve checks it against the previous layer */
-        if (json_int(jl, "in", 1, MAX_CHANNELS, &L->in_c, what, err, errlen) < 0)
+    /* Every field starts at its default; "in" stays 0 (inferred). */
+    sf_layer_set_defaults(L);
+    for (const sf_layer_field *f = k->fields; f->key; f++)
+        if (parse_field(jl, f, L, what, err, errlen) != 0)
             return -1;
-        if ((r = json_int(jl, "out", 1, MAX_CHANNELS, &L->out_c, what, err, errlen)) <= 0) {
-            if (r == 0)
-                sf_errf(err, errlen, "%s: missing \"out\" (a positive integer)", what);
-            return -1;
-        }
-        L->bias = 1;
-        const cJSON *jb = cJSON_GetObjectItemCaseSensitive(jl, "bias");
-        if (jb) {
-            if (!cJSON_IsBool(jb)) {
-                sf_errf(err, errlen, "%s: \"bias\" must be true or false", what);
-                return -1;
-            }
-            L->bias = cJSON_IsTrue(jb);
-        }
-    }
-    if (convlike || L->kind == SF_L_MAXPOOL2D) {
-        int r;
-        if ((r = json_int(jl, "k", 1, MAX_KERNEL, &L->k, what, err, errlen)) <= 0) {
-            if (r == 0)
-                sf_errf(err, errlen, "%s: missing \"k\" (kernel size)", what);
-            return -1;
-        }
-        L->stride = L->kind == SF_L_MAXPOOL2D ? L->k : 1; /* PyTorch: MaxPool2d stride defaults to k */
-        L->pad = 0;
-        if (json_int(jl, "stride", 1, MAX_KERNEL, &L->stride, what, err, errlen) < 0 ||
-            json_int(jl, "pad", 0, MAX_KERNEL, &L->pad, what, err, errlen) < 0)
-            return -1;
-    }
     return 0;
 }
 
@@ -757,7 +672,7 @@ int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)
     int dims[3];
     for (int d = 0; d < 3; d++) {
         const cJSON *v = cJSON_GetArrayItem(jin, d);
-        int hi = d == 0 ? MAX_CHANNELS : MAX_SPATIAL;
+        int hi = d == 0 ? SF_MAX_CHANNELS : SF_MAX_SPATIAL;
         if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
             v->valuedouble > hi) {
             sf_errf(err, errlen, "model spec: \"input\"[%d] must be an integer in [1,%d]", d, hi);
@@ -768,9 +683,9 @@ int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)
     m->in_c = dims[0];
     m->in_h = dims[1];
     m->in_w = dims[2];
-    int r = json_int(root, "classes", 1, MAX_CHANNELS, &m->n_classes, "model spec", err, errlen);
+    int r = json_int(root, "classes", 1, SF_MAX_CHANNELS, &m->n_classes, "model spec", err, errlen);
     if (r == 0)
-        sf_errf(err, errlen, "model spec: missing \"classes\" (an integer in [1,%d])", MAX_CHANNELS);
+        sf_errf(err, errlen, "model spec: missing \"classes\" (an integer in [1,%d])", SF_MAX_CHANNELS);
     if (r <= 0)
         goto out;
     const cJSON *jl = cJSON_GetObjectItemCaseSensitive(root, "layers");
@@ -799,50 +714,13 @@ out:
 
 /* ---- initialisation ----------------------------------------------------- */
 
-/* A standard normal from two counter-based uniforms (Box-Muller). */
-static double normal01(uint64_t seed, uint64_t li, uint64_t e)
-{
-    double u1 = sf_u01(sf_hash4(seed, li, e, 1)), u2 = sf_u01(sf_hash4(seed, li, e, 2));
-    if (u1 < 1e-300)
-        u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 void sf_model_init_params(const sf_model *m, uint64_t seed, float *params)
 {
     for (int li = 0; li < m->n_layers; li++) {
         const sf_layer *L = &m->layers[li];
-        if (L->n_w == 0 && L->n_b == 0)
-            continue;
-        if (L->kind == SF_L_BATCHNORM2D) {
-            for (size_t e = 0; e < L->n_w; e++) {
-                params[L->w_off + e] = 1.0f;
-                params[L->b_off + e] = 0.0f;
-            }
-            continue;
-        }
-        if (L->init == SF_INIT_KAIMING_FAN_OUT) {
-            double sd = sqrt(2.0 / ((double)L->out_c * L->k * L->k));
-            for (size_t e = 0; e < L->n_w; e++)
-                params[L->w_off + e] = (float)(sd * normal01(seed, (uint64_t)li, e));
-            for (size_t e = 0; e < L->n_b; e++)
-                params[L->b_off + e] = 0.0f;
-            continue;
-        }
-        size_t fan_in = L->kind == SF_L_CONV2D ? (size_t)L->in_c * L->k * L->k
-                        : L->kind == SF_L_CONV_TRANSPOSE2D ? (size_t)L->out_c * L->k * L->k
-                                                           : (size_t)L->in_c;
-        double bound = 1.0 / sqrt((double)fan_in);
-        /* Element e of the layer: weight elements first, then bias elements;
-         * u in [0,1) -> value in [-bound, bound). */
-        for (size_t e = 0; e < L->n_w + L->n_b; e++) {
-            double u = sf_u01(sf_hash4(seed, (uint64_t)li, (uint64_t)e, 0));
-            float v = (float)((2.0 * u - 1.0) * bound);
-            if (e < L->n_w)
-                params[L->w_off + e] = v;
-            else
-                params[L->b_off + (e - L->n_w)] = v;
-        }
+        const sf_layer_kind_info *k = sf_layer_info(L->kind);
+        if ((L->n_w || L->n_b) && k && k->init)
+            k->init(L, li, seed, params);
     }
 }
 
@@ -850,7 +728,8 @@ void sf_model_init_buffers(const sf_model *m, float *buffers)
 {
     for (int li = 0; li < m->n_layers; li++) {
         const sf_layer *L = &m->layers[li];
-        if (L->kind != SF_L_BATCHNORM2D)
+        const sf_layer_kind_info *k = sf_layer_info(L->kind);
+        if (!k || !k->buffers)
             continue;
         for (int ch = 0; ch < L->out_ch; ch++) {
             buffers[L->rm_off + (size_t)ch] = 0.0f;

@@ -12,9 +12,12 @@
  *
  * Parameters live in one flat float32 buffer; for each layer with weights the
  * weight comes first, then the bias, each contiguous in PyTorch's own layout
- * (conv2d: [out_c, in_c, k, k]; conv_transpose2d: [in_c, out_c, k, k];
- * linear: [out, in]; batchnorm2d: weight = gamma [C], bias = beta [C]), so a
+ * (conv2d: [out_c, in_c/groups, k, k]; conv_transpose2d: [in_c, out_c, k, k];
+ * linear: [out, in]; batchnorm2d: weight = gamma [C], bias = beta [C];
+ * layer_scale: its one parameter [C,1,1] in the weight's place), so a
  * state_dict tensor maps to a slice of the buffer with no transposition.
+ * Every kind's fields, shapes, parameters and buffers are its row in the
+ * registry (gpu/layers.h, docs/LAYERS.md).
  *
  * Buffers (state that is not trained: batchnorm2d's running_mean and
  * running_var, [C] each, in that order per layer) live in a second flat float
@@ -40,9 +43,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define SF_MAX_LAYERS 96 /* resnet18 needs 69 */
-#define SF_IN_MODEL (-1) /* in[] value: the model input */
-#define SF_LAYER_NAME_MAX 48
+#define SF_MAX_LAYERS 512 /* resnet18 needs 69; torchvision's densenet121 about 430 */
+#define SF_MAX_IN 64      /* inputs of one layer (concat) */
+#define SF_IN_MODEL (-1)  /* in[] value: the model input */
+#define SF_LAYER_NAME_MAX 64 /* with its NUL; torchvision's longest layer names (regnet) reach 50 */
 
 typedef enum sf_layer_kind {
     SF_L_CONV2D = 0,   /* in_c -> out_c, kernel k, stride, pad, optional bias */
@@ -56,6 +60,22 @@ typedef enum sf_layer_kind {
     SF_L_MAXPOOL2D,    /* kernel k, stride, pad */
     SF_L_GLOBAL_AVGPOOL, /* [C,H,W] -> [C,1,1] (AdaptiveAvgPool2d(1)) */
     SF_L_ADD,          /* two inputs of the same shape -> their sum */
+    SF_L_RELU6,
+    SF_L_SIGMOID,
+    SF_L_SILU,
+    SF_L_HARDSWISH,
+    SF_L_HARDSIGMOID,
+    SF_L_GELU,         /* erf, or the tanh approximation */
+    SF_L_MUL,          /* a * b, b of a's shape or [C,1,1] (broadcast over H,W) */
+    SF_L_LAYER_SCALE,  /* x * p, p a parameter [C,1,1] */
+    SF_L_AVGPOOL2D,    /* kernel k, stride, pad, ceil_mode, count_include_pad */
+    SF_L_ADAPTIVE_AVGPOOL2D, /* [C,H,W] -> [C,h,w] (PyTorch's bins) */
+    SF_L_LAYERNORM2D,  /* LayerNorm over the channels of each pixel */
+    SF_L_LAYERNORM,    /* LayerNorm over the features of a flat tensor */
+    SF_L_CONCAT,       /* 2..SF_MAX_IN inputs of equal H,W -> along channels */
+    SF_L_DROPOUT,      /* training: elementwise keep/drop and 1/(1-p); eval: identity */
+    SF_L_STOCHASTIC_DEPTH, /* training: per-sample keep/drop ("row"); eval: identity */
+    /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
 
@@ -65,8 +85,17 @@ typedef struct sf_layer {
     int in_c, out_c;              /* channels (conv) or features (linear) */
     int k, stride, pad;           /* conv only */
     int bias;                     /* 1 when the layer has a bias */
+    int groups, dilation;         /* conv2d (1 = a plain convolution) */
+    int ceil_mode;                /* maxpool2d, avgpool2d: output size rounded up */
+    int count_include_pad;        /* avgpool2d: padding counts in the divisor */
+    int out_size[2];              /* adaptive_avgpool2d: output [h, w] */
+    int approximate;              /* gelu: 0 erf, 1 tanh */
+    int over_channels;            /* linear: applied per pixel over the channels of a map */
+    float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
+    float p;                      /* dropout, stochastic_depth: drop probability */
+    int mode;                     /* stochastic_depth: 0 "row" (the one mode run) */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
-    int in[2];                    /* input layer indices (< this index) or SF_IN_MODEL */
+    int in[SF_MAX_IN];            /* input layer indices (< this index) or SF_IN_MODEL */
     int init;                     /* SF_INIT_*: weight initialisation */
     /* Filled by sf_model_resolve: */
     int in_h, in_w, out_h, out_w; /* spatial sizes; 1x1 for flattened tensors */
@@ -75,6 +104,7 @@ typedef struct sf_layer {
     size_t n_w, n_b;              /* element counts; 0 where absent */
     size_t out_elems;             /* elements of the output per sample */
     size_t rm_off, rv_off;        /* batchnorm2d: running_mean/var offsets in the buffers */
+    int flat;                     /* 1: the output is a feature vector (flatten, linear) */
     int frozen;                   /* 1: runs without gradients (model.freeze) */
 } sf_layer;
 

@@ -1,6 +1,7 @@
 /* handlers/model.c — GET /v1/model: layers, shapes, parameter counts. */
 #include <string.h>
 
+#include "gpu/layers.h"
 #include "handlers/handlers.h"
 #include "server/app.h"
 #include "server/jobs.h"
@@ -48,7 +49,7 @@ int h_model(sf_req *r)
         cJSON_AddStringToObject(lj, "type", sf_layer_kind_name(l->kind));
         cJSON *out = cJSON_AddArrayToObject(lj, "out");
         cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_ch));
-        if (l->kind != SF_L_LINEAR && l->kind != SF_L_FLATTEN) {
+        if (!sf_layer_out_is_features(l)) {
             cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_h));
             cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_w));
         }

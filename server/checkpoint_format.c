@@ -10,13 +10,13 @@
 
 #include <cjson/cJSON.h>
 
+#include "gpu/layers.h"
+
 #define MAX_TENSORS 65536         /* tensors of one file we agree to look at */
 #define OPT_PREFIX "optim."
 #define MOM_SUFFIX ".momentum_buffer"  /* SGD */
 #define AVG_SUFFIX ".exp_avg"          /* AdamW: first moment */
 #define SQ_SUFFIX ".exp_avg_sq"        /* AdamW: second moment */
-#define RM_SUFFIX ".running_mean"
-#define RV_SUFFIX ".running_var"
 #define NBT_SUFFIX ".num_batches_tracked"
 #define FORMAT_NAME "streamfeed.checkpoint"
 
@@ -62,20 +62,7 @@ static char *model_to_json(const sf_model *m)
                                               ? cJSON_CreateNumber(-1)
                                               : cJSON_CreateString(m->layers[L->in[j]].name));
         }
-        const int convlike = L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D;
-        if (convlike || L->kind == SF_L_LINEAR) {
-            cJSON_AddNumberToObject(l, "out", L->out_c);
-            if (convlike) {
-                cJSON_AddNumberToObject(l, "k", L->k);
-                cJSON_AddNumberToObject(l, "stride", L->stride);
-                cJSON_AddNumberToObject(l, "pad", L->pad);
-            }
-            cJSON_AddBoolToObject(l, "bias", L->bias);
-        } else if (L->kind == SF_L_MAXPOOL2D) {
-            cJSON_AddNumberToObject(l, "k", L->k);
-            cJSON_AddNumberToObject(l, "stride", L->stride);
-            cJSON_AddNumberToObject(l, "pad", L->pad);
-        }
+        sf_layer_fields_to_json(L, l);
         cJSON_AddItemToArray(layers, l);
     }
     char *s = cJSON_PrintUnformatted(o);
@@ -133,29 +120,20 @@ int sf_ckpt_layout_init(sf_ckpt_layout *ck, const sf_model *m, int adamw, char *
     ck->n_pt = ck->n_bt = ck->n_bn = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
-        for (int part = 0; part < 2; part++) {
+        /* The parameters as the registry names and shapes them (gpu/layers.c). */
+        sf_param_desc pd[2];
+        const int np = sf_layer_params(L, pd);
+        for (int part = 0; part < np; part++) {
             size_t n = part ? L->n_b : L->n_w;
             if (!n)
                 continue;
             sf_ckpt_tensor *t = &ck->pt[ck->n_pt++];
-            snprintf(t->name, sizeof t->name, "%s.%s", L->name, part ? "bias" : "weight");
+            snprintf(t->name, sizeof t->name, "%s.%s", L->name, pd[part].suffix);
             t->off = part ? L->b_off : L->w_off;
             t->n = n;
-            if (part || L->kind == SF_L_BATCHNORM2D) {
-                t->ndim = 1;
-                t->shape[0] = (int64_t)n;
-            } else if (L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D) {
-                /* conv_transpose2d's weight is [in_c, out_c, k, k] in PyTorch */
-                int tr = L->kind == SF_L_CONV_TRANSPOSE2D;
-                t->ndim = 4;
-                t->shape[0] = tr ? L->in_c : L->out_c;
-                t->shape[1] = tr ? L->out_c : L->in_c;
-                t->shape[2] = t->shape[3] = L->k;
-            } else {
-                t->ndim = 2;
-                t->shape[0] = L->out_c;
-                t->shape[1] = L->in_c;
-            }
+            t->ndim = pd[part].ndim;
+            for (int d = 0; d < t->ndim; d++)
+                t->shape[d] = pd[part].shape[d];
             int64_t prod = 1;
             for (int d = 0; d < t->ndim; d++)
                 prod *= t->shape[d];
@@ -165,12 +143,13 @@ int sf_ckpt_layout_init(sf_ckpt_layout *ck, const sf_model *m, int adamw, char *
                 return -1;
             }
         }
-        if (L->kind == SF_L_BATCHNORM2D) {
+        const sf_layer_kind_info *k = sf_layer_info(L->kind);
+        if (k && k->buffers) {
             snprintf(ck->bn_name[ck->n_bn++], sizeof ck->bn_name[0], "%s", L->name);
-            size_t c = L->n_w;
-            for (int part = 0; part < 2; part++) {
+            size_t c = (size_t)L->out_ch;
+            for (int part = 0; part < 2 && k->buffers[part]; part++) {
                 sf_ckpt_tensor *t = &ck->bt[ck->n_bt++];
-                snprintf(t->name, sizeof t->name, "%s%s", L->name, part ? RV_SUFFIX : RM_SUFFIX);
+                snprintf(t->name, sizeof t->name, "%s.%s", L->name, k->buffers[part]);
                 t->off = part ? L->rv_off : L->rm_off;
                 t->n = c;
                 t->ndim = 1;

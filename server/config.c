@@ -1,6 +1,8 @@
 /* server/config.c — the option table and the live configuration. See config.h. */
 #include "server/config.h"
 
+#include "gpu/layers.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -1139,6 +1141,10 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
             sf_config_print_markdown();
             return 1;
         }
+        if (!strcmp(argv[i], "--help-layers")) {
+            sf_layer_kinds_markdown(stdout);
+            return 1;
+        }
         if (!strcmp(argv[i], "--help-openapi")) {
             sf_config_print_openapi();
             return 1;
@@ -1275,7 +1281,7 @@ static const char *type_name(sf_cfg_type t)
 void sf_config_print_help(const char *prog)
 {
     printf("usage: %s [--config FILE] [--SECTION.OPTION VALUE ...]\n"
-           "       %s --version | --help | --help-markdown\n\n"
+           "       %s --version | --help | --help-markdown | --help-layers\n\n"
            "Every option can also be set in the JSON config file ({\"section\":{\"option\":v}})\n"
            "and in the environment (STREAMFEED_SECTION_OPTION). Precedence:\n"
            "defaults < file < environment < flags. [hot] options can change at run time\n"

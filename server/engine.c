@@ -825,6 +825,14 @@ static int agree_on_job(sf_engine *e, char *err, size_t errlen)
         const int64_t shape[] = {l->kind, l->in_c, l->out_c, l->k, l->stride, l->pad, l->bias,
                                  (int64_t)l->n_w, (int64_t)l->n_b, l->frozen, l->out_h, l->out_w};
         h = (uint64_t)fnv62(h, shape, sizeof shape);
+        /* The fields that leave the shapes as they are (batchnorm's eps, a
+         * dropout's p, which inputs a layer reads) change the model too. */
+        const int64_t more[] = {l->groups, l->dilation, l->ceil_mode, l->count_include_pad, l->out_size[0],
+                                l->out_size[1], l->approximate, l->over_channels, l->mode, l->n_in};
+        const float fl[] = {l->eps, l->momentum, l->p};
+        h = (uint64_t)fnv62(h, more, sizeof more);
+        h = (uint64_t)fnv62(h, fl, sizeof fl);
+        h = (uint64_t)fnv62(h, l->in, sizeof l->in[0] * (size_t)(l->n_in > 0 ? l->n_in : 0));
     }
     const int64_t sizes[] = {m->n_layers, (int64_t)m->n_params, (int64_t)m->n_buffers, (int64_t)m->train_off};
     /* hashed: a fingerprint, not worth printing. */

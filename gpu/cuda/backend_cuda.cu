@@ -56,6 +56,7 @@ extern "C" {
 #include "gpu/common.h"
 #include "../backend.h"
 }
+#include "gpu/layers.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -600,6 +601,11 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
                 (int)cfg->optim);
         return -1;
     }
+    /* A kind (or a field value) without a CUDA implementation is refused
+     * here, naming the layer, before anything is allocated. */
+    for (int i = 0; i < m->n_layers; i++)
+        if (sf_layer_cuda_check(m, i, err, errlen) != 0)
+            return -1;
     c->m = *m;
     char e2[200];
     if (sf_model_resolve(&c->m, e2, sizeof e2) != 0) {

@@ -15,6 +15,7 @@
 extern "C" {
 #include "gpu/memory_plan.h"
 }
+#include "gpu/layers.h"
 
 #include <stdio.h>
 #include <stdlib.h>

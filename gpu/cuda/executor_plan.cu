@@ -219,7 +219,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];
         o->frozen = i < g->nf;
-        o->n_in = L->kind == SF_L_ADD ? 2 : 1;
+        o->n_in = sf_layer_n_inputs(L); /* at most 2: sf_layer_cuda_check refused the rest */
         for (int j = 0; j < o->n_in; j++)
             o->src[j] = g_src(m, i, j);
         if (o->frozen && L->kind == SF_L_LINEAR) {

@@ -94,6 +94,8 @@
 #include <time.h>
 
 #include "ref.h"
+#include "layer_io.h"
+#include "gpu/layers.h"
 
 #define REF_FIFO_CAP 4 /* events; max_inflight 1 needs 2 */
 
@@ -124,8 +126,8 @@ typedef struct ref_ctx {
     float *act[SF_MAX_LAYERS];    /* output of each layer (flatten aliases its input) */
     float *dact_buf[SF_MAX_LAYERS]; /* owned output gradients of trainable layers */
     float *dact[SF_MAX_LAYERS];   /* output gradient of each trainable layer (flatten aliases) */
-    float *bn_save[SF_MAX_LAYERS]; /* batchnorm: [2*C] saved mean, then invstd */
-    int32_t *argmax[SF_MAX_LAYERS]; /* maxpool: [max_batch * out_elems] */
+    float *save[SF_MAX_LAYERS];   /* the row's ref_save floats (batch statistics, argmax), else NULL */
+    uint64_t seq;                 /* the sequence number of the batch in the step (dropout's key) */
     float *gtmp;                  /* input-gradient scratch, [max_batch * max_act] */
     float *aug_tmp;               /* one sample's geometric output (blur input) */
     size_t aug_tmp_len;           /* floats */
@@ -181,8 +183,7 @@ static void free_state(ref_ctx *c)
     for (int i = 0; i < SF_MAX_LAYERS; i++) {
         free(c->act_buf[i]);
         free(c->dact_buf[i]);
-        free(c->bn_save[i]);
-        free(c->argmax[i]);
+        free(c->save[i]);
     }
     free(c->gtmp);
     free(c->aug_tmp);
@@ -275,7 +276,7 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     for (int i = 0; ok && i < mm->n_layers; i++) {
         const sf_layer *L = &mm->layers[i];
         const int src = sf_layer_input(mm, i, 0);
-        if (L->kind == SF_L_FLATTEN) {
+        if (sf_layer_info(L->kind)->view) {
             c->act[i] = src == SF_IN_MODEL ? c->input : c->act[src];
             c->dact[i] = src >= mm->n_frozen ? c->dact[src] : NULL;
         } else {
@@ -288,13 +289,10 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
                 ok = c->dact[i] != NULL;
             }
         }
-        if (ok && L->kind == SF_L_BATCHNORM2D) {
-            c->bn_save[i] = alloc_floats(2, (size_t)L->out_ch);
-            ok = c->bn_save[i] != NULL;
-        }
-        if (ok && L->kind == SF_L_MAXPOOL2D) {
-            c->argmax[i] = (int32_t *)alloc_floats(nb, L->out_elems); /* same size as a float */
-            ok = c->argmax[i] != NULL;
+        const sf_layer_kind_info *k = sf_layer_info(L->kind);
+        if (ok && k->ref_save) {
+            c->save[i] = alloc_floats(k->ref_save(L, nb), 1); /* int32 state fits a float's room */
+            ok = c->save[i] != NULL;
         }
     }
     if (!ok) {
@@ -370,10 +368,12 @@ static void make_input(ref_ctx *c, const sf_batch *b)
 /* The weights conv2d, conv_transpose2d and linear compute with: the fp32
  * master weights, or in bf16 mode their bf16-rounded copy in c->wq (refreshed
  * from the master weights by every forward; biases and batchnorm parameters
- * are read from the master weights in both modes). */
+ * are read from the master weights in both modes). The row's bf16_weights
+ * says which kinds compute so. */
 static const float *weights_of(const ref_ctx *c, const sf_layer *L)
 {
-    return (c->bf16 ? c->wq : c->params) + L->w_off;
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    return (c->bf16 && k->bf16_weights ? c->wq : c->params) + L->w_off;
 }
 
 static void refresh_bf16_weights(ref_ctx *c)
@@ -382,11 +382,40 @@ static void refresh_bf16_weights(ref_ctx *c)
         return;
     for (int i = 0; i < c->m.n_layers; i++) {
         const sf_layer *L = &c->m.layers[i];
-        if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D && L->kind != SF_L_LINEAR)
+        if (!sf_layer_info(L->kind)->bf16_weights)
             continue;
         for (size_t e = 0; e < L->n_w; e++)
             c->wq[L->w_off + e] = sf_bf16_round(c->params[L->w_off + e]);
     }
+}
+
+/* The hooks' view of layer i (gpu/ref/layer_io.h): inputs, output, weights,
+ * running statistics and saved state. */
+static void io_of(ref_ctx *c, int i, int n, sf_ref_io *io)
+{
+    const sf_model *m = &c->m;
+    const sf_layer *L = &m->layers[i];
+    memset(io, 0, sizeof *io);
+    io->m = m;
+    io->L = L;
+    io->li = i;
+    io->n = n;
+    io->bf16 = c->bf16;
+    /* Each rank of a data-parallel job draws its own dropout masks: its
+     * samples are others than the other ranks' at the same batch index. */
+    io->seed = c->cfg.seed ^ (c->cfg.dist ? (uint64_t)c->cfg.dist->rank << 48 : 0);
+    io->seq = c->seq;
+    const int n_in = sf_layer_n_inputs(L);
+    for (int j = 0; j < n_in; j++)
+        io->x[j] = in_act(c, i, j);
+    io->y = c->act[i];
+    io->w = L->n_w ? weights_of(c, L) : NULL;
+    io->b = L->n_b ? c->params + L->b_off : NULL;
+    io->rm = sf_layer_info(L->kind)->buffers ? c->buffers + L->rm_off : NULL;
+    io->rv = io->rm ? c->buffers + L->rv_off : NULL;
+    io->save = c->save[i];
+    io->scratch = c->gtmp;
+    io->ctx = c;
 }
 
 /* Forward of the n samples in c->input. train: batchnorm of trainable layers
@@ -396,51 +425,19 @@ static void forward(ref_ctx *c, int n, int train)
     const sf_model *m = &c->m;
     int bn_trained = 0;
     refresh_bf16_weights(c);
+    sf_ref_io io;
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
-        const float *x = in_act(c, i, 0);
-        float *y = c->act[i];
-        const float *P = c->params;
-        switch (L->kind) {
-        case SF_L_CONV2D:
-            sf_ref_conv2d_fwd(x, n, L->in_c, L->in_h, L->in_w, weights_of(c, L), L->n_b ? P + L->b_off : NULL,
-                              L->out_c, L->k, L->stride, L->pad, y);
-            break;
-        case SF_L_CONV_TRANSPOSE2D:
-            sf_ref_convt2d_fwd(x, n, L->in_c, L->in_h, L->in_w, weights_of(c, L), L->n_b ? P + L->b_off : NULL,
-                               L->out_c, L->k, L->stride, L->pad, y);
-            break;
-        case SF_L_LINEAR:
-            sf_ref_linear_fwd(x, n, L->in_c, weights_of(c, L), L->n_b ? P + L->b_off : NULL, L->out_c, y);
-            break;
-        case SF_L_RELU:
-            sf_ref_relu_fwd(x, (size_t)n * L->out_elems, y);
-            break;
-        case SF_L_BATCHNORM2D:
-            if (train && !L->frozen) {
-                sf_ref_bn2d_fwd_train(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, P + L->b_off, SF_BN_EPS,
-                                      SF_BN_MOMENTUM, c->buffers + L->rm_off, c->buffers + L->rv_off,
-                                      c->bn_save[i], c->bn_save[i] + L->out_ch, y);
-                bn_trained = 1;
-            } else {
-                sf_ref_bn2d_fwd_eval(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, P + L->b_off, SF_BN_EPS,
-                                     c->buffers + L->rm_off, c->buffers + L->rv_off, y);
-            }
-            break;
-        case SF_L_MAXPOOL2D:
-            sf_ref_maxpool2d_fwd(x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, y, c->argmax[i]);
-            break;
-        case SF_L_GLOBAL_AVGPOOL:
-            sf_ref_avgpool_fwd(x, n, L->in_c, L->in_h, L->in_w, y);
-            break;
-        case SF_L_ADD:
-            sf_ref_add_fwd(x, in_act(c, i, 1), (size_t)n * L->out_elems, y);
-            break;
-        default: /* flatten: a view */
-            continue;
-        }
+        const sf_layer_kind_info *k = sf_layer_info(L->kind);
+        if (k->view)
+            continue; /* flatten: a view */
+        io_of(c, i, n, &io);
+        io.train = train;
+        k->ref_fwd(&io);
+        if (train && !L->frozen && k->buffers)
+            bn_trained = 1;
         /* The output is stored in bf16 (computed in fp32, bias included). */
-        to_bf16(c, y, (size_t)n * L->out_elems);
+        to_bf16(c, c->act[i], (size_t)n * L->out_elems);
     }
     if (bn_trained)
         c->nbt++;
@@ -460,69 +457,45 @@ static void add_into(ref_ctx *c, int src_layer, const float *src, size_t len)
         d[e] += src[e];
 }
 
+/* sf_ref_io.give: input j's gradient g, stored in bf16 under precision=bf16,
+ * added into its producer's output gradient. */
+static void give_grad(const sf_ref_io *io, int j, float *g)
+{
+    if (!io->want[j])
+        return;
+    ref_ctx *c = (ref_ctx *)io->ctx;
+    const size_t len = (size_t)io->n * sf_ref_in_elems(io, j);
+    to_bf16(c, g, len);
+    add_into(c, sf_layer_input(&c->m, io->li, j), g, len);
+}
+
 /* Backward from dlogits (already in the last layer's dact): weight gradients
  * into c->grads, input gradients summed into the producers' dact. */
 static void backward(ref_ctx *c, int n)
 {
     const sf_model *m = &c->m;
-    const float *P = c->params;
+    sf_ref_io io;
     for (int i = m->n_layers - 1; i >= m->n_frozen; i--) {
         const sf_layer *L = &m->layers[i];
-        const int src = sf_layer_input(m, i, 0);
-        const float *x = in_act(c, i, 0);
-        const float *g = c->dact[i];
-        const int want_dx = src >= 0 && c->dact[src]; /* the model input and frozen layers need none */
+        const sf_layer_kind_info *k = sf_layer_info(L->kind);
+        if (k->view)
+            continue; /* flatten: its gradient buffer is its input's */
         /* bf16: the output gradient is complete here (every consumer has
          * added its part; two at a residual fork): stored in bf16. */
-        if (L->kind != SF_L_FLATTEN)
-            to_bf16(c, c->dact[i], (size_t)n * L->out_elems);
-        float *dx = want_dx ? c->gtmp : NULL;
-        const size_t in_len = (size_t)n * L->in_c * L->in_h * L->in_w;
-        switch (L->kind) {
-        case SF_L_CONV2D:
-            sf_ref_conv2d_bwd(x, n, L->in_c, L->in_h, L->in_w, weights_of(c, L), L->out_c, L->k, L->stride,
-                              L->pad, g, dx, grad_at(c, L->w_off), L->n_b ? grad_at(c, L->b_off) : NULL);
-            to_bf16(c, grad_at(c, L->w_off), L->n_w); /* cuDNN writes bf16 weight gradients */
-            break;
-        case SF_L_CONV_TRANSPOSE2D:
-            sf_ref_convt2d_bwd(x, n, L->in_c, L->in_h, L->in_w, weights_of(c, L), L->out_c, L->k, L->stride,
-                               L->pad, g, dx, grad_at(c, L->w_off), L->n_b ? grad_at(c, L->b_off) : NULL);
-            to_bf16(c, grad_at(c, L->w_off), L->n_w);
-            break;
-        case SF_L_LINEAR:
-            sf_ref_linear_bwd(x, n, L->in_c, weights_of(c, L), L->out_c, g, dx, grad_at(c, L->w_off),
-                              L->n_b ? grad_at(c, L->b_off) : NULL); /* dw, db stay fp32 */
-            break;
-        case SF_L_BATCHNORM2D:
-            /* dx is needed for the weight gradients' sake too; gtmp is scratch. */
-            sf_ref_bn2d_bwd(x, n, L->in_c, L->in_h, L->in_w, P + L->w_off, c->bn_save[i],
-                            c->bn_save[i] + L->out_ch, g, c->gtmp, grad_at(c, L->w_off),
-                            grad_at(c, L->b_off));
-            break;
-        case SF_L_RELU:
-            if (want_dx)
-                sf_ref_relu_bwd(c->act[i], g, in_len, dx);
-            break;
-        case SF_L_MAXPOOL2D:
-            if (want_dx)
-                sf_ref_maxpool2d_bwd(g, c->argmax[i], n, L->in_c, L->in_h, L->in_w, L->out_h, L->out_w, dx);
-            break;
-        case SF_L_GLOBAL_AVGPOOL:
-            if (want_dx)
-                sf_ref_avgpool_bwd(g, n, L->in_c, L->in_h, L->in_w, dx);
-            break;
-        case SF_L_ADD:
-            /* dy passes unchanged to both inputs. */
-            add_into(c, src, g, in_len);
-            add_into(c, sf_layer_input(m, i, 1), g, in_len);
-            continue;
-        default: /* flatten: its gradient buffer is its input's */
-            continue;
+        to_bf16(c, c->dact[i], (size_t)n * L->out_elems);
+        io_of(c, i, n, &io);
+        io.dy = c->dact[i];
+        io.dw = L->n_w ? grad_at(c, L->w_off) : NULL;
+        io.db = L->n_b ? grad_at(c, L->b_off) : NULL;
+        io.give = give_grad;
+        const int n_in = sf_layer_n_inputs(L);
+        for (int j = 0; j < n_in; j++) {
+            const int src = sf_layer_input(m, i, j);
+            io.want[j] = src >= 0 && c->dact[src]; /* the model input and frozen layers need none */
         }
-        if (want_dx) {
-            to_bf16(c, c->gtmp, in_len);
-            add_into(c, src, c->gtmp, in_len);
-        }
+        k->ref_bwd(&io);
+        if (k->bf16_wgrad && io.dw)
+            to_bf16(c, io.dw, L->n_w); /* cuDNN writes bf16 weight gradients */
     }
 }
 
@@ -683,6 +656,7 @@ static int broadcast_buffers(ref_ctx *c, const sf_batch *b)
  * all-reduce failed (then nothing was updated). */
 static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
 {
+    c->seq = b->seq;
     const sf_model *m = &c->m;
     const int last = m->n_layers - 1;
     memset(o, 0, sizeof *o);
@@ -731,6 +705,7 @@ static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
  * statistics, which stay as they are) and the loss; no backward, no step. */
 static void eval_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
 {
+    c->seq = b->seq;
     memset(o, 0, sizeof *o);
     forward(c, n, 0);
     loss_of(c, n, b, NULL, o);

@@ -2,6 +2,7 @@
  * training backward) in float and double (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
 #include "ref.h"
+#include "layer_io.h"
 
 #include <math.h>
 
@@ -13,6 +14,34 @@ void sf_ref_bn2d_fwd_eval_f64(const double *x, int n, int c, int h, int w, const
 
 #define SF_REF_SELF "batchnorm.c"
 #include "generic.h"
+
+/* ---- the batchnorm2d layer's hooks (gpu/layers.c) ------------------------- */
+
+/* Saved for the backward: the batch mean, then 1/sqrt(var + eps), [C] each. */
+size_t sf_ref_layer_bn2d_save(const sf_layer *L, size_t nb) { return 2 * (size_t)L->out_ch; }
+
+/* Training mode (of a trainable layer): batch statistics, and the running
+ * ones updated; else the running statistics. */
+void sf_ref_layer_bn2d_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (io->train && !L->frozen)
+        sf_ref_bn2d_fwd_train(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->eps, L->momentum,
+                              io->rm, io->rv, io->save, io->save + L->out_ch, io->y);
+    else
+        sf_ref_bn2d_fwd_eval(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->eps, io->rm, io->rv,
+                             io->y);
+}
+
+/* The input gradient is computed even when no producer needs it: the
+ * scratch holds it. */
+void sf_ref_layer_bn2d_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_bn2d_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->save, io->save + L->out_ch, io->dy,
+                    io->scratch, io->dw, io->db);
+    io->give(io, 0, io->scratch);
+}
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 

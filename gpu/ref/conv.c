@@ -2,6 +2,7 @@
  * (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
 #include "ref.h"
+#include "layer_io.h"
 
 #include <math.h>
 
@@ -26,6 +27,35 @@ static void tap_range(int kk, int stride, int pad, int in, int out, int *o0, int
 
 #define SF_REF_SELF "conv.c"
 #include "generic.h"
+
+/* ---- the conv2d layer's hooks (gpu/layers.c) ------------------------------ */
+
+/* groups or dilation other than 1 take conv_grouped.c's loops. */
+void sf_ref_layer_conv2d_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (L->groups > 1 || L->dilation > 1) {
+        sf_ref_conv2d_gd_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->out_c, L->k, L->stride,
+                             L->pad, L->dilation, L->groups, io->y);
+        return;
+    }
+    sf_ref_conv2d_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->out_c, L->k, L->stride,
+                      L->pad, io->y);
+}
+
+void sf_ref_layer_conv2d_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    float *dx = io->want[0] ? io->scratch : NULL;
+    if (L->groups > 1 || L->dilation > 1)
+        sf_ref_conv2d_gd_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, L->out_c, L->k, L->stride, L->pad,
+                             L->dilation, L->groups, io->dy, dx, io->dw, io->db);
+    else
+        sf_ref_conv2d_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, L->out_c, L->k, L->stride,
+                          L->pad, io->dy, dx, io->dw, io->db);
+    if (dx)
+        io->give(io, 0, dx);
+}
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 

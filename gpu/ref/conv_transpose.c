@@ -2,11 +2,31 @@
  * in float and double (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
 #include "ref.h"
+#include "layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "conv_transpose.c"
 #include "generic.h"
+
+/* ---- the conv_transpose2d layer's hooks (gpu/layers.c) -------------------- */
+
+void sf_ref_layer_convt2d_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_convt2d_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->out_c, L->k, L->stride,
+                       L->pad, io->y);
+}
+
+void sf_ref_layer_convt2d_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    float *dx = io->want[0] ? io->scratch : NULL;
+    sf_ref_convt2d_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, L->out_c, L->k, L->stride, L->pad,
+                       io->dy, dx, io->dw, io->db);
+    if (dx)
+        io->give(io, 0, dx);
+}
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 

@@ -1,13 +1,26 @@
 /* gpu/ref/layers.h — the reference layers, forward and backward, in float
- * and in double (_f64): convolutions and linear (conv.c, conv_transpose.c,
- * linear.c), batchnorm (batchnorm.c), pooling (pool.c), ReLU and the residual
- * add (pointwise.c). Part of gpu/ref/ref.h, whose first comment states what
- * every reference function promises. */
+ * and in double (_f64): convolutions and linear (conv.c, conv_grouped.c,
+ * conv_transpose.c, linear.c), normalisation (batchnorm.c, norm.c), pooling
+ * (pool.c, avgpool.c), activations (pointwise.c, activation.c), products
+ * and concatenation (pointwise.c, mul.c, concat.c) and dropout (dropout.c).
+ * Each family file also holds its layer kinds' hooks (layer_io.h). Part of
+ * gpu/ref/ref.h, whose first comment states what every reference function
+ * promises. */
 #ifndef SF_GPU_REF_LAYERS_H
 #define SF_GPU_REF_LAYERS_H
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* ---- shared size rules -------------------------------------------------------- */
+/* Output length of a convolution axis (PyTorch's formula; dilation d). */
+static inline int sf_ref_conv_out(int in, int k, int stride, int pad, int d)
+{
+    return (in + 2 * pad - d * (k - 1) - 1) / stride + 1;
+}
+/* AdaptiveAvgPool2d's bin o of out over in: [floor(o*in/out), ceil((o+1)*in/out)). */
+static inline int sf_ref_bin_start(int o, int in, int out) { return (int)(((long)o * in) / out); }
+static inline int sf_ref_bin_end(int o, int in, int out) { return (int)((((long)o + 1) * in + out - 1) / out); }
 
 /* ---- convolutions and linear --------------------------------------------- */
 /* out spatial size: oh = (h + 2*pad - k) / stride + 1 */
@@ -37,6 +50,17 @@ void sf_ref_convt2d_bwd(const float *x, int n, int c, int h, int w, const float 
 void sf_ref_convt2d_bwd_f64(const double *x, int n, int c, int h, int w, const double *wt, int oc,
                             int k, int stride, int pad, const double *dy, double *dx, double *dw,
                             double *db);
+/* Conv2d with groups g (c and oc divisible by g; weight [oc, c/g, k, k]) and
+ * dilation d: out size sf_ref_conv_out. b, dx, db may be NULL. */
+void sf_ref_conv2d_gd_fwd(const float *x, int n, int c, int h, int w, const float *wt, const float *b, int oc,
+                          int k, int stride, int pad, int dil, int groups, float *y);
+void sf_ref_conv2d_gd_fwd_f64(const double *x, int n, int c, int h, int w, const double *wt, const double *b,
+                              int oc, int k, int stride, int pad, int dil, int groups, double *y);
+void sf_ref_conv2d_gd_bwd(const float *x, int n, int c, int h, int w, const float *wt, int oc, int k, int stride,
+                          int pad, int dil, int groups, const float *dy, float *dx, float *dw, float *db);
+void sf_ref_conv2d_gd_bwd_f64(const double *x, int n, int c, int h, int w, const double *wt, int oc, int k,
+                              int stride, int pad, int dil, int groups, const double *dy, double *dx, double *dw,
+                              double *db);
 void sf_ref_linear_fwd(const float *x, int n, int in, const float *wt, const float *b,
                        int out, float *y);
 void sf_ref_linear_fwd_f64(const double *x, int n, int in, const double *wt,
@@ -83,6 +107,11 @@ void sf_ref_maxpool2d_fwd(const float *x, int n, int c, int h, int w, int k, int
                           float *y, int32_t *argmax);
 void sf_ref_maxpool2d_fwd_f64(const double *x, int n, int c, int h, int w, int k, int stride,
                               int pad, double *y, int32_t *argmax);
+/* The same with the output size given (ceil_mode: the caller's size). */
+void sf_ref_maxpool2d_fwd_sized(const float *x, int n, int c, int h, int w, int k, int stride, int pad, int oh,
+                                int ow, float *y, int32_t *argmax);
+void sf_ref_maxpool2d_fwd_sized_f64(const double *x, int n, int c, int h, int w, int k, int stride, int pad,
+                                    int oh, int ow, double *y, int32_t *argmax);
 void sf_ref_maxpool2d_bwd(const float *dy, const int32_t *argmax, int n, int c, int h, int w,
                           int oh, int ow, float *dx);
 void sf_ref_maxpool2d_bwd_f64(const double *dy, const int32_t *argmax, int n, int c, int h, int w,
@@ -92,6 +121,89 @@ void sf_ref_avgpool_fwd(const float *x, int n, int c, int h, int w, float *y);
 void sf_ref_avgpool_fwd_f64(const double *x, int n, int c, int h, int w, double *y);
 void sf_ref_avgpool_bwd(const float *dy, int n, int c, int h, int w, float *dx);
 void sf_ref_avgpool_bwd_f64(const double *dy, int n, int c, int h, int w, double *dx);
+
+/* AvgPool2d (kernel k, stride, pad, output oh x ow as the caller computed it
+ * with or without ceil_mode): the window of output o spans
+ * [o*s - p, min(o*s - p + k, in + p)); the divisor is that span's area with
+ * count_include_pad, else the number of taps inside the input. */
+void sf_ref_avgpool2d_fwd(const float *x, int n, int c, int h, int w, int k, int stride, int pad,
+                          int count_include_pad, int oh, int ow, float *y);
+void sf_ref_avgpool2d_fwd_f64(const double *x, int n, int c, int h, int w, int k, int stride, int pad,
+                              int count_include_pad, int oh, int ow, double *y);
+void sf_ref_avgpool2d_bwd(const float *dy, int n, int c, int h, int w, int k, int stride, int pad,
+                          int count_include_pad, int oh, int ow, float *dx);
+void sf_ref_avgpool2d_bwd_f64(const double *dy, int n, int c, int h, int w, int k, int stride, int pad,
+                              int count_include_pad, int oh, int ow, double *dx);
+/* AdaptiveAvgPool2d((oh, ow)): the mean of each bin (sf_ref_bin_start/end). */
+void sf_ref_adaptive_avgpool2d_fwd(const float *x, int n, int c, int h, int w, int oh, int ow, float *y);
+void sf_ref_adaptive_avgpool2d_fwd_f64(const double *x, int n, int c, int h, int w, int oh, int ow, double *y);
+void sf_ref_adaptive_avgpool2d_bwd(const float *dy, int n, int c, int h, int w, int oh, int ow, float *dx);
+void sf_ref_adaptive_avgpool2d_bwd_f64(const double *dy, int n, int c, int h, int w, int oh, int ow, double *dx);
+
+/* ---- layer norm ----------------------------------------------------------- */
+/* LayerNorm over c at each of hw positions of [n, c, hw] (biased variance,
+ * eps inside the square root): y = (x - mean) / sqrt(var + eps) * gamma[c] + beta[c].
+ * The backward writes dx and, when not NULL, dgamma and dbeta ([c]). */
+void sf_ref_layernorm_fwd(const float *x, int n, int c, size_t hw, const float *gamma, const float *beta,
+                          float eps, float *y);
+void sf_ref_layernorm_fwd_f64(const double *x, int n, int c, size_t hw, const double *gamma, const double *beta,
+                              double eps, double *y);
+void sf_ref_layernorm_bwd(const float *x, int n, int c, size_t hw, const float *gamma, float eps,
+                          const float *dy, float *dx, float *dgamma, float *dbeta);
+void sf_ref_layernorm_bwd_f64(const double *x, int n, int c, size_t hw, const double *gamma, double eps,
+                              const double *dy, double *dx, double *dgamma, double *dbeta);
+
+/* ---- elementwise products --------------------------------------------------- */
+/* y = a * b over [n, c, hw]; b is [n, c, bhw] with bhw = hw (same shape) or
+ * 1 (broadcast over H,W). The backward writes da and db (either may be
+ * NULL); db sums over H,W when b is broadcast. */
+void sf_ref_mul_fwd(const float *a, const float *b, int n, int c, size_t hw, size_t bhw, float *y);
+void sf_ref_mul_fwd_f64(const double *a, const double *b, int n, int c, size_t hw, size_t bhw, double *y);
+void sf_ref_mul_bwd(const float *a, const float *b, int n, int c, size_t hw, size_t bhw, const float *dy,
+                    float *da, float *db);
+void sf_ref_mul_bwd_f64(const double *a, const double *b, int n, int c, size_t hw, size_t bhw, const double *dy,
+                        double *da, double *db);
+/* y = x * s[c] over [n, c, hw] (layer scale); ds[c] = sum dy * x, dx = dy * s[c] (dx may be NULL). */
+void sf_ref_channel_scale_fwd(const float *x, int n, int c, size_t hw, const float *s, float *y);
+void sf_ref_channel_scale_fwd_f64(const double *x, int n, int c, size_t hw, const double *s, double *y);
+void sf_ref_channel_scale_bwd(const float *x, int n, int c, size_t hw, const float *s, const float *dy, float *dx,
+                              float *ds);
+void sf_ref_channel_scale_bwd_f64(const double *x, int n, int c, size_t hw, const double *s, const double *dy,
+                                  double *dx, double *ds);
+
+/* ---- concatenation ---------------------------------------------------------- */
+/* Writes x ([n, cj, hw]) into channels [c0, c0 + cj) of y ([n, ctot, hw]);
+ * take is the inverse (the backward's slice of dy). */
+void sf_ref_concat_put(const float *x, int n, int cj, size_t hw, int ctot, int c0, float *y);
+void sf_ref_concat_put_f64(const double *x, int n, int cj, size_t hw, int ctot, int c0, double *y);
+void sf_ref_concat_take(const float *dy, int n, int cj, size_t hw, int ctot, int c0, float *dx);
+void sf_ref_concat_take_f64(const double *dy, int n, int cj, size_t hw, int ctot, int c0, double *dx);
+
+/* ---- dropout ------------------------------------------------------------------ */
+/* Training-mode dropout of [n, elems] (element-wise) and stochastic depth
+ * (row mode: sample-wise): kept values scaled by 1/(1-p), the decisions
+ * keyed by (seed, seq, layer, element or sample) through gpu/rng.h. The
+ * backward is the same function applied to dy. */
+#define SF_REF_DROPOUT_SALT 0x64726f706f7574ull /* "dropout" */
+#define SF_REF_DEPTH_SALT 0x7364657074680aull   /* "sdepth" */
+void sf_ref_dropout_fwd(const float *x, int n, size_t elems, float p, uint64_t seed, uint64_t seq, uint64_t layer,
+                        float *y);
+void sf_ref_dropout_fwd_f64(const double *x, int n, size_t elems, float p, uint64_t seed, uint64_t seq,
+                            uint64_t layer, double *y);
+void sf_ref_stochastic_depth_fwd(const float *x, int n, size_t elems, float p, uint64_t seed, uint64_t seq,
+                                 uint64_t layer, float *y);
+void sf_ref_stochastic_depth_fwd_f64(const double *x, int n, size_t elems, float p, uint64_t seed, uint64_t seq,
+                                     uint64_t layer, double *y);
+
+/* ---- activations ---------------------------------------------------------------- */
+/* Elementwise activations without parameters; the backward takes the
+ * forward's input x: dx = dy * f'(x) with PyTorch's choices at the kinks. */
+enum { SF_ACT_RELU6 = 0, SF_ACT_SIGMOID, SF_ACT_SILU, SF_ACT_HARDSWISH, SF_ACT_HARDSIGMOID, SF_ACT_GELU,
+       SF_ACT_GELU_TANH };
+void sf_ref_act_fwd(int act, const float *x, size_t len, float *y);
+void sf_ref_act_fwd_f64(int act, const double *x, size_t len, double *y);
+void sf_ref_act_bwd(int act, const float *x, const float *dy, size_t len, float *dx);
+void sf_ref_act_bwd_f64(int act, const double *x, const double *dy, size_t len, double *dx);
 
 /* ---- pointwise ------------------------------------------------------------ */
 void sf_ref_relu_fwd(const float *x, size_t len, float *y);

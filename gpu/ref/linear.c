@@ -2,11 +2,41 @@
  * double (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
 #include "ref.h"
+#include "layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "linear.c"
 #include "generic.h"
+
+/* ---- the linear layer's hooks (gpu/layers.c) ------------------------------ */
+
+/* Over the channels of a map ("over":"channels") the layer is a 1x1
+ * convolution with the same [out, in] weight. */
+void sf_ref_layer_linear_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (L->over_channels) {
+        sf_ref_conv2d_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->out_c, 1, 1, 0, io->y);
+        return;
+    }
+    sf_ref_linear_fwd(io->x[0], io->n, L->in_c, io->w, io->b, L->out_c, io->y);
+}
+
+/* The weight and bias gradients stay fp32 under precision=bf16 (cuBLAS
+ * writes them so). */
+void sf_ref_layer_linear_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    float *dx = io->want[0] ? io->scratch : NULL;
+    if (L->over_channels)
+        sf_ref_conv2d_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, L->out_c, 1, 1, 0, io->dy, dx, io->dw,
+                          io->db);
+    else
+        sf_ref_linear_bwd(io->x[0], io->n, L->in_c, io->w, L->out_c, io->dy, dx, io->dw, io->db);
+    if (dx)
+        io->give(io, 0, dx);
+}
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 

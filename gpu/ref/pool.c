@@ -2,11 +2,49 @@
  * backward, in float and double (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
 #include "ref.h"
+#include "layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "pool.c"
 #include "generic.h"
+
+/* ---- the pooling layers' hooks (gpu/layers.c) ----------------------------- */
+
+/* The argmax of every output ([nb, out_elems] int32, stored in floats' room). */
+size_t sf_ref_layer_maxpool2d_save(const sf_layer *L, size_t nb) { return nb * L->out_elems; }
+
+void sf_ref_layer_maxpool2d_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_maxpool2d_fwd_sized(io->x[0], io->n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, L->out_h,
+                               L->out_w, io->y, (int32_t *)io->save);
+}
+
+void sf_ref_layer_maxpool2d_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (!io->want[0])
+        return;
+    sf_ref_maxpool2d_bwd(io->dy, (const int32_t *)io->save, io->n, L->in_c, L->in_h, L->in_w, L->out_h, L->out_w,
+                         io->scratch);
+    io->give(io, 0, io->scratch);
+}
+
+void sf_ref_layer_gap_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_avgpool_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->y);
+}
+
+void sf_ref_layer_gap_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (!io->want[0])
+        return;
+    sf_ref_avgpool_bwd(io->dy, io->n, L->in_c, L->in_h, L->in_w, io->scratch);
+    io->give(io, 0, io->scratch);
+}
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 
@@ -21,7 +59,15 @@
 void SF_FN(sf_ref_maxpool2d_fwd)(const T *x, int n, int c, int h, int w, int k, int stride,
                                  int pad, T *y, int32_t *argmax)
 {
-    const int oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+    SF_FN(sf_ref_maxpool2d_fwd_sized)(x, n, c, h, w, k, stride, pad, (h + 2 * pad - k) / stride + 1,
+                                      (w + 2 * pad - k) / stride + 1, y, argmax);
+}
+
+/* The same with the output size given: ceil_mode's last window may reach
+ * past the input (and the padding), whose taps it skips. */
+void SF_FN(sf_ref_maxpool2d_fwd_sized)(const T *x, int n, int c, int h, int w, int k, int stride, int pad,
+                                       int oh, int ow, T *y, int32_t *argmax)
+{
     for (size_t plane = 0; plane < (size_t)n * c; plane++) {
         const T *xp = x + plane * h * w;
         T *yp = y + plane * oh * ow;

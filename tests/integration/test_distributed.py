@@ -891,6 +891,27 @@ def test_ranks_that_differ_in_what_shapes_the_collectives_refuse_the_job_naming_
         assert s.proc.returncode == 0
 
 
+def test_ranks_whose_models_differ_only_in_a_field_the_shapes_do_not_show_refuse_the_job(start_server):
+    # Two models of equal shapes and parameter counts, one with batchnorm eps
+    # 1e-5 and one with 1e-3: the ranks joined and trained two different
+    # models under one gradient. The model's fingerprint covers every field.
+    other = json.loads(json.dumps(BN_SPEC))
+    other["layers"][1]["eps"] = 1e-3
+    spec = ["--pipeline.backend", "ref", "--augment.pipeline", "[]"]
+    r0 = start_server(dist_flags(2, 0, None, "--model.spec", json.dumps(BN_SPEC), *spec))
+    r1 = start_server(dist_flags(2, 1, f"127.0.0.1:{r0.port}", "--model.spec", json.dumps(other), *spec))
+
+    def differ(s):
+        return next((x for x in s.get("/readyz").json()["reasons"] if "the ranks differ in" in x), None)
+
+    for s in (r0, r1):
+        reason = wait_until(lambda s=s: differ(s), timeout=10, what="the job to be refused")
+        assert "the ranks differ in the model" in reason, reason
+    for s in (r0, r1):
+        s.stop(check=False)  # the refused job is logged as an error, as it must be
+        assert s.proc.returncode == 0
+
+
 def test_a_rank_cannot_be_made_to_wait_or_diagnose_long_enough_to_time_the_job_out(start_server, rng):
     # The other ranks wait in a round for a rank that waits for a batch
     # (distributed.wait_ms) or runs a diagnosis on its engine, but only up

@@ -1,5 +1,6 @@
-"""The files generated from the option table are current: docs/CONFIG.md and
-the Config/ConfigPatch schemas of openapi/streamfeed.yaml (run `make docs`)."""
+"""The generated files are current: docs/CONFIG.md and the Config/ConfigPatch
+schemas of openapi/streamfeed.yaml from the option table, docs/LAYERS.md from
+the layer-kind registry (run `make docs`)."""
 import os
 import subprocess
 import sys
@@ -12,6 +13,13 @@ BIN = os.environ.get("STREAMFEED_BIN", str(ROOT / "build" / "streamfeed"))
 def test_config_markdown_is_generated_from_the_current_option_table():
     out = subprocess.run([BIN, "--help-markdown"], check=True, capture_output=True, text=True).stdout
     assert (ROOT / "docs" / "CONFIG.md").read_text() == out, "docs/CONFIG.md is stale: run make docs"
+
+
+def test_layer_kinds_markdown_is_generated_from_the_current_registry():
+    out = subprocess.run([BIN, "--help-layers"], check=True, capture_output=True, text=True).stdout
+    assert (ROOT / "docs" / "LAYERS.md").read_text() == out, "docs/LAYERS.md is stale: run make docs"
+    for kind in ("conv2d", "layer_scale", "stochastic_depth", "concat"):
+        assert f"| `{kind}` |" in out
 
 
 def test_openapi_config_schemas_are_generated_from_the_current_option_table():

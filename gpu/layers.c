@@ -1,0 +1,781 @@
+/* gpu/layers.c — the layer-kind registry (see gpu/layers.h): one row per
+ * kind, the shape and parameter rules of each, and the loops every consumer
+ * of the table shares. */
+#include "gpu/layers.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "gpu/common.h"
+#include "gpu/ref/layer_io.h"
+#include "gpu/rng.h"
+
+#define OFF(f) offsetof(sf_layer, f)
+
+/* ---- fields ------------------------------------------------------------------ */
+
+#define F_IN {"in", SF_FT_INT, OFF(in_c), 1, SF_MAX_CHANNELS, 0, SF_FF_INFERRED, NULL, \
+              "input channels or features; optional, checked against the previous layer"}
+#define F_OUT(what) {"out", SF_FT_INT, OFF(out_c), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL, what}
+#define F_K {"k", SF_FT_INT, OFF(k), 1, SF_MAX_KERNEL, 0, SF_FF_REQUIRED, NULL, "kernel size (square)"}
+#define F_STRIDE(def, doc) {"stride", SF_FT_INT, OFF(stride), 1, SF_MAX_KERNEL, def, 0, NULL, doc}
+#define F_PAD {"pad", SF_FT_INT, OFF(pad), 0, SF_MAX_KERNEL, 0, 0, NULL, "zero padding on each side"}
+#define F_BIAS {"bias", SF_FT_BOOL, OFF(bias), 0, 1, 1, 0, NULL, "a bias parameter"}
+#define F_END {NULL, 0, 0, 0, 0, 0, 0, NULL, NULL}
+
+static const char *const over_choices[] = {"features", "channels", NULL};
+static const char *const gelu_choices[] = {"none", "tanh", NULL};
+static const char *const depth_modes[] = {"row", NULL};
+
+#define F_EPS(flags) {"eps", SF_FT_FLOAT, OFF(eps), 0, 1, 1e-5, SF_FF_LO_OPEN | (flags), NULL, \
+                      "added to the variance before the square root"}
+#define F_CEIL(flags) {"ceil_mode", SF_FT_BOOL, OFF(ceil_mode), 0, 1, 0, flags, NULL, \
+                       "output size rounded up (a last window may start in the padding's reach)"}
+
+static const sf_layer_field conv2d_fields[] = {
+    F_IN, F_OUT("output channels"), F_K, F_STRIDE(1, "stride"), F_PAD, F_BIAS,
+    {"groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+     "groups (in and out divisible by it; groups = in = out is depthwise)"},
+    {"dilation", SF_FT_INT, OFF(dilation), 1, SF_MAX_KERNEL, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+     "spacing between kernel taps"},
+    F_END,
+};
+static const sf_layer_field bn2d_fields[] = {
+    F_EPS(SF_FF_IF_SET | SF_FF_CUDA_DEFAULT),
+    {"momentum", SF_FT_FLOAT, OFF(momentum), 0, 1, 0.1, SF_FF_LO_OPEN | SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+     "running statistics' update weight"},
+    F_END,
+};
+static const sf_layer_field avgpool2d_fields[] = {
+    F_K, F_STRIDE(0, "stride (default: k)"), F_PAD, F_CEIL(0),
+    {"count_include_pad", SF_FT_BOOL, OFF(count_include_pad), 0, 1, 1, 0, NULL,
+     "padding counts in the divisor"},
+    F_END,
+};
+static const sf_layer_field adaptive_fields[] = {
+    {"out", SF_FT_INT_PAIR, OFF(out_size), 1, SF_MAX_SPATIAL, 1, SF_FF_REQUIRED, NULL, "output [h, w]"},
+    F_END,
+};
+static const sf_layer_field ln_fields[] = {F_EPS(0), F_END};
+static const sf_layer_field gelu_fields[] = {
+    {"approximate", SF_FT_ENUM, OFF(approximate), 0, 1, 0, 0, gelu_choices, "\"none\" (erf) or \"tanh\""},
+    F_END,
+};
+static const sf_layer_field dropout_fields[] = {
+    {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0.5, 0, NULL, "probability of an element being zeroed"},
+    F_END,
+};
+static const sf_layer_field depth_fields[] = {
+    {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0, SF_FF_REQUIRED, NULL, "probability of a sample's branch being zeroed"},
+    {"mode", SF_FT_ENUM, OFF(mode), 0, 0, 0, 0, depth_modes, "\"row\": per sample"},
+    F_END,
+};
+static const sf_layer_field convt2d_fields[] = {
+    F_IN, F_OUT("output channels"), F_K, F_STRIDE(1, "stride"), F_PAD, F_BIAS, F_END,
+};
+static const sf_layer_field linear_fields[] = {
+    F_IN, F_OUT("output features"), F_BIAS,
+    {"over", SF_FT_ENUM, OFF(over_channels), 0, 1, 0, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, over_choices,
+     "\"features\" of a flat input, or \"channels\" of each pixel of a map"},
+    F_END,
+};
+static const sf_layer_field maxpool2d_fields[] = {
+    F_K, F_STRIDE(0, "stride (default: k)"), F_PAD, F_CEIL(SF_FF_IF_SET | SF_FF_CUDA_DEFAULT), F_END,
+};
+static const sf_layer_field no_fields[] = {F_END};
+
+/* ---- shape rules ------------------------------------------------------------ */
+
+static int same_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    *out = in[0];
+    return 0;
+}
+
+/* Kernel, stride and padding of a convolution or pooling layer. */
+static int check_window(const sf_layer *L, char *err, size_t errlen)
+{
+    if (L->k < 1 || L->k > SF_MAX_KERNEL || L->stride < 1 || L->stride > SF_MAX_KERNEL || L->pad < 0 ||
+        L->pad > SF_MAX_KERNEL) {
+        sf_errf(err, errlen, "k=%d stride=%d pad=%d out of range (k,stride in [1,%d], pad in [0,%d])", L->k,
+                L->stride, L->pad, SF_MAX_KERNEL, SF_MAX_KERNEL);
+        return -1;
+    }
+    return 0;
+}
+
+static int check_out_c(const sf_layer *L, const char *what, char *err, size_t errlen)
+{
+    if (L->out_c < 1 || L->out_c > SF_MAX_CHANNELS) {
+        sf_errf(err, errlen, "out %s %d out of range [1,%d]", what, L->out_c, SF_MAX_CHANNELS);
+        return -1;
+    }
+    return 0;
+}
+
+static int conv2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->groups == 0)
+        L->groups = 1;
+    if (L->dilation == 0)
+        L->dilation = 1;
+    if (check_out_c(L, "channels", err, errlen) || check_window(L, err, errlen))
+        return -1;
+    if (L->groups < 1 || L->dilation < 1 || L->dilation > SF_MAX_KERNEL || in->c % L->groups || L->out_c % L->groups) {
+        sf_errf(err, errlen, "groups %d must divide in %d and out %d, dilation %d in [1,%d]", L->groups, in->c,
+                L->out_c, L->dilation, SF_MAX_KERNEL);
+        return -1;
+    }
+    const int span = L->dilation * (L->k - 1) + 1;
+    const int eh = in->h + 2 * L->pad - span, ew = in->w + 2 * L->pad - span;
+    if (eh < 0 || ew < 0) {
+        sf_errf(err, errlen, "kernel %d does not fit the %dx%d input (pad %d)", L->k, in->h, in->w, L->pad);
+        return -1;
+    }
+    *out = (sf_shape){L->out_c, eh / L->stride + 1, ew / L->stride + 1, 0};
+    return 0;
+}
+
+static int convt2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (check_out_c(L, "channels", err, errlen) || check_window(L, err, errlen))
+        return -1;
+    const long oh = (long)(in->h - 1) * L->stride - 2L * L->pad + L->k;
+    const long ow = (long)(in->w - 1) * L->stride - 2L * L->pad + L->k;
+    if (oh < 1 || ow < 1 || oh > SF_MAX_SPATIAL || ow > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "output %ldx%ld out of range [1,%d]", oh, ow, SF_MAX_SPATIAL);
+        return -1;
+    }
+    *out = (sf_shape){L->out_c, (int)oh, (int)ow, 0};
+    return 0;
+}
+
+static int linear_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->over_channels) {
+        if (in->flat) {
+            sf_errf(err, errlen, "\"over\":\"channels\" needs a [C,H,W] map; the input is flattened");
+            return -1;
+        }
+        if (check_out_c(L, "features", err, errlen))
+            return -1;
+        *out = (sf_shape){L->out_c, in->h, in->w, 0};
+        return 0;
+    }
+    if (!in->flat && (in->h != 1 || in->w != 1)) {
+        sf_errf(err, errlen, "input is [%d,%d,%d]; add a flatten layer before linear", in->c, in->h, in->w);
+        return -1;
+    }
+    if (check_out_c(L, "features", err, errlen))
+        return -1;
+    *out = (sf_shape){L->out_c, 1, 1, 1};
+    return 0;
+}
+
+static int flatten_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    const size_t feat = (size_t)in->c * in->h * in->w;
+    if (feat > SF_MAX_ACT) {
+        sf_errf(err, errlen, "%zu features is too many", feat);
+        return -1;
+    }
+    *out = (sf_shape){(int)feat, 1, 1, 1};
+    return 0;
+}
+
+static int bn2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->eps == 0.0f)
+        L->eps = SF_BN_EPS;
+    if (L->momentum == 0.0f)
+        L->momentum = SF_BN_MOMENTUM;
+    L->bias = 1;
+    L->out_c = in->c;
+    *out = in[0];
+    return 0;
+}
+
+/* PyTorch's pooling output size; with ceil_mode the last window must start
+ * inside the input or its left padding. 0 when the kernel does not fit. */
+static int pool_out(int in, int k, int s, int p, int ceil_mode)
+{
+    const int num = in + 2 * p - k;
+    if (num < 0)
+        return 0;
+    int out = (num + (ceil_mode ? s - 1 : 0)) / s + 1;
+    if (ceil_mode && (out - 1) * s >= in + p)
+        out--;
+    return out;
+}
+
+static int maxpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err,
+                           size_t errlen)
+{
+    if (L->stride == 0)
+        L->stride = L->k; /* PyTorch: the stride defaults to the kernel size */
+    if (check_window(L, err, errlen))
+        return -1;
+    if (2 * L->pad > L->k) {
+        sf_errf(err, errlen, "pad %d must be at most half of k=%d", L->pad, L->k);
+        return -1;
+    }
+    const int oh = pool_out(in->h, L->k, L->stride, L->pad, L->ceil_mode);
+    const int ow = pool_out(in->w, L->k, L->stride, L->pad, L->ceil_mode);
+    if (oh < 1 || ow < 1) {
+        sf_errf(err, errlen, "kernel %d does not fit the %dx%d input (pad %d)", L->k, in->h, in->w, L->pad);
+        return -1;
+    }
+    *out = (sf_shape){in->c, oh, ow, 0};
+    return 0;
+}
+
+static int gap_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    L->out_c = in->c;
+    *out = (sf_shape){in->c, 1, 1, 0};
+    return 0;
+}
+
+static int add_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (in[1].c != in[0].c || in[1].h != in[0].h || in[1].w != in[0].w) {
+        sf_errf(err, errlen, "inputs have shapes [%d,%d,%d] and [%d,%d,%d]", in[0].c, in[0].h, in[0].w, in[1].c,
+                in[1].h, in[1].w);
+        return -1;
+    }
+    L->out_c = in->c;
+    *out = in[0];
+    return 0;
+}
+
+static int avgpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err,
+                           size_t errlen)
+{
+    return maxpool2d_shape(L, in, n_in, out, err, errlen); /* the same window rules */
+}
+
+static int adaptive_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->out_size[0] < 1 || L->out_size[1] < 1 || L->out_size[0] > SF_MAX_SPATIAL || L->out_size[1] > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "output %dx%d out of range [1,%d]", L->out_size[0], L->out_size[1], SF_MAX_SPATIAL);
+        return -1;
+    }
+    *out = (sf_shape){in->c, L->out_size[0], L->out_size[1], 0};
+    return 0;
+}
+
+static int ln2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->eps == 0.0f)
+        L->eps = 1e-5f;
+    *out = in[0];
+    return 0;
+}
+
+/* A flat [F] tensor, or a [F,1,1] map (a pooled one not yet flattened). */
+static int ln_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (!in->flat && (in->h != 1 || in->w != 1)) {
+        sf_errf(err, errlen, "input is [%d,%d,%d]; layernorm normalises flat features (layernorm2d a map's "
+                "channels)", in->c, in->h, in->w);
+        return -1;
+    }
+    return ln2d_shape(L, in, n_in, out, err, errlen);
+}
+
+static int mul_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    const sf_shape *a = &in[0], *b = &in[1];
+    const int same = b->c == a->c && b->h == a->h && b->w == a->w && b->flat == a->flat;
+    const int bcast = b->c == a->c && b->h == 1 && b->w == 1 && !a->flat && !b->flat;
+    if (!same && !bcast) {
+        sf_errf(err, errlen, "inputs have shapes [%d,%d,%d] and [%d,%d,%d]; the second must be the first's "
+                "shape or [%d,1,1]", a->c, a->h, a->w, b->c, b->h, b->w, a->c);
+        return -1;
+    }
+    *out = *a;
+    return 0;
+}
+
+static int concat_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    long c = 0;
+    for (int j = 0; j < n_in; j++) {
+        if (in[j].h != in[0].h || in[j].w != in[0].w || in[j].flat != in[0].flat) {
+            sf_errf(err, errlen, "input %d is [%d,%d,%d] but input 0 is [%d,%d,%d]; concat needs equal H,W", j,
+                    in[j].c, in[j].h, in[j].w, in[0].c, in[0].h, in[0].w);
+            return -1;
+        }
+        c += in[j].c;
+    }
+    if (c > (long)SF_MAX_ACT) {
+        sf_errf(err, errlen, "%ld channels is too many", c);
+        return -1;
+    }
+    *out = (sf_shape){(int)c, in[0].h, in[0].w, in[0].flat};
+    return 0;
+}
+
+/* ---- parameters ---------------------------------------------------------------- */
+
+static void pd_set(sf_param_desc *p, const char *suffix, int ndim, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    p->suffix = suffix;
+    p->ndim = ndim;
+    p->shape[0] = a, p->shape[1] = b, p->shape[2] = c, p->shape[3] = d;
+}
+
+static int conv2d_params(const sf_layer *L, sf_param_desc pd[2])
+{
+    pd_set(&pd[0], "weight", 4, L->out_c, L->in_c / (L->groups > 1 ? L->groups : 1), L->k, L->k);
+    pd_set(&pd[1], "bias", 1, L->out_c, 0, 0, 0);
+    return L->bias ? 2 : 1;
+}
+
+/* PyTorch's ConvTranspose2d weight is [in, out, k, k]. */
+static int convt2d_params(const sf_layer *L, sf_param_desc pd[2])
+{
+    pd_set(&pd[0], "weight", 4, L->in_c, L->out_c, L->k, L->k);
+    pd_set(&pd[1], "bias", 1, L->out_c, 0, 0, 0);
+    return L->bias ? 2 : 1;
+}
+
+static int linear_params(const sf_layer *L, sf_param_desc pd[2])
+{
+    pd_set(&pd[0], "weight", 2, L->out_c, L->in_c, 0, 0);
+    pd_set(&pd[1], "bias", 1, L->out_c, 0, 0, 0);
+    return L->bias ? 2 : 1;
+}
+
+/* weight (gamma) and bias (beta), [C] each. */
+static int affine_params(const sf_layer *L, sf_param_desc pd[2])
+{
+    pd_set(&pd[0], "weight", 1, L->out_ch, 0, 0, 0);
+    pd_set(&pd[1], "bias", 1, L->out_ch, 0, 0, 0);
+    return 2;
+}
+
+/* ConvNeXt's CNBlock.layer_scale, [C,1,1]. */
+static int layer_scale_params(const sf_layer *L, sf_param_desc pd[2])
+{
+    pd_set(&pd[0], "layer_scale", 3, L->out_ch, 1, 1, 0);
+    return 1;
+}
+
+static const char *const bn_buffers[] = {"running_mean", "running_var", NULL};
+
+/* ---- initialisation ------------------------------------------------------------- */
+
+/* A standard normal from two counter-based uniforms (Box-Muller). */
+static double normal01(uint64_t seed, uint64_t li, uint64_t e)
+{
+    double u1 = sf_u01(sf_hash4(seed, li, e, 1)), u2 = sf_u01(sf_hash4(seed, li, e, 2));
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* PyTorch's default for Conv2d, ConvTranspose2d and Linear
+ * (kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the
+ * same bound for the bias), or torchvision's kaiming_normal_(fan_out, relu)
+ * with a zero bias when the layer asks for it. Element e of the layer counts
+ * the weight's elements first, then the bias's. */
+static void init_fan_in(const sf_layer *L, int li, uint64_t seed, float *params, size_t fan_in)
+{
+    if (L->init == SF_INIT_KAIMING_FAN_OUT) {
+        const double sd = sqrt(2.0 / ((double)L->out_c * L->k * L->k));
+        for (size_t e = 0; e < L->n_w; e++)
+            params[L->w_off + e] = (float)(sd * normal01(seed, (uint64_t)li, e));
+        for (size_t e = 0; e < L->n_b; e++)
+            params[L->b_off + e] = 0.0f;
+        return;
+    }
+    const double bound = 1.0 / sqrt((double)fan_in);
+    for (size_t e = 0; e < L->n_w + L->n_b; e++) {
+        const double u = sf_u01(sf_hash4(seed, (uint64_t)li, (uint64_t)e, 0));
+        const float v = (float)((2.0 * u - 1.0) * bound);
+        if (e < L->n_w)
+            params[L->w_off + e] = v;
+        else
+            params[L->b_off + (e - L->n_w)] = v;
+    }
+}
+
+static void conv2d_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    init_fan_in(L, li, seed, params, (size_t)(L->in_c / (L->groups > 1 ? L->groups : 1)) * L->k * L->k);
+}
+
+/* PyTorch computes a transposed convolution's fan_in from weight.size(1). */
+static void convt2d_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    init_fan_in(L, li, seed, params, (size_t)L->out_c * L->k * L->k);
+}
+
+static void linear_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    init_fan_in(L, li, seed, params, (size_t)L->in_c);
+}
+
+/* Normalisation layers: weight 1, bias 0. */
+static void ones_zeros_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    for (size_t e = 0; e < L->n_w; e++)
+        params[L->w_off + e] = 1.0f;
+    for (size_t e = 0; e < L->n_b; e++)
+        params[L->b_off + e] = 0.0f;
+}
+
+/* torchvision's CNBlock: torch.ones(dim, 1, 1) * layer_scale (1e-6). */
+static void layer_scale_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    for (size_t e = 0; e < L->n_w; e++)
+        params[L->w_off + e] = 1e-6f;
+}
+
+/* ---- the table ------------------------------------------------------------------ */
+
+static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
+    [SF_L_CONV2D] = {
+        .name = "conv2d", .torch = "nn.Conv2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = conv2d_fields, .shape = conv2d_shape, .params = conv2d_params, .init = conv2d_init,
+        .ref_fwd = sf_ref_layer_conv2d_fwd, .ref_bwd = sf_ref_layer_conv2d_bwd,
+        .bf16_weights = 1, .bf16_wgrad = 1, .cuda = 1,
+        .doc = "2-D convolution, square kernel, grouped (depthwise) and dilated; weight [out, in/groups, k, k]"},
+    [SF_L_RELU] = {
+        .name = "relu", .torch = "nn.ReLU", .min_in = 1, .max_in = 1, .fields = no_fields,
+        .shape = same_shape, .ref_fwd = sf_ref_layer_relu_fwd, .ref_bwd = sf_ref_layer_relu_bwd, .cuda = 1,
+        .doc = "max(x, 0)"},
+    [SF_L_FLATTEN] = {
+        .name = "flatten", .torch = "nn.Flatten", .min_in = 1, .max_in = 1, .fields = no_fields,
+        .shape = flatten_shape, .view = 1, .cuda = 1,
+        .doc = "[C,H,W] to [C*H*W] features (a view, no copy)"},
+    [SF_L_LINEAR] = {
+        .name = "linear", .torch = "nn.Linear", .min_in = 1, .max_in = 1, .fields = linear_fields,
+        .shape = linear_shape, .params = linear_params, .init = linear_init,
+        .ref_fwd = sf_ref_layer_linear_fwd, .ref_bwd = sf_ref_layer_linear_bwd, .bf16_weights = 1, .cuda = 1,
+        .doc = "fully connected layer over flat features, or per pixel over a map's channels; weight [out, in]"},
+    [SF_L_CONV_TRANSPOSE2D] = {
+        .name = "conv_transpose2d", .torch = "nn.ConvTranspose2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = convt2d_fields, .shape = convt2d_shape, .params = convt2d_params, .init = convt2d_init,
+        .ref_fwd = sf_ref_layer_convt2d_fwd, .ref_bwd = sf_ref_layer_convt2d_bwd,
+        .bf16_weights = 1, .bf16_wgrad = 1, .cuda = 1,
+        .doc = "transposed 2-D convolution; weight [in, out, k, k]"},
+    [SF_L_BATCHNORM2D] = {
+        .name = "batchnorm2d", .torch = "nn.BatchNorm2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = bn2d_fields, .shape = bn2d_shape, .params = affine_params, .buffers = bn_buffers,
+        .init = ones_zeros_init, .ref_fwd = sf_ref_layer_bn2d_fwd, .ref_bwd = sf_ref_layer_bn2d_bwd,
+        .ref_save = sf_ref_layer_bn2d_save, .cuda = 1,
+        .doc = "batch normalisation per channel; running statistics as buffers"},
+    [SF_L_MAXPOOL2D] = {
+        .name = "maxpool2d", .torch = "nn.MaxPool2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = maxpool2d_fields, .shape = maxpool2d_shape, .ref_fwd = sf_ref_layer_maxpool2d_fwd,
+        .ref_bwd = sf_ref_layer_maxpool2d_bwd, .ref_save = sf_ref_layer_maxpool2d_save, .cuda = 1,
+        .doc = "max pooling; padding never wins"},
+    [SF_L_GLOBAL_AVGPOOL] = {
+        .name = "global_avgpool", .torch = "nn.AdaptiveAvgPool2d(1)", .min_in = 1, .max_in = 1,
+        .needs_map = 1, .fields = no_fields, .shape = gap_shape, .ref_fwd = sf_ref_layer_gap_fwd,
+        .ref_bwd = sf_ref_layer_gap_bwd, .cuda = 1,
+        .doc = "mean over H and W: [C,H,W] to [C,1,1]"},
+    [SF_L_ADD] = {
+        .name = "add", .torch = "a + b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = add_shape,
+        .ref_fwd = sf_ref_layer_add_fwd, .ref_bwd = sf_ref_layer_add_bwd, .cuda = 1,
+        .doc = "elementwise sum of two inputs of one shape (residual connections)"},
+#define ACT(kind, nm, tch, flds, what)                                                                    \
+    [kind] = {.name = nm, .torch = tch, .min_in = 1, .max_in = 1, .fields = flds, .shape = same_shape,     \
+              .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .doc = what}
+    ACT(SF_L_RELU6, "relu6", "nn.ReLU6", no_fields, "min(max(x, 0), 6)"),
+    ACT(SF_L_SIGMOID, "sigmoid", "nn.Sigmoid", no_fields, "1 / (1 + exp(-x))"),
+    ACT(SF_L_SILU, "silu", "nn.SiLU", no_fields, "x * sigmoid(x)"),
+    ACT(SF_L_HARDSWISH, "hardswish", "nn.Hardswish", no_fields, "x * relu6(x + 3) / 6"),
+    ACT(SF_L_HARDSIGMOID, "hardsigmoid", "nn.Hardsigmoid", no_fields, "relu6(x + 3) / 6"),
+    ACT(SF_L_GELU, "gelu", "nn.GELU", gelu_fields, "x * Phi(x), exact (erf) or the tanh approximation"),
+#undef ACT
+    [SF_L_MUL] = {
+        .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
+        .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd,
+        .doc = "elementwise product; b of a's shape or [C,1,1] broadcast over H,W (squeeze-and-excitation)"},
+    [SF_L_LAYER_SCALE] = {
+        .name = "layer_scale", .torch = "x * layer_scale (ConvNeXt CNBlock)", .min_in = 1, .max_in = 1,
+        .needs_map = 1, .fields = no_fields, .shape = same_shape, .params = layer_scale_params,
+        .init = layer_scale_init, .ref_fwd = sf_ref_layer_layer_scale_fwd,
+        .ref_bwd = sf_ref_layer_layer_scale_bwd,
+        .doc = "per-channel scale by a parameter <name>.layer_scale [C,1,1] (initialised to 1e-6)"},
+    [SF_L_AVGPOOL2D] = {
+        .name = "avgpool2d", .torch = "nn.AvgPool2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = avgpool2d_fields, .shape = avgpool2d_shape, .ref_fwd = sf_ref_layer_avgpool2d_fwd,
+        .ref_bwd = sf_ref_layer_avgpool2d_bwd, .doc = "average pooling"},
+    [SF_L_ADAPTIVE_AVGPOOL2D] = {
+        .name = "adaptive_avgpool2d", .torch = "nn.AdaptiveAvgPool2d((h, w))", .min_in = 1, .max_in = 1,
+        .needs_map = 1, .fields = adaptive_fields, .shape = adaptive_shape,
+        .ref_fwd = sf_ref_layer_adaptive_avgpool2d_fwd, .ref_bwd = sf_ref_layer_adaptive_avgpool2d_bwd,
+        .doc = "average pooling to an output size, PyTorch's bins"},
+    [SF_L_LAYERNORM2D] = {
+        .name = "layernorm2d", .torch = "torchvision LayerNorm2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = ln_fields, .shape = ln2d_shape, .params = affine_params, .init = ones_zeros_init,
+        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd,
+        .doc = "LayerNorm over the channels of each pixel; weight, bias [C]"},
+    [SF_L_LAYERNORM] = {
+        .name = "layernorm", .torch = "nn.LayerNorm(F)", .min_in = 1, .max_in = 1, .fields = ln_fields,
+        .shape = ln_shape, .params = affine_params, .init = ones_zeros_init,
+        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd,
+        .doc = "LayerNorm over the features of a flat tensor; weight, bias [F]"},
+    [SF_L_CONCAT] = {
+        .name = "concat", .torch = "torch.cat(dim=1)", .min_in = 2, .max_in = SF_MAX_IN, .fields = no_fields,
+        .shape = concat_shape, .ref_fwd = sf_ref_layer_concat_fwd, .ref_bwd = sf_ref_layer_concat_bwd,
+        .doc = "concatenation along channels of inputs of equal H,W"},
+    [SF_L_DROPOUT] = {
+        .name = "dropout", .torch = "nn.Dropout", .min_in = 1, .max_in = 1, .fields = dropout_fields,
+        .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd, .ref_bwd = sf_ref_layer_dropout_bwd,
+        .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
+               "eval: identity"},
+    [SF_L_STOCHASTIC_DEPTH] = {
+        .name = "stochastic_depth", .torch = "torchvision StochasticDepth(p, \"row\")", .min_in = 1,
+        .max_in = 1, .fields = depth_fields, .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd,
+        .ref_bwd = sf_ref_layer_dropout_bwd,
+        .doc = "training: zero a sample with probability p, scale by 1/(1-p); eval: identity"},
+};
+
+const sf_layer_kind_info *sf_layer_info(sf_layer_kind k)
+{
+    if ((int)k < 0 || k >= SF_L_KIND_COUNT || !kinds[k].name)
+        return NULL;
+    return &kinds[k];
+}
+
+int sf_layer_kind_from_name(const char *s)
+{
+    for (int i = 0; i < SF_L_KIND_COUNT; i++)
+        if (kinds[i].name && strcmp(s, kinds[i].name) == 0)
+            return i;
+    return -1;
+}
+
+void sf_layer_kind_list(char *buf, size_t len)
+{
+    size_t at = 0;
+    if (len)
+        buf[0] = '\0';
+    for (int i = 0; i < SF_L_KIND_COUNT && at < len; i++) {
+        int w = snprintf(buf + at, len - at, "%s%s", at ? ", " : "", kinds[i].name);
+        if (w < 0)
+            break;
+        at += (size_t)w;
+    }
+}
+
+int sf_layer_params(const sf_layer *L, sf_param_desc pd[2])
+{
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    return k && k->params ? k->params(L, pd) : 0;
+}
+
+int sf_layer_out_is_features(const sf_layer *L)
+{
+    return L->kind == SF_L_FLATTEN || (L->kind == SF_L_LINEAR && !L->over_channels);
+}
+
+int sf_layer_n_inputs(const sf_layer *L) { return L->n_in > 0 ? L->n_in : 1; }
+
+double sf_layer_field_value(const sf_layer *L, const sf_layer_field *f)
+{
+    const char *p = (const char *)L + f->off;
+    if (f->type == SF_FT_FLOAT)
+        return *(const float *)p;
+    return *(const int *)p;
+}
+
+void sf_layer_set_defaults(sf_layer *L)
+{
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    if (!k)
+        return;
+    for (const sf_layer_field *f = k->fields; f->key; f++) {
+        char *p = (char *)L + f->off;
+        if (f->type == SF_FT_FLOAT) {
+            *(float *)p = (float)f->def;
+        } else if (f->type == SF_FT_INT_PAIR) {
+            ((int *)p)[0] = ((int *)p)[1] = (int)f->def;
+        } else {
+            *(int *)p = (int)f->def;
+        }
+    }
+}
+
+void sf_layer_in_shape(const sf_model *m, int i, int j, sf_shape *s)
+{
+    const int src = sf_layer_input(m, i, j);
+    if (src == SF_IN_MODEL) {
+        *s = (sf_shape){m->in_c, m->in_h, m->in_w, 0};
+    } else {
+        const sf_layer *P = &m->layers[src];
+        *s = (sf_shape){P->out_ch, P->out_h, P->out_w, P->flat};
+    }
+}
+
+int sf_layer_cuda_check(const sf_model *m, int i, char *err, size_t errlen)
+{
+    const sf_layer *L = &m->layers[i];
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    if (!k || !k->cuda) {
+        sf_errf(err, errlen, "layer %d \"%s\" (%s): the CUDA backend has no %s layer; the reference backend "
+                "(pipeline.backend=ref) runs it", i, L->name, k ? k->name : "unknown", k ? k->name : "this");
+        return -1;
+    }
+    for (const sf_layer_field *f = k->fields; f->key; f++) {
+        if (!(f->flags & SF_FF_CUDA_DEFAULT))
+            continue;
+        const double v = sf_layer_field_value(L, f);
+        if (v != f->def && !(f->type == SF_FT_FLOAT && fabs(v - f->def) <= 1e-6 * fabs(f->def))) {
+            sf_errf(err, errlen, "layer %d \"%s\" (%s): the CUDA backend runs \"%s\" only at its default; the "
+                    "reference backend (pipeline.backend=ref) runs this layer", i, L->name, k->name, f->key);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
+{
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    if (!k)
+        return;
+    for (const sf_layer_field *f = k->fields; f->key; f++) {
+        if (f->flags & SF_FF_INFERRED)
+            continue;
+        const char *p = (const char *)L + f->off;
+        if ((f->flags & SF_FF_IF_SET) && f->type != SF_FT_INT_PAIR && sf_layer_field_value(L, f) == (double)(f->type == SF_FT_FLOAT ? (float)f->def : f->def))
+            continue;
+        switch (f->type) {
+        case SF_FT_INT:
+            cJSON_AddNumberToObject(obj, f->key, *(const int *)p);
+            break;
+        case SF_FT_BOOL:
+            cJSON_AddBoolToObject(obj, f->key, *(const int *)p);
+            break;
+        case SF_FT_FLOAT:
+            cJSON_AddNumberToObject(obj, f->key, *(const float *)p);
+            break;
+        case SF_FT_ENUM:
+            cJSON_AddStringToObject(obj, f->key, f->choices[*(const int *)p]);
+            break;
+        case SF_FT_INT_PAIR: {
+            cJSON *a = cJSON_AddArrayToObject(obj, f->key);
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(((const int *)p)[0]));
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(((const int *)p)[1]));
+            break;
+        }
+        }
+    }
+}
+
+/* ---- the generated table ------------------------------------------------------ */
+
+static void md_bounds(FILE *out, const sf_layer_field *f)
+{
+    switch (f->type) {
+    case SF_FT_BOOL:
+        fprintf(out, "true, false");
+        break;
+    case SF_FT_ENUM:
+        for (int c = 0; f->choices[c]; c++)
+            fprintf(out, "%s`\"%s\"`", c ? ", " : "", f->choices[c]);
+        break;
+    case SF_FT_FLOAT:
+        fprintf(out, "%c%g, %g%c", (f->flags & SF_FF_LO_OPEN) ? '(' : '[', f->lo, f->hi,
+                (f->flags & SF_FF_HI_OPEN) ? ')' : ']');
+        break;
+    case SF_FT_INT_PAIR:
+        fprintf(out, "[h, w], each in [%g, %g]", f->lo, f->hi);
+        break;
+    default:
+        fprintf(out, "[%g, %g]", f->lo, f->hi);
+        break;
+    }
+}
+
+static void md_default(FILE *out, const sf_layer_field *f)
+{
+    if (f->flags & SF_FF_REQUIRED)
+        fprintf(out, "required");
+    else if (f->flags & SF_FF_INFERRED)
+        fprintf(out, "inferred");
+    else if (!strcmp(f->key, "stride") && f->def == 0)
+        fprintf(out, "k");
+    else if (f->type == SF_FT_BOOL)
+        fprintf(out, "%s", f->def ? "true" : "false");
+    else if (f->type == SF_FT_ENUM)
+        fprintf(out, "`\"%s\"`", f->choices[(int)f->def]);
+    else
+        fprintf(out, "%g", f->def);
+}
+
+void sf_layer_kinds_markdown(FILE *out)
+{
+    fprintf(out, "<!-- Generated by `streamfeed --help-layers` from the layer-kind registry in gpu/layers.c; "
+                 "do not edit (make docs). -->\n"
+                 "# Layer kinds\n\n"
+                 "The kinds a `model.spec` layer list may use (docs/DESIGN.md, section 6). Every layer has a "
+                 "`\"type\"`, an optional `\"name\"` (the PyTorch `state_dict` prefix of its parameters and "
+                 "buffers; the layer index when absent) and an optional `\"inputs\"` (earlier layers by index "
+                 "or name, `-1` for the model input; the previous layer when absent), plus the fields below. "
+                 "Parameter keys are `name.suffix` in the order shown, which is also their order in the "
+                 "service's flat parameter buffer. The reference backend (`pipeline.backend=ref`) runs every "
+                 "kind; the CUDA column says what the CUDA backend runs, which refuses any other layer at model "
+                 "build, naming it.\n\n");
+    fprintf(out, "| kind | computes | inputs | parameters | buffers | CUDA |\n"
+                 "| --- | --- | --- | --- | --- | --- |\n");
+    for (int i = 0; i < SF_L_KIND_COUNT; i++) {
+        const sf_layer_kind_info *k = &kinds[i];
+        fprintf(out, "| `%s` | %s | ", k->name, k->torch);
+        if (k->min_in == k->max_in)
+            fprintf(out, "%d", k->min_in);
+        else
+            fprintf(out, "%d to %d", k->min_in, k->max_in);
+        fprintf(out, " | ");
+        sf_layer probe;
+        memset(&probe, 0, sizeof probe);
+        probe.kind = (sf_layer_kind)i;
+        probe.bias = 1;
+        sf_param_desc pd[2];
+        const int np = k->params ? k->params(&probe, pd) : 0;
+        for (int p = 0; p < np; p++)
+            fprintf(out, "%s`%s`", p ? ", " : "", pd[p].suffix);
+        fprintf(out, " | ");
+        for (const char *const *b = k->buffers; b && *b; b++)
+            fprintf(out, "%s`%s`", b == k->buffers ? "" : ", ", *b);
+        if (k->buffers)
+            fprintf(out, ", `num_batches_tracked`");
+        fprintf(out, " | ");
+        if (!k->cuda) {
+            fprintf(out, "no");
+        } else {
+            int n = 0;
+            for (const sf_layer_field *f = k->fields; f->key; f++)
+                if (f->flags & SF_FF_CUDA_DEFAULT)
+                    fprintf(out, "%s`%s`", n++ ? ", " : "yes; ", f->key);
+            fprintf(out, n ? " at the default only" : "yes");
+        }
+        fprintf(out, " |\n");
+    }
+    for (int i = 0; i < SF_L_KIND_COUNT; i++) {
+        const sf_layer_kind_info *k = &kinds[i];
+        fprintf(out, "\n## %s\n\n%s: %s.\n", k->name, k->torch, k->doc);
+        if (!k->fields[0].key) {
+            fprintf(out, "\nNo fields.\n");
+            continue;
+        }
+        fprintf(out, "\n| field | values | default | meaning |\n| --- | --- | --- | --- |\n");
+        for (const sf_layer_field *f = k->fields; f->key; f++) {
+            fprintf(out, "| `%s` | ", f->key);
+            md_bounds(out, f);
+            fprintf(out, " | ");
+            md_default(out, f);
+            fprintf(out, " | %s |\n", f->doc);
+        }
+    }
+}

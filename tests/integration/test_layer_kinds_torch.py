@@ -1,0 +1,161 @@
+"""The layer kinds beyond the convolution chain against PyTorch, on the
+reference backend (or the backend STREAMFEED_PARITY_BACKEND names) in fp32:
+small modules that use each of them -- grouped, depthwise and dilated
+convolutions, the activations, squeeze-and-excitation's broadcast multiply,
+ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
+DenseNet's concatenations, average pooling with ceil_mode and
+count_include_pad, maxpool2d with ceil_mode, batchnorm with its own eps and
+momentum, dropout -- start from the module's own state_dict
+(model.init_from, which checks every tensor's name and shape), train five SGD
+steps on the same batches with the loss, the gradient norm, the parameters,
+the buffers and the momentum compared after each, then an eval batch.
+Dropout and stochastic depth run with p = 0: the service draws its own masks
+(gpu/rng.h), not PyTorch's."""
+import json
+
+import pytest
+
+from test_torch_parity import SGD, Tol, _torch_deterministic, assert_eval_like_pytorch, batches, sgd, start_pair  # noqa: F401
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+# Layer norm and batchnorm subtract means, as in the batchnorm parity case.
+NORMS = Tol(norm=1e-5, param=2e-5, opt_tensor=2e-4, opt_all=1e-4)
+
+
+def _container(**members):
+    m = nn.Module()
+    for k, v in members.items():
+        setattr(m, k, v)
+    return m
+
+
+SE_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 1},
+    {"type": "conv2d", "name": "dw", "out": 4, "k": 3, "pad": 1, "stride": 2, "groups": 4},
+    {"type": "hardswish", "name": "a"},
+    {"type": "adaptive_avgpool2d", "name": "se.avgpool", "out": [1, 1]},
+    {"type": "conv2d", "name": "se.fc1", "out": 2, "k": 1}, {"type": "relu6", "name": "se.act"},
+    {"type": "conv2d", "name": "se.fc2", "out": 4, "k": 1}, {"type": "hardsigmoid", "name": "se.gate"},
+    {"type": "mul", "name": "se.mul", "inputs": ["a", "se.gate"]},
+    {"type": "conv2d", "name": "g", "out": 4, "k": 3, "pad": 2, "groups": 2, "dilation": 2},
+    {"type": "silu", "name": "act"}, {"type": "sigmoid", "name": "sig"},
+    {"type": "global_avgpool", "name": "gap"}, {"type": "flatten", "name": "flat"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 4, 1)
+        self.dw = nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=4)
+        self.se = _container(fc1=nn.Conv2d(4, 2, 1), fc2=nn.Conv2d(2, 4, 1))
+        self.g = nn.Conv2d(4, 4, 3, padding=2, dilation=2, groups=2)
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x):
+        a = nn.functional.hardswish(self.dw(self.c0(x)))
+        s = nn.functional.adaptive_avg_pool2d(a, 1)
+        gate = nn.functional.hardsigmoid(self.se.fc2(nn.functional.relu6(self.se.fc1(s))))
+        y = torch.sigmoid(nn.functional.silu(self.g(a * gate)))
+        return self.fc(torch.flatten(y.mean((2, 3)), 1))
+
+
+CONVNEXT_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "stem.0", "out": 4, "k": 2, "stride": 2},
+    {"type": "layernorm2d", "name": "stem.1", "eps": 1e-6},
+    {"type": "conv2d", "name": "block.0", "out": 4, "k": 3, "pad": 1, "groups": 4},
+    {"type": "layernorm2d", "name": "block.2", "eps": 1e-6},
+    {"type": "linear", "name": "block.3", "out": 8, "over": "channels"},
+    {"type": "gelu", "name": "block.4"},
+    {"type": "linear", "name": "block.5", "out": 4, "over": "channels"},
+    {"type": "layer_scale", "name": "ls"},
+    {"type": "stochastic_depth", "name": "sd", "p": 0.0, "mode": "row"},
+    {"type": "add", "name": "res", "inputs": ["stem.1", "sd"]},
+    {"type": "adaptive_avgpool2d", "name": "pool", "out": [2, 2]},
+    {"type": "flatten", "name": "flat"}, {"type": "layernorm", "name": "head.norm"},
+    {"type": "gelu", "name": "head.act", "approximate": "tanh"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class LayerNorm2d(nn.LayerNorm):
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class Permute(nn.Module):
+    def __init__(self, dims):
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x):
+        return x.permute(*self.dims)
+
+
+class ConvNeXtish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 4, 2, stride=2), LayerNorm2d(4, eps=1e-6))
+        self.block = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1, groups=4), Permute((0, 2, 3, 1)),
+                                   nn.LayerNorm(4, eps=1e-6), nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 4),
+                                   Permute((0, 3, 1, 2)))
+        self.ls = _container(layer_scale=nn.Parameter(torch.rand(4, 1, 1) + 0.5))
+        self.head = _container(norm=nn.LayerNorm(16))
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        s = self.stem(x)
+        y = s + self.block(s) * self.ls.layer_scale
+        y = torch.flatten(nn.functional.adaptive_avg_pool2d(y, (2, 2)), 1)
+        return self.fc(nn.functional.gelu(self.head.norm(y), approximate="tanh"))
+
+
+DENSE_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 1},
+    {"type": "conv2d", "name": "c1", "out": 2, "k": 3, "pad": 1},
+    {"type": "concat", "name": "cat1", "inputs": ["c0", "c1"]},
+    {"type": "batchnorm2d", "name": "bn", "eps": 0.001, "momentum": 0.2}, {"type": "relu", "name": "r"},
+    {"type": "conv2d", "name": "c2", "out": 2, "k": 1},
+    {"type": "concat", "name": "cat2", "inputs": ["c0", "c1", "c2"]},
+    {"type": "avgpool2d", "name": "p1", "k": 2},
+    {"type": "avgpool2d", "name": "p2", "k": 3, "stride": 2, "pad": 1, "ceil_mode": True,
+     "count_include_pad": False},
+    {"type": "maxpool2d", "name": "p3", "k": 2, "stride": 2, "ceil_mode": True},
+    {"type": "flatten", "name": "flat"}, {"type": "dropout", "name": "drop", "p": 0.0},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class Dense(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 4, 1)
+        self.c1 = nn.Conv2d(4, 2, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6, eps=1e-3, momentum=0.2)
+        self.c2 = nn.Conv2d(6, 2, 1)
+        self.p2 = nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)
+        self.p3 = nn.MaxPool2d(2, 2, ceil_mode=True)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        a = self.c0(x)
+        b = self.c1(a)
+        c = self.c2(torch.relu(self.bn(torch.cat([a, b], 1))))
+        y = self.p3(self.p2(nn.functional.avg_pool2d(torch.cat([a, b, c], 1), 2)))
+        return self.fc(nn.functional.dropout(torch.flatten(y, 1), 0.0, self.training))
+
+
+CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
+         "dense_block": (Dense, DENSE_SPEC)}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_model_of_these_kinds_trains_and_evaluates_like_pytorch(start_server, tmp_path, name):
+    make, spec = CASES[name]
+    torch.manual_seed(7)
+    pair = start_pair(start_server, tmp_path, make(), ["--model.spec", json.dumps(spec), *SGD], sgd(), tol=NORMS)
+    data = batches(11, 6, hw=8)
+    for images, labels in data[:5]:
+        pair.micro(images, labels)
+        pair.assert_same_state()
+    assert_eval_like_pytorch(pair, *data[5])

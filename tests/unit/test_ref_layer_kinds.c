@@ -1,0 +1,747 @@
+/* tests/unit/test_ref_layer_kinds.c — the layer kinds beyond the convolution
+ * chain (grouped and dilated conv2d, the activations, mul, layer_scale,
+ * avgpool2d, adaptive_avgpool2d, layernorm2d, layernorm, linear over
+ * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode):
+ *   - each kernel's backward against central finite differences of its
+ *     forward, in double (the _f64 functions of gpu/ref), and the float
+ *     forward against the double one;
+ *   - hand-computed values where PyTorch's rule is the point (pooling
+ *     windows and divisors, adaptive bins, the dropout masks' rate);
+ *   - each kind inside a model through the reference backend's vtable: the
+ *     parameters' analytic gradient against finite differences of the loss
+ *     (which checks the hooks' wiring: slices, broadcasts, several inputs),
+ *     fp32 and bf16 training steps, eval mode, and the registry's parameter
+ *     names and shapes;
+ *   - specs the registry refuses, naming the layer and the field. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+
+#include "gpu/backend.h"
+#include "gpu/layers.h"
+#include "gpu/ref/ref.h"
+#include "gpu/rng.h"
+#include "tests/unit/backend_step.h"
+
+#define REF_CHECK_SEED 4321
+#include "ref_check.h"
+
+static char err[256];
+
+/* ---- kernels against finite differences (double) ------------------------------ */
+
+#define MAXV 4
+
+/* A kernel under test: up to MAXV differentiable inputs v[k] of nv[k]
+ * elements, an output of ny; fwd computes y, bwd the gradients g[k] of
+ * sum(dy * y). */
+typedef struct kcase {
+    const char *name;
+    int nvars;
+    size_t nv[MAXV], ny;
+    double scale0;           /* v[0] drawn from [-scale0, scale0) (activations' kinks and ranges) */
+    int a[12];               /* the kernel's integer arguments */
+    void (*fwd)(const struct kcase *k, double *const *v, double *y);
+    void (*bwd)(const struct kcase *k, double *const *v, const double *dy, double *const *g);
+    void (*fwd_f32)(const struct kcase *k, float *const *v, float *y); /* NULL: no float check */
+} kcase;
+
+/* conv2d_gd: a = n c h w oc k stride pad dil groups */
+#define GD_OUT(k, d) sf_ref_conv_out((k)->a[d], (k)->a[5], (k)->a[6], (k)->a[7], (k)->a[8])
+static void gd_fwd(const kcase *k, double *const *v, double *y)
+{
+    const int *a = k->a;
+    sf_ref_conv2d_gd_fwd_f64(v[0], a[0], a[1], a[2], a[3], v[1], v[2], a[4], a[5], a[6], a[7], a[8], a[9], y);
+}
+static void gd_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    const int *a = k->a;
+    sf_ref_conv2d_gd_bwd_f64(v[0], a[0], a[1], a[2], a[3], v[1], a[4], a[5], a[6], a[7], a[8], a[9], dy, g[0], g[1],
+                             g[2]);
+}
+static void gd_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    const int *a = k->a;
+    sf_ref_conv2d_gd_fwd(v[0], a[0], a[1], a[2], a[3], v[1], v[2], a[4], a[5], a[6], a[7], a[8], a[9], y);
+}
+
+/* activations: a = act */
+static void act_fwd(const kcase *k, double *const *v, double *y) { sf_ref_act_fwd_f64(k->a[0], v[0], k->nv[0], y); }
+static void act_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_act_bwd_f64(k->a[0], v[0], dy, k->nv[0], g[0]);
+}
+static void act_fwd_f32(const kcase *k, float *const *v, float *y) { sf_ref_act_fwd(k->a[0], v[0], k->nv[0], y); }
+
+/* mul: a = n c hw bhw */
+static void mul_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_mul_fwd_f64(v[0], v[1], k->a[0], k->a[1], (size_t)k->a[2], (size_t)k->a[3], y);
+}
+static void mul_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_mul_bwd_f64(v[0], v[1], k->a[0], k->a[1], (size_t)k->a[2], (size_t)k->a[3], dy, g[0], g[1]);
+}
+
+/* channel scale: a = n c hw */
+static void cs_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_channel_scale_fwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], y);
+}
+static void cs_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_channel_scale_bwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], dy, g[0], g[1]);
+}
+
+/* avgpool2d: a = n c h w k stride pad cip oh ow */
+static void ap_fwd(const kcase *k, double *const *v, double *y)
+{
+    const int *a = k->a;
+    sf_ref_avgpool2d_fwd_f64(v[0], a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], y);
+}
+static void ap_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    const int *a = k->a;
+    sf_ref_avgpool2d_bwd_f64(dy, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], g[0]);
+}
+
+/* adaptive: a = n c h w oh ow */
+static void ad_fwd(const kcase *k, double *const *v, double *y)
+{
+    const int *a = k->a;
+    sf_ref_adaptive_avgpool2d_fwd_f64(v[0], a[0], a[1], a[2], a[3], a[4], a[5], y);
+}
+static void ad_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    const int *a = k->a;
+    sf_ref_adaptive_avgpool2d_bwd_f64(dy, a[0], a[1], a[2], a[3], a[4], a[5], g[0]);
+}
+
+/* layernorm: a = n c hw; v = x, gamma, beta */
+static void ln_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_layernorm_fwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], v[2], 1e-5, y);
+}
+static void ln_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_layernorm_bwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], 1e-5, dy, g[0], g[1], g[2]);
+}
+static void ln_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_layernorm_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], v[2], 1e-5f, y);
+}
+
+/* concat of three: a = n hw c0 c1 c2 */
+static void cat_fwd(const kcase *k, double *const *v, double *y)
+{
+    const int ct = k->a[2] + k->a[3] + k->a[4];
+    for (int j = 0, c0 = 0; j < 3; c0 += k->a[2 + j], j++)
+        sf_ref_concat_put_f64(v[j], k->a[0], k->a[2 + j], (size_t)k->a[1], ct, c0, y);
+}
+static void cat_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    const int ct = k->a[2] + k->a[3] + k->a[4];
+    for (int j = 0, c0 = 0; j < 3; c0 += k->a[2 + j], j++)
+        sf_ref_concat_take_f64(dy, k->a[0], k->a[2 + j], (size_t)k->a[1], ct, c0, g[j]);
+}
+
+/* dropout (a[0] = 0) or stochastic depth (1): a = kind n elems p*100; the backward is the forward of dy */
+static void dr_fwd(const kcase *k, double *const *v, double *y)
+{
+    const float p = (float)k->a[3] / 100.0f;
+    if (k->a[0] == 0)
+        sf_ref_dropout_fwd_f64(v[0], k->a[1], (size_t)k->a[2], p, 7, 9, 3, y);
+    else
+        sf_ref_stochastic_depth_fwd_f64(v[0], k->a[1], (size_t)k->a[2], p, 7, 9, 3, y);
+}
+static void dr_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    double *d = (double *)dy;
+    dr_fwd(k, &d, g[0]);
+}
+
+/* maxpool2d with the output size given (ceil_mode): a = n c h w k stride pad oh ow */
+static int32_t mp_idx[4096];
+static void mp_fwd(const kcase *k, double *const *v, double *y)
+{
+    const int *a = k->a;
+    sf_ref_maxpool2d_fwd_sized_f64(v[0], a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], y, mp_idx);
+}
+static void mp_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    const int *a = k->a;
+    double *y = malloc(sizeof(double) * k->ny);
+    mp_fwd(k, v, y);
+    sf_ref_maxpool2d_bwd_f64(dy, mp_idx, a[0], a[1], a[2], a[3], a[7], a[8], g[0]);
+    free(y);
+}
+
+static const kcase kcases[] = {
+    {"conv2d groups 2 dilation 2 pad 2", 3, {2 * 4 * 6 * 6, 6 * 2 * 9, 6}, 2 * 6 * 6 * 6, 1,
+     {2, 4, 6, 6, 6, 3, 1, 2, 2, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
+    {"conv2d depthwise stride 2 pad 1", 3, {2 * 3 * 5 * 6, 3 * 1 * 9, 3}, 2 * 3 * 3 * 3, 1,
+     {2, 3, 5, 6, 3, 3, 2, 1, 1, 3}, gd_fwd, gd_bwd, gd_fwd_f32},
+    {"conv2d groups 2 without bias", 2, {1 * 4 * 5 * 5, 4 * 2 * 4}, 1 * 4 * 4 * 4, 1,
+     {1, 4, 5, 5, 4, 2, 1, 0, 1, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
+    {"relu6", 1, {64}, 64, 8, {SF_ACT_RELU6}, act_fwd, act_bwd, act_fwd_f32},
+    {"sigmoid", 1, {64}, 64, 6, {SF_ACT_SIGMOID}, act_fwd, act_bwd, act_fwd_f32},
+    {"silu", 1, {64}, 64, 6, {SF_ACT_SILU}, act_fwd, act_bwd, act_fwd_f32},
+    {"hardswish", 1, {64}, 64, 5, {SF_ACT_HARDSWISH}, act_fwd, act_bwd, act_fwd_f32},
+    {"hardsigmoid", 1, {64}, 64, 5, {SF_ACT_HARDSIGMOID}, act_fwd, act_bwd, act_fwd_f32},
+    {"gelu", 1, {64}, 64, 4, {SF_ACT_GELU}, act_fwd, act_bwd, act_fwd_f32},
+    {"gelu tanh", 1, {64}, 64, 4, {SF_ACT_GELU_TANH}, act_fwd, act_bwd, act_fwd_f32},
+    {"mul same shape", 2, {2 * 3 * 5, 2 * 3 * 5}, 2 * 3 * 5, 1, {2, 3, 5, 5}, mul_fwd, mul_bwd, NULL},
+    {"mul broadcast [C,1,1]", 2, {2 * 3 * 5, 2 * 3}, 2 * 3 * 5, 1, {2, 3, 5, 1}, mul_fwd, mul_bwd, NULL},
+    {"layer scale", 2, {2 * 4 * 6, 4}, 2 * 4 * 6, 1, {2, 4, 6}, cs_fwd, cs_bwd, NULL},
+    {"avgpool2d k3 s2 p1 ceil, count_include_pad", 1, {2 * 2 * 6 * 6}, 2 * 2 * 4 * 4, 1,
+     {2, 2, 6, 6, 3, 2, 1, 1, 4, 4}, ap_fwd, ap_bwd, NULL},
+    {"avgpool2d k3 s2 p1 ceil, padding not counted", 1, {2 * 2 * 6 * 6}, 2 * 2 * 4 * 4, 1,
+     {2, 2, 6, 6, 3, 2, 1, 0, 4, 4}, ap_fwd, ap_bwd, NULL},
+    {"adaptive_avgpool2d 7x5 to 3x2", 1, {2 * 2 * 7 * 5}, 2 * 2 * 3 * 2, 1, {2, 2, 7, 5, 3, 2}, ad_fwd, ad_bwd, NULL},
+    {"layernorm over channels", 3, {2 * 5 * 6, 5, 5}, 2 * 5 * 6, 2, {2, 5, 6}, ln_fwd, ln_bwd, ln_fwd_f32},
+    {"layernorm over features", 3, {3 * 7, 7, 7}, 3 * 7, 2, {3, 7, 1}, ln_fwd, ln_bwd, ln_fwd_f32},
+    {"concat of three", 3, {2 * 2 * 4, 2 * 1 * 4, 2 * 3 * 4}, 2 * 6 * 4, 1, {2, 4, 2, 1, 3}, cat_fwd, cat_bwd, NULL},
+    {"dropout p 0.3", 1, {3 * 20}, 3 * 20, 1, {0, 3, 20, 30}, dr_fwd, dr_bwd, NULL},
+    {"stochastic depth p 0.5", 1, {8 * 6}, 8 * 6, 1, {1, 8, 6, 50}, dr_fwd, dr_bwd, NULL},
+    {"maxpool2d k3 s2 ceil", 1, {2 * 2 * 6 * 6}, 2 * 2 * 3 * 3, 1, {2, 2, 6, 6, 3, 2, 0, 3, 3}, mp_fwd, mp_bwd, NULL},
+};
+
+static double loss_of(const kcase *k, double *const *v, const double *r, double *y)
+{
+    k->fwd(k, v, y);
+    return dot(r, y, k->ny);
+}
+
+static void each_kernels_backward_matches_finite_differences(void **state)
+{
+    for (size_t ci = 0; ci < sizeof kcases / sizeof kcases[0]; ci++) {
+        const kcase *k = &kcases[ci];
+        double *v[MAXV] = {0}, *g[MAXV] = {0};
+        for (int j = 0; j < k->nvars; j++) {
+            v[j] = rand_vec(k->nv[j]);
+            g[j] = calloc(k->nv[j], sizeof(double));
+            if (j == 0)
+                for (size_t e = 0; e < k->nv[0]; e++)
+                    v[0][e] *= k->scale0;
+        }
+        double *r = rand_vec(k->ny), *y = calloc(k->ny, sizeof(double));
+        k->bwd(k, v, r, g);
+        for (int j = 0; j < k->nvars; j++) {
+            double *fd = calloc(k->nv[j], sizeof(double));
+            for (size_t e = 0; e < k->nv[j]; e++) {
+                const double keep = v[j][e];
+                v[j][e] = keep + FD_EPS;
+                const double lp = loss_of(k, v, r, y);
+                v[j][e] = keep - FD_EPS;
+                const double lm = loss_of(k, v, r, y);
+                v[j][e] = keep;
+                fd[e] = (lp - lm) / (2 * FD_EPS);
+            }
+            const double rel = rel_err_d(g[j], fd, k->nv[j]);
+            if (!(rel < FD_TOL))
+                fail_msg("%s: gradient of input %d differs from finite differences (relative %.3g)", k->name, j, rel);
+            free(fd);
+        }
+        if (k->fwd_f32) {
+            float *vf[MAXV] = {0};
+            for (int j = 0; j < k->nvars; j++) {
+                vf[j] = malloc(sizeof(float) * k->nv[j]);
+                for (size_t e = 0; e < k->nv[j]; e++) {
+                    vf[j][e] = (float)v[j][e];
+                    v[j][e] = (double)vf[j][e]; /* the same inputs in both precisions */
+                }
+            }
+            float *yf = malloc(sizeof(float) * k->ny);
+            k->fwd(k, v, y);
+            k->fwd_f32(k, vf, yf);
+            const double rel = rel_err_fd(yf, y, k->ny);
+            if (!(rel < 1e-5))
+                fail_msg("%s: float forward differs from double by %.3g", k->name, rel);
+            for (int j = 0; j < k->nvars; j++)
+                free(vf[j]);
+            free(yf);
+        }
+        for (int j = 0; j < k->nvars; j++) {
+            free(v[j]);
+            free(g[j]);
+        }
+        free(r);
+        free(y);
+    }
+}
+
+/* ---- hand-computed values ------------------------------------------------------- */
+
+static void avgpool_divisors_and_adaptive_bins_follow_pytorch(void **state)
+{
+    /* 1x1x3x3 of ones, k2 s2 p1 ceil: output 2x2 (PyTorch: ceil((3+2-2)/2)+1 = 3, the
+     * last window starts at 4 >= 3+1, so 2). */
+    double x[9], y[4];
+    for (int i = 0; i < 9; i++)
+        x[i] = 1;
+    sf_ref_avgpool2d_fwd_f64(x, 1, 1, 3, 3, 2, 2, 1, 1, 2, 2, y);
+    /* With padding counted: corner window covers 1 real tap of 4. */
+    assert_true(fabs(y[0] - 0.25) < 1e-12 && fabs(y[1] - 0.5) < 1e-12 && fabs(y[3] - 1.0) < 1e-12);
+    sf_ref_avgpool2d_fwd_f64(x, 1, 1, 3, 3, 2, 2, 1, 0, 2, 2, y);
+    for (int i = 0; i < 4; i++)
+        assert_true(fabs(y[i] - 1.0) < 1e-12);
+    /* Adaptive 5 -> 3: bins [0,2), [1,4), [3,5) (overlapping). */
+    double r[5] = {1, 2, 3, 4, 5}, o[3];
+    sf_ref_adaptive_avgpool2d_fwd_f64(r, 1, 1, 1, 5, 1, 3, o);
+    assert_true(fabs(o[0] - 1.5) < 1e-12 && fabs(o[1] - 3.0) < 1e-12 && fabs(o[2] - 4.5) < 1e-12);
+}
+
+static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
+{
+    enum { N = 20000 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N), *y2 = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++)
+        x[i] = 1.0f;
+    sf_ref_dropout_fwd(x, 1, N, 0.25f, 5, 6, 2, y);
+    int kept = 0;
+    for (int i = 0; i < N; i++) {
+        if (y[i] != 0.0f) {
+            kept++;
+            assert_true(fabsf(y[i] - 1.0f / 0.75f) < 1e-6f);
+        }
+    }
+    assert_true(kept > 0.72 * N && kept < 0.78 * N);
+    /* The same keys draw the same mask; another batch another one. */
+    sf_ref_dropout_fwd(x, 1, N, 0.25f, 5, 6, 2, y2);
+    assert_memory_equal(y, y2, sizeof(float) * N);
+    sf_ref_dropout_fwd(x, 1, N, 0.25f, 5, 7, 2, y2);
+    assert_true(memcmp(y, y2, sizeof(float) * N) != 0);
+    /* p = 1 zeroes everything, p = 0 is the identity. */
+    sf_ref_dropout_fwd(x, 1, N, 1.0f, 5, 6, 2, y);
+    for (int i = 0; i < N; i++)
+        assert_true(y[i] == 0.0f);
+    sf_ref_stochastic_depth_fwd(x, 4, N / 4, 0.0f, 5, 6, 2, y);
+    assert_memory_equal(x, y, sizeof(float) * N);
+    free(x);
+    free(y);
+    free(y2);
+}
+
+/* ---- the kinds inside models, through the reference backend ------------------- */
+
+#define BATCH 16
+#define HW 8
+
+/* Grouped and dilated convolution, SiLU. */
+static const char *const GROUPED_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":1},"
+    "{\"type\":\"conv2d\",\"name\":\"g\",\"out\":6,\"k\":3,\"pad\":2,\"groups\":3,\"dilation\":2},"
+    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+
+/* MobileNetV3's block: depthwise conv, hardswish, squeeze-and-excitation
+ * (adaptive pool, 1x1 convs, hardsigmoid, mul broadcast), sigmoid, relu6. */
+static const char *const SE_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":4,\"k\":1},"
+    "{\"type\":\"conv2d\",\"name\":\"dw\",\"out\":4,\"k\":3,\"pad\":1,\"stride\":2,\"groups\":4},"
+    "{\"type\":\"hardswish\",\"name\":\"a\"},"
+    "{\"type\":\"adaptive_avgpool2d\",\"name\":\"se.avgpool\",\"out\":[1,1]},"
+    "{\"type\":\"conv2d\",\"name\":\"se.fc1\",\"out\":2,\"k\":1},{\"type\":\"relu6\",\"name\":\"se.act\"},"
+    "{\"type\":\"conv2d\",\"name\":\"se.fc2\",\"out\":4,\"k\":1},"
+    "{\"type\":\"hardsigmoid\",\"name\":\"se.gate\"},"
+    "{\"type\":\"mul\",\"name\":\"se.mul\",\"inputs\":[\"a\",\"se.gate\"]},"
+    "{\"type\":\"sigmoid\",\"name\":\"s\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+
+/* ConvNeXt's block: layernorm2d, depthwise conv, linear over channels, GELU,
+ * layer scale, stochastic depth, residual; a head with layernorm and the
+ * tanh GELU. */
+static const char *const CONVNEXT_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"stem.0\",\"out\":4,\"k\":2,\"stride\":2},"
+    "{\"type\":\"layernorm2d\",\"name\":\"stem.1\",\"eps\":1e-6},"
+    "{\"type\":\"conv2d\",\"name\":\"block.0\",\"out\":4,\"k\":3,\"pad\":1,\"groups\":4},"
+    "{\"type\":\"layernorm2d\",\"name\":\"block.2\"},"
+    "{\"type\":\"linear\",\"name\":\"block.3\",\"out\":8,\"over\":\"channels\"},"
+    "{\"type\":\"gelu\",\"name\":\"block.4\"},"
+    "{\"type\":\"linear\",\"name\":\"block.5\",\"out\":4,\"over\":\"channels\"},"
+    "{\"type\":\"layer_scale\",\"name\":\"blk\"},"
+    "{\"type\":\"stochastic_depth\",\"name\":\"sd\",\"p\":0.25,\"mode\":\"row\"},"
+    "{\"type\":\"add\",\"name\":\"res\",\"inputs\":[\"stem.1\",\"sd\"]},"
+    "{\"type\":\"adaptive_avgpool2d\",\"name\":\"pool\",\"out\":[2,2]},"
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"layernorm\",\"name\":\"head.norm\"},"
+    "{\"type\":\"gelu\",\"name\":\"head.act\",\"approximate\":\"tanh\"},"
+    "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+
+/* DenseNet's concatenations, batchnorm with eps and momentum, average
+ * pooling with ceil_mode, maxpool2d with ceil_mode, dropout. */
+static const char *const DENSE_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":4,\"k\":1},"
+    "{\"type\":\"conv2d\",\"name\":\"c1\",\"out\":2,\"k\":3,\"pad\":1},"
+    "{\"type\":\"concat\",\"name\":\"cat1\",\"inputs\":[\"c0\",\"c1\"]},"
+    "{\"type\":\"batchnorm2d\",\"name\":\"bn\",\"eps\":0.001,\"momentum\":0.2},{\"type\":\"relu\",\"name\":\"r\"},"
+    "{\"type\":\"conv2d\",\"name\":\"c2\",\"out\":2,\"k\":1},"
+    "{\"type\":\"concat\",\"name\":\"cat2\",\"inputs\":[\"c0\",\"c1\",\"c2\"]},"
+    "{\"type\":\"avgpool2d\",\"name\":\"p1\",\"k\":2},"
+    "{\"type\":\"avgpool2d\",\"name\":\"p2\",\"k\":3,\"stride\":2,\"pad\":1,\"ceil_mode\":true,"
+    "\"count_include_pad\":false},"
+    "{\"type\":\"maxpool2d\",\"name\":\"p3\",\"k\":2,\"stride\":2,\"ceil_mode\":true},"
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"dropout\",\"name\":\"drop\",\"p\":0.25},"
+    "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+
+static const char *const *const SPECS[] = {&GROUPED_SPEC, &SE_SPEC, &CONVNEXT_SPEC, &DENSE_SPEC};
+static const char *const SPEC_NAMES[] = {"grouped", "squeeze-excitation", "convnext", "densenet"};
+
+typedef struct rig {
+    sf_backend *be;
+    sf_model m;
+    sf_train_cfg cfg;
+    sf_aug_pipeline p;
+    sf_aug_plan plan;
+    sf_aug_sample s[BATCH];
+    uint8_t images[BATCH * HW * HW * 3];
+    uint8_t labels[BATCH];
+} rig;
+
+static rig *rig_new_on_rank(const char *spec, sf_precision prec, const sf_dist *dist)
+{
+    rig *r = calloc(1, sizeof *r);
+    r->be = sf_backend_ref_new(err, sizeof err);
+    assert_non_null(r->be);
+    if (sf_model_from_json(spec, &r->m, err, sizeof err) != 0)
+        fail_msg("spec: %s", err);
+    r->cfg.precision = prec;
+    r->cfg.seed = 3;
+    r->cfg.max_batch = BATCH;
+    r->cfg.optim = SF_OPT_SGD;
+    r->cfg.dist = dist;
+    if (r->be->i->build(r->be, &r->m, &r->cfg, err, sizeof err) != 0)
+        fail_msg("build: %s", err);
+    assert_int_equal(sf_aug_parse("[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"
+                                  "{\"op\":\"normalize\",\"mean\":[0.3],\"std\":[0.3]}]",
+                                  &r->p, err, sizeof err), 0);
+    assert_int_equal(sf_aug_plan_make(&r->p, HW, HW, 3, &r->plan, err, sizeof err), 0);
+    return r;
+}
+
+static rig *rig_new(const char *spec, sf_precision prec) { return rig_new_on_rank(spec, prec, NULL); }
+
+static void rig_free(rig *r)
+{
+    r->be->i->destroy(r->be);
+    free(r);
+}
+
+static sf_batch batch_of(rig *r, uint64_t seq, float lr)
+{
+    for (int i = 0; i < BATCH; i++) {
+        const int q = (int)(sf_hash4(11, seq, i, 0) % 4);
+        r->labels[i] = (uint8_t)q;
+        for (int p = 0; p < HW * HW; p++)
+            for (int ch = 0; ch < 3; ch++)
+                r->images[((size_t)i * HW * HW + p) * 3 + ch] =
+                    (uint8_t)(sf_hash4(seq, i, p, ch) % 100 + (ch == q ? 100 : 0));
+    }
+    sf_aug_gen(&r->p, &r->plan, 1, seq, BATCH, r->s);
+    sf_batch b = u8_nhwc_batch(BATCH, HW, HW, 3, r->images, r->labels, &r->plan, r->s, lr);
+    b.id = seq + 1;
+    b.seq = seq;
+    return b;
+}
+
+/* SGD with lr 1 and no momentum takes p1 = p0 - grad; each probed
+ * parameter's finite difference of the loss (same batch, so the same dropout
+ * masks) must agree. */
+static void each_kind_trains_in_a_model_with_gradients_matching_finite_differences(void **state)
+{
+    for (size_t si = 0; si < sizeof SPECS / sizeof SPECS[0]; si++) {
+        rig *r = rig_new(*SPECS[si], SF_PREC_FP32);
+        const size_t np = r->m.n_params;
+        float *p0 = malloc(np * sizeof *p0), *p1 = malloc(np * sizeof *p1), *pp = malloc(np * sizeof *pp);
+        assert_int_equal(r->be->i->get_params(r->be, p0), 0);
+        sf_batch b = batch_of(r, 5, 1.0f);
+        trained_step(r->be, &b);
+        assert_int_equal(r->be->i->get_params(r->be, p1), 0);
+        b.hyper.lr = 0.0f;
+        int checked = 0, bad = 0;
+        for (size_t e = 0; e < np; e += 3) {
+            const double h = 2e-3;
+            memcpy(pp, p0, np * sizeof *pp);
+            pp[e] = (float)(p0[e] + h);
+            r->be->i->set_params(r->be, pp);
+            const double lp = trained_step(r->be, &b).loss;
+            pp[e] = (float)(p0[e] - h);
+            r->be->i->set_params(r->be, pp);
+            const double lm = trained_step(r->be, &b).loss;
+            const double fd = (lp - lm) / (2 * h), an = (double)p0[e] - (double)p1[e];
+            if (fabs(fd - an) > 2e-3 + 0.05 * fabs(an) && bad++ < 5)
+                print_error("%s: param %zu: analytic %.6g finite difference %.6g\n", SPEC_NAMES[si], e, an, fd);
+            checked++;
+        }
+        if (bad)
+            fail_msg("%s: %d of %d parameters' gradients differ from finite differences", SPEC_NAMES[si], bad,
+                     checked);
+        assert_true(checked > 10);
+        free(p0);
+        free(p1);
+        free(pp);
+        rig_free(r);
+    }
+}
+
+/* bf16 runs every kind of these models: finite losses close to fp32's from the same
+ * initial weights, and the logits are bf16 values. */
+static void each_kind_trains_in_bf16_close_to_fp32(void **state)
+{
+    for (size_t si = 0; si < sizeof SPECS / sizeof SPECS[0]; si++) {
+        rig *a = rig_new(*SPECS[si], SF_PREC_FP32), *z = rig_new(*SPECS[si], SF_PREC_BF16);
+        float logits[BATCH * 4];
+        for (uint64_t s = 0; s < 3; s++) {
+            sf_batch b = batch_of(a, s, 0.05f);
+            const double la = trained_step(a->be, &b).loss;
+            sf_batch bz = batch_of(z, s, 0.05f);
+            bz.logits_out = logits;
+            const double lz = trained_step(z->be, &bz).loss;
+            if (fabs(la - lz) > 0.05 * fabs(la) + 0.02)
+                fail_msg("%s step %d: bf16 loss %.5f, fp32 %.5f", SPEC_NAMES[si], (int)s, lz, la);
+            for (int i = 0; i < BATCH * 4; i++)
+                assert_true(logits[i] == sf_bf16_round(logits[i]));
+        }
+        rig_free(a);
+        rig_free(z);
+    }
+}
+
+/* Eval mode: dropout and stochastic depth are the identity, so the same
+ * batch gives the same logits twice and training draws differ by batch. */
+static void dropout_and_stochastic_depth_are_identity_in_eval(void **state)
+{
+    for (int si = 2; si <= 3; si++) {
+        rig *r = rig_new(*SPECS[si], SF_PREC_FP32);
+        float l1[BATCH * 4], l2[BATCH * 4], l3[BATCH * 4];
+        sf_batch b = batch_of(r, 1, 0.0f);
+        b.eval = 1;
+        b.logits_out = l1;
+        submit_step(r->be, &b);
+        b.seq = 2; /* another batch sequence: eval draws nothing */
+        b.logits_out = l2;
+        submit_step(r->be, &b);
+        assert_memory_equal(l1, l2, sizeof l1);
+        b.eval = 0;
+        b.logits_out = l3; /* training with lr 0: the masks show in the logits */
+        trained_step(r->be, &b);
+        assert_true(memcmp(l1, l3, sizeof l1) != 0);
+        rig_free(r);
+    }
+}
+
+/* Ranks of a data-parallel job train different samples at the same batch
+ * index: each draws its own masks, and each rank's draws are reproducible.
+ * (world 1 keeps the reference from all-reducing: only the rank differs.) */
+static void each_rank_draws_its_own_dropout_masks(void **state)
+{
+    static const sf_dist rank0 = {.rank = 0, .world = 1}, rank1 = {.rank = 1, .world = 1};
+    float l[3][BATCH * 4];
+    const sf_dist *ranks[3] = {&rank0, &rank1, &rank1};
+    for (int k = 0; k < 3; k++) {
+        rig *r = rig_new_on_rank(DENSE_SPEC, SF_PREC_FP32, ranks[k]);
+        sf_batch b = batch_of(r, 1, 0.0f);
+        b.logits_out = l[k];
+        trained_step(r->be, &b);
+        rig_free(r);
+    }
+    assert_true(memcmp(l[0], l[1], sizeof l[0]) != 0);
+    assert_memory_equal(l[1], l[2], sizeof l[1]);
+}
+
+/* ---- the registry: names, shapes, refusals ------------------------------------ */
+
+static const sf_layer *layer_named(const sf_model *m, const char *name)
+{
+    for (int i = 0; i < m->n_layers; i++)
+        if (!strcmp(m->layers[i].name, name))
+            return &m->layers[i];
+    fail_msg("no layer %s", name);
+    return NULL;
+}
+
+static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
+{
+    static sf_model m;
+    sf_param_desc pd[2];
+    assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);
+    const sf_layer *g = layer_named(&m, "g");
+    assert_int_equal(sf_layer_params(g, pd), 2);
+    assert_string_equal(pd[0].suffix, "weight");
+    assert_int_equal(pd[0].ndim, 4);
+    assert_true(pd[0].shape[0] == 6 && pd[0].shape[1] == 2 && pd[0].shape[2] == 3 && pd[0].shape[3] == 3);
+    assert_int_equal(g->n_w, 6 * 2 * 9);
+    assert_int_equal(g->out_h, 8); /* 8 + 4 - 2*2 - 1 + 1 */
+
+    assert_int_equal(sf_model_from_json(CONVNEXT_SPEC, &m, err, sizeof err), 0);
+    const sf_layer *ls = layer_named(&m, "blk");
+    assert_int_equal(sf_layer_params(ls, pd), 1);
+    assert_string_equal(pd[0].suffix, "layer_scale");
+    assert_true(pd[0].ndim == 3 && pd[0].shape[0] == 4 && pd[0].shape[1] == 1 && pd[0].shape[2] == 1);
+    const sf_layer *pw = layer_named(&m, "block.3");
+    assert_int_equal(sf_layer_params(pw, pd), 2);
+    assert_true(pd[0].ndim == 2 && pd[0].shape[0] == 8 && pd[0].shape[1] == 4);
+    assert_true(pw->out_ch == 8 && pw->out_h == 4 && pw->out_w == 4);
+    assert_int_equal(sf_layer_out_is_features(pw), 0);
+    const sf_layer *ln = layer_named(&m, "head.norm");
+    assert_int_equal(sf_layer_params(ln, pd), 2);
+    assert_true(pd[0].shape[0] == 16 && !strcmp(pd[1].suffix, "bias"));
+    assert_true(fabsf(layer_named(&m, "stem.1")->eps - 1e-6f) < 1e-12f);
+
+    assert_int_equal(sf_model_from_json(DENSE_SPEC, &m, err, sizeof err), 0);
+    assert_int_equal(layer_named(&m, "cat2")->out_ch, 8);
+    assert_int_equal(layer_named(&m, "p2")->out_h, 3);
+    assert_int_equal(layer_named(&m, "p3")->out_h, 2);
+    assert_true(fabsf(layer_named(&m, "bn")->momentum - 0.2f) < 1e-7f);
+    /* Every kind has its row and its hooks. */
+    for (int k = 0; k < SF_L_KIND_COUNT; k++) {
+        const sf_layer_kind_info *info = sf_layer_info((sf_layer_kind)k);
+        assert_non_null(info);
+        assert_true(info->view || (info->ref_fwd && info->ref_bwd));
+        assert_int_equal(sf_layer_kind_from_name(info->name), k);
+    }
+}
+
+static void the_cuda_check_names_the_layer_and_the_reference_backend(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_json(SE_SPEC, &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 0, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 1, err, sizeof err), -1); /* groups 4 */
+    assert_non_null(strstr(err, "\"dw\""));
+    assert_non_null(strstr(err, "groups"));
+    assert_non_null(strstr(err, "pipeline.backend=ref"));
+    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "hardswish"));
+    assert_non_null(strstr(err, "layer 2 \"a\""));
+}
+
+static void expect_json_error(const char *js, const char *needle1, const char *needle2)
+{
+    static sf_model m;
+    err[0] = 0;
+    assert_int_equal(sf_model_from_json(js, &m, err, sizeof err), -1);
+    if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
+        fail_msg("error \"%s\" should mention \"%s\" and \"%s\"", err, needle1, needle2 ? needle2 : "");
+}
+
+#define HEAD "{\"input\":[4,8,8],\"classes\":4,\"layers\":["
+static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **state)
+{
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":6,\"k\":1,\"groups\":3}]}", "layer 0", "groups");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":1,\"dilation\":0}]}", "layer 0", "dilation");
+    expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"k\":2},"
+                      "{\"type\":\"concat\",\"inputs\":[0,1]}]}", "layer 2", "equal H,W");
+    expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"concat\",\"inputs\":[0]}]}", "layer 1", "concat");
+    expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"k\":2},"
+                      "{\"type\":\"mul\",\"inputs\":[0,1]}]}", "layer 2", "[4,1,1]");
+    expect_json_error(HEAD "{\"type\":\"stochastic_depth\",\"p\":0.1,\"mode\":\"batch\"}]}", "layer 0", "\"row\"");
+    expect_json_error(HEAD "{\"type\":\"stochastic_depth\"}]}", "layer 0", "\"p\"");
+    expect_json_error(HEAD "{\"type\":\"dropout\",\"p\":1.5}]}", "layer 0", "\"p\"");
+    expect_json_error(HEAD "{\"type\":\"gelu\",\"approximate\":\"fast\"}]}", "layer 0", "approximate");
+    expect_json_error(HEAD "{\"type\":\"layernorm\"}]}", "layer 0", "layernorm2d");
+    expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"eps\":0}]}", "layer 0", "eps");
+    expect_json_error(HEAD "{\"type\":\"adaptive_avgpool2d\",\"out\":[0,1]}]}", "layer 0", "\"out\"");
+    expect_json_error(HEAD "{\"type\":\"adaptive_avgpool2d\",\"out\":3}]}", "layer 0", "\"out\"");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4,\"over\":\"channels\"}]}",
+                      "layer 1", "flattened");
+    expect_json_error(HEAD "{\"type\":\"maxpool2d\",\"k\":2,\"dilation\":2}]}", "layer 0", "dilation");
+    expect_json_error(HEAD "{\"type\":\"avgpool2d\",\"k\":2,\"pad\":2}]}", "layer 0", "pad");
+}
+
+static void expect_fields_json(const sf_layer *L, const char *want)
+{
+    cJSON *o = cJSON_CreateObject();
+    sf_layer_fields_to_json(L, o);
+    char *got = cJSON_PrintUnformatted(o);
+    if (strcmp(got, want))
+        fail_msg("%s fields written as %s, want %s", L->name, got, want);
+    cJSON_free(got);
+    cJSON_Delete(o);
+}
+
+/* A checkpoint's metadata carries the model spec, compared as a string when
+ * a checkpoint is loaded: fields without SF_FF_IF_SET are always written, the
+ * SF_FF_IF_SET ones only when set, so a model that sets none of those reads
+ * back the same string from files written by builds without them. */
+static void fields_marked_if_set_are_written_back_only_when_set(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
+                                        "{\"type\":\"batchnorm2d\"},{\"type\":\"maxpool2d\",\"k\":2},"
+                                        "{\"type\":\"conv2d\",\"out\":4,\"k\":1,\"groups\":2},"
+                                        "{\"type\":\"batchnorm2d\",\"momentum\":0.5},"
+                                        "{\"type\":\"maxpool2d\",\"k\":2,\"ceil_mode\":true},"
+                                        "{\"type\":\"avgpool2d\",\"k\":1},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":3,\"stride\":1,\"pad\":1,\"bias\":false}");
+    expect_fields_json(&m.layers[1], "{}");
+    expect_fields_json(&m.layers[2], "{\"k\":2,\"stride\":2,\"pad\":0}");
+    expect_fields_json(&m.layers[3], "{\"out\":4,\"k\":1,\"stride\":1,\"pad\":0,\"bias\":true,\"groups\":2}");
+    expect_fields_json(&m.layers[4], "{\"momentum\":0.5}");
+    expect_fields_json(&m.layers[5], "{\"k\":2,\"stride\":2,\"pad\":0,\"ceil_mode\":true}");
+    expect_fields_json(&m.layers[6], "{\"k\":1,\"stride\":1,\"pad\":0,\"ceil_mode\":false,\"count_include_pad\":true}");
+    expect_fields_json(&m.layers[8], "{\"out\":4,\"bias\":true}");
+}
+
+static void a_densenet_sized_concat_chain_fits_the_layer_limit(void **state)
+{
+    /* 430 layers: 1x1 convs of the input and concats of up to 32 earlier
+     * ones (a dense block's growing input list), then flatten and linear. */
+    const int nl = 430;
+    const size_t cap = 64 + (size_t)nl * 200;
+    char *js = malloc(cap);
+    size_t at = (size_t)snprintf(js, cap, "{\"input\":[2,2,2],\"classes\":2,\"layers\":["
+                                          "{\"type\":\"conv2d\",\"out\":1,\"k\":1}");
+    for (int i = 1; i < nl - 2; i++) {
+        if (i % 2) {
+            at += (size_t)snprintf(js + at, cap - at, ",{\"type\":\"conv2d\",\"out\":1,\"k\":1,\"inputs\":[-1]}");
+            continue;
+        }
+        at += (size_t)snprintf(js + at, cap - at, ",{\"type\":\"concat\",\"inputs\":[0");
+        for (int j = i - 1, n = 1; j >= 1 && n < 32; j -= 2, n++)
+            at += (size_t)snprintf(js + at, cap - at, ",%d", j);
+        at += (size_t)snprintf(js + at, cap - at, "]}");
+    }
+    snprintf(js + at, cap - at, ",{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":2}]}");
+    static sf_model m;
+    if (sf_model_from_json(js, &m, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(m.n_layers, nl);
+    assert_int_equal(m.layers[nl - 4].kind, SF_L_CONCAT);
+    assert_int_equal(m.layers[nl - 4].n_in, 32);
+    assert_int_equal(m.layers[nl - 4].out_ch, 32);
+    free(js);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(each_kernels_backward_matches_finite_differences),
+        cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
+        cmocka_unit_test(dropout_keeps_about_one_minus_p_and_scales_the_kept),
+        cmocka_unit_test(each_kind_trains_in_a_model_with_gradients_matching_finite_differences),
+        cmocka_unit_test(each_kind_trains_in_bf16_close_to_fp32),
+        cmocka_unit_test(dropout_and_stochastic_depth_are_identity_in_eval),
+        cmocka_unit_test(each_rank_draws_its_own_dropout_masks),
+        cmocka_unit_test(parameters_are_named_and_shaped_as_pytorch_does),
+        cmocka_unit_test(the_cuda_check_names_the_layer_and_the_reference_backend),
+        cmocka_unit_test(bad_specs_of_these_kinds_fail_naming_the_layer_and_field),
+        cmocka_unit_test(fields_marked_if_set_are_written_back_only_when_set),
+        cmocka_unit_test(a_densenet_sized_concat_chain_fits_the_layer_limit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

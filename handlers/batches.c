@@ -91,8 +91,7 @@ static int reply_job(sf_req *r, uint64_t id, int status)
 /* ?wait=1: hold the reply until the job is done, without holding a thread. */
 static int wait_for_job(sf_req *r, uint64_t id)
 {
-    sf_config c;
-    sf_config_get(&c);
+    const sf_config *c = sf_config_cur();
     for (;;) {
         uint64_t gen = sf_http_gen(r->app->http, SF_WAIT_JOB);
         sf_job job;
@@ -124,7 +123,7 @@ static int wait_for_job(sf_req *r, uint64_t id)
             }
             return sf_reply_json(r, 202, sf_job_to_json(&job)); /* still running: the state so far */
         }
-        if (sf_http_wait(r, SF_WAIT_JOB, id, gen, c.pipeline.wait_timeout_ms) == 0)
+        if (sf_http_wait(r, SF_WAIT_JOB, id, gen, c->pipeline.wait_timeout_ms) == 0)
             return 0;
     }
 }
@@ -212,8 +211,7 @@ int h_batches_logits(sf_req *r)
         char q[33];
         return sf_reply_error(r, 400, "bad_query", "wait must be 0 or 1, not \"%s\"", quotable(w, q));
     }
-    sf_config c;
-    sf_config_get(&c);
+    const sf_config *c = sf_config_cur();
     for (;;) {
         uint64_t gen = sf_http_gen(r->app->http, SF_WAIT_JOB);
         sf_job job;
@@ -243,7 +241,7 @@ int h_batches_logits(sf_req *r)
             return reply_kept(r, o);
         if (!(w && strcmp(w, "1") == 0) || r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN)
             return sf_reply_json(r, 202, sf_job_to_json(&job)); /* still running: the state so far */
-        if (sf_http_wait(r, SF_WAIT_JOB, id, gen, c.pipeline.wait_timeout_ms) == 0)
+        if (sf_http_wait(r, SF_WAIT_JOB, id, gen, c->pipeline.wait_timeout_ms) == 0)
             return 0;
     }
 }

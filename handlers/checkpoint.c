@@ -274,11 +274,10 @@ int h_checkpoint_put(sf_req *r)
 /* The JSON body, buffered in r->body (which the HTTP layer frees). */
 static int json_data(sf_req *r, const uint8_t *data, size_t *len)
 {
-    sf_config c;
-    sf_config_get(&c);
-    if (r->body_len + *len > (uint64_t)c.http.max_json_bytes)
+    const sf_config *c = sf_config_cur();
+    if (r->body_len + *len > (uint64_t)c->http.max_json_bytes)
         return sf_reply_error(r, 413, "body_too_large", "body exceeds the limit of %lld bytes (http.max_json_bytes)",
-                              (long long)c.http.max_json_bytes), -1;
+                              (long long)c->http.max_json_bytes), -1;
     char *nb = realloc(r->body, r->body_len + *len + 1);
     if (!nb)
         return sf_reply_error(r, 503, "out_of_memory", "cannot buffer the request body"), -1;
@@ -292,9 +291,7 @@ static int json_data(sf_req *r, const uint8_t *data, size_t *len)
 
 static uint64_t json_max_body(sf_app *app)
 {
-    sf_config c;
-    sf_config_get(&c);
-    return (uint64_t)c.http.max_json_bytes;
+    return (uint64_t)sf_config_cur()->http.max_json_bytes;
 }
 
 const sf_stream_ops h_checkpoint_json_stream = {json_data, ckpt_done, json_max_body, NULL, "http.max_json_bytes"};

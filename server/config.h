@@ -25,6 +25,11 @@
 
 #define SF_CFG_STR 256
 #define SF_CFG_JSON 8192
+/* model.spec: an exported torchvision model's layer list runs to ~60 KB
+ * (densenet121's 430 layers), so sf_config is ~160 KB: code that runs per
+ * batch or per body chunk reads it through sf_config_cur() (a per-thread
+ * copy, refreshed on change) rather than copying it. */
+#define SF_CFG_SPEC_JSON (128 * 1024)
 
 typedef struct sf_config {
     struct {
@@ -72,7 +77,7 @@ typedef struct sf_config {
     } metrics;
     struct {
         char preset[32];
-        char spec[SF_CFG_JSON]; /* JSON layer list; overrides preset when set */
+        char spec[SF_CFG_SPEC_JSON]; /* JSON layer list; overrides preset when set */
         char precision[16];     /* fp32 | tf32 | bf16 */
         int64_t seed;
         int max_batch;

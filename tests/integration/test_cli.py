@@ -193,14 +193,15 @@ def _make_run_command():
     return shlex.split(lines[-1])[1:]
 
 
-def test_the_readme_first_snippet_against_make_run_finishes_within_a_minute_on_this_host(start_server):
+def test_the_readme_first_snippet_against_make_run_finishes_within_a_minute_on_this_host(start_server, tmp_path):
     args = _make_run_command()
     s = start_server(*args, "--log.requests", "false")
     if s.get("/v1/model").json()["backend"] != "ref":
         pytest.skip("a GPU is usable here: the CPU path is not the one a user gets")
     code = _readme_snippet().replace("http://localhost:8080", s.url)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    # The snippet writes batch.safetensors for the curl line after it: in a folder of its own.
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path)
     took = time.monotonic() - t0
     assert p.returncode == 0, p.stderr
     assert took < 60, f"the README's first POST took {took:.0f} s on the CPU backend"
@@ -232,6 +233,98 @@ def test_help_docs_and_readme_cite_only_documents_that_ship_in_the_repository():
         if "shared/" in text or ("DESIGN.md" in text and not (REPO / "docs" / "DESIGN.md").is_file()):
             missing.append(f"{where} mentions a document outside the repository (DESIGN.md, shared/)")
     assert not missing, missing
+
+
+README_MAX_LINES = 250
+# [text](target) in Markdown, outside code blocks; the target up to a space or ")".
+_MD_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _shipped_files():
+    """The files a clone gets: git's index where the tree is a git checkout,
+    else every file on disk (a source archive)."""
+    p = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True)
+    if p.returncode != 0:
+        return {str(f.relative_to(REPO)) for f in REPO.rglob("*") if f.is_file()}
+    return set(p.stdout.decode().split("\0")) - {""}
+
+
+def _github_anchor(heading):
+    """The fragment GitHub gives a heading: lower case, punctuation dropped
+    (hyphens and underscores kept), each space a hyphen."""
+    h = re.sub(r"`", "", heading.strip().lower())
+    h = re.sub(r"[^\w\- ]", "", h)
+    return h.replace(" ", "-")
+
+
+def _anchors(text):
+    seen, out = {}, set()
+    for line in _outside_code(text).splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            a = _github_anchor(m.group(1))
+            n = seen.get(a, 0)
+            seen[a] = n + 1
+            out.add(a if n == 0 else f"{a}-{n}")
+    return out
+
+
+def _outside_code(text):
+    return re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def _user_guide():
+    return ["README.md"] + [f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_readme_is_a_first_page_of_at_most_250_lines():
+    n = len((REPO / "README.md").read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines; move sections to docs/ (at most {README_MAX_LINES})"
+
+
+def test_every_link_of_the_readme_and_the_user_guide_leads_to_a_shipped_file_and_heading():
+    shipped = _shipped_files()
+    dead = []
+    for doc in _user_guide():
+        src = REPO / doc
+        for target in _MD_LINK.findall(_outside_code(src.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: — not ours to check
+                continue
+            path, _, frag = target.partition("#")
+            dest = (src.parent / path).resolve() if path else src.resolve()
+            try:
+                rel = str(dest.relative_to(REPO))
+            except ValueError:
+                dead.append(f"{doc}: {target} leaves the repository")
+                continue
+            if not dest.exists() or (dest.is_file() and rel not in shipped) or \
+                    (dest.is_dir() and not any(f.startswith(rel + "/") for f in shipped)):
+                dead.append(f"{doc}: {target} (not in the repository)")
+            elif frag and dest.suffix == ".md" and frag not in _anchors(dest.read_text()):
+                dead.append(f"{doc}: {target} (no heading #{frag} in {rel})")
+    assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+def test_the_link_check_finds_a_dead_file_and_a_dead_heading(tmp_path):
+    text = "# Top\n## A section\n[ok](#a-section) [gone](#no-such) [file](missing.md)\n"
+    assert "a-section" in _anchors(text) and "no-such" not in _anchors(text)
+    assert _MD_LINK.findall(text) == ["#a-section", "#no-such", "missing.md"]
+    assert _github_anchor("Where we stand (one H200, commit 6833f64, 2026-11-28)") == \
+        "where-we-stand-one-h200-commit-6833f64-2026-11-28"
+
+
+def test_every_page_of_the_user_guide_is_cited_from_the_readme():
+    readme = (REPO / "README.md").read_text()
+    cited = {(REPO / t.partition("#")[0]).resolve() for t in _MD_LINK.findall(readme)}
+    missing = [d for d in _user_guide()[1:] if (REPO / d).resolve() not in cited]
+    assert not missing, f"pages of docs/ the README does not link: {missing}"
+
+
+def test_the_readme_and_the_user_guide_speak_of_gpus_not_of_our_test_machines():
+    words = re.compile(r"\blent\b|\bleases?\b", re.IGNORECASE)
+    found = [f"{d}:{i}: {ln.strip()}" for d in _user_guide()
+             for i, ln in enumerate((REPO / d).read_text().splitlines(), 1) if words.search(ln)]
+    assert not found, found
 
 
 def test_generated_config_markdown_escapes_pipes_so_every_row_has_seven_cells():

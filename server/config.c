@@ -94,9 +94,10 @@ const char *sf_config_eval_pipeline(const sf_config *c)
 }
 
 const sf_cfg_option sf_config_table[] = {
-    {"http.host", SF_CT_STRING, F(http.host), "0.0.0.0", 0, 0, NULL, 0, check_host,
+    {"http.host", SF_CT_STRING, F(http.host), "127.0.0.1", 0, 0, NULL, 0, check_host,
      "Address to listen on: an IPv4 or IPv6 literal (0.0.0.0, ::, [::1]) or a host name "
-     "(localhost), resolved at start."},
+     "(localhost), resolved at start. The default serves this machine only; 0.0.0.0 or :: "
+     "listens on every address (the container image and the Kubernetes manifests set it)."},
     {"http.port", SF_CT_INT, F(http.port), "8080", 0, 65535, NULL, 0, NULL,
      "TCP port; 0 picks a free one (printed at start)."},
     {"http.threads", SF_CT_INT, F(http.threads), "4", 1, 256, NULL, 0, NULL,

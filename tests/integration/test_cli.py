@@ -145,6 +145,53 @@ def test_make_cuda_0_is_remembered_by_later_makes_in_the_same_build_folder(tmp_p
     assert "CUDA backend" in again.stdout
 
 
+def test_without_a_usable_gpu_make_builds_the_cpu_backend_alone_unless_cuda_1_is_given(tmp_path):
+    # NVCC=/bin/true: nvcc is found; GPU_USABLE= or =1: what nvidia-smi -L would say.
+    cpu = _make("NVCC=/bin/true", "GPU_USABLE=", "print-found", build=tmp_path / "a")
+    assert "CPU reference backend only" in cpu.stdout and "no usable GPU" in cpu.stdout, cpu.stdout + cpu.stderr
+    asked = _make("NVCC=/bin/true", "GPU_USABLE=", "CUDA=1", "print-found", build=tmp_path / "b")
+    assert "CUDA backend" in asked.stdout, asked.stdout
+    gpu = _make("NVCC=/bin/true", "GPU_USABLE=1", "print-found", build=tmp_path / "c")
+    assert "CUDA backend" in gpu.stdout, gpu.stdout
+
+
+def test_make_test_compiles_the_cuda_code_and_gpu_tests_where_nvcc_is_found_even_without_a_gpu(tmp_path):
+    p = _make("-n", "NVCC=/bin/true", "GPU_USABLE=", "test-builds", build=tmp_path / "a")
+    assert "CUDA backend" in p.stdout, p.stdout[-2000:] + p.stderr
+    assert re.search(r"^/bin/true .* -c gpu/cuda/\w+\.cu ", p.stdout, re.MULTILINE), p.stdout[-2000:]
+    assert re.search(r"^/bin/true .*tests/gpu/test_\w+\.cu ", p.stdout, re.MULTILINE), p.stdout[-2000:]
+
+
+def test_a_build_folder_that_holds_the_cuda_flavour_keeps_it_without_a_gpu(tmp_path):
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / ".flavour-cuda1").touch()
+    p = _make("NVCC=/bin/true", "GPU_USABLE=", "print-found", build=build)
+    assert "CUDA backend" in p.stdout, p.stdout + p.stderr
+
+
+def test_make_builds_on_every_core_unless_told_otherwise(tmp_path):
+    p = _make("-p", "-q", "print-found", build=tmp_path / "a")
+    flags = next(ln for ln in p.stdout.splitlines() if ln.startswith("MAKEFLAGS"))
+    assert f"-j{os.cpu_count()}" in flags or f"-j{len(os.sched_getaffinity(0))}" in flags, flags
+
+
+def test_the_demo_says_in_one_line_why_it_runs_on_the_cpu(tmp_path):
+    if "backend built: cuda" in run("--version").stdout and \
+            subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
+        pytest.skip("a GPU is usable here: the demo runs on it")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFEED_")}
+    env.update(BUILD=str(Path(BIN).parent), BATCHES="40")
+    p = subprocess.run(["bash", str(REPO / "tools" / "demo.sh")], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    why = [ln for ln in p.stdout.splitlines() if ln.startswith("demo: on the CPU")]
+    assert len(why) == 1, p.stdout
+    assert "no usable GPU" in why[0] or "built without the CUDA backend" in why[0], why[0]
+    assert "http://127.0.0.1:" in p.stdout, "the demo serves this machine only"
+    assert "batch    40: loss" in p.stdout, p.stdout
+
+
 def test_the_start_up_reason_tells_cuda_0_apart_from_no_nvcc(tmp_path):
     obj = "gpu/nocuda/backend_nocuda.o"
     off = _make("-n", "CUDA=0", f"{tmp_path / 'a'}/{obj}", build=tmp_path / "a")
@@ -159,7 +206,8 @@ def test_a_cuda_0_build_says_so_when_auto_falls_back(start_server):
     s = start_server(*TINY, "--pipeline.backend", "auto")
     wait_until(lambda: "no usable GPU" in s.stderr(), 10, what="the fallback line")
     line = next(ln for ln in s.stderr().splitlines() if "no usable GPU" in ln)
-    assert "built without CUDA (CUDA=0" in line or "built without CUDA (no nvcc at build time)" in line
+    assert "built without CUDA (CUDA=0" in line or "built without CUDA (no nvcc at build time)" in line or \
+        "built without CUDA (no usable GPU on the build host" in line, line
 
 
 def test_a_cuda_build_on_a_machine_without_the_driver_says_so_when_auto_falls_back(start_server):
@@ -191,6 +239,14 @@ def _make_run_command():
              ln.startswith(f"{build.name}/streamfeed")]
     assert lines, p.stdout + p.stderr
     return shlex.split(lines[-1])[1:]
+
+
+def test_make_run_serves_this_machine_only_unless_host_is_given():
+    args = _make_run_command()
+    assert args[args.index("--http.host") + 1] == "127.0.0.1", args
+    build = Path(BIN).parent
+    p = _make("-n", "run", "PORT=0", "HOST=0.0.0.0", build=build)
+    assert "--http.host 0.0.0.0" in p.stdout, p.stdout
 
 
 def test_the_readme_first_snippet_against_make_run_finishes_within_a_minute_on_this_host(start_server, tmp_path):

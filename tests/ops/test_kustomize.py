@@ -190,6 +190,20 @@ def test_config_file_comes_from_the_configmap_and_is_passed_with_config(rendered
     assert file_path == "/etc/streamfeed/config.json"
 
 
+def test_the_pod_and_the_image_listen_on_every_address_explicitly(rendered):
+    """The service's own default is loopback only: a pod must say 0.0.0.0, or
+    neither the Service nor the probes nor the other ranks could reach it."""
+    target, objs = rendered
+    config = json.loads(one(objs, "ConfigMap")["data"]["config.json"])
+    assert config["http"]["host"] == "0.0.0.0", f"deploy/{target}: config.json http.host"
+    args = container(objs).get("args", [])
+    assert "--http.host" not in args and "STREAMFEED_HTTP_HOST" not in env(objs), \
+        f"deploy/{target}: http.host set twice"
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert "COPY deploy/base/config.json /etc/streamfeed/config.json" in dockerfile
+    assert 'CMD ["--config", "/etc/streamfeed/config.json"]' in dockerfile
+
+
 def test_probes_use_healthz_and_readyz_and_allow_five_minutes_to_start(rendered):
     _, objs = rendered
     c = container(objs)

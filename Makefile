@@ -424,3 +424,10 @@ deps:
 	else echo "deps: missing$$missing — run: sudo apt-get install -y$$missing"; exit 1; fi
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# Builds run on every core, so `make deps demo` would compile before the
+# packages it installs are there: with deps among the goals, everything that
+# compiles, links or installs waits for it.
+ifneq ($(filter deps,$(MAKECMDGOALS)),)
+$(filter-out deps,$(MAKECMDGOALS)) $(FLAVOUR_STAMP) $(BUILD)/openapi_spec.o $(VENV)/.stamp $(FUZZ_BINS) $(NVJPEG_DEP): | deps
+endif

@@ -176,6 +176,15 @@ def test_make_builds_on_every_core_unless_told_otherwise(tmp_path):
     assert f"-j{os.cpu_count()}" in flags or f"-j{len(os.sched_getaffinity(0))}" in flags, flags
 
 
+def test_make_deps_demo_compiles_nothing_before_deps_has_installed_the_packages(tmp_path):
+    build = tmp_path / "build"
+    p = _make("-p", "-n", "GPU_USABLE=", "deps", "demo", build=build)
+    db = p.stdout.splitlines()
+    for target in (f"{build}/.flavour-cuda0", "demo", ".venv/.stamp"):
+        rule = next((ln for ln in db if ln.startswith(target + ":")), "")
+        assert "| deps" in rule or rule.endswith("deps"), f"{target} does not wait for deps: {rule!r}"
+
+
 def test_the_demo_says_in_one_line_why_it_runs_on_the_cpu(tmp_path):
     if "backend built: cuda" in run("--version").stdout and \
             subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:

@@ -185,6 +185,30 @@ def test_make_deps_demo_compiles_nothing_before_deps_has_installed_the_packages(
         assert "| deps" in rule or rule.endswith("deps"), f"{target} does not wait for deps: {rule!r}"
 
 
+def _fake_pip(tmp_path, cpu_index_has_torch):
+    """A virtualenv whose pip answers as pip does: the CPU index with or
+    without torch, PyPI with it."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    pip = venv / "bin" / "pip"
+    fail = "" if cpu_index_has_torch else (
+        'case "$*" in *--index-url*) echo "ERROR: Could not find a version that satisfies the requirement torch" >&2; '
+        'echo "ERROR: No matching distribution found for torch" >&2; exit 1;; esac\n')
+    pip.write_text("#!/bin/sh\n" + fail + "exit 0\n")
+    pip.chmod(0o755)
+    return venv
+
+
+@pytest.mark.parametrize("cpu_index_has_torch", [True, False])
+def test_installing_torch_prints_no_pip_error_when_an_index_gives_it(tmp_path, cpu_index_has_torch):
+    venv = _fake_pip(tmp_path, cpu_index_has_torch)
+    p = subprocess.run(["bash", str(REPO / "tests" / "install_torch.sh"), str(venv), "http://cpu.invalid/whl"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "TORCH_PYPI_MIN_FREE_GB": "0"})
+    assert p.returncode == 0, p.stderr
+    assert "ERROR" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert ("torch from http://cpu.invalid/whl" if cpu_index_has_torch else "torch from PyPI") in p.stdout, p.stdout
+
+
 def test_the_demo_says_in_one_line_why_it_runs_on_the_cpu(tmp_path):
     if "backend built: cuda" in run("--version").stdout and \
             subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:

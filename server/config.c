@@ -1226,6 +1226,68 @@ cJSON *sf_config_to_json(const sf_config *c)
     return root;
 }
 
+/* Whether recipe_of gives model.preset's own recipe (a model.spec model has none). */
+static const char *recipe_preset(const sf_config *c)
+{
+    if (c->model.spec[0])
+        return NULL;
+    for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++)
+        if (strcmp(c->model.preset, preset_recipes[i].preset) == 0)
+            return preset_recipes[i].preset;
+    return NULL;
+}
+
+cJSON *sf_config_view_json(const sf_config *c, cJSON **from_preset)
+{
+    cJSON *root = sf_config_to_json(c);
+    cJSON *from = cJSON_CreateObject();
+    const char *preset = recipe_preset(c);
+    cJSON *aug = cJSON_GetObjectItemCaseSensitive(root, "augment");
+    const struct {
+        const char *key, *name, *stored;
+        int eval;
+    } pipes[] = {
+        {"pipeline", "augment.pipeline", c->augment.pipeline, 0},
+        {"eval_pipeline", "augment.eval_pipeline", c->augment.eval_pipeline, 1},
+    };
+    for (size_t i = 0; preset && aug && i < sizeof pipes / sizeof pipes[0]; i++) {
+        cJSON *recipe = pipes[i].stored[0] ? NULL : cJSON_Parse(recipe_of(c, pipes[i].eval));
+        if (recipe) {
+            cJSON_ReplaceItemInObjectCaseSensitive(aug, pipes[i].key, recipe);
+            cJSON_AddStringToObject(from, pipes[i].name, preset);
+        }
+    }
+    *from_preset = from;
+    return root;
+}
+
+/* A patch that sets an empty pipeline to the recipe it already runs (a GET
+ * view patched back) leaves it empty, so that it still follows model.preset
+ * and the patch changes nothing. */
+static void keep_preset_recipes(sf_config *next, const sf_config *was)
+{
+    if (!recipe_preset(was) || strcmp(next->model.preset, was->model.preset) != 0 ||
+        strcmp(next->model.spec, was->model.spec) != 0)
+        return;
+    struct {
+        char *now;
+        const char *before;
+        int eval;
+    } pipes[] = {
+        {next->augment.pipeline, was->augment.pipeline, 0},
+        {next->augment.eval_pipeline, was->augment.eval_pipeline, 1},
+    };
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) {
+        if (pipes[i].before[0] || !pipes[i].now[0])
+            continue;
+        cJSON *a = cJSON_Parse(pipes[i].now), *b = cJSON_Parse(recipe_of(was, pipes[i].eval));
+        if (a && b && cJSON_Compare(a, b, 1))
+            pipes[i].now[0] = '\0';
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+    }
+}
+
 static const char *type_name(sf_cfg_type t)
 {
     static const char *const n[] = {"int", "int", "number", "bool", "string", "enum", "json"};
@@ -1528,8 +1590,10 @@ static int patch_serial(const cJSON *patch, cJSON **applied, cJSON **pending, ch
     pthread_mutex_lock(&live_mu);
     *next = wanted;
     int rc = sf_config_apply_json(next, patch, err, errlen, field, fieldlen);
-    if (!rc)
+    if (!rc) {
+        keep_preset_recipes(next, &wanted);
         rc = validate_change(next, &wanted, err, errlen, field, fieldlen);
+    }
     if (!rc) {
         /* The hot options apply now, beside the restart-only values still in
          * effect: that mix must be valid too (checkpoint.every_steps set now

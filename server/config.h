@@ -226,6 +226,12 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
  * options are raw items holding their exact text (cJSON would round them to
  * 15 digits): print the tree, do not read their valuedouble. */
 cJSON *sf_config_to_json(const sf_config *c);
+/* The configuration as GET /v1/config shows it: sf_config_to_json, with each
+ * augmentation pipeline that is empty replaced by the recipe of model.preset
+ * it runs, and {"augment.pipeline": "<preset>", ...} in *from_preset naming
+ * those (an empty object when none). A patch of such a view back is no
+ * change: a pipeline patched to the recipe it already runs stays empty. */
+cJSON *sf_config_view_json(const sf_config *c, cJSON **from_preset);
 /* Prints --help generated from the table. */
 void sf_config_print_help(const char *prog);
 /* Prints the table as markdown (docs/CONFIG.md; --help-markdown). */

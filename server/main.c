@@ -334,6 +334,13 @@ int main(int argc, char **argv)
         if (!app.backend)
             return start_failed(1, "%s", err);
         app.backend_name = app.backend->i->name(app.backend);
+        sf_precision asked = precision_of(app.cfg.model.precision);
+        sf_precision used = app.backend->i->precision_in_force
+                                ? app.backend->i->precision_in_force(app.backend, asked)
+                                : asked;
+        static const char *const names[] = {[SF_PREC_FP32] = "fp32", [SF_PREC_TF32] = "tf32",
+                                            [SF_PREC_BF16] = "bf16"};
+        app.precision = names[used];
     } else {
         app.backend_name = "sink";
     }

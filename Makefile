@@ -153,8 +153,8 @@ CPPFLAGS += -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\"
 # Only these objects carry the version, so a new commit does not rebuild
 # everything; and they depend on stamp files rewritten only when their text
 # changes, so a make with nothing new (make run, make demo) relinks nothing.
-$(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSION)\" -DSF_COMMIT=\"$(COMMIT)\"
-$(BUILD)/server/app.o $(BUILD)/server/main.o: $(BUILD)/version.stamp
+$(BUILD)/server/app.o $(BUILD)/server/main.o $(BUILD)/client/options.o: CPPFLAGS += -DSF_VERSION=\"$(VERSION)\" -DSF_COMMIT=\"$(COMMIT)\"
+$(BUILD)/server/app.o $(BUILD)/server/main.o $(BUILD)/client/options.o: $(BUILD)/version.stamp
 # Why a CPU-only build has no CUDA backend: CUDA=0 asked for, or no nvcc found.
 $(BUILD)/gpu/nocuda/backend_nocuda.o: CPPFLAGS += -DSF_NOCUDA_REASON='"$(CUDA_WHY)"'
 $(BUILD)/gpu/nocuda/backend_nocuda.o: $(BUILD)/nocuda.stamp

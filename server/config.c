@@ -1086,6 +1086,87 @@ static void derive_rank(sf_config *c)
         c->distributed.rank = (int)n;
 }
 
+/* STREAMFEED_* names that are not options but are read elsewhere: the config
+ * file's path (below) and streamfeed-load's bearer token. */
+static const char *const env_not_options[] = {"STREAMFEED_CONFIG", "STREAMFEED_TOKEN"};
+
+/* What sf_config_load found in the environment that names no option. A
+ * mistyped variable would otherwise be ignored in silence (a flag is refused,
+ * but the environment is shared with other programs, so it is only warned
+ * about). Bounded: the first ENV_WARN_MAX. */
+enum { ENV_WARN_MAX = 16 };
+static char env_warnings[ENV_WARN_MAX][384];
+static int n_env_warnings;
+
+/* The option whose variable is nearest to `var` (STREAMFEED_RING_SLOT ->
+ * ring.slots, STREAMFEED_PORT -> http.port), or NULL when none is close:
+ * sf_config_suggest's rule, on the variables' spelling. */
+static const sf_cfg_option *suggest_env(const char *var)
+{
+    const char *given = var + strlen("STREAMFEED_");
+    const sf_cfg_option *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        const sf_cfg_option *o = &sf_config_table[i];
+        char name[128];
+        env_name(o->name, name, sizeof name);
+        const char *key = name + strlen("STREAMFEED_") + (size_t)(strchr(o->name, '.') - o->name) + 1;
+        if (strcmp(key, given) == 0)
+            return o;
+        size_t d = edit_distance(given, name + strlen("STREAMFEED_"));
+        if (d < best_d) {
+            best_d = d;
+            best = o;
+        }
+    }
+    size_t limit = strlen(given) / 3 > 2 ? strlen(given) / 3 : 2;
+    return best_d <= limit ? best : NULL;
+}
+
+static void find_unknown_env(void)
+{
+    extern char **environ;
+    n_env_warnings = 0;
+    for (char **e = environ; e && *e && n_env_warnings < ENV_WARN_MAX; e++) {
+        if (strncmp(*e, "STREAMFEED_", 11) != 0)
+            continue;
+        char var[128];
+        size_t n = strcspn(*e, "=");
+        if (n >= sizeof var)
+            n = sizeof var - 1;
+        memcpy(var, *e, n);
+        var[n] = '\0';
+        int known = 0;
+        for (size_t i = 0; i < sizeof env_not_options / sizeof env_not_options[0]; i++)
+            known |= strcmp(var, env_not_options[i]) == 0;
+        for (size_t i = 0; i < sf_config_table_len && !known; i++) {
+            char name[128];
+            env_name(sf_config_table[i].name, name, sizeof name);
+            known = strcmp(var, name) == 0;
+        }
+        if (known)
+            continue;
+        const sf_cfg_option *s = suggest_env(var);
+        char meant[160] = "";
+        if (s) {
+            char name[128];
+            env_name(s->name, name, sizeof name);
+            snprintf(meant, sizeof meant, "did you mean %s (%s)?", name, s->name);
+        }
+        snprintf(env_warnings[n_env_warnings++], sizeof env_warnings[0],
+                 "environment %s is not an option and is ignored (%s)", var,
+                 s ? meant : "streamfeed --help lists the options; each is STREAMFEED_SECTION_OPTION");
+    }
+}
+
+int sf_config_env_warnings(const char *out[], int max)
+{
+    int n = n_env_warnings < max ? n_env_warnings : max;
+    for (int i = 0; i < n; i++)
+        out[i] = env_warnings[i];
+    return n;
+}
+
 int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen)
 {
     sf_config_defaults(c);
@@ -1110,6 +1191,7 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
     }
     if (path && path[0] && load_file(c, path, err, errlen))
         return -1;
+    find_unknown_env();
     for (size_t i = 0; i < sf_config_table_len; i++) {
         char name[128];
         env_name(sf_config_table[i].name, name, sizeof name);

@@ -222,6 +222,10 @@ int sf_config_validate(const sf_config *c, char *err, size_t errlen, char *field
 /* Loads defaults, then the file (if path), env, then argv flags. --help prints
  * usage and returns 1; errors return -1 with err. *config_path gets --config. */
 int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen);
+/* The warnings of the last sf_config_load about STREAMFEED_* variables that
+ * name no option, each with the option meant where one is close: at most max
+ * into out (text owned by the loader). Returns how many. */
+int sf_config_env_warnings(const char *out[], int max);
 /* Nested JSON of the config; sensitive values masked. int64 and double
  * options are raw items holding their exact text (cJSON would round them to
  * 15 digits): print the tree, do not read their valuedouble. */

@@ -311,6 +311,9 @@ int main(int argc, char **argv)
         return 2;
     }
     apply_log_settings(&app.cfg);
+    const char *env_warnings[16];
+    for (int i = 0, n = sf_config_env_warnings(env_warnings, 16); i < n; i++)
+        SF_WARN("%s", env_warnings[i]);
     sf_config_live_init(&app.cfg);
     sf_config_on_change(apply_log_settings);
     app.t_start_ns = sf_now_ns();

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from sfharness import BIN, REPO, SINK, TINY, wait_until
+from sfharness import BIN, LOAD_BIN, REPO, SINK, TINY, wait_until
 
 
 def run(*args, env=None, timeout=30):
@@ -34,6 +34,34 @@ def test_version_prints_the_version_and_the_commit():
                      p.stdout)
     assert m, p.stdout
     # The same strings label streamfeed_build_info (test_foundation checks it).
+
+
+def test_streamfeed_load_version_prints_the_version_and_the_commit_of_the_server_build():
+    p = subprocess.run([LOAD_BIN, "--version"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0, p.stderr
+    m = re.fullmatch(r"streamfeed-load (\S+) \(commit ([0-9a-f]{7,40}|unknown)\)\n", p.stdout)
+    assert m, p.stdout
+    server = re.match(r"streamfeed (\S+) \(commit (\S+),", run("--version").stdout)
+    assert m.groups() == server.groups(), (p.stdout, server.group(0))
+
+
+@pytest.mark.parametrize("var,meant", [
+    ("STREAMFEED_RING_SLOT", "STREAMFEED_RING_SLOTS (ring.slots)"),
+    ("STREAMFEED_PORT", "STREAMFEED_HTTP_PORT (http.port)"),
+    ("STREAMFEED_HTPP_THREADS", "STREAMFEED_HTTP_THREADS (http.threads)"),
+    ("STREAMFEED_LEARNING_RATE_OF_SGD", None),
+])
+def test_an_unknown_streamfeed_environment_variable_is_warned_about_at_start_with_a_did_you_mean(
+        start_server, var, meant):
+    s = start_server(SINK, env={var: "4", "STREAMFEED_RING_SLOTS": "8", "STREAMFEED_CONFIG": ""})
+    lines = [ln for ln in s.stderr().splitlines() if " warn " in ln]
+    assert len(lines) == 1, s.stderr()  # the options and STREAMFEED_CONFIG are not warned about
+    assert f"environment {var} is not an option and is ignored" in lines[0], lines[0]
+    if meant:
+        assert f"did you mean {meant}?" in lines[0], lines[0]
+    else:
+        assert "did you mean" not in lines[0] and "streamfeed --help lists the options" in lines[0], lines[0]
+    assert s.get("/healthz").status_code == 200
 
 
 @pytest.mark.parametrize("flag,meant", [

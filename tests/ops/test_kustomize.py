@@ -232,7 +232,7 @@ def test_grace_period_covers_the_drain(rendered):
 
 
 def test_config_file_and_environment_use_only_options_of_the_config_table(rendered):
-    """The server ignores STREAMFEED_* names that are not options, and rejects
+    """The server ignores STREAMFEED_* names that are not options (warning at start), and rejects
     unknown keys in the file at start: both must match server/config.c."""
     target, objs = rendered
     options = config_options()

@@ -164,7 +164,7 @@ $(BUILD)/nocuda.stamp: .FORCE
 	@mkdir -p $(@D); echo '$(CUDA_WHY)' | cmp -s - $@ || echo '$(CUDA_WHY)' > $@
 .FORCE:
 
-.PHONY: test-builds sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: package-test test-builds sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -242,10 +242,10 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h $(
 # that their timings and output stay apart.
 test:
 	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv,"
-	@echo "  then runs unit, integration, client, sanitizer, ops, fuzz-smoke and GPU suites in turn;"
+	@echo "  then runs unit, integration, client, client package, sanitizer, ops, fuzz-smoke and GPU suites in turn;"
 	@echo "  about 15 minutes on two cores the first time (the virtualenv's torch is most of the wait)."
 	@$(MAKE) --no-print-directory -j$(NPROC) test-builds
-	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 unit integration client-test sanitize-test ops-test fuzz-smoke gpu-test
+	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 unit integration client-test package-test sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
 test-builds: all $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN)) sanitize-bins $(VENV)/.stamp
 
@@ -277,6 +277,11 @@ integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 client-test: $(BUILD)/streamfeed $(VENV)/.stamp
 	cd client/python && $(abspath $(VENV))/bin/python -m mypy --strict --no-incremental streamfeed
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/client tests/contract
+
+# The Python client as a package: wheel and sdist built and checked, installed
+# into a fresh virtualenv (packages from PyPI), imported and type-checked there.
+package-test: $(VENV)/.stamp
+	bash tests/package/check_client_package.sh $(VENV) $(BUILD)/client-package
 
 # Deployment artefacts: OpenAPI spec, Dockerfile (hadolint), kustomize render +
 # kubernetes-validate, promtool rule tests, Grafana dashboard.

@@ -72,7 +72,8 @@ PORT    ?= 8080
 PYTHON  ?= python3
 VENV    := .venv
 
-DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
+# python3-venv: Debian's python3 makes no virtualenv without it (the tests' and the package check's).
+DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl python3-venv
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g

@@ -432,8 +432,10 @@ deps:
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # Builds run on every core, so `make deps demo` would compile before the
-# packages it installs are there: with deps among the goals, everything that
-# compiles, links or installs waits for it.
-ifneq ($(filter deps,$(MAKECMDGOALS)),)
-$(filter-out deps,$(MAKECMDGOALS)) $(FLAVOUR_STAMP) $(BUILD)/openapi_spec.o $(VENV)/.stamp $(FUZZ_BINS) $(NVJPEG_DEP): | deps
+# packages it installs are there, and `make clean all` while it deletes: with
+# deps or clean among the goals, everything that compiles, links or installs
+# waits for them.
+FIRST_GOALS := $(filter clean deps,$(MAKECMDGOALS))
+ifneq ($(FIRST_GOALS),)
+$(filter-out $(FIRST_GOALS),$(MAKECMDGOALS)) $(FLAVOUR_STAMP) $(BUILD)/openapi_spec.o $(VENV)/.stamp $(FUZZ_BINS) $(NVJPEG_DEP): | $(FIRST_GOALS)
 endif

@@ -5,6 +5,7 @@ the package's own typing (mypy --strict runs in make client-test)."""
 import asyncio
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +14,9 @@ import streamfeed
 from streamfeed import BatchAccepted, BatchResult, Client, FeedAborted, encode_batch
 from streamfeed.wire import encode_batch_parts
 
-from conftest import REPO
 from test_client import colour_batch, random_batch
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---- construction and inputs (no server) -------------------------------------------------

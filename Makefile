@@ -22,9 +22,11 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := all
 
 # Every build runs on all cores unless -j is given: a first `make demo` should
-# not spend minutes on one core of a many-core machine.
+# not spend minutes on one core of a many-core machine. Only the outermost
+# make sets it; a make it starts shares its jobs (its MAKEFLAGS does not show
+# them while it reads this file, so it must not set its own).
 NPROC ?= $(shell nproc 2>/dev/null || echo 2)
-ifeq ($(filter -j% j%,$(MAKEFLAGS)),)
+ifeq ($(MAKELEVEL)$(filter -j% j%,$(MAKEFLAGS)),0)
   MAKEFLAGS += -j$(NPROC)
 endif
 # The flags a make that must run its goals one after another passes on: the
@@ -245,7 +247,7 @@ test:
 	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv,"
 	@echo "  then runs unit, integration, client, client package, sanitizer, ops, fuzz-smoke and GPU suites in turn;"
 	@echo "  about 15 minutes on two cores the first time (the virtualenv's torch is most of the wait)."
-	@$(MAKE) --no-print-directory -j$(NPROC) test-builds
+	@$(MAKE) --no-print-directory test-builds
 	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 unit integration client-test package-test sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
 test-builds: all $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN)) sanitize-bins $(VENV)/.stamp

@@ -1308,7 +1308,7 @@ cJSON *sf_config_to_json(const sf_config *c)
     return root;
 }
 
-/* Whether recipe_of gives model.preset's own recipe (a model.spec model has none). */
+/* The preset whose recipe recipe_of gives, or NULL (a model.spec model, or a preset without one). */
 static const char *recipe_preset(const sf_config *c)
 {
     if (c->model.spec[0])

@@ -1,10 +1,11 @@
 # streamfeed — build, test, run.
 #
-#   make              build/streamfeed (CUDA backend when nvcc is found; CUDA=0 forces CPU-only
-#                     and is remembered for later makes in the same build folder)
+#   make              build/streamfeed, on every core (the CUDA backend where nvcc is found and
+#                     a GPU is usable, or for the tests; CUDA=0|1 decides, and is remembered
+#                     for later makes in the same build folder)
 #   make test         unit tests (cmocka), integration tests (pytest), fuzz smoke run
 #   make demo         the main job: server + streamfeed-load training on the learnable task
-#   make run          start the server (the tiny model when there is no GPU)
+#   make run          start the server on 127.0.0.1 (the tiny model when there is no GPU)
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
 #   make bench        side-by-side benchmarks (needs a GPU)
 #   make bench-jpeg   JPEG decode and JPEG-fed training against PyTorch (needs a GPU)
@@ -15,10 +16,22 @@
 #   make deps         install the Debian packages (root), or print the command
 #
 # Options: CUDA=0|1  CUDA_ARCH=sm_90  DEPS_PREFIX=/opt/deps/usr  SANITIZE=address|undefined
-#          DEBUG=1   PORT=8080
+#          DEBUG=1   PORT=8080  HOST=127.0.0.1
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := all
+
+# Every build runs on all cores unless -j is given: a first `make demo` should
+# not spend minutes on one core of a many-core machine. Only the outermost
+# make sets it; a make it starts shares its jobs (its MAKEFLAGS does not show
+# them while it reads this file, so it must not set its own).
+NPROC ?= $(shell nproc 2>/dev/null || echo 2)
+ifeq ($(MAKELEVEL)$(filter -j% j%,$(MAKEFLAGS)),0)
+  MAKEFLAGS += -j$(NPROC)
+endif
+# The flags a make that must run its goals one after another passes on: the
+# parent's jobserver left out, so that its -j1 neither warns nor is overridden.
+SERIAL_MAKEFLAGS = $(filter-out -j% --jobserver%,$(MAKEFLAGS))
 
 BUILD   ?= build
 CC      ?= gcc
@@ -28,11 +41,27 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # $(BUILD)/.cuda-choice, so a later plain `make run` or `make test` keeps the
 # flavour built instead of rebuilding everything for the other one.
 CUDA_CHOICE_FILE = $(BUILD)/.cuda-choice
+# Without a choice, the CUDA backend is built where nvcc is found and either a
+# GPU is usable or the goal is one that must compile the CUDA code (the tests,
+# the benchmarks), so that CUDA code cannot rot in CI. `make demo` or `make run`
+# on a host with nvcc but no usable GPU builds the CPU backend alone, in
+# seconds rather than minutes, since that is the backend it would run on; a
+# build folder that already holds the CUDA flavour keeps it, so `make test`
+# then `make demo` do not rebuild everything twice.
+CUDA_GOALS := test test-builds gpu-test bench bench-bins bench-jpeg bench-multi-gpu
+GPU_USABLE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 ifeq ($(origin CUDA),undefined)
   CUDA := $(strip $(shell cat $(CUDA_CHOICE_FILE) 2>/dev/null))
   ifeq ($(CUDA),)
-    CUDA := $(if $(NVCC),1,0)
-    CUDA_WHY := $(if $(NVCC),,no nvcc at build time)
+    ifeq ($(NVCC),)
+      CUDA := 0
+      CUDA_WHY := no nvcc at build time
+    else ifneq ($(GPU_USABLE)$(filter $(CUDA_GOALS),$(MAKECMDGOALS))$(wildcard $(BUILD)/.flavour-cuda1*),)
+      CUDA := 1
+    else
+      CUDA := 0
+      CUDA_WHY := no usable GPU on the build host; CUDA=1 builds the CUDA backend
+    endif
   else
     CUDA_WHY := CUDA=$(CUDA), remembered in $(CUDA_CHOICE_FILE)
   endif
@@ -45,7 +74,8 @@ PORT    ?= 8080
 PYTHON  ?= python3
 VENV    := .venv
 
-DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libjpeg62-turbo-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl
+# python3-venv: Debian's python3 makes no virtualenv without it (the tests' and the package check's).
+DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libjpeg62-turbo-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl python3-venv
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g
@@ -126,8 +156,8 @@ CPPFLAGS += -DSF_BACKEND_BUILT=\"$(BACKEND_NAME)\"
 # Only these objects carry the version, so a new commit does not rebuild
 # everything; and they depend on stamp files rewritten only when their text
 # changes, so a make with nothing new (make run, make demo) relinks nothing.
-$(BUILD)/server/app.o $(BUILD)/server/main.o: CPPFLAGS += -DSF_VERSION=\"$(VERSION)\" -DSF_COMMIT=\"$(COMMIT)\"
-$(BUILD)/server/app.o $(BUILD)/server/main.o: $(BUILD)/version.stamp
+$(BUILD)/server/app.o $(BUILD)/server/main.o $(BUILD)/client/options.o: CPPFLAGS += -DSF_VERSION=\"$(VERSION)\" -DSF_COMMIT=\"$(COMMIT)\"
+$(BUILD)/server/app.o $(BUILD)/server/main.o $(BUILD)/client/options.o: $(BUILD)/version.stamp
 # Why a CPU-only build has no CUDA backend: CUDA=0 asked for, or no nvcc found.
 $(BUILD)/gpu/nocuda/backend_nocuda.o: CPPFLAGS += -DSF_NOCUDA_REASON='"$(CUDA_WHY)"'
 $(BUILD)/gpu/nocuda/backend_nocuda.o: $(BUILD)/nocuda.stamp
@@ -137,7 +167,7 @@ $(BUILD)/nocuda.stamp: .FORCE
 	@mkdir -p $(@D); echo '$(CUDA_WHY)' | cmp -s - $@ || echo '$(CUDA_WHY)' > $@
 .FORCE:
 
-.PHONY: test-builds sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: package-test test-builds sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -213,10 +243,12 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h $(
 # Everything the suites need is built first, on every core, and the Python
 # virtualenv is made meanwhile; then the suites run one after another, so
 # that their timings and output stay apart.
-NPROC ?= $(shell nproc 2>/dev/null || echo 2)
 test:
-	@$(MAKE) --no-print-directory -j$(NPROC) test-builds
-	@$(MAKE) --no-print-directory -j1 unit integration client-test sanitize-test ops-test fuzz-smoke gpu-test
+	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv,"
+	@echo "  then runs unit, integration, client, client package, sanitizer, ops, fuzz-smoke and GPU suites in turn;"
+	@echo "  about 15 minutes on two cores the first time (the virtualenv's torch is most of the wait)."
+	@$(MAKE) --no-print-directory test-builds
+	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 unit integration client-test package-test sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
 test-builds: all $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN)) sanitize-bins $(VENV)/.stamp
 
@@ -248,6 +280,11 @@ integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 client-test: $(BUILD)/streamfeed $(VENV)/.stamp
 	cd client/python && $(abspath $(VENV))/bin/python -m mypy --strict --no-incremental streamfeed
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/client tests/contract
+
+# The Python client as a package: wheel and sdist built and checked, installed
+# into a fresh virtualenv (packages from PyPI), imported and type-checked there.
+package-test: $(VENV)/.stamp
+	bash tests/package/check_client_package.sh $(VENV) $(BUILD)/client-package
 
 # Deployment artefacts: OpenAPI spec, Dockerfile (hadolint), kustomize render +
 # kubernetes-validate, promtool rule tests, Grafana dashboard.
@@ -334,11 +371,13 @@ gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
 # own augmentation (docs/CONFIG.md, preset recipes). RUN_FLAGS= overrides.
 CPU_RUN_FLAGS := --model.preset tiny
 RUN_FLAGS ?= $(if $(wildcard /dev/nvidia0),,$(CPU_RUN_FLAGS))
+# HOST=0.0.0.0 serves other machines too; the default serves this one only.
+HOST ?= 127.0.0.1
 run: $(BUILD)/streamfeed
-	$(BUILD)/streamfeed --http.port $(PORT) $(RUN_FLAGS)
+	$(BUILD)/streamfeed --http.host $(HOST) --http.port $(PORT) $(RUN_FLAGS)
 
 demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
-	@bash tools/demo.sh
+	@BUILD=$(BUILD) bash tools/demo.sh
 
 BENCH_BIN := $(BUILD)/bench/memcpy_bw $(BUILD)/bench/loopback_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached $(BUILD)/bench/jpeg_decode $(BUILD)/bench/layers_bench)
 bench-bins: $(BENCH_BIN)
@@ -395,3 +434,12 @@ deps:
 	else echo "deps: missing$$missing — run: sudo apt-get install -y$$missing"; exit 1; fi
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# Builds run on every core, so `make deps demo` would compile before the
+# packages it installs are there, and `make clean all` while it deletes: with
+# deps or clean among the goals, everything that compiles, links or installs
+# waits for them.
+FIRST_GOALS := $(filter clean deps,$(MAKECMDGOALS))
+ifneq ($(FIRST_GOALS),)
+$(filter-out $(FIRST_GOALS),$(MAKECMDGOALS)) $(FLAVOUR_STAMP) $(BUILD)/openapi_spec.o $(VENV)/.stamp $(FUZZ_BINS) $(NVJPEG_DEP): | $(FIRST_GOALS)
+endif

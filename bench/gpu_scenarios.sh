@@ -3,7 +3,7 @@
 #  1. a deliberately slow loader (--rate 2) -> diagnose must say "ingest";
 #  2. a fast loader (8 connections) -> diagnose must say "compute-bound";
 #  3. the trace taken under the fast loader (for the overlap check and the
-#     README picture), /v1/stats, and the NVML gauges from /metrics.
+#     picture in docs/OBSERVABILITY.md), /v1/stats, and the NVML gauges from /metrics.
 # Writes everything under $1 (default build/gpu-scenarios); exits non-zero
 # when a verdict is not the expected one.
 set -uo pipefail

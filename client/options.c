@@ -34,6 +34,15 @@ static const workload WORKLOADS[] = {
 };
 #define N_WORKLOADS ((int)(sizeof WORKLOADS / sizeof WORKLOADS[0]))
 
+/* The build names the version (git describe) and the commit; a build without
+ * them (a compiler called by hand) says so rather than failing. */
+#ifndef SF_VERSION
+#define SF_VERSION "unknown"
+#endif
+#ifndef SF_COMMIT
+#define SF_COMMIT "unknown"
+#endif
+
 /* ---- options: one table drives getopt_long and --help -------------------- */
 
 enum {
@@ -41,7 +50,7 @@ enum {
     OPT_CONNECTIONS = 'c', OPT_JSON = 'j', OPT_QUIET = 'q', OPT_HELP = 'h',
     OPT_THREADS = 256, OPT_LEARNABLE, OPT_SEED, OPT_DIR, OPT_RATE, OPT_POOL, OPT_POOL_MB,
     OPT_LABEL_DTYPE, OPT_WAIT, OPT_DRAIN, OPT_TOKEN, OPT_TIMEOUT_MS, OPT_RETRIES,
-    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE, OPT_CACHE_DIR, OPT_PREPARE, OPT_CACERT,
+    OPT_MAX_BACKOFF_MS, OPT_DIAGNOSE, OPT_CACHE_DIR, OPT_PREPARE, OPT_CACERT, OPT_VERSION,
 };
 
 typedef struct opt_spec {
@@ -99,6 +108,7 @@ static const opt_spec OPTS[] = {
     {"json", 0, OPT_JSON, NULL, "print the final summary (or --diagnose's reply) as one JSON object on stdout"},
     {"quiet", 0, OPT_QUIET, NULL, "no progress line and no start-up or per-error messages"},
     {"help", 0, OPT_HELP, NULL, "print this help"},
+    {"version", 0, OPT_VERSION, NULL, "print the version and commit, as streamfeed --version does"},
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
 
@@ -354,6 +364,9 @@ int parse_args(int argc, char **argv, options *o)
             break;
         case OPT_HELP:
             usage(stdout);
+            return 0;
+        case OPT_VERSION:
+            printf("streamfeed-load %s (commit %s)\n", SF_VERSION, SF_COMMIT);
             return 0;
         default:
             if (optopt && optopt < 256 && optopt != '?')

@@ -343,6 +343,11 @@ typedef struct sf_backend_i {
      * on every rank of a data-parallel job that kept its parameters
      * identical. Called with nothing in flight. */
     int (*param_digest)(sf_backend *be, uint64_t *digest);
+
+    /* ---- what the backend computes in (optional) ----------------------------- */
+    /* The precision the backend computes a model built for `asked` in, where
+     * that differs (the reference computes tf32 as plain fp32). NULL: `asked`. */
+    sf_precision (*precision_in_force)(sf_backend *be, sf_precision asked);
 } sf_backend_i;
 
 struct sf_backend {

@@ -119,12 +119,20 @@ cJSON *h_parse_json_body(sf_req *r)
     return j;
 }
 
+/* "config" as in force, and "from_preset": which of its values are model.preset's recipe. */
+static void add_view(cJSON *o, const sf_config *c)
+{
+    cJSON *from = NULL;
+    cJSON_AddItemToObject(o, "config", sf_config_view_json(c, &from));
+    cJSON_AddItemToObject(o, "from_preset", from);
+}
+
 int h_config_get(sf_req *r)
 {
     sf_config c;
     sf_config_get(&c);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "config", sf_config_to_json(&c));
+    add_view(o, &c);
     cJSON_AddItemToObject(o, "pending_restart", sf_config_pending());
     return sf_reply_json(r, 200, o);
 }
@@ -206,7 +214,7 @@ static int dist_patch(sf_req *r)
             sf_config c;
             sf_config_get(&c);
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddItemToObject(o, "config", sf_config_to_json(&c));
+            add_view(o, &c);
             cJSON *a = reply ? cJSON_DetachItemFromObject(reply, "applied") : NULL;
             cJSON *p = reply ? cJSON_DetachItemFromObject(reply, "pending_restart") : NULL;
             /* Lists of option names, as a single process answers. */
@@ -256,7 +264,7 @@ int h_config_patch(sf_req *r)
     sf_config c;
     sf_config_get(&c);
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "config", sf_config_to_json(&c));
+    add_view(o, &c);
     cJSON_AddItemToObject(o, "applied", applied);
     cJSON_AddItemToObject(o, "pending_restart", pending);
     return sf_reply_json(r, 200, o);

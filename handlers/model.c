@@ -18,7 +18,12 @@ int h_model(sf_req *r)
     cJSON_AddItemToArray(in, cJSON_CreateNumber(m->in_w));
     cJSON_AddNumberToObject(o, "classes", m->n_classes);
     cJSON_AddNumberToObject(o, "params", (double)m->n_params);
-    cJSON_AddStringToObject(o, "precision", app->cfg.model.precision);
+    /* What the backend computes in, and what was asked for where they differ
+     * (tf32 on the reference backend, which has no tensor cores to round for). */
+    const char *prec = app->precision ? app->precision : app->cfg.model.precision;
+    cJSON_AddStringToObject(o, "precision", prec);
+    if (strcmp(prec, app->cfg.model.precision) != 0)
+        cJSON_AddStringToObject(o, "precision_configured", app->cfg.model.precision);
     cJSON_AddNumberToObject(o, "step", (double)atomic_load(&((sf_app *)app)->step));
     cJSON_AddStringToObject(o, "backend", app->backend_name ? app->backend_name : "none");
     if (app->plan) {

@@ -84,6 +84,8 @@ typedef struct sf_app {
     atomic_int diverged;        /* nonfinite_in_row reached train.max_nonfinite_in_row: readyz
                                  * false until a step trains again or a checkpoint is restored */
     char model_warning[512];    /* "" or why this model will be slow here (GET /v1/model) */
+    const char *precision;      /* what the backend computes in: model.precision, or what
+                                 * the backend makes of it (GET /v1/model); NULL in sink mode */
     struct sf_distributed *dist; /* this rank of a data-parallel job (server/distributed.h);
                                   * NULL with distributed.world_size 1 */
 } sf_app;

@@ -98,9 +98,10 @@ const char *sf_config_eval_pipeline(const sf_config *c)
 }
 
 const sf_cfg_option sf_config_table[] = {
-    {"http.host", SF_CT_STRING, F(http.host), "0.0.0.0", 0, 0, NULL, 0, check_host,
+    {"http.host", SF_CT_STRING, F(http.host), "127.0.0.1", 0, 0, NULL, 0, check_host,
      "Address to listen on: an IPv4 or IPv6 literal (0.0.0.0, ::, [::1]) or a host name "
-     "(localhost), resolved at start."},
+     "(localhost), resolved at start. The default serves this machine only; 0.0.0.0 or :: "
+     "listens on every address (the container image and the Kubernetes manifests set it)."},
     {"http.port", SF_CT_INT, F(http.port), "8080", 0, 65535, NULL, 0, NULL,
      "TCP port; 0 picks a free one (printed at start)."},
     {"http.threads", SF_CT_INT, F(http.threads), "4", 1, 256, NULL, 0, NULL,
@@ -1128,6 +1129,87 @@ static void derive_rank(sf_config *c)
         c->distributed.rank = (int)n;
 }
 
+/* STREAMFEED_* names that are not options but are read elsewhere: the config
+ * file's path (below) and streamfeed-load's bearer token. */
+static const char *const env_not_options[] = {"STREAMFEED_CONFIG", "STREAMFEED_TOKEN"};
+
+/* What sf_config_load found in the environment that names no option. A
+ * mistyped variable would otherwise be ignored in silence (a flag is refused,
+ * but the environment is shared with other programs, so it is only warned
+ * about). Bounded: the first ENV_WARN_MAX. */
+enum { ENV_WARN_MAX = 16 };
+static char env_warnings[ENV_WARN_MAX][384];
+static int n_env_warnings;
+
+/* The option whose variable is nearest to `var` (STREAMFEED_RING_SLOT ->
+ * ring.slots, STREAMFEED_PORT -> http.port), or NULL when none is close:
+ * sf_config_suggest's rule, on the variables' spelling. */
+static const sf_cfg_option *suggest_env(const char *var)
+{
+    const char *given = var + strlen("STREAMFEED_");
+    const sf_cfg_option *best = NULL;
+    size_t best_d = (size_t)-1;
+    for (size_t i = 0; i < sf_config_table_len; i++) {
+        const sf_cfg_option *o = &sf_config_table[i];
+        char name[128];
+        env_name(o->name, name, sizeof name);
+        const char *key = name + strlen("STREAMFEED_") + (size_t)(strchr(o->name, '.') - o->name) + 1;
+        if (strcmp(key, given) == 0)
+            return o;
+        size_t d = edit_distance(given, name + strlen("STREAMFEED_"));
+        if (d < best_d) {
+            best_d = d;
+            best = o;
+        }
+    }
+    size_t limit = strlen(given) / 3 > 2 ? strlen(given) / 3 : 2;
+    return best_d <= limit ? best : NULL;
+}
+
+static void find_unknown_env(void)
+{
+    extern char **environ;
+    n_env_warnings = 0;
+    for (char **e = environ; e && *e && n_env_warnings < ENV_WARN_MAX; e++) {
+        if (strncmp(*e, "STREAMFEED_", 11) != 0)
+            continue;
+        char var[128];
+        size_t n = strcspn(*e, "=");
+        if (n >= sizeof var)
+            n = sizeof var - 1;
+        memcpy(var, *e, n);
+        var[n] = '\0';
+        int known = 0;
+        for (size_t i = 0; i < sizeof env_not_options / sizeof env_not_options[0]; i++)
+            known |= strcmp(var, env_not_options[i]) == 0;
+        for (size_t i = 0; i < sf_config_table_len && !known; i++) {
+            char name[128];
+            env_name(sf_config_table[i].name, name, sizeof name);
+            known = strcmp(var, name) == 0;
+        }
+        if (known)
+            continue;
+        const sf_cfg_option *s = suggest_env(var);
+        char meant[160] = "";
+        if (s) {
+            char name[128];
+            env_name(s->name, name, sizeof name);
+            snprintf(meant, sizeof meant, "did you mean %s (%s)?", name, s->name);
+        }
+        snprintf(env_warnings[n_env_warnings++], sizeof env_warnings[0],
+                 "environment %s is not an option and is ignored (%s)", var,
+                 s ? meant : "streamfeed --help lists the options; each is STREAMFEED_SECTION_OPTION");
+    }
+}
+
+int sf_config_env_warnings(const char *out[], int max)
+{
+    int n = n_env_warnings < max ? n_env_warnings : max;
+    for (int i = 0; i < n; i++)
+        out[i] = env_warnings[i];
+    return n;
+}
+
 int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen)
 {
     sf_config_defaults(c);
@@ -1156,6 +1238,7 @@ int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen
     }
     if (path && path[0] && load_file(c, path, err, errlen))
         return -1;
+    find_unknown_env();
     for (size_t i = 0; i < sf_config_table_len; i++) {
         char name[128];
         env_name(sf_config_table[i].name, name, sizeof name);
@@ -1270,6 +1353,68 @@ cJSON *sf_config_to_json(const sf_config *c)
         }
     }
     return root;
+}
+
+/* The preset whose recipe recipe_of gives, or NULL (a model.spec model, or a preset without one). */
+static const char *recipe_preset(const sf_config *c)
+{
+    if (c->model.spec[0])
+        return NULL;
+    for (size_t i = 0; i < sizeof preset_recipes / sizeof preset_recipes[0]; i++)
+        if (strcmp(c->model.preset, preset_recipes[i].preset) == 0)
+            return preset_recipes[i].preset;
+    return NULL;
+}
+
+cJSON *sf_config_view_json(const sf_config *c, cJSON **from_preset)
+{
+    cJSON *root = sf_config_to_json(c);
+    cJSON *from = cJSON_CreateObject();
+    const char *preset = recipe_preset(c);
+    cJSON *aug = cJSON_GetObjectItemCaseSensitive(root, "augment");
+    const struct {
+        const char *key, *name, *stored;
+        int eval;
+    } pipes[] = {
+        {"pipeline", "augment.pipeline", c->augment.pipeline, 0},
+        {"eval_pipeline", "augment.eval_pipeline", c->augment.eval_pipeline, 1},
+    };
+    for (size_t i = 0; preset && aug && i < sizeof pipes / sizeof pipes[0]; i++) {
+        cJSON *recipe = pipes[i].stored[0] ? NULL : cJSON_Parse(recipe_of(c, pipes[i].eval));
+        if (recipe) {
+            cJSON_ReplaceItemInObjectCaseSensitive(aug, pipes[i].key, recipe);
+            cJSON_AddStringToObject(from, pipes[i].name, preset);
+        }
+    }
+    *from_preset = from;
+    return root;
+}
+
+/* A patch that sets an empty pipeline to the recipe it already runs (a GET
+ * view patched back) leaves it empty, so that it still follows model.preset
+ * and the patch changes nothing. */
+static void keep_preset_recipes(sf_config *next, const sf_config *was)
+{
+    if (!recipe_preset(was) || strcmp(next->model.preset, was->model.preset) != 0 ||
+        strcmp(next->model.spec, was->model.spec) != 0)
+        return;
+    struct {
+        char *now;
+        const char *before;
+        int eval;
+    } pipes[] = {
+        {next->augment.pipeline, was->augment.pipeline, 0},
+        {next->augment.eval_pipeline, was->augment.eval_pipeline, 1},
+    };
+    for (size_t i = 0; i < sizeof pipes / sizeof pipes[0]; i++) {
+        if (pipes[i].before[0] || !pipes[i].now[0])
+            continue;
+        cJSON *a = cJSON_Parse(pipes[i].now), *b = cJSON_Parse(recipe_of(was, pipes[i].eval));
+        if (a && b && cJSON_Compare(a, b, 1))
+            pipes[i].now[0] = '\0';
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+    }
 }
 
 static const char *type_name(sf_cfg_type t)
@@ -1574,8 +1719,10 @@ static int patch_serial(const cJSON *patch, cJSON **applied, cJSON **pending, ch
     pthread_mutex_lock(&live_mu);
     *next = wanted;
     int rc = sf_config_apply_json(next, patch, err, errlen, field, fieldlen);
-    if (!rc)
+    if (!rc) {
+        keep_preset_recipes(next, &wanted);
         rc = validate_change(next, &wanted, err, errlen, field, fieldlen);
+    }
     if (!rc) {
         /* The hot options apply now, beside the restart-only values still in
          * effect: that mix must be valid too (checkpoint.every_steps set now

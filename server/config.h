@@ -233,10 +233,20 @@ int sf_config_validate(const sf_config *c, char *err, size_t errlen, char *field
 /* Loads defaults, then the file (if path), env, then argv flags. --help prints
  * usage and returns 1; errors return -1 with err. *config_path gets --config. */
 int sf_config_load(sf_config *c, int argc, char **argv, char *err, size_t errlen);
+/* The warnings of the last sf_config_load about STREAMFEED_* variables that
+ * name no option, each with the option meant where one is close: at most max
+ * into out (text owned by the loader). Returns how many. */
+int sf_config_env_warnings(const char *out[], int max);
 /* Nested JSON of the config; sensitive values masked. int64 and double
  * options are raw items holding their exact text (cJSON would round them to
  * 15 digits): print the tree, do not read their valuedouble. */
 cJSON *sf_config_to_json(const sf_config *c);
+/* The configuration as GET /v1/config shows it: sf_config_to_json, with each
+ * augmentation pipeline that is empty replaced by the recipe of model.preset
+ * it runs, and {"augment.pipeline": "<preset>", ...} in *from_preset naming
+ * those (an empty object when none). A patch of such a view back is no
+ * change: a pipeline patched to the recipe it already runs stays empty. */
+cJSON *sf_config_view_json(const sf_config *c, cJSON **from_preset);
 /* Prints --help generated from the table. */
 void sf_config_print_help(const char *prog);
 /* Prints the table as markdown (docs/CONFIG.md; --help-markdown). */

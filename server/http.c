@@ -120,6 +120,7 @@ struct sf_req_priv {
     struct MHD_Response *pending;
     int pending_status;
     int draining;           /* discard the rest of the body */
+    char error_code[64];    /* the code of the error reply sent, for the request's log line */
     size_t body_cap;
     uint64_t body_limit;
     const char *body_option; /* the option(s) setting body_limit, for the 413's message */
@@ -314,6 +315,7 @@ int sf_reply_error_field(sf_req *r, int status, const char *code, const char *fi
         const char *v[] = {code};
         sf_counter_inc_l(r->app->m.http_errors, v, 1);
     }
+    snprintf(r->priv->error_code, sizeof r->priv->error_code, "%s", code);
     /* Every 429/503 tells the client when to come back (the spec promises it). */
     int has_ra = 0;
     for (int i = 0; i < r->priv->nextra; i++)
@@ -1176,7 +1178,7 @@ static int request_log_wanted(const sf_config *c, const char *route)
 /* The request log line: one event with its fields (JSON members in json mode). */
 static void log_request(const sf_req *r, int status, double dur, int ok)
 {
-    sf_log_field f[9];
+    sf_log_field f[10];
     int n = 0;
     f[n++] = SF_LF_STR("method", r->method);
     f[n++] = SF_LF_STR("path", r->path);
@@ -1185,6 +1187,10 @@ static void log_request(const sf_req *r, int status, double dur, int ok)
     f[n++] = SF_LF_NUM("bytes", r->bytes_out);
     f[n++] = SF_LF_NUM("bytes_in", r->bytes_in);
     f[n++] = SF_LF_STR("request_id", r->request_id);
+    /* The reply's error code: a 4xx says what the client got wrong without
+     * a second look at the reply or the metrics. */
+    if (r->priv->error_code[0])
+        f[n++] = SF_LF_STR("error", r->priv->error_code);
     if (r->batch_id)
         f[n++] = SF_LF_NUM("batch_id", r->batch_id);
     if (!ok)

@@ -311,6 +311,9 @@ int main(int argc, char **argv)
         return 2;
     }
     apply_log_settings(&app.cfg);
+    const char *env_warnings[16];
+    for (int i = 0, n = sf_config_env_warnings(env_warnings, 16); i < n; i++)
+        SF_WARN("%s", env_warnings[i]);
     sf_config_live_init(&app.cfg);
     sf_config_on_change(apply_log_settings);
     app.t_start_ns = sf_now_ns();
@@ -334,6 +337,13 @@ int main(int argc, char **argv)
         if (!app.backend)
             return start_failed(1, "%s", err);
         app.backend_name = app.backend->i->name(app.backend);
+        sf_precision asked = precision_of(app.cfg.model.precision);
+        sf_precision used = app.backend->i->precision_in_force
+                                ? app.backend->i->precision_in_force(app.backend, asked)
+                                : asked;
+        static const char *const names[] = {[SF_PREC_FP32] = "fp32", [SF_PREC_TF32] = "tf32",
+                                            [SF_PREC_BF16] = "bf16"};
+        app.precision = names[used];
     } else {
         app.backend_name = "sink";
     }

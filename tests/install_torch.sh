@@ -20,22 +20,31 @@ reqs="$(dirname "$0")/requirements-torch.txt"
 pip="$venv/bin/pip"
 need_gb=${TORCH_PYPI_MIN_FREE_GB:-12}
 
-if "$pip" install -q --no-cache-dir --retries 1 --timeout 30 --index-url "$index" -r "$reqs"; then
+# pip's own ERROR lines of an attempt that has a fallback after it are kept
+# aside and shown only if no attempt succeeds: a first attempt that fails as
+# expected (an index that does not answer, a wheel it lacks) is the normal
+# path on many machines, not an error.
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+if "$pip" install -q --no-cache-dir --retries 1 --timeout 30 --index-url "$index" -r "$reqs" 2>"$log"; then
     echo "install_torch: torch from $index"
     exit 0
 fi
+first=$(grep -m1 -o 'ERROR: .*' "$log" | cut -c8-120)
+echo "install_torch: no torch from $index (${first:-pip failed}); trying PyPI"
 
 free_gb=$(df -Pk "$venv" | awk 'NR == 2 { print int($4 / 1048576) }')
 if [ "${free_gb:-0}" -ge "$need_gb" ]; then
-    if "$pip" install -q --no-cache-dir -r "$reqs"; then
+    if "$pip" install -q --no-cache-dir -r "$reqs" 2>>"$log"; then
         echo "install_torch: torch from PyPI (the CUDA build; $free_gb GiB were free)"
         exit 0
     fi
+    cat "$log" >&2
     why="pip could not install PyPI's torch"
     "$pip" freeze 2>/dev/null | sed -n -E 's/^((torch|triton|nvidia-[^=]*|cuda-[^=]*)) ?[=@].*/\1/p' \
         | xargs -r "$pip" uninstall -q -y >/dev/null 2>&1
 else
-    why="$index does not answer and PyPI's CUDA build needs ~${need_gb} GiB free here, where ${free_gb:-?} GiB are"
+    why="$index gave none (${first:-pip failed}) and PyPI's CUDA build needs ~${need_gb} GiB free here, where ${free_gb:-?} GiB are"
 fi
 echo "install_torch: WARNING: torch is not installed: $why." >&2
 echo "install_torch: the tests that compare with PyTorch will be SKIPPED (pytest -rs names them)." >&2

@@ -6,14 +6,22 @@
 # finishes in a minute on two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=build/streamfeed
-LOAD=build/streamfeed-load
+BUILD=${BUILD:-build}
+BIN=$BUILD/streamfeed
+LOAD=$BUILD/streamfeed-load
 BATCHES=${BATCHES:-}
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  MODE=gpu
-else
+# One line saying why the demo runs on the CPU, when it does: no GPU here, or
+# a binary built without the CUDA backend (the Makefile's choice, or CUDA=0).
+built=$($BIN --version | sed -n 's/.*backend built: \([a-z]*\).*/\1/p')
+if ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   MODE=cpu
+  WHY="no usable GPU on this machine (nvidia-smi finds none)"
+elif [ "$built" != cuda ]; then
+  MODE=cpu
+  WHY="$BIN was built without the CUDA backend (make CUDA=1 demo builds it)"
+else
+  MODE=gpu
 fi
 if [ "$MODE" = gpu ]; then
   ARGS=(--pipeline.backend auto --model.preset seed-classifier --optim.lr 0.01 --optim.momentum 0.9)
@@ -26,7 +34,7 @@ fi
 
 log=$(mktemp)
 out=$(mktemp)
-$BIN --http.port 0 --log.requests false "${ARGS[@]}" >"$out" 2>"$log" &
+$BIN --http.host 127.0.0.1 --http.port 0 --log.requests false "${ARGS[@]}" >"$out" 2>"$log" &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -f "$log" "$out"' EXIT
 for _ in $(seq 1 200); do
@@ -34,7 +42,8 @@ for _ in $(seq 1 200); do
   kill -0 $pid 2>/dev/null || { cat "$log"; exit 1; }
   sleep 0.05
 done
-url=$(grep -o 'http://[^ ]*' "$out" | sed 's/0\.0\.0\.0/127.0.0.1/')
+url=$(grep -o 'http://[^ ]*' "$out")
+[ "$MODE" = cpu ] && echo "demo: on the CPU reference backend with the tiny model: $WHY"
 echo "demo: streamfeed ($MODE) at $url — model: $(curl -s "$url/v1/model" | python3 -c 'import json,sys; m=json.load(sys.stdin); print(m["preset"], m["params"], "params, backend", m["backend"])')"
 $LOAD --url "$url" --learnable --wait "${WORKLOAD[@]}"
 echo "demo: first and last losses as the service reports them:"

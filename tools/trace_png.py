@@ -1,5 +1,5 @@
 """Draws a GET /v1/trace reply (Chrome trace-event JSON) as a timeline PNG —
-the picture in the README is this script's rendering of a real trace.
+the picture in docs/OBSERVABILITY.md is this script's rendering of a real trace.
 
     python3 tools/trace_png.py trace.json out.png [--ms 12]
 """

@@ -1778,6 +1778,7 @@ static const sf_backend_i cuda_vtable = {
     cu_get_opt_state, cu_set_opt_state, cu_bench, cu_device_stats,
     cu_get_buffers, cu_set_buffers, cu_get_opt_sq, cu_set_opt_sq, cu_describe,
     cu_param_digest,
+    NULL, /* precision_in_force: the CUDA backend computes in model.precision as asked */
 };
 
 __global__ void k_probe(int *p)

@@ -1231,6 +1231,13 @@ static void ref_destroy(sf_backend *be)
     free(be);
 }
 
+/* TF32 is a tensor-core format; the reference's loops compute in fp32 (see
+ * the top), so that is what a tf32 model trains in here. */
+static sf_precision ref_precision_in_force(sf_backend *be, sf_precision asked)
+{
+    return asked == SF_PREC_TF32 ? SF_PREC_FP32 : asked;
+}
+
 static const sf_backend_i ref_vtable = {
     .name = ref_name,
     .host_alloc = ref_host_alloc,
@@ -1253,6 +1260,7 @@ static const sf_backend_i ref_vtable = {
     .get_opt_sq = ref_get_opt_sq,
     .set_opt_sq = ref_set_opt_sq,
     .param_digest = ref_param_digest,
+    .precision_in_force = ref_precision_in_force,
 };
 
 sf_backend *sf_backend_ref_new(char *err, size_t errlen)

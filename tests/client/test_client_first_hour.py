@@ -5,6 +5,7 @@ the package's own typing (mypy --strict runs in make client-test)."""
 import asyncio
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from streamfeed import BatchAccepted, BatchResult, Client, FeedAborted, encode_b
 from streamfeed.wire import encode_batch_parts
 
 from test_client import colour_batch, random_batch
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ---- construction and inputs (no server) -------------------------------------------------
@@ -107,6 +110,29 @@ def test_post_batch_returns_typed_results(module_server, rng):
     assert isinstance(c.batch(acc.id), BatchResult)
 
 
+# A user's typed program (make package-test checks it against the installed wheel too).
+_TYPED_USE = (REPO / "tests" / "package" / "uses_the_client.py").read_text()
+
+
+def _mypy(tmp_path, code):
+    mypy = pytest.importorskip("mypy.api")
+    (tmp_path / "use.py").write_text(code)
+    return mypy.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path / ".mypy_cache"),
+                     "--python-version", "3.10", str(tmp_path / "use.py")])
+
+
+def test_mypy_strict_knows_that_wait_true_returns_a_batch_result(tmp_path, monkeypatch):
+    monkeypatch.setenv("MYPYPATH", str(REPO / "client" / "python"))
+    out, err, status = _mypy(tmp_path, _TYPED_USE)
+    assert status == 0, out + err
+
+
+def test_mypy_strict_refuses_a_loss_read_from_a_batch_that_was_only_queued(tmp_path, monkeypatch):
+    monkeypatch.setenv("MYPYPATH", str(REPO / "client" / "python"))
+    out, err, status = _mypy(tmp_path, _TYPED_USE + "\nc.post_batch(images, labels).loss\n")
+    assert status == 1 and '"BatchAccepted" has no attribute "loss"' in out, out + err
+
+
 # ---- feed ------------------------------------------------------------------------------------
 
 
@@ -142,6 +168,17 @@ def test_feed_takes_hugging_face_style_dict_samples_and_a_key_mapping(module_ser
     assert c.feed(own, connections=1, progress=False, keys=("x", "y")).batches == 2
     with pytest.raises(TypeError, match=r"keys=\("):
         c.feed(own, connections=1, progress=False)
+
+
+def test_per_sample_dicts_as_a_hugging_face_dataset_yields_them_get_told_to_batch(module_server, rng):
+    c = module_server.client()
+    images, labels = random_batch(rng, 2)
+    samples = [{"image": images[i], "label": int(labels[i])} for i in range(2)]
+    with pytest.raises(TypeError, match=r"one sample .*batch the dataset first.*DataLoader.*iter\(batch_size=32\)"):
+        c.feed(samples, connections=1, progress=False)
+    own = [{"x": images[0], "y": np.int64(3)}]
+    with pytest.raises(TypeError, match=r"one sample"):
+        c.feed(own, connections=1, progress=False, keys=("x", "y"))
 
 
 def test_the_progress_bar_shows_the_live_loss_while_feeding(start_server, capsys):

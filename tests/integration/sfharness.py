@@ -282,9 +282,9 @@ class Server:
     def __init__(self, args, env=None, log_dir=None, name="streamfeed", verify=None):
         self.args = [BIN, "--http.port", "0", "--http.host", "127.0.0.1"] + list(args)
         # The test's own STREAMFEED_* variables only: an option set in the
-        # environment of the test runner must not leak into the server.
-        full_env = {k: v for k, v in os.environ.items()
-                    if not k.startswith("STREAMFEED_") or k in ("STREAMFEED_BIN", "STREAMFEED_LOAD")}
+        # environment of the test runner must not leak into the server, and
+        # the runner's own (STREAMFEED_BIN) would be warned about as unknown.
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFEED_")}
         full_env.update(env or {})
         self.stderr_path = Path(log_dir or "/tmp") / f"{name}-{os.getpid()}-{id(self)}.stderr"
         self._stderr = open(self.stderr_path, "w+b")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from sfharness import BIN, REPO, SINK, TINY, wait_until
+from sfharness import BIN, LOAD_BIN, REPO, SINK, TINY, wait_until
 
 
 def run(*args, env=None, timeout=30):
@@ -34,6 +34,34 @@ def test_version_prints_the_version_and_the_commit():
                      p.stdout)
     assert m, p.stdout
     # The same strings label streamfeed_build_info (test_foundation checks it).
+
+
+def test_streamfeed_load_version_prints_the_version_and_the_commit():
+    p = subprocess.run([LOAD_BIN, "--version"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0, p.stderr
+    m = re.fullmatch(r"streamfeed-load (\S+) \(commit ([0-9a-f]{7,40}|unknown)\)\n", p.stdout)
+    assert m, p.stdout
+    # Stamped by the build like the server's (unknown only without git).
+    assert (m.group(1) == "unknown") == (m.group(2) == "unknown"), p.stdout
+
+
+@pytest.mark.parametrize("var,meant", [
+    ("STREAMFEED_RING_SLOT", "STREAMFEED_RING_SLOTS (ring.slots)"),
+    ("STREAMFEED_PORT", "STREAMFEED_HTTP_PORT (http.port)"),
+    ("STREAMFEED_HTPP_THREADS", "STREAMFEED_HTTP_THREADS (http.threads)"),
+    ("STREAMFEED_LEARNING_RATE_OF_SGD", None),
+])
+def test_an_unknown_streamfeed_environment_variable_is_warned_about_at_start_with_a_did_you_mean(
+        start_server, var, meant):
+    s = start_server(SINK, env={var: "4", "STREAMFEED_RING_SLOTS": "8", "STREAMFEED_CONFIG": ""})
+    lines = [ln for ln in s.stderr().splitlines() if " warn " in ln]
+    assert len(lines) == 1, s.stderr()  # the options and STREAMFEED_CONFIG are not warned about
+    assert f"environment {var} is not an option and is ignored" in lines[0], lines[0]
+    if meant:
+        assert f"did you mean {meant}?" in lines[0], lines[0]
+    else:
+        assert "did you mean" not in lines[0] and "streamfeed --help lists the options" in lines[0], lines[0]
+    assert s.get("/healthz").status_code == 200
 
 
 @pytest.mark.parametrize("flag,meant", [
@@ -153,6 +181,86 @@ def test_make_cuda_0_is_remembered_by_later_makes_in_the_same_build_folder(tmp_p
     assert "CUDA backend" in again.stdout
 
 
+def test_without_a_usable_gpu_make_builds_the_cpu_backend_alone_unless_cuda_1_is_given(tmp_path):
+    # NVCC=/bin/true: nvcc is found; GPU_USABLE= or =1: what nvidia-smi -L would say.
+    cpu = _make("NVCC=/bin/true", "GPU_USABLE=", "print-found", build=tmp_path / "a")
+    assert "CPU reference backend only" in cpu.stdout and "no usable GPU" in cpu.stdout, cpu.stdout + cpu.stderr
+    asked = _make("NVCC=/bin/true", "GPU_USABLE=", "CUDA=1", "print-found", build=tmp_path / "b")
+    assert "CUDA backend" in asked.stdout, asked.stdout
+    gpu = _make("NVCC=/bin/true", "GPU_USABLE=1", "print-found", build=tmp_path / "c")
+    assert "CUDA backend" in gpu.stdout, gpu.stdout
+
+
+def test_make_test_compiles_the_cuda_code_and_gpu_tests_where_nvcc_is_found_even_without_a_gpu(tmp_path):
+    p = _make("-n", "NVCC=/bin/true", "GPU_USABLE=", "test-builds", build=tmp_path / "a")
+    assert "CUDA backend" in p.stdout, p.stdout[-2000:] + p.stderr
+    assert re.search(r"^/bin/true .* -c gpu/cuda/\w+\.cu ", p.stdout, re.MULTILINE), p.stdout[-2000:]
+    assert re.search(r"^/bin/true .*tests/gpu/test_\w+\.cu ", p.stdout, re.MULTILINE), p.stdout[-2000:]
+
+
+def test_a_build_folder_that_holds_the_cuda_flavour_keeps_it_without_a_gpu(tmp_path):
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / ".flavour-cuda1").touch()
+    p = _make("NVCC=/bin/true", "GPU_USABLE=", "print-found", build=build)
+    assert "CUDA backend" in p.stdout, p.stdout + p.stderr
+
+
+def test_make_builds_on_every_core_unless_told_otherwise(tmp_path):
+    p = _make("-p", "-q", "print-found", build=tmp_path / "a")
+    flags = next(ln for ln in p.stdout.splitlines() if ln.startswith("MAKEFLAGS"))
+    assert f"-j{os.cpu_count()}" in flags or f"-j{len(os.sched_getaffinity(0))}" in flags, flags
+
+
+def test_make_deps_demo_compiles_nothing_before_deps_has_installed_the_packages(tmp_path):
+    build = tmp_path / "build"
+    p = _make("-p", "-n", "GPU_USABLE=", "deps", "demo", build=build)
+    db = p.stdout.splitlines()
+    for target in (f"{build}/.flavour-cuda0", "demo", ".venv/.stamp"):
+        rule = next((ln for ln in db if ln.startswith(target + ":")), "")
+        assert "| deps" in rule or rule.endswith("deps"), f"{target} does not wait for deps: {rule!r}"
+
+
+def _fake_pip(tmp_path, cpu_index_has_torch):
+    """A virtualenv whose pip answers as pip does: the CPU index with or
+    without torch, PyPI with it."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    pip = venv / "bin" / "pip"
+    fail = "" if cpu_index_has_torch else (
+        'case "$*" in *--index-url*) echo "ERROR: Could not find a version that satisfies the requirement torch" >&2; '
+        'echo "ERROR: No matching distribution found for torch" >&2; exit 1;; esac\n')
+    pip.write_text("#!/bin/sh\n" + fail + "exit 0\n")
+    pip.chmod(0o755)
+    return venv
+
+
+@pytest.mark.parametrize("cpu_index_has_torch", [True, False])
+def test_installing_torch_prints_no_pip_error_when_an_index_gives_it(tmp_path, cpu_index_has_torch):
+    venv = _fake_pip(tmp_path, cpu_index_has_torch)
+    p = subprocess.run(["bash", str(REPO / "tests" / "install_torch.sh"), str(venv), "http://cpu.invalid/whl"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "TORCH_PYPI_MIN_FREE_GB": "0"})
+    assert p.returncode == 0, p.stderr
+    assert "ERROR" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert ("torch from http://cpu.invalid/whl" if cpu_index_has_torch else "torch from PyPI") in p.stdout, p.stdout
+
+
+def test_the_demo_says_in_one_line_why_it_runs_on_the_cpu(tmp_path):
+    if "backend built: cuda" in run("--version").stdout and \
+            subprocess.run(["sh", "-c", "nvidia-smi -L"], capture_output=True).returncode == 0:
+        pytest.skip("a GPU is usable here: the demo runs on it")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMFEED_")}
+    env.update(BUILD=str(Path(BIN).parent), BATCHES="40")
+    p = subprocess.run(["bash", str(REPO / "tools" / "demo.sh")], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    why = [ln for ln in p.stdout.splitlines() if ln.startswith("demo: on the CPU")]
+    assert len(why) == 1, p.stdout
+    assert "no usable GPU" in why[0] or "built without the CUDA backend" in why[0], why[0]
+    assert "http://127.0.0.1:" in p.stdout, "the demo serves this machine only"
+    assert "batch    40: loss" in p.stdout, p.stdout
+
+
 def test_the_start_up_reason_tells_cuda_0_apart_from_no_nvcc(tmp_path):
     obj = "gpu/nocuda/backend_nocuda.o"
     off = _make("-n", "CUDA=0", f"{tmp_path / 'a'}/{obj}", build=tmp_path / "a")
@@ -167,7 +275,8 @@ def test_a_cuda_0_build_says_so_when_auto_falls_back(start_server):
     s = start_server(*TINY, "--pipeline.backend", "auto")
     wait_until(lambda: "no usable GPU" in s.stderr(), 10, what="the fallback line")
     line = next(ln for ln in s.stderr().splitlines() if "no usable GPU" in ln)
-    assert "built without CUDA (CUDA=0" in line or "built without CUDA (no nvcc at build time)" in line
+    assert "built without CUDA (CUDA=0" in line or "built without CUDA (no nvcc at build time)" in line or \
+        "built without CUDA (no usable GPU on the build host" in line, line
 
 
 def test_a_cuda_build_on_a_machine_without_the_driver_says_so_when_auto_falls_back(start_server):
@@ -201,14 +310,23 @@ def _make_run_command():
     return shlex.split(lines[-1])[1:]
 
 
-def test_the_readme_first_snippet_against_make_run_finishes_within_a_minute_on_this_host(start_server):
+def test_make_run_serves_this_machine_only_unless_host_is_given():
+    args = _make_run_command()
+    assert args[args.index("--http.host") + 1] == "127.0.0.1", args
+    build = Path(BIN).parent
+    p = _make("-n", "run", "PORT=0", "HOST=0.0.0.0", build=build)
+    assert "--http.host 0.0.0.0" in p.stdout, p.stdout
+
+
+def test_the_readme_first_snippet_against_make_run_finishes_within_a_minute_on_this_host(start_server, tmp_path):
     args = _make_run_command()
     s = start_server(*args, "--log.requests", "false")
     if s.get("/v1/model").json()["backend"] != "ref":
         pytest.skip("a GPU is usable here: the CPU path is not the one a user gets")
     code = _readme_snippet().replace("http://localhost:8080", s.url)
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    # The snippet writes batch.safetensors for the curl line after it: in a folder of its own.
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, cwd=tmp_path)
     took = time.monotonic() - t0
     assert p.returncode == 0, p.stderr
     assert took < 60, f"the README's first POST took {took:.0f} s on the CPU backend"
@@ -240,6 +358,98 @@ def test_help_docs_and_readme_cite_only_documents_that_ship_in_the_repository():
         if "shared/" in text or ("DESIGN.md" in text and not (REPO / "docs" / "DESIGN.md").is_file()):
             missing.append(f"{where} mentions a document outside the repository (DESIGN.md, shared/)")
     assert not missing, missing
+
+
+README_MAX_LINES = 250
+# [text](target) in Markdown, outside code blocks; the target up to a space or ")".
+_MD_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _shipped_files():
+    """The files a clone gets: git's index where the tree is a git checkout,
+    else every file on disk (a source archive)."""
+    p = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True)
+    if p.returncode != 0:
+        return {str(f.relative_to(REPO)) for f in REPO.rglob("*") if f.is_file()}
+    return set(p.stdout.decode().split("\0")) - {""}
+
+
+def _github_anchor(heading):
+    """The fragment GitHub gives a heading: lower case, punctuation dropped
+    (hyphens and underscores kept), each space a hyphen."""
+    h = re.sub(r"`", "", heading.strip().lower())
+    h = re.sub(r"[^\w\- ]", "", h)
+    return h.replace(" ", "-")
+
+
+def _anchors(text):
+    seen, out = {}, set()
+    for line in _outside_code(text).splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            a = _github_anchor(m.group(1))
+            n = seen.get(a, 0)
+            seen[a] = n + 1
+            out.add(a if n == 0 else f"{a}-{n}")
+    return out
+
+
+def _outside_code(text):
+    return re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def _user_guide():
+    return ["README.md"] + [f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_readme_is_a_first_page_of_at_most_250_lines():
+    n = len((REPO / "README.md").read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines; move sections to docs/ (at most {README_MAX_LINES})"
+
+
+def test_every_link_of_the_readme_and_the_user_guide_leads_to_a_shipped_file_and_heading():
+    shipped = _shipped_files()
+    dead = []
+    for doc in _user_guide():
+        src = REPO / doc
+        for target in _MD_LINK.findall(_outside_code(src.read_text())):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: — not ours to check
+                continue
+            path, _, frag = target.partition("#")
+            dest = (src.parent / path).resolve() if path else src.resolve()
+            try:
+                rel = str(dest.relative_to(REPO))
+            except ValueError:
+                dead.append(f"{doc}: {target} leaves the repository")
+                continue
+            if not dest.exists() or (dest.is_file() and rel not in shipped) or \
+                    (dest.is_dir() and not any(f.startswith(rel + "/") for f in shipped)):
+                dead.append(f"{doc}: {target} (not in the repository)")
+            elif frag and dest.suffix == ".md" and frag not in _anchors(dest.read_text()):
+                dead.append(f"{doc}: {target} (no heading #{frag} in {rel})")
+    assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+def test_the_link_check_finds_a_dead_file_and_a_dead_heading(tmp_path):
+    text = "# Top\n## A section\n[ok](#a-section) [gone](#no-such) [file](missing.md)\n"
+    assert "a-section" in _anchors(text) and "no-such" not in _anchors(text)
+    assert _MD_LINK.findall(text) == ["#a-section", "#no-such", "missing.md"]
+    assert _github_anchor("Where we stand (one H200, commit 6833f64, 2026-11-28)") == \
+        "where-we-stand-one-h200-commit-6833f64-2026-11-28"
+
+
+def test_every_page_of_the_user_guide_is_cited_from_the_readme():
+    readme = (REPO / "README.md").read_text()
+    cited = {(REPO / t.partition("#")[0]).resolve() for t in _MD_LINK.findall(readme)}
+    missing = [d for d in _user_guide()[1:] if (REPO / d).resolve() not in cited]
+    assert not missing, f"pages of docs/ the README does not link: {missing}"
+
+
+def test_the_readme_and_the_user_guide_speak_of_gpus_not_of_our_test_machines():
+    words = re.compile(r"\blent\b|\bleases?\b", re.IGNORECASE)
+    found = [f"{d}:{i}: {ln.strip()}" for d in _user_guide()
+             for i, ln in enumerate((REPO / d).read_text().splitlines(), 1) if words.search(ln)]
+    assert not found, found
 
 
 def test_generated_config_markdown_escapes_pipes_so_every_row_has_seven_cells():

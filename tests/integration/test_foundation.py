@@ -231,7 +231,8 @@ def test_get_config_shows_every_option_with_its_default(start_server):
     for name, (typ, default) in table.items():
         sec, opt = name.split(".")
         assert opt in cfg.get(sec, {}), f"{name} missing from GET /v1/config"
-        if name in ("pipeline.mode", "http.port", "http.host"):
+        # the harness's own flags; and the pipelines, shown as the preset's recipe they run
+        if name in ("pipeline.mode", "http.port", "http.host", "augment.pipeline", "augment.eval_pipeline"):
             continue
         assert cfg[sec][opt] == typed_default(typ, default), name
     assert sum(len(v) for v in cfg.values()) == len(table), "GET /v1/config has options the table lacks"
@@ -332,6 +333,48 @@ def test_a_patch_breaking_a_rule_between_options_names_the_option_it_set(start_s
     assert err["code"] == "config_invalid" and err["field"] == field, err
     assert err["message"].startswith(field + ": ") and err["message"].count(field + ": ") == 1, err
     assert s.config() == before
+
+
+def test_get_config_shows_the_preset_recipe_in_force_and_says_it_is_the_presets(start_server):
+    s = start_server(SINK, "--model.preset", "tiny")
+    reply = s.get("/v1/config").json()
+    aug = reply["config"]["augment"]
+    assert isinstance(aug["pipeline"], list) and aug["pipeline"], aug
+    assert aug["pipeline"][0]["op"] == "to_dtype" and aug["pipeline"][-1]["op"] == "normalize", aug
+    assert isinstance(aug["eval_pipeline"], list) and aug["eval_pipeline"], aug
+    assert reply["from_preset"] == {"augment.pipeline": "tiny", "augment.eval_pipeline": "tiny"}
+    assert "## Preset recipes" in (REPO / "docs" / "CONFIG.md").read_text()
+
+
+def test_a_pipeline_that_is_set_is_shown_as_set_and_not_as_the_presets(start_server):
+    mine = [{"op": "to_dtype", "dtype": "float32", "scale": 1 / 255}]
+    s = start_server(SINK, "--model.preset", "tiny", "--augment.pipeline", json.dumps(mine))
+    reply = s.get("/v1/config").json()
+    assert reply["config"]["augment"]["pipeline"][0]["op"] == "to_dtype"
+    assert len(reply["config"]["augment"]["pipeline"]) == 1
+    assert reply["from_preset"] == {"augment.eval_pipeline": "tiny"}
+
+
+def test_patching_the_preset_recipe_back_keeps_the_pipeline_following_the_preset(start_server):
+    s = start_server(SINK, "--model.preset", "tiny")
+    aug = s.config()["augment"]
+    r = s.patch_config({"augment": {"pipeline": aug["pipeline"]}})
+    assert r.status_code == 200, r.text
+    assert r.json()["pending_restart"] == [] and r.json()["from_preset"]["augment.pipeline"] == "tiny"
+
+
+def test_v1_model_says_fp32_on_the_reference_backend_which_computes_tf32_in_fp32(start_server):
+    s = start_server(*TINY, "--pipeline.backend", "ref", "--model.precision", "tf32")
+    m = s.get("/v1/model").json()
+    assert m["backend"] == "ref"
+    assert m["precision"] == "fp32" and m["precision_configured"] == "tf32", m
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_v1_model_says_the_precision_asked_for_where_the_reference_computes_in_it(start_server, precision):
+    s = start_server(*TINY, "--pipeline.backend", "ref", "--model.precision", precision)
+    m = s.get("/v1/model").json()
+    assert m["precision"] == precision and "precision_configured" not in m, m
 
 
 def test_patching_back_the_config_that_get_returned_changes_nothing(start_server):

@@ -41,6 +41,24 @@ def test_json_request_lines_carry_method_path_status_duration_bytes_request_and_
     assert all(ln.startswith("{") for ln in s.stderr().splitlines() if ln.strip()), s.stderr()
 
 
+def test_a_4xx_request_line_carries_the_error_code_in_both_log_formats(start_server):
+    for fmt in ("json", "text"):
+        s = start_server(*TINY, "--log.format", fmt)
+        s.post_batch(b"not safetensors at all", headers={"X-Request-Id": f"bad-{fmt}"})
+        s.get("/v1/batches/987654", headers={"X-Request-Id": f"missing-{fmt}"})
+        s.get("/v1/config", headers={"X-Request-Id": f"fine-{fmt}"})
+        wait_until(lambda: f"fine-{fmt}" in s.stderr(), 10, what="the last request's line")
+        if fmt == "json":
+            lines = {ln.get("request_id"): ln for ln in json_lines(s.stderr()) if ln.get("msg") == "request"}
+            assert lines["bad-json"]["status"] == 413 and lines["bad-json"]["error"] == "header_too_large", \
+                lines["bad-json"]
+            assert lines["missing-json"]["error"] == "batch_not_found"
+            assert "error" not in lines["fine-json"]
+        else:
+            line = next(ln for ln in s.stderr().splitlines() if "request_id=missing-text" in ln)
+            assert "error=batch_not_found" in line, line
+
+
 def test_the_listening_line_is_json_in_json_mode():
     p = subprocess.Popen([BIN, "--http.port", "0", "--http.host", "127.0.0.1", "--log.format", "json", *SINK],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

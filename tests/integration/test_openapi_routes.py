@@ -1,6 +1,6 @@
 """The OpenAPI spec and the server's route table list exactly the same
-(method, path) pairs, the spec names every error code the sources send, and
-the server serves the spec file byte for byte."""
+(method, path) pairs, the spec and docs/TROUBLESHOOTING.md name every error code
+the sources send, and the server serves the spec file byte for byte."""
 import re
 
 import yaml
@@ -62,18 +62,22 @@ def test_get_openapi_yaml_returns_the_spec_file_byte_for_byte(start_server):
 # sf_reply_error(r, 409, "no_backend", ...), reject(r, u, 413, "body_too_large", ...),
 # fail(e, 400, "path_invalid", "path", ...), and a status chosen with its code:
 # fail(e, w ? 400 : 404, w ? "path_invalid" : "checkpoint_not_found", ...).
-_ERROR_CODE = re.compile(r'\b[1-5]\d\d\s*,\s*"([a-z][a-z0-9_]*)"')
-_ERROR_CODE_PAIR = re.compile(r'\b[1-5]\d\d\s*:\s*[1-5]\d\d\s*,[^,;]*\?\s*"([a-z][a-z0-9_]*)"\s*:\s*"([a-z][a-z0-9_]*)"')
+_ERROR_CODE = re.compile(r'\b([1-5]\d\d)\s*,\s*"([a-z][a-z0-9_]*)"')
+_ERROR_CODE_PAIR = re.compile(r'\b([1-5]\d\d)\s*:\s*([1-5]\d\d)\s*,[^,;]*\?\s*"([a-z][a-z0-9_]*)"\s*:\s*"([a-z][a-z0-9_]*)"')
 
 
-def test_every_error_code_the_sources_send_is_in_the_spec():
-    codes = set()
+def error_codes_from_sources():
+    """{code: {statuses}} for every error code the sources send; the batch
+    parser's codes, whose status upload.c chooses, carry no status."""
+    codes = {}
     for d in ("server", "handlers", "dist"):
         for f in (REPO / d).glob("*.c"):
             src = f.read_text()
-            codes |= {m.group(1) for m in _ERROR_CODE.finditer(src)}
+            for m in _ERROR_CODE.finditer(src):
+                codes.setdefault(m.group(2), set()).add(int(m.group(1)))
             for m in _ERROR_CODE_PAIR.finditer(src):
-                codes |= {m.group(1), m.group(2)}
+                codes.setdefault(m.group(3), set()).add(int(m.group(1)))
+                codes.setdefault(m.group(4), set()).add(int(m.group(2)))
     assert len(codes) > 50, sorted(codes)  # the patterns still find the calls
     # The batch parser's codes (server/safetensors.c error_names), sent as
     # the reply's code; bad_call is a caller's bug, never a reply.
@@ -81,7 +85,25 @@ def test_every_error_code_the_sources_send_is_in_the_spec():
     table = st[st.index("error_names[SF_ST_ERROR_COUNT]"):]
     parser_codes = set(re.findall(r'=\s*"([a-z][a-z0-9_]*)"', table[:table.index("};")])) - {"ok", "bad_call"}
     assert len(parser_codes) > 20, sorted(parser_codes)
-    codes |= parser_codes
+    for c in parser_codes:
+        codes.setdefault(c, set())
+    return codes
+
+
+def test_every_error_code_the_sources_send_is_in_the_spec():
     spec = SPEC.read_text()
-    missing = sorted(c for c in codes if not re.search(r"\b" + c + r"\b", spec))
+    missing = sorted(c for c in error_codes_from_sources() if not re.search(r"\b" + c + r"\b", spec))
     assert not missing, f"error codes the spec does not name: {missing}"
+
+
+def test_the_troubleshooting_page_lists_every_error_code_with_a_status_the_sources_send():
+    rows = {}
+    for line in (REPO / "docs" / "TROUBLESHOOTING.md").read_text().splitlines():
+        m = re.match(r"\| `([a-z][a-z0-9_]*)` \| (\d{3}) \|", line)
+        if m:
+            rows[m.group(1)] = int(m.group(2))
+    codes = error_codes_from_sources()
+    missing = sorted(set(codes) - set(rows))
+    assert not missing, f"error codes docs/TROUBLESHOOTING.md does not list: {missing}"
+    wrong = sorted(f"{c}: page {rows[c]}, sources {sorted(s)}" for c, s in codes.items() if s and rows[c] not in s)
+    assert not wrong, wrong

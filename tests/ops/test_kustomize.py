@@ -6,6 +6,8 @@ Standard with the probes, drain time and GPU request streamfeed needs."""
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
@@ -190,6 +192,20 @@ def test_config_file_comes_from_the_configmap_and_is_passed_with_config(rendered
     assert file_path == "/etc/streamfeed/config.json"
 
 
+def test_the_pod_and_the_image_listen_on_every_address_explicitly(rendered):
+    """The service's own default is loopback only: a pod must say 0.0.0.0, or
+    neither the Service nor the probes nor the other ranks could reach it."""
+    target, objs = rendered
+    config = json.loads(one(objs, "ConfigMap")["data"]["config.json"])
+    assert config["http"]["host"] == "0.0.0.0", f"deploy/{target}: config.json http.host"
+    args = container(objs).get("args", [])
+    assert "--http.host" not in args and "STREAMFEED_HTTP_HOST" not in env(objs), \
+        f"deploy/{target}: http.host set twice"
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert "COPY deploy/base/config.json /etc/streamfeed/config.json" in dockerfile
+    assert 'CMD ["--config", "/etc/streamfeed/config.json"]' in dockerfile
+
+
 def test_probes_use_healthz_and_readyz_and_allow_five_minutes_to_start(rendered):
     _, objs = rendered
     c = container(objs)
@@ -218,7 +234,7 @@ def test_grace_period_covers_the_drain(rendered):
 
 
 def test_config_file_and_environment_use_only_options_of_the_config_table(rendered):
-    """The server ignores STREAMFEED_* names that are not options, and rejects
+    """The server ignores STREAMFEED_* names that are not options (warning at start), and rejects
     unknown keys in the file at start: both must match server/config.c."""
     target, objs = rendered
     options = config_options()
@@ -394,3 +410,43 @@ def test_overlay_namespace_enforces_the_restricted_profile(overlays, overlay):
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     namespaced = [o for o in objs if o["kind"] not in CLUSTER_KINDS]
     assert {o["metadata"].get("namespace") for o in namespaced} == {ns["metadata"]["name"]}
+
+
+OVERLAYS = ["overlays/dev", "overlays/gpu", "overlays/multi-gpu"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_cluster_scoped_objects_have_no_namespace_and_are_named_after_the_overlay(overlays, overlay):
+    objs = overlays[overlay]
+    ns = one(objs, "Namespace")["metadata"]["name"]
+    for kind in CLUSTER_KINDS:
+        for o in (o for o in objs if o["kind"] == kind):
+            assert "namespace" not in o["metadata"], f"deploy/{overlay}: {kind} {o['metadata']['name']} has a namespace"
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert policy["metadata"]["name"].endswith("-" + ns), policy["metadata"]["name"]
+    assert binding["metadata"]["name"] == binding["spec"]["policyName"] == policy["metadata"]["name"]
+    # The binding holds in its own overlay's namespace only.
+    selector = binding["spec"]["matchResources"]["namespaceSelector"]
+    assert selector == {"matchLabels": {"kubernetes.io/metadata.name": ns}}, selector
+
+
+def test_two_overlays_in_one_cluster_do_not_share_a_cluster_scoped_object(overlays):
+    names = [(o["kind"], o["metadata"]["name"]) for t in OVERLAYS for o in overlays[t]
+             if o["kind"] in CLUSTER_KINDS]
+    assert len(names) == len(set(names)), sorted(names)
+
+
+def test_the_kube_prometheus_stack_component_labels_the_servicemonitor_and_rules_for_its_selector(tmp_path):
+    root = Path(os.path.relpath(REPO, tmp_path))
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {root}/deploy/overlays/gpu\n"
+        f"components:\n  - {root}/deploy/components/kube-prometheus-stack\n")
+    proc = run([kubectl(), "kustomize", str(tmp_path)])
+    assert proc.returncode == 0, proc.stderr
+    objs = load_yaml_docs(proc.stdout)
+    labelled = {o["kind"] for o in objs if o["metadata"].get("labels", {}).get("release") == "kube-prometheus-stack"}
+    assert labelled == {"ServiceMonitor", "PrometheusRule"}, labelled
+    # Without the component, nothing carries it (the label is the operator's choice).
+    assert not any("release" in o["metadata"].get("labels", {}) for o in render("overlays/gpu"))

@@ -47,7 +47,7 @@ static void test_defaults_parse_and_hold_the_table_values(void **state)
     (void)state;
     sf_config c;
     sf_config_defaults(&c);
-    assert_string_equal(c.http.host, "0.0.0.0");
+    assert_string_equal(c.http.host, "127.0.0.1");
     assert_int_equal(c.http.port, 8080);
     assert_int_equal(c.http.threads, 4);
     assert_int_equal(c.http.max_json_bytes, 1048576);

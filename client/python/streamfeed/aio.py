@@ -22,7 +22,7 @@ import asyncio
 import ssl
 from contextlib import nullcontext
 import time
-from typing import Any, AsyncIterable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, AsyncIterable, Dict, Iterable, List, Literal, Mapping, Optional, Tuple, Union, overload
 
 import numpy as np
 
@@ -159,6 +159,18 @@ class AsyncClient:
             raise E.BatchFailed(result.raw, retries)
         return result, retries
 
+    @overload
+    async def post_batch(self, images: Any, labels: Any, wait: Literal[False] = ..., *,
+                   layout: Optional[str] = ...) -> BatchAccepted: ...
+
+    @overload
+    async def post_batch(self, images: Any, labels: Any, wait: Literal[True], *,
+                   layout: Optional[str] = ...) -> BatchResult: ...
+
+    @overload
+    async def post_batch(self, images: Any, labels: Any, wait: bool, *,
+                   layout: Optional[str] = ...) -> Union[BatchAccepted, BatchResult]: ...
+
     async def post_batch(self, images: Any, labels: Any, wait: bool = False, *,
                          layout: Optional[str] = None) -> Union[BatchAccepted, BatchResult]:
         """Submits one batch (see Client.post_batch); inputs are checked before sending."""
@@ -167,6 +179,18 @@ class AsyncClient:
         return (await self.post_body(encode_batch_parts(images, labels, layout), wait))[0]
 
     # ---- evaluation ----------------------------------------------------------------
+
+    @overload
+    async def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = ..., wait: Literal[True] = ...,
+                 layout: Optional[str] = ...) -> BatchResult: ...
+
+    @overload
+    async def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = ..., wait: Literal[False],
+                 layout: Optional[str] = ...) -> BatchAccepted: ...
+
+    @overload
+    async def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = ..., wait: bool,
+                 layout: Optional[str] = ...) -> Union[BatchAccepted, BatchResult]: ...
 
     async def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = None, wait: bool = True,
                        layout: Optional[str] = None) -> Union[BatchAccepted, BatchResult]:

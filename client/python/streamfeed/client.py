@@ -18,7 +18,8 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Literal, Mapping, Optional, Tuple,
+                    Union, overload)
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -436,6 +437,18 @@ class Client:
             raise E.BatchFailed(result.raw, retries)
         return result, retries
 
+    @overload
+    def post_batch(self, images: Any, labels: Any, wait: Literal[False] = ..., *,
+                   layout: Optional[str] = ...) -> BatchAccepted: ...
+
+    @overload
+    def post_batch(self, images: Any, labels: Any, wait: Literal[True], *,
+                   layout: Optional[str] = ...) -> BatchResult: ...
+
+    @overload
+    def post_batch(self, images: Any, labels: Any, wait: bool, *,
+                   layout: Optional[str] = ...) -> Union[BatchAccepted, BatchResult]: ...
+
     def post_batch(self, images: Any, labels: Any, wait: bool = False, *,
                    layout: Optional[str] = None) -> Union[BatchAccepted, BatchResult]:
         """Submits one batch for training.
@@ -465,6 +478,18 @@ class Client:
         return self.post_body(encode_batch_parts(images, labels, layout), wait)[0]
 
     # ---- evaluation ----------------------------------------------------------------
+
+    @overload
+    def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = ..., wait: Literal[True] = ...,
+                 layout: Optional[str] = ...) -> BatchResult: ...
+
+    @overload
+    def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = ..., wait: Literal[False],
+                 layout: Optional[str] = ...) -> BatchAccepted: ...
+
+    @overload
+    def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = ..., wait: bool,
+                 layout: Optional[str] = ...) -> Union[BatchAccepted, BatchResult]: ...
 
     def evaluate(self, images: Any, labels: Any, *, eval: Optional[str] = None, wait: bool = True,
                  layout: Optional[str] = None) -> Union[BatchAccepted, BatchResult]:

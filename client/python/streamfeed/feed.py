@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor, wait as _wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple
 
+import numpy as np
+
 from . import errors as E
 from .jpeg import EncodedBatch, SkippedFile
 from .results import BatchResult
@@ -136,6 +138,17 @@ IMAGE_KEYS = ("images", "image", "pixel_values", "img")
 LABEL_KEYS = ("labels", "label", "target", "targets")
 
 
+def _refuse_one_sample(label: Any, image_key: str, label_key: str) -> None:
+    """A dict whose label is one number is one sample, as a Hugging Face
+    dataset yields them before batching: the service trains on batches, so
+    say how to make them rather than fail on the image's shape."""
+    if np.ndim(label) == 0:
+        raise TypeError(
+            f"this loader item is one sample ({{{image_key!r}: ..., {label_key!r}: {label!r}}}), and feed() "
+            "sends batches: batch the dataset first, e.g. torch.utils.data.DataLoader(dataset, batch_size=32) "
+            "or, for a Hugging Face dataset, dataset.with_format('numpy').iter(batch_size=32)")
+
+
 def _unpack(item: Any, keys: Optional[Tuple[str, str]] = None) -> Tuple[Any, Any]:
     """(images, labels) from a loader item: a 2-tuple or 2-list (what a torch
     DataLoader yields), or a mapping: keys=(images_key, labels_key) when given,
@@ -145,6 +158,7 @@ def _unpack(item: Any, keys: Optional[Tuple[str, str]] = None) -> Tuple[Any, Any
             missing = [k for k in keys if k not in item]
             if missing:
                 raise KeyError(f"loader item has no key {missing[0]!r} (keys={keys}); its keys: {sorted(item)}")
+            _refuse_one_sample(item[keys[1]], keys[0], keys[1])
             return item[keys[0]], item[keys[1]]
         ik = next((k for k in IMAGE_KEYS if k in item), None)
         lk = next((k for k in LABEL_KEYS if k in item), None)
@@ -152,6 +166,7 @@ def _unpack(item: Any, keys: Optional[Tuple[str, str]] = None) -> Tuple[Any, Any
             raise TypeError(f"a dict loader item needs image and label keys (one of {IMAGE_KEYS} and one of "
                             f"{LABEL_KEYS}); its keys are {sorted(item)}: pass keys=('your_image_key', "
                             "'your_label_key')")
+        _refuse_one_sample(item[lk], ik, lk)
         return item[ik], item[lk]
     if isinstance(item, (tuple, list)) and len(item) == 2:
         return item[0], item[1]

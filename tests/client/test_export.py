@@ -149,7 +149,7 @@ def test_every_family_exports_to_a_spec_that_computes_the_module_with_every_tens
         assert torch.equal(ex.tensors[k], v), k
     names = [layer["name"] for layer in ex.spec["layers"]]
     assert len(names) == len(set(names)), "layer names must be unique"
-    assert all(len(n_) <= 47 for n_ in names)
+    assert all(len(n_) <= 63 for n_ in names)
     assert ex.spec["input"] == [3, 64, 64] and ex.spec["classes"] == 10
 
 

@@ -59,7 +59,7 @@ WEIGHTS_FILE = "init.safetensors"
 # The longest layer name the service takes (SF_LAYER_NAME_MAX - 1 of
 # gpu/model.h). A layer with parameters must carry its state_dict prefix
 # whole; a longer one is refused here rather than by the service at start.
-NAME_MAX = 47
+NAME_MAX = 63
 
 
 class ExportError(ValueError):

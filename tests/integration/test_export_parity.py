@@ -29,9 +29,10 @@ configuration takes longer than about a minute here are trained there in a
 reduced configuration of the same family, built with torchvision's own
 classes and constructor arguments (Family.reduced below); the CUDA backend
 (on a GPU host) trains every family in its default configuration. Measured on
-the registry's reference backend, two shared cores, five steps and an eval
-batch: resnet50 reduced 28 s (full: about 55 s, see below), resnext50_32x4d and
-wide_resnet50_2 reduced 65 s each, convnext_tiny full 85 s (reduced 1 s),
+the registry's reference backend, two cores shared with other work (the
+smaller figure on a quieter machine), five steps and an eval batch: resnet50
+reduced 12 to 28 s (full: about 55 s, see below), resnext50_32x4d and
+wide_resnet50_2 reduced 11 to 65 s and 28 to 66 s, convnext_tiny full 85 s (reduced 1 s),
 vgg11_bn reduced 13 s (full: a 400 MB classifier matrix), densenet121 full
 24 s, efficientnet_b0, regnet_y_400mf and mobilenet_v2 about 20 s each, the
 rest under 10 s."""

@@ -1,0 +1,895 @@
+"""A PyTorch module as a streamfeed model: ``config.json`` and ``init.safetensors``.
+
+::
+
+    import torch, torchvision
+    from streamfeed.export import export_model
+
+    model = torchvision.models.efficientnet_b0(num_classes=10)
+    export_model(model, torch.zeros(1, 3, 224, 224), "effnet")
+    # then: streamfeed --config effnet/config.json
+
+or from the shell::
+
+    python -m streamfeed.export torchvision.models:efficientnet_b0 --kwargs '{"num_classes":10}' \\
+        --input 3,224,224 --out effnet
+
+The module is traced with ``torch.fx.symbolic_trace``. Each ``call_module``
+node is one leaf module with its object at hand (a Conv2d's groups and
+padding, a BatchNorm2d's eps and momentum) and its ``state_dict`` prefix as
+target, so it maps onto one layer of the model spec whose parameters keep
+their PyTorch names. ``torch.export`` was not used: its ATen graph splits a
+module into op sequences (StochasticDepth into empty, bernoulli_, div_ and
+mul; BatchNorm2d into batch_norm plus an add_ on num_batches_tracked;
+torchvision's LayerNorm2d into permute, layer_norm, permute) whose parameters
+are graph inputs named only in the graph signature, so each layer would have
+to be re-assembled from ATen ops by their module-stack metadata; and it takes
+about 2 s where symbolic_trace takes 0.06 s (EfficientNet-B0, torch 2.15).
+
+A module or op that has no layer kind is refused with :class:`ExportError`
+naming the op, its module path (``features.3.block.1``) and what is supported;
+nothing is written then. ``docs/EXPORT.md`` lists what maps to what.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import operator
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+
+__all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "main",
+           "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "init.safetensors"
+# The longest layer name the service takes (SF_LAYER_NAME_MAX - 1 of
+# gpu/model.h). A layer with parameters must carry its state_dict prefix
+# whole; a longer one is refused here rather than by the service at start.
+NAME_MAX = 63
+
+
+class ExportError(ValueError):
+    """A module the service cannot train as it is. ``op`` is the module class
+    or function, ``module_path`` where it sits in the module (``""``: the
+    top-level module), ``supported`` what would map instead."""
+
+    def __init__(self, message: str, op: str = "", module_path: str = "", supported: str = ""):
+        self.op, self.module_path, self.supported = op, module_path, supported
+        where = f" at {module_path!r}" if module_path else " in the top-level module" if op else ""
+        text = f"cannot export {op}{where}: {message}" if op else message
+        if supported:
+            text += f". Supported: {supported}"
+        super().__init__(text)
+
+
+# What maps onto the layer kinds of the service (gpu/model.h): the module
+# classes by name, and the functions and tensor methods of a traced forward().
+SUPPORTED_MODULES: Dict[str, str] = {
+    "Conv2d": "conv2d (groups, dilation, square kernels, zero padding)",
+    "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
+    "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
+    "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
+    "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid",
+    "MaxPool2d": "maxpool2d (no dilation)", "AvgPool2d": "avgpool2d (no divisor_override)",
+    "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
+    "Linear": "linear (on features, or per pixel over channels after a permute)",
+    "Dropout": "dropout (p 0: nothing)", "Flatten": "flatten (start_dim 1)",
+    "LayerNorm": "layernorm2d (over channels after a permute), layernorm (over features)",
+    "LayerNorm2d": "layernorm2d (torchvision.models.convnext.LayerNorm2d)",
+    "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
+    "Identity": "nothing",
+}
+SUPPORTED_FUNCTIONS: Dict[str, str] = {
+    "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
+    "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
+                                                          "layer_scale (a [C,1,1] parameter named layer_scale)",
+    "torch.cat": "concat (along channels)",
+    "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
+    "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
+    "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid":
+        "the activation of that name",
+    "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
+    "F.dropout": "dropout", "Tensor.contiguous": "nothing",
+}
+
+
+def _supported_modules() -> str:
+    return ", ".join(SUPPORTED_MODULES)
+
+
+def _supported_functions() -> str:
+    return "; ".join(SUPPORTED_FUNCTIONS)
+
+
+# ---- tracing ----------------------------------------------------------------------------------
+
+# Modules outside torch.nn that are layers of their own: the tracer keeps them
+# whole instead of tracing their forward() into ops.
+_LEAF_NAMES = {("torchvision.ops.stochastic_depth", "StochasticDepth"),
+               ("torchvision.models.convnext", "LayerNorm2d")}
+
+
+def _is_torchvision(m: nn.Module, name: str) -> bool:
+    t = type(m)
+    return t.__name__ == name and (t.__module__, name) in _LEAF_NAMES
+
+
+class _Tracer(torch.fx.Tracer):
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        if (type(m).__module__, type(m).__name__) in _LEAF_NAMES:
+            return True
+        return bool(super().is_leaf_module(m, module_qualified_name))
+
+
+@dataclass
+class _Val:
+    """A tensor of the traced graph as the service sees it: the layer that
+    makes it (-1: the model input), its per-sample shape in the service's
+    terms ([C,H,W] or [F]) and whether PyTorch holds it permuted to
+    channels-last ([N,H,W,C], ConvNeXt's blocks)."""
+    layer: int
+    shape: Tuple[int, ...]
+    nhwc: bool = False
+
+
+@dataclass
+class ExportedModel:
+    """What :func:`convert` makes of a module: the model spec (the JSON
+    object of ``model.spec``) and the tensors of ``model.init_from`` (the
+    module's state_dict, every entry of it, under its own names)."""
+    spec: Dict[str, Any]
+    tensors: Dict[str, torch.Tensor]
+
+
+@dataclass
+class _Builder:
+    module: nn.Module
+    layers: List[Dict[str, Any]] = field(default_factory=list)
+    names: Set[str] = field(default_factory=set)
+    module_paths: Set[str] = field(default_factory=set)
+    covered: Dict[str, str] = field(default_factory=dict)  # state_dict key -> layer name
+    state: Dict[str, torch.Tensor] = field(default_factory=dict)
+    generating: bool = False  # naming the layers of a function (not of a module's own call)
+
+    def unique(self, base: str, generated: bool) -> str:
+        """A name for a layer without parameters: its module path (or the
+        path of the module whose forward() made it), cut at the end where it
+        is too long, so that a model.freeze prefix still covers it, and
+        numbered where it is taken."""
+        name, i = base[:NAME_MAX], 0
+        while name in self.names or ((generated or i) and name in self.module_paths):
+            i += 1
+            suffix = f"_{i}"
+            name = base[:NAME_MAX - len(suffix)] + suffix
+        return name
+
+    def emit(self, kind: str, name: str, inputs: Sequence[_Val], shape: Tuple[int, ...], nhwc: bool = False,
+             params: Sequence[str] = (), generated: bool = False, **fields: Any) -> _Val:
+        """Appends a layer reading inputs and returns its output. name is a
+        module path, or a name made from one (generated: a function's)."""
+        idx = len(self.layers)
+        if params:
+            # A layer with parameters is named by its state_dict prefix exactly.
+            if name in self.names:
+                raise ExportError("the module is called more than once; each call would need its own "
+                                  "parameters", op=kind, module_path=name)
+            for p in params:
+                key = f"{name}.{p}"
+                if key in self.covered:
+                    raise ExportError(f"its parameter {key} would be used by two layers; the service gives "
+                                      "each layer its own parameters (call the module once, or use two modules)",
+                                      op=kind, module_path=name)
+                self.covered[key] = name
+            if len(name) > NAME_MAX:
+                raise ExportError(f"its module path is {len(name)} characters long; the service names a layer "
+                                  f"with at most {NAME_MAX} (rename a module on the way)", op=kind, module_path=name)
+        else:
+            name = self.unique(name, generated or self.generating)
+        self.names.add(name)
+        layer: Dict[str, Any] = {"type": kind, "name": name}
+        if not (len(inputs) == 1 and inputs[0].layer == idx - 1):
+            layer["inputs"] = [self.layers[v.layer]["name"] if v.layer >= 0 else -1 for v in inputs]
+        layer.update(fields)
+        self.layers.append(layer)
+        return _Val(idx, shape, nhwc)
+
+
+def _path_of(node: torch.fx.Node) -> str:
+    """The module path of a node: its target for call_module, else the
+    innermost module whose forward() made it ("" at the top level)."""
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    last = list(stack.values())[-1]
+    return str(last[0] if isinstance(last, tuple) else last)
+
+
+def _op_name(node: torch.fx.Node, module: Optional[nn.Module] = None) -> str:
+    if node.op == "call_module" and module is not None:
+        cls = type(module)
+        return f"{cls.__module__}.{cls.__qualname__}"
+    if node.op == "call_method":
+        return f"Tensor.{node.target}"
+    t = node.target
+    mod = getattr(t, "__module__", None) or ""
+    name = getattr(t, "__name__", str(t))
+    if mod in ("_operator", "operator"):
+        return f"operator.{name}"
+    if mod.startswith("torch.nn.functional") or (mod == "torch._C._nn"):
+        return f"torch.nn.functional.{name}"
+    return f"{mod}.{name}" if mod else name
+
+
+def _pair(v: Any, what: str, op: str, path: str) -> int:
+    """An int or a square pair, as the service takes one number."""
+    if isinstance(v, (tuple, list)):
+        if len(set(v)) != 1:
+            raise ExportError(f"{what} {tuple(v)} is not square; the service takes one {what} for both "
+                              "dimensions", op=op, module_path=path)
+        v = v[0]
+    return int(v)
+
+
+def _spatial(shape: Tuple[int, ...], op: str, path: str) -> Tuple[int, int, int]:
+    if len(shape) != 3:
+        raise ExportError(f"needs a [C,H,W] map, not a tensor of per-sample shape {list(shape)}", op=op,
+                          module_path=path)
+    return shape[0], shape[1], shape[2]
+
+
+def _meta_shape(node: torch.fx.Node) -> Optional[Tuple[int, ...]]:
+    tm = node.meta.get("tensor_meta")
+    if tm is None or not hasattr(tm, "shape"):
+        return None
+    return tuple(int(d) for d in tm.shape)
+
+
+class _Converter:
+    def __init__(self, module: nn.Module, gm: torch.fx.GraphModule):
+        self.module, self.gm = module, gm
+        self.b = _Builder(module)
+        self.b.module_paths = {n for n, _ in module.named_modules() if n}
+        self.b.state = dict(module.state_dict(keep_vars=False))
+        self.vals: Dict[torch.fx.Node, Any] = {}
+
+    # -- values --
+    def val(self, a: Any, node: torch.fx.Node, what: str = "input") -> _Val:
+        if isinstance(a, torch.fx.Node):
+            v = self.vals.get(a)
+            if isinstance(v, _Val):
+                return v
+            if a.op == "get_attr":
+                raise ExportError(f"uses the tensor {a.target} of the module as an {what}; only a [C,1,1] "
+                                  "parameter named layer_scale multiplying a map is supported",
+                                  op=self.opname(node), module_path=_path_of(node),
+                                  supported=_supported_functions())
+        raise ExportError(f"takes {a!r} as its {what}, which is not a tensor the service computes",
+                          op=self.opname(node), module_path=_path_of(node))
+
+    def opname(self, node: torch.fx.Node) -> str:
+        mod = self.gm.get_submodule(str(node.target)) if node.op == "call_module" else None
+        return _op_name(node, mod)
+
+    def out_shape(self, node: torch.fx.Node) -> Tuple[int, ...]:
+        s = _meta_shape(node)
+        assert s is not None, node
+        return s[1:]
+
+    # -- the walk --
+    def run(self) -> Dict[str, Any]:
+        nodes = list(self.gm.graph.nodes)
+        out_node = next(n for n in nodes if n.op == "output")
+        live = self.live_nodes(out_node)
+        self.check_in_place(nodes)
+        inp = [n for n in nodes if n.op == "placeholder"]
+        if len(inp) != 1:
+            raise ExportError(f"forward() takes {len(inp)} inputs; the service feeds one image batch",
+                              op="forward", module_path="")
+        in_shape = self.out_shape(inp[0])
+        if len(in_shape) != 3:
+            raise ExportError(f"the input must be an image batch [N,C,H,W], not {list(_meta_shape(inp[0]) or ())}")
+        self.vals[inp[0]] = _Val(-1, in_shape)
+        for n in nodes:
+            if n.op in ("placeholder", "output") or n not in live:
+                continue
+            if n.op == "get_attr":
+                self.vals[n] = "attr"
+                continue
+            self.vals[n] = self.convert_node(n)
+        res = out_node.args[0]
+        if not isinstance(res, torch.fx.Node):
+            raise ExportError("forward() must return one tensor (the logits); it returns "
+                              f"{type(res).__name__}", op="forward", module_path="")
+        v = self.val(res, out_node, "output")
+        if v.layer < 0 or not self.b.layers:
+            raise ExportError("forward() returns its input unchanged: there is nothing to train",
+                              op="forward", module_path="")
+        if v.nhwc:
+            raise ExportError("forward() returns a channels-last (permuted) tensor", op="forward",
+                              module_path="")
+        if v.layer != len(self.b.layers) - 1:
+            raise ExportError("the output is not made by the last layer", op="forward", module_path="")
+        self.check_coverage()
+        in_c, in_h, in_w = in_shape
+        return {"input": [in_c, in_h, in_w], "classes": v.shape[0], "layers": self.b.layers}
+
+    def live_nodes(self, out: torch.fx.Node) -> Set[torch.fx.Node]:
+        live: Set[torch.fx.Node] = set()
+        todo = [out]
+        while todo:
+            n = todo.pop()
+            if n in live:
+                continue
+            live.add(n)
+            todo.extend(n.all_input_nodes)
+        return live
+
+    def check_in_place(self, nodes: List[torch.fx.Node]) -> None:
+        """An op that writes into its input (x += y, ReLU(inplace=True))
+        changes what later readers of that input see in PyTorch; the service
+        gives each layer its own output, so such a graph would compute
+        something else. Refused where a later node reads the input."""
+        order = {n: i for i, n in enumerate(nodes)}
+        for n in nodes:
+            target = None
+            if n.op == "call_function" and n.target in (operator.iadd, operator.imul):
+                target = n.args[0]
+            elif n.op == "call_method" and str(n.target).endswith("_") and not str(n.target).startswith("_"):
+                target = n.args[0]
+            elif n.op == "call_module":
+                mod = self.gm.get_submodule(str(n.target))
+                if getattr(mod, "inplace", False) and n.args:
+                    target = n.args[0]
+            elif n.op == "call_function" and n.kwargs.get("inplace") and n.args:
+                target = n.args[0]
+            if not isinstance(target, torch.fx.Node) or target.op == "get_attr":
+                continue
+            later = [u for u in target.users if u is not n and order[u] > order[n]]
+            if later:
+                raise ExportError(f"writes into its input in place, which {later[0].name} reads afterwards; "
+                                  "the service would give it the value before the write (make the op "
+                                  "out of place)", op=self.opname(n), module_path=_path_of(n))
+
+    def check_coverage(self) -> None:
+        missing = [k for k in self.b.state if k not in self.b.covered]
+        if missing:
+            path = missing[0].rsplit(".", 1)[0]
+            raise ExportError(f"the state_dict holds {len(missing)} tensor(s) no layer uses ({', '.join(missing[:4])}"
+                              f"{', ...' if len(missing) > 4 else ''}): the service could not hold them, and "
+                              "its checkpoint would not load back strictly; remove what forward() does not use",
+                              op="state_dict", module_path=path)
+        for k in self.b.covered:
+            if k not in self.b.state:
+                raise ExportError(f"the service expects a tensor {k} the module does not have", op="state_dict",
+                                  module_path=k.rsplit(".", 1)[0])
+
+    def convert_node(self, n: torch.fx.Node) -> Any:
+        shape = _meta_shape(n)
+        self.b.generating = n.op != "call_module"
+        if n.op == "call_module":
+            return self.convert_module(n)
+        if shape is None:
+            # Not a tensor (a size, a shape entry): it may only feed a view
+            # whose result is checked by its own shape.
+            return "meta"
+        return self.convert_function(n)
+
+    # -- modules --
+    def convert_module(self, n: torch.fx.Node) -> _Val:
+        path = str(n.target)
+        mod: Any = self.gm.get_submodule(path)
+        op = _op_name(n, mod)
+        name = type(mod).__name__
+        if not n.args or n.kwargs or len(n.args) != 1:
+            raise ExportError("is called with other than one tensor argument", op=op, module_path=path)
+        x = self.val(n.args[0], n)
+        out = self.out_shape(n)
+        b = self.b
+
+        def need_nchw() -> None:
+            if x.nhwc:
+                raise ExportError("runs on a channels-last (permuted) tensor; only LayerNorm, Linear and "
+                                  "activations are supported between permute(0,2,3,1) and permute(0,3,1,2)",
+                                  op=op, module_path=path)
+
+        if isinstance(mod, nn.Conv2d):
+            need_nchw()
+            _spatial(x.shape, op, path)
+            if mod.padding_mode != "zeros":
+                raise ExportError(f"padding_mode {mod.padding_mode!r}: the service pads with zeros", op=op,
+                                  module_path=path)
+            k = _pair(mod.kernel_size, "kernel size", op, path)
+            s = _pair(mod.stride, "stride", op, path)
+            d = _pair(mod.dilation, "dilation", op, path)
+            if isinstance(mod.padding, str):
+                p = 0 if mod.padding == "valid" else d * (k - 1) // 2
+                if mod.padding == "same" and (d * (k - 1)) % 2:
+                    raise ExportError("padding 'same' with an even kernel pads one side more", op=op,
+                                      module_path=path)
+            else:
+                p = _pair(mod.padding, "padding", op, path)
+            f: Dict[str, Any] = {"out": mod.out_channels, "k": k}
+            if s != 1:
+                f["stride"] = s
+            if p:
+                f["pad"] = p
+            if mod.groups != 1:
+                f["groups"] = mod.groups
+            if d != 1:
+                f["dilation"] = d
+            if mod.bias is None:
+                f["bias"] = False
+            params = ["weight"] + (["bias"] if mod.bias is not None else [])
+            return b.emit("conv2d", path, [x], out, params=params, **f)
+        if isinstance(mod, nn.ConvTranspose2d):
+            need_nchw()
+            if mod.groups != 1 or _pair(mod.dilation, "dilation", op, path) != 1 or \
+                    _pair(mod.output_padding, "output_padding", op, path) != 0 or mod.padding_mode != "zeros":
+                raise ExportError("groups, dilation, output_padding and padding_mode must be their defaults",
+                                  op=op, module_path=path)
+            f = {"out": mod.out_channels, "k": _pair(mod.kernel_size, "kernel size", op, path)}
+            s = _pair(mod.stride, "stride", op, path)
+            p = _pair(mod.padding, "padding", op, path)
+            if s != 1:
+                f["stride"] = s
+            if p:
+                f["pad"] = p
+            if mod.bias is None:
+                f["bias"] = False
+            return b.emit("conv_transpose2d", path, [x], out,
+                          params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
+        if type(mod) is nn.BatchNorm2d:
+            need_nchw()
+            if not mod.affine or not mod.track_running_stats:
+                raise ExportError("needs affine=True and track_running_stats=True (the service's batchnorm has "
+                                  "a weight, a bias and running statistics)", op=op, module_path=path)
+            if mod.momentum is None:
+                raise ExportError("momentum=None (a cumulative average) is not supported; give a number",
+                                  op=op, module_path=path)
+            f = {}
+            if mod.eps != 1e-5:
+                f["eps"] = mod.eps
+            if mod.momentum != 0.1:
+                f["momentum"] = mod.momentum
+            return b.emit("batchnorm2d", path, [x], out,
+                          params=["weight", "bias", "running_mean", "running_var", "num_batches_tracked"], **f)
+        act = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish",
+               nn.Hardsigmoid: "hardsigmoid", nn.Sigmoid: "sigmoid", nn.GELU: "gelu"}.get(type(mod))
+        if act:
+            f = {"approximate": "tanh"} if act == "gelu" and mod.approximate == "tanh" else {}
+            return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, **f)
+        if type(mod) is nn.MaxPool2d:
+            need_nchw()
+            _spatial(x.shape, op, path)
+            if _pair(mod.dilation, "dilation", op, path) != 1 or mod.return_indices:
+                raise ExportError("dilation and return_indices are not supported", op=op, module_path=path)
+            return self.pool("maxpool2d", path, x, out, op, mod.kernel_size, mod.stride, mod.padding,
+                             mod.ceil_mode)
+        if type(mod) is nn.AvgPool2d:
+            need_nchw()
+            _spatial(x.shape, op, path)
+            if mod.divisor_override is not None:
+                raise ExportError("divisor_override is not supported", op=op, module_path=path)
+            return self.pool("avgpool2d", path, x, out, op, mod.kernel_size, mod.stride, mod.padding,
+                             mod.ceil_mode, mod.count_include_pad)
+        if type(mod) is nn.AdaptiveAvgPool2d:
+            need_nchw()
+            return self.adaptive(path, x, out, op)
+        if type(mod) is nn.Linear:
+            if x.nhwc:
+                f = {"out": mod.out_features, "over": "channels"}
+                if mod.bias is None:
+                    f["bias"] = False
+                return b.emit("linear", path, [x], (mod.out_features,) + x.shape[1:], nhwc=True,
+                              params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
+            if len(x.shape) != 1:
+                raise ExportError(f"is applied to a [C,H,W] map {list(x.shape)} (over its last dimension); "
+                                  "flatten first, or permute(0,2,3,1) to apply it per pixel over channels",
+                                  op=op, module_path=path)
+            f = {"out": mod.out_features}
+            if mod.bias is None:
+                f["bias"] = False
+            return b.emit("linear", path, [x], out, params=["weight"] + (["bias"] if mod.bias is not None else []),
+                          **f)
+        if type(mod) is nn.Dropout:
+            return self.dropout(path, x, float(mod.p))
+        if type(mod) is nn.Flatten:
+            return self.flatten(path, x, n, op, mod.start_dim, mod.end_dim)
+        if _is_torchvision(mod, "LayerNorm2d"):
+            need_nchw()
+            _spatial(x.shape, op, path)
+            return self.layernorm(path, x, mod, op, "layernorm2d")
+        if type(mod) is nn.LayerNorm:
+            c = x.shape[0]
+            if tuple(mod.normalized_shape) != (c,) or (len(x.shape) == 3 and not x.nhwc):
+                raise ExportError(f"normalizes over {tuple(mod.normalized_shape)} of a tensor of per-sample "
+                                  f"shape {list(out)}; supported are LayerNorm over the features of a flat "
+                                  "tensor and over the channels of a channels-last map", op=op, module_path=path)
+            return self.layernorm(path, x, mod, op, "layernorm2d" if x.nhwc else "layernorm")
+        if _is_torchvision(mod, "StochasticDepth"):
+            need_nchw()
+            if mod.mode != "row":
+                raise ExportError(f"mode {mod.mode!r}: the service's stochastic depth is row mode (per sample)",
+                                  op=op, module_path=path)
+            if float(mod.p) == 0.0:
+                return x
+            return b.emit("stochastic_depth", path, [x], x.shape, p=float(mod.p), mode="row")
+        if type(mod) is nn.Identity:
+            return x
+        raise ExportError("has no layer kind in the service", op=op, module_path=path,
+                          supported=_supported_modules())
+
+    def pool(self, kind: str, path: str, x: _Val, out: Tuple[int, ...], op: str, k: Any, s: Any, p: Any,
+             ceil: bool, count_include_pad: bool = True) -> _Val:
+        kk = _pair(k, "kernel size", op, path)
+        ss = _pair(s if s is not None else k, "stride", op, path)
+        pp = _pair(p, "padding", op, path)
+        f: Dict[str, Any] = {"k": kk}
+        if ss != kk:
+            f["stride"] = ss
+        if pp:
+            f["pad"] = pp
+        if ceil:
+            f["ceil_mode"] = True
+        if not count_include_pad:
+            f["count_include_pad"] = False
+        return self.b.emit(kind, path, [x], out, **f)
+
+    def adaptive(self, path: str, x: _Val, out: Tuple[int, ...], op: str) -> _Val:
+        c, h, w = _spatial(x.shape, op, path)
+        oh, ow = out[1], out[2]
+        if (oh, ow) == (h, w):
+            # Bins of one pixel each: the identity (VGG's 7x7 pool on a 7x7 map).
+            return x
+        if (oh, ow) == (1, 1):
+            return self.b.emit("global_avgpool", path, [x], (c, 1, 1))
+        return self.b.emit("adaptive_avgpool2d", path, [x], (c, oh, ow), out=[oh, ow])
+
+    def dropout(self, path: str, x: _Val, p: float) -> _Val:
+        if p == 0.0:
+            return x
+        return self.b.emit("dropout", path, [x], x.shape, nhwc=x.nhwc, p=p)
+
+    def layernorm(self, path: str, x: _Val, mod: Any, op: str, kind: str) -> _Val:
+        if not mod.elementwise_affine or getattr(mod, "bias", None) is None:
+            raise ExportError("needs elementwise_affine=True with a bias (the service's layernorm has both)", op=op,
+                              module_path=path)
+        f: Dict[str, Any] = {"eps": mod.eps} if mod.eps != 1e-5 else {}
+        return self.b.emit(kind, path, [x], x.shape, nhwc=x.nhwc, params=["weight", "bias"], **f)
+
+    def flatten(self, path: str, x: _Val, n: torch.fx.Node, op: str, start: int, end: int) -> _Val:
+        if x.nhwc:
+            raise ExportError("flattens a channels-last (permuted) tensor", op=op, module_path=path)
+        if start != 1 or end not in (-1, len(x.shape)):
+            raise ExportError(f"flattens dimensions {start}..{end}; the service flattens all but the batch "
+                              "dimension (start_dim=1)", op=op, module_path=path)
+        if len(x.shape) == 1:
+            return x
+        return self.b.emit("flatten", path + ("" if n.op == "call_module" else ".flatten"), [x],
+                           (math.prod(x.shape),))
+
+    # -- functions and methods --
+    def fname(self, n: torch.fx.Node, short: str) -> str:
+        p = _path_of(n)
+        return f"{p}.{short}" if p else short
+
+
+    def convert_function(self, n: torch.fx.Node) -> Any:
+        t, op, path = n.target, self.opname(n), _path_of(n)
+        meth = str(t) if n.op == "call_method" else None
+        out = self.out_shape(n)
+        b = self.b
+
+        def arg(i: int, kw: str, default: Any = None) -> Any:
+            return n.args[i] if len(n.args) > i else n.kwargs.get(kw, default)
+
+        if t in (operator.add, operator.iadd, torch.add) or meth in ("add", "add_"):
+            if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
+                raise ExportError("alpha is not supported", op=op, module_path=path)
+            a, c = self.val(arg(0, "input"), n), self.val(arg(1, "other"), n)
+            if a.shape != c.shape or a.nhwc != c.nhwc:
+                raise ExportError(f"adds tensors of shapes {list(a.shape)} and {list(c.shape)}; the service adds "
+                                  "tensors of one shape", op=op, module_path=path)
+            return b.emit("add", self.fname(n, "add"), [a, c], a.shape, nhwc=a.nhwc)
+        if t in (operator.mul, operator.imul, torch.mul) or meth in ("mul", "mul_"):
+            return self.mul(n, arg(0, "input"), arg(1, "other"), op, path)
+        if t is torch.cat:
+            tensors = arg(0, "tensors")
+            dim = arg(1, "dim", 0)
+            vals = [self.val(v, n) for v in tensors]
+            if any(v.nhwc or len(v.shape) != 3 for v in vals) or dim not in (1, -3):
+                raise ExportError(f"concatenates along dimension {dim}; the service concatenates [C,H,W] maps "
+                                  "along channels (dim=1)", op=op, module_path=path)
+            if len(vals) == 1:
+                return vals[0]
+            if len({v.shape[1:] for v in vals}) != 1:
+                raise ExportError("concatenates maps of different sizes", op=op, module_path=path)
+            return b.emit("concat", self.fname(n, "cat"), vals, out)
+        if t is torch.flatten or meth == "flatten":
+            return self.flatten(path, self.val(arg(0, "input"), n), n, op, int(arg(1, "start_dim", 0)),
+                                int(arg(2, "end_dim", -1)))
+        if meth in ("view", "reshape") or t is torch.reshape:
+            x = self.val(n.args[0], n)
+            if x.nhwc:
+                raise ExportError("reshapes a channels-last (permuted) tensor", op=op, module_path=path)
+            if out == x.shape:
+                return x
+            if out == (math.prod(x.shape),):
+                return self.flatten(path, x, n, op, 1, -1)
+            raise ExportError(f"reshapes {list(x.shape)} to {list(out)} (per sample); only a flatten to "
+                              "[N, C*H*W] is supported", op=op, module_path=path,
+                              supported=_supported_functions())
+        if t is torch.permute or meth == "permute":
+            x = self.val(n.args[0], n)
+            raw: Any = n.args[1:] if meth and len(n.args) > 2 else (arg(1, "dims") or n.kwargs.get("dims"))
+            dims = tuple(int(d) for d in raw)
+            if not x.nhwc and dims == (0, 2, 3, 1) and len(x.shape) == 3:
+                return _Val(x.layer, x.shape, True)
+            if x.nhwc and dims == (0, 3, 1, 2):
+                return _Val(x.layer, x.shape, False)
+            raise ExportError(f"permutes with {dims}; only permute(0,2,3,1) to channels-last and back with "
+                              "permute(0,3,1,2) are supported (ConvNeXt's blocks)", op=op, module_path=path)
+        if meth == "contiguous":
+            return self.val(n.args[0], n)
+        acts: Dict[Any, str] = {F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu",
+                                F.gelu: "gelu", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid",
+                                torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid"}
+        meth_acts = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid"}
+        kind = acts.get(t) if n.op == "call_function" else meth_acts.get(meth or "")
+        if kind:
+            x = self.val(n.args[0], n)
+            f: Dict[str, Any] = {}
+            if kind == "gelu" and n.kwargs.get("approximate", "none") == "tanh":
+                f["approximate"] = "tanh"
+            return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, **f)
+        if t is F.adaptive_avg_pool2d:
+            return self.adaptive(self.fname(n, "avgpool"), self.val(n.args[0], n), out, op)
+        if meth == "mean" or t is torch.mean:
+            x = self.val(n.args[0], n)
+            dim_arg = arg(1, "dim")
+            keep = bool(arg(2, "keepdim", False))
+            over = {int(d) % 4 for d in (dim_arg if isinstance(dim_arg, (tuple, list)) else [dim_arg])} \
+                if dim_arg is not None else set()
+            if x.nhwc or len(x.shape) != 3 or over != {2, 3} or n.kwargs.get("dtype") is not None:
+                raise ExportError("a mean is supported over the spatial dimensions (2,3) of a [C,H,W] map only",
+                                  op=op, module_path=path)
+            y = self.b.emit("global_avgpool", self.fname(n, "mean"), [x], (x.shape[0], 1, 1))
+            return y if keep else self.flatten(path, y, n, op, 1, -1)
+        if t is F.dropout:
+            x = self.val(n.args[0], n)
+            p, training = float(arg(1, "p", 0.5)), bool(arg(2, "training", True))
+            if arg(3, "inplace", False) not in (False, True):
+                raise ExportError("inplace must be a constant", op=op, module_path=path)
+            return self.dropout(self.fname(n, "dropout"), x, p if training else 0.0)
+        raise ExportError("has no layer kind in the service", op=op, module_path=path,
+                          supported=_supported_functions())
+
+    def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
+        attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
+        if attrs:
+            other = a1 if a0 is attrs[0] else a0
+            target = str(attrs[0].target)
+            x = self.val(other, n)
+            p = self.b.state.get(target)
+            owner, _, leaf = target.rpartition(".")
+            if len(attrs) != 1 or p is None or leaf != "layer_scale" or x.nhwc or len(x.shape) != 3 or \
+                    tuple(p.shape) != (x.shape[0], 1, 1):
+                raise ExportError(f"multiplies by the module tensor {target}; supported is a [C,1,1] parameter "
+                                  "named layer_scale times a [C,H,W] map (ConvNeXt's CNBlock)", op=op,
+                                  module_path=path)
+            return self.b.emit("layer_scale", owner, [x], x.shape, params=["layer_scale"])
+        a, c = self.val(a0, n), self.val(a1, n)
+        if len(c.shape) == 3 and len(a.shape) == 3 and a.shape[1:] == (1, 1) and c.shape[1:] != (1, 1):
+            a, c = c, a  # the service's mul takes the full map first, the [C,1,1] scale second
+        ok = a.shape == c.shape or (len(a.shape) == 3 and c.shape == (a.shape[0], 1, 1))
+        if not ok or a.nhwc or c.nhwc:
+            raise ExportError(f"multiplies tensors of shapes {list(a.shape)} and {list(c.shape)}; supported are "
+                              "equal shapes and a [C,H,W] map times a [C,1,1] one", op=op, module_path=path)
+        return self.b.emit("mul", self.fname(n, "mul"), [a, c], a.shape)
+
+
+# ---- the public functions -------------------------------------------------------------------
+
+_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
+                  nn.Hardsigmoid, nn.Sigmoid, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Linear,
+                  nn.Dropout, nn.Flatten, nn.LayerNorm, nn.Identity)
+
+
+def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:
+    """Refuses a leaf module without a layer kind before anything runs it
+    (an LSTM given an image batch would fail with its own message)."""
+    for n in gm.graph.nodes:
+        if n.op != "call_module":
+            continue
+        mod = gm.get_submodule(str(n.target))
+        if type(mod) in _KNOWN_MODULES or (type(mod).__module__, type(mod).__name__) in _LEAF_NAMES:
+            continue
+        raise ExportError("has no layer kind in the service", op=_op_name(n, mod), module_path=str(n.target),
+                          supported=_supported_modules())
+
+
+def _as_batch(example_input: Union[torch.Tensor, Sequence[int]]) -> torch.Tensor:
+    if not isinstance(example_input, torch.Tensor):
+        example_input = torch.zeros(tuple(int(d) for d in example_input))
+    if example_input.dim() == 3:
+        example_input = example_input.unsqueeze(0)
+    if example_input.dim() != 4:
+        raise ExportError(f"example_input must be [C,H,W] or [N,C,H,W], not {list(example_input.shape)}")
+    return example_input.float()
+
+
+def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]) -> ExportedModel:
+    """Traces ``module`` and returns its model spec and its tensors, or
+    raises :class:`ExportError`. ``example_input`` is a tensor [N,C,H,W] (or
+    [C,H,W], or that shape as a tuple): it fixes the input size of the model.
+
+    The module is traced in training mode (the graph the service trains)
+    and its shapes are taken from one forward pass in eval mode under
+    no_grad, which leaves batchnorm's running statistics as they are; each
+    submodule's mode is restored afterwards."""
+    x = _as_batch(example_input)
+    modes = {m: m.training for m in module.modules()}
+    try:
+        module.train()
+        try:
+            graph = _Tracer().trace(module)
+        except Exception as e:  # torch.fx reports data-dependent control flow and the like
+            raise ExportError(f"torch.fx cannot trace the module: {e}", op="torch.fx.symbolic_trace") from e
+        gm = torch.fx.GraphModule(module, graph)
+        _refuse_unknown_modules(gm)
+        module.eval()
+        with torch.no_grad():
+            try:
+                ShapeProp(gm).propagate(x)
+            except Exception as e:
+                raise ExportError(f"the module's forward() fails on an input of shape {list(x.shape)}: {e}",
+                                  op="forward") from e
+        conv = _Converter(module, gm)
+        spec = conv.run()
+    finally:
+        for m, was in modes.items():
+            m.training = was
+    tensors: Dict[str, torch.Tensor] = {}
+    for key, t in conv.b.state.items():
+        want = torch.int64 if key.endswith(".num_batches_tracked") else torch.float32
+        if t.dtype != want:
+            raise ExportError(f"{key} is {t.dtype}; the service holds float32 parameters (call module.float() "
+                              "before exporting)", op="state_dict", module_path=key.rsplit(".", 1)[0])
+        tensors[key] = t.detach().to("cpu").contiguous().clone()
+    return ExportedModel(spec, tensors)
+
+
+def imagenet_recipe(input_hw: Tuple[int, int]) -> Dict[str, Any]:
+    """torchvision's classification recipe for an input of input_hw, as
+    augment options: training takes a random resized crop of that size and
+    a horizontal flip; eval resizes to 256/224 of it and takes the centre
+    crop; both scale to [0,1] and normalize with the ImageNet statistics."""
+    h, w = input_hw
+    rh, rw = round(h * 256 / 224), round(w * 256 / 224)
+    to = {"op": "to_dtype", "dtype": "float32", "scale": 1 / 255}
+    norm = {"op": "normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    return {"augment": {
+        "pipeline": [to, {"op": "random_resized_crop", "size": [h, w]}, {"op": "horizontal_flip", "p": 0.5}, norm],
+        "eval_pipeline": [to, {"op": "resize", "size": [rh, rw]}, {"op": "center_crop", "size": [h, w]}, norm]}}
+
+
+def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> None:
+    for sec, opts in extra.items():
+        if not isinstance(opts, dict):
+            raise ExportError(f"config section {sec!r} must be an object of options")
+        into.setdefault(sec, {}).update(opts)
+
+
+def export_model(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]], out_dir: Union[str, Path],
+                 *, recipe: Optional[str] = "imagenet", config: Optional[Dict[str, Any]] = None,
+                 overwrite: bool = False) -> ExportedModel:
+    """Writes ``out_dir/config.json`` (for ``streamfeed --config``: model.spec,
+    model.init_from naming the weights by absolute path, and the recipe's
+    options) and ``out_dir/init.safetensors`` (the module's state_dict).
+
+    recipe: ``"imagenet"`` adds :func:`imagenet_recipe` for a 3-channel
+    input (the service has no recipe of its own for a model.spec model), or
+    None for none. config: more options by section, e.g.
+    ``{"optim": {"name": "adamw", "lr": 1e-3}}``; they win over the recipe.
+
+    Both files are written into a temporary directory beside out_dir that
+    is renamed to out_dir at the end, so a refused or failed export leaves
+    nothing, and an existing out_dir is replaced only with overwrite=True."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir).resolve()
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} exists (pass overwrite=True, or --overwrite, to replace it)")
+    exported = convert(module, example_input)
+    spec = exported.spec
+    cfg: Dict[str, Any] = {"model": {"spec": spec, "init_from": str(out / WEIGHTS_FILE)}}
+    if recipe == "imagenet" and spec["input"][0] == 3:
+        _merge(cfg, imagenet_recipe((spec["input"][1], spec["input"][2])))
+    elif recipe not in (None, "imagenet"):
+        raise ExportError(f"recipe {recipe!r}: known are 'imagenet' and None")
+    if config:
+        _merge(cfg, config)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_file(exported.tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(cfg, indent=1) + "\n")
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return exported
+
+
+# ---- the command ------------------------------------------------------------------------------
+
+
+def _factory(ref: str) -> Callable[..., nn.Module]:
+    mod_name, _, attr = ref.partition(":")
+    if not mod_name or not attr:
+        raise SystemExit(f"MODULE:FACTORY expected (e.g. torchvision.models:resnet50), not {ref!r}")
+    obj: Any = importlib.import_module(mod_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise SystemExit(f"{ref} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m streamfeed.export",
+                                 description="Export a PyTorch module for `streamfeed --config DIR/config.json`.")
+    ap.add_argument("factory", metavar="MODULE:FACTORY", help="e.g. torchvision.models:efficientnet_b0")
+    ap.add_argument("--kwargs", default="{}", help="JSON object of the factory's keyword arguments")
+    ap.add_argument("--input", required=True, help="C,H,W of one input image, e.g. 3,224,224")
+    ap.add_argument("--out", required=True, help="directory to write config.json and init.safetensors into")
+    ap.add_argument("--recipe", choices=["imagenet", "none"], default="imagenet",
+                    help="augmentation options to write (imagenet: torchvision's classification recipe)")
+    ap.add_argument("--config", default="{}", help='JSON object of more options by section, e.g. {"optim":{"lr":0.1}}')
+    ap.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
+    a = ap.parse_args(argv)
+    try:
+        kwargs = json.loads(a.kwargs)
+        extra = json.loads(a.config)
+        shape = tuple(int(v) for v in a.input.split(","))
+    except ValueError as e:
+        ap.error(str(e))
+    if len(shape) != 3 or not isinstance(kwargs, dict) or not isinstance(extra, dict):
+        ap.error("--input is C,H,W; --kwargs and --config are JSON objects")
+    model = _factory(a.factory)(**kwargs)
+    try:
+        ex = export_model(model, shape, a.out, recipe=None if a.recipe == "none" else a.recipe, config=extra,
+                          overwrite=a.overwrite)
+    except ExportError as e:
+        print(f"streamfeed.export: {e}", file=sys.stderr)
+        return 2
+    n = sum(t.numel() for k, t in ex.tensors.items() if not k.endswith("num_batches_tracked"))
+    print(f"{Path(a.out) / CONFIG_FILE}: {len(ex.spec['layers'])} layers, {ex.spec['classes']} classes, "
+          f"{n} parameters and buffers; run: streamfeed --config {Path(a.out) / CONFIG_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,434 @@
+"""streamfeed.export without a server: the model spec and the weights file it
+writes for hand-made modules and for the twelve torchvision families of
+docs/EXPORT.md at 64x64, the refusals (op, module path, what is supported),
+and that a refused or failed export writes nothing.
+
+The spec is checked by meaning, not only by shape: run_spec below runs a spec
+layer by layer with torch functions, as MODEL-SPEC.md defines each kind, on
+the exported tensors, and must give the module's own eval-mode output. A
+wrong input order, a missed permute, a swapped mul or a lost layer changes
+the numbers."""
+import json
+import os
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+nn = torch.nn
+F = torch.nn.functional
+from safetensors.torch import load_file  # noqa: E402  (needs torch)
+
+from streamfeed.export import SUPPORTED_MODULES, ExportError, convert, export_model, main  # noqa: E402
+
+M = torchvision.models
+
+
+# ---- a spec interpreter (eval mode), the contract of MODEL-SPEC.md in torch ----------------
+
+
+def run_spec(spec, tensors, x):
+    """The eval-mode output of a spec with the given tensors for input x [N,C,H,W]."""
+    layers = spec["layers"]
+    index = {layer["name"]: i for i, layer in enumerate(layers)}
+    outs = []
+
+    def inp(layer, i):
+        ins = layer.get("inputs")
+        if ins is None:
+            return [outs[i - 1] if i else x]
+        return [x if v == -1 else outs[index[v] if isinstance(v, str) else v] for v in ins]
+
+    for i, layer in enumerate(layers):
+        t, name, a = layer["type"], layer["name"], inp(layer, i)
+        p = lambda s: tensors[f"{name}.{s}"]  # noqa: E731
+        b = (lambda s: tensors.get(f"{name}.{s}"))
+        if t == "conv2d":
+            y = F.conv2d(a[0], p("weight"), b("bias") if layer.get("bias", True) else None, layer.get("stride", 1),
+                         layer.get("pad", 0), layer.get("dilation", 1), layer.get("groups", 1))
+            assert y.shape[1] == layer["out"]
+        elif t == "conv_transpose2d":
+            y = F.conv_transpose2d(a[0], p("weight"), b("bias") if layer.get("bias", True) else None,
+                                   layer.get("stride", 1), layer.get("pad", 0))
+        elif t == "batchnorm2d":
+            y = F.batch_norm(a[0], p("running_mean"), p("running_var"), p("weight"), p("bias"), False, 0.0,
+                             layer.get("eps", 1e-5))
+        elif t in ("relu", "relu6", "silu", "hardswish", "hardsigmoid", "sigmoid"):
+            y = {"relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hardswish": F.hardswish,
+                 "hardsigmoid": F.hardsigmoid, "sigmoid": torch.sigmoid}[t](a[0])
+        elif t == "gelu":
+            y = F.gelu(a[0], approximate=layer.get("approximate", "none"))
+        elif t == "maxpool2d":
+            y = F.max_pool2d(a[0], layer["k"], layer.get("stride", layer["k"]), layer.get("pad", 0),
+                             ceil_mode=layer.get("ceil_mode", False))
+        elif t == "avgpool2d":
+            y = F.avg_pool2d(a[0], layer["k"], layer.get("stride", layer["k"]), layer.get("pad", 0),
+                             ceil_mode=layer.get("ceil_mode", False),
+                             count_include_pad=layer.get("count_include_pad", True))
+        elif t == "global_avgpool":
+            y = a[0].mean((2, 3), keepdim=True)
+        elif t == "adaptive_avgpool2d":
+            y = F.adaptive_avg_pool2d(a[0], layer["out"])
+        elif t == "flatten":
+            y = a[0].flatten(1)
+        elif t == "linear":
+            if layer.get("over") == "channels":
+                y = F.linear(a[0].permute(0, 2, 3, 1), p("weight"), b("bias")).permute(0, 3, 1, 2)
+            else:
+                assert a[0].dim() == 2, name
+                y = F.linear(a[0], p("weight"), b("bias") if layer.get("bias", True) else None)
+        elif t == "add":
+            assert a[0].shape == a[1].shape, name
+            y = a[0] + a[1]
+        elif t == "mul":
+            assert a[1].shape == a[0].shape or a[1].shape[2:] == (1, 1), name
+            y = a[0] * a[1]
+        elif t == "layer_scale":
+            y = a[0] * p("layer_scale")
+        elif t == "concat":
+            assert 2 <= len(a) <= 64
+            y = torch.cat(a, 1)
+        elif t == "layernorm2d":
+            c = a[0].shape[1]
+            y = F.layer_norm(a[0].permute(0, 2, 3, 1), (c,), p("weight"), p("bias"),
+                             layer.get("eps", 1e-5)).permute(0, 3, 1, 2)
+        elif t == "layernorm":
+            y = F.layer_norm(a[0], (a[0].shape[1],), p("weight"), p("bias"), layer.get("eps", 1e-5))
+        elif t in ("dropout", "stochastic_depth"):
+            y = a[0]
+        else:
+            raise AssertionError(f"kind {t} is not in MODEL-SPEC.md")
+        outs.append(y)
+    return outs[-1]
+
+
+def assert_spec_computes_the_module(model, hw=64, n=2, tol=1e-4):
+    torch.manual_seed(0)
+    ex = convert(model, (n, 3, hw, hw))
+    # Fresh batchnorm statistics would make eval mode an identity: give them values.
+    model.eval()
+    x = torch.randn(n, 3, hw, hw)
+    with torch.no_grad():
+        want = model(x)
+        got = run_spec(ex.spec, {k: v.double() if v.is_floating_point() else v for k, v in ex.tensors.items()},
+                       x.double())
+    err = float((got - want.double()).norm() / want.double().norm())
+    assert err <= tol, f"the spec computes something else: {err:.2e}"
+    assert ex.spec["classes"] == want.shape[1]
+    return ex
+
+
+def randomize_batchnorm(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.rand(m.running_mean.shape, generator=g) * 0.4 - 0.2)
+                m.running_var.copy_(torch.rand(m.running_var.shape, generator=g) + 0.5)
+                m.weight.copy_(torch.rand(m.weight.shape, generator=g) + 0.5)
+    return model
+
+
+# ---- the families ----------------------------------------------------------------------------
+
+FAMILIES = ["resnet50", "resnext50_32x4d", "wide_resnet50_2", "mobilenet_v2", "mobilenet_v3_small",
+            "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf", "convnext_tiny", "densenet121",
+            "squeezenet1_1", "vgg11_bn"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_exports_to_a_spec_that_computes_the_module_with_every_tensor_named(name):
+    torch.manual_seed(0)
+    model = randomize_batchnorm(getattr(M, name)(num_classes=10))
+    sd = model.state_dict()
+    ex = assert_spec_computes_the_module(model)
+    assert ex.tensors.keys() == sd.keys()
+    for k, v in sd.items():
+        assert torch.equal(ex.tensors[k], v), k
+    names = [layer["name"] for layer in ex.spec["layers"]]
+    assert len(names) == len(set(names)), "layer names must be unique"
+    assert all(len(n_) <= 63 for n_ in names)
+    assert ex.spec["input"] == [3, 64, 64] and ex.spec["classes"] == 10
+
+
+def test_the_kinds_of_the_families_are_the_ones_their_modules_call_for():
+    kinds = {n: {layer["type"] for layer in convert(getattr(M, n)(num_classes=10), (1, 3, 64, 64)).spec["layers"]}
+             for n in ("efficientnet_b0", "convnext_tiny", "densenet121", "mobilenet_v3_small", "squeezenet1_1")}
+    assert {"silu", "sigmoid", "mul", "stochastic_depth", "dropout"} <= kinds["efficientnet_b0"]
+    assert {"layernorm2d", "layer_scale", "gelu", "linear", "stochastic_depth"} <= kinds["convnext_tiny"]
+    assert "permute" not in kinds["convnext_tiny"]
+    assert {"concat", "avgpool2d"} <= kinds["densenet121"]
+    assert {"hardswish", "hardsigmoid", "mul"} <= kinds["mobilenet_v3_small"]
+    assert "concat" in kinds["squeezenet1_1"]
+
+
+def test_convnext_blocks_become_per_pixel_linears_and_a_layer_scale_of_the_block():
+    ex = convert(M.convnext_tiny(num_classes=10), (1, 3, 64, 64))
+    by_name = {layer["name"]: layer for layer in ex.spec["layers"]}
+    assert by_name["features.1.0.block.3"] == {"type": "linear", "name": "features.1.0.block.3", "out": 384,
+                                                "over": "channels"}
+    assert by_name["features.1.0.block.2"]["type"] == "layernorm2d"
+    assert by_name["features.1.0.block.2"]["eps"] == 1e-6
+    assert by_name["features.1.0"] == {"type": "layer_scale", "name": "features.1.0"}
+    assert "features.1.0.layer_scale" in ex.tensors
+
+
+def test_squeeze_and_excitation_multiplies_the_map_by_its_scale_in_that_order():
+    ex = convert(M.mobilenet_v3_small(num_classes=10), (1, 3, 64, 64))
+    layers = ex.spec["layers"]
+    mul = next(layer for layer in layers if layer["type"] == "mul")
+    assert mul["name"] == "features.1.block.1.mul"
+    # The full map (the block's first activation) first, the [C,1,1] scale second.
+    assert mul["inputs"] == ["features.1.block.0.2", "features.1.block.1.scale_activation"]
+
+
+def test_identities_leave_no_layer_and_defaults_leave_no_field():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Dropout(0.0), nn.Identity(),
+                          nn.AdaptiveAvgPool2d((8, 8)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(4, 5, bias=False))
+    ex = convert(model, (1, 3, 8, 8))
+    assert ex.spec == {"input": [3, 8, 8], "classes": 5, "layers": [
+        {"type": "conv2d", "name": "0", "out": 4, "k": 3, "pad": 1},
+        {"type": "relu", "name": "4"}, {"type": "global_avgpool", "name": "5"}, {"type": "flatten", "name": "6"},
+        {"type": "linear", "name": "7", "out": 5, "bias": False}]}
+
+
+class HandWritten(nn.Module):
+    """The functional forms: F.relu, torch.cat, +=, x.view(N,-1), a reused
+    ReLU module (three layers of one module), a mean over (2,3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 4, 1)
+        self.b = nn.Conv2d(3, 4, 3, padding=1, groups=1, bias=False)
+        self.bn = nn.BatchNorm2d(8, eps=1e-3, momentum=0.01)
+        self.relu = nn.ReLU(inplace=True)
+        self.c = nn.Conv2d(8, 8, 3, padding=2, dilation=2, groups=4)
+        self.pool = nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)
+        self.fc = nn.Linear(8 * 5 * 5, 6)
+
+    def forward(self, x):
+        y = torch.cat([F.relu(self.a(x)), self.relu(self.b(x))], 1)
+        y = self.bn(y)
+        z = self.relu(self.c(y))
+        z += y
+        z = self.relu(self.pool(z)) * torch.sigmoid(z.mean((2, 3), keepdim=True))
+        return self.fc(z.view(z.size(0), -1))
+
+
+def test_a_hand_written_forward_exports_its_functional_ops():
+    model = randomize_batchnorm(HandWritten())
+    ex = assert_spec_computes_the_module(model, hw=8)
+    kinds = [layer["type"] for layer in ex.spec["layers"]]
+    assert kinds == ["conv2d", "relu", "conv2d", "relu", "concat", "batchnorm2d", "conv2d", "relu", "add",
+                     "avgpool2d", "relu", "global_avgpool", "sigmoid", "mul", "flatten", "linear"]
+    names = [layer["name"] for layer in ex.spec["layers"]]
+    # The module relu's three calls keep its path (numbered); F.relu at the top takes another name.
+    assert [names[i] for i in (1, 3, 7, 10)] == ["relu_1", "relu", "relu_2", "relu_3"]
+    bn = ex.spec["layers"][5]
+    assert bn["eps"] == 1e-3 and bn["momentum"] == 0.01
+    assert ex.spec["layers"][6]["dilation"] == 2 and ex.spec["layers"][6]["groups"] == 4
+
+
+# ---- refusals -----------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.ReLU(), nn.LSTM(4, 4)))
+
+    def forward(self, x):
+        return self.features(x)
+
+
+class Softmaxed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(3, 4, 3))
+        self.head = SoftmaxHead()
+
+    def forward(self, x):
+        return self.head(self.block(x))
+
+
+class SoftmaxHead(nn.Module):
+    def forward(self, x):
+        return torch.softmax(x.flatten(1), 1)
+
+
+@pytest.mark.parametrize("model, op, path, supported", [
+    (Attention(), "torch.nn.modules.rnn.LSTM", "features.1.1", "Conv2d"),
+    (Softmaxed(), "softmax", "head", "torch.cat"),
+    (nn.Sequential(nn.Conv2d(3, 4, (3, 1))), "Conv2d", "0", ""),
+    (nn.Sequential(nn.Conv2d(3, 4, 3, padding_mode="reflect")), "Conv2d", "0", ""),
+    (nn.Sequential(nn.BatchNorm2d(3, affine=False)), "BatchNorm2d", "0", ""),
+    (nn.Sequential(nn.Conv2d(3, 4, 3), nn.Linear(6, 2)), "Linear", "1", ""),
+    (nn.Sequential(nn.Conv2d(3, 4, 3), nn.Dropout2d(0.1)), "Dropout2d", "1", "Dropout"),
+])
+def test_an_unsupported_op_is_refused_naming_the_op_and_the_module_path(model, op, path, supported):
+    with pytest.raises(ExportError) as e:
+        convert(model, (1, 3, 8, 8))
+    assert op in e.value.op and e.value.module_path == path, str(e.value)
+    assert f"at {path!r}" in str(e.value) and op in str(e.value)
+    if supported:
+        assert supported in e.value.supported and "Supported:" in str(e.value)
+
+
+def test_a_module_called_twice_is_refused_since_each_layer_has_its_own_parameters():
+    conv = nn.Conv2d(3, 3, 3, padding=1)
+
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            return self.conv(self.conv(x)).flatten(1)
+
+    with pytest.raises(ExportError, match="more than once"):
+        convert(Twice(), (1, 3, 4, 4))
+
+
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 3)
+        self.unused = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.conv(x).flatten(1)
+
+
+def test_parameters_forward_does_not_use_are_refused_since_the_checkpoint_would_not_load_back():
+    model = Unused()
+    with pytest.raises(ExportError) as e:
+        convert(model, (1, 3, 4, 4))
+    assert e.value.module_path == "unused" and "unused.weight" in str(e.value)
+
+
+def test_writing_into_a_tensor_that_is_read_later_is_refused():
+    class Aliased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            z = F.relu(y, inplace=True)
+            return (z + y).flatten(1)
+
+    with pytest.raises(ExportError, match="in place"):
+        convert(Aliased(), (1, 3, 4, 4))
+
+
+def test_a_permute_other_than_to_channels_last_and_back_is_refused():
+    class Transposed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3)
+
+        def forward(self, x):
+            return self.conv(x).permute(0, 1, 3, 2).flatten(1)
+
+    with pytest.raises(ExportError, match=r"permutes with \(0, 1, 3, 2\)"):
+        convert(Transposed(), (1, 3, 5, 4))
+
+
+def test_exporting_leaves_the_module_in_its_mode_with_its_statistics():
+    model = M.resnet50(num_classes=10)
+    model.layer1.eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    convert(model, (2, 3, 64, 64))
+    assert model.training and not model.layer1.training and model.layer2.training
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+# ---- the files -----------------------------------------------------------------------------
+
+
+def test_export_model_writes_a_config_the_service_takes_and_the_state_dict(tmp_path):
+    model = randomize_batchnorm(M.squeezenet1_1(num_classes=7))
+    ex = export_model(model, (3, 64, 64), tmp_path / "sq")
+    assert sorted(os.listdir(tmp_path)) == ["sq"]
+    assert sorted(os.listdir(tmp_path / "sq")) == ["config.json", "init.safetensors"]
+    cfg = json.loads((tmp_path / "sq" / "config.json").read_text())
+    assert cfg["model"] == {"spec": ex.spec, "init_from": str(tmp_path / "sq" / "init.safetensors")}
+    # The torchvision recipe at the model's input size.
+    assert {"op": "random_resized_crop", "size": [64, 64]} in cfg["augment"]["pipeline"]
+    assert {"op": "center_crop", "size": [64, 64]} in cfg["augment"]["eval_pipeline"]
+    back = load_file(str(tmp_path / "sq" / "init.safetensors"))
+    fresh = M.squeezenet1_1(num_classes=7)
+    fresh.load_state_dict(back, strict=True)
+    for k, v in model.state_dict().items():
+        assert torch.equal(back[k], v)
+
+
+def test_num_batches_tracked_is_written_as_the_int64_scalar_the_service_reads(tmp_path):
+    model = nn.Sequential(nn.Conv2d(3, 2, 1), nn.BatchNorm2d(2), nn.Flatten())
+    model[1].num_batches_tracked.fill_(7)
+    export_model(model, (3, 2, 2), tmp_path / "bn", recipe=None)
+    t = load_file(str(tmp_path / "bn" / "init.safetensors"))["1.num_batches_tracked"]
+    assert t.dtype == torch.int64 and t.shape == () and int(t) == 7
+    assert "augment" not in json.loads((tmp_path / "bn" / "config.json").read_text())
+
+
+def test_more_options_go_into_the_config_by_section(tmp_path):
+    export_model(nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten()), (3, 1, 1), tmp_path / "o", recipe=None,
+                 config={"optim": {"name": "adamw", "lr": 0.001}})
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["optim"] == {"name": "adamw", "lr": 0.001}
+
+
+def test_a_refused_export_writes_nothing(tmp_path):
+    with pytest.raises(ExportError):
+        export_model(Attention(), (3, 8, 8), tmp_path / "out")
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_export_that_fails_while_writing_leaves_nothing(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", broken)
+    with pytest.raises(OSError, match="disk full"):
+        export_model(nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten()), (3, 1, 1), tmp_path / "out")
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_existing_directory_is_replaced_only_when_asked(tmp_path):
+    model = nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten())
+    export_model(model, (3, 1, 1), tmp_path / "d")
+    with pytest.raises(ExportError, match="exists"):
+        export_model(model, (3, 2, 2), tmp_path / "d")
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["model"]["spec"]["input"] == [3, 1, 1]
+    export_model(model, (3, 2, 2), tmp_path / "d", overwrite=True)
+    assert json.loads((tmp_path / "d" / "config.json").read_text())["model"]["spec"]["input"] == [3, 2, 2]
+    assert sorted(os.listdir(tmp_path)) == ["d"]
+
+
+def test_the_command_exports_a_torchvision_factory(tmp_path, capsys):
+    rc = main(["torchvision.models:mobilenet_v3_small", "--kwargs", '{"num_classes": 4}', "--input", "3,64,64",
+               "--out", str(tmp_path / "m")])
+    assert rc == 0, capsys.readouterr().err
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["model"]["spec"]["classes"] == 4
+    assert "streamfeed --config" in capsys.readouterr().out
+
+
+def test_the_command_reports_a_refusal_and_exits_2(tmp_path, capsys):
+    rc = main(["torch.nn:LSTM", "--kwargs", '{"input_size": 3, "hidden_size": 3}', "--input", "3,4,4",
+               "--out", str(tmp_path / "x")])
+    assert rc == 2
+    assert "cannot export" in capsys.readouterr().err
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_docs_list_every_supported_module():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "EXPORT.md").read_text()
+    for name in SUPPORTED_MODULES:
+        assert f"`{name}`" in doc, f"docs/EXPORT.md does not list {name}"

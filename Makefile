@@ -7,6 +7,7 @@
 #   make demo         the main job: server + streamfeed-load training on the learnable task
 #   make run          start the server on 127.0.0.1 (the tiny model when there is no GPU)
 #   make gpu-test     CUDA ops against the reference (needs a GPU; skips visibly without)
+#   make gpu-sanitize the GPU tests under compute-sanitizer (memcheck, racecheck, synccheck, initcheck)
 #   make bench        side-by-side benchmarks (needs a GPU)
 #   make bench-jpeg   JPEG decode and JPEG-fed training against PyTorch (needs a GPU)
 #   make bench-multi-gpu  data-parallel training on 1 and G GPUs against PyTorch DDP
@@ -167,7 +168,7 @@ $(BUILD)/nocuda.stamp: .FORCE
 	@mkdir -p $(@D); echo '$(CUDA_WHY)' | cmp -s - $@ || echo '$(CUDA_WHY)' > $@
 .FORCE:
 
-.PHONY: package-test test-builds sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: gpu-sanitize package-test test-builds sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -363,6 +364,21 @@ gpu-test: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
 	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-test: built without CUDA ($(CUDA_WHY))"; \
 	elif ! ls /dev/nvidia0 >/dev/null 2>&1; then echo "SKIPPED gpu-test: no GPU on this machine (CUDA code compiled: $(words $(GPU_TEST_BIN)) test binaries built)"; \
 	else set -e; for t in $(GPU_TEST_BIN); do echo "== $$t"; $$t; done; fi
+
+# The GPU tests under compute-sanitizer: memcheck (out-of-bounds and
+# misaligned accesses, leaks of device memory), racecheck (shared-memory
+# races), synccheck (barriers) and initcheck (reads of memory nothing wrote).
+# Any report fails the target; tests/gpu/SANITIZER.md records the last run.
+# GPU_SANITIZE_TOOLS and GPU_SANITIZE_TESTS narrow it (names, space-separated).
+GPU_SANITIZE_TOOLS ?= memcheck racecheck synccheck initcheck
+GPU_SANITIZE_TESTS ?= $(GPU_TEST_BIN)
+gpu-sanitize: $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
+	@if [ "$(CUDA)" != 1 ]; then echo "SKIPPED gpu-sanitize: built without CUDA ($(CUDA_WHY))"; \
+	elif ! ls /dev/nvidia0 >/dev/null 2>&1; then echo "SKIPPED gpu-sanitize: no GPU on this machine"; \
+	else set -e; for tool in $(GPU_SANITIZE_TOOLS); do for t in $(GPU_SANITIZE_TESTS); do \
+	  echo "== compute-sanitizer --tool $$tool $$t"; \
+	  $(CUDA_HOME)/bin/compute-sanitizer --tool $$tool --error-exitcode 99 --print-limit 20 $$t; \
+	done; done; fi
 
 # ---- run -------------------------------------------------------------------
 # Without a GPU the CPU reference backend needs seconds to minutes per W1

@@ -334,12 +334,16 @@ FUZZ_TARGETS := safetensors config_patch jpeg_header checkpoint
 # The body parser calls the JPEG header reader.
 FUZZ_SRC_safetensors := server/safetensors.c server/jpeg_header.c server/text.c
 FUZZ_CORPUS_safetensors := tests/fuzz/corpus
-FUZZ_SRC_config_patch := server/config.c server/netaddr.c server/lr_schedule.c server/text.c gpu/model.c gpu/aug.c gpu/common.c
+# The layer registry (gpu/layers.c) names each kind's reference hooks: a
+# target that resolves models links the reference layer families with it.
+FUZZ_REF_LAYERS := $(filter-out gpu/ref/backend_ref.c gpu/ref/jpeg.c gpu/ref/augment.c gpu/ref/loss.c gpu/ref/optimizer.c,$(wildcard gpu/ref/*.c))
+# config.c checks http.tls_priorities with GnuTLS (server/tls.c).
+FUZZ_SRC_config_patch := server/config.c server/netaddr.c server/lr_schedule.c server/text.c server/tls.c gpu/model.c gpu/layers.c $(FUZZ_REF_LAYERS) gpu/aug.c gpu/common.c
 FUZZ_CORPUS_config_patch := tests/fuzz/corpus_config_patch
 FUZZ_SRC_jpeg_header := server/safetensors.c server/jpeg_header.c server/text.c
 FUZZ_CORPUS_jpeg_header := tests/fuzz/corpus_jpeg_header
 # the checkpoint decoder, on the whole-file reader, against the model it decodes for
-FUZZ_SRC_checkpoint := server/safetensors.c server/jpeg_header.c server/text.c server/checkpoint_format.c gpu/model.c gpu/common.c
+FUZZ_SRC_checkpoint := server/safetensors.c server/jpeg_header.c server/text.c server/checkpoint_format.c gpu/model.c gpu/layers.c $(FUZZ_REF_LAYERS) gpu/common.c
 FUZZ_CORPUS_checkpoint := tests/fuzz/corpus_checkpoint
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 test-builds: $(FUZZ_BINS)
@@ -348,7 +352,7 @@ FUZZ_SMOKE_SECONDS ?= 15
 .SECONDEXPANSION:
 $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_SRC_$$*)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson -lm
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson -lm $(if $(filter server/tls.c,$^),-lgnutls -lmicrohttpd)
 
 # Every target for FUZZ_SECONDS each (fuzz: 300 by default; fuzz-long: 3600, the
 # runs tests/fuzz/RESULTS.md records). The script prints one result row per target.

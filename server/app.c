@@ -255,7 +255,8 @@ int sf_app_ready(sf_app *app, cJSON **reasons)
         cJSON_AddItemToArray(r, cJSON_CreateString("backend unhealthy (see logs)"));
     if (app->dist) {
         char why[400];
-        if (sf_distributed_state(app->dist, why, sizeof why) != SF_DIST_JOINED)
+        sf_distributed_state(app->dist, why, sizeof why);
+        if (!sf_distributed_ready(app->dist))
             cJSON_AddItemToArray(r, cJSON_CreateString(why));
     }
     if (atomic_load(&app->diverged))

@@ -41,6 +41,7 @@ struct sf_distributed {
 
     pthread_mutex_t mu;
     sf_dist_state state;
+    int started; /* the job's agreement and rank 0's initial state are done (sf_distributed_started) */
     char reason[400];
     dist_patch queue[SF_DIST_MAX_PATCHES]; /* FIFO of this rank's patches not yet applied */
     int nqueue;
@@ -209,6 +210,21 @@ void sf_distributed_free(sf_distributed *d)
     free(d);
 }
 
+void sf_distributed_started(sf_distributed *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->started = 1;
+    pthread_mutex_unlock(&d->mu);
+}
+
+int sf_distributed_ready(sf_distributed *d)
+{
+    pthread_mutex_lock(&d->mu);
+    const int ready = d->state == SF_DIST_JOINED && d->started;
+    pthread_mutex_unlock(&d->mu);
+    return ready;
+}
+
 const sf_dist *sf_distributed_backend(sf_distributed *d) { return &d->d; }
 sf_kv_table *sf_distributed_table(sf_distributed *d) { return d ? d->table : NULL; }
 int sf_distributed_rank(const sf_distributed *d) { return d ? d->d.rank : 0; }
@@ -255,7 +271,9 @@ sf_dist_state sf_distributed_state(sf_distributed *d, char *reason, size_t len)
     pthread_mutex_lock(&d->mu);
     sf_dist_state s = d->state;
     if (reason && len)
-        snprintf(reason, len, "%s", d->reason);
+        snprintf(reason, len, "%s", d->state == SF_DIST_JOINED && !d->started
+                                        ? "joined; agreeing on the job with the other ranks and taking rank 0's state"
+                                        : d->reason);
     pthread_mutex_unlock(&d->mu);
     /* While joining, what the rank waits for is what an operator needs
      * (rank 0 not listening, a key not published yet). */

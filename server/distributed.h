@@ -65,6 +65,12 @@ void sf_distributed_cancel_join(sf_distributed *d);
 
 /* The state and, unless JOINED, why (for /readyz and the logs). */
 sf_dist_state sf_distributed_state(sf_distributed *d, char *reason, size_t len);
+/* The engine, once the ranks agreed on the job and hold rank 0's initial
+ * state: only then is the rank ready (a rank that reported ready at its
+ * join showed its own state until the broadcast). */
+void sf_distributed_started(sf_distributed *d);
+/* Joined, agreed and holding rank 0's state, and not broken since. */
+int sf_distributed_ready(sf_distributed *d);
 /* Marks the job BROKEN (first reason wins) and logs it loudly. */
 void sf_distributed_fail(sf_distributed *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The same for an orderly end (a rank shut down): logged as a warning. */

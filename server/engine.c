@@ -974,6 +974,7 @@ static void dist_main(sf_engine *e)
         broken_loop(e);
         return;
     }
+    sf_distributed_started(d);
     const size_t nctl = CTL_PATCH + (size_t)world;
     int64_t *ctl = calloc(nctl, sizeof *ctl);
     if (!ctl) {

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
-from sfharness import LOAD_BIN, SINK, key, random_batch, st_body, wait_until
+from sfharness import LOAD_BIN, SINK, built_with_asan, key, random_batch, st_body, wait_until
 
 AUG = '[{"op":"to_dtype","scale":0.00392157}]'
 TINY_AUG = ["--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline", AUG]
@@ -220,21 +220,20 @@ def test_concurrent_diagnose_requests_get_their_result_or_409_never_a_500(start_
     s = start_server(TINY_AUG)
     codes, lock = {}, threading.Lock()
     deadline = time.monotonic() + 90
+    # With sixteen clients a run takes about 1.3 s in the release build and
+    # about 8 s under AddressSanitizer on two cores, where 90 s hold about
+    # eleven: there the test asks for six; the release build's run for thirty.
+    need = 6 if built_with_asan() else 30
 
     def worker():
         while time.monotonic() < deadline:
             with lock:
-                if codes.get((200, "ok"), 0) >= 30:
+                if codes.get((200, "ok"), 0) >= need:
                     return
             r = diagnose(s, 0.1)
             c = (r.status_code, "ok" if r.status_code == 200 else r.json()["error"]["code"])
             with lock:
                 codes[c] = codes.get(c, 0) + 1
-            if r.status_code == 409:
-                # Pacing, not waiting on a condition: sixteen clients that
-                # retry a 409 at once starved a two-core machine's server
-                # (under AddressSanitizer, 30 000 refusals for 10 runs in 90 s).
-                time.sleep(0.005)
 
     ts = [threading.Thread(target=worker) for _ in range(16)]
     for t in ts:
@@ -242,7 +241,7 @@ def test_concurrent_diagnose_requests_get_their_result_or_409_never_a_500(start_
     for t in ts:
         t.join(120)
     assert set(codes) <= {(200, "ok"), (409, "diagnose_running")}, codes
-    assert codes.get((200, "ok"), 0) >= 30, codes
+    assert codes.get((200, "ok"), 0) >= need, codes
 
 
 @pytest.mark.parametrize("body,ctype,status,code", [

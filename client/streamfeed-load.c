@@ -639,19 +639,29 @@ typedef struct poller {
     int first_done; /* the oldest id's loss is known or unknowable */
 } poller;
 
+/* GET /v1/batches/{id} into p->reply: 0 with the reply's status in
+ * *status, or -1 when the request itself failed. */
+static int get_batch(poller *p, int64_t id, long *status)
+{
+    char url[2048];
+    snprintf(url, sizeof url, "%s/v1/batches/%" PRId64, R.o->url, id);
+    curl_easy_setopt(p->easy, CURLOPT_URL, url);
+    p->reply.len = 0;
+    *status = 0;
+    return curl_easy_perform(p->easy) == CURLE_OK &&
+                   curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, status) == CURLE_OK
+               ? 0
+               : -1;
+}
+
 /* GETs one batch; returns 1 when it is trained or failed (its loss recorded),
  * 0 while it is pending, -1 when the server could not say. */
 static int poll_batch(poller *p, int64_t id)
 {
     if (!p->easy || p->failures >= 5)
         return -1;
-    char url[2048];
-    snprintf(url, sizeof url, "%s/v1/batches/%" PRId64, R.o->url, id);
-    curl_easy_setopt(p->easy, CURLOPT_URL, url);
-    p->reply.len = 0;
     long status = 0;
-    if (curl_easy_perform(p->easy) != CURLE_OK ||
-        curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK || status != 200) {
+    if (get_batch(p, id, &status) != 0 || status != 200) {
         p->failures++;
         return -1;
     }
@@ -682,13 +692,8 @@ static void report_pool_left_out(poller *p, const pool *pl)
         const int64_t id = atomic_load(&b->first_id);
         if (!b->paths || id <= 0)
             continue;
-        char url[2048];
-        snprintf(url, sizeof url, "%s/v1/batches/%" PRId64, R.o->url, id);
-        curl_easy_setopt(p->easy, CURLOPT_URL, url);
-        p->reply.len = 0;
         long status = 0;
-        if (curl_easy_perform(p->easy) != CURLE_OK ||
-            curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK) {
+        if (get_batch(p, id, &status) != 0) {
             p->failures++;
             continue;
         }

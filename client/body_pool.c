@@ -259,6 +259,7 @@ int pool_generate(const options *o, pool *out)
     if ((uint64_t)k * p.len > cap)
         k = (int)(cap / p.len);
     out->b = calloc((size_t)k, sizeof *out->b);
+    out->labels = sf_st_dtype_name(o->label_dtype);
     if (!out->b) {
         free(hdr);
         return 1;

@@ -226,6 +226,7 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
     uint8_t *labels = calloc((size_t)bsz, 8);
     int rc = out->b && data && lens && off && labels && used ? 0 : 1;
     out->encoded = 1;
+    out->labels = sf_st_dtype_name(o->label_dtype);
     const uint64_t capb = o->pool_mb * 1024 * 1024;
     size_t next = 0;     /* the next file to take, modulo n */
     int left_out = 0;    /* distinct files left out */
@@ -342,7 +343,11 @@ int pool_load_jpeg_dir(const options *o, const char *root, pool *out)
     if (!o->quiet)
         fprintf(stderr, "streamfeed-load: %d JPEG files in %d class folders of %s\n", n, nclasses, root);
     snprintf(out->jpeg_dir, sizeof out->jpeg_dir, "%s", root);
-    int rc = pool_from_jpegs(o, f, n, out);
+    /* The folders, not the workload, say how many classes there are. */
+    options with_labels = *o;
+    if (o->label_auto)
+        with_labels.label_dtype = label_dtype_for(nclasses);
+    int rc = pool_from_jpegs(&with_labels, f, n, out);
     jfiles_free(f, n);
     return rc;
 }

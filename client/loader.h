@@ -74,6 +74,10 @@ typedef struct options {
     int pool;
     uint64_t pool_mb;
     sf_st_dtype label_dtype;
+    /* --label-dtype auto (the default): label_dtype is the smallest integer
+     * type that holds every class index (U8 up to 256 classes), so labels
+     * cost the least of the body; per-pixel labels are most of a W2 batch. */
+    int label_auto;
     int wait;
     int drain;
     const char *token;
@@ -110,6 +114,7 @@ typedef struct pool {
     size_t bytes;
     int encoded; /* bodies of JPEG files (made from --dir class folders or w1-jpeg) */
     char jpeg_dir[PATH_MAX]; /* the folder the JPEG files were read from ("" for other pools): --prepare prints it */
+    const char *labels; /* the labels' dtype name as sent ("U8"), NULL when the bodies came made */
 } pool;
 
 void pool_free(pool *p);
@@ -133,6 +138,9 @@ static inline uint64_t rng_next(uint64_t *s)
 
 /* Writes a little-endian integer label of the given dtype at element i. */
 void put_label(uint8_t *dst, size_t i, sf_st_dtype dt, int64_t v);
+
+/* The smallest label dtype that holds class indices 0..classes-1. */
+sf_st_dtype label_dtype_for(int64_t classes);
 
 /* --learnable: the colour of each class, which the images are tinted with. */
 void class_hues(uint8_t hue[MAX_CLASSES][3], int classes);

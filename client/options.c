@@ -89,7 +89,7 @@ static const opt_spec OPTS[] = {
     {"pool", 1, OPT_POOL, "K", "distinct bodies generated once and cycled, 1..1024 (default 8)"},
     {"pool-mb", 1, OPT_POOL_MB, "M",
      "memory bound of the pool (generated bodies or --dir files) in MiB (default 2048)"},
-    {"label-dtype", 1, OPT_LABEL_DTYPE, "T", "i64 | i32 | u8 (default i64)"},
+    {"label-dtype", 1, OPT_LABEL_DTYPE, "T", "auto | i64 | i32 | u8 (default auto: the smallest that holds the classes)"},
     {"wait", 0, OPT_WAIT, NULL, "POST with ?wait=1: each reply comes when its batch is trained, with its loss"},
     {"drain", 0, OPT_DRAIN, NULL, "after sending, wait until the last accepted batch is trained (for its loss)"},
     {"token", 1, OPT_TOKEN, "TOKEN", "bearer token (default: $STREAMFEED_TOKEN)"},
@@ -111,6 +111,11 @@ static const opt_spec OPTS[] = {
     {"version", 0, OPT_VERSION, NULL, "print the version and commit, as streamfeed --version does"},
 };
 #define N_OPTS ((int)(sizeof OPTS / sizeof OPTS[0]))
+
+sf_st_dtype label_dtype_for(int64_t classes)
+{
+    return classes <= 256 ? SF_ST_U8 : classes <= INT32_MAX ? SF_ST_I32 : SF_ST_I64;
+}
 
 static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
 {
@@ -236,7 +241,7 @@ int parse_args(int argc, char **argv, options *o)
 
     *o = (options){
         .url = "http://127.0.0.1:8080", .wl = &WORKLOADS[0], .batch = 32, .batches = 200,
-        .connections = 4, .seed = 1, .pool = 8, .pool_mb = 2048, .label_dtype = SF_ST_I64,
+        .connections = 4, .seed = 1, .pool = 8, .pool_mb = 2048, .label_dtype = SF_ST_U8, .label_auto = 1,
         .timeout_ms = 120000, .retries = 20, .max_backoff_ms = 5000, .token = getenv("STREAMFEED_TOKEN"),
     };
     bool have_batches = false, have_seconds = false;
@@ -313,6 +318,9 @@ int parse_args(int argc, char **argv, options *o)
                 return usage_error("--pool-mb must be an integer in 1..%d", MAX_POOL_MB);
             break;
         case OPT_LABEL_DTYPE:
+            o->label_auto = strcmp(a, "auto") == 0;
+            if (o->label_auto)
+                break; /* resolved once the workload is known */
             if (strcmp(a, "i64") == 0)
                 o->label_dtype = SF_ST_I64;
             else if (strcmp(a, "i32") == 0)
@@ -320,7 +328,7 @@ int parse_args(int argc, char **argv, options *o)
             else if (strcmp(a, "u8") == 0)
                 o->label_dtype = SF_ST_U8;
             else
-                return usage_error("--label-dtype must be i64, i32 or u8, not '%s'", a);
+                return usage_error("--label-dtype must be auto, i64, i32 or u8, not '%s'", a);
             break;
         case OPT_WAIT:
             o->wait = 1;
@@ -376,6 +384,8 @@ int parse_args(int argc, char **argv, options *o)
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
+    if (o->label_auto)
+        o->label_dtype = label_dtype_for(o->wl->classes);
     if (have_batches && have_seconds)
         return usage_error("give --batches or --seconds, not both");
     if (strncmp(o->url, "http://", 7) != 0 && strncmp(o->url, "https://", 8) != 0)

@@ -946,16 +946,17 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc;
     if (o.prepare) {
-        printf("%d bodies, %.1f MiB%s%s\n", p.n, (double)p.bytes / 1048576.0, p.jpeg_dir[0] ? ", files in " : "",
-               p.jpeg_dir);
+        printf("%d bodies, %.1f MiB%s%s%s%s\n", p.n, (double)p.bytes / 1048576.0, p.labels ? ", labels " : "",
+               p.labels ? p.labels : "", p.jpeg_dir[0] ? ", files in " : "", p.jpeg_dir);
         pool_free(&p);
         return 0;
     }
     if (!o.quiet && !g_sigint)
         fprintf(stderr,
-                "streamfeed-load: pool of %d %s, %.1f MiB in all (bound --pool-mb %" PRIu64 "), ready in %.2f s; "
+                "streamfeed-load: pool of %d %s, %.1f MiB in all (bound --pool-mb %" PRIu64 "), %s%s%sready in %.2f s; "
                 "%d connection%s on %d thread%s to %s\n",
-                p.n, o.dir && !p.encoded ? "files" : "bodies", (double)p.bytes / 1048576.0, o.pool_mb, now_s() - g0,
+                p.n, o.dir && !p.encoded ? "files" : "bodies", (double)p.bytes / 1048576.0, o.pool_mb,
+                p.labels ? "labels " : "", p.labels ? p.labels : "", p.labels ? ", " : "", now_s() - g0,
                 o.connections, o.connections == 1 ? "" : "s", o.threads, o.threads == 1 ? "" : "s", o.url);
     R.p = &p;
 

@@ -77,16 +77,26 @@ def test_layout_is_guessed_from_the_shape():
         detect_layout((32, 32, 3))
 
 
-def test_encode_batch_writes_uint8_images_int64_labels_and_the_layout():
+def test_encode_batch_writes_uint8_images_the_smallest_labels_and_the_layout():
     images = np.zeros((2, 3, 8, 8), np.uint8)
-    body = encode_batch(images, np.array([1, 2], np.int8))
+    body = encode_batch(images, np.array([1, 2], np.int64))
     out = streamfeed.decode_tensors(body)
     assert out["images"].dtype == np.uint8 and out["images"].shape == (2, 3, 8, 8)
-    assert out["labels"].dtype == np.int64 and list(out["labels"]) == [1, 2]
+    assert out["labels"].dtype == np.uint8 and list(out["labels"]) == [1, 2]
     import json
     import struct
     (n,) = struct.unpack("<Q", body[:8])
     assert json.loads(body[8:8 + n])["__metadata__"] == {"layout": "NCHW"}
+
+
+@pytest.mark.parametrize("values,dtype", [([0, 255], np.uint8), ([0, 256], np.int32), ([-100, 3], np.int32),
+                                          ([0, 2**31], np.int64)])
+def test_labels_go_in_the_smallest_dtype_that_holds_every_value(values, dtype):
+    images = np.zeros((2, 8, 8, 3), np.uint8)
+    out = streamfeed.decode_tensors(encode_batch(images, np.array(values, np.int64)))
+    assert out["labels"].dtype == dtype and list(out["labels"]) == values
+    seg = np.array(values, np.int16 if max(values) < 2**15 else np.int64).reshape(2, 1, 1) * np.ones((2, 8, 8), int)
+    assert streamfeed.decode_tensors(encode_batch(images, seg))["labels"].dtype == dtype
 
 
 def test_bad_inputs_are_refused_before_anything_is_sent():

@@ -19,13 +19,13 @@ def jpeg_bytes(rng, h=32, w=32):
     return out.getvalue()
 
 
-def test_encode_jpeg_batch_concatenates_the_files_with_their_offsets_and_int64_labels(rng):
+def test_encode_jpeg_batch_concatenates_the_files_with_their_offsets_and_the_smallest_labels(rng):
     files = [jpeg_bytes(rng), jpeg_bytes(rng), jpeg_bytes(rng)]
-    t = st_load(encode_jpeg_batch(files, np.array([2, 0, 1], dtype=np.uint8)).body)
+    t = st_load(encode_jpeg_batch(files, np.array([2, 0, 1], dtype=np.int64)).body)
     assert t["jpeg"].dtype == np.uint8 and t["jpeg"].tobytes() == b"".join(files)
     assert t["jpeg_offsets"].dtype == np.int64
     assert list(t["jpeg_offsets"]) == [0, len(files[0]), len(files[0]) + len(files[1]), sum(map(len, files))]
-    assert t["labels"].dtype == np.int64 and list(t["labels"]) == [2, 0, 1]
+    assert t["labels"].dtype == np.uint8 and list(t["labels"]) == [2, 0, 1]
 
 
 def test_encode_jpeg_batch_refuses_non_jpeg_files_and_label_counts_before_sending(rng):

@@ -374,3 +374,17 @@ def test_streamfeed_load_dir_sends_the_jpegs_of_class_folders_as_encoded_batches
     p = subprocess.run([LOAD_BIN, "--url", s.url, "--dir", str(empty), "--quiet"], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and "class folder" in p.stderr
+
+
+def test_streamfeed_load_sends_labels_in_the_smallest_dtype_the_classes_need(tmp_path):
+    def prepared(*args):
+        p = subprocess.run([LOAD_BIN, "--prepare", "--batch", "4", *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return p.stdout
+    assert "labels U8" in prepared("--workload", "tiny")
+    assert "labels I64" in prepared("--workload", "tiny", "--label-dtype", "i64")
+    tiny = to_jpeg(np.zeros((8, 8, 3), np.uint8))
+    for k in range(257):  # one class more than U8 holds
+        (tmp_path / f"c{k:03d}").mkdir()
+        (tmp_path / f"c{k:03d}" / "0.jpg").write_bytes(tiny)
+    assert "labels I32" in prepared("--dir", str(tmp_path))

@@ -457,7 +457,8 @@ class Client:
             images: uint8 images, numpy array or torch tensor, ``[N,H,W,C]`` or
                 ``[N,C,H,W]``. The layout is guessed from the shape (last dim in
                 {1,3,4}: NHWC; else dim 1 in {1,3,4}: NCHW) unless given.
-            labels: integer class labels ``[N]`` of any int dtype (sent as int64).
+            labels: integer class labels ``[N]`` of any int dtype (sent in the smallest
+                dtype that holds them: U8 below 256 classes).
             wait: wait until the batch has been trained and return its result.
             layout: "NHWC" or "NCHW" to override the guess.
 

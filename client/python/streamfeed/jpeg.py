@@ -5,7 +5,7 @@ nvJPEG on a GPU, libjpeg-turbo on the reference backend)::
 
     jpeg          U8  [total_bytes]   the N files concatenated
     jpeg_offsets  I64 [N+1]           file i is jpeg[off[i]:off[i+1]]
-    labels        I64 [N]
+    labels        U8, I32 or I64 [N] (the smallest that holds them)
 
 so a loader reads files and sends them, about ten times fewer bytes than the
 decoded pixels, and decodes nothing::
@@ -47,6 +47,7 @@ from typing import (TYPE_CHECKING, Any, Dict, FrozenSet, Iterable, Iterator, Lis
 import numpy as np
 from safetensors.numpy import load as _st_load
 from safetensors.numpy import save as _st_save
+from .wire import narrow_labels
 
 if TYPE_CHECKING:  # the feed module imports this one
     from .client import Client
@@ -185,7 +186,7 @@ def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
     offsets = np.zeros(len(data) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(d) for d in data])
     body = _st_save({"jpeg": np.frombuffer(b"".join(data), dtype=np.uint8),
-                     "jpeg_offsets": offsets, "labels": lab.astype(np.int64)})
+                     "jpeg_offsets": offsets, "labels": narrow_labels(lab)[0]})
     return EncodedBatch(body, len(data))
 
 

@@ -4,7 +4,8 @@ A batch body is a safetensors file with
 
 - ``images``: U8, ``[N,H,W,C]`` (NHWC) or ``[N,C,H,W]`` (NCHW), the layout named
   in ``__metadata__.layout``;
-- ``labels``: an integer tensor ``[N]`` (or ``[N,H,W]``), sent as I64.
+- ``labels``: an integer tensor ``[N]`` (or ``[N,H,W]``), sent in the smallest
+  dtype that holds its values (U8, I32 or I64: :func:`narrow_labels`).
 
 Inputs may be numpy arrays or torch tensors (torch is never imported here: a
 tensor is recognised by its ``detach``/``cpu``/``numpy`` methods), contiguous
@@ -109,8 +110,27 @@ def _not_uint8_message(arr: np.ndarray) -> str:
     return msg
 
 
+_LABEL_DTYPES = ((np.uint8, "U8"), (np.int32, "I32"), (np.int64, "I64"))
+
+
+def narrow_labels(arr: np.ndarray) -> Tuple[np.ndarray, str]:
+    """Returns integer labels in the smallest dtype the service takes that
+    holds every value (U8 for class indices below 256, else I32, else I64),
+    contiguous, with the dtype's safetensors name. Labels are a large part of
+    a segmentation batch ([N,H,W] per pixel): as int64 they are 8 times the
+    bytes of the same labels as uint8, and the wire is what bounds such a job."""
+    lo = int(arr.min()) if arr.size else 0
+    hi = int(arr.max()) if arr.size else 0
+    for dt, name in _LABEL_DTYPES:
+        info = np.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return np.ascontiguousarray(arr, dtype=dt), name
+    raise ValueError(f"labels span {lo}..{hi}, beyond int64")
+
+
 def prepare_labels(labels: Any, n: int) -> np.ndarray:
-    """Returns labels as a contiguous int64 array whose first dimension is n.
+    """Returns labels as a contiguous integer array whose first dimension is n,
+    in the smallest dtype that holds them (:func:`narrow_labels`).
 
     Labels are class indices: ``[N]`` for classification, ``[N,H,W]`` for
     segmentation. One-hot or soft labels (``[N,K]`` floats or 0/1 rows) and
@@ -134,7 +154,7 @@ def prepare_labels(labels: Any, n: int) -> np.ndarray:
         raise TypeError(f"labels must have an integer dtype, got {arr.dtype}{hint}")
     if arr.shape[0] != n:
         raise ValueError(f"{arr.shape[0]} labels for {n} images")
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return narrow_labels(arr)[0]
 
 
 def encode_batch(images: Any, labels: Any = None, layout: Optional[str] = None) -> bytes:
@@ -142,7 +162,8 @@ def encode_batch(images: Any, labels: Any = None, layout: Optional[str] = None) 
 
     Args:
         images: uint8 ``[N,H,W,C]`` or ``[N,C,H,W]`` (numpy or torch).
-        labels: integer ``[N]`` (any int dtype; sent as int64), or None (only
+        labels: integer ``[N]`` (any int dtype; sent in the smallest dtype that
+            holds them, :func:`narrow_labels`), or None (only
             POST /v1/transform accepts a batch without labels).
         layout: "NHWC" or "NCHW"; guessed from the shape when None.
     """
@@ -180,7 +201,8 @@ def encode_batch_parts(images: Any, labels: Any = None, layout: Optional[str] = 
     img, layout = prepare_images(images, layout)
     tensors: List[Tuple[str, str, np.ndarray]] = [("images", "U8", img)]
     if labels is not None:
-        tensors.append(("labels", "I64", prepare_labels(labels, img.shape[0])))
+        lab = prepare_labels(labels, img.shape[0])
+        tensors.append(("labels", {np.dtype(d): nm for d, nm in _LABEL_DTYPES}[lab.dtype], lab))
     header: Dict[str, Any] = {"__metadata__": {"layout": layout}}
     off = 0
     for name, dtype, arr in tensors:

@@ -305,12 +305,17 @@ docker-image:
 # a sanitizer report, a leak at exit or a UBSan "runtime error" fails the test
 # that started the server (tests/integration/sfharness.py reads its stderr and
 # exit status). Then the start–requests–stop cycle of tests/sanitize.
+# The unit tests run under the same sanitizers first: they hold the reference
+# layer kernels the integration run's long numerical comparisons leave out
+# under AddressSanitizer (tests/integration/test_export_parity.py says which).
 SAN_BUILD := $(BUILD)/asan
+SAN_ENV := UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=1
 sanitize-bins:
 	$(MAKE) --no-print-directory CUDA=0 SANITIZE=address,undefined BUILD=$(SAN_BUILD) \
-	  $(SAN_BUILD)/streamfeed $(SAN_BUILD)/streamfeed-load
+	  $(SAN_BUILD)/streamfeed $(SAN_BUILD)/streamfeed-load $(UNIT_SRC:tests/unit/%.c=$(SAN_BUILD)/tests/%)
 sanitize-test: sanitize-bins $(VENV)/.stamp
-	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=1 \
+	$(SAN_ENV) $(MAKE) --no-print-directory CUDA=0 SANITIZE=address,undefined BUILD=$(SAN_BUILD) unit
+	$(SAN_ENV) \
 	  STREAMFEED_BIN=$(abspath $(SAN_BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(SAN_BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/integration
 	STREAMFEED_ASAN_BIN=$(abspath $(SAN_BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/sanitize

@@ -11,6 +11,8 @@ static int larger_first(const void *a, const void *b)
 
 size_t sf_plan_place(sf_plan_tensor **t, int n)
 {
+    if (n <= 0)
+        return 0; /* qsort's array may not be NULL, even for no elements */
     qsort(t, (size_t)n, sizeof *t, larger_first);
     size_t top = 0;
     for (int k = 0; k < n; k++) {

@@ -67,7 +67,7 @@ static file encode(int many_scans)
 /* A batch of the files, each decoded to 64x64x3 at its own place. */
 typedef struct batch {
     unsigned char *bytes;
-    int64_t off[16];
+    int64_t off[17]; /* n + 1 offsets for up to 16 files */
     sf_aug_sample smp[16];
     sf_batch b;
 } batch;

@@ -362,12 +362,12 @@ static int enq_bf_bn(void *v, cudaStream_t s) { return enq_bf_bn_fwd(v, s) || en
 static int enq_bf_mp_fwd(void *v, cudaStream_t s)
 {
     bf_ctx *c = (bf_ctx *)v;
-    return sf_cuda_maxpool_fwd_dt(SF_DT_BF16, c->x, c->n, c->c, c->h, c->w, 3, 2, 1, c->L, c->y, c->am, NULL, s);
+    return sf_cuda_maxpool_fwd_dt(SF_DT_BF16, c->x, c->n, c->c, c->h, c->w, 3, 2, 1, 0, c->L, c->y, c->am, NULL, s);
 }
 static int enq_bf_mp_bwd(void *v, cudaStream_t s)
 {
     bf_ctx *c = (bf_ctx *)v;
-    return sf_cuda_maxpool_bwd_dt(SF_DT_BF16, c->dy, c->am, c->n, c->c, c->h, c->w, 3, 2, 1, c->L, c->dx, s);
+    return sf_cuda_maxpool_bwd_dt(SF_DT_BF16, c->dy, c->am, c->n, c->c, c->h, c->w, 3, 2, 1, 0, c->L, c->dx, s);
 }
 static int enq_bf_add(void *v, cudaStream_t s)
 {

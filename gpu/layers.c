@@ -38,15 +38,15 @@ static const char *const depth_modes[] = {"row", NULL};
 
 static const sf_layer_field conv2d_fields[] = {
     F_IN, F_OUT("output channels"), F_K, F_STRIDE(1, "stride"), F_PAD, F_BIAS,
-    {"groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+    {"groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 1, SF_FF_IF_SET, NULL,
      "groups (in and out divisible by it; groups = in = out is depthwise)"},
-    {"dilation", SF_FT_INT, OFF(dilation), 1, SF_MAX_KERNEL, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+    {"dilation", SF_FT_INT, OFF(dilation), 1, SF_MAX_KERNEL, 1, SF_FF_IF_SET, NULL,
      "spacing between kernel taps"},
     F_END,
 };
 static const sf_layer_field bn2d_fields[] = {
-    F_EPS(SF_FF_IF_SET | SF_FF_CUDA_DEFAULT),
-    {"momentum", SF_FT_FLOAT, OFF(momentum), 0, 1, 0.1, SF_FF_LO_OPEN | SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL,
+    F_EPS(SF_FF_IF_SET),
+    {"momentum", SF_FT_FLOAT, OFF(momentum), 0, 1, 0.1, SF_FF_LO_OPEN | SF_FF_IF_SET, NULL,
      "running statistics' update weight"},
     F_END,
 };
@@ -79,12 +79,12 @@ static const sf_layer_field convt2d_fields[] = {
 };
 static const sf_layer_field linear_fields[] = {
     F_IN, F_OUT("output features"), F_BIAS,
-    {"over", SF_FT_ENUM, OFF(over_channels), 0, 1, 0, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, over_choices,
+    {"over", SF_FT_ENUM, OFF(over_channels), 0, 1, 0, SF_FF_IF_SET, over_choices,
      "\"features\" of a flat input, or \"channels\" of each pixel of a map"},
     F_END,
 };
 static const sf_layer_field maxpool2d_fields[] = {
-    F_K, F_STRIDE(0, "stride (default: k)"), F_PAD, F_CEIL(SF_FF_IF_SET | SF_FF_CUDA_DEFAULT), F_END,
+    F_K, F_STRIDE(0, "stride (default: k)"), F_PAD, F_CEIL(SF_FF_IF_SET), F_END,
 };
 static const sf_layer_field no_fields[] = {F_END};
 
@@ -508,21 +508,21 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_AVGPOOL2D] = {
         .name = "avgpool2d", .torch = "nn.AvgPool2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = avgpool2d_fields, .shape = avgpool2d_shape, .ref_fwd = sf_ref_layer_avgpool2d_fwd,
-        .ref_bwd = sf_ref_layer_avgpool2d_bwd, .doc = "average pooling"},
+        .ref_bwd = sf_ref_layer_avgpool2d_bwd, .cuda = 1, .doc = "average pooling"},
     [SF_L_ADAPTIVE_AVGPOOL2D] = {
         .name = "adaptive_avgpool2d", .torch = "nn.AdaptiveAvgPool2d((h, w))", .min_in = 1, .max_in = 1,
         .needs_map = 1, .fields = adaptive_fields, .shape = adaptive_shape,
-        .ref_fwd = sf_ref_layer_adaptive_avgpool2d_fwd, .ref_bwd = sf_ref_layer_adaptive_avgpool2d_bwd,
+        .ref_fwd = sf_ref_layer_adaptive_avgpool2d_fwd, .ref_bwd = sf_ref_layer_adaptive_avgpool2d_bwd, .cuda = 1,
         .doc = "average pooling to an output size, PyTorch's bins"},
     [SF_L_LAYERNORM2D] = {
         .name = "layernorm2d", .torch = "torchvision LayerNorm2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = ln_fields, .shape = ln2d_shape, .params = affine_params, .init = ones_zeros_init,
-        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd,
+        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd, .cuda = 1,
         .doc = "LayerNorm over the channels of each pixel; weight, bias [C]"},
     [SF_L_LAYERNORM] = {
         .name = "layernorm", .torch = "nn.LayerNorm(F)", .min_in = 1, .max_in = 1, .fields = ln_fields,
         .shape = ln_shape, .params = affine_params, .init = ones_zeros_init,
-        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd,
+        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd, .cuda = 1,
         .doc = "LayerNorm over the features of a flat tensor; weight, bias [F]"},
     [SF_L_CONCAT] = {
         .name = "concat", .torch = "torch.cat(dim=1)", .min_in = 2, .max_in = SF_MAX_IN, .fields = no_fields,

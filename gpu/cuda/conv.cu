@@ -88,11 +88,15 @@ static int make_tensor_v(sf_conv_plan *p, int64_t uid, cudnnDataType_t dt, const
 static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, sf_conv_plan *p,
                        cudnnBackendDescriptor_t *graph_out)
 {
-    const int64_t oh = (d->h + 2 * d->pad - d->k) / d->stride + 1;
-    const int64_t ow = (d->w + 2 * d->pad - d->k) / d->stride + 1;
+    const int64_t groups = d->groups > 1 ? d->groups : 1, dilation = d->dilation > 1 ? d->dilation : 1;
+    const int64_t span = dilation * (d->k - 1) + 1;
+    const int64_t oh = (d->h + 2 * d->pad - span) / d->stride + 1;
+    const int64_t ow = (d->w + 2 * d->pad - span) / d->stride + 1;
     int64_t xd[4], xs[4], wd[4], ws[4], yd[4], ys[4];
     dims_strides(d->n, d->c, d->h, d->w, d->layout, xd, xs);
-    dims_strides(d->oc, d->c, d->k, d->k, d->layout, wd, ws); /* KCRS or KRSC */
+    /* KCRS or KRSC; a grouped filter holds c/groups input channels, which is
+     * how the graph API is told the group count (it has no attribute for it) */
+    dims_strides(d->oc, d->c / groups, d->k, d->k, d->layout, wd, ws);
     dims_strides(d->n, d->oc, oh, ow, d->layout, yd, ys);
     cudnnBackendDescriptor_t tx, tw, ty, ty_out = NULL;
     const int fused = dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu);
@@ -115,7 +119,7 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
     const int64_t nsp = 2;
     const cudnnDataType_t ct = CUDNN_DATA_FLOAT; /* fp32 accumulation for fp32 and bf16 data */
     const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-    const int64_t pad[2] = {d->pad, d->pad}, str[2] = {d->stride, d->stride}, dil[2] = {1, 1};
+    const int64_t pad[2] = {d->pad, d->pad}, str[2] = {d->stride, d->stride}, dil[2] = {dilation, dilation};
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nsp));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
@@ -377,9 +381,10 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
          * mixed-type epilogue); name the convolution in the message. */
         char why[SF_CUDA_ERR_LEN];
         snprintf(why, sizeof why, "%s", sf_cuda_last_error());
-        sf_cuda_set_error("conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d %s %s: graph rejected: %s", dir_name[dir],
+        sf_cuda_set_error("conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d g=%d dil=%d %s %s: graph rejected: %s", dir_name[dir],
                           dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu) ? "+bias/relu" : "", d->n, d->c,
-                          d->h, d->w, d->oc, d->k, d->stride, d->pad, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
+                          d->h, d->w, d->oc, d->k, d->stride, d->pad, d->groups > 1 ? d->groups : 1,
+                          d->dilation > 1 ? d->dilation : 1, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
                           sf_conv_prec_name(d->dt, d->tf32), why);
         sf_conv_plan_destroy(out);
         return -1;
@@ -459,11 +464,11 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
     out->tried = tried;
     out->fused = dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu);
     if (!best) {
-        sf_cuda_set_error("%s:%d: conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d %s %s: no usable cuDNN engine "
+        sf_cuda_set_error("%s:%d: conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d g=%d dil=%d %s %s: no usable cuDNN engine "
                           "(workspace limit %zu bytes)",
                           __FILE__, __LINE__, dir_name[dir], out->fused ? "+bias/relu" : "", d->n, d->c, d->h,
-                          d->w, d->oc, d->k, d->stride,
-                          d->pad, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw", sf_conv_prec_name(d->dt, d->tf32),
+                          d->w, d->oc, d->k, d->stride, d->pad, d->groups > 1 ? d->groups : 1,
+                          d->dilation > 1 ? d->dilation : 1, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw", sf_conv_prec_name(d->dt, d->tf32),
                           ws_limit);
         sf_conv_plan_destroy(out);
         return -1;

@@ -22,10 +22,14 @@ extern "C" {
 typedef enum sf_conv_dir { SF_CONV_FWD = 0, SF_CONV_BWD_DATA = 1, SF_CONV_BWD_FILTER = 2 } sf_conv_dir;
 
 /* One convolution shape. The output size follows ref.h:
- * oh = (h + 2*pad - k)/stride + 1. */
+ * oh = (h + 2*pad - dilation*(k-1) - 1)/stride + 1. */
 typedef struct sf_conv_desc {
     int n, c, h, w;          /* input [n, c, h, w] */
     int oc, k, stride, pad;  /* square kernel, symmetric padding */
+    int groups, dilation;    /* 0 or 1: a plain convolution. groups g: the filter is
+                                [oc, c/g, k, k] (KCRS; KRSC with NHWC), and cuDNN's
+                                graph API reads the group count from the filter's
+                                channel dimension; groups = c = oc is depthwise */
     sf_layout layout;        /* NHWC activations pair with a KRSC filter */
     int tf32;                /* fp32 data: allow TF32 tensor-core engines (else strict
                                 fp32); ignored for bf16 */

@@ -134,6 +134,8 @@ static void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *in
 static void g_conv_desc(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
 {
     g_desc(net, i, n, d);
+    d->groups = net->m.layers[i].groups;
+    d->dilation = net->m.layers[i].dilation;
     if (net->g->op[i].s2d)
         sf_conv_s2d_desc(d, d);
 }
@@ -528,6 +530,10 @@ static int g_scratch_fits(const sf_cuda_net *net, int n)
         if (L->kind == SF_L_BATCHNORM2D &&
             sf_cuda_bn_scratch_bytes(n, L->in_c, L->in_h, L->in_w, net->g->lay) > net->g->scratch_bytes)
             return 0;
+        if ((L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) &&
+            sf_cuda_layernorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w, net->g->lay) >
+                net->g->scratch_bytes)
+            return 0;
     }
     if (m->segmentation && sf_cuda_xent2d_scratch_bytes(n, m->out_h, m->out_w) > net->g->scratch_bytes)
         return 0;
@@ -617,11 +623,20 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         }
-        case SF_L_LINEAR:
-            if (sf_linear_fwd_dt(net->blas, dt, x, n, L->in_c, g_wd(net, i), L->out_c, o->y, net->cfg.tf32))
+        case SF_L_LINEAR: /* over features (hw = 1) or per pixel over a map's channels */
+            if (sf_linear_map_fwd_dt(net->blas, dt, g->lay, x, n, (size_t)L->out_h * L->out_w, L->in_c, g_wd(net, i),
+                                     L->out_c, o->y, net->cfg.tf32))
                 return -1;
+            g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
             if ((L->n_b || o->relu) &&
-                sf_cuda_bias_act_dt(dt, o->y, L->n_b ? P + L->b_off : NULL, (size_t)n, L->out_c, 1, o->relu, s))
+                sf_cuda_bias_act_dt(dt, o->y, L->n_b ? P + L->b_off : NULL, outer, L->out_c, inner, o->relu, s))
+                return -1;
+            break;
+        case SF_L_LAYERNORM2D:
+        case SF_L_LAYERNORM:
+            if (sf_cuda_layernorm_fwd_dt(dt, x, n, L->in_c, (size_t)L->in_h * L->in_w, g->lay, P + L->w_off,
+                                         P + L->b_off, L->eps, o->y, o->save,
+                                         o->save + (size_t)net->cfg.max_batch * L->in_h * L->in_w, s))
                 return -1;
             break;
         case SF_L_RELU:
@@ -636,10 +651,10 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             const int relu = a ? g->op[a].relu : o->relu;
             if (o->frozen || eval) {
                 if (sf_cuda_bn_fwd_eval_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
-                                           SF_BN_EPS, g->bufs + L->rm_off, g->bufs + L->rv_off, res, y, relu, s))
+                                           L->eps, g->bufs + L->rm_off, g->bufs + L->rv_off, res, y, relu, s))
                     return -1;
             } else if (sf_cuda_bn_fwd_train_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
-                                               P + L->b_off, SF_BN_EPS, SF_BN_MOMENTUM, g->bufs + L->rm_off,
+                                               P + L->b_off, L->eps, L->momentum, g->bufs + L->rm_off,
                                                g->bufs + L->rv_off, o->save, o->save + L->out_ch, res,
                                                o->bn_pool ? NULL : y, relu, g->scratch, s)) {
                 return -1;
@@ -652,14 +667,24 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 const sf_layer *BL = &m->layers[bi];
                 const sf_pool_pre_bn pre = {g->op[bi].save, g->op[bi].save + BL->out_ch, P + BL->w_off, P + BL->b_off};
                 if (sf_cuda_maxpool_fwd_dt(dt, g_in(net, bi, 0, b), n, L->in_c, L->in_h, L->in_w, L->k, L->stride,
-                                           L->pad, g->lay, o->y, o->argmax, &pre, s))
+                                           L->pad, L->ceil_mode, g->lay, o->y, o->argmax, &pre, s))
                     return -1;
-            } else if (sf_cuda_maxpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, g->lay,
-                                              o->y, o->argmax, NULL, s))
+            } else if (sf_cuda_maxpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad,
+                                              L->ceil_mode, g->lay, o->y, o->argmax, NULL, s))
                 return -1;
             break;
         case SF_L_GLOBAL_AVGPOOL:
             if (sf_cuda_avgpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, o->y, s))
+                return -1;
+            break;
+        case SF_L_AVGPOOL2D:
+            if (sf_cuda_avgpool2d_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, L->ceil_mode,
+                                         L->count_include_pad, g->lay, o->y, s))
+                return -1;
+            break;
+        case SF_L_ADAPTIVE_AVGPOOL2D:
+            if (sf_cuda_adaptive_avgpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->out_h, L->out_w, g->lay, o->y,
+                                                s))
                 return -1;
             break;
         case SF_L_ADD:
@@ -1086,15 +1111,27 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             }
             break;
         }
-        case SF_L_LINEAR:
+        case SF_L_LINEAR: {
+            const size_t hw = (size_t)L->out_h * L->out_w;
+            g_view(g, n, hw, &outer, &inner);
             if ((L->n_b || o->relu) &&
-                sf_cuda_bias_grad_dt(dt, o->dy, ymask, (size_t)n, L->out_c, 1, L->n_b ? net->grads + L->b_off : NULL,
+                sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
                                      (float *)g->scratch, s))
                 return -1;
-            if (sf_linear_bwd_filter_dt(net->blas, dt, g_in(net, i, 0, b), n, L->in_c, o->dy, L->out_c,
-                                        net->grads + L->w_off, tf32))
+            if (sf_linear_map_bwd_filter_dt(net->blas, dt, g->lay, g_in(net, i, 0, b), n, hw, L->in_c, o->dy,
+                                            L->out_c, net->grads + L->w_off, tf32))
                 return -1;
-            if (dx && sf_linear_bwd_data_dt(net->blas, dt, o->dy, n, L->in_c, g_wd(net, i), L->out_c, dx, tf32))
+            if (dx && sf_linear_map_bwd_data_dt(net->blas, dt, g->lay, o->dy, n, hw, L->in_c, g_wd(net, i), L->out_c,
+                                                dx, tf32))
+                return -1;
+            break;
+        }
+        case SF_L_LAYERNORM2D:
+        case SF_L_LAYERNORM:
+            if (sf_cuda_layernorm_bwd_dt(dt, g_in(net, i, 0, b), o->dy, n, L->in_c, (size_t)L->in_h * L->in_w, g->lay,
+                                         P + L->w_off, o->save,
+                                         o->save + (size_t)net->cfg.max_batch * L->in_h * L->in_w, dx,
+                                         net->grads + L->w_off, net->grads + L->b_off, g->scratch, s))
                 return -1;
             break;
         case SF_L_RELU:
@@ -1110,11 +1147,21 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             break;
         case SF_L_MAXPOOL2D:
             if (dx && sf_cuda_maxpool_bwd_dt(dt, o->dy, o->argmax, n, L->in_c, L->in_h, L->in_w, L->k, L->stride,
-                                             L->pad, g->lay, dx, s))
+                                             L->pad, L->ceil_mode, g->lay, dx, s))
                 return -1;
             break;
         case SF_L_GLOBAL_AVGPOOL:
             if (dx && sf_cuda_avgpool_bwd_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, g->lay, dx, s))
+                return -1;
+            break;
+        case SF_L_AVGPOOL2D:
+            if (dx && sf_cuda_avgpool2d_bwd_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad,
+                                               L->ceil_mode, L->count_include_pad, g->lay, dx, s))
+                return -1;
+            break;
+        case SF_L_ADAPTIVE_AVGPOOL2D:
+            if (dx && sf_cuda_adaptive_avgpool_bwd_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, L->out_h, L->out_w,
+                                                      g->lay, dx, s))
                 return -1;
             break;
         case SF_L_ADD: {

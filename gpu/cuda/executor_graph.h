@@ -11,6 +11,7 @@
 #include "conv_thin.h"
 #include "executor.h"
 #include "dist_nccl.h"
+#include "norm.h"
 
 extern "C" {
 #include "gpu/memory_plan.h"
@@ -91,7 +92,8 @@ typedef struct gop {
     int fused;           /* this ReLU is fused into the previous layer: y/dy alias it */
     void *y;             /* output (flatten, fused ReLU: alias) */
     void *dy;            /* output gradient (trainable; aliases as y), else NULL */
-    float *save;         /* batchnorm: [2C] mean, invstd */
+    float *save;         /* batchnorm: [2C] mean, invstd; layernorm2d, layernorm: [2 * max_batch * H*W]
+                            mean, rstd per position */
     int32_t *argmax;     /* maxpool */
     void *gtmp;          /* the input gradient before it is added to its owner's (this layer
                             is not its input's first consumer), or a batchnorm's unwanted

@@ -124,7 +124,7 @@ static int g_plan_memory(sf_cuda_net *net)
             continue;
         const int k = L->kind;
         const int needs_x = !o->frozen && (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR ||
-                                           k == SF_L_BATCHNORM2D);
+                                           k == SF_L_BATCHNORM2D || k == SF_L_LAYERNORM2D || k == SF_L_LAYERNORM);
         /* the ReLU mask, unless batchnorm's backward recomputes it from x (the
          * stem's 1.6 GB batchnorm output of ResNet-18 at batch 1024 then dies
          * at the maxpool's forward) */
@@ -285,8 +285,8 @@ int sf_exec_build_graph(sf_cuda_net *net)
         for (int p = 2; !net->cfg.no_bn_fuse && p < g->nl; p++) {
             const sf_layer *P = &m->layers[p];
             const int r = g->op[p].src[0], i = r - 1;
-            if (P->kind != SF_L_MAXPOOL2D || r < 1 || m->layers[r].kind != SF_L_RELU || !g->op[r].fused ||
-                g->op[r].src[0] != i || m->layers[i].kind != SF_L_BATCHNORM2D || !g->op[i].relu ||
+            if (P->kind != SF_L_MAXPOOL2D || P->ceil_mode || r < 1 || m->layers[r].kind != SF_L_RELU ||
+                !g->op[r].fused || g->op[r].src[0] != i || m->layers[i].kind != SF_L_BATCHNORM2D || !g->op[i].relu ||
                 readers[r] != 1 || g->op[i].frozen || g->op[p].frozen ||
                 sf_cuda_bn_bwd_reads_y(g->dt, g->lay, m->layers[i].out_ch) ||
                 !sf_cuda_maxpool_pre_bn_ok(g->dt, g->lay, P->in_c, P->k, P->stride, P->pad))
@@ -294,8 +294,24 @@ int sf_exec_build_graph(sf_cuda_net *net)
             g->op[i].bn_pool = 1;
             g->op[p].pre_bn = i + 1;
         }
+        /* Grouped and dilated convolutions (depthwise ones included) take
+         * cuDNN's general plans only: the thin, patch and space-to-depth
+         * kernels and the fused epilogue are written for a plain
+         * convolution. Depthwise convolutions, most of MobileNet's and
+         * EfficientNet's time, are fast in cuDNN in channels-last bf16
+         * (its depthwise engines read a pixel's channels as one vector,
+         * the way PyTorch's channels_last autocast runs them), which is the
+         * layout the backend already picks for bf16 and TF32 (backend_cuda.cu);
+         * strict fp32 nets keep NCHW, which the rule chose on plain
+         * convolutions and which is the parity precision, not the speed one.
+         * So the layout rule has no case of its own for them. */
         for (int i = 0; i < g->nl; i++) {
             const sf_layer *L = &m->layers[i];
+            const int plain = L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1;
+            if (L->kind == SF_L_CONV2D && !plain) {
+                g->op[i].thin = g->op[i].fusable = g->op[i].patch = 0;
+                continue;
+            }
             g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
                             sf_conv_thin_ok(g->lay, g->dt, L->in_c, L->out_c, L->k, L->stride, L->pad);
             g->op[i].fusable = !net->cfg.no_fuse && L->kind == SF_L_CONV2D && !g->op[i].thin &&
@@ -331,7 +347,8 @@ int sf_exec_build_graph(sf_cuda_net *net)
      * (fp32 only). */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
-        g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && g->dt == SF_DT_BF16 && !g->op[i].frozen &&
+        g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1 &&
+                       g->dt == SF_DT_BF16 && !g->op[i].frozen &&
                        !g->op[i].want[0] && sf_conv_s2d_ok(g->lay, L->in_c, L->k, L->stride);
     }
     /* parameters and optimizer state; the trainable slice 16-byte aligned */
@@ -356,9 +373,11 @@ int sf_exec_build_graph(sf_cuda_net *net)
         const sf_layer *L = &m->layers[i];
         if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
             continue;
-        /* conv [oc][c][k][k] -> [oc][k][k][c]; convT [c][oc][k][k] -> [c][k][k][oc] */
-        if (g->lay == SF_LAYOUT_NHWC && L->k > 1 &&
-            g_add_seg(&g->segs_perm, L->w_off, L->n_w, L->kind == SF_L_CONV2D ? L->in_c : L->out_c, L->k * L->k))
+        /* conv [oc][c/groups][k][k] -> [oc][k][k][c/groups]; convT [c][oc][k][k] -> [c][k][k][oc]
+         * (a depthwise filter, one input channel per output, is the same in both) */
+        const int pc = L->kind == SF_L_CONV2D ? L->in_c / (L->groups > 1 ? L->groups : 1) : L->out_c;
+        if (g->lay == SF_LAYOUT_NHWC && L->k > 1 && pc > 1 &&
+            g_add_seg(&g->segs_perm, L->w_off, L->n_w, pc, L->k * L->k))
             return -1;
         if (i >= g->nf && g_add_seg(&g->segs_gd, L->w_off - m->train_off, L->n_w, 1, (int)L->n_w))
             return -1;
@@ -395,6 +414,9 @@ int sf_exec_build_graph(sf_cuda_net *net)
             continue;
         if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
             return -1;
+        if ((L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) &&
+            dmallocf(net, &o->save, 2 * nb * L->in_h * L->in_w))
+            return -1;
         if (o->s2d) {
             sf_conv_desc d;
             g_desc(net, i, (int)nb, &d);
@@ -424,6 +446,11 @@ int sf_exec_build_graph(sf_cuda_net *net)
             sc = sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k);
         if (L->kind == SF_L_BATCHNORM2D) {
             size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, g->lay);
+            if (b > sc)
+                sc = b;
+        }
+        if (L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) {
+            size_t b = sf_cuda_layernorm_scratch_bytes((int)nb, L->in_c, (size_t)L->in_h * L->in_w, g->lay);
             if (b > sc)
                 sc = b;
         }

@@ -112,3 +112,108 @@ extern "C" int sf_linear_bwd_filter(cublasHandle_t h, const float *x, int n, int
 {
     return sf_linear_bwd_filter_dt(h, SF_DT_F32, x, n, in, dy, out, dw, tf32);
 }
+
+/* ---- per pixel over a map's channels --------------------------------------- */
+
+/* cublasGemmStridedBatchedEx with an explicit beta and gemm_ex's handling of
+ * the math mode for bf16 operands. */
+static cublasStatus_t gemm_sb(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const void *A, cudaDataType_t at, int lda, long long sa, const void *B, cudaDataType_t bt,
+                              int ldb, long long sb, float beta, void *C, cudaDataType_t ctype, int ldc, long long sc,
+                              int batch, cublasComputeType_t ct)
+{
+    const float one = 1.f;
+    if (at != CUDA_R_16BF)
+        return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &one, A, at, lda, sa, B, bt, ldb, sb, &beta, C, ctype,
+                                          ldc, sc, batch, ct, CUBLAS_GEMM_DEFAULT);
+    cublasMath_t mode;
+    cublasStatus_t st = cublasGetMathMode(h, &mode);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    st = cublasSetMathMode(h, (cublasMath_t)(mode | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    st = cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &one, A, at, lda, sa, B, bt, ldb, sb, &beta, C, ctype, ldc,
+                                    sc, batch, ct, CUBLAS_GEMM_DEFAULT);
+    const cublasStatus_t st2 = cublasSetMathMode(h, mode);
+    return st != CUBLAS_STATUS_SUCCESS ? st : st2;
+}
+
+/* A map's positions as the rows of one GEMM: NHWC maps and flat tensors
+ * (hw = 1), whose channels are contiguous per position. */
+static int map_rows(sf_layout lay, int n, size_t hw, const char *fn, int *rows)
+{
+    if (n < 1 || hw < 1 || (double)n * hw > 2147483647.0) {
+        sf_cuda_set_error("%s:%d: %s: n=%d hw=%zu", __FILE__, __LINE__, fn, n, hw);
+        return -1;
+    }
+    *rows = (int)((size_t)n * hw);
+    return lay == SF_LAYOUT_NHWC || hw == 1;
+}
+
+extern "C" int sf_linear_map_fwd_dt(cublasHandle_t h, sf_dtype dt, sf_layout lay, const void *x, int n, size_t hw,
+                                    int in, const void *w, int out, void *y, int tf32)
+{
+    const char *fn = "sf_linear_map_fwd_dt";
+    int rows;
+    const int flat = map_rows(lay, n, hw, fn, &rows);
+    if (flat < 0)
+        return -1;
+    if (flat)
+        return sf_linear_fwd_dt(h, dt, x, rows, in, w, out, y, tf32);
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, fn, &t, &ct))
+        return -1;
+    /* per sample, column-major: y_n^T [hw, out] = x_n^T [hw, in] . w^T [in, out] */
+    const int p = (int)hw;
+    SF_CUBLAS_CHECK(gemm_sb(h, CUBLAS_OP_N, CUBLAS_OP_N, p, out, in, x, t, p, (long long)in * p, w, t, in, 0, 0.f, y,
+                            t, p, (long long)out * p, n, ct));
+    return 0;
+}
+
+extern "C" int sf_linear_map_bwd_data_dt(cublasHandle_t h, sf_dtype dt, sf_layout lay, const void *dy, int n,
+                                         size_t hw, int in, const void *w, int out, void *dx, int tf32)
+{
+    const char *fn = "sf_linear_map_bwd_data_dt";
+    int rows;
+    const int flat = map_rows(lay, n, hw, fn, &rows);
+    if (flat < 0)
+        return -1;
+    if (flat)
+        return sf_linear_bwd_data_dt(h, dt, dy, rows, in, w, out, dx, tf32);
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, fn, &t, &ct))
+        return -1;
+    /* per sample, column-major: dx_n^T [hw, in] = dy_n^T [hw, out] . w [out, in] */
+    const int p = (int)hw;
+    SF_CUBLAS_CHECK(gemm_sb(h, CUBLAS_OP_N, CUBLAS_OP_T, p, in, out, dy, t, p, (long long)out * p, w, t, in, 0, 0.f,
+                            dx, t, p, (long long)in * p, n, ct));
+    return 0;
+}
+
+extern "C" int sf_linear_map_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, sf_layout lay, const void *x, int n,
+                                           size_t hw, int in, const void *dy, int out, float *dw, int tf32)
+{
+    const char *fn = "sf_linear_map_bwd_filter_dt";
+    int rows;
+    const int flat = map_rows(lay, n, hw, fn, &rows);
+    if (flat < 0)
+        return -1;
+    if (flat)
+        return sf_linear_bwd_filter_dt(h, dt, x, rows, in, dy, out, dw, tf32);
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (linear_types(dt, tf32, fn, &t, &ct))
+        return -1;
+    /* dw^T [in, out] = sum over samples of x_n [in, hw] . dy_n^T [hw, out]: in
+     * NCHW the samples' pixels are not one matrix, so one GEMM per sample
+     * accumulates into dw (fp32) in sample order. */
+    const size_t es = sf_dtype_size(dt), p = hw;
+    for (int ni = 0; ni < n; ni++)
+        SF_CUBLAS_CHECK(gemm_sb(h, CUBLAS_OP_T, CUBLAS_OP_N, in, out, (int)p, (const char *)x + es * ni * in * p, t,
+                                (int)p, 0, (const char *)dy + es * ni * out * p, t, (int)p, 0, ni ? 1.f : 0.f, dw,
+                                CUDA_R_32F, in, 0, 1, ct));
+    return 0;
+}

@@ -41,6 +41,19 @@ int sf_linear_bwd_data_dt(cublasHandle_t h, sf_dtype dt, const void *dy, int n, 
 int sf_linear_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n, int in, const void *dy, int out,
                             float *dw, int tf32);
 
+/* ---- per pixel over a map's channels (linear "over": "channels") ------------ */
+/* x [n, in, hw], y and dy [n, out, hw] in layout lay (hw = 1: flat tensors,
+ * the functions above); w [out, in], dw fp32 [out, in], as above. NHWC maps
+ * are one GEMM over n*hw rows; NCHW maps one strided-batched GEMM per
+ * direction over the samples, and for the weight gradient one GEMM per sample
+ * accumulating into dw (beta = 1 after the first). */
+int sf_linear_map_fwd_dt(cublasHandle_t h, sf_dtype dt, sf_layout lay, const void *x, int n, size_t hw, int in,
+                         const void *w, int out, void *y, int tf32);
+int sf_linear_map_bwd_data_dt(cublasHandle_t h, sf_dtype dt, sf_layout lay, const void *dy, int n, size_t hw, int in,
+                              const void *w, int out, void *dx, int tf32);
+int sf_linear_map_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, sf_layout lay, const void *x, int n, size_t hw,
+                                int in, const void *dy, int out, float *dw, int tf32);
+
 #ifdef __cplusplus
 }
 #endif

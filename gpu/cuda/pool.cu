@@ -1,6 +1,7 @@
 /* gpu/cuda/pool.cu — kernels first, then launchers: MaxPool2d for any window
- * plus a k3 s2 p1 path (ResNet's stem) with the same results, and global
- * average pooling. Contracts in pool.h. */
+ * (ceil_mode too) plus a k3 s2 p1 path (ResNet's stem) with the same results,
+ * global average pooling, AvgPool2d and AdaptiveAvgPool2d. Contracts in
+ * pool.h. */
 #include "pool.h"
 
 #include "kernel_common.cuh"
@@ -432,11 +433,155 @@ __global__ void k_avgpool_bwd(const T *__restrict__ dy, size_t total, int C, int
     dx[i] = cu_to<T>(cu_f(dy[o]) / (float)hw);
 }
 
+/* ---- AvgPool2d and AdaptiveAvgPool2d ------------------------------------------ */
+
+/* PyTorch's avg_pool2d window of output o: [o*s - p, min(o*s - p + k, in + p)),
+ * whose length is the divisor with count_include_pad; the taps are its part
+ * inside [0, in), whose size is the divisor without it. */
+__device__ __forceinline__ void avg_window(int o, int k, int s, int p, int in, int *a, int *b, int *span)
+{
+    const int lo = o * s - p;
+    const int hi = lo + k < in + p ? lo + k : in + p;
+    *span = hi - lo;
+    *a = lo > 0 ? lo : 0;
+    *b = hi < in ? hi : in;
+}
+
+__device__ __forceinline__ float avg_divisor(int oy, int ox, int k, int s, int p, int H, int W, int cip)
+{
+    int y0, y1, sy, x0, x1, sx;
+    avg_window(oy, k, s, p, H, &y0, &y1, &sy);
+    avg_window(ox, k, s, p, W, &x0, &x1, &sx);
+    return (float)(cip ? sy * sx : (y1 - y0) * (x1 - x0));
+}
+
+/* A thread per output element; the taps summed in row-major order in fp32. */
+template <typename T>
+__global__ void k_avgpool2d_fwd(const T *__restrict__ x, int C, int H, int W, int k, int stride, int pad, int cip,
+                                int OH, int OW, int nhwc, size_t total, T *__restrict__ y)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    int ox, oy;
+    size_t plane, cs;
+    pool_index((unsigned)i, C, OW, OH, nhwc, (size_t)H * W, &ox, &oy, &plane, &cs);
+    int y0, y1, sy, x0, x1, sx;
+    avg_window(oy, k, stride, pad, H, &y0, &y1, &sy);
+    avg_window(ox, k, stride, pad, W, &x0, &x1, &sx);
+    float acc = 0.f;
+    for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++)
+            acc += cu_f(x[plane + ((size_t)iy * W + ix) * cs]);
+    const int div = cip ? sy * sx : (y1 - y0) * (x1 - x0);
+    y[i] = cu_to<T>(div > 0 ? acc / (float)div : 0.f);
+}
+
+/* A thread per input element: the sum, in row-major output order, of dy/divisor
+ * over the windows that hold it (a gather: no zeroing, no atomics). */
+template <typename T>
+__global__ void k_avgpool2d_bwd(const T *__restrict__ dy, int C, int H, int W, int k, int stride, int pad, int cip,
+                                int OH, int OW, int nhwc, size_t total, T *__restrict__ dx)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    int ix, iy;
+    size_t obase, os;
+    pool_index((unsigned)i, C, W, H, nhwc, (size_t)OH * OW, &ix, &iy, &obase, &os);
+    /* oy*stride - pad <= iy <= oy*stride - pad + k - 1 */
+    const int ty = iy + pad - k + 1, tx = ix + pad - k + 1;
+    const unsigned us = (unsigned)stride;
+    const int oy0 = ty > 0 ? (int)(((unsigned)ty + us - 1) / us) : 0;
+    const int ox0 = tx > 0 ? (int)(((unsigned)tx + us - 1) / us) : 0;
+    int oy1 = (int)((unsigned)(iy + pad) / us), ox1 = (int)((unsigned)(ix + pad) / us);
+    if (oy1 > OH - 1)
+        oy1 = OH - 1;
+    if (ox1 > OW - 1)
+        ox1 = OW - 1;
+    float s = 0.f;
+    for (int oy = oy0; oy <= oy1; oy++)
+        for (int ox = ox0; ox <= ox1; ox++) {
+            const float div = avg_divisor(oy, ox, k, stride, pad, H, W, cip);
+            if (div > 0.f)
+                s += cu_f(dy[obase + ((size_t)oy * OW + ox) * os]) / div;
+        }
+    dx[i] = cu_to<T>(s);
+}
+
+/* AdaptiveAvgPool2d's bins (sf_ref_bin_start/end): output o of out covers
+ * [floor(o*in/out), ceil((o+1)*in/out)). */
+__device__ __forceinline__ int bin_start(int o, int in, int out) { return (int)(((long long)o * in) / out); }
+__device__ __forceinline__ int bin_end(int o, int in, int out)
+{
+    return (int)((((long long)o + 1) * in + out - 1) / out);
+}
+
+template <typename T>
+__global__ void k_adaptive_avgpool_fwd(const T *__restrict__ x, int C, int H, int W, int OH, int OW, int nhwc,
+                                       size_t total, T *__restrict__ y)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    int ox, oy;
+    size_t plane, cs;
+    pool_index((unsigned)i, C, OW, OH, nhwc, (size_t)H * W, &ox, &oy, &plane, &cs);
+    const int y0 = bin_start(oy, H, OH), y1 = bin_end(oy, H, OH);
+    const int x0 = bin_start(ox, W, OW), x1 = bin_end(ox, W, OW);
+    float acc = 0.f;
+    for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++)
+            acc += cu_f(x[plane + ((size_t)iy * W + ix) * cs]);
+    y[i] = cu_to<T>(acc / (float)((y1 - y0) * (x1 - x0)));
+}
+
+/* A thread per input element: the bins holding input i are the outputs o
+ * with floor(i*out/in) <= o and bin_start(o) <= i (bins are monotonic). */
+template <typename T>
+__global__ void k_adaptive_avgpool_bwd(const T *__restrict__ dy, int C, int H, int W, int OH, int OW, int nhwc,
+                                       size_t total, T *__restrict__ dx)
+{
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    int ix, iy;
+    size_t obase, os;
+    pool_index((unsigned)i, C, W, H, nhwc, (size_t)OH * OW, &ix, &iy, &obase, &os);
+    const int oy0 = (int)(((long long)iy * OH) / H), ox0 = (int)(((long long)ix * OW) / W);
+    float s = 0.f;
+    for (int oy = oy0; oy < OH && bin_start(oy, H, OH) <= iy; oy++) {
+        if (bin_end(oy, H, OH) <= iy)
+            continue;
+        const int sy = bin_end(oy, H, OH) - bin_start(oy, H, OH);
+        for (int ox = ox0; ox < OW && bin_start(ox, W, OW) <= ix; ox++) {
+            if (bin_end(ox, W, OW) <= ix)
+                continue;
+            const int sx = bin_end(ox, W, OW) - bin_start(ox, W, OW);
+            s += cu_f(dy[obase + ((size_t)oy * OW + ox) * os]) / (float)(sy * sx);
+        }
+    }
+    dx[i] = cu_to<T>(s);
+}
+
 /* ======================================================================== */
 /* launchers                                                                */
 /* ======================================================================== */
 
-static int pool_check(const char *fn, int n, int c, int h, int w, int k, int stride, int pad, int *oh, int *ow)
+/* PyTorch's pooling output size (gpu/layers.c): with ceil_mode the size is
+ * rounded up, but the last window must start inside the input or its left
+ * padding. */
+static int pool_out(int in, int k, int s, int p, int ceil_mode)
+{
+    const int num = in + 2 * p - k;
+    int out = (num + (ceil_mode ? s - 1 : 0)) / s + 1;
+    if (ceil_mode && (out - 1) * s >= in + p)
+        out--;
+    return out;
+}
+
+static int pool_check(const char *fn, int n, int c, int h, int w, int k, int stride, int pad, int ceil_mode, int *oh,
+                      int *ow)
 {
     if (n < 1 || c < 1 || h < 1 || w < 1 || k < 1 || stride < 1 || pad < 0 || 2 * pad > k ||
         (double)n * c * h * w >= 4294967296.0 || (double)h * w >= 2147483648.0 ||
@@ -445,8 +590,8 @@ static int pool_check(const char *fn, int n, int c, int h, int w, int k, int str
                           k, stride, pad);
         return -1;
     }
-    *oh = (h + 2 * pad - k) / stride + 1;
-    *ow = (w + 2 * pad - k) / stride + 1;
+    *oh = pool_out(h, k, stride, pad, ceil_mode);
+    *ow = pool_out(w, k, stride, pad, ceil_mode);
     return 0;
 }
 
@@ -454,16 +599,21 @@ static int pool_check(const char *fn, int n, int c, int h, int w, int k, int str
  * output in the backward); other windows the generic ones. */
 template <typename T>
 static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w, int k, int stride, int pad,
-                         sf_layout lay, T *y, int32_t *argmax, const sf_pool_pre_bn *pre, cudaStream_t s)
+                         int ceil_mode, sf_layout lay, T *y, int32_t *argmax, const sf_pool_pre_bn *pre,
+                         cudaStream_t s)
 {
     constexpr int VEC = 16 / sizeof(T);
     int oh, ow;
-    if (pool_check(fn, n, c, h, w, k, stride, pad, &oh, &ow))
+    if (pool_check(fn, n, c, h, w, k, stride, pad, ceil_mode, &oh, &ow))
         return -1;
+    /* the stem kernels assume the floor size; a ceil_mode size that differs
+     * takes the generic kernels, which clip the last window to the input */
+    const int floor_size = oh == pool_out(h, k, stride, pad, 0) && ow == pool_out(w, k, stride, pad, 0);
     const int nhwc = lay == SF_LAYOUT_NHWC;
     const sf_pool_pre_bn none = {NULL, NULL, NULL, NULL};
     if (pre) {
-        if (!sf_cuda_maxpool_pre_bn_ok(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, lay, c, k, stride, pad) ||
+        if (!floor_size ||
+            !sf_cuda_maxpool_pre_bn_ok(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, lay, c, k, stride, pad) ||
             !cu_al16(x) || !cu_al16(y) || !cu_al16(argmax)) {
             sf_cuda_set_error("%s:%d: %s: no batchnorm-fused kernel for c%d k%d s%d p%d (layout %d) or unaligned "
                               "tensors", __FILE__, __LINE__, fn, c, k, stride, pad, (int)lay);
@@ -475,7 +625,7 @@ static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
         SF_CUDA_CHECK_LAUNCH();
         return 0;
     }
-    if (k == 3 && stride == 2 && pad == 1) {
+    if (k == 3 && stride == 2 && pad == 1 && floor_size) {
         if (nhwc && c % VEC == 0 && cu_al16(x) && cu_al16(y) && cu_al16(argmax)) {
             const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
             k_mp3_fwd_nhwc<T, VEC, false><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y,
@@ -503,14 +653,15 @@ static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
 
 template <typename T>
 static int maxpool_bwd_t(const char *fn, const T *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
-                         int stride, int pad, sf_layout lay, T *dx, cudaStream_t s)
+                         int stride, int pad, int ceil_mode, sf_layout lay, T *dx, cudaStream_t s)
 {
     constexpr int VEC = 16 / sizeof(T);
     int oh, ow;
-    if (pool_check(fn, n, c, h, w, k, stride, pad, &oh, &ow))
+    if (pool_check(fn, n, c, h, w, k, stride, pad, ceil_mode, &oh, &ow))
         return -1;
+    const int floor_size = oh == pool_out(h, k, stride, pad, 0) && ow == pool_out(w, k, stride, pad, 0);
     const int nhwc = lay == SF_LAYOUT_NHWC;
-    if (k == 3 && stride == 2 && pad == 1) {
+    if (k == 3 && stride == 2 && pad == 1 && floor_size) {
         if (nhwc && c % VEC == 0 && cu_al16(dy) && cu_al16(argmax) && cu_al16(dx)) {
             const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
             k_mp3_bwd_nhwc<T, VEC><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, oh, ow, total, dx);
@@ -540,13 +691,13 @@ static int maxpool_bwd_t(const char *fn, const T *dy, const int32_t *argmax, int
 extern "C" int sf_cuda_maxpool_fwd(const float *x, int n, int c, int h, int w, int k, int stride, int pad,
                                    sf_layout lay, float *y, int32_t *argmax, cudaStream_t s)
 {
-    return maxpool_fwd_t<float>("sf_cuda_maxpool_fwd", x, n, c, h, w, k, stride, pad, lay, y, argmax, NULL, s);
+    return maxpool_fwd_t<float>("sf_cuda_maxpool_fwd", x, n, c, h, w, k, stride, pad, 0, lay, y, argmax, NULL, s);
 }
 
 extern "C" int sf_cuda_maxpool_bwd(const float *dy, const int32_t *argmax, int n, int c, int h, int w, int k,
                                    int stride, int pad, sf_layout lay, float *dx, cudaStream_t s)
 {
-    return maxpool_bwd_t<float>("sf_cuda_maxpool_bwd", dy, argmax, n, c, h, w, k, stride, pad, lay, dx, s);
+    return maxpool_bwd_t<float>("sf_cuda_maxpool_bwd", dy, argmax, n, c, h, w, k, stride, pad, 0, lay, dx, s);
 }
 
 extern "C" int sf_cuda_maxpool_pre_bn_ok(sf_dtype dt, sf_layout lay, int c, int k, int stride, int pad)
@@ -555,28 +706,31 @@ extern "C" int sf_cuda_maxpool_pre_bn_ok(sf_dtype dt, sf_layout lay, int c, int 
 }
 
 extern "C" int sf_cuda_maxpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, int k, int stride,
-                                      int pad, sf_layout lay, void *y, int32_t *argmax, const sf_pool_pre_bn *pre,
-                                      cudaStream_t s)
+                                      int pad, int ceil_mode, sf_layout lay, void *y, int32_t *argmax,
+                                      const sf_pool_pre_bn *pre, cudaStream_t s)
 {
     const char *fn = "sf_cuda_maxpool_fwd_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
     if (dt == SF_DT_BF16)
-        return maxpool_fwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, k, stride, pad, lay, (cu_bf16 *)y, argmax,
-                                     pre, s);
-    return maxpool_fwd_t<float>(fn, (const float *)x, n, c, h, w, k, stride, pad, lay, (float *)y, argmax, pre, s);
+        return maxpool_fwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, k, stride, pad, ceil_mode, lay, (cu_bf16 *)y,
+                                     argmax, pre, s);
+    return maxpool_fwd_t<float>(fn, (const float *)x, n, c, h, w, k, stride, pad, ceil_mode, lay, (float *)y, argmax,
+                                pre, s);
 }
 
 extern "C" int sf_cuda_maxpool_bwd_dt(sf_dtype dt, const void *dy, const int32_t *argmax, int n, int c, int h, int w,
-                                      int k, int stride, int pad, sf_layout lay, void *dx, cudaStream_t s)
+                                      int k, int stride, int pad, int ceil_mode, sf_layout lay, void *dx,
+                                      cudaStream_t s)
 {
     const char *fn = "sf_cuda_maxpool_bwd_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
     if (dt == SF_DT_BF16)
-        return maxpool_bwd_t<cu_bf16>(fn, (const cu_bf16 *)dy, argmax, n, c, h, w, k, stride, pad, lay, (cu_bf16 *)dx,
-                                     s);
-    return maxpool_bwd_t<float>(fn, (const float *)dy, argmax, n, c, h, w, k, stride, pad, lay, (float *)dx, s);
+        return maxpool_bwd_t<cu_bf16>(fn, (const cu_bf16 *)dy, argmax, n, c, h, w, k, stride, pad, ceil_mode, lay,
+                                     (cu_bf16 *)dx, s);
+    return maxpool_bwd_t<float>(fn, (const float *)dy, argmax, n, c, h, w, k, stride, pad, ceil_mode, lay, (float *)dx,
+                                s);
 }
 
 template <typename T>
@@ -642,4 +796,105 @@ extern "C" int sf_cuda_avgpool_bwd_dt(sf_dtype dt, const void *dy, int n, int c,
     if (dt == SF_DT_BF16)
         return avgpool_bwd_t<cu_bf16>(fn, (const cu_bf16 *)dy, n, c, h, w, lay, (cu_bf16 *)dx, s);
     return avgpool_bwd_t<float>(fn, (const float *)dy, n, c, h, w, lay, (float *)dx, s);
+}
+
+/* ---- AvgPool2d and AdaptiveAvgPool2d ---------------------------------------------- */
+
+/* The sizes the avg_pool2d launchers accept: the window rules of
+ * gpu/layers.c (pad <= k/2, so every window holds an input) and 32-bit
+ * element indices. */
+template <typename T>
+static int avgpool2d_t(const char *fn, int bwd, const T *in, int n, int c, int h, int w, int k, int stride, int pad,
+                       int ceil_mode, int count_include_pad, sf_layout lay, T *out, cudaStream_t s)
+{
+    int oh, ow;
+    if (pool_check(fn, n, c, h, w, k, stride, pad, ceil_mode, &oh, &ow))
+        return -1;
+    if ((double)n * c * oh * ow >= 4294967296.0) {
+        sf_cuda_set_error("%s:%d: %s: output n=%d c=%d %dx%d too large", __FILE__, __LINE__, fn, n, c, oh, ow);
+        return -1;
+    }
+    const int nhwc = lay == SF_LAYOUT_NHWC, cip = count_include_pad != 0;
+    if (bwd) {
+        const size_t total = (size_t)n * c * h * w;
+        k_avgpool2d_bwd<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(in, c, h, w, k, stride, pad, cip, oh, ow, nhwc,
+                                                                      total, out);
+    } else {
+        const size_t total = (size_t)n * c * oh * ow;
+        k_avgpool2d_fwd<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(in, c, h, w, k, stride, pad, cip, oh, ow, nhwc,
+                                                                      total, out);
+    }
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_avgpool2d_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, int k, int stride,
+                                        int pad, int ceil_mode, int count_include_pad, sf_layout lay, void *y,
+                                        cudaStream_t s)
+{
+    const char *fn = "sf_cuda_avgpool2d_fwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return avgpool2d_t<cu_bf16>(fn, 0, (const cu_bf16 *)x, n, c, h, w, k, stride, pad, ceil_mode,
+                                    count_include_pad, lay, (cu_bf16 *)y, s);
+    return avgpool2d_t<float>(fn, 0, (const float *)x, n, c, h, w, k, stride, pad, ceil_mode, count_include_pad, lay,
+                              (float *)y, s);
+}
+
+extern "C" int sf_cuda_avgpool2d_bwd_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, int k, int stride,
+                                        int pad, int ceil_mode, int count_include_pad, sf_layout lay, void *dx,
+                                        cudaStream_t s)
+{
+    const char *fn = "sf_cuda_avgpool2d_bwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return avgpool2d_t<cu_bf16>(fn, 1, (const cu_bf16 *)dy, n, c, h, w, k, stride, pad, ceil_mode,
+                                    count_include_pad, lay, (cu_bf16 *)dx, s);
+    return avgpool2d_t<float>(fn, 1, (const float *)dy, n, c, h, w, k, stride, pad, ceil_mode, count_include_pad, lay,
+                              (float *)dx, s);
+}
+
+template <typename T>
+static int adaptive_t(const char *fn, int bwd, const T *in, int n, int c, int h, int w, int oh, int ow, sf_layout lay,
+                      T *out, cudaStream_t s)
+{
+    if (n < 1 || c < 1 || h < 1 || w < 1 || oh < 1 || ow < 1 || (double)n * c * h * w >= 4294967296.0 ||
+        (double)n * c * oh * ow >= 4294967296.0) {
+        sf_cuda_set_error("%s:%d: %s: n=%d c=%d %dx%d -> %dx%d", __FILE__, __LINE__, fn, n, c, h, w, oh, ow);
+        return -1;
+    }
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (bwd) {
+        const size_t total = (size_t)n * c * h * w;
+        k_adaptive_avgpool_bwd<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(in, c, h, w, oh, ow, nhwc, total, out);
+    } else {
+        const size_t total = (size_t)n * c * oh * ow;
+        k_adaptive_avgpool_fwd<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(in, c, h, w, oh, ow, nhwc, total, out);
+    }
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_adaptive_avgpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, int oh, int ow,
+                                               sf_layout lay, void *y, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_adaptive_avgpool_fwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return adaptive_t<cu_bf16>(fn, 0, (const cu_bf16 *)x, n, c, h, w, oh, ow, lay, (cu_bf16 *)y, s);
+    return adaptive_t<float>(fn, 0, (const float *)x, n, c, h, w, oh, ow, lay, (float *)y, s);
+}
+
+extern "C" int sf_cuda_adaptive_avgpool_bwd_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, int oh,
+                                               int ow, sf_layout lay, void *dx, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_adaptive_avgpool_bwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return adaptive_t<cu_bf16>(fn, 1, (const cu_bf16 *)dy, n, c, h, w, oh, ow, lay, (cu_bf16 *)dx, s);
+    return adaptive_t<float>(fn, 1, (const float *)dy, n, c, h, w, oh, ow, lay, (float *)dx, s);
 }

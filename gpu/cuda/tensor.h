@@ -2,8 +2,9 @@
  * type of device tensors, and the contract every launcher keeps.
  *
  * One header per op family declares its launchers: conv.h (cuDNN
- * convolutions), conv_transpose.h, linear.h (cuBLAS), batchnorm.h, pool.h
- * (max and global average pooling), pointwise.h (bias, ReLU, add, cast, fill),
+ * convolutions), conv_transpose.h, linear.h (cuBLAS), batchnorm.h, norm.h
+ * (layer norm), pool.h (max, average, adaptive and global average pooling),
+ * pointwise.h (bias, ReLU, add, cast, fill),
  * loss.h (cross-entropy, per sample and per pixel), optimizer.h (SGD, AdamW,
  * the device copies of the weights) and layout.h (transposes).
  *

@@ -15,6 +15,10 @@
  *  - bf16 (NHWC) against the reference's bf16 emulation: seed-encdec,
  *    seed-classifier, ResNet-18; fp32 NHWC with tight tolerances.
  *  - ResNet-18 with everything before the flatten frozen (eval-mode batchnorm).
+ *  - a ConvNeXt-like block (depthwise conv, layernorm2d, linear over channels,
+ *    layernorm) and a grouped/dilated conv model (batchnorm eps/momentum,
+ *    ceil_mode pools, avgpool2d, adaptive pooling): 3-step trajectories, fp32
+ *    NCHW and NHWC, bf16 NHWC.
  *  - the frozen encoder on the transform stream overlapping the previous
  *    batch's decoder step, in event times (seed-encdec, 256x256).
  * By default each trajectory runs 2 steps (the second is the first with
@@ -635,6 +639,76 @@ int main(int argc, char **argv)
             else
                 fail("set/get_buffers round trip (nbt %llu)", (unsigned long long)nbt2);
 
+        }
+    }
+
+    /* 2b. the conv, pooling and normalisation kinds beyond ResNet's, as
+     * trajectories of 3 steps from the same initial weights and batches: a
+     * ConvNeXt-like block (depthwise 7x7 conv with bias, layernorm2d, linear
+     * per pixel over channels, a residual add, pooled head with a layernorm
+     * over flat features) and a model of grouped and dilated convolutions,
+     * batchnorm with non-default eps and momentum, maxpool and avgpool with
+     * ceil_mode, avgpool without the padding in the divisor and adaptive
+     * pooling; fp32 in NCHW and NHWC, bf16 in NHWC. fp32 gets the tolerances
+     * of the accumulated ResNet trajectory above (layernorm's sums cancel as
+     * batchnorm's do), bf16 those of the bf16 seed models. */
+    {
+        static const char *const specs[2][2] = {
+            {"convnext-block",
+             "{\"input\":[3,32,32],\"classes\":10,\"layers\":["
+             "{\"type\":\"conv2d\",\"name\":\"stem.0\",\"out\":16,\"k\":4,\"stride\":4},"
+             "{\"type\":\"layernorm2d\",\"name\":\"stem.1\",\"eps\":1e-6},"
+             "{\"type\":\"conv2d\",\"name\":\"block.0\",\"out\":16,\"k\":7,\"pad\":3,\"groups\":16},"
+             "{\"type\":\"layernorm2d\",\"name\":\"block.2\",\"eps\":1e-6},"
+             "{\"type\":\"linear\",\"name\":\"block.3\",\"out\":64,\"over\":\"channels\"},"
+             "{\"type\":\"relu\",\"name\":\"block.4\"},"
+             "{\"type\":\"linear\",\"name\":\"block.5\",\"out\":16,\"over\":\"channels\"},"
+             "{\"type\":\"add\",\"name\":\"res\",\"inputs\":[\"block.5\",\"stem.1\"]},"
+             "{\"type\":\"adaptive_avgpool2d\",\"name\":\"avgpool\",\"out\":[1,1]},"
+             "{\"type\":\"layernorm\",\"name\":\"classifier.0\",\"eps\":1e-6},"
+             "{\"type\":\"flatten\",\"name\":\"classifier.1\"},"
+             "{\"type\":\"linear\",\"name\":\"classifier.2\",\"out\":10}]}"},
+            {"grouped-dilated",
+             "{\"input\":[3,24,24],\"classes\":10,\"layers\":["
+             "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":8,\"k\":3,\"pad\":1,\"bias\":false},"
+             "{\"type\":\"batchnorm2d\",\"name\":\"bn0\",\"eps\":0.001,\"momentum\":0.2},"
+             "{\"type\":\"relu\",\"name\":\"r0\"},"
+             "{\"type\":\"conv2d\",\"name\":\"g1\",\"out\":12,\"k\":3,\"pad\":2,\"dilation\":2,\"groups\":2},"
+             "{\"type\":\"relu\",\"name\":\"r1\"},"
+             "{\"type\":\"maxpool2d\",\"name\":\"mp\",\"k\":3,\"stride\":2,\"ceil_mode\":true},"
+             "{\"type\":\"conv2d\",\"name\":\"dw\",\"out\":12,\"k\":3,\"pad\":1,\"groups\":12},"
+             "{\"type\":\"avgpool2d\",\"name\":\"ap\",\"k\":3,\"stride\":2,\"pad\":1,\"ceil_mode\":true,"
+             "\"count_include_pad\":false},"
+             "{\"type\":\"adaptive_avgpool2d\",\"name\":\"aap\",\"out\":[3,5]},"
+             "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+             "{\"type\":\"flatten\",\"name\":\"f\"},"
+             "{\"type\":\"linear\",\"name\":\"fc\",\"out\":10}]}"},
+        };
+        for (int k = 0; k < 2; k++) {
+            sf_model m;
+            char e3[300];
+            if (sf_model_from_json(specs[k][1], &m, e3, sizeof e3)) {
+                fail("%s spec: %s", specs[k][0], e3);
+                continue;
+            }
+            for (int v = 0; v < 3; v++) {
+                batch_set bs;
+                if (make_batches(cu, bs, 3, 8, m.in_h, m.in_w, 10, 1, SF_LABEL_I64, 61 + 3 * k + v, 0.02f))
+                    break;
+                const int bf16 = v == 2;
+                sf_train_cfg cfg = make_cfg(bf16 ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
+                if (v >= 1)
+                    g_layout = SF_ACT_LAYOUT_NHWC;
+                train_out tc, tr;
+                train(cu, m, cfg, bs, 3, tc);
+                g_layout = SF_ACT_LAYOUT_AUTO;
+                train(ref, m, cfg, bs, 3, tr);
+                char name[160];
+                snprintf(name, sizeof name, "%s %s", specs[k][0],
+                         v == 0 ? "fp32 nchw" : v == 1 ? "fp32 nhwc" : "bf16 nhwc");
+                compare(name, m, tc, tr, 3, bf16 ? 2e-2 : 1e-4, bf16 ? 1e-1 : 2e-2, 0, k == 1);
+                free_batches(cu, bs);
+            }
         }
     }
 

@@ -10,7 +10,9 @@
  * ReLU and dx, up to the shape where the backward's block count saturates;
  * the space-to-depth form of strided few-channel convolutions (conv_s2d.h:
  * the rearranged input bit for bit against its definition, the forward and
- * the gathered filter gradient against the reference, fp32 and bf16). *
+ * the gathered filter gradient against the reference, fp32 and bf16);
+ * grouped, depthwise and dilated convolutions (sf_conv_desc.groups, .dilation)
+ * in every direction, fp32, tf32 and bf16, both layouts. *
  * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
@@ -715,6 +717,96 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
     cudaFree(ws);
 }
 
+/* ---- grouped, depthwise and dilated convolutions ------------------------------ */
+
+/* One grouped (groups g; g = c = oc is depthwise) and/or dilated convolution
+ * through cuDNN's graph API, forward, backward-data and backward-filter,
+ * against the double reference (sf_ref_conv2d_gd_*). The filter is
+ * [oc, c/g, k, k] (KCRS; KRSC with NHWC). fp32: relative error < 1e-4
+ * (tf32 1e-3); bf16: check_max 1e-2, as the plain bf16 convolutions. */
+static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layout lay, int tf32, const conv_case &cc,
+                         int groups, int dil)
+{
+    char name[220], nm[300];
+    const int span = dil * (cc.k - 1) + 1, cg = cc.c / groups;
+    const int oh = (cc.h + 2 * cc.pad - span) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - span) / cc.stride + 1;
+    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cg * cc.k * cc.k,
+                 ny = (size_t)cc.n * cc.oc * oh * ow;
+    snprintf(name, sizeof name, "conv groups %d dilation %d n%d c%d %dx%d oc%d k%d s%d p%d %s %s", groups, dil, cc.n,
+             cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, lname(lay),
+             dt == SF_DT_BF16 ? "bf16" : tf32 ? "tf32" : "fp32");
+    std::vector<float> x(nx), wt(nw), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(dy, 1.f);
+    round_dt(x, dt);
+    round_dt(wt, dt);
+    round_dt(dy, dt);
+    std::vector<double> xd = to_d(x), wd = to_d(wt), dyd = to_d(dy), yr(ny), dxr(nx), dwr(nw);
+    sf_ref_conv2d_gd_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad, dil,
+                             groups, yr.data());
+    sf_ref_conv2d_gd_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dil, groups,
+                             dyd.data(), dxr.data(), dwr.data(), NULL);
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    dbuf bx = dbuf_make(dt, nx, 0), bw = dbuf_make(dt, nw, 0), bdy = dbuf_make(dt, ny, 0), by = dbuf_make(dt, ny, 0),
+         bdx = dbuf_make(dt, nx, 0), bdw = dbuf_make(dt, nw, 0);
+    up_dt(bx, nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x);
+    up_dt(bw, nhwc ? to_nhwc(wt, cc.oc, cg, cc.k, cc.k) : wt);
+    up_dt(bdy, nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy);
+    const size_t ws_bytes = (size_t)256 << 20;
+    void *ws = dalloc<char>(ws_bytes);
+    sf_conv_desc d;
+    memset(&d, 0, sizeof d);
+    d.n = cc.n; d.c = cc.c; d.h = cc.h; d.w = cc.w; d.oc = cc.oc; d.k = cc.k; d.stride = cc.stride; d.pad = cc.pad;
+    d.groups = groups;
+    d.dilation = dil;
+    d.layout = lay;
+    d.tf32 = tf32;
+    d.dt = dt;
+    d.align_x = d.align_w = d.align_y = 16;
+    const sf_conv_ptrs ptr[3] = {{bx.p, bw.p, by.p, ws, NULL}, {bdx.p, bw.p, bdy.p, ws, NULL},
+                                 {bx.p, bdw.p, bdy.p, ws, NULL}};
+    static const char *dir_name[3] = {"fwd", "bwd_data", "bwd_filter"};
+    const double tol32 = tf32 ? 1e-3 : 1e-4;
+    for (int dir = 0; dir < 3; dir++) {
+        sf_conv_plan plan;
+        cudnnBackendDescriptor_t vp = NULL;
+        if (sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_bytes, 1, NULL, &plan) ||
+            sf_conv_vpack_make(&ptr[dir], &vp)) {
+            snprintf(nm, sizeof nm, "%s %s plan", name, dir_name[dir]);
+            fail(nm, sf_cuda_last_error());
+            sf_cuda_clear_error();
+            continue;
+        }
+        const dbuf &out = dir == 0 ? by : dir == 1 ? bdx : bdw;
+        poison_dt(out);
+        const int rc = sf_conv_run(dnn, &plan, vp);
+        CU(cudaStreamSynchronize(s));
+        snprintf(nm, sizeof nm, "%s %s (engine %lld%s)", name, dir_name[dir], (long long)plan.engine,
+                 plan.tensor_core ? " tc" : "");
+        if (rc) {
+            fail(nm, sf_cuda_last_error());
+        } else {
+            std::vector<float> g;
+            const std::vector<double> &ref = dir == 0 ? yr : dir == 1 ? dxr : dwr;
+            if (dir == 0)
+                g = nhwc ? to_nchw(down_dt(by, ny), cc.n, cc.oc, oh, ow) : down_dt(by, ny);
+            else if (dir == 1)
+                g = nhwc ? to_nchw(down_dt(bdx, nx), cc.n, cc.c, cc.h, cc.w) : down_dt(bdx, nx);
+            else
+                g = nhwc ? to_nchw(down_dt(bdw, nw), cc.oc, cg, cc.k, cc.k) : down_dt(bdw, nw);
+            if (dt == SF_DT_F32)
+                check_v(nm, g, ref, tol32);
+            else
+                check_max(nm, g, ref, 1e-2);
+        }
+        sf_conv_vpack_destroy(vp);
+        sf_conv_plan_destroy(&plan);
+    }
+    dbuf_free(bx); dbuf_free(bw); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx); dbuf_free(bdw);
+    cudaFree(ws);
+}
+
 int main(void)
 {
     int count = 0;
@@ -836,6 +928,27 @@ int main(void)
                      !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 5, 7, 2) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 2, 2) &&
                      !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 3, 1) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 1, 9, 5),
                  "eligibility");
+
+    /* grouped (2 groups, 4 -> 6 channels), depthwise (groups = c: MobileNet's
+     * 3x3, ConvNeXt's 7x7 pad 3, a strided one), dilation 2 (with groups too),
+     * odd sizes; fp32 and tf32 in both layouts, bf16 in both */
+    const struct {
+        conv_case cc;
+        int groups, dil;
+    } gd_cases[] = {
+        {{2, 4, 9, 11, 6, 3, 1, 1}, 2, 1},     /* grouped */
+        {{2, 8, 13, 12, 8, 3, 1, 1}, 8, 1},    /* depthwise 3x3 */
+        {{2, 16, 10, 9, 16, 3, 2, 1}, 16, 1},  /* depthwise 3x3/2 */
+        {{2, 12, 14, 14, 12, 7, 1, 3}, 12, 1}, /* ConvNeXt's depthwise 7x7 pad 3 */
+        {{2, 5, 15, 13, 7, 3, 1, 2}, 1, 2},    /* dilation 2 */
+        {{2, 6, 16, 17, 9, 3, 2, 2}, 3, 2},    /* grouped, dilated, strided */
+    };
+    for (const auto &g : gd_cases)
+        for (int lay = 0; lay < 2; lay++) {
+            for (int tf32 = 0; tf32 < 2; tf32++)
+                test_conv_gd(dnn, s, SF_DT_F32, (sf_layout)lay, tf32, g.cc, g.groups, g.dil);
+            test_conv_gd(dnn, s, SF_DT_BF16, (sf_layout)lay, 0, g.cc, g.groups, g.dil);
+        }
 
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {

@@ -1,7 +1,8 @@
 /* tests/gpu/test_linear.cu — the cuBLAS linear layers of gpu/cuda/linear.h
  * against sf_ref_linear_*: fp32 and tf32, through the float and the _dt entry
- * points, bf16 (max-error criterion, fp32 dw 1e-3), ResNet-18's classifier, and
- * a refused unknown element type. *
+ * points, bf16 (max-error criterion, fp32 dw 1e-3), ResNet-18's classifier,
+ * a refused unknown element type, and the per-pixel layers over a map's
+ * channels (sf_linear_map_*) in both layouts, fp32, tf32 and bf16. *
  * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
@@ -145,6 +146,74 @@ static void test_linear_bad_dtype(cublasHandle_t blas)
     cudaFree(p);
 }
 
+/* A linear layer per pixel over a map's channels ("over": "channels"): x
+ * [n, in, h, w] and y [n, out, h, w] in layout lay, against the reference
+ * on the pixels as rows. fp32 (tf32): relative error < 1e-4 (1e-3); bf16: y
+ * and dx by check_max 1e-2, the fp32 dw < 1e-3. */
+static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf_layout lay, int tf32, int n, int in,
+                            int out, int h, int w)
+{
+    char name[200], nm[260];
+    snprintf(name, sizeof name, "linear over channels n%d in%d out%d %dx%d %s %s", n, in, out, h, w, lname(lay),
+             dt == SF_DT_BF16 ? "bf16" : tf32 ? "tf32" : "fp32");
+    const size_t hw = (size_t)h * w, nx = (size_t)n * in * hw, ny = (size_t)n * out * hw, nw = (size_t)out * in;
+    std::vector<float> x(nx), wt(nw), dy(ny);
+    rand_fill(x, 1.f);
+    rand_fill(wt, 0.5f);
+    rand_fill(dy, 1.f);
+    round_dt(x, dt);
+    round_dt(wt, dt);
+    round_dt(dy, dt);
+    /* the reference on the pixels as rows: NHWC is [n*hw, in] */
+    std::vector<double> xr = to_d(to_nhwc(x, n, in, h, w)), dyr = to_d(to_nhwc(dy, n, out, h, w)), wd = to_d(wt);
+    std::vector<double> yrows(ny), dxrows(nx), dwr(nw);
+    const int rows = (int)((size_t)n * hw);
+    sf_ref_linear_fwd_f64(xr.data(), rows, in, wd.data(), NULL, out, yrows.data());
+    sf_ref_linear_bwd_f64(xr.data(), rows, in, wd.data(), out, dyr.data(), dxrows.data(), dwr.data(), NULL);
+    const std::vector<double> yr = to_nchw(yrows, n, out, h, w), dxr = to_nchw(dxrows, n, in, h, w);
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    dbuf bx = dbuf_make(dt, nx, 0), bw = dbuf_make(dt, nw, 0), bdy = dbuf_make(dt, ny, 0), by = dbuf_make(dt, ny, 0),
+         bdx = dbuf_make(dt, nx, 0);
+    float *gw = dalloc<float>(nw);
+    up_dt(bx, nhwc ? to_nhwc(x, n, in, h, w) : x);
+    up_dt(bw, wt);
+    up_dt(bdy, nhwc ? to_nhwc(dy, n, out, h, w) : dy);
+    poison_dt(by);
+    poison_dt(bdx);
+    poison_f(gw, nw);
+    const int rf = sf_linear_map_fwd_dt(blas, dt, lay, bx.p, n, hw, in, bw.p, out, by.p, tf32);
+    const int rd = sf_linear_map_bwd_data_dt(blas, dt, lay, bdy.p, n, hw, in, bw.p, out, bdx.p, tf32);
+    const int rw = sf_linear_map_bwd_filter_dt(blas, dt, lay, bx.p, n, hw, in, bdy.p, out, gw, tf32);
+    CU(cudaStreamSynchronize(s));
+    const double tol = tf32 ? 1e-3 : 1e-4;
+    std::vector<float> y = down_dt(by, ny), dx = down_dt(bdx, nx);
+    if (nhwc) {
+        y = to_nchw(y, n, out, h, w);
+        dx = to_nchw(dx, n, in, h, w);
+    }
+    snprintf(nm, sizeof nm, "%s fwd", name);
+    if (rf)
+        fail(nm, sf_cuda_last_error());
+    else if (dt == SF_DT_F32)
+        check_v(nm, y, yr, tol);
+    else
+        check_max(nm, y, yr, 1e-2);
+    snprintf(nm, sizeof nm, "%s bwd_data", name);
+    if (rd)
+        fail(nm, sf_cuda_last_error());
+    else if (dt == SF_DT_F32)
+        check_v(nm, dx, dxr, tol);
+    else
+        check_max(nm, dx, dxr, 1e-2);
+    snprintf(nm, sizeof nm, "%s bwd_filter", name);
+    if (rw)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_v(nm, down(gw, nw), dwr, dt == SF_DT_F32 ? tol : 1e-3);
+    dbuf_free(bx); dbuf_free(bw); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx);
+    cudaFree(gw);
+}
+
 int main(void)
 {
     int count = 0;
@@ -177,6 +246,16 @@ int main(void)
     test_linear_bf16(blas, s, 32, 4096, 10);
     test_linear_bf16(blas, s, 256, 512, 1000); /* ResNet-18's classifier */
     test_linear_bad_dtype(blas);
+    /* per pixel over channels: ConvNeXt's pointwise 96 -> 384 at a small
+     * size, odd sizes, one pixel (the flat path) */
+    for (int t = 0; t < 3; t++)
+        for (int lay = 0; lay < 2; lay++) {
+            const sf_dtype dt = t == 2 ? SF_DT_BF16 : SF_DT_F32;
+            const int tf32 = t == 1;
+            test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 2, 96, 384, 7, 7);
+            test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 3, 5, 7, 9, 11);
+            test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 4, 6, 3, 1, 1);
+        }
 
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {

@@ -1,0 +1,140 @@
+/* tests/gpu/test_norm.cu — the LayerNorm kernels of gpu/cuda/norm.h against
+ * sf_ref_layernorm_* in double: layernorm2d (a map's channels per pixel, NCHW
+ * and NHWC) and layernorm (a flat tensor's features, hw = 1), fp32 and bf16,
+ * forward (y and the saved mean and rstd) and backward (dx, dweight, dbias;
+ * and without dx), ConvNeXt's shapes at a small size, odd sizes, more
+ * positions than the weight gradient's chunks, and a channel count past one
+ * warp's stride.
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+#include "../../gpu/cuda/norm.h"
+
+/* fp32: y, dx relative error < 1e-5, dweight and dbias < 1e-5, mean and
+ * rstd < 1e-5; bf16 (inputs rounded, so the reference sees the same values):
+ * y and dx by check_dt (half a bf16 ulp), the fp32 weight gradients < 1e-4. */
+static void test_layernorm(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, int h, int w, float eps,
+                           int want_dx)
+{
+    char nm[200], sub[260];
+    snprintf(nm, sizeof nm, "layernorm%s %s n%d c%d %dx%d eps %g %s%s", h * w > 1 ? "2d" : "", dtname(dt), n, c, h, w,
+             eps, lname(lay), want_dx ? "" : " no dx");
+    const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, pos = (size_t)n * hw;
+    std::vector<float> x(nx), dy(nx), ga(c), be(c);
+    rand_fill(x, 2.f, 0.5f);
+    rand_fill(dy, 1.f);
+    rand_fill(ga, 0.5f, 1.f);
+    rand_fill(be, 0.5f);
+    round_dt(x, dt);
+    round_dt(dy, dt);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(ga), bd = to_d(be), yr(nx), dxr(nx), dgr(c), dbr(c);
+    sf_ref_layernorm_fwd_f64(xd.data(), n, c, hw, gd.data(), bd.data(), (double)eps, yr.data());
+    sf_ref_layernorm_bwd_f64(xd.data(), n, c, hw, gd.data(), (double)eps, dyd.data(), dxr.data(), dgr.data(),
+                             dbr.data());
+    std::vector<double> mr(pos), rr(pos);
+    for (int ni = 0; ni < n; ni++)
+        for (size_t p = 0; p < hw; p++) {
+            double sum = 0, v = 0;
+            for (int ci = 0; ci < c; ci++)
+                sum += xd[((size_t)ni * c + ci) * hw + p];
+            const double mu = sum / c;
+            for (int ci = 0; ci < c; ci++) {
+                const double d = xd[((size_t)ni * c + ci) * hw + p] - mu;
+                v += d * d;
+            }
+            mr[(size_t)ni * hw + p] = mu;
+            rr[(size_t)ni * hw + p] = 1.0 / sqrt(v / c + eps);
+        }
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    dbuf bx = dbuf_make(dt, nx, 0), by = dbuf_make(dt, nx, 0), bdy = dbuf_make(dt, nx, 0), bdx = dbuf_make(dt, nx, 0);
+    float *dga = dalloc<float>(c), *dbe = dalloc<float>(c), *dm = dalloc<float>(pos), *dr = dalloc<float>(pos),
+          *ddg = dalloc<float>(c), *ddb = dalloc<float>(c);
+    void *scr = dalloc<char>(sf_cuda_layernorm_scratch_bytes(n, c, hw, lay));
+    up_dt(bx, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up_dt(bdy, nhwc ? to_nhwc(dy, n, c, h, w) : dy);
+    up(dga, ga);
+    up(dbe, be);
+    poison_dt(by);
+    poison_dt(bdx);
+    poison_f(dm, pos);
+    poison_f(dr, pos);
+    poison_f(ddg, c);
+    poison_f(ddb, c);
+    int rc = sf_cuda_layernorm_fwd_dt(dt, bx.p, n, c, hw, lay, dga, dbe, eps, by.p, dm, dr, s);
+    if (!rc)
+        rc = sf_cuda_layernorm_bwd_dt(dt, bx.p, bdy.p, n, c, hw, lay, dga, dm, dr, want_dx ? bdx.p : NULL, ddg, ddb,
+                                      scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        std::vector<float> y = down_dt(by, nx), dx = down_dt(bdx, nx);
+        if (nhwc) {
+            y = to_nchw(y, n, c, h, w);
+            dx = to_nchw(dx, n, c, h, w);
+        }
+        snprintf(sub, sizeof sub, "%s fwd y", nm);
+        check_dt(sub, dt, y, yr, 1e-5);
+        snprintf(sub, sizeof sub, "%s fwd saved mean", nm);
+        check_v(sub, down(dm, pos), mr, 1e-5);
+        snprintf(sub, sizeof sub, "%s fwd saved rstd", nm);
+        check_v(sub, down(dr, pos), rr, 1e-5);
+        if (want_dx) {
+            snprintf(sub, sizeof sub, "%s bwd dx", nm);
+            check_dt(sub, dt, dx, dxr, 1e-5);
+        } else {
+            /* dx NULL: the kernel must not have written the poisoned buffer */
+            size_t written = 0;
+            for (float v : dx)
+                written += !isnan(v);
+            snprintf(sub, sizeof sub, "%s bwd leaves dx alone", nm);
+            pass_or_fail(sub, written == 0, "dx written");
+        }
+        snprintf(sub, sizeof sub, "%s bwd dweight", nm);
+        check_v(sub, down(ddg, c), dgr, dt == SF_DT_F32 ? 1e-5 : 1e-4);
+        snprintf(sub, sizeof sub, "%s bwd dbias", nm);
+        check_v(sub, down(ddb, c), dbr, dt == SF_DT_F32 ? 1e-5 : 1e-4);
+    }
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+    cudaFree(dga); cudaFree(dbe); cudaFree(dm); cudaFree(dr); cudaFree(ddg); cudaFree(ddb); cudaFree(scr);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    /* A blocking stream: the uploads and NaN fills go through the legacy stream
+     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+
+    for (int t = 0; t < 2; t++)
+        for (int lay = 0; lay < 2; lay++) {
+            const sf_dtype dt = (sf_dtype)t;
+            const sf_layout L = (sf_layout)lay;
+            /* layernorm2d: ConvNeXt's stem norm and block norm (96 channels),
+             * odd sizes and channels, more positions than LN_CHUNKS, c > 32 */
+            test_layernorm(s, dt, L, 2, 96, 14, 14, 1e-6f, 1);
+            test_layernorm(s, dt, L, 3, 5, 7, 9, 1e-5f, 1);
+            test_layernorm(s, dt, L, 4, 37, 17, 13, 1e-6f, 1);
+            test_layernorm(s, dt, L, 2, 8, 5, 5, 1e-5f, 0);
+            /* layernorm over flat features (ConvNeXt's head: 768), hw = 1 */
+            test_layernorm(s, dt, L, 5, 768, 1, 1, 1e-6f, 1);
+            test_layernorm(s, dt, L, 3, 7, 1, 1, 1e-5f, 1);
+            test_layernorm(s, dt, L, 300, 16, 1, 1, 1e-5f, 0);
+        }
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_norm: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

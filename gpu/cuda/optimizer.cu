@@ -56,11 +56,22 @@ __device__ __forceinline__ size_t perm_index(const sf_perm_seg &sg, size_t i)
     return sg.off + (size_t)o * crs + (size_t)t * sg.c + ci;
 }
 
+/* The kernels get their segments sorted by offset and disjoint (segs_sorted
+ * on the host), so a lookup is a binary search: a net has a segment per
+ * convolution, and DenseNet-121's 120 would cost every thread 120 compares
+ * in a linear scan. */
 __device__ __forceinline__ int seg_of(const sf_sgd_segs &segs, size_t i)
 {
-    for (int k = 0; k < segs.n; k++)
-        if (i >= segs.s[k].off && i < segs.s[k].off + segs.s[k].len)
-            return k;
+    int lo = 0, hi = segs.n - 1;
+    while (lo <= hi) {
+        const int mid = (lo + hi) >> 1;
+        if (i < segs.s[mid].off)
+            hi = mid - 1;
+        else if (i >= segs.s[mid].off + segs.s[mid].len)
+            lo = mid + 1;
+        else
+            return mid;
+    }
     return -1;
 }
 
@@ -69,14 +80,21 @@ __device__ __forceinline__ int seg_of(const sf_sgd_segs &segs, size_t i)
 __device__ __forceinline__ int seg_of4(const sf_sgd_segs &segs, size_t i0, int *straddle)
 {
     *straddle = 0;
-    for (int k = 0; k < segs.n; k++) {
-        const size_t a = segs.s[k].off, b = a + segs.s[k].len;
-        if (i0 + 4 > a && i0 < b) {
-            *straddle = !(i0 >= a && i0 + 4 <= b);
-            return k;
-        }
+    int lo = 0, hi = segs.n; /* the first segment that ends after i0 */
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (segs.s[mid].off + segs.s[mid].len > i0)
+            hi = mid;
+        else
+            lo = mid + 1;
     }
-    return -1;
+    if (lo == segs.n)
+        return -1;
+    const size_t a = segs.s[lo].off, b = a + segs.s[lo].len;
+    if (a >= i0 + 4)
+        return -1;
+    *straddle = !(i0 >= a && i0 + 4 <= b);
+    return lo;
 }
 
 /* Four consecutive elements per thread. p and m are read and written as
@@ -263,12 +281,7 @@ __global__ void k_adamw(float *__restrict__ p, const float *__restrict__ g, floa
         return;
     }
     for (size_t i = i0; i < i0 + 4 && i < len; i++) {
-        int k = -1;
-        for (int q = 0; q < segs.n; q++)
-            if (i >= segs.s[q].off && i < segs.s[q].off + segs.s[q].len) {
-                k = q;
-                break;
-            }
+        const int k = seg_of(segs, i);
         const size_t jj = k < 0 ? i : perm_index(segs.s[k], i);
         float pv = p[i], mv = m[i], vv = v[i];
         adamw_one(pv, mv, vv, scale1(g[jj], coef), h);
@@ -450,6 +463,31 @@ __global__ void __launch_bounds__(CU_TPB)
 /* launchers                                                                */
 /* ======================================================================== */
 
+/* A copy of segs sorted by offset, for the kernels' binary search; -1 (the
+ * error set) when there are too many or two overlap. Launches are captured
+ * into the step's graph, so the sort runs once per capture, not per step. */
+static int segs_sorted(const char *fn, const sf_sgd_segs *in, sf_sgd_segs *out)
+{
+    if (in->n < 0 || in->n > SF_SGD_MAX_SEGS) {
+        sf_cuda_set_error("%s:%d: %s: %d segments (at most %d)", __FILE__, __LINE__, fn, in->n, SF_SGD_MAX_SEGS);
+        return -1;
+    }
+    out->n = in->n;
+    for (int k = 0; k < in->n; k++) {
+        int j = k;
+        for (; j > 0 && out->s[j - 1].off > in->s[k].off; j--)
+            out->s[j] = out->s[j - 1];
+        out->s[j] = in->s[k];
+    }
+    for (int k = 0; k + 1 < out->n; k++)
+        if (out->s[k].off + out->s[k].len > out->s[k + 1].off) {
+            sf_cuda_set_error("%s:%d: %s: segments at %zu and %zu overlap", __FILE__, __LINE__, fn, out->s[k].off,
+                              out->s[k + 1].off);
+            return -1;
+        }
+    return 0;
+}
+
 extern "C" int sf_cuda_sgd(float *p, const float *g, float *m, float *wdev, size_t len,
                            const sf_sgd_hyper *d_hyper, const sf_sgd_segs *segs, const sf_grad_state *gs,
                            cudaStream_t s)
@@ -464,7 +502,10 @@ extern "C" int sf_cuda_sgd(float *p, const float *g, float *m, float *wdev, size
         sf_cuda_set_error("%s:%d: sf_cuda_sgd: permuted segments need wdev", __FILE__, __LINE__);
         return -1;
     }
-    k_sgd<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, wdev, len, d_hyper, *segs, gs);
+    sf_sgd_segs sorted; /* 12 KB on the stack: the launch copies it into the parameters */
+    if (segs_sorted("sf_cuda_sgd", segs, &sorted))
+        return -1;
+    k_sgd<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, wdev, len, d_hyper, sorted, gs);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -487,8 +528,11 @@ extern "C" int sf_cuda_sgd_mixed(float *p, const float *g, const void *gd, sf_dt
         }
     if (len == 0)
         return 0;
+    sf_sgd_segs sorted;
+    if (segs_sorted("sf_cuda_sgd_mixed", segs, &sorted))
+        return -1;
     k_sgd_mixed<cu_bf16><<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, (const cu_bf16 *)gd, m,
-                                                                           (cu_bf16 *)wd, len, d_hyper, *segs, gs);
+                                                                           (cu_bf16 *)wd, len, d_hyper, sorted, gs);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -636,7 +680,10 @@ extern "C" int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float
         sf_cuda_set_error("%s:%d: sf_cuda_adamw: permuted segments need wdev", __FILE__, __LINE__);
         return -1;
     }
-    k_adamw<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, v, wdev, len, d_hyper, *sg, gs, skips);
+    sf_sgd_segs sorted;
+    if (segs_sorted("sf_cuda_adamw", sg, &sorted))
+        return -1;
+    k_adamw<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, v, wdev, len, d_hyper, sorted, gs, skips);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

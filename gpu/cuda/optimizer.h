@@ -79,7 +79,10 @@ typedef struct sf_perm_seg {
     size_t off, len; /* floats, model offsets */
     int c, rs;       /* input channels, kernel taps (k*k) */
 } sf_perm_seg;
-#define SF_SGD_MAX_SEGS 64
+/* A segment per convolution weight (SF_MAX_LAYERS bounds them); an
+ * sf_sgd_segs travels as a kernel parameter (12 KB at 512: CUDA 12.1+ takes up
+ * to 32 KB) and perm_tab's copy in shared memory is 16 KB. */
+#define SF_SGD_MAX_SEGS 512
 typedef struct sf_sgd_segs {
     int n;
     sf_perm_seg s[SF_SGD_MAX_SEGS];

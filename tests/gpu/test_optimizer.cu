@@ -1,6 +1,6 @@
 /* tests/gpu/test_optimizer.cu — the updates of gpu/cuda/optimizer.h against
  * the reference: SGD with and without momentum (bit-equal to sf_ref_sgd, also
- * through KRSC weight segments), AdamW (sf_ref_adamw, with weight decay and
+ * through KRSC weight segments, two or 200 listed out of order), AdamW (sf_ref_adamw, with weight decay and
  * permuted segments), and the weight copies between model and device layout
  * (weights_dev / grads_model bit-exact against a host permutation, grads_model
  * touching nothing outside its segments) in fp32 and bf16. *
@@ -11,17 +11,27 @@
 #include "op_test.h"
 
 /* SGD over a flat buffer with KRSC segments; compared bit for bit with sf_ref_sgd. */
-static void test_sgd(cudaStream_t s, float momentum)
+static void test_sgd(cudaStream_t s, float momentum, int many)
 {
     char nm[100];
-    snprintf(nm, sizeof nm, "sgd momentum %g with KRSC segments", momentum);
+    snprintf(nm, sizeof nm, "sgd momentum %g with %s KRSC segments", momentum, many ? "200 shuffled" : "2");
     /* layout: 13 loose floats, a conv weight [6][5][2][2] at 13, 7 floats, a conv
-     * weight [4][3][3][3] at 140, then loose floats to an odd total. */
+     * weight [4][3][3][3] at 140, then loose floats to an odd total. many: a
+     * DenseNet's worth of conv weights [2][3][3][3] every 500 floats from 13,
+     * listed out of order (the launcher sorts them for its binary search). */
     sf_sgd_segs segs;
     memset(&segs, 0, sizeof segs);
-    segs.n = 2;
-    segs.s[0].off = 13; segs.s[0].len = 6 * 5 * 4; segs.s[0].c = 5; segs.s[0].rs = 4;
-    segs.s[1].off = 140; segs.s[1].len = 4 * 3 * 9; segs.s[1].c = 3; segs.s[1].rs = 9;
+    if (many) {
+        segs.n = 200;
+        for (int k = 0; k < segs.n; k++) {
+            const int at = (k * 7 + 3) % segs.n; /* 7 is prime to 200 */
+            segs.s[k].off = 13 + (size_t)at * 500; segs.s[k].len = 2 * 3 * 9; segs.s[k].c = 3; segs.s[k].rs = 9;
+        }
+    } else {
+        segs.n = 2;
+        segs.s[0].off = 13; segs.s[0].len = 6 * 5 * 4; segs.s[0].c = 5; segs.s[0].rs = 4;
+        segs.s[1].off = 140; segs.s[1].len = 4 * 3 * 9; segs.s[1].c = 3; segs.s[1].rs = 9;
+    }
     const size_t len = 100003;
     std::vector<float> p(len), g(len), m(len);
     rand_fill(p, 1.f);
@@ -391,8 +401,9 @@ int main(void)
     cudaStream_t s;
     CU(cudaStreamCreate(&s));
 
-    test_sgd(s, 0.9f);
-    test_sgd(s, 0.f);
+    test_sgd(s, 0.9f, 0);
+    test_sgd(s, 0.9f, 1);
+    test_sgd(s, 0.f, 0);
     test_sgd_mixed(s, 0.9f);
     test_sgd_mixed(s, 0.f);
     test_adamw(s, 10007, 0.01f, 0);

@@ -623,9 +623,16 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_non_null(strstr(err, "\"dw\""));
     assert_non_null(strstr(err, "groups"));
     assert_non_null(strstr(err, "pipeline.backend=ref"));
+    /* The activations and the squeeze-and-excitation product run on CUDA. */
+    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), 0); /* hardswish */
+    assert_int_equal(sf_layer_cuda_check(&m, 5, err, sizeof err), 0); /* relu6 */
+    assert_int_equal(sf_layer_cuda_check(&m, 7, err, sizeof err), 0); /* hardsigmoid */
+    assert_int_equal(sf_layer_cuda_check(&m, 8, err, sizeof err), 0); /* mul */
+    /* A kind the CUDA backend has no row for is refused naming the layer. */
+    m.layers[2].kind = SF_L_KIND_COUNT;
     assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
-    assert_non_null(strstr(err, "hardswish"));
     assert_non_null(strstr(err, "layer 2 \"a\""));
+    assert_non_null(strstr(err, "pipeline.backend=ref"));
 }
 
 static void expect_json_error(const char *js, const char *needle1, const char *needle2)

@@ -93,6 +93,7 @@ static void test_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout lay, int ro
     dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
     uint64_t *d_seq = dalloc<uint64_t>(1);
     up_dt(bx, to_lay(x, lay, n, c, h, w));
+    CU(cudaDeviceSynchronize());
     cudaStream_t cs;
     CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     cudaGraph_t gr = NULL;
@@ -109,6 +110,7 @@ static void test_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout lay, int ro
         for (uint64_t seq = 40; seq < 44; seq++) {
             CU(cudaMemcpy(d_seq, &seq, sizeof seq, cudaMemcpyHostToDevice));
             poison_dt(by);
+            CU(cudaDeviceSynchronize()); /* cs does not wait for the legacy stream's copy and fill */
             CU(cudaGraphLaunch(ex, cs));
             CU(cudaStreamSynchronize(cs));
             const std::vector<float> got = from_lay(down_dt(by, len), lay, n, c, h, w);

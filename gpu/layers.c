@@ -487,7 +487,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "elementwise sum of two inputs of one shape (residual connections)"},
 #define ACT(kind, nm, tch, flds, what)                                                                    \
     [kind] = {.name = nm, .torch = tch, .min_in = 1, .max_in = 1, .fields = flds, .shape = same_shape,     \
-              .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .doc = what}
+              .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 1, .doc = what}
     ACT(SF_L_RELU6, "relu6", "nn.ReLU6", no_fields, "min(max(x, 0), 6)"),
     ACT(SF_L_SIGMOID, "sigmoid", "nn.Sigmoid", no_fields, "1 / (1 + exp(-x))"),
     ACT(SF_L_SILU, "silu", "nn.SiLU", no_fields, "x * sigmoid(x)"),
@@ -497,13 +497,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
 #undef ACT
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
-        .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd,
+        .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,
         .doc = "elementwise product; b of a's shape or [C,1,1] broadcast over H,W (squeeze-and-excitation)"},
     [SF_L_LAYER_SCALE] = {
         .name = "layer_scale", .torch = "x * layer_scale (ConvNeXt CNBlock)", .min_in = 1, .max_in = 1,
         .needs_map = 1, .fields = no_fields, .shape = same_shape, .params = layer_scale_params,
         .init = layer_scale_init, .ref_fwd = sf_ref_layer_layer_scale_fwd,
-        .ref_bwd = sf_ref_layer_layer_scale_bwd,
+        .ref_bwd = sf_ref_layer_layer_scale_bwd, .cuda = 1,
         .doc = "per-channel scale by a parameter <name>.layer_scale [C,1,1] (initialised to 1e-6)"},
     [SF_L_AVGPOOL2D] = {
         .name = "avgpool2d", .torch = "nn.AvgPool2d", .min_in = 1, .max_in = 1, .needs_map = 1,
@@ -527,16 +527,16 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_CONCAT] = {
         .name = "concat", .torch = "torch.cat(dim=1)", .min_in = 2, .max_in = SF_MAX_IN, .fields = no_fields,
         .shape = concat_shape, .ref_fwd = sf_ref_layer_concat_fwd, .ref_bwd = sf_ref_layer_concat_bwd,
-        .doc = "concatenation along channels of inputs of equal H,W"},
+        .cuda = 1, .doc = "concatenation along channels of inputs of equal H,W"},
     [SF_L_DROPOUT] = {
         .name = "dropout", .torch = "nn.Dropout", .min_in = 1, .max_in = 1, .fields = dropout_fields,
         .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd, .ref_bwd = sf_ref_layer_dropout_bwd,
-        .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
+        .cuda = 1, .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
                "eval: identity"},
     [SF_L_STOCHASTIC_DEPTH] = {
         .name = "stochastic_depth", .torch = "torchvision StochasticDepth(p, \"row\")", .min_in = 1,
         .max_in = 1, .fields = depth_fields, .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd,
-        .ref_bwd = sf_ref_layer_dropout_bwd,
+        .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1,
         .doc = "training: zero a sample with probability p, scale by 1/(1-p); eval: identity"},
 };
 

@@ -78,7 +78,7 @@ extern "C" {
 #define CUDA_NBUF 3       /* device batch buffers = max_inflight */
 #define RING_CAP (4 * CUDA_NBUF)
 #define STAGE_LABELS_OFF 256
-#define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping) after the SGD hyper-parameters */
+#define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping, the batch sequence) after the SGD hyper-parameters */
 #define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
 static_assert(STAGE_CTL_OFF + sizeof(sf_step_ctl) <= STAGE_ADAMW_OFF, "sf_step_ctl overlaps the AdamW hyper-parameters");
 static_assert(STAGE_ADAMW_OFF + sizeof(sf_adamw_hyper) <= STAGE_LABELS_OFF, "sf_adamw_hyper overlaps the labels");
@@ -671,6 +671,9 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     nc.keep_relu = cfg->sw.keep_relu;
     nc.allow_rtc = cfg->sw.allow_rtc;
     nc.seed = cfg->seed;
+    /* Each rank of a data-parallel job draws its own dropout masks (its
+     * samples are others than the other ranks' at the same batch index). */
+    nc.drop_seed = cfg->seed ^ (cfg->dist ? (uint64_t)cfg->dist->rank << 48 : 0);
     nc.adamw = cfg->optim == SF_OPT_ADAMW;
     nc.accum = c->accum_k;
     nc.dt = cfg->precision == SF_PREC_BF16 ? SF_DT_BF16 : SF_DT_F32;
@@ -1003,6 +1006,7 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     ctl.clip_grad_norm = bt->hyper.clip_grad_norm;
     ctl.count[0] = (float)n;
     ctl.count[1] = bt->global_n > 0 ? (float)bt->global_n : (float)n;
+    ctl.seq = bt->seq;
     memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
     sf_adamw_hyper ah;
     sf_adamw_hyper_at(&ah, bt->hyper.lr, bt->hyper.beta1, bt->hyper.beta2, bt->hyper.eps, bt->hyper.weight_decay,

@@ -14,7 +14,13 @@
  * built and timed per batch size, cuDNN's fused conv+bias+ReLU forward where it
  * times faster than conv + our epilogue kernel, backward-filter on a side
  * stream beside backward-data), linear through cuBLAS, batchnorm, pooling, add,
- * ReLU and the losses through our kernels (the *.cu files beside this one).
+ * ReLU and the other activations, products (mul, layer_scale), concat,
+ * dropout and the losses through our kernels (the *.cu files beside this one).
+ * A layer of several inputs (add, mul, concat) hands each input its gradient
+ * in turn, through gtmp where it is not that input's first consumer. Dropout
+ * keys its draws by the batch's sequence number, read from the staged
+ * sf_step_ctl in device memory so that a replayed graph draws each batch's
+ * own mask.
  *
  * Inputs per batch buffer: the model input of buffer b (written by the
  * augmentation on the transform stream) and, with a frozen prefix, b's frozen
@@ -127,6 +133,43 @@ static void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *in
         *outer = (size_t)n;
         *inner = hw;
     }
+}
+
+/* The activation an activation layer computes (activation.h). */
+static sf_cuda_act g_act_kind(const sf_layer *L)
+{
+    switch (L->kind) {
+    case SF_L_RELU6: return SF_CUDA_ACT_RELU6;
+    case SF_L_SIGMOID: return SF_CUDA_ACT_SIGMOID;
+    case SF_L_SILU: return SF_CUDA_ACT_SILU;
+    case SF_L_HARDSWISH: return SF_CUDA_ACT_HARDSWISH;
+    case SF_L_HARDSIGMOID: return SF_CUDA_ACT_HARDSIGMOID;
+    default: return L->approximate ? SF_CUDA_ACT_GELU_TANH : SF_CUDA_ACT_GELU;
+    }
+}
+
+/* Channels and elements per sample of input j of layer i. */
+static int g_in_c(const sf_model *m, int i, int j)
+{
+    sf_shape sh;
+    sf_layer_in_shape(m, i, j, &sh);
+    return sh.c;
+}
+static size_t g_in_elems(const sf_model *m, int i, int j)
+{
+    sf_shape sh;
+    sf_layer_in_shape(m, i, j, &sh);
+    return (size_t)sh.c * sh.h * sh.w;
+}
+
+/* A mul layer whose second input is [C,1,1], broadcast over H,W. */
+static int g_mul_bcast(const sf_model *m, int i) { return g_in_elems(m, i, 1) != m->layers[i].out_elems; }
+
+/* Where buffer b's batch sequence number (the dropout draws' key) is read
+ * from: the staged sf_step_ctl, so a captured step reads each replay's. */
+static const uint64_t *g_seq(const sf_cuda_net *net, int b)
+{
+    return net->io[b].ctl ? &net->io[b].ctl->seq : NULL;
 }
 
 /* The descriptor cuDNN's plans of conv layer i are built for: the layer's
@@ -691,6 +734,40 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             if (!o->in_bn && sf_cuda_add_dt(dt, x, g_in(net, i, 1, b), o->y, (size_t)n * L->out_elems, o->relu, s))
                 return -1;
             break;
+        case SF_L_RELU6:
+        case SF_L_SIGMOID:
+        case SF_L_SILU:
+        case SF_L_HARDSWISH:
+        case SF_L_HARDSIGMOID:
+        case SF_L_GELU:
+            if (sf_cuda_act_fwd_dt(dt, g_act_kind(L), x, o->y, (size_t)n * L->out_elems, s))
+                return -1;
+            break;
+        case SF_L_MUL:
+            if (sf_cuda_mul_fwd_dt(dt, g->lay, x, g_in(net, i, 1, b), o->y, n, L->out_ch, (size_t)L->out_h * L->out_w,
+                                   g_mul_bcast(m, i), s))
+                return -1;
+            break;
+        case SF_L_LAYER_SCALE:
+            if (sf_cuda_channel_scale_fwd_dt(dt, g->lay, x, P + L->w_off, o->y, n, L->out_ch,
+                                             (size_t)L->out_h * L->out_w, s))
+                return -1;
+            break;
+        case SF_L_DROPOUT:
+        case SF_L_STOCHASTIC_DEPTH: /* identity in evaluation and when frozen */
+            if (o->frozen || eval)
+                SF_CUDA_CHECK(cudaMemcpyAsync(o->y, x, g->es * n * L->out_elems, cudaMemcpyDeviceToDevice, s));
+            else if (sf_cuda_dropout_dt(dt, g->lay, x, o->y, n, L->out_ch, (size_t)L->out_h * L->out_w, L->p,
+                                        net->cfg.drop_seed, g_seq(net, b), (uint64_t)i,
+                                        L->kind == SF_L_STOCHASTIC_DEPTH, s))
+                return -1;
+            break;
+        case SF_L_CONCAT:
+            for (int j = 0, c0 = 0; j < o->n_in; c0 += g_in_c(m, i, j), j++)
+                if (sf_cuda_concat_put_dt(dt, g->lay, g_in(net, i, j, b), n, g_in_c(m, i, j),
+                                          (size_t)L->out_h * L->out_w, L->out_ch, c0, o->y, s))
+                    return -1;
+            break;
         default: /* flatten */
             continue;
         }
@@ -1194,6 +1271,57 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
             continue;
         }
+        case SF_L_RELU6:
+        case SF_L_SIGMOID:
+        case SF_L_SILU:
+        case SF_L_HARDSWISH:
+        case SF_L_HARDSIGMOID:
+        case SF_L_GELU:
+            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), g_in(net, i, 0, b), o->dy, dx, in_len, s))
+                return -1;
+            break;
+        case SF_L_MUL: {
+            /* input 0's gradient is added into its owner's before input 1's
+             * may take gtmp (x * x reads one tensor twice) */
+            const void *xa = g_in(net, i, 0, b), *xb = g_in(net, i, 1, b);
+            const size_t hw = (size_t)L->out_h * L->out_w;
+            const int bc = g_mul_bcast(m, i);
+            int add1 = 0;
+            void *d1 = g_dst(net, i, 1, &add1);
+            if ((dx && (sf_cuda_mul_bwd_dt(dt, g->lay, xa, xb, o->dy, dx, NULL, n, L->out_ch, hw, bc, s) ||
+                        (add0 && g_add_back(net, i, 0, in_len, s)))) ||
+                (d1 && (sf_cuda_mul_bwd_dt(dt, g->lay, xa, xb, o->dy, NULL, d1, n, L->out_ch, hw, bc, s) ||
+                        (add1 && g_add_back(net, i, 1, (size_t)n * g_in_elems(m, i, 1), s)))))
+                return -1;
+            add0 = 0;
+            break;
+        }
+        case SF_L_LAYER_SCALE:
+            if (sf_cuda_channel_scale_bwd_dt(dt, g->lay, g_in(net, i, 0, b), P + L->w_off, o->dy, dx,
+                                             net->grads + L->w_off, n, L->out_ch, (size_t)L->out_h * L->out_w,
+                                             (float *)g->scratch, s))
+                return -1;
+            break;
+        case SF_L_DROPOUT:
+        case SF_L_STOCHASTIC_DEPTH: /* the forward's mask, drawn again, on dy */
+            if (dx && sf_cuda_dropout_dt(dt, g->lay, o->dy, dx, n, L->out_ch, (size_t)L->out_h * L->out_w, L->p,
+                                         net->cfg.drop_seed, g_seq(net, b), (uint64_t)i,
+                                         L->kind == SF_L_STOCHASTIC_DEPTH, s))
+                return -1;
+            break;
+        case SF_L_CONCAT:
+            /* each input's slice of dy, one input after another (gtmp is shared) */
+            for (int j = 0, c0 = 0; j < o->n_in; c0 += g_in_c(m, i, j), j++) {
+                int addj = 0;
+                void *d = g_dst(net, i, j, &addj);
+                const int cj = g_in_c(m, i, j);
+                const size_t hw = (size_t)L->out_h * L->out_w;
+                if (d && (sf_cuda_concat_take_dt(dt, g->lay, o->dy, n, cj, hw, L->out_ch, c0, d, s) ||
+                          (addj && g_add_back(net, i, j, (size_t)n * cj * hw, s))))
+                    return -1;
+            }
+            add0 = 0;
+            break;
         default:
             continue;
         }

@@ -29,12 +29,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "activation.h"
 #include "batchnorm.h"
+#include "concat.h"
 #include "conv.h"
 #include "conv_transpose.h"
+#include "dropout.h"
 #include "layout.h"
 #include "linear.h"
 #include "loss.h"
+#include "mul.h"
 #include "optimizer.h"
 #include "pointwise.h"
 #include "pool.h"
@@ -63,6 +67,9 @@ typedef struct sf_step_ctl {
      * the mean over the samples trained, and skips the step when that is 0.
      * Read only with grad_reduce. */
     float count[2];
+    /* The batch's sequence number (sf_batch.seq): the key of its dropout and
+     * stochastic-depth draws (dropout.h), read by the kernels of each replay. */
+    uint64_t seq;
 } sf_step_ctl;
 
 /* One piece of a gradient bucket for the data-parallel hook: len elements
@@ -100,6 +107,9 @@ typedef struct sf_net_cfg {
     int nbuf;            /* sf_net_io entries, <= SF_NET_MAX_BUF */
     int tune;            /* engine configs timed per convolution (1: heuristics' pick) */
     uint64_t seed;       /* parameter initialisation (sf_model_init_params) */
+    uint64_t drop_seed;  /* the seed of dropout and stochastic-depth draws (dropout.h): the run's
+                            seed, mixed with the rank in a data-parallel job as the reference
+                            backend mixes it */
     int adamw;           /* optimizer: 0 SGD, 1 AdamW */
     int accum;           /* gradient accumulation steps (> 1: the optimizer runs every accum-th) */
     sf_dtype dt;         /* activations: fp32, or bf16 */

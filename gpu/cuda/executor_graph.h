@@ -85,9 +85,9 @@ static inline int dmallocf(sf_cuda_net *net, float **p, size_t floats)
 
 typedef struct gop {
     int frozen;
-    int src[2], n_in;
-    int first[2];        /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
-    int want[2];         /* backward: src[j] needs a gradient */
+    int src[SF_MAX_IN], n_in;
+    int first[SF_MAX_IN]; /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
+    int want[SF_MAX_IN];  /* backward: src[j] needs a gradient */
     int relu;            /* the next layer's ReLU is fused here */
     int fused;           /* this ReLU is fused into the previous layer: y/dy alias it */
     void *y;             /* output (flatten, fused ReLU: alias) */
@@ -95,9 +95,10 @@ typedef struct gop {
     float *save;         /* batchnorm: [2C] mean, invstd; layernorm2d, layernorm: [2 * max_batch * H*W]
                             mean, rstd per position */
     int32_t *argmax;     /* maxpool */
-    void *gtmp;          /* the input gradient before it is added to its owner's (this layer
-                            is not its input's first consumer), or a batchnorm's unwanted
-                            dx: only live during this layer's backward */
+    void *gtmp;          /* an input gradient before it is added to its owner's (this layer
+                            is not that input's first consumer; sized for the largest such
+                            input, used by one input after another), or a batchnorm's
+                            unwanted dx: only live during this layer's backward */
     int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
     int patch;           /* conv whose backward is conv_patch.h's one pass (a forward plan only) */
     int tpatch;          /* convT whose forward is conv_patch.h's kernel (backward plans only) */

@@ -66,6 +66,29 @@ static int g_storage(const sf_cuda_net *net, int i)
     return i;
 }
 
+/* Kinds whose backward reads their inputs beside dy (an activation's
+ * derivative at x, each factor of a product, the layer scale's input for its
+ * gradient); conv, convT, linear and batchnorm are listed where they are
+ * used. Dropout redraws its mask and concat slices dy: neither reads x. */
+static int bwd_reads_inputs(sf_layer_kind k)
+{
+    switch (k) {
+    case SF_L_RELU6:
+    case SF_L_SIGMOID:
+    case SF_L_SILU:
+    case SF_L_HARDSWISH:
+    case SF_L_HARDSIGMOID:
+    case SF_L_GELU:
+    case SF_L_MUL:
+    case SF_L_LAYER_SCALE:
+    case SF_L_LAYERNORM2D:
+    case SF_L_LAYERNORM:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 static void widen(plan_obj *o, int t)
 {
     if (t < o->t.t0)
@@ -97,11 +120,19 @@ static int g_plan_memory(sf_cuda_net *net)
             obj[n] = (plan_obj){{bytes, B(i), B(i), 0}, &g->op[i].dy, 0};
             di[i] = n++;
         }
-        /* gradient scratch, written and read within this layer's backward */
+        /* gradient scratch, written and read within this layer's backward:
+         * the largest input whose gradient this layer adds into its owner's */
         const gop *o = &g->op[i];
-        if (!o->frozen && L->kind != SF_L_ADD &&
-            ((o->want[0] && !o->first[0]) || (L->kind == SF_L_BATCHNORM2D && !o->want[0]))) {
-            const size_t gb = (es * nb * L->in_c * L->in_h * L->in_w + 255) & ~(size_t)255;
+        size_t gel = L->kind == SF_L_BATCHNORM2D && !o->want[0] ? (size_t)L->in_c * L->in_h * L->in_w : 0;
+        for (int j = 0; j < o->n_in; j++) {
+            sf_shape sj;
+            sf_layer_in_shape(m, i, j, &sj);
+            const size_t ej = j ? (size_t)sj.c * sj.h * sj.w : (size_t)L->in_c * L->in_h * L->in_w;
+            if (o->want[j] && !o->first[j] && ej > gel)
+                gel = ej;
+        }
+        if (!o->frozen && L->kind != SF_L_ADD && gel) {
+            const size_t gb = (es * nb * gel + 255) & ~(size_t)255;
             obj[n++] = (plan_obj){{gb, B(i), B(i), 0}, &g->op[i].gtmp, 0};
         }
     }
@@ -124,7 +155,7 @@ static int g_plan_memory(sf_cuda_net *net)
             continue;
         const int k = L->kind;
         const int needs_x = !o->frozen && (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR ||
-                                           k == SF_L_BATCHNORM2D || k == SF_L_LAYERNORM2D || k == SF_L_LAYERNORM);
+                                           k == SF_L_BATCHNORM2D || bwd_reads_inputs((sf_layer_kind)k));
         /* the ReLU mask, unless batchnorm's backward recomputes it from x (the
          * stem's 1.6 GB batchnorm output of ResNet-18 at batch 1024 then dies
          * at the maxpool's forward) */
@@ -219,7 +250,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];
         o->frozen = i < g->nf;
-        o->n_in = sf_layer_n_inputs(L); /* at most 2: sf_layer_cuda_check refused the rest */
+        o->n_in = sf_layer_n_inputs(L); /* at most SF_MAX_IN (concat) */
         for (int j = 0; j < o->n_in; j++)
             o->src[j] = g_src(m, i, j);
         if (o->frozen && L->kind == SF_L_LINEAR) {
@@ -454,6 +485,8 @@ int sf_exec_build_graph(sf_cuda_net *net)
             if (b > sc)
                 sc = b;
         }
+        if (L->kind == SF_L_LAYER_SCALE && sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch) > sc)
+            sc = sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch);
     }
     if (m->segmentation) {
         size_t b = sf_cuda_xent2d_scratch_bytes((int)nb, m->out_h, m->out_w);

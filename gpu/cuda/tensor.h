@@ -4,9 +4,11 @@
  * One header per op family declares its launchers: conv.h (cuDNN
  * convolutions), conv_transpose.h, linear.h (cuBLAS), batchnorm.h, norm.h
  * (layer norm), pool.h (max, average, adaptive and global average pooling),
- * pointwise.h (bias, ReLU, add, cast, fill),
- * loss.h (cross-entropy, per sample and per pixel), optimizer.h (SGD, AdamW,
- * the device copies of the weights) and layout.h (transposes).
+ * pointwise.h (bias, ReLU, add, cast, fill), activation.h (ReLU6, sigmoid,
+ * SiLU, hardswish, hardsigmoid, GELU), mul.h (products: broadcast multiply,
+ * layer scale), concat.h, dropout.h (dropout, stochastic depth), loss.h
+ * (cross-entropy, per sample and per pixel), optimizer.h (SGD, AdamW, the
+ * device copies of the weights) and layout.h (transposes).
  *
  * Each function there is a launcher: it takes an explicit stream (or a library
  * handle already bound to one), enqueues work, checks the launch and returns

@@ -19,6 +19,9 @@
  *    layernorm) and a grouped/dilated conv model (batchnorm eps/momentum,
  *    ceil_mode pools, avgpool2d, adaptive pooling): 3-step trajectories, fp32
  *    NCHW and NHWC, bf16 NHWC.
+ *  - a MobileNetV3-like block with every pointwise-family kind (activations,
+ *    mul, layer_scale, concat, dropout, stochastic_depth): 3 steps in fp32 and
+ *    bf16, NCHW and NHWC, the dropout masks drawn alike; eval identity.
  *  - the frozen encoder on the transform stream overlapping the previous
  *    batch's decoder step, in event times (seed-encdec, 256x256).
  * By default each trajectory runs 2 steps (the second is the first with
@@ -202,11 +205,17 @@ struct train_out {
     int ok = 0;
 };
 
-static void train(sf_backend *be, const sf_model &m, const sf_train_cfg &cfg, batch_set &bs, int steps, train_out &to)
+/* init: parameters to start from instead of the seed's (NULL: the seed's). */
+static void train(sf_backend *be, const sf_model &m, const sf_train_cfg &cfg, batch_set &bs, int steps, train_out &to,
+                  const float *init = NULL)
 {
     char err[300];
     if (test_build(be, &m, &cfg, err, sizeof err)) {
         fail("%s build: %s", be->i->name(be), err);
+        return;
+    }
+    if (init && be->i->set_params(be, init)) {
+        fail("%s set_params", be->i->name(be));
         return;
     }
     if (get_state(be, m, to.s0) || run_steps(be, bs, 0, 1, to.ev) || get_state(be, m, to.s1) ||
@@ -435,6 +444,51 @@ static void compare_stepwise(const char *name, sf_backend *cu, sf_backend *ref, 
     else
         fail("%s stepwise: worst update %.3e, opt state %.3e, bufs %.3e, loss %.3e (tol %.1e)", name, worst, worst_m,
              worst_b, worst_loss, tol_delta);
+}
+
+/* A MobileNetV3-like block with every pointwise-family kind: a stem conv,
+ * hardswish, squeeze-and-excitation (global_avgpool, conv, ReLU, conv,
+ * hardsigmoid, mul broadcast over H,W), a SiLU branch with layer scale and
+ * stochastic depth, GELU (tanh and erf), ReLU6 and sigmoid branches, a
+ * same-shape mul, a concat of five inputs (one tensor twice, so one of its
+ * gradients is added through gtmp), dropout on the map and on the features.
+ * Several tensors feed two layers (hs, se.mul, b1, sd), so their gradients
+ * are sums. drop is the dropout and stochastic-depth probability. */
+static int pointwise_model(sf_model &m, float drop)
+{
+    char js[2400], err[300];
+    snprintf(js, sizeof js,
+             "{\"input\":[3,16,16],\"classes\":5,\"layers\":["
+             "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":8,\"k\":3,\"pad\":1},"
+             "{\"type\":\"hardswish\",\"name\":\"hs\"},"
+             "{\"type\":\"global_avgpool\",\"name\":\"se.pool\"},"
+             "{\"type\":\"conv2d\",\"name\":\"se.fc1\",\"out\":4,\"k\":1},"
+             "{\"type\":\"relu\",\"name\":\"se.relu\"},"
+             "{\"type\":\"conv2d\",\"name\":\"se.fc2\",\"out\":8,\"k\":1},"
+             "{\"type\":\"hardsigmoid\",\"name\":\"se.gate\"},"
+             "{\"type\":\"mul\",\"name\":\"se.mul\",\"inputs\":[\"hs\",\"se.gate\"]},"
+             "{\"type\":\"conv2d\",\"name\":\"b1\",\"out\":8,\"k\":1},"
+             "{\"type\":\"silu\",\"name\":\"silu\"},"
+             "{\"type\":\"layer_scale\",\"name\":\"ls\"},"
+             "{\"type\":\"stochastic_depth\",\"name\":\"sd\",\"p\":%g},"
+             "{\"type\":\"conv2d\",\"name\":\"b2\",\"out\":6,\"k\":3,\"pad\":1},"
+             "{\"type\":\"gelu\",\"name\":\"g\",\"approximate\":\"tanh\"},"
+             "{\"type\":\"relu6\",\"name\":\"r6\"},"
+             "{\"type\":\"sigmoid\",\"name\":\"sg\",\"inputs\":[\"se.mul\"]},"
+             "{\"type\":\"gelu\",\"name\":\"g2\",\"inputs\":[\"b1\"]},"
+             "{\"type\":\"mul\",\"name\":\"m2\",\"inputs\":[\"sg\",\"se.mul\"]},"
+             "{\"type\":\"concat\",\"name\":\"cat\",\"inputs\":[\"r6\",\"sd\",\"m2\",\"g2\",\"sd\"]},"
+             "{\"type\":\"dropout\",\"name\":\"drop\",\"p\":%g},"
+             "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+             "{\"type\":\"flatten\",\"name\":\"f\"},"
+             "{\"type\":\"dropout\",\"name\":\"drop2\",\"p\":%g},"
+             "{\"type\":\"linear\",\"name\":\"fc\",\"out\":5}]}",
+             (double)drop, (double)drop, (double)drop);
+    if (sf_model_from_json(js, &m, err, sizeof err)) {
+        fail("pointwise model: %s", err);
+        return -1;
+    }
+    return 0;
 }
 
 /* Pairs (N, N+1) where N+1's transform (frozen encoder) overlaps N's step. */
@@ -707,6 +761,75 @@ int main(int argc, char **argv)
                 snprintf(name, sizeof name, "%s %s", specs[k][0],
                          v == 0 ? "fp32 nchw" : v == 1 ? "fp32 nhwc" : "bf16 nhwc");
                 compare(name, m, tc, tr, 3, bf16 ? 2e-2 : 1e-4, bf16 ? 1e-1 : 2e-2, 0, k == 1);
+                free_batches(cu, bs);
+            }
+        }
+    }
+
+    /* 2b. the pointwise-family kinds (pointwise_model): 3 steps from the same
+     * parameters and batches, the dropout and stochastic-depth masks drawn
+     * alike (the same seed, batch sequences and keys), in each precision and
+     * layout; then evaluation, where both are identity. */
+    {
+        sf_model m, m0;
+        if (pointwise_model(m, 0.25f) == 0 && pointwise_model(m0, 0.f) == 0) {
+            /* the seed's parameters with the layer scale at about 0.5
+             * (torchvision's 1e-6 would hide its branch from the loss) */
+            std::vector<float> init(m.n_params);
+            sf_model_init_params(&m, 42, init.data());
+            for (int i = 0; i < m.n_layers; i++)
+                if (m.layers[i].kind == SF_L_LAYER_SCALE)
+                    for (size_t e = 0; e < m.layers[i].n_w; e++)
+                        init[m.layers[i].w_off + e] = 0.5f + 0.05f * (float)e;
+            const struct {
+                sf_precision prec;
+                sf_act_layout lay;
+                const char *name;
+                double tol_loss, tol_delta;
+            } runs[4] = {
+                {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, "pointwise-kinds fp32 nchw", 1e-5, 1e-4},
+                {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, "pointwise-kinds fp32 nhwc", 1e-5, 1e-4},
+                {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, "pointwise-kinds bf16 nhwc", 2e-2, 1e-1},
+                {SF_PREC_BF16, SF_ACT_LAYOUT_NCHW, "pointwise-kinds bf16 nchw", 2e-2, 1e-1},
+            };
+            for (int v = 0; v < 4; v++) {
+                batch_set bs;
+                if (make_batches(cu, bs, 3, 8, 16, 16, 5, 1, SF_LABEL_I64, 61 + v, 0.05f))
+                    break;
+                sf_train_cfg cfg = make_cfg(runs[v].prec, 8, 1, 1);
+                train_out tc, tr;
+                g_layout = runs[v].lay;
+                train(cu, m, cfg, bs, 3, tc, init.data());
+                g_layout = SF_ACT_LAYOUT_AUTO;
+                train(ref, m, cfg, bs, 3, tr, init.data());
+                compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
+                free_batches(cu, bs);
+            }
+            /* Evaluation: the p = 0.25 model's loss equals the p = 0 model's
+             * (both pass their inputs through; the two builds may time
+             * different cuDNN engines, so within fp32 rounding) and the
+             * reference's. */
+            batch_set bs;
+            if (make_batches(cu, bs, 1, 8, 16, 16, 5, 1, SF_LABEL_I64, 71, 0.05f) == 0) {
+                bs.b[0].eval = 1;
+                const sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
+                float loss[3] = {NAN, NAN, NAN};
+                const sf_model *ms[3] = {&m, &m0, &m};
+                sf_backend *bes[3] = {cu, cu, ref};
+                for (int k = 0; k < 3; k++) {
+                    std::vector<ev_rec> ev;
+                    if (test_build(bes[k], ms[k], &cfg, err, sizeof err) || bes[k]->i->set_params(bes[k], init.data()) ||
+                        run_steps(bes[k], bs, 0, 1, ev) || ev.size() != 1) {
+                        fail("pointwise-kinds eval run %d: %s", k, err);
+                        break;
+                    }
+                    loss[k] = ev[0].loss;
+                }
+                if (fabsf(loss[0] - loss[1]) <= 1e-6f * fabsf(loss[1]) && fabsf(loss[0] - loss[2]) <= 1e-5f * fabsf(loss[2]))
+                    ok("pointwise-kinds eval: dropout and stochastic depth are identity (loss %.7f, p=0 %.7f, "
+                       "ref %.7f)", loss[0], loss[1], loss[2]);
+                else
+                    fail("pointwise-kinds eval: loss %.7f, with p=0 %.7f, ref %.7f", loss[0], loss[1], loss[2]);
                 free_batches(cu, bs);
             }
         }

@@ -1,0 +1,141 @@
+/* gpu/cuda/activation.cu — kernels first, then launchers: ReLU6, sigmoid,
+ * SiLU, hardswish, hardsigmoid and GELU (erf, tanh), forward and backward,
+ * one grid-stride kernel each on fp32 or bf16 data. Contracts in
+ * activation.h; the formulas are gpu/ref/activation.c's. */
+#include "activation.h"
+
+#include "kernel_common.cuh"
+
+extern "C" {
+#include "../ref/layers.h"
+}
+
+static_assert((int)SF_CUDA_ACT_RELU6 == SF_ACT_RELU6 && (int)SF_CUDA_ACT_SIGMOID == SF_ACT_SIGMOID &&
+                  (int)SF_CUDA_ACT_SILU == SF_ACT_SILU && (int)SF_CUDA_ACT_HARDSWISH == SF_ACT_HARDSWISH &&
+                  (int)SF_CUDA_ACT_HARDSIGMOID == SF_ACT_HARDSIGMOID && (int)SF_CUDA_ACT_GELU == SF_ACT_GELU &&
+                  (int)SF_CUDA_ACT_GELU_TANH == SF_ACT_GELU_TANH,
+              "the activation codes are the reference's");
+
+/* ======================================================================== */
+/* kernels                                                                  */
+/* ======================================================================== */
+
+#define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_K1 0.044715f
+#define INV_SQRT2 0.7071067811865476f
+#define INV_SQRT_2PI 0.3989422804014327f
+
+__device__ __forceinline__ float act_f(int act, float v)
+{
+    float r;
+    switch (act) {
+    case SF_CUDA_ACT_RELU6: r = v < 0.f ? 0.f : v > 6.f ? 6.f : v; break;
+    case SF_CUDA_ACT_SIGMOID: r = 1.f / (1.f + expf(-v)); break;
+    case SF_CUDA_ACT_SILU: r = v / (1.f + expf(-v)); break;
+    case SF_CUDA_ACT_HARDSWISH: r = v <= -3.f ? 0.f : v >= 3.f ? v : v * (v + 3.f) / 6.f; break;
+    case SF_CUDA_ACT_HARDSIGMOID: r = v <= -3.f ? 0.f : v >= 3.f ? 1.f : v / 6.f + 0.5f; break;
+    case SF_CUDA_ACT_GELU_TANH: r = 0.5f * v * (1.f + tanhf(GELU_K0 * (v + GELU_K1 * v * v * v))); break;
+    default: r = 0.5f * v * (1.f + erff(v * INV_SQRT2)); break;
+    }
+    return isnan(v) ? v : r;
+}
+
+/* f'(x), the factor of dy. */
+__device__ __forceinline__ float act_d(int act, float v)
+{
+    switch (act) {
+    case SF_CUDA_ACT_RELU6: return v > 0.f && v < 6.f ? 1.f : 0.f;
+    case SF_CUDA_ACT_SIGMOID: {
+        const float s = 1.f / (1.f + expf(-v));
+        return s * (1.f - s);
+    }
+    case SF_CUDA_ACT_SILU: {
+        const float s = 1.f / (1.f + expf(-v));
+        return s * (1.f + v * (1.f - s));
+    }
+    case SF_CUDA_ACT_HARDSWISH: return v < -3.f ? 0.f : v <= 3.f ? v / 3.f + 0.5f : 1.f;
+    case SF_CUDA_ACT_HARDSIGMOID: return v > -3.f && v < 3.f ? 1.f / 6.f : 0.f;
+    case SF_CUDA_ACT_GELU_TANH: {
+        const float t = tanhf(GELU_K0 * (v + GELU_K1 * v * v * v));
+        return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * GELU_K0 * (1.f + 3.f * GELU_K1 * v * v);
+    }
+    default: return 0.5f * (1.f + erff(v * INV_SQRT2)) + v * expf(-0.5f * v * v) * INV_SQRT_2PI;
+    }
+}
+
+/* y[i] = f(x[i]) (BWD: y[i] = dy[i] * f'(x[i])), V elements a vector (V > 1:
+ * every pointer 16-byte aligned; the len % V tail one element a thread).
+ * x, dy and y may alias: each element is read before it is written, by the
+ * same thread. */
+template <typename T, int V, bool BWD>
+__global__ void k_act(int act, const T *x, const T *dy, T *y, size_t len)
+{
+    const size_t nvec = len / V, step = (size_t)gridDim.x * blockDim.x;
+    const size_t t0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (size_t i = t0; i < nvec; i += step) {
+        float u[V], d[V];
+        cu_ld<T, V>(x + i * V, u);
+        if constexpr (BWD)
+            cu_ld<T, V>(dy + i * V, d);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            if constexpr (BWD)
+                u[j] = d[j] * act_d(act, u[j]);
+            else
+                u[j] = act_f(act, u[j]);
+        }
+        cu_st<T, V>(y + i * V, u);
+    }
+    if constexpr (V > 1) {
+        const size_t e = nvec * V + t0;
+        if (e < len) {
+            const float v = cu_f(x[e]);
+            y[e] = cu_to<T>(BWD ? cu_f(dy[e]) * act_d(act, v) : act_f(act, v));
+        }
+    }
+}
+
+/* ======================================================================== */
+/* launchers                                                                */
+/* ======================================================================== */
+
+template <typename T, bool BWD>
+static int act_launch(int act, const void *x, const void *dy, void *y, size_t len, cudaStream_t s)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    if (len == 0)
+        return 0;
+    const T *xp = (const T *)x, *dp = (const T *)dy;
+    T *yp = (T *)y;
+    if (cu_al16(x) && (!BWD || cu_al16(dy)) && cu_al16(y))
+        k_act<T, VEC, BWD><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(act, xp, dp, yp, len);
+    else
+        k_act<T, 1, BWD><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(act, xp, dp, yp, len);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+static int act_bad(const char *fn, sf_cuda_act act)
+{
+    if ((int)act >= 0 && act <= SF_CUDA_ACT_GELU_TANH)
+        return 0;
+    sf_cuda_set_error("%s:%d: %s: unknown activation %d", __FILE__, __LINE__, fn, (int)act);
+    return 1;
+}
+
+extern "C" int sf_cuda_act_fwd_dt(sf_dtype dt, sf_cuda_act act, const void *x, void *y, size_t len, cudaStream_t s)
+{
+    if (cu_dt_bad("sf_cuda_act_fwd_dt", dt) || act_bad("sf_cuda_act_fwd_dt", act))
+        return -1;
+    return dt == SF_DT_BF16 ? act_launch<cu_bf16, false>(act, x, NULL, y, len, s)
+                            : act_launch<float, false>(act, x, NULL, y, len, s);
+}
+
+extern "C" int sf_cuda_act_bwd_dt(sf_dtype dt, sf_cuda_act act, const void *x, const void *dy, void *dx, size_t len,
+                                  cudaStream_t s)
+{
+    if (cu_dt_bad("sf_cuda_act_bwd_dt", dt) || act_bad("sf_cuda_act_bwd_dt", act))
+        return -1;
+    return dt == SF_DT_BF16 ? act_launch<cu_bf16, true>(act, x, dy, dx, len, s)
+                            : act_launch<float, true>(act, x, dy, dx, len, s);
+}

@@ -1,0 +1,33 @@
+/* gpu/cuda/concat.h — concatenation along channels (torch.cat(dim=1)) of
+ * maps of equal H,W, and the backward's slicing, in either layout. Contract
+ * and element types: tensor.h; semantics: gpu/ref/concat.c
+ * (sf_ref_concat_put, sf_ref_concat_take), checked by
+ * tests/gpu/test_concat.cu.
+ *
+ * The concatenation y has ctot channels; input j is the channels
+ * [c0, c0 + cj) of it. A flat [n, f] tensor is the map with hw = 1.
+ */
+#ifndef SF_GPU_CUDA_CONCAT_H
+#define SF_GPU_CUDA_CONCAT_H
+
+#include <stddef.h>
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[:, c0 + c, :] = x[:, c, :] for c < cj: one input's part of the
+ * concatenation. */
+int sf_cuda_concat_put_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int cj, size_t hw, int ctot, int c0,
+                          void *y, cudaStream_t s);
+/* The inverse: dx[:, c, :] = dy[:, c0 + c, :] for c < cj. */
+int sf_cuda_concat_take_dt(sf_dtype dt, sf_layout lay, const void *dy, int n, int cj, size_t hw, int ctot, int c0,
+                           void *dx, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SF_GPU_CUDA_CONCAT_H */

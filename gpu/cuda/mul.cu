@@ -1,0 +1,270 @@
+/* gpu/cuda/mul.cu — kernels first, then launchers: elementwise
+ * multiplication (same shape, or broadcast over H,W) and the per-channel
+ * scale by a parameter, with their gradients and deterministic reductions.
+ * Contracts in mul.h; the arithmetic is gpu/ref/mul.c's. */
+#include "mul.h"
+
+#include "kernel_common.cuh"
+
+/* Chunks of the per-channel reduction's first pass at most: the partial sums
+ * then fit sf_cuda_channel_scale_scratch. */
+#define CS_MAX_CHUNKS 512
+
+/* ======================================================================== */
+/* kernels                                                                  */
+/* ======================================================================== */
+
+/* The channel of element e of an [n, c, hw] map in layout nhwc. */
+__device__ __forceinline__ int chan_of(size_t e, int c, size_t hw, int nhwc)
+{
+    return nhwc ? (int)(e % (size_t)c) : (int)((e / hw) % (size_t)c);
+}
+
+/* The index into a broadcast [n, c] tensor of element e of the map. */
+__device__ __forceinline__ size_t bcast_of(size_t e, int c, size_t hw, int nhwc)
+{
+    return nhwc ? (e / (hw * (size_t)c)) * (size_t)c + e % (size_t)c : e / hw;
+}
+
+/* y[e] = a[e] * b[bcast ? bcast_of(e) : e]: the forward, and the backward's
+ * da = dy * b (dy in a's place) and same-shape db = dy * a. y may alias a. */
+template <typename T>
+__global__ void k_mul(const T *a, const T *__restrict__ b, T *y, size_t len, int c, size_t hw, int bcast, int nhwc)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
+        const float bv = cu_f(b[bcast ? bcast_of(e, c, hw, nhwc) : e]);
+        y[e] = cu_to<T>(cu_f(a[e]) * bv);
+    }
+}
+
+/* db[n][c] = sum over p of dy * a, NCHW: one warp per (n, c), lanes striding
+ * p, then a fixed-order shuffle sum. */
+template <typename T>
+__global__ void k_mul_db_planes(const T *__restrict__ a, const T *__restrict__ dy, T *__restrict__ db, size_t nc,
+                                size_t hw)
+{
+    const size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (w >= nc)
+        return;
+    float acc = 0.f;
+    for (size_t p = lane; p < hw; p += 32)
+        acc += cu_f(dy[w * hw + p]) * cu_f(a[w * hw + p]);
+#pragma unroll
+    for (int o = 16; o; o >>= 1)
+        acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if (lane == 0)
+        db[w] = cu_to<T>(acc);
+}
+
+/* The same in NHWC: one thread per (n, c) walking p (neighbouring threads
+ * read neighbouring channels). */
+template <typename T>
+__global__ void k_mul_db_rows(const T *__restrict__ a, const T *__restrict__ dy, T *__restrict__ db, int n, int c,
+                              size_t hw)
+{
+    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (size_t)n * c)
+        return;
+    const size_t ni = t / (size_t)c, ci = t % (size_t)c;
+    float acc = 0.f;
+    for (size_t p = 0; p < hw; p++) {
+        const size_t e = (ni * hw + p) * (size_t)c + ci;
+        acc += cu_f(dy[e]) * cu_f(a[e]);
+    }
+    db[t] = cu_to<T>(acc);
+}
+
+/* y[e] = x[e] * scale[channel of e]. */
+template <typename T>
+__global__ void k_chan_scale(const T *x, const float *__restrict__ scale, T *y, size_t len, int c, size_t hw,
+                             int nhwc)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step)
+        y[e] = cu_to<T>(cu_f(x[e]) * scale[chan_of(e, c, hw, nhwc)]);
+}
+
+/* The scale's gradient, pass 1, NCHW: block (channel, chunk of samples) sums
+ * dy * x over its samples' planes into partial[chunk][c]. */
+template <typename T>
+__global__ void k_cs_grad_planes(const T *__restrict__ x, const T *__restrict__ dy, int n, int c, size_t hw,
+                                 int n_per_chunk, float *__restrict__ partial)
+{
+    __shared__ float sh[CU_TPB / 32];
+    const int ci = blockIdx.x;
+    const int n0 = blockIdx.y * n_per_chunk, n1 = n0 + n_per_chunk < n ? n0 + n_per_chunk : n;
+    float acc = 0.f;
+    for (int ni = n0; ni < n1; ni++) {
+        const size_t base = ((size_t)ni * c + ci) * hw;
+        for (size_t p = threadIdx.x; p < hw; p += blockDim.x)
+            acc += cu_f(dy[base + p]) * cu_f(x[base + p]);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0)
+        sh[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            s += sh[w];
+        partial[(size_t)blockIdx.y * c + ci] = s;
+    }
+}
+
+/* Pass 1, NHWC: rows [R = n*hw, c]; thread (channel) of block (channel group,
+ * chunk of rows) sums its chunk's rows into partial[chunk][c]. */
+template <typename T>
+__global__ void k_cs_grad_rows(const T *__restrict__ x, const T *__restrict__ dy, size_t R, int c,
+                               size_t rows_per_chunk, float *__restrict__ partial)
+{
+    const int ci = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ci >= c)
+        return;
+    const size_t r0 = (size_t)blockIdx.y * rows_per_chunk;
+    const size_t r1 = r0 + rows_per_chunk < R ? r0 + rows_per_chunk : R;
+    float acc = 0.f;
+    for (size_t r = r0; r < r1; r++)
+        acc += cu_f(dy[r * (size_t)c + ci]) * cu_f(x[r * (size_t)c + ci]);
+    partial[(size_t)blockIdx.y * c + ci] = acc;
+}
+
+/* Pass 2 is k_sum_partials (kernel_common.cuh). */
+
+/* ======================================================================== */
+/* launchers                                                                */
+/* ======================================================================== */
+
+template <typename T>
+static int mul_fwd_t(sf_layout lay, const void *a, const void *b, void *y, int n, int c, size_t hw, int bcast,
+                     cudaStream_t s)
+{
+    const size_t len = (size_t)n * c * hw;
+    if (len == 0)
+        return 0;
+    k_mul<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)a, (const T *)b, (T *)y, len, c, hw, bcast,
+                                                   lay == SF_LAYOUT_NHWC);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <typename T>
+static int mul_bwd_t(sf_layout lay, const void *a, const void *b, const void *dy, void *da, void *db, int n, int c,
+                     size_t hw, int bcast, cudaStream_t s)
+{
+    const size_t len = (size_t)n * c * hw;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (len == 0)
+        return 0;
+    if (da) {
+        k_mul<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)dy, (const T *)b, (T *)da, len, c, hw, bcast, nhwc);
+        SF_CUDA_CHECK_LAUNCH();
+    }
+    if (!db)
+        return 0;
+    if (!bcast)
+        k_mul<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)dy, (const T *)a, (T *)db, len, c, hw, 0, nhwc);
+    else if (nhwc)
+        k_mul_db_rows<T><<<cu_blocks((size_t)n * c, CU_TPB), CU_TPB, 0, s>>>((const T *)a, (const T *)dy, (T *)db, n,
+                                                                             c, hw);
+    else
+        k_mul_db_planes<T><<<cu_blocks((size_t)n * c * 32, CU_TPB), CU_TPB, 0, s>>>((const T *)a, (const T *)dy,
+                                                                                   (T *)db, (size_t)n * c, hw);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_mul_fwd_dt(sf_dtype dt, sf_layout lay, const void *a, const void *b, void *y, int n, int c,
+                                  size_t hw, int bcast, cudaStream_t s)
+{
+    if (cu_dt_bad("sf_cuda_mul_fwd_dt", dt))
+        return -1;
+    return dt == SF_DT_BF16 ? mul_fwd_t<cu_bf16>(lay, a, b, y, n, c, hw, bcast, s)
+                            : mul_fwd_t<float>(lay, a, b, y, n, c, hw, bcast, s);
+}
+
+extern "C" int sf_cuda_mul_bwd_dt(sf_dtype dt, sf_layout lay, const void *a, const void *b, const void *dy, void *da,
+                                  void *db, int n, int c, size_t hw, int bcast, cudaStream_t s)
+{
+    if (cu_dt_bad("sf_cuda_mul_bwd_dt", dt))
+        return -1;
+    return dt == SF_DT_BF16 ? mul_bwd_t<cu_bf16>(lay, a, b, dy, da, db, n, c, hw, bcast, s)
+                            : mul_bwd_t<float>(lay, a, b, dy, da, db, n, c, hw, bcast, s);
+}
+
+extern "C" size_t sf_cuda_channel_scale_scratch(int c)
+{
+    const size_t rows = (size_t)CS_MAX_CHUNKS * (size_t)c, planes = c > 1024 ? (size_t)c : 1024 + (size_t)c;
+    return rows > planes ? rows : planes;
+}
+
+template <typename T>
+static int chan_scale_fwd_t(sf_layout lay, const void *x, const float *scale, void *y, int n, int c, size_t hw,
+                            cudaStream_t s)
+{
+    const size_t len = (size_t)n * c * hw;
+    if (len == 0)
+        return 0;
+    k_chan_scale<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)x, scale, (T *)y, len, c, hw,
+                                                         lay == SF_LAYOUT_NHWC);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <typename T>
+static int chan_scale_bwd_t(sf_layout lay, const void *x, const float *scale, const void *dy, void *dx, float *ds,
+                            int n, int c, size_t hw, float *scratch, cudaStream_t s)
+{
+    const size_t len = (size_t)n * c * hw;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (len == 0) {
+        SF_CUDA_CHECK(cudaMemsetAsync(ds, 0, sizeof(float) * (size_t)c, s));
+        return 0;
+    }
+    int nchunks;
+    if (nhwc || hw == 1) { /* rows [n*hw, c] */
+        const size_t R = (size_t)n * hw;
+        size_t want = R < CS_MAX_CHUNKS ? R : CS_MAX_CHUNKS;
+        const size_t rpc = (R + want - 1) / want;
+        nchunks = (int)((R + rpc - 1) / rpc);
+        dim3 grid(cu_blocks((size_t)c, CU_TPB), (unsigned)nchunks);
+        k_cs_grad_rows<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch);
+    } else {
+        int want = c >= 1024 ? 1 : 1024 / c;
+        if (want > n)
+            want = n;
+        const int npc = (n + want - 1) / want;
+        nchunks = (n + npc - 1) / npc;
+        dim3 grid((unsigned)c, (unsigned)nchunks);
+        k_cs_grad_planes<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, n, c, hw, npc, scratch);
+    }
+    SF_CUDA_CHECK_LAUNCH();
+    k_sum_partials<float><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(scratch, nchunks, 0, c, NULL, ds);
+    SF_CUDA_CHECK_LAUNCH();
+    if (dx) {
+        k_chan_scale<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)dy, scale, (T *)dx, len, c, hw, nhwc);
+        SF_CUDA_CHECK_LAUNCH();
+    }
+    return 0;
+}
+
+extern "C" int sf_cuda_channel_scale_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, const float *scale, void *y,
+                                            int n, int c, size_t hw, cudaStream_t s)
+{
+    if (cu_dt_bad("sf_cuda_channel_scale_fwd_dt", dt))
+        return -1;
+    return dt == SF_DT_BF16 ? chan_scale_fwd_t<cu_bf16>(lay, x, scale, y, n, c, hw, s)
+                            : chan_scale_fwd_t<float>(lay, x, scale, y, n, c, hw, s);
+}
+
+extern "C" int sf_cuda_channel_scale_bwd_dt(sf_dtype dt, sf_layout lay, const void *x, const float *scale,
+                                            const void *dy, void *dx, float *dscale, int n, int c, size_t hw,
+                                            float *scratch, cudaStream_t s)
+{
+    if (cu_dt_bad("sf_cuda_channel_scale_bwd_dt", dt))
+        return -1;
+    return dt == SF_DT_BF16 ? chan_scale_bwd_t<cu_bf16>(lay, x, scale, dy, dx, dscale, n, c, hw, scratch, s)
+                            : chan_scale_bwd_t<float>(lay, x, scale, dy, dx, dscale, n, c, hw, scratch, s);
+}

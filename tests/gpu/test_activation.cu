@@ -1,0 +1,117 @@
+/* tests/gpu/test_activation.cu — the activations of gpu/cuda/activation.h
+ * (ReLU6, sigmoid, SiLU, hardswish, hardsigmoid, GELU erf and tanh) against
+ * the double-precision reference (sf_ref_act_fwd_f64, sf_ref_act_bwd_f64):
+ * forward and backward, fp32 (norm check 1e-5) and bf16 (each element within
+ * half a bf16 ulp: check_dt), at odd lengths (the 3x3x7x5 map of the layer
+ * tests), a length that leaves a vector tail, one element off 16-byte
+ * alignment, and in place. The activations are elementwise, so one run
+ * covers both layouts. Inputs span [-8, 8], so every branch of the clamps is
+ * taken; a NaN input must give a NaN output.
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+#include "../../gpu/cuda/activation.h"
+
+static const char *const ACT_NAMES[] = {"relu6", "sigmoid", "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh"};
+
+static void test_act(cudaStream_t s, sf_dtype dt, int act, size_t len, int mis, int in_place)
+{
+    char nm[160], sub[220];
+    snprintf(nm, sizeof nm, "%s %s len %zu%s%s", ACT_NAMES[act], dtname(dt), len, mis ? " misaligned" : "",
+             in_place ? " in place" : "");
+    std::vector<float> x(len), dy(len);
+    rand_fill(x, 8.f);
+    rand_fill(dy, 1.f);
+    round_dt(x, dt);
+    round_dt(dy, dt);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(len), dxr(len);
+    sf_ref_act_fwd_f64(act, xd.data(), len, yr.data());
+    sf_ref_act_bwd_f64(act, xd.data(), dyd.data(), len, dxr.data());
+    dbuf bx = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis),
+         bdx = dbuf_make(dt, len, mis);
+    up_dt(bx, x);
+    up_dt(bdy, dy);
+    poison_dt(by);
+    poison_dt(bdx);
+    /* in place: the forward over a copy of x in y (the backward still needs
+     * x), the backward over dy */
+    if (in_place)
+        up_dt(by, x);
+    const dbuf &yo = by, &dxo = in_place ? bdy : bdx;
+    int rc = sf_cuda_act_fwd_dt(dt, (sf_cuda_act)act, in_place ? by.p : bx.p, yo.p, len, s);
+    if (!rc)
+        rc = sf_cuda_act_bwd_dt(dt, (sf_cuda_act)act, bx.p, bdy.p, dxo.p, len, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        snprintf(sub, sizeof sub, "%s fwd", nm);
+        check_dt(sub, dt, down_dt(yo, len), yr, 1e-5);
+        snprintf(sub, sizeof sub, "%s bwd", nm);
+        check_dt(sub, dt, down_dt(dxo, len), dxr, 1e-5);
+    }
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+}
+
+/* A NaN input stays NaN through every activation, the clamps included. */
+static void test_nan(cudaStream_t s, sf_dtype dt)
+{
+    const size_t len = 5;
+    std::vector<float> x = {NAN, -7.f, 7.f, 0.5f, NAN};
+    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
+    up_dt(bx, x);
+    for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
+        char nm[120];
+        snprintf(nm, sizeof nm, "%s %s propagates NaN", ACT_NAMES[act], dtname(dt));
+        CU(cudaMemset(by.p, 0, len * sf_dtype_size(dt)));
+        const int rc = sf_cuda_act_fwd_dt(dt, (sf_cuda_act)act, bx.p, by.p, len, s);
+        CU(cudaStreamSynchronize(s));
+        if (rc) {
+            fail(nm, sf_cuda_last_error());
+            continue;
+        }
+        const std::vector<float> y = down_dt(by, len);
+        pass_or_fail(nm, isnan(y[0]) && isnan(y[4]) && isfinite(y[1]) && isfinite(y[2]) && isfinite(y[3]),
+                     "a NaN was clamped, or a finite input gave a non-finite output");
+    }
+    dbuf_free(bx); dbuf_free(by);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    for (int t = 0; t < 2; t++) {
+        const sf_dtype dt = (sf_dtype)t;
+        for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
+            test_act(s, dt, act, 3 * 3 * 7 * 5, 0, 0); /* n=3, C=3, 7x5 */
+            test_act(s, dt, act, 4099, 1, 0);
+            test_act(s, dt, act, 1 << 16, 0, 1);
+        }
+        test_nan(s, dt);
+    }
+    /* an unknown activation is refused, naming it */
+    {
+        float *p = dalloc<float>(4);
+        const int rc = sf_cuda_act_fwd_dt(SF_DT_F32, (sf_cuda_act)99, p, p, 4, s);
+        pass_or_fail("an unknown activation is refused", rc == -1 && strstr(sf_cuda_last_error(), "activation 99"),
+                     "accepted, or the error does not name it");
+        cudaFree(p);
+    }
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_activation: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

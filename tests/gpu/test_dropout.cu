@@ -1,0 +1,186 @@
+/* tests/gpu/test_dropout.cu — dropout and stochastic depth
+ * (gpu/cuda/dropout.h) against the reference's float functions
+ * (sf_ref_dropout_fwd, sf_ref_stochastic_depth_fwd), bit for bit: the same
+ * counter-based keys must drop the same elements and scale the kept ones
+ * alike, in fp32 and bf16 (the reference's output rounded to bf16), NCHW and
+ * NHWC (each element keyed by its NCHW index), at odd sizes (n=3, C=3, 7x5)
+ * and on flat features, for p in {0, 0.3, 1}, in place too. The batch
+ * sequence number is read from device memory: a launch captured into a CUDA
+ * graph and replayed after the value changed draws the new sequence's mask
+ * (what the executor's captured step relies on); a NULL sequence is 0.
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+#include "../../gpu/cuda/dropout.h"
+
+static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
+{
+    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
+}
+static std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
+{
+    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
+}
+
+static const uint64_t SEED = 0x5eed1234abcdull, LAYER = 7;
+
+/* The reference's output for sequence seq, as the device stores it (bf16: rounded). */
+static std::vector<double> reference(sf_dtype dt, const std::vector<float> &x, int n, size_t elems, float p,
+                                     uint64_t seq, int rows)
+{
+    std::vector<float> y(x.size());
+    if (rows)
+        sf_ref_stochastic_depth_fwd(x.data(), n, elems, p, SEED, seq, LAYER, y.data());
+    else
+        sf_ref_dropout_fwd(x.data(), n, elems, p, SEED, seq, LAYER, y.data());
+    round_dt(y, dt);
+    return to_d(y);
+}
+
+static void test_dropout(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, int h, int w, float p, int rows,
+                         int in_place)
+{
+    char nm[200];
+    snprintf(nm, sizeof nm, "%s %s %s n%d c%d %dx%d p %g%s", rows ? "stochastic_depth" : "dropout", dtname(dt),
+             lname(lay), n, c, h, w, (double)p, in_place ? " in place" : "");
+    const size_t hw = (size_t)h * w, elems = (size_t)c * hw, len = (size_t)n * elems;
+    std::vector<float> x(len);
+    rand_fill(x, 1.f);
+    round_dt(x, dt);
+    const uint64_t seq = 1234567;
+    const std::vector<double> ref = reference(dt, x, n, elems, p, seq, rows);
+    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
+    uint64_t *d_seq = dalloc<uint64_t>(1);
+    CU(cudaMemcpy(d_seq, &seq, sizeof seq, cudaMemcpyHostToDevice));
+    up_dt(bx, to_lay(x, lay, n, c, h, w));
+    poison_dt(by);
+    const dbuf &out = in_place ? bx : by;
+    const int rc = sf_cuda_dropout_dt(dt, lay, bx.p, out.p, n, c, hw, p, SEED, d_seq, LAYER, rows, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        const std::vector<float> got = from_lay(down_dt(out, len), lay, n, c, h, w);
+        check_ulp(nm, got, ref, 0, 0);
+        if (p > 0 && p < 1 && (!rows || n >= 16)) { /* the mask is a mask: some of each (3 samples may all stay) */
+            size_t zeros = 0;
+            for (float v : got)
+                zeros += v == 0.f;
+            char sub[260];
+            snprintf(sub, sizeof sub, "%s drops some and keeps some", nm);
+            pass_or_fail(sub, zeros > 0 && zeros < len, "all kept or all dropped");
+        }
+    }
+    dbuf_free(bx); dbuf_free(by);
+    cudaFree(d_seq);
+}
+
+/* A captured launch reads the sequence at each replay. */
+static void test_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout lay, int rows)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "%s %s %s captured: each replay draws its sequence's mask",
+             rows ? "stochastic_depth" : "dropout", dtname(dt), lname(lay));
+    const int n = 3, c = 3, h = 7, w = 5;
+    const size_t hw = (size_t)h * w, elems = (size_t)c * hw, len = (size_t)n * elems;
+    const float p = rows ? 0.5f : 0.3f;
+    std::vector<float> x(len);
+    rand_fill(x, 1.f);
+    round_dt(x, dt);
+    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
+    uint64_t *d_seq = dalloc<uint64_t>(1);
+    up_dt(bx, to_lay(x, lay, n, c, h, w));
+    CU(cudaDeviceSynchronize());
+    cudaStream_t cs;
+    CU(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    cudaGraph_t gr = NULL;
+    cudaGraphExec_t ex = NULL;
+    CU(cudaStreamBeginCapture(cs, cudaStreamCaptureModeThreadLocal));
+    const int rc = sf_cuda_dropout_dt(dt, lay, bx.p, by.p, n, c, hw, p, SEED, d_seq, LAYER, rows, cs);
+    CU(cudaStreamEndCapture(cs, &gr));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        CU(cudaGraphInstantiate(&ex, gr, 0));
+        int good = 1, differ = 0;
+        std::vector<float> prev;
+        for (uint64_t seq = 40; seq < 44; seq++) {
+            CU(cudaMemcpy(d_seq, &seq, sizeof seq, cudaMemcpyHostToDevice));
+            poison_dt(by);
+            CU(cudaDeviceSynchronize()); /* cs does not wait for the legacy stream's copy and fill */
+            CU(cudaGraphLaunch(ex, cs));
+            CU(cudaStreamSynchronize(cs));
+            const std::vector<float> got = from_lay(down_dt(by, len), lay, n, c, h, w);
+            const std::vector<double> ref = reference(dt, x, n, elems, p, seq, rows);
+            for (size_t e = 0; e < len; e++)
+                good &= (double)got[e] == ref[e];
+            if (!prev.empty())
+                differ += memcmp(prev.data(), got.data(), sizeof(float) * len) != 0;
+            prev = got;
+        }
+        pass_or_fail(nm, good && differ > 0, good ? "every replay drew the same mask" : "a replay's mask is not its sequence's");
+        cudaGraphExecDestroy(ex);
+    }
+    if (gr)
+        cudaGraphDestroy(gr);
+    CU(cudaStreamDestroy(cs));
+    dbuf_free(bx); dbuf_free(by);
+    cudaFree(d_seq);
+}
+
+/* seq NULL: the key's sequence is 0. */
+static void test_null_seq(cudaStream_t s)
+{
+    const int n = 2, c = 3;
+    const size_t len = (size_t)n * c;
+    std::vector<float> x(len);
+    rand_fill(x, 1.f);
+    const std::vector<double> ref = reference(SF_DT_F32, x, n, c, 0.5f, 0, 0);
+    dbuf bx = dbuf_make(SF_DT_F32, len, 0), by = dbuf_make(SF_DT_F32, len, 0);
+    up_dt(bx, x);
+    poison_dt(by);
+    const int rc = sf_cuda_dropout_dt(SF_DT_F32, SF_LAYOUT_NCHW, bx.p, by.p, n, c, 1, 0.5f, SEED, NULL, LAYER, 0, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail("dropout with no sequence pointer", sf_cuda_last_error());
+    else
+        check_ulp("dropout with no sequence pointer draws sequence 0", down_dt(by, len), ref, 0, 0);
+    const int bad = sf_cuda_dropout_dt(SF_DT_F32, SF_LAYOUT_NCHW, bx.p, by.p, n, c, 1, 1.5f, SEED, NULL, LAYER, 0, s);
+    pass_or_fail("dropout refuses p outside [0, 1]", bad == -1, "accepted");
+    dbuf_free(bx); dbuf_free(by);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    const float ps[3] = {0.f, 0.3f, 1.f};
+    for (int t = 0; t < 2; t++)
+        for (int l = 0; l < 2; l++)
+            for (int rows = 0; rows < 2; rows++) {
+                const sf_dtype dt = (sf_dtype)t;
+                const sf_layout lay = (sf_layout)l;
+                for (int k = 0; k < 3; k++)
+                    test_dropout(s, dt, lay, 3, 3, 7, 5, ps[k], rows, 0);
+                test_dropout(s, dt, lay, 16, 24, 9, 11, 0.5f, rows, 1); /* more samples, in place */
+                test_dropout(s, dt, lay, 5, 37, 1, 1, 0.3f, rows, 0);   /* flat features */
+                test_graph_replay(s, dt, lay, rows);
+            }
+    test_null_seq(s);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_dropout: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

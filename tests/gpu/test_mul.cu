@@ -1,0 +1,173 @@
+/* tests/gpu/test_mul.cu — the products of gpu/cuda/mul.h against the
+ * double-precision reference (gpu/ref/mul.c): a * b with b of a's shape and
+ * broadcast over H,W (squeeze-and-excitation), forward, da and db (the
+ * broadcast one summed over H,W), and the per-channel scale by a parameter
+ * (ConvNeXt's layer scale), forward, dx and the parameter's gradient (a
+ * two-pass reduction: one and many chunks, more channels than a block).
+ * Each in fp32 (norm check) and bf16 (each element within half a bf16 ulp:
+ * check_dt; the parameter gradient is fp32 either way), in NCHW and NHWC, at
+ * odd sizes (n=3, C=3, 7x5) and larger ones.
+ * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
+ * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
+ * criteria they apply: op_test.h.
+ */
+#include "op_test.h"
+
+#include "../../gpu/cuda/mul.h"
+
+/* An NCHW host tensor in layout lay, and back. */
+static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
+{
+    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
+}
+static std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
+{
+    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
+}
+
+static void test_mul(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, int h, int w, int bcast)
+{
+    char nm[160], sub[220];
+    snprintf(nm, sizeof nm, "mul %s %s n%d c%d %dx%d%s", dtname(dt), lname(lay), n, c, h, w,
+             bcast ? " b broadcast" : "");
+    const size_t hw = (size_t)h * w, len = (size_t)n * c * hw, blen = bcast ? (size_t)n * c : len;
+    std::vector<float> a(len), b(blen), dy(len);
+    rand_fill(a, 1.f);
+    rand_fill(b, 1.f);
+    rand_fill(dy, 1.f);
+    round_dt(a, dt);
+    round_dt(b, dt);
+    round_dt(dy, dt);
+    std::vector<double> ad = to_d(a), bd = to_d(b), dyd = to_d(dy), yr(len), dar(len), dbr(blen);
+    const size_t bhw = bcast ? 1 : hw;
+    sf_ref_mul_fwd_f64(ad.data(), bd.data(), n, c, hw, bhw, yr.data());
+    sf_ref_mul_bwd_f64(ad.data(), bd.data(), n, c, hw, bhw, dyd.data(), dar.data(), dbr.data());
+    dbuf ba = dbuf_make(dt, len, 0), bb = dbuf_make(dt, blen, 0), bdy = dbuf_make(dt, len, 0),
+         by = dbuf_make(dt, len, 0), bda = dbuf_make(dt, len, 0), bdb = dbuf_make(dt, blen, 0);
+    const int bh = bcast ? 1 : h, bw = bcast ? 1 : w;
+    up_dt(ba, to_lay(a, lay, n, c, h, w));
+    up_dt(bb, to_lay(b, lay, n, c, bh, bw));
+    up_dt(bdy, to_lay(dy, lay, n, c, h, w));
+    poison_dt(by);
+    poison_dt(bda);
+    poison_dt(bdb);
+    int rc = sf_cuda_mul_fwd_dt(dt, lay, ba.p, bb.p, by.p, n, c, hw, bcast, s);
+    if (!rc) /* the executor asks for each input's gradient in its own call */
+        rc = sf_cuda_mul_bwd_dt(dt, lay, ba.p, bb.p, bdy.p, bda.p, NULL, n, c, hw, bcast, s);
+    if (!rc)
+        rc = sf_cuda_mul_bwd_dt(dt, lay, ba.p, bb.p, bdy.p, NULL, bdb.p, n, c, hw, bcast, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        snprintf(sub, sizeof sub, "%s fwd", nm);
+        check_dt(sub, dt, from_lay(down_dt(by, len), lay, n, c, h, w), yr, 1e-6);
+        snprintf(sub, sizeof sub, "%s da", nm);
+        check_dt(sub, dt, from_lay(down_dt(bda, len), lay, n, c, h, w), dar, 1e-6);
+        snprintf(sub, sizeof sub, "%s db", nm);
+        check_dt(sub, dt, from_lay(down_dt(bdb, blen), lay, n, c, bh, bw), dbr, 1e-5);
+    }
+    /* both gradients in one call */
+    poison_dt(bda);
+    poison_dt(bdb);
+    rc = sf_cuda_mul_bwd_dt(dt, lay, ba.p, bb.p, bdy.p, bda.p, bdb.p, n, c, hw, bcast, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        snprintf(sub, sizeof sub, "%s da and db in one call", nm);
+        fail(sub, sf_cuda_last_error());
+    } else {
+        snprintf(sub, sizeof sub, "%s db beside da in one call", nm);
+        check_dt(sub, dt, from_lay(down_dt(bdb, blen), lay, n, c, bh, bw), dbr, 1e-5);
+        snprintf(sub, sizeof sub, "%s da beside db in one call", nm);
+        check_dt(sub, dt, from_lay(down_dt(bda, len), lay, n, c, h, w), dar, 1e-6);
+    }
+    dbuf_free(ba); dbuf_free(bb); dbuf_free(bdy); dbuf_free(by); dbuf_free(bda); dbuf_free(bdb);
+}
+
+static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, int h, int w)
+{
+    char nm[160], sub[220];
+    snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d", dtname(dt), lname(lay), n, c, h, w);
+    const size_t hw = (size_t)h * w, len = (size_t)n * c * hw;
+    std::vector<float> x(len), sc(c), dy(len);
+    rand_fill(x, 1.f);
+    rand_fill(sc, 1.f); /* fp32, as the parameter is */
+    rand_fill(dy, 1.f);
+    round_dt(x, dt);
+    round_dt(dy, dt);
+    std::vector<double> xd = to_d(x), sd = to_d(sc), dyd = to_d(dy), yr(len), dxr(len), dsr(c);
+    sf_ref_channel_scale_fwd_f64(xd.data(), n, c, hw, sd.data(), yr.data());
+    sf_ref_channel_scale_bwd_f64(xd.data(), n, c, hw, sd.data(), dyd.data(), dxr.data(), dsr.data());
+    dbuf bx = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0),
+         bdx = dbuf_make(dt, len, 0);
+    float *d_s = dalloc<float>(c), *d_ds = dalloc<float>(c),
+          *scr = dalloc<float>(sf_cuda_channel_scale_scratch(c));
+    up_dt(bx, to_lay(x, lay, n, c, h, w));
+    up_dt(bdy, to_lay(dy, lay, n, c, h, w));
+    up(d_s, sc);
+    poison_dt(by);
+    poison_dt(bdx);
+    poison_f(d_ds, c);
+    poison_f(scr, sf_cuda_channel_scale_scratch(c));
+    int rc = sf_cuda_channel_scale_fwd_dt(dt, lay, bx.p, d_s, by.p, n, c, hw, s);
+    if (!rc)
+        rc = sf_cuda_channel_scale_bwd_dt(dt, lay, bx.p, d_s, bdy.p, bdx.p, d_ds, n, c, hw, scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        snprintf(sub, sizeof sub, "%s fwd", nm);
+        check_dt(sub, dt, from_lay(down_dt(by, len), lay, n, c, h, w), yr, 1e-6);
+        snprintf(sub, sizeof sub, "%s dx", nm);
+        check_dt(sub, dt, from_lay(down_dt(bdx, len), lay, n, c, h, w), dxr, 1e-6);
+        snprintf(sub, sizeof sub, "%s dscale (fp32)", nm);
+        check_v(sub, down(d_ds, c), dsr, 1e-5);
+    }
+    /* without dx (the layer's input needs no gradient): dscale alone, twice
+     * bit-identical (a fixed-order reduction) */
+    const std::vector<float> first = down(d_ds, c);
+    poison_f(d_ds, c);
+    rc = sf_cuda_channel_scale_bwd_dt(dt, lay, bx.p, d_s, bdy.p, NULL, d_ds, n, c, hw, scr, s);
+    CU(cudaStreamSynchronize(s));
+    snprintf(sub, sizeof sub, "%s dscale without dx, bit-identical", nm);
+    if (rc)
+        fail(sub, sf_cuda_last_error());
+    else
+        pass_or_fail(sub, memcmp(first.data(), down(d_ds, c).data(), sizeof(float) * c) == 0,
+                     "differs from the first run");
+    dbuf_free(bx); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx);
+    cudaFree(d_s); cudaFree(d_ds); cudaFree(scr);
+}
+
+int main(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    CU(cudaSetDevice(0));
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    for (int t = 0; t < 2; t++)
+        for (int l = 0; l < 2; l++) {
+            const sf_dtype dt = (sf_dtype)t;
+            const sf_layout lay = (sf_layout)l;
+            for (int bc = 0; bc < 2; bc++) {
+                test_mul(s, dt, lay, 3, 3, 7, 5, bc);   /* the odd sizes of the layer tests */
+                test_mul(s, dt, lay, 4, 40, 14, 14, bc); /* an SE block's shape, scaled down */
+                test_mul(s, dt, lay, 5, 17, 1, 1, bc);  /* flat features (hw = 1: both forms agree) */
+            }
+            test_channel_scale(s, dt, lay, 3, 3, 7, 5);
+            test_channel_scale(s, dt, lay, 8, 96, 14, 14); /* many chunks */
+            test_channel_scale(s, dt, lay, 2, 1100, 3, 3); /* more channels than a block */
+            test_channel_scale(s, dt, lay, 600, 4, 1, 1);  /* rows: more rows than chunks */
+        }
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    printf("test_mul: %d ok, %d failed\n", g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}

@@ -75,6 +75,9 @@ typedef struct sf_dist {
     size_t bucket_bytes;     /* CUDA: all-reduce bucket (distributed.bucket_mb) */
     int bn_broadcast;        /* 1: rank 0's batchnorm running statistics go to every rank after each
                                 round (distributed.batchnorm broadcast) */
+    int bn_sync;             /* 1: training batchnorm normalises with the statistics of every rank's
+                                samples, and its backward's per-channel sums are all-reduced
+                                (distributed.batchnorm sync, torch.nn.SyncBatchNorm) */
     double allreduce_s;      /* seconds the backend spent in its last gradient all-reduce */
 } sf_dist;
 

@@ -433,11 +433,16 @@ const sf_cfg_option sf_config_table[] = {
      "this many MiB, each as soon as the backward has produced it, beside the rest of the backward "
      "(PyTorch DDP's bucket_cap_mb, same default). With model.grad_accum_steps > 1 the whole "
      "gradient is reduced once per batch instead."},
-    {"distributed.batchnorm", SF_CT_ENUM, F(distributed.batchnorm), "broadcast", 0, 0, "broadcast|local", 0, NULL,
-     "Batchnorm running statistics of a data-parallel job. broadcast: after every round rank 0's are "
-     "copied to every rank, so every rank's checkpoint is rank 0's, buffers included (PyTorch DDP's "
-     "broadcast_buffers=True). local: each rank keeps the statistics of its own batches. Training "
-     "itself normalises with each rank's batch statistics either way."},
+    {"distributed.batchnorm", SF_CT_ENUM, F(distributed.batchnorm), "broadcast", 0, 0, "broadcast|local|sync", 0,
+     NULL,
+     "Batchnorm in a data-parallel job. broadcast: each rank normalises with its own batch's "
+     "statistics, and after every round rank 0's running statistics are copied to every rank, so every "
+     "rank's checkpoint is rank 0's, buffers included (PyTorch DDP's broadcast_buffers=True). local: "
+     "the same normalisation, and each rank keeps the running statistics of its own batches "
+     "(broadcast_buffers=False). sync: training normalises with the statistics of all the ranks' "
+     "samples of the round and the backward reduces its per-channel sums over the ranks, so the "
+     "running statistics are the job's on every rank (torch.nn.SyncBatchNorm); reference backend "
+     "only: the CUDA backend refuses it at start."},
     {"distributed.allow_no_token", SF_CT_BOOL, F(distributed.allow_no_token), "false", 0, 0, NULL, 0,
      check_distributed,
      "Lets a data-parallel job (world_size > 1) start without http.token. Without a token any client "

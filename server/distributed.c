@@ -132,6 +132,7 @@ sf_distributed *sf_distributed_new(const sf_config *c, char *err, size_t errlen)
     d->d.timeout_ms = c->distributed.timeout_s * 1000;
     d->d.bucket_bytes = (size_t)c->distributed.bucket_mb << 20;
     d->d.bn_broadcast = strcmp(c->distributed.batchnorm, "broadcast") == 0;
+    d->d.bn_sync = strcmp(c->distributed.batchnorm, "sync") == 0;
     if (!c->http.token[0])
         SF_WARN("distributed: this job runs without http.token (distributed.allow_no_token): any client that "
                 "reaches rank 0's port can write its rendezvous store and break the job");

@@ -127,6 +127,8 @@ typedef struct ref_ctx {
     float *dact_buf[SF_MAX_LAYERS]; /* owned output gradients of trainable layers */
     float *dact[SF_MAX_LAYERS];   /* output gradient of each trainable layer (flatten aliases) */
     float *save[SF_MAX_LAYERS];   /* the row's ref_save floats (batch statistics, argmax), else NULL */
+    double *bn_sums;              /* distributed.batchnorm sync: [2 * widest batchnorm + 1], else NULL */
+    int bn_sync_round;            /* the step in progress normalises over every rank's samples */
     uint64_t seq;                 /* the sequence number of the batch in the step (dropout's key) */
     float *gtmp;                  /* input-gradient scratch, [max_batch * max_act] */
     float *aug_tmp;               /* one sample's geometric output (blur input) */
@@ -186,6 +188,7 @@ static void free_state(ref_ctx *c)
         free(c->save[i]);
     }
     free(c->gtmp);
+    free(c->bn_sums);
     free(c->aug_tmp);
     free(c->decoded);
     free(c->labels);
@@ -254,6 +257,13 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
     c->wq = c->bf16 ? alloc_floats(mm->n_params, 1) : NULL;
     c->input = alloc_floats(nb, in_elems);
     c->gtmp = alloc_floats(nb, mm->max_act);
+    if (cfg->dist && cfg->dist->world > 1 && cfg->dist->bn_sync) {
+        int widest = 0;
+        for (int i = 0; i < mm->n_layers; i++)
+            if (sf_layer_info(mm->layers[i].kind)->buffers && mm->layers[i].out_ch > widest)
+                widest = mm->layers[i].out_ch;
+        c->bn_sums = calloc(2 * (size_t)widest + 1, sizeof(double));
+    }
     c->aug_tmp_len = in_elems; /* the geometric output has the model's input shape */
     c->aug_tmp = alloc_floats(in_elems, 1);
     c->labels = c->labels_per_sample <= SIZE_MAX / sizeof(int32_t) / nb
@@ -269,7 +279,7 @@ static int ref_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg,
                              : NULL;
     }
     int ok = c->params && c->buffers && c->grads && c->mom && c->input && c->gtmp && c->aug_tmp &&
-             c->labels &&
+             c->labels && (!cfg->dist || cfg->dist->world <= 1 || !cfg->dist->bn_sync || c->bn_sums) &&
              (cfg->jpeg_max_batch_pixels <= 0 || (c->decoded && c->kept_samples && c->kept_labels)) &&
              (cfg->grad_accum_steps <= 1 || c->gacc) && (cfg->optim != SF_OPT_ADAMW || c->sq) &&
              (!c->bf16 || c->wq);
@@ -389,6 +399,23 @@ static void refresh_bf16_weights(ref_ctx *c)
     }
 }
 
+/* sf_ref_io.allreduce under distributed.batchnorm sync: a batchnorm's
+ * per-channel sums over the ranks (Gloo, f64). Every rank's step makes the
+ * same calls in the same order (forward in layer order, backward in
+ * reverse; an empty contribution through bn_sync_empty), so they pair. */
+static int bn_allreduce(const sf_ref_io *io, double *buf, size_t count)
+{
+    ref_ctx *c = (ref_ctx *)io->ctx;
+    if (c->dist_err[0])
+        return -1; /* an earlier collective of this step failed: the communicator is gone */
+    char err[sizeof c->dist_err];
+    if (sf_coll_allreduce(c->cfg.dist->coll, buf, count, SF_COLL_F64, SF_COLL_SUM, err, sizeof err) != 0) {
+        snprintf(c->dist_err, sizeof c->dist_err, "%s", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* The hooks' view of layer i (gpu/ref/layer_io.h): inputs, output, weights,
  * running statistics and saved state. */
 static void io_of(ref_ctx *c, int i, int n, sf_ref_io *io)
@@ -415,6 +442,10 @@ static void io_of(ref_ctx *c, int i, int n, sf_ref_io *io)
     io->rv = io->rm ? c->buffers + L->rv_off : NULL;
     io->save = c->save[i];
     io->scratch = c->gtmp;
+    if (c->bn_sync_round && sf_layer_info(L->kind)->buffers && !L->frozen) {
+        io->allreduce = bn_allreduce;
+        io->sums = c->bn_sums;
+    }
     io->ctx = c;
 }
 
@@ -608,9 +639,11 @@ static int allreduce_grads(ref_ctx *c, int n, int64_t global_n, int bad_loss, fl
     *factor = 1.0f;
     if (!d || d->world <= 1 || global_n <= 0)
         return 0;
-    const float share = (float)n / (float)global_n;
-    for (size_t e = 0; e < c->n_train; e++)
-        c->grads[e] *= share;
+    if (!c->bn_sync_round) { /* under sync the loss gradient was scaled (train_step) */
+        const float share = (float)n / (float)global_n;
+        for (size_t e = 0; e < c->n_train; e++)
+            c->grads[e] *= share;
+    }
     if (bad_loss && c->n_train)
         c->grads[0] = NAN;
     c->grads[c->n_train] = (float)n;
@@ -650,6 +683,43 @@ static int broadcast_buffers(ref_ctx *c, const sf_batch *b)
     return 0;
 }
 
+/* An empty contribution's part of a round under distributed.batchnorm sync:
+ * each trainable batchnorm's forward and backward with 0 samples, so that
+ * every rank makes the same all-reduces (zeros and a count of 0 from this
+ * one) and moves its running statistics and num_batches_tracked with the
+ * job's statistics as the ranks that trained do (not when no rank trained a
+ * sample: then no batchnorm saw any). */
+static void bn_sync_empty(ref_ctx *c)
+{
+    const sf_model *m = &c->m;
+    sf_ref_io io;
+    int counted = 0;
+    for (int i = m->n_frozen; i < m->n_layers; i++) {
+        const sf_layer *L = &m->layers[i];
+        const sf_layer_kind_info *k = sf_layer_info(L->kind);
+        if (!k->buffers || L->frozen)
+            continue;
+        io_of(c, i, 0, &io);
+        io.train = 1;
+        k->ref_fwd(&io);
+        counted |= c->save[i][2 * L->out_ch] > 0.0f;
+    }
+    if (counted)
+        c->nbt++;
+    for (int i = m->n_layers - 1; i >= m->n_frozen; i--) {
+        const sf_layer *L = &m->layers[i];
+        const sf_layer_kind_info *k = sf_layer_info(L->kind);
+        if (!k->buffers || L->frozen)
+            continue;
+        io_of(c, i, 0, &io);
+        io.dy = c->dact[i];
+        io.dw = grad_at(c, L->w_off);
+        io.db = grad_at(c, L->b_off);
+        io.give = give_grad;
+        k->ref_bwd(&io);
+    }
+}
+
 /* With b->global_n > 0 (a data-parallel round) the gradient is all-reduced
  * before accumulation and the optimizer, and n may be 0: zero gradients
  * through the same all-reduce and optimizer step. 0, or -1 when the
@@ -661,6 +731,9 @@ static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
     const int last = m->n_layers - 1;
     memset(o, 0, sizeof *o);
     int bad_loss = 0;
+    /* Only a round's step synchronises: diagnose's replays (global_n 0) run
+     * this rank's step alone. */
+    c->bn_sync_round = c->bn_sums && b->global_n > 0;
     if (n > 0) {
         forward(c, n, 1);
         for (int i = m->n_frozen; i < m->n_layers; i++)
@@ -668,12 +741,25 @@ static int train_step(ref_ctx *c, int n, const sf_batch *b, step_out *o)
                 memset(c->dact_buf[i], 0, sizeof(float) * (size_t)n * m->layers[i].out_elems);
         loss_of(c, n, b, c->dact[last], o);
         bad_loss = !isfinite(o->loss);
+        /* Under sync the backward's batchnorm sums add every rank's output
+         * gradients, so each rank's must already be its share n / global_n
+         * of the job's mean loss (not scaled after the backward). */
+        if (c->bn_sync_round) {
+            const float share = (float)n / (float)b->global_n;
+            float *dl = c->dact[last];
+            for (size_t e = 0; e < (size_t)n * m->layers[last].out_elems; e++)
+                dl[e] *= share;
+        }
         /* bf16: the loss is fp32 from the bf16 logits; their gradient is stored in bf16. */
         to_bf16(c, c->dact[last], (size_t)n * m->layers[last].out_elems);
         backward(c, n);
     } else {
         memset(c->grads, 0, sizeof(float) * c->n_train);
+        if (c->bn_sync_round)
+            bn_sync_empty(c);
     }
+    if (c->dist_err[0] && c->bn_sync_round)
+        return -1; /* a batchnorm all-reduce failed */
     float factor;
     if (allreduce_grads(c, n, b->global_n, bad_loss, &factor) != 0 || broadcast_buffers(c, b) != 0)
         return -1;

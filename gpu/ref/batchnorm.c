@@ -15,31 +15,155 @@ void sf_ref_bn2d_fwd_eval_f64(const double *x, int n, int c, int h, int w, const
 #define SF_REF_SELF "batchnorm.c"
 #include "generic.h"
 
+/* ---- batchnorm over the samples of several ranks (gpu/ref/layers.h) ------- */
+
+void sf_ref_bn2d_sync_stat_sums(const float *x, int n, int c, int h, int w, double *sums)
+{
+    const size_t hw = (size_t)h * w;
+    for (int ci = 0; ci < c; ci++) {
+        double s = 0, sq = 0;
+        for (int ni = 0; ni < n; ni++) {
+            const float *xp = x + ((size_t)ni * c + ci) * hw;
+            for (size_t i = 0; i < hw; i++) {
+                s += xp[i];
+                sq += (double)xp[i] * xp[i];
+            }
+        }
+        sums[ci] = s;
+        sums[c + ci] = sq;
+    }
+    sums[2 * c] = (double)n * (double)hw;
+}
+
+/* The variance is E[x^2] - mean^2 from sums in double: a float32 input
+ * carries 24 bits, so the cancellation leaves far more than float32's
+ * precision unless the mean is about 2^14 standard deviations from 0. */
+void sf_ref_bn2d_sync_fwd(const float *x, int n, int c, int h, int w, const float *gamma, const float *beta,
+                          float eps, float momentum, const double *sums, float *running_mean, float *running_var,
+                          float *save_mean, float *save_invstd, float *y)
+{
+    const size_t hw = (size_t)h * w;
+    const double cnt = sums[2 * c];
+    for (int ci = 0; ci < c; ci++) {
+        const double dmean = cnt > 0 ? sums[ci] / cnt : 0.0;
+        double dvar = cnt > 0 ? sums[c + ci] / cnt - dmean * dmean : 0.0;
+        if (dvar < 0)
+            dvar = 0;
+        const float mean = (float)dmean, var = (float)dvar;
+        const float invstd = 1.0f / sqrtf(var + eps);
+        for (int ni = 0; ni < n; ni++) {
+            const float *xp = x + ((size_t)ni * c + ci) * hw;
+            float *yp = y + ((size_t)ni * c + ci) * hw;
+            for (size_t i = 0; i < hw; i++)
+                yp[i] = gamma[ci] * ((xp[i] - mean) * invstd) + beta[ci];
+        }
+        save_mean[ci] = mean;
+        save_invstd[ci] = invstd;
+        if (running_mean && running_var && cnt > 0) {
+            const float unbiased = cnt > 1 ? (float)(dvar * cnt / (cnt - 1)) : NAN;
+            running_mean[ci] = (1.0f - momentum) * running_mean[ci] + momentum * mean;
+            running_var[ci] = (1.0f - momentum) * running_var[ci] + momentum * unbiased;
+        }
+    }
+}
+
+void sf_ref_bn2d_sync_grad_sums(const float *x, int n, int c, int h, int w, const float *save_mean,
+                                const float *save_invstd, const float *dy, double *sums)
+{
+    const size_t hw = (size_t)h * w;
+    for (int ci = 0; ci < c; ci++) {
+        const float mean = save_mean[ci], invstd = save_invstd[ci];
+        double s = 0, sx = 0;
+        for (int ni = 0; ni < n; ni++) {
+            const float *xp = x + ((size_t)ni * c + ci) * hw;
+            const float *dyp = dy + ((size_t)ni * c + ci) * hw;
+            for (size_t i = 0; i < hw; i++) {
+                s += dyp[i];
+                sx += (double)dyp[i] * ((xp[i] - mean) * invstd);
+            }
+        }
+        sums[ci] = s;
+        sums[c + ci] = sx;
+    }
+    sums[2 * c] = (double)n * (double)hw;
+}
+
+void sf_ref_bn2d_sync_bwd_dx(const float *x, int n, int c, int h, int w, const float *gamma,
+                             const float *save_mean, const float *save_invstd, const float *dy, const double *sums,
+                             float *dx)
+{
+    const size_t hw = (size_t)h * w;
+    const double cnt = sums[2 * c];
+    for (int ci = 0; ci < c && n > 0; ci++) {
+        const float mean = save_mean[ci], invstd = save_invstd[ci];
+        const float sum_dy = (float)sums[ci], sum_dy_xhat = (float)sums[c + ci];
+        const float scale = (float)((double)gamma[ci] * invstd / cnt), fcnt = (float)cnt;
+        for (int ni = 0; ni < n; ni++) {
+            const float *xp = x + ((size_t)ni * c + ci) * hw;
+            const float *dyp = dy + ((size_t)ni * c + ci) * hw;
+            float *dxp = dx + ((size_t)ni * c + ci) * hw;
+            for (size_t i = 0; i < hw; i++) {
+                const float xhat = (xp[i] - mean) * invstd;
+                dxp[i] = scale * (fcnt * dyp[i] - sum_dy - xhat * sum_dy_xhat);
+            }
+        }
+    }
+}
+
 /* ---- the batchnorm2d layer's hooks (gpu/layers.c) ------------------------- */
 
-/* Saved for the backward: the batch mean, then 1/sqrt(var + eps), [C] each. */
-size_t sf_ref_layer_bn2d_save(const sf_layer *L, size_t nb) { return 2 * (size_t)L->out_ch; }
+/* Saved for the backward: the batch mean, then 1/sqrt(var + eps), [C] each,
+ * then the number of values the statistics were taken over (of every rank
+ * under distributed.batchnorm sync; the backend reads it for an empty
+ * contribution's num_batches_tracked). */
+size_t sf_ref_layer_bn2d_save(const sf_layer *L, size_t nb) { return 2 * (size_t)L->out_ch + 1; }
 
-/* Training mode (of a trainable layer): batch statistics, and the running
- * ones updated; else the running statistics. */
+/* Training mode (of a trainable layer): batch statistics (of every rank's
+ * samples when the backend hands an all-reduce), and the running ones
+ * updated; else the running statistics. A failed all-reduce leaves the
+ * output unwritten: the backend abandons the step. */
 void sf_ref_layer_bn2d_fwd(const sf_ref_io *io)
 {
     const sf_layer *L = io->L;
-    if (io->train && !L->frozen)
-        sf_ref_bn2d_fwd_train(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->eps, L->momentum,
-                              io->rm, io->rv, io->save, io->save + L->out_ch, io->y);
-    else
-        sf_ref_bn2d_fwd_eval(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->eps, io->rm, io->rv,
-                             io->y);
+    const int c = L->in_c;
+    if (io->train && !L->frozen && io->allreduce) {
+        sf_ref_bn2d_sync_stat_sums(io->x[0], io->n, c, L->in_h, L->in_w, io->sums);
+        if (io->allreduce(io, io->sums, 2 * (size_t)c + 1) != 0)
+            return;
+        sf_ref_bn2d_sync_fwd(io->x[0], io->n, c, L->in_h, L->in_w, io->w, io->b, L->eps, L->momentum, io->sums,
+                             io->rm, io->rv, io->save, io->save + c, io->y);
+        io->save[2 * c] = (float)io->sums[2 * c];
+    } else if (io->train && !L->frozen) {
+        sf_ref_bn2d_fwd_train(io->x[0], io->n, c, L->in_h, L->in_w, io->w, io->b, L->eps, L->momentum, io->rm,
+                              io->rv, io->save, io->save + c, io->y);
+        io->save[2 * c] = (float)io->n * (float)(L->in_h * L->in_w);
+    } else {
+        sf_ref_bn2d_fwd_eval(io->x[0], io->n, c, L->in_h, L->in_w, io->w, io->b, L->eps, io->rm, io->rv, io->y);
+    }
 }
 
 /* The input gradient is computed even when no producer needs it: the
- * scratch holds it. */
+ * scratch holds it. Under sync, dgamma and dbeta are this rank's sums (the
+ * gradient all-reduce adds the ranks'), dx uses the sums of all ranks. */
 void sf_ref_layer_bn2d_bwd(const sf_ref_io *io)
 {
     const sf_layer *L = io->L;
-    sf_ref_bn2d_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->save, io->save + L->out_ch, io->dy,
-                    io->scratch, io->dw, io->db);
+    const int c = L->in_c;
+    if (io->allreduce) {
+        sf_ref_bn2d_sync_grad_sums(io->x[0], io->n, c, L->in_h, L->in_w, io->save, io->save + c, io->dy,
+                                   io->sums);
+        for (int ci = 0; ci < c; ci++) {
+            io->db[ci] = (float)io->sums[ci];
+            io->dw[ci] = (float)io->sums[c + ci];
+        }
+        if (io->allreduce(io, io->sums, 2 * (size_t)c + 1) != 0)
+            return;
+        sf_ref_bn2d_sync_bwd_dx(io->x[0], io->n, c, L->in_h, L->in_w, io->w, io->save, io->save + c, io->dy,
+                                io->sums, io->scratch);
+    } else {
+        sf_ref_bn2d_bwd(io->x[0], io->n, c, L->in_h, L->in_w, io->w, io->save, io->save + c, io->dy,
+                        io->scratch, io->dw, io->db);
+    }
     io->give(io, 0, io->scratch);
 }
 

@@ -41,6 +41,12 @@ typedef struct sf_ref_io {
      * bf16 in place first under precision=bf16. Does nothing when input j
      * needs no gradient. g may be scratch, or dy itself. */
     void (*give)(const struct sf_ref_io *io, int j, float *g);
+    /* distributed.batchnorm sync, in a data-parallel round's training step:
+     * sums the count doubles of buf over the job's ranks in place (0, or -1
+     * when the collective failed; the backend keeps the reason and abandons
+     * the step). NULL otherwise. sums: room for 2 * channels + 1 doubles. */
+    int (*allreduce)(const struct sf_ref_io *io, double *buf, size_t count);
+    double *sums;
     void *ctx;               /* the backend's */
 } sf_ref_io;
 

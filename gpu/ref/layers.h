@@ -99,6 +99,32 @@ void sf_ref_bn2d_bwd_f64(const double *x, int n, int c, int h, int w, const doub
                          const double *save_mean, const double *save_invstd, const double *dy,
                          double *dx, double *dgamma, double *dbeta);
 
+/* BatchNorm2d over the samples of several ranks (distributed.batchnorm sync,
+ * torch.nn.SyncBatchNorm's definition): every rank's partial sums are summed
+ * over the ranks between the two halves of each pass, so every rank
+ * normalises with the statistics of all the samples and its input gradient is
+ * that of one BatchNorm2d over them all. A rank with no samples (n 0)
+ * contributes zeros and a count of 0. The sums are in double.
+ *
+ * Forward: sf_ref_bn2d_sync_stat_sums writes this rank's [sum x (c), sum x^2
+ * (c), count (1)]; with their sums over the ranks, sf_ref_bn2d_sync_fwd
+ * normalises x (mean and biased variance of all the samples), saves mean and
+ * invstd, and updates the running statistics as sf_ref_bn2d_fwd_train does
+ * (unbiased variance over the whole count; a total count of 0 leaves them as
+ * they are). Backward: sf_ref_bn2d_sync_grad_sums writes this rank's [sum dy
+ * (c), sum dy * xhat (c), count (1)] (the first two are this rank's dbeta and
+ * dgamma, which the gradient all-reduce sums as any weight gradient); with
+ * their sums over the ranks, sf_ref_bn2d_sync_bwd_dx writes dx. */
+void sf_ref_bn2d_sync_stat_sums(const float *x, int n, int c, int h, int w, double *sums);
+void sf_ref_bn2d_sync_fwd(const float *x, int n, int c, int h, int w, const float *gamma, const float *beta,
+                          float eps, float momentum, const double *sums, float *running_mean, float *running_var,
+                          float *save_mean, float *save_invstd, float *y);
+void sf_ref_bn2d_sync_grad_sums(const float *x, int n, int c, int h, int w, const float *save_mean,
+                                const float *save_invstd, const float *dy, double *sums);
+void sf_ref_bn2d_sync_bwd_dx(const float *x, int n, int c, int h, int w, const float *gamma,
+                             const float *save_mean, const float *save_invstd, const float *dy, const double *sums,
+                             float *dx);
+
 /* ---- pooling -------------------------------------------------------------- */
 /* MaxPool2d (kernel k, stride, pad; padding never wins; PyTorch picks the
  * first maximum in row-major window order). argmax [n,c,oh,ow] receives the

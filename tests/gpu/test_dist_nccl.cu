@@ -16,7 +16,9 @@
  * trained, and a round in which no rank trained is skipped on this rank
  * (SF_SKIP_EMPTY, no step counted). Both builds time one cuDNN engine per convolution
  * (tune_configs 1), so the engines are the same; the same build run twice is
- * the baseline that shows the step is deterministic at all.
+ * the baseline that shows the step is deterministic at all. The backend
+ * refuses distributed.batchnorm sync (the reference backend's alone) at
+ * build.
  *
  * Needs libnccl.so.2 at run time; without it the job's first step fails and
  * the test says so (FAIL), as a missing cuDNN would.
@@ -408,6 +410,40 @@ static void two_ranks_stay_identical(const char *name, const sf_model &m, sf_pre
              (unsigned long long)(out[1].step.empty() ? 0 : out[1].step.back()));
 }
 
+/* distributed.batchnorm sync is the reference backend's: the CUDA backend
+ * must refuse it when the model is built (at start), naming the option and
+ * where it runs, and build the same job in the other modes. */
+static void sync_batchnorm_is_refused_at_build_naming_the_option(const sf_model &m)
+{
+    char err[300] = "";
+    sf_backend *cu = sf_backend_cuda_new(0, err, sizeof err);
+    if (!cu) {
+        fail("backend: %s", err);
+        return;
+    }
+    sf_dist d;
+    memset(&d, 0, sizeof d);
+    d.rank = 0;
+    d.world = 2;
+    d.bn_sync = 1;
+    sf_train_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.precision = SF_PREC_FP32;
+    cfg.optim = SF_OPT_SGD;
+    cfg.max_batch = 8;
+    cfg.overlap = 1;
+    cfg.cuda_graphs = 1;
+    cfg.dist = &d;
+    err[0] = '\0';
+    const int rc = test_build(cu, &m, &cfg, err, sizeof err);
+    if (rc != 0 && strstr(err, "distributed.batchnorm sync") && strstr(err, "pipeline.backend ref"))
+        ok("batchnorm sync refused at build: %s", err);
+    else
+        fail("batchnorm sync: build returned %d (%s), want a refusal naming distributed.batchnorm sync and "
+             "pipeline.backend ref", rc, err);
+    cu->i->destroy(cu);
+}
+
 int main(void)
 {
     int count = 0;
@@ -426,6 +462,7 @@ int main(void)
             return 1;
     std::vector<batch_data> none;
     train(r18, SF_PREC_FP32, SF_OPT_SGD, 1, NULL, none);
+    sync_batchnorm_is_refused_at_build_naming_the_option(r18);
     /* ResNet-18's 11.7 M parameters: 4 MiB buckets make about a dozen, the
      * largest (1 GiB) one. */
     one_rank_equals_no_job("resnet18 bf16 SGD, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 4u << 20, bs);

@@ -2,8 +2,9 @@
  * global average pool, conv_transpose2d, per-pixel cross-entropy, residual add
  * and AdamW (gpu/ref/batchnorm.c, pool.c, conv_transpose.c, loss.c,
  * pointwise.c, optimizer.c). Gradients against central finite
- * differences (double), float against double with NaN-poisoned outputs, and
- * small cases computed by hand. */
+ * differences (double), float against double with NaN-poisoned outputs,
+ * batchnorm over several ranks' samples against one batchnorm over them all,
+ * and small cases computed by hand. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -449,6 +450,93 @@ static void batchnorm2d_running_statistics_follow_pytorchs_update_on_a_tiny_exam
     assert_float_equal(rv[0], (float)(0.9 * (1.8 + 0.1 * 14.0 / 3) + 0.1 * 14.0 / 3), 1e-6);
 }
 
+/* distributed.batchnorm sync: a batch split over three ranks (the last with
+ * no samples), their sums added as the all-reduce adds them, must give what
+ * one batchnorm over the whole batch gives (the double reference): outputs,
+ * saved statistics, every rank's running statistics, dx, and dgamma/dbeta
+ * as the sums of the ranks' own. A round with no samples anywhere leaves the
+ * running statistics as they were. */
+static void batchnorm2d_over_ranks_equals_one_batchnorm_over_their_samples_and_an_empty_rank_adds_nothing(
+    void **state)
+{
+    for (size_t si = 0; si < sizeof bn_shapes / sizeof bn_shapes[0]; si++) {
+        const int n = bn_shapes[si][0], c = bn_shapes[si][1], h = bn_shapes[si][2], w = bn_shapes[si][3];
+        const size_t per = (size_t)c * h * w, nx = (size_t)n * per;
+        double *x = rand_vec(nx), *gamma = rand_vec(c), *beta = rand_vec(c), *dy = rand_vec(nx);
+        double *rm = rand_vec(c), *rv = rand_vec(c);
+        for (size_t i = 0; i < nx; i++)
+            x[i] = 2.0 * x[i] + 0.5;
+        for (int i = 0; i < c; i++)
+            rv[i] = 1.5 + rv[i];
+        float *xf = to_float_rounding(x, nx), *gf = to_float_rounding(gamma, c), *bf = to_float_rounding(beta, c),
+              *dyf = to_float_rounding(dy, nx), *rmf = to_float_rounding(rm, c), *rvf = to_float_rounding(rv, c);
+        double *y = rand_vec(nx), *sm = rand_vec(c), *sinv = rand_vec(c), *dx = rand_vec(nx), *dg = rand_vec(c),
+               *db = rand_vec(c);
+        sf_ref_bn2d_fwd_train_f64(x, n, c, h, w, gamma, beta, 1e-5, 0.1, rm, rv, sm, sinv, y);
+        sf_ref_bn2d_bwd_f64(x, n, c, h, w, gamma, sm, sinv, dy, dx, dg, db);
+
+        enum { R = 3 };
+        const int cnt[R] = {n / 2, n - n / 2, 0}, first[R] = {0, n / 2, n};
+        double *part = malloc(sizeof(double) * (2 * c + 1)), *sum = calloc(2 * c + 1, sizeof(double));
+        float *yf = nan_floats(nx), *dxf = nan_floats(nx), *dgf = calloc(c, sizeof(float)),
+              *dbf = calloc(c, sizeof(float));
+        float *rmr[R], *rvr[R], *smr[R], *sir[R];
+        for (int r = 0; r < R; r++) {
+            sf_ref_bn2d_sync_stat_sums(xf + first[r] * per, cnt[r], c, h, w, part);
+            for (int i = 0; i < 2 * c + 1; i++)
+                sum[i] += part[i];
+        }
+        assert_true(sum[2 * c] == (double)n * h * w);
+        for (int r = 0; r < R; r++) {
+            rmr[r] = malloc(sizeof(float) * c), rvr[r] = malloc(sizeof(float) * c);
+            smr[r] = nan_floats(c), sir[r] = nan_floats(c);
+            memcpy(rmr[r], rmf, sizeof(float) * c);
+            memcpy(rvr[r], rvf, sizeof(float) * c);
+            sf_ref_bn2d_sync_fwd(xf + first[r] * per, cnt[r], c, h, w, gf, bf, 1e-5f, 0.1f, sum, rmr[r], rvr[r],
+                                 smr[r], sir[r], yf + first[r] * per);
+        }
+        memset(sum, 0, sizeof(double) * (2 * c + 1));
+        for (int r = 0; r < R; r++) {
+            sf_ref_bn2d_sync_grad_sums(xf + first[r] * per, cnt[r], c, h, w, smr[r], sir[r], dyf + first[r] * per,
+                                       part);
+            for (int i = 0; i < c; i++) {
+                dbf[i] += (float)part[i];
+                dgf[i] += (float)part[c + i];
+            }
+            for (int i = 0; i < 2 * c + 1; i++)
+                sum[i] += part[i];
+        }
+        for (int r = 0; r < R; r++)
+            sf_ref_bn2d_sync_bwd_dx(xf + first[r] * per, cnt[r], c, h, w, gf, smr[r], sir[r], dyf + first[r] * per,
+                                    sum, dxf + first[r] * per);
+        double e[5] = {rel_err_fd(yf, y, nx), rel_err_fd(dxf, dx, nx), rel_err_fd(dgf, dg, c),
+                       rel_err_fd(dbf, db, c), 0};
+        for (int r = 0; r < R; r++) {
+            const double er[4] = {rel_err_fd(smr[r], sm, c), rel_err_fd(sir[r], sinv, c), rel_err_fd(rmr[r], rm, c),
+                                  rel_err_fd(rvr[r], rv, c)};
+            for (int i = 0; i < 4; i++)
+                e[4] = er[i] > e[4] ? er[i] : e[4];
+        }
+        for (int i = 0; i < 5; i++)
+            if (!(e[i] < F32_TOL))
+                fail_msg("bn shape %zu output %d: ranks vs one batch rel err %.3g", si, i, e[i]);
+
+        /* No rank has a sample: nothing moves. */
+        memset(sum, 0, sizeof(double) * (2 * c + 1));
+        memcpy(rmr[0], rmf, sizeof(float) * c);
+        memcpy(rvr[0], rvf, sizeof(float) * c);
+        sf_ref_bn2d_sync_fwd(xf, 0, c, h, w, gf, bf, 1e-5f, 0.1f, sum, rmr[0], rvr[0], smr[0], sir[0], yf);
+        assert_memory_equal(rmr[0], rmf, sizeof(float) * c);
+        assert_memory_equal(rvr[0], rvf, sizeof(float) * c);
+
+        for (int r = 0; r < R; r++)
+            free(rmr[r]), free(rvr[r]), free(smr[r]), free(sir[r]);
+        free(x), free(gamma), free(beta), free(dy), free(rm), free(rv), free(xf), free(gf), free(bf), free(dyf);
+        free(rmf), free(rvf), free(y), free(sm), free(sinv), free(dx), free(dg), free(db), free(part), free(sum);
+        free(yf), free(dxf), free(dgf), free(dbf);
+    }
+}
+
 /* ---- maxpool2d ----------------------------------------------------------------------- */
 
 typedef struct pool_case {
@@ -817,6 +905,7 @@ int main(void)
         cmocka_unit_test(batchnorm2d_backward_matches_finite_differences_through_the_training_mode_forward),
         cmocka_unit_test(batchnorm2d_float_agrees_with_double_and_writes_every_output),
         cmocka_unit_test(batchnorm2d_running_statistics_follow_pytorchs_update_on_a_tiny_example),
+        cmocka_unit_test(batchnorm2d_over_ranks_equals_one_batchnorm_over_their_samples_and_an_empty_rank_adds_nothing),
         cmocka_unit_test(maxpool2d_backward_matches_finite_differences_and_overwrites_dx),
         cmocka_unit_test(maxpool2d_float_agrees_with_double_and_chooses_the_same_inputs),
         cmocka_unit_test(maxpool2d_picks_the_first_maximum_on_ties_and_padding_never_wins),

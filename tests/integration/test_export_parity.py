@@ -251,7 +251,10 @@ def bound(tol, spread):
     own float32 gradients of mobilenet_v2, regnet_y_400mf and densenet121 at
     their first step are 0.4 % to 2 % off float64 ones, and the reduced
     resnet50's loss at its fourth step is 7.8e-4 apart between PyTorch on one
-    thread and on two."""
+    thread and on two. Where a step's spread is measured, the caller passes the
+    largest so far: the weights carry every earlier step's difference, and one
+    step's losses can land close by chance (densenet121 at 224x224 on the
+    GPU: PyTorch's runs 4.6e-4 apart at step 4, 4.3e-5 at step 5)."""
     return max(tol, 4 * spread)
 
 
@@ -279,14 +282,16 @@ def test_an_exported_family_trains_and_evaluates_like_pytorch(start_server, tmp_
     torch_side = Trainer(model)
     rng = np.random.default_rng(7)
     t0 = time.monotonic()
+    worst = 0.0
     for step in range(1, STEPS + 1):
         images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
         labels = rng.integers(0, 10, BATCH)
         r = s.post_arrays(images, labels, wait=True)
         assert r.status_code == 200 and r.json()["state"] == "done", r.text
         want, spread = torch_side.step(images, labels)
+        worst = max(worst, spread)
         # The first loss is a forward pass of the same weights: well conditioned.
-        got, tol = r.json()["loss"], TOL_LOSS if step == 1 else bound(TOL_LOSS, spread)
+        got, tol = r.json()["loss"], TOL_LOSS if step == 1 else bound(TOL_LOSS, worst)
         print(f"{name} step {step}: service {got!r} PyTorch {want!r} (its float32 runs {spread:.1e} apart, "
               f"{time.monotonic() - t0:.1f} s)")
         assert rel(got, want) <= tol, f"step {step}: loss {got} vs PyTorch {want}: {rel(got, want):.2e} > {tol:.1e}"

@@ -402,17 +402,8 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
     cudnnBackendDescriptor_t best = NULL, best_cfg = NULL;
     float best_ms = 0.f;
     int tried = 0;
-    /* Passes 0 and 1: heuristics mode A, then the fallback list. Pass 2, only
-     * when neither left an engine and the graph is a plain convolution: the
-     * engines that compile at run time too. cuDNN 9 on the H200 offers some
-     * fp32 1x1 shapes (EfficientNet's 24->144 expansion at 56x56, RegNet's
-     * 104-channel filter gradient) nothing else without TF32, and planning
-     * slower beats refusing the model; the fused graphs keep the filter that
-     * allow_rtc documents. */
-    const cudnnBackendHeurMode_t modes[3] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK, CUDNN_HEUR_MODE_FALLBACK};
-    const int plain = !(dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu));
-    for (int mi = 0; mi < (allow_rtc || !plain ? 2 : 3) && !best; mi++) {
-        const int rtc_ok = allow_rtc || mi == 2;
+    const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    for (int mi = 0; mi < 2 && !best; mi++) {
         cudnnBackendDescriptor_t *cfgs = NULL;
         int64_t ncfg = 0;
         if (heuristics(graph, modes[mi], &cfgs, &ncfg)) {
@@ -424,7 +415,7 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         for (int64_t i = 0; i < ncfg; i++) {
             int64_t eidx;
             int tc;
-            int use = tried < max_candidates && cfg_ok(cfgs[i], d->dt, d->tf32, rtc_ok, &eidx, &tc);
+            int use = tried < max_candidates && cfg_ok(cfgs[i], d->dt, d->tf32, allow_rtc, &eidx, &tc);
             cudnnBackendDescriptor_t plan = NULL;
             if (use && cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
                 use = 0;

@@ -575,7 +575,7 @@ static const sf_layer *layer_named(const sf_model *m, const char *name)
 static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
 {
     static sf_model m;
-    sf_param_desc pd[2];
+    sf_param_desc pd[SF_PARAM_SLOTS];
     assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);
     const sf_layer *g = layer_named(&m, "g");
     assert_int_equal(sf_layer_params(g, pd), 2);

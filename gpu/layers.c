@@ -91,7 +91,7 @@ static const sf_layer_field attention_fields[] = {
      "embedding dimension C; optional, checked against the input's"},
     {"num_heads", SF_FT_INT, OFF(heads), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL,
      "attention heads (divides embed_dim)"},
-    {"dropout", SF_FT_FLOAT, OFF(p), 0, 0, 0, 0, NULL,
+    {"dropout", SF_FT_FLOAT, OFF(p), 0, 0, 0, SF_FF_IF_SET, NULL,
      "dropout on the attention weights: 0 only (a nonzero one is refused)"},
     F_END,
 };
@@ -355,6 +355,11 @@ static int need_tokens(const sf_shape *in, const char *hint, char *err, size_t e
  * x.reshape(n, C, n_h * n_w).permute(0, 2, 1), n_h * n_w tokens of C. */
 static int to_tokens_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
+    if ((long)in->h * in->w > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "%dx%d = %ld tokens is too many (at most %d)", in->h, in->w, (long)in->h * in->w,
+                SF_MAX_SPATIAL);
+        return -1;
+    }
     L->out_c = in->c;
     *out = (sf_shape){in->c, in->h * in->w, 1, 0, 1};
     return 0;

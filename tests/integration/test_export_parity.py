@@ -399,6 +399,11 @@ def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_p
     assert cfg["optim"]["name"] == "adamw" and cfg["optim"]["weight_decay"] == 0.01
     assert {"to_tokens", "class_token", "pos_embedding", "self_attention", "select_token"} <= \
         {layer["type"] for layer in cfg["model"]["spec"]["layers"]}
+    # The service's account of the model: tokens as PyTorch's per-sample [T, C].
+    layers = {layer["name"]: layer for layer in s.get("/v1/model").json()["layers"]}
+    assert layers["to_tokens"]["out"] == [16, 64] and layers["class_token"]["out"] == [17, 64]
+    assert layers["encoder.layers.encoder_layer_0.self_attention"]["params"] == 4 * 64 * 64 + 4 * 64
+    assert layers["select_token"]["out"] == [64]
     opt = torch.optim.AdamW(model.parameters())
     rng = np.random.default_rng(11)
     for step in range(1, STEPS + 1):

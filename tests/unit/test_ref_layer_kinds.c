@@ -845,6 +845,8 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(TOK "{\"type\":\"layernorm2d\"}]}", "layer 1", "token sequence");
     expect_json_error(TOK "{\"type\":\"concat\",\"inputs\":[0,0]}]}", "layer 1", "token sequence");
     expect_json_error(TOK "{\"type\":\"add\",\"inputs\":[-1,0]}]}", "layer 1", "tokens");
+    expect_json_error("{\"input\":[4,200,200],\"classes\":4,\"layers\":[{\"type\":\"to_tokens\"}]}", "layer 0",
+                      "tokens is too many");
     /* A model may not end in a token sequence: it is no classifier's [K]. */
     expect_json_error("{\"input\":[4,2,2],\"classes\":4,\"layers\":[{\"type\":\"to_tokens\"}]}", "layer 0",
                       "classes");

@@ -86,6 +86,15 @@ static const sf_layer_field linear_fields[] = {
 static const sf_layer_field maxpool2d_fields[] = {
     F_K, F_STRIDE(0, "stride (default: k)"), F_PAD, F_CEIL(SF_FF_IF_SET), F_END,
 };
+static const sf_layer_field attention_fields[] = {
+    {"embed_dim", SF_FT_INT, OFF(in_c), 1, SF_MAX_CHANNELS, 0, SF_FF_INFERRED, NULL,
+     "embedding dimension C; optional, checked against the input's"},
+    {"num_heads", SF_FT_INT, OFF(heads), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL,
+     "attention heads (divides embed_dim)"},
+    {"dropout", SF_FT_FLOAT, OFF(p), 0, 0, 0, SF_FF_IF_SET, NULL,
+     "dropout on the attention weights: 0 only (a nonzero one is refused)"},
+    F_END,
+};
 static const sf_layer_field no_fields[] = {F_END};
 
 /* ---- shape rules ------------------------------------------------------------ */
@@ -136,7 +145,7 @@ static int conv2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out
         sf_errf(err, errlen, "kernel %d does not fit the %dx%d input (pad %d)", L->k, in->h, in->w, L->pad);
         return -1;
     }
-    *out = (sf_shape){L->out_c, eh / L->stride + 1, ew / L->stride + 1, 0};
+    *out = (sf_shape){L->out_c, eh / L->stride + 1, ew / L->stride + 1, 0, 0};
     return 0;
 }
 
@@ -150,29 +159,35 @@ static int convt2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *ou
         sf_errf(err, errlen, "output %ldx%ld out of range [1,%d]", oh, ow, SF_MAX_SPATIAL);
         return -1;
     }
-    *out = (sf_shape){L->out_c, (int)oh, (int)ow, 0};
+    *out = (sf_shape){L->out_c, (int)oh, (int)ow, 0, 0};
     return 0;
 }
 
 static int linear_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     if (L->over_channels) {
-        if (in->flat) {
-            sf_errf(err, errlen, "\"over\":\"channels\" needs a [C,H,W] map; the input is flattened");
+        if (in->flat || in->tokens) {
+            sf_errf(err, errlen, "\"over\":\"channels\" needs a [C,H,W] map; the input is %s",
+                    in->flat ? "flattened" : "a token sequence (a linear layer applies to each token by default)");
             return -1;
         }
         if (check_out_c(L, "features", err, errlen))
             return -1;
-        *out = (sf_shape){L->out_c, in->h, in->w, 0};
+        *out = (sf_shape){L->out_c, in->h, in->w, 0, 0};
+        return 0;
+    }
+    if (check_out_c(L, "features", err, errlen))
+        return -1;
+    if (in->tokens) {
+        /* As nn.Linear on [N, T, C]: over the last dimension, token by token. */
+        *out = (sf_shape){L->out_c, in->h, 1, 0, 1};
         return 0;
     }
     if (!in->flat && (in->h != 1 || in->w != 1)) {
         sf_errf(err, errlen, "input is [%d,%d,%d]; add a flatten layer before linear", in->c, in->h, in->w);
         return -1;
     }
-    if (check_out_c(L, "features", err, errlen))
-        return -1;
-    *out = (sf_shape){L->out_c, 1, 1, 1};
+    *out = (sf_shape){L->out_c, 1, 1, 1, 0};
     return 0;
 }
 
@@ -183,7 +198,7 @@ static int flatten_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *ou
         sf_errf(err, errlen, "%zu features is too many", feat);
         return -1;
     }
-    *out = (sf_shape){(int)feat, 1, 1, 1};
+    *out = (sf_shape){(int)feat, 1, 1, 1, 0};
     return 0;
 }
 
@@ -229,22 +244,22 @@ static int maxpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *
         sf_errf(err, errlen, "kernel %d does not fit the %dx%d input (pad %d)", L->k, in->h, in->w, L->pad);
         return -1;
     }
-    *out = (sf_shape){in->c, oh, ow, 0};
+    *out = (sf_shape){in->c, oh, ow, 0, 0};
     return 0;
 }
 
 static int gap_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     L->out_c = in->c;
-    *out = (sf_shape){in->c, 1, 1, 0};
+    *out = (sf_shape){in->c, 1, 1, 0, 0};
     return 0;
 }
 
 static int add_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
-    if (in[1].c != in[0].c || in[1].h != in[0].h || in[1].w != in[0].w) {
-        sf_errf(err, errlen, "inputs have shapes [%d,%d,%d] and [%d,%d,%d]", in[0].c, in[0].h, in[0].w, in[1].c,
-                in[1].h, in[1].w);
+    if (in[1].c != in[0].c || in[1].h != in[0].h || in[1].w != in[0].w || in[1].tokens != in[0].tokens) {
+        sf_errf(err, errlen, "inputs have shapes [%d,%d,%d]%s and [%d,%d,%d]%s", in[0].c, in[0].h, in[0].w,
+                in[0].tokens ? " (tokens)" : "", in[1].c, in[1].h, in[1].w, in[1].tokens ? " (tokens)" : "");
         return -1;
     }
     L->out_c = in->c;
@@ -264,7 +279,7 @@ static int adaptive_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *o
         sf_errf(err, errlen, "output %dx%d out of range [1,%d]", L->out_size[0], L->out_size[1], SF_MAX_SPATIAL);
         return -1;
     }
-    *out = (sf_shape){in->c, L->out_size[0], L->out_size[1], 0};
+    *out = (sf_shape){in->c, L->out_size[0], L->out_size[1], 0, 0};
     return 0;
 }
 
@@ -276,10 +291,11 @@ static int ln2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, 
     return 0;
 }
 
-/* A flat [F] tensor, or a [F,1,1] map (a pooled one not yet flattened). */
+/* A flat [F] tensor, a [F,1,1] map (a pooled one not yet flattened), or
+ * each token of a token sequence [T, F] (nn.LayerNorm over the last dimension). */
 static int ln_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
-    if (!in->flat && (in->h != 1 || in->w != 1)) {
+    if (!in->flat && !in->tokens && (in->h != 1 || in->w != 1)) {
         sf_errf(err, errlen, "input is [%d,%d,%d]; layernorm normalises flat features (layernorm2d a map's "
                 "channels)", in->c, in->h, in->w);
         return -1;
@@ -290,8 +306,8 @@ static int ln_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, ch
 static int mul_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     const sf_shape *a = &in[0], *b = &in[1];
-    const int same = b->c == a->c && b->h == a->h && b->w == a->w && b->flat == a->flat;
-    const int bcast = b->c == a->c && b->h == 1 && b->w == 1 && !a->flat && !b->flat;
+    const int same = b->c == a->c && b->h == a->h && b->w == a->w && b->flat == a->flat && b->tokens == a->tokens;
+    const int bcast = b->c == a->c && b->h == 1 && b->w == 1 && !a->flat && !b->flat && !a->tokens && !b->tokens;
     if (!same && !bcast) {
         sf_errf(err, errlen, "inputs have shapes [%d,%d,%d] and [%d,%d,%d]; the second must be the first's "
                 "shape or [%d,1,1]", a->c, a->h, a->w, b->c, b->h, b->w, a->c);
@@ -305,6 +321,10 @@ static int concat_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out
 {
     long c = 0;
     for (int j = 0; j < n_in; j++) {
+        if (in[j].tokens) {
+            sf_errf(err, errlen, "input %d is a token sequence; concat joins maps or features along channels", j);
+            return -1;
+        }
         if (in[j].h != in[0].h || in[j].w != in[0].w || in[j].flat != in[0].flat) {
             sf_errf(err, errlen, "input %d is [%d,%d,%d] but input 0 is [%d,%d,%d]; concat needs equal H,W", j,
                     in[j].c, in[j].h, in[j].w, in[0].c, in[0].h, in[0].w);
@@ -316,7 +336,80 @@ static int concat_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out
         sf_errf(err, errlen, "%ld channels is too many", c);
         return -1;
     }
-    *out = (sf_shape){(int)c, in[0].h, in[0].w, in[0].flat};
+    *out = (sf_shape){(int)c, in[0].h, in[0].w, in[0].flat, 0};
+    return 0;
+}
+
+/* The input of a kind that reads a token sequence. */
+static int need_tokens(const sf_shape *in, const char *hint, char *err, size_t errlen)
+{
+    if (!in->tokens) {
+        sf_errf(err, errlen, "input is [%d,%d,%d]%s, not a token sequence [T, C]; %s", in->c, in->h, in->w,
+                in->flat ? " (flat)" : "", hint);
+        return -1;
+    }
+    return 0;
+}
+
+/* torchvision's patch embedding: conv_proj's [C, n_h, n_w] output as
+ * x.reshape(n, C, n_h * n_w).permute(0, 2, 1), n_h * n_w tokens of C. */
+static int to_tokens_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if ((long)in->h * in->w > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "%dx%d = %ld tokens is too many (at most %d)", in->h, in->w, (long)in->h * in->w,
+                SF_MAX_SPATIAL);
+        return -1;
+    }
+    L->out_c = in->c;
+    *out = (sf_shape){in->c, in->h * in->w, 1, 0, 1};
+    return 0;
+}
+
+static int class_token_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (need_tokens(in, "to_tokens makes one", err, errlen))
+        return -1;
+    if (in->h + 1 > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "%d tokens is too many (at most %d)", in->h + 1, SF_MAX_SPATIAL);
+        return -1;
+    }
+    L->out_c = in->c;
+    *out = (sf_shape){in->c, in->h + 1, 1, 0, 1};
+    return 0;
+}
+
+static int tokens_same_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (need_tokens(in, "to_tokens makes one", err, errlen))
+        return -1;
+    L->out_c = in->c;
+    *out = in[0];
+    return 0;
+}
+
+static int attention_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (need_tokens(in, "to_tokens makes one", err, errlen))
+        return -1;
+    if (L->heads < 1 || in->c % L->heads) {
+        sf_errf(err, errlen, "num_heads %d must divide embed_dim %d", L->heads, in->c);
+        return -1;
+    }
+    if (L->p != 0.0f) {
+        sf_errf(err, errlen, "dropout %g on the attention weights is not supported (0 only)", (double)L->p);
+        return -1;
+    }
+    L->out_c = in->c;
+    *out = in[0];
+    return 0;
+}
+
+static int select_token_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (need_tokens(in, "select_token ends a token sequence", err, errlen))
+        return -1;
+    L->out_c = in->c;
+    *out = (sf_shape){in->c, 1, 1, 1, 0};
     return 0;
 }
 
@@ -329,7 +422,7 @@ static void pd_set(sf_param_desc *p, const char *suffix, int ndim, int64_t a, in
     p->shape[0] = a, p->shape[1] = b, p->shape[2] = c, p->shape[3] = d;
 }
 
-static int conv2d_params(const sf_layer *L, sf_param_desc pd[2])
+static int conv2d_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
     pd_set(&pd[0], "weight", 4, L->out_c, L->in_c / (L->groups > 1 ? L->groups : 1), L->k, L->k);
     pd_set(&pd[1], "bias", 1, L->out_c, 0, 0, 0);
@@ -337,14 +430,14 @@ static int conv2d_params(const sf_layer *L, sf_param_desc pd[2])
 }
 
 /* PyTorch's ConvTranspose2d weight is [in, out, k, k]. */
-static int convt2d_params(const sf_layer *L, sf_param_desc pd[2])
+static int convt2d_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
     pd_set(&pd[0], "weight", 4, L->in_c, L->out_c, L->k, L->k);
     pd_set(&pd[1], "bias", 1, L->out_c, 0, 0, 0);
     return L->bias ? 2 : 1;
 }
 
-static int linear_params(const sf_layer *L, sf_param_desc pd[2])
+static int linear_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
     pd_set(&pd[0], "weight", 2, L->out_c, L->in_c, 0, 0);
     pd_set(&pd[1], "bias", 1, L->out_c, 0, 0, 0);
@@ -352,7 +445,7 @@ static int linear_params(const sf_layer *L, sf_param_desc pd[2])
 }
 
 /* weight (gamma) and bias (beta), [C] each. */
-static int affine_params(const sf_layer *L, sf_param_desc pd[2])
+static int affine_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
     pd_set(&pd[0], "weight", 1, L->out_ch, 0, 0, 0);
     pd_set(&pd[1], "bias", 1, L->out_ch, 0, 0, 0);
@@ -360,10 +453,36 @@ static int affine_params(const sf_layer *L, sf_param_desc pd[2])
 }
 
 /* ConvNeXt's CNBlock.layer_scale, [C,1,1]. */
-static int layer_scale_params(const sf_layer *L, sf_param_desc pd[2])
+static int layer_scale_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
     pd_set(&pd[0], "layer_scale", 3, L->out_ch, 1, 1, 0);
     return 1;
+}
+
+/* VisionTransformer.class_token [1,1,C], keyed by the layer's name. */
+static int class_token_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
+{
+    pd_set(&pd[0], "", 3, 1, 1, L->out_ch, 0);
+    return 1;
+}
+
+/* torchvision's Encoder.pos_embedding [1,T,C], keyed by the layer's name. */
+static int pos_embedding_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
+{
+    pd_set(&pd[0], "", 3, 1, L->out_h, L->out_ch, 0);
+    return 1;
+}
+
+/* nn.MultiheadAttention with one embedding dimension and biases, in its
+ * state_dict order. */
+static int attention_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
+{
+    const int64_t c = L->in_c;
+    pd_set(&pd[0], "in_proj_weight", 2, 3 * c, c, 0, 0);
+    pd_set(&pd[1], "in_proj_bias", 1, 3 * c, 0, 0, 0);
+    pd_set(&pd[2], "out_proj.weight", 2, c, c, 0, 0);
+    pd_set(&pd[3], "out_proj.bias", 1, c, 0, 0, 0);
+    return 4;
 }
 
 static const char *const bn_buffers[] = {"running_mean", "running_var", NULL};
@@ -435,6 +554,35 @@ static void layer_scale_init(const sf_layer *L, int li, uint64_t seed, float *pa
 {
     for (size_t e = 0; e < L->n_w; e++)
         params[L->w_off + e] = 1e-6f;
+}
+
+static void zeros_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    for (int j = 0; j < SF_PARAM_SLOTS; j++)
+        for (size_t e = 0; e < L->p_n[j]; e++)
+            params[L->p_off[j] + e] = 0.0f;
+}
+
+/* torchvision's Encoder: pos_embedding ~ N(0, 0.02^2). */
+static void pos_embedding_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    for (size_t e = 0; e < L->n_w; e++)
+        params[L->w_off + e] = (float)(0.02 * normal01(seed, (uint64_t)li, e));
+}
+
+/* nn.MultiheadAttention._reset_parameters: xavier_uniform_ in_proj_weight
+ * (fan_in C, fan_out 3C), zero biases; out_proj.weight keeps nn.Linear's
+ * default, U(-1/sqrt(C), 1/sqrt(C)). Element e counts the slots in order. */
+static void attention_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    const double c = (double)L->in_c;
+    const double bound[SF_PARAM_SLOTS] = {sqrt(6.0 / (c + 3.0 * c)), 0.0, 1.0 / sqrt(c), 0.0};
+    size_t e = 0;
+    for (int j = 0; j < SF_PARAM_SLOTS; j++)
+        for (size_t i = 0; i < L->p_n[j]; i++, e++) {
+            const double u = sf_u01(sf_hash4(seed, (uint64_t)li, (uint64_t)e, 0));
+            params[L->p_off[j] + i] = (float)((2.0 * u - 1.0) * bound[j]);
+        }
 }
 
 /* ---- the table ------------------------------------------------------------------ */
@@ -538,6 +686,38 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .max_in = 1, .fields = depth_fields, .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd,
         .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1,
         .doc = "training: zero a sample with probability p, scale by 1/(1-p); eval: identity"},
+    [SF_L_TO_TOKENS] = {
+        .name = "to_tokens", .torch = "x.reshape(n, C, h * w).permute(0, 2, 1) (VisionTransformer)", .min_in = 1,
+        .max_in = 1, .needs_map = 1, .fields = no_fields, .shape = to_tokens_shape,
+        .ref_fwd = sf_ref_layer_to_tokens_fwd, .ref_bwd = sf_ref_layer_to_tokens_bwd,
+        .doc = "a [C,H,W] map (the patch embedding's convolution) as a sequence of H*W tokens of C: [H*W, C]. "
+               "On a token sequence, linear and layernorm apply to each token's C values (as nn.Linear and "
+               "nn.LayerNorm over the last dimension of [N, T, C]); activations, dropout and add elementwise"},
+    [SF_L_CLASS_TOKEN] = {
+        .name = "class_token", .torch = "torch.cat([class_token.expand(n, -1, -1), x], dim=1)", .min_in = 1,
+        .max_in = 1, .fields = no_fields, .shape = class_token_shape, .params = class_token_params,
+        .init = zeros_init, .ref_fwd = sf_ref_layer_class_token_fwd, .ref_bwd = sf_ref_layer_class_token_bwd,
+        .doc = "a parameter [1,1,C] in front of the tokens: [T, C] to [T+1, C]; its state_dict key is the layer's "
+               "name (`class_token`, initialised to 0)"},
+    [SF_L_POS_EMBEDDING] = {
+        .name = "pos_embedding", .torch = "x + pos_embedding (torchvision Encoder)", .min_in = 1, .max_in = 1,
+        .fields = no_fields, .shape = tokens_same_shape, .params = pos_embedding_params,
+        .init = pos_embedding_init, .ref_fwd = sf_ref_layer_pos_embedding_fwd,
+        .ref_bwd = sf_ref_layer_pos_embedding_bwd,
+        .doc = "adds a parameter [1,T,C] to the tokens; its state_dict key is the layer's name "
+               "(`encoder.pos_embedding`, initialised from N(0, 0.02^2))"},
+    [SF_L_SELF_ATTENTION] = {
+        .name = "self_attention", .torch = "nn.MultiheadAttention(C, heads, batch_first=True)(x, x, x)",
+        .min_in = 1, .max_in = 1, .fields = attention_fields, .shape = attention_shape,
+        .params = attention_params, .init = attention_init, .ref_fwd = sf_ref_layer_attention_fwd,
+        .ref_bwd = sf_ref_layer_attention_bwd, .ref_save = sf_ref_layer_attention_save,
+        .doc = "multi-head self-attention over the tokens, softmax(q k^T / sqrt(C / heads)) v per head, no mask; "
+               "in_proj_weight [3C, C] (q, k, v), in_proj_bias [3C], out_proj.weight [C, C], out_proj.bias [C]"},
+    [SF_L_SELECT_TOKEN] = {
+        .name = "select_token", .torch = "x[:, 0]", .min_in = 1, .max_in = 1, .fields = no_fields,
+        .shape = select_token_shape, .ref_fwd = sf_ref_layer_select_token_fwd,
+        .ref_bwd = sf_ref_layer_select_token_bwd,
+        .doc = "the first token (the class token) of a sequence as features: [T, C] to [C]"},
 };
 
 const sf_layer_kind_info *sf_layer_info(sf_layer_kind k)
@@ -568,15 +748,32 @@ void sf_layer_kind_list(char *buf, size_t len)
     }
 }
 
-int sf_layer_params(const sf_layer *L, sf_param_desc pd[2])
+int sf_layer_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
     const sf_layer_kind_info *k = sf_layer_info(L->kind);
     return k && k->params ? k->params(L, pd) : 0;
 }
 
+void sf_layer_param_key(const sf_layer *L, const sf_param_desc *pd, char *buf, size_t len)
+{
+    if (pd->suffix[0])
+        snprintf(buf, len, "%s.%s", L->name, pd->suffix);
+    else
+        snprintf(buf, len, "%s", L->name);
+}
+
+size_t sf_layer_param_count(const sf_layer *L)
+{
+    size_t n = 0;
+    for (int j = 0; j < SF_PARAM_SLOTS; j++)
+        n += L->p_n[j];
+    return n;
+}
+
 int sf_layer_out_is_features(const sf_layer *L)
 {
-    return L->kind == SF_L_FLATTEN || (L->kind == SF_L_LINEAR && !L->over_channels);
+    return L->kind == SF_L_FLATTEN || L->kind == SF_L_SELECT_TOKEN ||
+           (L->kind == SF_L_LINEAR && !L->over_channels && !L->tokens);
 }
 
 int sf_layer_n_inputs(const sf_layer *L) { return L->n_in > 0 ? L->n_in : 1; }
@@ -610,10 +807,10 @@ void sf_layer_in_shape(const sf_model *m, int i, int j, sf_shape *s)
 {
     const int src = sf_layer_input(m, i, j);
     if (src == SF_IN_MODEL) {
-        *s = (sf_shape){m->in_c, m->in_h, m->in_w, 0};
+        *s = (sf_shape){m->in_c, m->in_h, m->in_w, 0, 0};
     } else {
         const sf_layer *P = &m->layers[src];
-        *s = (sf_shape){P->out_ch, P->out_h, P->out_w, P->flat};
+        *s = (sf_shape){P->out_ch, P->out_h, P->out_w, P->flat, P->tokens};
     }
 }
 
@@ -625,6 +822,15 @@ int sf_layer_cuda_check(const sf_model *m, int i, char *err, size_t errlen)
         sf_errf(err, errlen, "layer %d \"%s\" (%s): the CUDA backend has no %s layer; the reference backend "
                 "(pipeline.backend=ref) runs it", i, L->name, k ? k->name : "unknown", k ? k->name : "this");
         return -1;
+    }
+    for (int j = 0; j < sf_layer_n_inputs(L) && !k->cuda_tokens; j++) {
+        sf_shape s;
+        sf_layer_in_shape(m, i, j, &s);
+        if (s.tokens) {
+            sf_errf(err, errlen, "layer %d \"%s\" (%s): the CUDA backend runs no %s layer on a token sequence; "
+                    "the reference backend (pipeline.backend=ref) runs it", i, L->name, k->name, k->name);
+            return -1;
+        }
     }
     for (const sf_layer_field *f = k->fields; f->key; f++) {
         if (!(f->flags & SF_FF_CUDA_DEFAULT))
@@ -723,7 +929,8 @@ void sf_layer_kinds_markdown(FILE *out)
                  "`\"type\"`, an optional `\"name\"` (the PyTorch `state_dict` prefix of its parameters and "
                  "buffers; the layer index when absent) and an optional `\"inputs\"` (earlier layers by index "
                  "or name, `-1` for the model input; the previous layer when absent), plus the fields below. "
-                 "Parameter keys are `name.suffix` in the order shown, which is also their order in the "
+                 "Parameter keys are `name.suffix` (the layer's name alone where the table says so) in the "
+                 "order shown, which is also their order in the "
                  "service's flat parameter buffer. The reference backend (`pipeline.backend=ref`) runs every "
                  "kind; the CUDA column says what the CUDA backend runs, which refuses any other layer at model "
                  "build, naming it.\n\n");
@@ -741,10 +948,10 @@ void sf_layer_kinds_markdown(FILE *out)
         memset(&probe, 0, sizeof probe);
         probe.kind = (sf_layer_kind)i;
         probe.bias = 1;
-        sf_param_desc pd[2];
+        sf_param_desc pd[SF_PARAM_SLOTS];
         const int np = k->params ? k->params(&probe, pd) : 0;
         for (int p = 0; p < np; p++)
-            fprintf(out, "%s`%s`", p ? ", " : "", pd[p].suffix);
+            fprintf(out, pd[p].suffix[0] ? "%s`%s`" : "%s(the layer's name)%s", p ? ", " : "", pd[p].suffix);
         fprintf(out, " | ");
         for (const char *const *b = k->buffers; b && *b; b++)
             fprintf(out, "%s`%s`", b == k->buffers ? "" : ", ", *b);

@@ -65,12 +65,16 @@ typedef struct sf_layer_field {
 } sf_layer_field;
 
 /* A tensor's shape per sample as the resolver tracks it. flat: the tensor is
- * a feature vector [c] (after a flatten or a linear layer), h = w = 1. */
+ * a feature vector [c] (after a flatten or a linear layer), h = w = 1.
+ * tokens: a token sequence [h, c] (h tokens of c values, token-major), w = 1. */
 typedef struct sf_shape {
-    int c, h, w, flat;
+    int c, h, w, flat, tokens;
 } sf_shape;
 
-/* One parameter of a layer: its state_dict suffix and its PyTorch shape. */
+/* One parameter of a layer: its state_dict suffix and its PyTorch shape. An
+ * empty suffix keys the parameter by the layer's name itself: a tensor that
+ * a module holds directly rather than through a submodule
+ * (VisionTransformer.class_token, Encoder.pos_embedding). */
 typedef struct sf_param_desc {
     const char *suffix;
     int ndim;
@@ -91,9 +95,10 @@ typedef struct sf_layer_kind_info {
      * the reason (without the "layer i (kind): " prefix) and returns -1 when
      * the layer does not fit. */
     int (*shape)(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen);
-    /* The parameters, at most two: slot 0 becomes (w_off, n_w), slot 1
+    /* The parameters, at most SF_PARAM_SLOTS, in state_dict order: slot j
+     * becomes (p_off[j], p_n[j]), slot 0 also (w_off, n_w) and slot 1
      * (b_off, n_b). Returns how many; NULL: none. */
-    int (*params)(const sf_layer *L, sf_param_desc pd[2]);
+    int (*params)(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS]);
     const char *const *buffers; /* buffer suffixes, [out channels] each (running statistics); NULL none */
     /* Initialises the layer's parameters in params (at w_off, b_off); layer
      * index li keys the draws. NULL: no parameters. */
@@ -107,6 +112,7 @@ typedef struct sf_layer_kind_info {
     int bf16_weights; /* precision=bf16 computes with the weight (slot 0) rounded to bf16 */
     int bf16_wgrad;   /* precision=bf16 rounds the weight gradient to bf16 (cuDNN writes it so) */
     int cuda;         /* the CUDA backend runs it (its fields at their defaults where marked) */
+    int cuda_tokens;  /* ... and on token sequences too (without it, a token-sequence input is refused) */
     const char *doc;  /* one sentence for the generated table */
 } sf_layer_kind_info;
 
@@ -120,10 +126,18 @@ int sf_layer_kind_from_name(const char *s);
 void sf_layer_kind_list(char *buf, size_t len);
 
 /* The parameters of a resolved layer (see the params hook); 0 when none. */
-int sf_layer_params(const sf_layer *L, sf_param_desc pd[2]);
+int sf_layer_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS]);
+
+/* Writes the state_dict key of L's parameter pd into buf: "<name>.<suffix>",
+ * or the layer's name alone where the suffix is empty. */
+void sf_layer_param_key(const sf_layer *L, const sf_param_desc *pd, char *buf, size_t len);
+
+/* Floats of all of a resolved layer's parameters. */
+size_t sf_layer_param_count(const sf_layer *L);
 
 /* 1 when the output of a resolved layer is a feature vector (flatten, linear
- * over features), 0 when it is a [C,H,W] map. */
+ * over features of a flat input, select_token), 0 when it is a [C,H,W] map
+ * or a token sequence. */
 int sf_layer_out_is_features(const sf_layer *L);
 
 /* The value of field f of L as a double (PAIR: its first element). */

@@ -90,8 +90,9 @@ static int resolve_layer(sf_model *m, int i, size_t *off, size_t *boff, char *er
                 L->in_c, in[0].c);
         return -1;
     }
-    if (k->needs_map && in[0].flat) {
-        sf_errf(err, errlen, "layer %d (%s): input is flattened; %s needs [C,H,W]", i, kn, kn);
+    if (k->needs_map && (in[0].flat || in[0].tokens)) {
+        sf_errf(err, errlen, "layer %d (%s): input is %s; %s needs [C,H,W]", i, kn,
+                in[0].flat ? "flattened" : "a token sequence", kn);
         return -1;
     }
     L->in_c = in[0].c;
@@ -100,6 +101,8 @@ static int resolve_layer(sf_model *m, int i, size_t *off, size_t *boff, char *er
     L->n_w = L->n_b = 0;
     L->w_off = L->b_off = 0;
     L->rm_off = L->rv_off = 0;
+    memset(L->p_off, 0, sizeof L->p_off);
+    memset(L->p_n, 0, sizeof L->p_n);
     sf_shape out;
     char why[200];
     if (k->shape(L, in, n_in, &out, why, sizeof why) != 0) {
@@ -110,21 +113,24 @@ static int resolve_layer(sf_model *m, int i, size_t *off, size_t *boff, char *er
     L->out_h = out.h;
     L->out_w = out.w;
     L->flat = out.flat;
+    L->tokens = out.tokens;
     L->out_elems = (size_t)L->out_ch * L->out_h * L->out_w;
     if (L->out_elems > SF_MAX_ACT) {
         sf_errf(err, errlen, "layer %d (%s): output of %zu floats per sample is too large", i, kn, L->out_elems);
         return -1;
     }
-    sf_param_desc pd[2];
+    sf_param_desc pd[SF_PARAM_SLOTS];
     const int np = k->params ? k->params(L, pd) : 0;
     for (int p = 0; p < np; p++) {
         size_t cnt = 1;
         for (int d = 0; d < pd[p].ndim; d++)
             cnt *= (size_t)pd[p].shape[d];
+        L->p_n[p] = cnt;
+        L->p_off[p] = *off;
         if (p == 0) {
             L->n_w = cnt;
             L->w_off = *off;
-        } else {
+        } else if (p == 1) {
             L->n_b = cnt;
             L->b_off = *off;
         }
@@ -212,7 +218,7 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
     const sf_layer *last = &m->layers[m->n_layers - 1];
     m->segmentation = 0;
     if (last->out_elems != (size_t)m->n_classes) {
-        if (!last->flat && last->out_ch == m->n_classes && last->out_h * last->out_w > 1) {
+        if (!last->flat && !last->tokens && last->out_ch == m->n_classes && last->out_h * last->out_w > 1) {
             m->segmentation = 1;
         } else {
             sf_errf(err, errlen, "layer %d (%s): output has %zu values per sample but the model has %d "

@@ -19,6 +19,12 @@
  * Every kind's fields, shapes, parameters and buffers are its row in the
  * registry (gpu/layers.h, docs/LAYERS.md).
  *
+ * A tensor per sample is a [C,H,W] map (channel-major, as NCHW), a feature
+ * vector [F] (flat), or a token sequence [T, C] (tokens: token-major, as
+ * PyTorch's [N, T, C], so that a linear layer or a layer norm over C is one
+ * over the rows of an [N*T, C] matrix). to_tokens makes one from a map;
+ * select_token ends one in a feature vector.
+ *
  * Buffers (state that is not trained: batchnorm2d's running_mean and
  * running_var, [C] each, in that order per layer) live in a second flat float
  * buffer of n_buffers floats (rm_off/rv_off). num_batches_tracked is one
@@ -47,6 +53,7 @@
 #define SF_MAX_IN 64      /* inputs of one layer (concat) */
 #define SF_IN_MODEL (-1)  /* in[] value: the model input */
 #define SF_LAYER_NAME_MAX 64 /* with its NUL; torchvision's longest layer names (regnet) reach 50 */
+#define SF_PARAM_SLOTS 4  /* parameters of one layer (self_attention has four) */
 
 typedef enum sf_layer_kind {
     SF_L_CONV2D = 0,   /* in_c -> out_c, kernel k, stride, pad, optional bias */
@@ -75,6 +82,12 @@ typedef enum sf_layer_kind {
     SF_L_CONCAT,       /* 2..SF_MAX_IN inputs of equal H,W -> along channels */
     SF_L_DROPOUT,      /* training: elementwise keep/drop and 1/(1-p); eval: identity */
     SF_L_STOCHASTIC_DEPTH, /* training: per-sample keep/drop ("row"); eval: identity */
+    /* Token sequences [T, C] per sample (Vision Transformers). */
+    SF_L_TO_TOKENS,    /* [C,H,W] -> [H*W, C] tokens */
+    SF_L_CLASS_TOKEN,  /* [T, C] -> [T+1, C]: a parameter [1,1,C] in front */
+    SF_L_POS_EMBEDDING, /* [T, C] + a parameter [1,T,C] */
+    SF_L_SELF_ATTENTION, /* multi-head self-attention over [T, C] (nn.MultiheadAttention) */
+    SF_L_SELECT_TOKEN, /* [T, C] -> [C]: token 0 */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -94,6 +107,7 @@ typedef struct sf_layer {
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     float p;                      /* dropout, stochastic_depth: drop probability */
     int mode;                     /* stochastic_depth: 0 "row" (the one mode run) */
+    int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
     int in[SF_MAX_IN];            /* input layer indices (< this index) or SF_IN_MODEL */
     int init;                     /* SF_INIT_*: weight initialisation */
@@ -102,9 +116,14 @@ typedef struct sf_layer {
     int out_ch;                   /* channels/features of the output */
     size_t w_off, b_off;          /* offsets (floats) into the flat parameter buffer */
     size_t n_w, n_b;              /* element counts; 0 where absent */
+    /* Every parameter slot of the layer (slot 0 is the weight, slot 1 the
+     * bias, as above; self_attention has four), contiguous in slot order. */
+    size_t p_off[SF_PARAM_SLOTS], p_n[SF_PARAM_SLOTS];
     size_t out_elems;             /* elements of the output per sample */
     size_t rm_off, rv_off;        /* batchnorm2d: running_mean/var offsets in the buffers */
     int flat;                     /* 1: the output is a feature vector (flatten, linear) */
+    int tokens;                   /* 1: the output is a token sequence [T, C] (out_ch = C, out_h = T, out_w = 1),
+                                   * token-major: the C values of a token are contiguous */
     int frozen;                   /* 1: runs without gradients (model.freeze) */
 } sf_layer;
 

@@ -53,12 +53,18 @@ int h_model(sf_req *r)
         cJSON_AddStringToObject(lj, "name", l->name);
         cJSON_AddStringToObject(lj, "type", sf_layer_kind_name(l->kind));
         cJSON *out = cJSON_AddArrayToObject(lj, "out");
-        cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_ch));
-        if (!sf_layer_out_is_features(l)) {
+        if (l->tokens) {
+            /* A token sequence reads as PyTorch's per-sample [T, C]. */
             cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_h));
-            cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_w));
+            cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_ch));
+        } else {
+            cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_ch));
+            if (!sf_layer_out_is_features(l)) {
+                cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_h));
+                cJSON_AddItemToArray(out, cJSON_CreateNumber(l->out_w));
+            }
         }
-        cJSON_AddNumberToObject(lj, "params", (double)(l->n_w + l->n_b));
+        cJSON_AddNumberToObject(lj, "params", (double)sf_layer_param_count(l));
         cJSON_AddItemToArray(layers, lj);
     }
     return sf_reply_json(r, 200, o);

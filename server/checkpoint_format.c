@@ -121,15 +121,15 @@ int sf_ckpt_layout_init(sf_ckpt_layout *ck, const sf_model *m, int adamw, char *
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
         /* The parameters as the registry names and shapes them (gpu/layers.c). */
-        sf_param_desc pd[2];
+        sf_param_desc pd[SF_PARAM_SLOTS];
         const int np = sf_layer_params(L, pd);
         for (int part = 0; part < np; part++) {
-            size_t n = part ? L->n_b : L->n_w;
+            size_t n = L->p_n[part];
             if (!n)
                 continue;
             sf_ckpt_tensor *t = &ck->pt[ck->n_pt++];
-            snprintf(t->name, sizeof t->name, "%s.%s", L->name, pd[part].suffix);
-            t->off = part ? L->b_off : L->w_off;
+            sf_layer_param_key(L, &pd[part], t->name, sizeof t->name);
+            t->off = L->p_off[part];
             t->n = n;
             t->ndim = pd[part].ndim;
             for (int d = 0; d < t->ndim; d++)

@@ -438,6 +438,8 @@ static void io_of(ref_ctx *c, int i, int n, sf_ref_io *io)
     io->y = c->act[i];
     io->w = L->n_w ? weights_of(c, L) : NULL;
     io->b = L->n_b ? c->params + L->b_off : NULL;
+    for (int j = 0; j < SF_PARAM_SLOTS; j++)
+        io->p[j] = L->p_n[j] ? c->params + L->p_off[j] : NULL;
     io->rm = sf_layer_info(L->kind)->buffers ? c->buffers + L->rm_off : NULL;
     io->rv = io->rm ? c->buffers + L->rv_off : NULL;
     io->save = c->save[i];
@@ -518,6 +520,8 @@ static void backward(ref_ctx *c, int n)
         io.dy = c->dact[i];
         io.dw = L->n_w ? grad_at(c, L->w_off) : NULL;
         io.db = L->n_b ? grad_at(c, L->b_off) : NULL;
+        for (int j = 0; j < SF_PARAM_SLOTS; j++)
+            io.dp[j] = L->p_n[j] ? grad_at(c, L->p_off[j]) : NULL;
         io.give = give_grad;
         const int n_in = sf_layer_n_inputs(L);
         for (int j = 0; j < n_in; j++) {

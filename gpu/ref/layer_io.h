@@ -30,11 +30,13 @@ typedef struct sf_ref_io {
     float *y;                /* the output, [n, out_elems] */
     const float *w;          /* slot-0 parameter as computed with (bf16 copy when the row says so) */
     const float *b;          /* slot-1 parameter (fp32), or NULL */
+    const float *p[SF_PARAM_SLOTS]; /* every parameter slot (fp32), NULL where absent */
     float *rm, *rv;          /* running statistics (batchnorm2d), else NULL */
     float *save;             /* the row's ref_save floats, else NULL */
     /* backward */
     const float *dy;         /* [n, out_elems], complete */
     float *dw, *db;          /* weight/bias gradients to write (not accumulate), NULL when absent */
+    float *dp[SF_PARAM_SLOTS]; /* every slot's gradient to write (dp[0] is dw, dp[1] db), NULL when absent */
     unsigned char want[SF_MAX_IN]; /* input j needs its gradient */
     float *scratch;          /* [n * max_act] floats for an input gradient */
     /* Adds g ([n, elems of input j]) into input j's gradient, rounding it to
@@ -102,5 +104,18 @@ void sf_ref_layer_concat_bwd(const sf_ref_io *io);
 /* dropout.c: dropout, stochastic_depth */
 void sf_ref_layer_dropout_fwd(const sf_ref_io *io);
 void sf_ref_layer_dropout_bwd(const sf_ref_io *io);
+/* tokens.c: to_tokens, class_token, pos_embedding, select_token */
+void sf_ref_layer_to_tokens_fwd(const sf_ref_io *io);
+void sf_ref_layer_to_tokens_bwd(const sf_ref_io *io);
+void sf_ref_layer_class_token_fwd(const sf_ref_io *io);
+void sf_ref_layer_class_token_bwd(const sf_ref_io *io);
+void sf_ref_layer_pos_embedding_fwd(const sf_ref_io *io);
+void sf_ref_layer_pos_embedding_bwd(const sf_ref_io *io);
+void sf_ref_layer_select_token_fwd(const sf_ref_io *io);
+void sf_ref_layer_select_token_bwd(const sf_ref_io *io);
+/* attention.c: self_attention */
+void sf_ref_layer_attention_fwd(const sf_ref_io *io);
+void sf_ref_layer_attention_bwd(const sf_ref_io *io);
+size_t sf_ref_layer_attention_save(const sf_layer *L, size_t nb);
 
 #endif

@@ -2,7 +2,8 @@
  * and in double (_f64): convolutions and linear (conv.c, conv_grouped.c,
  * conv_transpose.c, linear.c), normalisation (batchnorm.c, norm.c), pooling
  * (pool.c, avgpool.c), activations (pointwise.c, activation.c), products
- * and concatenation (pointwise.c, mul.c, concat.c) and dropout (dropout.c).
+ * and concatenation (pointwise.c, mul.c, concat.c), dropout (dropout.c),
+ * token sequences (tokens.c) and self-attention (attention.c).
  * Each family file also holds its layer kinds' hooks (layer_io.h). Part of
  * gpu/ref/ref.h, whose first comment states what every reference function
  * promises. */
@@ -230,6 +231,56 @@ void sf_ref_act_fwd(int act, const float *x, size_t len, float *y);
 void sf_ref_act_fwd_f64(int act, const double *x, size_t len, double *y);
 void sf_ref_act_bwd(int act, const float *x, const float *dy, size_t len, float *dx);
 void sf_ref_act_bwd_f64(int act, const double *x, const double *dy, size_t len, double *dx);
+
+/* ---- token sequences (tokens.c) ------------------------------------------------ */
+/* A token sequence is [n, t, c], token-major. */
+/* y[n][j][i] = x[n][i][j] for each sample's [rows, cols] matrix (a map's
+ * [C, H*W] as [H*W, C] tokens; the backward is the transpose back). */
+void sf_ref_transpose(const float *x, int n, int rows, int cols, float *y);
+void sf_ref_transpose_f64(const double *x, int n, int rows, int cols, double *y);
+/* Class token: y[n] = [cls; x[n]] ([n, t+1, c]); the backward writes
+ * dcls = sum_n dy[n][0] and dx[n] = dy[n][1..t] (either may be NULL). */
+void sf_ref_prepend_token_fwd(const float *x, int n, int t, int c, const float *cls, float *y);
+void sf_ref_prepend_token_fwd_f64(const double *x, int n, int t, int c, const double *cls, double *y);
+void sf_ref_prepend_token_bwd(const float *dy, int n, int t, int c, float *dx, float *dcls);
+void sf_ref_prepend_token_bwd_f64(const double *dy, int n, int t, int c, double *dx, double *dcls);
+/* Position embedding: y[n] = x[n] + p over [n, len]; dp = sum_n dy[n] (dx is dy). */
+void sf_ref_add_bcast_fwd(const float *x, int n, size_t len, const float *p, float *y);
+void sf_ref_add_bcast_fwd_f64(const double *x, int n, size_t len, const double *p, double *y);
+void sf_ref_add_bcast_bwd(const float *dy, int n, size_t len, float *dp);
+void sf_ref_add_bcast_bwd_f64(const double *dy, int n, size_t len, double *dp);
+/* y[n] = x[n][0] ([n, c]); the backward puts dy[n] in token 0 and zeroes the rest. */
+void sf_ref_select_token_fwd(const float *x, int n, int t, int c, float *y);
+void sf_ref_select_token_fwd_f64(const double *x, int n, int t, int c, double *y);
+void sf_ref_select_token_bwd(const float *dy, int n, int t, int c, float *dx);
+void sf_ref_select_token_bwd_f64(const double *dy, int n, int t, int c, double *dx);
+
+/* ---- multi-head self-attention (attention.c) ------------------------------------ */
+/* Over x [n, t, c] with h heads of d = c / h: qkv = x w_in^T + b_in
+ * ([n, t, 3c]: q, k, v side by side), per head a = softmax(q k^T / sqrt(d))
+ * ([n, h, t, t]) and o = a v ([n, t, c], the heads side by side), then
+ * y = o w_out^T + b_out. w_in [3c, c], b_in [3c], w_out [c, c], b_out [c]:
+ * nn.MultiheadAttention's in_proj and out_proj. The core functions are the
+ * middle step alone. The backward takes the forward's qkv, a and o; d_o
+ * ([n, t, c]) and dqkv ([n, t, 3c]) are its work space; dx may be NULL. */
+void sf_ref_attention_core_fwd(const float *qkv, int n, int t, int c, int h, float *a, float *o);
+void sf_ref_attention_core_fwd_f64(const double *qkv, int n, int t, int c, int h, double *a, double *o);
+void sf_ref_attention_core_bwd(const float *qkv, const float *a, const float *d_o, int n, int t, int c, int h,
+                               float *dqkv);
+void sf_ref_attention_core_bwd_f64(const double *qkv, const double *a, const double *d_o, int n, int t, int c, int h,
+                                   double *dqkv);
+void sf_ref_attention_fwd(const float *x, int n, int t, int c, int h, const float *w_in, const float *b_in,
+                          const float *w_out, const float *b_out, float *qkv, float *a, float *o, float *y);
+void sf_ref_attention_fwd_f64(const double *x, int n, int t, int c, int h, const double *w_in, const double *b_in,
+                              const double *w_out, const double *b_out, double *qkv, double *a, double *o,
+                              double *y);
+void sf_ref_attention_bwd(const float *x, int n, int t, int c, int h, const float *w_in, const float *w_out,
+                          const float *qkv, const float *a, const float *o, const float *dy, float *d_o, float *dqkv,
+                          float *dx, float *dw_in, float *db_in, float *dw_out, float *db_out);
+void sf_ref_attention_bwd_f64(const double *x, int n, int t, int c, int h, const double *w_in, const double *w_out,
+                              const double *qkv, const double *a, const double *o, const double *dy, double *d_o,
+                              double *dqkv, double *dx, double *dw_in, double *db_in, double *dw_out,
+                              double *db_out);
 
 /* ---- pointwise ------------------------------------------------------------ */
 void sf_ref_relu_fwd(const float *x, size_t len, float *y);

@@ -11,6 +11,10 @@
 
 /* ---- the linear layer's hooks (gpu/layers.c) ------------------------------ */
 
+/* The rows the layer maps: each sample's features, or each token of a
+ * token sequence (L->tokens: the input and the output are [n, T, C]). */
+static int linear_rows(const sf_ref_io *io) { return io->L->tokens ? io->n * io->L->in_h : io->n; }
+
 /* Over the channels of a map ("over":"channels") the layer is a 1x1
  * convolution with the same [out, in] weight. */
 void sf_ref_layer_linear_fwd(const sf_ref_io *io)
@@ -20,7 +24,7 @@ void sf_ref_layer_linear_fwd(const sf_ref_io *io)
         sf_ref_conv2d_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->out_c, 1, 1, 0, io->y);
         return;
     }
-    sf_ref_linear_fwd(io->x[0], io->n, L->in_c, io->w, io->b, L->out_c, io->y);
+    sf_ref_linear_fwd(io->x[0], linear_rows(io), L->in_c, io->w, io->b, L->out_c, io->y);
 }
 
 /* The weight and bias gradients stay fp32 under precision=bf16 (cuBLAS
@@ -33,7 +37,7 @@ void sf_ref_layer_linear_bwd(const sf_ref_io *io)
         sf_ref_conv2d_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, L->out_c, 1, 1, 0, io->dy, dx, io->dw,
                           io->db);
     else
-        sf_ref_linear_bwd(io->x[0], io->n, L->in_c, io->w, L->out_c, io->dy, dx, io->dw, io->db);
+        sf_ref_linear_bwd(io->x[0], linear_rows(io), L->in_c, io->w, L->out_c, io->dy, dx, io->dw, io->db);
     if (dx)
         io->give(io, 0, dx);
 }

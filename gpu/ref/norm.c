@@ -1,7 +1,8 @@
 /* gpu/ref/norm.c — reference LayerNorm over the channels of each position,
  * forward and backward, in float and double (_f64), and the hooks of
  * layernorm2d (a [C,H,W] map, torchvision's LayerNorm2d) and layernorm (a
- * flat [F] tensor, nn.LayerNorm(F)). Contracts in gpu/ref/layers.h. */
+ * flat [F] tensor, or each token of a [T, F] sequence: nn.LayerNorm(F)).
+ * Contracts in gpu/ref/layers.h. */
 #ifndef T
 #include "ref.h"
 #include "layer_io.h"
@@ -13,11 +14,22 @@
 
 /* ---- the layer norm layers' hooks (gpu/layers.c) -------------------------- */
 
-/* Both kinds: [n, C, hw] normalised over C (hw = 1 for a flat tensor). */
+/* Both kinds: [n, C, hw] normalised over C (hw = 1 for a flat tensor); a
+ * token sequence [n, T, C] is n*T rows of C. */
+static void ln_layout(const sf_ref_io *io, int *rows, size_t *hw)
+{
+    const sf_layer *L = io->L;
+    *rows = L->tokens ? io->n * L->in_h : io->n;
+    *hw = L->tokens ? 1 : (size_t)L->in_h * L->in_w;
+}
+
 void sf_ref_layer_layernorm_fwd(const sf_ref_io *io)
 {
     const sf_layer *L = io->L;
-    sf_ref_layernorm_fwd(io->x[0], io->n, L->in_c, (size_t)L->in_h * L->in_w, io->w, io->b, L->eps, io->y);
+    int rows;
+    size_t hw;
+    ln_layout(io, &rows, &hw);
+    sf_ref_layernorm_fwd(io->x[0], rows, L->in_c, hw, io->w, io->b, L->eps, io->y);
 }
 
 /* The input gradient is computed even when no producer needs it (the
@@ -25,8 +37,10 @@ void sf_ref_layer_layernorm_fwd(const sf_ref_io *io)
 void sf_ref_layer_layernorm_bwd(const sf_ref_io *io)
 {
     const sf_layer *L = io->L;
-    sf_ref_layernorm_bwd(io->x[0], io->n, L->in_c, (size_t)L->in_h * L->in_w, io->w, L->eps, io->dy, io->scratch,
-                         io->dw, io->db);
+    int rows;
+    size_t hw;
+    ln_layout(io, &rows, &hw);
+    sf_ref_layernorm_bwd(io->x[0], rows, L->in_c, hw, io->w, L->eps, io->dy, io->scratch, io->dw, io->db);
     io->give(io, 0, io->scratch);
 }
 

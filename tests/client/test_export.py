@@ -43,7 +43,7 @@ def run_spec(spec, tensors, x):
 
     for i, layer in enumerate(layers):
         t, name, a = layer["type"], layer["name"], inp(layer, i)
-        p = lambda s: tensors[f"{name}.{s}"]  # noqa: E731
+        p = lambda s: tensors[f"{name}.{s}" if s else name]  # noqa: E731
         b = (lambda s: tensors.get(f"{name}.{s}"))
         if t == "conv2d":
             y = F.conv2d(a[0], p("weight"), b("bias") if layer.get("bias", True) else None, layer.get("stride", 1),
@@ -77,7 +77,7 @@ def run_spec(spec, tensors, x):
             if layer.get("over") == "channels":
                 y = F.linear(a[0].permute(0, 2, 3, 1), p("weight"), b("bias")).permute(0, 3, 1, 2)
             else:
-                assert a[0].dim() == 2, name
+                assert a[0].dim() in (2, 3), name  # features [N,F] or tokens [N,T,C]
                 y = F.linear(a[0], p("weight"), b("bias") if layer.get("bias", True) else None)
         elif t == "add":
             assert a[0].shape == a[1].shape, name
@@ -95,7 +95,21 @@ def run_spec(spec, tensors, x):
             y = F.layer_norm(a[0].permute(0, 2, 3, 1), (c,), p("weight"), p("bias"),
                              layer.get("eps", 1e-5)).permute(0, 3, 1, 2)
         elif t == "layernorm":
-            y = F.layer_norm(a[0], (a[0].shape[1],), p("weight"), p("bias"), layer.get("eps", 1e-5))
+            y = F.layer_norm(a[0], (a[0].shape[-1],), p("weight"), p("bias"), layer.get("eps", 1e-5))
+        elif t == "to_tokens":
+            y = a[0].flatten(2).transpose(1, 2)
+        elif t == "class_token":
+            y = torch.cat([p("").expand(a[0].shape[0], -1, -1), a[0]], 1)
+        elif t == "pos_embedding":
+            y = a[0] + p("")
+        elif t == "self_attention":
+            x, heads = a[0], layer["num_heads"]
+            q, k, v = F.linear(x, p("in_proj_weight"), p("in_proj_bias")).chunk(3, -1)
+            split = lambda z: z.unflatten(-1, (heads, -1)).transpose(1, 2)  # noqa: E731
+            att = torch.softmax(split(q) @ split(k).transpose(-1, -2) / (x.shape[-1] // heads) ** 0.5, -1)
+            y = F.linear((att @ split(v)).transpose(1, 2).flatten(2), p("out_proj.weight"), p("out_proj.bias"))
+        elif t == "select_token":
+            y = a[0][:, 0]
         elif t in ("dropout", "stochastic_depth"):
             y = a[0]
         else:
@@ -193,6 +207,93 @@ def test_identities_leave_no_layer_and_defaults_leave_no_field():
         {"type": "conv2d", "name": "0", "out": 4, "k": 3, "pad": 1},
         {"type": "relu", "name": "4"}, {"type": "global_avgpool", "name": "5"}, {"type": "flatten", "name": "6"},
         {"type": "linear", "name": "7", "out": 5, "bias": False}]}
+
+
+def small_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+    m = VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128,
+                          num_classes=10)
+    nn.init.normal_(m.heads.head.weight, std=0.05)  # torchvision's zero head would hide the rest
+    return m
+
+
+def test_a_vision_transformer_exports_to_tokens_attention_and_its_class_token():
+    torch.manual_seed(0)
+    model = small_vit()
+    ex = assert_spec_computes_the_module(model)
+    assert ex.tensors.keys() == model.state_dict().keys()
+    by_name = {layer["name"]: layer for layer in ex.spec["layers"]}
+    assert [layer["type"] for layer in ex.spec["layers"][:5]] == ["conv2d", "to_tokens", "class_token",
+                                                                   "pos_embedding", "layernorm"]
+    assert by_name["class_token"] == {"type": "class_token", "name": "class_token"}
+    assert by_name["encoder.pos_embedding"] == {"type": "pos_embedding", "name": "encoder.pos_embedding"}
+    assert by_name["encoder.layers.encoder_layer_0.self_attention"] == {
+        "type": "self_attention", "name": "encoder.layers.encoder_layer_0.self_attention", "num_heads": 4}
+    assert by_name["encoder.layers.encoder_layer_1.mlp.0"] == {
+        "type": "linear", "name": "encoder.layers.encoder_layer_1.mlp.0", "out": 128}
+    assert ex.spec["layers"][-2]["type"] == "select_token" and ex.spec["layers"][-1]["name"] == "heads.head"
+    # torchvision's dropout layers (p 0 by default) leave nothing.
+    assert "dropout" not in {layer["type"] for layer in ex.spec["layers"]}
+
+
+@pytest.mark.parametrize("factory", ["vit_b_16", "vit_b_32"])
+def test_vit_b_exports_at_224_with_every_tensor_named(factory):
+    model = getattr(M, factory)(num_classes=10)
+    ex = convert(model, (1, 3, 224, 224))
+    assert ex.tensors.keys() == model.state_dict().keys()
+    kinds = [layer["type"] for layer in ex.spec["layers"]]
+    assert kinds.count("self_attention") == 12 and ex.spec["classes"] == 10
+    tokens = (224 // int(factory[-2:])) ** 2 + 1
+    assert tuple(ex.tensors["encoder.pos_embedding"].shape) == (1, tokens, 768)
+
+
+class Tokens(nn.Module):
+    """A patch embedding as timm writes it (flatten(2).transpose(1, 2)) and
+    one MultiheadAttention call of the form given."""
+
+    def __init__(self, call="self", **kw):
+        super().__init__()
+        self.proj = nn.Conv2d(3, 8, 4, 4)
+        self.attn = nn.MultiheadAttention(8, 2, **{"batch_first": True, **kw})
+        self.register_buffer("mask", torch.zeros(4, 4), persistent=False)
+        if call == "cross":
+            self.norm = nn.LayerNorm(8)
+        self.call = call
+
+    def forward(self, x):
+        x = self.proj(x).flatten(2).transpose(1, 2)
+        if self.call == "weights":
+            y, _ = self.attn(x, x, x)
+        elif self.call == "mask":
+            y, _ = self.attn(x, x, x, need_weights=False, attn_mask=self.mask)
+        elif self.call == "cross":
+            y, _ = self.attn(x, self.norm(x), x, need_weights=False)
+        else:
+            y, _ = self.attn(x, x, x, need_weights=False)
+        return y[:, 0]
+
+
+def test_a_self_attention_written_by_hand_exports_and_computes_the_module():
+    torch.manual_seed(1)
+    ex = assert_spec_computes_the_module(Tokens(), hw=8)
+    assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", "to_tokens", "self_attention",
+                                                               "select_token"]
+
+
+@pytest.mark.parametrize("model, why", [
+    (Tokens("weights"), "need_weights"),
+    (Tokens("mask"), "attn_mask"),
+    (Tokens("cross"), "key or value"),
+    (Tokens(batch_first=False), "batch_first"),
+    (Tokens(dropout=0.1), "dropout"),
+    (Tokens(bias=False), "bias"),
+    (Tokens(add_bias_kv=True), "add_bias_kv"),
+])
+def test_attention_other_than_plain_self_attention_is_refused_naming_the_module(model, why):
+    with pytest.raises(ExportError) as e:
+        convert(model, (1, 3, 8, 8))
+    assert "MultiheadAttention" in e.value.op and e.value.module_path == "attn", str(e.value)
+    assert why in str(e.value)
 
 
 class HandWritten(nn.Module):
@@ -380,6 +481,24 @@ def test_more_options_go_into_the_config_by_section(tmp_path):
     export_model(nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten()), (3, 1, 1), tmp_path / "o", recipe=None,
                  config={"optim": {"name": "adamw", "lr": 0.001}})
     assert json.loads((tmp_path / "o" / "config.json").read_text())["optim"] == {"name": "adamw", "lr": 0.001}
+
+
+def test_the_adamw_recipe_writes_torch_optim_adamw_defaults(tmp_path):
+    model = nn.Sequential(nn.Conv2d(3, 2, 1), nn.Flatten())
+    export_model(model, (3, 1, 1), tmp_path / "a", recipe=None, optimizer="adamw", config={"optim": {"lr": 3e-4}})
+    optim = json.loads((tmp_path / "a" / "config.json").read_text())["optim"]
+    want = torch.optim.AdamW(model.parameters()).defaults
+    assert optim == {"name": "adamw", "lr": 3e-4, "beta1": want["betas"][0], "beta2": want["betas"][1],
+                     "eps": want["eps"], "weight_decay": want["weight_decay"]}
+    with pytest.raises(ExportError, match="'adam'"):
+        export_model(model, (3, 1, 1), tmp_path / "b", optimizer="adam")
+    assert sorted(os.listdir(tmp_path)) == ["a"]
+
+
+def test_the_command_takes_the_optimizer(tmp_path, capsys):
+    rc = main(["torch.nn:Flatten", "--input", "3,1,1", "--optimizer", "adamw", "--out", str(tmp_path / "c")])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["optim"]["name"] == "adamw"
 
 
 def test_a_refused_export_writes_nothing(tmp_path):

@@ -166,16 +166,19 @@ def skip_unless_the_service_takes(checker, spec, every_service=False):
     pytest.fail(f"the service refuses the exported spec: {msg}")
 
 
-def start_exported(start_server, tmp_path, model, checker, hw=HW, every_service=False):
-    ex = export_model(model, (BATCH, 3, hw, hw), tmp_path / "export", recipe=None)
+def start_exported(start_server, tmp_path, model, checker, hw=HW, every_service=False, optimizer=None):
+    """Exports model and starts the service on the files written. With
+    optimizer (the exporter's optimizer recipe) the config file chooses the
+    optimizer; without, SGD with LR and MOMENTUM is given on the command line."""
+    ex = export_model(model, (BATCH, 3, hw, hw), tmp_path / "export", recipe=None, optimizer=optimizer)
     cfg = json.loads((tmp_path / "export" / "config.json").read_text())
     assert cfg["model"]["spec"] == ex.spec
     assert cfg["model"]["init_from"] == str((tmp_path / "export" / "init.safetensors").resolve())
     skip_unless_the_service_takes(checker, ex.spec, every_service)
+    optim = [] if optimizer else ["--optim.name", "sgd", "--optim.lr", str(LR), "--optim.momentum", str(MOMENTUM)]
     s = start_server("--config", tmp_path / "export" / "config.json", "--pipeline.backend", BACKEND,
                      "--model.precision", "fp32", "--augment.pipeline", AUG, "--augment.eval_pipeline", AUG,
-                     "--model.max_batch", str(BATCH), "--optim.name", "sgd", "--optim.lr", str(LR),
-                     "--optim.momentum", str(MOMENTUM), "--log.requests", "false",
+                     "--model.max_batch", str(BATCH), *optim, "--log.requests", "false",
                      "--ring.slot_bytes", str(max(1 << 20, BATCH * hw * hw * 3 + 4096)))
     ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
     sd = model.state_dict()
@@ -387,3 +390,57 @@ def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp
     images = rng.integers(0, 256, (BATCH, 32, 32, 3), dtype=np.uint8)
     got = eval_logits(s, images, rng.integers(0, 10, BATCH))
     assert rel(got, module_logits(model, images)) <= TOL_LOGITS
+
+
+def _small_vit():
+    from torchvision.models.vision_transformer import VisionTransformer
+    m = VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128,
+                          num_classes=10)
+    # torchvision starts the head at zero, which leaves every other
+    # parameter without a gradient at the first step; a random head makes
+    # each of the five steps train every layer.
+    torch.nn.init.normal_(m.heads.head.weight, std=0.05)
+    return m
+
+
+def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker):
+    """torchvision's VisionTransformer in the small configuration (issue
+    37's CI model: 2 encoder blocks, 4 heads, 64 wide, 64x64 input, so 17
+    tokens): exported with the AdamW recipe, whose config file chooses the
+    optimizer, it trains five steps like torch.optim.AdamW at its defaults,
+    evaluates like the module, and its checkpoint loads back strictly."""
+    torch.manual_seed(5)
+    model = _small_vit()
+    s = start_exported(start_server, tmp_path, model, spec_checker, optimizer="adamw")
+    cfg = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert cfg["optim"]["name"] == "adamw" and cfg["optim"]["weight_decay"] == 0.01
+    assert {"to_tokens", "class_token", "pos_embedding", "self_attention", "select_token"} <= \
+        {layer["type"] for layer in cfg["model"]["spec"]["layers"]}
+    # The service's account of the model: tokens as PyTorch's per-sample [T, C].
+    layers = {layer["name"]: layer for layer in s.get("/v1/model").json()["layers"]}
+    assert layers["to_tokens"]["out"] == [16, 64] and layers["class_token"]["out"] == [17, 64]
+    assert layers["encoder.layers.encoder_layer_0.self_attention"]["params"] == 4 * 64 * 64 + 4 * 64
+    assert layers["select_token"]["out"] == [64]
+    opt = torch.optim.AdamW(model.parameters())
+    rng = np.random.default_rng(11)
+    for step in range(1, STEPS + 1):
+        images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
+        labels = rng.integers(0, 10, BATCH)
+        r = s.post_arrays(images, labels, wait=True)
+        assert r.status_code == 200 and r.json()["state"] == "done", r.text
+        model.train()
+        loss = F.cross_entropy(model(as_input(images)), torch.from_numpy(labels))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        got, want = r.json()["loss"], float(loss.detach())
+        print(f"vit step {step}: service {got!r} PyTorch {want!r}")
+        assert rel(got, want) <= TOL_LOSS, f"step {step}: loss {got} vs PyTorch {want}: {rel(got, want):.2e}"
+    images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
+    got = eval_logits(s, images, rng.integers(0, 10, BATCH))
+    want = module_logits(model, images)
+    assert rel(got, want) <= TOL_LOGITS, f"eval logits differ by {rel(got, want):.2e}"
+    ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
+    back = _small_vit()
+    back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
+    assert rel(module_logits(back, images), got) <= TOL_LOGITS

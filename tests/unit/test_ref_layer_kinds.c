@@ -1,7 +1,9 @@
 /* tests/unit/test_ref_layer_kinds.c — the layer kinds beyond the convolution
  * chain (grouped and dilated conv2d, the activations, mul, layer_scale,
  * avgpool2d, adaptive_avgpool2d, layernorm2d, layernorm, linear over
- * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode):
+ * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode, and a
+ * Vision Transformer's to_tokens, class_token, pos_embedding,
+ * self_attention, select_token, with linear and layernorm on tokens):
  *   - each kernel's backward against central finite differences of its
  *     forward, in double (the _f64 functions of gpu/ref), and the float
  *     forward against the double one;
@@ -39,7 +41,7 @@ static char err[256];
 
 /* ---- kernels against finite differences (double) ------------------------------ */
 
-#define MAXV 4
+#define MAXV 5
 
 /* A kernel under test: up to MAXV differentiable inputs v[k] of nv[k]
  * elements, an output of ny; fwd computes y, bwd the gradients g[k] of
@@ -185,6 +187,92 @@ static void mp_bwd(const kcase *k, double *const *v, const double *dy, double *c
     free(y);
 }
 
+/* to_tokens: a = n rows cols ([n, C, T] to [n, T, C]); the backward transposes back */
+static void tr_fwd(const kcase *k, double *const *v, double *y) { sf_ref_transpose_f64(v[0], k->a[0], k->a[1], k->a[2], y); }
+static void tr_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_transpose_f64(dy, k->a[0], k->a[2], k->a[1], g[0]);
+}
+static void tr_fwd_f32(const kcase *k, float *const *v, float *y) { sf_ref_transpose(v[0], k->a[0], k->a[1], k->a[2], y); }
+
+/* class token: a = n t c; v = x, cls */
+static void ct_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_prepend_token_fwd_f64(v[0], k->a[0], k->a[1], k->a[2], v[1], y);
+}
+static void ct_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_prepend_token_bwd_f64(dy, k->a[0], k->a[1], k->a[2], g[0], g[1]);
+}
+
+/* position embedding: a = n len; v = x, p; dx is dy */
+static void pe_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_add_bcast_fwd_f64(v[0], k->a[0], (size_t)k->a[1], v[1], y);
+}
+static void pe_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    memcpy(g[0], dy, sizeof(double) * k->nv[0]);
+    sf_ref_add_bcast_bwd_f64(dy, k->a[0], (size_t)k->a[1], g[1]);
+}
+
+/* select token: a = n t c */
+static void st_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_select_token_fwd_f64(v[0], k->a[0], k->a[1], k->a[2], y);
+}
+static void st_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_select_token_bwd_f64(dy, k->a[0], k->a[1], k->a[2], g[0]);
+}
+
+/* self-attention: a = n t c heads; v = x, in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias */
+typedef struct att_state {
+    double *qkv, *a, *o, *d_o, *dqkv;
+} att_state;
+static att_state att_new(const kcase *k)
+{
+    const size_t n = (size_t)k->a[0], t = (size_t)k->a[1], c = (size_t)k->a[2], h = (size_t)k->a[3];
+    att_state s = {malloc(sizeof(double) * n * t * 3 * c), malloc(sizeof(double) * n * h * t * t),
+                   malloc(sizeof(double) * n * t * c), malloc(sizeof(double) * n * t * c),
+                   malloc(sizeof(double) * n * t * 3 * c)};
+    return s;
+}
+static void att_free(att_state *s)
+{
+    free(s->qkv);
+    free(s->a);
+    free(s->o);
+    free(s->d_o);
+    free(s->dqkv);
+}
+static void sa_fwd(const kcase *k, double *const *v, double *y)
+{
+    att_state s = att_new(k);
+    sf_ref_attention_fwd_f64(v[0], k->a[0], k->a[1], k->a[2], k->a[3], v[1], v[2], v[3], v[4], s.qkv, s.a, s.o, y);
+    att_free(&s);
+}
+static void sa_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    att_state s = att_new(k);
+    double *y = malloc(sizeof(double) * k->ny);
+    sf_ref_attention_fwd_f64(v[0], k->a[0], k->a[1], k->a[2], k->a[3], v[1], v[2], v[3], v[4], s.qkv, s.a, s.o, y);
+    sf_ref_attention_bwd_f64(v[0], k->a[0], k->a[1], k->a[2], k->a[3], v[1], v[3], s.qkv, s.a, s.o, dy, s.d_o, s.dqkv,
+                             g[0], g[1], g[2], g[3], g[4]);
+    free(y);
+    att_free(&s);
+}
+static void sa_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    const size_t n = (size_t)k->a[0], t = (size_t)k->a[1], c = (size_t)k->a[2], h = (size_t)k->a[3];
+    float *qkv = malloc(sizeof(float) * n * t * 3 * c), *a = malloc(sizeof(float) * n * h * t * t),
+          *o = malloc(sizeof(float) * n * t * c);
+    sf_ref_attention_fwd(v[0], k->a[0], k->a[1], k->a[2], k->a[3], v[1], v[2], v[3], v[4], qkv, a, o, y);
+    free(qkv);
+    free(a);
+    free(o);
+}
+
 static const kcase kcases[] = {
     {"conv2d groups 2 dilation 2 pad 2", 3, {2 * 4 * 6 * 6, 6 * 2 * 9, 6}, 2 * 6 * 6 * 6, 1,
      {2, 4, 6, 6, 6, 3, 1, 2, 2, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
@@ -213,6 +301,14 @@ static const kcase kcases[] = {
     {"dropout p 0.3", 1, {3 * 20}, 3 * 20, 1, {0, 3, 20, 30}, dr_fwd, dr_bwd, NULL},
     {"stochastic depth p 0.5", 1, {8 * 6}, 8 * 6, 1, {1, 8, 6, 50}, dr_fwd, dr_bwd, NULL},
     {"maxpool2d k3 s2 ceil", 1, {2 * 2 * 6 * 6}, 2 * 2 * 3 * 3, 1, {2, 2, 6, 6, 3, 2, 0, 3, 3}, mp_fwd, mp_bwd, NULL},
+    {"to_tokens", 1, {2 * 3 * 4}, 2 * 3 * 4, 1, {2, 3, 4}, tr_fwd, tr_bwd, tr_fwd_f32},
+    {"class token", 2, {2 * 3 * 4, 4}, 2 * 4 * 4, 1, {2, 3, 4}, ct_fwd, ct_bwd, NULL},
+    {"position embedding", 2, {3 * 10, 10}, 3 * 10, 1, {3, 10}, pe_fwd, pe_bwd, NULL},
+    {"select token", 1, {2 * 3 * 4}, 2 * 4, 1, {2, 3, 4}, st_fwd, st_bwd, NULL},
+    {"self-attention, 2 heads", 5, {2 * 5 * 4, 3 * 4 * 4, 3 * 4, 4 * 4, 4}, 2 * 5 * 4, 2, {2, 5, 4, 2}, sa_fwd,
+     sa_bwd, sa_fwd_f32},
+    {"self-attention, 1 head of 6", 5, {1 * 3 * 6, 3 * 6 * 6, 3 * 6, 6 * 6, 6}, 1 * 3 * 6, 2, {1, 3, 6, 1}, sa_fwd,
+     sa_bwd, sa_fwd_f32},
 };
 
 static double loss_of(const kcase *k, double *const *v, const double *r, double *y)
@@ -396,8 +492,31 @@ static const char *const DENSE_SPEC =
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"dropout\",\"name\":\"drop\",\"p\":0.25},"
     "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
-static const char *const *const SPECS[] = {&GROUPED_SPEC, &SE_SPEC, &CONVNEXT_SPEC, &DENSE_SPEC};
-static const char *const SPEC_NAMES[] = {"grouped", "squeeze-excitation", "convnext", "densenet"};
+/* A Vision Transformer in miniature: a patch embedding (conv2d, to_tokens),
+ * the class token, the position embedding, one encoder block (layernorm and
+ * linear on tokens, self-attention, GELU, dropout, residual adds), the
+ * class token as features and a head. 8x8 input, 4x4 patches: 4 tokens, 5
+ * with the class token, of 8, in 2 heads. */
+static const char *const VIT_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"conv_proj\",\"out\":8,\"k\":4,\"stride\":4},"
+    "{\"type\":\"to_tokens\",\"name\":\"to_tokens\"},"
+    "{\"type\":\"class_token\",\"name\":\"class_token\"},"
+    "{\"type\":\"pos_embedding\",\"name\":\"encoder.pos_embedding\"},"
+    "{\"type\":\"layernorm\",\"name\":\"ln_1\",\"eps\":1e-6},"
+    "{\"type\":\"self_attention\",\"name\":\"attn\",\"num_heads\":2},"
+    "{\"type\":\"add\",\"name\":\"add\",\"inputs\":[\"attn\",\"encoder.pos_embedding\"]},"
+    "{\"type\":\"layernorm\",\"name\":\"ln_2\",\"eps\":1e-6},"
+    "{\"type\":\"linear\",\"name\":\"mlp.0\",\"out\":16},{\"type\":\"gelu\",\"name\":\"mlp.1\"},"
+    "{\"type\":\"dropout\",\"name\":\"mlp.2\",\"p\":0.25},"
+    "{\"type\":\"linear\",\"name\":\"mlp.3\",\"out\":8},"
+    "{\"type\":\"add\",\"name\":\"add_1\",\"inputs\":[\"add\",\"mlp.3\"]},"
+    "{\"type\":\"layernorm\",\"name\":\"encoder.ln\",\"eps\":1e-6},"
+    "{\"type\":\"select_token\",\"name\":\"select_token\"},"
+    "{\"type\":\"linear\",\"name\":\"heads.head\",\"out\":4}]}";
+
+static const char *const *const SPECS[] = {&GROUPED_SPEC, &SE_SPEC, &CONVNEXT_SPEC, &DENSE_SPEC, &VIT_SPEC};
+static const char *const SPEC_NAMES[] = {"grouped", "squeeze-excitation", "convnext", "densenet", "vit"};
 
 typedef struct rig {
     sf_backend *be;
@@ -575,7 +694,7 @@ static const sf_layer *layer_named(const sf_model *m, const char *name)
 static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
 {
     static sf_model m;
-    sf_param_desc pd[2];
+    sf_param_desc pd[SF_PARAM_SLOTS];
     assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);
     const sf_layer *g = layer_named(&m, "g");
     assert_int_equal(sf_layer_params(g, pd), 2);
@@ -605,6 +724,48 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_int_equal(layer_named(&m, "p2")->out_h, 3);
     assert_int_equal(layer_named(&m, "p3")->out_h, 2);
     assert_true(fabsf(layer_named(&m, "bn")->momentum - 0.2f) < 1e-7f);
+
+    /* nn.MultiheadAttention's four parameters, contiguous in state_dict
+     * order; the class token and the position embedding keyed by the
+     * layer's name alone, as torchvision's VisionTransformer holds them. */
+    assert_int_equal(sf_model_from_json(VIT_SPEC, &m, err, sizeof err), 0);
+    const sf_layer *at = layer_named(&m, "attn");
+    assert_int_equal(sf_layer_params(at, pd), 4);
+    const char *const att_names[] = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"};
+    const size_t att_n[] = {3 * 8 * 8, 3 * 8, 8 * 8, 8};
+    for (int j = 0; j < 4; j++) {
+        assert_string_equal(pd[j].suffix, att_names[j]);
+        assert_int_equal(at->p_n[j], att_n[j]);
+        assert_int_equal(at->p_off[j], j ? at->p_off[j - 1] + at->p_n[j - 1] : at->w_off);
+    }
+    assert_true(pd[0].ndim == 2 && pd[0].shape[0] == 24 && pd[0].shape[1] == 8);
+    assert_true(at->w_off == at->p_off[0] && at->b_off == at->p_off[1] && at->n_b == 24);
+    assert_int_equal(sf_layer_param_count(at), 3 * 64 + 24 + 64 + 8);
+    char key[SF_LAYER_NAME_MAX + 24];
+    const sf_layer *cls = layer_named(&m, "class_token");
+    assert_int_equal(sf_layer_params(cls, pd), 1);
+    sf_layer_param_key(cls, &pd[0], key, sizeof key);
+    assert_string_equal(key, "class_token");
+    assert_true(pd[0].ndim == 3 && pd[0].shape[0] == 1 && pd[0].shape[1] == 1 && pd[0].shape[2] == 8);
+    const sf_layer *pe = layer_named(&m, "encoder.pos_embedding");
+    assert_int_equal(sf_layer_params(pe, pd), 1);
+    sf_layer_param_key(pe, &pd[0], key, sizeof key);
+    assert_string_equal(key, "encoder.pos_embedding");
+    assert_true(pd[0].ndim == 3 && pd[0].shape[0] == 1 && pd[0].shape[1] == 5 && pd[0].shape[2] == 8);
+    sf_layer_params(at, pd);
+    sf_layer_param_key(at, &pd[2], key, sizeof key);
+    assert_string_equal(key, "attn.out_proj.weight");
+    /* Tokens [T, C]: 4 patches, then 5 with the class token; the MLP's
+     * linear layers per token; the class token out as 8 features. */
+    const sf_layer *tt = layer_named(&m, "to_tokens");
+    assert_true(tt->tokens && tt->out_h == 4 && tt->out_ch == 8 && tt->out_w == 1 && !tt->flat);
+    assert_true(cls->tokens && cls->out_h == 5);
+    const sf_layer *fc1 = layer_named(&m, "mlp.0");
+    assert_true(fc1->tokens && fc1->out_h == 5 && fc1->out_ch == 16 && fc1->n_w == 16 * 8);
+    assert_int_equal(sf_layer_out_is_features(fc1), 0);
+    const sf_layer *sel = layer_named(&m, "select_token");
+    assert_true(!sel->tokens && sel->flat && sel->out_elems == 8 && sf_layer_out_is_features(sel));
+    assert_int_equal(layer_named(&m, "encoder.ln")->n_w, 8);
     /* Every kind has its row and its hooks. */
     for (int k = 0; k < SF_L_KIND_COUNT; k++) {
         const sf_layer_kind_info *info = sf_layer_info((sf_layer_kind)k);
@@ -631,6 +792,14 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
     assert_non_null(strstr(err, "layer 2 \"a\""));
     assert_non_null(strstr(err, "pipeline.backend=ref"));
+    /* A kind the CUDA backend runs on maps (add) is refused on tokens
+     * until its row says it runs them too. */
+    assert_int_equal(sf_model_from_json(VIT_SPEC, &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 1, err, sizeof err), -1);
+    assert_non_null(strstr(err, "to_tokens"));
+    assert_int_equal(sf_layer_cuda_check(&m, 6, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layer 6 \"add\""));
+    assert_non_null(strstr(err, "token sequence"));
 }
 
 static void expect_json_error(const char *js, const char *needle1, const char *needle2)
@@ -664,6 +833,29 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
                       "layer 1", "flattened");
     expect_json_error(HEAD "{\"type\":\"maxpool2d\",\"k\":2,\"dilation\":2}]}", "layer 0", "dilation");
     expect_json_error(HEAD "{\"type\":\"avgpool2d\",\"k\":2,\"pad\":2}]}", "layer 0", "pad");
+    /* Token sequences: the kinds that need one, and those that need a map. */
+#define TOK HEAD "{\"type\":\"to_tokens\"},"
+    expect_json_error(HEAD "{\"type\":\"class_token\"}]}", "layer 0", "token sequence");
+    expect_json_error(HEAD "{\"type\":\"self_attention\",\"num_heads\":1}]}", "layer 0", "token sequence");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"select_token\"}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"self_attention\",\"num_heads\":3}]}", "layer 1", "num_heads");
+    expect_json_error(TOK "{\"type\":\"self_attention\"}]}", "layer 1", "num_heads");
+    expect_json_error(TOK "{\"type\":\"self_attention\",\"num_heads\":2,\"dropout\":0.1}]}", "layer 1",
+                      "dropout");
+    expect_json_error(TOK "{\"type\":\"self_attention\",\"num_heads\":2,\"embed_dim\":8}]}", "layer 1",
+                      "does not match");
+    expect_json_error(TOK "{\"type\":\"conv2d\",\"out\":4,\"k\":1}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"global_avgpool\"}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"linear\",\"out\":4,\"over\":\"channels\"}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"layernorm2d\"}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"concat\",\"inputs\":[0,0]}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"add\",\"inputs\":[-1,0]}]}", "layer 1", "tokens");
+    expect_json_error("{\"input\":[4,200,200],\"classes\":4,\"layers\":[{\"type\":\"to_tokens\"}]}", "layer 0",
+                      "tokens is too many");
+    /* A model may not end in a token sequence: it is no classifier's [K]. */
+    expect_json_error("{\"input\":[4,2,2],\"classes\":4,\"layers\":[{\"type\":\"to_tokens\"}]}", "layer 0",
+                      "classes");
+#undef TOK
 }
 
 static void expect_fields_json(const sf_layer *L, const char *want)

@@ -51,8 +51,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-__all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "main",
-           "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
+__all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "optimizer_recipe",
+           "main", "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "init.safetensors"
@@ -86,9 +86,11 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid",
     "MaxPool2d": "maxpool2d (no dilation)", "AvgPool2d": "avgpool2d (no divisor_override)",
     "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
-    "Linear": "linear (on features, or per pixel over channels after a permute)",
+    "Linear": "linear (on features, per token of a token sequence, or per pixel over channels after a permute)",
     "Dropout": "dropout (p 0: nothing)", "Flatten": "flatten (start_dim 1)",
-    "LayerNorm": "layernorm2d (over channels after a permute), layernorm (over features)",
+    "LayerNorm": "layernorm2d (over channels after a permute), layernorm (over features, or each token's)",
+    "MultiheadAttention": "self_attention (batch_first, query = key = value, one embed_dim, biases, dropout 0, "
+                          "no masks, need_weights=False)",
     "LayerNorm2d": "layernorm2d (torchvision.models.convnext.LayerNorm2d)",
     "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
     "Identity": "nothing",
@@ -97,7 +99,13 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
     "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
                                                           "layer_scale (a [C,1,1] parameter named layer_scale)",
-    "torch.cat": "concat (along channels)",
+    "torch.cat": "concat (along channels); class_token (a [1,1,C] parameter expanded over the batch, in front "
+                 "of a token sequence)",
+    "Tensor.expand": "of a parameter, as torch.cat's class token",
+    "operator.add of a parameter": "pos_embedding (a [1,T,C] parameter added to a token sequence)",
+    "Tensor.reshape(n, C, h*w) then Tensor.permute(0,2,1), Tensor.flatten(2) then Tensor.transpose(1,2)":
+        "to_tokens (a map as a token sequence, VisionTransformer's patch embedding)",
+    "x[:, 0]": "select_token (the first token of a sequence as features)",
     "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
     "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
     "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid":
@@ -139,11 +147,32 @@ class _Tracer(torch.fx.Tracer):
 class _Val:
     """A tensor of the traced graph as the service sees it: the layer that
     makes it (-1: the model input), its per-sample shape in the service's
-    terms ([C,H,W] or [F]) and whether PyTorch holds it permuted to
-    channels-last ([N,H,W,C], ConvNeXt's blocks)."""
+    terms ([C,H,W], [F], or [T,C] for a token sequence), whether PyTorch
+    holds it permuted to channels-last ([N,H,W,C], ConvNeXt's blocks),
+    whether it is a token sequence (tokens: [N,T,C] in PyTorch and in the
+    service) and whether it is a map reshaped to [N,C,H*W] on its way to
+    becoming one (ct: no layer of its own; the permute that follows makes
+    the tokens)."""
     layer: int
     shape: Tuple[int, ...]
     nhwc: bool = False
+    tokens: bool = False
+    ct: bool = False
+
+
+@dataclass
+class _Attention:
+    """The output pair of a MultiheadAttention call: (its output, its
+    attention weights); only the first may be used."""
+    out: _Val
+
+
+@dataclass
+class _Expanded:
+    """A module parameter expanded over the batch (the class token before
+    its torch.cat)."""
+    target: str
+    shape: Tuple[int, ...]
 
 
 @dataclass
@@ -178,9 +207,11 @@ class _Builder:
         return name
 
     def emit(self, kind: str, name: str, inputs: Sequence[_Val], shape: Tuple[int, ...], nhwc: bool = False,
-             params: Sequence[str] = (), generated: bool = False, **fields: Any) -> _Val:
+             params: Sequence[str] = (), generated: bool = False, tokens: bool = False, **fields: Any) -> _Val:
         """Appends a layer reading inputs and returns its output. name is a
-        module path, or a name made from one (generated: a function's)."""
+        module path, or a name made from one (generated: a function's).
+        params are the state_dict suffixes of its parameters; an empty one
+        is the layer's name itself (a parameter the module holds directly)."""
         idx = len(self.layers)
         if params:
             # A layer with parameters is named by its state_dict prefix exactly.
@@ -188,7 +219,7 @@ class _Builder:
                 raise ExportError("the module is called more than once; each call would need its own "
                                   "parameters", op=kind, module_path=name)
             for p in params:
-                key = f"{name}.{p}"
+                key = f"{name}.{p}" if p else name
                 if key in self.covered:
                     raise ExportError(f"its parameter {key} would be used by two layers; the service gives "
                                       "each layer its own parameters (call the module once, or use two modules)",
@@ -205,7 +236,7 @@ class _Builder:
             layer["inputs"] = [self.layers[v.layer]["name"] if v.layer >= 0 else -1 for v in inputs]
         layer.update(fields)
         self.layers.append(layer)
-        return _Val(idx, shape, nhwc)
+        return _Val(idx, shape, nhwc, tokens)
 
 
 def _path_of(node: torch.fx.Node) -> str:
@@ -320,9 +351,10 @@ class _Converter:
         if v.layer < 0 or not self.b.layers:
             raise ExportError("forward() returns its input unchanged: there is nothing to train",
                               op="forward", module_path="")
-        if v.nhwc:
-            raise ExportError("forward() returns a channels-last (permuted) tensor", op="forward",
-                              module_path="")
+        if v.nhwc or v.tokens or v.ct:
+            raise ExportError("forward() returns a " + ("channels-last (permuted) tensor" if v.nhwc else
+                              "token sequence") + "; the service's output is logits [N,K] or [N,K,H,W]",
+                              op="forward", module_path="")
         if v.layer != len(self.b.layers) - 1:
             raise ExportError("the output is not made by the last layer", op="forward", module_path="")
         self.check_coverage()
@@ -396,6 +428,8 @@ class _Converter:
         mod: Any = self.gm.get_submodule(path)
         op = _op_name(n, mod)
         name = type(mod).__name__
+        if type(mod) is nn.MultiheadAttention:
+            return self.attention(n, mod, op, path)
         if not n.args or n.kwargs or len(n.args) != 1:
             raise ExportError("is called with other than one tensor argument", op=op, module_path=path)
         x = self.val(n.args[0], n)
@@ -407,6 +441,9 @@ class _Converter:
                 raise ExportError("runs on a channels-last (permuted) tensor; only LayerNorm, Linear and "
                                   "activations are supported between permute(0,2,3,1) and permute(0,3,1,2)",
                                   op=op, module_path=path)
+            if x.tokens or x.ct:
+                raise ExportError("runs on a token sequence; LayerNorm, Linear, MultiheadAttention, activations, "
+                                  "dropout and adds are supported on tokens", op=op, module_path=path)
 
         if isinstance(mod, nn.Conv2d):
             need_nchw()
@@ -472,8 +509,10 @@ class _Converter:
         act = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish",
                nn.Hardsigmoid: "hardsigmoid", nn.Sigmoid: "sigmoid", nn.GELU: "gelu"}.get(type(mod))
         if act:
+            if x.ct:
+                need_nchw()
             f = {"approximate": "tanh"} if act == "gelu" and mod.approximate == "tanh" else {}
-            return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, **f)
+            return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if type(mod) is nn.MaxPool2d:
             need_nchw()
             _spatial(x.shape, op, path)
@@ -492,6 +531,14 @@ class _Converter:
             need_nchw()
             return self.adaptive(path, x, out, op)
         if type(mod) is nn.Linear:
+            if x.tokens:
+                f = {"out": mod.out_features}
+                if mod.bias is None:
+                    f["bias"] = False
+                return b.emit("linear", path, [x], (x.shape[0], mod.out_features), tokens=True,
+                              params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
+            if x.ct:
+                need_nchw()
             if x.nhwc:
                 f = {"out": mod.out_features, "over": "channels"}
                 if mod.bias is None:
@@ -508,6 +555,8 @@ class _Converter:
             return b.emit("linear", path, [x], out, params=["weight"] + (["bias"] if mod.bias is not None else []),
                           **f)
         if type(mod) is nn.Dropout:
+            if x.ct:
+                need_nchw()
             return self.dropout(path, x, float(mod.p))
         if type(mod) is nn.Flatten:
             return self.flatten(path, x, n, op, mod.start_dim, mod.end_dim)
@@ -515,7 +564,15 @@ class _Converter:
             need_nchw()
             _spatial(x.shape, op, path)
             return self.layernorm(path, x, mod, op, "layernorm2d")
+        if type(mod) is nn.LayerNorm and x.tokens:
+            if tuple(mod.normalized_shape) != (x.shape[1],):
+                raise ExportError(f"normalizes over {tuple(mod.normalized_shape)} of a token sequence of per-sample "
+                                  f"shape {list(x.shape)}; supported is LayerNorm over each token's {x.shape[1]} "
+                                  "values", op=op, module_path=path)
+            return self.layernorm(path, x, mod, op, "layernorm")
         if type(mod) is nn.LayerNorm:
+            if x.ct:
+                need_nchw()
             c = x.shape[0]
             if tuple(mod.normalized_shape) != (c,) or (len(x.shape) == 3 and not x.nhwc):
                 raise ExportError(f"normalizes over {tuple(mod.normalized_shape)} of a tensor of per-sample "
@@ -564,18 +621,64 @@ class _Converter:
     def dropout(self, path: str, x: _Val, p: float) -> _Val:
         if p == 0.0:
             return x
-        return self.b.emit("dropout", path, [x], x.shape, nhwc=x.nhwc, p=p)
+        return self.b.emit("dropout", path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, p=p)
 
     def layernorm(self, path: str, x: _Val, mod: Any, op: str, kind: str) -> _Val:
         if not mod.elementwise_affine or getattr(mod, "bias", None) is None:
             raise ExportError("needs elementwise_affine=True with a bias (the service's layernorm has both)", op=op,
                               module_path=path)
         f: Dict[str, Any] = {"eps": mod.eps} if mod.eps != 1e-5 else {}
-        return self.b.emit(kind, path, [x], x.shape, nhwc=x.nhwc, params=["weight", "bias"], **f)
+        return self.b.emit(kind, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=["weight", "bias"], **f)
+
+    def attention(self, n: torch.fx.Node, mod: Any, op: str, path: str) -> _Attention:
+        """nn.MultiheadAttention called as torchvision's EncoderBlock calls
+        it: self_attention(x, x, x, need_weights=False) on [N,T,C] tokens."""
+        names = ["query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+                 "is_causal"]
+        if len(n.args) > len(names) or any(k not in names for k in n.kwargs):
+            raise ExportError(f"is called with arguments {list(n.kwargs)} it does not take", op=op, module_path=path)
+        bound: Dict[str, Any] = dict(zip(names, n.args))
+        bound.update(n.kwargs)
+        q = bound.get("query")
+        if not isinstance(q, torch.fx.Node) or bound.get("key") is not q or bound.get("value") is not q:
+            raise ExportError("attends with a key or value other than its query; the service's self_attention "
+                              "is attention(x, x, x)", op=op, module_path=path)
+        for mask in ("key_padding_mask", "attn_mask"):
+            if bound.get(mask) is not None:
+                raise ExportError(f"is given {mask}: masks are not supported", op=op, module_path=path)
+        if bound.get("is_causal", False) is not False:
+            raise ExportError("is_causal: masks are not supported", op=op, module_path=path)
+        if bound.get("need_weights", True) is not False:
+            raise ExportError("need_weights=True (nn.MultiheadAttention's default): the service computes no "
+                              "attention weights to return; call it with need_weights=False", op=op,
+                              module_path=path)
+        if not mod.batch_first:
+            raise ExportError("batch_first=False: the service's tokens are [N, T, C]", op=op, module_path=path)
+        if not mod._qkv_same_embed_dim or mod.kdim != mod.embed_dim or mod.vdim != mod.embed_dim:
+            raise ExportError(f"kdim {mod.kdim} / vdim {mod.vdim} differ from embed_dim {mod.embed_dim}: the service "
+                              "projects q, k and v from one in_proj_weight", op=op, module_path=path)
+        if mod.in_proj_bias is None or mod.out_proj.bias is None or mod.bias_k is not None or \
+                mod.bias_v is not None or mod.add_zero_attn:
+            raise ExportError("needs bias=True, add_bias_kv=False and add_zero_attn=False", op=op, module_path=path)
+        if float(mod.dropout) != 0.0:
+            raise ExportError(f"dropout {mod.dropout} on the attention weights is not supported (0 only)", op=op,
+                              module_path=path)
+        x = self.val(q, n)
+        if not x.tokens:
+            raise ExportError(f"attends over a tensor of per-sample shape {list(x.shape)}, not a token sequence "
+                              "[T, C]", op=op, module_path=path)
+        out = self.b.emit("self_attention", path, [x], x.shape, tokens=True, num_heads=int(mod.num_heads),
+                          params=["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"])
+        return _Attention(out)
 
     def flatten(self, path: str, x: _Val, n: torch.fx.Node, op: str, start: int, end: int) -> _Val:
         if x.nhwc:
             raise ExportError("flattens a channels-last (permuted) tensor", op=op, module_path=path)
+        if start == 2 and end in (-1, 3) and not x.nhwc and not x.tokens and not x.ct and len(x.shape) == 3:
+            # [N,C,H,W] to [N,C,H*W]: no data moves; a transpose to tokens follows.
+            return _Val(x.layer, (x.shape[0], x.shape[1] * x.shape[2]), ct=True)
+        if x.tokens or x.ct:
+            raise ExportError("flattens a token sequence", op=op, module_path=path)
         if start != 1 or end not in (-1, len(x.shape)):
             raise ExportError(f"flattens dimensions {start}..{end}; the service flattens all but the batch "
                               "dimension (start_dim=1)", op=op, module_path=path)
@@ -602,16 +705,22 @@ class _Converter:
         if t in (operator.add, operator.iadd, torch.add) or meth in ("add", "add_"):
             if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
                 raise ExportError("alpha is not supported", op=op, module_path=path)
-            a, c = self.val(arg(0, "input"), n), self.val(arg(1, "other"), n)
-            if a.shape != c.shape or a.nhwc != c.nhwc:
+            a0, a1 = arg(0, "input"), arg(1, "other")
+            attrs = [v for v in (a0, a1) if isinstance(v, torch.fx.Node) and v.op == "get_attr"]
+            if attrs:
+                return self.pos_embedding(n, attrs, a1 if a0 is attrs[0] else a0, op, path)
+            a, c = self.val(a0, n), self.val(a1, n)
+            if a.shape != c.shape or a.nhwc != c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
                 raise ExportError(f"adds tensors of shapes {list(a.shape)} and {list(c.shape)}; the service adds "
                                   "tensors of one shape", op=op, module_path=path)
-            return b.emit("add", self.fname(n, "add"), [a, c], a.shape, nhwc=a.nhwc)
+            return b.emit("add", self.fname(n, "add"), [a, c], a.shape, nhwc=a.nhwc, tokens=a.tokens)
         if t in (operator.mul, operator.imul, torch.mul) or meth in ("mul", "mul_"):
             return self.mul(n, arg(0, "input"), arg(1, "other"), op, path)
         if t is torch.cat:
             tensors = arg(0, "tensors")
             dim = arg(1, "dim", 0)
+            if any(isinstance(self.vals.get(v), _Expanded) for v in tensors):
+                return self.class_token(n, tensors, dim, op, path)
             vals = [self.val(v, n) for v in tensors]
             if any(v.nhwc or len(v.shape) != 3 for v in vals) or dim not in (1, -3):
                 raise ExportError(f"concatenates along dimension {dim}; the service concatenates [C,H,W] maps "
@@ -630,15 +739,27 @@ class _Converter:
                 raise ExportError("reshapes a channels-last (permuted) tensor", op=op, module_path=path)
             if out == x.shape:
                 return x
+            if len(x.shape) == 3 and not x.tokens and not x.ct and out == (x.shape[0], x.shape[1] * x.shape[2]):
+                # [N,C,H,W] to [N,C,H*W]: no data moves; a permute to tokens follows.
+                return _Val(x.layer, out, ct=True)
             if out == (math.prod(x.shape),):
                 return self.flatten(path, x, n, op, 1, -1)
             raise ExportError(f"reshapes {list(x.shape)} to {list(out)} (per sample); only a flatten to "
                               "[N, C*H*W] is supported", op=op, module_path=path,
                               supported=_supported_functions())
+        if meth == "transpose" or t is torch.transpose:
+            x = self.val(n.args[0], n)
+            pair = {int(arg(1, "dim0")) % 3, int(arg(2, "dim1")) % 3}
+            if x.ct and pair == {1, 2}:
+                return self.to_tokens(n, x)
+            raise ExportError("transposes other than a [N,C,H*W] map to [N,H*W,C] tokens", op=op, module_path=path,
+                              supported=_supported_functions())
         if t is torch.permute or meth == "permute":
             x = self.val(n.args[0], n)
             raw: Any = n.args[1:] if meth and len(n.args) > 2 else (arg(1, "dims") or n.kwargs.get("dims"))
             dims = tuple(int(d) for d in raw)
+            if x.ct and dims == (0, 2, 1):
+                return self.to_tokens(n, x)
             if not x.nhwc and dims == (0, 2, 3, 1) and len(x.shape) == 3:
                 return _Val(x.layer, x.shape, True)
             if x.nhwc and dims == (0, 3, 1, 2):
@@ -647,6 +768,26 @@ class _Converter:
                               "permute(0,3,1,2) are supported (ConvNeXt's blocks)", op=op, module_path=path)
         if meth == "contiguous":
             return self.val(n.args[0], n)
+        if meth == "expand" and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr":
+            target = str(n.args[0].target)
+            p = self.b.state.get(target)
+            if p is None or p.dim() != 3 or p.shape[0] != 1 or out != tuple(p.shape[1:]):
+                raise ExportError(f"expands the module tensor {target}; supported is a [1,1,C] parameter expanded "
+                                  "over the batch as a class token", op=op, module_path=path)
+            return _Expanded(target, tuple(int(d) for d in p.shape))
+        if t is operator.getitem:
+            src = self.vals.get(n.args[0])
+            if isinstance(src, _Attention):
+                if n.args[1] != 0:
+                    raise ExportError("uses the attention weights (the second output); the service computes none",
+                                      op=self.opname(n.args[0]), module_path=_path_of(n.args[0]))
+                return src.out
+            x = self.val(n.args[0], n)
+            idx = n.args[1]
+            if x.tokens and isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None) and idx[1] == 0:
+                return b.emit("select_token", self.fname(n, "select_token"), [x], (x.shape[1],))
+            raise ExportError(f"indexes with {idx!r}; supported is x[:, 0] on a token sequence (the class token)",
+                              op=op, module_path=path, supported=_supported_functions())
         acts: Dict[Any, str] = {F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu",
                                 F.gelu: "gelu", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid",
                                 torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid"}
@@ -654,10 +795,12 @@ class _Converter:
         kind = acts.get(t) if n.op == "call_function" else meth_acts.get(meth or "")
         if kind:
             x = self.val(n.args[0], n)
+            if x.ct:
+                raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
             f: Dict[str, Any] = {}
             if kind == "gelu" and n.kwargs.get("approximate", "none") == "tanh":
                 f["approximate"] = "tanh"
-            return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, **f)
+            return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if t is F.adaptive_avg_pool2d:
             return self.adaptive(self.fname(n, "avgpool"), self.val(n.args[0], n), out, op)
         if meth == "mean" or t is torch.mean:
@@ -680,6 +823,32 @@ class _Converter:
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_functions())
 
+    def to_tokens(self, n: torch.fx.Node, x: _Val) -> _Val:
+        c, t = x.shape
+        return self.b.emit("to_tokens", self.fname(n, "to_tokens"), [x], (t, c), tokens=True)
+
+    def class_token(self, n: torch.fx.Node, tensors: Any, dim: Any, op: str, path: str) -> _Val:
+        """torch.cat([class_token.expand(n, -1, -1), x], dim=1): a [1,1,C]
+        parameter in front of a token sequence."""
+        cls = self.vals.get(tensors[0]) if len(tensors) == 2 else None
+        x = self.vals.get(tensors[1]) if len(tensors) == 2 else None
+        if not isinstance(cls, _Expanded) or not isinstance(x, _Val) or not x.tokens or dim not in (1, -2) or \
+                cls.shape != (1, 1, x.shape[1]):
+            raise ExportError("concatenates an expanded module tensor; supported is torch.cat([p.expand(n, -1, -1), "
+                              "x], dim=1) of a [1,1,C] parameter p and a token sequence x (a class token)", op=op,
+                              module_path=path)
+        return self.b.emit("class_token", cls.target, [x], (x.shape[0] + 1, x.shape[1]), tokens=True, params=[""])
+
+    def pos_embedding(self, n: torch.fx.Node, attrs: List[torch.fx.Node], other: Any, op: str, path: str) -> _Val:
+        """x + p of a [1,T,C] parameter p and a token sequence x."""
+        target = str(attrs[0].target)
+        p = self.b.state.get(target)
+        x = self.val(other, n) if len(attrs) == 1 else None
+        if x is None or p is None or not x.tokens or tuple(p.shape) != (1,) + x.shape:
+            raise ExportError(f"adds the module tensor {target}; supported is a [1,T,C] parameter added to a token "
+                              "sequence (a position embedding)", op=op, module_path=path)
+        return self.b.emit("pos_embedding", target, [x], x.shape, tokens=True, params=[""])
+
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
         attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
         if attrs:
@@ -698,17 +867,17 @@ class _Converter:
         if len(c.shape) == 3 and len(a.shape) == 3 and a.shape[1:] == (1, 1) and c.shape[1:] != (1, 1):
             a, c = c, a  # the service's mul takes the full map first, the [C,1,1] scale second
         ok = a.shape == c.shape or (len(a.shape) == 3 and c.shape == (a.shape[0], 1, 1))
-        if not ok or a.nhwc or c.nhwc:
+        if not ok or a.nhwc or c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
             raise ExportError(f"multiplies tensors of shapes {list(a.shape)} and {list(c.shape)}; supported are "
                               "equal shapes and a [C,H,W] map times a [C,1,1] one", op=op, module_path=path)
-        return self.b.emit("mul", self.fname(n, "mul"), [a, c], a.shape)
+        return self.b.emit("mul", self.fname(n, "mul"), [a, c], a.shape, tokens=a.tokens)
 
 
 # ---- the public functions -------------------------------------------------------------------
 
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
                   nn.Hardsigmoid, nn.Sigmoid, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Linear,
-                  nn.Dropout, nn.Flatten, nn.LayerNorm, nn.Identity)
+                  nn.Dropout, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:
@@ -789,6 +958,25 @@ def imagenet_recipe(input_hw: Tuple[int, int]) -> Dict[str, Any]:
         "eval_pipeline": [to, {"op": "resize", "size": [rh, rw]}, {"op": "center_crop", "size": [h, w]}, norm]}}
 
 
+# torch.optim's defaults, as the service's optim options (docs/CONFIG.md):
+# the service's own optim.weight_decay default is 0, torch.optim.AdamW's 0.01.
+_OPTIMIZERS: Dict[str, Dict[str, Any]] = {
+    "sgd": {"name": "sgd", "lr": 1e-3, "momentum": 0.0, "weight_decay": 0.0},
+    "adamw": {"name": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01},
+}
+
+
+def optimizer_recipe(name: str) -> Dict[str, Any]:
+    """The optim options of torch.optim's optimizer of that name at its
+    defaults: ``"adamw"`` is ``torch.optim.AdamW(params)`` (lr 1e-3, betas
+    (0.9, 0.999), eps 1e-8, weight_decay 0.01; Vision Transformers train
+    with it), ``"sgd"`` is ``torch.optim.SGD(params)`` (lr 1e-3, no momentum
+    or weight decay). ``config={"optim": {...}}`` changes any of them."""
+    if name not in _OPTIMIZERS:
+        raise ExportError(f"optimizer {name!r}: known are {', '.join(repr(k) for k in _OPTIMIZERS)} and None")
+    return {"optim": dict(_OPTIMIZERS[name])}
+
+
 def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> None:
     for sec, opts in extra.items():
         if not isinstance(opts, dict):
@@ -797,16 +985,19 @@ def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> None:
 
 
 def export_model(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]], out_dir: Union[str, Path],
-                 *, recipe: Optional[str] = "imagenet", config: Optional[Dict[str, Any]] = None,
-                 overwrite: bool = False) -> ExportedModel:
+                 *, recipe: Optional[str] = "imagenet", optimizer: Optional[str] = None,
+                 config: Optional[Dict[str, Any]] = None, overwrite: bool = False) -> ExportedModel:
     """Writes ``out_dir/config.json`` (for ``streamfeed --config``: model.spec,
     model.init_from naming the weights by absolute path, and the recipe's
     options) and ``out_dir/init.safetensors`` (the module's state_dict).
 
     recipe: ``"imagenet"`` adds :func:`imagenet_recipe` for a 3-channel
     input (the service has no recipe of its own for a model.spec model), or
-    None for none. config: more options by section, e.g.
-    ``{"optim": {"name": "adamw", "lr": 1e-3}}``; they win over the recipe.
+    None for none. optimizer: ``"adamw"`` or ``"sgd"`` writes that optimizer
+    at torch.optim's defaults (:func:`optimizer_recipe`); None leaves the
+    service's optim options as they are. config: more options by section,
+    e.g. ``{"optim": {"lr": 3e-4}}``; they win over the recipe and the
+    optimizer.
 
     Both files are written into a temporary directory beside out_dir that
     is renamed to out_dir at the end, so a refused or failed export leaves
@@ -816,6 +1007,8 @@ def export_model(module: nn.Module, example_input: Union[torch.Tensor, Sequence[
     out = Path(out_dir).resolve()
     if out.exists() and not overwrite:
         raise ExportError(f"{out} exists (pass overwrite=True, or --overwrite, to replace it)")
+    if optimizer is not None:
+        optimizer_recipe(optimizer)  # refused before anything is traced or written
     exported = convert(module, example_input)
     spec = exported.spec
     cfg: Dict[str, Any] = {"model": {"spec": spec, "init_from": str(out / WEIGHTS_FILE)}}
@@ -823,6 +1016,8 @@ def export_model(module: nn.Module, example_input: Union[torch.Tensor, Sequence[
         _merge(cfg, imagenet_recipe((spec["input"][1], spec["input"][2])))
     elif recipe not in (None, "imagenet"):
         raise ExportError(f"recipe {recipe!r}: known are 'imagenet' and None")
+    if optimizer is not None:
+        _merge(cfg, optimizer_recipe(optimizer))
     if config:
         _merge(cfg, config)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -867,6 +1062,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--out", required=True, help="directory to write config.json and init.safetensors into")
     ap.add_argument("--recipe", choices=["imagenet", "none"], default="imagenet",
                     help="augmentation options to write (imagenet: torchvision's classification recipe)")
+    ap.add_argument("--optimizer", choices=sorted(_OPTIMIZERS), default=None,
+                    help="write this optimizer at torch.optim's defaults (adamw: lr 1e-3, weight_decay 0.01)")
     ap.add_argument("--config", default="{}", help='JSON object of more options by section, e.g. {"optim":{"lr":0.1}}')
     ap.add_argument("--overwrite", action="store_true", help="replace DIR if it exists")
     a = ap.parse_args(argv)
@@ -880,8 +1077,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ap.error("--input is C,H,W; --kwargs and --config are JSON objects")
     model = _factory(a.factory)(**kwargs)
     try:
-        ex = export_model(model, shape, a.out, recipe=None if a.recipe == "none" else a.recipe, config=extra,
-                          overwrite=a.overwrite)
+        ex = export_model(model, shape, a.out, recipe=None if a.recipe == "none" else a.recipe,
+                          optimizer=a.optimizer, config=extra, overwrite=a.overwrite)
     except ExportError as e:
         print(f"streamfeed.export: {e}", file=sys.stderr)
         return 2

@@ -385,7 +385,14 @@ const sf_cfg_option sf_config_table[] = {
      "damaged or cut scan, a file past the batch's decode budget): skip leaves the sample out and the "
      "batch trains on the others (loss and accuracy over those; the reply's skipped_samples names "
      "it, streamfeed_samples_undecodable_total counts it; a batch of which no file decodes fails "
-     "with jpeg_undecodable); fail fails the whole batch with jpeg_undecodable."},
+     "with jpeg_undecodable); fail fails the whole batch with jpeg_undecodable. PNG and WebP files "
+     "are left out the same way, named png_undecodable and webp_undecodable."},
+    {"decode.exif_orientation", SF_CT_ENUM, F(decode.exif_orientation), "ignore", 0, 0, "ignore|apply",
+     SF_CF_HOT, NULL,
+     "What an encoded file's EXIF orientation tag does: ignore decodes the pixels as stored, as "
+     "torchvision.io.decode_image and Pillow's Image.open do; apply turns and mirrors the image as "
+     "PIL.ImageOps.exif_transpose does (a file of orientation 5 to 8 trains with its height and width "
+     "swapped). Read for each batch as its body arrives; on CUDA a turned file decodes on the host."},
     {"log.level", SF_CT_ENUM, F(log.level), "info", 0, 0, "debug|info|warn|error", SF_CF_HOT, NULL,
      "Log level."},
     {"log.format", SF_CT_ENUM, F(log.format), "text", 0, 0, "text|json", SF_CF_HOT, NULL,

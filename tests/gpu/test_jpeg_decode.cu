@@ -743,7 +743,7 @@ static void undecodable_left_out_and_cmyk_on_the_host(const std::vector<jcase> &
     jb.b.jpeg_files = files.data();
     jb.b.jpeg_forms |= SF_JPEG_FORM_CMYK;
     std::vector<uint8_t> marks(baseline.size(), 7), ref(jb.decoded, 0), rbad(baseline.size(), 0);
-    if (sf_ref_jpeg_decode_some(&jb.b, NULL, ref.data(), ref.size(), rbad.data(), err, sizeof err) != 1 || !rbad[bad])
+    if (sf_ref_image_decode_some(&jb.b, NULL, ref.data(), ref.size(), rbad.data(), err, sizeof err) != 1 || !rbad[bad])
         fail("libjpeg-turbo did not refuse the bogus file alone: %s", err);
     jb.b.skip_undecodable = 1;
     jb.b.undecodable = marks.data();
@@ -863,7 +863,7 @@ int main(void)
         const std::vector<jcase> &cases = be == SF_CUDA_JPEG_HARDWARE ? baseline : with_prog;
         make_batch(jb, cases, 1000 + (uint64_t)be);
         std::vector<uint8_t> ref(jb.decoded), got(jb.decoded, 0xEE);
-        if (sf_ref_jpeg_decode(&jb.b, ref.data(), ref.size(), err, sizeof err)) {
+        if (sf_ref_image_decode(&jb.b, ref.data(), ref.size(), err, sizeof err)) {
             fail("libjpeg-turbo: %s", err);
             continue;
         }
@@ -906,7 +906,7 @@ int main(void)
             continue;
         make_batch(jb, baseline, 9);
         std::vector<uint8_t> clean(jb.decoded);
-        if (sf_ref_jpeg_decode(&jb.b, clean.data(), clean.size(), err, sizeof err)) {
+        if (sf_ref_image_decode(&jb.b, clean.data(), clean.size(), err, sizeof err)) {
             fail("libjpeg-turbo: %s", err);
             continue;
         }
@@ -933,7 +933,7 @@ int main(void)
         jb.b.jpeg = jb.bytes.data();
         char rerr[200];
         std::vector<uint8_t> ref(jb.decoded);
-        const int ref_rc = sf_ref_jpeg_decode(&jb.b, ref.data(), ref.size(), rerr, sizeof rerr);
+        const int ref_rc = sf_ref_image_decode(&jb.b, ref.data(), ref.size(), rerr, sizeof rerr);
         sf_cuda_clear_error();
         int rc = sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s);
         rc = rc || cudaStreamSynchronize(s) != cudaSuccess;

@@ -120,6 +120,8 @@ sf_jpeg_error sf_png_header_parse(const uint8_t *d, size_t len, const sf_jpeg_li
             got.orientation = sf_exif_orientation(body, n);
             have_exif = 1;
         } else if (memcmp(name, "IEND", 4) == 0) {
+            if (n != 0)
+                return fail(SF_PNG_E_MALFORMED, msg, msglen, "IEND at byte %zu declares %u bytes; it is empty", pos, n);
             if (!have_idat)
                 return fail(SF_PNG_E_MALFORMED, msg, msglen, "IEND at byte %zu comes before any IDAT chunk", pos);
             got.data_len = (int64_t)(pos + 12 + n);

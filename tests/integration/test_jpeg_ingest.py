@@ -328,8 +328,9 @@ def test_streamfeed_load_dir_numbers_hidden_class_folders_as_torchvision_does(st
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["accepted"] == 0 and summary["rejected"] == 1, summary
     assert list(summary["errors"]) == ["label_out_of_range"], summary
-    assert "4 JPEG files in 11 class folders" in p.stderr, p.stderr
-    assert ".ipynb_checkpoints holds no .jpg file; it still counts as class 0" in p.stderr, p.stderr
+    assert "4 image files in 11 class folders" in p.stderr, p.stderr
+    assert ".ipynb_checkpoints holds no image file (.jpg, .jpeg, .png, .webp); it still counts as class 0" in p.stderr, \
+        p.stderr
     (tmp_path / ".ipynb_checkpoints").rmdir()
     summary = run_load(s, "--dir", str(tmp_path), "--batch", "4", "--batches", "1")
     assert summary["accepted"] == 1 and summary["errors"] == {}, summary

@@ -357,14 +357,16 @@ const sf_cfg_option sf_config_table[] = {
     {"limits.max_tensor_header_bytes", SF_CT_INT, F(limits.max_tensor_header_bytes), "65536", 64,
      16777216, NULL, SF_CF_HOT, NULL, "Largest safetensors JSON header accepted."},
     {"jpeg.max_side", SF_CT_INT, F(jpeg.max_side), "8192", 1, 16384, NULL, SF_CF_HOT, NULL,
-     "Largest height or width of a JPEG sample (its header is read before any decode; a larger one "
-     "is refused with jpeg_side_too_large)."},
+     "Largest height or width of an encoded sample, JPEG, PNG or WebP (its header is read before any "
+     "decode; a larger one is refused with jpeg_side_too_large)."},
     {"jpeg.max_pixels", SF_CT_INT64, F(jpeg.max_pixels), "33554432", 1, 4294836225.0, NULL, SF_CF_HOT,
-     NULL, "Most pixels (h*w) of one JPEG sample; more is refused with jpeg_too_many_pixels "
+     NULL, "Most pixels (h*w) of one encoded sample, JPEG, PNG or WebP; more is refused with "
+     "jpeg_too_many_pixels "
      "(decompression bombs). The default, 32 Mi pixels, takes 24- and 33-megapixel camera files."},
     {"jpeg.max_batch_pixels", SF_CT_INT64, F(jpeg.max_batch_pixels), "134217728", 0, 4294967296.0, NULL,
      0, NULL,
-     "Most decoded pixels (sum of h*w) of one JPEG batch; more is refused with jpeg_batch_too_large. "
+     "Most decoded pixels (sum of h*w) of one encoded batch (JPEG, PNG, WebP); more is refused with "
+     "jpeg_batch_too_large. "
      "The decode buffers are sized once from it, at start: 3 bytes per pixel for the decoded images "
      "on the reference backend (host memory); on CUDA two such areas in device memory (6 bytes per "
      "pixel; one with pipeline.overlap off), so that a batch decodes while the one before is "

@@ -194,7 +194,7 @@ def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
     if not np.issubdtype(lab.dtype, np.integer):
         raise ValueError(f"labels must be integers, got {lab.dtype}")
     for i, d in enumerate(data):
-        why = _not_a_jpeg(d)
+        why = _not_an_image(d)
         if why is not None:
             raise ValueError(f"sample {i} is not a JPEG, PNG or WebP file: {why}")
     offsets = np.zeros(len(data) + 1, dtype=np.int64)
@@ -397,7 +397,7 @@ def _sample(item: Any) -> Tuple[FileLike, int]:
     return f, int(y)
 
 
-def _not_a_jpeg(d: bytes) -> Optional[str]:
+def _not_an_image(d: bytes) -> Optional[str]:
     if not d:
         return "an empty file"
     if not (d[:2] == b"\xff\xd8" or d[:8] == PNG_SIGNATURE or (d[:4] == b"RIFF" and d[8:12] == b"WEBP")):
@@ -434,7 +434,7 @@ def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool,
             left.append((seen, name, "file_unreadable", f"left out before sending: {e}"))
             seen += 1
             continue
-        why = _not_a_jpeg(d)
+        why = _not_an_image(d)
         over = limits.refusal(d) if limits is not None and why is None else None
         if why is not None:
             left.append((seen, name, "jpeg_not_jpeg", f"left out before sending: {why}"))

@@ -743,7 +743,7 @@ static void undecodable_left_out_and_cmyk_on_the_host(const std::vector<jcase> &
     jb.b.jpeg = jb.bytes.data();
     std::vector<sf_jpeg_file> files(baseline.size());
     for (size_t i = 0; i < files.size(); i++)
-        files[i] = {jb.off[i + 1] - jb.off[i], 0u};
+        files[i] = {jb.off[i + 1] - jb.off[i], 0u, 1};
     files[cm].forms = SF_JPEG_FORM_CMYK;
     jb.b.jpeg_files = files.data();
     jb.b.jpeg_forms |= SF_JPEG_FORM_CMYK;

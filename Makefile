@@ -76,12 +76,13 @@ PYTHON  ?= python3
 VENV    := .venv
 
 # python3-venv: Debian's python3 makes no virtualenv without it (the tests' and the package check's).
-DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libjpeg62-turbo-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl python3-venv
+# libspng-dev, libwebp-dev: the PNG and WebP decoders (docs/DEPENDENCIES.md says why each).
+DEB_PKGS := libmicrohttpd-dev libgnutls28-dev libcjson-dev libcurl4-openssl-dev libgloo-dev libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev libwebp-dev libcmocka-dev prometheus clang libclang-rt-14-dev pkg-config openssl python3-venv
 
 CPPFLAGS += -I. -D_GNU_SOURCE
 CFLAGS   ?= -O2 -g
 CFLAGS   += -std=c11 -Wall -Wextra -Werror -Wno-unused-parameter -pthread -MMD -MP
-LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -ljpeg -lgloo -lstdc++ -lm -lpthread
+LDLIBS   += -lmicrohttpd -lgnutls -lcjson -lcurl -lturbojpeg -ljpeg -lspng -lwebp -lgloo -lstdc++ -lm -lpthread
 
 ifdef DEBUG
   CFLAGS += -O0
@@ -101,6 +102,8 @@ endif
 
 # ---- sources ---------------------------------------------------------------
 SERVER_SRC  := $(filter-out server/main.c,$(wildcard server/*.c))
+# The encoded-file header readers, which the body parser calls.
+IMAGE_HEADER_SRC := server/image_header.c server/jpeg_header.c server/png_header.c server/webp_header.c
 HANDLER_SRC := $(wildcard handlers/*.c)
 GPU_SRC     := $(wildcard gpu/*.c) $(wildcard gpu/ref/*.c)
 # collective/: collectives between the ranks of a data-parallel job (Gloo, C++ behind a C API).
@@ -223,7 +226,7 @@ $(BUILD)/streamfeed: $(BUILD)/server/main.o $(LIB)
 # workloads), so it runs on a machine without the CUDA libraries (no
 # cuDNN/cuBLAS/cudart needed).
 LOAD_OBJ    := $(patsubst %.c,$(BUILD)/%.o,$(wildcard client/*.c)) \
-               $(BUILD)/server/safetensors.o $(BUILD)/server/jpeg_header.o $(BUILD)/server/text.o
+               $(BUILD)/server/safetensors.o $(IMAGE_HEADER_SRC:%.c=$(BUILD)/%.o) $(BUILD)/server/text.o
 LOAD_LDLIBS := -lcjson -lcurl -lturbojpeg -lm -lpthread
 $(BUILD)/streamfeed-load: $(LOAD_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ $(LOAD_LDLIBS)
@@ -335,20 +338,24 @@ soak: $(BUILD)/streamfeed $(VENV)/.stamp
 # To add one: append <name> to FUZZ_TARGETS and set the two variables.
 FUZZ_CC ?= clang
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-FUZZ_TARGETS := safetensors config_patch jpeg_header checkpoint
+FUZZ_TARGETS := safetensors config_patch jpeg_header png_header webp_header checkpoint
 # The body parser calls the JPEG header reader.
-FUZZ_SRC_safetensors := server/safetensors.c server/jpeg_header.c server/text.c
+FUZZ_SRC_safetensors := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c
 FUZZ_CORPUS_safetensors := tests/fuzz/corpus
 # The layer registry (gpu/layers.c) names each kind's reference hooks: a
 # target that resolves models links the reference layer families with it.
-FUZZ_REF_LAYERS := $(filter-out gpu/ref/backend_ref.c gpu/ref/jpeg.c gpu/ref/augment.c gpu/ref/loss.c gpu/ref/optimizer.c,$(wildcard gpu/ref/*.c))
+FUZZ_REF_LAYERS := $(filter-out gpu/ref/backend_ref.c gpu/ref/jpeg.c gpu/ref/image.c gpu/ref/png.c gpu/ref/webp.c gpu/ref/augment.c gpu/ref/loss.c gpu/ref/optimizer.c,$(wildcard gpu/ref/*.c))
 # config.c checks http.tls_priorities with GnuTLS (server/tls.c).
 FUZZ_SRC_config_patch := server/config.c server/netaddr.c server/lr_schedule.c server/text.c server/tls.c gpu/model.c gpu/layers.c $(FUZZ_REF_LAYERS) gpu/aug.c gpu/common.c
 FUZZ_CORPUS_config_patch := tests/fuzz/corpus_config_patch
-FUZZ_SRC_jpeg_header := server/safetensors.c server/jpeg_header.c server/text.c
+FUZZ_SRC_jpeg_header := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c
 FUZZ_CORPUS_jpeg_header := tests/fuzz/corpus_jpeg_header
+FUZZ_SRC_png_header := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c
+FUZZ_CORPUS_png_header := tests/fuzz/corpus_png_header
+FUZZ_SRC_webp_header := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c
+FUZZ_CORPUS_webp_header := tests/fuzz/corpus_webp_header
 # the checkpoint decoder, on the whole-file reader, against the model it decodes for
-FUZZ_SRC_checkpoint := server/safetensors.c server/jpeg_header.c server/text.c server/checkpoint_format.c gpu/model.c gpu/layers.c $(FUZZ_REF_LAYERS) gpu/common.c
+FUZZ_SRC_checkpoint := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c server/checkpoint_format.c gpu/model.c gpu/layers.c $(FUZZ_REF_LAYERS) gpu/common.c
 FUZZ_CORPUS_checkpoint := tests/fuzz/corpus_checkpoint
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 test-builds: $(FUZZ_BINS)

@@ -16,9 +16,9 @@
 #include <turbojpeg.h>
 
 #include "client/natural_image.h"
-#include "server/jpeg_header.h"
+#include "server/image_header.h"
 
-/* A body of the encoded form: jpeg_offsets I64 [N+1], labels [N], jpeg U8
+/* A body of the encoded form: files_offsets I64 [N+1], labels [N], files U8
  * [total] (the order Python's safetensors writes, offsets first, so the
  * server checks each file as soon as it has arrived). */
 
@@ -38,11 +38,13 @@ static int pathf(char *out, size_t cap, const char *fmt, ...)
     return n < 0 || (size_t)n >= cap ? -1 : 0;
 }
 
-/* .jpg or .jpeg in any case, as torchvision's ImageFolder takes them. */
-static int is_jpeg_name(const char *n)
+/* .jpg, .jpeg, .png or .webp in any case: the formats the service decodes,
+ * among the extensions torchvision's ImageFolder takes. */
+static int is_image_name(const char *n)
 {
     size_t l = strlen(n);
-    return (l > 4 && strcasecmp(n + l - 4, ".jpg") == 0) || (l > 5 && strcasecmp(n + l - 5, ".jpeg") == 0);
+    return (l > 4 && (strcasecmp(n + l - 4, ".jpg") == 0 || strcasecmp(n + l - 4, ".png") == 0)) ||
+           (l > 5 && (strcasecmp(n + l - 5, ".jpeg") == 0 || strcasecmp(n + l - 5, ".webp") == 0));
 }
 
 static int is_dir(const char *path)
@@ -63,7 +65,7 @@ static void jfiles_free(jfile *f, int n)
  * link cycle must end somewhere). */
 #define MAX_DIR_DEPTH 16
 
-/* Appends the .jpg/.jpeg files under dir (its subfolders included, as
+/* Appends the image files (.jpg, .jpeg, .png, .webp) under dir (its subfolders included, as
  * torchvision's ImageFolder walks them) with this label. Returns 0 or -1. */
 static int add_class_files(const char *dir, int label, int depth, jfile **f, int *n, int *cap)
 {
@@ -81,7 +83,7 @@ static int add_class_files(const char *dir, int label, int depth, jfile **f, int
         if (S_ISDIR(st.st_mode)) {
             if (depth < MAX_DIR_DEPTH)
                 rc = add_class_files(p, label, depth + 1, f, n, cap);
-        } else if (S_ISREG(st.st_mode) && is_jpeg_name(dn)) {
+        } else if (S_ISREG(st.st_mode) && is_image_name(dn)) {
             if (*n == *cap) {
                 int nc = *cap ? *cap * 2 : 256;
                 jfile *nf = realloc(*f, (size_t)nc * sizeof **f);
@@ -132,7 +134,8 @@ static int list_image_folder(const char *root, int quiet, jfile **out, int *ncla
         rc = add_class_files(sub, k, 0, &f, &n, &cap);
         if (rc == 0 && n == before && n < MAX_DIR_FILES && !quiet)
             fprintf(stderr,
-                    "streamfeed-load: class folder %s holds no .jpg file; it still counts as class %d, as "
+                    "streamfeed-load: class folder %s holds no image file (.jpg, .jpeg, .png, .webp); it still counts "
+                    "as class %d, as "
                     "torchvision's ImageFolder numbers the classes (which refuses such a folder)\n",
                     sub, k);
         k++;
@@ -168,8 +171,8 @@ static uint8_t *read_whole(const char *path, size_t *len)
     return b;
 }
 
-/* Why the service would refuse the file data[0, len) (empty, not a JPEG,
- * cut short, 12-bit, ...: its own header check, with its size bounds when
+/* Why the service would refuse the file data[0, len) (empty, of no format it
+ * decodes, cut short, 12-bit, ...: its own header check, with its size bounds when
  * o has them from GET /v1/config), into why; 0 when it would take it. */
 static int refused_file(const options *o, const uint8_t *data, size_t len, char *why, size_t cap)
 {
@@ -181,7 +184,7 @@ static int refused_file(const options *o, const uint8_t *data, size_t len, char 
     const sf_jpeg_limits lim = {(int)o->srv_max_side, o->srv_max_pixels};
     sf_jpeg_info info;
     char msg[SF_JPEG_MSG_CAP];
-    sf_jpeg_error e = sf_jpeg_header_parse(data, len, &lim, &info, msg, sizeof msg);
+    sf_jpeg_error e = sf_image_header_parse(data, len, &lim, &info, msg, sizeof msg);
     if (e != SF_JPEG_OK) {
         snprintf(why, cap, "%s: %s", sf_jpeg_error_name(e), msg);
         return 1;
@@ -263,9 +266,9 @@ static int pool_from_jpegs(const options *o, jfile *f, int n, pool *out)
         }
         off[bsz] = (int64_t)total;
         sf_st_tensor_desc t[3] = {
-            {.name = "jpeg_offsets", .dtype = SF_ST_I64, .ndim = 1, .shape = {bsz + 1}},
+            {.name = "files_offsets", .dtype = SF_ST_I64, .ndim = 1, .shape = {bsz + 1}},
             {.name = "labels", .dtype = o->label_dtype, .ndim = 1, .shape = {bsz}},
-            {.name = "jpeg", .dtype = SF_ST_U8, .ndim = 1, .shape = {(int64_t)total}},
+            {.name = "files", .dtype = SF_ST_U8, .ndim = 1, .shape = {(int64_t)total}},
         };
         size_t hl = rc == 0 ? sf_st_header_build(NULL, 0, t, 3, NULL) : 0;
         size_t lb = (size_t)bsz * (size_t)sf_st_dtype_size(o->label_dtype);
@@ -335,13 +338,13 @@ int pool_load_jpeg_dir(const options *o, const char *root, pool *out)
     }
     if (n == 0) {
         fprintf(stderr,
-                "streamfeed-load: --dir %s holds no *.safetensors file and no class folder of *.jpg files "
-                "(PATH/<class>/<name>.jpg)\n",
+                "streamfeed-load: --dir %s holds no *.safetensors file and no class folder of image files "
+                "(PATH/<class>/<name>.jpg, .jpeg, .png or .webp)\n",
                 root);
         return 2;
     }
     if (!o->quiet)
-        fprintf(stderr, "streamfeed-load: %d JPEG files in %d class folders of %s\n", n, nclasses, root);
+        fprintf(stderr, "streamfeed-load: %d image files in %d class folders of %s\n", n, nclasses, root);
     snprintf(out->jpeg_dir, sizeof out->jpeg_dir, "%s", root);
     /* The folders, not the workload, say how many classes there are. */
     options with_labels = *o;

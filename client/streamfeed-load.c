@@ -7,7 +7,7 @@
  * The bodies are either synthetic (the workloads of WORKLOADS.md, optionally
  * with labels that a small model can learn), the *.safetensors files of a
  * directory, or JPEG files sent undecoded in the encoded body form
- * (jpeg + jpeg_offsets + labels): the class folders of a directory
+ * (files + files_offsets + labels): the class folders of a directory
  * (ImageFolder layout), or w1-jpeg's natural-looking 256x256 files, which are
  * generated once into a cache folder.
  *
@@ -233,8 +233,10 @@ static void report_left_out(const body *b, const cJSON *j)
         if (R.o->quiet)
             continue;
         pthread_mutex_lock(&R.mu);
-        msg_locked("streamfeed-load: the service left out %s: jpeg_undecodable (it could not decode the file; "
-                   "its batch trained without it)\n", b->paths[(int)i]);
+        const cJSON *code = cJSON_GetObjectItemCaseSensitive(e, "code");
+        msg_locked("streamfeed-load: the service left out %s: %s (it could not decode the file; "
+                   "its batch trained without it)\n", b->paths[(int)i],
+                   cJSON_IsString(code) ? code->valuestring : "undecodable");
         pthread_mutex_unlock(&R.mu);
     }
 }

@@ -71,12 +71,20 @@ typedef enum sf_jpeg_decoder {
 #define SF_JPEG_FORM_CHROMA_4X   4u  /* some file has 4:1:1 or 4:1:0 chroma */
 #define SF_JPEG_FORM_CMYK        8u  /* some file has 4 components (CMYK or YCCK) */
 #define SF_JPEG_FORM_ARITHMETIC 16u  /* some file is arithmetic-coded (SOF9, SOF10) */
+#define SF_JPEG_FORM_PNG        32u  /* some file is a PNG (decoded on the host, libspng) */
+#define SF_JPEG_FORM_WEBP       64u  /* some file is a WebP (decoded on the host, libwebp) */
+#define SF_JPEG_FORM_ORIENTED  128u  /* some file is turned by its EXIF orientation
+                                        (decode.exif_orientation apply; on the host) */
 
 /* One file of an encoded batch, as the server's read of its header found it. */
 typedef struct sf_jpeg_file {
-    int64_t len;      /* its JPEG data: the bytes up to and including its EOI marker; the
-                         bytes after it (which some writers append) go to no decoder */
+    int64_t len;      /* its image data: a JPEG's bytes up to and including its EOI marker
+                         (a PNG's IEND chunk, a WebP's RIFF container); the bytes after it
+                         (which some writers append) go to no decoder */
     unsigned forms;   /* its SF_JPEG_FORM_* bits */
+    int orientation;  /* the EXIF orientation to apply, 2..8, which makes the sample's
+                         src_h x src_w the turned size (w x h of the file for 5..8);
+                         0 or 1: the file as stored */
 } sf_jpeg_file;
 
 /* Training settings a backend needs at build time. lr/momentum/wd may change

@@ -357,14 +357,16 @@ const sf_cfg_option sf_config_table[] = {
     {"limits.max_tensor_header_bytes", SF_CT_INT, F(limits.max_tensor_header_bytes), "65536", 64,
      16777216, NULL, SF_CF_HOT, NULL, "Largest safetensors JSON header accepted."},
     {"jpeg.max_side", SF_CT_INT, F(jpeg.max_side), "8192", 1, 16384, NULL, SF_CF_HOT, NULL,
-     "Largest height or width of a JPEG sample (its header is read before any decode; a larger one "
-     "is refused with jpeg_side_too_large)."},
+     "Largest height or width of an encoded sample, JPEG, PNG or WebP (its header is read before any "
+     "decode; a larger one is refused with jpeg_side_too_large)."},
     {"jpeg.max_pixels", SF_CT_INT64, F(jpeg.max_pixels), "33554432", 1, 4294836225.0, NULL, SF_CF_HOT,
-     NULL, "Most pixels (h*w) of one JPEG sample; more is refused with jpeg_too_many_pixels "
+     NULL, "Most pixels (h*w) of one encoded sample, JPEG, PNG or WebP; more is refused with "
+     "jpeg_too_many_pixels "
      "(decompression bombs). The default, 32 Mi pixels, takes 24- and 33-megapixel camera files."},
     {"jpeg.max_batch_pixels", SF_CT_INT64, F(jpeg.max_batch_pixels), "134217728", 0, 4294967296.0, NULL,
      0, NULL,
-     "Most decoded pixels (sum of h*w) of one JPEG batch; more is refused with jpeg_batch_too_large. "
+     "Most decoded pixels (sum of h*w) of one encoded batch (JPEG, PNG, WebP); more is refused with "
+     "jpeg_batch_too_large. "
      "The decode buffers are sized once from it, at start: 3 bytes per pixel for the decoded images "
      "on the reference backend (host memory); on CUDA two such areas in device memory (6 bytes per "
      "pixel; one with pipeline.overlap off), so that a batch decodes while the one before is "
@@ -385,7 +387,14 @@ const sf_cfg_option sf_config_table[] = {
      "damaged or cut scan, a file past the batch's decode budget): skip leaves the sample out and the "
      "batch trains on the others (loss and accuracy over those; the reply's skipped_samples names "
      "it, streamfeed_samples_undecodable_total counts it; a batch of which no file decodes fails "
-     "with jpeg_undecodable); fail fails the whole batch with jpeg_undecodable."},
+     "with jpeg_undecodable); fail fails the whole batch with jpeg_undecodable. PNG and WebP files "
+     "are left out the same way, named png_undecodable and webp_undecodable."},
+    {"decode.exif_orientation", SF_CT_ENUM, F(decode.exif_orientation), "ignore", 0, 0, "ignore|apply",
+     SF_CF_HOT, NULL,
+     "What an encoded file's EXIF orientation tag does: ignore decodes the pixels as stored, as "
+     "torchvision.io.decode_image and Pillow's Image.open do; apply turns and mirrors the image as "
+     "PIL.ImageOps.exif_transpose does (a file of orientation 5 to 8 trains with its height and width "
+     "swapped). Read for each batch as its body arrives; on CUDA a turned file decodes on the host."},
     {"log.level", SF_CT_ENUM, F(log.level), "info", 0, 0, "debug|info|warn|error", SF_CF_HOT, NULL,
      "Log level."},
     {"log.format", SF_CT_ENUM, F(log.format), "text", 0, 0, "text|json", SF_CF_HOT, NULL,

@@ -133,6 +133,7 @@ typedef struct sf_config {
     } jpeg;
     struct {
         char on_undecodable[8];  /* skip | fail */
+        char exif_orientation[8]; /* ignore | apply */
     } decode;
     struct {
         char level[16];

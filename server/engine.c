@@ -46,6 +46,8 @@ typedef struct pending_extra {
     int n;                     /* the batch's samples, those left out included */
     int n_undecodable;         /* samples left out: their files did not decode */
     int32_t undecodable[SF_JOB_LISTED_UNDECODABLE];
+    uint8_t undecodable_format[SF_JOB_LISTED_UNDECODABLE];
+    int files_named_jpeg;
 } pending_extra;
 
 struct sf_engine {
@@ -199,6 +201,18 @@ static void fill_hyper(sf_hyper *h, const sf_config *c, double lr)
     h->clip_grad_norm = (float)c->optim.clip_grad_norm;
 }
 
+/* The backend marks each sample it left out with 1; each mark becomes 1 +
+ * its file's format, which names the sample's code (jpeg_undecodable,
+ * png_undecodable, webp_undecodable). */
+static void mark_formats(sf_engine *e, int slot)
+{
+    sf_slot_meta *m = sf_ring_meta(e->app->ring, slot);
+    const sf_jpeg_info *ji = (const sf_jpeg_info *)(const void *)(sf_ring_bytes(e->app->ring, slot) + m->jpeg_info_off);
+    for (int i = 0; i < m->n; i++)
+        if (e->undecodable[i])
+            e->undecodable[i] = (uint8_t)(1 + ji[i].format);
+}
+
 static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err, size_t errlen)
 {
     sf_app *app = e->app;
@@ -224,6 +238,11 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
             e->src_hw[2 * i + 1] = ji[i].w;
             e->jpeg_files[i].len = ji[i].data_len;
             e->jpeg_files[i].forms = sf_jpeg_forms(&ji[i]);
+            /* The upload kept an orientation other than 1 only under
+             * decode.exif_orientation apply, with the turned size above. */
+            e->jpeg_files[i].orientation = ji[i].orientation;
+            if (ji[i].orientation > 1)
+                e->jpeg_files[i].forms |= SF_JPEG_FORM_ORIENTED;
         }
         sf_aug_gen_ragged(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, e->src_hw, smp);
     } else {
@@ -289,7 +308,9 @@ static void run_transform(sf_engine *e, int slot)
         rc = app->backend->i->transform(app->backend, &b, m->result, err, sizeof err);
     sf_job job = {0};
     if (m->encoded && (rc == 0 || rc == SF_BACKEND_BAD_INPUT)) {
+        mark_formats(e, slot);
         sf_job_set_undecodable(&job, e->undecodable, m->n);
+        job.files_named_jpeg = m->files_named_jpeg;
         sf_counter_add(sf_metric_only(app->m.samples_undecodable), job.n_undecodable);
     }
     if (rc) {
@@ -357,9 +378,12 @@ static void submit(sf_engine *e, int slot, int64_t global_n)
     if (m->encoded && (rc == 0 || rc == SF_BACKEND_BAD_INPUT)) {
         /* The samples the backend left out, known once submit returned. */
         sf_job marks = {0};
+        mark_formats(e, slot);
         sf_job_set_undecodable(&marks, e->undecodable, m->n);
         x->n_undecodable = marks.n_undecodable;
         memcpy(x->undecodable, marks.undecodable, sizeof x->undecodable);
+        memcpy(x->undecodable_format, marks.undecodable_format, sizeof x->undecodable_format);
+        x->files_named_jpeg = m->files_named_jpeg;
         sf_counter_add(sf_metric_only(app->m.samples_undecodable), marks.n_undecodable);
     }
     if (rc) {
@@ -450,6 +474,8 @@ static void take_undecodable(sf_job *job, const pending_extra *x, const sf_event
     job->n = x->n;
     job->n_undecodable = x->n_undecodable;
     memcpy(job->undecodable, x->undecodable, sizeof job->undecodable);
+    memcpy(job->undecodable_format, x->undecodable_format, sizeof job->undecodable_format);
+    job->files_named_jpeg = x->files_named_jpeg;
 }
 
 /* An eval batch's result: its reply, its evaluation's aggregates and metrics.

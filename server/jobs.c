@@ -1,6 +1,8 @@
 /* server/jobs.c — see jobs.h. */
 #include "server/jobs.h"
 
+#include "server/image_header.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,8 +177,10 @@ void sf_job_set_undecodable(sf_job *job, const uint8_t *flags, int n)
     for (int i = 0; flags && i < n; i++) {
         if (!flags[i])
             continue;
-        if (job->n_undecodable < SF_JOB_LISTED_UNDECODABLE)
+        if (job->n_undecodable < SF_JOB_LISTED_UNDECODABLE) {
             job->undecodable[job->n_undecodable] = i;
+            job->undecodable_format[job->n_undecodable] = (uint8_t)(flags[i] - 1);
+        }
         job->n_undecodable++;
     }
 }
@@ -235,10 +239,13 @@ cJSON *sf_job_to_json(const sf_job *job)
     for (int k = 0; k < listed; k++) {
         cJSON *e = cJSON_CreateObject();
         char field[32];
-        snprintf(field, sizeof field, "jpeg[%d]", (int)job->undecodable[k]);
+        snprintf(field, sizeof field, "%s[%d]", job->files_named_jpeg ? "jpeg" : "files", (int)job->undecodable[k]);
+        const char *fmt = sf_image_format_name((sf_image_format)job->undecodable_format[k]);
+        char code[32];
+        snprintf(code, sizeof code, "%s_undecodable", fmt ? fmt : "jpeg");
         cJSON_AddNumberToObject(e, "index", job->undecodable[k]);
         cJSON_AddStringToObject(e, "field", field);
-        cJSON_AddStringToObject(e, "code", "jpeg_undecodable");
+        cJSON_AddStringToObject(e, "code", code);
         cJSON_AddItemToArray(sk, e);
     }
     add_num_or_null(o, "samples_trained", done && train, (double)(job->n - job->n_undecodable));

@@ -43,6 +43,8 @@ typedef struct sf_job {
      * SF_JOB_LISTED_UNDECODABLE indices in order. */
     int n_undecodable;
     int32_t undecodable[SF_JOB_LISTED_UNDECODABLE];
+    uint8_t undecodable_format[SF_JOB_LISTED_UNDECODABLE]; /* each one's sf_image_format: its code */
+    int files_named_jpeg;  /* the body named its files "jpeg" (the alias), not "files" */
     char eval_name[65];    /* eval: the evaluation it belongs to */
     sf_job_logits logits;  /* eval: its logits kept for GET /v1/batches/{id}/logits, or expired */
     double queue_s, h2d_s, transform_s, step_s;
@@ -72,7 +74,8 @@ void sf_jobs_counts(sf_jobs *j, uint64_t counts[SF_JOB_STATES], uint64_t *accept
 uint64_t sf_jobs_last_id(sf_jobs *j);
 
 const char *sf_job_state_name(sf_job_state s);
-/* Sets a job's samples left out (decode.on_undecodable skip) from n flags. */
+/* Sets a job's samples left out (decode.on_undecodable skip) from n flags:
+ * 0 for a sample trained, 1 + its file's sf_image_format for one left out. */
 void sf_job_set_undecodable(sf_job *job, const uint8_t *flags, int n);
 /* "1,3,7": the listed samples left out, for a header; "" when none. */
 void sf_job_undecodable_list(const sf_job *job, char *buf, size_t len);

@@ -3,6 +3,7 @@
 #include "server/jpeg_header.h"
 
 #include "gpu/backend.h"
+#include "server/image_header.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +17,12 @@ static const char *const error_names[SF_JPEG_ERROR_COUNT] = {
     [SF_JPEG_E_SIDE_TOO_LARGE] = "jpeg_side_too_large",
     [SF_JPEG_E_TOO_MANY_PIXELS] = "jpeg_too_many_pixels",
     [SF_JPEG_E_UNSUPPORTED] = "jpeg_unsupported",
+    [SF_PNG_E_TRUNCATED] = "png_truncated",
+    [SF_PNG_E_MALFORMED] = "png_malformed",
+    [SF_PNG_E_UNSUPPORTED] = "png_unsupported",
+    [SF_WEBP_E_TRUNCATED] = "webp_truncated",
+    [SF_WEBP_E_MALFORMED] = "webp_malformed",
+    [SF_WEBP_E_UNSUPPORTED] = "webp_unsupported",
 };
 
 static const char *const subsamp_names[SF_JPEG_SUBSAMP_COUNT] = {
@@ -31,6 +38,10 @@ const char *sf_jpeg_error_name(sf_jpeg_error e)
 
 unsigned sf_jpeg_forms(const sf_jpeg_info *info)
 {
+    if (info->format == SF_IMAGE_PNG)
+        return SF_JPEG_FORM_PNG;
+    if (info->format == SF_IMAGE_WEBP)
+        return SF_JPEG_FORM_WEBP;
     unsigned f = 0;
     if (info->progressive)
         f |= SF_JPEG_FORM_PROGRESSIVE;
@@ -234,10 +245,12 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_l
     if (msg && msglen) msg[0] = '\0';
     sf_jpeg_info got;
     memset(&got, 0, sizeof got);
+    got.format = SF_IMAGE_JPEG;
+    got.orientation = 1;
     if (len < 2 || d[0] != 0xFF || d[1] != 0xD8)
         return fail(SF_JPEG_E_NOT_JPEG, msg, msglen, "the file (%zu bytes) does not start with a JPEG SOI marker",
                     len);
-    int have_sof = 0;
+    int have_sof = 0, have_exif = 0;
     size_t pos = 2;
     for (;;) {
         /* A marker is 0xFF, optional 0xFF fill bytes, then its number. */
@@ -278,6 +291,10 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_l
             sf_jpeg_error e = parse_sof(sof, body, n, lim, &got, msg, msglen);
             if (e != SF_JPEG_OK) return e;
             have_sof = 1;
+        } else if (m == 0xE1 && !have_exif && n >= 6 && memcmp(body, "Exif\0\0", 6) == 0) {
+            /* The first Exif segment is the one Pillow reads. */
+            got.orientation = sf_exif_orientation(body, n);
+            have_exif = 1;
         } else if (m == 0xDA) {
             if (!have_sof)
                 return fail(SF_JPEG_E_MALFORMED, msg, msglen, "a scan (SOS) at byte %zu before any SOF marker",

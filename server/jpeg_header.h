@@ -62,7 +62,19 @@ typedef enum sf_jpeg_subsamp {
     SF_JPEG_SUBSAMP_COUNT
 } sf_jpeg_subsamp;
 
-/* What a valid header says. Plain data, stored per sample in the ring slot. */
+/* The encoded formats a batch's files may have, told apart by their first
+ * bytes (server/image_header.h). */
+typedef enum sf_image_format {
+    SF_IMAGE_JPEG = 0,
+    SF_IMAGE_PNG,
+    SF_IMAGE_WEBP,
+    SF_IMAGE_FORMAT_COUNT
+} sf_image_format;
+
+/* What a valid header says: of a JPEG file here, and of a PNG or WebP file
+ * by server/png_header.h and server/webp_header.h, which fill the fields
+ * their format has (components, subsamp, progressive and sof are JPEG's).
+ * Plain data, stored per sample in the ring slot. */
 typedef struct sf_jpeg_info {
     int32_t h, w;         /* image height and width in pixels */
     int32_t components;   /* 1, 3 or 4 (decoded to 3 channels in every case) */
@@ -70,8 +82,11 @@ typedef struct sf_jpeg_info {
     int32_t progressive;  /* 1: SOF2 or SOF10 */
     int32_t sof;          /* the SOF marker's number: 0 baseline, 1 extended, 2 progressive,
                              9 arithmetic sequential, 10 arithmetic progressive */
-    int64_t data_len;     /* bytes up to and including the first EOI marker: what the
-                             decoders are given (bytes after it are no part of the image) */
+    int64_t data_len;     /* bytes up to and including the first EOI marker (PNG: the IEND
+                             chunk; WebP: the RIFF container): what the decoders are given
+                             (bytes after it are no part of the image) */
+    int32_t format;       /* sf_image_format */
+    int32_t orientation;  /* the EXIF orientation tag, 1..8; 1 when the file has none */
 } sf_jpeg_info;
 
 /* The bounds a header is checked against; 0 means unbounded. */
@@ -89,6 +104,12 @@ typedef enum sf_jpeg_error {
     SF_JPEG_E_SIDE_TOO_LARGE,  /* jpeg_side_too_large: height or width over max_side */
     SF_JPEG_E_TOO_MANY_PIXELS, /* jpeg_too_many_pixels: h * w over max_pixels */
     SF_JPEG_E_UNSUPPORTED,   /* jpeg_unsupported: see the list above */
+    SF_PNG_E_TRUNCATED,      /* png_truncated: the file ends inside a chunk or before IEND */
+    SF_PNG_E_MALFORMED,      /* png_malformed: a bad chunk length, order or IHDR field */
+    SF_PNG_E_UNSUPPORTED,    /* png_unsupported: server/png_header.h's list */
+    SF_WEBP_E_TRUNCATED,     /* webp_truncated: the file ends inside its RIFF container */
+    SF_WEBP_E_MALFORMED,     /* webp_malformed: a bad RIFF size, chunk or bitstream header */
+    SF_WEBP_E_UNSUPPORTED,   /* webp_unsupported: server/webp_header.h's list */
     SF_JPEG_ERROR_COUNT
 } sf_jpeg_error;
 
@@ -112,11 +133,13 @@ unsigned sf_jpeg_scan_bound(const sf_jpeg_info *info);
 sf_jpeg_error sf_jpeg_header_parse(const uint8_t *data, size_t len, const sf_jpeg_limits *lim,
                                    sf_jpeg_info *info, char *msg, size_t msglen);
 
-/* The SF_JPEG_FORM_* bits (gpu/backend.h) of a file whose header was read:
- * what a backend picks its decoder by. */
+/* The SF_JPEG_FORM_* bits (gpu/backend.h) of a file whose header was read
+ * (SF_JPEG_FORM_PNG or SF_JPEG_FORM_WEBP alone for those formats): what a
+ * backend picks its decoder by. */
 unsigned sf_jpeg_forms(const sf_jpeg_info *info);
 
-/* "jpeg_not_jpeg", ...; "ok" for SF_JPEG_OK; NULL when out of range. */
+/* "jpeg_not_jpeg", ..., "png_truncated", ...; "ok" for SF_JPEG_OK; NULL when
+ * out of range. */
 const char *sf_jpeg_error_name(sf_jpeg_error e);
 /* "444", "422", "420", "440", "411", "410", "gray"; NULL when out of range. */
 const char *sf_jpeg_subsamp_name(sf_jpeg_subsamp s);

@@ -31,6 +31,7 @@ typedef struct sf_slot_meta {
      * int64 offsets [n+1] at bytes + jpeg_offsets_off, one sf_jpeg_info per
      * sample (server/jpeg_header.h) at bytes + jpeg_info_off. */
     int encoded;
+    int files_named_jpeg; /* the body named its files "jpeg" (the alias), not "files" */
     unsigned jpeg_forms; /* SF_JPEG_FORM_* bits of gpu/backend.h over the files */
     size_t jpeg_offsets_off, jpeg_info_off;
     size_t decoded_bytes;

@@ -3,7 +3,7 @@
 #include "server/safetensors.h"
 
 #include <cjson/cJSON.h>
-#include "server/jpeg_header.h"
+#include "server/image_header.h"
 #include "server/text.h"
 #include <stdarg.h>
 #include <stdio.h>
@@ -110,6 +110,12 @@ static const char *const error_names[SF_ST_ERROR_COUNT] = {
     [SF_ST_E_JPEG_SIDE_TOO_LARGE] = "jpeg_side_too_large",
     [SF_ST_E_JPEG_TOO_MANY_PIXELS] = "jpeg_too_many_pixels",
     [SF_ST_E_JPEG_UNSUPPORTED] = "jpeg_unsupported",
+    [SF_ST_E_PNG_TRUNCATED] = "png_truncated",
+    [SF_ST_E_PNG_MALFORMED] = "png_malformed",
+    [SF_ST_E_PNG_UNSUPPORTED] = "png_unsupported",
+    [SF_ST_E_WEBP_TRUNCATED] = "webp_truncated",
+    [SF_ST_E_WEBP_MALFORMED] = "webp_malformed",
+    [SF_ST_E_WEBP_UNSUPPORTED] = "webp_unsupported",
     [SF_ST_E_JPEG_BATCH_TOO_LARGE] = "jpeg_batch_too_large",
 };
 
@@ -398,10 +404,12 @@ static int cmp_begin(const void *a, const void *b)
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-/* The encoded form: "jpeg" U8 [total], "jpeg_offsets" I64 [n+1], "labels" [n]
- * (labels may be absent where not required). Fills p->info. */
+/* The encoded form: "files" U8 [total], "files_offsets" I64 [n+1] (or their
+ * aliases "jpeg", "jpeg_offsets"), "labels" [n] (labels may be absent where
+ * not required). Fills p->info. */
 static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *joff, const cJSON *lab)
 {
+    const char *fname = jpg->string, *oname = joff->string;
     sf_st_info *in = &p->info;
     tensor tj, to, tl;
     memset(&tj, 0, sizeof tj);
@@ -417,30 +425,30 @@ static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *jo
     if (parse_tensor(p, jpg, &tj, 4) != 0 || parse_tensor(p, joff, &to, 4) != 0) return -1;
     if (tj.dtype != SF_ST_U8 || tj.ndim != 1) {
         fail(p, tj.dtype != SF_ST_U8 ? SF_ST_E_UNSUPPORTED_DTYPE : SF_ST_E_BAD_SHAPE,
-             "tensor \"jpeg\" is %s with %d dimensions; it must be U8 [total_bytes]",
+             "tensor \"%s\" is %s with %d dimensions; it must be U8 [total_bytes]", fname,
              sf_st_dtype_name(tj.dtype), tj.ndim);
         return -1;
     }
     if (to.dtype != SF_ST_I64 || to.ndim != 1) {
         fail(p, to.dtype != SF_ST_I64 ? SF_ST_E_UNSUPPORTED_DTYPE : SF_ST_E_BAD_SHAPE,
-             "tensor \"jpeg_offsets\" is %s with %d dimensions; it must be I64 [N+1]",
+             "tensor \"%s\" is %s with %d dimensions; it must be I64 [N+1]", oname,
              sf_st_dtype_name(to.dtype), to.ndim);
         return -1;
     }
     int64_t n = to.shape[0] - 1;
     if (n < 1) {
-        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"jpeg_offsets\" has shape [%lld]; a batch of N files needs [N+1], N >= 1",
-             (long long)to.shape[0]);
+        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"%s\" has shape [%lld]; a batch of N files needs [N+1], N >= 1",
+             oname, (long long)to.shape[0]);
         return -1;
     }
     if (n > p->lim.max_n) {
-        fail(p, SF_ST_E_BATCH_TOO_LARGE, "tensor \"jpeg_offsets\" describes %lld samples; the limit is %d",
+        fail(p, SF_ST_E_BATCH_TOO_LARGE, "tensor \"%s\" describes %lld samples; the limit is %d", oname,
              (long long)n, p->lim.max_n);
         return -1;
     }
     if (tj.shape[0] < n) {
-        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"jpeg\" holds %lld bytes for %lld files; every file is at least 1 byte",
-             (long long)tj.shape[0], (long long)n);
+        fail(p, SF_ST_E_BAD_SHAPE, "tensor \"%s\" holds %lld bytes for %lld files; every file is at least 1 byte",
+             fname, (long long)tj.shape[0], (long long)n);
         return -1;
     }
     uint64_t jpeg_bytes, off_bytes, labels_bytes = 0;
@@ -454,7 +462,7 @@ static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *jo
         }
         if (tl.ndim != 1) {
             fail(p, SF_ST_E_BAD_SHAPE,
-                 "tensor \"labels\" has %d dimensions; with \"jpeg\" it must be [N] (class labels)", tl.ndim);
+                 "tensor \"labels\" has %d dimensions; with \"%s\" it must be [N] (class labels)", tl.ndim, fname);
             return -1;
         }
         if (tl.shape[0] != n) {
@@ -505,6 +513,8 @@ static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *jo
     in->labels_bytes = labels_bytes;
     in->labels_dest_off = lab ? align64(jpeg_bytes) : 0;
     in->encoded = 1;
+    in->files_name = strcmp(fname, "jpeg") == 0 ? "jpeg" : "files";
+    in->offsets_name = strcmp(oname, "jpeg_offsets") == 0 ? "jpeg_offsets" : "files_offsets";
     in->jpeg_offsets_dest_off = align64(lab ? in->labels_dest_off + labels_bytes : jpeg_bytes);
     in->jpeg_info_dest_off = align64(in->jpeg_offsets_dest_off + off_bytes);
     in->dest_bytes = in->jpeg_info_dest_off + (uint64_t)n * sizeof(sf_jpeg_info);
@@ -514,39 +524,59 @@ static int validate_jpeg_form(sf_st_parser *p, const cJSON *jpg, const cJSON *jo
     return 0;
 }
 
-/* Everything about the header; fills p->info. Returns 0 or -1 (failed). */
-static int validate_header(sf_st_parser *p, const cJSON *root)
+/* The top-level keys of a header, each role at most once. */
+typedef struct header_keys {
+    const cJSON *img, *lab, *meta, *files, *offs;
+} header_keys;
+
+/* The encoded tensors' names: the format-neutral one first, then its alias. */
+static const char *const FILES_NAMES[2] = {"files", "jpeg"};
+static const char *const OFFSETS_NAMES[2] = {"files_offsets", "jpeg_offsets"};
+
+static int is_one_of(const char *s, const char *const names[2])
 {
-    char qn[64], qv[64];
-    sf_st_info *in = &p->info;
-    if (!cJSON_IsObject(root)) {
-        fail(p, SF_ST_E_HEADER_NOT_OBJECT, "the header JSON is not an object");
-        return -1;
-    }
-    const cJSON *img = NULL, *lab = NULL, *meta = NULL, *jpg = NULL, *joff = NULL;
+    return strcmp(s, names[0]) == 0 || strcmp(s, names[1]) == 0;
+}
+
+/* Sorts the header's keys into their roles: a key of no role, or a role
+ * named twice (also under both of its names), fails. */
+static int find_keys(sf_st_parser *p, const cJSON *root, header_keys *k)
+{
+    char qn[64];
+    memset(k, 0, sizeof *k);
     for (const cJSON *it = root->child; it; it = it->next) {
         const cJSON **slot;
-        if (strcmp(it->string, "images") == 0) slot = &img;
-        else if (strcmp(it->string, "labels") == 0) slot = &lab;
-        else if (strcmp(it->string, "__metadata__") == 0) slot = &meta;
-        else if (strcmp(it->string, "jpeg") == 0) slot = &jpg;
-        else if (strcmp(it->string, "jpeg_offsets") == 0) slot = &joff;
+        if (strcmp(it->string, "images") == 0) slot = &k->img;
+        else if (strcmp(it->string, "labels") == 0) slot = &k->lab;
+        else if (strcmp(it->string, "__metadata__") == 0) slot = &k->meta;
+        else if (is_one_of(it->string, FILES_NAMES)) slot = &k->files;
+        else if (is_one_of(it->string, OFFSETS_NAMES)) slot = &k->offs;
         else {
             fail(p, SF_ST_E_UNKNOWN_TENSOR,
-                 "the header names the tensor \"%s\"; only \"images\" or \"jpeg\" with \"jpeg_offsets\", "
-                 "and \"labels\" are accepted",
+                 "the header names the tensor \"%s\"; only \"images\" or \"files\" with \"files_offsets\" "
+                 "(or their aliases \"jpeg\" and \"jpeg_offsets\"), and \"labels\" are accepted",
                  quote(qn, sizeof qn, it->string));
             return -1;
         }
         if (*slot) {
-            fail(p, SF_ST_E_DUPLICATE_KEY, "the header names \"%s\" twice", it->string);
+            if (strcmp((*slot)->string, it->string) == 0)
+                fail(p, SF_ST_E_DUPLICATE_KEY, "the header names \"%s\" twice", it->string);
+            else
+                fail(p, SF_ST_E_DUPLICATE_KEY, "the header names \"%s\" and its alias \"%s\"; a body uses one",
+                     (*slot)->string, it->string);
             return -1;
         }
         *slot = it;
     }
+    return 0;
+}
 
-    /* __metadata__: an object of strings; "layout" is NHWC or NCHW. */
-    int layout = -1; /* -1 unspecified, 1 NHWC, 0 NCHW */
+/* __metadata__ (may be NULL): an object of strings; "layout" is NHWC or NCHW.
+ * *layout: 1 NHWC, 0 NCHW, -1 unspecified. */
+static int parse_metadata(sf_st_parser *p, const cJSON *meta, int *layout)
+{
+    char qn[64], qv[64];
+    *layout = -1;
     if (meta) {
         if (!cJSON_IsObject(meta)) {
             fail(p, SF_ST_E_BAD_METADATA, "__metadata__ is not a JSON object");
@@ -568,8 +598,8 @@ static int validate_header(sf_st_parser *p, const cJSON *root)
             }
         }
         if (lay) {
-            if (strcmp(lay->valuestring, "NHWC") == 0) layout = 1;
-            else if (strcmp(lay->valuestring, "NCHW") == 0) layout = 0;
+            if (strcmp(lay->valuestring, "NHWC") == 0) *layout = 1;
+            else if (strcmp(lay->valuestring, "NCHW") == 0) *layout = 0;
             else {
                 fail(p, SF_ST_E_BAD_LAYOUT, "__metadata__.layout is \"%s\"; it must be \"NHWC\" or \"NCHW\"",
                      quote(qv, sizeof qv, lay->valuestring));
@@ -578,32 +608,14 @@ static int validate_header(sf_st_parser *p, const cJSON *root)
         }
     }
 
-    if (img && (jpg || joff)) {
-        fail(p, SF_ST_E_BAD_TENSOR, "the header names \"images\" and \"%s\"; a body carries pixels or JPEG files, not both",
-             jpg ? "jpeg" : "jpeg_offsets");
-        return -1;
-    }
-    if (jpg || joff) {
-        if (!jpg || !joff) {
-            fail(p, SF_ST_E_BAD_TENSOR, "the header names \"%s\" without \"%s\"", jpg ? "jpeg" : "jpeg_offsets",
-                 jpg ? "jpeg_offsets" : "jpeg");
-            return -1;
-        }
-        if (!lab && p->lim.labels_required) {
-            fail(p, SF_ST_E_MISSING_LABELS, "the header has no tensor \"labels\"");
-            return -1;
-        }
-        return validate_jpeg_form(p, jpg, joff, lab);
-    }
-    if (!img) {
-        fail(p, SF_ST_E_MISSING_IMAGES, "the header has no tensor \"images\" (nor \"jpeg\")");
-        return -1;
-    }
-    if (!lab && p->lim.labels_required) {
-        fail(p, SF_ST_E_MISSING_LABELS, "the header has no tensor \"labels\"");
-        return -1;
-    }
+    return 0;
+}
 
+/* The pixel form: "images" U8 [N,H,W,C] or [N,C,H,W], "labels" (may be
+ * NULL where not required). Fills p->info. */
+static int validate_pixel_form(sf_st_parser *p, const cJSON *img, const cJSON *lab, int layout)
+{
+    sf_st_info *in = &p->info;
     /* images */
     tensor ti, tl;
     memset(&ti, 0, sizeof ti);
@@ -734,6 +746,46 @@ static int validate_header(sf_st_parser *p, const cJSON *root)
     return 0;
 }
 
+
+/* Everything about the header; fills p->info. Returns 0 or -1 (failed). */
+static int validate_header(sf_st_parser *p, const cJSON *root)
+{
+    if (!cJSON_IsObject(root)) {
+        fail(p, SF_ST_E_HEADER_NOT_OBJECT, "the header JSON is not an object");
+        return -1;
+    }
+    header_keys k;
+    int layout;
+    if (find_keys(p, root, &k) != 0 || parse_metadata(p, k.meta, &layout) != 0) return -1;
+    if (k.img && (k.files || k.offs)) {
+        fail(p, SF_ST_E_BAD_TENSOR,
+             "the header names \"images\" and \"%s\"; a body carries pixels or encoded files, not both",
+             (k.files ? k.files : k.offs)->string);
+        return -1;
+    }
+    if (k.files || k.offs) {
+        if (!k.files || !k.offs) {
+            fail(p, SF_ST_E_BAD_TENSOR, "the header names \"%s\" without \"%s\"",
+                 k.files ? k.files->string : k.offs->string, k.files ? "files_offsets" : "files");
+            return -1;
+        }
+        if (!k.lab && p->lim.labels_required) {
+            fail(p, SF_ST_E_MISSING_LABELS, "the header has no tensor \"labels\"");
+            return -1;
+        }
+        return validate_jpeg_form(p, k.files, k.offs, k.lab);
+    }
+    if (!k.img) {
+        fail(p, SF_ST_E_MISSING_IMAGES, "the header has no tensor \"images\" (nor \"files\")");
+        return -1;
+    }
+    if (!k.lab && p->lim.labels_required) {
+        fail(p, SF_ST_E_MISSING_LABELS, "the header has no tensor \"labels\"");
+        return -1;
+    }
+    return validate_pixel_form(p, k.img, k.lab, layout);
+}
+
 /* The complete header as JSON: balanced (the raw scan saw it all), UTF-8, one
  * JSON value and only white space after it. NULL after a failure. */
 static cJSON *parse_header_json(sf_st_parser *p, const char *hdr, uint64_t len)
@@ -859,7 +911,7 @@ static int64_t load_i64(const uint8_t *b)
     return (int64_t)u;
 }
 
-/* The "jpeg" form, after each chunk: the offsets once they are complete,
+/* The encoded form, after each chunk: the offsets once they are complete,
  * then the header of every file whose last byte has arrived. */
 static void check_jpeg(sf_st_parser *p)
 {
@@ -870,24 +922,24 @@ static void check_jpeg(sf_st_parser *p)
         p->offsets_checked = 1;
         int64_t prev = load_i64(ob);
         if (prev != 0) {
-            fail(p, SF_ST_E_JPEG_OFFSETS_INVALID, "tensor \"jpeg_offsets\": element 0 is %lld; it must be 0",
-                 (long long)prev);
+            fail(p, SF_ST_E_JPEG_OFFSETS_INVALID, "tensor \"%s\": element 0 is %lld; it must be 0",
+                 in->offsets_name, (long long)prev);
             return;
         }
         for (int i = 1; i <= in->n; i++) {
             int64_t v = load_i64(ob + 8 * (size_t)i);
             if (v <= prev) {
                 fail(p, SF_ST_E_JPEG_OFFSETS_INVALID,
-                     "tensor \"jpeg_offsets\": element %d is %lld, not above element %d (%lld); every file is non-empty",
-                     i, (long long)v, i - 1, (long long)prev);
+                     "tensor \"%s\": element %d is %lld, not above element %d (%lld); every file is non-empty",
+                     in->offsets_name, i, (long long)v, i - 1, (long long)prev);
                 return;
             }
             prev = v;
         }
         if ((uint64_t)prev != in->images_bytes) {
             fail(p, SF_ST_E_JPEG_OFFSETS_INVALID,
-                 "tensor \"jpeg_offsets\": the last element is %lld but \"jpeg\" holds %llu bytes", (long long)prev,
-                 (unsigned long long)in->images_bytes);
+                 "tensor \"%s\": the last element is %lld but \"%s\" holds %llu bytes", in->offsets_name,
+                 (long long)prev, in->files_name, (unsigned long long)in->images_bytes);
             return;
         }
     }
@@ -899,19 +951,19 @@ static void check_jpeg(sf_st_parser *p)
         if (p->data_have < p->images_begin + e) return;
         char msg[SF_JPEG_MSG_CAP];
         sf_jpeg_info ji;
-        sf_jpeg_error je = sf_jpeg_header_parse(p->dest + b, (size_t)(e - b), &jl, &ji, msg, sizeof msg);
+        sf_jpeg_error je = sf_image_header_parse(p->dest + b, (size_t)(e - b), &jl, &ji, msg, sizeof msg);
         if (je != SF_JPEG_OK) {
             p->bad_sample = i;
-            fail(p, (sf_st_error)(SF_ST_E_JPEG_NOT_JPEG + (je - SF_JPEG_E_NOT_JPEG)), "sample %d of \"jpeg\": %s", i,
-                 msg);
+            fail(p, (sf_st_error)(SF_ST_E_JPEG_NOT_JPEG + (je - SF_JPEG_E_NOT_JPEG)), "sample %d of \"%s\": %s", i,
+                 in->files_name, msg);
             return;
         }
         int64_t px = (int64_t)ji.h * ji.w;
         if (p->lim.jpeg_max_batch_pixels > 0 && in->jpeg_pixels + px > p->lim.jpeg_max_batch_pixels) {
             p->bad_sample = i;
             fail(p, SF_ST_E_JPEG_BATCH_TOO_LARGE,
-                 "sample %d of \"jpeg\" (%dx%d) brings the batch to %lld decoded pixels; jpeg.max_batch_pixels is %lld",
-                 i, ji.h, ji.w, (long long)(in->jpeg_pixels + px), (long long)p->lim.jpeg_max_batch_pixels);
+                 "sample %d of \"%s\" (%dx%d) brings the batch to %lld decoded pixels; jpeg.max_batch_pixels is %lld",
+                 i, in->files_name, ji.h, ji.w, (long long)(in->jpeg_pixels + px), (long long)p->lim.jpeg_max_batch_pixels);
             return;
         }
         in->jpeg_pixels += px;

@@ -58,17 +58,20 @@
  * every parse, so concurrent parses race on that variable. The parser never
  * reads it and nothing else should rely on it; ThreadSanitizer reports it.
  *
- * The encoded ("jpeg") form. Instead of "images" a body may carry "jpeg", U8
- * [total_bytes] (the n JPEG files concatenated, as they are on disk), and
- * "jpeg_offsets", I64 [n+1] (file i is jpeg[off[i], off[i+1]); off[0] = 0,
+ * The encoded ("files") form. Instead of "images" a body may carry "files",
+ * U8 [total_bytes] (the n encoded image files concatenated, as they are on
+ * disk: JPEG, PNG or WebP, each told apart by its first bytes), and
+ * "files_offsets", I64 [n+1] (file i is files[off[i], off[i+1]); off[0] = 0,
  * off[n] = total_bytes, every file non-empty), with "labels" [n] as usual.
+ * "jpeg" and "jpeg_offsets" are the same tensors' older names, accepted as
+ * aliases (one name of each pair per body).
  * In dest the files land at dest + 0, the labels at labels_dest_off, the
  * offsets at jpeg_offsets_dest_off and one sf_jpeg_info per sample at
  * jpeg_info_dest_off (all 64-byte aligned). The offsets are checked once they
  * have arrived, and each file's header (server/jpeg_header.h) as soon as its
  * last byte has arrived (or, when the offsets come after the files in the
- * data section, as soon as the offsets have), so a bad file fails the parse
- * from sf_st_feed() with a jpeg_* code and sf_st_bad_sample() names it. The
+ * data section, as soon as the offsets have; server/image_header.h), so a
+ * bad file fails the parse from sf_st_feed() with a jpeg_*, png_* or webp_* code and sf_st_bad_sample() names it. The
  * sum of the samples' pixels is bounded by limits.jpeg_max_batch_pixels
  * (jpeg_batch_too_large), so the decoded batch always fits the decoders'
  * buffers, which are sized once from that bound.
@@ -139,6 +142,10 @@ typedef struct sf_st_info {
      * concatenated, at dest + 0; h, w are 0 and c is 3 (every file decodes
      * to 3 channels). The other fields are 0 in the pixel form. */
     int encoded;
+    /* The names the body gave the encoded tensors: "files" and
+     * "files_offsets", or their aliases "jpeg" and "jpeg_offsets"; messages
+     * and refusals' fields ("files[3]") use them. NULL in the pixel form. */
+    const char *files_name, *offsets_name;
     uint64_t jpeg_offsets_dest_off; /* int64 [n+1]: file i is dest[off[i], off[i+1]) */
     uint64_t jpeg_info_dest_off;    /* sf_jpeg_info [n], filled as each file's header is read */
     /* Valid once the body is complete (SF_ST_COMPLETE): */
@@ -173,7 +180,8 @@ typedef enum sf_st_error {
      * jpeg_* codes of one file are server/jpeg_header.h's, in its order. */
     SF_ST_E_JPEG_OFFSETS_INVALID, SF_ST_E_JPEG_NOT_JPEG, SF_ST_E_JPEG_TRUNCATED,
     SF_ST_E_JPEG_MALFORMED, SF_ST_E_JPEG_SIDE_TOO_LARGE, SF_ST_E_JPEG_TOO_MANY_PIXELS,
-    SF_ST_E_JPEG_UNSUPPORTED, SF_ST_E_JPEG_BATCH_TOO_LARGE,
+    SF_ST_E_JPEG_UNSUPPORTED, SF_ST_E_PNG_TRUNCATED, SF_ST_E_PNG_MALFORMED, SF_ST_E_PNG_UNSUPPORTED,
+    SF_ST_E_WEBP_TRUNCATED, SF_ST_E_WEBP_MALFORMED, SF_ST_E_WEBP_UNSUPPORTED, SF_ST_E_JPEG_BATCH_TOO_LARGE,
     SF_ST_ERROR_COUNT
 } sf_st_error;
 

@@ -171,12 +171,34 @@ static int reject_parse(sf_req *r, sf_upload *u)
     int64_t bad = sf_st_bad_sample(p);
     char field[32];
     if (bad >= 0)
-        snprintf(field, sizeof field, "jpeg[%lld]", (long long)bad);
+        snprintf(field, sizeof field, "%s[%lld]", sf_st_info_of(p)->files_name, (long long)bad);
     const char *opt = bound_option(r->app, sf_st_error_of(p));
     char msg[640];
     snprintf(msg, sizeof msg, "%s%s%s%s", sf_st_error_message(p), opt ? " (bound by " : "", opt ? opt : "",
              opt ? ")" : "");
     return reject_field(r, u, status_of(sf_st_error_of(p)), sf_st_error_code(p), bad >= 0 ? field : NULL, msg);
+}
+
+/* decode.exif_orientation, decided once for the batch as its body ends:
+ * with apply, a file whose EXIF orientation turns it by a quarter keeps its
+ * turned size in its header record (the size it trains at) and its
+ * orientation (which its decoder applies); with ignore every file keeps the
+ * size it is stored at and orientation 1. */
+static void orient_files(int n, sf_jpeg_info *ji, unsigned *forms)
+{
+    const int apply = strcmp(sf_config_cur()->decode.exif_orientation, "apply") == 0;
+    for (int i = 0; i < n; i++) {
+        if (!apply || ji[i].orientation < 2 || ji[i].orientation > 8) {
+            ji[i].orientation = 1;
+            continue;
+        }
+        *forms |= SF_JPEG_FORM_ORIENTED;
+        if (ji[i].orientation >= 5) {
+            const int32_t t = ji[i].h;
+            ji[i].h = ji[i].w;
+            ji[i].w = t;
+        }
+    }
 }
 
 /* The encoded form, once every file's header was read. The batch is ragged
@@ -191,11 +213,11 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *f
 {
     sf_app *app = r->app;
     const sf_st_info *in = sf_st_info_of(&u->parser);
-    const sf_jpeg_info *ji =
-        (const sf_jpeg_info *)(const void *)(sf_ring_bytes(app->ring, u->slot) + in->jpeg_info_dest_off);
+    sf_jpeg_info *ji = (sf_jpeg_info *)(void *)(sf_ring_bytes(app->ring, u->slot) + in->jpeg_info_dest_off);
     *forms = 0;
     for (int i = 0; i < in->n; i++)
         *forms |= sf_jpeg_forms(&ji[i]);
+    orient_files(in->n, ji, forms);
     *h = *w = 0;
     sf_aug_plan plan;
     char ragged_err[256];
@@ -205,10 +227,10 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *f
         if (ji[i].h != ji[0].h || ji[i].w != ji[0].w) {
             char msg[512], field[32];
             snprintf(msg, sizeof msg,
-                     "sample %d of \"jpeg\" is %dx%d (HxW) but sample 0 is %dx%d, and this augmentation needs "
+                     "sample %d of \"%s\" is %dx%d (HxW) but sample 0 is %dx%d, and this augmentation needs "
                      "one source size: %s",
-                     i, ji[i].h, ji[i].w, ji[0].h, ji[0].w, ragged_err);
-            snprintf(field, sizeof field, "jpeg[%d]", i);
+                     i, in->files_name, ji[i].h, ji[i].w, ji[0].h, ji[0].w, ragged_err);
+            snprintf(field, sizeof field, "%s[%d]", in->files_name, i);
             return reject_field(r, u, 422, "jpeg_sizes_differ", field, msg);
         }
     }
@@ -219,7 +241,7 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *f
                          plan.out_w != app->model.in_w)) {
         char msg[256];
         snprintf(msg, sizeof msg,
-                 "JPEG samples of %dx%d (HxW) augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)",
+                 "encoded samples of %dx%d (HxW) augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)",
                  ji[0].h, ji[0].w, plan.c, plan.out_h, plan.out_w, app->model.in_c, app->model.in_h,
                  app->model.in_w);
         return reject(r, u, 422, "shape_mismatch", msg);
@@ -560,6 +582,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
     m->c = in->c;
     m->nhwc = in->nhwc;
     m->encoded = in->encoded;
+    m->files_named_jpeg = in->encoded && strcmp(in->files_name, "jpeg") == 0;
     m->jpeg_forms = forms;
     m->jpeg_offsets_off = in->jpeg_offsets_dest_off;
     m->jpeg_info_off = in->jpeg_info_dest_off;

@@ -67,10 +67,12 @@ struct sf_cuda_jpeg {
     nvjpegImage_t *dst;
     sf_cuda_jpeg_backend last;
     /* The files of the current batch nvJPEG decodes, by sample index, and
-     * those libjpeg-turbo decodes on the host (CMYK, YCCK, arithmetic-coded:
-     * forms nvJPEG does not take) into a pinned buffer, then copies into the
-     * staging area on the caller's stream. The buffer grows to the largest
-     * such batch seen (rare files, so not sized at start) and is reused only
+     * decoded on the host (gpu/ref/image.c: CMYK, YCCK and arithmetic-coded
+     * JPEGs, which nvJPEG does not take, EXIF-turned JPEGs, PNG and WebP)
+     * into a pinned buffer, then copied into the staging area on the
+     * caller's stream. The buffer grows to the largest such batch seen (at
+     * most 3 bytes a pixel of jpeg.max_batch_pixels; a service fed JPEGs
+     * alone never needs it, so it is not sized at start) and is reused only
      * after `used` has fired. */
     int *order;             /* [max_batch] */
     int n_order;
@@ -783,10 +785,10 @@ int sf_cuda_jpeg_decode(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
     return rc;
 }
 
-/* The files of b nvJPEG does not take, decoded with libjpeg-turbo on this
- * thread into the pinned buffer and copied into the staging area on s. With
- * skipping, a file libjpeg-turbo refuses is marked in b->undecodable; else
- * it fails the batch. 0, SF_BACKEND_BAD_INPUT or -1 (sf_cuda_last_error). */
+/* The files of b nvJPEG does not take, decoded on this thread (libjpeg-turbo,
+ * libspng, libwebp: gpu/ref/image.c) into the pinned buffer and copied into
+ * the staging area on s. With skipping, a file the host decoder refuses is
+ * marked in b->undecodable; else it fails the batch. 0, SF_BACKEND_BAD_INPUT or -1 (sf_cuda_last_error). */
 static int decode_on_host(sf_cuda_jpeg *j, const sf_batch *b, int skip, cudaStream_t s)
 {
     size_t need = 0;
@@ -818,10 +820,10 @@ static int decode_on_host(sf_cuda_jpeg *j, const sf_batch *b, int skip, cudaStre
     hb.samples = j->host_samples;
     hb.decoded_bytes = need;
     char err[200];
-    const int rc = sf_ref_jpeg_decode_some(&hb, j->on_host, j->h_host, j->h_host_cap, skip ? b->undecodable : NULL,
+    const int rc = sf_ref_image_decode_some(&hb, j->on_host, j->h_host, j->h_host_cap, skip ? b->undecodable : NULL,
                                            err, sizeof err);
     if (rc < 0 || (rc > 0 && !skip)) {
-        sf_cuda_set_error("jpeg decode (libjpeg-turbo on the host): %s", err);
+        sf_cuda_set_error("jpeg decode (on the host: libjpeg-turbo, libspng, libwebp): %s", err);
         return rc < 0 ? -1 : SF_BACKEND_BAD_INPUT;
     }
     for (int i = 0; i < b->n; i++) {
@@ -905,11 +907,16 @@ static int decode_batch(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend
     const int skip = b->skip_undecodable && b->undecodable;
     if (b->undecodable)
         memset(b->undecodable, 0, (size_t)b->n);
-    /* Which files nvJPEG takes: every one but CMYK, YCCK and arithmetic-coded. */
+    /* Which files nvJPEG takes: every JPEG but CMYK, YCCK, arithmetic-coded
+     * and those turned by their EXIF orientation. PNG and WebP files (told
+     * by their forms, or by a first byte that is not a JPEG's) decode on the
+     * host with libspng and libwebp. */
     int n_host = 0;
     for (int i = 0; i < b->n; i++) {
         const unsigned f = b->jpeg_files ? b->jpeg_files[i].forms : 0;
-        j->on_host[i] = (f & (SF_JPEG_FORM_CMYK | SF_JPEG_FORM_ARITHMETIC)) != 0;
+        j->on_host[i] = (f & (SF_JPEG_FORM_CMYK | SF_JPEG_FORM_ARITHMETIC | SF_JPEG_FORM_PNG | SF_JPEG_FORM_WEBP |
+                              SF_JPEG_FORM_ORIENTED)) != 0 ||
+                        b->jpeg[b->jpeg_off[i]] != 0xFF;
         if (j->on_host[i])
             n_host++;
         else

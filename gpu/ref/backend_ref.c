@@ -827,7 +827,7 @@ static int decode(ref_ctx *c, const sf_batch *b, sf_batch *raw, char *err, size_
         return -1;
     }
     const int skip = b->skip_undecodable && b->undecodable && c->kept_samples && b->n <= c->cfg.max_batch;
-    const int rc = sf_ref_jpeg_decode_some(b, NULL, c->decoded, c->decoded_cap, skip ? b->undecodable : NULL,
+    const int rc = sf_ref_image_decode_some(b, NULL, c->decoded, c->decoded_cap, skip ? b->undecodable : NULL,
                                            err, errlen);
     if (rc < 0)
         return -1;

@@ -9,23 +9,53 @@
 
 #include "../aug.h"
 
-/* ---- JPEG decode (jpeg.c) ------------------------------------------------- */
+/* ---- encoded-file decode (image.c; jpeg.c, png.c, webp.c) ----------------- */
 
 struct sf_batch;
 
-/* Decodes the n files of the encoded batch b (b->jpeg) into dst, cap bytes:
- * sample i as 3-channel HWC uint8 of samples[i].src_h x src_w at byte
- * samples[i].src_off. 0; SF_BACKEND_BAD_INPUT (gpu/backend.h) with a message
- * naming the sample when libjpeg-turbo refuses a file; -1 otherwise. */
-int sf_ref_jpeg_decode(const struct sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen);
+/* Decodes the n files of the encoded batch b (b->jpeg: JPEG, PNG or WebP,
+ * each told apart by its first bytes) into dst, cap bytes: sample i as
+ * 3-channel HWC uint8 of samples[i].src_h x src_w at byte samples[i].src_off,
+ * turned by its EXIF orientation when b->jpeg_files[i].orientation asks (the
+ * src size is then the turned one). 0; SF_BACKEND_BAD_INPUT (gpu/backend.h)
+ * with a message naming the sample when a decoder refuses a file; -1
+ * otherwise. */
+int sf_ref_image_decode(const struct sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen);
 
 /* The same, sample by sample: decodes the samples i with which[i] != 0 (all
- * when which is NULL) and, when bad is not NULL, marks each one libjpeg-turbo
+ * when which is NULL) and, when bad is not NULL, marks each one a decoder
  * refuses with bad[i] = 1 and goes on with the others (err names the first).
  * Returns the number refused (0..n; with bad NULL the decode stops at the
  * first), or -1 when the batch itself is wrong (a buffer too small). */
-int sf_ref_jpeg_decode_some(const struct sf_batch *b, const uint8_t *which, uint8_t *dst, size_t cap,
-                            uint8_t *bad, char *err, size_t errlen);
+int sf_ref_image_decode_some(const struct sf_batch *b, const uint8_t *which, uint8_t *dst, size_t cap,
+                             uint8_t *bad, char *err, size_t errlen);
+
+/* One JPEG file at a time (jpeg.c): a decoder holds libjpeg's state for a
+ * batch. work_left (may be NULL: unbounded) is the batch's budget of pixel
+ * passes, charged per scan. dec_one decodes src[0, len), whose header said
+ * h x w, into dst (h x w x 3): 0, or -1 with why filled. */
+typedef struct sf_ref_jpeg_dec sf_ref_jpeg_dec;
+sf_ref_jpeg_dec *sf_ref_jpeg_dec_new(int64_t *work_left);
+int sf_ref_jpeg_dec_one(sf_ref_jpeg_dec *d, const uint8_t *src, size_t len, int h, int w, uint8_t *dst, char *why,
+                        size_t whylen);
+void sf_ref_jpeg_dec_free(sf_ref_jpeg_dec *d);
+
+/* One PNG file (png.c, libspng) or WebP file (webp.c, libwebp) of h x w
+ * into dst (h x w x 3), converted to 8-bit RGB as
+ * torchvision.io.decode_image(mode=ImageReadMode.RGB) converts it: gray
+ * replicated, a palette expanded, alpha dropped (not composited), 16-bit
+ * samples cut to their high byte (torchvision keeps 16 bits, and its
+ * to_dtype(torch.uint8, scale=True) shifts them right by 8). 0, or -1 with
+ * why filled. */
+int sf_ref_png_decode_one(const uint8_t *src, size_t len, int h, int w, uint8_t *dst, char *why, size_t whylen);
+int sf_ref_webp_decode_one(const uint8_t *src, size_t len, int h, int w, uint8_t *dst, char *why, size_t whylen);
+
+/* Turns src (h x w x 3, as stored) by EXIF orientation o (1..8) into dst,
+ * as PIL.ImageOps.exif_transpose does: 2 mirrors left-right, 3 turns 180
+ * degrees, 4 mirrors top-bottom, 5 transposes, 6 turns 90 degrees clockwise,
+ * 7 transverses, 8 turns 90 degrees counter-clockwise; dst is w x h for 5..8.
+ * src and dst do not overlap. */
+void sf_ref_orient(const uint8_t *src, int h, int w, int o, uint8_t *dst);
 
 /* A file of more scans than this is refused (TurboJPEG's TJFLAG_LIMITSCANS
  * bound). */

@@ -1,4 +1,6 @@
 /* gpu/ref/jpeg.c — the reference JPEG decode: libjpeg-turbo's libjpeg API.
+ * One file at a time; gpu/ref/image.c runs a batch's files through it and
+ * the PNG and WebP decoders.
  *
  * The oracle of the CUDA backend's nvJPEG decode (tests/gpu/test_jpeg_decode.cu),
  * the reference backend's decode, and the CUDA backend's host decode of the
@@ -22,8 +24,6 @@
  * for large images) or a batch past its work budget
  * (SF_REF_JPEG_PASSES_PER_PIXEL scans over each of its pixels).
  */
-#include "gpu/backend.h"
-#include "gpu/common.h"
 #include "ref.h"
 
 #include <setjmp.h>
@@ -168,72 +168,42 @@ static int decode_one(struct jpeg_decompress_struct *ci, ref_jerr *je, ref_jprog
     return 0;
 }
 
-int sf_ref_jpeg_decode_some(const sf_batch *b, const uint8_t *which, uint8_t *dst, size_t cap, uint8_t *bad,
-                            char *err, size_t errlen)
-{
-    if (!b->jpeg || !b->jpeg_off) {
-        sf_errf(err, errlen, "ref jpeg: the batch is not encoded");
-        return -1;
-    }
+struct sf_ref_jpeg_dec {
     struct jpeg_decompress_struct ci;
     ref_jerr je;
     ref_jprog jp;
-    memset(&jp, 0, sizeof jp);
-    ci.err = jpeg_std_error(&je.pub);
-    je.pub.error_exit = on_error;
-    je.pub.emit_message = on_message;
-    je.msg[0] = '\0';
-    jpeg_create_decompress(&ci);
-    jp.pub.progress_monitor = on_progress;
-    jp.err = &je;
-    ci.progress = &jp.pub;
-    /* The batch's work budget: SF_REF_JPEG_PASSES_PER_PIXEL scans over
-     * every pixel it decodes, so that a batch of legitimate progressive
-     * files (about ten scans each) fits and files of many scans cannot
-     * together hold the engine for longer than that. */
-    int64_t work_left = (int64_t)(b->decoded_bytes / 3) * SF_REF_JPEG_PASSES_PER_PIXEL;
-    if (b->decoded_bytes == 0)
-        for (int i = 0; i < b->n; i++)
-            work_left += (int64_t)b->samples[i].src_h * b->samples[i].src_w * SF_REF_JPEG_PASSES_PER_PIXEL;
-    jp.work_left = &work_left;
-    uint8_t *row4 = NULL;
-    size_t row4_cap = 0;
-    int refused = 0;
-    int rc = 0;
-    for (int i = 0; i < b->n && rc == 0; i++) {
-        if (which && !which[i])
-            continue;
-        const int64_t o0 = b->jpeg_off[i], o1 = b->jpeg_off[i + 1];
-        int64_t n = o1 - o0;
-        if (b->jpeg_files && b->jpeg_files[i].len > 0 && b->jpeg_files[i].len < n)
-            n = b->jpeg_files[i].len;
-        const int h = b->samples[i].src_h, w = b->samples[i].src_w;
-        const size_t off = b->samples[i].src_off;
-        char why[JMSG_LENGTH_MAX + 64];
-        if (off + (size_t)h * w * 3 > cap) {
-            sf_errf(err, errlen, "ref jpeg: sample %d (%dx%d) does not fit the decode buffer of %zu bytes", i, h,
-                    w, cap);
-            rc = -1;
-        } else if (decode_one(&ci, &je, &jp, b->jpeg + o0, (size_t)n, h, w, dst + off, &row4, &row4_cap, why,
-                              sizeof why) != 0) {
-            if (refused == 0)
-                sf_errf(err, errlen, "ref jpeg: sample %d: %s", i, why);
-            refused++;
-            if (bad)
-                bad[i] = 1;
-            else
-                rc = SF_BACKEND_BAD_INPUT;
-        }
-    }
-    jpeg_destroy_decompress(&ci);
-    free(row4);
-    if (rc == -1)
-        return -1;
-    return refused;
+    uint8_t *row4;          /* a CMYK file's scratch row; grows to the widest one */
+    size_t row4_cap;
+};
+
+sf_ref_jpeg_dec *sf_ref_jpeg_dec_new(int64_t *work_left)
+{
+    sf_ref_jpeg_dec *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->ci.err = jpeg_std_error(&d->je.pub);
+    d->je.pub.error_exit = on_error;
+    d->je.pub.emit_message = on_message;
+    jpeg_create_decompress(&d->ci);
+    d->jp.pub.progress_monitor = on_progress;
+    d->jp.err = &d->je;
+    d->jp.work_left = work_left;
+    d->ci.progress = &d->jp.pub;
+    return d;
 }
 
-int sf_ref_jpeg_decode(const sf_batch *b, uint8_t *dst, size_t cap, char *err, size_t errlen)
+int sf_ref_jpeg_dec_one(sf_ref_jpeg_dec *d, const uint8_t *src, size_t len, int h, int w, uint8_t *dst, char *why,
+                        size_t whylen)
 {
-    const int rc = sf_ref_jpeg_decode_some(b, NULL, dst, cap, NULL, err, errlen);
-    return rc > 0 ? SF_BACKEND_BAD_INPUT : rc;
+    d->je.msg[0] = '\0';
+    return decode_one(&d->ci, &d->je, &d->jp, src, len, h, w, dst, &d->row4, &d->row4_cap, why, whylen);
+}
+
+void sf_ref_jpeg_dec_free(sf_ref_jpeg_dec *d)
+{
+    if (!d)
+        return;
+    jpeg_destroy_decompress(&d->ci);
+    free(d->row4);
+    free(d);
 }

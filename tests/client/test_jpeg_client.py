@@ -22,9 +22,9 @@ def jpeg_bytes(rng, h=32, w=32):
 def test_encode_jpeg_batch_concatenates_the_files_with_their_offsets_and_the_smallest_labels(rng):
     files = [jpeg_bytes(rng), jpeg_bytes(rng), jpeg_bytes(rng)]
     t = st_load(encode_jpeg_batch(files, np.array([2, 0, 1], dtype=np.int64)).body)
-    assert t["jpeg"].dtype == np.uint8 and t["jpeg"].tobytes() == b"".join(files)
-    assert t["jpeg_offsets"].dtype == np.int64
-    assert list(t["jpeg_offsets"]) == [0, len(files[0]), len(files[0]) + len(files[1]), sum(map(len, files))]
+    assert t["files"].dtype == np.uint8 and t["files"].tobytes() == b"".join(files)
+    assert t["files_offsets"].dtype == np.int64
+    assert list(t["files_offsets"]) == [0, len(files[0]), len(files[0]) + len(files[1]), sum(map(len, files))]
     assert t["labels"].dtype == np.uint8 and list(t["labels"]) == [2, 0, 1]
 
 
@@ -50,7 +50,7 @@ def test_post_jpeg_from_paths_trains_and_a_bad_file_names_its_sample(module_serv
     with pytest.raises(E.BadRequest) as ei:
         post_jpeg(c, [good, good[:200] + b"\xff\xd9"], [0, 1])
     assert ei.value.code in ("jpeg_truncated", "jpeg_malformed")
-    assert ei.value.field == "jpeg[1]"
+    assert ei.value.field == "files[1]"
 
 
 def test_image_folder_numbers_the_sorted_class_folders_and_feed_trains_from_its_files(module_server, rng,
@@ -139,21 +139,22 @@ def bogus_huffman_jpeg_bytes(rng, h=32, w=32):
     return bytes(b)
 
 
-def png_bytes(rng, h=32, w=32):
+def gif_bytes(rng, h=32, w=32):
+    """A GIF: a format the service does not decode."""
     out = io.BytesIO()
-    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(out, format="PNG")
+    Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(out, format="GIF")
     return out.getvalue()
 
 
 def a_real_data_set(rng, tmp_path):
     """Thirteen files as a crawled data set has them: nine good JPEGs, a
     12-bit JPEG and a file cut short (both refused by the server, by name), a
-    PNG named .jpg and an empty file (both left out before sending)."""
-    kinds = ["ok", "12bit", "ok", "ok", "png", "ok", "cut", "ok", "ok", "empty", "ok", "ok", "ok"]
+    GIF named .jpg and an empty file (both left out before sending)."""
+    kinds = ["ok", "12bit", "ok", "ok", "gif", "ok", "cut", "ok", "ok", "empty", "ok", "ok", "ok"]
     samples = []
     for i, kind in enumerate(kinds):
         good = jpeg_bytes(rng)
-        data = {"ok": good, "12bit": twelve_bit_jpeg_bytes(rng), "png": png_bytes(rng), "cut": good[:300] + b"\xff\xd9",
+        data = {"ok": good, "12bit": twelve_bit_jpeg_bytes(rng), "gif": gif_bytes(rng), "cut": good[:300] + b"\xff\xd9",
                 "empty": b""}[kind]
         p = tmp_path / f"{i:02d}-{kind}.jpg"
         p.write_bytes(data)
@@ -171,7 +172,7 @@ def test_feed_leaves_out_the_files_a_real_data_set_has_and_trains_on_the_rest(mo
     assert summary.skipped_files.get("jpeg_not_jpeg") == 2
     assert sum(summary.skipped_files.values()) == 4, summary.skipped_files
     named = {Path(s.name).name: s for s in summary.skipped}
-    assert set(named) == {"01-12bit.jpg", "04-png.jpg", "06-cut.jpg", "09-empty.jpg"}
+    assert set(named) == {"01-12bit.jpg", "04-gif.jpg", "06-cut.jpg", "09-empty.jpg"}
     assert named["01-12bit.jpg"].code == "jpeg_unsupported" and named["01-12bit.jpg"].batch_index == 0
     assert named["01-12bit.jpg"].sample == 1
     assert named["06-cut.jpg"].code in ("jpeg_truncated", "jpeg_malformed")
@@ -184,12 +185,12 @@ def test_with_skip_bad_files_off_a_refused_file_stops_the_feed_as_before(module_
     with pytest.raises(E.FeedAborted) as ei:
         module_server.client().feed(jpeg_batches(samples, 4, shuffle=False), connections=1, progress=False,
                                     skip_bad_files=False)
-    assert ei.value.error.code == "jpeg_unsupported" and ei.value.error.field == "jpeg[1]"
+    assert ei.value.error.code == "jpeg_unsupported" and ei.value.error.field == "files[1]"
 
 
 def test_jpeg_batches_keep_their_size_and_a_data_set_without_a_jpeg_is_refused(rng):
     files = [jpeg_bytes(rng, 8, 8) for _ in range(6)]
-    data = [files[0], b"", files[1], png_bytes(rng, 8, 8), files[2], files[3], files[4], files[5], b"\x00"]
+    data = [files[0], b"", files[1], gif_bytes(rng, 8, 8), files[2], files[3], files[4], files[5], b"\x00"]
     batches = list(jpeg_batches([(d, i) for i, d in enumerate(data)], 3, shuffle=False))
     assert [b.n for b in batches] == [3, 3]
     assert _labels(batches[0]) == [0, 2, 4] and _labels(batches[1]) == [5, 6, 7]
@@ -199,9 +200,9 @@ def test_jpeg_batches_keep_their_size_and_a_data_set_without_a_jpeg_is_refused(r
     # one batch without its middle file: the rest, in order, with their positions
     smaller = batches[0].without(1)
     assert smaller.n == 2 and _labels(smaller) == [0, 4] and smaller.positions == [0, 4]
-    assert st_load(smaller.body)["jpeg"].tobytes() == files[0] + files[2]
-    with pytest.raises(ValueError, match="no JPEG file"):
-        list(jpeg_batches([(b"", 0), (png_bytes(rng), 1)], 2, shuffle=False))
+    assert st_load(smaller.body)["files"].tobytes() == files[0] + files[2]
+    with pytest.raises(ValueError, match="no JPEG, PNG or WebP file"):
+        list(jpeg_batches([(b"", 0), (gif_bytes(rng), 1)], 2, shuffle=False))
     # A path that cannot be read (gone since it was listed) is left out too.
     (only,) = jpeg_batches([("/nonexistent/streamfeed/x.jpg", 0), (files[0], 1)], 1, shuffle=False)
     assert _labels(only) == [1]
@@ -253,8 +254,8 @@ def test_without_keeps_the_labels_shape_and_dtype_and_drop_last_with_few_files_s
     two = type(b)(st_save(t), 3).without(0)
     out = st_load(two.body)
     assert out["labels"].dtype == np.int32 and out["labels"].tolist() == [[5, 1], [6, 2]]
-    assert out["jpeg"].tobytes() == files[1] + files[2]
-    assert out["jpeg_offsets"].tolist() == [0, len(files[1]), len(files[1]) + len(files[2])]
+    assert out["files"].tobytes() == files[1] + files[2]
+    assert out["files_offsets"].tolist() == [0, len(files[1]), len(files[1]) + len(files[2])]
     # fewer JPEG files than one batch, one bad file: drop_last sends nothing, and says nothing is wrong
     assert list(jpeg_batches([(files[0], 0), (b"", 1)], 4, drop_last=True, shuffle=False)) == []
 

@@ -6,8 +6,9 @@
  * within the limits and a subsampling that matches the component count. The
  * same file, split in two at a point derived from its hash, is then sent as a
  * two-sample "jpeg" body through the safetensors parser in two chunkings;
- * both runs must agree, and the parser's outcome must be the reader's verdict
- * on the first of the two files that fails (or success when both pass).
+ * both runs must agree, and the parser's outcome must be the verdict of the
+ * reader of each half's format (server/image_header.h) on the first of the
+ * two files that fails (or success when both pass).
  *
  *   make build/fuzz_jpeg_header && build/fuzz_jpeg_header tests/fuzz/corpus_jpeg_header
  */
@@ -15,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "server/jpeg_header.h"
+#include "server/image_header.h"
 #include "server/safetensors.h"
 
 #define CHECK(cond) do { if (!(cond)) __builtin_trap(); } while (0)
@@ -83,8 +84,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint64_t h = 1469598103934665603ull;
     for (size_t i = 0; i < size; i++) h = (h ^ data[i]) * 1099511628211ull;
     size_t cut = 1 + (size_t)(h % (size - 1));
-    sf_jpeg_error e0 = sf_jpeg_header_parse(data, cut, &LIM, &a, NULL, 0);
-    sf_jpeg_error e1 = sf_jpeg_header_parse(data + cut, size - cut, &LIM, &b, NULL, 0);
+    sf_jpeg_error e0 = sf_image_header_parse(data, cut, &LIM, &a, NULL, 0);
+    sf_jpeg_error e1 = sf_image_header_parse(data + cut, size - cut, &LIM, &b, NULL, 0);
     int64_t off[3] = {0, (int64_t)cut, (int64_t)size};
     sf_st_tensor_desc t[2] = {{"jpeg_offsets", SF_ST_I64, 1, {3}}, {"jpeg", SF_ST_U8, 1, {(int64_t)size}}};
     size_t hl = sf_st_header_build(NULL, 0, t, 2, NULL);

@@ -17,7 +17,9 @@
  * record (bench/results).
  *
  * Also: a file nvJPEG refuses is left out with skip_undecodable (the others
- * decode), a CMYK file is decoded on the host as the reference decodes it.
+ * decode), a CMYK file is decoded on the host as the reference decodes it,
+ * and so are PNG and WebP files and a JPEG turned by its EXIF orientation,
+ * in one batch with a file nvJPEG decodes.
  * AUTO runs a baseline batch on the hardware engines where the device
  * has them and a batch with a progressive file on gpu_hybrid; grayscale gives
  * three equal channels; damaged scan data fails the batch naming the sample.
@@ -30,8 +32,11 @@
  */
 #include "gpu_test.h"
 
+#include <stdlib.h>
 #include <string.h>
+#include <spng.h>
 #include <turbojpeg.h>
+#include <webp/encode.h>
 
 extern "C" {
 #include "gpu/aug.h"
@@ -738,12 +743,12 @@ static void undecodable_left_out_and_cmyk_on_the_host(const std::vector<jcase> &
     jb.b.jpeg = jb.bytes.data();
     std::vector<sf_jpeg_file> files(baseline.size());
     for (size_t i = 0; i < files.size(); i++)
-        files[i] = {jb.off[i + 1] - jb.off[i], 0u};
+        files[i] = {jb.off[i + 1] - jb.off[i], 0u, 1};
     files[cm].forms = SF_JPEG_FORM_CMYK;
     jb.b.jpeg_files = files.data();
     jb.b.jpeg_forms |= SF_JPEG_FORM_CMYK;
     std::vector<uint8_t> marks(baseline.size(), 7), ref(jb.decoded, 0), rbad(baseline.size(), 0);
-    if (sf_ref_jpeg_decode_some(&jb.b, NULL, ref.data(), ref.size(), rbad.data(), err, sizeof err) != 1 || !rbad[bad])
+    if (sf_ref_image_decode_some(&jb.b, NULL, ref.data(), ref.size(), rbad.data(), err, sizeof err) != 1 || !rbad[bad])
         fail("libjpeg-turbo did not refuse the bogus file alone: %s", err);
     jb.b.skip_undecodable = 1;
     jb.b.undecodable = marks.data();
@@ -820,6 +825,109 @@ static void undecodable_left_out_and_cmyk_on_the_host(const std::vector<jcase> &
     sf_cuda_jpeg_free(j);
 }
 
+/* h x w RGB pixels as a PNG (libspng's encoder) or a lossless WebP. */
+static std::vector<uint8_t> png_file(const std::vector<uint8_t> &px, int h, int w)
+{
+    std::vector<uint8_t> f;
+    spng_ctx *enc = spng_ctx_new(SPNG_CTX_ENCODER);
+    struct spng_ihdr ihdr = {(uint32_t)w, (uint32_t)h, 8, SPNG_COLOR_TYPE_TRUECOLOR, 0, 0, 0};
+    size_t n = 0;
+    int e = 0;
+    spng_set_option(enc, SPNG_ENCODE_TO_BUFFER, 1);
+    spng_set_ihdr(enc, &ihdr);
+    if (spng_encode_image(enc, px.data(), px.size(), SPNG_FMT_PNG, SPNG_ENCODE_FINALIZE) == 0) {
+        uint8_t *out = (uint8_t *)spng_get_png_buffer(enc, &n, &e);
+        if (out) {
+            f.assign(out, out + n);
+            free(out);
+        }
+    }
+    spng_ctx_free(enc);
+    return f;
+}
+
+static std::vector<uint8_t> webp_file(const std::vector<uint8_t> &px, int h, int w)
+{
+    uint8_t *out = NULL;
+    const size_t n = WebPEncodeLosslessRGB(px.data(), w, h, w * 3, &out);
+    std::vector<uint8_t> f(out, out + n);
+    WebPFree(out);
+    return f;
+}
+
+static void png_webp_and_turned_files_on_the_host(const std::vector<jcase> &baseline)
+{
+    char err[200];
+    sf_cuda_jpeg *j = sf_cuda_jpeg_new(8, 1 << 20, 1, 1, err, sizeof err);
+    if (!j) {
+        fail("sf_cuda_jpeg_new: %s", err);
+        return;
+    }
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    /* A JPEG nvJPEG decodes, a PNG, a WebP, and a JPEG of orientation 6,
+     * whose sample is its file turned (47 x 33 for a 33 x 47 file). */
+    const std::vector<jcase> cases = {baseline[0], {24, 40, TJSAMP_444, 0, "png"}, {40, 24, TJSAMP_444, 0, "webp"},
+                                      {33, 47, TJSAMP_420, 0, "turned"}};
+    jbatch jb;
+    make_batch(jb, cases, 31);
+    std::vector<uint8_t> px((size_t)24 * 40 * 3);
+    for (size_t k = 0; k < px.size(); k++)
+        px[k] = (uint8_t)(k * 7 + (k / 120) * 13);
+    std::vector<std::vector<uint8_t>> file(4);
+    for (int i = 0; i < 4; i++)
+        file[i].assign(jb.bytes.begin() + jb.off[i], jb.bytes.begin() + jb.off[i + 1]);
+    file[1] = png_file(px, 24, 40);
+    file[2] = webp_file(px, 40, 24);
+    if (file[1].empty() || file[2].empty()) {
+        fail("encoding the PNG or WebP file failed");
+        sf_cuda_jpeg_free(j);
+        return;
+    }
+    jb.bytes.clear();
+    for (int i = 0; i < 4; i++) {
+        jb.bytes.insert(jb.bytes.end(), file[i].begin(), file[i].end());
+        jb.off[i + 1] = (int64_t)jb.bytes.size();
+    }
+    jb.smp[3].src_h = 47;
+    jb.smp[3].src_w = 33;
+    jb.b.jpeg = jb.bytes.data();
+    std::vector<sf_jpeg_file> files(4);
+    for (int i = 0; i < 4; i++)
+        files[i] = {jb.off[i + 1] - jb.off[i], 0u, 1};
+    files[1].forms = SF_JPEG_FORM_PNG;
+    files[2].forms = SF_JPEG_FORM_WEBP;
+    files[3].forms = SF_JPEG_FORM_ORIENTED;
+    files[3].orientation = 6;
+    jb.b.jpeg_files = files.data();
+    jb.b.jpeg_forms = SF_JPEG_FORM_PNG | SF_JPEG_FORM_WEBP | SF_JPEG_FORM_ORIENTED;
+    std::vector<uint8_t> ref(jb.decoded), got(jb.decoded);
+    if (sf_ref_image_decode(&jb.b, ref.data(), ref.size(), err, sizeof err)) {
+        fail("the reference decode of the PNG, WebP and turned files: %s", err);
+    } else if (memcmp(ref.data() + jb.smp[1].src_off, px.data(), px.size()) != 0 ||
+               memcmp(ref.data() + jb.smp[2].src_off, px.data(), px.size()) != 0) {
+        fail("the reference decode of the lossless PNG and WebP files differs from their pixels");
+    } else {
+        cudaMemset(sf_cuda_jpeg_output(j, 0), 0xEE, jb.decoded);
+        sf_cuda_clear_error();
+        int rc = sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s);
+        rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
+        cudaMemcpy(got.data(), sf_cuda_jpeg_output(j, 0), jb.decoded, cudaMemcpyDeviceToHost);
+        const size_t host_from = jb.smp[1].src_off;
+        if (rc)
+            fail("a batch of JPEG, PNG, WebP and a turned JPEG failed: %s", sf_cuda_last_error());
+        else if (sf_cuda_jpeg_host_decoded(j) != 3)
+            fail("%d files decoded on the host; want the PNG, the WebP and the turned JPEG",
+                 sf_cuda_jpeg_host_decoded(j));
+        else if (memcmp(got.data() + host_from, ref.data() + host_from, jb.decoded - host_from) != 0)
+            fail("the PNG, WebP and turned JPEG decoded on the host differ from the reference decode");
+        else
+            ok("the PNG, the WebP and the turned JPEG decode on the host, as the reference decodes them");
+    }
+    cudaStreamDestroy(s);
+    sf_cuda_jpeg_free(j);
+}
+
 int main(void)
 {
     /* Neither needs a device. */
@@ -863,7 +971,7 @@ int main(void)
         const std::vector<jcase> &cases = be == SF_CUDA_JPEG_HARDWARE ? baseline : with_prog;
         make_batch(jb, cases, 1000 + (uint64_t)be);
         std::vector<uint8_t> ref(jb.decoded), got(jb.decoded, 0xEE);
-        if (sf_ref_jpeg_decode(&jb.b, ref.data(), ref.size(), err, sizeof err)) {
+        if (sf_ref_image_decode(&jb.b, ref.data(), ref.size(), err, sizeof err)) {
             fail("libjpeg-turbo: %s", err);
             continue;
         }
@@ -906,7 +1014,7 @@ int main(void)
             continue;
         make_batch(jb, baseline, 9);
         std::vector<uint8_t> clean(jb.decoded);
-        if (sf_ref_jpeg_decode(&jb.b, clean.data(), clean.size(), err, sizeof err)) {
+        if (sf_ref_image_decode(&jb.b, clean.data(), clean.size(), err, sizeof err)) {
             fail("libjpeg-turbo: %s", err);
             continue;
         }
@@ -933,7 +1041,7 @@ int main(void)
         jb.b.jpeg = jb.bytes.data();
         char rerr[200];
         std::vector<uint8_t> ref(jb.decoded);
-        const int ref_rc = sf_ref_jpeg_decode(&jb.b, ref.data(), ref.size(), rerr, sizeof rerr);
+        const int ref_rc = sf_ref_image_decode(&jb.b, ref.data(), ref.size(), rerr, sizeof rerr);
         sf_cuda_clear_error();
         int rc = sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s);
         rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
@@ -980,6 +1088,7 @@ int main(void)
     through_backends(with_prog);
     overlapped_decode_equals_serial(baseline);
     undecodable_left_out_and_cmyk_on_the_host(baseline);
+    png_webp_and_turned_files_on_the_host(baseline);
     printf("test_jpeg_decode: %d ok, %d failed\n", g_ok, g_fail);
     return g_fail ? 1 : 0;
 }

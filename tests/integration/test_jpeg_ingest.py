@@ -263,10 +263,11 @@ def run_load(s, *args):
 
 
 def test_streamfeed_load_dir_leaves_out_the_files_the_service_would_refuse(start_server, tmp_path):
-    """A crawled data set's few bad files (ImageNet's PNG named .JPEG, an
-    empty or cut file) are left out of the pool, said on stderr, and the
-    next files fill their batches: no batch is refused. Its CMYK JPEGs
-    train."""
+    """A crawled data set's few bad files (a GIF named .jpg, an empty or cut
+    file) are left out of the pool, said on stderr, and the next files fill
+    their batches: no batch is refused. Its CMYK JPEGs train, and so does
+    its PNG named .JPEG (ImageNet holds one): a file's format is its first
+    bytes, not its name."""
     s = start_server(TINY)
     rng = np.random.default_rng(11)
 
@@ -283,7 +284,10 @@ def test_streamfeed_load_dir_leaves_out_the_files_the_service_would_refuse(start
     (tmp_path / "a" / "cmyk.jpg").write_bytes(cmyk.getvalue())
     png = io.BytesIO()
     Image.fromarray(img()).save(png, format="PNG")
-    (tmp_path / "b" / "png.jpg").write_bytes(png.getvalue())
+    (tmp_path / "b" / "png.JPEG").write_bytes(png.getvalue())
+    gif = io.BytesIO()
+    Image.fromarray(img()).save(gif, format="GIF")
+    (tmp_path / "b" / "gif.jpg").write_bytes(gif.getvalue())
     (tmp_path / "b" / "empty.jpg").write_bytes(b"")
     (tmp_path / "a" / "cut.jpg").write_bytes(to_jpeg(img())[:200])
     p = subprocess.run([LOAD_BIN, "--url", s.url, "--drain", "--json", "--dir", f"{tmp_path}//", "--batch", "5",
@@ -292,17 +296,17 @@ def test_streamfeed_load_dir_leaves_out_the_files_the_service_would_refuse(start
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["accepted"] == 4 and summary["rejected"] == 0 and summary["errors"] == {}, summary
     assert s.metric("streamfeed_samples_trained_total") == 20
-    assert "cmyk.jpg" not in p.stderr, p.stderr
-    for name, code in (("png.jpg", "jpeg_not_jpeg"),
+    assert "cmyk.jpg" not in p.stderr and "png.JPEG" not in p.stderr, p.stderr
+    for name, code in (("gif.jpg", "jpeg_not_jpeg"),
                        ("empty.jpg", "cannot read it (empty)"), ("cut.jpg", "jpeg_truncated")):
         assert any(name in ln and code in ln for ln in p.stderr.splitlines()), (name, p.stderr)
     # "--dir train//": the paths said are train/<class>/<file>, not train//<class>.
     assert f"{tmp_path}/a/cut.jpg" in p.stderr and f"{tmp_path}//" not in p.stderr, p.stderr
-    assert "left out 3 of the 14 files" in p.stderr, p.stderr
+    assert "left out 3 of the 15 files" in p.stderr, p.stderr
     # Nothing the service can decode: said, and no batch is sent.
     bad = tmp_path / "bad"
     (bad / "c").mkdir(parents=True)
-    (bad / "c" / "x.jpg").write_bytes(png.getvalue())
+    (bad / "c" / "x.jpg").write_bytes(gif.getvalue())
     p = subprocess.run([LOAD_BIN, "--url", s.url, "--dir", str(bad), "--quiet"], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and "no file of the 1 is one the service can decode" in p.stderr, p.stderr
@@ -328,8 +332,9 @@ def test_streamfeed_load_dir_numbers_hidden_class_folders_as_torchvision_does(st
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["accepted"] == 0 and summary["rejected"] == 1, summary
     assert list(summary["errors"]) == ["label_out_of_range"], summary
-    assert "4 JPEG files in 11 class folders" in p.stderr, p.stderr
-    assert ".ipynb_checkpoints holds no .jpg file; it still counts as class 0" in p.stderr, p.stderr
+    assert "4 image files in 11 class folders" in p.stderr, p.stderr
+    assert ".ipynb_checkpoints holds no image file (.jpg, .jpeg, .png, .webp); it still counts as class 0" in p.stderr, \
+        p.stderr
     (tmp_path / ".ipynb_checkpoints").rmdir()
     summary = run_load(s, "--dir", str(tmp_path), "--batch", "4", "--batches", "1")
     assert summary["accepted"] == 1 and summary["errors"] == {}, summary

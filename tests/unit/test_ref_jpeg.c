@@ -111,21 +111,21 @@ static void test_a_refused_file_is_marked_and_the_others_decode_in_their_places(
     make(&bt, f, 3);
     uint8_t *px = malloc(bt.b.decoded_bytes), bad[3] = {0, 0, 0};
     char err[200];
-    assert_int_equal(sf_ref_jpeg_decode_some(&bt.b, NULL, px, bt.b.decoded_bytes, bad, err, sizeof err), 1);
+    assert_int_equal(sf_ref_image_decode_some(&bt.b, NULL, px, bt.b.decoded_bytes, bad, err, sizeof err), 1);
     assert_int_equal(bad[0] + 2 * bad[1] + 4 * bad[2], 2);
     assert_non_null(strstr(err, "sample 1"));
     /* the others decode as they do alone */
     uint8_t *one = malloc(64 * 64 * 3);
     batch alone;
     make(&alone, &f[2], 1);
-    assert_int_equal(sf_ref_jpeg_decode(&alone.b, one, 64 * 64 * 3, err, sizeof err), 0);
+    assert_int_equal(sf_ref_image_decode(&alone.b, one, 64 * 64 * 3, err, sizeof err), 0);
     assert_memory_equal(px + 2 * 64 * 64 * 3, one, 64 * 64 * 3);
     /* without marks the first refusal refuses the batch */
-    assert_int_equal(sf_ref_jpeg_decode(&bt.b, px, bt.b.decoded_bytes, err, sizeof err), SF_BACKEND_BAD_INPUT);
+    assert_int_equal(sf_ref_image_decode(&bt.b, px, bt.b.decoded_bytes, err, sizeof err), SF_BACKEND_BAD_INPUT);
     /* only the samples asked for are decoded */
     const uint8_t which[3] = {0, 0, 1};
     memset(px, 0xEE, bt.b.decoded_bytes);
-    assert_int_equal(sf_ref_jpeg_decode_some(&bt.b, which, px, bt.b.decoded_bytes, bad, err, sizeof err), 0);
+    assert_int_equal(sf_ref_image_decode_some(&bt.b, which, px, bt.b.decoded_bytes, bad, err, sizeof err), 0);
     assert_int_equal(px[0], 0xEE);
     assert_memory_equal(px + 2 * 64 * 64 * 3, one, 64 * 64 * 3);
     free(one);
@@ -145,7 +145,7 @@ static void test_a_batch_spends_at_most_its_scan_budget_over_its_pixels(void **s
     make(&bt, &many, 1);
     uint8_t *px = malloc(16 * 64 * 64 * 3), bad[16] = {0};
     char err[200];
-    assert_int_equal(sf_ref_jpeg_decode_some(&bt.b, NULL, px, 16 * 64 * 64 * 3, bad, err, sizeof err), 1);
+    assert_int_equal(sf_ref_image_decode_some(&bt.b, NULL, px, 16 * 64 * 64 * 3, bad, err, sizeof err), 1);
     assert_non_null(strstr(err, "decode budget"));
     free(bt.bytes);
     /* The same file among fifteen baseline ones: the batch's budget is
@@ -156,7 +156,7 @@ static void test_a_batch_spends_at_most_its_scan_budget_over_its_pixels(void **s
         f[i] = encode(0);
     make(&bt, f, 16);
     memset(bad, 0, sizeof bad);
-    if (sf_ref_jpeg_decode_some(&bt.b, NULL, px, 16 * 64 * 64 * 3, bad, err, sizeof err) != 0)
+    if (sf_ref_image_decode_some(&bt.b, NULL, px, 16 * 64 * 64 * 3, bad, err, sizeof err) != 0)
         fail_msg("a batch within its budget refused a file: %s", err);
     free(bt.bytes);
     for (int i = 0; i < 16; i++)

@@ -241,10 +241,12 @@ def _note_undecodable(summary: FeedSummary, index: int, result: BatchResult,
                       names: Optional[List[Optional[str]]], positions: Optional[List[int]]) -> None:
     """Counts the files the service left out of a batch that trained (caller
     holds the summary's lock)."""
+    codes = {int(k["index"]): str(k.get("code") or "jpeg_undecodable")
+             for k in (result.raw.get("skipped_samples") or ()) if isinstance(k, Mapping) and "index" in k}
     for i in result.skipped_samples:
         name = names[i] if names is not None and i < len(names) else None
         pos = positions[i] if positions is not None and i < len(positions) else i
-        _note_skip(summary, index, pos, name, "jpeg_undecodable", UNDECODABLE_MESSAGE)
+        _note_skip(summary, index, pos, name, codes.get(i, "jpeg_undecodable"), UNDECODABLE_MESSAGE)
 
 
 def _encode_item(item: Any, keys: Optional[Tuple[str, str]], layout: Optional[str]) -> Tuple[Any, int]:

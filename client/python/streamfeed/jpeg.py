@@ -1,11 +1,16 @@
-"""JPEG files as they are on disk: the encoded batch form.
+"""JPEG, PNG and WebP files as they are on disk: the encoded batch form.
 
-A batch body may carry JPEG files instead of pixels (the service decodes them:
-nvJPEG on a GPU, libjpeg-turbo on the reference backend)::
+A batch body may carry image files instead of pixels (the service decodes
+them: JPEG with nvJPEG on a GPU or libjpeg-turbo on the reference backend,
+PNG with libspng and WebP with libwebp on the host; each file is told apart
+by its first bytes, so one batch may mix them)::
 
-    jpeg          U8  [total_bytes]   the N files concatenated
-    jpeg_offsets  I64 [N+1]           file i is jpeg[off[i]:off[i+1]]
-    labels        U8, I32 or I64 [N] (the smallest that holds them)
+    files          U8  [total_bytes]   the N files concatenated
+    files_offsets  I64 [N+1]           file i is files[off[i]:off[i+1]]
+    labels         U8, I32 or I64 [N] (the smallest that holds them)
+
+(``jpeg`` and ``jpeg_offsets`` are the two tensors' older names, which the
+service still accepts.)
 
 so a loader reads files and sends them, about ten times fewer bytes than the
 decoded pixels, and decodes nothing::
@@ -27,12 +32,14 @@ random_resized_crop); otherwise they must have one size (422
 ``jpeg_sizes_differ``).
 
 Real data sets hold a few files the service cannot decode (ImageNet's
-training set has CMYK JPEGs and a PNG named ``.JPEG``). They cost those files,
-not the feed: :func:`jpeg_batches` leaves out files that are empty or do not
-start like a JPEG file and fills the batch with the next ones, and
+training set has damaged files). They cost those files,
+not the feed: :func:`jpeg_batches` leaves out files that are empty or start
+like none of JPEG, PNG and WebP and fills the batch with the next ones, and
 :func:`streamfeed.feed` leaves out a file the server refuses by name (its
-reply's ``field`` is ``"jpeg[3]"``: ``jpeg_unsupported``, ``jpeg_truncated``,
-...) and sends the rest of its batch again. Both are counted in the
+reply's ``field`` is ``"files[3]"``: ``jpeg_unsupported``, ``png_truncated``,
+...) and sends the rest of its batch again; a file the service cannot decode
+is left out of its batch there (``jpeg_undecodable``, ``png_undecodable``,
+``webp_undecodable``). Both are counted in the
 summary's ``skipped_files`` and listed, with the file's path, in ``skipped``.
 """
 from __future__ import annotations
@@ -58,9 +65,12 @@ FileLike = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]"]
 #: A dataset item: (file, label), or a dict of them (see :func:`jpeg_batches`).
 Sample = Union[Tuple[FileLike, int], Mapping[str, Any]]
 
-#: File name suffixes image_folder() takes as JPEG files, in any case (as
-#: torchvision's ImageFolder compares them): .jpg, .JPEG, .Jpg, ...
-JPEG_SUFFIXES = (".jpg", ".jpeg")
+#: File name suffixes image_folder() takes, in any case (as torchvision's
+#: ImageFolder compares them): .jpg, .JPEG, .png, .WebP, ...: the formats the
+#: service decodes, among those ImageFolder takes.
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
+#: The same suffixes under their older name.
+JPEG_SUFFIXES = IMAGE_SUFFIXES
 
 
 def read_file(f: FileLike) -> bytes:
@@ -70,14 +80,16 @@ def read_file(f: FileLike) -> bytes:
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as fh:
             return fh.read()
-    raise TypeError(f"a JPEG sample is bytes or a path, got {type(f).__name__}")
+    raise TypeError(f"an image sample is bytes or a path, got {type(f).__name__}")
 
 
-#: Codes of a JPEG batch's refusal that blame one file, which the reply's
-#: field names (``"jpeg[3]"``): that file is bad, not the loader.
+#: Codes of an encoded batch's refusal that blame one file, which the reply's
+#: field names (``"files[3]"``, or ``"jpeg[3]"`` for a body of the older
+#: names): that file is bad, not the loader.
 FILE_REFUSALS = frozenset({"jpeg_not_jpeg", "jpeg_truncated", "jpeg_malformed", "jpeg_unsupported",
-                           "jpeg_side_too_large", "jpeg_too_many_pixels"})
-_FILE_FIELD = re.compile(r"^jpeg\[(\d+)\]$")
+                           "jpeg_side_too_large", "jpeg_too_many_pixels", "png_truncated", "png_malformed",
+                           "png_unsupported", "webp_truncated", "webp_malformed", "webp_unsupported"})
+_FILE_FIELD = re.compile(r"^(?:files|jpeg)\[(\d+)\]$")
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,7 @@ class SkippedFile:
         name: its path, when the batch was made from paths; else None.
         code: why: the server's error code (``jpeg_unsupported``, ...), or
             for a file left out before sending ``jpeg_not_jpeg`` (empty, or
-            not starting with the JPEG SOI marker) or ``file_unreadable``
+            starting like none of JPEG, PNG and WebP) or ``file_unreadable``
             (its path could not be read).
         message: the server's message, or the client's.
     """
@@ -139,7 +151,7 @@ class EncodedBatch:
 
     def refused_file(self, code: str, field: Optional[str]) -> Optional[int]:
         """The index of the file a refusal blames (code in FILE_REFUSALS,
-        field ``"jpeg[i]"``), or None when it blames the batch."""
+        field ``"files[i]"`` or ``"jpeg[i]"``), or None when it blames the batch."""
         m = _FILE_FIELD.match(field or "")
         if code not in FILE_REFUSALS or not m or int(m.group(1)) >= self.n:
             return None
@@ -150,11 +162,13 @@ class EncodedBatch:
         offsets and labels (any dtype and shape [N, ...]) cut; any other
         tensor of the body kept as it is."""
         t = dict(_st_load(self.body))
-        off = t["jpeg_offsets"]
-        data = t["jpeg"].tobytes()
+        fk = "files" if "files" in t else "jpeg"
+        ok = "files_offsets" if "files_offsets" in t else "jpeg_offsets"
+        off = t[ok]
+        data = t[fk].tobytes()
         b, e = int(off[i]), int(off[i + 1])
-        t["jpeg"] = np.frombuffer(data[:b] + data[e:], dtype=np.uint8)
-        t["jpeg_offsets"] = np.concatenate([off[:i], off[i + 1:] - (e - b)]).astype(np.int64)
+        t[fk] = np.frombuffer(data[:b] + data[e:], dtype=np.uint8)
+        t[ok] = np.concatenate([off[:i], off[i + 1:] - (e - b)]).astype(np.int64)
         if "labels" in t:
             t["labels"] = np.delete(t["labels"], i, axis=0)
         keep = [k for k in range(self.n) if k != i]
@@ -164,11 +178,12 @@ class EncodedBatch:
 
 
 def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
-    """The body of one batch of JPEG files (bytes or paths) and integer labels [N].
+    """The body of one batch of JPEG, PNG or WebP files (bytes or paths) and
+    integer labels [N].
 
     Raises:
         ValueError: no files, a label count other than the file count, an
-            empty file, or a file that does not start with the JPEG SOI marker
+            empty file, or a file that starts like none of JPEG, PNG and WebP
             (caught here, before anything is sent).
     """
     data = [read_file(f) for f in files]
@@ -180,23 +195,23 @@ def encode_jpeg_batch(files: Sequence[FileLike], labels: Any) -> EncodedBatch:
     if not np.issubdtype(lab.dtype, np.integer):
         raise ValueError(f"labels must be integers, got {lab.dtype}")
     for i, d in enumerate(data):
-        why = _not_a_jpeg(d)
+        why = _not_an_image(d)
         if why is not None:
-            raise ValueError(f"sample {i} is not a JPEG file: {why}")
+            raise ValueError(f"sample {i} is not a JPEG, PNG or WebP file: {why}")
     offsets = np.zeros(len(data) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(d) for d in data])
-    body = _st_save({"jpeg": np.frombuffer(b"".join(data), dtype=np.uint8),
-                     "jpeg_offsets": offsets, "labels": narrow_labels(lab)[0]})
+    body = _st_save({"files": np.frombuffer(b"".join(data), dtype=np.uint8),
+                     "files_offsets": offsets, "labels": narrow_labels(lab)[0]})
     return EncodedBatch(body, len(data))
 
 
 def post_jpeg(client: "Client", files: Sequence[FileLike], labels: Any,
               wait: bool = False) -> Union["BatchAccepted", "BatchResult"]:
-    """POSTs one batch of JPEG files; returns what :meth:`Client.post_batch` returns.
+    """POSTs one batch of JPEG, PNG or WebP files; returns what :meth:`Client.post_batch` returns.
 
     A bad file is refused with a 400/422 :class:`~streamfeed.errors.APIError`
     whose ``code`` says why (``jpeg_truncated``, ``jpeg_side_too_large``, ...)
-    and whose ``field`` names the sample (``"jpeg[3]"``)."""
+    and whose ``field`` names the sample (``"files[3]"``)."""
     return client.post_body(encode_jpeg_batch(files, labels).body, wait)[0]
 
 
@@ -231,7 +246,7 @@ class ServerLimits:
         if len(d) > self.max_body_bytes:
             return "body_too_large", (f"the file alone ({len(d)} bytes) is more than a batch body may hold "
                                       f"(ring.slot_bytes is {self.max_body_bytes})")
-        hw = jpeg_size(d)
+        hw = image_size(d)
         if hw is None:
             return None  # the server's header check says why, if anything
         h, w = hw
@@ -244,6 +259,32 @@ class ServerLimits:
             return "jpeg_batch_too_large", (f"the image alone has {h * w} pixels; jpeg.max_batch_pixels is "
                                             f"{self.max_batch_pixels}")
         return None
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def image_size(d: bytes) -> Optional[Tuple[int, int]]:
+    """(height, width) of a JPEG (its SOF segment), PNG (its IHDR) or WebP
+    file (its VP8X canvas, or its VP8 or VP8L header), as stored (before any
+    EXIF orientation), or None when it cannot be read there."""
+    if d[:8] == PNG_SIGNATURE:
+        if len(d) < 24 or d[12:16] != b"IHDR":
+            return None
+        return int.from_bytes(d[20:24], "big"), int.from_bytes(d[16:20], "big")
+    if d[:4] == b"RIFF" and d[8:12] == b"WEBP":
+        if len(d) < 30:
+            return None
+        c, b = d[12:16], d[20:]
+        if c == b"VP8X":
+            return int.from_bytes(b[7:10], "little") + 1, int.from_bytes(b[4:7], "little") + 1
+        if c == b"VP8L":
+            bits = int.from_bytes(b[1:5], "little")
+            return ((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1
+        if c == b"VP8 ":
+            return int.from_bytes(b[8:10], "little") & 0x3FFF, int.from_bytes(b[6:8], "little") & 0x3FFF
+        return None
+    return jpeg_size(d)
 
 
 def jpeg_size(d: bytes) -> Optional[Tuple[int, int]]:
@@ -357,11 +398,11 @@ def _sample(item: Any) -> Tuple[FileLike, int]:
     return f, int(y)
 
 
-def _not_a_jpeg(d: bytes) -> Optional[str]:
+def _not_an_image(d: bytes) -> Optional[str]:
     if not d:
         return "an empty file"
-    if len(d) < 2 or d[0] != 0xFF or d[1] != 0xD8:
-        return f"the file ({len(d)} bytes) does not start with a JPEG SOI marker"
+    if not (d[:2] == b"\xff\xd8" or d[:8] == PNG_SIGNATURE or (d[:4] == b"RIFF" and d[8:12] == b"WEBP")):
+        return f"the file ({len(d)} bytes) starts like none of JPEG, PNG and WebP"
     return None
 
 
@@ -394,7 +435,7 @@ def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool,
             left.append((seen, name, "file_unreadable", f"left out before sending: {e}"))
             seen += 1
             continue
-        why = _not_a_jpeg(d)
+        why = _not_an_image(d)
         over = limits.refusal(d) if limits is not None and why is None else None
         if why is not None:
             left.append((seen, name, "jpeg_not_jpeg", f"left out before sending: {why}"))
@@ -418,7 +459,7 @@ def _batches(samples: Iterable[Sample], batch_size: int, drop_last: bool,
         held, left = _recorded_batch(files, labels, names, positions, left), []
     if held is None:
         if left and not good:
-            raise ValueError(f"no JPEG file among the data set's {len(left)} samples (the first: "
+            raise ValueError(f"no JPEG, PNG or WebP file among the data set's {len(left)} samples (the first: "
                              f"{left[0][1] or 'sample 0'}: {left[0][3]})")
         return  # (with drop_last, fewer JPEG files than one batch: nothing to send)
     if left:
@@ -441,7 +482,8 @@ def feed_jpeg(client: "Client", dataset: Iterable[Sample], batch_size: int, *,
 
 
 def image_folder(root: Union[str, "os.PathLike[str]"]) -> List[Tuple[Path, int]]:
-    """The JPEG files of an ImageFolder layout: ``root/<class>/<file>.jpg``.
+    """The image files of an ImageFolder layout: ``root/<class>/<file>.jpg``
+    (``.jpeg``, ``.png``, ``.webp``).
 
     Classes are the subfolder names in sorted order (label 0 is the first),
     and within a class the files come in the order torchvision's ImageFolder
@@ -479,4 +521,4 @@ def _class_files(top: Path) -> List[Path]:
     return [Path(folder) / f
             for folder, files in sorted(walked)
             for f in sorted(files)
-            if Path(f).suffix.lower() in JPEG_SUFFIXES and (Path(folder) / f).is_file()]
+            if Path(f).suffix.lower() in IMAGE_SUFFIXES and (Path(folder) / f).is_file()]

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from sfharness import colour_batch, st_body
+from sfharness import BIN, colour_batch, st_body
 
 SEG_SPEC = {
     "input": [3, 8, 8], "classes": 2, "layers": [
@@ -94,8 +94,8 @@ def test_residual_batchnorm_model_trains_with_adamw_and_gradient_accumulation(st
 
 
 def test_bad_freeze_prefix_is_refused_at_start(start_server):
-    import subprocess, os
-    out = subprocess.run([os.environ["STREAMFEED_BIN"], *args(SEG_SPEC, "--model.freeze", "decoder"),
+    import subprocess
+    out = subprocess.run([BIN, *args(SEG_SPEC, "--model.freeze", "decoder"),
                           "--http.port", "0"], capture_output=True, text=True, timeout=20)
     assert out.returncode != 0
     assert "must lead" in out.stderr, out.stderr

@@ -12,6 +12,7 @@
 
 #include "gpu/common.h"
 #include "server/app.h"
+#include "server/clock.h"
 #include "server/distributed.h"
 #include "server/evals.h"
 #include "server/http.h"

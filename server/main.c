@@ -31,6 +31,7 @@
 #include "gpu/backend.h"
 #include "server/app.h"
 #include "server/checkpoint.h"
+#include "server/clock.h"
 #include "server/config.h"
 #include "server/diagnose.h"
 #include "server/distributed.h"
@@ -297,6 +298,16 @@ static int start_failed(int rc, const char *fmt, ...)
     return rc;
 }
 
+/* The HTTP daemon, given what it needs of the app; it publishes itself in
+ * app->http before it listens. */
+static sf_http *start_http(sf_app *app, char *err, size_t errlen)
+{
+    const sf_http_ctx ctx = {.app = app, .cfg = &app->cfg, .draining = &app->draining,
+                             .requests = app->m.http_requests, .duration = app->m.http_duration,
+                             .errors = app->m.http_errors, .publish = &app->http};
+    return sf_http_start(&ctx, err, errlen);
+}
+
 int main(int argc, char **argv)
 {
     static sf_app app; /* large (model description); static keeps it off the stack */
@@ -386,7 +397,7 @@ int main(int argc, char **argv)
     app.telemetry = sf_telemetry_start(&app, err, sizeof err);
     if (!app.telemetry)
         return start_failed(1, "%s", err);
-    if (!sf_http_start(&app, err, sizeof err))
+    if (!start_http(&app, err, sizeof err))
         return start_failed(1, "%s", err);
     sf_http_set_tick(app.http, every_second, &app);
     SF_INFO("streamfeed %s: backend %s, model %s (%zu parameters), %d ring slots of %lld bytes",

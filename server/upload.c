@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "server/app.h"
+#include "server/clock.h"
 #include "server/distributed.h"
 #include "server/evals.h"
 #include "server/jobs.h"

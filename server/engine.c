@@ -949,6 +949,136 @@ enum { CTL_BATCH, CTL_SAMPLES, CTL_STOP, CTL_DRAINING, CTL_LEAVE, CTL_PATCH };
 #define STOP_RESERVE_NS 1000000000ull
 #define STOP_ROUND_MS 10
 
+/* Joins the job: the rendezvous, the agreement on the job's settings and
+ * rank 0's state broadcast to every rank. -1 when the job failed (said). */
+static int dist_join(sf_engine *e, char *err, size_t errlen)
+{
+    sf_distributed *d = e->app->dist;
+    if (sf_distributed_join(d) != 0)
+        return -1;
+    if (agree_on_job(e, err, errlen) != 0) {
+        sf_distributed_fail(d, "%s", err);
+        return -1;
+    }
+    if (broadcast_state(e, err, errlen) != 0) {
+        sf_distributed_fail(d, "the initial parameter broadcast from rank 0 failed: %s", err);
+        return -1;
+    }
+    sf_distributed_started(d);
+    return 0;
+}
+
+/* The training batch this rank brings to the next round, or -1: it serves
+ * transform-only requests, evaluation batches and commands meanwhile, for
+ * distributed.wait_ms at most (STOP_ROUND_MS while a stopped rank lingers). */
+static int dist_take_batch(sf_engine *e, int stopping, int someone_stopped)
+{
+    sf_app *app = e->app;
+    int slot = -1;
+    /* Transform-only requests and evaluation batches (no gradient, no
+     * step) are this rank's own business, served while it waits for a
+     * training batch, but for distributed.wait_ms at most: the other
+     * ranks wait in the round for this one, and a steady stream of them
+     * would keep it out until their collectives time out. */
+    /* While a stopped rank lingers (the last round said so), rounds come
+     * every STOP_ROUND_MS at most, so that it hears within its linger
+     * whether the others are shutting down too. */
+    uint64_t wait_ms = (uint64_t)sf_config_cur()->distributed.wait_ms;
+    if (someone_stopped && wait_ms > STOP_ROUND_MS)
+        wait_ms = STOP_ROUND_MS;
+    const uint64_t wait_until_ns = sf_now_ns() + wait_ms * 1000000ull;
+    while (!stopping) {
+        /* A command posted during the wait (a checkpoint read, say) runs
+         * now: this is still between two rounds, where the top of the
+         * loop runs them, and going into the round early would only
+         * make it wait in the control all-reduce for the other ranks'
+         * waits, up to distributed.wait_ms, before it ran. */
+        if (has_cmds(e)) {
+            settle(e, 0);
+            run_cmds(e);
+        }
+        const uint64_t now = sf_now_ns();
+        if (now >= wait_until_ns)
+            break;
+        /* With the last round's step still running, peek at the ring and
+         * harvest between peeks: its reply must not wait for the next
+         * batch (a client posting with ?wait=1 sends none until it has
+         * it), nor for the whole wait. */
+        const int busy = atomic_load(&e->inflight) > 0;
+        slot = sf_ring_pop(app->ring, busy ? 0 : (int)((wait_until_ns - now + 999999) / 1000000));
+        if (slot < 0) {
+            /* Early: a command's kick (it runs at the top), a stop's
+             * (the round goes now), or a kick whose command already ran
+             * at the top of the loop (the wait goes on: going into the
+             * round would hold the next command there). On time, the
+             * deadline at the top ends the wait. */
+            if (has_cmds(e) || (!busy && !atomic_load(&e->stop)))
+                continue;
+            if (!busy)
+                break;
+            poll_backend(e, 1000);
+            continue;
+        }
+        sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+        if (m->kind == 1) {
+            m->t_popped_ns = sf_now_ns();
+            run_transform(e, slot);
+        } else if (m->eval) {
+            submit(e, slot, 0);
+            settle(e, 0);
+        } else {
+            break;
+        }
+        slot = -1;
+    }
+    return slot;
+}
+
+/* The round's step, which every rank takes whether or not its batch trains
+ * (its sample count is ctl[CTL_SAMPLES]), then the health and parameter
+ * checks. -1 when the job failed (said). */
+static int dist_round_step(sf_engine *e, const int64_t *ctl, int slot, int depth, uint64_t *stepped,
+                           char *err, size_t errlen)
+{
+    sf_app *app = e->app;
+    sf_distributed *d = app->dist;
+    settle(e, depth - 1); /* room for this round's step */
+    const int before = atomic_load(&e->inflight);
+    if (slot >= 0)
+        submit(e, slot, ctl[CTL_SAMPLES]); /* a batch the backend refuses is failed and released */
+    /* Every rank takes the round's step whatever became of its batch
+     * (the decoder refused one of its files): the other ranks are
+     * already inside the step's all-reduce. A refused batch joins it
+     * as an empty contribution. The samples it announced are in
+     * global_n, but each rank also sums the samples it trained with
+     * the gradient, so the backend applies the mean over the samples
+     * trained, and every rank skips the step if none was. */
+    if (atomic_load(&e->inflight) == before) {
+        if (submit_empty(e, ctl[CTL_SAMPLES], err, errlen) != 0) {
+            sf_distributed_fail(d, "cannot join the step: %s", err);
+            return -1;
+        }
+        sf_distributed_count_empty(d);
+    }
+    (*stepped)++;
+    poll_backend(e, 0);
+    const int every = sf_config_cur()->distributed.verify_every;
+    const int verify = every > 0 && *stepped % (uint64_t)every == 0;
+    if (verify)
+        settle(e, 0);
+    char herr[200];
+    if (app->backend->i->health(app->backend, herr, sizeof herr) != 0) {
+        sf_distributed_fail(d, "lost the other ranks in the gradient all-reduce: %s", herr);
+        return -1;
+    }
+    sf_distributed_observe_allreduce(d, sf_distributed_backend(d)->allreduce_s);
+    if (verify && verify_params(e, atomic_load(&app->step), err, errlen) != 0) {
+        sf_distributed_fail(d, "lost the other ranks in the parameter check: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
 static void dist_main(sf_engine *e)
 {
     sf_app *app = e->app;
@@ -961,21 +1091,10 @@ static void dist_main(sf_engine *e)
     int all_draining = 0;   /* the last round's: every rank was shutting down */
     int someone_stopped = 0; /* the last round's: a rank had stopped */
     char err[512] = "";
-    if (sf_distributed_join(d) != 0) {
+    if (dist_join(e, err, sizeof err) != 0) {
         broken_loop(e);
         return;
     }
-    if (agree_on_job(e, err, sizeof err) != 0) {
-        sf_distributed_fail(d, "%s", err);
-        broken_loop(e);
-        return;
-    }
-    if (broadcast_state(e, err, sizeof err) != 0) {
-        sf_distributed_fail(d, "the initial parameter broadcast from rank 0 failed: %s", err);
-        broken_loop(e);
-        return;
-    }
-    sf_distributed_started(d);
     const size_t nctl = CTL_PATCH + (size_t)world;
     int64_t *ctl = calloc(nctl, sizeof *ctl);
     if (!ctl) {
@@ -990,63 +1109,7 @@ static void dist_main(sf_engine *e)
             run_cmds(e);
         }
         const int stopping = atomic_load(&e->stop);
-        int slot = -1;
-        /* Transform-only requests and evaluation batches (no gradient, no
-         * step) are this rank's own business, served while it waits for a
-         * training batch, but for distributed.wait_ms at most: the other
-         * ranks wait in the round for this one, and a steady stream of them
-         * would keep it out until their collectives time out. */
-        /* While a stopped rank lingers (the last round said so), rounds come
-         * every STOP_ROUND_MS at most, so that it hears within its linger
-         * whether the others are shutting down too. */
-        uint64_t wait_ms = (uint64_t)sf_config_cur()->distributed.wait_ms;
-        if (someone_stopped && wait_ms > STOP_ROUND_MS)
-            wait_ms = STOP_ROUND_MS;
-        const uint64_t wait_until_ns = sf_now_ns() + wait_ms * 1000000ull;
-        while (!stopping) {
-            /* A command posted during the wait (a checkpoint read, say) runs
-             * now: this is still between two rounds, where the top of the
-             * loop runs them, and going into the round early would only
-             * make it wait in the control all-reduce for the other ranks'
-             * waits, up to distributed.wait_ms, before it ran. */
-            if (has_cmds(e)) {
-                settle(e, 0);
-                run_cmds(e);
-            }
-            const uint64_t now = sf_now_ns();
-            if (now >= wait_until_ns)
-                break;
-            /* With the last round's step still running, peek at the ring and
-             * harvest between peeks: its reply must not wait for the next
-             * batch (a client posting with ?wait=1 sends none until it has
-             * it), nor for the whole wait. */
-            const int busy = atomic_load(&e->inflight) > 0;
-            slot = sf_ring_pop(app->ring, busy ? 0 : (int)((wait_until_ns - now + 999999) / 1000000));
-            if (slot < 0) {
-                /* Early: a command's kick (it runs at the top), a stop's
-                 * (the round goes now), or a kick whose command already ran
-                 * at the top of the loop (the wait goes on: going into the
-                 * round would hold the next command there). On time, the
-                 * deadline at the top ends the wait. */
-                if (has_cmds(e) || (!busy && !atomic_load(&e->stop)))
-                    continue;
-                if (!busy)
-                    break;
-                poll_backend(e, 1000);
-                continue;
-            }
-            sf_slot_meta *m = sf_ring_meta(app->ring, slot);
-            if (m->kind == 1) {
-                m->t_popped_ns = sf_now_ns();
-                run_transform(e, slot);
-            } else if (m->eval) {
-                submit(e, slot, 0);
-                settle(e, 0);
-            } else {
-                break;
-            }
-            slot = -1;
-        }
+        int slot = dist_take_batch(e, stopping, someone_stopped);
         /* A stop that came during the wait (its kick ends the wait) goes into
          * this round, not the next: the other ranks would wait out their
          * distributed.wait_ms once more before hearing of it. */
@@ -1081,40 +1144,8 @@ static void dist_main(sf_engine *e)
         if (ctl[CTL_PATCH + rank] > 0)
             sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* this rank's patch request replies */
         if (ctl[CTL_BATCH] > 0) {
-            settle(e, depth - 1); /* room for this round's step */
-            const int before = atomic_load(&e->inflight);
-            if (slot >= 0)
-                submit(e, slot, ctl[CTL_SAMPLES]); /* a batch the backend refuses is failed and released */
-            /* Every rank takes the round's step whatever became of its batch
-             * (the decoder refused one of its files): the other ranks are
-             * already inside the step's all-reduce. A refused batch joins it
-             * as an empty contribution. The samples it announced are in
-             * global_n, but each rank also sums the samples it trained with
-             * the gradient, so the backend applies the mean over the samples
-             * trained, and every rank skips the step if none was. */
-            if (atomic_load(&e->inflight) == before) {
-                if (submit_empty(e, ctl[CTL_SAMPLES], err, sizeof err) != 0) {
-                    sf_distributed_fail(d, "cannot join the step: %s", err);
-                    break;
-                }
-                sf_distributed_count_empty(d);
-            }
-            stepped++;
-            poll_backend(e, 0);
-            const int every = sf_config_cur()->distributed.verify_every;
-            const int verify = every > 0 && stepped % (uint64_t)every == 0;
-            if (verify)
-                settle(e, 0);
-            char herr[200];
-            if (app->backend->i->health(app->backend, herr, sizeof herr) != 0) {
-                sf_distributed_fail(d, "lost the other ranks in the gradient all-reduce: %s", herr);
+            if (dist_round_step(e, ctl, slot, depth, &stepped, err, sizeof err) != 0)
                 break;
-            }
-            sf_distributed_observe_allreduce(d, sf_distributed_backend(d)->allreduce_s);
-            if (verify && verify_params(e, atomic_load(&app->step), err, sizeof err) != 0) {
-                sf_distributed_fail(d, "lost the other ranks in the parameter check: %s", err);
-                break;
-            }
         } else {
             settle(e, 0); /* an idle round: the last steps finish and reply */
         }

@@ -268,6 +268,8 @@ void sf_app_metrics_init(sf_app *app)
     sf_metrics_on_collect(collect, app);
 }
 
+const sf_upload_ctx *sf_upload_ctx_of(struct sf_app *app) { return &app->upload; }
+
 int sf_app_ready(sf_app *app, cJSON **reasons)
 {
     cJSON *r = cJSON_CreateArray();

@@ -298,10 +298,28 @@ static int start_failed(int rc, const char *fmt, ...)
     return rc;
 }
 
+/* The engine thread, given what it needs of the app. */
+static sf_engine *start_engine(sf_app *app, char *err, size_t errlen)
+{
+    const sf_engine_ctx ctx = {
+        .app = app, .cfg = &app->cfg, .model = &app->model, .aug = &app->aug, .aug_eval = &app->aug_eval,
+        .backend = app->backend, .ring = app->ring, .jobs = app->jobs, .evals = app->evals,
+        .dist = app->dist, .http = &app->http, .m = &app->m, .step = &app->step,
+        .restore_gen = &app->restore_gen, .nonfinite_in_row = &app->nonfinite_in_row,
+        .diverged = &app->diverged, .draining = &app->draining, .backend_ok = &app->backend_ok};
+    return sf_engine_start(&ctx, err, errlen);
+}
+
 /* The HTTP daemon, given what it needs of the app; it publishes itself in
- * app->http before it listens. */
+ * app->http before it listens. Uploads' context is set first: the daemon's
+ * requests and sweep reach it. */
 static sf_http *start_http(sf_app *app, char *err, size_t errlen)
 {
+    app->upload = (sf_upload_ctx){
+        .cfg = &app->cfg, .model = &app->model, .aug = &app->aug, .aug_eval = &app->aug_eval,
+        .backend = app->backend, .ring = app->ring, .jobs = app->jobs, .evals = app->evals,
+        .dist = app->dist, .http = &app->http, .m = &app->m, .draining = &app->draining,
+        .closing = &app->closing};
     const sf_http_ctx ctx = {.app = app, .cfg = &app->cfg, .draining = &app->draining,
                              .requests = app->m.http_requests, .duration = app->m.http_duration,
                              .errors = app->m.http_errors, .publish = &app->http};
@@ -388,7 +406,7 @@ int main(int argc, char **argv)
         return start_failed(1, "cannot allocate %d ring slots of %lld bytes", app.cfg.ring.slots,
                             (long long)app.cfg.ring.slot_bytes);
     sf_ring_on_free(app.ring, on_slot_free, &app);
-    app.engine = sf_engine_start(&app, err, sizeof err);
+    app.engine = start_engine(&app, err, sizeof err);
     if (!app.engine)
         return start_failed(1, "%s", err);
     sf_ckpt_attach(&app); /* periodic checkpoints */

@@ -222,6 +222,151 @@ static int usage_error(const char *fmt, ...)
     return 2;
 }
 
+/* What parse_args tracks across options besides o itself. */
+typedef struct seen_options {
+    bool batches, seconds; /* --batches, --seconds given */
+    int threads;           /* --threads, 0 when not given */
+} seen_options;
+
+/* Applies option ch with argument a (optarg) to o. Returns -1 to go on,
+ * else the exit status. */
+static int apply_option(int ch, const char *a, options *o, seen_options *seen, char **argv)
+{
+    uint64_t u;
+    switch (ch) {
+    case OPT_URL:
+        o->url = a;
+        break;
+    case OPT_WORKLOAD: {
+        int i;
+        for (i = 0; i < N_WORKLOADS && strcmp(a, WORKLOADS[i].name) != 0; i++)
+            ;
+        if (i == N_WORKLOADS)
+            return usage_error("--workload must be w1, w2, w3, tiny, w1-jpeg or imagenet-jpeg, not '%s'",
+                               a);
+        o->wl = &WORKLOADS[i];
+        break;
+    }
+    case OPT_BATCH:
+        if (parse_int(a, 1, MAX_BATCH, &o->batch))
+            return usage_error("--batch must be an integer in 1..%d", MAX_BATCH);
+        break;
+    case OPT_BATCHES:
+        if (parse_u64(a, 1, 1000000000000ULL, &o->batches))
+            return usage_error("--batches must be a positive integer");
+        seen->batches = true;
+        break;
+    case OPT_SECONDS:
+        if (parse_double(a, 0.001, 1e7, &o->seconds))
+            return usage_error("--seconds must be a number in 0.001..1e7");
+        seen->seconds = true;
+        break;
+    case OPT_CONNECTIONS:
+        if (parse_int(a, 1, MAX_CONNECTIONS, &o->connections))
+            return usage_error("--connections must be an integer in 1..%d", MAX_CONNECTIONS);
+        break;
+    case OPT_THREADS:
+        if (parse_int(a, 1, MAX_THREADS, &seen->threads))
+            return usage_error("--threads must be an integer in 1..%d", MAX_THREADS);
+        break;
+    case OPT_LEARNABLE:
+        o->learnable = 1;
+        break;
+    case OPT_SEED:
+        if (parse_u64(a, 0, UINT64_MAX, &o->seed))
+            return usage_error("--seed must be a non-negative integer");
+        break;
+    case OPT_DIR: {
+        /* "train/" as a shell completes it: paths are joined with '/',
+         * so the files would read train//class/x.jpg in messages. */
+        size_t n = strlen(optarg); /* argv's strings are the program's to modify */
+        while (n > 1 && optarg[n - 1] == '/')
+            optarg[--n] = '\0';
+        o->dir = optarg;
+        break;
+    }
+    case OPT_CACHE_DIR:
+        o->cache_dir = a;
+        break;
+    case OPT_RATE:
+        if (parse_double(a, 1e-6, 1e6, &o->rate))
+            return usage_error("--rate must be a number in 1e-6..1e6 (batches per second)");
+        break;
+    case OPT_POOL:
+        if (parse_int(a, 1, MAX_POOL, &o->pool))
+            return usage_error("--pool must be an integer in 1..%d", MAX_POOL);
+        break;
+    case OPT_POOL_MB:
+        if (parse_u64(a, 1, MAX_POOL_MB, &o->pool_mb))
+            return usage_error("--pool-mb must be an integer in 1..%d", MAX_POOL_MB);
+        break;
+    case OPT_LABEL_DTYPE:
+        o->label_auto = strcmp(a, "auto") == 0;
+        if (o->label_auto)
+            break; /* resolved once the workload is known */
+        if (strcmp(a, "i64") == 0)
+            o->label_dtype = SF_ST_I64;
+        else if (strcmp(a, "i32") == 0)
+            o->label_dtype = SF_ST_I32;
+        else if (strcmp(a, "u8") == 0)
+            o->label_dtype = SF_ST_U8;
+        else
+            return usage_error("--label-dtype must be auto, i64, i32 or u8, not '%s'", a);
+        break;
+    case OPT_WAIT:
+        o->wait = 1;
+        break;
+    case OPT_DRAIN:
+        o->drain = 1;
+        break;
+    case OPT_TOKEN:
+        o->token = a;
+        break;
+    case OPT_CACERT:
+        if (access(a, R_OK) != 0)
+            return usage_error("--cacert %s cannot be read", a);
+        o->cacert = a;
+        break;
+    case OPT_TIMEOUT_MS:
+        if (parse_u64(a, 0, 86400000, &u))
+            return usage_error("--timeout-ms must be an integer in 0..86400000");
+        o->timeout_ms = (long)u;
+        break;
+    case OPT_RETRIES:
+        if (parse_int(a, 0, MAX_RETRIES, &o->retries))
+            return usage_error("--retries must be an integer in 0..%d", MAX_RETRIES);
+        break;
+    case OPT_MAX_BACKOFF_MS:
+        if (parse_u64(a, 1, 600000, &u))
+            return usage_error("--max-backoff-ms must be an integer in 1..600000");
+        o->max_backoff_ms = (long)u;
+        break;
+    case OPT_JSON:
+        o->json = 1;
+        break;
+    case OPT_DIAGNOSE:
+        o->diagnose = 1;
+        break;
+    case OPT_PREPARE:
+        o->prepare = 1;
+        break;
+    case OPT_QUIET:
+        o->quiet = 1;
+        break;
+    case OPT_HELP:
+        usage(stdout);
+        return 0;
+    case OPT_VERSION:
+        printf("streamfeed-load %s (commit %s)\n", SF_VERSION, SF_COMMIT);
+        return 0;
+    default:
+        if (optopt && optopt < 256 && optopt != '?')
+            return usage_error("option -%c is unknown or needs a value", optopt);
+        return usage_error("unknown option or missing value: %s", argv[optind - 1]);
+    }
+    return -1;
+}
+
 /* Fills o from argv. Returns -1 to go on, else the exit status. */
 int parse_args(int argc, char **argv, options *o)
 {
@@ -244,149 +389,19 @@ int parse_args(int argc, char **argv, options *o)
         .connections = 4, .seed = 1, .pool = 8, .pool_mb = 2048, .label_dtype = SF_ST_U8, .label_auto = 1,
         .timeout_ms = 120000, .retries = 20, .max_backoff_ms = 5000, .token = getenv("STREAMFEED_TOKEN"),
     };
-    bool have_batches = false, have_seconds = false;
-    int threads = 0, ch;
+    seen_options seen = {0};
+    int ch;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, so, lo, NULL)) != -1) {
-        const char *a = optarg;
-        uint64_t u;
-        switch (ch) {
-        case OPT_URL:
-            o->url = a;
-            break;
-        case OPT_WORKLOAD: {
-            int i;
-            for (i = 0; i < N_WORKLOADS && strcmp(a, WORKLOADS[i].name) != 0; i++)
-                ;
-            if (i == N_WORKLOADS)
-                return usage_error("--workload must be w1, w2, w3, tiny, w1-jpeg or imagenet-jpeg, not '%s'",
-                                   a);
-            o->wl = &WORKLOADS[i];
-            break;
-        }
-        case OPT_BATCH:
-            if (parse_int(a, 1, MAX_BATCH, &o->batch))
-                return usage_error("--batch must be an integer in 1..%d", MAX_BATCH);
-            break;
-        case OPT_BATCHES:
-            if (parse_u64(a, 1, 1000000000000ULL, &o->batches))
-                return usage_error("--batches must be a positive integer");
-            have_batches = true;
-            break;
-        case OPT_SECONDS:
-            if (parse_double(a, 0.001, 1e7, &o->seconds))
-                return usage_error("--seconds must be a number in 0.001..1e7");
-            have_seconds = true;
-            break;
-        case OPT_CONNECTIONS:
-            if (parse_int(a, 1, MAX_CONNECTIONS, &o->connections))
-                return usage_error("--connections must be an integer in 1..%d", MAX_CONNECTIONS);
-            break;
-        case OPT_THREADS:
-            if (parse_int(a, 1, MAX_THREADS, &threads))
-                return usage_error("--threads must be an integer in 1..%d", MAX_THREADS);
-            break;
-        case OPT_LEARNABLE:
-            o->learnable = 1;
-            break;
-        case OPT_SEED:
-            if (parse_u64(a, 0, UINT64_MAX, &o->seed))
-                return usage_error("--seed must be a non-negative integer");
-            break;
-        case OPT_DIR: {
-            /* "train/" as a shell completes it: paths are joined with '/',
-             * so the files would read train//class/x.jpg in messages. */
-            size_t n = strlen(optarg); /* argv's strings are the program's to modify */
-            while (n > 1 && optarg[n - 1] == '/')
-                optarg[--n] = '\0';
-            o->dir = optarg;
-            break;
-        }
-        case OPT_CACHE_DIR:
-            o->cache_dir = a;
-            break;
-        case OPT_RATE:
-            if (parse_double(a, 1e-6, 1e6, &o->rate))
-                return usage_error("--rate must be a number in 1e-6..1e6 (batches per second)");
-            break;
-        case OPT_POOL:
-            if (parse_int(a, 1, MAX_POOL, &o->pool))
-                return usage_error("--pool must be an integer in 1..%d", MAX_POOL);
-            break;
-        case OPT_POOL_MB:
-            if (parse_u64(a, 1, MAX_POOL_MB, &o->pool_mb))
-                return usage_error("--pool-mb must be an integer in 1..%d", MAX_POOL_MB);
-            break;
-        case OPT_LABEL_DTYPE:
-            o->label_auto = strcmp(a, "auto") == 0;
-            if (o->label_auto)
-                break; /* resolved once the workload is known */
-            if (strcmp(a, "i64") == 0)
-                o->label_dtype = SF_ST_I64;
-            else if (strcmp(a, "i32") == 0)
-                o->label_dtype = SF_ST_I32;
-            else if (strcmp(a, "u8") == 0)
-                o->label_dtype = SF_ST_U8;
-            else
-                return usage_error("--label-dtype must be auto, i64, i32 or u8, not '%s'", a);
-            break;
-        case OPT_WAIT:
-            o->wait = 1;
-            break;
-        case OPT_DRAIN:
-            o->drain = 1;
-            break;
-        case OPT_TOKEN:
-            o->token = a;
-            break;
-        case OPT_CACERT:
-            if (access(a, R_OK) != 0)
-                return usage_error("--cacert %s cannot be read", a);
-            o->cacert = a;
-            break;
-        case OPT_TIMEOUT_MS:
-            if (parse_u64(a, 0, 86400000, &u))
-                return usage_error("--timeout-ms must be an integer in 0..86400000");
-            o->timeout_ms = (long)u;
-            break;
-        case OPT_RETRIES:
-            if (parse_int(a, 0, MAX_RETRIES, &o->retries))
-                return usage_error("--retries must be an integer in 0..%d", MAX_RETRIES);
-            break;
-        case OPT_MAX_BACKOFF_MS:
-            if (parse_u64(a, 1, 600000, &u))
-                return usage_error("--max-backoff-ms must be an integer in 1..600000");
-            o->max_backoff_ms = (long)u;
-            break;
-        case OPT_JSON:
-            o->json = 1;
-            break;
-        case OPT_DIAGNOSE:
-            o->diagnose = 1;
-            break;
-        case OPT_PREPARE:
-            o->prepare = 1;
-            break;
-        case OPT_QUIET:
-            o->quiet = 1;
-            break;
-        case OPT_HELP:
-            usage(stdout);
-            return 0;
-        case OPT_VERSION:
-            printf("streamfeed-load %s (commit %s)\n", SF_VERSION, SF_COMMIT);
-            return 0;
-        default:
-            if (optopt && optopt < 256 && optopt != '?')
-                return usage_error("option -%c is unknown or needs a value", optopt);
-            return usage_error("unknown option or missing value: %s", argv[optind - 1]);
-        }
+        const int rc = apply_option(ch, optarg, o, &seen, argv);
+        if (rc != -1)
+            return rc;
     }
     if (optind < argc)
         return usage_error("unexpected argument '%s'", argv[optind]);
     if (o->label_auto)
         o->label_dtype = label_dtype_for(o->wl->classes);
-    if (have_batches && have_seconds)
+    if (seen.batches && seen.seconds)
         return usage_error("give --batches or --seconds, not both");
     if (strncmp(o->url, "http://", 7) != 0 && strncmp(o->url, "https://", 8) != 0)
         return usage_error("--url must start with http:// or https://");
@@ -406,6 +421,7 @@ int parse_args(int argc, char **argv, options *o)
         return usage_error("--token is too long");
     if (o->token && !*o->token)
         o->token = NULL;
+    int threads = seen.threads;
     if (threads == 0) {
         threads = online_cpus() / 2;
         threads = threads < 1 ? 1 : threads > 8 ? 8 : threads;

@@ -920,6 +920,125 @@ static void on_sigint(int sig)
         signal(SIGINT, SIG_DFL); /* a third Ctrl-C ends the process at once */
 }
 
+/* The workers' header lists, multi handles and slices of the connections.
+ * 1 when every one was set up. */
+static int setup_workers(const options *o, worker *workers, conn *conns, const char *post_url,
+                         const char *auth)
+{
+    int setup_ok = conns != NULL;
+    for (int t = 0; setup_ok && t < o->threads; t++) {
+        worker *w = &workers[t];
+        w->index = t;
+        /* Each worker has its own header list and multi handle: nothing of
+         * libcurl's is shared between threads. "Expect:" turns off the
+         * 100-continue round trip libcurl would otherwise make per request. */
+        struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/vnd.safetensors");
+        if (hl)
+            hl = curl_slist_append(hl, "Expect:");
+        if (hl)
+            hl = curl_slist_append(hl, "Accept: application/json");
+        if (hl && o->token)
+            hl = curl_slist_append(hl, auth);
+        w->headers = hl;
+        w->multi = curl_multi_init();
+        if (!hl || !w->multi) {
+            setup_ok = 0;
+            break;
+        }
+        /* Each worker drives one contiguous slice of the connections; the
+         * slices differ in size by at most one. */
+        w->nconns = o->connections / o->threads + (t < o->connections % o->threads);
+    }
+    for (int t = 0, at = 0; setup_ok && t < o->threads; t++) {
+        worker *w = &workers[t];
+        w->conns = &conns[at];
+        for (int i = 0; i < w->nconns && setup_ok; i++)
+            if (conn_init(&w->conns[i], post_url, w->headers, o->seed ^ (0x5bd1e995ULL * (uint64_t)(at + i + 1))) != 0)
+                setup_ok = 0;
+        at += w->nconns;
+    }
+
+    return setup_ok;
+}
+
+/* Runs the workers to the end of the load (or an interrupt) with progress
+ * and loss polling, then, with --drain, waits for the last batch to train.
+ * Returns the seconds the load took. */
+static double run_workers(options *o, pool *p, worker *workers, bool tty)
+{
+    double t_start = now_s(), secs = 0;
+    R.t0 = t_start;
+    R.deadline = t_start + o->seconds;
+    atomic_store(&R.workers_left, o->threads);
+    int started = 0;
+    for (int t = 0; t < o->threads; t++) {
+        if (pthread_create(&workers[t].tid, NULL, worker_main, &workers[t]) != 0) {
+            fprintf(stderr, "streamfeed-load: could not start worker thread %d\n", t);
+            atomic_store(&R.stop, 1);
+            atomic_fetch_sub(&R.workers_left, o->threads - t);
+            break;
+        }
+        started++;
+    }
+
+    poller pl;
+    poller_init(&pl, o);
+    uint64_t prev_bytes = 0, prev_acc = 0;
+    double last_tick = t_start;
+    int sig_seen = 0;
+    while (atomic_load(&R.workers_left) > 0) {
+        sleep_s(0.05);
+        double now = now_s();
+        if (g_sigint > sig_seen) {
+            /* The handler only counts; the message is printed here. */
+            sig_seen = g_sigint;
+            if (!o->quiet) {
+                pthread_mutex_lock(&R.mu);
+                msg_locked(sig_seen == 1 ? "streamfeed-load: interrupted; finishing the requests in flight "
+                                           "(Ctrl-C again to abort them)\n"
+                                         : "streamfeed-load: aborting the requests in flight\n");
+                pthread_mutex_unlock(&R.mu);
+            }
+        }
+        if (now - last_tick < PROGRESS_PERIOD)
+            continue;
+        if (!o->wait)
+            poll_losses(&pl);
+        if (tty)
+            print_progress(now - t_start, now - last_tick, &prev_bytes, &prev_acc);
+        last_tick = now;
+    }
+    for (int t = 0; t < started; t++)
+        pthread_join(workers[t].tid, NULL);
+    uint64_t end_ns = atomic_load(&R.t_end_ns);
+    secs = end_ns ? (double)end_ns * 1e-9 - t_start : now_s() - t_start;
+
+    /* --drain: wait until the newest accepted batch has trained, so that
+     * the summary carries the final loss. */
+    if (o->drain && !o->wait && atomic_load(&R.max_id) >= 0) {
+        double limit = now_s() + (o->timeout_ms > 0 ? (double)o->timeout_ms : DEFAULT_DRAIN_MS) / 1000.0;
+        int64_t last = atomic_load(&R.max_id);
+        if (tty) {
+            pthread_mutex_lock(&R.mu);
+            msg_locked("streamfeed-load: sent; waiting for batch %" PRId64 " to train\n", last);
+            pthread_mutex_unlock(&R.mu);
+        }
+        while (g_sigint == 0 && now_s() < limit) {
+            int r = poll_batch(&pl, last);
+            if (r == 1 || (r < 0 && pl.failures >= 5))
+                break;
+            sleep_s(0.2);
+        }
+        if (!pl.first_done)
+            poll_batch(&pl, atomic_load(&R.min_id));
+        report_pool_left_out(&pl, p);
+    } else if (!o->wait && atomic_load(&R.max_id) >= 0) {
+        poll_losses(&pl); /* one last look, without waiting */
+    }
+    poller_free(&pl);
+    return secs;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -977,112 +1096,11 @@ int main(int argc, char **argv)
     worker workers[MAX_THREADS];
     conn *conns = calloc((size_t)o.connections, sizeof *conns);
     memset(workers, 0, sizeof workers);
-    int setup_ok = conns != NULL;
-    for (int t = 0; setup_ok && t < o.threads; t++) {
-        worker *w = &workers[t];
-        w->index = t;
-        /* Each worker has its own header list and multi handle: nothing of
-         * libcurl's is shared between threads. "Expect:" turns off the
-         * 100-continue round trip libcurl would otherwise make per request. */
-        struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/vnd.safetensors");
-        if (hl)
-            hl = curl_slist_append(hl, "Expect:");
-        if (hl)
-            hl = curl_slist_append(hl, "Accept: application/json");
-        if (hl && o.token)
-            hl = curl_slist_append(hl, auth);
-        w->headers = hl;
-        w->multi = curl_multi_init();
-        if (!hl || !w->multi) {
-            setup_ok = 0;
-            break;
-        }
-        /* Each worker drives one contiguous slice of the connections; the
-         * slices differ in size by at most one. */
-        w->nconns = o.connections / o.threads + (t < o.connections % o.threads);
-    }
-    for (int t = 0, at = 0; setup_ok && t < o.threads; t++) {
-        worker *w = &workers[t];
-        w->conns = &conns[at];
-        for (int i = 0; i < w->nconns && setup_ok; i++)
-            if (conn_init(&w->conns[i], post_url, w->headers, o.seed ^ (0x5bd1e995ULL * (uint64_t)(at + i + 1))) != 0)
-                setup_ok = 0;
-        at += w->nconns;
-    }
-
+    int setup_ok = setup_workers(&o, workers, conns, post_url, auth);
     const bool tty = isatty(STDERR_FILENO) && !o.quiet;
-    double t_start = now_s(), secs = 0;
-    if (setup_ok && !g_sigint) {
-        R.t0 = t_start;
-        R.deadline = t_start + o.seconds;
-        atomic_store(&R.workers_left, o.threads);
-        int started = 0;
-        for (int t = 0; t < o.threads; t++) {
-            if (pthread_create(&workers[t].tid, NULL, worker_main, &workers[t]) != 0) {
-                fprintf(stderr, "streamfeed-load: could not start worker thread %d\n", t);
-                atomic_store(&R.stop, 1);
-                atomic_fetch_sub(&R.workers_left, o.threads - t);
-                break;
-            }
-            started++;
-        }
-
-        poller pl;
-        poller_init(&pl, &o);
-        uint64_t prev_bytes = 0, prev_acc = 0;
-        double last_tick = t_start;
-        int sig_seen = 0;
-        while (atomic_load(&R.workers_left) > 0) {
-            sleep_s(0.05);
-            double now = now_s();
-            if (g_sigint > sig_seen) {
-                /* The handler only counts; the message is printed here. */
-                sig_seen = g_sigint;
-                if (!o.quiet) {
-                    pthread_mutex_lock(&R.mu);
-                    msg_locked(sig_seen == 1 ? "streamfeed-load: interrupted; finishing the requests in flight "
-                                               "(Ctrl-C again to abort them)\n"
-                                             : "streamfeed-load: aborting the requests in flight\n");
-                    pthread_mutex_unlock(&R.mu);
-                }
-            }
-            if (now - last_tick < PROGRESS_PERIOD)
-                continue;
-            if (!o.wait)
-                poll_losses(&pl);
-            if (tty)
-                print_progress(now - t_start, now - last_tick, &prev_bytes, &prev_acc);
-            last_tick = now;
-        }
-        for (int t = 0; t < started; t++)
-            pthread_join(workers[t].tid, NULL);
-        uint64_t end_ns = atomic_load(&R.t_end_ns);
-        secs = end_ns ? (double)end_ns * 1e-9 - t_start : now_s() - t_start;
-
-        /* --drain: wait until the newest accepted batch has trained, so that
-         * the summary carries the final loss. */
-        if (o.drain && !o.wait && atomic_load(&R.max_id) >= 0) {
-            double limit = now_s() + (o.timeout_ms > 0 ? (double)o.timeout_ms : DEFAULT_DRAIN_MS) / 1000.0;
-            int64_t last = atomic_load(&R.max_id);
-            if (tty) {
-                pthread_mutex_lock(&R.mu);
-                msg_locked("streamfeed-load: sent; waiting for batch %" PRId64 " to train\n", last);
-                pthread_mutex_unlock(&R.mu);
-            }
-            while (g_sigint == 0 && now_s() < limit) {
-                int r = poll_batch(&pl, last);
-                if (r == 1 || (r < 0 && pl.failures >= 5))
-                    break;
-                sleep_s(0.2);
-            }
-            if (!pl.first_done)
-                poll_batch(&pl, atomic_load(&R.min_id));
-            report_pool_left_out(&pl, &p);
-        } else if (!o.wait && atomic_load(&R.max_id) >= 0) {
-            poll_losses(&pl); /* one last look, without waiting */
-        }
-        poller_free(&pl);
-    }
+    double secs = 0;
+    if (setup_ok && !g_sigint)
+        secs = run_workers(&o, &p, workers, tty);
 
     print_summary(&o, secs);
 

@@ -62,47 +62,6 @@
 #define M_PI 3.14159265358979323846
 #endif
 
-
-
-static const char *const kind_names[SF_AUG_KIND_COUNT] = {
-    [SF_AUG_RANDOM_CROP] = "random_crop",
-    [SF_AUG_RESIZE] = "resize",
-    [SF_AUG_RANDOM_ROTATION] = "random_rotation",
-    [SF_AUG_HFLIP] = "horizontal_flip",
-    [SF_AUG_GAUSSIAN_BLUR] = "gaussian_blur",
-    [SF_AUG_NORMALIZE] = "normalize",
-    [SF_AUG_COLOR_CONVERT] = "color_convert",
-    [SF_AUG_RANDOM_MASK] = "random_mask",
-    [SF_AUG_TO_DTYPE] = "to_dtype",
-    [SF_AUG_RANDOM_RESIZED_CROP] = "random_resized_crop",
-    [SF_AUG_CENTER_CROP] = "center_crop",
-    [SF_AUG_COLOR_JITTER] = "color_jitter",
-    [SF_AUG_RANDOM_ERASING] = "random_erasing",
-    [SF_AUG_MIXUP] = "mixup",
-    [SF_AUG_CUTMIX] = "cutmix",
-};
-
-const char *sf_aug_kind_name(sf_aug_kind k)
-{
-    if ((int)k < 0 || k >= SF_AUG_KIND_COUNT)
-        return "unknown";
-    return kind_names[k];
-}
-
-int sf_aug_mix_op(const sf_aug_pipeline *p)
-{
-    for (int k = 0; k < p->n_ops; k++)
-        if (p->ops[k].kind == SF_AUG_MIXUP || p->ops[k].kind == SF_AUG_CUTMIX)
-            return k;
-    return -1;
-}
-
-static int is_geom(sf_aug_kind k)
-{
-    return k == SF_AUG_RANDOM_CROP || k == SF_AUG_RESIZE || k == SF_AUG_RANDOM_ROTATION ||
-           k == SF_AUG_HFLIP || k == SF_AUG_RANDOM_RESIZED_CROP || k == SF_AUG_CENTER_CROP;
-}
-
 /* ---- parsing ------------------------------------------------------------ */
 
 /* A finite number. Returns 1 present, 0 absent, -1 wrong type (err filled). */
@@ -120,19 +79,6 @@ static int get_num(const cJSON *o, const char *key, double *out, const char *wha
     return 1;
 }
 
-/* An optional probability "p" in [0,1]; *p keeps its default when absent. */
-static int get_p(const cJSON *o, float *p, const char *what, char *err, size_t errlen)
-{
-    double d;
-    int r = get_num(o, "p", &d, what, err, errlen);
-    if (r == 1 && (d < 0.0 || d > 1.0)) {
-        sf_errf(err, errlen, "%s: \"p\" must lie in [0,1]", what);
-        return -1;
-    }
-    if (r == 1)
-        *p = (float)d;
-    return r < 0 ? -1 : 0;
-}
 
 static int is_int_in(double v, double lo, double hi)
 {
@@ -203,27 +149,6 @@ static int get_range(const cJSON *o, const char *key, int sym, float *lo, float 
     return 0;
 }
 
-/* random_resized_crop's and random_erasing's "scale" (area fraction, in
- * (0,1]) and "ratio" (aspect, in [0.001,1000]) ranges, over the defaults
- * already in op. */
-static int parse_scale_ratio(const cJSON *jo, sf_aug_op *op, const char *what, char *err, size_t errlen)
-{
-    if (cJSON_GetObjectItemCaseSensitive(jo, "scale") &&
-        get_range(jo, "scale", 0, &op->area_min, &op->area_max, what, err, errlen))
-        return -1;
-    if (cJSON_GetObjectItemCaseSensitive(jo, "ratio") &&
-        get_range(jo, "ratio", 0, &op->aspect_min, &op->aspect_max, what, err, errlen))
-        return -1;
-    if (!(op->area_min > 0.0f) || op->area_max > 1.0f) {
-        sf_errf(err, errlen, "%s: \"scale\" must lie in (0,1]", what);
-        return -1;
-    }
-    if (!(op->aspect_min >= 1e-3f) || op->aspect_max > 1e3f) {
-        sf_errf(err, errlen, "%s: \"ratio\" must lie in [0.001,1000]", what);
-        return -1;
-    }
-    return 0;
-}
 
 /* An array of 1..SF_AUG_MAX_C numbers, or one number. Returns the count. */
 static int get_vec(const cJSON *o, const char *key, float *out, const char *what, char *err,
@@ -258,705 +183,570 @@ static int str_ieq(const char *a, const char *b)
             return 0;
     return *a == *b;
 }
+/* ---- reading an op's fields --------------------------------------------- */
 
-static int check_keys(const cJSON *o, const char *const *allowed, const char *what, char *err,
-                      size_t errlen)
+/* How a JSON field of an op is read and where it goes (aug_field). */
+typedef enum aug_field_type {
+    AF_SIZE,   /* "size": [h,w] (AF_SCALAR: or one integer for a square), required;
+                  off = size_h, off2 = size_w */
+    AF_BOOL,   /* true or false -> int (def when absent); off < 0: checked, not kept */
+    AF_ANY,    /* accepted and ignored (normalize's "inplace", as torchvision's) */
+    AF_NUM,    /* a finite number in [lo,hi] (AF_LO_OPEN: (lo,hi]) -> float; off < 0:
+                  checked, not kept */
+    AF_INT,    /* an integer in [lo,hi] -> int (AF_PAIR_OK: or [k,k]; AF_ODD: odd) */
+    AF_RANGE,  /* [min,max], or one number x for [x,x] (AF_SYM: [-|x|,|x|]), finite,
+                  min <= max, min >= lo (AF_LO_OPEN: > lo), max <= hi -> floats at off
+                  and off2 (def, def2 when absent) */
+    AF_VEC,    /* a number or 1..SF_AUG_MAX_C finite numbers -> float[] at off, required;
+                  the count goes to the op's check hook */
+    AF_CHOICE, /* one of choices (AF_NOCASE: in any case) -> int, its index, at off
+                  (off < 0: checked, not kept) */
+    AF_JITTER, /* color_jitter's factor arg (0 brightness .. 3 hue): a range, or x for
+                  [1-x,1+x] with the lower end clipped at 0 (hue: [-x,x]) */
+    AF_ERASE_VALUE, /* random_erasing's "value": a number, [numbers] or "random" */
+} aug_field_type;
+
+enum {
+    AF_REQUIRED = 1 << 0, /* absent is an error */
+    AF_SCALAR = 1 << 1,   /* SIZE: one integer is a square */
+    AF_LO_OPEN = 1 << 2,  /* NUM, RANGE: lo itself is out of bounds */
+    AF_SYM = 1 << 3,      /* RANGE: one number x is [-|x|,|x|] */
+    AF_PAIR_OK = 1 << 4,  /* INT: [k,k] is k */
+    AF_ODD = 1 << 5,      /* INT: odd values only */
+    AF_NOCASE = 1 << 6,   /* CHOICE: the strings match in any case */
+    /* RANGE: the bounds are checked once the fields after it that carry the
+     * flag too have been read (random_resized_crop's and random_erasing's
+     * "scale" and "ratio", whose forms are checked before either's bounds). */
+    AF_LATE = 1 << 7,
+};
+
+#define AF_NONE (-1) /* off of a field that is checked but not kept */
+#define OFF(f) ((int)offsetof(sf_aug_op, f))
+#define AF_STR_(x) #x
+#define AF_STR(x) AF_STR_(x)
+
+typedef struct aug_field {
+    const char *key;
+    aug_field_type type;
+    int off, off2;         /* offsetof(sf_aug_op, ...), or AF_NONE */
+    double lo, hi;         /* bounds */
+    double def, def2;      /* the value(s) when absent */
+    int flags;             /* AF_* */
+    const char *const *choices; /* CHOICE: NULL-terminated */
+    const char *msg;       /* the bounds message after "aug op i (name): ", where the
+                              type's own ("must lie in [lo,hi]") is not the one */
+    int arg;               /* JITTER: the factor's index */
+} aug_field;
+
+#define AF_END {NULL, AF_ANY, AF_NONE, AF_NONE, 0, 0, 0, 0, 0, NULL, NULL, 0}
+
+static int *op_int(sf_aug_op *op, int off) { return (int *)((char *)op + off); }
+static float *op_float(sf_aug_op *op, int off) { return (float *)((char *)op + off); }
+
+/* The bounds message of f: its own, or "\"key\" must lie in [lo,hi]". */
+static void bounds_err(const aug_field *f, const char *what, char *err, size_t errlen)
 {
-    for (const cJSON *it = o->child; it; it = it->next) {
-        int ok = 0;
-        for (const char *const *a = allowed; *a && !ok; a++)
-            ok = it->string && strcmp(it->string, *a) == 0;
-        if (!ok) {
-            sf_errf(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
+    if (f->msg)
+        sf_errf(err, errlen, "%s: %s", what, f->msg);
+    else
+        sf_errf(err, errlen, "%s: \"%s\" must lie in %c%g,%g]", what, f->key,
+                (f->flags & AF_LO_OPEN) ? '(' : '[', f->lo, f->hi);
+}
+
+static int range_in_bounds(const aug_field *f, sf_aug_op *op)
+{
+    const float lo = *op_float(op, f->off), hi = *op_float(op, f->off2);
+    const int lo_ok = (f->flags & AF_LO_OPEN) ? lo > (float)f->lo : lo >= (float)f->lo;
+    return lo_ok && !(hi > (float)f->hi);
+}
+
+static int read_jitter(const cJSON *jo, const aug_field *f, sf_aug_op *op, const char *what, char *err,
+                       size_t errlen)
+{
+    const int k = f->arg;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(jo, f->key);
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    const double centre = k == 3 ? 0.0 : 1.0;
+    double lo, hi;
+    if (cJSON_IsNumber(v)) {
+        /* torchvision's _check_input: x means [centre - x, centre + x], the
+         * factors' lower end clipped at 0. */
+        if (!isfinite(v->valuedouble) || v->valuedouble < 0.0) {
+            sf_errf(err, errlen, "%s: \"%s\" as one number must be finite and >= 0", what, f->key);
             return -1;
         }
+        lo = centre - v->valuedouble;
+        hi = centre + v->valuedouble;
+        if (k < 3 && lo < 0.0)
+            lo = 0.0;
+    } else {
+        float flo, fhi;
+        if (get_range(jo, f->key, 0, &flo, &fhi, what, err, errlen))
+            return -1;
+        lo = flo;
+        hi = fhi;
+    }
+    const double bmin = k == 3 ? -0.5 : 0.0, bmax = k == 3 ? 0.5 : 1e6;
+    if (!(lo >= bmin && lo <= hi && hi <= bmax)) {
+        sf_errf(err, errlen, "%s: \"%s\" must give %s with min <= max", what, f->key,
+                k == 3 ? "a shift in [-0.5,0.5]" : "factors in [0,1e6]");
+        return -1;
+    }
+    op->jit_lo[k] = (float)lo;
+    op->jit_hi[k] = (float)hi;
+    op->jit_on[k] = !(lo == centre && hi == centre);
+    return 0;
+}
+
+static int read_erase_value(const cJSON *jo, const aug_field *f, sf_aug_op *op, const char *what,
+                            char *err, size_t errlen)
+{
+    const cJSON *jv = cJSON_GetObjectItemCaseSensitive(jo, f->key);
+    op->n_erase_value = 1; /* value 0 */
+    if (cJSON_IsString(jv)) {
+        if (strcmp(jv->valuestring, "random") != 0) {
+            sf_errf(err, errlen, "%s: \"value\" must be a number, [numbers] or \"random\"", what);
+            return -1;
+        }
+        op->erase_random = 1;
+    } else if (jv) {
+        const int nv = get_vec(jo, f->key, op->erase_value, what, err, errlen);
+        if (nv < 0)
+            return -1;
+        op->n_erase_value = nv;
     }
     return 0;
 }
 
-/* "antialias": a boolean, true when absent (torchvision v2's default). */
-static int get_antialias(const cJSON *o, int *out, const char *what, char *err, size_t errlen)
+/* Reads field f of the op's JSON object into op, checking its form and (but
+ * for an AF_LATE range) its bounds. *count receives an AF_VEC's count. */
+static int read_field(const cJSON *jo, const aug_field *f, sf_aug_op *op, int *count, const char *what,
+                      char *err, size_t errlen)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "antialias");
-    if (v && !cJSON_IsBool(v)) {
-        sf_errf(err, errlen, "%s: \"antialias\" must be true or false", what);
-        return -1;
-    }
-    *out = !v || cJSON_IsTrue(v);
-    return 0;
-}
-
-static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t errlen)
-{
-    char what[64];
-    memset(op, 0, sizeof *op);
-    if (!cJSON_IsObject(jo)) {
-        sf_errf(err, errlen, "aug op %d: must be an object", idx);
-        return -1;
-    }
-    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(jo, "op");
-    if (!cJSON_IsString(jn)) {
-        sf_errf(err, errlen, "aug op %d: missing string \"op\"", idx);
-        return -1;
-    }
-    int kind = -1;
-    for (int k = 0; k < SF_AUG_KIND_COUNT; k++)
-        if (strcmp(jn->valuestring, kind_names[k]) == 0)
-            kind = k;
-    if (kind < 0) {
-        sf_errf(err, errlen, "aug op %d (%.40s): unknown op", idx, jn->valuestring);
-        return -1;
-    }
-    op->kind = (sf_aug_kind)kind;
-    snprintf(what, sizeof what, "aug op %d (%s)", idx, kind_names[kind]);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(jo, f->key);
     double d;
     int r;
-
-    switch (op->kind) {
-    case SF_AUG_RANDOM_CROP: {
-        static const char *const keys[] = {"op", "size", NULL};
-        if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 1, &op->size_h, &op->size_w, what, err, errlen))
-            return -1;
-        break;
-    }
-    case SF_AUG_RESIZE: {
-        static const char *const keys[] = {"op", "size", "antialias", NULL};
-        if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 0, &op->size_h, &op->size_w, what, err, errlen))
-            return -1;
-        if (get_antialias(jo, &op->antialias, what, err, errlen))
-            return -1;
-        break;
-    }
-    case SF_AUG_CENTER_CROP: {
-        static const char *const keys[] = {"op", "size", NULL};
-        if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 1, &op->size_h, &op->size_w, what, err, errlen))
-            return -1;
-        break;
-    }
-    case SF_AUG_RANDOM_RESIZED_CROP: {
-        static const char *const keys[] = {"op", "size", "scale", "ratio", "antialias", NULL};
-        if (check_keys(jo, keys, what, err, errlen) || get_size(jo, 1, &op->size_h, &op->size_w, what, err, errlen) ||
-            get_antialias(jo, &op->antialias, what, err, errlen))
-            return -1;
-        op->area_min = 0.08f; /* torchvision's defaults */
-        op->area_max = 1.0f;
-        op->aspect_min = 3.0f / 4.0f;
-        op->aspect_max = 4.0f / 3.0f;
-        if (parse_scale_ratio(jo, op, what, err, errlen))
-            return -1;
-        break;
-    }
-    case SF_AUG_RANDOM_ROTATION: {
-        static const char *const keys[] = {"op", "degrees", "interpolation", "fill", NULL};
-        if (check_keys(jo, keys, what, err, errlen) ||
-            get_range(jo, "degrees", 1, &op->deg_min, &op->deg_max, what, err, errlen))
-            return -1;
-        if (op->deg_min < -3600.0f || op->deg_max > 3600.0f) {
-            sf_errf(err, errlen, "%s: \"degrees\" must lie in [-3600,3600]", what);
+    switch (f->type) {
+    case AF_SIZE:
+        return get_size(jo, (f->flags & AF_SCALAR) != 0, op_int(op, f->off), op_int(op, f->off2), what,
+                        err, errlen);
+    case AF_ANY:
+        return 0;
+    case AF_BOOL:
+        if (v && !cJSON_IsBool(v)) {
+            sf_errf(err, errlen, "%s: \"%s\" must be true or false", what, f->key);
             return -1;
         }
-        op->interp = SF_INTERP_BILINEAR;
-        const cJSON *ji = cJSON_GetObjectItemCaseSensitive(jo, "interpolation");
-        if (ji) {
-            if (cJSON_IsString(ji) && str_ieq(ji->valuestring, "bilinear"))
-                op->interp = SF_INTERP_BILINEAR;
-            else if (cJSON_IsString(ji) && str_ieq(ji->valuestring, "nearest"))
-                op->interp = SF_INTERP_NEAREST;
-            else {
-                sf_errf(err, errlen, "%s: \"interpolation\" must be \"bilinear\" or \"nearest\"", what);
+        if (f->off != AF_NONE)
+            *op_int(op, f->off) = v ? cJSON_IsTrue(v) : (int)f->def;
+        return 0;
+    case AF_NUM:
+        if ((r = get_num(jo, f->key, &d, what, err, errlen)) < 0)
+            return -1;
+        if (r == 0) {
+            if (f->flags & AF_REQUIRED) {
+                bounds_err(f, what, err, errlen);
                 return -1;
             }
+            return 0;
         }
-        if ((r = get_num(jo, "fill", &d, what, err, errlen)) < 0)
-            return -1;
-        if (r == 1 && d != 0.0) {
-            sf_errf(err, errlen, "%s: only \"fill\": 0 is supported", what);
+        if (!((f->flags & AF_LO_OPEN) ? d > f->lo : d >= f->lo) || !(d <= f->hi)) {
+            bounds_err(f, what, err, errlen);
             return -1;
         }
-        break;
-    }
-    case SF_AUG_HFLIP: {
-        static const char *const keys[] = {"op", "p", NULL};
-        if (check_keys(jo, keys, what, err, errlen))
-            return -1;
-        op->p = 0.5f;
-        if (get_p(jo, &op->p, what, err, errlen))
-            return -1;
-        break;
-    }
-    case SF_AUG_GAUSSIAN_BLUR: {
-        static const char *const keys[] = {"op", "kernel_size", "sigma", NULL};
-        if (check_keys(jo, keys, what, err, errlen))
-            return -1;
+        if (f->off != AF_NONE)
+            *op_float(op, f->off) = (float)d;
+        return 0;
+    case AF_INT: {
         double kk[2];
-        if (num_pair(cJSON_GetObjectItemCaseSensitive(jo, "kernel_size"), 1, kk))
-            kk[0] = kk[1] = -1;
-        const double k0 = kk[0];
-        if (kk[0] != kk[1] || !is_int_in(k0, 1, SF_AUG_MAX_KSIZE) || ((int)k0 % 2) == 0) {
-            sf_errf(err, errlen, "%s: \"kernel_size\" must be an odd integer in [1,%d] (or [k,k])", what,
-                    SF_AUG_MAX_KSIZE);
-            return -1;
-        }
-        op->ksize = (int)k0;
-        op->sigma_min = 0.1f;
-        op->sigma_max = 2.0f; /* torchvision's default */
-        if (cJSON_GetObjectItemCaseSensitive(jo, "sigma") &&
-            get_range(jo, "sigma", 0, &op->sigma_min, &op->sigma_max, what, err, errlen))
-            return -1;
-        if (!(op->sigma_min > 0.0f) || op->sigma_max > 1000.0f) {
-            sf_errf(err, errlen, "%s: \"sigma\" must lie in (0,1000]", what);
-            return -1;
-        }
-        break;
-    }
-    case SF_AUG_NORMALIZE: {
-        static const char *const keys[] = {"op", "mean", "std", "inplace", NULL};
-        if (check_keys(jo, keys, what, err, errlen))
-            return -1;
-        int nm = get_vec(jo, "mean", op->mean, what, err, errlen);
-        if (nm < 0)
-            return -1;
-        int ns = get_vec(jo, "std", op->std, what, err, errlen);
-        if (ns < 0)
-            return -1;
-        if (nm != ns && nm != 1 && ns != 1) {
-            sf_errf(err, errlen, "%s: \"mean\" has %d values and \"std\" %d", what, nm, ns);
-            return -1;
-        }
-        op->n_mean = nm > ns ? nm : ns;
-        for (int i = 1; i < op->n_mean; i++) {
-            if (nm == 1)
-                op->mean[i] = op->mean[0];
-            if (ns == 1)
-                op->std[i] = op->std[0];
-        }
-        /* |std| >= 1e-6: a smaller one scales a 0..255 value past what fp32
-         * and bf16 hold (1e-38 gave infinities and only skipped steps) */
-        for (int i = 0; i < op->n_mean; i++)
-            if (!(fabsf(op->std[i]) >= 1e-6f)) {
-                sf_errf(err, errlen, "%s: \"std\"[%d] must be at least 1e-6 in magnitude", what, i);
+        if (f->flags & AF_PAIR_OK) {
+            if (num_pair(v, 1, kk))
+                kk[0] = kk[1] = -1;
+        } else {
+            if ((r = get_num(jo, f->key, &kk[0], what, err, errlen)) < 0)
                 return -1;
-            }
-        break;
+            if (r == 0)
+                return 0;
+            kk[1] = kk[0];
+        }
+        if (kk[0] != kk[1] || !is_int_in(kk[0], f->lo, f->hi) ||
+            ((f->flags & AF_ODD) && (int)kk[0] % 2 == 0)) {
+            if (f->msg)
+                bounds_err(f, what, err, errlen);
+            else
+                sf_errf(err, errlen, "%s: \"%s\" must be an integer in [%g,%g]", what, f->key, f->lo, f->hi);
+            return -1;
+        }
+        *op_int(op, f->off) = (int)kk[0];
+        return 0;
     }
-    case SF_AUG_COLOR_CONVERT: {
-        static const char *const keys[] = {"op", "to", "from", NULL};
-        if (check_keys(jo, keys, what, err, errlen))
+    case AF_RANGE:
+        if (!v && !(f->flags & AF_REQUIRED))
+            return 0;
+        if (get_range(jo, f->key, (f->flags & AF_SYM) != 0, op_float(op, f->off), op_float(op, f->off2),
+                      what, err, errlen))
             return -1;
-        const cJSON *jt = cJSON_GetObjectItemCaseSensitive(jo, "to");
-        const cJSON *jf = cJSON_GetObjectItemCaseSensitive(jo, "from");
-        if (jt && !(cJSON_IsString(jt) && str_ieq(jt->valuestring, "ycbcr"))) {
-            sf_errf(err, errlen, "%s: only \"to\": \"ycbcr\" is supported", what);
-            return -1;
-        }
-        if (jf && !(cJSON_IsString(jf) && str_ieq(jf->valuestring, "rgb"))) {
-            sf_errf(err, errlen, "%s: only \"from\": \"rgb\" is supported", what);
+        if (!(f->flags & AF_LATE) && !range_in_bounds(f, op)) {
+            bounds_err(f, what, err, errlen);
             return -1;
         }
-        break;
+        return 0;
+    case AF_VEC:
+        return *count = get_vec(jo, f->key, op_float(op, f->off), what, err, errlen);
+    case AF_CHOICE: {
+        if (!v)
+            return 0;
+        int pick = -1;
+        for (int k = 0; cJSON_IsString(v) && f->choices[k] && pick < 0; k++)
+            if ((f->flags & AF_NOCASE) ? str_ieq(v->valuestring, f->choices[k])
+                                       : strcmp(v->valuestring, f->choices[k]) == 0)
+                pick = k;
+        if (pick < 0) {
+            bounds_err(f, what, err, errlen);
+            return -1;
+        }
+        if (f->off != AF_NONE)
+            *op_int(op, f->off) = pick;
+        return 0;
     }
-    case SF_AUG_RANDOM_MASK: {
-        static const char *const keys[] = {"op", "ratio", "dilate", NULL};
-        if (check_keys(jo, keys, what, err, errlen))
-            return -1;
-        if ((r = get_num(jo, "ratio", &d, what, err, errlen)) <= 0 || d < 0.0 || d > 1.0) {
-            if (r >= 0)
-                sf_errf(err, errlen, "%s: \"ratio\" must be a number in [0,1]", what);
-            return -1;
-        }
-        op->ratio = (float)d;
-        op->dilate = 0;
-        if ((r = get_num(jo, "dilate", &d, what, err, errlen)) < 0)
-            return -1;
-        if (r == 1) {
-            if (!is_int_in(d, 0, SF_AUG_MAX_DILATE)) {
-                sf_errf(err, errlen, "%s: \"dilate\" must be an integer in [0,%d]", what, SF_AUG_MAX_DILATE);
-                return -1;
-            }
-            op->dilate = (int)d;
-        }
-        break;
+    case AF_JITTER:
+        return read_jitter(jo, f, op, what, err, errlen);
+    case AF_ERASE_VALUE:
+        return read_erase_value(jo, f, op, what, err, errlen);
     }
-    case SF_AUG_TO_DTYPE: {
-        static const char *const keys[] = {"op", "dtype", "scale", NULL};
-        if (check_keys(jo, keys, what, err, errlen))
-            return -1;
-        const cJSON *jd = cJSON_GetObjectItemCaseSensitive(jo, "dtype");
-        if (jd && !(cJSON_IsString(jd) && strcmp(jd->valuestring, "float32") == 0)) {
-            sf_errf(err, errlen, "%s: only \"dtype\": \"float32\" is supported", what);
-            return -1;
-        }
-        op->scale = 1.0f;
-        if ((r = get_num(jo, "scale", &d, what, err, errlen)) < 0)
-            return -1;
-        if (r == 1)
-            op->scale = (float)d;
-        break;
-    }
-    case SF_AUG_COLOR_JITTER: {
-        static const char *const keys[] = {"op", "brightness", "contrast", "saturation", "hue", NULL};
-        static const char *const names[4] = {"brightness", "contrast", "saturation", "hue"};
-        if (check_keys(jo, keys, what, err, errlen))
-            return -1;
-        for (int k = 0; k < 4; k++) {
-            const cJSON *v = cJSON_GetObjectItemCaseSensitive(jo, names[k]);
-            if (!v || cJSON_IsNull(v))
-                continue;
-            const double centre = k == 3 ? 0.0 : 1.0;
-            double lo, hi;
-            if (cJSON_IsNumber(v)) {
-                /* torchvision's _check_input: x means [centre - x, centre + x],
-                 * the factors' lower end clipped at 0. */
-                if (!isfinite(v->valuedouble) || v->valuedouble < 0.0) {
-                    sf_errf(err, errlen, "%s: \"%s\" as one number must be finite and >= 0", what, names[k]);
-                    return -1;
-                }
-                lo = centre - v->valuedouble;
-                hi = centre + v->valuedouble;
-                if (k < 3 && lo < 0.0)
-                    lo = 0.0;
-            } else {
-                float flo, fhi;
-                if (get_range(jo, names[k], 0, &flo, &fhi, what, err, errlen))
-                    return -1;
-                lo = flo;
-                hi = fhi;
-            }
-            const double bmin = k == 3 ? -0.5 : 0.0, bmax = k == 3 ? 0.5 : 1e6;
-            if (!(lo >= bmin && lo <= hi && hi <= bmax)) {
-                sf_errf(err, errlen, "%s: \"%s\" must give %s with min <= max", what, names[k],
-                        k == 3 ? "a shift in [-0.5,0.5]" : "factors in [0,1e6]");
-                return -1;
-            }
-            op->jit_lo[k] = (float)lo;
-            op->jit_hi[k] = (float)hi;
-            op->jit_on[k] = !(lo == centre && hi == centre);
-        }
-        break;
-    }
-    case SF_AUG_RANDOM_ERASING: {
-        static const char *const keys[] = {"op", "p", "scale", "ratio", "value", "inplace", NULL};
-        if (check_keys(jo, keys, what, err, errlen))
-            return -1;
-        op->p = 0.5f; /* torchvision's defaults */
-        op->area_min = 0.02f;
-        op->area_max = 0.33f;
-        op->aspect_min = 0.3f;
-        op->aspect_max = 3.3f;
-        if (get_p(jo, &op->p, what, err, errlen))
-            return -1;
-        if (parse_scale_ratio(jo, op, what, err, errlen))
-            return -1;
-        const cJSON *jv = cJSON_GetObjectItemCaseSensitive(jo, "value");
-        op->n_erase_value = 1; /* value 0 */
-        if (cJSON_IsString(jv)) {
-            if (strcmp(jv->valuestring, "random") != 0) {
-                sf_errf(err, errlen, "%s: \"value\" must be a number, [numbers] or \"random\"", what);
-                return -1;
-            }
-            op->erase_random = 1;
-        } else if (jv) {
-            const int nv = get_vec(jo, "value", op->erase_value, what, err, errlen);
-            if (nv < 0)
-                return -1;
-            op->n_erase_value = nv;
-        }
-        const cJSON *ji = cJSON_GetObjectItemCaseSensitive(jo, "inplace");
-        if (ji && !cJSON_IsBool(ji)) {
-            sf_errf(err, errlen, "%s: \"inplace\" must be true or false", what);
-            return -1;
-        }
-        break;
-    }
-    case SF_AUG_MIXUP:
-    case SF_AUG_CUTMIX: {
-        static const char *const keys[] = {"op", "alpha", "p", NULL};
-        if (check_keys(jo, keys, what, err, errlen))
-            return -1;
-        op->alpha = 1.0f; /* torchvision's default */
-        op->p = 1.0f;     /* v2.MixUp / v2.CutMix always apply */
-        if ((r = get_num(jo, "alpha", &d, what, err, errlen)) < 0)
-            return -1;
-        if (r == 1) {
-            if (!(d > 0.0 && d <= 1000.0)) {
-                sf_errf(err, errlen, "%s: \"alpha\" must lie in (0,1000]", what);
-                return -1;
-            }
-            op->alpha = (float)d;
-        }
-        if (get_p(jo, &op->p, what, err, errlen))
-            return -1;
-        break;
-    }
-    default:
-        sf_errf(err, errlen, "%s: unknown op", what);
-        return -1;
-    }
-    return 0;
+    return -1;
 }
 
-int sf_aug_parse(const char *json, sf_aug_pipeline *p, char *err, size_t errlen)
+/* The defaults of the fields that have one, written before any is read. */
+static void field_defaults(const aug_field *fields, sf_aug_op *op)
 {
-    memset(p, 0, sizeof *p);
-    if (!json) {
-        sf_errf(err, errlen, "augmentation list missing");
-        return -1;
-    }
-    cJSON *root = cJSON_Parse(json);
-    if (!root) {
-        sf_errf(err, errlen, "augmentation list is not valid JSON");
-        return -1;
-    }
-    int rc = -1;
-    if (!cJSON_IsArray(root)) {
-        sf_errf(err, errlen, "augmentation list must be a JSON array");
-        goto out;
-    }
-    int n = cJSON_GetArraySize(root);
-    if (n > SF_AUG_MAX_OPS) {
-        sf_errf(err, errlen, "augmentation list has %d ops (at most %d)", n, SF_AUG_MAX_OPS);
-        goto out;
-    }
-    int i = 0;
-    for (const cJSON *it = root->child; it; it = it->next, i++)
-        if (parse_op(it, i, &p->ops[i], err, errlen) != 0)
-            goto out;
-    p->n_ops = n;
-    rc = 0;
-out:
-    cJSON_Delete(root);
-    if (rc != 0)
-        memset(p, 0, sizeof *p);
-    return rc;
-}
-
-/* ---- plan --------------------------------------------------------------- */
-
-/* The next pointwise stage: of the fused pass, or of the second pass. */
-static sf_aug_pw *next_pw(sf_aug_plan *plan, int post)
-{
-    return post ? &plan->post[plan->n_post++] : &plan->pw[plan->n_pw++];
-}
-
-/* Walks the list for an in_h x in_w source, or for ragged sources when
- * in_h = in_w = 0: then h = w = 0 stands for "each sample's own size" until an
- * op fixes the size. */
-static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
-                     char *err, size_t errlen)
-{
-    memset(plan, 0, sizeof *plan);
-    const int ragged = in_h == 0 && in_w == 0;
-    if ((!ragged && (in_h < 1 || in_w < 1 || in_h > SF_AUG_MAX_DIM || in_w > SF_AUG_MAX_DIM)) ||
-        c < 1 || c > SF_AUG_MAX_C) {
-        sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
-                in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
-        return -1;
-    }
-    if (p->n_ops < 0 || p->n_ops > SF_AUG_MAX_OPS) {
-        sf_errf(err, errlen, "augmentation list has %d ops (at most %d)", p->n_ops, SF_AUG_MAX_OPS);
-        return -1;
-    }
-    plan->in_h = in_h;
-    plan->in_w = in_w;
-    plan->c = c;
-    plan->ragged = ragged;
-    plan->has_geom = ragged; /* ragged sources always need the map */
-    plan->interp = SF_INTERP_BILINEAR;
-    int h = in_h, w = in_w;
-    int blur_at = -1;
-    /* Antialias: whether some axis may shrink. scl_* bound the source pixels per
-     * pixel of the current image; unknown once a ragged source is resized, and
-     * random_resized_crop's scale is random. */
-    double scl_x = 1.0, scl_y = 1.0;
-    int may_shrink = 0, want_aa = 0;
-    float value_scale = 1.0f; /* product of to_dtype scales so far (for YCbCr's offset) */
-    /* The first color_jitter or random_erasing (later stages run in the second
-     * pass), the first mixup or cutmix (only the other may follow it), and
-     * whether the values left the intensity scale (normalize, color_convert). */
-    int post_at = -1, mix_at = -1, jitter_at = -1, erase_at = -1, not_intensity = 0;
-
-    for (int i = 0; i < p->n_ops; i++) {
-        const sf_aug_op *op = &p->ops[i];
-        const char *name = sf_aug_kind_name(op->kind);
-        if (is_geom(op->kind))
-            plan->has_geom = 1;
-        if (mix_at >= 0 && op->kind != SF_AUG_MIXUP && op->kind != SF_AUG_CUTMIX) {
-            sf_errf(err, errlen, "aug op %d (%s): batch-level %s (op %d) must come last", i, name,
-                    sf_aug_kind_name(p->ops[mix_at].kind), mix_at);
-            return -1;
-        }
-        if (post_at >= 0 && (is_geom(op->kind) || op->kind == SF_AUG_GAUSSIAN_BLUR ||
-                             op->kind == SF_AUG_RANDOM_MASK)) {
-            sf_errf(err, errlen, "aug op %d (%s): must come before %s (op %d), which acts on the "
-                    "geometric output", i, name, sf_aug_kind_name(p->ops[post_at].kind), post_at);
-            return -1;
-        }
-        switch (op->kind) {
-        case SF_AUG_RANDOM_CROP:
-            if (h == 0) {
-                sf_errf(err, errlen, "aug op %d (%s): ragged sources have no fixed size to crop from; "
-                        "put a resize, random_resized_crop or center_crop before it", i, name);
-                return -1;
-            }
-            if (op->size_h < 1 || op->size_w < 1 || op->size_h > h || op->size_w > w) {
-                sf_errf(err, errlen, "aug op %d (%s): crop %dx%d does not fit its %dx%d input", i, name,
-                        op->size_h, op->size_w, h, w);
-                return -1;
-            }
-            h = op->size_h;
-            w = op->size_w;
+    for (const aug_field *f = fields; f->key; f++) {
+        if (f->off == AF_NONE || (f->flags & AF_REQUIRED))
+            continue;
+        switch (f->type) {
+        case AF_BOOL:
+        case AF_CHOICE:
+        case AF_INT:
+            *op_int(op, f->off) = (int)f->def;
             break;
-        case SF_AUG_CENTER_CROP:
-            /* On a ragged source it fixes the size; a smaller sample repeats its
-             * edges (gpu/aug.h). */
-            if (op->size_h < 1 || op->size_w < 1 || op->size_h > SF_AUG_MAX_DIM ||
-                op->size_w > SF_AUG_MAX_DIM || (h > 0 && (op->size_h > h || op->size_w > w))) {
-                sf_errf(err, errlen, "aug op %d (%s): crop %dx%d does not fit its %dx%d input", i, name,
-                        op->size_h, op->size_w, h, w);
-                return -1;
-            }
-            h = op->size_h;
-            w = op->size_w;
+        case AF_NUM:
+            *op_float(op, f->off) = (float)f->def;
             break;
-        case SF_AUG_RESIZE:
-        case SF_AUG_RANDOM_RESIZED_CROP:
-            if (op->size_h < 1 || op->size_w < 1 || op->size_h > SF_AUG_MAX_DIM ||
-                op->size_w > SF_AUG_MAX_DIM) {
-                sf_errf(err, errlen, "aug op %d (%s): size %dx%d out of range [1,%d]", i, name,
-                        op->size_h, op->size_w, SF_AUG_MAX_DIM);
-                return -1;
-            }
-            if (op->kind == SF_AUG_RANDOM_RESIZED_CROP &&
-                (!(op->area_min > 0.0f) || op->area_min > op->area_max || !(op->aspect_min > 0.0f) ||
-                 op->aspect_min > op->aspect_max)) {
-                sf_errf(err, errlen, "aug op %d (%s): scale [%g,%g] / ratio [%g,%g] invalid", i, name,
-                        (double)op->area_min, (double)op->area_max, (double)op->aspect_min,
-                        (double)op->aspect_max);
-                return -1;
-            }
-            want_aa |= op->antialias;
-            if (h == 0 || op->kind == SF_AUG_RANDOM_RESIZED_CROP) {
-                may_shrink = 1;
-            } else {
-                scl_x *= (double)w / op->size_w;
-                scl_y *= (double)h / op->size_h;
-            }
-            h = op->size_h;
-            w = op->size_w;
-            break;
-        case SF_AUG_RANDOM_ROTATION:
-            if (plan->has_rot) {
-                sf_errf(err, errlen, "aug op %d (%s): only one random_rotation per pipeline", i, name);
-                return -1;
-            }
-            plan->has_rot = 1;
-            if (op->interp == SF_INTERP_NEAREST)
-                plan->interp = SF_INTERP_NEAREST;
-            /* A turned pixel grid spans up to the larger scale along either axis. */
-            scl_x = scl_y = scl_x > scl_y ? scl_x : scl_y;
-            break;
-        case SF_AUG_HFLIP:
-            break;
-        case SF_AUG_GAUSSIAN_BLUR:
-            if (blur_at >= 0) {
-                sf_errf(err, errlen, "aug op %d (%s): only one gaussian_blur per pipeline (op %d is one)",
-                        i, name, blur_at);
-                return -1;
-            }
-            if (op->ksize < 1 || op->ksize > SF_AUG_MAX_KSIZE || op->ksize % 2 == 0 ||
-                !(op->sigma_min > 0.0f) || op->sigma_min > op->sigma_max) {
-                sf_errf(err, errlen, "aug op %d (%s): kernel_size %d / sigma [%g,%g] invalid", i, name,
-                        op->ksize, (double)op->sigma_min, (double)op->sigma_max);
-                return -1;
-            }
-            if (plan->has_mask) {
-                sf_errf(err, errlen, "aug op %d (%s): random_mask must come after gaussian_blur "
-                        "(a mask does not commute with a blur)", i, name);
-                return -1;
-            }
-            blur_at = i;
-            plan->blur_ksize = op->ksize;
-            break;
-        case SF_AUG_TO_DTYPE: {
-            value_scale *= op->scale;
-            /* A scale of 1 changes no value (x * 1 == x, NaN and -0 included):
-             * no stage, so that no pass spends a multiply on it. */
-            if (op->scale == 1.0f)
-                break;
-            sf_aug_pw *pw = next_pw(plan, post_at >= 0);
-            pw->kind = SF_PW_SCALE;
-            pw->a[0] = op->scale;
-            break;
-        }
-        case SF_AUG_NORMALIZE: {
-            if (op->n_mean != 1 && op->n_mean != c) {
-                sf_errf(err, errlen, "aug op %d (%s): %d mean/std values for %d channels", i, name,
-                        op->n_mean, c);
-                return -1;
-            }
-            sf_aug_pw nz = {.kind = SF_PW_NORMALIZE};
-            int identity = 1;
-            not_intensity = 1;
-            for (int ch = 0; ch < c; ch++) {
-                int j = op->n_mean == 1 ? 0 : ch;
-                if (!(op->std[j] != 0.0f)) {
-                    sf_errf(err, errlen, "aug op %d (%s): std[%d] is 0", i, name, j);
-                    return -1;
-                }
-                nz.a[ch] = op->mean[j];
-                nz.b[ch] = 1.0f / op->std[j];
-                identity = identity && nz.a[ch] == 0.0f && nz.b[ch] == 1.0f;
-            }
-            /* Mean 0 and std 1 change no value ((x - 0) * 1 == x): no stage. */
-            if (!identity)
-                *next_pw(plan, post_at >= 0) = nz;
-            break;
-        }
-        case SF_AUG_COLOR_CONVERT: {
-            if (c != 3) {
-                sf_errf(err, errlen, "aug op %d (%s): RGB->YCbCr needs 3 channels, the input has %d", i,
-                        name, c);
-                return -1;
-            }
-            sf_aug_pw *pw = next_pw(plan, post_at >= 0);
-            not_intensity = 1;
-            pw->kind = SF_PW_YCBCR;
-            /* Chroma offset: half the value range, 128 on the 0..255 scale,
-             * times the to_dtype scales applied before this op. */
-            pw->a[0] = 128.0f * value_scale;
-            break;
-        }
-        case SF_AUG_RANDOM_MASK: {
-            if (plan->has_mask) {
-                sf_errf(err, errlen, "aug op %d (%s): only one random_mask per pipeline", i, name);
-                return -1;
-            }
-            if (!(op->ratio >= 0.0f && op->ratio <= 1.0f) || op->dilate < 0 ||
-                op->dilate > SF_AUG_MAX_DILATE) {
-                sf_errf(err, errlen, "aug op %d (%s): ratio %g / dilate %d out of range", i, name,
-                        (double)op->ratio, op->dilate);
-                return -1;
-            }
-            sf_aug_pw *pw = next_pw(plan, post_at >= 0);
-            pw->kind = SF_PW_MASK;
-            pw->a[0] = op->ratio;
-            pw->b[0] = (float)op->dilate;
-            plan->has_mask = 1;
-            break;
-        }
-        case SF_AUG_COLOR_JITTER: {
-            if (jitter_at >= 0) {
-                sf_errf(err, errlen, "aug op %d (%s): only one color_jitter per pipeline (op %d is one)", i,
-                        name, jitter_at);
-                return -1;
-            }
-            if (c != 1 && c != 3) {
-                sf_errf(err, errlen, "aug op %d (%s): needs 1 or 3 channels, the input has %d", i, name, c);
-                return -1;
-            }
-            if (not_intensity || !(value_scale > 0.0f)) {
-                sf_errf(err, errlen, "aug op %d (%s): must act on intensities: put it before normalize "
-                        "and color_convert, after to_dtype scales > 0 only", i, name);
-                return -1;
-            }
-            for (int k = 0; k < 4; k++)
-                if (op->jit_on[k] && (k == 3 ? !(op->jit_lo[k] >= -0.5f && op->jit_hi[k] <= 0.5f)
-                                             : !(op->jit_lo[k] >= 0.0f)) ) {
-                    sf_errf(err, errlen, "aug op %d (%s): factor range %d invalid", i, name, k);
-                    return -1;
-                }
-            jitter_at = i;
-            if (post_at < 0)
-                post_at = i;
-            sf_aug_pw *pw = next_pw(plan, 1);
-            pw->kind = SF_PW_JITTER;
-            for (int k = 0; k < 4; k++)
-                pw->a[k] = op->jit_on[k] ? 1.0f : 0.0f;
-            /* The clamp bound: 255 on the 0..255 scale, times the to_dtype
-             * scales before it (1 after to_dtype's 1/255, as torchvision's
-             * float images). */
-            pw->b[0] = 255.0f * value_scale;
-            break;
-        }
-        case SF_AUG_RANDOM_ERASING: {
-            if (erase_at >= 0) {
-                sf_errf(err, errlen, "aug op %d (%s): only one random_erasing per pipeline (op %d is one)",
-                        i, name, erase_at);
-                return -1;
-            }
-            if (!op->erase_random && op->n_erase_value != 1 && op->n_erase_value != c) {
-                sf_errf(err, errlen, "aug op %d (%s): %d values for %d channels", i, name,
-                        op->n_erase_value, c);
-                return -1;
-            }
-            if (!(op->p >= 0.0f && op->p <= 1.0f) || !(op->area_min > 0.0f) ||
-                op->area_min > op->area_max || !(op->aspect_min > 0.0f) ||
-                op->aspect_min > op->aspect_max) {
-                sf_errf(err, errlen, "aug op %d (%s): p / scale / ratio invalid", i, name);
-                return -1;
-            }
-            erase_at = i;
-            if (post_at < 0)
-                post_at = i;
-            sf_aug_pw *pw = next_pw(plan, 1);
-            pw->kind = SF_PW_ERASE;
-            for (int ch = 0; ch < c; ch++)
-                pw->a[ch] = op->erase_value[op->n_erase_value == 1 ? 0 : ch];
-            pw->b[0] = op->erase_random ? 1.0f : 0.0f;
-            break;
-        }
-        case SF_AUG_MIXUP:
-        case SF_AUG_CUTMIX:
-            for (int j = mix_at < 0 ? p->n_ops : mix_at; j < i; j++)
-                if (p->ops[j].kind == op->kind) {
-                    sf_errf(err, errlen, "aug op %d (%s): only one %s per pipeline (op %d is one)", i, name,
-                            name, j);
-                    return -1;
-                }
-            if (!(op->alpha > 0.0f) || !(op->p >= 0.0f && op->p <= 1.0f)) {
-                sf_errf(err, errlen, "aug op %d (%s): alpha %g / p %g invalid", i, name, (double)op->alpha,
-                        (double)op->p);
-                return -1;
-            }
-            if (mix_at < 0)
-                mix_at = i;
-            plan->has_mix = 1;
+        case AF_RANGE:
+            *op_float(op, f->off) = (float)f->def;
+            *op_float(op, f->off2) = (float)f->def2;
             break;
         default:
-            sf_errf(err, errlen, "aug op %d: unknown kind %d", i, (int)op->kind);
-            return -1;
+            break;
         }
     }
-    if (h == 0) {
-        sf_errf(err, errlen, "ragged sources need a resize, random_resized_crop or center_crop that "
-                "fixes the output size; the augmentation list has none");
+}
+
+/* normalize: mean and std of one value broadcast over the other's count. */
+static int normalize_check(sf_aug_op *op, const int *counts, const char *what, char *err, size_t errlen)
+{
+    const int nm = counts[0], ns = counts[1];
+    if (nm != ns && nm != 1 && ns != 1) {
+        sf_errf(err, errlen, "%s: \"mean\" has %d values and \"std\" %d", what, nm, ns);
         return -1;
     }
-    plan->out_h = h;
-    plan->out_w = w;
-    /* Where no axis can shrink the filter is bilinear with clamped taps: the
-     * plain path computes the same function faster. */
-    plan->antialias = want_aa && plan->interp == SF_INTERP_BILINEAR &&
-                      (may_shrink || scl_x > 1.0 || scl_y > 1.0);
+    op->n_mean = nm > ns ? nm : ns;
+    for (int i = 1; i < op->n_mean; i++) {
+        if (nm == 1)
+            op->mean[i] = op->mean[0];
+        if (ns == 1)
+            op->std[i] = op->std[0];
+    }
+    /* |std| >= 1e-6: a smaller one scales a 0..255 value past what fp32 and
+     * bf16 hold (1e-38 gave infinities and only skipped steps) */
+    for (int i = 0; i < op->n_mean; i++)
+        if (!(fabsf(op->std[i]) >= 1e-6f)) {
+            sf_errf(err, errlen, "%s: \"std\"[%d] must be at least 1e-6 in magnitude", what, i);
+            return -1;
+        }
     return 0;
 }
 
-int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
-                     char *err, size_t errlen)
+/* ---- planning: each op's shape rule -------------------------------------- */
+
+/* Where a backend runs an op (aug_op_info.stage). */
+typedef enum aug_stage {
+    AUG_STAGE_GEOM = 0, /* composed into the affine map: one resampling per pixel */
+    AUG_STAGE_BLUR,     /* the separable blur of the geometric output */
+    AUG_STAGE_PW,       /* a pointwise stage of the fused pass (sf_aug_plan.pw), or of
+                           the second pass when listed after a second-pass op */
+    AUG_STAGE_POST,     /* the per-sample second pass (sf_aug_plan.post) */
+    AUG_STAGE_MIX,      /* batch-level mixing after everything else (sf_aug_gen_mix) */
+} aug_stage;
+
+typedef struct aug_op_info aug_op_info;
+
+/* The state of plan_walk as it goes down the list. */
+typedef struct aug_walk {
+    const sf_aug_pipeline *p;
+    sf_aug_plan *plan;
+    const aug_op_info *row; /* the current op's row */
+    int i;                  /* the current op's index */
+    const char *what;       /* "aug op i (name)" */
+    char *err;
+    size_t errlen;
+    int c;
+    int h, w;               /* the current image; 0 x 0 while a ragged source is unsized */
+    int blur_at;
+    /* Antialias: whether some axis may shrink. scl_* bound the source pixels
+     * per pixel of the current image; unknown once a ragged source is
+     * resized, and random_resized_crop's scale is random. */
+    double scl_x, scl_y;
+    int may_shrink, want_aa;
+    float value_scale;      /* product of to_dtype scales so far (YCbCr's offset) */
+    /* The first color_jitter or random_erasing (later stages run in the
+     * second pass), the first mixup or cutmix (only the other may follow
+     * it), and whether the values left the intensity scale (normalize,
+     * color_convert). */
+    int post_at, mix_at, jitter_at, erase_at, not_intensity;
+} aug_walk;
+
+/* The current op's pointwise stage (of its row's kind), in the fused pass
+ * or, for second-pass rows and once a second-pass op is listed, the second. */
+static sf_aug_pw *emit_pw(aug_walk *a);
+
+static int crop_plan(aug_walk *a, const sf_aug_op *op)
 {
-    if (in_h == 0 && in_w == 0) { /* plan_walk's ragged marker is not a size */
-        memset(plan, 0, sizeof *plan);
-        sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
-                in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
+    if (a->h == 0) {
+        sf_errf(a->err, a->errlen, "%s: ragged sources have no fixed size to crop from; "
+                "put a resize, random_resized_crop or center_crop before it", a->what);
         return -1;
     }
-    return plan_walk(p, in_h, in_w, c, plan, err, errlen);
+    if (op->size_h < 1 || op->size_w < 1 || op->size_h > a->h || op->size_w > a->w) {
+        sf_errf(a->err, a->errlen, "%s: crop %dx%d does not fit its %dx%d input", a->what, op->size_h,
+                op->size_w, a->h, a->w);
+        return -1;
+    }
+    a->h = op->size_h;
+    a->w = op->size_w;
+    return 0;
 }
 
-int sf_aug_plan_make_ragged(const sf_aug_pipeline *p, int c, sf_aug_plan *plan, char *err,
-                            size_t errlen)
+static int center_crop_plan(aug_walk *a, const sf_aug_op *op)
 {
-    return plan_walk(p, 0, 0, c, plan, err, errlen);
+    /* On a ragged source it fixes the size; a smaller sample repeats its
+     * edges (gpu/aug.h). */
+    if (op->size_h < 1 || op->size_w < 1 || op->size_h > SF_AUG_MAX_DIM || op->size_w > SF_AUG_MAX_DIM ||
+        (a->h > 0 && (op->size_h > a->h || op->size_w > a->w))) {
+        sf_errf(a->err, a->errlen, "%s: crop %dx%d does not fit its %dx%d input", a->what, op->size_h,
+                op->size_w, a->h, a->w);
+        return -1;
+    }
+    a->h = op->size_h;
+    a->w = op->size_w;
+    return 0;
+}
+
+static int resize_plan(aug_walk *a, const sf_aug_op *op)
+{
+    if (op->size_h < 1 || op->size_w < 1 || op->size_h > SF_AUG_MAX_DIM || op->size_w > SF_AUG_MAX_DIM) {
+        sf_errf(a->err, a->errlen, "%s: size %dx%d out of range [1,%d]", a->what, op->size_h, op->size_w,
+                SF_AUG_MAX_DIM);
+        return -1;
+    }
+    const int rrc = op->kind == SF_AUG_RANDOM_RESIZED_CROP;
+    if (rrc && (!(op->area_min > 0.0f) || op->area_min > op->area_max || !(op->aspect_min > 0.0f) ||
+                op->aspect_min > op->aspect_max)) {
+        sf_errf(a->err, a->errlen, "%s: scale [%g,%g] / ratio [%g,%g] invalid", a->what,
+                (double)op->area_min, (double)op->area_max, (double)op->aspect_min, (double)op->aspect_max);
+        return -1;
+    }
+    a->want_aa |= op->antialias;
+    if (a->h == 0 || rrc) {
+        a->may_shrink = 1;
+    } else {
+        a->scl_x *= (double)a->w / op->size_w;
+        a->scl_y *= (double)a->h / op->size_h;
+    }
+    a->h = op->size_h;
+    a->w = op->size_w;
+    return 0;
+}
+
+static int rotation_plan(aug_walk *a, const sf_aug_op *op)
+{
+    if (a->plan->has_rot) {
+        sf_errf(a->err, a->errlen, "%s: only one random_rotation per pipeline", a->what);
+        return -1;
+    }
+    a->plan->has_rot = 1;
+    if (op->interp == SF_INTERP_NEAREST)
+        a->plan->interp = SF_INTERP_NEAREST;
+    /* A turned pixel grid spans up to the larger scale along either axis. */
+    a->scl_x = a->scl_y = a->scl_x > a->scl_y ? a->scl_x : a->scl_y;
+    return 0;
+}
+
+static int blur_plan(aug_walk *a, const sf_aug_op *op)
+{
+    if (a->blur_at >= 0) {
+        sf_errf(a->err, a->errlen, "%s: only one gaussian_blur per pipeline (op %d is one)", a->what,
+                a->blur_at);
+        return -1;
+    }
+    if (op->ksize < 1 || op->ksize > SF_AUG_MAX_KSIZE || op->ksize % 2 == 0 || !(op->sigma_min > 0.0f) ||
+        op->sigma_min > op->sigma_max) {
+        sf_errf(a->err, a->errlen, "%s: kernel_size %d / sigma [%g,%g] invalid", a->what, op->ksize,
+                (double)op->sigma_min, (double)op->sigma_max);
+        return -1;
+    }
+    if (a->plan->has_mask) {
+        sf_errf(a->err, a->errlen, "%s: random_mask must come after gaussian_blur "
+                "(a mask does not commute with a blur)", a->what);
+        return -1;
+    }
+    a->blur_at = a->i;
+    a->plan->blur_ksize = op->ksize;
+    return 0;
+}
+
+static int to_dtype_plan(aug_walk *a, const sf_aug_op *op)
+{
+    a->value_scale *= op->scale;
+    /* A scale of 1 changes no value (x * 1 == x, NaN and -0 included): no
+     * stage, so that no pass spends a multiply on it. */
+    if (op->scale != 1.0f)
+        emit_pw(a)->a[0] = op->scale;
+    return 0;
+}
+
+static int normalize_plan(aug_walk *a, const sf_aug_op *op)
+{
+    if (op->n_mean != 1 && op->n_mean != a->c) {
+        sf_errf(a->err, a->errlen, "%s: %d mean/std values for %d channels", a->what, op->n_mean, a->c);
+        return -1;
+    }
+    sf_aug_pw nz = {0};
+    int identity = 1;
+    a->not_intensity = 1;
+    for (int ch = 0; ch < a->c; ch++) {
+        const int j = op->n_mean == 1 ? 0 : ch;
+        if (!(op->std[j] != 0.0f)) {
+            sf_errf(a->err, a->errlen, "%s: std[%d] is 0", a->what, j);
+            return -1;
+        }
+        nz.a[ch] = op->mean[j];
+        nz.b[ch] = 1.0f / op->std[j];
+        identity = identity && nz.a[ch] == 0.0f && nz.b[ch] == 1.0f;
+    }
+    /* Mean 0 and std 1 change no value ((x - 0) * 1 == x): no stage. */
+    if (!identity) {
+        sf_aug_pw *pw = emit_pw(a);
+        memcpy(pw->a, nz.a, sizeof nz.a);
+        memcpy(pw->b, nz.b, sizeof nz.b);
+    }
+    return 0;
+}
+
+static int color_convert_plan(aug_walk *a, const sf_aug_op *op)
+{
+    if (a->c != 3) {
+        sf_errf(a->err, a->errlen, "%s: RGB->YCbCr needs 3 channels, the input has %d", a->what, a->c);
+        return -1;
+    }
+    a->not_intensity = 1;
+    /* Chroma offset: half the value range, 128 on the 0..255 scale, times the
+     * to_dtype scales applied before this op. */
+    emit_pw(a)->a[0] = 128.0f * a->value_scale;
+    return 0;
+}
+
+static int mask_plan(aug_walk *a, const sf_aug_op *op)
+{
+    if (a->plan->has_mask) {
+        sf_errf(a->err, a->errlen, "%s: only one random_mask per pipeline", a->what);
+        return -1;
+    }
+    if (!(op->ratio >= 0.0f && op->ratio <= 1.0f) || op->dilate < 0 || op->dilate > SF_AUG_MAX_DILATE) {
+        sf_errf(a->err, a->errlen, "%s: ratio %g / dilate %d out of range", a->what, (double)op->ratio,
+                op->dilate);
+        return -1;
+    }
+    sf_aug_pw *pw = emit_pw(a);
+    pw->a[0] = op->ratio;
+    pw->b[0] = (float)op->dilate;
+    a->plan->has_mask = 1;
+    return 0;
+}
+
+static int jitter_plan(aug_walk *a, const sf_aug_op *op)
+{
+    if (a->jitter_at >= 0) {
+        sf_errf(a->err, a->errlen, "%s: only one color_jitter per pipeline (op %d is one)", a->what,
+                a->jitter_at);
+        return -1;
+    }
+    if (a->c != 1 && a->c != 3) {
+        sf_errf(a->err, a->errlen, "%s: needs 1 or 3 channels, the input has %d", a->what, a->c);
+        return -1;
+    }
+    if (a->not_intensity || !(a->value_scale > 0.0f)) {
+        sf_errf(a->err, a->errlen, "%s: must act on intensities: put it before normalize "
+                "and color_convert, after to_dtype scales > 0 only", a->what);
+        return -1;
+    }
+    for (int k = 0; k < 4; k++)
+        if (op->jit_on[k] && (k == 3 ? !(op->jit_lo[k] >= -0.5f && op->jit_hi[k] <= 0.5f)
+                                     : !(op->jit_lo[k] >= 0.0f))) {
+            sf_errf(a->err, a->errlen, "%s: factor range %d invalid", a->what, k);
+            return -1;
+        }
+    a->jitter_at = a->i;
+    sf_aug_pw *pw = emit_pw(a);
+    for (int k = 0; k < 4; k++)
+        pw->a[k] = op->jit_on[k] ? 1.0f : 0.0f;
+    /* The clamp bound: 255 on the 0..255 scale, times the to_dtype scales
+     * before it (1 after to_dtype's 1/255, as torchvision's float images). */
+    pw->b[0] = 255.0f * a->value_scale;
+    return 0;
+}
+
+static int erasing_plan(aug_walk *a, const sf_aug_op *op)
+{
+    if (a->erase_at >= 0) {
+        sf_errf(a->err, a->errlen, "%s: only one random_erasing per pipeline (op %d is one)", a->what,
+                a->erase_at);
+        return -1;
+    }
+    if (!op->erase_random && op->n_erase_value != 1 && op->n_erase_value != a->c) {
+        sf_errf(a->err, a->errlen, "%s: %d values for %d channels", a->what, op->n_erase_value, a->c);
+        return -1;
+    }
+    if (!(op->p >= 0.0f && op->p <= 1.0f) || !(op->area_min > 0.0f) || op->area_min > op->area_max ||
+        !(op->aspect_min > 0.0f) || op->aspect_min > op->aspect_max) {
+        sf_errf(a->err, a->errlen, "%s: p / scale / ratio invalid", a->what);
+        return -1;
+    }
+    a->erase_at = a->i;
+    sf_aug_pw *pw = emit_pw(a);
+    for (int ch = 0; ch < a->c; ch++)
+        pw->a[ch] = op->erase_value[op->n_erase_value == 1 ? 0 : ch];
+    pw->b[0] = op->erase_random ? 1.0f : 0.0f;
+    return 0;
+}
+
+static int mix_plan(aug_walk *a, const sf_aug_op *op)
+{
+    for (int j = a->mix_at < 0 ? a->p->n_ops : a->mix_at; j < a->i; j++)
+        if (a->p->ops[j].kind == op->kind) {
+            const char *name = sf_aug_kind_name(op->kind);
+            sf_errf(a->err, a->errlen, "%s: only one %s per pipeline (op %d is one)", a->what, name, j);
+            return -1;
+        }
+    if (!(op->alpha > 0.0f) || !(op->p >= 0.0f && op->p <= 1.0f)) {
+        sf_errf(a->err, a->errlen, "%s: alpha %g / p %g invalid", a->what, (double)op->alpha, (double)op->p);
+        return -1;
+    }
+    if (a->mix_at < 0)
+        a->mix_at = a->i;
+    a->plan->has_mix = 1;
+    return 0;
 }
 
 /* ---- per-sample parameters ---------------------------------------------- */
@@ -1099,7 +889,496 @@ static int center_offset(int n, int c)
     return n >= c ? (int)rint((n - c) / 2.0) : -((c - n) / 2);
 }
 
-/* The parameters of sample i, whose source is src_h x src_w at byte src_off. */
+
+/* ---- per-sample parameters: each op's draws ----------------------------- */
+
+/* The state of gen_one as it goes down the list for sample i. */
+typedef struct aug_gen {
+    uint64_t seed, seq;
+    int i;
+    const sf_aug_plan *plan;
+    sf_aug_sample *s;
+    double m[6];   /* image k -> source, starting at k = 0 */
+    double mr[6];  /* the map at the rotation: its input -> source */
+    int clip_live; /* no resize or rotation yet: a crop narrows the clamp box */
+    int h, w;      /* the current image */
+} aug_gen;
+
+static void random_crop_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    /* h >= size_h and w >= size_w: checked by the plan */
+    const int y0 = offset_in(draw(g->seed, g->seq, g->i, k, 0), g->h - op->size_h);
+    const int x0 = offset_in(draw(g->seed, g->seq, g->i, k, 1), g->w - op->size_w);
+    crop_into(g->m, g->s->clip, g->clip_live, x0, y0, op->size_w, op->size_h, g->s);
+    g->h = op->size_h;
+    g->w = op->size_w;
+}
+
+static void center_crop_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    crop_into(g->m, g->s->clip, g->clip_live, center_offset(g->w, op->size_w),
+              center_offset(g->h, op->size_h), op->size_w, op->size_h, g->s);
+    g->h = op->size_h;
+    g->w = op->size_w;
+}
+
+static void random_resized_crop_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    int x0, y0, cw, ch;
+    rrc_window(op, g->seed, g->seq, g->i, k, g->h, g->w, &x0, &y0, &cw, &ch);
+    crop_into(g->m, g->s->clip, g->clip_live, x0, y0, cw, ch, g->s);
+    const double t[6] = {(double)cw / op->size_w, 0, 0, 0, (double)ch / op->size_h, 0};
+    affine_then(g->m, t);
+    g->clip_live = 0;
+    g->h = op->size_h;
+    g->w = op->size_w;
+}
+
+static void resize_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    const double t[6] = {(double)g->w / op->size_w, 0, 0, 0, (double)g->h / op->size_h, 0};
+    affine_then(g->m, t);
+    g->clip_live = 0;
+    g->h = op->size_h;
+    g->w = op->size_w;
+}
+
+static void rotation_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    sf_aug_sample *s = g->s;
+    double *m = g->m;
+    /* The map so far only scales, translates and mirrors (one rotation per
+     * list): kept to invert per axis for this image's coverage (rmap). */
+    memcpy(g->mr, m, sizeof g->mr);
+    s->pre[0] = (float)m[0];
+    s->pre[1] = (float)m[2];
+    s->pre[2] = (float)m[4];
+    s->pre[3] = (float)m[5];
+    s->rot_w = (float)g->w;
+    s->rot_h = (float)g->h;
+    /* Antialias filters the rotation's input image, as torchvision's resize
+     * before its rotate: the supports are this map's scales. */
+    s->aa[0] = (float)fmax(1.0, fabs(m[0]));
+    s->aa[1] = (float)fmax(1.0, fabs(m[4]));
+    g->clip_live = 0;
+    const float u = draw(g->seed, g->seq, g->i, k, 0);
+    const float ang = op->deg_min + u * (op->deg_max - op->deg_min);
+    const double a = (double)ang * (M_PI / 180.0);
+    const double ca = cos(a), sa = sin(a);
+    const double cx = g->w * 0.5, cy = g->h * 0.5;
+    /* source = C + R (p - C), R = [ca, -sa; sa, ca] */
+    const double t[6] = {ca, -sa, cx - ca * cx + sa * cy, sa, ca, cy - sa * cx - ca * cy};
+    affine_then(m, t);
+    s->angle_deg = ang;
+}
+
+static void hflip_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    if (draw(g->seed, g->seq, g->i, k, 0) < op->p) {
+        const double t[6] = {-1, 0, (double)g->w, 0, 1, 0};
+        affine_then(g->m, t);
+        g->s->flip ^= 1;
+    }
+}
+
+static void blur_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    const float u = draw(g->seed, g->seq, g->i, k, 0);
+    const float sigma = op->sigma_min + u * (op->sigma_max - op->sigma_min);
+    g->s->sigma = sigma;
+    /* torchvision _get_gaussian_kernel1d: x = -(k-1)/2 .. (k-1)/2,
+     * pdf = exp(-0.5 (x/sigma)^2), normalised to sum 1. */
+    double wsum = 0.0, wk[SF_AUG_MAX_KSIZE];
+    const int ks = op->ksize, half = (ks - 1) / 2;
+    for (int j = 0; j < ks; j++) {
+        const double x = (double)(j - half) / sigma;
+        wk[j] = exp(-0.5 * x * x);
+        wsum += wk[j];
+    }
+    for (int j = 0; j < ks; j++)
+        g->s->blur_w[j] = (float)(wk[j] / wsum);
+}
+
+static void jitter_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    sf_aug_sample *s = g->s;
+    for (int f = 0; f < 4; f++) {
+        const float u = draw(g->seed, g->seq, g->i, k, f);
+        s->jitter[f] = op->jit_lo[f] + u * (op->jit_hi[f] - op->jit_lo[f]);
+    }
+    /* torchvision's randperm(4): a uniform permutation, here by Fisher-Yates
+     * with draws 4..6. */
+    for (int f = 0; f < 4; f++)
+        s->jitter_order[f] = (uint8_t)f;
+    for (int j = 3; j > 0; j--) {
+        const int r = offset_in(draw(g->seed, g->seq, g->i, k, 7 - j), j);
+        const uint8_t t = s->jitter_order[j];
+        s->jitter_order[j] = s->jitter_order[r];
+        s->jitter_order[r] = t;
+    }
+}
+
+static void erasing_gen(aug_gen *g, const sf_aug_op *op, int k)
+{
+    if (draw(g->seed, g->seq, g->i, k, 0) < op->p)
+        erase_window(op, g->seed, g->seq, g->i, k, g->plan->out_h, g->plan->out_w, g->s->erase);
+    g->s->erase_seed = sf_hash4(g->seed, g->seq, (uint64_t)g->i, SF_AUG_ERASE_KEY);
+}
+
+/* ---- the op table ------------------------------------------------------- */
+
+/* One row per op: everything that parsing, planning and drawing know of it.
+ * sf_aug_parse, plan_walk and gen_one loop over the rows; the backends run
+ * the plan's stages (sf_aug_plan: the map, blur_ksize, pw, post, has_mix),
+ * each row naming the stage it becomes. */
+struct aug_op_info {
+    const char *name;          /* JSON "op" */
+    const aug_field *fields;   /* in the order they are read; terminated by AF_END */
+    /* Checks across fields once all are read; counts[k] is field k's AF_VEC
+     * count. NULL: none. */
+    int (*check)(sf_aug_op *op, const int *counts, const char *what, char *err, size_t errlen);
+    aug_stage stage;
+    sf_aug_pw_kind pw;         /* AUG_STAGE_PW, AUG_STAGE_POST: the stage's kind */
+    int first_pass;            /* must come before the second-pass ops (it acts on, or
+                                  is, the geometric output) */
+    /* The shape rule: checks the op against the walk so far (input size,
+     * channels, order) and updates it. */
+    int (*plan)(aug_walk *a, const sf_aug_op *op);
+    /* The per-sample draws (the host half of the op's reference semantics:
+     * both backends read what it writes); NULL: the op draws nothing. */
+    void (*gen)(aug_gen *g, const sf_aug_op *op, int k);
+};
+
+static const char *const interp_choices[] = {"bilinear", "nearest", NULL};
+static const char *const ycbcr_choices[] = {"ycbcr", NULL};
+static const char *const rgb_choices[] = {"rgb", NULL};
+static const char *const float32_choices[] = {"float32", NULL};
+
+#define F_SIZE(flags) {"size", AF_SIZE, OFF(size_h), OFF(size_w), 1, SF_AUG_MAX_DIM, 0, 0, AF_REQUIRED | (flags), NULL, NULL, 0}
+#define F_ANTIALIAS {"antialias", AF_BOOL, OFF(antialias), AF_NONE, 0, 1, 1, 0, 0, NULL, NULL, 0}
+#define F_P(def) {"p", AF_NUM, OFF(p), AF_NONE, 0, 1, def, 0, 0, NULL, NULL, 0}
+#define F_SCALE(lo, hi) {"scale", AF_RANGE, OFF(area_min), OFF(area_max), 0, 1, lo, hi, AF_LO_OPEN | AF_LATE, NULL, NULL, 0}
+#define F_RATIO(lo, hi) {"ratio", AF_RANGE, OFF(aspect_min), OFF(aspect_max), 1e-3, 1e3, lo, hi, AF_LATE, NULL, NULL, 0}
+#define F_JITTER(key, k) {key, AF_JITTER, AF_NONE, AF_NONE, 0, 0, 0, 0, 0, NULL, NULL, k}
+
+static const aug_field crop_fields[] = {F_SIZE(AF_SCALAR), AF_END};
+static const aug_field resize_fields[] = {F_SIZE(0), F_ANTIALIAS, AF_END};
+/* torchvision's defaults: scale [0.08, 1], ratio [3/4, 4/3] */
+static const aug_field rrc_fields[] = {
+    F_SIZE(AF_SCALAR), F_ANTIALIAS, F_SCALE(0.08f, 1.0f), F_RATIO(3.0f / 4.0f, 4.0f / 3.0f), AF_END};
+static const aug_field rotation_fields[] = {
+    {"degrees", AF_RANGE, OFF(deg_min), OFF(deg_max), -3600, 3600, 0, 0, AF_REQUIRED | AF_SYM, NULL, NULL, 0},
+    {"interpolation", AF_CHOICE, OFF(interp), AF_NONE, 0, 0, SF_INTERP_BILINEAR, 0, AF_NOCASE, interp_choices,
+     "\"interpolation\" must be \"bilinear\" or \"nearest\"", 0},
+    {"fill", AF_NUM, AF_NONE, AF_NONE, 0, 0, 0, 0, 0, NULL, "only \"fill\": 0 is supported", 0},
+    AF_END};
+static const aug_field hflip_fields[] = {F_P(0.5), AF_END};
+static const aug_field blur_fields[] = {
+    {"kernel_size", AF_INT, OFF(ksize), AF_NONE, 1, SF_AUG_MAX_KSIZE, 0, 0, AF_REQUIRED | AF_PAIR_OK | AF_ODD,
+     NULL, "\"kernel_size\" must be an odd integer in [1," AF_STR(SF_AUG_MAX_KSIZE) "] (or [k,k])", 0},
+    /* torchvision's default sigma [0.1, 2.0] */
+    {"sigma", AF_RANGE, OFF(sigma_min), OFF(sigma_max), 0, 1000, 0.1f, 2.0f, AF_LO_OPEN, NULL, NULL, 0},
+    AF_END};
+static const aug_field normalize_fields[] = {
+    {"mean", AF_VEC, OFF(mean), AF_NONE, 0, 0, 0, 0, AF_REQUIRED, NULL, NULL, 0},
+    {"std", AF_VEC, OFF(std), AF_NONE, 0, 0, 0, 0, AF_REQUIRED, NULL, NULL, 0},
+    {"inplace", AF_ANY, AF_NONE, AF_NONE, 0, 0, 0, 0, 0, NULL, NULL, 0},
+    AF_END};
+static const aug_field color_convert_fields[] = {
+    {"to", AF_CHOICE, AF_NONE, AF_NONE, 0, 0, 0, 0, AF_NOCASE, ycbcr_choices,
+     "only \"to\": \"ycbcr\" is supported", 0},
+    {"from", AF_CHOICE, AF_NONE, AF_NONE, 0, 0, 0, 0, AF_NOCASE, rgb_choices,
+     "only \"from\": \"rgb\" is supported", 0},
+    AF_END};
+static const aug_field mask_fields[] = {
+    {"ratio", AF_NUM, OFF(ratio), AF_NONE, 0, 1, 0, 0, AF_REQUIRED, NULL, "\"ratio\" must be a number in [0,1]", 0},
+    {"dilate", AF_INT, OFF(dilate), AF_NONE, 0, SF_AUG_MAX_DILATE, 0, 0, 0, NULL, NULL, 0},
+    AF_END};
+static const aug_field to_dtype_fields[] = {
+    {"dtype", AF_CHOICE, AF_NONE, AF_NONE, 0, 0, 0, 0, 0, float32_choices,
+     "only \"dtype\": \"float32\" is supported", 0},
+    {"scale", AF_NUM, OFF(scale), AF_NONE, -DBL_MAX, DBL_MAX, 1, 0, 0, NULL, NULL, 0},
+    AF_END};
+static const aug_field jitter_fields[] = {
+    F_JITTER("brightness", 0), F_JITTER("contrast", 1), F_JITTER("saturation", 2), F_JITTER("hue", 3), AF_END};
+/* torchvision's defaults: p 0.5, scale [0.02, 0.33], ratio [0.3, 3.3] */
+static const aug_field erasing_fields[] = {
+    F_P(0.5), F_SCALE(0.02f, 0.33f), F_RATIO(0.3f, 3.3f),
+    {"value", AF_ERASE_VALUE, AF_NONE, AF_NONE, 0, 0, 0, 0, 0, NULL, NULL, 0},
+    {"inplace", AF_BOOL, AF_NONE, AF_NONE, 0, 1, 0, 0, 0, NULL, NULL, 0},
+    AF_END};
+/* torchvision's alpha 1; v2.MixUp and v2.CutMix always apply (p 1) */
+static const aug_field mix_fields[] = {
+    {"alpha", AF_NUM, OFF(alpha), AF_NONE, 0, 1000, 1, 0, AF_LO_OPEN, NULL, NULL, 0}, F_P(1.0), AF_END};
+
+static const aug_op_info aug_ops[SF_AUG_KIND_COUNT] = {
+    [SF_AUG_RANDOM_CROP] = {.name = "random_crop", .fields = crop_fields, .stage = AUG_STAGE_GEOM,
+                            .first_pass = 1, .plan = crop_plan, .gen = random_crop_gen},
+    [SF_AUG_RESIZE] = {.name = "resize", .fields = resize_fields, .stage = AUG_STAGE_GEOM, .first_pass = 1,
+                       .plan = resize_plan, .gen = resize_gen},
+    [SF_AUG_RANDOM_ROTATION] = {.name = "random_rotation", .fields = rotation_fields, .stage = AUG_STAGE_GEOM,
+                                .first_pass = 1, .plan = rotation_plan, .gen = rotation_gen},
+    [SF_AUG_HFLIP] = {.name = "horizontal_flip", .fields = hflip_fields, .stage = AUG_STAGE_GEOM,
+                      .first_pass = 1, .plan = NULL, .gen = hflip_gen},
+    [SF_AUG_GAUSSIAN_BLUR] = {.name = "gaussian_blur", .fields = blur_fields, .stage = AUG_STAGE_BLUR,
+                              .first_pass = 1, .plan = blur_plan, .gen = blur_gen},
+    [SF_AUG_NORMALIZE] = {.name = "normalize", .fields = normalize_fields, .check = normalize_check,
+                          .stage = AUG_STAGE_PW, .pw = SF_PW_NORMALIZE, .plan = normalize_plan},
+    [SF_AUG_COLOR_CONVERT] = {.name = "color_convert", .fields = color_convert_fields, .stage = AUG_STAGE_PW,
+                              .pw = SF_PW_YCBCR, .plan = color_convert_plan},
+    [SF_AUG_RANDOM_MASK] = {.name = "random_mask", .fields = mask_fields, .stage = AUG_STAGE_PW,
+                            .pw = SF_PW_MASK, .first_pass = 1, .plan = mask_plan},
+    [SF_AUG_TO_DTYPE] = {.name = "to_dtype", .fields = to_dtype_fields, .stage = AUG_STAGE_PW,
+                         .pw = SF_PW_SCALE, .plan = to_dtype_plan},
+    [SF_AUG_RANDOM_RESIZED_CROP] = {.name = "random_resized_crop", .fields = rrc_fields,
+                                    .stage = AUG_STAGE_GEOM, .first_pass = 1, .plan = resize_plan,
+                                    .gen = random_resized_crop_gen},
+    [SF_AUG_CENTER_CROP] = {.name = "center_crop", .fields = crop_fields, .stage = AUG_STAGE_GEOM,
+                            .first_pass = 1, .plan = center_crop_plan, .gen = center_crop_gen},
+    [SF_AUG_COLOR_JITTER] = {.name = "color_jitter", .fields = jitter_fields, .stage = AUG_STAGE_POST,
+                             .pw = SF_PW_JITTER, .plan = jitter_plan, .gen = jitter_gen},
+    [SF_AUG_RANDOM_ERASING] = {.name = "random_erasing", .fields = erasing_fields, .stage = AUG_STAGE_POST,
+                               .pw = SF_PW_ERASE, .plan = erasing_plan, .gen = erasing_gen},
+    [SF_AUG_MIXUP] = {.name = "mixup", .fields = mix_fields, .stage = AUG_STAGE_MIX, .plan = mix_plan},
+    [SF_AUG_CUTMIX] = {.name = "cutmix", .fields = mix_fields, .stage = AUG_STAGE_MIX, .plan = mix_plan},
+};
+
+/* The row of kind k, or NULL for a kind outside the table. */
+static const aug_op_info *op_row(sf_aug_kind k)
+{
+    return (int)k < 0 || k >= SF_AUG_KIND_COUNT ? NULL : &aug_ops[k];
+}
+
+const char *sf_aug_kind_name(sf_aug_kind k)
+{
+    const aug_op_info *row = op_row(k);
+    return row ? row->name : "unknown";
+}
+
+int sf_aug_mix_op(const sf_aug_pipeline *p)
+{
+    for (int k = 0; k < p->n_ops; k++) {
+        const aug_op_info *row = op_row(p->ops[k].kind);
+        if (row && row->stage == AUG_STAGE_MIX)
+            return k;
+    }
+    return -1;
+}
+
+static sf_aug_pw *emit_pw(aug_walk *a)
+{
+    sf_aug_plan *plan = a->plan;
+    const int post = a->row->stage == AUG_STAGE_POST || a->post_at >= 0;
+    sf_aug_pw *pw = post ? &plan->post[plan->n_post++] : &plan->pw[plan->n_pw++];
+    pw->kind = a->row->pw;
+    return pw;
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+/* The allowed keys of a row: "op" and its fields'. */
+static int check_fields(const cJSON *o, const aug_field *fields, const char *what, char *err, size_t errlen)
+{
+    for (const cJSON *it = o->child; it; it = it->next) {
+        int ok = it->string && strcmp(it->string, "op") == 0;
+        for (const aug_field *f = fields; f->key && !ok; f++)
+            ok = it->string && strcmp(it->string, f->key) == 0;
+        if (!ok) {
+            sf_errf(err, errlen, "%s: unknown field \"%.40s\"", what, it->string ? it->string : "");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The bounds of the AF_LATE ranges read so far. */
+static int check_late(const aug_field *const *late, int *n_late, sf_aug_op *op, const char *what, char *err,
+                      size_t errlen)
+{
+    for (int k = 0; k < *n_late; k++)
+        if (!range_in_bounds(late[k], op)) {
+            bounds_err(late[k], what, err, errlen);
+            return -1;
+        }
+    *n_late = 0;
+    return 0;
+}
+
+static int parse_op(const cJSON *jo, int idx, sf_aug_op *op, char *err, size_t errlen)
+{
+    char what[64];
+    memset(op, 0, sizeof *op);
+    if (!cJSON_IsObject(jo)) {
+        sf_errf(err, errlen, "aug op %d: must be an object", idx);
+        return -1;
+    }
+    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(jo, "op");
+    if (!cJSON_IsString(jn)) {
+        sf_errf(err, errlen, "aug op %d: missing string \"op\"", idx);
+        return -1;
+    }
+    int kind = -1;
+    for (int k = 0; k < SF_AUG_KIND_COUNT; k++)
+        if (strcmp(jn->valuestring, aug_ops[k].name) == 0)
+            kind = k;
+    if (kind < 0) {
+        sf_errf(err, errlen, "aug op %d (%.40s): unknown op", idx, jn->valuestring);
+        return -1;
+    }
+    const aug_op_info *row = &aug_ops[kind];
+    op->kind = (sf_aug_kind)kind;
+    snprintf(what, sizeof what, "aug op %d (%s)", idx, row->name);
+    if (check_fields(jo, row->fields, what, err, errlen))
+        return -1;
+    field_defaults(row->fields, op);
+    int counts[8] = {0};
+    const aug_field *late[4];
+    int n_late = 0;
+    for (int k = 0; row->fields[k].key; k++) {
+        const aug_field *f = &row->fields[k];
+        if (!(f->flags & AF_LATE) && check_late(late, &n_late, op, what, err, errlen))
+            return -1;
+        if (read_field(jo, f, op, &counts[k], what, err, errlen) < 0)
+            return -1;
+        if (f->flags & AF_LATE)
+            late[n_late++] = f;
+    }
+    if (check_late(late, &n_late, op, what, err, errlen))
+        return -1;
+    return row->check ? row->check(op, counts, what, err, errlen) : 0;
+}
+
+int sf_aug_parse(const char *json, sf_aug_pipeline *p, char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    if (!json) {
+        sf_errf(err, errlen, "augmentation list missing");
+        return -1;
+    }
+    cJSON *root = cJSON_Parse(json);
+    if (!root) {
+        sf_errf(err, errlen, "augmentation list is not valid JSON");
+        return -1;
+    }
+    int rc = -1;
+    if (!cJSON_IsArray(root)) {
+        sf_errf(err, errlen, "augmentation list must be a JSON array");
+        goto out;
+    }
+    int n = cJSON_GetArraySize(root);
+    if (n > SF_AUG_MAX_OPS) {
+        sf_errf(err, errlen, "augmentation list has %d ops (at most %d)", n, SF_AUG_MAX_OPS);
+        goto out;
+    }
+    int i = 0;
+    for (const cJSON *it = root->child; it; it = it->next, i++)
+        if (parse_op(it, i, &p->ops[i], err, errlen) != 0)
+            goto out;
+    p->n_ops = n;
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    if (rc != 0)
+        memset(p, 0, sizeof *p);
+    return rc;
+}
+
+
+/* ---- plan --------------------------------------------------------------- */
+
+/* Walks the list for an in_h x in_w source, or for ragged sources when
+ * in_h = in_w = 0: then h = w = 0 stands for "each sample's own size" until an
+ * op fixes the size. The order rules that hold for every op are here; each
+ * op's own rule is its row's plan hook. */
+static int plan_walk(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
+                     char *err, size_t errlen)
+{
+    memset(plan, 0, sizeof *plan);
+    const int ragged = in_h == 0 && in_w == 0;
+    if ((!ragged && (in_h < 1 || in_w < 1 || in_h > SF_AUG_MAX_DIM || in_w > SF_AUG_MAX_DIM)) ||
+        c < 1 || c > SF_AUG_MAX_C) {
+        sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
+                in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
+        return -1;
+    }
+    if (p->n_ops < 0 || p->n_ops > SF_AUG_MAX_OPS) {
+        sf_errf(err, errlen, "augmentation list has %d ops (at most %d)", p->n_ops, SF_AUG_MAX_OPS);
+        return -1;
+    }
+    plan->in_h = in_h;
+    plan->in_w = in_w;
+    plan->c = c;
+    plan->ragged = ragged;
+    plan->has_geom = ragged; /* ragged sources always need the map */
+    plan->interp = SF_INTERP_BILINEAR;
+    aug_walk a = {.p = p, .plan = plan, .err = err, .errlen = errlen, .c = c, .h = in_h, .w = in_w,
+                  .blur_at = -1, .scl_x = 1.0, .scl_y = 1.0, .value_scale = 1.0f, .post_at = -1,
+                  .mix_at = -1, .jitter_at = -1, .erase_at = -1};
+    char what[64];
+
+    for (int i = 0; i < p->n_ops; i++) {
+        const sf_aug_op *op = &p->ops[i];
+        const aug_op_info *row = op_row(op->kind);
+        const char *name = sf_aug_kind_name(op->kind);
+        if (row && row->stage == AUG_STAGE_GEOM)
+            plan->has_geom = 1;
+        if (a.mix_at >= 0 && !(row && row->stage == AUG_STAGE_MIX)) {
+            sf_errf(err, errlen, "aug op %d (%s): batch-level %s (op %d) must come last", i, name,
+                    sf_aug_kind_name(p->ops[a.mix_at].kind), a.mix_at);
+            return -1;
+        }
+        if (a.post_at >= 0 && row && row->first_pass) {
+            sf_errf(err, errlen, "aug op %d (%s): must come before %s (op %d), which acts on the "
+                    "geometric output", i, name, sf_aug_kind_name(p->ops[a.post_at].kind), a.post_at);
+            return -1;
+        }
+        if (!row) {
+            sf_errf(err, errlen, "aug op %d: unknown kind %d", i, (int)op->kind);
+            return -1;
+        }
+        snprintf(what, sizeof what, "aug op %d (%s)", i, name);
+        a.row = row;
+        a.i = i;
+        a.what = what;
+        if (row->stage == AUG_STAGE_POST && a.post_at < 0)
+            a.post_at = i;
+        if (row->plan && row->plan(&a, op))
+            return -1;
+    }
+    if (a.h == 0) {
+        sf_errf(err, errlen, "ragged sources need a resize, random_resized_crop or center_crop that "
+                "fixes the output size; the augmentation list has none");
+        return -1;
+    }
+    plan->out_h = a.h;
+    plan->out_w = a.w;
+    /* Where no axis can shrink the filter is bilinear with clamped taps: the
+     * plain path computes the same function faster. */
+    plan->antialias = a.want_aa && plan->interp == SF_INTERP_BILINEAR &&
+                      (a.may_shrink || a.scl_x > 1.0 || a.scl_y > 1.0);
+    return 0;
+}
+
+int sf_aug_plan_make(const sf_aug_pipeline *p, int in_h, int in_w, int c, sf_aug_plan *plan,
+                     char *err, size_t errlen)
+{
+    if (in_h == 0 && in_w == 0) { /* plan_walk's ragged marker is not a size */
+        memset(plan, 0, sizeof *plan);
+        sf_errf(err, errlen, "augmentation input %dx%dx%d out of range (H,W in [1,%d], C in [1,%d])",
+                in_h, in_w, c, SF_AUG_MAX_DIM, SF_AUG_MAX_C);
+        return -1;
+    }
+    return plan_walk(p, in_h, in_w, c, plan, err, errlen);
+}
+
+int sf_aug_plan_make_ragged(const sf_aug_pipeline *p, int c, sf_aug_plan *plan, char *err,
+                            size_t errlen)
+{
+    return plan_walk(p, 0, 0, c, plan, err, errlen);
+}
+
+/* The parameters of sample i, whose source is src_h x src_w at byte src_off:
+ * each op's row draws its part, then the composed map is written out. */
 static void gen_one(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed,
                     uint64_t seq, int i, int src_h, int src_w, size_t src_off, sf_aug_sample *s)
 {
@@ -1109,125 +1388,15 @@ static void gen_one(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t 
     s->src_off = src_off;
     s->clip[2] = src_w - 1;
     s->clip[3] = src_h - 1;
-    int clip_live = 1;
-    double m[6] = {1, 0, 0, 0, 1, 0}; /* image k -> source, starting at k = 0 */
-    double mr[6] = {1, 0, 0, 0, 1, 0}; /* the map at the rotation: its input -> source */
-    int h = src_h, w = src_w;
+    aug_gen g = {.seed = seed, .seq = seq, .i = i, .plan = plan, .s = s, .m = {1, 0, 0, 0, 1, 0},
+                 .mr = {1, 0, 0, 0, 1, 0}, .clip_live = 1, .h = src_h, .w = src_w};
 
     for (int k = 0; k < p->n_ops; k++) {
-        const sf_aug_op *op = &p->ops[k];
-        switch (op->kind) {
-        case SF_AUG_RANDOM_CROP: {
-            /* h >= size_h and w >= size_w: checked by the plan */
-            const int y0 = offset_in(draw(seed, seq, i, k, 0), h - op->size_h);
-            const int x0 = offset_in(draw(seed, seq, i, k, 1), w - op->size_w);
-            crop_into(m, s->clip, clip_live, x0, y0, op->size_w, op->size_h, s);
-            h = op->size_h;
-            w = op->size_w;
-            break;
-        }
-        case SF_AUG_CENTER_CROP:
-            crop_into(m, s->clip, clip_live, center_offset(w, op->size_w), center_offset(h, op->size_h),
-                      op->size_w, op->size_h, s);
-            h = op->size_h;
-            w = op->size_w;
-            break;
-        case SF_AUG_RANDOM_RESIZED_CROP: {
-            int x0, y0, cw, ch;
-            rrc_window(op, seed, seq, i, k, h, w, &x0, &y0, &cw, &ch);
-            crop_into(m, s->clip, clip_live, x0, y0, cw, ch, s);
-            const double t[6] = {(double)cw / op->size_w, 0, 0, 0, (double)ch / op->size_h, 0};
-            affine_then(m, t);
-            clip_live = 0;
-            h = op->size_h;
-            w = op->size_w;
-            break;
-        }
-        case SF_AUG_RESIZE: {
-            const double t[6] = {(double)w / op->size_w, 0, 0, 0, (double)h / op->size_h, 0};
-            affine_then(m, t);
-            clip_live = 0;
-            h = op->size_h;
-            w = op->size_w;
-            break;
-        }
-        case SF_AUG_RANDOM_ROTATION: {
-            /* The map so far only scales, translates and mirrors (one rotation
-             * per list): kept to invert per axis for this image's coverage (rmap). */
-            memcpy(mr, m, sizeof mr);
-            s->pre[0] = (float)m[0];
-            s->pre[1] = (float)m[2];
-            s->pre[2] = (float)m[4];
-            s->pre[3] = (float)m[5];
-            s->rot_w = (float)w;
-            s->rot_h = (float)h;
-            /* Antialias filters the rotation's input image, as torchvision's
-             * resize before its rotate: the supports are this map's scales. */
-            s->aa[0] = (float)fmax(1.0, fabs(m[0]));
-            s->aa[1] = (float)fmax(1.0, fabs(m[4]));
-            clip_live = 0;
-            float u = draw(seed, seq, i, k, 0);
-            float ang = op->deg_min + u * (op->deg_max - op->deg_min);
-            double a = (double)ang * (M_PI / 180.0);
-            double ca = cos(a), sa = sin(a);
-            double cx = w * 0.5, cy = h * 0.5;
-            /* source = C + R (p - C), R = [ca, -sa; sa, ca] */
-            const double t[6] = {ca, -sa, cx - ca * cx + sa * cy, sa, ca, cy - sa * cx - ca * cy};
-            affine_then(m, t);
-            s->angle_deg = ang;
-            break;
-        }
-        case SF_AUG_HFLIP: {
-            if (draw(seed, seq, i, k, 0) < op->p) {
-                const double t[6] = {-1, 0, (double)w, 0, 1, 0};
-                affine_then(m, t);
-                s->flip ^= 1;
-            }
-            break;
-        }
-        case SF_AUG_GAUSSIAN_BLUR: {
-            float u = draw(seed, seq, i, k, 0);
-            float sigma = op->sigma_min + u * (op->sigma_max - op->sigma_min);
-            s->sigma = sigma;
-            /* torchvision _get_gaussian_kernel1d: x = -(k-1)/2 .. (k-1)/2,
-             * pdf = exp(-0.5 (x/sigma)^2), normalised to sum 1. */
-            double wsum = 0.0, wk[SF_AUG_MAX_KSIZE];
-            int ks = op->ksize, half = (ks - 1) / 2;
-            for (int j = 0; j < ks; j++) {
-                double x = (double)(j - half) / sigma;
-                wk[j] = exp(-0.5 * x * x);
-                wsum += wk[j];
-            }
-            for (int j = 0; j < ks; j++)
-                s->blur_w[j] = (float)(wk[j] / wsum);
-            break;
-        }
-        case SF_AUG_COLOR_JITTER: {
-            for (int f = 0; f < 4; f++) {
-                const float u = draw(seed, seq, i, k, f);
-                s->jitter[f] = op->jit_lo[f] + u * (op->jit_hi[f] - op->jit_lo[f]);
-            }
-            /* torchvision's randperm(4): a uniform permutation, here by
-             * Fisher-Yates with draws 4..6. */
-            for (int f = 0; f < 4; f++)
-                s->jitter_order[f] = (uint8_t)f;
-            for (int j = 3; j > 0; j--) {
-                const int r = offset_in(draw(seed, seq, i, k, 7 - j), j);
-                const uint8_t t = s->jitter_order[j];
-                s->jitter_order[j] = s->jitter_order[r];
-                s->jitter_order[r] = t;
-            }
-            break;
-        }
-        case SF_AUG_RANDOM_ERASING:
-            if (draw(seed, seq, i, k, 0) < op->p)
-                erase_window(op, seed, seq, i, k, plan->out_h, plan->out_w, s->erase);
-            s->erase_seed = sf_hash4(seed, seq, (uint64_t)i, SF_AUG_ERASE_KEY);
-            break;
-        default:
-            break; /* pointwise ops draw nothing here */
-        }
+        const aug_op_info *row = op_row(p->ops[k].kind);
+        if (row && row->gen)
+            row->gen(&g, &p->ops[k], k);
     }
+    const double *m = g.m, *mr = g.mr;
     for (int j = 0; j < 6; j++)
         s->inv[j] = (float)m[j];
     /* Pixel indices in, centres at integers out: the +0.5 of the output

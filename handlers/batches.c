@@ -6,6 +6,7 @@
 
 #include "handlers/handlers.h"
 #include "server/app.h"
+#include "server/clock.h"
 #include "server/evals.h"
 #include "server/jobs.h"
 #include "server/kept_logits.h"

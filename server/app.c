@@ -68,9 +68,9 @@ static void collect(void *ctx)
     sf_gauge_set(sf_metric_only(app->m.log_dropped), (double)sf_log_dropped());
 }
 
-void sf_app_metrics_init(sf_app *app)
+/* Requests, uploads and the batches they bring. */
+static void register_ingest_metrics(sf_app_metrics *m)
 {
-    sf_app_metrics *m = &app->m;
     m->http_requests = sf_metrics_counter("streamfeed_http_requests_total",
                                           "HTTP requests by route and status code.", L_ROUTE_CODE);
     m->http_duration = sf_metrics_histogram("streamfeed_http_request_duration_seconds",
@@ -113,6 +113,11 @@ void sf_app_metrics_init(sf_app *app)
         L_REASON);
     m->bytes_received = sf_metrics_counter("streamfeed_received_bytes_total",
                                            "Bytes of batch bodies received.", NULL);
+}
+
+/* Training, evaluation, the pipeline's stages and JPEG decoding. */
+static void register_training_metrics(sf_app_metrics *m)
+{
     m->samples_trained = sf_metrics_counter("streamfeed_samples_trained_total",
                                             "Samples that went through a training step.", NULL);
     m->steps = sf_metrics_counter("streamfeed_steps_total", "Optimizer steps taken.", NULL);
@@ -175,6 +180,12 @@ void sf_app_metrics_init(sf_app *app)
         "their files' data (decode.on_undecodable skip); a batch of which none decoded counts its samples "
         "too, and fails with jpeg_undecodable.",
         NULL);
+}
+
+/* The build, the process (as every Prometheus client library exports them),
+ * the log and the device. */
+static void register_process_metrics(sf_app_metrics *m)
+{
     m->build_info = sf_metrics_gauge("streamfeed_build_info",
                                      "Version, commit and backend of this process; always 1.", L_BUILD);
     /* The process_* families every Prometheus client library exports, so the
@@ -208,6 +219,12 @@ void sf_app_metrics_init(sf_app *app)
                                            "Total GPU memory (NVML); absent without NVML.", L_GPU);
     m->gpu_power = sf_metrics_gauge("streamfeed_gpu_power_watts",
                                     "GPU power draw (NVML); absent without NVML.", L_GPU);
+}
+
+/* The children that render from the start: build_info and the start time
+ * set, the unlabelled and the known labelled children at 0. */
+static void create_initial_children(sf_app *app, sf_app_metrics *m)
+{
     const char *bv[] = {SF_VERSION, SF_COMMIT, app->backend_name ? app->backend_name : "none"};
     sf_gauge_set(sf_metric_child(m->build_info, bv), 1);
     sf_gauge_set(sf_metric_only(m->process_start), sf_process_start_time());
@@ -239,8 +256,19 @@ void sf_app_metrics_init(sf_app *app)
     sf_metric_only(m->h2d);
     sf_metric_only(m->transform);
     sf_metric_only(m->step);
+}
+
+void sf_app_metrics_init(sf_app *app)
+{
+    sf_app_metrics *m = &app->m;
+    register_ingest_metrics(m);
+    register_training_metrics(m);
+    register_process_metrics(m);
+    create_initial_children(app, m);
     sf_metrics_on_collect(collect, app);
 }
+
+const sf_upload_ctx *sf_upload_ctx_of(struct sf_app *app) { return &app->upload; }
 
 int sf_app_ready(sf_app *app, cJSON **reasons)
 {

@@ -78,8 +78,8 @@
  * links are resolved before the check); the ckpt-<step> files of load {} and
  * resume are opened without following a symbolic link.
  *
- * The code: checkpoint.c (operations, process life), checkpoint_format.c
- * (layout, header, decoder), checkpoint_snapshot.c (the state against the
+ * The code: checkpoint.c (requests and process life), checkpoint_op.c (an
+ * operation's life), checkpoint_format.c (layout, header, decoder, errors), checkpoint_snapshot.c (the state against the
  * backend), checkpoint_io.c (the I/O threads), checkpoint_store.c (files),
  * checkpoint_url.c (libcurl).
  */
@@ -89,23 +89,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/checkpoint_format.h" /* sf_ckpt_error */
+
 struct sf_app;
 typedef struct sf_ckpt sf_ckpt;
 typedef struct sf_ckpt_op sf_ckpt_op;
 
-#define SF_CKPT_FORMAT_VERSION 1
 /* Large buffers (snapshots to send, bodies and files being read) alive at
  * once for requests; one more is refused with 503 checkpoint_busy. */
 #define SF_CKPT_MAX_BUFFERS 4
-
-/* Why an operation failed: an HTTP status, a stable code, the tensor or
- * field to blame ("" if none) and a sentence. */
-typedef struct sf_ckpt_error {
-    int status;
-    char code[48];
-    char field[160];
-    char msg[480];
-} sf_ckpt_error;
 
 /* ---- process life (main.c) -------------------------------------------------- */
 

@@ -341,6 +341,118 @@ static int check_finite(const sf_st_entry *t, const uint8_t *data, sf_ckpt_error
     return 0;
 }
 
+/* Our __metadata__: the format version, the model (strict reads), the step
+ * count. 0, or -1 with e. */
+static int read_metadata(const sf_ckpt_layout *ck, const sf_st_file *f, int mode, sf_ckpt_decoded *d,
+                         sf_ckpt_error *e)
+{
+    const char *ver = sf_st_file_meta(f, "format_version");
+    if (ver && atoi(ver) != SF_CKPT_FORMAT_VERSION) {
+        fail(e, 400, "checkpoint_version_unsupported", NULL,
+             "the checkpoint is format_version %.16s; this server reads %d", ver,
+             SF_CKPT_FORMAT_VERSION);
+        return -1;
+    }
+    const char *model = sf_st_file_meta(f, "model");
+    if (mode == SF_CKPT_READ_STRICT && model && strcmp(model, ck->model_json)) {
+        fail(e, 400, "checkpoint_model_mismatch", NULL,
+             "the checkpoint was written for another model: %.200s", model);
+        return -1;
+    }
+    /* Digits only: strtoull alone reads " -1" as 2^64 - 1. Anything else
+     * is not a step count and is left unread. */
+    const char *st = sf_st_file_meta(f, "step");
+    if (st && st[0] && st[strspn(st, "0123456789")] == '\0') {
+        errno = 0;
+        unsigned long long v = strtoull(st, NULL, 10);
+        if (errno == ERANGE || v > SF_CKPT_MAX_COUNT) {
+            fail(e, 400, "checkpoint_tensor_mismatch", "step",
+                 "__metadata__.step %.24s%s is " SF_CKPT_MAX_COUNT_WHY, st, strlen(st) > 24 ? "..." : "");
+            return -1;
+        }
+        d->step = v;
+        d->has_step = 1;
+    }
+    return 0;
+}
+
+/* Whether name is another optimizer's state for one of the model's
+ * parameters (e filled: checkpoint_optimizer_mismatch). */
+static int other_optimizer_state(const sf_ckpt_layout *ck, const char *name, const char *my_opt,
+                                 sf_ckpt_error *e)
+{
+    if (strncmp(name, OPT_PREFIX, strlen(OPT_PREFIX)) == 0) {
+        static const char *const sfx[] = {MOM_SUFFIX, AVG_SUFFIX, SQ_SUFFIX};
+        const char *rest = name + strlen(OPT_PREFIX);
+        size_t rl = strlen(rest);
+        for (int j = 0; j < 3; j++) {
+            size_t sl = strlen(sfx[j]);
+            char pname[sizeof ck->pt[0].name];
+            if (rl <= sl || rl - sl >= sizeof pname || strcmp(rest + rl - sl, sfx[j]) != 0)
+                continue;
+            memcpy(pname, rest, rl - sl);
+            pname[rl - sl] = '\0';
+            if (!find_param(ck, pname))
+                continue;
+            fail(e, 400, "checkpoint_optimizer_mismatch", name,
+                 "tensor %s is %s state; this service trains with optim.name=%s (its state "
+                 "is %s); load the parameters alone (GET ?optimizer=false, or a file "
+                 "without \"" OPT_PREFIX "\" tensors) to start a new optimizer",
+                 name, j == 0 ? "SGD" : "AdamW", my_opt,
+                 ck->adamw ? OPT_PREFIX "<p>" AVG_SUFFIX ", " OPT_PREFIX "<p>" SQ_SUFFIX
+                           : OPT_PREFIX "<p>" MOM_SUFFIX);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A strict read's completeness: every state_dict tensor seen, optimizer
+ * state for every parameter or none and of this service's optimizer, and
+ * what the backend can restore. 0, or -1 with e. */
+static int check_complete(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const unsigned char *seen,
+                          int has_opt_tensors, const char *file_opt, sf_ckpt_decoded *d, sf_ckpt_error *e)
+{
+    const char *my_opt = ck->adamw ? "adamw" : "sgd";
+    /* The state_dict part: every parameter and buffer, as torch's strict load wants. */
+    for (int k = 0; k < ck->o10; k++)
+        if (!seen[k]) {
+            fail(e, 400, "checkpoint_tensor_missing", ck->desc_names[k],
+                 "tensor %s is missing: every tensor of the model's state_dict must be in the "
+                 "checkpoint", ck->desc_names[k]);
+            return -1;
+        }
+    if (has_opt_tensors) {
+        if (file_opt && strcmp(file_opt, my_opt) != 0) {
+            fail(e, 400, "checkpoint_optimizer_mismatch", "optimizer",
+                 "the checkpoint holds %.16s optimizer state; this service trains with "
+                 "optim.name=%s; load the parameters alone to start a new optimizer",
+                 file_opt, my_opt);
+            return -1;
+        }
+        for (int k = ck->o10; k < ck->n_desc; k++)
+            if (!seen[k]) {
+                fail(e, 400, "checkpoint_tensor_missing", ck->desc_names[k],
+                     "tensor %s is missing: optimizer state comes for every parameter or none",
+                     ck->desc_names[k]);
+                return -1;
+            }
+        d->has_opt = 1;
+        if (!caps->opt) {
+            fail(e, 501, "optimizer_state_unsupported", NULL,
+                 "the %s backend cannot restore optimizer state yet; send the parameters alone",
+                 caps->backend);
+            return -1;
+        }
+    }
+    if (ck->n_bn > 0 && !caps->buffers) {
+        fail(e, 501, "buffers_unsupported", NULL,
+             "the %s backend cannot restore batchnorm running statistics yet", caps->backend);
+        return -1;
+    }
+    return 0;
+}
+
 int sf_ckpt_decode(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const uint8_t *buf, size_t len,
                    int mode, sf_ckpt_decoded *d, sf_ckpt_error *e)
 {
@@ -361,35 +473,8 @@ int sf_ckpt_decode(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const uin
     /* Metadata is ours only when it says so (PyTorch writes {"format":"pt"}). */
     const char *fmt = sf_st_file_meta(&f, "format");
     const int ours = fmt && strcmp(fmt, FORMAT_NAME) == 0;
-    if (ours) {
-        const char *ver = sf_st_file_meta(&f, "format_version");
-        if (ver && atoi(ver) != SF_CKPT_FORMAT_VERSION) {
-            fail(e, 400, "checkpoint_version_unsupported", NULL,
-                 "the checkpoint is format_version %.16s; this server reads %d", ver,
-                 SF_CKPT_FORMAT_VERSION);
-            goto out;
-        }
-        const char *model = sf_st_file_meta(&f, "model");
-        if (mode == SF_CKPT_READ_STRICT && model && strcmp(model, ck->model_json)) {
-            fail(e, 400, "checkpoint_model_mismatch", NULL,
-                 "the checkpoint was written for another model: %.200s", model);
-            goto out;
-        }
-        /* Digits only: strtoull alone reads " -1" as 2^64 - 1. Anything else
-         * is no step count, as before. */
-        const char *st = sf_st_file_meta(&f, "step");
-        if (st && st[0] && st[strspn(st, "0123456789")] == '\0') {
-            errno = 0;
-            unsigned long long v = strtoull(st, NULL, 10);
-            if (errno == ERANGE || v > SF_CKPT_MAX_COUNT) {
-                fail(e, 400, "checkpoint_tensor_mismatch", "step",
-                     "__metadata__.step %.24s%s is " SF_CKPT_MAX_COUNT_WHY, st, strlen(st) > 24 ? "..." : "");
-                goto out;
-            }
-            d->step = v;
-            d->has_step = 1;
-        }
-    }
+    if (ours && read_metadata(ck, &f, mode, d, e) != 0)
+        goto out;
     /* The optimizer the file's state belongs to (our metadata says it). */
     const char *file_opt = ours ? sf_st_file_meta(&f, "optimizer") : NULL;
     const char *my_opt = ck->adamw ? "adamw" : "sgd";
@@ -424,29 +509,8 @@ int sf_ckpt_decode(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const uin
             if (mode == SF_CKPT_READ_PARTIAL)
                 continue;
             /* The other optimizer's state for one of our parameters: say so. */
-            if (strncmp(t->name, OPT_PREFIX, strlen(OPT_PREFIX)) == 0) {
-                static const char *const sfx[] = {MOM_SUFFIX, AVG_SUFFIX, SQ_SUFFIX};
-                const char *rest = t->name + strlen(OPT_PREFIX);
-                size_t rl = strlen(rest);
-                for (int j = 0; j < 3; j++) {
-                    size_t sl = strlen(sfx[j]);
-                    char pname[sizeof ck->pt[0].name];
-                    if (rl <= sl || rl - sl >= sizeof pname || strcmp(rest + rl - sl, sfx[j]) != 0)
-                        continue;
-                    memcpy(pname, rest, rl - sl);
-                    pname[rl - sl] = '\0';
-                    if (!find_param(ck, pname))
-                        continue;
-                    fail(e, 400, "checkpoint_optimizer_mismatch", t->name,
-                         "tensor %s is %s state; this service trains with optim.name=%s (its state "
-                         "is %s); load the parameters alone (GET ?optimizer=false, or a file "
-                         "without \"" OPT_PREFIX "\" tensors) to start a new optimizer",
-                         t->name, j == 0 ? "SGD" : "AdamW", my_opt,
-                         ck->adamw ? OPT_PREFIX "<p>" AVG_SUFFIX ", " OPT_PREFIX "<p>" SQ_SUFFIX
-                                   : OPT_PREFIX "<p>" MOM_SUFFIX);
-                    goto out;
-                }
-            }
+            if (other_optimizer_state(ck, t->name, my_opt, e))
+                goto out;
             fail(e, 400, "checkpoint_tensor_unknown", t->name,
                  "tensor %s is not in the model's state_dict (names are the PyTorch state_dict "
                  "names: \"%s\", ...; optimizer state under \"" OPT_PREFIX "\")",
@@ -509,42 +573,8 @@ int sf_ckpt_decode(const sf_ckpt_layout *ck, const sf_ckpt_caps *caps, const uin
         rc = 0;
         goto out;
     }
-    /* The state_dict part: every parameter and buffer, as torch's strict load wants. */
-    for (int k = 0; k < ck->o10; k++)
-        if (!seen[k]) {
-            fail(e, 400, "checkpoint_tensor_missing", ck->desc_names[k],
-                 "tensor %s is missing: every tensor of the model's state_dict must be in the "
-                 "checkpoint", ck->desc_names[k]);
-            goto out;
-        }
-    if (n_opt > 0 || have_step_tensor) {
-        if (file_opt && strcmp(file_opt, my_opt) != 0) {
-            fail(e, 400, "checkpoint_optimizer_mismatch", "optimizer",
-                 "the checkpoint holds %.16s optimizer state; this service trains with "
-                 "optim.name=%s; load the parameters alone to start a new optimizer",
-                 file_opt, my_opt);
-            goto out;
-        }
-        for (int k = ck->o10; k < ck->n_desc; k++)
-            if (!seen[k]) {
-                fail(e, 400, "checkpoint_tensor_missing", ck->desc_names[k],
-                     "tensor %s is missing: optimizer state comes for every parameter or none",
-                     ck->desc_names[k]);
-                goto out;
-            }
-        d->has_opt = 1;
-        if (!can_opt) {
-            fail(e, 501, "optimizer_state_unsupported", NULL,
-                 "the %s backend cannot restore optimizer state yet; send the parameters alone",
-                 caps->backend);
-            goto out;
-        }
-    }
-    if (ck->n_bn > 0 && !caps->buffers) {
-        fail(e, 501, "buffers_unsupported", NULL,
-             "the %s backend cannot restore batchnorm running statistics yet", caps->backend);
+    if (check_complete(ck, caps, seen, n_opt > 0 || have_step_tensor, file_opt, d, e) != 0)
         goto out;
-    }
     rc = 0;
 out:
     free(seen);

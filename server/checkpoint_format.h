@@ -15,8 +15,9 @@
 #include <stdint.h>
 
 #include "gpu/model.h"
-#include "server/checkpoint.h"
 #include "server/safetensors.h"
+
+#define SF_CKPT_FORMAT_VERSION 1
 
 /* The largest count a checkpoint may carry (optim.step, num_batches_tracked,
  * __metadata__.step). Replies give the step count as a cJSON number, printed
@@ -28,6 +29,15 @@
 #define SF_CKPT_MAX_COUNT_WHY                                                                  \
     "above 10^15 - 1 (999999999999999), the largest count a checkpoint may carry: replies "  \
     "(GET /v1/model, batches) give step counts as JSON numbers, exact below 10^15 only"
+
+/* Why an operation failed: an HTTP status, a stable code, the tensor or
+ * field to blame ("" if none) and a sentence. */
+typedef struct sf_ckpt_error {
+    int status;
+    char code[48];
+    char field[160];
+    char msg[480];
+} sf_ckpt_error;
 
 /* Fills e (when not NULL): status, stable code, the field or tensor to blame
  * (NULL: none) and a sentence. */

@@ -12,7 +12,7 @@
 #include "server/checkpoint_url.h"
 #include "server/text.h"
 #include "server/config.h"
-#include "server/http.h"
+#include "server/clock.h"
 #include "server/log.h"
 
 #define fail sf_ckpt_fail

@@ -1,7 +1,7 @@
-/* server/checkpoint_state.h — what checkpoint.c (operations, process life),
- * checkpoint_snapshot.c (the state against the backend) and checkpoint_io.c
- * (the I/O threads) share: the module's state, its buffers and operations.
- * Private to those three files. */
+/* server/checkpoint_state.h — what checkpoint.c (requests, process life),
+ * checkpoint_op.c (an operation's life), checkpoint_snapshot.c (the state
+ * against the backend) and checkpoint_io.c (the I/O threads) share: the
+ * module's state, its buffers and operations. Private to those four files. */
 #ifndef SF_CHECKPOINT_STATE_H
 #define SF_CHECKPOINT_STATE_H
 
@@ -90,7 +90,7 @@ int sf_ckpt_can_read_opt(const sf_ckpt *ck);
 int sf_ckpt_snapshot(sf_ckpt *ck, blob *b, char *err, size_t errlen);
 int sf_ckpt_apply(sf_ckpt *ck, const sf_ckpt_decoded *d, char *err, size_t errlen);
 
-/* ---- operations (checkpoint.c) ------------------------------------------------------ */
+/* ---- operations (checkpoint_op.c) ------------------------------------------------------ */
 
 enum { OP_GET = 1, OP_PUT, OP_SAVE, OP_LOAD, OP_PERIODIC, OP_FINAL };
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/checkpoint.h"
+#include "server/checkpoint_format.h"
 
 #define SF_CKPT_FILE_PREFIX "ckpt-"
 #define SF_CKPT_FILE_SUFFIX ".safetensors"

@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "server/checkpoint.h"
+#include "server/checkpoint_format.h"
 
 /* "scheme://..." (anything else is a path). */
 int sf_ckpt_is_url(const char *s);

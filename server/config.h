@@ -6,6 +6,12 @@
  * GET /v1/config, the environment names and the README's table all come from
  * that table.
  *
+ * Files: config.c holds the table and the preset recipes; config_checks.c the
+ * checks across options that rows name; config_load.c the setters and the
+ * loader (defaults, file, environment, command line); config_render.c JSON,
+ * --help, markdown and OpenAPI; config_live.c the live copy and PATCH;
+ * config_impl.h what those files share.
+ *
  * Sources, later ones winning: defaults -> JSON file (--config) -> environment
  * (STREAMFEED_HTTP_PORT for http.port) -> command-line flags (--http.port 8080).
  *

@@ -12,7 +12,7 @@
 #include "server/app.h"
 #include "server/distributed.h"
 #include "server/engine.h"
-#include "server/http.h"
+#include "server/clock.h"
 #include "server/log.h"
 
 /* The augmentation key of the diagnose batch. Job ids start at 1, so 0 is

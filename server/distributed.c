@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "collective/kv_client.h"
-#include "server/http.h"
+#include "server/clock.h"
 #include "server/log.h"
 
 /* Results of this rank's patches are kept for the requests that wait on

@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "gpu/common.h"
-#include "server/app.h"
+#include "server/clock.h"
 #include "server/distributed.h"
 #include "server/evals.h"
 #include "server/http.h"
@@ -51,13 +51,13 @@ typedef struct pending_extra {
 } pending_extra;
 
 struct sf_engine {
-    sf_app *app;
+    sf_engine_ctx cx;             /* what it needs of the process (sf_engine_start) */
     /* Commands to run between steps. */
     pthread_mutex_t cmd_mu;
     sf_engine_cmd *cmd_head, *cmd_tail;
     int ncmds;
     uint64_t next_cmd_id;
-    void (*after_step)(sf_app *app, uint64_t step);
+    void (*after_step)(struct sf_app *app, uint64_t step);
     uint64_t hooked_step; /* the step the hook last ran for, or training started at */
     /* Timelines: batches in flight by id % PENDING_RECS, and the last steps. */
     sf_step_record pending[PENDING_RECS];
@@ -82,7 +82,7 @@ struct sf_engine {
     double win_busy_s;
     uint64_t last_step_end_ns;
     /* The learning-rate schedule's position: training batches submitted,
-     * counted from sched_gen's restore (app->step * grad_accum_steps then),
+     * counted from sched_gen's restore (step * grad_accum_steps then),
      * so batch b belongs to optimizer step b / grad_accum_steps. */
     uint64_t sched_batches, sched_gen;
     int sched_init;
@@ -97,7 +97,7 @@ struct sf_engine {
 
 static const sf_aug_pipeline *pipeline_of(sf_engine *e, int eval)
 {
-    return eval ? &e->app->aug_eval : &e->app->aug;
+    return eval ? e->cx.aug_eval : e->cx.aug;
 }
 
 static const sf_aug_plan *plan_for(sf_engine *e, int h, int w, int c, int eval, char *err, size_t errlen)
@@ -124,8 +124,8 @@ static const sf_aug_plan *plan_for(sf_engine *e, int h, int w, int c, int eval, 
 
 static void finish_failed(sf_engine *e, uint64_t id, const char *code, const char *msg)
 {
-    sf_jobs_fail(e->app->jobs, id, code, msg);
-    sf_http_wake(e->app->http, SF_WAIT_JOB, id);
+    sf_jobs_fail(e->cx.jobs, id, code, msg);
+    sf_http_wake(*e->cx.http, SF_WAIT_JOB, id);
 }
 
 /* An accepted batch in the ring that will not run: its result and slot go
@@ -133,21 +133,21 @@ static void finish_failed(sf_engine *e, uint64_t id, const char *code, const cha
  * failed_batches), and the batch reports why. */
 static void fail_ring_batch(sf_engine *e, int slot, const char *code, const char *msg)
 {
-    sf_app *app = e->app;
-    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+    const sf_engine_ctx *cx = &e->cx;
+    sf_slot_meta *m = sf_ring_meta(cx->ring, slot);
     const uint64_t id = m->job_id;
     if (m->eval)
-        sf_evals_add_failed(app->evals, m->eval_name);
+        sf_evals_add_failed(cx->evals, m->eval_name);
     if (m->release_result)
         m->release_result(m->result_owner);
-    sf_ring_release(app->ring, slot);
+    sf_ring_release(cx->ring, slot);
     finish_failed(e, id, code, msg);
 }
 
 /* Sink mode: check the slot and mark the batch done without computing. */
 static void run_sink(sf_engine *e, int slot)
 {
-    sf_slot_meta *m = sf_ring_meta(e->app->ring, slot);
+    sf_slot_meta *m = sf_ring_meta(e->cx.ring, slot);
     sf_job job = {0};
     job.id = m->job_id;
     job.n = m->n;
@@ -155,9 +155,9 @@ static void run_sink(sf_engine *e, int slot)
     job.queue_s = (double)(m->t_popped_ns - m->t_ready_ns) / 1e9;
     if (m->release_result)
         m->release_result(m->result_owner);
-    sf_ring_release(e->app->ring, slot);
-    sf_jobs_done(e->app->jobs, &job);
-    sf_http_wake(e->app->http, SF_WAIT_JOB, job.id);
+    sf_ring_release(e->cx.ring, slot);
+    sf_jobs_done(e->cx.jobs, &job);
+    sf_http_wake(*e->cx.http, SF_WAIT_JOB, job.id);
 }
 
 /* The learning rate of the optimizer step the next training batch belongs
@@ -166,15 +166,15 @@ static void run_sink(sf_engine *e, int slot)
  * so a PATCH of the schedule applies from the next optimizer step. */
 static double sched_lr(sf_engine *e, const sf_config *c)
 {
-    sf_app *app = e->app;
+    const sf_engine_ctx *cx = &e->cx;
     uint64_t k = c->model.grad_accum_steps > 1 ? (uint64_t)c->model.grad_accum_steps : 1;
-    uint64_t gen = atomic_load(&app->restore_gen);
+    uint64_t gen = atomic_load(cx->restore_gen);
     if (!e->sched_init || gen != e->sched_gen) {
         /* Start-up or a restore: nothing is in flight and the backend's
          * accumulation starts afresh at its step count. */
         e->sched_init = 1;
         e->sched_gen = gen;
-        e->sched_batches = atomic_load(&app->step) * k;
+        e->sched_batches = atomic_load(cx->step) * k;
     }
     /* The generation is read before the config it labels: a PATCH in between
      * leaves a newer config under an older number, parsed again next batch. */
@@ -206,8 +206,8 @@ static void fill_hyper(sf_hyper *h, const sf_config *c, double lr)
  * png_undecodable, webp_undecodable). */
 static void mark_formats(sf_engine *e, int slot)
 {
-    sf_slot_meta *m = sf_ring_meta(e->app->ring, slot);
-    const sf_jpeg_info *ji = (const sf_jpeg_info *)(const void *)(sf_ring_bytes(e->app->ring, slot) + m->jpeg_info_off);
+    sf_slot_meta *m = sf_ring_meta(e->cx.ring, slot);
+    const sf_jpeg_info *ji = (const sf_jpeg_info *)(const void *)(sf_ring_bytes(e->cx.ring, slot) + m->jpeg_info_off);
     for (int i = 0; i < m->n; i++)
         if (e->undecodable[i])
             e->undecodable[i] = (uint8_t)(1 + ji[i].format);
@@ -215,9 +215,9 @@ static void mark_formats(sf_engine *e, int slot)
 
 static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err, size_t errlen)
 {
-    sf_app *app = e->app;
-    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
-    uint8_t *bytes = sf_ring_bytes(app->ring, slot);
+    const sf_engine_ctx *cx = &e->cx;
+    sf_slot_meta *m = sf_ring_meta(cx->ring, slot);
+    uint8_t *bytes = sf_ring_bytes(cx->ring, slot);
     if (m->n > e->max_batch) {
         snprintf(err, errlen, "batch of %d exceeds model.max_batch %d", m->n, e->max_batch);
         return -1;
@@ -244,9 +244,9 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
             if (ji[i].orientation > 1)
                 e->jpeg_files[i].forms |= SF_JPEG_FORM_ORIENTED;
         }
-        sf_aug_gen_ragged(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, e->src_hw, smp);
+        sf_aug_gen_ragged(pipe, plan, (uint64_t)cx->cfg->augment.seed, m->job_id, m->n, e->src_hw, smp);
     } else {
-        sf_aug_gen(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, m->n, smp);
+        sf_aug_gen(pipe, plan, (uint64_t)cx->cfg->augment.seed, m->job_id, m->n, smp);
     }
     const sf_config *c = sf_config_cur();
     memset(b, 0, sizeof *b);
@@ -277,7 +277,7 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     /* The batch-level mixing, keyed like the samples; its lam is the loss's.
      * A transform mixes too: it shows what a training step would see; an
      * eval batch never does (its pipeline refuses mixup and cutmix). */
-    sf_aug_gen_mix(pipe, plan, (uint64_t)app->cfg.augment.seed, m->job_id, eval ? 0 : m->n, &b->mix);
+    sf_aug_gen_mix(pipe, plan, (uint64_t)cx->cfg->augment.seed, m->job_id, eval ? 0 : m->n, &b->mix);
     /* An eval batch takes no step: it neither uses nor advances the schedule. */
     const int step = train && !eval;
     double lr = step ? sched_lr(e, c) : c->optim.lr;
@@ -296,8 +296,8 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
  * is single-threaded by contract); the output goes to the request's buffer. */
 static void run_transform(sf_engine *e, int slot)
 {
-    sf_app *app = e->app;
-    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+    const sf_engine_ctx *cx = &e->cx;
+    sf_slot_meta *m = sf_ring_meta(cx->ring, slot);
     sf_batch b;
     char err[256];
     uint64_t id = m->job_id;
@@ -305,16 +305,16 @@ static void run_transform(sf_engine *e, int slot)
     void (*release)(void *) = m->release_result;
     int rc = fill_batch(e, slot, &b, 0, err, sizeof err) ? -1 : 0;
     if (!rc)
-        rc = app->backend->i->transform(app->backend, &b, m->result, err, sizeof err);
+        rc = cx->backend->i->transform(cx->backend, &b, m->result, err, sizeof err);
     sf_job job = {0};
     if (m->encoded && (rc == 0 || rc == SF_BACKEND_BAD_INPUT)) {
         mark_formats(e, slot);
         sf_job_set_undecodable(&job, e->undecodable, m->n);
         job.files_named_jpeg = m->files_named_jpeg;
-        sf_counter_add(sf_metric_only(app->m.samples_undecodable), job.n_undecodable);
+        sf_counter_add(sf_metric_only(cx->m->samples_undecodable), job.n_undecodable);
     }
     if (rc) {
-        sf_ring_release(app->ring, slot);
+        sf_ring_release(cx->ring, slot);
         if (release)
             release(owner);
         /* A file the decoder refuses is the client's error (POST /v1/transform
@@ -327,20 +327,20 @@ static void run_transform(sf_engine *e, int slot)
     job.kind = 1;
     job.queue_s = (double)(m->t_popped_ns - m->t_ready_ns) / 1e9;
     job.transform_s = (double)(sf_now_ns() - m->t_popped_ns) / 1e9;
-    sf_ring_release(app->ring, slot);
+    sf_ring_release(cx->ring, slot);
     if (release)
         release(owner);
-    sf_jobs_done(app->jobs, &job);
-    sf_http_wake(app->http, SF_WAIT_JOB, id);
+    sf_jobs_done(cx->jobs, &job);
+    sf_http_wake(*cx->http, SF_WAIT_JOB, id);
 }
 
 static void submit(sf_engine *e, int slot, int64_t global_n)
 {
-    sf_app *app = e->app;
-    sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+    const sf_engine_ctx *cx = &e->cx;
+    sf_slot_meta *m = sf_ring_meta(cx->ring, slot);
     m->t_popped_ns = sf_now_ns();
     sf_hist_observe(e->m_queue, (double)(m->t_popped_ns - m->t_ready_ns) / 1e9);
-    if (!app->backend) {
+    if (!cx->backend) {
         run_sink(e, slot);
         return;
     }
@@ -351,7 +351,7 @@ static void submit(sf_engine *e, int slot, int64_t global_n)
     sf_batch b;
     char err[256];
     uint64_t id = m->job_id;
-    sf_jobs_set_state(app->jobs, id, SF_JOB_TRANSFORMING);
+    sf_jobs_set_state(cx->jobs, id, SF_JOB_TRANSFORMING);
     sf_step_record *rec = &e->pending[id % PENDING_RECS];
     memset(rec, 0, sizeof *rec);
     rec->id = id;
@@ -372,7 +372,7 @@ static void submit(sf_engine *e, int slot, int64_t global_n)
     int rc = fill_batch(e, slot, &b, 1, err, sizeof err) ? -1 : 0;
     if (!rc) {
         b.global_n = global_n;
-        rc = app->backend->i->submit(app->backend, &b, err, sizeof err);
+        rc = cx->backend->i->submit(cx->backend, &b, err, sizeof err);
     }
     x->n = m->n;
     if (m->encoded && (rc == 0 || rc == SF_BACKEND_BAD_INPUT)) {
@@ -384,7 +384,7 @@ static void submit(sf_engine *e, int slot, int64_t global_n)
         memcpy(x->undecodable, marks.undecodable, sizeof x->undecodable);
         memcpy(x->undecodable_format, marks.undecodable_format, sizeof x->undecodable_format);
         x->files_named_jpeg = m->files_named_jpeg;
-        sf_counter_add(sf_metric_only(app->m.samples_undecodable), marks.n_undecodable);
+        sf_counter_add(sf_metric_only(cx->m->samples_undecodable), marks.n_undecodable);
     }
     if (rc) {
         /* A file the decoder refuses is the client's error, as on POST
@@ -435,11 +435,11 @@ static void account_busy(sf_engine *e, const sf_event *ev)
  * counts it with them.) */
 static void account_step(sf_engine *e, const sf_event *ev)
 {
-    sf_app *app = e->app;
+    const sf_engine_ctx *cx = &e->cx;
     if (ev->skipped) {
         sf_counter_add(e->m_skipped, 1);
-        int in_row = atomic_fetch_add(&app->nonfinite_in_row, 1) + 1;
-        if (in_row >= sf_config_cur()->train.max_nonfinite_in_row && !atomic_exchange(&app->diverged, 1))
+        int in_row = atomic_fetch_add(cx->nonfinite_in_row, 1) + 1;
+        if (in_row >= sf_config_cur()->train.max_nonfinite_in_row && !atomic_exchange(cx->diverged, 1))
             SF_WARN("diverged: %d optimizer steps in a row skipped for a NaN/Inf loss or gradient "
                      "(train.max_nonfinite_in_row); readyz is false until a checkpoint is restored",
                      in_row);
@@ -448,8 +448,8 @@ static void account_step(sf_engine *e, const sf_event *ev)
     sf_counter_add(e->m_steps, 1);
     if (ev->grad_norm > 0.0f) {
         sf_hist_observe(e->m_grad_norm, ev->grad_norm);
-        atomic_store(&app->nonfinite_in_row, 0);
-        if (atomic_exchange(&app->diverged, 0))
+        atomic_store(cx->nonfinite_in_row, 0);
+        if (atomic_exchange(cx->diverged, 0))
             SF_INFO("a step trained again after a divergence: ready");
     }
 }
@@ -462,7 +462,7 @@ static void step_taken(sf_engine *e, uint64_t step)
     if (!e->after_step || step == e->hooked_step)
         return;
     e->hooked_step = step;
-    e->after_step(e->app, step);
+    e->after_step(e->cx.app, step);
 }
 
 /* A job's samples left out (their files did not decode), from the record
@@ -482,9 +482,9 @@ static void take_undecodable(sf_job *job, const pending_extra *x, const sf_event
  * No step was taken: the step count and the training metrics stay. */
 static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record *rec, const pending_extra *x)
 {
-    sf_app *app = e->app;
+    const sf_engine_ctx *cx = &e->cx;
     sf_job job = {0};
-    if (sf_jobs_get(app->jobs, ev->id, &job))
+    if (sf_jobs_get(cx->jobs, ev->id, &job))
         job.id = ev->id;
     job.kind = SF_JOB_KIND_EVAL;
     job.n = ev->n;
@@ -504,24 +504,24 @@ static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record 
     job.t_done_ns = sf_now_ns();
     sf_eval_agg agg;
     memset(&agg, 0, sizeof agg);
-    sf_evals_add(app->evals, x->eval_name, (uint64_t)scored, ev->loss, (uint64_t)ev->correct,
+    sf_evals_add(cx->evals, x->eval_name, (uint64_t)scored, ev->loss, (uint64_t)ev->correct,
                  (uint64_t)ev->correct5, ev->step, &agg);
-    sf_jobs_done(app->jobs, &job);
+    sf_jobs_done(cx->jobs, &job);
     const char *name[] = {x->eval_name};
     const char *k1[] = {x->eval_name, "1"}, *k5[] = {x->eval_name, "5"};
     if (agg.samples) {
-        sf_gauge_set(sf_metric_child(app->m.eval_loss, name), agg.loss_sum / (double)agg.samples);
-        sf_gauge_set(sf_metric_child(app->m.eval_accuracy, k1), (double)agg.correct1 / (double)agg.samples);
-        sf_gauge_set(sf_metric_child(app->m.eval_accuracy, k5), (double)agg.correct5 / (double)agg.samples);
+        sf_gauge_set(sf_metric_child(cx->m->eval_loss, name), agg.loss_sum / (double)agg.samples);
+        sf_gauge_set(sf_metric_child(cx->m->eval_accuracy, k1), (double)agg.correct1 / (double)agg.samples);
+        sf_gauge_set(sf_metric_child(cx->m->eval_accuracy, k5), (double)agg.correct5 / (double)agg.samples);
     }
-    sf_counter_add(sf_metric_child(app->m.eval_samples, name), (double)ev->n);
+    sf_counter_add(sf_metric_child(cx->m->eval_samples, name), (double)ev->n);
     account_busy(e, ev);
-    sf_http_wake(app->http, SF_WAIT_JOB, ev->id);
+    sf_http_wake(*cx->http, SF_WAIT_JOB, ev->id);
 }
 
 static void harvest(sf_engine *e, const sf_event *ev)
 {
-    sf_app *app = e->app;
+    const sf_engine_ctx *cx = &e->cx;
     if (ev->token == EMPTY_TOKEN) {
         /* An empty contribution: no slot, no job; the step count moves, and
          * the step is the job's like any other (rank 0's periodic
@@ -531,7 +531,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
             if (ev->status == 0) {
                 if (ev->skipped == SF_SKIP_EMPTY) /* the round's batches were all refused */
                     sf_counter_add(e->m_skipped_empty, 1);
-                atomic_store(&app->step, ev->step);
+                atomic_store(cx->step, ev->step);
                 step_taken(e, ev->step);
             }
         }
@@ -540,8 +540,8 @@ static void harvest(sf_engine *e, const sf_event *ev)
     int slot = (int)(intptr_t)ev->token;
     if (ev->kind == SF_EV_SLOT_FREE) {
         /* The H2D copy is complete: the host bytes may be reused. */
-        sf_ring_release(app->ring, slot);
-        sf_jobs_set_state(app->jobs, ev->id, SF_JOB_TRAINING);
+        sf_ring_release(cx->ring, slot);
+        sf_jobs_set_state(cx->jobs, ev->id, SF_JOB_TRAINING);
         return;
     }
     atomic_fetch_sub(&e->inflight, 1);
@@ -573,16 +573,16 @@ static void harvest(sf_engine *e, const sf_event *ev)
         /* A batch that failed inside a data-parallel round may still have
          * joined the round's step (the reference backend's labels check):
          * the step count follows the backend's. */
-        if (ev->step > atomic_load(&app->step)) {
-            atomic_store(&app->step, ev->step);
+        if (ev->step > atomic_load(cx->step)) {
+            atomic_store(cx->step, ev->step);
             step_taken(e, ev->step);
         }
         if (eval)
-            sf_evals_add_failed(app->evals, x->eval_name);
+            sf_evals_add_failed(cx->evals, x->eval_name);
         finish_failed(e, ev->id, "step_failed", ev->err);
         char herr[160];
-        if (app->backend->i->health(app->backend, herr, sizeof herr)) {
-            atomic_store(&app->backend_ok, 0);
+        if (cx->backend->i->health(cx->backend, herr, sizeof herr)) {
+            atomic_store(cx->backend_ok, 0);
             SF_ERROR("backend unhealthy: %s", herr);
         }
         return;
@@ -593,24 +593,24 @@ static void harvest(sf_engine *e, const sf_event *ev)
         char dec[sizeof ev->decoder + 1];
         snprintf(dec, sizeof dec, "%.*s", (int)sizeof ev->decoder, ev->decoder);
         const char *lv[] = {dec};
-        sf_counter_add(sf_metric_child(app->m.jpeg_batches, lv), 1);
+        sf_counter_add(sf_metric_child(cx->m->jpeg_batches, lv), 1);
         /* On CUDA the files nvJPEG does not take were decoded on the host:
          * their samples count under libjpeg-turbo. */
         const int on_host = ev->decoded_on_host > 0 && ev->decoded_on_host <= ev->n &&
                             strcmp(dec, "libjpeg-turbo") != 0 ? ev->decoded_on_host : 0;
-        sf_counter_add(sf_metric_child(app->m.jpeg_samples, lv), ev->n - on_host);
+        sf_counter_add(sf_metric_child(cx->m->jpeg_samples, lv), ev->n - on_host);
         if (on_host) {
             const char *host[] = {"libjpeg-turbo"};
-            sf_counter_add(sf_metric_child(app->m.jpeg_samples, host), on_host);
+            sf_counter_add(sf_metric_child(cx->m->jpeg_samples, host), on_host);
         }
-        sf_counter_add(sf_metric_child(app->m.jpeg_decode_host, lv), ev->decode_host_s);
+        sf_counter_add(sf_metric_child(cx->m->jpeg_decode_host, lv), ev->decode_host_s);
     }
     if (eval) {
         harvest_eval(e, ev, rec, x);
         return;
     }
     sf_job job = {0};
-    if (sf_jobs_get(app->jobs, ev->id, &job))
+    if (sf_jobs_get(cx->jobs, ev->id, &job))
         job.id = ev->id;
     job.n = ev->n;
     take_undecodable(&job, x, ev);
@@ -627,22 +627,22 @@ static void harvest(sf_engine *e, const sf_event *ev)
     job.transform_s = ev->transform_s;
     job.step_s = ev->step_s;
     job.t_done_ns = sf_now_ns();
-    sf_jobs_done(app->jobs, &job);
+    sf_jobs_done(cx->jobs, &job);
     sf_counter_add(e->m_samples, ev->n);
     account_step(e, ev);
-    atomic_store(&app->step, ev->step); /* the backend's count: continues after a restore */
+    atomic_store(cx->step, ev->step); /* the backend's count: continues after a restore */
     sf_gauge_set(e->m_loss, ev->loss);
     sf_hist_observe(e->m_h2d, ev->h2d_s);
     sf_hist_observe(e->m_transform, ev->transform_s);
     sf_hist_observe(e->m_step, ev->step_s);
     account_busy(e, ev);
-    sf_http_wake(app->http, SF_WAIT_JOB, ev->id);
+    sf_http_wake(*cx->http, SF_WAIT_JOB, ev->id);
     step_taken(e, ev->step);
 }
 
 /* ---- commands -------------------------------------------------------------- */
 
-sf_engine_cmd *sf_engine_cmd_new(int (*fn)(sf_app *, void *, char *, size_t), void *arg,
+sf_engine_cmd *sf_engine_cmd_new(int (*fn)(struct sf_app *, void *, char *, size_t), void *arg,
                                  void (*free_arg)(void *))
 {
     sf_engine_cmd *c = calloc(1, sizeof *c);
@@ -682,7 +682,7 @@ int sf_engine_post(sf_engine *e, sf_engine_cmd *c)
     e->ncmds++;
     pthread_mutex_unlock(&e->cmd_mu);
     /* The engine may be blocked on the ring's condition: wake it. */
-    sf_ring_kick(e->app->ring);
+    sf_ring_kick(e->cx.ring);
     return 0;
 }
 
@@ -709,14 +709,14 @@ static void run_cmds(sf_engine *e)
         pthread_mutex_unlock(&e->cmd_mu);
         if (!c)
             return;
-        c->status = c->fn(e->app, c->arg, c->err, sizeof c->err);
+        c->status = c->fn(e->cx.app, c->arg, c->err, sizeof c->err);
         atomic_store(&c->done, 1);
-        sf_http_wake(e->app->http, SF_WAIT_CMD, c->id);
+        sf_http_wake(*e->cx.http, SF_WAIT_CMD, c->id);
         sf_engine_cmd_release(c);
     }
 }
 
-void sf_engine_set_after_step(sf_engine *e, void (*fn)(sf_app *app, uint64_t step))
+void sf_engine_set_after_step(sf_engine *e, void (*fn)(struct sf_app *app, uint64_t step))
 {
     e->after_step = fn;
 }
@@ -734,7 +734,7 @@ int sf_engine_trace(sf_engine *e, sf_step_record *out, int max)
 
 static int poll_backend(sf_engine *e, int timeout_us)
 {
-    sf_backend *be = e->app->backend;
+    sf_backend *be = e->cx.backend;
     if (!be || atomic_load(&e->inflight) == 0)
         return 0;
     sf_event ev[EVENTS_MAX];
@@ -750,10 +750,10 @@ static int poll_backend(sf_engine *e, int timeout_us)
  * step, also when rank 0 alone resumed from a checkpoint. */
 static int broadcast_state(sf_engine *e, char *err, size_t errlen)
 {
-    sf_app *app = e->app;
-    sf_backend *be = app->backend;
-    sf_coll *coll = sf_distributed_coll(app->dist);
-    const size_t np = app->model.n_params, nb = app->model.n_buffers;
+    const sf_engine_ctx *cx = &e->cx;
+    sf_backend *be = cx->backend;
+    sf_coll *coll = sf_distributed_coll(cx->dist);
+    const size_t np = cx->model->n_params, nb = cx->model->n_buffers;
     float *buf = malloc(sizeof(float) * (np > nb ? np : nb) + 1);
     if (!buf) {
         snprintf(err, errlen, "out of memory for the parameter broadcast");
@@ -775,8 +775,8 @@ static int broadcast_state(sf_engine *e, char *err, size_t errlen)
         (be->i->get_buffers(be, buf, &nbt) || sf_coll_broadcast(coll, buf, sizeof(float) * nb, 0, err, errlen) ||
          sf_coll_broadcast(coll, &nbt, sizeof nbt, 0, err, errlen) || be->i->set_buffers(be, buf, nbt)))
         goto out;
-    atomic_store(&app->step, step);
-    atomic_fetch_add(&app->restore_gen, 1); /* the schedule re-bases on the broadcast step */
+    atomic_store(cx->step, step);
+    atomic_fetch_add(cx->restore_gen, 1); /* the schedule re-bases on the broadcast step */
     rc = 0;
 out:
     if (rc && !err[0])
@@ -796,8 +796,8 @@ static void settle(sf_engine *e, int keep)
  * ~min of d), with nothing in flight. 0, or -1 when the collective failed. */
 static int verify_params(sf_engine *e, uint64_t step, char *err, size_t errlen)
 {
-    sf_app *app = e->app;
-    sf_backend *be = app->backend;
+    const sf_engine_ctx *cx = &e->cx;
+    sf_backend *be = cx->backend;
     if (!be->i->param_digest)
         return 0; /* every rank has the same backend (agree_on_job) */
     /* Whether to take part is never decided by this rank's own state: the
@@ -806,11 +806,11 @@ static int verify_params(sf_engine *e, uint64_t step, char *err, size_t errlen)
     uint64_t dg = 0;
     const int have = be->i->param_digest(be, &dg) == 0;
     int64_t v[2] = {have ? (int64_t)dg : INT64_MIN, have ? ~(int64_t)dg : INT64_MIN};
-    if (sf_coll_allreduce(sf_distributed_coll(app->dist), v, 2, SF_COLL_I64, SF_COLL_MAX, err, errlen) != 0)
+    if (sf_coll_allreduce(sf_distributed_coll(cx->dist), v, 2, SF_COLL_I64, SF_COLL_MAX, err, errlen) != 0)
         return -1;
     const uint64_t hi = (uint64_t)v[0], lo = (uint64_t)~v[1];
     if (have && hi != lo)
-        sf_distributed_diverged(app->dist,
+        sf_distributed_diverged(cx->dist,
                                 "diverged across ranks: the parameter digests differ at step %llu (this rank "
                                 "%016llx, lowest %016llx, highest %016llx)",
                                 (unsigned long long)step, (unsigned long long)dg, (unsigned long long)lo,
@@ -837,8 +837,8 @@ static int64_t str62(const char *s) { return fnv62(0, s, strlen(s)); }
  * alike. */
 static int agree_on_job(sf_engine *e, char *err, size_t errlen)
 {
-    sf_app *app = e->app;
-    const sf_model *m = &app->model;
+    const sf_engine_ctx *cx = &e->cx;
+    const sf_model *m = cx->model;
     sf_config *c = malloc(sizeof *c);
     if (!c) {
         snprintf(err, errlen, "out of memory");
@@ -874,7 +874,7 @@ static int agree_on_job(sf_engine *e, char *err, size_t errlen)
         {"distributed.verify_every", c->distributed.verify_every, 0},
         {"distributed.bucket_mb", c->distributed.bucket_mb, 0},
         {"distributed.batchnorm", str62(c->distributed.batchnorm), 1},
-        {"the backend (pipeline.backend)", str62(app->backend->i->name(app->backend)), 1},
+        {"the backend (pipeline.backend)", str62(cx->backend->i->name(cx->backend)), 1},
     };
     free(c);
     enum { N = sizeof t / sizeof t[0] };
@@ -883,7 +883,7 @@ static int agree_on_job(sf_engine *e, char *err, size_t errlen)
         v[i] = t[i].v;
         v[N + i] = -t[i].v;
     }
-    if (sf_coll_allreduce(sf_distributed_coll(app->dist), v, 2 * N, SF_COLL_I64, SF_COLL_MAX, err, errlen) != 0)
+    if (sf_coll_allreduce(sf_distributed_coll(cx->dist), v, 2 * N, SF_COLL_I64, SF_COLL_MAX, err, errlen) != 0)
         return -1;
     for (int i = 0; i < N; i++) {
         if (v[i] == -v[N + i])
@@ -911,7 +911,7 @@ static int submit_empty(sf_engine *e, int64_t global_n, char *err, size_t errlen
     fill_hyper(&b.hyper, c, lr);
     b.t_ready_ns = sf_now_ns();
     sf_gauge_set(e->m_lr, lr);
-    if (e->app->backend->i->submit(e->app->backend, &b, err, errlen))
+    if (e->cx.backend->i->submit(e->cx.backend, &b, err, errlen))
         return -1;
     e->sched_batches++;
     atomic_fetch_add(&e->inflight, 1);
@@ -922,7 +922,7 @@ static int submit_empty(sf_engine *e, int64_t global_n, char *err, size_t errlen
 static void fail_slot(sf_engine *e, int slot)
 {
     char why[400];
-    sf_distributed_state(e->app->dist, why, sizeof why);
+    sf_distributed_state(e->cx.dist, why, sizeof why);
     fail_ring_batch(e, slot, "distributed_unavailable", why);
 }
 
@@ -930,12 +930,12 @@ static void fail_slot(sf_engine *e, int slot)
  * every batch that reaches the ring, until the service stops. */
 static void broken_loop(sf_engine *e)
 {
-    sf_app *app = e->app;
-    sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* patches that will not apply are answered */
+    const sf_engine_ctx *cx = &e->cx;
+    sf_http_wake(*cx->http, SF_WAIT_CMD, UINT64_MAX); /* patches that will not apply are answered */
     while (!atomic_load(&e->stop)) {
         if (has_cmds(e))
             run_cmds(e);
-        int slot = sf_ring_pop(app->ring, 100);
+        int slot = sf_ring_pop(cx->ring, 100);
         if (slot >= 0)
             fail_slot(e, slot);
     }
@@ -974,33 +974,152 @@ enum { CTL_BATCH, CTL_SAMPLES, CTL_STOP, CTL_DRAINING, CTL_LEAVE, CTL_PATCH };
 #define STOP_RESERVE_NS 1000000000ull
 #define STOP_ROUND_MS 10
 
+/* Joins the job: the rendezvous, the agreement on the job's settings and
+ * rank 0's state broadcast to every rank. -1 when the job failed (said). */
+static int dist_join(sf_engine *e, char *err, size_t errlen)
+{
+    sf_distributed *d = e->cx.dist;
+    if (sf_distributed_join(d) != 0)
+        return -1;
+    if (agree_on_job(e, err, errlen) != 0) {
+        sf_distributed_fail(d, "%s", err);
+        return -1;
+    }
+    if (broadcast_state(e, err, errlen) != 0) {
+        sf_distributed_fail(d, "the initial parameter broadcast from rank 0 failed: %s", err);
+        return -1;
+    }
+    sf_distributed_started(d);
+    return 0;
+}
+
+/* The training batch this rank brings to the next round, or -1: it serves
+ * transform-only requests, evaluation batches and commands meanwhile, for
+ * distributed.wait_ms at most (STOP_ROUND_MS while a stopped rank lingers). */
+static int dist_take_batch(sf_engine *e, int stopping, int someone_stopped)
+{
+    const sf_engine_ctx *cx = &e->cx;
+    int slot = -1;
+    /* Transform-only requests and evaluation batches (no gradient, no
+     * step) are this rank's own business, served while it waits for a
+     * training batch, but for distributed.wait_ms at most: the other
+     * ranks wait in the round for this one, and a steady stream of them
+     * would keep it out until their collectives time out. */
+    /* While a stopped rank lingers (the last round said so), rounds come
+     * every STOP_ROUND_MS at most, so that it hears within its linger
+     * whether the others are shutting down too. */
+    uint64_t wait_ms = (uint64_t)sf_config_cur()->distributed.wait_ms;
+    if (someone_stopped && wait_ms > STOP_ROUND_MS)
+        wait_ms = STOP_ROUND_MS;
+    const uint64_t wait_until_ns = sf_now_ns() + wait_ms * 1000000ull;
+    while (!stopping) {
+        /* A command posted during the wait (a checkpoint read, say) runs
+         * now: this is still between two rounds, where the top of the
+         * loop runs them, and going into the round early would only
+         * make it wait in the control all-reduce for the other ranks'
+         * waits, up to distributed.wait_ms, before it ran. */
+        if (has_cmds(e)) {
+            settle(e, 0);
+            run_cmds(e);
+        }
+        const uint64_t now = sf_now_ns();
+        if (now >= wait_until_ns)
+            break;
+        /* With the last round's step still running, peek at the ring and
+         * harvest between peeks: its reply must not wait for the next
+         * batch (a client posting with ?wait=1 sends none until it has
+         * it), nor for the whole wait. */
+        const int busy = atomic_load(&e->inflight) > 0;
+        slot = sf_ring_pop(cx->ring, busy ? 0 : (int)((wait_until_ns - now + 999999) / 1000000));
+        if (slot < 0) {
+            /* Early: a command's kick (it runs at the top), a stop's
+             * (the round goes now), or a kick whose command already ran
+             * at the top of the loop (the wait goes on: going into the
+             * round would hold the next command there). On time, the
+             * deadline at the top ends the wait. */
+            if (has_cmds(e) || (!busy && !atomic_load(&e->stop)))
+                continue;
+            if (!busy)
+                break;
+            poll_backend(e, 1000);
+            continue;
+        }
+        sf_slot_meta *m = sf_ring_meta(cx->ring, slot);
+        if (m->kind == 1) {
+            m->t_popped_ns = sf_now_ns();
+            run_transform(e, slot);
+        } else if (m->eval) {
+            submit(e, slot, 0);
+            settle(e, 0);
+        } else {
+            break;
+        }
+        slot = -1;
+    }
+    return slot;
+}
+
+/* The round's step, which every rank takes whether or not its batch trains
+ * (its sample count is ctl[CTL_SAMPLES]), then the health and parameter
+ * checks. -1 when the job failed (said). */
+static int dist_round_step(sf_engine *e, const int64_t *ctl, int slot, int depth, uint64_t *stepped,
+                           char *err, size_t errlen)
+{
+    const sf_engine_ctx *cx = &e->cx;
+    sf_distributed *d = cx->dist;
+    settle(e, depth - 1); /* room for this round's step */
+    const int before = atomic_load(&e->inflight);
+    if (slot >= 0)
+        submit(e, slot, ctl[CTL_SAMPLES]); /* a batch the backend refuses is failed and released */
+    /* Every rank takes the round's step whatever became of its batch
+     * (the decoder refused one of its files): the other ranks are
+     * already inside the step's all-reduce. A refused batch joins it
+     * as an empty contribution. The samples it announced are in
+     * global_n, but each rank also sums the samples it trained with
+     * the gradient, so the backend applies the mean over the samples
+     * trained, and every rank skips the step if none was. */
+    if (atomic_load(&e->inflight) == before) {
+        if (submit_empty(e, ctl[CTL_SAMPLES], err, errlen) != 0) {
+            sf_distributed_fail(d, "cannot join the step: %s", err);
+            return -1;
+        }
+        sf_distributed_count_empty(d);
+    }
+    (*stepped)++;
+    poll_backend(e, 0);
+    const int every = sf_config_cur()->distributed.verify_every;
+    const int verify = every > 0 && *stepped % (uint64_t)every == 0;
+    if (verify)
+        settle(e, 0);
+    char herr[200];
+    if (cx->backend->i->health(cx->backend, herr, sizeof herr) != 0) {
+        sf_distributed_fail(d, "lost the other ranks in the gradient all-reduce: %s", herr);
+        return -1;
+    }
+    sf_distributed_observe_allreduce(d, sf_distributed_backend(d)->allreduce_s);
+    if (verify && verify_params(e, atomic_load(cx->step), err, errlen) != 0) {
+        sf_distributed_fail(d, "lost the other ranks in the parameter check: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
 static void dist_main(sf_engine *e)
 {
-    sf_app *app = e->app;
-    sf_distributed *d = app->dist;
+    const sf_engine_ctx *cx = &e->cx;
+    sf_distributed *d = cx->dist;
     const int world = sf_distributed_world(d), rank = sf_distributed_rank(d);
-    const int maxq = app->backend->i->max_inflight(app->backend);
+    const int maxq = cx->backend->i->max_inflight(cx->backend);
     const int depth = maxq < ROUND_DEPTH ? maxq : ROUND_DEPTH;
     uint64_t stepped = 0; /* rounds that took a step: the same count on every rank */
     uint64_t t_stopped = 0; /* when this rank's drain ended (its stop) */
     int all_draining = 0;   /* the last round's: every rank was shutting down */
     int someone_stopped = 0; /* the last round's: a rank had stopped */
     char err[512] = "";
-    if (sf_distributed_join(d) != 0) {
+    if (dist_join(e, err, sizeof err) != 0) {
         broken_loop(e);
         return;
     }
-    if (agree_on_job(e, err, sizeof err) != 0) {
-        sf_distributed_fail(d, "%s", err);
-        broken_loop(e);
-        return;
-    }
-    if (broadcast_state(e, err, sizeof err) != 0) {
-        sf_distributed_fail(d, "the initial parameter broadcast from rank 0 failed: %s", err);
-        broken_loop(e);
-        return;
-    }
-    sf_distributed_started(d);
     const size_t nctl = CTL_PATCH + (size_t)world;
     int64_t *ctl = calloc(nctl, sizeof *ctl);
     if (!ctl) {
@@ -1015,68 +1134,12 @@ static void dist_main(sf_engine *e)
             run_cmds(e);
         }
         const int stopping = atomic_load(&e->stop);
-        int slot = -1;
-        /* Transform-only requests and evaluation batches (no gradient, no
-         * step) are this rank's own business, served while it waits for a
-         * training batch, but for distributed.wait_ms at most: the other
-         * ranks wait in the round for this one, and a steady stream of them
-         * would keep it out until their collectives time out. */
-        /* While a stopped rank lingers (the last round said so), rounds come
-         * every STOP_ROUND_MS at most, so that it hears within its linger
-         * whether the others are shutting down too. */
-        uint64_t wait_ms = (uint64_t)sf_config_cur()->distributed.wait_ms;
-        if (someone_stopped && wait_ms > STOP_ROUND_MS)
-            wait_ms = STOP_ROUND_MS;
-        const uint64_t wait_until_ns = sf_now_ns() + wait_ms * 1000000ull;
-        while (!stopping) {
-            /* A command posted during the wait (a checkpoint read, say) runs
-             * now: this is still between two rounds, where the top of the
-             * loop runs them, and going into the round early would only
-             * make it wait in the control all-reduce for the other ranks'
-             * waits, up to distributed.wait_ms, before it ran. */
-            if (has_cmds(e)) {
-                settle(e, 0);
-                run_cmds(e);
-            }
-            const uint64_t now = sf_now_ns();
-            if (now >= wait_until_ns)
-                break;
-            /* With the last round's step still running, peek at the ring and
-             * harvest between peeks: its reply must not wait for the next
-             * batch (a client posting with ?wait=1 sends none until it has
-             * it), nor for the whole wait. */
-            const int busy = atomic_load(&e->inflight) > 0;
-            slot = sf_ring_pop(app->ring, busy ? 0 : (int)((wait_until_ns - now + 999999) / 1000000));
-            if (slot < 0) {
-                /* Early: a command's kick (it runs at the top), a stop's
-                 * (the round goes now), or a kick whose command already ran
-                 * at the top of the loop (the wait goes on: going into the
-                 * round would hold the next command there). On time, the
-                 * deadline at the top ends the wait. */
-                if (has_cmds(e) || (!busy && !atomic_load(&e->stop)))
-                    continue;
-                if (!busy)
-                    break;
-                poll_backend(e, 1000);
-                continue;
-            }
-            sf_slot_meta *m = sf_ring_meta(app->ring, slot);
-            if (m->kind == 1) {
-                m->t_popped_ns = sf_now_ns();
-                run_transform(e, slot);
-            } else if (m->eval) {
-                submit(e, slot, 0);
-                settle(e, 0);
-            } else {
-                break;
-            }
-            slot = -1;
-        }
+        int slot = dist_take_batch(e, stopping, someone_stopped);
         /* A stop that came during the wait (its kick ends the wait) goes into
          * this round, not the next: the other ranks would wait out their
          * distributed.wait_ms once more before hearing of it. */
         const int stop_now = stopping || atomic_load(&e->stop);
-        const int draining = stop_now || atomic_load(&app->draining);
+        const int draining = stop_now || atomic_load(cx->draining);
         /* Whether this stopped rank must leave: decided from its own clock,
          * so it goes into the all-reduce, and every rank acts on the sum. */
         int leave = 0;
@@ -1089,7 +1152,7 @@ static void dist_main(sf_engine *e)
         }
         memset(ctl, 0, sizeof *ctl * nctl);
         ctl[CTL_BATCH] = slot >= 0;
-        ctl[CTL_SAMPLES] = slot >= 0 ? sf_ring_meta(app->ring, slot)->n : 0;
+        ctl[CTL_SAMPLES] = slot >= 0 ? sf_ring_meta(cx->ring, slot)->n : 0;
         ctl[CTL_STOP] = stop_now;
         ctl[CTL_DRAINING] = draining;
         ctl[CTL_LEAVE] = leave;
@@ -1098,48 +1161,16 @@ static void dist_main(sf_engine *e)
         if (sf_coll_allreduce(coll, ctl, nctl, SF_COLL_I64, SF_COLL_SUM, err, sizeof err) != 0 ||
             sf_distributed_apply_patches(d, ctl + CTL_PATCH, err, sizeof err) != 0) {
             sf_distributed_fail(d, "lost the other ranks: %s", err);
-            sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* patches waiting are answered */
+            sf_http_wake(*cx->http, SF_WAIT_CMD, UINT64_MAX); /* patches waiting are answered */
             if (slot >= 0)
                 fail_slot(e, slot);
             break;
         }
         if (ctl[CTL_PATCH + rank] > 0)
-            sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX); /* this rank's patch request replies */
+            sf_http_wake(*cx->http, SF_WAIT_CMD, UINT64_MAX); /* this rank's patch request replies */
         if (ctl[CTL_BATCH] > 0) {
-            settle(e, depth - 1); /* room for this round's step */
-            const int before = atomic_load(&e->inflight);
-            if (slot >= 0)
-                submit(e, slot, ctl[CTL_SAMPLES]); /* a batch the backend refuses is failed and released */
-            /* Every rank takes the round's step whatever became of its batch
-             * (the decoder refused one of its files): the other ranks are
-             * already inside the step's all-reduce. A refused batch joins it
-             * as an empty contribution. The samples it announced are in
-             * global_n, but each rank also sums the samples it trained with
-             * the gradient, so the backend applies the mean over the samples
-             * trained, and every rank skips the step if none was. */
-            if (atomic_load(&e->inflight) == before) {
-                if (submit_empty(e, ctl[CTL_SAMPLES], err, sizeof err) != 0) {
-                    sf_distributed_fail(d, "cannot join the step: %s", err);
-                    break;
-                }
-                sf_distributed_count_empty(d);
-            }
-            stepped++;
-            poll_backend(e, 0);
-            const int every = sf_config_cur()->distributed.verify_every;
-            const int verify = every > 0 && stepped % (uint64_t)every == 0;
-            if (verify)
-                settle(e, 0);
-            char herr[200];
-            if (app->backend->i->health(app->backend, herr, sizeof herr) != 0) {
-                sf_distributed_fail(d, "lost the other ranks in the gradient all-reduce: %s", herr);
+            if (dist_round_step(e, ctl, slot, depth, &stepped, err, sizeof err) != 0)
                 break;
-            }
-            sf_distributed_observe_allreduce(d, sf_distributed_backend(d)->allreduce_s);
-            if (verify && verify_params(e, atomic_load(&app->step), err, sizeof err) != 0) {
-                sf_distributed_fail(d, "lost the other ranks in the parameter check: %s", err);
-                break;
-            }
         } else {
             settle(e, 0); /* an idle round: the last steps finish and reply */
         }
@@ -1162,19 +1193,19 @@ static void dist_main(sf_engine *e)
      * gives up on a lost peer) and reply before the job is left. */
     settle(e, 0);
     free(ctl);
-    sf_http_wake(app->http, SF_WAIT_CMD, UINT64_MAX);
+    sf_http_wake(*cx->http, SF_WAIT_CMD, UINT64_MAX);
     broken_loop(e);
 }
 
 static void *engine_main(void *arg)
 {
     sf_engine *e = arg;
-    sf_app *app = e->app;
-    int maxq = app->backend ? app->backend->i->max_inflight(app->backend) : 1;
+    const sf_engine_ctx *cx = &e->cx;
+    int maxq = cx->backend ? cx->backend->i->max_inflight(cx->backend) : 1;
     /* The step it starts from (resumed or 0) was not taken here. */
-    e->hooked_step = atomic_load(&app->step);
+    e->hooked_step = atomic_load(cx->step);
     atomic_store(&e->running, 1);
-    if (app->dist && app->backend)
+    if (cx->dist && cx->backend)
         dist_main(e);
     while (!atomic_load(&e->stop)) {
         int inflight = atomic_load(&e->inflight);
@@ -1190,7 +1221,7 @@ static void *engine_main(void *arg)
         if (inflight < maxq) {
             /* With work in flight, only peek at the ring so completions are
              * harvested promptly; when idle, block on the ring's condition. */
-            int slot = sf_ring_pop(app->ring, inflight ? 0 : 100);
+            int slot = sf_ring_pop(cx->ring, inflight ? 0 : 100);
             if (slot >= 0) {
                 submit(e, slot, 0);
                 took = 1;
@@ -1213,18 +1244,19 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
-sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
+sf_engine *sf_engine_start(const sf_engine_ctx *ctx, char *err, size_t errlen)
 {
     sf_engine *e = calloc(1, sizeof *e);
     if (!e) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    e->app = app;
-    e->max_batch = app->cfg.model.max_batch;
+    e->cx = *ctx;
+    const sf_engine_ctx *cx = &e->cx;
+    e->max_batch = cx->cfg->model.max_batch;
     pthread_mutex_init(&e->cmd_mu, NULL);
     pthread_mutex_init(&e->trace_mu, NULL);
-    int slots = sf_ring_slots(app->ring);
+    int slots = sf_ring_slots(cx->ring);
     e->src_hw = calloc(2 * (size_t)e->max_batch, sizeof *e->src_hw);
     e->jpeg_files = calloc((size_t)e->max_batch, sizeof *e->jpeg_files);
     e->undecodable = calloc((size_t)e->max_batch, 1);
@@ -1236,7 +1268,7 @@ sf_engine *sf_engine_start(sf_app *app, char *err, size_t errlen)
             return NULL;
         }
     }
-    sf_app_metrics *mm = &app->m;
+    const sf_app_metrics *mm = cx->m;
     e->m_samples = sf_metric_only(mm->samples_trained);
     e->m_steps = sf_metric_only(mm->steps);
     e->m_loss = sf_metric_only(mm->loss);
@@ -1272,8 +1304,8 @@ int sf_engine_stop_by(sf_engine *e, uint64_t deadline_ns)
     if (e->thread) {
         atomic_store(&e->stop_deadline_ns, deadline_ns);
         atomic_store(&e->stop, 1);
-        sf_distributed_cancel(e->app->dist); /* a join still waiting for peers ends */
-        sf_ring_kick(e->app->ring);
+        sf_distributed_cancel(e->cx.dist); /* a join still waiting for peers ends */
+        sf_ring_kick(e->cx.ring);
         if (!deadline_ns) {
             pthread_join(e->thread, NULL);
         } else {
@@ -1303,18 +1335,18 @@ int sf_engine_stop_by(sf_engine *e, uint64_t deadline_ns)
         c->status = -1;
         snprintf(c->err, sizeof c->err, "the service is shutting down");
         atomic_store(&c->done, 1);
-        sf_http_wake(e->app->http, SF_WAIT_CMD, c->id);
+        sf_http_wake(*e->cx.http, SF_WAIT_CMD, c->id);
         sf_engine_cmd_release(c);
     }
     /* Fail what is still READY: those batches were accepted and must be
      * reported, never silently dropped. */
-    if (e->app->ring) {
+    if (e->cx.ring) {
         int slot;
-        while ((slot = sf_ring_pop(e->app->ring, 0)) >= 0)
+        while ((slot = sf_ring_pop(e->cx.ring, 0)) >= 0)
             fail_ring_batch(e, slot, "shutdown", "the service stopped before this batch was trained");
     }
     if (e->samples) {
-        int slots = sf_ring_slots(e->app->ring);
+        int slots = sf_ring_slots(e->cx.ring);
         for (int i = 0; i < slots; i++)
             free(e->samples[i]);
         free(e->samples);

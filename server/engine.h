@@ -16,8 +16,41 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpu/aug.h"
+#include "gpu/backend.h"
+#include "gpu/model.h"
+#include "server/app_metrics.h"
+#include "server/config.h"
+
 struct sf_app;
+struct sf_ring;
+struct sf_jobs;
+struct sf_evals;
+struct sf_distributed;
+struct sf_http;
 typedef struct sf_engine sf_engine;
+
+/* What the engine needs of the process: pointers into the app, which
+ * outlives the engine. The app pointer itself is only handed to commands
+ * and the after-step hook. */
+typedef struct sf_engine_ctx {
+    struct sf_app *app;
+    const sf_config *cfg;            /* as started */
+    const sf_model *model;
+    const sf_aug_pipeline *aug, *aug_eval; /* training and eval batches */
+    sf_backend *backend;
+    struct sf_ring *ring;
+    struct sf_jobs *jobs;
+    struct sf_evals *evals;
+    struct sf_distributed *dist;     /* NULL outside a data-parallel job */
+    struct sf_http *const *http;     /* the daemon, once started: requests to wake */
+    const sf_app_metrics *m;
+    _Atomic uint64_t *step;          /* optimizer steps, as the backend counts them */
+    _Atomic uint64_t *restore_gen;   /* bumped by restores that set step */
+    atomic_int *nonfinite_in_row, *diverged; /* the non-finite streak and its verdict */
+    atomic_int *draining;            /* SIGTERM received */
+    atomic_int *backend_ok;          /* the last health check passed */
+} sf_engine_ctx;
 
 /* Work that must run on the engine thread between steps, with nothing in
  * flight (the backend is single-threaded by contract, and a checkpoint must
@@ -68,7 +101,8 @@ typedef struct sf_step_record {
 /* Copies the last (at most max) step records, oldest first; returns the count. */
 int sf_engine_trace(sf_engine *e, sf_step_record *out, int max);
 
-sf_engine *sf_engine_start(struct sf_app *app, char *err, size_t errlen);
+/* Starts the engine thread; ctx is copied. */
+sf_engine *sf_engine_start(const sf_engine_ctx *ctx, char *err, size_t errlen);
 int sf_engine_running(sf_engine *e);
 /* Stops the thread after the batches already submitted finish; READY slots
  * not yet taken are failed with "shutdown". */

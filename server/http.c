@@ -1,5 +1,6 @@
 /* server/http.c — see http.h. */
 #include "server/http.h"
+#include "server/http_impl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,145 +21,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "server/app.h"
+#include "server/clock.h"
+#include "server/config.h"
 #include "server/log.h"
+#include "server/metrics.h"
 #include "server/netaddr.h"
 #include "server/text.h"
 #include "server/tls.h"
 
-#define MAX_EXTRA_HEADERS 4
-/* No route takes more than a few query arguments; a request with more gets
- * 400 bad_query, and libmicrohttpd is given none of them (uri_cb). */
-#define MAX_QUERY_ARGS 32
-#define EXTRA_HEADER_VALUE_MAX 1024
-#define DRAIN_LIMIT (64ull << 20) /* beyond this, an early error closes the connection */
-#define LISTEN_BACKLOG SOMAXCONN
-/* The metrics port serves short requests from probes and scrapers only. */
-#define PROBE_MAX_CONNECTIONS 32
-#define PROBE_TIMEOUT_S 10
-#define TICK_NS 1000000000ull
-/* An upload's socket reports readable only once this much of the body is
- * queued (SO_RCVLOWAT), or the rest of the body if that is less: see
- * recv_lowat_update. Half of libmicrohttpd's read buffer (half its memory
- * pool, listener_start), so one read takes all that woke it. */
-#define RECV_LOWAT_MAX (256u << 10)
-/* An upload that keeps http.upload_min_bytes_per_s fills the mark within
- * this: its bytes reach the slow-upload sweep (5 s allowance) and
- * libmicrohttpd's idle timeout at most this late. */
-#define RECV_LOWAT_LAG_MS 4000u
-
-/* One listening socket and its daemon: the main port (every route), or the
- * metrics port (GET /metrics, /healthz, /readyz only). */
-struct sf_listener {
-    struct sf_http *h;
-    struct MHD_Daemon *d;
-    int fd;          /* the socket we bound; libmicrohttpd accepts on it */
-    int port;
-    int probes_only;
-    int quiesced;    /* no longer accepting: the fd is ours to close */
-};
-
-/* The phases of a connection that the deadline sweep times (sweep_locked). */
-typedef enum conn_phase {
-    PHASE_HEAD,  /* its request's head is incomplete: from accept, or from the
-                    first byte after the previous request on a kept-alive connection */
-    PHASE_BODY,  /* a body that is buffered or drained, or an upload's body before
-                    it holds a ring slot: from the end of the headers */
-    PHASE_STREAM, /* a body streamed to its route (a checkpoint PUT): from the headers */
-    PHASE_IDLE,  /* between two requests: the next one's first byte is looked for */
-    PHASE_FREE,  /* not timed here: a handler runs or waits with its own timeout,
-                    a reply is sent, or an upload holds a slot (the slow-upload sweep) */
-} conn_phase;
-
-/* One accepted connection, from libmicrohttpd's NOTIFY_CONNECTION STARTED to
- * CLOSED, which it runs before it closes the socket: while the connection is
- * in h->conns, its fd is its own. */
-typedef struct sf_conn {
-    struct sf_listener *l;
-    int fd;
-    /* Written only by the connection's own thread, under wmu (so that thread
-     * may read it without the lock). */
-    conn_phase phase;
-    /* Under wmu. from_ns: when the timed phase began; head_seen_ns: for an
-     * idle connection, when the sweep first saw bytes of its next request (0
-     * before); idle_bytes: the socket's bytes received when it went idle;
-     * expired: the sweep shut it down (counted once); waiting: its request
-     * is suspended in sf_http_wait. */
-    uint64_t from_ns;
-    uint64_t head_seen_ns;
-    uint64_t idle_bytes;
-    int expired;
-    int waiting;
-    /* The request in progress, owned by the connection until libmicrohttpd
-     * completes it: one it drops without its completion callback (0.9.75 does
-     * for a request line whose query overflows its memory pool) is ended
-     * when the connection closes. Only the connection's thread touches it. */
-    struct sf_req *req;
-    /* The TLS certificate pair its session shook hands with, given back when
-     * the connection closes (libmicrohttpd has freed the session by then). */
-    sf_tls_pair *tls_pair;
-    struct sf_conn *prev, *next;
-} sf_conn;
-
-struct sf_req_priv {
-    struct MHD_Connection *conn;
-    struct sf_http *h;
-    struct sf_listener *l;
-    sf_conn *c;             /* the connection it arrived on */
-    int started;            /* access_cb has seen this request */
-    int bad_uri;            /* the raw request target carries %00 (1), or %2F in its path (2) */
-    int query_cut;          /* its query had more than MAX_QUERY_ARGS arguments, or the target was
-                               over http.max_header_bytes: libmicrohttpd was given none of them */
-    size_t uri_len;         /* the raw request target's length, counted against http.max_header_bytes */
-    int fd;                 /* the connection's socket (for sf_req_abort) */
-    struct {
-        char name[64];
-        char value[EXTRA_HEADER_VALUE_MAX]; /* a transform's list of samples left out: up to 1 KB */
-    } extra[MAX_EXTRA_HEADERS];
-    int nextra;
-    /* An error decided while the body still arrives is sent once it ended. */
-    struct MHD_Response *pending;
-    int pending_status;
-    int draining;           /* discard the rest of the body */
-    char error_code[64];    /* the code of the error reply sent, for the request's log line */
-    size_t body_cap;
-    uint64_t body_limit;
-    const char *body_option; /* the option(s) setting body_limit, for the 413's message */
-    int handled;            /* the handler has been called at least once */
-    uint64_t content_length; /* the declared body length; 0 when none or chunked */
-    uint64_t body_taken;    /* body bytes libmicrohttpd was told are consumed */
-    int lowat;              /* the SO_RCVLOWAT set on fd; 0: the kernel's default, 1 */
-    /* Waiting. */
-    int in_wait_list;
-    sf_wait_kind wait_kind;
-    uint64_t wait_key;
-    uint64_t deadline_ns;
-    struct sf_req *wait_next;
-};
-
-struct sf_http {
-    sf_app *app;
-    struct sf_listener main, probe;
-    int tls;
-    atomic_int active;                 /* requests in progress on the main port */
-    pthread_mutex_t wmu;
-    pthread_cond_t wcv;
-    struct sf_req *waiters;            /* singly linked list */
-    uint64_t gen[SF_WAIT_KINDS];
-    int closed;                        /* sf_http_wake_all ran: no new waits */
-    pthread_t timer;
-    int timer_started, timer_stop;
-    void (*tick)(void *ctx);           /* run about once a second by the timer thread */
-    void *tick_ctx;
-    sf_conn *conns;                    /* every open connection of both ports (under wmu) */
-};
-
-uint64_t sf_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- routing ------------------------------------------------------------------ */
 
@@ -238,7 +108,7 @@ static struct MHD_Response *make_response(sf_req *r, const char *ctype, void *da
     r->priv->nextra = 0;
     /* While draining, a kept-alive connection would only bring the next
      * request to a server that is going away: close it after this reply. */
-    if (r->app && atomic_load(&r->app->draining) && !r->priv->l->probes_only)
+    if (atomic_load(r->priv->h->ctx.draining) && !r->priv->l->probes_only)
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     return resp;
 }
@@ -311,9 +181,9 @@ int sf_reply_error_field(sf_req *r, int status, const char *code, const char *fi
         sf_text_sanitize(fld);
         field = fld;
     }
-    if (r->app) {
+    if (r->priv->h) {
         const char *v[] = {code};
-        sf_counter_inc_l(r->app->m.http_errors, v, 1);
+        sf_counter_inc_l(r->priv->h->ctx.errors, v, 1);
     }
     snprintf(r->priv->error_code, sizeof r->priv->error_code, "%s", code);
     /* Every 429/503 tells the client when to come back (the spec promises it). */
@@ -349,107 +219,6 @@ const char *sf_req_arg(sf_req *r, const char *name)
 const char *sf_req_header(sf_req *r, const char *name)
 {
     return MHD_lookup_connection_value(r->priv->conn, MHD_HEADER_KIND, name);
-}
-
-/* ---- waiting ------------------------------------------------------------------ */
-
-uint64_t sf_http_gen(sf_http *h, sf_wait_kind kind)
-{
-    pthread_mutex_lock(&h->wmu);
-    uint64_t g = h->gen[kind];
-    pthread_mutex_unlock(&h->wmu);
-    return g;
-}
-
-int sf_http_waiting(sf_http *h, sf_wait_kind kind)
-{
-    int n = 0;
-    pthread_mutex_lock(&h->wmu);
-    for (sf_req *r = h->waiters; r; r = r->priv->wait_next)
-        n += r->priv->wait_kind == kind;
-    pthread_mutex_unlock(&h->wmu);
-    return n;
-}
-
-static void unlink_waiter_locked(sf_http *h, sf_req *r)
-{
-    for (sf_req **pp = &h->waiters; *pp; pp = &(*pp)->priv->wait_next) {
-        if (*pp == r) {
-            *pp = r->priv->wait_next;
-            break;
-        }
-    }
-    r->priv->in_wait_list = 0;
-    r->priv->wait_next = NULL;
-    if (r->priv->c)
-        r->priv->c->waiting = 0;
-}
-
-int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int timeout_ms)
-{
-    sf_http *h = r->priv->h;
-    pthread_mutex_lock(&h->wmu);
-    if (h->closed) {
-        /* The server is stopping: no new waits. The caller tests its
-         * condition again and, seeing SF_WAIT_SHUTDOWN, replies now. */
-        r->wait = SF_WAIT_SHUTDOWN;
-        pthread_mutex_unlock(&h->wmu);
-        return -1;
-    }
-    if (h->gen[kind] != gen) {
-        /* A wake came between the caller's test and now: test again. */
-        pthread_mutex_unlock(&h->wmu);
-        return -1;
-    }
-    r->wait = SF_WAIT_NONE;
-    r->priv->wait_kind = kind;
-    r->priv->wait_key = key;
-    r->priv->deadline_ns = sf_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    r->priv->wait_next = h->waiters;
-    r->priv->in_wait_list = 1;
-    if (r->priv->c)
-        r->priv->c->waiting = 1;
-    h->waiters = r;
-    MHD_suspend_connection(r->priv->conn);
-    pthread_cond_signal(&h->wcv);
-    pthread_mutex_unlock(&h->wmu);
-    return 0;
-}
-
-static void resume_locked(sf_http *h, sf_req *r, sf_wait_state why)
-{
-    unlink_waiter_locked(h, r);
-    /* A body's allowance (an upload waiting for a slot) starts again. */
-    if (r->priv->c)
-        r->priv->c->from_ns = sf_now_ns();
-    r->wait = why;
-    MHD_resume_connection(r->priv->conn);
-}
-
-void sf_http_wake(sf_http *h, sf_wait_kind kind, uint64_t key)
-{
-    if (!h)
-        return;
-    pthread_mutex_lock(&h->wmu);
-    h->gen[kind]++;
-    for (sf_req *r = h->waiters, *next; r; r = next) {
-        next = r->priv->wait_next;
-        if (r->priv->wait_kind == kind && (key == UINT64_MAX || r->priv->wait_key == key))
-            resume_locked(h, r, SF_WAIT_WOKEN);
-    }
-    pthread_mutex_unlock(&h->wmu);
-}
-
-void sf_http_wake_all(sf_http *h)
-{
-    pthread_mutex_lock(&h->wmu);
-    h->closed = 1; /* no new waits from now on */
-    for (int k = 0; k < SF_WAIT_KINDS; k++)
-        h->gen[k]++;
-    while (h->waiters)
-        resume_locked(h, h->waiters, SF_WAIT_SHUTDOWN);
-    pthread_cond_broadcast(&h->wcv);
-    pthread_mutex_unlock(&h->wmu);
 }
 
 /* ---- the request deadline --------------------------------------------------- */
@@ -530,7 +299,7 @@ static void sweep_locked(sf_http *h, uint64_t now)
         k->expired = 1;
         shutdown(k->fd, SHUT_RDWR);
         const char *v[] = {code};
-        sf_counter_inc_l(h->app->m.http_errors, v, 1);
+        sf_counter_inc_l(h->ctx.errors, v, 1);
         SF_DEBUG("a connection ran past its deadline (%s): closed", code);
     }
 }
@@ -558,7 +327,7 @@ static void *timer_main(void *arg)
         for (sf_req *r = h->waiters, *n; r; r = n) {
             n = r->priv->wait_next;
             if (r->priv->deadline_ns <= now)
-                resume_locked(h, r, SF_WAIT_TIMEOUT);
+                sf_http_resume_locked(h, r, SF_WAIT_TIMEOUT);
             else if (r->priv->deadline_ns < next)
                 next = r->priv->deadline_ns;
         }
@@ -725,7 +494,7 @@ static void stream_rejected(sf_req *r, const char *code)
 static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method, const char *url,
                       const char *version)
 {
-    sf_app *app = r->app;
+    sf_http *h = r->priv->h;
     const sf_config *cfgp = sf_config_cur();
 #define cfg (*cfgp)
     header_scan sc = {0};
@@ -836,7 +605,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         stream_rejected(r, "unauthorized");
         return -1;
     }
-    if ((rt->flags & SF_ROUTE_UPLOAD) && atomic_load(&app->draining)) {
+    if ((rt->flags & SF_ROUTE_UPLOAD) && atomic_load(h->ctx.draining)) {
         /* A batch whose request began after SIGTERM is not taken: the loader
          * goes elsewhere now instead of after the drain (docs/OPERATIONS.md). */
         sf_reply_error(r, 503, "shutting_down", "the service is shutting down");
@@ -854,7 +623,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         stream_rejected(r, "unsupported_media_type");
         return -1;
     }
-    r->priv->body_limit = rt->stream ? rt->stream->max_body(app) : (uint64_t)cfg.http.max_json_bytes;
+    r->priv->body_limit = rt->stream ? rt->stream->max_body(r->app) : (uint64_t)cfg.http.max_json_bytes;
     r->priv->body_option = rt->stream ? rt->stream->max_body_option : "http.max_json_bytes";
     if (sc.cl && content_length > r->priv->body_limit) {
         tl_body_pending = 0; /* too big to drain: reply now, the connection closes */
@@ -907,7 +676,7 @@ static sf_req *req_new(struct sf_listener *l, struct MHD_Connection *conn)
     r->priv->h = l->h;
     r->priv->l = l;
     r->priv->fd = -1;
-    r->app = l->h->app;
+    r->app = l->h->ctx.app;
     r->t_start_ns = sf_now_ns();
     return r;
 }
@@ -1062,7 +831,7 @@ static void recv_lowat_update(sf_req *r, size_t unconsumed)
     uint64_t taken = p->body_taken + unconsumed;
     uint64_t left = p->content_length > taken ? p->content_length - taken : 0;
     uint64_t rate = (uint64_t)sf_config_cur()->http.upload_min_bytes_per_s;
-    uint64_t lag_ms = (uint64_t)r->app->cfg.http.connection_timeout_s * 500u;
+    uint64_t lag_ms = (uint64_t)r->priv->h->ctx.cfg->http.connection_timeout_s * 500u;
     if (lag_ms > RECV_LOWAT_LAG_MS)
         lag_ms = RECV_LOWAT_LAG_MS;
     uint64_t mark = rate * lag_ms / 1000u;
@@ -1230,7 +999,7 @@ static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
     }
     pthread_mutex_lock(&h->wmu);
     if (r->priv->in_wait_list)
-        unlink_waiter_locked(h, r);
+        sf_http_unlink_waiter_locked(h, r);
     pthread_mutex_unlock(&h->wmu);
     int ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
     if (r->route && r->route->stream && r->route->stream->on_done)
@@ -1244,9 +1013,9 @@ static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
     char code[8];
     snprintf(code, sizeof code, "%d", status);
     const char *rc[] = {route, code};
-    sf_counter_inc_l(h->app->m.http_requests, rc, 1);
+    sf_counter_inc_l(h->ctx.requests, rc, 1);
     const char *rl[] = {route};
-    sf_hist_observe(sf_metric_child(h->app->m.http_duration, rl), dur);
+    sf_hist_observe(sf_metric_child(h->ctx.duration, rl), dur);
     if (request_log_wanted(sf_config_cur(), route))
         log_request(r, status, dur, ok);
     free(r->body);
@@ -1328,7 +1097,7 @@ static int bound_port(int fd)
 static int listener_start(sf_http *h, struct sf_listener *l, int probes_only, int port, char *err,
                           size_t errlen)
 {
-    const sf_config *c = &h->app->cfg;
+    const sf_config *c = h->ctx.cfg;
     l->h = h;
     l->probes_only = probes_only;
     l->fd = listen_on(probes_only ? "http.metrics_port" : "http.port", c->http.host, port, err,
@@ -1392,14 +1161,14 @@ static void listener_stop(struct sf_listener *l)
     l->fd = -1;
 }
 
-sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
+sf_http *sf_http_start(const sf_http_ctx *ctx, char *err, size_t errlen)
 {
     sf_http *h = calloc(1, sizeof *h);
     if (!h) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
-    h->app = app;
+    h->ctx = *ctx;
     h->main.fd = h->probe.fd = -1;
     pthread_mutex_init(&h->wmu, NULL);
     pthread_condattr_t ca;
@@ -1407,9 +1176,10 @@ sf_http *sf_http_start(sf_app *app, char *err, size_t errlen)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&h->wcv, &ca);
     pthread_condattr_destroy(&ca);
-    app->http = h;
+    if (ctx->publish)
+        *ctx->publish = h;
 
-    const sf_config *c = &app->cfg;
+    const sf_config *c = ctx->cfg;
     if (c->http.tls_cert[0]) {
         if (sf_tls_init(c->http.tls_cert, c->http.tls_key, err, errlen))
             goto fail;
@@ -1433,7 +1203,8 @@ fail:
         sf_tls_shutdown();
     pthread_mutex_destroy(&h->wmu);
     pthread_cond_destroy(&h->wcv);
-    app->http = NULL;
+    if (ctx->publish)
+        *ctx->publish = NULL;
     free(h);
     return NULL;
 }
@@ -1484,7 +1255,7 @@ int sf_http_tls_reload(sf_http *h, int force)
     char err[512];
     int rc = sf_tls_reload(force, err, sizeof err);
     if (rc > 0)
-        SF_INFO("http: TLS certificate reloaded from %s", h->app->cfg.http.tls_cert);
+        SF_INFO("http: TLS certificate reloaded from %s", h->ctx.cfg->http.tls_cert);
     else if (rc < 0)
         SF_WARN("http: TLS certificate not reloaded, the previous one stays in use: %s", err);
     return rc;
@@ -1509,6 +1280,7 @@ void sf_http_stop(sf_http *h)
         sf_tls_shutdown();
     pthread_mutex_destroy(&h->wmu);
     pthread_cond_destroy(&h->wcv);
-    h->app->http = NULL;
+    if (h->ctx.publish)
+        *h->ctx.publish = NULL;
     free(h);
 }

@@ -25,6 +25,7 @@
 #ifndef SF_HTTP_H
 #define SF_HTTP_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,8 @@
 typedef struct sf_req sf_req;
 typedef struct sf_http sf_http;
 struct sf_app;
+struct sf_config;
+struct sf_family;
 
 enum {
     SF_ROUTE_AUTH = 1,   /* requires the bearer token when one is configured */
@@ -109,11 +112,27 @@ struct sf_req {
     struct sf_req_priv *priv;
 };
 
+/* What the daemon needs of the process, and no more: the configuration it
+ * was started with, the drain flag, its metric families, and where to
+ * publish itself. The app pointer is handed on to handlers (sf_req.app) and
+ * to streaming routes; the daemon never looks inside it. */
+typedef struct sf_http_ctx {
+    struct sf_app *app;
+    const struct sf_config *cfg;  /* as started: ports, TLS files, timeouts */
+    atomic_int *draining;         /* set: uploads are refused and kept-alive
+                                     connections closed after their reply */
+    /* streamfeed_http_requests_total{route,code}, _request_duration_seconds{route},
+     * _errors_total{code} */
+    struct sf_family *requests, *duration, *errors;
+    struct sf_http **publish;     /* set to the daemon before it listens, and to
+                                     NULL when it stops; NULL: not published */
+} sf_http_ctx;
+
 /* Starts the daemon on cfg's host:port (0 = any free port; the bound port is
  * returned by sf_http_port), with TLS when http.tls_cert is set, and the
  * probe-only listener on http.metrics_port when it is not 0. A port another
- * process holds is an error that says so. */
-sf_http *sf_http_start(struct sf_app *app, char *err, size_t errlen);
+ * process holds is an error that says so. ctx is copied. */
+sf_http *sf_http_start(const sf_http_ctx *ctx, char *err, size_t errlen);
 int sf_http_port(const sf_http *h);
 int sf_http_metrics_port(const sf_http *h); /* 0 when off */
 int sf_http_tls(const sf_http *h);          /* 1 when the main port speaks HTTPS */
@@ -178,6 +197,5 @@ int sf_http_wait(sf_req *r, sf_wait_kind kind, uint64_t key, uint64_t gen, int t
 /* Wakes every request waiting on (kind, key); key UINT64_MAX wakes all of the kind. */
 void sf_http_wake(sf_http *h, sf_wait_kind kind, uint64_t key);
 
-uint64_t sf_now_ns(void);
 
 #endif

@@ -31,6 +31,7 @@
 #include "gpu/backend.h"
 #include "server/app.h"
 #include "server/checkpoint.h"
+#include "server/clock.h"
 #include "server/config.h"
 #include "server/diagnose.h"
 #include "server/distributed.h"
@@ -297,6 +298,34 @@ static int start_failed(int rc, const char *fmt, ...)
     return rc;
 }
 
+/* The engine thread, given what it needs of the app. */
+static sf_engine *start_engine(sf_app *app, char *err, size_t errlen)
+{
+    const sf_engine_ctx ctx = {
+        .app = app, .cfg = &app->cfg, .model = &app->model, .aug = &app->aug, .aug_eval = &app->aug_eval,
+        .backend = app->backend, .ring = app->ring, .jobs = app->jobs, .evals = app->evals,
+        .dist = app->dist, .http = &app->http, .m = &app->m, .step = &app->step,
+        .restore_gen = &app->restore_gen, .nonfinite_in_row = &app->nonfinite_in_row,
+        .diverged = &app->diverged, .draining = &app->draining, .backend_ok = &app->backend_ok};
+    return sf_engine_start(&ctx, err, errlen);
+}
+
+/* The HTTP daemon, given what it needs of the app; it publishes itself in
+ * app->http before it listens. Uploads' context is set first: the daemon's
+ * requests and sweep reach it. */
+static sf_http *start_http(sf_app *app, char *err, size_t errlen)
+{
+    app->upload = (sf_upload_ctx){
+        .cfg = &app->cfg, .model = &app->model, .aug = &app->aug, .aug_eval = &app->aug_eval,
+        .backend = app->backend, .ring = app->ring, .jobs = app->jobs, .evals = app->evals,
+        .dist = app->dist, .http = &app->http, .m = &app->m, .draining = &app->draining,
+        .closing = &app->closing};
+    const sf_http_ctx ctx = {.app = app, .cfg = &app->cfg, .draining = &app->draining,
+                             .requests = app->m.http_requests, .duration = app->m.http_duration,
+                             .errors = app->m.http_errors, .publish = &app->http};
+    return sf_http_start(&ctx, err, errlen);
+}
+
 int main(int argc, char **argv)
 {
     static sf_app app; /* large (model description); static keeps it off the stack */
@@ -377,7 +406,7 @@ int main(int argc, char **argv)
         return start_failed(1, "cannot allocate %d ring slots of %lld bytes", app.cfg.ring.slots,
                             (long long)app.cfg.ring.slot_bytes);
     sf_ring_on_free(app.ring, on_slot_free, &app);
-    app.engine = sf_engine_start(&app, err, sizeof err);
+    app.engine = start_engine(&app, err, sizeof err);
     if (!app.engine)
         return start_failed(1, "%s", err);
     sf_ckpt_attach(&app); /* periodic checkpoints */
@@ -386,7 +415,7 @@ int main(int argc, char **argv)
     app.telemetry = sf_telemetry_start(&app, err, sizeof err);
     if (!app.telemetry)
         return start_failed(1, "%s", err);
-    if (!sf_http_start(&app, err, sizeof err))
+    if (!start_http(&app, err, sizeof err))
         return start_failed(1, "%s", err);
     sf_http_set_tick(app.http, every_second, &app);
     SF_INFO("streamfeed %s: backend %s, model %s (%zu parameters), %d ring slots of %lld bytes",

@@ -8,7 +8,7 @@
 #include "server/app.h"
 #include "server/diagnose.h"
 #include "server/engine.h"
-#include "server/http.h"
+#include "server/clock.h"
 #include "server/ring.h"
 #include "server/telemetry.h"
 

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "server/app.h"
-#include "server/http.h"
+#include "server/clock.h"
 #include "server/log.h"
 
 #define COUNTER_PERIOD_NS 1000000000ull

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "server/app.h"
+#include "server/clock.h"
 #include "server/distributed.h"
 #include "server/evals.h"
 #include "server/jobs.h"
@@ -77,9 +77,9 @@ struct sf_xform_out {
  * once would take. */
 static atomic_size_t g_xform_held;
 
-static size_t xform_held_cap(const sf_app *app)
+static size_t xform_held_cap(const sf_upload_ctx *cx)
 {
-    return (size_t)app->cfg.ring.slots * (size_t)app->cfg.ring.slot_bytes * 8;
+    return (size_t)cx->cfg->ring.slots * (size_t)cx->cfg->ring.slot_bytes * 8;
 }
 
 static void xform_release(void *p)
@@ -93,17 +93,17 @@ static void xform_release(void *p)
 }
 
 /* The augmentation an upload's batch will get: eval batches have their own. */
-static const sf_aug_pipeline *aug_of(sf_app *app, const sf_upload *u)
+static const sf_aug_pipeline *aug_of(const sf_upload_ctx *cx, const sf_upload *u)
 {
-    return u->eval ? &app->aug_eval : &app->aug;
+    return u->eval ? cx->aug_eval : cx->aug;
 }
 
 void sf_upload_on_rejected(sf_req *r, const char *reason)
 {
     const char *v[] = {reason};
-    sf_counter_inc_l(r->app->m.batches_rejected, v, 1);
+    sf_counter_inc_l(sf_upload_ctx_of(r->app)->m->batches_rejected, v, 1);
     const char *s[] = {"rejected"};
-    sf_counter_inc_l(r->app->m.batches_received, s, 1);
+    sf_counter_inc_l(sf_upload_ctx_of(r->app)->m->batches_received, s, 1);
 }
 
 /* Rejects the upload: one reply, one count, the slot back to FREE. field
@@ -113,7 +113,7 @@ static int reject_field(sf_req *r, sf_upload *u, int status, const char *code, c
 {
     if (u && u->slot >= 0 && !u->committed) {
         holders_remove(u);
-        sf_ring_abort(r->app->ring, u->slot);
+        sf_ring_abort(sf_upload_ctx_of(r->app)->ring, u->slot);
         u->slot = -1;
     }
     sf_upload_on_rejected(r, code);
@@ -149,14 +149,14 @@ static int status_of(sf_st_error e)
 /* The option(s) that set the bound a size refusal hit, so that its message
  * says what to raise (the parser knows bounds, not option names); NULL for
  * the other refusals. */
-static const char *bound_option(sf_app *app, sf_st_error e)
+static const char *bound_option(const sf_upload_ctx *cx, sf_st_error e)
 {
     const sf_config *c = sf_config_cur();
     switch (e) {
     case SF_ST_E_BODY_TOO_LARGE: return SF_UPLOAD_MAX_BODY_OPTION;
     case SF_ST_E_HEADER_TOO_LARGE: return "limits.max_tensor_header_bytes";
     case SF_ST_E_BATCH_TOO_LARGE:
-        return c->limits.max_n < app->cfg.model.max_batch ? "limits.max_n" : "model.max_batch, a restart option";
+        return c->limits.max_n < cx->cfg->model.max_batch ? "limits.max_n" : "model.max_batch, a restart option";
     case SF_ST_E_IMAGE_TOO_LARGE: return "limits.max_h and limits.max_w";
     default: return NULL; /* the JPEG bounds' messages name jpeg.max_side, max_pixels, max_batch_pixels */
     }
@@ -172,7 +172,7 @@ static int reject_parse(sf_req *r, sf_upload *u)
     char field[32];
     if (bad >= 0)
         snprintf(field, sizeof field, "%s[%lld]", sf_st_info_of(p)->files_name, (long long)bad);
-    const char *opt = bound_option(r->app, sf_st_error_of(p));
+    const char *opt = bound_option(sf_upload_ctx_of(r->app), sf_st_error_of(p));
     char msg[640];
     snprintf(msg, sizeof msg, "%s%s%s%s", sf_st_error_message(p), opt ? " (bound by " : "", opt ? opt : "",
              opt ? ")" : "");
@@ -211,9 +211,9 @@ static void orient_files(int n, sf_jpeg_info *ji, unsigned *forms)
  * reply. */
 static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *forms)
 {
-    sf_app *app = r->app;
+    const sf_upload_ctx *cx = sf_upload_ctx_of(r->app);
     const sf_st_info *in = sf_st_info_of(&u->parser);
-    sf_jpeg_info *ji = (sf_jpeg_info *)(void *)(sf_ring_bytes(app->ring, u->slot) + in->jpeg_info_dest_off);
+    sf_jpeg_info *ji = (sf_jpeg_info *)(void *)(sf_ring_bytes(cx->ring, u->slot) + in->jpeg_info_dest_off);
     *forms = 0;
     for (int i = 0; i < in->n; i++)
         *forms |= sf_jpeg_forms(&ji[i]);
@@ -221,7 +221,7 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *f
     *h = *w = 0;
     sf_aug_plan plan;
     char ragged_err[256];
-    if (!app->backend || sf_aug_plan_make_ragged(aug_of(app, u), in->c, &plan, ragged_err, sizeof ragged_err) == 0)
+    if (!cx->backend || sf_aug_plan_make_ragged(aug_of(cx, u), in->c, &plan, ragged_err, sizeof ragged_err) == 0)
         return 0;
     for (int i = 1; i < in->n; i++) {
         if (ji[i].h != ji[0].h || ji[i].w != ji[0].w) {
@@ -235,15 +235,15 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *f
         }
     }
     char err[256];
-    if (sf_aug_plan_make(aug_of(app, u), ji[0].h, ji[0].w, in->c, &plan, err, sizeof err))
+    if (sf_aug_plan_make(aug_of(cx, u), ji[0].h, ji[0].w, in->c, &plan, err, sizeof err))
         return reject(r, u, 422, "augment_shape_invalid", err);
-    if (u->kind == 0 && (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
-                         plan.out_w != app->model.in_w)) {
+    if (u->kind == 0 && (plan.c != cx->model->in_c || plan.out_h != cx->model->in_h ||
+                         plan.out_w != cx->model->in_w)) {
         char msg[256];
         snprintf(msg, sizeof msg,
                  "encoded samples of %dx%d (HxW) augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)",
-                 ji[0].h, ji[0].w, plan.c, plan.out_h, plan.out_w, app->model.in_c, app->model.in_h,
-                 app->model.in_w);
+                 ji[0].h, ji[0].w, plan.c, plan.out_h, plan.out_w, cx->model->in_c, cx->model->in_h,
+                 cx->model->in_w);
         return reject(r, u, 422, "shape_mismatch", msg);
     }
     *h = ji[0].h;
@@ -251,11 +251,12 @@ static int jpeg_batch_shape(sf_req *r, sf_upload *u, int *h, int *w, unsigned *f
     return 0;
 }
 
-uint64_t sf_upload_max_body(sf_app *app)
+uint64_t sf_upload_max_body(struct sf_app *app)
 {
+    const sf_upload_ctx *cx = sf_upload_ctx_of(app);
     const sf_config *c = sf_config_cur();
     /* A body is the data (at most one slot) plus its header. */
-    return (uint64_t)app->cfg.ring.slot_bytes + 8 + (uint64_t)c->limits.max_tensor_header_bytes;
+    return (uint64_t)cx->cfg->ring.slot_bytes + 8 + (uint64_t)c->limits.max_tensor_header_bytes;
 }
 
 static sf_upload *upload_of(sf_req *r, int kind)
@@ -280,19 +281,19 @@ static sf_upload *upload_of(sf_req *r, int kind)
     sf_st_limits lim = {0};
     lim.max_header_bytes = (uint64_t)c->limits.max_tensor_header_bytes;
     lim.max_body_bytes = sf_upload_max_body(r->app);
-    lim.max_n = c->limits.max_n < r->app->cfg.model.max_batch ? c->limits.max_n
-                                                              : r->app->cfg.model.max_batch;
+    lim.max_n = c->limits.max_n < sf_upload_ctx_of(r->app)->cfg->model.max_batch ? c->limits.max_n
+                                                              : sf_upload_ctx_of(r->app)->cfg->model.max_batch;
     lim.max_h = c->limits.max_h;
     lim.max_w = c->limits.max_w;
     /* Labels are checked in sink mode too: it benchmarks the same ingest path. */
-    lim.classes = kind == 0 ? r->app->model.n_classes : 0;
+    lim.classes = kind == 0 ? sf_upload_ctx_of(r->app)->model->n_classes : 0;
     lim.labels_required = kind == 0;
     lim.jpeg_max_side = c->jpeg.max_side;
     lim.jpeg_max_pixels = c->jpeg.max_pixels;
     /* The decode buffers were sized from the value at start (restart-only). */
-    lim.jpeg_max_batch_pixels = r->app->cfg.jpeg.max_batch_pixels;
+    lim.jpeg_max_batch_pixels = sf_upload_ctx_of(r->app)->cfg->jpeg.max_batch_pixels;
     /* 0 allocated no decode buffers: JPEG batches are off. */
-    lim.jpeg_off = r->app->cfg.jpeg.max_batch_pixels == 0;
+    lim.jpeg_off = sf_upload_ctx_of(r->app)->cfg->jpeg.max_batch_pixels == 0;
     sf_st_init(&u->parser, &lim);
     r->user = u;
     return u;
@@ -302,9 +303,9 @@ static sf_upload *upload_of(sf_req *r, int kind)
  * 0 with the slot set, 1 when the request was suspended, -1 after a reply. */
 static int header_accepted(sf_req *r, sf_upload *u)
 {
-    sf_app *app = r->app;
+    const sf_upload_ctx *cx = sf_upload_ctx_of(r->app);
     const sf_st_info *in = sf_st_info_of(&u->parser);
-    if (app->backend && u->slot < 0 && !u->t_wait_start_ns && in->encoded) {
+    if (cx->backend && u->slot < 0 && !u->t_wait_start_ns && in->encoded) {
         /* Every file has its own size: the augmentation must map any size to
          * one output (a ragged plan), and that output and the 3 channels JPEGs
          * decode to must be the model's input. */
@@ -312,42 +313,42 @@ static int header_accepted(sf_req *r, sf_upload *u)
         char err[256];
         /* A list that cannot take ragged sources (no resize or crop that fixes
          * the size) is checked at the commit, when the sizes are known. */
-        if (sf_aug_plan_make_ragged(aug_of(app, u), in->c, &plan, err, sizeof err) == 0 && u->kind == 0 &&
-            (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
-                             plan.out_w != app->model.in_w)) {
+        if (sf_aug_plan_make_ragged(aug_of(cx, u), in->c, &plan, err, sizeof err) == 0 && u->kind == 0 &&
+            (plan.c != cx->model->in_c || plan.out_h != cx->model->in_h ||
+                             plan.out_w != cx->model->in_w)) {
             char msg[256];
             snprintf(msg, sizeof msg,
                      "JPEG samples augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)", plan.c,
-                     plan.out_h, plan.out_w, app->model.in_c, app->model.in_h, app->model.in_w);
+                     plan.out_h, plan.out_w, cx->model->in_c, cx->model->in_h, cx->model->in_w);
             return reject(r, u, 422, "shape_mismatch", msg);
         }
-        if (u->kind == 0 && app->model.segmentation)
+        if (u->kind == 0 && cx->model->segmentation)
             return reject(r, u, 422, "labels_shape_unsupported",
                           "this model segments: JPEG batches carry class labels [N] only");
-    } else if (app->backend && u->slot < 0 && !u->t_wait_start_ns) {
+    } else if (cx->backend && u->slot < 0 && !u->t_wait_start_ns) {
         /* Check once, before waiting: the augmented shape must be the model's input. */
         sf_aug_plan plan;
         char err[256];
-        if (sf_aug_plan_make(aug_of(app, u), in->h, in->w, in->c, &plan, err, sizeof err))
+        if (sf_aug_plan_make(aug_of(cx, u), in->h, in->w, in->c, &plan, err, sizeof err))
             return reject(r, u, 422, "augment_shape_invalid", err);
-        if (u->kind == 0 && (plan.c != app->model.in_c || plan.out_h != app->model.in_h ||
-                             plan.out_w != app->model.in_w)) {
+        if (u->kind == 0 && (plan.c != cx->model->in_c || plan.out_h != cx->model->in_h ||
+                             plan.out_w != cx->model->in_w)) {
             char msg[256];
             snprintf(msg, sizeof msg,
                      "images of %dx%dx%d augment to %dx%dx%d but the model takes %dx%dx%d (C,H,W)",
-                     in->c, in->h, in->w, plan.c, plan.out_h, plan.out_w, app->model.in_c,
-                     app->model.in_h, app->model.in_w);
+                     in->c, in->h, in->w, plan.c, plan.out_h, plan.out_w, cx->model->in_c,
+                     cx->model->in_h, cx->model->in_w);
             return reject(r, u, 422, "shape_mismatch", msg);
         }
-        if (u->kind == 0 && !app->model.segmentation && in->label_ndim != 1)
+        if (u->kind == 0 && !cx->model->segmentation && in->label_ndim != 1)
             return reject(r, u, 422, "labels_shape_unsupported",
                           "this model classifies: labels must be [N]");
-        if (u->kind == 0 && app->model.segmentation &&
-            (in->label_ndim != 3 || in->label_shape[1] != app->model.out_h ||
-             in->label_shape[2] != app->model.out_w)) {
+        if (u->kind == 0 && cx->model->segmentation &&
+            (in->label_ndim != 3 || in->label_shape[1] != cx->model->out_h ||
+             in->label_shape[2] != cx->model->out_w)) {
             char msg[200];
             snprintf(msg, sizeof msg, "this model segments: labels must be [N,%d,%d] (one class per "
-                     "output pixel)", app->model.out_h, app->model.out_w);
+                     "output pixel)", cx->model->out_h, cx->model->out_w);
             return reject(r, u, 422, "labels_shape_unsupported", msg);
         }
     }
@@ -361,13 +362,13 @@ static int header_accepted(sf_req *r, sf_upload *u)
         return reject(r, u, 400, strtoull(cl, NULL, 10) < in->body_len ? "body_too_short" : "body_too_long",
                       msg);
     }
-    if (in->dest_bytes > sf_ring_slot_bytes(app->ring)) {
+    if (in->dest_bytes > sf_ring_slot_bytes(cx->ring)) {
         char msg[200];
         snprintf(msg, sizeof msg, "batch data of %llu bytes exceeds ring.slot_bytes %zu",
-                 (unsigned long long)in->dest_bytes, sf_ring_slot_bytes(app->ring));
+                 (unsigned long long)in->dest_bytes, sf_ring_slot_bytes(cx->ring));
         return reject(r, u, 413, "batch_exceeds_slot", msg);
     }
-    if (app->dist && sf_distributed_state(app->dist, NULL, 0) == SF_DIST_BROKEN) {
+    if (cx->dist && sf_distributed_state(cx->dist, NULL, 0) == SF_DIST_BROKEN) {
         /* The ranks can no longer take a step together: nothing accepted
          * could be trained (GET /readyz says why). */
         sf_reply_header(r, "Retry-After", "5");
@@ -375,23 +376,23 @@ static int header_accepted(sf_req *r, sf_upload *u)
                       "this rank's data-parallel job stopped (a peer died, left or never joined): see /readyz");
     }
     for (;;) {
-        uint64_t gen = sf_http_gen(app->http, SF_WAIT_SLOT);
-        int slot = sf_ring_acquire(app->ring);
+        uint64_t gen = sf_http_gen(*cx->http, SF_WAIT_SLOT);
+        int slot = sf_ring_acquire(cx->ring);
         if (slot >= 0) {
             u->slot = slot;
             u->t_slot_ns = sf_now_ns();
             u->slot_bytes = 0;
             holders_add(u);
             sf_req_deadline_done(r); /* the slow-upload sweep bounds it from now */
-            sf_slot_meta *m = sf_ring_meta(app->ring, slot);
+            sf_slot_meta *m = sf_ring_meta(cx->ring, slot);
             m->t_filling_ns = u->t_slot_ns;
-            sf_st_set_dest(&u->parser, sf_ring_bytes(app->ring, slot), sf_ring_slot_bytes(app->ring));
+            sf_st_set_dest(&u->parser, sf_ring_bytes(cx->ring, slot), sf_ring_slot_bytes(cx->ring));
             r->wait = SF_WAIT_NONE;
             return 0;
         }
         /* Draining: an upload that began before the signal takes a free slot,
          * but none waits for one (the loader is better served elsewhere). */
-        if (atomic_load(&app->draining) || r->wait == SF_WAIT_SHUTDOWN)
+        if (atomic_load(cx->draining) || r->wait == SF_WAIT_SHUTDOWN)
             return reject(r, u, 503, "shutting_down", "the service is shutting down");
         const sf_config *c = sf_config_cur();
         char ra[16];
@@ -471,7 +472,7 @@ int sf_upload_on_data(sf_req *r, int kind, const uint8_t *data, size_t *len)
 
 void sf_upload_sweep(void *ctx)
 {
-    sf_app *app = ctx;
+    const sf_upload_ctx *cx = sf_upload_ctx_of(ctx);
     const sf_config *c = sf_config_cur();
     uint64_t now = sf_now_ns();
     uint64_t deadline_ns = (uint64_t)c->http.upload_deadline_s * 1000000000ull;
@@ -500,7 +501,7 @@ void sf_upload_sweep(void *ctx)
         }
         if (why && u->slot >= 0 && !u->committed) {
             holders_remove_locked(u);
-            sf_ring_abort(app->ring, u->slot);
+            sf_ring_abort(cx->ring, u->slot);
             u->slot = -1;
             u->evicted = why;
             SF_WARN("request %s: %s: %s; its slot is freed and the connection closed",
@@ -514,9 +515,9 @@ void sf_upload_sweep(void *ctx)
     pthread_mutex_unlock(&g_holders_mu);
 }
 
-void sf_upload_close(sf_app *app)
+void sf_upload_close(struct sf_app *app)
 {
-    atomic_store(&app->closing, 1);
+    atomic_store(sf_upload_ctx_of(app)->closing, 1);
     while (atomic_load(&g_committing) > 0) {
         struct timespec ts = {0, 1000000L};
         nanosleep(&ts, NULL);
@@ -552,12 +553,12 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
 
 static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
 {
-    sf_app *app = r->app;
+    const sf_upload_ctx *cx = sf_upload_ctx_of(r->app);
     if (u->evicted) {
         /* The sweep freed the slot just as the last bytes came in. */
         return reject(r, u, 408, u->evicted, "the upload lost its ring slot for being too slow");
     }
-    if (atomic_load(&app->closing))
+    if (atomic_load(cx->closing))
         return reject(r, u, 503, "shutting_down",
                       "the service is shutting down: the batch was not accepted");
     if (sf_st_finish(&u->parser) != 0)
@@ -569,7 +570,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
     unsigned forms = 0;
     if (in->encoded && jpeg_batch_shape(r, u, &h, &w, &forms) != 0)
         return -1;
-    sf_slot_meta *m = sf_ring_meta(app->ring, u->slot);
+    sf_slot_meta *m = sf_ring_meta(cx->ring, u->slot);
     m->kind = u->kind;
     m->eval = u->eval;
     snprintf(m->eval_name, sizeof m->eval_name, "%s", u->eval_name);
@@ -594,21 +595,21 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
                      : in->label_dtype == SF_ST_I32 ? SF_LABEL_I32
                                                     : SF_LABEL_I64;
     if (u->kind == 1) {
-        if (!app->backend)
+        if (!cx->backend)
             return reject(r, u, 409, "no_backend", "transform needs a compute backend (pipeline.mode=train)");
         sf_aug_plan plan;
         char err[256];
-        if ((in->encoded && h == 0 ? sf_aug_plan_make_ragged(&app->aug, in->c, &plan, err, sizeof err)
-                                   : sf_aug_plan_make(&app->aug, h, w, in->c, &plan, err, sizeof err)))
+        if ((in->encoded && h == 0 ? sf_aug_plan_make_ragged(cx->aug, in->c, &plan, err, sizeof err)
+                                   : sf_aug_plan_make(cx->aug, h, w, in->c, &plan, err, sizeof err)))
             return reject(r, u, 422, "augment_shape_invalid", err);
         size_t hl = xform_header(in, &plan, NULL, 0);
         size_t dl = (size_t)in->n * (size_t)plan.c * (size_t)plan.out_h * (size_t)plan.out_w * 4;
         /* The float output is bounded like an input slot (times the float expansion). */
-        if (hl == 0 || dl > (size_t)app->cfg.ring.slot_bytes * 8)
+        if (hl == 0 || dl > (size_t)cx->cfg->ring.slot_bytes * 8)
             return reject(r, u, 413, "output_too_large",
                           "the augmented batch would be too large: its floats may take 8 x ring.slot_bytes");
         const size_t want = hl + dl;
-        if (atomic_fetch_add(&g_xform_held, want) + want > xform_held_cap(app)) {
+        if (atomic_fetch_add(&g_xform_held, want) + want > xform_held_cap(cx)) {
             atomic_fetch_sub(&g_xform_held, want);
             sf_reply_header(r, "Retry-After", "1");
             return reject(r, u, 503, "transform_busy",
@@ -633,7 +634,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
     if (u->want_logits) {
         /* The logits reply: [N, classes] (a segmentation model: [N, classes,
          * H, W]) floats, at most model.max_batch of them, like any result. */
-        const sf_model *md = &app->model;
+        const sf_model *md = cx->model;
         sf_st_tensor_desc t = {"logits", SF_ST_F32, 2, {in->n, md->n_classes, 0, 0}};
         if (md->segmentation) {
             t.ndim = 4;
@@ -670,22 +671,22 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
      * the last test, so that no refusal after it leaves an empty evaluation
      * holding one of eval.max_names (the early test in handlers/batches.c
      * may have raced with other names' first batches). */
-    if (u->eval && sf_evals_reserve(app->evals, u->eval_name) != 0) {
+    if (u->eval && sf_evals_reserve(cx->evals, u->eval_name) != 0) {
         if (u->out)
             xform_release(u->out); /* the engine's reference (it never sees the slot); on_done drops ours */
         char msg[160];
-        sf_evals_full_message(app->evals, msg, sizeof msg);
+        sf_evals_full_message(cx->evals, msg, sizeof msg);
         return reject(r, u, 409, "too_many_evals", msg);
     }
-    u->job_id = sf_jobs_create(app->jobs, in->n, u->eval ? SF_JOB_KIND_EVAL : u->kind);
+    u->job_id = sf_jobs_create(cx->jobs, in->n, u->eval ? SF_JOB_KIND_EVAL : u->kind);
     if (u->eval)
-        sf_jobs_set_eval_name(app->jobs, u->job_id, u->eval_name);
+        sf_jobs_set_eval_name(cx->jobs, u->job_id, u->eval_name);
     m->job_id = u->job_id;
     m->t_ready_ns = sf_now_ns();
     u->committed = 1;
     holders_remove(u);
-    sf_ring_commit(app->ring, u->slot);
-    sf_counter_add(sf_metric_only(app->m.bytes_received), (double)r->bytes_in);
+    sf_ring_commit(cx->ring, u->slot);
+    sf_counter_add(sf_metric_only(cx->m->bytes_received), (double)r->bytes_in);
     *job_id = u->job_id;
     r->batch_id = u->job_id;
     return 0;
@@ -726,7 +727,7 @@ void sf_upload_on_done(sf_req *r, int ok)
     holders_remove(u);
     if (u->slot >= 0 && !u->committed) {
         /* The client went away mid-upload: the slot returns, nothing reaches READY. */
-        sf_ring_abort(r->app->ring, u->slot);
+        sf_ring_abort(sf_upload_ctx_of(r->app)->ring, u->slot);
         u->slot = -1;
     }
     if (u->evicted && r->status == 0) {
@@ -735,7 +736,7 @@ void sf_upload_on_done(sf_req *r, int ok)
         r->status = 408;
         sf_upload_on_rejected(r, u->evicted);
         const char *v[] = {u->evicted};
-        sf_counter_inc_l(r->app->m.uploads_evicted, v, 1);
+        sf_counter_inc_l(sf_upload_ctx_of(r->app)->m->uploads_evicted, v, 1);
     } else if (!u->committed && r->status == 0) {
         sf_upload_on_rejected(r, "aborted");
     }

@@ -26,10 +26,43 @@
 #define SF_UPLOAD_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
+#include "gpu/aug.h"
+#include "gpu/backend.h"
+#include "gpu/model.h"
+#include "server/app_metrics.h"
+#include "server/config.h"
 #include "server/http.h"
 #include "server/safetensors.h"
+
+struct sf_ring;
+struct sf_jobs;
+struct sf_evals;
+struct sf_distributed;
+
+/* What uploads need of the process: pointers into the app, set before the
+ * HTTP daemon starts. */
+typedef struct sf_upload_ctx {
+    const sf_config *cfg;            /* as started */
+    const sf_model *model;
+    const sf_aug_pipeline *aug, *aug_eval; /* training and eval batches */
+    sf_backend *backend;             /* NULL in sink mode */
+    struct sf_ring *ring;
+    struct sf_jobs *jobs;
+    struct sf_evals *evals;
+    struct sf_distributed *dist;     /* NULL outside a data-parallel job */
+    struct sf_http *const *http;     /* the daemon: requests to wake */
+    const sf_app_metrics *m;
+    atomic_int *draining;            /* SIGTERM received: waits for a slot end */
+    atomic_int *closing;             /* the drain ended: commits are refused */
+} sf_upload_ctx;
+
+/* The upload context of the process app is. Requests, stream callbacks and
+ * the sweep carry the app pointer; the composition root (app.c) maps it to
+ * the context, so that this module does not depend on the whole app. */
+const sf_upload_ctx *sf_upload_ctx_of(struct sf_app *app);
 
 typedef struct sf_xform_out sf_xform_out;
 

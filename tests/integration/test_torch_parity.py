@@ -560,6 +560,8 @@ def test_w1_seed_classifier_trains_like_pytorch(start_server, tmp_path):
     pair.assert_same_state()
 
 
+@pytest.mark.skipif(built_with_asan(), reason="W2's 256x256 encoder-decoder takes longer per step than a request "
+                    "waits on the reference backend under AddressSanitizer; the release build's run checks its parity")
 def test_w2_seed_encdec_with_its_encoder_frozen_trains_like_pytorch(start_server, tmp_path):
     """W2 segments: labels [N,256,256], the loss the mean over the pixels."""
     torch.manual_seed(6)

@@ -62,10 +62,7 @@ const char *sf_jpeg_subsamp_name(sf_jpeg_subsamp s)
     return subsamp_names[s];
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 4, 5)))
-#endif
-static sf_jpeg_error fail(sf_jpeg_error e, char *msg, size_t msglen, const char *fmt, ...)
+sf_jpeg_error sf_image_fail(sf_jpeg_error e, char *msg, size_t msglen, const char *fmt, ...)
 {
     if (msg && msglen) {
         va_list ap;
@@ -103,31 +100,31 @@ static sf_jpeg_error parse_sof(int sof, const uint8_t *b, size_t n, const sf_jpe
                                sf_jpeg_info *info, char *msg, size_t msglen)
 {
     if (n < 6)
-        return fail(SF_JPEG_E_MALFORMED, msg, msglen, "the SOF%d segment holds %zu bytes; it needs at least 6",
+        return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "the SOF%d segment holds %zu bytes; it needs at least 6",
                     sof, n);
     int prec = b[0], h = (int)be16(b + 1), w = (int)be16(b + 3), nc = b[5];
     if (n != 6 + 3 * (size_t)nc)
-        return fail(SF_JPEG_E_MALFORMED, msg, msglen,
+        return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen,
                     "the SOF%d segment holds %zu bytes for %d components; it must hold %d", sof, n, nc,
                     6 + 3 * nc);
     if (prec != 8)
-        return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen, "%d-bit samples; only 8-bit JPEG is supported", prec);
+        return sf_image_fail(SF_JPEG_E_UNSUPPORTED, msg, msglen, "%d-bit samples; only 8-bit JPEG is supported", prec);
     if (w == 0)
-        return fail(SF_JPEG_E_MALFORMED, msg, msglen, "the image width is 0");
+        return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "the image width is 0");
     if (h == 0)
-        return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
+        return sf_image_fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                     "the height is defined by a DNL marker (height 0 in SOF), which is not supported");
     /* The bounds come before anything else about the image, so that a bomb is
      * named as such even when its other fields are odd too. */
     if (lim && lim->max_side > 0 && (h > lim->max_side || w > lim->max_side))
-        return fail(SF_JPEG_E_SIDE_TOO_LARGE, msg, msglen, "the image is %dx%d (HxW); jpeg.max_side is %d", h,
+        return sf_image_fail(SF_JPEG_E_SIDE_TOO_LARGE, msg, msglen, "the image is %dx%d (HxW); jpeg.max_side is %d", h,
                     w, lim->max_side);
     if (lim && lim->max_pixels > 0 && (int64_t)h * w > lim->max_pixels)
-        return fail(SF_JPEG_E_TOO_MANY_PIXELS, msg, msglen,
+        return sf_image_fail(SF_JPEG_E_TOO_MANY_PIXELS, msg, msglen,
                     "the image is %dx%d (HxW), %lld pixels; jpeg.max_pixels is %lld", h, w,
                     (long long)h * w, (long long)lim->max_pixels);
     if (nc != 1 && nc != 3 && nc != 4)
-        return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
+        return sf_image_fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                     "%d components; only grayscale (1), colour (3) and CMYK or YCCK (4) are supported", nc);
     int ss = SF_JPEG_GRAY;
     if (nc == 3) {
@@ -135,24 +132,24 @@ static sf_jpeg_error parse_sof(int sof, const uint8_t *b, size_t n, const sf_jpe
         for (int k = 1; k < 3; k++) {
             int hk = b[7 + 3 * k] >> 4, vk = b[7 + 3 * k] & 15;
             if (hk != 1 || vk != 1)
-                return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
+                return sf_image_fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                             "component %d is sampled %dx%d; chroma must be sampled 1x1", k, hk, vk);
         }
         ss = subsamp_of(h0, v0);
         if (ss < 0)
-            return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
+            return sf_image_fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                         "luma sampled %dx%d over chroma 1x1 is not a supported subsampling", h0, v0);
     } else if (nc == 4) {
         /* CMYK and YCCK go to libjpeg-turbo, which takes any factors 1..4. */
         for (int k = 0; k < 4; k++) {
             int hk = b[7 + 3 * k] >> 4, vk = b[7 + 3 * k] & 15;
             if (hk < 1 || hk > 4 || vk < 1 || vk > 4)
-                return fail(SF_JPEG_E_MALFORMED, msg, msglen, "component %d is sampled %dx%d; factors are 1..4", k,
+                return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "component %d is sampled %dx%d; factors are 1..4", k,
                             hk, vk);
         }
         ss = SF_JPEG_444;
     } else if ((b[7] >> 4) < 1 || (b[7] & 15) < 1) {
-        return fail(SF_JPEG_E_MALFORMED, msg, msglen, "a sampling factor of 0");
+        return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "a sampling factor of 0");
     }
     info->h = h;
     info->w = w;
@@ -184,11 +181,11 @@ static sf_jpeg_error walk_scans(const uint8_t *d, size_t sos, size_t len, sf_jpe
     for (;;) {
         /* pos is at a marker's 0xFF (fill bytes may follow) */
         if (pos < len && d[pos] != 0xFF)
-            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "byte %zu is 0x%02x where a marker must start", pos,
+            return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "byte %zu is 0x%02x where a marker must start", pos,
                         d[pos]);
         while (pos < len && d[pos] == 0xFF) pos++;
         if (pos >= len)
-            return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+            return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen,
                         "the file (%zu bytes) ends before its EOI marker: it is cut short", len);
         const unsigned m = d[pos++];
         if (m == 0xD9) {
@@ -197,22 +194,22 @@ static sf_jpeg_error walk_scans(const uint8_t *d, size_t sos, size_t len, sf_jpe
         }
         if (m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7) || (m >= 0xC0 && m <= 0xCF &&
                                                                                m != 0xC4 && m != 0xCC))
-            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "the marker 0xFF%02X at byte %zu is out of place", m,
+            return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "the marker 0xFF%02X at byte %zu is out of place", m,
                         pos - 2);
         if (m == 0xDA && ++scans > bound)
-            return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
+            return sf_image_fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                         "more than %u scans (each one a pass over the whole image in the decoder; an "
                         "encoder writes about ten)", bound);
         if (pos + 2 > len)
-            return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+            return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen,
                         "the file (%zu bytes) ends inside the length of marker 0xFF%02X: it is cut short", len, m);
         const size_t seg = be16(d + pos);
         if (seg < 2)
-            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "marker 0xFF%02X declares a segment length of %zu", m,
+            return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "marker 0xFF%02X declares a segment length of %zu", m,
                         seg);
         pos += seg;
         if (pos > len)
-            return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+            return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen,
                         "the file (%zu bytes) ends inside the segment of marker 0xFF%02X: it is cut short", len, m);
         if (m != 0xDA)
             continue;
@@ -220,13 +217,13 @@ static sf_jpeg_error walk_scans(const uint8_t *d, size_t sos, size_t len, sf_jpe
         for (;;) {
             const uint8_t *p = memchr(d + pos, 0xFF, len - pos);
             if (!p)
-                return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+                return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen,
                             "the file (%zu bytes) ends inside a scan, before its EOI marker: it is cut short",
                             len);
             size_t q = (size_t)(p - d) + 1;
             while (q < len && d[q] == 0xFF) q++;
             if (q >= len)
-                return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+                return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen,
                             "the file (%zu bytes) ends inside a scan, before its EOI marker: it is cut short",
                             len);
             if (d[q] == 0x00 || (d[q] >= 0xD0 && d[q] <= 0xD7)) {
@@ -248,32 +245,32 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_l
     got.format = SF_IMAGE_JPEG;
     got.orientation = 1;
     if (len < 2 || d[0] != 0xFF || d[1] != 0xD8)
-        return fail(SF_JPEG_E_NOT_JPEG, msg, msglen, "the file (%zu bytes) does not start with a JPEG SOI marker",
+        return sf_image_fail(SF_JPEG_E_NOT_JPEG, msg, msglen, "the file (%zu bytes) does not start with a JPEG SOI marker",
                     len);
     int have_sof = 0, have_exif = 0;
     size_t pos = 2;
     for (;;) {
         /* A marker is 0xFF, optional 0xFF fill bytes, then its number. */
         if (pos >= len)
-            return fail(SF_JPEG_E_TRUNCATED, msg, msglen, "the file ends at byte %zu, before any scan", len);
+            return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen, "the file ends at byte %zu, before any scan", len);
         if (d[pos] != 0xFF)
-            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "byte %zu is 0x%02x where a marker must start", pos,
+            return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "byte %zu is 0x%02x where a marker must start", pos,
                         d[pos]);
         while (pos < len && d[pos] == 0xFF) pos++;
         if (pos >= len)
-            return fail(SF_JPEG_E_TRUNCATED, msg, msglen, "the file ends inside a marker at byte %zu", len);
+            return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen, "the file ends inside a marker at byte %zu", len);
         unsigned m = d[pos++];
         if (m == 0x00 || m == 0xD8 || m == 0xD9 || (m >= 0xD0 && m <= 0xD7) || m == 0x01)
-            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "the marker 0xFF%02X at byte %zu is out of place", m,
+            return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "the marker 0xFF%02X at byte %zu is out of place", m,
                         pos - 2);
         if (pos + 2 > len)
-            return fail(SF_JPEG_E_TRUNCATED, msg, msglen, "the file ends inside the length of marker 0xFF%02X", m);
+            return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen, "the file ends inside the length of marker 0xFF%02X", m);
         size_t seg = be16(d + pos);
         if (seg < 2)
-            return fail(SF_JPEG_E_MALFORMED, msg, msglen, "marker 0xFF%02X declares a segment length of %zu", m,
+            return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "marker 0xFF%02X declares a segment length of %zu", m,
                         seg);
         if (pos + seg > len)
-            return fail(SF_JPEG_E_TRUNCATED, msg, msglen,
+            return sf_image_fail(SF_JPEG_E_TRUNCATED, msg, msglen,
                         "marker 0xFF%02X at byte %zu declares %zu bytes but the file ends at byte %zu", m,
                         pos - 2, seg, len);
         const uint8_t *body = d + pos + 2;
@@ -281,12 +278,12 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_l
         if (m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
             int sof = (int)(m - 0xC0);
             if (have_sof)
-                return fail(SF_JPEG_E_MALFORMED, msg, msglen, "a second SOF marker (SOF%d) at byte %zu", sof,
+                return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "a second SOF marker (SOF%d) at byte %zu", sof,
                             pos - 2);
             if (sof == 3 || sof == 7 || sof == 11 || sof == 15)
-                return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen, "lossless JPEG (SOF%d) is not supported", sof);
+                return sf_image_fail(SF_JPEG_E_UNSUPPORTED, msg, msglen, "lossless JPEG (SOF%d) is not supported", sof);
             if (sof >= 5 && sof != 9 && sof != 10)
-                return fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
+                return sf_image_fail(SF_JPEG_E_UNSUPPORTED, msg, msglen,
                             "hierarchical JPEG (SOF%d) is not supported", sof);
             sf_jpeg_error e = parse_sof(sof, body, n, lim, &got, msg, msglen);
             if (e != SF_JPEG_OK) return e;
@@ -297,7 +294,7 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *d, size_t len, const sf_jpeg_l
             have_exif = 1;
         } else if (m == 0xDA) {
             if (!have_sof)
-                return fail(SF_JPEG_E_MALFORMED, msg, msglen, "a scan (SOS) at byte %zu before any SOF marker",
+                return sf_image_fail(SF_JPEG_E_MALFORMED, msg, msglen, "a scan (SOS) at byte %zu before any SOF marker",
                             pos - 2);
             break;
         }

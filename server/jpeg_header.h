@@ -138,6 +138,13 @@ sf_jpeg_error sf_jpeg_header_parse(const uint8_t *data, size_t len, const sf_jpe
  * backend picks its decoder by. */
 unsigned sf_jpeg_forms(const sf_jpeg_info *info);
 
+/* Writes the message (printf-style) into msg when there is room, and
+ * returns e: how each format's header reader (JPEG, PNG, WebP) refuses. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+sf_jpeg_error sf_image_fail(sf_jpeg_error e, char *msg, size_t msglen, const char *fmt, ...);
+
 /* "jpeg_not_jpeg", ..., "png_truncated", ...; "ok" for SF_JPEG_OK; NULL when
  * out of range. */
 const char *sf_jpeg_error_name(sf_jpeg_error e);

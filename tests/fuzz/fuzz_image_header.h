@@ -1,8 +1,9 @@
-/* tests/fuzz/fuzz_image_header.h — what the PNG and WebP header targets
- * share: the checks every successful read must pass, and the file split in
+/* tests/fuzz/fuzz_image_header.h — what the JPEG, PNG and WebP header
+ * targets share: the checks every successful read must pass, and the file split in
  * two samples of one "files" body through the safetensors parser.
  *
- * Included by one target each (static functions, no state). */
+ * Included by one target each (static functions, no state; the JPEG target
+ * checks its reader's richer result itself and leaves check_reader unused). */
 #ifndef SF_TESTS_FUZZ_IMAGE_HEADER_H
 #define SF_TESTS_FUZZ_IMAGE_HEADER_H
 

@@ -12,49 +12,7 @@
  *
  *   make build/fuzz_jpeg_header && build/fuzz_jpeg_header tests/fuzz/corpus_jpeg_header
  */
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "server/image_header.h"
-#include "server/safetensors.h"
-
-#define CHECK(cond) do { if (!(cond)) __builtin_trap(); } while (0)
-
-static const sf_jpeg_limits LIM = {4096, 4096 * 1024};
-
-/* Feeds body in chunks of at most chunk bytes (0: whole) and finishes. */
-static int run(sf_st_parser *p, const uint8_t *body, size_t len, size_t chunk, uint8_t **dest)
-{
-    sf_st_limits lim;
-    memset(&lim, 0, sizeof lim);
-    lim.max_n = 8;
-    lim.jpeg_max_side = LIM.max_side;
-    lim.jpeg_max_pixels = LIM.max_pixels;
-    sf_st_init(p, &lim);
-    *dest = NULL;
-    size_t off = 0;
-    while (off < len && sf_st_state_of(p) != SF_ST_FAILED) {
-        size_t n = chunk && chunk < len - off ? chunk : len - off;
-        const uint8_t *d = body + off;
-        size_t left = n;
-        while (left > 0 && sf_st_state_of(p) != SF_ST_FAILED) {
-            size_t used = sf_st_feed(p, d, left);
-            d += used;
-            left -= used;
-            if (sf_st_state_of(p) == SF_ST_NEED_DEST) {
-                size_t cap = (size_t)sf_st_info_of(p)->dest_bytes;
-                *dest = malloc(cap ? cap : 1);
-                CHECK(*dest);
-                sf_st_set_dest(p, *dest, cap);
-            } else if (used == 0) {
-                CHECK(sf_st_state_of(p) == SF_ST_FAILED);
-            }
-        }
-        off += n;
-    }
-    return sf_st_finish(p);
-}
+#include "fuzz_image_header.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -98,8 +56,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(body + hl + sizeof off, data, size);
     sf_st_parser p1, p2;
     uint8_t *d1, *d2;
-    int r1 = run(&p1, body, len, 0, &d1);
-    int r2 = run(&p2, body, len, 1 + (size_t)(h >> 32) % 97, &d2);
+    int r1 = run_body(&p1, body, len, 0, &d1);
+    int r2 = run_body(&p2, body, len, 1 + (size_t)(h >> 32) % 97, &d2);
     CHECK(r1 == r2 && sf_st_error_of(&p1) == sf_st_error_of(&p2));
     CHECK(sf_st_bad_sample(&p1) == sf_st_bad_sample(&p2));
     sf_jpeg_error want = e0 != SF_JPEG_OK ? e0 : e1;

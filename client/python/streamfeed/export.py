@@ -423,7 +423,7 @@ class _Converter:
         return self.convert_function(n)
 
     # -- modules --
-    def convert_module(self, n: torch.fx.Node) -> _Val:
+    def convert_module(self, n: torch.fx.Node) -> Union[_Val, "_Attention"]:
         path = str(n.target)
         mod: Any = self.gm.get_submodule(path)
         op = _op_name(n, mod)
@@ -776,11 +776,12 @@ class _Converter:
                                   "over the batch as a class token", op=op, module_path=path)
             return _Expanded(target, tuple(int(d) for d in p.shape))
         if t is operator.getitem:
-            src = self.vals.get(n.args[0])
-            if isinstance(src, _Attention):
+            a0 = n.args[0]
+            src = self.vals.get(a0) if isinstance(a0, torch.fx.Node) else None
+            if isinstance(src, _Attention) and isinstance(a0, torch.fx.Node):
                 if n.args[1] != 0:
                     raise ExportError("uses the attention weights (the second output); the service computes none",
-                                      op=self.opname(n.args[0]), module_path=_path_of(n.args[0]))
+                                      op=self.opname(a0), module_path=_path_of(a0))
                 return src.out
             x = self.val(n.args[0], n)
             idx = n.args[1]
@@ -816,10 +817,10 @@ class _Converter:
             return y if keep else self.flatten(path, y, n, op, 1, -1)
         if t is F.dropout:
             x = self.val(n.args[0], n)
-            p, training = float(arg(1, "p", 0.5)), bool(arg(2, "training", True))
+            prob, training = float(arg(1, "p", 0.5)), bool(arg(2, "training", True))
             if arg(3, "inplace", False) not in (False, True):
                 raise ExportError("inplace must be a constant", op=op, module_path=path)
-            return self.dropout(self.fname(n, "dropout"), x, p if training else 0.0)
+            return self.dropout(self.fname(n, "dropout"), x, prob if training else 0.0)
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_functions())
 

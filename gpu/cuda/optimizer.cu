@@ -463,29 +463,36 @@ __global__ void __launch_bounds__(CU_TPB)
 /* launchers                                                                */
 /* ======================================================================== */
 
-/* A copy of segs sorted by offset, for the kernels' binary search; -1 (the
- * error set) when there are too many or two overlap. Launches are captured
- * into the step's graph, so the sort runs once per capture, not per step. */
-static int segs_sorted(const char *fn, const sf_sgd_segs *in, sf_sgd_segs *out)
+/* segs as the kernels' binary search needs them: sorted by offset and
+ * disjoint. The executor builds them in offset order, so the usual answer is
+ * segs itself after one pass; a list out of order is sorted into scratch.
+ * NULL (the error set) when there are too many or two overlap. */
+static const sf_sgd_segs *segs_sorted(const char *fn, const sf_sgd_segs *in, sf_sgd_segs *scratch)
 {
     if (in->n < 0 || in->n > SF_SGD_MAX_SEGS) {
         sf_cuda_set_error("%s:%d: %s: %d segments (at most %d)", __FILE__, __LINE__, fn, in->n, SF_SGD_MAX_SEGS);
-        return -1;
+        return NULL;
     }
-    out->n = in->n;
-    for (int k = 0; k < in->n; k++) {
-        int j = k;
-        for (; j > 0 && out->s[j - 1].off > in->s[k].off; j--)
-            out->s[j] = out->s[j - 1];
-        out->s[j] = in->s[k];
+    const sf_sgd_segs *out = in;
+    for (int k = 0; k + 1 < in->n && out == in; k++)
+        if (in->s[k].off > in->s[k + 1].off)
+            out = scratch;
+    if (out == scratch) {
+        scratch->n = in->n;
+        for (int k = 0; k < in->n; k++) {
+            int j = k;
+            for (; j > 0 && scratch->s[j - 1].off > in->s[k].off; j--)
+                scratch->s[j] = scratch->s[j - 1];
+            scratch->s[j] = in->s[k];
+        }
     }
     for (int k = 0; k + 1 < out->n; k++)
         if (out->s[k].off + out->s[k].len > out->s[k + 1].off) {
             sf_cuda_set_error("%s:%d: %s: segments at %zu and %zu overlap", __FILE__, __LINE__, fn, out->s[k].off,
                               out->s[k + 1].off);
-            return -1;
+            return NULL;
         }
-    return 0;
+    return out;
 }
 
 extern "C" int sf_cuda_sgd(float *p, const float *g, float *m, float *wdev, size_t len,
@@ -502,10 +509,11 @@ extern "C" int sf_cuda_sgd(float *p, const float *g, float *m, float *wdev, size
         sf_cuda_set_error("%s:%d: sf_cuda_sgd: permuted segments need wdev", __FILE__, __LINE__);
         return -1;
     }
-    sf_sgd_segs sorted; /* 12 KB on the stack: the launch copies it into the parameters */
-    if (segs_sorted("sf_cuda_sgd", segs, &sorted))
+    sf_sgd_segs sorted; /* 12 KB on the stack, used only for a list out of order */
+    const sf_sgd_segs *ks = segs_sorted("sf_cuda_sgd", segs, &sorted);
+    if (!ks)
         return -1;
-    k_sgd<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, wdev, len, d_hyper, sorted, gs);
+    k_sgd<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, wdev, len, d_hyper, *ks, gs);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -529,10 +537,11 @@ extern "C" int sf_cuda_sgd_mixed(float *p, const float *g, const void *gd, sf_dt
     if (len == 0)
         return 0;
     sf_sgd_segs sorted;
-    if (segs_sorted("sf_cuda_sgd_mixed", segs, &sorted))
+    const sf_sgd_segs *ks = segs_sorted("sf_cuda_sgd_mixed", segs, &sorted);
+    if (!ks)
         return -1;
     k_sgd_mixed<cu_bf16><<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, (const cu_bf16 *)gd, m,
-                                                                           (cu_bf16 *)wd, len, d_hyper, sorted, gs);
+                                                                           (cu_bf16 *)wd, len, d_hyper, *ks, gs);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -681,9 +690,10 @@ extern "C" int sf_cuda_adamw(float *p, const float *g, float *m, float *v, float
         return -1;
     }
     sf_sgd_segs sorted;
-    if (segs_sorted("sf_cuda_adamw", sg, &sorted))
+    const sf_sgd_segs *ks = segs_sorted("sf_cuda_adamw", sg, &sorted);
+    if (!ks)
         return -1;
-    k_adamw<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, v, wdev, len, d_hyper, sorted, gs, skips);
+    k_adamw<<<cu_blocks((len + 3) / 4, CU_TPB), CU_TPB, 0, s>>>(p, g, m, v, wdev, len, d_hyper, *ks, gs, skips);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

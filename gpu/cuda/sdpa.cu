@@ -465,6 +465,13 @@ static void why_add(why_buf *w, const char *fmt, ...)
         w->at = w->at + (size_t)k < sizeof w->s ? w->at + (size_t)k : sizeof w->s - 1;
 }
 
+/* cuDNN's message for its most recent failure on this thread, "" when none. */
+static void cudnn_reason(char *buf, size_t len)
+{
+    buf[0] = '\0';
+    cudnnGetLastErrorString(buf, len);
+}
+
 static int64_t cfg_engine(cudnnBackendDescriptor_t cfg)
 {
     cudnnBackendDescriptor_t eng;
@@ -542,7 +549,10 @@ static int choose_plan(cudnnHandle_t h, cudnnBackendDescriptor_t graph, cudnnBac
                 *engine = eidx;
                 *ws = (size_t)wsb;
             } else {
-                why_add(why, " engine %lld: %s;", (long long)eidx, cudnnGetErrorString(st));
+                /* cuDNN's own sentence says which check refused the config */
+                char reason[160];
+                cudnn_reason(reason, sizeof reason);
+                why_add(why, " engine %lld: %s (%s);", (long long)eidx, cudnnGetErrorString(st), reason);
                 cudnnBackendDestroyDescriptor(plan);
             }
         }
@@ -639,8 +649,10 @@ extern "C" int sf_sdpa_plan_create(sf_sdpa_plan **out, cudnnHandle_t h, int n, i
     cudnnBackendDescriptor_t gf = NULL, gb = NULL;
     sf_cuda_clear_error();
     if (build_fwd(p, h, &gf) || build_bwd(p, h, &gb)) {
-        snprintf(err, errlen, "%s: cuDNN %zu (headers %d) rejected the %s graph: %s", what, cudnn_v, CUDNN_VERSION,
-                 gf ? "backward" : "forward", sf_cuda_last_error());
+        char reason[256];
+        cudnn_reason(reason, sizeof reason);
+        snprintf(err, errlen, "%s: cuDNN %zu (headers %d) rejected the %s graph: %s [cuDNN: %s]", what, cudnn_v,
+                 CUDNN_VERSION, gf ? "backward" : "forward", sf_cuda_last_error(), reason);
         sf_sdpa_plan_destroy(p);
         return -1;
     }

@@ -10,11 +10,12 @@
  * (unmasked, dropout-free, equal-heads) attention; their shape is what the
  * engine matches, so they follow it operation for operation, including the
  * multiplication by a pass-by-value 1 in the backward. cuDNN 9.13 added
- * dedicated SDPA operation descriptors (CUDNN_BACKEND_OPERATION_SDPA_FWD/BWD),
- * but in the frontend they serve only newer releases and GPUs (the forward
- * needs 9.13.1 and the backward descriptor is not used at all), while the
- * composite graph is the path every 9.x release takes on sm_80 and sm_90;
- * using it alone keeps one path that compiles and runs on 9.14 and 9.19 alike.
+ * dedicated SDPA operation descriptors (CUDNN_BACKEND_OPERATION_SDPA_FWD/BWD);
+ * the frontend builds its forward on the first from 9.13.1 on, but never uses
+ * the second: its backward is this composite graph on every release. The
+ * composite forward is accepted by every 9.x release too, so both directions
+ * here take the one path that compiles and runs on 9.14 and 9.19 alike, and
+ * the forward's statistics are the ones the composite backward is built for.
  *
  * Layout. Q, K and V are strided views of the packed [n*t, 3c] matrix: logical
  * [B=n, H=heads, S=t, D=d] with strides (t*3c, d, 3c, 1), at offsets 0, c and

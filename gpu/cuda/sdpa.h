@@ -35,10 +35,17 @@ int sf_sdpa_bwd(sf_sdpa_plan *p, cudnnHandle_t h, const void *qkv, const void *o
 
 /* Additions beyond the executor's interface.
  *
- * Pointers: qkv, o, d_o and dqkv must be 16-byte aligned (head_dim is a
- * multiple of 8, so every head's columns then are too); ws must be at least
- * ws_bytes long and 256-byte aligned (cudaMalloc's alignment). Both calls
- * return 0, or -1 with the reason in sf_cuda_last_error() (gpu/cuda/check.h).
+ * Pointers: qkv, o, d_o, dqkv and stats must be 16-byte aligned (head_dim is
+ * a multiple of 8, so every head's columns then are too); ws must be at least
+ * ws_bytes long and 256-byte aligned (cudaMalloc's alignment), and serves one
+ * call at a time (the backward keeps two fp32 buffers of its own in it). A
+ * plan is used by one thread at a time. Both calls return 0, or -1 with the
+ * reason in sf_cuda_last_error() (gpu/cuda/check.h); neither allocates device
+ * memory nor synchronises, so both may be captured into a CUDA graph. The
+ * statistics are natural-log log-sum-exps of the scaled scores.
+ *
+ * Shapes: head_dim a multiple of 8 up to 128, a GPU of sm_80 or newer; other
+ * shapes are refused by sf_sdpa_plan_create with the reason.
  *
  * sf_sdpa_plan_describe writes one line naming the cuDNN version, the engines
  * chosen (global index) and the workspace of each direction, for logs and

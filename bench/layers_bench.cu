@@ -6,7 +6,9 @@
  *  - BN forward+backward (fp32, both layouts) and maxpool k3 s2 p1 against a
  *    device-to-device copy timed in the same run (achieved bandwidth);
  *  - bf16 NHWC: BN forward/backward at ResNet-18's five BN shapes, the residual
- *    add, the stem maxpool (NHWC and NCHW).
+ *    add, the stem maxpool (NHWC and NCHW);
+ *  - cuDNN's fused attention (gpu/cuda/sdpa.h) forward and backward at
+ *    vit_b_16's and vit_b_32's batch-256 shapes: time, engine, TFLOP/s.
  * Each timed kernel runs as a captured CUDA graph; a BN graph that does not
  * replay bit-equal to its eager run is reported as a failure (the test of that
  * is tests/gpu/test_batchnorm.cu).
@@ -16,6 +18,8 @@
  * 0 with "SKIPPED: no CUDA device" without a GPU.
  */
 #include "tests/gpu/op_test.h"
+
+#include "gpu/cuda/sdpa.h"
 
 /* ---- ResNet-18's convolutions ------------------------------------------------
  * ResNet-18's convolutions at batch 256 with their true spatial sizes (224x224
@@ -492,6 +496,72 @@ static void bench_bf16(cudaStream_t s, double copy_gbs)
     cudaFree(c.rm); cudaFree(c.rv); cudaFree(c.sm); cudaFree(c.si); cudaFree(c.dg); cudaFree(c.db); cudaFree(c.scr);
 }
 
+/* ---- fused attention ---------------------------------------------------------
+ * vit_b_16 (t = 197) and vit_b_32 (t = 50) at batch 256: 12 heads of 64. The
+ * forward does 4 n h t^2 d flops (two matmuls), the backward 10 n h t^2 d
+ * (five: the scores again, dV, dP, dK, dQ). Each direction runs as a captured
+ * graph, as the executor runs it. */
+
+struct att_ctx {
+    sf_sdpa_plan *p;
+    cudnnHandle_t h;
+    uint16_t *qkv, *o, *d_o, *dqkv;
+    float *stats;
+    void *ws;
+};
+static int enq_att_fwd(void *v, cudaStream_t s)
+{
+    att_ctx *c = (att_ctx *)v;
+    return sf_sdpa_fwd(c->p, c->h, c->qkv, c->o, c->stats, c->ws, s);
+}
+static int enq_att_bwd(void *v, cudaStream_t s)
+{
+    att_ctx *c = (att_ctx *)v;
+    return sf_sdpa_bwd(c->p, c->h, c->qkv, c->o, c->d_o, c->stats, c->dqkv, c->ws, s);
+}
+
+static void bench_attention(cudnnHandle_t dnn, cudaStream_t s)
+{
+    const int n = 256, heads = 12, d = 64, ts[2] = {197, 50};
+    for (int k = 0; k < 2; k++) {
+        const int t = ts[k], c = heads * d;
+        char nm[160], err[1024], desc[300];
+        snprintf(nm, sizeof nm, "attention bf16 n%d t%d heads%d d%d", n, t, heads, d);
+        att_ctx a;
+        size_t ws = 0;
+        if (sf_sdpa_plan_create(&a.p, dnn, n, t, heads, d, &ws, err, sizeof err)) {
+            fail(nm, err);
+            continue;
+        }
+        printf("   %s\n", sf_sdpa_plan_describe(a.p, desc, sizeof desc));
+        const size_t rows = (size_t)n * t;
+        a.h = dnn;
+        a.qkv = dalloc<uint16_t>(rows * 3 * c);
+        a.dqkv = dalloc<uint16_t>(rows * 3 * c);
+        a.o = dalloc<uint16_t>(rows * c);
+        a.d_o = dalloc<uint16_t>(rows * c);
+        a.stats = dalloc<float>((size_t)n * heads * t);
+        a.ws = ws ? (void *)dalloc<char>(ws) : NULL;
+        k_fill_bf16<<<(unsigned)((rows * 3 * c + 255) / 256), 256, 0, s>>>(a.qkv, rows * 3 * c, 71);
+        k_fill_bf16<<<(unsigned)((rows * c + 255) / 256), 256, 0, s>>>(a.d_o, rows * c, 72);
+        CU(cudaStreamSynchronize(s));
+        /* the forward first, eagerly: the backward reads its O and statistics */
+        if (enq_att_fwd(&a, s)) {
+            fail(nm, sf_cuda_last_error());
+        } else {
+            const double fl = (double)n * heads * t * t * d;
+            const float fms = bf_time(s, enq_att_fwd, &a, nm, 20), bms = bf_time(s, enq_att_bwd, &a, nm, 20);
+            if (fms > 0 && bms > 0)
+                printf("perf %s: fwd %.3f ms (%.0f TFLOP/s), bwd %.3f ms (%.0f TFLOP/s), workspace %.1f MiB\n", nm,
+                       fms, 4 * fl / (fms * 1e9), bms, 10 * fl / (bms * 1e9), ws / 1048576.0);
+        }
+        cudaFree(a.qkv); cudaFree(a.dqkv); cudaFree(a.o); cudaFree(a.d_o); cudaFree(a.stats);
+        if (a.ws)
+            cudaFree(a.ws);
+        sf_sdpa_plan_destroy(a.p);
+    }
+}
+
 int main(void)
 {
     int count = 0;
@@ -513,6 +583,7 @@ int main(void)
     const double copy_gbs = bench_resnet(s);
     if (copy_gbs > 0)
         bench_bf16(s, copy_gbs);
+    bench_attention(dnn, s);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         printf("FAIL device: %s\n", cudaGetErrorString(e));

@@ -123,7 +123,7 @@ static void perf_resnet18(cudnnHandle_t dnn, cudaStream_t s, int batch)
             const sf_conv_ptrs *ptrs[3] = {&pf, &pd, &pw};
             for (int dir = 0; dir < 3; dir++) {
                 sf_conv_plan p;
-                cudnnBackendDescriptor_t vp = NULL;
+                sf_conv_vpack *vp = NULL;
                 if (sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_bytes, 8, ptrs[dir], &p)) {
                     printf("info perf %-20s %s %s: no plan (%s)\n", r.name, dn[dir], cf.name, sf_cuda_last_error());
                     sf_cuda_clear_error();

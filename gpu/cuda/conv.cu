@@ -1,7 +1,9 @@
 /* gpu/cuda/conv.cu — cuDNN graph-API convolution plans: tensor and operation
  * descriptors, engine heuristics filtered by their numerical notes, optional
- * timing of the candidates, variant packs and the run. Contracts in conv.h. */
+ * timing of the candidates, the GEMM plan where no engine is left
+ * (conv_gemm.h), variant packs and the run. Contracts in conv.h. */
 #include "conv.h"
+#include "conv_gemm.h"
 
 #include "kernel_common.cuh"
 
@@ -351,10 +353,17 @@ static float time_plan(cudnnHandle_t h, cudnnBackendDescriptor_t plan, cudnnBack
     return b;
 }
 
+/* cuDNN's variant pack and the pointers it binds (a GEMM plan reads those). */
+struct sf_conv_vpack {
+    cudnnBackendDescriptor_t vp;
+    sf_conv_ptrs p;
+};
+
 extern "C" void sf_conv_plan_destroy(sf_conv_plan *p)
 {
     if (!p)
         return;
+    sf_conv_gemm_destroy(p);
     if (p->plan)
         cudnnBackendDestroyDescriptor(p->plan);
     for (int i = p->n_keep - 1; i >= 0; i--)
@@ -375,25 +384,36 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         return -1;
     }
     out->dt = d->dt;
+    if (d->gemm == SF_CONV_GEMM_FORCE)
+        return sf_conv_gemm_build(h, d, dir, ws_limit, tune, out);
+    /* without an engine, an unfused pointwise convolution runs as GEMMs; a fused
+     * one is refused as before, and its callers use the plain plan */
+    const int gemm_fallback = sf_conv_gemm_ok(d) && !(dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu));
     cudnnBackendDescriptor_t graph;
     if (build_graph(h, d, dir, out, &graph)) {
         /* cuDNN rejected a descriptor (for a bf16 fused graph: possibly the
          * mixed-type epilogue); name the convolution in the message. */
         char why[SF_CUDA_ERR_LEN];
         snprintf(why, sizeof why, "%s", sf_cuda_last_error());
-        sf_cuda_set_error("conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d g=%d dil=%d %s %s: graph rejected: %s", dir_name[dir],
+        sf_conv_plan_destroy(out);
+        char gemm_why[SF_CUDA_ERR_LEN] = "";
+        if (gemm_fallback) {
+            if (sf_conv_gemm_build(h, d, dir, ws_limit, tune, out) == 0)
+                return 0;
+            snprintf(gemm_why, sizeof gemm_why, "; GEMM path: %.400s", sf_cuda_last_error());
+        }
+        sf_cuda_set_error("conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d g=%d dil=%d %s %s: graph rejected: %s%s", dir_name[dir],
                           dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu) ? "+bias/relu" : "", d->n, d->c,
                           d->h, d->w, d->oc, d->k, d->stride, d->pad, d->groups > 1 ? d->groups : 1,
                           d->dilation > 1 ? d->dilation : 1, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
-                          sf_conv_prec_name(d->dt, d->tf32), why);
-        sf_conv_plan_destroy(out);
+                          sf_conv_prec_name(d->dt, d->tf32), why, gemm_why);
         return -1;
     }
     const int allow_rtc = d->allow_rtc;
     if (max_candidates < 1)
         max_candidates = 1;
 
-    cudnnBackendDescriptor_t vp = NULL;
+    sf_conv_vpack *vp = NULL;
     if (tune && sf_conv_vpack_make(tune, &vp)) {
         sf_conv_plan_destroy(out);
         return -1;
@@ -431,7 +451,7 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
             if (use) {
                 tried++;
                 if (vp) {
-                    ms = time_plan(h, plan, vp);
+                    ms = time_plan(h, plan, vp->vp);
                     use = ms >= 0.f;
                 }
             }
@@ -464,13 +484,20 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
     out->tried = tried;
     out->fused = dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu);
     if (!best) {
+        const int fused = out->fused;
+        sf_conv_plan_destroy(out);
+        char gemm_why[SF_CUDA_ERR_LEN] = "";
+        if (gemm_fallback) {
+            if (sf_conv_gemm_build(h, d, dir, ws_limit, tune, out) == 0)
+                return 0;
+            snprintf(gemm_why, sizeof gemm_why, "; GEMM path: %.400s", sf_cuda_last_error());
+        }
         sf_cuda_set_error("%s:%d: conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d g=%d dil=%d %s %s: no usable cuDNN engine "
-                          "(workspace limit %zu bytes)",
-                          __FILE__, __LINE__, dir_name[dir], out->fused ? "+bias/relu" : "", d->n, d->c, d->h,
+                          "(workspace limit %zu bytes)%s",
+                          __FILE__, __LINE__, dir_name[dir], fused ? "+bias/relu" : "", d->n, d->c, d->h,
                           d->w, d->oc, d->k, d->stride, d->pad, d->groups > 1 ? d->groups : 1,
                           d->dilation > 1 ? d->dilation : 1, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw", sf_conv_prec_name(d->dt, d->tf32),
-                          ws_limit);
-        sf_conv_plan_destroy(out);
+                          ws_limit, gemm_why);
         return -1;
     }
     if (keep(out, best_cfg)) {
@@ -482,8 +509,14 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
     return 0;
 }
 
-extern "C" int sf_conv_vpack_make(const sf_conv_ptrs *p, cudnnBackendDescriptor_t *vp)
+extern "C" int sf_conv_vpack_make(const sf_conv_ptrs *p, sf_conv_vpack **out)
 {
+    sf_conv_vpack *pack = (sf_conv_vpack *)calloc(1, sizeof *pack);
+    if (!pack) {
+        sf_cuda_set_error("%s:%d: variant pack: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    pack->p = *p;
     cudnnBackendDescriptor_t v;
     SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &v));
     void *ptrs[4] = {p->x, p->w, p->y, p->b};
@@ -499,25 +532,32 @@ extern "C" int sf_conv_vpack_make(const sf_conv_ptrs *p, cudnnBackendDescriptor_
         st = cudnnBackendFinalize(v);
     if (st != CUDNN_STATUS_SUCCESS) {
         cudnnBackendDestroyDescriptor(v);
+        free(pack);
         sf_cuda_set_error("%s:%d: variant pack: %s", __FILE__, __LINE__, cudnnGetErrorString(st));
         return -1;
     }
-    *vp = v;
+    pack->vp = v;
+    *out = pack;
     return 0;
 }
 
-extern "C" void sf_conv_vpack_destroy(cudnnBackendDescriptor_t vp)
+extern "C" void sf_conv_vpack_destroy(sf_conv_vpack *vp)
 {
-    if (vp)
-        cudnnBackendDestroyDescriptor(vp);
+    if (!vp)
+        return;
+    if (vp->vp)
+        cudnnBackendDestroyDescriptor(vp->vp);
+    free(vp);
 }
 
-extern "C" int sf_conv_run(cudnnHandle_t h, const sf_conv_plan *p, cudnnBackendDescriptor_t vp)
+extern "C" int sf_conv_run(cudnnHandle_t h, const sf_conv_plan *p, const sf_conv_vpack *vp)
 {
-    if (!p->plan || !vp) {
+    if (!sf_conv_plan_built(p) || !vp) {
         sf_cuda_set_error("%s:%d: sf_conv_run: plan or variant pack missing", __FILE__, __LINE__);
         return -1;
     }
-    SF_CUDNN_CHECK(cudnnBackendExecute(h, p->plan, vp));
+    if (p->gemm)
+        return sf_conv_gemm_run(h, p, &vp->p);
+    SF_CUDNN_CHECK(cudnnBackendExecute(h, p->plan, vp->vp));
     return 0;
 }

@@ -1,7 +1,10 @@
 /* gpu/cuda/conv.h — 2-D convolutions through cuDNN's graph (backend) API:
  * plans built once per (shape, direction), variant packs that bind pointers,
- * and the launcher that runs a plan. Contract and precision: tensor.h;
- * semantics: sf_ref_conv2d_* (gpu/ref/ref.h), checked by tests/gpu/test_conv.cu.
+ * and the launcher that runs a plan. A pointwise convolution for which cuDNN
+ * offers no engine gets a plan that runs as cuBLAS GEMMs instead
+ * (conv_gemm.h); callers see the same plan, pack and run. Contract and
+ * precision: tensor.h; semantics: sf_ref_conv2d_* (gpu/ref/ref.h), checked by
+ * tests/gpu/test_conv.cu and tests/gpu/test_conv_gemm.cu.
  */
 #ifndef SF_GPU_CUDA_CONV_H
 #define SF_GPU_CUDA_CONV_H
@@ -20,6 +23,16 @@ extern "C" {
 /* ---- convolutions (cuDNN graph API) -------------------------------------- */
 
 typedef enum sf_conv_dir { SF_CONV_FWD = 0, SF_CONV_BWD_DATA = 1, SF_CONV_BWD_FILTER = 2 } sf_conv_dir;
+
+/* When a pointwise convolution (1x1, stride 1, padding 0, dilation 1, one
+ * group) runs as cuBLAS GEMMs (conv_gemm.h) rather than on a cuDNN engine:
+ *   FALLBACK (0, a zeroed desc): only when cuDNN has no usable engine for the
+ *     direction (cuDNN stays the first choice), and never for a fused
+ *     bias/ReLU forward (whose callers fall back to the plain plan plus their
+ *     own epilogue, which then may be a GEMM plan);
+ *   FORCE: always (the fused forward then runs the GEMM and the epilogue
+ *     kernel); a convolution that is not pointwise is refused. For tests. */
+typedef enum sf_conv_gemm_use { SF_CONV_GEMM_FALLBACK = 0, SF_CONV_GEMM_FORCE = 1 } sf_conv_gemm_use;
 
 /* One convolution shape. The output size follows ref.h:
  * oh = (h + 2*pad - dilation*(k-1) - 1)/stride + 1. */
@@ -51,6 +64,7 @@ typedef struct sf_conv_desc {
     int allow_rtc;           /* consider engines that compile at run time (off by default:
                                 one picked a fused bf16 engine that gave wrong results for
                                 a 2-byte-aligned x; the engine filter does not catch it) */
+    int gemm;                /* sf_conv_gemm_use: when a pointwise conv runs as GEMMs */
 } sf_conv_desc;
 
 /* "bf16", "tf32" or "fp32": the data type and math of a convolution, for
@@ -75,10 +89,15 @@ typedef struct sf_conv_ptrs {
 
 #define SF_CONV_KEEP 20
 
+struct sf_conv_gemm;
+
 /* A finalised execution plan for one (shape, direction), and the descriptors it
- * was built from (kept alive as long as the plan). */
+ * was built from (kept alive as long as the plan); or, with gemm set, the
+ * cuBLAS form of a pointwise convolution (conv_gemm.h: plan and keep empty,
+ * engine -1, tried 0). */
 typedef struct sf_conv_plan {
-    cudnnBackendDescriptor_t plan;              /* NULL when not built */
+    cudnnBackendDescriptor_t plan;              /* NULL when not built or a GEMM plan */
+    struct sf_conv_gemm *gemm;                  /* non-NULL: runs as cuBLAS GEMMs */
     cudnnBackendDescriptor_t keep[SF_CONV_KEEP];
     int n_keep;
     int64_t ws_bytes;                           /* workspace the plan needs */
@@ -90,6 +109,9 @@ typedef struct sf_conv_plan {
     float ms;                                   /* measured time when tuned, else -1 */
     sf_dtype dt;                                /* element type of x, w, y (the desc's) */
 } sf_conv_plan;
+
+/* A plan that can run: a cuDNN engine's or a GEMM one. */
+static inline int sf_conv_plan_built(const sf_conv_plan *p) { return p->plan != NULL || p->gemm != NULL; }
 
 /* Builds the plan (for FWD with fuse_bias/fuse_relu, the graph conv -> add bias
  * -> ReLU, which needs an engine that fuses it). x, w, y are tensors of type
@@ -107,20 +129,25 @@ typedef struct sf_conv_plan {
  * Of the remaining configs the first max_candidates that finalise with a
  * workspace <= ws_limit are kept; when tune is non-NULL each is timed on those
  * buffers (on the handle's stream, synchronously) and the fastest wins, else
- * the first does. Build time only. -1 (error set, naming the shape, layout and
- * precision) when no config is left or a descriptor is rejected. */
+ * the first does. When no config is left (or cuDNN rejects the graph) and the
+ * convolution is pointwise and unfused, the plan is the GEMM one
+ * (conv_gemm.h; d->gemm says when else). Build time only. -1 (error set,
+ * naming the shape, layout and precision) when neither exists. */
 int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, size_t ws_limit,
                        int max_candidates, const sf_conv_ptrs *tune, sf_conv_plan *out);
 void sf_conv_plan_destroy(sf_conv_plan *p);
 
 /* A variant pack binds pointers to a plan's tensors; one pack serves any plan of
  * the same direction whose tensors those pointers satisfy (any batch size up to
- * the buffers' capacity). Build time only (allocates host memory). */
-int sf_conv_vpack_make(const sf_conv_ptrs *p, cudnnBackendDescriptor_t *vp);
-void sf_conv_vpack_destroy(cudnnBackendDescriptor_t vp);
+ * the buffers' capacity), cuDNN or GEMM. It holds cuDNN's variant pack and
+ * the pointers themselves (which the GEMM plans read). Build time only
+ * (allocates host memory); destroy accepts NULL. */
+typedef struct sf_conv_vpack sf_conv_vpack;
+int sf_conv_vpack_make(const sf_conv_ptrs *p, sf_conv_vpack **vp);
+void sf_conv_vpack_destroy(sf_conv_vpack *vp);
 
 /* Enqueues the convolution on the handle's stream. Capturable. */
-int sf_conv_run(cudnnHandle_t h, const sf_conv_plan *p, cudnnBackendDescriptor_t vp);
+int sf_conv_run(cudnnHandle_t h, const sf_conv_plan *p, const sf_conv_vpack *vp);
 
 #ifdef __cplusplus
 }

@@ -61,7 +61,7 @@ typedef struct sf_convt_plans {
     sf_convt_desc d;
     int dirs;                               /* built directions (mask) */
     sf_conv_plan plan[3];
-    cudnnBackendDescriptor_t vp[3];         /* cached variant pack, or NULL */
+    sf_conv_vpack *vp[3];                   /* cached variant pack, or NULL */
     sf_convt_ptrs vp_ptrs[3];               /* the pointers vp[dir] binds */
 } sf_convt_plans;
 

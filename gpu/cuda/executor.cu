@@ -422,7 +422,7 @@ static void g_shape_ws(const sf_cuda_net *net, const gshape *S, size_t need[3])
     for (int i = 0; i < net->g->nl; i++) {
         for (int d = 0; d < 3; d++) {
             const int k = g_ws_kind(net, i, d);
-            if (S->cp[i][d].plan && (size_t)S->cp[i][d].ws_bytes > need[k])
+            if (sf_conv_plan_built(&S->cp[i][d]) && (size_t)S->cp[i][d].ws_bytes > need[k])
                 need[k] = (size_t)S->cp[i][d].ws_bytes;
         }
         const int k = g_ws_kind(net, i, SF_CONV_FWD);
@@ -1947,9 +1947,17 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         }
         for (int d = 0; d < 3 && at < len; d++) {
             const sf_conv_plan *p = L->kind == SF_L_CONV2D ? &S->cp[i][d] : &S->tp[i].plan[d];
-            if (!p->plan)
+            if (!sf_conv_plan_built(p))
                 continue;
-            int w = snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d %s%s: engine %lld%s ws %lld B, %.3f ms (of %d)\n",
+            /* a pointwise conv without a usable cuDNN engine runs as cuBLAS GEMMs (conv_gemm.h) */
+            int w = p->gemm
+                        ? snprintf(buf + at, len - at,
+                                   "layer %d %s %d->%d k%d s%d %dx%d %s%s: engine cuBLAS GEMM (pointwise, no cuDNN "
+                                   "engine) %s ws %lld B, %.3f ms\n",
+                                   i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h,
+                                   L->in_w, dn[d], p->fused ? "+bias/relu" : "", sf_conv_prec_name(p->dt, p->tensor_core),
+                                   (long long)p->ws_bytes, p->ms)
+                        : snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d %s%s: engine %lld%s ws %lld B, %.3f ms (of %d)\n",
                              i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
                              dn[d], p->fused ? "+bias/relu fused" : "", (long long)p->engine, p->tensor_core ? " tc" : "", (long long)p->ws_bytes, p->ms,
                              p->tried);

@@ -118,8 +118,8 @@ typedef struct gop {
                             conv + epilogue kernel (kept per shape where it times faster) */
     /* conv: variant packs per batch buffer (a layer reading the model input or
      * the frozen boundary binds buffer b's tensor, so no input is copied) */
-    cudnnBackendDescriptor_t vp[3][SF_NET_MAX_BUF];
-    cudnnBackendDescriptor_t vpf[SF_NET_MAX_BUF]; /* fused forward (binds the bias too) */
+    sf_conv_vpack *vp[3][SF_NET_MAX_BUF];
+    sf_conv_vpack *vpf[SF_NET_MAX_BUF]; /* fused forward (binds the bias too) */
 } gop;
 
 typedef struct gshape {

@@ -2,7 +2,8 @@
  * type of device tensors, and the contract every launcher keeps.
  *
  * One header per op family declares its launchers: conv.h (cuDNN
- * convolutions), conv_transpose.h, linear.h (cuBLAS), batchnorm.h, norm.h
+ * convolutions), conv_gemm.h (pointwise convolutions as cuBLAS GEMMs where
+ * cuDNN has no engine), conv_transpose.h, linear.h (cuBLAS), batchnorm.h, norm.h
  * (layer norm), pool.h (max, average, adaptive and global average pooling),
  * pointwise.h (bias, ReLU, add, cast, fill), activation.h (ReLU6, sigmoid,
  * SiLU, hardswish, hardsigmoid, GELU), mul.h (products: broadcast multiply,

@@ -80,7 +80,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
     snprintf(name, sizeof name, "conv n%d c%d %dx%d oc%d k%d s%d p%d %s %s%s", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,
              cc.stride, cc.pad, ln, pn, tune > 1 ? " tuned" : "");
     char nm[260];
-    cudnnBackendDescriptor_t vf = NULL, vd = NULL, vw = NULL;
+    sf_conv_vpack *vf = NULL, *vd = NULL, *vw = NULL;
     if (sf_conv_plan_build(dnn, &d, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pf : NULL, &plf) ||
         sf_conv_plan_build(dnn, &d, SF_CONV_BWD_DATA, ws_bytes, tune, tune > 1 ? &pd : NULL, &pld) ||
         sf_conv_plan_build(dnn, &d, SF_CONV_BWD_FILTER, ws_bytes, tune, tune > 1 ? &pw : NULL, &plw) ||
@@ -123,7 +123,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
             sf_conv_ptrs pfb = pf;
             pfb.b = db_in;
             sf_conv_plan plfu;
-            cudnnBackendDescriptor_t vfu = NULL;
+            sf_conv_vpack *vfu = NULL;
             snprintf(nm, sizeof nm, "%s fused fwd+bias+relu", name);
             if (sf_conv_plan_build(dnn, &df, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pfb : NULL, &plfu) == 0) {
                 if (sf_conv_vpack_make(&pfb, &vfu)) {
@@ -299,7 +299,7 @@ static void test_conv_bf16(cudnnHandle_t dnn, cudaStream_t s, const conv_case &c
         sf_conv_ptrs pf = {bx, bw, by, ws, NULL}, pd = {bdx, bw, bdy, ws, NULL}, pw = {bx, bdw, bdy, ws, NULL};
         sf_conv_plan plan[3];
         memset(plan, 0, sizeof plan);
-        cudnnBackendDescriptor_t vp[3] = {NULL, NULL, NULL};
+        sf_conv_vpack *vp[3] = {NULL, NULL, NULL};
         const sf_conv_ptrs *ptrs[3] = {&pf, &pd, &pw};
         static const char *dn[3] = {"fwd", "bwd_data", "bwd_filter"};
         for (int dir = 0; dir < 3; dir++) {
@@ -350,7 +350,7 @@ static void test_conv_bf16(cudnnHandle_t dnn, cudaStream_t s, const conv_case &c
             sf_conv_ptrs pfb = pf;
             pfb.b = bb;
             sf_conv_plan plfu;
-            cudnnBackendDescriptor_t vfu = NULL;
+            sf_conv_vpack *vfu = NULL;
             snprintf(nm, sizeof nm, "%s fused fwd+bias+relu", name);
             if (sf_conv_plan_build(dnn, &df, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pfb : NULL, &plfu) == 0) {
                 if (sf_conv_vpack_make(&pfb, &vfu)) {
@@ -681,7 +681,7 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
     const sf_conv_ptrs *ptrs[3] = {&pf, NULL, &pw};
     for (int dir = 0; dir < 3; dir += 2) {
         sf_conv_plan plan;
-        cudnnBackendDescriptor_t vp = NULL;
+        sf_conv_vpack *vp = NULL;
         snprintf(nm, sizeof nm, "%s %s", name, dir == SF_CONV_FWD ? "fwd" : "wgrad gathered");
         if (sf_conv_plan_build(dnn, &d2, (sf_conv_dir)dir, ws_bytes, 4, ptrs[dir], &plan) ||
             sf_conv_vpack_make(ptrs[dir], &vp)) {
@@ -770,7 +770,7 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
     const double tol32 = tf32 ? 1e-3 : 1e-4;
     for (int dir = 0; dir < 3; dir++) {
         sf_conv_plan plan;
-        cudnnBackendDescriptor_t vp = NULL;
+        sf_conv_vpack *vp = NULL;
         if (sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_bytes, 1, NULL, &plan) ||
             sf_conv_vpack_make(&ptr[dir], &vp)) {
             snprintf(nm, sizeof nm, "%s %s plan", name, dir_name[dir]);

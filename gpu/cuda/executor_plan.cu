@@ -83,6 +83,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_LAYER_SCALE:
     case SF_L_LAYERNORM2D:
     case SF_L_LAYERNORM:
+    case SF_L_SELF_ATTENTION: /* its input projection's weight gradient */
         return 1;
     default:
         return 0;
@@ -222,6 +223,49 @@ int sf_exec_alloc_arenas(sf_cuda_net *net)
     return 0;
 }
 
+/* What self_attention layer i keeps from its forward for its backward, and
+ * the sizes of the buffers all attention layers share. A bf16 net runs the
+ * core as cuDNN's fused attention when a plan builds for max_batch (other
+ * batch sizes get theirs in g_build_shape) and keeps only the softmax
+ * statistics; otherwise the materialised core keeps the weights. */
+static int g_attention_buffers(sf_cuda_net *net, int i)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    gop *o = &g->op[i];
+    const size_t nb = (size_t)net->cfg.max_batch, es = g->es;
+    const int t = L->in_h, c = L->in_c, heads = L->heads;
+    const size_t rows = nb * (size_t)t;
+    g->n_attn++;
+    o->sdpa = 0;
+    if (g->dt == SF_DT_BF16) {
+        sf_sdpa_plan *probe = NULL;
+        size_t ws = 0;
+        char why[sizeof g->sdpa_why];
+        if (sf_sdpa_plan_create(&probe, net->dnn, (int)nb, t, heads, c / heads, &ws, why, sizeof why) == 0) {
+            sf_sdpa_plan_destroy(probe);
+            o->sdpa = 1;
+            g->n_sdpa++;
+        } else if (!g->sdpa_why[0]) {
+            snprintf(g->sdpa_why, sizeof g->sdpa_why, "%s", why[0] ? why : "no plan");
+        }
+    } else if (!g->sdpa_why[0]) {
+        snprintf(g->sdpa_why, sizeof g->sdpa_why, "cuDNN's fused attention is bf16 only");
+    }
+    if (dmalloc(net, &o->qkv, es * rows * 3 * c) || dmalloc(net, &o->att_o, es * rows * c))
+        return -1;
+    if (o->sdpa ? dmallocf(net, &o->att_stats, nb * heads * t)
+                : dmalloc(net, &o->att_p, es * sf_attn_p_elems((int)nb, t, heads)))
+        return -1;
+    if (!o->sdpa && sf_attn_p_elems((int)nb, t, heads) > g->att_s_floats)
+        g->att_s_floats = sf_attn_p_elems((int)nb, t, heads);
+    if (es * rows * c > g->att_do_bytes)
+        g->att_do_bytes = es * rows * c;
+    if (es * rows * 3 * c > g->att_dqkv_bytes)
+        g->att_dqkv_bytes = es * rows * 3 * c;
+    return 0;
+}
+
 /* The layer graph of net->m: per-layer decisions, parameters and their
  * layout, buffers, and the memory plan (executor_graph.h). */
 int sf_exec_build_graph(sf_cuda_net *net)
@@ -253,10 +297,17 @@ int sf_exec_build_graph(sf_cuda_net *net)
         o->n_in = sf_layer_n_inputs(L); /* at most SF_MAX_IN (concat) */
         for (int j = 0; j < o->n_in; j++)
             o->src[j] = g_src(m, i, j);
-        if (o->frozen && L->kind == SF_L_LINEAR) {
-            sf_cuda_set_error("%s:%d: layer %d: a frozen linear layer is not supported on the CUDA backend",
-                              __FILE__, __LINE__, i);
+        if (o->frozen && (L->kind == SF_L_LINEAR || L->kind == SF_L_SELF_ATTENTION)) {
+            /* their GEMMs run on the cuBLAS handle of the compute stream,
+             * the frozen prefix on the transform stream */
+            sf_cuda_set_error("%s:%d: layer %d: a frozen %s layer is not supported on the CUDA backend", __FILE__,
+                              __LINE__, i, sf_layer_kind_name(L->kind));
             return -1;
+        }
+        if (o->n_in > 0) {
+            sf_shape sh;
+            sf_layer_in_shape(m, i, 0, &sh);
+            o->tok = sh.tokens;
         }
         if (L->kind == SF_L_BATCHNORM2D && !o->frozen)
             g->has_bn_train = 1;
@@ -459,7 +510,12 @@ int sf_exec_build_graph(sf_cuda_net *net)
         }
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
             return -1;
+        if (L->kind == SF_L_SELF_ATTENTION && g_attention_buffers(net, i))
+            return -1;
     }
+    if (g->n_attn && (dmalloc(net, &g->att_do, g->att_do_bytes) || dmalloc(net, &g->att_dqkv, g->att_dqkv_bytes) ||
+                      dmallocf(net, &g->att_s, g->att_s_floats)))
+        return -1;
 
     if (g->dt != SF_DT_F32) {
         const size_t lsz = nb * (size_t)m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
@@ -485,6 +541,8 @@ int sf_exec_build_graph(sf_cuda_net *net)
             if (b > sc)
                 sc = b;
         }
+        if (L->kind == SF_L_SELF_ATTENTION && 3 * L->in_c > max_c) /* the input projection's bias gradient */
+            max_c = 3 * L->in_c;
         if (L->kind == SF_L_LAYER_SCALE && sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch) > sc)
             sc = sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch);
     }
@@ -500,7 +558,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
     g->n_slots = 0;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
-        g->slot[i] = i >= g->nf && L->n_w + L->n_b > 0 ? g->n_slots++ : -1;
+        g->slot[i] = i >= g->nf && sf_layer_param_count(L) > 0 ? g->n_slots++ : -1;
     }
     /* The all-reduce's buckets, in the backward's order (decreasing i): a
      * bucket closes at the layer that brings it to grad_bucket_bytes, the
@@ -514,7 +572,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
             continue;
         const sf_layer *L = &m->layers[i];
         top = top < 0 ? i : top;
-        bytes += sizeof(float) * (L->n_w + L->n_b);
+        bytes += sizeof(float) * sf_layer_param_count(L);
         lowest = i;
         if (net->cfg.grad_bucket_bytes > 0 && bytes >= net->cfg.grad_bucket_bytes) {
             g->rb_top[i] = top;

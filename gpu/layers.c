@@ -968,6 +968,8 @@ void sf_layer_kinds_markdown(FILE *out)
                 if (f->flags & SF_FF_CUDA_DEFAULT)
                     fprintf(out, "%s`%s`", n++ ? ", " : "yes; ", f->key);
             fprintf(out, n ? " at the default only" : "yes");
+            if (k->cuda_tokens)
+                fprintf(out, ", on token sequences too");
         }
         fprintf(out, " |\n");
     }

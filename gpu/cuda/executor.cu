@@ -5,7 +5,8 @@
  *
  * The model is a graph of layers (gpu/model.h): each layer reads the outputs of
  * earlier layers (or the model input) and the backward walks it in reverse.
- * Every layer but flatten (and a ReLU fused into its producer) owns its output;
+ * Every layer but flatten (and a ReLU fused into its producer, and to_tokens
+ * of an NHWC map, whose bytes are already the token sequence) owns its output;
  * every trainable layer of those owns its output gradient. The first consumer
  * (in backward order) of a tensor overwrites its gradient, later ones add
  * theirs through a scratch tensor, gtmp (a residual block's input).
@@ -16,6 +17,13 @@
  * stream beside backward-data), linear through cuBLAS, batchnorm, pooling, add,
  * ReLU and the other activations, products (mul, layer_scale), concat,
  * dropout and the losses through our kernels (the *.cu files beside this one).
+ * A Vision Transformer's token sequences ([n, t, c], token-major: an NHWC
+ * [c, t, 1] map whatever the net's layout) run through the same linear,
+ * layernorm, activation, add and dropout code viewed NHWC, and the token
+ * kinds through tokens.h; self_attention is its input projection (cuBLAS),
+ * the heads (cuDNN's fused attention, sdpa.h, in bf16 nets where its plan
+ * builds, else the materialised core of attention.h) and its output
+ * projection.
  * A layer of several inputs (add, mul, concat) hands each input its gradient
  * in turn, through gtmp where it is not that input's first consumer. Dropout
  * keys its draws by the batch's sequence number, read from the staged

@@ -90,7 +90,8 @@ typedef struct gop {
     int first[SF_MAX_IN]; /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
     int want[SF_MAX_IN];  /* backward: src[j] needs a gradient */
     int relu;            /* the next layer's ReLU is fused here */
-    int fused;           /* this ReLU is fused into the previous layer: y/dy alias it */
+    int fused;           /* this ReLU is fused into the previous layer, or this to_tokens is a
+                            view of its NHWC input: y/dy alias the input's */
     void *y;             /* output (flatten, fused ReLU: alias) */
     void *dy;            /* output gradient (trainable; aliases as y), else NULL */
     float *save;         /* batchnorm: [2C] mean, invstd; layernorm2d, layernorm: [2 * max_batch * H*W]

@@ -41,7 +41,7 @@ static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
  *   dy of layer s: written by the backward of its consumers (the first in
  *     backward order overwrites, later ones add) or the loss, read by s's
  *     backward.
- * A flatten and a fused ReLU are views of their input's tensors: their uses
+ * A flatten, a fused ReLU and an NHWC to_tokens are views of their input's tensors: their uses
  * count as uses of the tensor they view. Everything a layer's backward reads,
  * the side stream's backward-filter included, is joined before the next
  * layer's backward starts, so slot granularity is exact. The tensors are
@@ -199,7 +199,7 @@ static int g_plan_memory(sf_cuda_net *net)
 }
 
 /* Allocates the arenas the plan sized and points every tensor at its place,
- * then the views (flattens, fused ReLUs) at the tensors they view. Until
+ * then the views (flattens, fused ReLUs, NHWC to_tokens) at the tensors they view. Until
  * then those pointers are NULL: plans are chosen before (g_finish_create). */
 int sf_exec_alloc_arenas(sf_cuda_net *net)
 {
@@ -215,7 +215,7 @@ int sf_exec_alloc_arenas(sf_cuda_net *net)
         if (m->layers[i].kind != SF_L_FLATTEN && !o->fused)
             continue;
         /* a flatten's output is found through g_act (it may be a per-buffer
-         * tensor); a fused ReLU's is its producer's */
+         * tensor); a fused ReLU's or to_tokens view's is its producer's */
         o->y = m->layers[i].kind == SF_L_FLATTEN ? NULL : g->op[o->src[0]].y;
         const int ow = g_owner(m, o->src[0]);
         o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
@@ -375,6 +375,16 @@ int sf_exec_build_graph(sf_cuda_net *net)
                 continue;
             g->op[i].bn_pool = 1;
             g->op[p].pre_bn = i + 1;
+        }
+        /* to_tokens of an NHWC map is a view: the map's bytes are already
+         * the token-major [h*w, c] sequence, so the layer aliases its
+         * producer's output and gradient like a fused ReLU and runs nothing
+         * (an NCHW map is transposed by its kernel). */
+        for (int i = 0; i + 1 < g->nl; i++) {
+            const int src = g->op[i].src[0];
+            if (m->layers[i].kind == SF_L_TO_TOKENS && g->lay == SF_LAYOUT_NHWC && src >= 0 && readers[src] == 1 &&
+                m->layers[src].kind != SF_L_FLATTEN && g->op[src].frozen == g->op[i].frozen)
+                g->op[i].fused = 1;
         }
         /* Grouped and dilated convolutions (depthwise ones included) take
          * cuDNN's general plans only: the thin, patch and space-to-depth
@@ -537,7 +547,8 @@ int sf_exec_build_graph(sf_cuda_net *net)
                 sc = b;
         }
         if (L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) {
-            size_t b = sf_cuda_layernorm_scratch_bytes((int)nb, L->in_c, (size_t)L->in_h * L->in_w, g->lay);
+            const sf_layout ll = g->op[i].tok ? SF_LAYOUT_NHWC : g->lay; /* tokens: NHWC [c, t, 1] */
+            size_t b = sf_cuda_layernorm_scratch_bytes((int)nb, L->in_c, (size_t)L->in_h * L->in_w, ll);
             if (b > sc)
                 sc = b;
         }

@@ -906,7 +906,8 @@ int main(int argc, char **argv)
      * a gradient of exactly 0 in exact arithmetic (a constant added to every
      * key does not change a softmax), which the two backends' roundings make
      * ~1e-9 of either sign. Its 2 x 64 elements, of 118k, give an update
-     * error of a few 1e-3 of the update's norm in fp32 (5e-2 allowed); in
+     * error of up to sqrt(128 * 4) / sqrt(118k) ~ 7e-2 of the update's norm
+     * in fp32 where that noise reaches AdamW's eps (0.1 allowed); in
      * bf16 every gradient near the noise does so too (0.6, the bf16 bound of
      * the ResNet trajectories above). The loss does not see the key bias,
      * so its tolerances stay those of the pointwise kinds. */
@@ -927,7 +928,7 @@ int main(int argc, char **argv)
                 double tol_loss, tol_delta;
             } runs[3] = {
                 {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, 0, "vit-small fp32 nchw sgd", 1e-5, 2e-2},
-                {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, "vit-small fp32 nhwc adamw", 1e-5, 5e-2},
+                {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, "vit-small fp32 nhwc adamw", 1e-5, 0.1},
                 {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 1, "vit-small bf16 nhwc adamw", 2e-2, 0.6},
             };
             for (int v = 0; v < 3; v++) {

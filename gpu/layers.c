@@ -606,7 +606,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "linear", .torch = "nn.Linear", .min_in = 1, .max_in = 1, .fields = linear_fields,
         .shape = linear_shape, .params = linear_params, .init = linear_init,
         .ref_fwd = sf_ref_layer_linear_fwd, .ref_bwd = sf_ref_layer_linear_bwd, .bf16_weights = 1, .cuda = 1,
-        .doc = "fully connected layer over flat features, or per pixel over a map's channels; weight [out, in]"},
+        .cuda_tokens = 1, .doc = "fully connected layer over flat features, or per pixel over a map's channels; weight [out, in]"},
     [SF_L_CONV_TRANSPOSE2D] = {
         .name = "conv_transpose2d", .torch = "nn.ConvTranspose2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = convt2d_fields, .shape = convt2d_shape, .params = convt2d_params, .init = convt2d_init,
@@ -631,17 +631,18 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "mean over H and W: [C,H,W] to [C,1,1]"},
     [SF_L_ADD] = {
         .name = "add", .torch = "a + b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = add_shape,
-        .ref_fwd = sf_ref_layer_add_fwd, .ref_bwd = sf_ref_layer_add_bwd, .cuda = 1,
+        .ref_fwd = sf_ref_layer_add_fwd, .ref_bwd = sf_ref_layer_add_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "elementwise sum of two inputs of one shape (residual connections)"},
-#define ACT(kind, nm, tch, flds, what)                                                                    \
+#define ACT(kind, nm, tch, flds, tok, what)                                                               \
     [kind] = {.name = nm, .torch = tch, .min_in = 1, .max_in = 1, .fields = flds, .shape = same_shape,     \
-              .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 1, .doc = what}
-    ACT(SF_L_RELU6, "relu6", "nn.ReLU6", no_fields, "min(max(x, 0), 6)"),
-    ACT(SF_L_SIGMOID, "sigmoid", "nn.Sigmoid", no_fields, "1 / (1 + exp(-x))"),
-    ACT(SF_L_SILU, "silu", "nn.SiLU", no_fields, "x * sigmoid(x)"),
-    ACT(SF_L_HARDSWISH, "hardswish", "nn.Hardswish", no_fields, "x * relu6(x + 3) / 6"),
-    ACT(SF_L_HARDSIGMOID, "hardsigmoid", "nn.Hardsigmoid", no_fields, "relu6(x + 3) / 6"),
-    ACT(SF_L_GELU, "gelu", "nn.GELU", gelu_fields, "x * Phi(x), exact (erf) or the tanh approximation"),
+              .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 1, .cuda_tokens = tok, \
+              .doc = what}
+    ACT(SF_L_RELU6, "relu6", "nn.ReLU6", no_fields, 0, "min(max(x, 0), 6)"),
+    ACT(SF_L_SIGMOID, "sigmoid", "nn.Sigmoid", no_fields, 0, "1 / (1 + exp(-x))"),
+    ACT(SF_L_SILU, "silu", "nn.SiLU", no_fields, 0, "x * sigmoid(x)"),
+    ACT(SF_L_HARDSWISH, "hardswish", "nn.Hardswish", no_fields, 0, "x * relu6(x + 3) / 6"),
+    ACT(SF_L_HARDSIGMOID, "hardsigmoid", "nn.Hardsigmoid", no_fields, 0, "relu6(x + 3) / 6"),
+    ACT(SF_L_GELU, "gelu", "nn.GELU", gelu_fields, 1, "x * Phi(x), exact (erf) or the tanh approximation"),
 #undef ACT
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
@@ -670,7 +671,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_LAYERNORM] = {
         .name = "layernorm", .torch = "nn.LayerNorm(F)", .min_in = 1, .max_in = 1, .fields = ln_fields,
         .shape = ln_shape, .params = affine_params, .init = ones_zeros_init,
-        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd, .cuda = 1,
+        .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "LayerNorm over the features of a flat tensor; weight, bias [F]"},
     [SF_L_CONCAT] = {
         .name = "concat", .torch = "torch.cat(dim=1)", .min_in = 2, .max_in = SF_MAX_IN, .fields = no_fields,
@@ -679,7 +680,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_DROPOUT] = {
         .name = "dropout", .torch = "nn.Dropout", .min_in = 1, .max_in = 1, .fields = dropout_fields,
         .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd, .ref_bwd = sf_ref_layer_dropout_bwd,
-        .cuda = 1, .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
+        .cuda = 1, .cuda_tokens = 1, .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
                "eval: identity"},
     [SF_L_STOCHASTIC_DEPTH] = {
         .name = "stochastic_depth", .torch = "torchvision StochasticDepth(p, \"row\")", .min_in = 1,
@@ -689,7 +690,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_TO_TOKENS] = {
         .name = "to_tokens", .torch = "x.reshape(n, C, h * w).permute(0, 2, 1) (VisionTransformer)", .min_in = 1,
         .max_in = 1, .needs_map = 1, .fields = no_fields, .shape = to_tokens_shape,
-        .ref_fwd = sf_ref_layer_to_tokens_fwd, .ref_bwd = sf_ref_layer_to_tokens_bwd,
+        .ref_fwd = sf_ref_layer_to_tokens_fwd, .ref_bwd = sf_ref_layer_to_tokens_bwd, .cuda = 1,
         .doc = "a [C,H,W] map (the patch embedding's convolution) as a sequence of H*W tokens of C: [H*W, C]. "
                "On a token sequence, linear and layernorm apply to each token's C values (as nn.Linear and "
                "nn.LayerNorm over the last dimension of [N, T, C]); activations, dropout and add elementwise"},
@@ -697,13 +698,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "class_token", .torch = "torch.cat([class_token.expand(n, -1, -1), x], dim=1)", .min_in = 1,
         .max_in = 1, .fields = no_fields, .shape = class_token_shape, .params = class_token_params,
         .init = zeros_init, .ref_fwd = sf_ref_layer_class_token_fwd, .ref_bwd = sf_ref_layer_class_token_bwd,
-        .doc = "a parameter [1,1,C] in front of the tokens: [T, C] to [T+1, C]; its state_dict key is the layer's "
+        .cuda = 1, .cuda_tokens = 1, .doc = "a parameter [1,1,C] in front of the tokens: [T, C] to [T+1, C]; its state_dict key is the layer's "
                "name (`class_token`, initialised to 0)"},
     [SF_L_POS_EMBEDDING] = {
         .name = "pos_embedding", .torch = "x + pos_embedding (torchvision Encoder)", .min_in = 1, .max_in = 1,
         .fields = no_fields, .shape = tokens_same_shape, .params = pos_embedding_params,
         .init = pos_embedding_init, .ref_fwd = sf_ref_layer_pos_embedding_fwd,
-        .ref_bwd = sf_ref_layer_pos_embedding_bwd,
+        .ref_bwd = sf_ref_layer_pos_embedding_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "adds a parameter [1,T,C] to the tokens; its state_dict key is the layer's name "
                "(`encoder.pos_embedding`, initialised from N(0, 0.02^2))"},
     [SF_L_SELF_ATTENTION] = {
@@ -711,12 +712,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .min_in = 1, .max_in = 1, .fields = attention_fields, .shape = attention_shape,
         .params = attention_params, .init = attention_init, .ref_fwd = sf_ref_layer_attention_fwd,
         .ref_bwd = sf_ref_layer_attention_bwd, .ref_save = sf_ref_layer_attention_save,
+        .cuda = 1, .cuda_tokens = 1,
         .doc = "multi-head self-attention over the tokens, softmax(q k^T / sqrt(C / heads)) v per head, no mask; "
                "in_proj_weight [3C, C] (q, k, v), in_proj_bias [3C], out_proj.weight [C, C], out_proj.bias [C]"},
     [SF_L_SELECT_TOKEN] = {
         .name = "select_token", .torch = "x[:, 0]", .min_in = 1, .max_in = 1, .fields = no_fields,
         .shape = select_token_shape, .ref_fwd = sf_ref_layer_select_token_fwd,
-        .ref_bwd = sf_ref_layer_select_token_bwd,
+        .ref_bwd = sf_ref_layer_select_token_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "the first token (the class token) of a sequence as features: [T, C] to [C]"},
 };
 
@@ -966,6 +968,8 @@ void sf_layer_kinds_markdown(FILE *out)
                 if (f->flags & SF_FF_CUDA_DEFAULT)
                     fprintf(out, "%s`%s`", n++ ? ", " : "yes; ", f->key);
             fprintf(out, n ? " at the default only" : "yes");
+            if (k->cuda_tokens)
+                fprintf(out, ", on token sequences too");
         }
         fprintf(out, " |\n");
     }

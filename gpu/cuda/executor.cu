@@ -5,7 +5,8 @@
  *
  * The model is a graph of layers (gpu/model.h): each layer reads the outputs of
  * earlier layers (or the model input) and the backward walks it in reverse.
- * Every layer but flatten (and a ReLU fused into its producer) owns its output;
+ * Every layer but flatten (and a ReLU fused into its producer, and to_tokens
+ * of an NHWC map, whose bytes are already the token sequence) owns its output;
  * every trainable layer of those owns its output gradient. The first consumer
  * (in backward order) of a tensor overwrites its gradient, later ones add
  * theirs through a scratch tensor, gtmp (a residual block's input).
@@ -16,6 +17,13 @@
  * stream beside backward-data), linear through cuBLAS, batchnorm, pooling, add,
  * ReLU and the other activations, products (mul, layer_scale), concat,
  * dropout and the losses through our kernels (the *.cu files beside this one).
+ * A Vision Transformer's token sequences ([n, t, c], token-major: an NHWC
+ * [c, t, 1] map whatever the net's layout) run through the same linear,
+ * layernorm, activation, add and dropout code viewed NHWC, and the token
+ * kinds through tokens.h; self_attention is its input projection (cuBLAS),
+ * the heads (cuDNN's fused attention, sdpa.h, in bf16 nets where its plan
+ * builds, else the materialised core of attention.h) and its output
+ * projection.
  * A layer of several inputs (add, mul, concat) hands each input its gradient
  * in turn, through gtmp where it is not that input's first consumer. Dropout
  * keys its draws by the batch's sequence number, read from the staged
@@ -135,6 +143,17 @@ static void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *in
     }
 }
 
+/* The layout layer i's per-channel ops see its input (and output) in: a
+ * token sequence is token-major, an NHWC [c, t, 1] map, whatever the net's. */
+static sf_layout g_lay_of(const gen_net *g, int i) { return g->op[i].tok ? SF_LAYOUT_NHWC : g->lay; }
+
+/* g_view in layer i's own layout (g_lay_of). */
+static void g_view_of(const gen_net *g, int i, int n, size_t hw, size_t *outer, size_t *inner)
+{
+    *outer = g_lay_of(g, i) == SF_LAYOUT_NHWC ? (size_t)n * hw : (size_t)n;
+    *inner = g_lay_of(g, i) == SF_LAYOUT_NHWC ? 1 : hw;
+}
+
 /* The activation an activation layer computes (activation.h). */
 static sf_cuda_act g_act_kind(const sf_layer *L)
 {
@@ -161,6 +180,11 @@ static size_t g_in_elems(const sf_model *m, int i, int j)
     sf_layer_in_shape(m, i, j, &sh);
     return (size_t)sh.c * sh.h * sh.w;
 }
+
+/* The layout dropout keys its draws in: the reference keys an element by its
+ * index in the reference's storage, which for a token sequence is the
+ * token-major order it is stored in here (NCHW's "element index" rule). */
+static sf_layout g_drop_lay(const gen_net *g, int i) { return g->op[i].tok ? SF_LAYOUT_NCHW : g->lay; }
 
 /* A mul layer whose second input is [C,1,1], broadcast over H,W. */
 static int g_mul_bcast(const sf_model *m, int i) { return g_in_elems(m, i, 1) != m->layers[i].out_elems; }
@@ -321,6 +345,7 @@ static void gshape_destroy(gshape *S)
         for (int d = 0; d < 3; d++)
             sf_conv_plan_destroy(&S->cp[i][d]);
         sf_convt_plans_destroy(&S->tp[i]);
+        sf_sdpa_plan_destroy(S->sdpa[i]);
     }
     free(S);
 }
@@ -378,6 +403,19 @@ static int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_
                     return -1;
                 }
             }
+        } else if (L->kind == SF_L_SELF_ATTENTION && o->sdpa) {
+            size_t wsb = 0;
+            char why[160] = "";
+            if (sf_sdpa_plan_create(&S->sdpa[i], net->dnn, n, L->in_h, L->heads, L->in_c / L->heads, &wsb, why,
+                                    sizeof why)) {
+                S->sdpa[i] = NULL;
+                sf_cuda_set_error("%s:%d: layer %d (self_attention): cuDNN's fused attention has a plan for batch "
+                                  "%d but none for batch %d: %s", __FILE__, __LINE__, i, net->cfg.max_batch, n, why);
+                gshape_destroy(S);
+                return -1;
+            }
+            if (wsb > S->sdpa_ws)
+                S->sdpa_ws = wsb;
         } else if (L->kind == SF_L_CONV_TRANSPOSE2D) {
             sf_convt_desc d;
             g_desc(net, i, n, &d);
@@ -429,6 +467,8 @@ static void g_shape_ws(const sf_cuda_net *net, const gshape *S, size_t need[3])
         if (S->tp[i].dirs && sf_convt_ws_bytes(&S->tp[i]) > need[k])
             need[k] = sf_convt_ws_bytes(&S->tp[i]);
     }
+    if (S->sdpa_ws > need[WS_MAIN]) /* fused attention runs on the compute stream */
+        need[WS_MAIN] = S->sdpa_ws;
 }
 
 __global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
@@ -574,7 +614,7 @@ static int g_scratch_fits(const sf_cuda_net *net, int n)
             sf_cuda_bn_scratch_bytes(n, L->in_c, L->in_h, L->in_w, net->g->lay) > net->g->scratch_bytes)
             return 0;
         if ((L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) &&
-            sf_cuda_layernorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w, net->g->lay) >
+            sf_cuda_layernorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w, g_lay_of(net->g, i)) >
                 net->g->scratch_bytes)
             return 0;
     }
@@ -607,6 +647,76 @@ static int g_vpacks(sf_cuda_net *net)
         }
     }
     return 0;
+}
+
+/* A weight slot of layer i as the GEMMs read it (bf16 nets: its bf16 copy). */
+static const void *g_wslot(const sf_cuda_net *net, int i, int j)
+{
+    return E(net->g->wd, net->m.layers[i].p_off[j], net->g->es);
+}
+
+/* A failed call into cuDNN's fused attention, with the reason it gave or ours. */
+static int g_sdpa_failed(int i, const char *what)
+{
+    if (!sf_cuda_last_error()[0])
+        sf_cuda_set_error("%s:%d: layer %d (self_attention): cuDNN's fused attention %s failed", __FILE__, __LINE__,
+                          i, what);
+    return -1;
+}
+
+/* self_attention layer i (nn.MultiheadAttention): qkv = x W_in^T + b_in over
+ * the n*t tokens, the heads (cuDNN's fused attention or the materialised
+ * core), y = o W_out^T + b_out. qkv and o stay for the backward. */
+static int g_attention_fwd(sf_cuda_net *net, gshape *S, int i, int n, const void *x, void *ws, cudaStream_t s)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    gop *o = &g->op[i];
+    const int t = L->in_h, c = L->in_c, rows = n * t, tf32 = net->cfg.tf32;
+    const float *P = net->params;
+    if (sf_linear_fwd_dt(net->blas, g->dt, x, rows, c, g_wslot(net, i, 0), 3 * c, o->qkv, tf32) ||
+        sf_cuda_bias_act_dt(g->dt, o->qkv, P + L->p_off[1], (size_t)rows, 3 * c, 1, 0, s))
+        return -1;
+    if (o->sdpa) {
+        if (sf_sdpa_fwd(S->sdpa[i], net->dnn, o->qkv, o->att_o, o->att_stats, ws, s))
+            return g_sdpa_failed(i, "forward");
+    } else if (sf_attn_core_fwd(net->blas, g->dt, o->qkv, n, t, c, L->heads, g->att_s, o->att_p, o->att_o, tf32, s)) {
+        return -1;
+    }
+    return sf_linear_fwd_dt(net->blas, g->dt, o->att_o, rows, c, g_wslot(net, i, 2), c, o->y, tf32) ||
+                   sf_cuda_bias_act_dt(g->dt, o->y, P + L->p_off[3], (size_t)rows, c, 1, 0, s)
+               ? -1
+               : 0;
+}
+
+/* Its backward from the forward's qkv and o (and weights or statistics):
+ * the output projection's gradients and dO, the heads' dqkv, the input
+ * projection's gradients and, when wanted, dx. */
+static int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, cudaStream_t s)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    gop *o = &g->op[i];
+    const int t = L->in_h, c = L->in_c, rows = n * t, tf32 = net->cfg.tf32;
+    const sf_dtype dt = g->dt;
+    float *G = net->grads;
+    if (sf_cuda_bias_grad_dt(dt, o->dy, NULL, (size_t)rows, c, 1, G + L->p_off[3], (float *)g->scratch, s) ||
+        sf_linear_bwd_filter_dt(net->blas, dt, o->att_o, rows, c, o->dy, c, G + L->p_off[2], tf32) ||
+        sf_linear_bwd_data_dt(net->blas, dt, o->dy, rows, c, g_wslot(net, i, 2), c, g->att_do, tf32))
+        return -1;
+    if (o->sdpa) {
+        if (sf_sdpa_bwd(S->sdpa[i], net->dnn, o->qkv, o->att_o, g->att_do, o->att_stats, g->att_dqkv, net->ws, s))
+            return g_sdpa_failed(i, "backward");
+    } else if (sf_attn_core_bwd(net->blas, dt, o->qkv, o->att_p, g->att_do, n, t, c, L->heads, g->att_s, g->att_dqkv,
+                                tf32, s)) {
+        return -1;
+    }
+    if (sf_cuda_bias_grad_dt(dt, g->att_dqkv, NULL, (size_t)rows, 3 * c, 1, G + L->p_off[1], (float *)g->scratch, s) ||
+        sf_linear_bwd_filter_dt(net->blas, dt, g_in(net, i, 0, b), rows, c, g->att_dqkv, 3 * c, G + L->p_off[0],
+                                tf32))
+        return -1;
+    return dx && sf_linear_bwd_data_dt(net->blas, dt, g->att_dqkv, rows, c, g_wslot(net, i, 0), 3 * c, dx, tf32) ? -1
+                                                                                                                : 0;
 }
 
 /* Forward of layers [from, to) of buffer b for n samples on stream s with
@@ -666,18 +776,18 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         }
-        case SF_L_LINEAR: /* over features (hw = 1) or per pixel over a map's channels */
-            if (sf_linear_map_fwd_dt(net->blas, dt, g->lay, x, n, (size_t)L->out_h * L->out_w, L->in_c, g_wd(net, i),
-                                     L->out_c, o->y, net->cfg.tf32))
+        case SF_L_LINEAR: /* over features (hw = 1), per pixel over a map's channels, or per token */
+            if (sf_linear_map_fwd_dt(net->blas, dt, g_lay_of(g, i), x, n, (size_t)L->out_h * L->out_w, L->in_c,
+                                     g_wd(net, i), L->out_c, o->y, net->cfg.tf32))
                 return -1;
-            g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
+            g_view_of(g, i, n, (size_t)L->out_h * L->out_w, &outer, &inner);
             if ((L->n_b || o->relu) &&
                 sf_cuda_bias_act_dt(dt, o->y, L->n_b ? P + L->b_off : NULL, outer, L->out_c, inner, o->relu, s))
                 return -1;
             break;
         case SF_L_LAYERNORM2D:
         case SF_L_LAYERNORM:
-            if (sf_cuda_layernorm_fwd_dt(dt, x, n, L->in_c, (size_t)L->in_h * L->in_w, g->lay, P + L->w_off,
+            if (sf_cuda_layernorm_fwd_dt(dt, x, n, L->in_c, (size_t)L->in_h * L->in_w, g_lay_of(g, i), P + L->w_off,
                                          P + L->b_off, L->eps, o->y, o->save,
                                          o->save + (size_t)net->cfg.max_batch * L->in_h * L->in_w, s))
                 return -1;
@@ -757,9 +867,29 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
         case SF_L_STOCHASTIC_DEPTH: /* identity in evaluation and when frozen */
             if (o->frozen || eval)
                 SF_CUDA_CHECK(cudaMemcpyAsync(o->y, x, g->es * n * L->out_elems, cudaMemcpyDeviceToDevice, s));
-            else if (sf_cuda_dropout_dt(dt, g->lay, x, o->y, n, L->out_ch, (size_t)L->out_h * L->out_w, L->p,
-                                        net->cfg.drop_seed, g_seq(net, b), (uint64_t)i,
+            else if (sf_cuda_dropout_dt(dt, g_drop_lay(g, i), x, o->y, n, L->out_ch, (size_t)L->out_h * L->out_w,
+                                        L->p, net->cfg.drop_seed, g_seq(net, b), (uint64_t)i,
                                         L->kind == SF_L_STOCHASTIC_DEPTH, s))
+                return -1;
+            break;
+        case SF_L_TO_TOKENS:
+            if (sf_cuda_tokens_from_map_dt(dt, g->lay, x, n, L->in_c, (size_t)L->in_h * L->in_w, o->y, s))
+                return -1;
+            break;
+        case SF_L_CLASS_TOKEN:
+            if (sf_cuda_prepend_token_fwd_dt(dt, x, n, L->in_h, L->in_c, P + L->w_off, o->y, s))
+                return -1;
+            break;
+        case SF_L_POS_EMBEDDING:
+            if (sf_cuda_add_bcast_fwd_dt(dt, x, n, L->out_elems, P + L->w_off, o->y, s))
+                return -1;
+            break;
+        case SF_L_SELECT_TOKEN:
+            if (sf_cuda_select_token_fwd_dt(dt, x, n, L->in_h, L->in_c, o->y, s))
+                return -1;
+            break;
+        case SF_L_SELF_ATTENTION:
+            if (g_attention_fwd(net, S, i, n, x, ws, s))
                 return -1;
             break;
         case SF_L_CONCAT:
@@ -825,6 +955,10 @@ static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int want_dx)
     return 0;
 }
 
+/* Floats of a layer's parameters after its weight: the bias and any further
+ * slots, contiguous from b_off (sf_layer.p_off). */
+static size_t g_after_weight(const sf_layer *L) { return sf_layer_param_count(L) - L->n_w; }
+
 /* The gradient check's sums of layer i's gradients into its slot, on the
  * norm stream: bf16 conv weights are read where the backward wrote them
  * (bf16), everything else in fp32. */
@@ -833,9 +967,10 @@ static int g_layer_sumsq(sf_cuda_net *net, int i)
     gen_net *g = net->g;
     const sf_layer *L = &net->m.layers[i];
     const int in_gd = g->wcopy && (L->kind == SF_L_CONV2D || L->kind == SF_L_CONV_TRANSPOSE2D);
+    /* the slots after the bias (self_attention's output projection) follow it */
     return sf_cuda_sumsq(in_gd ? g_gd(net, i) : (const void *)(net->grads + L->w_off), in_gd ? g->dt : SF_DT_F32,
-                         L->n_w, net->grads + L->b_off, L->n_b, g->sq_part + (size_t)g->slot[i] * SF_SUMSQ_BLOCKS,
-                         net->nst);
+                         L->n_w, net->grads + L->b_off, g_after_weight(L),
+                         g->sq_part + (size_t)g->slot[i] * SF_SUMSQ_BLOCKS, net->nst);
 }
 
 /* The gradient check's sums for layer i, whose gradients the compute stream
@@ -905,7 +1040,7 @@ static int g_reduce_bucket(sf_cuda_net *net, int b, int i)
         struct {
             size_t off, len;
             int bf;
-        } part[2] = {{L->w_off, L->n_w, in_gd}, {L->b_off, L->n_b, 0}};
+        } part[2] = {{L->w_off, L->n_w, in_gd}, {L->b_off, g_after_weight(L), 0}};
         for (int k = 0; k < 2; k++) {
             if (!part[k].len)
                 continue;
@@ -1190,22 +1325,24 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         }
         case SF_L_LINEAR: {
             const size_t hw = (size_t)L->out_h * L->out_w;
-            g_view(g, n, hw, &outer, &inner);
+            const sf_layout ll = g_lay_of(g, i);
+            g_view_of(g, i, n, hw, &outer, &inner);
             if ((L->n_b || o->relu) &&
                 sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
                                      (float *)g->scratch, s))
                 return -1;
-            if (sf_linear_map_bwd_filter_dt(net->blas, dt, g->lay, g_in(net, i, 0, b), n, hw, L->in_c, o->dy,
-                                            L->out_c, net->grads + L->w_off, tf32))
+            if (sf_linear_map_bwd_filter_dt(net->blas, dt, ll, g_in(net, i, 0, b), n, hw, L->in_c, o->dy, L->out_c,
+                                            net->grads + L->w_off, tf32))
                 return -1;
-            if (dx && sf_linear_map_bwd_data_dt(net->blas, dt, g->lay, o->dy, n, hw, L->in_c, g_wd(net, i), L->out_c,
-                                                dx, tf32))
+            if (dx && sf_linear_map_bwd_data_dt(net->blas, dt, ll, o->dy, n, hw, L->in_c, g_wd(net, i), L->out_c, dx,
+                                                tf32))
                 return -1;
             break;
         }
         case SF_L_LAYERNORM2D:
         case SF_L_LAYERNORM:
-            if (sf_cuda_layernorm_bwd_dt(dt, g_in(net, i, 0, b), o->dy, n, L->in_c, (size_t)L->in_h * L->in_w, g->lay,
+            if (sf_cuda_layernorm_bwd_dt(dt, g_in(net, i, 0, b), o->dy, n, L->in_c, (size_t)L->in_h * L->in_w,
+                                         g_lay_of(g, i),
                                          P + L->w_off, o->save,
                                          o->save + (size_t)net->cfg.max_batch * L->in_h * L->in_w, dx,
                                          net->grads + L->w_off, net->grads + L->b_off, g->scratch, s))
@@ -1304,9 +1441,31 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             break;
         case SF_L_DROPOUT:
         case SF_L_STOCHASTIC_DEPTH: /* the forward's mask, drawn again, on dy */
-            if (dx && sf_cuda_dropout_dt(dt, g->lay, o->dy, dx, n, L->out_ch, (size_t)L->out_h * L->out_w, L->p,
-                                         net->cfg.drop_seed, g_seq(net, b), (uint64_t)i,
+            if (dx && sf_cuda_dropout_dt(dt, g_drop_lay(g, i), o->dy, dx, n, L->out_ch, (size_t)L->out_h * L->out_w,
+                                         L->p, net->cfg.drop_seed, g_seq(net, b), (uint64_t)i,
                                          L->kind == SF_L_STOCHASTIC_DEPTH, s))
+                return -1;
+            break;
+        case SF_L_TO_TOKENS:
+            if (dx && sf_cuda_tokens_to_map_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->in_h * L->in_w, dx, s))
+                return -1;
+            break;
+        case SF_L_CLASS_TOKEN:
+            if (sf_cuda_prepend_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, net->grads + L->w_off, s))
+                return -1;
+            break;
+        case SF_L_POS_EMBEDDING: /* the input's gradient is dy itself */
+            if (sf_cuda_add_bcast_bwd_dt(dt, o->dy, n, L->out_elems, net->grads + L->w_off, s))
+                return -1;
+            if (dx)
+                SF_CUDA_CHECK(cudaMemcpyAsync(dx, o->dy, g->es * in_len, cudaMemcpyDeviceToDevice, s));
+            break;
+        case SF_L_SELECT_TOKEN:
+            if (dx && sf_cuda_select_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, s))
+                return -1;
+            break;
+        case SF_L_SELF_ATTENTION:
+            if (g_attention_bwd(net, S, i, b, n, dx, s))
                 return -1;
             break;
         case SF_L_CONCAT:
@@ -1965,6 +2124,13 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
                 break;
             at += (size_t)w;
         }
+    }
+    if (at < len && g->n_attn) {
+        int w = snprintf(buf + at, len - at, "attention: %d of %d self_attention layers on cuDNN's fused attention%s%s\n",
+                         g->n_sdpa, g->n_attn, g->n_sdpa < g->n_attn ? ", the others on the materialised core: " : "",
+                         g->n_sdpa < g->n_attn ? g->sdpa_why : "");
+        if (w > 0)
+            at += (size_t)w;
     }
     if (at < len) {
         int w = snprintf(buf + at, len - at,

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "activation.h"
+#include "attention.h"
 #include "batchnorm.h"
 #include "concat.h"
 #include "conv.h"
@@ -42,6 +43,7 @@
 #include "optimizer.h"
 #include "pointwise.h"
 #include "pool.h"
+#include "tokens.h"
 
 #ifdef __cplusplus
 extern "C" {

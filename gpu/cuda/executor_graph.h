@@ -12,6 +12,7 @@
 #include "executor.h"
 #include "dist_nccl.h"
 #include "norm.h"
+#include "sdpa.h"
 
 extern "C" {
 #include "gpu/memory_plan.h"
@@ -89,7 +90,8 @@ typedef struct gop {
     int first[SF_MAX_IN]; /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
     int want[SF_MAX_IN];  /* backward: src[j] needs a gradient */
     int relu;            /* the next layer's ReLU is fused here */
-    int fused;           /* this ReLU is fused into the previous layer: y/dy alias it */
+    int fused;           /* this ReLU is fused into the previous layer, or this to_tokens is a
+                            view of its NHWC input: y/dy alias the input's */
     void *y;             /* output (flatten, fused ReLU: alias) */
     void *dy;            /* output gradient (trainable; aliases as y), else NULL */
     float *save;         /* batchnorm: [2C] mean, invstd; layernorm2d, layernorm: [2 * max_batch * H*W]
@@ -120,6 +122,16 @@ typedef struct gop {
      * the frozen boundary binds buffer b's tensor, so no input is copied) */
     sf_conv_vpack *vp[3][SF_NET_MAX_BUF];
     sf_conv_vpack *vpf[SF_NET_MAX_BUF]; /* fused forward (binds the bias too) */
+    int tok;             /* input 0 is a token sequence [n, t, c]: token-major whatever the net's
+                            layout (a [c, t, 1] map in NHWC), so per-channel ops view it NHWC */
+    /* self_attention: what its forward keeps for its backward (max_batch
+     * samples each): the packed projection qkv [n*t, 3c], the heads' output
+     * o [n*t, c], and either the attention weights p [n, heads, t, t]
+     * (materialised core) or the softmax statistics [n, heads, t] (cuDNN's
+     * fused attention, sdpa = 1) */
+    void *qkv, *att_o, *att_p;
+    float *att_stats;
+    int sdpa;
 } gop;
 
 typedef struct gshape {
@@ -127,6 +139,8 @@ typedef struct gshape {
     sf_conv_plan cp[SF_MAX_LAYERS][3];
     sf_convt_plans tp[SF_MAX_LAYERS];
     cudaGraphExec_t exec[SF_NET_MAX_BUF][3]; /* [b][k]: k = do_opt (training), 2 (evaluation) */
+    sf_sdpa_plan *sdpa[SF_MAX_LAYERS];       /* self_attention layers with sdpa: their fused plans */
+    size_t sdpa_ws;                          /* the largest of their workspaces (the main one) */
 } gshape;
 
 struct gen_net {
@@ -181,6 +195,15 @@ struct gen_net {
                                         of the bucket in flight, and the sum of this step's buckets' spans */
     unsigned long long *h_ar;        /* [nbuf] pinned: that sum, copied at the end of each step */
     float *lgt;                      /* NHWC segmentation: logits transposed to NCHW for the host */
+    /* self_attention, only live within one layer's forward or backward on
+     * the compute stream: the materialised core's fp32 scores (and dP), the
+     * gradient of the heads' output, and that of the packed projection,
+     * each sized for the largest attention layer at max_batch */
+    float *att_s;
+    void *att_do, *att_dqkv;
+    size_t att_s_floats, att_do_bytes, att_dqkv_bytes;
+    int n_attn, n_sdpa;              /* attention layers; of them, on cuDNN's fused attention */
+    char sdpa_why[160];              /* why the others are not ("" when all are) */
     gshape *shapes[SF_NET_MAX_SHAPES];
     int n_shapes;
 };

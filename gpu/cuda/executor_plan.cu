@@ -41,7 +41,7 @@ static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
  *   dy of layer s: written by the backward of its consumers (the first in
  *     backward order overwrites, later ones add) or the loss, read by s's
  *     backward.
- * A flatten and a fused ReLU are views of their input's tensors: their uses
+ * A flatten, a fused ReLU and an NHWC to_tokens are views of their input's tensors: their uses
  * count as uses of the tensor they view. Everything a layer's backward reads,
  * the side stream's backward-filter included, is joined before the next
  * layer's backward starts, so slot granularity is exact. The tensors are
@@ -83,6 +83,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_LAYER_SCALE:
     case SF_L_LAYERNORM2D:
     case SF_L_LAYERNORM:
+    case SF_L_SELF_ATTENTION: /* its input projection's weight gradient */
         return 1;
     default:
         return 0;
@@ -198,7 +199,7 @@ static int g_plan_memory(sf_cuda_net *net)
 }
 
 /* Allocates the arenas the plan sized and points every tensor at its place,
- * then the views (flattens, fused ReLUs) at the tensors they view. Until
+ * then the views (flattens, fused ReLUs, NHWC to_tokens) at the tensors they view. Until
  * then those pointers are NULL: plans are chosen before (g_finish_create). */
 int sf_exec_alloc_arenas(sf_cuda_net *net)
 {
@@ -214,11 +215,54 @@ int sf_exec_alloc_arenas(sf_cuda_net *net)
         if (m->layers[i].kind != SF_L_FLATTEN && !o->fused)
             continue;
         /* a flatten's output is found through g_act (it may be a per-buffer
-         * tensor); a fused ReLU's is its producer's */
+         * tensor); a fused ReLU's or to_tokens view's is its producer's */
         o->y = m->layers[i].kind == SF_L_FLATTEN ? NULL : g->op[o->src[0]].y;
         const int ow = g_owner(m, o->src[0]);
         o->dy = ow >= g->nf ? g->op[ow].dy : NULL;
     }
+    return 0;
+}
+
+/* What self_attention layer i keeps from its forward for its backward, and
+ * the sizes of the buffers all attention layers share. A bf16 net runs the
+ * core as cuDNN's fused attention when a plan builds for max_batch (other
+ * batch sizes get theirs in g_build_shape) and keeps only the softmax
+ * statistics; otherwise the materialised core keeps the weights. */
+static int g_attention_buffers(sf_cuda_net *net, int i)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    gop *o = &g->op[i];
+    const size_t nb = (size_t)net->cfg.max_batch, es = g->es;
+    const int t = L->in_h, c = L->in_c, heads = L->heads;
+    const size_t rows = nb * (size_t)t;
+    g->n_attn++;
+    o->sdpa = 0;
+    if (g->dt == SF_DT_BF16) {
+        sf_sdpa_plan *probe = NULL;
+        size_t ws = 0;
+        char why[sizeof g->sdpa_why];
+        if (sf_sdpa_plan_create(&probe, net->dnn, (int)nb, t, heads, c / heads, &ws, why, sizeof why) == 0) {
+            sf_sdpa_plan_destroy(probe);
+            o->sdpa = 1;
+            g->n_sdpa++;
+        } else if (!g->sdpa_why[0]) {
+            snprintf(g->sdpa_why, sizeof g->sdpa_why, "%s", why[0] ? why : "no plan");
+        }
+    } else if (!g->sdpa_why[0]) {
+        snprintf(g->sdpa_why, sizeof g->sdpa_why, "cuDNN's fused attention is bf16 only");
+    }
+    if (dmalloc(net, &o->qkv, es * rows * 3 * c) || dmalloc(net, &o->att_o, es * rows * c))
+        return -1;
+    if (o->sdpa ? dmallocf(net, &o->att_stats, nb * heads * t)
+                : dmalloc(net, &o->att_p, es * sf_attn_p_elems((int)nb, t, heads)))
+        return -1;
+    if (!o->sdpa && sf_attn_p_elems((int)nb, t, heads) > g->att_s_floats)
+        g->att_s_floats = sf_attn_p_elems((int)nb, t, heads);
+    if (es * rows * c > g->att_do_bytes)
+        g->att_do_bytes = es * rows * c;
+    if (es * rows * 3 * c > g->att_dqkv_bytes)
+        g->att_dqkv_bytes = es * rows * 3 * c;
     return 0;
 }
 
@@ -253,10 +297,17 @@ int sf_exec_build_graph(sf_cuda_net *net)
         o->n_in = sf_layer_n_inputs(L); /* at most SF_MAX_IN (concat) */
         for (int j = 0; j < o->n_in; j++)
             o->src[j] = g_src(m, i, j);
-        if (o->frozen && L->kind == SF_L_LINEAR) {
-            sf_cuda_set_error("%s:%d: layer %d: a frozen linear layer is not supported on the CUDA backend",
-                              __FILE__, __LINE__, i);
+        if (o->frozen && (L->kind == SF_L_LINEAR || L->kind == SF_L_SELF_ATTENTION)) {
+            /* their GEMMs run on the cuBLAS handle of the compute stream,
+             * the frozen prefix on the transform stream */
+            sf_cuda_set_error("%s:%d: layer %d: a frozen %s layer is not supported on the CUDA backend", __FILE__,
+                              __LINE__, i, sf_layer_kind_name(L->kind));
             return -1;
+        }
+        if (o->n_in > 0) {
+            sf_shape sh;
+            sf_layer_in_shape(m, i, 0, &sh);
+            o->tok = sh.tokens;
         }
         if (L->kind == SF_L_BATCHNORM2D && !o->frozen)
             g->has_bn_train = 1;
@@ -324,6 +375,16 @@ int sf_exec_build_graph(sf_cuda_net *net)
                 continue;
             g->op[i].bn_pool = 1;
             g->op[p].pre_bn = i + 1;
+        }
+        /* to_tokens of an NHWC map is a view: the map's bytes are already
+         * the token-major [h*w, c] sequence, so the layer aliases its
+         * producer's output and gradient like a fused ReLU and runs nothing
+         * (an NCHW map is transposed by its kernel). */
+        for (int i = 0; i + 1 < g->nl; i++) {
+            const int src = g->op[i].src[0];
+            if (m->layers[i].kind == SF_L_TO_TOKENS && g->lay == SF_LAYOUT_NHWC && src >= 0 && readers[src] == 1 &&
+                m->layers[src].kind != SF_L_FLATTEN && g->op[src].frozen == g->op[i].frozen)
+                g->op[i].fused = 1;
         }
         /* Grouped and dilated convolutions (depthwise ones included) take
          * cuDNN's general plans only: the thin, patch and space-to-depth
@@ -459,7 +520,12 @@ int sf_exec_build_graph(sf_cuda_net *net)
         }
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
             return -1;
+        if (L->kind == SF_L_SELF_ATTENTION && g_attention_buffers(net, i))
+            return -1;
     }
+    if (g->n_attn && (dmalloc(net, &g->att_do, g->att_do_bytes) || dmalloc(net, &g->att_dqkv, g->att_dqkv_bytes) ||
+                      dmallocf(net, &g->att_s, g->att_s_floats)))
+        return -1;
 
     if (g->dt != SF_DT_F32) {
         const size_t lsz = nb * (size_t)m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
@@ -481,10 +547,13 @@ int sf_exec_build_graph(sf_cuda_net *net)
                 sc = b;
         }
         if (L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) {
-            size_t b = sf_cuda_layernorm_scratch_bytes((int)nb, L->in_c, (size_t)L->in_h * L->in_w, g->lay);
+            const sf_layout ll = g->op[i].tok ? SF_LAYOUT_NHWC : g->lay; /* tokens: NHWC [c, t, 1] */
+            size_t b = sf_cuda_layernorm_scratch_bytes((int)nb, L->in_c, (size_t)L->in_h * L->in_w, ll);
             if (b > sc)
                 sc = b;
         }
+        if (L->kind == SF_L_SELF_ATTENTION && 3 * L->in_c > max_c) /* the input projection's bias gradient */
+            max_c = 3 * L->in_c;
         if (L->kind == SF_L_LAYER_SCALE && sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch) > sc)
             sc = sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch);
     }
@@ -500,7 +569,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
     g->n_slots = 0;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
-        g->slot[i] = i >= g->nf && L->n_w + L->n_b > 0 ? g->n_slots++ : -1;
+        g->slot[i] = i >= g->nf && sf_layer_param_count(L) > 0 ? g->n_slots++ : -1;
     }
     /* The all-reduce's buckets, in the backward's order (decreasing i): a
      * bucket closes at the layer that brings it to grad_bucket_bytes, the
@@ -514,7 +583,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
             continue;
         const sf_layer *L = &m->layers[i];
         top = top < 0 ? i : top;
-        bytes += sizeof(float) * (L->n_w + L->n_b);
+        bytes += sizeof(float) * sf_layer_param_count(L);
         lowest = i;
         if (net->cfg.grad_bucket_bytes > 0 && bytes >= net->cfg.grad_bucket_bytes) {
             g->rb_top[i] = top;

@@ -22,6 +22,14 @@
  *  - a MobileNetV3-like block with every pointwise-family kind (activations,
  *    mul, layer_scale, concat, dropout, stochastic_depth): 3 steps in fp32 and
  *    bf16, NCHW and NHWC, the dropout masks drawn alike; eval identity.
+ *  - the small Vision Transformer of issue-sized CI (torchvision's
+ *    VisionTransformer(image_size=64, patch_size=16, num_layers=2,
+ *    num_heads=4, hidden_dim=64, mlp_dim=128) as the exporter writes it:
+ *    to_tokens, class_token, pos_embedding, self_attention, select_token,
+ *    linear/layernorm/gelu/add/dropout on tokens): 3 steps, SGD in fp32
+ *    NCHW, AdamW in fp32 NHWC and bf16 NHWC (the materialised attention
+ *    core, or cuDNN's fused attention where its plan builds), dropout drawn
+ *    alike.
  *  - the frozen encoder on the transform stream overlapping the previous
  *    batch's decoder step, in event times (seed-encdec, 256x256).
  * By default each trajectory runs 2 steps (the second is the first with
@@ -491,6 +499,55 @@ static int pointwise_model(sf_model &m, float drop)
     return 0;
 }
 
+/* torchvision's VisionTransformer(image_size=64, patch_size=16,
+ * num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128, num_classes=10,
+ * dropout=drop) as streamfeed.export writes it: the patch convolution, the
+ * tokens, the class token and position embedding, two pre-norm encoder
+ * blocks (ln_1, self_attention, dropout, residual add, ln_2, MLP with GELU
+ * and dropout, residual add), the final layernorm, the class token's
+ * features and the head. */
+static int vit_model(sf_model &m, float drop)
+{
+    char js[4096], err[300];
+    int at = snprintf(js, sizeof js,
+                      "{\"input\":[3,64,64],\"classes\":10,\"layers\":["
+                      "{\"type\":\"conv2d\",\"name\":\"conv_proj\",\"out\":64,\"k\":16,\"stride\":16},"
+                      "{\"type\":\"to_tokens\",\"name\":\"tokens\"},"
+                      "{\"type\":\"class_token\",\"name\":\"class_token\"},"
+                      "{\"type\":\"pos_embedding\",\"name\":\"encoder.pos_embedding\"},"
+                      "{\"type\":\"dropout\",\"name\":\"encoder.dropout\",\"p\":%g}",
+                      (double)drop);
+    const char *prev = "encoder.dropout";
+    char names[2][64];
+    for (int b = 0; b < 2; b++) {
+        const char *L = b ? "encoder.layers.encoder_layer_1" : "encoder.layers.encoder_layer_0";
+        at += snprintf(js + at, sizeof js - at,
+                       ",{\"type\":\"layernorm\",\"name\":\"%s.ln_1\",\"eps\":1e-6,\"inputs\":[\"%s\"]}"
+                       ",{\"type\":\"self_attention\",\"name\":\"%s.self_attention\",\"num_heads\":4}"
+                       ",{\"type\":\"dropout\",\"name\":\"%s.dropout\",\"p\":%g}"
+                       ",{\"type\":\"add\",\"name\":\"%s.add_1\",\"inputs\":[\"%s.dropout\",\"%s\"]}"
+                       ",{\"type\":\"layernorm\",\"name\":\"%s.ln_2\",\"eps\":1e-6}"
+                       ",{\"type\":\"linear\",\"name\":\"%s.mlp.0\",\"out\":128}"
+                       ",{\"type\":\"gelu\",\"name\":\"%s.mlp.1\"}"
+                       ",{\"type\":\"dropout\",\"name\":\"%s.mlp.2\",\"p\":%g}"
+                       ",{\"type\":\"linear\",\"name\":\"%s.mlp.3\",\"out\":64}"
+                       ",{\"type\":\"dropout\",\"name\":\"%s.mlp.4\",\"p\":%g}"
+                       ",{\"type\":\"add\",\"name\":\"%s.add_2\",\"inputs\":[\"%s.mlp.4\",\"%s.add_1\"]}",
+                       L, prev, L, L, (double)drop, L, L, prev, L, L, L, L, (double)drop, L, L, (double)drop, L, L, L);
+        snprintf(names[b], sizeof names[b], "%s.add_2", L);
+        prev = names[b];
+    }
+    snprintf(js + at, sizeof js - at,
+             ",{\"type\":\"layernorm\",\"name\":\"encoder.ln\",\"eps\":1e-6}"
+             ",{\"type\":\"select_token\",\"name\":\"select\"}"
+             ",{\"type\":\"linear\",\"name\":\"heads.head\",\"out\":10}]}");
+    if (sf_model_from_json(js, &m, err, sizeof err)) {
+        fail("vit model: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* Pairs (N, N+1) where N+1's transform (frozen encoder) overlaps N's step. */
 static int overlaps(const std::vector<ev_rec> &ev)
 {
@@ -830,6 +887,62 @@ int main(int argc, char **argv)
                        "ref %.7f)", loss[0], loss[1], loss[2]);
                 else
                     fail("pointwise-kinds eval: loss %.7f, with p=0 %.7f, ref %.7f", loss[0], loss[1], loss[2]);
+                free_batches(cu, bs);
+            }
+        }
+    }
+
+    /* 2c. the small Vision Transformer (vit_model): 3 steps from the same
+     * parameters and batches, the dropout masks drawn alike: SGD in fp32
+     * NCHW (the patch map transposed into tokens), AdamW in fp32 NHWC (the
+     * map already token-major, to_tokens a view) and in bf16 NHWC. The
+     * class token starts at 0 in torchvision; here it is drawn like the
+     * rest, so its gradient path is not hidden behind a zero.
+     * Tolerances: SGD's update is lr times the gradient, so its error is the
+     * gradient's, within the ConvNeXt block's 2e-2 (layernorm's sums cancel
+     * as batchnorm's do). AdamW's first updates are about lr * sign(g), so
+     * an element whose gradient is at the size of the rounding noise moves
+     * by a noise-decided +-lr on each backend: the key projection's bias has
+     * a gradient of exactly 0 in exact arithmetic (a constant added to every
+     * key does not change a softmax), which the two backends' roundings make
+     * ~1e-9 of either sign. Its 2 x 64 elements, of 118k, give an update
+     * error of up to sqrt(128 * 4) / sqrt(118k) ~ 7e-2 of the update's norm
+     * in fp32 where that noise reaches AdamW's eps (0.1 allowed); in
+     * bf16 every gradient near the noise does so too (0.6, the bf16 bound of
+     * the ResNet trajectories above). The loss does not see the key bias,
+     * so its tolerances stay those of the pointwise kinds. */
+    {
+        sf_model m;
+        if (vit_model(m, 0.1f) == 0) {
+            std::vector<float> init(m.n_params);
+            sf_model_init_params(&m, 42, init.data());
+            for (int i = 0; i < m.n_layers; i++)
+                if (m.layers[i].kind == SF_L_CLASS_TOKEN)
+                    for (size_t e = 0; e < m.layers[i].n_w; e++)
+                        init[m.layers[i].w_off + e] = 0.02f * (float)((e % 7) - 3);
+            const struct {
+                sf_precision prec;
+                sf_act_layout lay;
+                int adamw;
+                const char *name;
+                double tol_loss, tol_delta;
+            } runs[3] = {
+                {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, 0, "vit-small fp32 nchw sgd", 1e-5, 2e-2},
+                {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, "vit-small fp32 nhwc adamw", 1e-5, 0.1},
+                {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 1, "vit-small bf16 nhwc adamw", 2e-2, 0.6},
+            };
+            for (int v = 0; v < 3; v++) {
+                batch_set bs;
+                if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 81 + v, 1e-3f))
+                    break;
+                sf_train_cfg cfg = make_cfg(runs[v].prec, 8, 1, 1);
+                cfg.optim = runs[v].adamw ? SF_OPT_ADAMW : SF_OPT_SGD;
+                train_out tc, tr;
+                g_layout = runs[v].lay;
+                train(cu, m, cfg, bs, 3, tc, init.data());
+                g_layout = SF_ACT_LAYOUT_AUTO;
+                train(ref, m, cfg, bs, 3, tr, init.data());
+                compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
                 free_batches(cu, bs);
             }
         }

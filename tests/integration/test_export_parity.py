@@ -396,6 +396,10 @@ def _small_vit():
     from torchvision.models.vision_transformer import VisionTransformer
     m = VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128,
                           num_classes=10)
+    return _random_head(m)
+
+
+def _random_head(m):
     # torchvision starts the head at zero, which leaves every other
     # parameter without a gradient at the first step; a random head makes
     # each of the five steps train every layer.
@@ -403,44 +407,76 @@ def _small_vit():
     return m
 
 
-def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker):
-    """torchvision's VisionTransformer in the small configuration (issue
-    37's CI model: 2 encoder blocks, 4 heads, 64 wide, 64x64 input, so 17
-    tokens): exported with the AdamW recipe, whose config file chooses the
-    optimizer, it trains five steps like torch.optim.AdamW at its defaults,
+# The Vision Transformers trained here: the small configuration (issue 37's
+# CI model, 17 tokens) on every backend, at its 64x64; torchvision's
+# vit_b_16 (197 tokens, 12 heads of 64) and vit_b_32 (50 tokens) at 224x224
+# only where the CUDA backend trains them: on the reference backend a
+# vit_b_16 step is minutes of plain loops.
+VITS = {
+    "vit_small": (_small_vit, 64),
+    "vit_b_16": (lambda: _random_head(M.vit_b_16(num_classes=10)), 224),
+    "vit_b_32": (lambda: _random_head(M.vit_b_32(num_classes=10)), 224),
+}
+ON_CUDA_ONLY = pytest.mark.skipif(BACKEND != "cuda", reason="a 224x224 ViT-B trains on the CUDA backend only "
+                                  "(STREAMFEED_PARITY_BACKEND=cuda): minutes a step on the reference backend")
+
+
+@pytest.mark.parametrize("name", [n if n == "vit_small" else pytest.param(n, marks=ON_CUDA_ONLY) for n in VITS])
+def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker, name):
+    """torchvision's VisionTransformer (the small configuration: 2 encoder
+    blocks, 4 heads, 64 wide, 64x64 input, so 17 tokens; vit_b_16 and
+    vit_b_32 at 224x224): exported with the AdamW recipe, whose config file
+    chooses the optimizer, it trains five steps like torch.optim.AdamW at its
+    defaults (each loss within 1e-4, or four times the spread of PyTorch's
+    own two float32 runs where that is larger, as the other families),
     evaluates like the module, and its checkpoint loads back strictly."""
+    build, hw = VITS[name]
     torch.manual_seed(5)
-    model = _small_vit()
-    s = start_exported(start_server, tmp_path, model, spec_checker, optimizer="adamw")
+    model = build()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=hw, optimizer="adamw")
     cfg = json.loads((tmp_path / "export" / "config.json").read_text())
     assert cfg["optim"]["name"] == "adamw" and cfg["optim"]["weight_decay"] == 0.01
     assert {"to_tokens", "class_token", "pos_embedding", "self_attention", "select_token"} <= \
         {layer["type"] for layer in cfg["model"]["spec"]["layers"]}
     # The service's account of the model: tokens as PyTorch's per-sample [T, C].
     layers = {layer["name"]: layer for layer in s.get("/v1/model").json()["layers"]}
-    assert layers["to_tokens"]["out"] == [16, 64] and layers["class_token"]["out"] == [17, 64]
-    assert layers["encoder.layers.encoder_layer_0.self_attention"]["params"] == 4 * 64 * 64 + 4 * 64
-    assert layers["select_token"]["out"] == [64]
-    opt = torch.optim.AdamW(model.parameters())
+    t, c = (hw // model.patch_size) ** 2, model.hidden_dim
+    assert layers["to_tokens"]["out"] == [t, c] and layers["class_token"]["out"] == [t + 1, c]
+    assert layers["encoder.layers.encoder_layer_0.self_attention"]["params"] == 4 * c * c + 4 * c
+    assert layers["select_token"]["out"] == [c]
+    torch_side = [model, copy.deepcopy(model)]
+    opts = [torch.optim.AdamW(m.parameters()) for m in torch_side]
     rng = np.random.default_rng(11)
+    worst = 0.0
     for step in range(1, STEPS + 1):
-        images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
+        images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
         labels = rng.integers(0, 10, BATCH)
         r = s.post_arrays(images, labels, wait=True)
         assert r.status_code == 200 and r.json()["state"] == "done", r.text
-        model.train()
-        loss = F.cross_entropy(model(as_input(images)), torch.from_numpy(labels))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        got, want = r.json()["loss"], float(loss.detach())
-        print(f"vit step {step}: service {got!r} PyTorch {want!r}")
-        assert rel(got, want) <= TOL_LOSS, f"step {step}: loss {got} vs PyTorch {want}: {rel(got, want):.2e}"
-    images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
+        losses = []
+        for i, (m, opt) in enumerate(zip(torch_side, opts)):
+            was = torch.get_num_threads()
+            torch.set_num_threads(1 if i else was)  # another summation order: the step's conditioning
+            try:
+                m.train()
+                loss = F.cross_entropy(m(as_input(images)), torch.from_numpy(labels))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                losses.append(float(loss.detach()))
+            finally:
+                torch.set_num_threads(was)
+        got, want = r.json()["loss"], losses[0]
+        worst = max(worst, rel(losses[1], want))
+        tol = TOL_LOSS if step == 1 else bound(TOL_LOSS, worst)
+        print(f"{name} step {step}: service {got!r} PyTorch {want!r} (its float32 runs {worst:.1e} apart)")
+        assert rel(got, want) <= tol, f"step {step}: loss {got} vs PyTorch {want}: {rel(got, want):.2e} > {tol:.1e}"
+    images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
     got = eval_logits(s, images, rng.integers(0, 10, BATCH))
     want = module_logits(model, images)
-    assert rel(got, want) <= TOL_LOGITS, f"eval logits differ by {rel(got, want):.2e}"
+    tol = bound(TOL_LOGITS, rel(module_logits(torch_side[1], images), want))
+    assert rel(got, want) <= tol, f"eval logits differ by {rel(got, want):.2e} > {tol:.1e}"
     ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
-    back = _small_vit()
+    back = build()
     back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
     assert rel(module_logits(back, images), got) <= TOL_LOGITS

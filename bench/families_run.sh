@@ -25,8 +25,8 @@
 #   FAMILY_MIN_S (default 60)
 #   SF_TIMEOUT   seconds of one streamfeed run, start-up included (default 150)
 #   PT_TIMEOUT   seconds of one PyTorch variant (default 200)
-#   HTTP_BATCHES batches sent per streamfeed run (default 150), HTTP_WARMUP the
-#                trained batches before the window opens (default 30)
+#   HTTP_BATCHES batches sent per streamfeed run (default 100), HTTP_WARMUP the
+#                trained batches before the window opens (default 20)
 #   PT_STEPS / PT_WARMUP  PyTorch's timed and untimed steps (default 30 / 10)
 #   PT_DEVICE    PyTorch's device (default cuda; cpu only to smoke-test this script)
 #   MODELS_DIR   where the exported models go (default a temporary directory,
@@ -46,8 +46,8 @@ BUDGET_S=${BUDGET_S:-540}
 FAMILY_MIN_S=${FAMILY_MIN_S:-60}
 SF_TIMEOUT=${SF_TIMEOUT:-150}
 PT_TIMEOUT=${PT_TIMEOUT:-200}
-HTTP_BATCHES=${HTTP_BATCHES:-150}
-HTTP_WARMUP=${HTTP_WARMUP:-30}
+HTTP_BATCHES=${HTTP_BATCHES:-100}
+HTTP_WARMUP=${HTTP_WARMUP:-20}
 PT_STEPS=${PT_STEPS:-30}
 PT_WARMUP=${PT_WARMUP:-10}
 PT_DEVICE=${PT_DEVICE:-cuda}
@@ -118,9 +118,10 @@ for fam in $FAMILIES; do
   fi
   log "$fam batch $B ($(left) s left)"
   if [ "$SIDES" != pytorch ]; then
-    if [ -f "$MODELS/$fam/config.json" ]; then
+    # export.json says whether this call's export of the family succeeded.
+    if grep -q '"error": null' "$D/export.json" 2>/dev/null && [ -f "$MODELS/$fam/config.json" ]; then
       t=$(min "$(left)" "$SF_TIMEOUT")
-      timeout -k 10 $(( t + 20 )) "$PY" bench/ingest_e2e.py --bin build/streamfeed --load build/streamfeed-load \
+      timeout -k 10 $(( t + 30 )) "$PY" bench/ingest_e2e.py --bin build/streamfeed --load build/streamfeed-load \
         --config "$MODELS/$fam/config.json" \
         --server-args "--model.precision $PRECISION --model.max_batch $B --ring.slots 8 --http.threads 8 --ring.slot_bytes $(( B * SIZE * SIZE * 3 + 65536 ))" \
         --load-args "--workload $WORKLOAD --batch $B --connections 8 --pool 4" \
@@ -139,7 +140,7 @@ for fam in $FAMILIES; do
     t=$(min $(( $(left) / nv )) "$PT_TIMEOUT")
     PYTHONUNBUFFERED=1 timeout -k 10 $(( $(left) + 5 )) "$PY" bench/pytorch_families.py --family "$fam" --batch "$B" \
       --size "$SIZE" --steps "$PT_STEPS" --warmup "$PT_WARMUP" --variants "$VARIANTS" --timeout "$t" \
-      --device "$PT_DEVICE"       --json "$D/pytorch.json" 2>&1 | tee -a "$OUT/families.log"
+      --device "$PT_DEVICE" --json "$D/pytorch.json" 2>&1 | tee -a "$OUT/families.log"
     [ "${PIPESTATUS[0]}" = 0 ] || failed=1
   fi
   report

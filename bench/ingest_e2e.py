@@ -29,7 +29,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nvml_peak import ProcessPeak  # noqa: E402
+from nvml_peak import ProcessPeak, die_with_parent  # noqa: E402
 
 BACK_PRESSURE = ("ring_full", "ring_full_timeout")
 
@@ -140,7 +140,7 @@ def main():
     res["batch"] = batch
     error = None
     try:
-        srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent)
         if peak:
             peak.start(srv.pid)
         line = srv.stdout.readline()
@@ -150,7 +150,8 @@ def main():
             raise Deadline(f"the service did not start (exit {srv.returncode}): {tail(log_path, 1500).strip()}")
         url = f"http://127.0.0.1:{m.group(1)}"
         load = subprocess.Popen([a.load, "--url", url, "--batches", str(a.batches), "--json", "--quiet"]
-                                + shlex.split(a.load_args), stdout=subprocess.PIPE, text=True)
+                                + shlex.split(a.load_args), stdout=subprocess.PIPE, text=True,
+                                preexec_fn=die_with_parent)
         # Steady window: from warmup_steps trained batches until 90% of them
         # trained (a finished batch is a trained step, or a sunk batch in sink
         # mode); a failed batch is finished but not trained.
@@ -224,10 +225,13 @@ def main():
             error = "; ".join(problems)
     except Deadline as e:
         error = str(e)
+    except Exception as e:  # noqa: BLE001 (a scrape of a service that died: no figure, the children ended)
+        error = f"{type(e).__name__}: {e}"
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # A run cut short does not wait out the service's drain.
         stop(load, signal.SIGINT, 10)
-        stop(srv)
+        stop(srv, wait_s=15 if error else 60)
         if peak:
             peak.stop()
             res.update(peak.record())

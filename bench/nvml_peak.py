@@ -17,7 +17,9 @@ figure (in a container that sees other pids, for instance). Both are None
 where there is no nvidia-smi (the CPU reference backend), so a CPU run
 reports no memory rather than a zero.
 """
+import ctypes
 import shutil
+import signal
 import subprocess
 import threading
 
@@ -58,6 +60,21 @@ def process_used_mib(pid):
 def gpu_name():
     out = _smi("--query-gpu=name,driver_version,memory.total")
     return out.splitlines()[0].strip() if out else None
+
+
+try:  # looked up here, not between fork and exec, where only the call is safe
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """preexec_fn of a measured process: the kernel kills it when the script
+    that started it dies (an outer timeout's SIGKILL), so that it cannot hold
+    device memory into the next measurement. Linux only; elsewhere nothing."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 class ProcessPeak:

@@ -40,7 +40,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nvml_peak import ProcessPeak  # noqa: E402
+from nvml_peak import ProcessPeak, die_with_parent  # noqa: E402
 
 CLASSES = 1000
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -141,7 +141,7 @@ def run_variant(a, variant):
     os.close(fd)
     peak = ProcessPeak()
     t = time.monotonic()
-    proc = subprocess.Popen(child_args(a, variant, out))
+    proc = subprocess.Popen(child_args(a, variant, out), preexec_fn=die_with_parent)
     peak.start(proc.pid)
     try:
         rc = proc.wait(timeout=a.timeout or None)

@@ -25,7 +25,8 @@
 #   FAMILY_MIN_S (default 60)
 #   SF_TIMEOUT   seconds of one streamfeed run, start-up included (default 150)
 #   PT_TIMEOUT   seconds of one PyTorch variant (default 200)
-#   HTTP_BATCHES batches sent per streamfeed run (default 100), HTTP_WARMUP the
+#   HTTP_BATCHES batches sent per streamfeed run (default 100; 250 for the light
+#                families: mobilenets, efficientnet_b0, regnet_y_400mf, squeezenet1_1), HTTP_WARMUP the
 #                trained batches before the window opens (default 20)
 #   PT_STEPS / PT_WARMUP  PyTorch's timed and untimed steps (default 30 / 10)
 #   PT_DEVICE    PyTorch's device (default cuda; cpu only to smoke-test this script)
@@ -46,7 +47,6 @@ BUDGET_S=${BUDGET_S:-540}
 FAMILY_MIN_S=${FAMILY_MIN_S:-60}
 SF_TIMEOUT=${SF_TIMEOUT:-150}
 PT_TIMEOUT=${PT_TIMEOUT:-200}
-HTTP_BATCHES=${HTTP_BATCHES:-100}
 HTTP_WARMUP=${HTTP_WARMUP:-20}
 PT_STEPS=${PT_STEPS:-30}
 PT_WARMUP=${PT_WARMUP:-10}
@@ -62,7 +62,7 @@ for n in BATCH BUDGET_S FAMILY_MIN_S SF_TIMEOUT PT_TIMEOUT HTTP_BATCHES HTTP_WAR
   v=${!n:-1}
   [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "$n must be a positive integer, not '$v'" >&2; exit 2; }
 done
-[ "$HTTP_WARMUP" -lt "$HTTP_BATCHES" ] || { echo "HTTP_WARMUP must be below HTTP_BATCHES" >&2; exit 2; }
+[ "$HTTP_WARMUP" -lt "${HTTP_BATCHES:-100}" ] || { echo "HTTP_WARMUP must be below HTTP_BATCHES" >&2; exit 2; }
 if [ "$SIDES" != pytorch ]; then
   for b in build/streamfeed build/streamfeed-load; do
     [ -x "$b" ] || { echo "$b is not built" >&2; exit 2; }
@@ -74,6 +74,15 @@ log() { echo "families: $*" | tee -a "$OUT/families.log"; }
 left() { echo $(( BUDGET_S - (SECONDS - START) )); }
 min() { [ "$1" -lt "$2" ] && echo "$1" || echo "$2"; }
 batch_of() { echo "${BATCH:-256}"; }
+# The light families train many batches a second: a longer run gives their
+# window the length of the heavy ones'.
+http_batches_of() {
+  case "$1" in
+    mobilenet_v2|mobilenet_v3_small|mobilenet_v3_large|efficientnet_b0|regnet_y_400mf|squeezenet1_1)
+      echo "${HTTP_BATCHES:-250}" ;;
+    *) echo "${HTTP_BATCHES:-100}" ;;
+  esac
+}
 report() { "$PY" bench/families_report.py "$OUT" --order "$FAMILIES" --out "$OUT/families.md" 2>> "$OUT/families.log"; }
 
 MODELS=${MODELS_DIR:-}
@@ -125,7 +134,7 @@ for fam in $FAMILIES; do
         --config "$MODELS/$fam/config.json" \
         --server-args "--model.precision $PRECISION --model.max_batch $B --ring.slots 8 --http.threads 8 --ring.slot_bytes $(( B * SIZE * SIZE * 3 + 65536 ))" \
         --load-args "--workload $WORKLOAD --batch $B --connections 8 --pool 4" \
-        --batches "$HTTP_BATCHES" --warmup-steps "$HTTP_WARMUP" --timeout "$t" --nvml-peak \
+        --batches "$(http_batches_of "$fam")" --warmup-steps "$HTTP_WARMUP" --timeout "$t" --nvml-peak \
         --server-log "$D/streamfeed.log" --label "${fam}_b${B}_http_$PRECISION" --json "$D/streamfeed.json" 2>&1 |
         tee -a "$OUT/families.log"
       [ "${PIPESTATUS[0]}" = 0 ] || failed=1

@@ -132,7 +132,8 @@ def main():
     peak = ProcessPeak() if a.nvml_peak else None
     srv = load = None
     res = {"label": a.label, "steps_per_s": None, "samples_per_s": None, "ingest_gb_per_s": None,
-           "server_args": a.server_args, "load_args": a.load_args, "config": a.config}
+           "server_args": a.server_args, "load_args": a.load_args, "config": a.config,
+           "batches": a.batches, "warmup_steps": a.warmup_steps}
     batch = None
     m = re.search(r"--batch[ =](\d+)", a.load_args)
     if m:

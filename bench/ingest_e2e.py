@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -144,6 +145,10 @@ def main():
         srv = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=die_with_parent)
         if peak:
             peak.start(srv.pid)
+        # The service prints its address once its model is built (cuDNN's
+        # plans chosen, the first graph captured): the deadline covers that.
+        while not select.select([srv.stdout], [], [], 0.5)[0]:
+            left()
         line = srv.stdout.readline()
         m = re.search(r":(\d+)$", line.strip())
         if not m:

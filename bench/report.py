@@ -55,11 +55,11 @@ def main():
             s["loopback"][j["flows"]] = j["gb_per_s"]
     for f in glob.glob(os.path.join(d, "w1_*_http*.json")):
         j = jload(f)
-        if j:
+        if j and j.get("steps_per_s") is not None:  # a failed run has no figure
             s["http"][j["label"]] = j["steps_per_s"]
     for f in glob.glob(os.path.join(d, "ingest_c*.json")):
         j = jload(f)
-        if j:
+        if j and j.get("steps_per_s") is not None:
             s["ingest"][j["label"]] = {"gb_per_s": j["ingest_gb_per_s"], "batches_per_s": j["steps_per_s"]}
     pt = jload(os.path.join(d, "pytorch_w1_b32.json"))
     if pt:

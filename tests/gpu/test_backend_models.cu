@@ -19,6 +19,9 @@
  *    layernorm) and a grouped/dilated conv model (batchnorm eps/momentum,
  *    ceil_mode pools, avgpool2d, adaptive pooling): 3-step trajectories, fp32
  *    NCHW and NHWC, bf16 NHWC.
+ *  - 1x1 convolutions cuDNN has no strict fp32 NCHW engine for
+ *    (EfficientNet-B0's 24 -> 144 at 56x56, RegNet-Y-400MF's 104 -> 104 at
+ *    28x28, conv_gemm.h): the net builds and trains as the reference, 3 steps.
  *  - a MobileNetV3-like block with every pointwise-family kind (activations,
  *    mul, layer_scale, concat, dropout, stochastic_depth): 3 steps in fp32 and
  *    bf16, NCHW and NHWC, the dropout masks drawn alike; eval identity.
@@ -52,6 +55,7 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <string>
 #include <vector>
 
 #include "gpu_test.h"
@@ -820,6 +824,55 @@ int main(int argc, char **argv)
                 compare(name, m, tc, tr, 3, bf16 ? 2e-2 : 1e-4, bf16 ? 1e-1 : 2e-2, 0, k == 1);
                 free_batches(cu, bs);
             }
+        }
+    }
+
+    /* 2b. the pointwise convolutions cuDNN 9.14 on an H200 has no strict fp32
+     * NCHW engine for: EfficientNet-B0's 24 -> 144 at 56x56 (forward) and
+     * RegNet-Y-400MF's 104 -> 104 at 28x28 (filter gradient), with a ReLU
+     * after each (the fused-epilogue attempt falls back to the plain plan).
+     * The net must build (those directions on the GEMM path where cuDNN has
+     * no engine: the description names them) and train as the reference does,
+     * 3 steps in fp32 NCHW. */
+    {
+        static const char *spec =
+            "{\"input\":[3,56,56],\"classes\":10,\"layers\":["
+            "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":24,\"k\":3,\"pad\":1},"
+            "{\"type\":\"conv2d\",\"name\":\"expand\",\"out\":144,\"k\":1,\"bias\":false},"
+            "{\"type\":\"relu\",\"name\":\"r0\"},"
+            "{\"type\":\"maxpool2d\",\"name\":\"mp\",\"k\":2,\"stride\":2},"
+            "{\"type\":\"conv2d\",\"name\":\"proj\",\"out\":104,\"k\":1},"
+            "{\"type\":\"conv2d\",\"name\":\"pw\",\"out\":104,\"k\":1},"
+            "{\"type\":\"relu\",\"name\":\"r1\"},"
+            "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+            "{\"type\":\"flatten\",\"name\":\"f\"},"
+            "{\"type\":\"linear\",\"name\":\"fc\",\"out\":10}]}";
+        sf_model m;
+        char e3[300];
+        batch_set bs;
+        if (sf_model_from_json(spec, &m, e3, sizeof e3)) {
+            fail("pointwise-1x1 spec: %s", e3);
+        } else if (make_batches(cu, bs, 3, 4, m.in_h, m.in_w, 10, 1, SF_LABEL_I64, 71, 0.02f) == 0) {
+            sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 4, 1, 1);
+            g_layout = SF_ACT_LAYOUT_NCHW;
+            train_out tc, tr;
+            train(cu, m, cfg, bs, 3, tc);
+            g_layout = SF_ACT_LAYOUT_AUTO;
+            if (tc.ok && cu->i->describe) {
+                static char dbuf_[16384];
+                size_t dev = 0;
+                dbuf_[0] = '\0';
+                if (cu->i->describe(cu, dbuf_, sizeof dbuf_, &dev) == 0)
+                    for (const char *l = dbuf_; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+                        const char *nl = strchr(l, '\n');
+                        const std::string line(l, nl ? (size_t)(nl - l) : strlen(l));
+                        if (line.find("cuBLAS GEMM") != std::string::npos)
+                            printf("info pointwise-1x1 fp32 nchw: %s\n", line.c_str());
+                    }
+            }
+            train(ref, m, cfg, bs, 3, tr);
+            compare("pointwise-1x1 fp32 nchw", m, tc, tr, 3, 1e-4, 2e-2, 0, 0);
+            free_batches(cu, bs);
         }
     }
 

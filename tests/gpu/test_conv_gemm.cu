@@ -242,10 +242,12 @@ static void test_gemm(cudnnHandle_t dnn, cudaStream_t s, const pw_case &cc, sf_l
     df.align_b = 16;
     run_checked(dnn, s, cc, lay, p, df, SF_CONV_FWD, B.ws_bytes, B, D, name, 1, 0, NULL, NULL);
 
-    if (lay == SF_LAYOUT_NCHW && cc.n > 1) {
-        /* below n products: bf16 needs one fp32 product, fp32 nothing */
-        const size_t one = ((sizeof(float) * (size_t)cc.c * cc.oc + 255) & ~(size_t)255);
-        const size_t lim = p.dt == SF_DT_BF16 ? one : 0;
+    /* below n products (in 256-byte units, as the plan counts them): bf16
+     * needs one fp32 product, fp32 nothing */
+    const size_t one = (sizeof(float) * (size_t)cc.c * cc.oc + 255) & ~(size_t)255,
+                 all = (sizeof(float) * (size_t)cc.n * cc.c * cc.oc + 255) & ~(size_t)255;
+    const size_t lim = p.dt == SF_DT_BF16 ? one : 0;
+    if (lay == SF_LAYOUT_NCHW && cc.n > 1 && all > lim) {
         snprintf(nm, sizeof nm, "%s per-sample, ws limit %zu", name, lim);
         run_checked(dnn, s, cc, lay, p, d, SF_CONV_BWD_FILTER, lim, B, D, nm, 1, 0, NULL, NULL);
     }

@@ -606,7 +606,8 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "linear", .torch = "nn.Linear", .min_in = 1, .max_in = 1, .fields = linear_fields,
         .shape = linear_shape, .params = linear_params, .init = linear_init,
         .ref_fwd = sf_ref_layer_linear_fwd, .ref_bwd = sf_ref_layer_linear_bwd, .bf16_weights = 1, .cuda = 1,
-        .cuda_tokens = 1, .doc = "fully connected layer over flat features, or per pixel over a map's channels; weight [out, in]"},
+        .cuda_tokens = 1,
+        .doc = "fully connected layer over flat features, or per pixel over a map's channels; weight [out, in]"},
     [SF_L_CONV_TRANSPOSE2D] = {
         .name = "conv_transpose2d", .torch = "nn.ConvTranspose2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = convt2d_fields, .shape = convt2d_shape, .params = convt2d_params, .init = convt2d_init,
@@ -680,7 +681,8 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_DROPOUT] = {
         .name = "dropout", .torch = "nn.Dropout", .min_in = 1, .max_in = 1, .fields = dropout_fields,
         .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd, .ref_bwd = sf_ref_layer_dropout_bwd,
-        .cuda = 1, .cuda_tokens = 1, .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
+        .cuda = 1, .cuda_tokens = 1,
+        .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
                "eval: identity"},
     [SF_L_STOCHASTIC_DEPTH] = {
         .name = "stochastic_depth", .torch = "torchvision StochasticDepth(p, \"row\")", .min_in = 1,
@@ -698,7 +700,8 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "class_token", .torch = "torch.cat([class_token.expand(n, -1, -1), x], dim=1)", .min_in = 1,
         .max_in = 1, .fields = no_fields, .shape = class_token_shape, .params = class_token_params,
         .init = zeros_init, .ref_fwd = sf_ref_layer_class_token_fwd, .ref_bwd = sf_ref_layer_class_token_bwd,
-        .cuda = 1, .cuda_tokens = 1, .doc = "a parameter [1,1,C] in front of the tokens: [T, C] to [T+1, C]; its state_dict key is the layer's "
+        .cuda = 1, .cuda_tokens = 1,
+        .doc = "a parameter [1,1,C] in front of the tokens: [T, C] to [T+1, C]; its state_dict key is the layer's "
                "name (`class_token`, initialised to 0)"},
     [SF_L_POS_EMBEDDING] = {
         .name = "pos_embedding", .torch = "x + pos_embedding (torchvision Encoder)", .min_in = 1, .max_in = 1,

@@ -41,10 +41,11 @@ static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
  *   dy of layer s: written by the backward of its consumers (the first in
  *     backward order overwrites, later ones add) or the loss, read by s's
  *     backward.
- * A flatten, a fused ReLU and an NHWC to_tokens are views of their input's tensors: their uses
- * count as uses of the tensor they view. Everything a layer's backward reads,
- * the side stream's backward-filter included, is joined before the next
- * layer's backward starts, so slot granularity is exact. The tensors are
+ * A flatten, a fused ReLU and an NHWC to_tokens are views of their input's
+ * tensors: their uses count as uses of the tensor they view. Everything a
+ * layer's backward reads, the side stream's backward-filter included, is
+ * joined before the next layer's backward starts, so slot granularity is
+ * exact. The tensors are
  * then placed by gpu/memory_plan.h (largest first, lowest aligned offset that
  * overlaps no tensor of an overlapping lifetime). */
 
@@ -199,8 +200,9 @@ static int g_plan_memory(sf_cuda_net *net)
 }
 
 /* Allocates the arenas the plan sized and points every tensor at its place,
- * then the views (flattens, fused ReLUs, NHWC to_tokens) at the tensors they view. Until
- * then those pointers are NULL: plans are chosen before (g_finish_create). */
+ * then the views (flattens, fused ReLUs, NHWC to_tokens) at the tensors
+ * they view. Until then those pointers are NULL: plans are chosen before
+ * (g_finish_create). */
 int sf_exec_alloc_arenas(sf_cuda_net *net)
 {
     gen_net *g = net->g;
@@ -502,6 +504,8 @@ int sf_exec_build_graph(sf_cuda_net *net)
             max_c = L->out_ch;
         if (L->in_c > max_c)
             max_c = L->in_c;
+        if (L->kind == SF_L_SELF_ATTENTION && 3 * L->in_c > max_c) /* the input projection's bias gradient */
+            max_c = 3 * L->in_c;
         if (L->kind == SF_L_FLATTEN || o->fused)
             continue;
         if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
@@ -552,8 +556,6 @@ int sf_exec_build_graph(sf_cuda_net *net)
             if (b > sc)
                 sc = b;
         }
-        if (L->kind == SF_L_SELF_ATTENTION && 3 * L->in_c > max_c) /* the input projection's bias gradient */
-            max_c = 3 * L->in_c;
         if (L->kind == SF_L_LAYER_SCALE && sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch) > sc)
             sc = sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch);
     }

@@ -439,11 +439,18 @@ def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_p
     assert {"to_tokens", "class_token", "pos_embedding", "self_attention", "select_token"} <= \
         {layer["type"] for layer in cfg["model"]["spec"]["layers"]}
     # The service's account of the model: tokens as PyTorch's per-sample [T, C].
-    layers = {layer["name"]: layer for layer in s.get("/v1/model").json()["layers"]}
+    info = s.get("/v1/model").json()
+    layers = {layer["name"]: layer for layer in info["layers"]}
     t, c = (hw // model.patch_size) ** 2, model.hidden_dim
     assert layers["to_tokens"]["out"] == [t, c] and layers["class_token"]["out"] == [t + 1, c]
     assert layers["encoder.layers.encoder_layer_0.self_attention"]["params"] == 4 * c * c + 4 * c
     assert layers["select_token"]["out"] == [c]
+    if BACKEND == "cuda":
+        # The plan names the attention core: in fp32 the materialised one
+        # (cuDNN's fused attention is bf16 only).
+        n_blocks = sum(layer["type"] == "self_attention" for layer in cfg["model"]["spec"]["layers"])
+        assert f"attention: 0 of {n_blocks} self_attention layers on cuDNN's fused attention, the others on the " \
+               "materialised core: cuDNN's fused attention is bf16 only" in info["plan"], info["plan"]
     torch_side = [model, copy.deepcopy(model)]
     opts = [torch.optim.AdamW(m.parameters()) for m in torch_side]
     rng = np.random.default_rng(11)

@@ -98,7 +98,7 @@ static int keep(sf_sdpa_plan *p, cudnnBackendDescriptor_t d)
     return 0;
 }
 
-/* A 4-d tensor (or the 1-d pass-by-value scalar when by_value). uid 0 takes
+/* A 4-d tensor. uid 0 takes
  * the next virtual uid. Every pointer bound to these is 16-byte aligned. */
 static int tensor(sf_sdpa_plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dims[4], const int64_t str[4],
                   bool is_virtual, cudnnBackendDescriptor_t *out)
@@ -130,7 +130,10 @@ static int vtensor(sf_sdpa_plan *p, cudnnDataType_t dt, int64_t a, int64_t b, in
     return tensor(p, 0, dt, dims, str, true, out);
 }
 
-/* The pass-by-value fp32 scalar: one element, as the frontend declares it. */
+/* The pass-by-value fp32 scalar: one element, given the four dimensions of
+ * the tensors it meets in a pointwise operation (cuDNN refuses operands of
+ * different ranks; the frontend pads a scalar's dimensions with ones the same
+ * way before it builds the backend graph). */
 static int scalar(sf_sdpa_plan *p, int64_t uid, cudnnBackendDescriptor_t *out)
 {
     cudnnBackendDescriptor_t t;
@@ -138,11 +141,11 @@ static int scalar(sf_sdpa_plan *p, int64_t uid, cudnnBackendDescriptor_t *out)
     if (keep(p, t))
         return -1;
     const cudnnDataType_t dt = CUDNN_DATA_FLOAT;
-    const int64_t one = 1, align = 16;
+    const int64_t ones[4] = {1, 1, 1, 1}, align = 16;
     const bool by_value = true;
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 1, &one));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 1, &one));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, ones));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, ones));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value));

@@ -1,8 +1,8 @@
 /* gpu/cuda/conv_gemm.h — pointwise convolutions (1x1, stride 1, padding 0,
  * dilation 1, one group) as cuBLAS GEMMs: the plan sf_conv_plan_build makes
  * for a direction of such a convolution when cuDNN offers no usable engine
- * for it (cuDNN 9 has only TF32 engines for some fp32 NCHW 1x1 shapes, which
- * a strict fp32 net excludes), or always when the desc says SF_CONV_GEMM_FORCE.
+ * for it (its heuristics list none, or every one they list fails to build),
+ * or always when the desc says SF_CONV_GEMM_FORCE.
  * Callers see an ordinary sf_conv_plan: sf_conv_run, the variant packs and
  * the workspace are the same; only sf_conv_plan.gemm is set (and plan is
  * NULL). Semantics: sf_ref_conv2d_* (gpu/ref/ref.h), checked by

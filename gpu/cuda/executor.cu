@@ -226,16 +226,16 @@ static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_c
         p->y = dir == SF_CONV_FWD ? o->y : o->dy;
     } else if (dir == SF_CONV_FWD) {
         p->x = g_in(net, i, 0, b);
-        p->w = g_wd(net, i);
+        p->w = o->wal_w ? o->wal_w : g_wd(net, i);
         p->y = o->y;
     } else if (dir == SF_CONV_BWD_DATA) {
         const int s = g_owner(&net->m, g_src(&net->m, i, 0));
         p->x = o->first[0] ? g->op[s].dy : o->gtmp;
-        p->w = g_wd(net, i);
+        p->w = o->wal_w ? o->wal_w : g_wd(net, i);
         p->y = o->dy;
     } else {
         p->x = g_in(net, i, 0, b);
-        p->w = g_gd(net, i);
+        p->w = o->wal_gw ? o->wal_gw : g_gd(net, i);
         p->y = o->dy;
     }
 }
@@ -305,6 +305,10 @@ static int g_try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, co
     df.fuse_bias = L->n_b > 0;
     df.fuse_relu = net->g->op[i].relu;
     df.align_b = L->n_b ? sf_cuda_ptr_align(g_bias(net, i)) : 16;
+    /* a bias below 16-byte alignment keeps the plain plan and the epilogue
+     * kernel: cuDNN's engines are not trusted with less (see gop.wal_w) */
+    if (df.align_b < 16)
+        return 0;
     sf_conv_ptrs pf = *p;
     pf.b = g_bias(net, i);
     sf_conv_plan fp;
@@ -749,6 +753,8 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 if (sf_conv_s2d_input(&d, x, o->s2d_x, s) || sf_conv_s2d_weight(&d, g_wd(net, i), o->s2d_w, s))
                     return -1;
             }
+            if (o->wal_w)
+                SF_CUDA_CHECK(cudaMemcpyAsync(o->wal_w, g_wd(net, i), g->es * L->n_w, cudaMemcpyDeviceToDevice, s));
             if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
                 if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
                     return -1;
@@ -1301,6 +1307,8 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
                 return -1;
             if (g_conv_bwd(net, S, i, b, dx != NULL))
                 return -1;
+            if (o->wal_gw)
+                SF_CUDA_CHECK(cudaMemcpyAsync(g_gd(net, i), o->wal_gw, g->es * L->n_w, cudaMemcpyDeviceToDevice, s));
             if (o->s2d) {
                 sf_conv_desc d;
                 g_desc(net, i, n, &d);
@@ -2129,6 +2137,13 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         int w = snprintf(buf + at, len - at, "attention: %d of %d self_attention layers on cuDNN's fused attention%s%s\n",
                          g->n_sdpa, g->n_attn, g->n_sdpa < g->n_attn ? ", the others on the materialised core: " : "",
                          g->n_sdpa < g->n_attn ? g->sdpa_why : "");
+        if (w > 0)
+            at += (size_t)w;
+    }
+    if (at < len && g->n_wal) {
+        int w = snprintf(buf + at, len - at,
+                         "alignment: %d conv layers run cuDNN on 16-byte aligned copies of their weights (their "
+                         "weights sit below that alignment in the parameter buffer)\n", g->n_wal);
         if (w > 0)
             at += (size_t)w;
     }

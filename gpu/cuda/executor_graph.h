@@ -116,6 +116,15 @@ typedef struct gop {
     void *s2d_x;         /* the rearranged input (max_batch samples), written by the forward,
                             read by the backward-filter */
     void *s2d_w, *s2d_gw; /* the rearranged weight (rebuilt each forward) and its gradient */
+    /* conv whose weight or weight gradient sits below 16-byte alignment in the
+     * flat parameter buffers (after a tensor of an odd number of 8-byte pairs,
+     * such as a squeeze-and-excitation bias of 6 or 26): 16-byte aligned copies
+     * that cuDNN reads and writes instead. cuDNN 9.14's weight-gradient engines
+     * write 16-byte vectors whatever alignment the tensor declares (seen with
+     * compute-sanitizer on efficientnet_b0, fp32, H200), which faults and
+     * leaves the context unusable. wal_w is rebuilt by each forward; wal_gw is
+     * copied into the gradient after each backward-filter. */
+    void *wal_w, *wal_gw;
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
     /* conv: variant packs per batch buffer (a layer reading the model input or
@@ -203,6 +212,7 @@ struct gen_net {
     void *att_do, *att_dqkv;
     size_t att_s_floats, att_do_bytes, att_dqkv_bytes;
     int n_attn, n_sdpa;              /* attention layers; of them, on cuDNN's fused attention */
+    int n_wal;                       /* convs on aligned weight copies (gop.wal_w) */
     char sdpa_why[160];              /* why the others are not ("" when all are) */
     gshape *shapes[SF_NET_MAX_SHAPES];
     int n_shapes;

@@ -522,6 +522,13 @@ int sf_exec_build_graph(sf_cuda_net *net)
                 return -1;
             SF_CUDA_CHECK(cudaMemsetAsync(o->s2d_x, 0, es * sf_conv_s2d_x_elems(&d), net->s));
         }
+        if (L->kind == SF_L_CONV2D && !o->s2d && !o->thin &&
+            (sf_cuda_ptr_align(E(g->wd, L->w_off, es)) < 16 || sf_cuda_ptr_align(E(g->gd, L->w_off, es)) < 16)) {
+            if (dmalloc(net, &o->wal_w, es * L->n_w) ||
+                (!o->frozen && !o->patch && dmalloc(net, &o->wal_gw, es * L->n_w)))
+                return -1;
+            g->n_wal++;
+        }
         if (L->kind == SF_L_MAXPOOL2D && dmalloc(net, (void **)&o->argmax, sizeof(int32_t) * nb * L->out_elems))
             return -1;
         if (L->kind == SF_L_SELF_ATTENTION && g_attention_buffers(net, i))

@@ -101,6 +101,10 @@ static int blas_acquire(cudnnHandle_t key, cublasHandle_t *out)
                           BLAS_SLOTS);
         return -1;
     }
+    /* A cuDNN engine refused just before (the reason this path is taken) can
+     * leave an error pending in the CUDA runtime, which cublasCreate would
+     * report as its own "not initialized"; that error is cuDNN's, handled. */
+    const cudaError_t pending = cudaGetLastError();
     cublasHandle_t b = NULL;
     cublasStatus_t st = cublasCreate(&b);
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -109,7 +113,9 @@ static int blas_acquire(cudnnHandle_t key, cublasHandle_t *out)
         if (b)
             cublasDestroy(b);
         pthread_mutex_unlock(&g_blas_mu);
-        sf_cuda_set_error("%s:%d: conv gemm: cuBLAS handle: %s", __FILE__, __LINE__, cublasGetStatusString(st));
+        const cudaError_t now = cudaGetLastError();
+        sf_cuda_set_error("%s:%d: conv gemm: cuBLAS handle: %s (CUDA runtime: %s before, %s after)", __FILE__,
+                          __LINE__, cublasGetStatusString(st), cudaGetErrorString(pending), cudaGetErrorString(now));
         return -1;
     }
     g_blas[slot].key = key;

@@ -1809,7 +1809,7 @@ static int init_ctx(cuda_ctx *c, char *err, size_t errlen)
      * the compute stream's priority did not move the ImageNet-like JPEG rate
      * on the H100: bench/results/2026-11-24-h100-data-parallel-jpeg-lanes-w2.md.)
      * One level below the highest where the device has three or more: a
-     * data-parallel step's gradient all-reduce runs above it (executor.cu). */
+     * data-parallel step's gradient all-reduce runs above it (executor_grad.cu). */
     int lo = 0, hi = 0;
     cudaDeviceGetStreamPriorityRange(&lo, &hi);
     const int compute_prio = lo - hi >= 2 ? hi + 1 : hi;

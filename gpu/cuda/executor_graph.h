@@ -1,8 +1,10 @@
 /* gpu/cuda/executor_graph.h — the executor's network object and layer graph,
  * shared by the file that builds the graph (executor_plan.cu: per layer which
- * kernels run it, its buffers, the memory plan) and the file that runs it
- * (executor.cu: plans, the step, graphs). Internal to those two files; the
- * contract is executor.h. */
+ * kernels run it, its buffers, the memory plan), the file that runs it
+ * (executor.cu: the step, graphs) and the files beside it (executor_tune.cu:
+ * plans per batch size; executor_grad.cu: the step's end; executor_state.cu:
+ * the state at the host boundary). Internal to those files; the contract is
+ * executor.h. */
 #ifndef SF_GPU_CUDA_EXECUTOR_GRAPH_H
 #define SF_GPU_CUDA_EXECUTOR_GRAPH_H
 
@@ -262,6 +264,100 @@ static inline int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size
     SF_CUDA_CHECK(cudaMemsetAsync(raw, 0, sizeof(float) * (floats + 4), net->s));
     return 0;
 }
+
+/* Diagnostics: an event after each op (sf_net_profile only). */
+#define PROF_MAX 256
+typedef struct prof {
+    cudaEvent_t ev[PROF_MAX];
+    char label[PROF_MAX][40];
+    int n;
+} prof;
+
+/* An event after one layer's (or stage's) work, labelled "<phase> <kind> L<i>". */
+static inline void g_mark(prof *pf, cudaStream_t s, const char *phase, const char *kind, int layer)
+{
+    if (!pf || pf->n >= PROF_MAX)
+        return;
+    if (layer >= 0)
+        snprintf(pf->label[pf->n], sizeof pf->label[0], "%s %s L%d", phase, kind, layer);
+    else
+        snprintf(pf->label[pf->n], sizeof pf->label[0], "%s", phase);
+    cudaEventRecord(pf->ev[pf->n], s);
+    pf->n++;
+}
+
+/* The tensor layer s produces (through flattens) as a layer of the given
+ * frozenness reads it in buffer b: the model input and the frozen boundary
+ * are per buffer, everything else is one tensor. */
+static inline void *g_act(const sf_cuda_net *net, int s, int b, int reader_frozen)
+{
+    const gen_net *g = net->g;
+    const int ow = g_owner(&net->m, s);
+    if (ow < 0)
+        return net->io[b].x;
+    if (!reader_frozen && g->op[ow].frozen)
+        return g->bnd[b];
+    return g->op[ow].y;
+}
+
+/* Input j of layer i as the layer reads it in buffer b. */
+static inline void *g_in(const sf_cuda_net *net, int i, int j, int b)
+{
+    return g_act(net, g_src(&net->m, i, j), b, net->g->op[i].frozen);
+}
+
+static inline void *g_wd(const sf_cuda_net *net, int i) { return E(net->g->wd, net->m.layers[i].w_off, net->g->es); }
+static inline void *g_gd(const sf_cuda_net *net, int i) { return E(net->g->gd, net->m.layers[i].w_off, net->g->es); }
+
+/* [outer, c, inner] view of an activation [n, c, h*w] in the net's layout. */
+static inline void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *inner)
+{
+    if (g->lay == SF_LAYOUT_NHWC) {
+        *outer = (size_t)n * hw;
+        *inner = 1;
+    } else {
+        *outer = (size_t)n;
+        *inner = hw;
+    }
+}
+
+/* Stand-ins for a convolution's activation tensors while plans are timed. */
+typedef struct timing_ptrs {
+    void *x, *y;
+} timing_ptrs;
+
+/* Which workspace a conv/convT plan of layer i in direction dir runs with:
+ * the frozen layers run on the transform stream (WS_FROZEN), a forked
+ * backward-filter on the side stream (WS_SIDE), everything else on the
+ * compute stream (WS_MAIN). Each is sized for the plans that use it. */
+enum { WS_MAIN = 0, WS_SIDE, WS_FROZEN };
+
+/* executor_tune.cu: the cuDNN plans of one batch size (a gshape), built and
+ * timed when the net is created or a batch size is first prepared, and
+ * described for diagnostics. Plans for batch size n; a plan of workspace kind
+ * k may use lim[k] bytes and is timed with workspace ws[k], on the layer's own
+ * tensors or, with tp, on stand-ins for them (before the arenas exist). */
+int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3], const timing_ptrs *tp,
+                  gshape **out);
+void gshape_destroy(gshape *S);
+/* The plans of batch size n; NULL when that size is not prepared. */
+gshape *g_find(const sf_cuda_net *net, int n);
+/* The workspace bytes the plans of S need, by workspace kind. */
+void g_shape_ws(const sf_cuda_net *net, const gshape *S, size_t need[3]);
+/* The conv layers' variant packs (their tensor pointers per buffer), once
+ * the arenas exist. */
+int g_vpacks(sf_cuda_net *net);
+
+/* executor_grad.cu: the end of a training step. The gradient check's sums of
+ * layer i once the backward completed it (g_norm_layer), the data-parallel
+ * all-reduce of the bucket layer i closes (g_reduce_bucket), then the check,
+ * accumulation, optimizer and results' copies (g_opt_tail); g_refresh_wd
+ * rewrites a bf16 net's weight copy from the master parameters (all of them,
+ * or the trainable slice). 0, or -1 with sf_cuda_last_error() set. */
+int g_norm_layer(sf_cuda_net *net, int i);
+int g_reduce_bucket(sf_cuda_net *net, int b, int i);
+int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf);
+int g_refresh_wd(sf_cuda_net *net, int all, cudaStream_t s);
 
 /* executor_plan.cu: the layer graph of net->m (the per-layer decisions, the
  * parameters and their optimizer state, the buffers, the memory plan's

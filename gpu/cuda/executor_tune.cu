@@ -1,0 +1,398 @@
+/* gpu/cuda/executor_tune.cu — the cuDNN plans of each batch size: per
+ * conv/convT layer and direction, cuDNN's engines are built and timed (the
+ * fused conv+bias(+ReLU) forward where it beats the plain plan plus our
+ * epilogue), sized against the workspaces, bound to the layers' tensors as
+ * variant packs, and described for diagnostics. executor.cu runs the plans.
+ */
+#include "executor_graph.h"
+
+/* The descriptor cuDNN's plans of conv layer i are built for: the layer's
+ * own, or its space-to-depth form. */
+static void g_conv_desc(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
+{
+    g_desc(net, i, n, d);
+    d->groups = net->m.layers[i].groups;
+    d->dilation = net->m.layers[i].dilation;
+    if (net->g->op[i].s2d)
+        sf_conv_s2d_desc(d, d);
+}
+/* Pointers of conv/convT layer i in direction dir for buffer b (conv roles;
+ * convT uses the same roles). */
+static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_conv_ptrs *p)
+{
+    const gen_net *g = net->g;
+    const gop *o = &g->op[i];
+    memset(p, 0, sizeof *p);
+    p->ws = ws;
+    if (o->s2d) { /* forward or backward-filter: one rearranged input for every buffer */
+        p->x = o->s2d_x;
+        p->w = dir == SF_CONV_FWD ? o->s2d_w : o->s2d_gw;
+        p->y = dir == SF_CONV_FWD ? o->y : o->dy;
+    } else if (dir == SF_CONV_FWD) {
+        p->x = g_in(net, i, 0, b);
+        p->w = o->wal_w ? o->wal_w : g_wd(net, i);
+        p->y = o->y;
+    } else if (dir == SF_CONV_BWD_DATA) {
+        const int s = g_owner(&net->m, g_src(&net->m, i, 0));
+        p->x = o->first[0] ? g->op[s].dy : o->gtmp;
+        p->w = o->wal_w ? o->wal_w : g_wd(net, i);
+        p->y = o->dy;
+    } else {
+        p->x = g_in(net, i, 0, b);
+        p->w = o->wal_gw ? o->wal_gw : g_gd(net, i);
+        p->y = o->dy;
+    }
+}
+/* The workspace kind (WS_*) a conv/convT plan of layer i in direction dir runs with. */
+static int g_ws_kind(const sf_cuda_net *net, int i, int dir)
+{
+    const gop *o = &net->g->op[i];
+    if (o->frozen)
+        return WS_FROZEN;
+    if (net->m.layers[i].kind == SF_L_CONV2D && dir == SF_CONV_BWD_FILTER && !net->cfg.no_fork && o->want[0])
+        return WS_SIDE;
+    return WS_MAIN;
+}
+
+static void *g_ws_of(const sf_cuda_net *net, int i, int dir)
+{
+    const int k = g_ws_kind(net, i, dir);
+    return k == WS_FROZEN ? net->g->fws : k == WS_SIDE ? net->ws2 : net->ws;
+}
+
+static float *g_bias(const sf_cuda_net *net, int i)
+{
+    const sf_layer *L = &net->m.layers[i];
+    return L->n_b ? net->params + L->b_off : NULL;
+}
+
+/* Time of the bias(+ReLU) epilogue kernel on conv layer i's output for n
+ * samples (ms, best of 3). */
+static float g_time_epilogue(sf_cuda_net *net, int i, int n, void *y)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    size_t outer, inner;
+    g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
+    cudaEvent_t e[2];
+    if (cudaEventCreate(&e[0]) != cudaSuccess || cudaEventCreate(&e[1]) != cudaSuccess)
+        return 0.f;
+    float best = 1e30f;
+    for (int r = 0; r < 3; r++) {
+        float ms = 0.f;
+        cudaEventRecord(e[0], net->s);
+        sf_cuda_bias_act_dt(g->dt, y, g_bias(net, i), outer, L->out_c, inner, g->op[i].relu, net->s);
+        cudaEventRecord(e[1], net->s);
+        if (cudaEventSynchronize(e[1]) == cudaSuccess && cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess &&
+            ms < best)
+            best = ms;
+    }
+    cudaEventDestroy(e[0]);
+    cudaEventDestroy(e[1]);
+    return best < 1e30f ? best : 0.f;
+}
+
+/* Replaces *plain with cuDNN's fused conv+bias(+ReLU) plan when one exists and
+ * times faster than the plain plan plus the epilogue kernel (on W1 in TF32
+ * NHWC every layer: 2.36 -> 2.19 ms per step on an H100). 0 also when no
+ * fused engine exists (common for fp32 data); -1 only on a hard failure. */
+static int g_try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, const sf_conv_ptrs *p,
+                       size_t ws_limit, sf_conv_plan *plain)
+{
+    const sf_layer *L = &net->m.layers[i];
+    sf_conv_desc df = *d;
+    df.fuse_bias = L->n_b > 0;
+    df.fuse_relu = net->g->op[i].relu;
+    df.align_b = L->n_b ? sf_cuda_ptr_align(g_bias(net, i)) : 16;
+    /* a bias below 16-byte alignment keeps the plain plan and the epilogue
+     * kernel: cuDNN's engines are not trusted with less (see gop.wal_w) */
+    if (df.align_b < 16)
+        return 0;
+    sf_conv_ptrs pf = *p;
+    pf.b = g_bias(net, i);
+    sf_conv_plan fp;
+    if (sf_conv_plan_build(net->dnn, &df, SF_CONV_FWD, ws_limit, net->cfg.tune, &pf, &fp)) {
+        sf_cuda_clear_error(); /* no fused engine: keep the plain plan */
+        return 0;
+    }
+    const float plain_ms = plain->ms + g_time_epilogue(net, i, n, p->y);
+    if (fp.ms >= 0.f && fp.ms < plain_ms) {
+        sf_conv_plan_destroy(plain);
+        *plain = fp;
+    } else {
+        sf_conv_plan_destroy(&fp);
+    }
+    return 0;
+}
+
+/* The cuDNN plans layer i needs, as a bit mask of sf_conv_dir (none for a thin
+ * conv, the forward alone for a frozen one or one with the patch backward). */
+static int g_dirs(const gop *o)
+{
+    if (o->thin)
+        return 0;
+    if (o->tpatch)
+        return o->frozen ? 0 : o->want[0] ? 6 : 4;
+    return o->frozen || o->patch ? 1 : (o->want[0] ? 7 : 5);
+}
+
+void gshape_destroy(gshape *S)
+{
+    if (!S)
+        return;
+    for (int b = 0; b < SF_NET_MAX_BUF; b++)
+        for (int k = 0; k < 2; k++)
+            if (S->exec[b][k])
+                cudaGraphExecDestroy(S->exec[b][k]);
+    for (int i = 0; i < SF_MAX_LAYERS; i++) {
+        for (int d = 0; d < 3; d++)
+            sf_conv_plan_destroy(&S->cp[i][d]);
+        sf_convt_plans_destroy(&S->tp[i]);
+        sf_sdpa_plan_destroy(S->sdpa[i]);
+    }
+    free(S);
+}
+
+/* Plans for batch size n; a plan of workspace kind k may use lim[k] bytes and
+ * is timed with workspace ws[k], on the layer's own tensors or, with tp, on
+ * stand-ins for them (before the arenas exist). */
+int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3], const timing_ptrs *tp,
+                  gshape **out)
+{
+    gen_net *g = net->g;
+    gshape *S = (gshape *)calloc(1, sizeof *S);
+    if (!S) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    S->n = n;
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &net->m.layers[i];
+        const gop *o = &g->op[i];
+        const int dirs = g_dirs(o);
+        if (L->kind == SF_L_CONV2D) {
+            for (int dir = 0; dir < 3; dir++) {
+                if (!(dirs & (1 << dir)))
+                    continue;
+                const int k = g_ws_kind(net, i, dir);
+                sf_conv_desc d;
+                g_conv_desc(net, i, n, &d);
+                sf_conv_ptrs p;
+                g_ptrs(net, i, dir, 0, ws[k], &p);
+                if (tp) {
+                    p.x = tp->x;
+                    p.y = tp->y;
+                }
+                /* every buffer's pointers are bound to this plan: align for the worst
+                 * (arena tensors sit at 256-byte offsets: before the arena exists
+                 * their NULL-based pointers show the same alignment) */
+                d.align_x = d.align_w = d.align_y = 16;
+                for (int b = 0; b < net->cfg.nbuf; b++) {
+                    sf_conv_ptrs pb;
+                    g_ptrs(net, i, dir, b, ws[k], &pb);
+                    int a;
+                    if ((a = sf_cuda_ptr_align(pb.x)) < d.align_x) d.align_x = a;
+                    if ((a = sf_cuda_ptr_align(pb.w)) < d.align_w) d.align_w = a;
+                    if ((a = sf_cuda_ptr_align(pb.y)) < d.align_y) d.align_y = a;
+                }
+                if (sf_conv_plan_build(net->dnn, &d, (sf_conv_dir)dir, lim[k], net->cfg.tune,
+                                       net->cfg.tune > 1 ? &p : NULL, &S->cp[i][dir])) {
+                    gshape_destroy(S);
+                    return -1;
+                }
+                if (dir == SF_CONV_FWD && o->fusable && net->cfg.tune > 1 &&
+                    g_try_fused(net, i, n, &d, &p, lim[k], &S->cp[i][dir])) {
+                    gshape_destroy(S);
+                    return -1;
+                }
+            }
+        } else if (L->kind == SF_L_SELF_ATTENTION && o->sdpa) {
+            size_t wsb = 0;
+            char why[160] = "";
+            if (sf_sdpa_plan_create(&S->sdpa[i], net->dnn, n, L->in_h, L->heads, L->in_c / L->heads, &wsb, why,
+                                    sizeof why)) {
+                S->sdpa[i] = NULL;
+                sf_cuda_set_error("%s:%d: layer %d (self_attention): cuDNN's fused attention has a plan for batch "
+                                  "%d but none for batch %d: %s", __FILE__, __LINE__, i, net->cfg.max_batch, n, why);
+                gshape_destroy(S);
+                return -1;
+            }
+            if (wsb > S->sdpa_ws)
+                S->sdpa_ws = wsb;
+        } else if (L->kind == SF_L_CONV_TRANSPOSE2D) {
+            sf_convt_desc d;
+            g_desc(net, i, n, &d);
+            /* align over the pointers of every direction, by role */
+            int ax = 16, aw = 16, ay = 16;
+            for (int dir = 0; dir < 3; dir++) {
+                if (!(dirs & (1 << dir)))
+                    continue;
+                sf_conv_ptrs p;
+                g_ptrs(net, i, dir, 0, NULL, &p);
+                int a;
+                if ((a = sf_cuda_ptr_align(p.x)) < ax) ax = a;
+                if ((a = sf_cuda_ptr_align(p.w)) < aw) aw = a;
+                if ((a = sf_cuda_ptr_align(p.y)) < ay) ay = a;
+            }
+            d.align_x = ax;
+            d.align_w = aw;
+            d.align_y = ay;
+            if (sf_convt_plans_build(net->dnn, &d, dirs, lim[g_ws_kind(net, i, SF_CONV_FWD)], net->cfg.tune, NULL,
+                                     &S->tp[i])) {
+                gshape_destroy(S);
+                return -1;
+            }
+        }
+    }
+    *out = S;
+    return 0;
+}
+
+gshape *g_find(const sf_cuda_net *net, int n)
+{
+    for (int i = 0; i < net->g->n_shapes; i++)
+        if (net->g->shapes[i]->n == n)
+            return net->g->shapes[i];
+    return NULL;
+}
+
+/* The workspace bytes the plans of S need, by workspace kind. */
+void g_shape_ws(const sf_cuda_net *net, const gshape *S, size_t need[3])
+{
+    need[0] = need[1] = need[2] = 0;
+    for (int i = 0; i < net->g->nl; i++) {
+        for (int d = 0; d < 3; d++) {
+            const int k = g_ws_kind(net, i, d);
+            if (sf_conv_plan_built(&S->cp[i][d]) && (size_t)S->cp[i][d].ws_bytes > need[k])
+                need[k] = (size_t)S->cp[i][d].ws_bytes;
+        }
+        const int k = g_ws_kind(net, i, SF_CONV_FWD);
+        if (S->tp[i].dirs && sf_convt_ws_bytes(&S->tp[i]) > need[k])
+            need[k] = sf_convt_ws_bytes(&S->tp[i]);
+    }
+    if (S->sdpa_ws > need[WS_MAIN]) /* fused attention runs on the compute stream */
+        need[WS_MAIN] = S->sdpa_ws;
+}
+
+int g_vpacks(sf_cuda_net *net)
+{
+    gen_net *g = net->g;
+    for (int i = 0; i < g->nl; i++) {
+        if (net->m.layers[i].kind != SF_L_CONV2D)
+            continue;
+        const int dirs = g_dirs(&g->op[i]);
+        for (int dir = 0; dir < 3; dir++) {
+            if (!(dirs & (1 << dir)))
+                continue;
+            for (int b = 0; b < net->cfg.nbuf; b++) {
+                sf_conv_ptrs p;
+                g_ptrs(net, i, dir, b, g_ws_of(net, i, dir), &p);
+                if (sf_conv_vpack_make(&p, &g->op[i].vp[dir][b]))
+                    return -1;
+                if (dir == SF_CONV_FWD && g->op[i].fusable) {
+                    p.b = g_bias(net, i);
+                    if (sf_conv_vpack_make(&p, &g->op[i].vpf[b]))
+                        return -1;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* One line per conv/convT plan of batch size n, then the net's summary. */
+extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len)
+{
+    static const char *dn[3] = {"fwd", "dgrad", "wgrad"};
+    const gen_net *g = net->g;
+    const gshape *S = g_find(net, n);
+    size_t at = 0;
+    if (!S)
+        return;
+    for (int i = 0; i < g->nl && at < len; i++) {
+        const sf_layer *L = &net->m.layers[i];
+        if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
+            continue;
+        if (g->op[i].thin) {
+            int w = snprintf(buf + at, len - at,
+                             "layer %d %s %d->%d k%d s%d %dx%d fwd+dgrad+wgrad: thin 1x1 kernels%s\n", i,
+                             sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             g->op[i].relu ? " (bias and ReLU inside)" : "");
+            if (w < 0)
+                break;
+            at += (size_t)w;
+            continue;
+        }
+        if (g->op[i].patch || g->op[i].tpatch) {
+            int w = snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d %s: %s patch kernel%s\n", i,
+                             sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             g->op[i].patch ? "dgrad+wgrad" : "fwd", g->op[i].patch ? "one-pass" : "per-pixel",
+                             !g->op[i].relu ? "" : g->op[i].patch ? " (ReLU mask and bias gradient inside)"
+                                                                   : " (bias and ReLU inside)");
+            if (w < 0)
+                break;
+            at += (size_t)w;
+        }
+        if (g->op[i].s2d) {
+            sf_conv_desc d, d2;
+            g_desc(net, i, n, &d);
+            sf_conv_s2d_desc(&d, &d2);
+            int w = snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d fwd+wgrad: space-to-depth, as %d->%d k%d s1 %dx%d\n",
+                             i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             d2.c, d2.oc, d2.k, d2.h, d2.w);
+            if (w < 0)
+                break;
+            at += (size_t)w;
+        }
+        for (int d = 0; d < 3 && at < len; d++) {
+            const sf_conv_plan *p = L->kind == SF_L_CONV2D ? &S->cp[i][d] : &S->tp[i].plan[d];
+            if (!sf_conv_plan_built(p))
+                continue;
+            /* a pointwise conv without a usable cuDNN engine runs as cuBLAS GEMMs (conv_gemm.h) */
+            int w = p->gemm
+                        ? snprintf(buf + at, len - at,
+                                   "layer %d %s %d->%d k%d s%d %dx%d %s%s: engine cuBLAS GEMM (pointwise, no cuDNN "
+                                   "engine) %s ws %lld B, %.3f ms\n",
+                                   i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h,
+                                   L->in_w, dn[d], p->fused ? "+bias/relu" : "", sf_conv_prec_name(p->dt, p->tensor_core),
+                                   (long long)p->ws_bytes, p->ms)
+                        : snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d %s%s: engine %lld%s ws %lld B, %.3f ms (of %d)\n",
+                             i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                             dn[d], p->fused ? "+bias/relu fused" : "", (long long)p->engine, p->tensor_core ? " tc" : "", (long long)p->ws_bytes, p->ms,
+                             p->tried);
+            if (w < 0)
+                break;
+            at += (size_t)w;
+        }
+    }
+    if (at < len && g->n_attn) {
+        int w = snprintf(buf + at, len - at, "attention: %d of %d self_attention layers on cuDNN's fused attention%s%s\n",
+                         g->n_sdpa, g->n_attn, g->n_sdpa < g->n_attn ? ", the others on the materialised core: " : "",
+                         g->n_sdpa < g->n_attn ? g->sdpa_why : "");
+        if (w > 0)
+            at += (size_t)w;
+    }
+    if (at < len && g->n_wal) {
+        int w = snprintf(buf + at, len - at,
+                         "alignment: %d conv layers run cuDNN on 16-byte aligned copies of their weights (their "
+                         "weights sit below that alignment in the parameter buffer)\n", g->n_wal);
+        if (w > 0)
+            at += (size_t)w;
+    }
+    if (at < len) {
+        int w = snprintf(buf + at, len - at,
+                         "memory plan: layer outputs, gradients and gradient scratch in %zu B (trainable arena) "
+                         "+ %zu B (frozen arena), %zu B as one buffer each\n",
+                         g->arena_bytes, g->farena_bytes, g->tensor_bytes);
+        if (w > 0)
+            at += (size_t)w;
+    }
+    if (at < len)
+        snprintf(buf + at, len - at,
+                 "batch %d, layout %s, %s; the net holds %zu B of device memory in %d allocations (workspaces: "
+                 "compute %zu B, side %zu B, frozen %zu B)%s%s\n",
+                 n, g->lay == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
+                 g->dt == SF_DT_BF16 ? "bf16" : net->cfg.tf32 ? "tf32" : "fp32", net->alloc_bytes, net->n_allocs,
+                 net->ws_size[WS_MAIN], net->ws2 ? net->ws_size[WS_SIDE] : 0, g->fws ? net->ws_size[WS_FROZEN] : 0,
+                 net->graphs_broken ? ", graphs off: " : "", net->graphs_broken ? net->graph_err : "");
+}

@@ -34,14 +34,6 @@
  * KRSC copies exist for weights only and set_params refreshes them) and the
  * step count that STEP_DONE reports.
  *
- * bench (the caching method, DESIGN.md §3) runs on the same streams, buffers,
- * events and graphs as submit, with nothing in flight: SF_BENCH_STEP caches one
- * augmented batch in buffer 0 and replays the step; SF_BENCH_AUG_STEP copies
- * the raw batch into every buffer once and times augment + step;
- * SF_BENCH_H2D_AUG_STEP is submit's path from the pinned slot. Parameters and
- * momentum are snapshotted device-to-device before and restored after, the
- * step count likewise; it times with the host clock between full drains.
- *
  * device_stats: NVML through dlopen (nvml.c), keyed by the PCI bus id read at
  * construction; safe from any thread.
  *
@@ -50,199 +42,12 @@
  * synchronisation (error path only) and reported as STEP_DONE status -1. A
  * failed event query means a sticky device error: every batch in flight fails
  * and health() reports it.
+ *
+ * Files: backend_ctx.h holds the context and what the backend's files share;
+ * backend_dist.cu the data-parallel hooks, empty rounds and watchdog;
+ * backend_bench.cu the diagnose benchmark.
  */
-extern "C" {
-#include <nvtx3/nvToolsExt.h>
-#include "gpu/common.h"
-#include "../backend.h"
-}
-#include "gpu/layers.h"
-
-#include <dlfcn.h>
-#include <errno.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-#include <cuda_runtime.h>
-
-#include "augment.h"
-#include "mix.h"
-#include "jpeg_decode.h"
-#include "nvml.h"
-#include "executor.h"
-#include "dist_nccl.h"
-
-#define CUDA_NBUF 3       /* device batch buffers = max_inflight */
-#define RING_CAP (4 * CUDA_NBUF)
-#define STAGE_LABELS_OFF 256
-#define STAGE_CTL_OFF 32   /* sf_step_ctl (loss settings, clipping, the batch sequence) after the SGD hyper-parameters */
-#define STAGE_ADAMW_OFF 64 /* sf_adamw_hyper after them */
-static_assert(STAGE_CTL_OFF + sizeof(sf_step_ctl) <= STAGE_ADAMW_OFF, "sf_step_ctl overlaps the AdamW hyper-parameters");
-static_assert(STAGE_ADAMW_OFF + sizeof(sf_adamw_hyper) <= STAGE_LABELS_OFF, "sf_adamw_hyper overlaps the labels");
-#define ANCHOR_PERIOD_NS 2000000000ull
-/* nvJPEG decoders working on slices of one large JPEG batch at once
- * (jpeg_decode.h): the ImageNet-like batch of 256 files held the engine
- * thread 24 ms in one call against 11 ms for the same decode alone. */
-#define JPEG_LANES 2
-#define CUBLAS_WS_BYTES ((size_t)32 << 20)
-
-typedef struct cbuf {
-    uint8_t *h_stage;   /* pinned: hyper | labels | samples */
-    uint8_t *d_stage;   /* device mirror */
-    uint8_t *d_raw;     /* uint8 images */
-    size_t raw_cap;
-    float *d_x;         /* augmented batch, the net's layout and element type (bf16 nets: half
-                           the bytes, through a uint16_t view) */
-    int32_t *d_lab;     /* labels as int32 ([n] or [n, out_h, out_w]) */
-    uint8_t *d_labraw;  /* segmentation: the raw labels, copied straight from the slot */
-    int do_opt;         /* this buffer's batch steps the optimizer (accumulation) */
-    int eval;           /* this buffer's batch is an evaluation batch */
-    float *h_logits;    /* pinned: the logits of a batch that asks for them (allocated at the
-                           first such batch, for max_batch) */
-    int64_t opt_t;      /* AdamW: the optimizer step it makes */
-    /* An encoded batch with samples left out (sf_batch.skip_undecodable):
-     * which ones (to place its logits rows), and, for per-pixel labels,
-     * which are copied asynchronously, the kept samples' labels (pinned).
-     * Allocated at the first such batch. */
-    uint8_t *left_out;  /* [max_batch] */
-    uint8_t *h_kept_labels; /* pinned, [max_batch * lps * 8] */
-    sf_xent_out *d_res;
-    sf_xent_out *h_res; /* pinned */
-    cudaEvent_t h2d0, h2d, ready, step0, done;
-} cbuf;
-
-typedef struct entry {
-    uint64_t id;
-    void *token;
-    int n, b;
-    int status;         /* 0 ok, -1 failed */
-    char err[160];
-    int no_events;      /* failed before or after its GPU work was waited for: nothing to query */
-    int slot_freed;     /* SLOT_FREE generated */
-    int opt;            /* the step ran the optimizer (counts in the step counter) */
-    int eval;           /* an evaluation batch */
-    float *logits_out;  /* the engine's buffer for this batch's logits, or NULL */
-    uint64_t t_submit_ns;
-    char decoder[16];   /* an encoded batch: the nvJPEG backend that ran it */
-    double decode_host_s; /* host time in the nvJPEG call */
-    int decoded_on_host; /* an encoded batch: its files libjpeg-turbo decoded on the host */
-    int n_all;          /* the batch's samples, those left out included (n: those kept) */
-} entry;
-
-typedef struct cuda_ctx {
-    int device;
-    int built;
-    sf_model m;
-    sf_train_cfg cfg;
-    sf_layout layout;
-
-    cudaStream_t st_compute, st_transform_own, st_aux;
-    cudaStream_t st_transform; /* st_transform_own, or st_compute without overlap */
-    cudnnHandle_t dnn;
-    cublasHandle_t blas;
-    void *blas_ws;
-    sf_cuda_net *net;
-
-    cbuf buf[CUDA_NBUF];
-    int nbuf;
-    int next_buf;
-    size_t stage_bytes, samples_off;
-    size_t buf_bytes;   /* device memory of the batch buffers, as allocated at build */
-
-    entry q[CUDA_NBUF];
-    int q_head, q_count;
-    sf_event ring[RING_CAP];
-    int r_head, r_count;
-    uint64_t steps;
-    size_t lps;          /* labels per sample: 1, or out_h*out_w for segmentation */
-    int accum_k, accum_count; /* gradient accumulation, counted at submit */
-    uint64_t opt_submitted;   /* optimizer steps enqueued (AdamW's t) */
-    unsigned skips_counted;   /* skipped steps harvested (sf_adamw_hyper.skips_counted); the net's
-                                 device count and this one are zeroed together */
-
-    cudaEvent_t anchor, anchor_next;
-    uint64_t anchor_ns, anchor_next_ns;
-    int anchor_ok, anchor_pending;
-
-    int sticky;
-    char sticky_msg[256];
-
-    /* Data-parallel training (cfg.dist): NCCL, loaded at build (the
-     * gradients' memory comes from it); its communicator is made at the
-     * first round (every rank has joined the job by then). */
-    sf_nccl *nccl;
-
-    char pci_bus_id[32]; /* for NVML (device_stats); "" when unknown */
-
-    /* transform(): its own scratch on the auxiliary stream */
-    uint8_t *t_raw;
-    size_t t_raw_cap;
-    float *t_out;
-    size_t t_out_cap;
-    sf_aug_sample *t_samples;
-    int t_samples_cap;
-
-    /* Encoded batches: nvJPEG decodes them on the decode stream into its two
-     * staging areas by turns; the augmentation on the transform stream reads
-     * them (jpeg_decode.h). jpeg_decoded[k]: area k holds its batch;
-     * jpeg_read[k]: the augmentation that read area k is done, so the next
-     * decode may overwrite it. Without overlap one area on the one stream.
-     * jpeg is NULL when cfg.jpeg_max_batch_pixels is 0 or nvJPEG could not be
-     * used (jpeg_err). */
-    sf_cuda_jpeg *jpeg;
-    char jpeg_err[160];
-    /* An encoded batch's kept samples when some were left out
-     * (decode_encoded): parameters and labels, in order; [max_batch]. */
-    sf_aug_sample *kept_samples;
-    uint8_t *kept_labels;   /* [max_batch * 8] */
-    cudaStream_t st_decode_own;
-    cudaStream_t st_decode;     /* st_decode_own, or st_compute without overlap */
-    cudaEvent_t jpeg_decoded[SF_CUDA_JPEG_MAX_STAGES], jpeg_read[SF_CUDA_JPEG_MAX_STAGES];
-    int jpeg_stages, jpeg_next; /* areas in use; the one the next batch decodes into */
-    int jpeg_cur;               /* the area of the batch being queued */
-    double jpeg_host_s;  /* the last encoded batch's host time in the nvJPEG call */
-} cuda_ctx;
-
-
-
-/* Bounded string copy that always terminates. */
-static void scopy(char *d, size_t n, const char *s)
-{
-    size_t l = strlen(s);
-    if (l >= n)
-        l = n - 1;
-    memcpy(d, s, l);
-    d[l] = '\0';
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static cuda_ctx *ctx_of(sf_backend *be) { return (cuda_ctx *)be->ctx; }
-
-/* The context of a backend whose model is built and whose device is not in a
- * sticky error state, with its device made current; NULL otherwise. */
-static cuda_ctx *usable_ctx(sf_backend *be)
-{
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    return (c->built && !c->sticky) ? c : NULL;
-}
-
-static void make_sticky(cuda_ctx *c, const char *what, cudaError_t e)
-{
-    if (c->sticky)
-        return;
-    c->sticky = 1;
-    snprintf(c->sticky_msg, sizeof c->sticky_msg, "cuda: %s: %s", what, cudaGetErrorString(e));
-}
+#include "backend_ctx.h"
 
 /* ---- clock ---------------------------------------------------------------- */
 
@@ -542,32 +347,6 @@ static int has_convt(const sf_model *m)
 }
 
 
-/* The executor's data-parallel hook (sf_net_cfg.grad_reduce): one bucket's
- * pieces summed over the ranks by NCCL, on the stream the executor gives
- * (beside the backward). Each rank's gradient is already its share of the
- * global mean (ctl.loss.grad_scale = n / global_n, staged per batch). */
-static int grad_reduce(void *ctx, const sf_grad_piece *pieces, int n, cudaStream_t s)
-{
-    cuda_ctx *c = (cuda_ctx *)ctx;
-    if (!sf_nccl_joined(c->nccl)) {
-        sf_cuda_set_error("%s:%d: the NCCL communicator is not made yet", __FILE__, __LINE__);
-        return -1;
-    }
-    return sf_nccl_allreduce(c->nccl, pieces, n, s);
-}
-
-/* The executor's batchnorm hook (sf_net_cfg.buf_broadcast): rank 0's
- * running statistics to every rank, on the stream the executor gives. */
-static int buf_broadcast(void *ctx, float *p, size_t n, cudaStream_t s)
-{
-    cuda_ctx *c = (cuda_ctx *)ctx;
-    if (!sf_nccl_joined(c->nccl)) {
-        sf_cuda_set_error("%s:%d: the NCCL communicator is not made yet", __FILE__, __LINE__);
-        return -1;
-    }
-    return sf_nccl_broadcast(c->nccl, p, n, 0, s);
-}
-
 static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
 {
     cuda_ctx *c = ctx_of(be);
@@ -738,7 +517,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
 
 static int cu_max_inflight(sf_backend *be) { return CUDA_NBUF; }
 
-static int check_batch(cuda_ctx *c, const sf_batch *b, int need_model, char *err, size_t errlen)
+int check_batch(cuda_ctx *c, const sf_batch *b, int need_model, char *err, size_t errlen)
 {
     if (need_model && !c->built) {
         sf_errf(err, errlen, "cuda: no model built");
@@ -754,7 +533,7 @@ static int check_batch(cuda_ctx *c, const sf_batch *b, int need_model, char *err
 static size_t label_size(sf_label_dtype d) { return d == SF_LABEL_U8 ? 1 : d == SF_LABEL_I32 ? 4 : 8; }
 
 /* Index of the first label outside [0, classes), or -1. */
-static long long bad_label(const sf_batch *b, int classes, int64_t *val, size_t lps)
+long long bad_label(const sf_batch *b, int classes, int64_t *val, size_t lps)
 {
     const long long cnt = (long long)b->n * (long long)lps;
     if (lps > 1) {
@@ -827,7 +606,7 @@ static void nvtx_push(const char *name, uint64_t id)
     nvtxRangePushEx(&a);
 }
 
-static int enqueue_augment(cuda_ctx *c, const sf_batch *bt, int b)
+int enqueue_augment(cuda_ctx *c, const sf_batch *bt, int b)
 {
     nvtx_push("streamfeed transform", bt->id);
     int rc = enqueue_augment_inner(c, bt, b);
@@ -870,7 +649,7 @@ static int enqueue_augment_inner(cuda_ctx *c, const sf_batch *bt, int b)
 }
 
 /* Accumulation: whether the next batch steps the optimizer, and AdamW's t. */
-static void plan_opt(cuda_ctx *c, int b, int eval)
+void plan_opt(cuda_ctx *c, int b, int eval)
 {
     cbuf *B = &c->buf[b];
     B->eval = eval;
@@ -982,7 +761,7 @@ static int decode_encoded(cuda_ctx *c, const sf_batch *bt, int b, sf_batch *out)
 /* Queues the transform-stream half of a batch (an encoded one decoded by
  * decode_encoded). Returns 0; 1 when it failed before any copy was queued;
  * -1 when it failed after. */
-static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
+int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
 {
     cbuf *B = &c->buf[b];
     cudaStream_t ts = c->st_transform;
@@ -1050,7 +829,7 @@ static int enqueue_transform(cuda_ctx *c, const sf_batch *bt, int b)
     return enqueue_augment(c, bt, b);
 }
 
-static int enqueue_step(cuda_ctx *c, int b, int n, int want_logits)
+int enqueue_step(cuda_ctx *c, int b, int n, int want_logits)
 {
     cbuf *B = &c->buf[b];
     cudaStream_t cs = c->st_compute;
@@ -1065,83 +844,6 @@ static int enqueue_step(cuda_ctx *c, int b, int n, int want_logits)
     if (rs || (want_logits && sf_net_copy_logits(c->net, b, n, B->h_logits)))
         return -1;
     SF_CUDA_CHECK(cudaEventRecord(B->done, cs));
-    return 0;
-}
-
-/* A data-parallel round this rank joins without a batch (n == 0): the hyper-
- * parameters staged, then a zero gradient (a zero share) through the same
- * all-reduce and optimizer (sf_net_step_empty). Events as for any batch. */
-static int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errlen)
-{
-    if (!c->built || c->q_count >= c->nbuf) {
-        sf_errf(err, errlen, "cuda: no model built, or %d batches in flight", c->q_count);
-        return -1;
-    }
-    const int b = c->next_buf;
-    cbuf *B = &c->buf[b];
-    entry *e = &c->q[(c->q_head + c->q_count) % CUDA_NBUF];
-    memset(e, 0, sizeof *e);
-    e->id = bt->id;
-    e->token = bt->token;
-    e->b = b;
-    e->t_submit_ns = now_ns();
-    plan_opt(c, b, 0);
-    e->opt = B->do_opt;
-    sf_sgd_hyper hyp = {bt->hyper.lr, bt->hyper.momentum, bt->hyper.weight_decay, 0.f};
-    sf_adamw_hyper ah;
-    sf_adamw_hyper_at(&ah, bt->hyper.lr, bt->hyper.beta1, bt->hyper.beta2, bt->hyper.eps, bt->hyper.weight_decay,
-                      B->opt_t > 0 ? B->opt_t : 1, c->skips_counted);
-    cudaStream_t ts = c->st_transform, cs = c->st_compute;
-    int rc = -1;
-    /* Buffer b's staging is read by its previous step: wait for it first. */
-    if ((hyp.momentum == 0.f || sf_net_use_momentum(c->net) == 0) &&
-        cudaStreamWaitEvent(ts, B->done, 0) == cudaSuccess) {
-        sf_step_ctl ctl;
-        memset(&ctl, 0, sizeof ctl);
-        ctl.loss.mix_lam = 1.f;
-        ctl.clip_grad_norm = bt->hyper.clip_grad_norm; /* the same clipping as the ranks with a batch */
-        ctl.count[0] = 0.f;                            /* trains nothing of the samples announced */
-        ctl.count[1] = (float)bt->global_n;
-        memcpy(B->h_stage, &hyp, sizeof hyp);
-        memcpy(B->h_stage + STAGE_CTL_OFF, &ctl, sizeof ctl);
-        memcpy(B->h_stage + STAGE_ADAMW_OFF, &ah, sizeof ah);
-        if (cudaEventRecord(B->h2d0, ts) == cudaSuccess &&
-            cudaMemcpyAsync(B->d_stage, B->h_stage, STAGE_LABELS_OFF, cudaMemcpyHostToDevice, ts) == cudaSuccess &&
-            cudaEventRecord(B->h2d, ts) == cudaSuccess && cudaEventRecord(B->ready, ts) == cudaSuccess &&
-            cudaStreamWaitEvent(cs, B->ready, 0) == cudaSuccess && cudaEventRecord(B->step0, cs) == cudaSuccess &&
-            sf_net_step_empty(c->net, b, B->do_opt) == 0 && cudaEventRecord(B->done, cs) == cudaSuccess)
-            rc = 0;
-    }
-    c->next_buf = (b + 1) % c->nbuf;
-    c->q_count++;
-    if (rc != 0) {
-        e->status = -1;
-        e->no_events = 1;
-        scopy(e->err, sizeof e->err, sf_cuda_last_error()[0] ? sf_cuda_last_error() : "cuda: empty round failed");
-        cudaStreamSynchronize(ts);
-        cudaStreamSynchronize(cs);
-        cudaGetLastError();
-    }
-    return 0;
-}
-
-/* A data-parallel backend's communicator, made at its first use; a failure
- * is sticky (the job cannot train without it). */
-static int ensure_nccl(cuda_ctx *c, char *err, size_t errlen)
-{
-    /* without a model the batch's own check says so (a failed build leaves
-     * no NCCL, which is not this backend's fault to make sticky) */
-    if (!c->cfg.dist || !c->built || sf_nccl_joined(c->nccl))
-        return 0;
-    char nerr[sizeof c->sticky_msg];
-    if (!c->nccl)
-        snprintf(nerr, sizeof nerr, "cuda: NCCL was not loaded at build");
-    if (!c->nccl || sf_nccl_join(c->nccl, c->cfg.dist, nerr, sizeof nerr) != 0) {
-        c->sticky = 1;
-        scopy(c->sticky_msg, sizeof c->sticky_msg, nerr);
-        sf_errf(err, errlen, "%s", nerr);
-        return -1;
-    }
     return 0;
 }
 
@@ -1261,30 +963,6 @@ static int cu_submit(sf_backend *be, const sf_batch *bt_in, char *err, size_t er
         cudaGetLastError();
     }
     return 0;
-}
-
-/* A peer that died or stopped answering leaves this rank's all-reduce
- * kernel waiting: past the job's timeout (or on NCCL's own error) the
- * communicator is aborted, the kernels return, and the backend reports the
- * loss (sticky) instead of hanging. */
-static void nccl_watchdog(cuda_ctx *c)
-{
-    if (!sf_nccl_joined(c->nccl) || c->sticky || c->q_count == 0)
-        return;
-    char nerr[200];
-    const entry *e = &c->q[c->q_head];
-    const uint64_t limit = (uint64_t)c->cfg.dist->timeout_ms * 1000000ull;
-    int bad = sf_nccl_check(c->nccl, nerr, sizeof nerr) != 0;
-    if (!bad && now_ns() - e->t_submit_ns > limit) {
-        snprintf(nerr, sizeof nerr, "the gradient all-reduce did not finish within %d s (distributed.timeout_s)",
-                 c->cfg.dist->timeout_ms / 1000);
-        bad = 1;
-    }
-    if (!bad)
-        return;
-    sf_nccl_abort(c->nccl);
-    c->sticky = 1;
-    snprintf(c->sticky_msg, sizeof c->sticky_msg, "cuda: NCCL: %s", nerr);
 }
 
 static int cu_poll(sf_backend *be, sf_event *ev, int max, int timeout_us)
@@ -1525,177 +1203,6 @@ static int cu_set_opt_sq(sf_backend *be, const float *src)
     if (!c)
         return -1;
     return sf_net_set_sq(c->net, src);
-}
-
-/* ---- the caching method (DESIGN.md §3) -------------------------------------- */
-
-/* Enqueues warmup + steps steps of batch bt starting from the stage that mode
- * names, on the streams, buffers, events and graphs of submit(); sets *sec to
- * the host wall time of the timed steps, measured between two full drains of
- * both streams. Buffer reuse is throttled as the engine is by max_inflight:
- * before buffer b takes its next batch the host waits for b's last step.
- * Returns 0 or -1 (sf_cuda_last_error set). */
-static int bench_run(cuda_ctx *c, const sf_batch *bt, sf_bench_mode mode, int warmup, int steps, double *sec)
-{
-    const int n = bt->n;
-    cudaStream_t cs = c->st_compute, ts = c->st_transform;
-    uint64_t t0 = 0;
-    if (mode == SF_BENCH_STEP) {
-        /* The augmented batch cached in buffer 0: the step alone, back to back
-         * on the compute stream (as a device-cached training loop would). */
-        c->buf[0].do_opt = 1;
-        c->buf[0].opt_t = (int64_t)c->opt_submitted + 1;
-        if (enqueue_transform(c, bt, 0))
-            return -1;
-        SF_CUDA_CHECK(cudaStreamWaitEvent(cs, c->buf[0].ready, 0));
-        for (int i = 0; i < warmup + steps; i++) {
-            if (i == warmup) {
-                SF_CUDA_CHECK(cudaStreamSynchronize(cs));
-                t0 = now_ns();
-            }
-            if (sf_net_step(c->net, 0, n, c->cfg.cuda_graphs, 1))
-                return -1;
-        }
-        SF_CUDA_CHECK(cudaStreamSynchronize(cs));
-    } else {
-        /* AUG_STEP: the raw batch (and its staging: labels, samples, hyper-
-         * parameters) copied to every buffer once, untimed. */
-        if (mode == SF_BENCH_AUG_STEP) {
-            for (int b = 0; b < c->nbuf; b++)
-                if (enqueue_transform(c, bt, b))
-                    return -1;
-            SF_CUDA_CHECK(cudaStreamSynchronize(ts));
-        }
-        for (int i = 0; i < warmup + steps; i++) {
-            const int b = i % c->nbuf;
-            cbuf *B = &c->buf[b];
-            if (i == warmup) {
-                SF_CUDA_CHECK(cudaStreamSynchronize(ts));
-                SF_CUDA_CHECK(cudaStreamSynchronize(cs));
-                t0 = now_ns();
-            }
-            /* max_inflight: buffer b's previous step completes first (then its
-             * staging area and inputs are free, as after a harvest). */
-            SF_CUDA_CHECK(cudaEventSynchronize(B->done));
-            plan_opt(c, b, bt->eval);
-            if (mode == SF_BENCH_H2D_AUG_STEP) {
-                if (enqueue_transform(c, bt, b))
-                    return -1;
-            } else {
-                /* b's inputs are read by its previous step */
-                SF_CUDA_CHECK(cudaStreamWaitEvent(ts, B->done, 0));
-                if (enqueue_augment(c, bt, b))
-                    return -1;
-            }
-            if (enqueue_step(c, b, n, 0))
-                return -1;
-        }
-        SF_CUDA_CHECK(cudaStreamSynchronize(ts));
-        SF_CUDA_CHECK(cudaStreamSynchronize(cs));
-    }
-    const uint64_t t1 = now_ns();
-    *sec = t1 > t0 ? (double)(t1 - t0) * 1e-9 : 1e-9;
-    return 0;
-}
-
-static int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int warmup, int steps, double *seconds,
-                    char *err, size_t errlen)
-{
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (c->sticky) {
-        sf_errf(err, errlen, "%s", c->sticky_msg);
-        return -1;
-    }
-    /* A data-parallel step holds the NCCL all-reduce (captured in its graph):
-     * replayed by this rank alone it would wait for peers that are not there. */
-    if (c->cfg.dist && c->cfg.dist->world > 1) {
-        sf_errf(err, errlen, "cuda: the cached stages replay steps that all-reduce with the other ranks; "
-                "diagnose is not available with distributed.world_size > 1 on CUDA");
-        return -1;
-    }
-    /* A job of one rank replays its all-reduce alone (the benchmark of the
-     * NCCL path's own cost). */
-    if (ensure_nccl(c, err, errlen))
-        return -1;
-    if (check_batch(c, bt, 1, err, errlen) != 0)
-        return -1;
-    if (mode != SF_BENCH_STEP && mode != SF_BENCH_AUG_STEP && mode != SF_BENCH_H2D_AUG_STEP) {
-        sf_errf(err, errlen, "cuda bench: unknown mode %d", (int)mode);
-        return -1;
-    }
-    if (warmup < 0 || steps < 1 || !seconds) {
-        sf_errf(err, errlen, "cuda bench: warmup %d must be >= 0 and steps %d >= 1", warmup, steps);
-        return -1;
-    }
-    if (c->q_count > 0) {
-        sf_errf(err, errlen, "cuda bench: %d batches in flight; bench needs an idle backend", c->q_count);
-        return -1;
-    }
-    int64_t bad_val = 0;
-    const long long bad_at = bad_label(bt, c->m.n_classes, &bad_val, c->lps);
-    if (bad_at >= 0) {
-        sf_errf(err, errlen, "cuda bench: label %lld of sample %lld is outside [0,%d)", (long long)bad_val,
-                (long long)(bad_at / (long long)c->lps), c->m.n_classes);
-        return -1;
-    }
-    sf_cuda_clear_error();
-    if (sf_net_prepare(c->net, bt->n)) {
-        sf_errf(err, errlen, "cuda bench: %s", sf_cuda_last_error());
-        return -1;
-    }
-    /* The training state, snapshotted on the device and restored afterwards,
-     * also when the run failed part-way. */
-    float *snap = NULL;
-    if (cudaMalloc((void **)&snap, sizeof(float) * (sf_net_state_floats(c->net) + 1)) != cudaSuccess) {
-        cudaGetLastError();
-        sf_errf(err, errlen, "cuda bench: no device memory for the %zu-float state snapshot",
-                sf_net_state_floats(c->net));
-        return -1;
-    }
-    const uint64_t saved_steps = c->steps, saved_sub = c->opt_submitted;
-    const int saved_count = c->accum_count;
-    double sec = 0;
-    int rc = sf_net_save_state(c->net, snap);
-    if (rc == 0)
-        rc = bench_run(c, bt, mode, warmup, steps, &sec);
-    char msg[SF_CUDA_ERR_LEN];
-    scopy(msg, sizeof msg, sf_cuda_last_error());
-    /* Drain whatever was queued before the error, then restore. */
-    cudaError_t e0 = cudaStreamSynchronize(c->st_decode_own);
-    cudaError_t e1 = cudaStreamSynchronize(c->st_transform_own);
-    cudaError_t e2 = cudaStreamSynchronize(c->st_compute);
-    if (e0 != cudaSuccess || e1 != cudaSuccess || e2 != cudaSuccess) {
-        make_sticky(c, "bench", e0 != cudaSuccess ? e0 : e1 != cudaSuccess ? e1 : e2);
-        sf_errf(err, errlen, "%s", c->sticky_msg);
-        cudaFree(snap);
-        return -1;
-    }
-    cudaGetLastError(); /* a failed enqueue (not a device fault) is not sticky */
-    sf_cuda_clear_error();
-    int rr = sf_net_restore_state(c->net, snap);
-    cudaError_t e3 = cudaStreamSynchronize(c->st_compute);
-    cudaFree(snap);
-    c->steps = saved_steps;
-    c->opt_submitted = saved_sub;
-    c->accum_count = saved_count;
-    /* the bench's own skips (if any) were never harvested */
-    c->skips_counted = 0;
-    if (rr == 0)
-        rr = sf_net_reset_skips(c->net);
-    if (rr || e3 != cudaSuccess) {
-        if (e3 != cudaSuccess)
-            make_sticky(c, "bench restore", e3);
-        sf_errf(err, errlen, "cuda bench: restoring the training state failed: %s",
-                e3 != cudaSuccess ? c->sticky_msg : sf_cuda_last_error());
-        return -1;
-    }
-    if (rc) {
-        sf_errf(err, errlen, "cuda bench: %s", msg);
-        return -1;
-    }
-    *seconds = sec;
-    return 0;
 }
 
 /* ---- telemetry ------------------------------------------------------------ */

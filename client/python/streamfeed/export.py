@@ -284,6 +284,18 @@ def _spatial(shape: Tuple[int, ...], op: str, path: str) -> Tuple[int, int, int]
     return shape[0], shape[1], shape[2]
 
 
+def _need_nchw(x: _Val, op: str, path: str) -> None:
+    """Refuses a module that runs only on a [C,H,W] map in the service's own
+    layout when its input is channels-last or a token sequence."""
+    if x.nhwc:
+        raise ExportError("runs on a channels-last (permuted) tensor; only LayerNorm, Linear and "
+                          "activations are supported between permute(0,2,3,1) and permute(0,3,1,2)",
+                          op=op, module_path=path)
+    if x.tokens or x.ct:
+        raise ExportError("runs on a token sequence; LayerNorm, Linear, MultiheadAttention, activations, "
+                          "dropout and adds are supported on tokens", op=op, module_path=path)
+
+
 def _meta_shape(node: torch.fx.Node) -> Optional[Tuple[int, ...]]:
     tm = node.meta.get("tensor_meta")
     if tm is None or not hasattr(tm, "shape"):
@@ -427,7 +439,6 @@ class _Converter:
         path = str(n.target)
         mod: Any = self.gm.get_submodule(path)
         op = _op_name(n, mod)
-        name = type(mod).__name__
         if type(mod) is nn.MultiheadAttention:
             return self.attention(n, mod, op, path)
         if not n.args or n.kwargs or len(n.args) != 1:
@@ -435,152 +446,55 @@ class _Converter:
         x = self.val(n.args[0], n)
         out = self.out_shape(n)
         b = self.b
-
-        def need_nchw() -> None:
-            if x.nhwc:
-                raise ExportError("runs on a channels-last (permuted) tensor; only LayerNorm, Linear and "
-                                  "activations are supported between permute(0,2,3,1) and permute(0,3,1,2)",
-                                  op=op, module_path=path)
-            if x.tokens or x.ct:
-                raise ExportError("runs on a token sequence; LayerNorm, Linear, MultiheadAttention, activations, "
-                                  "dropout and adds are supported on tokens", op=op, module_path=path)
-
         if isinstance(mod, nn.Conv2d):
-            need_nchw()
-            _spatial(x.shape, op, path)
-            if mod.padding_mode != "zeros":
-                raise ExportError(f"padding_mode {mod.padding_mode!r}: the service pads with zeros", op=op,
-                                  module_path=path)
-            k = _pair(mod.kernel_size, "kernel size", op, path)
-            s = _pair(mod.stride, "stride", op, path)
-            d = _pair(mod.dilation, "dilation", op, path)
-            if isinstance(mod.padding, str):
-                p = 0 if mod.padding == "valid" else d * (k - 1) // 2
-                if mod.padding == "same" and (d * (k - 1)) % 2:
-                    raise ExportError("padding 'same' with an even kernel pads one side more", op=op,
-                                      module_path=path)
-            else:
-                p = _pair(mod.padding, "padding", op, path)
-            f: Dict[str, Any] = {"out": mod.out_channels, "k": k}
-            if s != 1:
-                f["stride"] = s
-            if p:
-                f["pad"] = p
-            if mod.groups != 1:
-                f["groups"] = mod.groups
-            if d != 1:
-                f["dilation"] = d
-            if mod.bias is None:
-                f["bias"] = False
-            params = ["weight"] + (["bias"] if mod.bias is not None else [])
-            return b.emit("conv2d", path, [x], out, params=params, **f)
+            _need_nchw(x, op, path)
+            return self.conv2d(path, x, out, op, mod)
         if isinstance(mod, nn.ConvTranspose2d):
-            need_nchw()
-            if mod.groups != 1 or _pair(mod.dilation, "dilation", op, path) != 1 or \
-                    _pair(mod.output_padding, "output_padding", op, path) != 0 or mod.padding_mode != "zeros":
-                raise ExportError("groups, dilation, output_padding and padding_mode must be their defaults",
-                                  op=op, module_path=path)
-            f = {"out": mod.out_channels, "k": _pair(mod.kernel_size, "kernel size", op, path)}
-            s = _pair(mod.stride, "stride", op, path)
-            p = _pair(mod.padding, "padding", op, path)
-            if s != 1:
-                f["stride"] = s
-            if p:
-                f["pad"] = p
-            if mod.bias is None:
-                f["bias"] = False
-            return b.emit("conv_transpose2d", path, [x], out,
-                          params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
+            _need_nchw(x, op, path)
+            return self.conv_transpose2d(path, x, out, op, mod)
         if type(mod) is nn.BatchNorm2d:
-            need_nchw()
-            if not mod.affine or not mod.track_running_stats:
-                raise ExportError("needs affine=True and track_running_stats=True (the service's batchnorm has "
-                                  "a weight, a bias and running statistics)", op=op, module_path=path)
-            if mod.momentum is None:
-                raise ExportError("momentum=None (a cumulative average) is not supported; give a number",
-                                  op=op, module_path=path)
-            f = {}
-            if mod.eps != 1e-5:
-                f["eps"] = mod.eps
-            if mod.momentum != 0.1:
-                f["momentum"] = mod.momentum
-            return b.emit("batchnorm2d", path, [x], out,
-                          params=["weight", "bias", "running_mean", "running_var", "num_batches_tracked"], **f)
+            _need_nchw(x, op, path)
+            return self.batchnorm2d(path, x, out, op, mod)
         act = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish",
                nn.Hardsigmoid: "hardsigmoid", nn.Sigmoid: "sigmoid", nn.GELU: "gelu"}.get(type(mod))
         if act:
             if x.ct:
-                need_nchw()
-            f = {"approximate": "tanh"} if act == "gelu" and mod.approximate == "tanh" else {}
+                _need_nchw(x, op, path)
+            f: Dict[str, Any] = {"approximate": "tanh"} if act == "gelu" and mod.approximate == "tanh" else {}
             return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if type(mod) is nn.MaxPool2d:
-            need_nchw()
+            _need_nchw(x, op, path)
             _spatial(x.shape, op, path)
             if _pair(mod.dilation, "dilation", op, path) != 1 or mod.return_indices:
                 raise ExportError("dilation and return_indices are not supported", op=op, module_path=path)
             return self.pool("maxpool2d", path, x, out, op, mod.kernel_size, mod.stride, mod.padding,
                              mod.ceil_mode)
         if type(mod) is nn.AvgPool2d:
-            need_nchw()
+            _need_nchw(x, op, path)
             _spatial(x.shape, op, path)
             if mod.divisor_override is not None:
                 raise ExportError("divisor_override is not supported", op=op, module_path=path)
             return self.pool("avgpool2d", path, x, out, op, mod.kernel_size, mod.stride, mod.padding,
                              mod.ceil_mode, mod.count_include_pad)
         if type(mod) is nn.AdaptiveAvgPool2d:
-            need_nchw()
+            _need_nchw(x, op, path)
             return self.adaptive(path, x, out, op)
         if type(mod) is nn.Linear:
-            if x.tokens:
-                f = {"out": mod.out_features}
-                if mod.bias is None:
-                    f["bias"] = False
-                return b.emit("linear", path, [x], (x.shape[0], mod.out_features), tokens=True,
-                              params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
-            if x.ct:
-                need_nchw()
-            if x.nhwc:
-                f = {"out": mod.out_features, "over": "channels"}
-                if mod.bias is None:
-                    f["bias"] = False
-                return b.emit("linear", path, [x], (mod.out_features,) + x.shape[1:], nhwc=True,
-                              params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
-            if len(x.shape) != 1:
-                raise ExportError(f"is applied to a [C,H,W] map {list(x.shape)} (over its last dimension); "
-                                  "flatten first, or permute(0,2,3,1) to apply it per pixel over channels",
-                                  op=op, module_path=path)
-            f = {"out": mod.out_features}
-            if mod.bias is None:
-                f["bias"] = False
-            return b.emit("linear", path, [x], out, params=["weight"] + (["bias"] if mod.bias is not None else []),
-                          **f)
+            return self.linear(path, x, out, op, mod)
         if type(mod) is nn.Dropout:
             if x.ct:
-                need_nchw()
+                _need_nchw(x, op, path)
             return self.dropout(path, x, float(mod.p))
         if type(mod) is nn.Flatten:
             return self.flatten(path, x, n, op, mod.start_dim, mod.end_dim)
         if _is_torchvision(mod, "LayerNorm2d"):
-            need_nchw()
+            _need_nchw(x, op, path)
             _spatial(x.shape, op, path)
             return self.layernorm(path, x, mod, op, "layernorm2d")
-        if type(mod) is nn.LayerNorm and x.tokens:
-            if tuple(mod.normalized_shape) != (x.shape[1],):
-                raise ExportError(f"normalizes over {tuple(mod.normalized_shape)} of a token sequence of per-sample "
-                                  f"shape {list(x.shape)}; supported is LayerNorm over each token's {x.shape[1]} "
-                                  "values", op=op, module_path=path)
-            return self.layernorm(path, x, mod, op, "layernorm")
         if type(mod) is nn.LayerNorm:
-            if x.ct:
-                need_nchw()
-            c = x.shape[0]
-            if tuple(mod.normalized_shape) != (c,) or (len(x.shape) == 3 and not x.nhwc):
-                raise ExportError(f"normalizes over {tuple(mod.normalized_shape)} of a tensor of per-sample "
-                                  f"shape {list(out)}; supported are LayerNorm over the features of a flat "
-                                  "tensor and over the channels of a channels-last map", op=op, module_path=path)
-            return self.layernorm(path, x, mod, op, "layernorm2d" if x.nhwc else "layernorm")
+            return self.layernorm_module(path, x, out, op, mod)
         if _is_torchvision(mod, "StochasticDepth"):
-            need_nchw()
+            _need_nchw(x, op, path)
             if mod.mode != "row":
                 raise ExportError(f"mode {mod.mode!r}: the service's stochastic depth is row mode (per sample)",
                                   op=op, module_path=path)
@@ -591,6 +505,114 @@ class _Converter:
             return x
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_modules())
+
+    def conv2d(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
+        _spatial(x.shape, op, path)
+        if mod.padding_mode != "zeros":
+            raise ExportError(f"padding_mode {mod.padding_mode!r}: the service pads with zeros", op=op,
+                              module_path=path)
+        k = _pair(mod.kernel_size, "kernel size", op, path)
+        s = _pair(mod.stride, "stride", op, path)
+        d = _pair(mod.dilation, "dilation", op, path)
+        if isinstance(mod.padding, str):
+            p = 0 if mod.padding == "valid" else d * (k - 1) // 2
+            if mod.padding == "same" and (d * (k - 1)) % 2:
+                raise ExportError("padding 'same' with an even kernel pads one side more", op=op,
+                                  module_path=path)
+        else:
+            p = _pair(mod.padding, "padding", op, path)
+        f: Dict[str, Any] = {"out": mod.out_channels, "k": k}
+        if s != 1:
+            f["stride"] = s
+        if p:
+            f["pad"] = p
+        if mod.groups != 1:
+            f["groups"] = mod.groups
+        if d != 1:
+            f["dilation"] = d
+        if mod.bias is None:
+            f["bias"] = False
+        params = ["weight"] + (["bias"] if mod.bias is not None else [])
+        return self.b.emit("conv2d", path, [x], out, params=params, **f)
+
+    def conv_transpose2d(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
+        if mod.groups != 1 or _pair(mod.dilation, "dilation", op, path) != 1 or \
+                _pair(mod.output_padding, "output_padding", op, path) != 0 or mod.padding_mode != "zeros":
+            raise ExportError("groups, dilation, output_padding and padding_mode must be their defaults",
+                              op=op, module_path=path)
+        f: Dict[str, Any] = {"out": mod.out_channels, "k": _pair(mod.kernel_size, "kernel size", op, path)}
+        s = _pair(mod.stride, "stride", op, path)
+        p = _pair(mod.padding, "padding", op, path)
+        if s != 1:
+            f["stride"] = s
+        if p:
+            f["pad"] = p
+        if mod.bias is None:
+            f["bias"] = False
+        return self.b.emit("conv_transpose2d", path, [x], out,
+                           params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
+
+    def batchnorm2d(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
+        if not mod.affine or not mod.track_running_stats:
+            raise ExportError("needs affine=True and track_running_stats=True (the service's batchnorm has "
+                              "a weight, a bias and running statistics)", op=op, module_path=path)
+        if mod.momentum is None:
+            raise ExportError("momentum=None (a cumulative average) is not supported; give a number",
+                              op=op, module_path=path)
+        f: Dict[str, Any] = {}
+        if mod.eps != 1e-5:
+            f["eps"] = mod.eps
+        if mod.momentum != 0.1:
+            f["momentum"] = mod.momentum
+        return self.b.emit("batchnorm2d", path, [x], out,
+                           params=["weight", "bias", "running_mean", "running_var", "num_batches_tracked"], **f)
+
+    def linear(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
+        """nn.Linear over a token sequence, over the channels of a
+        channels-last map, or over a flat tensor."""
+        b = self.b
+        f: Dict[str, Any]
+        if x.tokens:
+            f = {"out": mod.out_features}
+            if mod.bias is None:
+                f["bias"] = False
+            return b.emit("linear", path, [x], (x.shape[0], mod.out_features), tokens=True,
+                          params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
+        if x.ct:
+            _need_nchw(x, op, path)
+        if x.nhwc:
+            f = {"out": mod.out_features, "over": "channels"}
+            if mod.bias is None:
+                f["bias"] = False
+            return b.emit("linear", path, [x], (mod.out_features,) + x.shape[1:], nhwc=True,
+                          params=["weight"] + (["bias"] if mod.bias is not None else []), **f)
+        if len(x.shape) != 1:
+            raise ExportError(f"is applied to a [C,H,W] map {list(x.shape)} (over its last dimension); "
+                              "flatten first, or permute(0,2,3,1) to apply it per pixel over channels",
+                              op=op, module_path=path)
+        f = {"out": mod.out_features}
+        if mod.bias is None:
+            f["bias"] = False
+        return b.emit("linear", path, [x], out, params=["weight"] + (["bias"] if mod.bias is not None else []),
+                      **f)
+
+    def layernorm_module(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
+        """nn.LayerNorm over each token of a sequence, the features of a flat
+        tensor or the channels of a channels-last map."""
+        if x.tokens:
+            if tuple(mod.normalized_shape) != (x.shape[1],):
+                raise ExportError(f"normalizes over {tuple(mod.normalized_shape)} of a token sequence of per-sample "
+                                  f"shape {list(x.shape)}; supported is LayerNorm over each token's {x.shape[1]} "
+                                  "values", op=op, module_path=path)
+            return self.layernorm(path, x, mod, op, "layernorm")
+        if x.ct:
+            _need_nchw(x, op, path)
+        c = x.shape[0]
+        if tuple(mod.normalized_shape) != (c,) or (len(x.shape) == 3 and not x.nhwc):
+            raise ExportError(f"normalizes over {tuple(mod.normalized_shape)} of a tensor of per-sample "
+                              f"shape {list(out)}; supported are LayerNorm over the features of a flat "
+                              "tensor and over the channels of a channels-last map", op=op, module_path=path)
+        return self.layernorm(path, x, mod, op, "layernorm2d" if x.nhwc else "layernorm")
 
     def pool(self, kind: str, path: str, x: _Val, out: Tuple[int, ...], op: str, k: Any, s: Any, p: Any,
              ceil: bool, count_include_pad: bool = True) -> _Val:

@@ -564,21 +564,12 @@ static void bench_attention(cudnnHandle_t dnn, cudaStream_t s)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
-    cudnnHandle_t dnn;
-    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS) {
-        printf("FAIL setup: cudnnCreate\n");
+    cudaStream_t s = test_stream();
+    cudnnHandle_t dnn = test_cudnn(s);
+    if (!dnn)
         return 1;
-    }
-    cudnnSetStream(dnn, s);
-    printf("cuDNN %zu\n", cudnnGetVersion());
     perf_resnet18(dnn, s, 256);
     const double copy_gbs = bench_resnet(s);
     if (copy_gbs > 0)

@@ -157,7 +157,7 @@ static int refuse_without_token(sf_req *r, const cJSON *patch)
 
 /* Data-parallel job: a patch applies on every rank at one step boundary. It
  * is checked here against this rank's config (so a bad one is refused at
- * once), queued, sent to every rank at the next round (server/engine.c),
+ * once), queued, sent to every rank at the next round (server/engine_rounds.c),
  * checked there by every rank and applied on all of them in rank order, or
  * on none when one refuses it; the request waits for that round. It keeps
  * only the patch's id (r->user). */

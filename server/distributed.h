@@ -2,7 +2,7 @@
  * (distributed.world_size > 1): the rendezvous store, the join, the state
  * readiness reports, and the hot-config patches the ranks apply together.
  *
- * The engine (server/engine.c) drives the rounds: every optimizer step is a
+ * The engine's rounds (server/engine_rounds.c) drive it: every optimizer step is a
  * round all ranks enter together, agreeing first, in one small all-reduce,
  * on who has a batch and of how many samples, whether to stop, and which
  * PATCH /v1/config bodies to apply (docs/DESIGN.md, "Data-parallel

@@ -1,8 +1,11 @@
 /* tests/gpu/gpu_test.h — what every GPU test program shares: the ok/FAIL
- * counters and lines, a host clock, device-buffer helpers (CU, dalloc, up,
- * down, NCHW <-> NHWC on the host), and the relative-error check against a
- * double-precision reference (DESIGN.md §8: NaN or Inf anywhere fails, the
- * worst elements are printed). Header-only: each test is one program. */
+ * counters and lines, the start and the end of main() (the SKIPPED line
+ * without a device, the summary line and exit status), a host clock,
+ * device-buffer helpers (CU, dalloc, up, down, the test stream, NCHW <-> NHWC
+ * on the host), the pair of backends a backend test compares, and the
+ * relative-error check against a double-precision reference (DESIGN.md §8:
+ * NaN or Inf anywhere fails, the worst elements are printed). Header-only:
+ * each test is one program. */
 #ifndef SF_TESTS_GPU_TEST_H
 #define SF_TESTS_GPU_TEST_H
 
@@ -109,6 +112,30 @@ static __attribute__((unused)) void check(const char *name, const float *got, co
 }
 
 
+/* ---- the start of every GPU test program ----------------------------------- */
+
+/* Whether this machine has no CUDA device. Then it prints the line every GPU
+ * test program prints in that case, "SKIPPED: no CUDA device", and the
+ * program exits 0: make gpu-test on a machine without a GPU still builds and
+ * starts every test, and reads the line. */
+static __attribute__((unused)) int skip_without_device(void)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        printf("SKIPPED: no CUDA device\n");
+        return 1;
+    }
+    return 0;
+}
+
+/* The summary line every GPU test program ends with, and its exit status:
+ * 1 when any check failed. */
+static __attribute__((unused)) int report(const char *program)
+{
+    printf("%s: %d ok, %d failed\n", program, g_ok, g_fail);
+    return g_fail ? 1 : 0;
+}
+
 /* ---- device buffers (CUDA test programs) ----------------------------------- */
 /* DEV_OK expects the including file's fail(name, why). */
 #define DEV_OK(call, name)                                                                          \
@@ -126,6 +153,17 @@ static __attribute__((unused)) void check(const char *name, const float *got, co
             exit(1);                                                                                 \
         }                                                                                            \
     } while (0)
+
+/* Device 0 and a blocking stream on it: the tests' uploads and NaN fills go
+ * through the legacy stream (cudaMemcpy, cudaMemset), which such a stream
+ * waits for. */
+static __attribute__((unused)) cudaStream_t test_stream(void)
+{
+    CU(cudaSetDevice(0));
+    cudaStream_t s;
+    CU(cudaStreamCreate(&s));
+    return s;
+}
 
 template <typename T> static T *dalloc(size_t n)
 {
@@ -185,6 +223,20 @@ static __attribute__((unused)) int resnet18_at(int hw, sf_model *m)
 #endif
 
 #ifdef SF_GPU_BACKEND_H
+/* The CUDA backend on device 0 and the reference backend, the pair every
+ * backend test compares. 0, or -1 with a FAIL line printed. */
+static __attribute__((unused)) int cuda_and_ref_backends(sf_backend **cu, sf_backend **ref)
+{
+    char err[300];
+    *cu = sf_backend_cuda_new(0, err, sizeof err);
+    *ref = sf_backend_ref_new(err, sizeof err);
+    if (!*cu || !*ref) {
+        printf("FAIL backends: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* The backend's build options a test varies between cases: the activation
  * layout and the cuDNN tuning budget (what pipeline.layout and
  * pipeline.cudnn_tune_configs set in the server). test_build applies them to

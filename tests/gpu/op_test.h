@@ -90,6 +90,20 @@ static __attribute__((unused)) void poison_f(float *d, size_t n) { poison(d, n *
 
 static const char *lname(sf_layout l) { return l == SF_LAYOUT_NHWC ? "nhwc" : "nchw"; }
 
+/* A cuDNN handle on stream s, its version printed. NULL, with a FAIL line,
+ * when cuDNN does not start. */
+static __attribute__((unused)) cudnnHandle_t test_cudnn(cudaStream_t s)
+{
+    cudnnHandle_t dnn;
+    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS) {
+        printf("FAIL setup: cudnnCreate\n");
+        return NULL;
+    }
+    cudnnSetStream(dnn, s);
+    printf("cuDNN %zu\n", cudnnGetVersion());
+    return dnn;
+}
+
 /* ---- bf16 data ---------------------------------------------------------------
  * Host values are rounded to bf16 first (sf_bf16_round, ref.h), so the bf16 bit
  * patterns uploaded hold exactly the values the reference is given. */

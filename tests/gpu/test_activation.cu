@@ -82,14 +82,9 @@ static void test_nan(cudaStream_t s, sf_dtype dt)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
     for (int t = 0; t < 2; t++) {
         const sf_dtype dt = (sf_dtype)t;
         for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
@@ -112,6 +107,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_activation: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_activation");
 }

@@ -166,14 +166,9 @@ static void test_layer(cublasHandle_t h, cudaStream_t s, sf_dtype dt, int n, int
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
         printf("FAIL cublasCreate\n");
@@ -200,6 +195,5 @@ int main(void)
         g_fail++;
     }
     cublasDestroy(h);
-    printf("test_attention: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_attention");
 }

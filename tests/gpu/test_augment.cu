@@ -43,6 +43,8 @@ extern "C" {
 #include "gpu/ref/ref.h"
 }
 
+#include "tests/gpu/gpu_test.h"
+
 /* Test-harness check: a failure here is a broken environment, not a wrong result. */
 #define CK(call)                                                                          \
     do {                                                                                  \
@@ -55,7 +57,6 @@ extern "C" {
     } while (0)
 
 static uint64_t g_rng;
-static int g_fail, g_pass;
 
 static uint64_t next_u64(void)
 {
@@ -111,7 +112,7 @@ static int compare(const char *name, const float *got, const float *ref, int n, 
     const double rel = den > 0 ? sqrt(num / den) : sqrt(num);
     const int pass = nan_count == 0 && rel < tol && den > 0;
     if (pass) {
-        g_pass++;
+        g_ok++;
         printf("ok %s (rel err %.3g, max abs %.3g)\n", name, rel, maxabs);
         return 1;
     }
@@ -278,7 +279,7 @@ static void run_ragged_case(const char *cname, const char *json, int c, int n, i
     const int refused = sf_cuda_augment(&plan, d_smp, n, d_src, 0, d_out, 0, 0) == -1 &&
                         strstr(sf_cuda_last_error(), "ragged") != NULL;
     printf("%s %s ragged_sources_read_as_chw_are_refused\n", refused ? "ok" : "FAIL", cname);
-    refused ? g_pass++ : g_fail++;
+    refused ? g_ok++ : g_fail++;
     CK(cudaFree(d_src));
     CK(cudaFree(d_smp));
     CK(cudaFree(d_out));
@@ -317,7 +318,7 @@ static void check_errors(void)
     CK(cudaDeviceSynchronize());
     printf("%s launcher_rejects_bad_arguments_and_names_them (last: \"%s\")\n", ok ? "ok" : "FAIL",
            sf_cuda_last_error());
-    ok ? g_pass++ : g_fail++;
+    ok ? g_ok++ : g_fail++;
     CK(cudaFree(d_dst));
     CK(cudaFree(d_src));
     CK(cudaFree(d_smp));
@@ -325,11 +326,8 @@ static void check_errors(void)
 
 int main(int argc, char **argv)
 {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
     /* --seed 0x... replays a run */
     const char *es = argc > 2 && strcmp(argv[1], "--seed") == 0 ? argv[2] : NULL;
     uint64_t seed = es ? strtoull(es, NULL, 0) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
@@ -475,6 +473,5 @@ int main(int argc, char **argv)
                     "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]", 3, 8, 301, 517, 1);
     check_errors();
 
-    printf("test_augment: %d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_augment");
 }

@@ -45,6 +45,7 @@ extern "C" {
 #include <vector>
 
 #include "gpu_test.h"
+#include "backend_harness.h"
 
 #include <cuda_runtime.h>
 
@@ -73,7 +74,6 @@ static const char *MIXED =
     "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":32},{\"type\":\"relu\"},"
     "{\"type\":\"linear\",\"out\":10}]}";
 
-static const char *AUG_SCALE = "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098}]";
 static const char *AUG_W1 =
     "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"
     "{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"
@@ -81,167 +81,20 @@ static const char *AUG_W1 =
     "{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]},"
     "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]";
 
-struct batch_set {
-    sf_aug_pipeline pipe;
-    sf_aug_plan plan;
-    int n, h, w, c;
-    std::vector<uint8_t *> images; /* pinned, one per step */
-    std::vector<int64_t *> labels;
-    std::vector<std::vector<sf_aug_sample>> samples;
-    std::vector<sf_batch> b;
-};
-
+/* steps batches of n samples h x w x c with int64 labels below classes;
+ * learning rate 0.05 at the first step, 0.02 after it. */
 static int make_batches(sf_backend *host_be, batch_set &bs, const char *aug, int steps, int n, int h, int w, int c,
                         int classes, uint64_t seed)
 {
-    char err[200];
-    if (sf_aug_parse(aug, &bs.pipe, err, sizeof err) || sf_aug_plan_make(&bs.pipe, h, w, c, &bs.plan, err, sizeof err)) {
-        fail("augmentation plan: %s", err);
-        return -1;
-    }
-    bs.n = n;
-    bs.h = h;
-    bs.w = w;
-    bs.c = c;
-    const size_t img = (size_t)n * h * w * c;
-    for (int s = 0; s < steps; s++) {
-        uint8_t *im = (uint8_t *)host_be->i->host_alloc(host_be, img);
-        int64_t *lab = (int64_t *)host_be->i->host_alloc(host_be, sizeof(int64_t) * n);
-        if (!im || !lab) {
-            fail("host_alloc");
-            return -1;
-        }
-        for (size_t i = 0; i < img; i++)
-            im[i] = (uint8_t)(sf_hash4(seed, s, i, 1) >> 56);
-        for (int i = 0; i < n; i++)
-            lab[i] = (int64_t)(sf_hash4(seed, s, i, 2) % (uint64_t)classes);
-        bs.images.push_back(im);
-        bs.labels.push_back(lab);
-        bs.samples.push_back(std::vector<sf_aug_sample>(n));
-        sf_aug_gen(&bs.pipe, &bs.plan, seed, (uint64_t)s, n, bs.samples.back().data());
-    }
-    for (int s = 0; s < steps; s++) {
-        sf_batch b;
-        memset(&b, 0, sizeof b);
-        b.id = 1000 + s;
-        b.seq = s;
-        b.token = (void *)(uintptr_t)(5000 + s);
-        b.n = n;
-        b.h = h;
-        b.w = w;
-        b.c = c;
-        b.nhwc = 1;
-        b.images = bs.images[s];
-        b.label_dtype = SF_LABEL_I64;
-        b.labels = bs.labels[s];
-        b.plan = &bs.plan;
-        b.samples = bs.samples[s].data();
-        /* hyper-parameters change from step to step */
-        b.hyper.lr = s == 0 ? 0.05f : 0.02f;
-        b.hyper.momentum = 0.9f;
-        b.hyper.weight_decay = s == 2 ? 1e-3f : 1e-4f;
-        b.t_ready_ns = now_ns();
-        bs.b.push_back(b);
-    }
-    return 0;
+    return make_batch_set(host_be, bs, aug, steps, n, h, w, c, classes, 1, SF_LABEL_I64, seed, 0.05f, 0.02f);
 }
 
-static void free_batches(sf_backend *host_be, batch_set &bs)
-{
-    for (auto p : bs.images)
-        host_be->i->host_free(host_be, p);
-    for (auto p : bs.labels)
-        host_be->i->host_free(host_be, p);
-    bs.images.clear();
-    bs.labels.clear();
-}
-
-/* ---- running steps and checking events --------------------------------------- */
-
-struct run_out {
-    std::vector<float> loss;
-    std::vector<int> correct;
-    int events_ok = 1;
-    char why[200] = "";
-};
-
-/* Submits batches [from, to) keeping up to max_inflight in flight; checks events. */
-static int run_steps(sf_backend *be, batch_set &bs, int from, int to, uint64_t *step_counter, run_out &ro)
-{
-    const int maxin = be->i->max_inflight(be);
-    int next = from, freed = from, done = from, inflight = 0;
-    char err[200];
-    const uint64_t t_start = now_ns();
-    while (done < to) {
-        while (next < to && inflight < maxin) {
-            bs.b[next].t_ready_ns = now_ns();
-            if (be->i->submit(be, &bs.b[next], err, sizeof err)) {
-                fail("%s submit of batch %d: %s", be->i->name(be), next, err);
-                return -1;
-            }
-            next++;
-            inflight++;
-        }
-        sf_event ev[8];
-        int k = be->i->poll(be, ev, 8, 1000);
-        if (now_ns() - t_start > 120ull * 1000000000ull) {
-            fail("%s: steps did not complete within 120 s", be->i->name(be));
-            return -1;
-        }
-        for (int i = 0; i < k; i++) {
-            const sf_event *e = &ev[i];
-            if (e->kind == SF_EV_SLOT_FREE) {
-                if (freed >= next || e->id != bs.b[freed].id || e->token != bs.b[freed].token) {
-                    ro.events_ok = 0;
-                    snprintf(ro.why, sizeof ro.why, "SLOT_FREE for id %llu out of order (expected %llu)",
-                             (unsigned long long)e->id, (unsigned long long)(freed < to ? bs.b[freed].id : 0));
-                }
-                freed++;
-            } else if (e->kind == SF_EV_STEP_DONE) {
-                if (done >= freed || e->id != bs.b[done].id || e->token != bs.b[done].token) {
-                    ro.events_ok = 0;
-                    snprintf(ro.why, sizeof ro.why, "STEP_DONE for id %llu before its SLOT_FREE or out of order",
-                             (unsigned long long)e->id);
-                }
-                if (e->status != 0) {
-                    fail("%s step %d failed: %s", be->i->name(be), done, e->err);
-                    return -1;
-                }
-                (*step_counter)++;
-                if (e->step != *step_counter) {
-                    ro.events_ok = 0;
-                    snprintf(ro.why, sizeof ro.why, "step counter %llu, expected %llu",
-                             (unsigned long long)e->step, (unsigned long long)*step_counter);
-                }
-                if (e->n != bs.n) {
-                    ro.events_ok = 0;
-                    snprintf(ro.why, sizeof ro.why, "n %d, expected %d", e->n, bs.n);
-                }
-                const uint64_t tnow = now_ns();
-                if (!(e->t_h2d_start_ns <= e->t_transform_start_ns && e->t_transform_start_ns <= e->t_step_start_ns &&
-                      e->t_step_start_ns <= e->t_step_end_ns && e->t_h2d_start_ns > 0 &&
-                      e->t_step_end_ns <= tnow + 1000000ull && e->step_s > 0 && e->transform_s >= 0 && e->h2d_s >= 0)) {
-                    ro.events_ok = 0;
-                    snprintf(ro.why, sizeof ro.why,
-                             "stage times not monotone: h2d %llu tr %llu step %llu..%llu now %llu (s %g %g %g)",
-                             (unsigned long long)e->t_h2d_start_ns, (unsigned long long)e->t_transform_start_ns,
-                             (unsigned long long)e->t_step_start_ns, (unsigned long long)e->t_step_end_ns,
-                             (unsigned long long)tnow, e->h2d_s, e->transform_s, e->step_s);
-                }
-                ro.loss.push_back(e->loss);
-                ro.correct.push_back(e->correct);
-                done++;
-                inflight--;
-            }
-        }
-    }
-    return 0;
-}
+/* ---- running steps ------------------------------------------------------------ */
 
 /* Builds and runs `steps` steps: params after step 1 (p1) and after the last (pN). */
 struct train_out {
     std::vector<float> p0, p1, pN;
-    run_out ro;
+    run_log ro;
     int ok = 0;
 };
 
@@ -266,18 +119,10 @@ static void train(sf_backend *be, const sf_model &m, const sf_train_cfg &cfg, ba
     to.ok = 1;
 }
 
-/* ||(a - p0) - (b - p0)|| / ||b - p0|| */
+/* ||(a - p0) - (b - p0)|| / ||b - p0|| over every parameter */
 static double delta_err(const std::vector<float> &p0, const std::vector<float> &a, const std::vector<float> &b)
 {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < p0.size(); i++) {
-        if (!isfinite(a[i]))
-            return INFINITY;
-        double da = (double)a[i] - p0[i], db = (double)b[i] - p0[i];
-        num += (da - db) * (da - db);
-        den += db * db;
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
+    return delta_err(p0, a, b, 0, p0.size());
 }
 
 static double rel1(double a, double b) { return isfinite(a) ? fabs(a - b) / (fabs(b) > 1e-30 ? fabs(b) : 1.0) : INFINITY; }
@@ -294,15 +139,15 @@ static void compare(const char *name, const train_out &c, const train_out &r, in
         ok("%s events ordered (%d batches)", name, steps);
     double wl = 0;
     for (int s = 0; s < steps; s++) {
-        double e = rel1(c.ro.loss[s], r.ro.loss[s]);
+        double e = rel1(c.ro.ev[s].loss, r.ro.ev[s].loss);
         if (e > wl || !isfinite(e))
             wl = e;
     }
     if (wl < tol_loss)
-        ok("%s loss over %d steps (worst rel %.2e; step 1 %.6f vs %.6f)", name, steps, wl, c.ro.loss[0], r.ro.loss[0]);
+        ok("%s loss over %d steps (worst rel %.2e; step 1 %.6f vs %.6f)", name, steps, wl, c.ro.ev[0].loss, r.ro.ev[0].loss);
     else
         fail("%s loss: worst rel %.3e >= %.1e (step 1 %.7f vs %.7f, last %.7f vs %.7f)", name, wl, tol_loss,
-             c.ro.loss[0], r.ro.loss[0], c.ro.loss[steps - 1], r.ro.loss[steps - 1]);
+             c.ro.ev[0].loss, r.ro.ev[0].loss, c.ro.ev[steps - 1].loss, r.ro.ev[steps - 1].loss);
     double d1 = delta_err(r.p0, c.p1, r.p1), dN = delta_err(r.p0, c.pN, r.pN);
     double p0e = delta_err(std::vector<float>(r.p0.size(), 0.f), c.p0, r.p0);
     if (p0e != 0)
@@ -338,19 +183,6 @@ static void layer_breakdown(const char *name, const sf_model &m, const train_out
                    lens[k], den > 0 ? sqrt(num / den) : sqrt(num), sqrt(den));
         }
     }
-}
-
-static sf_train_cfg make_cfg(sf_precision prec, int max_batch, int overlap, int graphs)
-{
-    sf_train_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.precision = prec;
-    cfg.seed = 42;
-    cfg.max_batch = max_batch;
-    cfg.overlap = overlap;
-    cfg.cuda_graphs = graphs;
-    cfg.device = 0;
-    return cfg;
 }
 
 /* ---- overlap ----------------------------------------------------------------- */
@@ -464,7 +296,7 @@ static void checkpoint_continuation(sf_backend *be, const sf_model &m, sf_precis
         ok("get_opt_state after build (%s): zero momentum, step 0", pn);
     else
         fail("get_opt_state after build (%s): step %llu, momentum not all zero", pn, (unsigned long long)s0.step);
-    run_out r0, r1, r2;
+    run_log r0, r1, r2;
     uint64_t sc = 0;
     if (run_steps(be, bs, 0, k, &sc, r0) || get_state(be, m, s0) || run_steps(be, bs, k, k + mm, &sc, r1) ||
         get_state(be, m, s1)) {
@@ -484,7 +316,7 @@ static void checkpoint_continuation(sf_backend *be, const sf_model &m, sf_precis
                 return;
             }
         }
-        run_out rr;
+        run_log rr;
         uint64_t sc2 = s0.step; /* the events' step count must continue from k */
         if (set_state(be, s0) || run_steps(be, bs, k, k + mm, &sc2, rr) || get_state(be, m, s2)) {
             fail("continuation %s (%s): restored run failed", pn, rebuilt ? "rebuilt backend" : "same backend");
@@ -494,8 +326,8 @@ static void checkpoint_continuation(sf_backend *be, const sf_model &m, sf_precis
         bool loss_same = true;
         double wl = 0;
         for (int i = 0; i < mm; i++) {
-            loss_same = loss_same && r1.loss[i] == rr.loss[i];
-            double e = rel1(rr.loss[i], r1.loss[i]);
+            loss_same = loss_same && r1.ev[i].loss == rr.ev[i].loss;
+            double e = rel1(rr.ev[i].loss, r1.ev[i].loss);
             if (e > wl || !isfinite(e))
                 wl = e;
         }
@@ -565,14 +397,14 @@ static void bench_reduced(sf_backend *be, const sf_model &m, batch_set &bs)
         fail("bench reduced-W1 build: %s", err);
         return;
     }
-    run_out r;
+    run_log r;
     uint64_t sc = 0;
     if (run_steps(be, bs, 0, 2, &sc, r)) /* momentum in use, step count 2 */
         return;
     double rate[3] = {0, 0, 0};
     bench_all_modes(be, m, bs.b[2], 2, 5, "reduced-W1 tf32 batch 8", rate);
     /* Training goes on from where it was: the next step is step 3. */
-    run_out r2;
+    run_log r2;
     if (run_steps(be, bs, 2, 3, &sc, r2) == 0 && r2.events_ok)
         ok("after bench, training continues with step %llu and ordered events", (unsigned long long)sc);
     else
@@ -761,11 +593,8 @@ static void describe_check(sf_backend *be, const sf_model &m, batch_set &bs)
 
 int main(int argc, char **argv)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
     char err[300];
     sf_backend *cu = sf_backend_cuda_new(0, err, sizeof err);
     if (!cu) {
@@ -903,8 +732,8 @@ int main(int argc, char **argv)
         uint8_t *u8 = (uint8_t *)cu->i->host_alloc(cu, 8);
         int32_t *i32 = (int32_t *)cu->i->host_alloc(cu, 8 * sizeof(int32_t));
         for (int i = 0; i < 8; i++) {
-            u8[i] = (uint8_t)bl.labels[0][i];
-            i32[i] = (int32_t)bl.labels[1][i];
+            u8[i] = (uint8_t)((const int64_t *)bl.labels[0])[i];
+            i32[i] = (int32_t)((const int64_t *)bl.labels[1])[i];
         }
         bl.b[0].label_dtype = SF_LABEL_U8;
         bl.b[0].labels = u8;
@@ -1031,6 +860,5 @@ int main(int argc, char **argv)
     free_batches(cu, bs);
     cu->i->destroy(cu);
     ref->i->destroy(ref);
-    printf("test_backend: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_backend");
 }

@@ -60,141 +60,28 @@ extern "C" {
 #include <vector>
 
 #include "gpu_test.h"
+#include "backend_harness.h"
 
 #include <cuda_runtime.h>
 
 
-static const char *AUG_SCALE = "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098}]";
-
-struct batch_set {
-    sf_aug_pipeline pipe;
-    sf_aug_plan plan;
-    int n = 0;
-    std::vector<uint8_t *> images;
-    std::vector<void *> labels;
-    std::vector<std::vector<sf_aug_sample>> samples;
-    std::vector<sf_batch> b;
-};
-
-/* steps batches of n samples h x w x 3; labels [n] or [n, lh, lw] of dtype dt. */
+/* steps batches of n samples h x w x 3; labels [n] or [n, lh, lw] of dtype dt;
+ * learning rate lr at the first step, half of it after. */
 static int make_batches(sf_backend *hb, batch_set &bs, int steps, int n, int h, int w, int classes, size_t lps,
                         sf_label_dtype dt, uint64_t seed, float lr)
 {
-    char err[200];
-    if (sf_aug_parse(AUG_SCALE, &bs.pipe, err, sizeof err) ||
-        sf_aug_plan_make(&bs.pipe, h, w, 3, &bs.plan, err, sizeof err)) {
-        fail("augmentation plan: %s", err);
-        return -1;
-    }
-    bs.n = n;
-    const size_t img = (size_t)n * h * w * 3, nl = (size_t)n * lps;
-    const size_t lsz = dt == SF_LABEL_U8 ? 1 : dt == SF_LABEL_I32 ? 4 : 8;
-    for (int s = 0; s < steps; s++) {
-        uint8_t *im = (uint8_t *)hb->i->host_alloc(hb, img);
-        void *lab = hb->i->host_alloc(hb, nl * lsz);
-        if (!im || !lab) {
-            fail("host_alloc");
-            return -1;
-        }
-        for (size_t i = 0; i < img; i++)
-            im[i] = (uint8_t)(sf_hash4(seed, s, i, 1) >> 56);
-        for (size_t i = 0; i < nl; i++) {
-            const uint64_t v = sf_hash4(seed, s, i, 2) % (uint64_t)classes;
-            if (dt == SF_LABEL_U8)
-                ((uint8_t *)lab)[i] = (uint8_t)v;
-            else if (dt == SF_LABEL_I32)
-                ((int32_t *)lab)[i] = (int32_t)v;
-            else
-                ((int64_t *)lab)[i] = (int64_t)v;
-        }
-        bs.images.push_back(im);
-        bs.labels.push_back(lab);
-        bs.samples.push_back(std::vector<sf_aug_sample>(n));
-        sf_aug_gen(&bs.pipe, &bs.plan, seed, (uint64_t)s, n, bs.samples.back().data());
-    }
-    for (int s = 0; s < steps; s++) {
-        sf_batch b;
-        memset(&b, 0, sizeof b);
-        b.id = 1000 + s;
-        b.seq = s;
-        b.token = (void *)(uintptr_t)(5000 + s);
-        b.n = n;
-        b.h = h;
-        b.w = w;
-        b.c = 3;
-        b.nhwc = 1;
-        b.images = bs.images[s];
-        b.label_dtype = dt;
-        b.labels = bs.labels[s];
-        b.plan = &bs.plan;
-        b.samples = bs.samples[s].data();
-        b.hyper.lr = s == 0 ? lr : lr * 0.5f;
-        b.hyper.momentum = 0.9f;
-        b.hyper.weight_decay = s == 2 ? 1e-3f : 1e-4f;
-        b.hyper.beta1 = 0.9;
-        b.hyper.beta2 = 0.999;
-        b.hyper.eps = 1e-8f;
-        bs.b.push_back(b);
-    }
-    return 0;
+    return make_batch_set(hb, bs, AUG_SCALE, steps, n, h, w, 3, classes, lps, dt, seed, lr, lr * 0.5f);
 }
 
-static void free_batches(sf_backend *hb, batch_set &bs)
-{
-    for (auto p : bs.images)
-        hb->i->host_free(hb, p);
-    for (auto p : bs.labels)
-        hb->i->host_free(hb, p);
-    bs.images.clear();
-    bs.labels.clear();
-}
-
-struct ev_rec {
-    float loss;
-    int correct;
-    int64_t n_labels;
-    uint64_t step;
-    uint64_t t_tr0, t_tr1, t_s0, t_s1;
-};
-
-/* Submits batches [from, to) of bs (max_inflight in flight); appends STEP_DONE records. */
+/* Submits batches [from, to) of bs; appends the STEP_DONE records. The
+ * trajectories check losses and states, not the event order, which
+ * test_backend checks. */
 static int run_steps(sf_backend *be, batch_set &bs, int from, int to, std::vector<ev_rec> &out)
 {
-    const int maxin = be->i->max_inflight(be);
-    int next = from, done = from, inflight = 0;
-    char err[200];
-    const uint64_t t0 = now_ns();
-    while (done < to) {
-        while (next < to && inflight < maxin) {
-            if (be->i->submit(be, &bs.b[next], err, sizeof err)) {
-                fail("%s submit %d: %s", be->i->name(be), next, err);
-                return -1;
-            }
-            next++;
-            inflight++;
-        }
-        sf_event ev[8];
-        int k = be->i->poll(be, ev, 8, 1000);
-        if (now_ns() - t0 > 300ull * 1000000000ull) {
-            fail("%s: steps did not complete in 300 s", be->i->name(be));
-            return -1;
-        }
-        for (int i = 0; i < k; i++) {
-            if (ev[i].kind != SF_EV_STEP_DONE)
-                continue;
-            if (ev[i].status) {
-                fail("%s step %d failed: %s", be->i->name(be), done, ev[i].err);
-                return -1;
-            }
-            ev_rec r = {ev[i].loss, ev[i].correct, ev[i].n_labels, ev[i].step, ev[i].t_transform_start_ns,
-                        ev[i].t_transform_start_ns + (uint64_t)(ev[i].transform_s * 1e9), ev[i].t_step_start_ns,
-                        ev[i].t_step_end_ns};
-            out.push_back(r);
-            done++;
-            inflight--;
-        }
-    }
-    return 0;
+    run_log log;
+    const int rc = run_steps(be, bs, from, to, NULL, log, 300);
+    out.insert(out.end(), log.ev.begin(), log.ev.end());
+    return rc;
 }
 
 struct state {
@@ -238,21 +125,6 @@ static void train(sf_backend *be, const sf_model &m, const sf_train_cfg &cfg, ba
         return;
     }
     to.ok = 1;
-}
-
-/* ||(a - p0) - (b - p0)|| / ||b - p0|| over [from, to) */
-static double delta_err(const std::vector<float> &p0, const std::vector<float> &a, const std::vector<float> &b,
-                        size_t from, size_t to)
-{
-    double num = 0, den = 0;
-    for (size_t i = from; i < to; i++) {
-        if (!isfinite(a[i]))
-            return INFINITY;
-        double da = (double)a[i] - p0[i], db = (double)b[i] - p0[i];
-        num += (da - db) * (da - db);
-        den += db * db;
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
 static double rel_err(const std::vector<float> &a, const std::vector<float> &b, size_t from, size_t to)
@@ -342,19 +214,6 @@ static void compare(const char *name, const sf_model &m, const train_out &c, con
             fail("%s running stats rel %.3e (tol %.1e), nbt %llu vs %llu", name, eb, tol_delta,
                  (unsigned long long)c.sN.nbt, (unsigned long long)r.sN.nbt);
     }
-}
-
-static sf_train_cfg make_cfg(sf_precision prec, int max_batch, int overlap, int graphs)
-{
-    sf_train_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.precision = prec;
-    cfg.seed = 42;
-    cfg.max_batch = max_batch;
-    cfg.overlap = overlap;
-    cfg.cuda_graphs = graphs;
-    cfg.device = 0;
-    return cfg;
 }
 
 static int encdec(sf_model &m, int hw)
@@ -566,11 +425,8 @@ static int overlaps(const std::vector<ev_rec> &ev)
 
 int main(int argc, char **argv)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
     const int full = argc > 1 && strcmp(argv[1], "--full") == 0;
     /* Steps of each trajectory: two prove the same as three (the second step
      * is the first that reads momentum / exp_avg and running statistics
@@ -578,12 +434,9 @@ int main(int argc, char **argv)
     const int S = full ? 3 : 2;
     const uint64_t t_start = now_ns();
     char err[300];
-    sf_backend *cu = sf_backend_cuda_new(0, err, sizeof err);
-    sf_backend *ref = sf_backend_ref_new(err, sizeof err);
-    if (!cu || !ref) {
-        printf("FAIL backends: %s\n", err);
+    sf_backend *cu, *ref;
+    if (cuda_and_ref_backends(&cu, &ref))
         return 1;
-    }
 
     /* 1. reduced seed-encdec */
     {

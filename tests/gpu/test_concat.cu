@@ -84,14 +84,9 @@ static void test_concat(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, const
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
     std::vector<int> many(SF_MAX_IN);
     for (int j = 0; j < SF_MAX_IN; j++)
         many[j] = 1 + j % 3;
@@ -115,6 +110,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_concat: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_concat");
 }

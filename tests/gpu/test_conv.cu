@@ -809,23 +809,12 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    /* A blocking stream: the uploads and NaN fills go through the legacy stream
-     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
-    cudnnHandle_t dnn;
-    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS) {
-        printf("FAIL setup: cudnnCreate\n");
+    cudaStream_t s = test_stream();
+    cudnnHandle_t dnn = test_cudnn(s);
+    if (!dnn)
         return 1;
-    }
-    cudnnSetStream(dnn, s);
-    printf("cuDNN %zu\n", cudnnGetVersion());
 
     const conv_case cases[] = {
         {3, 16, 32, 32, 32, 2, 2, 0},  /* a W1 block */
@@ -955,6 +944,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_conv: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_conv");
 }

@@ -386,23 +386,12 @@ static void test_refuses(cudnnHandle_t dnn)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    /* A blocking stream: the uploads and NaN fills go through the legacy stream
-     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
-    cudnnHandle_t dnn;
-    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS) {
-        printf("FAIL setup: cudnnCreate\n");
+    cudaStream_t s = test_stream();
+    cudnnHandle_t dnn = test_cudnn(s);
+    if (!dnn)
         return 1;
-    }
-    cudnnSetStream(dnn, s);
-    printf("cuDNN %zu\n", cudnnGetVersion());
 
     /* EfficientNet-B0's expansion 24 -> 144 at 56x56 and RegNet-Y-400MF's
      * 104 -> 104 at 28x28, one to four samples; an odd small shape */
@@ -431,6 +420,5 @@ int main(void)
         g_fail++;
     }
     cudnnDestroy(dnn);
-    printf("test_conv_gemm: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_conv_gemm");
 }

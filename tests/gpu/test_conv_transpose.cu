@@ -303,23 +303,12 @@ static void test_convt_patch(cudaStream_t s, int n, int c, int h, int w, int bia
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    /* A blocking stream: the uploads and NaN fills go through the legacy stream
-     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
-    cudnnHandle_t dnn;
-    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS) {
-        printf("FAIL setup: cudnnCreate\n");
+    cudaStream_t s = test_stream();
+    cudnnHandle_t dnn = test_cudnn(s);
+    if (!dnn)
         return 1;
-    }
-    cudnnSetStream(dnn, s);
-    printf("cuDNN %zu\n", cudnnGetVersion());
 
     const convt_case ct[] = {
         {2, 256, 16, 16, 128, 2, 2, 0}, /* W2's decoder, batch 2 */
@@ -364,6 +353,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_conv_transpose: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_conv_transpose");
 }

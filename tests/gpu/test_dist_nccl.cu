@@ -446,11 +446,8 @@ static void sync_batchnorm_is_refused_at_build_naming_the_option(const sf_model 
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
     sf_model r18;
     if (resnet18_at(64, &r18))
         return 1;
@@ -476,6 +473,8 @@ int main(void)
                            1, 4u << 20, bs, true);
     one_rank_equals_no_job("resnet18 bf16 SGD, accumulation 2, the other ranks' batches refused", r18, SF_PREC_BF16,
                            SF_OPT_SGD, 2, 4u << 20, bs, true);
+    int count = 0;
+    CU(cudaGetDeviceCount(&count));
     if (count >= 2) {
         two_ranks_stay_identical("resnet18 fp32 SGD momentum", r18, SF_PREC_FP32, SF_OPT_SGD, 1, 200, true);
         two_ranks_stay_identical("resnet18 bf16 SGD momentum", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 200, true);
@@ -488,6 +487,5 @@ int main(void)
     } else {
         printf("SKIPPED: the two-rank tests need two GPUs (this host has %d)\n", count);
     }
-    printf("%d passed, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_dist_nccl");
 }

@@ -1089,6 +1089,5 @@ int main(void)
     overlapped_decode_equals_serial(baseline);
     undecodable_left_out_and_cmyk_on_the_host(baseline);
     png_webp_and_turned_files_on_the_host(baseline);
-    printf("test_jpeg_decode: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_jpeg_decode");
 }

@@ -30,16 +30,9 @@ static void test_transpose(cudaStream_t s, int batch, int rows, int cols)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    /* A blocking stream: the uploads and NaN fills go through the legacy stream
-     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
 
     test_transpose(s, 3, 37, 45);
     test_transpose(s, 2, 4096, 3);
@@ -49,6 +42,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_layout: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_layout");
 }

@@ -216,16 +216,9 @@ static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    /* A blocking stream: the uploads and NaN fills go through the legacy stream
-     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
     cublasHandle_t blas;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
         printf("FAIL setup: cublasCreate\n");
@@ -262,6 +255,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_linear: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_linear");
 }

@@ -211,16 +211,9 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    /* A blocking stream: the uploads and NaN fills go through the legacy stream
-     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
 
     test_xent(s, 37, 10);
     test_xent(s, 5, 1000);
@@ -250,6 +243,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_loss: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_loss");
 }

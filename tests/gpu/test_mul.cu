@@ -141,14 +141,9 @@ static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
     for (int t = 0; t < 2; t++)
         for (int l = 0; l < 2; l++) {
             const sf_dtype dt = (sf_dtype)t;
@@ -168,6 +163,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_mul: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_mul");
 }

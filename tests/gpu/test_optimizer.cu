@@ -390,16 +390,9 @@ static void test_sgd_mixed(cudaStream_t s, float momentum)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    /* A blocking stream: the uploads and NaN fills go through the legacy stream
-     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
 
     test_sgd(s, 0.9f, 0);
     test_sgd(s, 0.9f, 1);
@@ -421,6 +414,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_optimizer: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_optimizer");
 }

@@ -343,16 +343,9 @@ static void test_maxpool_pre_bn(cudaStream_t s, int n, int c, int h, int w)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    CU(cudaSetDevice(0));
-    /* A blocking stream: the uploads and NaN fills go through the legacy stream
-     * (cudaMemcpy, cudaMemset), which such a stream waits for. */
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
+    cudaStream_t s = test_stream();
 
     for (int lay = 0; lay < 2; lay++) {
         const sf_layout L = (sf_layout)lay;
@@ -408,6 +401,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("test_pool: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_pool");
 }

@@ -236,11 +236,8 @@ static void test_shape(cudnnHandle_t h, cudaStream_t s, shape sh)
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
     CU(cudaSetDevice(0));
     int major = 0, minor = 0;
     CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -281,6 +278,5 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
-    printf("%d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_sdpa");
 }

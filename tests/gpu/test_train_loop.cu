@@ -388,18 +388,11 @@ static void adamw_behind_skip(sf_backend *cu, const sf_model &m, one_batch &ob1,
 
 int main(void)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
-    char err[300];
-    sf_backend *cu = sf_backend_cuda_new(0, err, sizeof err);
-    sf_backend *ref = sf_backend_ref_new(err, sizeof err);
-    if (!cu || !ref) {
-        printf("FAIL backends: %s\n", err);
+    sf_backend *cu, *ref;
+    if (cuda_and_ref_backends(&cu, &ref))
         return 1;
-    }
     sf_model m;
     if (resnet18_at(64, &m))
         return 1;
@@ -422,6 +415,5 @@ int main(void)
     cu->i->host_free(cu, b2.lab);
     cu->i->destroy(cu);
     ref->i->destroy(ref);
-    printf("test_train_loop: %d ok, %d failed\n", g_ok, g_fail);
-    return g_fail ? 1 : 0;
+    return report("test_train_loop");
 }

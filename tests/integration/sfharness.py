@@ -63,6 +63,15 @@ def built_with_asan():
         return False
 
 
+# How many times longer the server's own work takes under AddressSanitizer
+# and UBSan than in the release build (measured on the reference backend's
+# tiny model: a 256-sample evaluation batch 6-7x, a training step 5-6x, on
+# a loaded 2-core machine). A test whose deadline is a server option sized
+# to that work (distributed.timeout_s, say) multiplies it by this, so that
+# the sanitizer run checks the same behaviour rather than the machine's speed.
+SLOWDOWN = 6 if built_with_asan() else 1
+
+
 # For a test that measures the server's RSS: under AddressSanitizer
 # (`make sanitize-test`) freed memory would otherwise wait in its quarantine
 # (up to 256 MB) instead of being reused. Without ASan the variable does nothing.

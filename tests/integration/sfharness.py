@@ -336,7 +336,7 @@ class Server:
         return self.request("GET", path, **kw)
 
     def request(self, method, path, **kw):
-        kw.setdefault("timeout", 30)
+        kw.setdefault("timeout", 30 * SLOWDOWN)
         if self.verify is not None:
             kw.setdefault("verify", self.verify)
         return self.http.request(method, self.url + path, **kw)
@@ -366,7 +366,7 @@ class Server:
         assert r.status_code == 200, r.text
         return r.json()
 
-    def wait_batch(self, bid, states=("done", "failed"), timeout=30.0):
+    def wait_batch(self, bid, states=("done", "failed"), timeout=30.0 * SLOWDOWN):
         return wait_until(lambda: (lambda b: b if b["state"] in states else None)(self.batch(bid)),
                           timeout, interval=0.01, what=f"batch {bid} to reach {states}")
 

@@ -250,7 +250,7 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h $(
 test:
 	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv,"
 	@echo "  then runs unit, integration, client, client package, sanitizer, ops, fuzz-smoke and GPU suites in turn;"
-	@echo "  about 15 minutes on two cores the first time (the virtualenv's torch is most of the wait)."
+	@echo "  about 25 minutes on two cores the first time (compiling the CUDA code and the sanitizer run take the most)."
 	@$(MAKE) --no-print-directory test-builds
 	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 unit integration client-test package-test sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"

@@ -250,7 +250,7 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h te
 test:
 	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv,"
 	@echo "  then runs unit, integration, client, client package, sanitizer, ops, fuzz-smoke and GPU suites in turn;"
-	@echo "  about 15 minutes on two cores the first time (the virtualenv's torch is most of the wait)."
+	@echo "  about 25 minutes on two cores the first time (compiling the CUDA code and the sanitizer run take the most)."
 	@$(MAKE) --no-print-directory test-builds
 	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 unit integration client-test package-test sanitize-test ops-test fuzz-smoke gpu-test
 	@echo "make test: all suites passed"
@@ -277,8 +277,8 @@ venv: $(VENV)/.stamp
 # Two workers, a test file each at a time (--dist loadfile keeps a file's
 # module-scoped servers on one worker): most tests wait on a server, so two
 # files in flight use the two cores CI has. PYTEST_WORKERS=0 runs them in turn.
-# The sanitizer run stays on one worker: under AddressSanitizer two files at
-# once starve the data-parallel tests' 3 s round deadline.
+# The sanitizer run uses them too: a test whose deadline is sized to the
+# server's work scales it by sfharness.SLOWDOWN under AddressSanitizer.
 PYTEST_WORKERS ?= 2
 PYTEST_PAR := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
@@ -290,7 +290,8 @@ integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 # The package ships py.typed, so its typing is checked as strictly as users' mypy will.
 client-test: $(BUILD)/streamfeed $(VENV)/.stamp
 	cd client/python && $(abspath $(VENV))/bin/python -m mypy --strict --no-incremental streamfeed
-	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/client tests/contract
+	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider $(PYTEST_PAR) \
+	  tests/client tests/contract
 
 # The Python client as a package: wheel and sdist built and checked, installed
 # into a fresh virtualenv (packages from PyPI), imported and type-checked there.
@@ -327,7 +328,7 @@ sanitize-test: sanitize-bins $(VENV)/.stamp
 	$(SAN_ENV) $(MAKE) --no-print-directory CUDA=0 SANITIZE=address,undefined BUILD=$(SAN_BUILD) unit
 	$(SAN_ENV) \
 	  STREAMFEED_BIN=$(abspath $(SAN_BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(SAN_BUILD)/streamfeed-load) \
-	  $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/integration
+	  $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider $(PYTEST_PAR) tests/integration
 	STREAMFEED_ASAN_BIN=$(abspath $(SAN_BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/sanitize
 
 # Not part of `make test`: N connections of mixed traffic for SOAK_SECONDS

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import requests
 
-from sfharness import (BIN, REPO, SAFETENSORS, SINK, TINY, free_port, key, learnable_batch,
+from sfharness import (BIN, REPO, SAFETENSORS, SINK, SLOWDOWN, TINY, free_port, key, learnable_batch,
                        random_batch, read_reply, st_body, wait_until)
 
 # ---- the option table, read from the C source it is generated from ------------
@@ -611,7 +611,10 @@ def test_without_a_token_mutating_routes_are_open(start_server, rng):
 
 def test_sigterm_turns_readyz_503_while_draining_refuses_new_batches_and_exits_0(start_server, rng):
     mport = free_port()
-    s = start_server(TINY, "--optim.lr", "0.01", "--http.metrics_port", mport)
+    # 16 ring slots hold the 12 batches, so no upload waits for a slot; the
+    # grace period outlasts their training under AddressSanitizer too.
+    s = start_server(TINY, "--optim.lr", "0.01", "--http.metrics_port", mport, "--ring.slots", "16",
+                     "--shutdown.grace_s", str(30 * SLOWDOWN))
     body = st_body(*learnable_batch(rng, 256))
     # Queue about a second of training (12 x 256 samples) so the drain can be watched.
     ids = [s.post_batch(body).json()["id"] for _ in range(12)]

@@ -571,6 +571,17 @@ typedef struct curve_case {
 #define CURVE_ABS 0.02
 #define CURVE_REL 0.05
 
+/* Under AddressSanitizer (make sanitize-test) each case runs this many steps
+ * only: enough for its code paths (bf16 with SGD, AdamW with gradient
+ * accumulation, a frozen encoder) and the step-by-step bound, while whether
+ * both curves fall is numerics, which the release build's run checks over
+ * the whole curves. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CURVE_STEPS_MAX 12
+#else
+#define CURVE_STEPS_MAX 1000000
+#endif
+
 static void run_curve(const curve_case *cc, double *worst_ratio)
 {
     rig *f = rig_new(cc->model, cc->freeze, SF_PREC_FP32, cc->opt, cc->accum, cc->n, NORM);
@@ -579,7 +590,8 @@ static void run_curve(const curve_case *cc, double *worst_ratio)
     float *start = params_of(b);
     double first[2] = {0, 0}, last[2] = {0, 0}, max_d = 0, max_d_at = 0, ratio = 0;
     sf_event ev[2] = {{0}, {0}};
-    for (int s = 0; s < cc->steps; s++) {
+    const int steps = cc->steps < CURVE_STEPS_MAX ? cc->steps : CURVE_STEPS_MAX;
+    for (int s = 0; s < steps; s++) {
         rig *rs[2] = {f, b};
         for (int k = 0; k < 2; k++) {
             make_batch(rs[k], cc->t, (uint64_t)s);
@@ -587,7 +599,7 @@ static void run_curve(const curve_case *cc, double *worst_ratio)
             ev[k] = step(rs[k], &bt);
             if (s < 10)
                 first[k] += ev[k].loss / 10;
-            if (s >= cc->steps - 10)
+            if (s >= steps - 10)
                 last[k] += ev[k].loss / 10;
         }
         assert_int_equal(ev[1].step, ev[0].step);
@@ -602,12 +614,17 @@ static void run_curve(const curve_case *cc, double *worst_ratio)
     }
     print_message("%-9s %d steps: loss fp32 %.4f -> %.4f, bf16 %.4f -> %.4f; max |d| %.4f at loss %.3f, "
                   "worst d/tol %.3f\n",
-                  cc->name, cc->steps, first[0], last[0], first[1], last[1], max_d, max_d_at, ratio);
+                  cc->name, steps, first[0], last[0], first[1], last[1], max_d, max_d_at, ratio);
     /* Both learn: the mean of the last 10 losses below half of the first 10's. */
-    for (int k = 0; k < 2; k++)
-        if (!(last[k] < 0.5 * first[k]))
-            fail_msg("%s %s: loss %.4f -> %.4f did not halve", cc->name, k ? "bf16" : "fp32", first[k], last[k]);
-    assert_int_equal(ev[1].step, (uint64_t)(cc->steps / (cc->accum > 1 ? cc->accum : 1)));
+    if (steps < cc->steps)
+        print_message("%-9s not checked under AddressSanitizer: that both curves halve (%d of %d steps run)\n",
+                      cc->name, steps, cc->steps);
+    else
+        for (int k = 0; k < 2; k++)
+            if (!(last[k] < 0.5 * first[k]))
+                fail_msg("%s %s: loss %.4f -> %.4f did not halve", cc->name, k ? "bf16" : "fp32", first[k],
+                         last[k]);
+    assert_int_equal(ev[1].step, (uint64_t)(steps / (cc->accum > 1 ? cc->accum : 1)));
     /* A frozen prefix stays bit-identical in bf16 too; the rest trains. */
     float *end = params_of(b);
     assert_memory_equal(start, end, sizeof(float) * frozen);

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "kernel_common.cuh"
+#include "linear.h"
 
 /* ======================================================================== */
 /* kernels                                                                  */
@@ -75,23 +76,6 @@ __global__ void __launch_bounds__(ATT_TPB) k_softmax_bwd_rows(T *__restrict__ p,
 
 extern "C" size_t sf_attn_p_elems(int n, int t, int heads) { return (size_t)n * heads * t * t; }
 
-/* The operand type and compute type of element type dt. */
-static int att_types(sf_dtype dt, int tf32, const char *fn, cudaDataType_t *ab, cublasComputeType_t *ct)
-{
-    if (dt == SF_DT_F32) {
-        *ab = CUDA_R_32F;
-        *ct = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-        return 0;
-    }
-    if (dt == SF_DT_BF16) {
-        *ab = CUDA_R_16BF;
-        *ct = CUBLAS_COMPUTE_32F;
-        return 0;
-    }
-    sf_cuda_set_error("%s:%d: %s: dtype %d", __FILE__, __LINE__, fn, (int)dt);
-    return -1;
-}
-
 /* One strided-batched GEMM over the samples (column-major, as cuBLAS sees
  * the row-major tensors), C = alpha op(A) op(B). bf16 operands add
  * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION for the call (fp32
@@ -146,7 +130,7 @@ extern "C" int sf_attn_core_fwd(cublasHandle_t h, sf_dtype dt, const void *qkv, 
 {
     cudaDataType_t ab;
     cublasComputeType_t ct;
-    if (att_types(dt, tf32, "sf_attn_core_fwd", &ab, &ct) || !att_shape_ok("sf_attn_core_fwd", n, t, c, heads))
+    if (sf_cublas_types(dt, tf32, "sf_attn_core_fwd", &ab, &ct) || !att_shape_ok("sf_attn_core_fwd", n, t, c, heads))
         return -1;
     if (n == 0)
         return 0;
@@ -179,7 +163,7 @@ extern "C" int sf_attn_core_bwd(cublasHandle_t h, sf_dtype dt, const void *qkv, 
 {
     cudaDataType_t ab;
     cublasComputeType_t ct;
-    if (att_types(dt, tf32, "sf_attn_core_bwd", &ab, &ct) || !att_shape_ok("sf_attn_core_bwd", n, t, c, heads))
+    if (sf_cublas_types(dt, tf32, "sf_attn_core_bwd", &ab, &ct) || !att_shape_ok("sf_attn_core_bwd", n, t, c, heads))
         return -1;
     if (n == 0)
         return 0;

@@ -16,7 +16,7 @@ static cublasComputeType_t linear_ct(int tf32)
 /* Operand type and compute type of a linear layer with data type dt; -1 (error
  * set) for an unknown dt. bf16: CUDA_R_16BF operands with CUBLAS_COMPUTE_32F
  * (tensor cores, fp32 accumulation; the scalars stay float). */
-static int linear_types(sf_dtype dt, int tf32, const char *fn, cudaDataType_t *ab, cublasComputeType_t *ct)
+extern "C" int sf_cublas_types(sf_dtype dt, int tf32, const char *fn, cudaDataType_t *ab, cublasComputeType_t *ct)
 {
     if (dt == SF_DT_F32) {
         *ab = CUDA_R_32F;
@@ -63,7 +63,7 @@ extern "C" int sf_linear_fwd_dt(cublasHandle_t h, sf_dtype dt, const void *x, in
 {
     cudaDataType_t t;
     cublasComputeType_t ct;
-    if (linear_types(dt, tf32, "sf_linear_fwd_dt", &t, &ct))
+    if (sf_cublas_types(dt, tf32, "sf_linear_fwd_dt", &t, &ct))
         return -1;
     /* y^T [out, n] = w [out, in] . x^T [in, n] */
     SF_CUBLAS_CHECK(gemm_ex(h, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, w, t, in, x, t, in, y, t, out, ct));
@@ -75,7 +75,7 @@ extern "C" int sf_linear_bwd_data_dt(cublasHandle_t h, sf_dtype dt, const void *
 {
     cudaDataType_t t;
     cublasComputeType_t ct;
-    if (linear_types(dt, tf32, "sf_linear_bwd_data_dt", &t, &ct))
+    if (sf_cublas_types(dt, tf32, "sf_linear_bwd_data_dt", &t, &ct))
         return -1;
     /* dx^T [in, n] = w^T [in, out] . dy^T [out, n] */
     SF_CUBLAS_CHECK(gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, in, n, out, w, t, in, dy, t, out, dx, t, in, ct));
@@ -87,7 +87,7 @@ extern "C" int sf_linear_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, const void
 {
     cudaDataType_t t;
     cublasComputeType_t ct;
-    if (linear_types(dt, tf32, "sf_linear_bwd_filter_dt", &t, &ct))
+    if (sf_cublas_types(dt, tf32, "sf_linear_bwd_filter_dt", &t, &ct))
         return -1;
     /* dw^T [in, out] = x^T [in, n] . dy [n, out]; dw is fp32 whatever dt is
      * (bf16 A/B with an fp32 C is one of cublasGemmEx's combinations). */
@@ -163,7 +163,7 @@ extern "C" int sf_linear_map_fwd_dt(cublasHandle_t h, sf_dtype dt, sf_layout lay
         return sf_linear_fwd_dt(h, dt, x, rows, in, w, out, y, tf32);
     cudaDataType_t t;
     cublasComputeType_t ct;
-    if (linear_types(dt, tf32, fn, &t, &ct))
+    if (sf_cublas_types(dt, tf32, fn, &t, &ct))
         return -1;
     /* per sample, column-major: y_n^T [hw, out] = x_n^T [hw, in] . w^T [in, out] */
     const int p = (int)hw;
@@ -184,7 +184,7 @@ extern "C" int sf_linear_map_bwd_data_dt(cublasHandle_t h, sf_dtype dt, sf_layou
         return sf_linear_bwd_data_dt(h, dt, dy, rows, in, w, out, dx, tf32);
     cudaDataType_t t;
     cublasComputeType_t ct;
-    if (linear_types(dt, tf32, fn, &t, &ct))
+    if (sf_cublas_types(dt, tf32, fn, &t, &ct))
         return -1;
     /* per sample, column-major: dx_n^T [hw, in] = dy_n^T [hw, out] . w [out, in] */
     const int p = (int)hw;
@@ -205,7 +205,7 @@ extern "C" int sf_linear_map_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, sf_lay
         return sf_linear_bwd_filter_dt(h, dt, x, rows, in, dy, out, dw, tf32);
     cudaDataType_t t;
     cublasComputeType_t ct;
-    if (linear_types(dt, tf32, fn, &t, &ct))
+    if (sf_cublas_types(dt, tf32, fn, &t, &ct))
         return -1;
     /* dw^T [in, out] = sum over samples of x_n [in, hw] . dy_n^T [hw, out]: in
      * NCHW the samples' pixels are not one matrix, so one GEMM per sample

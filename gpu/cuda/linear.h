@@ -16,6 +16,12 @@
 extern "C" {
 #endif
 
+/* Operand type and compute type of a cuBLAS GEMM on elements of type dt, as
+ * every GEMM of the CUDA backend chooses them (fp32: CUBLAS_COMPUTE_32F, or
+ * CUBLAS_COMPUTE_32F_FAST_TF32 with tf32; bf16: CUDA_R_16BF operands with
+ * CUBLAS_COMPUTE_32F); -1 with the error set (naming fn) for another dt. */
+int sf_cublas_types(sf_dtype dt, int tf32, const char *fn, cudaDataType_t *ab, cublasComputeType_t *ct);
+
 /* ---- linear layers (cuBLAS) ------------------------------------------------ */
 /* Row-major x [n, in], w [out, in], y [n, out]; outputs overwritten.
  * tf32: CUBLAS_COMPUTE_32F_FAST_TF32, else CUBLAS_COMPUTE_32F. The handle needs a

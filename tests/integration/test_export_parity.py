@@ -407,8 +407,8 @@ def _random_head(m):
     return m
 
 
-# The Vision Transformers trained here: the small configuration (issue 37's
-# CI model, 17 tokens) on every backend, at its 64x64; torchvision's
+# The Vision Transformers trained here: the small configuration (the CI
+# model, 17 tokens) on every backend, at its 64x64; torchvision's
 # vit_b_16 (197 tokens, 12 heads of 64) and vit_b_32 (50 tokens) at 224x224
 # only where the CUDA backend trains them: on the reference backend a
 # vit_b_16 step is minutes of plain loops.

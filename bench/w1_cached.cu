@@ -9,9 +9,12 @@
  * every .cu of gpu/cuda/ ($SRC):
  *   nvcc -std=c++17 -arch=sm_90 -O3 -I. -DSF_HAVE_CUDA=1 $SRC bench/w1_cached.cu \
  *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
- * Run: build/w1_cached [--preset seed-classifier] [--hw N] [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
+ * Run: build/w1_cached [--preset seed-classifier | --spec FILE] [--hw N] [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
  *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
  *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--s2d 1|0] [--bn-fuse 1|0] [--tune 8] [--profile 0|1|2]
+ * --spec takes a model spec JSON file, or the config.json `python -m
+ * streamfeed.export` writes (its model.spec), in place of a preset, so an
+ * exported model's per-op profile can be read the same way.
  * Prints one human line and one JSON line; --profile 1 adds the time of each
  * op of one eager step and the plans chosen (engines, workspaces, memory);
  * --profile 2 also brackets one more step (a graph replay with --graphs 1) with
@@ -27,6 +30,7 @@ extern "C" {
 #include <string.h>
 #include <vector>
 
+#include <cjson/cJSON.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -48,17 +52,49 @@ extern "C" {
         }                                                                                        \
     } while (0)
 
+/* The model of a spec file: a bare spec, or a config file's model.spec. */
+static int model_from_file(const char *path, sf_model *m, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err, errlen, "%s: cannot open", path);
+        return -1;
+    }
+    std::vector<char> text;
+    char chunk[65536];
+    size_t got;
+    while ((got = fread(chunk, 1, sizeof chunk, f)) > 0)
+        text.insert(text.end(), chunk, chunk + got);
+    fclose(f);
+    text.push_back('\0');
+    cJSON *root = cJSON_Parse(text.data());
+    if (!root) {
+        snprintf(err, errlen, "%s: not valid JSON", path);
+        return -1;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    const cJSON *sp = model ? cJSON_GetObjectItemCaseSensitive(model, "spec") : root;
+    char *js = sp ? cJSON_PrintUnformatted(sp) : NULL;
+    const int rc = js ? sf_model_from_json(js, m, err, errlen) : -1;
+    if (!js)
+        snprintf(err, errlen, "%s: no model.spec", path);
+    free(js);
+    cJSON_Delete(root);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, patch = 1, s2d = 1, bn_fuse = 1, profile = 0;
     float momentum = 0.f;
-    const char *preset = "seed-classifier";
+    const char *preset = "seed-classifier", *spec = NULL;
     int hw = 0; /* 0: the preset's own input size */
     sf_layout layout = SF_LAYOUT_NHWC;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
         if (!strcmp(k, "--batch")) batch = atoi(v);
         else if (!strcmp(k, "--preset")) preset = v;
+        else if (!strcmp(k, "--spec")) spec = v;
         else if (!strcmp(k, "--hw")) hw = atoi(v);
         else if (!strcmp(k, "--precision")) tf32 = strcmp(v, "fp32") != 0, bf16 = !strcmp(v, "bf16");
         else if (!strcmp(k, "--layout")) layout = strcmp(v, "nchw") ? SF_LAYOUT_NHWC : SF_LAYOUT_NCHW;
@@ -92,10 +128,12 @@ int main(int argc, char **argv)
     CU(cudaGetDeviceProperties(&prop, 0));
     char err[200];
     sf_model m;
-    if (sf_model_from_preset(preset, &m, err, sizeof err)) {
+    if (spec ? model_from_file(spec, &m, err, sizeof err) : sf_model_from_preset(preset, &m, err, sizeof err)) {
         fprintf(stderr, "w1_cached: %s\n", err);
         return 1;
     }
+    if (spec)
+        preset = spec;
     if (hw > 0) {
         m.in_h = m.in_w = hw;
         if (sf_model_resolve(&m, err, sizeof err)) {
@@ -184,7 +222,7 @@ int main(int argc, char **argv)
            "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",
            prop.name, batch, pn, ln, graphs, sps, ms / iters);
     if (profile) {
-        static char buf[65536];
+        static char buf[1 << 20]; /* an exported model's profile runs to hundreds of ops */
         if (sf_net_profile(net, 0, batch, buf, sizeof buf) == 0)
             printf("profile %s %s fork=%d (eager, per op; with fork the side stream's work overlaps):\n%s", ln, pn,
                    fork, buf);

@@ -58,24 +58,6 @@ __global__ void k_mul_db_planes(const T *__restrict__ a, const T *__restrict__ d
         db[w] = cu_to<T>(acc);
 }
 
-/* The same in NHWC: one thread per (n, c) walking p (neighbouring threads
- * read neighbouring channels). */
-template <typename T>
-__global__ void k_mul_db_rows(const T *__restrict__ a, const T *__restrict__ dy, T *__restrict__ db, int n, int c,
-                              size_t hw)
-{
-    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= (size_t)n * c)
-        return;
-    const size_t ni = t / (size_t)c, ci = t % (size_t)c;
-    float acc = 0.f;
-    for (size_t p = 0; p < hw; p++) {
-        const size_t e = (ni * hw + p) * (size_t)c + ci;
-        acc += cu_f(dy[e]) * cu_f(a[e]);
-    }
-    db[t] = cu_to<T>(acc);
-}
-
 /* y[e] = x[e] * scale[channel of e]. */
 template <typename T>
 __global__ void k_chan_scale(const T *x, const float *__restrict__ scale, T *y, size_t len, int c, size_t hw,
@@ -167,8 +149,7 @@ static int mul_bwd_t(sf_layout lay, const void *a, const void *b, const void *dy
     if (!bcast)
         k_mul<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)dy, (const T *)a, (T *)db, len, c, hw, 0, nhwc);
     else if (nhwc)
-        k_mul_db_rows<T><<<cu_blocks((size_t)n * c, CU_TPB), CU_TPB, 0, s>>>((const T *)a, (const T *)dy, (T *)db, n,
-                                                                             c, hw);
+        cu_nhwc_rows_sum<T, true>((const T *)a, (const T *)dy, (T *)db, n, c, hw, 1.f, s);
     else
         k_mul_db_planes<T><<<cu_blocks((size_t)n * c * 32, CU_TPB), CU_TPB, 0, s>>>((const T *)a, (const T *)dy,
                                                                                    (T *)db, (size_t)n * c, hw);

@@ -404,21 +404,6 @@ __global__ void k_avgpool_fwd_nchw(const T *__restrict__ x, size_t planes, int h
         y[wid] = cu_to<T>(s / (float)hw);
 }
 
-/* NHWC: a thread per (n, c), walking the hw rows (coalesced across c). */
-template <typename T>
-__global__ void k_avgpool_fwd_nhwc(const T *__restrict__ x, int N, int C, int hw, T *__restrict__ y)
-{
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)N * C)
-        return;
-    const size_t ni = i / C, c = i % C;
-    const T *p = x + ni * (size_t)hw * C + c;
-    float s = 0.f;
-    for (int j = 0; j < hw; j++)
-        s += cu_f(p[(size_t)j * C]);
-    y[i] = cu_to<T>(s / (float)hw);
-}
-
 template <typename T>
 __global__ void k_avgpool_bwd(const T *__restrict__ dy, size_t total, int C, int hw, int nhwc, T *__restrict__ dx)
 {
@@ -743,7 +728,7 @@ static int avgpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
     }
     const size_t planes = (size_t)n * c;
     if (lay == SF_LAYOUT_NHWC)
-        k_avgpool_fwd_nhwc<T><<<cu_blocks(planes, CU_TPB), CU_TPB, 0, s>>>(x, n, c, h * w, y);
+        cu_nhwc_rows_sum<T, false>(x, (const T *)NULL, y, n, c, (size_t)h * w, 1.f / (float)(h * w), s);
     else
         k_avgpool_fwd_nchw<T><<<cu_blocks(planes * 32, CU_TPB), CU_TPB, 0, s>>>(x, planes, h * w, y);
     SF_CUDA_CHECK_LAUNCH();

@@ -152,6 +152,7 @@ int main(void)
                 test_mul(s, dt, lay, 3, 3, 7, 5, bc);   /* the odd sizes of the layer tests */
                 test_mul(s, dt, lay, 4, 40, 14, 14, bc); /* an SE block's shape, scaled down */
                 test_mul(s, dt, lay, 5, 17, 1, 1, bc);  /* flat features (hw = 1: both forms agree) */
+                test_mul(s, dt, lay, 2, 40, 56, 56, bc); /* many rows per sample, a partial channel tile */
             }
             test_channel_scale(s, dt, lay, 3, 3, 7, 5);
             test_channel_scale(s, dt, lay, 8, 96, 14, 14); /* many chunks */

@@ -358,6 +358,7 @@ int main(void)
         test_avgpool(s, 4, 512, 7, 7, L); /* ResNet-18's head */
         test_avgpool(s, 3, 5, 3, 5, L);
         test_avgpool(s, 4, 7, 1, 1, L);
+        test_avgpool(s, 2, 40, 56, 56, L); /* many rows per sample, a partial channel tile */
     }
     for (int t = 0; t < 2; t++)
         for (int lay = 0; lay < 2; lay++) {
@@ -374,6 +375,7 @@ int main(void)
 
             test_avgpool_dt(s, dt, 4, 512, 7, 7, L);
             test_avgpool_dt(s, dt, 3, 5, 3, 5, L);
+            test_avgpool_dt(s, dt, 2, 40, 56, 56, L);
 
             /* ceil_mode: a last window that starts inside the input but runs past it */
             test_maxpool_dt(s, dt, 2, 5, 8, 8, 3, 2, 1, L, 0, 1);   /* 5x5, not the stem's 4x4 */

@@ -1019,7 +1019,7 @@ static int g_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t ts)
 /* ---- public --------------------------------------------------------------- */
 
 extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_cfg *cfg,
-                             const sf_net_io *io, cudnnHandle_t dnn, cublasHandle_t blas, cudaStream_t s)
+                             const sf_net_io *io, cudnnHandle_t dnn, const sf_cublas_ctx *blas, cudaStream_t s)
 {
     *out = NULL;
     if (cfg->nbuf < 1 || cfg->nbuf > SF_NET_MAX_BUF || cfg->max_batch < 1) {
@@ -1036,7 +1036,8 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
     net->cfg = *cfg;
     memcpy(net->io, io, sizeof(sf_net_io) * (size_t)cfg->nbuf);
     net->dnn = dnn;
-    net->blas = blas;
+    net->blas = blas->h;
+    net->blas_ctx = *blas;
     net->s = s;
     /* The side stream (forked backward-filter) shares the compute stream's priority. */
     int prio = 0;

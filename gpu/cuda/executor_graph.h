@@ -37,6 +37,7 @@ struct sf_cuda_net {
     sf_net_io io[SF_NET_MAX_BUF];
     cudnnHandle_t dnn;
     cublasHandle_t blas;
+    sf_cublas_ctx blas_ctx; /* blas and its workspace, lent to GEMM conv plans (sf_conv_desc.blas) */
     cudaStream_t s;
 
     float *params, *grads, *mom; /* [n_params] each, the device layout (see the top) */
@@ -250,6 +251,7 @@ template <typename Desc> static inline void g_desc(const sf_cuda_net *net, int i
     d->tf32 = net->cfg.tf32;
     d->dt = net->g->dt;
     d->allow_rtc = net->cfg.allow_rtc;
+    d->blas = &net->blas_ctx;
 }
 
 /* Allocation shifted so that p + off (floats) is 16-byte aligned (cudaMalloc

@@ -22,6 +22,18 @@ extern "C" {
  * CUBLAS_COMPUTE_32F); -1 with the error set (naming fn) for another dt. */
 int sf_cublas_types(sf_dtype dt, int tf32, const char *fn, cudaDataType_t *ab, cublasComputeType_t *ct);
 
+/* A cuBLAS handle and the workspace its owner keeps it bound to between calls
+ * (cublasSetWorkspace; the owner binds its stream too). Code that runs on a
+ * lent handle with another stream and workspace for a call (conv_gemm.h)
+ * takes this rather than the bare handle, so that it can bind the handle
+ * back afterwards: cublasSetStream resets the workspace, and cuBLAS has no
+ * call that reads it. */
+typedef struct sf_cublas_ctx {
+    cublasHandle_t h;
+    void *ws;
+    size_t ws_bytes;
+} sf_cublas_ctx;
+
 /* ---- the math mode of bf16 GEMMs ------------------------------------------- */
 /* A cuBLAS GEMM on bf16 operands runs with
  * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION added to the handle's math

@@ -272,8 +272,6 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 if (sf_conv_s2d_input(&d, x, o->s2d_x, s) || sf_conv_s2d_weight(&d, g_wd(net, i), o->s2d_w, s))
                     return -1;
             }
-            if (o->wal_w)
-                SF_CUDA_CHECK(cudaMemcpyAsync(o->wal_w, g_wd(net, i), g->es * L->n_w, cudaMemcpyDeviceToDevice, s));
             if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
                 if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
                     return -1;

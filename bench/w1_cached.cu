@@ -196,7 +196,8 @@ int main(int argc, char **argv)
     nc.no_bn_fuse = !bn_fuse;
     nc.seed = 1;
     sf_cuda_net *net = NULL;
-    CK(sf_net_create(&net, &m, &nc, &io, dnn, blas, s) == 0);
+    const sf_cublas_ctx blas_ctx = {blas, bws, (size_t)32 << 20};
+    CK(sf_net_create(&net, &m, &nc, &io, dnn, &blas_ctx, s) == 0);
     if (momentum != 0.f) /* the momentum buffer exists once a step asks for it */
         CK(sf_net_use_momentum(net) == 0);
 

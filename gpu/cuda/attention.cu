@@ -77,29 +77,15 @@ __global__ void __launch_bounds__(ATT_TPB) k_softmax_bwd_rows(T *__restrict__ p,
 extern "C" size_t sf_attn_p_elems(int n, int t, int heads) { return (size_t)n * heads * t * t; }
 
 /* One strided-batched GEMM over the samples (column-major, as cuBLAS sees
- * the row-major tensors), C = alpha op(A) op(B). bf16 operands add
- * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION for the call (fp32
- * accumulation, one rounding; linear.cu explains why) and restore the mode. */
+ * the row-major tensors), C = alpha op(A) op(B), both operands of type ab;
+ * bf16 operands in linear.h's strict math mode. */
 static cublasStatus_t att_gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                                float alpha, const void *A, int lda, long long sa, const void *B, int ldb, long long sb,
                                void *C, cudaDataType_t ctype, int ldc, long long sc, int batch, cudaDataType_t ab,
                                cublasComputeType_t ct)
 {
-    const float zero = 0.f;
-    if (ab != CUDA_R_16BF)
-        return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &alpha, A, ab, lda, sa, B, ab, ldb, sb, &zero, C, ctype,
-                                          ldc, sc, batch, ct, CUBLAS_GEMM_DEFAULT);
-    cublasMath_t mode;
-    cublasStatus_t st = cublasGetMathMode(h, &mode);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return st;
-    st = cublasSetMathMode(h, (cublasMath_t)(mode | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return st;
-    st = cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &alpha, A, ab, lda, sa, B, ab, ldb, sb, &zero, C, ctype, ldc,
-                                    sc, batch, ct, CUBLAS_GEMM_DEFAULT);
-    const cublasStatus_t st2 = cublasSetMathMode(h, mode);
-    return st != CUBLAS_STATUS_SUCCESS ? st : st2;
+    return sf_cublas_gemm_sb(h, ta, tb, m, n, k, alpha, A, ab, lda, sa, B, ab, ldb, sb, 0.f, C, ctype, ldc, sc, batch,
+                             ct);
 }
 
 static int att_shape_ok(const char *fn, int n, int t, int c, int heads)

@@ -480,7 +480,8 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         if (cfg->dist->bn_broadcast)
             nc.buf_broadcast = buf_broadcast;
     }
-    if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, c->blas, c->st_compute)) {
+    const sf_cublas_ctx blas = {c->blas, c->blas_ws, CUBLAS_WS_BYTES};
+    if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, &blas, c->st_compute)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);
         return -1;

@@ -4,6 +4,7 @@
  * (conv_gemm.h), variant packs and the run. Contracts in conv.h. */
 #include "conv.h"
 #include "conv_gemm.h"
+#include "cudnn_graph.h"
 
 #include "kernel_common.cuh"
 
@@ -38,15 +39,17 @@ static void dims_strides(int64_t n, int64_t c, int64_t h, int64_t w, sf_layout l
     }
 }
 
+/* The descriptors plan p keeps alive (cudnn_graph.h). */
+static sf_cudnn_keep keep_of(sf_conv_plan *p)
+{
+    const sf_cudnn_keep k = {p->keep, &p->n_keep, SF_CONV_KEEP, "conv plan"};
+    return k;
+}
+
 static int keep(sf_conv_plan *p, cudnnBackendDescriptor_t d)
 {
-    if (p->n_keep >= SF_CONV_KEEP) {
-        sf_cuda_set_error("%s:%d: conv plan: too many descriptors", __FILE__, __LINE__);
-        cudnnBackendDestroyDescriptor(d);
-        return -1;
-    }
-    p->keep[p->n_keep++] = d;
-    return 0;
+    const sf_cudnn_keep k = keep_of(p);
+    return sf_cudnn_keep_add(&k, d);
 }
 
 static cudnnDataType_t cudnn_type(sf_dtype dt)
@@ -54,33 +57,18 @@ static cudnnDataType_t cudnn_type(sf_dtype dt)
     return dt == SF_DT_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
 
+/* align: bytes (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT), whatever the element type. */
 static int make_tensor_v(sf_conv_plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dims[4],
-                         const int64_t str[4], int64_t align, bool is_virtual, cudnnBackendDescriptor_t *out);
+                         const int64_t str[4], int64_t align, bool is_virtual, cudnnBackendDescriptor_t *out)
+{
+    const sf_cudnn_keep k = keep_of(p);
+    return sf_cudnn_tensor(&k, uid, dt, dims, str, align, is_virtual, out);
+}
 
 static int make_tensor(sf_conv_plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dims[4],
                        const int64_t str[4], int64_t align, cudnnBackendDescriptor_t *out)
 {
     return make_tensor_v(p, uid, dt, dims, str, align, false, out);
-}
-
-/* align: bytes (CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT), whatever the element type. */
-static int make_tensor_v(sf_conv_plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dims[4],
-                         const int64_t str[4], int64_t align, bool is_virtual, cudnnBackendDescriptor_t *out)
-{
-    cudnnBackendDescriptor_t t;
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
-    if (keep(p, t))
-        return -1;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align));
-    if (is_virtual)
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual));
-    SF_CUDNN_CHECK(cudnnBackendFinalize(t));
-    *out = t;
-    return 0;
 }
 
 /* Builds the graph of (d, dir) into p->keep (the convolution, and for a fused
@@ -137,30 +125,30 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
         SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &op));
         if (keep(p, op))
             return -1;
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tx));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tw));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ty));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, tx));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, tw));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, ty));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv));
         SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
         SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
     } else if (dir == SF_CONV_BWD_DATA) {
         SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, &op));
         if (keep(p, op))
             return -1;
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tx));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tw));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ty));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, tx));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, tw));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, ty));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv));
         SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
         SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
     } else {
         SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, &op));
         if (keep(p, op))
             return -1;
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tx));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tw));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &ty));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &conv));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, tx));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, tw));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, ty));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv));
         SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
         SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
     }
@@ -186,38 +174,18 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
                 if (make_tensor(p, 4, CUDNN_DATA_FLOAT, bd, bs, d->align_b, &bt))
                     return -1;
             }
-            cudnnBackendDescriptor_t pw, pop;
+            cudnnBackendDescriptor_t pop;
             const cudnnPointwiseMode_t mode = stage == 0 ? CUDNN_POINTWISE_ADD : CUDNN_POINTWISE_RELU_FWD;
-            const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
-            SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw));
-            if (keep(p, pw))
+            const sf_cudnn_keep k = keep_of(p);
+            if (sf_cudnn_pointwise(&k, mode, CUDNN_DATA_FLOAT, -1, cur, bt, NULL, out_t, &pop))
                 return -1;
-            SF_CUDNN_CHECK(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode));
-            SF_CUDNN_CHECK(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec));
-            SF_CUDNN_CHECK(cudnnBackendFinalize(pw));
-            SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &pop));
-            if (keep(p, pop))
-                return -1;
-            SF_CUDNN_CHECK(cudnnBackendSetAttribute(pop, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw));
-            SF_CUDNN_CHECK(cudnnBackendSetAttribute(pop, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cur));
-            if (bt)
-                SF_CUDNN_CHECK(cudnnBackendSetAttribute(pop, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &bt));
-            SF_CUDNN_CHECK(cudnnBackendSetAttribute(pop, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &out_t));
-            SF_CUDNN_CHECK(cudnnBackendFinalize(pop));
             ops[n_ops++] = pop;
             cur = out_t;
         }
     }
 
-    cudnnBackendDescriptor_t graph;
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph));
-    if (keep(p, graph))
-        return -1;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n_ops, ops));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h));
-    SF_CUDNN_CHECK(cudnnBackendFinalize(graph));
-    *graph_out = graph;
-    return 0;
+    const sf_cudnn_keep k = keep_of(p);
+    return sf_cudnn_graph(&k, h, ops, n_ops, graph_out);
 }
 
 /* Heuristic results of one mode: *cfgs (count *n), caller destroys. */
@@ -437,16 +405,10 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
             int tc;
             int use = tried < max_candidates && cfg_ok(cfgs[i], d->dt, d->tf32, allow_rtc, &eidx, &tc);
             cudnnBackendDescriptor_t plan = NULL;
-            if (use && cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
-                use = 0;
+            int64_t wsb = 0;
             if (use)
-                use = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h) == CUDNN_STATUS_SUCCESS &&
-                      cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]) == CUDNN_STATUS_SUCCESS &&
-                      cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS;
-            int64_t wsb = 0, cnt = 0;
-            if (use)
-                use = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &wsb) == CUDNN_STATUS_SUCCESS &&
-                      wsb >= 0 && (size_t)wsb <= ws_limit;
+                use = sf_cudnn_plan(h, cfgs[i], &plan, &wsb) == CUDNN_STATUS_SUCCESS && wsb >= 0 &&
+                      (size_t)wsb <= ws_limit;
             float ms = 0.f;
             if (use) {
                 tried++;
@@ -518,20 +480,11 @@ extern "C" int sf_conv_vpack_make(const sf_conv_ptrs *p, sf_conv_vpack **out)
     }
     pack->p = *p;
     cudnnBackendDescriptor_t v;
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &v));
     void *ptrs[4] = {p->x, p->w, p->y, p->b};
     const int64_t uids[4] = {1, 2, 3, 4};
     const int64_t np = p->b ? 4 : 3;
-    void *ws = p->ws;
-    cudnnStatus_t st = cudnnBackendSetAttribute(v, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, np, ptrs);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(v, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, np, uids);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(v, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendFinalize(v);
+    const cudnnStatus_t st = sf_cudnn_vpack(ptrs, uids, np, p->ws, &v);
     if (st != CUDNN_STATUS_SUCCESS) {
-        cudnnBackendDestroyDescriptor(v);
         free(pack);
         sf_cuda_set_error("%s:%d: variant pack: %s", __FILE__, __LINE__, cudnnGetErrorString(st));
         return -1;

@@ -34,6 +34,8 @@ typedef enum sf_conv_dir { SF_CONV_FWD = 0, SF_CONV_BWD_DATA = 1, SF_CONV_BWD_FI
  *     kernel); a convolution that is not pointwise is refused. For tests. */
 typedef enum sf_conv_gemm_use { SF_CONV_GEMM_FALLBACK = 0, SF_CONV_GEMM_FORCE = 1 } sf_conv_gemm_use;
 
+struct sf_cublas_ctx;
+
 /* One convolution shape. The output size follows ref.h:
  * oh = (h + 2*pad - dilation*(k-1) - 1)/stride + 1. */
 typedef struct sf_conv_desc {
@@ -65,6 +67,9 @@ typedef struct sf_conv_desc {
                                 one picked a fused bf16 engine that gave wrong results for
                                 a 2-byte-aligned x; the engine filter does not catch it) */
     int gemm;                /* sf_conv_gemm_use: when a pointwise conv runs as GEMMs */
+    const struct sf_cublas_ctx *blas; /* the cuBLAS handle (linear.h) GEMM plans run on, lent
+                                         by the caller for as long as they exist; NULL: no
+                                         GEMM plan (the build fails where it needs one) */
 } sf_conv_desc;
 
 /* "bf16", "tf32" or "fp32": the data type and math of a convolution, for

@@ -1,9 +1,7 @@
 /* gpu/cuda/conv_gemm.cu — pointwise convolutions as cuBLAS GEMMs: the plan,
- * the shared cuBLAS handles, the fixed-order sum of the per-sample filter
- * gradients, and the run. Contracts and the why: conv_gemm.h. */
+ * the fixed-order sum of the per-sample filter gradients, and the run on the
+ * lent cuBLAS handle. Contracts and the why: conv_gemm.h. */
 #include "conv_gemm.h"
-
-#include <pthread.h>
 
 #include "kernel_common.cuh"
 #include "linear.h"
@@ -28,8 +26,7 @@ struct sf_conv_gemm {
     int wg;            /* WG_*, BWD_FILTER */
     size_t acc_bytes;  /* fp32 products at the workspace's start (256-byte multiple; 0: none) */
     size_t blas_bytes; /* cuBLAS's workspace, after them */
-    cudnnHandle_t key;
-    cublasHandle_t blas;
+    sf_cublas_ctx blas; /* the lent handle and the workspace to bind it back to */
 };
 
 /* ======================================================================== */
@@ -66,81 +63,6 @@ static int sum_samples(sf_dtype dt, const float *part, int nb, size_t k, void *o
     return 0;
 }
 
-/* ---- the cuBLAS handles, one per cuDNN handle ---------------------------- */
-
-#define BLAS_SLOTS 64
-
-static struct {
-    cudnnHandle_t key;
-    cublasHandle_t blas;
-    int refs;
-} g_blas[BLAS_SLOTS];
-static pthread_mutex_t g_blas_mu = PTHREAD_MUTEX_INITIALIZER;
-
-/* The cuBLAS handle of the plans built on key, created (on the current device)
- * with the first. Its math mode disallows reduced-precision split-K sums, so a
- * bf16 output is rounded once from fp32 (linear.cu sets the same per call);
- * the compute type of each call decides fp32 or TF32. */
-static int blas_acquire(cudnnHandle_t key, cublasHandle_t *out)
-{
-    pthread_mutex_lock(&g_blas_mu);
-    int slot = -1;
-    for (int i = 0; i < BLAS_SLOTS; i++) {
-        if (g_blas[i].refs > 0 && g_blas[i].key == key) {
-            g_blas[i].refs++;
-            *out = g_blas[i].blas;
-            pthread_mutex_unlock(&g_blas_mu);
-            return 0;
-        }
-        if (g_blas[i].refs == 0 && slot < 0)
-            slot = i;
-    }
-    if (slot < 0) {
-        pthread_mutex_unlock(&g_blas_mu);
-        sf_cuda_set_error("%s:%d: conv gemm: more than %d cuDNN handles hold GEMM plans", __FILE__, __LINE__,
-                          BLAS_SLOTS);
-        return -1;
-    }
-    /* A cuDNN engine refused just before (the reason this path is taken) can
-     * leave an error pending in the CUDA runtime, which cublasCreate would
-     * report as its own "not initialized"; that error is cuDNN's, handled. */
-    const cudaError_t pending = cudaGetLastError();
-    cublasHandle_t b = NULL;
-    cublasStatus_t st = cublasCreate(&b);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasSetMathMode(b, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        if (b)
-            cublasDestroy(b);
-        pthread_mutex_unlock(&g_blas_mu);
-        const cudaError_t now = cudaGetLastError();
-        sf_cuda_set_error("%s:%d: conv gemm: cuBLAS handle: %s (CUDA runtime: %s before, %s after)", __FILE__,
-                          __LINE__, cublasGetStatusString(st), cudaGetErrorString(pending), cudaGetErrorString(now));
-        return -1;
-    }
-    g_blas[slot].key = key;
-    g_blas[slot].blas = b;
-    g_blas[slot].refs = 1;
-    *out = b;
-    pthread_mutex_unlock(&g_blas_mu);
-    return 0;
-}
-
-static void blas_release(cudnnHandle_t key)
-{
-    pthread_mutex_lock(&g_blas_mu);
-    for (int i = 0; i < BLAS_SLOTS; i++)
-        if (g_blas[i].refs > 0 && g_blas[i].key == key) {
-            if (--g_blas[i].refs == 0) {
-                cublasDestroy(g_blas[i].blas);
-                g_blas[i].blas = NULL;
-                g_blas[i].key = NULL;
-            }
-            break;
-        }
-    pthread_mutex_unlock(&g_blas_mu);
-}
-
 /* ---- the plan ------------------------------------------------------------ */
 
 extern "C" int sf_conv_gemm_ok(const sf_conv_desc *d)
@@ -158,20 +80,31 @@ static cublasComputeType_t compute_type(const sf_conv_gemm *g)
     return g->dt == SF_DT_F32 && g->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 }
 
-/* Binds the plan's cuBLAS handle to h's current stream and to its part of ws
+/* Binds the lent cuBLAS handle to stream s and to the plan's part of ws
  * (none when ws leaves it unaligned or there is none). */
-static int bind(const sf_conv_gemm *g, cudnnHandle_t h, void *ws, cudaStream_t *s)
+static int bind(const sf_conv_gemm *g, cudaStream_t s, void *ws)
 {
-    SF_CUDNN_CHECK(cudnnGetStream(h, s));
-    SF_CUBLAS_CHECK(cublasSetStream(g->blas, *s));
+    SF_CUBLAS_CHECK(cublasSetStream(g->blas.h, s));
     void *bws = ws ? (char *)ws + g->acc_bytes : NULL;
     size_t bytes = g->blas_bytes;
     if (!bws || bytes == 0 || ((uintptr_t)bws & 255u)) {
         bws = NULL;
         bytes = 0;
     }
-    SF_CUBLAS_CHECK(cublasSetWorkspace(g->blas, bws, bytes));
+    SF_CUBLAS_CHECK(cublasSetWorkspace(g->blas.h, bws, bytes));
     return 0;
+}
+
+/* Binds the lent handle back to the stream it had, the lender's workspace
+ * and the math mode it had; every step is tried, the first failure returned. */
+static cublasStatus_t bind_back(const sf_conv_gemm *g, cudaStream_t home, cublasMath_t mode)
+{
+    cublasStatus_t st = cublasSetStream(g->blas.h, home);
+    const cublasStatus_t st_ws = cublasSetWorkspace(g->blas.h, g->blas.ws, g->blas.ws_bytes);
+    const cublasStatus_t st_mode = sf_cublas_strict_end(g->blas.h, mode);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = st_ws;
+    return st == CUBLAS_STATUS_SUCCESS ? st_mode : st;
 }
 
 /* dw = sum over samples of dy[n] x[n]^T, column-major: dw^T [c, oc]. */
@@ -187,10 +120,10 @@ static int run_wgrad(const sf_conv_gemm *g, const sf_conv_ptrs *p, cudaStream_t 
          * is x^T [hw, c] and dy^T [hw, oc] column-major: dw^T = x^T' . dy^T. */
         const int rows = (int)((size_t)g->n * g->hw);
         if (g->lay == SF_LAYOUT_NHWC || g->hw == 1)
-            SF_CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_N, CUBLAS_OP_T, g->c, g->oc, rows, &one, p->x, t, g->c,
+            SF_CUBLAS_CHECK(cublasGemmEx(g->blas.h, CUBLAS_OP_N, CUBLAS_OP_T, g->c, g->oc, rows, &one, p->x, t, g->c,
                                          p->y, t, g->oc, &zero, p->w, t, g->c, ct, CUBLAS_GEMM_DEFAULT));
         else
-            SF_CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, g->c, g->oc, (int)g->hw, &one, p->x, t,
+            SF_CUBLAS_CHECK(cublasGemmEx(g->blas.h, CUBLAS_OP_T, CUBLAS_OP_N, g->c, g->oc, (int)g->hw, &one, p->x, t,
                                          (int)g->hw, p->y, t, (int)g->hw, &zero, p->w, t, g->c, ct,
                                          CUBLAS_GEMM_DEFAULT));
         return 0;
@@ -200,7 +133,7 @@ static int run_wgrad(const sf_conv_gemm *g, const sf_conv_ptrs *p, cudaStream_t 
     const int hwi = (int)g->hw;
     const long long sx = (long long)g->c * hwi, sy = (long long)g->oc * hwi;
     if (g->wg == WG_BATCHED) {
-        SF_CUBLAS_CHECK(cublasGemmStridedBatchedEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, g->c, g->oc, hwi, &one, p->x, t,
+        SF_CUBLAS_CHECK(cublasGemmStridedBatchedEx(g->blas.h, CUBLAS_OP_T, CUBLAS_OP_N, g->c, g->oc, hwi, &one, p->x, t,
                                                    hwi, sx, p->y, t, hwi, sy, &zero, p->ws, CUDA_R_32F, g->c,
                                                    (long long)k, g->n, ct, CUBLAS_GEMM_DEFAULT));
         return sum_samples(g->dt, (const float *)p->ws, g->n, k, p->w, s);
@@ -209,13 +142,37 @@ static int run_wgrad(const sf_conv_gemm *g, const sf_conv_ptrs *p, cudaStream_t 
      * workspace that is then rounded once */
     void *acc = g->dt == SF_DT_F32 ? p->w : p->ws;
     for (int i = 0; i < g->n; i++)
-        SF_CUBLAS_CHECK(cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, g->c, g->oc, hwi, &one,
+        SF_CUBLAS_CHECK(cublasGemmEx(g->blas.h, CUBLAS_OP_T, CUBLAS_OP_N, g->c, g->oc, hwi, &one,
                                      (const char *)p->x + es * (size_t)i * sx, t, hwi,
                                      (const char *)p->y + es * (size_t)i * sy, t, hwi, i ? &one : &zero, acc,
                                      CUDA_R_32F, g->c, ct, CUBLAS_GEMM_DEFAULT));
     if (g->dt != SF_DT_F32)
         return sum_samples(g->dt, (const float *)p->ws, 1, k, p->w, s);
     return 0;
+}
+
+/* The plan's GEMMs (and epilogue) on the bound handle, stream s. */
+static int run_dir(const sf_conv_gemm *g, const sf_conv_ptrs *p, cudaStream_t s)
+{
+    switch (g->dir) {
+    case SF_CONV_FWD:
+        if (sf_linear_map_fwd_dt(g->blas.h, g->dt, g->lay, p->x, g->n, g->hw, g->c, p->w, g->oc, p->y, g->tf32))
+            return -1;
+        if (g->epilogue) {
+            const size_t outer = g->lay == SF_LAYOUT_NHWC ? (size_t)g->n * g->hw : (size_t)g->n,
+                         inner = g->lay == SF_LAYOUT_NHWC ? 1 : g->hw;
+            return sf_cuda_bias_act_dt(g->dt, p->y, g->fuse_bias ? (const float *)p->b : NULL, outer, g->oc, inner,
+                                       g->relu, s);
+        }
+        return 0;
+    case SF_CONV_BWD_DATA:
+        return sf_linear_map_bwd_data_dt(g->blas.h, g->dt, g->lay, p->y, g->n, g->hw, g->c, p->w, g->oc, p->x,
+                                         g->tf32);
+    case SF_CONV_BWD_FILTER:
+        return run_wgrad(g, p, s);
+    }
+    sf_cuda_set_error("%s:%d: sf_conv_gemm_run: direction %d", __FILE__, __LINE__, (int)g->dir);
+    return -1;
 }
 
 extern "C" int sf_conv_gemm_run(cudnnHandle_t h, const sf_conv_plan *plan, const sf_conv_ptrs *p)
@@ -230,28 +187,26 @@ extern "C" int sf_conv_gemm_run(cudnnHandle_t h, const sf_conv_plan *plan, const
                           __LINE__, g->acc_bytes);
         return -1;
     }
-    cudaStream_t s;
-    if (bind(g, h, p->ws, &s))
+    /* The handle is lent bound to its owner's stream and workspace: each run
+     * binds it to h's stream (which the caller may have moved, as the
+     * executor does for a forked backward-filter) and to the plan's own part
+     * of ws (which no concurrent run shares), and binds it back after; the
+     * strict math mode holds for all of the run's GEMMs, fp32 ones included. */
+    cudaStream_t s, home;
+    cublasMath_t mode;
+    SF_CUDNN_CHECK(cudnnGetStream(h, &s));
+    SF_CUBLAS_CHECK(cublasGetStream(g->blas.h, &home));
+    SF_CUBLAS_CHECK(sf_cublas_strict_begin(g->blas.h, &mode));
+    int rc = bind(g, s, p->ws);
+    if (!rc)
+        rc = run_dir(g, p, s);
+    const cublasStatus_t st = bind_back(g, home, mode);
+    if (st != CUBLAS_STATUS_SUCCESS && !rc) {
+        sf_cuda_set_error("%s:%d: sf_conv_gemm_run: binding the cuBLAS handle back: %s", __FILE__, __LINE__,
+                          cublasGetStatusString(st));
         return -1;
-    switch (g->dir) {
-    case SF_CONV_FWD:
-        if (sf_linear_map_fwd_dt(g->blas, g->dt, g->lay, p->x, g->n, g->hw, g->c, p->w, g->oc, p->y, g->tf32))
-            return -1;
-        if (g->epilogue) {
-            const size_t outer = g->lay == SF_LAYOUT_NHWC ? (size_t)g->n * g->hw : (size_t)g->n,
-                         inner = g->lay == SF_LAYOUT_NHWC ? 1 : g->hw;
-            return sf_cuda_bias_act_dt(g->dt, p->y, g->fuse_bias ? (const float *)p->b : NULL, outer, g->oc, inner,
-                                       g->relu, s);
-        }
-        return 0;
-    case SF_CONV_BWD_DATA:
-        return sf_linear_map_bwd_data_dt(g->blas, g->dt, g->lay, p->y, g->n, g->hw, g->c, p->w, g->oc, p->x,
-                                         g->tf32);
-    case SF_CONV_BWD_FILTER:
-        return run_wgrad(g, p, s);
     }
-    sf_cuda_set_error("%s:%d: sf_conv_gemm_run: direction %d", __FILE__, __LINE__, (int)g->dir);
-    return -1;
+    return rc;
 }
 
 /* Median of 3 timed runs after a warm-up, on h's stream; < 0 on failure. */
@@ -290,7 +245,6 @@ extern "C" void sf_conv_gemm_destroy(sf_conv_plan *p)
 {
     if (!p || !p->gemm)
         return;
-    blas_release(p->gemm->key);
     free(p->gemm);
     p->gemm = NULL;
 }
@@ -308,6 +262,15 @@ extern "C" int sf_conv_gemm_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
                           d->groups, d->dilation, (int)d->dt);
         return -1;
     }
+    if (!d->blas) {
+        sf_cuda_set_error("%s:%d: conv gemm: dir %d n=%d c=%d oc=%d: no cuBLAS handle lent (sf_conv_desc.blas)",
+                          __FILE__, __LINE__, (int)dir, d->n, d->c, d->oc);
+        return -1;
+    }
+    /* A cuDNN engine refused just before (the reason this path is taken) can
+     * leave an error pending in the CUDA runtime, which the first launch check
+     * of a run would report as its own; that error is cuDNN's, handled. */
+    (void)cudaGetLastError();
     sf_conv_gemm *g = (sf_conv_gemm *)calloc(1, sizeof *g);
     if (!g) {
         sf_cuda_set_error("%s:%d: conv gemm: out of host memory", __FILE__, __LINE__);
@@ -345,11 +308,7 @@ extern "C" int sf_conv_gemm_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
     }
     const size_t left = (ws_limit - g->acc_bytes) & ~(size_t)255;
     g->blas_bytes = left < SF_CONV_GEMM_BLAS_WS ? left : SF_CONV_GEMM_BLAS_WS;
-    g->key = h;
-    if (blas_acquire(h, &g->blas)) {
-        free(g);
-        return -1;
-    }
+    g->blas = *d->blas;
     out->gemm = g;
     out->ws_bytes = (int64_t)(g->acc_bytes + g->blas_bytes);
     out->tensor_core = d->dt == SF_DT_BF16 || g->tf32;

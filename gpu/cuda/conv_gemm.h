@@ -32,13 +32,18 @@
  * plain plan: for bf16 the conv result is rounded to bf16 before the bias is
  * added, where cuDNN's fused graph adds it in fp32.
  *
- * cuBLAS handle: the plans built on one cuDNN handle share one cuBLAS handle
- * (created with the first, destroyed with the last), since a cuDNN handle is
- * never used by two threads at once (tensor.h), and neither is that cuBLAS
- * handle. Each run binds it to the cuDNN handle's current stream and to its
- * part of the plan's workspace (host-side calls: no allocation, no sync), so a
- * run is capturable and follows the stream the caller set on the cuDNN handle
- * (the executor's side stream for a forked backward-filter).
+ * cuBLAS handle: the caller's, lent through sf_conv_desc.blas (the executor
+ * lends its own) with the workspace it keeps the handle bound to. A cuDNN
+ * handle is never used by two threads at once (tensor.h), and neither is the
+ * cuBLAS handle its caller lends with it. Each run binds the handle to the
+ * cuDNN handle's current stream, to the run's part of the plan's workspace
+ * and to CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION (linear.h's strict
+ * mode, for every GEMM of the run), and afterwards back to the stream, the
+ * lender's workspace and the math mode it had: host-side calls, no
+ * allocation, no sync. So a run is capturable, follows the stream the caller
+ * set on the cuDNN handle (the executor's side stream for a forked
+ * backward-filter) without racing a concurrent run on another stream for a
+ * workspace, and leaves the handle as the lender's other GEMMs expect it.
  */
 #ifndef SF_GPU_CUDA_CONV_GEMM_H
 #define SF_GPU_CUDA_CONV_GEMM_H
@@ -66,13 +71,14 @@ int sf_conv_gemm_ok(const sf_conv_desc *d);
  * tensor_core as the compute type does (TF32 or bf16), fused for a fused
  * forward. With tune non-NULL the plan is run on those buffers and timed
  * (out->ms; on the handle's stream, synchronously), else ms = -1. Build time
- * only. -1 (error set) when d is not pointwise, the workspace limit does not
- * hold the accumulator, or cuBLAS fails. */
+ * only. -1 (error set) when d is not pointwise, d->blas lends no cuBLAS
+ * handle, the workspace limit does not hold the accumulator, or cuBLAS
+ * fails. */
 int sf_conv_gemm_build(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, size_t ws_limit,
                        const sf_conv_ptrs *tune, sf_conv_plan *out);
 
-/* Releases what sf_conv_gemm_build made (the plan's share of the cuBLAS
- * handle); sf_conv_plan_destroy calls it. */
+/* Releases what sf_conv_gemm_build made (not the lent cuBLAS handle);
+ * sf_conv_plan_destroy calls it. */
 void sf_conv_gemm_destroy(sf_conv_plan *p);
 
 /* Enqueues the plan on h's current stream with the pointers of p (roles as

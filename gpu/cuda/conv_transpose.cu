@@ -48,6 +48,7 @@ static int convt_conv_desc(const sf_convt_desc *d, sf_conv_desc *cd)
     cd->align_w = d->align_w;
     cd->align_y = d->align_x;
     cd->allow_rtc = d->allow_rtc;
+    cd->blas = d->blas;
     return 0;
 }
 
@@ -126,19 +127,27 @@ extern "C" int sf_convt_run(cudnnHandle_t h, sf_convt_plans *p, sf_conv_dir dir,
     return sf_conv_run(h, &p->plan[dir], p->vp[dir]);
 }
 
-/* The key is the whole descriptor (memcmp: every field, dt included; the
- * struct is all ints, no padding), so a bf16 and an fp32 set of one shape are
- * two entries. */
+/* The key is the whole descriptor (every field, dt and the lent cuBLAS
+ * handle included), so a bf16 and an fp32 set of one shape are two entries.
+ * Compared field by field: the pointer leaves padding in the struct. */
+static int convt_desc_same(const sf_convt_desc *a, const sf_convt_desc *b)
+{
+    return a->n == b->n && a->c == b->c && a->h == b->h && a->w == b->w && a->oc == b->oc && a->k == b->k &&
+           a->stride == b->stride && a->pad == b->pad && a->layout == b->layout && a->tf32 == b->tf32 &&
+           a->dt == b->dt && a->align_x == b->align_x && a->align_w == b->align_w && a->align_y == b->align_y &&
+           a->allow_rtc == b->allow_rtc && a->blas == b->blas;
+}
+
 extern "C" sf_convt_plans *sf_convt_cache_get(cudnnHandle_t h, sf_convt_cache *c, const sf_convt_desc *d,
                                               int dirs, size_t ws_limit, int max_candidates)
 {
     for (int i = 0; i < c->n; i++)
-        if (memcmp(&c->e[i].d, d, sizeof *d) == 0 && (c->e[i].dirs & dirs) == dirs)
+        if (convt_desc_same(&c->e[i].d, d) && (c->e[i].dirs & dirs) == dirs)
             return &c->e[i];
     /* A set of this shape lacking a direction is rebuilt in place with the union. */
     int slot = -1;
     for (int i = 0; i < c->n; i++)
-        if (memcmp(&c->e[i].d, d, sizeof *d) == 0) {
+        if (convt_desc_same(&c->e[i].d, d)) {
             dirs |= c->e[i].dirs;
             sf_convt_plans_destroy(&c->e[i]);
             slot = i;

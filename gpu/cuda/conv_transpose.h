@@ -35,6 +35,7 @@ typedef struct sf_convt_desc {
     int align_x, align_w, align_y; /* byte alignment (1..16) of the pointers bound
                                       to x (input or its grad), w, y (output or its grad) */
     int allow_rtc;           /* as sf_conv_desc.allow_rtc */
+    const struct sf_cublas_ctx *blas; /* as sf_conv_desc.blas */
 } sf_convt_desc;
 
 /* Pointers by role, the same in every direction (compare sf_conv_ptrs):

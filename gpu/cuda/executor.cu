@@ -272,8 +272,6 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 if (sf_conv_s2d_input(&d, x, o->s2d_x, s) || sf_conv_s2d_weight(&d, g_wd(net, i), o->s2d_w, s))
                     return -1;
             }
-            if (o->wal_w)
-                SF_CUDA_CHECK(cudaMemcpyAsync(o->wal_w, g_wd(net, i), g->es * L->n_w, cudaMemcpyDeviceToDevice, s));
             if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
                 if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
                     return -1;
@@ -1019,7 +1017,7 @@ static int g_frozen_fwd(sf_cuda_net *net, int b, int n, cudaStream_t ts)
 /* ---- public --------------------------------------------------------------- */
 
 extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_cfg *cfg,
-                             const sf_net_io *io, cudnnHandle_t dnn, cublasHandle_t blas, cudaStream_t s)
+                             const sf_net_io *io, cudnnHandle_t dnn, const sf_cublas_ctx *blas, cudaStream_t s)
 {
     *out = NULL;
     if (cfg->nbuf < 1 || cfg->nbuf > SF_NET_MAX_BUF || cfg->max_batch < 1) {
@@ -1036,7 +1034,8 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
     net->cfg = *cfg;
     memcpy(net->io, io, sizeof(sf_net_io) * (size_t)cfg->nbuf);
     net->dnn = dnn;
-    net->blas = blas;
+    net->blas = blas->h;
+    net->blas_ctx = *blas;
     net->s = s;
     /* The side stream (forked backward-filter) shares the compute stream's priority. */
     int prio = 0;

@@ -156,10 +156,12 @@ typedef struct sf_net_cfg {
 typedef struct sf_cuda_net sf_cuda_net;
 
 /* Builds everything for m and cfg, initialises the parameters, and builds (and
- * times) the plans for max_batch on stream s, synchronously. handles must be
- * bound to s (cudnnSetStream, cublasSetStream) with a cuBLAS workspace set. */
+ * times) the plans for max_batch on stream s, synchronously. The handles must
+ * be bound to s (cudnnSetStream, cublasSetStream), blas->h to the workspace
+ * blas->ws (cublasSetWorkspace); the net keeps a copy of *blas and lends it
+ * to the convolutions that run as cuBLAS GEMMs (conv_gemm.h). */
 int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_cfg *cfg, const sf_net_io *io,
-                  cudnnHandle_t dnn, cublasHandle_t blas, cudaStream_t s);
+                  cudnnHandle_t dnn, const sf_cublas_ctx *blas, cudaStream_t s);
 void sf_net_destroy(sf_cuda_net *net);
 
 /* Layout and element type of the input the net reads (the augmentation writes it). */

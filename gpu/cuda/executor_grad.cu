@@ -67,6 +67,24 @@ int g_refresh_wd(sf_cuda_net *net, int all, cudaStream_t s)
     return sf_cuda_weights_dev(net->params + off, E(g->wd, off, g->es), g->dt, len, NULL, s);
 }
 
+/* The 16-byte aligned weight copies of the convs whose weight sits below
+ * that alignment (gop.wal_w), from the weights they stand in for (g_wd):
+ * all of them (build, set_params, restore) or those in the trainable slice
+ * the optimizer updates (after a step; the frozen prefix does not move, and
+ * the transform stream may be reading its copies). The plans read only the
+ * copies, so every change of the weights must be followed by this, on the
+ * stream the change was made on. */
+int g_refresh_wal(sf_cuda_net *net, int all, cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &net->m.layers[i];
+        if (g->op[i].wal_w && (all || L->w_off >= net->m.train_off))
+            SF_CUDA_CHECK(cudaMemcpyAsync(g->op[i].wal_w, g_wd(net, i), g->es * L->n_w, cudaMemcpyDeviceToDevice, s));
+    }
+    return 0;
+}
+
 /* Floats of a layer's parameters after its weight: the bias and any further
  * slots, contiguous from b_off (sf_layer.p_off). */
 static size_t g_after_weight(const sf_layer *L) { return sf_layer_param_count(L) - L->n_w; }
@@ -271,6 +289,10 @@ int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf)
             g_mark(pf, s, "optimizer", "", -1);
         }
     }
+    /* after either optimizer path (a skipped step left the weights as they
+     * were: their copies too) */
+    if (do_opt && g_refresh_wal(net, 0, s))
+        return -1;
     /* rank 0's running statistics to every rank, once this step's forward
      * has moved them (captured in the step's graph like the all-reduce) */
     if (reduce && net->cfg.buf_broadcast && g->has_bn_train && m->n_buffers &&

@@ -37,6 +37,7 @@ struct sf_cuda_net {
     sf_net_io io[SF_NET_MAX_BUF];
     cudnnHandle_t dnn;
     cublasHandle_t blas;
+    sf_cublas_ctx blas_ctx; /* blas and its workspace, lent to GEMM conv plans (sf_conv_desc.blas) */
     cudaStream_t s;
 
     float *params, *grads, *mom; /* [n_params] each, the device layout (see the top) */
@@ -124,8 +125,9 @@ typedef struct gop {
      * that cuDNN reads and writes instead. cuDNN 9.14's weight-gradient engines
      * write 16-byte vectors whatever alignment the tensor declares (seen with
      * compute-sanitizer on efficientnet_b0, fp32, H200), which faults and
-     * leaves the context unusable. wal_w is rebuilt by each forward; wal_gw is
-     * copied into the gradient after each backward-filter. */
+     * leaves the context unusable. wal_w is refreshed wherever the weights
+     * change (g_refresh_wal: after each optimizer step, set_params, restore);
+     * wal_gw is copied into the gradient after each backward-filter. */
     void *wal_w, *wal_gw;
     int fusable;         /* conv with a bias or fused ReLU: cuDNN's fused forward may replace
                             conv + epilogue kernel (kept per shape where it times faster) */
@@ -250,6 +252,7 @@ template <typename Desc> static inline void g_desc(const sf_cuda_net *net, int i
     d->tf32 = net->cfg.tf32;
     d->dt = net->g->dt;
     d->allow_rtc = net->cfg.allow_rtc;
+    d->blas = &net->blas_ctx;
 }
 
 /* Allocation shifted so that p + off (floats) is 16-byte aligned (cudaMalloc
@@ -353,11 +356,13 @@ int g_vpacks(sf_cuda_net *net);
  * all-reduce of the bucket layer i closes (g_reduce_bucket), then the check,
  * accumulation, optimizer and results' copies (g_opt_tail); g_refresh_wd
  * rewrites a bf16 net's weight copy from the master parameters (all of them,
- * or the trainable slice). 0, or -1 with sf_cuda_last_error() set. */
+ * or the trainable slice), g_refresh_wal the aligned conv weight copies
+ * (gop.wal_w) likewise. 0, or -1 with sf_cuda_last_error() set. */
 int g_norm_layer(sf_cuda_net *net, int i);
 int g_reduce_bucket(sf_cuda_net *net, int b, int i);
 int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf);
 int g_refresh_wd(sf_cuda_net *net, int all, cudaStream_t s);
+int g_refresh_wal(sf_cuda_net *net, int all, cudaStream_t s);
 
 /* executor_plan.cu: the layer graph of net->m (the per-layer decisions, the
  * parameters and their optimizer state, the buffers, the memory plan's

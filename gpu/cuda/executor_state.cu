@@ -75,7 +75,7 @@ extern "C" int sf_net_get_params(sf_cuda_net *net, float *host) { return g_state
 
 extern "C" int sf_net_set_params(sf_cuda_net *net, const float *host)
 {
-    if (g_state_from_host(net, net->params, host) || g_refresh_wd(net, 1, net->s))
+    if (g_state_from_host(net, net->params, host) || g_refresh_wd(net, 1, net->s) || g_refresh_wal(net, 1, net->s))
         return -1;
     SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
     return 0;
@@ -177,7 +177,7 @@ extern "C" int sf_net_restore_state(sf_cuda_net *net, const float *dev)
         SF_CUDA_CHECK(cudaMemcpyAsync(g->gacc_n, d + n, 2 * sizeof(float), cudaMemcpyDeviceToDevice, net->s));
     }
     g->nbt = g->nbt_saved;
-    return g_refresh_wd(net, 1, net->s);
+    return g_refresh_wd(net, 1, net->s) || g_refresh_wal(net, 1, net->s) ? -1 : 0;
 }
 
 extern "C" int sf_net_get_buffers(sf_cuda_net *net, float *host, uint64_t *nbt)

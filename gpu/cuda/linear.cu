@@ -32,12 +32,22 @@ extern "C" int sf_cublas_types(sf_dtype dt, int tf32, const char *fn, cudaDataTy
     return -1;
 }
 
-/* cublasGemmEx with the handle's math mode, plus, for bf16 operands,
- * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION for the call: without it a
- * split-K GEMM may sum its partial products in the output type (bf16), which
- * is not "fp32 accumulation, one rounding". The mode is restored afterwards
- * (host-side handle state only: no allocation, capturable). fp32 calls leave
- * the handle alone, so they are the calls the float functions always made. */
+extern "C" cublasStatus_t sf_cublas_strict_begin(cublasHandle_t h, cublasMath_t *saved)
+{
+    cublasStatus_t st = cublasGetMathMode(h, saved);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return st;
+    return cublasSetMathMode(h, (cublasMath_t)(*saved | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+}
+
+extern "C" cublasStatus_t sf_cublas_strict_end(cublasHandle_t h, cublasMath_t saved)
+{
+    return cublasSetMathMode(h, saved);
+}
+
+/* cublasGemmEx with the handle's math mode, or, for bf16 operands, between
+ * sf_cublas_strict_begin and sf_cublas_strict_end. fp32 calls leave the
+ * handle alone, so they are the calls the float functions always made. */
 static cublasStatus_t gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                               const void *A, cudaDataType_t at, int lda, const void *B, cudaDataType_t bt, int ldb,
                               void *C, cudaDataType_t ctype, int ldc, cublasComputeType_t ct)
@@ -47,14 +57,11 @@ static cublasStatus_t gemm_ex(cublasHandle_t h, cublasOperation_t ta, cublasOper
         return cublasGemmEx(h, ta, tb, m, n, k, &one, A, at, lda, B, bt, ldb, &zero, C, ctype, ldc, ct,
                             CUBLAS_GEMM_DEFAULT);
     cublasMath_t mode;
-    cublasStatus_t st = cublasGetMathMode(h, &mode);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return st;
-    st = cublasSetMathMode(h, (cublasMath_t)(mode | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    cublasStatus_t st = sf_cublas_strict_begin(h, &mode);
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
     st = cublasGemmEx(h, ta, tb, m, n, k, &one, A, at, lda, B, bt, ldb, &zero, C, ctype, ldc, ct, CUBLAS_GEMM_DEFAULT);
-    const cublasStatus_t st2 = cublasSetMathMode(h, mode);
+    const cublasStatus_t st2 = sf_cublas_strict_end(h, mode);
     return st != CUBLAS_STATUS_SUCCESS ? st : st2;
 }
 
@@ -115,27 +122,22 @@ extern "C" int sf_linear_bwd_filter(cublasHandle_t h, const float *x, int n, int
 
 /* ---- per pixel over a map's channels --------------------------------------- */
 
-/* cublasGemmStridedBatchedEx with an explicit beta and gemm_ex's handling of
- * the math mode for bf16 operands. */
-static cublasStatus_t gemm_sb(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                              const void *A, cudaDataType_t at, int lda, long long sa, const void *B, cudaDataType_t bt,
-                              int ldb, long long sb, float beta, void *C, cudaDataType_t ctype, int ldc, long long sc,
-                              int batch, cublasComputeType_t ct)
+extern "C" cublasStatus_t sf_cublas_gemm_sb(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                            int n, int k, float alpha, const void *A, cudaDataType_t at, int lda,
+                                            long long sa, const void *B, cudaDataType_t bt, int ldb, long long sb,
+                                            float beta, void *C, cudaDataType_t ctype, int ldc, long long sc,
+                                            int batch, cublasComputeType_t ct)
 {
-    const float one = 1.f;
     if (at != CUDA_R_16BF)
-        return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &one, A, at, lda, sa, B, bt, ldb, sb, &beta, C, ctype,
+        return cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &alpha, A, at, lda, sa, B, bt, ldb, sb, &beta, C, ctype,
                                           ldc, sc, batch, ct, CUBLAS_GEMM_DEFAULT);
     cublasMath_t mode;
-    cublasStatus_t st = cublasGetMathMode(h, &mode);
+    cublasStatus_t st = sf_cublas_strict_begin(h, &mode);
     if (st != CUBLAS_STATUS_SUCCESS)
         return st;
-    st = cublasSetMathMode(h, (cublasMath_t)(mode | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return st;
-    st = cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &one, A, at, lda, sa, B, bt, ldb, sb, &beta, C, ctype, ldc,
+    st = cublasGemmStridedBatchedEx(h, ta, tb, m, n, k, &alpha, A, at, lda, sa, B, bt, ldb, sb, &beta, C, ctype, ldc,
                                     sc, batch, ct, CUBLAS_GEMM_DEFAULT);
-    const cublasStatus_t st2 = cublasSetMathMode(h, mode);
+    const cublasStatus_t st2 = sf_cublas_strict_end(h, mode);
     return st != CUBLAS_STATUS_SUCCESS ? st : st2;
 }
 
@@ -167,8 +169,8 @@ extern "C" int sf_linear_map_fwd_dt(cublasHandle_t h, sf_dtype dt, sf_layout lay
         return -1;
     /* per sample, column-major: y_n^T [hw, out] = x_n^T [hw, in] . w^T [in, out] */
     const int p = (int)hw;
-    SF_CUBLAS_CHECK(gemm_sb(h, CUBLAS_OP_N, CUBLAS_OP_N, p, out, in, x, t, p, (long long)in * p, w, t, in, 0, 0.f, y,
-                            t, p, (long long)out * p, n, ct));
+    SF_CUBLAS_CHECK(sf_cublas_gemm_sb(h, CUBLAS_OP_N, CUBLAS_OP_N, p, out, in, 1.f, x, t, p, (long long)in * p, w, t,
+                                      in, 0, 0.f, y, t, p, (long long)out * p, n, ct));
     return 0;
 }
 
@@ -188,8 +190,8 @@ extern "C" int sf_linear_map_bwd_data_dt(cublasHandle_t h, sf_dtype dt, sf_layou
         return -1;
     /* per sample, column-major: dx_n^T [hw, in] = dy_n^T [hw, out] . w [out, in] */
     const int p = (int)hw;
-    SF_CUBLAS_CHECK(gemm_sb(h, CUBLAS_OP_N, CUBLAS_OP_T, p, in, out, dy, t, p, (long long)out * p, w, t, in, 0, 0.f,
-                            dx, t, p, (long long)in * p, n, ct));
+    SF_CUBLAS_CHECK(sf_cublas_gemm_sb(h, CUBLAS_OP_N, CUBLAS_OP_T, p, in, out, 1.f, dy, t, p, (long long)out * p, w, t,
+                                      in, 0, 0.f, dx, t, p, (long long)in * p, n, ct));
     return 0;
 }
 
@@ -212,8 +214,9 @@ extern "C" int sf_linear_map_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, sf_lay
      * accumulates into dw (fp32) in sample order. */
     const size_t es = sf_dtype_size(dt), p = hw;
     for (int ni = 0; ni < n; ni++)
-        SF_CUBLAS_CHECK(gemm_sb(h, CUBLAS_OP_T, CUBLAS_OP_N, in, out, (int)p, (const char *)x + es * ni * in * p, t,
-                                (int)p, 0, (const char *)dy + es * ni * out * p, t, (int)p, 0, ni ? 1.f : 0.f, dw,
-                                CUDA_R_32F, in, 0, 1, ct));
+        SF_CUBLAS_CHECK(sf_cublas_gemm_sb(h, CUBLAS_OP_T, CUBLAS_OP_N, in, out, (int)p, 1.f,
+                                          (const char *)x + es * ni * in * p, t, (int)p, 0,
+                                          (const char *)dy + es * ni * out * p, t, (int)p, 0, ni ? 1.f : 0.f, dw,
+                                          CUDA_R_32F, in, 0, 1, ct));
     return 0;
 }

@@ -22,6 +22,38 @@ extern "C" {
  * CUBLAS_COMPUTE_32F); -1 with the error set (naming fn) for another dt. */
 int sf_cublas_types(sf_dtype dt, int tf32, const char *fn, cudaDataType_t *ab, cublasComputeType_t *ct);
 
+/* A cuBLAS handle and the workspace its owner keeps it bound to between calls
+ * (cublasSetWorkspace; the owner binds its stream too). Code that runs on a
+ * lent handle with another stream and workspace for a call (conv_gemm.h)
+ * takes this rather than the bare handle, so that it can bind the handle
+ * back afterwards: cublasSetStream resets the workspace, and cuBLAS has no
+ * call that reads it. */
+typedef struct sf_cublas_ctx {
+    cublasHandle_t h;
+    void *ws;
+    size_t ws_bytes;
+} sf_cublas_ctx;
+
+/* ---- the math mode of bf16 GEMMs ------------------------------------------- */
+/* A cuBLAS GEMM on bf16 operands runs with
+ * CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION added to the handle's math
+ * mode: without it a split-K GEMM may sum its partial products in the output
+ * type (bf16), which is not "fp32 accumulation, one rounding".
+ * sf_cublas_strict_begin adds the flag and keeps the mode it found in *saved;
+ * sf_cublas_strict_end sets that mode again. Host-side handle state only: no
+ * allocation, capturable. */
+cublasStatus_t sf_cublas_strict_begin(cublasHandle_t h, cublasMath_t *saved);
+cublasStatus_t sf_cublas_strict_end(cublasHandle_t h, cublasMath_t saved);
+
+/* cublasGemmStridedBatchedEx, C = alpha op(A) op(B) + beta C (column-major),
+ * with the handle's math mode for fp32 operands and between
+ * sf_cublas_strict_begin and sf_cublas_strict_end for bf16 ones
+ * (at == CUDA_R_16BF); CUBLAS_GEMM_DEFAULT. */
+cublasStatus_t sf_cublas_gemm_sb(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                 float alpha, const void *A, cudaDataType_t at, int lda, long long sa, const void *B,
+                                 cudaDataType_t bt, int ldb, long long sb, float beta, void *C, cudaDataType_t ctype,
+                                 int ldc, long long sc, int batch, cublasComputeType_t ct);
+
 /* ---- linear layers (cuBLAS) ------------------------------------------------ */
 /* Row-major x [n, in], w [out, in], y [n, out]; outputs overwritten.
  * tf32: CUBLAS_COMPUTE_32F_FAST_TF32, else CUBLAS_COMPUTE_32F. The handle needs a

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "check.h"
+#include "cudnn_graph.h"
 
 /* cuDNN 9.x marks the handle attributes of op graphs and plans deprecated in
  * favour of device-property descriptors, which older 9.x releases lack; the
@@ -87,15 +88,17 @@ struct sf_sdpa_plan {
 /* graph construction                                                       */
 /* ======================================================================== */
 
+/* The descriptors plan p keeps alive (cudnn_graph.h). */
+static sf_cudnn_keep keep_of(sf_sdpa_plan *p)
+{
+    const sf_cudnn_keep k = {p->keep, &p->n_keep, SF_SDPA_KEEP, "sdpa plan"};
+    return k;
+}
+
 static int keep(sf_sdpa_plan *p, cudnnBackendDescriptor_t d)
 {
-    if (p->n_keep >= SF_SDPA_KEEP) {
-        sf_cuda_set_error("%s:%d: sdpa plan: too many descriptors", __FILE__, __LINE__);
-        cudnnBackendDestroyDescriptor(d);
-        return -1;
-    }
-    p->keep[p->n_keep++] = d;
-    return 0;
+    const sf_cudnn_keep k = keep_of(p);
+    return sf_cudnn_keep_add(&k, d);
 }
 
 /* A 4-d tensor. uid 0 takes
@@ -103,23 +106,10 @@ static int keep(sf_sdpa_plan *p, cudnnBackendDescriptor_t d)
 static int tensor(sf_sdpa_plan *p, int64_t uid, cudnnDataType_t dt, const int64_t dims[4], const int64_t str[4],
                   bool is_virtual, cudnnBackendDescriptor_t *out)
 {
-    cudnnBackendDescriptor_t t;
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
-    if (keep(p, t))
-        return -1;
     if (uid == 0)
         uid = p->next_virtual++;
-    const int64_t align = 16;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, str));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align));
-    if (is_virtual)
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual));
-    SF_CUDNN_CHECK(cudnnBackendFinalize(t));
-    *out = t;
-    return 0;
+    const sf_cudnn_keep k = keep_of(p);
+    return sf_cudnn_tensor(&k, uid, dt, dims, str, 16, is_virtual, out);
 }
 
 /* A virtual fp32 (or dt) tensor of dims with strides. */
@@ -187,16 +177,16 @@ static int op_matmul_ov(sf_sdpa_plan *p, op_list *l, cudnnBackendDescriptor_t a,
     SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, &op));
     if (keep(p, op))
         return -1;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm));
     if (m)
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &m));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_M_OVERRIDE_DESC, m));
     if (n)
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_N_OVERRIDE_DESC, n));
     if (k)
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &k));
+        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_GEMM_K_OVERRIDE_DESC, k));
     SF_CUDNN_CHECK(cudnnBackendFinalize(op));
     return push(p, l, op);
 }
@@ -213,26 +203,10 @@ static int op_pw_full(sf_sdpa_plan *p, op_list *l, cudnnPointwiseMode_t mode, cu
                       cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t tm,
                       cudnnBackendDescriptor_t y)
 {
-    cudnnBackendDescriptor_t pw, op;
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw));
-    if (keep(p, pw))
+    cudnnBackendDescriptor_t op;
+    const sf_cudnn_keep k = keep_of(p);
+    if (sf_cudnn_pointwise(&k, mode, prec, axis, x, b, tm, y, &op))
         return -1;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec));
-    if (axis >= 0)
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis));
-    SF_CUDNN_CHECK(cudnnBackendFinalize(pw));
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &op));
-    if (keep(p, op))
-        return -1;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
-    if (b)
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b));
-    if (tm)
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &tm));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
-    SF_CUDNN_CHECK(cudnnBackendFinalize(op));
     return push(p, l, op);
 }
 
@@ -258,9 +232,9 @@ static int op_reduce(sf_sdpa_plan *p, op_list *l, cudnnReduceTensorOp_t mode, cu
     SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, &op));
     if (keep(p, op))
         return -1;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &rd));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd));
     SF_CUDNN_CHECK(cudnnBackendFinalize(op));
     return push(p, l, op);
 }
@@ -272,23 +246,16 @@ static int op_reshape(sf_sdpa_plan *p, op_list *l, cudnnBackendDescriptor_t x, c
     SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, &op));
     if (keep(p, op))
         return -1;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y));
     SF_CUDNN_CHECK(cudnnBackendFinalize(op));
     return push(p, l, op);
 }
 
 static int finish_graph(sf_sdpa_plan *p, cudnnHandle_t h, const op_list *l, cudnnBackendDescriptor_t *graph)
 {
-    cudnnBackendDescriptor_t g;
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g));
-    if (keep(p, g))
-        return -1;
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(g, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, l->n, l->v));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(g, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h));
-    SF_CUDNN_CHECK(cudnnBackendFinalize(g));
-    *graph = g;
-    return 0;
+    const sf_cudnn_keep k = keep_of(p);
+    return sf_cudnn_graph(&k, h, l->v, l->n, graph);
 }
 
 /* The tensors both graphs read: Q, K transposed, V (or V transposed), the
@@ -535,19 +502,10 @@ static int choose_plan(cudnnHandle_t h, cudnnBackendDescriptor_t graph, cudnnBac
         for (int64_t i = 0; i < got && !*plan_out; i++) {
             const int64_t eidx = cfg_engine(cfgs[i]);
             cudnnBackendDescriptor_t plan;
-            st = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
-            if (st != CUDNN_STATUS_SUCCESS)
+            int64_t wsb = 0;
+            st = sf_cudnn_plan(h, cfgs[i], &plan, &wsb);
+            if (!plan)
                 break;
-            st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
-            if (st == CUDNN_STATUS_SUCCESS)
-                st = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
-            if (st == CUDNN_STATUS_SUCCESS)
-                st = cudnnBackendFinalize(plan);
-            int64_t wsb = 0, cnt = 0;
-            if (st == CUDNN_STATUS_SUCCESS)
-                st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                              &cnt, &wsb);
             if (st == CUDNN_STATUS_SUCCESS && wsb >= 0) {
                 *plan_out = plan;
                 *engine = eidx;
@@ -704,17 +662,11 @@ static int run(cudnnHandle_t h, cudnnBackendDescriptor_t plan, void *const *ptrs
                void *ws)
 {
     cudnnBackendDescriptor_t vp;
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
-    cudnnStatus_t st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-    if (st == CUDNN_STATUS_SUCCESS)
-        st = cudnnBackendFinalize(vp);
-    if (st == CUDNN_STATUS_SUCCESS)
+    cudnnStatus_t st = sf_cudnn_vpack(ptrs, uids, n, ws, &vp);
+    if (st == CUDNN_STATUS_SUCCESS) {
         st = cudnnBackendExecute(h, plan, vp);
-    cudnnBackendDestroyDescriptor(vp);
+        cudnnBackendDestroyDescriptor(vp);
+    }
     if (st != CUDNN_STATUS_SUCCESS) {
         sf_cuda_set_error("%s:%d: sdpa execute: %s", __FILE__, __LINE__, cudnnGetErrorString(st));
         return -1;

@@ -11,8 +11,10 @@
  * the filter gradient bit for bit again, and all three directions replayed from
  * a captured CUDA graph bit for bit; the default choice (cuDNN first, the GEMM
  * path only without an engine) building a working plan for the two shapes that
- * cuDNN 9.14 on an H200 has no fp32 engine for; and the refusal of a forced
- * non-pointwise convolution.
+ * cuDNN 9.14 on an H200 has no fp32 engine for; a run on another stream than
+ * the one the lent cuBLAS handle is bound to, which must bind it back; and the
+ * refusal of a forced non-pointwise convolution. The plans run on a cuBLAS
+ * handle the test makes and lends, as the executor lends its own.
  *
  * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
@@ -21,6 +23,11 @@
 #include "op_test.h"
 
 #include "../../gpu/cuda/conv_gemm.h"
+#include "../../gpu/cuda/linear.h"
+
+/* The cuBLAS handle lent to every GEMM plan here, as the executor lends its
+ * own: made by main, bound to the test stream and a workspace of its own. */
+static sf_cublas_ctx g_blas;
 
 struct pw_case {
     int n, c, h, w, oc;
@@ -92,6 +99,7 @@ static sf_conv_desc make_desc(const pw_case &cc, sf_layout lay, prec p, int gemm
     d.tf32 = p.tf32;
     d.align_x = d.align_w = d.align_y = 16;
     d.gemm = gemm;
+    d.blas = &g_blas;
     return d;
 }
 
@@ -344,6 +352,50 @@ static void test_fallback(cudnnHandle_t dnn, cudaStream_t s, const pw_case &cc, 
     free_bufs(B);
 }
 
+/* A run on the lent handle follows the cuDNN handle's stream (here another
+ * stream than the one the handle is lent on), gives the reference's result
+ * there, and leaves the handle on its own stream with the math mode it had. */
+static void test_lend_binds_back(cudnnHandle_t dnn, cudaStream_t s)
+{
+    const char *nm = "conv gemm run on another stream binds the lent cuBLAS handle back";
+    const pw_case cc = {2, 24, 7, 5, 16};
+    const prec p = {SF_DT_F32, 0};
+    const pw_data D = make_data(cc, p.dt);
+    pw_bufs B = make_bufs(cc, SF_LAYOUT_NCHW, p.dt, D);
+    const sf_conv_desc d = make_desc(cc, SF_LAYOUT_NCHW, p, SF_CONV_GEMM_FORCE);
+    sf_conv_ptrs ptr = ptrs_of(B, SF_CONV_BWD_FILTER);
+    sf_conv_plan plan;
+    sf_conv_vpack *vp = NULL;
+    cudaStream_t other;
+    CU(cudaStreamCreate(&other)); /* blocking, as test_stream: it waits for the NaN fill */
+    CU(cudaStreamSynchronize(s)); /* the uploads */
+    if (sf_conv_plan_build(dnn, &d, SF_CONV_BWD_FILTER, B.ws_bytes, 1, NULL, &plan) ||
+        sf_conv_vpack_make(&ptr, &vp)) {
+        fail(nm, sf_cuda_last_error());
+        sf_cuda_clear_error();
+    } else {
+        poison_dt(B.dw);
+        cublasMath_t before = CUBLAS_PEDANTIC_MATH, mode = CUBLAS_DEFAULT_MATH;
+        const int got_before = cublasGetMathMode(g_blas.h, &before) == CUBLAS_STATUS_SUCCESS;
+        cudnnSetStream(dnn, other);
+        const int rc = sf_conv_run(dnn, &plan, vp);
+        cudnnSetStream(dnn, s);
+        CU(cudaStreamSynchronize(other));
+        cudaStream_t now = NULL;
+        const int back = got_before && cublasGetStream(g_blas.h, &now) == CUBLAS_STATUS_SUCCESS && now == s &&
+                         cublasGetMathMode(g_blas.h, &mode) == CUBLAS_STATUS_SUCCESS && mode == before;
+        pass_or_fail(nm, rc == 0 && back, rc ? sf_cuda_last_error() : "the handle's stream or math mode changed");
+        if (rc == 0)
+            check_out("conv gemm bwd_filter run on another stream", p,
+                      result(cc, SF_LAYOUT_NCHW, B, SF_CONV_BWD_FILTER), D.dw);
+        sf_cuda_clear_error();
+        sf_conv_vpack_destroy(vp);
+        sf_conv_plan_destroy(&plan);
+    }
+    CU(cudaStreamDestroy(other));
+    free_bufs(B);
+}
+
 /* Forcing the GEMM path on a convolution that is not pointwise is an error
  * with a message, not a plan. */
 static void test_refuses(cudnnHandle_t dnn)
@@ -392,6 +444,13 @@ int main(void)
     cudnnHandle_t dnn = test_cudnn(s);
     if (!dnn)
         return 1;
+    g_blas.ws_bytes = (size_t)32 << 20;
+    if (cublasCreate(&g_blas.h) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&g_blas.ws, g_blas.ws_bytes) != cudaSuccess ||
+        cublasSetStream(g_blas.h, s) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(g_blas.h, g_blas.ws, g_blas.ws_bytes) != CUBLAS_STATUS_SUCCESS) {
+        printf("FAIL setup: cuBLAS handle\n");
+        return 1;
+    }
 
     /* EfficientNet-B0's expansion 24 -> 144 at 56x56 and RegNet-Y-400MF's
      * 104 -> 104 at 28x28, one to four samples; an odd small shape */
@@ -412,6 +471,7 @@ int main(void)
 
     test_fallback(dnn, s, pw_case{2, 24, 56, 56, 144}, SF_CONV_FWD);
     test_fallback(dnn, s, pw_case{2, 104, 28, 28, 104}, SF_CONV_BWD_FILTER);
+    test_lend_binds_back(dnn, s);
     test_refuses(dnn);
 
     cudaError_t e = cudaDeviceSynchronize();
@@ -419,6 +479,8 @@ int main(void)
         printf("FAIL device: %s\n", cudaGetErrorString(e));
         g_fail++;
     }
+    cublasDestroy(g_blas.h);
+    cudaFree(g_blas.ws);
     cudnnDestroy(dnn);
     return report("test_conv_gemm");
 }

@@ -57,7 +57,7 @@ static void test_convt(cudnnHandle_t dnn, cudaStream_t s, const convt_case &cc)
             poison(d_dx, nx * 4);
             poison(d_dw, nw * 4);
             poison(d_db, cc.oc * 4);
-            sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, tf32, SF_DT_F32, 16, 16, 16, 0};
+            sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, tf32, SF_DT_F32, 16, 16, 16, 0, NULL};
             sf_convt_plans pl;
             memset(&pl, 0, sizeof pl);
             if (sf_convt_plans_build(dnn, &d, SF_CONVT_DIR_ALL, ws_bytes, 1, NULL, &pl)) {
@@ -101,7 +101,7 @@ static void test_convt_cache(cudnnHandle_t dnn)
     const char *nm = "convT cache hit/miss";
     sf_convt_cache cache;
     memset(&cache, 0, sizeof cache);
-    sf_convt_desc a = {2, 8, 4, 4, 4, 2, 2, 0, SF_LAYOUT_NCHW, 0, SF_DT_F32, 16, 16, 16, 0};
+    sf_convt_desc a = {2, 8, 4, 4, 4, 2, 2, 0, SF_LAYOUT_NCHW, 0, SF_DT_F32, 16, 16, 16, 0, NULL};
     sf_convt_desc b = a;
     b.n = 3;
     sf_convt_plans *p1 = sf_convt_cache_get(dnn, &cache, &a, SF_CONVT_DIR_FWD, (size_t)64 << 20, 1);
@@ -230,7 +230,7 @@ static void test_convt_bf16(cudnnHandle_t dnn, cudaStream_t s, const convt_case 
         poison_dt(bdx);
         poison_dt(bdw);
         poison(d_db, cc.oc * 4);
-        sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, 0, SF_DT_BF16, 16, 16, 16, 0};
+        sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, 0, SF_DT_BF16, 16, 16, 16, 0, NULL};
         sf_convt_plans pl;
         memset(&pl, 0, sizeof pl);
         if (sf_convt_plans_build(dnn, &d, SF_CONVT_DIR_ALL, ws_bytes, 1, NULL, &pl)) {

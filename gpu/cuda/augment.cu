@@ -1047,8 +1047,8 @@ struct Launch {
 };
 
 /* Plain kernels of up to 3 channels keep to 64 registers, 4 blocks of NT
- * threads per SM, as before the clamped taps and the rotation's coverage (which
- * pushed some to 78 registers; ptxas fits them without spills). With 4 channels
+ * threads per SM: ptxas fits the clamped taps and the rotation's coverage
+ * (which would take some to 78 registers) in that without spills. With 4 channels
  * that bound spills, and the antialias loops want more: those kernels get 2
  * blocks per SM (128 registers). */
 template <int C, bool NHWC, bool BLUR, bool AA, typename OutT>

@@ -67,8 +67,8 @@
  *   - batchnorm statistics are fp32 from the bf16 input; running stats fp32.
  * Frozen layers run the same forward rounding; accumulated gradients are
  * summed in fp32. transform() (POST /v1/transform) answers the fp32
- * augmentation in every mode. The fp32 path executes exactly the same
- * operations as before bf16 existed (every rounding is behind c->bf16).
+ * augmentation in every mode. The fp32 path executes no bf16 rounding at
+ * all: every rounding is behind c->bf16.
  *
  * Checkpoints: get/set_opt_state are SGD's momentum buffer (zeros until a step
  * with momentum != 0) or AdamW's exp_avg, in sf_model layout with zeros for

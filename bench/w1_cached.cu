@@ -19,7 +19,7 @@
  * Exits 0 with "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
-#include "../gpu/model.h"
+#include "gpu/model.h"
 }
 
 #include <stdio.h>
@@ -30,7 +30,7 @@ extern "C" {
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
-#include "../gpu/cuda/executor.h"
+#include "gpu/cuda/executor.h"
 
 #define CK(x)                                                                                   \
     do {                                                                                         \

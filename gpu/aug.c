@@ -38,7 +38,7 @@
  *   applies it, u_2, u_3 the cutmix centre, u_16 on the gamma variates.
  */
 #include "gpu/common.h"
-#include "aug.h"
+#include "gpu/aug.h"
 
 #include <ctype.h>
 #include <float.h>
@@ -49,7 +49,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "rng.h"
+#include "gpu/rng.h"
 
 #define SF_AUG_MASK_KEY 0x4D41534Bull /* "MASK" */
 #define SF_AUG_RRC_KEY 0x52524321ull  /* "RRC!" */

@@ -24,9 +24,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "aug.h"
+#include "gpu/aug.h"
 #include "collective/collective.h"
-#include "model.h"
+#include "gpu/model.h"
 
 typedef enum sf_precision { SF_PREC_FP32 = 0, SF_PREC_TF32, SF_PREC_BF16 } sf_precision;
 

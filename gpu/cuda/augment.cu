@@ -74,10 +74,10 @@
 #include <limits.h>
 #include <stdint.h>
 
-#include "augment.h"
-#include "aug_post.h"
-#include "check.h"
-#include "../rng.h"
+#include "gpu/cuda/augment.h"
+#include "gpu/cuda/aug_post.h"
+#include "gpu/cuda/check.h"
+#include "gpu/rng.h"
 
 #ifndef SF_AUG_FMA
 #define SF_AUG_FMA 1

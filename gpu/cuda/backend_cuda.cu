@@ -47,7 +47,7 @@
  * backend_dist.cu the data-parallel hooks, empty rounds and watchdog;
  * backend_bench.cu the diagnose benchmark.
  */
-#include "backend_ctx.h"
+#include "gpu/cuda/backend_ctx.h"
 
 /* ---- clock ---------------------------------------------------------------- */
 

@@ -83,7 +83,7 @@
 #define _GNU_SOURCE /* clock_gettime, nanosleep (the Makefile defines it too) */
 #endif
 #include "gpu/common.h"
-#include "../backend.h"
+#include "gpu/backend.h"
 
 #include <errno.h>
 #include <math.h>
@@ -93,8 +93,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 #include "gpu/layers.h"
 
 #define REF_FIFO_CAP 4 /* events; max_inflight 1 needs 2 */

@@ -12,8 +12,8 @@
 #define SF_TESTS_GPU_OP_TEST_H
 
 extern "C" {
-#include "../../gpu/ref/ref.h"
-#include "../../gpu/rng.h"
+#include "gpu/ref/ref.h"
+#include "gpu/rng.h"
 }
 
 #include <math.h>
@@ -25,17 +25,17 @@ extern "C" {
 
 #include <cuda_bf16.h>
 
-#include "gpu_test.h"
+#include "tests/gpu/gpu_test.h"
 
-#include "../../gpu/cuda/batchnorm.h"
-#include "../../gpu/cuda/conv.h"
-#include "../../gpu/cuda/conv_transpose.h"
-#include "../../gpu/cuda/layout.h"
-#include "../../gpu/cuda/linear.h"
-#include "../../gpu/cuda/loss.h"
-#include "../../gpu/cuda/optimizer.h"
-#include "../../gpu/cuda/pointwise.h"
-#include "../../gpu/cuda/pool.h"
+#include "gpu/cuda/batchnorm.h"
+#include "gpu/cuda/conv.h"
+#include "gpu/cuda/conv_transpose.h"
+#include "gpu/cuda/layout.h"
+#include "gpu/cuda/linear.h"
+#include "gpu/cuda/loss.h"
+#include "gpu/cuda/optimizer.h"
+#include "gpu/cuda/pointwise.h"
+#include "gpu/cuda/pool.h"
 
 static __attribute__((unused)) uint64_t g_seed = 0x9e3779b9;
 

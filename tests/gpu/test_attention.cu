@@ -21,11 +21,11 @@
  * 2e-2 of max |ref| (check_max), which still catches a wrong head, stride
  * or transpose (errors of order max |ref|).
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 #include <cublas_v2.h>
 
-#include "../../gpu/cuda/attention.h"
+#include "gpu/cuda/attention.h"
 
 static std::vector<float> rnd(size_t n, sf_dtype dt, float scale)
 {

@@ -8,12 +8,12 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/concat.h"
+#include "gpu/cuda/concat.h"
 
 extern "C" {
-#include "../../gpu/model.h"
+#include "gpu/model.h"
 }
 
 static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)

@@ -17,11 +17,11 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/conv_patch.h"
-#include "../../gpu/cuda/conv_s2d.h"
-#include "../../gpu/cuda/conv_thin.h"
+#include "gpu/cuda/conv_patch.h"
+#include "gpu/cuda/conv_s2d.h"
+#include "gpu/cuda/conv_thin.h"
 
 struct conv_case {
     int n, c, h, w, oc, k, stride, pad;

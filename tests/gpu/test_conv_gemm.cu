@@ -18,9 +18,9 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/conv_gemm.h"
+#include "gpu/cuda/conv_gemm.h"
 
 struct pw_case {
     int n, c, h, w, oc;

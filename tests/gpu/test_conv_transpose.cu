@@ -8,9 +8,9 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/conv_patch.h"
+#include "gpu/cuda/conv_patch.h"
 
 /* ---- ConvTranspose2d -------------------------------------------------------- */
 

@@ -7,7 +7,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 /* via_dt: through the _dt launchers with SF_DT_F32 (which must be the float
  * functions exactly) instead of the float ones. */

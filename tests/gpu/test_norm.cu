@@ -9,9 +9,9 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/norm.h"
+#include "gpu/cuda/norm.h"
 
 /* fp32: y, dx relative error < 1e-5, dweight and dbias < 1e-5, mean and
  * rstd < 1e-5; bf16 (inputs rounded, so the reference sees the same values):

@@ -8,7 +8,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 /* SGD over a flat buffer with KRSC segments; compared bit for bit with sf_ref_sgd. */
 static void test_sgd(cudaStream_t s, float momentum, int many)

@@ -11,9 +11,9 @@
  * "FAIL <case>: ..." per case; exits 1 on any failure, 0 with
  * "SKIPPED: no CUDA device" when there is no GPU. Helpers: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/tokens.h"
+#include "gpu/cuda/tokens.h"
 
 static std::vector<float> rnd(size_t n, sf_dtype dt)
 {

@@ -85,8 +85,7 @@ int main(void)
     if (skip_without_device())
         return 0;
     cudaStream_t s = test_stream();
-    for (int t = 0; t < 2; t++) {
-        const sf_dtype dt = (sf_dtype)t;
+    for (const sf_dtype dt : k_dtypes) {
         for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
             test_act(s, dt, act, 3 * 3 * 7 * 5, 0, 0); /* n=3, C=3, 7x5 */
             test_act(s, dt, act, 4099, 1, 0);
@@ -102,10 +101,5 @@ int main(void)
                      "accepted, or the error does not name it");
         cudaFree(p);
     }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_activation");
+    return finish("test_activation");
 }

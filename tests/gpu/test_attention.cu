@@ -189,11 +189,6 @@ int main(void)
         const int rc = sf_attn_core_fwd(h, SF_DT_F32, NULL, 1, 17, 30, 4, NULL, NULL, NULL, 0, s);
         pass_or_fail("heads that do not divide the embedding are refused", rc == -1, "accepted");
     }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
     cublasDestroy(h);
-    return report("test_attention");
+    return finish("test_attention");
 }

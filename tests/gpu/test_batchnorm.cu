@@ -436,10 +436,8 @@ int main(void)
         test_bn(s, 8, 16, 13, 13, L, 1);
         test_bn(s, 2, 128, 28, 28, L, 1);
     }
-    for (int t = 0; t < 2; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout L = (sf_layout)lay;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout L : k_layouts) {
             test_bn_dt(s, dt, 2, 64, 56, 56, L, 1, 0); /* ResNet-18's first BN, batch 2 */
             test_bn_dt(s, dt, 4, 512, 7, 7, L, 0, 0);  /* its last */
             test_bn_dt(s, dt, 2, 128, 28, 28, L, 1, 0);
@@ -463,10 +461,5 @@ int main(void)
     test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 64, 28, 1);
     test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 512, 7, 0);
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_batchnorm");
+    return finish("test_batchnorm");
 }

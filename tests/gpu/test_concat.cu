@@ -90,10 +90,8 @@ int main(void)
     std::vector<int> many(SF_MAX_IN);
     for (int j = 0; j < SF_MAX_IN; j++)
         many[j] = 1 + j % 3;
-    for (int t = 0; t < 2; t++)
-        for (int l = 0; l < 2; l++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout lay = (sf_layout)l;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
             test_concat(s, dt, lay, 3, {3, 2}, 7, 5);
             test_concat(s, dt, lay, 3, {3, 1, 5}, 7, 5);
             test_concat(s, dt, lay, 2, many, 3, 3);   /* SF_MAX_IN inputs (DenseNet's dense blocks) */
@@ -105,10 +103,5 @@ int main(void)
         pass_or_fail("a slice past the output's channels is refused", rc == -1, "accepted");
         cudaFree(p);
     }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_concat");
+    return finish("test_concat");
 }

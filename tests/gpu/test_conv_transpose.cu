@@ -307,8 +307,6 @@ int main(void)
         return 0;
     cudaStream_t s = test_stream();
     cudnnHandle_t dnn = test_cudnn(s);
-    if (!dnn)
-        return 1;
 
     const convt_case ct[] = {
         {2, 256, 16, 16, 128, 2, 2, 0}, /* W2's decoder, batch 2 */
@@ -323,10 +321,10 @@ int main(void)
     for (const convt_case &cc : ct)
         test_convt(dnn, s, cc);
     test_convt_cache(dnn);
-    for (int t = 0; t < 2; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            test_convt_bias_dt(s, (sf_dtype)t, (sf_layout)lay, 5);
-            test_convt_bias_dt(s, (sf_dtype)t, (sf_layout)lay, 16);
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            test_convt_bias_dt(s, dt, lay, 5);
+            test_convt_bias_dt(s, dt, lay, 16);
         }
     const convt_case ct_bf16[] = {
         {2, 64, 16, 16, 32, 2, 2, 0}, /* W2's decoder */
@@ -348,10 +346,5 @@ int main(void)
                      !sf_convt_patch_ok(SF_LAYOUT_NCHW, 128, 64, 2, 2, 0),
                  "eligibility");
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_conv_transpose");
+    return finish("test_conv_transpose");
 }

@@ -159,11 +159,9 @@ int main(void)
         return 0;
     cudaStream_t s = test_stream();
     const float ps[3] = {0.f, 0.3f, 1.f};
-    for (int t = 0; t < 2; t++)
-        for (int l = 0; l < 2; l++)
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts)
             for (int rows = 0; rows < 2; rows++) {
-                const sf_dtype dt = (sf_dtype)t;
-                const sf_layout lay = (sf_layout)l;
                 for (int k = 0; k < 3; k++)
                     test_dropout(s, dt, lay, 3, 3, 7, 5, ps[k], rows, 0);
                 test_dropout(s, dt, lay, 16, 24, 9, 11, 0.5f, rows, 1); /* more samples, in place */
@@ -171,10 +169,5 @@ int main(void)
                 test_graph_replay(s, dt, lay, rows);
             }
     test_null_seq(s);
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_dropout");
+    return finish("test_dropout");
 }

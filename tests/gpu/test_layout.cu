@@ -37,10 +37,5 @@ int main(void)
     test_transpose(s, 3, 37, 45);
     test_transpose(s, 2, 4096, 3);
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_layout");
+    return finish("test_layout");
 }

@@ -250,10 +250,5 @@ int main(void)
             test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 4, 6, 3, 1, 1);
         }
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_linear");
+    return finish("test_linear");
 }

@@ -144,10 +144,8 @@ int main(void)
     if (skip_without_device())
         return 0;
     cudaStream_t s = test_stream();
-    for (int t = 0; t < 2; t++)
-        for (int l = 0; l < 2; l++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout lay = (sf_layout)l;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
             for (int bc = 0; bc < 2; bc++) {
                 test_mul(s, dt, lay, 3, 3, 7, 5, bc);   /* the odd sizes of the layer tests */
                 test_mul(s, dt, lay, 4, 40, 14, 14, bc); /* an SE block's shape, scaled down */
@@ -158,10 +156,5 @@ int main(void)
             test_channel_scale(s, dt, lay, 2, 1100, 3, 3); /* more channels than a block */
             test_channel_scale(s, dt, lay, 600, 4, 1, 1);  /* rows: more rows than chunks */
         }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_mul");
+    return finish("test_mul");
 }

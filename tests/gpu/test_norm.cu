@@ -108,10 +108,8 @@ int main(void)
         return 0;
     cudaStream_t s = test_stream();
 
-    for (int t = 0; t < 2; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout L = (sf_layout)lay;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout L : k_layouts) {
             /* layernorm2d: ConvNeXt's stem norm and block norm (96 channels),
              * odd sizes and channels, more positions than LN_CHUNKS, c > 32 */
             test_layernorm(s, dt, L, 2, 96, 14, 14, 1e-6f, 1);
@@ -123,10 +121,5 @@ int main(void)
             test_layernorm(s, dt, L, 3, 7, 1, 1, 1e-5f, 1);
             test_layernorm(s, dt, L, 300, 16, 1, 1, 1e-5f, 0);
         }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_norm");
+    return finish("test_norm");
 }

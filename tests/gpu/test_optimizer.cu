@@ -402,17 +402,11 @@ int main(void)
     test_adamw(s, 10007, 0.01f, 0);
     test_adamw(s, 1 << 16, 0.f, 0);
     test_adamw(s, 64, 0.05f, 1);
-    for (int t = 0; t < 2; t++) {
-        const sf_dtype dt = (sf_dtype)t;
+    for (const sf_dtype dt : k_dtypes) {
         test_weights_perm(s, dt, 0, 0);
         test_weights_perm(s, dt, 1, 0);
         test_weights_perm(s, dt, 0, 1);
     }
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_optimizer");
+    return finish("test_optimizer");
 }

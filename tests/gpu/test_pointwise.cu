@@ -409,8 +409,7 @@ int main(void)
     test_add(s, 999, 1, 1);
 
     /* element types (bf16), and the _dt launchers with SF_DT_F32 */
-    for (int t = 0; t < 2; t++) {
-        const sf_dtype dt = (sf_dtype)t;
+    for (const sf_dtype dt : k_dtypes) {
         test_relu_dt(s, dt, 1001, 0, 0);
         test_relu_dt(s, dt, 1 << 16, 0, 1);
         test_relu_dt(s, dt, 4099, 1, 0);
@@ -440,10 +439,5 @@ int main(void)
     test_cast(s, 40, 0, 3);
     test_fill_random_dt(s, 100003);
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_pointwise");
+    return finish("test_pointwise");
 }

@@ -359,10 +359,8 @@ int main(void)
         test_avgpool(s, 3, 5, 3, 5, L);
         test_avgpool(s, 4, 7, 1, 1, L);
     }
-    for (int t = 0; t < 2; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout L = (sf_layout)lay;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout L : k_layouts) {
             test_maxpool_dt(s, dt, 2, 64, 112, 112, 3, 2, 1, L, 0); /* ResNet-18's stem */
             test_maxpool_dt(s, dt, 3, 5, 13, 11, 3, 2, 1, L, 0);    /* odd sizes, C % 8 != 0 */
             test_maxpool_dt(s, dt, 2, 16, 9, 10, 3, 2, 1, L, 0);    /* odd h, vector channels */
@@ -396,10 +394,5 @@ int main(void)
 
     test_maxpool_pre_bn(s, 2, 64, 112, 112); /* ResNet-18's stem */
     test_maxpool_pre_bn(s, 3, 16, 9, 10);     /* odd sizes */
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_pool");
+    return finish("test_pool");
 }

@@ -273,10 +273,5 @@ int main(void)
         test_shape(h, s, shapes[i]);
 
     cudnnDestroy(h);
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_sdpa");
+    return finish("test_sdpa");
 }

@@ -192,12 +192,11 @@ int main(void)
     if (skip_without_device())
         return 0;
     cudaStream_t s = test_stream();
-    for (int t = 0; t < 2; t++) {
-        const sf_dtype dt = (sf_dtype)t;
-        for (int l = 0; l < 2; l++) {
-            test_to_tokens(s, dt, (sf_layout)l, 3, 7, 5, 3);
-            test_to_tokens(s, dt, (sf_layout)l, 2, 64, 14, 14); /* ViT-B/16's 196 patches (of 64 here) */
-            test_to_tokens(s, dt, (sf_layout)l, 2, 33, 1, 1);
+    for (const sf_dtype dt : k_dtypes) {
+        for (const sf_layout lay : k_layouts) {
+            test_to_tokens(s, dt, lay, 3, 7, 5, 3);
+            test_to_tokens(s, dt, lay, 2, 64, 14, 14); /* ViT-B/16's 196 patches (of 64 here) */
+            test_to_tokens(s, dt, lay, 2, 33, 1, 1);
         }
         test_class_token(s, dt, 3, 16, 24);
         test_class_token(s, dt, 2, 196, 64);
@@ -206,10 +205,5 @@ int main(void)
         test_select_token(s, dt, 3, 17, 24);
         test_select_token(s, dt, 2, 197, 64);
     }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_tokens");
+    return finish("test_tokens");
 }

@@ -80,11 +80,8 @@ static void test_nan(cudaStream_t s, sf_dtype dt)
     dbuf_free(bx); dbuf_free(by);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     for (const sf_dtype dt : k_dtypes) {
         for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
             test_act(s, dt, act, 3 * 3 * 7 * 5, 0, 0); /* n=3, C=3, 7x5 */
@@ -101,5 +98,9 @@ int main(void)
                      "accepted, or the error does not name it");
         cudaFree(p);
     }
-    return finish("test_activation");
+}
+
+int main(void)
+{
+    return run_op_test("test_activation", run_cases);
 }

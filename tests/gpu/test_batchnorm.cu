@@ -421,12 +421,8 @@ static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n
     cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     for (int lay = 0; lay < 2; lay++) {
         const sf_layout L = (sf_layout)lay;
         test_bn(s, 2, 64, 56, 56, L, 0); /* ResNet-18's first BN, batch 2 */
@@ -460,6 +456,9 @@ int main(void)
         test_bn_graph_replay(s, SF_DT_F32, (sf_layout)lay, 32, 64, 28, 0);
     test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 64, 28, 1);
     test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 512, 7, 0);
+}
 
-    return finish("test_batchnorm");
+int main(void)
+{
+    return run_op_test("test_batchnorm", run_cases);
 }

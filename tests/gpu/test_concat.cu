@@ -82,11 +82,8 @@ static void test_concat(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, const
     dbuf_free(by); dbuf_free(bdy);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     std::vector<int> many(SF_MAX_IN);
     for (int j = 0; j < SF_MAX_IN; j++)
         many[j] = 1 + j % 3;
@@ -103,5 +100,9 @@ int main(void)
         pass_or_fail("a slice past the output's channels is refused", rc == -1, "accepted");
         cudaFree(p);
     }
-    return finish("test_concat");
+}
+
+int main(void)
+{
+    return run_op_test("test_concat", run_cases);
 }

@@ -384,13 +384,8 @@ static void test_refuses(cudnnHandle_t dnn)
                  "eligibility");
 }
 
-int main(void)
+static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    cudnnHandle_t dnn = test_cudnn(s);
-
     /* EfficientNet-B0's expansion 24 -> 144 at 56x56 and RegNet-Y-400MF's
      * 104 -> 104 at 28x28, one to four samples; an odd small shape */
     std::vector<pw_case> cases;
@@ -413,5 +408,9 @@ int main(void)
     test_refuses(dnn);
 
     cudnnDestroy(dnn);
-    return finish("test_conv_gemm");
+}
+
+int main(void)
+{
+    return run_op_test("test_conv_gemm", run_cases);
 }

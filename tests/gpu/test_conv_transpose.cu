@@ -301,13 +301,8 @@ static void test_convt_patch(cudaStream_t s, int n, int c, int h, int w, int bia
     cudaFree(x_); cudaFree(w_); cudaFree(b_); cudaFree(y_);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    cudnnHandle_t dnn = test_cudnn(s);
-
     const convt_case ct[] = {
         {2, 256, 16, 16, 128, 2, 2, 0}, /* W2's decoder, batch 2 */
         {2, 128, 32, 32, 64, 2, 2, 0},
@@ -345,6 +340,9 @@ int main(void)
                      !sf_convt_patch_ok(SF_LAYOUT_NCHW, 32, 16, 3, 2, 0) &&
                      !sf_convt_patch_ok(SF_LAYOUT_NCHW, 128, 64, 2, 2, 0),
                  "eligibility");
+}
 
-    return finish("test_conv_transpose");
+int main(void)
+{
+    return run_op_test("test_conv_transpose", run_cases);
 }

@@ -153,11 +153,8 @@ static void test_null_seq(cudaStream_t s)
     dbuf_free(bx); dbuf_free(by);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     const float ps[3] = {0.f, 0.3f, 1.f};
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts)
@@ -169,5 +166,9 @@ int main(void)
                 test_graph_replay(s, dt, lay, rows);
             }
     test_null_seq(s);
-    return finish("test_dropout");
+}
+
+int main(void)
+{
+    return run_op_test("test_dropout", run_cases);
 }

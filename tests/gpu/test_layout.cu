@@ -28,14 +28,13 @@ static void test_transpose(cudaStream_t s, int batch, int rows, int cols)
     cudaFree(dy);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     test_transpose(s, 3, 37, 45);
     test_transpose(s, 2, 4096, 3);
+}
 
-    return finish("test_layout");
+int main(void)
+{
+    return run_op_test("test_layout", run_cases);
 }

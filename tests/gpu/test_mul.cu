@@ -139,11 +139,8 @@ static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n
     cudaFree(d_s); cudaFree(d_ds); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
             for (int bc = 0; bc < 2; bc++) {
@@ -156,5 +153,9 @@ int main(void)
             test_channel_scale(s, dt, lay, 2, 1100, 3, 3); /* more channels than a block */
             test_channel_scale(s, dt, lay, 600, 4, 1, 1);  /* rows: more rows than chunks */
         }
-    return finish("test_mul");
+}
+
+int main(void)
+{
+    return run_op_test("test_mul", run_cases);
 }

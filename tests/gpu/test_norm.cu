@@ -102,12 +102,8 @@ static void test_layernorm(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, in
     cudaFree(dga); cudaFree(dbe); cudaFree(dm); cudaFree(dr); cudaFree(ddg); cudaFree(ddb); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout L : k_layouts) {
             /* layernorm2d: ConvNeXt's stem norm and block norm (96 channels),
@@ -121,5 +117,9 @@ int main(void)
             test_layernorm(s, dt, L, 3, 7, 1, 1, 1e-5f, 1);
             test_layernorm(s, dt, L, 300, 16, 1, 1, 1e-5f, 0);
         }
-    return finish("test_norm");
+}
+
+int main(void)
+{
+    return run_op_test("test_norm", run_cases);
 }

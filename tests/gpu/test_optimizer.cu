@@ -388,12 +388,8 @@ static void test_sgd_mixed(cudaStream_t s, float momentum)
     cudaFree(gd); cudaFree(w1); cudaFree(w2); cudaFree(dh);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     test_sgd(s, 0.9f, 0);
     test_sgd(s, 0.9f, 1);
     test_sgd(s, 0.f, 0);
@@ -407,6 +403,9 @@ int main(void)
         test_weights_perm(s, dt, 1, 0);
         test_weights_perm(s, dt, 0, 1);
     }
+}
 
-    return finish("test_optimizer");
+int main(void)
+{
+    return run_op_test("test_optimizer", run_cases);
 }

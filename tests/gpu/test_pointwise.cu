@@ -389,12 +389,8 @@ static void test_bias_grad_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, 
     cudaFree(d_db); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     test_relu(s, 1001);
     test_relu(s, 1 << 16);
     test_bias_grad(s, 100003, 16, 1);
@@ -438,6 +434,9 @@ int main(void)
     test_cast(s, 333, 1, 0);
     test_cast(s, 40, 0, 3);
     test_fill_random_dt(s, 100003);
+}
 
-    return finish("test_pointwise");
+int main(void)
+{
+    return run_op_test("test_pointwise", run_cases);
 }

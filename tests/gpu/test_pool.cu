@@ -341,12 +341,8 @@ static void test_maxpool_pre_bn(cudaStream_t s, int n, int c, int h, int w)
     cudaFree(rm); cudaFree(rv); cudaFree(sm); cudaFree(si); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     for (int lay = 0; lay < 2; lay++) {
         const sf_layout L = (sf_layout)lay;
         test_maxpool(s, 2, 64, 112, 112, 3, 2, 1, L); /* ResNet-18's stem */
@@ -394,5 +390,9 @@ int main(void)
 
     test_maxpool_pre_bn(s, 2, 64, 112, 112); /* ResNet-18's stem */
     test_maxpool_pre_bn(s, 3, 16, 9, 10);     /* odd sizes */
-    return finish("test_pool");
+}
+
+int main(void)
+{
+    return run_op_test("test_pool", run_cases);
 }

@@ -187,11 +187,8 @@ static void test_select_token(cudaStream_t s, sf_dtype dt, int n, int t, int c)
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     for (const sf_dtype dt : k_dtypes) {
         for (const sf_layout lay : k_layouts) {
             test_to_tokens(s, dt, lay, 3, 7, 5, 3);
@@ -205,5 +202,9 @@ int main(void)
         test_select_token(s, dt, 3, 17, 24);
         test_select_token(s, dt, 2, 197, 64);
     }
-    return finish("test_tokens");
+}
+
+int main(void)
+{
+    return run_op_test("test_tokens", run_cases);
 }

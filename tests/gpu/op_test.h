@@ -167,6 +167,13 @@ static __attribute__((unused)) void round_dt(std::vector<float> &v, sf_dtype dt)
         sf_bf16_round_n(v.data(), v.size());
 }
 
+/* Fresh random inputs (rand_fill) as element type dt holds them (round_dt). */
+static __attribute__((unused)) void rand_fill_dt(std::vector<float> &v, sf_dtype dt, float scale, float offset = 0.f)
+{
+    rand_fill(v, scale, offset);
+    round_dt(v, dt);
+}
+
 /* A device tensor of n elements of dt; p is `mis` elements past the start of a
  * fresh cudaMalloc (256-byte aligned), so mis = 1 breaks 16-byte alignment. */
 struct dbuf {

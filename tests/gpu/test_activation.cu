@@ -23,10 +23,8 @@ static void test_act(cudaStream_t s, sf_dtype dt, int act, size_t len, int mis, 
     snprintf(nm, sizeof nm, "%s %s len %zu%s%s", ACT_NAMES[act], dtname(dt), len, mis ? " misaligned" : "",
              in_place ? " in place" : "");
     std::vector<float> x(len), dy(len);
-    rand_fill(x, 8.f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 8.f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(len), dxr(len);
     sf_ref_act_fwd_f64(act, xd.data(), len, yr.data());
     sf_ref_act_bwd_f64(act, xd.data(), dyd.data(), len, dxr.data());

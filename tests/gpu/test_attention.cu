@@ -30,8 +30,7 @@
 static std::vector<float> rnd(size_t n, sf_dtype dt, float scale)
 {
     std::vector<float> v(n);
-    rand_fill(v, scale);
-    round_dt(v, dt);
+    rand_fill_dt(v, dt, scale);
     return v;
 }
 

@@ -135,14 +135,12 @@ static void test_bn_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, 
     const float eps = 1e-5f, mom = 0.1f;
     const double tolc = dt == SF_DT_BF16 ? 1e-3 : 1e-4;
     std::vector<float> x(len), dy(len), gamma(c), beta(c), rm(c), rv(c);
-    rand_fill(x, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
-    rand_fill(dy, 1.f);
+    rand_fill_dt(x, dt, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
+    rand_fill_dt(dy, dt, 1.f);
     rand_fill(gamma, 0.5f, 1.f);
     rand_fill(beta, 0.5f);
     rand_fill(rm, 0.5f);
     rand_fill(rv, 0.4f, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm),
                         rvd = to_d(rv), yr(len), smr(c), sir(c), dxr(len), dgr(c), dbr(c);
     sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd.data(), rvd.data(),
@@ -254,14 +252,12 @@ static void test_bn_res(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w,
     const size_t len = (size_t)n * c * h * w;
     const float eps = 1e-5f, mom = 0.1f;
     std::vector<float> x(len), r(len), gamma(c), beta(c), rm(c), rv(c);
-    rand_fill(x, 2.f, 3.f);
-    rand_fill(r, 1.f);
+    rand_fill_dt(x, dt, 2.f, 3.f);
+    rand_fill_dt(r, dt, 1.f);
     rand_fill(gamma, 0.5f, 1.f);
     rand_fill(beta, 0.5f);
     rand_fill(rm, 0.5f);
     rand_fill(rv, 0.4f, 1.f);
-    round_dt(x, dt);
-    round_dt(r, dt);
     std::vector<double> xd = to_d(x), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm), rvd = to_d(rv), yt(len),
                         ye(len), smr(c), sir(c);
     std::vector<double> rmd2 = rmd, rvd2 = rvd;

@@ -36,8 +36,7 @@ static void test_concat(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, const
     const size_t hw = (size_t)h * w, len = (size_t)n * ctot * hw;
     std::vector<double> yr(len), dyd;
     std::vector<float> dy(len);
-    rand_fill(dy, 1.f);
-    round_dt(dy, dt);
+    rand_fill_dt(dy, dt, 1.f);
     dyd = to_d(dy);
     dbuf by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0);
     poison_dt(by);
@@ -48,8 +47,7 @@ static void test_concat(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, const
     for (size_t j = 0; j < cs.size(); j++) {
         const size_t lj = (size_t)n * cs[j] * hw;
         std::vector<float> x(lj);
-        rand_fill(x, 1.f);
-        round_dt(x, dt);
+        rand_fill_dt(x, dt, 1.f);
         std::vector<double> xd = to_d(x), g(lj);
         sf_ref_concat_put_f64(xd.data(), n, cs[j], hw, ctot, c0, yr.data());
         sf_ref_concat_take_f64(dyd.data(), n, cs[j], hw, ctot, c0, g.data());

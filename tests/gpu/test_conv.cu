@@ -48,13 +48,10 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
     const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
                  ny = (size_t)cc.n * cc.oc * oh * ow;
     std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(b, 0.5f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(wt, dt);
-    round_dt(dy, dt); /* b stays fp32: the epilogues' bias is an fp32 tensor */
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(wt, dt, 0.5f);
+    rand_fill(b, 0.5f); /* b stays fp32: the epilogues' bias is an fp32 tensor */
+    rand_fill_dt(dy, dt, 1.f);
 
     /* reference in double: the convolution, + bias, relu(conv + bias) */
     std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
@@ -467,12 +464,9 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
     const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
                  ny = (size_t)cc.n * cc.oc * oh * ow;
     std::vector<float> x(nx), wt(nw), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(wt, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(wt, dt, 0.5f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), wd = to_d(wt), dyd = to_d(dy);
     std::vector<double> yr(ny), dxr(nx), dwr(nw);
     sf_ref_conv2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad,
@@ -603,12 +597,9 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
              cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, lname(lay),
              dt == SF_DT_BF16 ? "bf16" : tf32 ? "tf32" : "fp32");
     std::vector<float> x(nx), wt(nw), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(wt, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(wt, dt, 0.5f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), wd = to_d(wt), dyd = to_d(dy), yr(ny), dxr(nx), dwr(nw);
     sf_ref_conv2d_gd_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad, dil,
                              groups, yr.data());

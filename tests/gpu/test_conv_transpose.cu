@@ -128,11 +128,9 @@ static void test_convt_bias_dt(cudaStream_t s, sf_dtype dt, sf_layout L, int oc)
     snprintf(nm, sizeof nm, "convT bias_dt %s %s out [%d,%d,%d,%d]", dtname(dt), lname(L), d.n, oc, oh, ow);
     const size_t len = (size_t)d.n * oc * oh * ow;
     std::vector<float> y(len), dy(len), b(oc);
-    rand_fill(y, 1.f);
-    rand_fill(dy, 1.f);
+    rand_fill_dt(y, dt, 1.f);
+    rand_fill_dt(dy, dt, 1.f);
     rand_fill(b, 0.5f);
-    round_dt(y, dt);
-    round_dt(dy, dt);
     /* reference in NCHW */
     std::vector<double> yr(len), dyr(len), dbr(oc, 0.0);
     for (size_t i = 0; i < len; i++) {

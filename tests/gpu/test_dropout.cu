@@ -48,8 +48,7 @@ static void test_dropout(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int 
              lname(lay), n, c, h, w, (double)p, in_place ? " in place" : "");
     const size_t hw = (size_t)h * w, elems = (size_t)c * hw, len = (size_t)n * elems;
     std::vector<float> x(len);
-    rand_fill(x, 1.f);
-    round_dt(x, dt);
+    rand_fill_dt(x, dt, 1.f);
     const uint64_t seq = 1234567;
     const std::vector<double> ref = reference(dt, x, n, elems, p, seq, rows);
     dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
@@ -88,8 +87,7 @@ static void test_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout lay, int ro
     const size_t hw = (size_t)h * w, elems = (size_t)c * hw, len = (size_t)n * elems;
     const float p = rows ? 0.5f : 0.3f;
     std::vector<float> x(len);
-    rand_fill(x, 1.f);
-    round_dt(x, dt);
+    rand_fill_dt(x, dt, 1.f);
     dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
     uint64_t *d_seq = dalloc<uint64_t>(1);
     up_dt(bx, to_lay(x, lay, n, c, h, w));

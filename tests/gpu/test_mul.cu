@@ -32,12 +32,9 @@ static void test_mul(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, i
              bcast ? " b broadcast" : "");
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw, blen = bcast ? (size_t)n * c : len;
     std::vector<float> a(len), b(blen), dy(len);
-    rand_fill(a, 1.f);
-    rand_fill(b, 1.f);
-    rand_fill(dy, 1.f);
-    round_dt(a, dt);
-    round_dt(b, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(a, dt, 1.f);
+    rand_fill_dt(b, dt, 1.f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> ad = to_d(a), bd = to_d(b), dyd = to_d(dy), yr(len), dar(len), dbr(blen);
     const size_t bhw = bcast ? 1 : hw;
     sf_ref_mul_fwd_f64(ad.data(), bd.data(), n, c, hw, bhw, yr.data());
@@ -90,11 +87,9 @@ static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n
     snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d", dtname(dt), lname(lay), n, c, h, w);
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw;
     std::vector<float> x(len), sc(c), dy(len);
-    rand_fill(x, 1.f);
+    rand_fill_dt(x, dt, 1.f);
     rand_fill(sc, 1.f); /* fp32, as the parameter is */
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), sd = to_d(sc), dyd = to_d(dy), yr(len), dxr(len), dsr(c);
     sf_ref_channel_scale_fwd_f64(xd.data(), n, c, hw, sd.data(), yr.data());
     sf_ref_channel_scale_bwd_f64(xd.data(), n, c, hw, sd.data(), dyd.data(), dxr.data(), dsr.data());

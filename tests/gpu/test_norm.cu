@@ -24,12 +24,10 @@ static void test_layernorm(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, in
              eps, lname(lay), want_dx ? "" : " no dx");
     const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, pos = (size_t)n * hw;
     std::vector<float> x(nx), dy(nx), ga(c), be(c);
-    rand_fill(x, 2.f, 0.5f);
-    rand_fill(dy, 1.f);
+    rand_fill_dt(x, dt, 2.f, 0.5f);
+    rand_fill_dt(dy, dt, 1.f);
     rand_fill(ga, 0.5f, 1.f);
     rand_fill(be, 0.5f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(ga), bd = to_d(be), yr(nx), dxr(nx), dgr(c), dbr(c);
     sf_ref_layernorm_fwd_f64(xd.data(), n, c, hw, gd.data(), bd.data(), (double)eps, yr.data());
     sf_ref_layernorm_bwd_f64(xd.data(), n, c, hw, gd.data(), (double)eps, dyd.data(), dxr.data(), dgr.data(),

@@ -277,8 +277,7 @@ static void test_weights_perm(cudaStream_t s, sf_dtype dt, int mis, int big)
 
     /* grads_model: a device gradient of dt; g holds a sentinel everywhere */
     std::vector<float> gdv(len);
-    rand_fill(gdv, 0.1f);
-    round_dt(gdv, dt);
+    rand_fill_dt(gdv, dt, 0.1f);
     dbuf bg = dbuf_make(dt, len, mis);
     up_dt(bg, gdv);
     const float sentinel = -12345.678f;

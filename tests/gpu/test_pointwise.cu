@@ -100,10 +100,8 @@ static void test_relu_dt(cudaStream_t s, sf_dtype dt, size_t len, int mis, int i
     snprintf(nm, sizeof nm, "relu_dt %s len %zu%s%s", dtname(dt), len, mis ? " misaligned" : "",
              in_place ? " in place" : "");
     std::vector<float> x(len), dy(len);
-    rand_fill(x, 1.f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> yr(len), dxr(len);
     for (size_t i = 0; i < len; i++) {
         yr[i] = x[i] < 0 ? 0 : x[i];
@@ -186,10 +184,8 @@ static void test_add_dt(cudaStream_t s, sf_dtype dt, size_t len, int relu, int i
     snprintf(nm, sizeof nm, "add_dt %s%s len %zu%s%s", dtname(dt), relu ? " +relu" : "", len,
              in_place ? " in place" : "", mis ? " misaligned" : "");
     std::vector<float> a(len), b(len);
-    rand_fill(a, 1.f);
-    rand_fill(b, 1.f);
-    round_dt(a, dt);
-    round_dt(b, dt);
+    rand_fill_dt(a, dt, 1.f);
+    rand_fill_dt(b, dt, 1.f);
     std::vector<double> yr(len);
     for (size_t i = 0; i < len; i++) {
         const double v = (double)a[i] + b[i];
@@ -326,9 +322,8 @@ static void test_bias_act_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, s
              relu ? " +relu" : "", mis ? " misaligned" : "");
     const size_t len = outer * c * inner;
     std::vector<float> y(len), b(c);
-    rand_fill(y, 1.f);
+    rand_fill_dt(y, dt, 1.f);
     rand_fill(b, 0.5f); /* fp32, as the bias is */
-    round_dt(y, dt);
     std::vector<double> yr(len);
     for (size_t i = 0; i < len; i++) {
         double v = (double)y[i] + (bias ? (double)b[(i / inner) % c] : 0.0);
@@ -359,10 +354,8 @@ static void test_bias_grad_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, 
              with_db ? "" : " no db", mis ? " misaligned" : "");
     const size_t len = outer * c * inner;
     std::vector<float> dy(len), y(len);
-    rand_fill(dy, 1.f);
-    rand_fill(y, 1.f);
-    round_dt(dy, dt);
-    round_dt(y, dt);
+    rand_fill_dt(dy, dt, 1.f);
+    rand_fill_dt(y, dt, 1.f);
     std::vector<double> dyr(len), dbr(c, 0.0);
     for (size_t i = 0; i < len; i++) {
         dyr[i] = with_y ? (y[i] > 0 ? dy[i] : 0) : dy[i];

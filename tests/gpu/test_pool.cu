@@ -121,10 +121,8 @@ static void test_maxpool_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, in
     const int oh = pool_size(h, k, st, pad, ceil_mode), ow = pool_size(w, k, st, pad, ceil_mode);
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
     std::vector<float> x(nx), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt); /* bf16 makes ties in a window common: the first maximum must win */
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f); /* bf16 makes ties in a window common: the first maximum must win */
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
     std::vector<int32_t> amr(ny);
     sf_ref_maxpool2d_fwd_sized_f64(xd.data(), n, c, h, w, k, st, pad, oh, ow, yr.data(), amr.data());
@@ -172,10 +170,8 @@ static void test_avgpool_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, in
     snprintf(nm, sizeof nm, "avgpool_dt %s n%d c%d %dx%d %s", dtname(dt), n, c, h, w, lname(L));
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c;
     std::vector<float> x(nx), dy(ny);
-    rand_fill(x, 1.f, 0.25f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f, 0.25f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
     sf_ref_avgpool_fwd_f64(xd.data(), n, c, h, w, yr.data());
     sf_ref_avgpool_bwd_f64(dyd.data(), n, c, h, w, dxr.data());
@@ -216,10 +212,8 @@ static void test_avgpool2d_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, 
     const int oh = pool_size(h, k, st, pad, ceil_mode), ow = pool_size(w, k, st, pad, ceil_mode);
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
     std::vector<float> x(nx), dy(ny);
-    rand_fill(x, 1.f, 0.25f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f, 0.25f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
     sf_ref_avgpool2d_fwd_f64(xd.data(), n, c, h, w, k, st, pad, cip, oh, ow, yr.data());
     sf_ref_avgpool2d_bwd_f64(dyd.data(), n, c, h, w, k, st, pad, cip, oh, ow, dxr.data());
@@ -256,10 +250,8 @@ static void test_adaptive_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, i
              lname(L));
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
     std::vector<float> x(nx), dy(ny);
-    rand_fill(x, 1.f, 0.25f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f, 0.25f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
     sf_ref_adaptive_avgpool2d_fwd_f64(xd.data(), n, c, h, w, oh, ow, yr.data());
     sf_ref_adaptive_avgpool2d_bwd_f64(dyd.data(), n, c, h, w, oh, ow, dxr.data());

@@ -18,8 +18,7 @@
 static std::vector<float> rnd(size_t n, sf_dtype dt)
 {
     std::vector<float> v(n);
-    rand_fill(v, 1.f);
-    round_dt(v, dt);
+    rand_fill_dt(v, dt, 1.f);
     return v;
 }
 
@@ -72,8 +71,7 @@ static void test_class_token(cudaStream_t s, sf_dtype dt, int n, int t, int c)
     snprintf(nm, sizeof nm, "class_token %s n%d t%d+1 c%d", dtname(dt), n, t, c);
     const size_t lx = (size_t)n * t * c, ly = (size_t)n * (t + 1) * c;
     std::vector<float> x = rnd(lx, dt), dy = rnd(ly, dt), cls(c);
-    rand_fill(cls, 1.f);
-    round_dt(cls, dt); /* the output holds it in dt: exact only if representable */
+    rand_fill_dt(cls, dt, 1.f); /* the output holds it in dt: exact only if representable */
     std::vector<double> xd = to_d(x), dyd = to_d(dy), cd = to_d(cls), yr(ly), dxr(lx), dcr(c);
     sf_ref_prepend_token_fwd_f64(xd.data(), n, t, c, cd.data(), yr.data());
     sf_ref_prepend_token_bwd_f64(dyd.data(), n, t, c, dxr.data(), dcr.data());

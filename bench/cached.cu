@@ -30,12 +30,12 @@
  * "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
-#include "../collective/collective.h"
-#include "../collective/kv_table.h"
-#include "../gpu/aug.h"
-#include "../gpu/backend.h"
-#include "../gpu/model.h"
-#include "../gpu/rng.h"
+#include "collective/collective.h"
+#include "collective/kv_table.h"
+#include "gpu/aug.h"
+#include "gpu/backend.h"
+#include "gpu/model.h"
+#include "gpu/rng.h"
 }
 
 #include <stdio.h>

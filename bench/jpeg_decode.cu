@@ -25,10 +25,10 @@
  * "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
-#include "../gpu/backend.h"
-#include "../gpu/cuda/jpeg_decode.h"
+#include "gpu/backend.h"
+#include "gpu/cuda/jpeg_decode.h"
 }
-#include "../gpu/cuda/check.h"
+#include "gpu/cuda/check.h"
 
 #include <dirent.h>
 #include <stdio.h>

@@ -22,7 +22,7 @@
  * Exits 0 with "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
-#include "../gpu/model.h"
+#include "gpu/model.h"
 }
 
 #include <stdio.h>
@@ -34,7 +34,7 @@ extern "C" {
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
-#include "../gpu/cuda/executor.h"
+#include "gpu/cuda/executor.h"
 
 #define CK(x)                                                                                   \
     do {                                                                                         \

@@ -33,12 +33,12 @@
  *                 (area, log ratio, top, left) as random_resized_crop's, keyed
  *                 with SF_AUG_ERASE_KEY; erase_seed = sf_hash4(seed, seq, i,
  *                 SF_AUG_ERASE_KEY)
- * Batch-level (sf_aug_gen_mix): doubles u_k from sf_hash4(seed, seq,
+ * Batch-level (sf_aug_gen_mix, gpu/aug_mix.c): doubles u_k from sf_hash4(seed, seq,
  *   SF_AUG_MIX_KEY, k): u_0 picks mixup or cutmix when both are listed, u_1 < p
  *   applies it, u_2, u_3 the cutmix centre, u_16 on the gamma variates.
  */
 #include "gpu/common.h"
-#include "aug.h"
+#include "gpu/aug.h"
 
 #include <ctype.h>
 #include <float.h>
@@ -49,12 +49,11 @@
 
 #include <cjson/cJSON.h>
 
-#include "rng.h"
+#include "gpu/rng.h"
 
 #define SF_AUG_MASK_KEY 0x4D41534Bull /* "MASK" */
 #define SF_AUG_RRC_KEY 0x52524321ull  /* "RRC!" */
 #define SF_AUG_ERASE_KEY 0x45524153ull /* "ERAS" */
-#define SF_AUG_MIX_KEY 0x4D495855ull   /* "MIXU" */
 #define SF_AUG_MAX_DIM 16384          /* largest image side, source or output */
 #define SF_AUG_MAX_DILATE 32
 
@@ -777,13 +776,6 @@ static float draw_rrc(uint64_t seed, uint64_t seq, int i, int op, int a, int d)
     return sf_u01(sf_hash4(key, (uint64_t)a, (uint64_t)d, SF_AUG_RRC_KEY));
 }
 
-/* floor(u * (range + 1)) clamped to [0, range]: a uniform offset. */
-static int offset_in(float u, int range)
-{
-    int v = (int)(u * (float)(range + 1));
-    return v > range ? range : v < 0 ? 0 : v;
-}
-
 /* Composes the crop of image k at (x0, y0), cw x ch, into m (image k ->
  * source). While m only translates or mirrors the source (clip_live: no resize
  * or rotation yet), the window, in source pixels, also narrows the clamp box. */
@@ -832,8 +824,8 @@ static void rrc_window(const sf_aug_op *op, uint64_t seed, uint64_t seq, int i, 
         if (tw > 0 && tw <= w && th > 0 && th <= h) {
             *cw = tw;
             *ch = th;
-            *y0 = offset_in(draw_rrc(seed, seq, i, k, a, 2), h - th);
-            *x0 = offset_in(draw_rrc(seed, seq, i, k, a, 3), w - tw);
+            *y0 = sf_offset_in(draw_rrc(seed, seq, i, k, a, 2), h - th);
+            *x0 = sf_offset_in(draw_rrc(seed, seq, i, k, a, 3), w - tw);
             return;
         }
     }
@@ -873,8 +865,8 @@ static void erase_window(const sf_aug_op *op, uint64_t seed, uint64_t seq, int i
         const int eh = (int)rint(sqrt(target * ratio)), ew = (int)rint(sqrt(target / ratio));
         if (!(eh < h && ew < w))
             continue;
-        box[1] = offset_in(sf_u01(sf_hash4(key, (uint64_t)a, 2, SF_AUG_ERASE_KEY)), h - eh);
-        box[0] = offset_in(sf_u01(sf_hash4(key, (uint64_t)a, 3, SF_AUG_ERASE_KEY)), w - ew);
+        box[1] = sf_offset_in(sf_u01(sf_hash4(key, (uint64_t)a, 2, SF_AUG_ERASE_KEY)), h - eh);
+        box[0] = sf_offset_in(sf_u01(sf_hash4(key, (uint64_t)a, 3, SF_AUG_ERASE_KEY)), w - ew);
         box[2] = eh > 0 ? ew : 0; /* an empty box erases nothing */
         box[3] = ew > 0 ? eh : 0;
         return;
@@ -907,8 +899,8 @@ typedef struct aug_gen {
 static void random_crop_gen(aug_gen *g, const sf_aug_op *op, int k)
 {
     /* h >= size_h and w >= size_w: checked by the plan */
-    const int y0 = offset_in(draw(g->seed, g->seq, g->i, k, 0), g->h - op->size_h);
-    const int x0 = offset_in(draw(g->seed, g->seq, g->i, k, 1), g->w - op->size_w);
+    const int y0 = sf_offset_in(draw(g->seed, g->seq, g->i, k, 0), g->h - op->size_h);
+    const int x0 = sf_offset_in(draw(g->seed, g->seq, g->i, k, 1), g->w - op->size_w);
     crop_into(g->m, g->s->clip, g->clip_live, x0, y0, op->size_w, op->size_h, g->s);
     g->h = op->size_h;
     g->w = op->size_w;
@@ -1011,7 +1003,7 @@ static void jitter_gen(aug_gen *g, const sf_aug_op *op, int k)
     for (int f = 0; f < 4; f++)
         s->jitter_order[f] = (uint8_t)f;
     for (int j = 3; j > 0; j--) {
-        const int r = offset_in(draw(g->seed, g->seq, g->i, k, 7 - j), j);
+        const int r = sf_offset_in(draw(g->seed, g->seq, g->i, k, 7 - j), j);
         const uint8_t t = s->jitter_order[j];
         s->jitter_order[j] = s->jitter_order[r];
         s->jitter_order[r] = t;
@@ -1441,97 +1433,4 @@ void sf_aug_gen_ragged(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64
         gen_one(p, plan, seed, seq, i, h, w, off, &out[i]);
         off += (size_t)plan->c * (size_t)h * (size_t)w;
     }
-}
-
-/* ---- batch-level mixing ------------------------------------------------- */
-
-float sf_aug_mix_loss_lam(const sf_aug_mix *mix)
-{
-    return mix->lam > 0.0f ? mix->lam : FLT_MIN;
-}
-
-/* Draw k of batch seq's mixing: a uniform double in [0, 1). */
-static double mix_u(uint64_t seed, uint64_t seq, uint64_t k)
-{
-    return (double)(sf_hash4(seed, seq, SF_AUG_MIX_KEY, k) >> 11) * 0x1p-53;
-}
-
-/* A standard normal (Box-Muller) from draws k, k+1. */
-static double mix_normal(uint64_t seed, uint64_t seq, uint64_t k)
-{
-    const double u1 = 1.0 - mix_u(seed, seq, k); /* (0, 1]: log is finite */
-    const double u2 = mix_u(seed, seq, k + 1);
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
-
-/* Gamma(a, 1) by Marsaglia and Tsang's method (a < 1: Gamma(a + 1) times
- * U^(1/a)), drawing from counter *k on. The rejection loop is bounded; its
- * acceptance rate is above 95%, so the bound is never reached in practice. */
-static double mix_gamma(uint64_t seed, uint64_t seq, double a, uint64_t *k)
-{
-    double boost = 1.0;
-    if (a < 1.0) {
-        boost = pow(1.0 - mix_u(seed, seq, (*k)++), 1.0 / a);
-        a += 1.0;
-    }
-    const double d = a - 1.0 / 3.0, c = 1.0 / sqrt(9.0 * d);
-    for (int tries = 0; tries < 64; tries++) {
-        const double x = mix_normal(seed, seq, *k);
-        const double u = 1.0 - mix_u(seed, seq, *k + 2);
-        *k += 3;
-        double v = 1.0 + c * x;
-        if (v <= 0.0)
-            continue;
-        v = v * v * v;
-        if (log(u) < 0.5 * x * x + d - d * v + d * log(v))
-            return d * v * boost;
-    }
-    return d * boost;
-}
-
-void sf_aug_gen_mix(const sf_aug_pipeline *p, const sf_aug_plan *plan, uint64_t seed, uint64_t seq,
-                    int n, sf_aug_mix *out)
-{
-    memset(out, 0, sizeof *out);
-    out->kind = SF_MIX_NONE;
-    out->lam = 1.0f;
-    if (!plan->has_mix || n < 2)
-        return; /* a batch of one mixed with itself is itself, labels included */
-    const sf_aug_op *mixup = NULL, *cutmix = NULL;
-    for (int k = 0; k < p->n_ops; k++) {
-        if (p->ops[k].kind == SF_AUG_MIXUP)
-            mixup = &p->ops[k];
-        else if (p->ops[k].kind == SF_AUG_CUTMIX)
-            cutmix = &p->ops[k];
-    }
-    /* Both listed: one of them per batch with equal probability, as
-     * torchvision's RandomChoice([MixUp, CutMix]) of its reference recipes. */
-    const sf_aug_op *op = mixup && cutmix ? (mix_u(seed, seq, 0) < 0.5 ? mixup : cutmix)
-                                          : mixup ? mixup : cutmix;
-    if (!op || !(mix_u(seed, seq, 1) < op->p))
-        return;
-    uint64_t k = 16;
-    const double x = mix_gamma(seed, seq, op->alpha, &k);
-    const double y = mix_gamma(seed, seq, op->alpha, &k);
-    const double lam = x + y > 0.0 ? x / (x + y) : (x >= y ? 1.0 : 0.0);
-    if (op->kind == SF_AUG_MIXUP) {
-        out->kind = SF_MIX_MIXUP;
-        out->lam = (float)lam;
-        return;
-    }
-    /* v2.CutMix: a centre uniform over the pixels, half-sides
-     * int(0.5 sqrt(1 - lam) W) and H, clamped to the image; lam becomes
-     * 1 - box area / image area. */
-    const int W = plan->out_w, H = plan->out_h;
-    const int rx = offset_in((float)mix_u(seed, seq, 2), W - 1);
-    const int ry = offset_in((float)mix_u(seed, seq, 3), H - 1);
-    const double r = 0.5 * sqrt(1.0 - lam);
-    const int rw = (int)(r * W), rh = (int)(r * H);
-    out->kind = SF_MIX_CUTMIX;
-    out->box[0] = rx - rw < 0 ? 0 : rx - rw;
-    out->box[1] = ry - rh < 0 ? 0 : ry - rh;
-    out->box[2] = rx + rw > W ? W : rx + rw;
-    out->box[3] = ry + rh > H ? H : ry + rh;
-    out->lam = (float)(1.0 - (double)(out->box[2] - out->box[0]) * (out->box[3] - out->box[1]) /
-                                 ((double)W * H));
 }

@@ -24,9 +24,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "aug.h"
+#include "gpu/aug.h"
 #include "collective/collective.h"
-#include "model.h"
+#include "gpu/model.h"
 
 typedef enum sf_precision { SF_PREC_FP32 = 0, SF_PREC_TF32, SF_PREC_BF16 } sf_precision;
 
@@ -315,8 +315,8 @@ typedef struct sf_backend_i {
     /* Runs `steps` training steps of batch b, after `warmup` more, starting
      * from the stage named by mode, and returns the elapsed wall seconds of
      * the timed steps in *seconds. Called with nothing in flight. The training
-     * state (parameters, optimizer state, step count) is the same afterwards
-     * as before: the backend restores it. */
+     * state (parameters, optimizer state, step count) is left as it was
+     * found: the backend restores it. */
     int (*bench)(sf_backend *be, const sf_batch *b, sf_bench_mode mode, int warmup, int steps,
                  double *seconds, char *err, size_t errlen);
 

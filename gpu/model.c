@@ -3,7 +3,7 @@
  * What differs by layer kind (fields, shapes, parameters, initialisation)
  * is in the kind's row of gpu/layers.c; this file loops over the rows. */
 #include "gpu/common.h"
-#include "model.h"
+#include "gpu/model.h"
 #include "gpu/layers.h"
 
 #include <math.h>

@@ -44,4 +44,12 @@ SF_HD float sf_u01(uint64_t h)
     return (float)(h >> 40) * (1.0f / 16777216.0f);
 }
 
+/* floor(u * (range + 1)) clamped to [0, range]: a uniform offset from a
+ * uniform u in [0, 1). */
+SF_HD int sf_offset_in(float u, int range)
+{
+    int v = (int)(u * (float)(range + 1));
+    return v > range ? range : v < 0 ? 0 : v;
+}
+
 #endif

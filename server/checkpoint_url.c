@@ -476,7 +476,7 @@ int sf_ckpt_url_transfer(const char *url, int confined, int fd, uint64_t max, co
             size_t n = strnlen(msg, sizeof e->msg - 1);
             memcpy(e->msg, msg, n);
             e->msg[n] = '\0';
-            if (e->status == 400) { /* another scheme: a failed fetch, as before */
+            if (e->status == 400) { /* another scheme: the url given was fine, its fetch failed */
                 e->status = 422;
                 snprintf(e->code, sizeof e->code, "url_fetch_failed");
             }

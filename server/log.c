@@ -109,8 +109,8 @@ static void fmt_number(char *out, size_t cap, double v)
  * seen such a stderr, lines go into a bounded buffer that one thread writes
  * out; when the buffer is full a line is dropped and counted, and the count
  * is logged once the reader has caught up. A regular file, a terminal or
- * /dev/null is written directly, in the caller, as before sf_log_start: its
- * writes do not wait on a reader, and a line is there as soon as the call
+ * /dev/null is written directly, in the caller, whether or not sf_log_start
+ * has run: its writes do not wait on a reader, and a line is there as soon as the call
  * returns. */
 
 static struct {

@@ -2,12 +2,12 @@
  * SiLU, hardswish, hardsigmoid and GELU (erf, tanh), forward and backward,
  * one grid-stride kernel each on fp32 or bf16 data. Contracts in
  * activation.h; the formulas are gpu/ref/activation.c's. */
-#include "activation.h"
+#include "gpu/cuda/activation.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 extern "C" {
-#include "../ref/layers.h"
+#include "gpu/ref/layers.h"
 }
 
 static_assert((int)SF_CUDA_ACT_RELU6 == SF_ACT_RELU6 && (int)SF_CUDA_ACT_SIGMOID == SF_ACT_SIGMOID &&

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "tensor.h"
+#include "gpu/cuda/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -19,9 +19,9 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "aug_post.h"
-#include "check.h"
-#include "../rng.h"
+#include "gpu/cuda/aug_post.h"
+#include "gpu/cuda/check.h"
+#include "gpu/rng.h"
 
 namespace {
 

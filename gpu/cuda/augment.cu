@@ -74,10 +74,10 @@
 #include <limits.h>
 #include <stdint.h>
 
-#include "augment.h"
-#include "aug_post.h"
-#include "check.h"
-#include "../rng.h"
+#include "gpu/cuda/augment.h"
+#include "gpu/cuda/aug_post.h"
+#include "gpu/cuda/check.h"
+#include "gpu/rng.h"
 
 #ifndef SF_AUG_FMA
 #define SF_AUG_FMA 1
@@ -1047,8 +1047,8 @@ struct Launch {
 };
 
 /* Plain kernels of up to 3 channels keep to 64 registers, 4 blocks of NT
- * threads per SM, as before the clamped taps and the rotation's coverage (which
- * pushed some to 78 registers; ptxas fits them without spills). With 4 channels
+ * threads per SM: ptxas fits the clamped taps and the rotation's coverage
+ * (which would take some to 78 registers) in that without spills. With 4 channels
  * that bound spills, and the antialias loops want more: those kernels get 2
  * blocks per SM (128 registers). */
 template <int C, bool NHWC, bool BLUR, bool AA, typename OutT>

@@ -28,7 +28,7 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-#include "check.h"
+#include "gpu/cuda/check.h"
 
 #ifdef __cplusplus
 /* gpu/aug.h is a C header without its own guard: give its declarations C
@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#include "../aug.h"
+#include "gpu/aug.h"
 
 /* Runs the plan on n samples on stream s.
  *   d_samples: device copy of the n sf_aug_sample (from sf_aug_gen).

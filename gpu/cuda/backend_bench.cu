@@ -7,7 +7,7 @@
  * momentum are snapshotted device-to-device before and restored after, the
  * step count likewise; it times with the host clock between full drains.
  */
-#include "backend_ctx.h"
+#include "gpu/cuda/backend_ctx.h"
 
 /* Enqueues warmup + steps steps of batch bt starting from the stage that mode
  * names, on the streams, buffers, events and graphs of submit(); sets *sec to

@@ -10,7 +10,7 @@
 extern "C" {
 #include <nvtx3/nvToolsExt.h>
 #include "gpu/common.h"
-#include "../backend.h"
+#include "gpu/backend.h"
 }
 #include "gpu/layers.h"
 
@@ -24,12 +24,12 @@ extern "C" {
 
 #include <cuda_runtime.h>
 
-#include "augment.h"
-#include "mix.h"
-#include "jpeg_decode.h"
-#include "nvml.h"
-#include "executor.h"
-#include "dist_nccl.h"
+#include "gpu/cuda/augment.h"
+#include "gpu/cuda/mix.h"
+#include "gpu/cuda/jpeg_decode.h"
+#include "gpu/cuda/nvml.h"
+#include "gpu/cuda/executor.h"
+#include "gpu/cuda/dist_nccl.h"
 
 #define CUDA_NBUF 3       /* device batch buffers = max_inflight */
 #define RING_CAP (4 * CUDA_NBUF)

@@ -47,7 +47,7 @@
  * backend_dist.cu the data-parallel hooks, empty rounds and watchdog;
  * backend_bench.cu the diagnose benchmark.
  */
-#include "backend_ctx.h"
+#include "gpu/cuda/backend_ctx.h"
 
 /* ---- clock ---------------------------------------------------------------- */
 
@@ -347,21 +347,10 @@ static int has_convt(const sf_model *m)
 }
 
 
-static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
+/* What the CUDA backend refuses in a build request, before anything is
+ * allocated: 0, or -1 with err. */
+static int build_refused(const cuda_ctx *c, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
 {
-    cuda_ctx *c = ctx_of(be);
-    cudaSetDevice(c->device);
-    if (c->sticky) {
-        sf_errf(err, errlen, "%s", c->sticky_msg);
-        return -1;
-    }
-    /* Work in flight finishes first; its events stay queued for the engine. */
-    if (c->q_count > 0) {
-        cudaStreamSynchronize(c->st_compute);
-        cudaStreamSynchronize(c->st_transform);
-        harvest(c, 1);
-    }
-    free_buffers(c);
     if (!m || !cfg) {
         sf_errf(err, errlen, "cuda build: model or config missing");
         return -1;
@@ -392,10 +381,112 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         return -1;
     }
     /* A kind (or a field value) without a CUDA implementation is refused
-     * here, naming the layer, before anything is allocated. */
+     * here, naming the layer. */
     for (int i = 0; i < m->n_layers; i++)
         if (sf_layer_cuda_check(m, i, err, errlen) != 0)
             return -1;
+    return 0;
+}
+
+/* The activation layout of model m at cfg's precision, pipeline.layout
+ * overriding. Measured on the W1 step (H100, batch 32, graphs): TF32 tensor
+ * cores run best on NHWC (2.19 ms vs 4.05 ms NCHW); strict fp32 runs best on
+ * NCHW (5.29 ms vs 6.64 ms NHWC); bf16 tensor cores want NHWC too (H200,
+ * ResNet-18 batch 1024: bf16 NHWC 21.2k samples/s; tf32 NHWC 9.1k vs NCHW
+ * 3.6k). Transposed convolutions (seed-encdec, tf32, batch 8) run faster
+ * NCHW: 0.82 ms vs 0.97 ms per step; in bf16 NHWC wins there too (0.55 ms). */
+static sf_layout build_layout(const sf_model *m, const sf_train_cfg *cfg)
+{
+    if (cfg->layout == SF_ACT_LAYOUT_NCHW)
+        return SF_LAYOUT_NCHW;
+    if (cfg->layout == SF_ACT_LAYOUT_NHWC)
+        return SF_LAYOUT_NHWC;
+    return cfg->precision != SF_PREC_FP32 && !(cfg->precision == SF_PREC_TF32 && has_convt(m)) ? SF_LAYOUT_NHWC
+                                                                                                : SF_LAYOUT_NCHW;
+}
+
+/* The executor's view of the batch buffers: one sf_net_io per buffer. */
+static void build_net_io(const cuda_ctx *c, sf_net_io io[SF_NET_MAX_BUF])
+{
+    memset(io, 0, sizeof(sf_net_io) * SF_NET_MAX_BUF);
+    for (int b = 0; b < c->nbuf; b++) {
+        io[b].x = c->buf[b].d_x;
+        io[b].labels = c->buf[b].d_lab;
+        io[b].hyper = (const sf_sgd_hyper *)c->buf[b].d_stage;
+        io[b].result = c->buf[b].d_res;
+        io[b].h_result = c->buf[b].h_res;
+        io[b].adamw = (const sf_adamw_hyper *)(c->buf[b].d_stage + STAGE_ADAMW_OFF);
+        io[b].ctl = (const sf_step_ctl *)(c->buf[b].d_stage + STAGE_CTL_OFF);
+    }
+}
+
+/* The executor's configuration from the training configuration. */
+static void build_net_cfg(const cuda_ctx *c, const sf_train_cfg *cfg, sf_net_cfg *nc)
+{
+    memset(nc, 0, sizeof *nc);
+    nc->layout = c->layout;
+    nc->tf32 = cfg->precision == SF_PREC_TF32;
+    nc->max_batch = cfg->max_batch;
+    nc->nbuf = c->nbuf;
+    nc->tune = cfg->tune_configs > 0 ? cfg->tune_configs : 8;
+    nc->no_fork = cfg->sw.no_fork;
+    nc->no_fuse = cfg->sw.no_fuse;
+    nc->no_thin = cfg->sw.no_thin;
+    nc->no_patch = cfg->sw.no_patch;
+    nc->no_s2d = cfg->sw.no_s2d;
+    nc->no_bn_fuse = cfg->sw.no_bn_fuse;
+    nc->keep_relu = cfg->sw.keep_relu;
+    nc->allow_rtc = cfg->sw.allow_rtc;
+    nc->seed = cfg->seed;
+    /* Each rank of a data-parallel job draws its own dropout masks (its
+     * samples are others than the other ranks' at the same batch index). */
+    nc->drop_seed = cfg->seed ^ (cfg->dist ? (uint64_t)cfg->dist->rank << 48 : 0);
+    nc->adamw = cfg->optim == SF_OPT_ADAMW;
+    nc->accum = c->accum_k;
+    nc->dt = cfg->precision == SF_PREC_BF16 ? SF_DT_BF16 : SF_DT_F32;
+}
+
+/* The JPEG decoder, sized once for the largest encoded batch. Without it the
+ * backend still trains raw batches; an encoded one fails naming why
+ * (c->jpeg_err). */
+static void build_jpeg(cuda_ctx *c, const sf_train_cfg *cfg)
+{
+    c->jpeg_err[0] = '\0';
+    if (cfg->jpeg_max_batch_pixels <= 0) {
+        snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: JPEG decoding is off (jpeg.max_batch_pixels is 0)");
+        return;
+    }
+    c->jpeg_stages = cfg->overlap ? 2 : 1;
+    c->jpeg_next = 0;
+    c->jpeg = sf_cuda_jpeg_new(cfg->max_batch, cfg->jpeg_max_batch_pixels, c->jpeg_stages, JPEG_LANES, c->jpeg_err,
+                               sizeof c->jpeg_err);
+    cudaGetLastError();
+    c->kept_samples = (sf_aug_sample *)calloc((size_t)cfg->max_batch, sizeof *c->kept_samples);
+    c->kept_labels = (uint8_t *)calloc((size_t)cfg->max_batch, 8);
+    if (c->jpeg && (!c->kept_samples || !c->kept_labels)) {
+        sf_cuda_jpeg_free(c->jpeg);
+        c->jpeg = NULL;
+        snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: out of memory for the JPEG batches' kept samples");
+    }
+}
+
+static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    if (c->sticky) {
+        sf_errf(err, errlen, "%s", c->sticky_msg);
+        return -1;
+    }
+    /* Work in flight finishes first; its events stay queued for the engine. */
+    if (c->q_count > 0) {
+        cudaStreamSynchronize(c->st_compute);
+        cudaStreamSynchronize(c->st_transform);
+        harvest(c, 1);
+    }
+    free_buffers(c);
+    if (build_refused(c, m, cfg, err, errlen))
+        return -1;
     c->m = *m;
     char e2[200];
     if (sf_model_resolve(&c->m, e2, sizeof e2) != 0) {
@@ -412,21 +503,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
     c->next_buf = 0;
     c->st_transform = cfg->overlap ? c->st_transform_own : c->st_compute;
     c->st_decode = cfg->overlap ? c->st_decode_own : c->st_compute;
-    /* Activation layout, measured on the W1 step (H100, batch 32, graphs):
-     * TF32 tensor cores run best on NHWC (2.19 ms vs 4.05 ms NCHW); strict fp32
-     * runs best on NCHW (5.29 ms vs 6.64 ms NHWC); bf16 tensor cores want
-     * NHWC too (H200, ResNet-18 batch 1024: bf16 NHWC 21.2k samples/s; tf32
-     * NHWC 9.1k vs NCHW 3.6k). Transposed convolutions (seed-encdec, tf32,
-     * batch 8) run faster NCHW: 0.82 ms vs 0.97 ms per step; in bf16 NHWC
-     * wins there too (0.55 ms). pipeline.layout overrides. */
-    if (cfg->layout == SF_ACT_LAYOUT_NCHW)
-        c->layout = SF_LAYOUT_NCHW;
-    else if (cfg->layout == SF_ACT_LAYOUT_NHWC)
-        c->layout = SF_LAYOUT_NHWC;
-    else
-        c->layout = cfg->precision != SF_PREC_FP32 && !(cfg->precision == SF_PREC_TF32 && has_convt(&c->m))
-                        ? SF_LAYOUT_NHWC
-                        : SF_LAYOUT_NCHW;
+    c->layout = build_layout(&c->m, cfg);
 
     sf_cuda_clear_error();
     if (alloc_buffers(c)) {
@@ -435,38 +512,9 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         return -1;
     }
     sf_net_io io[SF_NET_MAX_BUF];
-    memset(io, 0, sizeof io);
-    for (int b = 0; b < c->nbuf; b++) {
-        io[b].x = c->buf[b].d_x;
-        io[b].labels = c->buf[b].d_lab;
-        io[b].hyper = (const sf_sgd_hyper *)c->buf[b].d_stage;
-        io[b].result = c->buf[b].d_res;
-        io[b].h_result = c->buf[b].h_res;
-        io[b].adamw = (const sf_adamw_hyper *)(c->buf[b].d_stage + STAGE_ADAMW_OFF);
-        io[b].ctl = (const sf_step_ctl *)(c->buf[b].d_stage + STAGE_CTL_OFF);
-    }
+    build_net_io(c, io);
     sf_net_cfg nc;
-    memset(&nc, 0, sizeof nc);
-    nc.layout = c->layout;
-    nc.tf32 = cfg->precision == SF_PREC_TF32;
-    nc.max_batch = cfg->max_batch;
-    nc.nbuf = c->nbuf;
-    nc.tune = cfg->tune_configs > 0 ? cfg->tune_configs : 8;
-    nc.no_fork = cfg->sw.no_fork;
-    nc.no_fuse = cfg->sw.no_fuse;
-    nc.no_thin = cfg->sw.no_thin;
-    nc.no_patch = cfg->sw.no_patch;
-    nc.no_s2d = cfg->sw.no_s2d;
-    nc.no_bn_fuse = cfg->sw.no_bn_fuse;
-    nc.keep_relu = cfg->sw.keep_relu;
-    nc.allow_rtc = cfg->sw.allow_rtc;
-    nc.seed = cfg->seed;
-    /* Each rank of a data-parallel job draws its own dropout masks (its
-     * samples are others than the other ranks' at the same batch index). */
-    nc.drop_seed = cfg->seed ^ (cfg->dist ? (uint64_t)cfg->dist->rank << 48 : 0);
-    nc.adamw = cfg->optim == SF_OPT_ADAMW;
-    nc.accum = c->accum_k;
-    nc.dt = cfg->precision == SF_PREC_BF16 ? SF_DT_BF16 : SF_DT_F32;
+    build_net_cfg(c, cfg, &nc);
     /* A job of one rank (a benchmark, a test) runs the same NCCL path: what
      * it costs is what a larger job pays beside the transfers. */
     if (cfg->dist) {
@@ -492,25 +540,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         free_buffers(c);
         return -1;
     }
-    /* The JPEG decoder, sized once for the largest encoded batch. Without it
-     * the backend still trains raw batches; an encoded one fails naming why. */
-    c->jpeg_err[0] = '\0';
-    if (cfg->jpeg_max_batch_pixels > 0) {
-        c->jpeg_stages = cfg->overlap ? 2 : 1;
-        c->jpeg_next = 0;
-        c->jpeg = sf_cuda_jpeg_new(cfg->max_batch, cfg->jpeg_max_batch_pixels, c->jpeg_stages, JPEG_LANES,
-                                   c->jpeg_err, sizeof c->jpeg_err);
-        cudaGetLastError();
-        c->kept_samples = (sf_aug_sample *)calloc((size_t)cfg->max_batch, sizeof *c->kept_samples);
-        c->kept_labels = (uint8_t *)calloc((size_t)cfg->max_batch, 8);
-        if (c->jpeg && (!c->kept_samples || !c->kept_labels)) {
-            sf_cuda_jpeg_free(c->jpeg);
-            c->jpeg = NULL;
-            snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: out of memory for the JPEG batches' kept samples");
-        }
-    } else {
-        snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: JPEG decoding is off (jpeg.max_batch_pixels is 0)");
-    }
+    build_jpeg(c, cfg);
     c->steps = 0;
     c->built = 1;
     return 0;

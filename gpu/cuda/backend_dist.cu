@@ -4,7 +4,7 @@
  * the communicator made at its first use, and the watchdog that turns a peer
  * that stopped answering into a sticky error instead of a hang.
  */
-#include "backend_ctx.h"
+#include "gpu/cuda/backend_ctx.h"
 
 /* The executor's data-parallel hook (sf_net_cfg.grad_reduce): one bucket's
  * pieces summed over the ranks by NCCL, on the stream the executor gives

@@ -2,9 +2,9 @@
  * sums in double over fixed chunks, their fixed-order combination, and the
  * normalisation and its backward; an NHWC row path in 16-byte vectors for bf16.
  * Contracts in batchnorm.h. */
-#include "batchnorm.h"
+#include "gpu/cuda/batchnorm.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */

@@ -1,8 +1,8 @@
 /* gpu/cuda/concat.cu — kernels first, then launchers: the copy of one input
  * into its channels of a concatenation, and back. Contracts in concat.h. */
-#include "concat.h"
+#include "gpu/cuda/concat.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */

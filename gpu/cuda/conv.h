@@ -14,7 +14,7 @@
 
 #include <cudnn.h>
 
-#include "tensor.h"
+#include "gpu/cuda/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -53,7 +53,7 @@
 #include <cublas_v2.h>
 #include <cudnn.h>
 
-#include "conv.h"
+#include "gpu/cuda/conv.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -14,12 +14,12 @@
  * input row it covers), and consecutive patches' runs are adjacent, so the x
  * and dx accesses of a warp cover whole 128-byte lines.
  */
-#include "conv_patch.h"
+#include "gpu/cuda/conv_patch.h"
 
 #include <limits.h>
 
-#include "check.h"
-#include "kernel_common.cuh"
+#include "gpu/cuda/check.h"
+#include "gpu/cuda/kernel_common.cuh"
 
 namespace {
 

@@ -5,10 +5,10 @@
  * thread per rearranged pixel, specialised on (s, c) so that every element's
  * channel is a constant (a generic version, dividing per element, ran at a
  * third of the memory bandwidth); the weight ones are a few thousand elements. */
-#include "conv_s2d.h"
+#include "gpu/cuda/conv_s2d.h"
 
-#include "check.h"
-#include "kernel_common.cuh"
+#include "gpu/cuda/check.h"
+#include "gpu/cuda/kernel_common.cuh"
 
 namespace {
 

@@ -31,7 +31,7 @@
 
 #include <stddef.h>
 
-#include "conv.h"
+#include "gpu/cuda/conv.h"
 
 #ifdef __cplusplus
 extern "C" {

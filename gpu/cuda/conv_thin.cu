@@ -1,9 +1,9 @@
 /* gpu/cuda/conv_thin.cu — 1x1 convolutions with few input channels as
  * memory-bound kernels (why and semantics: conv_thin.h). */
-#include "conv_thin.h"
+#include "gpu/cuda/conv_thin.h"
 
-#include "check.h"
-#include "kernel_common.cuh"
+#include "gpu/cuda/check.h"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* Blocks of the backward's first pass: fixed, so the partial sums (and the
  * rounding) depend on the shape alone. 1024 blocks of 256 threads leave each

@@ -31,7 +31,7 @@
 
 #include <stddef.h>
 
-#include "tensor.h"
+#include "gpu/cuda/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,11 +1,11 @@
 /* gpu/cuda/conv_transpose.cu — ConvTranspose2d as the adjoint convolution
  * (conv.cu's plans built for the matching conv direction), its plan cache and
  * its bias/ReLU epilogue (pointwise.cu). Contracts in conv_transpose.h. */
-#include "conv_transpose.h"
+#include "gpu/cuda/conv_transpose.h"
 
-#include "pointwise.h"
+#include "gpu/cuda/pointwise.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* launchers                                                                */

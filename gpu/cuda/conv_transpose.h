@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "conv.h"
+#include "gpu/cuda/conv.h"
 
 #ifdef __cplusplus
 extern "C" {

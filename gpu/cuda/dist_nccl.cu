@@ -1,5 +1,5 @@
 /* gpu/cuda/dist_nccl.cu — see dist_nccl.h. Kernels first, then NCCL. */
-#include "dist_nccl.h"
+#include "gpu/cuda/dist_nccl.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "check.h"
+#include "gpu/cuda/check.h"
 
 #if __has_include(<nccl.h>)
 #include <nccl.h>

@@ -1,14 +1,14 @@
 /* gpu/cuda/dropout.cu — kernels first, then the launcher: dropout and
  * stochastic depth with the reference's counter-based keys. Contract in
  * dropout.h. */
-#include "dropout.h"
+#include "gpu/cuda/dropout.h"
 
-#include "../rng.h"
+#include "gpu/rng.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 extern "C" {
-#include "../ref/layers.h"
+#include "gpu/ref/layers.h"
 }
 
 /* ======================================================================== */

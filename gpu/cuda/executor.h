@@ -29,27 +29,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "activation.h"
-#include "attention.h"
-#include "batchnorm.h"
-#include "concat.h"
-#include "conv.h"
-#include "conv_transpose.h"
-#include "dropout.h"
-#include "layout.h"
-#include "linear.h"
-#include "loss.h"
-#include "mul.h"
-#include "optimizer.h"
-#include "pointwise.h"
-#include "pool.h"
-#include "tokens.h"
+#include "gpu/cuda/activation.h"
+#include "gpu/cuda/attention.h"
+#include "gpu/cuda/batchnorm.h"
+#include "gpu/cuda/concat.h"
+#include "gpu/cuda/conv.h"
+#include "gpu/cuda/conv_transpose.h"
+#include "gpu/cuda/dropout.h"
+#include "gpu/cuda/layout.h"
+#include "gpu/cuda/linear.h"
+#include "gpu/cuda/loss.h"
+#include "gpu/cuda/mul.h"
+#include "gpu/cuda/optimizer.h"
+#include "gpu/cuda/pointwise.h"
+#include "gpu/cuda/pool.h"
+#include "gpu/cuda/tokens.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#include "../model.h"
+#include "gpu/model.h"
 
 #define SF_NET_MAX_BUF 4     /* batch buffers a net can be bound to */
 #define SF_NET_MAX_SHAPES 16 /* distinct batch sizes with built plans */

@@ -709,7 +709,7 @@ size_t sf_cuda_jpeg_synthetic(int side, uint8_t *o)
 
 /* Decodes the synthetic batch at the bounds on every backend (see above).
  * A backend whose decode fails keeps a reason in warm (describe() shows it)
- * and grows its buffers on first use, as before. */
+ * and grows its buffers on first use instead. */
 static void prewarm(sf_cuda_jpeg *j)
 {
     int side = (int)sqrt((double)j->max_pixels / j->max_batch);

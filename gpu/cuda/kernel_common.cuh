@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor.h"
+#include "gpu/cuda/tensor.h"
 
 #define CU_TPB 256
 /* Blocks a per-channel reduction aims for, whatever the device: the partial

@@ -1,8 +1,8 @@
 /* gpu/cuda/layout.cu — the batched transpose kernel and its launcher, and the
  * pointer alignment query. Contracts in layout.h and tensor.h. */
-#include "layout.h"
+#include "gpu/cuda/layout.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */

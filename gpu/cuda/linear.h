@@ -10,7 +10,7 @@
 
 #include <cublas_v2.h>
 
-#include "tensor.h"
+#include "gpu/cuda/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

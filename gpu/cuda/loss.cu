@@ -1,9 +1,9 @@
 /* gpu/cuda/loss.cu — kernels first, then launchers: softmax cross-entropy (a
  * warp per sample), per-pixel cross-entropy (block partials combined in block
  * order) and the label conversion. Contracts in loss.h. */
-#include "loss.h"
+#include "gpu/cuda/loss.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */

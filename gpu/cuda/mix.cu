@@ -10,8 +10,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#include "mix.h"
-#include "check.h"
+#include "gpu/cuda/mix.h"
+#include "gpu/cuda/check.h"
 
 namespace {
 

@@ -16,13 +16,13 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
-#include "check.h"
+#include "gpu/cuda/check.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#include "../aug.h"
+#include "gpu/aug.h"
 
 /* io: float32 (bf16 = 0) or bf16 bit patterns, [n, c, out_h, out_w] when
  * out_nhwc == 0, else [n, out_h, out_w, c] (c, out_h, out_w of the plan). */

@@ -2,9 +2,9 @@
  * multiplication (same shape, or broadcast over H,W) and the per-channel
  * scale by a parameter, with their gradients and deterministic reductions.
  * Contracts in mul.h; the arithmetic is gpu/ref/mul.c's. */
-#include "mul.h"
+#include "gpu/cuda/mul.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* Chunks of the per-channel reduction's first pass at most: the partial sums
  * then fit sf_cuda_channel_scale_scratch. */

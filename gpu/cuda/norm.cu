@@ -7,9 +7,9 @@
  * normalises a position, its lanes walking the channels) and hw apart in
  * NCHW maps (a thread normalises a position; neighbouring threads read
  * neighbouring pixels, so each channel's loads coalesce). */
-#include "norm.h"
+#include "gpu/cuda/norm.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* Chunks of positions whose weight-gradient partials the contiguous case
  * sums per chunk (a bound on its scratch, set by the shape alone). */

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tensor.h"
+#include "gpu/cuda/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

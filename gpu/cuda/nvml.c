@@ -6,7 +6,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include "nvml.h"
+#include "gpu/cuda/nvml.h"
 
 #include <dlfcn.h>
 #include <pthread.h>

@@ -20,7 +20,7 @@
 extern "C" {
 #endif
 
-#include "../backend.h"
+#include "gpu/backend.h"
 
 /* Fills out (zeroed first) for the device with this PCI bus id. Returns 0, or
  * -1 with out->valid == 0 when NVML or the device is unavailable. */

@@ -2,9 +2,9 @@
  * flat buffer (reading gradients and writing the device weight copy through
  * the KCRS -> KRSC segments), and the weight/gradient copies between model and
  * device layout. Contracts in optimizer.h. */
-#include "optimizer.h"
+#include "gpu/cuda/optimizer.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */

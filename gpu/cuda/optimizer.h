@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tensor.h"
+#include "gpu/cuda/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {

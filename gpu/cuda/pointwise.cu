@@ -2,11 +2,11 @@
  * kernel behind ReLU and the residual add, bias + ReLU and its deterministic
  * per-channel gradient, element type casts and fills. Contracts in
  * pointwise.h; element types in kernel_common.cuh. */
-#include "pointwise.h"
+#include "gpu/cuda/pointwise.h"
 
-#include "../rng.h"
+#include "gpu/rng.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */

@@ -2,9 +2,9 @@
  * (ceil_mode too) plus a k3 s2 p1 path (ResNet's stem) with the same results,
  * global average pooling, AvgPool2d and AdaptiveAvgPool2d. Contracts in
  * pool.h. */
-#include "pool.h"
+#include "gpu/cuda/pool.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */

@@ -50,7 +50,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "check.h"
+#include "gpu/cuda/check.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -1,8 +1,8 @@
 /* gpu/cuda/tokens.cu — kernels first, then the launchers: the token-sequence
  * layers of a Vision Transformer. Contract in tokens.h. */
-#include "tokens.h"
+#include "gpu/cuda/tokens.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */

@@ -1,6 +1,6 @@
 /* gpu/nocuda/backend_nocuda.c — the CUDA constructor of a build without nvcc
  * (the Makefile compiles this file only when CUDA=0, given or for want of nvcc). */
-#include "../backend.h"
+#include "gpu/backend.h"
 
 #include <stdio.h>
 

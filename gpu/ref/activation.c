@@ -3,13 +3,13 @@
  * backward, in float and double (_f64), and their layers' hooks. Contracts
  * in gpu/ref/layers.h; formulas and edge cases are PyTorch's. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <tgmath.h>
 
 #define SF_REF_SELF "activation.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the activation layers' hooks (gpu/layers.c) -------------------------- */
 

@@ -5,14 +5,14 @@
  * the oracle the fused GPU kernels are held to. Contracts in
  * gpu/ref/layers.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 #include <string.h>
 
 #define SF_REF_SELF "attention.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the self_attention layer's hooks (gpu/layers.c) ---------------------- */
 

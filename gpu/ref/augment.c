@@ -27,13 +27,13 @@
  *   sf_ref_aug_blur must not overlap (each output reads its neighbours).
  * Pointwise stages: see sf_ref_aug_pointwise.
  */
-#include "ref.h"
+#include "gpu/ref/ref.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../rng.h"
+#include "gpu/rng.h"
 
 static float src_at(const uint8_t *src, int nhwc, int c, int h, int w, int ch, int y, int x)
 {

@@ -3,13 +3,13 @@
  * forward and backward, in float and double (_f64), and their layers' hooks.
  * Contracts in gpu/ref/layers.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "avgpool.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the average pooling layers' hooks (gpu/layers.c) --------------------- */
 

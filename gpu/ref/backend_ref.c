@@ -67,8 +67,8 @@
  *   - batchnorm statistics are fp32 from the bf16 input; running stats fp32.
  * Frozen layers run the same forward rounding; accumulated gradients are
  * summed in fp32. transform() (POST /v1/transform) answers the fp32
- * augmentation in every mode. The fp32 path executes exactly the same
- * operations as before bf16 existed (every rounding is behind c->bf16).
+ * augmentation in every mode. The fp32 path executes no bf16 rounding at
+ * all: every rounding is behind c->bf16.
  *
  * Checkpoints: get/set_opt_state are SGD's momentum buffer (zeros until a step
  * with momentum != 0) or AdamW's exp_avg, in sf_model layout with zeros for
@@ -83,7 +83,7 @@
 #define _GNU_SOURCE /* clock_gettime, nanosleep (the Makefile defines it too) */
 #endif
 #include "gpu/common.h"
-#include "../backend.h"
+#include "gpu/backend.h"
 
 #include <errno.h>
 #include <math.h>
@@ -93,8 +93,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 #include "gpu/layers.h"
 
 #define REF_FIFO_CAP 4 /* events; max_inflight 1 needs 2 */

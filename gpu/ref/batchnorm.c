@@ -1,8 +1,8 @@
 /* gpu/ref/batchnorm.c — reference BatchNorm2d (training forward, eval forward,
  * training backward) in float and double (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
@@ -13,7 +13,7 @@ void sf_ref_bn2d_fwd_eval_f64(const double *x, int n, int c, int h, int w, const
                               const double *running_var, double *y);
 
 #define SF_REF_SELF "batchnorm.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- batchnorm over the samples of several ranks (gpu/ref/layers.h) ------- */
 

@@ -2,13 +2,13 @@
  * of k tensors of equal H,W, forward and the backward's slicing, in float
  * and double (_f64), and the concat hooks. Contracts in gpu/ref/layers.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "concat.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the concat layer's hooks (gpu/layers.c) ------------------------------ */
 

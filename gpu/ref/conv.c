@@ -1,8 +1,8 @@
 /* gpu/ref/conv.c — reference Conv2d, forward and backward, in float and double
  * (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
@@ -26,7 +26,7 @@ static void tap_range(int kk, int stride, int pad, int in, int out, int *o0, int
 }
 
 #define SF_REF_SELF "conv.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the conv2d layer's hooks (gpu/layers.c) ------------------------------ */
 

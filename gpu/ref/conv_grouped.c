@@ -3,13 +3,13 @@
  * gpu/ref/layers.h. The plain convolution (groups 1, dilation 1) keeps its
  * own loops in conv.c, which this generalises. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "conv_grouped.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 

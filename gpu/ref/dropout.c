@@ -9,8 +9,8 @@
  * the forward used without storing it: the backward of either kind is its
  * forward applied to dy. Evaluation and frozen layers pass x through. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 #include <string.h>
@@ -18,7 +18,7 @@
 #include "gpu/rng.h"
 
 #define SF_REF_SELF "dropout.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the dropout and stochastic_depth layers' hooks (gpu/layers.c) -------- */
 

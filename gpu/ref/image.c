@@ -8,7 +8,7 @@
  */
 #include "gpu/backend.h"
 #include "gpu/common.h"
-#include "ref.h"
+#include "gpu/ref/ref.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../aug.h"
+#include "gpu/aug.h"
 
 /* ---- encoded-file decode (image.c; jpeg.c, png.c, webp.c) ----------------- */
 

@@ -24,7 +24,7 @@
  * for large images) or a batch past its work budget
  * (SF_REF_JPEG_PASSES_PER_PIXEL scans over each of its pixels).
  */
-#include "ref.h"
+#include "gpu/ref/ref.h"
 
 #include <setjmp.h>
 #include <stdio.h>

@@ -1,12 +1,12 @@
 /* gpu/ref/loss.c — reference softmax cross-entropy, per sample and per pixel,
  * in float and double (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
-#include "ref.h"
+#include "gpu/ref/ref.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "loss.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 

@@ -4,13 +4,13 @@
  * backward, in float and double (_f64), and the mul and layer_scale hooks.
  * Contracts in gpu/ref/layers.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "mul.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the mul and layer_scale layers' hooks (gpu/layers.c) ----------------- */
 

@@ -4,13 +4,13 @@
  * flat [F] tensor, or each token of a [T, F] sequence: nn.LayerNorm(F)).
  * Contracts in gpu/ref/layers.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "norm.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the layer norm layers' hooks (gpu/layers.c) -------------------------- */
 

@@ -1,6 +1,6 @@
 /* gpu/ref/optimizer.c — reference SGD and AdamW updates (float: the optimizer
  * state is float in every backend). Contracts in gpu/ref/ref.h. */
-#include "ref.h"
+#include "gpu/ref/ref.h"
 
 #include <math.h>
 

@@ -12,7 +12,7 @@
  * file's own size each and SF_REF_PNG_CHUNK_CACHE in all, so that a small
  * file cannot make the decoder allocate much more than its image.
  */
-#include "ref.h"
+#include "gpu/ref/ref.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /* gpu/ref/pointwise.c — reference ReLU and residual add in float and double
  * (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
@@ -11,7 +11,7 @@
 void sf_ref_add_fwd_f64(const double *a, const double *b, size_t len, double *y);
 
 #define SF_REF_SELF "pointwise.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the relu and add layers' hooks (gpu/layers.c) ------------------------ */
 

@@ -1,13 +1,13 @@
 /* gpu/ref/pool.c — reference MaxPool2d and global average pooling, forward and
  * backward, in float and double (_f64). Contracts in gpu/ref/ref.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "pool.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the pooling layers' hooks (gpu/layers.c) ----------------------------- */
 

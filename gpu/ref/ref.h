@@ -17,10 +17,10 @@
 #ifndef SF_GPU_REF_H
 #define SF_GPU_REF_H
 
-#include "bf16.h"
-#include "input.h"
-#include "layers.h"
-#include "loss.h"
-#include "optimizer.h"
+#include "gpu/ref/bf16.h"
+#include "gpu/ref/input.h"
+#include "gpu/ref/layers.h"
+#include "gpu/ref/loss.h"
+#include "gpu/ref/optimizer.h"
 
 #endif

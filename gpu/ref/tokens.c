@@ -5,13 +5,13 @@
  * and their hooks. A token sequence is [n, t, c], token-major. Contracts in
  * gpu/ref/layers.h. */
 #ifndef T
-#include "ref.h"
-#include "layer_io.h"
+#include "gpu/ref/ref.h"
+#include "gpu/ref/layer_io.h"
 
 #include <math.h>
 
 #define SF_REF_SELF "tokens.c"
-#include "generic.h"
+#include "gpu/ref/generic.h"
 
 /* ---- the token layers' hooks (gpu/layers.c) ------------------------------- */
 

@@ -5,7 +5,7 @@
  * alpha dropped. It writes into the caller's buffer, so the decode
  * allocates no image of its own.
  */
-#include "ref.h"
+#include "gpu/ref/ref.h"
 
 #include <stdio.h>
 

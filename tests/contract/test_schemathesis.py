@@ -170,7 +170,7 @@ checks.positive_data_acceptance.expected-statuses = {DIAGNOSE_POSITIVE_OK}
         # that raised in the client: seen once in a CI run on 2026-11-21, not
         # reproduced in 11 runs since, with or without CPU load) is kept in
         # full in the work directory and run once more; an error in the second
-        # run fails the test as before.
+        # run fails the test.
         for attempt in (1, 2):
             reports = work / f"reports{attempt}"
             try:

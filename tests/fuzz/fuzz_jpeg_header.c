@@ -12,7 +12,7 @@
  *
  *   make build/fuzz_jpeg_header && build/fuzz_jpeg_header tests/fuzz/corpus_jpeg_header
  */
-#include "fuzz_image_header.h"
+#include "tests/fuzz/fuzz_image_header.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

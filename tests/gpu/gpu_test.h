@@ -1,8 +1,10 @@
-/* tests/gpu/gpu_test.h — what every GPU test program shares: the ok/FAIL
- * counters and lines, the start and the end of main() (the SKIPPED line
- * without a device, the summary line and exit status), a host clock,
- * device-buffer helpers (CU, dalloc, up, down, the test stream, NCHW <-> NHWC
- * on the host), the pair of backends a backend test compares, and the
+/* tests/gpu/gpu_test.h — what every GPU test program shares beside
+ * gpu/cuda/program.h (CU, device buffers, the test stream, the SKIPPED line
+ * without a device, a host clock, which the benchmarks share too): the
+ * ok/FAIL counters and lines, an op test's main() (run_op_test: the SKIPPED
+ * line, the cases, the last device check, the summary line and the exit
+ * status; finish for the programs that write their own), NCHW <-> NHWC on
+ * the host, the pair of backends a backend test compares, and the
  * relative-error check against a double-precision reference (DESIGN.md §8:
  * NaN or Inf anywhere fails, the worst elements are printed). Header-only:
  * each test is one program. */
@@ -18,6 +20,8 @@
 #include <vector>
 
 #include <cuda_runtime.h>
+
+#include "gpu/cuda/program.h"
 
 static int g_fail = 0, g_ok = 0;
 
@@ -45,13 +49,6 @@ static void fail(const char *fmt, ...)
     va_end(ap);
     fflush(stdout);
     g_fail++;
-}
-
-static __attribute__((unused)) uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static __attribute__((unused)) std::vector<double> to_d(const std::vector<float> &v)
@@ -112,21 +109,7 @@ static __attribute__((unused)) void check(const char *name, const float *got, co
 }
 
 
-/* ---- the start of every GPU test program ----------------------------------- */
-
-/* Whether this machine has no CUDA device. Then it prints the line every GPU
- * test program prints in that case, "SKIPPED: no CUDA device", and the
- * program exits 0: make gpu-test on a machine without a GPU still builds and
- * starts every test, and reads the line. */
-static __attribute__((unused)) int skip_without_device(void)
-{
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        printf("SKIPPED: no CUDA device\n");
-        return 1;
-    }
-    return 0;
-}
+/* ---- the end of every GPU test program --------------------------------------- */
 
 /* The summary line every GPU test program ends with, and its exit status:
  * 1 when any check failed. */
@@ -136,7 +119,39 @@ static __attribute__((unused)) int report(const char *program)
     return g_fail ? 1 : 0;
 }
 
-/* ---- device buffers (CUDA test programs) ----------------------------------- */
+/* The end of an op test's main(): waits for the device, so that a fault in
+ * a kernel launched last (an illegal address, a trap) is a FAIL line rather
+ * than lost with the process, then prints the summary line. */
+static __attribute__((unused)) int finish(const char *program)
+{
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        printf("FAIL device: %s\n", cudaGetErrorString(e));
+        g_fail++;
+    }
+    return report(program);
+}
+
+/* The whole of an op test's main(): the SKIPPED line without a device, else
+ * the test's cases on the test stream (and, in the second form, a cuDNN
+ * handle on it), then finish(). */
+static __attribute__((unused)) int run_op_test(const char *program, void (*cases)(cudaStream_t s))
+{
+    if (skip_without_device())
+        return 0;
+    cases(test_stream());
+    return finish(program);
+}
+static __attribute__((unused)) int run_op_test(const char *program, void (*cases)(cudaStream_t s, cudnnHandle_t dnn))
+{
+    if (skip_without_device())
+        return 0;
+    cudaStream_t s = test_stream();
+    cases(s, test_cudnn(s));
+    return finish(program);
+}
+
+/* ---- device calls and host layouts ------------------------------------------ */
 /* DEV_OK expects the including file's fail(name, why). */
 #define DEV_OK(call, name)                                                                          \
     do {                                                                                             \
@@ -145,44 +160,6 @@ static __attribute__((unused)) int report(const char *program)
             return;                                                                                  \
         }                                                                                            \
     } while (0)
-#define CU(call)                                                                                     \
-    do {                                                                                             \
-        cudaError_t e_ = (call);                                                                     \
-        if (e_ != cudaSuccess) {                                                                     \
-            printf("FAIL cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
-
-/* Device 0 and a blocking stream on it: the tests' uploads and NaN fills go
- * through the legacy stream (cudaMemcpy, cudaMemset), which such a stream
- * waits for. */
-static __attribute__((unused)) cudaStream_t test_stream(void)
-{
-    CU(cudaSetDevice(0));
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
-    return s;
-}
-
-template <typename T> static T *dalloc(size_t n)
-{
-    T *p = NULL;
-    CU(cudaMalloc((void **)&p, (n ? n : 1) * sizeof(T)));
-    return p;
-}
-
-template <typename T> static void up(T *d, const std::vector<T> &h)
-{
-    CU(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-}
-template <typename T> static std::vector<T> down(const T *d, size_t n)
-{
-    std::vector<T> h(n);
-    CU(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-}
-
 /* NCHW <-> NHWC on the host (also [a][b][k][k] <-> [a][k][k][b]). */
 template <typename T> static std::vector<T> to_nhwc(const std::vector<T> &x, int n, int c, int h, int w)
 {

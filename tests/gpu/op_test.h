@@ -12,8 +12,8 @@
 #define SF_TESTS_GPU_OP_TEST_H
 
 extern "C" {
-#include "../../gpu/ref/ref.h"
-#include "../../gpu/rng.h"
+#include "gpu/ref/ref.h"
+#include "gpu/rng.h"
 }
 
 #include <math.h>
@@ -25,17 +25,17 @@ extern "C" {
 
 #include <cuda_bf16.h>
 
-#include "gpu_test.h"
+#include "tests/gpu/gpu_test.h"
 
-#include "../../gpu/cuda/batchnorm.h"
-#include "../../gpu/cuda/conv.h"
-#include "../../gpu/cuda/conv_transpose.h"
-#include "../../gpu/cuda/layout.h"
-#include "../../gpu/cuda/linear.h"
-#include "../../gpu/cuda/loss.h"
-#include "../../gpu/cuda/optimizer.h"
-#include "../../gpu/cuda/pointwise.h"
-#include "../../gpu/cuda/pool.h"
+#include "gpu/cuda/batchnorm.h"
+#include "gpu/cuda/conv.h"
+#include "gpu/cuda/conv_transpose.h"
+#include "gpu/cuda/layout.h"
+#include "gpu/cuda/linear.h"
+#include "gpu/cuda/loss.h"
+#include "gpu/cuda/optimizer.h"
+#include "gpu/cuda/pointwise.h"
+#include "gpu/cuda/pool.h"
 
 static __attribute__((unused)) uint64_t g_seed = 0x9e3779b9;
 
@@ -83,26 +83,11 @@ static __attribute__((unused)) void pass_or_fail(const char *name, int ok, const
     }
 }
 
-static __attribute__((unused)) void poison(void *d, size_t bytes) { CU(cudaMemset(d, 0xff, bytes)); } /* floats: NaN; ints: -1 */
 
 /* A float tensor of n elements filled with all-ones bits: NaN. */
 static __attribute__((unused)) void poison_f(float *d, size_t n) { poison(d, n * 4); }
 
 static const char *lname(sf_layout l) { return l == SF_LAYOUT_NHWC ? "nhwc" : "nchw"; }
-
-/* A cuDNN handle on stream s, its version printed. NULL, with a FAIL line,
- * when cuDNN does not start. */
-static __attribute__((unused)) cudnnHandle_t test_cudnn(cudaStream_t s)
-{
-    cudnnHandle_t dnn;
-    if (cudnnCreate(&dnn) != CUDNN_STATUS_SUCCESS) {
-        printf("FAIL setup: cudnnCreate\n");
-        return NULL;
-    }
-    cudnnSetStream(dnn, s);
-    printf("cuDNN %zu\n", cudnnGetVersion());
-    return dnn;
-}
 
 /* ---- bf16 data ---------------------------------------------------------------
  * Host values are rounded to bf16 first (sf_bf16_round, ref.h), so the bf16 bit
@@ -170,11 +155,23 @@ static __attribute__((unused)) void check_max(const char *name, const std::vecto
  * (or float where ref.h has only that) and compare the kernel's bf16 output to
  * the unrounded reference (check_dt). */
 
+/* Every op family runs in both element types and, where it has a layout,
+ * both activation layouts, in this order (the order of the case lines). */
+static const sf_dtype k_dtypes[] = {SF_DT_F32, SF_DT_BF16};
+static const sf_layout k_layouts[] = {SF_LAYOUT_NCHW, SF_LAYOUT_NHWC};
+
 static __attribute__((unused)) const char *dtname(sf_dtype dt) { return dt == SF_DT_BF16 ? "bf16" : "fp32"; }
 static __attribute__((unused)) void round_dt(std::vector<float> &v, sf_dtype dt)
 {
     if (dt == SF_DT_BF16)
         sf_bf16_round_n(v.data(), v.size());
+}
+
+/* Fresh random inputs (rand_fill) as element type dt holds them (round_dt). */
+static __attribute__((unused)) void rand_fill_dt(std::vector<float> &v, sf_dtype dt, float scale, float offset = 0.f)
+{
+    rand_fill(v, scale, offset);
+    round_dt(v, dt);
 }
 
 /* A device tensor of n elements of dt; p is `mis` elements past the start of a

@@ -11,9 +11,9 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/activation.h"
+#include "gpu/cuda/activation.h"
 
 static const char *const ACT_NAMES[] = {"relu6", "sigmoid", "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh"};
 
@@ -23,10 +23,8 @@ static void test_act(cudaStream_t s, sf_dtype dt, int act, size_t len, int mis, 
     snprintf(nm, sizeof nm, "%s %s len %zu%s%s", ACT_NAMES[act], dtname(dt), len, mis ? " misaligned" : "",
              in_place ? " in place" : "");
     std::vector<float> x(len), dy(len);
-    rand_fill(x, 8.f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 8.f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(len), dxr(len);
     sf_ref_act_fwd_f64(act, xd.data(), len, yr.data());
     sf_ref_act_bwd_f64(act, xd.data(), dyd.data(), len, dxr.data());
@@ -80,13 +78,9 @@ static void test_nan(cudaStream_t s, sf_dtype dt)
     dbuf_free(bx); dbuf_free(by);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    for (int t = 0; t < 2; t++) {
-        const sf_dtype dt = (sf_dtype)t;
+    for (const sf_dtype dt : k_dtypes) {
         for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
             test_act(s, dt, act, 3 * 3 * 7 * 5, 0, 0); /* n=3, C=3, 7x5 */
             test_act(s, dt, act, 4099, 1, 0);
@@ -102,10 +96,9 @@ int main(void)
                      "accepted, or the error does not name it");
         cudaFree(p);
     }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_activation");
+}
+
+int main(void)
+{
+    return run_op_test("test_activation", run_cases);
 }

@@ -21,17 +21,16 @@
  * 2e-2 of max |ref| (check_max), which still catches a wrong head, stride
  * or transpose (errors of order max |ref|).
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 #include <cublas_v2.h>
 
-#include "../../gpu/cuda/attention.h"
+#include "gpu/cuda/attention.h"
 
 static std::vector<float> rnd(size_t n, sf_dtype dt, float scale)
 {
     std::vector<float> v(n);
-    rand_fill(v, scale);
-    round_dt(v, dt);
+    rand_fill_dt(v, dt, scale);
     return v;
 }
 
@@ -189,11 +188,6 @@ int main(void)
         const int rc = sf_attn_core_fwd(h, SF_DT_F32, NULL, 1, 17, 30, 4, NULL, NULL, NULL, 0, s);
         pass_or_fail("heads that do not divide the embedding are refused", rc == -1, "accepted");
     }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
     cublasDestroy(h);
-    return report("test_attention");
+    return finish("test_attention");
 }

@@ -45,17 +45,6 @@ extern "C" {
 
 #include "tests/gpu/gpu_test.h"
 
-/* Test-harness check: a failure here is a broken environment, not a wrong result. */
-#define CK(call)                                                                          \
-    do {                                                                                  \
-        cudaError_t e_ = (call);                                                          \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,                 \
-                    cudaGetErrorString(e_));                                              \
-            exit(2);                                                                      \
-        }                                                                                 \
-    } while (0)
-
 static uint64_t g_rng;
 
 static uint64_t next_u64(void)
@@ -159,10 +148,10 @@ static void run_case(const Case &cs, int bf16, int misalign)
     uint8_t *d_src;
     sf_aug_sample *d_smp;
     float *d_out;
-    CK(cudaMalloc(&d_src, in_sz));
-    CK(cudaMalloc(&d_smp, sizeof(sf_aug_sample) * n));
-    CK(cudaMalloc(&d_out, sizeof(float) * (out_sz + 4)));
-    CK(cudaMemcpy(d_smp, smp.data(), sizeof(sf_aug_sample) * n, cudaMemcpyHostToDevice));
+    CU(cudaMalloc(&d_src, in_sz));
+    CU(cudaMalloc(&d_smp, sizeof(sf_aug_sample) * n));
+    CU(cudaMalloc(&d_out, sizeof(float) * (out_sz + 4)));
+    CU(cudaMemcpy(d_smp, smp.data(), sizeof(sf_aug_sample) * n, cudaMemcpyHostToDevice));
     std::vector<float> ref(out_sz), got(out_sz);
     std::vector<uint16_t> gotb(out_sz);
     std::vector<float> gotbf(out_sz);
@@ -172,12 +161,12 @@ static void run_case(const Case &cs, int bf16, int misalign)
         const std::vector<uint8_t> &src = in_nhwc ? nhwc : nchw;
         sf_ref_augment(&plan, smp.data(), n, src.data(), in_nhwc, ref.data());
         sf_ref_aug_mix(&plan, &mix, n, ref.data());
-        CK(cudaMemcpy(d_src, src.data(), in_sz, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(d_src, src.data(), in_sz, cudaMemcpyHostToDevice));
         for (int out_nhwc = 0; out_nhwc <= 1; out_nhwc++) {
             char name[200];
             snprintf(name, sizeof name, "%s %dx%dx%d n%d %s->%s%s", cs.name, h, w, c, n,
                      in_nhwc ? "nhwc" : "nchw", out_nhwc ? "nhwc" : "nchw", misalign ? " misaligned" : "");
-            CK(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4))); /* NaN everywhere */
+            CU(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4))); /* NaN everywhere */
             int rc = sf_cuda_augment(&plan, d_smp, n, d_src, in_nhwc, d_dst, out_nhwc, 0);
             if (rc == 0)
                 rc = sf_cuda_aug_mix(&plan, &mix, n, d_dst, 0, out_nhwc, 0);
@@ -187,14 +176,14 @@ static void run_case(const Case &cs, int bf16, int misalign)
                 printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
                 continue;
             }
-            CK(cudaMemcpy(got.data(), d_dst, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(got.data(), d_dst, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
             compare(name, got.data(), ref.data(), n, c, oh, ow, out_nhwc, 1e-5);
 
             if (!bf16) continue;
             snprintf(name, sizeof name, "%s %dx%dx%d n%d %s->%s bf16", cs.name, h, w, c, n,
                      in_nhwc ? "nhwc" : "nchw", out_nhwc ? "nhwc" : "nchw");
             uint16_t *d_b = reinterpret_cast<uint16_t *>(d_out);
-            CK(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4)));
+            CU(cudaMemset(d_out, 0xFF, sizeof(float) * (out_sz + 4)));
             rc = sf_cuda_augment_bf16(&plan, d_smp, n, d_src, in_nhwc, d_b, out_nhwc, 0);
             if (rc == 0)
                 rc = sf_cuda_aug_mix(&plan, &mix, n, d_b, 1, out_nhwc, 0);
@@ -204,14 +193,14 @@ static void run_case(const Case &cs, int bf16, int misalign)
                 printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
                 continue;
             }
-            CK(cudaMemcpy(gotb.data(), d_b, sizeof(uint16_t) * out_sz, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(gotb.data(), d_b, sizeof(uint16_t) * out_sz, cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < out_sz; i++) gotbf[i] = bf16_to_float(gotb[i]);
             compare(name, gotbf.data(), ref.data(), n, c, oh, ow, out_nhwc, 1e-2);
         }
     }
-    CK(cudaFree(d_src));
-    CK(cudaFree(d_smp));
-    CK(cudaFree(d_out));
+    CU(cudaFree(d_src));
+    CU(cudaFree(d_smp));
+    CU(cudaFree(d_out));
 }
 
 /* A ragged batch: n samples of random sizes in [min_side, max_side], packed HWC,
@@ -245,17 +234,17 @@ static void run_ragged_case(const char *cname, const char *json, int c, int n, i
     uint8_t *d_src;
     sf_aug_sample *d_smp;
     float *d_out;
-    CK(cudaMalloc(&d_src, in_sz));
-    CK(cudaMalloc(&d_smp, sizeof(sf_aug_sample) * n));
-    CK(cudaMalloc(&d_out, sizeof(float) * out_sz));
-    CK(cudaMemcpy(d_src, src.data(), in_sz, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(d_smp, smp.data(), sizeof(sf_aug_sample) * n, cudaMemcpyHostToDevice));
+    CU(cudaMalloc(&d_src, in_sz));
+    CU(cudaMalloc(&d_smp, sizeof(sf_aug_sample) * n));
+    CU(cudaMalloc(&d_out, sizeof(float) * out_sz));
+    CU(cudaMemcpy(d_src, src.data(), in_sz, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_smp, smp.data(), sizeof(sf_aug_sample) * n, cudaMemcpyHostToDevice));
     for (int out_nhwc = 0; out_nhwc <= 1; out_nhwc++) {
         char name[200];
         snprintf(name, sizeof name, "%s ragged %d..%d c%d n%d ->%s", cname, min_side, max_side, c, n,
                  out_nhwc ? "nhwc" : "nchw");
         if (bf16) strncat(name, " bf16", sizeof name - strlen(name) - 1);
-        CK(cudaMemset(d_out, 0xFF, sizeof(float) * out_sz));
+        CU(cudaMemset(d_out, 0xFF, sizeof(float) * out_sz));
         int rc = bf16 ? sf_cuda_augment_bf16(&plan, d_smp, n, d_src, 1, reinterpret_cast<uint16_t *>(d_out),
                                              out_nhwc, 0)
                       : sf_cuda_augment(&plan, d_smp, n, d_src, 1, d_out, out_nhwc, 0);
@@ -267,10 +256,10 @@ static void run_ragged_case(const char *cname, const char *json, int c, int n, i
         }
         if (bf16) {
             std::vector<uint16_t> gotb(out_sz);
-            CK(cudaMemcpy(gotb.data(), d_out, sizeof(uint16_t) * out_sz, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(gotb.data(), d_out, sizeof(uint16_t) * out_sz, cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < out_sz; i++) got[i] = bf16_to_float(gotb[i]);
         } else {
-            CK(cudaMemcpy(got.data(), d_out, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(got.data(), d_out, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
         }
         compare(name, got.data(), ref.data(), n, c, oh, ow, out_nhwc, bf16 ? 1e-2 : 1e-5);
     }
@@ -280,9 +269,9 @@ static void run_ragged_case(const char *cname, const char *json, int c, int n, i
                         strstr(sf_cuda_last_error(), "ragged") != NULL;
     printf("%s %s ragged_sources_read_as_chw_are_refused\n", refused ? "ok" : "FAIL", cname);
     refused ? g_ok++ : g_fail++;
-    CK(cudaFree(d_src));
-    CK(cudaFree(d_smp));
-    CK(cudaFree(d_out));
+    CU(cudaFree(d_src));
+    CU(cudaFree(d_smp));
+    CU(cudaFree(d_out));
 }
 
 /* The launcher rejects what it cannot run, with a message, and n == 0 is a no-op. */
@@ -300,9 +289,9 @@ static void check_errors(void)
     float *d_dst;
     uint8_t *d_src;
     sf_aug_sample *d_smp;
-    CK(cudaMalloc(&d_dst, 4 * 16 * 16 * 3));
-    CK(cudaMalloc(&d_src, 16 * 16 * 3));
-    CK(cudaMalloc(&d_smp, sizeof(sf_aug_sample)));
+    CU(cudaMalloc(&d_dst, 4 * 16 * 16 * 3));
+    CU(cudaMalloc(&d_src, 16 * 16 * 3));
+    CU(cudaMalloc(&d_smp, sizeof(sf_aug_sample)));
     int ok = 1;
     sf_aug_plan bad = plan;
     bad.blur_ksize = 4;
@@ -315,13 +304,13 @@ static void check_errors(void)
           strstr(sf_cuda_last_error(), "augment.cu:") != NULL;
     ok &= sf_cuda_augment(&plan, d_smp, 1, NULL, 1, d_dst, 0, 0) == -1;
     ok &= sf_cuda_augment(&plan, d_smp, 0, d_src, 1, d_dst, 0, 0) == 0;
-    CK(cudaDeviceSynchronize());
+    CU(cudaDeviceSynchronize());
     printf("%s launcher_rejects_bad_arguments_and_names_them (last: \"%s\")\n", ok ? "ok" : "FAIL",
            sf_cuda_last_error());
     ok ? g_ok++ : g_fail++;
-    CK(cudaFree(d_dst));
-    CK(cudaFree(d_src));
-    CK(cudaFree(d_smp));
+    CU(cudaFree(d_dst));
+    CU(cudaFree(d_src));
+    CU(cudaFree(d_smp));
 }
 
 int main(int argc, char **argv)

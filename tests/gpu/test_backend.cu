@@ -27,10 +27,10 @@
  * "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
-#include "../../gpu/aug.h"
-#include "../../gpu/backend.h"
-#include "../../gpu/model.h"
-#include "../../gpu/rng.h"
+#include "gpu/aug.h"
+#include "gpu/backend.h"
+#include "gpu/model.h"
+#include "gpu/rng.h"
 }
 
 #include <ctype.h>
@@ -44,13 +44,13 @@ extern "C" {
 #include <string>
 #include <vector>
 
-#include "gpu_test.h"
-#include "backend_harness.h"
+#include "tests/gpu/gpu_test.h"
+#include "tests/gpu/backend_harness.h"
 
 #include <cuda_runtime.h>
 
-#include "../../gpu/cuda/nvml.h"
-#include "../../gpu/cuda/executor.h"
+#include "gpu/cuda/nvml.h"
+#include "gpu/cuda/executor.h"
 
 
 /* ---- models and batches ----------------------------------------------------- */

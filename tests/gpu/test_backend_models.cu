@@ -44,10 +44,10 @@
  * "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
-#include "../../gpu/aug.h"
-#include "../../gpu/backend.h"
-#include "../../gpu/model.h"
-#include "../../gpu/rng.h"
+#include "gpu/aug.h"
+#include "gpu/backend.h"
+#include "gpu/model.h"
+#include "gpu/rng.h"
 }
 
 #include <math.h>
@@ -59,8 +59,8 @@ extern "C" {
 #include <string>
 #include <vector>
 
-#include "gpu_test.h"
-#include "backend_harness.h"
+#include "tests/gpu/gpu_test.h"
+#include "tests/gpu/backend_harness.h"
 
 #include <cuda_runtime.h>
 

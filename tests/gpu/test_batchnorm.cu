@@ -11,7 +11,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 /* ---- BatchNorm2d ----------------------------------------------------------- */
 
@@ -135,14 +135,12 @@ static void test_bn_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, 
     const float eps = 1e-5f, mom = 0.1f;
     const double tolc = dt == SF_DT_BF16 ? 1e-3 : 1e-4;
     std::vector<float> x(len), dy(len), gamma(c), beta(c), rm(c), rv(c);
-    rand_fill(x, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
-    rand_fill(dy, 1.f);
+    rand_fill_dt(x, dt, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
+    rand_fill_dt(dy, dt, 1.f);
     rand_fill(gamma, 0.5f, 1.f);
     rand_fill(beta, 0.5f);
     rand_fill(rm, 0.5f);
     rand_fill(rv, 0.4f, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm),
                         rvd = to_d(rv), yr(len), smr(c), sir(c), dxr(len), dgr(c), dbr(c);
     sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd.data(), rvd.data(),
@@ -254,14 +252,12 @@ static void test_bn_res(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w,
     const size_t len = (size_t)n * c * h * w;
     const float eps = 1e-5f, mom = 0.1f;
     std::vector<float> x(len), r(len), gamma(c), beta(c), rm(c), rv(c);
-    rand_fill(x, 2.f, 3.f);
-    rand_fill(r, 1.f);
+    rand_fill_dt(x, dt, 2.f, 3.f);
+    rand_fill_dt(r, dt, 1.f);
     rand_fill(gamma, 0.5f, 1.f);
     rand_fill(beta, 0.5f);
     rand_fill(rm, 0.5f);
     rand_fill(rv, 0.4f, 1.f);
-    round_dt(x, dt);
-    round_dt(r, dt);
     std::vector<double> xd = to_d(x), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm), rvd = to_d(rv), yt(len),
                         ye(len), smr(c), sir(c);
     std::vector<double> rmd2 = rmd, rvd2 = rvd;
@@ -421,12 +417,8 @@ static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n
     cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     for (int lay = 0; lay < 2; lay++) {
         const sf_layout L = (sf_layout)lay;
         test_bn(s, 2, 64, 56, 56, L, 0); /* ResNet-18's first BN, batch 2 */
@@ -436,10 +428,8 @@ int main(void)
         test_bn(s, 8, 16, 13, 13, L, 1);
         test_bn(s, 2, 128, 28, 28, L, 1);
     }
-    for (int t = 0; t < 2; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout L = (sf_layout)lay;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout L : k_layouts) {
             test_bn_dt(s, dt, 2, 64, 56, 56, L, 1, 0); /* ResNet-18's first BN, batch 2 */
             test_bn_dt(s, dt, 4, 512, 7, 7, L, 0, 0);  /* its last */
             test_bn_dt(s, dt, 2, 128, 28, 28, L, 1, 0);
@@ -462,11 +452,9 @@ int main(void)
         test_bn_graph_replay(s, SF_DT_F32, (sf_layout)lay, 32, 64, 28, 0);
     test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 64, 28, 1);
     test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 512, 7, 0);
+}
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_batchnorm");
+int main(void)
+{
+    return run_op_test("test_batchnorm", run_cases);
 }

@@ -8,12 +8,12 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/concat.h"
+#include "gpu/cuda/concat.h"
 
 extern "C" {
-#include "../../gpu/model.h"
+#include "gpu/model.h"
 }
 
 static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
@@ -36,8 +36,7 @@ static void test_concat(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, const
     const size_t hw = (size_t)h * w, len = (size_t)n * ctot * hw;
     std::vector<double> yr(len), dyd;
     std::vector<float> dy(len);
-    rand_fill(dy, 1.f);
-    round_dt(dy, dt);
+    rand_fill_dt(dy, dt, 1.f);
     dyd = to_d(dy);
     dbuf by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0);
     poison_dt(by);
@@ -48,8 +47,7 @@ static void test_concat(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, const
     for (size_t j = 0; j < cs.size(); j++) {
         const size_t lj = (size_t)n * cs[j] * hw;
         std::vector<float> x(lj);
-        rand_fill(x, 1.f);
-        round_dt(x, dt);
+        rand_fill_dt(x, dt, 1.f);
         std::vector<double> xd = to_d(x), g(lj);
         sf_ref_concat_put_f64(xd.data(), n, cs[j], hw, ctot, c0, yr.data());
         sf_ref_concat_take_f64(dyd.data(), n, cs[j], hw, ctot, c0, g.data());
@@ -82,18 +80,13 @@ static void test_concat(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, const
     dbuf_free(by); dbuf_free(bdy);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     std::vector<int> many(SF_MAX_IN);
     for (int j = 0; j < SF_MAX_IN; j++)
         many[j] = 1 + j % 3;
-    for (int t = 0; t < 2; t++)
-        for (int l = 0; l < 2; l++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout lay = (sf_layout)l;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
             test_concat(s, dt, lay, 3, {3, 2}, 7, 5);
             test_concat(s, dt, lay, 3, {3, 1, 5}, 7, 5);
             test_concat(s, dt, lay, 2, many, 3, 3);   /* SF_MAX_IN inputs (DenseNet's dense blocks) */
@@ -105,10 +98,9 @@ int main(void)
         pass_or_fail("a slice past the output's channels is refused", rc == -1, "accepted");
         cudaFree(p);
     }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_concat");
+}
+
+int main(void)
+{
+    return run_op_test("test_concat", run_cases);
 }

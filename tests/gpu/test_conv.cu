@@ -17,174 +17,209 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/conv_patch.h"
-#include "../../gpu/cuda/conv_s2d.h"
-#include "../../gpu/cuda/conv_thin.h"
+#include "gpu/cuda/conv_patch.h"
+#include "gpu/cuda/conv_s2d.h"
+#include "gpu/cuda/conv_thin.h"
 
 struct conv_case {
     int n, c, h, w, oc, k, stride, pad;
 };
 
-static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf_layout lay, int tf32, int tune)
+/* One shape in one element type and layout: forward, backward-data and
+ * backward-filter against the double reference on the same values (the
+ * reference's inputs rounded to bf16 first in bf16, so they add no error).
+ * fp32 (< 1e-4) and tf32 (< 1e-3): relative error (check_f), and also the
+ * separate bias + ReLU epilogue, the bias gradient and the ReLU backward
+ * fused with it. bf16 (x, w, y, dy, dx, dw all bf16; fp32 compute):
+ * max |out - ref| <= 1e-2 max |ref| (check_max); tf32 = 0 there, since the
+ * tf32 flag is about fp32 data and must not keep bf16 off tensor cores. Both:
+ * cuDNN's fused conv + fp32 bias + ReLU where an engine builds. misalign: x
+ * and dx are bound one element past a 256-byte boundary and declared so
+ * (align_x = 2 in bf16), which checks that the alignment fields are taken in
+ * bytes for bf16 too. */
+static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf_dtype dt, sf_layout lay, int tf32,
+                      int tune, int misalign)
 {
-    char name[200];
-    const char *ln = lay == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
-    const char *pn = tf32 ? "tf32" : "fp32";
+    const int bf = dt == SF_DT_BF16, nhwc = lay == SF_LAYOUT_NHWC;
     const int oh = (cc.h + 2 * cc.pad - cc.k) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - cc.k) / cc.stride + 1;
-    const double tol = tf32 ? 1e-3 : 1e-4;
+    const double tol = bf ? 1e-2 : tf32 ? 1e-3 : 1e-4;
     const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
                  ny = (size_t)cc.n * cc.oc * oh * ow;
     std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(b, 0.5f);
-    rand_fill(dy, 1.f);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(wt, dt, 0.5f);
+    rand_fill(b, 0.5f); /* b stays fp32: the epilogues' bias is an fp32 tensor */
+    rand_fill_dt(dy, dt, 1.f);
 
-    /* reference in double */
+    /* reference in double: the convolution, + bias, relu(conv + bias) */
     std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
-    std::vector<double> yr(ny), dxr(nx), dwr(nw), dbr(cc.oc);
-    sf_ref_conv2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), bd.data(), cc.oc, cc.k, cc.stride, cc.pad,
+    std::vector<double> yr(ny), ybr(ny), yrelu(ny), dxr(nx), dwr(nw), dbr(cc.oc);
+    sf_ref_conv2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad,
                           yr.data());
     sf_ref_conv2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
                           dxr.data(), dwr.data(), dbr.data());
-    std::vector<double> yrelu(ny);
-    for (size_t i = 0; i < ny; i++)
-        yrelu[i] = yr[i] < 0 ? 0 : yr[i];
+    for (int a = 0; a < cc.n; a++)
+        for (int o = 0; o < cc.oc; o++)
+            for (int i = 0; i < oh * ow; i++) {
+                const size_t e = ((size_t)a * cc.oc + o) * oh * ow + i;
+                ybr[e] = yr[e] + bd[o];
+                yrelu[e] = ybr[e] < 0 ? 0 : ybr[e];
+            }
 
-    const int nhwc = lay == SF_LAYOUT_NHWC;
-    std::vector<float> xl = nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x;
-    std::vector<float> wl = nhwc ? to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt;
-    std::vector<float> dyl = nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy;
-    float *dx_in = dalloc<float>(nx), *dw_in = dalloc<float>(nw), *db_in = dalloc<float>(cc.oc),
-          *ddy = dalloc<float>(ny), *dy_out = dalloc<float>(ny), *ddx = dalloc<float>(nx), *ddw = dalloc<float>(nw),
-          *ddb = dalloc<float>(cc.oc);
+    char name[200], nm[300];
+    snprintf(name, sizeof name, "conv n%d c%d %dx%d oc%d k%d s%d p%d %s %s%s%s", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,
+             cc.stride, cc.pad, lname(lay), bf ? "bf16" : tf32 ? "tf32" : "fp32", tune > 1 ? " tuned" : "",
+             misalign ? " x@+2B" : "");
+    /* compares an output, downloaded in the layout's order, with its NCHW reference */
+    auto compare = [&](const char *what, std::vector<float> g, int n4, int c4, int h4, int w4,
+                       const std::vector<double> &ref, double t) {
+        if (nhwc)
+            g = to_nchw(g, n4, c4, h4, w4);
+        if (bf)
+            check_max(what, g, ref, t);
+        else
+            check_f(what, g.data(), ref, t);
+    };
+    dbuf bx = dbuf_make(dt, nx, misalign), bdx = dbuf_make(dt, nx, misalign), bw = dbuf_make(dt, nw, 0),
+         by = dbuf_make(dt, ny, 0), bdy = dbuf_make(dt, ny, 0), bdw = dbuf_make(dt, nw, 0);
+    float *bb = dalloc<float>(cc.oc), *db = dalloc<float>(cc.oc);
     float *scratch = dalloc<float>(sf_cuda_bias_grad_scratch(cc.oc));
     const size_t ws_bytes = (size_t)256 << 20;
     void *ws = dalloc<char>(ws_bytes);
-    up(dx_in, xl);
-    up(dw_in, wl);
-    up(db_in, b);
-    up(ddy, dyl);
+    up_dt(bx, nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x);
+    up_dt(bw, nhwc ? to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt);
+    up_dt(bdy, nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy);
+    up(bb, b);
 
     sf_conv_desc d;
     memset(&d, 0, sizeof d);
     d.n = cc.n; d.c = cc.c; d.h = cc.h; d.w = cc.w; d.oc = cc.oc; d.k = cc.k; d.stride = cc.stride; d.pad = cc.pad;
     d.layout = lay;
     d.tf32 = tf32;
-    d.align_x = d.align_w = d.align_y = 16;
-    sf_conv_ptrs pf = {dx_in, dw_in, dy_out, ws, NULL}, pd = {ddx, dw_in, ddy, ws, NULL}, pw = {dx_in, ddw, ddy, ws, NULL};
-    sf_conv_plan plf, pld, plw;
+    d.dt = dt;
+    d.align_x = sf_cuda_ptr_align(bx.p);
+    d.align_w = d.align_y = 16;
+    if (misalign && (d.align_x != 2 || sf_cuda_ptr_align(bdx.p) != 2)) {
+        snprintf(nm, sizeof nm, "%s setup", name);
+        fail(nm, "x pointer is not 2-byte aligned as intended");
+    }
+    sf_conv_ptrs pf = {bx.p, bw.p, by.p, ws, NULL}, pd = {bdx.p, bw.p, bdy.p, ws, NULL},
+                 pw = {bx.p, bdw.p, bdy.p, ws, NULL};
     const size_t outer = nhwc ? (size_t)cc.n * oh * ow : (size_t)cc.n, inner = nhwc ? 1 : (size_t)oh * ow;
-    snprintf(name, sizeof name, "conv n%d c%d %dx%d oc%d k%d s%d p%d %s %s%s", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,
-             cc.stride, cc.pad, ln, pn, tune > 1 ? " tuned" : "");
-    char nm[260];
-    sf_conv_vpack *vf = NULL, *vd = NULL, *vw = NULL;
-    if (sf_conv_plan_build(dnn, &d, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pf : NULL, &plf) ||
-        sf_conv_plan_build(dnn, &d, SF_CONV_BWD_DATA, ws_bytes, tune, tune > 1 ? &pd : NULL, &pld) ||
-        sf_conv_plan_build(dnn, &d, SF_CONV_BWD_FILTER, ws_bytes, tune, tune > 1 ? &pw : NULL, &plw) ||
-        sf_conv_vpack_make(&pf, &vf) || sf_conv_vpack_make(&pd, &vd) || sf_conv_vpack_make(&pw, &vw)) {
-        snprintf(nm, sizeof nm, "%s plans", name);
-        fail(nm, sf_cuda_last_error());
-    } else {
-        /* forward + bias */
-        poison_f(dy_out, ny);
-        int rc = sf_conv_run(dnn, &plf, vf) || sf_cuda_bias_act(dy_out, db_in, outer, cc.oc, inner, 0, s);
-        CU(cudaStreamSynchronize(s));
-        snprintf(nm, sizeof nm, "%s fwd+bias (engine %lld%s)", name, (long long)plf.engine, plf.tensor_core ? " tc" : "");
-        if (rc)
+    sf_conv_plan plan[3];
+    memset(plan, 0, sizeof plan);
+    sf_conv_vpack *vp[3] = {NULL, NULL, NULL};
+    const sf_conv_ptrs *ptrs[3] = {&pf, &pd, &pw};
+    static const char *dn[3] = {"fwd", "bwd_data", "bwd_filter"};
+    int planned[3] = {0, 0, 0};
+    for (int dir = 0; dir < 3; dir++) {
+        if (sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_bytes, tune, tune > 1 ? ptrs[dir] : NULL, &plan[dir]) ||
+            sf_conv_vpack_make(ptrs[dir], &vp[dir])) {
+            snprintf(nm, sizeof nm, "%s %s plan", name, dn[dir]);
             fail(nm, sf_cuda_last_error());
-        else {
-            std::vector<float> y = down(dy_out, ny);
-            if (nhwc)
-                y = to_nchw(y, cc.n, cc.oc, oh, ow);
-            check_f(nm, y.data(), yr, tol);
+            continue;
         }
-        /* forward + bias + relu */
-        poison_f(dy_out, ny);
-        rc = sf_conv_run(dnn, &plf, vf) || sf_cuda_bias_act(dy_out, db_in, outer, cc.oc, inner, 1, s);
-        CU(cudaStreamSynchronize(s));
-        snprintf(nm, sizeof nm, "%s fwd+bias+relu", name);
-        std::vector<float> yact;
-        if (rc)
-            fail(nm, sf_cuda_last_error());
-        else {
-            yact = down(dy_out, ny);
-            std::vector<float> y = nhwc ? to_nchw(yact, cc.n, cc.oc, oh, ow) : yact;
-            check_f(nm, y.data(), yrelu, tol);
+        planned[dir] = 1;
+        if (plan[dir].dt != dt) {
+            snprintf(nm, sizeof nm, "%s %s plan", name, dn[dir]);
+            fail(nm, "plan.dt is not the descriptor's");
         }
-        /* cuDNN's fused conv + bias + ReLU, when an engine exists for this case */
-        {
-            sf_conv_desc df = d;
-            df.fuse_bias = 1;
-            df.fuse_relu = 1;
-            df.align_b = 16;
-            sf_conv_ptrs pfb = pf;
-            pfb.b = db_in;
-            sf_conv_plan plfu;
-            sf_conv_vpack *vfu = NULL;
-            snprintf(nm, sizeof nm, "%s fused fwd+bias+relu", name);
-            if (sf_conv_plan_build(dnn, &df, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pfb : NULL, &plfu) == 0) {
-                if (sf_conv_vpack_make(&pfb, &vfu)) {
-                    fail(nm, sf_cuda_last_error());
-                } else {
-                    poison_f(dy_out, ny);
-                    rc = sf_conv_run(dnn, &plfu, vfu);
-                    CU(cudaStreamSynchronize(s));
-                    if (rc)
-                        fail(nm, sf_cuda_last_error());
-                    else {
-                        std::vector<float> y = down(dy_out, ny);
-                        if (nhwc)
-                            y = to_nchw(y, cc.n, cc.oc, oh, ow);
-                        char n2[300];
-                        snprintf(n2, sizeof n2, "%s (engine %lld)", nm, (long long)plfu.engine);
-                        check_f(n2, y.data(), yrelu, tol);
-                    }
-                    sf_conv_vpack_destroy(vfu);
-                }
-                sf_conv_plan_destroy(&plfu);
-            } else {
-                printf("info %s: no cuDNN engine\n", nm);
-                sf_cuda_clear_error();
+    }
+    /* forward: in fp32 with the separate bias epilogue, then with bias + ReLU
+     * (whose output masks the ReLU backward below) */
+    std::vector<float> yact;
+    if (planned[SF_CONV_FWD]) {
+        for (int relu = 0; relu < (bf ? 1 : 2); relu++) {
+            poison_dt(by);
+            int rc = sf_conv_run(dnn, &plan[SF_CONV_FWD], vp[SF_CONV_FWD]);
+            if (!bf)
+                rc = rc || sf_cuda_bias_act((float *)by.p, bb, outer, cc.oc, inner, relu, s);
+            CU(cudaStreamSynchronize(s));
+            if (relu)
+                snprintf(nm, sizeof nm, "%s fwd+bias+relu", name);
+            else
+                snprintf(nm, sizeof nm, "%s %s (engine %lld%s)", name, bf ? "fwd" : "fwd+bias",
+                         (long long)plan[SF_CONV_FWD].engine, plan[SF_CONV_FWD].tensor_core ? " tc" : "");
+            if (rc) {
+                fail(nm, sf_cuda_last_error());
+                continue;
             }
+            const std::vector<float> g = down_dt(by, ny);
+            if (relu)
+                yact = g;
+            compare(nm, g, cc.n, cc.oc, oh, ow, relu ? yrelu : bf ? yr : ybr, tol);
         }
-        /* backward data */
-        poison_f(ddx, nx);
-        rc = sf_conv_run(dnn, &pld, vd);
+    }
+    /* cuDNN's fused conv + fp32 bias + ReLU: where no engine builds, the
+     * callers fall back to the plain plan and their own epilogue; in bf16 the
+     * refusal must come with a message */
+    {
+        sf_conv_desc df = d;
+        df.fuse_bias = 1;
+        df.fuse_relu = 1;
+        df.align_b = 16;
+        sf_conv_ptrs pfb = pf;
+        pfb.b = bb;
+        sf_conv_plan plfu;
+        sf_conv_vpack *vfu = NULL;
+        snprintf(nm, sizeof nm, "%s fused fwd+bias+relu", name);
+        if (sf_conv_plan_build(dnn, &df, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pfb : NULL, &plfu) == 0) {
+            if (sf_conv_vpack_make(&pfb, &vfu)) {
+                fail(nm, sf_cuda_last_error());
+            } else {
+                poison_dt(by);
+                const int rc = sf_conv_run(dnn, &plfu, vfu);
+                CU(cudaStreamSynchronize(s));
+                if (rc)
+                    fail(nm, sf_cuda_last_error());
+                else {
+                    char n2[340];
+                    snprintf(n2, sizeof n2, "%s (engine %lld)", nm, (long long)plfu.engine);
+                    compare(n2, down_dt(by, ny), cc.n, cc.oc, oh, ow, yrelu, tol);
+                }
+                sf_conv_vpack_destroy(vfu);
+            }
+            sf_conv_plan_destroy(&plfu);
+        } else {
+            const char *why = sf_cuda_last_error();
+            if (bf && !why[0])
+                fail(nm, "plan build returned -1 without an error message");
+            else
+                printf("info %s: no plan, falls back (%s)\n", nm, why);
+            sf_cuda_clear_error();
+        }
+    }
+    /* backward data and backward filter */
+    for (int dir = SF_CONV_BWD_DATA; dir <= SF_CONV_BWD_FILTER; dir++) {
+        if (!planned[dir])
+            continue;
+        const dbuf &out = dir == SF_CONV_BWD_DATA ? bdx : bdw;
+        const size_t nout = dir == SF_CONV_BWD_DATA ? nx : nw;
+        poison_dt(out);
+        const int rc = sf_conv_run(dnn, &plan[dir], vp[dir]);
         CU(cudaStreamSynchronize(s));
-        snprintf(nm, sizeof nm, "%s bwd_data (engine %lld%s)", name, (long long)pld.engine, pld.tensor_core ? " tc" : "");
+        snprintf(nm, sizeof nm, "%s %s (engine %lld%s)", name, dn[dir], (long long)plan[dir].engine,
+                 plan[dir].tensor_core ? " tc" : "");
         if (rc)
             fail(nm, sf_cuda_last_error());
-        else {
-            std::vector<float> g = down(ddx, nx);
-            if (nhwc)
-                g = to_nchw(g, cc.n, cc.c, cc.h, cc.w);
-            check_f(nm, g.data(), dxr, tol);
-        }
-        /* backward filter */
-        poison_f(ddw, nw);
-        rc = sf_conv_run(dnn, &plw, vw);
-        CU(cudaStreamSynchronize(s));
-        snprintf(nm, sizeof nm, "%s bwd_filter (engine %lld%s)", name, (long long)plw.engine, plw.tensor_core ? " tc" : "");
-        if (rc)
-            fail(nm, sf_cuda_last_error());
-        else {
-            std::vector<float> g = down(ddw, nw);
-            if (nhwc)
-                g = to_nchw(g, cc.oc, cc.c, cc.k, cc.k);
-            check_f(nm, g.data(), dwr, tol);
-        }
+        else if (dir == SF_CONV_BWD_DATA)
+            compare(nm, down_dt(out, nout), cc.n, cc.c, cc.h, cc.w, dxr, tol);
+        else
+            compare(nm, down_dt(out, nout), cc.oc, cc.c, cc.k, cc.k, dwr, tol);
+    }
+    if (!bf && planned[SF_CONV_FWD]) {
+        float *ddy = (float *)bdy.p, *y_out = (float *)by.p;
         /* bias gradient (no relu) */
-        poison_f(ddb, cc.oc);
-        rc = sf_cuda_bias_grad(ddy, NULL, outer, cc.oc, inner, ddb, scratch, s);
+        poison_f(db, cc.oc);
+        int rc = sf_cuda_bias_grad(ddy, NULL, outer, cc.oc, inner, db, scratch, s);
         CU(cudaStreamSynchronize(s));
         snprintf(nm, sizeof nm, "%s bias_grad", name);
         if (rc)
             fail(nm, sf_cuda_last_error());
         else
-            check_f(nm, down(ddb, cc.oc).data(), dbr, 1e-5);
+            check_f(nm, down(db, cc.oc).data(), dbr, 1e-5);
         /* relu backward fused with the bias gradient, in place on dy */
         if (!yact.empty()) {
             /* The mask comes from the GPU's own forward output, so that values
@@ -198,196 +233,25 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
                         dymask[e] = ya[e] > 0 ? dyd[e] : 0;
                         dbmask[o] += dymask[e];
                     }
-            poison_f(ddb, cc.oc);
-            rc = sf_cuda_bias_grad(ddy, dy_out, outer, cc.oc, inner, ddb, scratch, s);
+            poison_f(db, cc.oc);
+            rc = sf_cuda_bias_grad(ddy, y_out, outer, cc.oc, inner, db, scratch, s);
             CU(cudaStreamSynchronize(s));
             snprintf(nm, sizeof nm, "%s relu_bwd+bias_grad", name);
             if (rc)
                 fail(nm, sf_cuda_last_error());
             else {
-                std::vector<float> g = down(ddy, ny);
-                if (nhwc)
-                    g = to_nchw(g, cc.n, cc.oc, oh, ow);
-                check_f(nm, g.data(), dymask, 1e-6);
+                compare(nm, down(ddy, ny), cc.n, cc.oc, oh, ow, dymask, 1e-6);
                 snprintf(nm, sizeof nm, "%s relu_bwd+bias_grad db", name);
-                check_f(nm, down(ddb, cc.oc).data(), dbmask, 1e-5);
+                check_f(nm, down(db, cc.oc).data(), dbmask, 1e-5);
             }
         }
     }
-    sf_conv_vpack_destroy(vf);
-    sf_conv_vpack_destroy(vd);
-    sf_conv_vpack_destroy(vw);
-    sf_conv_plan_destroy(&plf);
-    sf_conv_plan_destroy(&pld);
-    sf_conv_plan_destroy(&plw);
-    cudaFree(dx_in); cudaFree(dw_in); cudaFree(db_in); cudaFree(ddy); cudaFree(dy_out); cudaFree(ddx);
-    cudaFree(ddw); cudaFree(ddb); cudaFree(scratch); cudaFree(ws);
-}
-
-/* ---- bf16 convolution ------------------------------------------------------- */
-
-/* One shape in bf16 (x, w, y, dy, dx, dw all bf16; fp32 compute), both layouts,
- * against the double reference on the same bf16 values (check_max, tol 1e-2).
- * The reference runs once per shape. misalign: x and dx are bound 2 bytes past
- * a 256-byte boundary and declared so (align_x = 2), which checks that the
- * alignment fields are taken in bytes for bf16 too. tf32 = 0 throughout: the
- * tf32 flag is about fp32 data and must not keep bf16 off tensor cores. */
-static void test_conv_bf16(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, int tune, int misalign)
-{
-    const int oh = (cc.h + 2 * cc.pad - cc.k) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - cc.k) / cc.stride + 1;
-    const double tol = 1e-2;
-    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
-                 ny = (size_t)cc.n * cc.oc * oh * ow;
-    std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(b, 0.5f);
-    rand_fill(dy, 1.f);
-    round_bf16(x);
-    round_bf16(wt);
-    round_bf16(dy); /* b stays fp32: the fused epilogue's bias is an fp32 tensor */
-
-    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
-    std::vector<double> yr(ny), ybr(ny), dxr(nx), dwr(nw);
-    sf_ref_conv2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad,
-                          yr.data());
-    sf_ref_conv2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
-                          dxr.data(), dwr.data(), NULL);
-    /* relu(conv + b) for the fused epilogue */
-    for (int a = 0; a < cc.n; a++)
-        for (int o = 0; o < cc.oc; o++)
-            for (int i = 0; i < oh * ow; i++) {
-                const size_t e = ((size_t)a * cc.oc + o) * oh * ow + i;
-                const double v = yr[e] + bd[o];
-                ybr[e] = v < 0 ? 0 : v;
-            }
-
-    for (int lay = 0; lay < 2; lay++) {
-        const int nhwc = lay == SF_LAYOUT_NHWC;
-        char name[200], nm[300];
-        snprintf(name, sizeof name, "conv n%d c%d %dx%d oc%d k%d s%d p%d %s bf16%s%s", cc.n, cc.c, cc.h, cc.w, cc.oc,
-                 cc.k, cc.stride, cc.pad, nhwc ? "nhwc" : "nchw", tune > 1 ? " tuned" : "",
-                 misalign ? " x@+2B" : "");
-        std::vector<float> xl = nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x;
-        std::vector<float> wl = nhwc ? to_nhwc(wt, cc.oc, cc.c, cc.k, cc.k) : wt;
-        std::vector<float> dyl = nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy;
-        const size_t off = misalign ? 1 : 0; /* elements: 2 bytes */
-        uint16_t *bx_mem = dalloc<uint16_t>(nx + off), *bdx_mem = dalloc<uint16_t>(nx + off);
-        uint16_t *bx = bx_mem + off, *bdx = bdx_mem + off;
-        uint16_t *bw = dalloc<uint16_t>(nw), *by = dalloc<uint16_t>(ny), *bdy = dalloc<uint16_t>(ny),
-                 *bdw = dalloc<uint16_t>(nw);
-        float *bb = dalloc<float>(cc.oc);
-        const size_t ws_bytes = (size_t)256 << 20;
-        void *ws = dalloc<char>(ws_bytes);
-        upb(bx, xl);
-        upb(bw, wl);
-        upb(bdy, dyl);
-        up(bb, b);
-
-        sf_conv_desc d;
-        memset(&d, 0, sizeof d);
-        d.n = cc.n; d.c = cc.c; d.h = cc.h; d.w = cc.w; d.oc = cc.oc; d.k = cc.k; d.stride = cc.stride; d.pad = cc.pad;
-        d.layout = (sf_layout)lay;
-        d.tf32 = 0;
-        d.dt = SF_DT_BF16;
-        d.align_x = sf_cuda_ptr_align(bx);
-        d.align_w = d.align_y = 16;
-        if (misalign && (d.align_x != 2 || sf_cuda_ptr_align(bdx) != 2)) {
-            snprintf(nm, sizeof nm, "%s setup", name);
-            fail(nm, "x pointer is not 2-byte aligned as intended");
-        }
-        sf_conv_ptrs pf = {bx, bw, by, ws, NULL}, pd = {bdx, bw, bdy, ws, NULL}, pw = {bx, bdw, bdy, ws, NULL};
-        sf_conv_plan plan[3];
-        memset(plan, 0, sizeof plan);
-        sf_conv_vpack *vp[3] = {NULL, NULL, NULL};
-        const sf_conv_ptrs *ptrs[3] = {&pf, &pd, &pw};
-        static const char *dn[3] = {"fwd", "bwd_data", "bwd_filter"};
-        for (int dir = 0; dir < 3; dir++) {
-            if (sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_bytes, tune, tune > 1 ? ptrs[dir] : NULL, &plan[dir]) ||
-                sf_conv_vpack_make(ptrs[dir], &vp[dir])) {
-                snprintf(nm, sizeof nm, "%s %s plan", name, dn[dir]);
-                fail(nm, sf_cuda_last_error());
-                continue;
-            }
-            if (plan[dir].dt != SF_DT_BF16) {
-                snprintf(nm, sizeof nm, "%s %s plan", name, dn[dir]);
-                fail(nm, "plan.dt is not SF_DT_BF16");
-            }
-            uint16_t *outp = dir == SF_CONV_FWD ? by : dir == SF_CONV_BWD_DATA ? bdx : bdw;
-            const size_t nout = dir == SF_CONV_FWD ? ny : dir == SF_CONV_BWD_DATA ? nx : nw;
-            poison_b(outp, nout);
-            const int rc = sf_conv_run(dnn, &plan[dir], vp[dir]);
-            CU(cudaStreamSynchronize(s));
-            snprintf(nm, sizeof nm, "%s %s (engine %lld%s)", name, dn[dir], (long long)plan[dir].engine,
-                     plan[dir].tensor_core ? " tc" : "");
-            if (rc) {
-                fail(nm, sf_cuda_last_error());
-                continue;
-            }
-            std::vector<float> g = downb(outp, nout);
-            if (dir == SF_CONV_FWD) {
-                if (nhwc)
-                    g = to_nchw(g, cc.n, cc.oc, oh, ow);
-                check_max(nm, g, yr, tol);
-            } else if (dir == SF_CONV_BWD_DATA) {
-                if (nhwc)
-                    g = to_nchw(g, cc.n, cc.c, cc.h, cc.w);
-                check_max(nm, g, dxr, tol);
-            } else {
-                if (nhwc)
-                    g = to_nchw(g, cc.oc, cc.c, cc.k, cc.k);
-                check_max(nm, g, dwr, tol);
-            }
-        }
-        /* The fused conv + fp32 bias + ReLU with a bf16 output: it must either
-         * compute the right thing or refuse at build time with a message (the
-         * callers then fall back to the plain plan and their own epilogue). */
-        {
-            sf_conv_desc df = d;
-            df.fuse_bias = 1;
-            df.fuse_relu = 1;
-            df.align_b = 16;
-            sf_conv_ptrs pfb = pf;
-            pfb.b = bb;
-            sf_conv_plan plfu;
-            sf_conv_vpack *vfu = NULL;
-            snprintf(nm, sizeof nm, "%s fused fwd+bias+relu", name);
-            if (sf_conv_plan_build(dnn, &df, SF_CONV_FWD, ws_bytes, tune, tune > 1 ? &pfb : NULL, &plfu) == 0) {
-                if (sf_conv_vpack_make(&pfb, &vfu)) {
-                    fail(nm, sf_cuda_last_error());
-                } else {
-                    poison_b(by, ny);
-                    const int rc = sf_conv_run(dnn, &plfu, vfu);
-                    CU(cudaStreamSynchronize(s));
-                    if (rc)
-                        fail(nm, sf_cuda_last_error());
-                    else {
-                        std::vector<float> g = downb(by, ny);
-                        if (nhwc)
-                            g = to_nchw(g, cc.n, cc.oc, oh, ow);
-                        char n2[340];
-                        snprintf(n2, sizeof n2, "%s (engine %lld)", nm, (long long)plfu.engine);
-                        check_max(n2, g, ybr, tol);
-                    }
-                    sf_conv_vpack_destroy(vfu);
-                }
-                sf_conv_plan_destroy(&plfu);
-            } else {
-                const char *why = sf_cuda_last_error();
-                if (!why[0])
-                    fail(nm, "plan build returned -1 without an error message");
-                else
-                    printf("info %s: no plan, falls back (%s)\n", nm, why);
-                sf_cuda_clear_error();
-            }
-        }
-        for (int dir = 0; dir < 3; dir++) {
-            sf_conv_vpack_destroy(vp[dir]);
-            sf_conv_plan_destroy(&plan[dir]);
-        }
-        cudaFree(bx_mem); cudaFree(bdx_mem); cudaFree(bw); cudaFree(by); cudaFree(bdy); cudaFree(bdw); cudaFree(bb);
-        cudaFree(ws);
+    for (int dir = 0; dir < 3; dir++) {
+        sf_conv_vpack_destroy(vp[dir]);
+        sf_conv_plan_destroy(&plan[dir]);
     }
+    dbuf_free(bx); dbuf_free(bdx); dbuf_free(bw); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdw);
+    cudaFree(bb); cudaFree(db); cudaFree(scratch); cudaFree(ws);
 }
 
 /* Build-time refusals: an unknown dtype is an error with a message, not a plan. */
@@ -600,12 +464,9 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
     const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
                  ny = (size_t)cc.n * cc.oc * oh * ow;
     std::vector<float> x(nx), wt(nw), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(wt, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(wt, dt, 0.5f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), wd = to_d(wt), dyd = to_d(dy);
     std::vector<double> yr(ny), dxr(nx), dwr(nw);
     sf_ref_conv2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad,
@@ -736,12 +597,9 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
              cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, lname(lay),
              dt == SF_DT_BF16 ? "bf16" : tf32 ? "tf32" : "fp32");
     std::vector<float> x(nx), wt(nw), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(wt, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(wt, dt, 0.5f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), wd = to_d(wt), dyd = to_d(dy), yr(ny), dxr(nx), dwr(nw);
     sf_ref_conv2d_gd_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad, dil,
                              groups, yr.data());
@@ -807,15 +665,8 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
     cudaFree(ws);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    cudnnHandle_t dnn = test_cudnn(s);
-    if (!dnn)
-        return 1;
-
     const conv_case cases[] = {
         {3, 16, 32, 32, 32, 2, 2, 0},  /* a W1 block */
         {4, 3, 20, 20, 16, 1, 1, 0},   /* W1's first conv */
@@ -826,12 +677,12 @@ int main(void)
         {32, 256, 2, 2, 512, 2, 2, 0}, /* W1's tail shape, 1x1 output */
     };
     for (const conv_case &cc : cases)
-        for (int lay = 0; lay < 2; lay++)
+        for (const sf_layout lay : k_layouts)
             for (int tf32 = 0; tf32 < 2; tf32++)
-                test_conv(dnn, s, cc, (sf_layout)lay, tf32, 1);
+                test_conv(dnn, s, cc, SF_DT_F32, lay, tf32, 1, 0);
     /* the timed choice among several engines, as the backend builds it */
-    test_conv(dnn, s, cases[0], SF_LAYOUT_NHWC, 1, 4);
-    test_conv(dnn, s, cases[3], SF_LAYOUT_NCHW, 0, 4);
+    test_conv(dnn, s, cases[0], SF_DT_F32, SF_LAYOUT_NHWC, 1, 4, 0);
+    test_conv(dnn, s, cases[3], SF_DT_F32, SF_LAYOUT_NCHW, 0, 4, 0);
 
     /* bf16 convolutions: small and odd shapes, then ResNet-18's shapes with
      * batch and spatial size scaled down (stem 7x7/2 3->64, 3x3 64->64, 3x3/2
@@ -848,10 +699,13 @@ int main(void)
         {2, 512, 7, 7, 512, 3, 1, 1},  /* layer4 3x3 at its true 7x7 */
     };
     for (const conv_case &cc : bf16_cases)
-        test_conv_bf16(dnn, s, cc, 1, 0);
+        for (const sf_layout lay : k_layouts)
+            test_conv(dnn, s, cc, SF_DT_BF16, lay, 0, 1, 0);
     /* the timed choice, and an x pointer aligned to 2 bytes only */
-    test_conv_bf16(dnn, s, bf16_cases[5], 4, 0);
-    test_conv_bf16(dnn, s, conv_case{2, 16, 12, 12, 16, 3, 1, 1}, 1, 1);
+    for (const sf_layout lay : k_layouts)
+        test_conv(dnn, s, bf16_cases[5], SF_DT_BF16, lay, 0, 4, 0);
+    for (const sf_layout lay : k_layouts)
+        test_conv(dnn, s, conv_case{2, 16, 12, 12, 16, 3, 1, 1}, SF_DT_BF16, lay, 0, 1, 1);
     test_conv_bad_dtype(dnn);
 
     /* thin 1x1 kernels: W1's stem, every channel count they take, odd sizes,
@@ -938,11 +792,9 @@ int main(void)
                 test_conv_gd(dnn, s, SF_DT_F32, (sf_layout)lay, tf32, g.cc, g.groups, g.dil);
             test_conv_gd(dnn, s, SF_DT_BF16, (sf_layout)lay, 0, g.cc, g.groups, g.dil);
         }
+}
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_conv");
+int main(void)
+{
+    return run_op_test("test_conv", run_cases);
 }

@@ -20,13 +20,13 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/conv_gemm.h"
-#include "../../gpu/cuda/linear.h"
+#include "gpu/cuda/conv_gemm.h"
+#include "gpu/cuda/linear.h"
 
 /* The cuBLAS handle lent to every GEMM plan here, as the executor lends its
- * own: made by main, bound to the test stream and a workspace of its own. */
+ * own: made by run_cases, bound to the test stream and a workspace of its own. */
 static sf_cublas_ctx g_blas;
 
 struct pw_case {
@@ -436,20 +436,20 @@ static void test_refuses(cudnnHandle_t dnn)
                  "eligibility");
 }
 
-int main(void)
+static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    cudnnHandle_t dnn = test_cudnn(s);
-    if (!dnn)
-        return 1;
+    if (!dnn) {
+        printf("FAIL setup: cuDNN handle\n");
+        g_fail++;
+        return;
+    }
     g_blas.ws_bytes = (size_t)32 << 20;
     if (cublasCreate(&g_blas.h) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&g_blas.ws, g_blas.ws_bytes) != cudaSuccess ||
         cublasSetStream(g_blas.h, s) != CUBLAS_STATUS_SUCCESS ||
         cublasSetWorkspace(g_blas.h, g_blas.ws, g_blas.ws_bytes) != CUBLAS_STATUS_SUCCESS) {
         printf("FAIL setup: cuBLAS handle\n");
-        return 1;
+        g_fail++;
+        return;
     }
 
     /* EfficientNet-B0's expansion 24 -> 144 at 56x56 and RegNet-Y-400MF's
@@ -474,13 +474,13 @@ int main(void)
     test_lend_binds_back(dnn, s);
     test_refuses(dnn);
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
+    CU(cudaStreamSynchronize(s));
     cublasDestroy(g_blas.h);
     cudaFree(g_blas.ws);
     cudnnDestroy(dnn);
-    return report("test_conv_gemm");
+}
+
+int main(void)
+{
+    return run_op_test("test_conv_gemm", run_cases);
 }

@@ -8,9 +8,9 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/conv_patch.h"
+#include "gpu/cuda/conv_patch.h"
 
 /* ---- ConvTranspose2d -------------------------------------------------------- */
 
@@ -128,11 +128,9 @@ static void test_convt_bias_dt(cudaStream_t s, sf_dtype dt, sf_layout L, int oc)
     snprintf(nm, sizeof nm, "convT bias_dt %s %s out [%d,%d,%d,%d]", dtname(dt), lname(L), d.n, oc, oh, ow);
     const size_t len = (size_t)d.n * oc * oh * ow;
     std::vector<float> y(len), dy(len), b(oc);
-    rand_fill(y, 1.f);
-    rand_fill(dy, 1.f);
+    rand_fill_dt(y, dt, 1.f);
+    rand_fill_dt(dy, dt, 1.f);
     rand_fill(b, 0.5f);
-    round_dt(y, dt);
-    round_dt(dy, dt);
     /* reference in NCHW */
     std::vector<double> yr(len), dyr(len), dbr(oc, 0.0);
     for (size_t i = 0; i < len; i++) {
@@ -301,15 +299,8 @@ static void test_convt_patch(cudaStream_t s, int n, int c, int h, int w, int bia
     cudaFree(x_); cudaFree(w_); cudaFree(b_); cudaFree(y_);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    cudnnHandle_t dnn = test_cudnn(s);
-    if (!dnn)
-        return 1;
-
     const convt_case ct[] = {
         {2, 256, 16, 16, 128, 2, 2, 0}, /* W2's decoder, batch 2 */
         {2, 128, 32, 32, 64, 2, 2, 0},
@@ -323,10 +314,10 @@ int main(void)
     for (const convt_case &cc : ct)
         test_convt(dnn, s, cc);
     test_convt_cache(dnn);
-    for (int t = 0; t < 2; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            test_convt_bias_dt(s, (sf_dtype)t, (sf_layout)lay, 5);
-            test_convt_bias_dt(s, (sf_dtype)t, (sf_layout)lay, 16);
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            test_convt_bias_dt(s, dt, lay, 5);
+            test_convt_bias_dt(s, dt, lay, 16);
         }
     const convt_case ct_bf16[] = {
         {2, 64, 16, 16, 32, 2, 2, 0}, /* W2's decoder */
@@ -347,11 +338,9 @@ int main(void)
                      !sf_convt_patch_ok(SF_LAYOUT_NCHW, 32, 16, 3, 2, 0) &&
                      !sf_convt_patch_ok(SF_LAYOUT_NCHW, 128, 64, 2, 2, 0),
                  "eligibility");
+}
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_conv_transpose");
+int main(void)
+{
+    return run_op_test("test_conv_transpose", run_cases);
 }

@@ -24,12 +24,12 @@
  * the test says so (FAIL), as a missing cuDNN would.
  */
 extern "C" {
-#include "../../collective/collective.h"
-#include "../../collective/kv_table.h"
-#include "../../gpu/aug.h"
-#include "../../gpu/backend.h"
-#include "../../gpu/model.h"
-#include "../../gpu/rng.h"
+#include "collective/collective.h"
+#include "collective/kv_table.h"
+#include "gpu/aug.h"
+#include "gpu/backend.h"
+#include "gpu/model.h"
+#include "gpu/rng.h"
 }
 
 #include <math.h>
@@ -41,7 +41,7 @@ extern "C" {
 #include <thread>
 #include <vector>
 
-#include "gpu_test.h"
+#include "tests/gpu/gpu_test.h"
 
 #include <cuda_runtime.h>
 

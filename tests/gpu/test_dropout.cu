@@ -12,9 +12,9 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/dropout.h"
+#include "gpu/cuda/dropout.h"
 
 static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
 {
@@ -48,8 +48,7 @@ static void test_dropout(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int 
              lname(lay), n, c, h, w, (double)p, in_place ? " in place" : "");
     const size_t hw = (size_t)h * w, elems = (size_t)c * hw, len = (size_t)n * elems;
     std::vector<float> x(len);
-    rand_fill(x, 1.f);
-    round_dt(x, dt);
+    rand_fill_dt(x, dt, 1.f);
     const uint64_t seq = 1234567;
     const std::vector<double> ref = reference(dt, x, n, elems, p, seq, rows);
     dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
@@ -88,8 +87,7 @@ static void test_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout lay, int ro
     const size_t hw = (size_t)h * w, elems = (size_t)c * hw, len = (size_t)n * elems;
     const float p = rows ? 0.5f : 0.3f;
     std::vector<float> x(len);
-    rand_fill(x, 1.f);
-    round_dt(x, dt);
+    rand_fill_dt(x, dt, 1.f);
     dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
     uint64_t *d_seq = dalloc<uint64_t>(1);
     up_dt(bx, to_lay(x, lay, n, c, h, w));
@@ -153,17 +151,12 @@ static void test_null_seq(cudaStream_t s)
     dbuf_free(bx); dbuf_free(by);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     const float ps[3] = {0.f, 0.3f, 1.f};
-    for (int t = 0; t < 2; t++)
-        for (int l = 0; l < 2; l++)
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts)
             for (int rows = 0; rows < 2; rows++) {
-                const sf_dtype dt = (sf_dtype)t;
-                const sf_layout lay = (sf_layout)l;
                 for (int k = 0; k < 3; k++)
                     test_dropout(s, dt, lay, 3, 3, 7, 5, ps[k], rows, 0);
                 test_dropout(s, dt, lay, 16, 24, 9, 11, 0.5f, rows, 1); /* more samples, in place */
@@ -171,10 +164,9 @@ int main(void)
                 test_graph_replay(s, dt, lay, rows);
             }
     test_null_seq(s);
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_dropout");
+}
+
+int main(void)
+{
+    return run_op_test("test_dropout", run_cases);
 }

@@ -30,7 +30,7 @@
  * reference's; with skip_undecodable an unreadable file is left out on both
  * and the batch trains its other samples.
  */
-#include "gpu_test.h"
+#include "tests/gpu/gpu_test.h"
 
 #include <stdlib.h>
 #include <string.h>

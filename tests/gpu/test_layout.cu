@@ -4,7 +4,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 static void test_transpose(cudaStream_t s, int batch, int rows, int cols)
 {
@@ -28,19 +28,13 @@ static void test_transpose(cudaStream_t s, int batch, int rows, int cols)
     cudaFree(dy);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     test_transpose(s, 3, 37, 45);
     test_transpose(s, 2, 4096, 3);
+}
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_layout");
+int main(void)
+{
+    return run_op_test("test_layout", run_cases);
 }

@@ -7,7 +7,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 /* via_dt: through the _dt launchers with SF_DT_F32 (which must be the float
  * functions exactly) instead of the float ones. */
@@ -158,12 +158,9 @@ static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf
              dt == SF_DT_BF16 ? "bf16" : tf32 ? "tf32" : "fp32");
     const size_t hw = (size_t)h * w, nx = (size_t)n * in * hw, ny = (size_t)n * out * hw, nw = (size_t)out * in;
     std::vector<float> x(nx), wt(nw), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(wt, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(wt, dt, 0.5f);
+    rand_fill_dt(dy, dt, 1.f);
     /* the reference on the pixels as rows: NHWC is [n*hw, in] */
     std::vector<double> xr = to_d(to_nhwc(x, n, in, h, w)), dyr = to_d(to_nhwc(dy, n, out, h, w)), wd = to_d(wt);
     std::vector<double> yrows(ny), dxrows(nx), dwr(nw);
@@ -250,10 +247,5 @@ int main(void)
             test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 4, 6, 3, 1, 1);
         }
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_linear");
+    return finish("test_linear");
 }

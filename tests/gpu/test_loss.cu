@@ -7,7 +7,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 static void test_xent(cudaStream_t s, int n, int k)
 {
@@ -209,12 +209,8 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
     cudaFree(d_l); cudaFree(d_d); cudaFree(d_lab); cudaFree(d_out); cudaFree(scr); cudaFree(dctl);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     test_xent(s, 37, 10);
     test_xent(s, 5, 1000);
     test_xent(s, 300, 3);
@@ -237,11 +233,9 @@ int main(void)
         test_xent2d(s, 2, 21, 16, 16, L, 0, 0.05f);
         test_xent2d(s, 3, 7, 13, 11, L, 0, 0.f, 0.25f);
     }
+}
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_loss");
+int main(void)
+{
+    return run_op_test("test_loss", run_cases);
 }

@@ -11,9 +11,9 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/mul.h"
+#include "gpu/cuda/mul.h"
 
 /* An NCHW host tensor in layout lay, and back. */
 static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
@@ -32,12 +32,9 @@ static void test_mul(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, i
              bcast ? " b broadcast" : "");
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw, blen = bcast ? (size_t)n * c : len;
     std::vector<float> a(len), b(blen), dy(len);
-    rand_fill(a, 1.f);
-    rand_fill(b, 1.f);
-    rand_fill(dy, 1.f);
-    round_dt(a, dt);
-    round_dt(b, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(a, dt, 1.f);
+    rand_fill_dt(b, dt, 1.f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> ad = to_d(a), bd = to_d(b), dyd = to_d(dy), yr(len), dar(len), dbr(blen);
     const size_t bhw = bcast ? 1 : hw;
     sf_ref_mul_fwd_f64(ad.data(), bd.data(), n, c, hw, bhw, yr.data());
@@ -90,11 +87,9 @@ static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n
     snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d", dtname(dt), lname(lay), n, c, h, w);
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw;
     std::vector<float> x(len), sc(c), dy(len);
-    rand_fill(x, 1.f);
+    rand_fill_dt(x, dt, 1.f);
     rand_fill(sc, 1.f); /* fp32, as the parameter is */
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), sd = to_d(sc), dyd = to_d(dy), yr(len), dxr(len), dsr(c);
     sf_ref_channel_scale_fwd_f64(xd.data(), n, c, hw, sd.data(), yr.data());
     sf_ref_channel_scale_bwd_f64(xd.data(), n, c, hw, sd.data(), dyd.data(), dxr.data(), dsr.data());
@@ -139,15 +134,10 @@ static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n
     cudaFree(d_s); cudaFree(d_ds); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    for (int t = 0; t < 2; t++)
-        for (int l = 0; l < 2; l++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout lay = (sf_layout)l;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
             for (int bc = 0; bc < 2; bc++) {
                 test_mul(s, dt, lay, 3, 3, 7, 5, bc);   /* the odd sizes of the layer tests */
                 test_mul(s, dt, lay, 4, 40, 14, 14, bc); /* an SE block's shape, scaled down */
@@ -159,10 +149,9 @@ int main(void)
             test_channel_scale(s, dt, lay, 2, 1100, 3, 3); /* more channels than a block */
             test_channel_scale(s, dt, lay, 600, 4, 1, 1);  /* rows: more rows than chunks */
         }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_mul");
+}
+
+int main(void)
+{
+    return run_op_test("test_mul", run_cases);
 }

@@ -9,9 +9,9 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/norm.h"
+#include "gpu/cuda/norm.h"
 
 /* fp32: y, dx relative error < 1e-5, dweight and dbias < 1e-5, mean and
  * rstd < 1e-5; bf16 (inputs rounded, so the reference sees the same values):
@@ -24,12 +24,10 @@ static void test_layernorm(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, in
              eps, lname(lay), want_dx ? "" : " no dx");
     const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, pos = (size_t)n * hw;
     std::vector<float> x(nx), dy(nx), ga(c), be(c);
-    rand_fill(x, 2.f, 0.5f);
-    rand_fill(dy, 1.f);
+    rand_fill_dt(x, dt, 2.f, 0.5f);
+    rand_fill_dt(dy, dt, 1.f);
     rand_fill(ga, 0.5f, 1.f);
     rand_fill(be, 0.5f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(ga), bd = to_d(be), yr(nx), dxr(nx), dgr(c), dbr(c);
     sf_ref_layernorm_fwd_f64(xd.data(), n, c, hw, gd.data(), bd.data(), (double)eps, yr.data());
     sf_ref_layernorm_bwd_f64(xd.data(), n, c, hw, gd.data(), (double)eps, dyd.data(), dxr.data(), dgr.data(),
@@ -102,16 +100,10 @@ static void test_layernorm(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, in
     cudaFree(dga); cudaFree(dbe); cudaFree(dm); cudaFree(dr); cudaFree(ddg); cudaFree(ddb); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
-    for (int t = 0; t < 2; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout L = (sf_layout)lay;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout L : k_layouts) {
             /* layernorm2d: ConvNeXt's stem norm and block norm (96 channels),
              * odd sizes and channels, more positions than LN_CHUNKS, c > 32 */
             test_layernorm(s, dt, L, 2, 96, 14, 14, 1e-6f, 1);
@@ -123,10 +115,9 @@ int main(void)
             test_layernorm(s, dt, L, 3, 7, 1, 1, 1e-5f, 1);
             test_layernorm(s, dt, L, 300, 16, 1, 1, 1e-5f, 0);
         }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_norm");
+}
+
+int main(void)
+{
+    return run_op_test("test_norm", run_cases);
 }

@@ -8,7 +8,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 /* SGD over a flat buffer with KRSC segments; compared bit for bit with sf_ref_sgd. */
 static void test_sgd(cudaStream_t s, float momentum, int many)
@@ -277,8 +277,7 @@ static void test_weights_perm(cudaStream_t s, sf_dtype dt, int mis, int big)
 
     /* grads_model: a device gradient of dt; g holds a sentinel everywhere */
     std::vector<float> gdv(len);
-    rand_fill(gdv, 0.1f);
-    round_dt(gdv, dt);
+    rand_fill_dt(gdv, dt, 0.1f);
     dbuf bg = dbuf_make(dt, len, mis);
     up_dt(bg, gdv);
     const float sentinel = -12345.678f;
@@ -388,12 +387,8 @@ static void test_sgd_mixed(cudaStream_t s, float momentum)
     cudaFree(gd); cudaFree(w1); cudaFree(w2); cudaFree(dh);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     test_sgd(s, 0.9f, 0);
     test_sgd(s, 0.9f, 1);
     test_sgd(s, 0.f, 0);
@@ -402,17 +397,14 @@ int main(void)
     test_adamw(s, 10007, 0.01f, 0);
     test_adamw(s, 1 << 16, 0.f, 0);
     test_adamw(s, 64, 0.05f, 1);
-    for (int t = 0; t < 2; t++) {
-        const sf_dtype dt = (sf_dtype)t;
+    for (const sf_dtype dt : k_dtypes) {
         test_weights_perm(s, dt, 0, 0);
         test_weights_perm(s, dt, 1, 0);
         test_weights_perm(s, dt, 0, 1);
     }
+}
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_optimizer");
+int main(void)
+{
+    return run_op_test("test_optimizer", run_cases);
 }

@@ -11,7 +11,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 static void test_relu(cudaStream_t s, size_t len)
 {
@@ -100,10 +100,8 @@ static void test_relu_dt(cudaStream_t s, sf_dtype dt, size_t len, int mis, int i
     snprintf(nm, sizeof nm, "relu_dt %s len %zu%s%s", dtname(dt), len, mis ? " misaligned" : "",
              in_place ? " in place" : "");
     std::vector<float> x(len), dy(len);
-    rand_fill(x, 1.f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> yr(len), dxr(len);
     for (size_t i = 0; i < len; i++) {
         yr[i] = x[i] < 0 ? 0 : x[i];
@@ -186,10 +184,8 @@ static void test_add_dt(cudaStream_t s, sf_dtype dt, size_t len, int relu, int i
     snprintf(nm, sizeof nm, "add_dt %s%s len %zu%s%s", dtname(dt), relu ? " +relu" : "", len,
              in_place ? " in place" : "", mis ? " misaligned" : "");
     std::vector<float> a(len), b(len);
-    rand_fill(a, 1.f);
-    rand_fill(b, 1.f);
-    round_dt(a, dt);
-    round_dt(b, dt);
+    rand_fill_dt(a, dt, 1.f);
+    rand_fill_dt(b, dt, 1.f);
     std::vector<double> yr(len);
     for (size_t i = 0; i < len; i++) {
         const double v = (double)a[i] + b[i];
@@ -326,9 +322,8 @@ static void test_bias_act_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, s
              relu ? " +relu" : "", mis ? " misaligned" : "");
     const size_t len = outer * c * inner;
     std::vector<float> y(len), b(c);
-    rand_fill(y, 1.f);
+    rand_fill_dt(y, dt, 1.f);
     rand_fill(b, 0.5f); /* fp32, as the bias is */
-    round_dt(y, dt);
     std::vector<double> yr(len);
     for (size_t i = 0; i < len; i++) {
         double v = (double)y[i] + (bias ? (double)b[(i / inner) % c] : 0.0);
@@ -359,10 +354,8 @@ static void test_bias_grad_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, 
              with_db ? "" : " no db", mis ? " misaligned" : "");
     const size_t len = outer * c * inner;
     std::vector<float> dy(len), y(len);
-    rand_fill(dy, 1.f);
-    rand_fill(y, 1.f);
-    round_dt(dy, dt);
-    round_dt(y, dt);
+    rand_fill_dt(dy, dt, 1.f);
+    rand_fill_dt(y, dt, 1.f);
     std::vector<double> dyr(len), dbr(c, 0.0);
     for (size_t i = 0; i < len; i++) {
         dyr[i] = with_y ? (y[i] > 0 ? dy[i] : 0) : dy[i];
@@ -389,12 +382,8 @@ static void test_bias_grad_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, 
     cudaFree(d_db); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     test_relu(s, 1001);
     test_relu(s, 1 << 16);
     test_bias_grad(s, 100003, 16, 1);
@@ -409,8 +398,7 @@ int main(void)
     test_add(s, 999, 1, 1);
 
     /* element types (bf16), and the _dt launchers with SF_DT_F32 */
-    for (int t = 0; t < 2; t++) {
-        const sf_dtype dt = (sf_dtype)t;
+    for (const sf_dtype dt : k_dtypes) {
         test_relu_dt(s, dt, 1001, 0, 0);
         test_relu_dt(s, dt, 1 << 16, 0, 1);
         test_relu_dt(s, dt, 4099, 1, 0);
@@ -439,11 +427,9 @@ int main(void)
     test_cast(s, 333, 1, 0);
     test_cast(s, 40, 0, 3);
     test_fill_random_dt(s, 100003);
+}
 
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_pointwise");
+int main(void)
+{
+    return run_op_test("test_pointwise", run_cases);
 }

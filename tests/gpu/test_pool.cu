@@ -8,7 +8,7 @@
  * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
  * criteria they apply: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 /* ---- MaxPool2d --------------------------------------------------------------- */
 
@@ -121,10 +121,8 @@ static void test_maxpool_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, in
     const int oh = pool_size(h, k, st, pad, ceil_mode), ow = pool_size(w, k, st, pad, ceil_mode);
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
     std::vector<float> x(nx), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt); /* bf16 makes ties in a window common: the first maximum must win */
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f); /* bf16 makes ties in a window common: the first maximum must win */
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
     std::vector<int32_t> amr(ny);
     sf_ref_maxpool2d_fwd_sized_f64(xd.data(), n, c, h, w, k, st, pad, oh, ow, yr.data(), amr.data());
@@ -172,10 +170,8 @@ static void test_avgpool_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, in
     snprintf(nm, sizeof nm, "avgpool_dt %s n%d c%d %dx%d %s", dtname(dt), n, c, h, w, lname(L));
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c;
     std::vector<float> x(nx), dy(ny);
-    rand_fill(x, 1.f, 0.25f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f, 0.25f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
     sf_ref_avgpool_fwd_f64(xd.data(), n, c, h, w, yr.data());
     sf_ref_avgpool_bwd_f64(dyd.data(), n, c, h, w, dxr.data());
@@ -216,10 +212,8 @@ static void test_avgpool2d_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, 
     const int oh = pool_size(h, k, st, pad, ceil_mode), ow = pool_size(w, k, st, pad, ceil_mode);
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
     std::vector<float> x(nx), dy(ny);
-    rand_fill(x, 1.f, 0.25f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f, 0.25f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
     sf_ref_avgpool2d_fwd_f64(xd.data(), n, c, h, w, k, st, pad, cip, oh, ow, yr.data());
     sf_ref_avgpool2d_bwd_f64(dyd.data(), n, c, h, w, k, st, pad, cip, oh, ow, dxr.data());
@@ -256,10 +250,8 @@ static void test_adaptive_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, i
              lname(L));
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c * oh * ow;
     std::vector<float> x(nx), dy(ny);
-    rand_fill(x, 1.f, 0.25f);
-    rand_fill(dy, 1.f);
-    round_dt(x, dt);
-    round_dt(dy, dt);
+    rand_fill_dt(x, dt, 1.f, 0.25f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ny), dxr(nx);
     sf_ref_adaptive_avgpool2d_fwd_f64(xd.data(), n, c, h, w, oh, ow, yr.data());
     sf_ref_adaptive_avgpool2d_bwd_f64(dyd.data(), n, c, h, w, oh, ow, dxr.data());
@@ -341,12 +333,8 @@ static void test_maxpool_pre_bn(cudaStream_t s, int n, int c, int h, int w)
     cudaFree(rm); cudaFree(rv); cudaFree(sm); cudaFree(si); cudaFree(scr);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-
     for (int lay = 0; lay < 2; lay++) {
         const sf_layout L = (sf_layout)lay;
         test_maxpool(s, 2, 64, 112, 112, 3, 2, 1, L); /* ResNet-18's stem */
@@ -360,10 +348,8 @@ int main(void)
         test_avgpool(s, 4, 7, 1, 1, L);
         test_avgpool(s, 2, 40, 56, 56, L); /* many rows per sample, a partial channel tile */
     }
-    for (int t = 0; t < 2; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            const sf_dtype dt = (sf_dtype)t;
-            const sf_layout L = (sf_layout)lay;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout L : k_layouts) {
             test_maxpool_dt(s, dt, 2, 64, 112, 112, 3, 2, 1, L, 0); /* ResNet-18's stem */
             test_maxpool_dt(s, dt, 3, 5, 13, 11, 3, 2, 1, L, 0);    /* odd sizes, C % 8 != 0 */
             test_maxpool_dt(s, dt, 2, 16, 9, 10, 3, 2, 1, L, 0);    /* odd h, vector channels */
@@ -398,10 +384,9 @@ int main(void)
 
     test_maxpool_pre_bn(s, 2, 64, 112, 112); /* ResNet-18's stem */
     test_maxpool_pre_bn(s, 3, 16, 9, 10);     /* odd sizes */
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_pool");
+}
+
+int main(void)
+{
+    return run_op_test("test_pool", run_cases);
 }

@@ -15,12 +15,12 @@
  * heuristics' answer (sdpa.cu puts them in the message); below sm_80, where
  * cuDNN has no fused attention, the test prints SKIPPED and exits 0. Exits 0
  * with "SKIPPED: no CUDA device" when there is no GPU. */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
 #include <cudnn.h>
 
-#include "../../gpu/cuda/check.h"
-#include "../../gpu/cuda/sdpa.h"
+#include "gpu/cuda/check.h"
+#include "gpu/cuda/sdpa.h"
 
 /* Tolerances: the max-error criterion of op_test.h (max |got - ref| <= tol *
  * max |ref|, NaN anywhere failing), against a double reference on the same
@@ -273,10 +273,5 @@ int main(void)
         test_shape(h, s, shapes[i]);
 
     cudnnDestroy(h);
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_sdpa");
+    return finish("test_sdpa");
 }

@@ -11,15 +11,14 @@
  * "FAIL <case>: ..." per case; exits 1 on any failure, 0 with
  * "SKIPPED: no CUDA device" when there is no GPU. Helpers: op_test.h.
  */
-#include "op_test.h"
+#include "tests/gpu/op_test.h"
 
-#include "../../gpu/cuda/tokens.h"
+#include "gpu/cuda/tokens.h"
 
 static std::vector<float> rnd(size_t n, sf_dtype dt)
 {
     std::vector<float> v(n);
-    rand_fill(v, 1.f);
-    round_dt(v, dt);
+    rand_fill_dt(v, dt, 1.f);
     return v;
 }
 
@@ -72,8 +71,7 @@ static void test_class_token(cudaStream_t s, sf_dtype dt, int n, int t, int c)
     snprintf(nm, sizeof nm, "class_token %s n%d t%d+1 c%d", dtname(dt), n, t, c);
     const size_t lx = (size_t)n * t * c, ly = (size_t)n * (t + 1) * c;
     std::vector<float> x = rnd(lx, dt), dy = rnd(ly, dt), cls(c);
-    rand_fill(cls, 1.f);
-    round_dt(cls, dt); /* the output holds it in dt: exact only if representable */
+    rand_fill_dt(cls, dt, 1.f); /* the output holds it in dt: exact only if representable */
     std::vector<double> xd = to_d(x), dyd = to_d(dy), cd = to_d(cls), yr(ly), dxr(lx), dcr(c);
     sf_ref_prepend_token_fwd_f64(xd.data(), n, t, c, cd.data(), yr.data());
     sf_ref_prepend_token_bwd_f64(dyd.data(), n, t, c, dxr.data(), dcr.data());
@@ -187,17 +185,13 @@ static void test_select_token(cudaStream_t s, sf_dtype dt, int n, int t, int c)
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    for (int t = 0; t < 2; t++) {
-        const sf_dtype dt = (sf_dtype)t;
-        for (int l = 0; l < 2; l++) {
-            test_to_tokens(s, dt, (sf_layout)l, 3, 7, 5, 3);
-            test_to_tokens(s, dt, (sf_layout)l, 2, 64, 14, 14); /* ViT-B/16's 196 patches (of 64 here) */
-            test_to_tokens(s, dt, (sf_layout)l, 2, 33, 1, 1);
+    for (const sf_dtype dt : k_dtypes) {
+        for (const sf_layout lay : k_layouts) {
+            test_to_tokens(s, dt, lay, 3, 7, 5, 3);
+            test_to_tokens(s, dt, lay, 2, 64, 14, 14); /* ViT-B/16's 196 patches (of 64 here) */
+            test_to_tokens(s, dt, lay, 2, 33, 1, 1);
         }
         test_class_token(s, dt, 3, 16, 24);
         test_class_token(s, dt, 2, 196, 64);
@@ -206,10 +200,9 @@ int main(void)
         test_select_token(s, dt, 3, 17, 24);
         test_select_token(s, dt, 2, 197, 64);
     }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess) {
-        printf("FAIL device: %s\n", cudaGetErrorString(e));
-        g_fail++;
-    }
-    return report("test_tokens");
+}
+
+int main(void)
+{
+    return run_op_test("test_tokens", run_cases);
 }

@@ -21,10 +21,10 @@
  * "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
-#include "../../gpu/aug.h"
-#include "../../gpu/backend.h"
-#include "../../gpu/model.h"
-#include "../../gpu/rng.h"
+#include "gpu/aug.h"
+#include "gpu/backend.h"
+#include "gpu/model.h"
+#include "gpu/rng.h"
 }
 
 #include <math.h>
@@ -35,7 +35,7 @@ extern "C" {
 #include <time.h>
 #include <vector>
 
-#include "gpu_test.h"
+#include "tests/gpu/gpu_test.h"
 
 #include <cuda_runtime.h>
 

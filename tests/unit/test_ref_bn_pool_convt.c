@@ -20,7 +20,7 @@
 #include "gpu/rng.h"
 
 #define REF_CHECK_SEED 4321
-#include "ref_check.h"
+#include "tests/unit/ref_check.h"
 #define F32_TOL 1e-5
 
 /* The float copy of v; v is rounded to the float values so that both

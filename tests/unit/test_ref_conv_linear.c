@@ -17,7 +17,7 @@
 #include "gpu/rng.h"
 
 #define REF_CHECK_SEED 1234
-#include "ref_check.h"
+#include "tests/unit/ref_check.h"
 
 static float *to_float(const double *v, size_t n)
 {

@@ -35,7 +35,7 @@
 #include "tests/unit/backend_step.h"
 
 #define REF_CHECK_SEED 4321
-#include "ref_check.h"
+#include "tests/unit/ref_check.h"
 
 static char err[256];
 

@@ -323,110 +323,148 @@ class AsyncClient:
                              f"max_connections={connections} or more")
         if on_error not in ("stop", "count"):
             raise ValueError(f"on_error must be 'stop' or 'count', got {on_error!r}")
-        summary = FeedSummary()
-        t0 = time.monotonic()
-        queue: "asyncio.Queue[Optional[Tuple[int, Any, bool]]]" = asyncio.Queue(maxsize=connections)
-        fatal: List[BaseException] = []
-        stop = asyncio.Event()
+        return await _AsyncFeed(self, connections, on_error, keys, layout, skip_bad_files).run(loader, wait_last)
 
-        no_reply = [0]  # batches in a row without a reply: 2 x connections stop the feed, as feed()'s
+
+
+class _AsyncFeed:
+    """One call of :meth:`AsyncClient.feed`: the state its worker tasks share
+    (one event loop: no lock) and the steps of the feed as methods."""
+
+    def __init__(self, client: AsyncClient, connections: int, on_error: str, keys: Optional[Tuple[str, str]],
+                 layout: Optional[str], skip_bad_files: bool) -> None:
+        self.client = client
+        self.connections = connections
+        self.on_error = on_error
+        self.keys = keys
+        self.layout = layout
+        self.skip_bad_files = skip_bad_files
+        self.summary = FeedSummary()
+        self.queue: "asyncio.Queue[Optional[Tuple[int, Any, bool]]]" = asyncio.Queue(maxsize=connections)
+        self.fatal: List[BaseException] = []
+        self.stop = asyncio.Event()
+        self.no_reply = 0  # batches in a row without a reply: 2 x connections stop the feed, as feed()'s
         # JPEG batches accepted with a 202: their results name the files the
         # server could not decode and left out, as in feed().
-        left_out = _LeftOutCheck(lag=4 * connections) if skip_bad_files else None
+        self.left_out = _LeftOutCheck(lag=4 * connections) if skip_bad_files else None
+        # An exception of the loader itself ends the feed like its end, so
+        # that the batches it gave are still sent; it is raised after them.
+        self.loader_error: List[Exception] = []
 
-        async def check_left_out(final: bool) -> None:
-            if left_out is None:
+    async def check_left_out(self, final: bool) -> None:
+        if self.left_out is None:
+            return
+        client, summary = self.client, self.summary
+        for index, bid, n, names, positions in self.left_out.due(final):
+            try:
+                res = await (client.wait_batch(bid, timeout=client.timeout) if final else client.batch(bid))
+            except (E.StreamfeedError, TimeoutError):
+                continue  # evicted from the server's job table, or the server is gone
+            if res.done:
+                _note_undecodable(summary, index, res, names, positions)
+            elif res.state == "failed" and res.error_code == "jpeg_undecodable":
+                summary.errors["jpeg_undecodable"] = summary.errors.get("jpeg_undecodable", 0) + 1
+                for i in range(n):
+                    _note_skip(summary, index, positions[i] if positions is not None else i,
+                               names[i] if names is not None else None, "jpeg_undecodable",
+                               res.error_message or UNDECODABLE_MESSAGE)
+
+    def give_up(self, message: str, index: int, e: E.StreamfeedError) -> None:
+        """Stops the feed with FeedAborted (the first reason only)."""
+        if not self.fatal:
+            self.fatal.append(E.FeedAborted(message, self.summary, batch_index=index, error=e))
+        self.stop.set()
+
+    async def send(self, index: int, item: Any, wait: bool, body: Any,
+                   n: int) -> Optional[Tuple[Any, Any, int, int, Any]]:
+        """Posts one batch (item, encoded as body of n samples), leaving out
+        the files the server refuses by name (skip_bad_files). (reply,
+        retries, samples, body bytes, the item as sent), or None when the
+        batch failed (counted, and the feed stopped where on_error and the
+        failure say so)."""
+        summary = self.summary
+        while True:
+            try:
+                reply, retries = await self.client.post_body(body, wait)
+                return reply, retries, n, len(body), item
+            except E.TransportError as e:
+                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                summary.retries += e.retries
+                self.no_reply += 1
+                if self.no_reply >= 2 * self.connections:
+                    self.give_up(f"{self.no_reply} batches in a row got no reply from {self.client.url} (the last, "
+                                 f"index {index}: {e}); is the server up?", index, e)
+                return None
+            except E.APIError as e:
+                self.no_reply = 0
+                file_refused, smaller = _leave_out_refused(summary, index, item, e, nullcontext()) \
+                    if self.skip_bad_files else (False, None)
+                if smaller is not None:
+                    item = smaller
+                    body, n = item.body, item.n
+                    continue
+                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                summary.retries += e.attempts - 1
+                # A batch whose every file was refused by name says
+                # nothing of the loader's other batches.
+                if self.on_error == "stop" and _deterministic(e) and not file_refused:
+                    self.give_up(f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}",
+                                 index, e)
+                return None
+            except E.BatchFailed as e:
+                self.no_reply = 0
+                summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
+                summary.retries += e.retries
+                if e.code == "jpeg_undecodable" and isinstance(item, EncodedBatch) and self.skip_bad_files:
+                    for i in range(item.n):
+                        _note_skip(summary, index, item.position(i), item.name(i), e.code, str(e))
+                return None
+
+    async def one(self, index: int, item: Any, wait: bool, is_last: bool) -> None:
+        summary = self.summary
+        _note_left_out(summary, index, item)
+        body, n = _encode_item(item, self.keys, self.layout)
+        summary.submitted += 1
+        sent = await self.send(index, item, wait, body, n)
+        if sent is None:
+            return
+        reply, retries, n, nbytes, item = sent
+        self.no_reply = 0
+        summary.batches += 1
+        summary.samples += n
+        summary.bytes += nbytes
+        summary.retries += retries
+        loss = reply.loss if isinstance(reply, BatchResult) else None
+        if index == 0:
+            summary.first_id, summary.first_loss = reply.id, loss
+        if is_last:
+            summary.last_id = reply.id
+            if wait:
+                summary.last_loss = loss
+        if loss is not None:
+            summary.latest_loss = loss
+        if isinstance(item, EncodedBatch):
+            if isinstance(reply, BatchResult):
+                _note_undecodable(summary, index, reply, item.names, item.positions)
+            elif self.left_out is not None:
+                self.left_out.add(index, reply.id, item)
+                await self.check_left_out(False)
+
+    async def worker(self) -> None:
+        while True:
+            job = await self.queue.get()
+            if job is None:
                 return
-            for index, bid, n, names, positions in left_out.due(final):
+            if not self.stop.is_set():
                 try:
-                    res = await (self.wait_batch(bid, timeout=self.timeout) if final else self.batch(bid))
-                except (E.StreamfeedError, TimeoutError):
-                    continue  # evicted from the server's job table, or the server is gone
-                if res.done:
-                    _note_undecodable(summary, index, res, names, positions)
-                elif res.state == "failed" and res.error_code == "jpeg_undecodable":
-                    summary.errors["jpeg_undecodable"] = summary.errors.get("jpeg_undecodable", 0) + 1
-                    for i in range(n):
-                        _note_skip(summary, index, positions[i] if positions is not None else i,
-                                   names[i] if names is not None else None, "jpeg_undecodable",
-                                   res.error_message or UNDECODABLE_MESSAGE)
+                    await self.one(job[0], job[1], False, job[2])
+                except Exception as e:  # a usage error: stop and re-raise in the caller
+                    self.fatal.append(e)
+                    self.stop.set()
 
-        async def one(index: int, item: Any, wait: bool, is_last: bool) -> None:
-            _note_left_out(summary, index, item)
-            body, n = _encode_item(item, keys, layout)
-            summary.submitted += 1
-            while True:
-                try:
-                    reply, retries = await self.post_body(body, wait)
-                    break
-                except E.TransportError as e:
-                    summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
-                    summary.retries += e.retries
-                    no_reply[0] += 1
-                    if no_reply[0] >= 2 * connections and not fatal:
-                        fatal.append(E.FeedAborted(
-                            f"{no_reply[0]} batches in a row got no reply from {self.url} (the last, index {index}: "
-                            f"{e}); is the server up?", summary, batch_index=index, error=e))
-                        stop.set()
-                    return
-                except E.APIError as e:
-                    no_reply[0] = 0
-                    file_refused, smaller = _leave_out_refused(summary, index, item, e, nullcontext()) \
-                        if skip_bad_files else (False, None)
-                    if smaller is not None:
-                        item = smaller
-                        body, n = item.body, item.n
-                        continue
-                    summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
-                    summary.retries += e.attempts - 1
-                    # A batch whose every file was refused by name says
-                    # nothing of the loader's other batches.
-                    if on_error == "stop" and _deterministic(e) and not fatal and not file_refused:
-                        fatal.append(E.FeedAborted(
-                            f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}",
-                            summary, batch_index=index, error=e))
-                        stop.set()
-                    return
-                except E.BatchFailed as e:
-                    no_reply[0] = 0
-                    summary.errors[e.code] = summary.errors.get(e.code, 0) + 1
-                    summary.retries += e.retries
-                    if e.code == "jpeg_undecodable" and isinstance(item, EncodedBatch) and skip_bad_files:
-                        for i in range(item.n):
-                            _note_skip(summary, index, item.position(i), item.name(i), e.code, str(e))
-                    return
-            no_reply[0] = 0
-            summary.batches += 1
-            summary.samples += n
-            summary.bytes += len(body)
-            summary.retries += retries
-            loss = reply.loss if isinstance(reply, BatchResult) else None
-            if index == 0:
-                summary.first_id, summary.first_loss = reply.id, loss
-            if is_last:
-                summary.last_id = reply.id
-                if wait:
-                    summary.last_loss = loss
-            if loss is not None:
-                summary.latest_loss = loss
-            if isinstance(item, EncodedBatch):
-                if isinstance(reply, BatchResult):
-                    _note_undecodable(summary, index, reply, item.names, item.positions)
-                elif left_out is not None:
-                    left_out.add(index, reply.id, item)
-                    await check_left_out(False)
-
-        async def worker() -> None:
-            while True:
-                job = await queue.get()
-                if job is None:
-                    return
-                if not stop.is_set():
-                    try:
-                        await one(job[0], job[1], False, job[2])
-                    except Exception as e:  # a usage error: stop and re-raise in the caller
-                        fatal.append(e)
-                        stop.set()
+    async def run(self, loader: Union[AsyncIterable[Any], Iterable[Any]], wait_last: bool) -> FeedSummary:
+        summary, stop = self.summary, self.stop
+        t0 = time.monotonic()
 
         async def items() -> Any:
             if hasattr(loader, "__aiter__"):
@@ -439,42 +477,38 @@ class AsyncClient:
         it = items().__aiter__()
         _end = object()
 
-        # An exception of the loader itself ends the feed like its end, so
-        # that the batches it gave are still sent; it is raised after them.
-        loader_error: List[Exception] = []
-
         async def next_item() -> Any:
             try:
                 return await it.__anext__()
             except StopAsyncIteration:
                 return _end
             except Exception as e:
-                loader_error.append(e)
+                self.loader_error.append(e)
                 return _end
 
         cur = await next_item()
         if cur is _end:
             summary.seconds = time.monotonic() - t0
-            if loader_error:
-                raise _attach_summary(loader_error[0], summary)
+            if self.loader_error:
+                raise _attach_summary(self.loader_error[0], summary)
             return summary
         nxt = await next_item()
         # The first batch alone, waited for: its loss is the model's as the feed found it.
-        await one(0, cur, True, nxt is _end and not loader_error)
-        tasks = [asyncio.ensure_future(worker()) for _ in range(connections)]
+        await self.one(0, cur, True, nxt is _end and not self.loader_error)
+        tasks = [asyncio.ensure_future(self.worker()) for _ in range(self.connections)]
         index = 1
         last: Optional[Tuple[int, Any]] = None
         try:
             while nxt is not _end and not stop.is_set():
                 cur, nxt = nxt, await next_item()
-                is_last = nxt is _end and not loader_error
+                is_last = nxt is _end and not self.loader_error
                 if is_last and wait_last:
                     last = (index, cur)
                     break
-                await queue.put((index, cur, is_last))
+                await self.queue.put((index, cur, is_last))
                 index += 1
             for _ in tasks:
-                await queue.put(None)
+                await self.queue.put(None)
             await asyncio.gather(*tasks)
         except BaseException:
             # Cancelled: the workers are cancelled, not drained (they were
@@ -487,12 +521,12 @@ class AsyncClient:
             raise
         if last is not None and not stop.is_set():
             # After every other batch was accepted: the last one trained is this one.
-            await one(last[0], last[1], True, True)
+            await self.one(last[0], last[1], True, True)
         if not stop.is_set():
-            await check_left_out(True)
+            await self.check_left_out(True)
         summary.seconds = time.monotonic() - t0
-        if loader_error:
-            raise _attach_summary(loader_error[0], summary)
-        if fatal:
-            raise fatal[0]
+        if self.loader_error:
+            raise _attach_summary(self.loader_error[0], summary)
+        if self.fatal:
+            raise self.fatal[0]
         return summary

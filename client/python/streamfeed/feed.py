@@ -380,102 +380,129 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
         except TypeError:
             total = None
 
-    summary = FeedSummary()
-    lock = threading.Lock()
-    left_out = _LeftOutCheck(lag=2 * max_in_flight) if skip_bad_files else None
-    slots = threading.BoundedSemaphore(max_in_flight)
-    stop = threading.Event()
-    fatal: List[BaseException] = []
-    bar = _make_bar(progress, total)
-    t0 = time.monotonic()
-    # Batches that did not reach the server are sent again connect_retries
-    # times, as Client retries GETs: never when the policy retries nothing
-    # (retry=0).
-    policy = getattr(client, "retry", None)
-    connect_retries = min(int(getattr(policy, "connect_retries", 0)), int(getattr(policy, "max_retries", 0)))
+    return _Feed(client, connections, max_in_flight, progress, total, max_errors, on_error, keys, layout,
+                 on_result, skip_bad_files).run(loader, wait_last)
 
-    def show(loss: Optional[float]) -> None:
-        if bar is None:
+
+class _Feed:
+    """One call of :func:`feed`: the state its worker threads share (the
+    summary, the stop flag, the in-flight slots, the sessions they opened)
+    behind one lock, and the steps of the feed as methods."""
+
+    def __init__(self, client: Any, connections: int, max_in_flight: int, progress: Optional[bool],
+                 total: Optional[int], max_errors: Optional[int], on_error: str,
+                 keys: Optional[Tuple[str, str]], layout: Optional[str],
+                 on_result: Optional[Callable[[int, Any], None]], skip_bad_files: bool) -> None:
+        self.client = client
+        self.connections = connections
+        self.max_errors = max_errors
+        self.on_error = on_error
+        self.keys = keys
+        self.layout = layout
+        self.on_result = on_result
+        self.skip_bad_files = skip_bad_files
+        self.summary = FeedSummary()
+        self.lock = threading.Lock()
+        self.left_out = _LeftOutCheck(lag=2 * max_in_flight) if skip_bad_files else None
+        self.slots = threading.BoundedSemaphore(max_in_flight)
+        self.stop = threading.Event()
+        self.fatal: List[BaseException] = []
+        self.bar = _make_bar(progress, total)
+        # Batches that did not reach the server are sent again connect_retries
+        # times, as Client retries GETs: never when the policy retries nothing
+        # (retry=0).
+        policy = getattr(client, "retry", None)
+        self.connect_retries = min(int(getattr(policy, "connect_retries", 0)),
+                                   int(getattr(policy, "max_retries", 0)))
+        # Batches in a row that got no reply at all: a server that is gone (or
+        # answers nothing) stops the feed after 2 x connections of them, as
+        # streamfeed-load does, rather than failing every batch of the loader.
+        self.no_reply = 0
+        self.max_no_reply = 2 * connections
+        # The requests sessions (one per thread, each with a keep-alive
+        # connection) that this feed's threads made: closed when the feed ends,
+        # since the client would otherwise keep them, and their sockets, open.
+        self.sessions: Set[Any] = set()
+        self.session_of = getattr(client, "_session", None)
+        self.done_feeding = threading.Event()
+        # An exception of the loader itself ends the loop like its end, so that
+        # the batches it gave are still sent; it is raised after them.
+        self.loader_error: List[Exception] = []
+
+    def show(self, loss: Optional[float]) -> None:
+        if self.bar is None:
             return
-        post: Dict[str, Any] = {"retries": summary.retries}
+        post: Dict[str, Any] = {"retries": self.summary.retries}
         if loss is not None:
             post["loss"] = f"{loss:.4f}"
-        bar.set_postfix(post, refresh=False)
+        self.bar.set_postfix(post, refresh=False)
 
-    def record_error(code: str, retries: int) -> None:
-        with lock:
+    def record_error(self, code: str, retries: int) -> None:
+        with self.lock:
+            summary = self.summary
             summary.errors[code] = summary.errors.get(code, 0) + 1
             summary.retries += retries
-            if max_errors is not None and summary.failed > max_errors:
-                stop.set()
+            if self.max_errors is not None and summary.failed > self.max_errors:
+                self.stop.set()
 
-    def fail_feed(message: str, index: int, e: E.StreamfeedError) -> None:
+    def fail_feed(self, message: str, index: int, e: E.StreamfeedError) -> None:
         """Stops the feed with FeedAborted (the first reason only); lock held."""
-        if not fatal:
-            fatal.append(E.FeedAborted(message, summary, batch_index=index, error=e))
-        stop.set()
+        if not self.fatal:
+            self.fatal.append(E.FeedAborted(message, self.summary, batch_index=index, error=e))
+        self.stop.set()
 
-    def abort(index: int, e: E.APIError) -> None:
-        with lock:
-            fail_feed(f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}. "
-                      f"Every later batch would be too; fix the loader, or pass on_error='count' to go on",
-                      index, e)
+    def abort(self, index: int, e: E.APIError) -> None:
+        with self.lock:
+            self.fail_feed(f"the {_ordinal(index + 1)} batch of the loader (index {index}) was rejected: {e}. "
+                           f"Every later batch would be too; fix the loader, or pass on_error='count' to go on",
+                           index, e)
 
-    # Batches in a row that got no reply at all: a server that is gone (or
-    # answers nothing) stops the feed after 2 x connections of them, as
-    # streamfeed-load does, rather than failing every batch of the loader.
-    no_reply = [0]
-    max_no_reply = 2 * connections
+    def answered(self) -> None:
+        with self.lock:
+            self.no_reply = 0
 
-    def answered() -> None:
-        with lock:
-            no_reply[0] = 0
+    def unanswered(self, index: int, e: E.TransportError) -> None:
+        with self.lock:
+            self.no_reply += 1
+            if self.no_reply >= self.max_no_reply:
+                self.fail_feed(f"{self.no_reply} batches in a row got no reply from "
+                               f"{getattr(self.client, 'url', 'the server')} "
+                               f"(the last, index {index}: {e}); is the server up?", index, e)
 
-    def unanswered(index: int, e: E.TransportError) -> None:
-        with lock:
-            no_reply[0] += 1
-            if no_reply[0] >= max_no_reply:
-                fail_feed(f"{no_reply[0]} batches in a row got no reply from {getattr(client, 'url', 'the server')} "
-                          f"(the last, index {index}: {e}); is the server up?", index, e)
-
-    def post(index: int, body: Any, wait: bool) -> Any:
+    def post(self, index: int, body: Any, wait: bool) -> Any:
         """client.post_body, sending again (bounded) only a batch that
         certainly did not reach the server: never after an OutcomeUnknown."""
         attempt = 0
         while True:
             try:
-                return client.post_body(body, wait, cancel=stop)
+                return self.client.post_body(body, wait, cancel=self.stop)
             except E.TransportError as e:
-                if e.sent or attempt >= connect_retries or stop.wait(client.retry.delay(attempt, None)):
+                if e.sent or attempt >= self.connect_retries or \
+                        self.stop.wait(self.client.retry.delay(attempt, None)):
                     raise
                 attempt += 1
-                with lock:
-                    summary.resends += 1
+                with self.lock:
+                    self.summary.resends += 1
 
-    # The requests sessions (one per thread, each with a keep-alive
-    # connection) that this feed's threads made: closed when the feed ends,
-    # since the client would otherwise keep them, and their sockets, open.
-    sessions: Set[Any] = set()
-    session_of = getattr(client, "_session", None)
+    def own_session(self) -> None:
+        if self.session_of is not None:
+            s = self.session_of()
+            with self.lock:
+                self.sessions.add(s)
 
-    def own_session() -> None:
-        if session_of is not None:
-            s = session_of()
-            with lock:
-                sessions.add(s)
-
-    def check_left_out(final: bool) -> None:
+    def check_left_out(self, final: bool) -> None:
         """Asks for the results of the encoded batches accepted with a 202
         that have most likely trained by now (all of them when final)."""
-        if left_out is None:
+        if self.left_out is None:
             return
-        for index, bid, n, names, positions in left_out.due(final):
+        client, summary = self.client, self.summary
+        for index, bid, n, names, positions in self.left_out.due(final):
             try:
                 res = client.wait_batch(bid, timeout=getattr(client, "timeout", 60.0)) if final \
                     else client.batch(bid)
             except (E.StreamfeedError, TimeoutError):
                 continue  # evicted from the server's job table, or the server is gone: nothing to say
-            with lock:
+            with self.lock:
                 if res.done:
                     _note_undecodable(summary, index, res, names, positions)
                 elif res.state == "failed" and res.error_code == "jpeg_undecodable":
@@ -486,118 +513,128 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                         _note_skip(summary, index, pos, names[i] if names is not None else None,
                                    "jpeg_undecodable", res.error_message or UNDECODABLE_MESSAGE)
 
-    def work(index: int, item: Any, wait: bool, is_last: bool) -> None:
-        try:
-            own_session()
-            with lock:
-                _note_left_out(summary, index, item)
-            body, n = _encode_item(item, keys, layout)
-            while True:
-                try:
-                    reply, retries = post(index, body, wait)
-                    break
-                except E.APIError as e:
-                    answered()
-                    file_refused, smaller = _leave_out_refused(summary, index, item, e, lock) \
-                        if skip_bad_files else (False, None)
-                    if smaller is not None:
-                        item = smaller
-                        body, n = item.body, item.n
-                        continue
-                    record_error(e.code, e.attempts - 1)
-                    # A batch whose every file was refused by name says
-                    # nothing of the loader's other batches.
-                    if on_error == "stop" and _deterministic(e) and not file_refused:
-                        abort(index, e)
-                    return
-                except E.BatchFailed as e:
-                    # Accepted, but its step failed: count it as an error, not a batch.
-                    answered()
-                    record_error(e.code, e.retries)
-                    if e.code == "jpeg_undecodable" and isinstance(item, EncodedBatch) and skip_bad_files:
-                        with lock:  # no file of it decoded (or, with on_undecodable fail, one did not)
-                            for i in range(item.n):
-                                _note_skip(summary, index, item.position(i), item.name(i), e.code, str(e))
-                    return
-                except E.TransportError as e:
-                    record_error(e.code, e.retries)
-                    unanswered(index, e)
-                    return
-            answered()
-            with lock:
-                summary.batches += 1
-                summary.samples += n
-                summary.bytes += len(body)
-                summary.retries += retries
-                bid = reply.id
-                loss = reply.loss if isinstance(reply, BatchResult) else None
-                if index == 0:
-                    summary.first_id = bid
-                    summary.first_loss = loss
-                if is_last:
-                    summary.last_id = bid
-                    if wait:
-                        summary.last_loss = loss
-                if loss is not None:
-                    summary.latest_loss = loss
-                if isinstance(item, EncodedBatch) and isinstance(reply, BatchResult):
-                    _note_undecodable(summary, index, reply, item.names, item.positions)
-                show(summary.latest_loss)
-            if isinstance(item, EncodedBatch) and not isinstance(reply, BatchResult) and left_out is not None:
-                left_out.add(index, bid, item)
-                check_left_out(False)
-            if on_result is not None:
-                on_result(index, reply)
-        except BaseException as e:  # a usage error: stop everything and re-raise in the caller
-            with lock:
-                fatal.append(e)
-            stop.set()
-        finally:
-            slots.release()
-            if bar is not None:
-                bar.update(1)
-
-    # The live loss: the server's latest step, read every LOSS_INTERVAL_S
-    # while the bar is shown (a 202 reply carries no loss: training follows).
-    done_feeding = threading.Event()
-
-    def watch_loss() -> None:
-        own_session()
-        while not done_feeding.wait(LOSS_INTERVAL_S):
+    def send(self, index: int, item: Any, wait: bool) -> Optional[Tuple[Any, Any, int, int, Any]]:
+        """Posts one batch, leaving out the files the server refuses by name
+        (skip_bad_files). (reply, retries, samples, body bytes, the item as
+        sent), or None when the batch failed (counted, and the feed stopped
+        where on_error and the failure say so)."""
+        summary, skip = self.summary, self.skip_bad_files
+        body, n = _encode_item(item, self.keys, self.layout)
+        while True:
             try:
-                loss = client.training_loss()
+                reply, retries = self.post(index, body, wait)
+                return reply, retries, n, len(body), item
+            except E.APIError as e:
+                self.answered()
+                file_refused, smaller = _leave_out_refused(summary, index, item, e, self.lock) \
+                    if skip else (False, None)
+                if smaller is not None:
+                    item = smaller
+                    body, n = item.body, item.n
+                    continue
+                self.record_error(e.code, e.attempts - 1)
+                # A batch whose every file was refused by name says
+                # nothing of the loader's other batches.
+                if self.on_error == "stop" and _deterministic(e) and not file_refused:
+                    self.abort(index, e)
+                return None
+            except E.BatchFailed as e:
+                # Accepted, but its step failed: count it as an error, not a batch.
+                self.answered()
+                self.record_error(e.code, e.retries)
+                if e.code == "jpeg_undecodable" and isinstance(item, EncodedBatch) and skip:
+                    with self.lock:  # no file of it decoded (or, with on_undecodable fail, one did not)
+                        for i in range(item.n):
+                            _note_skip(summary, index, item.position(i), item.name(i), e.code, str(e))
+                return None
+            except E.TransportError as e:
+                self.record_error(e.code, e.retries)
+                self.unanswered(index, e)
+                return None
+
+    def accepted(self, index: int, item: Any, wait: bool, is_last: bool, reply: Any, retries: int, n: int,
+                 nbytes: int) -> None:
+        """Counts an accepted batch in the summary and hands its reply on."""
+        self.answered()
+        summary = self.summary
+        with self.lock:
+            summary.batches += 1
+            summary.samples += n
+            summary.bytes += nbytes
+            summary.retries += retries
+            bid = reply.id
+            loss = reply.loss if isinstance(reply, BatchResult) else None
+            if index == 0:
+                summary.first_id = bid
+                summary.first_loss = loss
+            if is_last:
+                summary.last_id = bid
+                if wait:
+                    summary.last_loss = loss
+            if loss is not None:
+                summary.latest_loss = loss
+            if isinstance(item, EncodedBatch) and isinstance(reply, BatchResult):
+                _note_undecodable(summary, index, reply, item.names, item.positions)
+            self.show(summary.latest_loss)
+        if isinstance(item, EncodedBatch) and not isinstance(reply, BatchResult) and self.left_out is not None:
+            self.left_out.add(index, bid, item)
+            self.check_left_out(False)
+        if self.on_result is not None:
+            self.on_result(index, reply)
+
+    def work(self, index: int, item: Any, wait: bool, is_last: bool) -> None:
+        """One batch, on a worker thread."""
+        try:
+            self.own_session()
+            with self.lock:
+                _note_left_out(self.summary, index, item)
+            sent = self.send(index, item, wait)
+            if sent is not None:
+                reply, retries, n, nbytes, item = sent
+                self.accepted(index, item, wait, is_last, reply, retries, n, nbytes)
+        except BaseException as e:  # a usage error: stop everything and re-raise in the caller
+            with self.lock:
+                self.fatal.append(e)
+            self.stop.set()
+        finally:
+            self.slots.release()
+            if self.bar is not None:
+                self.bar.update(1)
+
+    def watch_loss(self) -> None:
+        """The live loss: the server's latest step, read every LOSS_INTERVAL_S
+        while the bar is shown (a 202 reply carries no loss: training follows)."""
+        self.own_session()
+        while not self.done_feeding.wait(LOSS_INTERVAL_S):
+            try:
+                loss = self.client.training_loss()
             except E.StreamfeedError:
                 continue
             if loss is not None:
-                with lock:
-                    summary.latest_loss = loss
-                    show(loss)
-                bar.refresh()
+                with self.lock:
+                    self.summary.latest_loss = loss
+                    self.show(loss)
+                self.bar.refresh()
 
-    watcher = threading.Thread(target=watch_loss, name="streamfeed-loss", daemon=True) if bar is not None else None
-    if watcher is not None:
-        watcher.start()
-    pool = ThreadPoolExecutor(max_workers=connections, thread_name_prefix="streamfeed-feed")
-    futures: Set[Any] = set()
-    # An exception of the loader itself ends the loop like its end, so that
-    # the batches it gave are still sent; it is raised after them.
-    loader_error: List[Exception] = []
-
-    def pull(it: Iterator[Any]) -> Any:
+    def pull(self, it: Iterator[Any]) -> Any:
         try:
             return next(it, _END)
         except Exception as e:
-            loader_error.append(e)
+            self.loader_error.append(e)
             return _END
 
-    try:
+    def submit_all(self, loader: Iterable[Any], wait_last: bool, pool: ThreadPoolExecutor) -> None:
+        """Hands every batch of the loader to the pool, in order, the first
+        alone and the last (wait_last) after every other was accepted."""
+        stop = self.stop
+        futures: Set[Any] = set()
         it = iter(loader)
-        nxt = pull(it)
+        nxt = self.pull(it)
         index = 0
         while nxt is not _END and not stop.is_set():
             item = nxt
-            nxt = pull(it)
-            is_last = nxt is _END and not loader_error
+            nxt = self.pull(it)
+            is_last = nxt is _END and not self.loader_error
             wait = index == 0
             if is_last and wait_last:
                 # Everything before must be accepted first, so that the last
@@ -606,13 +643,13 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
                 if stop.is_set():
                     break
                 wait = True
-            slots.acquire()
+            self.slots.acquire()
             if stop.is_set():
-                slots.release()
+                self.slots.release()
                 break
-            with lock:
-                summary.submitted += 1
-            f = pool.submit(work, index, item, wait, is_last)
+            with self.lock:
+                self.summary.submitted += 1
+            f = pool.submit(self.work, index, item, wait, is_last)
             if index == 0:
                 # The first loss is that of the model as the feed found it:
                 # nothing else is sent before the first step has run.
@@ -621,27 +658,38 @@ def feed(client: Any, loader: Iterable[Any], connections: int = 4, wait_last: bo
             futures = {f for f in futures if not f.done()}
             index += 1
         _wait_futures(futures)
-        if not stop.is_set():
-            check_left_out(True)
-    except BaseException:
-        stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    finally:
-        pool.shutdown(wait=True)
-        done_feeding.set()
+
+    def run(self, loader: Iterable[Any], wait_last: bool) -> FeedSummary:
+        summary, bar = self.summary, self.bar
+        t0 = time.monotonic()
+        watcher = threading.Thread(target=self.watch_loss, name="streamfeed-loss", daemon=True) \
+            if bar is not None else None
         if watcher is not None:
-            watcher.join()
-        drop = getattr(client, "_drop_sessions", None)
-        if drop is not None:
-            drop(sessions)
-        summary.seconds = time.monotonic() - t0
-        if bar is not None:
-            bar.close()
-    if loader_error:
-        raise _attach_summary(loader_error[0], summary)
-    if fatal:
-        raise fatal[0]
-    if max_errors is not None and summary.failed > max_errors:
-        raise E.FeedAborted(f"stopped after {summary.failed} failed batches: {summary}", summary)
-    return summary
+            watcher.start()
+        pool = ThreadPoolExecutor(max_workers=self.connections, thread_name_prefix="streamfeed-feed")
+        try:
+            self.submit_all(loader, wait_last, pool)
+            if not self.stop.is_set():
+                self.check_left_out(True)
+        except BaseException:
+            self.stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            self.done_feeding.set()
+            if watcher is not None:
+                watcher.join()
+            drop = getattr(self.client, "_drop_sessions", None)
+            if drop is not None:
+                drop(self.sessions)
+            summary.seconds = time.monotonic() - t0
+            if bar is not None:
+                bar.close()
+        if self.loader_error:
+            raise _attach_summary(self.loader_error[0], summary)
+        if self.fatal:
+            raise self.fatal[0]
+        if self.max_errors is not None and summary.failed > self.max_errors:
+            raise E.FeedAborted(f"stopped after {summary.failed} failed batches: {summary}", summary)
+        return summary

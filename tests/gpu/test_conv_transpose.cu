@@ -18,81 +18,93 @@ struct convt_case {
     int n, c, h, w, oc, k, stride, pad;
 };
 
-static void test_convt(cudnnHandle_t dnn, cudaStream_t s, const convt_case &cc)
+/* One ConvTranspose2d shape in one element type, both layouts, through the
+ * plans (d.dt reaches conv.cu's plans): forward + bias, backward data,
+ * backward filter (dw in dt, as the conv's w), bias gradient, against the
+ * double reference. fp32 and tf32: relative error < 1e-4 and < 1e-3 (check_v),
+ * through the fp32 wrappers. bf16: x, w, dy rounded to bf16 and the reference
+ * on those values, max |err| <= 1e-2 max|ref| (check_max: fp32 accumulation
+ * and one bf16 rounding, as test_conv's bf16 convolutions), through the _dt
+ * wrappers. The bias gradient stays fp32: relative error < 1e-4. */
+static void test_convt(cudnnHandle_t dnn, cudaStream_t s, const convt_case &cc, sf_dtype dt)
 {
+    const int bf = dt == SF_DT_BF16;
     const int oh = (cc.h - 1) * cc.stride - 2 * cc.pad + cc.k, ow = (cc.w - 1) * cc.stride - 2 * cc.pad + cc.k;
     const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.c * cc.oc * cc.k * cc.k,
                  ny = (size_t)cc.n * cc.oc * oh * ow;
     std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
+    rand_fill_dt(x, dt, 1.f);
+    rand_fill_dt(wt, dt, 0.5f);
     rand_fill(b, 0.5f);
-    rand_fill(dy, 1.f);
+    rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
     std::vector<double> yr(ny), dxr(nx), dwr(nw), dbr(cc.oc);
     sf_ref_convt2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), bd.data(), cc.oc, cc.k, cc.stride, cc.pad,
                            yr.data());
     sf_ref_convt2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
                            dxr.data(), dwr.data(), dbr.data());
-
-    float *d_x = dalloc<float>(nx), *d_w = dalloc<float>(nw), *d_b = dalloc<float>(cc.oc),
-          *d_y = dalloc<float>(ny), *d_dy = dalloc<float>(ny), *d_dx = dalloc<float>(nx),
-          *d_dw = dalloc<float>(nw), *d_db = dalloc<float>(cc.oc);
-    float *scratch = dalloc<float>(sf_cuda_bias_grad_scratch(cc.oc));
     const size_t ws_bytes = (size_t)256 << 20;
     void *ws = dalloc<char>(ws_bytes);
-    for (int lay = 0; lay < 2; lay++)
-        for (int tf32 = 0; tf32 < 2; tf32++) {
-            const sf_layout L = (sf_layout)lay;
+    float *d_b = dalloc<float>(cc.oc), *d_db = dalloc<float>(cc.oc), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(cc.oc));
+    dbuf bx = dbuf_make(dt, nx, 0), bw = dbuf_make(dt, nw, 0), by = dbuf_make(dt, ny, 0), bdy = dbuf_make(dt, ny, 0),
+         bdx = dbuf_make(dt, nx, 0), bdw = dbuf_make(dt, nw, 0);
+    up(d_b, b);
+    for (const sf_layout L : k_layouts)
+        for (int tf32 = 0; tf32 < (bf ? 1 : 2); tf32++) {
             const int nhwc = L == SF_LAYOUT_NHWC;
-            char nm[200];
+            char nm[200], sub[260];
             snprintf(nm, sizeof nm, "convT n%d c%d %dx%d -> oc%d k%d s%d p%d %s %s", cc.n, cc.c, cc.h, cc.w, cc.oc,
-                     cc.k, cc.stride, cc.pad, lname(L), tf32 ? "tf32" : "fp32");
-            const double tol = tf32 ? 1e-3 : 1e-4;
-            up(d_x, nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x);
-            up(d_w, nhwc ? to_nhwc(wt, cc.c, cc.oc, cc.k, cc.k) : wt); /* [c][k][k][oc] */
-            up(d_b, b);
-            up(d_dy, nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy);
-            poison(d_y, ny * 4);
-            poison(d_dx, nx * 4);
-            poison(d_dw, nw * 4);
+                     cc.k, cc.stride, cc.pad, lname(L), bf ? "bf16" : tf32 ? "tf32" : "fp32");
+            up_dt(bx, nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x);
+            up_dt(bw, nhwc ? to_nhwc(wt, cc.c, cc.oc, cc.k, cc.k) : wt); /* [c][k][k][oc] */
+            up_dt(bdy, nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy);
+            poison_dt(by);
+            poison_dt(bdx);
+            poison_dt(bdw);
             poison(d_db, cc.oc * 4);
-            sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, tf32, SF_DT_F32, 16, 16, 16, 0, NULL};
+            sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, tf32, dt, 16, 16, 16, 0, NULL};
             sf_convt_plans pl;
             memset(&pl, 0, sizeof pl);
             if (sf_convt_plans_build(dnn, &d, SF_CONVT_DIR_ALL, ws_bytes, 1, NULL, &pl)) {
-                fail(nm, sf_cuda_last_error());
+                snprintf(sub, sizeof sub, "%s plans", nm);
+                fail(sub, sf_cuda_last_error());
                 continue;
             }
-            sf_convt_ptrs pf = {d_x, d_w, d_y, ws}, pd = {d_dx, d_w, d_dy, ws}, pw = {d_x, d_dw, d_dy, ws};
-            int rc = sf_convt_run(dnn, &pl, SF_CONV_FWD, &pf) || sf_convt_bias_act(&d, d_y, d_b, 0, s) ||
-                     sf_convt_run(dnn, &pl, SF_CONV_BWD_DATA, &pd) || sf_convt_run(dnn, &pl, SF_CONV_BWD_FILTER, &pw) ||
-                     sf_convt_bias_grad(&d, d_dy, NULL, d_db, scratch, s);
+            sf_convt_ptrs pf = {bx.p, bw.p, by.p, ws}, pd = {bdx.p, bw.p, bdy.p, ws}, pw = {bx.p, bdw.p, bdy.p, ws};
+            int rc = sf_convt_run(dnn, &pl, SF_CONV_FWD, &pf);
+            rc = rc || (bf ? sf_convt_bias_act_dt(&d, by.p, d_b, 0, s) : sf_convt_bias_act(&d, (float *)by.p, d_b, 0, s));
+            rc = rc || sf_convt_run(dnn, &pl, SF_CONV_BWD_DATA, &pd) || sf_convt_run(dnn, &pl, SF_CONV_BWD_FILTER, &pw);
+            rc = rc || (bf ? sf_convt_bias_grad_dt(&d, bdy.p, NULL, d_db, scr, s)
+                           : sf_convt_bias_grad(&d, (float *)bdy.p, NULL, d_db, scr, s));
             CU(cudaStreamSynchronize(s));
             if (rc) {
                 fail(nm, sf_cuda_last_error());
                 sf_convt_plans_destroy(&pl);
                 continue;
             }
-            std::vector<float> y = down(d_y, ny), dx = down(d_dx, nx), dw = down(d_dw, nw), db = down(d_db, cc.oc);
+            std::vector<float> y = down_dt(by, ny), dx = down_dt(bdx, nx), dw = down_dt(bdw, nw);
             if (nhwc) {
                 y = to_nchw(y, cc.n, cc.oc, oh, ow);
                 dx = to_nchw(dx, cc.n, cc.c, cc.h, cc.w);
                 dw = to_nchw(dw, cc.c, cc.oc, cc.k, cc.k);
             }
-            char sub[260];
-            snprintf(sub, sizeof sub, "%s fwd+bias", nm);
-            check_v(sub, y, yr, tol);
-            snprintf(sub, sizeof sub, "%s bwd_data", nm);
-            check_v(sub, dx, dxr, tol);
-            snprintf(sub, sizeof sub, "%s bwd_filter", nm);
-            check_v(sub, dw, dwr, tol);
+            const double tol = tf32 ? 1e-3 : 1e-4;
+            const char *what[3] = {"fwd+bias", "bwd_data", "bwd_filter"};
+            const std::vector<float> *got[3] = {&y, &dx, &dw};
+            const std::vector<double> *ref[3] = {&yr, &dxr, &dwr};
+            for (int k = 0; k < 3; k++) {
+                snprintf(sub, sizeof sub, "%s %s", nm, what[k]);
+                if (bf)
+                    check_max(sub, *got[k], *ref[k], 1e-2);
+                else
+                    check_v(sub, *got[k], *ref[k], tol);
+            }
             snprintf(sub, sizeof sub, "%s bias_grad", nm);
-            check_v(sub, db, dbr, 1e-4);
+            check_v(sub, down(d_db, cc.oc), dbr, 1e-4);
             sf_convt_plans_destroy(&pl);
         }
-    cudaFree(d_x); cudaFree(d_w); cudaFree(d_b); cudaFree(d_y); cudaFree(d_dy); cudaFree(d_dx);
-    cudaFree(d_dw); cudaFree(d_db); cudaFree(scratch); cudaFree(ws);
+    dbuf_free(bx); dbuf_free(bw); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx); dbuf_free(bdw);
+    cudaFree(ws); cudaFree(d_b); cudaFree(d_db); cudaFree(scr);
 }
 
 /* The plan cache: a hit returns the same set, a new shape builds another. */
@@ -185,87 +197,6 @@ static void test_convt_bias_dt(cudaStream_t s, sf_dtype dt, sf_layout L, int oc)
     cudaFree(d_b); cudaFree(d_db); cudaFree(scr);
 }
 
-/* A bf16 ConvTranspose2d through the plans (d.dt = SF_DT_BF16 reaches conv.cu's
- * plans): forward + bias (sf_convt_bias_act_dt), backward data, backward filter
- * (dw bf16, as the conv's w), bias gradient; x, w, dy rounded to bf16, double
- * reference on those values; max |err| <= 1e-2 max|ref| (fp32 accumulation and
- * one bf16 rounding, as test_conv's bf16 convolutions). */
-static void test_convt_bf16(cudnnHandle_t dnn, cudaStream_t s, const convt_case &cc)
-{
-    const int oh = (cc.h - 1) * cc.stride - 2 * cc.pad + cc.k, ow = (cc.w - 1) * cc.stride - 2 * cc.pad + cc.k;
-    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.c * cc.oc * cc.k * cc.k,
-                 ny = (size_t)cc.n * cc.oc * oh * ow;
-    std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
-    rand_fill(x, 1.f);
-    rand_fill(wt, 0.5f);
-    rand_fill(b, 0.5f);
-    rand_fill(dy, 1.f);
-    round_dt(x, SF_DT_BF16);
-    round_dt(wt, SF_DT_BF16);
-    round_dt(dy, SF_DT_BF16);
-    std::vector<double> xd = to_d(x), wd = to_d(wt), bd = to_d(b), dyd = to_d(dy);
-    std::vector<double> yr(ny), dxr(nx), dwr(nw), dbr(cc.oc);
-    sf_ref_convt2d_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), bd.data(), cc.oc, cc.k, cc.stride, cc.pad,
-                           yr.data());
-    sf_ref_convt2d_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dyd.data(),
-                           dxr.data(), dwr.data(), dbr.data());
-    const size_t ws_bytes = (size_t)256 << 20;
-    void *ws = dalloc<char>(ws_bytes);
-    float *d_b = dalloc<float>(cc.oc), *d_db = dalloc<float>(cc.oc), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(cc.oc));
-    dbuf bx = dbuf_make(SF_DT_BF16, nx, 0), bw = dbuf_make(SF_DT_BF16, nw, 0), by = dbuf_make(SF_DT_BF16, ny, 0),
-         bdy = dbuf_make(SF_DT_BF16, ny, 0), bdx = dbuf_make(SF_DT_BF16, nx, 0), bdw = dbuf_make(SF_DT_BF16, nw, 0);
-    up(d_b, b);
-    for (int lay = 0; lay < 2; lay++) {
-        const sf_layout L = (sf_layout)lay;
-        const int nhwc = L == SF_LAYOUT_NHWC;
-        char nm[200], sub[260];
-        snprintf(nm, sizeof nm, "convT n%d c%d %dx%d -> oc%d k%d s%d p%d %s bf16", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,
-                 cc.stride, cc.pad, lname(L));
-        up_dt(bx, nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x);
-        up_dt(bw, nhwc ? to_nhwc(wt, cc.c, cc.oc, cc.k, cc.k) : wt);
-        up_dt(bdy, nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy);
-        poison_dt(by);
-        poison_dt(bdx);
-        poison_dt(bdw);
-        poison(d_db, cc.oc * 4);
-        sf_convt_desc d = {cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, L, 0, SF_DT_BF16, 16, 16, 16, 0, NULL};
-        sf_convt_plans pl;
-        memset(&pl, 0, sizeof pl);
-        if (sf_convt_plans_build(dnn, &d, SF_CONVT_DIR_ALL, ws_bytes, 1, NULL, &pl)) {
-            snprintf(sub, sizeof sub, "%s plans", nm);
-            fail(sub, sf_cuda_last_error());
-            continue;
-        }
-        sf_convt_ptrs pf = {bx.p, bw.p, by.p, ws}, pd = {bdx.p, bw.p, bdy.p, ws}, pw = {bx.p, bdw.p, bdy.p, ws};
-        int rc = sf_convt_run(dnn, &pl, SF_CONV_FWD, &pf) || sf_convt_bias_act_dt(&d, by.p, d_b, 0, s) ||
-                 sf_convt_run(dnn, &pl, SF_CONV_BWD_DATA, &pd) || sf_convt_run(dnn, &pl, SF_CONV_BWD_FILTER, &pw) ||
-                 sf_convt_bias_grad_dt(&d, bdy.p, NULL, d_db, scr, s);
-        CU(cudaStreamSynchronize(s));
-        if (rc) {
-            fail(nm, sf_cuda_last_error());
-            sf_convt_plans_destroy(&pl);
-            continue;
-        }
-        std::vector<float> y = down_dt(by, ny), dx = down_dt(bdx, nx), dw = down_dt(bdw, nw);
-        if (nhwc) {
-            y = to_nchw(y, cc.n, cc.oc, oh, ow);
-            dx = to_nchw(dx, cc.n, cc.c, cc.h, cc.w);
-            dw = to_nchw(dw, cc.c, cc.oc, cc.k, cc.k);
-        }
-        snprintf(sub, sizeof sub, "%s fwd+bias", nm);
-        check_max(sub, y, yr, 1e-2);
-        snprintf(sub, sizeof sub, "%s bwd_data", nm);
-        check_max(sub, dx, dxr, 1e-2);
-        snprintf(sub, sizeof sub, "%s bwd_filter", nm);
-        check_max(sub, dw, dwr, 1e-2);
-        snprintf(sub, sizeof sub, "%s bias_grad", nm);
-        check_v(sub, down(d_db, cc.oc), dbr, 1e-4);
-        sf_convt_plans_destroy(&pl);
-    }
-    dbuf_free(bx); dbuf_free(bw); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx); dbuf_free(bdw);
-    cudaFree(ws); cudaFree(d_b); cudaFree(d_db); cudaFree(scr);
-}
-
 /* conv_patch.h's k2s2 forward against the double reference, NCHW fp32:
  * y = relu?(convT(x) + b), an odd spatial size and a pixel count that is not
  * a multiple of the warps' 32. */
@@ -312,7 +243,7 @@ static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
         {1, 6, 3, 3, 2, 5, 2, 2},       /* k5 s2 p2 */
     };
     for (const convt_case &cc : ct)
-        test_convt(dnn, s, cc);
+        test_convt(dnn, s, cc, SF_DT_F32);
     test_convt_cache(dnn);
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
@@ -325,7 +256,7 @@ static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
         {3, 5, 6, 5, 7, 3, 1, 1},     /* stride 1 */
     };
     for (const convt_case &cc : ct_bf16)
-        test_convt_bf16(dnn, s, cc);
+        test_convt(dnn, s, cc, SF_DT_BF16);
     /* the k2s2 per-pixel forward: W2's last two decoder layers at batch 2,
      * and odd sizes */
     const int tp[][4] = {{2, 32, 128, 128}, {2, 64, 64, 64}, {3, 32, 5, 7}, {1, 64, 3, 11}};

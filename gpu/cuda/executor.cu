@@ -67,24 +67,12 @@
  * captures the step as a CUDA graph; executor_graph.h holds what they share.
  */
 #include "executor_graph.h"
+#include "gpu/common.h"
 
 #define WS_TUNE_MIN ((size_t)256 << 20) /* candidates' workspace while choosing engines: */
 #define WS_TUNE_MAX ((size_t)1 << 30)   /* bounds (g_finish_create) */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
 #define WS_SMALL_BYTES ((size_t)1 << 20)  /* the side and frozen workspaces' floor */
-
-/* ---- helpers -------------------------------------------------------------- */
-
-/* Bounded string copy that always terminates. */
-static void scopy(char *d, size_t n, const char *s)
-{
-    size_t l = strlen(s);
-    if (l >= n)
-        l = n - 1;
-    memcpy(d, s, l);
-    d[l] = '\0';
-}
-
 
 /* ---- the step ------------------------------------------------------------- */
 
@@ -929,7 +917,7 @@ static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int k)
     SF_CUDA_CHECK(cudaStreamBeginCapture(net->s, cudaStreamCaptureModeThreadLocal));
     int rc = k == 2 ? g_eval(net, S, b, n) : g_step(net, S, b, n, k, NULL);
     char msg[SF_CUDA_ERR_LEN];
-    scopy(msg, sizeof msg, sf_cuda_last_error());
+    sf_scopy(msg, sizeof msg, sf_cuda_last_error());
     cudaError_t e = cudaStreamEndCapture(net->s, &gr);
     if (rc != 0 || e != cudaSuccess) {
         if (gr)
@@ -1130,7 +1118,7 @@ static int g_step_public(sf_cuda_net *net, int b, int n, int graph, int k)
     if (graph && !net->graphs_broken) {
         if (!S->exec[b][k] && g_capture(net, S, b, n, k)) {
             net->graphs_broken = 1;
-            scopy(net->graph_err, sizeof net->graph_err, sf_cuda_last_error());
+            sf_scopy(net->graph_err, sizeof net->graph_err, sf_cuda_last_error());
         }
         if (S->exec[b][k]) {
             SF_CUDA_CHECK(cudaGraphLaunch(S->exec[b][k], net->s));

@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "gpu/backend.h"
 
@@ -18,6 +19,16 @@ extern "C" {
 
 /* snprintf into err when err is not NULL. */
 void sf_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Copies s into d of n bytes (n > 0), cut to fit and always terminated. */
+static inline void sf_scopy(char *d, size_t n, const char *s)
+{
+    size_t l = strlen(s);
+    if (l >= n)
+        l = n - 1;
+    memcpy(d, s, l);
+    d[l] = '\0';
+}
 
 /* Checks b against its plan and, when m is not NULL, against the model built
  * for at most max_batch samples (shape, batch size, labels). who prefixes the

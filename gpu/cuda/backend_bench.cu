@@ -140,7 +140,7 @@ int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int warmup,
     if (rc == 0)
         rc = bench_run(c, bt, mode, warmup, steps, &sec);
     char msg[SF_CUDA_ERR_LEN];
-    scopy(msg, sizeof msg, sf_cuda_last_error());
+    sf_scopy(msg, sizeof msg, sf_cuda_last_error());
     /* Drain whatever was queued before the error, then restore. */
     cudaError_t e0 = cudaStreamSynchronize(c->st_decode_own);
     cudaError_t e1 = cudaStreamSynchronize(c->st_transform_own);

@@ -162,16 +162,6 @@ typedef struct cuda_ctx {
     double jpeg_host_s;  /* the last encoded batch's host time in the nvJPEG call */
 } cuda_ctx;
 
-/* Bounded string copy that always terminates. */
-static inline void scopy(char *d, size_t n, const char *s)
-{
-    size_t l = strlen(s);
-    if (l >= n)
-        l = n - 1;
-    memcpy(d, s, l);
-    d[l] = '\0';
-}
-
 static inline uint64_t now_ns(void)
 {
     struct timespec ts;

@@ -178,7 +178,7 @@ static void harvest(cuda_ctx *c, int block)
         ev.token = e->token;
         ev.status = e->status;
         if (e->status)
-            scopy(ev.err, sizeof ev.err, e->err);
+            sf_scopy(ev.err, sizeof ev.err, e->err);
         push_ready(c, &ev);
         e->slot_freed = 1;
     }
@@ -203,7 +203,7 @@ static void harvest(cuda_ctx *c, int block)
         ev.n = e->n;
         if (!e->no_events && c->sticky && e->status == 0) {
             e->status = -1;
-            scopy(e->err, sizeof e->err, c->sticky_msg);
+            sf_scopy(e->err, sizeof e->err, c->sticky_msg);
         }
         /* The device ran this step's gradient check: its skip is counted
          * there (sf_cuda_grad_state), so it is counted here too, even when
@@ -259,10 +259,10 @@ static void harvest(cuda_ctx *c, int block)
                        sizeof(float) * (size_t)e->n * c->m.n_classes * c->lps);
             }
         } else {
-            scopy(ev.err, sizeof ev.err, e->err);
+            sf_scopy(ev.err, sizeof ev.err, e->err);
         }
         ev.step = c->steps;
-        scopy(ev.decoder, sizeof ev.decoder, e->decoder);
+        sf_scopy(ev.decoder, sizeof ev.decoder, e->decoder);
         ev.decode_host_s = e->decode_host_s;
         ev.decoded_on_host = e->decoded_on_host;
         if (!e->no_events) {
@@ -927,7 +927,7 @@ static int cu_submit(sf_backend *be, const sf_batch *bt_in, char *err, size_t er
     if (bt->jpeg) {
         const sf_cuda_jpeg_backend ran = sf_cuda_jpeg_last(c->jpeg);
         e->decoded_on_host = sf_cuda_jpeg_host_decoded(c->jpeg);
-        scopy(e->decoder, sizeof e->decoder,
+        sf_scopy(e->decoder, sizeof e->decoder,
               ran == SF_CUDA_JPEG_AUTO ? "libjpeg-turbo" : sf_cuda_jpeg_backend_name(ran));
         e->decode_host_s = c->jpeg_host_s;
     }
@@ -981,7 +981,7 @@ static int cu_submit(sf_backend *be, const sf_batch *bt_in, char *err, size_t er
          * are known to be idle, then report the batch failed. */
         e->status = -1;
         e->no_events = 1;
-        scopy(e->err, sizeof e->err, sf_cuda_last_error());
+        sf_scopy(e->err, sizeof e->err, sf_cuda_last_error());
         cudaError_t e0 = cudaStreamSynchronize(c->st_decode);
         cudaError_t e1 = cudaStreamSynchronize(c->st_transform);
         cudaError_t e2 = cudaStreamSynchronize(c->st_compute);

@@ -81,7 +81,7 @@ int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errlen)
     if (rc != 0) {
         e->status = -1;
         e->no_events = 1;
-        scopy(e->err, sizeof e->err, sf_cuda_last_error()[0] ? sf_cuda_last_error() : "cuda: empty round failed");
+        sf_scopy(e->err, sizeof e->err, sf_cuda_last_error()[0] ? sf_cuda_last_error() : "cuda: empty round failed");
         cudaStreamSynchronize(ts);
         cudaStreamSynchronize(cs);
         cudaGetLastError();
@@ -102,7 +102,7 @@ int ensure_nccl(cuda_ctx *c, char *err, size_t errlen)
         snprintf(nerr, sizeof nerr, "cuda: NCCL was not loaded at build");
     if (!c->nccl || sf_nccl_join(c->nccl, c->cfg.dist, nerr, sizeof nerr) != 0) {
         c->sticky = 1;
-        scopy(c->sticky_msg, sizeof c->sticky_msg, nerr);
+        sf_scopy(c->sticky_msg, sizeof c->sticky_msg, nerr);
         sf_errf(err, errlen, "%s", nerr);
         return -1;
     }

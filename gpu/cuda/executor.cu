@@ -67,24 +67,12 @@
  * captures the step as a CUDA graph; executor_graph.h holds what they share.
  */
 #include "executor_graph.h"
+#include "gpu/common.h"
 
 #define WS_TUNE_MIN ((size_t)256 << 20) /* candidates' workspace while choosing engines: */
 #define WS_TUNE_MAX ((size_t)1 << 30)   /* bounds (g_finish_create) */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
 #define WS_SMALL_BYTES ((size_t)1 << 20)  /* the side and frozen workspaces' floor */
-
-/* ---- helpers -------------------------------------------------------------- */
-
-/* Bounded string copy that always terminates. */
-static void scopy(char *d, size_t n, const char *s)
-{
-    size_t l = strlen(s);
-    if (l >= n)
-        l = n - 1;
-    memcpy(d, s, l);
-    d[l] = '\0';
-}
-
 
 /* ---- the step ------------------------------------------------------------- */
 
@@ -242,6 +230,118 @@ static int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, voi
                                                                                                                 : 0;
 }
 
+/* Forward of conv layer i on x: the thin kernel, or cuDNN's plan (after the
+ * space-to-depth rearrangement where chosen) with bias and ReLU inside it or
+ * applied after. */
+static int g_conv_fwd(sf_cuda_net *net, gshape *S, int i, int n, int b, const void *x, cudaStream_t s, cudnnHandle_t h)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    gop *o = &g->op[i];
+    const float *P = net->params;
+    const sf_dtype dt = g->dt;
+    size_t outer, inner;
+    if (o->thin) {
+        if (sf_conv_thin_fwd(dt, g->lay, x, g_wd(net, i), L->n_b ? P + L->b_off : NULL, o->y, n, L->in_c,
+                             (size_t)L->in_h * L->in_w, L->out_c, o->relu, s))
+            return -1;
+        return 0;
+    }
+    if (o->s2d) {
+        sf_conv_desc d;
+        g_desc(net, i, n, &d);
+        if (sf_conv_s2d_input(&d, x, o->s2d_x, s) || sf_conv_s2d_weight(&d, g_wd(net, i), o->s2d_w, s))
+            return -1;
+    }
+    if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
+        if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
+            return -1;
+        return 0;
+    }
+    g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
+    if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vp[SF_CONV_FWD][b]))
+        return -1;
+    if ((L->n_b || o->relu) &&
+        sf_cuda_bias_act_dt(dt, o->y, L->n_b ? P + L->b_off : NULL, outer, L->out_c, inner, o->relu, s))
+        return -1;
+    return 0;
+}
+
+/* Forward of transposed-conv layer i on x: the patch kernel, or cuDNN's
+ * plan with bias and ReLU after. */
+static int g_convt_fwd(sf_cuda_net *net, gshape *S, int i, int n, int b, const void *x, cudaStream_t s,
+                       cudnnHandle_t h, void *ws)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &g->op[i];
+    const float *P = net->params;
+    const sf_dtype dt = g->dt;
+    if (o->tpatch) {
+        if (sf_convt_patch_fwd(dt, x, g_wd(net, i), L->n_b ? P + L->b_off : NULL, o->y, n, L->in_c, L->in_h,
+                               L->in_w, L->out_c, L->k, o->relu, s))
+            return -1;
+        return 0;
+    }
+    sf_convt_ptrs p = {(void *)x, g_wd(net, i), o->y, ws};
+    if (sf_convt_run(h, &S->tp[i], SF_CONV_FWD, &p))
+        return -1;
+    if ((L->n_b || o->relu) &&
+        sf_convt_bias_act_dt(&S->tp[i].d, o->y, L->n_b ? P + L->b_off : NULL, o->relu, s))
+        return -1;
+    return 0;
+}
+
+/* Forward of batchnorm layer i on x: on the running statistics when frozen
+ * or evaluating, otherwise on the batch's (updating the running ones). */
+static int g_bn_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, cudaStream_t s, int eval)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    gop *o = &g->op[i];
+    const float *P = net->params;
+    const sf_dtype dt = g->dt;
+    /* with bn_add, the add's output: relu?(bn(x) + its other input) */
+    const int a = o->bn_add;
+    const void *res = a ? g_in(net, a, g->op[a].src[0] == i ? 1 : 0, b) : NULL;
+    void *y = a ? g->op[a].y : o->y;
+    const int relu = a ? g->op[a].relu : o->relu;
+    if (o->frozen || eval) {
+        if (sf_cuda_bn_fwd_eval_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
+                                   L->eps, g->bufs + L->rm_off, g->bufs + L->rv_off, res, y, relu, s))
+            return -1;
+    } else if (sf_cuda_bn_fwd_train_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
+                                       P + L->b_off, L->eps, L->momentum, g->bufs + L->rm_off,
+                                       g->bufs + L->rv_off, o->save, o->save + L->out_ch, res,
+                                       o->bn_pool ? NULL : y, relu, g->scratch, s)) {
+        return -1;
+    }
+    return 0;
+}
+
+/* Forward of maxpool layer i on x, or in training on the batchnorm + ReLU
+ * input it takes over (pre_bn). */
+static int g_maxpool_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, cudaStream_t s, int eval)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    const sf_layer *L = &m->layers[i];
+    gop *o = &g->op[i];
+    const float *P = net->params;
+    const sf_dtype dt = g->dt;
+    if (o->pre_bn && !o->frozen && !eval) { /* the batchnorm + ReLU before it, on its taps */
+        const int bi = o->pre_bn - 1;
+        const sf_layer *BL = &m->layers[bi];
+        const sf_pool_pre_bn pre = {g->op[bi].save, g->op[bi].save + BL->out_ch, P + BL->w_off, P + BL->b_off};
+        if (sf_cuda_maxpool_fwd_dt(dt, g_in(net, bi, 0, b), n, L->in_c, L->in_h, L->in_w, L->k, L->stride,
+                                   L->pad, L->ceil_mode, g->lay, o->y, o->argmax, &pre, s))
+            return -1;
+    } else if (sf_cuda_maxpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad,
+                                      L->ceil_mode, g->lay, o->y, o->argmax, NULL, s))
+        return -1;
+    return 0;
+}
+
 /* Forward of layers [from, to) of buffer b for n samples on stream s with
  * handle h (workspace ws), a profile mark after each layer when pf is set. */
 static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b, cudaStream_t s,
@@ -260,45 +360,13 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
         size_t outer, inner;
         switch (L->kind) {
         case SF_L_CONV2D:
-            if (o->thin) {
-                if (sf_conv_thin_fwd(dt, g->lay, x, g_wd(net, i), L->n_b ? P + L->b_off : NULL, o->y, n, L->in_c,
-                                     (size_t)L->in_h * L->in_w, L->out_c, o->relu, s))
-                    return -1;
-                break;
-            }
-            if (o->s2d) {
-                sf_conv_desc d;
-                g_desc(net, i, n, &d);
-                if (sf_conv_s2d_input(&d, x, o->s2d_x, s) || sf_conv_s2d_weight(&d, g_wd(net, i), o->s2d_w, s))
-                    return -1;
-            }
-            if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
-                if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
-                    return -1;
-                break;
-            }
-            g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
-            if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vp[SF_CONV_FWD][b]))
-                return -1;
-            if ((L->n_b || o->relu) &&
-                sf_cuda_bias_act_dt(dt, o->y, L->n_b ? P + L->b_off : NULL, outer, L->out_c, inner, o->relu, s))
+            if (g_conv_fwd(net, S, i, n, b, x, s, h))
                 return -1;
             break;
-        case SF_L_CONV_TRANSPOSE2D: {
-            if (o->tpatch) {
-                if (sf_convt_patch_fwd(dt, x, g_wd(net, i), L->n_b ? P + L->b_off : NULL, o->y, n, L->in_c, L->in_h,
-                                       L->in_w, L->out_c, L->k, o->relu, s))
-                    return -1;
-                break;
-            }
-            sf_convt_ptrs p = {(void *)x, g_wd(net, i), o->y, ws};
-            if (sf_convt_run(h, &S->tp[i], SF_CONV_FWD, &p))
-                return -1;
-            if ((L->n_b || o->relu) &&
-                sf_convt_bias_act_dt(&S->tp[i].d, o->y, L->n_b ? P + L->b_off : NULL, o->relu, s))
+        case SF_L_CONV_TRANSPOSE2D:
+            if (g_convt_fwd(net, S, i, n, b, x, s, h, ws))
                 return -1;
             break;
-        }
         case SF_L_LINEAR: /* over features (hw = 1), per pixel over a map's channels, or per token */
             if (sf_linear_map_fwd_dt(net->blas, dt, g_lay_of(g, i), x, n, (size_t)L->out_h * L->out_w, L->in_c,
                                      g_wd(net, i), L->out_c, o->y, net->cfg.tf32))
@@ -319,34 +387,12 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             if (sf_cuda_relu_fwd_dt(dt, x, o->y, (size_t)n * L->out_elems, s))
                 return -1;
             break;
-        case SF_L_BATCHNORM2D: {
-            /* with bn_add, the add's output: relu?(bn(x) + its other input) */
-            const int a = o->bn_add;
-            const void *res = a ? g_in(net, a, g->op[a].src[0] == i ? 1 : 0, b) : NULL;
-            void *y = a ? g->op[a].y : o->y;
-            const int relu = a ? g->op[a].relu : o->relu;
-            if (o->frozen || eval) {
-                if (sf_cuda_bn_fwd_eval_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
-                                           L->eps, g->bufs + L->rm_off, g->bufs + L->rv_off, res, y, relu, s))
-                    return -1;
-            } else if (sf_cuda_bn_fwd_train_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
-                                               P + L->b_off, L->eps, L->momentum, g->bufs + L->rm_off,
-                                               g->bufs + L->rv_off, o->save, o->save + L->out_ch, res,
-                                               o->bn_pool ? NULL : y, relu, g->scratch, s)) {
+        case SF_L_BATCHNORM2D:
+            if (g_bn_fwd(net, i, n, b, x, s, eval))
                 return -1;
-            }
             break;
-        }
         case SF_L_MAXPOOL2D:
-            if (o->pre_bn && !o->frozen && !eval) { /* the batchnorm + ReLU before it, on its taps */
-                const int bi = o->pre_bn - 1;
-                const sf_layer *BL = &m->layers[bi];
-                const sf_pool_pre_bn pre = {g->op[bi].save, g->op[bi].save + BL->out_ch, P + BL->w_off, P + BL->b_off};
-                if (sf_cuda_maxpool_fwd_dt(dt, g_in(net, bi, 0, b), n, L->in_c, L->in_h, L->in_w, L->k, L->stride,
-                                           L->pad, L->ceil_mode, g->lay, o->y, o->argmax, &pre, s))
-                    return -1;
-            } else if (sf_cuda_maxpool_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad,
-                                              L->ceil_mode, g->lay, o->y, o->argmax, NULL, s))
+            if (g_maxpool_fwd(net, i, n, b, x, s, eval))
                 return -1;
             break;
         case SF_L_GLOBAL_AVGPOOL:
@@ -530,22 +576,190 @@ static int g_eval(sf_cuda_net *net, gshape *S, int b, int n)
     return 0;
 }
 
-static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *pf)
+/* Backward of conv layer i: the thin or patch kernel, or the bias gradient
+ * and cuDNN's filter and data plans (g_conv_bwd), then the weight
+ * gradient's copy out of its aligned buffer or space-to-depth layout. */
+static int g_conv_layer_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const void *ymask, void *dx,
+                            cudaStream_t s)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    gop *o = &g->op[i];
+    const sf_dtype dt = g->dt;
+    size_t outer, inner;
+    if (o->thin) {
+        if (sf_conv_thin_bwd(dt, g->lay, g_in(net, i, 0, b), g_wd(net, i), ymask, o->dy, dx, g_gd(net, i),
+                             L->n_b ? net->grads + L->b_off : NULL, n, L->in_c, (size_t)L->in_h * L->in_w,
+                             L->out_c, (float *)g->scratch, s))
+            return -1;
+        return 0;
+    }
+    if (o->patch) {
+        if (sf_conv_patch_bwd(dt, g_in(net, i, 0, b), g_wd(net, i), ymask, o->dy, dx, g_gd(net, i),
+                              L->n_b ? net->grads + L->b_off : NULL, n, L->in_c, L->in_h, L->in_w, L->out_c,
+                              L->k, (float *)g->scratch, s))
+            return -1;
+        return 0;
+    }
+    g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
+    if ((L->n_b || o->relu) &&
+        sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
+                             (float *)g->scratch, s))
+        return -1;
+    if (g_conv_bwd(net, S, i, b, dx != NULL))
+        return -1;
+    if (o->wal_gw)
+        SF_CUDA_CHECK(cudaMemcpyAsync(g_gd(net, i), o->wal_gw, g->es * L->n_w, cudaMemcpyDeviceToDevice, s));
+    if (o->s2d) {
+        sf_conv_desc d;
+        g_desc(net, i, n, &d);
+        if (sf_conv_s2d_wgrad(&d, o->s2d_gw, g_gd(net, i), s))
+            return -1;
+    }
+    return 0;
+}
+
+/* Backward of transposed-conv layer i: bias gradient, then cuDNN's filter
+ * and (when wanted) data plans. */
+static int g_convt_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const void *ymask, void *dx,
+                       cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &g->op[i];
+    if ((L->n_b || o->relu) &&
+        sf_convt_bias_grad_dt(&S->tp[i].d, o->dy, ymask, L->n_b ? net->grads + L->b_off : NULL,
+                              (float *)g->scratch, s))
+        return -1;
+    sf_convt_ptrs pw = {g_in(net, i, 0, b), g_gd(net, i), o->dy, net->ws};
+    if (sf_convt_run(net->dnn, &S->tp[i], SF_CONV_BWD_FILTER, &pw))
+        return -1;
+    if (dx) {
+        sf_convt_ptrs pd = {dx, g_wd(net, i), o->dy, net->ws};
+        if (sf_convt_run(net->dnn, &S->tp[i], SF_CONV_BWD_DATA, &pd))
+            return -1;
+    }
+    return 0;
+}
+
+/* Backward of linear layer i: bias gradient, weight gradient and (when
+ * wanted) the input's. */
+static int g_linear_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, void *dx, cudaStream_t s)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    gop *o = &g->op[i];
+    const sf_dtype dt = g->dt;
+    const int tf32 = net->cfg.tf32;
+    size_t outer, inner;
+    const size_t hw = (size_t)L->out_h * L->out_w;
+    const sf_layout ll = g_lay_of(g, i);
+    g_view_of(g, i, n, hw, &outer, &inner);
+    if ((L->n_b || o->relu) &&
+        sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
+                             (float *)g->scratch, s))
+        return -1;
+    if (sf_linear_map_bwd_filter_dt(net->blas, dt, ll, g_in(net, i, 0, b), n, hw, L->in_c, o->dy, L->out_c,
+                                    net->grads + L->w_off, tf32))
+        return -1;
+    if (dx && sf_linear_map_bwd_data_dt(net->blas, dt, ll, o->dy, n, hw, L->in_c, g_wd(net, i), L->out_c, dx,
+                                        tf32))
+        return -1;
+    return 0;
+}
+
+/* Backward of add layer i over in_len elements. */
+static int g_add_bwd(sf_cuda_net *net, int i, size_t in_len, cudaStream_t s)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    gop *o = &g->op[i];
+    const sf_dtype dt = g->dt;
+    /* The (ReLU-masked) gradient goes to both inputs: to the ones this
+     * layer writes first in one pass (a ResNet block's add writes both
+     * of its inputs' gradients: one pass instead of a mask pass and two
+     * copies), then into the ones already written. */
+    void *cp[2] = {NULL, NULL}, *sum[2] = {NULL, NULL};
+    int nc = 0, ns = 0;
+    for (int j = 0; j < 2; j++) {
+        int addj = 0;
+        void *d = g_dst(net, i, j, &addj);
+        if (!d)
+            continue;
+        if (addj)
+            sum[ns++] = g->op[g_owner(m, o->src[j])].dy;
+        else
+            cp[nc++] = d;
+    }
+    const void *src = o->dy;
+    if (nc || o->relu) {
+        void *d0 = nc ? cp[0] : o->dy;
+        if (sf_cuda_grad_fork_dt(dt, o->relu ? o->y : NULL, o->dy, d0, cp[1], in_len, s))
+            return -1;
+        src = d0;
+    }
+    for (int k = 0; k < ns; k++)
+        if (sf_cuda_add_dt(dt, sum[k], src, sum[k], in_len, 0, s))
+            return -1;
+    return 0;
+}
+
+/* Backward of mul layer i; add0: whether dx is added back into its owner's. */
+static int g_mul_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, int add0, size_t in_len,
+                     cudaStream_t s)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    const sf_layer *L = &m->layers[i];
+    gop *o = &g->op[i];
+    const sf_dtype dt = g->dt;
+    /* input 0's gradient is added into its owner's before input 1's
+     * may take gtmp (x * x reads one tensor twice) */
+    const void *xa = g_in(net, i, 0, b), *xb = g_in(net, i, 1, b);
+    const size_t hw = (size_t)L->out_h * L->out_w;
+    const int bc = g_mul_bcast(m, i);
+    int add1 = 0;
+    void *d1 = g_dst(net, i, 1, &add1);
+    if ((dx && (sf_cuda_mul_bwd_dt(dt, g->lay, xa, xb, o->dy, dx, NULL, n, L->out_ch, hw, bc, s) ||
+                (add0 && g_add_back(net, i, 0, in_len, s)))) ||
+        (d1 && (sf_cuda_mul_bwd_dt(dt, g->lay, xa, xb, o->dy, NULL, d1, n, L->out_ch, hw, bc, s) ||
+                (add1 && g_add_back(net, i, 1, (size_t)n * g_in_elems(m, i, 1), s)))))
+        return -1;
+    return 0;
+}
+
+/* Backward of concat layer i. */
+static int g_concat_bwd(sf_cuda_net *net, int i, int n, cudaStream_t s)
+{
+    gen_net *g = net->g;
+    const sf_model *m = &net->m;
+    const sf_layer *L = &m->layers[i];
+    gop *o = &g->op[i];
+    const sf_dtype dt = g->dt;
+    /* each input's slice of dy, one input after another (gtmp is shared) */
+    for (int j = 0, c0 = 0; j < o->n_in; c0 += g_in_c(m, i, j), j++) {
+        int addj = 0;
+        void *d = g_dst(net, i, j, &addj);
+        const int cj = g_in_c(m, i, j);
+        const size_t hw = (size_t)L->out_h * L->out_w;
+        if (d && (sf_cuda_concat_take_dt(dt, g->lay, o->dy, n, cj, hw, L->out_ch, c0, d, s) ||
+                  (addj && g_add_back(net, i, j, (size_t)n * cj * hw, s))))
+            return -1;
+    }
+    return 0;
+}
+
+/* Backward of buffer b's n samples, from the last layer's dy down to the
+ * first trainable layer, each layer's gradients reduced or normed as they
+ * are complete. */
+static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
 {
     gen_net *g = net->g;
     const sf_model *m = &net->m;
     cudaStream_t s = net->s;
     const float *P = net->params;
-    const int tf32 = net->cfg.tf32;
     const sf_dtype dt = g->dt;
-    if (g_forward(net, S, g->nf, g->nl, n, b, s, net->dnn, net->ws, pf, 0))
-        return -1;
-    /* loss, in fp32 */
     const int last = g->nl - 1;
-    if (g_loss(net, b, n, 1))
-        return -1;
-    g_mark(pf, s, "loss", "", -1);
-    /* backward */
     for (int i = last; i >= g->nf; i--) {
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];
@@ -555,70 +769,19 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         const void *ymask = o->relu ? o->y : NULL;
         int add0 = 0;
         void *dx = g_dst(net, i, 0, &add0);
-        size_t outer, inner;
         switch (L->kind) {
         case SF_L_CONV2D:
-            if (o->thin) {
-                if (sf_conv_thin_bwd(dt, g->lay, g_in(net, i, 0, b), g_wd(net, i), ymask, o->dy, dx, g_gd(net, i),
-                                     L->n_b ? net->grads + L->b_off : NULL, n, L->in_c, (size_t)L->in_h * L->in_w,
-                                     L->out_c, (float *)g->scratch, s))
-                    return -1;
-                break;
-            }
-            if (o->patch) {
-                if (sf_conv_patch_bwd(dt, g_in(net, i, 0, b), g_wd(net, i), ymask, o->dy, dx, g_gd(net, i),
-                                      L->n_b ? net->grads + L->b_off : NULL, n, L->in_c, L->in_h, L->in_w, L->out_c,
-                                      L->k, (float *)g->scratch, s))
-                    return -1;
-                break;
-            }
-            g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
-            if ((L->n_b || o->relu) &&
-                sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
-                                     (float *)g->scratch, s))
-                return -1;
-            if (g_conv_bwd(net, S, i, b, dx != NULL))
-                return -1;
-            if (o->wal_gw)
-                SF_CUDA_CHECK(cudaMemcpyAsync(g_gd(net, i), o->wal_gw, g->es * L->n_w, cudaMemcpyDeviceToDevice, s));
-            if (o->s2d) {
-                sf_conv_desc d;
-                g_desc(net, i, n, &d);
-                if (sf_conv_s2d_wgrad(&d, o->s2d_gw, g_gd(net, i), s))
-                    return -1;
-            }
-            break;
-        case SF_L_CONV_TRANSPOSE2D: {
-            if ((L->n_b || o->relu) &&
-                sf_convt_bias_grad_dt(&S->tp[i].d, o->dy, ymask, L->n_b ? net->grads + L->b_off : NULL,
-                                      (float *)g->scratch, s))
-                return -1;
-            sf_convt_ptrs pw = {g_in(net, i, 0, b), g_gd(net, i), o->dy, net->ws};
-            if (sf_convt_run(net->dnn, &S->tp[i], SF_CONV_BWD_FILTER, &pw))
-                return -1;
-            if (dx) {
-                sf_convt_ptrs pd = {dx, g_wd(net, i), o->dy, net->ws};
-                if (sf_convt_run(net->dnn, &S->tp[i], SF_CONV_BWD_DATA, &pd))
-                    return -1;
-            }
-            break;
-        }
-        case SF_L_LINEAR: {
-            const size_t hw = (size_t)L->out_h * L->out_w;
-            const sf_layout ll = g_lay_of(g, i);
-            g_view_of(g, i, n, hw, &outer, &inner);
-            if ((L->n_b || o->relu) &&
-                sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
-                                     (float *)g->scratch, s))
-                return -1;
-            if (sf_linear_map_bwd_filter_dt(net->blas, dt, ll, g_in(net, i, 0, b), n, hw, L->in_c, o->dy, L->out_c,
-                                            net->grads + L->w_off, tf32))
-                return -1;
-            if (dx && sf_linear_map_bwd_data_dt(net->blas, dt, ll, o->dy, n, hw, L->in_c, g_wd(net, i), L->out_c, dx,
-                                                tf32))
+            if (g_conv_layer_bwd(net, S, i, b, n, ymask, dx, s))
                 return -1;
             break;
-        }
+        case SF_L_CONV_TRANSPOSE2D:
+            if (g_convt_bwd(net, S, i, b, n, ymask, dx, s))
+                return -1;
+            break;
+        case SF_L_LINEAR:
+            if (g_linear_bwd(net, i, b, n, ymask, dx, s))
+                return -1;
+            break;
         case SF_L_LAYERNORM2D:
         case SF_L_LAYERNORM:
             if (sf_cuda_layernorm_bwd_dt(dt, g_in(net, i, 0, b), o->dy, n, L->in_c, (size_t)L->in_h * L->in_w,
@@ -658,36 +821,11 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
                                                       g->lay, dx, s))
                 return -1;
             break;
-        case SF_L_ADD: {
-            /* The (ReLU-masked) gradient goes to both inputs: to the ones this
-             * layer writes first in one pass (a ResNet block's add writes both
-             * of its inputs' gradients: one pass instead of a mask pass and two
-             * copies), then into the ones already written. */
-            void *cp[2] = {NULL, NULL}, *sum[2] = {NULL, NULL};
-            int nc = 0, ns = 0;
-            for (int j = 0; j < 2; j++) {
-                int addj = 0;
-                void *d = g_dst(net, i, j, &addj);
-                if (!d)
-                    continue;
-                if (addj)
-                    sum[ns++] = g->op[g_owner(m, o->src[j])].dy;
-                else
-                    cp[nc++] = d;
-            }
-            const void *src = o->dy;
-            if (nc || o->relu) {
-                void *d0 = nc ? cp[0] : o->dy;
-                if (sf_cuda_grad_fork_dt(dt, o->relu ? o->y : NULL, o->dy, d0, cp[1], in_len, s))
-                    return -1;
-                src = d0;
-            }
-            for (int k = 0; k < ns; k++)
-                if (sf_cuda_add_dt(dt, sum[k], src, sum[k], in_len, 0, s))
-                    return -1;
+        case SF_L_ADD:
+            if (g_add_bwd(net, i, in_len, s))
+                return -1;
             g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
             continue;
-        }
         case SF_L_RELU6:
         case SF_L_SIGMOID:
         case SF_L_SILU:
@@ -697,22 +835,11 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
             if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), g_in(net, i, 0, b), o->dy, dx, in_len, s))
                 return -1;
             break;
-        case SF_L_MUL: {
-            /* input 0's gradient is added into its owner's before input 1's
-             * may take gtmp (x * x reads one tensor twice) */
-            const void *xa = g_in(net, i, 0, b), *xb = g_in(net, i, 1, b);
-            const size_t hw = (size_t)L->out_h * L->out_w;
-            const int bc = g_mul_bcast(m, i);
-            int add1 = 0;
-            void *d1 = g_dst(net, i, 1, &add1);
-            if ((dx && (sf_cuda_mul_bwd_dt(dt, g->lay, xa, xb, o->dy, dx, NULL, n, L->out_ch, hw, bc, s) ||
-                        (add0 && g_add_back(net, i, 0, in_len, s)))) ||
-                (d1 && (sf_cuda_mul_bwd_dt(dt, g->lay, xa, xb, o->dy, NULL, d1, n, L->out_ch, hw, bc, s) ||
-                        (add1 && g_add_back(net, i, 1, (size_t)n * g_in_elems(m, i, 1), s)))))
+        case SF_L_MUL:
+            if (g_mul_bwd(net, i, b, n, dx, add0, in_len, s))
                 return -1;
             add0 = 0;
             break;
-        }
         case SF_L_LAYER_SCALE:
             if (sf_cuda_channel_scale_bwd_dt(dt, g->lay, g_in(net, i, 0, b), P + L->w_off, o->dy, dx,
                                              net->grads + L->w_off, n, L->out_ch, (size_t)L->out_h * L->out_w,
@@ -749,16 +876,8 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
                 return -1;
             break;
         case SF_L_CONCAT:
-            /* each input's slice of dy, one input after another (gtmp is shared) */
-            for (int j = 0, c0 = 0; j < o->n_in; c0 += g_in_c(m, i, j), j++) {
-                int addj = 0;
-                void *d = g_dst(net, i, j, &addj);
-                const int cj = g_in_c(m, i, j);
-                const size_t hw = (size_t)L->out_h * L->out_w;
-                if (d && (sf_cuda_concat_take_dt(dt, g->lay, o->dy, n, cj, hw, L->out_ch, c0, d, s) ||
-                          (addj && g_add_back(net, i, j, (size_t)n * cj * hw, s))))
-                    return -1;
-            }
+            if (g_concat_bwd(net, i, n, s))
+                return -1;
             add0 = 0;
             break;
         default:
@@ -770,6 +889,24 @@ static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *p
         if (!g->gacc && (net->cfg.grad_reduce ? g_reduce_bucket(net, b, i) : g_norm_layer(net, i)))
             return -1;
     }
+    return 0;
+}
+
+/* A training step of buffer b's n samples: forward, loss and backward, then
+ * the step's end (g_opt_tail: the gradient check, accumulation and, with
+ * do_opt, the optimizer). */
+static int g_step(sf_cuda_net *net, gshape *S, int b, int n, int do_opt, prof *pf)
+{
+    gen_net *g = net->g;
+    cudaStream_t s = net->s;
+    if (g_forward(net, S, g->nf, g->nl, n, b, s, net->dnn, net->ws, pf, 0))
+        return -1;
+    /* loss, in fp32 */
+    if (g_loss(net, b, n, 1))
+        return -1;
+    g_mark(pf, s, "loss", "", -1);
+    if (g_backward(net, S, b, n, pf))
+        return -1;
     return g_opt_tail(net, b, do_opt, 1, pf);
 }
 
@@ -780,7 +917,7 @@ static int g_capture(sf_cuda_net *net, gshape *S, int b, int n, int k)
     SF_CUDA_CHECK(cudaStreamBeginCapture(net->s, cudaStreamCaptureModeThreadLocal));
     int rc = k == 2 ? g_eval(net, S, b, n) : g_step(net, S, b, n, k, NULL);
     char msg[SF_CUDA_ERR_LEN];
-    scopy(msg, sizeof msg, sf_cuda_last_error());
+    sf_scopy(msg, sizeof msg, sf_cuda_last_error());
     cudaError_t e = cudaStreamEndCapture(net->s, &gr);
     if (rc != 0 || e != cudaSuccess) {
         if (gr)
@@ -981,7 +1118,7 @@ static int g_step_public(sf_cuda_net *net, int b, int n, int graph, int k)
     if (graph && !net->graphs_broken) {
         if (!S->exec[b][k] && g_capture(net, S, b, n, k)) {
             net->graphs_broken = 1;
-            scopy(net->graph_err, sizeof net->graph_err, sf_cuda_last_error());
+            sf_scopy(net->graph_err, sizeof net->graph_err, sf_cuda_last_error());
         }
         if (S->exec[b][k]) {
             SF_CUDA_CHECK(cudaGraphLaunch(S->exec[b][k], net->s));

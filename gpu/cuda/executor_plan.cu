@@ -268,30 +268,12 @@ static int g_attention_buffers(sf_cuda_net *net, int i)
     return 0;
 }
 
-/* The layer graph of net->m: per-layer decisions, parameters and their
- * layout, buffers, and the memory plan (executor_graph.h). */
-int sf_exec_build_graph(sf_cuda_net *net)
+/* The per-layer checks: inputs, the frozen prefix's limits, the layers
+ * that make the net train batchnorms. */
+static int g_check_layers(sf_cuda_net *net)
 {
     const sf_model *m = &net->m;
-    const size_t nb = (size_t)net->cfg.max_batch;
-    gen_net *g = (gen_net *)calloc(1, sizeof *g);
-    if (!g) {
-        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
-        return -1;
-    }
-    net->g = g;
-    g->nl = m->n_layers;
-    g->nf = m->n_frozen;
-    g->dt = net->cfg.dt;
-    g->es = sf_dtype_size(g->dt);
-    g->lay = net->cfg.layout;
-    /* A flatten of a tensor with spatial extent flattens in NCHW order
-     * (PyTorch's): such a model runs NCHW. */
-    for (int i = 0; i < g->nl; i++)
-        if (m->layers[i].kind == SF_L_FLATTEN && m->layers[i].in_h * m->layers[i].in_w > 1)
-            g->lay = SF_LAYOUT_NCHW;
-    net->cfg.layout = g->lay;
-    /* checks */
+    gen_net *g = net->g;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];
@@ -326,126 +308,134 @@ int sf_exec_build_graph(sf_cuda_net *net)
         sf_cuda_set_error("%s:%d: the last frozen layer is a flatten", __FILE__, __LINE__);
         return -1;
     }
-    /* ReLU fusion (cfg.keep_relu turns it off, for comparisons) */
-    {
-        const int fuse_on = !net->cfg.keep_relu;
-        int readers[SF_MAX_LAYERS];
-        memset(readers, 0, sizeof readers);
-        for (int i = 0; i < g->nl; i++)
-            for (int j = 0; j < g->op[i].n_in; j++)
-                if (g->op[i].src[j] >= 0)
-                    readers[g->op[i].src[j]]++;
-        for (int i = 0; fuse_on && i + 1 < g->nl; i++) {
-            const sf_layer *L = &m->layers[i], *R = &m->layers[i + 1];
-            const int k = L->kind;
-            if (R->kind != SF_L_RELU || g->op[i + 1].src[0] != i || readers[i] != 1 || g->op[i].fused ||
-                g->op[i].frozen != g->op[i + 1].frozen || i + 1 == g->nl - 1)
-                continue;
-            if (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR || k == SF_L_BATCHNORM2D ||
-                k == SF_L_ADD) {
-                g->op[i].relu = 1;
-                g->op[i + 1].fused = 1;
-            }
-        }
-        /* A batchnorm whose only reader is the residual add right after it
-         * writes the add's output in its apply pass (bn + add + ReLU: three
-         * tensor passes where the two kernels took five); the add's other
-         * input comes from an earlier layer, so it is ready. */
-        for (int a = 1; !net->cfg.no_bn_fuse && a < g->nl; a++) {
-            const int i = a - 1;
-            const gop *oa = &g->op[a], *oi = &g->op[i];
-            if (m->layers[a].kind != SF_L_ADD || m->layers[i].kind != SF_L_BATCHNORM2D || oa->n_in != 2 ||
-                readers[i] != 1 || oi->relu || oi->fused || oi->frozen != oa->frozen ||
-                (oa->src[0] != i && oa->src[1] != i) || oa->src[0] == oa->src[1])
-                continue;
-            g->op[i].bn_add = a;
-            g->op[a].in_bn = 1;
-        }
-        /* A batchnorm + ReLU whose only reader is a 3x3/2 maxpool: in training
-         * the pool applies them to its taps, so the batchnorm's output (1.6 GB
-         * at ResNet-18's stem, batch 1024) is neither written nor read. Only
-         * where the batchnorm's backward recomputes the ReLU mask from x (it
-         * has no y to read then). */
-        for (int p = 2; !net->cfg.no_bn_fuse && p < g->nl; p++) {
-            const sf_layer *P = &m->layers[p];
-            const int r = g->op[p].src[0], i = r - 1;
-            if (P->kind != SF_L_MAXPOOL2D || P->ceil_mode || r < 1 || m->layers[r].kind != SF_L_RELU ||
-                !g->op[r].fused || g->op[r].src[0] != i || m->layers[i].kind != SF_L_BATCHNORM2D || !g->op[i].relu ||
-                readers[r] != 1 || g->op[i].frozen || g->op[p].frozen ||
-                sf_cuda_bn_bwd_reads_y(g->dt, g->lay, m->layers[i].out_ch) ||
-                !sf_cuda_maxpool_pre_bn_ok(g->dt, g->lay, P->in_c, P->k, P->stride, P->pad))
-                continue;
-            g->op[i].bn_pool = 1;
-            g->op[p].pre_bn = i + 1;
-        }
-        /* to_tokens of an NHWC map is a view: the map's bytes are already
-         * the token-major [h*w, c] sequence, so the layer aliases its
-         * producer's output and gradient like a fused ReLU and runs nothing
-         * (an NCHW map is transposed by its kernel). */
-        for (int i = 0; i + 1 < g->nl; i++) {
-            const int src = g->op[i].src[0];
-            if (m->layers[i].kind == SF_L_TO_TOKENS && g->lay == SF_LAYOUT_NHWC && src >= 0 && readers[src] == 1 &&
-                m->layers[src].kind != SF_L_FLATTEN && g->op[src].frozen == g->op[i].frozen)
-                g->op[i].fused = 1;
-        }
-        /* Grouped and dilated convolutions (depthwise ones included) take
-         * cuDNN's general plans only: the thin, patch and space-to-depth
-         * kernels and the fused epilogue are written for a plain
-         * convolution. Depthwise convolutions, most of MobileNet's and
-         * EfficientNet's time, are fast in cuDNN in channels-last bf16
-         * (its depthwise engines read a pixel's channels as one vector,
-         * the way PyTorch's channels_last autocast runs them), which is the
-         * layout the backend already picks for bf16 and TF32 (backend_cuda.cu);
-         * strict fp32 nets keep NCHW, which the rule chose on plain
-         * convolutions and which is the parity precision, not the speed one.
-         * So the layout rule has no case of its own for them. */
-        for (int i = 0; i < g->nl; i++) {
-            const sf_layer *L = &m->layers[i];
-            const int plain = L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1;
-            if (L->kind == SF_L_CONV2D && !plain) {
-                g->op[i].thin = g->op[i].fusable = g->op[i].patch = 0;
-                continue;
-            }
-            g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
-                            sf_conv_thin_ok(g->lay, g->dt, L->in_c, L->out_c, L->k, L->stride, L->pad);
-            g->op[i].fusable = !net->cfg.no_fuse && L->kind == SF_L_CONV2D && !g->op[i].thin &&
-                               (L->n_b || g->op[i].relu);
-            g->op[i].patch = !net->cfg.no_patch && L->kind == SF_L_CONV2D && !g->op[i].frozen && g->dt == SF_DT_F32 &&
-                             sf_conv_patch_ok(g->lay, L->in_c, L->in_h, L->in_w, L->out_c, L->k, L->stride, L->pad);
-            g->op[i].tpatch = !net->cfg.no_patch && L->kind == SF_L_CONV_TRANSPOSE2D && g->dt == SF_DT_F32 &&
-                              sf_convt_patch_ok(g->lay, L->in_c, L->out_c, L->k, L->stride, L->pad);
+    return 0;
+}
+
+/* ReLU fusion (cfg.keep_relu turns it off, for comparisons), the
+ * batchnorm pairings with a residual add or a maxpool, to_tokens views and
+ * the convolution kernels each layer takes. */
+static void g_choose_fusions(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    gen_net *g = net->g;
+    const int fuse_on = !net->cfg.keep_relu;
+    int readers[SF_MAX_LAYERS];
+    memset(readers, 0, sizeof readers);
+    for (int i = 0; i < g->nl; i++)
+        for (int j = 0; j < g->op[i].n_in; j++)
+            if (g->op[i].src[j] >= 0)
+                readers[g->op[i].src[j]]++;
+    for (int i = 0; fuse_on && i + 1 < g->nl; i++) {
+        const sf_layer *L = &m->layers[i], *R = &m->layers[i + 1];
+        const int k = L->kind;
+        if (R->kind != SF_L_RELU || g->op[i + 1].src[0] != i || readers[i] != 1 || g->op[i].fused ||
+            g->op[i].frozen != g->op[i + 1].frozen || i + 1 == g->nl - 1)
+            continue;
+        if (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR || k == SF_L_BATCHNORM2D ||
+            k == SF_L_ADD) {
+            g->op[i].relu = 1;
+            g->op[i + 1].fused = 1;
         }
     }
-    /* backward schedule */
-    {
-        int written[SF_MAX_LAYERS];
-        memset(written, 0, sizeof written);
-        for (int i = g->nl - 1; i >= g->nf; i--) {
-            gop *o = &g->op[i];
-            if (m->layers[i].kind == SF_L_FLATTEN)
-                continue;
-            for (int j = 0; j < o->n_in; j++) {
-                const int ow = g_owner(m, o->src[j]);
-                o->want[j] = ow >= g->nf;
-                if (o->want[j]) {
-                    o->first[j] = !written[ow];
-                    written[ow] = 1;
-                }
-            }
-        }
+    /* A batchnorm whose only reader is the residual add right after it
+     * writes the add's output in its apply pass (bn + add + ReLU: three
+     * tensor passes where the two kernels took five); the add's other
+     * input comes from an earlier layer, so it is ready. */
+    for (int a = 1; !net->cfg.no_bn_fuse && a < g->nl; a++) {
+        const int i = a - 1;
+        const gop *oa = &g->op[a], *oi = &g->op[i];
+        if (m->layers[a].kind != SF_L_ADD || m->layers[i].kind != SF_L_BATCHNORM2D || oa->n_in != 2 ||
+            readers[i] != 1 || oi->relu || oi->fused || oi->frozen != oa->frozen ||
+            (oa->src[0] != i && oa->src[1] != i) || oa->src[0] == oa->src[1])
+            continue;
+        g->op[i].bn_add = a;
+        g->op[a].in_bn = 1;
     }
-    /* space-to-depth: a trainable strided conv over few channels whose input
-     * gradient nobody wants (a stem reading the model input), in bf16 nets
-     * (where it was measured; fp32 and TF32 nets keep cuDNN's plain plan).
-     * Such a conv is never a thin one (k > stride >= 2) nor a patch one
-     * (fp32 only). */
+    /* A batchnorm + ReLU whose only reader is a 3x3/2 maxpool: in training
+     * the pool applies them to its taps, so the batchnorm's output (1.6 GB
+     * at ResNet-18's stem, batch 1024) is neither written nor read. Only
+     * where the batchnorm's backward recomputes the ReLU mask from x (it
+     * has no y to read then). */
+    for (int p = 2; !net->cfg.no_bn_fuse && p < g->nl; p++) {
+        const sf_layer *P = &m->layers[p];
+        const int r = g->op[p].src[0], i = r - 1;
+        if (P->kind != SF_L_MAXPOOL2D || P->ceil_mode || r < 1 || m->layers[r].kind != SF_L_RELU ||
+            !g->op[r].fused || g->op[r].src[0] != i || m->layers[i].kind != SF_L_BATCHNORM2D || !g->op[i].relu ||
+            readers[r] != 1 || g->op[i].frozen || g->op[p].frozen ||
+            sf_cuda_bn_bwd_reads_y(g->dt, g->lay, m->layers[i].out_ch) ||
+            !sf_cuda_maxpool_pre_bn_ok(g->dt, g->lay, P->in_c, P->k, P->stride, P->pad))
+            continue;
+        g->op[i].bn_pool = 1;
+        g->op[p].pre_bn = i + 1;
+    }
+    /* to_tokens of an NHWC map is a view: the map's bytes are already
+     * the token-major [h*w, c] sequence, so the layer aliases its
+     * producer's output and gradient like a fused ReLU and runs nothing
+     * (an NCHW map is transposed by its kernel). */
+    for (int i = 0; i + 1 < g->nl; i++) {
+        const int src = g->op[i].src[0];
+        if (m->layers[i].kind == SF_L_TO_TOKENS && g->lay == SF_LAYOUT_NHWC && src >= 0 && readers[src] == 1 &&
+            m->layers[src].kind != SF_L_FLATTEN && g->op[src].frozen == g->op[i].frozen)
+            g->op[i].fused = 1;
+    }
+    /* Grouped and dilated convolutions (depthwise ones included) take
+     * cuDNN's general plans only: the thin, patch and space-to-depth
+     * kernels and the fused epilogue are written for a plain
+     * convolution. Depthwise convolutions, most of MobileNet's and
+     * EfficientNet's time, are fast in cuDNN in channels-last bf16
+     * (its depthwise engines read a pixel's channels as one vector,
+     * the way PyTorch's channels_last autocast runs them), which is the
+     * layout the backend already picks for bf16 and TF32 (backend_cuda.cu);
+     * strict fp32 nets keep NCHW, which the rule chose on plain
+     * convolutions and which is the parity precision, not the speed one.
+     * So the layout rule has no case of its own for them. */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
-        g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1 &&
-                       g->dt == SF_DT_BF16 && !g->op[i].frozen &&
-                       !g->op[i].want[0] && sf_conv_s2d_ok(g->lay, L->in_c, L->k, L->stride);
+        const int plain = L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1;
+        if (L->kind == SF_L_CONV2D && !plain) {
+            g->op[i].thin = g->op[i].fusable = g->op[i].patch = 0;
+            continue;
+        }
+        g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
+                        sf_conv_thin_ok(g->lay, g->dt, L->in_c, L->out_c, L->k, L->stride, L->pad);
+        g->op[i].fusable = !net->cfg.no_fuse && L->kind == SF_L_CONV2D && !g->op[i].thin &&
+                           (L->n_b || g->op[i].relu);
+        g->op[i].patch = !net->cfg.no_patch && L->kind == SF_L_CONV2D && !g->op[i].frozen && g->dt == SF_DT_F32 &&
+                         sf_conv_patch_ok(g->lay, L->in_c, L->in_h, L->in_w, L->out_c, L->k, L->stride, L->pad);
+        g->op[i].tpatch = !net->cfg.no_patch && L->kind == SF_L_CONV_TRANSPOSE2D && g->dt == SF_DT_F32 &&
+                          sf_convt_patch_ok(g->lay, L->in_c, L->out_c, L->k, L->stride, L->pad);
     }
-    /* parameters and optimizer state; the trainable slice 16-byte aligned */
+}
+
+/* The backward schedule: which input gradients each trainable layer
+ * writes, and whether it writes them first or adds into them. */
+static void g_schedule_backward(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    gen_net *g = net->g;
+    int written[SF_MAX_LAYERS];
+    memset(written, 0, sizeof written);
+    for (int i = g->nl - 1; i >= g->nf; i--) {
+        gop *o = &g->op[i];
+        if (m->layers[i].kind == SF_L_FLATTEN)
+            continue;
+        for (int j = 0; j < o->n_in; j++) {
+            const int ow = g_owner(m, o->src[j]);
+            o->want[j] = ow >= g->nf;
+            if (o->want[j]) {
+                o->first[j] = !written[ow];
+                written[ow] = 1;
+            }
+        }
+    }
+}
+
+/* Parameters, gradients and optimizer state; the trainable slice 16-byte
+ * aligned; the device layout of the weights and their low-precision copies. */
+static int g_alloc_params(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    gen_net *g = net->g;
     const size_t np = m->n_params;
     /* SGD's momentum buffer comes with the first step that asks for momentum
      * (sf_net_use_momentum); AdamW's first moment from the start */
@@ -485,7 +475,16 @@ int sf_exec_build_graph(sf_cuda_net *net)
         g->wd = net->params;
         g->gd = net->grads;
     }
-    /* activations */
+    return 0;
+}
+
+/* Activations: the frozen prefix's boundary buffers, the memory plan and
+ * each layer's own buffers; the widest channel count goes to *max_c_out. */
+static int g_alloc_layer_buffers(sf_cuda_net *net, int *max_c_out)
+{
+    const sf_model *m = &net->m;
+    const size_t nb = (size_t)net->cfg.max_batch;
+    gen_net *g = net->g;
     const size_t es = g->es;
     if (g->nf > 0) {
         const sf_layer *L = &m->layers[g->nf - 1];
@@ -536,8 +535,17 @@ int sf_exec_build_graph(sf_cuda_net *net)
     }
     if (g->n_attn && (dmalloc(net, &g->att_do, g->att_do_bytes) || dmalloc(net, &g->att_dqkv, g->att_dqkv_bytes) ||
                       dmallocf(net, &g->att_s, g->att_s_floats)))
-        return -1;
+    *max_c_out = max_c;
+    return 0;
+}
 
+/* The low-precision nets' fp32 logits and their gradient, and the
+ * compute-stream scratch. */
+static int g_alloc_scratch(sf_cuda_net *net, int max_c)
+{
+    const sf_model *m = &net->m;
+    const size_t nb = (size_t)net->cfg.max_batch;
+    gen_net *g = net->g;
     if (g->dt != SF_DT_F32) {
         const size_t lsz = nb * (size_t)m->n_classes * (m->segmentation ? (size_t)m->out_h * m->out_w : 1);
         if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
@@ -574,7 +582,16 @@ int sf_exec_build_graph(sf_cuda_net *net)
     g->scratch_bytes = sc;
     if (dmalloc(net, &g->scratch, sc) || dmalloc(net, (void **)&g->x2d, sizeof(sf_xent2d_out)))
         return -1;
-    /* the gradient check: a slot per trainable layer with parameters */
+    return 0;
+}
+
+/* The gradient check's slots, the all-reduce's buckets and the
+ * per-buffer gradient state on both sides. */
+static int g_plan_grad_check(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    const size_t nb = (size_t)net->cfg.max_batch;
+    gen_net *g = net->g;
     g->n_slots = 0;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
@@ -617,4 +634,49 @@ int sf_exec_build_graph(sf_cuda_net *net)
         dmallocf(net, &g->lgt, nb * (size_t)m->n_classes * m->out_h * m->out_w))
         return -1;
     return 0;
+}
+
+/* The layer graph of net->m: per-layer decisions, parameters and their
+ * layout, buffers, and the memory plan (executor_graph.h). */
+int sf_exec_build_graph(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    gen_net *g = (gen_net *)calloc(1, sizeof *g);
+    if (!g) {
+        sf_cuda_set_error("%s:%d: out of host memory", __FILE__, __LINE__);
+        return -1;
+    }
+    net->g = g;
+    g->nl = m->n_layers;
+    g->nf = m->n_frozen;
+    g->dt = net->cfg.dt;
+    g->es = sf_dtype_size(g->dt);
+    g->lay = net->cfg.layout;
+    /* A flatten of a tensor with spatial extent flattens in NCHW order
+     * (PyTorch's): such a model runs NCHW. */
+    for (int i = 0; i < g->nl; i++)
+        if (m->layers[i].kind == SF_L_FLATTEN && m->layers[i].in_h * m->layers[i].in_w > 1)
+            g->lay = SF_LAYOUT_NCHW;
+    net->cfg.layout = g->lay;
+    if (g_check_layers(net))
+        return -1;
+    g_choose_fusions(net);
+    g_schedule_backward(net);
+    /* space-to-depth: a trainable strided conv over few channels whose input
+     * gradient nobody wants (a stem reading the model input), in bf16 nets
+     * (where it was measured; fp32 and TF32 nets keep cuDNN's plain plan).
+     * Such a conv is never a thin one (k > stride >= 2) nor a patch one
+     * (fp32 only). */
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1 &&
+                       g->dt == SF_DT_BF16 && !g->op[i].frozen &&
+                       !g->op[i].want[0] && sf_conv_s2d_ok(g->lay, L->in_c, L->k, L->stride);
+    }
+    if (g_alloc_params(net))
+        return -1;
+    int max_c = 1;
+    if (g_alloc_layer_buffers(net, &max_c) || g_alloc_scratch(net, max_c))
+        return -1;
+    return g_plan_grad_check(net);
 }

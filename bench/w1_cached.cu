@@ -119,6 +119,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "w1_cached: bad --batch/--iters/--warmup\n");
         return 2;
     }
+    /* Line-buffered even into a file, so a run that dies keeps what it printed. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     int count = 0;
     if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
         printf("SKIPPED: no CUDA device\n");

@@ -268,8 +268,10 @@ static inline int g_alloc_shift(sf_cuda_net *net, float **p, size_t floats, size
     return 0;
 }
 
-/* Diagnostics: an event after each op (sf_net_profile only). */
-#define PROF_MAX 256
+/* Diagnostics: an event after each op (sf_net_profile only); enough for a
+ * mark per layer and direction of the largest exported family (DenseNet-121,
+ * 427 layers), the loss and the optimizer. */
+#define PROF_MAX 1024
 typedef struct prof {
     cudaEvent_t ev[PROF_MAX];
     char label[PROF_MAX][40];

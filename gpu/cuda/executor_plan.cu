@@ -535,6 +535,7 @@ static int g_alloc_layer_buffers(sf_cuda_net *net, int *max_c_out)
     }
     if (g->n_attn && (dmalloc(net, &g->att_do, g->att_do_bytes) || dmalloc(net, &g->att_dqkv, g->att_dqkv_bytes) ||
                       dmallocf(net, &g->att_s, g->att_s_floats)))
+        return -1;
     *max_c_out = max_c;
     return 0;
 }

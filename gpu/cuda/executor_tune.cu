@@ -413,7 +413,7 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
             const sf_conv_plan *p = L->kind == SF_L_CONV2D ? &S->cp[i][d] : &S->tp[i].plan[d];
             if (!sf_conv_plan_built(p))
                 continue;
-            if (L->kind == SF_L_CONV2D && (S->dw[i] >> d & 1)) {
+            if (L->kind == SF_L_CONV2D && ((S->dw[i] >> d) & 1)) {
                 int w = snprintf(buf + at, len - at,
                                  "layer %d %s %d->%d k%d s%d %dx%d %s: engine depthwise kernel (conv_dw.h) %s, "
                                  "%.3f ms (cuDNN engine %lld: %.3f ms)\n",

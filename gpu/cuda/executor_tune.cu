@@ -172,12 +172,19 @@ static float g_time_dw(sf_cuda_net *net, int i, int n, int dir, const sf_conv_pt
 
 /* Whether direction dir of depthwise layer i runs conv_dw.h's kernel for
  * batch size n: when it times faster than the cuDNN plan chosen for it
- * (a fused forward against the kernel plus the epilogue). Needs timed
- * plans (cfg.tune > 1); untimed, cuDNN's plan stays. */
+ * (a fused forward against the kernel plus the epilogue), or always with
+ * cfg.force_dw. Needs timed plans (cfg.tune > 1); untimed, cuDNN's plan
+ * stays. */
 static void g_choose_dw(sf_cuda_net *net, gshape *S, int i, int n, int dir, const sf_conv_ptrs *p)
 {
     const sf_conv_plan *cp = &S->cp[i][dir];
-    if (!net->g->op[i].dw || net->cfg.tune <= 1 || cp->ms < 0.f)
+    if (!net->g->op[i].dw)
+        return;
+    if (net->cfg.force_dw) {
+        S->dw[i] |= (unsigned char)(1u << dir);
+        return;
+    }
+    if (net->cfg.tune <= 1 || cp->ms < 0.f)
         return;
     float ms = g_time_dw(net, i, n, dir, p);
     if (ms < 0.f)

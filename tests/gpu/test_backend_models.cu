@@ -18,7 +18,8 @@
  *  - a ConvNeXt-like block (depthwise conv, layernorm2d, linear over channels,
  *    layernorm) and a grouped/dilated conv model (batchnorm eps/momentum,
  *    ceil_mode pools, avgpool2d, adaptive pooling): 3-step trajectories, fp32
- *    NCHW and NHWC, bf16 NHWC.
+ *    NCHW and NHWC, bf16 NHWC, and both NHWC runs again with the depthwise
+ *    convolutions on gpu/cuda/conv_dw.h's kernels (sw.force_dw).
  *  - 1x1 convolutions at EfficientNet-B0's 24 -> 144 at 56x56 and
  *    RegNet-Y-400MF's 104 -> 104 at 28x28 in strict fp32 NCHW: the net builds
  *    (on cuDNN, or conv_gemm.h where no engine is usable) and trains as the

@@ -15,6 +15,7 @@
  *       [--precision bf16|tf32|fp32] [--optim sgd|adamw] [--graphs 1|0]
  *       [--steps 30] [--warmup 5] [--freeze PREFIX] [--layout auto|nhwc|nchw] [--momentum 0.9]
  *       [--one-rank-job 0|1] [--bucket-mb 25] [--patch 1|0] [--s2d 1|0] [--bn-fuse 1|0] [--thin 1|0]
+ *       [--dw 1|0]
  * The layout follows the backend's rule unless --layout nhwc|nchw names one.
  * --one-rank-job 1 builds the backend as rank 0 of a data-parallel job of one
  * rank (a store in this process): every step then runs the NCCL path (the
@@ -25,7 +26,8 @@
  * conv_thin.h take through cuDNN instead, --s2d 0 the stem without
  * gpu/cuda/conv_s2d.h's space-to-depth form, --bn-fuse 0 a batchnorm's
  * residual add or ReLU + maxpool as kernels of their own, not in one pass
- * with the batchnorm (the same-run comparisons).
+ * with the batchnorm, --dw 0 depthwise convolutions on cuDNN alone, never
+ * timed against gpu/cuda/conv_dw.h's kernels (the same-run comparisons).
  * Prints one human line per mode and one JSON line; exits 0 with
  * "SKIPPED: no CUDA device" without a GPU.
  */
@@ -52,7 +54,7 @@ static const char *AUG_W3 =
 int main(int argc, char **argv)
 {
     const char *preset = "resnet18", *prec = "bf16", *optim = "sgd", *freeze = "", *lay = "auto";
-    int batch = 1024, hw = 224, graphs = 1, steps = 30, warmup = 5, one_rank = 0, bucket_mb = 25, patch = 1, s2d = 1, bn_fuse = 1, thin = 1;
+    int batch = 1024, hw = 224, graphs = 1, steps = 30, warmup = 5, one_rank = 0, bucket_mb = 25, patch = 1, s2d = 1, bn_fuse = 1, thin = 1, dw = 1;
     float momentum = 0.9f; /* W3's SGD; W1 and W2 train without */
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -72,6 +74,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--s2d")) s2d = atoi(v);
         else if (!strcmp(k, "--bn-fuse")) bn_fuse = atoi(v);
         else if (!strcmp(k, "--thin")) thin = atoi(v);
+        else if (!strcmp(k, "--dw")) dw = atoi(v);
         else if (!strcmp(k, "--bucket-mb")) bucket_mb = atoi(v);
         else {
             fprintf(stderr, "cached: unknown option %s\n", k);
@@ -114,6 +117,7 @@ int main(int argc, char **argv)
     cfg.sw.no_s2d = !s2d;
     cfg.sw.no_bn_fuse = !bn_fuse;
     cfg.sw.no_thin = !thin;
+    cfg.sw.no_dw = !dw;
     cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
     /* the job's store in this process, as rank 0 keeps it (collective/kv_table.h) */
     sf_kv_table *kv = sf_kv_table_new(8, 65536); /* a job of one rank: the NCCL id */

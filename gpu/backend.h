@@ -48,6 +48,8 @@ typedef struct sf_exec_switches {
     int allow_rtc;  /* CUDA: consider cuDNN engines compiled at run time */
     int no_thin;    /* CUDA: thin 1x1 convolutions through cuDNN, not gpu/cuda/conv_thin.h's kernels */
     int no_patch;   /* CUDA: non-overlapping convolutions' backward through cuDNN, not gpu/cuda/conv_patch.h's */
+    int no_dw;      /* CUDA: depthwise NHWC convolutions on cuDNN alone, not timed against gpu/cuda/conv_dw.h's */
+    int force_dw;   /* CUDA: depthwise NHWC convolutions on gpu/cuda/conv_dw.h's kernels in every direction, untimed */
     int no_s2d;     /* CUDA: strided few-channel convolutions as they are, not gpu/cuda/conv_s2d.h's space-to-depth form */
     int no_bn_fuse; /* CUDA: a batchnorm's residual add, or its ReLU + maxpool, as kernels of their own */
 } sf_exec_switches;

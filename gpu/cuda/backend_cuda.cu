@@ -433,6 +433,8 @@ static void build_net_cfg(const cuda_ctx *c, const sf_train_cfg *cfg, sf_net_cfg
     nc->no_fuse = cfg->sw.no_fuse;
     nc->no_thin = cfg->sw.no_thin;
     nc->no_patch = cfg->sw.no_patch;
+    nc->no_dw = cfg->sw.no_dw;
+    nc->force_dw = cfg->sw.force_dw;
     nc->no_s2d = cfg->sw.no_s2d;
     nc->no_bn_fuse = cfg->sw.no_bn_fuse;
     nc->keep_relu = cfg->sw.keep_relu;

@@ -230,8 +230,9 @@ static int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, voi
                                                                                                                 : 0;
 }
 
-/* Forward of conv layer i on x: the thin kernel, or cuDNN's plan (after the
- * space-to-depth rearrangement where chosen) with bias and ReLU inside it or
+/* Forward of conv layer i on x: the thin kernel, or the depthwise kernel
+ * where it timed faster (conv_dw.h), or cuDNN's plan (after the
+ * space-to-depth rearrangement where chosen), with bias and ReLU inside it or
  * applied after. */
 static int g_conv_fwd(sf_cuda_net *net, gshape *S, int i, int n, int b, const void *x, cudaStream_t s, cudnnHandle_t h)
 {
@@ -253,14 +254,18 @@ static int g_conv_fwd(sf_cuda_net *net, gshape *S, int i, int n, int b, const vo
         if (sf_conv_s2d_input(&d, x, o->s2d_x, s) || sf_conv_s2d_weight(&d, g_wd(net, i), o->s2d_w, s))
             return -1;
     }
-    if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
+    if (S->dw[i] & (1u << SF_CONV_FWD)) { /* depthwise kernel (conv_dw.h), then the epilogue */
+        const sf_conv_ptrs p = {(void *)x, g_wd(net, i), o->y, NULL, NULL};
+        if (g_conv_dw_run(net, i, n, SF_CONV_FWD, &p, s))
+            return -1;
+    } else if (S->cp[i][SF_CONV_FWD].fused) { /* bias and ReLU inside cuDNN's kernel */
         if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vpf[b]))
             return -1;
         return 0;
+    } else if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vp[SF_CONV_FWD][b])) {
+        return -1;
     }
     g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
-    if (sf_conv_run(h, &S->cp[i][SF_CONV_FWD], o->vp[SF_CONV_FWD][b]))
-        return -1;
     if ((L->n_b || o->relu) &&
         sf_cuda_bias_act_dt(dt, o->y, L->n_b ? P + L->b_off : NULL, outer, L->out_c, inner, o->relu, s))
         return -1;
@@ -498,18 +503,28 @@ static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s
 /* Backward of conv layer i: backward-filter and backward-data both only read
  * dy (and x, w). Unless cfg.no_fork the filter gradient runs on the side stream
  * (its own workspace, ws2) while the data gradient runs here, and the two join
- * before the next layer's backward starts. */
-static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int want_dx)
+ * before the next layer's backward starts. Each direction runs cuDNN's plan or,
+ * where gshape.dw says so, the depthwise kernel (conv_dw.h; the filter
+ * gradient's partial sums in the compute-stream scratch, which nothing else
+ * uses until the join). dx: the data gradient's destination, NULL: none. */
+static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx)
 {
     gop *o = &net->g->op[i];
     cudaStream_t s = net->s;
+    const int want_dx = dx != NULL;
     const int fork = !net->cfg.no_fork && want_dx;
     if (fork) {
         SF_CUDA_CHECK(cudaEventRecord(net->ev_fork[i], s));
         SF_CUDA_CHECK(cudaStreamWaitEvent(net->side, net->ev_fork[i], 0));
         SF_CUDNN_CHECK(cudnnSetStream(net->dnn, net->side));
     }
-    int rc = sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_FILTER], o->vp[SF_CONV_BWD_FILTER][b]);
+    int rc;
+    if (S->dw[i] & (1u << SF_CONV_BWD_FILTER)) { /* depthwise kernel (conv_dw.h), into the gradient cuDNN would write */
+        const sf_conv_ptrs p = {g_in(net, i, 0, b), o->wal_gw ? o->wal_gw : g_gd(net, i), o->dy, NULL, NULL};
+        rc = g_conv_dw_run(net, i, n, SF_CONV_BWD_FILTER, &p, fork ? net->side : s);
+    } else {
+        rc = sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_FILTER], o->vp[SF_CONV_BWD_FILTER][b]);
+    }
     if (fork) {
         SF_CUDNN_CHECK(cudnnSetStream(net->dnn, s));
         if (!rc)
@@ -517,8 +532,13 @@ static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int want_dx)
     }
     if (rc)
         return -1;
-    if (want_dx && sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_DATA], o->vp[SF_CONV_BWD_DATA][b]))
+    if (want_dx && (S->dw[i] & (1u << SF_CONV_BWD_DATA))) {
+        const sf_conv_ptrs p = {dx, g_wd(net, i), o->dy, NULL, NULL};
+        if (g_conv_dw_run(net, i, n, SF_CONV_BWD_DATA, &p, s))
+            return -1;
+    } else if (want_dx && sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_DATA], o->vp[SF_CONV_BWD_DATA][b])) {
         return -1;
+    }
     if (fork)
         SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_join[i], 0));
     return 0;
@@ -606,7 +626,7 @@ static int g_conv_layer_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, co
         sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
                              (float *)g->scratch, s))
         return -1;
-    if (g_conv_bwd(net, S, i, b, dx != NULL))
+    if (g_conv_bwd(net, S, i, b, n, dx))
         return -1;
     if (o->wal_gw)
         SF_CUDA_CHECK(cudaMemcpyAsync(g_gd(net, i), o->wal_gw, g->es * L->n_w, cudaMemcpyDeviceToDevice, s));

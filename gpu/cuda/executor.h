@@ -147,6 +147,8 @@ typedef struct sf_net_cfg {
     size_t grad_bucket_bytes;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
     int no_patch;        /* 1: run non-overlapping convolutions' backward (conv_patch.h) through cuDNN too */
+    int no_dw;           /* 1: run depthwise NHWC convolutions on cuDNN alone, never timing conv_dw.h's kernels */
+    int force_dw;        /* 1: run them on conv_dw.h's kernels in every direction, untimed (tests of that path) */
     int no_s2d;          /* 1: run strided few-channel convolutions as they are, not in their
                             space-to-depth form (conv_s2d.h) */
     int no_bn_fuse;      /* 1: a residual add after a batchnorm, or a batchnorm + ReLU's maxpool,

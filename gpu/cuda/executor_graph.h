@@ -11,6 +11,7 @@
 #include "conv_patch.h"
 #include "conv_s2d.h"
 #include "conv_thin.h"
+#include "conv_dw.h"
 #include "executor.h"
 #include "dist_nccl.h"
 #include "norm.h"
@@ -107,6 +108,8 @@ typedef struct gop {
     int thin;            /* conv run by conv_thin.h's kernels (no cuDNN plans) */
     int patch;           /* conv whose backward is conv_patch.h's one pass (a forward plan only) */
     int tpatch;          /* convT whose forward is conv_patch.h's kernel (backward plans only) */
+    int dw;              /* depthwise conv that conv_dw.h's kernels take: timed against cuDNN's
+                            plans per batch size and direction (gshape.dw says which ran faster) */
     int bn_add;          /* batchnorm: the index of the residual add whose output its forward
                             writes, relu?(bn(x) + the add's other input) (0: none) */
     int in_bn;           /* add computed by the batchnorm before it (bn_add): no forward of its own */
@@ -150,6 +153,9 @@ typedef struct gop {
 typedef struct gshape {
     int n;
     sf_conv_plan cp[SF_MAX_LAYERS][3];
+    unsigned char dw[SF_MAX_LAYERS];         /* bit d (sf_conv_dir): direction d of this depthwise conv
+                                                runs conv_dw.h's kernel, which timed faster than cp */
+    float dw_ms[SF_MAX_LAYERS][3];           /* those kernels' measured times (ms; 0: not timed) */
     sf_convt_plans tp[SF_MAX_LAYERS];
     cudaGraphExec_t exec[SF_NET_MAX_BUF][3]; /* [b][k]: k = do_opt (training), 2 (evaluation) */
     sf_sdpa_plan *sdpa[SF_MAX_LAYERS];       /* self_attention layers with sdpa: their fused plans */
@@ -349,6 +355,10 @@ void gshape_destroy(gshape *S);
 gshape *g_find(const sf_cuda_net *net, int n);
 /* The workspace bytes the plans of S need, by workspace kind. */
 void g_shape_ws(const sf_cuda_net *net, const gshape *S, size_t need[3]);
+/* Direction dir of depthwise conv layer i on conv_dw.h's kernel for n
+ * samples, on the conv roles' pointers (x, w, y of sf_conv_ptrs), without
+ * bias or ReLU; the filter gradient uses the compute-stream scratch. */
+int g_conv_dw_run(sf_cuda_net *net, int i, int n, int dir, const sf_conv_ptrs *p, cudaStream_t s);
 /* The conv layers' variant packs (their tensor pointers per buffer), once
  * the arenas exist. */
 int g_vpacks(sf_cuda_net *net);

@@ -378,22 +378,26 @@ static void g_choose_fusions(sf_cuda_net *net)
             m->layers[src].kind != SF_L_FLATTEN && g->op[src].frozen == g->op[i].frozen)
             g->op[i].fused = 1;
     }
-    /* Grouped and dilated convolutions (depthwise ones included) take
-     * cuDNN's general plans only: the thin, patch and space-to-depth
-     * kernels and the fused epilogue are written for a plain
-     * convolution. Depthwise convolutions, most of MobileNet's and
-     * EfficientNet's time, are fast in cuDNN in channels-last bf16
-     * (its depthwise engines read a pixel's channels as one vector,
-     * the way PyTorch's channels_last autocast runs them), which is the
-     * layout the backend already picks for bf16 and TF32 (backend_cuda.cu);
-     * strict fp32 nets keep NCHW, which the rule chose on plain
-     * convolutions and which is the parity precision, not the speed one.
-     * So the layout rule has no case of its own for them. */
+    /* Grouped and dilated convolutions take cuDNN's general plans: the
+     * thin, patch and space-to-depth kernels and the fused epilogue are
+     * written for a plain convolution. Depthwise convolutions, most of
+     * MobileNet's and EfficientNet's time, find only cuDNN's generic
+     * engine 0 in NHWC (on an H200 at EfficientNet-B0's 32-channel
+     * 112x112 layer, batch 256 bf16: 3.4 ms forward, 18.1 ms filter
+     * gradient), so NHWC ones are also timed against conv_dw.h's
+     * kernels per direction and run on the faster. NHWC is the layout the
+     * backend picks for bf16 and TF32 (backend_cuda.cu); strict fp32 nets
+     * keep NCHW, the parity precision, not the speed one. So the layout
+     * rule has no case of its own for them. */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         const int plain = L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1;
         if (L->kind == SF_L_CONV2D && !plain) {
             g->op[i].thin = g->op[i].fusable = g->op[i].patch = 0;
+            /* depthwise: conv_dw.h's kernels are timed against cuDNN's plans
+             * (g_build_shape), whose only NHWC engine for it is the generic one */
+            g->op[i].dw = !net->cfg.no_dw && sf_conv_dw_ok(g->lay, g->dt, L->in_c, L->out_c, L->groups, L->k,
+                                                           L->stride, L->pad, L->dilation);
             continue;
         }
         g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
@@ -552,8 +556,10 @@ static int g_alloc_scratch(sf_cuda_net *net, int max_c)
         if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
             return -1;
     }
-    /* compute-stream scratch: bn, xent2d, bias grad, thin and patch conv
-     * partials (never used at once) */
+    /* compute-stream scratch: bn, xent2d, bias grad, thin, patch and
+     * depthwise conv partials (never used at once: a depthwise filter
+     * gradient on the side stream overlaps only its own layer's data
+     * gradient, which uses none) */
     size_t sc = sizeof(float) * sf_cuda_bias_grad_scratch(max_c);
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
@@ -561,6 +567,8 @@ static int g_alloc_scratch(sf_cuda_net *net, int max_c)
             sc = sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c);
         if (g->op[i].patch && sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k) > sc)
             sc = sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k);
+        if (g->op[i].dw && sizeof(float) * sf_conv_dw_scratch_floats((int)nb, L->in_c, L->out_h, L->k) > sc)
+            sc = sizeof(float) * sf_conv_dw_scratch_floats((int)nb, L->in_c, L->out_h, L->k);
         if (L->kind == SF_L_BATCHNORM2D) {
             size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, g->lay);
             if (b > sc)

@@ -125,6 +125,77 @@ static int g_try_fused(sf_cuda_net *net, int i, int n, const sf_conv_desc *d, co
     return 0;
 }
 
+/* Runs direction dir of depthwise conv layer i (conv_dw.h) for n samples on
+ * the conv roles' pointers p (sf_conv_ptrs: x, w, y), without bias or ReLU
+ * (the epilogue follows as after a plain cuDNN plan). */
+int g_conv_dw_run(sf_cuda_net *net, int i, int n, int dir, const sf_conv_ptrs *p, cudaStream_t s)
+{
+    const sf_layer *L = &net->m.layers[i];
+    const sf_dtype dt = net->g->dt;
+    if (dir == SF_CONV_FWD)
+        return sf_conv_dw_fwd(dt, p->x, p->w, NULL, p->y, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, s);
+    if (dir == SF_CONV_BWD_DATA)
+        return sf_conv_dw_bwd_data(dt, p->y, p->w, p->x, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad, s);
+    return sf_conv_dw_bwd_filter(dt, p->x, p->y, p->w, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad,
+                                 (float *)net->g->scratch, s);
+}
+
+/* Time of direction dir of depthwise layer i's kernel (ms, best of 3 after
+ * one untimed run); -1 when it fails (the error is cleared: cuDNN's plan
+ * stays). */
+static float g_time_dw(sf_cuda_net *net, int i, int n, int dir, const sf_conv_ptrs *p)
+{
+    cudaEvent_t e[2];
+    if (cudaEventCreate(&e[0]) != cudaSuccess || cudaEventCreate(&e[1]) != cudaSuccess)
+        return -1.f;
+    float best = 1e30f;
+    int bad = g_conv_dw_run(net, i, n, dir, p, net->s);
+    for (int r = 0; r < 3 && !bad; r++) {
+        float ms = 0.f;
+        cudaEventRecord(e[0], net->s);
+        bad = g_conv_dw_run(net, i, n, dir, p, net->s);
+        cudaEventRecord(e[1], net->s);
+        if (!bad && cudaEventSynchronize(e[1]) == cudaSuccess &&
+            cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess && ms < best)
+            best = ms;
+    }
+    if (cudaStreamSynchronize(net->s) != cudaSuccess)
+        bad = 1;
+    cudaEventDestroy(e[0]);
+    cudaEventDestroy(e[1]);
+    if (bad) {
+        sf_cuda_clear_error();
+        return -1.f;
+    }
+    return best < 1e30f ? best : -1.f;
+}
+
+/* Whether direction dir of depthwise layer i runs conv_dw.h's kernel for
+ * batch size n: when it times faster than the cuDNN plan chosen for it
+ * (a fused forward against the kernel plus the epilogue), or always with
+ * cfg.force_dw. Needs timed plans (cfg.tune > 1); untimed, cuDNN's plan
+ * stays. */
+static void g_choose_dw(sf_cuda_net *net, gshape *S, int i, int n, int dir, const sf_conv_ptrs *p)
+{
+    const sf_conv_plan *cp = &S->cp[i][dir];
+    if (!net->g->op[i].dw)
+        return;
+    if (net->cfg.force_dw) {
+        S->dw[i] |= (unsigned char)(1u << dir);
+        return;
+    }
+    if (net->cfg.tune <= 1 || cp->ms < 0.f)
+        return;
+    float ms = g_time_dw(net, i, n, dir, p);
+    if (ms < 0.f)
+        return;
+    S->dw_ms[i][dir] = ms;
+    if (dir == SF_CONV_FWD && cp->fused)
+        ms += g_time_epilogue(net, i, n, p->y);
+    if (ms < cp->ms)
+        S->dw[i] |= (unsigned char)(1u << dir);
+}
+
 /* The cuDNN plans layer i needs, as a bit mask of sf_conv_dir (none for a thin
  * conv, the forward alone for a frozen one or one with the patch backward). */
 static int g_dirs(const gop *o)
@@ -205,6 +276,7 @@ int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3
                     gshape_destroy(S);
                     return -1;
                 }
+                g_choose_dw(net, S, i, n, dir, &p);
             }
         } else if (L->kind == SF_L_SELF_ATTENTION && o->sdpa) {
             size_t wsb = 0;
@@ -348,6 +420,18 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
             const sf_conv_plan *p = L->kind == SF_L_CONV2D ? &S->cp[i][d] : &S->tp[i].plan[d];
             if (!sf_conv_plan_built(p))
                 continue;
+            if (L->kind == SF_L_CONV2D && ((S->dw[i] >> d) & 1)) {
+                int w = snprintf(buf + at, len - at,
+                                 "layer %d %s %d->%d k%d s%d %dx%d %s: engine depthwise kernel (conv_dw.h) %s, "
+                                 "%.3f ms (cuDNN engine %lld: %.3f ms)\n",
+                                 i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
+                                 dn[d], g->dt == SF_DT_BF16 ? "bf16" : "fp32", S->dw_ms[i][d], (long long)p->engine,
+                                 p->ms);
+                if (w < 0)
+                    break;
+                at += (size_t)w;
+                continue;
+            }
             /* a pointwise conv without a usable cuDNN engine runs as cuBLAS GEMMs (conv_gemm.h) */
             int w = p->gemm
                         ? snprintf(buf + at, len - at,

@@ -18,7 +18,8 @@
  *  - a ConvNeXt-like block (depthwise conv, layernorm2d, linear over channels,
  *    layernorm) and a grouped/dilated conv model (batchnorm eps/momentum,
  *    ceil_mode pools, avgpool2d, adaptive pooling): 3-step trajectories, fp32
- *    NCHW and NHWC, bf16 NHWC.
+ *    NCHW and NHWC, bf16 NHWC, and both NHWC runs again with the depthwise
+ *    convolutions on gpu/cuda/conv_dw.h's kernels (sw.force_dw).
  *  - 1x1 convolutions at EfficientNet-B0's 24 -> 144 at 56x56 and
  *    RegNet-Y-400MF's 104 -> 104 at 28x28 in strict fp32 NCHW: the net builds
  *    (on cuDNN, or conv_gemm.h where no engine is usable) and trains as the
@@ -619,7 +620,10 @@ int main(int argc, char **argv)
      * over flat features) and a model of grouped and dilated convolutions,
      * batchnorm with non-default eps and momentum, maxpool and avgpool with
      * ceil_mode, avgpool without the padding in the divisor and adaptive
-     * pooling; fp32 in NCHW and NHWC, bf16 in NHWC. fp32 gets the tolerances
+     * pooling; fp32 in NCHW and NHWC, bf16 in NHWC, and the two NHWC runs
+     * again with every depthwise direction on conv_dw.h's kernels
+     * (sw.force_dw: the timed choice may keep cuDNN at these sizes), whose
+     * description must name them. fp32 gets the tolerances
      * of the accumulated ResNet trajectory above (layernorm's sums cancel as
      * batchnorm's do), bf16 those of the bf16 seed models. */
     {
@@ -661,21 +665,38 @@ int main(int argc, char **argv)
                 fail("%s spec: %s", specs[k][0], e3);
                 continue;
             }
-            for (int v = 0; v < 3; v++) {
+            for (int v = 0; v < 5; v++) {
                 batch_set bs;
-                if (make_batches(cu, bs, 3, 8, m.in_h, m.in_w, 10, 1, SF_LABEL_I64, 61 + 3 * k + v, 0.02f))
+                /* v 3 and 4: v 1 and 2 on the depthwise kernels, the same batches */
+                const int vb = v >= 3 ? v - 2 : v, force_dw = v >= 3;
+                if (make_batches(cu, bs, 3, 8, m.in_h, m.in_w, 10, 1, SF_LABEL_I64, 61 + 3 * k + vb, 0.02f))
                     break;
-                const int bf16 = v == 2;
+                const int bf16 = vb == 2;
                 sf_train_cfg cfg = make_cfg(bf16 ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
-                if (v >= 1)
+                cfg.sw.force_dw = force_dw;
+                if (vb >= 1)
                     g_layout = SF_ACT_LAYOUT_NHWC;
                 train_out tc, tr;
                 train(cu, m, cfg, bs, 3, tc);
                 g_layout = SF_ACT_LAYOUT_AUTO;
-                train(ref, m, cfg, bs, 3, tr);
                 char name[160];
-                snprintf(name, sizeof name, "%s %s", specs[k][0],
-                         v == 0 ? "fp32 nchw" : v == 1 ? "fp32 nhwc" : "bf16 nhwc");
+                snprintf(name, sizeof name, "%s %s%s", specs[k][0],
+                         vb == 0 ? "fp32 nchw" : vb == 1 ? "fp32 nhwc" : "bf16 nhwc",
+                         force_dw ? " on the depthwise kernels" : "");
+                if (force_dw && tc.ok) {
+                    static char dd[16384];
+                    size_t dev = 0;
+                    dd[0] = '\0';
+                    const int named = cu->i->describe && cu->i->describe(cu, dd, sizeof dd, &dev) == 0 &&
+                                      strstr(dd, "wgrad: engine depthwise kernel") &&
+                                      strstr(dd, "fwd: engine depthwise kernel");
+                    if (named)
+                        ok("%s: the description names the depthwise kernels", name);
+                    else
+                        fail("%s: the description names no depthwise kernel:\n%s", name, dd);
+                }
+                cfg.sw.force_dw = 0;
+                train(ref, m, cfg, bs, 3, tr);
                 compare(name, m, tc, tr, 3, bf16 ? 2e-2 : 1e-4, bf16 ? 1e-1 : 2e-2, 0, k == 1);
                 free_batches(cu, bs);
             }

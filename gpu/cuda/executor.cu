@@ -146,6 +146,8 @@ static int g_scratch_fits(const sf_cuda_net *net, int n)
     const sf_model *m = &net->m;
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *L = &m->layers[i];
+        if (sizeof(float) * sf_cuda_bias_grad_scratch(g_bias_grad_c(L)) > net->g->scratch_bytes)
+            return 0;
         if (L->kind == SF_L_BATCHNORM2D &&
             sf_cuda_bn_scratch_bytes(n, L->in_c, L->in_h, L->in_w, net->g->lay) > net->g->scratch_bytes)
             return 0;
@@ -1102,7 +1104,8 @@ static int g_prepare(sf_cuda_net *net, int n)
         return -1;
     }
     if (!g_scratch_fits(net, n)) {
-        sf_cuda_set_error("%s:%d: batch size %d needs more scratch than max_batch's", __FILE__, __LINE__, n);
+        sf_cuda_set_error("%s:%d: batch size %d needs more compute-stream scratch than the %zu B allocated", __FILE__, __LINE__, n,
+                          net->g->scratch_bytes);
         return -1;
     }
     /* Timing runs write activations the transform stream's frozen forward

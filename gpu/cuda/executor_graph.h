@@ -232,6 +232,19 @@ static inline void *E(const void *p, size_t i, size_t es) { return (char *)p + i
 
 static inline int g_src(const sf_model *m, int i, int j) { return sf_layer_input(m, i, j); }
 
+/* The widest bias gradient layer L's backward reduces through the
+ * compute-stream scratch (sf_cuda_bias_grad_scratch of it): its output or
+ * input channels, or the attention input projection's 3c. The scratch is
+ * sized from this and every batch is checked against it, so both read the
+ * one definition. */
+static inline int g_bias_grad_c(const sf_layer *L)
+{
+    int c = L->out_ch > L->in_c ? L->out_ch : L->in_c;
+    if (L->kind == SF_L_SELF_ATTENTION && 3 * L->in_c > c)
+        c = 3 * L->in_c;
+    return c > 1 ? c : 1;
+}
+
 /* The layer that owns the buffer layer i's output lives in (through flattens); -1: model input. */
 static inline int g_owner(const sf_model *m, int i)
 {

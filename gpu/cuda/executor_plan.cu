@@ -483,8 +483,8 @@ static int g_alloc_params(sf_cuda_net *net)
 }
 
 /* Activations: the frozen prefix's boundary buffers, the memory plan and
- * each layer's own buffers; the widest channel count goes to *max_c_out. */
-static int g_alloc_layer_buffers(sf_cuda_net *net, int *max_c_out)
+ * each layer's own buffers. */
+static int g_alloc_layer_buffers(sf_cuda_net *net)
 {
     const sf_model *m = &net->m;
     const size_t nb = (size_t)net->cfg.max_batch;
@@ -499,16 +499,9 @@ static int g_alloc_layer_buffers(sf_cuda_net *net, int *max_c_out)
     }
     if (g_plan_memory(net))
         return -1;
-    int max_c = 1;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];
-        if (L->out_ch > max_c)
-            max_c = L->out_ch;
-        if (L->in_c > max_c)
-            max_c = L->in_c;
-        if (L->kind == SF_L_SELF_ATTENTION && 3 * L->in_c > max_c) /* the input projection's bias gradient */
-            max_c = 3 * L->in_c;
         if (L->kind == SF_L_FLATTEN || o->fused)
             continue;
         if (L->kind == SF_L_BATCHNORM2D && dmallocf(net, &o->save, 2 * (size_t)L->out_ch))
@@ -540,13 +533,12 @@ static int g_alloc_layer_buffers(sf_cuda_net *net, int *max_c_out)
     if (g->n_attn && (dmalloc(net, &g->att_do, g->att_do_bytes) || dmalloc(net, &g->att_dqkv, g->att_dqkv_bytes) ||
                       dmallocf(net, &g->att_s, g->att_s_floats)))
         return -1;
-    *max_c_out = max_c;
     return 0;
 }
 
 /* The low-precision nets' fp32 logits and their gradient, and the
  * compute-stream scratch. */
-static int g_alloc_scratch(sf_cuda_net *net, int max_c)
+static int g_alloc_scratch(sf_cuda_net *net)
 {
     const sf_model *m = &net->m;
     const size_t nb = (size_t)net->cfg.max_batch;
@@ -560,9 +552,11 @@ static int g_alloc_scratch(sf_cuda_net *net, int max_c)
      * depthwise conv partials (never used at once: a depthwise filter
      * gradient on the side stream overlaps only its own layer's data
      * gradient, which uses none) */
-    size_t sc = sizeof(float) * sf_cuda_bias_grad_scratch(max_c);
+    size_t sc = 0;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
+        if (sizeof(float) * sf_cuda_bias_grad_scratch(g_bias_grad_c(L)) > sc)
+            sc = sizeof(float) * sf_cuda_bias_grad_scratch(g_bias_grad_c(L));
         if (g->op[i].thin && sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c) > sc)
             sc = sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c);
         if (g->op[i].patch && sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k) > sc)
@@ -684,8 +678,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
     }
     if (g_alloc_params(net))
         return -1;
-    int max_c = 1;
-    if (g_alloc_layer_buffers(net, &max_c) || g_alloc_scratch(net, max_c))
+    if (g_alloc_layer_buffers(net) || g_alloc_scratch(net))
         return -1;
     return g_plan_grad_check(net);
 }

@@ -1,15 +1,25 @@
 /* gpu/cuda/conv_dw.cu — depthwise NHWC convolutions as memory-bound
  * kernels (why and semantics: conv_dw.h).
  *
- * Threads: a block of DW_TPB threads takes one tile of channels (blockIdx.y)
- * and a set of pixels. Within it, cvt neighbouring threads cover the tile's
- * channels, V at a time (V = 2: a bf16x2 or float2 word per thread where the
- * channel count is even and the pointers allow it, else 1), so a warp reads
- * consecutive channels of a pixel (coalesced NHWC rows); the other threads
- * of the block take further pixels ("slots"). cvt is min(32, c / V): a map
- * with few channels (32 in EfficientNet-B0's first block) puts several
- * pixels in a warp rather than leaving lanes idle. The tile's filter sits in
- * shared memory as [tap][channel], so the taps of V channels are adjacent.
+ * Two families. The 16-byte kernels (k_dw_corr16, k_dw_dgrad2_16 and
+ * k_dw_wgrad16, each described where it is defined) take every call whose
+ * channel count is a multiple of 8 (bf16) or 4 (fp32), whose tensors start
+ * on 16-byte boundaries and whose k is 3, 5 or 7: all of EfficientNet-B0's
+ * and MobileNet-V2's depthwise layers. The general kernels take the rest
+ * (k = 1, other channel counts, tensors off a 16-byte boundary, more work
+ * items than an int indexes); their per-pixel 64-bit index divisions and
+ * runtime tap loops cost more instructions than the bytes they move.
+ *
+ * The general kernels' threads: a block of DW_TPB threads takes one tile
+ * of channels (blockIdx.y) and a set of pixels. Within it, cvt neighbouring
+ * threads cover the tile's channels, V at a time (V = 2: a bf16x2 or float2
+ * word per thread where the channel count is even and the pointers allow
+ * it, else 1), so a warp reads consecutive channels of a pixel (coalesced
+ * NHWC rows); the other threads of the block take further pixels ("slots").
+ * cvt is min(32, c / V): a map with few channels (32 in EfficientNet-B0's
+ * first block) puts several pixels in a warp rather than leaving lanes
+ * idle. The tile's filter sits in shared memory as [tap][channel], so the
+ * taps of V channels are adjacent; the 16-byte kernels share this layout.
  */
 #include "gpu/cuda/conv_dw.h"
 
@@ -30,6 +40,16 @@
 /* Most blocks along the pixels of the forward and backward-data (grid-stride
  * loops beyond). */
 #define DW_MAX_GX 8192
+/* Pixels per thread along a row in the 16-byte kernels: enough that the
+ * shared input columns of neighbouring outputs are loaded once, few enough
+ * that the sums stay in registers at k = 7 (DW_TW * V + k * V floats). */
+#define DW_TW 4
+/* Most channels of one tile in the 16-byte kernels (their filter tile in
+ * shared memory is DW_KMAX^2 * DW_TC16 floats, 25 KB). */
+#define DW_TC16 128
+/* Most work items of the 16-byte kernels: their item indices, plus one
+ * grid's stride, stay within int. */
+#define DW_ITEMS_MAX ((size_t)1 << 30)
 
 typedef struct dw_shape {
     int n, c, h, w, k, s, p, oh, ow;
@@ -261,6 +281,277 @@ __global__ void __launch_bounds__(DW_TPB) k_dw_wgrad(const T *__restrict__ x, co
         }
 }
 
+/* ---- 16-byte kernels ---------------------------------------------------------
+ * Where the channel count is a multiple of V = 16 / sizeof(T) (8 bf16 or 4
+ * fp32 channels) and the tensors start on 16-byte boundaries, each thread
+ * moves 16 bytes per load, and k (3, 5, 7) and the stride are template
+ * constants, so the tap loops unroll and need no division. A thread takes a
+ * strip of DW_TW neighbouring pixels of one row: it loads each input column
+ * the strip's taps touch once (DW_TW + k - 1 columns per filter row at stride
+ * 1 instead of DW_TW * k) and keeps the strip's sums in registers. A work
+ * item (row, strip) is found from its index with three 32-bit divisions,
+ * paid once per DW_TW * V outputs. The channel tile is at most DW_TC16
+ * channels, so the tile's filter fits in static shared memory at k = 7. */
+
+/* Filter row ky of V channels (cl .. cl + V - 1 of the tile) from sw. */
+template <int K, int V>
+__device__ __forceinline__ void dw_row16(const float *sw, int ky, int tc, int cl, float (&wr)[K][V])
+{
+#pragma unroll
+    for (int kx = 0; kx < K; kx++) {
+        const float4 *p = reinterpret_cast<const float4 *>(sw + (ky * K + kx) * tc + cl);
+#pragma unroll
+        for (int h = 0; h < V / 4; h++) {
+            const float4 q = p[h];
+            wr[kx][4 * h] = q.x;
+            wr[kx][4 * h + 1] = q.y;
+            wr[kx][4 * h + 2] = q.z;
+            wr[kx][4 * h + 3] = q.w;
+        }
+    }
+}
+
+/* The tile's filter into sw as [tap][channel of the tile] (zero past c);
+ * FLIP stores tap t at kk - 1 - t (the filter turned by 180 degrees). */
+template <typename T, bool FLIP>
+__device__ __forceinline__ void dw_load_filter16(const T *__restrict__ w, float *sw, int c0, int tc, int c, int kk)
+{
+    for (int j = threadIdx.x; j < kk * tc; j += blockDim.x) {
+        const int t = j / tc, cl = j - t * tc, ch = c0 + cl, src = FLIP ? kk - 1 - t : t;
+        sw[j] = ch < c ? cu_f(w[(size_t)ch * kk + src]) : 0.f;
+    }
+}
+
+/* A correlation y[n, oy, ox] = b + sum w[ky, kx] x[n, oy*S - p + ky, ox*S - p + kx]
+ * over G (input G.h x G.w, output G.oh x G.ow, pad G.p): the forward, and
+ * with FLIP (the filter turned) and pad k - 1 - p over dy the stride-1
+ * backward-data. Thread (cv, slot) takes items slot + blockIdx.x * slots,
+ * then every gridDim.x * slots further; item q is output row r = q / nst
+ * (r = n * oh + oy) and its strip q % nst of DW_TW columns. */
+template <typename T, int K, int S, bool FLIP>
+__global__ void __launch_bounds__(DW_TPB) k_dw_corr16(const T *__restrict__ x, const T *__restrict__ w,
+                                                      const float *__restrict__ b, T *__restrict__ y, dw_shape G,
+                                                      int cvt, int items)
+{
+    constexpr int V = 16 / sizeof(T), U = S * (DW_TW - 1) + K;
+    __shared__ __align__(16) float sw[DW_KMAX * DW_KMAX * DW_TC16];
+    const int tc = cvt * V, c0 = blockIdx.y * tc, slots = DW_TPB / cvt;
+    dw_load_filter16<T, FLIP>(w, sw, c0, tc, G.c, K * K);
+    __syncthreads();
+    const int cv = threadIdx.x % cvt, slot = threadIdx.x / cvt, cl = cv * V, c = c0 + cl;
+    if (slot >= slots || c >= G.c)
+        return;
+    float bv[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        bv[v] = b ? b[c + v] : 0.f;
+    const int nst = (G.ow + DW_TW - 1) / DW_TW;
+    for (int q = blockIdx.x * slots + slot; q < items; q += gridDim.x * slots) {
+        const int r = q / nst, ox0 = (q - r * nst) * DW_TW, oy = r % G.oh, ni = r / G.oh;
+        float acc[DW_TW][V];
+#pragma unroll
+        for (int t = 0; t < DW_TW; t++)
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                acc[t][v] = bv[v];
+        const int iy0 = oy * S - G.p, ix0 = ox0 * S - G.p;
+#pragma unroll
+        for (int ky = 0; ky < K; ky++) {
+            const int iy = iy0 + ky;
+            if ((unsigned)iy >= (unsigned)G.h)
+                continue;
+            const T *xr = x + ((size_t)ni * G.h + iy) * G.w * G.c + c;
+            float wr[K][V];
+            dw_row16<K, V>(sw, ky, tc, cl, wr);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ix = ix0 + u;
+                if ((unsigned)ix >= (unsigned)G.w)
+                    continue;
+                float xv[V];
+                cu_ld<T, V>(xr + (size_t)ix * G.c, xv);
+#pragma unroll
+                for (int t = 0; t < DW_TW; t++) {
+                    const int kx = u - S * t; /* a constant once unrolled */
+                    if (kx < 0 || kx >= K)
+                        continue;
+#pragma unroll
+                    for (int v = 0; v < V; v++)
+                        acc[t][v] = fmaf(wr[kx][v], xv[v], acc[t][v]);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < DW_TW; t++)
+            if (ox0 + t < G.ow)
+                cu_st<T, V>(y + ((size_t)r * G.ow + ox0 + t) * G.c + c, acc[t]);
+    }
+}
+
+/* Stride-2 backward-data: only the taps whose output pixel exists are
+ * gathered. Input pixel (iy, ix) is hit by filter row ky where iy + p - ky is
+ * even (ky = ky0, ky0 + 2, ... with ky0 = (iy + p) & 1, output row
+ * (iy + p - ky) / 2), and likewise along x. A strip is DW_TW input columns of
+ * one parity rho (ix = rho + 2m, m = m0 .. m0 + DW_TW - 1): they share the
+ * hitting taps kx = kx0 + 2e (kx0 = (rho + p) & 1), and tap e of column m
+ * reads output column B + m - e (B = (rho + p - kx0) / 2), so the strip's
+ * DW_TW * E taps read DW_TW + E - 1 consecutive output columns. Item q is
+ * input row r = q / (2 * nst) (r = n * h + iy), parity and strip from the
+ * rest. */
+template <typename T, int K>
+__global__ void __launch_bounds__(DW_TPB) k_dw_dgrad2_16(const T *__restrict__ dy, const T *__restrict__ w,
+                                                         T *__restrict__ dx, dw_shape G, int cvt, int items)
+{
+    constexpr int V = 16 / sizeof(T), E = (K + 1) / 2;
+    __shared__ __align__(16) float sw[DW_KMAX * DW_KMAX * DW_TC16];
+    const int tc = cvt * V, c0 = blockIdx.y * tc, slots = DW_TPB / cvt;
+    dw_load_filter16<T, false>(w, sw, c0, tc, G.c, K * K);
+    __syncthreads();
+    const int cv = threadIdx.x % cvt, slot = threadIdx.x / cvt, cl = cv * V, c = c0 + cl;
+    if (slot >= slots || c >= G.c)
+        return;
+    const int nst = ((G.w + 1) / 2 + DW_TW - 1) / DW_TW;
+    for (int q = blockIdx.x * slots + slot; q < items; q += gridDim.x * slots) {
+        const int r = q / (2 * nst), rest = q - r * (2 * nst), rho = rest / nst;
+        const int m0 = (rest - rho * nst) * DW_TW, iy = r % G.h, ni = r / G.h;
+        const int ky0 = (iy + G.p) & 1, kx0 = (rho + G.p) & 1, B = (rho + G.p - kx0) >> 1;
+        const int oyb = (iy + G.p - ky0) >> 1;
+        float acc[DW_TW][V];
+#pragma unroll
+        for (int t = 0; t < DW_TW; t++)
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                acc[t][v] = 0.f;
+#pragma unroll
+        for (int f = 0; f < E; f++) {
+            const int ky = ky0 + 2 * f, oy = oyb - f;
+            if (ky >= K || (unsigned)oy >= (unsigned)G.oh)
+                continue;
+            const T *dr = dy + ((size_t)ni * G.oh + oy) * G.ow * G.c + c;
+            /* taps kx0, kx0 + 2, ... of row ky: tap e is kx0 + 2e */
+            float wr[E][V];
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const int kx = kx0 + 2 * e;
+#pragma unroll
+                for (int v = 0; v < V; v++) {
+                    wr[e][v] = 0.f;
+                    if (kx < K)
+                        wr[e][v] = sw[(ky * K + kx) * tc + cl + v];
+                }
+            }
+#pragma unroll
+            for (int u = 1 - E; u < DW_TW; u++) {
+                const int ox = B + m0 + u;
+                if ((unsigned)ox >= (unsigned)G.ow)
+                    continue;
+                float g[V];
+                cu_ld<T, V>(dr + (size_t)ox * G.c, g);
+#pragma unroll
+                for (int t = 0; t < DW_TW; t++) {
+                    const int e = t - u; /* a constant once unrolled */
+                    if (e < 0 || e >= E || kx0 + 2 * e >= K)
+                        continue;
+#pragma unroll
+                    for (int v = 0; v < V; v++)
+                        acc[t][v] = fmaf(wr[e][v], g[v], acc[t][v]);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < DW_TW; t++) {
+            const int ix = rho + 2 * (m0 + t);
+            if (ix < G.w)
+                cu_st<T, V>(dx + ((size_t)r * G.w + ix) * G.c + c, acc[t]);
+        }
+    }
+}
+
+/* Backward-filter, first pass, in 16-byte vectors: as k_dw_wgrad, block
+ * (chunk, tile) sums over the output rows [r0, r1) of its chunk, thread
+ * (slot, ky, cv) holding filter row ky of its V channels, but a thread's
+ * items are (row, strip of DW_TW output columns): it loads the strip's dy
+ * once and each input column its taps touch once. The slots' sums are then
+ * added in slot order, one channel of the V at a time through shared
+ * memory, into part[chunk][c * k*k + tap]. The order of every sum is fixed
+ * by the shape. */
+template <typename T, int K, int S>
+__global__ void __launch_bounds__(DW_TPB) k_dw_wgrad16(const T *__restrict__ x, const T *__restrict__ dy,
+                                                       float *__restrict__ part, dw_shape G, int cvt, int chunks)
+{
+    constexpr int V = 16 / sizeof(T), U = S * (DW_TW - 1) + K;
+    __shared__ float red[DW_TPB * DW_KMAX];
+    const int tc = cvt * V;
+    const int cv = threadIdx.x % cvt, rest = threadIdx.x / cvt, ky = rest % K, slot = rest / K;
+    const int slots = DW_TPB / (cvt * K), c = blockIdx.y * tc + cv * V;
+    const int active = slot < slots && c < G.c;
+    const size_t rows = (size_t)G.n * G.oh, chunk = blockIdx.x;
+    const int r0 = (int)(chunk * rows / chunks), r1 = (int)((chunk + 1) * rows / chunks);
+    const int nst = (G.ow + DW_TW - 1) / DW_TW, items = (r1 - r0) * nst;
+    float acc[K][V];
+#pragma unroll
+    for (int kx = 0; kx < K; kx++)
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            acc[kx][v] = 0.f;
+    if (active) {
+        for (int q = slot; q < items; q += slots) {
+            const int qr = q / nst, r = r0 + qr, ox0 = (q - qr * nst) * DW_TW, oy = r % G.oh, ni = r / G.oh;
+            const int iy = oy * S - G.p + ky;
+            if ((unsigned)iy >= (unsigned)G.h)
+                continue;
+            const int nt = G.ow - ox0 < DW_TW ? G.ow - ox0 : DW_TW;
+            float g[DW_TW][V];
+#pragma unroll
+            for (int t = 0; t < DW_TW; t++) {
+                if (t < nt) {
+                    cu_ld<T, V>(dy + ((size_t)r * G.ow + ox0 + t) * G.c + c, g[t]);
+                } else {
+#pragma unroll
+                    for (int v = 0; v < V; v++)
+                        g[t][v] = 0.f;
+                }
+            }
+            const T *xr = x + ((size_t)ni * G.h + iy) * G.w * G.c + c;
+            const int ix0 = ox0 * S - G.p;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int ix = ix0 + u;
+                if ((unsigned)ix >= (unsigned)G.w)
+                    continue;
+                float xv[V];
+                cu_ld<T, V>(xr + (size_t)ix * G.c, xv);
+#pragma unroll
+                for (int t = 0; t < DW_TW; t++) {
+                    const int kx = u - S * t; /* a constant once unrolled */
+                    if (kx < 0 || kx >= K || t >= nt)
+                        continue;
+#pragma unroll
+                    for (int v = 0; v < V; v++)
+                        acc[kx][v] = fmaf(g[t][v], xv[v], acc[kx][v]);
+                }
+            }
+        }
+    }
+    float *mine = red + (size_t)threadIdx.x * DW_KMAX;
+    float *out = part + chunk * (size_t)G.c * (K * K);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        __syncthreads(); /* the previous channel's sums have been read */
+#pragma unroll
+        for (int kx = 0; kx < K; kx++)
+            mine[kx] = acc[kx][v];
+        __syncthreads();
+        if (slot == 0 && active)
+            for (int kx = 0; kx < K; kx++) {
+                float sum = 0.f;
+                for (int sl = 0; sl < slots; sl++)
+                    sum += red[(size_t)((sl * K + ky) * cvt + cv) * DW_KMAX + kx];
+                out[(size_t)(c + v) * (K * K) + ky * K + kx] = sum;
+            }
+    }
+}
+
 /* ---- launchers -------------------------------------------------------------- */
 
 static int dw_check(const char *fn, sf_dtype dt, int n, int c, int h, int w, int k, int stride, int pad, dw_shape *S)
@@ -307,9 +598,82 @@ static dim3 dw_grid(size_t P, int c, int cvt, int V)
     return dim3((unsigned)gx, (unsigned)tiles, 1);
 }
 
+/* V of the 16-byte kernels for this call (16 / element size), or 0 where
+ * they do not apply: a channel count that is not a multiple of V, a tensor
+ * read or written in vectors that does not start on a 16-byte boundary, or a
+ * kernel size they are not built for (1). */
+static int dw_v16(sf_dtype dt, int c, int k, const void *a, const void *b)
+{
+    const int V = 16 / (int)sf_dtype_size(dt);
+    return c % V == 0 && (k == 3 || k == 5 || k == 7) && ((uintptr_t)a & 15) == 0 && ((uintptr_t)b & 15) == 0 ? V
+                                                                                                            : 0;
+}
+
+/* Threads across one channel tile of the 16-byte kernels: all c / V vectors
+ * where they fit in DW_TC16 channels, else a divisor of c / V between half
+ * and all of DW_TC16 / V (so every tile is full), else DW_TC16 / V with a
+ * partial last tile. */
+static int dw_cvt16(int c, int V)
+{
+    const int cv = c / V, cap = DW_TC16 / V;
+    if (cv <= cap)
+        return cv;
+    for (int d = cap; d >= cap / 2; d--)
+        if (cv % d == 0)
+            return d;
+    return cap;
+}
+
+/* Grid of the 16-byte forward and backward-data over `items` work items. */
+static dim3 dw_grid16(size_t items, int c, int cvt, int V)
+{
+    const size_t slots = DW_TPB / cvt, tiles = cu_cdiv((size_t)c, (size_t)cvt * V);
+    size_t gx = cu_cdiv(items, slots);
+    if (gx > DW_MAX_GX)
+        gx = DW_MAX_GX;
+    return dim3((unsigned)gx, (unsigned)tiles, 1);
+}
+
+/* FLIP comes only with stride 1 (the stride-1 backward-data), so no turned
+ * stride-2 kernel is built. */
+template <typename T, int K, bool FLIP>
+static void dw_corr16_k(const T *x, const T *w, const float *b, T *y, const dw_shape &G, int cvt, int items,
+                        cudaStream_t s)
+{
+    const dim3 g = dw_grid16((size_t)items, G.c, cvt, 16 / sizeof(T));
+    if (G.s == 1)
+        k_dw_corr16<T, K, 1, FLIP><<<g, DW_TPB, 0, s>>>(x, w, b, y, G, cvt, items);
+    else if constexpr (!FLIP)
+        k_dw_corr16<T, K, 2, false><<<g, DW_TPB, 0, s>>>(x, w, b, y, G, cvt, items);
+}
+
+/* The correlation G (k_dw_corr16) in 16-byte vectors, or 0 without a launch
+ * where its work items do not fit the kernels' int indices. */
+template <typename T, bool FLIP>
+static int dw_corr16(const void *x, const void *w, const float *b, void *y, const dw_shape &G, cudaStream_t s)
+{
+    const int V = 16 / sizeof(T), cvt = dw_cvt16(G.c, V);
+    const size_t items = (size_t)G.n * G.oh * cu_cdiv((size_t)G.ow, DW_TW);
+    if (items > DW_ITEMS_MAX)
+        return 0;
+    const T *xt = (const T *)x, *wt = (const T *)w;
+    T *yt = (T *)y;
+    if (G.k == 3)
+        dw_corr16_k<T, 3, FLIP>(xt, wt, b, yt, G, cvt, (int)items, s);
+    else if (G.k == 5)
+        dw_corr16_k<T, 5, FLIP>(xt, wt, b, yt, G, cvt, (int)items, s);
+    else
+        dw_corr16_k<T, 7, FLIP>(xt, wt, b, yt, G, cvt, (int)items, s);
+    return 1;
+}
+
 template <typename T>
 static int dw_fwd_t(const void *x, const void *w, const float *b, void *y, const dw_shape &S, cudaStream_t s)
 {
+    if (dw_v16(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, S.c, S.k, x, y) && dw_corr16<T, false>(x, w, b, y, S, s)) {
+        SF_CUDA_CHECK_LAUNCH();
+        return 0;
+    }
     const int V = dw_vec(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, S.c, x, y), cvt = dw_cvt(S.c, V);
     const dim3 g = dw_grid((size_t)S.n * S.oh * S.ow, S.c, cvt, V);
     if (V == 2)
@@ -320,9 +684,50 @@ static int dw_fwd_t(const void *x, const void *w, const float *b, void *y, const
     return 0;
 }
 
+/* Stride-2 backward-data in 16-byte vectors (k_dw_dgrad2_16), or 0 without
+ * a launch where its work items do not fit the kernel's int indices. */
+template <typename T>
+static int dw_dgrad2_16(const void *dy, const void *w, void *dx, const dw_shape &S, cudaStream_t s)
+{
+    const int V = 16 / sizeof(T), cvt = dw_cvt16(S.c, V);
+    const size_t items = (size_t)S.n * S.h * 2 * cu_cdiv((size_t)(S.w + 1) / 2, DW_TW);
+    if (items > DW_ITEMS_MAX)
+        return 0;
+    const dim3 g = dw_grid16(items, S.c, cvt, V);
+    const T *dyt = (const T *)dy, *wt = (const T *)w;
+    T *dxt = (T *)dx;
+    if (S.k == 3)
+        k_dw_dgrad2_16<T, 3><<<g, DW_TPB, 0, s>>>(dyt, wt, dxt, S, cvt, (int)items);
+    else if (S.k == 5)
+        k_dw_dgrad2_16<T, 5><<<g, DW_TPB, 0, s>>>(dyt, wt, dxt, S, cvt, (int)items);
+    else
+        k_dw_dgrad2_16<T, 7><<<g, DW_TPB, 0, s>>>(dyt, wt, dxt, S, cvt, (int)items);
+    return 1;
+}
+
 template <typename T>
 static int dw_dgrad_t(const void *dy, const void *w, void *dx, const dw_shape &S, cudaStream_t s)
 {
+    if (dw_v16(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, S.c, S.k, dy, dx)) {
+        int done;
+        if (S.s == 1) {
+            /* stride 1: dx is dy correlated with the turned filter at pad
+             * k - 1 - p, whose output map is exactly h x w */
+            dw_shape G = S;
+            G.h = S.oh;
+            G.w = S.ow;
+            G.p = S.k - 1 - S.p;
+            G.oh = S.h;
+            G.ow = S.w;
+            done = dw_corr16<T, true>(dy, w, NULL, dx, G, s);
+        } else {
+            done = dw_dgrad2_16<T>(dy, w, dx, S, s);
+        }
+        if (done) {
+            SF_CUDA_CHECK_LAUNCH();
+            return 0;
+        }
+    }
     const int V = dw_vec(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, S.c, dy, dx), cvt = dw_cvt(S.c, V);
     const dim3 g = dw_grid((size_t)S.n * S.h * S.w, S.c, cvt, V);
     if (V == 2)
@@ -333,16 +738,38 @@ static int dw_dgrad_t(const void *dy, const void *w, void *dx, const dw_shape &S
     return 0;
 }
 
+template <typename T, int K>
+static void dw_wgrad16_k(const T *x, const T *dy, float *part, const dw_shape &S, int cvt, int chunks, cudaStream_t s)
+{
+    const dim3 g((unsigned)chunks, (unsigned)cu_cdiv((size_t)S.c, (size_t)cvt * (16 / sizeof(T))), 1);
+    if (S.s == 1)
+        k_dw_wgrad16<T, K, 1><<<g, DW_TPB, 0, s>>>(x, dy, part, S, cvt, chunks);
+    else
+        k_dw_wgrad16<T, K, 2><<<g, DW_TPB, 0, s>>>(x, dy, part, S, cvt, chunks);
+}
+
 template <typename T>
 static int dw_wgrad_t(const void *x, const void *dy, void *dw, float *part, const dw_shape &S, cudaStream_t s)
 {
-    const int V = dw_vec(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, S.c, x, dy), cvt = dw_cvt(S.c, V);
     const int chunks = dw_wg_chunks(S.n, S.c, S.oh), kk = S.k * S.k;
-    const dim3 g((unsigned)chunks, (unsigned)cu_cdiv((size_t)S.c, (size_t)cvt * V), 1);
-    if (V == 2)
-        k_dw_wgrad<T, 2><<<g, DW_TPB, 0, s>>>((const T *)x, (const T *)dy, part, S, cvt, chunks);
-    else
-        k_dw_wgrad<T, 1><<<g, DW_TPB, 0, s>>>((const T *)x, (const T *)dy, part, S, cvt, chunks);
+    const size_t items = (size_t)S.n * S.oh * cu_cdiv((size_t)S.ow, DW_TW);
+    if (dw_v16(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, S.c, S.k, x, dy) && items <= DW_ITEMS_MAX) {
+        const int cvt = dw_cvt16(S.c, 16 / sizeof(T));
+        const T *xt = (const T *)x, *dyt = (const T *)dy;
+        if (S.k == 3)
+            dw_wgrad16_k<T, 3>(xt, dyt, part, S, cvt, chunks, s);
+        else if (S.k == 5)
+            dw_wgrad16_k<T, 5>(xt, dyt, part, S, cvt, chunks, s);
+        else
+            dw_wgrad16_k<T, 7>(xt, dyt, part, S, cvt, chunks, s);
+    } else {
+        const int V = dw_vec(sizeof(T) == 2 ? SF_DT_BF16 : SF_DT_F32, S.c, x, dy), cvt = dw_cvt(S.c, V);
+        const dim3 g((unsigned)chunks, (unsigned)cu_cdiv((size_t)S.c, (size_t)cvt * V), 1);
+        if (V == 2)
+            k_dw_wgrad<T, 2><<<g, DW_TPB, 0, s>>>((const T *)x, (const T *)dy, part, S, cvt, chunks);
+        else
+            k_dw_wgrad<T, 1><<<g, DW_TPB, 0, s>>>((const T *)x, (const T *)dy, part, S, cvt, chunks);
+    }
     SF_CUDA_CHECK_LAUNCH();
     const int nj = S.c * kk;
     k_sum_partials<T><<<cu_blocks((size_t)nj * 32, CU_TPB), CU_TPB, 0, s>>>(part, chunks, nj, nj, (T *)dw, NULL);

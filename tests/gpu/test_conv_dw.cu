@@ -3,11 +3,14 @@
  * (sf_ref_conv2d_gd_* with groups = c = oc): forward (with and without
  * bias), backward-data and backward-filter, fp32 (relative error < 1e-5)
  * and bf16 (max |out - ref| <= 1e-2 max |ref|: check_max); EfficientNet-B0's
- * and MobileNet-V2's depthwise shapes scaled down (k 3 and 5, stride 1 and
- * 2), odd map sizes, channel counts that are odd or not a multiple of 8 (the
- * one-channel-per-thread kernels), more channels than one tile, tensors one
- * element past an aligned address (the same fallback), a batch with more
- * output rows than the backward-filter has blocks; the filter gradient
+ * and MobileNet-V2's depthwise shapes scaled down (k 3, 5 and 7, stride 1
+ * and 2), odd map sizes, maps narrower than a thread's strip of columns,
+ * n = 1, channel counts that are a multiple of 8 (the 16-byte kernels, also
+ * with several channel tiles, full and partial), not a multiple of 8 or odd
+ * (the two- and one-channel-per-thread kernels), tensors one element past an
+ * aligned address (the same fallback), a batch with more output rows than
+ * the backward-filter has blocks, a map with many work items per block; the
+ * filter gradient
  * twice, bit for bit the same; and refused shapes (an even k, stride 3, a
  * kernel larger than SF_CONV_DW_KMAX) that leave an error naming the shape.
  * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any
@@ -151,6 +154,21 @@ static void run_cases(cudaStream_t s)
         {1, 13, 10, 9, 3, 2, 0},   /* odd channels, stride 2, no padding */
         {3, 1, 17, 5, 3, 1, 1},    /* one channel */
         {8, 16, 150, 20, 3, 1, 1}, /* 1200 output rows: more than the filter gradient's 1024 chunks */
+        /* the 16-byte kernels (channels a multiple of 8, or of 4 in fp32): k7 at both strides,
+         * n = 1, maps narrower than one strip of four columns and not a multiple of it */
+        {2, 64, 9, 11, 7, 2, 3},   /* k7 stride 2, odd map */
+        {2, 48, 10, 13, 7, 1, 3},  /* k7 stride 1 */
+        {1, 40, 7, 7, 5, 1, 2},    /* EfficientNet-B0's 7x7 k5, one sample */
+        {2, 16, 5, 5, 5, 2, 0},    /* stride 2, no padding, a 1x1 output */
+        {2, 8, 8, 8, 7, 2, 6},     /* pad k - 1: output pixels that see one input column */
+        {1, 24, 3, 3, 3, 1, 0},    /* a 1x1 output */
+        /* more channels than one 128-channel tile: 272 = 8 * 34 has no divisor of the tile
+         * width between 8 and 16 vectors (a partial last tile in bf16); 336 = 8 * 42 splits
+         * into three full tiles of 14 vectors */
+        {2, 272, 7, 7, 5, 1, 2},
+        {1, 336, 5, 6, 3, 2, 1},
+        {2, 672, 14, 14, 5, 2, 2}, /* EfficientNet-B0's widest strided k5 */
+        {4, 8, 180, 180, 3, 2, 1}, /* 130k input pixels, few channels: many work items per block */
     };
     for (const auto &cc : cases)
         for (int dt = 0; dt < 2; dt++)
@@ -161,6 +179,8 @@ static void run_cases(cudaStream_t s)
     test_dw(s, cases[2], SF_DT_BF16, 1, 0);
     test_dw(s, cases[0], SF_DT_BF16, 0, 1);
     test_dw(s, cases[1], SF_DT_F32, 1, 1);
+    test_dw(s, cases[10], SF_DT_BF16, 1, 1);
+    test_dw(s, cases[11], SF_DT_BF16, 1, 0);
     test_dw_refused(s, {2, 8, 8, 8, 4, 1, 1}, "even k");
     test_dw_refused(s, {2, 8, 8, 8, 3, 3, 1}, "stride 3");
     test_dw_refused(s, {2, 8, 12, 12, 9, 1, 4}, "k above SF_CONV_DW_KMAX");

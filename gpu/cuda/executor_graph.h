@@ -166,6 +166,7 @@ typedef struct gshape {
      * direction (sf_linear_lt_dir); NULL: the cuBLAS path */
     sf_linear_lt *lt[SF_MAX_LAYERS][2][2];
     int lt_n[2], lt_of[2];                   /* by direction: GEMMs on cuBLASLt, of those it was tried for */
+    int lt_b16;                              /* forward plans on the bias's bf16 copy (fp32 had none) */
     char lt_why[200];                        /* why the first of the others is not ("" when none) */
 } gshape;
 

@@ -277,7 +277,17 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
         for (int dir = 0; dir < 2; dir++) {
             char why[160] = "";
             S->lt_of[dir]++;
-            if (sf_linear_lt_create(&S->lt[i][j][dir], net->lt, &d, (sf_linear_lt_dir)dir, why, sizeof why)) {
+            int rc = sf_linear_lt_create(&S->lt[i][j][dir], net->lt, &d, (sf_linear_lt_dir)dir, why, sizeof why);
+            if (rc && dir == SF_LT_FWD && g->dt == SF_DT_BF16) {
+                /* the bias's bf16 copy (wd holds every parameter), as autocast reads it */
+                sf_linear_lt_desc d16 = d;
+                d16.b = E(g->wd, L->p_off[bslot], g->es);
+                d16.b_bf16 = 1;
+                char why16[160] = "";
+                rc = sf_linear_lt_create(&S->lt[i][j][dir], net->lt, &d16, SF_LT_FWD, why16, sizeof why16);
+                S->lt_b16 += rc == 0;
+            }
+            if (rc) {
                 if (!S->lt_why[0])
                     snprintf(S->lt_why, sizeof S->lt_why, "layer %d: %s", i, why);
                 continue;
@@ -525,9 +535,10 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         const int all = S->lt_n[0] == S->lt_of[0] && S->lt_n[1] == S->lt_of[1];
         int w = snprintf(buf + at, len - at,
                          "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS) and "
-                         "%d of %d weight-gradient GEMMs (epilogue BGRADB)%s%s\n",
-                         S->lt_n[0], S->lt_of[0], S->lt_n[1], S->lt_of[1], all ? "" : ", the others on cuBLAS: ",
-                         all ? "" : S->lt_why);
+                         "%d of %d weight-gradient GEMMs (epilogue BGRADB)%s%s%s\n",
+                         S->lt_n[0], S->lt_of[0], S->lt_n[1], S->lt_of[1],
+                         S->lt_b16 ? "; forward biases read as their bf16 copies (no plan with fp32 ones)" : "",
+                         all ? "" : ", the others on cuBLAS: ", all ? "" : S->lt_why);
         if (w > 0)
             at += (size_t)w;
     }

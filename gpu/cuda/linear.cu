@@ -278,8 +278,9 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
         return -1;
     }
     if (d->rows < 1 || d->in < 1 || d->out < 1 || d->align_act < 1 || d->align_act > 256 ||
-        (d->align_act & (d->align_act - 1))) {
-        snprintf(why, why_len, "shape %d x %d -> %d, activation alignment %d", d->rows, d->in, d->out, d->align_act);
+        (d->align_act & (d->align_act - 1)) || (d->b_bf16 && (dir != SF_LT_FWD || d->dt != SF_DT_BF16))) {
+        snprintf(why, why_len, "shape %d x %d -> %d, activation alignment %d, bf16 bias %d", d->rows, d->in, d->out,
+                 d->align_act, d->b_bf16);
         return -1;
     }
     sf_linear_lt *p = (sf_linear_lt *)calloc(1, sizeof *p);
@@ -292,7 +293,7 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
     const int fwd = dir == SF_LT_FWD;
     const void *bias = fwd ? (const void *)d->b : (const void *)d->db;
     const cublasOperation_t opn = CUBLAS_OP_N, opt = CUBLAS_OP_T;
-    const cudaDataType_t bt = CUDA_R_32F, dtype = fwd ? t : CUDA_R_32F;
+    const cudaDataType_t bt = d->b_bf16 ? CUDA_R_16BF : CUDA_R_32F, dtype = fwd ? t : CUDA_R_32F;
     const cublasLtEpilogue_t epi = !bias ? CUBLASLT_EPILOGUE_DEFAULT : fwd ? CUBLASLT_EPILOGUE_BIAS
                                                                           : CUBLASLT_EPILOGUE_BGRADB;
     LT_PLAN(cublasLtMatmulDescCreate(&p->md, ct, CUDA_R_32F));
@@ -304,7 +305,7 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
     LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (bias) {
         LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-        const int32_t bt32 = (int32_t)bt; /* fp32 even beside bf16 outputs (default: D's type) */
+        const int32_t bt32 = (int32_t)bt; /* fp32 even beside bf16 outputs unless b_bf16 (default: D's type) */
         LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt32, sizeof bt32));
     }
     if (fwd) {
@@ -355,7 +356,7 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
     if (st != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
         snprintf(why, why_len, "no cuBLASLt algorithm for %s %d x %d -> %d %s%s (%s)", fwd ? "fwd" : "wgrad",
                  d->rows, d->in, d->out, d->dt == SF_DT_BF16 ? "bf16" : d->tf32 ? "tf32" : "fp32",
-                 !bias ? "" : fwd ? " +bias" : " +bias gradient",
+                 !bias ? "" : !fwd ? " +fp32 bias gradient" : d->b_bf16 ? " +bf16 bias" : " +fp32 bias",
                  cublasGetStatusString(st != CUBLAS_STATUS_SUCCESS ? st : found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED
                                                                                      : res.state));
         sf_linear_lt_destroy(p);

@@ -88,7 +88,8 @@ int sf_linear_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n,
  * computes dw^T = x^T . dy column-major, so dy is its B operand and the rows
  * are its k dimension, which BGRADB reduces). Row-major as above; the same
  * operand and compute types as the cuBLAS functions (sf_cublas_types), the
- * bias, its gradient and dw fp32 whatever dt is. Without a bias (b or db
+ * bias, its gradient and dw fp32 whatever dt is (a bf16 forward may instead
+ * read a bf16 bias, b_bf16, as autocast's linear does). Without a bias (b or db
  * NULL) the GEMM has the default epilogue. A bf16 forward excludes the
  * reduction schemes that sum split-K partials in the output type (the Lt form
  * of CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
@@ -108,7 +109,8 @@ typedef struct sf_linear_lt_desc {
     sf_dtype dt;
     int tf32;         /* fp32: TF32 tensor cores */
     int rows, in, out; /* x [rows, in], w [out, in], y and dy [rows, out] */
-    const float *b;   /* SF_LT_FWD: the bias [out] (NULL: none) */
+    const void *b;    /* SF_LT_FWD: the bias [out], fp32 or (b_bf16) bf16 (NULL: none) */
+    int b_bf16;       /* SF_LT_FWD with dt bf16: b holds bf16 values */
     float *db;        /* SF_LT_WGRAD: the bias gradient [out] it writes (NULL: none) */
     const void *w;    /* SF_LT_FWD: the weight the calls pass (its alignment is planned for) */
     float *dw;        /* SF_LT_WGRAD: the weight gradient the calls pass (likewise) */

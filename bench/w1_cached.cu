@@ -11,7 +11,7 @@
  *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
  * Run: build/w1_cached [--preset seed-classifier | --spec FILE] [--hw N] [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
  *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
- *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--s2d 1|0] [--bn-fuse 1|0] [--dw 1|0] [--lt 1|0] [--tune 8] [--profile 0|1|2]
+ *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--s2d 1|0] [--bn-fuse 1|0] [--dw 1|0] [--lt 1|2|0] [--tune 8] [--profile 0|1|2]
  * --spec takes a model spec JSON file, or the config.json `python -m
  * streamfeed.export` writes (its model.spec), in place of a preset, so an
  * exported model's per-op profile can be read the same way.
@@ -23,7 +23,9 @@
  * gpu/cuda/conv_dw.h's kernels against it (the same-run comparison).
  * --lt 0 runs linear layers (and self_attention's projections) as cuBLAS
  * GEMMs plus the bias kernels instead of cuBLASLt GEMMs with the bias and its
- * gradient in their epilogues (gpu/cuda/linear.h).
+ * gradient in their epilogues (gpu/cuda/linear.h); --lt 2 keeps the
+ * cuBLASLt forwards but runs the weight gradients as cuBLAS GEMMs plus the
+ * bias-gradient kernel.
  * Exits 0 with "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
@@ -201,7 +203,8 @@ int main(int argc, char **argv)
     nc.no_fuse = !fuse;
     nc.no_thin = !thin;
     nc.no_dw = !dw;
-    nc.no_lt = !lt;
+    nc.no_lt = lt == 0;
+    nc.no_lt_wgrad = lt == 2;
     nc.no_patch = !patch;
     nc.no_s2d = !s2d;
     nc.no_bn_fuse = !bn_fuse;

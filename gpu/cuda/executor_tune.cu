@@ -277,6 +277,11 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
         for (int dir = 0; dir < 2; dir++) {
             char why[160] = "";
             S->lt_of[dir]++;
+            if (dir == SF_LT_WGRAD && net->cfg.no_lt_wgrad) {
+                if (!S->lt_why[0])
+                    snprintf(S->lt_why, sizeof S->lt_why, "the weight gradients by executor switch no_lt_wgrad");
+                continue;
+            }
             int rc = sf_linear_lt_create(&S->lt[i][j][dir], net->lt, &d, (sf_linear_lt_dir)dir, why, sizeof why);
             if (rc && dir == SF_LT_FWD && g->dt == SF_DT_BF16) {
                 /* the bias's bf16 copy (wd holds every parameter), as autocast reads it */

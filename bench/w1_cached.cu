@@ -11,7 +11,7 @@
  *        -o build/w1_cached -lcjson -lcudnn -lcublasLt -lcublas
  * Run: build/w1_cached [--preset seed-classifier | --spec FILE] [--hw N] [--batch 32] [--precision tf32|fp32|bf16] [--layout nhwc|nchw]
  *                      [--graphs 1|0] [--iters 100] [--warmup 10] [--momentum 0]
- *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--s2d 1|0] [--bn-fuse 1|0] [--dw 1|0] [--tune 8] [--profile 0|1|2]
+ *                      [--fork 1|0] [--fuse 1|0] [--thin 1|0] [--patch 1|0] [--s2d 1|0] [--bn-fuse 1|0] [--dw 1|0] [--lt 1|2|0] [--tune 8] [--profile 0|1|2]
  * --spec takes a model spec JSON file, or the config.json `python -m
  * streamfeed.export` writes (its model.spec), in place of a preset, so an
  * exported model's per-op profile can be read the same way.
@@ -21,6 +21,11 @@
  * cudaProfilerStart/Stop, for `ncu --profile-from-start off`.
  * --dw 0 keeps depthwise NHWC convolutions on cuDNN, never timing
  * gpu/cuda/conv_dw.h's kernels against it (the same-run comparison).
+ * --lt 0 runs linear layers (and self_attention's projections) as cuBLAS
+ * GEMMs plus the bias kernels instead of cuBLASLt GEMMs with the bias and its
+ * gradient in their epilogues (gpu/cuda/linear.h); --lt 2 keeps the
+ * cuBLASLt forwards but runs the weight gradients as cuBLAS GEMMs plus the
+ * bias-gradient kernel.
  * Exits 0 with "SKIPPED: no CUDA device" without a GPU.
  */
 extern "C" {
@@ -87,7 +92,7 @@ static int model_from_file(const char *path, sf_model *m, char *err, size_t errl
 
 int main(int argc, char **argv)
 {
-    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, patch = 1, s2d = 1, bn_fuse = 1, dw = 1, profile = 0;
+    int batch = 32, tf32 = 1, bf16 = 0, graphs = 1, iters = 100, warmup = 10, tune = 8, fork = 1, fuse = 1, thin = 1, patch = 1, s2d = 1, bn_fuse = 1, dw = 1, lt = 1, profile = 0;
     float momentum = 0.f;
     const char *preset = "seed-classifier", *spec = NULL;
     int hw = 0; /* 0: the preset's own input size */
@@ -109,6 +114,7 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--fuse")) fuse = atoi(v);
         else if (!strcmp(k, "--thin")) thin = atoi(v);
         else if (!strcmp(k, "--dw")) dw = atoi(v);
+        else if (!strcmp(k, "--lt")) lt = atoi(v);
         else if (!strcmp(k, "--patch")) patch = atoi(v);
         else if (!strcmp(k, "--s2d")) s2d = atoi(v);
         else if (!strcmp(k, "--bn-fuse")) bn_fuse = atoi(v);
@@ -197,6 +203,8 @@ int main(int argc, char **argv)
     nc.no_fuse = !fuse;
     nc.no_thin = !thin;
     nc.no_dw = !dw;
+    nc.no_lt = lt == 0;
+    nc.no_lt_wgrad = lt == 2;
     nc.no_patch = !patch;
     nc.no_s2d = !s2d;
     nc.no_bn_fuse = !bn_fuse;
@@ -221,9 +229,9 @@ int main(int argc, char **argv)
     CU(cudaEventElapsedTime(&ms, e0, e1));
     const double sps = 1000.0 * iters / ms;
     const char *pn = bf16 ? "bf16" : tf32 ? "tf32" : "fp32", *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
-    printf("w1_cached %s %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d s2d=%d bn_fuse=%d dw=%d: %.1f steps/s "
+    printf("w1_cached %s %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d s2d=%d bn_fuse=%d dw=%d lt=%d: %.1f steps/s "
            "(%.3f ms/step, last loss %.4f)%s\n",
-           preset, prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, patch, s2d, bn_fuse, dw, sps, ms / iters, hres->loss,
+           preset, prop.name, batch, pn, ln, graphs, momentum, fork, fuse, thin, patch, s2d, bn_fuse, dw, lt, sps, ms / iters, hres->loss,
            graphs && sf_net_graph_error(net)[0] ? " [graph capture failed: eager]" : "");
     printf("{\"bench\":\"w1_cached\",\"device\":\"%s\",\"batch\":%d,\"precision\":\"%s\",\"layout\":\"%s\","
            "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",

@@ -52,6 +52,7 @@ typedef struct sf_exec_switches {
     int force_dw;   /* CUDA: depthwise NHWC convolutions on gpu/cuda/conv_dw.h's kernels in every direction, untimed */
     int no_s2d;     /* CUDA: strided few-channel convolutions as they are, not gpu/cuda/conv_s2d.h's space-to-depth form */
     int no_bn_fuse; /* CUDA: a batchnorm's residual add, or its ReLU + maxpool, as kernels of their own */
+    int no_lt;      /* CUDA: linear layers' bias and bias gradient as kernels of their own, not in cuBLASLt GEMMs */
 } sf_exec_switches;
 
 /* Which nvJPEG backend decodes encoded batches on CUDA (jpeg.decoder). AUTO

@@ -437,6 +437,7 @@ static void build_net_cfg(const cuda_ctx *c, const sf_train_cfg *cfg, sf_net_cfg
     nc->force_dw = cfg->sw.force_dw;
     nc->no_s2d = cfg->sw.no_s2d;
     nc->no_bn_fuse = cfg->sw.no_bn_fuse;
+    nc->no_lt = cfg->sw.no_lt;
     nc->keep_relu = cfg->sw.keep_relu;
     nc->allow_rtc = cfg->sw.allow_rtc;
     nc->seed = cfg->seed;

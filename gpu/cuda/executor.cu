@@ -14,7 +14,9 @@
  * Per layer kind: conv2d and conv_transpose2d through cuDNN's graph API (plans
  * built and timed per batch size, cuDNN's fused conv+bias+ReLU forward where it
  * times faster than conv + our epilogue kernel, backward-filter on a side
- * stream beside backward-data), linear through cuBLAS, batchnorm, pooling, add,
+ * stream beside backward-data), linear through cuBLASLt with the bias and its
+ * gradient in the GEMMs' epilogues where it has a plan (else cuBLAS and our
+ * bias kernels; executor_tune.cu's g_lt_wants says which), batchnorm, pooling, add,
  * ReLU and the other activations, products (mul, layer_scale), concat,
  * dropout and the losses through our kernels (the *.cu files beside this one).
  * A Vision Transformer's token sequences ([n, t, c], token-major: an NHWC
@@ -177,6 +179,46 @@ static int g_sdpa_failed(int i, const char *what)
     return -1;
 }
 
+/* Projection j of layer i (a linear layer's 0; self_attention's input
+ * projection 0, output projection 1: weight slot 2j, bias slot 2j+1) over
+ * rows x [rows, in] -> y [rows, out], with its bias: one cuBLASLt GEMM with
+ * the bias in its epilogue where S has the plan and the pointers are as
+ * aligned as it assumed, else the cuBLAS GEMM and the bias kernel. */
+static int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void *x, int rows, int in, int out,
+                           void *y, cudaStream_t s)
+{
+    const sf_layer *L = &net->m.layers[i];
+    const sf_dtype dt = net->g->dt;
+    const sf_linear_lt *p = S->lt[i][j][SF_LT_FWD];
+    const int rc = p ? sf_linear_lt_fwd(p, net->lt, x, g_wslot(net, i, 2 * j), y, net->blas_ctx.ws, s) : 1;
+    if (rc <= 0)
+        return rc;
+    return sf_linear_fwd_dt(net->blas, dt, x, rows, in, g_wslot(net, i, 2 * j), out, y, net->cfg.tf32) ||
+                   sf_cuda_bias_act_dt(dt, y, net->params + L->p_off[2 * j + 1], (size_t)rows, out, 1, 0, s)
+               ? -1
+               : 0;
+}
+
+/* Its weight gradient and bias gradient (fp32, overwritten) from x and dy
+ * [rows, out]: one cuBLASLt GEMM with the bias gradient in its epilogue, or
+ * the bias-gradient kernel and the cuBLAS GEMM, as g_lt_linear_fwd. */
+static int g_lt_linear_wgrad(sf_cuda_net *net, gshape *S, int i, int j, const void *x, void *dy, int rows,
+                             int in, int out, cudaStream_t s)
+{
+    const sf_layer *L = &net->m.layers[i];
+    const sf_dtype dt = net->g->dt;
+    float *G = net->grads;
+    const sf_linear_lt *p = S->lt[i][j][SF_LT_WGRAD];
+    const int rc = p ? sf_linear_lt_wgrad(p, net->lt, x, dy, G + L->p_off[2 * j], net->blas_ctx.ws, s) : 1;
+    if (rc <= 0)
+        return rc;
+    return sf_cuda_bias_grad_dt(dt, dy, NULL, (size_t)rows, out, 1, G + L->p_off[2 * j + 1],
+                                (float *)net->g->scratch, s) ||
+                   sf_linear_bwd_filter_dt(net->blas, dt, x, rows, in, dy, out, G + L->p_off[2 * j], net->cfg.tf32)
+               ? -1
+               : 0;
+}
+
 /* self_attention layer i (nn.MultiheadAttention): qkv = x W_in^T + b_in over
  * the n*t tokens, the heads (cuDNN's fused attention or the materialised
  * core), y = o W_out^T + b_out. qkv and o stay for the backward. */
@@ -186,9 +228,7 @@ static int g_attention_fwd(sf_cuda_net *net, gshape *S, int i, int n, const void
     const sf_layer *L = &net->m.layers[i];
     gop *o = &g->op[i];
     const int t = L->in_h, c = L->in_c, rows = n * t, tf32 = net->cfg.tf32;
-    const float *P = net->params;
-    if (sf_linear_fwd_dt(net->blas, g->dt, x, rows, c, g_wslot(net, i, 0), 3 * c, o->qkv, tf32) ||
-        sf_cuda_bias_act_dt(g->dt, o->qkv, P + L->p_off[1], (size_t)rows, 3 * c, 1, 0, s))
+    if (g_lt_linear_fwd(net, S, i, 0, x, rows, c, 3 * c, o->qkv, s))
         return -1;
     if (o->sdpa) {
         if (sf_sdpa_fwd(S->sdpa[i], net->dnn, o->qkv, o->att_o, o->att_stats, ws, s))
@@ -196,10 +236,7 @@ static int g_attention_fwd(sf_cuda_net *net, gshape *S, int i, int n, const void
     } else if (sf_attn_core_fwd(net->blas, g->dt, o->qkv, n, t, c, L->heads, g->att_s, o->att_p, o->att_o, tf32, s)) {
         return -1;
     }
-    return sf_linear_fwd_dt(net->blas, g->dt, o->att_o, rows, c, g_wslot(net, i, 2), c, o->y, tf32) ||
-                   sf_cuda_bias_act_dt(g->dt, o->y, P + L->p_off[3], (size_t)rows, c, 1, 0, s)
-               ? -1
-               : 0;
+    return g_lt_linear_fwd(net, S, i, 1, o->att_o, rows, c, c, o->y, s);
 }
 
 /* Its backward from the forward's qkv and o (and weights or statistics):
@@ -212,9 +249,7 @@ static int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, voi
     gop *o = &g->op[i];
     const int t = L->in_h, c = L->in_c, rows = n * t, tf32 = net->cfg.tf32;
     const sf_dtype dt = g->dt;
-    float *G = net->grads;
-    if (sf_cuda_bias_grad_dt(dt, o->dy, NULL, (size_t)rows, c, 1, G + L->p_off[3], (float *)g->scratch, s) ||
-        sf_linear_bwd_filter_dt(net->blas, dt, o->att_o, rows, c, o->dy, c, G + L->p_off[2], tf32) ||
+    if (g_lt_linear_wgrad(net, S, i, 1, o->att_o, o->dy, rows, c, c, s) ||
         sf_linear_bwd_data_dt(net->blas, dt, o->dy, rows, c, g_wslot(net, i, 2), c, g->att_do, tf32))
         return -1;
     if (o->sdpa) {
@@ -224,9 +259,7 @@ static int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, voi
                                 tf32, s)) {
         return -1;
     }
-    if (sf_cuda_bias_grad_dt(dt, g->att_dqkv, NULL, (size_t)rows, 3 * c, 1, G + L->p_off[1], (float *)g->scratch, s) ||
-        sf_linear_bwd_filter_dt(net->blas, dt, g_in(net, i, 0, b), rows, c, g->att_dqkv, 3 * c, G + L->p_off[0],
-                                tf32))
+    if (g_lt_linear_wgrad(net, S, i, 0, g_in(net, i, 0, b), g->att_dqkv, rows, c, 3 * c, s))
         return -1;
     return dx && sf_linear_bwd_data_dt(net->blas, dt, g->att_dqkv, rows, c, g_wslot(net, i, 0), 3 * c, dx, tf32) ? -1
                                                                                                                 : 0;
@@ -375,6 +408,12 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         case SF_L_LINEAR: /* over features (hw = 1), per pixel over a map's channels, or per token */
+            if (S->lt[i][0][SF_LT_FWD]) { /* one GEMM over the n * out_h * out_w rows, the bias inside */
+                const int rc = g_lt_linear_fwd(net, S, i, 0, x, n * L->out_h * L->out_w, L->in_c, L->out_c, o->y, s);
+                if (rc < 0)
+                    return -1;
+                break;
+            }
             if (sf_linear_map_fwd_dt(net->blas, dt, g_lay_of(g, i), x, n, (size_t)L->out_h * L->out_w, L->in_c,
                                      g_wd(net, i), L->out_c, o->y, net->cfg.tf32))
                 return -1;
@@ -666,7 +705,8 @@ static int g_convt_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const v
 
 /* Backward of linear layer i: bias gradient, weight gradient and (when
  * wanted) the input's. */
-static int g_linear_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, void *dx, cudaStream_t s)
+static int g_linear_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const void *ymask, void *dx,
+                        cudaStream_t s)
 {
     gen_net *g = net->g;
     const sf_layer *L = &net->m.layers[i];
@@ -677,11 +717,15 @@ static int g_linear_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask
     const size_t hw = (size_t)L->out_h * L->out_w;
     const sf_layout ll = g_lay_of(g, i);
     g_view_of(g, i, n, hw, &outer, &inner);
-    if ((L->n_b || o->relu) &&
+    if (S->lt[i][0][SF_LT_WGRAD]) { /* no ReLU folded in (g_lt_wants): dy is the GEMM's operand as it is */
+        if (g_lt_linear_wgrad(net, S, i, 0, g_in(net, i, 0, b), o->dy, (int)((size_t)n * hw), L->in_c, L->out_c, s))
+            return -1;
+    } else if ((L->n_b || o->relu) &&
         sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
                              (float *)g->scratch, s))
         return -1;
-    if (sf_linear_map_bwd_filter_dt(net->blas, dt, ll, g_in(net, i, 0, b), n, hw, L->in_c, o->dy, L->out_c,
+    if (!S->lt[i][0][SF_LT_WGRAD] &&
+        sf_linear_map_bwd_filter_dt(net->blas, dt, ll, g_in(net, i, 0, b), n, hw, L->in_c, o->dy, L->out_c,
                                     net->grads + L->w_off, tf32))
         return -1;
     if (dx && sf_linear_map_bwd_data_dt(net->blas, dt, ll, o->dy, n, hw, L->in_c, g_wd(net, i), L->out_c, dx,
@@ -801,7 +845,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_LINEAR:
-            if (g_linear_bwd(net, i, b, n, ymask, dx, s))
+            if (g_linear_bwd(net, S, i, b, n, ymask, dx, s))
                 return -1;
             break;
         case SF_L_LAYERNORM2D:
@@ -1197,6 +1241,12 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
     net->blas = blas->h;
     net->blas_ctx = *blas;
     net->s = s;
+    if (cublasLtCreate(&net->lt) != CUBLAS_STATUS_SUCCESS) {
+        sf_cuda_set_error("%s:%d: cublasLtCreate failed", __FILE__, __LINE__);
+        net->lt = NULL;
+        sf_net_destroy(net);
+        return -1;
+    }
     /* The side stream (forked backward-filter) shares the compute stream's priority. */
     int prio = 0;
     cudaStreamGetPriority(s, &prio);
@@ -1251,6 +1301,8 @@ extern "C" void sf_net_destroy(sf_cuda_net *net)
     if (net->s)
         cudaStreamSynchronize(net->s);
     g_destroy(net);
+    if (net->lt)
+        cublasLtDestroy(net->lt);
     if (net->side) {
         cudaStreamSynchronize(net->side);
         cudaStreamDestroy(net->side);

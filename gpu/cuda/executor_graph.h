@@ -39,6 +39,7 @@ struct sf_cuda_net {
     cudnnHandle_t dnn;
     cublasHandle_t blas;
     sf_cublas_ctx blas_ctx; /* blas and its workspace, lent to GEMM conv plans (sf_conv_desc.blas) */
+    cublasLtHandle_t lt;    /* the cuBLASLt linear plans' (gshape.lt); they run on s with blas_ctx.ws */
     cudaStream_t s;
 
     float *params, *grads, *mom; /* [n_params] each, the device layout (see the top) */
@@ -160,6 +161,13 @@ typedef struct gshape {
     cudaGraphExec_t exec[SF_NET_MAX_BUF][3]; /* [b][k]: k = do_opt (training), 2 (evaluation) */
     sf_sdpa_plan *sdpa[SF_MAX_LAYERS];       /* self_attention layers with sdpa: their fused plans */
     size_t sdpa_ws;                          /* the largest of their workspaces (the main one) */
+    /* cuBLASLt plans (linear.h) by layer, projection (a linear layer's 0;
+     * self_attention's input projection 0, output projection 1) and
+     * direction (sf_linear_lt_dir); NULL: the cuBLAS path */
+    sf_linear_lt *lt[SF_MAX_LAYERS][2][2];
+    int lt_n[2], lt_of[2];                   /* by direction: GEMMs on cuBLASLt, of those it was tried for */
+    int lt_b16;                              /* forward plans on the bias's bf16 copy (fp32 had none) */
+    char lt_why[200];                        /* why the first of the others is not ("" when none) */
 } gshape;
 
 struct gen_net {

@@ -220,8 +220,86 @@ void gshape_destroy(gshape *S)
             sf_conv_plan_destroy(&S->cp[i][d]);
         sf_convt_plans_destroy(&S->tp[i]);
         sf_sdpa_plan_destroy(S->sdpa[i]);
+        for (int j = 0; j < 2; j++)
+            for (int d = 0; d < 2; d++)
+                sf_linear_lt_destroy(S->lt[i][j][d]);
     }
     free(S);
+}
+
+/* Whether layer i's GEMMs run on cuBLASLt with the bias in their epilogues:
+ * a trainable layer (a frozen one runs on the transform stream, whose
+ * workspace the cuBLAS handle's is not) whose GEMM has the rows of one
+ * matrix (flat features, an NHWC map, tokens; an NCHW map over channels is
+ * one GEMM per sample), a bias to fuse and no ReLU folded into it (whose
+ * mask the bias gradient would need first). self_attention's projections
+ * always have their biases. */
+static int g_lt_wants(const sf_cuda_net *net, int i)
+{
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &net->g->op[i];
+    if (net->cfg.no_lt || o->frozen)
+        return 0;
+    if (L->kind == SF_L_SELF_ATTENTION)
+        return 1;
+    const int rows = o->tok || net->g->lay == SF_LAYOUT_NHWC || L->out_h * L->out_w == 1;
+    return L->kind == SF_L_LINEAR && L->n_b > 0 && !o->relu && rows;
+}
+
+/* The cuBLASLt plans of layer i for n samples, both directions of each of
+ * its GEMMs; a direction cuBLASLt has no plan for keeps the cuBLAS path and
+ * our bias kernel (the directions are independent: each reads and writes
+ * the same tensors either way), and the first such reason is kept for
+ * describe. Activations sit at 256-byte offsets of their arenas or
+ * allocations; 16 bytes is what the plans assume of them, and a call below
+ * it takes the cuBLAS path (sf_linear_lt_fwd). */
+static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
+{
+    const sf_layer *L = &net->m.layers[i];
+    const gen_net *g = net->g;
+    const int attn = L->kind == SF_L_SELF_ATTENTION;
+    const int rows = n * (attn ? L->in_h : L->out_h * L->out_w);
+    for (int j = 0; j < (attn ? 2 : 1); j++) {
+        const int wslot = attn ? 2 * j : 0, bslot = wslot + 1;
+        sf_linear_lt_desc d;
+        memset(&d, 0, sizeof d);
+        d.dt = g->dt;
+        d.tf32 = net->cfg.tf32;
+        d.rows = rows;
+        d.in = L->in_c;
+        d.out = attn ? (j ? L->in_c : 3 * L->in_c) : L->out_c;
+        d.b = net->params + L->p_off[bslot];
+        d.db = net->grads + L->p_off[bslot];
+        d.w = E(g->wd, L->p_off[wslot], g->es);
+        d.dw = net->grads + L->p_off[wslot];
+        d.align_act = 16;
+        d.ws_bytes = net->blas_ctx.ws_bytes;
+        for (int dir = 0; dir < 2; dir++) {
+            char why[160] = "";
+            S->lt_of[dir]++;
+            if (dir == SF_LT_WGRAD && net->cfg.no_lt_wgrad) {
+                if (!S->lt_why[0])
+                    snprintf(S->lt_why, sizeof S->lt_why, "the weight gradients by executor switch no_lt_wgrad");
+                continue;
+            }
+            int rc = sf_linear_lt_create(&S->lt[i][j][dir], net->lt, &d, (sf_linear_lt_dir)dir, why, sizeof why);
+            if (rc && dir == SF_LT_FWD && g->dt == SF_DT_BF16) {
+                /* the bias's bf16 copy (wd holds every parameter), as autocast reads it */
+                sf_linear_lt_desc d16 = d;
+                d16.b = E(g->wd, L->p_off[bslot], g->es);
+                d16.b_bf16 = 1;
+                char why16[160] = "";
+                rc = sf_linear_lt_create(&S->lt[i][j][dir], net->lt, &d16, SF_LT_FWD, why16, sizeof why16);
+                S->lt_b16 += rc == 0;
+            }
+            if (rc) {
+                if (!S->lt_why[0])
+                    snprintf(S->lt_why, sizeof S->lt_why, "layer %d: %s", i, why);
+                continue;
+            }
+            S->lt_n[dir]++;
+        }
+    }
 }
 
 /* Plans for batch size n; a plan of workspace kind k may use lim[k] bytes and
@@ -241,6 +319,8 @@ int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3
         const sf_layer *L = &net->m.layers[i];
         const gop *o = &g->op[i];
         const int dirs = g_dirs(o);
+        if (g_lt_wants(net, i))
+            g_lt_plans(net, S, i, n);
         if (L->kind == SF_L_CONV2D) {
             for (int dir = 0; dir < 3; dir++) {
                 if (!(dirs & (1 << dir)))
@@ -453,6 +533,17 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         int w = snprintf(buf + at, len - at, "attention: %d of %d self_attention layers on cuDNN's fused attention%s%s\n",
                          g->n_sdpa, g->n_attn, g->n_sdpa < g->n_attn ? ", the others on the materialised core: " : "",
                          g->n_sdpa < g->n_attn ? g->sdpa_why : "");
+        if (w > 0)
+            at += (size_t)w;
+    }
+    if (at < len && S->lt_of[SF_LT_FWD]) {
+        const int all = S->lt_n[0] == S->lt_of[0] && S->lt_n[1] == S->lt_of[1];
+        int w = snprintf(buf + at, len - at,
+                         "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS) and "
+                         "%d of %d weight-gradient GEMMs (epilogue BGRADB)%s%s%s\n",
+                         S->lt_n[0], S->lt_of[0], S->lt_n[1], S->lt_of[1],
+                         S->lt_b16 ? "; forward biases read as their bf16 copies (no plan with fp32 ones)" : "",
+                         all ? "" : ", the others on cuBLAS: ", all ? "" : S->lt_why);
         if (w > 0)
             at += (size_t)w;
     }

@@ -1,6 +1,9 @@
-/* gpu/cuda/linear.cu — linear layers as cuBLAS GEMMs on row-major tensors.
+/* gpu/cuda/linear.cu — linear layers as cuBLAS GEMMs on row-major tensors,
+ * and as cuBLASLt GEMMs with the bias and its gradient in their epilogues.
  * Contracts in linear.h. */
 #include "linear.h"
+
+#include <stdio.h>
 
 #include "kernel_common.cuh"
 
@@ -219,4 +222,178 @@ extern "C" int sf_linear_map_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, sf_lay
                                           (const char *)dy + es * ni * out * p, t, (int)p, 0, ni ? 1.f : 0.f, dw,
                                           CUDA_R_32F, in, 0, 1, ct));
     return 0;
+}
+
+/* ---- linear layers with the bias inside the GEMM (cuBLASLt) ----------------- */
+
+struct sf_linear_lt {
+    sf_linear_lt_dir dir;
+    cublasLtMatmulDesc_t md;
+    cublasLtMatrixLayout_t a, b, c; /* c describes both C and D (beta = 0: C is never read) */
+    cublasLtMatmulAlgo_t algo;
+    size_t ws_bytes;
+    uint32_t al_a, al_b, al_d; /* the operands' alignments the algorithm was chosen for (bytes) */
+};
+
+extern "C" void sf_linear_lt_destroy(sf_linear_lt *p)
+{
+    if (!p)
+        return;
+    if (p->md) cublasLtMatmulDescDestroy(p->md);
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+    free(p);
+}
+
+/* A cuBLASLt call made while planning: on failure the reason goes to why
+ * (the caller falls back rather than failing) and the plan is dropped. */
+#define LT_PLAN(call)                                                                                  \
+    do {                                                                                               \
+        const cublasStatus_t st_ = (call);                                                             \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                            \
+            snprintf(why, why_len, "%s: %s", #call, cublasGetStatusString(st_));                       \
+            sf_linear_lt_destroy(p);                                                                   \
+            return -1;                                                                                 \
+        }                                                                                              \
+    } while (0)
+
+static uint32_t lt_align(const void *ptr, int cap)
+{
+    uintptr_t a = (uintptr_t)ptr;
+    uint32_t al = 1;
+    while (al < (uint32_t)cap && !(a & al))
+        al <<= 1;
+    return al;
+}
+
+extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, const sf_linear_lt_desc *d,
+                                   sf_linear_lt_dir dir, char *why, size_t why_len)
+{
+    *out = NULL;
+    cudaDataType_t t;
+    cublasComputeType_t ct;
+    if (sf_cublas_types(d->dt, d->tf32, "sf_linear_lt_create", &t, &ct)) {
+        snprintf(why, why_len, "%s", sf_cuda_last_error());
+        return -1;
+    }
+    if (d->rows < 1 || d->in < 1 || d->out < 1 || d->align_act < 1 || d->align_act > 256 ||
+        (d->align_act & (d->align_act - 1)) || (d->b_bf16 && (dir != SF_LT_FWD || d->dt != SF_DT_BF16))) {
+        snprintf(why, why_len, "shape %d x %d -> %d, activation alignment %d, bf16 bias %d", d->rows, d->in, d->out,
+                 d->align_act, d->b_bf16);
+        return -1;
+    }
+    sf_linear_lt *p = (sf_linear_lt *)calloc(1, sizeof *p);
+    if (!p) {
+        snprintf(why, why_len, "out of host memory");
+        return -1;
+    }
+    p->dir = dir;
+    p->ws_bytes = d->ws_bytes;
+    const int fwd = dir == SF_LT_FWD;
+    const void *bias = fwd ? (const void *)d->b : (const void *)d->db;
+    const cublasOperation_t opn = CUBLAS_OP_N, opt = CUBLAS_OP_T;
+    const cudaDataType_t bt = d->b_bf16 ? CUDA_R_16BF : CUDA_R_32F, dtype = fwd ? t : CUDA_R_32F;
+    const cublasLtEpilogue_t epi = !bias ? CUBLASLT_EPILOGUE_DEFAULT : fwd ? CUBLASLT_EPILOGUE_BIAS
+                                                                          : CUBLASLT_EPILOGUE_BGRADB;
+    LT_PLAN(cublasLtMatmulDescCreate(&p->md, ct, CUDA_R_32F));
+    /* column-major, as the cuBLAS functions above: forward y^T [out, rows] =
+     * (w [in, out])^T . x^T [in, rows]; weight gradient dw^T [in, out] =
+     * x^T [in, rows] . (dy^T [out, rows])^T */
+    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSA, fwd ? &opt : &opn, sizeof opt));
+    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSB, fwd ? &opn : &opt, sizeof opt));
+    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    if (bias) {
+        LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+        const int32_t bt32 = (int32_t)bt; /* fp32 even beside bf16 outputs unless b_bf16 (default: D's type) */
+        LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt32, sizeof bt32));
+    }
+    if (fwd) {
+        LT_PLAN(cublasLtMatrixLayoutCreate(&p->a, t, (uint64_t)d->in, (uint64_t)d->out, d->in));
+        LT_PLAN(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)d->in, (uint64_t)d->rows, d->in));
+        LT_PLAN(cublasLtMatrixLayoutCreate(&p->c, dtype, (uint64_t)d->out, (uint64_t)d->rows, d->out));
+    } else {
+        LT_PLAN(cublasLtMatrixLayoutCreate(&p->a, t, (uint64_t)d->in, (uint64_t)d->rows, d->in));
+        LT_PLAN(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)d->out, (uint64_t)d->rows, d->out));
+        LT_PLAN(cublasLtMatrixLayoutCreate(&p->c, dtype, (uint64_t)d->in, (uint64_t)d->out, d->in));
+    }
+    cublasLtMatmulPreference_t pref = NULL;
+    LT_PLAN(cublasLtMatmulPreferenceCreate(&pref));
+    /* Alignments: the weight's (forward A) or weight gradient's (D) own, the
+     * activations' as the caller guarantees them; cuBLASLt assumes 256 bytes
+     * for an operand it is told nothing of. */
+    const uint32_t aact = (uint32_t)d->align_act;
+    const uint32_t aw = fwd ? lt_align(d->w, 256) : aact, ad = fwd ? aact : lt_align(d->dw, 256);
+    p->al_a = aw;
+    p->al_b = aact;
+    p->al_d = ad;
+    const uint64_t wsb = d->ws_bytes;
+    /* a bf16 output keeps "fp32 accumulation, one rounding": no split-K
+     * partials summed in the output type */
+    const uint32_t red = dtype == CUDA_R_16BF ? (uint32_t)(CUBLASLT_REDUCTION_SCHEME_NONE |
+                                                           CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)
+                                              : (uint32_t)CUBLASLT_REDUCTION_SCHEME_MASK;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                                             sizeof wsb);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof aw);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aact,
+                                                  sizeof aact);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad, sizeof ad);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ad, sizeof ad);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red,
+                                                  sizeof red);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    memset(&res, 0, sizeof res);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(lt, p->md, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
+        snprintf(why, why_len, "no cuBLASLt algorithm for %s %d x %d -> %d %s%s (%s)", fwd ? "fwd" : "wgrad",
+                 d->rows, d->in, d->out, d->dt == SF_DT_BF16 ? "bf16" : d->tf32 ? "tf32" : "fp32",
+                 !bias ? "" : !fwd ? " +fp32 bias gradient" : d->b_bf16 ? " +bf16 bias" : " +fp32 bias",
+                 cublasGetStatusString(st != CUBLAS_STATUS_SUCCESS ? st : found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED
+                                                                                     : res.state));
+        sf_linear_lt_destroy(p);
+        return -1;
+    }
+    p->algo = res.algo;
+    *out = p;
+    return 0;
+}
+
+static int lt_run(const sf_linear_lt *p, cublasLtHandle_t lt, const void *A, const void *B, void *D, void *ws,
+                  cudaStream_t s)
+{
+    const float one = 1.f, zero = 0.f;
+    if (lt_align(A, 256) < p->al_a || lt_align(B, 256) < p->al_b || lt_align(D, 256) < p->al_d)
+        return 1;
+    SF_CUBLAS_CHECK(cublasLtMatmul(lt, p->md, &one, A, p->a, B, p->b, &zero, D, p->c, D, p->c, &p->algo, ws,
+                                   p->ws_bytes, s));
+    return 0;
+}
+
+extern "C" int sf_linear_lt_fwd(const sf_linear_lt *p, cublasLtHandle_t lt, const void *x, const void *w, void *y,
+                                void *ws, cudaStream_t s)
+{
+    if (p->dir != SF_LT_FWD) {
+        sf_cuda_set_error("%s:%d: sf_linear_lt_fwd: a weight-gradient plan", __FILE__, __LINE__);
+        return -1;
+    }
+    return lt_run(p, lt, w, x, y, ws, s);
+}
+
+extern "C" int sf_linear_lt_wgrad(const sf_linear_lt *p, cublasLtHandle_t lt, const void *x, const void *dy,
+                                  float *dw, void *ws, cudaStream_t s)
+{
+    if (p->dir != SF_LT_WGRAD) {
+        sf_cuda_set_error("%s:%d: sf_linear_lt_wgrad: a forward plan", __FILE__, __LINE__);
+        return -1;
+    }
+    return lt_run(p, lt, x, dy, dw, ws, s);
 }

@@ -34,8 +34,10 @@
  *    linear/layernorm/gelu/add/dropout on tokens): 3 steps, SGD in fp32
  *    NCHW, AdamW in fp32 NHWC and bf16 NHWC (the materialised attention
  *    core, or cuDNN's fused attention where its plan builds), dropout drawn
- *    alike; and SGD with momentum in bf16 NHWC with mlp_dim=2048, whose
- *    bias gradients need more of the executor's scratch than its layernorms.
+ *    alike, the linear layers and projections on cuBLASLt with the bias in
+ *    the GEMMs (describe must say so); and SGD with momentum in bf16 NHWC
+ *    with mlp_dim=2048 on cuBLAS and the bias kernels (sw.no_lt), whose bias
+ *    gradients need more of the executor's scratch than its layernorms.
  *  - the frozen encoder on the transform stream overlapping the previous
  *    batch's decoder step, in event times (seed-encdec, 256x256).
  * By default each trajectory runs 2 steps (the second is the first with
@@ -839,9 +841,16 @@ int main(int argc, char **argv)
      * bf16 every gradient near the noise does so too (0.6, the bf16 bound of
      * the ResNet trajectories above). The loss does not see the key bias,
      * so its tolerances stay those of the pointwise kinds.
+     * The first three runs' linear layers and attention projections run on
+     * cuBLASLt with the bias in the forward GEMM and the bias gradient in the
+     * weight-gradient GEMM (linear.h): describe must count all 9 forward
+     * GEMMs (4 linear layers, 2 x 2 projections, the head) there, and in
+     * bf16 all 9 weight-gradient GEMMs too (fp32's BGRADB is cuBLASLt's to
+     * offer; describe gives its reason where it does not).
      * The fourth run is SGD with momentum in bf16 (the one-pass mixed
-     * update) on an MLP 32 times wider than the tokens (mlp_dim 2048): with
-     * no batchnorm, the bias gradient's partials (up to 512 chunks of the
+     * update) on an MLP 32 times wider than the tokens (mlp_dim 2048), on
+     * cuBLAS and our bias kernels (sw.no_lt, so that path trains a ViT too):
+     * with no batchnorm, the bias gradient's partials (up to 512 chunks of the
      * widest channel count) are what sizes the executor's scratch, and at
      * 136 token rows they take 0.5 to 1.1 MB where the layernorms need 70 KB; the
      * bf16 SGD tolerances are the ConvNeXt block's. */
@@ -849,14 +858,15 @@ int main(int argc, char **argv)
         const struct {
             sf_precision prec;
             sf_act_layout lay;
-            int adamw, mlp;
+            int adamw, mlp, no_lt;
             const char *name;
             double tol_loss, tol_delta;
         } runs[4] = {
-            {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, 0, 128, "vit-small fp32 nchw sgd", 1e-5, 2e-2},
-            {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, 128, "vit-small fp32 nhwc adamw", 1e-5, 0.1},
-            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 1, 128, "vit-small bf16 nhwc adamw", 2e-2, 0.6},
-            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 0, 2048, "vit-small wide mlp bf16 nhwc sgd momentum", 2e-2, 1e-1},
+            {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, 0, 128, 0, "vit-small fp32 nchw sgd", 1e-5, 2e-2},
+            {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small fp32 nhwc adamw", 1e-5, 0.1},
+            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small bf16 nhwc adamw", 2e-2, 0.6},
+            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 0, 2048, 1, "vit-small wide mlp bf16 nhwc sgd momentum on cuBLAS", 2e-2,
+             1e-1},
         };
         for (int v = 0; v < 4; v++) {
             sf_model m;
@@ -873,10 +883,32 @@ int main(int argc, char **argv)
                 break;
             sf_train_cfg cfg = make_cfg(runs[v].prec, 8, 1, 1);
             cfg.optim = runs[v].adamw ? SF_OPT_ADAMW : SF_OPT_SGD;
+            cfg.sw.no_lt = runs[v].no_lt;
             train_out tc, tr;
             g_layout = runs[v].lay;
             train(cu, m, cfg, bs, 3, tc, init.data());
             g_layout = SF_ACT_LAYOUT_AUTO;
+            if (tc.ok) {
+                static char dd[16384];
+                size_t dev = 0;
+                dd[0] = '\0';
+                int fn = -1, fof = -1, wn = -1, wof = -1;
+                const char *at = NULL;
+                if (cu->i->describe && cu->i->describe(cu, dd, sizeof dd, &dev) == 0 &&
+                    (at = strstr(dd, "linear: cuBLASLt with the bias in the GEMM for ")))
+                    sscanf(at, "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS) "
+                               "and %d of %d", &fn, &fof, &wn, &wof);
+                const int want_w = runs[v].prec == SF_PREC_BF16;
+                if (runs[v].no_lt ? at == NULL
+                                  : fn == 9 && fof == 9 && wof == 9 && (!want_w || wn == 9))
+                    ok("%s: the description counts %d of %d forward and %d of %d weight-gradient GEMMs on cuBLASLt",
+                       runs[v].name, runs[v].no_lt ? 0 : fn, runs[v].no_lt ? 0 : fof, runs[v].no_lt ? 0 : wn,
+                       runs[v].no_lt ? 0 : wof);
+                else
+                    fail("%s: the description's cuBLASLt count is not %s:\n%s", runs[v].name,
+                         runs[v].no_lt ? "absent" : want_w ? "9 of 9 in both directions" : "9 of 9 forward", dd);
+            }
+            cfg.sw.no_lt = 0;
             train(ref, m, cfg, bs, 3, tr, init.data());
             compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
             free_batches(cu, bs);

@@ -451,6 +451,11 @@ def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_p
         n_blocks = sum(layer["type"] == "self_attention" for layer in cfg["model"]["spec"]["layers"])
         assert f"attention: 0 of {n_blocks} self_attention layers on cuDNN's fused attention, the others on the " \
                "materialised core: cuDNN's fused attention is bf16 only" in info["plan"], info["plan"]
+        # Every linear layer and both projections of each attention layer
+        # run forward as cuBLASLt GEMMs with the bias in their epilogue.
+        n_gemms = 2 * n_blocks + sum(layer["type"] == "linear" for layer in cfg["model"]["spec"]["layers"])
+        assert f"linear: cuBLASLt with the bias in the GEMM for {n_gemms} of {n_gemms} forward GEMMs" \
+               in info["plan"], info["plan"]
     torch_side = [model, copy.deepcopy(model)]
     opts = [torch.optim.AdamW(m.parameters()) for m in torch_side]
     rng = np.random.default_rng(11)

@@ -47,6 +47,8 @@ extern "C" {
 
 #include <cuda_runtime.h>
 
+#include "gpu/cuda/exec_switches.h"
+
 static const char *AUG_W3 =
     "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":0.00392156862745098},"
     "{\"op\":\"normalize\",\"mean\":[0.5],\"std\":[0.5]}]";
@@ -113,11 +115,14 @@ int main(int argc, char **argv)
     cfg.overlap = 1;
     cfg.cuda_graphs = graphs;
     cfg.device = 0;
-    cfg.sw.no_patch = !patch;
-    cfg.sw.no_s2d = !s2d;
-    cfg.sw.no_bn_fuse = !bn_fuse;
-    cfg.sw.no_thin = !thin;
-    cfg.sw.no_dw = !dw;
+    sf_exec_switches sw;
+    memset(&sw, 0, sizeof sw);
+    sw.no_patch = !patch;
+    sw.no_s2d = !s2d;
+    sw.no_bn_fuse = !bn_fuse;
+    sw.no_thin = !thin;
+    sw.no_dw = !dw;
+    cfg.sw = &sw;
     cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
     /* the job's store in this process, as rank 0 keeps it (collective/kv_table.h) */
     sf_kv_table *kv = sf_kv_table_new(8, 65536); /* a job of one rank: the NCCL id */

@@ -235,11 +235,24 @@ static int parse_opts(int argc, char **argv, opts *o)
     }
     const int lay_ok = !strcmp(o->layout, "nhwc") || !strcmp(o->layout, "nchw") ||
                        (v == VIA_BACKEND && !strcmp(o->layout, "auto"));
-    if (o->batch < 1 || o->steps < 1 || o->warmup < 0 || (o->hw != 0 && o->hw < 8) || o->bucket_mb < 1 ||
-        o->profile < 0 || o->profile > 2 || !lay_ok || (strcmp(o->optim, "sgd") && strcmp(o->optim, "adamw"))) {
-        fprintf(stderr, "%s: bad --batch/--steps/--warmup/--hw/--bucket-mb/--profile/--layout/--optim\n", tag);
-        return -1;
-    }
+    const struct {
+        int bad;
+        const char *rule;
+    } rules[] = {
+        {o->batch < 1, "--batch is at least 1"},
+        {o->steps < 1, "--iters (--steps) is at least 1"},
+        {o->warmup < 0, "--warmup is at least 0"},
+        {o->hw != 0 && o->hw < 8, "--hw is 0 (the model's own input size) or at least 8"},
+        {o->bucket_mb < 1, "--bucket-mb is at least 1"},
+        {o->profile < 0 || o->profile > 2, "--profile takes 0, 1 or 2"},
+        {!lay_ok, v == VIA_EXECUTOR ? "--layout takes nhwc or nchw" : "--layout takes auto, nhwc or nchw"},
+        {strcmp(o->optim, "sgd") && strcmp(o->optim, "adamw"), "--optim takes sgd or adamw"},
+    };
+    for (const auto &r : rules)
+        if (r.bad) {
+            fprintf(stderr, "%s: %s\n", tag, r.rule);
+            return -1;
+        }
     return 0;
 }
 

@@ -63,6 +63,7 @@ extern "C" {
 #include <string>
 #include <vector>
 
+#include "gpu/cuda/exec_switches.h"
 #include "tests/gpu/gpu_test.h"
 #include "tests/gpu/backend_harness.h"
 
@@ -675,7 +676,10 @@ int main(int argc, char **argv)
                     break;
                 const int bf16 = vb == 2;
                 sf_train_cfg cfg = make_cfg(bf16 ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
-                cfg.sw.force_dw = force_dw;
+                sf_exec_switches sw;
+                memset(&sw, 0, sizeof sw);
+                sw.force_dw = force_dw;
+                cfg.sw = &sw;
                 if (vb >= 1)
                     g_layout = SF_ACT_LAYOUT_NHWC;
                 train_out tc, tr;
@@ -697,7 +701,7 @@ int main(int argc, char **argv)
                     else
                         fail("%s: the description names no depthwise kernel:\n%s", name, dd);
                 }
-                cfg.sw.force_dw = 0;
+                cfg.sw = NULL;
                 train(ref, m, cfg, bs, 3, tr);
                 compare(name, m, tc, tr, 3, bf16 ? 2e-2 : 1e-4, bf16 ? 1e-1 : 2e-2, 0, k == 1);
                 free_batches(cu, bs);
@@ -883,7 +887,10 @@ int main(int argc, char **argv)
                 break;
             sf_train_cfg cfg = make_cfg(runs[v].prec, 8, 1, 1);
             cfg.optim = runs[v].adamw ? SF_OPT_ADAMW : SF_OPT_SGD;
-            cfg.sw.no_lt = runs[v].no_lt;
+            sf_exec_switches sw;
+            memset(&sw, 0, sizeof sw);
+            sw.no_lt = runs[v].no_lt;
+            cfg.sw = &sw;
             train_out tc, tr;
             g_layout = runs[v].lay;
             train(cu, m, cfg, bs, 3, tc, init.data());
@@ -908,7 +915,7 @@ int main(int argc, char **argv)
                     fail("%s: the description's cuBLASLt count is not %s:\n%s", runs[v].name,
                          runs[v].no_lt ? "absent" : want_w ? "9 of 9 in both directions" : "9 of 9 forward", dd);
             }
-            cfg.sw.no_lt = 0;
+            cfg.sw = NULL;
             train(ref, m, cfg, bs, 3, tr, init.data());
             compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
             free_batches(cu, bs);

@@ -385,15 +385,12 @@ static void test_linear_lt_refuses(cublasLtHandle_t lt)
     sf_cuda_clear_error();
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     cublasHandle_t blas;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
-        printf("FAIL setup: cublasCreate\n");
-        return 1;
+        fail("setup", "cublasCreate");
+        return;
     }
     cublasSetStream(blas, s);
     void *bws = dalloc<char>((size_t)32 << 20);
@@ -426,8 +423,8 @@ int main(void)
      * head, the small ViT's, and shapes not multiples of 8 or 16 */
     cublasLtHandle_t lt;
     if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
-        printf("FAIL setup: cublasLtCreate\n");
-        return 1;
+        fail("setup", "cublasLtCreate");
+        return;
     }
     for (int t = 0; t < 3; t++) {
         const sf_dtype dt = t == 2 ? SF_DT_BF16 : SF_DT_F32;
@@ -446,6 +443,6 @@ int main(void)
     }
     test_linear_lt_refuses(lt);
     cublasLtDestroy(lt);
-
-    return finish("test_linear");
 }
+
+int main(void) { return run_op_test("test_linear", run_cases); }

@@ -39,20 +39,9 @@ typedef enum sf_label_dtype { SF_LABEL_U8 = 0, SF_LABEL_I32, SF_LABEL_I64 } sf_l
  * best for the precision and model (the CUDA backend documents its rule). */
 typedef enum sf_act_layout { SF_ACT_LAYOUT_AUTO = 0, SF_ACT_LAYOUT_NCHW, SF_ACT_LAYOUT_NHWC } sf_act_layout;
 
-/* The executor's plan switches, for tests and benchmarks that compare a plan
- * with its plainer variant. The server leaves them zero: the measured best. */
-typedef struct sf_exec_switches {
-    int no_fork;    /* CUDA: backward-filter after backward-data on one stream */
-    int no_fuse;    /* CUDA: no cuDNN fused conv+bias+ReLU forward */
-    int keep_relu;  /* CUDA: ReLUs as separate kernels, not fused into their producers */
-    int allow_rtc;  /* CUDA: consider cuDNN engines compiled at run time */
-    int no_thin;    /* CUDA: thin 1x1 convolutions through cuDNN, not gpu/cuda/conv_thin.h's kernels */
-    int no_patch;   /* CUDA: non-overlapping convolutions' backward through cuDNN, not gpu/cuda/conv_patch.h's */
-    int no_dw;      /* CUDA: depthwise NHWC convolutions on cuDNN alone, not timed against gpu/cuda/conv_dw.h's */
-    int force_dw;   /* CUDA: depthwise NHWC convolutions on gpu/cuda/conv_dw.h's kernels in every direction, untimed */
-    int no_s2d;     /* CUDA: strided few-channel convolutions as they are, not gpu/cuda/conv_s2d.h's space-to-depth form */
-    int no_bn_fuse; /* CUDA: a batchnorm's residual add, or its ReLU + maxpool, as kernels of their own */
-} sf_exec_switches;
+/* The CUDA executor's plan switches (gpu/cuda/exec_switches.h), which tests
+ * and benchmarks set to compare a plan with its plainer variant. */
+struct sf_exec_switches;
 
 /* Which nvJPEG backend decodes encoded batches on CUDA (jpeg.decoder). AUTO
  * is the measured per-batch rule of gpu/cuda/jpeg_decode.h; the others force
@@ -103,7 +92,8 @@ typedef struct sf_train_cfg {
     sf_act_layout layout;   /* CUDA: activation layout (pipeline.layout) */
     int tune_configs;       /* CUDA: cuDNN engine configs timed per convolution when a plan is
                                built (pipeline.cudnn_tune_configs); 0: the default, 8 */
-    sf_exec_switches sw;    /* tests and benchmarks only */
+    const struct sf_exec_switches *sw; /* CUDA: NULL (the server's), or plan switches that
+                                          build reads and does not keep */
     int64_t jpeg_max_batch_pixels; /* most decoded pixels of one encoded batch: the decode
                                       buffers (3 bytes a pixel) are sized from it once; 0: no
                                       encoded batches */

@@ -50,7 +50,7 @@ __device__ __forceinline__ float gray3(float r, float g, float b)
 /* x*f + m, two roundings. */
 __device__ __forceinline__ float blend(float x, float f, float m) { return __fadd_rn(__fmul_rn(x, f), m); }
 
-/* sf_ref_aug_hue, line for line. */
+/* gpu/ref/augment.c's hue_shift, line for line. */
 __device__ void hue_shift(float &r, float &g, float &b, float shift, float bound)
 {
     const float R = r, G = g, B = b;

@@ -48,6 +48,7 @@
  * backend_bench.cu the diagnose benchmark.
  */
 #include "gpu/cuda/backend_ctx.h"
+#include "gpu/cuda/exec_switches.h"
 
 /* ---- clock ---------------------------------------------------------------- */
 
@@ -429,16 +430,18 @@ static void build_net_cfg(const cuda_ctx *c, const sf_train_cfg *cfg, sf_net_cfg
     nc->max_batch = cfg->max_batch;
     nc->nbuf = c->nbuf;
     nc->tune = cfg->tune_configs > 0 ? cfg->tune_configs : 8;
-    nc->no_fork = cfg->sw.no_fork;
-    nc->no_fuse = cfg->sw.no_fuse;
-    nc->no_thin = cfg->sw.no_thin;
-    nc->no_patch = cfg->sw.no_patch;
-    nc->no_dw = cfg->sw.no_dw;
-    nc->force_dw = cfg->sw.force_dw;
-    nc->no_s2d = cfg->sw.no_s2d;
-    nc->no_bn_fuse = cfg->sw.no_bn_fuse;
-    nc->keep_relu = cfg->sw.keep_relu;
-    nc->allow_rtc = cfg->sw.allow_rtc;
+    if (cfg->sw) {
+        nc->no_fork = cfg->sw->no_fork;
+        nc->no_fuse = cfg->sw->no_fuse;
+        nc->no_thin = cfg->sw->no_thin;
+        nc->no_patch = cfg->sw->no_patch;
+        nc->no_dw = cfg->sw->no_dw;
+        nc->force_dw = cfg->sw->force_dw;
+        nc->no_s2d = cfg->sw->no_s2d;
+        nc->no_bn_fuse = cfg->sw->no_bn_fuse;
+        nc->keep_relu = cfg->sw->keep_relu;
+        nc->allow_rtc = cfg->sw->allow_rtc;
+    }
     nc->seed = cfg->seed;
     /* Each rank of a data-parallel job draws its own dropout masks (its
      * samples are others than the other ranks' at the same batch index). */
@@ -496,6 +499,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         return -1;
     }
     c->cfg = *cfg;
+    c->cfg.sw = NULL; /* the caller's, read by this build only */
     c->lps = c->m.segmentation ? (size_t)c->m.out_h * c->m.out_w : 1;
     c->accum_k = cfg->grad_accum_steps > 1 ? cfg->grad_accum_steps : 1;
     c->accum_count = 0;

@@ -352,8 +352,6 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         return -1;
     }
     out->dt = d->dt;
-    if (d->gemm == SF_CONV_GEMM_FORCE)
-        return sf_conv_gemm_build(h, d, dir, ws_limit, tune, out);
     /* without an engine, an unfused pointwise convolution runs as GEMMs; a fused
      * one is refused, and its callers use the plain plan */
     const int gemm_fallback = sf_conv_gemm_ok(d) && !(dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu));

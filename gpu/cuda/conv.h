@@ -24,16 +24,6 @@ extern "C" {
 
 typedef enum sf_conv_dir { SF_CONV_FWD = 0, SF_CONV_BWD_DATA = 1, SF_CONV_BWD_FILTER = 2 } sf_conv_dir;
 
-/* When a pointwise convolution (1x1, stride 1, padding 0, dilation 1, one
- * group) runs as cuBLAS GEMMs (conv_gemm.h) rather than on a cuDNN engine:
- *   FALLBACK (0, a zeroed desc): only when cuDNN has no usable engine for the
- *     direction (cuDNN stays the first choice), and never for a fused
- *     bias/ReLU forward (whose callers fall back to the plain plan plus their
- *     own epilogue, which then may be a GEMM plan);
- *   FORCE: always (the fused forward then runs the GEMM and the epilogue
- *     kernel); a convolution that is not pointwise is refused. For tests. */
-typedef enum sf_conv_gemm_use { SF_CONV_GEMM_FALLBACK = 0, SF_CONV_GEMM_FORCE = 1 } sf_conv_gemm_use;
-
 struct sf_cublas_ctx;
 
 /* One convolution shape. The output size follows ref.h:
@@ -66,7 +56,6 @@ typedef struct sf_conv_desc {
     int allow_rtc;           /* consider engines that compile at run time (off by default:
                                 one picked a fused bf16 engine that gave wrong results for
                                 a 2-byte-aligned x; the engine filter does not catch it) */
-    int gemm;                /* sf_conv_gemm_use: when a pointwise conv runs as GEMMs */
     const struct sf_cublas_ctx *blas; /* the cuBLAS handle (linear.h) GEMM plans run on, lent
                                          by the caller for as long as they exist; NULL: no
                                          GEMM plan (the build fails where it needs one) */
@@ -136,8 +125,9 @@ static inline int sf_conv_plan_built(const sf_conv_plan *p) { return p->plan != 
  * buffers (on the handle's stream, synchronously) and the fastest wins, else
  * the first does. When no config is left (or cuDNN rejects the graph) and the
  * convolution is pointwise and unfused, the plan is the GEMM one
- * (conv_gemm.h; d->gemm says when else). Build time only. -1 (error set,
- * naming the shape, layout and precision) when neither exists. */
+ * (conv_gemm.h; a fused one is refused, and the caller runs the plain plan
+ * plus its own epilogue). Build time only. -1 (error set, naming the shape,
+ * layout and precision) when neither exists. */
 int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, size_t ws_limit,
                        int max_candidates, const sf_conv_ptrs *tune, sf_conv_plan *out);
 void sf_conv_plan_destroy(sf_conv_plan *p);

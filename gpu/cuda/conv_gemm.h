@@ -1,8 +1,9 @@
 /* gpu/cuda/conv_gemm.h — pointwise convolutions (1x1, stride 1, padding 0,
  * dilation 1, one group) as cuBLAS GEMMs: the plan sf_conv_plan_build makes
  * for a direction of such a convolution when cuDNN offers no usable engine
- * for it (its heuristics list none, or every one they list fails to build),
- * or always when the desc says SF_CONV_GEMM_FORCE.
+ * for it (its heuristics list none, or every one they list fails to build).
+ * sf_conv_gemm_build makes that plan without asking cuDNN first (the tests
+ * of this path call it; the executor never does).
  * Callers see an ordinary sf_conv_plan: sf_conv_run, the variant packs and
  * the workspace are the same; only sf_conv_plan.gemm is set (and plan is
  * NULL). Semantics: sf_ref_conv2d_* (gpu/ref/ref.h), checked by
@@ -27,7 +28,7 @@
  * (CUBLAS_COMPUTE_32F) or TF32 (CUBLAS_COMPUTE_32F_FAST_TF32) as d->tf32
  * says; bf16 data with CUBLAS_COMPUTE_32F (tensor cores, fp32 accumulation,
  * reduced-precision split-K reductions disallowed), each output rounded once.
- * A fused forward (fuse_bias/fuse_relu, only with SF_CONV_GEMM_FORCE) runs the
+ * A fused forward (fuse_bias/fuse_relu, only through sf_conv_gemm_build) runs the
  * GEMM and then sf_cuda_bias_act_dt, which is what the executor does after a
  * plain plan: for bf16 the conv result is rounded to bf16 before the bias is
  * added, where cuDNN's fused graph adds it in fp32.

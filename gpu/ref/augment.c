@@ -327,7 +327,8 @@ static float gray_mean(const float *io1, int c, size_t plane)
     return (float)(sum / (double)plane);
 }
 
-void sf_ref_aug_hue(float *r, float *g, float *b, float shift, float bound)
+/* One pixel's hue shift at clamp bound `bound`. */
+static void hue_shift(float *r, float *g, float *b, float shift, float bound)
 {
     /* torchvision's _rgb_to_hsv, the shift, and _hsv_to_rgb, with its clamps
      * to [0, 1] at [0, bound] (the conversion is homogeneous in the values). */
@@ -392,7 +393,7 @@ static void jitter_one(float *io1, int c, size_t plane, int f, float x, float bo
         if (c != 3)
             break;
         for (size_t i = 0; i < plane; i++)
-            sf_ref_aug_hue(&io1[i], &io1[plane + i], &io1[2 * plane + i], x, bound);
+            hue_shift(&io1[i], &io1[plane + i], &io1[2 * plane + i], x, bound);
         break;
     }
 }

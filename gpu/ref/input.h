@@ -87,8 +87,6 @@ void sf_ref_aug_pointwise(const sf_aug_plan *plan, const sf_aug_sample *s,
 /* The second pass (plan->post: color_jitter, random_erasing and the stages
  * after them), in place on one sample's output; nothing when n_post = 0. */
 void sf_ref_aug_post(const sf_aug_plan *plan, const sf_aug_sample *s, float *io1);
-/* One pixel's hue shift at clamp bound `bound` (tests). */
-void sf_ref_aug_hue(float *r, float *g, float *b, float shift, float bound);
 /* random_erasing's "random" value of (y, x, channel): a standard normal. */
 float sf_ref_aug_erase_noise(uint64_t erase_seed, int y, int x, int ch);
 /* The batch-level mixing, in place on the n samples' output io = [n, c,

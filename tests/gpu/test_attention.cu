@@ -163,31 +163,36 @@ static void test_layer(cublasHandle_t h, cudaStream_t s, sf_dtype dt, int n, int
         cudaFree(p);
 }
 
-int main(void)
+/* The shapes, each run in fp32 and then bf16: n, tokens, heads, head
+ * dimension, and whether the whole layer runs (else the core alone). */
+static const struct {
+    int n, t, heads, d, layer;
+} k_cases[] = {
+    {3, 17, 1, 16, 0},
+    {2, 17, 4, 16, 0},
+    {2, 17, 4, 64, 0},
+    {1, 197, 12, 64, 0}, /* ViT-B/16's attention */
+    {2, 50, 12, 64, 0},  /* ViT-B/32's */
+    {2, 17, 4, 16, 1},   /* the small configuration's */
+    {1, 197, 12, 64, 1},
+};
+
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     cublasHandle_t h;
     if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-        printf("FAIL cublasCreate\n");
-        return 1;
+        fail("setup", "cublasCreate");
+        return;
     }
     cublasSetStream(h, s);
-    for (int k = 0; k < 2; k++) {
-        const sf_dtype dt = (sf_dtype)k;
-        test_core(h, s, dt, 3, 17, 1, 16);
-        test_core(h, s, dt, 2, 17, 4, 16);
-        test_core(h, s, dt, 2, 17, 4, 64);
-        test_core(h, s, dt, 1, 197, 12, 64); /* ViT-B/16's attention */
-        test_core(h, s, dt, 2, 50, 12, 64);  /* ViT-B/32's */
-        test_layer(h, s, dt, 2, 17, 4, 16);  /* the small configuration's */
-        test_layer(h, s, dt, 1, 197, 12, 64);
-    }
+    for (sf_dtype dt : k_dtypes)
+        for (const auto &c : k_cases)
+            (c.layer ? test_layer : test_core)(h, s, dt, c.n, c.t, c.heads, c.d);
     {
         const int rc = sf_attn_core_fwd(h, SF_DT_F32, NULL, 1, 17, 30, 4, NULL, NULL, NULL, 0, s);
         pass_or_fail("heads that do not divide the embedding are refused", rc == -1, "accepted");
     }
     cublasDestroy(h);
-    return finish("test_attention");
 }
+
+int main(void) { return run_op_test("test_attention", run_cases); }

@@ -61,6 +61,7 @@ extern "C" {
 #include <string>
 #include <vector>
 
+#include "gpu/cuda/exec_switches.h"
 #include "tests/gpu/gpu_test.h"
 #include "tests/gpu/backend_harness.h"
 
@@ -673,7 +674,10 @@ int main(int argc, char **argv)
                     break;
                 const int bf16 = vb == 2;
                 sf_train_cfg cfg = make_cfg(bf16 ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
-                cfg.sw.force_dw = force_dw;
+                sf_exec_switches sw;
+                memset(&sw, 0, sizeof sw);
+                sw.force_dw = force_dw;
+                cfg.sw = &sw;
                 if (vb >= 1)
                     g_layout = SF_ACT_LAYOUT_NHWC;
                 train_out tc, tr;
@@ -695,7 +699,7 @@ int main(int argc, char **argv)
                     else
                         fail("%s: the description names no depthwise kernel:\n%s", name, dd);
                 }
-                cfg.sw.force_dw = 0;
+                cfg.sw = NULL;
                 train(ref, m, cfg, bs, 3, tr);
                 compare(name, m, tc, tr, 3, bf16 ? 2e-2 : 1e-4, bf16 ? 1e-1 : 2e-2, 0, k == 1);
                 free_batches(cu, bs);

@@ -1,7 +1,6 @@
 /* tests/gpu/test_conv_gemm.cu — pointwise convolutions as cuBLAS GEMMs
- * (gpu/cuda/conv_gemm.h), forced on through sf_conv_desc.gemm =
- * SF_CONV_GEMM_FORCE and run through the ordinary plan, variant pack and
- * sf_conv_run, against the double-precision reference (sf_ref_conv2d_*):
+ * (gpu/cuda/conv_gemm.h), built by sf_conv_gemm_build without asking cuDNN
+ * first and run through the ordinary plan, variant pack and sf_conv_run, against the double-precision reference (sf_ref_conv2d_*):
  * forward, the fused forward (bias and ReLU), backward-data and backward-filter
  * in fp32 (relative error < 1e-4), tf32 (< 1e-3) and bf16 (check_max 1e-2),
  * NCHW and NHWC, on EfficientNet-B0's 24 -> 144 at 56x56 and RegNet-Y-400MF's
@@ -89,7 +88,7 @@ static pw_data make_data(const pw_case &cc, sf_dtype dt)
     return D;
 }
 
-static sf_conv_desc make_desc(const pw_case &cc, sf_layout lay, prec p, int gemm)
+static sf_conv_desc make_desc(const pw_case &cc, sf_layout lay, prec p)
 {
     sf_conv_desc d;
     memset(&d, 0, sizeof d);
@@ -98,7 +97,6 @@ static sf_conv_desc make_desc(const pw_case &cc, sf_layout lay, prec p, int gemm
     d.dt = p.dt;
     d.tf32 = p.tf32;
     d.align_x = d.align_w = d.align_y = 16;
-    d.gemm = gemm;
     d.blas = &g_blas;
     return d;
 }
@@ -169,10 +167,12 @@ static sf_conv_ptrs ptrs_of(const pw_bufs &B, int dir)
 
 static const char *dir_name[3] = {"fwd", "bwd_data", "bwd_filter"};
 
-/* Builds (d, dir) with ws_limit (tune: timing up to 4 candidates on B, as the
- * executor does), runs it once on B and checks it against D; returns 0 when it
- * ran. *plan_out keeps the plan and *vp_out the pack when non-NULL (the caller
- * destroys them), else they are destroyed here. */
+/* Builds (d, dir) with ws_limit, as the GEMM plan (want_gemm) or as the
+ * executor does (sf_conv_plan_build, cuDNN first; tune: timing up to 4
+ * candidates on B, else taking the first), runs it once on B and checks it
+ * against D; returns 0 when it ran. *plan_out keeps the plan and *vp_out the
+ * pack when non-NULL (the caller destroys them), else they are destroyed
+ * here. */
 static int run_checked(cudnnHandle_t dnn, cudaStream_t s, const pw_case &cc, sf_layout lay, prec p,
                        const sf_conv_desc &d, int dir, size_t ws_limit, const pw_bufs &B, const pw_data &D,
                        const char *name, int want_gemm, int tune, sf_conv_plan *plan_out, sf_conv_vpack **vp_out)
@@ -185,8 +185,10 @@ static int run_checked(cudnnHandle_t dnn, cudaStream_t s, const pw_case &cc, sf_
     sf_conv_vpack *vp = NULL;
     const int fused = dir == SF_CONV_FWD && (d.fuse_bias || d.fuse_relu);
     snprintf(nm, sizeof nm, "%s %s%s", name, dir_name[dir], fused ? "+bias+relu" : "");
-    if (sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_limit, tune ? 4 : 1, tune ? &ptr : NULL, &plan) ||
-        sf_conv_vpack_make(&ptr, &vp)) {
+    const sf_conv_ptrs *tp = tune ? &ptr : NULL;
+    const int brc = want_gemm ? sf_conv_gemm_build(dnn, &d, (sf_conv_dir)dir, ws_limit, tp, &plan)
+                              : sf_conv_plan_build(dnn, &d, (sf_conv_dir)dir, ws_limit, tune ? 4 : 1, tp, &plan);
+    if (brc || sf_conv_vpack_make(&ptr, &vp)) {
         fail(nm, sf_cuda_last_error());
         sf_cuda_clear_error();
         return -1;
@@ -235,7 +237,7 @@ static void test_gemm(cudnnHandle_t dnn, cudaStream_t s, const pw_case &cc, sf_l
     snprintf(name, sizeof name, "conv gemm n%d c%d %dx%d oc%d %s %s", cc.n, cc.c, cc.h, cc.w, cc.oc, lname(lay),
              pname(p));
     pw_bufs B = make_bufs(cc, lay, p.dt, D);
-    sf_conv_desc d = make_desc(cc, lay, p, SF_CONV_GEMM_FORCE);
+    sf_conv_desc d = make_desc(cc, lay, p);
     sf_conv_plan plan[3];
     sf_conv_vpack *vp[3] = {NULL, NULL, NULL};
     memset(plan, 0, sizeof plan);
@@ -327,7 +329,7 @@ static void test_gemm(cudnnHandle_t dnn, cudaStream_t s, const pw_case &cc, sf_l
     free_bufs(B);
 }
 
-/* The default choice (desc.gemm = 0), timed as the executor builds it: cuDNN
+/* The default choice (sf_conv_plan_build), timed as the executor builds it: cuDNN
  * first, the GEMM path only where no engine is usable, at EfficientNet-B0's
  * 24 -> 144 forward and RegNet-Y-400MF's 104 -> 104 filter gradient in
  * strict fp32 NCHW (cuDNN 9.14 on an H200 has engines for both once their
@@ -339,7 +341,7 @@ static void test_fallback(cudnnHandle_t dnn, cudaStream_t s, const pw_case &cc, 
     pw_bufs B = make_bufs(cc, SF_LAYOUT_NCHW, p.dt, D);
     char name[200];
     snprintf(name, sizeof name, "conv default plan n%d c%d %dx%d oc%d nchw fp32", cc.n, cc.c, cc.h, cc.w, cc.oc);
-    const sf_conv_desc d = make_desc(cc, SF_LAYOUT_NCHW, p, SF_CONV_GEMM_FALLBACK);
+    const sf_conv_desc d = make_desc(cc, SF_LAYOUT_NCHW, p);
     sf_conv_plan plan;
     memset(&plan, 0, sizeof plan);
     sf_conv_vpack *vp = NULL;
@@ -362,14 +364,14 @@ static void test_lend_binds_back(cudnnHandle_t dnn, cudaStream_t s)
     const prec p = {SF_DT_F32, 0};
     const pw_data D = make_data(cc, p.dt);
     pw_bufs B = make_bufs(cc, SF_LAYOUT_NCHW, p.dt, D);
-    const sf_conv_desc d = make_desc(cc, SF_LAYOUT_NCHW, p, SF_CONV_GEMM_FORCE);
+    const sf_conv_desc d = make_desc(cc, SF_LAYOUT_NCHW, p);
     sf_conv_ptrs ptr = ptrs_of(B, SF_CONV_BWD_FILTER);
     sf_conv_plan plan;
     sf_conv_vpack *vp = NULL;
     cudaStream_t other;
     CU(cudaStreamCreate(&other)); /* blocking, as test_stream: it waits for the NaN fill */
     CU(cudaStreamSynchronize(s)); /* the uploads */
-    if (sf_conv_plan_build(dnn, &d, SF_CONV_BWD_FILTER, B.ws_bytes, 1, NULL, &plan) ||
+    if (sf_conv_gemm_build(dnn, &d, SF_CONV_BWD_FILTER, B.ws_bytes, NULL, &plan) ||
         sf_conv_vpack_make(&ptr, &vp)) {
         fail(nm, sf_cuda_last_error());
         sf_cuda_clear_error();
@@ -396,7 +398,7 @@ static void test_lend_binds_back(cudnnHandle_t dnn, cudaStream_t s)
     free_bufs(B);
 }
 
-/* Forcing the GEMM path on a convolution that is not pointwise is an error
+/* Building the GEMM plan of a convolution that is not pointwise is an error
  * with a message, not a plan. */
 static void test_refuses(cudnnHandle_t dnn)
 {
@@ -406,14 +408,14 @@ static void test_refuses(cudnnHandle_t dnn)
     } bad[] = {{3, 1, 1, 1, "3x3"}, {1, 2, 0, 1, "stride 2"}, {1, 1, 1, 1, "padding 1"}, {1, 1, 0, 2, "2 groups"}};
     for (const auto &b : bad) {
         const pw_case cc = {2, 8, 8, 8, 8};
-        sf_conv_desc d = make_desc(cc, SF_LAYOUT_NCHW, prec{SF_DT_F32, 0}, SF_CONV_GEMM_FORCE);
+        sf_conv_desc d = make_desc(cc, SF_LAYOUT_NCHW, prec{SF_DT_F32, 0});
         d.k = b.k;
         d.stride = b.stride;
         d.pad = b.pad;
         d.groups = b.groups;
         sf_conv_plan p;
         sf_cuda_clear_error();
-        const int rc = sf_conv_plan_build(dnn, &d, SF_CONV_FWD, 1 << 20, 1, NULL, &p);
+        const int rc = sf_conv_gemm_build(dnn, &d, SF_CONV_FWD, 1 << 20, NULL, &p);
         char nm[200];
         snprintf(nm, sizeof nm, "conv gemm forced refuses a %s convolution", b.what);
         pass_or_fail(nm, rc == -1 && sf_cuda_last_error()[0] && !sf_conv_plan_built(&p),
@@ -425,7 +427,7 @@ static void test_refuses(cudnnHandle_t dnn)
     pass_or_fail("conv gemm takes only pointwise fp32/bf16 convolutions",
                  [] {
                      const pw_case cc = {2, 8, 8, 8, 8};
-                     sf_conv_desc d = make_desc(cc, SF_LAYOUT_NHWC, prec{SF_DT_BF16, 0}, 0);
+                     sf_conv_desc d = make_desc(cc, SF_LAYOUT_NHWC, prec{SF_DT_BF16, 0});
                      const int yes = sf_conv_gemm_ok(&d);
                      d.dilation = 2;
                      const int dil = sf_conv_gemm_ok(&d);

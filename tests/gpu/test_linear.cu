@@ -211,15 +211,12 @@ static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf
     cudaFree(gw);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s)
 {
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
     cublasHandle_t blas;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
-        printf("FAIL setup: cublasCreate\n");
-        return 1;
+        fail("setup", "cublasCreate");
+        return;
     }
     cublasSetStream(blas, s);
     void *bws = dalloc<char>((size_t)32 << 20);
@@ -246,6 +243,6 @@ int main(void)
             test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 3, 5, 7, 9, 11);
             test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 4, 6, 3, 1, 1);
         }
-
-    return finish("test_linear");
 }
+
+int main(void) { return run_op_test("test_linear", run_cases); }

@@ -14,7 +14,9 @@
  * A plan that cannot be built is a FAIL that prints cuDNN's version and the
  * heuristics' answer (sdpa.cu puts them in the message); below sm_80, where
  * cuDNN has no fused attention, the test prints SKIPPED and exits 0. Exits 0
- * with "SKIPPED: no CUDA device" when there is no GPU. */
+ * with "SKIPPED: no CUDA device" when there is no GPU. The program's frame
+ * (the stream, the cuDNN handle on it, the summary line): gpu_test.h's
+ * run_op_test. */
 #include "tests/gpu/op_test.h"
 
 #include <cudnn.h>
@@ -234,26 +236,16 @@ static void test_shape(cudnnHandle_t h, cudaStream_t s, shape sh)
     sf_sdpa_plan_destroy(p);
 }
 
-int main(void)
+static void run_cases(cudaStream_t s, cudnnHandle_t h)
 {
-    if (skip_without_device())
-        return 0;
-    CU(cudaSetDevice(0));
     int major = 0, minor = 0;
     CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
     if (major < 8) {
         printf("SKIPPED: sm_%d%d: cuDNN's fused attention needs sm_80 or newer\n", major, minor);
-        return 0;
+        return;
     }
-    printf("cuDNN %zu (built against headers %d), sm_%d%d\n", (size_t)cudnnGetVersion(), CUDNN_VERSION, major, minor);
-    cudaStream_t s;
-    CU(cudaStreamCreate(&s));
-    cudnnHandle_t h;
-    if (cudnnCreate(&h) != CUDNN_STATUS_SUCCESS) {
-        printf("FAIL cudnnCreate\n");
-        return 1;
-    }
+    printf("built against cuDNN headers %d, sm_%d%d\n", CUDNN_VERSION, major, minor);
 
     /* a shape no engine takes is refused with its reason, not built */
     {
@@ -269,9 +261,8 @@ int main(void)
         {1, 17, 1, 16},  {4, 17, 4, 16},  {2, 50, 4, 32},  {8, 50, 12, 64}, {3, 197, 12, 64},
         {1, 197, 1, 32}, {8, 64, 4, 16},  {5, 64, 12, 64}, {2, 64, 1, 64},
     };
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        test_shape(h, s, shapes[i]);
-
-    cudnnDestroy(h);
-    return finish("test_sdpa");
+    for (const shape &sh : shapes)
+        test_shape(h, s, sh);
 }
+
+int main(void) { return run_op_test("test_sdpa", run_cases); }

@@ -313,6 +313,8 @@ venv: $(VENV)/.stamp
 # Two workers, a test file each at a time (--dist loadfile keeps a file's
 # module-scoped servers on one worker): most tests wait on a server, so two
 # files in flight use the two cores CI has. PYTEST_WORKERS=0 runs them in turn.
+# The integration suites hand out their longest files first, and the tests
+# of the PyTorch parity files one at a time (tests/integration/conftest.py).
 # The sanitizer run uses them too: a test whose deadline is sized to the
 # server's work scales it by sfharness.SLOWDOWN under AddressSanitizer.
 PYTEST_WORKERS ?= 2

@@ -45,6 +45,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=rank)
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadfile, with each test of a spread file a unit of its own."""
     if config.getvalue("dist") != "loadfile":

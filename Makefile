@@ -382,6 +382,10 @@ soak: $(BUILD)/streamfeed $(VENV)/.stamp
 # needs (FUZZ_SRC_<name>) and started from its checked-in seeds
 # (FUZZ_CORPUS_<name>); the corpus it grows lives in $(BUILD)/fuzz-corpus/<name>.
 # To add one: append <name> to FUZZ_TARGETS and set the two variables.
+# The targets share most of their sources (the header readers, the layer
+# registry and the reference layers), so each source is compiled once, with
+# the fuzzer's instrumentation, into $(BUILD)/fuzz-obj/, and every target
+# that needs it links that object.
 FUZZ_CC ?= clang
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 FUZZ_TARGETS := safetensors config_patch jpeg_header png_header webp_header checkpoint
@@ -407,10 +411,18 @@ FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 test-builds-side: $(FUZZ_BINS)
 FUZZ_SMOKE_SECONDS ?= 15
 
-.SECONDEXPANSION:
-$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_SRC_$$*)
+fuzz_objs = $(patsubst %.c,$(BUILD)/fuzz-obj/%.o,$(FUZZ_SRC_$(1)))
+# Kept after the link (make deletes the objects a chain of pattern rules made),
+# so that the next build relinks only what changed.
+.SECONDARY: $(sort $(foreach t,$(FUZZ_TARGETS),$(call fuzz_objs,$(t))))
+$(BUILD)/fuzz-obj/%.o: %.c $(FLAVOUR_STAMP)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson -lm $(if $(filter server/tls.c,$^),-lgnutls -lmicrohttpd)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) -MMD -MP -c $< -o $@
+
+.SECONDEXPANSION:
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $$(call fuzz_objs,$$*)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson -lm $(if $(filter %/server/tls.o,$^),-lgnutls -lmicrohttpd)
 
 # Every target for FUZZ_SECONDS each (fuzz: 300 by default; fuzz-long: 3600, the
 # runs tests/fuzz/RESULTS.md records). The script prints one result row per target.

@@ -258,15 +258,18 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h te
 # suite then running has ended. It runs in a session of its own (setsid), so
 # that a failing suite, Ctrl-C or SIGTERM stops it with every compiler it
 # started (nvcc leaves its children running when it alone is killed).
+# Both builds compile into the main build folder (the fuzz targets' objects
+# are there), so its flavour stamp is made before they start: two makes
+# making it at once could leave it newer than objects one of them compiled,
+# which the suites' makes would then compile again.
 MAIN_BUILD_LOG := $(BUILD)/main-build.log
 FRONT_SUITES := sanitize-test package-test ops-test fuzz-smoke
 MAIN_SUITES := unit integration client-test gpu-test
-test:
+test: $(FLAVOUR_STAMP)
 	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv;"
 	@echo "  runs the sanitizer, client package, ops and fuzz-smoke suites while the main build (the CUDA code)"
 	@echo "  compiles in the background, then the unit, integration, client and GPU suites, each in turn;"
 	@echo "  about 25 minutes on two cores the first time (compiling the CUDA code and the sanitizer run take the most)."
-	@mkdir -p $(BUILD)
 	@set -e; \
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid nice -n 10 $(MAKE) --no-print-directory -j$(NPROC) test-builds-main \
 	  >$(MAIN_BUILD_LOG) 2>&1 & main=$$!; \

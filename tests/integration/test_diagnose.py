@@ -216,15 +216,17 @@ def test_concurrent_diagnose_requests_get_their_result_or_409_never_a_500(start_
     # A requester woken for its run's end may be answered only after another
     # request has started the next run: it still gets its own result. Each
     # finished run is one chance of that; 30 of them under 16 clients showed
-    # it about once in ten runs before the fix.
-    s = start_server(TINY_AUG)
+    # it about once in ten runs before the fix. That chance comes at a run's
+    # end, whatever the run measured, so the runs measure a batch of one
+    # sample (model.max_batch 1): a run then lasts about the time asked for,
+    # where the default batch of 32 made the minimum steps of each stage the
+    # larger part of the run (about 1.3 s a run in the release build, 8 s
+    # under AddressSanitizer), at the same chance per run. The release
+    # build's run asks for thirty runs, the sanitizer's for six; the deadlines
+    # only bound a machine much busier than CI's, since the workers stop as
+    # soon as they have enough.
+    s = start_server(TINY_AUG, "--model.max_batch", "1")
     codes, lock = {}, threading.Lock()
-    # With sixteen clients a run takes about 1.3 s in the release build and
-    # about 8 s under AddressSanitizer on two cores, where 90 s hold about
-    # eleven: there the test asks for six; the release build's run for thirty.
-    # With another test file beside it (two workers) a run under
-    # AddressSanitizer can take twice as long, so it may take 180 s there;
-    # the workers stop as soon as they have enough.
     need = 6 if built_with_asan() else 30
     deadline = time.monotonic() + (180 if built_with_asan() else 90)
 

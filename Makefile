@@ -259,9 +259,11 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h te
 # that a failing suite, Ctrl-C or SIGTERM stops it with every compiler it
 # started (nvcc leaves its children running when it alone is killed).
 # Both builds compile into the main build folder (the fuzz targets' objects
-# are there), so its flavour stamp is made before they start: two makes
-# making it at once could leave it newer than objects one of them compiled,
-# which the suites' makes would then compile again.
+# are there), so this make makes its flavour stamp before they start: the
+# makes it starts there, whose goals do not name the CUDA code, take the
+# flavour from that stamp, and two makes making it at once could leave it
+# newer than objects one of them compiled, which a later make would compile
+# again.
 MAIN_BUILD_LOG := $(BUILD)/main-build.log
 FRONT_SUITES := sanitize-test package-test ops-test fuzz-smoke
 MAIN_SUITES := unit integration client-test gpu-test

@@ -271,7 +271,7 @@ def test_diagnose_rejects_a_bad_body_with_its_own_code(start_server, body, ctype
 
 
 def test_diagnose_max_seconds_is_hot_and_bounds_the_request(start_server):
-    s = start_server(TINY_AUG)
+    s = start_server(TINY_AUG, "--model.max_batch", "1")  # the run's batch is not under test
     assert s.patch_config({"diagnose": {"max_seconds": 0.5}}).status_code == 200
     r = diagnose(s, 0.6)
     assert r.status_code == 400 and r.json()["error"]["field"] == "seconds"
@@ -322,7 +322,7 @@ def test_streamfeed_load_diagnose_exits_1_with_the_error_code_when_refused(start
 
 
 def test_a_client_that_goes_away_during_a_diagnose_leaves_nothing_behind(start_server):
-    s = start_server(TINY_AUG)
+    s = start_server(TINY_AUG, "--model.max_batch", "1")  # the run's batch is not under test
     body = json.dumps({"seconds": 1}).encode()
     sock = s.connect()
     sock.sendall(b"POST /v1/diagnose HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

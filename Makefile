@@ -49,7 +49,7 @@ CUDA_CHOICE_FILE = $(BUILD)/.cuda-choice
 # seconds rather than minutes, since that is the backend it would run on; a
 # build folder that already holds the CUDA flavour keeps it, so `make test`
 # then `make demo` do not rebuild everything twice.
-CUDA_GOALS := test test-builds gpu-test bench bench-bins bench-jpeg bench-multi-gpu
+CUDA_GOALS := test test-builds test-builds-main gpu-test bench bench-bins bench-jpeg bench-multi-gpu
 GPU_USABLE ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 ifeq ($(origin CUDA),undefined)
   CUDA := $(strip $(shell cat $(CUDA_CHOICE_FILE) 2>/dev/null))
@@ -171,7 +171,7 @@ $(BUILD)/nocuda.stamp: .FORCE
 	@mkdir -p $(@D); echo '$(CUDA_WHY)' | cmp -s - $@ || echo '$(CUDA_WHY)' > $@
 .FORCE:
 
-.PHONY: gpu-sanitize package-test test-builds sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: gpu-sanitize package-test test-builds test-builds-main test-builds-side sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -244,17 +244,58 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h te
 	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $(filter-out %.h,$^) -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
 # ---- tests -----------------------------------------------------------------
-# Everything the suites need is built first, on every core, and the Python
-# virtualenv is made meanwhile; then the suites run one after another, so
-# that their timings and output stay apart.
-test:
-	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv,"
-	@echo "  then runs unit, integration, client, client package, sanitizer, ops, fuzz-smoke and GPU suites in turn;"
+# make test runs in two phases, so that the CPU time its suites leave idle
+# is not wasted. The main build folder's binaries (the server, the unit
+# tests and, where nvcc is found, the GPU test binaries: minutes of nvcc)
+# compile in the background at a low priority (nice 10) on a jobserver of their
+# own, while the builds and suites that need none of them run in front: the
+# sanitizer build and run, the client package, ops and fuzz-smoke suites
+# wait on servers, fuzzers and the network for much of their time, and the
+# compiler takes the cores they leave idle without slowing them. Then the
+# suites that need the main build run. Suites run one after another, so
+# that their timings and output stay apart. The background build's output
+# is printed when it ends, and its failure fails make test as soon as the
+# suite then running has ended. It runs in a session of its own (setsid), so
+# that a failing suite, Ctrl-C or SIGTERM stops it with every compiler it
+# started (nvcc leaves its children running when it alone is killed).
+# Both builds compile into the main build folder (the fuzz targets' objects
+# are there), so this make makes its flavour stamp before they start: the
+# makes it starts there, whose goals do not name the CUDA code, take the
+# flavour from that stamp, and two makes making it at once could leave it
+# newer than objects one of them compiled, which a later make would compile
+# again.
+MAIN_BUILD_LOG := $(BUILD)/main-build.log
+FRONT_SUITES := sanitize-test package-test ops-test fuzz-smoke
+MAIN_SUITES := unit integration client-test gpu-test
+test: $(FLAVOUR_STAMP)
+	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv;"
+	@echo "  runs the sanitizer, client package, ops and fuzz-smoke suites while the main build (the CUDA code)"
+	@echo "  compiles in the background, then the unit, integration, client and GPU suites, each in turn;"
 	@echo "  about 25 minutes on two cores the first time (compiling the CUDA code and the sanitizer run take the most)."
-	@$(MAKE) --no-print-directory test-builds
-	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 unit integration client-test package-test sanitize-test ops-test fuzz-smoke gpu-test
+	@set -e; \
+	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid nice -n 10 $(MAKE) --no-print-directory -j$(NPROC) test-builds-main \
+	  >$(MAIN_BUILD_LOG) 2>&1 & main=$$!; \
+	main_running=1; \
+	trap '[ $$main_running = 0 ] || kill -TERM -- -$$main 2>/dev/null || true' EXIT; \
+	trap 'exit 130' INT; trap 'exit 143' TERM; \
+	main_build_ended() { \
+	  main_running=0; \
+	  if wait $$main; then cat $(MAIN_BUILD_LOG); echo "make test: the main build is done"; \
+	  else cat $(MAIN_BUILD_LOG); echo "make test: the main build failed ($(MAIN_BUILD_LOG))"; exit 1; fi; \
+	}; \
+	$(MAKE) --no-print-directory test-builds-side; \
+	for suite in $(FRONT_SUITES); do \
+	  MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 $$suite; \
+	  if [ $$main_running = 1 ] && ! kill -0 $$main 2>/dev/null; then main_build_ended; fi; \
+	done; \
+	if [ $$main_running = 1 ]; then echo "make test: waiting for the main build"; main_build_ended; fi; \
+	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 $(MAIN_SUITES)
 	@echo "make test: all suites passed"
-test-builds: all $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN)) sanitize-bins $(VENV)/.stamp
+# What the suites need: the main build folder's binaries, and the rest (the
+# sanitizer build, the fuzz targets, the virtualenv), which need none of them.
+test-builds: test-builds-main test-builds-side
+test-builds-main: all $(if $(filter 1,$(CUDA)),$(GPU_TEST_BIN))
+test-builds-side: sanitize-bins $(VENV)/.stamp
 
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
@@ -277,6 +318,8 @@ venv: $(VENV)/.stamp
 # Two workers, a test file each at a time (--dist loadfile keeps a file's
 # module-scoped servers on one worker): most tests wait on a server, so two
 # files in flight use the two cores CI has. PYTEST_WORKERS=0 runs them in turn.
+# The integration suites hand out their longest files first, and the tests
+# of the PyTorch parity files one at a time (tests/integration/conftest.py).
 # The sanitizer run uses them too: a test whose deadline is sized to the
 # server's work scales it by sfharness.SLOWDOWN under AddressSanitizer.
 PYTEST_WORKERS ?= 2
@@ -344,6 +387,10 @@ soak: $(BUILD)/streamfeed $(VENV)/.stamp
 # needs (FUZZ_SRC_<name>) and started from its checked-in seeds
 # (FUZZ_CORPUS_<name>); the corpus it grows lives in $(BUILD)/fuzz-corpus/<name>.
 # To add one: append <name> to FUZZ_TARGETS and set the two variables.
+# The targets share most of their sources (the header readers, the layer
+# registry and the reference layers), so each source is compiled once, with
+# the fuzzer's instrumentation, into $(BUILD)/fuzz-obj/, and every target
+# that needs it links that object.
 FUZZ_CC ?= clang
 FUZZ_FLAGS := -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 FUZZ_TARGETS := safetensors config_patch jpeg_header png_header webp_header checkpoint
@@ -366,13 +413,21 @@ FUZZ_CORPUS_webp_header := tests/fuzz/corpus_webp_header
 FUZZ_SRC_checkpoint := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c server/checkpoint_format.c gpu/model.c gpu/layers.c $(FUZZ_REF_LAYERS) gpu/common.c
 FUZZ_CORPUS_checkpoint := tests/fuzz/corpus_checkpoint
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
-test-builds: $(FUZZ_BINS)
+test-builds-side: $(FUZZ_BINS)
 FUZZ_SMOKE_SECONDS ?= 15
 
-.SECONDEXPANSION:
-$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $$(FUZZ_SRC_$$*)
+fuzz_objs = $(patsubst %.c,$(BUILD)/fuzz-obj/%.o,$(FUZZ_SRC_$(1)))
+# Kept after the link (make deletes the objects a chain of pattern rules made),
+# so that the next build relinks only what changed.
+.SECONDARY: $(sort $(foreach t,$(FUZZ_TARGETS),$(call fuzz_objs,$(t))))
+$(BUILD)/fuzz-obj/%.o: %.c $(FLAVOUR_STAMP)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson -lm $(if $(filter server/tls.c,$^),-lgnutls -lmicrohttpd)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) -MMD -MP -c $< -o $@
+
+.SECONDEXPANSION:
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $$(call fuzz_objs,$$*)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_FLAGS) $(CPPFLAGS) $^ -o $@ $(LDFLAGS) -lcjson -lm $(if $(filter %/server/tls.o,$^),-lgnutls -lmicrohttpd)
 
 # Every target for FUZZ_SECONDS each (fuzz: 300 by default; fuzz-long: 3600, the
 # runs tests/fuzz/RESULTS.md records). The script prints one result row per target.

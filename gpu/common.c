@@ -1,5 +1,5 @@
-/* gpu/common.c — see common.h. */
-#include "gpu/common.h"
+/* gpu/common.c — see common.h and batch_check.h. */
+#include "gpu/batch_check.h"
 
 #include <stdarg.h>
 #include <stdio.h>

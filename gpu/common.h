@@ -1,17 +1,16 @@
-/* gpu/common.h — small helpers shared by both backends and the plain-data
- * modules of gpu/: one error formatter, the one validation of a batch
- * against its augmentation plan and the built model, so the CPU and CUDA
- * backends refuse exactly the same batches with the same messages, and the
- * one byte hash (the reference's parameter digest, and the server's
- * fingerprints of a configuration or a model). */
+/* gpu/common.h — small helpers shared by both backends, the plain-data
+ * modules of gpu/ and the server: one error formatter, one bounded string
+ * copy, and the one byte hash (the reference's parameter digest, and the
+ * server's fingerprints of a configuration or a model). It depends on
+ * nothing of the project, so a module that wants a helper does not pull in
+ * the backend's contract; the batch check both backends share is in
+ * gpu/batch_check.h. */
 #ifndef SF_GPU_COMMON_H
 #define SF_GPU_COMMON_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-
-#include "gpu/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,12 +28,6 @@ static inline void sf_scopy(char *d, size_t n, const char *s)
     memcpy(d, s, l);
     d[l] = '\0';
 }
-
-/* Checks b against its plan and, when m is not NULL, against the model built
- * for at most max_batch samples (shape, batch size, labels). who prefixes the
- * message ("cuda", "ref"). 0 when the batch can run, else -1 with err. */
-int sf_batch_check(const sf_batch *b, const sf_model *m, int max_batch, const char *who, char *err,
-                   size_t errlen);
 
 /* FNV-1a's step over n bytes from h. Every hash of the project starts from
  * SF_HASH_SEED, not FNV's published offset basis (its last digit is

@@ -68,6 +68,8 @@ typedef struct sf_app {
                                   * NULL with distributed.world_size 1 */
     sf_upload_ctx upload;       /* what uploads need of the above (server/upload.h), set
                                  * before the HTTP daemon starts */
+    sf_uploads uploads;         /* what every upload shares (slot holders, commits in
+                                 * progress), owned here, reached through upload.shared */
 } sf_app;
 
 /* Parameters above which a model is too large for the CPU reference backend

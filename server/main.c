@@ -315,11 +315,12 @@ static sf_engine *start_engine(sf_app *app, char *err, size_t errlen)
  * requests and sweep reach it. */
 static sf_http *start_http(sf_app *app, char *err, size_t errlen)
 {
+    sf_uploads_init(&app->uploads);
     app->upload = (sf_upload_ctx){
         .cfg = &app->cfg, .model = &app->model, .aug = &app->aug, .aug_eval = &app->aug_eval,
         .backend = app->backend, .ring = app->ring, .jobs = app->jobs, .evals = app->evals,
         .dist = app->dist, .http = &app->http, .m = &app->m, .draining = &app->draining,
-        .closing = &app->closing};
+        .closing = &app->closing, .shared = &app->uploads};
     const sf_http_ctx ctx = {.app = app, .cfg = &app->cfg, .draining = &app->draining,
                              .requests = app->m.http_requests, .duration = app->m.http_duration,
                              .errors = app->m.http_errors, .publish = &app->http};

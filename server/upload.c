@@ -19,34 +19,37 @@
  * TCP slow start and a short pause of the loader are not slowness. */
 #define RATE_ALLOWANCE_NS 5000000000ull
 
-/* Uploads that hold a slot, for the sweep. Lock order: an upload's mu, then
- * g_holders_mu; the sweep, which takes them the other way round, only tries
- * an upload's mu (an upload busy on its thread is moving anyway). */
-static pthread_mutex_t g_holders_mu = PTHREAD_MUTEX_INITIALIZER;
-static sf_upload *g_holders;
-/* Commits in progress, for sf_upload_close. */
-static atomic_int g_committing;
+void sf_uploads_init(sf_uploads *s)
+{
+    pthread_mutex_init(&s->holders_mu, NULL);
+    s->holders = NULL;
+    atomic_init(&s->committing, 0);
+}
+
+/* The shared state of the process the upload's request belongs to. */
+static sf_uploads *shared_of(const sf_upload *u) { return sf_upload_ctx_of(u->req->app)->shared; }
 
 static void holders_add(sf_upload *u)
 {
-    pthread_mutex_lock(&g_holders_mu);
+    sf_uploads *sh = shared_of(u);
+    pthread_mutex_lock(&sh->holders_mu);
     u->hprev = NULL;
-    u->hnext = g_holders;
-    if (g_holders)
-        g_holders->hprev = u;
-    g_holders = u;
+    u->hnext = sh->holders;
+    if (sh->holders)
+        sh->holders->hprev = u;
+    sh->holders = u;
     u->holding = 1;
-    pthread_mutex_unlock(&g_holders_mu);
+    pthread_mutex_unlock(&sh->holders_mu);
 }
 
-static void holders_remove_locked(sf_upload *u)
+static void holders_remove_locked(sf_uploads *sh, sf_upload *u)
 {
     if (!u->holding)
         return;
     if (u->hprev)
         u->hprev->hnext = u->hnext;
     else
-        g_holders = u->hnext;
+        sh->holders = u->hnext;
     if (u->hnext)
         u->hnext->hprev = u->hprev;
     u->hprev = u->hnext = NULL;
@@ -55,9 +58,10 @@ static void holders_remove_locked(sf_upload *u)
 
 static void holders_remove(sf_upload *u)
 {
-    pthread_mutex_lock(&g_holders_mu);
-    holders_remove_locked(u);
-    pthread_mutex_unlock(&g_holders_mu);
+    sf_uploads *sh = shared_of(u);
+    pthread_mutex_lock(&sh->holders_mu);
+    holders_remove_locked(sh, u);
+    pthread_mutex_unlock(&sh->holders_mu);
 }
 
 /* The transform reply, shared by the request and the engine: whichever lets go
@@ -479,8 +483,9 @@ void sf_upload_sweep(void *ctx)
     double min_rate = (double)c->http.upload_min_bytes_per_s;
     if (!deadline_ns && min_rate <= 0)
         return;
-    pthread_mutex_lock(&g_holders_mu);
-    for (sf_upload *u = g_holders, *next; u; u = next) {
+    sf_uploads *sh = cx->shared;
+    pthread_mutex_lock(&sh->holders_mu);
+    for (sf_upload *u = sh->holders, *next; u; u = next) {
         next = u->hnext;
         if (pthread_mutex_trylock(&u->mu) != 0)
             continue; /* its thread is working on it right now: it moves */
@@ -500,25 +505,26 @@ void sf_upload_sweep(void *ctx)
                      (long long)c->http.upload_min_bytes_per_s);
         }
         if (why && u->slot >= 0 && !u->committed) {
-            holders_remove_locked(u);
+            holders_remove_locked(sh, u);
             sf_ring_abort(cx->ring, u->slot);
             u->slot = -1;
             u->evicted = why;
             SF_WARN("request %s: %s: %s; its slot is freed and the connection closed",
                     u->req->request_id, why, msg);
-            /* Alive: on_done removes it from the list (under g_holders_mu)
+            /* Alive: on_done removes it from the list (under holders_mu)
              * before it is freed. */
             sf_req_abort(u->req);
         }
         pthread_mutex_unlock(&u->mu);
     }
-    pthread_mutex_unlock(&g_holders_mu);
+    pthread_mutex_unlock(&sh->holders_mu);
 }
 
 void sf_upload_close(struct sf_app *app)
 {
-    atomic_store(sf_upload_ctx_of(app)->closing, 1);
-    while (atomic_load(&g_committing) > 0) {
+    const sf_upload_ctx *cx = sf_upload_ctx_of(app);
+    atomic_store(cx->closing, 1);
+    while (atomic_load(&cx->shared->committing) > 0) {
         struct timespec ts = {0, 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -543,11 +549,12 @@ int sf_upload_commit(sf_req *r, uint64_t *job_id)
     /* Counted before closing is tested: sf_upload_close sets closing first,
      * then waits for this count, so a commit either sees closing or is
      * waited for (both are sequentially consistent atomics). */
-    atomic_fetch_add(&g_committing, 1);
+    sf_uploads *sh = sf_upload_ctx_of(r->app)->shared;
+    atomic_fetch_add(&sh->committing, 1);
     pthread_mutex_lock(&u->mu);
     int rc = commit_locked(r, u, job_id);
     pthread_mutex_unlock(&u->mu);
-    atomic_fetch_sub(&g_committing, 1);
+    atomic_fetch_sub(&sh->committing, 1);
     return rc;
 }
 

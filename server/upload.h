@@ -42,6 +42,20 @@ struct sf_jobs;
 struct sf_evals;
 struct sf_distributed;
 
+/* What every upload of the process shares: the uploads that hold a ring slot
+ * (the sweep walks them) and the count of commits in progress (sf_upload_close
+ * waits for it). Lock order: an upload's mu, then holders_mu; the sweep, which
+ * takes them the other way round, only tries an upload's mu (an upload busy
+ * on its thread is moving anyway). The app owns one; sf_uploads_init makes
+ * it empty. */
+typedef struct sf_uploads {
+    pthread_mutex_t holders_mu;
+    struct sf_upload *holders; /* a list through sf_upload.hprev/hnext */
+    atomic_int committing;
+} sf_uploads;
+
+void sf_uploads_init(sf_uploads *s);
+
 /* What uploads need of the process: pointers into the app, set before the
  * HTTP daemon starts. */
 typedef struct sf_upload_ctx {
@@ -57,6 +71,7 @@ typedef struct sf_upload_ctx {
     const sf_app_metrics *m;
     atomic_int *draining;            /* SIGTERM received: waits for a slot end */
     atomic_int *closing;             /* the drain ended: commits are refused */
+    sf_uploads *shared;              /* the slot holders and commits in progress */
 } sf_upload_ctx;
 
 /* The upload context of the process app is. Requests, stream callbacks and

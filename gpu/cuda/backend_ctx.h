@@ -9,7 +9,7 @@
 
 extern "C" {
 #include <nvtx3/nvToolsExt.h>
-#include "gpu/common.h"
+#include "gpu/batch_check.h"
 #include "gpu/backend.h"
 }
 #include "gpu/layers.h"

@@ -82,7 +82,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* clock_gettime, nanosleep (the Makefile defines it too) */
 #endif
-#include "gpu/common.h"
+#include "gpu/batch_check.h"
 #include "gpu/backend.h"
 
 #include <errno.h>

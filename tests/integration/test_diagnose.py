@@ -216,15 +216,17 @@ def test_concurrent_diagnose_requests_get_their_result_or_409_never_a_500(start_
     # A requester woken for its run's end may be answered only after another
     # request has started the next run: it still gets its own result. Each
     # finished run is one chance of that; 30 of them under 16 clients showed
-    # it about once in ten runs before the fix.
-    s = start_server(TINY_AUG)
+    # it about once in ten runs before the fix. That chance comes at a run's
+    # end, whatever the run measured, so the runs measure a batch of one
+    # sample (model.max_batch 1): a run then lasts about the time asked for,
+    # where the default batch of 32 made the minimum steps of each stage the
+    # larger part of the run (about 1.3 s a run in the release build, 8 s
+    # under AddressSanitizer), at the same chance per run. The release
+    # build's run asks for thirty runs, the sanitizer's for six; the deadlines
+    # only bound a machine much busier than CI's, since the workers stop as
+    # soon as they have enough.
+    s = start_server(TINY_AUG, "--model.max_batch", "1")
     codes, lock = {}, threading.Lock()
-    # With sixteen clients a run takes about 1.3 s in the release build and
-    # about 8 s under AddressSanitizer on two cores, where 90 s hold about
-    # eleven: there the test asks for six; the release build's run for thirty.
-    # With another test file beside it (two workers) a run under
-    # AddressSanitizer can take twice as long, so it may take 180 s there;
-    # the workers stop as soon as they have enough.
     need = 6 if built_with_asan() else 30
     deadline = time.monotonic() + (180 if built_with_asan() else 90)
 
@@ -259,7 +261,9 @@ def test_concurrent_diagnose_requests_get_their_result_or_409_never_a_500(start_
     ('{"seconds": 1}', "text/plain", 415, "unsupported_media_type"),
 ])
 def test_diagnose_rejects_a_bad_body_with_its_own_code(start_server, body, ctype, status, code):
-    s = start_server(TINY_AUG, "--diagnose.default_seconds", "0.3")
+    # The closing run only has to end: on a batch of one it takes its 0.3 s,
+    # not the minimum steps of a batch of 32 (seconds under AddressSanitizer).
+    s = start_server(TINY_AUG, "--diagnose.default_seconds", "0.3", "--model.max_batch", "1")
     r = s.request("POST", "/v1/diagnose", data=body, headers={"Content-Type": ctype})
     assert r.status_code == status, r.text
     assert r.json()["error"]["code"] == code
@@ -267,7 +271,7 @@ def test_diagnose_rejects_a_bad_body_with_its_own_code(start_server, body, ctype
 
 
 def test_diagnose_max_seconds_is_hot_and_bounds_the_request(start_server):
-    s = start_server(TINY_AUG)
+    s = start_server(TINY_AUG, "--model.max_batch", "1")  # the run's batch is not under test
     assert s.patch_config({"diagnose": {"max_seconds": 0.5}}).status_code == 200
     r = diagnose(s, 0.6)
     assert r.status_code == 400 and r.json()["error"]["field"] == "seconds"
@@ -278,7 +282,7 @@ def test_diagnose_max_seconds_is_hot_and_bounds_the_request(start_server):
 
 
 def test_diagnose_needs_the_token_when_one_is_set(start_server):
-    s = start_server(TINY_AUG, "--http.token", "sesame", "--diagnose.default_seconds", "0.3")
+    s = start_server(TINY_AUG, "--http.token", "sesame", "--diagnose.default_seconds", "0.3", "--model.max_batch", "1")
     assert diagnose(s).status_code == 401
     assert diagnose(s, headers={"Authorization": "Bearer sesame"}).status_code == 200
 
@@ -318,7 +322,7 @@ def test_streamfeed_load_diagnose_exits_1_with_the_error_code_when_refused(start
 
 
 def test_a_client_that_goes_away_during_a_diagnose_leaves_nothing_behind(start_server):
-    s = start_server(TINY_AUG)
+    s = start_server(TINY_AUG, "--model.max_batch", "1")  # the run's batch is not under test
     body = json.dumps({"seconds": 1}).encode()
     sock = s.connect()
     sock.sendall(b"POST /v1/diagnose HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -271,7 +271,7 @@ test: $(FLAVOUR_STAMP)
 	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv;"
 	@echo "  runs the sanitizer, client package, ops and fuzz-smoke suites while the main build (the CUDA code)"
 	@echo "  compiles in the background, then the unit, integration, client and GPU suites, each in turn;"
-	@echo "  about 25 minutes on two cores the first time (compiling the CUDA code and the sanitizer run take the most)."
+	@echo "  about 30 minutes on two cores the first time (compiling the CUDA code and the sanitizer run take the most)."
 	@set -e; \
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid nice -n 10 $(MAKE) --no-print-directory -j$(NPROC) test-builds-main \
 	  >$(MAIN_BUILD_LOG) 2>&1 & main=$$!; \

@@ -54,11 +54,9 @@
  *                      maxpool as kernels of their own, depthwise convolutions on
  *                      cuDNN alone (never timed against gpu/cuda/conv_dw.h's
  *                      kernels): the same-run comparisons
- *   --lt 1|2|0         linear layers (and self_attention's projections) as
- *                      cuBLASLt GEMMs with the bias and its gradient in their
- *                      epilogues (1), cuBLASLt forwards with cuBLAS weight
- *                      gradients and the bias-gradient kernel (2, executor
- *                      only), or cuBLAS GEMMs plus the bias kernels (0)
+ *   --lt 1|0           linear layers' (and self_attention's projections')
+ *                      forwards as cuBLASLt GEMMs with the bias in their
+ *                      epilogue (1), or cuBLAS GEMMs plus the bias kernel (0)
  *                      (gpu/cuda/linear.h)
  *   --profile 0|1|2    (executor) as above
  *   --optim sgd|adamw  (backend)
@@ -111,7 +109,7 @@ typedef struct opts {
     int hw, batch, graphs, steps, warmup, tune, profile, one_rank, bucket_mb;
     float momentum;
     int fork, fuse, thin, patch, s2d, bn_fuse, dw; /* 1: the executor's choice, 0: its plainer variant */
-    int lt;   /* 1: cuBLASLt linears, 0: cuBLAS + bias kernels, 2: cuBLASLt forwards only */
+    int lt;   /* 1: cuBLASLt linear forwards, 0: cuBLAS + the bias kernel */
 } opts;
 
 static void defaults(via v, opts *o)
@@ -253,8 +251,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {o->hw != 0 && o->hw < 8, "--hw is 0 (the model's own input size) or at least 8"},
         {o->bucket_mb < 1, "--bucket-mb is at least 1"},
         {o->profile < 0 || o->profile > 2, "--profile takes 0, 1 or 2"},
-        {o->lt < 0 || o->lt > 2, "--lt takes 1, 2 or 0"},
-        {v == VIA_BACKEND && o->lt == 2, "--lt 2 is an option of --via executor only"},
+        {o->lt < 0 || o->lt > 1, "--lt takes 1 or 0"},
         {!lay_ok, v == VIA_EXECUTOR ? "--layout takes nhwc or nchw" : "--layout takes auto, nhwc or nchw"},
         {strcmp(o->optim, "sgd") && strcmp(o->optim, "adamw"), "--optim takes sgd or adamw"},
     };
@@ -376,7 +373,6 @@ static int run_executor(const opts *o, const sf_model &m, const char *name, cons
     nc.no_thin = !o->thin;
     nc.no_dw = !o->dw;
     nc.no_lt = o->lt == 0;
-    nc.no_lt_wgrad = o->lt == 2;
     nc.no_patch = !o->patch;
     nc.no_s2d = !o->s2d;
     nc.no_bn_fuse = !o->bn_fuse;

@@ -14,9 +14,9 @@
  * Per layer kind: conv2d and conv_transpose2d through cuDNN's graph API (plans
  * built and timed per batch size, cuDNN's fused conv+bias+ReLU forward where it
  * times faster than conv + our epilogue kernel, backward-filter on a side
- * stream beside backward-data), linear through cuBLASLt with the bias and its
- * gradient in the GEMMs' epilogues where it has a plan (else cuBLAS and our
- * bias kernels; executor_tune.cu's g_lt_wants says which), batchnorm, pooling, add,
+ * stream beside backward-data), linear through cuBLASLt with the bias in the
+ * forward GEMM's epilogue where it has a plan (else cuBLAS and our bias
+ * kernel; executor_tune.cu's g_lt_wants says which), batchnorm, pooling, add,
  * ReLU and the other activations, products (mul, layer_scale), concat,
  * dropout and the losses through our kernels (the *.cu files beside this one).
  * A Vision Transformer's token sequences ([n, t, c], token-major: an NHWC
@@ -189,7 +189,7 @@ static int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void
 {
     const sf_layer *L = &net->m.layers[i];
     const sf_dtype dt = net->g->dt;
-    const sf_linear_lt *p = S->lt[i][j][SF_LT_FWD];
+    const sf_linear_lt *p = S->lt[i][j];
     const int rc = p ? sf_linear_lt_fwd(p, net->lt, x, g_wslot(net, i, 2 * j), y, net->blas_ctx.ws, s) : 1;
     if (rc <= 0)
         return rc;
@@ -200,18 +200,14 @@ static int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void
 }
 
 /* Its weight gradient and bias gradient (fp32, overwritten) from x and dy
- * [rows, out]: one cuBLASLt GEMM with the bias gradient in its epilogue, or
- * the bias-gradient kernel and the cuBLAS GEMM, as g_lt_linear_fwd. */
-static int g_lt_linear_wgrad(sf_cuda_net *net, gshape *S, int i, int j, const void *x, void *dy, int rows,
-                             int in, int out, cudaStream_t s)
+ * [rows, out]: the bias-gradient kernel and the cuBLAS GEMM (linear.h says
+ * why not one cuBLASLt GEMM). */
+static int g_proj_wgrad(sf_cuda_net *net, int i, int j, const void *x, void *dy, int rows, int in, int out,
+                        cudaStream_t s)
 {
     const sf_layer *L = &net->m.layers[i];
     const sf_dtype dt = net->g->dt;
     float *G = net->grads;
-    const sf_linear_lt *p = S->lt[i][j][SF_LT_WGRAD];
-    const int rc = p ? sf_linear_lt_wgrad(p, net->lt, x, dy, G + L->p_off[2 * j], net->blas_ctx.ws, s) : 1;
-    if (rc <= 0)
-        return rc;
     return sf_cuda_bias_grad_dt(dt, dy, NULL, (size_t)rows, out, 1, G + L->p_off[2 * j + 1],
                                 (float *)net->g->scratch, s) ||
                    sf_linear_bwd_filter_dt(net->blas, dt, x, rows, in, dy, out, G + L->p_off[2 * j], net->cfg.tf32)
@@ -249,7 +245,7 @@ static int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, voi
     gop *o = &g->op[i];
     const int t = L->in_h, c = L->in_c, rows = n * t, tf32 = net->cfg.tf32;
     const sf_dtype dt = g->dt;
-    if (g_lt_linear_wgrad(net, S, i, 1, o->att_o, o->dy, rows, c, c, s) ||
+    if (g_proj_wgrad(net, i, 1, o->att_o, o->dy, rows, c, c, s) ||
         sf_linear_bwd_data_dt(net->blas, dt, o->dy, rows, c, g_wslot(net, i, 2), c, g->att_do, tf32))
         return -1;
     if (o->sdpa) {
@@ -259,7 +255,7 @@ static int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, voi
                                 tf32, s)) {
         return -1;
     }
-    if (g_lt_linear_wgrad(net, S, i, 0, g_in(net, i, 0, b), g->att_dqkv, rows, c, 3 * c, s))
+    if (g_proj_wgrad(net, i, 0, g_in(net, i, 0, b), g->att_dqkv, rows, c, 3 * c, s))
         return -1;
     return dx && sf_linear_bwd_data_dt(net->blas, dt, g->att_dqkv, rows, c, g_wslot(net, i, 0), 3 * c, dx, tf32) ? -1
                                                                                                                 : 0;
@@ -408,7 +404,7 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         case SF_L_LINEAR: /* over features (hw = 1), per pixel over a map's channels, or per token */
-            if (S->lt[i][0][SF_LT_FWD]) { /* one GEMM over the n * out_h * out_w rows, the bias inside */
+            if (S->lt[i][0]) { /* one GEMM over the n * out_h * out_w rows, the bias inside */
                 const int rc = g_lt_linear_fwd(net, S, i, 0, x, n * L->out_h * L->out_w, L->in_c, L->out_c, o->y, s);
                 if (rc < 0)
                     return -1;
@@ -705,8 +701,7 @@ static int g_convt_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const v
 
 /* Backward of linear layer i: bias gradient, weight gradient and (when
  * wanted) the input's. */
-static int g_linear_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const void *ymask, void *dx,
-                        cudaStream_t s)
+static int g_linear_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, void *dx, cudaStream_t s)
 {
     gen_net *g = net->g;
     const sf_layer *L = &net->m.layers[i];
@@ -717,15 +712,11 @@ static int g_linear_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const 
     const size_t hw = (size_t)L->out_h * L->out_w;
     const sf_layout ll = g_lay_of(g, i);
     g_view_of(g, i, n, hw, &outer, &inner);
-    if (S->lt[i][0][SF_LT_WGRAD]) { /* no ReLU folded in (g_lt_wants): dy is the GEMM's operand as it is */
-        if (g_lt_linear_wgrad(net, S, i, 0, g_in(net, i, 0, b), o->dy, (int)((size_t)n * hw), L->in_c, L->out_c, s))
-            return -1;
-    } else if ((L->n_b || o->relu) &&
+    if ((L->n_b || o->relu) &&
         sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
                              (float *)g->scratch, s))
         return -1;
-    if (!S->lt[i][0][SF_LT_WGRAD] &&
-        sf_linear_map_bwd_filter_dt(net->blas, dt, ll, g_in(net, i, 0, b), n, hw, L->in_c, o->dy, L->out_c,
+    if (sf_linear_map_bwd_filter_dt(net->blas, dt, ll, g_in(net, i, 0, b), n, hw, L->in_c, o->dy, L->out_c,
                                     net->grads + L->w_off, tf32))
         return -1;
     if (dx && sf_linear_map_bwd_data_dt(net->blas, dt, ll, o->dy, n, hw, L->in_c, g_wd(net, i), L->out_c, dx,
@@ -845,7 +836,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_LINEAR:
-            if (g_linear_bwd(net, S, i, b, n, ymask, dx, s))
+            if (g_linear_bwd(net, i, b, n, ymask, dx, s))
                 return -1;
             break;
         case SF_L_LAYERNORM2D:

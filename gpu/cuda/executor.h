@@ -154,10 +154,8 @@ typedef struct sf_net_cfg {
     int no_bn_fuse;      /* 1: a residual add after a batchnorm, or a batchnorm + ReLU's maxpool,
                             run as kernels of their own, not in one pass with the batchnorm */
     int no_lt;           /* 1: linear layers with a bias (and self_attention's projections) as
-                            cuBLAS GEMMs plus our bias kernels, not cuBLASLt GEMMs with the bias
-                            and its gradient in their epilogues (linear.h) */
-    int no_lt_wgrad;     /* 1: with cuBLASLt forwards, the weight gradients still as cuBLAS GEMMs
-                            plus our bias-gradient kernel (BGRADB's kernels can be the slower) */
+                            cuBLAS GEMMs plus our bias kernel, not cuBLASLt GEMMs with the bias
+                            in their epilogue (linear.h) */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;

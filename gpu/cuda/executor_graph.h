@@ -161,11 +161,11 @@ typedef struct gshape {
     cudaGraphExec_t exec[SF_NET_MAX_BUF][3]; /* [b][k]: k = do_opt (training), 2 (evaluation) */
     sf_sdpa_plan *sdpa[SF_MAX_LAYERS];       /* self_attention layers with sdpa: their fused plans */
     size_t sdpa_ws;                          /* the largest of their workspaces (the main one) */
-    /* cuBLASLt plans (linear.h) by layer, projection (a linear layer's 0;
-     * self_attention's input projection 0, output projection 1) and
-     * direction (sf_linear_lt_dir); NULL: the cuBLAS path */
-    sf_linear_lt *lt[SF_MAX_LAYERS][2][2];
-    int lt_n[2], lt_of[2];                   /* by direction: GEMMs on cuBLASLt, of those it was tried for */
+    /* cuBLASLt forward plans (linear.h) by layer and projection (a linear
+     * layer's 0; self_attention's input projection 0, output projection 1);
+     * NULL: the cuBLAS path */
+    sf_linear_lt *lt[SF_MAX_LAYERS][2];
+    int lt_n, lt_of;                         /* forward GEMMs on cuBLASLt, of those it was tried for */
     int lt_b16;                              /* forward plans on the bias's bf16 copy (fp32 had none) */
     char lt_why[200];                        /* why the first of the others is not ("" when none) */
 } gshape;

@@ -221,8 +221,7 @@ void gshape_destroy(gshape *S)
         sf_convt_plans_destroy(&S->tp[i]);
         sf_sdpa_plan_destroy(S->sdpa[i]);
         for (int j = 0; j < 2; j++)
-            for (int d = 0; d < 2; d++)
-                sf_linear_lt_destroy(S->lt[i][j][d]);
+            sf_linear_lt_destroy(S->lt[i][j]);
     }
     free(S);
 }
@@ -246,11 +245,9 @@ static int g_lt_wants(const sf_cuda_net *net, int i)
     return L->kind == SF_L_LINEAR && L->n_b > 0 && !o->relu && rows;
 }
 
-/* The cuBLASLt plans of layer i for n samples, both directions of each of
- * its GEMMs; a direction cuBLASLt has no plan for keeps the cuBLAS path and
- * our bias kernel (the directions are independent: each reads and writes
- * the same tensors either way), and the first such reason is kept for
- * describe. Activations sit at 256-byte offsets of their arenas or
+/* The cuBLASLt plans of layer i for n samples, the forward of each of its
+ * GEMMs; a GEMM cuBLASLt has no plan for keeps the cuBLAS path and our bias
+ * kernel, and the first such reason is kept for describe. Activations sit at 256-byte offsets of their arenas or
  * allocations; 16 bytes is what the plans assume of them, and a call below
  * it takes the cuBLAS path (sf_linear_lt_fwd). */
 static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
@@ -269,36 +266,27 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
         d.in = L->in_c;
         d.out = attn ? (j ? L->in_c : 3 * L->in_c) : L->out_c;
         d.b = net->params + L->p_off[bslot];
-        d.db = net->grads + L->p_off[bslot];
         d.w = E(g->wd, L->p_off[wslot], g->es);
-        d.dw = net->grads + L->p_off[wslot];
         d.align_act = 16;
         d.ws_bytes = net->blas_ctx.ws_bytes;
-        for (int dir = 0; dir < 2; dir++) {
-            char why[160] = "";
-            S->lt_of[dir]++;
-            if (dir == SF_LT_WGRAD && net->cfg.no_lt_wgrad) {
-                if (!S->lt_why[0])
-                    snprintf(S->lt_why, sizeof S->lt_why, "the weight gradients by executor switch no_lt_wgrad");
-                continue;
-            }
-            int rc = sf_linear_lt_create(&S->lt[i][j][dir], net->lt, &d, (sf_linear_lt_dir)dir, why, sizeof why);
-            if (rc && dir == SF_LT_FWD && g->dt == SF_DT_BF16) {
-                /* the bias's bf16 copy (wd holds every parameter), as autocast reads it */
-                sf_linear_lt_desc d16 = d;
-                d16.b = E(g->wd, L->p_off[bslot], g->es);
-                d16.b_bf16 = 1;
-                char why16[160] = "";
-                rc = sf_linear_lt_create(&S->lt[i][j][dir], net->lt, &d16, SF_LT_FWD, why16, sizeof why16);
-                S->lt_b16 += rc == 0;
-            }
-            if (rc) {
-                if (!S->lt_why[0])
-                    snprintf(S->lt_why, sizeof S->lt_why, "layer %d: %s", i, why);
-                continue;
-            }
-            S->lt_n[dir]++;
+        char why[160] = "";
+        S->lt_of++;
+        int rc = sf_linear_lt_create(&S->lt[i][j], net->lt, &d, why, sizeof why);
+        if (rc && g->dt == SF_DT_BF16) {
+            /* the bias's bf16 copy (wd holds every parameter), as autocast reads it */
+            sf_linear_lt_desc d16 = d;
+            d16.b = E(g->wd, L->p_off[bslot], g->es);
+            d16.b_bf16 = 1;
+            char why16[160] = "";
+            rc = sf_linear_lt_create(&S->lt[i][j], net->lt, &d16, why16, sizeof why16);
+            S->lt_b16 += rc == 0;
         }
+        if (rc) {
+            if (!S->lt_why[0])
+                snprintf(S->lt_why, sizeof S->lt_why, "layer %d: %s", i, why);
+            continue;
+        }
+        S->lt_n++;
     }
 }
 
@@ -536,12 +524,11 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         if (w > 0)
             at += (size_t)w;
     }
-    if (at < len && S->lt_of[SF_LT_FWD]) {
-        const int all = S->lt_n[0] == S->lt_of[0] && S->lt_n[1] == S->lt_of[1];
+    if (at < len && S->lt_of) {
+        const int all = S->lt_n == S->lt_of;
         int w = snprintf(buf + at, len - at,
-                         "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS) and "
-                         "%d of %d weight-gradient GEMMs (epilogue BGRADB)%s%s%s\n",
-                         S->lt_n[0], S->lt_of[0], S->lt_n[1], S->lt_of[1],
+                         "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS)%s%s%s\n",
+                         S->lt_n, S->lt_of,
                          S->lt_b16 ? "; forward biases read as their bf16 copies (no plan with fp32 ones)" : "",
                          all ? "" : ", the others on cuBLAS: ", all ? "" : S->lt_why);
         if (w > 0)

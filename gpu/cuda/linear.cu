@@ -227,7 +227,6 @@ extern "C" int sf_linear_map_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, sf_lay
 /* ---- linear layers with the bias inside the GEMM (cuBLASLt) ----------------- */
 
 struct sf_linear_lt {
-    sf_linear_lt_dir dir;
     cublasLtMatmulDesc_t md;
     cublasLtMatrixLayout_t a, b, c; /* c describes both C and D (beta = 0: C is never read) */
     cublasLtMatmulAlgo_t algo;
@@ -267,8 +266,8 @@ static uint32_t lt_align(const void *ptr, int cap)
     return al;
 }
 
-extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, const sf_linear_lt_desc *d,
-                                   sf_linear_lt_dir dir, char *why, size_t why_len)
+extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, const sf_linear_lt_desc *d, char *why,
+                                   size_t why_len)
 {
     *out = NULL;
     cudaDataType_t t;
@@ -278,7 +277,7 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
         return -1;
     }
     if (d->rows < 1 || d->in < 1 || d->out < 1 || d->align_act < 1 || d->align_act > 256 ||
-        (d->align_act & (d->align_act - 1)) || (d->b_bf16 && (dir != SF_LT_FWD || d->dt != SF_DT_BF16))) {
+        (d->align_act & (d->align_act - 1)) || (d->b_bf16 && d->dt != SF_DT_BF16)) {
         snprintf(why, why_len, "shape %d x %d -> %d, activation alignment %d, bf16 bias %d", d->rows, d->in, d->out,
                  d->align_act, d->b_bf16);
         return -1;
@@ -288,42 +287,32 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
         snprintf(why, why_len, "out of host memory");
         return -1;
     }
-    p->dir = dir;
     p->ws_bytes = d->ws_bytes;
-    const int fwd = dir == SF_LT_FWD;
-    const void *bias = fwd ? (const void *)d->b : (const void *)d->db;
+    const void *bias = d->b;
     const cublasOperation_t opn = CUBLAS_OP_N, opt = CUBLAS_OP_T;
-    const cudaDataType_t bt = d->b_bf16 ? CUDA_R_16BF : CUDA_R_32F, dtype = fwd ? t : CUDA_R_32F;
-    const cublasLtEpilogue_t epi = !bias ? CUBLASLT_EPILOGUE_DEFAULT : fwd ? CUBLASLT_EPILOGUE_BIAS
-                                                                          : CUBLASLT_EPILOGUE_BGRADB;
+    const cudaDataType_t bt = d->b_bf16 ? CUDA_R_16BF : CUDA_R_32F, dtype = t;
+    const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     LT_PLAN(cublasLtMatmulDescCreate(&p->md, ct, CUDA_R_32F));
-    /* column-major, as the cuBLAS functions above: forward y^T [out, rows] =
-     * (w [in, out])^T . x^T [in, rows]; weight gradient dw^T [in, out] =
-     * x^T [in, rows] . (dy^T [out, rows])^T */
-    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSA, fwd ? &opt : &opn, sizeof opt));
-    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSB, fwd ? &opn : &opt, sizeof opt));
+    /* column-major, as the cuBLAS functions above: y^T [out, rows] =
+     * (w [in, out])^T . x^T [in, rows] */
+    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
+    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
     LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (bias) {
         LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
         const int32_t bt32 = (int32_t)bt; /* fp32 even beside bf16 outputs unless b_bf16 (default: D's type) */
         LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt32, sizeof bt32));
     }
-    if (fwd) {
-        LT_PLAN(cublasLtMatrixLayoutCreate(&p->a, t, (uint64_t)d->in, (uint64_t)d->out, d->in));
-        LT_PLAN(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)d->in, (uint64_t)d->rows, d->in));
-        LT_PLAN(cublasLtMatrixLayoutCreate(&p->c, dtype, (uint64_t)d->out, (uint64_t)d->rows, d->out));
-    } else {
-        LT_PLAN(cublasLtMatrixLayoutCreate(&p->a, t, (uint64_t)d->in, (uint64_t)d->rows, d->in));
-        LT_PLAN(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)d->out, (uint64_t)d->rows, d->out));
-        LT_PLAN(cublasLtMatrixLayoutCreate(&p->c, dtype, (uint64_t)d->in, (uint64_t)d->out, d->in));
-    }
+    LT_PLAN(cublasLtMatrixLayoutCreate(&p->a, t, (uint64_t)d->in, (uint64_t)d->out, d->in));
+    LT_PLAN(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)d->in, (uint64_t)d->rows, d->in));
+    LT_PLAN(cublasLtMatrixLayoutCreate(&p->c, dtype, (uint64_t)d->out, (uint64_t)d->rows, d->out));
     cublasLtMatmulPreference_t pref = NULL;
     LT_PLAN(cublasLtMatmulPreferenceCreate(&pref));
-    /* Alignments: the weight's (forward A) or weight gradient's (D) own, the
-     * activations' as the caller guarantees them; cuBLASLt assumes 256 bytes
-     * for an operand it is told nothing of. */
+    /* Alignments: the weight's (A) own, the activations' as the caller
+     * guarantees them; cuBLASLt assumes 256 bytes for an operand it is told
+     * nothing of. */
     const uint32_t aact = (uint32_t)d->align_act;
-    const uint32_t aw = fwd ? lt_align(d->w, 256) : aact, ad = fwd ? aact : lt_align(d->dw, 256);
+    const uint32_t aw = lt_align(d->w, 256), ad = aact;
     p->al_a = aw;
     p->al_b = aact;
     p->al_d = ad;
@@ -354,9 +343,9 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
         st = cublasLtMatmulAlgoGetHeuristic(lt, p->md, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
-        snprintf(why, why_len, "no cuBLASLt algorithm for %s %d x %d -> %d %s%s (%s)", fwd ? "fwd" : "wgrad",
-                 d->rows, d->in, d->out, d->dt == SF_DT_BF16 ? "bf16" : d->tf32 ? "tf32" : "fp32",
-                 !bias ? "" : !fwd ? " +fp32 bias gradient" : d->b_bf16 ? " +bf16 bias" : " +fp32 bias",
+        snprintf(why, why_len, "no cuBLASLt algorithm for %d x %d -> %d %s%s (%s)", d->rows, d->in, d->out,
+                 d->dt == SF_DT_BF16 ? "bf16" : d->tf32 ? "tf32" : "fp32",
+                 !bias ? "" : d->b_bf16 ? " +bf16 bias" : " +fp32 bias",
                  cublasGetStatusString(st != CUBLAS_STATUS_SUCCESS ? st : found < 1 ? CUBLAS_STATUS_NOT_SUPPORTED
                                                                                      : res.state));
         sf_linear_lt_destroy(p);
@@ -381,19 +370,5 @@ static int lt_run(const sf_linear_lt *p, cublasLtHandle_t lt, const void *A, con
 extern "C" int sf_linear_lt_fwd(const sf_linear_lt *p, cublasLtHandle_t lt, const void *x, const void *w, void *y,
                                 void *ws, cudaStream_t s)
 {
-    if (p->dir != SF_LT_FWD) {
-        sf_cuda_set_error("%s:%d: sf_linear_lt_fwd: a weight-gradient plan", __FILE__, __LINE__);
-        return -1;
-    }
     return lt_run(p, lt, w, x, y, ws, s);
-}
-
-extern "C" int sf_linear_lt_wgrad(const sf_linear_lt *p, cublasLtHandle_t lt, const void *x, const void *dy,
-                                  float *dw, void *ws, cudaStream_t s)
-{
-    if (p->dir != SF_LT_WGRAD) {
-        sf_cuda_set_error("%s:%d: sf_linear_lt_wgrad: a forward plan", __FILE__, __LINE__);
-        return -1;
-    }
-    return lt_run(p, lt, x, dy, dw, ws, s);
 }

@@ -82,58 +82,52 @@ int sf_linear_bwd_filter_dt(cublasHandle_t h, sf_dtype dt, const void *x, int n,
                             float *dw, int tf32);
 
 /* ---- linear layers with the bias inside the GEMM (cuBLASLt) ---------------- */
-/* The forward y = x w^T + b as one cublasLtMatmul with CUBLASLT_EPILOGUE_BIAS,
- * and the weight gradient dw = dy^T x with the bias gradient db = sum over
- * rows of dy as one cublasLtMatmul with CUBLASLT_EPILOGUE_BGRADB (the GEMM
- * computes dw^T = x^T . dy column-major, so dy is its B operand and the rows
- * are its k dimension, which BGRADB reduces). Row-major as above; the same
- * operand and compute types as the cuBLAS functions (sf_cublas_types), the
- * bias, its gradient and dw fp32 whatever dt is (a bf16 forward may instead
- * read a bf16 bias, b_bf16, as autocast's linear does). Without a bias (b or db
- * NULL) the GEMM has the default epilogue. A bf16 forward excludes the
- * reduction schemes that sum split-K partials in the output type (the Lt form
- * of CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
+/* The forward y = x w^T + b as one cublasLtMatmul with CUBLASLT_EPILOGUE_BIAS.
+ * Row-major as above; the same operand and compute types as the cuBLAS
+ * functions (sf_cublas_types), the bias fp32 whatever dt is (a bf16 forward
+ * may instead read a bf16 bias, b_bf16, as autocast's linear does). Without a
+ * bias (b NULL) the GEMM has the default epilogue. A bf16 forward excludes
+ * the reduction schemes that sum split-K partials in the output type (the Lt
+ * form of CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
+ *
+ * The weight gradient stays a cuBLAS GEMM beside the bias-gradient kernel:
+ * on the H200, vit_b_16 bf16 batch 256 trained about 1 % slower per step with
+ * the weight gradient and bias gradient as one cublasLtMatmul (epilogue
+ * BGRADB) than with the two apart
+ * (bench/results/2026-11-29-h200-depthwise-and-cublaslt.md).
  *
  * A plan holds the descriptors and the algorithm that
  * cublasLtMatmulAlgoGetHeuristic picked for one shape and direction, once:
  * running it is one capturable cublasLtMatmul that allocates nothing. The
- * bias (or bias gradient) pointer is bound at creation, because the
- * heuristic takes its alignment from it; the weight, weight-gradient and
- * activation pointers are passed per call, and a call with a pointer less
- * aligned than the plan assumed (the weight's or weight gradient's at
- * creation, align_act for the activations) returns 1 without running, so
- * that the caller takes the cuBLAS path. */
-typedef enum sf_linear_lt_dir { SF_LT_FWD = 0, SF_LT_WGRAD = 1 } sf_linear_lt_dir;
+ * bias pointer is bound at creation, because the heuristic takes its
+ * alignment from it; the weight and activation pointers are passed per
+ * call, and a call with a pointer less aligned than the plan assumed (the
+ * weight's at creation, align_act for the activations) returns 1 without
+ * running, so that the caller takes the cuBLAS path. */
 
 typedef struct sf_linear_lt_desc {
     sf_dtype dt;
     int tf32;         /* fp32: TF32 tensor cores */
-    int rows, in, out; /* x [rows, in], w [out, in], y and dy [rows, out] */
-    const void *b;    /* SF_LT_FWD: the bias [out], fp32 or (b_bf16) bf16 (NULL: none) */
-    int b_bf16;       /* SF_LT_FWD with dt bf16: b holds bf16 values */
-    float *db;        /* SF_LT_WGRAD: the bias gradient [out] it writes (NULL: none) */
-    const void *w;    /* SF_LT_FWD: the weight the calls pass (its alignment is planned for) */
-    float *dw;        /* SF_LT_WGRAD: the weight gradient the calls pass (likewise) */
-    int align_act;    /* bytes every activation pointer (x, y, dy) is aligned to, 1..256 */
+    int rows, in, out; /* x [rows, in], w [out, in], y [rows, out] */
+    const void *b;    /* the bias [out], fp32 or (b_bf16) bf16 (NULL: none) */
+    int b_bf16;       /* with dt bf16: b holds bf16 values */
+    const void *w;    /* the weight the calls pass (its alignment is planned for) */
+    int align_act;    /* bytes every activation pointer (x, y) is aligned to, 1..256 */
     size_t ws_bytes;  /* the workspace each call passes */
 } sf_linear_lt_desc;
 
 typedef struct sf_linear_lt sf_linear_lt;
 
-/* Plans direction dir of d: 0, or -1 with the reason in why (cuBLASLt has no
+/* Plans the forward of d: 0, or -1 with the reason in why (cuBLASLt has no
  * algorithm for the shape, types and epilogue; a call failed) and nothing
  * kept. No device work. */
-int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, const sf_linear_lt_desc *d, sf_linear_lt_dir dir,
-                        char *why, size_t why_len);
+int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, const sf_linear_lt_desc *d, char *why,
+                        size_t why_len);
 void sf_linear_lt_destroy(sf_linear_lt *p);
 /* y = x w^T (+ b) on stream s with workspace ws (the plan's ws_bytes): 0,
  * 1 (a pointer below the planned alignment: nothing ran), -1 (error set). */
 int sf_linear_lt_fwd(const sf_linear_lt *p, cublasLtHandle_t lt, const void *x, const void *w, void *y, void *ws,
                      cudaStream_t s);
-/* dw = dy^T x (fp32) and, with a bias, db = the column sums of dy; returns as
- * sf_linear_lt_fwd. */
-int sf_linear_lt_wgrad(const sf_linear_lt *p, cublasLtHandle_t lt, const void *x, const void *dy, float *dw,
-                       void *ws, cudaStream_t s);
 
 /* ---- per pixel over a map's channels (linear "over": "channels") ------------ */
 /* x [n, in, hw], y and dy [n, out, hw] in layout lay (hw = 1: flat tensors,

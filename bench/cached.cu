@@ -57,8 +57,8 @@
  *   --lt 1|2|0         linear layers (and self_attention's projections) as
  *                      cuBLASLt GEMMs with the bias and its gradient in their
  *                      epilogues (1), cuBLASLt forwards with cuBLAS weight
- *                      gradients and the bias-gradient kernel (2, executor
- *                      only), or cuBLAS GEMMs plus the bias kernels (0)
+ *                      gradients and the bias-gradient kernel (2), or
+ *                      cuBLAS GEMMs plus the bias kernels (0)
  *                      (gpu/cuda/linear.h)
  *   --profile 0|1|2    (executor) as above
  *   --optim sgd|adamw  (backend)
@@ -179,6 +179,21 @@ static const opt_row OPTS[] = {
     {"--one-rank-job", OPT_INT, offsetof(opts, one_rank), FOR_BACKEND},
     {"--bucket-mb", OPT_INT, offsetof(opts, bucket_mb), FOR_BACKEND},
 };
+
+/* The executor's switches the options ask for, for either way. */
+static void switches_of(const opts *o, sf_exec_switches *sw)
+{
+    memset(sw, 0, sizeof *sw);
+    sw->no_fork = !o->fork;
+    sw->no_fuse = !o->fuse;
+    sw->no_thin = !o->thin;
+    sw->no_patch = !o->patch;
+    sw->no_s2d = !o->s2d;
+    sw->no_bn_fuse = !o->bn_fuse;
+    sw->no_dw = !o->dw;
+    sw->no_lt = o->lt == 0;
+    sw->no_lt_wgrad = o->lt == 2;
+}
 
 static const char *prec_name(sf_precision p) { return p == SF_PREC_BF16 ? "bf16" : p == SF_PREC_TF32 ? "tf32" : "fp32"; }
 
@@ -371,15 +386,9 @@ static int run_executor(const opts *o, const sf_model &m, const char *name, cons
     nc.max_batch = batch;
     nc.nbuf = 1;
     nc.tune = o->tune;
-    nc.no_fork = !o->fork;
-    nc.no_fuse = !o->fuse;
-    nc.no_thin = !o->thin;
-    nc.no_dw = !o->dw;
-    nc.no_lt = o->lt == 0;
-    nc.no_lt_wgrad = o->lt == 2;
-    nc.no_patch = !o->patch;
-    nc.no_s2d = !o->s2d;
-    nc.no_bn_fuse = !o->bn_fuse;
+    sf_exec_switches sw;
+    switches_of(o, &sw);
+    sf_exec_switches_apply(&sw, &nc);
     nc.seed = 1;
     sf_cuda_net *net = NULL;
     const sf_cublas_ctx blas_ctx = {blas, bws, (size_t)32 << 20};
@@ -474,15 +483,7 @@ static int run_backend(const opts *o, const sf_model &m, const char *name, const
     cfg.device = 0;
     cfg.tune_configs = o->tune;
     sf_exec_switches sw;
-    memset(&sw, 0, sizeof sw);
-    sw.no_fork = !o->fork;
-    sw.no_fuse = !o->fuse;
-    sw.no_patch = !o->patch;
-    sw.no_s2d = !o->s2d;
-    sw.no_bn_fuse = !o->bn_fuse;
-    sw.no_thin = !o->thin;
-    sw.no_dw = !o->dw;
-    sw.no_lt = o->lt == 0;
+    switches_of(o, &sw);
     cfg.sw = &sw;
     cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
     /* the job's store in this process, as rank 0 keeps it (collective/kv_table.h) */

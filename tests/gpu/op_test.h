@@ -1,4 +1,5 @@
-/* tests/gpu/op_test.h — what the op-family tests (tests/gpu/test_<family>.cu)
+/* tests/gpu/op_test.h — what the op-family compare functions (tests/gpu/ops/<family>.cu)
+ * and the op tests still a program of their own (tests/gpu/test_<family>.cu)
  * share beside gpu_test.h: fresh random inputs, NaN poisoning, the fp32/tf32
  * relative-error checks, and the bf16 helpers (host rounding so both sides see
  * the same values, bf16 uploads and downloads, the max-error and per-element
@@ -37,7 +38,8 @@ extern "C" {
 #include "gpu/cuda/pointwise.h"
 #include "gpu/cuda/pool.h"
 
-static __attribute__((unused)) uint64_t g_seed = 0x9e3779b9;
+/* The next input's seed; test_ops sets it from each case's name. */
+inline uint64_t g_seed = 0x9e3779b9;
 
 /* ---- helpers -------------------------------------------------------------- */
 

@@ -1,0 +1,64 @@
+/* tests/gpu/op_cases.h — the op case table that tests/gpu/test_ops.cu runs,
+ * as ggml's test-backend-ops runs every op against the CPU: one row per case
+ * (the op family, which of its checks, element type, layout, shape, the op's
+ * parameters, tolerances), each row naming the compare function that runs the
+ * CUDA op and its double-precision reference of gpu/ref on fresh random
+ * inputs and prints one "ok <check>" or "FAIL <check>: ..." line per output
+ * it compares (op_test.h's criteria).
+ *
+ * The table is op_cases() in tests/gpu/op_cases.cu; the compare functions are
+ * in tests/gpu/ops/<family>.cu, each with a comment naming what its row's
+ * shape and parameters mean. Adding an op is its compare function and rows in
+ * the table. */
+#ifndef SF_TESTS_GPU_OP_CASES_H
+#define SF_TESTS_GPU_OP_CASES_H
+
+#include <string>
+#include <vector>
+
+#include "gpu/cuda/program.h"
+#include "gpu/cuda/tensor.h"
+
+/* What the driver makes once and lends every case. */
+struct op_env {
+    cudaStream_t s; /* device 0's blocking stream (test_stream) */
+    cudnnHandle_t dnn; /* a cuDNN handle on s */
+};
+
+struct op_case;
+typedef void (*op_compare)(const op_case &c, const op_env &e);
+
+/* One case. A family without a layout (elementwise ops) sets laid 0, and its
+ * name then shows none. The shape and the parameters mean what the compare
+ * function's comment says. */
+struct op_case {
+    const char *op;        /* the family: what -o selects */
+    const char *check;     /* which of the family's checks (a sub-op, or a property such as "refused") */
+    op_compare run;
+    sf_dtype dt;
+    int laid;              /* 1: the case has a layout (lay) */
+    sf_layout lay;
+    std::vector<int> shape;
+    std::vector<int> p;    /* the op's integer parameters */
+    std::vector<float> f;  /* the op's real parameters (eps, probabilities) */
+    double tol;            /* fp32 outputs: ||got - ref|| / ||ref|| below it (0: exact values) */
+    double tol_param;      /* fp32 gradients of parameters (weights, scales), in either element type */
+};
+
+/* The case's name: what -k matches, -l lists, and the seed of its inputs. */
+std::string op_case_name(const op_case &c);
+
+/* Every case, in the order the driver runs them. */
+std::vector<op_case> op_cases();
+
+/* The compare functions, one family per file under tests/gpu/ops/. */
+void cmp_activation(const op_case &c, const op_env &e);
+void cmp_activation_nan(const op_case &c, const op_env &e);
+void cmp_activation_refused(const op_case &c, const op_env &e);
+void cmp_concat(const op_case &c, const op_env &e);
+void cmp_concat_refused(const op_case &c, const op_env &e);
+void cmp_mul(const op_case &c, const op_env &e);
+void cmp_channel_scale(const op_case &c, const op_env &e);
+void cmp_layernorm(const op_case &c, const op_env &e);
+
+#endif

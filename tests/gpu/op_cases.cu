@@ -129,5 +129,219 @@ std::vector<op_case> op_cases()
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {300, 16, 1, 1}, {0}, 1e-5, tp, {1e-5f}));
         }
 
+    /* layout: the batched transpose at a square-tile and a ragged shape */
+    t.push_back(row("layout", "transpose", cmp_transpose, SF_DT_F32, {3, 37, 45}, {}, 1e-7));
+    t.push_back(row("layout", "transpose", cmp_transpose, SF_DT_F32, {2, 4096, 3}, {}, 1e-7));
+
+    /* tokens: ViT-B/16's 196 patches (of 64 channels here), odd shapes and
+     * flat maps; 16 + 1 and 196 + 1 tokens; the moves are exact, the
+     * parameter gradients held to 1e-6 in their compare functions */
+    for (const sf_dtype dt : k_dtypes) {
+        for (const sf_layout lay : k_layouts) {
+            t.push_back(row("tokens", "to_tokens", cmp_to_tokens, dt, lay, {3, 7, 5, 3}, {}, 0));
+            t.push_back(row("tokens", "to_tokens", cmp_to_tokens, dt, lay, {2, 64, 14, 14}, {}, 0));
+            t.push_back(row("tokens", "to_tokens", cmp_to_tokens, dt, lay, {2, 33, 1, 1}, {}, 0));
+        }
+        t.push_back(row("tokens", "class_token", cmp_class_token, dt, {3, 16, 24}, {}, 0));
+        t.push_back(row("tokens", "class_token", cmp_class_token, dt, {2, 196, 64}, {}, 0));
+        t.push_back(row("tokens", "pos_embedding", cmp_pos_embedding, dt, {3, 17, 24}, {}, 0));
+        t.push_back(row("tokens", "pos_embedding", cmp_pos_embedding, dt, {5, 197, 64}, {}, 0));
+        t.push_back(row("tokens", "select_token", cmp_select_token, dt, {3, 17, 24}, {}, 0));
+        t.push_back(row("tokens", "select_token", cmp_select_token, dt, {2, 197, 64}, {}, 0));
+    }
+
+    /* dropout and stochastic depth, bit for bit with the reference: the odd
+     * sizes at p 0, 0.3 and 1, more samples in place, flat features, and a
+     * captured launch replayed after the sequence changed */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts)
+            for (int rows = 0; rows < 2; rows++) {
+                for (const float p : {0.f, 0.3f, 1.f})
+                    t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {3, 3, 7, 5}, {rows, 0}, 0, 0, {p}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {rows, 1}, 0, 0, {0.5f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {5, 37, 1, 1}, {rows, 0}, 0, 0, {0.3f}));
+                t.push_back(row("dropout", "graph_replay", cmp_dropout_graph_replay, dt, lay, {}, {rows}, 0));
+            }
+    t.push_back(row("dropout", "null_seq", cmp_dropout_null_seq, SF_DT_F32, {}, {}, 0));
+
+    /* pool: ResNet-18's stem and head, odd sizes (C % 8 != 0, odd h),
+     * misaligned tensors, k3 s2 without padding, many rows per sample with
+     * a partial channel tile; ceil_mode with a last window that starts
+     * inside the input and runs past it; avgpool2d with and without the
+     * padding counted (DenseNet's transition); adaptive bins that overlap
+     * and that upsample (VGG's head); the maxpool that follows a batchnorm.
+     * Tolerances: each compare function's comment. */
+    for (const sf_layout lay : k_layouts) {
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {2, 64, 112, 112}, {3, 2, 1}, 0));
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {3, 5, 13, 11}, {3, 2, 1}, 0));
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {2, 3, 9, 9}, {2, 2, 0}, 0));
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {1, 4, 7, 8}, {3, 1, 1}, 0));
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {2, 3, 10, 10}, {5, 3, 2}, 0));
+        t.push_back(row("pool", "avgpool", cmp_avgpool, SF_DT_F32, lay, {4, 512, 7, 7}, {}, 0));
+        t.push_back(row("pool", "avgpool", cmp_avgpool, SF_DT_F32, lay, {3, 5, 3, 5}, {}, 0));
+        t.push_back(row("pool", "avgpool", cmp_avgpool, SF_DT_F32, lay, {4, 7, 1, 1}, {}, 0));
+        t.push_back(row("pool", "avgpool", cmp_avgpool, SF_DT_F32, lay, {2, 40, 56, 56}, {}, 0));
+    }
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            const int mp[][9] = {
+                /* n, c, h, w, k, stride, pad, misaligned, ceil_mode */
+                {2, 64, 112, 112, 3, 2, 1, 0, 0}, {3, 5, 13, 11, 3, 2, 1, 0, 0}, {2, 16, 9, 10, 3, 2, 1, 0, 0},
+                {2, 16, 12, 12, 3, 2, 1, 1, 0},   {2, 8, 11, 11, 3, 2, 0, 0, 0}, {2, 3, 9, 9, 2, 2, 0, 0, 0},
+                {1, 4, 7, 8, 3, 1, 1, 0, 0},      {2, 8, 10, 10, 5, 3, 2, 0, 0},
+            };
+            for (const auto &m : mp)
+                t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {m[0], m[1], m[2], m[3]},
+                                {m[4], m[5], m[6], m[7], m[8]}, 0));
+            t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {4, 512, 7, 7}, {}, 0));
+            t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {3, 5, 3, 5}, {}, 0));
+            t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {2, 40, 56, 56}, {}, 0));
+            t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {2, 5, 8, 8}, {3, 2, 1, 0, 1}, 0));
+            t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {2, 3, 10, 11}, {2, 2, 0, 0, 1}, 0));
+            t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {1, 4, 13, 13}, {3, 2, 0, 0, 1}, 0));
+            for (int ceil = 0; ceil < 2; ceil++)
+                for (int cip = 0; cip < 2; cip++) {
+                    t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 5, 9, 11}, {3, 2, 1, ceil, cip}, 0));
+                    t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 5, 8, 8}, {3, 2, 1, ceil, cip}, 0));
+                    t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 3, 8, 7}, {2, 2, 1, ceil, cip}, 0));
+                    t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {1, 16, 10, 10}, {3, 3, 0, ceil, cip}, 0));
+                }
+            t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 64, 28, 28}, {2, 2, 0, 0, 1}, 0));
+            t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {2, 5, 7, 11}, {3, 5}, 0));
+            t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {2, 4, 5, 4}, {7, 6}, 0));
+            t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {3, 16, 13, 13}, {1, 1}, 0));
+            t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {2, 8, 14, 14}, {7, 7}, 0));
+        }
+    t.push_back(row("pool", "maxpool_pre_bn", cmp_maxpool_pre_bn, SF_DT_F32, {2, 64, 112, 112}, {}, 0));
+    t.push_back(row("pool", "maxpool_pre_bn", cmp_maxpool_pre_bn, SF_DT_F32, {3, 16, 9, 10}, {}, 0));
+
+    /* loss (fp32): cross-entropy with hard labels, with soft targets (label
+     * smoothing, mixing, ties, k <= 5 where every sample is a top-5 hit, a
+     * data-parallel rank's gradient scale), label checks, and the per-pixel
+     * form (W2's head, odd sizes, one class, a bad label, smoothing, a
+     * rank's scale) */
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {37, 10}, {}, 0));
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {5, 1000}, {}, 0));
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {300, 3}, {}, 0));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.1f, 1.f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.f, 0.6f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {64, 1000}, {0}, 0, 0, {0.1f, 0.35f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {50, 20}, {1}, 0, 0, {0.2f, 0.8f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {9, 4}, {0}, 0, 0, {0.1f, 0.5f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.f, 1.f, 0.25f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {64, 1000}, {0}, 0, 0, {0.1f, 0.35f, 0.4f}));
+    t.push_back(row("loss", "labels", cmp_labels, SF_DT_F32, {}, {}, 0));
+    for (const sf_layout lay : k_layouts) {
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 10, 256, 256}, {0}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {1, 3, 5, 1}, {0}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 1, 3, 3}, {0}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 5, 4, 4}, {1}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.1f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 21, 16, 16}, {0}, 0, 0, {0.05f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.f, 0.25f}));
+    }
+
+    /* pointwise: the fp32 launchers (ReLU, bias gradient over rows and
+     * planes, add with ReLU and in place), then in each element type the
+     * _dt launchers at vector tails, misaligned and in place: ReLU, add,
+     * the gradient fork, bias + activation and the bias gradient (NHWC and
+     * NCHW views, more channels than a block), then casts and the random
+     * fill */
+    t.push_back(row("pointwise", "relu", cmp_relu, SF_DT_F32, {1001}, {}, 0));
+    t.push_back(row("pointwise", "relu", cmp_relu, SF_DT_F32, {1 << 16}, {}, 0));
+    for (const auto &b : std::vector<std::vector<int>>{{100003, 16, 1}, {7, 4096, 1}, {33, 3, 1}, {3, 5, 17},
+                                                       {32, 16, 4096}, {9, 10, 1}})
+        t.push_back(row("pointwise", "bias_grad", cmp_bias_grad, SF_DT_F32, b, {}, 0));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1001}, {0, 0}, 0));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1 << 16}, {0, 1}, 0));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1 << 16}, {1, 0}, 0));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {999}, {1, 1}, 0));
+    for (const sf_dtype dt : k_dtypes) {
+        t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {1001}, {0, 0}, 0));
+        t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {1 << 16}, {0, 1}, 0));
+        t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {4099}, {1, 0}, 0));
+        t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {5}, {0, 0}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {1001}, {0, 0, 0}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {1 << 16}, {1, 1, 0}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {999}, {1, 0, 1}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {7}, {0, 1, 0}, 0));
+        for (int v = 0; v < 8; v++)
+            t.push_back(row("pointwise", "grad_fork_dt", cmp_grad_fork_dt, dt, {v & 4 ? 1001 : 1 << 16},
+                            {v & 1, (v >> 1) & 1, v == 6, v == 5}, 0));
+        /* NHWC view with the vector path, NCHW view with an odd inner size
+         * and with inner % 8 == 0, channels not a multiple of 8, ReLU alone
+         * misaligned */
+        for (const auto &b : std::vector<std::vector<int>>{{37, 64, 1, 1, 1, 0}, {3, 16, 49, 1, 1, 0}, {2, 5, 64, 0, 1, 0},
+                                                           {19, 12, 1, 1, 1, 0}, {11, 24, 1, 1, 0, 1}})
+            t.push_back(row("pointwise", "bias_act_dt", cmp_bias_act_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 0));
+        /* rows (vector, many chunks, scalar), planes (vector, scalar
+         * misaligned), the mask alone, more channels than a block */
+        for (const auto &b : std::vector<std::vector<int>>{{301, 64, 1, 1, 1, 0}, {1000, 8, 1, 0, 1, 0},
+                                                           {57, 13, 1, 1, 1, 0}, {4, 6, 64, 1, 1, 0},
+                                                           {5, 7, 9, 1, 1, 1}, {9, 16, 1, 1, 0, 0},
+                                                           {3, 2100, 1, 0, 1, 0}})
+            t.push_back(row("pointwise", "bias_grad_dt", cmp_bias_grad_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 0));
+    }
+    t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {1001}, {0, 0}, 0));
+    t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {1 << 16}, {0, 0}, 0));
+    t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {333}, {1, 0}, 0));
+    t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {40}, {0, 3}, 0));
+    t.push_back(row("pointwise", "fill_random_dt", cmp_fill_random_dt, SF_DT_F32, {100003}, {}, 0));
+
+    /* optimizer: SGD with and without momentum over one and many segments,
+     * with fp32 masters of bf16 weights, AdamW with and without weight
+     * decay (permuted segments too), and the weights' layout permutation;
+     * bit for bit or within the compare functions' bounds */
+    t.push_back(row("optimizer", "sgd", cmp_sgd, SF_DT_F32, {}, {0}, 0, 0, {0.9f}));
+    t.push_back(row("optimizer", "sgd", cmp_sgd, SF_DT_F32, {}, {1}, 0, 0, {0.9f}));
+    t.push_back(row("optimizer", "sgd", cmp_sgd, SF_DT_F32, {}, {0}, 0, 0, {0.f}));
+    t.push_back(row("optimizer", "sgd_mixed", cmp_sgd_mixed, SF_DT_F32, {}, {}, 0, 0, {0.9f}));
+    t.push_back(row("optimizer", "sgd_mixed", cmp_sgd_mixed, SF_DT_F32, {}, {}, 0, 0, {0.f}));
+    t.push_back(row("optimizer", "adamw", cmp_adamw, SF_DT_F32, {10007}, {0}, 0, 0, {0.01f}));
+    t.push_back(row("optimizer", "adamw", cmp_adamw, SF_DT_F32, {1 << 16}, {0}, 0, 0, {0.f}));
+    t.push_back(row("optimizer", "adamw", cmp_adamw, SF_DT_F32, {64}, {1}, 0, 0, {0.05f}));
+    for (const sf_dtype dt : k_dtypes) {
+        t.push_back(row("optimizer", "weights_perm", cmp_weights_perm, dt, {}, {0, 0}, 0));
+        t.push_back(row("optimizer", "weights_perm", cmp_weights_perm, dt, {}, {1, 0}, 0));
+        t.push_back(row("optimizer", "weights_perm", cmp_weights_perm, dt, {}, {0, 1}, 0));
+    }
+
+    /* conv_dw (depthwise NHWC): EfficientNet-B0's and MobileNet-V2's
+     * shapes scaled down, k3, k5 and k7 at both strides, odd maps and
+     * channel counts, one channel, more output rows than the filter
+     * gradient's chunks; the 16-byte kernels (channels a multiple of 8, or
+     * of 4 in fp32) at n = 1 and maps narrower than one strip; more
+     * channels than one 128-channel tile (272: a partial last tile in bf16;
+     * 336: three full tiles); many work items per block. Then bias, and
+     * tensors one element past an aligned address; shapes the kernels
+     * refuse; the rules the executor asks. */
+    const int dw[][7] = {
+        /* n, c, h, w, k, stride, pad */
+        {2, 32, 14, 14, 3, 1, 1}, {2, 96, 15, 15, 3, 2, 1}, {2, 40, 13, 11, 5, 2, 2},   {3, 24, 9, 10, 5, 1, 2},
+        {2, 144, 8, 7, 3, 1, 1},  {2, 20, 12, 9, 7, 1, 3},  {2, 7, 11, 13, 3, 1, 1},    {1, 13, 10, 9, 3, 2, 0},
+        {3, 1, 17, 5, 3, 1, 1},   {8, 16, 150, 20, 3, 1, 1}, {2, 64, 9, 11, 7, 2, 3},   {2, 48, 10, 13, 7, 1, 3},
+        {1, 40, 7, 7, 5, 1, 2},   {2, 16, 5, 5, 5, 2, 0},   {2, 8, 8, 8, 7, 2, 6},      {1, 24, 3, 3, 3, 1, 0},
+        {2, 272, 7, 7, 5, 1, 2},  {1, 336, 5, 6, 3, 2, 1},  {2, 672, 14, 14, 5, 2, 2}, {4, 8, 180, 180, 3, 2, 1},
+    };
+    auto dw_row = [&](const int *d, sf_dtype dt, int bias, int mis) {
+        t.push_back(row("conv_dw", "depthwise", cmp_conv_dw, dt, SF_LAYOUT_NHWC, {d[0], d[1], d[2], d[3]},
+                        {d[4], d[5], d[6], bias, mis}, 0));
+    };
+    for (const auto &d : dw)
+        for (const sf_dtype dt : k_dtypes)
+            dw_row(d, dt, 0, 0);
+    dw_row(dw[0], SF_DT_F32, 1, 0);
+    dw_row(dw[2], SF_DT_BF16, 1, 0);
+    dw_row(dw[0], SF_DT_BF16, 0, 1);
+    dw_row(dw[1], SF_DT_F32, 1, 1);
+    dw_row(dw[10], SF_DT_BF16, 1, 1);
+    dw_row(dw[11], SF_DT_BF16, 1, 0);
+    t.push_back(row("conv_dw", "even k", cmp_conv_dw_refused, SF_DT_F32, SF_LAYOUT_NHWC, {2, 8, 8, 8}, {4, 1, 1}, 0));
+    t.push_back(row("conv_dw", "stride 3", cmp_conv_dw_refused, SF_DT_F32, SF_LAYOUT_NHWC, {2, 8, 8, 8}, {3, 3, 1}, 0));
+    t.push_back(row("conv_dw", "k above SF_CONV_DW_KMAX", cmp_conv_dw_refused, SF_DT_F32, SF_LAYOUT_NHWC,
+                    {2, 8, 12, 12}, {9, 1, 4}, 0));
+    t.push_back(row("conv_dw", "rules", cmp_conv_dw_rules, SF_DT_F32, {}, {}, 0));
+
     return t;
 }

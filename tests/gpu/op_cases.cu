@@ -14,6 +14,7 @@ extern "C" {
 }
 
 #include "gpu/cuda/activation.h"
+#include "gpu/cuda/conv.h"
 
 static const sf_dtype k_dtypes[] = {SF_DT_F32, SF_DT_BF16};
 static const sf_layout k_layouts[] = {SF_LAYOUT_NCHW, SF_LAYOUT_NHWC};
@@ -342,6 +343,213 @@ std::vector<op_case> op_cases()
     t.push_back(row("conv_dw", "k above SF_CONV_DW_KMAX", cmp_conv_dw_refused, SF_DT_F32, SF_LAYOUT_NHWC,
                     {2, 8, 12, 12}, {9, 1, 4}, 0));
     t.push_back(row("conv_dw", "rules", cmp_conv_dw_rules, SF_DT_F32, {}, {}, 0));
+
+    /* attention: the materialised core and the whole layer, fp32 then
+     * bf16, at 17 and 197 tokens (ViT-B/16), 50 (ViT-B/32), 1, 4 and 12
+     * heads, head dimensions 16 and 64; heads that do not divide the
+     * embedding refused. Tolerances: the compare functions' comment. */
+    for (const sf_dtype dt : k_dtypes) {
+        for (const auto &a : std::vector<std::vector<int>>{{3, 17, 1, 16}, {2, 17, 4, 16}, {2, 17, 4, 64},
+                                                           {1, 197, 12, 64}, {2, 50, 12, 64}})
+            t.push_back(row("attention", "core", cmp_attention_core, dt, a, {}, 0));
+        t.push_back(row("attention", "layer", cmp_attention_layer, dt, {2, 17, 4, 16}, {}, 0));
+        t.push_back(row("attention", "layer", cmp_attention_layer, dt, {1, 197, 12, 64}, {}, 0));
+    }
+    t.push_back(row("attention", "refused", cmp_attention_refused, SF_DT_F32, {1, 17, 30, 4}, {}, 0));
+
+    /* sdpa (cuDNN's fused attention, bf16): a head dimension above 128
+     * refused, then the transformers' sequence lengths (17, 50, 197, 64),
+     * heads 1, 4 and 12, head dimensions 16, 32 and 64, batches 1 to 8 */
+    t.push_back(row("sdpa", "refused", cmp_sdpa_refused, SF_DT_BF16, {2, 64, 2, 160}, {}, 0));
+    for (const auto &a : std::vector<std::vector<int>>{{1, 17, 1, 16}, {4, 17, 4, 16}, {2, 50, 4, 32}, {8, 50, 12, 64},
+                                                       {3, 197, 12, 64}, {1, 197, 1, 32}, {8, 64, 4, 16},
+                                                       {5, 64, 12, 64}, {2, 64, 1, 64}})
+        t.push_back(row("sdpa", "sdpa", cmp_sdpa, SF_DT_BF16, a, {}, 0));
+
+    /* linear: cuBLAS with and without TF32, through the fp32 and the _dt
+     * launchers; bf16 (ResNet-18's classifier among them); per pixel over
+     * channels (ConvNeXt's pointwise 96 -> 384 at a small size, odd sizes,
+     * one pixel) in fp32, tf32 and bf16; cuBLASLt with the bias epilogues at
+     * vit_b_16's GEMMs at 2 samples (394 token rows) and the small ViT's, and
+     * shapes not multiples of 8 or 16 */
+    for (int tf32 = 0; tf32 < 2; tf32++)
+        for (int via_dt = 0; via_dt < 2; via_dt++)
+            for (const auto &a : std::vector<std::vector<int>>{{5, 37, 11}, {32, 4096, 10}, {3, 1, 7}})
+                t.push_back(row("linear", "linear", cmp_linear, SF_DT_F32, a, {tf32, via_dt}, 0));
+    for (const auto &a : std::vector<std::vector<int>>{{5, 37, 11}, {3, 1, 7}, {32, 4096, 10}, {256, 512, 1000}})
+        t.push_back(row("linear", "linear", cmp_linear_bf16, SF_DT_BF16, a, {}, 0));
+    t.push_back(row("linear", "bad_dtype", cmp_linear_bad_dtype, SF_DT_F32, {}, {}, 0));
+    for (int k = 0; k < 3; k++)
+        for (const sf_layout lay : k_layouts) {
+            const sf_dtype dt = k == 2 ? SF_DT_BF16 : SF_DT_F32;
+            const int tf32 = k == 1;
+            t.push_back(row("linear", "map", cmp_linear_map, dt, lay, {2, 96, 384, 7, 7}, {tf32}, 0));
+            t.push_back(row("linear", "map", cmp_linear_map, dt, lay, {3, 5, 7, 9, 11}, {tf32}, 0));
+            t.push_back(row("linear", "map", cmp_linear_map, dt, lay, {4, 6, 3, 1, 1}, {tf32}, 0));
+        }
+    for (int k = 0; k < 3; k++) {
+        const sf_dtype dt = k == 2 ? SF_DT_BF16 : SF_DT_F32;
+        const int tf32 = k == 1;
+        for (int bias = dt == SF_DT_BF16 ? 2 : 1; bias >= 0; bias--) {
+            /* bf16 with an fp32 bias may have no forward plan: the executor
+             * then reads the bias's bf16 copy (bias 2), which must build */
+            const int must = dt != SF_DT_BF16 ? 1 : bias == 1 ? 2 : 3;
+            for (const auto &a : std::vector<std::vector<int>>{{394, 768, 2304}, {394, 3072, 768}, {8, 64, 10},
+                                                               {136, 64, 192}})
+                t.push_back(row("linear", "lt", cmp_linear_lt, dt, a, {tf32, bias, must}, 0));
+            t.push_back(row("linear", "lt", cmp_linear_lt, dt, {37, 13, 11}, {tf32, bias, 0}, 0));
+            t.push_back(row("linear", "lt", cmp_linear_lt, dt, {5, 1, 7}, {tf32, bias, 0}, 0));
+        }
+    }
+    t.push_back(row("linear", "lt_refuses", cmp_linear_lt_refuses, SF_DT_F32, {}, {}, 0));
+
+    /* conv_transpose: W2's decoder at batch 2, odd sizes with padding,
+     * stride 1, k4 s3, k5 s2 p2 (fp32 through the plans, both layouts);
+     * the plan cache; the bias in each element type and layout; bf16 at
+     * W2's decoder and odd sizes; the k2s2 per-pixel forward at W2's last
+     * two decoder layers and odd sizes, and its eligibility */
+    const int ct[][8] = {
+        /* n, c, h, w, out channels, k, stride, pad */
+        {2, 256, 16, 16, 128, 2, 2, 0}, {2, 128, 32, 32, 64, 2, 2, 0}, {2, 64, 64, 64, 32, 2, 2, 0},
+        {2, 32, 128, 128, 16, 2, 2, 0}, {2, 3, 5, 7, 4, 3, 2, 1},      {3, 5, 6, 5, 7, 3, 1, 1},
+        {2, 4, 4, 3, 3, 4, 3, 0},       {1, 6, 3, 3, 2, 5, 2, 2},
+    };
+    for (const auto &a : ct)
+        t.push_back(row("conv_transpose", "convt", cmp_convt, SF_DT_F32, {a[0], a[1], a[2], a[3]},
+                        {a[4], a[5], a[6], a[7]}, 0));
+    t.push_back(row("conv_transpose", "cache", cmp_convt_cache, SF_DT_F32, {}, {}, 0));
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            t.push_back(row("conv_transpose", "bias_dt", cmp_convt_bias_dt, dt, lay, {}, {5}, 0));
+            t.push_back(row("conv_transpose", "bias_dt", cmp_convt_bias_dt, dt, lay, {}, {16}, 0));
+        }
+    const int ct_bf16[][8] = {{2, 64, 16, 16, 32, 2, 2, 0}, {2, 3, 5, 7, 4, 3, 2, 1}, {3, 5, 6, 5, 7, 3, 1, 1}};
+    for (const auto &a : ct_bf16)
+        t.push_back(row("conv_transpose", "convt", cmp_convt, SF_DT_BF16, {a[0], a[1], a[2], a[3]},
+                        {a[4], a[5], a[6], a[7]}, 0));
+    for (const auto &a : std::vector<std::vector<int>>{{2, 32, 128, 128}, {2, 64, 64, 64}, {3, 32, 5, 7}, {1, 64, 3, 11}})
+        for (int v = 0; v < 4; v++)
+            t.push_back(row("conv_transpose", "patch", cmp_convt_patch, SF_DT_F32, SF_LAYOUT_NCHW, a, {v & 1, v >> 1}, 0));
+    t.push_back(row("conv_transpose", "patch_rules", cmp_convt_patch_rules, SF_DT_F32, {}, {}, 0));
+
+    /* conv_gemm (1x1 convolutions as cuBLAS GEMMs): EfficientNet-B0's
+     * expansion 24 -> 144 at 56x56 and RegNet-Y-400MF's 104 -> 104 at 28x28,
+     * one to four samples, and an odd small shape, in fp32, tf32 and bf16,
+     * both layouts; the fallback to cuDNN, the lent handle bound back, and
+     * what the GEMM path refuses */
+    std::vector<std::vector<int>> pw;
+    for (int n = 1; n <= 4; n++) {
+        pw.push_back({n, 24, 56, 56, 144});
+        pw.push_back({n, 104, 28, 28, 104});
+    }
+    pw.push_back({1, 3, 7, 5, 5});
+    pw.push_back({3, 3, 7, 5, 5});
+    for (const auto &a : pw)
+        for (int k = 0; k < 3; k++)
+            for (const sf_layout lay : k_layouts)
+                t.push_back(row("conv_gemm", "gemm", cmp_conv_gemm, k == 2 ? SF_DT_BF16 : SF_DT_F32, lay,
+                                {a[0], a[1], a[2], a[3]}, {a[4], k == 1}, 0));
+    t.push_back(row("conv_gemm", "fallback", cmp_conv_gemm_fallback, SF_DT_F32, {2, 24, 56, 56}, {144, SF_CONV_FWD}, 0));
+    t.push_back(row("conv_gemm", "fallback", cmp_conv_gemm_fallback, SF_DT_F32, {2, 104, 28, 28},
+                    {104, SF_CONV_BWD_FILTER}, 0));
+    t.push_back(row("conv_gemm", "lend_binds_back", cmp_conv_gemm_lend_binds_back, SF_DT_F32, {}, {}, 0));
+    t.push_back(row("conv_gemm", "refuses", cmp_conv_gemm_refuses, SF_DT_F32, {}, {}, 0));
+
+    /* conv (cuDNN): a W1 block, W1's first conv, odd sizes with padding,
+     * stride, k5 s3 p2, deep and tiny spatial, W1's tail (1x1 output), fp32
+     * and tf32 in both layouts; the timed choice among several engines;
+     * bf16 at small and odd shapes and ResNet-18's shapes scaled down (stem
+     * 7x7/2, 3x3, 3x3/2, 1x1/2 downsample, 3x3 512 at 7x7), the timed choice
+     * and an x aligned to 2 bytes only; an unknown element type refused */
+    const int cv[][8] = {
+        /* n, c, h, w, out channels, k, stride, pad */
+        {3, 16, 32, 32, 32, 2, 2, 0}, {4, 3, 20, 20, 16, 1, 1, 0}, {2, 3, 17, 13, 5, 3, 1, 1},
+        {2, 7, 9, 11, 6, 3, 2, 1},    {3, 5, 15, 14, 4, 5, 3, 2},  {5, 64, 4, 4, 128, 2, 2, 0},
+        {32, 256, 2, 2, 512, 2, 2, 0},
+    };
+    /* p {out channels, k, stride, pad, tf32, tune, misaligned} */
+    auto conv_row = [&](const int *a, sf_dtype dt, sf_layout lay, int tf32, int tune, int mis) {
+        t.push_back(row("conv", "conv", cmp_conv, dt, lay, {a[0], a[1], a[2], a[3]},
+                        {a[4], a[5], a[6], a[7], tf32, tune, mis}, 0));
+    };
+    for (const auto &a : cv)
+        for (const sf_layout lay : k_layouts)
+            for (int tf32 = 0; tf32 < 2; tf32++)
+                conv_row(a, SF_DT_F32, lay, tf32, 1, 0);
+    conv_row(cv[0], SF_DT_F32, SF_LAYOUT_NHWC, 1, 4, 0);
+    conv_row(cv[3], SF_DT_F32, SF_LAYOUT_NCHW, 0, 4, 0);
+    const int cv_bf16[][8] = {
+        {3, 16, 32, 32, 32, 2, 2, 0},  {2, 3, 17, 13, 5, 3, 1, 1},    {2, 7, 9, 11, 6, 3, 2, 1},
+        {5, 64, 4, 4, 128, 2, 2, 0},   {2, 3, 32, 32, 64, 7, 2, 3},   {2, 64, 14, 14, 64, 3, 1, 1},
+        {2, 64, 14, 14, 128, 3, 2, 1}, {2, 64, 14, 14, 128, 1, 2, 0}, {2, 512, 7, 7, 512, 3, 1, 1},
+    };
+    for (const auto &a : cv_bf16)
+        for (const sf_layout lay : k_layouts)
+            conv_row(a, SF_DT_BF16, lay, 0, 1, 0);
+    for (const sf_layout lay : k_layouts)
+        conv_row(cv_bf16[5], SF_DT_BF16, lay, 0, 4, 0);
+    const int cv_mis[8] = {2, 16, 12, 12, 16, 3, 1, 1};
+    for (const sf_layout lay : k_layouts)
+        conv_row(cv_mis, SF_DT_BF16, lay, 0, 1, 1);
+    t.push_back(row("conv", "bad_dtype", cmp_conv_bad_dtype, SF_DT_F32, {}, {}, 0));
+
+    /* conv thin 1x1 kernels: W1's stem, every channel count they take, odd
+     * sizes, 5x256x256 (more pixels than the backward's blocks x threads);
+     * the narrow kernels (NCHW fp32, up to 16 in and out): W2's head, odd
+     * channel counts and sizes, more pixels than the backward's blocks x
+     * 256; p {out channels, bias, relu, dx wanted} */
+    for (const auto &a : std::vector<std::vector<int>>{{4, 3, 20, 20, 16}, {2, 1, 7, 9, 8}, {3, 4, 5, 13, 32},
+                                                       {2, 2, 16, 16, 8}, {5, 3, 256, 256, 16}})
+        for (const sf_dtype dt : k_dtypes)
+            for (const sf_layout lay : k_layouts)
+                for (int v = 0; v < 4; v++)
+                    t.push_back(row("conv", "thin", cmp_conv_thin, dt, lay, {a[0], a[1], a[2], a[3]},
+                                    {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+    for (const auto &a : std::vector<std::vector<int>>{{2, 16, 9, 13, 10}, {3, 7, 5, 5, 16}, {1, 16, 3, 3, 1},
+                                                       {2, 5, 20, 20, 12}, {3, 16, 256, 256, 10}})
+        for (int v = 0; v < 4; v++)
+            t.push_back(row("conv", "thin", cmp_conv_thin, SF_DT_F32, SF_LAYOUT_NCHW, {a[0], a[1], a[2], a[3]},
+                            {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+    t.push_back(row("conv", "thin_rules", cmp_conv_thin_rules, SF_DT_F32, {}, {}, 0));
+
+    /* conv patch (the one-pass backward of non-overlapping convolutions):
+     * W1's 16 -> 32 k2s2, its other shapes (k4 over 4 channels, k8 over 1),
+     * one image, a ragged last chunk, W1's full 256x256 (more chunks than
+     * blocks); p {k, bias, relu, dx wanted} */
+    for (const auto &a : std::vector<std::vector<int>>{{2, 16, 16, 16, 2}, {1, 16, 6, 10, 2}, {3, 4, 16, 8, 4},
+                                                       {2, 1, 16, 24, 8}, {3, 16, 256, 256, 2}})
+        for (int v = 0; v < 4; v++)
+            t.push_back(row("conv", "patch", cmp_conv_patch, SF_DT_F32, SF_LAYOUT_NHWC, {a[0], a[1], a[2], a[3]},
+                            {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+    t.push_back(row("conv", "patch_refuses_bf16", cmp_conv_patch_refuses_bf16, SF_DT_BF16, {}, {}, 0));
+    t.push_back(row("conv", "patch_rules", cmp_conv_patch_rules, SF_DT_F32, {}, {}, 0));
+
+    /* conv s2d (space-to-depth): ResNet's stem (at a small size and at
+     * 224), odd sizes, a 3x3 and a 5x5 over one and four channels, stride 3 */
+    const int s2d[][8] = {{2, 3, 32, 32, 64, 7, 2, 3}, {1, 3, 33, 31, 16, 7, 2, 3}, {2, 1, 20, 20, 8, 3, 2, 1},
+                          {1, 4, 17, 18, 8, 5, 2, 2},  {2, 1, 16, 17, 8, 5, 3, 1},  {3, 3, 224, 224, 64, 7, 2, 3}};
+    for (const auto &a : s2d)
+        for (const sf_dtype dt : k_dtypes)
+            t.push_back(row("conv", "s2d", cmp_conv_s2d, dt, SF_LAYOUT_NHWC, {a[0], a[1], a[2], a[3]},
+                            {a[4], a[5], a[6], a[7]}, 0));
+    t.push_back(row("conv", "s2d_rules", cmp_conv_s2d_rules, SF_DT_F32, {}, {}, 0));
+
+    /* conv grouped (2 groups, 4 -> 6 channels), depthwise (groups = c:
+     * MobileNet's 3x3, ConvNeXt's 7x7 pad 3, a strided one), dilation 2
+     * (with groups too), odd sizes; fp32 and tf32 in both layouts, bf16 in
+     * both; p {out channels, k, stride, pad, tf32, groups, dilation} */
+    const int gd[][10] = {
+        {2, 4, 9, 11, 6, 3, 1, 1, 2, 1},     {2, 8, 13, 12, 8, 3, 1, 1, 8, 1}, {2, 16, 10, 9, 16, 3, 2, 1, 16, 1},
+        {2, 12, 14, 14, 12, 7, 1, 3, 12, 1}, {2, 5, 15, 13, 7, 3, 1, 2, 1, 2}, {2, 6, 16, 17, 9, 3, 2, 2, 3, 2},
+    };
+    for (const auto &a : gd)
+        for (const sf_layout lay : k_layouts) {
+            for (int tf32 = 0; tf32 < 2; tf32++)
+                t.push_back(row("conv", "grouped_dilated", cmp_conv_gd, SF_DT_F32, lay, {a[0], a[1], a[2], a[3]},
+                                {a[4], a[5], a[6], a[7], tf32, a[8], a[9]}, 0));
+            t.push_back(row("conv", "grouped_dilated", cmp_conv_gd, SF_DT_BF16, lay, {a[0], a[1], a[2], a[3]},
+                            {a[4], a[5], a[6], a[7], 0, a[8], a[9]}, 0));
+        }
 
     return t;
 }

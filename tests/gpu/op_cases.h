@@ -16,13 +16,20 @@
 #include <string>
 #include <vector>
 
+#include <cublasLt.h>
+#include <cublas_v2.h>
+
 #include "gpu/cuda/program.h"
 #include "gpu/cuda/tensor.h"
 
 /* What the driver makes once and lends every case. */
 struct op_env {
-    cudaStream_t s; /* device 0's blocking stream (test_stream) */
-    cudnnHandle_t dnn; /* a cuDNN handle on s */
+    cudaStream_t s;     /* device 0's blocking stream (test_stream) */
+    cudnnHandle_t dnn;  /* a cuDNN handle on s */
+    cublasHandle_t blas; /* a cuBLAS handle on s, its workspace ws */
+    cublasLtHandle_t lt;
+    void *ws;           /* ws_bytes of device memory: blas's workspace, and the cuBLASLt plans' */
+    size_t ws_bytes;
 };
 
 struct op_case;
@@ -96,5 +103,35 @@ void cmp_weights_perm(const op_case &c, const op_env &e);
 void cmp_conv_dw(const op_case &c, const op_env &e);
 void cmp_conv_dw_refused(const op_case &c, const op_env &e);
 void cmp_conv_dw_rules(const op_case &c, const op_env &e);
+void cmp_attention_core(const op_case &c, const op_env &e);
+void cmp_attention_layer(const op_case &c, const op_env &e);
+void cmp_attention_refused(const op_case &c, const op_env &e);
+void cmp_sdpa(const op_case &c, const op_env &e);
+void cmp_sdpa_refused(const op_case &c, const op_env &e);
+void cmp_linear(const op_case &c, const op_env &e);
+void cmp_linear_bf16(const op_case &c, const op_env &e);
+void cmp_linear_bad_dtype(const op_case &c, const op_env &e);
+void cmp_linear_map(const op_case &c, const op_env &e);
+void cmp_linear_lt(const op_case &c, const op_env &e);
+void cmp_linear_lt_refuses(const op_case &c, const op_env &e);
+void cmp_convt(const op_case &c, const op_env &e);
+void cmp_convt_cache(const op_case &c, const op_env &e);
+void cmp_convt_bias_dt(const op_case &c, const op_env &e);
+void cmp_convt_patch(const op_case &c, const op_env &e);
+void cmp_convt_patch_rules(const op_case &c, const op_env &e);
+void cmp_conv_gemm(const op_case &c, const op_env &e);
+void cmp_conv_gemm_fallback(const op_case &c, const op_env &e);
+void cmp_conv_gemm_lend_binds_back(const op_case &c, const op_env &e);
+void cmp_conv_gemm_refuses(const op_case &c, const op_env &e);
+void cmp_conv(const op_case &c, const op_env &e);
+void cmp_conv_bad_dtype(const op_case &c, const op_env &e);
+void cmp_conv_thin(const op_case &c, const op_env &e);
+void cmp_conv_thin_rules(const op_case &c, const op_env &e);
+void cmp_conv_patch(const op_case &c, const op_env &e);
+void cmp_conv_patch_refuses_bf16(const op_case &c, const op_env &e);
+void cmp_conv_patch_rules(const op_case &c, const op_env &e);
+void cmp_conv_s2d(const op_case &c, const op_env &e);
+void cmp_conv_s2d_rules(const op_case &c, const op_env &e);
+void cmp_conv_gd(const op_case &c, const op_env &e);
 
 #endif

@@ -94,6 +94,14 @@ int main(int argc, char **argv)
     op_env env;
     env.s = test_stream();
     env.dnn = test_cudnn(env.s);
+    env.ws_bytes = (size_t)32 << 20;
+    env.ws = dalloc<char>(env.ws_bytes);
+    if (cublasCreate(&env.blas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(env.blas, env.s) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetWorkspace(env.blas, env.ws, env.ws_bytes) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtCreate(&env.lt) != CUBLAS_STATUS_SUCCESS) {
+        printf("FAIL setup: cuBLAS or cuBLASLt handle\n");
+        return 1;
+    }
     std::map<std::string, std::pair<int, int>> per_op; /* ok, failed */
     for (size_t i = 0; i < cases.size(); i++) {
         const int ok0 = g_ok, fail0 = g_fail;
@@ -110,6 +118,9 @@ int main(int argc, char **argv)
     }
     for (const auto &kv : per_op)
         printf("test_ops %s: %d ok, %d failed\n", kv.first.c_str(), kv.second.first, kv.second.second);
+    cublasLtDestroy(env.lt);
+    cublasDestroy(env.blas);
+    cudaFree(env.ws);
     cudnnDestroy(env.dnn);
     return report("test_ops");
 }

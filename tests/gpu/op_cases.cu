@@ -551,5 +551,35 @@ std::vector<op_case> op_cases()
                             {a[4], a[5], a[6], a[7], 0, a[8], a[9]}, 0));
         }
 
+    /* batchnorm (BatchNorm2d): the fp32 launchers at ResNet-18's first BN
+     * (batch 2) and its last, odd ones, with the fused ReLU; then the _dt
+     * launchers in fp32 and bf16: many row chunks, a ragged last chunk, C/8
+     * odd (one channel group a block), C % 8 != 0 (scalar), misaligned (the
+     * scalar fallback), and with the residual add; the ReLU mask taken from
+     * x; a captured forward+backward replaying bit-equal to the eager run */
+    for (const sf_layout lay : k_layouts)
+        for (const auto &a : std::vector<std::vector<int>>{{2, 64, 56, 56, 0}, {4, 512, 7, 7, 0}, {4, 3, 5, 7, 0},
+                                                           {3, 6, 1, 1, 0}, {8, 16, 13, 13, 1}, {2, 128, 28, 28, 1}})
+            t.push_back(row("batchnorm", "bn", cmp_bn, SF_DT_F32, lay, {a[0], a[1], a[2], a[3]}, {a[4]}, 0));
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            /* n, c, h, w, relu, misaligned */
+            const int bn[][6] = {{2, 64, 56, 56, 1, 0}, {4, 512, 7, 7, 0, 0}, {2, 128, 28, 28, 1, 0},
+                                 {16, 64, 32, 32, 1, 0}, {3, 64, 13, 11, 0, 0}, {3, 24, 5, 5, 1, 0},
+                                 {8, 40, 13, 13, 1, 0}, {2, 16, 8, 8, 0, 0},   {4, 3, 5, 7, 0, 0}};
+            for (const auto &a : bn)
+                t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {a[0], a[1], a[2], a[3]}, {a[4], a[5]}, 0));
+            const int res[][6] = {{2, 64, 14, 14, 1, 0}, {3, 128, 7, 9, 0, 0}, {2, 24, 5, 5, 1, 1}, {2, 3, 5, 7, 1, 0}};
+            for (const auto &a : res)
+                t.push_back(row("batchnorm", "bn_res", cmp_bn_res, dt, lay, {a[0], a[1], a[2], a[3]}, {a[4], a[5]}, 0));
+            t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {3, 6, 1, 1}, {0, 0}, 0));
+            t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {2, 64, 9, 9}, {1, 1}, 0));
+        }
+    t.push_back(row("batchnorm", "mask_from_x", cmp_bn_mask_from_x, SF_DT_F32, {}, {}, 0));
+    for (const sf_layout lay : k_layouts)
+        t.push_back(row("batchnorm", "graph_replay", cmp_bn_graph_replay, SF_DT_F32, lay, {32, 64, 28}, {0}, 0));
+    t.push_back(row("batchnorm", "graph_replay", cmp_bn_graph_replay, SF_DT_BF16, SF_LAYOUT_NHWC, {32, 64, 28}, {1}, 0));
+    t.push_back(row("batchnorm", "graph_replay", cmp_bn_graph_replay, SF_DT_BF16, SF_LAYOUT_NHWC, {32, 512, 7}, {0}, 0));
+
     return t;
 }

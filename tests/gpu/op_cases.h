@@ -133,5 +133,10 @@ void cmp_conv_patch_rules(const op_case &c, const op_env &e);
 void cmp_conv_s2d(const op_case &c, const op_env &e);
 void cmp_conv_s2d_rules(const op_case &c, const op_env &e);
 void cmp_conv_gd(const op_case &c, const op_env &e);
+void cmp_bn(const op_case &c, const op_env &e);
+void cmp_bn_dt(const op_case &c, const op_env &e);
+void cmp_bn_res(const op_case &c, const op_env &e);
+void cmp_bn_mask_from_x(const op_case &c, const op_env &e);
+void cmp_bn_graph_replay(const op_case &c, const op_env &e);
 
 #endif

@@ -51,6 +51,10 @@ struct op_case {
     double tol;            /* fp32 outputs: ||got - ref|| / ||ref|| below it (0: exact values) */
     double tol_param;      /* fp32 gradients of parameters (weights, scales), in either element type */
 };
+/* Which families take their tolerances from the row: those whose compare
+ * function reads tol (and tol_param); the others' rows hold 0 and their
+ * compare functions state their criteria (op_test.h's, per output), as the
+ * programs they come from did. */
 
 /* The case's name: what -k matches, -l lists, and the seed of its inputs. */
 std::string op_case_name(const op_case &c);

@@ -1,9 +1,10 @@
-/* tests/gpu/op_test.h — what the op-family compare functions (tests/gpu/ops/<family>.cu)
- * and the op tests still a program of their own (tests/gpu/test_<family>.cu)
- * share beside gpu_test.h: fresh random inputs, NaN poisoning, the fp32/tf32
+/* tests/gpu/op_test.h — what the op families' compare functions
+ * (tests/gpu/ops/<family>.cu, run by test_ops from the case table
+ * tests/gpu/op_cases.cu) share beside gpu_test.h: fresh random inputs, NaN poisoning, the fp32/tf32
  * relative-error checks, and the bf16 helpers (host rounding so both sides see
  * the same values, bf16 uploads and downloads, the max-error and per-element
- * criteria). Header-only: each test is one program.
+ * criteria). Header-only, and every family file includes it, so its
+ * mutable state (the input seed) is an inline variable that they share.
  *
  * Every CUDA op runs against the double-precision reference of gpu/ref
  * (DESIGN.md section 8) on fresh random inputs (never zeros), outputs poisoned

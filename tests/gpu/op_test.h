@@ -92,6 +92,18 @@ static __attribute__((unused)) void poison_f(float *d, size_t n) { poison(d, n *
 
 static const char *lname(sf_layout l) { return l == SF_LAYOUT_NHWC ? "nhwc" : "nchw"; }
 
+/* An NCHW host tensor in layout lay, and back. */
+static __attribute__((unused)) std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h,
+                                                         int w)
+{
+    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
+}
+static __attribute__((unused)) std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c,
+                                                           int h, int w)
+{
+    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
+}
+
 /* ---- bf16 data ---------------------------------------------------------------
  * Host values are rounded to bf16 first (sf_bf16_round, ref.h), so the bf16 bit
  * patterns uploaded hold exactly the values the reference is given. */

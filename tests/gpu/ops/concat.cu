@@ -15,15 +15,6 @@ extern "C" {
 #include "gpu/model.h"
 }
 
-static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
-}
-static std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
-}
-
 /* shape {n, h, w}; p {each input's channels}; tol 0 (copies: exact) */
 void cmp_concat(const op_case &c, const op_env &e)
 {

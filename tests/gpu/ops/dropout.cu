@@ -15,15 +15,6 @@
 
 #include "gpu/cuda/dropout.h"
 
-static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
-}
-static std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
-}
-
 static const uint64_t SEED = 0x5eed1234abcdull, LAYER = 7;
 
 /* The reference's output for sequence seq, as the device stores it (bf16: rounded). */

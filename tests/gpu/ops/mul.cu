@@ -14,16 +14,6 @@
 
 #include "gpu/cuda/mul.h"
 
-/* An NCHW host tensor in layout lay, and back. */
-static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
-}
-static std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
-}
-
 /* shape {n, c, h, w}; p {b broadcast over H,W}; tol: y and da; tol_param: db
  * (a sum over H,W when broadcast) */
 void cmp_mul(const op_case &k, const op_env &e)

@@ -243,6 +243,15 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h te
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $(filter-out %.h,$^) -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
+# The op case driver links the case table (tests/gpu/op_cases.cu) and the op
+# families' compare functions (tests/gpu/ops/), each compiled once (their
+# header dependencies come from -MMD), so that a change to one family
+# recompiles that family alone.
+OP_CASE_OBJ := $(patsubst %.cu,$(BUILD)/%.cu.o,tests/gpu/op_cases.cu $(wildcard tests/gpu/ops/*.cu))
+$(BUILD)/tests/gpu/test_ops: tests/gpu/test_ops.cu $(OP_CASE_OBJ) tests/gpu/gpu_test.h tests/gpu/op_test.h tests/gpu/op_cases.h gpu/cuda/program.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $(filter-out %.h,$^) -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
+
 # ---- tests -----------------------------------------------------------------
 # make test runs in two phases, so that the CPU time its suites leave idle
 # is not wasted. The main build folder's binaries (the server, the unit

@@ -178,6 +178,20 @@ static const opt_row OPTS[] = {
     {"--bucket-mb", OPT_INT, offsetof(opts, bucket_mb), FOR_BACKEND},
 };
 
+/* The executor's switches the options ask for, for either way. */
+static void switches_of(const opts *o, sf_exec_switches *sw)
+{
+    memset(sw, 0, sizeof *sw);
+    sw->no_fork = !o->fork;
+    sw->no_fuse = !o->fuse;
+    sw->no_thin = !o->thin;
+    sw->no_patch = !o->patch;
+    sw->no_s2d = !o->s2d;
+    sw->no_bn_fuse = !o->bn_fuse;
+    sw->no_dw = !o->dw;
+    sw->no_lt = o->lt == 0;
+}
+
 static const char *prec_name(sf_precision p) { return p == SF_PREC_BF16 ? "bf16" : p == SF_PREC_TF32 ? "tf32" : "fp32"; }
 
 /* The way: --via when given, else the name the program was started under. */
@@ -368,14 +382,9 @@ static int run_executor(const opts *o, const sf_model &m, const char *name, cons
     nc.max_batch = batch;
     nc.nbuf = 1;
     nc.tune = o->tune;
-    nc.no_fork = !o->fork;
-    nc.no_fuse = !o->fuse;
-    nc.no_thin = !o->thin;
-    nc.no_dw = !o->dw;
-    nc.no_lt = o->lt == 0;
-    nc.no_patch = !o->patch;
-    nc.no_s2d = !o->s2d;
-    nc.no_bn_fuse = !o->bn_fuse;
+    sf_exec_switches sw;
+    switches_of(o, &sw);
+    sf_exec_switches_apply(&sw, &nc);
     nc.seed = 1;
     sf_cuda_net *net = NULL;
     const sf_cublas_ctx blas_ctx = {blas, bws, (size_t)32 << 20};
@@ -470,15 +479,7 @@ static int run_backend(const opts *o, const sf_model &m, const char *name, const
     cfg.device = 0;
     cfg.tune_configs = o->tune;
     sf_exec_switches sw;
-    memset(&sw, 0, sizeof sw);
-    sw.no_fork = !o->fork;
-    sw.no_fuse = !o->fuse;
-    sw.no_patch = !o->patch;
-    sw.no_s2d = !o->s2d;
-    sw.no_bn_fuse = !o->bn_fuse;
-    sw.no_thin = !o->thin;
-    sw.no_dw = !o->dw;
-    sw.no_lt = o->lt == 0;
+    switches_of(o, &sw);
     cfg.sw = &sw;
     cfg.layout = !strcmp(lay, "nchw") ? SF_ACT_LAYOUT_NCHW : !strcmp(lay, "nhwc") ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO;
     /* the job's store in this process, as rank 0 keeps it (collective/kv_table.h) */

@@ -1,5 +1,5 @@
 /* bench/layers_bench.cu — throughput of the CUDA op families at ResNet-18's
- * batch-256 shapes, apart from the tests (tests/gpu/test_<family>.cu check
+ * batch-256 shapes, apart from the tests (tests/gpu/ops/<family>.cu check
  * the same launchers against the reference):
  *  - ResNet-18's convolutions in every direction, bf16 NHWC vs tf32 NHWC vs
  *    tf32 NCHW, with plans chosen as the backend does: time, engine, TFLOP/s;
@@ -11,7 +11,7 @@
  *    vit_b_16's and vit_b_32's batch-256 shapes: time, engine, TFLOP/s.
  * Each timed kernel runs as a captured CUDA graph; a BN graph that does not
  * replay bit-equal to its eager run is reported as a failure (the test of that
- * is tests/gpu/test_batchnorm.cu).
+ * is tests/gpu/ops/batchnorm.cu).
  *
  * Build: make bench-bins (build/bench/layers_bench). Run: build/bench/layers_bench
  * Prints "throughput: ..." and "perf ..." lines; exits 1 when a kernel fails,

@@ -2,7 +2,7 @@
  * (ReLU6, sigmoid, SiLU, hardswish, hardsigmoid, GELU erf and tanh), forward
  * and backward, elementwise (so the same in either layout). Contract and
  * element types: tensor.h; semantics: gpu/ref/activation.c (sf_ref_act_fwd,
- * sf_ref_act_bwd), checked by tests/gpu/test_activation.cu.
+ * sf_ref_act_bwd), checked by tests/gpu/ops/activation.cu.
  */
 #ifndef SF_GPU_CUDA_ACTIVATION_H
 #define SF_GPU_CUDA_ACTIVATION_H

@@ -6,7 +6,7 @@
  * The executor runs it for fp32/TF32 nets, and for bf16 nets where cuDNN's
  * fused attention (sdpa.h) has no plan. Contract and element types:
  * tensor.h; semantics: sf_ref_attention_core_fwd/bwd (gpu/ref/attention.c),
- * checked by tests/gpu/test_attention.cu.
+ * checked by tests/gpu/ops/attention.cu.
  *
  * Shapes: n samples of t tokens, c = heads * d values per token. qkv is
  * row-major [n*t, 3c] as nn.MultiheadAttention's in_proj makes it (q at

@@ -430,19 +430,7 @@ static void build_net_cfg(const cuda_ctx *c, const sf_train_cfg *cfg, sf_net_cfg
     nc->max_batch = cfg->max_batch;
     nc->nbuf = c->nbuf;
     nc->tune = cfg->tune_configs > 0 ? cfg->tune_configs : 8;
-    if (cfg->sw) {
-        nc->no_fork = cfg->sw->no_fork;
-        nc->no_fuse = cfg->sw->no_fuse;
-        nc->no_thin = cfg->sw->no_thin;
-        nc->no_patch = cfg->sw->no_patch;
-        nc->no_dw = cfg->sw->no_dw;
-        nc->force_dw = cfg->sw->force_dw;
-        nc->no_s2d = cfg->sw->no_s2d;
-        nc->no_bn_fuse = cfg->sw->no_bn_fuse;
-        nc->no_lt = cfg->sw->no_lt;
-        nc->keep_relu = cfg->sw->keep_relu;
-        nc->allow_rtc = cfg->sw->allow_rtc;
-    }
+    sf_exec_switches_apply(cfg->sw, nc);
     nc->seed = cfg->seed;
     /* Each rank of a data-parallel job draws its own dropout masks (its
      * samples are others than the other ranks' at the same batch index). */

@@ -1,7 +1,7 @@
 /* gpu/cuda/batchnorm.h — BatchNorm2d: training forward (batch statistics,
  * running statistics updated), eval forward and the training backward, each
  * with an optional fused ReLU. Contract: tensor.h; semantics: sf_ref_bn2d_*
- * (gpu/ref/ref.h), checked by tests/gpu/test_batchnorm.cu.
+ * (gpu/ref/ref.h), checked by tests/gpu/ops/batchnorm.cu.
  */
 #ifndef SF_GPU_CUDA_BATCHNORM_H
 #define SF_GPU_CUDA_BATCHNORM_H

@@ -2,7 +2,7 @@
  * maps of equal H,W, and the backward's slicing, in either layout. Contract
  * and element types: tensor.h; semantics: gpu/ref/concat.c
  * (sf_ref_concat_put, sf_ref_concat_take), checked by
- * tests/gpu/test_concat.cu.
+ * tests/gpu/ops/concat.cu.
  *
  * The concatenation y has ctot channels; input j is the channels
  * [c0, c0 + cj) of it. A flat [n, f] tensor is the map with hw = 1.

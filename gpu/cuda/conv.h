@@ -4,7 +4,7 @@
  * offers no engine gets a plan that runs as cuBLAS GEMMs instead
  * (conv_gemm.h); callers see the same plan, pack and run. Contract and
  * precision: tensor.h; semantics: sf_ref_conv2d_* (gpu/ref/ref.h), checked by
- * tests/gpu/test_conv.cu and tests/gpu/test_conv_gemm.cu.
+ * tests/gpu/ops/conv.cu and tests/gpu/ops/conv_gemm.cu.
  */
 #ifndef SF_GPU_CUDA_CONV_H
 #define SF_GPU_CUDA_CONV_H

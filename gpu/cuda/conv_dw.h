@@ -25,7 +25,7 @@
  * its rows of the batch's output maps for one tile of channels, in an order
  * fixed by the shape, into a scratch of partial sums, and a second pass adds
  * the partial sums in a fixed order (no atomics), so the same inputs give
- * the same bits. Checked against the reference by tests/gpu/test_conv_dw.cu.
+ * the same bits. Checked against the reference by tests/gpu/ops/conv_dw.cu.
  */
 #ifndef SF_GPU_CUDA_CONV_DW_H
 #define SF_GPU_CUDA_CONV_DW_H

@@ -7,7 +7,7 @@
  * Callers see an ordinary sf_conv_plan: sf_conv_run, the variant packs and
  * the workspace are the same; only sf_conv_plan.gemm is set (and plan is
  * NULL). Semantics: sf_ref_conv2d_* (gpu/ref/ref.h), checked by
- * tests/gpu/test_conv_gemm.cu.
+ * tests/gpu/ops/conv_gemm.cu.
  *
  * The products, with the weight w as the row-major [oc, c] matrix (KCRS and
  * KRSC are the same thing for k = 1) and hw = h * w:

@@ -29,7 +29,7 @@
  * measured no faster there (W1 bf16 on an H100: 867 steps/s with it, 879
  * without). The block count is a constant, so the sums (and their rounding) depend on the shape
  * alone and repeat bit for bit. Checked against the reference by
- * tests/gpu/test_conv.cu.
+ * tests/gpu/ops/conv.cu.
  */
 #ifndef SF_GPU_CUDA_CONV_PATCH_H
 #define SF_GPU_CUDA_CONV_PATCH_H

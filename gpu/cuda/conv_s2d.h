@@ -24,7 +24,7 @@
  * embedding; its padded entries' gradients are dropped). c2 is c*s*s rounded
  * up to 16 bytes of elements. Only the forward and the filter gradient: the
  * input gradient of such a layer (a stem reading the model input) is not
- * wanted. Checked against the reference by tests/gpu/test_conv.cu.
+ * wanted. Checked against the reference by tests/gpu/ops/conv.cu.
  */
 #ifndef SF_GPU_CUDA_CONV_S2D_H
 #define SF_GPU_CUDA_CONV_S2D_H

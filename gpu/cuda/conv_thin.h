@@ -24,7 +24,7 @@
  * (not TF32); bf16 data accumulates in fp32 and rounds the stored results.
  * The sums run in an order fixed by the shape (the block count depends on the
  * shape and the scratch, never on the device), so results repeat bit for bit.
- * Checked against the reference by tests/gpu/test_conv.cu.
+ * Checked against the reference by tests/gpu/ops/conv.cu.
  */
 #ifndef SF_GPU_CUDA_CONV_THIN_H
 #define SF_GPU_CUDA_CONV_THIN_H

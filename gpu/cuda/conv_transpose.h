@@ -1,7 +1,7 @@
 /* gpu/cuda/conv_transpose.h — ConvTranspose2d as plans over conv.h's cuDNN
  * convolutions, with a small plan cache and the bias/ReLU epilogue of its
  * output. Contract: tensor.h; semantics: sf_ref_convt2d_* (gpu/ref/ref.h),
- * checked by tests/gpu/test_conv_transpose.cu.
+ * checked by tests/gpu/ops/conv_transpose.cu.
  */
 #ifndef SF_GPU_CUDA_CONV_TRANSPOSE_H
 #define SF_GPU_CUDA_CONV_TRANSPOSE_H

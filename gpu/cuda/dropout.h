@@ -4,7 +4,7 @@
  * reference's keys, so that both backends drop the same elements. Contract
  * and element types: tensor.h; semantics: gpu/ref/dropout.c
  * (sf_ref_dropout_fwd, sf_ref_stochastic_depth_fwd), checked by
- * tests/gpu/test_dropout.cu.
+ * tests/gpu/ops/dropout.cu.
  *
  * Keys: element e of the batch in NCHW order (n*c*hw + c*hw + p, whatever
  * the layout the tensor is stored in) is kept when

@@ -7,7 +7,9 @@
  * so the switches are no part of the backend's contract: the CUDA backend,
  * tests/gpu and bench/ include this header. The executor's own configuration
  * (sf_net_cfg, gpu/cuda/executor.h) carries each switch as a field of the
- * same name. */
+ * same name, and sf_exec_switches_apply is the one place that copies them
+ * there, so that a switch added here reaches the executor by whichever way a
+ * caller builds it (the backend, or the executor directly). */
 #ifndef SF_GPU_CUDA_EXEC_SWITCHES_H
 #define SF_GPU_CUDA_EXEC_SWITCHES_H
 
@@ -22,7 +24,22 @@ typedef struct sf_exec_switches {
     int force_dw;   /* depthwise NHWC convolutions on gpu/cuda/conv_dw.h's kernels in every direction, untimed */
     int no_s2d;     /* strided few-channel convolutions as they are, not gpu/cuda/conv_s2d.h's space-to-depth form */
     int no_bn_fuse; /* a batchnorm's residual add, or its ReLU + maxpool, as kernels of their own */
-    int no_lt;      /* linear layers' bias and bias gradient as kernels of their own, not in cuBLASLt GEMMs */
+    int no_lt;      /* linear layers' bias as a kernel of its own, not in the cuBLASLt forward GEMM */
 } sf_exec_switches;
+
+struct sf_net_cfg;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Sets every switch field of *nc to the field of the same name in *sw, and
+ * leaves nc's other fields as they are; sw NULL (the server's case) sets
+ * every switch to 0, the executor's measured best. */
+void sf_exec_switches_apply(const sf_exec_switches *sw, struct sf_net_cfg *nc);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* SF_GPU_CUDA_EXEC_SWITCHES_H */

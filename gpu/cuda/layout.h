@@ -1,6 +1,6 @@
 /* gpu/cuda/layout.h — moving tensors between layouts: the batched transpose
  * (NCHW <-> NHWC activations, KCRS <-> KRSC filters). Contract: tensor.h;
- * checked by tests/gpu/test_layout.cu.
+ * checked by tests/gpu/ops/layout.cu.
  */
 #ifndef SF_GPU_CUDA_LAYOUT_H
 #define SF_GPU_CUDA_LAYOUT_H

@@ -1,7 +1,7 @@
 /* gpu/cuda/linear.h — fully connected layers through cuBLAS (forward,
  * backward-data, backward-filter) in fp32, TF32 or bf16, and through cuBLASLt
  * with the bias and its gradient inside the GEMMs. Contract: tensor.h;
- * semantics: sf_ref_linear_* (gpu/ref/ref.h), checked by tests/gpu/test_linear.cu.
+ * semantics: sf_ref_linear_* (gpu/ref/ref.h), checked by tests/gpu/ops/linear.cu.
  */
 #ifndef SF_GPU_CUDA_LINEAR_H
 #define SF_GPU_CUDA_LINEAR_H

@@ -1,7 +1,7 @@
 /* gpu/cuda/loss.h — softmax cross-entropy over [n, k] logits and per pixel over
  * [n, k, h, w] logits, and the label conversion they read. Contract: tensor.h;
  * semantics: sf_ref_xent / sf_ref_xent2d (gpu/ref/ref.h), checked by
- * tests/gpu/test_loss.cu.
+ * tests/gpu/ops/loss.cu.
  */
 #ifndef SF_GPU_CUDA_LOSS_H
 #define SF_GPU_CUDA_LOSS_H

@@ -2,7 +2,7 @@
  * or by one broadcast over H,W ([n, C, 1, 1]: squeeze-and-excitation), and by
  * a per-channel parameter (ConvNeXt's layer scale), forward and backward, in
  * either layout. Contract and element types: tensor.h; semantics:
- * gpu/ref/mul.c, checked by tests/gpu/test_mul.cu.
+ * gpu/ref/mul.c, checked by tests/gpu/ops/mul.cu.
  *
  * a, x, y and their gradients are [n, c, hw] maps in layout lay (a flat
  * [n, f] tensor is the map with c = f, hw = 1). A broadcast b is [n, c]: the

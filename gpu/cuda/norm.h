@@ -2,7 +2,7 @@
  * map's channels per pixel (torchvision's LayerNorm2d, in NCHW or NHWC) and
  * a flat tensor's features (nn.LayerNorm(F), hw = 1), forward and backward.
  * Contract: tensor.h; semantics: sf_ref_layernorm_* (gpu/ref/layers.h),
- * checked by tests/gpu/test_norm.cu.
+ * checked by tests/gpu/ops/norm.cu.
  */
 #ifndef SF_GPU_CUDA_NORM_H
 #define SF_GPU_CUDA_NORM_H

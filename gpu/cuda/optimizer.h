@@ -3,7 +3,7 @@
  * model layout and the device copy convolutions read. Contract: tensor.h;
  * semantics: sf_ref_sgd / sf_ref_adamw / sf_ref_grad_norm / sf_ref_clip_grads
  * (gpu/ref/ref.h), checked by
- * tests/gpu/test_optimizer.cu.
+ * tests/gpu/ops/optimizer.cu.
  */
 #ifndef SF_GPU_CUDA_OPTIMIZER_H
 #define SF_GPU_CUDA_OPTIMIZER_H

@@ -1,7 +1,7 @@
 /* gpu/cuda/pointwise.h — elementwise ops and the per-channel reductions that go
  * with them: bias + ReLU and its gradient, ReLU, the residual add, element type
  * casts and fills. Contract and element types: tensor.h; semantics: gpu/ref/ref.h,
- * checked by tests/gpu/test_pointwise.cu.
+ * checked by tests/gpu/ops/pointwise.cu.
  */
 #ifndef SF_GPU_CUDA_POINTWISE_H
 #define SF_GPU_CUDA_POINTWISE_H

@@ -2,7 +2,7 @@
  * AvgPool2d and AdaptiveAvgPool2d, forward and backward. Contract: tensor.h;
  * semantics: sf_ref_maxpool2d_*, sf_ref_avgpool_*, sf_ref_avgpool2d_* and
  * sf_ref_adaptive_avgpool2d_* (gpu/ref/layers.h), checked by
- * tests/gpu/test_pool.cu.
+ * tests/gpu/ops/pool.cu.
  */
 #ifndef SF_GPU_CUDA_POOL_H
 #define SF_GPU_CUDA_POOL_H

@@ -3,7 +3,7 @@
  * (backend) API: no [t, t] matrix is ever in device memory. Plans are built
  * once per (n, t, heads, head_dim); the calls are legal inside CUDA-graph
  * stream capture. Semantics: sf_ref_attention_core_fwd/bwd (gpu/ref/layers.h),
- * checked by tests/gpu/test_sdpa.cu. */
+ * checked by tests/gpu/ops/sdpa.cu. */
 #pragma once
 #include <stddef.h>
 #include <stdint.h>

@@ -38,7 +38,7 @@
  * (statistics as in the fp32 versions) and each output is rounded once to dt.
  * The fp32 launchers are the dt == SF_DT_F32 case of these.
  *
- * Semantics are those of gpu/ref/ref.h; tests/gpu/test_<family>.cu checks each
+ * Semantics are those of gpu/ref/ref.h; tests/gpu/ops/<family>.cu checks each
  * family against it. Threads: any host thread may call a launcher; a handle or
  * a plan set must not be used by two threads at once.
  */

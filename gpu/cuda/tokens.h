@@ -2,7 +2,7 @@
  * (to_tokens, class_token, pos_embedding, select_token), forward and
  * backward. Contract and element types: tensor.h; semantics: gpu/ref/tokens.c
  * (sf_ref_transpose, sf_ref_prepend_token_*, sf_ref_add_bcast_*,
- * sf_ref_select_token_*), checked by tests/gpu/test_tokens.cu.
+ * sf_ref_select_token_*), checked by tests/gpu/ops/tokens.cu.
  *
  * A token sequence is [n, t, c], token-major (the c values of a token are
  * contiguous), which is a [c, t, 1] map stored NHWC. Activations are of type

@@ -1,13 +1,13 @@
 /* tests/gpu/gpu_test.h — what every GPU test program shares beside
  * gpu/cuda/program.h (CU, device buffers, the test stream, the SKIPPED line
  * without a device, a host clock, which the benchmarks share too): the
- * ok/FAIL counters and lines, an op test's main() (run_op_test: the SKIPPED
- * line, the cases, the last device check, the summary line and the exit
- * status; finish for the programs that write their own), NCHW <-> NHWC on
- * the host, the pair of backends a backend test compares, and the
- * relative-error check against a double-precision reference (DESIGN.md §8:
- * NaN or Inf anywhere fails, the worst elements are printed). Header-only:
- * each test is one program. */
+ * ok/FAIL counters and lines (shared by every file linked into one program),
+ * a test's main() (run_op_test: the SKIPPED line, the cases, the last device
+ * check, the summary line and the exit status; finish for the programs that
+ * write their own), NCHW <-> NHWC on the host, the pair of backends a backend
+ * test compares, and the relative-error check against a double-precision
+ * reference (DESIGN.md §8: NaN or Inf anywhere fails, the worst elements are
+ * printed). Header-only. */
 #ifndef SF_TESTS_GPU_TEST_H
 #define SF_TESTS_GPU_TEST_H
 
@@ -23,7 +23,9 @@
 
 #include "gpu/cuda/program.h"
 
-static int g_fail = 0, g_ok = 0;
+/* Inline, so that the op case driver (test_ops) and the family files it links
+ * count in one pair. */
+inline int g_fail = 0, g_ok = 0;
 
 static void ok(const char *fmt, ...) __attribute__((format(printf, 1, 2), unused));
 static void ok(const char *fmt, ...)
@@ -132,22 +134,14 @@ static __attribute__((unused)) int finish(const char *program)
     return report(program);
 }
 
-/* The whole of an op test's main(): the SKIPPED line without a device, else
- * the test's cases on the test stream (and, in the second form, a cuDNN
- * handle on it), then finish(). */
+/* The whole of a test's main() when its cases need only the test stream
+ * (test_augment's): the SKIPPED line without a device, else the cases on the
+ * test stream, then finish(). */
 static __attribute__((unused)) int run_op_test(const char *program, void (*cases)(cudaStream_t s))
 {
     if (skip_without_device())
         return 0;
     cases(test_stream());
-    return finish(program);
-}
-static __attribute__((unused)) int run_op_test(const char *program, void (*cases)(cudaStream_t s, cudnnHandle_t dnn))
-{
-    if (skip_without_device())
-        return 0;
-    cudaStream_t s = test_stream();
-    cases(s, test_cudnn(s));
     return finish(program);
 }
 

@@ -1,8 +1,10 @@
-/* tests/gpu/op_test.h — what the op-family tests (tests/gpu/test_<family>.cu)
- * share beside gpu_test.h: fresh random inputs, NaN poisoning, the fp32/tf32
+/* tests/gpu/op_test.h — what the op families' compare functions
+ * (tests/gpu/ops/<family>.cu, run by test_ops from the case table
+ * tests/gpu/op_cases.cu) share beside gpu_test.h: fresh random inputs, NaN poisoning, the fp32/tf32
  * relative-error checks, and the bf16 helpers (host rounding so both sides see
  * the same values, bf16 uploads and downloads, the max-error and per-element
- * criteria). Header-only: each test is one program.
+ * criteria). Header-only, and every family file includes it, so its
+ * mutable state (the input seed) is an inline variable that they share.
  *
  * Every CUDA op runs against the double-precision reference of gpu/ref
  * (DESIGN.md section 8) on fresh random inputs (never zeros), outputs poisoned
@@ -37,7 +39,8 @@ extern "C" {
 #include "gpu/cuda/pointwise.h"
 #include "gpu/cuda/pool.h"
 
-static __attribute__((unused)) uint64_t g_seed = 0x9e3779b9;
+/* The next input's seed; test_ops sets it from each case's name. */
+inline uint64_t g_seed = 0x9e3779b9;
 
 /* ---- helpers -------------------------------------------------------------- */
 
@@ -88,6 +91,18 @@ static __attribute__((unused)) void pass_or_fail(const char *name, int ok, const
 static __attribute__((unused)) void poison_f(float *d, size_t n) { poison(d, n * 4); }
 
 static const char *lname(sf_layout l) { return l == SF_LAYOUT_NHWC ? "nhwc" : "nchw"; }
+
+/* An NCHW host tensor in layout lay, and back. */
+static __attribute__((unused)) std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h,
+                                                         int w)
+{
+    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
+}
+static __attribute__((unused)) std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c,
+                                                           int h, int w)
+{
+    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
+}
 
 /* ---- bf16 data ---------------------------------------------------------------
  * Host values are rounded to bf16 first (sf_bf16_round, ref.h), so the bf16 bit

@@ -1,4 +1,4 @@
-/* tests/gpu/test_conv.cu — the cuDNN convolutions of gpu/cuda/conv.h against
+/* tests/gpu/ops/conv.cu — the cuDNN convolutions of gpu/cuda/conv.h against
  * the double-precision reference (sf_ref_conv2d_*), forward, backward-data and
  * backward-filter: both activation layouts (NCHW with KCRS filters, NHWC with
  * KRSC filters), fp32 (< 1e-4 relative) and tf32 (< 1e-3), odd sizes, stride
@@ -13,10 +13,9 @@
  * the gathered filter gradient against the reference, fp32 and bf16);
  * grouped, depthwise and dilated convolutions (sf_conv_desc.groups, .dilation)
  * in every direction, fp32, tf32 and bf16, both layouts. *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/conv_patch.h"
@@ -665,66 +664,21 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
     cudaFree(ws);
 }
 
-static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
+static conv_case conv_of(const op_case &c)
 {
-    const conv_case cases[] = {
-        {3, 16, 32, 32, 32, 2, 2, 0},  /* a W1 block */
-        {4, 3, 20, 20, 16, 1, 1, 0},   /* W1's first conv */
-        {2, 3, 17, 13, 5, 3, 1, 1},    /* odd sizes, padding */
-        {2, 7, 9, 11, 6, 3, 2, 1},     /* stride and padding */
-        {3, 5, 15, 14, 4, 5, 3, 2},    /* k5 s3 p2 */
-        {5, 64, 4, 4, 128, 2, 2, 0},   /* deep, tiny spatial */
-        {32, 256, 2, 2, 512, 2, 2, 0}, /* W1's tail shape, 1x1 output */
-    };
-    for (const conv_case &cc : cases)
-        for (const sf_layout lay : k_layouts)
-            for (int tf32 = 0; tf32 < 2; tf32++)
-                test_conv(dnn, s, cc, SF_DT_F32, lay, tf32, 1, 0);
-    /* the timed choice among several engines, as the backend builds it */
-    test_conv(dnn, s, cases[0], SF_DT_F32, SF_LAYOUT_NHWC, 1, 4, 0);
-    test_conv(dnn, s, cases[3], SF_DT_F32, SF_LAYOUT_NCHW, 0, 4, 0);
-
-    /* bf16 convolutions: small and odd shapes, then ResNet-18's shapes with
-     * batch and spatial size scaled down (stem 7x7/2 3->64, 3x3 64->64, 3x3/2
-     * 64->128, 1x1/2 64->128 downsample, 3x3 512->512 at 7x7) */
-    const conv_case bf16_cases[] = {
-        {3, 16, 32, 32, 32, 2, 2, 0},  /* a W1 block */
-        {2, 3, 17, 13, 5, 3, 1, 1},    /* odd sizes, padding, 3 channels */
-        {2, 7, 9, 11, 6, 3, 2, 1},     /* stride and padding, odd channels */
-        {5, 64, 4, 4, 128, 2, 2, 0},   /* deep, tiny spatial */
-        {2, 3, 32, 32, 64, 7, 2, 3},   /* ResNet-18 stem (224 -> 32) */
-        {2, 64, 14, 14, 64, 3, 1, 1},  /* layer1 3x3 (56 -> 14) */
-        {2, 64, 14, 14, 128, 3, 2, 1}, /* layer2.0 3x3/2 */
-        {2, 64, 14, 14, 128, 1, 2, 0}, /* layer2.0 downsample 1x1/2 */
-        {2, 512, 7, 7, 512, 3, 1, 1},  /* layer4 3x3 at its true 7x7 */
-    };
-    for (const conv_case &cc : bf16_cases)
-        for (const sf_layout lay : k_layouts)
-            test_conv(dnn, s, cc, SF_DT_BF16, lay, 0, 1, 0);
-    /* the timed choice, and an x pointer aligned to 2 bytes only */
-    for (const sf_layout lay : k_layouts)
-        test_conv(dnn, s, bf16_cases[5], SF_DT_BF16, lay, 0, 4, 0);
-    for (const sf_layout lay : k_layouts)
-        test_conv(dnn, s, conv_case{2, 16, 12, 12, 16, 3, 1, 1}, SF_DT_BF16, lay, 0, 1, 1);
-    test_conv_bad_dtype(dnn);
-
-    /* thin 1x1 kernels: W1's stem, every channel count they take, odd sizes,
-     * and 5x256x256 (more pixels than the backward's blocks x threads) */
-    const int thin_cases[][5] = {{4, 3, 20, 20, 16}, {2, 1, 7, 9, 8}, {3, 4, 5, 13, 32}, {2, 2, 16, 16, 8},
-                                 {5, 3, 256, 256, 16}};
-    for (const auto &t : thin_cases)
-        for (int bf = 0; bf < 2; bf++)
-            for (int lay = 0; lay < 2; lay++)
-                for (int v = 0; v < 4; v++)
-                    test_conv_thin(s, t[0], t[1], t[2], t[3], t[4], bf ? SF_DT_BF16 : SF_DT_F32, (sf_layout)lay,
-                                   v & 1, (v >> 1) & 1, v != 1);
-    /* the narrow kernels (NCHW fp32, up to 16 in and out): W2's head, odd
-     * channel counts and sizes, more pixels than the backward's blocks x 256 */
-    const int narrow_cases[][5] = {{2, 16, 9, 13, 10}, {3, 7, 5, 5, 16}, {1, 16, 3, 3, 1}, {2, 5, 20, 20, 12},
-                                   {3, 16, 256, 256, 10}};
-    for (const auto &t : narrow_cases)
-        for (int v = 0; v < 4; v++)
-            test_conv_thin(s, t[0], t[1], t[2], t[3], t[4], SF_DT_F32, SF_LAYOUT_NCHW, v & 1, (v >> 1) & 1, v != 1);
+    return conv_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]};
+}
+/* shape {n, c, h, w}; p {out channels, k, stride, pad, tf32, engine configs
+ * timed (tune), x misaligned} */
+void cmp_conv(const op_case &c, const op_env &e) { test_conv(e.dnn, e.s, conv_of(c), c.dt, c.lay, c.p[4], c.p[5], c.p[6]); }
+void cmp_conv_bad_dtype(const op_case &, const op_env &e) { test_conv_bad_dtype(e.dnn); }
+/* Thin 1x1 and narrow kernels. shape {n, c, h, w}; p {out channels, bias, relu, dx wanted} */
+void cmp_conv_thin(const op_case &c, const op_env &e)
+{
+    test_conv_thin(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.dt, c.lay, c.p[1], c.p[2], c.p[3]);
+}
+void cmp_conv_thin_rules(const op_case &, const op_env &)
+{
     const sf_layout NC = SF_LAYOUT_NCHW, NH = SF_LAYOUT_NHWC;
     pass_or_fail("conv thin eligibility: 1-4 in to 8/16/32 out anywhere, up to 16 x 16 NCHW fp32 only",
                  sf_conv_thin_ok(NH, SF_DT_BF16, 3, 16, 1, 1, 0) && !sf_conv_thin_ok(NH, SF_DT_F32, 5, 16, 1, 1, 0) &&
@@ -732,23 +686,24 @@ static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
                      !sf_conv_thin_ok(NC, SF_DT_BF16, 16, 10, 1, 1, 0) &&
                      !sf_conv_thin_ok(NC, SF_DT_F32, 17, 10, 1, 1, 0) && !sf_conv_thin_ok(NC, SF_DT_F32, 16, 17, 1, 1, 0),
                  "eligibility");
-
-    /* the one-pass backward of non-overlapping convolutions: W1's 16 -> 32
-     * k2s2, its other shapes (k4 over 4 channels, k8 over 1), one image, a
-     * ragged last chunk, and W1's full 256x256 (more chunks than blocks) */
-    const int patch_cases[][5] = {{2, 16, 16, 16, 2}, {1, 16, 6, 10, 2}, {3, 4, 16, 8, 4}, {2, 1, 16, 24, 8},
-                                  {3, 16, 256, 256, 2}};
-    for (const auto &t : patch_cases)
-        for (int v = 0; v < 4; v++)
-            test_conv_patch(s, t[0], t[1], t[2], t[3], t[4], v & 1, (v >> 1) & 1, v != 1);
-    {
-        float *z = dalloc<float>(64 * 32 * 2);
-        pass_or_fail("conv patch refuses bf16 data",
-                     sf_conv_patch_bwd(SF_DT_BF16, z, z, NULL, z, NULL, z, NULL, 1, 16, 2, 2, 32, 2, z, s) != 0,
-                     "accepted bf16");
-        sf_cuda_clear_error();
-        cudaFree(z);
-    }
+}
+/* The one-pass backward of non-overlapping convolutions. shape {n, c, h, w};
+ * p {k, bias, relu, dx wanted} */
+void cmp_conv_patch(const op_case &c, const op_env &e)
+{
+    test_conv_patch(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]);
+}
+void cmp_conv_patch_refuses_bf16(const op_case &, const op_env &e)
+{
+    float *z = dalloc<float>(64 * 32 * 2);
+    pass_or_fail("conv patch refuses bf16 data",
+                 sf_conv_patch_bwd(SF_DT_BF16, z, z, NULL, z, NULL, z, NULL, 1, 16, 2, 2, 32, 2, z, e.s) != 0,
+                 "accepted bf16");
+    sf_cuda_clear_error();
+    cudaFree(z);
+}
+void cmp_conv_patch_rules(const op_case &, const op_env &)
+{
     pass_or_fail("conv patch takes only non-overlapping 64-input, 32-output NHWC patches",
                  sf_conv_patch_ok(SF_LAYOUT_NHWC, 16, 256, 256, 32, 2, 2, 0) &&
                      !sf_conv_patch_ok(SF_LAYOUT_NCHW, 16, 256, 256, 32, 2, 2, 0) &&
@@ -757,44 +712,21 @@ static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
                      !sf_conv_patch_ok(SF_LAYOUT_NHWC, 32, 256, 256, 64, 2, 2, 0) &&
                      !sf_conv_patch_ok(SF_LAYOUT_NHWC, 16, 256, 256, 32, 2, 2, 1),
                  "eligibility");
-
-    /* space-to-depth: ResNet's stem (at a small size), odd sizes, a 3x3 and a
-     * 5x5 over one and four channels, stride 3 */
-    const conv_case s2d_cases[] = {{2, 3, 32, 32, 64, 7, 2, 3}, {1, 3, 33, 31, 16, 7, 2, 3}, {2, 1, 20, 20, 8, 3, 2, 1},
-                                   {1, 4, 17, 18, 8, 5, 2, 2}, {2, 1, 16, 17, 8, 5, 3, 1}, {3, 3, 224, 224, 64, 7, 2, 3}};
-    for (const auto &c : s2d_cases)
-        for (int t = 0; t < 2; t++)
-            test_conv_s2d(dnn, s, c, t ? SF_DT_BF16 : SF_DT_F32);
+}
+/* Space-to-depth. shape {n, c, h, w}; p {out channels, k, stride, pad} */
+void cmp_conv_s2d(const op_case &c, const op_env &e) { test_conv_s2d(e.dnn, e.s, conv_of(c), c.dt); }
+void cmp_conv_s2d_rules(const op_case &, const op_env &)
+{
     pass_or_fail("conv s2d takes NHWC strided convolutions over few channels",
                  sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 7, 2) && sf_conv_s2d_ok(SF_LAYOUT_NHWC, 4, 3, 2) &&
                      sf_conv_s2d_ok(SF_LAYOUT_NHWC, 1, 5, 4) && !sf_conv_s2d_ok(SF_LAYOUT_NCHW, 3, 7, 2) &&
                      !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 5, 7, 2) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 2, 2) &&
                      !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 3, 1) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 1, 9, 5),
                  "eligibility");
-
-    /* grouped (2 groups, 4 -> 6 channels), depthwise (groups = c: MobileNet's
-     * 3x3, ConvNeXt's 7x7 pad 3, a strided one), dilation 2 (with groups too),
-     * odd sizes; fp32 and tf32 in both layouts, bf16 in both */
-    const struct {
-        conv_case cc;
-        int groups, dil;
-    } gd_cases[] = {
-        {{2, 4, 9, 11, 6, 3, 1, 1}, 2, 1},     /* grouped */
-        {{2, 8, 13, 12, 8, 3, 1, 1}, 8, 1},    /* depthwise 3x3 */
-        {{2, 16, 10, 9, 16, 3, 2, 1}, 16, 1},  /* depthwise 3x3/2 */
-        {{2, 12, 14, 14, 12, 7, 1, 3}, 12, 1}, /* ConvNeXt's depthwise 7x7 pad 3 */
-        {{2, 5, 15, 13, 7, 3, 1, 2}, 1, 2},    /* dilation 2 */
-        {{2, 6, 16, 17, 9, 3, 2, 2}, 3, 2},    /* grouped, dilated, strided */
-    };
-    for (const auto &g : gd_cases)
-        for (int lay = 0; lay < 2; lay++) {
-            for (int tf32 = 0; tf32 < 2; tf32++)
-                test_conv_gd(dnn, s, SF_DT_F32, (sf_layout)lay, tf32, g.cc, g.groups, g.dil);
-            test_conv_gd(dnn, s, SF_DT_BF16, (sf_layout)lay, 0, g.cc, g.groups, g.dil);
-        }
 }
-
-int main(void)
+/* Grouped, depthwise and dilated. shape {n, c, h, w}; p {out channels, k,
+ * stride, pad, tf32, groups, dilation} */
+void cmp_conv_gd(const op_case &c, const op_env &e)
 {
-    return run_op_test("test_conv", run_cases);
+    test_conv_gd(e.dnn, e.s, c.dt, c.lay, c.p[4], conv_of(c), c.p[5], c.p[6]);
 }

@@ -1,4 +1,4 @@
-/* tests/gpu/test_sdpa.cu — cuDNN's fused attention (gpu/cuda/sdpa.h) against
+/* tests/gpu/ops/sdpa.cu — cuDNN's fused attention (gpu/cuda/sdpa.h) against
  * the double-precision reference attention (sf_ref_attention_core_fwd_f64 /
  * _bwd_f64, gpu/ref/attention.c) on the same bf16-rounded inputs, at the
  * sequence lengths of the transformers served (17: the small configuration's
@@ -13,10 +13,9 @@
  *
  * A plan that cannot be built is a FAIL that prints cuDNN's version and the
  * heuristics' answer (sdpa.cu puts them in the message); below sm_80, where
- * cuDNN has no fused attention, the test prints SKIPPED and exits 0. Exits 0
- * with "SKIPPED: no CUDA device" when there is no GPU. The program's frame
- * (the stream, the cuDNN handle on it, the summary line): gpu_test.h's
- * run_op_test. */
+ * cuDNN has no fused attention, each case prints SKIPPED. The rows:
+ * tests/gpu/op_cases.cu; helpers and criteria: op_test.h. */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include <cudnn.h>
@@ -236,33 +235,35 @@ static void test_shape(cudnnHandle_t h, cudaStream_t s, shape sh)
     sf_sdpa_plan_destroy(p);
 }
 
-static void run_cases(cudaStream_t s, cudnnHandle_t h)
+/* Whether the device has cuDNN's fused attention (sm_80 or newer); else
+ * the case prints SKIPPED with the reason. */
+static int has_fused_attention(void)
 {
     int major = 0, minor = 0;
     CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     CU(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
-    if (major < 8) {
+    if (major < 8)
         printf("SKIPPED: sm_%d%d: cuDNN's fused attention needs sm_80 or newer\n", major, minor);
-        return;
-    }
-    printf("built against cuDNN headers %d, sm_%d%d\n", CUDNN_VERSION, major, minor);
-
-    /* a shape no engine takes is refused with its reason, not built */
-    {
-        sf_sdpa_plan *p = NULL;
-        size_t ws = 0;
-        char err[512] = "";
-        const int rc = sf_sdpa_plan_create(&p, h, 2, 64, 2, 160, &ws, err, sizeof err);
-        pass_or_fail("a head dimension above 128 is refused with a reason", rc == -1 && !p && strstr(err, "head_dim"),
-                     "accepted, or the reason does not name head_dim");
-    }
-
-    const shape shapes[] = {
-        {1, 17, 1, 16},  {4, 17, 4, 16},  {2, 50, 4, 32},  {8, 50, 12, 64}, {3, 197, 12, 64},
-        {1, 197, 1, 32}, {8, 64, 4, 16},  {5, 64, 12, 64}, {2, 64, 1, 64},
-    };
-    for (const shape &sh : shapes)
-        test_shape(h, s, sh);
+    return major >= 8;
 }
 
-int main(void) { return run_op_test("test_sdpa", run_cases); }
+/* shape {n, tokens, heads, head dimension} */
+void cmp_sdpa(const op_case &c, const op_env &e)
+{
+    if (has_fused_attention())
+        test_shape(e.dnn, e.s, shape{c.shape[0], c.shape[1], c.shape[2], c.shape[3]});
+}
+
+/* A shape no engine takes is refused with its reason, not built. shape {n,
+ * tokens, heads, head dimension above 128} */
+void cmp_sdpa_refused(const op_case &c, const op_env &e)
+{
+    if (!has_fused_attention())
+        return;
+    sf_sdpa_plan *p = NULL;
+    size_t ws = 0;
+    char err[512] = "";
+    const int rc = sf_sdpa_plan_create(&p, e.dnn, c.shape[0], c.shape[1], c.shape[2], c.shape[3], &ws, err, sizeof err);
+    pass_or_fail("a head dimension above 128 is refused with a reason", rc == -1 && !p && strstr(err, "head_dim"),
+                 "accepted, or the reason does not name head_dim");
+}

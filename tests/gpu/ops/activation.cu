@@ -1,4 +1,4 @@
-/* tests/gpu/test_activation.cu — the activations of gpu/cuda/activation.h
+/* tests/gpu/ops/activation.cu — the activations of gpu/cuda/activation.h
  * (ReLU6, sigmoid, SiLU, hardswish, hardsigmoid, GELU erf and tanh) against
  * the double-precision reference (sf_ref_act_fwd_f64, sf_ref_act_bwd_f64):
  * forward and backward, fp32 (norm check 1e-5) and bf16 (each element within
@@ -6,19 +6,23 @@
  * tests), a length that leaves a vector tail, one element off 16-byte
  * alignment, and in place. The activations are elementwise, so one run
  * covers both layouts. Inputs span [-8, 8], so every branch of the clamps is
- * taken; a NaN input must give a NaN output.
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * taken; a NaN input must give a NaN output. The rows: tests/gpu/op_cases.cu;
+ * helpers and the criteria they apply: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/activation.h"
 
 static const char *const ACT_NAMES[] = {"relu6", "sigmoid", "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh"};
 
-static void test_act(cudaStream_t s, sf_dtype dt, int act, size_t len, int mis, int in_place)
+/* shape {len}; p {activation (sf_cuda_act), misaligned by one element, in place} */
+void cmp_activation(const op_case &c, const op_env &e)
 {
+    const cudaStream_t s = e.s;
+    const sf_dtype dt = c.dt;
+    const int act = c.p[0], mis = c.p[1], in_place = c.p[2];
+    const size_t len = (size_t)c.shape[0];
     char nm[160], sub[220];
     snprintf(nm, sizeof nm, "%s %s len %zu%s%s", ACT_NAMES[act], dtname(dt), len, mis ? " misaligned" : "",
              in_place ? " in place" : "");
@@ -47,16 +51,18 @@ static void test_act(cudaStream_t s, sf_dtype dt, int act, size_t len, int mis, 
         fail(nm, sf_cuda_last_error());
     } else {
         snprintf(sub, sizeof sub, "%s fwd", nm);
-        check_dt(sub, dt, down_dt(yo, len), yr, 1e-5);
+        check_dt(sub, dt, down_dt(yo, len), yr, c.tol);
         snprintf(sub, sizeof sub, "%s bwd", nm);
-        check_dt(sub, dt, down_dt(dxo, len), dxr, 1e-5);
+        check_dt(sub, dt, down_dt(dxo, len), dxr, c.tol);
     }
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
 }
 
 /* A NaN input stays NaN through every activation, the clamps included. */
-static void test_nan(cudaStream_t s, sf_dtype dt)
+void cmp_activation_nan(const op_case &c, const op_env &e)
 {
+    const cudaStream_t s = e.s;
+    const sf_dtype dt = c.dt;
     const size_t len = 5;
     std::vector<float> x = {NAN, -7.f, 7.f, 0.5f, NAN};
     dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
@@ -78,27 +84,14 @@ static void test_nan(cudaStream_t s, sf_dtype dt)
     dbuf_free(bx); dbuf_free(by);
 }
 
-static void run_cases(cudaStream_t s)
+/* An unknown activation is refused, naming it. p {the activation's number} */
+void cmp_activation_refused(const op_case &c, const op_env &e)
 {
-    for (const sf_dtype dt : k_dtypes) {
-        for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
-            test_act(s, dt, act, 3 * 3 * 7 * 5, 0, 0); /* n=3, C=3, 7x5 */
-            test_act(s, dt, act, 4099, 1, 0);
-            test_act(s, dt, act, 1 << 16, 0, 1);
-        }
-        test_nan(s, dt);
-    }
-    /* an unknown activation is refused, naming it */
-    {
-        float *p = dalloc<float>(4);
-        const int rc = sf_cuda_act_fwd_dt(SF_DT_F32, (sf_cuda_act)99, p, p, 4, s);
-        pass_or_fail("an unknown activation is refused", rc == -1 && strstr(sf_cuda_last_error(), "activation 99"),
-                     "accepted, or the error does not name it");
-        cudaFree(p);
-    }
-}
-
-int main(void)
-{
-    return run_op_test("test_activation", run_cases);
+    float *p = dalloc<float>(4);
+    const int rc = sf_cuda_act_fwd_dt(SF_DT_F32, (sf_cuda_act)c.p[0], p, p, 4, e.s);
+    char named[40];
+    snprintf(named, sizeof named, "activation %d", c.p[0]);
+    pass_or_fail("an unknown activation is refused", rc == -1 && strstr(sf_cuda_last_error(), named),
+                 "accepted, or the error does not name it");
+    cudaFree(p);
 }

@@ -1,12 +1,11 @@
-/* tests/gpu/test_loss.cu — the losses of gpu/cuda/loss.h against the
+/* tests/gpu/ops/loss.cu — the losses of gpu/cuda/loss.h against the
  * reference: softmax cross-entropy (sf_ref_xent: loss, gradient, correct
  * count, NaN for a bad label), the label conversion from u8/i32/i64, and the
  * per-pixel cross-entropy (sf_ref_xent2d) in both layouts at W2's head shape
  * and odd shapes, with a bad label. *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 static void test_xent(cudaStream_t s, int n, int k)
@@ -209,33 +208,16 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
     cudaFree(d_l); cudaFree(d_d); cudaFree(d_lab); cudaFree(d_out); cudaFree(scr); cudaFree(dctl);
 }
 
-static void run_cases(cudaStream_t s)
+/* shape {n, classes} */
+void cmp_xent(const op_case &c, const op_env &e) { test_xent(e.s, c.shape[0], c.shape[1]); }
+/* shape {n, classes}; p {tied logits}; f {label smoothing, mix lambda, gradient scale (0: 1/n)} */
+void cmp_xent_soft(const op_case &c, const op_env &e)
 {
-    test_xent(s, 37, 10);
-    test_xent(s, 5, 1000);
-    test_xent(s, 300, 3);
-    test_xent_soft(s, 37, 10, 0.1f, 1.f, 0);
-    test_xent_soft(s, 37, 10, 0.f, 0.6f, 0);
-    test_xent_soft(s, 64, 1000, 0.1f, 0.35f, 0);
-    test_xent_soft(s, 50, 20, 0.2f, 0.8f, 1);
-    test_xent_soft(s, 9, 4, 0.1f, 0.5f, 0); /* k <= 5: every sample is a top-5 hit */
-    test_xent_soft(s, 37, 10, 0.f, 1.f, 0, 0.25f); /* a data-parallel rank's share */
-    test_xent_soft(s, 64, 1000, 0.1f, 0.35f, 0, 0.4f);
-    test_labels(s);
-    for (int lay = 0; lay < 2; lay++) {
-        const sf_layout L = (sf_layout)lay;
-        test_xent2d(s, 2, 10, 256, 256, L, 0); /* W2's head */
-        test_xent2d(s, 3, 7, 13, 11, L, 0);
-        test_xent2d(s, 1, 3, 5, 1, L, 0);
-        test_xent2d(s, 2, 1, 3, 3, L, 0);
-        test_xent2d(s, 2, 5, 4, 4, L, 1);
-        test_xent2d(s, 3, 7, 13, 11, L, 0, 0.1f);
-        test_xent2d(s, 2, 21, 16, 16, L, 0, 0.05f);
-        test_xent2d(s, 3, 7, 13, 11, L, 0, 0.f, 0.25f);
-    }
+    test_xent_soft(e.s, c.shape[0], c.shape[1], c.f[0], c.f[1], c.p[0], c.f[2]);
 }
-
-int main(void)
+void cmp_labels(const op_case &, const op_env &e) { test_labels(e.s); }
+/* shape {n, classes, h, w}; p {a bad label}; f {label smoothing, gradient scale (0: 1/n)} */
+void cmp_xent2d(const op_case &c, const op_env &e)
 {
-    return run_op_test("test_loss", run_cases);
+    test_xent2d(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.f[0], c.f[1]);
 }

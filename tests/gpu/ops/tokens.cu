@@ -1,4 +1,4 @@
-/* tests/gpu/test_tokens.cu — the token-sequence layers of a Vision
+/* tests/gpu/ops/tokens.cu — the token-sequence layers of a Vision
  * Transformer (gpu/cuda/tokens.h) against the reference (gpu/ref/tokens.c,
  * in double): a map as tokens and back (sf_ref_transpose_f64) from NCHW and
  * NHWC maps, the class token in front (sf_ref_prepend_token_*_f64), the
@@ -7,10 +7,10 @@
  * bf16, on odd shapes (16 + 1 = 17 tokens of 24, ViT-B/16's 196 + 1 = 197
  * tokens of 64). Moves are exact; the parameter gradients (sums over the
  * samples in fp32) are held to 1e-6 of the reference and must be bit-equal
- * from one run to the next (no atomics). Prints "ok <case>" or
- * "FAIL <case>: ..." per case; exits 1 on any failure, 0 with
- * "SKIPPED: no CUDA device" when there is no GPU. Helpers: op_test.h.
+ * from one run to the next (no atomics).
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/tokens.h"
@@ -185,24 +185,15 @@ static void test_select_token(cudaStream_t s, sf_dtype dt, int n, int t, int c)
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
 }
 
-static void run_cases(cudaStream_t s)
+/* shape {n, c, h, w} */
+void cmp_to_tokens(const op_case &c, const op_env &e)
 {
-    for (const sf_dtype dt : k_dtypes) {
-        for (const sf_layout lay : k_layouts) {
-            test_to_tokens(s, dt, lay, 3, 7, 5, 3);
-            test_to_tokens(s, dt, lay, 2, 64, 14, 14); /* ViT-B/16's 196 patches (of 64 here) */
-            test_to_tokens(s, dt, lay, 2, 33, 1, 1);
-        }
-        test_class_token(s, dt, 3, 16, 24);
-        test_class_token(s, dt, 2, 196, 64);
-        test_pos_embedding(s, dt, 3, 17, 24);
-        test_pos_embedding(s, dt, 5, 197, 64);
-        test_select_token(s, dt, 3, 17, 24);
-        test_select_token(s, dt, 2, 197, 64);
-    }
+    test_to_tokens(e.s, c.dt, c.lay, c.shape[0], c.shape[1], c.shape[2], c.shape[3]);
 }
-
-int main(void)
+/* shape {n, t, c} for the three below */
+void cmp_class_token(const op_case &c, const op_env &e) { test_class_token(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2]); }
+void cmp_pos_embedding(const op_case &c, const op_env &e)
 {
-    return run_op_test("test_tokens", run_cases);
+    test_pos_embedding(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2]);
 }
+void cmp_select_token(const op_case &c, const op_env &e) { test_select_token(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2]); }

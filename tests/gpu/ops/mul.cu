@@ -1,4 +1,4 @@
-/* tests/gpu/test_mul.cu — the products of gpu/cuda/mul.h against the
+/* tests/gpu/ops/mul.cu — the products of gpu/cuda/mul.h against the
  * double-precision reference (gpu/ref/mul.c): a * b with b of a's shape and
  * broadcast over H,W (squeeze-and-excitation), forward, da and db (the
  * broadcast one summed over H,W), and the per-channel scale by a parameter
@@ -6,27 +6,22 @@
  * two-pass reduction: one and many chunks, more channels than a block).
  * Each in fp32 (norm check) and bf16 (each element within half a bf16 ulp:
  * check_dt; the parameter gradient is fp32 either way), in NCHW and NHWC, at
- * odd sizes (n=3, C=3, 7x5) and larger ones.
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * odd sizes (n=3, C=3, 7x5) and larger ones. The rows: tests/gpu/op_cases.cu;
+ * helpers and the criteria they apply: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/mul.h"
 
-/* An NCHW host tensor in layout lay, and back. */
-static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
+/* shape {n, c, h, w}; p {b broadcast over H,W}; tol: y and da; tol_param: db
+ * (a sum over H,W when broadcast) */
+void cmp_mul(const op_case &k, const op_env &e)
 {
-    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
-}
-static std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
-}
-
-static void test_mul(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, int h, int w, int bcast)
-{
+    const cudaStream_t s = e.s;
+    const sf_dtype dt = k.dt;
+    const sf_layout lay = k.lay;
+    const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3], bcast = k.p[0];
     char nm[160], sub[220];
     snprintf(nm, sizeof nm, "mul %s %s n%d c%d %dx%d%s", dtname(dt), lname(lay), n, c, h, w,
              bcast ? " b broadcast" : "");
@@ -58,11 +53,11 @@ static void test_mul(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, i
         fail(nm, sf_cuda_last_error());
     } else {
         snprintf(sub, sizeof sub, "%s fwd", nm);
-        check_dt(sub, dt, from_lay(down_dt(by, len), lay, n, c, h, w), yr, 1e-6);
+        check_dt(sub, dt, from_lay(down_dt(by, len), lay, n, c, h, w), yr, k.tol);
         snprintf(sub, sizeof sub, "%s da", nm);
-        check_dt(sub, dt, from_lay(down_dt(bda, len), lay, n, c, h, w), dar, 1e-6);
+        check_dt(sub, dt, from_lay(down_dt(bda, len), lay, n, c, h, w), dar, k.tol);
         snprintf(sub, sizeof sub, "%s db", nm);
-        check_dt(sub, dt, from_lay(down_dt(bdb, blen), lay, n, c, bh, bw), dbr, 1e-5);
+        check_dt(sub, dt, from_lay(down_dt(bdb, blen), lay, n, c, bh, bw), dbr, k.tol_param);
     }
     /* both gradients in one call */
     poison_dt(bda);
@@ -74,15 +69,21 @@ static void test_mul(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, i
         fail(sub, sf_cuda_last_error());
     } else {
         snprintf(sub, sizeof sub, "%s db beside da in one call", nm);
-        check_dt(sub, dt, from_lay(down_dt(bdb, blen), lay, n, c, bh, bw), dbr, 1e-5);
+        check_dt(sub, dt, from_lay(down_dt(bdb, blen), lay, n, c, bh, bw), dbr, k.tol_param);
         snprintf(sub, sizeof sub, "%s da beside db in one call", nm);
-        check_dt(sub, dt, from_lay(down_dt(bda, len), lay, n, c, h, w), dar, 1e-6);
+        check_dt(sub, dt, from_lay(down_dt(bda, len), lay, n, c, h, w), dar, k.tol);
     }
     dbuf_free(ba); dbuf_free(bb); dbuf_free(bdy); dbuf_free(by); dbuf_free(bda); dbuf_free(bdb);
 }
 
-static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, int h, int w)
+/* shape {n, c, h, w}; tol: y and dx; tol_param: dscale (fp32 in either
+ * element type) */
+void cmp_channel_scale(const op_case &k, const op_env &e)
 {
+    const cudaStream_t s = e.s;
+    const sf_dtype dt = k.dt;
+    const sf_layout lay = k.lay;
+    const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3];
     char nm[160], sub[220];
     snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d", dtname(dt), lname(lay), n, c, h, w);
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw;
@@ -112,11 +113,11 @@ static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n
         fail(nm, sf_cuda_last_error());
     } else {
         snprintf(sub, sizeof sub, "%s fwd", nm);
-        check_dt(sub, dt, from_lay(down_dt(by, len), lay, n, c, h, w), yr, 1e-6);
+        check_dt(sub, dt, from_lay(down_dt(by, len), lay, n, c, h, w), yr, k.tol);
         snprintf(sub, sizeof sub, "%s dx", nm);
-        check_dt(sub, dt, from_lay(down_dt(bdx, len), lay, n, c, h, w), dxr, 1e-6);
+        check_dt(sub, dt, from_lay(down_dt(bdx, len), lay, n, c, h, w), dxr, k.tol);
         snprintf(sub, sizeof sub, "%s dscale (fp32)", nm);
-        check_v(sub, down(d_ds, c), dsr, 1e-5);
+        check_v(sub, down(d_ds, c), dsr, k.tol_param);
     }
     /* without dx (the layer's input needs no gradient): dscale alone, twice
      * bit-identical (a fixed-order reduction) */
@@ -132,26 +133,4 @@ static void test_channel_scale(cudaStream_t s, sf_dtype dt, sf_layout lay, int n
                      "differs from the first run");
     dbuf_free(bx); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx);
     cudaFree(d_s); cudaFree(d_ds); cudaFree(scr);
-}
-
-static void run_cases(cudaStream_t s)
-{
-    for (const sf_dtype dt : k_dtypes)
-        for (const sf_layout lay : k_layouts) {
-            for (int bc = 0; bc < 2; bc++) {
-                test_mul(s, dt, lay, 3, 3, 7, 5, bc);   /* the odd sizes of the layer tests */
-                test_mul(s, dt, lay, 4, 40, 14, 14, bc); /* an SE block's shape, scaled down */
-                test_mul(s, dt, lay, 5, 17, 1, 1, bc);  /* flat features (hw = 1: both forms agree) */
-                test_mul(s, dt, lay, 2, 40, 56, 56, bc); /* many rows per sample, a partial channel tile */
-            }
-            test_channel_scale(s, dt, lay, 3, 3, 7, 5);
-            test_channel_scale(s, dt, lay, 8, 96, 14, 14); /* many chunks */
-            test_channel_scale(s, dt, lay, 2, 1100, 3, 3); /* more channels than a block */
-            test_channel_scale(s, dt, lay, 600, 4, 1, 1);  /* rows: more rows than chunks */
-        }
-}
-
-int main(void)
-{
-    return run_op_test("test_mul", run_cases);
 }

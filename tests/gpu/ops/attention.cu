@@ -1,4 +1,4 @@
-/* tests/gpu/test_attention.cu — multi-head self-attention on the device
+/* tests/gpu/ops/attention.cu — multi-head self-attention on the device
  * against the reference (gpu/ref/attention.c, in double): the materialised
  * core (gpu/cuda/attention.h) forward (the weights and the heads' output,
  * sf_ref_attention_core_fwd_f64) and backward (the packed dqkv,
@@ -7,9 +7,8 @@
  * backward through linear.h and pointwise.h) against
  * sf_ref_attention_fwd_f64 / sf_ref_attention_bwd_f64, in fp32 (strict) and
  * bf16, on odd shapes: 17 and 197 tokens, 1, 4 and 12 heads, head
- * dimensions 16 and 64. Prints "ok <case>" or "FAIL <case>: ..." per case;
- * exits 1 on any failure, 0 with "SKIPPED: no CUDA device" when there is no
- * GPU. Helpers and criteria: op_test.h.
+ * dimensions 16 and 64.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  *
  * Tolerances. fp32: the norm-relative error of fp32 GEMMs and a fp32
  * softmax over at most 197 keys against double, 1e-5 (forward) and 3e-5
@@ -21,6 +20,7 @@
  * 2e-2 of max |ref| (check_max), which still catches a wrong head, stride
  * or transpose (errors of order max |ref|).
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include <cublas_v2.h>
@@ -163,36 +163,19 @@ static void test_layer(cublasHandle_t h, cudaStream_t s, sf_dtype dt, int n, int
         cudaFree(p);
 }
 
-/* The shapes, each run in fp32 and then bf16: n, tokens, heads, head
- * dimension, and whether the whole layer runs (else the core alone). */
-static const struct {
-    int n, t, heads, d, layer;
-} k_cases[] = {
-    {3, 17, 1, 16, 0},
-    {2, 17, 4, 16, 0},
-    {2, 17, 4, 64, 0},
-    {1, 197, 12, 64, 0}, /* ViT-B/16's attention */
-    {2, 50, 12, 64, 0},  /* ViT-B/32's */
-    {2, 17, 4, 16, 1},   /* the small configuration's */
-    {1, 197, 12, 64, 1},
-};
-
-static void run_cases(cudaStream_t s)
+/* shape {n, tokens, heads, head dimension} */
+void cmp_attention_core(const op_case &c, const op_env &e)
 {
-    cublasHandle_t h;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
-        fail("setup", "cublasCreate");
-        return;
-    }
-    cublasSetStream(h, s);
-    for (sf_dtype dt : k_dtypes)
-        for (const auto &c : k_cases)
-            (c.layer ? test_layer : test_core)(h, s, dt, c.n, c.t, c.heads, c.d);
-    {
-        const int rc = sf_attn_core_fwd(h, SF_DT_F32, NULL, 1, 17, 30, 4, NULL, NULL, NULL, 0, s);
-        pass_or_fail("heads that do not divide the embedding are refused", rc == -1, "accepted");
-    }
-    cublasDestroy(h);
+    test_core(e.blas, e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3]);
 }
-
-int main(void) { return run_op_test("test_attention", run_cases); }
+void cmp_attention_layer(const op_case &c, const op_env &e)
+{
+    test_layer(e.blas, e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3]);
+}
+/* shape {n, tokens, embedding, heads}: heads that do not divide the embedding */
+void cmp_attention_refused(const op_case &c, const op_env &e)
+{
+    const int rc = sf_attn_core_fwd(e.blas, SF_DT_F32, NULL, c.shape[0], c.shape[1], c.shape[2], c.shape[3], NULL, NULL,
+                                    NULL, 0, e.s);
+    pass_or_fail("heads that do not divide the embedding are refused", rc == -1, "accepted");
+}

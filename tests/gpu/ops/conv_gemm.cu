@@ -1,4 +1,4 @@
-/* tests/gpu/test_conv_gemm.cu — pointwise convolutions as cuBLAS GEMMs
+/* tests/gpu/ops/conv_gemm.cu — pointwise convolutions as cuBLAS GEMMs
  * (gpu/cuda/conv_gemm.h), built by sf_conv_gemm_build without asking cuDNN
  * first and run through the ordinary plan, variant pack and sf_conv_run, against the double-precision reference (sf_ref_conv2d_*):
  * forward, the fused forward (bias and ReLU), backward-data and backward-filter
@@ -15,10 +15,9 @@
  * refusal of a forced non-pointwise convolution. The plans run on a cuBLAS
  * handle the test makes and lends, as the executor lends its own.
  *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/conv_gemm.h"
@@ -438,51 +437,32 @@ static void test_refuses(cudnnHandle_t dnn)
                  "eligibility");
 }
 
-static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
+/* The driver's cuBLAS handle and workspace, lent to the plans as the
+ * executor lends its own. */
+static void lend(const op_env &e) { g_blas = sf_cublas_ctx{e.blas, e.ws, e.ws_bytes}; }
+
+/* shape {n, c, h, w}; p {out channels, tf32}: every direction against the
+ * reference on one draw of the inputs */
+void cmp_conv_gemm(const op_case &c, const op_env &e)
 {
-    if (!dnn) {
-        printf("FAIL setup: cuDNN handle\n");
-        g_fail++;
-        return;
-    }
-    g_blas.ws_bytes = (size_t)32 << 20;
-    if (cublasCreate(&g_blas.h) != CUBLAS_STATUS_SUCCESS || cudaMalloc(&g_blas.ws, g_blas.ws_bytes) != cudaSuccess ||
-        cublasSetStream(g_blas.h, s) != CUBLAS_STATUS_SUCCESS ||
-        cublasSetWorkspace(g_blas.h, g_blas.ws, g_blas.ws_bytes) != CUBLAS_STATUS_SUCCESS) {
-        printf("FAIL setup: cuBLAS handle\n");
-        g_fail++;
-        return;
-    }
-
-    /* EfficientNet-B0's expansion 24 -> 144 at 56x56 and RegNet-Y-400MF's
-     * 104 -> 104 at 28x28, one to four samples; an odd small shape */
-    std::vector<pw_case> cases;
-    for (int n = 1; n <= 4; n++) {
-        cases.push_back({n, 24, 56, 56, 144});
-        cases.push_back({n, 104, 28, 28, 104});
-    }
-    cases.push_back({1, 3, 7, 5, 5});
-    cases.push_back({3, 3, 7, 5, 5});
-    const prec precs[3] = {{SF_DT_F32, 0}, {SF_DT_F32, 1}, {SF_DT_BF16, 0}};
-    for (const pw_case &cc : cases)
-        for (const prec &p : precs) {
-            const pw_data D = make_data(cc, p.dt);
-            for (int lay = 0; lay < 2; lay++)
-                test_gemm(dnn, s, cc, (sf_layout)lay, p, D);
-        }
-
-    test_fallback(dnn, s, pw_case{2, 24, 56, 56, 144}, SF_CONV_FWD);
-    test_fallback(dnn, s, pw_case{2, 104, 28, 28, 104}, SF_CONV_BWD_FILTER);
-    test_lend_binds_back(dnn, s);
-    test_refuses(dnn);
-
-    CU(cudaStreamSynchronize(s));
-    cublasDestroy(g_blas.h);
-    cudaFree(g_blas.ws);
-    cudnnDestroy(dnn);
+    lend(e);
+    const pw_case cc = {c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0]};
+    const prec p = {c.dt, c.p[1]};
+    test_gemm(e.dnn, e.s, cc, c.lay, p, make_data(cc, p.dt));
 }
-
-int main(void)
+/* shape {n, c, h, w}; p {out channels, direction (sf_conv_dir)} */
+void cmp_conv_gemm_fallback(const op_case &c, const op_env &e)
 {
-    return run_op_test("test_conv_gemm", run_cases);
+    lend(e);
+    test_fallback(e.dnn, e.s, pw_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0]}, c.p[1]);
+}
+void cmp_conv_gemm_lend_binds_back(const op_case &, const op_env &e)
+{
+    lend(e);
+    test_lend_binds_back(e.dnn, e.s);
+}
+void cmp_conv_gemm_refuses(const op_case &, const op_env &e)
+{
+    lend(e);
+    test_refuses(e.dnn);
 }

@@ -1,4 +1,4 @@
-/* tests/gpu/test_batchnorm.cu — BatchNorm2d of gpu/cuda/batchnorm.h against
+/* tests/gpu/ops/batchnorm.cu — BatchNorm2d of gpu/cuda/batchnorm.h against
  * sf_ref_bn2d_*: training forward (statistics, running statistics), eval
  * forward and training backward, with and without the fused ReLU (the
  * reference backward masks with the device's own forward output, so a bf16
@@ -6,11 +6,10 @@
  * layouts, at ResNet-18's first and last BN shapes and odd ones; the _dt
  * launchers in fp32 and bf16 (row chunks, ragged chunks, channel counts off
  * the vector width, misaligned pointers); and a captured forward+backward
- * replaying bit-equal to the eager run (capturable, deterministic). *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * replaying bit-equal to the eager run (capturable, deterministic).
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 /* ---- BatchNorm2d ----------------------------------------------------------- */
@@ -417,44 +416,25 @@ static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n
     cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
 }
 
-static void run_cases(cudaStream_t s)
+/* The fp32 launchers. shape {n, c, h, w}; p {relu} */
+void cmp_bn(const op_case &c, const op_env &e)
 {
-    for (int lay = 0; lay < 2; lay++) {
-        const sf_layout L = (sf_layout)lay;
-        test_bn(s, 2, 64, 56, 56, L, 0); /* ResNet-18's first BN, batch 2 */
-        test_bn(s, 4, 512, 7, 7, L, 0);  /* its last */
-        test_bn(s, 4, 3, 5, 7, L, 0);
-        test_bn(s, 3, 6, 1, 1, L, 0);
-        test_bn(s, 8, 16, 13, 13, L, 1);
-        test_bn(s, 2, 128, 28, 28, L, 1);
-    }
-    for (const sf_dtype dt : k_dtypes)
-        for (const sf_layout L : k_layouts) {
-            test_bn_dt(s, dt, 2, 64, 56, 56, L, 1, 0); /* ResNet-18's first BN, batch 2 */
-            test_bn_dt(s, dt, 4, 512, 7, 7, L, 0, 0);  /* its last */
-            test_bn_dt(s, dt, 2, 128, 28, 28, L, 1, 0);
-            test_bn_dt(s, dt, 16, 64, 32, 32, L, 1, 0); /* many row chunks */
-            test_bn_dt(s, dt, 3, 64, 13, 11, L, 0, 0);  /* a ragged last chunk */
-            test_bn_dt(s, dt, 3, 24, 5, 5, L, 1, 0);    /* C/8 odd: one channel group a block */
-            test_bn_dt(s, dt, 8, 40, 13, 13, L, 1, 0);
-            test_bn_dt(s, dt, 2, 16, 8, 8, L, 0, 0);
-            test_bn_dt(s, dt, 4, 3, 5, 7, L, 0, 0);     /* C % 8 != 0: scalar */
-            test_bn_res(s, dt, 2, 64, 14, 14, L, 1, 0);
-            test_bn_res(s, dt, 3, 128, 7, 9, L, 0, 0);
-            test_bn_res(s, dt, 2, 24, 5, 5, L, 1, 1);
-            test_bn_res(s, dt, 2, 3, 5, 7, L, 1, 0);
-            test_bn_dt(s, dt, 3, 6, 1, 1, L, 0, 0);
-            test_bn_dt(s, dt, 2, 64, 9, 9, L, 1, 1);    /* misaligned: scalar fallback */
-        }
-    test_bn_mask_from_x(s);
-    /* a captured forward+backward replays bit-equal to the eager run */
-    for (int lay = 0; lay < 2; lay++)
-        test_bn_graph_replay(s, SF_DT_F32, (sf_layout)lay, 32, 64, 28, 0);
-    test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 64, 28, 1);
-    test_bn_graph_replay(s, SF_DT_BF16, SF_LAYOUT_NHWC, 32, 512, 7, 0);
+    test_bn(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0]);
 }
-
-int main(void)
+/* The _dt launchers. shape {n, c, h, w}; p {relu, misaligned} */
+void cmp_bn_dt(const op_case &c, const op_env &e)
 {
-    return run_op_test("test_batchnorm", run_cases);
+    test_bn_dt(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.p[1]);
+}
+/* The batchnorm with its residual add. shape {n, c, h, w}; p {relu, misaligned} */
+void cmp_bn_res(const op_case &c, const op_env &e)
+{
+    test_bn_res(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.p[1]);
+}
+void cmp_bn_mask_from_x(const op_case &, const op_env &e) { test_bn_mask_from_x(e.s); }
+/* A captured forward+backward replays bit-equal to the eager run. shape {n,
+ * c, hw (a square map's side)}; p {relu} */
+void cmp_bn_graph_replay(const op_case &c, const op_env &e)
+{
+    test_bn_graph_replay(e.s, c.dt, c.lay, c.shape[0], c.shape[1], c.shape[2], c.p[0]);
 }

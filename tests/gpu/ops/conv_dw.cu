@@ -1,4 +1,4 @@
-/* tests/gpu/test_conv_dw.cu — the depthwise NHWC kernels of
+/* tests/gpu/ops/conv_dw.cu — the depthwise NHWC kernels of
  * gpu/cuda/conv_dw.h against the double-precision reference
  * (sf_ref_conv2d_gd_* with groups = c = oc): forward (with and without
  * bias), backward-data and backward-filter, fp32 (relative error < 1e-5)
@@ -13,10 +13,9 @@
  * filter gradient
  * twice, bit for bit the same; and refused shapes (an even k, stride 3, a
  * kernel larger than SF_CONV_DW_KMAX) that leave an error naming the shape.
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any
- * failure, 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers
- * and the criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/conv_dw.h"
@@ -141,50 +140,12 @@ static void test_dw_ok_rules(void)
                  dw3 && !nchw && !grouped && !mult && !dil, "sf_conv_dw_ok answered wrongly");
 }
 
-static void run_cases(cudaStream_t s)
+static dw_case dw_of(const op_case &c)
 {
-    static const dw_case cases[] = {
-        {2, 32, 14, 14, 3, 1, 1},  /* EfficientNet-B0 / MobileNet-V2 first block, scaled down */
-        {2, 96, 15, 15, 3, 2, 1},  /* MobileNet-V2 strided, odd map, two channel tiles */
-        {2, 40, 13, 11, 5, 2, 2},  /* EfficientNet-B0 k5 strided, odd sizes */
-        {3, 24, 9, 10, 5, 1, 2},   /* k5 stride 1 */
-        {2, 144, 8, 7, 3, 1, 1},   /* more than two tiles, odd width */
-        {2, 20, 12, 9, 7, 1, 3},   /* k7 (ConvNeXt-like), 20 channels: not a multiple of 8 */
-        {2, 7, 11, 13, 3, 1, 1},   /* odd channel count: one channel per thread */
-        {1, 13, 10, 9, 3, 2, 0},   /* odd channels, stride 2, no padding */
-        {3, 1, 17, 5, 3, 1, 1},    /* one channel */
-        {8, 16, 150, 20, 3, 1, 1}, /* 1200 output rows: more than the filter gradient's 1024 chunks */
-        /* the 16-byte kernels (channels a multiple of 8, or of 4 in fp32): k7 at both strides,
-         * n = 1, maps narrower than one strip of four columns and not a multiple of it */
-        {2, 64, 9, 11, 7, 2, 3},   /* k7 stride 2, odd map */
-        {2, 48, 10, 13, 7, 1, 3},  /* k7 stride 1 */
-        {1, 40, 7, 7, 5, 1, 2},    /* EfficientNet-B0's 7x7 k5, one sample */
-        {2, 16, 5, 5, 5, 2, 0},    /* stride 2, no padding, a 1x1 output */
-        {2, 8, 8, 8, 7, 2, 6},     /* pad k - 1: output pixels that see one input column */
-        {1, 24, 3, 3, 3, 1, 0},    /* a 1x1 output */
-        /* more channels than one 128-channel tile: 272 = 8 * 34 has no divisor of the tile
-         * width between 8 and 16 vectors (a partial last tile in bf16); 336 = 8 * 42 splits
-         * into three full tiles of 14 vectors */
-        {2, 272, 7, 7, 5, 1, 2},
-        {1, 336, 5, 6, 3, 2, 1},
-        {2, 672, 14, 14, 5, 2, 2}, /* EfficientNet-B0's widest strided k5 */
-        {4, 8, 180, 180, 3, 2, 1}, /* 130k input pixels, few channels: many work items per block */
-    };
-    for (const auto &cc : cases)
-        for (int dt = 0; dt < 2; dt++)
-            test_dw(s, cc, dt ? SF_DT_BF16 : SF_DT_F32, 0, 0);
-    /* bias, and tensors one element past an aligned address (even channels: the pair
-     * kernels would read split words, so they fall back to one channel per thread) */
-    test_dw(s, cases[0], SF_DT_F32, 1, 0);
-    test_dw(s, cases[2], SF_DT_BF16, 1, 0);
-    test_dw(s, cases[0], SF_DT_BF16, 0, 1);
-    test_dw(s, cases[1], SF_DT_F32, 1, 1);
-    test_dw(s, cases[10], SF_DT_BF16, 1, 1);
-    test_dw(s, cases[11], SF_DT_BF16, 1, 0);
-    test_dw_refused(s, {2, 8, 8, 8, 4, 1, 1}, "even k");
-    test_dw_refused(s, {2, 8, 8, 8, 3, 3, 1}, "stride 3");
-    test_dw_refused(s, {2, 8, 12, 12, 9, 1, 4}, "k above SF_CONV_DW_KMAX");
-    test_dw_ok_rules();
+    return dw_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2]};
 }
-
-int main(void) { return run_op_test("test_conv_dw", run_cases); }
+/* shape {n, c, h, w}; p {k, stride, pad, bias, misaligned} */
+void cmp_conv_dw(const op_case &c, const op_env &e) { test_dw(e.s, dw_of(c), c.dt, c.p[3], c.p[4]); }
+/* shape {n, c, h, w}; p {k, stride, pad}; the check names why the shape is refused */
+void cmp_conv_dw_refused(const op_case &c, const op_env &e) { test_dw_refused(e.s, dw_of(c), c.check); }
+void cmp_conv_dw_rules(const op_case &, const op_env &) { test_dw_ok_rules(); }

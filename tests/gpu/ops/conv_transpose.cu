@@ -1,13 +1,12 @@
-/* tests/gpu/test_conv_transpose.cu — ConvTranspose2d of
+/* tests/gpu/ops/conv_transpose.cu — ConvTranspose2d of
  * gpu/cuda/conv_transpose.h against sf_ref_convt2d_*: forward + bias,
  * backward-data, backward-filter and bias gradient in both layouts, fp32 and
  * tf32, at W2's decoder shapes and odd ones; the plan cache; the bias/ReLU
  * epilogue on fp32 and bf16; bf16 plans (max-error criterion); the
  * per-pixel k2s2 forward of gpu/cuda/conv_patch.h (bias and ReLU inside). *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/conv_patch.h"
@@ -230,48 +229,26 @@ static void test_convt_patch(cudaStream_t s, int n, int c, int h, int w, int bia
     cudaFree(x_); cudaFree(w_); cudaFree(b_); cudaFree(y_);
 }
 
-static void run_cases(cudaStream_t s, cudnnHandle_t dnn)
+/* shape {n, c, h, w}; p {out channels, k, stride, pad} */
+void cmp_convt(const op_case &c, const op_env &e)
 {
-    const convt_case ct[] = {
-        {2, 256, 16, 16, 128, 2, 2, 0}, /* W2's decoder, batch 2 */
-        {2, 128, 32, 32, 64, 2, 2, 0},
-        {2, 64, 64, 64, 32, 2, 2, 0},
-        {2, 32, 128, 128, 16, 2, 2, 0},
-        {2, 3, 5, 7, 4, 3, 2, 1},       /* odd sizes, padding */
-        {3, 5, 6, 5, 7, 3, 1, 1},       /* stride 1 */
-        {2, 4, 4, 3, 3, 4, 3, 0},       /* k4 s3 */
-        {1, 6, 3, 3, 2, 5, 2, 2},       /* k5 s2 p2 */
-    };
-    for (const convt_case &cc : ct)
-        test_convt(dnn, s, cc, SF_DT_F32);
-    test_convt_cache(dnn);
-    for (const sf_dtype dt : k_dtypes)
-        for (const sf_layout lay : k_layouts) {
-            test_convt_bias_dt(s, dt, lay, 5);
-            test_convt_bias_dt(s, dt, lay, 16);
-        }
-    const convt_case ct_bf16[] = {
-        {2, 64, 16, 16, 32, 2, 2, 0}, /* W2's decoder */
-        {2, 3, 5, 7, 4, 3, 2, 1},     /* odd sizes, padding */
-        {3, 5, 6, 5, 7, 3, 1, 1},     /* stride 1 */
-    };
-    for (const convt_case &cc : ct_bf16)
-        test_convt(dnn, s, cc, SF_DT_BF16);
-    /* the k2s2 per-pixel forward: W2's last two decoder layers at batch 2,
-     * and odd sizes */
-    const int tp[][4] = {{2, 32, 128, 128}, {2, 64, 64, 64}, {3, 32, 5, 7}, {1, 64, 3, 11}};
-    for (const auto &t : tp)
-        for (int v = 0; v < 4; v++)
-            test_convt_patch(s, t[0], t[1], t[2], t[3], v & 1, v >> 1);
+    test_convt(e.dnn, e.s, convt_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]},
+               c.dt);
+}
+void cmp_convt_cache(const op_case &, const op_env &e) { test_convt_cache(e.dnn); }
+/* p {out channels} */
+void cmp_convt_bias_dt(const op_case &c, const op_env &e) { test_convt_bias_dt(e.s, c.dt, c.lay, c.p[0]); }
+/* The k2s2 per-pixel forward. shape {n, c, h, w}; p {bias, relu} */
+void cmp_convt_patch(const op_case &c, const op_env &e)
+{
+    test_convt_patch(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1]);
+}
+void cmp_convt_patch_rules(const op_case &, const op_env &)
+{
     pass_or_fail("convT patch takes only NCHW k2s2 32->16 and 64->32",
                  sf_convt_patch_ok(SF_LAYOUT_NCHW, 32, 16, 2, 2, 0) && sf_convt_patch_ok(SF_LAYOUT_NCHW, 64, 32, 2, 2, 0) &&
                      !sf_convt_patch_ok(SF_LAYOUT_NHWC, 32, 16, 2, 2, 0) &&
                      !sf_convt_patch_ok(SF_LAYOUT_NCHW, 32, 16, 3, 2, 0) &&
                      !sf_convt_patch_ok(SF_LAYOUT_NCHW, 128, 64, 2, 2, 0),
                  "eligibility");
-}
-
-int main(void)
-{
-    return run_op_test("test_conv_transpose", run_cases);
 }

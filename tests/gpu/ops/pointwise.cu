@@ -1,4 +1,4 @@
-/* tests/gpu/test_pointwise.cu — the elementwise ops of gpu/cuda/pointwise.h
+/* tests/gpu/ops/pointwise.cu — the elementwise ops of gpu/cuda/pointwise.h
  * against the reference: ReLU forward/backward, bias + ReLU and its
  * deterministic per-channel gradient (rows and planes, many chunks), the
  * residual add (in place, with ReLU), the gradient handed to an add's two
@@ -7,10 +7,9 @@
  * odd lengths and one element off 16-byte alignment (bf16 outputs within half
  * an ulp: check_dt; masks exact); cast bit-exact against sf_bf16_bits; the
  * random fill in bf16. *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 static void test_relu(cudaStream_t s, size_t len)
@@ -382,54 +381,38 @@ static void test_bias_grad_dt(cudaStream_t s, sf_dtype dt, size_t outer, int c, 
     cudaFree(d_db); cudaFree(scr);
 }
 
-static void run_cases(cudaStream_t s)
+/* The fp32 launchers. shape {length} */
+void cmp_relu(const op_case &c, const op_env &e) { test_relu(e.s, (size_t)c.shape[0]); }
+/* shape {outer, c, inner} */
+void cmp_bias_grad(const op_case &c, const op_env &e)
 {
-    test_relu(s, 1001);
-    test_relu(s, 1 << 16);
-    test_bias_grad(s, 100003, 16, 1);
-    test_bias_grad(s, 7, 4096, 1);
-    test_bias_grad(s, 33, 3, 1);
-    test_bias_grad(s, 3, 5, 17);
-    test_bias_grad(s, 32, 16, 4096);
-    test_bias_grad(s, 9, 10, 1);
-    test_add(s, 1001, 0, 0);
-    test_add(s, 1 << 16, 0, 1);
-    test_add(s, 1 << 16, 1, 0);
-    test_add(s, 999, 1, 1);
-
-    /* element types (bf16), and the _dt launchers with SF_DT_F32 */
-    for (const sf_dtype dt : k_dtypes) {
-        test_relu_dt(s, dt, 1001, 0, 0);
-        test_relu_dt(s, dt, 1 << 16, 0, 1);
-        test_relu_dt(s, dt, 4099, 1, 0);
-        test_relu_dt(s, dt, 5, 0, 0);
-        test_add_dt(s, dt, 1001, 0, 0, 0);
-        test_add_dt(s, dt, 1 << 16, 1, 1, 0);
-        test_add_dt(s, dt, 999, 1, 0, 1);
-        test_add_dt(s, dt, 7, 0, 1, 0);
-        for (int v = 0; v < 8; v++)
-            test_grad_fork_dt(s, dt, v & 4 ? 1001 : 1 << 16, v & 1, (v >> 1) & 1, v == 6, v == 5);
-        test_bias_act_dt(s, dt, 37, 64, 1, 1, 1, 0);   /* NHWC view, vector path */
-        test_bias_act_dt(s, dt, 3, 16, 49, 1, 1, 0);   /* NCHW view, inner odd */
-        test_bias_act_dt(s, dt, 2, 5, 64, 0, 1, 0);    /* NCHW view, inner % 8 == 0 */
-        test_bias_act_dt(s, dt, 19, 12, 1, 1, 1, 0);   /* channels not a multiple of 8 */
-        test_bias_act_dt(s, dt, 11, 24, 1, 1, 0, 1);   /* ReLU only, misaligned */
-        test_bias_grad_dt(s, dt, 301, 64, 1, 1, 1, 0); /* rows, vector path */
-        test_bias_grad_dt(s, dt, 1000, 8, 1, 0, 1, 0); /* rows, many chunks */
-        test_bias_grad_dt(s, dt, 57, 13, 1, 1, 1, 0);  /* rows, scalar */
-        test_bias_grad_dt(s, dt, 4, 6, 64, 1, 1, 0);   /* planes, vector */
-        test_bias_grad_dt(s, dt, 5, 7, 9, 1, 1, 1);    /* planes, scalar, misaligned */
-        test_bias_grad_dt(s, dt, 9, 16, 1, 1, 0, 0);   /* mask only (no db) */
-        test_bias_grad_dt(s, dt, 3, 2100, 1, 0, 1, 0); /* more channels than a block */
-    }
-    test_cast(s, 1001, 0, 0);
-    test_cast(s, 1 << 16, 0, 0);
-    test_cast(s, 333, 1, 0);
-    test_cast(s, 40, 0, 3);
-    test_fill_random_dt(s, 100003);
+    test_bias_grad(e.s, (size_t)c.shape[0], c.shape[1], (size_t)c.shape[2]);
 }
-
-int main(void)
+/* shape {length}; p {relu, in place} */
+void cmp_add(const op_case &c, const op_env &e) { test_add(e.s, (size_t)c.shape[0], c.p[0], c.p[1]); }
+/* The _dt launchers. shape {length}; p {misaligned, in place} */
+void cmp_relu_dt(const op_case &c, const op_env &e) { test_relu_dt(e.s, c.dt, (size_t)c.shape[0], c.p[0], c.p[1]); }
+/* shape {length}; p {relu, in place, misaligned} */
+void cmp_add_dt(const op_case &c, const op_env &e)
 {
-    return run_op_test("test_pointwise", run_cases);
+    test_add_dt(e.s, c.dt, (size_t)c.shape[0], c.p[0], c.p[1], c.p[2]);
 }
+/* shape {length}; p {relu, two gradients, in place, misaligned} */
+void cmp_grad_fork_dt(const op_case &c, const op_env &e)
+{
+    test_grad_fork_dt(e.s, c.dt, (size_t)c.shape[0], c.p[0], c.p[1], c.p[2], c.p[3]);
+}
+/* shape {outer, c, inner}; p {relu, bias, misaligned} */
+void cmp_bias_act_dt(const op_case &c, const op_env &e)
+{
+    test_bias_act_dt(e.s, c.dt, (size_t)c.shape[0], c.shape[1], (size_t)c.shape[2], c.p[0], c.p[1], c.p[2]);
+}
+/* shape {outer, c, inner}; p {with y (the ReLU mask), with db, misaligned} */
+void cmp_bias_grad_dt(const op_case &c, const op_env &e)
+{
+    test_bias_grad_dt(e.s, c.dt, (size_t)c.shape[0], c.shape[1], (size_t)c.shape[2], c.p[0], c.p[1], c.p[2]);
+}
+/* shape {length}; p {source misaligned by, destination misaligned by} */
+void cmp_cast(const op_case &c, const op_env &e) { test_cast(e.s, (size_t)c.shape[0], c.p[0], c.p[1]); }
+/* shape {length} */
+void cmp_fill_random_dt(const op_case &c, const op_env &e) { test_fill_random_dt(e.s, (size_t)c.shape[0]); }

@@ -1,13 +1,12 @@
-/* tests/gpu/test_pool.cu — MaxPool2d and global average pooling of
+/* tests/gpu/ops/pool.cu — MaxPool2d and global average pooling of
  * gpu/cuda/pool.h against sf_ref_maxpool2d_* / sf_ref_avgpool_*: both layouts,
  * ResNet-18's stem (the k3 s2 p1 path) and head, odd sizes, other windows;
  * argmax and selections exact; the _dt launchers in fp32 and bf16 with
  * misaligned pointers; the pool with a pre-batchnorm + ReLU (bf16 NHWC stem)
  * bit for bit against the batchnorm's apply pass followed by the pool. *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 /* ---- MaxPool2d --------------------------------------------------------------- */
@@ -333,60 +332,40 @@ static void test_maxpool_pre_bn(cudaStream_t s, int n, int c, int h, int w)
     cudaFree(rm); cudaFree(rv); cudaFree(sm); cudaFree(si); cudaFree(scr);
 }
 
-static void run_cases(cudaStream_t s)
+/* The fp32 launchers. shape {n, c, h, w}; p {k, stride, pad} */
+void cmp_maxpool(const op_case &c, const op_env &e)
 {
-    for (int lay = 0; lay < 2; lay++) {
-        const sf_layout L = (sf_layout)lay;
-        test_maxpool(s, 2, 64, 112, 112, 3, 2, 1, L); /* ResNet-18's stem */
-        test_maxpool(s, 3, 5, 13, 11, 3, 2, 1, L);
-        test_maxpool(s, 2, 3, 9, 9, 2, 2, 0, L);
-        test_maxpool(s, 1, 4, 7, 8, 3, 1, 1, L);
-        test_maxpool(s, 2, 3, 10, 10, 5, 3, 2, L);
-
-        test_avgpool(s, 4, 512, 7, 7, L); /* ResNet-18's head */
-        test_avgpool(s, 3, 5, 3, 5, L);
-        test_avgpool(s, 4, 7, 1, 1, L);
-        test_avgpool(s, 2, 40, 56, 56, L); /* many rows per sample, a partial channel tile */
-    }
-    for (const sf_dtype dt : k_dtypes)
-        for (const sf_layout L : k_layouts) {
-            test_maxpool_dt(s, dt, 2, 64, 112, 112, 3, 2, 1, L, 0); /* ResNet-18's stem */
-            test_maxpool_dt(s, dt, 3, 5, 13, 11, 3, 2, 1, L, 0);    /* odd sizes, C % 8 != 0 */
-            test_maxpool_dt(s, dt, 2, 16, 9, 10, 3, 2, 1, L, 0);    /* odd h, vector channels */
-            test_maxpool_dt(s, dt, 2, 16, 12, 12, 3, 2, 1, L, 1);   /* misaligned */
-            test_maxpool_dt(s, dt, 2, 8, 11, 11, 3, 2, 0, L, 0);    /* k3 s2 without padding */
-            test_maxpool_dt(s, dt, 2, 3, 9, 9, 2, 2, 0, L, 0);
-            test_maxpool_dt(s, dt, 1, 4, 7, 8, 3, 1, 1, L, 0);
-            test_maxpool_dt(s, dt, 2, 8, 10, 10, 5, 3, 2, L, 0);
-
-            test_avgpool_dt(s, dt, 4, 512, 7, 7, L);
-            test_avgpool_dt(s, dt, 3, 5, 3, 5, L);
-            test_avgpool_dt(s, dt, 2, 40, 56, 56, L);
-
-            /* ceil_mode: a last window that starts inside the input but runs past it */
-            test_maxpool_dt(s, dt, 2, 5, 8, 8, 3, 2, 1, L, 0, 1);   /* 5x5, not the stem's 4x4 */
-            test_maxpool_dt(s, dt, 2, 3, 10, 11, 2, 2, 0, L, 0, 1); /* 5x6 */
-            test_maxpool_dt(s, dt, 1, 4, 13, 13, 3, 2, 0, L, 0, 1); /* 6x6, no change by ceil */
-
-            for (int ceil = 0; ceil < 2; ceil++)
-                for (int cip = 0; cip < 2; cip++) {
-                    test_avgpool2d_dt(s, dt, 2, 5, 9, 11, 3, 2, 1, ceil, cip, L); /* odd sizes */
-                    test_avgpool2d_dt(s, dt, 2, 5, 8, 8, 3, 2, 1, ceil, cip, L);  /* ceil: 5x5, a clipped window */
-                    test_avgpool2d_dt(s, dt, 2, 3, 8, 7, 2, 2, 1, ceil, cip, L);
-                    test_avgpool2d_dt(s, dt, 1, 16, 10, 10, 3, 3, 0, ceil, cip, L);
-                }
-            test_avgpool2d_dt(s, dt, 2, 64, 28, 28, 2, 2, 0, 0, 1, L); /* DenseNet's transition */
-            test_adaptive_dt(s, dt, 2, 5, 7, 11, 3, 5, L);  /* overlapping bins */
-            test_adaptive_dt(s, dt, 2, 4, 5, 4, 7, 6, L);   /* upsampling: bins of one input */
-            test_adaptive_dt(s, dt, 3, 16, 13, 13, 1, 1, L);
-            test_adaptive_dt(s, dt, 2, 8, 14, 14, 7, 7, L); /* VGG's head */
-        }
-
-    test_maxpool_pre_bn(s, 2, 64, 112, 112); /* ResNet-18's stem */
-    test_maxpool_pre_bn(s, 3, 16, 9, 10);     /* odd sizes */
+    test_maxpool(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.lay);
 }
-
-int main(void)
+/* shape {n, c, h, w} */
+void cmp_avgpool(const op_case &c, const op_env &e)
 {
-    return run_op_test("test_pool", run_cases);
+    test_avgpool(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay);
+}
+/* The _dt launchers. shape {n, c, h, w}; p {k, stride, pad, misaligned, ceil_mode} */
+void cmp_maxpool_dt(const op_case &c, const op_env &e)
+{
+    test_maxpool_dt(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.lay, c.p[3],
+                    c.p[4]);
+}
+/* shape {n, c, h, w} */
+void cmp_avgpool_dt(const op_case &c, const op_env &e)
+{
+    test_avgpool_dt(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay);
+}
+/* shape {n, c, h, w}; p {k, stride, pad, ceil_mode, count_include_pad} */
+void cmp_avgpool2d_dt(const op_case &c, const op_env &e)
+{
+    test_avgpool2d_dt(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3], c.p[4],
+                      c.lay);
+}
+/* shape {n, c, h, w}; p {output h, output w} */
+void cmp_adaptive_dt(const op_case &c, const op_env &e)
+{
+    test_adaptive_dt(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.lay);
+}
+/* shape {n, c, h, w} */
+void cmp_maxpool_pre_bn(const op_case &c, const op_env &e)
+{
+    test_maxpool_pre_bn(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3]);
 }

@@ -1,14 +1,13 @@
-/* tests/gpu/test_linear.cu — the cuBLAS linear layers of gpu/cuda/linear.h
+/* tests/gpu/ops/linear.cu — the cuBLAS linear layers of gpu/cuda/linear.h
  * against sf_ref_linear_*: fp32 and tf32, through the float and the _dt entry
  * points, bf16 (max-error criterion, fp32 dw 1e-3), ResNet-18's classifier,
  * a refused unknown element type, and the per-pixel layers over a map's
  * channels (sf_linear_map_*) in both layouts, fp32, tf32 and bf16, and the
  * cuBLASLt forwards with the bias in the GEMM (sf_linear_lt_*), fp32, tf32
  * and bf16, with and without a bias.
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 /* via_dt: through the _dt launchers with SF_DT_F32 (which must be the float
@@ -344,64 +343,23 @@ static void test_linear_lt_refuses(cublasLtHandle_t lt)
     sf_cuda_clear_error();
 }
 
-static void run_cases(cudaStream_t s)
+/* shape {n, in, out}; p {tf32, through the _dt launcher} */
+void cmp_linear(const op_case &c, const op_env &e)
 {
-    cublasHandle_t blas;
-    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
-        fail("setup", "cublasCreate");
-        return;
-    }
-    cublasSetStream(blas, s);
-    void *bws = dalloc<char>((size_t)32 << 20);
-    cublasSetWorkspace(blas, bws, (size_t)32 << 20);
-
-    for (int tf32 = 0; tf32 < 2; tf32++)
-        for (int via_dt = 0; via_dt < 2; via_dt++) {
-            test_linear(blas, s, 5, 37, 11, tf32, via_dt);
-            test_linear(blas, s, 32, 4096, 10, tf32, via_dt);
-            test_linear(blas, s, 3, 1, 7, tf32, via_dt);
-        }
-    test_linear_bf16(blas, s, 5, 37, 11);
-    test_linear_bf16(blas, s, 3, 1, 7);
-    test_linear_bf16(blas, s, 32, 4096, 10);
-    test_linear_bf16(blas, s, 256, 512, 1000); /* ResNet-18's classifier */
-    test_linear_bad_dtype(blas);
-    /* per pixel over channels: ConvNeXt's pointwise 96 -> 384 at a small
-     * size, odd sizes, one pixel (the flat path) */
-    for (int t = 0; t < 3; t++)
-        for (int lay = 0; lay < 2; lay++) {
-            const sf_dtype dt = t == 2 ? SF_DT_BF16 : SF_DT_F32;
-            const int tf32 = t == 1;
-            test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 2, 96, 384, 7, 7);
-            test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 3, 5, 7, 9, 11);
-            test_linear_map(blas, s, dt, (sf_layout)lay, tf32, 4, 6, 3, 1, 1);
-        }
-
-    /* cuBLASLt with the bias epilogues: vit_b_16's GEMMs at 2 samples (394
-     * token rows: qkv 768 -> 2304, out_proj and MLP 768 <-> 3072) and its
-     * head, the small ViT's, and shapes not multiples of 8 or 16 */
-    cublasLtHandle_t lt;
-    if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
-        fail("setup", "cublasLtCreate");
-        return;
-    }
-    for (int t = 0; t < 3; t++) {
-        const sf_dtype dt = t == 2 ? SF_DT_BF16 : SF_DT_F32;
-        const int tf32 = t == 1;
-        for (int bias = dt == SF_DT_BF16 ? 2 : 1; bias >= 0; bias--) {
-            /* bf16 with an fp32 bias may have no plan: the executor then
-             * reads the bias's bf16 copy (bias 2), which must build */
-            const int must = dt != SF_DT_BF16 || bias != 1;
-            test_linear_lt(lt, s, bws, (size_t)32 << 20, dt, tf32, 394, 768, 2304, bias, must);
-            test_linear_lt(lt, s, bws, (size_t)32 << 20, dt, tf32, 394, 3072, 768, bias, must);
-            test_linear_lt(lt, s, bws, (size_t)32 << 20, dt, tf32, 8, 64, 10, bias, must);
-            test_linear_lt(lt, s, bws, (size_t)32 << 20, dt, tf32, 136, 64, 192, bias, must);
-            test_linear_lt(lt, s, bws, (size_t)32 << 20, dt, tf32, 37, 13, 11, bias, 0);
-            test_linear_lt(lt, s, bws, (size_t)32 << 20, dt, tf32, 5, 1, 7, bias, 0);
-        }
-    }
-    test_linear_lt_refuses(lt);
-    cublasLtDestroy(lt);
+    test_linear(e.blas, e.s, c.shape[0], c.shape[1], c.shape[2], c.p[0], c.p[1]);
 }
-
-int main(void) { return run_op_test("test_linear", run_cases); }
+/* shape {n, in, out} */
+void cmp_linear_bf16(const op_case &c, const op_env &e) { test_linear_bf16(e.blas, e.s, c.shape[0], c.shape[1], c.shape[2]); }
+void cmp_linear_bad_dtype(const op_case &, const op_env &e) { test_linear_bad_dtype(e.blas); }
+/* Per pixel over channels. shape {n, in, out, h, w}; p {tf32} */
+void cmp_linear_map(const op_case &c, const op_env &e)
+{
+    test_linear_map(e.blas, e.s, c.dt, c.lay, c.p[0], c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.shape[4]);
+}
+/* The cuBLASLt forward with the bias epilogue. shape {rows, in, out}; p
+ * {tf32, bias (2: its bf16 copy), whether the plan must build (test_linear_lt)} */
+void cmp_linear_lt(const op_case &c, const op_env &e)
+{
+    test_linear_lt(e.lt, e.s, e.ws, e.ws_bytes, c.dt, c.p[0], c.shape[0], c.shape[1], c.shape[2], c.p[1], c.p[2]);
+}
+void cmp_linear_lt_refuses(const op_case &, const op_env &e) { test_linear_lt_refuses(e.lt); }

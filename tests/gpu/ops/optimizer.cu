@@ -1,13 +1,12 @@
-/* tests/gpu/test_optimizer.cu — the updates of gpu/cuda/optimizer.h against
+/* tests/gpu/ops/optimizer.cu — the updates of gpu/cuda/optimizer.h against
  * the reference: SGD with and without momentum (bit-equal to sf_ref_sgd, also
  * through KRSC weight segments, two or 200 listed out of order), AdamW (sf_ref_adamw, with weight decay and
  * permuted segments), and the weight copies between model and device layout
  * (weights_dev / grads_model bit-exact against a host permutation, grads_model
  * touching nothing outside its segments) in fp32 and bf16. *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 /* SGD over a flat buffer with KRSC segments; compared bit for bit with sf_ref_sgd. */
@@ -387,24 +386,11 @@ static void test_sgd_mixed(cudaStream_t s, float momentum)
     cudaFree(gd); cudaFree(w1); cudaFree(w2); cudaFree(dh);
 }
 
-static void run_cases(cudaStream_t s)
-{
-    test_sgd(s, 0.9f, 0);
-    test_sgd(s, 0.9f, 1);
-    test_sgd(s, 0.f, 0);
-    test_sgd_mixed(s, 0.9f);
-    test_sgd_mixed(s, 0.f);
-    test_adamw(s, 10007, 0.01f, 0);
-    test_adamw(s, 1 << 16, 0.f, 0);
-    test_adamw(s, 64, 0.05f, 1);
-    for (const sf_dtype dt : k_dtypes) {
-        test_weights_perm(s, dt, 0, 0);
-        test_weights_perm(s, dt, 1, 0);
-        test_weights_perm(s, dt, 0, 1);
-    }
-}
-
-int main(void)
-{
-    return run_op_test("test_optimizer", run_cases);
-}
+/* p {many segments}; f {momentum} */
+void cmp_sgd(const op_case &c, const op_env &e) { test_sgd(e.s, c.f[0], c.p[0]); }
+/* f {momentum} */
+void cmp_sgd_mixed(const op_case &c, const op_env &e) { test_sgd_mixed(e.s, c.f[0]); }
+/* shape {length}; p {permuted segments}; f {weight decay} */
+void cmp_adamw(const op_case &c, const op_env &e) { test_adamw(e.s, (size_t)c.shape[0], c.f[0], c.p[0]); }
+/* p {misaligned, big} */
+void cmp_weights_perm(const op_case &c, const op_env &e) { test_weights_perm(e.s, c.dt, c.p[0], c.p[1]); }

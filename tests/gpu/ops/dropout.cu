@@ -1,4 +1,4 @@
-/* tests/gpu/test_dropout.cu — dropout and stochastic depth
+/* tests/gpu/ops/dropout.cu — dropout and stochastic depth
  * (gpu/cuda/dropout.h) against the reference's float functions
  * (sf_ref_dropout_fwd, sf_ref_stochastic_depth_fwd), bit for bit: the same
  * counter-based keys must drop the same elements and scale the kept ones
@@ -8,22 +8,12 @@
  * sequence number is read from device memory: a launch captured into a CUDA
  * graph and replayed after the value changed draws the new sequence's mask
  * (what the executor's captured step relies on); a NULL sequence is 0.
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/dropout.h"
-
-static std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nhwc(v, n, c, h, w) : v;
-}
-static std::vector<float> from_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h, int w)
-{
-    return lay == SF_LAYOUT_NHWC ? to_nchw(v, n, c, h, w) : v;
-}
 
 static const uint64_t SEED = 0x5eed1234abcdull, LAYER = 7;
 
@@ -151,22 +141,11 @@ static void test_null_seq(cudaStream_t s)
     dbuf_free(bx); dbuf_free(by);
 }
 
-static void run_cases(cudaStream_t s)
+/* shape {n, c, h, w}; p {whole samples (stochastic depth), in place}; f {p} */
+void cmp_dropout(const op_case &c, const op_env &e)
 {
-    const float ps[3] = {0.f, 0.3f, 1.f};
-    for (const sf_dtype dt : k_dtypes)
-        for (const sf_layout lay : k_layouts)
-            for (int rows = 0; rows < 2; rows++) {
-                for (int k = 0; k < 3; k++)
-                    test_dropout(s, dt, lay, 3, 3, 7, 5, ps[k], rows, 0);
-                test_dropout(s, dt, lay, 16, 24, 9, 11, 0.5f, rows, 1); /* more samples, in place */
-                test_dropout(s, dt, lay, 5, 37, 1, 1, 0.3f, rows, 0);   /* flat features */
-                test_graph_replay(s, dt, lay, rows);
-            }
-    test_null_seq(s);
+    test_dropout(e.s, c.dt, c.lay, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.f[0], c.p[0], c.p[1]);
 }
-
-int main(void)
-{
-    return run_op_test("test_dropout", run_cases);
-}
+/* p {whole samples (stochastic depth)} */
+void cmp_dropout_graph_replay(const op_case &c, const op_env &e) { test_graph_replay(e.s, c.dt, c.lay, c.p[0]); }
+void cmp_dropout_null_seq(const op_case &, const op_env &e) { test_null_seq(e.s); }

@@ -1,24 +1,28 @@
-/* tests/gpu/test_norm.cu — the LayerNorm kernels of gpu/cuda/norm.h against
+/* tests/gpu/ops/norm.cu — the LayerNorm kernels of gpu/cuda/norm.h against
  * sf_ref_layernorm_* in double: layernorm2d (a map's channels per pixel, NCHW
  * and NHWC) and layernorm (a flat tensor's features, hw = 1), fp32 and bf16,
  * forward (y and the saved mean and rstd) and backward (dx, dweight, dbias;
  * and without dx), ConvNeXt's shapes at a small size, odd sizes, more
  * positions than the weight gradient's chunks, and a channel count past one
- * warp's stride.
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+ * warp's stride. The rows: tests/gpu/op_cases.cu; helpers and the criteria
+ * they apply: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/norm.h"
 
-/* fp32: y, dx relative error < 1e-5, dweight and dbias < 1e-5, mean and
- * rstd < 1e-5; bf16 (inputs rounded, so the reference sees the same values):
- * y and dx by check_dt (half a bf16 ulp), the fp32 weight gradients < 1e-4. */
-static void test_layernorm(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, int h, int w, float eps,
-                           int want_dx)
+/* shape {n, c, h, w}; p {dx wanted}; f {eps}. fp32: y, dx, the saved mean
+ * and rstd within tol, dweight and dbias within tol_param; bf16 (inputs
+ * rounded, so the reference sees the same values): y and dx by check_dt (half
+ * a bf16 ulp), the fp32 weight gradients within tol_param. */
+void cmp_layernorm(const op_case &k, const op_env &e)
 {
+    const cudaStream_t s = e.s;
+    const sf_dtype dt = k.dt;
+    const sf_layout lay = k.lay;
+    const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3], want_dx = k.p[0];
+    const float eps = k.f[0];
     char nm[200], sub[260];
     snprintf(nm, sizeof nm, "layernorm%s %s n%d c%d %dx%d eps %g %s%s", h * w > 1 ? "2d" : "", dtname(dt), n, c, h, w,
              eps, lname(lay), want_dx ? "" : " no dx");
@@ -75,14 +79,14 @@ static void test_layernorm(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, in
             dx = to_nchw(dx, n, c, h, w);
         }
         snprintf(sub, sizeof sub, "%s fwd y", nm);
-        check_dt(sub, dt, y, yr, 1e-5);
+        check_dt(sub, dt, y, yr, k.tol);
         snprintf(sub, sizeof sub, "%s fwd saved mean", nm);
-        check_v(sub, down(dm, pos), mr, 1e-5);
+        check_v(sub, down(dm, pos), mr, k.tol);
         snprintf(sub, sizeof sub, "%s fwd saved rstd", nm);
-        check_v(sub, down(dr, pos), rr, 1e-5);
+        check_v(sub, down(dr, pos), rr, k.tol);
         if (want_dx) {
             snprintf(sub, sizeof sub, "%s bwd dx", nm);
-            check_dt(sub, dt, dx, dxr, 1e-5);
+            check_dt(sub, dt, dx, dxr, k.tol);
         } else {
             /* dx NULL: the kernel must not have written the poisoned buffer */
             size_t written = 0;
@@ -92,32 +96,10 @@ static void test_layernorm(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, in
             pass_or_fail(sub, written == 0, "dx written");
         }
         snprintf(sub, sizeof sub, "%s bwd dweight", nm);
-        check_v(sub, down(ddg, c), dgr, dt == SF_DT_F32 ? 1e-5 : 1e-4);
+        check_v(sub, down(ddg, c), dgr, k.tol_param);
         snprintf(sub, sizeof sub, "%s bwd dbias", nm);
-        check_v(sub, down(ddb, c), dbr, dt == SF_DT_F32 ? 1e-5 : 1e-4);
+        check_v(sub, down(ddb, c), dbr, k.tol_param);
     }
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
     cudaFree(dga); cudaFree(dbe); cudaFree(dm); cudaFree(dr); cudaFree(ddg); cudaFree(ddb); cudaFree(scr);
-}
-
-static void run_cases(cudaStream_t s)
-{
-    for (const sf_dtype dt : k_dtypes)
-        for (const sf_layout L : k_layouts) {
-            /* layernorm2d: ConvNeXt's stem norm and block norm (96 channels),
-             * odd sizes and channels, more positions than LN_CHUNKS, c > 32 */
-            test_layernorm(s, dt, L, 2, 96, 14, 14, 1e-6f, 1);
-            test_layernorm(s, dt, L, 3, 5, 7, 9, 1e-5f, 1);
-            test_layernorm(s, dt, L, 4, 37, 17, 13, 1e-6f, 1);
-            test_layernorm(s, dt, L, 2, 8, 5, 5, 1e-5f, 0);
-            /* layernorm over flat features (ConvNeXt's head: 768), hw = 1 */
-            test_layernorm(s, dt, L, 5, 768, 1, 1, 1e-6f, 1);
-            test_layernorm(s, dt, L, 3, 7, 1, 1, 1e-5f, 1);
-            test_layernorm(s, dt, L, 300, 16, 1, 1, 1e-5f, 0);
-        }
-}
-
-int main(void)
-{
-    return run_op_test("test_norm", run_cases);
 }

@@ -1,12 +1,11 @@
-/* tests/gpu/test_layout.cu — the batched transpose of gpu/cuda/layout.h
- * against a host transpose, exact, at square-tile and ragged shapes. *
- * Prints "ok <case>" or "FAIL <case>: ..." per case; exits 1 on any failure,
- * 0 with "SKIPPED: no CUDA device" when there is no GPU. Helpers and the
- * criteria they apply: op_test.h.
+/* tests/gpu/ops/layout.cu — the batched transpose of gpu/cuda/layout.h
+ * against a host transpose, exact, at square-tile and ragged shapes.
+ * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
-static void test_transpose(cudaStream_t s, int batch, int rows, int cols)
+static void test_transpose(cudaStream_t s, int batch, int rows, int cols, double tol)
 {
     char nm[80];
     snprintf(nm, sizeof nm, "transpose %dx%dx%d", batch, rows, cols);
@@ -23,18 +22,10 @@ static void test_transpose(cudaStream_t s, int batch, int rows, int cols)
     poison_f(dy, len);
     int rc = sf_cuda_transpose(dx, dy, batch, rows, cols, s);
     CU(cudaStreamSynchronize(s));
-    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(dy, len).data(), ref, 1e-7);
+    if (rc) fail(nm, sf_cuda_last_error()); else check_f(nm, down(dy, len).data(), ref, tol);
     cudaFree(dx);
     cudaFree(dy);
 }
 
-static void run_cases(cudaStream_t s)
-{
-    test_transpose(s, 3, 37, 45);
-    test_transpose(s, 2, 4096, 3);
-}
-
-int main(void)
-{
-    return run_op_test("test_layout", run_cases);
-}
+/* shape {batch, rows, cols}; tol: the norm check's bound (the moves are exact) */
+void cmp_transpose(const op_case &c, const op_env &e) { test_transpose(e.s, c.shape[0], c.shape[1], c.shape[2], c.tol); }

@@ -1,0 +1,585 @@
+/* tests/gpu/op_cases.cu — the op case table (op_cases.h): every case of the
+ * op families' compare-with-reference tests, one row each, built by loops
+ * over element types and layouts as ggml's make_test_cases_eval builds its
+ * cases. Each family's block says why its shapes are there; its compare
+ * function (tests/gpu/ops/<family>.cu) says what the shape and parameters
+ * mean. Every family runs in fp32 and bf16 (k_dtypes) and, where it has a
+ * layout, NCHW and NHWC (k_layouts), in that order. */
+#include "tests/gpu/op_cases.h"
+
+#include <stdio.h>
+
+extern "C" {
+#include "gpu/model.h"
+}
+
+#include "gpu/cuda/activation.h"
+#include "gpu/cuda/conv.h"
+
+static const sf_dtype k_dtypes[] = {SF_DT_F32, SF_DT_BF16};
+static const sf_layout k_layouts[] = {SF_LAYOUT_NCHW, SF_LAYOUT_NHWC};
+
+static const char *dtype_name(sf_dtype dt) { return dt == SF_DT_BF16 ? "bf16" : "fp32"; }
+
+std::string op_case_name(const op_case &c)
+{
+    std::string s = std::string(c.op) + " " + c.check + " " + dtype_name(c.dt);
+    if (c.laid)
+        s += c.lay == SF_LAYOUT_NHWC ? " nhwc" : " nchw";
+    char b[32];
+    const struct {
+        const char *label;
+        const std::vector<int> &v;
+    } lists[] = {{" shape=[", c.shape}, {" p=[", c.p}};
+    for (const auto &l : lists) {
+        if (l.v.empty())
+            continue;
+        s += l.label;
+        for (size_t i = 0; i < l.v.size(); i++) {
+            snprintf(b, sizeof b, "%s%d", i ? "," : "", l.v[i]);
+            s += b;
+        }
+        s += "]";
+    }
+    for (size_t i = 0; i < c.f.size(); i++) {
+        snprintf(b, sizeof b, "%s%g", i ? "," : " f=[", c.f[i]);
+        s += b;
+    }
+    if (!c.f.empty())
+        s += "]";
+    return s;
+}
+
+/* A row without a layout, and one with. */
+static op_case row(const char *op, const char *check, op_compare run, sf_dtype dt, std::vector<int> shape,
+                   std::vector<int> p, double tol, double tol_param = 0, std::vector<float> f = {})
+{
+    return op_case{op, check, run, dt, 0, SF_LAYOUT_NCHW, shape, p, f, tol, tol_param};
+}
+static op_case row(const char *op, const char *check, op_compare run, sf_dtype dt, sf_layout lay,
+                   std::vector<int> shape, std::vector<int> p, double tol, double tol_param = 0,
+                   std::vector<float> f = {})
+{
+    return op_case{op, check, run, dt, 1, lay, shape, p, f, tol, tol_param};
+}
+
+static const char *const ACT_CHECKS[] = {"relu6", "sigmoid", "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh"};
+
+std::vector<op_case> op_cases()
+{
+    std::vector<op_case> t;
+
+    /* activation: the odd 3x3x7x5 map of the layer tests, a length that
+     * leaves a vector tail one element off 16-byte alignment, and 2^16 in
+     * place; elementwise, so one run covers both layouts */
+    for (const sf_dtype dt : k_dtypes) {
+        for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
+            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {3 * 3 * 7 * 5}, {act, 0, 0}, 1e-5));
+            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {4099}, {act, 1, 0}, 1e-5));
+            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {1 << 16}, {act, 0, 1}, 1e-5));
+        }
+        t.push_back(row("activation", "nan", cmp_activation_nan, dt, {}, {}, 0));
+    }
+    t.push_back(row("activation", "refused", cmp_activation_refused, SF_DT_F32, {4}, {99}, 0));
+
+    /* concat: 2, 3 and SF_MAX_IN inputs (DenseNet's dense blocks) of odd
+     * channel counts, and flat features; copies, so exact */
+    std::vector<int> many(SF_MAX_IN);
+    for (int j = 0; j < SF_MAX_IN; j++)
+        many[j] = 1 + j % 3;
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            t.push_back(row("concat", "put_take", cmp_concat, dt, lay, {3, 7, 5}, {3, 2}, 0));
+            t.push_back(row("concat", "put_take", cmp_concat, dt, lay, {3, 7, 5}, {3, 1, 5}, 0));
+            t.push_back(row("concat", "put_take", cmp_concat, dt, lay, {2, 3, 3}, many, 0));
+            t.push_back(row("concat", "put_take", cmp_concat, dt, lay, {5, 1, 1}, {7, 4}, 0));
+        }
+    t.push_back(row("concat", "refused", cmp_concat_refused, SF_DT_F32, SF_LAYOUT_NCHW, {1, 3, 4}, {4, 2}, 0));
+
+    /* mul: the odd sizes of the layer tests, an SE block's shape scaled
+     * down, flat features (hw = 1: both forms agree), many rows per sample
+     * with a partial channel tile; channel_scale (ConvNeXt's layer scale):
+     * many chunks, more channels than a block, more rows than chunks */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            for (int bc = 0; bc < 2; bc++) {
+                t.push_back(row("mul", "mul", cmp_mul, dt, lay, {3, 3, 7, 5}, {bc}, 1e-6, 1e-5));
+                t.push_back(row("mul", "mul", cmp_mul, dt, lay, {4, 40, 14, 14}, {bc}, 1e-6, 1e-5));
+                t.push_back(row("mul", "mul", cmp_mul, dt, lay, {5, 17, 1, 1}, {bc}, 1e-6, 1e-5));
+                t.push_back(row("mul", "mul", cmp_mul, dt, lay, {2, 40, 56, 56}, {bc}, 1e-6, 1e-5));
+            }
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {3, 3, 7, 5}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {8, 96, 14, 14}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 1100, 3, 3}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {600, 4, 1, 1}, {}, 1e-6, 1e-5));
+        }
+
+    /* norm: layernorm2d at ConvNeXt's stem and block norm (96 channels),
+     * odd sizes and channels, more positions than LN_CHUNKS, c > 32; then
+     * layernorm over flat features (ConvNeXt's head: 768), hw = 1. The fp32
+     * weight gradients of a bf16 run sum bf16-rounded products: 1e-4. */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            const double tp = dt == SF_DT_F32 ? 1e-5 : 1e-4;
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {3, 5, 7, 9}, {1}, 1e-5, tp, {1e-5f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {4, 37, 17, 13}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 8, 5, 5}, {0}, 1e-5, tp, {1e-5f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {5, 768, 1, 1}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {3, 7, 1, 1}, {1}, 1e-5, tp, {1e-5f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {300, 16, 1, 1}, {0}, 1e-5, tp, {1e-5f}));
+        }
+
+    /* layout: the batched transpose at a square-tile and a ragged shape */
+    t.push_back(row("layout", "transpose", cmp_transpose, SF_DT_F32, {3, 37, 45}, {}, 1e-7));
+    t.push_back(row("layout", "transpose", cmp_transpose, SF_DT_F32, {2, 4096, 3}, {}, 1e-7));
+
+    /* tokens: ViT-B/16's 196 patches (of 64 channels here), odd shapes and
+     * flat maps; 16 + 1 and 196 + 1 tokens; the moves are exact, the
+     * parameter gradients held to 1e-6 in their compare functions */
+    for (const sf_dtype dt : k_dtypes) {
+        for (const sf_layout lay : k_layouts) {
+            t.push_back(row("tokens", "to_tokens", cmp_to_tokens, dt, lay, {3, 7, 5, 3}, {}, 0));
+            t.push_back(row("tokens", "to_tokens", cmp_to_tokens, dt, lay, {2, 64, 14, 14}, {}, 0));
+            t.push_back(row("tokens", "to_tokens", cmp_to_tokens, dt, lay, {2, 33, 1, 1}, {}, 0));
+        }
+        t.push_back(row("tokens", "class_token", cmp_class_token, dt, {3, 16, 24}, {}, 0));
+        t.push_back(row("tokens", "class_token", cmp_class_token, dt, {2, 196, 64}, {}, 0));
+        t.push_back(row("tokens", "pos_embedding", cmp_pos_embedding, dt, {3, 17, 24}, {}, 0));
+        t.push_back(row("tokens", "pos_embedding", cmp_pos_embedding, dt, {5, 197, 64}, {}, 0));
+        t.push_back(row("tokens", "select_token", cmp_select_token, dt, {3, 17, 24}, {}, 0));
+        t.push_back(row("tokens", "select_token", cmp_select_token, dt, {2, 197, 64}, {}, 0));
+    }
+
+    /* dropout and stochastic depth, bit for bit with the reference: the odd
+     * sizes at p 0, 0.3 and 1, more samples in place, flat features, and a
+     * captured launch replayed after the sequence changed */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts)
+            for (int rows = 0; rows < 2; rows++) {
+                for (const float p : {0.f, 0.3f, 1.f})
+                    t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {3, 3, 7, 5}, {rows, 0}, 0, 0, {p}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {rows, 1}, 0, 0, {0.5f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {5, 37, 1, 1}, {rows, 0}, 0, 0, {0.3f}));
+                t.push_back(row("dropout", "graph_replay", cmp_dropout_graph_replay, dt, lay, {}, {rows}, 0));
+            }
+    t.push_back(row("dropout", "null_seq", cmp_dropout_null_seq, SF_DT_F32, {}, {}, 0));
+
+    /* pool: ResNet-18's stem and head, odd sizes (C % 8 != 0, odd h),
+     * misaligned tensors, k3 s2 without padding, many rows per sample with
+     * a partial channel tile; ceil_mode with a last window that starts
+     * inside the input and runs past it; avgpool2d with and without the
+     * padding counted (DenseNet's transition); adaptive bins that overlap
+     * and that upsample (VGG's head); the maxpool that follows a batchnorm.
+     * Tolerances: each compare function's comment. */
+    for (const sf_layout lay : k_layouts) {
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {2, 64, 112, 112}, {3, 2, 1}, 0));
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {3, 5, 13, 11}, {3, 2, 1}, 0));
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {2, 3, 9, 9}, {2, 2, 0}, 0));
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {1, 4, 7, 8}, {3, 1, 1}, 0));
+        t.push_back(row("pool", "maxpool", cmp_maxpool, SF_DT_F32, lay, {2, 3, 10, 10}, {5, 3, 2}, 0));
+        t.push_back(row("pool", "avgpool", cmp_avgpool, SF_DT_F32, lay, {4, 512, 7, 7}, {}, 0));
+        t.push_back(row("pool", "avgpool", cmp_avgpool, SF_DT_F32, lay, {3, 5, 3, 5}, {}, 0));
+        t.push_back(row("pool", "avgpool", cmp_avgpool, SF_DT_F32, lay, {4, 7, 1, 1}, {}, 0));
+        t.push_back(row("pool", "avgpool", cmp_avgpool, SF_DT_F32, lay, {2, 40, 56, 56}, {}, 0));
+    }
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            const int mp[][9] = {
+                /* n, c, h, w, k, stride, pad, misaligned, ceil_mode */
+                {2, 64, 112, 112, 3, 2, 1, 0, 0}, {3, 5, 13, 11, 3, 2, 1, 0, 0}, {2, 16, 9, 10, 3, 2, 1, 0, 0},
+                {2, 16, 12, 12, 3, 2, 1, 1, 0},   {2, 8, 11, 11, 3, 2, 0, 0, 0}, {2, 3, 9, 9, 2, 2, 0, 0, 0},
+                {1, 4, 7, 8, 3, 1, 1, 0, 0},      {2, 8, 10, 10, 5, 3, 2, 0, 0},
+            };
+            for (const auto &m : mp)
+                t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {m[0], m[1], m[2], m[3]},
+                                {m[4], m[5], m[6], m[7], m[8]}, 0));
+            t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {4, 512, 7, 7}, {}, 0));
+            t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {3, 5, 3, 5}, {}, 0));
+            t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {2, 40, 56, 56}, {}, 0));
+            t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {2, 5, 8, 8}, {3, 2, 1, 0, 1}, 0));
+            t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {2, 3, 10, 11}, {2, 2, 0, 0, 1}, 0));
+            t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {1, 4, 13, 13}, {3, 2, 0, 0, 1}, 0));
+            for (int ceil = 0; ceil < 2; ceil++)
+                for (int cip = 0; cip < 2; cip++) {
+                    t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 5, 9, 11}, {3, 2, 1, ceil, cip}, 0));
+                    t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 5, 8, 8}, {3, 2, 1, ceil, cip}, 0));
+                    t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 3, 8, 7}, {2, 2, 1, ceil, cip}, 0));
+                    t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {1, 16, 10, 10}, {3, 3, 0, ceil, cip}, 0));
+                }
+            t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 64, 28, 28}, {2, 2, 0, 0, 1}, 0));
+            t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {2, 5, 7, 11}, {3, 5}, 0));
+            t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {2, 4, 5, 4}, {7, 6}, 0));
+            t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {3, 16, 13, 13}, {1, 1}, 0));
+            t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {2, 8, 14, 14}, {7, 7}, 0));
+        }
+    t.push_back(row("pool", "maxpool_pre_bn", cmp_maxpool_pre_bn, SF_DT_F32, {2, 64, 112, 112}, {}, 0));
+    t.push_back(row("pool", "maxpool_pre_bn", cmp_maxpool_pre_bn, SF_DT_F32, {3, 16, 9, 10}, {}, 0));
+
+    /* loss (fp32): cross-entropy with hard labels, with soft targets (label
+     * smoothing, mixing, ties, k <= 5 where every sample is a top-5 hit, a
+     * data-parallel rank's gradient scale), label checks, and the per-pixel
+     * form (W2's head, odd sizes, one class, a bad label, smoothing, a
+     * rank's scale) */
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {37, 10}, {}, 0));
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {5, 1000}, {}, 0));
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {300, 3}, {}, 0));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.1f, 1.f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.f, 0.6f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {64, 1000}, {0}, 0, 0, {0.1f, 0.35f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {50, 20}, {1}, 0, 0, {0.2f, 0.8f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {9, 4}, {0}, 0, 0, {0.1f, 0.5f, 0.f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.f, 1.f, 0.25f}));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {64, 1000}, {0}, 0, 0, {0.1f, 0.35f, 0.4f}));
+    t.push_back(row("loss", "labels", cmp_labels, SF_DT_F32, {}, {}, 0));
+    for (const sf_layout lay : k_layouts) {
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 10, 256, 256}, {0}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {1, 3, 5, 1}, {0}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 1, 3, 3}, {0}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 5, 4, 4}, {1}, 0, 0, {0.f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.1f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 21, 16, 16}, {0}, 0, 0, {0.05f, 0.f}));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.f, 0.25f}));
+    }
+
+    /* pointwise: the fp32 launchers (ReLU, bias gradient over rows and
+     * planes, add with ReLU and in place), then in each element type the
+     * _dt launchers at vector tails, misaligned and in place: ReLU, add,
+     * the gradient fork, bias + activation and the bias gradient (NHWC and
+     * NCHW views, more channels than a block), then casts and the random
+     * fill */
+    t.push_back(row("pointwise", "relu", cmp_relu, SF_DT_F32, {1001}, {}, 0));
+    t.push_back(row("pointwise", "relu", cmp_relu, SF_DT_F32, {1 << 16}, {}, 0));
+    for (const auto &b : std::vector<std::vector<int>>{{100003, 16, 1}, {7, 4096, 1}, {33, 3, 1}, {3, 5, 17},
+                                                       {32, 16, 4096}, {9, 10, 1}})
+        t.push_back(row("pointwise", "bias_grad", cmp_bias_grad, SF_DT_F32, b, {}, 0));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1001}, {0, 0}, 0));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1 << 16}, {0, 1}, 0));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1 << 16}, {1, 0}, 0));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {999}, {1, 1}, 0));
+    for (const sf_dtype dt : k_dtypes) {
+        t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {1001}, {0, 0}, 0));
+        t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {1 << 16}, {0, 1}, 0));
+        t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {4099}, {1, 0}, 0));
+        t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {5}, {0, 0}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {1001}, {0, 0, 0}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {1 << 16}, {1, 1, 0}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {999}, {1, 0, 1}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {7}, {0, 1, 0}, 0));
+        for (int v = 0; v < 8; v++)
+            t.push_back(row("pointwise", "grad_fork_dt", cmp_grad_fork_dt, dt, {v & 4 ? 1001 : 1 << 16},
+                            {v & 1, (v >> 1) & 1, v == 6, v == 5}, 0));
+        /* NHWC view with the vector path, NCHW view with an odd inner size
+         * and with inner % 8 == 0, channels not a multiple of 8, ReLU alone
+         * misaligned */
+        for (const auto &b : std::vector<std::vector<int>>{{37, 64, 1, 1, 1, 0}, {3, 16, 49, 1, 1, 0}, {2, 5, 64, 0, 1, 0},
+                                                           {19, 12, 1, 1, 1, 0}, {11, 24, 1, 1, 0, 1}})
+            t.push_back(row("pointwise", "bias_act_dt", cmp_bias_act_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 0));
+        /* rows (vector, many chunks, scalar), planes (vector, scalar
+         * misaligned), the mask alone, more channels than a block */
+        for (const auto &b : std::vector<std::vector<int>>{{301, 64, 1, 1, 1, 0}, {1000, 8, 1, 0, 1, 0},
+                                                           {57, 13, 1, 1, 1, 0}, {4, 6, 64, 1, 1, 0},
+                                                           {5, 7, 9, 1, 1, 1}, {9, 16, 1, 1, 0, 0},
+                                                           {3, 2100, 1, 0, 1, 0}})
+            t.push_back(row("pointwise", "bias_grad_dt", cmp_bias_grad_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 0));
+    }
+    t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {1001}, {0, 0}, 0));
+    t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {1 << 16}, {0, 0}, 0));
+    t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {333}, {1, 0}, 0));
+    t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {40}, {0, 3}, 0));
+    t.push_back(row("pointwise", "fill_random_dt", cmp_fill_random_dt, SF_DT_F32, {100003}, {}, 0));
+
+    /* optimizer: SGD with and without momentum over one and many segments,
+     * with fp32 masters of bf16 weights, AdamW with and without weight
+     * decay (permuted segments too), and the weights' layout permutation;
+     * bit for bit or within the compare functions' bounds */
+    t.push_back(row("optimizer", "sgd", cmp_sgd, SF_DT_F32, {}, {0}, 0, 0, {0.9f}));
+    t.push_back(row("optimizer", "sgd", cmp_sgd, SF_DT_F32, {}, {1}, 0, 0, {0.9f}));
+    t.push_back(row("optimizer", "sgd", cmp_sgd, SF_DT_F32, {}, {0}, 0, 0, {0.f}));
+    t.push_back(row("optimizer", "sgd_mixed", cmp_sgd_mixed, SF_DT_F32, {}, {}, 0, 0, {0.9f}));
+    t.push_back(row("optimizer", "sgd_mixed", cmp_sgd_mixed, SF_DT_F32, {}, {}, 0, 0, {0.f}));
+    t.push_back(row("optimizer", "adamw", cmp_adamw, SF_DT_F32, {10007}, {0}, 0, 0, {0.01f}));
+    t.push_back(row("optimizer", "adamw", cmp_adamw, SF_DT_F32, {1 << 16}, {0}, 0, 0, {0.f}));
+    t.push_back(row("optimizer", "adamw", cmp_adamw, SF_DT_F32, {64}, {1}, 0, 0, {0.05f}));
+    for (const sf_dtype dt : k_dtypes) {
+        t.push_back(row("optimizer", "weights_perm", cmp_weights_perm, dt, {}, {0, 0}, 0));
+        t.push_back(row("optimizer", "weights_perm", cmp_weights_perm, dt, {}, {1, 0}, 0));
+        t.push_back(row("optimizer", "weights_perm", cmp_weights_perm, dt, {}, {0, 1}, 0));
+    }
+
+    /* conv_dw (depthwise NHWC): EfficientNet-B0's and MobileNet-V2's
+     * shapes scaled down, k3, k5 and k7 at both strides, odd maps and
+     * channel counts, one channel, more output rows than the filter
+     * gradient's chunks; the 16-byte kernels (channels a multiple of 8, or
+     * of 4 in fp32) at n = 1 and maps narrower than one strip; more
+     * channels than one 128-channel tile (272: a partial last tile in bf16;
+     * 336: three full tiles); many work items per block. Then bias, and
+     * tensors one element past an aligned address; shapes the kernels
+     * refuse; the rules the executor asks. */
+    const int dw[][7] = {
+        /* n, c, h, w, k, stride, pad */
+        {2, 32, 14, 14, 3, 1, 1}, {2, 96, 15, 15, 3, 2, 1}, {2, 40, 13, 11, 5, 2, 2},   {3, 24, 9, 10, 5, 1, 2},
+        {2, 144, 8, 7, 3, 1, 1},  {2, 20, 12, 9, 7, 1, 3},  {2, 7, 11, 13, 3, 1, 1},    {1, 13, 10, 9, 3, 2, 0},
+        {3, 1, 17, 5, 3, 1, 1},   {8, 16, 150, 20, 3, 1, 1}, {2, 64, 9, 11, 7, 2, 3},   {2, 48, 10, 13, 7, 1, 3},
+        {1, 40, 7, 7, 5, 1, 2},   {2, 16, 5, 5, 5, 2, 0},   {2, 8, 8, 8, 7, 2, 6},      {1, 24, 3, 3, 3, 1, 0},
+        {2, 272, 7, 7, 5, 1, 2},  {1, 336, 5, 6, 3, 2, 1},  {2, 672, 14, 14, 5, 2, 2}, {4, 8, 180, 180, 3, 2, 1},
+    };
+    auto dw_row = [&](const int *d, sf_dtype dt, int bias, int mis) {
+        t.push_back(row("conv_dw", "depthwise", cmp_conv_dw, dt, SF_LAYOUT_NHWC, {d[0], d[1], d[2], d[3]},
+                        {d[4], d[5], d[6], bias, mis}, 0));
+    };
+    for (const auto &d : dw)
+        for (const sf_dtype dt : k_dtypes)
+            dw_row(d, dt, 0, 0);
+    dw_row(dw[0], SF_DT_F32, 1, 0);
+    dw_row(dw[2], SF_DT_BF16, 1, 0);
+    dw_row(dw[0], SF_DT_BF16, 0, 1);
+    dw_row(dw[1], SF_DT_F32, 1, 1);
+    dw_row(dw[10], SF_DT_BF16, 1, 1);
+    dw_row(dw[11], SF_DT_BF16, 1, 0);
+    t.push_back(row("conv_dw", "even k", cmp_conv_dw_refused, SF_DT_F32, SF_LAYOUT_NHWC, {2, 8, 8, 8}, {4, 1, 1}, 0));
+    t.push_back(row("conv_dw", "stride 3", cmp_conv_dw_refused, SF_DT_F32, SF_LAYOUT_NHWC, {2, 8, 8, 8}, {3, 3, 1}, 0));
+    t.push_back(row("conv_dw", "k above SF_CONV_DW_KMAX", cmp_conv_dw_refused, SF_DT_F32, SF_LAYOUT_NHWC,
+                    {2, 8, 12, 12}, {9, 1, 4}, 0));
+    t.push_back(row("conv_dw", "rules", cmp_conv_dw_rules, SF_DT_F32, {}, {}, 0));
+
+    /* attention: the materialised core and the whole layer, fp32 then
+     * bf16, at 17 and 197 tokens (ViT-B/16), 50 (ViT-B/32), 1, 4 and 12
+     * heads, head dimensions 16 and 64; heads that do not divide the
+     * embedding refused. Tolerances: the compare functions' comment. */
+    for (const sf_dtype dt : k_dtypes) {
+        for (const auto &a : std::vector<std::vector<int>>{{3, 17, 1, 16}, {2, 17, 4, 16}, {2, 17, 4, 64},
+                                                           {1, 197, 12, 64}, {2, 50, 12, 64}})
+            t.push_back(row("attention", "core", cmp_attention_core, dt, a, {}, 0));
+        t.push_back(row("attention", "layer", cmp_attention_layer, dt, {2, 17, 4, 16}, {}, 0));
+        t.push_back(row("attention", "layer", cmp_attention_layer, dt, {1, 197, 12, 64}, {}, 0));
+    }
+    t.push_back(row("attention", "refused", cmp_attention_refused, SF_DT_F32, {1, 17, 30, 4}, {}, 0));
+
+    /* sdpa (cuDNN's fused attention, bf16): a head dimension above 128
+     * refused, then the transformers' sequence lengths (17, 50, 197, 64),
+     * heads 1, 4 and 12, head dimensions 16, 32 and 64, batches 1 to 8 */
+    t.push_back(row("sdpa", "refused", cmp_sdpa_refused, SF_DT_BF16, {2, 64, 2, 160}, {}, 0));
+    for (const auto &a : std::vector<std::vector<int>>{{1, 17, 1, 16}, {4, 17, 4, 16}, {2, 50, 4, 32}, {8, 50, 12, 64},
+                                                       {3, 197, 12, 64}, {1, 197, 1, 32}, {8, 64, 4, 16},
+                                                       {5, 64, 12, 64}, {2, 64, 1, 64}})
+        t.push_back(row("sdpa", "sdpa", cmp_sdpa, SF_DT_BF16, a, {}, 0));
+
+    /* linear: cuBLAS with and without TF32, through the fp32 and the _dt
+     * launchers; bf16 (ResNet-18's classifier among them); per pixel over
+     * channels (ConvNeXt's pointwise 96 -> 384 at a small size, odd sizes,
+     * one pixel) in fp32, tf32 and bf16; cuBLASLt with the bias epilogues at
+     * vit_b_16's GEMMs at 2 samples (394 token rows) and the small ViT's, and
+     * shapes not multiples of 8 or 16 */
+    for (int tf32 = 0; tf32 < 2; tf32++)
+        for (int via_dt = 0; via_dt < 2; via_dt++)
+            for (const auto &a : std::vector<std::vector<int>>{{5, 37, 11}, {32, 4096, 10}, {3, 1, 7}})
+                t.push_back(row("linear", "linear", cmp_linear, SF_DT_F32, a, {tf32, via_dt}, 0));
+    for (const auto &a : std::vector<std::vector<int>>{{5, 37, 11}, {3, 1, 7}, {32, 4096, 10}, {256, 512, 1000}})
+        t.push_back(row("linear", "linear", cmp_linear_bf16, SF_DT_BF16, a, {}, 0));
+    t.push_back(row("linear", "bad_dtype", cmp_linear_bad_dtype, SF_DT_F32, {}, {}, 0));
+    for (int k = 0; k < 3; k++)
+        for (const sf_layout lay : k_layouts) {
+            const sf_dtype dt = k == 2 ? SF_DT_BF16 : SF_DT_F32;
+            const int tf32 = k == 1;
+            t.push_back(row("linear", "map", cmp_linear_map, dt, lay, {2, 96, 384, 7, 7}, {tf32}, 0));
+            t.push_back(row("linear", "map", cmp_linear_map, dt, lay, {3, 5, 7, 9, 11}, {tf32}, 0));
+            t.push_back(row("linear", "map", cmp_linear_map, dt, lay, {4, 6, 3, 1, 1}, {tf32}, 0));
+        }
+    for (int k = 0; k < 3; k++) {
+        const sf_dtype dt = k == 2 ? SF_DT_BF16 : SF_DT_F32;
+        const int tf32 = k == 1;
+        for (int bias = dt == SF_DT_BF16 ? 2 : 1; bias >= 0; bias--) {
+            /* bf16 with an fp32 bias may have no plan: the executor then
+             * reads the bias's bf16 copy (bias 2), which must build */
+            const int must = dt != SF_DT_BF16 || bias != 1;
+            for (const auto &a : std::vector<std::vector<int>>{{394, 768, 2304}, {394, 3072, 768}, {8, 64, 10},
+                                                               {136, 64, 192}})
+                t.push_back(row("linear", "lt", cmp_linear_lt, dt, a, {tf32, bias, must}, 0));
+            t.push_back(row("linear", "lt", cmp_linear_lt, dt, {37, 13, 11}, {tf32, bias, 0}, 0));
+            t.push_back(row("linear", "lt", cmp_linear_lt, dt, {5, 1, 7}, {tf32, bias, 0}, 0));
+        }
+    }
+    t.push_back(row("linear", "lt_refuses", cmp_linear_lt_refuses, SF_DT_F32, {}, {}, 0));
+
+    /* conv_transpose: W2's decoder at batch 2, odd sizes with padding,
+     * stride 1, k4 s3, k5 s2 p2 (fp32 through the plans, both layouts);
+     * the plan cache; the bias in each element type and layout; bf16 at
+     * W2's decoder and odd sizes; the k2s2 per-pixel forward at W2's last
+     * two decoder layers and odd sizes, and its eligibility */
+    const int ct[][8] = {
+        /* n, c, h, w, out channels, k, stride, pad */
+        {2, 256, 16, 16, 128, 2, 2, 0}, {2, 128, 32, 32, 64, 2, 2, 0}, {2, 64, 64, 64, 32, 2, 2, 0},
+        {2, 32, 128, 128, 16, 2, 2, 0}, {2, 3, 5, 7, 4, 3, 2, 1},      {3, 5, 6, 5, 7, 3, 1, 1},
+        {2, 4, 4, 3, 3, 4, 3, 0},       {1, 6, 3, 3, 2, 5, 2, 2},
+    };
+    for (const auto &a : ct)
+        t.push_back(row("conv_transpose", "convt", cmp_convt, SF_DT_F32, {a[0], a[1], a[2], a[3]},
+                        {a[4], a[5], a[6], a[7]}, 0));
+    t.push_back(row("conv_transpose", "cache", cmp_convt_cache, SF_DT_F32, {}, {}, 0));
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            t.push_back(row("conv_transpose", "bias_dt", cmp_convt_bias_dt, dt, lay, {}, {5}, 0));
+            t.push_back(row("conv_transpose", "bias_dt", cmp_convt_bias_dt, dt, lay, {}, {16}, 0));
+        }
+    const int ct_bf16[][8] = {{2, 64, 16, 16, 32, 2, 2, 0}, {2, 3, 5, 7, 4, 3, 2, 1}, {3, 5, 6, 5, 7, 3, 1, 1}};
+    for (const auto &a : ct_bf16)
+        t.push_back(row("conv_transpose", "convt", cmp_convt, SF_DT_BF16, {a[0], a[1], a[2], a[3]},
+                        {a[4], a[5], a[6], a[7]}, 0));
+    for (const auto &a : std::vector<std::vector<int>>{{2, 32, 128, 128}, {2, 64, 64, 64}, {3, 32, 5, 7}, {1, 64, 3, 11}})
+        for (int v = 0; v < 4; v++)
+            t.push_back(row("conv_transpose", "patch", cmp_convt_patch, SF_DT_F32, SF_LAYOUT_NCHW, a, {v & 1, v >> 1}, 0));
+    t.push_back(row("conv_transpose", "patch_rules", cmp_convt_patch_rules, SF_DT_F32, {}, {}, 0));
+
+    /* conv_gemm (1x1 convolutions as cuBLAS GEMMs): EfficientNet-B0's
+     * expansion 24 -> 144 at 56x56 and RegNet-Y-400MF's 104 -> 104 at 28x28,
+     * one to four samples, and an odd small shape, in fp32, tf32 and bf16,
+     * both layouts; the fallback to cuDNN, the lent handle bound back, and
+     * what the GEMM path refuses */
+    std::vector<std::vector<int>> pw;
+    for (int n = 1; n <= 4; n++) {
+        pw.push_back({n, 24, 56, 56, 144});
+        pw.push_back({n, 104, 28, 28, 104});
+    }
+    pw.push_back({1, 3, 7, 5, 5});
+    pw.push_back({3, 3, 7, 5, 5});
+    for (const auto &a : pw)
+        for (int k = 0; k < 3; k++)
+            for (const sf_layout lay : k_layouts)
+                t.push_back(row("conv_gemm", "gemm", cmp_conv_gemm, k == 2 ? SF_DT_BF16 : SF_DT_F32, lay,
+                                {a[0], a[1], a[2], a[3]}, {a[4], k == 1}, 0));
+    t.push_back(row("conv_gemm", "fallback", cmp_conv_gemm_fallback, SF_DT_F32, {2, 24, 56, 56}, {144, SF_CONV_FWD}, 0));
+    t.push_back(row("conv_gemm", "fallback", cmp_conv_gemm_fallback, SF_DT_F32, {2, 104, 28, 28},
+                    {104, SF_CONV_BWD_FILTER}, 0));
+    t.push_back(row("conv_gemm", "lend_binds_back", cmp_conv_gemm_lend_binds_back, SF_DT_F32, {}, {}, 0));
+    t.push_back(row("conv_gemm", "refuses", cmp_conv_gemm_refuses, SF_DT_F32, {}, {}, 0));
+
+    /* conv (cuDNN): a W1 block, W1's first conv, odd sizes with padding,
+     * stride, k5 s3 p2, deep and tiny spatial, W1's tail (1x1 output), fp32
+     * and tf32 in both layouts; the timed choice among several engines;
+     * bf16 at small and odd shapes and ResNet-18's shapes scaled down (stem
+     * 7x7/2, 3x3, 3x3/2, 1x1/2 downsample, 3x3 512 at 7x7), the timed choice
+     * and an x aligned to 2 bytes only; an unknown element type refused */
+    const int cv[][8] = {
+        /* n, c, h, w, out channels, k, stride, pad */
+        {3, 16, 32, 32, 32, 2, 2, 0}, {4, 3, 20, 20, 16, 1, 1, 0}, {2, 3, 17, 13, 5, 3, 1, 1},
+        {2, 7, 9, 11, 6, 3, 2, 1},    {3, 5, 15, 14, 4, 5, 3, 2},  {5, 64, 4, 4, 128, 2, 2, 0},
+        {32, 256, 2, 2, 512, 2, 2, 0},
+    };
+    /* p {out channels, k, stride, pad, tf32, tune, misaligned} */
+    auto conv_row = [&](const int *a, sf_dtype dt, sf_layout lay, int tf32, int tune, int mis) {
+        t.push_back(row("conv", "conv", cmp_conv, dt, lay, {a[0], a[1], a[2], a[3]},
+                        {a[4], a[5], a[6], a[7], tf32, tune, mis}, 0));
+    };
+    for (const auto &a : cv)
+        for (const sf_layout lay : k_layouts)
+            for (int tf32 = 0; tf32 < 2; tf32++)
+                conv_row(a, SF_DT_F32, lay, tf32, 1, 0);
+    conv_row(cv[0], SF_DT_F32, SF_LAYOUT_NHWC, 1, 4, 0);
+    conv_row(cv[3], SF_DT_F32, SF_LAYOUT_NCHW, 0, 4, 0);
+    const int cv_bf16[][8] = {
+        {3, 16, 32, 32, 32, 2, 2, 0},  {2, 3, 17, 13, 5, 3, 1, 1},    {2, 7, 9, 11, 6, 3, 2, 1},
+        {5, 64, 4, 4, 128, 2, 2, 0},   {2, 3, 32, 32, 64, 7, 2, 3},   {2, 64, 14, 14, 64, 3, 1, 1},
+        {2, 64, 14, 14, 128, 3, 2, 1}, {2, 64, 14, 14, 128, 1, 2, 0}, {2, 512, 7, 7, 512, 3, 1, 1},
+    };
+    for (const auto &a : cv_bf16)
+        for (const sf_layout lay : k_layouts)
+            conv_row(a, SF_DT_BF16, lay, 0, 1, 0);
+    for (const sf_layout lay : k_layouts)
+        conv_row(cv_bf16[5], SF_DT_BF16, lay, 0, 4, 0);
+    const int cv_mis[8] = {2, 16, 12, 12, 16, 3, 1, 1};
+    for (const sf_layout lay : k_layouts)
+        conv_row(cv_mis, SF_DT_BF16, lay, 0, 1, 1);
+    t.push_back(row("conv", "bad_dtype", cmp_conv_bad_dtype, SF_DT_F32, {}, {}, 0));
+
+    /* conv thin 1x1 kernels: W1's stem, every channel count they take, odd
+     * sizes, 5x256x256 (more pixels than the backward's blocks x threads);
+     * the narrow kernels (NCHW fp32, up to 16 in and out): W2's head, odd
+     * channel counts and sizes, more pixels than the backward's blocks x
+     * 256; p {out channels, bias, relu, dx wanted} */
+    for (const auto &a : std::vector<std::vector<int>>{{4, 3, 20, 20, 16}, {2, 1, 7, 9, 8}, {3, 4, 5, 13, 32},
+                                                       {2, 2, 16, 16, 8}, {5, 3, 256, 256, 16}})
+        for (const sf_dtype dt : k_dtypes)
+            for (const sf_layout lay : k_layouts)
+                for (int v = 0; v < 4; v++)
+                    t.push_back(row("conv", "thin", cmp_conv_thin, dt, lay, {a[0], a[1], a[2], a[3]},
+                                    {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+    for (const auto &a : std::vector<std::vector<int>>{{2, 16, 9, 13, 10}, {3, 7, 5, 5, 16}, {1, 16, 3, 3, 1},
+                                                       {2, 5, 20, 20, 12}, {3, 16, 256, 256, 10}})
+        for (int v = 0; v < 4; v++)
+            t.push_back(row("conv", "thin", cmp_conv_thin, SF_DT_F32, SF_LAYOUT_NCHW, {a[0], a[1], a[2], a[3]},
+                            {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+    t.push_back(row("conv", "thin_rules", cmp_conv_thin_rules, SF_DT_F32, {}, {}, 0));
+
+    /* conv patch (the one-pass backward of non-overlapping convolutions):
+     * W1's 16 -> 32 k2s2, its other shapes (k4 over 4 channels, k8 over 1),
+     * one image, a ragged last chunk, W1's full 256x256 (more chunks than
+     * blocks); p {k, bias, relu, dx wanted} */
+    for (const auto &a : std::vector<std::vector<int>>{{2, 16, 16, 16, 2}, {1, 16, 6, 10, 2}, {3, 4, 16, 8, 4},
+                                                       {2, 1, 16, 24, 8}, {3, 16, 256, 256, 2}})
+        for (int v = 0; v < 4; v++)
+            t.push_back(row("conv", "patch", cmp_conv_patch, SF_DT_F32, SF_LAYOUT_NHWC, {a[0], a[1], a[2], a[3]},
+                            {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+    t.push_back(row("conv", "patch_refuses_bf16", cmp_conv_patch_refuses_bf16, SF_DT_BF16, {}, {}, 0));
+    t.push_back(row("conv", "patch_rules", cmp_conv_patch_rules, SF_DT_F32, {}, {}, 0));
+
+    /* conv s2d (space-to-depth): ResNet's stem (at a small size and at
+     * 224), odd sizes, a 3x3 and a 5x5 over one and four channels, stride 3 */
+    const int s2d[][8] = {{2, 3, 32, 32, 64, 7, 2, 3}, {1, 3, 33, 31, 16, 7, 2, 3}, {2, 1, 20, 20, 8, 3, 2, 1},
+                          {1, 4, 17, 18, 8, 5, 2, 2},  {2, 1, 16, 17, 8, 5, 3, 1},  {3, 3, 224, 224, 64, 7, 2, 3}};
+    for (const auto &a : s2d)
+        for (const sf_dtype dt : k_dtypes)
+            t.push_back(row("conv", "s2d", cmp_conv_s2d, dt, SF_LAYOUT_NHWC, {a[0], a[1], a[2], a[3]},
+                            {a[4], a[5], a[6], a[7]}, 0));
+    t.push_back(row("conv", "s2d_rules", cmp_conv_s2d_rules, SF_DT_F32, {}, {}, 0));
+
+    /* conv grouped (2 groups, 4 -> 6 channels), depthwise (groups = c:
+     * MobileNet's 3x3, ConvNeXt's 7x7 pad 3, a strided one), dilation 2
+     * (with groups too), odd sizes; fp32 and tf32 in both layouts, bf16 in
+     * both; p {out channels, k, stride, pad, tf32, groups, dilation} */
+    const int gd[][10] = {
+        {2, 4, 9, 11, 6, 3, 1, 1, 2, 1},     {2, 8, 13, 12, 8, 3, 1, 1, 8, 1}, {2, 16, 10, 9, 16, 3, 2, 1, 16, 1},
+        {2, 12, 14, 14, 12, 7, 1, 3, 12, 1}, {2, 5, 15, 13, 7, 3, 1, 2, 1, 2}, {2, 6, 16, 17, 9, 3, 2, 2, 3, 2},
+    };
+    for (const auto &a : gd)
+        for (const sf_layout lay : k_layouts) {
+            for (int tf32 = 0; tf32 < 2; tf32++)
+                t.push_back(row("conv", "grouped_dilated", cmp_conv_gd, SF_DT_F32, lay, {a[0], a[1], a[2], a[3]},
+                                {a[4], a[5], a[6], a[7], tf32, a[8], a[9]}, 0));
+            t.push_back(row("conv", "grouped_dilated", cmp_conv_gd, SF_DT_BF16, lay, {a[0], a[1], a[2], a[3]},
+                            {a[4], a[5], a[6], a[7], 0, a[8], a[9]}, 0));
+        }
+
+    /* batchnorm (BatchNorm2d): the fp32 launchers at ResNet-18's first BN
+     * (batch 2) and its last, odd ones, with the fused ReLU; then the _dt
+     * launchers in fp32 and bf16: many row chunks, a ragged last chunk, C/8
+     * odd (one channel group a block), C % 8 != 0 (scalar), misaligned (the
+     * scalar fallback), and with the residual add; the ReLU mask taken from
+     * x; a captured forward+backward replaying bit-equal to the eager run */
+    for (const sf_layout lay : k_layouts)
+        for (const auto &a : std::vector<std::vector<int>>{{2, 64, 56, 56, 0}, {4, 512, 7, 7, 0}, {4, 3, 5, 7, 0},
+                                                           {3, 6, 1, 1, 0}, {8, 16, 13, 13, 1}, {2, 128, 28, 28, 1}})
+            t.push_back(row("batchnorm", "bn", cmp_bn, SF_DT_F32, lay, {a[0], a[1], a[2], a[3]}, {a[4]}, 0));
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            /* n, c, h, w, relu, misaligned */
+            const int bn[][6] = {{2, 64, 56, 56, 1, 0}, {4, 512, 7, 7, 0, 0}, {2, 128, 28, 28, 1, 0},
+                                 {16, 64, 32, 32, 1, 0}, {3, 64, 13, 11, 0, 0}, {3, 24, 5, 5, 1, 0},
+                                 {8, 40, 13, 13, 1, 0}, {2, 16, 8, 8, 0, 0},   {4, 3, 5, 7, 0, 0}};
+            for (const auto &a : bn)
+                t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {a[0], a[1], a[2], a[3]}, {a[4], a[5]}, 0));
+            const int res[][6] = {{2, 64, 14, 14, 1, 0}, {3, 128, 7, 9, 0, 0}, {2, 24, 5, 5, 1, 1}, {2, 3, 5, 7, 1, 0}};
+            for (const auto &a : res)
+                t.push_back(row("batchnorm", "bn_res", cmp_bn_res, dt, lay, {a[0], a[1], a[2], a[3]}, {a[4], a[5]}, 0));
+            t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {3, 6, 1, 1}, {0, 0}, 0));
+            t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {2, 64, 9, 9}, {1, 1}, 0));
+        }
+    t.push_back(row("batchnorm", "mask_from_x", cmp_bn_mask_from_x, SF_DT_F32, {}, {}, 0));
+    for (const sf_layout lay : k_layouts)
+        t.push_back(row("batchnorm", "graph_replay", cmp_bn_graph_replay, SF_DT_F32, lay, {32, 64, 28}, {0}, 0));
+    t.push_back(row("batchnorm", "graph_replay", cmp_bn_graph_replay, SF_DT_BF16, SF_LAYOUT_NHWC, {32, 64, 28}, {1}, 0));
+    t.push_back(row("batchnorm", "graph_replay", cmp_bn_graph_replay, SF_DT_BF16, SF_LAYOUT_NHWC, {32, 512, 7}, {0}, 0));
+
+    return t;
+}

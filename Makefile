@@ -171,7 +171,7 @@ $(BUILD)/nocuda.stamp: .FORCE
 	@mkdir -p $(@D); echo '$(CUDA_WHY)' | cmp -s - $@ || echo '$(CUDA_WHY)' > $@
 .FORCE:
 
-.PHONY: gpu-sanitize package-test test-builds test-builds-main test-builds-side sanitize-bins bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: gpu-sanitize package-test test-builds test-builds-main test-builds-side sanitize-bins sanitize-unit sanitize-integration bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -262,11 +262,17 @@ $(BUILD)/tests/gpu/test_ops: tests/gpu/test_ops.cu $(OP_CASE_OBJ) tests/gpu/gpu_
 # wait on servers, fuzzers and the network for much of their time, and the
 # compiler takes the cores they leave idle without slowing them. Then the
 # suites that need the main build run. Suites run one after another, so
-# that their timings and output stay apart. The background build's output
-# is printed when it ends, and its failure fails make test as soon as the
-# suite then running has ended. It runs in a session of its own (setsid), so
-# that a failing suite, Ctrl-C or SIGTERM stops it with every compiler it
-# started (nvcc leaves its children running when it alone is killed).
+# that their timings and output stay apart.
+# The test virtualenv is made in the background too, at normal priority: pip
+# spends most of its minutes downloading (torch alone is gigabytes where
+# only PyPI answers), so it holds no job slot that the sanitizer build and
+# the fuzz targets could use, and the sanitizer's unit tests, which need no
+# virtualenv, run meanwhile. The suites that need it start when it is there.
+# Each background job's output is printed when it ends, and its failure fails
+# make test as soon as the suite then running has ended. Each runs in a
+# session of its own (setsid), so that a failing suite, Ctrl-C or SIGTERM
+# stops it with every process it started (nvcc leaves its children running
+# when it alone is killed).
 # Both builds compile into the main build folder (the fuzz targets' objects
 # are there), so this make makes its flavour stamp before they start: the
 # makes it starts there, whose goals do not name the CUDA code, take the
@@ -274,7 +280,8 @@ $(BUILD)/tests/gpu/test_ops: tests/gpu/test_ops.cu $(OP_CASE_OBJ) tests/gpu/gpu_
 # newer than objects one of them compiled, which a later make would compile
 # again.
 MAIN_BUILD_LOG := $(BUILD)/main-build.log
-FRONT_SUITES := sanitize-test package-test ops-test fuzz-smoke
+VENV_LOG := $(BUILD)/venv.log
+FRONT_SUITES := sanitize-integration package-test ops-test fuzz-smoke
 MAIN_SUITES := unit integration client-test gpu-test
 test: $(FLAVOUR_STAMP)
 	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv;"
@@ -285,17 +292,31 @@ test: $(FLAVOUR_STAMP)
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid nice -n 10 $(MAKE) --no-print-directory -j$(NPROC) test-builds-main \
 	  >$(MAIN_BUILD_LOG) 2>&1 & main=$$!; \
 	main_running=1; \
-	trap '[ $$main_running = 0 ] || kill -TERM -- -$$main 2>/dev/null || true' EXIT; \
+	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid $(MAKE) --no-print-directory -j1 $(VENV)/.stamp >$(VENV_LOG) 2>&1 & venv=$$!; \
+	venv_running=1; \
+	stop_background() { \
+	  [ $$main_running = 0 ] || kill -TERM -- -$$main 2>/dev/null || true; \
+	  [ $$venv_running = 0 ] || kill -TERM -- -$$venv 2>/dev/null || true; \
+	}; \
+	trap stop_background EXIT; \
 	trap 'exit 130' INT; trap 'exit 143' TERM; \
 	main_build_ended() { \
 	  main_running=0; \
 	  if wait $$main; then cat $(MAIN_BUILD_LOG); echo "make test: the main build is done"; \
 	  else cat $(MAIN_BUILD_LOG); echo "make test: the main build failed ($(MAIN_BUILD_LOG))"; exit 1; fi; \
 	}; \
-	$(MAKE) --no-print-directory test-builds-side; \
+	venv_ended() { \
+	  venv_running=0; \
+	  if wait $$venv; then cat $(VENV_LOG); echo "make test: the test virtualenv is ready"; \
+	  else cat $(VENV_LOG); echo "make test: making the test virtualenv failed ($(VENV_LOG))"; exit 1; fi; \
+	}; \
+	$(MAKE) --no-print-directory sanitize-bins $(FUZZ_BINS); \
+	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 sanitize-unit; \
+	if [ $$venv_running = 1 ] && kill -0 $$venv 2>/dev/null; then echo "make test: waiting for the test virtualenv"; fi; \
+	venv_ended; \
 	for suite in $(FRONT_SUITES); do \
-	  MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 $$suite; \
 	  if [ $$main_running = 1 ] && ! kill -0 $$main 2>/dev/null; then main_build_ended; fi; \
+	  MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 $$suite; \
 	done; \
 	if [ $$main_running = 1 ]; then echo "make test: waiting for the main build"; main_build_ended; fi; \
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 $(MAIN_SUITES)
@@ -377,7 +398,10 @@ sanitize-bins:
 	$(MAKE) --no-print-directory CUDA=0 SANITIZE=address,undefined BUILD=$(SAN_BUILD) \
 	  $(SAN_BUILD)/streamfeed $(SAN_BUILD)/streamfeed-load $(UNIT_SRC:tests/unit/%.c=$(SAN_BUILD)/tests/%)
 sanitize-test: sanitize-bins $(VENV)/.stamp
+	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 sanitize-unit sanitize-integration
+sanitize-unit: sanitize-bins
 	$(SAN_ENV) $(MAKE) --no-print-directory CUDA=0 SANITIZE=address,undefined BUILD=$(SAN_BUILD) unit
+sanitize-integration: sanitize-bins $(VENV)/.stamp
 	$(SAN_ENV) \
 	  STREAMFEED_BIN=$(abspath $(SAN_BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(SAN_BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider $(PYTEST_PAR) tests/integration

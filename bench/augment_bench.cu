@@ -29,7 +29,8 @@
  * Prints a table and one JSON line per case.
  * Build: make build/bench/augment_bench (CUDA=1), or
  *        nvcc -std=c++17 -O3 -arch=sm_90 -I. bench/augment_bench.cu \
- *          gpu/cuda/augment.cu gpu/cuda/aug_post.cu gpu/aug.c gpu/ref/augment.c gpu/common.c -lcjson
+ *          gpu/cuda/augment.cu gpu/cuda/augment_c[1-4].cu gpu/cuda/aug_post.cu gpu/aug.c \
+ *          gpu/ref/augment.c gpu/common.c -lcjson
  */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -42,8 +43,8 @@
 
 #include "gpu/cuda/augment.h"
 
-/* Reported in the JSON: the kernel's multiply-add mode (augment.cu defaults to
- * SF_AUG_FMA=1; build both files with -DSF_AUG_FMA=0 for the bit-exact one). */
+/* Reported in the JSON: the kernel's multiply-add mode (augment_kernels.cuh defaults
+ * to SF_AUG_FMA=1; build every file with -DSF_AUG_FMA=0 for the bit-exact one). */
 #ifdef SF_AUG_FMA
 #define SF_AUG_FMA_BUILD SF_AUG_FMA
 #else

@@ -22,8 +22,8 @@
  * with the same tolerances.
  *
  * Build: nvcc -std=c++17 -O3 -arch=sm_90 -I. tests/gpu/test_augment.cu \
- *          gpu/cuda/augment.cu gpu/cuda/aug_post.cu gpu/cuda/mix.cu gpu/aug.c gpu/ref/augment.c \
- *          gpu/common.c -lcjson
+ *          gpu/cuda/augment.cu gpu/cuda/augment_c[1-4].cu gpu/cuda/aug_post.cu gpu/cuda/mix.cu \
+ *          gpu/aug.c gpu/ref/augment.c gpu/common.c -lcjson
  */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>

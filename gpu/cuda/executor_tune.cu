@@ -226,13 +226,13 @@ void gshape_destroy(gshape *S)
     free(S);
 }
 
-/* Whether layer i's GEMMs run on cuBLASLt with the bias in their epilogues:
- * a trainable layer (a frozen one runs on the transform stream, whose
- * workspace the cuBLAS handle's is not) whose GEMM has the rows of one
+/* Whether layer i's forward GEMMs run on cuBLASLt with the bias in their
+ * epilogue: a trainable layer (a frozen one runs on the transform stream,
+ * whose workspace the cuBLAS handle's is not) whose GEMM has the rows of one
  * matrix (flat features, an NHWC map, tokens; an NCHW map over channels is
- * one GEMM per sample), a bias to fuse and no ReLU folded into it (whose
- * mask the bias gradient would need first). self_attention's projections
- * always have their biases. */
+ * one GEMM per sample), a bias to fuse and no ReLU folded into it (our bias
+ * kernel applies the two in one pass). self_attention's projections always
+ * have their biases. */
 static int g_lt_wants(const sf_cuda_net *net, int i)
 {
     const sf_layer *L = &net->m.layers[i];
@@ -247,9 +247,10 @@ static int g_lt_wants(const sf_cuda_net *net, int i)
 
 /* The cuBLASLt plans of layer i for n samples, the forward of each of its
  * GEMMs; a GEMM cuBLASLt has no plan for keeps the cuBLAS path and our bias
- * kernel, and the first such reason is kept for describe. Activations sit at 256-byte offsets of their arenas or
- * allocations; 16 bytes is what the plans assume of them, and a call below
- * it takes the cuBLAS path (sf_linear_lt_fwd). */
+ * kernel, and the first such reason is kept for describe. Activations sit
+ * at 256-byte offsets of their arenas or allocations; 16 bytes is what the
+ * plans assume of them, and a call below it takes the cuBLAS path
+ * (sf_linear_lt_fwd). */
 static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
 {
     const sf_layer *L = &net->m.layers[i];

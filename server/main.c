@@ -473,6 +473,12 @@ int main(int argc, char **argv)
     free(app.plan);
     sf_distributed_free(app.dist);
     sf_metrics_reset();
+    /* A stderr pipe read slowly (or only from now on, as a supervisor that
+     * collects the output at exit reads it) can still hold the ring full of
+     * lines logged before the signal: wait, bounded, for them to go out, so
+     * that the last line says the service stopped instead of being dropped
+     * with them. */
+    sf_log_flush(SF_LOG_EXIT_FLUSH_MS);
     SF_INFO("stopped");
     return 0;
 }

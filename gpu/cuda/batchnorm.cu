@@ -393,10 +393,13 @@ __global__ void k_bn_sync_sums(const double *__restrict__ part, size_t cs, size_
         sums[2 * C] = cnt;
 }
 
-/* The statistics of every rank's samples from their summed sums, as
- * sf_ref_bn2d_sync_fwd computes them: mean and biased variance in double,
- * rounded to float, invstd in float; the running statistics move with the
- * unbiased variance over the whole count (a total count of 0 leaves them). */
+/* The statistics of every rank's samples from their summed sums, with the
+ * arithmetic of bn_stats_out (in double, rounded once to float), so that a
+ * job of one rank differs from no job only by the sums: mean and biased
+ * variance of the whole count, and the running statistics moved with the
+ * unbiased variance (a count of 1 leaves it not finite, where PyTorch
+ * refuses the batch; a total count of 0, no rank trained, leaves them as
+ * they are). */
 __global__ void k_bn_sync_stats(const double *__restrict__ sums, int C, float eps, float momentum,
                                 float *__restrict__ rmean, float *__restrict__ rvar, float *__restrict__ smean,
                                 float *__restrict__ sinv)
@@ -405,18 +408,16 @@ __global__ void k_bn_sync_stats(const double *__restrict__ sums, int C, float ep
     if (c >= C)
         return;
     const double cnt = sums[2 * C];
-    const double dmean = cnt > 0 ? sums[c] / cnt : 0.0;
-    double dvar = cnt > 0 ? sums[C + c] / cnt - dmean * dmean : 0.0;
-    if (dvar < 0.0)
-        dvar = 0.0;
-    const float mean = (float)dmean, var = (float)dvar;
-    smean[c] = mean;
-    sinv[c] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, eps)));
+    const double mean = cnt > 0 ? sums[c] / cnt : 0.0;
+    double var = cnt > 0 ? sums[C + c] / cnt - mean * mean : 0.0;
+    if (var < 0.0)
+        var = 0.0;
+    smean[c] = (float)mean;
+    sinv[c] = (float)(1.0 / sqrt(var + (double)eps));
     if (rmean && rvar && cnt > 0) {
-        const float unbiased = cnt > 1 ? (float)(dvar * cnt / (cnt - 1.0)) : __int_as_float(0x7fc00000);
-        const float keep = __fsub_rn(1.0f, momentum);
-        rmean[c] = __fadd_rn(__fmul_rn(keep, rmean[c]), __fmul_rn(momentum, mean));
-        rvar[c] = __fadd_rn(__fmul_rn(keep, rvar[c]), __fmul_rn(momentum, unbiased));
+        const double m = (double)momentum;
+        rmean[c] = (float)((1.0 - m) * (double)rmean[c] + m * mean);
+        rvar[c] = (float)((1.0 - m) * (double)rvar[c] + m * var * cnt / (cnt - 1.0));
     }
 }
 

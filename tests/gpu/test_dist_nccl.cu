@@ -355,13 +355,13 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
 /* A job of two ranks on GPUs 0 and 1 (one thread each, one backend per GPU),
  * each training its own batches (global_n the sum), must end every step
  * with the same parameters, optimizer state and, with
- * distributed.batchnorm broadcast, batchnorm buffers: the all-reduce gives
+ * distributed.batchnorm broadcast or sync, batchnorm buffers: the all-reduce gives
  * both ranks one gradient, and everything after it must be a function of
  * that gradient alone. poison: rank 0's batch at that index has a NaN label
  * smoothing, so its loss and gradient are not finite on that rank only; both
  * ranks must skip that step alike. */
 static void two_ranks_stay_identical(const char *name, const sf_model &m, sf_precision prec, sf_optim optim,
-                                     int accum, int steps, bool bn_broadcast, int poison = -1)
+                                     int accum, int steps, bool bn_broadcast, int poison = -1, bool bn_sync = false)
 {
     const int n = 8;
     sf_kv_table *t = sf_kv_table_new(8, 65536);
@@ -376,6 +376,7 @@ static void two_ranks_stay_identical(const char *name, const sf_model &m, sf_pre
         d[r].timeout_ms = 30000; /* a rank that fails to build leaves the other waiting this long */
         d[r].bucket_bytes = 4u << 20;
         d[r].bn_broadcast = bn_broadcast;
+        d[r].bn_sync = bn_sync;
         bs[r].resize(steps);
         for (int k = 0; k < steps; k++) {
             if (make_batch(bs[r][k], m, n, 1000 * (r + 1) + k)) {
@@ -401,18 +402,19 @@ static void two_ranks_stay_identical(const char *name, const sf_model &m, sf_pre
     const bool same_skips = out[0].skipped == out[1].skipped && out[0].step == out[1].step;
     const bool want_skip = poison >= 0;
     const bool skipped_ok = !want_skip || (out[0].skipped.size() == 1 && out[0].skipped[0] == SF_SKIP_NONFINITE);
-    const bool bufs_ok = bn_broadcast ? db == 0 && out[0].nbt == out[1].nbt : (m.n_buffers == 0 || db > 0);
+    const bool shared = bn_broadcast || bn_sync;
+    const bool bufs_ok = shared ? db == 0 && out[0].nbt == out[1].nbt : (m.n_buffers == 0 || db > 0);
     if (dp == 0 && dm == 0 && dq == 0 && bufs_ok && same_skips && skipped_ok)
         ok("%s: two ranks on two GPUs, %d steps: parameters, optimizer state%s bit-identical (%zu skipped, "
            "last step %llu, last losses %.6f / %.6f)%s",
-           name, steps, bn_broadcast ? " and batchnorm buffers" : "", out[0].skipped.size(),
+           name, steps, shared ? " and batchnorm buffers" : "", out[0].skipped.size(),
            (unsigned long long)(out[0].step.empty() ? 0 : out[0].step.back()),
            out[0].loss.empty() ? 0.0 : out[0].loss.back(), out[1].loss.empty() ? 0.0 : out[1].loss.back(),
-           bn_broadcast ? "" : "; the buffers are each rank's own, as distributed.batchnorm local says");
+           shared ? "" : "; the buffers are each rank's own, as distributed.batchnorm local says");
     else
         fail("%s: two ranks: %zu parameters, %zu momentum, %zu exp_avg_sq, %zu buffer values differ (buffers %s); "
              "skips %zu / %zu (want %s), steps %llu / %llu",
-             name, dp, dm, dq, db, bn_broadcast ? "broadcast" : "local", out[0].skipped.size(),
+             name, dp, dm, dq, db, bn_sync ? "sync" : bn_broadcast ? "broadcast" : "local", out[0].skipped.size(),
              out[1].skipped.size(), want_skip ? "1 non-finite on both" : "none",
              (unsigned long long)(out[0].step.empty() ? 0 : out[0].step.back()),
              (unsigned long long)(out[1].step.empty() ? 0 : out[1].step.back()));
@@ -506,8 +508,10 @@ static int concat_batch(batch_data &out, const sf_model &m, const batch_data &a,
  * BatchNorm2d over the 2n samples: the ranks end every step bit-identical
  * (parameters, optimizer state, running statistics and num_batches_tracked),
  * and train what one process (GPU 0, no job) trains on each step's two
- * batches concatenated: losses (the mean of the ranks' means) within 1e-3,
- * update within 2e-2 and running statistics within 1e-2 relative. Rounding
+ * batches concatenated: losses (the mean of the ranks' means) within 1e-3
+ * (bf16: 1e-2, whose activations round the small differences up to a
+ * bf16 step), update within 2e-2 and running statistics within 1e-2
+ * relative. Rounding
  * (the statistics and the gradient summed in another order) is what those
  * tolerances allow for; that they still tell the statistics of 2n samples
  * from those of n is shown by the same two ranks with distributed.batchnorm
@@ -577,7 +581,8 @@ static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *
                  eb = rel_diff(s0.bufs, one.bufs);
     const double lp = rel_delta(bs0, one.p, out[1][0].p), lb = rel_diff(out[1][0].bufs, one.bufs);
     const bool ranks_ok = dp == 0 && dm == 0 && dq == 0 && db == 0 && s0.nbt == s1.nbt && s0.nbt == one.nbt;
-    const bool close = ep <= 2e-2 && el <= 1e-3 && eb <= 1e-2;
+    const double tl = prec == SF_PREC_BF16 ? 1e-2 : 1e-3;
+    const bool close = ep <= 2e-2 && el <= tl && eb <= 1e-2;
     const bool contrast = lp >= 4 * ep && lb >= 4 * eb;
     if (ranks_ok && same_skips && skipped_ok && close && contrast)
         ok("%s: two ranks with batchnorm sync, %d steps: bit-identical (buffers and num_batches_tracked %llu "
@@ -587,12 +592,12 @@ static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *
     else
         fail("%s: two ranks with batchnorm sync: %zu parameters, %zu momentum, %zu exp_avg_sq, %zu buffer values "
              "differ between the ranks, num_batches_tracked %llu / %llu / one process %llu; skips %zu / %zu / %zu "
-             "(want %s); against one process on both batches: update rel %.2e (<= 2e-2), loss rel %.2e (<= 1e-3), "
+             "(want %s); against one process on both batches: update rel %.2e (<= 2e-2), loss rel %.2e (<= %.0e), "
              "running statistics rel %.2e (<= 1e-2); batchnorm local: update rel %.2e, running statistics rel %.2e "
              "(want at least 4 times sync's)",
              name, dp, dm, dq, db, (unsigned long long)s0.nbt, (unsigned long long)s1.nbt,
              (unsigned long long)one.nbt, s0.skipped.size(), s1.skipped.size(), one.skipped.size(),
-             poison >= 0 ? "1 non-finite in every run" : "none", ep, el, eb, lp, lb);
+             poison >= 0 ? "1 non-finite in every run" : "none", ep, el, tl, eb, lp, lb);
 }
 
 int main(void)
@@ -642,6 +647,8 @@ int main(void)
         two_ranks_stay_identical("resnet18 bf16 SGD, a non-finite step on rank 0", r18, SF_PREC_BF16, SF_OPT_SGD, 1,
                                  200, true, 57);
         two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm local", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 50, false);
+        two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm sync, a non-finite step on rank 0", r18, SF_PREC_BF16,
+                                 SF_OPT_SGD, 1, 200, false, 57, true);
         two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 SGD momentum", r18, SF_PREC_FP32,
                                                                 SF_OPT_SGD, 1, 30);
         two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD momentum", r18, SF_PREC_BF16,

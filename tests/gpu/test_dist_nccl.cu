@@ -539,7 +539,7 @@ static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *
     for (int k = 0; k < steps; k++)
         if (concat_batch(cat[k], m, bs[0][k], bs[1][k]))
             return;
-    /* the vectors are in place now: the batches point into them */
+    /* each batch points into its own vectors, which stay where they are from here on */
     for (int k = 0; k < steps; k++) {
         cat[k].b.images = cat[k].im.data();
         cat[k].b.labels = cat[k].lab.data();

@@ -245,7 +245,23 @@ static void test_bn_sync(cudaStream_t s, sf_dtype dt, int n0, int n1, int c, int
     for (const rank_t &k : R)
         gather(dx, k, k.dx, c, h, w, nhwc);
     snprintf(sub, sizeof sub, "%s bwd dx", nm);
-    check_dt(sub, dt, dx, dxr, 1e-4);
+    if ((size_t)n * hw > 2) {
+        check_dt(sub, dt, dx, dxr, 1e-4);
+    } else {
+        /* Two values a channel: x-hat is +-sqrt(var / (var + eps)), so dx is
+         * the O(eps / var) remainder of terms of the size of dy * gamma *
+         * invstd, which rounding to fp32 (bf16) leaves about 1e-7 (4e-3) of
+         * that size off; dx is judged against the terms' size, not its own. */
+        double scale = 0, err = 0;
+        for (size_t i = 0; i < len; i++) {
+            const size_t ch = (i / hw) % (size_t)c;
+            scale = fmax(scale, fabs(dyd[i]) * gd[ch] * sir[ch]);
+            err = fmax(err, fabs((double)dx[i] - dxr[i]));
+        }
+        char why[160];
+        snprintf(why, sizeof why, "max error %.3g of terms up to %.3g", err, scale);
+        pass_or_fail(sub, err <= (dt == SF_DT_BF16 ? 1e-2 : 1e-5) * scale, why);
+    }
     {
         /* each rank's dgamma, dbeta are its own sums; the gradient all-reduce adds them */
         std::vector<float> dg0 = down(R[0].dg, c), dg1 = down(R[1].dg, c), db0 = down(R[0].db, c),

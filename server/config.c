@@ -425,8 +425,9 @@ const sf_cfg_option sf_config_table[] = {
      "the same normalisation, and each rank keeps the running statistics of its own batches "
      "(broadcast_buffers=False). sync: training normalises with the statistics of all the ranks' "
      "samples of the round and the backward reduces its per-channel sums over the ranks, so the "
-     "running statistics are the job's on every rank (torch.nn.SyncBatchNorm); reference backend "
-     "only: the CUDA backend refuses it at start."},
+     "running statistics are the job's on every rank (torch.nn.SyncBatchNorm). Both backends: Gloo "
+     "on the reference one, NCCL on CUDA, where each batchnorm's two all-reduces take their turn "
+     "among the gradient buckets' (see docs/DATA-PARALLEL.md)."},
     {"distributed.allow_no_token", SF_CT_BOOL, F(distributed.allow_no_token), "false", 0, 0, NULL, 0,
      check_distributed,
      "Lets a data-parallel job (world_size > 1) start without http.token. Without a token any client "

@@ -360,17 +360,6 @@ static int build_refused(const cuda_ctx *c, const sf_model *m, const sf_train_cf
         sf_errf(err, errlen, "cuda build: max_batch %d must be >= 1", cfg->max_batch);
         return -1;
     }
-    /* The executor's batchnorm kernels (and the apply passes fused into a
-     * following add or maxpool) take their statistics over one rank's
-     * samples and have no collective between the statistics and the apply,
-     * so torch.nn.SyncBatchNorm's semantics are the reference backend's
-     * alone: refused here rather than training another model than asked. */
-    if (cfg->dist && cfg->dist->bn_sync) {
-        sf_errf(err, errlen, "cuda build: distributed.batchnorm sync (torch.nn.SyncBatchNorm) runs on the "
-                "reference backend only (pipeline.backend ref); on the CUDA backend use distributed.batchnorm "
-                "broadcast or local");
-        return -1;
-    }
     if (cfg->device != c->device) {
         sf_errf(err, errlen, "cuda build: config names device %d but this backend owns device %d", cfg->device,
                 c->device);
@@ -522,6 +511,8 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         nc.grad_bucket_bytes = cfg->dist->bucket_bytes;
         if (cfg->dist->bn_broadcast)
             nc.buf_broadcast = buf_broadcast;
+        if (cfg->dist->bn_sync)
+            nc.stat_reduce = stat_reduce;
     }
     const sf_cublas_ctx blas = {c->blas, c->blas_ws, CUBLAS_WS_BYTES};
     if (sf_net_create(&c->net, &c->m, &nc, io, c->dnn, &blas, c->st_compute)) {

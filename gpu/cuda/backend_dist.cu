@@ -1,8 +1,9 @@
 /* gpu/cuda/backend_dist.cu — the CUDA backend's data-parallel side: the
- * executor's hooks that all-reduce a gradient bucket and broadcast rank 0's
- * running statistics through NCCL, the round a rank joins without a batch,
- * the communicator made at its first use, and the watchdog that turns a peer
- * that stopped answering into a sticky error instead of a hang.
+ * executor's hooks that all-reduce a gradient bucket or a batchnorm's sums
+ * and broadcast rank 0's running statistics through NCCL, the round a rank
+ * joins without a batch, the communicator made at its first use, and the
+ * watchdog that turns a peer that stopped answering into a sticky error
+ * instead of a hang.
  */
 #include "gpu/cuda/backend_ctx.h"
 
@@ -30,6 +31,19 @@ int buf_broadcast(void *ctx, float *p, size_t n, cudaStream_t s)
         return -1;
     }
     return sf_nccl_broadcast(c->nccl, p, n, 0, s);
+}
+
+/* The executor's SyncBatchNorm hook (sf_net_cfg.stat_reduce): a
+ * batchnorm's per-channel sums added over the ranks, on the stream the
+ * executor gives (the reduce stream, in its order with the buckets). */
+int stat_reduce(void *ctx, double *p, size_t n, cudaStream_t s)
+{
+    cuda_ctx *c = (cuda_ctx *)ctx;
+    if (!sf_nccl_joined(c->nccl)) {
+        sf_cuda_set_error("%s:%d: the NCCL communicator is not made yet", __FILE__, __LINE__);
+        return -1;
+    }
+    return sf_nccl_allreduce_f64(c->nccl, p, n, s);
 }
 
 /* A data-parallel round this rank joins without a batch (n == 0): the hyper-

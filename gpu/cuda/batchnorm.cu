@@ -345,6 +345,96 @@ __global__ void k_bn_dx(const T *__restrict__ x, const T *__restrict__ dy, const
     cu_st<T, V>(dx + e, xv);
 }
 
+/* ---- distributed.batchnorm sync (torch.nn.SyncBatchNorm) ------------------- *
+ * Pass 2 of the split reductions: this rank's per-channel sums in a form the
+ * ranks can add (sums[2C + 1] doubles, gpu/ref's sf_ref_bn2d_sync_* layout),
+ * then, from the sums of every rank, the statistics or the dx coefficients.
+ * A warp per channel sums the partials as k_bn_final_tree does (channel c's
+ * partial k at part[(c*cs + k*ks)*2]). MODE 0 (forward): sums[c] = sum x,
+ * sums[C+c] = sum x^2, unshifted from pass 1's sums around this rank's shift
+ * (in double: the shift differs between ranks, so shifted sums could not be
+ * added). MODE 1 (backward): sums[c] = sum g, sums[C+c] = sum g * xhat, which
+ * are also this rank's dbeta and dgamma (the gradient all-reduce adds the
+ * ranks' like any weight gradient). sums[2C] = cnt, this rank's count. */
+template <typename T, int MODE>
+__global__ void k_bn_sync_sums(const double *__restrict__ part, size_t cs, size_t ks, int nchunks, int C,
+                               double cnt, const T *__restrict__ x, size_t shift_stride,
+                               const float *__restrict__ sinv, float *__restrict__ dgamma,
+                               float *__restrict__ dbeta, double *__restrict__ sums)
+{
+    const int lane = threadIdx.x & 31;
+    const int c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (c >= C)
+        return; /* the whole warp */
+    double a = 0.0, b = 0.0;
+    for (int k = lane; k < nchunks; k += 32) {
+        const double *p = part + ((size_t)c * cs + (size_t)k * ks) * 2;
+        a += p[0];
+        b += p[1];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, o);
+        b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+    if (lane != 0)
+        return;
+    if constexpr (MODE == 0) {
+        const double sh = (double)cu_f(x[(size_t)c * shift_stride]);
+        sums[c] = a + cnt * sh;
+        sums[C + c] = b + 2.0 * sh * a + cnt * sh * sh;
+    } else {
+        const double bx = b * (double)sinv[c];
+        dbeta[c] = (float)a;
+        dgamma[c] = (float)bx;
+        sums[c] = a;
+        sums[C + c] = bx;
+    }
+    if (c == 0)
+        sums[2 * C] = cnt;
+}
+
+/* The statistics of every rank's samples from their summed sums, with the
+ * arithmetic of bn_stats_out (in double, rounded once to float), so that a
+ * job of one rank differs from no job only by the sums: mean and biased
+ * variance of the whole count, and the running statistics moved with the
+ * unbiased variance (a count of 1 leaves it not finite, where PyTorch
+ * refuses the batch; a total count of 0, no rank trained, leaves them as
+ * they are). */
+__global__ void k_bn_sync_stats(const double *__restrict__ sums, int C, float eps, float momentum,
+                                float *__restrict__ rmean, float *__restrict__ rvar, float *__restrict__ smean,
+                                float *__restrict__ sinv)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    const double cnt = sums[2 * C];
+    const double mean = cnt > 0 ? sums[c] / cnt : 0.0;
+    double var = cnt > 0 ? sums[C + c] / cnt - mean * mean : 0.0;
+    if (var < 0.0)
+        var = 0.0;
+    smean[c] = (float)mean;
+    sinv[c] = (float)(1.0 / sqrt(var + (double)eps));
+    if (rmean && rvar && cnt > 0) {
+        const double m = (double)momentum;
+        rmean[c] = (float)((1.0 - m) * (double)rmean[c] + m * mean);
+        rvar[c] = (float)((1.0 - m) * (double)rvar[c] + m * var * cnt / (cnt - 1.0));
+    }
+}
+
+/* dx's coefficients (as bn_bwd_out's) from every rank's summed backward
+ * sums: k1 = gamma*invstd, m1 = sum g / N, k2 = sum(g * xhat) * invstd / N. */
+__global__ void k_bn_sync_coef(const double *__restrict__ sums, int C, const float *__restrict__ gamma,
+                               const float *__restrict__ sinv, float *__restrict__ coef)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C)
+        return;
+    const double cnt = sums[2 * C], inv = (double)sinv[c];
+    coef[c * 3 + 0] = (float)((double)gamma[c] * inv);
+    coef[c * 3 + 1] = cnt > 0 ? (float)(sums[c] / cnt) : 0.f;
+    coef[c * 3 + 2] = cnt > 0 ? (float)(sums[C + c] * inv / cnt) : 0.f;
+}
+
 /* ---- batchnorm over NHWC rows in 16-byte vectors (the bf16 path) ------------ *
  * Rows [R, C], C % V == 0 (V = 16/sizeof(T) channels a thread), tensors
  * 16-byte aligned. A block is G threads across channel vectors (G = the lowest
@@ -777,6 +867,53 @@ static dim3 bn_rows_grid(size_t R, int c, int V)
     return dim3((unsigned)gx, gy);
 }
 
+/* The normalisation y = act(bn(x) (+ res)) with mean/sinv (training) or
+ * the running statistics (rvar given: eval), on the row kernels where they
+ * take the tensors, else the generic elementwise ones. */
+template <typename T>
+static int bn_apply_t(const bn_plan &p, const T *x, int c, const float *mean, const float *sinv, const float *rvar,
+                      float eps, const float *gamma, const float *beta, const T *res, T *y, int relu, cudaStream_t s)
+{
+    constexpr bool BF = sizeof(T) == 2;
+    constexpr int VEC = 16 / sizeof(T);
+    const size_t len = (size_t)c * p.E;
+    if (BF && bn_rows_ok(p, c, x, y, res, NULL)) {
+        if constexpr (BF)
+            k_bn_apply_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(x, p.E, c, bn_rows_G(c, VEC), mean, sinv,
+                                                                          rvar, eps, gamma, beta, res, relu, y);
+    } else if (bn_vec(p, c, VEC, x, y, res, NULL))
+        k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, len / VEC, c, p.hw, p.nhwc, mean, sinv,
+                                                                         rvar, eps, gamma, beta, res, relu, y);
+    else
+        k_bn_apply<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, len, c, p.hw, p.nhwc, mean, sinv, rvar, eps,
+                                                                gamma, beta, res, relu, y);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+/* dx from the coefficients coef[c][3] (rows: the bf16 NHWC row kernel, which
+ * recomputes a ReLU mask from x; else the generic kernel, which reads y). */
+template <typename T>
+static int bn_dx_t(const bn_plan &p, int rows, const T *x, int c, const float *gamma, const float *beta,
+                   const float *save_mean, const float *save_invstd, const T *dy, const T *y, const float *coef,
+                   T *dx, cudaStream_t s)
+{
+    constexpr bool BF = sizeof(T) == 2;
+    constexpr int VEC = 16 / sizeof(T);
+    const size_t len = (size_t)c * p.E;
+    if (rows) {
+        if constexpr (BF)
+            k_bn_dx_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
+                x, dy, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, gamma, beta, y != NULL, coef, dx);
+    } else if (bn_vec(p, c, VEC, x, dy, dx, y))
+        k_bn_dx<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len / VEC, c, p.hw, p.nhwc,
+                                                                    save_mean, coef, dx);
+    else
+        k_bn_dx<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len, c, p.hw, p.nhwc, save_mean, coef, dx);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
 template <typename T>
 static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                           const float *beta, float eps, float momentum, float *running_mean, float *running_var,
@@ -821,19 +958,7 @@ static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w
     SF_CUDA_CHECK_LAUNCH();
     if (!y) /* the statistics only: the reader applies the normalisation itself */
         return 0;
-    const size_t len = (size_t)c * p.E;
-    if (rows) {
-        if constexpr (BF)
-            k_bn_apply_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
-                x, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, NULL, eps, gamma, beta, res, relu, y);
-    } else if (bn_vec(p, c, VEC, x, y, res, NULL))
-        k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(
-            x, len / VEC, c, p.hw, p.nhwc, save_mean, save_invstd, NULL, eps, gamma, beta, res, relu, y);
-    else
-        k_bn_apply<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, len, c, p.hw, p.nhwc, save_mean, save_invstd,
-                                                                NULL, eps, gamma, beta, res, relu, y);
-    SF_CUDA_CHECK_LAUNCH();
-    return 0;
+    return bn_apply_t<T>(p, x, c, save_mean, save_invstd, NULL, eps, gamma, beta, res, y, relu, s);
 }
 
 template <typename T>
@@ -841,24 +966,10 @@ static int bn_fwd_eval_t(const char *fn, const T *x, int n, int c, int h, int w,
                          const float *beta, float eps, const float *running_mean, const float *running_var,
                          const T *res, T *y, int relu, cudaStream_t s)
 {
-    constexpr bool BF = sizeof(T) == 2;
-    constexpr int VEC = 16 / sizeof(T);
     if (bn_check(fn, n, c, h, w))
         return -1;
     const bn_plan p = bn_plan_of(n, c, h, w, lay);
-    const size_t len = (size_t)c * p.E;
-    if (BF && bn_rows_ok(p, c, x, y, res, NULL)) {
-        if constexpr (BF)
-            k_bn_apply_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
-                x, p.E, c, bn_rows_G(c, VEC), running_mean, NULL, running_var, eps, gamma, beta, res, relu, y);
-    } else if (bn_vec(p, c, VEC, x, y, res, NULL))
-        k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(
-            x, len / VEC, c, p.hw, p.nhwc, running_mean, NULL, running_var, eps, gamma, beta, res, relu, y);
-    else
-        k_bn_apply<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, len, c, p.hw, p.nhwc, running_mean, NULL,
-                                                                running_var, eps, gamma, beta, res, relu, y);
-    SF_CUDA_CHECK_LAUNCH();
-    return 0;
+    return bn_apply_t<T>(p, x, c, running_mean, NULL, running_var, eps, gamma, beta, res, y, relu, s);
 }
 
 template <typename T>
@@ -895,18 +1006,7 @@ static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_l
         k_bn_bwd_final<<<cu_blocks((size_t)c, CU_TPB), CU_TPB, 0, s>>>(part, p.nchunks, c, (double)p.E, gamma,
                                                                      save_invstd, dgamma, dbeta, coef);
     SF_CUDA_CHECK_LAUNCH();
-    const size_t len = (size_t)c * p.E;
-    if (rows) {
-        if constexpr (BF)
-            k_bn_dx_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
-                x, dy, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, gamma, beta, y != NULL, coef, dx);
-    } else if (bn_vec(p, c, VEC, x, dy, dx, y))
-        k_bn_dx<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len / VEC, c, p.hw, p.nhwc,
-                                                                    save_mean, coef, dx);
-    else
-        k_bn_dx<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len, c, p.hw, p.nhwc, save_mean, coef, dx);
-    SF_CUDA_CHECK_LAUNCH();
-    return 0;
+    return bn_dx_t<T>(p, rows, x, c, gamma, beta, save_mean, save_invstd, dy, y, coef, dx, s);
 }
 
 extern "C" int sf_cuda_bn_fwd_train(const float *x, int n, int c, int h, int w, sf_layout lay,
@@ -980,4 +1080,172 @@ extern "C" int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h
                                 (const cu_bf16 *)dy, (const cu_bf16 *)y, (cu_bf16 *)dx, dgamma, dbeta, scratch, s);
     return bn_bwd_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
                            (const float *)dy, (const float *)y, (float *)dx, dgamma, dbeta, scratch, s);
+}
+
+/* ---- distributed.batchnorm sync ----------------------------------------------- */
+
+/* n == 0 (a rank's round without a batch) contributes zeros and a count of 0. */
+static int bn_sync_zero(const char *fn, int c, double *sums, cudaStream_t s)
+{
+    if (c < 1) {
+        sf_cuda_set_error("%s:%d: %s: c=%d", __FILE__, __LINE__, fn, c);
+        return -1;
+    }
+    SF_CUDA_CHECK(cudaMemsetAsync(sums, 0, sizeof(double) * (2 * (size_t)c + 1), s));
+    return 0;
+}
+
+template <typename T>
+static int bn_sync_fwd_sums_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, double *sums,
+                              void *scratch, cudaStream_t s)
+{
+    constexpr bool BF = sizeof(T) == 2;
+    constexpr int VEC = 16 / sizeof(T);
+    if (n == 0)
+        return bn_sync_zero(fn, c, sums, s);
+    if (bn_check(fn, n, c, h, w))
+        return -1;
+    bn_plan p = bn_plan_of(n, c, h, w, lay);
+    const int rows = BF && bn_rows_ok(p, c, x, x, NULL, NULL);
+    if (BF)
+        bn_plan_bf16(&p, rows);
+    double *part = (double *)scratch;
+    if (rows) {
+        if constexpr (BF) {
+            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
+            k_bn_part_rows<T, 0><<<grid, CU_TPB, 0, s>>>(x, NULL, NULL, NULL, NULL, NULL, 0, c, bn_rows_G(c, VEC),
+                                                        p.E, p.L, p.nchunks, part);
+            SF_CUDA_CHECK_LAUNCH();
+        }
+    } else if (bn_partials<T>(p, x, NULL, NULL, NULL, c, 0, part, s)) {
+        return -1;
+    }
+    /* rows: part[c][chunk]; generic: part[chunk][c] */
+    k_bn_sync_sums<T, 0><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(
+        part, rows ? (size_t)p.nchunks : 1, rows ? 1 : (size_t)c, p.nchunks, c, (double)p.E, x, p.nhwc ? 1 : p.hw,
+        NULL, NULL, NULL, sums);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <typename T>
+static int bn_sync_fwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
+                         const float *beta, float eps, float momentum, const double *sums, float *running_mean,
+                         float *running_var, float *save_mean, float *save_invstd, const T *res, T *y, int relu,
+                         cudaStream_t s)
+{
+    if (n == 0 ? c < 1 : bn_check(fn, n, c, h, w) != 0) {
+        sf_cuda_set_error("%s:%d: %s: n=%d c=%d h=%d w=%d", __FILE__, __LINE__, fn, n, c, h, w);
+        return -1;
+    }
+    k_bn_sync_stats<<<cu_blocks((size_t)c, CU_TPB), CU_TPB, 0, s>>>(sums, c, eps, momentum, running_mean,
+                                                                   running_var, save_mean, save_invstd);
+    SF_CUDA_CHECK_LAUNCH();
+    if (n == 0 || !y)
+        return 0;
+    const bn_plan p = bn_plan_of(n, c, h, w, lay);
+    return bn_apply_t<T>(p, x, c, save_mean, save_invstd, NULL, eps, gamma, beta, res, y, relu, s);
+}
+
+/* stage 0: this rank's backward sums (and dgamma, dbeta); 1: dx from the sums
+ * of every rank. Both make the same row-kernel decision, so the ReLU mask is
+ * taken the same way in both. */
+template <typename T>
+static int bn_sync_bwd_t(int stage, const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay,
+                         const float *gamma, const float *beta, const float *save_mean, const float *save_invstd,
+                         const T *dy, const T *y, T *dx, float *dgamma, float *dbeta, double *sums_out,
+                         const double *sums_in, void *scratch, cudaStream_t s)
+{
+    constexpr bool BF = sizeof(T) == 2;
+    constexpr int VEC = 16 / sizeof(T);
+    if (n == 0)
+        return stage == 0 ? bn_sync_zero(fn, c, sums_out, s) : 0;
+    if (bn_check(fn, n, c, h, w))
+        return -1;
+    bn_plan p = bn_plan_of(n, c, h, w, lay);
+    const int rows = BF && (!y || beta) && bn_rows_ok(p, c, x, dy, dx, NULL);
+    if (BF)
+        bn_plan_bf16(&p, rows);
+    double *part = (double *)scratch;
+    float *coef = (float *)(part + 2 * (size_t)p.nchunks * c);
+    if (stage == 1) {
+        k_bn_sync_coef<<<cu_blocks((size_t)c, CU_TPB), CU_TPB, 0, s>>>(sums_in, c, gamma, save_invstd, coef);
+        SF_CUDA_CHECK_LAUNCH();
+        return bn_dx_t<T>(p, rows, x, c, gamma, beta, save_mean, save_invstd, dy, y, coef, dx, s);
+    }
+    if (rows) {
+        if constexpr (BF) {
+            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
+            k_bn_part_rows<T, 1><<<grid, CU_TPB, 0, s>>>(x, dy, save_mean, save_invstd, gamma, beta, y != NULL, c,
+                                                        bn_rows_G(c, VEC), p.E, p.L, p.nchunks, part);
+            SF_CUDA_CHECK_LAUNCH();
+        }
+    } else if (bn_partials<T>(p, x, dy, y, save_mean, c, 1, part, s)) {
+        return -1;
+    }
+    k_bn_sync_sums<T, 1><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(
+        part, rows ? (size_t)p.nchunks : 1, rows ? 1 : (size_t)c, p.nchunks, c, (double)p.E, x, 0, save_invstd,
+        dgamma, dbeta, sums_out);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_bn_sync_fwd_sums_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                           double *sums, void *scratch, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_bn_sync_fwd_sums_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return bn_sync_fwd_sums_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, sums, scratch, s);
+    return bn_sync_fwd_sums_t<float>(fn, (const float *)x, n, c, h, w, lay, sums, scratch, s);
+}
+
+extern "C" int sf_cuda_bn_sync_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                      const float *gamma, const float *beta, float eps, float momentum,
+                                      const double *sums, float *running_mean, float *running_var, float *save_mean,
+                                      float *save_invstd, const void *res, void *y, int relu, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_bn_sync_fwd_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return bn_sync_fwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, eps, momentum, sums,
+                                     running_mean, running_var, save_mean, save_invstd, (const cu_bf16 *)res,
+                                     (cu_bf16 *)y, relu, s);
+    return bn_sync_fwd_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, eps, momentum, sums, running_mean,
+                                running_var, save_mean, save_invstd, (const float *)res, (float *)y, relu, s);
+}
+
+extern "C" int sf_cuda_bn_sync_bwd_sums_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                           const float *gamma, const float *beta, const float *save_mean,
+                                           const float *save_invstd, const void *dy, const void *y, const void *dx,
+                                           float *dgamma, float *dbeta, double *sums, void *scratch, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_bn_sync_bwd_sums_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return bn_sync_bwd_t<cu_bf16>(0, fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
+                                     (const cu_bf16 *)dy, (const cu_bf16 *)y, (cu_bf16 *)dx, dgamma, dbeta, sums,
+                                     NULL, scratch, s);
+    return bn_sync_bwd_t<float>(0, fn, (const float *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
+                                (const float *)dy, (const float *)y, (float *)dx, dgamma, dbeta, sums, NULL, scratch,
+                                s);
+}
+
+extern "C" int sf_cuda_bn_sync_bwd_dx_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                         const float *gamma, const float *beta, const float *save_mean,
+                                         const float *save_invstd, const void *dy, const void *y, void *dx,
+                                         const double *sums, void *scratch, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_bn_sync_bwd_dx_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (dt == SF_DT_BF16)
+        return bn_sync_bwd_t<cu_bf16>(1, fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
+                                     (const cu_bf16 *)dy, (const cu_bf16 *)y, (cu_bf16 *)dx, NULL, NULL, NULL, sums,
+                                     scratch, s);
+    return bn_sync_bwd_t<float>(1, fn, (const float *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
+                                (const float *)dy, (const float *)y, (float *)dx, NULL, NULL, NULL, sums, scratch, s);
 }

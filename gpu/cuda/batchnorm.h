@@ -66,6 +66,44 @@ int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf
                       const float *beta, const float *save_mean, const float *save_invstd, const void *dy,
                       const void *y, void *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s);
 
+/* ---- distributed.batchnorm sync (torch.nn.SyncBatchNorm) ------------------- */
+/* The training forward and backward split where the ranks' sums are added
+ * (semantics: gpu/ref's sf_ref_bn2d_sync_*, the statistics in double as
+ * sf_cuda_bn_fwd_train's; checked against them and against BatchNorm2d over
+ * every rank's samples by tests/gpu/test_batchnorm_sync.cu). sums: 2c + 1
+ * doubles on the device, this rank's [per-channel sum (c), per-channel
+ * second sum (c), count (1)]; the caller sums them over the ranks in place
+ * between the two halves of each pass. n may be 0 (a rank's round without a
+ * batch): its sums are zeros and a count of 0, and it computes the
+ * statistics alone. The halves use the scratch (sf_cuda_bn_scratch_bytes),
+ * so nothing else may write it between the backward's two.
+ * Forward: sf_cuda_bn_sync_fwd_sums_dt writes [sum x, sum x^2, n*h*w];
+ * sf_cuda_bn_sync_fwd_dt takes the summed sums: save_mean, save_invstd
+ * (mean and biased variance of every rank's samples), the running
+ * statistics moved with the unbiased variance over the whole count (left as
+ * they are when it is 0), and y = relu?(bn(x) + res) as
+ * sf_cuda_bn_fwd_train_dt (y NULL: the statistics alone, for a maxpool that
+ * applies them).
+ * Backward (the arguments of sf_cuda_bn_bwd_dt): sf_cuda_bn_sync_bwd_sums_dt
+ * writes [sum dy, sum dy * xhat, n*h*w] and this rank's dbeta and dgamma
+ * (those same sums; the gradient all-reduce adds the ranks'), dx only
+ * deciding the kernels; sf_cuda_bn_sync_bwd_dx_dt writes dx from the summed
+ * sums. */
+int sf_cuda_bn_sync_fwd_sums_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                double *sums, void *scratch, cudaStream_t s);
+int sf_cuda_bn_sync_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                           const float *gamma, const float *beta, float eps, float momentum, const double *sums,
+                           float *running_mean, float *running_var, float *save_mean, float *save_invstd,
+                           const void *res, void *y, int relu, cudaStream_t s);
+int sf_cuda_bn_sync_bwd_sums_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                const float *gamma, const float *beta, const float *save_mean,
+                                const float *save_invstd, const void *dy, const void *y, const void *dx,
+                                float *dgamma, float *dbeta, double *sums, void *scratch, cudaStream_t s);
+int sf_cuda_bn_sync_bwd_dx_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                              const float *gamma, const float *beta, const float *save_mean,
+                              const float *save_invstd, const void *dy, const void *y, void *dx, const double *sums,
+                              void *scratch, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

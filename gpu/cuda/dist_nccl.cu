@@ -257,6 +257,16 @@ extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n,
     return settle(x, re, "ncclGroupEnd (the bucket's all-reduce)");
 }
 
+extern "C" int sf_nccl_allreduce_f64(sf_nccl *x, double *p, size_t n, cudaStream_t s)
+{
+    if (x->aborted || !x->comm) {
+        sf_cuda_set_error("%s:%d: NCCL communicator %s", __FILE__, __LINE__, x->comm ? "aborted" : "not made yet");
+        return -1;
+    }
+    return settle(x, x->api.all_reduce(p, p, n, ncclFloat64, ncclSum, x->comm, s),
+                  "ncclAllReduce (a batchnorm's sums)");
+}
+
 extern "C" int sf_nccl_broadcast(sf_nccl *x, float *p, size_t n, int root, cudaStream_t s)
 {
     if (x->aborted || !x->comm) {
@@ -332,6 +342,7 @@ extern "C" int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n,
 {
     return -1;
 }
+extern "C" int sf_nccl_allreduce_f64(sf_nccl *x, double *p, size_t n, cudaStream_t s) { return -1; }
 extern "C" int sf_nccl_broadcast(sf_nccl *x, float *p, size_t n, int root, cudaStream_t s) { return -1; }
 extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen) { return -1; }
 extern "C" void sf_nccl_abort(sf_nccl *x) {}

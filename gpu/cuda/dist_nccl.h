@@ -51,6 +51,10 @@ void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len);
  * has enqueued it (a non-blocking communicator's ncclInProgress is waited
  * out, bounded by the job's timeout). */
 int sf_nccl_allreduce(sf_nccl *x, const sf_grad_piece *pieces, int n, cudaStream_t s);
+/* Enqueues on s the SUM all-reduce, in place, of n doubles (a batchnorm's
+ * per-channel sums under distributed.batchnorm sync). Returns once NCCL has
+ * enqueued it, as sf_nccl_allreduce. */
+int sf_nccl_allreduce_f64(sf_nccl *x, double *p, size_t n, cudaStream_t s);
 /* Enqueues on s the broadcast, in place, of n floats from rank root to
  * every rank (batchnorm's running statistics, distributed.batchnorm
  * broadcast). Returns once NCCL has enqueued it, as sf_nccl_allreduce. */

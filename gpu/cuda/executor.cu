@@ -346,6 +346,16 @@ static int g_bn_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, cudaSt
         if (sf_cuda_bn_fwd_eval_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
                                    L->eps, g->bufs + L->rm_off, g->bufs + L->rv_off, res, y, relu, s))
             return -1;
+    } else if (g->bn_sums) {
+        /* SyncBatchNorm: this rank's sums, their sum over the ranks, then
+         * the statistics of all the samples and the same apply (or the
+         * maxpool's, bn_pool) as without sync */
+        if (sf_cuda_bn_sync_fwd_sums_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, g->bn_sums, g->scratch, s) ||
+            g_bn_sync_reduce(net, L->in_c, s) ||
+            sf_cuda_bn_sync_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off, L->eps,
+                                   L->momentum, g->bn_sums, g->bufs + L->rm_off, g->bufs + L->rv_off, o->save,
+                                   o->save + L->out_ch, res, o->bn_pool ? NULL : y, relu, s))
+            return -1;
     } else if (sf_cuda_bn_fwd_train_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
                                        P + L->b_off, L->eps, L->momentum, g->bufs + L->rm_off,
                                        g->bufs + L->rv_off, o->save, o->save + L->out_ch, res,
@@ -853,11 +863,27 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_BATCHNORM2D:
-            if (sf_cuda_bn_bwd_dt(dt, g_in(net, i, 0, b), n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
-                                  P + L->b_off, o->save,
-                                  o->save + L->out_ch, o->dy, ymask, dx ? dx : o->gtmp, net->grads + L->w_off,
-                                  net->grads + L->b_off, g->scratch, s))
+            if (g->bn_sums && !o->frozen) {
+                /* SyncBatchNorm: dgamma and dbeta are this rank's sums (the
+                 * buckets add the ranks' as any weight gradient's); dx takes
+                 * the sums of every rank */
+                const void *bx = g_in(net, i, 0, b);
+                void *bdx = dx ? dx : o->gtmp;
+                if (sf_cuda_bn_sync_bwd_sums_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
+                                                P + L->b_off, o->save, o->save + L->out_ch, o->dy, ymask, bdx,
+                                                net->grads + L->w_off, net->grads + L->b_off, g->bn_sums, g->scratch,
+                                                s) ||
+                    g_bn_sync_reduce(net, L->in_c, s) ||
+                    sf_cuda_bn_sync_bwd_dx_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
+                                              P + L->b_off, o->save, o->save + L->out_ch, o->dy, ymask, bdx,
+                                              g->bn_sums, g->scratch, s))
+                    return -1;
+            } else if (sf_cuda_bn_bwd_dt(dt, g_in(net, i, 0, b), n, L->in_c, L->in_h, L->in_w, g->lay,
+                                         P + L->w_off, P + L->b_off, o->save, o->save + L->out_ch, o->dy, ymask,
+                                         dx ? dx : o->gtmp, net->grads + L->w_off, net->grads + L->b_off,
+                                         g->scratch, s)) {
                 return -1;
+            }
             break;
         case SF_L_MAXPOOL2D:
             if (dx && sf_cuda_maxpool_bwd_dt(dt, o->dy, o->argmax, n, L->in_c, L->in_h, L->in_w, L->k, L->stride,
@@ -1268,6 +1294,15 @@ extern "C" int sf_net_create(sf_cuda_net **out, const sf_model *m, const sf_net_
         sf_net_destroy(net);
         return -1;
     }
+    /* SyncBatchNorm's all-reduces take their turn on the reduce stream */
+    if (cfg->stat_reduce &&
+        (!net->rst || cudaEventCreateWithFlags(&net->ev_bn_sums, cudaEventDisableTiming) != cudaSuccess ||
+         cudaEventCreateWithFlags(&net->ev_bn_reduced, cudaEventDisableTiming) != cudaSuccess)) {
+        sf_cuda_set_error("%s:%d: batchnorm sync: %s", __FILE__, __LINE__,
+                          net->rst ? cudaGetErrorString(cudaGetLastError()) : "needs grad_reduce");
+        sf_net_destroy(net);
+        return -1;
+    }
     for (int i = 0; i < m->n_layers; i++)
         if ((net->rst && cudaEventCreateWithFlags(&net->ev_reduced[i], cudaEventDisableTiming) != cudaSuccess) ||
             cudaEventCreateWithFlags(&net->ev_fork[i], cudaEventDisableTiming) != cudaSuccess ||
@@ -1308,6 +1343,10 @@ extern "C" void sf_net_destroy(sf_cuda_net *net)
     }
     if (net->ev_ndone)
         cudaEventDestroy(net->ev_ndone);
+    if (net->ev_bn_sums)
+        cudaEventDestroy(net->ev_bn_sums);
+    if (net->ev_bn_reduced)
+        cudaEventDestroy(net->ev_bn_reduced);
     for (int i = 0; i < SF_MAX_LAYERS; i++) {
         if (net->ev_fork[i])
             cudaEventDestroy(net->ev_fork[i]);

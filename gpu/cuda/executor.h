@@ -144,6 +144,16 @@ typedef struct sf_net_cfg {
      * rank 0 to every rank (distributed.batchnorm broadcast); ctx is
      * grad_reduce_ctx. NULL: each rank keeps its own. */
     int (*buf_broadcast)(void *ctx, float *p, size_t n, cudaStream_t s);
+    /* Data-parallel training with grad_reduce, distributed.batchnorm sync
+     * (torch.nn.SyncBatchNorm): enqueues on s the SUM all-reduce, in place,
+     * of a training batchnorm's n per-channel sums at p (doubles, the
+     * layout of sf_cuda_bn_sync_*), between the two halves of its forward
+     * and of its backward; ctx is grad_reduce_ctx. s is the reduce stream,
+     * so that these collectives and the buckets' keep one order on every
+     * rank. Every rank calls it for every trainable batchnorm of every step
+     * (sf_net_step_empty included), forward in layer order, backward in
+     * reverse. NULL: each rank normalises over its own batch. */
+    int (*stat_reduce)(void *ctx, double *p, size_t n, cudaStream_t s);
     size_t grad_bucket_bytes;
     int no_thin;         /* 1: run thin 1x1 convolutions (conv_thin.h) through cuDNN too */
     int no_patch;        /* 1: run non-overlapping convolutions' backward (conv_patch.h) through cuDNN too */

@@ -204,6 +204,38 @@ int g_reduce_bucket(sf_cuda_net *net, int b, int i)
     return 0;
 }
 
+/* distributed.batchnorm sync: on the reduce stream, like the buckets,
+ * because NCCL needs every rank to issue one communicator's collectives in
+ * one order, and the enqueue order on one stream is the executor's, the
+ * same on every rank (on the compute stream they would race the buckets'
+ * on the reduce stream). The backward of the layers below waits for it, and
+ * behind any bucket still being reduced. */
+int g_bn_sync_reduce(sf_cuda_net *net, int c, cudaStream_t s)
+{
+    SF_CUDA_CHECK(cudaEventRecord(net->ev_bn_sums, s));
+    SF_CUDA_CHECK(cudaStreamWaitEvent(net->rst, net->ev_bn_sums, 0));
+    if (net->cfg.stat_reduce(net->cfg.grad_reduce_ctx, net->g->bn_sums, 2 * (size_t)c + 1, net->rst))
+        return -1;
+    SF_CUDA_CHECK(cudaEventRecord(net->ev_bn_reduced, net->rst));
+    SF_CUDA_CHECK(cudaStreamWaitEvent(s, net->ev_bn_reduced, 0));
+    return 0;
+}
+
+/* A round joined without a batch: counted when the job's batchnorm count
+ * (the summed sums' last element) is not 0. */
+__global__ void k_count_empty_round(const double *__restrict__ count, unsigned long long *__restrict__ rounds)
+{
+    if (*count > 0.0)
+        rounds[0]++;
+}
+
+/* A trainable batchnorm that syncs: its forward and backward each make one
+ * g_bn_sync_reduce. */
+static int g_bn_syncs(const sf_cuda_net *net, int i)
+{
+    return net->g->bn_sums && net->m.layers[i].kind == SF_L_BATCHNORM2D && !net->g->op[i].frozen;
+}
+
 /* The end of a training step: the gradient check (norm, clipping
  * coefficient, non-finite skip: sf_grad_state), accumulation, the optimizer
  * (do_opt) and the results' copies to the host. Without accumulation the
@@ -317,16 +349,48 @@ int sf_net_step_empty(sf_cuda_net *net, int b, int do_opt)
         return -1;
     }
     const sf_model *m = &net->m;
+    gen_net *g = net->g;
     const size_t off = m->train_off, len = m->n_params - m->train_off;
     SF_CUDA_CHECK(cudaMemsetAsync(net->grads + off, 0, sizeof(float) * len, net->s));
-    if (net->g->wcopy)
-        SF_CUDA_CHECK(cudaMemsetAsync(E(net->g->gd, off, net->g->es), 0, net->g->es * len, net->s));
+    if (g->wcopy)
+        SF_CUDA_CHECK(cudaMemsetAsync(E(g->gd, off, g->es), 0, g->es * len, net->s));
     SF_CUDA_CHECK(cudaMemsetAsync(net->io[b].result, 0, sizeof(sf_xent_out), net->s));
-    /* the same buckets, in the same order, as the other ranks' backward */
-    if (net->cfg.grad_reduce && !net->g->gacc)
-        for (int i = net->g->nl - 1; i >= net->g->nf; i--)
-            if (g_reduce_bucket(net, b, i))
+    /* SyncBatchNorm: each trainable batchnorm's forward with no samples
+     * (zero sums, a count of 0), so that this rank makes the other ranks'
+     * collectives and moves its running statistics (and num_batches_tracked)
+     * with the job's */
+    if (g->bn_sums) {
+        int counted = 0;
+        for (int i = g->nf; i < g->nl; i++) {
+            const sf_layer *L = &m->layers[i];
+            if (!g_bn_syncs(net, i))
+                continue;
+            if (sf_cuda_bn_sync_fwd_sums_dt(g->dt, NULL, 0, L->in_c, L->in_h, L->in_w, g->lay, g->bn_sums, NULL,
+                                            net->s) ||
+                g_bn_sync_reduce(net, L->in_c, net->s) ||
+                sf_cuda_bn_sync_fwd_dt(g->dt, NULL, 0, L->in_c, L->in_h, L->in_w, g->lay, NULL, NULL, L->eps,
+                                       L->momentum, g->bn_sums, g->bufs + L->rm_off, g->bufs + L->rv_off,
+                                       g->op[i].save, g->op[i].save + L->out_ch, NULL, NULL, 0, net->s))
                 return -1;
+            if (!counted) {
+                k_count_empty_round<<<1, 1, 0, net->s>>>(g->bn_sums + 2 * (size_t)L->in_c, g->nbt_empty);
+                SF_CUDA_CHECK(cudaGetLastError());
+                counted = 1;
+            }
+        }
+    }
+    /* the same collectives, in the same order, as the other ranks' backward:
+     * each syncing batchnorm's sums (zeros), then the bucket its layer closes */
+    for (int i = g->nl - 1; i >= g->nf; i--) {
+        const sf_layer *L = &m->layers[i];
+        if (g_bn_syncs(net, i) &&
+            (sf_cuda_bn_sync_bwd_sums_dt(g->dt, NULL, 0, L->in_c, L->in_h, L->in_w, g->lay, NULL, NULL, NULL, NULL,
+                                         NULL, NULL, NULL, NULL, NULL, g->bn_sums, NULL, net->s) ||
+             g_bn_sync_reduce(net, L->in_c, net->s)))
+            return -1;
+        if (net->cfg.grad_reduce && !g->gacc && g_reduce_bucket(net, b, i))
+            return -1;
+    }
     return g_opt_tail(net, b, do_opt, 0, NULL);
 }
 

@@ -59,6 +59,9 @@ struct sf_cuda_net {
      * grad_reduce. */
     cudaStream_t rst;
     cudaEvent_t ev_reduced[SF_MAX_LAYERS];
+    /* distributed.batchnorm sync (cfg.stat_reduce): a batchnorm's sums are
+     * written (compute stream), then reduced (reduce stream) */
+    cudaEvent_t ev_bn_sums, ev_bn_reduced;
 
     int graphs_broken;
     char graph_err[256];
@@ -205,6 +208,17 @@ struct gen_net {
     int n_plan;
     int has_bn_train;
     uint64_t nbt, nbt_saved;
+    /* distributed.batchnorm sync (cfg.stat_reduce, and a trainable
+     * batchnorm): [2 * widest trainable batchnorm + 1] doubles, the sums of
+     * the batchnorm in progress (sf_cuda_bn_sync_*), reduced in place; the
+     * compute stream's, like scratch. NULL: batchnorm over this rank's batch */
+    double *bn_sums;
+    /* with bn_sums: [2], the rounds this rank joined without a batch in
+     * which some rank trained a sample (their batchnorms counted samples),
+     * live and at the last save_state: num_batches_tracked moves with them
+     * as on the ranks that trained, which the host cannot know when it
+     * enqueues the round. sf_net_get_buffers adds them to nbt. */
+    unsigned long long *nbt_empty;
     /* the gradient check (sf_grad_state): each trainable layer with
      * parameters has a slot of SF_SUMSQ_BLOCKS partial sums of squares,
      * computed on the norm stream as soon as its backward is done */
@@ -393,6 +407,10 @@ int g_vpacks(sf_cuda_net *net);
  * (gop.wal_w) likewise. 0, or -1 with sf_cuda_last_error() set. */
 int g_norm_layer(sf_cuda_net *net, int i);
 int g_reduce_bucket(sf_cuda_net *net, int b, int i);
+/* distributed.batchnorm sync: the sums of c channels in bn_sums, which stream
+ * s (the compute stream) has just written, added over the ranks on the
+ * reduce stream; s waits for them. */
+int g_bn_sync_reduce(sf_cuda_net *net, int c, cudaStream_t s);
 int g_opt_tail(sf_cuda_net *net, int b, int do_opt, int convert, prof *pf);
 int g_refresh_wd(sf_cuda_net *net, int all, cudaStream_t s);
 int g_refresh_wal(sf_cuda_net *net, int all, cudaStream_t s);

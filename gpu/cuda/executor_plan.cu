@@ -499,6 +499,16 @@ static int g_alloc_layer_buffers(sf_cuda_net *net)
     }
     if (g_plan_memory(net))
         return -1;
+    if (net->cfg.stat_reduce && g->has_bn_train) {
+        int widest = 0;
+        for (int i = 0; i < g->nl; i++)
+            if (m->layers[i].kind == SF_L_BATCHNORM2D && !g->op[i].frozen && m->layers[i].in_c > widest)
+                widest = m->layers[i].in_c;
+        if (dmalloc(net, (void **)&g->bn_sums, sizeof(double) * (2 * (size_t)widest + 1)) ||
+            dmalloc(net, (void **)&g->nbt_empty, 2 * sizeof(unsigned long long)))
+            return -1;
+        SF_CUDA_CHECK(cudaMemsetAsync(g->nbt_empty, 0, 2 * sizeof(unsigned long long), net->s));
+    }
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         gop *o = &g->op[i];

@@ -154,6 +154,9 @@ extern "C" int sf_net_save_state(sf_cuda_net *net, float *dev)
         SF_CUDA_CHECK(cudaMemcpyAsync(d + n, g->gacc_n, 2 * sizeof(float), cudaMemcpyDeviceToDevice, net->s));
     }
     g->nbt_saved = g->nbt;
+    if (g->nbt_empty)
+        SF_CUDA_CHECK(cudaMemcpyAsync(g->nbt_empty + 1, g->nbt_empty, sizeof *g->nbt_empty, cudaMemcpyDeviceToDevice,
+                                      net->s));
     return 0;
 }
 
@@ -177,6 +180,9 @@ extern "C" int sf_net_restore_state(sf_cuda_net *net, const float *dev)
         SF_CUDA_CHECK(cudaMemcpyAsync(g->gacc_n, d + n, 2 * sizeof(float), cudaMemcpyDeviceToDevice, net->s));
     }
     g->nbt = g->nbt_saved;
+    if (g->nbt_empty)
+        SF_CUDA_CHECK(cudaMemcpyAsync(g->nbt_empty, g->nbt_empty + 1, sizeof *g->nbt_empty, cudaMemcpyDeviceToDevice,
+                                      net->s));
     return g_refresh_wd(net, 1, net->s) || g_refresh_wal(net, 1, net->s) ? -1 : 0;
 }
 
@@ -187,8 +193,13 @@ extern "C" int sf_net_get_buffers(sf_cuda_net *net, float *host, uint64_t *nbt)
                                       net->s));
         SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
     }
+    unsigned long long empty = 0;
+    if (nbt && net->g->nbt_empty) {
+        SF_CUDA_CHECK(cudaMemcpyAsync(&empty, net->g->nbt_empty, sizeof empty, cudaMemcpyDeviceToHost, net->s));
+        SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    }
     if (nbt)
-        *nbt = net->g->nbt;
+        *nbt = net->g->nbt + empty;
     return 0;
 }
 
@@ -201,6 +212,10 @@ extern "C" int sf_net_set_buffers(sf_cuda_net *net, const float *host, uint64_t 
         SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
     }
     net->g->nbt = nbt;
+    if (net->g->nbt_empty) {
+        SF_CUDA_CHECK(cudaMemsetAsync(net->g->nbt_empty, 0, sizeof *net->g->nbt_empty, net->s));
+        SF_CUDA_CHECK(cudaStreamSynchronize(net->s));
+    }
     return 0;
 }
 

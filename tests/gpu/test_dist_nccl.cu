@@ -16,9 +16,17 @@
  * trained, and a round in which no rank trained is skipped on this rank
  * (SF_SKIP_EMPTY, no step counted). Both builds time one cuDNN engine per convolution
  * (tune_configs 1), so the engines are the same; the same build run twice is
- * the baseline that shows the step is deterministic at all. The backend
- * refuses distributed.batchnorm sync (the reference backend's alone) at
- * build.
+ * the baseline that shows the step is deterministic at all.
+ *
+ * distributed.batchnorm sync (torch.nn.SyncBatchNorm) normalises with the
+ * statistics of every rank's samples. With one rank those are this rank's,
+ * so the job trains what the backend without a job trains, up to the
+ * rounding of statistics made from summed x and x^2 rather than around a
+ * shift (and num_batches_tracked counts the same steps, the rounds no rank
+ * trained not among them). With two ranks of n samples it is BatchNorm2d
+ * over 2n: the ranks must stay bit-identical (buffers included) and train
+ * what one process trains on the two batches concatenated, closer than the
+ * same ranks with distributed.batchnorm local do.
  *
  * Needs libnccl.so.2 at run time; without it the job's first step fails and
  * the test says so (FAIL), as a missing cuDNN would.
@@ -347,13 +355,13 @@ static void one_rank_equals_no_job(const char *name, const sf_model &m, sf_preci
 /* A job of two ranks on GPUs 0 and 1 (one thread each, one backend per GPU),
  * each training its own batches (global_n the sum), must end every step
  * with the same parameters, optimizer state and, with
- * distributed.batchnorm broadcast, batchnorm buffers: the all-reduce gives
+ * distributed.batchnorm broadcast or sync, batchnorm buffers: the all-reduce gives
  * both ranks one gradient, and everything after it must be a function of
  * that gradient alone. poison: rank 0's batch at that index has a NaN label
  * smoothing, so its loss and gradient are not finite on that rank only; both
  * ranks must skip that step alike. */
 static void two_ranks_stay_identical(const char *name, const sf_model &m, sf_precision prec, sf_optim optim,
-                                     int accum, int steps, bool bn_broadcast, int poison = -1)
+                                     int accum, int steps, bool bn_broadcast, int poison = -1, bool bn_sync = false)
 {
     const int n = 8;
     sf_kv_table *t = sf_kv_table_new(8, 65536);
@@ -368,6 +376,7 @@ static void two_ranks_stay_identical(const char *name, const sf_model &m, sf_pre
         d[r].timeout_ms = 30000; /* a rank that fails to build leaves the other waiting this long */
         d[r].bucket_bytes = 4u << 20;
         d[r].bn_broadcast = bn_broadcast;
+        d[r].bn_sync = bn_sync;
         bs[r].resize(steps);
         for (int k = 0; k < steps; k++) {
             if (make_batch(bs[r][k], m, n, 1000 * (r + 1) + k)) {
@@ -393,55 +402,203 @@ static void two_ranks_stay_identical(const char *name, const sf_model &m, sf_pre
     const bool same_skips = out[0].skipped == out[1].skipped && out[0].step == out[1].step;
     const bool want_skip = poison >= 0;
     const bool skipped_ok = !want_skip || (out[0].skipped.size() == 1 && out[0].skipped[0] == SF_SKIP_NONFINITE);
-    const bool bufs_ok = bn_broadcast ? db == 0 && out[0].nbt == out[1].nbt : (m.n_buffers == 0 || db > 0);
+    const bool shared = bn_broadcast || bn_sync;
+    const bool bufs_ok = shared ? db == 0 && out[0].nbt == out[1].nbt : (m.n_buffers == 0 || db > 0);
     if (dp == 0 && dm == 0 && dq == 0 && bufs_ok && same_skips && skipped_ok)
         ok("%s: two ranks on two GPUs, %d steps: parameters, optimizer state%s bit-identical (%zu skipped, "
            "last step %llu, last losses %.6f / %.6f)%s",
-           name, steps, bn_broadcast ? " and batchnorm buffers" : "", out[0].skipped.size(),
+           name, steps, shared ? " and batchnorm buffers" : "", out[0].skipped.size(),
            (unsigned long long)(out[0].step.empty() ? 0 : out[0].step.back()),
            out[0].loss.empty() ? 0.0 : out[0].loss.back(), out[1].loss.empty() ? 0.0 : out[1].loss.back(),
-           bn_broadcast ? "" : "; the buffers are each rank's own, as distributed.batchnorm local says");
+           shared ? "" : "; the buffers are each rank's own, as distributed.batchnorm local says");
     else
         fail("%s: two ranks: %zu parameters, %zu momentum, %zu exp_avg_sq, %zu buffer values differ (buffers %s); "
              "skips %zu / %zu (want %s), steps %llu / %llu",
-             name, dp, dm, dq, db, bn_broadcast ? "broadcast" : "local", out[0].skipped.size(),
+             name, dp, dm, dq, db, bn_sync ? "sync" : bn_broadcast ? "broadcast" : "local", out[0].skipped.size(),
              out[1].skipped.size(), want_skip ? "1 non-finite on both" : "none",
              (unsigned long long)(out[0].step.empty() ? 0 : out[0].step.back()),
              (unsigned long long)(out[1].step.empty() ? 0 : out[1].step.back()));
 }
 
-/* distributed.batchnorm sync is the reference backend's: the CUDA backend
- * must refuse it when the model is built (at start), naming the option and
- * where it runs, and build the same job in the other modes. */
-static void sync_batchnorm_is_refused_at_build_naming_the_option(const sf_model &m)
+/* ||a - b|| / ||b|| over the running statistics (NaN or Inf: infinite). */
+static double rel_diff(const std::vector<float> &a, const std::vector<float> &b)
 {
-    char err[300] = "";
-    sf_backend *cu = sf_backend_cuda_new(0, err, sizeof err);
-    if (!cu) {
-        fail("backend: %s", err);
-        return;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size() && i < b.size(); i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i]))
+            return INFINITY;
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += (double)b[i] * b[i];
     }
+    return a.size() != b.size() ? INFINITY : den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0.0);
+}
+
+/* The largest relative difference between two runs' per-step losses. */
+static double loss_diff(const std::vector<float> &a, const std::vector<float> &b)
+{
+    if (a.size() != b.size() || a.empty())
+        return INFINITY;
+    double w = 0;
+    for (size_t i = 0; i < a.size(); i++)
+        w = fmax(w, fabs((double)a[i] - b[i]) / fmax(fabs((double)b[i]), 1e-6));
+    return w;
+}
+
+/* distributed.batchnorm sync with one rank (through NCCL: the batchnorms'
+ * sums and the buckets on the reduce stream, the empty rounds' zero sums when
+ * refused) against the backend without a job. The statistics are this
+ * rank's either way, computed from sums of x and x^2 in double rather than
+ * around a shift, so the parameters agree to rounding (update within 1e-2
+ * relative, as far as cuDNN's own run-to-run spread allows), the losses to
+ * 1e-3, the running statistics to 1e-4 (fp32) or 1e-3 (bf16), and
+ * num_batches_tracked exactly: a round in which no rank trained moves
+ * neither the statistics nor the count. */
+static void one_rank_sync_batchnorm_trains_as_no_job(const char *name, const sf_model &m, sf_precision prec,
+                                                     sf_optim optim, int accum, std::vector<batch_data> &bs,
+                                                     bool refused)
+{
     sf_dist d;
     memset(&d, 0, sizeof d);
     d.rank = 0;
-    d.world = 2;
+    d.world = 1;
+    sf_kv_table *t = sf_kv_table_new(8, 65536);
+    const sf_kv_store store = sf_kv_table_store(t);
+    d.store = &store;
+    d.timeout_ms = 60000;
+    d.bucket_bytes = 4u << 20;
     d.bn_sync = 1;
-    sf_train_cfg cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.precision = SF_PREC_FP32;
-    cfg.optim = SF_OPT_SGD;
-    cfg.max_batch = 8;
-    cfg.overlap = 1;
-    cfg.cuda_graphs = 1;
-    cfg.dist = &d;
-    err[0] = '\0';
-    const int rc = test_build(cu, &m, &cfg, err, sizeof err);
-    if (rc != 0 && strstr(err, "distributed.batchnorm sync") && strstr(err, "pipeline.backend ref"))
-        ok("batchnorm sync refused at build: %s", err);
+    run_out a = train(m, prec, optim, accum, NULL, bs);
+    std::vector<batch_data> jb = refused ? with_refused(bs, accum) : bs;
+    run_out j = train(m, prec, optim, accum, &d, jb);
+    sf_kv_table_free(t);
+    if (!a.ok || !j.ok) {
+        fail("%s: a run failed to train or to report its state", name);
+        return;
+    }
+    const double ep = rel_delta(bs0, a.p, j.p), el = loss_diff(j.loss, a.loss), eb = rel_diff(j.bufs, a.bufs);
+    const double tb = prec == SF_PREC_BF16 ? 1e-3 : 1e-4;
+    if (ep <= 1e-2 && el <= 1e-3 && eb <= tb && j.nbt == a.nbt && j.nbt > 0)
+        ok("%s: one rank with batchnorm sync trains as no job (update rel %.2e, loss rel %.2e, running statistics "
+           "rel %.2e, num_batches_tracked %llu)",
+           name, ep, el, eb, (unsigned long long)j.nbt);
     else
-        fail("batchnorm sync: build returned %d (%s), want a refusal naming distributed.batchnorm sync and "
-             "pipeline.backend ref", rc, err);
-    cu->i->destroy(cu);
+        fail("%s: one rank with batchnorm sync: update rel %.2e (<= 1e-2), loss rel %.2e (<= 1e-3), running "
+             "statistics rel %.2e (<= %.0e), num_batches_tracked %llu vs %llu",
+             name, ep, el, eb, tb, (unsigned long long)j.nbt, (unsigned long long)a.nbt);
+}
+
+/* Two ranks' batches as one: the images, labels and augmentation draws of a
+ * then b, the hyper-parameters (and label smoothing) of a. */
+static int concat_batch(batch_data &out, const sf_model &m, const batch_data &a, const batch_data &b)
+{
+    if (make_batch(out, m, a.b.n + b.b.n, a.b.id))
+        return -1;
+    out.im = a.im;
+    out.im.insert(out.im.end(), b.im.begin(), b.im.end());
+    out.lab = a.lab;
+    out.lab.insert(out.lab.end(), b.lab.begin(), b.lab.end());
+    out.samples = a.samples;
+    out.samples.insert(out.samples.end(), b.samples.begin(), b.samples.end());
+    out.b.hyper = a.b.hyper;
+    out.b.label_smoothing = a.b.label_smoothing;
+    return 0;
+}
+
+/* distributed.batchnorm sync on two ranks (GPUs 0 and 1, n samples each) is
+ * BatchNorm2d over the 2n samples: the ranks end every step bit-identical
+ * (parameters, optimizer state, running statistics and num_batches_tracked),
+ * and train what one process (GPU 0, no job) trains on each step's two
+ * batches concatenated: losses (the mean of the ranks' means) within 1e-3
+ * (bf16: 1e-2, whose activations round the small differences up to a
+ * bf16 step), update within 2e-2 and running statistics within 1e-2
+ * relative. Rounding
+ * (the statistics and the gradient summed in another order) is what those
+ * tolerances allow for; that they still tell the statistics of 2n samples
+ * from those of n is shown by the same two ranks with distributed.batchnorm
+ * local, which must end at least 4 times farther from the one process in
+ * update and twice as far in running statistics (whose momentum averages
+ * the per-batch difference down). poison: rank 0's batch at that index has
+ * a NaN label smoothing (the concatenated batch too), and every run skips
+ * that step. */
+static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *name, const sf_model &m,
+                                                                    sf_precision prec, sf_optim optim, int accum,
+                                                                    int steps, int poison = -1)
+{
+    const int n = 8;
+    std::vector<batch_data> bs[2], cat(steps);
+    for (int r = 0; r < 2; r++) {
+        bs[r].resize(steps);
+        for (int k = 0; k < steps; k++) {
+            if (make_batch(bs[r][k], m, n, 5000 * (r + 1) + k))
+                return;
+            bs[r][k].b.global_n = 2 * n;
+            if (r == 0 && k == poison)
+                bs[r][k].b.label_smoothing = NAN;
+        }
+    }
+    for (int k = 0; k < steps; k++)
+        if (concat_batch(cat[k], m, bs[0][k], bs[1][k]))
+            return;
+    /* each batch points into its own vectors, which stay where they are from here on */
+    for (int k = 0; k < steps; k++) {
+        cat[k].b.images = cat[k].im.data();
+        cat[k].b.labels = cat[k].lab.data();
+        cat[k].b.samples = cat[k].samples.data();
+        cat[k].b.plan = &cat[k].plan;
+    }
+    run_out one = train(m, prec, optim, accum, NULL, cat);
+    run_out out[2][2]; /* [sync, local][rank] */
+    for (int mode = 0; mode < 2; mode++) {
+        sf_kv_table *t = sf_kv_table_new(8, 65536);
+        const sf_kv_store store = sf_kv_table_store(t);
+        sf_dist d[2];
+        for (int r = 0; r < 2; r++) {
+            memset(&d[r], 0, sizeof d[r]);
+            d[r].rank = r;
+            d[r].world = 2;
+            d[r].store = &store;
+            d[r].timeout_ms = 30000;
+            d[r].bucket_bytes = 4u << 20;
+            d[r].bn_sync = mode == 0;
+        }
+        std::thread th([&] { out[mode][1] = train(m, prec, optim, accum, &d[1], bs[1], 1); });
+        out[mode][0] = train(m, prec, optim, accum, &d[0], bs[0], 0);
+        th.join();
+        sf_kv_table_free(t);
+    }
+    if (!one.ok || !out[0][0].ok || !out[0][1].ok || !out[1][0].ok) {
+        fail("%s: a run failed to train or to report its state", name);
+        return;
+    }
+    const run_out &s0 = out[0][0], &s1 = out[0][1];
+    const size_t dp = differing(s0.p, s1.p), dm = differing(s0.mom, s1.mom), dq = differing(s0.sq, s1.sq),
+                 db = differing(s0.bufs, s1.bufs);
+    const bool same_skips = s0.skipped == s1.skipped && s0.step == s1.step && s0.skipped == one.skipped;
+    const bool skipped_ok = poison < 0 || (s0.skipped.size() == 1 && s0.skipped[0] == SF_SKIP_NONFINITE);
+    std::vector<float> mean_loss(s0.loss.size());
+    for (size_t i = 0; i < s0.loss.size() && i < s1.loss.size(); i++)
+        mean_loss[i] = 0.5f * (s0.loss[i] + s1.loss[i]);
+    const double ep = rel_delta(bs0, one.p, s0.p), el = loss_diff(mean_loss, one.loss),
+                 eb = rel_diff(s0.bufs, one.bufs);
+    const double lp = rel_delta(bs0, one.p, out[1][0].p), lb = rel_diff(out[1][0].bufs, one.bufs);
+    const bool ranks_ok = dp == 0 && dm == 0 && dq == 0 && db == 0 && s0.nbt == s1.nbt && s0.nbt == one.nbt;
+    const double tl = prec == SF_PREC_BF16 ? 1e-2 : 1e-3;
+    const bool close = ep <= 2e-2 && el <= tl && eb <= 1e-2;
+    const bool contrast = lp >= 4 * ep && lb >= 2 * eb;
+    if (ranks_ok && same_skips && skipped_ok && close && contrast)
+        ok("%s: two ranks with batchnorm sync, %d steps: bit-identical (buffers and num_batches_tracked %llu "
+           "included, %zu skipped) and as one process on both batches (update rel %.2e, loss rel %.2e, running "
+           "statistics rel %.2e; batchnorm local: %.2e, %.2e)",
+           name, steps, (unsigned long long)s0.nbt, s0.skipped.size(), ep, el, eb, lp, lb);
+    else
+        fail("%s: two ranks with batchnorm sync: %zu parameters, %zu momentum, %zu exp_avg_sq, %zu buffer values "
+             "differ between the ranks, num_batches_tracked %llu / %llu / one process %llu; skips %zu / %zu / %zu "
+             "(want %s); against one process on both batches: update rel %.2e (<= 2e-2), loss rel %.2e (<= %.0e), "
+             "running statistics rel %.2e (<= 1e-2); batchnorm local: update rel %.2e, running statistics rel %.2e "
+             "(want at least 4 and 2 times sync's)",
+             name, dp, dm, dq, db, (unsigned long long)s0.nbt, (unsigned long long)s1.nbt,
+             (unsigned long long)one.nbt, s0.skipped.size(), s1.skipped.size(), one.skipped.size(),
+             poison >= 0 ? "1 non-finite in every run" : "none", ep, el, tl, eb, lp, lb);
 }
 
 int main(void)
@@ -459,7 +616,14 @@ int main(void)
             return 1;
     std::vector<batch_data> none;
     train(r18, SF_PREC_FP32, SF_OPT_SGD, 1, NULL, none);
-    sync_batchnorm_is_refused_at_build_naming_the_option(r18);
+    one_rank_sync_batchnorm_trains_as_no_job("resnet18 fp32 SGD, batchnorm sync", r18, SF_PREC_FP32, SF_OPT_SGD, 1, bs,
+                                             false);
+    one_rank_sync_batchnorm_trains_as_no_job("resnet18 bf16 AdamW, batchnorm sync", r18, SF_PREC_BF16, SF_OPT_ADAMW, 1,
+                                             bs, false);
+    one_rank_sync_batchnorm_trains_as_no_job("resnet18 bf16 SGD, accumulation 2, batchnorm sync, the other ranks' "
+                                             "batches refused", r18, SF_PREC_BF16, SF_OPT_SGD, 2, bs, true);
+    one_rank_sync_batchnorm_trains_as_no_job("resnet18 fp32 SGD, batchnorm sync, the other ranks' batches refused",
+                                             r18, SF_PREC_FP32, SF_OPT_SGD, 1, bs, true);
     /* ResNet-18's 11.7 M parameters: 4 MiB buckets make about a dozen, the
      * largest (1 GiB) one. */
     one_rank_equals_no_job("resnet18 bf16 SGD, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 4u << 20, bs);
@@ -484,6 +648,18 @@ int main(void)
         two_ranks_stay_identical("resnet18 bf16 SGD, a non-finite step on rank 0", r18, SF_PREC_BF16, SF_OPT_SGD, 1,
                                  200, true, 57);
         two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm local", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 50, false);
+        two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm sync, a non-finite step on rank 0", r18, SF_PREC_BF16,
+                                 SF_OPT_SGD, 1, 200, false, 57, true);
+        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 SGD momentum", r18, SF_PREC_FP32,
+                                                                SF_OPT_SGD, 1, 30);
+        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD momentum", r18, SF_PREC_BF16,
+                                                                SF_OPT_SGD, 1, 30);
+        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 AdamW", r18, SF_PREC_BF16,
+                                                                SF_OPT_ADAMW, 1, 30);
+        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD, accumulation 2", r18,
+                                                                SF_PREC_BF16, SF_OPT_SGD, 2, 30);
+        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD, a non-finite step on rank 0",
+                                                                r18, SF_PREC_BF16, SF_OPT_SGD, 1, 30, 17);
     } else {
         printf("SKIPPED: the two-rank tests need two GPUs (this host has %d)\n", count);
     }

@@ -142,27 +142,19 @@ __global__ void k_x2d_out(const sf_xent2d_out *in, sf_xent_out *out)
 }
 
 
-/* Scratch of batch size n fits (sized for max_batch; checked per shape). */
-static int g_scratch_fits(const sf_cuda_net *net, int n)
+/* Batch size n's step fits the compute-stream scratch, which was sized for
+ * max_batch (sf_exec_scratch_need); checked for every shape, the first
+ * (max_batch) included, so a sizing that falls short of what the kernels
+ * use refuses the job with this message rather than corrupting memory. */
+static int g_scratch_check(const sf_cuda_net *net, int n)
 {
-    const sf_model *m = &net->m;
-    for (int i = 0; i < m->n_layers; i++) {
-        const sf_layer *L = &m->layers[i];
-        if (sizeof(float) * sf_cuda_bias_grad_scratch(g_bias_grad_c(L)) > net->g->scratch_bytes)
-            return 0;
-        if (L->kind == SF_L_BATCHNORM2D &&
-            sf_cuda_bn_scratch_bytes(n, L->in_c, L->in_h, L->in_w, net->g->lay) > net->g->scratch_bytes)
-            return 0;
-        if ((L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) &&
-            sf_cuda_layernorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w, g_lay_of(net->g, i)) >
-                net->g->scratch_bytes)
-            return 0;
-    }
-    if (m->segmentation && sf_cuda_xent2d_scratch_bytes(n, m->out_h, m->out_w) > net->g->scratch_bytes)
+    const size_t need = sf_exec_scratch_need(net, n);
+    if (need <= net->g->scratch_bytes)
         return 0;
-    return 1;
+    sf_cuda_set_error("%s:%d: batch size %d needs %zu B of compute-stream scratch, more than the %zu B allocated",
+                      __FILE__, __LINE__, n, need, net->g->scratch_bytes);
+    return -1;
 }
-
 
 /* A weight slot of layer i as the GEMMs read it (bf16 nets: its bf16 copy). */
 static const void *g_wslot(const sf_cuda_net *net, int i, int j)
@@ -1095,7 +1087,7 @@ static int g_finish_create(sf_cuda_net *net)
     const timing_ptrs tp = {tmp, tmp + in_max};
     void *const tws[3] = {tmp + in_max + out_max, tmp + in_max + out_max, tmp + in_max + out_max};
     const size_t tlim[3] = {tune_bytes, tune_bytes, tune_bytes};
-    int rc = g_build_shape(net, net->cfg.max_batch, tws, tlim, &tp, &S);
+    int rc = g_scratch_check(net, net->cfg.max_batch) ? -1 : g_build_shape(net, net->cfg.max_batch, tws, tlim, &tp, &S);
     cudaFree(tmp);
     if (rc)
         return -1;
@@ -1164,11 +1156,8 @@ static int g_prepare(sf_cuda_net *net, int n)
         sf_cuda_set_error("%s:%d: more than %d distinct batch sizes", __FILE__, __LINE__, SF_NET_MAX_SHAPES);
         return -1;
     }
-    if (!g_scratch_fits(net, n)) {
-        sf_cuda_set_error("%s:%d: batch size %d needs more compute-stream scratch than the %zu B allocated", __FILE__, __LINE__, n,
-                          net->g->scratch_bytes);
+    if (g_scratch_check(net, n))
         return -1;
-    }
     /* Timing runs write activations the transform stream's frozen forward
      * also writes: everything queued finishes first (a new batch size only). */
     SF_CUDA_CHECK(cudaDeviceSynchronize());

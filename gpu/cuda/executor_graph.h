@@ -421,5 +421,6 @@ int g_refresh_wal(sf_cuda_net *net, int all, cudaStream_t s);
  * point into. 0, or -1 with sf_cuda_last_error() set. */
 int sf_exec_build_graph(sf_cuda_net *net);
 int sf_exec_alloc_arenas(sf_cuda_net *net);
+size_t sf_exec_scratch_need(const sf_cuda_net *net, int n);
 
 #endif /* SF_GPU_CUDA_EXECUTOR_GRAPH_H */

@@ -546,6 +546,48 @@ static int g_alloc_layer_buffers(sf_cuda_net *net)
     return 0;
 }
 
+/* The compute-stream scratch a step of n samples uses: the largest of the
+ * bn, layernorm, xent2d, bias-gradient, thin, patch and depthwise conv
+ * partials (never used at once: a depthwise filter gradient on the side
+ * stream overlaps only its own layer's data gradient, which uses none). The
+ * allocation sizes it at max_batch and every batch size's plan checks it
+ * (executor.cu, g_prepare), so a kernel whose partials outgrow the block
+ * refuses the batch size instead of writing past it. */
+size_t sf_exec_scratch_need(const sf_cuda_net *net, int n)
+{
+    const sf_model *m = &net->m;
+    const gen_net *g = net->g;
+    size_t sc = 0;
+#define WANT(bytes)                                                                                                    \
+    do {                                                                                                               \
+        const size_t b_ = (bytes);                                                                                     \
+        if (b_ > sc)                                                                                                   \
+            sc = b_;                                                                                                   \
+    } while (0)
+    for (int i = 0; i < g->nl; i++) {
+        const sf_layer *L = &m->layers[i];
+        WANT(sizeof(float) * sf_cuda_bias_grad_scratch(g_bias_grad_c(L)));
+        if (g->op[i].thin)
+            WANT(sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c));
+        if (g->op[i].patch)
+            WANT(sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k));
+        if (g->op[i].dw)
+            WANT(sizeof(float) * sf_conv_dw_scratch_floats(n, L->in_c, L->out_h, L->k));
+        if (L->kind == SF_L_BATCHNORM2D)
+            WANT(sf_cuda_bn_scratch_bytes(n, L->in_c, L->in_h, L->in_w, g->lay));
+        if (L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) {
+            const sf_layout ll = g->op[i].tok ? SF_LAYOUT_NHWC : g->lay; /* tokens: NHWC [c, t, 1] */
+            WANT(sf_cuda_layernorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w, ll));
+        }
+        if (L->kind == SF_L_LAYER_SCALE)
+            WANT(sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch));
+    }
+    if (m->segmentation)
+        WANT(sf_cuda_xent2d_scratch_bytes(n, m->out_h, m->out_w));
+#undef WANT
+    return sc;
+}
+
 /* The low-precision nets' fp32 logits and their gradient, and the
  * compute-stream scratch. */
 static int g_alloc_scratch(sf_cuda_net *net)
@@ -558,40 +600,7 @@ static int g_alloc_scratch(sf_cuda_net *net)
         if (dmallocf(net, &g->lg, lsz) || dmallocf(net, &g->dlg, lsz))
             return -1;
     }
-    /* compute-stream scratch: bn, xent2d, bias grad, thin, patch and
-     * depthwise conv partials (never used at once: a depthwise filter
-     * gradient on the side stream overlaps only its own layer's data
-     * gradient, which uses none) */
-    size_t sc = 0;
-    for (int i = 0; i < g->nl; i++) {
-        const sf_layer *L = &m->layers[i];
-        if (sizeof(float) * sf_cuda_bias_grad_scratch(g_bias_grad_c(L)) > sc)
-            sc = sizeof(float) * sf_cuda_bias_grad_scratch(g_bias_grad_c(L));
-        if (g->op[i].thin && sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c) > sc)
-            sc = sizeof(float) * sf_conv_thin_scratch_floats(L->in_c, L->out_c);
-        if (g->op[i].patch && sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k) > sc)
-            sc = sizeof(float) * sf_conv_patch_scratch_floats(L->in_c, L->out_c, L->k);
-        if (g->op[i].dw && sizeof(float) * sf_conv_dw_scratch_floats((int)nb, L->in_c, L->out_h, L->k) > sc)
-            sc = sizeof(float) * sf_conv_dw_scratch_floats((int)nb, L->in_c, L->out_h, L->k);
-        if (L->kind == SF_L_BATCHNORM2D) {
-            size_t b = sf_cuda_bn_scratch_bytes((int)nb, L->in_c, L->in_h, L->in_w, g->lay);
-            if (b > sc)
-                sc = b;
-        }
-        if (L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) {
-            const sf_layout ll = g->op[i].tok ? SF_LAYOUT_NHWC : g->lay; /* tokens: NHWC [c, t, 1] */
-            size_t b = sf_cuda_layernorm_scratch_bytes((int)nb, L->in_c, (size_t)L->in_h * L->in_w, ll);
-            if (b > sc)
-                sc = b;
-        }
-        if (L->kind == SF_L_LAYER_SCALE && sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch) > sc)
-            sc = sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch);
-    }
-    if (m->segmentation) {
-        size_t b = sf_cuda_xent2d_scratch_bytes((int)nb, m->out_h, m->out_w);
-        if (b > sc)
-            sc = b;
-    }
+    const size_t sc = sf_exec_scratch_need(net, net->cfg.max_batch);
     g->scratch_bytes = sc;
     if (dmalloc(net, &g->scratch, sc) || dmalloc(net, (void **)&g->x2d, sizeof(sf_xent2d_out)))
         return -1;

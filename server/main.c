@@ -327,6 +327,29 @@ static sf_http *start_http(sf_app *app, char *err, size_t errlen)
     return sf_http_start(&ctx, err, errlen);
 }
 
+/* Serves until SIGTERM or SIGINT, which it returns: SIGHUP reloads the TLS
+ * certificate, and every TLS_CHECK_S the files are looked at for a renewal. */
+static int wait_for_stop_signal(sf_app *app, const sigset_t *sigs)
+{
+    for (;;) {
+        struct timespec tick = {TLS_CHECK_S, 0};
+        int sig = sigtimedwait(sigs, NULL, &tick);
+        if (sig == SIGHUP) {
+            if (sf_http_tls(app->http))
+                sf_http_tls_reload(app->http, 1);
+            else
+                SF_INFO("SIGHUP: no TLS certificate to reload (http.tls_cert is not set)");
+            continue;
+        }
+        if (sig < 0) {
+            if (errno == EAGAIN)
+                sf_http_tls_reload(app->http, 0); /* a certificate renewed on disk */
+            continue;
+        }
+        return sig;
+    }
+}
+
 int main(int argc, char **argv)
 {
     static sf_app app; /* large (model description); static keeps it off the stack */
@@ -427,24 +450,7 @@ int main(int argc, char **argv)
                 app.cfg.http.host, sf_http_metrics_port(app.http));
     print_listening(&app);
 
-    int sig = 0;
-    for (;;) {
-        struct timespec tick = {TLS_CHECK_S, 0};
-        sig = sigtimedwait(&sigs, NULL, &tick);
-        if (sig == SIGHUP) {
-            if (sf_http_tls(app.http))
-                sf_http_tls_reload(app.http, 1);
-            else
-                SF_INFO("SIGHUP: no TLS certificate to reload (http.tls_cert is not set)");
-            continue;
-        }
-        if (sig < 0) {
-            if (errno == EAGAIN)
-                sf_http_tls_reload(app.http, 0); /* a certificate renewed on disk */
-            continue;
-        }
-        break;
-    }
+    int sig = wait_for_stop_signal(&app, &sigs);
     uint64_t t_signal = sf_now_ns();
     SF_INFO("signal %d: draining (grace %ds)", sig, sf_config_cur()->shutdown.grace_s);
     if (drain_and_stop(&app, t_signal) != 0) {

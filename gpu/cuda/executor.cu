@@ -808,6 +808,36 @@ static int g_concat_bwd(sf_cuda_net *net, int i, int n, cudaStream_t s)
     return 0;
 }
 
+/* Batchnorm layer i's backward into bdx (its own gtmp when nothing reads
+ * dx: the kernels write it either way). */
+static int g_bn_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, void *bdx, cudaStream_t s)
+{
+    gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &g->op[i];
+    const float *P = net->params;
+    const sf_dtype dt = g->dt;
+    const void *bx = g_in(net, i, 0, b);
+    if (g->bn_sums && !o->frozen) {
+        /* SyncBatchNorm: dgamma and dbeta are this rank's sums (the buckets
+         * add the ranks' as any weight gradient's); dx takes the sums of
+         * every rank */
+        if (sf_cuda_bn_sync_bwd_sums_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
+                                        o->save, o->save + L->out_ch, o->dy, ymask, bdx, net->grads + L->w_off,
+                                        net->grads + L->b_off, g->bn_sums, g->scratch, s) ||
+            g_bn_sync_reduce(net, L->in_c, s) ||
+            sf_cuda_bn_sync_bwd_dx_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
+                                      o->save, o->save + L->out_ch, o->dy, ymask, bdx, g->bn_sums, g->scratch, s))
+            return -1;
+        return 0;
+    }
+    if (sf_cuda_bn_bwd_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off, o->save,
+                          o->save + L->out_ch, o->dy, ymask, bdx, net->grads + L->w_off, net->grads + L->b_off,
+                          g->scratch, s))
+        return -1;
+    return 0;
+}
+
 /* Backward of buffer b's n samples, from the last layer's dy down to the
  * first trainable layer, each layer's gradients reduced or normed as they
  * are complete. */
@@ -855,27 +885,8 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_BATCHNORM2D:
-            if (g->bn_sums && !o->frozen) {
-                /* SyncBatchNorm: dgamma and dbeta are this rank's sums (the
-                 * buckets add the ranks' as any weight gradient's); dx takes
-                 * the sums of every rank */
-                const void *bx = g_in(net, i, 0, b);
-                void *bdx = dx ? dx : o->gtmp;
-                if (sf_cuda_bn_sync_bwd_sums_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
-                                                P + L->b_off, o->save, o->save + L->out_ch, o->dy, ymask, bdx,
-                                                net->grads + L->w_off, net->grads + L->b_off, g->bn_sums, g->scratch,
-                                                s) ||
-                    g_bn_sync_reduce(net, L->in_c, s) ||
-                    sf_cuda_bn_sync_bwd_dx_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
-                                              P + L->b_off, o->save, o->save + L->out_ch, o->dy, ymask, bdx,
-                                              g->bn_sums, g->scratch, s))
-                    return -1;
-            } else if (sf_cuda_bn_bwd_dt(dt, g_in(net, i, 0, b), n, L->in_c, L->in_h, L->in_w, g->lay,
-                                         P + L->w_off, P + L->b_off, o->save, o->save + L->out_ch, o->dy, ymask,
-                                         dx ? dx : o->gtmp, net->grads + L->w_off, net->grads + L->b_off,
-                                         g->scratch, s)) {
+            if (g_bn_bwd(net, i, b, n, ymask, dx ? dx : o->gtmp, s))
                 return -1;
-            }
             break;
         case SF_L_MAXPOOL2D:
             if (dx && sf_cuda_maxpool_bwd_dt(dt, o->dy, o->argmax, n, L->in_c, L->in_h, L->in_w, L->k, L->stride,

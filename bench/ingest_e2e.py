@@ -9,8 +9,9 @@ steady window), not the loader's send rate.
 --config FILE starts the service from a config file (an exported model's
 config.json); --server-args still win over it. The window counts only batches
 trained (batches_finished_total{status="done"}). A run in which the service
-refused a batch, a batch failed in training, the loader gave up on one, the
-service did not start or exited, or --timeout passed, reports no figure
+refused a batch, a batch failed in training, the loader gave up on one or
+read no finite loss for the first and the last batch, the service did not
+start or exited, or --timeout passed, reports no figure
 (steps_per_s null, the reason under "error") and exits 1; a full ring's
 429/503, which the loader retries, is back-pressure and not a refusal.
 --nvml-peak records the service process's peak device memory as NVML
@@ -18,6 +19,7 @@ reports it (bench/nvml_peak.py, the method of bench/memory_peak.sh).
 """
 import argparse
 import json
+import math
 import os
 import re
 import select
@@ -155,7 +157,10 @@ def main():
             srv.wait(timeout=30)
             raise Deadline(f"the service did not start (exit {srv.returncode}): {tail(log_path, 1500).strip()}")
         url = f"http://127.0.0.1:{m.group(1)}"
-        load = subprocess.Popen([a.load, "--url", url, "--batches", str(a.batches), "--json", "--quiet"]
+        # --drain: the loader waits for its last batch to train and reads the
+        # first and the last batch's losses from the service, so the result
+        # carries a loss from each end of the run (checked finite below).
+        load = subprocess.Popen([a.load, "--url", url, "--batches", str(a.batches), "--json", "--quiet", "--drain"]
                                 + shlex.split(a.load_args), stdout=subprocess.PIPE, text=True,
                                 preexec_fn=die_with_parent)
         # Steady window: from warmup_steps trained batches until 90% of them
@@ -224,6 +229,11 @@ def main():
             problems.append(f"loader errors {summary['errors']}")
         if not summary:
             problems.append(f"loader gave no summary (exit {load.returncode})")
+        else:
+            for k in ("first_loss", "last_loss"):
+                v = summary.get(k)
+                if not isinstance(v, (int, float)) or not math.isfinite(v):
+                    problems.append(f"loader: {k} is {v!r}, not a finite loss")
         if not ok:
             problems.append(f"no steady window ({s if t0 is None else s1:.0f} batches trained, "
                             f"warm-up {a.warmup_steps})")

@@ -247,6 +247,26 @@ __global__ void k_bn_bwd_final(const double *__restrict__ part, int nchunks, int
     bn_bwd_out(c, a, b, cnt, gamma, sinv, dgamma, dbeta, coef);
 }
 
+/* Channel c's two partial sums over its nchunks chunks (chunk k's pair at
+ * part + (c * cs + k * ks) * 2), added by one warp in a fixed order: lane 0
+ * gets the totals. */
+__device__ __forceinline__ void warp_channel_sums(const double *__restrict__ part, size_t cs, size_t ks, int nchunks,
+                                                  int c, int lane, double *a_out, double *b_out)
+{
+    double a = 0.0, b = 0.0;
+    for (int k = lane; k < nchunks; k += 32) {
+        const double *p = part + ((size_t)c * cs + (size_t)k * ks) * 2;
+        a += p[0];
+        b += p[1];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, o);
+        b += __shfl_down_sync(0xffffffffu, b, o);
+    }
+    *a_out = a;
+    *b_out = b;
+}
+
 /* Pass 2 of the bf16 paths: a warp per channel; lane l sums the partials
  * l, l+32, ... in order, then a fixed shuffle tree (deterministic, and
  * parallel where the fp32 kernels above walk up to 1024 chunks serially).
@@ -264,16 +284,8 @@ __global__ void k_bn_final_tree(const double *__restrict__ part, size_t cs, size
     const int c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (c >= C)
         return; /* the whole warp */
-    double a = 0.0, b = 0.0;
-    for (int k = lane; k < nchunks; k += 32) {
-        const double *p = part + ((size_t)c * cs + (size_t)k * ks) * 2;
-        a += p[0];
-        b += p[1];
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_down_sync(0xffffffffu, a, o);
-        b += __shfl_down_sync(0xffffffffu, b, o);
-    }
+    double a, b;
+    warp_channel_sums(part, cs, ks, nchunks, c, lane, &a, &b);
     if (lane == 0) {
         if constexpr (MODE == 0)
             bn_stats_out<T>(c, a, b, cnt, x, shift_stride, eps, momentum, rmean, rvar, smean, sinv);
@@ -366,16 +378,8 @@ __global__ void k_bn_sync_sums(const double *__restrict__ part, size_t cs, size_
     const int c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (c >= C)
         return; /* the whole warp */
-    double a = 0.0, b = 0.0;
-    for (int k = lane; k < nchunks; k += 32) {
-        const double *p = part + ((size_t)c * cs + (size_t)k * ks) * 2;
-        a += p[0];
-        b += p[1];
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_down_sync(0xffffffffu, a, o);
-        b += __shfl_down_sync(0xffffffffu, b, o);
-    }
+    double a, b;
+    warp_channel_sums(part, cs, ks, nchunks, c, lane, &a, &b);
     if (lane != 0)
         return;
     if constexpr (MODE == 0) {

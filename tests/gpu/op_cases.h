@@ -50,6 +50,7 @@ struct op_case {
     std::vector<float> f;  /* the op's real parameters (eps, probabilities) */
     double tol;            /* fp32 outputs: ||got - ref|| / ||ref|| below it (0: exact values) */
     double tol_param;      /* fp32 gradients of parameters (weights, scales), in either element type */
+    double tol_aux;        /* a third bound, for a family that holds one output to a bound of its own */
 };
 /* Which families take their tolerances from the row: those whose compare
  * function reads tol (and tol_param); the others' rows hold 0 and their

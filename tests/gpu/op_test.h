@@ -76,6 +76,14 @@ static __attribute__((unused)) void fail(const char *name, const char *why)
     printf("FAIL %s: %s\n", name, why);
 }
 
+/* The name of one of a case's outputs: "<nm> <what>", for the check_*
+ * functions' name argument. */
+struct subname {
+    char s[320];
+    subname(const char *nm, const char *what) { snprintf(s, sizeof s, "%s %s", nm, what); }
+    operator const char *() const { return s; }
+};
+
 static __attribute__((unused)) void pass_or_fail(const char *name, int ok, const char *why)
 {
     if (ok) {

@@ -232,27 +232,32 @@ std::vector<op_case> op_cases()
      * smoothing, mixing, ties, k <= 5 where every sample is a top-5 hit, a
      * data-parallel rank's gradient scale), label checks, and the per-pixel
      * form (W2's head, odd sizes, one class, a bad label, smoothing, a
-     * rank's scale) */
-    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {37, 10}, {}, 0));
-    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {5, 1000}, {}, 0));
-    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {300, 3}, {}, 0));
-    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.1f, 1.f, 0.f}));
-    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.f, 0.6f, 0.f}));
-    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {64, 1000}, {0}, 0, 0, {0.1f, 0.35f, 0.f}));
-    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {50, 20}, {1}, 0, 0, {0.2f, 0.8f, 0.f}));
-    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {9, 4}, {0}, 0, 0, {0.1f, 0.5f, 0.f}));
-    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 0, 0, {0.f, 1.f, 0.25f}));
-    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {64, 1000}, {0}, 0, 0, {0.1f, 0.35f, 0.4f}));
+     * rank's scale). Tolerances: the loss, then the logits' gradient (the
+     * last number) */
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {37, 10}, {}, 1e-5, 0, {}, 1e-5));
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {5, 1000}, {}, 1e-5, 0, {}, 1e-5));
+    t.push_back(row("loss", "xent", cmp_xent, SF_DT_F32, {300, 3}, {}, 1e-5, 0, {}, 1e-5));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 1e-5, 0, {0.1f, 1.f, 0.f}, 1e-5));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 1e-5, 0, {0.f, 0.6f, 0.f}, 1e-5));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {64, 1000}, {0}, 1e-5, 0, {0.1f, 0.35f, 0.f}, 1e-5));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {50, 20}, {1}, 1e-5, 0, {0.2f, 0.8f, 0.f}, 1e-5));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {9, 4}, {0}, 1e-5, 0, {0.1f, 0.5f, 0.f}, 1e-5));
+    t.push_back(row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {37, 10}, {0}, 1e-5, 0, {0.f, 1.f, 0.25f}, 1e-5));
+    t.push_back(
+        row("loss", "xent_soft", cmp_xent_soft, SF_DT_F32, {64, 1000}, {0}, 1e-5, 0, {0.1f, 0.35f, 0.4f}, 1e-5));
     t.push_back(row("loss", "labels", cmp_labels, SF_DT_F32, {}, {}, 0));
     for (const sf_layout lay : k_layouts) {
-        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 10, 256, 256}, {0}, 0, 0, {0.f, 0.f}));
-        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.f, 0.f}));
-        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {1, 3, 5, 1}, {0}, 0, 0, {0.f, 0.f}));
-        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 1, 3, 3}, {0}, 0, 0, {0.f, 0.f}));
-        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 5, 4, 4}, {1}, 0, 0, {0.f, 0.f}));
-        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.1f, 0.f}));
-        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 21, 16, 16}, {0}, 0, 0, {0.05f, 0.f}));
-        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 0, 0, {0.f, 0.25f}));
+        t.push_back(
+            row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 10, 256, 256}, {0}, 1e-4, 0, {0.f, 0.f}, 1e-5));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 1e-4, 0, {0.f, 0.f}, 1e-5));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {1, 3, 5, 1}, {0}, 1e-4, 0, {0.f, 0.f}, 1e-5));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 1, 3, 3}, {0}, 1e-4, 0, {0.f, 0.f}, 1e-5));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 5, 4, 4}, {1}, 1e-4, 0, {0.f, 0.f}, 1e-5));
+        t.push_back(row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 1e-4, 0, {0.1f, 0.f}, 1e-5));
+        t.push_back(
+            row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {2, 21, 16, 16}, {0}, 1e-4, 0, {0.05f, 0.f}, 1e-5));
+        t.push_back(
+            row("loss", "xent2d", cmp_xent2d, SF_DT_F32, lay, {3, 7, 13, 11}, {0}, 1e-4, 0, {0.f, 0.25f}, 1e-5));
     }
 
     /* pointwise: the fp32 launchers (ReLU, bias gradient over rows and

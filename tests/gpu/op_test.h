@@ -95,6 +95,17 @@ static __attribute__((unused)) void pass_or_fail(const char *name, int ok, const
 }
 
 
+/* Waits for stream s; returns 1 when the launches before it succeeded (rc,
+ * their launchers' or'ed results, is 0), else reports their error under name
+ * and returns 0. */
+static __attribute__((unused)) int ran_ok(cudaStream_t s, const char *name, int rc)
+{
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail(name, sf_cuda_last_error());
+    return !rc;
+}
+
 /* A float tensor of n elements filled with all-ones bits: NaN. */
 static __attribute__((unused)) void poison_f(float *d, size_t n) { poison(d, n * 4); }
 
@@ -301,6 +312,14 @@ static __attribute__((unused)) void check_dt(const char *name, sf_dtype dt, cons
         check_v(name, got, ref, tol32);
     else
         check_ulp(name, got, ref, 1.0 / 256, 1e-5);
+}
+
+/* check_dt on an [n, c, h, w] output b stored in layout lay, under the name
+ * "<nm> <what>". */
+static __attribute__((unused)) void check_lay(const char *nm, const char *what, const dbuf &b, sf_layout lay, int n,
+                                              int c, int h, int w, const std::vector<double> &ref, double tol32)
+{
+    check_dt(subname(nm, what), b.dt, from_lay(down_dt(b, (size_t)n * c * h * w), lay, n, c, h, w), ref, tol32);
 }
 
 #endif

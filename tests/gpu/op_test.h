@@ -252,6 +252,32 @@ static __attribute__((unused)) std::vector<float> down_dt(const dbuf &b, size_t 
 }
 static __attribute__((unused)) void poison_dt(const dbuf &b) { poison(b.p, b.n * sf_dtype_size(b.dt)); } /* 0xffff: a bf16 NaN */
 
+/* A forward's and its backward's device tensors of element type dt, each
+ * `mis` elements past an aligned address: x and dy uploaded as given (already
+ * in their layout), y (as many elements as dy) and dx (as many as x)
+ * poisoned. */
+struct io_bufs {
+    dbuf x, y, dy, dx;
+};
+static __attribute__((unused)) io_bufs io_make(sf_dtype dt, const std::vector<float> &x, const std::vector<float> &dy,
+                                               int mis = 0)
+{
+    io_bufs b = {dbuf_make(dt, x.size(), mis), dbuf_make(dt, dy.size(), mis), dbuf_make(dt, dy.size(), mis),
+                 dbuf_make(dt, x.size(), mis)};
+    up_dt(b.x, x);
+    up_dt(b.dy, dy);
+    poison_dt(b.y);
+    poison_dt(b.dx);
+    return b;
+}
+static __attribute__((unused)) void io_free(io_bufs &b)
+{
+    dbuf_free(b.x);
+    dbuf_free(b.y);
+    dbuf_free(b.dy);
+    dbuf_free(b.dx);
+}
+
 /* Element by element: |got - ref| <= rel*|ref| + absf*max|ref|, NaN or Inf
  * failing; rel = absf = 0 asks for exact values. Prints the worst element. */
 static __attribute__((unused)) void check_ulp(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double rel,

@@ -340,6 +340,18 @@ static __attribute__((unused)) void check_dt(const char *name, sf_dtype dt, cons
         check_ulp(name, got, ref, 1.0 / 256, 1e-5);
 }
 
+/* The criterion of the GEMM and convolution families, one bound for either
+ * element type: fp32 data by relative error below tol (check_v), bf16 data by
+ * max |got - ref| <= tol * max |ref| (check_max). */
+static __attribute__((unused)) void check_gemm(const char *name, sf_dtype dt, const std::vector<float> &got,
+                                               const std::vector<double> &ref, double tol)
+{
+    if (dt == SF_DT_F32)
+        check_v(name, got, ref, tol);
+    else
+        check_max(name, got, ref, tol);
+}
+
 /* check_dt on an [n, c, h, w] output b stored in layout lay, under the name
  * "<nm> <what>". */
 static __attribute__((unused)) void check_lay(const char *nm, const char *what, const dbuf &b, sf_layout lay, int n,

@@ -45,10 +45,7 @@ static const char *pname(prec p) { return p.dt == SF_DT_BF16 ? "bf16" : p.tf32 ?
 
 static void check_out(const char *nm, prec p, const std::vector<float> &got, const std::vector<double> &ref)
 {
-    if (p.dt == SF_DT_BF16)
-        check_max(nm, got, ref, p.tol);
-    else
-        check_v(nm, got, ref, p.tol);
+    check_gemm(nm, p.dt, got, ref, p.tol);
 }
 
 /* The inputs of one shape and the reference results on them (NCHW, KCRS). */

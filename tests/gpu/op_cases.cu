@@ -496,10 +496,14 @@ std::vector<op_case> op_cases()
         {2, 7, 9, 11, 6, 3, 2, 1},    {3, 5, 15, 14, 4, 5, 3, 2},  {5, 64, 4, 4, 128, 2, 2, 0},
         {32, 256, 2, 2, 512, 2, 2, 0},
     };
-    /* p {out channels, k, stride, pad, tf32, tune, misaligned} */
+    /* p {out channels, k, stride, pad, tf32, tune, misaligned}. Tolerances:
+     * the outputs (fp32 and tf32 relative error, bf16 max error of
+     * max|ref|), the fp32 bias gradients, the ReLU backward's masked dy */
+    const double cv_tol[3] = {1e-4, 1e-3, 1e-2}; /* fp32, tf32, bf16 */
     auto conv_row = [&](const int *a, sf_dtype dt, sf_layout lay, int tf32, int tune, int mis) {
         t.push_back(row("conv", "conv", cmp_conv, dt, lay, {a[0], a[1], a[2], a[3]},
-                        {a[4], a[5], a[6], a[7], tf32, tune, mis}, 0));
+                        {a[4], a[5], a[6], a[7], tf32, tune, mis}, cv_tol[dt == SF_DT_BF16 ? 2 : tf32], 1e-5, {},
+                        1e-6));
     };
     for (const auto &a : cv)
         for (const sf_layout lay : k_layouts)
@@ -526,41 +530,44 @@ std::vector<op_case> op_cases()
      * sizes, 5x256x256 (more pixels than the backward's blocks x threads);
      * the narrow kernels (NCHW fp32, up to 16 in and out): W2's head, odd
      * channel counts and sizes, more pixels than the backward's blocks x
-     * 256; p {out channels, bias, relu, dx wanted} */
+     * 256; p {out channels, bias, relu, dx wanted}; every output within
+     * 1e-5 (fp32 relative error) or 1e-2 (bf16 max error) */
     for (const auto &a : std::vector<std::vector<int>>{{4, 3, 20, 20, 16}, {2, 1, 7, 9, 8}, {3, 4, 5, 13, 32},
                                                        {2, 2, 16, 16, 8}, {5, 3, 256, 256, 16}})
         for (const sf_dtype dt : k_dtypes)
             for (const sf_layout lay : k_layouts)
                 for (int v = 0; v < 4; v++)
                     t.push_back(row("conv", "thin", cmp_conv_thin, dt, lay, {a[0], a[1], a[2], a[3]},
-                                    {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+                                    {a[4], v & 1, (v >> 1) & 1, v != 1}, dt == SF_DT_BF16 ? 1e-2 : 1e-5));
     for (const auto &a : std::vector<std::vector<int>>{{2, 16, 9, 13, 10}, {3, 7, 5, 5, 16}, {1, 16, 3, 3, 1},
                                                        {2, 5, 20, 20, 12}, {3, 16, 256, 256, 10}})
         for (int v = 0; v < 4; v++)
             t.push_back(row("conv", "thin", cmp_conv_thin, SF_DT_F32, SF_LAYOUT_NCHW, {a[0], a[1], a[2], a[3]},
-                            {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+                            {a[4], v & 1, (v >> 1) & 1, v != 1}, 1e-5));
     t.push_back(row("conv", "thin_rules", cmp_conv_thin_rules, SF_DT_F32, {}, {}, 0));
 
     /* conv patch (the one-pass backward of non-overlapping convolutions):
      * W1's 16 -> 32 k2s2, its other shapes (k4 over 4 channels, k8 over 1),
      * one image, a ragged last chunk, W1's full 256x256 (more chunks than
-     * blocks); p {k, bias, relu, dx wanted} */
+     * blocks); p {k, bias, relu, dx wanted}; within 1e-5 (relative error) */
     for (const auto &a : std::vector<std::vector<int>>{{2, 16, 16, 16, 2}, {1, 16, 6, 10, 2}, {3, 4, 16, 8, 4},
                                                        {2, 1, 16, 24, 8}, {3, 16, 256, 256, 2}})
         for (int v = 0; v < 4; v++)
             t.push_back(row("conv", "patch", cmp_conv_patch, SF_DT_F32, SF_LAYOUT_NHWC, {a[0], a[1], a[2], a[3]},
-                            {a[4], v & 1, (v >> 1) & 1, v != 1}, 0));
+                            {a[4], v & 1, (v >> 1) & 1, v != 1}, 1e-5));
     t.push_back(row("conv", "patch_refuses_bf16", cmp_conv_patch_refuses_bf16, SF_DT_BF16, {}, {}, 0));
     t.push_back(row("conv", "patch_rules", cmp_conv_patch_rules, SF_DT_F32, {}, {}, 0));
 
     /* conv s2d (space-to-depth): ResNet's stem (at a small size and at
-     * 224), odd sizes, a 3x3 and a 5x5 over one and four channels, stride 3 */
+     * 224), odd sizes, a 3x3 and a 5x5 over one and four channels, stride
+     * 3; the forward and the gathered filter gradient within 1e-4 (fp32
+     * relative error) or 1e-2 (bf16 max error) */
     const int s2d[][8] = {{2, 3, 32, 32, 64, 7, 2, 3}, {1, 3, 33, 31, 16, 7, 2, 3}, {2, 1, 20, 20, 8, 3, 2, 1},
                           {1, 4, 17, 18, 8, 5, 2, 2},  {2, 1, 16, 17, 8, 5, 3, 1},  {3, 3, 224, 224, 64, 7, 2, 3}};
     for (const auto &a : s2d)
         for (const sf_dtype dt : k_dtypes)
             t.push_back(row("conv", "s2d", cmp_conv_s2d, dt, SF_LAYOUT_NHWC, {a[0], a[1], a[2], a[3]},
-                            {a[4], a[5], a[6], a[7]}, 0));
+                            {a[4], a[5], a[6], a[7]}, dt == SF_DT_BF16 ? 1e-2 : 1e-4));
     t.push_back(row("conv", "s2d_rules", cmp_conv_s2d_rules, SF_DT_F32, {}, {}, 0));
 
     /* conv grouped (2 groups, 4 -> 6 channels), depthwise (groups = c:
@@ -575,9 +582,9 @@ std::vector<op_case> op_cases()
         for (const sf_layout lay : k_layouts) {
             for (int tf32 = 0; tf32 < 2; tf32++)
                 t.push_back(row("conv", "grouped_dilated", cmp_conv_gd, SF_DT_F32, lay, {a[0], a[1], a[2], a[3]},
-                                {a[4], a[5], a[6], a[7], tf32, a[8], a[9]}, 0));
+                                {a[4], a[5], a[6], a[7], tf32, a[8], a[9]}, cv_tol[tf32]));
             t.push_back(row("conv", "grouped_dilated", cmp_conv_gd, SF_DT_BF16, lay, {a[0], a[1], a[2], a[3]},
-                            {a[4], a[5], a[6], a[7], 0, a[8], a[9]}, 0));
+                            {a[4], a[5], a[6], a[7], 0, a[8], a[9]}, cv_tol[2]));
         }
 
     /* batchnorm (BatchNorm2d): the fp32 launchers at ResNet-18's first BN

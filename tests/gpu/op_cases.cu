@@ -266,25 +266,27 @@ std::vector<op_case> op_cases()
      * _dt launchers at vector tails, misaligned and in place: ReLU, add,
      * the gradient fork, bias + activation and the bias gradient (NHWC and
      * NCHW views, more channels than a block), then casts and the random
-     * fill */
-    t.push_back(row("pointwise", "relu", cmp_relu, SF_DT_F32, {1001}, {}, 0));
-    t.push_back(row("pointwise", "relu", cmp_relu, SF_DT_F32, {1 << 16}, {}, 0));
+     * fill. Tolerances: the outputs (fp32; bf16 within half an ulp); the
+     * bias gradient of bias_grad_dt (fp32 sums in either element type); 0:
+     * exact (masks, moves, casts) */
+    t.push_back(row("pointwise", "relu", cmp_relu, SF_DT_F32, {1001}, {}, 1e-5));
+    t.push_back(row("pointwise", "relu", cmp_relu, SF_DT_F32, {1 << 16}, {}, 1e-5));
     for (const auto &b : std::vector<std::vector<int>>{{100003, 16, 1}, {7, 4096, 1}, {33, 3, 1}, {3, 5, 17},
                                                        {32, 16, 4096}, {9, 10, 1}})
-        t.push_back(row("pointwise", "bias_grad", cmp_bias_grad, SF_DT_F32, b, {}, 0));
-    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1001}, {0, 0}, 0));
-    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1 << 16}, {0, 1}, 0));
-    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1 << 16}, {1, 0}, 0));
-    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {999}, {1, 1}, 0));
+        t.push_back(row("pointwise", "bias_grad", cmp_bias_grad, SF_DT_F32, b, {}, 1e-5));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1001}, {0, 0}, 1e-6));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1 << 16}, {0, 1}, 1e-6));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {1 << 16}, {1, 0}, 1e-6));
+    t.push_back(row("pointwise", "add", cmp_add, SF_DT_F32, {999}, {1, 1}, 1e-6));
     for (const sf_dtype dt : k_dtypes) {
         t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {1001}, {0, 0}, 0));
         t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {1 << 16}, {0, 1}, 0));
         t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {4099}, {1, 0}, 0));
         t.push_back(row("pointwise", "relu_dt", cmp_relu_dt, dt, {5}, {0, 0}, 0));
-        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {1001}, {0, 0, 0}, 0));
-        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {1 << 16}, {1, 1, 0}, 0));
-        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {999}, {1, 0, 1}, 0));
-        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {7}, {0, 1, 0}, 0));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {1001}, {0, 0, 0}, 1e-6));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {1 << 16}, {1, 1, 0}, 1e-6));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {999}, {1, 0, 1}, 1e-6));
+        t.push_back(row("pointwise", "add_dt", cmp_add_dt, dt, {7}, {0, 1, 0}, 1e-6));
         for (int v = 0; v < 8; v++)
             t.push_back(row("pointwise", "grad_fork_dt", cmp_grad_fork_dt, dt, {v & 4 ? 1001 : 1 << 16},
                             {v & 1, (v >> 1) & 1, v == 6, v == 5}, 0));
@@ -293,14 +295,14 @@ std::vector<op_case> op_cases()
          * misaligned */
         for (const auto &b : std::vector<std::vector<int>>{{37, 64, 1, 1, 1, 0}, {3, 16, 49, 1, 1, 0}, {2, 5, 64, 0, 1, 0},
                                                            {19, 12, 1, 1, 1, 0}, {11, 24, 1, 1, 0, 1}})
-            t.push_back(row("pointwise", "bias_act_dt", cmp_bias_act_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 0));
+            t.push_back(row("pointwise", "bias_act_dt", cmp_bias_act_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 1e-6));
         /* rows (vector, many chunks, scalar), planes (vector, scalar
          * misaligned), the mask alone, more channels than a block */
         for (const auto &b : std::vector<std::vector<int>>{{301, 64, 1, 1, 1, 0}, {1000, 8, 1, 0, 1, 0},
                                                            {57, 13, 1, 1, 1, 0}, {4, 6, 64, 1, 1, 0},
                                                            {5, 7, 9, 1, 1, 1}, {9, 16, 1, 1, 0, 0},
                                                            {3, 2100, 1, 0, 1, 0}})
-            t.push_back(row("pointwise", "bias_grad_dt", cmp_bias_grad_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 0));
+            t.push_back(row("pointwise", "bias_grad_dt", cmp_bias_grad_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 0, 1e-4));
     }
     t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {1001}, {0, 0}, 0));
     t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {1 << 16}, {0, 0}, 0));

@@ -383,12 +383,14 @@ std::vector<op_case> op_cases()
 
     /* sdpa (cuDNN's fused attention, bf16): a head dimension above 128
      * refused, then the transformers' sequence lengths (17, 50, 197, 64),
-     * heads 1, 4 and 12, head dimensions 16, 32 and 64, batches 1 to 8 */
+     * heads 1, 4 and 12, head dimensions 16, 32 and 64, batches 1 to 8.
+     * Tolerances (sdpa.cu says why), max error of max|ref|: O, the fp32
+     * softmax statistics, dQ dK dV */
     t.push_back(row("sdpa", "refused", cmp_sdpa_refused, SF_DT_BF16, {2, 64, 2, 160}, {}, 0));
     for (const auto &a : std::vector<std::vector<int>>{{1, 17, 1, 16}, {4, 17, 4, 16}, {2, 50, 4, 32}, {8, 50, 12, 64},
                                                        {3, 197, 12, 64}, {1, 197, 1, 32}, {8, 64, 4, 16},
                                                        {5, 64, 12, 64}, {2, 64, 1, 64}})
-        t.push_back(row("sdpa", "sdpa", cmp_sdpa, SF_DT_BF16, a, {}, 0));
+        t.push_back(row("sdpa", "sdpa", cmp_sdpa, SF_DT_BF16, a, {}, 1e-2, 1e-4, {}, 2e-2));
 
     /* linear: cuBLAS with and without TF32, through the fp32 and the _dt
      * launchers; bf16 (ResNet-18's classifier among them); per pixel over

@@ -295,14 +295,16 @@ std::vector<op_case> op_cases()
          * misaligned */
         for (const auto &b : std::vector<std::vector<int>>{{37, 64, 1, 1, 1, 0}, {3, 16, 49, 1, 1, 0}, {2, 5, 64, 0, 1, 0},
                                                            {19, 12, 1, 1, 1, 0}, {11, 24, 1, 1, 0, 1}})
-            t.push_back(row("pointwise", "bias_act_dt", cmp_bias_act_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 1e-6));
+            t.push_back(
+                row("pointwise", "bias_act_dt", cmp_bias_act_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 1e-6));
         /* rows (vector, many chunks, scalar), planes (vector, scalar
          * misaligned), the mask alone, more channels than a block */
         for (const auto &b : std::vector<std::vector<int>>{{301, 64, 1, 1, 1, 0}, {1000, 8, 1, 0, 1, 0},
                                                            {57, 13, 1, 1, 1, 0}, {4, 6, 64, 1, 1, 0},
                                                            {5, 7, 9, 1, 1, 1}, {9, 16, 1, 1, 0, 0},
                                                            {3, 2100, 1, 0, 1, 0}})
-            t.push_back(row("pointwise", "bias_grad_dt", cmp_bias_grad_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]}, 0, 1e-4));
+            t.push_back(row("pointwise", "bias_grad_dt", cmp_bias_grad_dt, dt, {b[0], b[1], b[2]}, {b[3], b[4], b[5]},
+                            0, 1e-4));
     }
     t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {1001}, {0, 0}, 0));
     t.push_back(row("pointwise", "cast", cmp_cast, SF_DT_F32, {1 << 16}, {0, 0}, 0));
@@ -620,8 +622,8 @@ std::vector<op_case> op_cases()
                                 tc, {}, 1e-5));
             const int res[][6] = {{2, 64, 14, 14, 1, 0}, {3, 128, 7, 9, 0, 0}, {2, 24, 5, 5, 1, 1}, {2, 3, 5, 7, 1, 0}};
             for (const auto &a : res)
-                t.push_back(row("batchnorm", "bn_res", cmp_bn_res, dt, lay, {a[0], a[1], a[2], a[3]}, {a[4], a[5]}, 1e-4,
-                                0, {}, 1e-4));
+                t.push_back(row("batchnorm", "bn_res", cmp_bn_res, dt, lay, {a[0], a[1], a[2], a[3]}, {a[4], a[5]},
+                                1e-4, 0, {}, 1e-4));
             t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {3, 6, 1, 1}, {0, 0}, 1e-4, tc, {}, 1e-5));
             t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {2, 64, 9, 9}, {1, 1}, 1e-4, tc, {}, 1e-5));
         }

@@ -664,7 +664,8 @@ void cmp_conv_bad_dtype(const op_case &, const op_env &e) { test_conv_bad_dtype(
 /* Thin 1x1 and narrow kernels. shape {n, c, h, w}; p {out channels, bias, relu, dx wanted} */
 void cmp_conv_thin(const op_case &c, const op_env &e)
 {
-    test_conv_thin(e.s, c.tol, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.dt, c.lay, c.p[1], c.p[2], c.p[3]);
+    test_conv_thin(e.s, c.tol, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.dt, c.lay, c.p[1], c.p[2],
+                   c.p[3]);
 }
 void cmp_conv_thin_rules(const op_case &, const op_env &)
 {

@@ -213,8 +213,8 @@ static void test_convt_patch(cudaStream_t s, double tol, int n, int c, int h, in
  * tol_aux: test_convt's comment */
 void cmp_convt(const op_case &c, const op_env &e)
 {
-    test_convt(e.dnn, e.s, c, convt_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]},
-               c.dt);
+    test_convt(e.dnn, e.s, c,
+               convt_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]}, c.dt);
 }
 void cmp_convt_cache(const op_case &, const op_env &e) { test_convt_cache(e.dnn); }
 /* p {out channels} */

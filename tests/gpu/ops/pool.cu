@@ -320,8 +320,8 @@ void cmp_avgpool_dt(const op_case &c, const op_env &e)
 /* shape {n, c, h, w}; p {k, stride, pad, ceil_mode, count_include_pad} */
 void cmp_avgpool2d_dt(const op_case &c, const op_env &e)
 {
-    test_avgpool2d_dt(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3], c.p[4],
-                      c.lay);
+    test_avgpool2d_dt(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3],
+                      c.p[4], c.lay);
 }
 /* shape {n, c, h, w}; p {output h, output w} */
 void cmp_adaptive_dt(const op_case &c, const op_env &e)

@@ -48,13 +48,27 @@ struct op_case {
     std::vector<int> shape;
     std::vector<int> p;    /* the op's integer parameters */
     std::vector<float> f;  /* the op's real parameters (eps, probabilities) */
-    double tol;            /* fp32 outputs: ||got - ref|| / ||ref|| below it (0: exact values) */
-    double tol_param;      /* fp32 gradients of parameters (weights, scales), in either element type */
+    double tol;            /* the outputs' bound (0: exact values), below */
+    double tol_param;      /* fp32 parameter gradients (weights, scales, biases) and per-channel fp32
+                            * outputs (statistics), in either element type */
+    double tol_aux;        /* a third bound, for outputs a family holds to a bound of their own (dx,
+                            * an eval forward, tf32, a backward): its compare function says which */
 };
-/* Which families take their tolerances from the row: those whose compare
- * function reads tol (and tol_param); the others' rows hold 0 and their
- * compare functions state their criteria (op_test.h's, per output), as the
- * programs they come from did. */
+/* The bounds. Every check that holds an output to a number takes it from the
+ * case's row, so the table shows each case's criterion; each compare
+ * function's comment says which of its outputs tol, tol_param and tol_aux
+ * bound. tol is op_test.h's criterion for the case's element type: for fp32
+ * data the relative error ||got - ref|| / ||ref|| (check_v); for bf16 data
+ * in the GEMM and convolution families (attention, conv, conv_dw, conv_gemm,
+ * conv_transpose, linear; check_gemm) and in sdpa the max error
+ * max|got - ref| / max|ref| (check_max); bf16 outputs that check_dt judges
+ * are held to half a bf16 ulp, which is no number of the row, and do not read
+ * it. The criteria that stay in the compare functions are those that are not
+ * a number per case: exact equality (dropout's masks and stochastic depth,
+ * concat's and tokens' moves, the masks and casts of pointwise, SGD and the
+ * weights' permutation in optimizer, pool's argmax and maxpool_dt's
+ * selection), NaN propagation (activation nan), check_dt's half an ulp,
+ * refusals and eligibility rules, and captured graphs replaying bit-equal. */
 
 /* The case's name: what -k matches, -l lists, and the seed of its inputs. */
 std::string op_case_name(const op_case &c);

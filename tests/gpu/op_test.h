@@ -76,6 +76,14 @@ static __attribute__((unused)) void fail(const char *name, const char *why)
     printf("FAIL %s: %s\n", name, why);
 }
 
+/* The name of one of a case's outputs: "<nm> <what>", for the check_*
+ * functions' name argument. */
+struct subname {
+    char s[320];
+    subname(const char *nm, const char *what) { snprintf(s, sizeof s, "%s %s", nm, what); }
+    operator const char *() const { return s; }
+};
+
 static __attribute__((unused)) void pass_or_fail(const char *name, int ok, const char *why)
 {
     if (ok) {
@@ -86,6 +94,17 @@ static __attribute__((unused)) void pass_or_fail(const char *name, int ok, const
     }
 }
 
+
+/* Waits for stream s; returns 1 when the launches before it succeeded (rc,
+ * their launchers' or'ed results, is 0), else reports their error under name
+ * and returns 0. */
+static __attribute__((unused)) int ran_ok(cudaStream_t s, const char *name, int rc)
+{
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail(name, sf_cuda_last_error());
+    return !rc;
+}
 
 /* A float tensor of n elements filled with all-ones bits: NaN. */
 static __attribute__((unused)) void poison_f(float *d, size_t n) { poison(d, n * 4); }
@@ -233,6 +252,32 @@ static __attribute__((unused)) std::vector<float> down_dt(const dbuf &b, size_t 
 }
 static __attribute__((unused)) void poison_dt(const dbuf &b) { poison(b.p, b.n * sf_dtype_size(b.dt)); } /* 0xffff: a bf16 NaN */
 
+/* A forward's and its backward's device tensors of element type dt, each
+ * `mis` elements past an aligned address: x and dy uploaded as given (already
+ * in their layout), y (as many elements as dy) and dx (as many as x)
+ * poisoned. */
+struct io_bufs {
+    dbuf x, y, dy, dx;
+};
+static __attribute__((unused)) io_bufs io_make(sf_dtype dt, const std::vector<float> &x, const std::vector<float> &dy,
+                                               int mis = 0)
+{
+    io_bufs b = {dbuf_make(dt, x.size(), mis), dbuf_make(dt, dy.size(), mis), dbuf_make(dt, dy.size(), mis),
+                 dbuf_make(dt, x.size(), mis)};
+    up_dt(b.x, x);
+    up_dt(b.dy, dy);
+    poison_dt(b.y);
+    poison_dt(b.dx);
+    return b;
+}
+static __attribute__((unused)) void io_free(io_bufs &b)
+{
+    dbuf_free(b.x);
+    dbuf_free(b.y);
+    dbuf_free(b.dy);
+    dbuf_free(b.dx);
+}
+
 /* Element by element: |got - ref| <= rel*|ref| + absf*max|ref|, NaN or Inf
  * failing; rel = absf = 0 asks for exact values. Prints the worst element. */
 static __attribute__((unused)) void check_ulp(const char *name, const std::vector<float> &got, const std::vector<double> &ref, double rel,
@@ -293,6 +338,26 @@ static __attribute__((unused)) void check_dt(const char *name, sf_dtype dt, cons
         check_v(name, got, ref, tol32);
     else
         check_ulp(name, got, ref, 1.0 / 256, 1e-5);
+}
+
+/* The criterion of the GEMM and convolution families, one bound for either
+ * element type: fp32 data by relative error below tol (check_v), bf16 data by
+ * max |got - ref| <= tol * max |ref| (check_max). */
+static __attribute__((unused)) void check_gemm(const char *name, sf_dtype dt, const std::vector<float> &got,
+                                               const std::vector<double> &ref, double tol)
+{
+    if (dt == SF_DT_F32)
+        check_v(name, got, ref, tol);
+    else
+        check_max(name, got, ref, tol);
+}
+
+/* check_dt on an [n, c, h, w] output b stored in layout lay, under the name
+ * "<nm> <what>". */
+static __attribute__((unused)) void check_lay(const char *nm, const char *what, const dbuf &b, sf_layout lay, int n,
+                                              int c, int h, int w, const std::vector<double> &ref, double tol32)
+{
+    check_dt(subname(nm, what), b.dt, from_lay(down_dt(b, (size_t)n * c * h * w), lay, n, c, h, w), ref, tol32);
 }
 
 #endif

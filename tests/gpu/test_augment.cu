@@ -117,6 +117,28 @@ static int compare(const char *name, const float *got, const float *ref, int n, 
     return 0;
 }
 
+/* Waits for the device; returns 1 when the launches (rc, the first failing
+ * launcher's result) and the device succeeded, else counts and prints the
+ * failure under name. */
+static int launched(const char *name, int rc)
+{
+    const cudaError_t se = cudaDeviceSynchronize();
+    if (rc == 0 && se == cudaSuccess)
+        return 1;
+    g_fail++;
+    printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
+    return 0;
+}
+
+/* n bf16 values from the device, as floats. */
+static void down_bf16(std::vector<float> &out, const uint16_t *d, size_t n)
+{
+    std::vector<uint16_t> b(n);
+    CU(cudaMemcpy(b.data(), d, sizeof(uint16_t) * n, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+        out[i] = bf16_to_float(b[i]);
+}
+
 /* Runs one case in all four layout combinations, float32 and (when bf16) bf16 output. */
 static void run_case(const Case &cs, int bf16, int misalign)
 {
@@ -153,7 +175,6 @@ static void run_case(const Case &cs, int bf16, int misalign)
     CU(cudaMalloc(&d_out, sizeof(float) * (out_sz + 4)));
     CU(cudaMemcpy(d_smp, smp.data(), sizeof(sf_aug_sample) * n, cudaMemcpyHostToDevice));
     std::vector<float> ref(out_sz), got(out_sz);
-    std::vector<uint16_t> gotb(out_sz);
     std::vector<float> gotbf(out_sz);
     float *d_dst = d_out + (misalign ? 1 : 0); /* 4 bytes off: the scalar store path */
 
@@ -170,12 +191,8 @@ static void run_case(const Case &cs, int bf16, int misalign)
             int rc = sf_cuda_augment(&plan, d_smp, n, d_src, in_nhwc, d_dst, out_nhwc, 0);
             if (rc == 0)
                 rc = sf_cuda_aug_mix(&plan, &mix, n, d_dst, 0, out_nhwc, 0);
-            cudaError_t se = cudaDeviceSynchronize();
-            if (rc != 0 || se != cudaSuccess) {
-                g_fail++;
-                printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
+            if (!launched(name, rc))
                 continue;
-            }
             CU(cudaMemcpy(got.data(), d_dst, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
             compare(name, got.data(), ref.data(), n, c, oh, ow, out_nhwc, 1e-5);
 
@@ -187,14 +204,9 @@ static void run_case(const Case &cs, int bf16, int misalign)
             rc = sf_cuda_augment_bf16(&plan, d_smp, n, d_src, in_nhwc, d_b, out_nhwc, 0);
             if (rc == 0)
                 rc = sf_cuda_aug_mix(&plan, &mix, n, d_b, 1, out_nhwc, 0);
-            se = cudaDeviceSynchronize();
-            if (rc != 0 || se != cudaSuccess) {
-                g_fail++;
-                printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
+            if (!launched(name, rc))
                 continue;
-            }
-            CU(cudaMemcpy(gotb.data(), d_b, sizeof(uint16_t) * out_sz, cudaMemcpyDeviceToHost));
-            for (size_t i = 0; i < out_sz; i++) gotbf[i] = bf16_to_float(gotb[i]);
+            down_bf16(gotbf, d_b, out_sz);
             compare(name, gotbf.data(), ref.data(), n, c, oh, ow, out_nhwc, 1e-2);
         }
     }
@@ -248,16 +260,10 @@ static void run_ragged_case(const char *cname, const char *json, int c, int n, i
         int rc = bf16 ? sf_cuda_augment_bf16(&plan, d_smp, n, d_src, 1, reinterpret_cast<uint16_t *>(d_out),
                                              out_nhwc, 0)
                       : sf_cuda_augment(&plan, d_smp, n, d_src, 1, d_out, out_nhwc, 0);
-        cudaError_t se = cudaDeviceSynchronize();
-        if (rc != 0 || se != cudaSuccess) {
-            g_fail++;
-            printf("FAIL %s: rc %d: %s / %s\n", name, rc, sf_cuda_last_error(), cudaGetErrorString(se));
+        if (!launched(name, rc))
             continue;
-        }
         if (bf16) {
-            std::vector<uint16_t> gotb(out_sz);
-            CU(cudaMemcpy(gotb.data(), d_out, sizeof(uint16_t) * out_sz, cudaMemcpyDeviceToHost));
-            for (size_t i = 0; i < out_sz; i++) got[i] = bf16_to_float(gotb[i]);
+            down_bf16(got, reinterpret_cast<const uint16_t *>(d_out), out_sz);
         } else {
             CU(cudaMemcpy(got.data(), d_out, sizeof(float) * out_sz, cudaMemcpyDeviceToHost));
         }
@@ -280,7 +286,7 @@ static void check_errors(void)
     char err[256];
     sf_aug_pipeline pipe;
     sf_aug_plan plan;
-    if (sf_aug_parse("[{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", &pipe, err, sizeof err) ||
+    if (sf_aug_parse(R"([{"op":"gaussian_blur","kernel_size":5}])", &pipe, err, sizeof err) ||
         sf_aug_plan_make(&pipe, 16, 16, 3, &plan, err, sizeof err)) {
         g_fail++;
         printf("FAIL launcher_rejects_bad_arguments: plan: %s\n", err);
@@ -328,109 +334,109 @@ static void run_cases(cudaStream_t)
            (unsigned long long)seed);
 
     static const char *W1 =
-        "[{\"op\":\"to_dtype\",\"dtype\":\"float32\",\"scale\":1.0},"
-        "{\"op\":\"random_crop\",\"size\":[128,128]},{\"op\":\"resize\",\"size\":[256,256]},"
-        "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},"
-        "{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]},"
-        "{\"op\":\"normalize\",\"mean\":[0],\"std\":[1]}]";
+        R"([{"op":"to_dtype","dtype":"float32","scale":1.0},)"
+        R"({"op":"random_crop","size":[128,128]},{"op":"resize","size":[256,256]},)"
+        R"({"op":"random_rotation","degrees":[-45,45]},)"
+        R"({"op":"gaussian_blur","kernel_size":7,"sigma":[0.1,2.0]},)"
+        R"({"op":"normalize","mean":[0],"std":[1]}])";
     /* Single ops on odd shapes. */
     const Case single[] = {
         {"identity", "[]", 33, 47, 3, 3},
-        {"to_dtype", "[{\"op\":\"to_dtype\",\"scale\":0.00392156862}]", 33, 47, 3, 3},
-        {"random_crop", "[{\"op\":\"random_crop\",\"size\":[17,29]}]", 33, 47, 3, 4},
-        {"resize_up", "[{\"op\":\"resize\",\"size\":[50,71]}]", 33, 47, 3, 3},
-        {"resize_down_half", "[{\"op\":\"resize\",\"size\":[16,24]}]", 32, 48, 3, 3},
-        {"resize_down_odd", "[{\"op\":\"resize\",\"size\":[13,19]}]", 33, 47, 3, 3},
-        {"resize_down_no_antialias", "[{\"op\":\"resize\",\"size\":[13,19],\"antialias\":false}]", 33, 47, 3, 3},
-        {"resize_down_by_9_antialias", "[{\"op\":\"resize\",\"size\":[5,7]}]", 45, 63, 3, 2},
-        {"center_crop", "[{\"op\":\"center_crop\",\"size\":[20,31]}]", 33, 47, 3, 3},
-        {"center_crop_resize_up_clamps_at_the_crop", "[{\"op\":\"center_crop\",\"size\":[9,12]},{\"op\":\"resize\",\"size\":[40,50]}]", 33, 47, 3, 3},
-        {"random_resized_crop", "[{\"op\":\"random_resized_crop\",\"size\":[24,20]}]", 48, 64, 3, 6},
-        {"random_resized_crop_no_antialias", "[{\"op\":\"random_resized_crop\",\"size\":[24,20],\"antialias\":false}]", 48, 64, 3, 6},
-        {"random_resized_crop_fallback", "[{\"op\":\"random_resized_crop\",\"size\":[16,16],\"scale\":[0.9,1],\"ratio\":[3,4]}]", 40, 40, 3, 3},
-        {"resize_down_then_rotation_antialias", "[{\"op\":\"resize\",\"size\":[19,23]},{\"op\":\"random_rotation\",\"degrees\":[-40,40]}]", 33, 47, 3, 4},
-        {"rotation_bilinear", "[{\"op\":\"random_rotation\",\"degrees\":[-45,45]}]", 33, 47, 3, 4},
-        {"rotation_nearest", "[{\"op\":\"random_rotation\",\"degrees\":[-180,180],\"interpolation\":\"nearest\"}]", 33, 47, 3, 4},
-        {"resize_nearest_ties", "[{\"op\":\"resize\",\"size\":[16,24]},{\"op\":\"random_rotation\",\"degrees\":0,\"interpolation\":\"nearest\"}]", 32, 48, 3, 3},
-        {"hflip_always", "[{\"op\":\"horizontal_flip\",\"p\":1.0}]", 33, 47, 3, 3},
-        {"hflip_half", "[{\"op\":\"horizontal_flip\"}]", 33, 47, 3, 6},
-        {"blur_k7", "[{\"op\":\"gaussian_blur\",\"kernel_size\":7,\"sigma\":[0.1,2.0]}]", 33, 47, 3, 4},
-        {"blur_k3", "[{\"op\":\"gaussian_blur\",\"kernel_size\":3,\"sigma\":[0.5,1.5]}]", 33, 47, 3, 3},
-        {"blur_k1", "[{\"op\":\"gaussian_blur\",\"kernel_size\":1}]", 33, 47, 3, 2},
-        {"blur_k31", "[{\"op\":\"gaussian_blur\",\"kernel_size\":31,\"sigma\":[3,9]}]", 33, 47, 3, 2},
-        {"blur_k31_wider_than_image", "[{\"op\":\"gaussian_blur\",\"kernel_size\":31,\"sigma\":[3,9]}]", 9, 13, 3, 2},
-        {"normalize", "[{\"op\":\"normalize\",\"mean\":[120,110,100],\"std\":[60,50,40]}]", 33, 47, 3, 3},
-        {"color_convert", "[{\"op\":\"color_convert\",\"to\":\"ycbcr\"}]", 33, 47, 3, 3},
-        {"color_convert_scaled", "[{\"op\":\"to_dtype\",\"scale\":0.00392156862},{\"op\":\"color_convert\"}]", 33, 47, 3, 3},
-        {"mask_d0", "[{\"op\":\"random_mask\",\"ratio\":0.2,\"dilate\":0}]", 33, 47, 3, 3},
-        {"mask_d1", "[{\"op\":\"random_mask\",\"ratio\":0.05,\"dilate\":1}]", 33, 47, 3, 3},
-        {"mask_d5", "[{\"op\":\"random_mask\",\"ratio\":0.01,\"dilate\":5}]", 33, 47, 3, 3},
-        {"mask_d32", "[{\"op\":\"random_mask\",\"ratio\":0.0005,\"dilate\":32}]", 70, 90, 3, 2},
+        {"to_dtype", R"([{"op":"to_dtype","scale":0.00392156862}])", 33, 47, 3, 3},
+        {"random_crop", R"([{"op":"random_crop","size":[17,29]}])", 33, 47, 3, 4},
+        {"resize_up", R"([{"op":"resize","size":[50,71]}])", 33, 47, 3, 3},
+        {"resize_down_half", R"([{"op":"resize","size":[16,24]}])", 32, 48, 3, 3},
+        {"resize_down_odd", R"([{"op":"resize","size":[13,19]}])", 33, 47, 3, 3},
+        {"resize_down_no_antialias", R"([{"op":"resize","size":[13,19],"antialias":false}])", 33, 47, 3, 3},
+        {"resize_down_by_9_antialias", R"([{"op":"resize","size":[5,7]}])", 45, 63, 3, 2},
+        {"center_crop", R"([{"op":"center_crop","size":[20,31]}])", 33, 47, 3, 3},
+        {"center_crop_resize_up_clamps_at_the_crop", R"([{"op":"center_crop","size":[9,12]},{"op":"resize","size":[40,50]}])", 33, 47, 3, 3},
+        {"random_resized_crop", R"([{"op":"random_resized_crop","size":[24,20]}])", 48, 64, 3, 6},
+        {"random_resized_crop_no_antialias", R"([{"op":"random_resized_crop","size":[24,20],"antialias":false}])", 48, 64, 3, 6},
+        {"random_resized_crop_fallback", R"([{"op":"random_resized_crop","size":[16,16],"scale":[0.9,1],"ratio":[3,4]}])", 40, 40, 3, 3},
+        {"resize_down_then_rotation_antialias", R"([{"op":"resize","size":[19,23]},{"op":"random_rotation","degrees":[-40,40]}])", 33, 47, 3, 4},
+        {"rotation_bilinear", R"([{"op":"random_rotation","degrees":[-45,45]}])", 33, 47, 3, 4},
+        {"rotation_nearest", R"([{"op":"random_rotation","degrees":[-180,180],"interpolation":"nearest"}])", 33, 47, 3, 4},
+        {"resize_nearest_ties", R"([{"op":"resize","size":[16,24]},{"op":"random_rotation","degrees":0,"interpolation":"nearest"}])", 32, 48, 3, 3},
+        {"hflip_always", R"([{"op":"horizontal_flip","p":1.0}])", 33, 47, 3, 3},
+        {"hflip_half", R"([{"op":"horizontal_flip"}])", 33, 47, 3, 6},
+        {"blur_k7", R"([{"op":"gaussian_blur","kernel_size":7,"sigma":[0.1,2.0]}])", 33, 47, 3, 4},
+        {"blur_k3", R"([{"op":"gaussian_blur","kernel_size":3,"sigma":[0.5,1.5]}])", 33, 47, 3, 3},
+        {"blur_k1", R"([{"op":"gaussian_blur","kernel_size":1}])", 33, 47, 3, 2},
+        {"blur_k31", R"([{"op":"gaussian_blur","kernel_size":31,"sigma":[3,9]}])", 33, 47, 3, 2},
+        {"blur_k31_wider_than_image", R"([{"op":"gaussian_blur","kernel_size":31,"sigma":[3,9]}])", 9, 13, 3, 2},
+        {"normalize", R"([{"op":"normalize","mean":[120,110,100],"std":[60,50,40]}])", 33, 47, 3, 3},
+        {"color_convert", R"([{"op":"color_convert","to":"ycbcr"}])", 33, 47, 3, 3},
+        {"color_convert_scaled", R"([{"op":"to_dtype","scale":0.00392156862},{"op":"color_convert"}])", 33, 47, 3, 3},
+        {"mask_d0", R"([{"op":"random_mask","ratio":0.2,"dilate":0}])", 33, 47, 3, 3},
+        {"mask_d1", R"([{"op":"random_mask","ratio":0.05,"dilate":1}])", 33, 47, 3, 3},
+        {"mask_d5", R"([{"op":"random_mask","ratio":0.01,"dilate":5}])", 33, 47, 3, 3},
+        {"mask_d32", R"([{"op":"random_mask","ratio":0.0005,"dilate":32}])", 70, 90, 3, 2},
         /* The separable antialias kernel: output tiles cut by the image edge in
          * both directions (67 = 64 + 3 rows, 37 = 32 + 5 columns), with the
          * mask stage after it; a shrink by 5 whose source rows overflow its row
          * buffer, and one by 40 whose taps overflow its tables: both take the
          * per-pixel path inside the same kernel. */
-        {"rrc_tiles_cut_by_the_edge", "[{\"op\":\"random_resized_crop\",\"size\":[67,37]},{\"op\":\"horizontal_flip\"},"
-                                      "{\"op\":\"random_mask\",\"ratio\":0.02,\"dilate\":2}]", 90, 75, 3, 5},
-        {"resize_down_by_5_overflows_the_row_buffer", "[{\"op\":\"resize\",\"size\":[66,40]}]", 330, 41, 3, 2},
-        {"resize_down_by_40_overflows_the_tap_tables", "[{\"op\":\"resize\",\"size\":[15,20]}]", 600, 800, 3, 1},
+        {"rrc_tiles_cut_by_the_edge", R"([{"op":"random_resized_crop","size":[67,37]},{"op":"horizontal_flip"},)"
+                                      R"({"op":"random_mask","ratio":0.02,"dilate":2}])", 90, 75, 3, 5},
+        {"resize_down_by_5_overflows_the_row_buffer", R"([{"op":"resize","size":[66,40]}])", 330, 41, 3, 2},
+        {"resize_down_by_40_overflows_the_tap_tables", R"([{"op":"resize","size":[15,20]}])", 600, 800, 3, 1},
         /* A rotation's tiles wholly inside its input skip the coverage: small
          * angles on an image of partial tiles, with and without a blur halo,
          * bilinear and nearest, and a blur wider than the image (halo folded
          * more than once). */
-        {"rotation_small_angle_blur_partial_tiles", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6]},{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 150, 101, 3, 4},
-        {"rotation_small_angle_partial_tiles", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6]}]", 150, 101, 3, 4},
-        {"rotation_nearest_small_angle_blur", "[{\"op\":\"random_rotation\",\"degrees\":[-6,6],\"interpolation\":\"nearest\"},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 150, 101, 3, 4},
+        {"rotation_small_angle_blur_partial_tiles", R"([{"op":"random_rotation","degrees":[-6,6]},{"op":"gaussian_blur","kernel_size":5}])", 150, 101, 3, 4},
+        {"rotation_small_angle_partial_tiles", R"([{"op":"random_rotation","degrees":[-6,6]}])", 150, 101, 3, 4},
+        {"rotation_nearest_small_angle_blur", R"([{"op":"random_rotation","degrees":[-6,6],"interpolation":"nearest"},{"op":"gaussian_blur","kernel_size":3}])", 150, 101, 3, 4},
         /* Bilinear blur tiles stage their source footprint in shared memory:
          * taps at the crop's edge (the staged box repeats it), and a shrink
          * whose footprint does not fit (the byte gathers instead). */
-        {"center_crop_resize_up_blur_clamps_at_the_crop", "[{\"op\":\"center_crop\",\"size\":[9,12]},{\"op\":\"resize\",\"size\":[40,50]},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 33, 47, 3, 3},
-        {"resize_down_no_antialias_blur_footprint_too_big", "[{\"op\":\"resize\",\"size\":[20,24],\"antialias\":false},{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 200, 240, 3, 2},
-        {"rotation_blur_k31_wider_than_image", "[{\"op\":\"random_rotation\",\"degrees\":[-10,10]},{\"op\":\"gaussian_blur\",\"kernel_size\":31,\"sigma\":[3,9]}]", 9, 13, 3, 2},
+        {"center_crop_resize_up_blur_clamps_at_the_crop", R"([{"op":"center_crop","size":[9,12]},{"op":"resize","size":[40,50]},{"op":"gaussian_blur","kernel_size":3}])", 33, 47, 3, 3},
+        {"resize_down_no_antialias_blur_footprint_too_big", R"([{"op":"resize","size":[20,24],"antialias":false},{"op":"gaussian_blur","kernel_size":5}])", 200, 240, 3, 2},
+        {"rotation_blur_k31_wider_than_image", R"([{"op":"random_rotation","degrees":[-10,10]},{"op":"gaussian_blur","kernel_size":31,"sigma":[3,9]}])", 9, 13, 3, 2},
     };
     /* Channel counts and compositions. */
     const Case combo[] = {
-        {"rotation_bilinear", "[{\"op\":\"random_rotation\",\"degrees\":[-45,45]}]", 33, 47, 1, 3},
-        {"rotation_bilinear", "[{\"op\":\"random_rotation\",\"degrees\":[-45,45]}]", 33, 47, 4, 3},
-        {"crop_resize_blur_normalize", "[{\"op\":\"random_crop\",\"size\":[20,30]},{\"op\":\"resize\",\"size\":[37,41]},{\"op\":\"gaussian_blur\",\"kernel_size\":5},{\"op\":\"normalize\",\"mean\":[0.5],\"std\":[0.25]}]", 33, 47, 1, 3},
-        {"crop_resize_blur_normalize", "[{\"op\":\"random_crop\",\"size\":[20,30]},{\"op\":\"resize\",\"size\":[37,41]},{\"op\":\"gaussian_blur\",\"kernel_size\":5},{\"op\":\"normalize\",\"mean\":[1,2,3,4],\"std\":[5,6,7,8]}]", 33, 47, 4, 3},
-        {"normalize_c1", "[{\"op\":\"normalize\",\"mean\":[100],\"std\":[30]}]", 33, 47, 1, 2},
-        {"blur_mask_c4", "[{\"op\":\"gaussian_blur\",\"kernel_size\":9,\"sigma\":[1,3]},{\"op\":\"random_mask\",\"ratio\":0.03,\"dilate\":2}]", 33, 47, 4, 3},
-        {"everything", "[{\"op\":\"to_dtype\",\"scale\":0.00392156862},{\"op\":\"random_crop\",\"size\":[40,50]},"
-                       "{\"op\":\"resize\",\"size\":[45,61]},{\"op\":\"random_rotation\",\"degrees\":[-30,30]},"
-                       "{\"op\":\"horizontal_flip\"},{\"op\":\"gaussian_blur\",\"kernel_size\":5,\"sigma\":[0.3,1.2]},"
-                       "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]},"
-                       "{\"op\":\"color_convert\"},{\"op\":\"random_mask\",\"ratio\":0.02,\"dilate\":3}]", 48, 64, 3, 5},
-        {"everything_nearest", "[{\"op\":\"random_crop\",\"size\":[40,50]},{\"op\":\"resize\",\"size\":[45,61]},"
-                       "{\"op\":\"random_rotation\",\"degrees\":[-30,30],\"interpolation\":\"nearest\"},"
-                       "{\"op\":\"horizontal_flip\"},{\"op\":\"gaussian_blur\",\"kernel_size\":7},"
-                       "{\"op\":\"random_mask\",\"ratio\":0.02,\"dilate\":1},{\"op\":\"normalize\",\"mean\":[128],\"std\":[64]}]", 48, 64, 3, 5},
-        {"blur_mask_c2_aligned", "[{\"op\":\"random_rotation\",\"degrees\":[-20,20]},{\"op\":\"gaussian_blur\",\"kernel_size\":11,\"sigma\":[1,4]},{\"op\":\"random_mask\",\"ratio\":0.01,\"dilate\":4}]", 64, 64, 2, 3},
-        {"resize_blur_c1_aligned", "[{\"op\":\"resize\",\"size\":[40,64]},{\"op\":\"gaussian_blur\",\"kernel_size\":3}]", 33, 47, 1, 3},
+        {"rotation_bilinear", R"([{"op":"random_rotation","degrees":[-45,45]}])", 33, 47, 1, 3},
+        {"rotation_bilinear", R"([{"op":"random_rotation","degrees":[-45,45]}])", 33, 47, 4, 3},
+        {"crop_resize_blur_normalize", R"([{"op":"random_crop","size":[20,30]},{"op":"resize","size":[37,41]},{"op":"gaussian_blur","kernel_size":5},{"op":"normalize","mean":[0.5],"std":[0.25]}])", 33, 47, 1, 3},
+        {"crop_resize_blur_normalize", R"([{"op":"random_crop","size":[20,30]},{"op":"resize","size":[37,41]},{"op":"gaussian_blur","kernel_size":5},{"op":"normalize","mean":[1,2,3,4],"std":[5,6,7,8]}])", 33, 47, 4, 3},
+        {"normalize_c1", R"([{"op":"normalize","mean":[100],"std":[30]}])", 33, 47, 1, 2},
+        {"blur_mask_c4", R"([{"op":"gaussian_blur","kernel_size":9,"sigma":[1,3]},{"op":"random_mask","ratio":0.03,"dilate":2}])", 33, 47, 4, 3},
+        {"everything", R"([{"op":"to_dtype","scale":0.00392156862},{"op":"random_crop","size":[40,50]},)"
+                       R"({"op":"resize","size":[45,61]},{"op":"random_rotation","degrees":[-30,30]},)"
+                       R"({"op":"horizontal_flip"},{"op":"gaussian_blur","kernel_size":5,"sigma":[0.3,1.2]},)"
+                       R"({"op":"normalize","mean":[0.485,0.456,0.406],"std":[0.229,0.224,0.225]},)"
+                       R"({"op":"color_convert"},{"op":"random_mask","ratio":0.02,"dilate":3}])", 48, 64, 3, 5},
+        {"everything_nearest", R"([{"op":"random_crop","size":[40,50]},{"op":"resize","size":[45,61]},)"
+                       R"({"op":"random_rotation","degrees":[-30,30],"interpolation":"nearest"},)"
+                       R"({"op":"horizontal_flip"},{"op":"gaussian_blur","kernel_size":7},)"
+                       R"({"op":"random_mask","ratio":0.02,"dilate":1},{"op":"normalize","mean":[128],"std":[64]}])", 48, 64, 3, 5},
+        {"blur_mask_c2_aligned", R"([{"op":"random_rotation","degrees":[-20,20]},{"op":"gaussian_blur","kernel_size":11,"sigma":[1,4]},{"op":"random_mask","ratio":0.01,"dilate":4}])", 64, 64, 2, 3},
+        {"resize_blur_c1_aligned", R"([{"op":"resize","size":[40,64]},{"op":"gaussian_blur","kernel_size":3}])", 33, 47, 1, 3},
         {"W1", W1, 256, 256, 3, 32},
-        {"imagenet_like", "[{\"op\":\"random_resized_crop\",\"size\":[56,56]},{\"op\":\"horizontal_flip\"},"
-                          "{\"op\":\"to_dtype\",\"scale\":0.00392156862},"
-                          "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]", 75, 100, 3, 8},
-        {"rrc_rotation_blur", "[{\"op\":\"random_resized_crop\",\"size\":[40,36]},{\"op\":\"random_rotation\",\"degrees\":[-30,30]},"
-                              "{\"op\":\"gaussian_blur\",\"kernel_size\":5}]", 60, 70, 3, 4},
+        {"imagenet_like", R"([{"op":"random_resized_crop","size":[56,56]},{"op":"horizontal_flip"},)"
+                          R"({"op":"to_dtype","scale":0.00392156862},)"
+                          R"({"op":"normalize","mean":[0.485,0.456,0.406],"std":[0.229,0.224,0.225]}])", 75, 100, 3, 8},
+        {"rrc_rotation_blur", R"([{"op":"random_resized_crop","size":[40,36]},{"op":"random_rotation","degrees":[-30,30]},)"
+                              R"({"op":"gaussian_blur","kernel_size":5}])", 60, 70, 3, 4},
     };
     /* The second pass and the batch-level mixing: colour jitter on either value
      * scale, erasing with constant or noise values, mixup and cutmix after them. */
     const Case second[] = {
-        {"color_jitter_0_255", "[{\"op\":\"color_jitter\",\"brightness\":0.4,\"contrast\":0.4,\"saturation\":0.4,\"hue\":0.1}]", 33, 47, 3, 8},
-        {"color_jitter_0_1_after_crop", "[{\"op\":\"random_resized_crop\",\"size\":[40,36]},{\"op\":\"to_dtype\",\"scale\":0.00392156862},"
-                                        "{\"op\":\"color_jitter\",\"brightness\":0.8,\"contrast\":[0.2,1.8],\"saturation\":0.9,\"hue\":0.5},"
-                                        "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]", 60, 70, 3, 8},
-        {"color_jitter_c1_contrast_only", "[{\"op\":\"color_jitter\",\"contrast\":[0.1,3]}]", 33, 47, 1, 4},
-        {"random_erasing_value", "[{\"op\":\"to_dtype\",\"scale\":0.00392156862},{\"op\":\"random_erasing\",\"p\":1,\"value\":[0.1,0.2,0.3]}]", 33, 47, 3, 6},
-        {"random_erasing_random_after_normalize", "[{\"op\":\"normalize\",\"mean\":[128],\"std\":[64]},{\"op\":\"random_erasing\",\"p\":0.7,\"value\":\"random\"}]", 33, 47, 3, 6},
-        {"mixup", "[{\"op\":\"random_crop\",\"size\":[30,40]},{\"op\":\"mixup\",\"alpha\":0.4}]", 33, 47, 3, 7},
-        {"cutmix", "[{\"op\":\"random_crop\",\"size\":[30,40]},{\"op\":\"cutmix\"}]", 33, 47, 3, 7},
-        {"imagenet_recipe", "[{\"op\":\"random_resized_crop\",\"size\":[56,56]},{\"op\":\"horizontal_flip\"},"
-                            "{\"op\":\"to_dtype\",\"scale\":0.00392156862},{\"op\":\"color_jitter\",\"brightness\":0.4,\"contrast\":0.4,\"saturation\":0.4},"
-                            "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]},"
-                            "{\"op\":\"random_erasing\",\"p\":0.25},{\"op\":\"mixup\",\"alpha\":0.2},{\"op\":\"cutmix\",\"alpha\":1}]", 75, 100, 3, 16},
+        {"color_jitter_0_255", R"([{"op":"color_jitter","brightness":0.4,"contrast":0.4,"saturation":0.4,"hue":0.1}])", 33, 47, 3, 8},
+        {"color_jitter_0_1_after_crop", R"([{"op":"random_resized_crop","size":[40,36]},{"op":"to_dtype","scale":0.00392156862},)"
+                                        R"({"op":"color_jitter","brightness":0.8,"contrast":[0.2,1.8],"saturation":0.9,"hue":0.5},)"
+                                        R"({"op":"normalize","mean":[0.485,0.456,0.406],"std":[0.229,0.224,0.225]}])", 60, 70, 3, 8},
+        {"color_jitter_c1_contrast_only", R"([{"op":"color_jitter","contrast":[0.1,3]}])", 33, 47, 1, 4},
+        {"random_erasing_value", R"([{"op":"to_dtype","scale":0.00392156862},{"op":"random_erasing","p":1,"value":[0.1,0.2,0.3]}])", 33, 47, 3, 6},
+        {"random_erasing_random_after_normalize", R"([{"op":"normalize","mean":[128],"std":[64]},{"op":"random_erasing","p":0.7,"value":"random"}])", 33, 47, 3, 6},
+        {"mixup", R"([{"op":"random_crop","size":[30,40]},{"op":"mixup","alpha":0.4}])", 33, 47, 3, 7},
+        {"cutmix", R"([{"op":"random_crop","size":[30,40]},{"op":"cutmix"}])", 33, 47, 3, 7},
+        {"imagenet_recipe", R"([{"op":"random_resized_crop","size":[56,56]},{"op":"horizontal_flip"},)"
+                            R"({"op":"to_dtype","scale":0.00392156862},{"op":"color_jitter","brightness":0.4,"contrast":0.4,"saturation":0.4},)"
+                            R"({"op":"normalize","mean":[0.485,0.456,0.406],"std":[0.229,0.224,0.225]},)"
+                            R"({"op":"random_erasing","p":0.25},{"op":"mixup","alpha":0.2},{"op":"cutmix","alpha":1}])", 75, 100, 3, 16},
     };
     for (const Case &cs : single) run_case(cs, 0, 0);
     for (const Case &cs : combo) run_case(cs, 0, 0);
@@ -446,23 +452,23 @@ static void run_cases(cudaStream_t)
     run_case(combo[2], 0, 1);
     run_case(combo[6], 0, 1);
     /* Ragged sources: every geometry mode, with and without a blur tile. */
-    run_ragged_case("rrc_antialias", "[{\"op\":\"random_resized_crop\",\"size\":[32,40]},{\"op\":\"horizontal_flip\"}]",
+    run_ragged_case("rrc_antialias", R"([{"op":"random_resized_crop","size":[32,40]},{"op":"horizontal_flip"}])",
                     3, 7, 9, 120);
-    run_ragged_case("resize_bilinear_rotation_blur", "[{\"op\":\"resize\",\"size\":[33,47],\"antialias\":false},"
-                    "{\"op\":\"random_rotation\",\"degrees\":[-45,45]},{\"op\":\"gaussian_blur\",\"kernel_size\":7}]",
+    run_ragged_case("resize_bilinear_rotation_blur", R"([{"op":"resize","size":[33,47],"antialias":false},)"
+                    R"({"op":"random_rotation","degrees":[-45,45]},{"op":"gaussian_blur","kernel_size":7}])",
                     3, 6, 5, 90);
-    run_ragged_case("rotation_nearest_then_center_crop", "[{\"op\":\"random_rotation\",\"degrees\":[-90,90],\"interpolation\":\"nearest\"},"
-                    "{\"op\":\"center_crop\",\"size\":[30,30]},{\"op\":\"random_mask\",\"ratio\":0.02,\"dilate\":1}]",
+    run_ragged_case("rotation_nearest_then_center_crop", R"([{"op":"random_rotation","degrees":[-90,90],"interpolation":"nearest"},)"
+                    R"({"op":"center_crop","size":[30,30]},{"op":"random_mask","ratio":0.02,"dilate":1}])",
                     1, 5, 20, 70);
-    run_ragged_case("resize_antialias_rotation_c4", "[{\"op\":\"resize\",\"size\":[24,28]},{\"op\":\"random_rotation\",\"degrees\":[-20,20]}]",
+    run_ragged_case("resize_antialias_rotation_c4", R"([{"op":"resize","size":[24,28]},{"op":"random_rotation","degrees":[-20,20]}])",
                     4, 5, 30, 100);
-    run_ragged_case("imagenet_like_224", "[{\"op\":\"random_resized_crop\",\"size\":[224,224]},{\"op\":\"horizontal_flip\"},"
-                    "{\"op\":\"normalize\",\"mean\":[124,116,104],\"std\":[58,57,57]}]", 3, 16, 300, 520);
+    run_ragged_case("imagenet_like_224", R"([{"op":"random_resized_crop","size":[224,224]},{"op":"horizontal_flip"},)"
+                    R"({"op":"normalize","mean":[124,116,104],"std":[58,57,57]}])", 3, 16, 300, 520);
     /* The ImageNet recipe as the service runs it for a bf16 net: odd-sized
      * sources, bf16 output. */
-    run_ragged_case("imagenet_like_224_odd_sources", "[{\"op\":\"random_resized_crop\",\"size\":[224,224]},{\"op\":\"horizontal_flip\"},"
-                    "{\"op\":\"to_dtype\",\"scale\":0.00392156862},"
-                    "{\"op\":\"normalize\",\"mean\":[0.485,0.456,0.406],\"std\":[0.229,0.224,0.225]}]", 3, 8, 301, 517, 1);
+    run_ragged_case("imagenet_like_224_odd_sources", R"([{"op":"random_resized_crop","size":[224,224]},{"op":"horizontal_flip"},)"
+                    R"({"op":"to_dtype","scale":0.00392156862},)"
+                    R"({"op":"normalize","mean":[0.485,0.456,0.406],"std":[0.229,0.224,0.225]}])", 3, 8, 301, 517, 1);
     check_errors();
 }
 

@@ -221,35 +221,25 @@ static void compare(const char *name, const sf_model &m, const train_out &c, con
     }
 }
 
-static int encdec(sf_model &m, int hw)
+/* The preset `name` at hw x hw, resolved, its module `freeze` frozen when
+ * one is named; 0, or -1 with a FAIL line. */
+static int preset_at(sf_model &m, const char *name, int hw, const char *freeze)
 {
     char err[200];
-    if (sf_model_from_preset("seed-encdec", &m, err, sizeof err)) {
-        fail("seed-encdec preset: %s", err);
+    if (sf_model_from_preset(name, &m, err, sizeof err)) {
+        fail("%s preset: %s", name, err);
         return -1;
     }
     m.in_h = m.in_w = hw;
-    if (sf_model_resolve(&m, err, sizeof err) || sf_model_set_freeze(&m, "encoder", err, sizeof err)) {
-        fail("seed-encdec %d: %s", hw, err);
+    if (sf_model_resolve(&m, err, sizeof err) || (freeze && sf_model_set_freeze(&m, freeze, err, sizeof err))) {
+        fail("%s %d: %s", name, hw, err);
         return -1;
     }
     return 0;
 }
 
-static int resnet(sf_model &m, int hw)
-{
-    char err[200];
-    if (sf_model_from_preset("resnet18", &m, err, sizeof err)) {
-        fail("resnet18 preset: %s", err);
-        return -1;
-    }
-    m.in_h = m.in_w = hw;
-    if (sf_model_resolve(&m, err, sizeof err)) {
-        fail("resnet18 %d: %s", hw, err);
-        return -1;
-    }
-    return 0;
-}
+static int encdec(sf_model &m, int hw) { return preset_at(m, "seed-encdec", hw, "encoder"); }
+static int resnet(sf_model &m, int hw) { return preset_at(m, "resnet18", hw, NULL); }
 
 /* Step-by-step agreement: before each step the reference is given the CUDA
  * backend's whole training state (parameters, optimizer state, step count,

@@ -14,107 +14,168 @@
 
 /* ---- BatchNorm2d ----------------------------------------------------------- */
 
-static void test_bn(cudaStream_t s, int n, int c, int h, int w, sf_layout L, int relu)
+/* Poisons y, runs launch() (a forward writing y, stored in layout L) and
+ * checks y against the NCHW reference ref under the name given. */
+template <class Launch>
+static void check_bn_fwd(const char *name, cudaStream_t s, const dbuf &y, sf_layout L, int n, int c, int h, int w,
+                         Launch launch, const std::vector<double> &ref, double tol)
+{
+    poison_dt(y);
+    const int rc = launch();
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail(name, sf_cuda_last_error());
+    else
+        check_dt(name, y.dt, from_lay(down_dt(y, (size_t)n * c * h * w), L, n, c, h, w), ref, tol);
+}
+
+/* A case's inputs, drawn in this order: x (an offset mean: the statistics
+ * must not cancel) and a second activation (dy, or the residual) as dt holds
+ * them, then the fp32 parameters and running statistics; and the double
+ * reference's training forward on them: y (NCHW, before any ReLU), the saved
+ * statistics and the updated running ones. */
+struct bn_ref {
+    std::vector<float> x, dy, gamma, beta, rm, rv;
+    std::vector<double> xd, gd, yr, smr, sir, rmr, rvr;
+};
+static const float k_bn_eps = 1e-5f, k_bn_mom = 0.1f;
+
+static bn_ref bn_draw(sf_dtype dt, int n, int c, int h, int w)
+{
+    const size_t len = (size_t)n * c * h * w;
+    bn_ref r;
+    r.x.resize(len);
+    r.dy.resize(len);
+    r.gamma.resize(c);
+    r.beta.resize(c);
+    r.rm.resize(c);
+    r.rv.resize(c);
+    rand_fill_dt(r.x, dt, 2.f, 3.f);
+    rand_fill_dt(r.dy, dt, 1.f);
+    rand_fill(r.gamma, 0.5f, 1.f);
+    rand_fill(r.beta, 0.5f);
+    rand_fill(r.rm, 0.5f);
+    rand_fill(r.rv, 0.4f, 1.f);
+    r.xd = to_d(r.x);
+    r.gd = to_d(r.gamma);
+    r.rmr = to_d(r.rm);
+    r.rvr = to_d(r.rv);
+    r.yr.resize(len);
+    r.smr.resize(c);
+    r.sir.resize(c);
+    const std::vector<double> bd = to_d(r.beta);
+    sf_ref_bn2d_fwd_train_f64(r.xd.data(), n, c, h, w, r.gd.data(), bd.data(), k_bn_eps, k_bn_mom, r.rmr.data(),
+                              r.rvr.data(), r.smr.data(), r.sir.data(), r.yr.data());
+    return r;
+}
+
+/* The per-channel fp32 tensors on the device: gamma, beta and the running
+ * statistics uploaded, the saved statistics and the parameter gradients
+ * poisoned; and the launchers' scratch. */
+struct bn_dev {
+    float *g, *b, *rm, *rv, *sm, *si, *dg, *db;
+    void *scr;
+};
+static bn_dev bn_dev_make(const bn_ref &r, int n, int c, int h, int w, sf_layout L)
+{
+    bn_dev d;
+    float **all[] = {&d.g, &d.b, &d.rm, &d.rv, &d.sm, &d.si, &d.dg, &d.db};
+    for (float **p : all)
+        *p = dalloc<float>(c);
+    d.scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, L));
+    up(d.g, r.gamma);
+    up(d.b, r.beta);
+    up(d.rm, r.rm);
+    up(d.rv, r.rv);
+    for (float *p : {d.sm, d.si, d.dg, d.db})
+        poison_f(p, c);
+    return d;
+}
+static void bn_dev_free(bn_dev &d)
+{
+    for (float *p : {d.g, d.b, d.rm, d.rv, d.sm, d.si, d.dg, d.db})
+        cudaFree(p);
+    cudaFree(d.scr);
+}
+
+/* The training forward's per-channel fp32 outputs: the saved statistics and
+ * the running statistics it updated. */
+static void check_bn_stats(const char *nm, int c, const bn_dev &d, const bn_ref &r, double tol)
+{
+    check_v(subname(nm, "save_mean"), down(d.sm, c), r.smr, tol);
+    check_v(subname(nm, "save_invstd"), down(d.si, c), r.sir, tol);
+    check_v(subname(nm, "running_mean"), down(d.rm, c), r.rmr, tol);
+    check_v(subname(nm, "running_var"), down(d.rv, c), r.rvr, tol);
+}
+
+/* The backward's parameter gradients (fp32). */
+static void check_bn_param_grads(const char *nm, int c, const bn_dev &d, const std::vector<double> &dgr,
+                                 const std::vector<double> &dbr, double tol)
+{
+    check_v(subname(nm, "bwd dgamma"), down(d.dg, c), dgr, tol);
+    check_v(subname(nm, "bwd dbeta"), down(d.db, c), dbr, tol);
+}
+
+/* The fp32 launchers: training forward and backward, then eval on the
+ * running statistics the device updated. tol: y and dx; tol_param: the
+ * per-channel outputs (statistics and parameter gradients); tol_aux: the
+ * eval forward. */
+static void test_bn(cudaStream_t s, const op_case &k, int n, int c, int h, int w, sf_layout L, int relu)
 {
     char nm[160];
     snprintf(nm, sizeof nm, "bn n%d c%d %dx%d %s%s", n, c, h, w, lname(L), relu ? " +relu" : "");
     const size_t len = (size_t)n * c * h * w;
-    const float eps = 1e-5f, mom = 0.1f;
-    std::vector<float> x(len), dy(len), gamma(c), beta(c), rm(c), rv(c);
-    rand_fill(x, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
-    rand_fill(dy, 1.f);
-    rand_fill(gamma, 0.5f, 1.f);
-    rand_fill(beta, 0.5f);
-    rand_fill(rm, 0.5f);
-    rand_fill(rv, 0.4f, 1.f);
-    std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm),
-                        rvd = to_d(rv), yr(len), smr(c), sir(c), dxr(len), dgr(c), dbr(c);
-    sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd.data(), rvd.data(),
-                              smr.data(), sir.data(), yr.data());
+    const float eps = k_bn_eps, mom = k_bn_mom;
+    bn_ref r = bn_draw(SF_DT_F32, n, c, h, w);
+    std::vector<double> dyd = to_d(r.dy), dxr(len), dgr(c), dbr(c);
     if (relu) {
         for (size_t i = 0; i < len; i++)
-            if (!(yr[i] > 0)) {
-                yr[i] = 0;
+            if (!(r.yr[i] > 0)) {
+                r.yr[i] = 0;
                 dyd[i] = 0; /* the ReLU backward, before the BN backward */
             }
     }
-    sf_ref_bn2d_bwd_f64(xd.data(), n, c, h, w, gd.data(), smr.data(), sir.data(), dyd.data(), dxr.data(),
+    sf_ref_bn2d_bwd_f64(r.xd.data(), n, c, h, w, r.gd.data(), r.smr.data(), r.sir.data(), dyd.data(), dxr.data(),
                         dgr.data(), dbr.data());
     /* eval mode, float reference, on the updated running statistics */
     std::vector<float> rm2(c), rv2(c), ye(len);
     for (int i = 0; i < c; i++) {
-        rm2[i] = (float)rmd[i];
-        rv2[i] = (float)rvd[i];
+        rm2[i] = (float)r.rmr[i];
+        rv2[i] = (float)r.rvr[i];
     }
-    sf_ref_bn2d_fwd_eval(x.data(), n, c, h, w, gamma.data(), beta.data(), eps, rm2.data(), rv2.data(), ye.data());
+    sf_ref_bn2d_fwd_eval(r.x.data(), n, c, h, w, r.gamma.data(), r.beta.data(), eps, rm2.data(), rv2.data(), ye.data());
     std::vector<double> yer = to_d(ye);
     if (relu)
         for (size_t i = 0; i < len; i++)
             yer[i] = yer[i] > 0 ? yer[i] : 0;
 
-    const int nhwc = L == SF_LAYOUT_NHWC;
-    float *d_x = dalloc<float>(len), *d_dy = dalloc<float>(len), *d_y = dalloc<float>(len),
-          *d_dx = dalloc<float>(len), *d_g = dalloc<float>(c), *d_b = dalloc<float>(c), *d_rm = dalloc<float>(c),
-          *d_rv = dalloc<float>(c), *d_sm = dalloc<float>(c), *d_si = dalloc<float>(c), *d_dg = dalloc<float>(c),
-          *d_db = dalloc<float>(c);
-    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, L));
-    up(d_x, nhwc ? to_nhwc(x, n, c, h, w) : x);
-    up(d_dy, nhwc ? to_nhwc(dy, n, c, h, w) : dy);
-    up(d_g, gamma);
-    up(d_b, beta);
-    up(d_rm, rm);
-    up(d_rv, rv);
-    poison(d_y, len * 4);
-    poison(d_dx, len * 4);
-    poison(d_sm, c * 4);
-    poison(d_si, c * 4);
-    poison(d_dg, c * 4);
-    poison(d_db, c * 4);
-    int rc = sf_cuda_bn_fwd_train(d_x, n, c, h, w, L, d_g, d_b, eps, mom, d_rm, d_rv, d_sm, d_si, d_y, relu, scr, s);
+    dbuf bx = dbuf_make(SF_DT_F32, len, 0), bdy = dbuf_make(SF_DT_F32, len, 0), by = dbuf_make(SF_DT_F32, len, 0),
+         bdx = dbuf_make(SF_DT_F32, len, 0);
+    float *d_x = (float *)bx.p, *d_y = (float *)by.p;
+    bn_dev d = bn_dev_make(r, n, c, h, w, L);
+    up_dt(bx, to_lay(r.x, L, n, c, h, w));
+    up_dt(bdy, to_lay(r.dy, L, n, c, h, w));
+    poison_dt(by);
+    poison_dt(bdx);
+    int rc = sf_cuda_bn_fwd_train(d_x, n, c, h, w, L, d.g, d.b, eps, mom, d.rm, d.rv, d.sm, d.si, d_y, relu, d.scr, s);
     if (!rc)
-        rc = sf_cuda_bn_bwd(d_x, n, c, h, w, L, d_g, d_sm, d_si, d_dy, relu ? d_y : NULL, d_dx, d_dg, d_db, scr, s);
+        rc = sf_cuda_bn_bwd(d_x, n, c, h, w, L, d.g, d.sm, d.si, (float *)bdy.p, relu ? d_y : NULL, (float *)bdx.p,
+                            d.dg, d.db, d.scr, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());
     } else {
-        std::vector<float> y = down(d_y, len), dx = down(d_dx, len);
-        if (nhwc) {
-            y = to_nchw(y, n, c, h, w);
-            dx = to_nchw(dx, n, c, h, w);
-        }
-        char sub[220];
-        snprintf(sub, sizeof sub, "%s train y", nm);
-        check_v(sub, y, yr, 1e-4);
-        snprintf(sub, sizeof sub, "%s save_mean", nm);
-        check_v(sub, down(d_sm, c), smr, 1e-4);
-        snprintf(sub, sizeof sub, "%s save_invstd", nm);
-        check_v(sub, down(d_si, c), sir, 1e-4);
-        snprintf(sub, sizeof sub, "%s running_mean", nm);
-        check_v(sub, down(d_rm, c), rmd, 1e-4);
-        snprintf(sub, sizeof sub, "%s running_var", nm);
-        check_v(sub, down(d_rv, c), rvd, 1e-4);
-        snprintf(sub, sizeof sub, "%s bwd dx", nm);
-        check_v(sub, dx, dxr, 1e-4);
-        snprintf(sub, sizeof sub, "%s bwd dgamma", nm);
-        check_v(sub, down(d_dg, c), dgr, 1e-4);
-        snprintf(sub, sizeof sub, "%s bwd dbeta", nm);
-        check_v(sub, down(d_db, c), dbr, 1e-4);
+        check_v(subname(nm, "train y"), from_lay(down_dt(by, len), L, n, c, h, w), r.yr, k.tol);
+        check_bn_stats(nm, c, d, r, k.tol_param);
+        check_v(subname(nm, "bwd dx"), from_lay(down_dt(bdx, len), L, n, c, h, w), dxr, k.tol);
+        check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
         /* eval, on the running statistics the device just updated */
-        poison(d_y, len * 4);
-        rc = sf_cuda_bn_fwd_eval(d_x, n, c, h, w, L, d_g, d_b, eps, d_rm, d_rv, d_y, relu, s);
-        CU(cudaStreamSynchronize(s));
-        snprintf(sub, sizeof sub, "%s eval y", nm);
-        if (rc) {
-            fail(sub, sf_cuda_last_error());
-        } else {
-            std::vector<float> y2 = down(d_y, len);
-            if (nhwc)
-                y2 = to_nchw(y2, n, c, h, w);
-            check_v(sub, y2, yer, 1e-5);
-        }
+        check_bn_fwd(subname(nm, "eval y"), s, by, L, n, c, h, w,
+                     [&] { return sf_cuda_bn_fwd_eval(d_x, n, c, h, w, L, d.g, d.b, eps, d.rm, d.rv, d_y, relu, s); },
+                     yer, k.tol_aux);
     }
-    cudaFree(d_x); cudaFree(d_dy); cudaFree(d_y); cudaFree(d_dx); cudaFree(d_g); cudaFree(d_b);
-    cudaFree(d_rm); cudaFree(d_rv); cudaFree(d_sm); cudaFree(d_si); cudaFree(d_dg); cudaFree(d_db); cudaFree(scr);
+    dbuf_free(bx); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx);
+    bn_dev_free(d);
 }
 
 /* ---- BatchNorm2d on dt ------------------------------------------------------------ */
@@ -122,193 +183,118 @@ static void test_bn(cudaStream_t s, int n, int c, int h, int w, sf_layout L, int
 /* Training forward (optionally with the fused ReLU), backward, then eval on
  * the running statistics the device updated. The backward's reference masks dy
  * with the device's own ReLU output (a value the two sides round to opposite
- * sides of zero would otherwise flip a mask bit). Per-channel fp32 outputs:
- * norm check, 1e-4 (fp32 data) or 1e-3 (bf16 data). mis: every activation
- * pointer one element off 16-byte alignment (the scalar fallbacks). */
-static void test_bn_dt(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, sf_layout L, int relu, int mis)
+ * sides of zero would otherwise flip a mask bit). tol: y and dx (check_dt);
+ * tol_param: the per-channel fp32 outputs (statistics and parameter
+ * gradients), a bound per element type; tol_aux: the eval forward. mis:
+ * every activation pointer one element off 16-byte alignment (the scalar
+ * fallbacks). */
+static void test_bn_dt(cudaStream_t s, const op_case &k, sf_dtype dt, int n, int c, int h, int w, sf_layout L,
+                       int relu, int mis)
 {
-    char nm[200], sub[260];
+    char nm[200];
     snprintf(nm, sizeof nm, "bn_dt %s n%d c%d %dx%d %s%s%s", dtname(dt), n, c, h, w, lname(L), relu ? " +relu" : "",
              mis ? " misaligned" : "");
     const size_t len = (size_t)n * c * h * w;
-    const float eps = 1e-5f, mom = 0.1f;
-    const double tolc = dt == SF_DT_BF16 ? 1e-3 : 1e-4;
-    std::vector<float> x(len), dy(len), gamma(c), beta(c), rm(c), rv(c);
-    rand_fill_dt(x, dt, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
-    rand_fill_dt(dy, dt, 1.f);
-    rand_fill(gamma, 0.5f, 1.f);
-    rand_fill(beta, 0.5f);
-    rand_fill(rm, 0.5f);
-    rand_fill(rv, 0.4f, 1.f);
-    std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm),
-                        rvd = to_d(rv), yr(len), smr(c), sir(c), dxr(len), dgr(c), dbr(c);
-    sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd.data(), rvd.data(),
-                              smr.data(), sir.data(), yr.data());
+    const float eps = k_bn_eps, mom = k_bn_mom;
+    bn_ref r = bn_draw(dt, n, c, h, w);
+    std::vector<double> dyd = to_d(r.dy), dxr(len), dgr(c), dbr(c);
     if (relu)
         for (size_t i = 0; i < len; i++)
-            yr[i] = yr[i] > 0 ? yr[i] : 0;
+            r.yr[i] = r.yr[i] > 0 ? r.yr[i] : 0;
 
-    const int nhwc = L == SF_LAYOUT_NHWC;
     dbuf bx = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis),
          bdx = dbuf_make(dt, len, mis);
-    float *d_g = dalloc<float>(c), *d_b = dalloc<float>(c), *d_rm = dalloc<float>(c), *d_rv = dalloc<float>(c),
-          *d_sm = dalloc<float>(c), *d_si = dalloc<float>(c), *d_dg = dalloc<float>(c), *d_db = dalloc<float>(c);
-    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, L));
-    up_dt(bx, nhwc ? to_nhwc(x, n, c, h, w) : x);
-    up_dt(bdy, nhwc ? to_nhwc(dy, n, c, h, w) : dy);
-    up(d_g, gamma);
-    up(d_b, beta);
-    up(d_rm, rm);
-    up(d_rv, rv);
-    poison_dt(by);
+    bn_dev d = bn_dev_make(r, n, c, h, w, L);
+    up_dt(bx, to_lay(r.x, L, n, c, h, w));
+    up_dt(bdy, to_lay(r.dy, L, n, c, h, w));
     poison_dt(bdx);
-    poison(d_sm, c * 4);
-    poison(d_si, c * 4);
-    poison(d_dg, c * 4);
-    poison(d_db, c * 4);
-    int rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, mom, d_rm, d_rv, d_sm, d_si, NULL, by.p, relu,
-                                     scr, s);
-    CU(cudaStreamSynchronize(s));
-    if (rc) {
-        fail(nm, sf_cuda_last_error());
-        goto done;
-    }
-    {
-        std::vector<float> y = down_dt(by, len);
-        if (nhwc)
-            y = to_nchw(y, n, c, h, w);
-        snprintf(sub, sizeof sub, "%s train y", nm);
-        check_dt(sub, dt, y, yr, 1e-4);
-        snprintf(sub, sizeof sub, "%s save_mean", nm);
-        check_v(sub, down(d_sm, c), smr, tolc);
-        snprintf(sub, sizeof sub, "%s save_invstd", nm);
-        check_v(sub, down(d_si, c), sir, tolc);
-        snprintf(sub, sizeof sub, "%s running_mean", nm);
-        check_v(sub, down(d_rm, c), rmd, tolc);
-        snprintf(sub, sizeof sub, "%s running_var", nm);
-        check_v(sub, down(d_rv, c), rvd, tolc);
+    int rc = 0;
+    check_bn_fwd(subname(nm, "train y"), s, by, L, n, c, h, w, [&] {
+        return rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, eps, mom, d.rm, d.rv, d.sm, d.si, NULL,
+                                            by.p, relu, d.scr, s);
+    }, r.yr, k.tol);
+    if (!rc) {
+        check_bn_stats(nm, c, d, r, k.tol_param);
 
+        const std::vector<float> y = from_lay(down_dt(by, len), L, n, c, h, w);
         if (relu)
             for (size_t i = 0; i < len; i++)
                 if (!(y[i] > 0))
                     dyd[i] = 0; /* the ReLU backward, before the BN backward */
-        sf_ref_bn2d_bwd_f64(xd.data(), n, c, h, w, gd.data(), smr.data(), sir.data(), dyd.data(), dxr.data(),
+        sf_ref_bn2d_bwd_f64(r.xd.data(), n, c, h, w, r.gd.data(), r.smr.data(), r.sir.data(), dyd.data(), dxr.data(),
                             dgr.data(), dbr.data());
-        rc = sf_cuda_bn_bwd_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, d_sm, d_si, bdy.p, relu ? by.p : NULL, bdx.p, d_dg, d_db,
-                               scr, s);
+        rc = sf_cuda_bn_bwd_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, bdy.p, relu ? by.p : NULL, bdx.p, d.dg,
+                               d.db, d.scr, s);
         CU(cudaStreamSynchronize(s));
-        snprintf(sub, sizeof sub, "%s bwd", nm);
         if (rc) {
-            fail(sub, sf_cuda_last_error());
-            goto done;
-        }
-        std::vector<float> dx = down_dt(bdx, len);
-        if (nhwc)
-            dx = to_nchw(dx, n, c, h, w);
-        snprintf(sub, sizeof sub, "%s bwd dx", nm);
-        check_dt(sub, dt, dx, dxr, 1e-4);
-        snprintf(sub, sizeof sub, "%s bwd dgamma", nm);
-        check_v(sub, down(d_dg, c), dgr, tolc);
-        snprintf(sub, sizeof sub, "%s bwd dbeta", nm);
-        check_v(sub, down(d_db, c), dbr, tolc);
-
-        /* eval, on the running statistics the device just updated */
-        std::vector<float> rm2 = down(d_rm, c), rv2 = down(d_rv, c);
-        std::vector<double> yer(len);
-        const size_t hw = (size_t)h * w;
-        for (size_t i = 0; i < len; i++) {
-            const int ch = (int)((i / hw) % c);
-            const double v = (double)gamma[ch] * (((double)x[i] - rm2[ch]) / sqrt((double)rv2[ch] + eps)) + beta[ch];
-            yer[i] = relu ? (v > 0 ? v : 0) : v;
-        }
-        poison_dt(by);
-        rc = sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, d_rm, d_rv, NULL, by.p, relu, s);
-        CU(cudaStreamSynchronize(s));
-        snprintf(sub, sizeof sub, "%s eval y", nm);
-        if (rc) {
-            fail(sub, sf_cuda_last_error());
+            fail(subname(nm, "bwd"), sf_cuda_last_error());
         } else {
-            std::vector<float> y2 = down_dt(by, len);
-            if (nhwc)
-                y2 = to_nchw(y2, n, c, h, w);
-            check_dt(sub, dt, y2, yer, 1e-5);
+            check_dt(subname(nm, "bwd dx"), dt, from_lay(down_dt(bdx, len), L, n, c, h, w), dxr, k.tol);
+            check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
+
+            /* eval, on the running statistics the device just updated */
+            std::vector<float> rm2 = down(d.rm, c), rv2 = down(d.rv, c);
+            std::vector<double> yer(len);
+            const size_t hw = (size_t)h * w;
+            for (size_t i = 0; i < len; i++) {
+                const int ch = (int)((i / hw) % c);
+                const double v =
+                    (double)r.gamma[ch] * (((double)r.x[i] - rm2[ch]) / sqrt((double)rv2[ch] + eps)) + r.beta[ch];
+                yer[i] = relu ? (v > 0 ? v : 0) : v;
+            }
+            check_bn_fwd(subname(nm, "eval y"), s, by, L, n, c, h, w, [&] {
+                return sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, eps, d.rm, d.rv, NULL, by.p, relu, s);
+            }, yer, k.tol_aux);
         }
     }
-done:
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
-    cudaFree(d_g); cudaFree(d_b); cudaFree(d_rm); cudaFree(d_rv); cudaFree(d_sm); cudaFree(d_si); cudaFree(d_dg);
-    cudaFree(d_db); cudaFree(scr);
+    bn_dev_free(d);
 }
 
 /* The forwards with a residual (res): y = relu?(bn(x) + res) against the
  * reference batchnorm plus the add, training and eval, both layouts, the row
- * kernels and the generic ones (C % 8 != 0, misaligned). */
-static void test_bn_res(cudaStream_t s, sf_dtype dt, int n, int c, int h, int w, sf_layout L, int relu, int mis)
+ * kernels and the generic ones (C % 8 != 0, misaligned). tol: the training
+ * forward (check_dt); tol_aux: the eval forward. */
+static void test_bn_res(cudaStream_t s, const op_case &k, sf_dtype dt, int n, int c, int h, int w, sf_layout L,
+                        int relu, int mis)
 {
-    char nm[200], sub[260];
+    char nm[200];
     snprintf(nm, sizeof nm, "bn_dt+res %s n%d c%d %dx%d %s%s%s", dtname(dt), n, c, h, w, lname(L),
              relu ? " +relu" : "", mis ? " misaligned" : "");
     const size_t len = (size_t)n * c * h * w;
-    const float eps = 1e-5f, mom = 0.1f;
-    std::vector<float> x(len), r(len), gamma(c), beta(c), rm(c), rv(c);
-    rand_fill_dt(x, dt, 2.f, 3.f);
-    rand_fill_dt(r, dt, 1.f);
-    rand_fill(gamma, 0.5f, 1.f);
-    rand_fill(beta, 0.5f);
-    rand_fill(rm, 0.5f);
-    rand_fill(rv, 0.4f, 1.f);
-    std::vector<double> xd = to_d(x), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm), rvd = to_d(rv), yt(len),
-                        ye(len), smr(c), sir(c);
-    std::vector<double> rmd2 = rmd, rvd2 = rvd;
-    sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd2.data(), rvd2.data(),
-                              smr.data(), sir.data(), yt.data());
-    for (int b = 0; b < n; b++) /* eval: the running statistics, in double (NCHW) */
+    const float eps = k_bn_eps, mom = k_bn_mom;
+    bn_ref r = bn_draw(dt, n, c, h, w); /* dy holds the residual */
+    std::vector<double> yt = r.yr, ye(len);
+    for (int b = 0; b < n; b++) /* eval: the running statistics before the update, in double (NCHW) */
         for (int ch = 0; ch < c; ch++)
             for (int q = 0; q < h * w; q++) {
                 const size_t e = ((size_t)b * c + ch) * h * w + q;
-                ye[e] = (xd[e] - rmd[ch]) / sqrt(rvd[ch] + (double)eps) * gd[ch] + bd[ch];
+                ye[e] = (r.xd[e] - (double)r.rm[ch]) / sqrt((double)r.rv[ch] + (double)eps) * r.gd[ch] + r.beta[ch];
             }
     for (size_t i = 0; i < len; i++) {
-        yt[i] += r[i];
-        ye[i] += r[i];
+        yt[i] += r.dy[i];
+        ye[i] += r.dy[i];
         if (relu) {
             yt[i] = yt[i] > 0 ? yt[i] : 0;
             ye[i] = ye[i] > 0 ? ye[i] : 0;
         }
     }
-    const int nhwc = L == SF_LAYOUT_NHWC;
     dbuf bx = dbuf_make(dt, len, mis), br = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis);
-    float *d_g = dalloc<float>(c), *d_b = dalloc<float>(c), *d_rm = dalloc<float>(c), *d_rv = dalloc<float>(c),
-          *d_sm = dalloc<float>(c), *d_si = dalloc<float>(c);
-    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, L));
-    up_dt(bx, nhwc ? to_nhwc(x, n, c, h, w) : x);
-    up_dt(br, nhwc ? to_nhwc(r, n, c, h, w) : r);
-    up(d_g, gamma);
-    up(d_b, beta);
-    up(d_rm, rm);
-    up(d_rv, rv);
-    for (int ev = 0; ev < 2; ev++) {
-        poison_dt(by);
-        int rc = ev ? sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, d_rm, d_rv, br.p, by.p, relu, s)
-                    : sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d_g, d_b, eps, mom, d_rm, d_rv, d_sm, d_si,
-                                              br.p, by.p, relu, scr, s);
-        CU(cudaStreamSynchronize(s));
-        snprintf(sub, sizeof sub, "%s %s y", nm, ev ? "eval" : "train");
-        if (rc) {
-            fail(sub, sf_cuda_last_error());
-            continue;
-        }
-        std::vector<float> y = down_dt(by, len);
-        if (nhwc)
-            y = to_nchw(y, n, c, h, w);
-        check_dt(sub, dt, y, ev ? ye : yt, 1e-4);
-        if (!ev) { /* the eval pass below uses the running statistics as the reference's */
-            up(d_rm, rm);
-            up(d_rv, rv);
-        }
-    }
+    bn_dev d = bn_dev_make(r, n, c, h, w, L);
+    up_dt(bx, to_lay(r.x, L, n, c, h, w));
+    up_dt(br, to_lay(r.dy, L, n, c, h, w));
+    check_bn_fwd(subname(nm, "train y"), s, by, L, n, c, h, w, [&] {
+        return sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, eps, mom, d.rm, d.rv, d.sm, d.si, br.p, by.p,
+                                       relu, d.scr, s);
+    }, yt, k.tol);
+    /* the eval pass uses the running statistics as the reference's */
+    up(d.rm, r.rm);
+    up(d.rv, r.rv);
+    check_bn_fwd(subname(nm, "eval y"), s, by, L, n, c, h, w, [&] {
+        return sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, eps, d.rm, d.rv, br.p, by.p, relu, s);
+    }, ye, k.tol_aux);
     dbuf_free(bx); dbuf_free(br); dbuf_free(by);
-    cudaFree(d_g); cudaFree(d_b); cudaFree(d_rm); cudaFree(d_rv); cudaFree(d_sm); cudaFree(d_si); cudaFree(scr);
+    bn_dev_free(d);
 }
 
 /* The bf16 NHWC row kernels recompute a fused ReLU's mask from x: the
@@ -416,20 +402,23 @@ static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n
     cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
 }
 
-/* The fp32 launchers. shape {n, c, h, w}; p {relu} */
+/* The fp32 launchers. shape {n, c, h, w}; p {relu}; tol, tol_param,
+ * tol_aux: test_bn's comment */
 void cmp_bn(const op_case &c, const op_env &e)
 {
-    test_bn(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0]);
+    test_bn(e.s, c, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0]);
 }
-/* The _dt launchers. shape {n, c, h, w}; p {relu, misaligned} */
+/* The _dt launchers. shape {n, c, h, w}; p {relu, misaligned}; tol,
+ * tol_param, tol_aux: test_bn_dt's comment */
 void cmp_bn_dt(const op_case &c, const op_env &e)
 {
-    test_bn_dt(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.p[1]);
+    test_bn_dt(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.p[1]);
 }
-/* The batchnorm with its residual add. shape {n, c, h, w}; p {relu, misaligned} */
+/* The batchnorm with its residual add. shape {n, c, h, w}; p {relu,
+ * misaligned}; tol, tol_aux: test_bn_res's comment */
 void cmp_bn_res(const op_case &c, const op_env &e)
 {
-    test_bn_res(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.p[1]);
+    test_bn_res(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.p[1]);
 }
 void cmp_bn_mask_from_x(const op_case &, const op_env &e) { test_bn_mask_from_x(e.s); }
 /* A captured forward+backward replays bit-equal to the eager run. shape {n,

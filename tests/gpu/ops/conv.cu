@@ -1,18 +1,19 @@
 /* tests/gpu/ops/conv.cu — the cuDNN convolutions of gpu/cuda/conv.h against
  * the double-precision reference (sf_ref_conv2d_*), forward, backward-data and
  * backward-filter: both activation layouts (NCHW with KCRS filters, NHWC with
- * KRSC filters), fp32 (< 1e-4 relative) and tf32 (< 1e-3), odd sizes, stride
- * and padding variants, the timed engine choice; bf16 in both layouts and all
- * three directions (max |out - ref| <= 1e-2 max |ref|: check_max), a 2-byte
+ * KRSC filters), fp32 and tf32 (relative error), odd sizes, stride and
+ * padding variants, the timed engine choice; bf16 in both layouts and all
+ * three directions (max |out - ref| of max |ref|: check_max), a 2-byte
  * aligned x, and a refused unknown element type; the thin 1x1 kernels
  * (conv_thin.h: forward with bias and ReLU, the one-pass backward) in fp32
- * (< 1e-5) and bf16 (check_max 1e-2), both layouts, with and without bias,
+ * and bf16, both layouts, with and without bias,
  * ReLU and dx, up to the shape where the backward's block count saturates;
  * the space-to-depth form of strided few-channel convolutions (conv_s2d.h:
  * the rearranged input bit for bit against its definition, the forward and
  * the gathered filter gradient against the reference, fp32 and bf16);
  * grouped, depthwise and dilated convolutions (sf_conv_desc.groups, .dilation)
- * in every direction, fp32, tf32 and bf16, both layouts. *
+ * in every direction, fp32, tf32 and bf16, both layouts. Each case's bounds
+ * are its row's (op_cases.cu), the outputs' through check_gemm. *
  * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
 #include "tests/gpu/op_cases.h"
@@ -29,21 +30,22 @@ struct conv_case {
 /* One shape in one element type and layout: forward, backward-data and
  * backward-filter against the double reference on the same values (the
  * reference's inputs rounded to bf16 first in bf16, so they add no error).
- * fp32 (< 1e-4) and tf32 (< 1e-3): relative error (check_f), and also the
- * separate bias + ReLU epilogue, the bias gradient and the ReLU backward
- * fused with it. bf16 (x, w, y, dy, dx, dw all bf16; fp32 compute):
- * max |out - ref| <= 1e-2 max |ref| (check_max); tf32 = 0 there, since the
+ * fp32 and tf32: relative error within tol, and also the separate bias +
+ * ReLU epilogue, the bias gradient (within tol_param) and the ReLU backward
+ * fused with it (dy masked within tol_aux, db within tol_param). bf16 (x, w,
+ * y, dy, dx, dw all bf16; fp32 compute): max |out - ref| <= tol * max |ref|
+ * (check_max); tf32 = 0 there, since the
  * tf32 flag is about fp32 data and must not keep bf16 off tensor cores. Both:
  * cuDNN's fused conv + fp32 bias + ReLU where an engine builds. misalign: x
  * and dx are bound one element past a 256-byte boundary and declared so
  * (align_x = 2 in bf16), which checks that the alignment fields are taken in
  * bytes for bf16 too. */
-static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf_dtype dt, sf_layout lay, int tf32,
-                      int tune, int misalign)
+static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const op_case &kc, const conv_case &cc, sf_dtype dt,
+                      sf_layout lay, int tf32, int tune, int misalign)
 {
     const int bf = dt == SF_DT_BF16, nhwc = lay == SF_LAYOUT_NHWC;
     const int oh = (cc.h + 2 * cc.pad - cc.k) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - cc.k) / cc.stride + 1;
-    const double tol = bf ? 1e-2 : tf32 ? 1e-3 : 1e-4;
+    const double tol = kc.tol;
     const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cc.c * cc.k * cc.k,
                  ny = (size_t)cc.n * cc.oc * oh * ow;
     std::vector<float> x(nx), wt(nw), b(cc.oc), dy(ny);
@@ -76,10 +78,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
                        const std::vector<double> &ref, double t) {
         if (nhwc)
             g = to_nchw(g, n4, c4, h4, w4);
-        if (bf)
-            check_max(what, g, ref, t);
-        else
-            check_f(what, g.data(), ref, t);
+        check_gemm(what, dt, g, ref, t);
     };
     dbuf bx = dbuf_make(dt, nx, misalign), bdx = dbuf_make(dt, nx, misalign), bw = dbuf_make(dt, nw, 0),
          by = dbuf_make(dt, ny, 0), bdy = dbuf_make(dt, ny, 0), bdw = dbuf_make(dt, nw, 0);
@@ -218,7 +217,7 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
         if (rc)
             fail(nm, sf_cuda_last_error());
         else
-            check_f(nm, down(db, cc.oc).data(), dbr, 1e-5);
+            check_f(nm, down(db, cc.oc).data(), dbr, kc.tol_param);
         /* relu backward fused with the bias gradient, in place on dy */
         if (!yact.empty()) {
             /* The mask comes from the GPU's own forward output, so that values
@@ -239,9 +238,9 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf
             if (rc)
                 fail(nm, sf_cuda_last_error());
             else {
-                compare(nm, down(ddy, ny), cc.n, cc.oc, oh, ow, dymask, 1e-6);
+                compare(nm, down(ddy, ny), cc.n, cc.oc, oh, ow, dymask, kc.tol_aux);
                 snprintf(nm, sizeof nm, "%s relu_bwd+bias_grad db", name);
-                check_f(nm, down(db, cc.oc).data(), dbmask, 1e-5);
+                check_f(nm, down(db, cc.oc).data(), dbmask, kc.tol_param);
             }
         }
     }
@@ -277,9 +276,10 @@ static void test_conv_bad_dtype(cudnnHandle_t dnn)
 }
 
 /* The thin 1x1 kernels against the double reference: y = relu?(conv + b),
- * then dw, db, dx from dy masked by y > 0 where the ReLU is fused. */
-static void test_conv_thin(cudaStream_t s, int n, int c, int h, int w, int oc, sf_dtype dt, sf_layout lay, int bias,
-                           int relu, int want_dx)
+ * then dw, db, dx from dy masked by y > 0 where the ReLU is fused; each
+ * within tol (check_gemm). */
+static void test_conv_thin(cudaStream_t s, double tol, int n, int c, int h, int w, int oc, sf_dtype dt, sf_layout lay,
+                           int bias, int relu, int want_dx)
 {
     const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, ny = (size_t)n * oc * hw, nw = (size_t)oc * c;
     const int bf = dt == SF_DT_BF16, nhwc = lay == SF_LAYOUT_NHWC;
@@ -357,10 +357,7 @@ static void test_conv_thin(cudaStream_t s, int n, int c, int h, int w, int oc, s
         if (!o.on)
             continue;
         snprintf(nm, sizeof nm, "%s %s", name, o.what);
-        if (bf)
-            check_max(nm, *o.got, *o.ref, 1e-2);
-        else
-            check_v(nm, *o.got, *o.ref, 1e-5);
+        check_gemm(nm, dt, *o.got, *o.ref, tol);
     }
     /* the same inputs give the same bits (the block count depends on the shape) */
     std::vector<float> dw_again;
@@ -377,9 +374,10 @@ static void test_conv_thin(cudaStream_t s, int n, int c, int h, int w, int oc, s
 
 /* The one-pass backward of a non-overlapping convolution against the double
  * reference: y = relu?(conv + b) from the reference (the kernel's input
- * mask), then dw, db, dx from dy masked by y > 0. fp32, NHWC, weights KRSC
- * on the device. */
-static void test_conv_patch(cudaStream_t s, int n, int c, int h, int w, int k, int bias, int relu, int want_dx)
+ * mask), then dw, db, dx from dy masked by y > 0, within tol. fp32, NHWC,
+ * weights KRSC on the device. */
+static void test_conv_patch(cudaStream_t s, double tol, int n, int c, int h, int w, int k, int bias, int relu,
+                            int want_dx)
 {
     const int oc = 32, oh = h / k, ow = w / k;
     const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, ny = (size_t)n * oc * oh * ow,
@@ -433,7 +431,7 @@ static void test_conv_patch(cudaStream_t s, int n, int c, int h, int w, int k, i
             if (!o.on)
                 continue;
             snprintf(nm, sizeof nm, "%s %s", name, o.what);
-            check_v(nm, *o.got, *o.ref, 1e-5);
+            check_v(nm, *o.got, *o.ref, tol);
         }
         /* the same inputs give the same bits (the block count is a constant) */
         if (sf_conv_patch_bwd(SF_DT_F32, x_, w_, relu ? y_ : NULL, dy_, NULL, dw_, bias ? db_ : NULL, n, c, h, w,
@@ -454,7 +452,7 @@ static void test_conv_patch(cudaStream_t s, int n, int c, int h, int w, int k, i
  * the stride-1 convolution of the rearranged tensors (cuDNN plans built on
  * sf_conv_s2d_desc) gives the reference's forward, and its filter gradient
  * gathered back the reference's dw. */
-static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf_dtype dt)
+static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc, sf_dtype dt, double tol)
 {
     char name[200], nm[300];
     snprintf(name, sizeof name, "conv s2d n%d c%d %dx%d oc%d k%d s%d p%d %s", cc.n, cc.c, cc.h, cc.w, cc.oc, cc.k,
@@ -536,7 +534,6 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
         pass_or_fail(nm, memcmp(gx.data(), xs_ref.data(), nxs * 4) == 0 && memcmp(gw.data(), ws_ref.data(), nws * 4) == 0,
                      "differs from the definition");
     }
-    const double tol = 1e-2;
     sf_conv_ptrs pf = {bxs.p, bws.p, by.p, ws, NULL}, pw = {bxs.p, bdws.p, bdy.p, ws, NULL};
     const sf_conv_ptrs *ptrs[3] = {&pf, NULL, &pw};
     for (int dir = 0; dir < 3; dir += 2) {
@@ -557,17 +554,9 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
         if (rc) {
             fail(nm, sf_cuda_last_error());
         } else if (dir == SF_CONV_FWD) {
-            std::vector<float> g = to_nchw(down_dt(by, ny), cc.n, cc.oc, oh, ow);
-            if (dt == SF_DT_F32)
-                check_v(nm, g, yr, 1e-4);
-            else
-                check_max(nm, g, yr, tol);
+            check_gemm(nm, dt, to_nchw(down_dt(by, ny), cc.n, cc.oc, oh, ow), yr, tol);
         } else {
-            std::vector<float> g = to_nchw(down_dt(bdw, nw), cc.oc, cc.c, cc.k, cc.k);
-            if (dt == SF_DT_F32)
-                check_v(nm, g, dwr, 1e-4);
-            else
-                check_max(nm, g, dwr, tol);
+            check_gemm(nm, dt, to_nchw(down_dt(bdw, nw), cc.oc, cc.c, cc.k, cc.k), dwr, tol);
         }
         sf_conv_vpack_destroy(vp);
         sf_conv_plan_destroy(&plan);
@@ -582,10 +571,10 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
 /* One grouped (groups g; g = c = oc is depthwise) and/or dilated convolution
  * through cuDNN's graph API, forward, backward-data and backward-filter,
  * against the double reference (sf_ref_conv2d_gd_*). The filter is
- * [oc, c/g, k, k] (KCRS; KRSC with NHWC). fp32: relative error < 1e-4
- * (tf32 1e-3); bf16: check_max 1e-2, as the plain bf16 convolutions. */
+ * [oc, c/g, k, k] (KCRS; KRSC with NHWC). Within tol (check_gemm), as the
+ * plain convolutions. */
 static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layout lay, int tf32, const conv_case &cc,
-                         int groups, int dil)
+                         int groups, int dil, double tol)
 {
     char name[220], nm[300];
     const int span = dil * (cc.k - 1) + 1, cg = cc.c / groups;
@@ -624,7 +613,6 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
     const sf_conv_ptrs ptr[3] = {{bx.p, bw.p, by.p, ws, NULL}, {bdx.p, bw.p, bdy.p, ws, NULL},
                                  {bx.p, bdw.p, bdy.p, ws, NULL}};
     static const char *dir_name[3] = {"fwd", "bwd_data", "bwd_filter"};
-    const double tol32 = tf32 ? 1e-3 : 1e-4;
     for (int dir = 0; dir < 3; dir++) {
         sf_conv_plan plan;
         sf_conv_vpack *vp = NULL;
@@ -652,10 +640,7 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
                 g = nhwc ? to_nchw(down_dt(bdx, nx), cc.n, cc.c, cc.h, cc.w) : down_dt(bdx, nx);
             else
                 g = nhwc ? to_nchw(down_dt(bdw, nw), cc.oc, cg, cc.k, cc.k) : down_dt(bdw, nw);
-            if (dt == SF_DT_F32)
-                check_v(nm, g, ref, tol32);
-            else
-                check_max(nm, g, ref, 1e-2);
+            check_gemm(nm, dt, g, ref, tol);
         }
         sf_conv_vpack_destroy(vp);
         sf_conv_plan_destroy(&plan);
@@ -669,13 +654,18 @@ static conv_case conv_of(const op_case &c)
     return conv_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]};
 }
 /* shape {n, c, h, w}; p {out channels, k, stride, pad, tf32, engine configs
- * timed (tune), x misaligned} */
-void cmp_conv(const op_case &c, const op_env &e) { test_conv(e.dnn, e.s, conv_of(c), c.dt, c.lay, c.p[4], c.p[5], c.p[6]); }
+ * timed (tune), x misaligned}; tol, tol_param, tol_aux: test_conv's comment
+ * (the families below: tol, their outputs') */
+void cmp_conv(const op_case &c, const op_env &e)
+{
+    test_conv(e.dnn, e.s, c, conv_of(c), c.dt, c.lay, c.p[4], c.p[5], c.p[6]);
+}
 void cmp_conv_bad_dtype(const op_case &, const op_env &e) { test_conv_bad_dtype(e.dnn); }
 /* Thin 1x1 and narrow kernels. shape {n, c, h, w}; p {out channels, bias, relu, dx wanted} */
 void cmp_conv_thin(const op_case &c, const op_env &e)
 {
-    test_conv_thin(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.dt, c.lay, c.p[1], c.p[2], c.p[3]);
+    test_conv_thin(e.s, c.tol, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.dt, c.lay, c.p[1], c.p[2],
+                   c.p[3]);
 }
 void cmp_conv_thin_rules(const op_case &, const op_env &)
 {
@@ -691,7 +681,7 @@ void cmp_conv_thin_rules(const op_case &, const op_env &)
  * p {k, bias, relu, dx wanted} */
 void cmp_conv_patch(const op_case &c, const op_env &e)
 {
-    test_conv_patch(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]);
+    test_conv_patch(e.s, c.tol, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]);
 }
 void cmp_conv_patch_refuses_bf16(const op_case &, const op_env &e)
 {
@@ -714,7 +704,7 @@ void cmp_conv_patch_rules(const op_case &, const op_env &)
                  "eligibility");
 }
 /* Space-to-depth. shape {n, c, h, w}; p {out channels, k, stride, pad} */
-void cmp_conv_s2d(const op_case &c, const op_env &e) { test_conv_s2d(e.dnn, e.s, conv_of(c), c.dt); }
+void cmp_conv_s2d(const op_case &c, const op_env &e) { test_conv_s2d(e.dnn, e.s, conv_of(c), c.dt, c.tol); }
 void cmp_conv_s2d_rules(const op_case &, const op_env &)
 {
     pass_or_fail("conv s2d takes NHWC strided convolutions over few channels",
@@ -728,5 +718,5 @@ void cmp_conv_s2d_rules(const op_case &, const op_env &)
  * stride, pad, tf32, groups, dilation} */
 void cmp_conv_gd(const op_case &c, const op_env &e)
 {
-    test_conv_gd(e.dnn, e.s, c.dt, c.lay, c.p[4], conv_of(c), c.p[5], c.p[6]);
+    test_conv_gd(e.dnn, e.s, c.dt, c.lay, c.p[4], conv_of(c), c.p[5], c.p[6], c.tol);
 }

@@ -1,8 +1,9 @@
 /* tests/gpu/ops/conv_dw.cu — the depthwise NHWC kernels of
  * gpu/cuda/conv_dw.h against the double-precision reference
  * (sf_ref_conv2d_gd_* with groups = c = oc): forward (with and without
- * bias), backward-data and backward-filter, fp32 (relative error < 1e-5)
- * and bf16 (max |out - ref| <= 1e-2 max |ref|: check_max); EfficientNet-B0's
+ * bias), backward-data and backward-filter, fp32 (relative error: check_v)
+ * and bf16 (max |out - ref| of max |ref|: check_max) within the row's tol;
+ * EfficientNet-B0's
  * and MobileNet-V2's depthwise shapes scaled down (k 3, 5 and 7, stride 1
  * and 2), odd map sizes, maps narrower than a thread's strip of columns,
  * n = 1, channel counts that are a multiple of 8 (the 16-byte kernels, also
@@ -25,9 +26,10 @@ struct dw_case {
 };
 
 /* One shape in one element type: every direction against the reference on
- * the same values (bf16 inputs rounded first, so they add no error). mis:
- * every tensor bound one element past a 256-byte boundary. */
-static void test_dw(cudaStream_t s, const dw_case &cc, sf_dtype dt, int bias, int mis)
+ * the same values (bf16 inputs rounded first, so they add no error), within
+ * tol (check_v in fp32, check_max in bf16). mis: every tensor bound one
+ * element past a 256-byte boundary. */
+static void test_dw(cudaStream_t s, const dw_case &cc, sf_dtype dt, int bias, int mis, double tol)
 {
     char name[200], nm[280];
     const int oh = (cc.h + 2 * cc.pad - cc.k) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - cc.k) / cc.stride + 1;
@@ -77,9 +79,9 @@ static void test_dw(cudaStream_t s, const dw_case &cc, sf_dtype dt, int bias, in
         for (const auto &o : outs) {
             snprintf(nm, sizeof nm, "%s %s", name, o.what);
             if (dt == SF_DT_BF16)
-                check_max(nm, *o.got, *o.ref, 1e-2);
+                check_max(nm, *o.got, *o.ref, tol);
             else
-                check_v(nm, *o.got, *o.ref, 1e-5);
+                check_v(nm, *o.got, *o.ref, tol);
         }
         /* the same inputs give the same bits: the partial sums' order is the shape's */
         poison_dt(bdw);
@@ -144,8 +146,9 @@ static dw_case dw_of(const op_case &c)
 {
     return dw_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2]};
 }
-/* shape {n, c, h, w}; p {k, stride, pad, bias, misaligned} */
-void cmp_conv_dw(const op_case &c, const op_env &e) { test_dw(e.s, dw_of(c), c.dt, c.p[3], c.p[4]); }
+/* shape {n, c, h, w}; p {k, stride, pad, bias, misaligned}; tol: the outputs'
+ * bound */
+void cmp_conv_dw(const op_case &c, const op_env &e) { test_dw(e.s, dw_of(c), c.dt, c.p[3], c.p[4], c.tol); }
 /* shape {n, c, h, w}; p {k, stride, pad}; the check names why the shape is refused */
 void cmp_conv_dw_refused(const op_case &c, const op_env &e) { test_dw_refused(e.s, dw_of(c), c.check); }
 void cmp_conv_dw_rules(const op_case &, const op_env &) { test_dw_ok_rules(); }

@@ -20,12 +20,12 @@ struct convt_case {
 /* One ConvTranspose2d shape in one element type, both layouts, through the
  * plans (d.dt reaches conv.cu's plans): forward + bias, backward data,
  * backward filter (dw in dt, as the conv's w), bias gradient, against the
- * double reference. fp32 and tf32: relative error < 1e-4 and < 1e-3 (check_v),
+ * double reference. fp32: relative error < tol (check_v), then tf32 < tol_aux,
  * through the fp32 wrappers. bf16: x, w, dy rounded to bf16 and the reference
- * on those values, max |err| <= 1e-2 max|ref| (check_max: fp32 accumulation
+ * on those values, max |err| <= tol * max|ref| (check_max: fp32 accumulation
  * and one bf16 rounding, as test_conv's bf16 convolutions), through the _dt
- * wrappers. The bias gradient stays fp32: relative error < 1e-4. */
-static void test_convt(cudnnHandle_t dnn, cudaStream_t s, const convt_case &cc, sf_dtype dt)
+ * wrappers. The bias gradient stays fp32: relative error < tol_param. */
+static void test_convt(cudnnHandle_t dnn, cudaStream_t s, const op_case &kc, const convt_case &cc, sf_dtype dt)
 {
     const int bf = dt == SF_DT_BF16;
     const int oh = (cc.h - 1) * cc.stride - 2 * cc.pad + cc.k, ow = (cc.w - 1) * cc.stride - 2 * cc.pad + cc.k;
@@ -87,19 +87,14 @@ static void test_convt(cudnnHandle_t dnn, cudaStream_t s, const convt_case &cc, 
                 dx = to_nchw(dx, cc.n, cc.c, cc.h, cc.w);
                 dw = to_nchw(dw, cc.c, cc.oc, cc.k, cc.k);
             }
-            const double tol = tf32 ? 1e-3 : 1e-4;
+            const double tol = tf32 ? kc.tol_aux : kc.tol; /* bf16 runs no tf32 */
             const char *what[3] = {"fwd+bias", "bwd_data", "bwd_filter"};
             const std::vector<float> *got[3] = {&y, &dx, &dw};
             const std::vector<double> *ref[3] = {&yr, &dxr, &dwr};
-            for (int k = 0; k < 3; k++) {
-                snprintf(sub, sizeof sub, "%s %s", nm, what[k]);
-                if (bf)
-                    check_max(sub, *got[k], *ref[k], 1e-2);
-                else
-                    check_v(sub, *got[k], *ref[k], tol);
-            }
+            for (int k = 0; k < 3; k++)
+                check_gemm(subname(nm, what[k]), dt, *got[k], *ref[k], tol);
             snprintf(sub, sizeof sub, "%s bias_grad", nm);
-            check_v(sub, down(d_db, cc.oc), dbr, 1e-4);
+            check_v(sub, down(d_db, cc.oc), dbr, kc.tol_param);
             sf_convt_plans_destroy(&pl);
         }
     dbuf_free(bx); dbuf_free(bw); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx); dbuf_free(bdw);
@@ -125,11 +120,12 @@ static void test_convt_cache(cudnnHandle_t dnn)
 }
 
 /* The convT wrappers on d->dt: bias + ReLU on the output [n, oc, oh, ow] in
- * its layout, then the bias gradient through that ReLU; and the fp32 wrappers
- * refuse a bf16 descriptor. */
-static void test_convt_bias_dt(cudaStream_t s, sf_dtype dt, sf_layout L, int oc)
+ * its layout (check_dt within tol), then the bias gradient through that ReLU
+ * (the masked dy exact, db within tol_param); and the fp32 wrappers refuse a
+ * bf16 descriptor. */
+static void test_convt_bias_dt(cudaStream_t s, const op_case &k, sf_dtype dt, sf_layout L, int oc)
 {
-    char nm[200], sub[260];
+    char nm[200];
     sf_convt_desc d;
     memset(&d, 0, sizeof d);
     d.n = 2; d.c = 3; d.h = 5; d.w = 4; d.oc = oc; d.k = 3; d.stride = 2; d.pad = 1;
@@ -149,44 +145,28 @@ static void test_convt_bias_dt(cudaStream_t s, sf_dtype dt, sf_layout L, int oc)
         const double v = (double)y[i] + b[ch];
         yr[i] = v < 0 ? 0 : v;
     }
-    const int nhwc = L == SF_LAYOUT_NHWC;
     dbuf by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0);
     float *d_b = dalloc<float>(oc), *d_db = dalloc<float>(oc), *scr = dalloc<float>(sf_cuda_bias_grad_scratch(oc));
-    up_dt(by, nhwc ? to_nhwc(y, d.n, oc, oh, ow) : y);
-    up_dt(bdy, nhwc ? to_nhwc(dy, d.n, oc, oh, ow) : dy);
+    up_dt(by, to_lay(y, L, d.n, oc, oh, ow));
+    up_dt(bdy, to_lay(dy, L, d.n, oc, oh, ow));
     up(d_b, b);
     poison(d_db, oc * 4);
-    int rc = sf_convt_bias_act_dt(&d, by.p, d_b, 1, s);
-    CU(cudaStreamSynchronize(s));
-    if (rc) {
-        fail(nm, sf_cuda_last_error());
-    } else {
-        std::vector<float> got = down_dt(by, len);
-        if (nhwc)
-            got = to_nchw(got, d.n, oc, oh, ow);
-        snprintf(sub, sizeof sub, "%s bias_act +relu", nm);
-        check_dt(sub, dt, got, yr, 1e-6);
+    if (ran_ok(s, nm, sf_convt_bias_act_dt(&d, by.p, d_b, 1, s))) {
+        const std::vector<float> got = from_lay(down_dt(by, len), L, d.n, oc, oh, ow);
+        check_dt(subname(nm, "bias_act +relu"), dt, got, yr, k.tol);
         /* the backward masks with the device's own ReLU output */
         for (size_t i = 0; i < len; i++) {
             dyr[i] = got[i] > 0 ? dy[i] : 0;
             dbr[(i / ((size_t)oh * ow)) % oc] += dyr[i];
         }
-        rc = sf_convt_bias_grad_dt(&d, bdy.p, by.p, d_db, scr, s);
-        CU(cudaStreamSynchronize(s));
-        snprintf(sub, sizeof sub, "%s bias_grad", nm);
-        if (rc) {
-            fail(sub, sf_cuda_last_error());
-        } else {
-            std::vector<float> g = down_dt(bdy, len);
-            if (nhwc)
-                g = to_nchw(g, d.n, oc, oh, ow);
-            snprintf(sub, sizeof sub, "%s bias_grad dy masked (exact)", nm);
-            check_ulp(sub, g, dyr, 0, 0);
-            snprintf(sub, sizeof sub, "%s bias_grad db", nm);
-            check_v(sub, down(d_db, oc), dbr, 1e-4);
+        if (ran_ok(s, subname(nm, "bias_grad"), sf_convt_bias_grad_dt(&d, bdy.p, by.p, d_db, scr, s))) {
+            check_ulp(subname(nm, "bias_grad dy masked (exact)"), from_lay(down_dt(bdy, len), L, d.n, oc, oh, ow), dyr,
+                      0, 0);
+            check_v(subname(nm, "bias_grad db"), down(d_db, oc), dbr, k.tol_param);
         }
     }
     if (dt == SF_DT_BF16) {
+        char sub[260];
         snprintf(sub, sizeof sub, "%s: fp32 wrappers refuse a bf16 descriptor", nm);
         const int r1 = sf_convt_bias_act(&d, (float *)by.p, d_b, 1, s);
         const int r2 = sf_convt_bias_grad(&d, (float *)bdy.p, NULL, d_db, scr, s);
@@ -197,9 +177,9 @@ static void test_convt_bias_dt(cudaStream_t s, sf_dtype dt, sf_layout L, int oc)
 }
 
 /* conv_patch.h's k2s2 forward against the double reference, NCHW fp32:
- * y = relu?(convT(x) + b), an odd spatial size and a pixel count that is not
- * a multiple of the warps' 32. */
-static void test_convt_patch(cudaStream_t s, int n, int c, int h, int w, int bias, int relu)
+ * y = relu?(convT(x) + b) within tol, an odd spatial size and a pixel count
+ * that is not a multiple of the warps' 32. */
+static void test_convt_patch(cudaStream_t s, double tol, int n, int c, int h, int w, int bias, int relu)
 {
     const int oc = c / 2, oh = 2 * h, ow = 2 * w;
     const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * oc * oh * ow, nw = (size_t)c * oc * 4;
@@ -225,23 +205,24 @@ static void test_convt_patch(cudaStream_t s, int n, int c, int h, int w, int bia
     if (rc)
         fail(name, sf_cuda_last_error());
     else
-        check_v(name, down(y_, ny), yr, 1e-5);
+        check_v(name, down(y_, ny), yr, tol);
     cudaFree(x_); cudaFree(w_); cudaFree(b_); cudaFree(y_);
 }
 
-/* shape {n, c, h, w}; p {out channels, k, stride, pad} */
+/* shape {n, c, h, w}; p {out channels, k, stride, pad}; tol, tol_param,
+ * tol_aux: test_convt's comment */
 void cmp_convt(const op_case &c, const op_env &e)
 {
-    test_convt(e.dnn, e.s, convt_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]},
-               c.dt);
+    test_convt(e.dnn, e.s, c,
+               convt_case{c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1], c.p[2], c.p[3]}, c.dt);
 }
 void cmp_convt_cache(const op_case &, const op_env &e) { test_convt_cache(e.dnn); }
 /* p {out channels} */
-void cmp_convt_bias_dt(const op_case &c, const op_env &e) { test_convt_bias_dt(e.s, c.dt, c.lay, c.p[0]); }
+void cmp_convt_bias_dt(const op_case &c, const op_env &e) { test_convt_bias_dt(e.s, c, c.dt, c.lay, c.p[0]); }
 /* The k2s2 per-pixel forward. shape {n, c, h, w}; p {bias, relu} */
 void cmp_convt_patch(const op_case &c, const op_env &e)
 {
-    test_convt_patch(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1]);
+    test_convt_patch(e.s, c.tol, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], c.p[1]);
 }
 void cmp_convt_patch_rules(const op_case &, const op_env &)
 {

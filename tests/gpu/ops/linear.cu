@@ -1,6 +1,6 @@
 /* tests/gpu/ops/linear.cu — the cuBLAS linear layers of gpu/cuda/linear.h
  * against sf_ref_linear_*: fp32 and tf32, through the float and the _dt entry
- * points, bf16 (max-error criterion, fp32 dw 1e-3), ResNet-18's classifier,
+ * points, bf16 (max-error criterion), ResNet-18's classifier,
  * a refused unknown element type, and the per-pixel layers over a map's
  * channels (sf_linear_map_*) in both layouts, fp32, tf32 and bf16, and the
  * cuBLASLt forwards with the bias in the GEMM (sf_linear_lt_*), fp32, tf32
@@ -10,14 +10,15 @@
 #include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
-/* via_dt: through the _dt launchers with SF_DT_F32 (which must be the float
- * functions exactly) instead of the float ones. */
-static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int out, int tf32, int via_dt)
+/* y, dx and dw within tol (relative error), the bias gradient within
+ * tol_bias. via_dt: through the _dt launchers with SF_DT_F32 (which must be
+ * the float functions exactly) instead of the float ones. */
+static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int out, int tf32, int via_dt, double tol,
+                        double tol_bias)
 {
-    char name[160], nm[200];
+    char name[160];
     snprintf(name, sizeof name, "linear n%d in%d out%d %s%s", n, in, out, tf32 ? "tf32" : "fp32",
              via_dt ? " via _dt(SF_DT_F32)" : "");
-    const double tol = tf32 ? 1e-3 : 1e-4;
     std::vector<float> x((size_t)n * in), w((size_t)out * in), b(out), dy((size_t)n * out);
     rand_fill(x, 1.f);
     rand_fill(w, 0.5f);
@@ -41,48 +42,34 @@ static void test_linear(cublasHandle_t blas, cudaStream_t s, int n, int in, int 
     int rc = (via_dt ? sf_linear_fwd_dt(blas, SF_DT_F32, dx, n, in, dw, out, y, tf32)
                      : sf_linear_fwd(blas, dx, n, in, dw, out, y, tf32)) ||
              sf_cuda_bias_act(y, db, n, out, 1, 0, s);
-    CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "%s fwd+bias", name);
-    if (rc)
-        fail(nm, sf_cuda_last_error());
-    else
-        check_f(nm, down(y, yr.size()).data(), yr, tol);
+    const subname fwd(name, "fwd+bias"), bwd_data(name, "bwd_data"), bwd_filter(name, "bwd_filter"),
+        bias_grad(name, "bias_grad");
+    if (ran_ok(s, fwd, rc))
+        check_f(fwd, down(y, yr.size()).data(), yr, tol);
     rc = via_dt ? sf_linear_bwd_data_dt(blas, SF_DT_F32, ddy, n, in, dw, out, gx, tf32)
                 : sf_linear_bwd_data(blas, ddy, n, in, dw, out, gx, tf32);
-    CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "%s bwd_data", name);
-    if (rc)
-        fail(nm, sf_cuda_last_error());
-    else
-        check_f(nm, down(gx, x.size()).data(), dxr, tol);
+    if (ran_ok(s, bwd_data, rc))
+        check_f(bwd_data, down(gx, x.size()).data(), dxr, tol);
     rc = via_dt ? sf_linear_bwd_filter_dt(blas, SF_DT_F32, dx, n, in, ddy, out, gw, tf32)
                 : sf_linear_bwd_filter(blas, dx, n, in, ddy, out, gw, tf32);
-    CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "%s bwd_filter", name);
-    if (rc)
-        fail(nm, sf_cuda_last_error());
-    else
-        check_f(nm, down(gw, w.size()).data(), dwr, tol);
-    rc = sf_cuda_bias_grad(ddy, NULL, n, out, 1, gb, scr, s);
-    CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "%s bias_grad", name);
-    if (rc)
-        fail(nm, sf_cuda_last_error());
-    else
-        check_f(nm, down(gb, out).data(), dbr, 1e-5);
+    if (ran_ok(s, bwd_filter, rc))
+        check_f(bwd_filter, down(gw, w.size()).data(), dwr, tol);
+    if (ran_ok(s, bias_grad, sf_cuda_bias_grad(ddy, NULL, n, out, 1, gb, scr, s)))
+        check_f(bias_grad, down(gb, out).data(), dbr, tol_bias);
     cudaFree(dx); cudaFree(dw); cudaFree(db); cudaFree(ddy); cudaFree(y); cudaFree(gx); cudaFree(gw); cudaFree(gb);
     cudaFree(scr);
 }
 
 /* bf16 linear layer: x, w, dy bf16 (rounded on the host first), y and dx bf16,
  * dw fp32, against the double reference on the same values. y and dx: the
- * bf16 criterion (check_max, 1e-2: fp32 accumulation plus one bf16 rounding).
- * dw is fp32 with no output rounding, and each product of two bf16 values is
- * exact in fp32, so only the fp32 sum's rounding is left: tol 1e-3 of max|ref|
- * (a dw rounded through bf16 on the way, up to 3.9e-3, would typically fail). */
-static void test_linear_bf16(cublasHandle_t blas, cudaStream_t s, int n, int in, int out)
+ * bf16 criterion (check_max within tol: fp32 accumulation plus one bf16
+ * rounding). dw is fp32 with no output rounding, and each product of two bf16
+ * values is exact in fp32, so only the fp32 sum's rounding is left: check_max
+ * within tol_dw, which the rows set to 1e-3 (a dw rounded through bf16 on the
+ * way, up to 3.9e-3, would typically fail). */
+static void test_linear_bf16(cublasHandle_t blas, cudaStream_t s, int n, int in, int out, double tol, double tol_dw)
 {
-    char name[160], nm[200];
+    char name[160];
     snprintf(name, sizeof name, "linear n%d in%d out%d bf16", n, in, out);
     std::vector<float> x((size_t)n * in), w((size_t)out * in), dy((size_t)n * out);
     rand_fill(x, 1.f);
@@ -104,28 +91,14 @@ static void test_linear_bf16(cublasHandle_t blas, cudaStream_t s, int n, int in,
     poison_b(by, yr.size());
     poison_b(bgx, x.size());
     poison_f(gw, w.size());
-    int rc = sf_linear_fwd_dt(blas, SF_DT_BF16, bx, n, in, bw, out, by, 0);
-    CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "%s fwd", name);
-    if (rc)
-        fail(nm, sf_cuda_last_error());
-    else
-        check_max(nm, downb(by, yr.size()), yr, 1e-2);
-    rc = sf_linear_bwd_data_dt(blas, SF_DT_BF16, bdy, n, in, bw, out, bgx, 0);
-    CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "%s bwd_data", name);
-    if (rc)
-        fail(nm, sf_cuda_last_error());
-    else
-        check_max(nm, downb(bgx, x.size()), dxr, 1e-2);
+    const subname fwd(name, "fwd"), bwd_data(name, "bwd_data"), bwd_filter(name, "bwd_filter (fp32 dw)");
+    if (ran_ok(s, fwd, sf_linear_fwd_dt(blas, SF_DT_BF16, bx, n, in, bw, out, by, 0)))
+        check_max(fwd, downb(by, yr.size()), yr, tol);
+    if (ran_ok(s, bwd_data, sf_linear_bwd_data_dt(blas, SF_DT_BF16, bdy, n, in, bw, out, bgx, 0)))
+        check_max(bwd_data, downb(bgx, x.size()), dxr, tol);
     /* tf32 = 1 here: it must not matter for bf16 operands */
-    rc = sf_linear_bwd_filter_dt(blas, SF_DT_BF16, bx, n, in, bdy, out, gw, 1);
-    CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "%s bwd_filter (fp32 dw)", name);
-    if (rc)
-        fail(nm, sf_cuda_last_error());
-    else
-        check_max(nm, down(gw, w.size()), dwr, 1e-3);
+    if (ran_ok(s, bwd_filter, sf_linear_bwd_filter_dt(blas, SF_DT_BF16, bx, n, in, bdy, out, gw, 1)))
+        check_max(bwd_filter, down(gw, w.size()), dwr, tol_dw);
     cudaFree(bx); cudaFree(bw); cudaFree(bdy); cudaFree(by); cudaFree(bgx); cudaFree(gw);
 }
 
@@ -149,12 +122,13 @@ static void test_linear_bad_dtype(cublasHandle_t blas)
 
 /* A linear layer per pixel over a map's channels ("over": "channels"): x
  * [n, in, h, w] and y [n, out, h, w] in layout lay, against the reference
- * on the pixels as rows. fp32 (tf32): relative error < 1e-4 (1e-3); bf16: y
- * and dx by check_max 1e-2, the fp32 dw < 1e-3. */
+ * on the pixels as rows. y and dx within tol (check_gemm: relative error in
+ * fp32 and tf32, max error in bf16), the fp32 dw's relative error within
+ * tol_dw. */
 static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf_layout lay, int tf32, int n, int in,
-                            int out, int h, int w)
+                            int out, int h, int w, double tol, double tol_dw)
 {
-    char name[200], nm[260];
+    char name[200];
     snprintf(name, sizeof name, "linear over channels n%d in%d out%d %dx%d %s %s", n, in, out, h, w, lname(lay),
              dt == SF_DT_BF16 ? "bf16" : tf32 ? "tf32" : "fp32");
     const size_t hw = (size_t)h * w, nx = (size_t)n * in * hw, ny = (size_t)n * out * hw, nw = (size_t)out * in;
@@ -169,13 +143,12 @@ static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf
     sf_ref_linear_fwd_f64(xr.data(), rows, in, wd.data(), NULL, out, yrows.data());
     sf_ref_linear_bwd_f64(xr.data(), rows, in, wd.data(), out, dyr.data(), dxrows.data(), dwr.data(), NULL);
     const std::vector<double> yr = to_nchw(yrows, n, out, h, w), dxr = to_nchw(dxrows, n, in, h, w);
-    const int nhwc = lay == SF_LAYOUT_NHWC;
     dbuf bx = dbuf_make(dt, nx, 0), bw = dbuf_make(dt, nw, 0), bdy = dbuf_make(dt, ny, 0), by = dbuf_make(dt, ny, 0),
          bdx = dbuf_make(dt, nx, 0);
     float *gw = dalloc<float>(nw);
-    up_dt(bx, nhwc ? to_nhwc(x, n, in, h, w) : x);
+    up_dt(bx, to_lay(x, lay, n, in, h, w));
     up_dt(bw, wt);
-    up_dt(bdy, nhwc ? to_nhwc(dy, n, out, h, w) : dy);
+    up_dt(bdy, to_lay(dy, lay, n, out, h, w));
     poison_dt(by);
     poison_dt(bdx);
     poison_f(gw, nw);
@@ -183,31 +156,19 @@ static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf
     const int rd = sf_linear_map_bwd_data_dt(blas, dt, lay, bdy.p, n, hw, in, bw.p, out, bdx.p, tf32);
     const int rw = sf_linear_map_bwd_filter_dt(blas, dt, lay, bx.p, n, hw, in, bdy.p, out, gw, tf32);
     CU(cudaStreamSynchronize(s));
-    const double tol = tf32 ? 1e-3 : 1e-4;
-    std::vector<float> y = down_dt(by, ny), dx = down_dt(bdx, nx);
-    if (nhwc) {
-        y = to_nchw(y, n, out, h, w);
-        dx = to_nchw(dx, n, in, h, w);
-    }
-    snprintf(nm, sizeof nm, "%s fwd", name);
+    const subname fwd(name, "fwd"), bwd_data(name, "bwd_data"), bwd_filter(name, "bwd_filter");
     if (rf)
-        fail(nm, sf_cuda_last_error());
-    else if (dt == SF_DT_F32)
-        check_v(nm, y, yr, tol);
+        fail(fwd, sf_cuda_last_error());
     else
-        check_max(nm, y, yr, 1e-2);
-    snprintf(nm, sizeof nm, "%s bwd_data", name);
+        check_gemm(fwd, dt, from_lay(down_dt(by, ny), lay, n, out, h, w), yr, tol);
     if (rd)
-        fail(nm, sf_cuda_last_error());
-    else if (dt == SF_DT_F32)
-        check_v(nm, dx, dxr, tol);
+        fail(bwd_data, sf_cuda_last_error());
     else
-        check_max(nm, dx, dxr, 1e-2);
-    snprintf(nm, sizeof nm, "%s bwd_filter", name);
+        check_gemm(bwd_data, dt, from_lay(down_dt(bdx, nx), lay, n, in, h, w), dxr, tol);
     if (rw)
-        fail(nm, sf_cuda_last_error());
+        fail(bwd_filter, sf_cuda_last_error());
     else
-        check_v(nm, down(gw, nw), dwr, dt == SF_DT_F32 ? tol : 1e-3);
+        check_v(bwd_filter, down(gw, nw), dwr, tol_dw);
     dbuf_free(bx); dbuf_free(bw); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx);
     cudaFree(gw);
 }
@@ -216,15 +177,15 @@ static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf
  * reference, with the bias in its epilogue (or none), fp32, tf32 and bf16
  * (inputs rounded to bf16 first, as test_linear_bf16). bias: 0 none, 1 fp32,
  * 2 (bf16 only) a bf16 bias (b_bf16), the reference the same rounded values.
- * y: fp32 < 1e-4 relative (tf32 1e-3), bf16 check_max 1e-2 (one output
- * rounding). must: the plan must build; where cuBLASLt may have no
+ * y within tol (check_gemm: relative error in fp32 and tf32, max error in
+ * bf16, one output rounding). must: the plan must build; where cuBLASLt may have no
  * algorithm (odd shapes; an fp32 bias beside a bf16 output) the case prints
  * cuBLASLt's reason (the executor then keeps the cuBLAS path), but what
  * builds must compute the right values. A call with an input one element past a
  * 16-byte boundary must return 1 and leave the output alone, and the
  * forward must replay from a captured CUDA graph. */
 static void test_linear_lt(cublasLtHandle_t lt, cudaStream_t s, void *ws, size_t ws_bytes, sf_dtype dt, int tf32,
-                           int rows, int in, int out, int bias, int must)
+                           int rows, int in, int out, int bias, int must, double tol)
 {
     char name[200], nm[260];
     snprintf(name, sizeof name, "linear cuBLASLt rows%d in%d out%d %s %s", rows, in, out,
@@ -260,7 +221,6 @@ static void test_linear_lt(cublasLtHandle_t lt, cudaStream_t s, void *ws, size_t
     d.w = bw.p;
     d.align_act = 16;
     d.ws_bytes = ws_bytes;
-    const double tol = dt == SF_DT_BF16 || tf32 ? 1e-3 : 1e-4;
     sf_linear_lt *pf = NULL;
     char why[160] = "";
     const int cf = sf_linear_lt_create(&pf, lt, &d, why, sizeof why);
@@ -275,10 +235,8 @@ static void test_linear_lt(cublasLtHandle_t lt, cudaStream_t s, void *ws, size_t
         CU(cudaStreamSynchronize(s));
         if (rc)
             fail(nm, rc < 0 ? sf_cuda_last_error() : "returned 1 on aligned pointers");
-        else if (dt == SF_DT_F32)
-            check_v(nm, down_dt(by, yr.size()), yr, tol);
         else
-            check_max(nm, down_dt(by, yr.size()), yr, 1e-2);
+            check_gemm(nm, dt, down_dt(by, yr.size()), yr, tol);
         /* misaligned input: refused, nothing written */
         poison_dt(by);
         const int rm = sf_linear_lt_fwd(pf, lt, bxm.p, bw.p, by.p, ws, s);
@@ -301,10 +259,7 @@ static void test_linear_lt(cublasLtHandle_t lt, cudaStream_t s, void *ws, size_t
             fail(nm, rcg ? sf_cuda_last_error() : "instantiate or launch failed");
         } else {
             CU(cudaStreamSynchronize(s));
-            if (dt == SF_DT_F32)
-                check_v(nm, down_dt(by, yr.size()), yr, tol);
-            else
-                check_max(nm, down_dt(by, yr.size()), yr, 1e-2);
+            check_gemm(nm, dt, down_dt(by, yr.size()), yr, tol);
         }
         if (ge)
             cudaGraphExecDestroy(ge);
@@ -343,23 +298,31 @@ static void test_linear_lt_refuses(cublasLtHandle_t lt)
     sf_cuda_clear_error();
 }
 
-/* shape {n, in, out}; p {tf32, through the _dt launcher} */
+/* shape {n, in, out}; p {tf32, through the _dt launcher}; tol: y, dx and dw;
+ * tol_param: the bias gradient */
 void cmp_linear(const op_case &c, const op_env &e)
 {
-    test_linear(e.blas, e.s, c.shape[0], c.shape[1], c.shape[2], c.p[0], c.p[1]);
+    test_linear(e.blas, e.s, c.shape[0], c.shape[1], c.shape[2], c.p[0], c.p[1], c.tol, c.tol_param);
 }
-/* shape {n, in, out} */
-void cmp_linear_bf16(const op_case &c, const op_env &e) { test_linear_bf16(e.blas, e.s, c.shape[0], c.shape[1], c.shape[2]); }
+/* shape {n, in, out}; tol: y and dx; tol_param: the fp32 dw */
+void cmp_linear_bf16(const op_case &c, const op_env &e)
+{
+    test_linear_bf16(e.blas, e.s, c.shape[0], c.shape[1], c.shape[2], c.tol, c.tol_param);
+}
 void cmp_linear_bad_dtype(const op_case &, const op_env &e) { test_linear_bad_dtype(e.blas); }
-/* Per pixel over channels. shape {n, in, out, h, w}; p {tf32} */
+/* Per pixel over channels. shape {n, in, out, h, w}; p {tf32}; tol: y and
+ * dx; tol_param: the fp32 dw */
 void cmp_linear_map(const op_case &c, const op_env &e)
 {
-    test_linear_map(e.blas, e.s, c.dt, c.lay, c.p[0], c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.shape[4]);
+    test_linear_map(e.blas, e.s, c.dt, c.lay, c.p[0], c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.shape[4],
+                    c.tol, c.tol_param);
 }
 /* The cuBLASLt forward with the bias epilogue. shape {rows, in, out}; p
- * {tf32, bias (2: its bf16 copy), whether the plan must build (test_linear_lt)} */
+ * {tf32, bias (2: its bf16 copy), whether the plan must build (test_linear_lt)};
+ * tol: y */
 void cmp_linear_lt(const op_case &c, const op_env &e)
 {
-    test_linear_lt(e.lt, e.s, e.ws, e.ws_bytes, c.dt, c.p[0], c.shape[0], c.shape[1], c.shape[2], c.p[1], c.p[2]);
+    test_linear_lt(e.lt, e.s, e.ws, e.ws_bytes, c.dt, c.p[0], c.shape[0], c.shape[1], c.shape[2], c.p[1], c.p[2],
+                   c.tol);
 }
 void cmp_linear_lt_refuses(const op_case &, const op_env &e) { test_linear_lt_refuses(e.lt); }

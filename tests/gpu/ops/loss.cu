@@ -8,19 +8,29 @@
 #include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
-static void test_xent(cudaStream_t s, int n, int k)
+/* Fresh logits [n, k] (ties: rounded to integers, so that many tie) and
+ * labels (the hash salted with `salt`). */
+static void xent_draw(int n, int k, int ties, uint64_t salt, std::vector<float> &l, std::vector<int32_t> &lab)
 {
-    char nm[100];
-    std::vector<float> l((size_t)n * k);
+    l.resize((size_t)n * k);
     rand_fill(l, 3.f);
-    std::vector<int32_t> lab(n);
+    if (ties)
+        for (auto &v : l)
+            v = roundf(v); /* few distinct values: many ties */
+    lab.resize(n);
     for (int i = 0; i < n; i++)
-        lab[i] = (int32_t)(sf_hash4(g_seed, i, 5, 5) % (uint64_t)k);
+        lab[i] = (int32_t)(sf_hash4(g_seed, i, salt, salt) % (uint64_t)k);
     g_seed++;
-    std::vector<double> ld = to_d(l), dref((size_t)n * k);
-    double lref;
-    int cref;
-    sf_ref_xent_f64(ld.data(), lab.data(), n, k, &lref, dref.data(), &cref);
+}
+
+/* Runs sf_cuda_xent on l and lab (ctl: the device's loss control, or NULL),
+ * then checks the loss within tol and the logits' gradient within tol_grad
+ * against the reference; returns 1 with the device's counts in h when it ran,
+ * else reports the failure under nm. */
+static int run_xent(cudaStream_t s, const char *nm, const std::vector<float> &l, const std::vector<int32_t> &lab, int n,
+                    int k, const sf_loss_ctl *ctl, double lref, const std::vector<double> &dref, double tol,
+                    double tol_grad, sf_xent_out *h)
+{
     float *dl = dalloc<float>(l.size()), *dd = dalloc<float>(l.size());
     int32_t *dlab = dalloc<int32_t>(n);
     sf_xent_out *out = dalloc<sf_xent_out>(1);
@@ -28,78 +38,71 @@ static void test_xent(cudaStream_t s, int n, int k)
     CU(cudaMemcpy(dlab, lab.data(), 4 * n, cudaMemcpyHostToDevice));
     poison_f(dd, l.size());
     CU(cudaMemset(out, 0xff, sizeof *out));
-    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, NULL, s);
+    const int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, ctl, s);
     CU(cudaStreamSynchronize(s));
-    snprintf(nm, sizeof nm, "xent n%d k%d", n, k);
     if (rc) {
         fail(nm, sf_cuda_last_error());
     } else {
-        sf_xent_out h;
-        CU(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost));
-        char n2[140];
-        snprintf(n2, sizeof n2, "%s loss", nm);
-        check(n2, &h.loss, &lref, 1, 1e-5);
-        snprintf(n2, sizeof n2, "%s dlogits", nm);
-        check_f(n2, down(dd, l.size()).data(), dref, 1e-5);
-        snprintf(n2, sizeof n2, "%s correct", nm);
-        if (h.correct == cref && h.bad == 0) {
-            printf("ok %s (%d)\n", n2, cref);
-            g_ok++;
-        } else {
-            char why[80];
-            snprintf(why, sizeof why, "correct %d vs %d, bad %d", h.correct, cref, h.bad);
-            fail(n2, why);
-        }
+        CU(cudaMemcpy(h, out, sizeof *h, cudaMemcpyDeviceToHost));
+        check(subname(nm, "loss"), &h->loss, &lref, 1, tol);
+        check_f(subname(nm, "dlogits"), down(dd, l.size()).data(), dref, tol_grad);
     }
     cudaFree(dl); cudaFree(dd); cudaFree(dlab); cudaFree(out);
+    return !rc;
+}
+
+/* Hard labels: the loss within tol, the gradient within tol_aux, the correct
+ * count exact. */
+static void test_xent(cudaStream_t s, const op_case &kc, int n, int k)
+{
+    char nm[100];
+    std::vector<float> l;
+    std::vector<int32_t> lab;
+    xent_draw(n, k, 0, 5, l, lab);
+    std::vector<double> ld = to_d(l), dref((size_t)n * k);
+    double lref;
+    int cref;
+    sf_ref_xent_f64(ld.data(), lab.data(), n, k, &lref, dref.data(), &cref);
+    snprintf(nm, sizeof nm, "xent n%d k%d", n, k);
+    sf_xent_out h;
+    if (run_xent(s, nm, l, lab, n, k, NULL, lref, dref, kc.tol, kc.tol_aux, &h)) {
+        char why[80];
+        snprintf(why, sizeof why, "correct %d vs %d, bad %d", h.correct, cref, h.bad);
+        if (h.correct == cref && h.bad == 0) {
+            printf("ok %s correct (%d)\n", nm, cref);
+            g_ok++;
+        } else {
+            fail(subname(nm, "correct"), why);
+        }
+    }
 }
 
 /* Label smoothing, mixed targets (labels rolled by one) and top-5 hits
- * against sf_ref_xent_soft_f64; ties among the logits exercise top-5's order. */
-static void test_xent_soft(cudaStream_t s, int n, int k, float sm, float lam, int ties, float gsc = 0.f)
+ * against sf_ref_xent_soft_f64; ties among the logits exercise top-5's order.
+ * The loss within tol, the gradient within tol_aux, the hits exact. */
+static void test_xent_soft(cudaStream_t s, const op_case &kc, int n, int k, float sm, float lam, int ties, float gsc)
 {
     char nm[120];
-    std::vector<float> l((size_t)n * k);
-    rand_fill(l, 3.f);
-    if (ties)
-        for (auto &v : l)
-            v = roundf(v); /* few distinct values: many ties */
-    std::vector<int32_t> lab(n);
-    for (int i = 0; i < n; i++)
-        lab[i] = (int32_t)(sf_hash4(g_seed, i, 6, 6) % (uint64_t)k);
-    g_seed++;
+    std::vector<float> l;
+    std::vector<int32_t> lab;
+    xent_draw(n, k, ties, 6, l, lab);
     std::vector<double> ld = to_d(l), dref((size_t)n * k);
     double lref;
     int cref, c5ref;
     sf_ref_xent_soft_f64(ld.data(), lab.data(), n, k, sm, lam, &lref, dref.data(), &cref, &c5ref);
     for (double &v : dref) /* a data-parallel rank's share weighs its gradient, not its loss */
         v *= gsc != 0.f ? gsc : 1.0;
-    float *dl = dalloc<float>(l.size()), *dd = dalloc<float>(l.size());
-    int32_t *dlab = dalloc<int32_t>(n);
-    sf_xent_out *out = dalloc<sf_xent_out>(1);
     sf_loss_ctl ctl = {sm, lam, gsc}, *dctl = dalloc<sf_loss_ctl>(1);
     CU(cudaMemcpy(dctl, &ctl, sizeof ctl, cudaMemcpyHostToDevice));
-    up(dl, l);
-    CU(cudaMemcpy(dlab, lab.data(), 4 * n, cudaMemcpyHostToDevice));
-    poison_f(dd, l.size());
-    int rc = sf_cuda_xent(dl, dlab, n, k, dd, out, dctl, s);
-    CU(cudaStreamSynchronize(s));
     snprintf(nm, sizeof nm, "xent n%d k%d smoothing %g mix %g%s grad scale %g", n, k, sm, lam, ties ? " ties" : "",
              gsc != 0.f ? gsc : 1.f);
-    if (rc) {
-        fail(nm, sf_cuda_last_error());
-    } else {
-        sf_xent_out h;
-        CU(cudaMemcpy(&h, out, sizeof h, cudaMemcpyDeviceToHost));
+    sf_xent_out h;
+    if (run_xent(s, nm, l, lab, n, k, dctl, lref, dref, kc.tol, kc.tol_aux, &h)) {
         char n2[160];
-        snprintf(n2, sizeof n2, "%s loss", nm);
-        check(n2, &h.loss, &lref, 1, 1e-5);
-        snprintf(n2, sizeof n2, "%s dlogits", nm);
-        check_f(n2, down(dd, l.size()).data(), dref, 1e-5);
         snprintf(n2, sizeof n2, "%s top-1 %d top-5 %d", nm, cref, c5ref);
         pass_or_fail(n2, h.correct == cref && h.correct5 == c5ref && h.bad == 0, "hits differ from the reference");
     }
-    cudaFree(dl); cudaFree(dd); cudaFree(dlab); cudaFree(out); cudaFree(dctl);
+    cudaFree(dctl);
 }
 
 static void test_labels(cudaStream_t s)
@@ -144,8 +147,10 @@ static void test_labels(cudaStream_t s)
 
 /* ---- per-pixel cross-entropy --------------------------------------------- */
 
-static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L, int bad_label, float sm = 0.f,
-                        float gsc = 0.f)
+/* The loss within tol, the gradient within tol_aux, the counts exact; a bad
+ * label gives a NaN loss and that pixel's gradient NaN. */
+static void test_xent2d(cudaStream_t s, const op_case &kc, int n, int k, int h, int w, sf_layout L, int bad_label,
+                        float sm, float gsc)
 {
     char nm[160];
     snprintf(nm, sizeof nm, "xent2d n%d k%d %dx%d %s%s smoothing %g grad scale %g", n, k, h, w, lname(L),
@@ -197,27 +202,28 @@ static void test_xent2d(cudaStream_t s, int n, int k, int h, int w, sf_layout L,
         } else {
             snprintf(sub, sizeof sub, "%s loss", nm);
             float lf = o.loss;
-            check(sub, &lf, &lr, 1, 1e-4);
+            check(sub, &lf, &lr, 1, kc.tol);
             snprintf(sub, sizeof sub, "%s correct %lld, top-5 %lld of %zu", nm, (long long)o.correct,
                      (long long)o.correct5, npix);
             pass_or_fail(sub, o.correct == cr && o.correct5 == c5r && o.bad == 0, "counts differ from the reference");
             snprintf(sub, sizeof sub, "%s dlogits", nm);
-            check_v(sub, dg, dr, 1e-5);
+            check_v(sub, dg, dr, kc.tol_aux);
         }
     }
     cudaFree(d_l); cudaFree(d_d); cudaFree(d_lab); cudaFree(d_out); cudaFree(scr); cudaFree(dctl);
 }
 
-/* shape {n, classes} */
-void cmp_xent(const op_case &c, const op_env &e) { test_xent(e.s, c.shape[0], c.shape[1]); }
+/* shape {n, classes}; tol: the loss; tol_aux: the logits' gradient (the same
+ * in the families below) */
+void cmp_xent(const op_case &c, const op_env &e) { test_xent(e.s, c, c.shape[0], c.shape[1]); }
 /* shape {n, classes}; p {tied logits}; f {label smoothing, mix lambda, gradient scale (0: 1/n)} */
 void cmp_xent_soft(const op_case &c, const op_env &e)
 {
-    test_xent_soft(e.s, c.shape[0], c.shape[1], c.f[0], c.f[1], c.p[0], c.f[2]);
+    test_xent_soft(e.s, c, c.shape[0], c.shape[1], c.f[0], c.f[1], c.p[0], c.f[2]);
 }
 void cmp_labels(const op_case &, const op_env &e) { test_labels(e.s); }
 /* shape {n, classes, h, w}; p {a bad label}; f {label smoothing, gradient scale (0: 1/n)} */
 void cmp_xent2d(const op_case &c, const op_env &e)
 {
-    test_xent2d(e.s, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.f[0], c.f[1]);
+    test_xent2d(e.s, c, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0], c.f[0], c.f[1]);
 }

@@ -22,7 +22,7 @@ void cmp_mul(const op_case &k, const op_env &e)
     const sf_dtype dt = k.dt;
     const sf_layout lay = k.lay;
     const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3], bcast = k.p[0];
-    char nm[160], sub[220];
+    char nm[160];
     snprintf(nm, sizeof nm, "mul %s %s n%d c%d %dx%d%s", dtname(dt), lname(lay), n, c, h, w,
              bcast ? " b broadcast" : "");
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw, blen = bcast ? (size_t)n * c : len;
@@ -48,30 +48,18 @@ void cmp_mul(const op_case &k, const op_env &e)
         rc = sf_cuda_mul_bwd_dt(dt, lay, ba.p, bb.p, bdy.p, bda.p, NULL, n, c, hw, bcast, s);
     if (!rc)
         rc = sf_cuda_mul_bwd_dt(dt, lay, ba.p, bb.p, bdy.p, NULL, bdb.p, n, c, hw, bcast, s);
-    CU(cudaStreamSynchronize(s));
-    if (rc) {
-        fail(nm, sf_cuda_last_error());
-    } else {
-        snprintf(sub, sizeof sub, "%s fwd", nm);
-        check_dt(sub, dt, from_lay(down_dt(by, len), lay, n, c, h, w), yr, k.tol);
-        snprintf(sub, sizeof sub, "%s da", nm);
-        check_dt(sub, dt, from_lay(down_dt(bda, len), lay, n, c, h, w), dar, k.tol);
-        snprintf(sub, sizeof sub, "%s db", nm);
-        check_dt(sub, dt, from_lay(down_dt(bdb, blen), lay, n, c, bh, bw), dbr, k.tol_param);
+    if (ran_ok(s, nm, rc)) {
+        check_lay(nm, "fwd", by, lay, n, c, h, w, yr, k.tol);
+        check_lay(nm, "da", bda, lay, n, c, h, w, dar, k.tol);
+        check_lay(nm, "db", bdb, lay, n, c, bh, bw, dbr, k.tol_param);
     }
     /* both gradients in one call */
     poison_dt(bda);
     poison_dt(bdb);
     rc = sf_cuda_mul_bwd_dt(dt, lay, ba.p, bb.p, bdy.p, bda.p, bdb.p, n, c, hw, bcast, s);
-    CU(cudaStreamSynchronize(s));
-    if (rc) {
-        snprintf(sub, sizeof sub, "%s da and db in one call", nm);
-        fail(sub, sf_cuda_last_error());
-    } else {
-        snprintf(sub, sizeof sub, "%s db beside da in one call", nm);
-        check_dt(sub, dt, from_lay(down_dt(bdb, blen), lay, n, c, bh, bw), dbr, k.tol_param);
-        snprintf(sub, sizeof sub, "%s da beside db in one call", nm);
-        check_dt(sub, dt, from_lay(down_dt(bda, len), lay, n, c, h, w), dar, k.tol);
+    if (ran_ok(s, subname(nm, "da and db in one call"), rc)) {
+        check_lay(nm, "db beside da in one call", bdb, lay, n, c, bh, bw, dbr, k.tol_param);
+        check_lay(nm, "da beside db in one call", bda, lay, n, c, h, w, dar, k.tol);
     }
     dbuf_free(ba); dbuf_free(bb); dbuf_free(bdy); dbuf_free(by); dbuf_free(bda); dbuf_free(bdb);
 }
@@ -84,7 +72,7 @@ void cmp_channel_scale(const op_case &k, const op_env &e)
     const sf_dtype dt = k.dt;
     const sf_layout lay = k.lay;
     const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3];
-    char nm[160], sub[220];
+    char nm[160];
     snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d", dtname(dt), lname(lay), n, c, h, w);
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw;
     std::vector<float> x(len), sc(c), dy(len);
@@ -108,27 +96,18 @@ void cmp_channel_scale(const op_case &k, const op_env &e)
     int rc = sf_cuda_channel_scale_fwd_dt(dt, lay, bx.p, d_s, by.p, n, c, hw, s);
     if (!rc)
         rc = sf_cuda_channel_scale_bwd_dt(dt, lay, bx.p, d_s, bdy.p, bdx.p, d_ds, n, c, hw, scr, s);
-    CU(cudaStreamSynchronize(s));
-    if (rc) {
-        fail(nm, sf_cuda_last_error());
-    } else {
-        snprintf(sub, sizeof sub, "%s fwd", nm);
-        check_dt(sub, dt, from_lay(down_dt(by, len), lay, n, c, h, w), yr, k.tol);
-        snprintf(sub, sizeof sub, "%s dx", nm);
-        check_dt(sub, dt, from_lay(down_dt(bdx, len), lay, n, c, h, w), dxr, k.tol);
-        snprintf(sub, sizeof sub, "%s dscale (fp32)", nm);
-        check_v(sub, down(d_ds, c), dsr, k.tol_param);
+    if (ran_ok(s, nm, rc)) {
+        check_lay(nm, "fwd", by, lay, n, c, h, w, yr, k.tol);
+        check_lay(nm, "dx", bdx, lay, n, c, h, w, dxr, k.tol);
+        check_v(subname(nm, "dscale (fp32)"), down(d_ds, c), dsr, k.tol_param);
     }
     /* without dx (the layer's input needs no gradient): dscale alone, twice
      * bit-identical (a fixed-order reduction) */
     const std::vector<float> first = down(d_ds, c);
     poison_f(d_ds, c);
     rc = sf_cuda_channel_scale_bwd_dt(dt, lay, bx.p, d_s, bdy.p, NULL, d_ds, n, c, hw, scr, s);
-    CU(cudaStreamSynchronize(s));
-    snprintf(sub, sizeof sub, "%s dscale without dx, bit-identical", nm);
-    if (rc)
-        fail(sub, sf_cuda_last_error());
-    else
+    const subname sub(nm, "dscale without dx, bit-identical");
+    if (ran_ok(s, sub, rc))
         pass_or_fail(sub, memcmp(first.data(), down(d_ds, c).data(), sizeof(float) * c) == 0,
                      "differs from the first run");
     dbuf_free(bx); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx);

@@ -23,7 +23,8 @@
 #include "gpu/cuda/check.h"
 #include "gpu/cuda/sdpa.h"
 
-/* Tolerances: the max-error criterion of op_test.h (max |got - ref| <= tol *
+/* Tolerances, the rows' (tol: O; tol_aux: dQ, dK, dV; tol_param: the
+ * statistics): the max-error criterion of op_test.h (max |got - ref| <= tol *
  * max |ref|, NaN anywhere failing), against a double reference on the same
  * bf16 inputs, so all of the error is the fused kernel's own:
  *  - the forward rounds the probabilities P to bf16 before P V and O once at
@@ -38,7 +39,6 @@
  * Any layout mistake (a swapped K and V, a wrong head stride, a transposed
  * matrix, a missing scale) moves elements by the order of max |ref| itself,
  * far above these; the negative control checks that it does. */
-static const double TOL_FWD = 1e-2, TOL_BWD = 2e-2, TOL_STATS = 1e-4;
 
 struct shape {
     int n, t, heads, d;
@@ -113,7 +113,7 @@ static int run_both(sf_sdpa_plan *p, cudnnHandle_t h, const dev &m, cudaStream_t
     return 0;
 }
 
-static void check_all(const char *nm, const char *how, const dev &m, const shape &sh,
+static void check_all(const op_case &k, const char *nm, const char *how, const dev &m, const shape &sh,
                       const std::vector<double> &o_ref, const std::vector<double> &lse,
                       const std::vector<double> &dqkv_ref)
 {
@@ -121,20 +121,20 @@ static void check_all(const char *nm, const char *how, const dev &m, const shape
     const int c = sh.heads * sh.d;
     char name[300];
     snprintf(name, sizeof name, "%s%s: O", nm, how);
-    check_max(name, downb(m.o, rows * c), o_ref, TOL_FWD);
+    check_max(name, downb(m.o, rows * c), o_ref, k.tol);
     std::vector<float> st(lse.size());
     CU(cudaMemcpy(st.data(), m.stats, st.size() * 4, cudaMemcpyDeviceToHost));
     snprintf(name, sizeof name, "%s%s: softmax statistics (log-sum-exp)", nm, how);
-    check_max(name, st, lse, TOL_STATS);
+    check_max(name, st, lse, k.tol_param);
     const std::vector<float> g = downb(m.dqkv, rows * 3 * c);
     const char *pn[3] = {"dQ", "dK", "dV"};
-    for (int k = 0; k < 3; k++) {
-        snprintf(name, sizeof name, "%s%s: %s", nm, how, pn[k]);
-        check_max(name, part(g, rows, c, k * c), part(dqkv_ref, rows, c, k * c), TOL_BWD);
+    for (int j = 0; j < 3; j++) {
+        snprintf(name, sizeof name, "%s%s: %s", nm, how, pn[j]);
+        check_max(name, part(g, rows, c, j * c), part(dqkv_ref, rows, c, j * c), k.tol_aux);
     }
 }
 
-static void test_shape(cudnnHandle_t h, cudaStream_t s, shape sh)
+static void test_shape(cudnnHandle_t h, cudaStream_t s, const op_case &k, shape sh)
 {
     char nm[120], why[1200];
     snprintf(nm, sizeof nm, "sdpa n=%d t=%d heads=%d d=%d", sh.n, sh.t, sh.heads, sh.d);
@@ -181,7 +181,7 @@ static void test_shape(cudnnHandle_t h, cudaStream_t s, shape sh)
     poison_f(m.stats, lse.size());
     if (run_both(p, h, m, s, nm) == 0) {
         CU(cudaStreamSynchronize(s));
-        check_all(nm, "", m, sh, o_ref, lse, dqkv_ref);
+        check_all(k, nm, "", m, sh, o_ref, lse, dqkv_ref);
     }
 
     /* captured into a CUDA graph and replayed, as the executor runs a step */
@@ -201,7 +201,7 @@ static void test_shape(cudnnHandle_t h, cudaStream_t s, shape sh)
         CU(cudaGraphInstantiate(&exec, graph, 0));
         CU(cudaGraphLaunch(exec, s));
         CU(cudaStreamSynchronize(s));
-        check_all(nm, " (CUDA graph)", m, sh, o_ref, lse, dqkv_ref);
+        check_all(k, nm, " (CUDA graph)", m, sh, o_ref, lse, dqkv_ref);
         CU(cudaGraphExecDestroy(exec));
     }
     if (graph)
@@ -221,8 +221,8 @@ static void test_shape(cudnnHandle_t h, cudaStream_t s, shape sh)
         const double ek = max_rel(part(g, rows, c, c), part(dqkv_ref, rows, c, c));
         char name[300];
         snprintf(name, sizeof name, "%s: K and V swapped fail the checks (O err %.2e > %.0e, dK err %.2e > %.0e)",
-                 nm, eo, TOL_FWD, ek, TOL_BWD);
-        pass_or_fail(name, eo > TOL_FWD && ek > TOL_BWD, "the checks would not catch a K/V swap");
+                 nm, eo, k.tol, ek, k.tol_aux);
+        pass_or_fail(name, eo > k.tol && ek > k.tol_aux, "the checks would not catch a K/V swap");
     }
 
     cudaFree(m.qkv);
@@ -247,11 +247,12 @@ static int has_fused_attention(void)
     return major >= 8;
 }
 
-/* shape {n, tokens, heads, head dimension} */
+/* shape {n, tokens, heads, head dimension}; tol, tol_param, tol_aux: the
+ * Tolerances comment above */
 void cmp_sdpa(const op_case &c, const op_env &e)
 {
     if (has_fused_attention())
-        test_shape(e.dnn, e.s, shape{c.shape[0], c.shape[1], c.shape[2], c.shape[3]});
+        test_shape(e.dnn, e.s, c, shape{c.shape[0], c.shape[1], c.shape[2], c.shape[3]});
 }
 
 /* A shape no engine takes is refused with its reason, not built. shape {n,

@@ -918,6 +918,25 @@ static int bn_dx_t(const bn_plan &p, int rows, const T *x, int c, const float *g
     return 0;
 }
 
+/* The statistics' first pass: x's per-chunk (shifted) sums into part, by
+ * rows of channels (bf16 with rows set: part[c][chunk]) or by the generic
+ * chunks (part[chunk][c]). */
+template <typename T>
+static int bn_stat_partials(const bn_plan &p, int c, const T *x, int rows, double *part, cudaStream_t s)
+{
+    if (rows) {
+        if constexpr (sizeof(T) == 2) {
+            constexpr int VEC = 16 / sizeof(T);
+            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
+            k_bn_part_rows<T, 0><<<grid, CU_TPB, 0, s>>>(x, NULL, NULL, NULL, NULL, NULL, 0, c, bn_rows_G(c, VEC),
+                                                        p.E, p.L, p.nchunks, part);
+            SF_CUDA_CHECK_LAUNCH();
+        }
+        return 0;
+    }
+    return bn_partials<T>(p, x, NULL, NULL, NULL, c, 0, part, s) ? -1 : 0;
+}
+
 template <typename T>
 static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                           const float *beta, float eps, float momentum, float *running_mean, float *running_var,
@@ -925,7 +944,6 @@ static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w
                           cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
-    constexpr int VEC = 16 / sizeof(T);
     if (bn_check(fn, n, c, h, w))
         return -1;
     bn_plan p = bn_plan_of(n, c, h, w, lay);
@@ -937,16 +955,8 @@ static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w
     if (BF)
         bn_plan_bf16(&p, rows);
     double *part = (double *)scratch;
-    if (rows) {
-        if constexpr (BF) {
-            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
-            k_bn_part_rows<T, 0><<<grid, CU_TPB, 0, s>>>(x, NULL, NULL, NULL, NULL, NULL, 0, c, bn_rows_G(c, VEC),
-                                                        p.E, p.L, p.nchunks, part);
-            SF_CUDA_CHECK_LAUNCH();
-        }
-    } else if (bn_partials<T>(p, x, NULL, NULL, NULL, c, 0, part, s)) {
+    if (bn_stat_partials<T>(p, c, x, rows, part, s))
         return -1;
-    }
     if constexpr (BF) {
         /* rows: part[c][chunk]; generic: part[chunk][c] */
         k_bn_final_tree<T, 0><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(
@@ -1104,7 +1114,6 @@ static int bn_sync_fwd_sums_t(const char *fn, const T *x, int n, int c, int h, i
                               void *scratch, cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
-    constexpr int VEC = 16 / sizeof(T);
     if (n == 0)
         return bn_sync_zero(fn, c, sums, s);
     if (bn_check(fn, n, c, h, w))
@@ -1114,16 +1123,8 @@ static int bn_sync_fwd_sums_t(const char *fn, const T *x, int n, int c, int h, i
     if (BF)
         bn_plan_bf16(&p, rows);
     double *part = (double *)scratch;
-    if (rows) {
-        if constexpr (BF) {
-            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
-            k_bn_part_rows<T, 0><<<grid, CU_TPB, 0, s>>>(x, NULL, NULL, NULL, NULL, NULL, 0, c, bn_rows_G(c, VEC),
-                                                        p.E, p.L, p.nchunks, part);
-            SF_CUDA_CHECK_LAUNCH();
-        }
-    } else if (bn_partials<T>(p, x, NULL, NULL, NULL, c, 0, part, s)) {
+    if (bn_stat_partials<T>(p, c, x, rows, part, s))
         return -1;
-    }
     /* rows: part[c][chunk]; generic: part[chunk][c] */
     k_bn_sync_sums<T, 0><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(
         part, rows ? (size_t)p.nchunks : 1, rows ? 1 : (size_t)c, p.nchunks, c, (double)p.E, x, p.nhwc ? 1 : p.hw,

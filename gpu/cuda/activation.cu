@@ -4,6 +4,7 @@
  * activation.h; the formulas are gpu/ref/activation.c's. */
 #include "gpu/cuda/activation.h"
 
+#include "gpu/cuda/activation.cuh"
 #include "gpu/cuda/kernel_common.cuh"
 
 extern "C" {
@@ -19,49 +20,6 @@ static_assert((int)SF_CUDA_ACT_RELU6 == SF_ACT_RELU6 && (int)SF_CUDA_ACT_SIGMOID
 /* ======================================================================== */
 /* kernels                                                                  */
 /* ======================================================================== */
-
-#define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
-#define GELU_K1 0.044715f
-#define INV_SQRT2 0.7071067811865476f
-#define INV_SQRT_2PI 0.3989422804014327f
-
-__device__ __forceinline__ float act_f(int act, float v)
-{
-    float r;
-    switch (act) {
-    case SF_CUDA_ACT_RELU6: r = v < 0.f ? 0.f : v > 6.f ? 6.f : v; break;
-    case SF_CUDA_ACT_SIGMOID: r = 1.f / (1.f + expf(-v)); break;
-    case SF_CUDA_ACT_SILU: r = v / (1.f + expf(-v)); break;
-    case SF_CUDA_ACT_HARDSWISH: r = v <= -3.f ? 0.f : v >= 3.f ? v : v * (v + 3.f) / 6.f; break;
-    case SF_CUDA_ACT_HARDSIGMOID: r = v <= -3.f ? 0.f : v >= 3.f ? 1.f : v / 6.f + 0.5f; break;
-    case SF_CUDA_ACT_GELU_TANH: r = 0.5f * v * (1.f + tanhf(GELU_K0 * (v + GELU_K1 * v * v * v))); break;
-    default: r = 0.5f * v * (1.f + erff(v * INV_SQRT2)); break;
-    }
-    return isnan(v) ? v : r;
-}
-
-/* f'(x), the factor of dy. */
-__device__ __forceinline__ float act_d(int act, float v)
-{
-    switch (act) {
-    case SF_CUDA_ACT_RELU6: return v > 0.f && v < 6.f ? 1.f : 0.f;
-    case SF_CUDA_ACT_SIGMOID: {
-        const float s = 1.f / (1.f + expf(-v));
-        return s * (1.f - s);
-    }
-    case SF_CUDA_ACT_SILU: {
-        const float s = 1.f / (1.f + expf(-v));
-        return s * (1.f + v * (1.f - s));
-    }
-    case SF_CUDA_ACT_HARDSWISH: return v < -3.f ? 0.f : v <= 3.f ? v / 3.f + 0.5f : 1.f;
-    case SF_CUDA_ACT_HARDSIGMOID: return v > -3.f && v < 3.f ? 1.f / 6.f : 0.f;
-    case SF_CUDA_ACT_GELU_TANH: {
-        const float t = tanhf(GELU_K0 * (v + GELU_K1 * v * v * v));
-        return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * GELU_K0 * (1.f + 3.f * GELU_K1 * v * v);
-    }
-    default: return 0.5f * (1.f + erff(v * INV_SQRT2)) + v * expf(-0.5f * v * v) * INV_SQRT_2PI;
-    }
-}
 
 /* y[i] = f(x[i]) (BWD: y[i] = dy[i] * f'(x[i])), V elements a vector (V > 1:
  * every pointer 16-byte aligned; the len % V tail one element a thread).

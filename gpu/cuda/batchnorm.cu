@@ -4,11 +4,25 @@
  * Contracts in batchnorm.h. */
 #include "gpu/cuda/batchnorm.h"
 
+#include "gpu/cuda/activation.cuh"
 #include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* kernels                                                                  */
 /* ======================================================================== */
+
+/* The activation fused after the batchnorm (act, batchnorm.h's codes: not 0)
+ * at z, the normalised value (plus the residual, when there is one). */
+__device__ __forceinline__ float bn_act_f(int act, float z)
+{
+    return act == SF_BN_RELU ? (z > 0.f ? z : 0.f) : act_f(act - SF_BN_ACT_BASE, z);
+}
+
+/* dy's gradient through that activation at z: ReLU's mask, or g * f'(z). */
+__device__ __forceinline__ float bn_act_g(int act, float z, float g)
+{
+    return act == SF_BN_RELU ? (z > 0.f ? g : 0.f) : g * act_d(act - SF_BN_ACT_BASE, z);
+}
 
 /* The channel of element e (e a multiple of V when V > 1). */
 __device__ __forceinline__ int bn_chan(unsigned e, int C, unsigned hw, int nhwc)
@@ -302,7 +316,7 @@ template <typename T, int V>
 __global__ void k_bn_apply(const T *__restrict__ x, size_t nvec, int C, size_t hw, int nhwc,
                            const float *__restrict__ mean, const float *__restrict__ sinv,
                            const float *__restrict__ rvar, float eps, const float *__restrict__ gamma,
-                           const float *__restrict__ beta, const T *__restrict__ res, int relu, T *__restrict__ y)
+                           const float *__restrict__ beta, const T *__restrict__ res, int act, T *__restrict__ y)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nvec)
@@ -320,9 +334,7 @@ __global__ void k_bn_apply(const T *__restrict__ x, size_t nvec, int C, size_t h
         float o = bn_out(xv[v], mean[c], inv, gamma[c], beta[c]);
         if (res)
             o += rv[v];
-        if (relu)
-            o = o > 0.f ? o : 0.f;
-        xv[v] = o;
+        xv[v] = act ? bn_act_f(act, o) : o;
     }
     cu_st<T, V>(y + e, xv);
 }
@@ -453,11 +465,12 @@ template <typename T> __device__ __forceinline__ uint4 ldrow(const T *p, size_t 
 }
 
 /* Pass 1 (MODE 0: forward statistics, 1: backward sums; as k_bn_part_nhwc,
- * except that with relu the mask is recomputed from x, the saved statistics
- * and gamma/beta (bn_out > 0) instead of read from y: a third less traffic,
- * and the same decision as the forward's, whose output is > 0 exactly when
- * bn_out is (bf16 keeps fp32's exponent range, so no positive value above
- * 2^-134 rounds to zero).
+ * except that with act the fused activation's derivative is recomputed
+ * from x, the saved statistics and gamma/beta (at z = bn_out, the value the
+ * forward applied it to) instead of read from y: a third less traffic, and
+ * for ReLU the same decision as the forward's, whose output is > 0 exactly
+ * when bn_out is (bf16 keeps fp32's exponent range, so no positive value
+ * above 2^-134 rounds to zero).
  * Block (chunk, channel block) covers rows [chunk*L, +L). A thread loads U
  * rows, sums their values in fp32 and adds that into double accumulators
  * (bf16 data: the fp32 sum of U values is exact to ~1e-6 relative, and it
@@ -468,7 +481,7 @@ template <typename T, int MODE>
 __global__ void __launch_bounds__(CU_TPB)
     k_bn_part_rows(const T *__restrict__ x, const T *__restrict__ dy, const float *__restrict__ mean,
                    const float *__restrict__ sinv, const float *__restrict__ gamma, const float *__restrict__ beta,
-                   int relu, int C, int G, size_t R, size_t L, int nchunks, double *__restrict__ part)
+                   int act, int C, int G, size_t R, size_t L, int nchunks, double *__restrict__ part)
 {
     constexpr int V = 16 / sizeof(T);
     constexpr int U = MODE == 0 ? 8 : 4;
@@ -490,9 +503,9 @@ __global__ void __launch_bounds__(CU_TPB)
 #pragma unroll
         for (int v = 0; v < V; v++) {
             sh[v] = mean[c0 + v];
-            iv[v] = relu ? sinv[c0 + v] : 0.f;
-            ga[v] = relu ? gamma[c0 + v] : 0.f;
-            be[v] = relu ? beta[c0 + v] : 0.f;
+            iv[v] = act ? sinv[c0 + v] : 0.f;
+            ga[v] = act ? gamma[c0 + v] : 0.f;
+            be[v] = act ? beta[c0 + v] : 0.f;
         }
     }
     double da[V], db[V];
@@ -541,10 +554,10 @@ __global__ void __launch_bounds__(CU_TPB)
             } else {
                 float gv[V];
                 cu_unpack<T>(rg[u], gv);
-                if (relu) {
+                if (act) {
 #pragma unroll
                     for (int v = 0; v < V; v++)
-                        gv[v] = bn_out(xv[v], sh[v], iv[v], ga[v], be[v]) > 0.f ? gv[v] : 0.f;
+                        gv[v] = bn_act_g(act, bn_out(xv[v], sh[v], iv[v], ga[v], be[v]), gv[v]);
                 }
 #pragma unroll
                 for (int v = 0; v < V; v++) {
@@ -597,7 +610,7 @@ __global__ void __launch_bounds__(CU_TPB)
     k_bn_apply_rows(const T *__restrict__ x, size_t R, int C, int G, const float *__restrict__ mean,
                     const float *__restrict__ sinv, const float *__restrict__ rvar, float eps,
                     const float *__restrict__ gamma, const float *__restrict__ beta, const T *__restrict__ res,
-                    int relu, T *__restrict__ y)
+                    int act, T *__restrict__ y)
 {
     constexpr int V = 16 / sizeof(T);
     const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
@@ -634,7 +647,7 @@ __global__ void __launch_bounds__(CU_TPB)
                 float o = bn_out(v[j], mu[j], iv[j], ga[j], be[j]);
                 if (rp)
                     o += rv[j];
-                v[j] = relu ? (o > 0.f ? o : 0.f) : o;
+                v[j] = act ? bn_act_f(act, o) : o;
             }
             *reinterpret_cast<uint4 *>(yp + (r + q * step) * (size_t)C) = cu_pack<T>(v);
         }
@@ -649,19 +662,19 @@ __global__ void __launch_bounds__(CU_TPB)
             float o = bn_out(v[j], mu[j], iv[j], ga[j], be[j]);
             if (rp)
                 o += rv[j];
-            v[j] = relu ? (o > 0.f ? o : 0.f) : o;
+            v[j] = act ? bn_act_f(act, o) : o;
         }
         *reinterpret_cast<uint4 *>(yp + r * (size_t)C) = cu_pack<T>(v);
     }
 }
 
-/* Backward dx over rows, as k_bn_dx, with the ReLU mask recomputed from x
- * (as k_bn_part_rows) when relu. */
+/* Backward dx over rows, as k_bn_dx, with the fused activation's derivative
+ * recomputed from x (as k_bn_part_rows) when act. */
 template <typename T>
 __global__ void __launch_bounds__(CU_TPB)
     k_bn_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, size_t R, int C, int G,
                  const float *__restrict__ mean, const float *__restrict__ sinv, const float *__restrict__ gamma,
-                 const float *__restrict__ beta, int relu, const float *__restrict__ coef, T *__restrict__ dx)
+                 const float *__restrict__ beta, int act, const float *__restrict__ coef, T *__restrict__ dx)
 {
     constexpr int V = 16 / sizeof(T);
     const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
@@ -674,9 +687,9 @@ __global__ void __launch_bounds__(CU_TPB)
         k1[v] = coef[c * 3];
         m1[v] = coef[c * 3 + 1];
         k2[v] = coef[c * 3 + 2];
-        iv[v] = relu ? sinv[c] : 0.f;
-        ga[v] = relu ? gamma[c] : 0.f;
-        be[v] = relu ? beta[c] : 0.f;
+        iv[v] = act ? sinv[c] : 0.f;
+        ga[v] = act ? gamma[c] : 0.f;
+        be[v] = act ? beta[c] : 0.f;
     }
     const T *xp = x + c0, *dp = dy + c0;
     T *op = dx + c0;
@@ -696,8 +709,8 @@ __global__ void __launch_bounds__(CU_TPB)
             cu_unpack<T>(rg[q], gv);
 #pragma unroll
             for (int j = 0; j < V; j++) {
-                if (relu && !(bn_out(xv[j], mu[j], iv[j], ga[j], be[j]) > 0.f))
-                    gv[j] = 0.f;
+                if (act)
+                    gv[j] = bn_act_g(act, bn_out(xv[j], mu[j], iv[j], ga[j], be[j]), gv[j]);
                 xv[j] = k1[j] * (gv[j] - m1[j] - (xv[j] - mu[j]) * k2[j]);
             }
             *reinterpret_cast<uint4 *>(op + (r + q * step) * (size_t)C) = cu_pack<T>(xv);
@@ -709,8 +722,8 @@ __global__ void __launch_bounds__(CU_TPB)
         cu_unpack<T>(ldrow(dp, r, C), gv);
 #pragma unroll
         for (int j = 0; j < V; j++) {
-            if (relu && !(bn_out(xv[j], mu[j], iv[j], ga[j], be[j]) > 0.f))
-                gv[j] = 0.f;
+            if (act)
+                gv[j] = bn_act_g(act, bn_out(xv[j], mu[j], iv[j], ga[j], be[j]), gv[j]);
             xv[j] = k1[j] * (gv[j] - m1[j] - (xv[j] - mu[j]) * k2[j]);
         }
         *reinterpret_cast<uint4 *>(op + r * (size_t)C) = cu_pack<T>(xv);
@@ -876,21 +889,25 @@ static dim3 bn_rows_grid(size_t R, int c, int V)
  * take the tensors, else the generic elementwise ones. */
 template <typename T>
 static int bn_apply_t(const bn_plan &p, const T *x, int c, const float *mean, const float *sinv, const float *rvar,
-                      float eps, const float *gamma, const float *beta, const T *res, T *y, int relu, cudaStream_t s)
+                      float eps, const float *gamma, const float *beta, const T *res, T *y, int act, cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
     constexpr int VEC = 16 / sizeof(T);
     const size_t len = (size_t)c * p.E;
+    if (act < 0 || act > SF_BN_ACT(SF_CUDA_ACT_GELU_TANH)) {
+        sf_cuda_set_error("%s:%d: batchnorm: act %d is no fused activation", __FILE__, __LINE__, act);
+        return -1;
+    }
     if (BF && bn_rows_ok(p, c, x, y, res, NULL)) {
         if constexpr (BF)
             k_bn_apply_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(x, p.E, c, bn_rows_G(c, VEC), mean, sinv,
-                                                                          rvar, eps, gamma, beta, res, relu, y);
+                                                                          rvar, eps, gamma, beta, res, act, y);
     } else if (bn_vec(p, c, VEC, x, y, res, NULL))
         k_bn_apply<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, len / VEC, c, p.hw, p.nhwc, mean, sinv,
-                                                                         rvar, eps, gamma, beta, res, relu, y);
+                                                                         rvar, eps, gamma, beta, res, act, y);
     else
         k_bn_apply<T, 1><<<cu_blocks(len, CU_TPB), CU_TPB, 0, s>>>(x, len, c, p.hw, p.nhwc, mean, sinv, rvar, eps,
-                                                                gamma, beta, res, relu, y);
+                                                                gamma, beta, res, act, y);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -899,8 +916,8 @@ static int bn_apply_t(const bn_plan &p, const T *x, int c, const float *mean, co
  * recomputes a ReLU mask from x; else the generic kernel, which reads y). */
 template <typename T>
 static int bn_dx_t(const bn_plan &p, int rows, const T *x, int c, const float *gamma, const float *beta,
-                   const float *save_mean, const float *save_invstd, const T *dy, const T *y, const float *coef,
-                   T *dx, cudaStream_t s)
+                   const float *save_mean, const float *save_invstd, const T *dy, const T *y, int act,
+                   const float *coef, T *dx, cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
     constexpr int VEC = 16 / sizeof(T);
@@ -908,7 +925,7 @@ static int bn_dx_t(const bn_plan &p, int rows, const T *x, int c, const float *g
     if (rows) {
         if constexpr (BF)
             k_bn_dx_rows<T><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
-                x, dy, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, gamma, beta, y != NULL, coef, dx);
+                x, dy, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, gamma, beta, act, coef, dx);
     } else if (bn_vec(p, c, VEC, x, dy, dx, y))
         k_bn_dx<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len / VEC, c, p.hw, p.nhwc,
                                                                     save_mean, coef, dx);
@@ -940,7 +957,7 @@ static int bn_stat_partials(const bn_plan &p, int c, const T *x, int rows, doubl
 template <typename T>
 static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                           const float *beta, float eps, float momentum, float *running_mean, float *running_var,
-                          float *save_mean, float *save_invstd, const T *res, T *y, int relu, void *scratch,
+                          float *save_mean, float *save_invstd, const T *res, T *y, int act, void *scratch,
                           cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
@@ -972,32 +989,38 @@ static int bn_fwd_train_t(const char *fn, const T *x, int n, int c, int h, int w
     SF_CUDA_CHECK_LAUNCH();
     if (!y) /* the statistics only: the reader applies the normalisation itself */
         return 0;
-    return bn_apply_t<T>(p, x, c, save_mean, save_invstd, NULL, eps, gamma, beta, res, y, relu, s);
+    return bn_apply_t<T>(p, x, c, save_mean, save_invstd, NULL, eps, gamma, beta, res, y, act, s);
 }
 
 template <typename T>
 static int bn_fwd_eval_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                          const float *beta, float eps, const float *running_mean, const float *running_var,
-                         const T *res, T *y, int relu, cudaStream_t s)
+                         const T *res, T *y, int act, cudaStream_t s)
 {
     if (bn_check(fn, n, c, h, w))
         return -1;
     const bn_plan p = bn_plan_of(n, c, h, w, lay);
-    return bn_apply_t<T>(p, x, c, running_mean, NULL, running_var, eps, gamma, beta, res, y, relu, s);
+    return bn_apply_t<T>(p, x, c, running_mean, NULL, running_var, eps, gamma, beta, res, y, act, s);
 }
 
 template <typename T>
 static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                     const float *beta, const float *save_mean, const float *save_invstd, const T *dy, const T *y,
-                    T *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s)
+                    int act, T *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
     constexpr int VEC = 16 / sizeof(T);
     if (bn_check(fn, n, c, h, w))
         return -1;
     bn_plan p = bn_plan_of(n, c, h, w, lay);
-    /* the row kernels recompute a ReLU mask (they need beta for it) */
-    const int rows = BF && (!y || beta) && bn_rows_ok(p, c, x, dy, dx, NULL);
+    /* the row kernels recompute the activation's derivative (they need beta
+     * for it); the others read a ReLU's mask from y, and know no other */
+    const int rows = BF && (!act || beta) && bn_rows_ok(p, c, x, dy, dx, NULL);
+    if (act > SF_BN_RELU && !rows) {
+        sf_cuda_set_error("%s:%d: %s: a fused activation other than ReLU needs the bf16 NHWC row kernels (c %% 8 "
+                          "== 0, beta, 16-byte aligned x, dy and dx); c=%d", __FILE__, __LINE__, fn, c);
+        return -1;
+    }
     if (BF)
         bn_plan_bf16(&p, rows);
     double *part = (double *)scratch;
@@ -1005,7 +1028,7 @@ static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_l
     if (rows) {
         if constexpr (BF) {
             dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
-            k_bn_part_rows<T, 1><<<grid, CU_TPB, 0, s>>>(x, dy, save_mean, save_invstd, gamma, beta, y != NULL, c,
+            k_bn_part_rows<T, 1><<<grid, CU_TPB, 0, s>>>(x, dy, save_mean, save_invstd, gamma, beta, act, c,
                                                         bn_rows_G(c, VEC), p.E, p.L, p.nchunks, part);
             SF_CUDA_CHECK_LAUNCH();
         }
@@ -1020,24 +1043,24 @@ static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_l
         k_bn_bwd_final<<<cu_blocks((size_t)c, CU_TPB), CU_TPB, 0, s>>>(part, p.nchunks, c, (double)p.E, gamma,
                                                                      save_invstd, dgamma, dbeta, coef);
     SF_CUDA_CHECK_LAUNCH();
-    return bn_dx_t<T>(p, rows, x, c, gamma, beta, save_mean, save_invstd, dy, y, coef, dx, s);
+    return bn_dx_t<T>(p, rows, x, c, gamma, beta, save_mean, save_invstd, dy, y, act, coef, dx, s);
 }
 
 extern "C" int sf_cuda_bn_fwd_train(const float *x, int n, int c, int h, int w, sf_layout lay,
                                     const float *gamma, const float *beta, float eps, float momentum,
                                     float *running_mean, float *running_var, float *save_mean,
-                                    float *save_invstd, float *y, int relu, void *scratch, cudaStream_t s)
+                                    float *save_invstd, float *y, int act, void *scratch, cudaStream_t s)
 {
     return bn_fwd_train_t<float>("sf_cuda_bn_fwd_train", x, n, c, h, w, lay, gamma, beta, eps, momentum,
-                                 running_mean, running_var, save_mean, save_invstd, NULL, y, relu, scratch, s);
+                                 running_mean, running_var, save_mean, save_invstd, NULL, y, act, scratch, s);
 }
 
 extern "C" int sf_cuda_bn_fwd_eval(const float *x, int n, int c, int h, int w, sf_layout lay,
                                    const float *gamma, const float *beta, float eps, const float *running_mean,
-                                   const float *running_var, float *y, int relu, cudaStream_t s)
+                                   const float *running_var, float *y, int act, cudaStream_t s)
 {
     return bn_fwd_eval_t<float>("sf_cuda_bn_fwd_eval", x, n, c, h, w, lay, gamma, beta, eps, running_mean,
-                                running_var, NULL, y, relu, s);
+                                running_var, NULL, y, act, s);
 }
 
 extern "C" int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
@@ -1045,14 +1068,15 @@ extern "C" int sf_cuda_bn_bwd(const float *x, int n, int c, int h, int w, sf_lay
                               const float *y, float *dx, float *dgamma, float *dbeta, void *scratch,
                               cudaStream_t s)
 {
-    return bn_bwd_t<float>("sf_cuda_bn_bwd", x, n, c, h, w, lay, gamma, NULL, save_mean, save_invstd, dy, y, dx,
+    return bn_bwd_t<float>("sf_cuda_bn_bwd", x, n, c, h, w, lay, gamma, NULL, save_mean, save_invstd, dy, y,
+                           y ? SF_BN_RELU : 0, dx,
                            dgamma, dbeta, scratch, s);
 }
 
 extern "C" int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
                                        const float *gamma, const float *beta, float eps, float momentum,
                                        float *running_mean, float *running_var, float *save_mean,
-                                       float *save_invstd, const void *res, void *y, int relu, void *scratch,
+                                       float *save_invstd, const void *res, void *y, int act, void *scratch,
                                        cudaStream_t s)
 {
     const char *fn = "sf_cuda_bn_fwd_train_dt";
@@ -1061,24 +1085,24 @@ extern "C" int sf_cuda_bn_fwd_train_dt(sf_dtype dt, const void *x, int n, int c,
     if (dt == SF_DT_BF16)
         return bn_fwd_train_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, eps, momentum,
                                       running_mean, running_var, save_mean, save_invstd, (const cu_bf16 *)res,
-                                      (cu_bf16 *)y, relu, scratch, s);
+                                      (cu_bf16 *)y, act, scratch, s);
     return bn_fwd_train_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, eps, momentum, running_mean,
-                                 running_var, save_mean, save_invstd, (const float *)res, (float *)y, relu, scratch,
+                                 running_var, save_mean, save_invstd, (const float *)res, (float *)y, act, scratch,
                                  s);
 }
 
 extern "C" int sf_cuda_bn_fwd_eval_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
                                       const float *gamma, const float *beta, float eps, const float *running_mean,
-                                      const float *running_var, const void *res, void *y, int relu, cudaStream_t s)
+                                      const float *running_var, const void *res, void *y, int act, cudaStream_t s)
 {
     const char *fn = "sf_cuda_bn_fwd_eval_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
     if (dt == SF_DT_BF16)
         return bn_fwd_eval_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, eps, running_mean,
-                                     running_var, (const cu_bf16 *)res, (cu_bf16 *)y, relu, s);
+                                     running_var, (const cu_bf16 *)res, (cu_bf16 *)y, act, s);
     return bn_fwd_eval_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, eps, running_mean, running_var,
-                                (const float *)res, (float *)y, relu, s);
+                                (const float *)res, (float *)y, act, s);
 }
 
 extern "C" int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
@@ -1091,9 +1115,30 @@ extern "C" int sf_cuda_bn_bwd_dt(sf_dtype dt, const void *x, int n, int c, int h
         return -1;
     if (dt == SF_DT_BF16)
         return bn_bwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
-                                (const cu_bf16 *)dy, (const cu_bf16 *)y, (cu_bf16 *)dx, dgamma, dbeta, scratch, s);
+                                (const cu_bf16 *)dy, (const cu_bf16 *)y, y ? SF_BN_RELU : 0, (cu_bf16 *)dx, dgamma,
+                                dbeta, scratch, s);
     return bn_bwd_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
-                           (const float *)dy, (const float *)y, (float *)dx, dgamma, dbeta, scratch, s);
+                           (const float *)dy, (const float *)y, y ? SF_BN_RELU : 0, (float *)dx, dgamma, dbeta, scratch,
+                           s);
+}
+
+extern "C" int sf_cuda_bn_bwd_act_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
+                                     const float *gamma, const float *beta, const float *save_mean,
+                                     const float *save_invstd, const void *dy, int act, void *dx, float *dgamma,
+                                     float *dbeta, void *scratch, cudaStream_t s)
+{
+    const char *fn = "sf_cuda_bn_bwd_act_dt";
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (act < SF_BN_RELU || act > SF_BN_ACT(SF_CUDA_ACT_GELU_TANH)) {
+        sf_cuda_set_error("%s:%d: %s: act %d is no fused activation", __FILE__, __LINE__, fn, act);
+        return -1;
+    }
+    if (dt == SF_DT_BF16)
+        return bn_bwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
+                                (const cu_bf16 *)dy, NULL, act, (cu_bf16 *)dx, dgamma, dbeta, scratch, s);
+    return bn_bwd_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, save_mean, save_invstd,
+                           (const float *)dy, NULL, act, (float *)dx, dgamma, dbeta, scratch, s);
 }
 
 /* ---- distributed.batchnorm sync ----------------------------------------------- */
@@ -1136,7 +1181,7 @@ static int bn_sync_fwd_sums_t(const char *fn, const T *x, int n, int c, int h, i
 template <typename T>
 static int bn_sync_fwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                          const float *beta, float eps, float momentum, const double *sums, float *running_mean,
-                         float *running_var, float *save_mean, float *save_invstd, const T *res, T *y, int relu,
+                         float *running_var, float *save_mean, float *save_invstd, const T *res, T *y, int act,
                          cudaStream_t s)
 {
     if (n == 0 ? c < 1 : bn_check(fn, n, c, h, w) != 0) {
@@ -1149,7 +1194,7 @@ static int bn_sync_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
     if (n == 0 || !y)
         return 0;
     const bn_plan p = bn_plan_of(n, c, h, w, lay);
-    return bn_apply_t<T>(p, x, c, save_mean, save_invstd, NULL, eps, gamma, beta, res, y, relu, s);
+    return bn_apply_t<T>(p, x, c, save_mean, save_invstd, NULL, eps, gamma, beta, res, y, act, s);
 }
 
 /* stage 0: this rank's backward sums (and dgamma, dbeta); 1: dx from the sums
@@ -1176,7 +1221,8 @@ static int bn_sync_bwd_t(int stage, const char *fn, const T *x, int n, int c, in
     if (stage == 1) {
         k_bn_sync_coef<<<cu_blocks((size_t)c, CU_TPB), CU_TPB, 0, s>>>(sums_in, c, gamma, save_invstd, coef);
         SF_CUDA_CHECK_LAUNCH();
-        return bn_dx_t<T>(p, rows, x, c, gamma, beta, save_mean, save_invstd, dy, y, coef, dx, s);
+        return bn_dx_t<T>(p, rows, x, c, gamma, beta, save_mean, save_invstd, dy, y, y ? SF_BN_RELU : 0, coef, dx,
+                          s);
     }
     if (rows) {
         if constexpr (BF) {
@@ -1209,7 +1255,7 @@ extern "C" int sf_cuda_bn_sync_fwd_sums_dt(sf_dtype dt, const void *x, int n, in
 extern "C" int sf_cuda_bn_sync_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
                                       const float *gamma, const float *beta, float eps, float momentum,
                                       const double *sums, float *running_mean, float *running_var, float *save_mean,
-                                      float *save_invstd, const void *res, void *y, int relu, cudaStream_t s)
+                                      float *save_invstd, const void *res, void *y, int act, cudaStream_t s)
 {
     const char *fn = "sf_cuda_bn_sync_fwd_dt";
     if (cu_dt_bad(fn, dt))
@@ -1217,9 +1263,9 @@ extern "C" int sf_cuda_bn_sync_fwd_dt(sf_dtype dt, const void *x, int n, int c, 
     if (dt == SF_DT_BF16)
         return bn_sync_fwd_t<cu_bf16>(fn, (const cu_bf16 *)x, n, c, h, w, lay, gamma, beta, eps, momentum, sums,
                                      running_mean, running_var, save_mean, save_invstd, (const cu_bf16 *)res,
-                                     (cu_bf16 *)y, relu, s);
+                                     (cu_bf16 *)y, act, s);
     return bn_sync_fwd_t<float>(fn, (const float *)x, n, c, h, w, lay, gamma, beta, eps, momentum, sums, running_mean,
-                                running_var, save_mean, save_invstd, (const float *)res, (float *)y, relu, s);
+                                running_var, save_mean, save_invstd, (const float *)res, (float *)y, act, s);
 }
 
 extern "C" int sf_cuda_bn_sync_bwd_sums_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,

@@ -90,19 +90,6 @@ static void g_view_of(const gen_net *g, int i, int n, size_t hw, size_t *outer, 
     *inner = g_lay_of(g, i) == SF_LAYOUT_NHWC ? 1 : hw;
 }
 
-/* The activation an activation layer computes (activation.h). */
-static sf_cuda_act g_act_kind(const sf_layer *L)
-{
-    switch (L->kind) {
-    case SF_L_RELU6: return SF_CUDA_ACT_RELU6;
-    case SF_L_SIGMOID: return SF_CUDA_ACT_SIGMOID;
-    case SF_L_SILU: return SF_CUDA_ACT_SILU;
-    case SF_L_HARDSWISH: return SF_CUDA_ACT_HARDSWISH;
-    case SF_L_HARDSIGMOID: return SF_CUDA_ACT_HARDSIGMOID;
-    default: return L->approximate ? SF_CUDA_ACT_GELU_TANH : SF_CUDA_ACT_GELU;
-    }
-}
-
 /* Channels and elements per sample of input j of layer i. */
 static int g_in_c(const sf_model *m, int i, int j)
 {
@@ -329,14 +316,15 @@ static int g_bn_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, cudaSt
     gop *o = &g->op[i];
     const float *P = net->params;
     const sf_dtype dt = g->dt;
-    /* with bn_add, the add's output: relu?(bn(x) + its other input) */
+    /* with bn_add, the add's output: relu?(bn(x) + its other input); with
+     * bn_act, the activation's output */
     const int a = o->bn_add;
     const void *res = a ? g_in(net, a, g->op[a].src[0] == i ? 1 : 0, b) : NULL;
     void *y = a ? g->op[a].y : o->y;
-    const int relu = a ? g->op[a].relu : o->relu;
+    const int act = a ? (g->op[a].relu ? SF_BN_RELU : 0) : o->relu ? SF_BN_RELU : o->bn_act;
     if (o->frozen || eval) {
         if (sf_cuda_bn_fwd_eval_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
-                                   L->eps, g->bufs + L->rm_off, g->bufs + L->rv_off, res, y, relu, s))
+                                   L->eps, g->bufs + L->rm_off, g->bufs + L->rv_off, res, y, act, s))
             return -1;
     } else if (g->bn_sums) {
         /* SyncBatchNorm: this rank's sums, their sum over the ranks, then
@@ -346,12 +334,12 @@ static int g_bn_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, cudaSt
             g_bn_sync_reduce(net, L->in_c, s) ||
             sf_cuda_bn_sync_fwd_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off, L->eps,
                                    L->momentum, g->bn_sums, g->bufs + L->rm_off, g->bufs + L->rv_off, o->save,
-                                   o->save + L->out_ch, res, o->bn_pool ? NULL : y, relu, s))
+                                   o->save + L->out_ch, res, o->bn_pool ? NULL : y, act, s))
             return -1;
     } else if (sf_cuda_bn_fwd_train_dt(dt, x, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off,
                                        P + L->b_off, L->eps, L->momentum, g->bufs + L->rm_off,
                                        g->bufs + L->rv_off, o->save, o->save + L->out_ch, res,
-                                       o->bn_pool ? NULL : y, relu, g->scratch, s)) {
+                                       o->bn_pool ? NULL : y, act, g->scratch, s)) {
         return -1;
     }
     return 0;
@@ -828,6 +816,13 @@ static int g_bn_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, vo
             g_bn_sync_reduce(net, L->in_c, s) ||
             sf_cuda_bn_sync_bwd_dx_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off,
                                       o->save, o->save + L->out_ch, o->dy, ymask, bdx, g->bn_sums, g->scratch, s))
+            return -1;
+        return 0;
+    }
+    if (o->bn_act) { /* the fused activation's derivative taken from x */
+        if (sf_cuda_bn_bwd_act_dt(dt, bx, n, L->in_c, L->in_h, L->in_w, g->lay, P + L->w_off, P + L->b_off, o->save,
+                                  o->save + L->out_ch, o->dy, o->bn_act, bdx, net->grads + L->w_off,
+                                  net->grads + L->b_off, g->scratch, s))
             return -1;
         return 0;
     }

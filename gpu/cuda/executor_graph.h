@@ -98,6 +98,8 @@ typedef struct gop {
     int first[SF_MAX_IN]; /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
     int want[SF_MAX_IN];  /* backward: src[j] needs a gradient */
     int relu;            /* the next layer's ReLU is fused here */
+    int bn_act;          /* batchnorm: the next layer's other activation is fused here, its
+                          * batchnorm.h code SF_BN_ACT(a); 0: none */
     int fused;           /* this ReLU is fused into the previous layer, or this to_tokens is a
                             view of its NHWC input: y/dy alias the input's */
     void *y;             /* output (flatten, fused ReLU: alias) */
@@ -253,6 +255,26 @@ struct gen_net {
 static inline void *E(const void *p, size_t i, size_t es) { return (char *)p + i * es; }
 
 static inline int g_src(const sf_model *m, int i, int j) { return sf_layer_input(m, i, j); }
+
+/* Whether kind is an activation of activation.h (not ReLU). */
+static inline int g_is_act(int kind)
+{
+    return kind == SF_L_RELU6 || kind == SF_L_SIGMOID || kind == SF_L_SILU || kind == SF_L_HARDSWISH ||
+           kind == SF_L_HARDSIGMOID || kind == SF_L_GELU;
+}
+
+/* The activation an activation layer computes (activation.h). */
+static inline sf_cuda_act g_act_kind(const sf_layer *L)
+{
+    switch (L->kind) {
+    case SF_L_RELU6: return SF_CUDA_ACT_RELU6;
+    case SF_L_SIGMOID: return SF_CUDA_ACT_SIGMOID;
+    case SF_L_SILU: return SF_CUDA_ACT_SILU;
+    case SF_L_HARDSWISH: return SF_CUDA_ACT_HARDSWISH;
+    case SF_L_HARDSIGMOID: return SF_CUDA_ACT_HARDSIGMOID;
+    default: return L->approximate ? SF_CUDA_ACT_GELU_TANH : SF_CUDA_ACT_GELU;
+    }
+}
 
 /* The widest bias gradient layer L's backward reduces through the
  * compute-stream scratch (sf_cuda_bias_grad_scratch of it): its output or

@@ -337,6 +337,23 @@ static void g_choose_fusions(sf_cuda_net *net)
             g->op[i + 1].fused = 1;
         }
     }
+    /* A batchnorm followed by another activation (ReLU6, SiLU, hardswish:
+     * MobileNet's and EfficientNet's pattern) applies it in its apply pass,
+     * and its backward takes the activation's derivative at bn(x) from x
+     * (sf_cuda_bn_bwd_act_dt): the batchnorm's own output is neither
+     * written nor kept for the activation's backward, and the activation's
+     * two passes go. Only where that backward runs (the bf16 NHWC row
+     * kernels: where the batchnorm's backward does not read y), and not
+     * under SyncBatchNorm, whose backward knows a ReLU's mask only. */
+    for (int i = 0; fuse_on && !net->cfg.no_bn_fuse && !net->cfg.stat_reduce && i + 1 < g->nl; i++) {
+        const sf_layer *L = &m->layers[i], *R = &m->layers[i + 1];
+        if (L->kind != SF_L_BATCHNORM2D || !g_is_act(R->kind) || g->op[i + 1].src[0] != i || readers[i] != 1 ||
+            g->op[i].fused || g->op[i].relu || g->op[i].frozen || g->op[i + 1].frozen || i + 1 == g->nl - 1 ||
+            sf_cuda_bn_bwd_reads_y(g->dt, g->lay, L->out_ch))
+            continue;
+        g->op[i].bn_act = SF_BN_ACT(g_act_kind(R));
+        g->op[i + 1].fused = 1;
+    }
     /* A batchnorm whose only reader is the residual add right after it
      * writes the add's output in its apply pass (bn + add + ReLU: three
      * tensor passes where the two kernels took five); the add's other
@@ -345,7 +362,7 @@ static void g_choose_fusions(sf_cuda_net *net)
         const int i = a - 1;
         const gop *oa = &g->op[a], *oi = &g->op[i];
         if (m->layers[a].kind != SF_L_ADD || m->layers[i].kind != SF_L_BATCHNORM2D || oa->n_in != 2 ||
-            readers[i] != 1 || oi->relu || oi->fused || oi->frozen != oa->frozen ||
+            readers[i] != 1 || oi->relu || oi->bn_act || oi->fused || oi->frozen != oa->frozen ||
             (oa->src[0] != i && oa->src[1] != i) || oa->src[0] == oa->src[1])
             continue;
         g->op[i].bn_add = a;

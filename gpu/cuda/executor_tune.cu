@@ -535,6 +535,21 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         if (w > 0)
             at += (size_t)w;
     }
+    if (at < len) {
+        int nact = 0, nrelu = 0;
+        for (int i = 0; i < g->nl; i++)
+            if (net->m.layers[i].kind == SF_L_BATCHNORM2D) {
+                nact += g->op[i].bn_act != 0;
+                nrelu += g->op[i].relu;
+            }
+        int w = nact + nrelu ? snprintf(buf + at, len - at,
+                                        "batchnorm: %d followed by ReLU and %d by another activation apply it in "
+                                        "their own pass (fused)\n",
+                                        nrelu, nact)
+                             : 0;
+        if (w > 0)
+            at += (size_t)w;
+    }
     if (at < len && g->n_wal) {
         int w = snprintf(buf + at, len - at,
                          "alignment: %d conv layers run cuDNN on 16-byte aligned copies of their weights (their "

@@ -628,6 +628,18 @@ std::vector<op_case> op_cases()
             t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {2, 64, 9, 9}, {1, 1}, 1e-4, tc, {}, 1e-5));
         }
     t.push_back(row("batchnorm", "mask_from_x", cmp_bn_mask_from_x, SF_DT_F32, {}, {}, 0));
+    /* another activation fused (bf16 NHWC, the row kernels): every
+     * activation of activation.h at EfficientNet's 96-channel expansion
+     * shape scaled down, and ReLU6 and hardswish also at a many-chunk one;
+     * then the refusals where the row kernels do not run */
+    for (int a = SF_CUDA_ACT_RELU6; a <= SF_CUDA_ACT_GELU_TANH; a++)
+        t.push_back(row("batchnorm", "bn_act", cmp_bn_act, SF_DT_BF16, SF_LAYOUT_NHWC, {2, 96, 14, 14}, {a}, 1e-4,
+                        1e-3, {}, 1e-5));
+    for (const int a : {(int)SF_CUDA_ACT_RELU6, (int)SF_CUDA_ACT_HARDSWISH, (int)SF_CUDA_ACT_SILU})
+        t.push_back(row("batchnorm", "bn_act", cmp_bn_act, SF_DT_BF16, SF_LAYOUT_NHWC, {16, 40, 28, 28}, {a}, 1e-4,
+                        1e-3, {}, 1e-5));
+    t.push_back(row("batchnorm", "act_refused", cmp_bn_act_refused, SF_DT_F32, SF_LAYOUT_NHWC, {}, {}, 0));
+    t.push_back(row("batchnorm", "act_refused", cmp_bn_act_refused, SF_DT_BF16, SF_LAYOUT_NCHW, {}, {}, 0));
     for (const sf_layout lay : k_layouts)
         t.push_back(row("batchnorm", "graph_replay", cmp_bn_graph_replay, SF_DT_F32, lay, {32, 64, 28}, {0}, 0));
     t.push_back(row("batchnorm", "graph_replay", cmp_bn_graph_replay, SF_DT_BF16, SF_LAYOUT_NHWC, {32, 64, 28}, {1}, 0));

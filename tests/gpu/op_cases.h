@@ -156,5 +156,7 @@ void cmp_bn_dt(const op_case &c, const op_env &e);
 void cmp_bn_res(const op_case &c, const op_env &e);
 void cmp_bn_mask_from_x(const op_case &c, const op_env &e);
 void cmp_bn_graph_replay(const op_case &c, const op_env &e);
+void cmp_bn_act(const op_case &c, const op_env &e);
+void cmp_bn_act_refused(const op_case &c, const op_env &e);
 
 #endif

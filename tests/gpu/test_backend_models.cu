@@ -358,6 +358,58 @@ static int pointwise_model(sf_model &m, float drop)
     return 0;
 }
 
+/* MobileNet's and EfficientNet's pattern, a batchnorm followed by each
+ * activation of activation.h: conv, BN, SiLU; depthwise conv, BN,
+ * hardswish; 1x1 conv, BN, ReLU6; 1x1 conv, BN, GELU (tanh); 1x1 conv, BN,
+ * sigmoid; 1x1 conv, BN, hardsigmoid; 1x1 conv, BN, GELU; then the head.
+ * Every channel count is a multiple of 8, so in bf16 NHWC the executor
+ * fuses each activation into its batchnorm (the row kernels). */
+static int bn_act_model(sf_model &m)
+{
+    char err[300];
+    const char *js =
+        "{\"input\":[3,16,16],\"classes\":5,\"layers\":["
+        "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":16,\"k\":3,\"pad\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn0\"},{\"type\":\"silu\",\"name\":\"a0\"},"
+        "{\"type\":\"conv2d\",\"name\":\"dw\",\"out\":16,\"k\":3,\"pad\":1,\"groups\":16,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn1\"},{\"type\":\"hardswish\",\"name\":\"a1\"},"
+        "{\"type\":\"conv2d\",\"name\":\"c2\",\"out\":24,\"k\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn2\"},{\"type\":\"relu6\",\"name\":\"a2\"},"
+        "{\"type\":\"conv2d\",\"name\":\"c3\",\"out\":16,\"k\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn3\"},{\"type\":\"gelu\",\"name\":\"a3\",\"approximate\":\"tanh\"},"
+        "{\"type\":\"conv2d\",\"name\":\"c4\",\"out\":16,\"k\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn4\"},{\"type\":\"sigmoid\",\"name\":\"a4\"},"
+        "{\"type\":\"conv2d\",\"name\":\"c5\",\"out\":16,\"k\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn5\"},{\"type\":\"hardsigmoid\",\"name\":\"a5\"},"
+        "{\"type\":\"conv2d\",\"name\":\"c6\",\"out\":8,\"k\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn6\"},{\"type\":\"gelu\",\"name\":\"a6\"},"
+        "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+        "{\"type\":\"flatten\",\"name\":\"f\"},"
+        "{\"type\":\"linear\",\"name\":\"fc\",\"out\":5}]}";
+    if (sf_model_from_json(js, &m, err, sizeof err)) {
+        fail("bn-act model: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
+/* The describe() line of backend be that holds key, or "". */
+static std::string describe_line(sf_backend *be, const char *key)
+{
+    static char d[16384];
+    size_t dev = 0;
+    d[0] = '\0';
+    if (!be->i->describe || be->i->describe(be, d, sizeof d, &dev) != 0)
+        return "";
+    for (const char *l = d; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
+        const char *nl = strchr(l, '\n');
+        const std::string line(l, nl ? (size_t)(nl - l) : strlen(l));
+        if (line.find(key) != std::string::npos)
+            return line;
+    }
+    return "";
+}
+
 /* torchvision's VisionTransformer(image_size=64, patch_size=16,
  * num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=mlp, num_classes=10,
  * dropout=drop) as streamfeed.export writes it: the patch convolution, the
@@ -811,6 +863,50 @@ int main(int argc, char **argv)
                        "ref %.7f)", loss[0], loss[1], loss[2]);
                 else
                     fail("pointwise-kinds eval: loss %.7f, with p=0 %.7f, ref %.7f", loss[0], loss[1], loss[2]);
+                free_batches(cu, bs);
+            }
+        }
+    }
+
+    /* 2b'. a batchnorm followed by each activation (bn_act_model): 3 steps
+     * from the same parameters and batches against the reference, in bf16
+     * NHWC, where the executor fuses every activation into its batchnorm
+     * (describe must count the seven), and in fp32 NHWC, where it fuses
+     * none (the backward's row kernels are bf16 only). Tolerances: the
+     * pointwise kinds' for the loss; bf16 updates within 0.3 (seven
+     * batchnorms over 2 048 values a channel amplify bf16's rounding, as
+     * the ResNet trajectories' 0.6 allows for). */
+    {
+        sf_model m;
+        if (bn_act_model(m) == 0) {
+            const struct {
+                sf_precision prec;
+                const char *name, *fused;
+                double tol_loss, tol_delta;
+            } runs[2] = {
+                {SF_PREC_BF16, "bn-act bf16 nhwc", "batchnorm: 0 followed by ReLU and 7 by another activation", 2e-2,
+                 0.3},
+                {SF_PREC_FP32, "bn-act fp32 nhwc", "", 1e-5, 1e-4},
+            };
+            for (int v = 0; v < 2; v++) {
+                batch_set bs;
+                if (make_batches(cu, bs, 3, 8, 16, 16, 5, 1, SF_LABEL_I64, 81 + v, 0.05f))
+                    break;
+                sf_train_cfg cfg = make_cfg(runs[v].prec, 8, 1, 1);
+                train_out tc, tr;
+                g_layout = SF_ACT_LAYOUT_NHWC;
+                train(cu, m, cfg, bs, 3, tc);
+                const std::string line = describe_line(cu, "another activation");
+                g_layout = SF_ACT_LAYOUT_AUTO;
+                if (tc.ok && *runs[v].fused && line.find(runs[v].fused) == std::string::npos)
+                    fail("%s: describe says \"%s\"; want \"%s\"", runs[v].name, line.c_str(), runs[v].fused);
+                else if (tc.ok && !*runs[v].fused && line.find(" 0 by another activation") == std::string::npos &&
+                         !line.empty())
+                    fail("%s: describe says \"%s\"; want no activation fused", runs[v].name, line.c_str());
+                else if (tc.ok)
+                    ok("%s: describe: %s", runs[v].name, line.empty() ? "no batchnorm fusion" : line.c_str());
+                train(ref, m, cfg, bs, 3, tr);
+                compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 1);
                 free_batches(cu, bs);
             }
         }

@@ -9,6 +9,7 @@
  * replaying bit-equal to the eager run (capturable, deterministic).
  * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include "gpu/cuda/activation.h"
 #include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
@@ -402,6 +403,128 @@ static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n
     cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
 }
 
+/* A batchnorm with another activation fused (act, SF_BN_ACT of batchnorm.h),
+ * bf16 NHWC (the row kernels, where sf_cuda_bn_bwd_act_dt runs): the
+ * training forward against the reference batchnorm then activation; the
+ * backward against the reference activation backward then batchnorm
+ * backward, the activation's derivative taken at the normalised value the
+ * device computes (bn_out's arithmetic from the device's own statistics, so
+ * a value next to a kink of ReLU6 or hardswish cannot land on the other
+ * side in the reference); then the eval forward. tol: y and dx;
+ * tol_param: the per-channel outputs; tol_aux: the eval forward. */
+static void test_bn_act(cudaStream_t s, const op_case &k, sf_dtype dt, int n, int c, int h, int w, sf_layout L,
+                        int a)
+{
+    char nm[200];
+    snprintf(nm, sizeof nm, "bn_act %s n%d c%d %dx%d %s act %d", dtname(dt), n, c, h, w, lname(L), a);
+    const int act = SF_BN_ACT(a);
+    const size_t len = (size_t)n * c * h * w, hw = (size_t)h * w;
+    bn_ref r = bn_draw(dt, n, c, h, w);
+    std::vector<double> yref(len), dxr(len), dgr(c), dbr(c);
+    sf_ref_act_fwd_f64(a, r.yr.data(), len, yref.data());
+    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0),
+         bdx = dbuf_make(dt, len, 0);
+    bn_dev d = bn_dev_make(r, n, c, h, w, L);
+    up_dt(bx, to_lay(r.x, L, n, c, h, w));
+    up_dt(bdy, to_lay(r.dy, L, n, c, h, w));
+    poison_dt(bdx);
+    int rc = 0;
+    check_bn_fwd(subname(nm, "train y"), s, by, L, n, c, h, w, [&] {
+        return rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv, d.sm,
+                                            d.si, NULL, by.p, act, d.scr, s);
+    }, yref, k.tol);
+    if (rc) {
+        dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+        bn_dev_free(d);
+        return;
+    }
+    check_bn_stats(nm, c, d, r, k.tol_param);
+    const std::vector<float> sm = down(d.sm, c), si = down(d.si, c);
+    std::vector<double> z(len), g(len);
+    for (size_t i = 0; i < len; i++) {
+        const int ch = (int)((i / hw) % c);
+        volatile float dv = r.x[i] - sm[ch];
+        volatile float sv = dv * si[ch];
+        z[i] = (double)fmaf(sv, r.gamma[ch], r.beta[ch]);
+    }
+    const std::vector<double> dyd = to_d(r.dy);
+    sf_ref_act_bwd_f64(a, z.data(), dyd.data(), len, g.data());
+    sf_ref_bn2d_bwd_f64(r.xd.data(), n, c, h, w, r.gd.data(), r.smr.data(), r.sir.data(), g.data(), dxr.data(),
+                        dgr.data(), dbr.data());
+    rc = sf_cuda_bn_bwd_act_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, bdy.p, act, bdx.p, d.dg, d.db, d.scr,
+                               s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(subname(nm, "bwd"), sf_cuda_last_error());
+    } else {
+        check_dt(subname(nm, "bwd dx"), dt, from_lay(down_dt(bdx, len), L, n, c, h, w), dxr, k.tol);
+        check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
+        /* eval, on the running statistics the device just updated */
+        const std::vector<float> rm2 = down(d.rm, c), rv2 = down(d.rv, c);
+        std::vector<double> ze(len), yer(len);
+        for (size_t i = 0; i < len; i++) {
+            const int ch = (int)((i / hw) % c);
+            ze[i] = (double)r.gamma[ch] * (((double)r.x[i] - rm2[ch]) / sqrt((double)rv2[ch] + k_bn_eps)) +
+                    r.beta[ch];
+        }
+        sf_ref_act_fwd_f64(a, ze.data(), len, yer.data());
+        check_bn_fwd(subname(nm, "eval y"), s, by, L, n, c, h, w, [&] {
+            return sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, k_bn_eps, d.rm, d.rv, NULL, by.p, act, s);
+        }, yer, k.tol_aux);
+    }
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+    bn_dev_free(d);
+}
+
+/* Where the row kernels do not run (fp32, or bf16 NCHW), a fused activation
+ * other than ReLU is refused by the backward, naming why, and nothing is
+ * written; and an act code outside batchnorm.h's is refused by both. */
+static void test_bn_act_refused(cudaStream_t s, sf_dtype dt, sf_layout L)
+{
+    char nm[120];
+    snprintf(nm, sizeof nm, "bn_act %s %s refused", dtname(dt), lname(L));
+    const int n = 2, c = 16, h = 4, w = 4;
+    const size_t len = (size_t)n * c * h * w;
+    bn_ref r = bn_draw(dt, n, c, h, w);
+    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0),
+         bdx = dbuf_make(dt, len, 0);
+    bn_dev d = bn_dev_make(r, n, c, h, w, L);
+    up_dt(bx, to_lay(r.x, L, n, c, h, w));
+    up_dt(bdy, to_lay(r.dy, L, n, c, h, w));
+    poison_dt(bdx);
+    const std::vector<float> before = down_dt(bdx, len);
+    const int act = SF_BN_ACT(SF_CUDA_ACT_SILU);
+    int rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv, d.sm, d.si,
+                                     NULL, by.p, act, d.scr, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc) {
+        fail(subname(nm, "setup forward"), sf_cuda_last_error());
+    } else {
+        rc = sf_cuda_bn_bwd_act_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, bdy.p, act, bdx.p, d.dg, d.db,
+                                   d.scr, s);
+        CU(cudaStreamSynchronize(s));
+        const std::vector<float> after = down_dt(bdx, len);
+        const int same = memcmp(before.data(), after.data(), sizeof(float) * len) == 0;
+        if (rc == 0 || !strstr(sf_cuda_last_error(), "row kernels") || !same)
+            fail("%s: backward rc %d (%s), dx %s; want a refusal naming the row kernels and dx untouched", nm, rc,
+                 sf_cuda_last_error(), same ? "untouched" : "written");
+        else
+            ok("%s: the backward refuses (%s)", nm, sf_cuda_last_error());
+        const int bad = SF_BN_ACT(SF_CUDA_ACT_GELU_TANH) + 1;
+        const int rf = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv,
+                                               d.sm, d.si, NULL, by.p, bad, d.scr, s);
+        const int rb = sf_cuda_bn_bwd_act_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, bdy.p, bad, bdx.p, d.dg,
+                                             d.db, d.scr, s);
+        CU(cudaStreamSynchronize(s));
+        if (rf == 0 || rb == 0)
+            fail("%s: act code %d accepted (forward rc %d, backward rc %d)", nm, bad, rf, rb);
+        else
+            ok("%s: act code %d refused by the forward and the backward", nm, bad);
+    }
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+    bn_dev_free(d);
+}
+
 /* The fp32 launchers. shape {n, c, h, w}; p {relu}; tol, tol_param,
  * tol_aux: test_bn's comment */
 void cmp_bn(const op_case &c, const op_env &e)
@@ -427,3 +550,11 @@ void cmp_bn_graph_replay(const op_case &c, const op_env &e)
 {
     test_bn_graph_replay(e.s, c.dt, c.lay, c.shape[0], c.shape[1], c.shape[2], c.p[0]);
 }
+/* A batchnorm with another activation fused. shape {n, c, h, w}; p {the
+ * activation, activation.h's code}; tol, tol_param, tol_aux: test_bn_act's
+ * comment */
+void cmp_bn_act(const op_case &c, const op_env &e)
+{
+    test_bn_act(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay, c.p[0]);
+}
+void cmp_bn_act_refused(const op_case &c, const op_env &e) { test_bn_act_refused(e.s, c.dt, c.lay); }

@@ -99,6 +99,31 @@ def test_jpeg_batches_are_counted_per_decoder_in_the_metrics_and_raw_batches_are
     assert m[key("streamfeed_samples_trained_total")] == 12
 
 
+def test_the_reference_backend_reports_no_decoder_memory_and_no_decoder_failures_before_or_after_jpeg(
+        start_server):
+    """The decoder's memory is the CUDA backend's (made by the first encoded
+    batch, tests/gpu/test_jpeg_decode.cu): the reference decodes into the
+    batch's own buffers, so GET /v1/model has no `jpeg_decoder` and the
+    gauges have no value, before and after JPEG batches train; the counter of
+    batches failed for want of a decoder is there from the start, at 0."""
+    s = start_server(TINY)
+    text = s.metrics_text()
+    for fam, typ in (("streamfeed_jpeg_decoder_device_bytes", "gauge"),
+                     ("streamfeed_jpeg_decoder_pinned_bytes", "gauge"),
+                     ("streamfeed_jpeg_decoder_unavailable_total", "counter")):
+        assert f"# TYPE {fam} {typ}" in text, fam
+    assert s.metric("streamfeed_jpeg_decoder_unavailable_total") == 0
+    assert "jpeg_decoder" not in s.get("/v1/model").json()
+    rng = np.random.default_rng(6)
+    files, labels = learnable_jpeg_batch(rng, 4)
+    r = s.post_batch(jpeg_body(files, labels), wait=True)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    assert "jpeg_decoder" not in s.get("/v1/model").json()
+    m = s.metrics()
+    assert not [k for k in m if k[0].startswith("streamfeed_jpeg_decoder_") and k[0].endswith("_bytes")], m
+    assert m[key("streamfeed_jpeg_decoder_unavailable_total")] == 0
+
+
 def test_with_jpeg_max_batch_pixels_0_a_jpeg_batch_is_refused_from_its_header_and_raw_batches_train(
         start_server):
     s = start_server(TINY + ["--jpeg.max_batch_pixels", "0"])

@@ -602,7 +602,7 @@ static void decoder_made_by_the_first_encoded_batch(const std::vector<jcase> &ca
 
     /* rigs[0]: the maker refuses; rigs[1]: its decoder made before its
      * first batch; rigs[2]: encoded batches off. */
-    lazy_rig rigs[3];
+    lazy_rig rigs[3]{};
     size_t took[3] = {0, 0, 0};
     std::vector<char> text(1 << 16);
     for (int r = 0; r < 3; r++) {
@@ -627,6 +627,17 @@ static void decoder_made_by_the_first_encoded_batch(const std::vector<jcase> &ca
             memcpy(g.files[k], jbs[k].bytes.data(), jbs[k].bytes.size());
         }
     }
+    /* Frees a rig's backend, and with it the decoder it made: two decoders
+     * at these bounds are not held at once on the shared device. */
+    auto drop = [&](lazy_rig &g) {
+        if (!g.cu)
+            return;
+        for (uint8_t *f : g.files)
+            g.cu->i->host_free(g.cu, f);
+        g.cu->i->host_free(g.cu, g.hraw);
+        g.cu->i->destroy(g.cu);
+        g.cu = NULL;
+    };
     auto raw_batch = [&](lazy_rig &g) {
         sf_batch rb;
         memset(&rb, 0, sizeof rb);
@@ -736,6 +747,7 @@ static void decoder_made_by_the_first_encoded_batch(const std::vector<jcase> &ca
              rm.calls);
     else
         ok("made on first use: the decoder is kept; a later encoded batch trains (loss %.5f) without another", loss);
+    drop(rigs[0]);
 
     /* The same batches on a backend whose decoder was made before the first
      * (by a transform, which trains nothing): the same losses. */
@@ -775,13 +787,8 @@ static void decoder_made_by_the_first_encoded_batch(const std::vector<jcase> &ca
         ok("made on first use: with encoded batches off, an encoded batch is refused (%s) and no decoder is tried",
            err);
 
-    for (int r = 0; r < 3; r++) {
-        lazy_rig &g = rigs[r];
-        for (uint8_t *f : g.files)
-            g.cu->i->host_free(g.cu, f);
-        g.cu->i->host_free(g.cu, g.hraw);
-        g.cu->i->destroy(g.cu);
-    }
+    for (int r = 0; r < 3; r++)
+        drop(rigs[r]);
 }
 
 /* The AUTO rule (jpeg_decode.h), a pure function: the cases the H100

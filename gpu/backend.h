@@ -42,6 +42,9 @@ typedef enum sf_act_layout { SF_ACT_LAYOUT_AUTO = 0, SF_ACT_LAYOUT_NCHW, SF_ACT_
 /* The CUDA executor's plan switches (gpu/cuda/exec_switches.h), which tests
  * and benchmarks set to compare a plan with its plainer variant. */
 struct sf_exec_switches;
+/* How the CUDA backend makes its JPEG decoder (gpu/cuda/jpeg_decode.h),
+ * which tests set; see sf_train_cfg. */
+struct sf_cuda_jpeg_maker;
 
 /* Which nvJPEG backend decodes encoded batches on CUDA (jpeg.decoder). AUTO
  * is the measured per-batch rule of gpu/cuda/jpeg_decode.h; the others force
@@ -95,9 +98,15 @@ typedef struct sf_train_cfg {
     const struct sf_exec_switches *sw; /* CUDA: NULL (the server's), or plan switches that
                                           build reads and does not keep */
     int64_t jpeg_max_batch_pixels; /* most decoded pixels of one encoded batch: the decode
-                                      buffers (3 bytes a pixel) are sized from it once; 0: no
-                                      encoded batches */
+                                      buffers (3 bytes a pixel) are sized from it (CUDA: by the
+                                      first encoded batch); 0: no encoded batches */
     sf_jpeg_decoder jpeg_decoder;  /* CUDA: the nvJPEG backend, or AUTO (the per-batch rule) */
+    /* CUDA, set by tests alone (the server leaves it NULL): how the JPEG
+     * decoder is made (gpu/cuda/jpeg_decode.h); NULL is nvJPEG's real one.
+     * A test passes one that refuses, to reach a decoder that cannot be made
+     * without taking the device's memory from the other processes on it.
+     * build copies the struct; its ctx stays valid until destroy. */
+    const struct sf_cuda_jpeg_maker *jpeg_maker;
     /* Data-parallel training (collective/collective.h): NULL or world 1 is one
      * process, and nothing below runs. With world > 1 every training batch
      * is one rank's part of a step all ranks take together: after the
@@ -201,6 +210,11 @@ typedef struct sf_batch {
  * backend, failed: a JPEG file whose header passed but whose data the
  * decoder refuses. */
 #define SF_BACKEND_BAD_INPUT (-2)
+/* submit()'s and transform()'s return when an encoded batch's decoder, made
+ * by the first encoded batch, could not be made (most often: the device
+ * memory it needs is held by training). Nothing of the batch ran and nothing
+ * of the decoder is kept; the next encoded batch tries again. */
+#define SF_BACKEND_NO_DECODER (-3)
 
 typedef enum sf_event_kind { SF_EV_SLOT_FREE = 1, SF_EV_STEP_DONE = 2 } sf_event_kind;
 
@@ -264,6 +278,14 @@ typedef struct sf_device_stats {
     char name[64];
 } sf_device_stats;
 
+/* What the encoded batches' decoder holds (sf_backend_i.decoder_memory). */
+typedef struct sf_decoder_memory {
+    int made;            /* 1 once the first encoded batch made it */
+    size_t device_bytes; /* staging areas and the decoder's own device buffers */
+    size_t pinned_bytes; /* the decoder's own pinned host buffers */
+    long long not_made;  /* encoded batches refused since build because it could not be made */
+} sf_decoder_memory;
+
 typedef struct sf_backend_i {
     const char *(*name)(sf_backend *be);                 /* "ref", "cuda" */
     /* Host memory for ring slots: pinned on CUDA, 64-byte aligned on the CPU. */
@@ -276,7 +298,8 @@ typedef struct sf_backend_i {
     /* Batches that may be submitted and not yet STEP_DONE at once. */
     int (*max_inflight)(sf_backend *be);
     /* Starts a batch. Returns 0, or -1 (err filled) when it could not even be
-     * started, SF_BACKEND_BAD_INPUT when its data was refused; then no
+     * started, SF_BACKEND_BAD_INPUT when its data was refused,
+     * SF_BACKEND_NO_DECODER when its decoder could not be made; then no
      * events follow for it. */
     int (*submit)(sf_backend *be, const sf_batch *b, char *err, size_t errlen);
     /* Writes up to max completions into ev and returns their count; waits up
@@ -284,7 +307,8 @@ typedef struct sf_backend_i {
     int (*poll)(sf_backend *be, sf_event *ev, int max, int timeout_us);
     /* Augmentation only, synchronous: out is float [n, c, out_h, out_w].
      * 0; SF_BACKEND_BAD_INPUT when the decoder refuses a sample's JPEG data
-     * (the client's error: err names the sample); -1 on any other failure. */
+     * (the client's error: err names the sample); SF_BACKEND_NO_DECODER when
+     * an encoded batch's decoder could not be made; -1 on any other failure. */
     int (*transform)(sf_backend *be, const sf_batch *b, float *out, char *err, size_t errlen);
     /* Parameters as one flat float buffer in sf_model layout (n_params floats).
      * Called with nothing in flight. */
@@ -348,6 +372,14 @@ typedef struct sf_backend_i {
     /* The precision the backend computes a model built for `asked` in, where
      * that differs (the reference computes tf32 as plain fp32). NULL: `asked`. */
     sf_precision (*precision_in_force)(sf_backend *be, sf_precision asked);
+
+    /* ---- what the encoded batches' decoder holds (optional) ---------------- */
+    /* May be called from any thread. Fills *out with what the decoder holds
+     * now: nothing before the first encoded batch, which makes it, so a job
+     * that posts raw pixels holds none. 0; -1 where the backend holds nothing
+     * of its own for decoding (the reference decodes into the batch's
+     * buffers). NULL: as -1. */
+    int (*decoder_memory)(sf_backend *be, sf_decoder_memory *out);
 } sf_backend_i;
 
 struct sf_backend {

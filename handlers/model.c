@@ -43,6 +43,18 @@ int h_model(sf_req *r)
             p += e ? (size_t)(e - p) + 1 : strlen(p);
         }
     }
+    /* What the encoded batches' decoder holds now, beside the plan's figure
+     * (the model's and the batch buffers', fixed at build): the CUDA backend
+     * makes it by the first encoded batch, so a job that never posted one
+     * shows none. Absent where the backend holds no decoder of its own. */
+    sf_decoder_memory dm;
+    if (app->backend && app->backend->i->decoder_memory &&
+        app->backend->i->decoder_memory(app->backend, &dm) == 0) {
+        cJSON *jd = cJSON_AddObjectToObject(o, "jpeg_decoder");
+        cJSON_AddBoolToObject(jd, "made", dm.made);
+        cJSON_AddNumberToObject(jd, "device_bytes", (double)dm.device_bytes);
+        cJSON_AddNumberToObject(jd, "pinned_bytes", (double)dm.pinned_bytes);
+    }
     cJSON *warnings = cJSON_AddArrayToObject(o, "warnings");
     if (app->model_warning[0])
         cJSON_AddItemToArray(warnings, cJSON_CreateString(app->model_warning));

@@ -45,8 +45,11 @@ int h_transform(sf_req *r)
             return sf_upload_transform_reply(r);
         }
         if (job.state == SF_JOB_FAILED)
-            return sf_reply_error(r, strcmp(job.err_code, "jpeg_undecodable") == 0 ? 422 : 500, job.err_code,
-                                  "%s", job.err_msg);
+            return sf_reply_error(r,
+                                  strcmp(job.err_code, "jpeg_undecodable") == 0           ? 422
+                                  : strcmp(job.err_code, "jpeg_decoder_unavailable") == 0 ? 503
+                                                                                          : 500,
+                                  job.err_code, "%s", job.err_msg);
         if (r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN)
             return sf_reply_error(r, 503, "transform_timeout",
                                   "the transform did not finish within %d ms",

@@ -66,6 +66,11 @@ static void collect(void *ctx)
         sf_gauge_set(sf_metric_only(app->m.process_max_fds), ps.max_fds);
     }
     sf_gauge_set(sf_metric_only(app->m.log_dropped), (double)sf_log_dropped());
+    sf_decoder_memory dm;
+    if (app->backend && app->backend->i->decoder_memory && app->backend->i->decoder_memory(app->backend, &dm) == 0) {
+        sf_gauge_set(sf_metric_only(app->m.jpeg_decoder_device), (double)dm.device_bytes);
+        sf_gauge_set(sf_metric_only(app->m.jpeg_decoder_pinned), (double)dm.pinned_bytes);
+    }
 }
 
 /* Requests, uploads and the batches they bring. */
@@ -179,6 +184,25 @@ static void register_training_metrics(sf_app_metrics *m)
         "Samples left out of their batch (trained, evaluated or transformed) because the decoder refused "
         "their files' data (decode.on_undecodable skip); a batch of which none decoded counts its samples "
         "too, and fails with jpeg_undecodable.",
+        NULL);
+    m->jpeg_decoder_unavailable = sf_metrics_counter(
+        "streamfeed_jpeg_decoder_unavailable_total",
+        "Encoded batches (trained, evaluated or transformed) that failed with jpeg_decoder_unavailable: the "
+        "decoder, made by the first encoded batch, could not be made (the device memory it needs held by "
+        "training, most often). Nothing of such a batch ran; the next encoded batch tries again.",
+        NULL);
+    /* 0 from the start, not absent: a failure is a rise from zero. */
+    sf_counter_add(sf_metric_only(m->jpeg_decoder_unavailable), 0);
+    m->jpeg_decoder_device = sf_metrics_gauge(
+        "streamfeed_jpeg_decoder_device_bytes",
+        "Device memory the encoded batches' decoder holds now (CUDA: its staging areas and nvJPEG's "
+        "buffers): 0 until the first encoded batch makes it, so a job that posts raw pixels holds none. "
+        "Absent on the reference backend, which decodes into the batch's own buffers.",
+        NULL);
+    m->jpeg_decoder_pinned = sf_metrics_gauge(
+        "streamfeed_jpeg_decoder_pinned_bytes",
+        "Pinned host memory the encoded batches' decoder holds now (CUDA: nvJPEG's pinned buffers); 0 until "
+        "the first encoded batch makes it. Absent on the reference backend.",
         NULL);
 }
 

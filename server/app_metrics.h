@@ -25,6 +25,8 @@ typedef struct sf_app_metrics {
     sf_family *eval_loss, *eval_accuracy, *eval_samples;
     sf_family *jpeg_batches, *jpeg_samples, *jpeg_decode_host; /* labelled decoder="..." */
     sf_family *samples_undecodable; /* samples left out of their batch: the decoder refused their files */
+    sf_family *jpeg_decoder_unavailable;                  /* encoded batches failed: no decoder could be made */
+    sf_family *jpeg_decoder_device, *jpeg_decoder_pinned; /* what the decoder holds now (bytes) */
     /* Device telemetry (server/telemetry.c), labelled gpu="<ordinal>"; no
      * child until a valid sample, so absent without NVML. */
     sf_family *gpu_utilization, *gpu_memory_used, *gpu_memory_total, *gpu_power;

@@ -342,15 +342,18 @@ const sf_cfg_option sf_config_table[] = {
      0, NULL,
      "Most decoded pixels (sum of h*w) of one encoded batch (JPEG, PNG, WebP); more is refused with "
      "jpeg_batch_too_large. "
-     "The decode buffers are sized once from it, at start: 3 bytes per pixel for the decoded images "
-     "on the reference backend (host memory); on CUDA two such areas in device memory (6 bytes per "
+     "The decode buffers are sized from it: 3 bytes per pixel for the decoded images on the "
+     "reference backend (host memory, at start); on CUDA two such areas in device memory (6 bytes per "
      "pixel; one with pipeline.overlap off), so that a batch decodes while the one before is "
      "augmented, and nvJPEG's own buffers for a batch of model.max_batch files of this many pixels "
-     "in all (on an H100 with model.max_batch 1024, 64 Mi pixels held about 2.7 GB of device memory). "
+     "in all (on an H100 with model.max_batch 1024, 64 Mi pixels held about 2.7 GB of device memory), "
+     "made by the first encoded batch, so that a job posting raw tensors holds none of it; when that "
+     "memory cannot be had then, the batch fails with jpeg_decoder_unavailable and the next encoded "
+     "batch tries again. "
      "The default, 128 Mi pixels, takes a batch of ten 12-megapixel phone photos: 384 MiB of host "
      "memory on the reference backend, 768 MiB of staging on CUDA plus nvJPEG's buffers (docs/IMAGES.md). "
      "0 turns JPEG batches off: nothing is allocated for them and every one is refused with "
-     "jpeg_batch_too_large; the setting for jobs that post raw tensors."},
+     "jpeg_batch_too_large."},
     {"jpeg.decoder", SF_CT_ENUM, F(jpeg.decoder), "auto", 0, 0, "auto|hardware|gpu_hybrid|hybrid", 0, NULL,
      "Which nvJPEG backend decodes JPEG batches on CUDA: auto chooses per batch by the measured rule of "
      "docs/DESIGN.md (the hardware engines, or gpu_hybrid for large batches of small files); the others "

@@ -292,6 +292,22 @@ static int fill_batch(sf_engine *e, int slot, sf_batch *b, int train, char *err,
     return 0;
 }
 
+/* The error code of a batch whose submit() or transform() returned rc != 0:
+ * a file the decoder refuses is the client's (jpeg_undecodable); a decoder
+ * that could not be made is the device memory's, counted, and the next
+ * encoded batch tries again (jpeg_decoder_unavailable); anything else is
+ * the backend's (other). */
+static const char *failure_code(sf_engine *e, int rc, const char *other)
+{
+    if (rc == SF_BACKEND_BAD_INPUT)
+        return "jpeg_undecodable";
+    if (rc == SF_BACKEND_NO_DECODER) {
+        sf_counter_add(sf_metric_only(e->cx.m->jpeg_decoder_unavailable), 1);
+        return "jpeg_decoder_unavailable";
+    }
+    return other;
+}
+
 /* Transform-only batches run synchronously on the engine thread (the backend
  * is single-threaded by contract); the output goes to the request's buffer. */
 void engine_run_transform(sf_engine *e, int slot)
@@ -318,8 +334,9 @@ void engine_run_transform(sf_engine *e, int slot)
         if (release)
             release(owner);
         /* A file the decoder refuses is the client's error (POST /v1/transform
-         * answers 422 with this code); anything else is the service's. */
-        finish_failed(e, id, rc == SF_BACKEND_BAD_INPUT ? "jpeg_undecodable" : "transform_failed", err);
+         * answers 422 with this code); a decoder that could not be made, 503;
+         * anything else is the service's. */
+        finish_failed(e, id, failure_code(e, rc, "transform_failed"), err);
         return;
     }
     job.id = id;
@@ -388,8 +405,9 @@ void engine_submit(sf_engine *e, int slot, int64_t global_n)
     }
     if (rc) {
         /* A file the decoder refuses is the client's error, as on POST
-         * /v1/transform; anything else is the service's. */
-        engine_fail_batch(e, slot, rc == SF_BACKEND_BAD_INPUT ? "jpeg_undecodable" : "submit_failed", err);
+         * /v1/transform; a decoder that could not be made is said so;
+         * anything else is the service's. */
+        engine_fail_batch(e, slot, failure_code(e, rc, "submit_failed"), err);
         return;
     }
     /* The logits buffer stays the request's until STEP_DONE, after the slot

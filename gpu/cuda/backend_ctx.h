@@ -16,6 +16,7 @@ extern "C" {
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,10 +147,19 @@ typedef struct cuda_ctx {
      * them (jpeg_decode.h). jpeg_decoded[k]: area k holds its batch;
      * jpeg_read[k]: the augmentation that read area k is done, so the next
      * decode may overwrite it. Without overlap one area on the one stream.
-     * jpeg is NULL when cfg.jpeg_max_batch_pixels is 0 or nvJPEG could not be
-     * used (jpeg_err). */
+     * The decoder (staging areas and nvJPEG's buffers, 2.6 GiB on an H200 at
+     * the defaults) is made by the first encoded batch that reaches submit()
+     * or transform() (make_jpeg), so that a job posting raw pixels holds
+     * none of it; it is kept until the next build or destroy. jpeg is NULL
+     * until then, and always when cfg.jpeg_max_batch_pixels is 0 (jpeg_err
+     * says so). jpeg_mu guards the pointer for decoder_memory(), which any
+     * thread may call: the engine thread changes it under the lock and
+     * reads it without. */
     sf_cuda_jpeg *jpeg;
+    pthread_mutex_t jpeg_mu;
     char jpeg_err[160];
+    sf_cuda_jpeg_maker jpeg_maker; /* the build's cfg.jpeg_maker, copied; make NULL: sf_cuda_jpeg_new */
+    long long jpeg_not_made;       /* encoded batches refused since build: the decoder could not be made */
     /* An encoded batch's kept samples when some were left out
      * (decode_encoded): parameters and labels, in order; [max_batch]. */
     sf_aug_sample *kept_samples;

@@ -141,8 +141,11 @@ static void free_buffers(cuda_ctx *c)
                 cudaEventDestroy(*ev[i]);
         memset(B, 0, sizeof *B);
     }
-    sf_cuda_jpeg_free(c->jpeg);
+    pthread_mutex_lock(&c->jpeg_mu);
+    sf_cuda_jpeg *jpeg = c->jpeg;
     c->jpeg = NULL;
+    pthread_mutex_unlock(&c->jpeg_mu);
+    sf_cuda_jpeg_free(jpeg);
     free(c->kept_samples);
     free(c->kept_labels);
     c->kept_samples = NULL;
@@ -429,28 +432,71 @@ static void build_net_cfg(const cuda_ctx *c, const sf_train_cfg *cfg, sf_net_cfg
     nc->dt = cfg->precision == SF_PREC_BF16 ? SF_DT_BF16 : SF_DT_F32;
 }
 
-/* The JPEG decoder, sized once for the largest encoded batch. Without it the
- * backend still trains raw batches; an encoded one fails naming why
- * (c->jpeg_err). */
+/* What encoded batches need at build: the host arrays of the samples kept
+ * and the maker. The decoder itself is made by the first encoded batch
+ * (make_jpeg). Without jpeg.max_batch_pixels the backend still trains raw
+ * batches; an encoded one fails naming why (c->jpeg_err). */
 static void build_jpeg(cuda_ctx *c, const sf_train_cfg *cfg)
 {
     c->jpeg_err[0] = '\0';
+    pthread_mutex_lock(&c->jpeg_mu);
+    c->jpeg_not_made = 0;
+    pthread_mutex_unlock(&c->jpeg_mu);
+    c->jpeg_maker = cfg->jpeg_maker ? *cfg->jpeg_maker : sf_cuda_jpeg_maker{NULL, NULL};
+    c->cfg.jpeg_maker = NULL; /* the caller's, copied above */
     if (cfg->jpeg_max_batch_pixels <= 0) {
         snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: JPEG decoding is off (jpeg.max_batch_pixels is 0)");
         return;
     }
-    c->jpeg_stages = cfg->overlap ? 2 : 1;
-    c->jpeg_next = 0;
-    c->jpeg = sf_cuda_jpeg_new(cfg->max_batch, cfg->jpeg_max_batch_pixels, c->jpeg_stages, JPEG_LANES, c->jpeg_err,
-                               sizeof c->jpeg_err);
-    cudaGetLastError();
     c->kept_samples = (sf_aug_sample *)calloc((size_t)cfg->max_batch, sizeof *c->kept_samples);
     c->kept_labels = (uint8_t *)calloc((size_t)cfg->max_batch, 8);
-    if (c->jpeg && (!c->kept_samples || !c->kept_labels)) {
-        sf_cuda_jpeg_free(c->jpeg);
-        c->jpeg = NULL;
+    if (!c->kept_samples || !c->kept_labels)
         snprintf(c->jpeg_err, sizeof c->jpeg_err, "cuda: out of memory for the JPEG batches' kept samples");
+}
+
+/* Makes the JPEG decoder on the first encoded batch (submit() or
+ * transform(), on the engine thread), sized from the build's config for
+ * the largest encoded batch: a job that posts raw pixels never holds its
+ * staging areas and nvJPEG's buffers, and a job's first encoded batch pays
+ * their creation, once. When it cannot be made (most often: training holds
+ * the device memory it needs) nothing of it is kept, the batch is refused
+ * with SF_BACKEND_NO_DECODER, counted, and the next encoded batch tries
+ * again. 0 when the decoder is there; -1 when decoding is off (c->jpeg_err). */
+static int make_jpeg(cuda_ctx *c, char *err, size_t errlen)
+{
+    if (c->jpeg)
+        return 0;
+    if (c->jpeg_err[0]) {
+        sf_errf(err, errlen, "%s", c->jpeg_err);
+        return -1;
     }
+    const int stages = c->cfg.overlap ? 2 : 1;
+    char why[SF_CUDA_ERR_LEN];
+    why[0] = '\0';
+    sf_cuda_jpeg *j =
+        c->jpeg_maker.make
+            ? c->jpeg_maker.make(c->jpeg_maker.ctx, c->cfg.max_batch, c->cfg.jpeg_max_batch_pixels, stages,
+                                 JPEG_LANES, why, sizeof why)
+            : sf_cuda_jpeg_new(c->cfg.max_batch, c->cfg.jpeg_max_batch_pixels, stages, JPEG_LANES, why, sizeof why);
+    cudaGetLastError(); /* an allocation that failed leaves no sticky error */
+    if (!j) {
+        pthread_mutex_lock(&c->jpeg_mu);
+        c->jpeg_not_made++;
+        pthread_mutex_unlock(&c->jpeg_mu);
+        sf_errf(err, errlen,
+                "cuda: the JPEG decoder for %d files of %lld pixels in all (%d staging area(s) of %lld MiB and "
+                "nvJPEG's buffers) could not be made: %s; the next encoded batch tries again (lower "
+                "jpeg.max_batch_pixels, or post raw pixels)",
+                c->cfg.max_batch, (long long)c->cfg.jpeg_max_batch_pixels, stages,
+                (long long)(c->cfg.jpeg_max_batch_pixels * 3 >> 20), why[0] ? why : "no reason given");
+        return SF_BACKEND_NO_DECODER;
+    }
+    c->jpeg_stages = stages;
+    c->jpeg_next = 0;
+    pthread_mutex_lock(&c->jpeg_mu);
+    c->jpeg = j;
+    pthread_mutex_unlock(&c->jpeg_mu);
+    return 0;
 }
 
 static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, char *err, size_t errlen)
@@ -540,7 +586,7 @@ int check_batch(cuda_ctx *c, const sf_batch *b, int need_model, char *err, size_
         sf_errf(err, errlen, "cuda: no model built");
         return -1;
     }
-    if (b && b->jpeg && !c->jpeg) {
+    if (b && b->jpeg && c->jpeg_err[0]) {
         sf_errf(err, errlen, "%s", c->jpeg_err);
         return -1;
     }
@@ -884,6 +930,11 @@ static int cu_submit(sf_backend *be, const sf_batch *bt_in, char *err, size_t er
         sf_errf(err, errlen, "cuda: %d batches in flight (max_inflight %d); poll first", c->q_count, c->nbuf);
         return -1;
     }
+    if (bt_in->jpeg) {
+        const int mrc = make_jpeg(c, err, errlen);
+        if (mrc != 0)
+            return mrc;
+    }
     sf_cuda_clear_error();
     const int b = c->next_buf;
     /* An encoded batch is decoded first: a file the decoder refuses fails
@@ -1031,6 +1082,15 @@ static int cu_transform(sf_backend *be, const sf_batch *b, float *out, char *err
     }
     if (check_batch(c, b, 0, err, errlen) != 0)
         return -1;
+    if (b->jpeg) {
+        if (!c->built) {
+            sf_errf(err, errlen, "cuda: no model built, whose config sizes the JPEG decoder");
+            return -1;
+        }
+        const int mrc = make_jpeg(c, err, errlen);
+        if (mrc != 0)
+            return mrc;
+    }
     if (!out) {
         sf_errf(err, errlen, "cuda: output buffer missing");
         return -1;
@@ -1262,6 +1322,7 @@ static void cu_destroy(sf_backend *be)
             if (c->jpeg_read[k]) cudaEventDestroy(c->jpeg_read[k]);
         }
         if (c->st_aux) cudaStreamDestroy(c->st_aux);
+        pthread_mutex_destroy(&c->jpeg_mu);
         free(c);
     }
     free(be);
@@ -1288,8 +1349,13 @@ static int cu_describe(sf_backend *be, char *buf, size_t len, size_t *device_byt
             sf_cuda_jpeg_mem jm;
             sf_cuda_jpeg_memory(c->jpeg, &jm);
             *device_bytes += jm.staging_bytes + jm.device_bytes;
-        } else
+        } else if (c->jpeg_err[0])
             snprintf(buf + at, len - at, "jpeg decode: unavailable (%s)\n", c->jpeg_err);
+        else
+            snprintf(buf + at, len - at,
+                     "jpeg decode: no decoder held; the first encoded batch makes it (%lld encoded batch(es) "
+                     "refused so far because it could not be made)\n",
+                     c->jpeg_not_made);
         at = strlen(buf);
     }
     if (c->nccl && at < len) {
@@ -1311,6 +1377,25 @@ static int cu_param_digest(sf_backend *be, uint64_t *digest)
     return 0;
 }
 
+/* What the JPEG decoder holds now: nothing until the first encoded batch.
+ * Any thread: jpeg_mu keeps the decoder from being freed under the reading. */
+static int cu_decoder_memory(sf_backend *be, sf_decoder_memory *out)
+{
+    cuda_ctx *c = ctx_of(be);
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&c->jpeg_mu);
+    if (c->jpeg) {
+        sf_cuda_jpeg_mem m;
+        sf_cuda_jpeg_memory(c->jpeg, &m);
+        out->made = 1;
+        out->device_bytes = m.staging_bytes + m.device_bytes;
+        out->pinned_bytes = m.pinned_bytes;
+    }
+    out->not_made = c->jpeg_not_made;
+    pthread_mutex_unlock(&c->jpeg_mu);
+    return 0;
+}
+
 static const sf_backend_i cuda_vtable = {
     cu_name, cu_host_alloc, cu_host_free, cu_build, cu_max_inflight, cu_submit, cu_poll,
     cu_transform, cu_get_params, cu_set_params, cu_health, cu_destroy,
@@ -1318,6 +1403,7 @@ static const sf_backend_i cuda_vtable = {
     cu_get_buffers, cu_set_buffers, cu_get_opt_sq, cu_set_opt_sq, cu_describe,
     cu_param_digest,
     NULL, /* precision_in_force: the CUDA backend computes in model.precision as asked */
+    cu_decoder_memory,
 };
 
 __global__ void k_probe(int *p)
@@ -1421,6 +1507,7 @@ extern "C" sf_backend *sf_backend_cuda_new(int device, char *err, size_t errlen)
         return NULL;
     }
     c->device = device;
+    pthread_mutex_init(&c->jpeg_mu, NULL);
     if (cudaDeviceGetPCIBusId(c->pci_bus_id, (int)sizeof c->pci_bus_id, device) != cudaSuccess) {
         cudaGetLastError();
         c->pci_bus_id[0] = '\0'; /* NVML then takes its only device, if it has one */

@@ -116,6 +116,16 @@ typedef enum sf_cuda_jpeg_backend {
 sf_cuda_jpeg *sf_cuda_jpeg_new(int max_batch, int64_t max_pixels, int stages, int lanes, char *err, size_t errlen);
 void sf_cuda_jpeg_free(sf_cuda_jpeg *j);
 
+/* Makes a decoder as sf_cuda_jpeg_new does (same arguments). The CUDA backend
+ * makes its decoder through one (sf_train_cfg.jpeg_maker; NULL:
+ * sf_cuda_jpeg_new itself), so that a test can refuse the decoder without
+ * taking the device's memory from the other processes on the device. */
+typedef struct sf_cuda_jpeg_maker {
+    sf_cuda_jpeg *(*make)(void *ctx, int max_batch, int64_t max_pixels, int stages, int lanes, char *err,
+                          size_t errlen);
+    void *ctx;
+} sf_cuda_jpeg_maker;
+
 /* Queues the decode of b's n files into staging area `stage` on stream s (b->jpeg, b->jpeg_off,
  * b->samples[i].src_off/src_h/src_w; b->jpeg_forms, b->decoded_bytes and b->n
  * pick the backend under AUTO). The files must stay unchanged until that work has completed on

@@ -29,11 +29,17 @@
  * through submit/poll with SLOT_FREE then STEP_DONE, its loss near the
  * reference's; with skip_undecodable an unreadable file is left out on both
  * and the batch trains its other samples.
+ * The backend makes its decoder on the first encoded batch: built with
+ * encoded batches on it holds no more than built with them off, a raw batch
+ * makes none, a decoder the maker refuses fails that batch alone (counted)
+ * and the next encoded batch makes it and trains to the loss of a backend
+ * whose decoder was made before.
  */
 #include "tests/gpu/gpu_test.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <spng.h>
 #include <turbojpeg.h>
 #include <webp/encode.h>
@@ -485,6 +491,309 @@ static void overlapped_decode_equals_serial(const std::vector<jcase> &cases)
     else
         fail("%d JPEG batches in a row: batch %d's loss is %.9g overlapped, %.9g and %.9g serial", nb, bad,
              a[bad], b[bad], b2[bad]);
+}
+
+/* A JPEG decoder maker (sf_cuda_jpeg_maker, cfg.jpeg_maker) that refuses its
+ * next `refuse` calls as a decoder whose device memory is taken is refused,
+ * then makes nvJPEG's real decoder. The engine thread (here: the test's)
+ * calls it. */
+typedef struct refusing_maker {
+    int refuse; /* calls still to refuse */
+    int calls;  /* calls so far */
+} refusing_maker;
+
+#define REFUSED_MSG "cudaMalloc of the staging area: out of memory (the test's maker refuses it)"
+
+static sf_cuda_jpeg *make_refusing(void *ctx, int max_batch, int64_t max_pixels, int stages, int lanes, char *err,
+                                   size_t errlen)
+{
+    refusing_maker *r = (refusing_maker *)ctx;
+    r->calls++;
+    if (r->refuse > 0) {
+        r->refuse--;
+        snprintf(err, errlen, "%s", REFUSED_MSG);
+        return NULL;
+    }
+    return sf_cuda_jpeg_new(max_batch, max_pixels, stages, lanes, err, errlen);
+}
+
+/* One CUDA backend of the made-on-first-use checks, and its batches. */
+typedef struct lazy_rig {
+    sf_backend *cu;
+    refusing_maker rm;
+    sf_cuda_jpeg_maker maker;
+    uint8_t *hraw;
+    std::vector<uint8_t *> files;
+} lazy_rig;
+
+/* Waits for batch id's STEP_DONE; its status, or -1 when it never came. */
+static int wait_step(sf_backend *cu, uint64_t id, float *loss)
+{
+    for (int tries = 0; tries < 500; tries++) {
+        sf_event ev[8];
+        const int e = cu->i->poll(cu, ev, 8, 10000);
+        for (int i = 0; i < e; i++)
+            if (ev[i].kind == SF_EV_STEP_DONE && ev[i].id == id) {
+                *loss = ev[i].loss;
+                if (ev[i].status)
+                    printf("  batch %llu: %s\n", (unsigned long long)id, ev[i].err);
+                return ev[i].status;
+            }
+    }
+    return -1;
+}
+
+/* The CUDA backend makes its JPEG decoder on the first encoded batch, so a
+ * job that posts raw pixels holds none of its memory. Built for encoded
+ * batches of up to 64 Mpx (192 MiB of staging per area), it holds by its own
+ * count (describe) what a build with encoded batches off holds, and
+ * decoder_memory says none is made; a raw batch trains and makes none. With
+ * the maker refusing (as cudaMalloc does when training holds the memory: the
+ * test never takes the device's memory, since GPU tests share the device),
+ * the first encoded transform() and the first encoded submit() each come to
+ * SF_BACKEND_NO_DECODER naming why, with nothing run, nothing kept and each
+ * counted; the next encoded batch makes the decoder and trains to the loss of
+ * a backend whose decoder was made before its first batch (by a transform,
+ * which trains nothing). With encoded batches off the maker is never called
+ * and an encoded batch is refused saying so. */
+static void decoder_made_by_the_first_encoded_batch(const std::vector<jcase> &cases)
+{
+    char err[600];
+    sf_model m;
+    sf_aug_pipeline pipe, raw_pipe;
+    sf_aug_plan plan, raw_plan;
+    const int side = 32;
+    if (sf_model_from_preset("tiny", &m, err, sizeof err) ||
+        sf_aug_parse("[{\"op\":\"resize\",\"size\":[32,32]}]", &pipe, err, sizeof err) ||
+        sf_aug_plan_make_ragged(&pipe, 3, &plan, err, sizeof err) || sf_aug_parse("[]", &raw_pipe, err, sizeof err) ||
+        sf_aug_plan_make(&raw_pipe, side, side, 3, &raw_plan, err, sizeof err)) {
+        fail("made on first use: setup: %s", err);
+        return;
+    }
+    const int n = (int)cases.size();
+    const int64_t big = (int64_t)64 << 20;
+    const size_t area_bytes = (size_t)big * 3;
+    sf_train_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.seed = 42;
+    cfg.max_batch = n;
+    cfg.overlap = 1;
+    cfg.cuda_graphs = 1;
+    cfg.tune_configs = 1; /* one engine choice for every build: only the decoder's making differs */
+
+    std::vector<int64_t> labels(n);
+    for (int i = 0; i < n; i++)
+        labels[i] = i % 10;
+    std::vector<int> hw(2 * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        hw[2 * i] = cases[i].h;
+        hw[2 * i + 1] = cases[i].w;
+    }
+    std::vector<sf_aug_sample> smp(n), raw_smp(n);
+    sf_aug_gen_ragged(&pipe, &plan, 1, 1, n, hw.data(), smp.data());
+    sf_aug_gen(&raw_pipe, &raw_plan, 1, 1, n, raw_smp.data());
+    std::vector<uint8_t> raw((size_t)n * side * side * 3);
+    for (size_t i = 0; i < raw.size(); i++)
+        raw[i] = (uint8_t)(i * 31 + i / 97);
+    std::vector<jbatch> jbs(2);
+    for (int k = 0; k < 2; k++)
+        make_batch(jbs[k], cases, 8000 + 100 * (uint64_t)k);
+    const size_t out_len = (size_t)n * 3 * 32 * 32;
+    std::vector<float> out(out_len);
+
+    /* rigs[0]: the maker refuses; rigs[1]: its decoder made before its
+     * first batch; rigs[2]: encoded batches off. */
+    lazy_rig rigs[3]{};
+    size_t took[3] = {0, 0, 0};
+    std::vector<char> text(1 << 16);
+    for (int r = 0; r < 3; r++) {
+        lazy_rig &g = rigs[r];
+        g.rm = {0, 0};
+        g.maker = {make_refusing, &g.rm};
+        cfg.jpeg_maker = &g.maker;
+        cfg.jpeg_max_batch_pixels = r == 2 ? 0 : big;
+        g.cu = sf_backend_cuda_new(0, err, sizeof err);
+        if (!g.cu || g.cu->i->build(g.cu, &m, &cfg, err, sizeof err) ||
+            g.cu->i->describe(g.cu, text.data(), text.size(), &took[r]) != 0) {
+            fail("made on first use: build %d: %s", r, err);
+            for (int q = 0; q <= r; q++)
+                if (rigs[q].cu)
+                    rigs[q].cu->i->destroy(rigs[q].cu);
+            return;
+        }
+        g.hraw = (uint8_t *)g.cu->i->host_alloc(g.cu, raw.size());
+        memcpy(g.hraw, raw.data(), raw.size());
+        for (int k = 0; k < 2; k++) {
+            g.files.push_back((uint8_t *)g.cu->i->host_alloc(g.cu, jbs[k].bytes.size()));
+            memcpy(g.files[k], jbs[k].bytes.data(), jbs[k].bytes.size());
+        }
+    }
+    /* Frees a rig's backend, and with it the decoder it made: two decoders
+     * at these bounds are not held at once on the shared device. */
+    auto drop = [&](lazy_rig &g) {
+        if (!g.cu)
+            return;
+        for (uint8_t *f : g.files)
+            g.cu->i->host_free(g.cu, f);
+        g.cu->i->host_free(g.cu, g.hraw);
+        g.cu->i->destroy(g.cu);
+        g.cu = NULL;
+    };
+    auto raw_batch = [&](lazy_rig &g) {
+        sf_batch rb;
+        memset(&rb, 0, sizeof rb);
+        rb.n = n;
+        rb.h = side;
+        rb.w = side;
+        rb.c = 3;
+        rb.nhwc = 1;
+        rb.images = g.hraw;
+        rb.plan = &raw_plan;
+        rb.samples = raw_smp.data();
+        rb.labels = labels.data();
+        rb.label_dtype = SF_LABEL_I64;
+        rb.hyper.lr = 0.01f;
+        rb.id = rb.seq = 1;
+        return rb;
+    };
+    auto jpeg_batch = [&](lazy_rig &g, int k) {
+        sf_batch b = jbs[k].b;
+        b.jpeg = g.files[k];
+        b.samples = smp.data();
+        b.plan = &plan;
+        b.labels = labels.data();
+        b.label_dtype = SF_LABEL_I64;
+        b.hyper.lr = 0.01f;
+        b.id = b.seq = 2 + (uint64_t)k;
+        return b;
+    };
+
+    sf_backend *cu = rigs[0].cu;
+    refusing_maker &rm = rigs[0].rm;
+    sf_decoder_memory dm;
+    memset(&dm, 0xFF, sizeof dm);
+    if (!cu->i->decoder_memory || cu->i->decoder_memory(cu, &dm) != 0 || dm.made || dm.device_bytes ||
+        dm.pinned_bytes || dm.not_made || took[0] != took[2] || rm.calls != 0)
+        fail("made on first use: after build the decoder is made %d, holds %zu B device and %zu B pinned, %lld "
+             "refusals, the maker called %d time(s); the build holds %zu B with encoded batches on, %zu B off; "
+             "want none made, 0, 0, 0, no call and equal",
+             dm.made, dm.device_bytes, dm.pinned_bytes, dm.not_made, rm.calls, took[0], took[2]);
+    else
+        ok("made on first use: built for %lld-pixel encoded batches, it holds no decoder (the build holds %zu MiB, "
+           "as with encoded batches off; one staging area alone is %zu MiB)",
+           (long long)big, took[0] >> 20, area_bytes >> 20);
+
+    /* A raw batch: it trains, and still no decoder. */
+    sf_batch rb = raw_batch(rigs[0]);
+    float raw_loss[2] = {NAN, NAN}, loss = NAN;
+    int rc = cu->i->submit(cu, &rb, err, sizeof err);
+    if (rc == 0)
+        rc = wait_step(cu, rb.id, &raw_loss[0]);
+    cu->i->decoder_memory(cu, &dm);
+    if (rc != 0 || !isfinite(raw_loss[0]) || dm.made || dm.device_bytes || rm.calls != 0)
+        fail("made on first use: a raw batch gave %d (%s), loss %g; the decoder made %d, %zu B, the maker called "
+             "%d time(s)", rc, err, raw_loss[0], dm.made, dm.device_bytes, rm.calls);
+    else
+        ok("made on first use: a raw batch trains (loss %.5f) and makes no decoder", raw_loss[0]);
+
+    /* Refused twice: the first encoded transform(), then the first encoded
+     * submit(). Each fails alone, keeps nothing and is counted. */
+    rm.refuse = 2;
+    sf_batch b0 = jpeg_batch(rigs[0], 0);
+    char terr[600] = "";
+    const int trc = cu->i->transform(cu, &b0, out.data(), terr, sizeof terr);
+    cu->i->decoder_memory(cu, &dm);
+    if (trc != SF_BACKEND_NO_DECODER || !strstr(terr, "could not be made") || !strstr(terr, REFUSED_MSG) ||
+        dm.made || dm.device_bytes || dm.not_made != 1 || rm.calls != 1)
+        fail("made on first use: with its decoder refused, an encoded transform gave %d (%s), made %d, %zu B, %lld "
+             "refusal(s) counted, the maker called %d time(s); want SF_BACKEND_NO_DECODER naming why, none, 1, 1",
+             trc, terr, dm.made, dm.device_bytes, dm.not_made, rm.calls);
+    else
+        ok("made on first use: with its decoder refused, an encoded transform fails alone, counted: %s", terr);
+    const int src = cu->i->submit(cu, &b0, err, sizeof err);
+    sf_event ev[8];
+    const int stray = src == 0 ? 0 : cu->i->poll(cu, ev, 8, 100000);
+    cu->i->decoder_memory(cu, &dm);
+    if (src != SF_BACKEND_NO_DECODER || !strstr(err, "could not be made") || !strstr(err, REFUSED_MSG) || stray ||
+        dm.made || dm.device_bytes || dm.not_made != 2 || rm.calls != 2)
+        fail("made on first use: with its decoder refused, an encoded submit gave %d (%s), %d event(s) after it, "
+             "made %d, %zu B, %lld refusal(s) counted, the maker called %d time(s); want SF_BACKEND_NO_DECODER "
+             "naming why, none, none, 0 B, 2, 2",
+             src, err, stray, dm.made, dm.device_bytes, dm.not_made, rm.calls);
+    else
+        ok("made on first use: with its decoder refused, an encoded training batch fails alone before anything "
+           "runs, counted (%lld so far)", dm.not_made);
+
+    /* The next encoded batch makes the decoder and trains. */
+    sf_batch b1 = jpeg_batch(rigs[0], 1);
+    struct timespec m0, m1;
+    clock_gettime(CLOCK_MONOTONIC, &m0);
+    rc = cu->i->submit(cu, &b1, err, sizeof err);
+    clock_gettime(CLOCK_MONOTONIC, &m1);
+    const double make_ms = (double)(m1.tv_sec - m0.tv_sec) * 1e3 + (double)(m1.tv_nsec - m0.tv_nsec) * 1e-6;
+    if (rc == 0)
+        rc = wait_step(cu, b1.id, &loss);
+    cu->i->decoder_memory(cu, &dm);
+    const float lazy_loss = loss;
+    if (rc != 0 || !isfinite(loss) || !dm.made || dm.device_bytes < 2 * area_bytes || dm.not_made != 2 ||
+        rm.calls != 3)
+        fail("made on first use: the next encoded batch gave %d (%s), loss %g; made %d, %zu B device, %lld "
+             "refusal(s), the maker called %d time(s); want 0, a finite loss, made, at least %zu B, 2, 3 calls",
+             rc, err, loss, dm.made, dm.device_bytes, dm.not_made, rm.calls, 2 * area_bytes);
+    else
+        ok("made on first use: the next encoded batch makes the decoder (%zu MiB device, %zu MiB pinned; its "
+           "submit took %.0f ms) and trains, loss %.5f", dm.device_bytes >> 20, dm.pinned_bytes >> 20, make_ms, loss);
+    /* Kept: another encoded batch does not make it again. */
+    rc = cu->i->submit(cu, &b0, err, sizeof err);
+    if (rc == 0)
+        rc = wait_step(cu, b0.id, &loss);
+    if (rc != 0 || rm.calls != 3)
+        fail("made on first use: a later encoded batch gave %d (%s), the maker called %d time(s) (want 3)", rc, err,
+             rm.calls);
+    else
+        ok("made on first use: the decoder is kept; a later encoded batch trains (loss %.5f) without another", loss);
+    drop(rigs[0]);
+
+    /* The same batches on a backend whose decoder was made before the first
+     * (by a transform, which trains nothing): the same losses. */
+    sf_backend *cu2 = rigs[1].cu;
+    sf_batch t1 = jpeg_batch(rigs[1], 0);
+    rc = cu2->i->transform(cu2, &t1, out.data(), err, sizeof err);
+    cu2->i->decoder_memory(cu2, &dm);
+    if (rc != 0 || !dm.made || rigs[1].rm.calls != 1)
+        fail("made on first use: a transform on a fresh backend gave %d (%s), made %d, the maker called %d time(s)",
+             rc, err, dm.made, rigs[1].rm.calls);
+    rb = raw_batch(rigs[1]);
+    rc = cu2->i->submit(cu2, &rb, err, sizeof err);
+    if (rc == 0)
+        rc = wait_step(cu2, rb.id, &raw_loss[1]);
+    sf_batch c1 = jpeg_batch(rigs[1], 1);
+    float made_loss = NAN;
+    if (rc == 0 && (rc = cu2->i->submit(cu2, &c1, err, sizeof err)) == 0)
+        rc = wait_step(cu2, c1.id, &made_loss);
+    if (rc != 0 || !isfinite(made_loss) || fabsf(raw_loss[1] - raw_loss[0]) > 1e-5f * fabsf(raw_loss[0]) ||
+        fabsf(made_loss - lazy_loss) > 1e-5f * fabsf(made_loss))
+        fail("made on first use: losses %.9g then %.9g with the decoder made before, %.9g then %.9g made by the "
+             "batch after its refusals (status %d: %s); want equal within 1e-5",
+             raw_loss[1], made_loss, raw_loss[0], lazy_loss, rc, err);
+    else
+        ok("made on first use: the batch after the refusals trains to the loss of a backend whose decoder was made "
+           "before (%.9g and %.9g)", lazy_loss, made_loss);
+
+    /* Encoded batches off: refused saying so, and no decoder is tried. */
+    sf_backend *cu3 = rigs[2].cu;
+    sf_batch d0 = jpeg_batch(rigs[2], 0);
+    rc = cu3->i->submit(cu3, &d0, err, sizeof err);
+    cu3->i->decoder_memory(cu3, &dm);
+    if (rc != -1 || !strstr(err, "jpeg.max_batch_pixels is 0") || dm.made || dm.not_made || rigs[2].rm.calls)
+        fail("made on first use: with encoded batches off, an encoded batch gave %d (%s), made %d, %lld refusal(s), "
+             "the maker called %d time(s)", rc, err, dm.made, dm.not_made, rigs[2].rm.calls);
+    else
+        ok("made on first use: with encoded batches off, an encoded batch is refused (%s) and no decoder is tried",
+           err);
+
+    for (int r = 0; r < 3; r++)
+        drop(rigs[r]);
 }
 
 /* The AUTO rule (jpeg_decode.h), a pure function: the cases the H100
@@ -1089,5 +1398,6 @@ int main(void)
     overlapped_decode_equals_serial(baseline);
     undecodable_left_out_and_cmyk_on_the_host(baseline);
     png_webp_and_turned_files_on_the_host(baseline);
+    decoder_made_by_the_first_encoded_batch(baseline);
     return report("test_jpeg_decode");
 }

@@ -508,6 +508,8 @@ def test_a_config_file_that_is_not_one_json_value_exits_2(tmp_path, text, why):
 
 
 FAMILIES = {
+    "streamfeed_jpeg_decoder_unavailable_total": "counter",
+    "streamfeed_jpeg_decoder_device_bytes": "gauge", "streamfeed_jpeg_decoder_pinned_bytes": "gauge",
     "streamfeed_http_requests_total": "counter", "streamfeed_http_errors_total": "counter",
     "streamfeed_batches_received_total": "counter", "streamfeed_batches_rejected_total": "counter",
     "streamfeed_batches_finished_total": "counter", "streamfeed_batches_pending": "gauge",

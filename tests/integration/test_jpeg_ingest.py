@@ -5,6 +5,7 @@ refused while its body is still arriving, and a file whose scan data is
 damaged fails its batch with the sample named."""
 import io
 import json
+import os
 import subprocess
 
 import numpy as np
@@ -97,6 +98,66 @@ def test_jpeg_batches_are_counted_per_decoder_in_the_metrics_and_raw_batches_are
     assert m[key("streamfeed_jpeg_samples_total", **dec)] == 8
     assert m[key("streamfeed_jpeg_decode_host_seconds_total", **dec)] > 0
     assert m[key("streamfeed_samples_trained_total")] == 12
+
+
+def test_the_reference_backend_reports_no_decoder_memory_and_no_decoder_failures_before_or_after_jpeg(
+        start_server):
+    """The decoder's memory is the CUDA backend's (made by the first encoded
+    batch, tests/gpu/test_jpeg_decode.cu): the reference decodes into the
+    batch's own buffers, so GET /v1/model has no `jpeg_decoder` and the
+    gauges have no value, before and after JPEG batches train; the counter of
+    batches failed for want of a decoder is there from the start, at 0."""
+    s = start_server(TINY)
+    text = s.metrics_text()
+    for fam, typ in (("streamfeed_jpeg_decoder_device_bytes", "gauge"),
+                     ("streamfeed_jpeg_decoder_pinned_bytes", "gauge"),
+                     ("streamfeed_jpeg_decoder_unavailable_total", "counter")):
+        assert f"# TYPE {fam} {typ}" in text, fam
+    assert s.metric("streamfeed_jpeg_decoder_unavailable_total") == 0
+    assert "jpeg_decoder" not in s.get("/v1/model").json()
+    rng = np.random.default_rng(6)
+    files, labels = learnable_jpeg_batch(rng, 4)
+    r = s.post_batch(jpeg_body(files, labels), wait=True)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    assert "jpeg_decoder" not in s.get("/v1/model").json()
+    m = s.metrics()
+    assert not [k for k in m if k[0].startswith("streamfeed_jpeg_decoder_") and k[0].endswith("_bytes")], m
+    assert m[key("streamfeed_jpeg_decoder_unavailable_total")] == 0
+
+
+# STREAMFEED_PARITY_BACKEND=cuda (with STREAMFEED_BIN naming a CUDA build, on a
+# GPU host) runs the checks of the CUDA backend's decoder below.
+BACKEND = os.environ.get("STREAMFEED_PARITY_BACKEND", "ref")
+
+
+@pytest.mark.skipif(BACKEND != "cuda", reason="the JPEG decoder's memory is the CUDA backend's "
+                    "(STREAMFEED_PARITY_BACKEND=cuda, STREAMFEED_BIN=build-cuda/streamfeed on a GPU host)")
+def test_on_cuda_the_jpeg_decoder_is_made_by_the_first_jpeg_batch_not_at_start_nor_by_raw_batches(start_server):
+    """A job that posts raw pixels holds none of the decoder's memory: GET
+    /v1/model's `jpeg_decoder` and the gauges say none is made at start and
+    after a raw batch trains; the first JPEG batch makes it (at least its
+    staging area of 3 bytes a pixel of jpeg.max_batch_pixels) and trains, and
+    no batch failed for want of it."""
+    px = 4 << 20
+    s = start_server(["--model.preset", "tiny", "--pipeline.backend", "cuda", "--jpeg.max_batch_pixels", str(px),
+                      "--augment.pipeline", '[{"op":"resize","size":[32,32]},{"op":"to_dtype","scale":0.0039}]'])
+    none = {"made": False, "device_bytes": 0, "pinned_bytes": 0}
+    assert s.get("/v1/model").json()["jpeg_decoder"] == none
+    assert s.metric("streamfeed_jpeg_decoder_device_bytes") == 0
+    rng = np.random.default_rng(8)
+    images, labels = learnable_batch(rng, 8)
+    r = s.post_batch(st_body(images, labels), wait=True)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    assert s.get("/v1/model").json()["jpeg_decoder"] == none
+    files, labels = learnable_jpeg_batch(rng, 8)
+    r = s.post_batch(jpeg_body(files, labels), wait=True)
+    assert r.status_code == 200 and r.json()["state"] == "done", r.text
+    dec = s.get("/v1/model").json()["jpeg_decoder"]
+    assert dec["made"] is True and dec["device_bytes"] >= 3 * px, dec
+    m = s.metrics()
+    assert m[key("streamfeed_jpeg_decoder_device_bytes")] == dec["device_bytes"]
+    assert m[key("streamfeed_jpeg_decoder_pinned_bytes")] == dec["pinned_bytes"]
+    assert m[key("streamfeed_jpeg_decoder_unavailable_total")] == 0
 
 
 def test_with_jpeg_max_batch_pixels_0_a_jpeg_batch_is_refused_from_its_header_and_raw_batches_train(

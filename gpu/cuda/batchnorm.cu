@@ -16,9 +16,9 @@
 /* The activation fused after the batchnorm (A, batchnorm.h's codes: not 0)
  * at z, the normalised value (plus the residual, when there is one). A is a
  * template argument of every kernel that applies one, so each activation's
- * loop holds its own arithmetic only (a runtime code carried the whole
- * switch of activation.cuh into the unrolled loops, ReLU's included: 13 %
- * off W3 on an H200). */
+ * unrolled loop holds its own arithmetic only: with a runtime code every
+ * loop, ReLU's included, carries activation.cuh's whole switch, which cost
+ * W3 13 % on an H200 (bench/results/2026-11-29-h200-batchnorm-activation-fusion.md). */
 template <int A> __device__ __forceinline__ float bn_act_f(float z)
 {
     if constexpr (A == SF_BN_RELU)

@@ -2,7 +2,8 @@
  * batch buffers and queue of batches in flight) and the functions its files
  * share: backend_cuda.cu (the vtable, buffers, staging and the step),
  * backend_dist.cu (the data-parallel hooks, empty rounds and watchdog) and
- * backend_bench.cu (the diagnose benchmark). Internal to those files; the
+ * backend_bench.cu (the diagnose benchmark) and backend_jpeg.cu (the JPEG
+ * decoder's life). Internal to those files; the
  * contract is gpu/backend.h. */
 #ifndef SF_GPU_CUDA_BACKEND_CTX_H
 #define SF_GPU_CUDA_BACKEND_CTX_H
@@ -221,6 +222,14 @@ int stat_reduce(void *ctx, double *p, size_t n, cudaStream_t s);
 int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errlen);
 int ensure_nccl(cuda_ctx *c, char *err, size_t errlen);
 void nccl_watchdog(cuda_ctx *c);
+
+/* backend_jpeg.cu: the build's preparation for encoded batches (the kept
+ * samples' arrays, the maker), the decoder made by the first encoded batch
+ * (0; -1 when decoding is off; SF_BACKEND_NO_DECODER when it cannot be made,
+ * counted, the next batch trying again), and sf_backend_i.decoder_memory. */
+void build_jpeg(cuda_ctx *c, const sf_train_cfg *cfg);
+int make_jpeg(cuda_ctx *c, char *err, size_t errlen);
+int cu_decoder_memory(sf_backend *be, sf_decoder_memory *out);
 
 /* backend_bench.cu: sf_backend_i.bench, the caching method (DESIGN.md §3). */
 int cu_bench(sf_backend *be, const sf_batch *bt, sf_bench_mode mode, int warmup, int steps, double *seconds,

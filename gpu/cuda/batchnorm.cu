@@ -467,11 +467,22 @@ __global__ void k_bn_sync_coef(const double *__restrict__ sums, int C, const flo
 
 /* ---- batchnorm over NHWC rows in 16-byte vectors (the bf16 path) ------------ *
  * Rows [R, C], C % V == 0 (V = 16/sizeof(T) channels a thread), tensors
- * 16-byte aligned. A block is G threads across channel vectors (G = the lowest
- * set bit of C/V, at most 16: a power of two dividing C/V and 32) by
- * RS = 256/G rows; blockIdx.y picks the block's G channel vectors. A thread
- * keeps its channels' parameters in registers and walks rows, so every load is
- * a full 16-byte vector and a warp reads whole cache lines. */
+ * 16-byte aligned. A block is G threads across channel vectors by RS =
+ * blockDim.x / G rows (thread t: vector g = t % G of row t / G);
+ * blockIdx.y picks the block's G channel vectors (bn_rows_geom):
+ * - C/V not a power of two and at most CU_TPB: G = C/V, whole rows, so a
+ *   block's RS rows are one contiguous span and a warp reads 512 contiguous
+ *   bytes; RS = CU_TPB / G (the block has G*RS <= CU_TPB threads).
+ *   With G = the lowest set bit of C/V instead, a warp read 16 rows' 32 or 64
+ *   bytes each, a row's other vectors came from other blocks at other
+ *   times, and 144- to 672-channel maps moved 0.6-1.2 TB/s on an H200
+ *   against 1.8-3.5 for whole rows (bench/results/2026-11-29-h200-batchnorm-rows.md);
+ * - otherwise G = that lowest set bit, at most 16, and CU_TPB threads: for a
+ *   power of two that is the whole row up to 16 vectors (256 bytes, two rows
+ *   a warp), and maps of more than CU_TPB vectors a row are split over
+ *   blockIdx.y.
+ * A thread keeps its channels' parameters in registers and walks rows, so every
+ * load is a full 16-byte vector. */
 
 template <typename T> __device__ __forceinline__ uint4 ldrow(const T *p, size_t r, int C)
 {
@@ -499,8 +510,8 @@ __global__ void __launch_bounds__(CU_TPB)
 {
     constexpr int V = 16 / sizeof(T);
     constexpr int U = MODE == 0 ? 8 : 4;
-    __shared__ double red[CU_TPB / 32][16 * V * 2];
-    const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
+    __shared__ double red[CU_TPB * V];
+    const int tid = threadIdx.x, g = tid % G, rl = tid / G, RS = blockDim.x / G;
     const int c0 = (blockIdx.y * G + g) * V;
     const size_t r0 = (size_t)blockIdx.x * L;
     const size_t r1 = r0 + L < R ? r0 + L : R;
@@ -586,33 +597,52 @@ __global__ void __launch_bounds__(CU_TPB)
             db[v] += (double)fb[v];
         }
     }
-    /* lanes l, l+G, l+2G, ... of a warp hold the same channels */
-    for (int o = 16; o >= G; o >>= 1) {
+    double *o = part + (size_t)blockIdx.y * G * V * nchunks * 2 + (size_t)blockIdx.x * 2;
+    if (32 % G == 0) {
+        /* lanes l, l+G, l+2G, ... of a warp hold the same channels */
+        for (int o2 = 16; o2 >= G; o2 >>= 1) {
 #pragma unroll
-        for (int v = 0; v < V; v++) {
-            da[v] += __shfl_down_sync(0xffffffffu, da[v], o);
-            db[v] += __shfl_down_sync(0xffffffffu, db[v], o);
+            for (int v = 0; v < V; v++) {
+                da[v] += __shfl_down_sync(0xffffffffu, da[v], o2);
+                db[v] += __shfl_down_sync(0xffffffffu, db[v], o2);
+            }
         }
-    }
-    const int lane = tid & 31, warp = tid >> 5;
-    if (lane < G) {
+        const int lane = tid & 31, warp = tid >> 5;
+        if (lane < G) {
 #pragma unroll
-        for (int v = 0; v < V; v++) {
-            red[warp][(lane * V + v) * 2] = da[v];
-            red[warp][(lane * V + v) * 2 + 1] = db[v];
+            for (int v = 0; v < V; v++) {
+                red[warp * (16 * V * 2) + (lane * V + v) * 2] = da[v];
+                red[warp * (16 * V * 2) + (lane * V + v) * 2 + 1] = db[v];
+            }
         }
+        __syncthreads();
+        if (tid < G * V) {
+            double a = 0.0, b = 0.0;
+            for (int w = 0; w < (int)(blockDim.x >> 5); w++) {
+                a += red[w * (16 * V * 2) + tid * 2];
+                b += red[w * (16 * V * 2) + tid * 2 + 1];
+            }
+            o[(size_t)tid * nchunks * 2] = a;
+            o[(size_t)tid * nchunks * 2 + 1] = b;
+        }
+        return;
     }
-    __syncthreads();
-    if (tid < G * V) {
-        double a = 0.0, b = 0.0;
-        for (int w = 0; w < CU_TPB / 32; w++) {
-            a += red[w][tid * 2];
-            b += red[w][tid * 2 + 1];
+    /* whole rows (G = C/V, not a power of two): rows rl = 0..RS-1 of each
+     * channel vector summed in row order through shared memory, one of the
+     * two sums at a time (the block's G*RS*V doubles fill red) */
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            red[tid * V + v] = k ? db[v] : da[v];
+        __syncthreads();
+        for (int ch = tid; ch < G * V; ch += blockDim.x) {
+            double a = 0.0;
+            for (int q = 0; q < RS; q++)
+                a += red[q * G * V + ch];
+            o[(size_t)ch * nchunks * 2 + k] = a;
         }
-        const size_t c = (size_t)blockIdx.y * G * V + tid; /* (blockIdx.y*G + tid/V)*V + tid%V */
-        double *o = part + (c * (size_t)nchunks + blockIdx.x) * 2;
-        o[0] = a;
-        o[1] = b;
+        __syncthreads();
     }
 }
 
@@ -627,7 +657,7 @@ __global__ void __launch_bounds__(CU_TPB)
                     T *__restrict__ y)
 {
     constexpr int V = 16 / sizeof(T);
-    const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
+    const int tid = threadIdx.x, g = tid % G, rl = tid / G, RS = blockDim.x / G;
     const int c0 = (blockIdx.y * G + g) * V;
     float mu[V], iv[V], ga[V], be[V];
 #pragma unroll
@@ -695,7 +725,7 @@ __global__ void __launch_bounds__(CU_TPB)
                  const float *__restrict__ beta, const float *__restrict__ coef, T *__restrict__ dx)
 {
     constexpr int V = 16 / sizeof(T);
-    const int tid = threadIdx.x, g = tid & (G - 1), rl = tid / G, RS = CU_TPB / G;
+    const int tid = threadIdx.x, g = tid % G, rl = tid / G, RS = blockDim.x / G;
     const int c0 = (blockIdx.y * G + g) * V;
     float mu[V], k1[V], m1[V], k2[V], iv[V], ga[V], be[V];
 #pragma unroll
@@ -881,16 +911,31 @@ static int bn_vec(const bn_plan &p, int c, int V, const void *a, const void *b, 
     return shape && cu_al16(a) && cu_al16(b) && (!d || cu_al16(d)) && (!e || cu_al16(e));
 }
 
-/* The NHWC row kernels (k_bn_*_rows): threads across channel vectors in a block. */
-static int bn_rows_G(int c, int V)
+/* The NHWC row kernels' block (k_bn_*_rows; the geometry is described above
+ * k_bn_part_rows): G channel vectors across, `threads` threads, gy blocks
+ * across the channels. */
+typedef struct bn_rows_geo {
+    int G, threads;
+    unsigned gy;
+} bn_rows_geo;
+
+static bn_rows_geo bn_rows_geom(int c, int V)
 {
-    const int cv = c / V;
-    const int low = cv & -cv;
-    return low < 16 ? low : 16;
+    const int cv = c / V, low = cv & -cv;
+    bn_rows_geo r;
+    if (cv != low && cv <= CU_TPB) {
+        r.G = cv;
+        r.threads = cv * (CU_TPB / cv);
+    } else {
+        r.G = low < 16 ? low : 16;
+        r.threads = CU_TPB;
+    }
+    r.gy = (unsigned)(cv / r.G);
+    return r;
 }
 
 /* The shape half of the row kernels' condition (the bf16 row kernels). */
-static int bn_rows_shape(int nhwc, int c) { return nhwc && c % 8 == 0 && c / 8 / bn_rows_G(c, 8) <= 65535; }
+static int bn_rows_shape(int nhwc, int c) { return nhwc && c % 8 == 0 && bn_rows_geom(c, 8).gy <= 65535; }
 
 /* Whether the row kernels take a bf16 tensor: NHWC, C % 8 == 0, aligned. */
 static int bn_rows_ok(const bn_plan &p, int c, const void *a, const void *b, const void *d, const void *e)
@@ -905,12 +950,11 @@ extern "C" int sf_cuda_bn_bwd_reads_y(sf_dtype dt, sf_layout lay, int c)
 
 /* Grid of the elementwise row kernels: ~16 rows a thread, but at least a
  * device's worth of blocks when there are rows for them. */
-static dim3 bn_rows_grid(size_t R, int c, int V)
+static dim3 bn_rows_grid(size_t R, const bn_rows_geo &g)
 {
-    const int G = bn_rows_G(c, V), RS = CU_TPB / G;
-    const unsigned gy = (unsigned)(c / V / G);
+    const int RS = g.threads / g.G;
     size_t gx = cu_cdiv(R, (size_t)RS * 16);
-    const size_t fill = cu_cdiv((size_t)cu_sms() * (2048 / CU_TPB), gy);
+    const size_t fill = cu_cdiv((size_t)cu_sms() * (2048 / g.threads), g.gy);
     const size_t most = cu_cdiv(R, (size_t)RS);
     if (gx < fill)
         gx = fill;
@@ -918,7 +962,23 @@ static dim3 bn_rows_grid(size_t R, int c, int V)
         gx = most;
     if (gx > 0x7fffffffu)
         gx = 0x7fffffffu;
-    return dim3((unsigned)gx, gy);
+    return dim3((unsigned)gx, g.gy);
+}
+
+/* Pass 1 of the backward sums on the row kernels, act's derivative
+ * recomputed from x: part[c][chunk]. */
+template <typename T>
+static void bn_bwd_partials_rows(const bn_plan &p, int c, int act, const T *x, const T *dy, const float *mean,
+                                 const float *sinv, const float *gamma, const float *beta, double *part,
+                                 cudaStream_t s)
+{
+    if constexpr (sizeof(T) == 2) {
+        const bn_rows_geo g = bn_rows_geom(c, 16 / sizeof(T));
+        bn_with_act(act, [&](auto a) {
+            k_bn_part_rows<T, 1, decltype(a)::value><<<dim3((unsigned)p.nchunks, g.gy), g.threads, 0, s>>>(
+                x, dy, mean, sinv, gamma, beta, c, g.G, p.E, p.L, p.nchunks, part);
+        });
+    }
 }
 
 /* The normalisation y = act(bn(x) (+ res)) with mean/sinv (training) or
@@ -939,9 +999,11 @@ static int bn_apply_t(const bn_plan &p, const T *x, int c, const float *mean, co
     bn_with_act(act, [&](auto a) {
         constexpr int A = decltype(a)::value;
         if (rows) {
-            if constexpr (BF)
-                k_bn_apply_rows<T, A><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
-                    x, p.E, c, bn_rows_G(c, VEC), mean, sinv, rvar, eps, gamma, beta, res, y);
+            if constexpr (BF) {
+                const bn_rows_geo g = bn_rows_geom(c, VEC);
+                k_bn_apply_rows<T, A><<<bn_rows_grid(p.E, g), g.threads, 0, s>>>(x, p.E, c, g.G, mean, sinv, rvar,
+                                                                                  eps, gamma, beta, res, y);
+            }
         } else if (vec) {
             k_bn_apply<T, VEC, A><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, len / VEC, c, p.hw, p.nhwc, mean,
                                                                                 sinv, rvar, eps, gamma, beta, res, y);
@@ -965,11 +1027,13 @@ static int bn_dx_t(const bn_plan &p, int rows, const T *x, int c, const float *g
     constexpr int VEC = 16 / sizeof(T);
     const size_t len = (size_t)c * p.E;
     if (rows) {
-        if constexpr (BF)
+        if constexpr (BF) {
+            const bn_rows_geo g = bn_rows_geom(c, VEC);
             bn_with_act(act, [&](auto a) {
-                k_bn_dx_rows<T, decltype(a)::value><<<bn_rows_grid(p.E, c, VEC), CU_TPB, 0, s>>>(
-                    x, dy, p.E, c, bn_rows_G(c, VEC), save_mean, save_invstd, gamma, beta, coef, dx);
+                k_bn_dx_rows<T, decltype(a)::value><<<bn_rows_grid(p.E, g), g.threads, 0, s>>>(
+                    x, dy, p.E, c, g.G, save_mean, save_invstd, gamma, beta, coef, dx);
             });
+        }
     } else if (bn_vec(p, c, VEC, x, dy, dx, y))
         k_bn_dx<T, VEC><<<cu_blocks(len / VEC, CU_TPB), CU_TPB, 0, s>>>(x, dy, y, len / VEC, c, p.hw, p.nhwc,
                                                                     save_mean, coef, dx);
@@ -987,10 +1051,9 @@ static int bn_stat_partials(const bn_plan &p, int c, const T *x, int rows, doubl
 {
     if (rows) {
         if constexpr (sizeof(T) == 2) {
-            constexpr int VEC = 16 / sizeof(T);
-            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
-            k_bn_part_rows<T, 0, 0><<<grid, CU_TPB, 0, s>>>(x, NULL, NULL, NULL, NULL, NULL, c, bn_rows_G(c, VEC),
-                                                           p.E, p.L, p.nchunks, part);
+            const bn_rows_geo g = bn_rows_geom(c, 16 / sizeof(T));
+            k_bn_part_rows<T, 0, 0><<<dim3((unsigned)p.nchunks, g.gy), g.threads, 0, s>>>(
+                x, NULL, NULL, NULL, NULL, NULL, c, g.G, p.E, p.L, p.nchunks, part);
             SF_CUDA_CHECK_LAUNCH();
         }
         return 0;
@@ -1053,7 +1116,6 @@ static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_l
                     int act, T *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
-    constexpr int VEC = 16 / sizeof(T);
     if (bn_check(fn, n, c, h, w))
         return -1;
     bn_plan p = bn_plan_of(n, c, h, w, lay);
@@ -1070,14 +1132,8 @@ static int bn_bwd_t(const char *fn, const T *x, int n, int c, int h, int w, sf_l
     double *part = (double *)scratch;
     float *coef = (float *)(part + 2 * (size_t)p.nchunks * c);
     if (rows) {
-        if constexpr (BF) {
-            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
-            bn_with_act(act, [&](auto a) {
-                k_bn_part_rows<T, 1, decltype(a)::value><<<grid, CU_TPB, 0, s>>>(
-                    x, dy, save_mean, save_invstd, gamma, beta, c, bn_rows_G(c, VEC), p.E, p.L, p.nchunks, part);
-            });
-            SF_CUDA_CHECK_LAUNCH();
-        }
+        bn_bwd_partials_rows<T>(p, c, act, x, dy, save_mean, save_invstd, gamma, beta, part, s);
+        SF_CUDA_CHECK_LAUNCH();
     } else if (bn_partials<T>(p, x, dy, y, save_mean, c, 1, part, s)) {
         return -1;
     }
@@ -1253,7 +1309,6 @@ static int bn_sync_bwd_t(int stage, const char *fn, const T *x, int n, int c, in
                          const double *sums_in, void *scratch, cudaStream_t s)
 {
     constexpr bool BF = sizeof(T) == 2;
-    constexpr int VEC = 16 / sizeof(T);
     if (n == 0)
         return stage == 0 ? bn_sync_zero(fn, c, sums_out, s) : 0;
     if (bn_check(fn, n, c, h, w))
@@ -1271,14 +1326,8 @@ static int bn_sync_bwd_t(int stage, const char *fn, const T *x, int n, int c, in
                           s);
     }
     if (rows) {
-        if constexpr (BF) {
-            dim3 grid((unsigned)p.nchunks, (unsigned)(c / VEC / bn_rows_G(c, VEC)));
-            bn_with_act(y ? SF_BN_RELU : 0, [&](auto a) {
-                k_bn_part_rows<T, 1, decltype(a)::value><<<grid, CU_TPB, 0, s>>>(
-                    x, dy, save_mean, save_invstd, gamma, beta, c, bn_rows_G(c, VEC), p.E, p.L, p.nchunks, part);
-            });
-            SF_CUDA_CHECK_LAUNCH();
-        }
+        bn_bwd_partials_rows<T>(p, c, y ? SF_BN_RELU : 0, x, dy, save_mean, save_invstd, gamma, beta, part, s);
+        SF_CUDA_CHECK_LAUNCH();
     } else if (bn_partials<T>(p, x, dy, y, save_mean, c, 1, part, s)) {
         return -1;
     }

@@ -599,7 +599,9 @@ std::vector<op_case> op_cases()
     /* batchnorm (BatchNorm2d): the fp32 launchers at ResNet-18's first BN
      * (batch 2) and its last, odd ones, with the fused ReLU; then the _dt
      * launchers in fp32 and bf16: many row chunks, a ragged last chunk, C/8
-     * odd (one channel group a block), C % 8 != 0 (scalar), misaligned (the
+     * odd (one channel group a block), C/8 not a power of two (whole rows a
+     * block: 18 and 144 vectors; 257, more than a block's threads, split over
+     * blocks), C % 8 != 0 (scalar), misaligned (the
      * scalar fallback), and with the residual add; the ReLU mask taken from
      * x; a captured forward+backward replaying bit-equal to the eager run.
      * Tolerances: y and dx; the per-channel fp32 outputs (statistics and
@@ -616,7 +618,8 @@ std::vector<op_case> op_cases()
             /* n, c, h, w, relu, misaligned */
             const int bn[][6] = {{2, 64, 56, 56, 1, 0}, {4, 512, 7, 7, 0, 0}, {2, 128, 28, 28, 1, 0},
                                  {16, 64, 32, 32, 1, 0}, {3, 64, 13, 11, 0, 0}, {3, 24, 5, 5, 1, 0},
-                                 {8, 40, 13, 13, 1, 0}, {2, 16, 8, 8, 0, 0},   {4, 3, 5, 7, 0, 0}};
+                                 {8, 40, 13, 13, 1, 0}, {2, 16, 8, 8, 0, 0},   {4, 3, 5, 7, 0, 0},
+                                 {4, 144, 28, 28, 1, 0}, {2, 1152, 7, 7, 0, 0}, {2, 2056, 3, 3, 1, 0}};
             for (const auto &a : bn)
                 t.push_back(row("batchnorm", "bn_dt", cmp_bn_dt, dt, lay, {a[0], a[1], a[2], a[3]}, {a[4], a[5]}, 1e-4,
                                 tc, {}, 1e-5));

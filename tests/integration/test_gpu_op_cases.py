@@ -17,7 +17,7 @@ TEST_OPS = Path(BIN).parent / "tests" / "gpu" / "test_ops"
 CASES_PER_FAMILY = {
     "activation": 45,
     "attention": 15,
-    "batchnorm": 89,
+    "batchnorm": 101,
     "concat": 17,
     "conv": 225,
     "conv_dw": 50,

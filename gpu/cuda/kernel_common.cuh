@@ -291,11 +291,85 @@ __global__ void k_nhwc_rows_sum(const T *__restrict__ a, const T *__restrict__ b
     y[(size_t)ni * c + ci] = cu_to<T>(s * scale);
 }
 
-/* Launches k_nhwc_rows_sum: a warp of rows per 8 rows of the map, at most 32. */
+/* k_nhwc_rows_sum over 16-byte vectors (c % V == 0, a and b 16-byte
+ * aligned): block (sample, tile of up to 32 channel vectors). A warp's lanes
+ * are G = min(c/V, 32) vectors of 32/G consecutive rows, so its loads are one
+ * contiguous span; the CU_TPB/32 warps split the rows, each thread keeps 8
+ * rows' loads in flight, and the block adds its threads' sums in a fixed
+ * order through shared memory. The scalar kernel's 2-byte loads over 32
+ * channels a row left squeeze-and-excitation maps at about 1.1 TB/s on an
+ * H200. */
+template <typename T, int V, bool PROD>
+__global__ void __launch_bounds__(CU_TPB)
+    k_nhwc_rows_sum_vec(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ y, int c, size_t hw,
+                        float scale)
+{
+    constexpr int U = 8;
+    constexpr int W = CU_TPB / 32;
+    __shared__ float sh[CU_TPB * V];
+    const int cv = c / V, tiles = (cv + 31) / 32, G = cv < 32 ? cv : 32, RPW = 32 / G;
+    const int ni = (int)(blockIdx.x / tiles), tile = (int)(blockIdx.x % tiles);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane % G, ro = lane / G;
+    const int vi = tile * 32 + g;
+    const bool live = ro < RPW && vi < cv;
+    float acc[V];
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        acc[v] = 0.f;
+    if (live) {
+        const size_t base = (size_t)ni * hw * (size_t)c + (size_t)vi * V;
+        const size_t rstep = (size_t)W * RPW;
+        size_t p = (size_t)warp * RPW + ro;
+        for (; p + (U - 1) * rstep < hw; p += U * rstep) {
+            float xa[U][V], xb[U][V];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                cu_ld<T, V>(a + base + (p + u * rstep) * (size_t)c, xa[u]);
+                if constexpr (PROD)
+                    cu_ld<T, V>(b + base + (p + u * rstep) * (size_t)c, xb[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int v = 0; v < V; v++)
+                    acc[v] += PROD ? xa[u][v] * xb[u][v] : xa[u][v];
+        }
+        for (; p < hw; p += rstep) {
+            float xa[V], xb[V];
+            cu_ld<T, V>(a + base + p * (size_t)c, xa);
+            if constexpr (PROD)
+                cu_ld<T, V>(b + base + p * (size_t)c, xb);
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                acc[v] += PROD ? xa[v] * xb[v] : xa[v];
+        }
+    }
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        sh[threadIdx.x * V + v] = acc[v];
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t >= G * V || tile * 32 + t / V >= cv)
+        return;
+    float sum = 0.f;
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < RPW; r++)
+            sum += sh[(w * 32 + r * G) * V + t];
+    y[(size_t)ni * c + (size_t)tile * 32 * V + t] = cu_to<T>(sum * scale);
+}
+
+/* Launches the vector kernel where the shape and alignment let it, else
+ * k_nhwc_rows_sum: a warp of rows per 8 rows of the map, at most 32. */
 template <typename T, bool PROD>
 static inline void cu_nhwc_rows_sum(const T *a, const T *b, T *y, int n, int c, size_t hw, float scale,
                                     cudaStream_t s)
 {
+    constexpr int V = 16 / sizeof(T);
+    if (c % V == 0 && cu_al16(a) && (!PROD || cu_al16(b))) {
+        const unsigned tiles = (unsigned)((c / V + 31) / 32);
+        k_nhwc_rows_sum_vec<T, V, PROD><<<(unsigned)n * tiles, CU_TPB, 0, s>>>(a, b, y, c, hw, scale);
+        return;
+    }
     const size_t warps = hw / 8 < 1 ? 1 : hw / 8 > 32 ? 32 : hw / 8;
     const dim3 block(32, (unsigned)warps);
     k_nhwc_rows_sum<T, PROD><<<(unsigned)((size_t)n * ((c + 31) / 32)), block, 0, s>>>(a, b, y, c, hw, scale);

@@ -38,6 +38,35 @@ __global__ void k_mul(const T *a, const T *__restrict__ b, T *y, size_t len, int
     }
 }
 
+/* k_mul over 16-byte vectors of V = 16/sizeof(T) elements (a, b, y 16-byte
+ * aligned; with bcast, NHWC needs c % V == 0 and NCHW hw % V == 0, so a
+ * vector's broadcast values are V consecutive channels of one sample, or one
+ * plane's single value). y may alias a. */
+template <typename T, int V>
+__global__ void k_mul_vec(const T *a, const T *__restrict__ b, T *y, size_t nvec, int c, size_t hw, int bcast,
+                          int nhwc)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x, cv = (size_t)c / V;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
+        float av[V], bv[V];
+        cu_ld<T, V>(a + i * V, av);
+        if (!bcast) {
+            cu_ld<T, V>(b + i * V, bv);
+        } else if (nhwc) {
+            cu_ld<T, V>(b + (i / (hw * cv)) * (size_t)c + (i % cv) * V, bv);
+        } else {
+            const float s = cu_f(b[i * V / hw]);
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                bv[v] = s;
+        }
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            av[v] *= bv[v];
+        cu_st<T, V>(y + i * V, av);
+    }
+}
+
 /* db[n][c] = sum over p of dy * a, NCHW: one warp per (n, c), lanes striding
  * p, then a fixed-order shuffle sum. */
 template <typename T>
@@ -119,6 +148,21 @@ __global__ void k_cs_grad_rows(const T *__restrict__ x, const T *__restrict__ dy
 /* launchers                                                                */
 /* ======================================================================== */
 
+/* y = a * b (b broadcast over H,W when bcast) on the vector kernel where the
+ * shape and alignment let it, else the scalar one. */
+template <typename T>
+static void mul_launch(sf_layout lay, const T *a, const T *b, T *y, size_t len, int c, size_t hw, int bcast,
+                       cudaStream_t s)
+{
+    constexpr int V = 16 / sizeof(T);
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    const int shape = !bcast ? len % V == 0 : nhwc ? c % V == 0 : hw % V == 0;
+    if (shape && cu_al16(a) && cu_al16(b) && cu_al16(y))
+        k_mul_vec<T, V><<<cu_ew_blocks(len / V), CU_TPB, 0, s>>>(a, b, y, len / V, c, hw, bcast, nhwc);
+    else
+        k_mul<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, len, c, hw, bcast, nhwc);
+}
+
 template <typename T>
 static int mul_fwd_t(sf_layout lay, const void *a, const void *b, void *y, int n, int c, size_t hw, int bcast,
                      cudaStream_t s)
@@ -126,8 +170,7 @@ static int mul_fwd_t(sf_layout lay, const void *a, const void *b, void *y, int n
     const size_t len = (size_t)n * c * hw;
     if (len == 0)
         return 0;
-    k_mul<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)a, (const T *)b, (T *)y, len, c, hw, bcast,
-                                                   lay == SF_LAYOUT_NHWC);
+    mul_launch<T>(lay, (const T *)a, (const T *)b, (T *)y, len, c, hw, bcast, s);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -141,13 +184,13 @@ static int mul_bwd_t(sf_layout lay, const void *a, const void *b, const void *dy
     if (len == 0)
         return 0;
     if (da) {
-        k_mul<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)dy, (const T *)b, (T *)da, len, c, hw, bcast, nhwc);
+        mul_launch<T>(lay, (const T *)dy, (const T *)b, (T *)da, len, c, hw, bcast, s);
         SF_CUDA_CHECK_LAUNCH();
     }
     if (!db)
         return 0;
     if (!bcast)
-        k_mul<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)dy, (const T *)a, (T *)db, len, c, hw, 0, nhwc);
+        mul_launch<T>(lay, (const T *)dy, (const T *)a, (T *)db, len, c, hw, 0, s);
     else if (nhwc)
         cu_nhwc_rows_sum<T, true>((const T *)a, (const T *)dy, (T *)db, n, c, hw, 1.f, s);
     else

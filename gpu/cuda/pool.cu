@@ -418,6 +418,31 @@ __global__ void k_avgpool_bwd(const T *__restrict__ dy, size_t total, int C, int
     dx[i] = cu_to<T>(cu_f(dy[o]) / (float)hw);
 }
 
+/* k_avgpool_bwd over 16-byte vectors (dy, dx aligned; NHWC c % V == 0,
+ * NCHW hw % V == 0): a vector's values come from V consecutive channels of
+ * one sample, or from one plane's single value. */
+template <typename T, int V>
+__global__ void k_avgpool_bwd_vec(const T *__restrict__ dy, size_t nvec, int C, size_t hw, int nhwc,
+                                  T *__restrict__ dx)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x, cv = (size_t)C / V;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
+        float v[V];
+        if (nhwc) {
+            cu_ld<T, V>(dy + (i / (hw * cv)) * (size_t)C + (i % cv) * V, v);
+        } else {
+            const float d = cu_f(dy[i * V / hw]);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                v[j] = d;
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            v[j] = v[j] / (float)hw;
+        cu_st<T, V>(dx + i * V, v);
+    }
+}
+
 /* ---- AvgPool2d and AdaptiveAvgPool2d ------------------------------------------ */
 
 /* PyTorch's avg_pool2d window of output o: [o*s - p, min(o*s - p + k, in + p)),
@@ -743,8 +768,13 @@ static int avgpool_bwd_t(const char *fn, const T *dy, int n, int c, int h, int w
         sf_cuda_set_error("%s:%d: %s: n=%d c=%d h=%d w=%d", __FILE__, __LINE__, fn, n, c, h, w);
         return -1;
     }
-    const size_t total = (size_t)n * c * h * w;
-    k_avgpool_bwd<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, total, c, h * w, lay == SF_LAYOUT_NHWC, dx);
+    const size_t total = (size_t)n * c * h * w, hw = (size_t)h * w;
+    constexpr int V = 16 / sizeof(T);
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if ((nhwc ? c % V == 0 : hw % V == 0) && cu_al16(dy) && cu_al16(dx))
+        k_avgpool_bwd_vec<T, V><<<cu_ew_blocks(total / V), CU_TPB, 0, s>>>(dy, total / V, c, hw, nhwc, dx);
+    else
+        k_avgpool_bwd<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, total, c, h * w, nhwc, dx);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

@@ -99,8 +99,10 @@ std::vector<op_case> op_cases()
 
     /* mul: the odd sizes of the layer tests, an SE block's shape scaled
      * down, flat features (hw = 1: both forms agree), many rows per sample
-     * with a partial channel tile; channel_scale (ConvNeXt's layer scale):
-     * many chunks, more channels than a block, more rows than chunks */
+     * with a partial channel tile, more channel vectors than a tile (272:
+     * 34 bf16 vectors, a full tile and a partial one) on an odd plane;
+     * channel_scale (ConvNeXt's layer scale): many chunks, more channels
+     * than a block, more rows than chunks */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
             for (int bc = 0; bc < 2; bc++) {
@@ -108,6 +110,7 @@ std::vector<op_case> op_cases()
                 t.push_back(row("mul", "mul", cmp_mul, dt, lay, {4, 40, 14, 14}, {bc}, 1e-6, 1e-5));
                 t.push_back(row("mul", "mul", cmp_mul, dt, lay, {5, 17, 1, 1}, {bc}, 1e-6, 1e-5));
                 t.push_back(row("mul", "mul", cmp_mul, dt, lay, {2, 40, 56, 56}, {bc}, 1e-6, 1e-5));
+                t.push_back(row("mul", "mul", cmp_mul, dt, lay, {2, 272, 9, 9}, {bc}, 1e-6, 1e-5));
             }
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {3, 3, 7, 5}, {}, 1e-6, 1e-5));
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {8, 96, 14, 14}, {}, 1e-6, 1e-5));
@@ -200,6 +203,7 @@ std::vector<op_case> op_cases()
             t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {4, 512, 7, 7}, {}, 1e-4, 0, {}, 1e-5));
             t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {3, 5, 3, 5}, {}, 1e-4, 0, {}, 1e-5));
             t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {2, 40, 56, 56}, {}, 1e-4, 0, {}, 1e-5));
+            t.push_back(row("pool", "avgpool_dt", cmp_avgpool_dt, dt, lay, {2, 272, 9, 9}, {}, 1e-4, 0, {}, 1e-5));
             t.push_back(
                 row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {2, 5, 8, 8}, {3, 2, 1, 0, 1}, 0, 0, {}, 1e-5));
             t.push_back(

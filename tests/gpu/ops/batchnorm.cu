@@ -159,6 +159,27 @@ static void test_bn(cudaStream_t s, const op_case &k, int n, int c, int h, int w
 
 /* ---- BatchNorm2d on dt ------------------------------------------------------------ */
 
+/* The end of a _dt training case, after its backward (rc: the launch's
+ * result, the stream waited for): dx (tol) and the fp32 parameter gradients
+ * (tol_param) against their references, then the eval forward with the fused
+ * activation act (batchnorm.h's code) on the running statistics the training
+ * forward updated, against yer (tol_aux). */
+static void check_bwd_then_eval(const char *nm, cudaStream_t s, const op_case &k, sf_dtype dt, int rc,
+                                const io_bufs &io, const bn_dev &d, sf_layout L, int n, int c, int h, int w, int act,
+                                const std::vector<double> &dxr, const std::vector<double> &dgr,
+                                const std::vector<double> &dbr, const std::vector<double> &yer)
+{
+    if (rc) {
+        fail(subname(nm, "bwd"), sf_cuda_last_error());
+        return;
+    }
+    check_dt(subname(nm, "bwd dx"), dt, from_lay(down_dt(io.dx, (size_t)n * c * h * w), L, n, c, h, w), dxr, k.tol);
+    check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
+    check_bn_fwd(subname(nm, "eval y"), s, io.y, L, n, c, h, w, [&] {
+        return sf_cuda_bn_fwd_eval_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, k_bn_eps, d.rm, d.rv, NULL, io.y.p, act, s);
+    }, yer, k.tol_aux);
+}
+
 /* Training forward (optionally with the fused ReLU), backward, then eval on
  * the running statistics the device updated. The backward's reference masks dy
  * with the device's own ReLU output (a value the two sides round to opposite
@@ -201,22 +222,12 @@ static void test_bn_dt(cudaStream_t s, const op_case &k, sf_dtype dt, int n, int
         rc = sf_cuda_bn_bwd_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, io.dy.p, relu ? io.y.p : NULL,
                                io.dx.p, d.dg, d.db, d.scr, s);
         CU(cudaStreamSynchronize(s));
-        if (rc) {
-            fail(subname(nm, "bwd"), sf_cuda_last_error());
-        } else {
-            check_dt(subname(nm, "bwd dx"), dt, from_lay(down_dt(io.dx, len), L, n, c, h, w), dxr, k.tol);
-            check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
-
-            /* eval, on the running statistics the device just updated */
-            std::vector<double> yer = bn_eval_ref(r, d, n, c, h, w);
-            if (relu)
-                for (double &v : yer)
-                    v = v > 0 ? v : 0;
-            check_bn_fwd(subname(nm, "eval y"), s, io.y, L, n, c, h, w, [&] {
-                return sf_cuda_bn_fwd_eval_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, eps, d.rm, d.rv, NULL, io.y.p, relu,
-                                              s);
-            }, yer, k.tol_aux);
-        }
+        /* eval, on the running statistics the device just updated */
+        std::vector<double> yer = bn_eval_ref(r, d, n, c, h, w);
+        if (relu)
+            for (double &v : yer)
+                v = v > 0 ? v : 0;
+        check_bwd_then_eval(nm, s, k, dt, rc, io, d, L, n, c, h, w, relu, dxr, dgr, dbr, yer);
     }
     io_free(io);
     bn_dev_free(d);
@@ -379,20 +390,11 @@ static void test_bn_act(cudaStream_t s, const op_case &k, sf_dtype dt, int n, in
     rc = sf_cuda_bn_bwd_act_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, io.dy.p, act, io.dx.p, d.dg, d.db,
                                d.scr, s);
     CU(cudaStreamSynchronize(s));
-    if (rc) {
-        fail(subname(nm, "bwd"), sf_cuda_last_error());
-    } else {
-        check_dt(subname(nm, "bwd dx"), dt, from_lay(down_dt(io.dx, len), L, n, c, h, w), dxr, k.tol);
-        check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
-        /* eval, on the running statistics the device just updated */
-        const std::vector<double> ze = bn_eval_ref(r, d, n, c, h, w);
-        std::vector<double> yer(len);
-        sf_ref_act_fwd_f64(a, ze.data(), len, yer.data());
-        check_bn_fwd(subname(nm, "eval y"), s, io.y, L, n, c, h, w, [&] {
-            return sf_cuda_bn_fwd_eval_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, k_bn_eps, d.rm, d.rv, NULL, io.y.p, act,
-                                          s);
-        }, yer, k.tol_aux);
-    }
+    /* eval, on the running statistics the device just updated */
+    const std::vector<double> ze = bn_eval_ref(r, d, n, c, h, w);
+    std::vector<double> yer(len);
+    sf_ref_act_fwd_f64(a, ze.data(), len, yer.data());
+    check_bwd_then_eval(nm, s, k, dt, rc, io, d, L, n, c, h, w, act, dxr, dgr, dbr, yer);
     io_free(io);
     bn_dev_free(d);
 }

@@ -243,6 +243,10 @@ $(BUILD)/tests/gpu/%: tests/gpu/%.cu tests/gpu/gpu_test.h tests/gpu/op_test.h te
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) $(NVCC_LDFLAGS) -DSF_HAVE_CUDA=1 $(filter-out %.h,$^) -o $@ -Xlinker -rpath,$(CUDA_LIBDIR) $(filter-out -lstdc++ -pthread,$(LDLIBS)) -lpthread
 
+# The BatchNorm tests' inputs, which test_batchnorm_sync shares with the
+# op family's compare functions (whose object finds it through -MMD).
+$(BUILD)/tests/gpu/test_batchnorm_sync: tests/gpu/bn_inputs.h
+
 # The op case driver links the case table (tests/gpu/op_cases.cu) and the op
 # families' compare functions (tests/gpu/ops/), each compiled once (their
 # header dependencies come from -MMD), so that a change to one family

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "gpu/cuda/augment.h"
+#include "gpu/cuda/program.h"
 
 /* Reported in the JSON: the kernel's multiply-add mode (augment_kernels.cuh defaults
  * to SF_AUG_FMA=1; build every file with -DSF_AUG_FMA=0 for the bit-exact one). */
@@ -266,11 +267,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--imagenet-batch")) imagenet_batch = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
     }
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     const double bw = copy_bandwidth();

@@ -29,6 +29,7 @@ extern "C" {
 #include "gpu/cuda/jpeg_decode.h"
 }
 #include "gpu/cuda/check.h"
+#include "gpu/cuda/program.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -112,11 +113,8 @@ int main(int argc, char **argv)
             label = argv[i + 1];
         }
     }
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIPPED: no CUDA device\n");
+    if (skip_without_device())
         return 0;
-    }
     std::vector<std::string> paths;
     scan(dir, paths);
     if (paths.empty()) {

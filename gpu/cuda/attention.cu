@@ -1,11 +1,11 @@
 /* gpu/cuda/attention.cu — kernels first, then the launchers: the
  * materialised attention core. Contract in attention.h. */
-#include "attention.h"
+#include "gpu/cuda/attention.h"
 
 #include <math.h>
 
-#include "kernel_common.cuh"
-#include "linear.h"
+#include "gpu/cuda/kernel_common.cuh"
+#include "gpu/cuda/linear.h"
 
 /* ======================================================================== */
 /* kernels                                                                  */

@@ -2,11 +2,11 @@
  * descriptors, engine heuristics filtered by their numerical notes, optional
  * timing of the candidates, the GEMM plan where no engine is left
  * (conv_gemm.h), variant packs and the run. Contracts in conv.h. */
-#include "conv.h"
-#include "conv_gemm.h"
-#include "cudnn_graph.h"
+#include "gpu/cuda/conv.h"
+#include "gpu/cuda/conv_gemm.h"
+#include "gpu/cuda/cudnn_graph.h"
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* cuDNN 9.x marks the handle attributes of op graphs and plans deprecated in
  * favour of device-property descriptors, which older 9.x releases lack; the

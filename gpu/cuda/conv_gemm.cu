@@ -1,11 +1,11 @@
 /* gpu/cuda/conv_gemm.cu — pointwise convolutions as cuBLAS GEMMs: the plan,
  * the fixed-order sum of the per-sample filter gradients, and the run on the
  * lent cuBLAS handle. Contracts and the why: conv_gemm.h. */
-#include "conv_gemm.h"
+#include "gpu/cuda/conv_gemm.h"
 
-#include "kernel_common.cuh"
-#include "linear.h"
-#include "pointwise.h"
+#include "gpu/cuda/kernel_common.cuh"
+#include "gpu/cuda/linear.h"
+#include "gpu/cuda/pointwise.h"
 
 /* How the filter gradient is formed (BWD_FILTER only). */
 enum {

@@ -1,8 +1,8 @@
 /* gpu/cuda/cudnn_graph.cu — the cuDNN backend-API builders that conv.cu and
  * sdpa.cu share. Contracts in cudnn_graph.h. */
-#include "cudnn_graph.h"
+#include "gpu/cuda/cudnn_graph.h"
 
-#include "check.h"
+#include "gpu/cuda/check.h"
 
 /* cuDNN 9.x marks the handle attributes of op graphs and plans deprecated in
  * favour of device-property descriptors, which older 9.x releases lack; the

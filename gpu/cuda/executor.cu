@@ -68,7 +68,7 @@
  * layout; this file creates the net, runs the forward, loss and backward and
  * captures the step as a CUDA graph; executor_graph.h holds what they share.
  */
-#include "executor_graph.h"
+#include "gpu/cuda/executor_graph.h"
 #include "gpu/common.h"
 
 #define WS_TUNE_MIN ((size_t)256 << 20) /* candidates' workspace while choosing engines: */

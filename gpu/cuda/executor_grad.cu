@@ -4,7 +4,7 @@
  * results' copies to the host; and the step a data-parallel rank without a
  * batch takes so that its collectives match the other ranks'.
  */
-#include "executor_graph.h"
+#include "gpu/cuda/executor_graph.h"
 
 static const sf_sgd_segs k_no_segs = {};
 

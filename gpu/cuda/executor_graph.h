@@ -8,14 +8,14 @@
 #ifndef SF_GPU_CUDA_EXECUTOR_GRAPH_H
 #define SF_GPU_CUDA_EXECUTOR_GRAPH_H
 
-#include "conv_patch.h"
-#include "conv_s2d.h"
-#include "conv_thin.h"
-#include "conv_dw.h"
-#include "executor.h"
-#include "dist_nccl.h"
-#include "norm.h"
-#include "sdpa.h"
+#include "gpu/cuda/conv_patch.h"
+#include "gpu/cuda/conv_s2d.h"
+#include "gpu/cuda/conv_thin.h"
+#include "gpu/cuda/conv_dw.h"
+#include "gpu/cuda/executor.h"
+#include "gpu/cuda/dist_nccl.h"
+#include "gpu/cuda/norm.h"
+#include "gpu/cuda/sdpa.h"
 
 extern "C" {
 #include "gpu/memory_plan.h"

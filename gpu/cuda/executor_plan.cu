@@ -6,7 +6,7 @@
  * memory plan that places activations and their gradients in two arenas by
  * liveness. Runs once per net, before any plan is chosen; executor.cu runs
  * the result. */
-#include "executor_graph.h"
+#include "gpu/cuda/executor_graph.h"
 
 static int g_add_seg(sf_sgd_segs *sg, size_t off, size_t len, int c, int rs)
 {

@@ -3,7 +3,7 @@
  * the host from the device layout, see executor.cu), and the device-side
  * save and restore of the whole state.
  */
-#include "executor_graph.h"
+#include "gpu/cuda/executor_graph.h"
 
 /* One flat buffer between PyTorch's layout (model) and the device layout,
  * on the host: inside each segment of segs, model index off + (o*c + ci)*rs + t

@@ -4,7 +4,7 @@
  * epilogue), sized against the workspaces, bound to the layers' tensors as
  * variant packs, and described for diagnostics. executor.cu runs the plans.
  */
-#include "executor_graph.h"
+#include "gpu/cuda/executor_graph.h"
 
 /* The descriptor cuDNN's plans of conv layer i are built for: the layer's
  * own, or its space-to-depth form. */

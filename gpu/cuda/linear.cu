@@ -1,11 +1,11 @@
 /* gpu/cuda/linear.cu — linear layers as cuBLAS GEMMs on row-major tensors,
  * and as cuBLASLt GEMMs with the bias and its gradient in their epilogues.
  * Contracts in linear.h. */
-#include "linear.h"
+#include "gpu/cuda/linear.h"
 
 #include <stdio.h>
 
-#include "kernel_common.cuh"
+#include "gpu/cuda/kernel_common.cuh"
 
 /* ======================================================================== */
 /* launchers                                                                */

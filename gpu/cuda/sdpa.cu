@@ -28,7 +28,7 @@
  * the second matmul are bf16, as in every flash attention. The backward keeps
  * two fp32 buffers of its own in the caller's workspace (rowsum(dO * O) and
  * the dQ accumulator), which cuDNN 9.6 and later initialise themselves. */
-#include "sdpa.h"
+#include "gpu/cuda/sdpa.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -37,8 +37,8 @@
 
 #include <vector>
 
-#include "check.h"
-#include "cudnn_graph.h"
+#include "gpu/cuda/check.h"
+#include "gpu/cuda/cudnn_graph.h"
 
 /* cuDNN 9.x marks the handle attributes of op graphs and plans deprecated in
  * favour of device-property descriptors, which older 9.x releases lack; the

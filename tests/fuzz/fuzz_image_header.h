@@ -3,11 +3,13 @@
  * two samples of one "files" body through the safetensors parser.
  *
  * Included by one target each (static functions, no state; the JPEG target
- * checks its reader's richer result itself and leaves check_reader unused). */
+ * checks its reader's richer result itself and leaves check_reader unused,
+ * and sends its bodies under the "jpeg" alias). */
 #ifndef SF_TESTS_FUZZ_IMAGE_HEADER_H
 #define SF_TESTS_FUZZ_IMAGE_HEADER_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,9 +85,10 @@ static sf_jpeg_error check_reader(sf_jpeg_error (*parse)(const uint8_t *, size_t
 }
 
 /* The file, split in two at a point derived from its hash, as a two-sample
- * "files" body in two chunkings: both runs agree, and the outcome is the
+ * body in two chunkings, its tensors named files and files_offsets
+ * ("files", or the alias "jpeg"): both runs agree, and the outcome is the
  * readers' verdict on the first half that fails. */
-static void check_body(const uint8_t *data, size_t size)
+static void check_body(const uint8_t *data, size_t size, const char *files)
 {
     if (size < 2 || size > 1 << 16)
         return;
@@ -96,7 +99,9 @@ static void check_body(const uint8_t *data, size_t size)
     sf_jpeg_error e0 = sf_image_header_parse(data, cut, &LIM, &a, NULL, 0);
     sf_jpeg_error e1 = sf_image_header_parse(data + cut, size - cut, &LIM, &b, NULL, 0);
     int64_t off[3] = {0, (int64_t)cut, (int64_t)size};
-    sf_st_tensor_desc t[2] = {{"files_offsets", SF_ST_I64, 1, {3}}, {"files", SF_ST_U8, 1, {(int64_t)size}}};
+    char offsets[32];
+    snprintf(offsets, sizeof offsets, "%s_offsets", files);
+    sf_st_tensor_desc t[2] = {{offsets, SF_ST_I64, 1, {3}}, {files, SF_ST_U8, 1, {(int64_t)size}}};
     size_t hl = sf_st_header_build(NULL, 0, t, 2, NULL);
     CHECK(hl > 0);
     size_t len = hl + sizeof off + size;

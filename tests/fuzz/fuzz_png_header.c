@@ -21,6 +21,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(memcmp(data, SF_PNG_SIGNATURE, 8) == 0);
         CHECK(memcmp(data + a.data_len - 8, "IEND", 4) == 0);
     }
-    check_body(data, size);
+    check_body(data, size, "files");
     return 0;
 }

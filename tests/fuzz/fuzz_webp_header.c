@@ -22,6 +22,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const uint32_t riff = data[4] | (uint32_t)data[5] << 8 | (uint32_t)data[6] << 16 | (uint32_t)data[7] << 24;
         CHECK(a.data_len == (int64_t)riff + 8);
     }
-    check_body(data, size);
+    check_body(data, size, "files");
     return 0;
 }

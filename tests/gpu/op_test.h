@@ -23,6 +23,7 @@ extern "C" {
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
+#include <initializer_list>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -106,10 +107,53 @@ static __attribute__((unused)) int ran_ok(cudaStream_t s, const char *name, int 
     return !rc;
 }
 
+/* A device region a replay check compares: bytes from p. */
+struct dev_region {
+    void *p;
+    size_t bytes;
+};
+
+/* enq(st) enqueues an op's launches on st and returns their or'ed results.
+ * Runs them on s (after what the caller enqueued there), keeps the bytes of
+ * outs, captures enq into a CUDA graph, poisons outs and replays the graph:
+ * one check under name that the replay writes the same bits. It passes when
+ * the launchers allocate and synchronise nothing (else the capture fails)
+ * and their reductions are deterministic (else the bits differ). */
+template <class Enqueue>
+static void check_graph_replay(const char *name, cudaStream_t s, Enqueue enq, std::initializer_list<dev_region> outs)
+{
+    if (!ran_ok(s, name, enq(s)))
+        return;
+    std::vector<std::vector<char>> eager;
+    for (const dev_region &o : outs)
+        eager.push_back(down((const char *)o.p, o.bytes));
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    const int rc = enq(s);
+    const cudaError_t ce = cudaStreamEndCapture(s, &gr);
+    if (rc || ce != cudaSuccess || cudaGraphInstantiate(&ge, gr, 0) != cudaSuccess) {
+        fail(name, rc ? sf_cuda_last_error() : "capture failed");
+    } else {
+        for (const dev_region &o : outs)
+            poison(o.p, o.bytes);
+        CU(cudaGraphLaunch(ge, s));
+        CU(cudaStreamSynchronize(s));
+        int same = 1;
+        size_t i = 0;
+        for (const dev_region &o : outs)
+            same &= down((const char *)o.p, o.bytes) == eager[i++];
+        pass_or_fail(name, same, "replay differs from the eager run (non-deterministic or not captured)");
+        cudaGraphExecDestroy(ge);
+    }
+    if (ce == cudaSuccess)
+        cudaGraphDestroy(gr);
+}
+
 /* A float tensor of n elements filled with all-ones bits: NaN. */
 static __attribute__((unused)) void poison_f(float *d, size_t n) { poison(d, n * 4); }
 
-static const char *lname(sf_layout l) { return l == SF_LAYOUT_NHWC ? "nhwc" : "nchw"; }
+static __attribute__((unused)) const char *lname(sf_layout l) { return l == SF_LAYOUT_NHWC ? "nhwc" : "nchw"; }
 
 /* An NCHW host tensor in layout lay, and back. */
 static __attribute__((unused)) std::vector<float> to_lay(const std::vector<float> &v, sf_layout lay, int n, int c, int h,

@@ -132,6 +132,34 @@ static void train(sf_backend *be, const sf_model &m, const sf_train_cfg &cfg, ba
     to.ok = 1;
 }
 
+/* The same steps of bs from the same parameters (init, or the seed's when
+ * NULL) on the CUDA backend, built in activation layout lay with cfg's plan
+ * switches, and on the reference, which takes neither. */
+static void train_both(sf_backend *cu, sf_backend *ref, const sf_model &m, const sf_train_cfg &cfg, sf_act_layout lay,
+                       batch_set &bs, int steps, train_out &tc, train_out &tr, const float *init = NULL)
+{
+    g_layout = lay;
+    train(cu, m, cfg, bs, steps, tc, init);
+    g_layout = SF_ACT_LAYOUT_AUTO;
+    sf_train_cfg rcfg = cfg;
+    rcfg.sw = NULL;
+    train(ref, m, rcfg, bs, steps, tr, init);
+}
+
+/* The small models' trajectory (pointwise_model, bn_act_model): 3 steps of 8
+ * samples 16 x 16 of 5 classes drawn from seed, lr 0.05, in precision prec,
+ * through train_both. 0, or -1 when the batches could not be made. */
+static int train_small(sf_backend *cu, sf_backend *ref, const sf_model &m, sf_precision prec, sf_act_layout lay,
+                       uint64_t seed, train_out &tc, train_out &tr, const float *init = NULL)
+{
+    batch_set bs;
+    if (make_batches(cu, bs, 3, 8, 16, 16, 5, 1, SF_LABEL_I64, seed, 0.05f))
+        return -1;
+    train_both(cu, ref, m, make_cfg(prec, 8, 1, 1), lay, bs, 3, tc, tr, init);
+    free_batches(cu, bs);
+    return 0;
+}
+
 static double rel_err(const std::vector<float> &a, const std::vector<float> &b, size_t from, size_t to)
 {
     double num = 0, den = 0;
@@ -393,21 +421,37 @@ static int bn_act_model(sf_model &m)
     return 0;
 }
 
-/* The describe() line of backend be that holds key, or "". */
-static std::string describe_line(sf_backend *be, const char *key)
+/* Backend be's describe() text, or "" when it has none or it fails. */
+static std::string describe_text(sf_backend *be)
 {
     static char d[16384];
     size_t dev = 0;
     d[0] = '\0';
     if (!be->i->describe || be->i->describe(be, d, sizeof d, &dev) != 0)
         return "";
-    for (const char *l = d; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-        const char *nl = strchr(l, '\n');
-        const std::string line(l, nl ? (size_t)(nl - l) : strlen(l));
+    return d;
+}
+
+/* The lines of be's describe() text that hold key. */
+static std::vector<std::string> describe_lines(sf_backend *be, const char *key)
+{
+    const std::string d = describe_text(be);
+    std::vector<std::string> lines;
+    for (size_t at = 0; at < d.size();) {
+        const size_t nl = d.find('\n', at), end = nl == std::string::npos ? d.size() : nl;
+        const std::string line = d.substr(at, end - at);
         if (line.find(key) != std::string::npos)
-            return line;
+            lines.push_back(line);
+        at = end + 1;
     }
-    return "";
+    return lines;
+}
+
+/* The first line of be's describe() text that holds key, or "". */
+static std::string describe_line(sf_backend *be, const char *key)
+{
+    const std::vector<std::string> lines = describe_lines(be, key);
+    return lines.empty() ? "" : lines[0];
 }
 
 /* torchvision's VisionTransformer(image_size=64, patch_size=16,
@@ -497,8 +541,7 @@ int main(int argc, char **argv)
                         break;
                     sf_train_cfg cfg = make_cfg(prec ? SF_PREC_TF32 : SF_PREC_FP32, 8, variant != 1, variant != 2);
                     train_out tc, tr;
-                    train(cu, m, cfg, bs, S, tc);
-                    train(ref, m, cfg, bs, S, tr);
+                    train_both(cu, ref, m, cfg, SF_ACT_LAYOUT_AUTO, bs, S, tc, tr);
                     char name[160];
                     snprintf(name, sizeof name, "encdec64 %s labels %s overlap %d graphs %d",
                              prec ? "tf32" : "fp32", variant == 0 ? "u8" : variant == 1 ? "i32" : "i64", cfg.overlap,
@@ -514,13 +557,9 @@ int main(int argc, char **argv)
                 batch_set bs;
                 if (make_batches(cu, bs, 3, 4, 64, 64, 10, 64 * 64, SF_LABEL_U8, 17 + v, 0.05f))
                     break;
-                if (v == 0)
-                    g_layout = SF_ACT_LAYOUT_NHWC;
                 sf_train_cfg cfg = make_cfg(v ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
                 train_out tc, tr;
-                train(cu, m, cfg, bs, S, tc);
-                g_layout = SF_ACT_LAYOUT_AUTO;
-                train(ref, m, cfg, bs, S, tr);
+                train_both(cu, ref, m, cfg, v == 0 ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO, bs, S, tc, tr);
                 compare(v ? "encdec64 bf16 nhwc" : "encdec64 fp32 nhwc", m, tc, tr, S, v ? 2e-2 : 1e-5,
                         v ? 1e-1 : 1e-4, 0, 0);
                 free_batches(cu, bs);
@@ -539,8 +578,7 @@ int main(int argc, char **argv)
             if (make_batches(cu, bs, 3, 4, 256, 256, 10, 1, SF_LABEL_I64, 23, 0.01f) == 0) {
                 sf_train_cfg cfg = make_cfg(SF_PREC_BF16, 8, 1, 1);
                 train_out tc, tr;
-                train(cu, m, cfg, bs, S, tc);
-                train(ref, m, cfg, bs, S, tr);
+                train_both(cu, ref, m, cfg, SF_ACT_LAYOUT_AUTO, bs, S, tc, tr);
                 compare("seed-classifier bf16", m, tc, tr, S, 2e-2, 1e-1, 0, 0);
                 free_batches(cu, bs);
             }
@@ -599,8 +637,7 @@ int main(int argc, char **argv)
                     sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
                     cfg.grad_accum_steps = 2;
                     train_out tc, tr;
-                    train(cu, m, cfg, bs, 4, tc);
-                    train(ref, m, cfg, bs, 4, tr);
+                    train_both(cu, ref, m, cfg, SF_ACT_LAYOUT_AUTO, bs, 4, tc, tr);
                     compare("resnet18-64 fp32 sgd accum2", m, tc, tr, 4, 1e-4, 2e-2, 0, 1);
                     free_batches(cu, bs);
                 }
@@ -636,8 +673,7 @@ int main(int argc, char **argv)
                             break;
                         sf_train_cfg cfg = make_cfg(prec ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
                         train_out tc, tr;
-                        train(cu, mf, cfg, bs, S, tc);
-                        train(ref, mf, cfg, bs, S, tr);
+                        train_both(cu, ref, mf, cfg, SF_ACT_LAYOUT_AUTO, bs, S, tc, tr);
                         compare(prec ? "resnet18-64 frozen trunk bf16" : "resnet18-64 frozen trunk fp32", mf, tc, tr, S,
                                 prec ? 2e-2 : 1e-5, prec ? 1e-1 : 1e-4, 0, 0);
                         free_batches(cu, bs);
@@ -722,29 +758,20 @@ int main(int argc, char **argv)
                 memset(&sw, 0, sizeof sw);
                 sw.force_dw = force_dw;
                 cfg.sw = &sw;
-                if (vb >= 1)
-                    g_layout = SF_ACT_LAYOUT_NHWC;
                 train_out tc, tr;
-                train(cu, m, cfg, bs, 3, tc);
-                g_layout = SF_ACT_LAYOUT_AUTO;
+                train_both(cu, ref, m, cfg, vb >= 1 ? SF_ACT_LAYOUT_NHWC : SF_ACT_LAYOUT_AUTO, bs, 3, tc, tr);
                 char name[160];
                 snprintf(name, sizeof name, "%s %s%s", specs[k][0],
                          vb == 0 ? "fp32 nchw" : vb == 1 ? "fp32 nhwc" : "bf16 nhwc",
                          force_dw ? " on the depthwise kernels" : "");
                 if (force_dw && tc.ok) {
-                    static char dd[16384];
-                    size_t dev = 0;
-                    dd[0] = '\0';
-                    const int named = cu->i->describe && cu->i->describe(cu, dd, sizeof dd, &dev) == 0 &&
-                                      strstr(dd, "wgrad: engine depthwise kernel") &&
-                                      strstr(dd, "fwd: engine depthwise kernel");
-                    if (named)
+                    const std::string dd = describe_text(cu);
+                    if (dd.find("wgrad: engine depthwise kernel") != std::string::npos &&
+                        dd.find("fwd: engine depthwise kernel") != std::string::npos)
                         ok("%s: the description names the depthwise kernels", name);
                     else
-                        fail("%s: the description names no depthwise kernel:\n%s", name, dd);
+                        fail("%s: the description names no depthwise kernel:\n%s", name, dd.c_str());
                 }
-                cfg.sw = NULL;
-                train(ref, m, cfg, bs, 3, tr);
                 compare(name, m, tc, tr, 3, bf16 ? 2e-2 : 1e-4, bf16 ? 1e-1 : 2e-2, 0, k == 1);
                 free_batches(cu, bs);
             }
@@ -777,23 +804,11 @@ int main(int argc, char **argv)
             fail("pointwise-1x1 spec: %s", e3);
         } else if (make_batches(cu, bs, 3, 4, m.in_h, m.in_w, 10, 1, SF_LABEL_I64, 71, 0.02f) == 0) {
             sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 4, 1, 1);
-            g_layout = SF_ACT_LAYOUT_NCHW;
             train_out tc, tr;
-            train(cu, m, cfg, bs, 3, tc);
-            g_layout = SF_ACT_LAYOUT_AUTO;
-            if (tc.ok && cu->i->describe) {
-                static char dbuf_[16384];
-                size_t dev = 0;
-                dbuf_[0] = '\0';
-                if (cu->i->describe(cu, dbuf_, sizeof dbuf_, &dev) == 0)
-                    for (const char *l = dbuf_; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL) {
-                        const char *nl = strchr(l, '\n');
-                        const std::string line(l, nl ? (size_t)(nl - l) : strlen(l));
-                        if (line.find("cuBLAS GEMM") != std::string::npos)
-                            printf("info pointwise-1x1 fp32 nchw: %s\n", line.c_str());
-                    }
-            }
-            train(ref, m, cfg, bs, 3, tr);
+            train_both(cu, ref, m, cfg, SF_ACT_LAYOUT_NCHW, bs, 3, tc, tr);
+            if (tc.ok)
+                for (const std::string &line : describe_lines(cu, "cuBLAS GEMM"))
+                    printf("info pointwise-1x1 fp32 nchw: %s\n", line.c_str());
             compare("pointwise-1x1 fp32 nchw", m, tc, tr, 3, 1e-4, 2e-2, 0, 0);
             free_batches(cu, bs);
         }
@@ -826,17 +841,10 @@ int main(int argc, char **argv)
                 {SF_PREC_BF16, SF_ACT_LAYOUT_NCHW, "pointwise-kinds bf16 nchw", 2e-2, 1e-1},
             };
             for (int v = 0; v < 4; v++) {
-                batch_set bs;
-                if (make_batches(cu, bs, 3, 8, 16, 16, 5, 1, SF_LABEL_I64, 61 + v, 0.05f))
-                    break;
-                sf_train_cfg cfg = make_cfg(runs[v].prec, 8, 1, 1);
                 train_out tc, tr;
-                g_layout = runs[v].lay;
-                train(cu, m, cfg, bs, 3, tc, init.data());
-                g_layout = SF_ACT_LAYOUT_AUTO;
-                train(ref, m, cfg, bs, 3, tr, init.data());
+                if (train_small(cu, ref, m, runs[v].prec, runs[v].lay, 61 + v, tc, tr, init.data()))
+                    break;
                 compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
-                free_batches(cu, bs);
             }
             /* Evaluation: the p = 0.25 model's loss equals the p = 0 model's
              * (both pass their inputs through; the two builds may time
@@ -889,15 +897,10 @@ int main(int argc, char **argv)
                 {SF_PREC_FP32, "bn-act fp32 nhwc", "", 1e-5, 1e-4},
             };
             for (int v = 0; v < 2; v++) {
-                batch_set bs;
-                if (make_batches(cu, bs, 3, 8, 16, 16, 5, 1, SF_LABEL_I64, 81 + v, 0.05f))
-                    break;
-                sf_train_cfg cfg = make_cfg(runs[v].prec, 8, 1, 1);
                 train_out tc, tr;
-                g_layout = SF_ACT_LAYOUT_NHWC;
-                train(cu, m, cfg, bs, 3, tc);
+                if (train_small(cu, ref, m, runs[v].prec, SF_ACT_LAYOUT_NHWC, 81 + v, tc, tr))
+                    break;
                 const std::string line = describe_line(cu, "another activation");
-                g_layout = SF_ACT_LAYOUT_AUTO;
                 if (tc.ok && *runs[v].fused && line.find(runs[v].fused) == std::string::npos)
                     fail("%s: describe says \"%s\"; want \"%s\"", runs[v].name, line.c_str(), runs[v].fused);
                 else if (tc.ok && !*runs[v].fused && line.find(" 0 by another activation") == std::string::npos &&
@@ -905,9 +908,7 @@ int main(int argc, char **argv)
                     fail("%s: describe says \"%s\"; want no activation fused", runs[v].name, line.c_str());
                 else if (tc.ok)
                     ok("%s: describe: %s", runs[v].name, line.empty() ? "no batchnorm fusion" : line.c_str());
-                train(ref, m, cfg, bs, 3, tr);
                 compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 1);
-                free_batches(cu, bs);
             }
         }
     }
@@ -976,27 +977,22 @@ int main(int argc, char **argv)
             sw.no_lt = runs[v].no_lt;
             cfg.sw = &sw;
             train_out tc, tr;
-            g_layout = runs[v].lay;
-            train(cu, m, cfg, bs, 3, tc, init.data());
-            g_layout = SF_ACT_LAYOUT_AUTO;
+            train_both(cu, ref, m, cfg, runs[v].lay, bs, 3, tc, tr, init.data());
             if (tc.ok) {
-                static char dd[16384];
-                size_t dev = 0;
-                dd[0] = '\0';
+                const char *key = "linear: cuBLASLt with the bias in the GEMM for ";
+                const std::string line = describe_line(cu, key);
                 int fn = -1, fof = -1;
-                const char *at = NULL;
-                if (cu->i->describe && cu->i->describe(cu, dd, sizeof dd, &dev) == 0 &&
-                    (at = strstr(dd, "linear: cuBLASLt with the bias in the GEMM for ")))
-                    sscanf(at, "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs", &fn, &fof);
-                if (runs[v].no_lt ? at == NULL : fn == 9 && fof == 9)
+                const size_t at = line.find(key);
+                if (at != std::string::npos)
+                    sscanf(line.c_str() + at, "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs",
+                           &fn, &fof);
+                if (runs[v].no_lt ? at == std::string::npos : fn == 9 && fof == 9)
                     ok("%s: the description counts %d of %d forward GEMMs on cuBLASLt", runs[v].name,
                        runs[v].no_lt ? 0 : fn, runs[v].no_lt ? 0 : fof);
                 else
                     fail("%s: the description's cuBLASLt count is not %s:\n%s", runs[v].name,
-                         runs[v].no_lt ? "absent" : "9 of 9", dd);
+                         runs[v].no_lt ? "absent" : "9 of 9", describe_text(cu).c_str());
             }
-            cfg.sw = NULL;
-            train(ref, m, cfg, bs, 3, tr, init.data());
             compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
             free_batches(cu, bs);
         }

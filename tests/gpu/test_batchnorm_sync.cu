@@ -18,6 +18,7 @@
  */
 #include <cmath>
 
+#include "tests/gpu/bn_inputs.h"
 #include "tests/gpu/op_test.h"
 
 /* The 2c per-channel sums: max |got - ref| <= tol * max |ref|, NaN failing;
@@ -104,6 +105,41 @@ static void gather(std::vector<float> &whole, const rank_t &k, const dbuf &b, in
     std::copy(v.begin(), v.end(), whole.begin() + (long)k.from);
 }
 
+/* One half of a synchronised pass: each rank's sums (sums(k) launches them
+ * into k.sums; want(k, ref) writes the reference's split of a rank with
+ * samples), checked under "<nm> rank of <n> <what> sums" within tol, then
+ * their sum over the ranks, what the all-reduce gives, in every rank's
+ * k.sums and apply(k) on each rank. 0, or the failing launch's result. */
+template <class Sums, class Want, class Apply>
+static int sync_pass(cudaStream_t s, rank_t (&R)[2], int c, const char *nm, const char *what, double tol, Sums sums,
+                     Want want, Apply apply)
+{
+    const size_t ns = 2 * (size_t)c + 1;
+    std::vector<double> total(ns, 0.0);
+    int rc = 0;
+    for (rank_t &k : R) {
+        rc = sums(k);
+        CU(cudaStreamSynchronize(s));
+        if (rc)
+            return rc;
+        std::vector<double> got = down_sums(k.sums, c), ref(ns, 0.0);
+        if (k.n)
+            want(k, ref);
+        char sub[280];
+        snprintf(sub, sizeof sub, "%s rank of %d %s sums", nm, k.n, what);
+        check_sums(sub, got, ref, tol);
+        for (size_t i = 0; i < ns; i++)
+            total[i] += got[i];
+    }
+    for (rank_t &k : R) {
+        up_sums(k.sums, total);
+        if ((rc = apply(k)))
+            break;
+    }
+    CU(cudaStreamSynchronize(s));
+    return rc;
+}
+
 static void test_bn_sync(cudaStream_t s, sf_dtype dt, int n0, int n1, int c, int h, int w, sf_layout L, int relu,
                          int mis)
 {
@@ -112,29 +148,22 @@ static void test_bn_sync(cudaStream_t s, sf_dtype dt, int n0, int n1, int c, int
              relu ? " +relu" : "", mis ? " misaligned" : "");
     const int n = n0 + n1, nhwc = L == SF_LAYOUT_NHWC;
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw, ns = 2 * (size_t)c + 1;
-    const float eps = 1e-5f, mom = 0.1f;
+    const float eps = k_bn_eps, mom = k_bn_mom;
     /* the sums: fp32 values less the shift round once (~1e-7 of a value)
      * before they are summed in double; bf16 vectors are summed in fp32 */
     const double tolc = dt == SF_DT_BF16 ? 1e-3 : 1e-4, tols = dt == SF_DT_BF16 ? 1e-6 : 1e-7;
-    std::vector<float> x(len), dy(len), gamma(c), beta(c), rm(c), rv(c);
-    rand_fill_dt(x, dt, 2.f, 3.f); /* an offset mean: the statistics must not cancel */
-    rand_fill_dt(dy, dt, 1.f);
-    rand_fill(gamma, 0.5f, 1.f);
-    rand_fill(beta, 0.5f);
-    rand_fill(rm, 0.5f);
-    rand_fill(rv, 0.4f, 1.f);
-    /* the whole batch through BatchNorm2d, in double */
-    std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(gamma), bd = to_d(beta), rmd = to_d(rm),
-                        rvd = to_d(rv), yr(len), smr(c), sir(c), dxr(len), dgr(c), dbr(c);
-    sf_ref_bn2d_fwd_train_f64(xd.data(), n, c, h, w, gd.data(), bd.data(), eps, mom, rmd.data(), rvd.data(),
-                              smr.data(), sir.data(), yr.data());
+    /* the whole batch's inputs, and the whole batch through BatchNorm2d in double */
+    bn_ref r = bn_draw(dt, n, c, h, w);
+    const std::vector<float> &x = r.x, &dy = r.dy;
+    const std::vector<double> &xd = r.xd, &gd = r.gd, &smr = r.smr, &sir = r.sir, &rmd = r.rmr, &rvd = r.rvr;
+    std::vector<double> &yr = r.yr, dyd = to_d(dy), dxr(len), dgr(c), dbr(c);
     if (relu)
         for (size_t i = 0; i < len; i++)
             yr[i] = yr[i] > 0 ? yr[i] : 0;
 
     float *d_g = dalloc<float>(c), *d_b = dalloc<float>(c);
-    up(d_g, gamma);
-    up(d_b, beta);
+    up(d_g, r.gamma);
+    up(d_b, r.beta);
     rank_t R[2];
     rank_make(R[0], dt, n0, 0, c, h, w, L, mis);
     rank_make(R[1], dt, n1, (size_t)n0 * c * hw, c, h, w, L, mis);
@@ -144,8 +173,8 @@ static void test_bn_sync(cudaStream_t s, sf_dtype dt, int n0, int n1, int c, int
             up_dt(k.x, nhwc ? to_nhwc(xr, k.n, c, h, w) : xr);
             up_dt(k.dy, nhwc ? to_nhwc(dyr, k.n, c, h, w) : dyr);
         }
-        up(k.rm, rm);
-        up(k.rv, rv);
+        up(k.rm, r.rm);
+        up(k.rv, r.rv);
         poison_dt(k.y);
         poison_dt(k.dx);
         poison_f(k.sm, c);
@@ -155,33 +184,19 @@ static void test_bn_sync(cudaStream_t s, sf_dtype dt, int n0, int n1, int c, int
         CU(cudaMemset(k.db, 0, sizeof(float) * c));
         poison(k.sums, ns * sizeof(double));
     }
-    int rc = 0;
-    std::vector<double> total(ns, 0.0), gtotal(ns, 0.0);
     std::vector<float> y(len), dx(len);
 
     /* forward: each rank's sums, their sum (the all-reduce), each rank's apply */
-    for (rank_t &k : R) {
-        rc = rc || sf_cuda_bn_sync_fwd_sums_dt(dt, k.x.p, k.n, c, h, w, L, k.sums, k.scr, s);
-        CU(cudaStreamSynchronize(s));
-        if (rc)
-            break;
-        std::vector<double> got = down_sums(k.sums, c), want(ns, 0.0);
-        if (k.n)
-            sf_ref_bn2d_sync_stat_sums(x.data() + k.from, k.n, c, h, w, want.data());
-        snprintf(sub, sizeof sub, "%s rank of %d forward sums", nm, k.n);
-        check_sums(sub, got, want, tols);
-        for (size_t i = 0; i < ns; i++)
-            total[i] += got[i];
-    }
-    for (rank_t &k : R) {
-        if (rc)
-            break;
-        up_sums(k.sums, total);
-        rc = sf_cuda_bn_sync_fwd_dt(dt, k.x.p, k.n, c, h, w, L, d_g, d_b, eps, mom, k.sums, k.rm, k.rv, k.sm, k.si,
-                                    NULL, k.y.p, relu, s);
-    }
-    CU(cudaStreamSynchronize(s));
-    if (rc) {
+    if (sync_pass(
+            s, R, c, nm, "forward", tols,
+            [&](rank_t &k) { return sf_cuda_bn_sync_fwd_sums_dt(dt, k.x.p, k.n, c, h, w, L, k.sums, k.scr, s); },
+            [&](const rank_t &k, std::vector<double> &want) {
+                sf_ref_bn2d_sync_stat_sums(x.data() + k.from, k.n, c, h, w, want.data());
+            },
+            [&](rank_t &k) {
+                return sf_cuda_bn_sync_fwd_dt(dt, k.x.p, k.n, c, h, w, L, d_g, d_b, eps, mom, k.sums, k.rm, k.rv, k.sm,
+                                              k.si, NULL, k.y.p, relu, s);
+            })) {
         fail(nm, sf_cuda_last_error());
         goto done;
     }
@@ -210,35 +225,24 @@ static void test_bn_sync(cudaStream_t s, sf_dtype dt, int n0, int n1, int c, int
                 dyd[i] = 0;
     sf_ref_bn2d_bwd_f64(xd.data(), n, c, h, w, gd.data(), smr.data(), sir.data(), dyd.data(), dxr.data(), dgr.data(),
                         dbr.data());
-    for (rank_t &k : R) {
-        rc = rc || sf_cuda_bn_sync_bwd_sums_dt(dt, k.x.p, k.n, c, h, w, L, d_g, d_b, k.sm, k.si, k.dy.p,
-                                               relu ? k.y.p : NULL, k.dx.p, k.dg, k.db, k.sums, k.scr, s);
-        CU(cudaStreamSynchronize(s));
-        if (rc)
-            break;
-        std::vector<double> got = down_sums(k.sums, c), want(ns, 0.0);
-        if (k.n) {
-            /* the reference's split on this rank's (masked) dy and the device's statistics */
-            std::vector<float> dym(k.len), sm = down(k.sm, c), si = down(k.si, c);
-            for (size_t i = 0; i < k.len; i++)
-                dym[i] = (float)dyd[k.from + i];
-            sf_ref_bn2d_sync_grad_sums(x.data() + k.from, k.n, c, h, w, sm.data(), si.data(), dym.data(),
-                                       want.data());
-        }
-        snprintf(sub, sizeof sub, "%s rank of %d backward sums", nm, k.n);
-        check_sums(sub, got, want, dt == SF_DT_BF16 ? 1e-5 : 1e-6);
-        for (size_t i = 0; i < ns; i++)
-            gtotal[i] += got[i];
-    }
-    for (rank_t &k : R) {
-        if (rc)
-            break;
-        up_sums(k.sums, gtotal);
-        rc = sf_cuda_bn_sync_bwd_dx_dt(dt, k.x.p, k.n, c, h, w, L, d_g, d_b, k.sm, k.si, k.dy.p, relu ? k.y.p : NULL,
-                                       k.dx.p, k.sums, k.scr, s);
-    }
-    CU(cudaStreamSynchronize(s));
-    if (rc) {
+    if (sync_pass(
+            s, R, c, nm, "backward", dt == SF_DT_BF16 ? 1e-5 : 1e-6,
+            [&](rank_t &k) {
+                return sf_cuda_bn_sync_bwd_sums_dt(dt, k.x.p, k.n, c, h, w, L, d_g, d_b, k.sm, k.si, k.dy.p,
+                                                   relu ? k.y.p : NULL, k.dx.p, k.dg, k.db, k.sums, k.scr, s);
+            },
+            [&](const rank_t &k, std::vector<double> &want) {
+                /* the reference's split on this rank's (masked) dy and the device's statistics */
+                std::vector<float> dym(k.len), sm = down(k.sm, c), si = down(k.si, c);
+                for (size_t i = 0; i < k.len; i++)
+                    dym[i] = (float)dyd[k.from + i];
+                sf_ref_bn2d_sync_grad_sums(x.data() + k.from, k.n, c, h, w, sm.data(), si.data(), dym.data(),
+                                           want.data());
+            },
+            [&](rank_t &k) {
+                return sf_cuda_bn_sync_bwd_dx_dt(dt, k.x.p, k.n, c, h, w, L, d_g, d_b, k.sm, k.si, k.dy.p,
+                                                 relu ? k.y.p : NULL, k.dx.p, k.sums, k.scr, s);
+            })) {
         fail(nm, sf_cuda_last_error());
         goto done;
     }
@@ -299,60 +303,32 @@ static void test_bn_sync_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, 
     char nm[200];
     snprintf(nm, sizeof nm, "bn sync %s %s n%d c%d %dx%d%s: captured graph replays bit-equal", dtname(dt), lname(L), n,
              c, hw, hw, relu ? " +relu" : "");
-    const size_t len = (size_t)n * c * hw * hw, es = sf_dtype_size(dt), ns = 2 * (size_t)c + 1;
-    void *x = dalloc<char>(len * es), *y = dalloc<char>(len * es), *dy = dalloc<char>(len * es),
-         *dx = dalloc<char>(len * es);
-    float *g = dalloc<float>(c), *b = dalloc<float>(c), *rm = dalloc<float>(c), *rv = dalloc<float>(c),
-          *sm = dalloc<float>(c), *si = dalloc<float>(c), *dg = dalloc<float>(c), *db = dalloc<float>(c);
+    const size_t ns = 2 * (size_t)c + 1;
+    bn_dev_case t = {};
     double *sums = dalloc<double>(ns);
-    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, hw, hw, L));
     auto reduce = [&](cudaStream_t st) {
         k_twice<<<(unsigned)((ns + 255) / 256), 256, 0, st>>>(sums, ns);
         return cudaGetLastError() != cudaSuccess;
     };
     auto enq = [&](cudaStream_t st) {
-        return sf_cuda_fill(rm, c, 0.f, st) || sf_cuda_fill(rv, c, 1.f, st) ||
-               sf_cuda_bn_sync_fwd_sums_dt(dt, x, n, c, hw, hw, L, sums, scr, st) || reduce(st) ||
-               sf_cuda_bn_sync_fwd_dt(dt, x, n, c, hw, hw, L, g, b, 1e-5f, 0.1f, sums, rm, rv, sm, si, NULL, y, relu,
-                                      st) ||
-               sf_cuda_bn_sync_bwd_sums_dt(dt, x, n, c, hw, hw, L, g, b, sm, si, dy, relu ? y : NULL, dx, dg, db, sums,
-                                           scr, st) ||
+        return sf_cuda_fill(t.rm, c, 0.f, st) || sf_cuda_fill(t.rv, c, 1.f, st) ||
+               sf_cuda_bn_sync_fwd_sums_dt(dt, t.x, n, c, hw, hw, L, sums, t.scr, st) || reduce(st) ||
+               sf_cuda_bn_sync_fwd_dt(dt, t.x, n, c, hw, hw, L, t.g, t.b, k_bn_eps, k_bn_mom, sums, t.rm, t.rv, t.sm,
+                                      t.si, NULL, t.y, relu, st) ||
+               sf_cuda_bn_sync_bwd_sums_dt(dt, t.x, n, c, hw, hw, L, t.g, t.b, t.sm, t.si, t.dy, relu ? t.y : NULL,
+                                           t.dx, t.dg, t.db, sums, t.scr, st) ||
                reduce(st) ||
-               sf_cuda_bn_sync_bwd_dx_dt(dt, x, n, c, hw, hw, L, g, b, sm, si, dy, relu ? y : NULL, dx, sums, scr, st);
+               sf_cuda_bn_sync_bwd_dx_dt(dt, t.x, n, c, hw, hw, L, t.g, t.b, t.sm, t.si, t.dy, relu ? t.y : NULL, t.dx,
+                                         sums, t.scr, st);
     };
-    if (sf_cuda_fill_random_dt(dt, x, len, g_seed++, 2.f, s) || sf_cuda_fill_random_dt(dt, dy, len, g_seed++, 1.f, s) ||
-        sf_cuda_fill_random(g, c, g_seed++, 1.f, s) || sf_cuda_fill_random(b, c, g_seed++, 1.f, s) || enq(s)) {
+    if (bn_dev_case_make(t, dt, n, c, hw, hw, L, s))
         fail(nm, sf_cuda_last_error());
-    } else {
-        CU(cudaStreamSynchronize(s));
-        std::vector<char> dx0(len * es), dx1(len * es);
-        CU(cudaMemcpy(dx0.data(), dx, len * es, cudaMemcpyDeviceToHost));
-        std::vector<float> dg0 = down(dg, c), db0 = down(db, c), rv0 = down(rv, c);
-        cudaGraph_t gr;
-        cudaGraphExec_t ge;
-        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        const int rc = enq(s);
-        const cudaError_t ce = cudaStreamEndCapture(s, &gr);
-        if (rc || ce != cudaSuccess || cudaGraphInstantiate(&ge, gr, 0) != cudaSuccess) {
-            fail(nm, rc ? sf_cuda_last_error() : "capture failed");
-        } else {
-            poison(dx, len * es);
-            poison_f(dg, c);
-            poison_f(db, c);
-            poison_f(rv, c);
-            CU(cudaGraphLaunch(ge, s));
-            CU(cudaStreamSynchronize(s));
-            CU(cudaMemcpy(dx1.data(), dx, len * es, cudaMemcpyDeviceToHost));
-            std::vector<float> dg1 = down(dg, c), db1 = down(db, c), rv1 = down(rv, c);
-            pass_or_fail(nm, dx0 == dx1 && dg0 == dg1 && db0 == db1 && rv0 == rv1,
-                         "replay differs from the eager run (non-deterministic or not captured)");
-            cudaGraphExecDestroy(ge);
-        }
-        if (ce == cudaSuccess)
-            cudaGraphDestroy(gr);
-    }
-    cudaFree(x); cudaFree(y); cudaFree(dy); cudaFree(dx); cudaFree(g); cudaFree(b); cudaFree(rm); cudaFree(rv);
-    cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(sums); cudaFree(scr);
+    else
+        check_graph_replay(nm, s, enq,
+                           {{t.dx, t.bytes}, {t.dg, c * sizeof(float)}, {t.db, c * sizeof(float)},
+                            {t.rv, c * sizeof(float)}});
+    bn_dev_case_free(t);
+    cudaFree(sums);
 }
 
 static void run_cases(cudaStream_t s)

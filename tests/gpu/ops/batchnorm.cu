@@ -10,6 +10,7 @@
  * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
 #include "gpu/cuda/activation.h"
+#include "tests/gpu/bn_inputs.h"
 #include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
@@ -28,46 +29,6 @@ static void check_bn_fwd(const char *name, cudaStream_t s, const dbuf &y, sf_lay
         fail(name, sf_cuda_last_error());
     else
         check_dt(name, y.dt, from_lay(down_dt(y, (size_t)n * c * h * w), L, n, c, h, w), ref, tol);
-}
-
-/* A case's inputs, drawn in this order: x (an offset mean: the statistics
- * must not cancel) and a second activation (dy, or the residual) as dt holds
- * them, then the fp32 parameters and running statistics; and the double
- * reference's training forward on them: y (NCHW, before any ReLU), the saved
- * statistics and the updated running ones. */
-struct bn_ref {
-    std::vector<float> x, dy, gamma, beta, rm, rv;
-    std::vector<double> xd, gd, yr, smr, sir, rmr, rvr;
-};
-static const float k_bn_eps = 1e-5f, k_bn_mom = 0.1f;
-
-static bn_ref bn_draw(sf_dtype dt, int n, int c, int h, int w)
-{
-    const size_t len = (size_t)n * c * h * w;
-    bn_ref r;
-    r.x.resize(len);
-    r.dy.resize(len);
-    r.gamma.resize(c);
-    r.beta.resize(c);
-    r.rm.resize(c);
-    r.rv.resize(c);
-    rand_fill_dt(r.x, dt, 2.f, 3.f);
-    rand_fill_dt(r.dy, dt, 1.f);
-    rand_fill(r.gamma, 0.5f, 1.f);
-    rand_fill(r.beta, 0.5f);
-    rand_fill(r.rm, 0.5f);
-    rand_fill(r.rv, 0.4f, 1.f);
-    r.xd = to_d(r.x);
-    r.gd = to_d(r.gamma);
-    r.rmr = to_d(r.rm);
-    r.rvr = to_d(r.rv);
-    r.yr.resize(len);
-    r.smr.resize(c);
-    r.sir.resize(c);
-    const std::vector<double> bd = to_d(r.beta);
-    sf_ref_bn2d_fwd_train_f64(r.xd.data(), n, c, h, w, r.gd.data(), bd.data(), k_bn_eps, k_bn_mom, r.rmr.data(),
-                              r.rvr.data(), r.smr.data(), r.sir.data(), r.yr.data());
-    return r;
 }
 
 /* The per-channel fp32 tensors on the device: gamma, beta and the running
@@ -97,6 +58,28 @@ static void bn_dev_free(bn_dev &d)
     for (float *p : {d.g, d.b, d.rm, d.rv, d.sm, d.si, d.dg, d.db})
         cudaFree(p);
     cudaFree(d.scr);
+}
+
+/* A case's activations on the device, of element type dt, each `mis`
+ * elements past an aligned address: r's x and dy (or the residual) uploaded in
+ * layout L, y and dx poisoned (io_make). */
+static io_bufs bn_io(const bn_ref &r, sf_dtype dt, sf_layout L, int n, int c, int h, int w, int mis)
+{
+    return io_make(dt, to_lay(r.x, L, n, c, h, w), to_lay(r.dy, L, n, c, h, w), mis);
+}
+
+/* The eval forward's reference before any activation (NCHW), on the running
+ * statistics the device's training forward left in d. */
+static std::vector<double> bn_eval_ref(const bn_ref &r, const bn_dev &d, int n, int c, int h, int w)
+{
+    const std::vector<float> rm = down(d.rm, c), rv = down(d.rv, c);
+    const size_t len = (size_t)n * c * h * w, hw = (size_t)h * w;
+    std::vector<double> z(len);
+    for (size_t i = 0; i < len; i++) {
+        const int ch = (int)((i / hw) % c);
+        z[i] = (double)r.gamma[ch] * (((double)r.x[i] - rm[ch]) / sqrt((double)rv[ch] + k_bn_eps)) + r.beta[ch];
+    }
+    return z;
 }
 
 /* The training forward's per-channel fp32 outputs: the saved statistics and
@@ -150,36 +133,52 @@ static void test_bn(cudaStream_t s, const op_case &k, int n, int c, int h, int w
         for (size_t i = 0; i < len; i++)
             yer[i] = yer[i] > 0 ? yer[i] : 0;
 
-    dbuf bx = dbuf_make(SF_DT_F32, len, 0), bdy = dbuf_make(SF_DT_F32, len, 0), by = dbuf_make(SF_DT_F32, len, 0),
-         bdx = dbuf_make(SF_DT_F32, len, 0);
-    float *d_x = (float *)bx.p, *d_y = (float *)by.p;
+    io_bufs io = bn_io(r, SF_DT_F32, L, n, c, h, w, 0);
+    float *d_x = (float *)io.x.p, *d_y = (float *)io.y.p;
     bn_dev d = bn_dev_make(r, n, c, h, w, L);
-    up_dt(bx, to_lay(r.x, L, n, c, h, w));
-    up_dt(bdy, to_lay(r.dy, L, n, c, h, w));
-    poison_dt(by);
-    poison_dt(bdx);
     int rc = sf_cuda_bn_fwd_train(d_x, n, c, h, w, L, d.g, d.b, eps, mom, d.rm, d.rv, d.sm, d.si, d_y, relu, d.scr, s);
     if (!rc)
-        rc = sf_cuda_bn_bwd(d_x, n, c, h, w, L, d.g, d.sm, d.si, (float *)bdy.p, relu ? d_y : NULL, (float *)bdx.p,
+        rc = sf_cuda_bn_bwd(d_x, n, c, h, w, L, d.g, d.sm, d.si, (float *)io.dy.p, relu ? d_y : NULL, (float *)io.dx.p,
                             d.dg, d.db, d.scr, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());
     } else {
-        check_v(subname(nm, "train y"), from_lay(down_dt(by, len), L, n, c, h, w), r.yr, k.tol);
+        check_v(subname(nm, "train y"), from_lay(down_dt(io.y, len), L, n, c, h, w), r.yr, k.tol);
         check_bn_stats(nm, c, d, r, k.tol_param);
-        check_v(subname(nm, "bwd dx"), from_lay(down_dt(bdx, len), L, n, c, h, w), dxr, k.tol);
+        check_v(subname(nm, "bwd dx"), from_lay(down_dt(io.dx, len), L, n, c, h, w), dxr, k.tol);
         check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
         /* eval, on the running statistics the device just updated */
-        check_bn_fwd(subname(nm, "eval y"), s, by, L, n, c, h, w,
+        check_bn_fwd(subname(nm, "eval y"), s, io.y, L, n, c, h, w,
                      [&] { return sf_cuda_bn_fwd_eval(d_x, n, c, h, w, L, d.g, d.b, eps, d.rm, d.rv, d_y, relu, s); },
                      yer, k.tol_aux);
     }
-    dbuf_free(bx); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx);
+    io_free(io);
     bn_dev_free(d);
 }
 
 /* ---- BatchNorm2d on dt ------------------------------------------------------------ */
+
+/* The end of a _dt training case, after its backward (rc: the launch's
+ * result, the stream waited for): dx (tol) and the fp32 parameter gradients
+ * (tol_param) against their references, then the eval forward with the fused
+ * activation act (batchnorm.h's code) on the running statistics the training
+ * forward updated, against yer (tol_aux). */
+static void check_bwd_then_eval(const char *nm, cudaStream_t s, const op_case &k, sf_dtype dt, int rc,
+                                const io_bufs &io, const bn_dev &d, sf_layout L, int n, int c, int h, int w, int act,
+                                const std::vector<double> &dxr, const std::vector<double> &dgr,
+                                const std::vector<double> &dbr, const std::vector<double> &yer)
+{
+    if (rc) {
+        fail(subname(nm, "bwd"), sf_cuda_last_error());
+        return;
+    }
+    check_dt(subname(nm, "bwd dx"), dt, from_lay(down_dt(io.dx, (size_t)n * c * h * w), L, n, c, h, w), dxr, k.tol);
+    check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
+    check_bn_fwd(subname(nm, "eval y"), s, io.y, L, n, c, h, w, [&] {
+        return sf_cuda_bn_fwd_eval_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, k_bn_eps, d.rm, d.rv, NULL, io.y.p, act, s);
+    }, yer, k.tol_aux);
+}
 
 /* Training forward (optionally with the fused ReLU), backward, then eval on
  * the running statistics the device updated. The backward's reference masks dy
@@ -203,52 +202,34 @@ static void test_bn_dt(cudaStream_t s, const op_case &k, sf_dtype dt, int n, int
         for (size_t i = 0; i < len; i++)
             r.yr[i] = r.yr[i] > 0 ? r.yr[i] : 0;
 
-    dbuf bx = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis),
-         bdx = dbuf_make(dt, len, mis);
+    io_bufs io = bn_io(r, dt, L, n, c, h, w, mis);
     bn_dev d = bn_dev_make(r, n, c, h, w, L);
-    up_dt(bx, to_lay(r.x, L, n, c, h, w));
-    up_dt(bdy, to_lay(r.dy, L, n, c, h, w));
-    poison_dt(bdx);
     int rc = 0;
-    check_bn_fwd(subname(nm, "train y"), s, by, L, n, c, h, w, [&] {
-        return rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, eps, mom, d.rm, d.rv, d.sm, d.si, NULL,
-                                            by.p, relu, d.scr, s);
+    check_bn_fwd(subname(nm, "train y"), s, io.y, L, n, c, h, w, [&] {
+        return rc = sf_cuda_bn_fwd_train_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, eps, mom, d.rm, d.rv, d.sm, d.si, NULL,
+                                            io.y.p, relu, d.scr, s);
     }, r.yr, k.tol);
     if (!rc) {
         check_bn_stats(nm, c, d, r, k.tol_param);
 
-        const std::vector<float> y = from_lay(down_dt(by, len), L, n, c, h, w);
+        const std::vector<float> y = from_lay(down_dt(io.y, len), L, n, c, h, w);
         if (relu)
             for (size_t i = 0; i < len; i++)
                 if (!(y[i] > 0))
                     dyd[i] = 0; /* the ReLU backward, before the BN backward */
         sf_ref_bn2d_bwd_f64(r.xd.data(), n, c, h, w, r.gd.data(), r.smr.data(), r.sir.data(), dyd.data(), dxr.data(),
                             dgr.data(), dbr.data());
-        rc = sf_cuda_bn_bwd_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, bdy.p, relu ? by.p : NULL, bdx.p, d.dg,
-                               d.db, d.scr, s);
+        rc = sf_cuda_bn_bwd_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, io.dy.p, relu ? io.y.p : NULL,
+                               io.dx.p, d.dg, d.db, d.scr, s);
         CU(cudaStreamSynchronize(s));
-        if (rc) {
-            fail(subname(nm, "bwd"), sf_cuda_last_error());
-        } else {
-            check_dt(subname(nm, "bwd dx"), dt, from_lay(down_dt(bdx, len), L, n, c, h, w), dxr, k.tol);
-            check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
-
-            /* eval, on the running statistics the device just updated */
-            std::vector<float> rm2 = down(d.rm, c), rv2 = down(d.rv, c);
-            std::vector<double> yer(len);
-            const size_t hw = (size_t)h * w;
-            for (size_t i = 0; i < len; i++) {
-                const int ch = (int)((i / hw) % c);
-                const double v =
-                    (double)r.gamma[ch] * (((double)r.x[i] - rm2[ch]) / sqrt((double)rv2[ch] + eps)) + r.beta[ch];
-                yer[i] = relu ? (v > 0 ? v : 0) : v;
-            }
-            check_bn_fwd(subname(nm, "eval y"), s, by, L, n, c, h, w, [&] {
-                return sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, eps, d.rm, d.rv, NULL, by.p, relu, s);
-            }, yer, k.tol_aux);
-        }
+        /* eval, on the running statistics the device just updated */
+        std::vector<double> yer = bn_eval_ref(r, d, n, c, h, w);
+        if (relu)
+            for (double &v : yer)
+                v = v > 0 ? v : 0;
+        check_bwd_then_eval(nm, s, k, dt, rc, io, d, L, n, c, h, w, relu, dxr, dgr, dbr, yer);
     }
-    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+    io_free(io);
     bn_dev_free(d);
 }
 
@@ -280,21 +261,19 @@ static void test_bn_res(cudaStream_t s, const op_case &k, sf_dtype dt, int n, in
             ye[i] = ye[i] > 0 ? ye[i] : 0;
         }
     }
-    dbuf bx = dbuf_make(dt, len, mis), br = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis);
+    io_bufs io = bn_io(r, dt, L, n, c, h, w, mis); /* io.dy: the residual */
     bn_dev d = bn_dev_make(r, n, c, h, w, L);
-    up_dt(bx, to_lay(r.x, L, n, c, h, w));
-    up_dt(br, to_lay(r.dy, L, n, c, h, w));
-    check_bn_fwd(subname(nm, "train y"), s, by, L, n, c, h, w, [&] {
-        return sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, eps, mom, d.rm, d.rv, d.sm, d.si, br.p, by.p,
-                                       relu, d.scr, s);
+    check_bn_fwd(subname(nm, "train y"), s, io.y, L, n, c, h, w, [&] {
+        return sf_cuda_bn_fwd_train_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, eps, mom, d.rm, d.rv, d.sm, d.si, io.dy.p,
+                                       io.y.p, relu, d.scr, s);
     }, yt, k.tol);
     /* the eval pass uses the running statistics as the reference's */
     up(d.rm, r.rm);
     up(d.rv, r.rv);
-    check_bn_fwd(subname(nm, "eval y"), s, by, L, n, c, h, w, [&] {
-        return sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, eps, d.rm, d.rv, br.p, by.p, relu, s);
+    check_bn_fwd(subname(nm, "eval y"), s, io.y, L, n, c, h, w, [&] {
+        return sf_cuda_bn_fwd_eval_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, eps, d.rm, d.rv, io.dy.p, io.y.p, relu, s);
     }, ye, k.tol_aux);
-    dbuf_free(bx); dbuf_free(br); dbuf_free(by);
+    io_free(io);
     bn_dev_free(d);
 }
 
@@ -306,101 +285,62 @@ static void test_bn_mask_from_x(cudaStream_t s)
 {
     const char *nm = "bn bf16 nhwc +relu backward reads no y";
     const int n = 3, c = 64, h = 14, w = 10;
-    const size_t len = (size_t)n * c * h * w;
-    void *x = dalloc<char>(len * 2), *y = dalloc<char>(len * 2), *dy = dalloc<char>(len * 2),
-         *dx = dalloc<char>(len * 2);
-    float *g = dalloc<float>(c), *b = dalloc<float>(c), *rm = dalloc<float>(c), *rv = dalloc<float>(c),
-          *sm = dalloc<float>(c), *si = dalloc<float>(c), *dg = dalloc<float>(c), *db = dalloc<float>(c);
-    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, h, w, SF_LAYOUT_NHWC));
-    std::vector<char> dx0(len * 2), dx1(len * 2);
-    std::vector<float> dg0(c), dg1(c), db0(c), db1(c);
     const sf_layout L = SF_LAYOUT_NHWC;
-    int rc = sf_cuda_fill_random_dt(SF_DT_BF16, x, len, g_seed++, 2.f, s) ||
-             sf_cuda_fill_random_dt(SF_DT_BF16, dy, len, g_seed++, 1.f, s) || sf_cuda_fill_random(g, c, g_seed++, 1.f, s) ||
-             sf_cuda_fill_random(b, c, g_seed++, 1.f, s) || sf_cuda_fill(rm, c, 0.f, s) || sf_cuda_fill(rv, c, 1.f, s) ||
-             sf_cuda_bn_fwd_train_dt(SF_DT_BF16, x, n, c, h, w, L, g, b, 1e-5f, 0.1f, rm, rv, sm, si, NULL, y, 1, scr, s) ||
-             sf_cuda_bn_bwd_dt(SF_DT_BF16, x, n, c, h, w, L, g, b, sm, si, dy, y, dx, dg, db, scr, s);
+    bn_dev_case t = {};
+    auto bwd = [&] {
+        return sf_cuda_bn_bwd_dt(SF_DT_BF16, t.x, n, c, h, w, L, t.g, t.b, t.sm, t.si, t.dy, t.y, t.dx, t.dg, t.db,
+                                 t.scr, s);
+    };
+    int rc = bn_dev_case_make(t, SF_DT_BF16, n, c, h, w, L, s) ||
+             sf_cuda_bn_fwd_train_dt(SF_DT_BF16, t.x, n, c, h, w, L, t.g, t.b, k_bn_eps, k_bn_mom, t.rm, t.rv, t.sm,
+                                     t.si, NULL, t.y, 1, t.scr, s) ||
+             bwd();
     CU(cudaStreamSynchronize(s));
+    std::vector<char> dx0, dg0, db0;
     if (!rc) {
-        CU(cudaMemcpy(dx0.data(), dx, len * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(dg0.data(), dg, c * 4, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(db0.data(), db, c * 4, cudaMemcpyDeviceToHost));
-        poison(y, len * 2);
-        poison(dx, len * 2);
-        rc = sf_cuda_bn_bwd_dt(SF_DT_BF16, x, n, c, h, w, L, g, b, sm, si, dy, y, dx, dg, db, scr, s);
+        dx0 = down((const char *)t.dx, t.bytes);
+        dg0 = down((const char *)t.dg, c * sizeof(float));
+        db0 = down((const char *)t.db, c * sizeof(float));
+        poison(t.y, t.bytes);
+        poison(t.dx, t.bytes);
+        rc = bwd();
         CU(cudaStreamSynchronize(s));
     }
-    if (rc) {
+    if (rc)
         fail(nm, sf_cuda_last_error());
-    } else {
-        CU(cudaMemcpy(dx1.data(), dx, len * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(dg1.data(), dg, c * 4, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(db1.data(), db, c * 4, cudaMemcpyDeviceToHost));
-        pass_or_fail(nm, dx0 == dx1 && memcmp(dg0.data(), dg1.data(), c * 4) == 0 && memcmp(db0.data(), db1.data(), c * 4) == 0,
+    else
+        pass_or_fail(nm,
+                     down((const char *)t.dx, t.bytes) == dx0 && down((const char *)t.dg, c * sizeof(float)) == dg0 &&
+                         down((const char *)t.db, c * sizeof(float)) == db0,
                      "the gradients changed with y");
-    }
     pass_or_fail("bn backward reads y except bf16 nhwc with c % 8 == 0",
                  !sf_cuda_bn_bwd_reads_y(SF_DT_BF16, L, 64) && sf_cuda_bn_bwd_reads_y(SF_DT_BF16, L, 60) &&
                      sf_cuda_bn_bwd_reads_y(SF_DT_BF16, SF_LAYOUT_NCHW, 64) && sf_cuda_bn_bwd_reads_y(SF_DT_F32, L, 64),
                  "wrong");
-    cudaFree(x); cudaFree(y); cudaFree(dy); cudaFree(dx); cudaFree(g); cudaFree(b); cudaFree(rm); cudaFree(rv);
-    cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
+    bn_dev_case_free(t);
 }
 
 /* ---- CUDA-graph capture ---------------------------------------------------- */
 
 /* A training forward + backward captured into a CUDA graph replays bit-equal
- * to the eager run: the launchers allocate and synchronise nothing (else the
- * capture fails) and their reductions are deterministic (else the bits differ). */
+ * to the eager run (check_graph_replay). */
 static void test_bn_graph_replay(cudaStream_t s, sf_dtype dt, sf_layout L, int n, int c, int hw, int relu)
 {
     char nm[200];
     snprintf(nm, sizeof nm, "bn %s %s n%d c%d %dx%d%s fwd+bwd: captured graph replays bit-equal", dtname(dt), lname(L),
              n, c, hw, hw, relu ? " +relu" : "");
-    const size_t len = (size_t)n * c * hw * hw, es = sf_dtype_size(dt);
-    void *x = dalloc<char>(len * es), *y = dalloc<char>(len * es), *dy = dalloc<char>(len * es),
-         *dx = dalloc<char>(len * es);
-    float *g = dalloc<float>(c), *b = dalloc<float>(c), *rm = dalloc<float>(c), *rv = dalloc<float>(c),
-          *sm = dalloc<float>(c), *si = dalloc<float>(c), *dg = dalloc<float>(c), *db = dalloc<float>(c);
-    void *scr = dalloc<char>(sf_cuda_bn_scratch_bytes(n, c, hw, hw, L));
+    bn_dev_case t = {};
     auto enq = [&](cudaStream_t st) {
-        return sf_cuda_bn_fwd_train_dt(dt, x, n, c, hw, hw, L, g, b, 1e-5f, 0.1f, rm, rv, sm, si, NULL, y, relu, scr, st) ||
-               sf_cuda_bn_bwd_dt(dt, x, n, c, hw, hw, L, g, b, sm, si, dy, relu ? y : NULL, dx, dg, db, scr, st);
+        return sf_cuda_bn_fwd_train_dt(dt, t.x, n, c, hw, hw, L, t.g, t.b, k_bn_eps, k_bn_mom, t.rm, t.rv, t.sm, t.si,
+                                       NULL, t.y, relu, t.scr, st) ||
+               sf_cuda_bn_bwd_dt(dt, t.x, n, c, hw, hw, L, t.g, t.b, t.sm, t.si, t.dy, relu ? t.y : NULL, t.dx, t.dg,
+                                 t.db, t.scr, st);
     };
-    if (sf_cuda_fill_random_dt(dt, x, len, g_seed++, 2.f, s) || sf_cuda_fill_random_dt(dt, dy, len, g_seed++, 1.f, s) ||
-        sf_cuda_fill_random(g, c, g_seed++, 1.f, s) || sf_cuda_fill_random(b, c, g_seed++, 1.f, s) ||
-        sf_cuda_fill(rm, c, 0.f, s) || sf_cuda_fill(rv, c, 1.f, s) || enq(s)) {
+    if (bn_dev_case_make(t, dt, n, c, hw, hw, L, s))
         fail(nm, sf_cuda_last_error());
-    } else {
-        CU(cudaStreamSynchronize(s));
-        std::vector<char> dx0(len * es), dx1(len * es);
-        CU(cudaMemcpy(dx0.data(), dx, len * es, cudaMemcpyDeviceToHost));
-        std::vector<float> dg0 = down(dg, c), db0 = down(db, c);
-        cudaGraph_t gr;
-        cudaGraphExec_t ge;
-        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        const int rc = enq(s);
-        const cudaError_t ce = cudaStreamEndCapture(s, &gr);
-        if (rc || ce != cudaSuccess || cudaGraphInstantiate(&ge, gr, 0) != cudaSuccess) {
-            fail(nm, rc ? sf_cuda_last_error() : "capture failed");
-        } else {
-            poison(dx, len * es);
-            poison_f(dg, c);
-            poison_f(db, c);
-            CU(cudaGraphLaunch(ge, s));
-            CU(cudaStreamSynchronize(s));
-            CU(cudaMemcpy(dx1.data(), dx, len * es, cudaMemcpyDeviceToHost));
-            std::vector<float> dg1 = down(dg, c), db1 = down(db, c);
-            pass_or_fail(nm, dx0 == dx1 && memcmp(dg0.data(), dg1.data(), c * 4) == 0 &&
-                                 memcmp(db0.data(), db1.data(), c * 4) == 0,
-                         "replay differs from the eager run (non-deterministic or not captured)");
-            cudaGraphExecDestroy(ge);
-        }
-        if (ce == cudaSuccess)
-            cudaGraphDestroy(gr);
-    }
-    cudaFree(x); cudaFree(y); cudaFree(dy); cudaFree(dx); cudaFree(g); cudaFree(b); cudaFree(rm); cudaFree(rv);
-    cudaFree(sm); cudaFree(si); cudaFree(dg); cudaFree(db); cudaFree(scr);
+    else
+        check_graph_replay(nm, s, enq, {{t.dx, t.bytes}, {t.dg, c * sizeof(float)}, {t.db, c * sizeof(float)}});
+    bn_dev_case_free(t);
 }
 
 /* A batchnorm with another activation fused (act, SF_BN_ACT of batchnorm.h),
@@ -422,19 +362,15 @@ static void test_bn_act(cudaStream_t s, const op_case &k, sf_dtype dt, int n, in
     bn_ref r = bn_draw(dt, n, c, h, w);
     std::vector<double> yref(len), dxr(len), dgr(c), dbr(c);
     sf_ref_act_fwd_f64(a, r.yr.data(), len, yref.data());
-    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0),
-         bdx = dbuf_make(dt, len, 0);
+    io_bufs io = bn_io(r, dt, L, n, c, h, w, 0);
     bn_dev d = bn_dev_make(r, n, c, h, w, L);
-    up_dt(bx, to_lay(r.x, L, n, c, h, w));
-    up_dt(bdy, to_lay(r.dy, L, n, c, h, w));
-    poison_dt(bdx);
     int rc = 0;
-    check_bn_fwd(subname(nm, "train y"), s, by, L, n, c, h, w, [&] {
-        return rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv, d.sm,
-                                            d.si, NULL, by.p, act, d.scr, s);
+    check_bn_fwd(subname(nm, "train y"), s, io.y, L, n, c, h, w, [&] {
+        return rc = sf_cuda_bn_fwd_train_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv, d.sm,
+                                            d.si, NULL, io.y.p, act, d.scr, s);
     }, yref, k.tol);
     if (rc) {
-        dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+        io_free(io);
         bn_dev_free(d);
         return;
     }
@@ -451,28 +387,15 @@ static void test_bn_act(cudaStream_t s, const op_case &k, sf_dtype dt, int n, in
     sf_ref_act_bwd_f64(a, z.data(), dyd.data(), len, g.data());
     sf_ref_bn2d_bwd_f64(r.xd.data(), n, c, h, w, r.gd.data(), r.smr.data(), r.sir.data(), g.data(), dxr.data(),
                         dgr.data(), dbr.data());
-    rc = sf_cuda_bn_bwd_act_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, bdy.p, act, bdx.p, d.dg, d.db, d.scr,
-                               s);
+    rc = sf_cuda_bn_bwd_act_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, io.dy.p, act, io.dx.p, d.dg, d.db,
+                               d.scr, s);
     CU(cudaStreamSynchronize(s));
-    if (rc) {
-        fail(subname(nm, "bwd"), sf_cuda_last_error());
-    } else {
-        check_dt(subname(nm, "bwd dx"), dt, from_lay(down_dt(bdx, len), L, n, c, h, w), dxr, k.tol);
-        check_bn_param_grads(nm, c, d, dgr, dbr, k.tol_param);
-        /* eval, on the running statistics the device just updated */
-        const std::vector<float> rm2 = down(d.rm, c), rv2 = down(d.rv, c);
-        std::vector<double> ze(len), yer(len);
-        for (size_t i = 0; i < len; i++) {
-            const int ch = (int)((i / hw) % c);
-            ze[i] = (double)r.gamma[ch] * (((double)r.x[i] - rm2[ch]) / sqrt((double)rv2[ch] + k_bn_eps)) +
-                    r.beta[ch];
-        }
-        sf_ref_act_fwd_f64(a, ze.data(), len, yer.data());
-        check_bn_fwd(subname(nm, "eval y"), s, by, L, n, c, h, w, [&] {
-            return sf_cuda_bn_fwd_eval_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, k_bn_eps, d.rm, d.rv, NULL, by.p, act, s);
-        }, yer, k.tol_aux);
-    }
-    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+    /* eval, on the running statistics the device just updated */
+    const std::vector<double> ze = bn_eval_ref(r, d, n, c, h, w);
+    std::vector<double> yer(len);
+    sf_ref_act_fwd_f64(a, ze.data(), len, yer.data());
+    check_bwd_then_eval(nm, s, k, dt, rc, io, d, L, n, c, h, w, act, dxr, dgr, dbr, yer);
+    io_free(io);
     bn_dev_free(d);
 }
 
@@ -486,24 +409,20 @@ static void test_bn_act_refused(cudaStream_t s, sf_dtype dt, sf_layout L)
     const int n = 2, c = 16, h = 4, w = 4;
     const size_t len = (size_t)n * c * h * w;
     bn_ref r = bn_draw(dt, n, c, h, w);
-    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0),
-         bdx = dbuf_make(dt, len, 0);
+    io_bufs io = bn_io(r, dt, L, n, c, h, w, 0);
     bn_dev d = bn_dev_make(r, n, c, h, w, L);
-    up_dt(bx, to_lay(r.x, L, n, c, h, w));
-    up_dt(bdy, to_lay(r.dy, L, n, c, h, w));
-    poison_dt(bdx);
-    const std::vector<float> before = down_dt(bdx, len);
+    const std::vector<float> before = down_dt(io.dx, len);
     const int act = SF_BN_ACT(SF_CUDA_ACT_SILU);
-    int rc = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv, d.sm, d.si,
-                                     NULL, by.p, act, d.scr, s);
+    int rc = sf_cuda_bn_fwd_train_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv, d.sm, d.si,
+                                     NULL, io.y.p, act, d.scr, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(subname(nm, "setup forward"), sf_cuda_last_error());
     } else {
-        rc = sf_cuda_bn_bwd_act_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, bdy.p, act, bdx.p, d.dg, d.db,
+        rc = sf_cuda_bn_bwd_act_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, io.dy.p, act, io.dx.p, d.dg, d.db,
                                    d.scr, s);
         CU(cudaStreamSynchronize(s));
-        const std::vector<float> after = down_dt(bdx, len);
+        const std::vector<float> after = down_dt(io.dx, len);
         const int same = memcmp(before.data(), after.data(), sizeof(float) * len) == 0;
         if (rc == 0 || !strstr(sf_cuda_last_error(), "row kernels") || !same)
             fail("%s: backward rc %d (%s), dx %s; want a refusal naming the row kernels and dx untouched", nm, rc,
@@ -511,17 +430,17 @@ static void test_bn_act_refused(cudaStream_t s, sf_dtype dt, sf_layout L)
         else
             ok("%s: the backward refuses (%s)", nm, sf_cuda_last_error());
         const int bad = SF_BN_ACT(SF_CUDA_ACT_GELU_TANH) + 1;
-        const int rf = sf_cuda_bn_fwd_train_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv,
-                                               d.sm, d.si, NULL, by.p, bad, d.scr, s);
-        const int rb = sf_cuda_bn_bwd_act_dt(dt, bx.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, bdy.p, bad, bdx.p, d.dg,
-                                             d.db, d.scr, s);
+        const int rf = sf_cuda_bn_fwd_train_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, k_bn_eps, k_bn_mom, d.rm, d.rv,
+                                               d.sm, d.si, NULL, io.y.p, bad, d.scr, s);
+        const int rb = sf_cuda_bn_bwd_act_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, io.dy.p, bad, io.dx.p,
+                                             d.dg, d.db, d.scr, s);
         CU(cudaStreamSynchronize(s));
         if (rf == 0 || rb == 0)
             fail("%s: act code %d accepted (forward rc %d, backward rc %d)", nm, bad, rf, rb);
         else
-            ok("%s: act code %d refused by the forward and the backward", nm, bad);
+            ok("%s: act code %d refused io.y the forward and the backward", nm, bad);
     }
-    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
+    io_free(io);
     bn_dev_free(d);
 }
 

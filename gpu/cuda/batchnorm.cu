@@ -13,6 +13,15 @@
 /* kernels                                                                  */
 /* ======================================================================== */
 
+/* The logistic 1 / (1 + e^-v) of the fused SiLU and sigmoid, from the fast
+ * intrinsics: their error (a few ulp of fp32) is far below the bf16 rounding of
+ * every tensor these kernels read or write (the fused kernels are the bf16
+ * NHWC row kernels only). With activation.cuh's expf and IEEE division the
+ * backward of a SiLU-fused batchnorm was bound by arithmetic: 1.9 TB/s on an
+ * H200 where an unfused one moved 3.6
+ * (bench/results/2026-11-29-h200-families-squeeze-excitation.md). */
+__device__ __forceinline__ float bn_logistic(float v) { return __fdividef(1.f, 1.f + __expf(-v)); }
+
 /* The activation fused after the batchnorm (A, batchnorm.h's codes: not 0)
  * at z, the normalised value (plus the residual, when there is one). A is a
  * template argument of every kernel that applies one, so each activation's
@@ -23,6 +32,10 @@ template <int A> __device__ __forceinline__ float bn_act_f(float z)
 {
     if constexpr (A == SF_BN_RELU)
         return z > 0.f ? z : 0.f;
+    else if constexpr (A == SF_BN_ACT(SF_CUDA_ACT_SILU))
+        return z * bn_logistic(z);
+    else if constexpr (A == SF_BN_ACT(SF_CUDA_ACT_SIGMOID))
+        return bn_logistic(z);
     else
         return act_f(A - SF_BN_ACT_BASE, z);
 }
@@ -30,10 +43,17 @@ template <int A> __device__ __forceinline__ float bn_act_f(float z)
 /* dy's gradient through that activation at z: ReLU's mask, or g * f'(z). */
 template <int A> __device__ __forceinline__ float bn_act_g(float z, float g)
 {
-    if constexpr (A == SF_BN_RELU)
+    if constexpr (A == SF_BN_RELU) {
         return z > 0.f ? g : 0.f;
-    else
+    } else if constexpr (A == SF_BN_ACT(SF_CUDA_ACT_SILU)) {
+        const float sg = bn_logistic(z);
+        return g * (sg * (1.f + z * (1.f - sg)));
+    } else if constexpr (A == SF_BN_ACT(SF_CUDA_ACT_SIGMOID)) {
+        const float sg = bn_logistic(z);
+        return g * (sg * (1.f - sg));
+    } else {
         return g * act_d(A - SF_BN_ACT_BASE, z);
+    }
 }
 
 /* The channel of element e (e a multiple of V when V > 1). */

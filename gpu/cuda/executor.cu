@@ -521,9 +521,15 @@ static void *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
     return o->gtmp;
 }
 
+/* The gradient of layer i's input j as its owner holds it. */
+static void *g_owner_dy(sf_cuda_net *net, int i, int j)
+{
+    return net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
+}
+
 static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s)
 {
-    void *d = net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
+    void *d = g_owner_dy(net, i, j);
     return sf_cuda_add_dt(net->g->dt, d, net->g->op[i].gtmp, d, len, 0, s);
 }
 
@@ -889,8 +895,13 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_GLOBAL_AVGPOOL:
-            if (dx && sf_cuda_avgpool_bwd_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, g->lay, dx, s))
+            /* a squeeze-and-excitation map's multiply has written its
+             * gradient already: added in the pooling's own pass */
+            if (dx && (add0 ? sf_cuda_avgpool_bwd_add_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, g->lay,
+                                                         g_owner_dy(net, i, 0), s)
+                            : sf_cuda_avgpool_bwd_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, g->lay, dx, s)))
                 return -1;
+            add0 = 0;
             break;
         case SF_L_AVGPOOL2D:
             if (dx && sf_cuda_avgpool2d_bwd_dt(dt, o->dy, n, L->in_c, L->in_h, L->in_w, L->k, L->stride, L->pad,

@@ -404,7 +404,8 @@ __global__ void k_avgpool_fwd_nchw(const T *__restrict__ x, size_t planes, int h
         y[wid] = cu_to<T>(s / (float)hw);
 }
 
-template <typename T>
+/* dx = dy / hw broadcast over the plane; ADD: dx += that, in the same pass. */
+template <typename T, bool ADD>
 __global__ void k_avgpool_bwd(const T *__restrict__ dy, size_t total, int C, int hw, int nhwc, T *__restrict__ dx)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -415,13 +416,14 @@ __global__ void k_avgpool_bwd(const T *__restrict__ dy, size_t total, int C, int
         o = (i / ((size_t)hw * C)) * C + i % C;
     else
         o = i / hw;
-    dx[i] = cu_to<T>(cu_f(dy[o]) / (float)hw);
+    const float g = cu_f(dy[o]) / (float)hw;
+    dx[i] = cu_to<T>(ADD ? cu_f(dx[i]) + g : g);
 }
 
 /* k_avgpool_bwd over 16-byte vectors (dy, dx aligned; NHWC c % V == 0,
  * NCHW hw % V == 0): a vector's values come from V consecutive channels of
  * one sample, or from one plane's single value. */
-template <typename T, int V>
+template <typename T, int V, bool ADD>
 __global__ void k_avgpool_bwd_vec(const T *__restrict__ dy, size_t nvec, int C, size_t hw, int nhwc,
                                   T *__restrict__ dx)
 {
@@ -439,6 +441,13 @@ __global__ void k_avgpool_bwd_vec(const T *__restrict__ dy, size_t nvec, int C, 
 #pragma unroll
         for (int j = 0; j < V; j++)
             v[j] = v[j] / (float)hw;
+        if constexpr (ADD) {
+            float d[V];
+            cu_ld<T, V>(dx + i * V, d);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                v[j] = d[j] + v[j];
+        }
         cu_st<T, V>(dx + i * V, v);
     }
 }
@@ -760,8 +769,10 @@ static int avgpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
     return 0;
 }
 
+/* add: dx += the gradient (a tensor another reader's backward wrote), one pass
+ * where writing it apart and adding took three. */
 template <typename T>
-static int avgpool_bwd_t(const char *fn, const T *dy, int n, int c, int h, int w, sf_layout lay, T *dx,
+static int avgpool_bwd_t(const char *fn, const T *dy, int n, int c, int h, int w, sf_layout lay, int add, T *dx,
                          cudaStream_t s)
 {
     if (n < 1 || c < 1 || h < 1 || w < 1) {
@@ -771,10 +782,15 @@ static int avgpool_bwd_t(const char *fn, const T *dy, int n, int c, int h, int w
     const size_t total = (size_t)n * c * h * w, hw = (size_t)h * w;
     constexpr int V = 16 / sizeof(T);
     const int nhwc = lay == SF_LAYOUT_NHWC;
-    if ((nhwc ? c % V == 0 : hw % V == 0) && cu_al16(dy) && cu_al16(dx))
-        k_avgpool_bwd_vec<T, V><<<cu_ew_blocks(total / V), CU_TPB, 0, s>>>(dy, total / V, c, hw, nhwc, dx);
+    const bool vec = (nhwc ? c % V == 0 : hw % V == 0) && cu_al16(dy) && cu_al16(dx);
+    if (vec && add)
+        k_avgpool_bwd_vec<T, V, true><<<cu_ew_blocks(total / V), CU_TPB, 0, s>>>(dy, total / V, c, hw, nhwc, dx);
+    else if (vec)
+        k_avgpool_bwd_vec<T, V, false><<<cu_ew_blocks(total / V), CU_TPB, 0, s>>>(dy, total / V, c, hw, nhwc, dx);
+    else if (add)
+        k_avgpool_bwd<T, true><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, total, c, h * w, nhwc, dx);
     else
-        k_avgpool_bwd<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, total, c, h * w, nhwc, dx);
+        k_avgpool_bwd<T, false><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, total, c, h * w, nhwc, dx);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -788,7 +804,7 @@ extern "C" int sf_cuda_avgpool_fwd(const float *x, int n, int c, int h, int w, s
 extern "C" int sf_cuda_avgpool_bwd(const float *dy, int n, int c, int h, int w, sf_layout lay, float *dx,
                                    cudaStream_t s)
 {
-    return avgpool_bwd_t<float>("sf_cuda_avgpool_bwd", dy, n, c, h, w, lay, dx, s);
+    return avgpool_bwd_t<float>("sf_cuda_avgpool_bwd", dy, n, c, h, w, lay, 0, dx, s);
 }
 
 extern "C" int sf_cuda_avgpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int w, sf_layout lay,
@@ -802,15 +818,26 @@ extern "C" int sf_cuda_avgpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, 
     return avgpool_fwd_t<float>(fn, (const float *)x, n, c, h, w, lay, (float *)y, s);
 }
 
-extern "C" int sf_cuda_avgpool_bwd_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay,
-                                      void *dx, cudaStream_t s)
+static int avgpool_bwd_dt(const char *fn, sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay,
+                          int add, void *dx, cudaStream_t s)
 {
-    const char *fn = "sf_cuda_avgpool_bwd_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
     if (dt == SF_DT_BF16)
-        return avgpool_bwd_t<cu_bf16>(fn, (const cu_bf16 *)dy, n, c, h, w, lay, (cu_bf16 *)dx, s);
-    return avgpool_bwd_t<float>(fn, (const float *)dy, n, c, h, w, lay, (float *)dx, s);
+        return avgpool_bwd_t<cu_bf16>(fn, (const cu_bf16 *)dy, n, c, h, w, lay, add, (cu_bf16 *)dx, s);
+    return avgpool_bwd_t<float>(fn, (const float *)dy, n, c, h, w, lay, add, (float *)dx, s);
+}
+
+extern "C" int sf_cuda_avgpool_bwd_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay,
+                                      void *dx, cudaStream_t s)
+{
+    return avgpool_bwd_dt("sf_cuda_avgpool_bwd_dt", dt, dy, n, c, h, w, lay, 0, dx, s);
+}
+
+extern "C" int sf_cuda_avgpool_bwd_add_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay,
+                                          void *dx, cudaStream_t s)
+{
+    return avgpool_bwd_dt("sf_cuda_avgpool_bwd_add_dt", dt, dy, n, c, h, w, lay, 1, dx, s);
 }
 
 /* ---- AvgPool2d and AdaptiveAvgPool2d ---------------------------------------------- */

@@ -57,6 +57,10 @@ int sf_cuda_avgpool_fwd_dt(sf_dtype dt, const void *x, int n, int c, int h, int 
                            cudaStream_t s);
 int sf_cuda_avgpool_bwd_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay, void *dx,
                            cudaStream_t s);
+/* dx += the global average pooling's backward of dy, in one pass: the
+ * executor's form where another reader's backward has written dx already. */
+int sf_cuda_avgpool_bwd_add_dt(sf_dtype dt, const void *dy, int n, int c, int h, int w, sf_layout lay, void *dx,
+                               cudaStream_t s);
 
 /* ---- AvgPool2d ------------------------------------------------------------------- */
 /* Semantics: sf_ref_avgpool2d_* (gpu/ref/layers.h): output size as MaxPool2d's

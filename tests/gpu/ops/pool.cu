@@ -206,6 +206,35 @@ static void test_avgpool_dt(cudaStream_t s, const op_case &kc, sf_dtype dt, int 
         [&](void *dy, void *dx) { return sf_cuda_avgpool_bwd_dt(dt, dy, n, c, h, w, L, dx, s); });
 }
 
+/* The add form of the backward (the executor's, where another reader wrote
+ * the input's gradient first): dx starts as d0, as dt holds it, and must end
+ * as d0 + the reference backward, within tol_aux. */
+static void test_avgpool_bwd_add_dt(cudaStream_t s, const op_case &kc, sf_dtype dt, int n, int c, int h, int w,
+                                    sf_layout L)
+{
+    char nm[200];
+    snprintf(nm, sizeof nm, "avgpool_bwd_add %s n%d c%d %dx%d %s", dtname(dt), n, c, h, w, lname(L));
+    const size_t nx = (size_t)n * c * h * w, ny = (size_t)n * c;
+    std::vector<float> d0(nx), dy(ny);
+    rand_fill_dt(d0, dt, 1.f);
+    rand_fill_dt(dy, dt, 1.f);
+    std::vector<double> dyd = to_d(dy), dxr(nx);
+    sf_ref_avgpool_bwd_f64(dyd.data(), n, c, h, w, dxr.data());
+    for (size_t i = 0; i < nx; i++)
+        dxr[i] += d0[i];
+    dbuf bdy = dbuf_make(dt, ny, 0), bdx = dbuf_make(dt, nx, 0);
+    up_dt(bdy, to_lay(dy, L, n, c, 1, 1));
+    up_dt(bdx, to_lay(d0, L, n, c, h, w));
+    const int rc = sf_cuda_avgpool_bwd_add_dt(dt, bdy.p, n, c, h, w, L, bdx.p, s);
+    CU(cudaStreamSynchronize(s));
+    if (rc)
+        fail(nm, sf_cuda_last_error());
+    else
+        check_dt(nm, dt, from_lay(down_dt(bdx, nx), L, n, c, h, w), dxr, kc.tol_aux);
+    dbuf_free(bdy);
+    dbuf_free(bdx);
+}
+
 static void test_avgpool2d_dt(cudaStream_t s, const op_case &kc, sf_dtype dt, int n, int c, int h, int w, int k,
                               int st, int pad, int ceil_mode, int cip, sf_layout L)
 {
@@ -316,6 +345,7 @@ void cmp_maxpool_dt(const op_case &c, const op_env &e)
 void cmp_avgpool_dt(const op_case &c, const op_env &e)
 {
     test_avgpool_dt(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay);
+    test_avgpool_bwd_add_dt(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.lay);
 }
 /* shape {n, c, h, w}; p {k, stride, pad, ceil_mode, count_include_pad} */
 void cmp_avgpool2d_dt(const op_case &c, const op_env &e)

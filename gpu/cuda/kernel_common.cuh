@@ -185,6 +185,23 @@ template <int V> __device__ __forceinline__ void cu_sti(int32_t *p, const int *a
 }
 
 /* 8 elements at p as floats (16-byte aligned p): two float4 or one uint4. */
+/* The V values of an [n, c] tensor b that vector i (V elements) of an
+ * [n, c, hw] map broadcasts over H,W: V consecutive channels of its sample
+ * (NHWC, c % V == 0, b 16-byte aligned), or its plane's one value (NCHW,
+ * hw % V == 0). cv = c / V. */
+template <typename T, int V>
+__device__ __forceinline__ void cu_ld_bcast(const T *b, size_t i, int c, size_t cv, size_t hw, int nhwc, float *f)
+{
+    if (nhwc) {
+        cu_ld<T, V>(b + (i / (hw * cv)) * (size_t)c + (i % cv) * V, f);
+    } else {
+        const float s = cu_f(b[i * V / hw]);
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            f[v] = s;
+    }
+}
+
 template <typename T> __device__ __forceinline__ void cu_ld8(const T *p, float *f)
 {
     if constexpr (sizeof(T) == 4) {

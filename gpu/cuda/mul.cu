@@ -50,16 +50,10 @@ __global__ void k_mul_vec(const T *a, const T *__restrict__ b, T *y, size_t nvec
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
         float av[V], bv[V];
         cu_ld<T, V>(a + i * V, av);
-        if (!bcast) {
+        if (bcast)
+            cu_ld_bcast<T, V>(b, i, c, cv, hw, nhwc, bv);
+        else
             cu_ld<T, V>(b + i * V, bv);
-        } else if (nhwc) {
-            cu_ld<T, V>(b + (i / (hw * cv)) * (size_t)c + (i % cv) * V, bv);
-        } else {
-            const float s = cu_f(b[i * V / hw]);
-#pragma unroll
-            for (int v = 0; v < V; v++)
-                bv[v] = s;
-        }
 #pragma unroll
         for (int v = 0; v < V; v++)
             av[v] *= bv[v];

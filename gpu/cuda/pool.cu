@@ -430,14 +430,7 @@ __global__ void k_avgpool_bwd_vec(const T *__restrict__ dy, size_t nvec, int C, 
     const size_t step = (size_t)gridDim.x * blockDim.x, cv = (size_t)C / V;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
         float v[V];
-        if (nhwc) {
-            cu_ld<T, V>(dy + (i / (hw * cv)) * (size_t)C + (i % cv) * V, v);
-        } else {
-            const float d = cu_f(dy[i * V / hw]);
-#pragma unroll
-            for (int j = 0; j < V; j++)
-                v[j] = d;
-        }
+        cu_ld_bcast<T, V>(dy, i, C, cv, hw, nhwc, v);
 #pragma unroll
         for (int j = 0; j < V; j++)
             v[j] = v[j] / (float)hw;

@@ -2,6 +2,12 @@
 tiny model on localhost (each on port 0; ranks > 0 get rank 0's address as
 distributed.rendezvous), batches posted to different ranks.
 
+With STREAMFEED_PARITY_BACKEND=cuda (a GPU host) the tests named in ON_GPUS,
+the faults and the identical-ranks checks, run their ranks on the CUDA
+backend instead, rank r on GPU r, all-reducing over NCCL; a job of more
+ranks than the host has GPUs is skipped, and the other tests, whose bounds
+are the reference backend's, are skipped by name.
+
 The loss comparison: a round of 2 ranks x B samples and one rank with the
 same 2B samples in one batch apply the same gradient up to the order of the
 float32 sums (a rank scales its mean by B/2B before the SUM all-reduce; one
@@ -10,6 +16,7 @@ each other over the steps here (measured: 7e-7 over 8 steps); a step that paired
 divided by the wrong count, is off by far more (see the test).
 """
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -23,6 +30,37 @@ from safetensors.numpy import load as st_load
 from sfharness import (BIN, SAFETENSORS, SLOWDOWN, TINY, free_port, jpeg_body, learnable_batch, learnable_jpeg_batch, st_body,
                        wait_until)
 
+BACKEND = os.environ.get("STREAMFEED_PARITY_BACKEND", "ref")
+ON_GPUS = {
+    "test_ranks_fed_different_batches_keep_bit_identical_parameters",
+    "test_a_rank_killed_mid_run_makes_the_others_unready_with_a_reason_and_refuse_batches",
+    "test_ranks_that_update_differently_are_reported_as_diverged",
+    "test_a_job_stopped_by_stopping_all_its_ranks_trains_every_batch_it_accepted",
+    "test_a_rank_killed_inside_a_round_leaves_no_accepted_batch_pending_and_no_survivor_hung",
+    "test_a_rank_stopped_for_twice_the_wait_and_resumed_rejoins_and_the_ranks_stay_identical",
+    "test_rank_0_lost_while_it_writes_checkpoints_then_the_restarted_job_resumes_identical",
+}
+
+
+@pytest.fixture(autouse=True)
+def _ranks_backend(request):
+    if BACKEND != "ref" and request.node.originalname not in ON_GPUS:
+        pytest.skip(f"a reference-backend test: STREAMFEED_PARITY_BACKEND={BACKEND} runs the ON_GPUS tests only")
+
+
+def need_gpus(world):
+    """Skips a job of more ranks than the host has GPUs (on the CUDA backend)."""
+    if BACKEND != "ref" and world > gpu_count():
+        pytest.skip(f"{world} ranks need {world} GPUs, this host has {gpu_count()}")
+
+
+def gpu_count():
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in r.stdout.splitlines() if line.startswith("GPU ")) if r.returncode == 0 else 0
+
 B = 16
 STEPS = 8
 LOSS_TOL = 1e-5
@@ -32,7 +70,8 @@ WAIT_MS = 2000
 
 
 def dist_flags(world, rank, rendezvous=None, *extra):
-    f = TINY + ["--model.max_batch", str(2 * B), "--optim.lr", "0.05", "--optim.momentum", "0.9",
+    base = TINY if BACKEND == "ref" else [*TINY, "--pipeline.backend", BACKEND, "--pipeline.device", str(rank)]
+    f = base + ["--model.max_batch", str(2 * B), "--optim.lr", "0.05", "--optim.momentum", "0.9",
                 "--distributed.world_size", str(world), "--distributed.rank", str(rank),
                 "--distributed.host", "127.0.0.1", "--distributed.join_timeout_s", "20",
                 "--distributed.verify_every", "1", "--distributed.allow_no_token", "true"]
@@ -44,6 +83,7 @@ def dist_flags(world, rank, rendezvous=None, *extra):
 def start_job(start_server, world, *extra, rank_extra=None):
     """world ranks; rank_extra[r]: flags of rank r only. Waits for /readyz on all."""
     rank_extra = rank_extra or {}
+    need_gpus(world)
     r0 = start_server(dist_flags(world, 0, None, *extra, *rank_extra.get(0, [])))
     ranks = [r0] + [start_server(dist_flags(world, r, f"127.0.0.1:{r0.port}", *extra, *rank_extra.get(r, [])))
                     for r in range(1, world)]

@@ -171,7 +171,7 @@ $(BUILD)/nocuda.stamp: .FORCE
 	@mkdir -p $(@D); echo '$(CUDA_WHY)' | cmp -s - $@ || echo '$(CUDA_WHY)' > $@
 .FORCE:
 
-.PHONY: gpu-sanitize package-test test-builds test-builds-main test-builds-side sanitize-bins sanitize-unit sanitize-integration bench-jpeg bench-ingest bench-multi-gpu client-test bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
+.PHONY: gpu-sanitize package-test test-builds test-builds-main test-builds-side sanitize-bins sanitize-unit sanitize-integration bench-jpeg bench-ingest bench-multi-gpu client-test client-typecheck client-suite bench-bins ops-test deploy-render docker-image sanitize-test docs all test unit integration fuzz fuzz-long fuzz-smoke soak demo run gpu-test bench clean deps venv check-tools print-found
 all: print-found $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(UNIT_BIN)
 
 print-found:
@@ -262,16 +262,23 @@ $(BUILD)/tests/gpu/test_ops: tests/gpu/test_ops.cu $(OP_CASE_OBJ) tests/gpu/gpu_
 # tests and, where nvcc is found, the GPU test binaries: minutes of nvcc)
 # compile in the background at a low priority (nice 10) on a jobserver of their
 # own, while the builds and suites that need none of them run in front: the
-# sanitizer build and run, the client package, ops and fuzz-smoke suites
-# wait on servers, fuzzers and the network for much of their time, and the
-# compiler takes the cores they leave idle without slowing them. Then the
-# suites that need the main build run. Suites run one after another, so
-# that their timings and output stay apart.
+# sanitizer build and run, the ops and fuzz-smoke suites wait on servers
+# and fuzzers for much of their time, and the compiler takes the cores they
+# leave idle without slowing them. Then the suites that need the main build
+# run. Suites in front run one after another, so that their timings and
+# output stay apart.
 # The test virtualenv is made in the background too, at normal priority: pip
 # spends most of its minutes downloading (torch alone is gigabytes where
 # only PyPI answers), so it holds no job slot that the sanitizer build and
 # the fuzz targets could use, and the sanitizer's unit tests, which need no
 # virtualenv, run meanwhile. The suites that need it start when it is there.
+# Then the client package test and the client's type check (BESIDE_SUITES),
+# which need the virtualenv alone, run in the background beside the
+# sanitizer's suite, at the lowest priority (nice 19): the package test
+# spends most of its minute installing from PyPI, and both would otherwise
+# hold a core each on their own at the end (mypy is one process), so they
+# take what CPU the suites in front, the fuzzers (nice 10) and the main
+# build leave.
 # Each background job's output is printed when it ends, and its failure fails
 # make test as soon as the suite then running has ended. Each runs in a
 # session of its own (setsid), so that a failing suite, Ctrl-C or SIGTERM
@@ -285,12 +292,15 @@ $(BUILD)/tests/gpu/test_ops: tests/gpu/test_ops.cu $(OP_CASE_OBJ) tests/gpu/gpu_
 # again.
 MAIN_BUILD_LOG := $(BUILD)/main-build.log
 VENV_LOG := $(BUILD)/venv.log
-FRONT_SUITES := sanitize-integration package-test ops-test fuzz-smoke
-MAIN_SUITES := unit integration client-test gpu-test
+BESIDE_LOG := $(BUILD)/beside-suites.log
+BESIDE_SUITES := package-test client-typecheck
+FRONT_SUITES := sanitize-integration ops-test fuzz-smoke
+MAIN_SUITES := unit integration client-suite gpu-test
 test: $(FLAVOUR_STAMP)
 	@echo "make test: builds everything (CUDA code too where nvcc is found) and makes the test virtualenv;"
-	@echo "  runs the sanitizer, client package, ops and fuzz-smoke suites while the main build (the CUDA code)"
-	@echo "  compiles in the background, then the unit, integration, client and GPU suites, each in turn;"
+	@echo "  runs the sanitizer, ops and fuzz-smoke suites (the client package test and type check beside them)"
+	@echo "  while the main build (the CUDA code) compiles in the background, then the unit, integration,"
+	@echo "  client and GPU suites, each in turn;"
 	@echo "  about 30 minutes on two cores the first time (compiling the CUDA code and the sanitizer run take the most)."
 	@set -e; \
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid nice -n 10 $(MAKE) --no-print-directory -j$(NPROC) test-builds-main \
@@ -298,8 +308,10 @@ test: $(FLAVOUR_STAMP)
 	main_running=1; \
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid $(MAKE) --no-print-directory -j1 $(VENV)/.stamp >$(VENV_LOG) 2>&1 & venv=$$!; \
 	venv_running=1; \
+	beside_running=0; \
 	stop_background() { \
 	  [ $$main_running = 0 ] || kill -TERM -- -$$main 2>/dev/null || true; \
+	  [ $$beside_running = 0 ] || kill -TERM -- -$$beside 2>/dev/null || true; \
 	  [ $$venv_running = 0 ] || kill -TERM -- -$$venv 2>/dev/null || true; \
 	}; \
 	trap stop_background EXIT; \
@@ -317,11 +329,21 @@ test: $(FLAVOUR_STAMP)
 	$(MAKE) --no-print-directory sanitize-bins $(FUZZ_BINS); \
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 sanitize-unit; \
 	if [ $$venv_running = 1 ] && kill -0 $$venv 2>/dev/null; then echo "make test: waiting for the test virtualenv"; fi; \
+	beside_suites_ended() { \
+	  beside_running=0; \
+	  if wait $$beside; then cat $(BESIDE_LOG); echo "make test: the client package test and the client type check passed"; \
+	  else cat $(BESIDE_LOG); echo "make test: the client package test or the client type check failed ($(BESIDE_LOG))"; exit 1; fi; \
+	}; \
 	venv_ended; \
+	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid nice -n 19 $(MAKE) --no-print-directory -j1 $(BESIDE_SUITES) \
+	  >$(BESIDE_LOG) 2>&1 & beside=$$!; \
+	beside_running=1; \
 	for suite in $(FRONT_SUITES); do \
 	  if [ $$main_running = 1 ] && ! kill -0 $$main 2>/dev/null; then main_build_ended; fi; \
+	  if [ $$beside_running = 1 ] && ! kill -0 $$beside 2>/dev/null; then beside_suites_ended; fi; \
 	  MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 $$suite; \
 	done; \
+	if [ $$beside_running = 1 ]; then echo "make test: waiting for the client package test and type check"; beside_suites_ended; fi; \
 	if [ $$main_running = 1 ]; then echo "make test: waiting for the main build"; main_build_ended; fi; \
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 $(MAIN_SUITES)
 	@echo "make test: all suites passed"
@@ -362,11 +384,16 @@ integration: $(BUILD)/streamfeed $(BUILD)/streamfeed-load $(VENV)/.stamp
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) STREAMFEED_LOAD=$(abspath $(BUILD)/streamfeed-load) \
 	  $(VENV)/bin/python -m pytest -q -rs $(PYTEST_PAR) tests/integration
 
-# The Python client against the real binary (mypy --strict over the package
-# first); the API contract (schemathesis) and a real Prometheus scraping the service.
-# The package ships py.typed, so its typing is checked as strictly as users' mypy will.
-client-test: $(BUILD)/streamfeed $(VENV)/.stamp
+# The Python client: mypy --strict over the package (client-typecheck), then
+# its tests against the real binary, the API contract (schemathesis) and a
+# real Prometheus scraping the service (client-suite). The package ships
+# py.typed, so its typing is checked as strictly as users' mypy will. The
+# type check needs no build: make test runs it beside the sanitizer's suite.
+client-test: client-typecheck
+	@MAKEFLAGS="$(SERIAL_MAKEFLAGS)" $(MAKE) --no-print-directory -j1 client-suite
+client-typecheck: $(VENV)/.stamp
 	cd client/python && $(abspath $(VENV))/bin/python -m mypy --strict --no-incremental streamfeed
+client-suite: $(BUILD)/streamfeed $(VENV)/.stamp
 	STREAMFEED_BIN=$(abspath $(BUILD)/streamfeed) $(VENV)/bin/python -m pytest -q -rs -p no:cacheprovider $(PYTEST_PAR) \
 	  tests/client tests/contract
 

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from sfharness import learnable_batch, st_body, wait_until
+from sfharness import SLOWDOWN, learnable_batch, st_body, wait_until
 
 SAFETENSORS = {"Content-Type": "application/vnd.safetensors"}
 AUG = '[{"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.5],"std":[0.25]}]'
@@ -174,11 +174,13 @@ def test_returned_logits_have_the_batch_shape_and_match_the_reply_of_a_second_ev
 
 
 def timed_out_logits_eval(s, rng, x, y):
-    """Queues about a second of training, then posts an eval batch with
+    """Queues about a second of training (12 batches of 256 samples in the
+    release build, a SLOWDOWN-th of them under AddressSanitizer, whose
+    server takes that much longer over each), then posts an eval batch with
     return=logits and a 1 ms wait, which runs out while the batch waits its
     turn: the reply is the 202 of a batch still queued."""
     body = st_body(*learnable_batch(rng, 256))
-    for _ in range(12):
+    for _ in range(12 // SLOWDOWN):
         assert s.post_batch(body).status_code == 202
     assert s.patch_config({"pipeline": {"wait_timeout_ms": 1}}).status_code == 200
     r = post(s, x, y, "&mode=eval&return=logits")

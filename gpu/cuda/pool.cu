@@ -107,6 +107,102 @@ __global__ void k_maxpool_bwd(const T *__restrict__ dy, const int32_t *__restric
     dx[i] = cu_to<T>(s);
 }
 
+/* Any window, NHWC, V channels a thread (V = 16/sizeof(T); C % V == 0 and
+ * x, y, argmax, dy, dx 16-byte aligned): the loops of k_maxpool_fwd and
+ * k_maxpool_bwd on whole 16-byte vectors, so the same comparisons and the
+ * same sums in the same order, the same bits. The scalar kernels read 2 or 4
+ * bytes a thread with an index division per element; these read a channel
+ * vector per load (SqueezeNet's k3 s2 ceil_mode windows, VGG's k2 s2). */
+template <typename T, int V, int KT, int ST>
+__global__ void __launch_bounds__(CU_TPB)
+    k_maxpool_fwd_vec(const T *__restrict__ x, int C, int H, int W, int k_arg, int s_arg, int pad, int OH, int OW,
+                      unsigned total, T *__restrict__ y, int32_t *__restrict__ am)
+{
+    const int k = KT ? KT : k_arg, stride = ST ? ST : s_arg;
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    const unsigned Cv = (unsigned)C / V;
+    const unsigned cv = i % Cv;
+    unsigned r = i / Cv;
+    const int ox = (int)(r % (unsigned)OW);
+    r /= (unsigned)OW;
+    const int oy = (int)(r % (unsigned)OH);
+    const unsigned ni = r / (unsigned)OH;
+    const T *xb = x + (size_t)ni * H * W * C + cv * V;
+    const int ys = oy * stride - pad, xs = ox * stride - pad;
+    const int y0 = ys > 0 ? ys : 0, x0 = xs > 0 ? xs : 0;
+    const int y1 = ys + k < H ? ys + k : H, x1 = xs + k < W ? xs + k : W;
+    float m[V];
+    int arg[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        m[j] = -INFINITY;
+        arg[j] = y0 * W + x0;
+    }
+    for (int iy = y0; iy < y1; iy++)
+        for (int ix = x0; ix < x1; ix++) {
+            const int idx = iy * W + ix;
+            float v[V];
+            cu_ld<T, V>(xb + (size_t)idx * C, v);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                if (v[j] > m[j] || isnan(v[j])) {
+                    m[j] = v[j];
+                    arg[j] = idx;
+                }
+        }
+    cu_st<T, V>(y + (size_t)i * V, m);
+    cu_sti<V>(am + (size_t)i * V, arg);
+}
+
+template <typename T, int V, int KT, int ST>
+__global__ void __launch_bounds__(CU_TPB)
+    k_maxpool_bwd_vec(const T *__restrict__ dy, const int32_t *__restrict__ am, int C, int H, int W, int k_arg,
+                      int s_arg, int pad, int OH, int OW, unsigned total, T *__restrict__ dx)
+{
+    const int k = KT ? KT : k_arg, stride = ST ? ST : s_arg;
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total)
+        return;
+    const unsigned Cv = (unsigned)C / V;
+    const unsigned cv = i % Cv;
+    unsigned r = i / Cv;
+    const int ix = (int)(r % (unsigned)W);
+    r /= (unsigned)W;
+    const int iy = (int)(r % (unsigned)H);
+    const unsigned ni = r / (unsigned)H;
+    /* the window bounds of k_maxpool_bwd */
+    const int ty = iy + pad - k + 1, tx = ix + pad - k + 1;
+    const unsigned us = (unsigned)stride;
+    const int oy0 = ty > 0 ? (int)(((unsigned)ty + us - 1) / us) : 0;
+    const int ox0 = tx > 0 ? (int)(((unsigned)tx + us - 1) / us) : 0;
+    int oy1 = (int)((unsigned)(iy + pad) / us), ox1 = (int)((unsigned)(ix + pad) / us);
+    if (oy1 > OH - 1)
+        oy1 = OH - 1;
+    if (ox1 > OW - 1)
+        ox1 = OW - 1;
+    const int me = iy * W + ix;
+    const size_t ob = (size_t)ni * OH * OW * C + cv * V;
+    float s[V];
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        s[j] = 0.f;
+    for (int oy = oy0; oy <= oy1; oy++)
+        for (int ox = ox0; ox <= ox1; ox++) {
+            const size_t o = ob + ((size_t)oy * OW + ox) * C;
+            int a[V];
+            float d[V];
+            cu_ldi<V>(am + o, a);
+            cu_ld<T, V>(dy + o, d);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                if (a[j] == me)
+                    s[j] += d[j];
+        }
+    cu_st<T, V>(dx + (size_t)i * V, s);
+}
+
 /* ---- maxpool k3 s2 p1 (ResNet's stem), the same results ---------------------- *
  * Output (oy, ox) covers inputs 2oy-1 .. 2oy+1 (rows and columns alike), so
  * input 2m lies in window m only and input 2m+1 in windows m and m+1; and
@@ -608,7 +704,8 @@ static int pool_check(const char *fn, int n, int c, int h, int w, int k, int str
 }
 
 /* k3 s2 p1 takes the stem kernels (oh = ceil(h/2): one quad of inputs per
- * output in the backward); other windows the generic ones. */
+ * output in the backward); other windows the generic ones, on channel vectors
+ * where the NHWC map allows. */
 template <typename T>
 static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w, int k, int stride, int pad,
                          int ceil_mode, sf_layout lay, T *y, int32_t *argmax, const sf_pool_pre_bn *pre,
@@ -650,6 +747,17 @@ static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
             const unsigned total = (unsigned)((size_t)n * c * oh * ow);
             k_mp3_fwd_nchw<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, h, w, oh, ow, total, y, argmax);
         }
+    } else if (nhwc && c % VEC == 0 && cu_al16(x) && cu_al16(y) && cu_al16(argmax)) {
+        const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
+        if (k == 3 && stride == 2)
+            k_maxpool_fwd_vec<T, VEC, 3, 2><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, k, stride, pad, oh,
+                                                                                     ow, total, y, argmax);
+        else if (k == 2 && stride == 2)
+            k_maxpool_fwd_vec<T, VEC, 2, 2><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, k, stride, pad, oh,
+                                                                                     ow, total, y, argmax);
+        else
+            k_maxpool_fwd_vec<T, VEC, 0, 0><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, k, stride, pad, oh,
+                                                                                     ow, total, y, argmax);
     } else {
         const size_t total = (size_t)n * c * oh * ow;
         if (k == 3 && stride == 2)
@@ -687,6 +795,17 @@ static int maxpool_bwd_t(const char *fn, const T *dy, const int32_t *argmax, int
             else
                 k_mp3_bwd_nchw<T, 0><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, h, w, oh, ow, total, dx);
         }
+    } else if (nhwc && c % VEC == 0 && cu_al16(dy) && cu_al16(argmax) && cu_al16(dx)) {
+        const unsigned total = (unsigned)((size_t)n * h * w * (c / VEC));
+        if (k == 3 && stride == 2)
+            k_maxpool_bwd_vec<T, VEC, 3, 2><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, k, stride,
+                                                                                     pad, oh, ow, total, dx);
+        else if (k == 2 && stride == 2)
+            k_maxpool_bwd_vec<T, VEC, 2, 2><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, k, stride,
+                                                                                     pad, oh, ow, total, dx);
+        else
+            k_maxpool_bwd_vec<T, VEC, 0, 0><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, k, stride,
+                                                                                     pad, oh, ow, total, dx);
     } else {
         const size_t total = (size_t)n * c * h * w;
         if (k == 3 && stride == 2)

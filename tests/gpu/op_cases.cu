@@ -171,7 +171,8 @@ std::vector<op_case> op_cases()
     t.push_back(row("dropout", "null_seq", cmp_dropout_null_seq, SF_DT_F32, {}, {}, 0));
 
     /* pool: ResNet-18's stem and head, odd sizes (C % 8 != 0, odd h),
-     * misaligned tensors, k3 s2 without padding, many rows per sample with
+     * misaligned tensors, k3 s2 without padding, other windows on channel
+     * vectors, many rows per sample with
      * a partial channel tile; ceil_mode with a last window that starts
      * inside the input and runs past it; avgpool2d with and without the
      * padding counted (DenseNet's transition); adaptive bins that overlap
@@ -196,6 +197,11 @@ std::vector<op_case> op_cases()
                 {2, 64, 112, 112, 3, 2, 1, 0, 0}, {3, 5, 13, 11, 3, 2, 1, 0, 0}, {2, 16, 9, 10, 3, 2, 1, 0, 0},
                 {2, 16, 12, 12, 3, 2, 1, 1, 0},   {2, 8, 11, 11, 3, 2, 0, 0, 0}, {2, 3, 9, 9, 2, 2, 0, 0, 0},
                 {1, 4, 7, 8, 3, 1, 1, 0, 0},      {2, 8, 10, 10, 5, 3, 2, 0, 0},
+                /* NHWC channel vectors on the generic windows: SqueezeNet's k3 s2
+                 * ceil_mode (a last window past the input), VGG's k2 s2, a
+                 * stride-1 window, and a misaligned map (the scalar kernels) */
+                {2, 64, 28, 28, 3, 2, 0, 0, 1},  {2, 64, 28, 28, 2, 2, 0, 0, 0}, {2, 16, 9, 9, 3, 1, 1, 0, 0},
+                {2, 16, 12, 12, 2, 2, 0, 1, 0},
             };
             for (const auto &m : mp)
                 t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {m[0], m[1], m[2], m[3]},

@@ -339,6 +339,23 @@ extern "C" void sf_conv_plan_destroy(sf_conv_plan *p)
     memset(p, 0, sizeof *p);
 }
 
+/* A timed candidate of sf_conv_plan_build: its plan and config (owned). */
+struct cand {
+    cudnnBackendDescriptor_t plan, cfg;
+    float ms;
+    int64_t ws, engine;
+    int tc;
+};
+
+static void cand_drop(cand *c)
+{
+    if (c->plan)
+        cudnnBackendDestroyDescriptor(c->plan);
+    if (c->cfg)
+        cudnnBackendDestroyDescriptor(c->cfg);
+    *c = cand{};
+}
+
 extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, size_t ws_limit,
                                   int max_candidates, const sf_conv_ptrs *tune, sf_conv_plan *out)
 {
@@ -385,11 +402,13 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         return -1;
     }
 
-    cudnnBackendDescriptor_t best = NULL, best_cfg = NULL;
-    float best_ms = 0.f;
+    /* two winners: the fastest within the preferred workspace (slot 0) and
+     * the fastest needing more (slot 1); see sf_conv_desc.ws_prefer */
+    const size_t prefer = d->ws_prefer && d->ws_prefer < ws_limit ? d->ws_prefer : ws_limit;
+    cand win[2] = {};
     int tried = 0;
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    for (int mi = 0; mi < 2 && !best; mi++) {
+    for (int mi = 0; mi < 2 && !win[0].plan && !win[1].plan; mi++) {
         cudnnBackendDescriptor_t *cfgs = NULL;
         int64_t ncfg = 0;
         if (heuristics(graph, modes[mi], &cfgs, &ncfg)) {
@@ -415,29 +434,31 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
                     use = ms >= 0.f;
                 }
             }
-            if (use && (!best || ms < best_ms)) {
-                if (best)
-                    cudnnBackendDestroyDescriptor(best);
-                if (best_cfg)
-                    cudnnBackendDestroyDescriptor(best_cfg);
-                best = plan;
-                best_cfg = cfgs[i];
+            cand *w = &win[(size_t)wsb > prefer];
+            if (use && (!w->plan || ms < w->ms)) {
+                cand_drop(w);
+                *w = cand{plan, cfgs[i], ms, wsb, eidx, tc};
                 cfgs[i] = NULL;
-                best_ms = ms;
-                out->ws_bytes = wsb;
-                out->engine = eidx;
-                out->tensor_core = tc;
-                out->ms = vp ? ms : -1.f;
             } else if (plan) {
                 cudnnBackendDestroyDescriptor(plan);
             }
-            if (!vp && best)
-                break; /* untimed: the heuristics' first usable config */
+            if (!vp && win[0].plan)
+                break; /* untimed: the heuristics' first usable config within ws_prefer */
         }
         for (int64_t i = 0; i < ncfg; i++)
             if (cfgs[i])
                 cudnnBackendDestroyDescriptor(cfgs[i]);
         free(cfgs);
+    }
+    const int wide = win[1].plan && (!win[0].plan || (vp && win[1].ms * SF_CONV_WIDE_GAIN <= win[0].ms));
+    cand_drop(&win[!wide]);
+    const cand c = win[wide];
+    cudnnBackendDescriptor_t best = c.plan, best_cfg = c.cfg;
+    if (best) {
+        out->ws_bytes = c.ws;
+        out->engine = c.engine;
+        out->tensor_core = c.tc;
+        out->ms = vp ? c.ms : -1.f;
     }
     if (vp)
         sf_conv_vpack_destroy(vp);

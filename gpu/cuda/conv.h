@@ -56,10 +56,21 @@ typedef struct sf_conv_desc {
     int allow_rtc;           /* consider engines that compile at run time (off by default:
                                 one picked a fused bf16 engine that gave wrong results for
                                 a 2-byte-aligned x; the engine filter does not catch it) */
+    size_t ws_prefer;        /* 0: every engine within the workspace limit competes on
+                                time alone. Else an engine that needs more than ws_prefer
+                                bytes of workspace is chosen only when it times at least
+                                SF_CONV_WIDE_GAIN times faster than the fastest within
+                                ws_prefer (or none fits there): a plan's workspace is
+                                device memory the model cannot use, so a wide one must pay
+                                for itself (VGG's 64->128 3x3 at 112x112, batch 256: the
+                                only deterministic engine within 1 GiB ran its backward-
+                                data in 209 ms) */
     const struct sf_cublas_ctx *blas; /* the cuBLAS handle (linear.h) GEMM plans run on, lent
                                          by the caller for as long as they exist; NULL: no
                                          GEMM plan (the build fails where it needs one) */
 } sf_conv_desc;
+
+#define SF_CONV_WIDE_GAIN 1.25f
 
 /* "bf16", "tf32" or "fp32": the data type and math of a convolution, for
  * descriptions and messages. For a desc pass (d->dt, d->tf32) (what it allows);
@@ -123,7 +134,8 @@ static inline int sf_conv_plan_built(const sf_conv_plan *p) { return p->plan != 
  * Of the remaining configs the first max_candidates that finalise with a
  * workspace <= ws_limit are kept; when tune is non-NULL each is timed on those
  * buffers (on the handle's stream, synchronously) and the fastest wins, else
- * the first does. When no config is left (or cuDNN rejects the graph) and the
+ * the first does; with d->ws_prefer, among those within ws_prefer unless a
+ * wider one wins by SF_CONV_WIDE_GAIN (timed) or none is within it. When no config is left (or cuDNN rejects the graph) and the
  * convolution is pointwise and unfused, the plan is the GEMM one
  * (conv_gemm.h; a fused one is refused, and the caller runs the plain plan
  * plus its own epilogue). Build time only. -1 (error set, naming the shape,

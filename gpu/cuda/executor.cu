@@ -73,6 +73,7 @@
 
 #define WS_TUNE_MIN ((size_t)256 << 20) /* candidates' workspace while choosing engines: */
 #define WS_TUNE_MAX ((size_t)1 << 30)   /* bounds (g_finish_create) */
+#define WS_WIDE_MAX ((size_t)4 << 30)   /* the most a plan that wins by SF_CONV_WIDE_GAIN may use */
 #define WS_MIN_BYTES ((size_t)32 << 20)   /* slack for plans of other batch sizes */
 #define WS_SMALL_BYTES ((size_t)1 << 20)  /* the side and frozen workspaces' floor */
 
@@ -1067,7 +1068,12 @@ static int g_finish_create(sf_cuda_net *net)
      * and WS_TUNE_MAX and at most 1/16 of free memory: ResNet-18's stem at
      * batch 1024, run as it is (executor switch no_s2d), runs best on an
      * engine that wants about 820 MB (with 512 MiB it ran at 571 samples/s
-     * instead of 21k); W1's engines want at most 201 MB. */
+     * instead of 21k); W1's engines want at most 201 MB. That bound is the
+     * plans' preferred workspace (sf_conv_desc.ws_prefer); a plan may use up
+     * to twice the largest conv input or output, at most WS_WIDE_MAX and 1/16
+     * of free memory, when it times SF_CONV_WIDE_GAIN faster than every plan
+     * within it: VGG-11's 64->128 3x3 at 112x112, batch 256, has tensor-core
+     * engines only above 1 GiB. */
     size_t in_max = 0, out_max = 0;
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
@@ -1092,18 +1098,27 @@ static int g_finish_create(sf_cuda_net *net)
         tune_bytes = WS_TUNE_MIN;
     if (tune_bytes > WS_TUNE_MAX)
         tune_bytes = WS_TUNE_MAX;
-    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess && tune_bytes > fr / 16 && fr / 16 >= WS_TUNE_MIN)
+    const int have_free = cudaMemGetInfo(&fr, &tot) == cudaSuccess && fr / 16 >= WS_TUNE_MIN;
+    if (have_free && tune_bytes > fr / 16)
         tune_bytes = fr / 16;
+    size_t wide_bytes = 2 * (in_max > out_max ? in_max : out_max);
+    if (wide_bytes > WS_WIDE_MAX)
+        wide_bytes = WS_WIDE_MAX;
+    if (have_free && wide_bytes > fr / 16)
+        wide_bytes = fr / 16;
+    if (wide_bytes < tune_bytes)
+        wide_bytes = tune_bytes;
     char *tmp = NULL;
-    if (cudaMalloc((void **)&tmp, in_max + out_max + tune_bytes) != cudaSuccess) {
+    if (cudaMalloc((void **)&tmp, in_max + out_max + wide_bytes) != cudaSuccess) {
         cudaGetLastError();
-        tune_bytes = WS_TUNE_MIN;
-        SF_CUDA_CHECK(cudaMalloc((void **)&tmp, in_max + out_max + tune_bytes));
+        tune_bytes = wide_bytes = WS_TUNE_MIN;
+        SF_CUDA_CHECK(cudaMalloc((void **)&tmp, in_max + out_max + wide_bytes));
     }
+    g->ws_prefer = tune_bytes;
     gshape *S = NULL;
     const timing_ptrs tp = {tmp, tmp + in_max};
     void *const tws[3] = {tmp + in_max + out_max, tmp + in_max + out_max, tmp + in_max + out_max};
-    const size_t tlim[3] = {tune_bytes, tune_bytes, tune_bytes};
+    const size_t tlim[3] = {wide_bytes, wide_bytes, wide_bytes};
     int rc = g_scratch_check(net, net->cfg.max_batch) ? -1 : g_build_shape(net, net->cfg.max_batch, tws, tlim, &tp, &S);
     cudaFree(tmp);
     if (rc)

@@ -184,6 +184,8 @@ struct gen_net {
     void *bnd[SF_NET_MAX_BUF]; /* frozen boundary per buffer: the frozen forward of buffer b
                                   (transform stream) writes it, the step of b reads it */
     size_t bnd_elems;    /* per sample */
+    size_t ws_prefer;    /* the conv plans' preferred workspace bound (sf_conv_desc.ws_prefer;
+                            g_finish_create) */
     float *sq, *gacc, *bufs;
     unsigned *skips;     /* the steps skipped so far (sf_cuda_grad_state counts, AdamW reads;
                             zeroed by sf_net_reset_skips) */

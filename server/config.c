@@ -157,8 +157,8 @@ const sf_cfg_option sf_config_table[] = {
     {"pipeline.layout", SF_CT_ENUM, F(pipeline.layout), "auto", 0, 0, "auto|nchw|nhwc", 0, NULL,
      "Activation layout on the GPU (CUDA). auto: NHWC for tf32 and bf16, NCHW for fp32 and for "
      "tf32 models with transposed convolutions (the faster measured on an H100/H200); a model that "
-     "flattens a tensor with spatial extent runs NCHW whatever this says. GET /v1/model shows the "
-     "layout chosen."},
+     "flattens a tensor with spatial extent for anything but linear layers runs NCHW whatever this "
+     "says. GET /v1/model shows the layout chosen."},
     {"pipeline.cudnn_tune_configs", SF_CT_INT, F(pipeline.cudnn_tune_configs), "8", 1, 64, NULL, 0,
      NULL,
      "cuDNN engine configurations timed per convolution when its plan is built (CUDA); the "

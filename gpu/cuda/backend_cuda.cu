@@ -499,7 +499,7 @@ static int cu_build(sf_backend *be, const sf_model *m, const sf_train_cfg *cfg, 
         free_buffers(c);
         return -1;
     }
-    c->layout = sf_net_layout(c->net); /* a flatten of a spatial tensor forces NCHW */
+    c->layout = sf_net_layout(c->net); /* a spatial flatten read by other than linear layers forces NCHW */
     if (anchor_init(c)) {
         sf_errf(err, errlen, "cuda build: %s", sf_cuda_last_error());
         free_buffers(c);

@@ -102,8 +102,9 @@ typedef struct sf_net_io {
  * plain one). */
 typedef struct sf_net_cfg {
     sf_layout layout;    /* activations; NHWC keeps KRSC copies of k>1 conv weights. A model
-                            that flattens a tensor with spatial extent runs NCHW whatever
-                            this says (PyTorch's flatten order): sf_net_layout tells */
+                            that flattens a tensor with spatial extent for anything but
+                            linear layers runs NCHW whatever this says (PyTorch's flatten
+                            order): sf_net_layout tells */
     int tf32;            /* TF32 tensor cores in convolutions and GEMMs */
     int max_batch;
     int nbuf;            /* sf_net_io entries, <= SF_NET_MAX_BUF */

@@ -451,6 +451,26 @@ static void g_schedule_backward(sf_cuda_net *net)
     }
 }
 
+/* Layer i flattens a map with spatial extent. */
+static int g_spatial_flatten(const sf_model *m, int i)
+{
+    return i >= 0 && m->layers[i].kind == SF_L_FLATTEN && m->layers[i].in_h * m->layers[i].in_w > 1;
+}
+
+/* Every reader of layer i's output is a linear layer (and there is one). */
+static int g_read_by_linear_only(const sf_model *m, int i)
+{
+    int readers = 0;
+    for (int j = i + 1; j < m->n_layers; j++)
+        for (int k = 0; k < sf_layer_n_inputs(&m->layers[j]); k++)
+            if (g_src(m, j, k) == i) {
+                if (m->layers[j].kind != SF_L_LINEAR)
+                    return 0;
+                readers++;
+            }
+    return readers > 0;
+}
+
 /* Parameters, gradients and optimizer state; the trainable slice 16-byte
  * aligned; the device layout of the weights and their low-precision copies. */
 static int g_alloc_params(sf_cuda_net *net)
@@ -473,9 +493,16 @@ static int g_alloc_params(sf_cuda_net *net)
         return -1;
     if (dmallocf(net, &g->bufs, m->n_buffers ? m->n_buffers : 1))
         return -1;
-    /* the device layout: NHWC nets store k>1 conv weights permuted */
+    /* the device layout: NHWC nets store k>1 conv weights permuted, and a
+     * linear weight that reads a spatial flatten [out][c][h*w] as
+     * [out][h*w][c] (sf_exec_build_graph) */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
+        if (L->kind == SF_L_LINEAR && g->lay == SF_LAYOUT_NHWC && g_spatial_flatten(m, g_src(m, i, 0))) {
+            const sf_layer *F = &m->layers[g_src(m, i, 0)];
+            if (F->in_c > 1 && g_add_seg(&g->segs_perm, L->w_off, L->n_w, F->in_c, F->in_h * F->in_w))
+                return -1;
+        }
         if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
             continue;
         /* conv [oc][c/groups][k][k] -> [oc][k][k][c/groups]; convT [c][oc][k][k] -> [c][k][k][oc]
@@ -691,10 +718,13 @@ int sf_exec_build_graph(sf_cuda_net *net)
     g->dt = net->cfg.dt;
     g->es = sf_dtype_size(g->dt);
     g->lay = net->cfg.layout;
-    /* A flatten of a tensor with spatial extent flattens in NCHW order
-     * (PyTorch's): such a model runs NCHW. */
+    /* A flatten of a map with spatial extent flattens in NCHW order
+     * (PyTorch's). Where only linear layers read it (VGG's classifier, the
+     * tutorials' conv-flatten-linear nets), an NHWC net stores those layers'
+     * weights with their columns in (h, w, c) order, the NHWC map's flatten
+     * order (g_alloc_params); any other reader makes the model run NCHW. */
     for (int i = 0; i < g->nl; i++)
-        if (m->layers[i].kind == SF_L_FLATTEN && m->layers[i].in_h * m->layers[i].in_w > 1)
+        if (g_spatial_flatten(m, i) && !g_read_by_linear_only(m, i))
             g->lay = SF_LAYOUT_NCHW;
     net->cfg.layout = g->lay;
     if (g_check_layers(net))

@@ -658,7 +658,8 @@ int main(int argc, char **argv)
         g_tune_configs = 0;
     }
 
-    /* 3. tiny preset (NHWC flatten transpose) and a mixed chain */
+    /* 3. tiny preset (a spatial flatten read by a linear: NHWC stores its weight's
+     * columns in (h, w, c) order) and a mixed chain */
     {
         sf_model tiny, mixed;
         if (sf_model_from_preset("tiny", &tiny, err, sizeof err) || sf_model_from_json(MIXED, &mixed, err, sizeof err)) {

@@ -71,13 +71,17 @@ std::vector<op_case> op_cases()
     std::vector<op_case> t;
 
     /* activation: the odd 3x3x7x5 map of the layer tests, a length that
-     * leaves a vector tail one element off 16-byte alignment, and 2^16 in
-     * place; elementwise, so one run covers both layouts */
+     * leaves a vector tail one element off 16-byte alignment, 2^16 in place,
+     * and 9 000 003 elements: more vectors than CU_UNROLL passes of a full
+     * grid (132 SMs), so each activation's unrolled loop, its remainder loop
+     * and the vector tail all run; elementwise, so one run covers both
+     * layouts */
     for (const sf_dtype dt : k_dtypes) {
         for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {3 * 3 * 7 * 5}, {act, 0, 0}, 1e-5));
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {4099}, {act, 1, 0}, 1e-5));
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {1 << 16}, {act, 0, 1}, 1e-5));
+            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {9000003}, {act, 0, 0}, 1e-5));
         }
         t.push_back(row("activation", "nan", cmp_activation_nan, dt, {}, {}, 0));
     }

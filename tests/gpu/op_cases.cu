@@ -162,7 +162,11 @@ std::vector<op_case> op_cases()
 
     /* dropout and stochastic depth, bit for bit with the reference: the odd
      * sizes at p 0, 0.3 and 1, more samples in place, flat features, and a
-     * captured launch replayed after the sequence changed */
+     * captured launch replayed after the sequence changed; then one element
+     * off 16-byte alignment (the scalar kernel), 4 samples of 96x150x160
+     * (stochastic depth's unrolled loop: more vectors a sample than
+     * CU_UNROLL passes of its blocks), and more samples than a grid's 65 535
+     * rows (stochastic depth's scalar kernel) */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts)
             for (int rows = 0; rows < 2; rows++) {
@@ -171,6 +175,9 @@ std::vector<op_case> op_cases()
                 t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {rows, 1}, 0, 0, {0.5f}));
                 t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {5, 37, 1, 1}, {rows, 0}, 0, 0, {0.3f}));
                 t.push_back(row("dropout", "graph_replay", cmp_dropout_graph_replay, dt, lay, {}, {rows}, 0));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {rows, 0, 1}, 0, 0, {0.5f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {4, 96, 150, 160}, {rows, 0}, 0, 0, {0.3f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {70000, 1, 1, 1}, {rows, 0}, 0, 0, {0.3f}));
             }
     t.push_back(row("dropout", "null_seq", cmp_dropout_null_seq, SF_DT_F32, {}, {}, 0));
 

@@ -106,7 +106,11 @@ std::vector<op_case> op_cases()
      * with a partial channel tile, more channel vectors than a tile (272:
      * 34 bf16 vectors, a full tile and a partial one) on an odd plane;
      * channel_scale (ConvNeXt's layer scale): many chunks, more channels
-     * than a block, more rows than chunks */
+     * than a block, more rows than chunks; ConvNeXt's 192 channels on a
+     * 16x16 plane (the vector forward in either layout), its 768, 96 channels
+     * with enough rows a chunk for the gradient's 8-row loads in flight
+     * (136 a chunk), and 96 channels one element off 16-byte alignment (the
+     * scalar kernels) */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
             for (int bc = 0; bc < 2; bc++) {
@@ -120,6 +124,10 @@ std::vector<op_case> op_cases()
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {8, 96, 14, 14}, {}, 1e-6, 1e-5));
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 1100, 3, 3}, {}, 1e-6, 1e-5));
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {600, 4, 1, 1}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {4, 192, 16, 16}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 768, 7, 7}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {4, 96, 128, 136}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 96, 14, 14}, {1}, 1e-6, 1e-5));
         }
 
     /* norm: layernorm2d at ConvNeXt's stem and block norm (96 channels),

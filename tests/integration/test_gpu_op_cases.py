@@ -27,7 +27,7 @@ CASES_PER_FAMILY = {
     "layout": 2,
     "linear": 78,
     "loss": 27,
-    "mul": 56,
+    "mul": 72,
     "norm": 28,
     "optimizer": 14,
     "pointwise": 73,
@@ -76,7 +76,7 @@ def test_a_family_and_a_substring_select_the_cases_that_hold_both():
     p = _test_ops("-l", "-o", "mul", "-k", "bf16 nhwc")
     assert p.returncode == 0, p.stdout + p.stderr
     names = re.findall(r"^case (.+)$", p.stdout, re.MULTILINE)
-    assert len(names) == 14
+    assert len(names) == 18
     assert all(n.startswith("mul ") and "bf16 nhwc" in n for n in names), names
 
 

@@ -464,8 +464,9 @@ extern "C" size_t sf_cuda_layernorm_scratch_bytes(int n, int c, size_t hw, sf_la
 
 /* The vector row kernels' shape: groups of L lanes holding K vectors each,
  * the fewest lanes a row that leave each at most 4 vectors (6 past 128
- * vectors: fp32 rows of up to 768 channels); 0 where the row is not whole
- * vectors or too long for the registers (the scalar kernels then). */
+ * vectors: rows of up to 768 fp32 or 1 536 bf16 channels); 0 where the row
+ * is not whole vectors or too long for the registers (the scalar kernels
+ * then). */
 struct ln_vec_shape {
     int L, K;
 };

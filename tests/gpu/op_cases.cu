@@ -134,12 +134,12 @@ std::vector<op_case> op_cases()
      * odd sizes and channels, more positions than LN_CHUNKS, c > 32; then
      * layernorm over flat features (ConvNeXt's head: 768), hw = 1; then
      * the vector row kernels' shapes: ConvNeXt's 192 channels, 256 (bf16:
-     * groups of 8 lanes of 4 vectors), 1024 flat features (bf16: 32 lanes
-     * of 4; fp32: past the registers, the scalar kernels), 96 channels with
-     * enough positions a chunk (72) for the weight gradient's loads in
-     * flight, and 96 channels one element off 16-byte alignment (the scalar
-     * kernels). The fp32 weight gradients of a bf16 run sum bf16-rounded
-     * products: 1e-4. */
+     * groups of 8 lanes of 4 vectors), 1024 and 1536 flat features (bf16:
+     * 32 lanes of 4 and of 6; fp32: past the registers, the scalar kernels),
+     * 96 channels with enough positions a chunk (72) for the weight
+     * gradient's loads in flight, and 96 channels one element off 16-byte
+     * alignment (the scalar kernels). The fp32 weight gradients of a bf16 run
+     * sum bf16-rounded products: 1e-4. */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
             const double tp = dt == SF_DT_F32 ? 1e-5 : 1e-4;
@@ -153,6 +153,7 @@ std::vector<op_case> op_cases()
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 192, 7, 7}, {1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {3, 256, 5, 5}, {1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 1024, 1, 1}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 1536, 1, 1}, {1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {4, 96, 64, 72}, {1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 1}, 1e-5, tp, {1e-6f}));
         }

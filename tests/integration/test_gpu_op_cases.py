@@ -28,7 +28,7 @@ CASES_PER_FAMILY = {
     "linear": 78,
     "loss": 27,
     "mul": 72,
-    "norm": 48,
+    "norm": 52,
     "optimizer": 14,
     "pointwise": 73,
     "pool": 164,

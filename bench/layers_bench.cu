@@ -8,12 +8,17 @@
  *  - bf16 NHWC: BN forward/backward at ResNet-18's five BN shapes, the residual
  *    add, the stem maxpool (NHWC and NCHW);
  *  - cuDNN's fused attention (gpu/cuda/sdpa.h) forward and backward at
- *    vit_b_16's and vit_b_32's batch-256 shapes: time, engine, TFLOP/s.
+ *    vit_b_16's and vit_b_32's batch-256 shapes: time, engine, TFLOP/s;
+ *  - bf16 NHWC at convnext_tiny's batch-256 shapes (the four stages): the
+ *    elementwise passes of its block (LayerNorm2d, erf GELU on the 4x MLP
+ *    hidden map, layer scale, stochastic depth), forward and backward,
+ *    against a device-to-device copy timed in the same run.
  * Each timed kernel runs as a captured CUDA graph; a BN graph that does not
  * replay bit-equal to its eager run is reported as a failure (the test of that
  * is tests/gpu/ops/batchnorm.cu).
  *
  * Build: make bench-bins (build/bench/layers_bench). Run: build/bench/layers_bench
+ * (everything) or build/bench/layers_bench convnext (the ConvNeXt section alone).
  * Prints "throughput: ..." and "perf ..." lines; exits 1 when a kernel fails,
  * 0 with "SKIPPED: no CUDA device" without a GPU.
  */
@@ -27,8 +32,12 @@ extern "C" {
 
 #include <cuda_bf16.h>
 
+#include "gpu/cuda/activation.h"
 #include "gpu/cuda/batchnorm.h"
 #include "gpu/cuda/conv.h"
+#include "gpu/cuda/dropout.h"
+#include "gpu/cuda/mul.h"
+#include "gpu/cuda/norm.h"
 #include "gpu/cuda/pointwise.h"
 #include "gpu/cuda/pool.h"
 #include "gpu/cuda/program.h"
@@ -593,17 +602,188 @@ static void bench_attention(cudnnHandle_t dnn, cudaStream_t s)
     }
 }
 
-int main(void)
+/* ---- bf16 NHWC elementwise passes at convnext_tiny's batch-256 shapes --------
+ * Each stage's block: LayerNorm2d over c channels, the erf GELU over the MLP's
+ * 4c hidden channels, layer scale and stochastic depth (p 0.1) over c, each
+ * direction as a captured graph. A captured LayerNorm backward and layer-scale
+ * backward must replay their parameter gradients bit-equal to the eager run
+ * (the fixed reduction orders). Bytes are the tensor passes each kernel must
+ * make (x 2 bytes), over a device-to-device copy of the largest map. */
+
+struct cx_ctx {
+    int n, c, hw;
+    void *x, *y, *dy, *dx, *copy_dst;
+    float *g, *b, *mean, *rstd, *dg, *db, *cs_scr;
+    void *ln_scr;
+    uint64_t *seq;
+    size_t copy_bytes;
+};
+static size_t cx_len(const cx_ctx *c) { return (size_t)c->n * c->c * c->hw * c->hw; }
+static int enq_cx_ln_fwd(void *v, cudaStream_t s)
 {
+    cx_ctx *c = (cx_ctx *)v;
+    return sf_cuda_layernorm_fwd_dt(SF_DT_BF16, c->x, c->n, c->c, (size_t)c->hw * c->hw, SF_LAYOUT_NHWC, c->g, c->b,
+                                    1e-6f, c->y, c->mean, c->rstd, s);
+}
+static int enq_cx_ln_bwd(void *v, cudaStream_t s)
+{
+    cx_ctx *c = (cx_ctx *)v;
+    return sf_cuda_layernorm_bwd_dt(SF_DT_BF16, c->x, c->dy, c->n, c->c, (size_t)c->hw * c->hw, SF_LAYOUT_NHWC, c->g,
+                                    c->mean, c->rstd, c->dx, c->dg, c->db, c->ln_scr, s);
+}
+static int enq_cx_gelu_fwd(void *v, cudaStream_t s)
+{
+    cx_ctx *c = (cx_ctx *)v;
+    return sf_cuda_act_fwd_dt(SF_DT_BF16, SF_CUDA_ACT_GELU, c->x, c->y, cx_len(c), s);
+}
+static int enq_cx_gelu_bwd(void *v, cudaStream_t s)
+{
+    cx_ctx *c = (cx_ctx *)v;
+    return sf_cuda_act_bwd_dt(SF_DT_BF16, SF_CUDA_ACT_GELU, c->x, c->dy, c->dx, cx_len(c), s);
+}
+static int enq_cx_ls_fwd(void *v, cudaStream_t s)
+{
+    cx_ctx *c = (cx_ctx *)v;
+    return sf_cuda_channel_scale_fwd_dt(SF_DT_BF16, SF_LAYOUT_NHWC, c->x, c->g, c->y, c->n, c->c,
+                                        (size_t)c->hw * c->hw, s);
+}
+static int enq_cx_ls_bwd(void *v, cudaStream_t s)
+{
+    cx_ctx *c = (cx_ctx *)v;
+    return sf_cuda_channel_scale_bwd_dt(SF_DT_BF16, SF_LAYOUT_NHWC, c->x, c->g, c->dy, c->dx, c->dg, c->n, c->c,
+                                        (size_t)c->hw * c->hw, c->cs_scr, s);
+}
+static int enq_cx_sd(void *v, cudaStream_t s)
+{
+    cx_ctx *c = (cx_ctx *)v;
+    return sf_cuda_dropout_dt(SF_DT_BF16, SF_LAYOUT_NHWC, c->x, c->y, c->n, c->c, (size_t)c->hw * c->hw, 0.1f, 7,
+                              c->seq, 3, 1, s);
+}
+static int enq_cx_copy(void *v, cudaStream_t s)
+{
+    cx_ctx *c = (cx_ctx *)v;
+    return cudaMemcpyAsync(c->copy_dst, c->x, c->copy_bytes, cudaMemcpyDeviceToDevice, s) == cudaSuccess ? 0 : -1;
+}
+
+/* The parameter gradients dg (and db when nb) of an eager run of fn, then of a
+ * captured replay: bit-equal, or a FAIL line. */
+static void cx_replay_check(cudaStream_t s, enqueue_fn fn, cx_ctx *c, int nb, const char *what)
+{
+    if (fn(c, s)) {
+        fail(what, sf_cuda_last_error());
+        return;
+    }
+    CU(cudaStreamSynchronize(s));
+    const std::vector<float> g0 = down(c->dg, c->c), b0 = nb ? down(c->db, c->c) : std::vector<float>();
+    cudaGraphExec_t ge;
+    if (capture(s, fn, c, &ge)) {
+        fail(what, "capture failed");
+        return;
+    }
+    poison(c->dg, (size_t)c->c * 4);
+    CU(cudaGraphLaunch(ge, s));
+    CU(cudaStreamSynchronize(s));
+    cudaGraphExecDestroy(ge);
+    const std::vector<float> g1 = down(c->dg, c->c), b1 = nb ? down(c->db, c->c) : std::vector<float>();
+    pass_or_fail(what, g0 == g1 && b0 == b1, "replay differs from the eager run (non-deterministic)");
+}
+
+static void bench_convnext(cudaStream_t s)
+{
+    const int N = 256;
+    const struct {
+        int c, hw;
+    } stages[4] = {{96, 56}, {192, 28}, {384, 14}, {768, 7}};
+    const size_t big = (size_t)N * 4 * 96 * 56 * 56; /* the largest map: stage 1's MLP hidden */
+    cx_ctx c;
+    memset(&c, 0, sizeof c);
+    c.x = dalloc<char>(big * 2);
+    c.y = dalloc<char>(big * 2);
+    c.dy = dalloc<char>(big * 2);
+    c.dx = dalloc<char>(big * 2);
+    c.g = dalloc<float>(4 * 768); c.b = dalloc<float>(4 * 768); c.dg = dalloc<float>(4 * 768);
+    c.db = dalloc<float>(4 * 768);
+    c.mean = dalloc<float>((size_t)N * 56 * 56);
+    c.rstd = dalloc<float>((size_t)N * 56 * 56);
+    c.cs_scr = dalloc<float>(sf_cuda_channel_scale_scratch(768));
+    size_t ln_b = 0;
+    for (int k = 0; k < 4; k++) {
+        const size_t hw = (size_t)stages[k].hw * stages[k].hw, b = sf_cuda_layernorm_scratch_bytes(N, stages[k].c, hw,
+                                                                                                     SF_LAYOUT_NHWC);
+        ln_b = b > ln_b ? b : ln_b;
+    }
+    c.ln_scr = dalloc<char>(ln_b);
+    c.seq = dalloc<uint64_t>(1);
+    CU(cudaMemset(c.seq, 0, sizeof(uint64_t)));
+    if (sf_cuda_fill_random_dt(SF_DT_BF16, c.x, big, 31, 2.f, s) ||
+        sf_cuda_fill_random_dt(SF_DT_BF16, c.dy, big, 32, 1.f, s) || sf_cuda_fill(c.g, 4 * 768, 1.f, s) ||
+        sf_cuda_fill(c.b, 4 * 768, 0.f, s)) {
+        fail("bench convnext setup", sf_cuda_last_error());
+        return;
+    }
+    CU(cudaStreamSynchronize(s));
+    c.n = N;
+    c.copy_dst = c.y;
+    c.copy_bytes = big * 2;
+    const float copy_ms = bf_time(s, enq_cx_copy, &c, "convnext copy", 10);
+    if (!(copy_ms > 0))
+        return;
+    const double copy_gbs = 2.0 * big * 2 / (copy_ms * 1e6);
+    printf("throughput: convnext device-to-device copy %.0f MB: %.3f ms, %.0f GB/s (read + write)\n",
+           big * 2 / 1e6, copy_ms, copy_gbs);
+    char nm[120], sub[260];
+    for (int k = 0; k < 4; k++) {
+        c.c = stages[k].c;
+        c.hw = stages[k].hw;
+        const double len2 = (double)cx_len(&c) * 2; /* one bf16 pass over the stage's map */
+        snprintf(nm, sizeof nm, "convnext bf16 nhwc n%d c%d %dx%d", N, c.c, c.hw, c.hw);
+        if (enq_cx_ln_fwd(&c, s)) {
+            fail(nm, sf_cuda_last_error());
+            continue;
+        }
+        snprintf(sub, sizeof sub, "%s layernorm bwd: captured graph replays dweight, dbias bit-equal", nm);
+        cx_replay_check(s, enq_cx_ln_bwd, &c, 1, sub);
+        snprintf(sub, sizeof sub, "%s layer scale bwd: captured graph replays dscale bit-equal", nm);
+        cx_replay_check(s, enq_cx_ls_bwd, &c, 0, sub);
+        snprintf(sub, sizeof sub, "%s layernorm fwd", nm);
+        bf_line(sub, bf_time(s, enq_cx_ln_fwd, &c, sub, 20), 2 * len2, copy_gbs, "x, y");
+        snprintf(sub, sizeof sub, "%s layernorm bwd", nm);
+        bf_line(sub, bf_time(s, enq_cx_ln_bwd, &c, sub, 20), 5 * len2, copy_gbs, "x, dy, dx, then x, dy");
+        snprintf(sub, sizeof sub, "%s layer scale fwd", nm);
+        bf_line(sub, bf_time(s, enq_cx_ls_fwd, &c, sub, 20), 2 * len2, copy_gbs, "x, y");
+        snprintf(sub, sizeof sub, "%s layer scale bwd", nm);
+        bf_line(sub, bf_time(s, enq_cx_ls_bwd, &c, sub, 20), 4 * len2, copy_gbs, "x, dy, then dy, dx");
+        snprintf(sub, sizeof sub, "%s stochastic depth p 0.1", nm);
+        bf_line(sub, bf_time(s, enq_cx_sd, &c, sub, 20), 1.9 * len2, copy_gbs, "kept samples' x, y");
+        c.c *= 4; /* the MLP's hidden map */
+        snprintf(sub, sizeof sub, "%s gelu fwd (c%d)", nm, c.c);
+        bf_line(sub, bf_time(s, enq_cx_gelu_fwd, &c, sub, 20), 2 * 4 * len2, copy_gbs, "x, y");
+        snprintf(sub, sizeof sub, "%s gelu bwd (c%d)", nm, c.c);
+        bf_line(sub, bf_time(s, enq_cx_gelu_bwd, &c, sub, 20), 3 * 4 * len2, copy_gbs, "x, dy, dx");
+    }
+    cudaFree(c.x); cudaFree(c.y); cudaFree(c.dy); cudaFree(c.dx); cudaFree(c.g); cudaFree(c.b); cudaFree(c.dg);
+    cudaFree(c.db); cudaFree(c.mean); cudaFree(c.rstd); cudaFree(c.cs_scr); cudaFree(c.ln_scr); cudaFree(c.seq);
+}
+
+int main(int argc, char **argv)
+{
+    const int convnext_only = argc > 1 && strcmp(argv[1], "convnext") == 0;
+    if (argc > 1 && !convnext_only) {
+        fprintf(stderr, "usage: layers_bench [convnext]\n");
+        return 2;
+    }
     if (skip_without_device())
         return 0;
     cudaStream_t s = test_stream();
-    cudnnHandle_t dnn = test_cudnn(s);
-    perf_resnet18(dnn, s, 256);
-    const double copy_gbs = bench_resnet(s);
-    if (copy_gbs > 0)
-        bench_bf16(s, copy_gbs);
-    bench_attention(dnn, s);
+    if (!convnext_only) {
+        cudnnHandle_t dnn = test_cudnn(s);
+        perf_resnet18(dnn, s, 256);
+        const double copy_gbs = bench_resnet(s);
+        if (copy_gbs > 0)
+            bench_bf16(s, copy_gbs);
+        bench_attention(dnn, s);
+    }
+    bench_convnext(s);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         printf("FAIL device: %s\n", cudaGetErrorString(e));

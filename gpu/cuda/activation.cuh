@@ -15,41 +15,77 @@
 #define INV_SQRT2 0.7071067811865476f
 #define INV_SQRT_2PI 0.3989422804014327f
 
-__device__ __forceinline__ float act_f(int act, float v)
+/* f(x) for one activation chosen at compile time, so that a kernel
+ * instantiated per activation runs straight-line code (no per-element switch
+ * on a run-time code). */
+template <int ACT> __device__ __forceinline__ float act_f_t(float v)
 {
     float r;
-    switch (act) {
-    case SF_CUDA_ACT_RELU6: r = v < 0.f ? 0.f : v > 6.f ? 6.f : v; break;
-    case SF_CUDA_ACT_SIGMOID: r = 1.f / (1.f + expf(-v)); break;
-    case SF_CUDA_ACT_SILU: r = v / (1.f + expf(-v)); break;
-    case SF_CUDA_ACT_HARDSWISH: r = v <= -3.f ? 0.f : v >= 3.f ? v : v * (v + 3.f) / 6.f; break;
-    case SF_CUDA_ACT_HARDSIGMOID: r = v <= -3.f ? 0.f : v >= 3.f ? 1.f : v / 6.f + 0.5f; break;
-    case SF_CUDA_ACT_GELU_TANH: r = 0.5f * v * (1.f + tanhf(GELU_K0 * (v + GELU_K1 * v * v * v))); break;
-    default: r = 0.5f * v * (1.f + erff(v * INV_SQRT2)); break;
-    }
+    if constexpr (ACT == SF_CUDA_ACT_RELU6)
+        r = v < 0.f ? 0.f : v > 6.f ? 6.f : v;
+    else if constexpr (ACT == SF_CUDA_ACT_SIGMOID)
+        r = 1.f / (1.f + expf(-v));
+    else if constexpr (ACT == SF_CUDA_ACT_SILU)
+        r = v / (1.f + expf(-v));
+    else if constexpr (ACT == SF_CUDA_ACT_HARDSWISH)
+        r = v <= -3.f ? 0.f : v >= 3.f ? v : v * (v + 3.f) / 6.f;
+    else if constexpr (ACT == SF_CUDA_ACT_HARDSIGMOID)
+        r = v <= -3.f ? 0.f : v >= 3.f ? 1.f : v / 6.f + 0.5f;
+    else if constexpr (ACT == SF_CUDA_ACT_GELU_TANH)
+        r = 0.5f * v * (1.f + tanhf(GELU_K0 * (v + GELU_K1 * v * v * v)));
+    else
+        r = 0.5f * v * (1.f + erff(v * INV_SQRT2));
     return isnan(v) ? v : r;
 }
 
 /* f'(x), the factor of dy. */
+template <int ACT> __device__ __forceinline__ float act_d_t(float v)
+{
+    if constexpr (ACT == SF_CUDA_ACT_RELU6) {
+        return v > 0.f && v < 6.f ? 1.f : 0.f;
+    } else if constexpr (ACT == SF_CUDA_ACT_SIGMOID) {
+        const float s = 1.f / (1.f + expf(-v));
+        return s * (1.f - s);
+    } else if constexpr (ACT == SF_CUDA_ACT_SILU) {
+        const float s = 1.f / (1.f + expf(-v));
+        return s * (1.f + v * (1.f - s));
+    } else if constexpr (ACT == SF_CUDA_ACT_HARDSWISH) {
+        return v < -3.f ? 0.f : v <= 3.f ? v / 3.f + 0.5f : 1.f;
+    } else if constexpr (ACT == SF_CUDA_ACT_HARDSIGMOID) {
+        return v > -3.f && v < 3.f ? 1.f / 6.f : 0.f;
+    } else if constexpr (ACT == SF_CUDA_ACT_GELU_TANH) {
+        const float t = tanhf(GELU_K0 * (v + GELU_K1 * v * v * v));
+        return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * GELU_K0 * (1.f + 3.f * GELU_K1 * v * v);
+    } else {
+        return 0.5f * (1.f + erff(v * INV_SQRT2)) + v * expf(-0.5f * v * v) * INV_SQRT_2PI;
+    }
+}
+
+/* The same with the activation chosen at run time, for the kernels that
+ * apply one inside another pass (batchnorm.cu's fused activation). */
+__device__ __forceinline__ float act_f(int act, float v)
+{
+    switch (act) {
+    case SF_CUDA_ACT_RELU6: return act_f_t<SF_CUDA_ACT_RELU6>(v);
+    case SF_CUDA_ACT_SIGMOID: return act_f_t<SF_CUDA_ACT_SIGMOID>(v);
+    case SF_CUDA_ACT_SILU: return act_f_t<SF_CUDA_ACT_SILU>(v);
+    case SF_CUDA_ACT_HARDSWISH: return act_f_t<SF_CUDA_ACT_HARDSWISH>(v);
+    case SF_CUDA_ACT_HARDSIGMOID: return act_f_t<SF_CUDA_ACT_HARDSIGMOID>(v);
+    case SF_CUDA_ACT_GELU_TANH: return act_f_t<SF_CUDA_ACT_GELU_TANH>(v);
+    default: return act_f_t<SF_CUDA_ACT_GELU>(v);
+    }
+}
+
 __device__ __forceinline__ float act_d(int act, float v)
 {
     switch (act) {
-    case SF_CUDA_ACT_RELU6: return v > 0.f && v < 6.f ? 1.f : 0.f;
-    case SF_CUDA_ACT_SIGMOID: {
-        const float s = 1.f / (1.f + expf(-v));
-        return s * (1.f - s);
-    }
-    case SF_CUDA_ACT_SILU: {
-        const float s = 1.f / (1.f + expf(-v));
-        return s * (1.f + v * (1.f - s));
-    }
-    case SF_CUDA_ACT_HARDSWISH: return v < -3.f ? 0.f : v <= 3.f ? v / 3.f + 0.5f : 1.f;
-    case SF_CUDA_ACT_HARDSIGMOID: return v > -3.f && v < 3.f ? 1.f / 6.f : 0.f;
-    case SF_CUDA_ACT_GELU_TANH: {
-        const float t = tanhf(GELU_K0 * (v + GELU_K1 * v * v * v));
-        return 0.5f * (1.f + t) + 0.5f * v * (1.f - t * t) * GELU_K0 * (1.f + 3.f * GELU_K1 * v * v);
-    }
-    default: return 0.5f * (1.f + erff(v * INV_SQRT2)) + v * expf(-0.5f * v * v) * INV_SQRT_2PI;
+    case SF_CUDA_ACT_RELU6: return act_d_t<SF_CUDA_ACT_RELU6>(v);
+    case SF_CUDA_ACT_SIGMOID: return act_d_t<SF_CUDA_ACT_SIGMOID>(v);
+    case SF_CUDA_ACT_SILU: return act_d_t<SF_CUDA_ACT_SILU>(v);
+    case SF_CUDA_ACT_HARDSWISH: return act_d_t<SF_CUDA_ACT_HARDSWISH>(v);
+    case SF_CUDA_ACT_HARDSIGMOID: return act_d_t<SF_CUDA_ACT_HARDSIGMOID>(v);
+    case SF_CUDA_ACT_GELU_TANH: return act_d_t<SF_CUDA_ACT_GELU_TANH>(v);
+    default: return act_d_t<SF_CUDA_ACT_GELU>(v);
     }
 }
 

@@ -308,24 +308,24 @@ __global__ void k_nhwc_rows_sum(const T *__restrict__ a, const T *__restrict__ b
     y[(size_t)ni * c + ci] = cu_to<T>(s * scale);
 }
 
-/* k_nhwc_rows_sum over 16-byte vectors (c % V == 0, a and b 16-byte
- * aligned): block (sample, tile of up to 32 channel vectors). A warp's lanes
- * are G = min(c/V, 32) vectors of 32/G consecutive rows, so its loads are one
- * contiguous span; the CU_TPB/32 warps split the rows, each thread keeps 8
- * rows' loads in flight, and the block adds its threads' sums in a fixed
- * order through shared memory. The scalar kernel's 2-byte loads over 32
- * channels a row left squeeze-and-excitation maps at about 1.1 TB/s on an
- * H200. */
+/* The per-channel sums over `rows` rows of c channels (row stride c, c % V
+ * == 0, a and b 16-byte aligned) starting at a (times b when PROD), for the
+ * up to 32 channel vectors of tile `tile`, by one block of CU_TPB threads. A
+ * warp's lanes are G = min(c/V, 32) vectors of 32/G consecutive rows, so its
+ * loads are one contiguous span; the CU_TPB/32 warps split the rows, each
+ * thread keeps 8 rows' loads in flight, and the block adds its threads' sums
+ * in a fixed order through shared memory, so the result does not depend on
+ * scheduling. Returns true in the threads t < G*V whose channel
+ * tile*32*V + t exists, with that channel's sum in out. Every thread of the
+ * block must call it (it synchronises the block). */
 template <typename T, int V, bool PROD>
-__global__ void __launch_bounds__(CU_TPB)
-    k_nhwc_rows_sum_vec(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ y, int c, size_t hw,
-                        float scale)
+__device__ __forceinline__ bool cu_rows_sum_tile(const T *__restrict__ a, const T *__restrict__ b, int c, size_t rows,
+                                                 int tile, float &out)
 {
     constexpr int U = 8;
     constexpr int W = CU_TPB / 32;
     __shared__ float sh[CU_TPB * V];
-    const int cv = c / V, tiles = (cv + 31) / 32, G = cv < 32 ? cv : 32, RPW = 32 / G;
-    const int ni = (int)(blockIdx.x / tiles), tile = (int)(blockIdx.x % tiles);
+    const int cv = c / V, G = cv < 32 ? cv : 32, RPW = 32 / G;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane % G, ro = lane / G;
     const int vi = tile * 32 + g;
     const bool live = ro < RPW && vi < cv;
@@ -334,10 +334,10 @@ __global__ void __launch_bounds__(CU_TPB)
     for (int v = 0; v < V; v++)
         acc[v] = 0.f;
     if (live) {
-        const size_t base = (size_t)ni * hw * (size_t)c + (size_t)vi * V;
+        const size_t base = (size_t)vi * V;
         const size_t rstep = (size_t)W * RPW;
         size_t p = (size_t)warp * RPW + ro;
-        for (; p + (U - 1) * rstep < hw; p += U * rstep) {
+        for (; p + (U - 1) * rstep < rows; p += U * rstep) {
             float xa[U][V], xb[U][V];
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(CU_TPB)
                 for (int v = 0; v < V; v++)
                     acc[v] += PROD ? xa[u][v] * xb[u][v] : xa[u][v];
         }
-        for (; p < hw; p += rstep) {
+        for (; p < rows; p += rstep) {
             float xa[V], xb[V];
             cu_ld<T, V>(a + base + p * (size_t)c, xa);
             if constexpr (PROD)
@@ -367,12 +367,31 @@ __global__ void __launch_bounds__(CU_TPB)
     __syncthreads();
     const int t = threadIdx.x;
     if (t >= G * V || tile * 32 + t / V >= cv)
-        return;
+        return false;
     float sum = 0.f;
     for (int w = 0; w < W; w++)
         for (int r = 0; r < RPW; r++)
             sum += sh[(w * 32 + r * G) * V + t];
-    y[(size_t)ni * c + (size_t)tile * 32 * V + t] = cu_to<T>(sum * scale);
+    out = sum;
+    return true;
+}
+
+/* k_nhwc_rows_sum over 16-byte vectors (c % V == 0, a and b 16-byte
+ * aligned): block (sample, tile of up to 32 channel vectors) sums its
+ * sample's hw rows by cu_rows_sum_tile. The scalar kernel's 2-byte loads over
+ * 32 channels a row left squeeze-and-excitation maps at about 1.1 TB/s on an
+ * H200. */
+template <typename T, int V, bool PROD>
+__global__ void __launch_bounds__(CU_TPB)
+    k_nhwc_rows_sum_vec(const T *__restrict__ a, const T *__restrict__ b, T *__restrict__ y, int c, size_t hw,
+                        float scale)
+{
+    const int tiles = (c / V + 31) / 32;
+    const int ni = (int)(blockIdx.x / tiles), tile = (int)(blockIdx.x % tiles);
+    const size_t off = (size_t)ni * hw * (size_t)c;
+    float sum = 0.f;
+    if (cu_rows_sum_tile<T, V, PROD>(a + off, b + (PROD ? off : 0), c, hw, tile, sum))
+        y[(size_t)ni * c + (size_t)tile * 32 * V + threadIdx.x] = cu_to<T>(sum * scale);
 }
 
 /* Launches the vector kernel where the shape and alignment let it, else

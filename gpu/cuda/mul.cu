@@ -91,6 +91,47 @@ __global__ void k_chan_scale(const T *x, const float *__restrict__ scale, T *y, 
         y[e] = cu_to<T>(cu_f(x[e]) * scale[chan_of(e, c, hw, nhwc)]);
 }
 
+/* V floats of the fp32 parameter at p (16-byte aligned): V channels' scales. */
+template <int V> __device__ __forceinline__ void ld_scales(const float *__restrict__ p, float *f)
+{
+#pragma unroll
+    for (int q = 0; q < V / 4; q++) {
+        const float4 t = reinterpret_cast<const float4 *>(p)[q];
+        f[4 * q] = t.x;
+        f[4 * q + 1] = t.y;
+        f[4 * q + 2] = t.z;
+        f[4 * q + 3] = t.w;
+    }
+}
+
+/* k_chan_scale over 16-byte vectors of V = 16/sizeof(T) elements (x, y
+ * 16-byte aligned): NHWC with c % V == 0 (a vector is V consecutive channels,
+ * their scales one or two float4 loads of the 16-byte aligned parameter), or
+ * NCHW with hw % V == 0 (a vector lies in one channel's plane). y may alias
+ * x. The same product, so the same bits, as k_chan_scale. */
+template <typename T, int V>
+__global__ void __launch_bounds__(CU_TPB)
+    k_chan_scale_vec(const T *x, const float *__restrict__ scale, T *y, size_t nvec, int c, size_t hw, int nhwc)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x, cv = (size_t)c / V;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
+        float u[V], sv[V];
+        cu_ld<T, V>(x + i * V, u);
+        if (nhwc) {
+            ld_scales<V>(scale + (i % cv) * V, sv);
+        } else {
+            const float one = scale[(i * V / hw) % (size_t)c];
+#pragma unroll
+            for (int v = 0; v < V; v++)
+                sv[v] = one;
+        }
+#pragma unroll
+        for (int v = 0; v < V; v++)
+            u[v] *= sv[v];
+        cu_st<T, V>(y + i * V, u);
+    }
+}
+
 /* The scale's gradient, pass 1, NCHW: block (channel, chunk of samples) sums
  * dy * x over its samples' planes into partial[chunk][c]. */
 template <typename T>
@@ -134,6 +175,24 @@ __global__ void k_cs_grad_rows(const T *__restrict__ x, const T *__restrict__ dy
     for (size_t r = r0; r < r1; r++)
         acc += cu_f(dy[r * (size_t)c + ci]) * cu_f(x[r * (size_t)c + ci]);
     partial[(size_t)blockIdx.y * c + ci] = acc;
+}
+
+/* Pass 1, NHWC over 16-byte vectors (c % V == 0, x and dy 16-byte
+ * aligned): block (tile of up to 32 channel vectors, chunk of rows) sums its
+ * chunk's rows by cu_rows_sum_tile into partial[chunk][c]. A thread per
+ * channel walking the chunk's rows one 2-byte load at a time kept too few
+ * bytes in flight (96 channels: 96 threads a chunk). */
+template <typename T, int V>
+__global__ void __launch_bounds__(CU_TPB)
+    k_cs_grad_rows_vec(const T *__restrict__ x, const T *__restrict__ dy, size_t R, int c, size_t rows_per_chunk,
+                       float *__restrict__ partial)
+{
+    const size_t r0 = (size_t)blockIdx.y * rows_per_chunk;
+    const size_t r1 = r0 + rows_per_chunk < R ? r0 + rows_per_chunk : R;
+    const size_t off = r0 * (size_t)c;
+    float sum;
+    if (cu_rows_sum_tile<T, V, true>(x + off, dy + off, c, r1 - r0, (int)blockIdx.x, sum))
+        partial[(size_t)blockIdx.y * c + (size_t)blockIdx.x * 32 * V + threadIdx.x] = sum;
 }
 
 /* Pass 2 is k_sum_partials (kernel_common.cuh). */
@@ -218,6 +277,22 @@ extern "C" size_t sf_cuda_channel_scale_scratch(int c)
     return rows > planes ? rows : planes;
 }
 
+/* y = x * scale[channel] on the vector kernel where the shape and alignment
+ * let it, else the scalar one. */
+template <typename T>
+static void chan_scale_launch(const T *x, const float *scale, T *y, size_t len, int c, size_t hw, int nhwc,
+                              cudaStream_t s)
+{
+    constexpr int V = 16 / sizeof(T);
+    if (hw == 1) /* flat features: either layout is rows of c channels */
+        nhwc = 1;
+    const int shape = nhwc ? c % V == 0 && cu_al16(scale) : hw % V == 0;
+    if (shape && cu_al16(x) && cu_al16(y))
+        k_chan_scale_vec<T, V><<<cu_ew_blocks(len / V), CU_TPB, 0, s>>>(x, scale, y, len / V, c, hw, nhwc);
+    else
+        k_chan_scale<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(x, scale, y, len, c, hw, nhwc);
+}
+
 template <typename T>
 static int chan_scale_fwd_t(sf_layout lay, const void *x, const float *scale, void *y, int n, int c, size_t hw,
                             cudaStream_t s)
@@ -225,8 +300,7 @@ static int chan_scale_fwd_t(sf_layout lay, const void *x, const float *scale, vo
     const size_t len = (size_t)n * c * hw;
     if (len == 0)
         return 0;
-    k_chan_scale<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)x, scale, (T *)y, len, c, hw,
-                                                         lay == SF_LAYOUT_NHWC);
+    chan_scale_launch<T>((const T *)x, scale, (T *)y, len, c, hw, lay == SF_LAYOUT_NHWC, s);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -247,8 +321,14 @@ static int chan_scale_bwd_t(sf_layout lay, const void *x, const float *scale, co
         size_t want = R < CS_MAX_CHUNKS ? R : CS_MAX_CHUNKS;
         const size_t rpc = (R + want - 1) / want;
         nchunks = (int)((R + rpc - 1) / rpc);
-        dim3 grid(cu_blocks((size_t)c, CU_TPB), (unsigned)nchunks);
-        k_cs_grad_rows<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch);
+        constexpr int V = 16 / sizeof(T);
+        if (c % V == 0 && cu_al16(x) && cu_al16(dy)) {
+            const dim3 grid((unsigned)cu_cdiv((size_t)(c / V), 32), (unsigned)nchunks);
+            k_cs_grad_rows_vec<T, V><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch);
+        } else {
+            const dim3 grid(cu_blocks((size_t)c, CU_TPB), (unsigned)nchunks);
+            k_cs_grad_rows<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch);
+        }
     } else {
         int want = c >= 1024 ? 1 : 1024 / c;
         if (want > n)
@@ -262,7 +342,7 @@ static int chan_scale_bwd_t(sf_layout lay, const void *x, const float *scale, co
     k_sum_partials<float><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(scratch, nchunks, 0, c, NULL, ds);
     SF_CUDA_CHECK_LAUNCH();
     if (dx) {
-        k_chan_scale<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const T *)dy, scale, (T *)dx, len, c, hw, nhwc);
+        chan_scale_launch<T>((const T *)dy, scale, (T *)dx, len, c, hw, nhwc, s);
         SF_CUDA_CHECK_LAUNCH();
     }
     return 0;

@@ -58,6 +58,94 @@ __global__ void k_ln_fwd_rows(const T *__restrict__ x, size_t rows, int c, const
     }
 }
 
+/* The sum over the L lanes of a group (L a power of two <= 32, groups
+ * aligned in the warp), every lane of the group receiving it (butterfly: a
+ * fixed order). Every lane of the warp must call it. */
+__device__ __forceinline__ float group_sum(float v, int L)
+{
+    for (int o = L >> 1; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* V floats of the fp32 parameter at p (16-byte aligned). */
+template <int V> __device__ __forceinline__ void ld_param(const float *__restrict__ p, float *f)
+{
+#pragma unroll
+    for (int q = 0; q < V / 4; q++) {
+        const float4 t = reinterpret_cast<const float4 *>(p)[q];
+        f[4 * q] = t.x;
+        f[4 * q + 1] = t.y;
+        f[4 * q + 2] = t.z;
+        f[4 * q + 3] = t.w;
+    }
+}
+
+/* Contiguous positions over 16-byte vectors, the row held in registers: a
+ * group of L lanes per row of c = cv * V values (c % V == 0, cv <= L * K;
+ * x, y, ga, be 16-byte aligned), lane j of the group holding vectors
+ * j, j + L, ..., j + (K-1)L, so that neighbouring lanes read neighbouring 16
+ * bytes. The launcher picks L and K so that few lanes idle: ConvNeXt's 96 to
+ * 768 bf16 channels are 12 to 96 vectors, groups of 4 to 32 lanes of 3. A
+ * warp per row reading 2-byte values read each row three times and left
+ * 20 of 32 lanes idle at 96 channels. The statistics are fp32, as the scalar
+ * kernel's, summed in a fixed order (lane, then the group's butterfly).
+ * No __launch_bounds__: with it ptxas held the bf16 instances to 64 and 40
+ * registers and spilled a few bytes of the held row. */
+template <typename T, int V, int K>
+__global__ void
+    k_ln_fwd_rows_vec(const T *__restrict__ x, size_t rows, int c, int L, const float *__restrict__ ga,
+                      const float *__restrict__ be, float eps, T *__restrict__ y, float *__restrict__ mean,
+                      float *__restrict__ rstd)
+{
+    const size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / (unsigned)L;
+    const int j = threadIdx.x & (L - 1), cv = c / V;
+    const bool live = row < rows; /* lanes past the last row still join the shuffles */
+    const T *p = x + row * c;
+    float v[K][V];
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int q = j + k * L;
+        if (live && q < cv) {
+            cu_ld<T, V>(p + (size_t)q * V, v[k]);
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                s += v[k][e];
+        }
+    }
+    const float mu = group_sum(s, L) / (float)c;
+    float var = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; k++)
+        if (live && j + k * L < cv)
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                const float d = v[k][e] - mu;
+                var += d * d;
+            }
+    const float r = 1.f / sqrtf(group_sum(var, L) / (float)c + eps);
+    if (!live)
+        return;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int q = j + k * L;
+        if (q < cv) {
+            float g[V], b[V];
+            ld_param<V>(ga + (size_t)q * V, g);
+            ld_param<V>(be + (size_t)q * V, b);
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                v[k][e] = (v[k][e] - mu) * r * g[e] + b[e];
+            cu_st<T, V>(y + row * c + (size_t)q * V, v[k]);
+        }
+    }
+    if (j == 0) {
+        mean[row] = mu;
+        rstd[row] = r;
+    }
+}
+
 /* NCHW positions: a thread per position (ni, pixel), its c values hw apart. */
 template <typename T>
 __global__ void k_ln_fwd_strided(const T *__restrict__ x, size_t pos, int c, size_t hw, const float *__restrict__ ga,
@@ -107,6 +195,54 @@ __global__ void k_ln_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, 
     for (int j = lane; j < c; j += 32) {
         const float xh = (cu_f(p[j]) - mu) * r;
         dx[row * c + j] = cu_to<T>(r * (cu_f(d[j]) * ga[j] - mg - xh * mgx));
+    }
+}
+
+/* dx of contiguous positions over 16-byte vectors, the row's x-hat and
+ * dy * gamma held in registers: k_ln_fwd_rows_vec's groups and conditions
+ * (dy and dx 16-byte aligned too). */
+template <typename T, int V, int K>
+__global__ void
+    k_ln_dx_rows_vec(const T *__restrict__ x, const T *__restrict__ dy, size_t rows, int c, int L,
+                     const float *__restrict__ ga, const float *__restrict__ mean, const float *__restrict__ rstd,
+                     T *__restrict__ dx)
+{
+    const size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / (unsigned)L;
+    const int j = threadIdx.x & (L - 1), cv = c / V;
+    const bool live = row < rows;
+    const float mu = live ? mean[row] : 0.f, r = live ? rstd[row] : 0.f;
+    float xh[K][V], g[K][V];
+    float mg = 0.f, mgx = 0.f;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int q = j + k * L;
+        if (live && q < cv) {
+            float d[V], w[V];
+            cu_ld<T, V>(x + row * c + (size_t)q * V, xh[k]);
+            cu_ld<T, V>(dy + row * c + (size_t)q * V, d);
+            ld_param<V>(ga + (size_t)q * V, w);
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                g[k][e] = d[e] * w[e];
+                xh[k][e] = (xh[k][e] - mu) * r;
+                mg += g[k][e];
+                mgx += g[k][e] * xh[k][e];
+            }
+        }
+    }
+    mg = group_sum(mg, L) / (float)c;
+    mgx = group_sum(mgx, L) / (float)c;
+    if (!live)
+        return;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int q = j + k * L;
+        if (q < cv) {
+#pragma unroll
+            for (int e = 0; e < V; e++)
+                g[k][e] = r * (g[k][e] - mg - xh[k][e] * mgx);
+            cu_st<T, V>(dx + row * c + (size_t)q * V, g[k]);
+        }
     }
 }
 
@@ -168,6 +304,83 @@ __global__ void k_ln_wgrad_rows(const T *__restrict__ x, const T *__restrict__ d
         part_g[(size_t)blockIdx.y * c + col] = g;
         part_b[(size_t)blockIdx.y * c + col] = b;
     }
+}
+
+/* Weight-gradient partials of contiguous positions over 16-byte vectors
+ * (c % V == 0, x and dy 16-byte aligned): block (tile of up to 32 channel
+ * vectors, chunk blockIdx.y of positions [y*per, (y+1)*per)); part_g/part_b
+ * [chunk][c] as k_ln_wgrad_rows. A warp's lanes are G = min(c/V, 32) vectors
+ * of 32/G consecutive rows (one contiguous span a load), the CU_TPB/32 warps
+ * split the chunk's rows, each thread keeps U rows' loads in flight, and the
+ * block adds its threads' sums in a fixed order through shared memory. */
+template <typename T, int V>
+__global__ void __launch_bounds__(CU_TPB)
+    k_ln_wgrad_rows_vec(const T *__restrict__ x, const T *__restrict__ dy, size_t rows, int c, size_t per,
+                        const float *__restrict__ mean, const float *__restrict__ rstd, float *__restrict__ part_g,
+                        float *__restrict__ part_b)
+{
+    constexpr int U = 4;
+    constexpr int W = CU_TPB / 32;
+    __shared__ float sg[CU_TPB * V], sb[CU_TPB * V];
+    const int cv = c / V, G = cv < 32 ? cv : 32, RPW = 32 / G, tile = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane % G, ro = lane / G;
+    const int vi = tile * 32 + gi;
+    const size_t r0 = (size_t)blockIdx.y * per, r1 = r0 + per < rows ? r0 + per : rows;
+    float g[V], b[V];
+#pragma unroll
+    for (int e = 0; e < V; e++)
+        g[e] = b[e] = 0.f;
+    if (ro < RPW && vi < cv) {
+        const size_t col = (size_t)vi * V, rstep = (size_t)W * RPW;
+        size_t row = r0 + (size_t)warp * RPW + ro;
+        for (; row + (U - 1) * rstep < r1; row += U * rstep) {
+            float xv[U][V], dv[U][V], mu[U], rs[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const size_t rr = row + u * rstep;
+                cu_ld<T, V>(x + rr * c + col, xv[u]);
+                cu_ld<T, V>(dy + rr * c + col, dv[u]);
+                mu[u] = mean[rr];
+                rs[u] = rstd[rr];
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int e = 0; e < V; e++) {
+                    g[e] += dv[u][e] * (xv[u][e] - mu[u]) * rs[u];
+                    b[e] += dv[u][e];
+                }
+        }
+        for (; row < r1; row += rstep) {
+            float xv[V], dv[V];
+            cu_ld<T, V>(x + row * c + col, xv);
+            cu_ld<T, V>(dy + row * c + col, dv);
+            const float mu = mean[row], rs = rstd[row];
+#pragma unroll
+            for (int e = 0; e < V; e++) {
+                g[e] += dv[e] * (xv[e] - mu) * rs;
+                b[e] += dv[e];
+            }
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        sg[threadIdx.x * V + e] = g[e];
+        sb[threadIdx.x * V + e] = b[e];
+    }
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t >= G * V || tile * 32 + t / V >= cv)
+        return;
+    float gs = 0.f, bs = 0.f;
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < RPW; r++) {
+            gs += sg[(w * 32 + r * G) * V + t];
+            bs += sb[(w * 32 + r * G) * V + t];
+        }
+    const size_t o = (size_t)blockIdx.y * c + (size_t)tile * 32 * V + t;
+    part_g[o] = gs;
+    part_b[o] = bs;
 }
 
 /* Weight-gradient partials of NCHW positions: a block per (sample, channel)
@@ -249,14 +462,49 @@ extern "C" size_t sf_cuda_layernorm_scratch_bytes(int n, int c, size_t hw, sf_la
     return 2 * sizeof(float) * (size_t)ln_chunks(n, hw, lay) * (size_t)c;
 }
 
+/* The vector row kernels' shape: groups of L lanes holding K vectors each,
+ * the fewest lanes a row that leave each at most 4 vectors (6 past 128
+ * vectors: rows of up to 768 fp32 or 1 536 bf16 channels); 0 where the row
+ * is not whole vectors or too long for the registers (the scalar kernels
+ * then). */
+struct ln_vec_shape {
+    int L, K;
+};
+template <typename T> static ln_vec_shape ln_vec_pick(int c)
+{
+    constexpr int V = 16 / sizeof(T);
+    if (c % V)
+        return {0, 0};
+    const int cv = c / V;
+    for (int L = 1; L <= 32; L <<= 1)
+        if (cv <= 4 * L)
+            return {L, (cv + L - 1) / L};
+    return cv <= 6 * 32 ? ln_vec_shape{32, 6} : ln_vec_shape{0, 0};
+}
+
+/* Launches KERN<T, V, K> (a vector row kernel) for the picked K: one instance a K. */
+#define LN_VEC_SWITCH(KERN, K, GRID, ...)                                                                              \
+    switch (K) {                                                                                                       \
+    case 1: KERN<T, V, 1><<<GRID, CU_TPB, 0, s>>>(__VA_ARGS__); break;                                                 \
+    case 2: KERN<T, V, 2><<<GRID, CU_TPB, 0, s>>>(__VA_ARGS__); break;                                                 \
+    case 3: KERN<T, V, 3><<<GRID, CU_TPB, 0, s>>>(__VA_ARGS__); break;                                                 \
+    case 4: KERN<T, V, 4><<<GRID, CU_TPB, 0, s>>>(__VA_ARGS__); break;                                                 \
+    default: KERN<T, V, 6><<<GRID, CU_TPB, 0, s>>>(__VA_ARGS__); break;                                                \
+    }
+
 template <typename T>
 static int ln_fwd_t(const T *x, int n, int c, size_t hw, sf_layout lay, const float *ga, const float *be, float eps,
                     T *y, float *mean, float *rstd, cudaStream_t s)
 {
+    constexpr int V = 16 / sizeof(T);
     const size_t pos = (size_t)n * hw;
-    if (ln_strided(lay, hw))
+    const ln_vec_shape vs = ln_vec_pick<T>(c);
+    if (ln_strided(lay, hw)) {
         k_ln_fwd_strided<T><<<cu_blocks(pos, CU_TPB), CU_TPB, 0, s>>>(x, pos, c, hw, ga, be, eps, y, mean, rstd);
-    else
+    } else if (vs.L && cu_al16(x) && cu_al16(y) && cu_al16(ga) && cu_al16(be)) {
+        const unsigned grid = cu_blocks(pos * vs.L, CU_TPB);
+        LN_VEC_SWITCH(k_ln_fwd_rows_vec, vs.K, grid, x, pos, c, vs.L, ga, be, eps, y, mean, rstd);
+    } else
         k_ln_fwd_rows<T><<<cu_blocks(pos * 32, CU_TPB), CU_TPB, 0, s>>>(x, pos, c, ga, be, eps, y, mean, rstd);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
@@ -267,18 +515,27 @@ static int ln_bwd_t(const T *x, const T *dy, int n, int c, size_t hw, sf_layout 
                     const float *mean, const float *rstd, T *dx, float *dgamma, float *dbeta, void *scratch,
                     cudaStream_t s)
 {
+    constexpr int V = 16 / sizeof(T);
     const size_t pos = (size_t)n * hw;
     const int strided = ln_strided(lay, hw), chunks = ln_chunks(n, hw, lay);
+    const ln_vec_shape vs = ln_vec_pick<T>(c);
     if (dx) {
-        if (strided)
+        if (strided) {
             k_ln_dx_strided<T><<<cu_blocks(pos, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, hw, ga, mean, rstd, dx);
-        else
+        } else if (vs.L && cu_al16(x) && cu_al16(dy) && cu_al16(dx) && cu_al16(ga)) {
+            const unsigned grid = cu_blocks(pos * vs.L, CU_TPB);
+            LN_VEC_SWITCH(k_ln_dx_rows_vec, vs.K, grid, x, dy, pos, c, vs.L, ga, mean, rstd, dx);
+        } else
             k_ln_dx_rows<T><<<cu_blocks(pos * 32, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, ga, mean, rstd, dx);
         SF_CUDA_CHECK_LAUNCH();
     }
     float *part_g = (float *)scratch, *part_b = part_g + (size_t)chunks * c;
     if (strided) {
         k_ln_wgrad_strided<T><<<(unsigned)((size_t)n * c), CU_TPB, 0, s>>>(x, dy, c, hw, mean, rstd, part_g, part_b);
+    } else if (c % V == 0 && cu_al16(x) && cu_al16(dy)) {
+        const size_t per = cu_cdiv(pos, (size_t)chunks);
+        const dim3 grid((unsigned)cu_cdiv((size_t)(c / V), 32), (unsigned)chunks);
+        k_ln_wgrad_rows_vec<T, V><<<grid, CU_TPB, 0, s>>>(x, dy, pos, c, per, mean, rstd, part_g, part_b);
     } else {
         const size_t per = cu_cdiv(pos, (size_t)chunks);
         const dim3 grid((unsigned)cu_cdiv((size_t)c, 32), (unsigned)chunks), block(32, LN_ROWS_PER_BLOCK);

@@ -71,13 +71,17 @@ std::vector<op_case> op_cases()
     std::vector<op_case> t;
 
     /* activation: the odd 3x3x7x5 map of the layer tests, a length that
-     * leaves a vector tail one element off 16-byte alignment, and 2^16 in
-     * place; elementwise, so one run covers both layouts */
+     * leaves a vector tail one element off 16-byte alignment, 2^16 in place,
+     * and 9 000 003 elements: more vectors than CU_UNROLL passes of a full
+     * grid (132 SMs), so each activation's unrolled loop, its remainder loop
+     * and the vector tail all run; elementwise, so one run covers both
+     * layouts */
     for (const sf_dtype dt : k_dtypes) {
         for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {3 * 3 * 7 * 5}, {act, 0, 0}, 1e-5));
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {4099}, {act, 1, 0}, 1e-5));
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {1 << 16}, {act, 0, 1}, 1e-5));
+            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {9000003}, {act, 0, 0}, 1e-5));
         }
         t.push_back(row("activation", "nan", cmp_activation_nan, dt, {}, {}, 0));
     }
@@ -102,7 +106,11 @@ std::vector<op_case> op_cases()
      * with a partial channel tile, more channel vectors than a tile (272:
      * 34 bf16 vectors, a full tile and a partial one) on an odd plane;
      * channel_scale (ConvNeXt's layer scale): many chunks, more channels
-     * than a block, more rows than chunks */
+     * than a block, more rows than chunks; ConvNeXt's 192 channels on a
+     * 16x16 plane (the vector forward in either layout), its 768, 96 channels
+     * with enough rows a chunk for the gradient's 8-row loads in flight
+     * (136 a chunk), and 96 channels one element off 16-byte alignment (the
+     * scalar kernels) */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
             for (int bc = 0; bc < 2; bc++) {
@@ -116,12 +124,22 @@ std::vector<op_case> op_cases()
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {8, 96, 14, 14}, {}, 1e-6, 1e-5));
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 1100, 3, 3}, {}, 1e-6, 1e-5));
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {600, 4, 1, 1}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {4, 192, 16, 16}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 768, 7, 7}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {4, 96, 128, 136}, {}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 96, 14, 14}, {1}, 1e-6, 1e-5));
         }
 
     /* norm: layernorm2d at ConvNeXt's stem and block norm (96 channels),
      * odd sizes and channels, more positions than LN_CHUNKS, c > 32; then
-     * layernorm over flat features (ConvNeXt's head: 768), hw = 1. The fp32
-     * weight gradients of a bf16 run sum bf16-rounded products: 1e-4. */
+     * layernorm over flat features (ConvNeXt's head: 768), hw = 1; then
+     * the vector row kernels' shapes: ConvNeXt's 192 channels, 256 (bf16:
+     * groups of 8 lanes of 4 vectors), 1024 and 1536 flat features (bf16:
+     * 32 lanes of 4 and of 6; fp32: past the registers, the scalar kernels),
+     * 96 channels with enough positions a chunk (72) for the weight
+     * gradient's loads in flight, and 96 channels one element off 16-byte
+     * alignment (the scalar kernels). The fp32 weight gradients of a bf16 run
+     * sum bf16-rounded products: 1e-4. */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
             const double tp = dt == SF_DT_F32 ? 1e-5 : 1e-4;
@@ -132,6 +150,12 @@ std::vector<op_case> op_cases()
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {5, 768, 1, 1}, {1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {3, 7, 1, 1}, {1}, 1e-5, tp, {1e-5f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {300, 16, 1, 1}, {0}, 1e-5, tp, {1e-5f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 192, 7, 7}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {3, 256, 5, 5}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 1024, 1, 1}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 1536, 1, 1}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {4, 96, 64, 72}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 1}, 1e-5, tp, {1e-6f}));
         }
 
     /* layout: the batched transpose at a square-tile and a ragged shape */
@@ -158,7 +182,11 @@ std::vector<op_case> op_cases()
 
     /* dropout and stochastic depth, bit for bit with the reference: the odd
      * sizes at p 0, 0.3 and 1, more samples in place, flat features, and a
-     * captured launch replayed after the sequence changed */
+     * captured launch replayed after the sequence changed; then one element
+     * off 16-byte alignment (the scalar kernel), 4 samples of 96x150x160
+     * (stochastic depth's unrolled loop: more vectors a sample than
+     * CU_UNROLL passes of its blocks), and more samples than a grid's 65 535
+     * rows (stochastic depth's scalar kernel) */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts)
             for (int rows = 0; rows < 2; rows++) {
@@ -167,6 +195,9 @@ std::vector<op_case> op_cases()
                 t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {rows, 1}, 0, 0, {0.5f}));
                 t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {5, 37, 1, 1}, {rows, 0}, 0, 0, {0.3f}));
                 t.push_back(row("dropout", "graph_replay", cmp_dropout_graph_replay, dt, lay, {}, {rows}, 0));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {rows, 0, 1}, 0, 0, {0.5f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {4, 96, 150, 160}, {rows, 0}, 0, 0, {0.3f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {70000, 1, 1, 1}, {rows, 0}, 0, 0, {0.3f}));
             }
     t.push_back(row("dropout", "null_seq", cmp_dropout_null_seq, SF_DT_F32, {}, {}, 0));
 

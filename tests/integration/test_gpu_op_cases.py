@@ -15,7 +15,7 @@ from sfharness import BIN, REPO
 TEST_OPS = Path(BIN).parent / "tests" / "gpu" / "test_ops"
 
 CASES_PER_FAMILY = {
-    "activation": 45,
+    "activation": 59,
     "attention": 15,
     "batchnorm": 101,
     "concat": 17,
@@ -23,12 +23,12 @@ CASES_PER_FAMILY = {
     "conv_dw": 50,
     "conv_gemm": 64,
     "conv_transpose": 37,
-    "dropout": 49,
+    "dropout": 73,
     "layout": 2,
     "linear": 78,
     "loss": 27,
-    "mul": 56,
-    "norm": 28,
+    "mul": 72,
+    "norm": 52,
     "optimizer": 14,
     "pointwise": 73,
     "pool": 180,
@@ -76,7 +76,7 @@ def test_a_family_and_a_substring_select_the_cases_that_hold_both():
     p = _test_ops("-l", "-o", "mul", "-k", "bf16 nhwc")
     assert p.returncode == 0, p.stdout + p.stderr
     names = re.findall(r"^case (.+)$", p.stdout, re.MULTILINE)
-    assert len(names) == 14
+    assert len(names) == 18
     assert all(n.startswith("mul ") and "bf16 nhwc" in n for n in names), names
 
 

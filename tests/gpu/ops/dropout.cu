@@ -4,7 +4,9 @@
  * counter-based keys must drop the same elements and scale the kept ones
  * alike, in fp32 and bf16 (the reference's output rounded to bf16), NCHW and
  * NHWC (each element keyed by its NCHW index), at odd sizes (n=3, C=3, 7x5)
- * and on flat features, for p in {0, 0.3, 1}, in place too. The batch
+ * and on flat features, for p in {0, 0.3, 1}, in place too, one element
+ * off 16-byte alignment, on samples larger than the vector kernels' unrolled
+ * passes and past the grid's 65 535 rows. The batch
  * sequence number is read from device memory: a launch captured into a CUDA
  * graph and replayed after the value changed draws the new sequence's mask
  * (what the executor's captured step relies on); a NULL sequence is 0.
@@ -31,17 +33,17 @@ static std::vector<double> reference(sf_dtype dt, const std::vector<float> &x, i
 }
 
 static void test_dropout(cudaStream_t s, sf_dtype dt, sf_layout lay, int n, int c, int h, int w, float p, int rows,
-                         int in_place)
+                         int in_place, int mis)
 {
     char nm[200];
-    snprintf(nm, sizeof nm, "%s %s %s n%d c%d %dx%d p %g%s", rows ? "stochastic_depth" : "dropout", dtname(dt),
-             lname(lay), n, c, h, w, (double)p, in_place ? " in place" : "");
+    snprintf(nm, sizeof nm, "%s %s %s n%d c%d %dx%d p %g%s%s", rows ? "stochastic_depth" : "dropout", dtname(dt),
+             lname(lay), n, c, h, w, (double)p, in_place ? " in place" : "", mis ? " misaligned" : "");
     const size_t hw = (size_t)h * w, elems = (size_t)c * hw, len = (size_t)n * elems;
     std::vector<float> x(len);
     rand_fill_dt(x, dt, 1.f);
     const uint64_t seq = 1234567;
     const std::vector<double> ref = reference(dt, x, n, elems, p, seq, rows);
-    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
+    dbuf bx = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis);
     uint64_t *d_seq = dalloc<uint64_t>(1);
     CU(cudaMemcpy(d_seq, &seq, sizeof seq, cudaMemcpyHostToDevice));
     up_dt(bx, to_lay(x, lay, n, c, h, w));
@@ -141,10 +143,12 @@ static void test_null_seq(cudaStream_t s)
     dbuf_free(bx); dbuf_free(by);
 }
 
-/* shape {n, c, h, w}; p {whole samples (stochastic depth), in place}; f {p} */
+/* shape {n, c, h, w}; p {whole samples (stochastic depth), in place, x and y
+ * one element off 16-byte alignment (absent: aligned)}; f {p} */
 void cmp_dropout(const op_case &c, const op_env &e)
 {
-    test_dropout(e.s, c.dt, c.lay, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.f[0], c.p[0], c.p[1]);
+    test_dropout(e.s, c.dt, c.lay, c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.f[0], c.p[0], c.p[1],
+                 c.p.size() > 2 ? c.p[2] : 0);
 }
 /* p {whole samples (stochastic depth)} */
 void cmp_dropout_graph_replay(const op_case &c, const op_env &e) { test_graph_replay(e.s, c.dt, c.lay, c.p[0]); }

@@ -3,7 +3,8 @@
  * broadcast over H,W (squeeze-and-excitation), forward, da and db (the
  * broadcast one summed over H,W), and the per-channel scale by a parameter
  * (ConvNeXt's layer scale), forward, dx and the parameter's gradient (a
- * two-pass reduction: one and many chunks, more channels than a block).
+ * two-pass reduction: one and many chunks, more channels than a block; at
+ * ConvNeXt's 96, 192 and 768 channels, and one element off 16-byte alignment).
  * Each in fp32 (norm check) and bf16 (each element within half a bf16 ulp:
  * check_dt; the parameter gradient is fp32 either way), in NCHW and NHWC, at
  * odd sizes (n=3, C=3, 7x5) and larger ones. The rows: tests/gpu/op_cases.cu;
@@ -64,16 +65,18 @@ void cmp_mul(const op_case &k, const op_env &e)
     dbuf_free(ba); dbuf_free(bb); dbuf_free(bdy); dbuf_free(by); dbuf_free(bda); dbuf_free(bdb);
 }
 
-/* shape {n, c, h, w}; tol: y and dx; tol_param: dscale (fp32 in either
- * element type) */
+/* shape {n, c, h, w}; p {x, y, dy and dx one element off 16-byte alignment}
+ * (none: aligned); tol: y and dx; tol_param: dscale (fp32 in either element
+ * type) */
 void cmp_channel_scale(const op_case &k, const op_env &e)
 {
     const cudaStream_t s = e.s;
     const sf_dtype dt = k.dt;
     const sf_layout lay = k.lay;
-    const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3];
+    const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3], mis = k.p.empty() ? 0 : k.p[0];
     char nm[160];
-    snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d", dtname(dt), lname(lay), n, c, h, w);
+    snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d%s", dtname(dt), lname(lay), n, c, h, w,
+             mis ? " misaligned" : "");
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw;
     std::vector<float> x(len), sc(c), dy(len);
     rand_fill_dt(x, dt, 1.f);
@@ -82,8 +85,8 @@ void cmp_channel_scale(const op_case &k, const op_env &e)
     std::vector<double> xd = to_d(x), sd = to_d(sc), dyd = to_d(dy), yr(len), dxr(len), dsr(c);
     sf_ref_channel_scale_fwd_f64(xd.data(), n, c, hw, sd.data(), yr.data());
     sf_ref_channel_scale_bwd_f64(xd.data(), n, c, hw, sd.data(), dyd.data(), dxr.data(), dsr.data());
-    dbuf bx = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0),
-         bdx = dbuf_make(dt, len, 0);
+    dbuf bx = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis),
+         bdx = dbuf_make(dt, len, mis);
     float *d_s = dalloc<float>(c), *d_ds = dalloc<float>(c),
           *scr = dalloc<float>(sf_cuda_channel_scale_scratch(c));
     up_dt(bx, to_lay(x, lay, n, c, h, w));

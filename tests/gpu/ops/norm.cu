@@ -3,8 +3,9 @@
  * and NHWC) and layernorm (a flat tensor's features, hw = 1), fp32 and bf16,
  * forward (y and the saved mean and rstd) and backward (dx, dweight, dbias;
  * and without dx), ConvNeXt's shapes at a small size, odd sizes, more
- * positions than the weight gradient's chunks, and a channel count past one
- * warp's stride. The rows: tests/gpu/op_cases.cu; helpers and the criteria
+ * positions than the weight gradient's chunks, a channel count past one
+ * warp's stride, each lane grouping of the vector row kernels, and one
+ * element off 16-byte alignment. The rows: tests/gpu/op_cases.cu; helpers and the criteria
  * they apply: op_test.h.
  */
 #include "tests/gpu/op_cases.h"
@@ -12,7 +13,8 @@
 
 #include "gpu/cuda/norm.h"
 
-/* shape {n, c, h, w}; p {dx wanted}; f {eps}. fp32: y, dx, the saved mean
+/* shape {n, c, h, w}; p {dx wanted, x, y, dy and dx one element off 16-byte
+ * alignment (absent: aligned)}; f {eps}. fp32: y, dx, the saved mean
  * and rstd within tol, dweight and dbias within tol_param; bf16 (inputs
  * rounded, so the reference sees the same values): y and dx by check_dt (half
  * a bf16 ulp), the fp32 weight gradients within tol_param. */
@@ -22,10 +24,11 @@ void cmp_layernorm(const op_case &k, const op_env &e)
     const sf_dtype dt = k.dt;
     const sf_layout lay = k.lay;
     const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3], want_dx = k.p[0];
+    const int mis = k.p.size() > 1 ? k.p[1] : 0;
     const float eps = k.f[0];
     char nm[200], sub[260];
-    snprintf(nm, sizeof nm, "layernorm%s %s n%d c%d %dx%d eps %g %s%s", h * w > 1 ? "2d" : "", dtname(dt), n, c, h, w,
-             eps, lname(lay), want_dx ? "" : " no dx");
+    snprintf(nm, sizeof nm, "layernorm%s %s n%d c%d %dx%d eps %g %s%s%s", h * w > 1 ? "2d" : "", dtname(dt), n, c, h,
+             w, eps, lname(lay), want_dx ? "" : " no dx", mis ? " misaligned" : "");
     const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, pos = (size_t)n * hw;
     std::vector<float> x(nx), dy(nx), ga(c), be(c);
     rand_fill_dt(x, dt, 2.f, 0.5f);
@@ -51,7 +54,8 @@ void cmp_layernorm(const op_case &k, const op_env &e)
             rr[(size_t)ni * hw + p] = 1.0 / sqrt(v / c + eps);
         }
     const int nhwc = lay == SF_LAYOUT_NHWC;
-    dbuf bx = dbuf_make(dt, nx, 0), by = dbuf_make(dt, nx, 0), bdy = dbuf_make(dt, nx, 0), bdx = dbuf_make(dt, nx, 0);
+    dbuf bx = dbuf_make(dt, nx, mis), by = dbuf_make(dt, nx, mis), bdy = dbuf_make(dt, nx, mis),
+         bdx = dbuf_make(dt, nx, mis);
     float *dga = dalloc<float>(c), *dbe = dalloc<float>(c), *dm = dalloc<float>(pos), *dr = dalloc<float>(pos),
           *ddg = dalloc<float>(c), *ddb = dalloc<float>(c);
     void *scr = dalloc<char>(sf_cuda_layernorm_scratch_bytes(n, c, hw, lay));

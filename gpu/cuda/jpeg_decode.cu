@@ -843,16 +843,32 @@ static int decode_on_host(sf_cuda_jpeg *j, const sf_batch *b, int skip, cudaStre
 
 /* The nvJPEG files (order[0, n_order)) one at a time with backend kf, after
  * their batch failed: the refused ones are marked (skip) or the first fails
- * the batch. 0, SF_BACKEND_BAD_INPUT or -1 (sf_cuda_last_error). */
+ * the batch. Each call waits for the one before it on s: a hybrid backend's
+ * host phase refills the state's pinned buffers, which the previous call's
+ * copies on s may not have read yet (a busy GPU left files of such a batch
+ * unwritten or holding another file's pixels). The error path only, so the
+ * waits cost the steady state nothing. 0, SF_BACKEND_BAD_INPUT or -1
+ * (sf_cuda_last_error). */
 static int decode_one_by_one(sf_cuda_jpeg *j, const sf_batch *b, sf_cuda_jpeg_backend kf, int skip, cudaStream_t s,
                              nvjpegStatus_t batch_st)
 {
     int refused = 0;
+    /* the failed batch call's own queued work, and the error it may leave */
+    cudaStreamSynchronize(s);
+    cudaGetLastError();
     for (int p = 0; p < j->n_order; p++) {
         const int i = j->order[p];
         nvjpegStatus_t si = run(j, kf, b, j->order, p, 1, s);
-        if (si == NVJPEG_STATUS_SUCCESS)
+        if (si == NVJPEG_STATUS_SUCCESS) {
+            const cudaError_t ce = cudaStreamSynchronize(s);
+            if (ce != cudaSuccess) {
+                sf_cuda_set_error("jpeg decode (nvJPEG %s): sample %d: %s", sf_cuda_jpeg_backend_name(kf), i,
+                                  cudaGetErrorString(ce));
+                cudaGetLastError();
+                return -1;
+            }
             continue;
+        }
         const int bad = si == NVJPEG_STATUS_BAD_JPEG || si == NVJPEG_STATUS_JPEG_NOT_SUPPORTED ||
                         si == NVJPEG_STATUS_INCOMPLETE_BITSTREAM;
         if (refused == 0 || !skip)

@@ -164,6 +164,19 @@ template <int V> __device__ __forceinline__ void cu_ldi(const int32_t *p, int *a
         }
     }
 }
+/* V fp32 values at p (V a multiple of 4, p 16-byte aligned): a parameter's
+ * values for the V channels of a vector. */
+template <int V> __device__ __forceinline__ void cu_ldf(const float *__restrict__ p, float *f)
+{
+#pragma unroll
+    for (int q = 0; q < V / 4; q++) {
+        const float4 t = reinterpret_cast<const float4 *>(p)[q];
+        f[4 * q] = t.x;
+        f[4 * q + 1] = t.y;
+        f[4 * q + 2] = t.z;
+        f[4 * q + 3] = t.w;
+    }
+}
 /* A batchnorm's output before its ReLU, rounded operation by operation (no
  * contraction left to the compiler), so that every kernel that recomputes it
  * (the backward's ReLU mask, a maxpool reading the batchnorm's input) makes

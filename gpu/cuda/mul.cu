@@ -91,19 +91,6 @@ __global__ void k_chan_scale(const T *x, const float *__restrict__ scale, T *y, 
         y[e] = cu_to<T>(cu_f(x[e]) * scale[chan_of(e, c, hw, nhwc)]);
 }
 
-/* V floats of the fp32 parameter at p (16-byte aligned): V channels' scales. */
-template <int V> __device__ __forceinline__ void ld_scales(const float *__restrict__ p, float *f)
-{
-#pragma unroll
-    for (int q = 0; q < V / 4; q++) {
-        const float4 t = reinterpret_cast<const float4 *>(p)[q];
-        f[4 * q] = t.x;
-        f[4 * q + 1] = t.y;
-        f[4 * q + 2] = t.z;
-        f[4 * q + 3] = t.w;
-    }
-}
-
 /* k_chan_scale over 16-byte vectors of V = 16/sizeof(T) elements (x, y
  * 16-byte aligned): NHWC with c % V == 0 (a vector is V consecutive channels,
  * their scales one or two float4 loads of the 16-byte aligned parameter), or
@@ -118,7 +105,7 @@ __global__ void __launch_bounds__(CU_TPB)
         float u[V], sv[V];
         cu_ld<T, V>(x + i * V, u);
         if (nhwc) {
-            ld_scales<V>(scale + (i % cv) * V, sv);
+            cu_ldf<V>(scale + (i % cv) * V, sv);
         } else {
             const float one = scale[(i * V / hw) % (size_t)c];
 #pragma unroll

@@ -68,19 +68,6 @@ __device__ __forceinline__ float group_sum(float v, int L)
     return v;
 }
 
-/* V floats of the fp32 parameter at p (16-byte aligned). */
-template <int V> __device__ __forceinline__ void ld_param(const float *__restrict__ p, float *f)
-{
-#pragma unroll
-    for (int q = 0; q < V / 4; q++) {
-        const float4 t = reinterpret_cast<const float4 *>(p)[q];
-        f[4 * q] = t.x;
-        f[4 * q + 1] = t.y;
-        f[4 * q + 2] = t.z;
-        f[4 * q + 3] = t.w;
-    }
-}
-
 /* Contiguous positions over 16-byte vectors, the row held in registers: a
  * group of L lanes per row of c = cv * V values (c % V == 0, cv <= L * K;
  * x, y, ga, be 16-byte aligned), lane j of the group holding vectors
@@ -132,8 +119,8 @@ __global__ void
         const int q = j + k * L;
         if (q < cv) {
             float g[V], b[V];
-            ld_param<V>(ga + (size_t)q * V, g);
-            ld_param<V>(be + (size_t)q * V, b);
+            cu_ldf<V>(ga + (size_t)q * V, g);
+            cu_ldf<V>(be + (size_t)q * V, b);
 #pragma unroll
             for (int e = 0; e < V; e++)
                 v[k][e] = (v[k][e] - mu) * r * g[e] + b[e];
@@ -220,7 +207,7 @@ __global__ void
             float d[V], w[V];
             cu_ld<T, V>(x + row * c + (size_t)q * V, xh[k]);
             cu_ld<T, V>(dy + row * c + (size_t)q * V, d);
-            ld_param<V>(ga + (size_t)q * V, w);
+            cu_ldf<V>(ga + (size_t)q * V, w);
 #pragma unroll
             for (int e = 0; e < V; e++) {
                 g[k][e] = d[e] * w[e];

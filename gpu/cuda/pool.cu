@@ -36,6 +36,17 @@ __device__ __forceinline__ void pool_index(unsigned u, int C, int X, int Y, int 
     }
 }
 
+/* The windows o0..o1 of one dimension (k taps, stride s, padding p, O
+ * windows) that hold input index i: o*s - p <= i <= o*s - p + k - 1. */
+__device__ __forceinline__ void pool_windows(int i, int k, int s, int p, int O, int *o0, int *o1)
+{
+    const int t = i + p - k + 1;
+    const unsigned us = (unsigned)s;
+    *o0 = t > 0 ? (int)(((unsigned)t + us - 1) / us) : 0;
+    const int hi = (int)((unsigned)(i + p) / us);
+    *o1 = hi > O - 1 ? O - 1 : hi;
+}
+
 /* Any window: a thread per output element. NCHW: index = ((ni*C + c)*oh + oy)*ow + ox;
  * NHWC: ((ni*oh + oy)*ow + ox)*C + c. As PyTorch: the first in-bounds input
  * starts the running maximum at -inf; a larger value or a NaN replaces it. */
@@ -84,16 +95,9 @@ __global__ void k_maxpool_bwd(const T *__restrict__ dy, const int32_t *__restric
     int ix, iy;
     size_t obase, os;
     pool_index((unsigned)i, C, W, H, nhwc, (size_t)OH * OW, &ix, &iy, &obase, &os);
-    /* oy*stride - pad <= iy <= oy*stride - pad + k - 1 */
-    const int ty = iy + pad - k + 1, tx = ix + pad - k + 1;
-    const unsigned us = (unsigned)stride;
-    int oy0 = ty > 0 ? (int)(((unsigned)ty + us - 1) / us) : 0;
-    int ox0 = tx > 0 ? (int)(((unsigned)tx + us - 1) / us) : 0;
-    int oy1 = (int)((unsigned)(iy + pad) / us), ox1 = (int)((unsigned)(ix + pad) / us);
-    if (oy1 > OH - 1)
-        oy1 = OH - 1;
-    if (ox1 > OW - 1)
-        ox1 = OW - 1;
+    int oy0, oy1, ox0, ox1;
+    pool_windows(iy, k, stride, pad, OH, &oy0, &oy1);
+    pool_windows(ix, k, stride, pad, OW, &ox0, &ox1);
     const int me = iy * W + ix;
     float s = 0.f;
     for (int oy = oy0; oy <= oy1; oy++)
@@ -105,6 +109,19 @@ __global__ void k_maxpool_bwd(const T *__restrict__ dy, const int32_t *__restric
                 s += d;
         }
     dx[i] = cu_to<T>(s);
+}
+
+/* Thread i of an NHWC kernel over (sample, row, column, channel vector),
+ * Cv vectors a position: its vector cv, column x, row y and sample ni. */
+__device__ __forceinline__ void nhwc_vec_pos(unsigned i, unsigned Cv, int X, int Y, unsigned *cv, int *x, int *y,
+                                             unsigned *ni)
+{
+    *cv = i % Cv;
+    unsigned r = i / Cv;
+    *x = (int)(r % (unsigned)X);
+    r /= (unsigned)X;
+    *y = (int)(r % (unsigned)Y);
+    *ni = r / (unsigned)Y;
 }
 
 /* Any window, NHWC, V channels a thread (V = 16/sizeof(T); C % V == 0 and
@@ -122,13 +139,9 @@ __global__ void __launch_bounds__(CU_TPB)
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
         return;
-    const unsigned Cv = (unsigned)C / V;
-    const unsigned cv = i % Cv;
-    unsigned r = i / Cv;
-    const int ox = (int)(r % (unsigned)OW);
-    r /= (unsigned)OW;
-    const int oy = (int)(r % (unsigned)OH);
-    const unsigned ni = r / (unsigned)OH;
+    unsigned cv, ni;
+    int ox, oy;
+    nhwc_vec_pos(i, (unsigned)C / V, OW, OH, &cv, &ox, &oy, &ni);
     const T *xb = x + (size_t)ni * H * W * C + cv * V;
     const int ys = oy * stride - pad, xs = ox * stride - pad;
     const int y0 = ys > 0 ? ys : 0, x0 = xs > 0 ? xs : 0;
@@ -165,23 +178,12 @@ __global__ void __launch_bounds__(CU_TPB)
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
         return;
-    const unsigned Cv = (unsigned)C / V;
-    const unsigned cv = i % Cv;
-    unsigned r = i / Cv;
-    const int ix = (int)(r % (unsigned)W);
-    r /= (unsigned)W;
-    const int iy = (int)(r % (unsigned)H);
-    const unsigned ni = r / (unsigned)H;
-    /* the window bounds of k_maxpool_bwd */
-    const int ty = iy + pad - k + 1, tx = ix + pad - k + 1;
-    const unsigned us = (unsigned)stride;
-    const int oy0 = ty > 0 ? (int)(((unsigned)ty + us - 1) / us) : 0;
-    const int ox0 = tx > 0 ? (int)(((unsigned)tx + us - 1) / us) : 0;
-    int oy1 = (int)((unsigned)(iy + pad) / us), ox1 = (int)((unsigned)(ix + pad) / us);
-    if (oy1 > OH - 1)
-        oy1 = OH - 1;
-    if (ox1 > OW - 1)
-        ox1 = OW - 1;
+    unsigned cv, ni;
+    int ix, iy;
+    nhwc_vec_pos(i, (unsigned)C / V, W, H, &cv, &ix, &iy, &ni);
+    int oy0, oy1, ox0, ox1;
+    pool_windows(iy, k, stride, pad, OH, &oy0, &oy1);
+    pool_windows(ix, k, stride, pad, OW, &ox0, &ox1);
     const int me = iy * W + ix;
     const size_t ob = (size_t)ni * OH * OW * C + cv * V;
     float s[V];
@@ -597,16 +599,9 @@ __global__ void k_avgpool2d_bwd(const T *__restrict__ dy, int C, int H, int W, i
     int ix, iy;
     size_t obase, os;
     pool_index((unsigned)i, C, W, H, nhwc, (size_t)OH * OW, &ix, &iy, &obase, &os);
-    /* oy*stride - pad <= iy <= oy*stride - pad + k - 1 */
-    const int ty = iy + pad - k + 1, tx = ix + pad - k + 1;
-    const unsigned us = (unsigned)stride;
-    const int oy0 = ty > 0 ? (int)(((unsigned)ty + us - 1) / us) : 0;
-    const int ox0 = tx > 0 ? (int)(((unsigned)tx + us - 1) / us) : 0;
-    int oy1 = (int)((unsigned)(iy + pad) / us), ox1 = (int)((unsigned)(ix + pad) / us);
-    if (oy1 > OH - 1)
-        oy1 = OH - 1;
-    if (ox1 > OW - 1)
-        ox1 = OW - 1;
+    int oy0, oy1, ox0, ox1;
+    pool_windows(iy, k, stride, pad, OH, &oy0, &oy1);
+    pool_windows(ix, k, stride, pad, OW, &ox0, &ox1);
     float s = 0.f;
     for (int oy = oy0; oy <= oy1; oy++)
         for (int ox = ox0; ox <= ox1; ox++) {

@@ -133,11 +133,13 @@ const sf_cfg_option sf_config_table[] = {
      "TLS 1.2 and 1.3 with forward-secret key exchange only: no TLS 1.0 or 1.1, no static RSA."},
     {"ring.slots", SF_CT_INT, F(ring.slots), "8", 2, 4096, NULL, 0, check_slots,
      "Ring slots of pinned host memory (batches buffered between HTTP and the GPU)."},
-    {"ring.slot_bytes", SF_CT_INT64, F(ring.slot_bytes), "67108864", 4096, 17179869184.0, NULL, 0,
-     NULL, "Bytes per slot: the largest batch data section accepted (a larger body gets 413 "
-     "body_too_large naming this option). The default takes a batch of eight phone photos (3-5 MB "
-     "each) or W1's 256 raw 224x224 images; the ring holds ring.slots of them in pinned host memory on "
-     "CUDA (512 MiB by default), in untouched pages until used on the reference backend."},
+    {"ring.slot_bytes", SF_CT_INT64, F(ring.slot_bytes), "0", 0, 17179869184.0, NULL, 0,
+     check_slot_bytes, "Bytes per slot: the largest batch data section accepted (a larger body gets "
+     "413 body_too_large naming this option); 0, or at least 4096. 0 (the default): one batch of "
+     "model.max_batch raw uint8 samples at the model's input size with int64 labels, and at least 64 "
+     "MiB, a batch of eight phone photos (3-5 MB each), rounded up to MiB; GET /v1/config shows the "
+     "bytes in force. The ring holds ring.slots of them in pinned host memory on CUDA (512 MiB at 64 "
+     "MiB), in untouched pages until used on the reference backend."},
     {"ring.full_policy", SF_CT_ENUM, F(ring.full_policy), "block", 0, 0, "block|reject", SF_CF_HOT,
      NULL, "When no slot is free: block (suspend the upload, 503 after the timeout) or reject (429)."},
     {"ring.full_timeout_ms", SF_CT_INT, F(ring.full_timeout_ms), "10000", 0, 600000, NULL,

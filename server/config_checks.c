@@ -175,6 +175,18 @@ int check_slots(const sf_config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* 0 sizes the slots from the model at start (sf_ring_auto_slot_bytes); a
+ * value given must hold more than a few headers. */
+int check_slot_bytes(const sf_config *c, char *err, size_t errlen)
+{
+    if (c->ring.slot_bytes != 0 && c->ring.slot_bytes < 4096) {
+        snprintf(err, errlen, "ring.slot_bytes: %lld is neither 0 (sized from the model) nor at least 4096",
+                 (long long)c->ring.slot_bytes);
+        return -1;
+    }
+    return 0;
+}
+
 /* Periodic saves and resume work on checkpoint.dir: without one they cannot. */
 int check_checkpoint(const sf_config *c, char *err, size_t errlen)
 {

@@ -17,6 +17,7 @@
 int check_model(const sf_config *c, char *err, size_t errlen);
 int check_augment(const sf_config *c, char *err, size_t errlen);
 int check_slots(const sf_config *c, char *err, size_t errlen);
+int check_slot_bytes(const sf_config *c, char *err, size_t errlen);
 int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 int check_host(const sf_config *c, char *err, size_t errlen);
 int check_listeners(const sf_config *c, char *err, size_t errlen);

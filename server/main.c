@@ -419,6 +419,17 @@ int main(int argc, char **argv)
     if (sf_ckpt_start(&app, err, sizeof err))
         return start_failed(1, "checkpoint: %s", err);
 
+    /* ring.slot_bytes 0: a slot holds one raw batch of model.max_batch at
+     * the model's input size (W3's 1024 224x224 images need 147 MiB), so a
+     * large batch needs no hand-set size; the live config shows the bytes. */
+    if (app.cfg.ring.slot_bytes == 0) {
+        const sf_model *m = &app.model;
+        const sf_cfg_option *o = sf_config_find("ring.slot_bytes");
+        app.cfg.ring.slot_bytes = (int64_t)sf_ring_auto_slot_bytes(
+            app.cfg.model.max_batch, m->in_c, m->in_h, m->in_w,
+            m->segmentation ? (uint64_t)m->out_h * (uint64_t)m->out_w : 1, (uint64_t)o->max);
+        sf_config_live_init(&app.cfg);
+    }
     app.ring = app.backend ? sf_ring_new(app.cfg.ring.slots, (size_t)app.cfg.ring.slot_bytes,
                                          be_alloc, be_free, app.backend)
                            : sf_ring_new(app.cfg.ring.slots, (size_t)app.cfg.ring.slot_bytes,

@@ -86,6 +86,16 @@ void sf_ring_destroy(sf_ring *r)
 
 int sf_ring_slots(const sf_ring *r) { return r->n; }
 size_t sf_ring_slot_bytes(const sf_ring *r) { return r->slot_bytes; }
+
+uint64_t sf_ring_auto_slot_bytes(int max_batch, int c, int h, int w, uint64_t label_elems, uint64_t max_bytes)
+{
+    const uint64_t mib = (uint64_t)1 << 20;
+    const uint64_t per = (uint64_t)(c > 0 ? c : 0) * (uint64_t)(h > 0 ? h : 0) * (uint64_t)(w > 0 ? w : 0) +
+                         8 * label_elems;
+    uint64_t need = per * (uint64_t)(max_batch > 0 ? max_batch : 0);
+    need = need < SF_RING_AUTO_MIN_BYTES ? SF_RING_AUTO_MIN_BYTES : (need + mib - 1) / mib * mib;
+    return need > max_bytes ? max_bytes : need;
+}
 uint8_t *sf_ring_bytes(sf_ring *r, int slot) { return r->bytes[slot]; }
 sf_slot_meta *sf_ring_meta(sf_ring *r, int slot) { return &r->meta[slot]; }
 

@@ -54,6 +54,13 @@ void sf_ring_destroy(sf_ring *r);
 
 int sf_ring_slots(const sf_ring *r);
 size_t sf_ring_slot_bytes(const sf_ring *r);
+
+/* The slot size of ring.slot_bytes 0: one batch of max_batch raw uint8
+ * samples of c*h*w bytes with label_elems int64 labels each (1, or a
+ * segmentation map's pixels), at least SF_RING_AUTO_MIN_BYTES (a batch of
+ * eight phone photos), rounded up to MiB and at most max_bytes. */
+#define SF_RING_AUTO_MIN_BYTES ((uint64_t)64 << 20)
+uint64_t sf_ring_auto_slot_bytes(int max_batch, int c, int h, int w, uint64_t label_elems, uint64_t max_bytes);
 uint8_t *sf_ring_bytes(sf_ring *r, int slot);
 sf_slot_meta *sf_ring_meta(sf_ring *r, int slot);
 

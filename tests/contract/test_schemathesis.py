@@ -51,7 +51,8 @@ KNOWN_SPEC_BUGS = {
         "spec: the Config/ConfigPatch schemas are generated from the option table (types, bounds, "
         "enums, no unknown keys), but some schema-valid patches are still refused by checks JSON "
         "Schema cannot express: cross-field rules (pipeline.jobs_max >= 2*ring.slots+64, periodic "
-        "checkpoints need checkpoint.dir) and the semantics of JSON options (model.spec, "
+        "checkpoints need checkpoint.dir), values with a hole in their range (ring.slot_bytes: 0 or "
+        "at least 4096) and the semantics of JSON options (model.spec, "
         "augment.pipeline must parse as a model / an augmentation list)."),
 }
 

@@ -96,11 +96,11 @@ def test_a_flag_followed_by_another_flag_is_reported_as_missing_its_value():
 
 
 def test_integer_bounds_print_as_integers_in_errors_and_help():
-    p = run("--ring.slot_bytes", "1")
+    p = run("--eval.logits_keep_bytes", "1")
     assert p.returncode == 2
-    assert "[4096, 17179869184]" in p.stderr, p.stderr
+    assert "[4096, 68719476736]" in p.stderr, p.stderr
     h = run("--help").stdout
-    assert "int in [4096, 17179869184]" in h
+    assert "int in [4096, 68719476736]" in h
     assert "e+" not in h, [ln for ln in h.splitlines() if "e+" in ln]
 
 

@@ -231,10 +231,13 @@ def test_get_config_shows_every_option_with_its_default(start_server):
     for name, (typ, default) in table.items():
         sec, opt = name.split(".")
         assert opt in cfg.get(sec, {}), f"{name} missing from GET /v1/config"
-        # the harness's own flags; and the pipelines, shown as the preset's recipe they run
-        if name in ("pipeline.mode", "http.port", "http.host", "augment.pipeline", "augment.eval_pipeline"):
+        # the harness's own flags; the pipelines, shown as the preset's recipe they run;
+        # the slot size, shown as the bytes its default (0) came to for the model
+        if name in ("pipeline.mode", "http.port", "http.host", "augment.pipeline", "augment.eval_pipeline",
+                    "ring.slot_bytes"):
             continue
         assert cfg[sec][opt] == typed_default(typ, default), name
+    assert typed_default(*table["ring.slot_bytes"]) == 0 and cfg["ring"]["slot_bytes"] == 64 << 20
     assert sum(len(v) for v in cfg.values()) == len(table), "GET /v1/config has options the table lacks"
 
 

@@ -272,6 +272,23 @@ def test_uploads_rejected_by_the_http_layer_are_counted_as_rejected_batches(star
     assert m[key("streamfeed_batches_received_total", status="rejected")] == 2
 
 
+def test_the_default_slot_holds_one_raw_batch_of_model_max_batch(start_server, rng):
+    """ring.slot_bytes 0 (the default) sizes a slot from the model: ResNet-18's
+    224x224x3 at model.max_batch 512 is 73.5 MiB of pixels and int64 labels, so
+    74 MiB, and a batch over the old fixed 64 MiB is taken; a small model keeps
+    64 MiB; a size given is kept as it is."""
+    big = start_server(SINK, "--model.preset", "resnet18", "--model.max_batch", "512")
+    assert big.config()["ring"]["slot_bytes"] == 74 << 20
+    body = st_body(*random_batch(rng, 460, 224, 224))
+    assert len(body) > 64 << 20
+    r = big.post_batch(body)
+    assert r.status_code == 202, r.text
+    small = start_server(SINK)
+    assert small.config()["ring"]["slot_bytes"] == 64 << 20
+    given = start_server(SINK, "--model.preset", "resnet18", "--model.max_batch", "512", "--ring.slot_bytes", "4096")
+    assert given.config()["ring"]["slot_bytes"] == 4096
+
+
 # ---- a full ring -------------------------------------------------------------------
 
 

@@ -53,7 +53,7 @@ static void test_defaults_parse_and_hold_the_table_values(void **state)
     assert_int_equal(c.http.max_json_bytes, 1048576);
     assert_string_equal(c.http.token, "");
     assert_int_equal(c.ring.slots, 8);
-    assert_int_equal(c.ring.slot_bytes, 67108864);
+    assert_int_equal(c.ring.slot_bytes, 0); /* sized from the model at start */
     assert_string_equal(c.ring.full_policy, "block");
     assert_int_equal(c.ring.full_timeout_ms, 10000);
     assert_string_equal(c.pipeline.mode, "train");
@@ -117,7 +117,7 @@ static void test_set_text_rejects_out_of_range_values_naming_the_option(void **s
     const struct { const char *name, *value; } bad[] = {
         {"ring.slots", "1"},       {"ring.slots", "4097"},     {"http.port", "-1"},
         {"http.port", "65536"},    {"optim.momentum", "1.5"},  {"optim.lr", "-0.1"},
-        {"optim.lr", "nan"},       {"optim.lr", "inf"},        {"ring.slot_bytes", "4095"},
+        {"optim.lr", "nan"},       {"optim.lr", "inf"},        {"eval.logits_keep_bytes", "4095"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = '\0';
@@ -312,6 +312,16 @@ static void test_validate_runs_the_semantic_checks_and_names_the_field(void **st
     assert_string_equal(field, "ring.slots");
     assert_non_null(strstr(err, "jobs_max"));
     assert_int_equal(sf_config_set_text(&c, "pipeline.jobs_max", "8256", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), 0);
+
+    /* A slot size is 0 (sized from the model at start) or at least 4096. */
+    assert_int_equal(sf_config_set_text(&c, "ring.slot_bytes", "4095", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), -1);
+    assert_string_equal(field, "ring.slot_bytes");
+    assert_non_null(strstr(err, "4095"));
+    assert_int_equal(sf_config_set_text(&c, "ring.slot_bytes", "4096", err, sizeof err), 0);
+    assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), 0);
+    assert_int_equal(sf_config_set_text(&c, "ring.slot_bytes", "0", err, sizeof err), 0);
     assert_int_equal(sf_config_validate(&c, err, sizeof err, field, sizeof field), 0);
 
     /* Valid JSON that is not a valid augmentation list. */

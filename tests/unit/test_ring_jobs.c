@@ -268,6 +268,26 @@ static void test_on_free_may_call_into_the_ring(void **state)
     sf_ring_destroy(r);
 }
 
+/* ring.slot_bytes 0: one raw batch at the model's input size, at least 64
+ * MiB, rounded up to MiB, at most the option's bound. */
+static void test_auto_slot_bytes_hold_one_raw_batch_of_max_batch(void **state)
+{
+    (void)state;
+    const uint64_t mib = (uint64_t)1 << 20, max = (uint64_t)16 << 30;
+    /* W3: 1024 x 224x224x3 bytes + 1024 int64 labels = 147.0078 MiB -> 148 MiB */
+    assert_true(sf_ring_auto_slot_bytes(1024, 3, 224, 224, 1, max) == 148 * mib);
+    /* exactly 80 MiB of pixels and no label bytes beyond: 80 MiB */
+    assert_true(sf_ring_auto_slot_bytes(80, 1, 1024, 1024, 0, max) == 80 * mib);
+    /* small models keep 64 MiB: W1 256 x 256x256x3 (48.0 MiB), a segmentation map's labels */
+    assert_true(sf_ring_auto_slot_bytes(256, 3, 256, 256, 1, max) == SF_RING_AUTO_MIN_BYTES);
+    assert_true(sf_ring_auto_slot_bytes(8, 3, 256, 256, 256 * 256, max) == SF_RING_AUTO_MIN_BYTES);
+    /* per-pixel int64 labels count: 32 x (3 + 8) x 512 x 512 = 88 MiB */
+    assert_true(sf_ring_auto_slot_bytes(32, 3, 512, 512, 512 * 512, max) == 88 * mib);
+    /* bounded by the option's maximum */
+    assert_true(sf_ring_auto_slot_bytes(4096, 3, 4096, 4096, 1, max) == max);
+    assert_true(sf_ring_auto_slot_bytes(0, 3, 224, 224, 1, max) == SF_RING_AUTO_MIN_BYTES);
+}
+
 static void test_slot_state_names(void **state)
 {
     (void)state;
@@ -557,6 +577,7 @@ int main(void)
         cmocka_unit_test(test_commit_wakes_a_blocked_pop_with_that_slot),
         cmocka_unit_test(test_on_free_runs_whenever_a_slot_becomes_free),
         cmocka_unit_test(test_on_free_may_call_into_the_ring),
+        cmocka_unit_test(test_auto_slot_bytes_hold_one_raw_batch_of_max_batch),
         cmocka_unit_test(test_slot_state_names),
         cmocka_unit_test(test_producers_and_a_consumer_move_every_slot_exactly_once),
         cmocka_unit_test(test_job_ids_start_at_one_and_map_to_their_entry),

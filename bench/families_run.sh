@@ -93,8 +93,10 @@ fi
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -n 1 > "$OUT/gpu.txt"
 [ -s "$OUT/gpu.txt" ] || echo "no GPU" > "$OUT/gpu.txt"
-# The commit the binary was built from (the device's copy of the tree may have no .git).
-commit=$(build/streamfeed --version 2>/dev/null | grep -o '[0-9a-f]\{7,40\}' | head -n 1)
+# The commit the binary was built from (the device's copy of the tree may have no .git),
+# with its "-dirty" mark: a copy whose .git is older than its files builds as
+# that older commit, dirty, and the report must not name the commit alone.
+commit=$(build/streamfeed --version 2>/dev/null | grep -o '[0-9a-f]\{7,40\}\(-dirty\)\?' | head -n 1)
 echo "${BENCH_COMMIT:-${commit:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}}" > "$OUT/commit.txt"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$OUT/date.txt"
 log "GPU $(cat "$OUT/gpu.txt"); commit $(cat "$OUT/commit.txt"); $("$PY" -c 'import torch, torchvision; print("torch", torch.__version__, "torchvision", torchvision.__version__)' 2>&1 | tail -n 1)"

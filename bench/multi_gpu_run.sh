@@ -49,7 +49,7 @@ else
     exit 1
   fi
 fi
-echo "${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$OUTD/commit.txt"
+echo "${BENCH_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}" > "$OUTD/commit.txt"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$OUTD/date.txt"
 log "GPUs: $G ($(head -n 1 "$OUTD/gpu.txt")); commit $(cat "$OUTD/commit.txt")"
 WORLDS="1"

@@ -13,7 +13,7 @@ run() { log "$*"; "$@" 2>&1 | tee -a "$OUTD/bench.log"; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUTD/gpu.txt" 2>/dev/null \
   || echo "no GPU" > "$OUTD/gpu.txt"
-echo "${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$OUTD/commit.txt"
+echo "${BENCH_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}" > "$OUTD/commit.txt"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$OUTD/date.txt"
 log "GPU: $(cat "$OUTD/gpu.txt"); commit $(cat "$OUTD/commit.txt")"
 

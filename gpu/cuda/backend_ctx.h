@@ -214,14 +214,16 @@ int enqueue_step(cuda_ctx *c, int b, int n, int want_logits);
 
 /* backend_dist.cu: the executor's data-parallel hooks (sf_net_cfg.grad_reduce,
  * buf_broadcast and stat_reduce, ctx the cuda_ctx), a round this rank joins
- * without a batch, the communicator made at its first use, and the watchdog
- * that aborts a collective a peer left waiting. */
+ * without a batch, the communicator made at its first use, the watchdog
+ * that aborts a collective a peer left waiting, and sf_backend_i.dist_leave. */
 int grad_reduce(void *ctx, const sf_grad_piece *pieces, int n, cudaStream_t s);
 int buf_broadcast(void *ctx, float *p, size_t n, cudaStream_t s);
 int stat_reduce(void *ctx, double *p, size_t n, cudaStream_t s);
 int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errlen);
 int ensure_nccl(cuda_ctx *c, char *err, size_t errlen);
 void nccl_watchdog(cuda_ctx *c);
+int cu_dist_join(sf_backend *be, char *err, size_t errlen);
+void cu_dist_leave(sf_backend *be, int together);
 
 /* backend_jpeg.cu: the build's preparation for encoded batches (the kept
  * samples' arrays, the maker), the decoder made by the first encoded batch

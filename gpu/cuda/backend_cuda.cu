@@ -1318,6 +1318,8 @@ static const sf_backend_i cuda_vtable = {
     cu_param_digest,
     NULL, /* precision_in_force: the CUDA backend computes in model.precision as asked */
     cu_decoder_memory,
+    cu_dist_join,
+    cu_dist_leave,
 };
 
 __global__ void k_probe(int *p)

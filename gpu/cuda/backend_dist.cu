@@ -1,9 +1,9 @@
 /* gpu/cuda/backend_dist.cu — the CUDA backend's data-parallel side: the
  * executor's hooks that all-reduce a gradient bucket or a batchnorm's sums
  * and broadcast rank 0's running statistics through NCCL, the round a rank
- * joins without a batch, the communicator made at its first use, and the
- * watchdog that turns a peer that stopped answering into a sticky error
- * instead of a hang.
+ * joins without a batch, the communicator made at its first use and
+ * released when the job ends, and the watchdog that turns a peer that
+ * stopped answering into a sticky error instead of a hang.
  */
 #include "gpu/cuda/backend_ctx.h"
 
@@ -103,8 +103,9 @@ int submit_empty(cuda_ctx *c, const sf_batch *bt, char *err, size_t errlen)
     return 0;
 }
 
-/* A data-parallel backend's communicator, made at its first use; a failure
- * is sticky (the job cannot train without it). */
+/* A data-parallel backend's communicator, made at the job's join
+ * (cu_dist_join) or else at its first use; a failure is sticky (the job
+ * cannot train without it). */
 int ensure_nccl(cuda_ctx *c, char *err, size_t errlen)
 {
     /* without a model the batch's own check says so (a failed build leaves
@@ -121,6 +122,36 @@ int ensure_nccl(cuda_ctx *c, char *err, size_t errlen)
         return -1;
     }
     return 0;
+}
+
+/* sf_backend_i.dist_join: the communicator now rather than at the first
+ * step (ensure_nccl, which a backend used without the engine's join still
+ * reaches at its first step). */
+int cu_dist_join(sf_backend *be, char *err, size_t errlen)
+{
+    cuda_ctx *c = ctx_of(be);
+    cudaSetDevice(c->device);
+    return ensure_nccl(c, err, errlen);
+}
+
+/* sf_backend_i.dist_leave: the graphs that captured the all-reduces go
+ * first (the communicator's destruction waits for their references), then
+ * the communicator: finalized with the other ranks when they all leave
+ * together, aborted when the job failed (a finalize would wait for a peer
+ * that may be gone). */
+void cu_dist_leave(sf_backend *be, int together)
+{
+    cuda_ctx *c = ctx_of(be);
+    if (!c->nccl)
+        return;
+    cudaSetDevice(c->device);
+    if (!together)
+        sf_nccl_abort(c->nccl);
+    cudaStreamSynchronize(c->st_transform);
+    cudaStreamSynchronize(c->st_compute);
+    if (c->net)
+        sf_net_drop_step_graphs(c->net);
+    sf_nccl_leave(c->nccl);
 }
 
 /* A peer that died or stopped answering leaves this rank's all-reduce

@@ -79,8 +79,9 @@ typedef struct nccl_api {
 
 struct sf_nccl {
     nccl_api api;
-    ncclComm_t comm; /* NULL until sf_nccl_join */
+    ncclComm_t comm; /* NULL until sf_nccl_join, and again after sf_nccl_leave */
     int aborted;
+    int left; /* sf_nccl_leave: the job ended for this rank */
     int timeout_ms;
 };
 
@@ -160,8 +161,9 @@ extern "C" int sf_nccl_open(sf_nccl **out, char *err, size_t errlen)
 
 extern "C" int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errlen)
 {
-    if (x->comm) {
-        snprintf(err, errlen, "cuda: the NCCL communicator is made already");
+    if (x->comm || x->left) {
+        snprintf(err, errlen, "cuda: %s", x->left ? "this rank left its data-parallel job (it ended)"
+                                                  : "the NCCL communicator is made already");
         return -1;
     }
     x->timeout_ms = d->timeout_ms;
@@ -308,16 +310,30 @@ extern "C" void sf_nccl_abort(sf_nccl *x)
  * peer that is already gone. */
 #define NCCL_FINALIZE_MS 10000
 
-extern "C" void sf_nccl_free(sf_nccl *x)
+static void release(sf_nccl *x)
 {
-    if (!x)
-        return;
     if (x->comm && !x->aborted) {
         if (await_comm(x, x->api.finalize(x->comm), NCCL_FINALIZE_MS) == ncclSuccess)
             x->api.destroy(x->comm);
         else
             x->api.abort_comm(x->comm);
     }
+    x->comm = NULL;
+}
+
+extern "C" void sf_nccl_leave(sf_nccl *x)
+{
+    if (!x)
+        return;
+    release(x);
+    x->left = 1;
+}
+
+extern "C" void sf_nccl_free(sf_nccl *x)
+{
+    if (!x)
+        return;
+    release(x);
     if (x->api.lib)
         dlclose(x->api.lib);
     free(x);
@@ -346,5 +362,6 @@ extern "C" int sf_nccl_allreduce_f64(sf_nccl *x, double *p, size_t n, cudaStream
 extern "C" int sf_nccl_broadcast(sf_nccl *x, float *p, size_t n, int root, cudaStream_t s) { return -1; }
 extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen) { return -1; }
 extern "C" void sf_nccl_abort(sf_nccl *x) {}
+extern "C" void sf_nccl_leave(sf_nccl *x) {}
 extern "C" void sf_nccl_free(sf_nccl *x) {}
 #endif

@@ -41,7 +41,7 @@ int sf_nccl_open(sf_nccl **out, char *err, size_t errlen);
 /* Joins the NCCL communicator of d's job. 0, or -1 with err (the id never
  * came, the init failed or timed out). */
 int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errlen);
-/* 1 once sf_nccl_join has succeeded, until the communicator is aborted. */
+/* 1 once sf_nccl_join has succeeded, until the communicator is aborted or left. */
 int sf_nccl_joined(const sf_nccl *x);
 /* One line for the backend's plan: the library's version and how the
  * gradients are summed. */
@@ -64,6 +64,12 @@ int sf_nccl_check(sf_nccl *x, char *err, size_t errlen);
 /* Ends every NCCL operation of the communicator (a peer died or timed out):
  * kernels waiting on a peer return, the communicator is unusable. */
 void sf_nccl_abort(sf_nccl *x);
+/* The job ended for this rank: the communicator is finalized and destroyed
+ * (aborted if that does not complete within 10 s) now, and no other is made.
+ * NCCL tears a communicator down with every rank of the host taking part:
+ * a rank that kept it until its exit would wait there for the other ranks'
+ * exits, so the ranks of a job that ended release it together. */
+void sf_nccl_leave(sf_nccl *x);
 /* The communicator (finalized, or aborted if that does not complete). */
 void sf_nccl_free(sf_nccl *x);
 

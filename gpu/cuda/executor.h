@@ -239,6 +239,11 @@ int sf_net_set_params(sf_cuda_net *net, const float *host);
  * enqueues a step whose hyper-parameters have momentum != 0 (a set of
  * nonzero momentum calls it too). */
 int sf_net_use_momentum(sf_cuda_net *net);
+/* The training steps' CUDA graphs dropped (captured again at their next
+ * use): a data-parallel rank leaving its job drops the graphs that captured
+ * its all-reduces, each of which holds a reference on the communicator
+ * that its destruction waits for. Nothing in flight. */
+void sf_net_drop_step_graphs(sf_cuda_net *net);
 int sf_net_get_momentum(sf_cuda_net *net, float *host);
 int sf_net_set_momentum(sf_cuda_net *net, const float *host);
 /* AdamW exp_avg_sq (n_params floats; zeros with SGD, writes ignored). */

@@ -81,18 +81,12 @@ extern "C" int sf_net_set_params(sf_cuda_net *net, const float *host)
     return 0;
 }
 
-/* SGD keeps a momentum buffer only once a step asks for momentum, as
- * torch.optim.SGD does: a model trained without momentum saves 4 bytes per
- * parameter. The graphs captured before baked the absent buffer into the
- * optimizer's launch, so they are dropped and captured again (an exec still
- * running is freed when it completes). */
-extern "C" int sf_net_use_momentum(sf_cuda_net *net)
+/* The training steps' graphs are dropped, to be captured again at their
+ * next use (an exec still running is freed when it completes); the
+ * evaluation graphs stay. */
+extern "C" void sf_net_drop_step_graphs(sf_cuda_net *net)
 {
     gen_net *g = net->g;
-    if (net->mom)
-        return 0;
-    if (g_alloc_shift(net, &net->mom, net->m.n_params, net->m.train_off))
-        return -1;
     for (int k = 0; k < g->n_shapes; k++)
         for (int b = 0; b < SF_NET_MAX_BUF; b++)
             for (int o = 0; o < 2; o++)
@@ -100,6 +94,19 @@ extern "C" int sf_net_use_momentum(sf_cuda_net *net)
                     cudaGraphExecDestroy(g->shapes[k]->exec[b][o]);
                     g->shapes[k]->exec[b][o] = NULL;
                 }
+}
+
+/* SGD keeps a momentum buffer only once a step asks for momentum, as
+ * torch.optim.SGD does: a model trained without momentum saves 4 bytes per
+ * parameter. The graphs captured before baked the absent buffer into the
+ * optimizer's launch, so they are captured again. */
+extern "C" int sf_net_use_momentum(sf_cuda_net *net)
+{
+    if (net->mom)
+        return 0;
+    if (g_alloc_shift(net, &net->mom, net->m.n_params, net->m.train_off))
+        return -1;
+    sf_net_drop_step_graphs(net);
     return 0;
 }
 

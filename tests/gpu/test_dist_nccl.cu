@@ -512,24 +512,25 @@ static int concat_batch(batch_data &out, const sf_model &m, const batch_data &a,
  * (parameters, optimizer state, running statistics and num_batches_tracked),
  * and train what one process (GPU 0, no job) trains on each step's two
  * batches concatenated: losses (the mean of the ranks' means) within 1e-3
- * (bf16: 1e-2, whose activations round the small differences up to a
- * bf16 step) and running statistics within 1e-2 relative. That they tell
- * the statistics of 2n samples from those of n is shown by the same two
- * ranks with distributed.batchnorm local, which must end farther from the
- * one process. Over a few steps only: rounding (the statistics and the
+ * (bf16 or AdamW: 1e-2). That they tell the statistics of 2n samples from
+ * those of n is shown by the same two ranks with distributed.batchnorm
+ * local, which must end farther from the one process. Over a few steps
+ * only: rounding (the statistics and the
  * gradient summed in another order, other cuDNN engines for n and 2n)
  * grows step by step, and after 30 steps two runs of identical arithmetic
  * but for that were 0.2 apart in update (fp32, the same batch on both
  * ranks, H200).
- * - fp32 SGD: the update within 2e-2 relative too (6 steps: 6e-3 measured),
- *   local at least 4 times farther in update (0.86 measured) and twice in
- *   running statistics;
+ * - fp32 SGD: the update within 2e-2 relative (6 steps: 6e-3 measured) and
+ *   the running statistics within 1e-2; local at least 4 times farther in
+ *   update (0.86 measured) and twice in running statistics;
  * - bf16 or AdamW: one bf16 rounding of the activations moves the first
- *   gradient norm by 2e-3 already, and 6 clipped steps (AdamW: per-element
- *   normalised ones) take the update 0.2-0.3 apart where local's is 0.86
- *   (H200): the update need only be nearer than local's, and the running
- *   statistics, which the sync decides directly, carry the contrast (local
- *   at least 4 times farther; 20 times measured in bf16).
+ *   gradient norm by 2e-3 already, and 6 clipped steps take the update
+ *   0.2-0.3 apart where local's is 0.86; AdamW's per-element normalised
+ *   steps at lr 0.01 take even fp32 runs 5e-2 apart in update and 3e-2 in
+ *   running statistics (H200). The update need only be nearer than
+ *   local's, and the running statistics, which the sync decides directly,
+ *   carry the contrast: local at least 4 times farther (14 to 20 times
+ *   measured).
  * same: both ranks get the same batches, so local statistics are the whole
  * batch's too and local must match as closely. poison: rank 0's batch at
  * that index has a NaN label smoothing (the concatenated batch too), and
@@ -596,12 +597,12 @@ static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *
                  eb = rel_diff(s0.bufs, one.bufs);
     const double lp = rel_delta(bs0, one.p, out[1][0].p), lb = rel_diff(out[1][0].bufs, one.bufs);
     const bool ranks_ok = dp == 0 && dm == 0 && dq == 0 && db == 0 && s0.nbt == s1.nbt && s0.nbt == one.nbt;
-    const double tl = prec == SF_PREC_BF16 ? 1e-2 : 1e-3;
     /* strict (fp32 SGD): the update itself must be one process's; otherwise
      * the update is only required to be nearer than local's, and the
      * running statistics carry the contrast */
     const bool strict = prec == SF_PREC_FP32 && optim == SF_OPT_SGD;
-    const bool close = (strict ? ep <= 2e-2 : ep <= lp) && el <= tl && eb <= 1e-2;
+    const double tl = strict ? 1e-3 : 1e-2;
+    const bool close = (strict ? ep <= 2e-2 && eb <= 1e-2 : ep <= lp) && el <= tl;
     /* the same batch on both ranks: local statistics are the whole batch's too */
     const bool contrast = same ? lp <= 2e-2 && lb <= 1e-2 : strict ? lp >= 4 * ep && lb >= 2 * eb : lb >= 4 * eb;
     if (ranks_ok && same_skips && skipped_ok && close && contrast)
@@ -614,13 +615,15 @@ static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *
         fail("%s: two ranks with batchnorm sync: %zu parameters, %zu momentum, %zu exp_avg_sq, %zu buffer values "
              "differ between the ranks, num_batches_tracked %llu / %llu / one process %llu; skips %zu / %zu / %zu "
              "(want %s); against one process on both batches: update rel %.2e (%s), loss rel %.2e (<= %.0e), "
-             "running statistics rel %.2e (<= 1e-2); batchnorm local: update rel %.2e, running statistics rel %.2e "
+             "running statistics rel %.2e; batchnorm local: update rel %.2e, running statistics rel %.2e "
              "(want %s); first losses one %.7f, sync ranks %.7f / %.7f",
              name, dp, dm, dq, db, (unsigned long long)s0.nbt, (unsigned long long)s1.nbt,
              (unsigned long long)one.nbt, s0.skipped.size(), s1.skipped.size(), one.skipped.size(),
              poison >= 0 ? "1 non-finite in every run" : "none", ep, strict ? "<= 2e-2" : "<= local's", el, tl, eb,
              lp, lb,
-             same ? "within 2e-2 and 1e-2" : strict ? "at least 4 and 2 times sync's" : "statistics 4 times sync's",
+             same     ? "within 2e-2 and 1e-2"
+             : strict ? "sync's statistics within 1e-2; local at least 4 and 2 times sync's"
+                      : "at least 4 times sync's statistics",
              one.loss.empty() ? 0.0 : one.loss[0], s0.loss.empty() ? 0.0 : s0.loss[0],
              s1.loss.empty() ? 0.0 : s1.loss[0]);
 }

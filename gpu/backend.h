@@ -395,7 +395,7 @@ typedef struct sf_backend_i {
      * saw), so they tear down together, as NCCL needs every rank of a host
      * to take part (a rank that kept its communicator until its exit would
      * wait there for the other ranks' exits); 0: the job failed, a peer
-     * may be gone, and whatever is left is aborted. Called with nothing in
+     * may be gone, and nothing may wait for it. Called with nothing in
      * flight; the backend trains no more data-parallel steps afterwards.
      * NULL: nothing of the job's is the backend's. */
     void (*dist_leave)(sf_backend *be, int together);

@@ -134,24 +134,26 @@ int cu_dist_join(sf_backend *be, char *err, size_t errlen)
     return ensure_nccl(c, err, errlen);
 }
 
-/* sf_backend_i.dist_leave: the graphs that captured the all-reduces go
- * first (the communicator's destruction waits for their references), then
- * the communicator: finalized with the other ranks when they all leave
- * together, aborted when the job failed (a finalize would wait for a peer
- * that may be gone). */
+/* sf_backend_i.dist_leave. Together: the graphs that captured the
+ * all-reduces go first (the communicator's destruction waits for their
+ * references), then the communicator, finalized with the other ranks. A
+ * failed job's communicator is left as it is (sf_nccl_leave): tearing it
+ * down, even aborting it, can wait for a peer that is gone (on two H200s a
+ * survivor that aborted it here after its peer's SIGKILL did not exit
+ * within its grace period). */
 void cu_dist_leave(sf_backend *be, int together)
 {
     cuda_ctx *c = ctx_of(be);
     if (!c->nccl)
         return;
     cudaSetDevice(c->device);
-    if (!together)
-        sf_nccl_abort(c->nccl);
-    cudaStreamSynchronize(c->st_transform);
-    cudaStreamSynchronize(c->st_compute);
-    if (c->net)
-        sf_net_drop_step_graphs(c->net);
-    sf_nccl_leave(c->nccl);
+    if (together) {
+        cudaStreamSynchronize(c->st_transform);
+        cudaStreamSynchronize(c->st_compute);
+        if (c->net)
+            sf_net_drop_step_graphs(c->net);
+    }
+    sf_nccl_leave(c->nccl, together);
 }
 
 /* A peer that died or stopped answering leaves this rank's all-reduce

@@ -81,7 +81,8 @@ struct sf_nccl {
     nccl_api api;
     ncclComm_t comm; /* NULL until sf_nccl_join, and again after sf_nccl_leave */
     int aborted;
-    int left; /* sf_nccl_leave: the job ended for this rank */
+    int left;      /* sf_nccl_leave: the job ended for this rank */
+    int abandoned; /* left when the job failed: never torn down (see sf_nccl_leave) */
     int timeout_ms;
 };
 
@@ -196,7 +197,7 @@ extern "C" int sf_nccl_join(sf_nccl *x, const sf_dist *d, char *err, size_t errl
     return 0;
 }
 
-extern "C" int sf_nccl_joined(const sf_nccl *x) { return x && x->comm && !x->aborted; }
+extern "C" int sf_nccl_joined(const sf_nccl *x) { return x && x->comm && !x->aborted && !x->left; }
 
 extern "C" void sf_nccl_describe(const sf_nccl *x, char *buf, size_t len)
 {
@@ -321,11 +322,14 @@ static void release(sf_nccl *x)
     x->comm = NULL;
 }
 
-extern "C" void sf_nccl_leave(sf_nccl *x)
+extern "C" void sf_nccl_leave(sf_nccl *x, int together)
 {
     if (!x)
         return;
-    release(x);
+    if (together)
+        release(x);
+    else
+        x->abandoned = 1;
     x->left = 1;
 }
 
@@ -333,7 +337,8 @@ extern "C" void sf_nccl_free(sf_nccl *x)
 {
     if (!x)
         return;
-    release(x);
+    if (!x->abandoned)
+        release(x);
     if (x->api.lib)
         dlclose(x->api.lib);
     free(x);
@@ -362,6 +367,6 @@ extern "C" int sf_nccl_allreduce_f64(sf_nccl *x, double *p, size_t n, cudaStream
 extern "C" int sf_nccl_broadcast(sf_nccl *x, float *p, size_t n, int root, cudaStream_t s) { return -1; }
 extern "C" int sf_nccl_check(sf_nccl *x, char *err, size_t errlen) { return -1; }
 extern "C" void sf_nccl_abort(sf_nccl *x) {}
-extern "C" void sf_nccl_leave(sf_nccl *x) {}
+extern "C" void sf_nccl_leave(sf_nccl *x, int together) {}
 extern "C" void sf_nccl_free(sf_nccl *x) {}
 #endif

@@ -64,12 +64,14 @@ int sf_nccl_check(sf_nccl *x, char *err, size_t errlen);
 /* Ends every NCCL operation of the communicator (a peer died or timed out):
  * kernels waiting on a peer return, the communicator is unusable. */
 void sf_nccl_abort(sf_nccl *x);
-/* The job ended for this rank: the communicator is finalized and destroyed
- * (aborted if that does not complete within 10 s) now, and no other is made.
- * NCCL tears a communicator down with every rank of the host taking part:
- * a rank that kept it until its exit would wait there for the other ranks'
- * exits, so the ranks of a job that ended release it together. */
-void sf_nccl_leave(sf_nccl *x);
+/* The job ended for this rank; no other communicator is made. NCCL tears a
+ * communicator down with every rank of the host taking part, so:
+ * together (every rank leaves in this round): finalized and destroyed now
+ * (aborted if that does not complete within 10 s), with the other ranks;
+ * otherwise (the job failed, a peer may be dead or stopped): never torn
+ * down, not even by sf_nccl_free, since a teardown could wait for that peer
+ * for good; its resources go with the process. */
+void sf_nccl_leave(sf_nccl *x, int together);
 /* The communicator (finalized, or aborted if that does not complete). */
 void sf_nccl_free(sf_nccl *x);
 

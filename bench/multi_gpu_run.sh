@@ -13,7 +13,8 @@
 #      learnable batches (tiny model, fp32; needs G >= 2);
 #   3. PyTorch DDP (bench/pytorch_ddp.py under torchrun, NCCL, channels_last,
 #      best of eager and torch.compile, device-cached batches) for the same
-#      workloads on 1 and G GPUs (MG_TORCH=0 skips it).
+#      workloads on 1 and G GPUs (MG_TORCH=0 skips it; MG_TORCH_VARIANTS="eager"
+#      runs only those variants, whose best is then the best of those).
 # With one GPU it is a dry run at world size 1 (parts 1 and 3 only).
 # MG_WORKLOADS="w1" limits parts 1 and 3 to those workloads; MG_LOSS=0 skips
 # part 2; MG_SERVER_ARGS adds server flags to every job (e.g.
@@ -215,7 +216,8 @@ if [ "$CPU" != 1 ] && [ "${MG_TORCH:-1}" = 1 ]; then
     b=$([ "$wl" = w3 ] && echo "$W3B" || echo "$W1B")
     for world in $WORLDS; do
       PYTHONUNBUFFERED=1 timeout 900 $PY -m torch.distributed.run --standalone --nproc_per_node "$world" \
-        bench/pytorch_ddp.py --workload "$wl" --batch "$b" --json "$OUTD/pytorch-$wl-w$world.json" \
+        bench/pytorch_ddp.py --workload "$wl" --batch "$b" --variants "${MG_TORCH_VARIANTS:-eager,compile}" \
+        --json "$OUTD/pytorch-$wl-w$world.json" \
         2>> "$OUTD/bench.log" | tee -a "$OUTD/bench.log" | grep '"best"' | sed 's/^{/{"side":"pytorch_ddp",/' \
         >> "$OUTD/summary.jsonl"
     done

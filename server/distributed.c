@@ -258,7 +258,7 @@ int sf_distributed_join(sf_distributed *d)
         d->reason[0] = '\0';
         /* A cancel_join that came as the join succeeded has nothing left to
          * end; left set, it would cut short the store's later gets (the
-         * NCCL id at the first round). */
+         * NCCL id, read once the job's settings are agreed). */
         atomic_store(&d->cancel, 0);
     }
     pthread_mutex_unlock(&d->mu);

@@ -337,10 +337,14 @@ extern "C" void sf_nccl_free(sf_nccl *x)
 {
     if (!x)
         return;
-    if (!x->abandoned)
+    /* An abandoned communicator's threads still run NCCL's code: the
+     * library stays mapped, as the communicator does, until the process
+     * ends. */
+    if (!x->abandoned) {
         release(x);
-    if (x->api.lib)
-        dlclose(x->api.lib);
+        if (x->api.lib)
+            dlclose(x->api.lib);
+    }
     free(x);
 }
 

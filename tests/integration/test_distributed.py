@@ -36,6 +36,7 @@ ON_GPUS = {
     "test_a_rank_killed_mid_run_makes_the_others_unready_with_a_reason_and_refuse_batches",
     "test_ranks_that_update_differently_are_reported_as_diverged",
     "test_a_job_stopped_by_stopping_all_its_ranks_trains_every_batch_it_accepted",
+    "test_a_rank_stopped_alone_exits_at_once_and_leaves_the_others_up_and_unready",
     "test_a_rank_killed_inside_a_round_leaves_no_accepted_batch_pending_and_no_survivor_hung",
     "test_a_rank_stopped_for_twice_the_wait_and_resumed_rejoins_and_the_ranks_stay_identical",
     "test_rank_0_lost_while_it_writes_checkpoints_then_the_restarted_job_resumes_identical",
@@ -1039,6 +1040,32 @@ def test_a_job_stopped_by_stopping_all_its_ranks_trains_every_batch_it_accepted(
     assert len(out) == 5 and all(code == 200 and b["state"] == "done" for code, b in out), out
     for s in ranks:
         s.stop()
+
+
+@pytest.mark.parametrize("alone", [0, 1])
+def test_a_rank_stopped_alone_exits_at_once_and_leaves_the_others_up_and_unready(start_server, rng, alone):
+    # SIGTERM to one rank only (a pod deleted, a node drained): it drains,
+    # waits a second for the others to show that they stop too, ends the job
+    # and exits; the others stay up, not ready, refusing batches until they
+    # are stopped as well. Its exit waits for nothing of theirs: on CUDA ranks
+    # NCCL's teardown, in which every rank of the host takes part, once kept
+    # a rank stopped alone alive until the others were stopped too.
+    ranks = start_job(start_server, 2, "--distributed.wait_ms", "20")
+    for res in post_round(ranks, [learnable_batch(rng, n=B)] * 2):
+        assert res[0] == 200 and res[1]["state"] == "done", res
+    t0 = time.monotonic()
+    rc = ranks[alone].terminate()
+    took = time.monotonic() - t0
+    assert rc == 0, f"rank {alone}, stopped alone, had not exited {took:.0f} s after its SIGTERM"
+    assert took < (10 if SLOWDOWN == 1 else 30), f"rank {alone}, stopped alone, took {took:.1f} s to exit"
+    other = ranks[1 - alone]
+    reasons = wait_until(lambda: (lambda r: r.json()["reasons"] if r.status_code == 503 else None)(
+        other.get("/readyz")), timeout=10, what="the other rank unready once the job stopped")
+    assert any("the data-parallel job stopped" in x for x in reasons), reasons
+    im, lb = learnable_batch(rng, n=B)
+    r = other.post_arrays(im, lb, wait=True)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "distributed_unavailable", r.text
+    assert other.get("/healthz").status_code == 200
 
 
 # ---- faults: a rank killed, stopped, or rank 0 lost while it writes a checkpoint ----

@@ -46,8 +46,8 @@ __global__ void k_dropout(const T *x, T *y, size_t len, int c, size_t hw, float 
 
 /* Dropout over 16-byte vectors (x, y 16-byte aligned; the len % V tail one
  * element a thread): the same per-element keys and decisions as k_dropout,
- * with CU_UNROLL vectors' loads in flight. The hashes bound this kernel, not
- * the loads, so a dropped element's load is not skipped. */
+ * one vector a thread per step. The hashes bound this kernel, not the loads,
+ * so a dropped element's load is not skipped. */
 template <typename T, int V>
 __global__ void __launch_bounds__(CU_TPB)
     k_dropout_vec(const T *x, T *y, size_t len, int c, size_t hw, float p, float scale, uint64_t seed,

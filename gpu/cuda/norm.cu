@@ -20,10 +20,13 @@
 /* kernels                                                                  */
 /* ======================================================================== */
 
-/* The sum over a warp, every lane receiving it (butterfly: a fixed order). */
-__device__ __forceinline__ float warp_sum(float v)
+/* The sum over the L lanes of a group (L a power of two <= 32, groups
+ * aligned in the warp; 32: the whole warp), every lane of the group
+ * receiving it (butterfly: a fixed order). Every lane of the warp must call
+ * it. */
+__device__ __forceinline__ float group_sum(float v, int L)
 {
-    for (int o = 16; o > 0; o >>= 1)
+    for (int o = L >> 1; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
@@ -43,29 +46,19 @@ __global__ void k_ln_fwd_rows(const T *__restrict__ x, size_t rows, int c, const
     float s = 0.f;
     for (int j = lane; j < c; j += 32)
         s += cu_f(p[j]);
-    const float mu = warp_sum(s) / (float)c;
+    const float mu = group_sum(s, 32) / (float)c;
     float v = 0.f;
     for (int j = lane; j < c; j += 32) {
         const float d = cu_f(p[j]) - mu;
         v += d * d;
     }
-    const float r = 1.f / sqrtf(warp_sum(v) / (float)c + eps);
+    const float r = 1.f / sqrtf(group_sum(v, 32) / (float)c + eps);
     for (int j = lane; j < c; j += 32)
         q[j] = cu_to<T>((cu_f(p[j]) - mu) * r * ga[j] + be[j]);
     if (lane == 0) {
         mean[row] = mu;
         rstd[row] = r;
     }
-}
-
-/* The sum over the L lanes of a group (L a power of two <= 32, groups
- * aligned in the warp), every lane of the group receiving it (butterfly: a
- * fixed order). Every lane of the warp must call it. */
-__device__ __forceinline__ float group_sum(float v, int L)
-{
-    for (int o = L >> 1; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 /* Contiguous positions over 16-byte vectors, the row held in registers: a
@@ -177,8 +170,8 @@ __global__ void k_ln_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, 
         mg += g;
         mgx += g * xh;
     }
-    mg = warp_sum(mg) / (float)c;
-    mgx = warp_sum(mgx) / (float)c;
+    mg = group_sum(mg, 32) / (float)c;
+    mgx = group_sum(mgx, 32) / (float)c;
     for (int j = lane; j < c; j += 32) {
         const float xh = (cu_f(p[j]) - mu) * r;
         dx[row * c + j] = cu_to<T>(r * (cu_f(d[j]) * ga[j] - mg - xh * mgx));

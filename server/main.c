@@ -241,9 +241,10 @@ static int wait_for(sf_app *app, int requests_too, uint64_t deadline_ns)
     }
 }
 
-/* Steps 1 to 3 of the shutdown (see the top of this file). Returns 0 when the
- * engine stopped, -1 when it was still busy at the deadline. */
-static int drain_and_stop(sf_app *app, uint64_t t_signal_ns)
+/* Steps 1 to 3 of the shutdown (see the top of this file) after signal sig.
+ * Returns 0 when the engine stopped, -1 when it was still busy at the
+ * deadline. */
+static int drain_and_stop(sf_app *app, int sig, uint64_t t_signal_ns)
 {
     sf_config c;
     sf_config_get(&c);
@@ -255,10 +256,12 @@ static int drain_and_stop(sf_app *app, uint64_t t_signal_ns)
     uint64_t reserve = grace_ns / 4 < 1000000000ull ? grace_ns / 4 : 1000000000ull;
     uint64_t drain_end = deadline - reserve;
 
-    /* 1. */
+    /* 1. The log line comes once both hold, so that whoever reads it finds
+     * readiness false and the main port refusing. */
     atomic_store(&app->draining, 1);
     sf_distributed_cancel_join(app->dist);
     sf_http_quiesce(app->http);
+    SF_INFO("signal %d: draining (grace %ds)", sig, c.shutdown.grace_s);
     sf_http_wake(app->http, SF_WAIT_SLOT, UINT64_MAX);
     /* 2. */
     int drained = wait_for(app, 1, drain_end);
@@ -463,8 +466,7 @@ int main(int argc, char **argv)
 
     int sig = wait_for_stop_signal(&app, &sigs);
     uint64_t t_signal = sf_now_ns();
-    SF_INFO("signal %d: draining (grace %ds)", sig, sf_config_cur()->shutdown.grace_s);
-    if (drain_and_stop(&app, t_signal) != 0) {
+    if (drain_and_stop(&app, sig, t_signal) != 0) {
         /* The engine thread is inside a step or a command and owns the
          * backend: nothing can be saved or freed safely. */
         SF_WARN("a training step or engine command was still running when the grace period "

@@ -29,24 +29,12 @@
 #include "gpu/ref/ref.h"
 #include "gpu/rng.h"
 #include "tests/unit/backend_step.h"
+#include "tests/unit/small_models.h"
 
 #define MAXB 32
 #define MAXHW 32
 
 static char err[256];
-
-/* Residual block with batchnorm, maxpool, global average pool (as in
- * test_ref_models.c): 4 classes on 3x8x8. */
-static const char *const RES_SPEC =
-    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
-    "{\"type\":\"conv2d\",\"name\":\"conv1\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
-    "{\"type\":\"batchnorm2d\",\"name\":\"bn1\"},{\"type\":\"relu\",\"name\":\"r1\"},"
-    "{\"type\":\"conv2d\",\"name\":\"conv2\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
-    "{\"type\":\"batchnorm2d\",\"name\":\"bn2\"},"
-    "{\"type\":\"add\",\"name\":\"add\",\"inputs\":[\"r1\",\"bn2\"]},{\"type\":\"relu\",\"name\":\"r2\"},"
-    "{\"type\":\"maxpool2d\",\"name\":\"pool\",\"k\":2},"
-    "{\"type\":\"global_avgpool\",\"name\":\"gap\"},{\"type\":\"flatten\",\"name\":\"flat\"},"
-    "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
 /* seed-encdec in miniature: encoder (frozen where asked) and a decoder with a
  * transposed conv; 2 classes per pixel on 3x8x8. */

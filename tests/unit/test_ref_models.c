@@ -17,23 +17,12 @@
 #include "gpu/backend.h"
 #include "gpu/rng.h"
 #include "tests/unit/backend_step.h"
+#include "tests/unit/small_models.h"
 
 #define BATCH 16
 #define HW 8
 
 static char err[256];
-
-/* Residual block with batchnorm, maxpool, global average pool: 4 classes. */
-static const char *const RES_SPEC =
-    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
-    "{\"type\":\"conv2d\",\"name\":\"conv1\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
-    "{\"type\":\"batchnorm2d\",\"name\":\"bn1\"},{\"type\":\"relu\",\"name\":\"r1\"},"
-    "{\"type\":\"conv2d\",\"name\":\"conv2\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
-    "{\"type\":\"batchnorm2d\",\"name\":\"bn2\"},"
-    "{\"type\":\"add\",\"name\":\"add\",\"inputs\":[\"r1\",\"bn2\"]},{\"type\":\"relu\",\"name\":\"r2\"},"
-    "{\"type\":\"maxpool2d\",\"name\":\"pool\",\"k\":2},"
-    "{\"type\":\"global_avgpool\",\"name\":\"gap\"},{\"type\":\"flatten\",\"name\":\"flat\"},"
-    "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
 /* Encoder (frozen in the freeze test) + decoder with a transposed conv: a
  * segmentation model of 2 classes on 8x8. */

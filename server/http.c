@@ -107,8 +107,11 @@ static struct MHD_Response *make_response(sf_req *r, const char *ctype, void *da
         MHD_add_response_header(resp, r->priv->extra[i].name, r->priv->extra[i].value);
     r->priv->nextra = 0;
     /* While draining, a kept-alive connection would only bring the next
-     * request to a server that is going away: close it after this reply. */
-    if (atomic_load(r->priv->h->ctx.draining) && !r->priv->l->probes_only)
+     * request to a server that is going away: close it after this reply. The
+     * metrics port closes every connection after its reply: a probe or a
+     * scrape is one request, and a slot kept alive there is one a probe
+     * cannot have (PROBE_MAX_CONNECTIONS). */
+    if (r->priv->l->probes_only || atomic_load(r->priv->h->ctx.draining))
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
     return resp;
 }
@@ -1117,6 +1120,7 @@ static int listener_start(sf_http *h, struct sf_listener *l, int probes_only, in
         l->d = MHD_start_daemon(
             flags, 0, NULL, NULL, access_cb, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
             MHD_OPTION_CONNECTION_LIMIT, (unsigned)PROBE_MAX_CONNECTIONS,
+            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)PROBE_MAX_PER_IP,
             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)PROBE_TIMEOUT_S,
             MHD_OPTION_URI_LOG_CALLBACK, uri_cb, l, MHD_OPTION_NOTIFY_COMPLETED, completed_cb, l,
             MHD_OPTION_NOTIFY_CONNECTION, conn_cb, l,

@@ -19,8 +19,14 @@
 #define EXTRA_HEADER_VALUE_MAX 1024
 #define DRAIN_LIMIT (64ull << 20) /* beyond this, an early error closes the connection */
 #define LISTEN_BACKLOG SOMAXCONN
-/* The metrics port serves short requests from probes and scrapers only. */
-#define PROBE_MAX_CONNECTIONS 32
+/* The metrics port serves short requests from probes and scrapers only. It
+ * closes each connection after its reply (http.c: make_response), so a
+ * client cannot keep a slot by asking again; a client address holds at most
+ * PROBE_MAX_PER_IP of the PROBE_MAX_CONNECTIONS (a kubelet runs up to three
+ * probes at once, a scraper one), so a client that opens idle connections
+ * from one address leaves room for the probes from every other. */
+#define PROBE_MAX_CONNECTIONS 256
+#define PROBE_MAX_PER_IP 16
 #define PROBE_TIMEOUT_S 10
 #define TICK_NS 1000000000ull
 /* An upload's socket reports readable only once this much of the body is

@@ -189,6 +189,50 @@ def test_probes_answer_on_the_metrics_port_while_every_main_connection_is_taken(
         k.close()
 
 
+def _from(addr, port, timeout=5):
+    """A connection to 127.0.0.1:port whose source address is addr (another
+    loopback address: a second client host, as the kubelet is to a pod)."""
+    k = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    k.settimeout(timeout)
+    k.bind((addr, 0))
+    k.connect(("127.0.0.1", port))
+    return k
+
+
+def test_clients_holding_metrics_port_connections_from_one_address_leave_probes_from_another_answering(
+        start_server):
+    mport = free_port()
+    start_server(SINK, "--http.metrics_port", mport)
+    # Kept alive, a scraper asking every few seconds would hold its slot for
+    # good: the metrics port closes each connection after its reply.
+    asking = []
+    for _ in range(40):
+        k = _from("127.0.0.2", mport)
+        k.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        r = read_reply(k)
+        assert r.status_code == 200 and r.headers.get("Connection", "").lower() == "close", r.headers
+        asking.append(k)
+    t0 = time.monotonic()
+    while not all(closed_now(k) for k in asking) and time.monotonic() - t0 < 3:
+        time.sleep(0.1)
+    assert all(closed_now(k) for k in asking), "the metrics port kept a connection open after its reply"
+    # A client opening idle connections from one address gets a few of the
+    # port's connections; probes from any other address still get theirs.
+    idle = []
+    for _ in range(300):
+        try:
+            idle.append(_from("127.0.0.2", mport, timeout=2))
+        except OSError:
+            break
+    for _ in range(6):
+        t = time.monotonic()
+        r = requests.get(f"http://127.0.0.1:{mport}/healthz", timeout=3)
+        assert r.status_code == 200 and (time.monotonic() - t) < 1.0
+        time.sleep(0.5)
+    for k in asking + idle:
+        k.close()
+
+
 def _trickle(conns, seconds):
     """Sends one byte (a space) a second on each connection; returns the
     indexes of those the server closed within `seconds`."""

@@ -100,9 +100,11 @@ const sf_cfg_option sf_config_table[] = {
     {"http.max_json_depth", SF_CT_INT, F(http.max_json_depth), "16", 2, 64, NULL, SF_CF_HOT, NULL,
      "Deepest nesting accepted in a JSON request body."},
     {"http.token", SF_CT_STRING, F(http.token), "", 0, 0, NULL, SF_CF_HOT | SF_CF_SENSITIVE | SF_CF_NEEDS_TOKEN,
-     NULL,
-     "Bearer token required by mutating endpoints; empty disables auth. PATCH can change it only "
-     "while one is set (rotation): an open service is closed by a restart."},
+     check_token,
+     "Bearer token required by mutating endpoints; empty disables auth. Visible ASCII characters only "
+     "(no spaces or control characters: a header could not present them). PATCH can change it only "
+     "while one is set (rotation; an authenticated PATCH to null or empty opens the service): an open "
+     "service is closed by a restart."},
     {"http.metrics_port", SF_CT_INT, F(http.metrics_port), "0", 0, 65535, NULL, 0, check_listeners,
      "Second listener (plain HTTP, on http.host) serving only GET /metrics, /healthz and /readyz, "
      "so probes and scrapes answer when http.max_connections are taken and during the shutdown "

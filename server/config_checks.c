@@ -225,6 +225,23 @@ int check_listeners(const sf_config *c, char *err, size_t errlen)
     return 0;
 }
 
+/* A bearer token is what a client can send in an Authorization header, which
+ * the check in http.c reads with the spaces around it dropped and libmicrohttpd
+ * cuts at a NUL: a token with a space, a tab, a control character or a byte
+ * outside ASCII could never be presented, and once set at run time it would
+ * lock every client out until a restart. */
+int check_token(const sf_config *c, char *err, size_t errlen)
+{
+    for (const unsigned char *p = (const unsigned char *)c->http.token; *p; p++)
+        if (*p < 0x21 || *p > 0x7e) {
+            snprintf(err, errlen, "the token holds a character a client cannot send in an Authorization header "
+                     "(byte 0x%02x at offset %td): use visible ASCII characters only, no spaces", *p,
+                     (const char *)p - c->http.token);
+            return -1;
+        }
+    return 0;
+}
+
 int check_tls_priorities(const sf_config *c, char *err, size_t errlen)
 {
     return sf_tls_priorities_check(c->http.tls_priorities, "http.tls_priorities", err, errlen);

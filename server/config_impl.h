@@ -21,6 +21,7 @@ int check_slot_bytes(const sf_config *c, char *err, size_t errlen);
 int check_checkpoint(const sf_config *c, char *err, size_t errlen);
 int check_host(const sf_config *c, char *err, size_t errlen);
 int check_listeners(const sf_config *c, char *err, size_t errlen);
+int check_token(const sf_config *c, char *err, size_t errlen);
 int check_tls_priorities(const sf_config *c, char *err, size_t errlen);
 int check_schedule(const sf_config *c, char *err, size_t errlen);
 int check_distributed(const sf_config *c, char *err, size_t errlen);

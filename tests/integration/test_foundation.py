@@ -605,6 +605,27 @@ def test_a_token_rotated_by_patch_guards_the_next_requests(start_server, rng):
     assert s.metric("streamfeed_http_errors_total", code="config_needs_token") == 1
 
 
+def test_a_token_no_header_could_present_is_refused_at_start_and_by_patch(start_server, rng):
+    # Authorization is read with the spaces around the token dropped and
+    # libmicrohttpd ends a value at a NUL: a token with spaces, tabs or bytes
+    # outside visible ASCII could never be presented, and set by PATCH it
+    # would lock every client out until a restart.
+    for bad in ("abc ", " abc", "a b", "a\tb", "caf\u00e9"):
+        p = subprocess.run([BIN, "--http.port", "0", "--http.token", bad] + SINK, capture_output=True,
+                           text=True, timeout=30)
+        assert p.returncode == 2 and "http.token" in p.stderr, (bad, p.returncode, p.stderr)
+    s = start_server(SINK + ["--http.token", "old"])
+    auth = {"Authorization": "Bearer old"}
+    for bad in ("abc ", " abc", "a b", "x\u0001y"):
+        r = s.patch_config({"http": {"token": bad}}, headers=auth)
+        assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["field"]) == (
+            400, "config_invalid", "http.token"), (bad, r.text)
+    # Nothing changed: the old token still guards the routes.
+    body = st_body(*random_batch(rng, 1))
+    assert s.post_batch(body).status_code == 401
+    assert s.post_batch(body, headers=auth).status_code == 202
+
+
 def test_without_a_token_mutating_routes_are_open(start_server, rng):
     s = start_server(SINK)
     assert s.post_arrays(*random_batch(rng, 1)).status_code == 202

@@ -355,7 +355,8 @@ typedef struct header_scan {
     int cl_conflict;         /* two of them with different values */
     int cl_bad;              /* a value that is not plain digits */
     const char *cl;          /* the first value */
-    const char *te;          /* Transfer-Encoding, if any */
+    const char *te;          /* the first Transfer-Encoding, if any (libmicrohttpd frames by it) */
+    int tes;                 /* Transfer-Encoding lines */
 } header_scan;
 
 static int all_digits(const char *s)
@@ -408,8 +409,10 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     sc->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
     if (strcasecmp(key, "Host") == 0)
         sc->hosts++;
-    else if (strcasecmp(key, "Transfer-Encoding") == 0)
-        sc->te = value ? value : "";
+    else if (strcasecmp(key, "Transfer-Encoding") == 0) {
+        if (sc->tes++ == 0)
+            sc->te = value ? value : "";
+    }
     else if (strcasecmp(key, "Content-Length") == 0) {
         const char *v = value ? value : "";
         if (!all_digits(v))
@@ -537,6 +540,21 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
                               sc.cl_conflict ? "the request carries Content-Length headers with "
                                                "different values"
                                              : "Content-Length must be a decimal number"),
+               -1;
+    }
+    /* Two Transfer-Encoding lines are read by libmicrohttpd by the first and
+     * by some proxies by the last (or as a list); HTTP/1.0 has no chunked
+     * framing, so a proxy speaking it would not see where the body ends
+     * (RFC 9112 6.1: such framing is faulty). */
+    if (sc.tes > 1 || (sc.te && version && strcmp(version, MHD_HTTP_VERSION_1_0) == 0)) {
+        tl_body_pending = 0;
+        sf_reply_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+        if (sc.tes > 1)
+            return sf_reply_error(r, 400, "bad_transfer_encoding",
+                                  "the request carries %d Transfer-Encoding headers; at most one is allowed", sc.tes),
+                   -1;
+        return sf_reply_error(r, 400, "bad_transfer_encoding",
+                              "Transfer-Encoding is not HTTP/1.0 framing: send Content-Length"),
                -1;
     }
     if (sc.te && strcasecmp(sc.te, "chunked") != 0) {

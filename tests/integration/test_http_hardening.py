@@ -421,6 +421,26 @@ def test_a_transfer_encoding_other_than_chunked_gets_501(start_server):
     assert closed
 
 
+def test_two_transfer_encodings_or_one_on_http_1_0_get_400_and_the_connection_closes(start_server, rng):
+    # libmicrohttpd frames the body by the first Transfer-Encoding line; a
+    # proxy in front may go by the last, or, on HTTP/1.0, by neither: the two
+    # would split the stream into different requests.
+    s = start_server(SINK)
+    body = st_body(*random_batch(rng, 2))
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    for extra, version in (("Transfer-Encoding: identity\r\nTransfer-Encoding: chunked\r\n", "HTTP/1.1"),
+                           ("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n", "HTTP/1.1"),
+                           ("Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n", "HTTP/1.1"),
+                           ("Transfer-Encoding: chunked\r\n", "HTTP/1.0")):
+        r, closed = raw(s, post_head(extra=extra, version=version) + chunked)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "bad_transfer_encoding", (extra, version, r.text)
+        assert closed, (extra, version)
+    assert s.metric("streamfeed_batches_received_total", status="accepted") == 0
+    # One chunked line on HTTP/1.1 is the framing that works.
+    r, _ = raw(s, post_head(extra="Transfer-Encoding: chunked\r\n") + chunked)
+    assert r.status_code == 202, r.text
+
+
 def test_http_1_1_without_host_gets_400_and_http_1_0_without_host_is_served(start_server):
     s = start_server(SINK)
     r, _ = raw(s, b"GET /healthz HTTP/1.1\r\n\r\n")

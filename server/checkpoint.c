@@ -206,15 +206,15 @@ sf_ckpt_op *sf_ckpt_get(sf_app *app, int with_opt, sf_ckpt_error *e)
     if (usable(app, e) || opt_readable(app, with_opt, e))
         return NULL;
     sf_ckpt *ck = app->ckpt;
-    if (sf_ckpt_buffer_reserve(app) != 0) {
-        fail(e, 503, "checkpoint_busy", NULL, "%d checkpoint buffers are in use; retry later",
-             SF_CKPT_MAX_BUFFERS);
+    if (sf_ckpt_download_reserve(app) != 0) {
+        fail(e, 503, "checkpoint_busy", NULL, "every checkpoint buffer downloads may hold (%d of %d) is in use; "
+             "retry later", SF_CKPT_MAX_DOWNLOAD_BUFFERS, SF_CKPT_MAX_BUFFERS);
         return NULL;
     }
     sf_ckpt_op *op = sf_ckpt_op_new(ck, OP_GET);
-    blob *b = op ? sf_ckpt_blob_new(ck, with_opt, 0, 1) : NULL;
+    blob *b = op ? sf_ckpt_blob_new(ck, with_opt, 0, BLOB_DOWNLOAD) : NULL;
     if (!b) {
-        sf_ckpt_buffer_return(app);
+        sf_ckpt_download_return(app);
         sf_ckpt_op_release(op);
         fail(e, 503, "out_of_memory", NULL, "cannot allocate %zu bytes for the checkpoint",
              ck->lay.hdr_bytes[1] + sf_ckpt_data_bytes(&ck->lay, with_opt));

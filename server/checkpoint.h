@@ -96,8 +96,13 @@ typedef struct sf_ckpt sf_ckpt;
 typedef struct sf_ckpt_op sf_ckpt_op;
 
 /* Large buffers (snapshots to send, bodies and files being read) alive at
- * once for requests; one more is refused with 503 checkpoint_busy. */
+ * once for requests; one more is refused with 503 checkpoint_busy. A
+ * download (GET /v1/checkpoint) holds its buffer until its client has read
+ * the reply, so downloads hold at most SF_CKPT_MAX_DOWNLOAD_BUFFERS of them:
+ * clients that read slowly, or never, cannot refuse every save, load and
+ * PUT. */
 #define SF_CKPT_MAX_BUFFERS 4
+#define SF_CKPT_MAX_DOWNLOAD_BUFFERS 2
 
 /* ---- process life (main.c) -------------------------------------------------- */
 
@@ -167,5 +172,8 @@ void sf_ckpt_op_release(sf_ckpt_op *op);
  * free, else -1 (reply 503 checkpoint_busy). Pair with sf_ckpt_buffer_return. */
 int sf_ckpt_buffer_reserve(struct sf_app *app);
 void sf_ckpt_buffer_return(struct sf_app *app);
+/* The same for a download's reply, within SF_CKPT_MAX_DOWNLOAD_BUFFERS. */
+int sf_ckpt_download_reserve(struct sf_app *app);
+void sf_ckpt_download_return(struct sf_app *app);
 
 #endif

@@ -51,6 +51,8 @@ void sf_ckpt_blob_free(blob *b)
     sf_ckpt *ck = b->ck;
     if (b->reserved)
         atomic_fetch_sub(&ck->buffers, 1);
+    if (b->reserved == BLOB_DOWNLOAD)
+        atomic_fetch_sub(&ck->downloads, 1);
     if (b->pinned)
         ck->app->backend->i->host_free(ck->app->backend, b);
     else
@@ -70,6 +72,29 @@ int sf_ckpt_buffer_reserve(sf_app *app)
         return -1;
     }
     return 0;
+}
+
+int sf_ckpt_download_reserve(sf_app *app)
+{
+    sf_ckpt *ck = app->ckpt;
+    if (!ck)
+        return -1;
+    if (atomic_fetch_add(&ck->downloads, 1) >= SF_CKPT_MAX_DOWNLOAD_BUFFERS) {
+        atomic_fetch_sub(&ck->downloads, 1);
+        return -1;
+    }
+    if (sf_ckpt_buffer_reserve(app) != 0) {
+        atomic_fetch_sub(&ck->downloads, 1);
+        return -1;
+    }
+    return 0;
+}
+
+void sf_ckpt_download_return(sf_app *app)
+{
+    if (app->ckpt)
+        atomic_fetch_sub(&app->ckpt->downloads, 1);
+    sf_ckpt_buffer_return(app);
 }
 
 void sf_ckpt_buffer_return(sf_app *app)

@@ -53,6 +53,7 @@ struct sf_ckpt {
     atomic_uint_least64_t state_gen; /* bumped by every restore */
     atomic_uint_least64_t saved_gen, saved_step;
     atomic_int buffers;          /* large request buffers alive */
+    atomic_int downloads;        /* of them, held by downloads (SF_CKPT_MAX_DOWNLOAD_BUFFERS) */
     atomic_uint_least64_t next_key;
     int curl_ready;
 };
@@ -73,12 +74,14 @@ struct blob {
     uint64_t step, gen;
     int with_opt;
     int pinned;                  /* allocated by backend->host_alloc */
-    int reserved;                /* holds one of SF_CKPT_MAX_BUFFERS */
+    int reserved;                /* holds one of SF_CKPT_MAX_BUFFERS: BLOB_RESERVED or BLOB_DOWNLOAD */
 };
+enum { BLOB_UNRESERVED = 0, BLOB_RESERVED = 1, BLOB_DOWNLOAD = 2 };
 _Static_assert(sizeof(blob) <= BLOB_PREFIX, "blob header outgrew its prefix");
 
 /* A file buffer of with_opt's layout; pinned: backend->host_alloc; reserved:
- * holds one of SF_CKPT_MAX_BUFFERS (given back when freed). */
+ * holds one of SF_CKPT_MAX_BUFFERS (given back when freed), BLOB_DOWNLOAD one
+ * of the downloads' share too. */
 blob *sf_ckpt_blob_new(sf_ckpt *ck, int with_opt, int pinned, int reserved);
 void sf_ckpt_blob_free(blob *b);
 /* The free function of a file handed to an HTTP reply. */

@@ -471,3 +471,35 @@ def test_periodic_saves_land_while_a_url_transfer_hangs(start_server, files, tmp
     handler.release.set()
     t.join(30)
     assert out["r"].status_code in (400, 422), out["r"].text
+
+
+def test_downloads_that_are_never_read_leave_saves_loads_and_puts_their_buffers(start_server, tmp_path):
+    # A download holds its checkpoint buffer until its client has read the
+    # reply. A 50 MB checkpoint (12.6 M parameters) does not fit in the
+    # sockets' buffers, so four clients that ask and never read hold theirs:
+    # they get the downloads' share, and every save, load and PUT still gets
+    # a buffer of its own.
+    spec = ('{"input":[3,32,32],"classes":10,"layers":[{"type":"flatten","name":"flat"},'
+            '{"type":"linear","name":"fc1","out":4096},{"type":"linear","name":"fc2","out":10}]}')
+    s = start_server(TRAIN + ["--model.spec", spec, "--checkpoint.dir", str(tmp_path / "ck")])
+    small = get_ckpt(s, optimizer=False)  # before the stalled downloads, to PUT back below
+    stalled = []
+    for _ in range(4):
+        k = socket.socket()
+        k.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        k.connect(("127.0.0.1", s.port))
+        k.sendall(b"GET /v1/checkpoint HTTP/1.1\r\nHost: x\r\n\r\n")
+        stalled.append(k)
+    # Wait until the downloads' share is taken: one more download is refused.
+    wait_until(lambda: s.get("/v1/checkpoint").status_code == 503, timeout=30)
+    r = s.get("/v1/checkpoint")
+    assert error_of(r)["code"] == "checkpoint_busy" and "downloads" in error_of(r)["message"], r.text
+    r = post_json(s, "/v1/checkpoint/save", {"path": "a.safetensors"})
+    assert r.status_code == 200, r.text
+    r = post_json(s, "/v1/checkpoint/load", {"path": "a.safetensors"})
+    assert r.status_code == 200, r.text
+    assert put_ckpt(s, small).status_code == 200
+    for k in stalled:
+        k.close()
+    # Closed connections give their buffers back.
+    wait_until(lambda: s.get("/v1/checkpoint?optimizer=false").status_code == 200, timeout=30)

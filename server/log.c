@@ -41,6 +41,8 @@ int sf_log_level_parse(const char *s, sf_log_level *out)
     return -1;
 }
 
+enum { LOG_TEXT = 0, LOG_JSON = 1, LOG_TEXT_FIELD = 2 };
+
 /* Escapes text for a log line into dst (always terminated): for a JSON string
  * value (json: quotes, backslashes and control characters as JSON escapes),
  * or for the text format (control characters as \n, \t, \xNN, so one
@@ -49,20 +51,26 @@ int sf_log_level_parse(const char *s, sf_log_level *out)
 static void log_escape(char *dst, size_t cap, const char *src, int json)
 {
     size_t o = 0;
+    /* A text field's value with a space, '=' or '"' (a request path may hold
+     * any) is quoted, with '"' and '\\' escaped inside, as logfmt quotes it:
+     * unquoted, "GET /x%20status=200" would log as a second status field. */
+    const int quote = json == LOG_TEXT_FIELD && (!*src || strpbrk(src, " =\""));
+    if (quote && cap > 2)
+        dst[o++] = '"';
     const unsigned char *p = (const unsigned char *)src;
     size_t left = strlen(src);
     while (left && o + 7 < cap) {
         const size_t n = sf_utf8_seq(p, left);
         const unsigned char c = *p;
-        if (n == 0 && json) {
+        if (n == 0 && json == LOG_JSON) {
             o += (size_t)snprintf(dst + o, cap - o, "\\ufffd");
         } else if (n == 0) {
             o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
-        } else if (json && (c == '"' || c == '\\')) {
+        } else if ((json == LOG_JSON || quote) && (c == '"' || c == '\\')) {
             dst[o++] = '\\';
             dst[o++] = (char)c;
         } else if (c < 0x20 || c == 0x7f) {
-            if (json)
+            if (json == LOG_JSON)
                 o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", c);
             else if (c == '\n' || c == '\r' || c == '\t')
                 o += (size_t)snprintf(dst + o, cap - o, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
@@ -77,6 +85,8 @@ static void log_escape(char *dst, size_t cap, const char *src, int json)
         p += n ? n : 1;
         left -= n ? n : 1;
     }
+    if (quote)
+        dst[o++] = '"';
     dst[o] = '\0';
 }
 
@@ -323,7 +333,7 @@ void sf_log_fields(sf_log_level l, const char *msg, const sf_log_field *f, int n
     for (int i = 0; i < n && o < sizeof line; i++) {
         char val[1100];
         if (f[i].s) {
-            log_escape(val, sizeof val, f[i].s, json);
+            log_escape(val, sizeof val, f[i].s, json ? LOG_JSON : LOG_TEXT_FIELD);
             o += (size_t)snprintf(line + o, sizeof line - o, json ? ",\"%s\":\"%s\"" : " %s=%s", f[i].key, val);
         } else {
             fmt_number(val, sizeof val, f[i].num);

@@ -59,6 +59,20 @@ def test_a_4xx_request_line_carries_the_error_code_in_both_log_formats(start_ser
             assert "error=batch_not_found" in line, line
 
 
+def test_a_text_request_line_quotes_a_path_with_spaces_so_it_cannot_forge_fields(start_server):
+    s = start_server(*TINY, "--log.format", "text")
+    s.get("/x%20status=200%20request_id=forged%22%5C", headers={"X-Request-Id": "spoof-text"})
+    wait_until(lambda: "spoof-text" in s.stderr(), 10, what="the request's line")
+    line = next(ln for ln in s.stderr().splitlines() if "spoof-text" in ln)
+    # logfmt: key=value, or key="value" with \" and \\ escaped inside.
+    fields = re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line)
+    keys = [k for k, _ in fields]
+    assert keys.count("status") == 1 and keys.count("request_id") == 1, line
+    got = dict(fields)
+    assert got["status"] == "404" and got["request_id"] == "spoof-text", line
+    assert got["path"] == r'"/x status=200 request_id=forged\"\\"', line
+
+
 def test_the_listening_line_is_json_in_json_mode():
     p = subprocess.Popen([BIN, "--http.port", "0", "--http.host", "127.0.0.1", "--log.format", "json", *SINK],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

@@ -357,6 +357,7 @@ typedef struct header_scan {
     const char *cl;          /* the first value */
     const char *te;          /* the first Transfer-Encoding, if any (libmicrohttpd frames by it) */
     int tes;                 /* Transfer-Encoding lines */
+    int expect_continue;     /* Expect: 100-continue */
 } header_scan;
 
 static int all_digits(const char *s)
@@ -409,6 +410,8 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     sc->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
     if (strcasecmp(key, "Host") == 0)
         sc->hosts++;
+    else if (strcasecmp(key, "Expect") == 0 && value && strcasecmp(value, "100-continue") == 0)
+        sc->expect_continue = 1;
     else if (strcasecmp(key, "Transfer-Encoding") == 0) {
         if (sc->tes++ == 0)
             sc->te = value ? value : "";
@@ -508,8 +511,12 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
     uint64_t content_length = sc.cl ? strtoull(sc.cl, NULL, 10) : 0;
     r->priv->content_length = sc.te ? 0 : content_length;
     int has_body = (sc.cl && content_length > 0) || sc.te;
-    /* Errors found now are sent after the body, unless the body is too big to drain. */
-    tl_body_pending = has_body && content_length <= DRAIN_LIMIT;
+    /* Errors found now are sent after the body, unless the body is too big to
+     * drain, or the client waits to be told before it sends it (Expect:
+     * 100-continue): such a client gets the error at once, in place of
+     * libmicrohttpd's 100 Continue, and the connection closes rather than
+     * take a body sent for nothing. */
+    tl_body_pending = has_body && content_length <= DRAIN_LIMIT && !sc.expect_continue;
 
     /* The request target is part of the head: libmicrohttpd alone would take
      * one as large as its connection pool (over 1 MB) and hand it to every

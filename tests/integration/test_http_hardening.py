@@ -441,6 +441,40 @@ def test_two_transfer_encodings_or_one_on_http_1_0_get_400_and_the_connection_cl
     assert r.status_code == 202, r.text
 
 
+def test_a_client_waiting_for_100_continue_gets_an_error_known_from_the_head_at_once(start_server, rng):
+    # The client sends its body only after 100 Continue: a refusal the head
+    # already decides (auth, route, method, Content-Type) comes instead of
+    # it, and the body is never sent.
+    s = start_server(SINK, "--http.token", "t0k")
+    body = st_body(*random_batch(rng, 2))
+    cases = (
+        (f"POST /v1/batches HTTP/1.1\r\nHost: x\r\nContent-Type: {SAFETENSORS}\r\n", 401, "unauthorized"),
+        (f"POST /v1/nowhere HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\n"
+         f"Content-Type: {SAFETENSORS}\r\n", 404, "not_found"),
+        ("POST /v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\n"
+         "Content-Type: text/plain\r\n", 415, "unsupported_media_type"),
+    )
+    for head, status, code in cases:
+        k = s.connect()
+        k.sendall((head + f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n").encode())
+        r = read_reply(k)
+        assert (r.status_code, r.json()["error"]["code"]) == (status, code), (head, r.status_code, r.text)
+        k.close()
+    # A request the head does not refuse still gets its 100 Continue and is served.
+    k = s.connect()
+    k.sendall((f"POST /v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\n"
+               f"Content-Type: {SAFETENSORS}\r\nContent-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n").encode())
+    interim = b""
+    while b"\r\n\r\n" not in interim:
+        chunk = k.recv(1)
+        assert chunk, "the connection closed before 100 Continue"
+        interim += chunk
+    assert interim.startswith(b"HTTP/1.1 100"), interim
+    k.sendall(body)
+    assert read_reply(k).status_code == 202
+    k.close()
+
+
 def test_http_1_1_without_host_gets_400_and_http_1_0_without_host_is_served(start_server):
     s = start_server(SINK)
     r, _ = raw(s, b"GET /healthz HTTP/1.1\r\n\r\n")

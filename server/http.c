@@ -498,26 +498,11 @@ static void stream_rejected(sf_req *r, const char *code)
         r->route->stream->on_rejected(r, code);
 }
 
-/* First call: headers are in. Returns 0 to go on, -1 when an error reply was
- * made (deferred when a body follows). */
-static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method, const char *url,
-                      const char *version)
+/* The checks of a request's head that need no route: its size, its framing,
+ * Host and the path's encoding. Returns 0, or -1 with the error reply made. */
+static int check_head(sf_req *r, header_scan sc, const char *version, const sf_config *cfgp)
 {
-    sf_http *h = r->priv->h;
-    const sf_config *cfgp = sf_config_cur();
 #define cfg (*cfgp)
-    header_scan sc = {0};
-    MHD_get_connection_values(conn, MHD_HEADER_KIND, scan_header, &sc);
-    uint64_t content_length = sc.cl ? strtoull(sc.cl, NULL, 10) : 0;
-    r->priv->content_length = sc.te ? 0 : content_length;
-    int has_body = (sc.cl && content_length > 0) || sc.te;
-    /* Errors found now are sent after the body, unless the body is too big to
-     * drain, or the client waits to be told before it sends it (Expect:
-     * 100-continue): such a client gets the error at once, in place of
-     * libmicrohttpd's 100 Continue, and the connection closes rather than
-     * take a body sent for nothing. */
-    tl_body_pending = has_body && content_length <= DRAIN_LIMIT && !sc.expect_continue;
-
     /* The request target is part of the head: libmicrohttpd alone would take
      * one as large as its connection pool (over 1 MB) and hand it to every
      * route, log line and error message. */
@@ -590,11 +575,43 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
                                                     : "the request's path contains %2F (an encoded '/'), "
                                                       "which no route takes"),
                -1;
+    return 0;
+#undef cfg
+}
 
+/* First call: headers are in. Returns 0 to go on, -1 when an error reply was
+ * made (deferred when a body follows). */
+static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method, const char *url,
+                      const char *version)
+{
+    sf_http *h = r->priv->h;
+    const sf_config *cfgp = sf_config_cur();
+#define cfg (*cfgp)
+    header_scan sc = {0};
+    MHD_get_connection_values(conn, MHD_HEADER_KIND, scan_header, &sc);
+    uint64_t content_length = sc.cl ? strtoull(sc.cl, NULL, 10) : 0;
+    r->priv->content_length = sc.te ? 0 : content_length;
+    int has_body = (sc.cl && content_length > 0) || sc.te;
+    /* Errors found now are sent after the body, unless the body is too big to
+     * drain, or the client waits to be told before it sends it (Expect:
+     * 100-continue): such a client gets the error at once, in place of
+     * libmicrohttpd's 100 Continue, and the connection closes rather than
+     * take a body sent for nothing. */
+    tl_body_pending = has_body && content_length <= DRAIN_LIMIT && !sc.expect_continue;
+    /* The route, looked up first so that a refusal of the head below is
+     * counted under it, and an upload's by its route's rejection counter
+     * (stream_rejected); a request without one gets its 404 or 405 after
+     * the checks of its framing. */
     char allow[128];
     int path_found;
     r->route = route_find(method, url, r->priv->l->probes_only, r->param, sizeof r->param, allow,
                           sizeof allow, &path_found);
+
+    if (check_head(r, sc, version, cfgp) != 0) {
+        stream_rejected(r, r->priv->error_code);
+        return -1;
+    }
+
     if (!r->route) {
         if (path_found) {
             sf_reply_header(r, "Allow", allow);

@@ -436,6 +436,9 @@ def test_two_transfer_encodings_or_one_on_http_1_0_get_400_and_the_connection_cl
         assert r.status_code == 400 and r.json()["error"]["code"] == "bad_transfer_encoding", (extra, version, r.text)
         assert closed, (extra, version)
     assert s.metric("streamfeed_batches_received_total", status="accepted") == 0
+    # Each refusal is counted as a refused batch, under its route.
+    assert s.metric("streamfeed_batches_rejected_total", reason="bad_transfer_encoding") == 4
+    assert s.metric("streamfeed_http_requests_total", route="batches", code="400") == 4
     # One chunked line on HTTP/1.1 is the framing that works.
     r, _ = raw(s, post_head(extra="Transfer-Encoding: chunked\r\n") + chunked)
     assert r.status_code == 202, r.text
@@ -656,7 +659,7 @@ def test_requests_with_thousands_of_query_arguments_each_end_and_leave_no_memory
     before = rss_bytes(s.proc.pid)
     send(3000)
     grown = rss_bytes(s.proc.pid) - before
-    assert s.metric("streamfeed_http_requests_total", route="unmatched", code="414") == 3300
+    assert s.metric("streamfeed_http_requests_total", route="healthz", code="414") == 3300
     if not built_with_asan():
         assert grown < 1_000_000, f"RSS grew by {grown} bytes over 3000 requests"
 

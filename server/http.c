@@ -924,6 +924,19 @@ static enum MHD_Result on_body_chunk(sf_req *r, const char *data, size_t *size)
     return MHD_YES;
 }
 
+/* The path of a request target in absolute form ("http://host/v1/batches"),
+ * which a server must accept (RFC 9112 3.2.2) and libmicrohttpd hands over
+ * as sent: routes match the path alone. The authority names this server (the
+ * Host check still applies to the request's own Host line). */
+static const char *origin_path(const char *url)
+{
+    size_t skip = strncasecmp(url, "http://", 7) == 0 ? 7 : strncasecmp(url, "https://", 8) == 0 ? 8 : 0;
+    if (!skip)
+        return url;
+    const char *p = strchr(url + skip, '/');
+    return p ? p : "/";
+}
+
 static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version, const char *upload_data,
                                  size_t *upload_data_size, void **con_cls)
@@ -938,6 +951,7 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
     if (!r->priv->started) {
         r->priv->started = 1;
         r->method = method;
+        url = origin_path(url);
         r->path = url; /* r->priv->fd was taken in uri_cb */
         make_request_id(r, conn);
         if (!l->probes_only)

@@ -478,6 +478,18 @@ def test_a_client_waiting_for_100_continue_gets_an_error_known_from_the_head_at_
     k.close()
 
 
+def test_a_request_target_in_absolute_form_is_routed_by_its_path(start_server, rng):
+    # RFC 9112 3.2.2: a server must accept "http://host/path" as the target.
+    s = start_server(SINK)
+    r, _ = raw(s, b"GET http://127.0.0.1/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert r.status_code == 200 and r.json() == {"status": "ok"}, r.text
+    r, _ = raw(s, b"GET HTTPS://x HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    body = st_body(*random_batch(rng, 2))
+    r, _ = raw(s, post_head(path="http://127.0.0.1/v1/batches", extra=f"Content-Length: {len(body)}\r\n") + body)
+    assert r.status_code == 202, r.text
+
+
 def test_http_1_1_without_host_gets_400_and_http_1_0_without_host_is_served(start_server):
     s = start_server(SINK)
     r, _ = raw(s, b"GET /healthz HTTP/1.1\r\n\r\n")

@@ -475,12 +475,12 @@ def test_periodic_saves_land_while_a_url_transfer_hangs(start_server, files, tmp
 
 def test_downloads_that_are_never_read_leave_saves_loads_and_puts_their_buffers(start_server, tmp_path):
     # A download holds its checkpoint buffer until its client has read the
-    # reply. A 50 MB checkpoint (12.6 M parameters) does not fit in the
-    # sockets' buffers, so four clients that ask and never read hold theirs:
-    # they get the downloads' share, and every save, load and PUT still gets
-    # a buffer of its own.
+    # reply. A 25 MB checkpoint (3.1 M parameters and their momentum) does not
+    # fit in the sockets' buffers (a few MB on loopback), so four clients that
+    # ask and never read hold theirs: they get the downloads' share, and every
+    # save, load and PUT still gets a buffer of its own.
     spec = ('{"input":[3,32,32],"classes":10,"layers":[{"type":"flatten","name":"flat"},'
-            '{"type":"linear","name":"fc1","out":4096},{"type":"linear","name":"fc2","out":10}]}')
+            '{"type":"linear","name":"fc1","out":1024},{"type":"linear","name":"fc2","out":10}]}')
     s = start_server(TRAIN + ["--model.spec", spec, "--checkpoint.dir", str(tmp_path / "ck")])
     small = get_ckpt(s, optimizer=False)  # before the stalled downloads, to PUT back below
     stalled = []

@@ -82,13 +82,19 @@ def test_diagnose_reports_four_stages_in_pipeline_order_and_a_verdict(start_serv
     assert r.status_code == 200, r.text
     d = r.json()
     check_consistent(d)
-    if not stage1_is_fastest(d):
-        # A neighbour's load on a shared CI machine can still bend one run
-        # (each stage's rate is already its best of five rounds): a second
-        # run must agree.
+    seen = []
+    for _ in range(2):
+        if stage1_is_fastest(d):
+            break
+        # A neighbour's load on a shared CI machine can still bend a run
+        # (each stage's rate is already its best of five rounds), and a
+        # neighbouring test's load can last as long as two runs (seen once
+        # under ASan beside a checkpoint test): a later run must agree.
+        seen.append([st["steps_per_s"] for st in d["stages"]])
+        time.sleep(1)
         d = diagnose(s, 1.5).json()
         check_consistent(d)
-    assert stage1_is_fastest(d), [st["steps_per_s"] for st in d["stages"]]
+    assert stage1_is_fastest(d), seen + [[st["steps_per_s"] for st in d["stages"]]]
     assert d["seconds"] == 1.5 and d["backend"] == "ref" and d["threshold"] == pytest.approx(0.15)
     assert d["batch"] == {"n": 8, "h": 32, "w": 32, "c": 3, "layout": "NCHW", "label_dtype": "I32",
                           "source": "last_batch"}

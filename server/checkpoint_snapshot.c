@@ -62,28 +62,27 @@ void sf_ckpt_blob_free(blob *b)
 /* The free function of a file handed to an HTTP reply. */
 void sf_ckpt_blob_free_file(void *file) { sf_ckpt_blob_free((blob *)((uint8_t *)file - BLOB_PREFIX)); }
 
-int sf_ckpt_buffer_reserve(sf_app *app)
+/* One more of a count bounded by max: 0, or -1 (unchanged) when it is full. */
+static int take_one(atomic_int *n, int max)
 {
-    sf_ckpt *ck = app->ckpt;
-    if (!ck)
-        return -1;
-    if (atomic_fetch_add(&ck->buffers, 1) >= SF_CKPT_MAX_BUFFERS) {
-        atomic_fetch_sub(&ck->buffers, 1);
+    if (atomic_fetch_add(n, 1) >= max) {
+        atomic_fetch_sub(n, 1);
         return -1;
     }
     return 0;
 }
 
+int sf_ckpt_buffer_reserve(sf_app *app)
+{
+    return app->ckpt ? take_one(&app->ckpt->buffers, SF_CKPT_MAX_BUFFERS) : -1;
+}
+
 int sf_ckpt_download_reserve(sf_app *app)
 {
     sf_ckpt *ck = app->ckpt;
-    if (!ck)
+    if (!ck || take_one(&ck->downloads, SF_CKPT_MAX_DOWNLOAD_BUFFERS) != 0)
         return -1;
-    if (atomic_fetch_add(&ck->downloads, 1) >= SF_CKPT_MAX_DOWNLOAD_BUFFERS) {
-        atomic_fetch_sub(&ck->downloads, 1);
-        return -1;
-    }
-    if (sf_ckpt_buffer_reserve(app) != 0) {
+    if (take_one(&ck->buffers, SF_CKPT_MAX_BUFFERS) != 0) {
         atomic_fetch_sub(&ck->downloads, 1);
         return -1;
     }

@@ -43,34 +43,35 @@ int sf_log_level_parse(const char *s, sf_log_level *out)
 
 enum { LOG_TEXT = 0, LOG_JSON = 1, LOG_TEXT_FIELD = 2 };
 
-/* Escapes text for a log line into dst (always terminated): for a JSON string
- * value (json: quotes, backslashes and control characters as JSON escapes),
- * or for the text format (control characters as \n, \t, \xNN, so one
- * record is one line). Bytes that are not well-formed UTF-8 — a request path
- * may hold any — become U+FFFD (JSON) or \xNN (text). */
-static void log_escape(char *dst, size_t cap, const char *src, int json)
+/* Escapes text for a log line into dst (always terminated; cap > 8): for a
+ * JSON string value (LOG_JSON: quotes, backslashes and control characters as
+ * JSON escapes), or for the text format (LOG_TEXT, LOG_TEXT_FIELD: control
+ * characters as \n, \t, \xNN, so one record is one line). Bytes that are
+ * not well-formed UTF-8 — a request path may hold any — become U+FFFD (JSON)
+ * or \xNN (text). */
+static void log_escape(char *dst, size_t cap, const char *src, int mode)
 {
     size_t o = 0;
     /* A text field's value with a space, '=' or '"' (a request path may hold
      * any) is quoted, with '"' and '\\' escaped inside, as logfmt quotes it:
      * unquoted, "GET /x%20status=200" would log as a second status field. */
-    const int quote = json == LOG_TEXT_FIELD && (!*src || strpbrk(src, " =\""));
-    if (quote && cap > 2)
+    const int quote = mode == LOG_TEXT_FIELD && (!*src || strpbrk(src, " =\""));
+    if (quote)
         dst[o++] = '"';
     const unsigned char *p = (const unsigned char *)src;
     size_t left = strlen(src);
     while (left && o + 7 < cap) {
         const size_t n = sf_utf8_seq(p, left);
         const unsigned char c = *p;
-        if (n == 0 && json == LOG_JSON) {
+        if (n == 0 && mode == LOG_JSON) {
             o += (size_t)snprintf(dst + o, cap - o, "\\ufffd");
         } else if (n == 0) {
             o += (size_t)snprintf(dst + o, cap - o, "\\x%02x", c);
-        } else if ((json == LOG_JSON || quote) && (c == '"' || c == '\\')) {
+        } else if ((mode == LOG_JSON || quote) && (c == '"' || c == '\\')) {
             dst[o++] = '\\';
             dst[o++] = (char)c;
         } else if (c < 0x20 || c == 0x7f) {
-            if (json == LOG_JSON)
+            if (mode == LOG_JSON)
                 o += (size_t)snprintf(dst + o, cap - o, "\\u%04x", c);
             else if (c == '\n' || c == '\r' || c == '\t')
                 o += (size_t)snprintf(dst + o, cap - o, "\\%c", c == '\n' ? 'n' : c == '\r' ? 'r' : 't');
@@ -324,7 +325,7 @@ void sf_log_fields(sf_log_level l, const char *msg, const sf_log_field *f, int n
     size_t o = 0;
     int json = atomic_load(&g_json);
     char esc[2100];
-    log_escape(esc, sizeof esc, msg, json);
+    log_escape(esc, sizeof esc, msg, json ? LOG_JSON : LOG_TEXT);
     if (json)
         o += (size_t)snprintf(line, sizeof line, "{\"time\":\"%s\",\"level\":\"%s\",\"msg\":\"%s\"",
                               when, level_names[l], esc);

@@ -214,7 +214,7 @@ void gshape_destroy(gshape *S)
         return;
     /* Every captured graph: the two training ones and the evaluation one. */
     for (int b = 0; b < SF_NET_MAX_BUF; b++)
-        for (int k = 0; k < 3; k++)
+        for (size_t k = 0; k < sizeof S->exec[b] / sizeof S->exec[b][0]; k++)
             if (S->exec[b][k])
                 cudaGraphExecDestroy(S->exec[b][k]);
     for (int i = 0; i < SF_MAX_LAYERS; i++) {

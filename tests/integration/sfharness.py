@@ -389,16 +389,17 @@ class Server:
         return s
 
     def start_upload(self, body, send_bytes, path="/v1/batches", content_type=SAFETENSORS,
-                     expect_continue=False):
+                     expect_continue=False, headers=""):
         """Opens a connection, sends the request head with the full
-        Content-Length and only the first send_bytes of the body.
+        Content-Length (and `headers`, more header lines each ending in
+        CRLF) and only the first send_bytes of the body.
 
         With expect_continue, the head carries "Expect: 100-continue" and the
         body bytes go only after the server's "100 Continue", which proves the
         request head was parsed and the request exists on the server."""
         s = self.connect()
         head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\n"
+                f"Content-Length: {len(body)}\r\n" + headers
                 + ("Expect: 100-continue\r\n" if expect_continue else "")
                 + "Connection: close\r\n\r\n").encode()
         if expect_continue:

@@ -464,16 +464,7 @@ def test_a_client_waiting_for_100_continue_gets_an_error_known_from_the_head_at_
         assert (r.status_code, r.json()["error"]["code"]) == (status, code), (head, r.status_code, r.text)
         k.close()
     # A request the head does not refuse still gets its 100 Continue and is served.
-    k = s.connect()
-    k.sendall((f"POST /v1/batches HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0k\r\n"
-               f"Content-Type: {SAFETENSORS}\r\nContent-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n").encode())
-    interim = b""
-    while b"\r\n\r\n" not in interim:
-        chunk = k.recv(1)
-        assert chunk, "the connection closed before 100 Continue"
-        interim += chunk
-    assert interim.startswith(b"HTTP/1.1 100"), interim
-    k.sendall(body)
+    k = s.start_upload(body, len(body), headers="Authorization: Bearer t0k\r\n", expect_continue=True)
     assert read_reply(k).status_code == 202
     k.close()
 

@@ -45,6 +45,7 @@ static void f64_add(atomic_f64 *a, double v)
 
 struct sf_metric {
     sf_family *fam;
+    int hidden; /* forgotten (sf_metric_forget): not rendered; under fam->mu */
     char values[SF_METRIC_MAX_LABELS][LABEL_VALUE_MAX];
     atomic_f64 value; /* counter/gauge value, histogram sum */
     _Atomic uint64_t buckets[SF_METRIC_MAX_BUCKETS + 1]; /* per-bucket (non-cumulative) counts; last is +Inf */
@@ -60,6 +61,7 @@ struct sf_family {
     double bounds[SF_METRIC_MAX_BUCKETS];
     pthread_mutex_t mu;
     int nchildren;
+    int reuse_forgotten; /* sf_metrics_reuse_forgotten */
     sf_metric *children[SF_METRIC_MAX_CHILDREN];
     sf_metric *overflow;
 };
@@ -136,25 +138,55 @@ static sf_metric *child_new(sf_family *f, const char *const *values)
     return m;
 }
 
+static int same_labels(const sf_family *f, const sf_metric *m, const char *const *values)
+{
+    for (int l = 0; l < f->nlabels; l++)
+        if (strncmp(m->values[l], values[l], LABEL_VALUE_MAX - 1) != 0)
+            return 0;
+    return 1;
+}
+
+/* Back to zero: a forgotten child, and one revived or relabelled. */
+static void child_zero(sf_metric *m)
+{
+    f64_store(&m->value, 0);
+    for (int b = 0; b <= SF_METRIC_MAX_BUCKETS; b++)
+        atomic_store_explicit(&m->buckets[b], 0, memory_order_relaxed);
+}
+
 sf_metric *sf_metric_child(sf_family *f, const char *const *values)
 {
     pthread_mutex_lock(&f->mu);
     for (int i = 0; i < f->nchildren; i++) {
         sf_metric *m = f->children[i];
-        int same = 1;
-        for (int l = 0; l < f->nlabels && same; l++)
-            same = strncmp(m->values[l], values[l], LABEL_VALUE_MAX - 1) == 0;
-        if (same) {
+        if (same_labels(f, m, values)) {
+            if (m->hidden) {
+                /* Revived: what was added through an old pointer while it
+                 * was forgotten is not this series' past. */
+                child_zero(m);
+                m->hidden = 0;
+            }
             pthread_mutex_unlock(&f->mu);
             return m;
         }
     }
     sf_metric *m = NULL;
-    if (f->nchildren < SF_METRIC_MAX_CHILDREN)
+    if (f->nchildren < SF_METRIC_MAX_CHILDREN) {
         m = child_new(f, values);
-    if (m) {
-        f->children[f->nchildren++] = m;
-    } else {
+        if (m)
+            f->children[f->nchildren++] = m;
+    } else if (f->reuse_forgotten) {
+        for (int i = 0; i < f->nchildren && !m; i++) {
+            if (f->children[i]->hidden) {
+                m = f->children[i];
+                for (int l = 0; l < f->nlabels; l++)
+                    snprintf(m->values[l], LABEL_VALUE_MAX, "%s", values[l]);
+                child_zero(m);
+                m->hidden = 0;
+            }
+        }
+    }
+    if (!m) {
         if (!f->overflow) {
             const char *ov[SF_METRIC_MAX_LABELS] = {"overflow", "overflow", "overflow", "overflow"};
             f->overflow = child_new(f, ov);
@@ -163,6 +195,29 @@ sf_metric *sf_metric_child(sf_family *f, const char *const *values)
     }
     pthread_mutex_unlock(&f->mu);
     return m;
+}
+
+void sf_metric_forget(sf_family *f, const char *const *values)
+{
+    if (!f || (f->nlabels > 0 && !values))
+        return;
+    pthread_mutex_lock(&f->mu);
+    for (int i = 0; i < f->nchildren; i++) {
+        sf_metric *m = f->children[i];
+        if (same_labels(f, m, values)) {
+            m->hidden = 1;
+            child_zero(m);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+void sf_metrics_reuse_forgotten(sf_family *f)
+{
+    pthread_mutex_lock(&f->mu);
+    f->reuse_forgotten = 1;
+    pthread_mutex_unlock(&f->mu);
 }
 
 sf_metric *sf_metric_only(sf_family *f) { return sf_metric_child(f, NULL); }
@@ -380,7 +435,8 @@ static char *render_locked(size_t *len)
         put_help(&b, f->help);
         bput(&b, "\n# TYPE %s %s\n", f->name, tnames[f->type]);
         for (int c = 0; c < f->nchildren; c++)
-            render_child(&b, f, f->children[c]);
+            if (!f->children[c]->hidden)
+                render_child(&b, f, f->children[c]);
         if (f->overflow)
             render_child(&b, f, f->overflow);
         pthread_mutex_unlock(&f->mu);

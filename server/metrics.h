@@ -9,6 +9,13 @@
  * beyond it, updates land in one child whose label values are all "overflow",
  * so a misbehaving label can never grow memory without bound.
  *
+ * A child that stops meaning anything (an evaluation deleted) is forgotten
+ * with sf_metric_forget: it is no longer rendered, but its memory stays,
+ * since a hot path may still hold its pointer; asking for the same labels
+ * again revives it from zero. A forgotten child keeps its place among the
+ * family's SF_METRIC_MAX_CHILDREN, unless the family was declared with
+ * sf_metrics_reuse_forgotten.
+ *
  * Collectors (sf_metrics_on_collect) run just before rendering, for values
  * that are cheaper to read on demand (ring occupancy, build info).
  */
@@ -38,6 +45,19 @@ sf_family *sf_metrics_histogram(const char *name, const char *help, const char *
 sf_metric *sf_metric_child(sf_family *f, const char *const *values);
 /* The single child of a family without labels. */
 sf_metric *sf_metric_only(sf_family *f);
+/* Forgets the child of these label values, if it exists: it is not rendered
+ * and its values are zero until sf_metric_child asks for the same labels
+ * again (which returns the same child, from zero). Thread-safe with
+ * rendering. An update through a pointer kept from before is not rendered
+ * either, and is dropped when the child is revived. */
+void sf_metric_forget(sf_family *f, const char *const *values);
+/* Declares that nobody keeps pointers to this family's children across
+ * calls (each update asks sf_metric_child, and no sf_metric_forget runs
+ * between that and the update): once the family holds SF_METRIC_MAX_CHILDREN
+ * children, a new label combination takes over a forgotten child's memory
+ * instead of going to the overflow child. Without it, label values that come
+ * and go (an evaluation name per epoch) would fill the family for good. */
+void sf_metrics_reuse_forgotten(sf_family *f);
 
 void sf_counter_add(sf_metric *m, double v); /* v >= 0 */
 void sf_gauge_set(sf_metric *m, double v);

@@ -1,10 +1,13 @@
 /* tests/unit/test_metrics.c — the Prometheus registry (server/metrics.c):
  * the exact text of counters, gauges and histograms, label and help
  * escaping, the overflow child that bounds label cardinality, cumulative
- * buckets, and collectors. Every test starts from an empty registry. */
+ * buckets, collectors, and forgetting a child (hidden, zeroed, revived as
+ * the same child, within the bound). Every test starts from an empty
+ * registry. */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -276,6 +279,128 @@ static void test_concurrent_counter_adds_are_not_lost(void **state)
     assert_true(sf_metric_value(c) == 400000);
 }
 
+static void test_a_forgotten_child_is_not_rendered_and_comes_back_from_zero_as_the_same_child(void **state)
+{
+    (void)state;
+    sf_family *f = sf_metrics_counter("t_forget_total", "F.", L_ROUTE_CODE);
+    const double b[] = {1};
+    sf_family *h = sf_metrics_histogram("t_forget_seconds", "H.", L_KEY, b, 1);
+    const char *a[] = {"a", "200"}, *keep[] = {"b", "200"}, *k[] = {"x"};
+    sf_metric *ma = sf_metric_child(f, a);
+    sf_counter_add(ma, 7);
+    sf_counter_add(sf_metric_child(f, keep), 2);
+    sf_metric *mh = sf_metric_child(h, k);
+    sf_hist_observe(mh, 0.5);
+    sf_hist_observe(mh, 2);
+
+    sf_metric_forget(f, a);
+    sf_metric_forget(h, k);
+    sf_metric_forget(f, (const char *const[]){"never", "seen"}); /* no such child: nothing */
+    char *txt = render();
+    assert_null(strstr(txt, "route=\"a\""));
+    assert_non_null(strstr(txt, "t_forget_total{route=\"b\",code=\"200\"} 2\n"));
+    assert_int_equal(count_lines_starting(txt, "t_forget_seconds"), 0);
+    assert_null(strstr(txt, "never"));
+    free(txt);
+    assert_true(sf_metric_value(ma) == 0);
+    assert_int_equal(sf_hist_count(mh), 0);
+
+    /* A pointer kept from before may still be updated: not shown, and
+     * dropped when the labels are asked for again. */
+    sf_counter_add(ma, 5);
+    txt = render();
+    assert_null(strstr(txt, "route=\"a\""));
+    free(txt);
+    sf_metric *again = sf_metric_child(f, a);
+    assert_ptr_equal(again, ma);
+    assert_ptr_equal(sf_metric_child(h, k), mh);
+    sf_counter_add(again, 1);
+    txt = render();
+    assert_non_null(strstr(txt, "t_forget_total{route=\"a\",code=\"200\"} 1\n"));
+    assert_non_null(strstr(txt, "t_forget_seconds_count{key=\"x\"} 0\n"));
+    free(txt);
+}
+
+/* Label values that come and go: without reuse, a forgotten child keeps its
+ * place (a kept pointer may be behind it) and new values overflow; with it,
+ * a new value takes a forgotten child's memory. Never more than the bound. */
+static void fill(sf_family *f)
+{
+    char v[32];
+    for (int i = 0; i < SF_METRIC_MAX_CHILDREN; i++) {
+        snprintf(v, sizeof v, "v%d", i);
+        sf_gauge_set(sf_metric_child(f, (const char *const[]){v}), 1);
+    }
+}
+
+static void test_forgotten_children_stay_within_the_bound_and_are_reused_only_when_declared(void **state)
+{
+    (void)state;
+    sf_family *held = sf_metrics_gauge("t_held", "Held.", L_KEY);
+    fill(held);
+    sf_metric *v7 = sf_metric_child(held, (const char *const[]){"v7"});
+    sf_metric_forget(held, (const char *const[]){"v7"});
+    sf_metric *o = sf_metric_child(held, (const char *const[]){"new"});
+    assert_ptr_not_equal(o, v7);
+    sf_gauge_set(o, 3);
+
+    sf_family *fresh = sf_metrics_gauge("t_fresh", "Fresh.", L_KEY);
+    sf_metrics_reuse_forgotten(fresh);
+    fill(fresh);
+    sf_metric *f7 = sf_metric_child(fresh, (const char *const[]){"v7"});
+    sf_metric_forget(fresh, (const char *const[]){"v7"});
+    sf_metric *n = sf_metric_child(fresh, (const char *const[]){"new"});
+    assert_ptr_equal(n, f7);
+    sf_gauge_set(n, 4);
+    /* No forgotten child left: one more overflows. */
+    sf_gauge_set(sf_metric_child(fresh, (const char *const[]){"newer"}), 5);
+
+    char *txt = render();
+    assert_int_equal(count_lines_starting(txt, "t_held{"), SF_METRIC_MAX_CHILDREN); /* v7 hidden, + overflow */
+    assert_null(strstr(txt, "t_held{key=\"v7\"}"));
+    assert_non_null(strstr(txt, "t_held{key=\"overflow\"} 3\n"));
+    assert_int_equal(count_lines_starting(txt, "t_fresh{"), SF_METRIC_MAX_CHILDREN + 1);
+    assert_null(strstr(txt, "t_fresh{key=\"v7\"}"));
+    assert_non_null(strstr(txt, "t_fresh{key=\"new\"} 4\n"));
+    assert_non_null(strstr(txt, "t_fresh{key=\"overflow\"} 5\n"));
+    free(txt);
+}
+
+/* Forgetting and reviving while another thread renders: no crash, no torn
+ * line (run under the sanitizers by make sanitize-unit). */
+static atomic_int churn_stop;
+
+static void *churn(void *arg)
+{
+    sf_family *f = arg;
+    const char *v[] = {"churn"};
+    while (!atomic_load(&churn_stop)) {
+        sf_counter_add(sf_metric_child(f, v), 1);
+        sf_metric_forget(f, v);
+    }
+    return NULL;
+}
+
+static void test_forgetting_is_safe_while_rendering(void **state)
+{
+    (void)state;
+    sf_family *f = sf_metrics_counter("t_churn_total", "C.", L_KEY);
+    atomic_store(&churn_stop, 0);
+    pthread_t t;
+    pthread_create(&t, NULL, churn, f);
+    for (int i = 0; i < 200; i++) {
+        char *txt = render();
+        const char *line = strstr(txt, "t_churn_total{");
+        /* Rendered only while alive, and then as a whole line. */
+        static const char whole[] = "t_churn_total{key=\"churn\"} ";
+        if (line)
+            assert_true(strncmp(line, whole, sizeof whole - 1) == 0 && strchr(line, '\n'));
+        free(txt);
+    }
+    atomic_store(&churn_stop, 1);
+    pthread_join(t, NULL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -290,6 +415,11 @@ int main(void)
         cmocka_unit_test_setup(test_registering_a_name_twice_returns_the_same_family, reset),
         cmocka_unit_test_setup(test_collectors_run_before_each_render, reset),
         cmocka_unit_test_setup(test_concurrent_counter_adds_are_not_lost, reset),
+        cmocka_unit_test_setup(test_a_forgotten_child_is_not_rendered_and_comes_back_from_zero_as_the_same_child,
+                               reset),
+        cmocka_unit_test_setup(test_forgotten_children_stay_within_the_bound_and_are_reused_only_when_declared,
+                               reset),
+        cmocka_unit_test_setup(test_forgetting_is_safe_while_rendering, reset),
     };
     return cmocka_run_group_tests(tests, NULL, reset);
 }

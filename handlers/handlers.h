@@ -19,6 +19,7 @@ int h_batches_get(sf_req *r);
 int h_batches_logits(sf_req *r);
 int h_evals_list(sf_req *r);
 int h_evals_get(sf_req *r);
+int h_evals_delete(sf_req *r);
 int h_transform(sf_req *r);
 int h_model(sf_req *r);
 int h_openapi(sf_req *r);

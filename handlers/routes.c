@@ -24,6 +24,7 @@ const sf_route sf_routes[] = {
     {"GET", "/v1/batches/{id}/logits", "batch_logits", h_batches_logits, NULL, 0, NULL},
     {"GET", "/v1/evals", "evals", h_evals_list, NULL, 0, NULL},
     {"GET", "/v1/evals/{name}", "eval", h_evals_get, NULL, 0, NULL},
+    {"DELETE", "/v1/evals/{name}", "eval", h_evals_delete, NULL, SF_ROUTE_AUTH, NULL},
     {"POST", "/v1/transform", "transform", h_transform, &h_transform_stream,
      SF_ROUTE_AUTH | SF_ROUTE_UPLOAD, CT_BATCH},
     {"GET", "/v1/model", "model", h_model, NULL, 0, NULL},

@@ -3,6 +3,7 @@
 
 #include "server/distributed.h"
 #include "server/engine.h"
+#include "server/evals.h"
 #include "server/jobs.h"
 #include "server/kept_logits.h"
 #include "server/log.h"
@@ -147,6 +148,11 @@ static void register_training_metrics(sf_app_metrics *m)
     m->eval_samples = sf_metrics_counter("streamfeed_eval_samples_total",
                                          "Samples scored by eval batches (no training), by evaluation name.",
                                          L_EVAL);
+    /* Their children are set through the evaluations' hooks only (below), so
+     * the names of deleted evaluations do not fill the families for good. */
+    sf_metrics_reuse_forgotten(m->eval_loss);
+    sf_metrics_reuse_forgotten(m->eval_accuracy);
+    sf_metrics_reuse_forgotten(m->eval_samples);
     m->learning_rate = sf_metrics_gauge("streamfeed_learning_rate", "Current learning rate.", NULL);
     m->ring_slots = sf_metrics_gauge("streamfeed_ring_slots", "Ring slots by state.", L_STATE);
     m->queue_wait = sf_metrics_histogram("streamfeed_queue_wait_seconds",
@@ -290,6 +296,40 @@ void sf_app_metrics_init(sf_app *app)
     register_process_metrics(m);
     create_initial_children(app, m);
     sf_metrics_on_collect(collect, app);
+}
+
+/* An evaluation's metrics, from its aggregates after each batch (under the
+ * evaluations' lock: server/evals.h says why). */
+static void publish_eval(void *ctx, const sf_eval_agg *a, uint64_t batch_samples)
+{
+    const sf_app_metrics *m = ctx;
+    const char *name[] = {a->name};
+    const char *k1[] = {a->name, "1"}, *k5[] = {a->name, "5"};
+    if (a->samples) {
+        sf_gauge_set(sf_metric_child(m->eval_loss, name), a->loss_sum / (double)a->samples);
+        sf_gauge_set(sf_metric_child(m->eval_accuracy, k1), (double)a->correct1 / (double)a->samples);
+        sf_gauge_set(sf_metric_child(m->eval_accuracy, k5), (double)a->correct5 / (double)a->samples);
+    }
+    sf_counter_add(sf_metric_child(m->eval_samples, name), (double)batch_samples);
+}
+
+/* A deleted evaluation's series go; a new evaluation of that name starts
+ * them from zero. */
+static void forget_eval(void *ctx, const char *eval)
+{
+    const sf_app_metrics *m = ctx;
+    const char *name[] = {eval};
+    const char *k1[] = {eval, "1"}, *k5[] = {eval, "5"};
+    sf_metric_forget(m->eval_loss, name);
+    sf_metric_forget(m->eval_accuracy, k1);
+    sf_metric_forget(m->eval_accuracy, k5);
+    sf_metric_forget(m->eval_samples, name);
+}
+
+void sf_app_evals_attach(sf_app *app)
+{
+    const sf_evals_hooks hooks = {publish_eval, forget_eval, &app->m};
+    sf_evals_set_hooks(app->evals, &hooks);
 }
 
 const sf_upload_ctx *sf_upload_ctx_of(struct sf_app *app) { return &app->upload; }

@@ -77,6 +77,8 @@ typedef struct sf_app {
 #define SF_CPU_LARGE_PARAMS 1000000u
 
 void sf_app_metrics_init(sf_app *app);
+/* Makes app->evals publish and forget the eval metrics (after both exist). */
+void sf_app_evals_attach(sf_app *app);
 /* Readiness: 0 ready, else fills reasons (cJSON array of strings, caller frees). */
 int sf_app_ready(sf_app *app, cJSON **reasons);
 

@@ -274,7 +274,8 @@ const sf_cfg_option sf_config_table[] = {
      "false with the reason \"diverged\"; a checkpoint load or PUT clears it."},
     {"eval.max_names", SF_CT_INT, F(eval.max_names), "16", 1, 256, NULL, 0, NULL,
      "Distinct evaluation names (POST /v1/batches?mode=eval&eval=<name>) kept, with their "
-     "metrics; a batch naming one more is refused with 409 too_many_evals."},
+     "metrics; a batch naming one more is refused with 409 too_many_evals. DELETE "
+     "/v1/evals/{name} frees a finished evaluation's name."},
     {"eval.logits_keep_s", SF_CT_INT, F(eval.logits_keep_s), "300", 1, 86400, NULL, SF_CF_HOT, NULL,
      "How long the logits of a ?mode=eval&return=logits&wait=1 batch whose wait ran out (a 202) "
      "are kept for GET /v1/batches/{id}/logits, counted from that 202; then 410 logits_expired."},

@@ -148,6 +148,11 @@ void engine_fail_batch(sf_engine *e, int slot, const char *code, const char *msg
 static void run_sink(sf_engine *e, int slot)
 {
     sf_slot_meta *m = sf_ring_meta(e->cx.ring, slot);
+    /* Eval batches need a backend (handlers/batches.c refuses them in sink
+     * mode); should one come, it still ends, unevaluated, so that its
+     * evaluation is not pending for good. */
+    if (m->eval)
+        sf_evals_add_failed(e->cx.evals, m->eval_name);
     sf_job job = {0};
     job.id = m->job_id;
     job.n = m->n;
@@ -498,7 +503,8 @@ static void take_undecodable(sf_job *job, const pending_extra *x, const sf_event
 
 /* An eval batch's result: its reply, its evaluation's aggregates and metrics.
  * No step was taken: the step count and the training metrics stay. */
-static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record *rec, const pending_extra *x)
+static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record *rec, const pending_extra *x,
+                         const char *eval_name)
 {
     const sf_engine_ctx *cx = &e->cx;
     sf_job job = {0};
@@ -508,7 +514,7 @@ static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record 
     job.n = ev->n;
     take_undecodable(&job, x, ev);
     job.trained = 1;
-    snprintf(job.eval_name, sizeof job.eval_name, "%s", x->eval_name);
+    snprintf(job.eval_name, sizeof job.eval_name, "%s", eval_name);
     if (rec->id == ev->id && rec->t_popped >= rec->t_ready)
         job.queue_s = (double)(rec->t_popped - rec->t_ready) / 1e9;
     job.step = ev->step;
@@ -520,21 +526,33 @@ static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record 
     job.transform_s = ev->transform_s;
     job.step_s = ev->step_s;
     job.t_done_ns = sf_now_ns();
-    sf_eval_agg agg;
-    memset(&agg, 0, sizeof agg);
-    sf_evals_add(cx->evals, x->eval_name, (uint64_t)scored, ev->loss, (uint64_t)ev->correct,
-                 (uint64_t)ev->correct5, ev->step, &agg);
+    /* The evaluation first (its metrics too, server/app.c's publish hook),
+     * then the job: a client that saw its batch done may delete the
+     * evaluation at once, and finds nothing of the batch pending. */
+    sf_evals_add(cx->evals, eval_name, (uint64_t)ev->n, (uint64_t)scored, ev->loss, (uint64_t)ev->correct,
+                 (uint64_t)ev->correct5, ev->step);
     sf_jobs_done(cx->jobs, &job);
-    const char *name[] = {x->eval_name};
-    const char *k1[] = {x->eval_name, "1"}, *k5[] = {x->eval_name, "5"};
-    if (agg.samples) {
-        sf_gauge_set(sf_metric_child(cx->m->eval_loss, name), agg.loss_sum / (double)agg.samples);
-        sf_gauge_set(sf_metric_child(cx->m->eval_accuracy, k1), (double)agg.correct1 / (double)agg.samples);
-        sf_gauge_set(sf_metric_child(cx->m->eval_accuracy, k5), (double)agg.correct5 / (double)agg.samples);
-    }
-    sf_counter_add(sf_metric_child(cx->m->eval_samples, name), (double)ev->n);
     account_busy(e, ev);
     sf_http_wake(*cx->http, SF_WAIT_JOB, ev->id);
+}
+
+/* The evaluation a finished batch belongs to (copied to name), or 0 for a
+ * training batch. Its extra record says; should the record have been taken
+ * by a batch PENDING_RECS ids younger (transforms run between steps and do
+ * not count towards max_inflight, so many can pass one long step), the job
+ * table, which keeps more ids, still does: an eval batch must end its
+ * evaluation's pending count whatever became of its record. */
+static int eval_of(sf_engine *e, const sf_event *ev, const pending_extra *x, char *name, size_t cap)
+{
+    if (x->id == ev->id) {
+        snprintf(name, cap, "%s", x->eval_name);
+        return x->eval;
+    }
+    sf_job job;
+    if (sf_jobs_get(e->cx.jobs, ev->id, &job) != 0 || job.kind != SF_JOB_KIND_EVAL)
+        return 0;
+    snprintf(name, cap, "%s", job.eval_name);
+    return 1;
 }
 
 static void harvest(sf_engine *e, const sf_event *ev)
@@ -564,7 +582,8 @@ static void harvest(sf_engine *e, const sf_event *ev)
     }
     atomic_fetch_sub(&e->inflight, 1);
     pending_extra *x = &e->extra[ev->id % PENDING_RECS];
-    const int eval = x->id == ev->id && x->eval;
+    char eval_name[SF_EVAL_NAME_MAX + 1];
+    const int eval = eval_of(e, ev, x, eval_name, sizeof eval_name);
     if (x->id == ev->id && x->release_result) {
         x->release_result(x->result_owner);
         x->release_result = NULL;
@@ -596,7 +615,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
             step_taken(e, ev->step);
         }
         if (eval)
-            sf_evals_add_failed(cx->evals, x->eval_name);
+            sf_evals_add_failed(cx->evals, eval_name);
         finish_failed(e, ev->id, "step_failed", ev->err);
         char herr[160];
         if (cx->backend->i->health(cx->backend, herr, sizeof herr)) {
@@ -624,7 +643,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
         sf_counter_add(sf_metric_child(cx->m->jpeg_decode_host, lv), ev->decode_host_s);
     }
     if (eval) {
-        harvest_eval(e, ev, rec, x);
+        harvest_eval(e, ev, rec, x, eval_name);
         return;
     }
     sf_job job = {0};

@@ -9,7 +9,8 @@
 struct sf_evals {
     pthread_mutex_t mu;
     int max, n;
-    sf_eval_agg *a; /* [max], the first n in use */
+    sf_eval_agg *a; /* [max], the first n in use, in reservation order */
+    sf_evals_hooks hooks;
 };
 
 sf_evals *sf_evals_new(int max_names)
@@ -25,6 +26,13 @@ sf_evals *sf_evals_new(int max_names)
     }
     pthread_mutex_init(&e->mu, NULL);
     return e;
+}
+
+void sf_evals_set_hooks(sf_evals *e, const sf_evals_hooks *hooks)
+{
+    pthread_mutex_lock(&e->mu);
+    e->hooks = *hooks;
+    pthread_mutex_unlock(&e->mu);
 }
 
 void sf_evals_destroy(sf_evals *e)
@@ -75,21 +83,31 @@ int sf_evals_reserve(sf_evals *e, const char *name)
 {
     pthread_mutex_lock(&e->mu);
     int rc = 0;
-    if (!find(e, name)) {
-        if (e->n >= e->max) {
-            rc = -1;
-        } else {
-            sf_eval_agg *a = &e->a[e->n++];
-            memset(a, 0, sizeof *a);
-            snprintf(a->name, sizeof a->name, "%s", name);
-        }
+    sf_eval_agg *a = find(e, name);
+    if (!a && e->n < e->max) {
+        a = &e->a[e->n++];
+        memset(a, 0, sizeof *a);
+        snprintf(a->name, sizeof a->name, "%s", name);
     }
+    if (a)
+        a->pending++;
+    else
+        rc = -1;
     pthread_mutex_unlock(&e->mu);
     return rc;
 }
 
-void sf_evals_add(sf_evals *e, const char *name, uint64_t samples, double mean_loss, uint64_t correct1,
-                  uint64_t correct5, uint64_t step, sf_eval_agg *after)
+/* One batch of a ended. A batch ends once (sf_evals_reserve's contract); a
+ * count already at zero stays there rather than wrap and keep the name
+ * from being deleted for good. */
+static void batch_ended(sf_eval_agg *a)
+{
+    if (a->pending > 0)
+        a->pending--;
+}
+
+void sf_evals_add(sf_evals *e, const char *name, uint64_t batch_samples, uint64_t samples, double mean_loss,
+                  uint64_t correct1, uint64_t correct5, uint64_t step)
 {
     pthread_mutex_lock(&e->mu);
     sf_eval_agg *a = find(e, name);
@@ -102,8 +120,11 @@ void sf_evals_add(sf_evals *e, const char *name, uint64_t samples, double mean_l
         a->loss_sum += mean_loss * (double)samples;
         a->correct1 += correct1;
         a->correct5 += correct5;
-        if (after)
-            *after = *a;
+        /* Published before the batch stops being pending: a DELETE that
+         * sees no batch pending finds the metrics already final. */
+        if (e->hooks.publish)
+            e->hooks.publish(e->hooks.ctx, a, batch_samples);
+        batch_ended(a);
     }
     pthread_mutex_unlock(&e->mu);
 }
@@ -112,9 +133,47 @@ void sf_evals_add_failed(sf_evals *e, const char *name)
 {
     pthread_mutex_lock(&e->mu);
     sf_eval_agg *a = find(e, name);
-    if (a)
+    if (a) {
         a->failed++;
+        batch_ended(a);
+    }
     pthread_mutex_unlock(&e->mu);
+}
+
+uint64_t sf_evals_pending(sf_evals *e, const char *name)
+{
+    pthread_mutex_lock(&e->mu);
+    sf_eval_agg *a = find(e, name);
+    const uint64_t n = a ? a->pending : 0;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+sf_eval_delete_rc sf_evals_delete(sf_evals *e, const char *name, sf_eval_agg *out, uint64_t *pending)
+{
+    pthread_mutex_lock(&e->mu);
+    sf_eval_agg *a = find(e, name);
+    sf_eval_delete_rc rc = SF_EVAL_UNKNOWN;
+    if (a && a->pending > 0) {
+        rc = SF_EVAL_BUSY;
+        if (pending)
+            *pending = a->pending;
+    } else if (a) {
+        rc = SF_EVAL_DELETED;
+        if (out)
+            *out = *a;
+        /* Under the lock: a batch of the same name accepted next makes a
+         * new evaluation whose metrics this cannot reach. */
+        if (e->hooks.forget)
+            e->hooks.forget(e->hooks.ctx, a->name);
+        /* The others keep their reservation order (GET /v1/evals). */
+        const int i = (int)(a - e->a);
+        memmove(&e->a[i], &e->a[i + 1], (size_t)(e->n - i - 1) * sizeof *e->a);
+        e->n--;
+        memset(&e->a[e->n], 0, sizeof *e->a);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
 }
 
 int sf_evals_get(sf_evals *e, const char *name, sf_eval_agg *out)

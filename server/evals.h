@@ -5,8 +5,14 @@
  * is refused (409 too_many_evals) rather than evicting an evaluation someone
  * is still reading, so the eval metrics' label cardinality is bounded. A name
  * is reserved when its first batch is accepted; its aggregates grow as its
- * batches finish, in arrival order. Thread-safe: HTTP threads reserve and
- * read, the engine adds.
+ * batches finish, in arrival order. A name lasts until it is deleted
+ * (DELETE /v1/evals/{name}), which frees its place for another.
+ *
+ * Each accepted batch is pending until it ends, exactly once, by
+ * sf_evals_add or sf_evals_add_failed: a 202 is a promise that the batch
+ * counts towards its evaluation, so a name with batches pending cannot be
+ * deleted (409 eval_busy). Thread-safe: HTTP threads reserve, read and
+ * delete, the engine adds.
  */
 #ifndef SF_EVALS_H
 #define SF_EVALS_H
@@ -26,29 +32,63 @@ typedef struct sf_eval_agg {
     uint64_t correct1, correct5;
     uint64_t first_step, last_step; /* optimizer step count when its first and last batch ran */
     uint64_t failed;        /* batches that failed (bad label, decode error) */
+    uint64_t pending;       /* batches accepted and not yet ended (add or add_failed) */
 } sf_eval_agg;
 
 typedef struct sf_evals sf_evals;
 
+/* What becomes of an evaluation's metrics. Both run under the evaluations'
+ * lock, so that a batch's metrics cannot be published after its evaluation
+ * was deleted (they would come back with the old values), nor a deletion
+ * forget the metrics of the next evaluation of that name. They must not
+ * call back into sf_evals. */
+typedef struct sf_evals_hooks {
+    /* After each finished batch: the aggregates with it, and its samples
+     * (decoded images; not pixels). */
+    void (*publish)(void *ctx, const sf_eval_agg *after, uint64_t batch_samples);
+    /* As the evaluation is deleted. */
+    void (*forget)(void *ctx, const char *name);
+    void *ctx;
+} sf_evals_hooks;
+
 sf_evals *sf_evals_new(int max_names);
+/* Set once, before any batch is accepted. */
+void sf_evals_set_hooks(sf_evals *e, const sf_evals_hooks *hooks);
 void sf_evals_destroy(sf_evals *e);
 /* 1 when name has the syntax of an evaluation name. */
 int sf_eval_name_valid(const char *name);
 /* 1 when name is known or one more name fits: a request's early test, which
  * reserves nothing (its batch may still be refused). */
 int sf_evals_has_room(sf_evals *e, const char *name);
-/* Makes name known (no-op when it is), when its batch is accepted. 0, or -1
- * when max_names are taken. */
+/* Makes name known (when it is not) and counts one more of its batches
+ * pending, when its batch is accepted: the last check before the batch goes
+ * to the ring, whose every path ends it with sf_evals_add or
+ * sf_evals_add_failed. 0, or -1 (nothing changed) when max_names are taken. */
 int sf_evals_reserve(sf_evals *e, const char *name);
 /* The message of a batch refused because max_names evaluations exist (409
  * too_many_evals, by the early test and at reservation alike). */
 void sf_evals_full_message(const sf_evals *e, char *buf, size_t cap);
-/* Adds one finished batch of samples scored (its mean loss and hits). */
-void sf_evals_add(sf_evals *e, const char *name, uint64_t samples, double mean_loss, uint64_t correct1,
-                  uint64_t correct5, uint64_t step, sf_eval_agg *after);
+/* Adds one finished batch of batch_samples images, samples scored (pixels
+ * for a segmentation model), its mean loss and hits; publishes the metrics;
+ * the batch is no longer pending. */
+void sf_evals_add(sf_evals *e, const char *name, uint64_t batch_samples, uint64_t samples, double mean_loss,
+                  uint64_t correct1, uint64_t correct5, uint64_t step);
+/* An accepted batch that ended without a result (refused by the backend,
+ * failed, dropped at shutdown): counted as failed, no longer pending. */
 void sf_evals_add_failed(sf_evals *e, const char *name);
 /* Copies one; -1 when unknown. */
 int sf_evals_get(sf_evals *e, const char *name, sf_eval_agg *out);
+/* Batches of name accepted and not yet ended (0 when unknown). */
+uint64_t sf_evals_pending(sf_evals *e, const char *name);
+
+typedef enum sf_eval_delete_rc {
+    SF_EVAL_DELETED = 0,  /* *out holds its final aggregates; the metrics are forgotten */
+    SF_EVAL_UNKNOWN = -1, /* no such name */
+    SF_EVAL_BUSY = 1,     /* *pending of its batches have not ended: nothing changed */
+} sf_eval_delete_rc;
+/* Forgets an evaluation: its aggregates, its place among max_names and
+ * (the forget hook) its metrics. A name with batches pending is kept. */
+sf_eval_delete_rc sf_evals_delete(sf_evals *e, const char *name, sf_eval_agg *out, uint64_t *pending);
 /* The JSON of GET /v1/evals/{name}. */
 cJSON *sf_eval_to_json(const sf_eval_agg *a);
 /* {"evals":[...], "max_names": n} in reservation order. */

@@ -443,6 +443,7 @@ int main(int argc, char **argv)
     if (!app.ring || !app.jobs || !app.evals || !app.kept_logits)
         return start_failed(1, "cannot allocate %d ring slots of %lld bytes", app.cfg.ring.slots,
                             (long long)app.cfg.ring.slot_bytes);
+    sf_app_evals_attach(&app);
     sf_ring_on_free(app.ring, on_slot_free, &app);
     app.engine = start_engine(&app, err, sizeof err);
     if (!app.engine)

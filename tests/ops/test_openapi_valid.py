@@ -30,6 +30,7 @@ ROUTES = {
     ("GET", "/v1/batches/{id}/logits"),
     ("GET", "/v1/evals"),
     ("GET", "/v1/evals/{name}"),
+    ("DELETE", "/v1/evals/{name}"),
     ("POST", "/v1/transform"),
     ("GET", "/v1/model"),
     ("GET", "/openapi.yaml"),

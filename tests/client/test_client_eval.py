@@ -1,7 +1,9 @@
 """Evaluation through the Python client (sync and asyncio) against the real
 server: eval batches' loss, top1 and top5, logits that agree with them,
-named evaluations and their bound, the 202 whose wait ran out followed to
-the kept logits, and the kept-logits errors as typed exceptions."""
+named evaluations and their bound, deleting a finished evaluation to free
+its name (and eval_busy while its batches wait), the 202 whose wait ran out
+followed to the kept logits, and the kept-logits errors as typed
+exceptions."""
 import asyncio
 import math
 
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamfeed import (BatchAccepted, BatchResult, Client, Conflict, EvalList, EvalSummary, Gone, NotFound,
-                        PayloadTooLarge, encode_batch)
+                        PayloadTooLarge, Unauthorized, encode_batch)
 
 from test_client import colour_batch
 
@@ -123,6 +125,62 @@ def test_named_evaluations_are_sample_weighted_listed_and_bounded(start_server, 
     assert e.value.code == "eval_not_found"
 
 
+def test_delete_eval_returns_the_final_summary_and_frees_the_name(start_server, rng):
+    c = start_server("--eval.max_names", "2").client()
+    c.evaluate(*colour_batch(rng, 3), eval="epoch-1")
+    c.evaluate(*colour_batch(rng, 5), eval="epoch-1")
+    c.evaluate(*colour_batch(rng, 2), eval="epoch-2")
+    with pytest.raises(Conflict) as e:
+        c.evaluate(*colour_batch(rng, 2), eval="epoch-3")
+    assert e.value.code == "too_many_evals"
+    before = c.eval_summary("epoch-1")
+    final = c.delete_eval("epoch-1")
+    assert isinstance(final, EvalSummary) and final == before and final.batches == 2 and final.samples == 8
+    assert c.evals().names() == ["epoch-2"]
+    with pytest.raises(NotFound) as e:
+        c.eval_summary("epoch-1")
+    assert e.value.code == "eval_not_found"
+    with pytest.raises(NotFound) as e:
+        c.delete_eval("epoch-1")
+    assert e.value.code == "eval_not_found" and e.value.method == "DELETE"
+    # The freed place takes a new name; the old name comes back from zero.
+    c.evaluate(*colour_batch(rng, 2), eval="epoch-3")
+    c.delete_eval("epoch-2")
+    again = c.evaluate(*colour_batch(rng, 4), eval="epoch-1")
+    g = c.eval_summary("epoch-1")
+    assert g.batches == 1 and g.samples == 4 and math.isclose(g.loss, again.loss, rel_tol=1e-6)
+    # Checked before sending, like every name.
+    with pytest.raises(ValueError, match="1 to 64 characters"):
+        c.delete_eval("no spaces")
+
+
+def test_delete_eval_of_a_name_whose_accepted_batches_wait_raises_eval_busy(start_server, rng):
+    c = start_server(*RING).client()
+    body = encode_batch(*colour_batch(rng, QUEUED_N))
+    for _ in range(QUEUED_BATCHES):
+        c.post_body(body)
+    queued = c.evaluate(*colour_batch(rng, 4), eval="late", wait=False)
+    assert isinstance(queued, BatchAccepted)
+    with pytest.raises(Conflict) as e:
+        c.delete_eval("late")
+    assert e.value.code == "eval_busy" and e.value.status == 409 and e.value.retry_after == 1
+    assert "1 accepted batch not yet finished" in e.value.message
+    assert c.batch(queued.id).state in ("queued", "transforming", "training"), "it finished before the DELETE"
+    # Once it finished it counted, and the name goes.
+    assert c.wait_batch(queued.id).done
+    assert c.delete_eval("late").batches == 1
+
+
+def test_delete_eval_needs_the_token_of_a_server_that_has_one(start_server, rng):
+    s = start_server("--http.token", "t0k")
+    c = Client(s.url, token="t0k")
+    c.evaluate(*colour_batch(rng, 2), eval="guarded")
+    with pytest.raises(Unauthorized) as e:
+        Client(s.url).delete_eval("guarded")
+    assert e.value.code == "unauthorized"
+    assert c.delete_eval("guarded").name == "guarded"
+
+
 def test_logits_whose_server_wait_ran_out_are_fetched_from_where_the_202_says(start_server, rng):
     c = start_server(*RING).client()
     x, y = colour_batch(rng, 5)
@@ -197,6 +255,12 @@ def test_the_asyncio_client_evaluates_returns_logits_and_follows_a_202(start_ser
             assert (await a.evals()).names() == ["holdout"]
             with pytest.raises(NotFound) as nf:
                 await a.eval_summary("nobody")
+            assert nf.value.code == "eval_not_found"
+            d = await a.delete_eval("holdout")
+            assert isinstance(d, EvalSummary) and d == g
+            assert (await a.evals()).names() == []
+            with pytest.raises(NotFound) as nf:
+                await a.delete_eval("holdout")
             assert nf.value.code == "eval_not_found"
             with pytest.raises(NotFound) as nf:
                 await a.batch_logits(1)

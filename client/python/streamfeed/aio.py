@@ -269,6 +269,13 @@ class AsyncClient:
         """GET /v1/evals/{name}: one evaluation's aggregates (see Client.eval_summary)."""
         return EvalSummary.from_json(await self._json("GET", f"/v1/evals/{check_eval_name(name)}"))
 
+    async def delete_eval(self, name: str) -> EvalSummary:
+        """DELETE /v1/evals/{name}: forgets a finished evaluation and frees its
+        name, returning it as it ended (see Client.delete_eval: Conflict
+        ``eval_busy`` while batches of it have not finished, NotFound
+        ``eval_not_found``)."""
+        return EvalSummary.from_json(await self._json("DELETE", f"/v1/evals/{check_eval_name(name)}"))
+
     # ---- batch state -------------------------------------------------------------
 
     async def batch(self, batch_id: int) -> BatchResult:

@@ -516,7 +516,7 @@ class Client:
         Raises:
             TypeError, ValueError: bad inputs or name (checked before anything is sent).
             Conflict: code ``too_many_evals``: eval would be one name more than
-                the server's ``eval.max_names``.
+                the server's ``eval.max_names`` (:meth:`delete_eval` frees one).
             APIError, Backpressure, BatchFailed: as for :meth:`post_batch`.
         """
         body = encode_batch_parts(images, labels_for_eval(labels), layout)
@@ -637,10 +637,33 @@ class Client:
         top5 over all its batches (:class:`EvalSummary`).
 
         Raises:
-            NotFound: code ``eval_not_found``: no eval batch with that name was accepted.
+            NotFound: code ``eval_not_found``: no eval batch with that name was
+                accepted, or the evaluation was deleted.
             TypeError, ValueError: not a name the server would take.
         """
         return EvalSummary.from_json(self._json("GET", f"/v1/evals/{check_eval_name(name)}"))
+
+    def delete_eval(self, name: str) -> EvalSummary:
+        """DELETE /v1/evals/{name}: forgets a finished evaluation and frees its
+        name, returning it as it ended (:class:`EvalSummary`).
+
+        The server keeps at most ``eval.max_names`` evaluations: a job that
+        runs one per epoch deletes each once it has read it, and a later
+        batch of the same name starts a new evaluation from zero. Its metric
+        series leave /metrics too. Not sent again on a lost connection: the
+        second try would find it deleted.
+
+        Raises:
+            Conflict: code ``eval_busy``: batches of it that the server
+                accepted have not finished (they still count towards it; the
+                message says how many, ``retry_after`` is set): wait for them
+                (:meth:`wait_batch`) and delete again.
+            NotFound: code ``eval_not_found``: no such evaluation (never
+                accepted, or already deleted).
+            Unauthorized: the server has a token and this client lacks it.
+            TypeError, ValueError: not a name the server would take.
+        """
+        return EvalSummary.from_json(self._json("DELETE", f"/v1/evals/{check_eval_name(name)}"))
 
     # ---- batch state -------------------------------------------------------------
 

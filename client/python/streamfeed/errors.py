@@ -149,8 +149,8 @@ class Forbidden(APIError):
 
 class NotFound(APIError):
     """404: no such route, the batch id is unknown or was evicted, no such
-    evaluation (``eval_not_found``), or a batch that kept no logits
-    (``logits_not_kept``)."""
+    evaluation (``eval_not_found``: never accepted, or deleted), or a batch
+    that kept no logits (``logits_not_kept``)."""
 
 
 class MethodNotAllowed(APIError):
@@ -160,7 +160,9 @@ class MethodNotAllowed(APIError):
 class Conflict(APIError):
     """409: the server's mode or the resource's state cannot do this (e.g.
     transform in sink mode, ``too_many_evals`` for one evaluation name more
-    than ``eval.max_names``)."""
+    than ``eval.max_names``, ``eval_busy`` for deleting an evaluation whose
+    accepted batches have not all finished: ``retry_after`` is set, and a
+    delete once they have finished succeeds). Not retried by the client."""
 
 
 class Gone(APIError):

@@ -157,7 +157,8 @@ class EvalList(_Reply):
     Attributes:
         evals: the evaluations.
         max_names: how many may exist (``eval.max_names``); an eval batch
-            naming one more is refused with 409 ``too_many_evals``.
+            naming one more is refused with 409 ``too_many_evals`` until one
+            is deleted (``Client.delete_eval``).
     """
 
     evals: List[EvalSummary]

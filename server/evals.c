@@ -83,16 +83,17 @@ int sf_evals_reserve(sf_evals *e, const char *name)
 {
     pthread_mutex_lock(&e->mu);
     int rc = 0;
-    sf_eval_agg *a = find(e, name);
-    if (!a && e->n < e->max) {
-        a = &e->a[e->n++];
+    sf_eval_agg *known = find(e, name);
+    if (known) {
+        known->pending++;
+    } else if (e->n >= e->max) {
+        rc = -1;
+    } else {
+        sf_eval_agg *a = &e->a[e->n++];
         memset(a, 0, sizeof *a);
         snprintf(a->name, sizeof a->name, "%s", name);
+        a->pending = 1;
     }
-    if (a)
-        a->pending++;
-    else
-        rc = -1;
     pthread_mutex_unlock(&e->mu);
     return rc;
 }

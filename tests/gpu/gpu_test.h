@@ -7,7 +7,8 @@
  * write their own), NCHW <-> NHWC on the host, the pair of backends a backend
  * test compares, and the relative-error check against a double-precision
  * reference (DESIGN.md §8: NaN or Inf anywhere fails, the worst elements are
- * printed). Header-only. */
+ * printed), and the -l / -s options of the programs whose main() runs named
+ * sections (test_sections). Header-only. */
 #ifndef SF_TESTS_GPU_TEST_H
 #define SF_TESTS_GPU_TEST_H
 
@@ -16,7 +17,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -144,6 +148,128 @@ static __attribute__((unused)) int run_op_test(const char *program, void (*cases
     cases(test_stream());
     return finish(program);
 }
+
+/* ---- sections: -l and -s ------------------------------------------------------ */
+
+/* The programs whose main() runs numbered sections (test_backend,
+ * test_backend_models, test_train_loop, test_jpeg_decode) name them, so that
+ * one can run alone, as test_ops runs one op family (-o): compute-sanitizer
+ * takes longer over a whole program than one GPU call may run, and
+ * tests/gpu/sanitize_tests.sh runs one process per section instead.
+ *
+ *   -l                       print the section names, one a line (those -s
+ *                            selects, when given), and run nothing: no device
+ *                            is needed, and no SKIPPED line is printed
+ *   -s NAME[,NAME...]        run only these sections, in the program's order;
+ *                            repeatable. A name the program has not is an
+ *                            error: it and the list go to stderr, exit 2
+ *   (none)                   every section, as before sections had names
+ *
+ * A section that needs what an earlier one made (a model, batches) makes it
+ * when it runs first; the summary line and the exit status (1 on any FAIL)
+ * stay each program's own. Usage in main():
+ *
+ *   test_sections sec("test_x", {"first", "second"});
+ *   const int rc = sec.args(argc, argv);
+ *   if (rc >= 0)
+ *       return rc;
+ *   ...
+ *   if (sec.run("first")) { ... }
+ */
+struct test_sections {
+    const char *program;
+    std::vector<const char *> names;
+    std::vector<char> on; /* per name: selected */
+
+    test_sections(const char *prog, std::initializer_list<const char *> list)
+        : program(prog), names(list), on(names.size(), 1)
+    {
+    }
+
+    int index(const char *name) const
+    {
+        for (size_t i = 0; i < names.size(); i++)
+            if (!strcmp(names[i], name))
+                return (int)i;
+        return -1;
+    }
+
+    void print_names(FILE *f, int selected_only) const
+    {
+        for (size_t i = 0; i < names.size(); i++)
+            if (!selected_only || on[i])
+                fprintf(f, "%s\n", names[i]);
+    }
+
+    int usage(const char *why, const char *own_usage) const
+    {
+        fprintf(stderr, "%s: %s\nusage: %s [-l] [-s SECTION[,SECTION...]]...%s%s\n", program, why, program,
+                own_usage && *own_usage ? " " : "", own_usage ? own_usage : "");
+        return 2;
+    }
+
+    /* Reads argv: -1 when the selected sections are to run, else the exit
+     * status main() returns at once (0 after -l, 2 on a bad option or an
+     * unknown section). own: options the program reads itself (flags
+     * without a value, e.g. "--full"), passed over here; own_usage: how the
+     * usage line shows them. */
+    int args(int argc, char **argv, std::initializer_list<const char *> own = {}, const char *own_usage = NULL)
+    {
+        int list = 0, chosen = 0;
+        for (int i = 1; i < argc; i++) {
+            const char *a = argv[i];
+            int mine = 0;
+            for (const char *o : own)
+                mine |= !strcmp(a, o);
+            if (mine)
+                continue;
+            if (!strcmp(a, "-l")) {
+                list = 1;
+                continue;
+            }
+            if (strcmp(a, "-s") != 0)
+                return usage((std::string(a[0] == '-' ? "unknown option " : "unexpected argument ") + a).c_str(),
+                             own_usage);
+            if (i + 1 >= argc)
+                return usage("-s without a section name (-l lists them)", own_usage);
+            if (!chosen)
+                on.assign(names.size(), 0);
+            chosen = 1;
+            const std::string v = argv[++i];
+            for (size_t at = 0; at <= v.size();) {
+                size_t comma = v.find(',', at);
+                if (comma == std::string::npos)
+                    comma = v.size();
+                const std::string name = v.substr(at, comma - at);
+                const int k = index(name.c_str());
+                if (k < 0) {
+                    fprintf(stderr, "%s: no section \"%s\"; its sections:\n", program, name.c_str());
+                    print_names(stderr, 0);
+                    return 2;
+                }
+                on[k] = 1;
+                at = comma + 1;
+            }
+        }
+        if (list) {
+            print_names(stdout, 1);
+            return 0;
+        }
+        return -1;
+    }
+
+    /* Whether section `name` runs. A name missing from the program's list is
+     * a mistake in the program, which stops it. */
+    bool run(const char *name) const
+    {
+        const int k = index(name);
+        if (k < 0) {
+            fprintf(stderr, "%s: section \"%s\" is not in the program's list\n", program, name);
+            abort();
+        }
+        return on[k] != 0;
+    }
+};
 
 /* ---- device calls and host layouts ------------------------------------------ */
 /* DEV_OK expects the including file's fail(name, why). */

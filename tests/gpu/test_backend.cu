@@ -23,6 +23,18 @@
  *  - describe(): one line per convolution plan and the device-memory line.
  * Throughput is measured in bench/ (w1_cached, cached), not here.
  *
+ * Usage: test_backend [-l] [-s SECTION[,SECTION...]]... (gpu_test.h,
+ * test_sections): -l lists the sections, -s runs only those; no argument runs
+ * them all. The sections, in order: reduced_w1 (the reduced W1 against the
+ * reference), graphs (overlap and CUDA graphs on/off), tiny (the tiny preset
+ * and the mixed chain), errors (a bad label, a batch over max_batch), labels
+ * (u8/i32 labels, NCHW images), transform (the W1 augmentation alone),
+ * checkpoint (device_stats, checkpoint continuation, bench),
+ * seed_classifier (one W1-augmented step), overlap (the seed-classifier's
+ * transforms inside the previous step), describe. The reduced W1 model and
+ * its batches, which several share, and the seed-classifier model are made
+ * by the first section that needs them.
+ *
  * Prints "ok <case>" / "FAIL <case>: ..."; exits 1 on failure, 0 with
  * "SKIPPED: no CUDA device" without a GPU.
  */
@@ -591,8 +603,17 @@ static void describe_check(sf_backend *be, const sf_model &m, batch_set &bs)
 
 /* ---- main -------------------------------------------------------------------- */
 
+/* The activation layouts sections 1 and 3 run the CUDA backend in. */
+static const char *const layouts[2] = {"nhwc", "nchw"};
+static const sf_act_layout layout_of[2] = {SF_ACT_LAYOUT_NHWC, SF_ACT_LAYOUT_NCHW};
+
 int main(int argc, char **argv)
 {
+    test_sections sec("test_backend", {"reduced_w1", "graphs", "tiny", "errors", "labels", "transform", "checkpoint",
+                                       "seed_classifier", "overlap", "describe"});
+    const int arg_rc = sec.args(argc, argv);
+    if (arg_rc >= 0)
+        return arg_rc;
     if (skip_without_device())
         return 0;
     char err[300];
@@ -608,33 +629,71 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    /* 1. reduced W1 vs the reference: both precisions, both layouts */
+    /* The reduced W1 model (sections 1, 2, 4, 4b, 4d, 7) and its batches bs
+     * (3 steps of 8, seed 7: sections 1, 2, 4, 7), made by the first section
+     * that runs of those, as section 1 made them for all; a failure ends the
+     * program (exit 1), as it did there. */
     sf_model rw1;
-    if (sf_model_from_json(REDUCED_W1, &rw1, err, sizeof err)) {
-        printf("FAIL reduced W1 model: %s\n", err);
-        return 1;
-    }
     batch_set bs;
-    if (make_batches(cu, bs, AUG_SCALE, 3, 8, 64, 64, 3, 10, 7))
-        return 1;
-    train_out tr_ref;
-    train(ref, rw1, make_cfg(SF_PREC_FP32, 8, 1, 1), bs, 3, tr_ref);
-    const char *layouts[2] = {"nhwc", "nchw"};
-    const sf_act_layout layout_of[2] = {SF_ACT_LAYOUT_NHWC, SF_ACT_LAYOUT_NCHW};
-    for (int li = 0; li < 2; li++) {
-        g_layout = layout_of[li];
-        for (int prec = 0; prec < 2; prec++) {
-            train_out tc;
-            train(cu, rw1, make_cfg(prec ? SF_PREC_TF32 : SF_PREC_FP32, 8, 1, 1), bs, 3, tc);
-            char name[100];
-            snprintf(name, sizeof name, "reduced-W1 %s %s", layouts[li], prec ? "tf32" : "fp32");
-            compare(name, tc, tr_ref, 3, prec ? 1e-3 : 1e-5, prec ? 2e-2 : 1e-4);
+    int have_rw1 = 0, have_bs = 0;
+    auto need_rw1 = [&]() -> int {
+        if (!have_rw1) {
+            if (sf_model_from_json(REDUCED_W1, &rw1, err, sizeof err)) {
+                printf("FAIL reduced W1 model: %s\n", err);
+                return 1;
+            }
+            have_rw1 = 1;
+        }
+        return 0;
+    };
+    auto need_rw1_batches = [&]() -> int {
+        if (need_rw1())
+            return 1;
+        if (!have_bs) {
+            if (make_batches(cu, bs, AUG_SCALE, 3, 8, 64, 64, 3, 10, 7))
+                return 1;
+            have_bs = 1;
+        }
+        return 0;
+    };
+    /* The seed-classifier (sections 5 and 6), parsed by the first of them. */
+    sf_model w1;
+    int have_w1 = 0;
+    auto need_w1 = [&]() -> int {
+        if (!have_w1) {
+            if (sf_model_from_preset("seed-classifier", &w1, err, sizeof err)) {
+                printf("FAIL seed-classifier: %s\n", err);
+                return 1;
+            }
+            have_w1 = 1;
+        }
+        return 0;
+    };
+
+    /* 1. reduced W1 vs the reference: both precisions, both layouts */
+    if (sec.run("reduced_w1")) {
+        if (need_rw1_batches())
+            return 1;
+        train_out tr_ref;
+        train(ref, rw1, make_cfg(SF_PREC_FP32, 8, 1, 1), bs, 3, tr_ref);
+        for (int li = 0; li < 2; li++) {
+            g_layout = layout_of[li];
+            for (int prec = 0; prec < 2; prec++) {
+                train_out tc;
+                train(cu, rw1, make_cfg(prec ? SF_PREC_TF32 : SF_PREC_FP32, 8, 1, 1), bs, 3, tc);
+                char name[100];
+                snprintf(name, sizeof name, "reduced-W1 %s %s", layouts[li], prec ? "tf32" : "fp32");
+                compare(name, tc, tr_ref, 3, prec ? 1e-3 : 1e-5, prec ? 2e-2 : 1e-4);
+            }
         }
     }
+    /* Every later section starts in NHWC, where section 1 left the layout. */
     g_layout = SF_ACT_LAYOUT_NHWC;
 
     /* 2. overlap and graphs on/off: the same parameters (one engine choice for all) */
-    {
+    if (sec.run("graphs")) {
+        if (need_rw1_batches())
+            return 1;
         g_tune_configs = 1;
         train_out base;
         train(cu, rw1, make_cfg(SF_PREC_FP32, 8, 1, 1), bs, 3, base);
@@ -660,7 +719,7 @@ int main(int argc, char **argv)
 
     /* 3. tiny preset (a spatial flatten read by a linear: NHWC stores its weight's
      * columns in (h, w, c) order) and a mixed chain */
-    {
+    if (sec.run("tiny")) {
         sf_model tiny, mixed;
         if (sf_model_from_preset("tiny", &tiny, err, sizeof err) || sf_model_from_json(MIXED, &mixed, err, sizeof err)) {
             printf("FAIL models: %s\n", err);
@@ -688,7 +747,9 @@ int main(int argc, char **argv)
     }
 
     /* 4. errors: a bad label fails its batch, the backend stays healthy */
-    {
+    if (sec.run("errors")) {
+        if (need_rw1_batches())
+            return 1;
         char e2[200];
         sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
         if (test_build(cu, &rw1, &cfg, e2, sizeof e2) == 0) {
@@ -726,7 +787,9 @@ int main(int argc, char **argv)
     }
 
     /* 4b. label dtypes (u8, i32) and NCHW source images through the step */
-    {
+    if (sec.run("labels")) {
+        if (need_rw1())
+            return 1;
         batch_set bl;
         if (make_batches(cu, bl, AUG_SCALE, 2, 8, 64, 64, 3, 10, 51))
             return 1;
@@ -750,8 +813,9 @@ int main(int argc, char **argv)
         free_batches(cu, bl);
     }
 
-    /* 4c. transform(): the W1 augmentation alone, against the reference */
-    {
+    /* 4c. transform(): the W1 augmentation alone, against the reference (on a
+     * raw batch, transform() needs no model built) */
+    if (sec.run("transform")) {
         batch_set bt;
         if (make_batches(cu, bt, AUG_W1, 1, 4, 256, 256, 3, 10, 41))
             return 1;
@@ -791,7 +855,9 @@ int main(int argc, char **argv)
     }
 
     /* 4d. checkpoint state, bench, device telemetry */
-    {
+    if (sec.run("checkpoint")) {
+        if (need_rw1())
+            return 1;
         device_stats_check(cu);
         batch_set bc;
         if (make_batches(cu, bc, AUG_SCALE, 7, 8, 64, 64, 3, 10, 61))
@@ -808,12 +874,9 @@ int main(int argc, char **argv)
     }
 
     /* 5. the real seed-classifier, one step with W1's augmentation */
-    sf_model w1;
-    if (sf_model_from_preset("seed-classifier", &w1, err, sizeof err)) {
-        printf("FAIL seed-classifier: %s\n", err);
-        return 1;
-    }
-    {
+    if (sec.run("seed_classifier")) {
+        if (need_w1())
+            return 1;
         batch_set b3;
         if (make_batches(cu, b3, AUG_W1, 1, 4, 256, 256, 3, 10, 21))
             return 1;
@@ -841,7 +904,9 @@ int main(int argc, char **argv)
 
     /* 6. overlap on the seed-classifier at W1's batch size: transforms run
      * inside the previous step */
-    {
+    if (sec.run("overlap")) {
+        if (need_w1())
+            return 1;
         batch_set b4;
         if (make_batches(cu, b4, AUG_W1, 1, 32, 256, 256, 3, 10, 31) == 0) {
             g_layout = SF_ACT_LAYOUT_AUTO; /* the backend's default per precision */
@@ -852,7 +917,11 @@ int main(int argc, char **argv)
     }
 
     /* 7. describe(): the plan as GET /v1/model shows it */
-    describe_check(cu, rw1, bs);
+    if (sec.run("describe")) {
+        if (need_rw1_batches())
+            return 1;
+        describe_check(cu, rw1, bs);
+    }
 
     if (cu->i->health(cu, err, sizeof err) != 0)
         fail("health after the run: %s", err);

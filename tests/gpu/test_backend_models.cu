@@ -44,6 +44,15 @@
  * optimizer state in play); --full runs 3, as the lead's longer check. The
  * throughput of these models is measured in bench/ (cached, w2_run.sh,
  * w3_run.sh), not here.
+ *
+ * Usage: test_backend_models [--full] [-l] [-s SECTION[,SECTION...]]...
+ * (gpu_test.h, test_sections): -l lists the sections, -s runs only those; no
+ * argument runs them all. The sections, in order: encdec, classifier_bf16,
+ * resnet18_stepwise, resnet18_accum, resnet18_nhwc, resnet18_frozen,
+ * resnet18_buffers, convnext_block, grouped_dilated, pointwise_1x1,
+ * pointwise_kinds, bn_act, vit, encdec_overlap. Each makes its own model and
+ * batches (the resnet18 ones share the parsed model); resnet18_buffers, run
+ * without another resnet18 section before it, builds the model first.
  * Prints "ok <case>" / "FAIL <case>: ..."; exits 1 on failure, 0 with
  * "SKIPPED: no CUDA device" without a GPU.
  */
@@ -516,9 +525,18 @@ static int overlaps(const std::vector<ev_rec> &ev)
 
 int main(int argc, char **argv)
 {
+    test_sections sec("test_backend_models",
+                      {"encdec", "classifier_bf16", "resnet18_stepwise", "resnet18_accum", "resnet18_nhwc",
+                       "resnet18_frozen", "resnet18_buffers", "convnext_block", "grouped_dilated", "pointwise_1x1",
+                       "pointwise_kinds", "bn_act", "vit", "encdec_overlap"});
+    const int arg_rc = sec.args(argc, argv, {"--full"}, "[--full]");
+    if (arg_rc >= 0)
+        return arg_rc;
     if (skip_without_device())
         return 0;
-    const int full = argc > 1 && strcmp(argv[1], "--full") == 0;
+    int full = 0;
+    for (int i = 1; i < argc; i++)
+        full |= strcmp(argv[i], "--full") == 0;
     /* Steps of each trajectory: two prove the same as three (the second step
      * is the first that reads momentum / exp_avg and running statistics
      * written by a step); --full keeps the third. */
@@ -530,7 +548,7 @@ int main(int argc, char **argv)
         return 1;
 
     /* 1. reduced seed-encdec */
-    {
+    if (sec.run("encdec")) {
         sf_model m;
         if (encdec(m, 64) == 0) {
             const sf_label_dtype dts[3] = {SF_LABEL_U8, SF_LABEL_I32, SF_LABEL_I64};
@@ -568,7 +586,7 @@ int main(int argc, char **argv)
     }
 
     /* 1b. seed-classifier (W1) in bf16: NHWC, fused ReLUs */
-    {
+    if (sec.run("classifier_bf16")) {
         sf_model m;
         char e1[200];
         if (sf_model_from_preset("seed-classifier", &m, e1, sizeof e1) || sf_model_resolve(&m, e1, sizeof e1)) {
@@ -585,102 +603,129 @@ int main(int argc, char **argv)
         }
     }
 
-    /* 2. reduced resnet18: SGD, AdamW, accumulation */
-    {
-        sf_model m;
-        if (resnet(m, 64) == 0) {
-            /* Tolerances of the stepwise check, from the arithmetic. Each
-             * backend's update is computed in float from gradients that are
-             * sums of up to n = batch*h*w = 8*32*32 ~ 1e4 products, summed in
-             * a different order on each backend (on the GPU in an order the
-             * cuDNN engine picks, which differs between GPUs). A sum's
-             * rounding error relative to its value grows like sqrt(n) * u *
-             * kappa, with u the unit roundoff and kappa = sum|t| / |sum t| its
-             * condition number. Batchnorm makes sums cancel by construction
-             * (a normalised input's gradient sums to zero over each channel;
-             * the stem BN's gamma/beta gradients are such sums), and this
-             * reduced ResNet (batch 8, 2x2 maps in layer4: BN over 32 values)
-             * has kappa up to ~1e3: fp32 NCHW measured 1e-5 at most steps and
-             * 5e-3 at one (H200), i.e. kappa ~ 5e-3 / (1e2 * 6e-8) ~ 800.
-             * kappa belongs to the network and the batch, not to the GPU; the
-             * GPU only decides which rounding errors occur. So fp32 (u = 6e-8)
-             * gets 2e-2, the bound for kappa up to ~3e3; TF32 (u = 5e-4) and
-             * bf16 (u = 4e-3) reach the size of the update itself at this
-             * kappa, so theirs (0.3, 0.6; measured ~0.1 and ~0.3) stay just
-             * below the error of order 1 that a wrong kernel, layout or
-             * pointer gives. */
-            for (int v = 0; v < 3; v++) {
-                const int prec = v == 2;
+    /* 2. reduced resnet18: SGD, AdamW, accumulation; five sections (stepwise
+     * SGD/AdamW/TF32, accumulation, NHWC/bf16 stepwise, frozen trunk, the
+     * buffers' round trip), the model made by the first of them that runs */
+    sf_model rn;
+    int rn_made = 0; /* 1: made; -1: its FAIL line printed */
+    int rn_ran = 0;  /* a resnet18 section ran: the CUDA backend was built with the model */
+    auto need_resnet = [&]() -> int {
+        if (!rn_made)
+            rn_made = resnet(rn, 64) == 0 ? 1 : -1;
+        return rn_made == 1 ? 0 : -1;
+    };
+    if (sec.run("resnet18_stepwise") && need_resnet() == 0) {
+        const sf_model &m = rn;
+        rn_ran = 1;
+        /* Tolerances of the stepwise check, from the arithmetic. Each
+         * backend's update is computed in float from gradients that are
+         * sums of up to n = batch*h*w = 8*32*32 ~ 1e4 products, summed in
+         * a different order on each backend (on the GPU in an order the
+         * cuDNN engine picks, which differs between GPUs). A sum's
+         * rounding error relative to its value grows like sqrt(n) * u *
+         * kappa, with u the unit roundoff and kappa = sum|t| / |sum t| its
+         * condition number. Batchnorm makes sums cancel by construction
+         * (a normalised input's gradient sums to zero over each channel;
+         * the stem BN's gamma/beta gradients are such sums), and this
+         * reduced ResNet (batch 8, 2x2 maps in layer4: BN over 32 values)
+         * has kappa up to ~1e3: fp32 NCHW measured 1e-5 at most steps and
+         * 5e-3 at one (H200), i.e. kappa ~ 5e-3 / (1e2 * 6e-8) ~ 800.
+         * kappa belongs to the network and the batch, not to the GPU; the
+         * GPU only decides which rounding errors occur. So fp32 (u = 6e-8)
+         * gets 2e-2, the bound for kappa up to ~3e3; TF32 (u = 5e-4) and
+         * bf16 (u = 4e-3) reach the size of the update itself at this
+         * kappa, so theirs (0.3, 0.6; measured ~0.1 and ~0.3) stay just
+         * below the error of order 1 that a wrong kernel, layout or
+         * pointer gives. */
+        for (int v = 0; v < 3; v++) {
+            const int prec = v == 2;
+            batch_set bs;
+            if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 31 + (v == 2 ? 3 : v), v == 1 ? 1e-4f : 0.005f))
+                break;
+            sf_train_cfg cfg = make_cfg(prec ? SF_PREC_TF32 : SF_PREC_FP32, 8, 1, 1);
+            cfg.optim = v == 1 ? SF_OPT_ADAMW : SF_OPT_SGD;
+            const char *names[3] = {"resnet18-64 fp32 sgd", "resnet18-64 fp32 adamw", "resnet18-64 tf32 sgd"};
+            compare_stepwise(names[v], cu, ref, m, cfg, bs, S, prec ? 0.3 : 2e-2, v == 1);
+            free_batches(cu, bs);
+        }
+    }
+    /* Gradient accumulation over two optimizer steps (4 batches), as
+     * a trajectory: the stepwise check cannot hand over a state in the
+     * middle of an accumulation. After the first optimizer step both
+     * backends hold parameters that differ by the first update's
+     * difference (bounded as above) times lr, a relative change of the
+     * parameters far below fp32 roundoff of the gradient sums; so the
+     * second update differs by the same conditioning bound, and the
+     * trajectory gets the stepwise fp32 tolerance, 2e-2 (measured
+     * 1.4e-5 on an H200 and 1.0e-3 / momentum 1.6e-3 on an H100: the
+     * engines' summation orders differ, the conditioning does not; the
+     * earlier 1e-3 was the H200's measurement, not a bound). */
+    if (sec.run("resnet18_accum") && need_resnet() == 0) {
+        const sf_model &m = rn;
+        rn_ran = 1;
+        batch_set bs;
+        if (make_batches(cu, bs, 4, 8, 64, 64, 10, 1, SF_LABEL_I64, 33, 0.005f) == 0) {
+            sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
+            cfg.grad_accum_steps = 2;
+            train_out tc, tr;
+            train_both(cu, ref, m, cfg, SF_ACT_LAYOUT_AUTO, bs, 4, tc, tr);
+            compare("resnet18-64 fp32 sgd accum2", m, tc, tr, 4, 1e-4, 2e-2, 0, 1);
+            free_batches(cu, bs);
+        }
+    }
+    /* ResNet-18 stepwise in NHWC: fp32, and bf16 against the reference's emulation */
+    if (sec.run("resnet18_nhwc") && need_resnet() == 0) {
+        const sf_model &m = rn;
+        rn_ran = 1;
+        for (int v = 0; v < 2; v++) {
+            batch_set bs;
+            if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 41 + v, 0.005f))
+                break;
+            sf_train_cfg cfg = make_cfg(v ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
+            if (v == 0)
+                g_layout = SF_ACT_LAYOUT_NHWC;
+            compare_stepwise(v ? "resnet18-64 bf16 nhwc sgd" : "resnet18-64 fp32 nhwc sgd", cu, ref, m, cfg, bs, S,
+                             v ? 0.6 : 2e-2, 0);
+            g_layout = SF_ACT_LAYOUT_AUTO;
+            free_batches(cu, bs);
+        }
+    }
+    /* everything before the flatten frozen (eval-mode batchnorm on the
+     * transform stream; the flatten aliases the frozen boundary) */
+    if (sec.run("resnet18_frozen") && need_resnet() == 0) {
+        const sf_model &m = rn;
+        rn_ran = 1;
+        sf_model mf = m;
+        char e2[200];
+        for (int i = 0; i < mf.n_layers && mf.layers[i].kind != SF_L_FLATTEN; i++) {
+            char nm[sizeof mf.layers[i].name];
+            snprintf(nm, sizeof nm, "bb.%s", mf.layers[i].name);
+            memcpy(mf.layers[i].name, nm, sizeof nm);
+        }
+        if (sf_model_set_freeze(&mf, "bb.", e2, sizeof e2)) {
+            fail("resnet18-64 frozen trunk: %s", e2);
+        } else {
+            for (int prec = 0; prec < 2; prec++) {
                 batch_set bs;
-                if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 31 + (v == 2 ? 3 : v), v == 1 ? 1e-4f : 0.005f))
+                if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 51, 0.01f))
                     break;
-                sf_train_cfg cfg = make_cfg(prec ? SF_PREC_TF32 : SF_PREC_FP32, 8, 1, 1);
-                cfg.optim = v == 1 ? SF_OPT_ADAMW : SF_OPT_SGD;
-                const char *names[3] = {"resnet18-64 fp32 sgd", "resnet18-64 fp32 adamw", "resnet18-64 tf32 sgd"};
-                compare_stepwise(names[v], cu, ref, m, cfg, bs, S, prec ? 0.3 : 2e-2, v == 1);
+                sf_train_cfg cfg = make_cfg(prec ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
+                train_out tc, tr;
+                train_both(cu, ref, mf, cfg, SF_ACT_LAYOUT_AUTO, bs, S, tc, tr);
+                compare(prec ? "resnet18-64 frozen trunk bf16" : "resnet18-64 frozen trunk fp32", mf, tc, tr, S,
+                        prec ? 2e-2 : 1e-5, prec ? 1e-1 : 1e-4, 0, 0);
                 free_batches(cu, bs);
             }
-            /* Gradient accumulation over two optimizer steps (4 batches), as
-             * a trajectory: the stepwise check cannot hand over a state in the
-             * middle of an accumulation. After the first optimizer step both
-             * backends hold parameters that differ by the first update's
-             * difference (bounded as above) times lr, a relative change of the
-             * parameters far below fp32 roundoff of the gradient sums; so the
-             * second update differs by the same conditioning bound, and the
-             * trajectory gets the stepwise fp32 tolerance, 2e-2 (measured
-             * 1.4e-5 on an H200 and 1.0e-3 / momentum 1.6e-3 on an H100: the
-             * engines' summation orders differ, the conditioning does not; the
-             * earlier 1e-3 was the H200's measurement, not a bound). */
-            {
-                batch_set bs;
-                if (make_batches(cu, bs, 4, 8, 64, 64, 10, 1, SF_LABEL_I64, 33, 0.005f) == 0) {
-                    sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
-                    cfg.grad_accum_steps = 2;
-                    train_out tc, tr;
-                    train_both(cu, ref, m, cfg, SF_ACT_LAYOUT_AUTO, bs, 4, tc, tr);
-                    compare("resnet18-64 fp32 sgd accum2", m, tc, tr, 4, 1e-4, 2e-2, 0, 1);
-                    free_batches(cu, bs);
-                }
-            }
-            for (int v = 0; v < 2; v++) {
-                batch_set bs;
-                if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 41 + v, 0.005f))
-                    break;
-                sf_train_cfg cfg = make_cfg(v ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
-                if (v == 0)
-                    g_layout = SF_ACT_LAYOUT_NHWC;
-                compare_stepwise(v ? "resnet18-64 bf16 nhwc sgd" : "resnet18-64 fp32 nhwc sgd", cu, ref, m, cfg, bs, S,
-                                 v ? 0.6 : 2e-2, 0);
-                g_layout = SF_ACT_LAYOUT_AUTO;
-                free_batches(cu, bs);
-            }
-            /* everything before the flatten frozen (eval-mode batchnorm on the
-             * transform stream; the flatten aliases the frozen boundary) */
-            {
-                sf_model mf = m;
-                char e2[200];
-                for (int i = 0; i < mf.n_layers && mf.layers[i].kind != SF_L_FLATTEN; i++) {
-                    char nm[sizeof mf.layers[i].name];
-                    snprintf(nm, sizeof nm, "bb.%s", mf.layers[i].name);
-                    memcpy(mf.layers[i].name, nm, sizeof nm);
-                }
-                if (sf_model_set_freeze(&mf, "bb.", e2, sizeof e2)) {
-                    fail("resnet18-64 frozen trunk: %s", e2);
-                } else {
-                    for (int prec = 0; prec < 2; prec++) {
-                        batch_set bs;
-                        if (make_batches(cu, bs, 3, 8, 64, 64, 10, 1, SF_LABEL_I64, 51, 0.01f))
-                            break;
-                        sf_train_cfg cfg = make_cfg(prec ? SF_PREC_BF16 : SF_PREC_FP32, 8, 1, 1);
-                        train_out tc, tr;
-                        train_both(cu, ref, mf, cfg, SF_ACT_LAYOUT_AUTO, bs, S, tc, tr);
-                        compare(prec ? "resnet18-64 frozen trunk bf16" : "resnet18-64 frozen trunk fp32", mf, tc, tr, S,
-                                prec ? 2e-2 : 1e-5, prec ? 1e-1 : 1e-4, 0, 0);
-                        free_batches(cu, bs);
-                    }
-                }
-            }
-            /* buffers round trip */
+        }
+    }
+    /* buffers round trip, on the backend as the resnet18 sections before it
+     * left it built; alone, on a resnet18 built for it */
+    if (sec.run("resnet18_buffers") && need_resnet() == 0) {
+        const sf_model &m = rn;
+        const sf_train_cfg cfg = make_cfg(SF_PREC_FP32, 8, 1, 1);
+        if (!rn_ran && test_build(cu, &m, &cfg, err, sizeof err)) {
+            fail("resnet18-64 build for the buffers round trip: %s", err);
+        } else {
             std::vector<float> b(m.n_buffers), b2(m.n_buffers);
             uint64_t nbt2 = 0;
             for (size_t i = 0; i < m.n_buffers; i++)
@@ -690,7 +735,6 @@ int main(int argc, char **argv)
                 ok("set/get_buffers round trip (%zu floats)", m.n_buffers);
             else
                 fail("set/get_buffers round trip (nbt %llu)", (unsigned long long)nbt2);
-
         }
     }
 
@@ -739,7 +783,10 @@ int main(int argc, char **argv)
              "{\"type\":\"flatten\",\"name\":\"f\"},"
              "{\"type\":\"linear\",\"name\":\"fc\",\"out\":10}]}"},
         };
+        static const char *const spec_sections[2] = {"convnext_block", "grouped_dilated"};
         for (int k = 0; k < 2; k++) {
+            if (!sec.run(spec_sections[k]))
+                continue;
             sf_model m;
             char e3[300];
             if (sf_model_from_json(specs[k][1], &m, e3, sizeof e3)) {
@@ -784,7 +831,7 @@ int main(int argc, char **argv)
      * The net must build (those directions on the GEMM path where cuDNN has
      * no engine: the description names them) and train as the reference does,
      * 3 steps in fp32 NCHW. */
-    {
+    if (sec.run("pointwise_1x1")) {
         static const char *spec =
             "{\"input\":[3,56,56],\"classes\":10,\"layers\":["
             "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":24,\"k\":3,\"pad\":1},"
@@ -818,7 +865,7 @@ int main(int argc, char **argv)
      * parameters and batches, the dropout and stochastic-depth masks drawn
      * alike (the same seed, batch sequences and keys), in each precision and
      * layout; then evaluation, where both are identity. */
-    {
+    if (sec.run("pointwise_kinds")) {
         sf_model m, m0;
         if (pointwise_model(m, 0.25f) == 0 && pointwise_model(m0, 0.f) == 0) {
             /* the seed's parameters with the layer scale at about 0.5
@@ -884,7 +931,7 @@ int main(int argc, char **argv)
      * pointwise kinds' for the loss; bf16 updates within 0.3 (seven
      * batchnorms over 2 048 values a channel amplify bf16's rounding, as
      * the ResNet trajectories' 0.6 allows for). */
-    {
+    if (sec.run("bn_act")) {
         sf_model m;
         if (bn_act_model(m) == 0) {
             const struct {
@@ -943,7 +990,7 @@ int main(int argc, char **argv)
      * widest channel count) are what sizes the executor's scratch, and at
      * 136 token rows they take 0.5 to 1.1 MB where the layernorms need 70 KB; the
      * bf16 SGD tolerances are the ConvNeXt block's. */
-    {
+    if (sec.run("vit")) {
         const struct {
             sf_precision prec;
             sf_act_layout lay;
@@ -1000,7 +1047,7 @@ int main(int argc, char **argv)
 
     /* 3. the transform-stream encoder overlaps the previous decoder step (256x256) */
     sf_model w2;
-    if (encdec(w2, 256) == 0) {
+    if (sec.run("encdec_overlap") && encdec(w2, 256) == 0) {
         batch_set bs;
         const int N = 12;
         if (make_batches(cu, bs, N, 8, 256, 256, 10, 256 * 256, SF_LABEL_U8, 77, 1e-3f) == 0) {

@@ -34,6 +34,17 @@
  * makes none, a decoder the maker refuses fails that batch alone (counted)
  * and the next encoded batch makes it and trains to the loss of a backend
  * whose decoder was made before.
+ *
+ * Usage: test_jpeg_decode [-l] [-s SECTION[,SECTION...]]... (gpu_test.h,
+ * test_sections): -l lists the sections, -s runs only those; no argument runs
+ * them all. The sections, in order: rules and synthetic (no device needed:
+ * they run before the SKIPPED line), decode (each nvJPEG backend against
+ * libjpeg-turbo), auto, damaged, staging, sized_once, lanes,
+ * through_backends, overlapped, undecodable (left out; CMYK on the host),
+ * host_formats (PNG, WebP, EXIF-turned JPEG), first_encoded (the decoder
+ * made by the first encoded batch). decode, auto, damaged and staging share
+ * one decoder, made by the first of them that runs; staging alone refuses
+ * a fresh baseline batch.
  */
 #include "tests/gpu/gpu_test.h"
 
@@ -1237,11 +1248,19 @@ static void png_webp_and_turned_files_on_the_host(const std::vector<jcase> &base
     sf_cuda_jpeg_free(j);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_sections sec("test_jpeg_decode",
+                      {"rules", "synthetic", "decode", "auto", "damaged", "staging", "sized_once", "lanes",
+                       "through_backends", "overlapped", "undecodable", "host_formats", "first_encoded"});
+    const int arg_rc = sec.args(argc, argv);
+    if (arg_rc >= 0)
+        return arg_rc;
     /* Neither needs a device. */
-    rule_cases();
-    synthetic_file();
+    if (sec.run("rules"))
+        rule_cases();
+    if (sec.run("synthetic"))
+        synthetic_file();
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIPPED: no CUDA device (the rule and synthetic-file checks ran: %d ok, %d failed)\n", g_ok, g_fail);
@@ -1259,58 +1278,77 @@ int main(void)
     with_prog.push_back({33, 47, TJSAMP_444, 1, "444 progressive odd"});
 
     char err[200];
-    sf_cuda_jpeg *j = sf_cuda_jpeg_new(64, 4 << 20, 1, 1, err, sizeof err);
-    if (!j) {
-        fail("sf_cuda_jpeg_new: %s", err);
-        return 1;
-    }
-    char desc[1024];
-    sf_cuda_jpeg_describe(j, desc, sizeof desc);
-    printf("%s", desc);
-    cudaStream_t s;
-    cudaStreamCreate(&s);
+    /* The decoder, its stream and the batch the sections decode, auto,
+     * damaged and staging share: made by the first of them that runs, freed
+     * after the last. A decoder that cannot be made ends the program. */
+    sf_cuda_jpeg *j = NULL;
+    cudaStream_t s = NULL;
     jbatch jb;
+    auto need_decoder = [&]() -> int {
+        if (j)
+            return 0;
+        j = sf_cuda_jpeg_new(64, 4 << 20, 1, 1, err, sizeof err);
+        if (!j) {
+            fail("sf_cuda_jpeg_new: %s", err);
+            return 1;
+        }
+        char desc[1024];
+        sf_cuda_jpeg_describe(j, desc, sizeof desc);
+        printf("%s", desc);
+        cudaStreamCreate(&s);
+        return 0;
+    };
     const sf_cuda_jpeg_backend bes[] = {SF_CUDA_JPEG_HARDWARE, SF_CUDA_JPEG_GPU_HYBRID, SF_CUDA_JPEG_HYBRID};
-    for (sf_cuda_jpeg_backend be : bes) {
-        const char *name = sf_cuda_jpeg_backend_name(be);
-        if (!sf_cuda_jpeg_has(j, be)) {
-            printf("SKIPPED %s: not available on this device\n", name);
-            continue;
+    if (sec.run("decode")) {
+        if (need_decoder())
+            return 1;
+        for (sf_cuda_jpeg_backend be : bes) {
+            const char *name = sf_cuda_jpeg_backend_name(be);
+            if (!sf_cuda_jpeg_has(j, be)) {
+                printf("SKIPPED %s: not available on this device\n", name);
+                continue;
+            }
+            const std::vector<jcase> &cases = be == SF_CUDA_JPEG_HARDWARE ? baseline : with_prog;
+            make_batch(jb, cases, 1000 + (uint64_t)be);
+            std::vector<uint8_t> ref(jb.decoded), got(jb.decoded, 0xEE);
+            if (sf_ref_image_decode(&jb.b, ref.data(), ref.size(), err, sizeof err)) {
+                fail("libjpeg-turbo: %s", err);
+                continue;
+            }
+            /* Poisoned first, so a sample nvJPEG does not write fails. */
+            cudaMemset(sf_cuda_jpeg_output(j, 0), 0xEE, jb.decoded);
+            sf_cuda_clear_error();
+            if (sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess) {
+                fail("%s: decode failed: %s", name, sf_cuda_last_error());
+                continue;
+            }
+            cudaMemcpy(got.data(), sf_cuda_jpeg_output(j, 0), jb.decoded, cudaMemcpyDeviceToHost);
+            compare(name, cases, jb, got.data(), ref.data());
         }
-        const std::vector<jcase> &cases = be == SF_CUDA_JPEG_HARDWARE ? baseline : with_prog;
-        make_batch(jb, cases, 1000 + (uint64_t)be);
-        std::vector<uint8_t> ref(jb.decoded), got(jb.decoded, 0xEE);
-        if (sf_ref_image_decode(&jb.b, ref.data(), ref.size(), err, sizeof err)) {
-            fail("libjpeg-turbo: %s", err);
-            continue;
-        }
-        /* Poisoned first, so a sample nvJPEG does not write fails. */
-        cudaMemset(sf_cuda_jpeg_output(j, 0), 0xEE, jb.decoded);
-        sf_cuda_clear_error();
-        if (sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess) {
-            fail("%s: decode failed: %s", name, sf_cuda_last_error());
-            continue;
-        }
-        cudaMemcpy(got.data(), sf_cuda_jpeg_output(j, 0), jb.decoded, cudaMemcpyDeviceToHost);
-        compare(name, cases, jb, got.data(), ref.data());
     }
 
     /* AUTO: hardware for an all-baseline batch where the engines exist;
      * gpu_hybrid (or hybrid) as soon as one file is progressive. */
-    make_batch(jb, baseline, 7);
-    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess)
-        fail("auto, baseline: %s", sf_cuda_last_error());
-    else if (sf_cuda_jpeg_has(j, SF_CUDA_JPEG_HARDWARE) != (sf_cuda_jpeg_last(j) == SF_CUDA_JPEG_HARDWARE))
-        fail("auto chose %s for a baseline batch", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
-    else
-        ok("auto runs a baseline batch on %s", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
-    make_batch(jb, with_prog, 8);
-    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) != 0 || cudaStreamSynchronize(s) != cudaSuccess)
-        fail("auto, progressive: %s", sf_cuda_last_error());
-    else if (sf_cuda_jpeg_last(j) == SF_CUDA_JPEG_HARDWARE)
-        fail("auto ran a batch with progressive files on the hardware engines");
-    else
-        ok("auto runs a batch with a progressive file on %s", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
+    if (sec.run("auto")) {
+        if (need_decoder())
+            return 1;
+        make_batch(jb, baseline, 7);
+        if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) != 0 ||
+            cudaStreamSynchronize(s) != cudaSuccess)
+            fail("auto, baseline: %s", sf_cuda_last_error());
+        else if (sf_cuda_jpeg_has(j, SF_CUDA_JPEG_HARDWARE) != (sf_cuda_jpeg_last(j) == SF_CUDA_JPEG_HARDWARE))
+            fail("auto chose %s for a baseline batch", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
+        else
+            ok("auto runs a baseline batch on %s", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
+        make_batch(jb, with_prog, 8);
+        if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) != 0 ||
+            cudaStreamSynchronize(s) != cudaSuccess)
+            fail("auto, progressive: %s", sf_cuda_last_error());
+        else if (sf_cuda_jpeg_last(j) == SF_CUDA_JPEG_HARDWARE)
+            fail("auto ran a batch with progressive files on the hardware engines");
+        else
+            ok("auto runs a batch with a progressive file on %s", sf_cuda_jpeg_backend_name(sf_cuda_jpeg_last(j)));
+    }
 
     /* Damaged scan data (the file cut inside its scan, EOI appended: a valid
      * header). libjpeg-turbo refuses it; nvJPEG, even with strict bitstreams,
@@ -1318,86 +1356,106 @@ int main(void)
      * backend). So the CUDA decode either fails the batch naming the sample,
      * or keeps the damage inside that sample: every other sample of the batch
      * decodes as libjpeg-turbo decodes it. */
-    for (sf_cuda_jpeg_backend be : bes) {
-        if (!sf_cuda_jpeg_has(j, be))
-            continue;
-        make_batch(jb, baseline, 9);
-        std::vector<uint8_t> clean(jb.decoded);
-        if (sf_ref_image_decode(&jb.b, clean.data(), clean.size(), err, sizeof err)) {
-            fail("libjpeg-turbo: %s", err);
-            continue;
-        }
-        cudaMemset(sf_cuda_jpeg_output(j, 0), 0xEE, jb.decoded);
-        const int bad = 2;
-        const int64_t o0 = jb.off[bad], o1 = jb.off[bad + 1];
-        std::vector<uint8_t> f(jb.bytes.begin() + o0, jb.bytes.begin() + o1);
-        size_t sos = 0;
-        for (size_t k = 2; k + 1 < f.size(); k++)
-            if (f[k] == 0xFF && f[k + 1] == 0xDA) {
-                sos = k;
-                break;
+    if (sec.run("damaged")) {
+        if (need_decoder())
+            return 1;
+        for (sf_cuda_jpeg_backend be : bes) {
+            if (!sf_cuda_jpeg_has(j, be))
+                continue;
+            make_batch(jb, baseline, 9);
+            std::vector<uint8_t> clean(jb.decoded);
+            if (sf_ref_image_decode(&jb.b, clean.data(), clean.size(), err, sizeof err)) {
+                fail("libjpeg-turbo: %s", err);
+                continue;
             }
-        f.resize(sos + 40);
-        f.push_back(0xFF);
-        f.push_back(0xD9);
-        std::vector<uint8_t> bytes(jb.bytes.begin(), jb.bytes.begin() + o0);
-        bytes.insert(bytes.end(), f.begin(), f.end());
-        bytes.insert(bytes.end(), jb.bytes.begin() + o1, jb.bytes.end());
-        const int64_t shift = (int64_t)f.size() - (o1 - o0);
-        for (size_t k = bad + 1; k < jb.off.size(); k++)
-            jb.off[k] += shift;
-        jb.bytes = bytes;
-        jb.b.jpeg = jb.bytes.data();
-        char rerr[200];
-        std::vector<uint8_t> ref(jb.decoded);
-        const int ref_rc = sf_ref_image_decode(&jb.b, ref.data(), ref.size(), rerr, sizeof rerr);
-        sf_cuda_clear_error();
-        int rc = sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s);
-        rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
-        cudaGetLastError();
-        char want[32];
-        snprintf(want, sizeof want, "sample %d", bad);
-        if (ref_rc == 0) {
-            fail("libjpeg-turbo decoded the damaged sample %d: the damage does not test anything", bad);
-        } else if (rc != 0) {
-            if (strstr(sf_cuda_last_error(), want))
-                ok("%s: damaged scan data fails the batch naming the sample: %s", sf_cuda_jpeg_backend_name(be),
-                   sf_cuda_last_error());
-            else
-                fail("%s: damaged scan data fails the batch without naming sample %d: %s",
-                     sf_cuda_jpeg_backend_name(be), bad, sf_cuda_last_error());
-        } else {
-            std::vector<uint8_t> got(jb.decoded);
-            cudaMemcpy(got.data(), sf_cuda_jpeg_output(j, 0), jb.decoded, cudaMemcpyDeviceToHost);
-            std::vector<jcase> others;
-            jbatch rest = jb;
-            rest.smp.clear();
-            for (size_t k = 0; k < baseline.size(); k++)
-                if ((int)k != bad) {
-                    others.push_back(baseline[k]);
-                    rest.smp.push_back(jb.smp[k]);
+            cudaMemset(sf_cuda_jpeg_output(j, 0), 0xEE, jb.decoded);
+            const int bad = 2;
+            const int64_t o0 = jb.off[bad], o1 = jb.off[bad + 1];
+            std::vector<uint8_t> f(jb.bytes.begin() + o0, jb.bytes.begin() + o1);
+            size_t sos = 0;
+            for (size_t k = 2; k + 1 < f.size(); k++)
+                if (f[k] == 0xFF && f[k + 1] == 0xDA) {
+                    sos = k;
+                    break;
                 }
-            printf("note: %s decodes damaged scan data without an error; checking the other samples\n",
-                   sf_cuda_jpeg_backend_name(be));
-            compare(sf_cuda_jpeg_backend_name(be), others, rest, got.data(), clean.data());
+            f.resize(sos + 40);
+            f.push_back(0xFF);
+            f.push_back(0xD9);
+            std::vector<uint8_t> bytes(jb.bytes.begin(), jb.bytes.begin() + o0);
+            bytes.insert(bytes.end(), f.begin(), f.end());
+            bytes.insert(bytes.end(), jb.bytes.begin() + o1, jb.bytes.end());
+            const int64_t shift = (int64_t)f.size() - (o1 - o0);
+            for (size_t k = bad + 1; k < jb.off.size(); k++)
+                jb.off[k] += shift;
+            jb.bytes = bytes;
+            jb.b.jpeg = jb.bytes.data();
+            char rerr[200];
+            std::vector<uint8_t> ref(jb.decoded);
+            const int ref_rc = sf_ref_image_decode(&jb.b, ref.data(), ref.size(), rerr, sizeof rerr);
+            sf_cuda_clear_error();
+            int rc = sf_cuda_jpeg_decode(j, &jb.b, be, 0, NULL, s);
+            rc = rc || cudaStreamSynchronize(s) != cudaSuccess;
+            cudaGetLastError();
+            char want[32];
+            snprintf(want, sizeof want, "sample %d", bad);
+            if (ref_rc == 0) {
+                fail("libjpeg-turbo decoded the damaged sample %d: the damage does not test anything", bad);
+            } else if (rc != 0) {
+                if (strstr(sf_cuda_last_error(), want))
+                    ok("%s: damaged scan data fails the batch naming the sample: %s", sf_cuda_jpeg_backend_name(be),
+                       sf_cuda_last_error());
+                else
+                    fail("%s: damaged scan data fails the batch without naming sample %d: %s",
+                         sf_cuda_jpeg_backend_name(be), bad, sf_cuda_last_error());
+            } else {
+                std::vector<uint8_t> got(jb.decoded);
+                cudaMemcpy(got.data(), sf_cuda_jpeg_output(j, 0), jb.decoded, cudaMemcpyDeviceToHost);
+                std::vector<jcase> others;
+                jbatch rest = jb;
+                rest.smp.clear();
+                for (size_t k = 0; k < baseline.size(); k++)
+                    if ((int)k != bad) {
+                        others.push_back(baseline[k]);
+                        rest.smp.push_back(jb.smp[k]);
+                    }
+                printf("note: %s decodes damaged scan data without an error; checking the other samples\n",
+                       sf_cuda_jpeg_backend_name(be));
+                compare(sf_cuda_jpeg_backend_name(be), others, rest, got.data(), clean.data());
+            }
         }
     }
 
-    /* A batch that does not fit the staging area is refused before any work. */
-    jb.smp[0].src_off = (size_t)4 << 22;
-    if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) == 0)
-        fail("a batch past the staging area was decoded");
-    else
-        ok("a batch past the staging area is refused: %s", sf_cuda_last_error());
+    /* A batch that does not fit the staging area is refused before any work
+     * (the batch the sections before left, or a baseline batch). */
+    if (sec.run("staging")) {
+        if (need_decoder())
+            return 1;
+        if (jb.smp.empty())
+            make_batch(jb, baseline, 9);
+        jb.smp[0].src_off = (size_t)4 << 22;
+        if (sf_cuda_jpeg_decode(j, &jb.b, SF_CUDA_JPEG_AUTO, 0, NULL, s) == 0)
+            fail("a batch past the staging area was decoded");
+        else
+            ok("a batch past the staging area is refused: %s", sf_cuda_last_error());
+    }
 
-    cudaStreamDestroy(s);
-    sf_cuda_jpeg_free(j);
-    sized_once(baseline, with_prog);
-    lanes_equal_one_decoder();
-    through_backends(with_prog);
-    overlapped_decode_equals_serial(baseline);
-    undecodable_left_out_and_cmyk_on_the_host(baseline);
-    png_webp_and_turned_files_on_the_host(baseline);
-    decoder_made_by_the_first_encoded_batch(baseline);
+    if (j) {
+        cudaStreamDestroy(s);
+        sf_cuda_jpeg_free(j);
+    }
+    if (sec.run("sized_once"))
+        sized_once(baseline, with_prog);
+    if (sec.run("lanes"))
+        lanes_equal_one_decoder();
+    if (sec.run("through_backends"))
+        through_backends(with_prog);
+    if (sec.run("overlapped"))
+        overlapped_decode_equals_serial(baseline);
+    if (sec.run("undecodable"))
+        undecodable_left_out_and_cmyk_on_the_host(baseline);
+    if (sec.run("host_formats"))
+        png_webp_and_turned_files_on_the_host(baseline);
+    if (sec.run("first_encoded"))
+        decoder_made_by_the_first_encoded_batch(baseline);
     return report("test_jpeg_decode");
 }

@@ -17,6 +17,15 @@
  *  - AdamW behind a skipped step that was still queued when the next
  *    batches were staged: they train as steps 1 and 2, as without it.
  * Throughput of evaluation batches is measured in bench/cached.cu.
+ *
+ * Usage: test_train_loop [-l] [-s SECTION[,SECTION...]]... (gpu_test.h,
+ * test_sections): -l lists the sections, -s runs only those; no argument runs
+ * them all. The sections, in order: the training step with options, one per
+ * combination (options_fp32_plain, options_fp32_smooth, options_fp32_mix,
+ * options_fp32_clip, options_fp32_all, options_bf16_plain,
+ * options_bf16_all), then eval, nonfinite and adamw_skip. Each builds the
+ * backends itself; all share the setup made before the first (both backends,
+ * the model, two batches).
  * Prints "ok <case>" / "FAIL <case>: ..."; exits 1 on failure, 0 with
  * "SKIPPED: no CUDA device" without a GPU.
  */
@@ -386,8 +395,27 @@ static void adamw_behind_skip(sf_backend *cu, const sf_model &m, one_batch &ob1,
              (unsigned long long)sb.step, dp, dm, dv);
 }
 
-int main(void)
+/* The training steps with options, one section each: smoothing, mix_lam,
+ * clip_grad_norm. */
+static const struct {
+    const char *section;
+    sf_precision prec;
+    float sm, lam, clip;
+} OPTION_STEPS[] = {
+    {"options_fp32_plain", SF_PREC_FP32, 0.f, 1.f, 0.f},   {"options_fp32_smooth", SF_PREC_FP32, 0.1f, 1.f, 0.f},
+    {"options_fp32_mix", SF_PREC_FP32, 0.f, 0.7f, 0.f},    {"options_fp32_clip", SF_PREC_FP32, 0.f, 1.f, 0.25f},
+    {"options_fp32_all", SF_PREC_FP32, 0.1f, 0.7f, 0.25f}, {"options_bf16_plain", SF_PREC_BF16, 0.f, 1.f, 0.f},
+    {"options_bf16_all", SF_PREC_BF16, 0.1f, 0.7f, 0.25f},
+};
+
+int main(int argc, char **argv)
 {
+    test_sections sec("test_train_loop", {"options_fp32_plain", "options_fp32_smooth", "options_fp32_mix",
+                                          "options_fp32_clip", "options_fp32_all", "options_bf16_plain",
+                                          "options_bf16_all", "eval", "nonfinite", "adamw_skip"});
+    const int arg_rc = sec.args(argc, argv);
+    if (arg_rc >= 0)
+        return arg_rc;
     if (skip_without_device())
         return 0;
     sf_backend *cu, *ref;
@@ -400,15 +428,17 @@ int main(void)
     if (make_batch(cu, b1, 8, 64, m.n_classes, 41) || make_batch(cu, b2, 8, 64, m.n_classes, 42))
         return 1;
     g_layout = SF_ACT_LAYOUT_NHWC;
-    const float opts[][3] = {{0.f, 1.f, 0.f}, {0.1f, 1.f, 0.f}, {0.f, 0.7f, 0.f}, {0.f, 1.f, 0.25f},
-                             {0.1f, 0.7f, 0.25f}};
-    for (const auto &o : opts)
-        options_step(cu, ref, m, SF_PREC_FP32, b1, o[0], o[1], o[2]);
-    options_step(cu, ref, m, SF_PREC_BF16, b1, 0.f, 1.f, 0.f);
-    options_step(cu, ref, m, SF_PREC_BF16, b1, 0.1f, 0.7f, 0.25f);
-    eval_batch(cu, ref, m, b2, b1);
-    nonfinite_step(cu, m, b1);
-    adamw_behind_skip(cu, m, b1, b2);
+    /* Each case builds the backends itself and starts from the state it reads
+     * back or sets: none needs an earlier one. */
+    for (const auto &o : OPTION_STEPS)
+        if (sec.run(o.section))
+            options_step(cu, ref, m, o.prec, b1, o.sm, o.lam, o.clip);
+    if (sec.run("eval"))
+        eval_batch(cu, ref, m, b2, b1);
+    if (sec.run("nonfinite"))
+        nonfinite_step(cu, m, b1);
+    if (sec.run("adamw_skip"))
+        adamw_behind_skip(cu, m, b1, b2);
     cu->i->host_free(cu, b1.im);
     cu->i->host_free(cu, b1.lab);
     cu->i->host_free(cu, b2.im);

@@ -132,6 +132,12 @@ def main():
     cmd = [a.bin, "--http.port", "0", "--log.requests", "false"]
     cmd += ["--config", a.config] if a.config else []
     cmd += shlex.split(a.server_args)
+    # The pipeline mode as given (the last one wins, as in the service's own
+    # parsing); a --config file's mode is not read, so a sink run names it.
+    sargs = shlex.split(a.server_args)
+    modes = [sargs[i + 1] for i, k in enumerate(sargs[:-1]) if k == "--pipeline.mode"]
+    modes += [k.split("=", 1)[1] for k in sargs if k.startswith("--pipeline.mode=")]
+    sink = bool(modes) and modes[-1] == "sink"
     peak = ProcessPeak() if a.nvml_peak else None
     srv = load = None
     res = {"label": a.label, "steps_per_s": None, "samples_per_s": None, "ingest_gb_per_s": None,
@@ -229,7 +235,7 @@ def main():
             problems.append(f"loader errors {summary['errors']}")
         if not summary:
             problems.append(f"loader gave no summary (exit {load.returncode})")
-        else:
+        elif not sink:  # a sunk batch is received and dropped: it has no loss
             for k in ("first_loss", "last_loss"):
                 v = summary.get(k)
                 if not isinstance(v, (int, float)) or not math.isfinite(v):

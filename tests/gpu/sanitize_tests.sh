@@ -38,7 +38,7 @@
 # kernel. Exit status: 0 only when every run that was not skipped finished
 # with no report in our kernels and its test passed.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 B=${1:?usage: tests/gpu/sanitize_tests.sh BUILD}
 CS=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
 [ -x "$CS" ] || { echo "sanitize_tests: compute-sanitizer not found (PATH, CUDA_HOME)"; exit 2; }

@@ -194,6 +194,8 @@ cJSON *sf_eval_to_json(const sf_eval_agg *a)
     cJSON_AddNumberToObject(o, "batches", (double)a->batches);
     cJSON_AddNumberToObject(o, "samples", (double)a->samples);
     cJSON_AddNumberToObject(o, "failed_batches", (double)a->failed);
+    /* what a DELETE waits for (409 eval_busy until it is 0) */
+    cJSON_AddNumberToObject(o, "pending_batches", (double)a->pending);
     if (a->samples) {
         cJSON_AddNumberToObject(o, "loss", a->loss_sum / (double)a->samples);
         cJSON_AddNumberToObject(o, "top1", (double)a->correct1 / (double)a->samples);

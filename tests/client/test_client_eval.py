@@ -109,7 +109,8 @@ def test_named_evaluations_are_sample_weighted_listed_and_bounded(start_server, 
     b = c.evaluate(*colour_batch(rng, 6), eval="holdout")
     g = c.eval_summary("holdout")
     assert isinstance(g, EvalSummary) and g.name == "holdout"
-    assert g.batches == 2 and g.samples == 8 and g.failed_batches == 0 and g.first_step == g.last_step == 1
+    assert g.batches == 2 and g.samples == 8 and g.failed_batches == 0 and g.pending_batches == 0
+    assert g.first_step == g.last_step == 1
     assert math.isclose(g.loss, (2 * a.loss + 6 * b.loss) / 8, rel_tol=1e-6)
     assert math.isclose(g.top1, (2 * a.top1 + 6 * b.top1) / 8, rel_tol=1e-9)
     assert math.isclose(g.top5, (2 * a.top5 + 6 * b.top5) / 8, rel_tol=1e-9)

@@ -154,8 +154,10 @@ def test_a_name_with_accepted_batches_not_yet_finished_is_kept_with_eval_busy(st
     assert r.status_code == 409 and error_code(r) == "eval_busy", r.text
     assert "2 accepted batches not yet finished" in r.json()["error"]["message"], r.text
     assert r.headers.get("Retry-After") == "1"
-    # Refused, it changed nothing: the evaluation and its series are there.
-    assert s.get("/v1/evals/epoch").json()["batches"] == 1
+    # Refused, it changed nothing: the evaluation and its series are there,
+    # and GET says what the DELETE waits for.
+    g = s.get("/v1/evals/epoch").json()
+    assert g["batches"] == 1 and g["pending_batches"] == 2, g
     assert s.metric("streamfeed_eval_samples_total", eval="epoch") == 4
 
     t.join(60)
@@ -163,9 +165,10 @@ def test_a_name_with_accepted_batches_not_yet_finished_is_kept_with_eval_busy(st
     for i in ids:
         assert s.wait_batch(i)["state"] == "done"
     # The promise kept: both batches counted before the name went.
+    assert s.get("/v1/evals/epoch").json()["pending_batches"] == 0
     r = delete(s, "epoch")
     assert r.status_code == 200, r.text
-    assert r.json()["batches"] == 3 and r.json()["samples"] == 12
+    assert r.json()["batches"] == 3 and r.json()["samples"] == 12 and r.json()["pending_batches"] == 0
 
 
 def test_an_eval_batch_that_fails_after_it_was_accepted_still_ends(start_server):

@@ -121,6 +121,9 @@ class EvalSummary(_Reply):
     Attributes:
         name: the evaluation's name ("default" for eval batches sent without one).
         batches: its finished batches; failed_batches: those that failed.
+        pending_batches: batches accepted and not yet ended: ``delete_eval``
+            answers ``eval_busy`` until it is 0 (0 from a service that does
+            not report it).
         samples: the samples (pixels, for a segmentation model) scored.
         loss, top1, top5: sample-weighted means over its batches; None before
             the first batch finished (or, for loss, when it is not finite).
@@ -132,6 +135,7 @@ class EvalSummary(_Reply):
     batches: int
     samples: int
     failed_batches: int
+    pending_batches: int
     loss: Optional[float]
     top1: Optional[float]
     top5: Optional[float]
@@ -142,7 +146,8 @@ class EvalSummary(_Reply):
     @classmethod
     def from_json(cls, o: Mapping[str, Any]) -> "EvalSummary":
         return cls(name=str(o["name"]), batches=int(o.get("batches", 0)), samples=int(o.get("samples", 0)),
-                   failed_batches=int(o.get("failed_batches", 0)), loss=_opt_float(o.get("loss")),
+                   failed_batches=int(o.get("failed_batches", 0)),
+                   pending_batches=int(o.get("pending_batches", 0)), loss=_opt_float(o.get("loss")),
                    top1=_opt_float(o.get("top1")), top5=_opt_float(o.get("top5")),
                    first_step=_opt_int(o.get("first_step")), last_step=_opt_int(o.get("last_step")),
                    raw=dict(o))

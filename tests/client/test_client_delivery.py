@@ -325,7 +325,13 @@ def test_ctrl_c_during_a_feed_against_a_full_ring_returns_at_once(start_server, 
         return full_ring_loader(s, rng, holders, probe)
 
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
-    timer = threading.Timer(1.5, lambda: os.kill(os.getpid(), signal.SIGINT))  # as Ctrl-C: to the process
+    feeding = threading.Event()
+    feeding.set()
+
+    def ctrl_c():  # as Ctrl-C: to the process; never once the test has left feed()
+        if feeding.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
+    timer = threading.Timer(1.5, ctrl_c)
     try:
         timer.start()
         timer_started = time.monotonic()
@@ -334,7 +340,15 @@ def test_ctrl_c_during_a_feed_against_a_full_ring_returns_at_once(start_server, 
         stopped = time.monotonic()
         took = stopped - (timer_started + 1.5)
     finally:
+        # A SIGINT that left the timer after feed() returned must land here,
+        # not as a KeyboardInterrupt in whatever test this worker runs next.
+        feeding.clear()
         timer.cancel()
+        try:
+            timer.join(5)
+            time.sleep(0.01)  # the handler runs in this thread, at its next step
+        except KeyboardInterrupt:
+            pass
         signal.signal(signal.SIGINT, old)
         for h in holders:
             h.close()

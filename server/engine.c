@@ -34,21 +34,33 @@ typedef struct plan_entry {
 /* The token of an empty contribution to a data-parallel round: no ring slot. */
 #define EMPTY_TOKEN ((void *)(intptr_t)-1)
 
-/* What the engine keeps of a batch in flight beyond its timeline: an eval
- * batch's name and the logits buffer its request holds (released at
- * STEP_DONE, once the backend has written it). */
+/* What the engine keeps of a batch in flight beyond its timeline: the
+ * samples its decoder left out. */
 typedef struct pending_extra {
     uint64_t id;
-    int eval;
-    char eval_name[SF_EVAL_NAME_MAX + 1];
-    void *result_owner;
-    void (*release_result)(void *owner);
     int n;                     /* the batch's samples, those left out included */
     int n_undecodable;         /* samples left out: their files did not decode */
     int32_t undecodable[SF_JOB_LISTED_UNDECODABLE];
     uint8_t undecodable_format[SF_JOB_LISTED_UNDECODABLE];
     int files_named_jpeg;
 } pending_extra;
+
+/* An eval batch in flight: the evaluation it must end exactly once
+ * (sf_evals_add or sf_evals_add_failed at its STEP_DONE) and the logits
+ * buffer its request holds (released then, once the backend has written
+ * it). Found by id, not at id % PENDING_RECS as the records above: the
+ * batch PENDING_RECS ids younger can be submitted while this one's step
+ * still runs (transforms, and batches refused at submit, pass a long step),
+ * and the job table forgets an id after pipeline.jobs_max more, so neither
+ * can say at STEP_DONE that it was an eval batch. A record is taken only by
+ * a batch the backend accepted, so at most max_inflight (< PENDING_RECS)
+ * are in use. */
+typedef struct inflight_eval {
+    uint64_t id; /* 0: free */
+    char name[SF_EVAL_NAME_MAX + 1];
+    void *result_owner;
+    void (*release_result)(void *owner);
+} inflight_eval;
 
 struct sf_engine {
     sf_engine_ctx cx;             /* what it needs of the process (sf_engine_start) */
@@ -62,6 +74,7 @@ struct sf_engine {
     /* Timelines: batches in flight by id % PENDING_RECS, and the last steps. */
     sf_step_record pending[PENDING_RECS];
     pending_extra extra[PENDING_RECS];
+    inflight_eval evals[PENDING_RECS];
     pthread_mutex_t trace_mu;
     sf_step_record trace[SF_ENGINE_TRACE_STEPS];
     uint64_t trace_count;
@@ -389,8 +402,14 @@ void engine_submit(sf_engine *e, int slot, int64_t global_n)
     pending_extra *x = &e->extra[id % PENDING_RECS];
     memset(x, 0, sizeof *x);
     x->id = id;
-    x->eval = m->eval;
-    snprintf(x->eval_name, sizeof x->eval_name, "%s", m->eval_name);
+    inflight_eval *ie = NULL;
+    for (int i = 0; m->eval && i < PENDING_RECS && !ie; i++)
+        if (!e->evals[i].id)
+            ie = &e->evals[i];
+    if (m->eval && !ie) { /* cannot happen: more in flight than any backend takes */
+        engine_fail_batch(e, slot, "submit_failed", "too many eval batches in flight");
+        return;
+    }
     int rc = fill_batch(e, slot, &b, 1, err, sizeof err) ? -1 : 0;
     if (!rc) {
         b.global_n = global_n;
@@ -417,8 +436,12 @@ void engine_submit(sf_engine *e, int slot, int64_t global_n)
     }
     /* The logits buffer stays the request's until STEP_DONE, after the slot
      * itself went back to the ring at SLOT_FREE. */
-    x->result_owner = m->result_owner;
-    x->release_result = m->release_result;
+    if (ie) {
+        ie->id = id;
+        snprintf(ie->name, sizeof ie->name, "%s", m->eval_name);
+        ie->result_owner = m->result_owner;
+        ie->release_result = m->release_result;
+    }
     if (!m->eval)
         e->sched_batches++;
     atomic_fetch_add(&e->inflight, 1);
@@ -536,23 +559,22 @@ static void harvest_eval(sf_engine *e, const sf_event *ev, const sf_step_record 
     sf_http_wake(*cx->http, SF_WAIT_JOB, ev->id);
 }
 
-/* The evaluation a finished batch belongs to (copied to name), or 0 for a
- * training batch. Its extra record says; should the record have been taken
- * by a batch PENDING_RECS ids younger (transforms run between steps and do
- * not count towards max_inflight, so many can pass one long step), the job
- * table, which keeps more ids, still does: an eval batch must end its
- * evaluation's pending count whatever became of its record. */
-static int eval_of(sf_engine *e, const sf_event *ev, const pending_extra *x, char *name, size_t cap)
+/* At a batch's STEP_DONE: the evaluation it belongs to (copied to name),
+ * or 0 for a training batch. An eval batch's record goes, and with it the
+ * engine's hold on its logits buffer. */
+static int eval_of(sf_engine *e, const sf_event *ev, char *name, size_t cap)
 {
-    if (x->id == ev->id) {
-        snprintf(name, cap, "%s", x->eval_name);
-        return x->eval;
+    for (int i = 0; i < PENDING_RECS; i++) {
+        inflight_eval *ie = &e->evals[i];
+        if (ie->id != ev->id)
+            continue;
+        snprintf(name, cap, "%s", ie->name);
+        if (ie->release_result)
+            ie->release_result(ie->result_owner);
+        memset(ie, 0, sizeof *ie);
+        return 1;
     }
-    sf_job job;
-    if (sf_jobs_get(e->cx.jobs, ev->id, &job) != 0 || job.kind != SF_JOB_KIND_EVAL)
-        return 0;
-    snprintf(name, cap, "%s", job.eval_name);
-    return 1;
+    return 0;
 }
 
 static void harvest(sf_engine *e, const sf_event *ev)
@@ -583,11 +605,7 @@ static void harvest(sf_engine *e, const sf_event *ev)
     atomic_fetch_sub(&e->inflight, 1);
     pending_extra *x = &e->extra[ev->id % PENDING_RECS];
     char eval_name[SF_EVAL_NAME_MAX + 1];
-    const int eval = eval_of(e, ev, x, eval_name, sizeof eval_name);
-    if (x->id == ev->id && x->release_result) {
-        x->release_result(x->result_owner);
-        x->release_result = NULL;
-    }
+    const int eval = eval_of(e, ev, eval_name, sizeof eval_name);
     sf_step_record *rec = &e->pending[ev->id % PENDING_RECS];
     if (rec->id == ev->id) {
         rec->step = ev->step;

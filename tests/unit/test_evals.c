@@ -3,8 +3,10 @@
  * failed); a delete refused while any is pending and otherwise freeing the
  * name's place for another; a deleted name made again from zero; the bound
  * of eval.max_names; the metrics hooks, run under the lock and before a
- * batch stops being pending; and no batch lost to a delete racing the
- * engine. */
+ * batch stops being pending; no batch lost to a delete racing the
+ * engine; and the engine (server/engine.c, on a stub backend) ending every
+ * accepted eval batch of its evaluation once, whatever became of the
+ * records it keeps by batch id. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,8 +18,14 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <time.h>
 
+#include "gpu/backend.h"
+#include "server/app.h"
+#include "server/engine.h"
 #include "server/evals.h"
+#include "server/jobs.h"
+#include "server/ring.h"
 
 static int names_in(sf_evals *e, char *out, size_t cap)
 {
@@ -275,6 +283,181 @@ static void test_no_batch_is_lost_to_a_delete_racing_the_engine(void **state)
     sf_evals_destroy(e);
 }
 
+
+/* ---- the engine ends each eval batch once ------------------------------- */
+
+/* A backend whose steps finish when the test says: every batch yields its
+ * SLOT_FREE at once and its STEP_DONE, in submission order, once released. */
+enum { STUB_MAX = 256 };
+static struct {
+    pthread_mutex_t mu;
+    uint64_t id[STUB_MAX];
+    void *token[STUB_MAX];
+    int n[STUB_MAX], eval[STUB_MAX], freed[STUB_MAX];
+    int count, done;        /* submitted; STEP_DONE given */
+    uint64_t released_upto; /* STEP_DONE may go for ids <= this */
+} stub = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int stub_max_inflight(sf_backend *be) { return 3; }
+
+static int stub_submit(sf_backend *be, const sf_batch *b, char *err, size_t errlen)
+{
+    pthread_mutex_lock(&stub.mu);
+    const int i = stub.count++;
+    stub.id[i] = b->id;
+    stub.token[i] = b->token;
+    stub.n[i] = b->n;
+    stub.eval[i] = b->eval;
+    stub.freed[i] = 0;
+    pthread_mutex_unlock(&stub.mu);
+    return 0;
+}
+
+static int stub_poll(sf_backend *be, sf_event *ev, int max, int timeout_us)
+{
+    int k = 0;
+    pthread_mutex_lock(&stub.mu);
+    for (int i = 0; i < stub.count && k < max; i++) {
+        if (!stub.freed[i]) {
+            stub.freed[i] = 1;
+            ev[k++] = (sf_event){.kind = SF_EV_SLOT_FREE, .id = stub.id[i], .token = stub.token[i]};
+        }
+    }
+    while (stub.done < stub.count && stub.id[stub.done] <= stub.released_upto && k < max) {
+        const int i = stub.done++;
+        ev[k++] = (sf_event){.kind = SF_EV_STEP_DONE, .id = stub.id[i], .token = stub.token[i], .n = stub.n[i],
+                             .loss = 1.0f, .correct = stub.n[i], .correct5 = stub.n[i], .eval = stub.eval[i]};
+    }
+    pthread_mutex_unlock(&stub.mu);
+    if (!k) {
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    return k;
+}
+
+static int stub_health(sf_backend *be, char *err, size_t errlen) { return 0; }
+
+static const sf_backend_i stub_i = {.max_inflight = stub_max_inflight, .submit = stub_submit,
+                                    .poll = stub_poll, .health = stub_health};
+static sf_backend stub_backend = {&stub_i, NULL};
+static sf_app app;
+
+static void *slot_alloc(void *ctx, size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+static void slot_free(void *ctx, void *p) { free(p); }
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {0, ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* What an upload does once it accepts a batch (server/upload.c): its job,
+ * its evaluation reserved, the slot READY. n over model.max_batch makes a
+ * batch the engine fails before the backend sees it. */
+static uint64_t accept_batch(int eval, const char *name, int n)
+{
+    int slot;
+    for (int tries = 0; (slot = sf_ring_acquire(app.ring)) < 0; tries++) {
+        assert_true(tries < 10000);
+        sleep_ms(1);
+    }
+    sf_slot_meta *m = sf_ring_meta(app.ring, slot);
+    memset(m, 0, sizeof *m);
+    m->kind = 0;
+    m->eval = eval;
+    snprintf(m->eval_name, sizeof m->eval_name, "%s", eval ? name : "");
+    m->n = n;
+    m->h = m->w = 8;
+    m->c = 1;
+    m->nhwc = 1;
+    m->label_dtype = -1;
+    m->used = (size_t)n * 64;
+    if (eval)
+        assert_int_equal(sf_evals_reserve(app.evals, name), 0);
+    m->job_id = sf_jobs_create(app.jobs, n, eval ? SF_JOB_KIND_EVAL : 0);
+    if (eval)
+        sf_jobs_set_eval_name(app.jobs, m->job_id, name);
+    m->t_ready_ns = m->t_filling_ns = 1;
+    sf_ring_commit(app.ring, slot);
+    return m->job_id;
+}
+
+static int job_state(uint64_t id)
+{
+    sf_job j;
+    return sf_jobs_get(app.jobs, id, &j) == 0 ? (int)j.state : -1;
+}
+
+static void wait_state(uint64_t id, int state)
+{
+    for (int tries = 0; job_state(id) != state; tries++) {
+        assert_true(tries < 10000);
+        sleep_ms(1);
+    }
+}
+
+/* An eval batch in flight through a long step while PENDING_RECS (64) ids
+ * pass (transforms, batches refused at once: none waits for the step), the
+ * last of them a batch submitted beside it, which takes its engine record;
+ * with pipeline.jobs_max 64 (the least allowed) the job table forgot it too.
+ * It must still end its evaluation: a name with a batch pending for good
+ * could never be deleted. */
+static void test_the_engine_ends_an_eval_batch_whose_records_were_taken(void **state)
+{
+    (void)state;
+    sf_config_defaults(&app.cfg);
+    app.cfg.model.max_batch = 4;
+    app.cfg.pipeline.jobs_max = 64;
+    sf_config_live_init(&app.cfg);
+    char err[256];
+    const char *aug = "[{\"op\":\"to_dtype\",\"scale\":0.00392157},{\"op\":\"normalize\",\"mean\":[0.5],\"std\":[0.25]}]";
+    assert_int_equal(sf_aug_parse(aug, &app.aug, err, sizeof err), 0);
+    assert_int_equal(sf_aug_parse(aug, &app.aug_eval, err, sizeof err), 0);
+    sf_app_metrics_init(&app);
+    app.ring = sf_ring_new(4, 4096, slot_alloc, slot_free, NULL);
+    app.jobs = sf_jobs_new(app.cfg.pipeline.jobs_max);
+    app.evals = sf_evals_new(4);
+    sf_app_evals_attach(&app);
+    atomic_store(&app.backend_ok, 1);
+    app.backend = &stub_backend;
+    const sf_engine_ctx ctx = {
+        .app = &app, .cfg = &app.cfg, .model = &app.model, .aug = &app.aug, .aug_eval = &app.aug_eval,
+        .backend = app.backend, .ring = app.ring, .jobs = app.jobs, .evals = app.evals,
+        .http = &app.http, .m = &app.m, .step = &app.step, .restore_gen = &app.restore_gen,
+        .nonfinite_in_row = &app.nonfinite_in_row, .diverged = &app.diverged, .draining = &app.draining,
+        .backend_ok = &app.backend_ok};
+    sf_engine *e = sf_engine_start(&ctx, err, sizeof err);
+    assert_non_null(e);
+
+    const uint64_t held = accept_batch(1, "held", 2);
+    wait_state(held, SF_JOB_TRAINING); /* submitted; its step does not end yet */
+    uint64_t last = held;
+    while (last < held + 63)
+        wait_state(last = accept_batch(0, NULL, 99), SF_JOB_FAILED); /* over model.max_batch */
+    const uint64_t beside = accept_batch(0, NULL, 2);
+    assert_int_equal(beside % 64, held % 64);
+    wait_state(beside, SF_JOB_TRAINING);
+
+    pthread_mutex_lock(&stub.mu);
+    stub.released_upto = beside;
+    pthread_mutex_unlock(&stub.mu);
+    wait_state(beside, SF_JOB_DONE);
+
+    sf_eval_agg a;
+    assert_int_equal(sf_evals_get(app.evals, "held", &a), 0);
+    assert_int_equal(a.pending, 0);
+    assert_int_equal(a.batches, 1);
+    assert_int_equal(a.samples, 2);
+    assert_int_equal(sf_evals_delete(app.evals, "held", NULL, NULL), SF_EVAL_DELETED);
+
+    sf_engine_stop(e);
+    sf_evals_destroy(app.evals);
+    sf_jobs_destroy(app.jobs);
+    sf_ring_destroy(app.ring);
+    sf_metrics_reset();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -284,6 +467,7 @@ int main(void)
         cmocka_unit_test(test_every_place_can_be_freed_and_taken_again),
         cmocka_unit_test(test_the_hooks_publish_before_the_batch_ends_and_forget_on_delete),
         cmocka_unit_test(test_no_batch_is_lost_to_a_delete_racing_the_engine),
+        cmocka_unit_test(test_the_engine_ends_an_eval_batch_whose_records_were_taken),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1263,7 +1263,7 @@ int main(int argc, char **argv)
         synthetic_file();
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("SKIPPED: no CUDA device (the rule and synthetic-file checks ran: %d ok, %d failed)\n", g_ok, g_fail);
+        printf("SKIPPED: no CUDA device (the device-free sections selected ran: %d ok, %d failed)\n", g_ok, g_fail);
         return g_fail ? 1 : 0;
     }
     const std::vector<jcase> baseline = {

@@ -69,7 +69,7 @@ rm -f "$OUT"/*.log "$OUT/rows"
 DEADLINE=0
 [ "$SECONDS_ALL" -gt 0 ] && DEADLINE=$(( $(date +%s) + SECONDS_ALL ))
 LIBS="--kernel-name-exclude kns=nvjet --kernel-name-exclude kns=cudnn --kernel-name-exclude kns=xmma --kernel-name-exclude kns=cutlass"
-SECTIONED="test_backend test_backend_models test_train_loop test_jpeg_decode"
+SECTIONED="test_backend test_backend_models test_train_loop test_jpeg_decode test_dist_nccl"
 export CS B OUT DEADLINE LIBS
 
 # initcheck's reports in LOG by where the read is: "ours library total".

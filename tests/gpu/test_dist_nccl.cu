@@ -30,6 +30,14 @@
  *
  * Needs libnccl.so.2 at run time; without it the job's first step fails and
  * the test says so (FAIL), as a missing cuDNN would.
+ *
+ * Usage: test_dist_nccl [-l] [-s SECTION[,SECTION...]]... (gpu_test.h,
+ * test_sections): -l lists the sections, -s runs only those; no argument runs
+ * them all. The sections, in order: build (the backend without a job, no
+ * batch), the one-rank SyncBatchNorm cases (sync_bn_*), the one-rank cases
+ * against no job (one_rank_*), then, with two GPUs, two_ranks_identical and
+ * two_ranks_sync_batchnorm. Each makes its own backends; the ResNet-18 and
+ * its four batches are made first, whatever runs.
  */
 extern "C" {
 #include "collective/collective.h"
@@ -630,8 +638,17 @@ static void two_ranks_sync_batchnorm_is_batchnorm_over_both_batches(const char *
              s1.loss.empty() ? 0.0 : s1.loss[0]);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    test_sections sec("test_dist_nccl",
+                      {"build", "sync_bn_fp32_sgd", "sync_bn_bf16_adamw", "sync_bn_bf16_accum2_refused",
+                       "sync_bn_fp32_sgd_refused", "one_rank_bf16_sgd", "one_rank_bf16_sgd_one_bucket",
+                       "one_rank_fp32_sgd", "one_rank_bf16_adamw", "one_rank_bf16_accum2", "one_rank_bf16_sgd_refused",
+                       "one_rank_fp32_adamw_refused", "one_rank_bf16_accum2_refused", "two_ranks_identical",
+                       "two_ranks_sync_batchnorm"});
+    const int arg_rc = sec.args(argc, argv);
+    if (arg_rc >= 0)
+        return arg_rc;
     if (skip_without_device())
         return 0;
     sf_model r18;
@@ -644,54 +661,74 @@ int main(void)
         if (make_batch(bs[k], r18, 8, 71 + k))
             return 1;
     std::vector<batch_data> none;
-    train(r18, SF_PREC_FP32, SF_OPT_SGD, 1, NULL, none);
-    one_rank_sync_batchnorm_trains_as_no_job("resnet18 fp32 SGD, batchnorm sync", r18, SF_PREC_FP32, SF_OPT_SGD, 1, bs,
-                                             false);
-    one_rank_sync_batchnorm_trains_as_no_job("resnet18 bf16 AdamW, batchnorm sync", r18, SF_PREC_BF16, SF_OPT_ADAMW, 1,
-                                             bs, false);
-    one_rank_sync_batchnorm_trains_as_no_job("resnet18 bf16 SGD, accumulation 2, batchnorm sync, the other ranks' "
-                                             "batches refused", r18, SF_PREC_BF16, SF_OPT_SGD, 2, bs, true);
-    one_rank_sync_batchnorm_trains_as_no_job("resnet18 fp32 SGD, batchnorm sync, the other ranks' batches refused",
-                                             r18, SF_PREC_FP32, SF_OPT_SGD, 1, bs, true);
+    if (sec.run("build"))
+        train(r18, SF_PREC_FP32, SF_OPT_SGD, 1, NULL, none);
+    if (sec.run("sync_bn_fp32_sgd"))
+        one_rank_sync_batchnorm_trains_as_no_job("resnet18 fp32 SGD, batchnorm sync", r18, SF_PREC_FP32, SF_OPT_SGD, 1,
+                                                 bs, false);
+    if (sec.run("sync_bn_bf16_adamw"))
+        one_rank_sync_batchnorm_trains_as_no_job("resnet18 bf16 AdamW, batchnorm sync", r18, SF_PREC_BF16,
+                                                 SF_OPT_ADAMW, 1, bs, false);
+    if (sec.run("sync_bn_bf16_accum2_refused"))
+        one_rank_sync_batchnorm_trains_as_no_job("resnet18 bf16 SGD, accumulation 2, batchnorm sync, the other "
+                                                 "ranks' batches refused", r18, SF_PREC_BF16, SF_OPT_SGD, 2, bs, true);
+    if (sec.run("sync_bn_fp32_sgd_refused"))
+        one_rank_sync_batchnorm_trains_as_no_job("resnet18 fp32 SGD, batchnorm sync, the other ranks' batches refused",
+                                                 r18, SF_PREC_FP32, SF_OPT_SGD, 1, bs, true);
     /* ResNet-18's 11.7 M parameters: 4 MiB buckets make about a dozen, the
      * largest (1 GiB) one. */
-    one_rank_equals_no_job("resnet18 bf16 SGD, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 4u << 20, bs);
-    one_rank_equals_no_job("resnet18 bf16 SGD, one bucket", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 1u << 30, bs);
-    one_rank_equals_no_job("resnet18 fp32 SGD, 4 MiB buckets", r18, SF_PREC_FP32, SF_OPT_SGD, 1, 4u << 20, bs);
-    one_rank_equals_no_job("resnet18 bf16 AdamW, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_ADAMW, 1, 4u << 20, bs);
-    one_rank_equals_no_job("resnet18 bf16 SGD, accumulation 2", r18, SF_PREC_BF16, SF_OPT_SGD, 2, 4u << 20, bs);
-    one_rank_equals_no_job("resnet18 bf16 SGD, the other ranks' batches refused", r18, SF_PREC_BF16, SF_OPT_SGD, 1,
-                           4u << 20, bs, true);
-    one_rank_equals_no_job("resnet18 fp32 AdamW, the other ranks' batches refused", r18, SF_PREC_FP32, SF_OPT_ADAMW,
-                           1, 4u << 20, bs, true);
-    one_rank_equals_no_job("resnet18 bf16 SGD, accumulation 2, the other ranks' batches refused", r18, SF_PREC_BF16,
-                           SF_OPT_SGD, 2, 4u << 20, bs, true);
+    if (sec.run("one_rank_bf16_sgd"))
+        one_rank_equals_no_job("resnet18 bf16 SGD, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 4u << 20, bs);
+    if (sec.run("one_rank_bf16_sgd_one_bucket"))
+        one_rank_equals_no_job("resnet18 bf16 SGD, one bucket", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 1u << 30, bs);
+    if (sec.run("one_rank_fp32_sgd"))
+        one_rank_equals_no_job("resnet18 fp32 SGD, 4 MiB buckets", r18, SF_PREC_FP32, SF_OPT_SGD, 1, 4u << 20, bs);
+    if (sec.run("one_rank_bf16_adamw"))
+        one_rank_equals_no_job("resnet18 bf16 AdamW, 4 MiB buckets", r18, SF_PREC_BF16, SF_OPT_ADAMW, 1, 4u << 20,
+                               bs);
+    if (sec.run("one_rank_bf16_accum2"))
+        one_rank_equals_no_job("resnet18 bf16 SGD, accumulation 2", r18, SF_PREC_BF16, SF_OPT_SGD, 2, 4u << 20, bs);
+    if (sec.run("one_rank_bf16_sgd_refused"))
+        one_rank_equals_no_job("resnet18 bf16 SGD, the other ranks' batches refused", r18, SF_PREC_BF16, SF_OPT_SGD,
+                               1, 4u << 20, bs, true);
+    if (sec.run("one_rank_fp32_adamw_refused"))
+        one_rank_equals_no_job("resnet18 fp32 AdamW, the other ranks' batches refused", r18, SF_PREC_FP32,
+                               SF_OPT_ADAMW, 1, 4u << 20, bs, true);
+    if (sec.run("one_rank_bf16_accum2_refused"))
+        one_rank_equals_no_job("resnet18 bf16 SGD, accumulation 2, the other ranks' batches refused", r18,
+                               SF_PREC_BF16, SF_OPT_SGD, 2, 4u << 20, bs, true);
+    const int two_identical = sec.run("two_ranks_identical"), two_sync = sec.run("two_ranks_sync_batchnorm");
     int count = 0;
     CU(cudaGetDeviceCount(&count));
     if (count >= 2) {
-        two_ranks_stay_identical("resnet18 fp32 SGD momentum", r18, SF_PREC_FP32, SF_OPT_SGD, 1, 200, true);
-        two_ranks_stay_identical("resnet18 bf16 SGD momentum", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 200, true);
-        two_ranks_stay_identical("resnet18 bf16 AdamW", r18, SF_PREC_BF16, SF_OPT_ADAMW, 1, 200, true);
-        two_ranks_stay_identical("resnet18 fp32 AdamW", r18, SF_PREC_FP32, SF_OPT_ADAMW, 1, 200, true);
-        two_ranks_stay_identical("resnet18 bf16 SGD, accumulation 2", r18, SF_PREC_BF16, SF_OPT_SGD, 2, 200, true);
-        two_ranks_stay_identical("resnet18 bf16 SGD, a non-finite step on rank 0", r18, SF_PREC_BF16, SF_OPT_SGD, 1,
-                                 200, true, 57);
-        two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm local", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 50, false);
-        two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm sync, a non-finite step on rank 0", r18, SF_PREC_BF16,
-                                 SF_OPT_SGD, 1, 200, false, 57, true);
-        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 SGD momentum, one batch", r18,
-                                                                SF_PREC_FP32, SF_OPT_SGD, 1, 6, -1, true);
-        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 SGD momentum", r18, SF_PREC_FP32,
-                                                                SF_OPT_SGD, 1, 6);
-        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD momentum", r18, SF_PREC_BF16,
-                                                                SF_OPT_SGD, 1, 6);
-        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 AdamW", r18, SF_PREC_FP32,
-                                                                SF_OPT_ADAMW, 1, 6);
-        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD, accumulation 2", r18,
-                                                                SF_PREC_BF16, SF_OPT_SGD, 2, 6);
-        two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD, a non-finite step on rank 0",
-                                                                r18, SF_PREC_BF16, SF_OPT_SGD, 1, 6, 3);
-    } else {
+        if (two_identical) {
+            two_ranks_stay_identical("resnet18 fp32 SGD momentum", r18, SF_PREC_FP32, SF_OPT_SGD, 1, 200, true);
+            two_ranks_stay_identical("resnet18 bf16 SGD momentum", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 200, true);
+            two_ranks_stay_identical("resnet18 bf16 AdamW", r18, SF_PREC_BF16, SF_OPT_ADAMW, 1, 200, true);
+            two_ranks_stay_identical("resnet18 fp32 AdamW", r18, SF_PREC_FP32, SF_OPT_ADAMW, 1, 200, true);
+            two_ranks_stay_identical("resnet18 bf16 SGD, accumulation 2", r18, SF_PREC_BF16, SF_OPT_SGD, 2, 200, true);
+            two_ranks_stay_identical("resnet18 bf16 SGD, a non-finite step on rank 0", r18, SF_PREC_BF16, SF_OPT_SGD,
+                                     1, 200, true, 57);
+            two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm local", r18, SF_PREC_BF16, SF_OPT_SGD, 1, 50,
+                                     false);
+            two_ranks_stay_identical("resnet18 bf16 SGD, batchnorm sync, a non-finite step on rank 0", r18,
+                                     SF_PREC_BF16, SF_OPT_SGD, 1, 200, false, 57, true);
+        }
+        if (two_sync) {
+            two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 SGD momentum, one batch", r18,
+                                                                    SF_PREC_FP32, SF_OPT_SGD, 1, 6, -1, true);
+            two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 SGD momentum", r18, SF_PREC_FP32,
+                                                                    SF_OPT_SGD, 1, 6);
+            two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD momentum", r18, SF_PREC_BF16,
+                                                                    SF_OPT_SGD, 1, 6);
+            two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 fp32 AdamW", r18, SF_PREC_FP32,
+                                                                    SF_OPT_ADAMW, 1, 6);
+            two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD, accumulation 2", r18,
+                                                                    SF_PREC_BF16, SF_OPT_SGD, 2, 6);
+            two_ranks_sync_batchnorm_is_batchnorm_over_both_batches("resnet18 bf16 SGD, a non-finite step on rank 0",
+                                                                    r18, SF_PREC_BF16, SF_OPT_SGD, 1, 6, 3);
+        }
+    } else if (two_identical || two_sync) {
         printf("SKIPPED: the two-rank tests need two GPUs (this host has %d)\n", count);
     }
     return report("test_dist_nccl");

@@ -36,17 +36,17 @@ int h_evals_delete(sf_req *r)
     if (!sf_eval_name_valid(r->param))
         return bad_name(r);
     sf_eval_agg a;
-    uint64_t pending = 0;
-    switch (sf_evals_delete(r->app->evals, r->param, &a, &pending)) {
+    switch (sf_evals_delete(r->app->evals, r->param, &a)) {
     case SF_EVAL_DELETED:
         return sf_reply_json(r, 200, sf_eval_to_json(&a));
     case SF_EVAL_BUSY:
         /* Its accepted batches were promised to count towards it. */
         sf_reply_header(r, "Retry-After", "1");
+        const unsigned long long pending = (unsigned long long)a.pending;
         return sf_reply_error(r, 409, "eval_busy",
                               "evaluation \"%s\" has %llu accepted batch%s not yet finished, which still count%s "
                               "towards it: retry the DELETE once %s finished",
-                              r->param, (unsigned long long)pending, pending == 1 ? "" : "es",
+                              r->param, pending, pending == 1 ? "" : "es",
                               pending == 1 ? "s" : "", pending == 1 ? "it has" : "they have");
     case SF_EVAL_UNKNOWN:
     default:

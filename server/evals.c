@@ -141,28 +141,17 @@ void sf_evals_add_failed(sf_evals *e, const char *name)
     pthread_mutex_unlock(&e->mu);
 }
 
-uint64_t sf_evals_pending(sf_evals *e, const char *name)
-{
-    pthread_mutex_lock(&e->mu);
-    sf_eval_agg *a = find(e, name);
-    const uint64_t n = a ? a->pending : 0;
-    pthread_mutex_unlock(&e->mu);
-    return n;
-}
-
-sf_eval_delete_rc sf_evals_delete(sf_evals *e, const char *name, sf_eval_agg *out, uint64_t *pending)
+sf_eval_delete_rc sf_evals_delete(sf_evals *e, const char *name, sf_eval_agg *out)
 {
     pthread_mutex_lock(&e->mu);
     sf_eval_agg *a = find(e, name);
     sf_eval_delete_rc rc = SF_EVAL_UNKNOWN;
+    if (a && out)
+        *out = *a;
     if (a && a->pending > 0) {
         rc = SF_EVAL_BUSY;
-        if (pending)
-            *pending = a->pending;
     } else if (a) {
         rc = SF_EVAL_DELETED;
-        if (out)
-            *out = *a;
         /* Under the lock: a batch of the same name accepted next makes a
          * new evaluation whose metrics this cannot reach. */
         if (e->hooks.forget)

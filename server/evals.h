@@ -78,17 +78,15 @@ void sf_evals_add(sf_evals *e, const char *name, uint64_t batch_samples, uint64_
 void sf_evals_add_failed(sf_evals *e, const char *name);
 /* Copies one; -1 when unknown. */
 int sf_evals_get(sf_evals *e, const char *name, sf_eval_agg *out);
-/* Batches of name accepted and not yet ended (0 when unknown). */
-uint64_t sf_evals_pending(sf_evals *e, const char *name);
-
 typedef enum sf_eval_delete_rc {
     SF_EVAL_DELETED = 0,  /* *out holds its final aggregates; the metrics are forgotten */
     SF_EVAL_UNKNOWN = -1, /* no such name */
-    SF_EVAL_BUSY = 1,     /* *pending of its batches have not ended: nothing changed */
+    SF_EVAL_BUSY = 1,     /* out->pending of its batches have not ended: nothing changed */
 } sf_eval_delete_rc;
 /* Forgets an evaluation: its aggregates, its place among max_names and
- * (the forget hook) its metrics. A name with batches pending is kept. */
-sf_eval_delete_rc sf_evals_delete(sf_evals *e, const char *name, sf_eval_agg *out, uint64_t *pending);
+ * (the forget hook) its metrics. A name with batches pending is kept. out
+ * (may be NULL) receives the aggregates as they are, deleted or kept. */
+sf_eval_delete_rc sf_evals_delete(sf_evals *e, const char *name, sf_eval_agg *out);
 /* The JSON of GET /v1/evals/{name}. */
 cJSON *sf_eval_to_json(const sf_eval_agg *a);
 /* {"evals":[...], "max_names": n} in reservation order. */

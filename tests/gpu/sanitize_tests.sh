@@ -87,7 +87,7 @@ export -f init_sort
 
 one() { # tool name program [args]
     local tool=$1 name=$2 prog=$3; shift 3
-    local log="$OUT/$tool-$name.log" t0 rc res lim="" x=""
+    local log="$OUT/$tool-$name.log" t0 rc res lim="" x="" libnote=""
     if [ "$DEADLINE" -gt 0 ]; then
         lim=$(( DEADLINE - $(date +%s) ))
         if [ "$lim" -lt 5 ]; then printf '%s\t%s\t%s\n' "$tool" "$name" "not run: no time left" >> "$OUT/rows"; return; fi
@@ -110,10 +110,11 @@ one() { # tool name program [args]
     if [ "$rc" = 99 ] && [ "$tool" = initcheck ] && ! grep -q -E '^(FAIL|=+ (Internal|Error:|Program hit))' "$log"; then
         local ours lib total
         read -r ours lib total < <(init_sort "$log")
-        [ "$ours" = 0 ] && [ "$lib" -gt 0 ] && [ "$lib" = "$total" ] && rc=0 && x="library"
+        [ "$ours" = 0 ] && [ "$lib" -gt 0 ] && [ "$lib" = "$total" ] && rc=0 &&
+            libnote=" ($lib reports inside library kernels)"
     fi
     case $rc in
-        0) res="clean"; [ "$x" = library ] && res="clean ($lib reports inside library kernels)" ;;
+        0) res="clean$libnote" ;;
         99) res="REPORTS: $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -1 | sed 's/^=* *//')" ;;
         124) res="UNFINISHED at the deadline" ;;
         *) res="TEST FAILED (exit $rc)" ;;
@@ -123,19 +124,21 @@ one() { # tool name program [args]
 }
 export -f one
 
-skipped() { case " $SKIP " in *" $1:$2 "*) return 0 ;; esac; return 1; }
+inlist() { case " $2 " in *" $1 "*) return 0 ;; esac; return 1; } # word $1 in list $2
+skipped() { inlist "$1:$2" "$SKIP"; }
+skip_row() { printf '%s\t%s\t%s\n' "$1" "$2" "skipped (GPU_SANITIZE_SKIP; SANITIZER.md says why)" >> "$OUT/rows"; }
 {
     for tool in $TOOLS; do
         for t in $TESTS; do
             if [ "$t" = test_ops ]; then
                 for op in $OPS; do
                     if skipped "$tool" "$op"; then
-                        printf '%s\t%s\t%s\n' "$tool" "test_ops.$op" "skipped (GPU_SANITIZE_SKIP; SANITIZER.md says why)" >> "$OUT/rows"
+                        skip_row "$tool" "test_ops.$op"
                         # the family's cases that run streamfeed's kernels alone still run
                         [ "$tool" = racecheck ] && printf '%s\n' "$RACE_OWN" | tr ';' '\n' | while IFS='=' read -r f k; do
                             [ "$f" = "$op" ] && echo "$tool \"test_ops.$op ($k)\" test_ops -o $op -k \"$k\""
                         done
-                    elif case " $CASE_OPS " in *" $op "*) true ;; *) false ;; esac; then
+                    elif inlist "$op" "$CASE_OPS"; then
                         # one run per case, named by its place in -l's list (a
                         # case's name holds spaces; -k matches a substring of it,
                         # quoted for xargs)
@@ -143,13 +146,13 @@ skipped() { case " $SKIP " in *" $1:$2 "*) return 0 ;; esac; return 1; }
                             '{ printf "%s test_ops.%s#%d test_ops -o %s -k \"%s\"\n", t, op, NR, op, $0 }'
                     else echo "$tool test_ops.$op test_ops -o $op"; fi
                 done
-            elif skipped "$tool" "$t"; then printf '%s\t%s\t%s\n' "$tool" "$t" "skipped (GPU_SANITIZE_SKIP; SANITIZER.md says why)" >> "$OUT/rows"
-            elif case " $SECTIONED " in *" $t "*) true ;; *) false ;; esac; then
+            elif skipped "$tool" "$t"; then skip_row "$tool" "$t"
+            elif inlist "$t" "$SECTIONED"; then
                 if [ -n "${GPU_SANITIZE_SECTIONS:-}" ]; then
                     secs=$(for ps in $GPU_SANITIZE_SECTIONS; do [ "${ps%%:*}" = "$t" ] && echo "${ps#*:}"; done)
                 else secs=$("$B/tests/gpu/$t" -l 2>/dev/null | grep -E '^[a-z0-9_]+$'); fi
                 for sec in $secs; do
-                    if skipped "$tool" "$t.$sec"; then printf '%s\t%s\t%s\n' "$tool" "$t.$sec" "skipped (GPU_SANITIZE_SKIP; SANITIZER.md says why)" >> "$OUT/rows"
+                    if skipped "$tool" "$t.$sec"; then skip_row "$tool" "$t.$sec"
                     else echo "$tool $t.$sec $t -s $sec"; fi
                 done
             else echo "$tool $t $t"; fi

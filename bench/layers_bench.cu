@@ -629,7 +629,7 @@ static int enq_cx_ln_bwd(void *v, cudaStream_t s)
 {
     cx_ctx *c = (cx_ctx *)v;
     return sf_cuda_layernorm_bwd_dt(SF_DT_BF16, c->x, c->dy, c->n, c->c, (size_t)c->hw * c->hw, SF_LAYOUT_NHWC, c->g,
-                                    c->mean, c->rstd, c->dx, c->dg, c->db, c->ln_scr, s);
+                                    c->mean, c->rstd, c->dx, 0, c->dg, c->db, c->ln_scr, s);
 }
 static int enq_cx_gelu_fwd(void *v, cudaStream_t s)
 {

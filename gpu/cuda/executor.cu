@@ -875,12 +875,17 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             break;
         case SF_L_LAYERNORM2D:
         case SF_L_LAYERNORM:
+            /* An input another layer also reads (a transformer block's
+             * residual stream) takes this gradient in the kernel's own pass
+             * (dx_add), not through gtmp and an add. */
             if (sf_cuda_layernorm_bwd_dt(dt, g_in(net, i, 0, b), o->dy, n, L->in_c, (size_t)L->in_h * L->in_w,
                                          g_lay_of(g, i),
                                          P + L->w_off, o->save,
-                                         o->save + (size_t)net->cfg.max_batch * L->in_h * L->in_w, dx,
+                                         o->save + (size_t)net->cfg.max_batch * L->in_h * L->in_w,
+                                         dx && add0 ? g_owner_dy(net, i, 0) : dx, dx && add0,
                                          net->grads + L->w_off, net->grads + L->b_off, g->scratch, s))
                 return -1;
+            add0 = 0;
             break;
         case SF_L_RELU:
             if (dx && sf_cuda_relu_bwd_dt(dt, o->y, o->dy, dx, in_len, s))

@@ -152,11 +152,12 @@ __global__ void k_ln_fwd_strided(const T *__restrict__ x, size_t pos, int c, siz
     rstd[i] = r;
 }
 
-/* dx of contiguous positions, a warp per position. */
+/* dx of contiguous positions, a warp per position; add: dx += the gradient
+ * (summed in fp32 with what dx holds, rounded once). */
 template <typename T>
 __global__ void k_ln_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, size_t rows, int c,
                              const float *__restrict__ ga, const float *__restrict__ mean,
-                             const float *__restrict__ rstd, T *__restrict__ dx)
+                             const float *__restrict__ rstd, T *__restrict__ dx, int add)
 {
     const size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
@@ -174,7 +175,8 @@ __global__ void k_ln_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, 
     mgx = group_sum(mgx, 32) / (float)c;
     for (int j = lane; j < c; j += 32) {
         const float xh = (cu_f(p[j]) - mu) * r;
-        dx[row * c + j] = cu_to<T>(r * (cu_f(d[j]) * ga[j] - mg - xh * mgx));
+        const float v = r * (cu_f(d[j]) * ga[j] - mg - xh * mgx);
+        dx[row * c + j] = cu_to<T>(add ? __fadd_rn(cu_f(dx[row * c + j]), v) : v);
     }
 }
 
@@ -185,7 +187,7 @@ template <typename T, int V, int K>
 __global__ void
     k_ln_dx_rows_vec(const T *__restrict__ x, const T *__restrict__ dy, size_t rows, int c, int L,
                      const float *__restrict__ ga, const float *__restrict__ mean, const float *__restrict__ rstd,
-                     T *__restrict__ dx)
+                     T *__restrict__ dx, int add)
 {
     const size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / (unsigned)L;
     const int j = threadIdx.x & (L - 1), cv = c / V;
@@ -218,9 +220,17 @@ __global__ void
     for (int k = 0; k < K; k++) {
         const int q = j + k * L;
         if (q < cv) {
+            float prior[V];
+            if (add)
+                cu_ld<T, V>(dx + row * c + (size_t)q * V, prior);
 #pragma unroll
-            for (int e = 0; e < V; e++)
+            for (int e = 0; e < V; e++) {
                 g[k][e] = r * (g[k][e] - mg - xh[k][e] * mgx);
+                /* not fused into the product: the sum of the gradient as
+                 * written alone, as an add pass after it would make */
+                if (add)
+                    g[k][e] = __fadd_rn(prior[e], g[k][e]);
+            }
             cu_st<T, V>(dx + row * c + (size_t)q * V, g[k]);
         }
     }
@@ -230,7 +240,7 @@ __global__ void
 template <typename T>
 __global__ void k_ln_dx_strided(const T *__restrict__ x, const T *__restrict__ dy, size_t pos, int c, size_t hw,
                                 const float *__restrict__ ga, const float *__restrict__ mean,
-                                const float *__restrict__ rstd, T *__restrict__ dx)
+                                const float *__restrict__ rstd, T *__restrict__ dx, int add)
 {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= pos)
@@ -249,7 +259,8 @@ __global__ void k_ln_dx_strided(const T *__restrict__ x, const T *__restrict__ d
     for (int j = 0; j < c; j++) {
         const size_t e = base + (size_t)j * hw;
         const float xh = (cu_f(x[e]) - mu) * r;
-        dx[e] = cu_to<T>(r * (cu_f(dy[e]) * ga[j] - mg - xh * mgx));
+        const float v = r * (cu_f(dy[e]) * ga[j] - mg - xh * mgx);
+        dx[e] = cu_to<T>(add ? __fadd_rn(cu_f(dx[e]), v) : v);
     }
 }
 
@@ -492,8 +503,8 @@ static int ln_fwd_t(const T *x, int n, int c, size_t hw, sf_layout lay, const fl
 
 template <typename T>
 static int ln_bwd_t(const T *x, const T *dy, int n, int c, size_t hw, sf_layout lay, const float *ga,
-                    const float *mean, const float *rstd, T *dx, float *dgamma, float *dbeta, void *scratch,
-                    cudaStream_t s)
+                    const float *mean, const float *rstd, T *dx, int dx_add, float *dgamma, float *dbeta,
+                    void *scratch, cudaStream_t s)
 {
     constexpr int V = 16 / sizeof(T);
     const size_t pos = (size_t)n * hw;
@@ -501,12 +512,13 @@ static int ln_bwd_t(const T *x, const T *dy, int n, int c, size_t hw, sf_layout 
     const ln_vec_shape vs = ln_vec_pick<T>(c);
     if (dx) {
         if (strided) {
-            k_ln_dx_strided<T><<<cu_blocks(pos, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, hw, ga, mean, rstd, dx);
+            k_ln_dx_strided<T><<<cu_blocks(pos, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, hw, ga, mean, rstd, dx,
+                                                                          dx_add);
         } else if (vs.L && cu_al16(x) && cu_al16(dy) && cu_al16(dx) && cu_al16(ga)) {
             const unsigned grid = cu_blocks(pos * vs.L, CU_TPB);
-            LN_VEC_SWITCH(k_ln_dx_rows_vec, vs.K, grid, x, dy, pos, c, vs.L, ga, mean, rstd, dx);
+            LN_VEC_SWITCH(k_ln_dx_rows_vec, vs.K, grid, x, dy, pos, c, vs.L, ga, mean, rstd, dx, dx_add);
         } else
-            k_ln_dx_rows<T><<<cu_blocks(pos * 32, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, ga, mean, rstd, dx);
+            k_ln_dx_rows<T><<<cu_blocks(pos * 32, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, ga, mean, rstd, dx, dx_add);
         SF_CUDA_CHECK_LAUNCH();
     }
     float *part_g = (float *)scratch, *part_b = part_g + (size_t)chunks * c;
@@ -541,14 +553,15 @@ extern "C" int sf_cuda_layernorm_fwd_dt(sf_dtype dt, const void *x, int n, int c
 
 extern "C" int sf_cuda_layernorm_bwd_dt(sf_dtype dt, const void *x, const void *dy, int n, int c, size_t hw,
                                         sf_layout lay, const float *gamma, const float *mean, const float *rstd,
-                                        void *dx, float *dgamma, float *dbeta, void *scratch, cudaStream_t s)
+                                        void *dx, int dx_add, float *dgamma, float *dbeta, void *scratch,
+                                        cudaStream_t s)
 {
     const char *fn = "sf_cuda_layernorm_bwd_dt";
     if (cu_dt_bad(fn, dt) || ln_check(fn, n, c, hw))
         return -1;
     if (dt == SF_DT_BF16)
         return ln_bwd_t<cu_bf16>((const cu_bf16 *)x, (const cu_bf16 *)dy, n, c, hw, lay, gamma, mean, rstd,
-                                 (cu_bf16 *)dx, dgamma, dbeta, scratch, s);
-    return ln_bwd_t<float>((const float *)x, (const float *)dy, n, c, hw, lay, gamma, mean, rstd, (float *)dx, dgamma,
-                           dbeta, scratch, s);
+                                 (cu_bf16 *)dx, dx_add, dgamma, dbeta, scratch, s);
+    return ln_bwd_t<float>((const float *)x, (const float *)dy, n, c, hw, lay, gamma, mean, rstd, (float *)dx, dx_add,
+                           dgamma, dbeta, scratch, s);
 }

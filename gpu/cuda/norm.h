@@ -30,12 +30,15 @@ size_t sf_cuda_layernorm_scratch_bytes(int n, int c, size_t hw, sf_layout lay);
 
 /* dx = rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)) with g = dy * gamma
  * and xhat = (x - mean) * rstd from the saved statistics; dx may be NULL (no
- * input gradient wanted). dgamma[c] = sum dy * xhat and dbeta[c] = sum dy over
+ * input gradient wanted). dx_add: dx += that instead, summed in fp32 with
+ * what dx holds and rounded once, so that an input another layer also reads
+ * (a transformer's residual stream) takes this gradient in the same pass
+ * rather than through a scratch buffer and an add. dgamma[c] = sum dy * xhat and dbeta[c] = sum dy over
  * the positions, written (not added) in fp32, reduced in a fixed order through
  * scratch (sf_cuda_layernorm_scratch_bytes). */
 int sf_cuda_layernorm_bwd_dt(sf_dtype dt, const void *x, const void *dy, int n, int c, size_t hw, sf_layout lay,
-                             const float *gamma, const float *mean, const float *rstd, void *dx, float *dgamma,
-                             float *dbeta, void *scratch, cudaStream_t s);
+                             const float *gamma, const float *mean, const float *rstd, void *dx, int dx_add,
+                             float *dgamma, float *dbeta, void *scratch, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -156,6 +156,13 @@ std::vector<op_case> op_cases()
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 1536, 1, 1}, {1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {4, 96, 64, 72}, {1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 1}, 1e-5, tp, {1e-6f}));
+            /* dx added to what it holds (a residual stream's gradient): each
+             * dx kernel (vector rows, strided NCHW maps, scalar rows when
+             * misaligned or past the registers) */
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {5, 768, 1, 1}, {1, 0, 1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 0, 1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 1, 1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 1536, 1, 1}, {1, 0, 1}, 1e-5, tp, {1e-6f}));
         }
 
     /* layout: the batched transpose at a square-tile and a ragged shape */

@@ -14,7 +14,8 @@
 #include "gpu/cuda/norm.h"
 
 /* shape {n, c, h, w}; p {dx wanted, x, y, dy and dx one element off 16-byte
- * alignment (absent: aligned)}; f {eps}. fp32: y, dx, the saved mean
+ * alignment (absent: aligned), dx added to what it holds (dx_add; absent:
+ * written)}; f {eps}. fp32: y, dx, the saved mean
  * and rstd within tol, dweight and dbias within tol_param; bf16 (inputs
  * rounded, so the reference sees the same values): y and dx by check_dt (half
  * a bf16 ulp), the fp32 weight gradients within tol_param. */
@@ -25,10 +26,11 @@ void cmp_layernorm(const op_case &k, const op_env &e)
     const sf_layout lay = k.lay;
     const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3], want_dx = k.p[0];
     const int mis = k.p.size() > 1 ? k.p[1] : 0;
+    const int add = k.p.size() > 2 ? k.p[2] : 0;
     const float eps = k.f[0];
     char nm[200], sub[260];
-    snprintf(nm, sizeof nm, "layernorm%s %s n%d c%d %dx%d eps %g %s%s%s", h * w > 1 ? "2d" : "", dtname(dt), n, c, h,
-             w, eps, lname(lay), want_dx ? "" : " no dx", mis ? " misaligned" : "");
+    snprintf(nm, sizeof nm, "layernorm%s %s n%d c%d %dx%d eps %g %s%s%s%s", h * w > 1 ? "2d" : "", dtname(dt), n, c,
+             h, w, eps, lname(lay), want_dx ? "" : " no dx", mis ? " misaligned" : "", add ? " dx added" : "");
     const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, pos = (size_t)n * hw;
     std::vector<float> x(nx), dy(nx), ga(c), be(c);
     rand_fill_dt(x, dt, 2.f, 0.5f);
@@ -39,6 +41,13 @@ void cmp_layernorm(const op_case &k, const op_env &e)
     sf_ref_layernorm_fwd_f64(xd.data(), n, c, hw, gd.data(), bd.data(), (double)eps, yr.data());
     sf_ref_layernorm_bwd_f64(xd.data(), n, c, hw, gd.data(), (double)eps, dyd.data(), dxr.data(), dgr.data(),
                              dbr.data());
+    /* dx_add: what dx held before (as its dtype holds it), plus the gradient */
+    std::vector<float> prior(nx);
+    if (add) {
+        rand_fill_dt(prior, dt, 1.f);
+        for (size_t i = 0; i < nx; i++)
+            dxr[i] += prior[i];
+    }
     std::vector<double> mr(pos), rr(pos);
     for (int ni = 0; ni < n; ni++)
         for (size_t p = 0; p < hw; p++) {
@@ -64,15 +73,18 @@ void cmp_layernorm(const op_case &k, const op_env &e)
     up(dga, ga);
     up(dbe, be);
     poison_dt(by);
-    poison_dt(bdx);
+    if (add)
+        up_dt(bdx, nhwc ? to_nhwc(prior, n, c, h, w) : prior);
+    else
+        poison_dt(bdx);
     poison_f(dm, pos);
     poison_f(dr, pos);
     poison_f(ddg, c);
     poison_f(ddb, c);
     int rc = sf_cuda_layernorm_fwd_dt(dt, bx.p, n, c, hw, lay, dga, dbe, eps, by.p, dm, dr, s);
     if (!rc)
-        rc = sf_cuda_layernorm_bwd_dt(dt, bx.p, bdy.p, n, c, hw, lay, dga, dm, dr, want_dx ? bdx.p : NULL, ddg, ddb,
-                                      scr, s);
+        rc = sf_cuda_layernorm_bwd_dt(dt, bx.p, bdy.p, n, c, hw, lay, dga, dm, dr, want_dx ? bdx.p : NULL, add, ddg,
+                                      ddb, scr, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());

@@ -3,6 +3,7 @@
  * of the table shares. */
 #include "gpu/layers.h"
 
+#include <float.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -63,6 +64,14 @@ static const sf_layer_field adaptive_fields[] = {
 static const sf_layer_field ln_fields[] = {F_EPS(0), F_END};
 static const sf_layer_field gelu_fields[] = {
     {"approximate", SF_FT_ENUM, OFF(approximate), 0, 1, 0, 0, gelu_choices, "\"none\" (erf) or \"tanh\""},
+    F_END,
+};
+/* PyTorch bounds the slope of nn.LeakyReLU by nothing (a negative one or one
+ * above 1 is a different function, and users train them); the float range
+ * keeps the value finite once stored. */
+static const sf_layer_field leaky_relu_fields[] = {
+    {"negative_slope", SF_FT_FLOAT, OFF(negative_slope), -FLT_MAX, FLT_MAX, 0.01, 0, NULL,
+     "the slope for x <= 0"},
     F_END,
 };
 static const sf_layer_field dropout_fields[] = {
@@ -644,6 +653,9 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     ACT(SF_L_HARDSWISH, "hardswish", "nn.Hardswish", no_fields, 0, "x * relu6(x + 3) / 6"),
     ACT(SF_L_HARDSIGMOID, "hardsigmoid", "nn.Hardsigmoid", no_fields, 0, "relu6(x + 3) / 6"),
     ACT(SF_L_GELU, "gelu", "nn.GELU", gelu_fields, 1, "x * Phi(x), exact (erf) or the tanh approximation"),
+    ACT(SF_L_TANH, "tanh", "nn.Tanh", no_fields, 0, "tanh(x)"),
+    ACT(SF_L_LEAKY_RELU, "leaky_relu", "nn.LeakyReLU", leaky_relu_fields, 0,
+        "x for x > 0, else negative_slope * x (the gradient at 0 is negative_slope, as PyTorch's)"),
 #undef ACT
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
@@ -897,6 +909,10 @@ static void md_bounds(FILE *out, const sf_layer_field *f)
             fprintf(out, "%s`\"%s\"`", c ? ", " : "", f->choices[c]);
         break;
     case SF_FT_FLOAT:
+        if (f->lo == -FLT_MAX && f->hi == FLT_MAX) {
+            fprintf(out, "any finite number");
+            break;
+        }
         fprintf(out, "%c%g, %g%c", (f->flags & SF_FF_LO_OPEN) ? '(' : '[', f->lo, f->hi,
                 (f->flags & SF_FF_HI_OPEN) ? ')' : ']');
         break;

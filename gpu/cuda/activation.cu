@@ -1,5 +1,6 @@
 /* gpu/cuda/activation.cu — kernels first, then launchers: ReLU6, sigmoid,
- * SiLU, hardswish, hardsigmoid and GELU (erf, tanh), forward and backward,
+ * SiLU, hardswish, hardsigmoid, GELU (erf, tanh), tanh and leaky ReLU,
+ * forward and backward,
  * on fp32 or bf16 data: the elementwise kernel k_ew (kernel_common.cuh) with
  * each activation as its element function. Contracts in
  * activation.h; the formulas are gpu/ref/activation.c's. */
@@ -15,7 +16,8 @@ extern "C" {
 static_assert((int)SF_CUDA_ACT_RELU6 == SF_ACT_RELU6 && (int)SF_CUDA_ACT_SIGMOID == SF_ACT_SIGMOID &&
                   (int)SF_CUDA_ACT_SILU == SF_ACT_SILU && (int)SF_CUDA_ACT_HARDSWISH == SF_ACT_HARDSWISH &&
                   (int)SF_CUDA_ACT_HARDSIGMOID == SF_ACT_HARDSIGMOID && (int)SF_CUDA_ACT_GELU == SF_ACT_GELU &&
-                  (int)SF_CUDA_ACT_GELU_TANH == SF_ACT_GELU_TANH,
+                  (int)SF_CUDA_ACT_GELU_TANH == SF_ACT_GELU_TANH && (int)SF_CUDA_ACT_TANH == SF_ACT_TANH &&
+                  (int)SF_CUDA_ACT_LEAKY_RELU == SF_ACT_LEAKY_RELU,
               "the activation codes are the reference's");
 
 /* ======================================================================== */
@@ -26,12 +28,15 @@ static_assert((int)SF_CUDA_ACT_RELU6 == SF_ACT_RELU6 && (int)SF_CUDA_ACT_SIGMOID
  * compile-time choice, so that k_ew's loop is straight-line code (a switch on
  * a run-time code per element kept the erf GELU's loop from being scheduled
  * across elements, and k_ew keeps CU_UNROLL vectors' loads in flight to cover
- * the erf's arithmetic). Forward: f(x); backward (a = x, b = dy): dy * f'(x). */
+ * the erf's arithmetic). Forward: f(x); backward (a = x, b = dy): dy * f'(x).
+ * The slope (leaky ReLU's) travels in the functor, a kernel argument. */
 template <int ACT> struct op_act_fwd {
-    __device__ __forceinline__ float operator()(float x, float) const { return act_f_t<ACT>(x); }
+    float slope;
+    __device__ __forceinline__ float operator()(float x, float) const { return act_f_t<ACT>(x, slope); }
 };
 template <int ACT> struct op_act_bwd {
-    __device__ __forceinline__ float operator()(float x, float d) const { return d * act_d_t<ACT>(x); }
+    float slope;
+    __device__ __forceinline__ float operator()(float x, float d) const { return d * act_d_t<ACT>(x, slope); }
 };
 
 /* ======================================================================== */
@@ -39,52 +44,55 @@ template <int ACT> struct op_act_bwd {
 /* ======================================================================== */
 
 template <typename T, bool BWD, int ACT>
-static int act_launch_t(const T *x, const T *dy, T *y, size_t len, cudaStream_t s)
+static int act_launch_t(float slope, const T *x, const T *dy, T *y, size_t len, cudaStream_t s)
 {
     if constexpr (BWD)
-        return cu_ew_launch<T, 2>(x, dy, y, len, op_act_bwd<ACT>(), s);
+        return cu_ew_launch<T, 2>(x, dy, y, len, op_act_bwd<ACT>{slope}, s);
     else
-        return cu_ew_launch<T, 1>(x, (const T *)NULL, y, len, op_act_fwd<ACT>(), s);
+        return cu_ew_launch<T, 1>(x, (const T *)NULL, y, len, op_act_fwd<ACT>{slope}, s);
 }
 
 /* One kernel per activation: the run-time code picks the instance once here. */
 template <typename T, bool BWD>
-static int act_launch(int act, const void *x, const void *dy, void *y, size_t len, cudaStream_t s)
+static int act_launch(int act, float slope, const void *x, const void *dy, void *y, size_t len, cudaStream_t s)
 {
     const T *xp = (const T *)x, *dp = (const T *)dy;
     T *yp = (T *)y;
     switch (act) {
-    case SF_CUDA_ACT_RELU6: return act_launch_t<T, BWD, SF_CUDA_ACT_RELU6>(xp, dp, yp, len, s);
-    case SF_CUDA_ACT_SIGMOID: return act_launch_t<T, BWD, SF_CUDA_ACT_SIGMOID>(xp, dp, yp, len, s);
-    case SF_CUDA_ACT_SILU: return act_launch_t<T, BWD, SF_CUDA_ACT_SILU>(xp, dp, yp, len, s);
-    case SF_CUDA_ACT_HARDSWISH: return act_launch_t<T, BWD, SF_CUDA_ACT_HARDSWISH>(xp, dp, yp, len, s);
-    case SF_CUDA_ACT_HARDSIGMOID: return act_launch_t<T, BWD, SF_CUDA_ACT_HARDSIGMOID>(xp, dp, yp, len, s);
-    case SF_CUDA_ACT_GELU_TANH: return act_launch_t<T, BWD, SF_CUDA_ACT_GELU_TANH>(xp, dp, yp, len, s);
-    default: return act_launch_t<T, BWD, SF_CUDA_ACT_GELU>(xp, dp, yp, len, s);
+    case SF_CUDA_ACT_RELU6: return act_launch_t<T, BWD, SF_CUDA_ACT_RELU6>(slope, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_SIGMOID: return act_launch_t<T, BWD, SF_CUDA_ACT_SIGMOID>(slope, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_SILU: return act_launch_t<T, BWD, SF_CUDA_ACT_SILU>(slope, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_HARDSWISH: return act_launch_t<T, BWD, SF_CUDA_ACT_HARDSWISH>(slope, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_HARDSIGMOID: return act_launch_t<T, BWD, SF_CUDA_ACT_HARDSIGMOID>(slope, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_GELU_TANH: return act_launch_t<T, BWD, SF_CUDA_ACT_GELU_TANH>(slope, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_TANH: return act_launch_t<T, BWD, SF_CUDA_ACT_TANH>(slope, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_LEAKY_RELU: return act_launch_t<T, BWD, SF_CUDA_ACT_LEAKY_RELU>(slope, xp, dp, yp, len, s);
+    default: return act_launch_t<T, BWD, SF_CUDA_ACT_GELU>(slope, xp, dp, yp, len, s);
     }
 }
 
 static int act_bad(const char *fn, sf_cuda_act act)
 {
-    if ((int)act >= 0 && act <= SF_CUDA_ACT_GELU_TANH)
+    if ((int)act >= 0 && act <= SF_CUDA_ACT_LEAKY_RELU)
         return 0;
     sf_cuda_set_error("%s:%d: %s: unknown activation %d", __FILE__, __LINE__, fn, (int)act);
     return 1;
 }
 
-extern "C" int sf_cuda_act_fwd_dt(sf_dtype dt, sf_cuda_act act, const void *x, void *y, size_t len, cudaStream_t s)
+extern "C" int sf_cuda_act_fwd_dt(sf_dtype dt, sf_cuda_act act, float slope, const void *x, void *y, size_t len,
+                                  cudaStream_t s)
 {
     if (cu_dt_bad("sf_cuda_act_fwd_dt", dt) || act_bad("sf_cuda_act_fwd_dt", act))
         return -1;
-    return dt == SF_DT_BF16 ? act_launch<cu_bf16, false>(act, x, NULL, y, len, s)
-                            : act_launch<float, false>(act, x, NULL, y, len, s);
+    return dt == SF_DT_BF16 ? act_launch<cu_bf16, false>(act, slope, x, NULL, y, len, s)
+                            : act_launch<float, false>(act, slope, x, NULL, y, len, s);
 }
 
-extern "C" int sf_cuda_act_bwd_dt(sf_dtype dt, sf_cuda_act act, const void *x, const void *dy, void *dx, size_t len,
-                                  cudaStream_t s)
+extern "C" int sf_cuda_act_bwd_dt(sf_dtype dt, sf_cuda_act act, float slope, const void *x, const void *dy, void *dx,
+                                  size_t len, cudaStream_t s)
 {
     if (cu_dt_bad("sf_cuda_act_bwd_dt", dt) || act_bad("sf_cuda_act_bwd_dt", act))
         return -1;
-    return dt == SF_DT_BF16 ? act_launch<cu_bf16, true>(act, x, dy, dx, len, s)
-                            : act_launch<float, true>(act, x, dy, dx, len, s);
+    return dt == SF_DT_BF16 ? act_launch<cu_bf16, true>(act, slope, x, dy, dx, len, s)
+                            : act_launch<float, true>(act, slope, x, dy, dx, len, s);
 }

@@ -813,7 +813,10 @@ template <class F> static void bn_with_act(int act, F f)
         f(std::integral_constant<int, SF_BN_ACT(SF_CUDA_ACT_HARDSIGMOID)>());
         break;
     case SF_BN_ACT(SF_CUDA_ACT_GELU): f(std::integral_constant<int, SF_BN_ACT(SF_CUDA_ACT_GELU)>()); break;
-    default: f(std::integral_constant<int, SF_BN_ACT(SF_CUDA_ACT_GELU_TANH)>()); break;
+    case SF_BN_ACT(SF_CUDA_ACT_GELU_TANH):
+        f(std::integral_constant<int, SF_BN_ACT(SF_CUDA_ACT_GELU_TANH)>());
+        break;
+    default: f(std::integral_constant<int, SF_BN_ACT(SF_CUDA_ACT_TANH)>()); break;
     }
 }
 
@@ -1011,7 +1014,7 @@ static int bn_apply_t(const bn_plan &p, const T *x, int c, const float *mean, co
     constexpr bool BF = sizeof(T) == 2;
     constexpr int VEC = 16 / sizeof(T);
     const size_t len = (size_t)c * p.E;
-    if (act < 0 || act > SF_BN_ACT(SF_CUDA_ACT_GELU_TANH)) {
+    if (act < 0 || act > SF_BN_ACT_LAST) {
         sf_cuda_set_error("%s:%d: batchnorm: act %d is no fused activation", __FILE__, __LINE__, act);
         return -1;
     }
@@ -1252,7 +1255,7 @@ extern "C" int sf_cuda_bn_bwd_act_dt(sf_dtype dt, const void *x, int n, int c, i
     const char *fn = "sf_cuda_bn_bwd_act_dt";
     if (cu_dt_bad(fn, dt))
         return -1;
-    if (act < SF_BN_RELU || act > SF_BN_ACT(SF_CUDA_ACT_GELU_TANH)) {
+    if (act < SF_BN_RELU || act > SF_BN_ACT_LAST) {
         sf_cuda_set_error("%s:%d: %s: act %d is no fused activation", __FILE__, __LINE__, fn, act);
         return -1;
     }

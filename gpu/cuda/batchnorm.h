@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpu/cuda/activation.h"
 #include "gpu/cuda/tensor.h"
 
 #ifdef __cplusplus
@@ -23,8 +24,9 @@ extern "C" {
  * n*h*w must exceed 1, as PyTorch requires in training). act: the
  * activation applied to the normalised value in the same pass (a batchnorm
  * followed by it, fused): 0 none, SF_BN_RELU, or SF_BN_ACT(a) for an
- * activation a of activation.h; the backward of an activation other than
- * ReLU is sf_cuda_bn_bwd_act_dt's.
+ * activation a of activation.h up to SF_BN_ACT_LAST (leaky ReLU, whose
+ * slope these calls do not carry, is not fused); the backward of an
+ * activation other than ReLU is sf_cuda_bn_bwd_act_dt's.
  * Eval forward: normalise with the running statistics.
  * Backward of training mode: dx, dgamma, dbeta; when y (the fused ReLU output)
  * is non-NULL the ReLU backward is applied to dy on the fly (dy is not written).
@@ -36,6 +38,7 @@ extern "C" {
 #define SF_BN_RELU 1
 #define SF_BN_ACT_BASE 2
 #define SF_BN_ACT(a) (SF_BN_ACT_BASE + (int)(a))
+#define SF_BN_ACT_LAST SF_BN_ACT(SF_CUDA_ACT_TANH)
 size_t sf_cuda_bn_scratch_bytes(int n, int c, int h, int w, sf_layout lay);
 int sf_cuda_bn_fwd_train(const float *x, int n, int c, int h, int w, sf_layout lay, const float *gamma,
                          const float *beta, float eps, float momentum, float *running_mean,

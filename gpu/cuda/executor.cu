@@ -452,7 +452,9 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
         case SF_L_HARDSWISH:
         case SF_L_HARDSIGMOID:
         case SF_L_GELU:
-            if (sf_cuda_act_fwd_dt(dt, g_act_kind(L), x, o->y, (size_t)n * L->out_elems, s))
+        case SF_L_TANH:
+        case SF_L_LEAKY_RELU:
+            if (sf_cuda_act_fwd_dt(dt, g_act_kind(L), L->negative_slope, x, o->y, (size_t)n * L->out_elems, s))
                 return -1;
             break;
         case SF_L_MUL:
@@ -930,7 +932,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
         case SF_L_HARDSWISH:
         case SF_L_HARDSIGMOID:
         case SF_L_GELU:
-            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), g_in(net, i, 0, b), o->dy, dx, in_len, s))
+        case SF_L_TANH:
+        case SF_L_LEAKY_RELU:
+            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), L->negative_slope, g_in(net, i, 0, b), o->dy, dx, in_len,
+                                         s))
                 return -1;
             break;
         case SF_L_MUL:

@@ -249,6 +249,7 @@ struct gen_net {
     size_t att_s_floats, att_do_bytes, att_dqkv_bytes;
     int n_attn, n_sdpa;              /* attention layers; of them, on cuDNN's fused attention */
     int n_wal;                       /* convs on aligned weight copies (gop.wal_w) */
+    int n_bn_leaky;                  /* batchnorms followed by a leaky_relu, left unfused (no slope there) */
     char sdpa_why[160];              /* why the others are not ("" when all are) */
     gshape *shapes[SF_NET_MAX_SHAPES];
     int n_shapes;
@@ -262,7 +263,7 @@ static inline int g_src(const sf_model *m, int i, int j) { return sf_layer_input
 static inline int g_is_act(int kind)
 {
     return kind == SF_L_RELU6 || kind == SF_L_SIGMOID || kind == SF_L_SILU || kind == SF_L_HARDSWISH ||
-           kind == SF_L_HARDSIGMOID || kind == SF_L_GELU;
+           kind == SF_L_HARDSIGMOID || kind == SF_L_GELU || kind == SF_L_TANH || kind == SF_L_LEAKY_RELU;
 }
 
 /* The activation an activation layer computes (activation.h). */
@@ -274,6 +275,8 @@ static inline sf_cuda_act g_act_kind(const sf_layer *L)
     case SF_L_SILU: return SF_CUDA_ACT_SILU;
     case SF_L_HARDSWISH: return SF_CUDA_ACT_HARDSWISH;
     case SF_L_HARDSIGMOID: return SF_CUDA_ACT_HARDSIGMOID;
+    case SF_L_TANH: return SF_CUDA_ACT_TANH;
+    case SF_L_LEAKY_RELU: return SF_CUDA_ACT_LEAKY_RELU;
     default: return L->approximate ? SF_CUDA_ACT_GELU_TANH : SF_CUDA_ACT_GELU;
     }
 }

@@ -80,6 +80,8 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_HARDSWISH:
     case SF_L_HARDSIGMOID:
     case SF_L_GELU:
+    case SF_L_TANH:
+    case SF_L_LEAKY_RELU:
     case SF_L_MUL:
     case SF_L_LAYER_SCALE:
     case SF_L_LAYERNORM2D:
@@ -344,13 +346,20 @@ static void g_choose_fusions(sf_cuda_net *net)
      * written nor kept for the activation's backward, and the activation's
      * two passes go. Only where that backward runs (the bf16 NHWC row
      * kernels: where the batchnorm's backward does not read y), and not
-     * under SyncBatchNorm, whose backward knows a ReLU's mask only. */
+     * under SyncBatchNorm, whose backward knows a ReLU's mask only. Leaky
+     * ReLU stays a layer of its own: the batchnorm kernels take an
+     * activation code, not its slope (the plan text counts these). */
+    g->n_bn_leaky = 0;
     for (int i = 0; fuse_on && !net->cfg.no_bn_fuse && !net->cfg.stat_reduce && i + 1 < g->nl; i++) {
         const sf_layer *L = &m->layers[i], *R = &m->layers[i + 1];
         if (L->kind != SF_L_BATCHNORM2D || !g_is_act(R->kind) || g->op[i + 1].src[0] != i || readers[i] != 1 ||
             g->op[i].fused || g->op[i].relu || g->op[i].frozen || g->op[i + 1].frozen || i + 1 == g->nl - 1 ||
             sf_cuda_bn_bwd_reads_y(g->dt, g->lay, L->out_ch))
             continue;
+        if (R->kind == SF_L_LEAKY_RELU) {
+            g->n_bn_leaky++;
+            continue;
+        }
         g->op[i].bn_act = SF_BN_ACT(g_act_kind(R));
         g->op[i + 1].fused = 1;
     }

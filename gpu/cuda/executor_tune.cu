@@ -544,11 +544,15 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
                 nact += g->op[i].bn_act != 0;
                 nrelu += g->op[i].relu;
             }
-        int w = nact + nrelu ? snprintf(buf + at, len - at,
-                                        "batchnorm: %d followed by ReLU and %d by another activation apply it in "
-                                        "their own pass (fused)\n",
-                                        nrelu, nact)
-                             : 0;
+        char leaky[96] = "";
+        if (g->n_bn_leaky)
+            snprintf(leaky, sizeof leaky, "; %d followed by leaky_relu run it apart (the fused kernels carry no slope)",
+                     g->n_bn_leaky);
+        int w = nact + nrelu + g->n_bn_leaky ? snprintf(buf + at, len - at,
+                                                        "batchnorm: %d followed by ReLU and %d by another activation "
+                                                        "apply it in their own pass (fused)%s\n",
+                                                        nrelu, nact, leaky)
+                                             : 0;
         if (w > 0)
             at += (size_t)w;
     }

@@ -224,13 +224,14 @@ void sf_ref_stochastic_depth_fwd_f64(const double *x, int n, size_t elems, float
 
 /* ---- activations ---------------------------------------------------------------- */
 /* Elementwise activations without parameters; the backward takes the
- * forward's input x: dx = dy * f'(x) with PyTorch's choices at the kinks. */
+ * forward's input x: dx = dy * f'(x) with PyTorch's choices at the kinks.
+ * slope is leaky_relu's negative_slope; the other activations ignore it. */
 enum { SF_ACT_RELU6 = 0, SF_ACT_SIGMOID, SF_ACT_SILU, SF_ACT_HARDSWISH, SF_ACT_HARDSIGMOID, SF_ACT_GELU,
-       SF_ACT_GELU_TANH };
-void sf_ref_act_fwd(int act, const float *x, size_t len, float *y);
-void sf_ref_act_fwd_f64(int act, const double *x, size_t len, double *y);
-void sf_ref_act_bwd(int act, const float *x, const float *dy, size_t len, float *dx);
-void sf_ref_act_bwd_f64(int act, const double *x, const double *dy, size_t len, double *dx);
+       SF_ACT_GELU_TANH, SF_ACT_TANH, SF_ACT_LEAKY_RELU };
+void sf_ref_act_fwd(int act, float slope, const float *x, size_t len, float *y);
+void sf_ref_act_fwd_f64(int act, float slope, const double *x, size_t len, double *y);
+void sf_ref_act_bwd(int act, float slope, const float *x, const float *dy, size_t len, float *dx);
+void sf_ref_act_bwd_f64(int act, float slope, const double *x, const double *dy, size_t len, double *dx);
 
 /* ---- token sequences (tokens.c) ------------------------------------------------ */
 /* A token sequence is [n, t, c], token-major. */

@@ -60,6 +60,10 @@ def run_spec(spec, tensors, x):
                  "hardsigmoid": F.hardsigmoid, "sigmoid": torch.sigmoid}[t](a[0])
         elif t == "gelu":
             y = F.gelu(a[0], approximate=layer.get("approximate", "none"))
+        elif t == "tanh":
+            y = torch.tanh(a[0])
+        elif t == "leaky_relu":
+            y = F.leaky_relu(a[0], layer["negative_slope"])
         elif t == "maxpool2d":
             y = F.max_pool2d(a[0], layer["k"], layer.get("stride", layer["k"]), layer.get("pad", 0),
                              ceil_mode=layer.get("ceil_mode", False))
@@ -331,6 +335,39 @@ def test_a_hand_written_forward_exports_its_functional_ops():
     bn = ex.spec["layers"][5]
     assert bn["eps"] == 1e-3 and bn["momentum"] == 0.01
     assert ex.spec["layers"][6]["dilation"] == 2 and ex.spec["layers"][6]["groups"] == 4
+
+
+class LeakyTanh(nn.Module):
+    """nn.LeakyReLU and nn.Tanh, and every functional spelling of the two."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.act = nn.LeakyReLU(0.2, inplace=True)
+        self.up = nn.ConvTranspose2d(4, 4, 2, stride=2)
+        self.out = nn.Tanh()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.out(self.up(self.act(self.conv(x))))
+        y = F.leaky_relu(y, 1.5) + F.leaky_relu(y, negative_slope=-0.5) + F.leaky_relu(y)
+        y = torch.tanh(y) + y.tanh() + F.tanh(y)
+        return self.fc(y.mean((2, 3)))
+
+
+def test_leaky_relu_and_tanh_export_in_every_spelling_with_their_slopes():
+    ex = assert_spec_computes_the_module(LeakyTanh(), hw=8)
+    layers = ex.spec["layers"]
+    assert [la.get("negative_slope") for la in layers if la["type"] == "leaky_relu"] == [0.2, 1.5, -0.5, 0.01]
+    assert [la["name"] for la in layers if la["type"] == "tanh"][0] == "out"
+    assert sum(la["type"] == "tanh" for la in layers) == 4
+
+
+@pytest.mark.parametrize("slope", [float("inf"), float("nan")])
+def test_a_slope_the_service_cannot_hold_is_refused(slope):
+    with pytest.raises(ExportError) as e:
+        convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.LeakyReLU(slope)), (1, 3, 8, 8))
+    assert "negative_slope" in str(e.value) and e.value.module_path == "1"
 
 
 # ---- refusals -----------------------------------------------------------------------------

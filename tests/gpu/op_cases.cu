@@ -14,6 +14,7 @@ extern "C" {
 }
 
 #include "gpu/cuda/activation.h"
+#include "gpu/cuda/batchnorm.h"
 #include "gpu/cuda/conv.h"
 
 static const sf_dtype k_dtypes[] = {SF_DT_F32, SF_DT_BF16};
@@ -64,7 +65,8 @@ static op_case row(const char *op, const char *check, op_compare run, sf_dtype d
     return op_case{op, check, run, dt, 1, lay, shape, p, f, tol, tol_param, tol_aux};
 }
 
-static const char *const ACT_CHECKS[] = {"relu6", "sigmoid", "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh"};
+static const char *const ACT_CHECKS[] = {"relu6", "sigmoid",   "silu", "hardswish", "hardsigmoid",
+                                         "gelu",  "gelu_tanh", "tanh", "leaky_relu"};
 
 std::vector<op_case> op_cases()
 {
@@ -77,11 +79,20 @@ std::vector<op_case> op_cases()
      * and the vector tail all run; elementwise, so one run covers both
      * layouts */
     for (const sf_dtype dt : k_dtypes) {
-        for (int act = 0; act <= SF_CUDA_ACT_GELU_TANH; act++) {
-            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {3 * 3 * 7 * 5}, {act, 0, 0}, 1e-5));
-            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {4099}, {act, 1, 0}, 1e-5));
-            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {1 << 16}, {act, 0, 1}, 1e-5));
-            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {9000003}, {act, 0, 0}, 1e-5));
+        for (int act = 0; act <= SF_CUDA_ACT_LEAKY_RELU; act++) {
+            /* leaky ReLU at PyTorch's default, a GAN's 0.2, a negative slope
+             * and one above 1 (PyTorch bounds it by nothing) */
+            const std::vector<float> slopes =
+                act == SF_CUDA_ACT_LEAKY_RELU ? std::vector<float>{0.01f, 0.2f, -0.5f, 1.5f} : std::vector<float>{0.f};
+            for (const float sl : slopes) {
+                const std::vector<float> f = act == SF_CUDA_ACT_LEAKY_RELU ? std::vector<float>{sl} : std::vector<float>{};
+                t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {3 * 3 * 7 * 5}, {act, 0, 0}, 1e-5,
+                                0, f));
+                t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {4099}, {act, 1, 0}, 1e-5, 0, f));
+                t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {1 << 16}, {act, 0, 1}, 1e-5, 0, f));
+            }
+            t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {9000003}, {act, 0, 0}, 1e-5, 0,
+                            act == SF_CUDA_ACT_LEAKY_RELU ? std::vector<float>{0.2f} : std::vector<float>{}));
         }
         t.push_back(row("activation", "nan", cmp_activation_nan, dt, {}, {}, 0));
     }
@@ -682,8 +693,9 @@ std::vector<op_case> op_cases()
     /* another activation fused (bf16 NHWC, the row kernels): every
      * activation of activation.h at EfficientNet's 96-channel expansion
      * shape scaled down, and ReLU6 and hardswish also at a many-chunk one;
-     * then the refusals where the row kernels do not run */
-    for (int a = SF_CUDA_ACT_RELU6; a <= SF_CUDA_ACT_GELU_TANH; a++)
+     * then the refusals where the row kernels do not run (leaky ReLU, whose
+     * slope the fused kernels do not carry, among them) */
+    for (int a = SF_CUDA_ACT_RELU6; a <= SF_BN_ACT_LAST - SF_BN_ACT_BASE; a++)
         t.push_back(row("batchnorm", "bn_act", cmp_bn_act, SF_DT_BF16, SF_LAYOUT_NHWC, {2, 96, 14, 14}, {a}, 1e-4,
                         1e-3, {}, 1e-5));
     for (const int a : {(int)SF_CUDA_ACT_RELU6, (int)SF_CUDA_ACT_HARDSWISH, (int)SF_CUDA_ACT_SILU})

@@ -354,13 +354,15 @@ static void compare_stepwise(const char *name, sf_backend *cu, sf_backend *ref, 
  * hardswish, squeeze-and-excitation (global_avgpool, conv, ReLU, conv,
  * hardsigmoid, mul broadcast over H,W), a SiLU branch with layer scale and
  * stochastic depth, GELU (tanh and erf), ReLU6 and sigmoid branches, a
- * same-shape mul, a concat of five inputs (one tensor twice, so one of its
- * gradients is added through gtmp), dropout on the map and on the features.
- * Several tensors feed two layers (hs, se.mul, b1, sd), so their gradients
- * are sums. drop is the dropout and stochastic-depth probability. */
+ * same-shape mul, tanh then leaky ReLU at a negative slope (-0.5: its
+ * both branches carry gradient with opposite signs), a concat of six inputs
+ * (one tensor twice, so one of its gradients is added through gtmp),
+ * dropout on the map and on the features. Several tensors feed two or
+ * three layers (hs, se.mul, b1, sd), so their gradients are sums. drop is
+ * the dropout and stochastic-depth probability. */
 static int pointwise_model(sf_model &m, float drop)
 {
-    char js[2400], err[300];
+    char js[2800], err[300];
     snprintf(js, sizeof js,
              "{\"input\":[3,16,16],\"classes\":5,\"layers\":["
              "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":8,\"k\":3,\"pad\":1},"
@@ -381,7 +383,9 @@ static int pointwise_model(sf_model &m, float drop)
              "{\"type\":\"sigmoid\",\"name\":\"sg\",\"inputs\":[\"se.mul\"]},"
              "{\"type\":\"gelu\",\"name\":\"g2\",\"inputs\":[\"b1\"]},"
              "{\"type\":\"mul\",\"name\":\"m2\",\"inputs\":[\"sg\",\"se.mul\"]},"
-             "{\"type\":\"concat\",\"name\":\"cat\",\"inputs\":[\"r6\",\"sd\",\"m2\",\"g2\",\"sd\"]},"
+             "{\"type\":\"tanh\",\"name\":\"th\",\"inputs\":[\"b1\"]},"
+             "{\"type\":\"leaky_relu\",\"name\":\"lr\",\"negative_slope\":-0.5},"
+             "{\"type\":\"concat\",\"name\":\"cat\",\"inputs\":[\"r6\",\"sd\",\"m2\",\"g2\",\"sd\",\"lr\"]},"
              "{\"type\":\"dropout\",\"name\":\"drop\",\"p\":%g},"
              "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
              "{\"type\":\"flatten\",\"name\":\"f\"},"
@@ -398,9 +402,11 @@ static int pointwise_model(sf_model &m, float drop)
 /* MobileNet's and EfficientNet's pattern, a batchnorm followed by each
  * activation of activation.h: conv, BN, SiLU; depthwise conv, BN,
  * hardswish; 1x1 conv, BN, ReLU6; 1x1 conv, BN, GELU (tanh); 1x1 conv, BN,
- * sigmoid; 1x1 conv, BN, hardsigmoid; 1x1 conv, BN, GELU; then the head.
- * Every channel count is a multiple of 8, so in bf16 NHWC the executor
- * fuses each activation into its batchnorm (the row kernels). */
+ * sigmoid; 1x1 conv, BN, hardsigmoid; 1x1 conv, BN, GELU; 1x1 conv, BN,
+ * tanh; 1x1 conv, BN, leaky ReLU 0.2 (a GAN discriminator's); then the
+ * head. Every channel count is a multiple of 8, so in bf16 NHWC the
+ * executor fuses each activation but leaky ReLU into its batchnorm (the
+ * row kernels), and leaves leaky ReLU a layer of its own. */
 static int bn_act_model(sf_model &m)
 {
     char err[300];
@@ -420,6 +426,11 @@ static int bn_act_model(sf_model &m)
         "{\"type\":\"batchnorm2d\",\"name\":\"bn5\"},{\"type\":\"hardsigmoid\",\"name\":\"a5\"},"
         "{\"type\":\"conv2d\",\"name\":\"c6\",\"out\":8,\"k\":1,\"bias\":false},"
         "{\"type\":\"batchnorm2d\",\"name\":\"bn6\"},{\"type\":\"gelu\",\"name\":\"a6\"},"
+        "{\"type\":\"conv2d\",\"name\":\"c7\",\"out\":8,\"k\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn7\"},{\"type\":\"tanh\",\"name\":\"a7\"},"
+        "{\"type\":\"conv2d\",\"name\":\"c8\",\"out\":8,\"k\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn8\"},"
+        "{\"type\":\"leaky_relu\",\"name\":\"a8\",\"negative_slope\":0.2},"
         "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
         "{\"type\":\"flatten\",\"name\":\"f\"},"
         "{\"type\":\"linear\",\"name\":\"fc\",\"out\":5}]}";
@@ -925,10 +936,11 @@ int main(int argc, char **argv)
 
     /* 2b'. a batchnorm followed by each activation (bn_act_model): 3 steps
      * from the same parameters and batches against the reference, in bf16
-     * NHWC, where the executor fuses every activation into its batchnorm
-     * (describe must count the seven), and in fp32 NHWC, where it fuses
-     * none (the backward's row kernels are bf16 only). Tolerances: the
-     * pointwise kinds' for the loss; bf16 updates within 0.3 (seven
+     * NHWC, where the executor fuses every activation but leaky ReLU into
+     * its batchnorm (describe must count the eight, and the leaky ReLU left
+     * apart), and in fp32 NHWC, where it fuses none (the backward's row
+     * kernels are bf16 only). Tolerances: the pointwise kinds' for the loss;
+     * bf16 updates within 0.3 (nine
      * batchnorms over 2 048 values a channel amplify bf16's rounding, as
      * the ResNet trajectories' 0.6 allows for). */
     if (sec.run("bn_act")) {
@@ -939,8 +951,10 @@ int main(int argc, char **argv)
                 const char *name, *fused;
                 double tol_loss, tol_delta;
             } runs[2] = {
-                {SF_PREC_BF16, "bn-act bf16 nhwc", "batchnorm: 0 followed by ReLU and 7 by another activation", 2e-2,
-                 0.3},
+                {SF_PREC_BF16, "bn-act bf16 nhwc",
+                 "batchnorm: 0 followed by ReLU and 8 by another activation apply it in their own pass (fused); 1 "
+                 "followed by leaky_relu run it apart",
+                 2e-2, 0.3},
                 {SF_PREC_FP32, "bn-act fp32 nhwc", "", 1e-5, 1e-4},
             };
             for (int v = 0; v < 2; v++) {

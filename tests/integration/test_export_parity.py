@@ -380,6 +380,63 @@ def test_a_hand_written_module_trains_like_pytorch(start_server, tmp_path, spec_
     assert rel(module_logits(back, images), got) <= TOL_LOGITS
 
 
+class GanStyle(torch.nn.Module):
+    """A user's GAN-style module: a DCGAN discriminator's strided
+    convolutions with LeakyReLU(0.2) (in place, as DCGAN writes it) and
+    batchnorm, a generator's transposed convolution ending in Tanh, and the
+    functional spellings of both activations (F.leaky_relu with the slope
+    positional and by keyword, a negative one among them; torch.tanh,
+    Tensor.tanh, F.tanh), then a classifier head."""
+
+    def __init__(self):
+        super().__init__()
+        self.disc = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 4, stride=2, padding=1), torch.nn.LeakyReLU(0.2, inplace=True),
+            torch.nn.Conv2d(8, 16, 4, stride=2, padding=1, bias=False), torch.nn.BatchNorm2d(16),
+            torch.nn.LeakyReLU(0.2))
+        self.up = torch.nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.out = torch.nn.Tanh()
+        self.side = torch.nn.Conv2d(8, 8, 1)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.out(F.leaky_relu(self.bn(self.up(self.disc(x))), 0.1))
+        w = self.side(y)
+        z = torch.tanh(F.leaky_relu(w, negative_slope=-0.3)) + F.tanh(w).tanh()
+        return self.fc(F.leaky_relu(z).mean((2, 3)))
+
+
+def test_a_gan_style_module_with_leaky_relu_and_tanh_trains_like_pytorch(start_server, tmp_path, spec_checker):
+    torch.manual_seed(4)
+    model = GanStyle()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=16)
+    layers = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]["layers"]
+    slopes = [layer["negative_slope"] for layer in layers if layer["type"] == "leaky_relu"]
+    assert slopes == [0.2, 0.2, 0.1, -0.3, 0.01]
+    assert sum(layer["type"] == "tanh" for layer in layers) == 4
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    rng = np.random.default_rng(11)
+    for step in range(STEPS):
+        images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
+        labels = rng.integers(0, 10, BATCH)
+        r = s.post_arrays(images, labels, wait=True)
+        assert r.status_code == 200, r.text
+        model.train()
+        loss = F.cross_entropy(model(as_input(images)), torch.from_numpy(labels))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert rel(r.json()["loss"], float(loss.detach())) <= TOL_LOSS, (step, r.json()["loss"], float(loss.detach()))
+    images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
+    got = eval_logits(s, images, rng.integers(0, 10, BATCH))
+    assert rel(got, module_logits(model, images)) <= TOL_LOGITS
+    ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
+    back = GanStyle()
+    back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
+    assert rel(module_logits(back, images), got) <= TOL_LOGITS
+
+
 def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp_path, spec_checker):
     """resnet18 (69 layers) needs no kind beyond the first nine: its export
     must be taken by any streamfeed, and its eval logits are the module's."""

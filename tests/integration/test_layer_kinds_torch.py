@@ -1,7 +1,8 @@
 """The layer kinds beyond the convolution chain against PyTorch, on the
 reference backend (or the backend STREAMFEED_PARITY_BACKEND names) in fp32:
 small modules that use each of them -- grouped, depthwise and dilated
-convolutions, the activations, squeeze-and-excitation's broadcast multiply,
+convolutions, the activations (a GAN's leaky ReLU and tanh among them),
+squeeze-and-excitation's broadcast multiply,
 ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
 DenseNet's concatenations, average pooling with ceil_mode and
 count_include_pad, maxpool2d with ceil_mode, batchnorm with its own eps and
@@ -145,8 +146,40 @@ class Dense(nn.Module):
         return self.fc(nn.functional.dropout(torch.flatten(y, 1), 0.0, self.training))
 
 
+# A GAN's activations: LeakyReLU(0.2) after a strided conv (a DCGAN
+# discriminator), a transposed conv, batchnorm, leaky_relu at a negative
+# slope (both branches carry gradient, with opposite signs), tanh (a
+# generator's output).
+GAN_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "stride": 2, "pad": 1},
+    {"type": "leaky_relu", "name": "lr0", "negative_slope": 0.2},
+    {"type": "conv_transpose2d", "name": "up", "out": 4, "k": 2, "stride": 2, "bias": False},
+    {"type": "batchnorm2d", "name": "bn"},
+    {"type": "leaky_relu", "name": "lr1", "negative_slope": -0.5},
+    {"type": "tanh", "name": "t"},
+    {"type": "global_avgpool", "name": "gap"}, {"type": "flatten", "name": "flat"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class GanActs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.lr0 = nn.LeakyReLU(0.2)
+        # no bias before the batchnorm (DCGAN's too): its gradient is zero
+        # up to rounding, which no relative bound compares
+        self.up = nn.ConvTranspose2d(4, 4, 2, stride=2, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.t = nn.Tanh()
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x):
+        y = self.t(nn.functional.leaky_relu(self.bn(self.up(self.lr0(self.c0(x)))), -0.5))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
-         "dense_block": (Dense, DENSE_SPEC)}
+         "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

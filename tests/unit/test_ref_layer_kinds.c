@@ -76,13 +76,20 @@ static void gd_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_conv2d_gd_fwd(v[0], a[0], a[1], a[2], a[3], v[1], v[2], a[4], a[5], a[6], a[7], a[8], a[9], y);
 }
 
-/* activations: a = act */
-static void act_fwd(const kcase *k, double *const *v, double *y) { sf_ref_act_fwd_f64(k->a[0], v[0], k->nv[0], y); }
+/* activations: a = act, leaky_relu's slope in hundredths */
+#define ACT_SLOPE(k) ((float)(k)->a[1] / 100.f)
+static void act_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_act_fwd_f64(k->a[0], ACT_SLOPE(k), v[0], k->nv[0], y);
+}
 static void act_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
 {
-    sf_ref_act_bwd_f64(k->a[0], v[0], dy, k->nv[0], g[0]);
+    sf_ref_act_bwd_f64(k->a[0], ACT_SLOPE(k), v[0], dy, k->nv[0], g[0]);
 }
-static void act_fwd_f32(const kcase *k, float *const *v, float *y) { sf_ref_act_fwd(k->a[0], v[0], k->nv[0], y); }
+static void act_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_act_fwd(k->a[0], ACT_SLOPE(k), v[0], k->nv[0], y);
+}
 
 /* mul: a = n c hw bhw */
 static void mul_fwd(const kcase *k, double *const *v, double *y)
@@ -287,6 +294,11 @@ static const kcase kcases[] = {
     {"hardsigmoid", 1, {64}, 64, 5, {SF_ACT_HARDSIGMOID}, act_fwd, act_bwd, act_fwd_f32},
     {"gelu", 1, {64}, 64, 4, {SF_ACT_GELU}, act_fwd, act_bwd, act_fwd_f32},
     {"gelu tanh", 1, {64}, 64, 4, {SF_ACT_GELU_TANH}, act_fwd, act_bwd, act_fwd_f32},
+    {"tanh", 1, {64}, 64, 4, {SF_ACT_TANH}, act_fwd, act_bwd, act_fwd_f32},
+    {"leaky_relu 0.01", 1, {64}, 64, 4, {SF_ACT_LEAKY_RELU, 1}, act_fwd, act_bwd, act_fwd_f32},
+    {"leaky_relu 0.2", 1, {64}, 64, 4, {SF_ACT_LEAKY_RELU, 20}, act_fwd, act_bwd, act_fwd_f32},
+    {"leaky_relu -0.5", 1, {64}, 64, 4, {SF_ACT_LEAKY_RELU, -50}, act_fwd, act_bwd, act_fwd_f32},
+    {"leaky_relu 1.5", 1, {64}, 64, 4, {SF_ACT_LEAKY_RELU, 150}, act_fwd, act_bwd, act_fwd_f32},
     {"mul same shape", 2, {2 * 3 * 5, 2 * 3 * 5}, 2 * 3 * 5, 1, {2, 3, 5, 5}, mul_fwd, mul_bwd, NULL},
     {"mul broadcast [C,1,1]", 2, {2 * 3 * 5, 2 * 3}, 2 * 3 * 5, 1, {2, 3, 5, 1}, mul_fwd, mul_bwd, NULL},
     {"layer scale", 2, {2 * 4 * 6, 4}, 2 * 4 * 6, 1, {2, 4, 6}, cs_fwd, cs_bwd, NULL},
@@ -377,6 +389,24 @@ static void each_kernels_backward_matches_finite_differences(void **state)
 
 /* ---- hand-computed values ------------------------------------------------------- */
 
+/* Where finite differences cannot look: leaky_relu at exactly 0 (and at a
+ * NaN) passes dy * slope, as PyTorch's leaky_relu_backward, which tests
+ * x > 0; a NaN stays NaN through its forward; tanh saturates to 1 with a
+ * zero gradient. */
+static void leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation(void **state)
+{
+    const float x[4] = {0.f, -0.f, NAN, 30.f}, dy[4] = {2.f, 2.f, 1.f, 1.f};
+    float y[4], dx[4];
+    sf_ref_act_fwd(SF_ACT_LEAKY_RELU, 0.2f, x, 4, y);
+    assert_true(y[0] == 0.f && y[1] == 0.f && isnan(y[2]) && y[3] == 30.f);
+    sf_ref_act_bwd(SF_ACT_LEAKY_RELU, 0.2f, x, dy, 4, dx);
+    assert_true(dx[0] == 0.4f && dx[1] == 0.4f && dx[2] == 0.2f && dx[3] == 1.f);
+    sf_ref_act_fwd(SF_ACT_TANH, 0.f, x, 4, y);
+    assert_true(y[0] == 0.f && isnan(y[2]) && y[3] == 1.f);
+    sf_ref_act_bwd(SF_ACT_TANH, 0.f, x, dy, 4, dx);
+    assert_true(dx[0] == 2.f && isnan(dx[2]) && dx[3] == 0.f);
+}
+
 static void avgpool_divisors_and_adaptive_bins_follow_pytorch(void **state)
 {
     /* 1x1x3x3 of ones, k2 s2 p1 ceil: output 2x2 (PyTorch: ceil((3+2-2)/2)+1 = 3, the
@@ -432,12 +462,14 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 #define BATCH 16
 #define HW 8
 
-/* Grouped and dilated convolution, SiLU. */
+/* Grouped and dilated convolution, leaky ReLU (a GAN discriminator's 0.2),
+ * SiLU, tanh. */
 static const char *const GROUPED_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":1},"
+    "{\"type\":\"leaky_relu\",\"name\":\"lr\",\"negative_slope\":0.2},"
     "{\"type\":\"conv2d\",\"name\":\"g\",\"out\":6,\"k\":3,\"pad\":2,\"groups\":3,\"dilation\":2},"
-    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
 /* MobileNetV3's block: depthwise conv, hardswish, squeeze-and-excitation
@@ -703,6 +735,7 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_true(pd[0].shape[0] == 6 && pd[0].shape[1] == 2 && pd[0].shape[2] == 3 && pd[0].shape[3] == 3);
     assert_int_equal(g->n_w, 6 * 2 * 9);
     assert_int_equal(g->out_h, 8); /* 8 + 4 - 2*2 - 1 + 1 */
+    assert_true(layer_named(&m, "lr")->negative_slope == 0.2f);
 
     assert_int_equal(sf_model_from_json(CONVNEXT_SPEC, &m, err, sizeof err), 0);
     const sf_layer *ls = layer_named(&m, "blk");
@@ -832,6 +865,8 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"stochastic_depth\"}]}", "layer 0", "\"p\"");
     expect_json_error(HEAD "{\"type\":\"dropout\",\"p\":1.5}]}", "layer 0", "\"p\"");
     expect_json_error(HEAD "{\"type\":\"gelu\",\"approximate\":\"fast\"}]}", "layer 0", "approximate");
+    expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":\"0.2\"}]}", "layer 0", "negative_slope");
+    expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":1e39}]}", "layer 0", "negative_slope");
     expect_json_error(HEAD "{\"type\":\"layernorm\"}]}", "layer 0", "layernorm2d");
     expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"eps\":0}]}", "layer 0", "eps");
     expect_json_error(HEAD "{\"type\":\"adaptive_avgpool2d\",\"out\":[0,1]}]}", "layer 0", "\"out\"");
@@ -889,7 +924,8 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
                                         "{\"type\":\"batchnorm2d\",\"momentum\":0.5},"
                                         "{\"type\":\"maxpool2d\",\"k\":2,\"ceil_mode\":true},"
                                         "{\"type\":\"avgpool2d\",\"k\":1},"
-                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4},"
+                                        "{\"type\":\"leaky_relu\"},{\"type\":\"leaky_relu\",\"negative_slope\":-2}]}",
                                         &m, err, sizeof err), 0);
     expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":3,\"stride\":1,\"pad\":1,\"bias\":false}");
     expect_fields_json(&m.layers[1], "{}");
@@ -899,6 +935,8 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
     expect_fields_json(&m.layers[5], "{\"k\":2,\"stride\":2,\"pad\":0,\"ceil_mode\":true}");
     expect_fields_json(&m.layers[6], "{\"k\":1,\"stride\":1,\"pad\":0,\"ceil_mode\":false,\"count_include_pad\":true}");
     expect_fields_json(&m.layers[8], "{\"out\":4,\"bias\":true}");
+    expect_fields_json(&m.layers[9], "{\"negative_slope\":0.00999999977648258}");
+    expect_fields_json(&m.layers[10], "{\"negative_slope\":-2}");
 }
 
 static void a_densenet_sized_concat_chain_fits_the_layer_limit(void **state)
@@ -935,6 +973,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(each_kernels_backward_matches_finite_differences),
+        cmocka_unit_test(leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
         cmocka_unit_test(dropout_keeps_about_one_minus_p_and_scales_the_kept),
         cmocka_unit_test(each_kind_trains_in_a_model_with_gradients_matching_finite_differences),

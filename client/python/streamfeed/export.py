@@ -83,7 +83,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
     "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
-    "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid",
+    "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
+    "LeakyReLU": "leaky_relu (negative_slope any finite number)",
     "MaxPool2d": "maxpool2d (no dilation)", "AvgPool2d": "avgpool2d (no divisor_override)",
     "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
     "Linear": "linear (on features, per token of a token sequence, or per pixel over channels after a permute)",
@@ -108,11 +109,23 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "x[:, 0]": "select_token (the first token of a sequence as features)",
     "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
     "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
-    "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid":
+    "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid, torch.tanh, "
+    "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword)":
         "the activation of that name",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.dropout": "dropout", "Tensor.contiguous": "nothing",
 }
+
+
+def _slope(v: Any, op: str, path: str) -> float:
+    """LeakyReLU's negative_slope as the service takes it: a finite number
+    (PyTorch runs an infinite or NaN one too; one past fp32's range it
+    refuses itself)."""
+    if isinstance(v, torch.fx.Node) or not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ExportError(f"negative_slope {v!r} is not a number known at export", op=op, module_path=path)
+    if not math.isfinite(float(v)):
+        raise ExportError(f"negative_slope {v!r} is not a finite number", op=op, module_path=path)
+    return float(v)
 
 
 def _supported_modules() -> str:
@@ -456,11 +469,14 @@ class _Converter:
             _need_nchw(x, op, path)
             return self.batchnorm2d(path, x, out, op, mod)
         act = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish",
-               nn.Hardsigmoid: "hardsigmoid", nn.Sigmoid: "sigmoid", nn.GELU: "gelu"}.get(type(mod))
+               nn.Hardsigmoid: "hardsigmoid", nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.Tanh: "tanh",
+               nn.LeakyReLU: "leaky_relu"}.get(type(mod))
         if act:
             if x.ct:
                 _need_nchw(x, op, path)
             f: Dict[str, Any] = {"approximate": "tanh"} if act == "gelu" and mod.approximate == "tanh" else {}
+            if act == "leaky_relu":
+                f["negative_slope"] = _slope(mod.negative_slope, op, path)
             return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if type(mod) is nn.MaxPool2d:
             _need_nchw(x, op, path)
@@ -813,8 +829,11 @@ class _Converter:
                               op=op, module_path=path, supported=_supported_functions())
         acts: Dict[Any, str] = {F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu",
                                 F.gelu: "gelu", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid",
-                                torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid"}
-        meth_acts = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid"}
+                                torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh",
+                                F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu"}
+        # F.tanh traces as the method it calls (input.tanh()).
+        meth_acts = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
+                     "tanh_": "tanh"}
         kind = acts.get(t) if n.op == "call_function" else meth_acts.get(meth or "")
         if kind:
             x = self.val(n.args[0], n)
@@ -823,6 +842,8 @@ class _Converter:
             f: Dict[str, Any] = {}
             if kind == "gelu" and n.kwargs.get("approximate", "none") == "tanh":
                 f["approximate"] = "tanh"
+            if kind == "leaky_relu":
+                f["negative_slope"] = _slope(arg(1, "negative_slope", 0.01), op, path)
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if t is F.adaptive_avg_pool2d:
             return self.adaptive(self.fname(n, "avgpool"), self.val(n.args[0], n), out, op)
@@ -899,7 +920,7 @@ class _Converter:
 # ---- the public functions -------------------------------------------------------------------
 
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
-                  nn.Hardsigmoid, nn.Sigmoid, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Linear,
+                  nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Linear,
                   nn.Dropout, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention)
 
 

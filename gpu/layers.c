@@ -759,12 +759,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "channel_shuffle",
         .torch = "nn.ChannelShuffle, x.view(n, g, C/g, h, w).transpose(1, 2) then back to [n, C, h, w]",
         .min_in = 1, .max_in = 1, .needs_map = 1, .fields = shuffle_fields, .shape = shuffle_shape,
-        .ref_fwd = sf_ref_layer_channel_shuffle_fwd, .ref_bwd = sf_ref_layer_channel_shuffle_bwd,
+        .ref_fwd = sf_ref_layer_channel_shuffle_fwd, .ref_bwd = sf_ref_layer_channel_shuffle_bwd, .cuda = 1,
         .doc = "output channel j * groups + i is input channel i * (C / groups) + j (ShuffleNet's shuffle)"},
     [SF_L_CHANNEL_SLICE] = {
         .name = "channel_slice", .torch = "x[:, start:start + count], one piece of x.chunk / x.split(dim=1)",
         .min_in = 1, .max_in = 1, .needs_map = 1, .fields = slice_fields, .shape = slice_shape,
-        .ref_fwd = sf_ref_layer_channel_slice_fwd, .ref_bwd = sf_ref_layer_channel_slice_bwd,
+        .ref_fwd = sf_ref_layer_channel_slice_fwd, .ref_bwd = sf_ref_layer_channel_slice_bwd, .cuda = 1,
         .doc = "the channels [start, start + count) of a map; its input's gradient is zero outside them"},
 };
 

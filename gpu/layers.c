@@ -104,6 +104,17 @@ static const sf_layer_field attention_fields[] = {
      "dropout on the attention weights: 0 only (a nonzero one is refused)"},
     F_END,
 };
+static const sf_layer_field shuffle_fields[] = {
+    {"groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL,
+     "groups (divides the channels): the map read as [groups, C/groups] channels, transposed"},
+    F_END,
+};
+static const sf_layer_field slice_fields[] = {
+    {"start", SF_FT_INT, OFF(start), 0, SF_MAX_CHANNELS - 1, 0, SF_FF_REQUIRED, NULL, "first channel taken"},
+    {"count", SF_FT_INT, OFF(count), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL,
+     "channels taken (start + count at most the input's channels)"},
+    F_END,
+};
 static const sf_layer_field no_fields[] = {F_END};
 
 /* ---- shape rules ------------------------------------------------------------ */
@@ -422,6 +433,27 @@ static int select_token_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shap
     return 0;
 }
 
+static int shuffle_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->groups < 1 || in->c % L->groups) {
+        sf_errf(err, errlen, "groups %d must divide the input's %d channels", L->groups, in->c);
+        return -1;
+    }
+    *out = in[0];
+    return 0;
+}
+
+static int slice_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->start < 0 || L->count < 1 || (long)L->start + L->count > in->c) {
+        sf_errf(err, errlen, "channels [%d, %ld) are not within the input's %d", L->start,
+                (long)L->start + L->count, in->c);
+        return -1;
+    }
+    *out = (sf_shape){L->count, in->h, in->w, 0, 0};
+    return 0;
+}
+
 /* ---- parameters ---------------------------------------------------------------- */
 
 static void pd_set(sf_param_desc *p, const char *suffix, int ndim, int64_t a, int64_t b, int64_t c, int64_t d)
@@ -735,6 +767,17 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .shape = select_token_shape, .ref_fwd = sf_ref_layer_select_token_fwd,
         .ref_bwd = sf_ref_layer_select_token_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "the first token (the class token) of a sequence as features: [T, C] to [C]"},
+    [SF_L_CHANNEL_SHUFFLE] = {
+        .name = "channel_shuffle",
+        .torch = "nn.ChannelShuffle, x.view(n, g, C/g, h, w).transpose(1, 2) then back to [n, C, h, w]",
+        .min_in = 1, .max_in = 1, .needs_map = 1, .fields = shuffle_fields, .shape = shuffle_shape,
+        .ref_fwd = sf_ref_layer_channel_shuffle_fwd, .ref_bwd = sf_ref_layer_channel_shuffle_bwd, .cuda = 1,
+        .doc = "output channel j * groups + i is input channel i * (C / groups) + j (ShuffleNet's shuffle)"},
+    [SF_L_CHANNEL_SLICE] = {
+        .name = "channel_slice", .torch = "x[:, start:start + count], one piece of x.chunk / x.split(dim=1)",
+        .min_in = 1, .max_in = 1, .needs_map = 1, .fields = slice_fields, .shape = slice_shape,
+        .ref_fwd = sf_ref_layer_channel_slice_fwd, .ref_bwd = sf_ref_layer_channel_slice_bwd, .cuda = 1,
+        .doc = "the channels [start, start + count) of a map; its input's gradient is zero outside them"},
 };
 
 const sf_layer_kind_info *sf_layer_info(sf_layer_kind k)

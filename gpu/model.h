@@ -90,6 +90,9 @@ typedef enum sf_layer_kind {
     SF_L_POS_EMBEDDING, /* [T, C] + a parameter [1,T,C] */
     SF_L_SELF_ATTENTION, /* multi-head self-attention over [T, C] (nn.MultiheadAttention) */
     SF_L_SELECT_TOKEN, /* [T, C] -> [C]: token 0 */
+    /* Channel moves of a map (ShuffleNetV2). */
+    SF_L_CHANNEL_SHUFFLE, /* output channel j*groups + i is input channel i*(C/groups) + j */
+    SF_L_CHANNEL_SLICE, /* channels [start, start + count) of a map */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -100,7 +103,7 @@ typedef struct sf_layer {
     int in_c, out_c;              /* channels (conv) or features (linear) */
     int k, stride, pad;           /* conv only */
     int bias;                     /* 1 when the layer has a bias */
-    int groups, dilation;         /* conv2d (1 = a plain convolution) */
+    int groups, dilation;         /* conv2d (1 = a plain convolution); groups also channel_shuffle */
     int ceil_mode;                /* maxpool2d, avgpool2d: output size rounded up */
     int count_include_pad;        /* avgpool2d: padding counts in the divisor */
     int out_size[2];              /* adaptive_avgpool2d: output [h, w] */
@@ -111,6 +114,7 @@ typedef struct sf_layer {
     float p;                      /* dropout, stochastic_depth: drop probability */
     int mode;                     /* stochastic_depth: 0 "row" (the one mode run) */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
+    int start, count;             /* channel_slice: the channels [start, start + count) of its input */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
     int in[SF_MAX_IN];            /* input layer indices (< this index) or SF_IN_MODEL */
     int init;                     /* SF_INIT_*: weight initialisation */

@@ -18,7 +18,7 @@
  * forward GEMM's epilogue where it has a plan (else cuBLAS and our bias
  * kernel; executor_tune.cu's g_lt_wants says which), batchnorm, pooling, add,
  * ReLU and the other activations, products (mul, layer_scale), concat,
- * dropout and the losses through our kernels (the *.cu files beside this one).
+ * the channel shuffle and slice, dropout and the losses through our kernels (the *.cu files beside this one).
  * A Vision Transformer's token sequences ([n, t, c], token-major: an NHWC
  * [c, t, 1] map whatever the net's layout) run through the same linear,
  * layernorm, activation, add and dropout code viewed NHWC, and the token
@@ -502,6 +502,16 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                           (size_t)L->out_h * L->out_w, L->out_ch, c0, o->y, s))
                     return -1;
             break;
+        case SF_L_CHANNEL_SHUFFLE:
+            if (sf_cuda_channel_shuffle_dt(dt, g->lay, x, n, L->out_ch, (size_t)L->out_h * L->out_w, L->groups, o->y,
+                                           s))
+                return -1;
+            break;
+        case SF_L_CHANNEL_SLICE:
+            if (sf_cuda_channel_slice_fwd_dt(dt, g->lay, x, n, L->in_c, (size_t)L->out_h * L->out_w, L->start,
+                                             L->count, o->y, s))
+                return -1;
+            break;
         default: /* flatten */
             continue;
         }
@@ -982,6 +992,19 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             if (g_concat_bwd(net, i, n, s))
                 return -1;
             add0 = 0;
+            break;
+        case SF_L_CHANNEL_SHUFFLE: /* the shuffle by C/groups undoes the one by groups */
+            if (dx && sf_cuda_channel_shuffle_dt(dt, g->lay, o->dy, n, L->out_ch, (size_t)L->out_h * L->out_w,
+                                                 L->out_ch / L->groups, dx, s))
+                return -1;
+            break;
+        case SF_L_CHANNEL_SLICE:
+            /* the input's whole gradient, zero outside the slice: dx is its
+             * owner's gradient when this is its first reader (the later
+             * readers add theirs through gtmp, below) */
+            if (dx && sf_cuda_channel_slice_bwd_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->out_h * L->out_w,
+                                                   L->start, L->count, dx, s))
+                return -1;
             break;
         default:
             continue;

@@ -70,7 +70,8 @@ static int g_storage(const sf_cuda_net *net, int i)
 /* Kinds whose backward reads their inputs beside dy (an activation's
  * derivative at x, each factor of a product, the layer scale's input for its
  * gradient); conv, convT, linear and batchnorm are listed where they are
- * used. Dropout redraws its mask and concat slices dy: neither reads x. */
+ * used. Dropout redraws its mask, concat slices dy, the channel shuffle and
+ * slice move it: none reads x. */
 static int bwd_reads_inputs(sf_layer_kind k)
 {
     switch (k) {

@@ -7,7 +7,8 @@
  * (layer norm), pool.h (max, average, adaptive and global average pooling),
  * pointwise.h (bias, ReLU, add, cast, fill), activation.h (ReLU6, sigmoid,
  * SiLU, hardswish, hardsigmoid, GELU), mul.h (products: broadcast multiply,
- * layer scale), concat.h, dropout.h (dropout, stochastic depth), loss.h
+ * layer scale), concat.h, channels.h (channel shuffle and slice), dropout.h
+ * (dropout, stochastic depth), loss.h
  * (cross-entropy, per sample and per pixel), optimizer.h (SGD, AdamW, the
  * device copies of the weights) and layout.h (transposes).
  *

@@ -2,7 +2,8 @@
  * and in double (_f64): convolutions and linear (conv.c, conv_grouped.c,
  * conv_transpose.c, linear.c), normalisation (batchnorm.c, norm.c), pooling
  * (pool.c, avgpool.c), activations (pointwise.c, activation.c), products
- * and concatenation (pointwise.c, mul.c, concat.c), dropout (dropout.c),
+ * and concatenation (pointwise.c, mul.c, concat.c), channel shuffle and
+ * slice (channels.c), dropout (dropout.c),
  * token sequences (tokens.c) and self-attention (attention.c).
  * Each family file also holds its layer kinds' hooks (layer_io.h). Part of
  * gpu/ref/ref.h, whose first comment states what every reference function
@@ -205,6 +206,20 @@ void sf_ref_concat_put(const float *x, int n, int cj, size_t hw, int ctot, int c
 void sf_ref_concat_put_f64(const double *x, int n, int cj, size_t hw, int ctot, int c0, double *y);
 void sf_ref_concat_take(const float *dy, int n, int cj, size_t hw, int ctot, int c0, float *dx);
 void sf_ref_concat_take_f64(const double *dy, int n, int cj, size_t hw, int ctot, int c0, double *dx);
+
+/* ---- channel moves ----------------------------------------------------------- */
+/* ShuffleNet's shuffle of [n, c, hw] by g groups (g divides c): y channel
+ * j * g + i is x channel i * (c / g) + j. Its inverse (the backward) is the
+ * shuffle by c / g. */
+void sf_ref_channel_shuffle(const float *x, int n, int c, size_t hw, int g, float *y);
+void sf_ref_channel_shuffle_f64(const double *x, int n, int c, size_t hw, int g, double *y);
+/* The channels [start, start + count) of x ([n, c, hw]) into y ([n, count,
+ * hw]); the backward writes all of dx ([n, c, hw]): dy in those channels,
+ * 0 elsewhere. */
+void sf_ref_channel_slice_fwd(const float *x, int n, int c, size_t hw, int start, int count, float *y);
+void sf_ref_channel_slice_fwd_f64(const double *x, int n, int c, size_t hw, int start, int count, double *y);
+void sf_ref_channel_slice_bwd(const float *dy, int n, int c, size_t hw, int start, int count, float *dx);
+void sf_ref_channel_slice_bwd_f64(const double *dy, int n, int c, size_t hw, int start, int count, double *dx);
 
 /* ---- dropout ------------------------------------------------------------------ */
 /* Training-mode dropout of [n, elems] (element-wise) and stochastic depth

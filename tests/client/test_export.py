@@ -1,5 +1,5 @@
 """streamfeed.export without a server: the model spec and the weights file it
-writes for hand-made modules and for the twelve torchvision families of
+writes for hand-made modules and for the torchvision families of
 docs/EXPORT.md at 64x64, the refusals (op, module path, what is supported),
 and that a refused or failed export writes nothing.
 
@@ -114,6 +114,12 @@ def run_spec(spec, tensors, x):
             y = F.linear((att @ split(v)).transpose(1, 2).flatten(2), p("out_proj.weight"), p("out_proj.bias"))
         elif t == "select_token":
             y = a[0][:, 0]
+        elif t == "channel_shuffle":
+            g, (n_, c, h, w) = layer["groups"], a[0].shape
+            y = a[0].reshape(n_, g, c // g, h, w).transpose(1, 2).reshape(n_, c, h, w)
+        elif t == "channel_slice":
+            assert 0 <= layer["start"] and layer["start"] + layer["count"] <= a[0].shape[1], name
+            y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
         elif t in ("dropout", "stochastic_depth"):
             y = a[0]
         else:
@@ -153,7 +159,7 @@ def randomize_batchnorm(model, seed=0):
 
 FAMILIES = ["resnet50", "resnext50_32x4d", "wide_resnet50_2", "mobilenet_v2", "mobilenet_v3_small",
             "mobilenet_v3_large", "efficientnet_b0", "regnet_y_400mf", "convnext_tiny", "densenet121",
-            "squeezenet1_1", "vgg11_bn"]
+            "squeezenet1_1", "vgg11_bn", "shufflenet_v2_x0_5"]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -200,6 +206,92 @@ def test_squeeze_and_excitation_multiplies_the_map_by_its_scale_in_that_order():
     assert mul["name"] == "features.1.block.1.mul"
     # The full map (the block's first activation) first, the [C,1,1] scale second.
     assert mul["inputs"] == ["features.1.block.0.2", "features.1.block.1.scale_activation"]
+
+
+@pytest.mark.parametrize("name", ["shufflenet_v2_x1_0", "shufflenet_v2_x1_5", "shufflenet_v2_x2_0"])
+def test_every_shufflenet_width_exports_its_shuffles_and_chunks(name):
+    ex = convert(getattr(M, name)(num_classes=10), (1, 3, 64, 64))
+    by_name = {layer["name"]: layer for layer in ex.spec["layers"]}
+    assert by_name["stage2.0.channel_shuffle"]["groups"] == 2
+    # The stride-1 block: both chunks of its input, the first straight into the concatenation.
+    c = by_name["stage2.1.chunk0"]["count"]
+    assert by_name["stage2.1.chunk0"]["start"] == 0 and by_name["stage2.1.chunk1"] == {
+        "type": "channel_slice", "name": "stage2.1.chunk1", "inputs": ["stage2.0.channel_shuffle"], "start": c,
+        "count": c}
+    assert by_name["stage2.1.cat"]["inputs"] == ["stage2.1.chunk0", "stage2.1.branch2.7"]
+
+
+class Shuffled(nn.Module):
+    """Every functional form of the channel moves and the pooling functions:
+    an uneven chunk (7 channels in 3: 3, 3, 1) of which one piece is unused,
+    split by sizes and by one size, channel ranges, the shuffle written out
+    (ending in a flatten and in a view) and as F, torch and nn.ChannelShuffle,
+    F.max_pool2d, torch.max_pool2d and F.avg_pool2d with their arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 7, 1)
+        self.b = nn.Conv2d(3, 6, 3, padding=1)
+        self.shuffle = nn.ChannelShuffle(3)
+        self.fc = nn.Linear(47, 5)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        p, q, _ = a.chunk(3, dim=1)
+        r, s = torch.split(b, [2, 4], dim=1)
+        t = torch.chunk(b, 2, 1)[1]
+        u = b.split(4, 1)[1]
+        y = torch.cat([p, b[:, 1:4], r, a[:, 5:], s, t, u, q], 1)  # 3 + 3 + 2 + 2 + 4 + 3 + 2 + 3 = 22
+        n, c, h, w = y.size()
+        y = torch.transpose(y.view(n, 2, c // 2, h, w), 1, 2).contiguous().view(n, c, h, w)
+        z = self.shuffle(b)
+        z = z.view(n, 3, 2, h, w).transpose(2, 1).flatten(1, 2)
+        z = torch.cat([F.channel_shuffle(z, 2), torch.channel_shuffle(b, 3)], 1)  # 12
+        y = torch.cat([F.max_pool2d(y, 3, padding=1, ceil_mode=True),  # 22 x 3 x 3 of 8 x 8
+                       F.avg_pool2d(torch.cat([z, z[:, :1]], 1), kernel_size=3, stride=3, padding=1,
+                                    ceil_mode=True, count_include_pad=False)], 1)  # 13
+        y = torch.max_pool2d(y, 2, 1)  # 35 x 2 x 2
+        y = torch.cat([y.mean((2, 3), keepdim=True), y[:, 3:15].mean((2, 3), keepdim=True)], 1)  # 35 + 12 = 47
+        return self.fc(y.flatten(1))
+
+
+def test_channel_moves_and_pooling_functions_export_to_a_spec_that_computes_the_module():
+    ex = assert_spec_computes_the_module(Shuffled(), hw=8)
+    by_name = {layer["name"]: layer for layer in ex.spec["layers"]}
+    assert [(by_name[f"chunk{i}"]["start"], by_name[f"chunk{i}"]["count"]) for i in (0, 1)] == [(0, 3), (3, 3)]
+    assert "chunk2" not in by_name  # the unused piece makes no layer
+    assert by_name["slice"] == {"type": "channel_slice", "name": "slice", "inputs": ["b"], "start": 1, "count": 3}
+    assert by_name["shuffle"] == {"type": "channel_shuffle", "name": "shuffle", "inputs": ["b"], "groups": 3}
+    assert by_name["maxpool"] == {"type": "maxpool2d", "name": "maxpool", "inputs": ["channel_shuffle"], "k": 3,
+                                  "pad": 1, "ceil_mode": True}
+    assert by_name["avgpool"]["count_include_pad"] is False and by_name["avgpool"]["ceil_mode"] is True
+    kinds = [layer["type"] for layer in ex.spec["layers"]]
+    assert kinds.count("channel_shuffle") == 5 and kinds.count("maxpool2d") == 2
+
+
+def inception_with_square_kernels():
+    """inception_v3 with each 1xk and kx1 convolution made kxk (same padding,
+    so the same shapes): what it would export to with square kernels."""
+    m = M.inception_v3(num_classes=10, aux_logits=False, init_weights=False)
+    for name, mod in list(m.named_modules()):
+        if isinstance(mod, nn.Conv2d) and mod.kernel_size[0] != mod.kernel_size[1]:
+            parent, _, leaf = name.rpartition(".")
+            setattr(m.get_submodule(parent), leaf, nn.Conv2d(mod.in_channels, mod.out_channels,
+                                                             max(mod.kernel_size), padding=max(mod.padding),
+                                                             bias=False))
+    return m
+
+
+def test_inception_v3_is_refused_at_its_first_non_square_kernel_and_exports_its_functional_pools():
+    with pytest.raises(ExportError) as e:
+        convert(M.inception_v3(num_classes=10, aux_logits=False, init_weights=False), (1, 3, 75, 75))
+    assert e.value.module_path == "Mixed_6b.branch7x7_2.conv" and "(1, 7) is not square" in str(e.value)
+    torch.manual_seed(0)
+    ex = assert_spec_computes_the_module(randomize_batchnorm(inception_with_square_kernels()), hw=75)
+    by_name = {layer["name"]: layer for layer in ex.spec["layers"]}
+    assert by_name["Mixed_5b.avgpool"] == {"type": "avgpool2d", "name": "Mixed_5b.avgpool", "inputs": ["maxpool2"],
+                                           "k": 3, "stride": 1, "pad": 1}
+    assert by_name["Mixed_6a.maxpool"]["k"] == 3 and by_name["Mixed_6a.maxpool"]["stride"] == 2
 
 
 def test_identities_leave_no_layer_and_defaults_leave_no_field():
@@ -413,6 +505,43 @@ def test_an_unsupported_op_is_refused_naming_the_op_and_the_module_path(model, o
     assert f"at {path!r}" in str(e.value) and op in str(e.value)
     if supported:
         assert supported in e.value.supported and "Supported:" in str(e.value)
+
+
+class Functional(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 1)
+        self.f = f
+
+    def forward(self, x):
+        return self.f(self.conv(x)).flatten(1)
+
+
+def view_then(after):
+    def f(y):
+        n, c, h, w = y.size()
+        return after(y.view(n, 2, c // 2, h, w))
+    return f
+
+
+@pytest.mark.parametrize("f, op, why", [
+    (lambda y: F.max_pool2d(y, 2, dilation=2), "max_pool2d", "dilation 2"),
+    (lambda y: F.max_pool2d(y, 2, return_indices=True)[0], "max_pool2d", "return_indices True"),
+    (lambda y: F.avg_pool2d(y, 2, divisor_override=3), "avg_pool2d", "divisor_override 3"),
+    (lambda y: y.chunk(2, dim=2)[0], "Tensor.chunk", "along dimension 2"),
+    (lambda y: torch.split(y, 3)[0], "split", "along dimension 0"),
+    (lambda y: y[:, ::2], "getitem", "x[:, a:b] on a map"),
+    (lambda y: y[:, 4:2], "getitem", "takes no channels"),
+    (view_then(lambda v: v.sum(1)), "Tensor.view", "channel shuffle's view"),
+    (view_then(lambda v: v.transpose(1, 3).reshape(v.shape[0], 6, 4, 4)), "Tensor.view",
+     "channel shuffle's view"),
+    (view_then(lambda v: v.transpose(1, 2).flatten(2)), "Tensor.view", "channel shuffle's view"),
+])
+def test_channel_moves_and_pooling_functions_out_of_reach_are_refused_naming_the_op(f, op, why):
+    with pytest.raises(ExportError) as e:
+        convert(Functional(f), (1, 3, 4, 4))
+    assert op in e.value.op and why in str(e.value), str(e.value)
+    assert "in the top-level module" in str(e.value)
 
 
 def test_a_module_called_twice_is_refused_since_each_layer_has_its_own_parameters():

@@ -112,6 +112,22 @@ std::vector<op_case> op_cases()
         }
     t.push_back(row("concat", "refused", cmp_concat_refused, SF_DT_F32, SF_LAYOUT_NCHW, {1, 3, 4}, {4, 2}, 0));
 
+    /* channels: ShuffleNetV2's shuffle in 2 groups, and in 3 of an odd
+     * channel count; groups = channels (the identity); slices at the start,
+     * in the middle and at the end of odd maps, one channel alone, and a
+     * 1x1 map; copies, so exact */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            t.push_back(row("channels", "shuffle", cmp_channel_shuffle, dt, lay, {3, 10, 7, 5}, {2}, 0));
+            t.push_back(row("channels", "shuffle", cmp_channel_shuffle, dt, lay, {2, 21, 3, 3}, {3}, 0));
+            t.push_back(row("channels", "shuffle", cmp_channel_shuffle, dt, lay, {2, 5, 1, 1}, {5}, 0));
+            t.push_back(row("channels", "slice", cmp_channel_slice, dt, lay, {3, 7, 5, 3}, {0, 3}, 0));
+            t.push_back(row("channels", "slice", cmp_channel_slice, dt, lay, {3, 7, 5, 3}, {2, 4}, 0));
+            t.push_back(row("channels", "slice", cmp_channel_slice, dt, lay, {2, 9, 3, 7}, {8, 1}, 0));
+            t.push_back(row("channels", "slice", cmp_channel_slice, dt, lay, {5, 6, 1, 1}, {1, 5}, 0));
+        }
+    t.push_back(row("channels", "refused", cmp_channels_refused, SF_DT_F32, {6}, {4, 5, 2}, 0));
+
     /* mul: the odd sizes of the layer tests, an SE block's shape scaled
      * down, flat features (hw = 1: both forms agree), many rows per sample
      * with a partial channel tile, more channel vectors than a tile (272:

@@ -65,7 +65,7 @@ struct op_case {
  * are held to half a bf16 ulp, which is no number of the row, and do not read
  * it. The criteria that stay in the compare functions are those that are not
  * a number per case: exact equality (dropout's masks and stochastic depth,
- * concat's and tokens' moves, the masks and casts of pointwise, SGD and the
+ * concat's, channels' and tokens' moves, the masks and casts of pointwise, SGD and the
  * weights' permutation in optimizer, pool's argmax and maxpool_dt's
  * selection), NaN propagation (activation nan), check_dt's half an ulp,
  * refusals and eligibility rules, and captured graphs replaying bit-equal. */
@@ -82,6 +82,9 @@ void cmp_activation_nan(const op_case &c, const op_env &e);
 void cmp_activation_refused(const op_case &c, const op_env &e);
 void cmp_concat(const op_case &c, const op_env &e);
 void cmp_concat_refused(const op_case &c, const op_env &e);
+void cmp_channel_shuffle(const op_case &c, const op_env &e);
+void cmp_channel_slice(const op_case &c, const op_env &e);
+void cmp_channels_refused(const op_case &c, const op_env &e);
 void cmp_mul(const op_case &c, const op_env &e);
 void cmp_channel_scale(const op_case &c, const op_env &e);
 void cmp_layernorm(const op_case &c, const op_env &e);

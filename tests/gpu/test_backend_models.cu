@@ -27,6 +27,9 @@
  *  - a MobileNetV3-like block with every pointwise-family kind (activations,
  *    mul, layer_scale, concat, dropout, stochastic_depth): 3 steps in fp32 and
  *    bf16, NCHW and NHWC, the dropout masks drawn alike; eval identity.
+ *  - ShuffleNetV2's stride-2 and stride-1 blocks (channel_shuffle, both
+ *    chunks of a map as channel_slice layers, a slice as its input's only
+ *    reader): 3 steps in fp32 and bf16, NCHW and NHWC.
  *  - the small Vision Transformer of issue-sized CI (torchvision's
  *    VisionTransformer(image_size=64, patch_size=16, num_layers=2,
  *    num_heads=4, hidden_dim=64, mlp_dim=128) as the exporter writes it:
@@ -50,7 +53,7 @@
  * argument runs them all. The sections, in order: encdec, classifier_bf16,
  * resnet18_stepwise, resnet18_accum, resnet18_nhwc, resnet18_frozen,
  * resnet18_buffers, convnext_block, grouped_dilated, pointwise_1x1,
- * pointwise_kinds, bn_act, vit, encdec_overlap. Each makes its own model and
+ * pointwise_kinds, shuffle_kinds, bn_act, vit, encdec_overlap. Each makes its own model and
  * batches (the resnet18 ones share the parsed model); resnet18_buffers, run
  * without another resnet18 section before it, builds the model first.
  * Prints "ok <case>" / "FAIL <case>: ..."; exits 1 on failure, 0 with
@@ -399,6 +402,44 @@ static int pointwise_model(sf_model &m, float drop)
     return 0;
 }
 
+/* ShuffleNetV2's blocks: a stride-2 block (two branches of the same input,
+ * concatenated and shuffled), then a stride-1 block whose input is chunked
+ * in two (both chunks read: the second chunk's gradient overwrites its
+ * producer's, the first's is added through gtmp), one chunk through the
+ * branch, the concatenation shuffled again; then a slice that is its
+ * input's only reader (zero gradient outside it) and a shuffle in 3
+ * groups of an odd channel count. */
+static int shuffle_model(sf_model &m)
+{
+    char err[300];
+    const char *js =
+        "{\"input\":[3,16,16],\"classes\":5,\"layers\":["
+        "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":8,\"k\":3,\"pad\":1},"
+        "{\"type\":\"relu\",\"name\":\"r0\"},"
+        "{\"type\":\"conv2d\",\"name\":\"s2.branch1\",\"out\":6,\"k\":3,\"pad\":1,\"stride\":2},"
+        "{\"type\":\"conv2d\",\"name\":\"s2.branch2\",\"out\":6,\"k\":3,\"pad\":1,\"stride\":2,"
+        "\"inputs\":[\"r0\"]},"
+        "{\"type\":\"concat\",\"name\":\"s2.cat\",\"inputs\":[\"s2.branch1\",\"s2.branch2\"]},"
+        "{\"type\":\"channel_shuffle\",\"name\":\"s2.shuffle\",\"groups\":2},"
+        "{\"type\":\"channel_slice\",\"name\":\"s1.chunk0\",\"start\":0,\"count\":6},"
+        "{\"type\":\"channel_slice\",\"name\":\"s1.chunk1\",\"start\":6,\"count\":6,"
+        "\"inputs\":[\"s2.shuffle\"]},"
+        "{\"type\":\"conv2d\",\"name\":\"s1.branch2\",\"out\":6,\"k\":3,\"pad\":1},"
+        "{\"type\":\"relu\",\"name\":\"s1.relu\"},"
+        "{\"type\":\"concat\",\"name\":\"s1.cat\",\"inputs\":[\"s1.chunk0\",\"s1.relu\"]},"
+        "{\"type\":\"channel_shuffle\",\"name\":\"s1.shuffle\",\"groups\":2},"
+        "{\"type\":\"channel_slice\",\"name\":\"part\",\"start\":2,\"count\":9},"
+        "{\"type\":\"channel_shuffle\",\"name\":\"shuffle3\",\"groups\":3},"
+        "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+        "{\"type\":\"flatten\",\"name\":\"f\"},"
+        "{\"type\":\"linear\",\"name\":\"fc\",\"out\":5}]}";
+    if (sf_model_from_json(js, &m, err, sizeof err)) {
+        fail("shuffle model: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* MobileNet's and EfficientNet's pattern, a batchnorm followed by each
  * activation of activation.h: conv, BN, SiLU; depthwise conv, BN,
  * hardswish; 1x1 conv, BN, ReLU6; 1x1 conv, BN, GELU (tanh); 1x1 conv, BN,
@@ -539,7 +580,7 @@ int main(int argc, char **argv)
     test_sections sec("test_backend_models",
                       {"encdec", "classifier_bf16", "resnet18_stepwise", "resnet18_accum", "resnet18_nhwc",
                        "resnet18_frozen", "resnet18_buffers", "convnext_block", "grouped_dilated", "pointwise_1x1",
-                       "pointwise_kinds", "bn_act", "vit", "encdec_overlap"});
+                       "pointwise_kinds", "shuffle_kinds", "bn_act", "vit", "encdec_overlap"});
     const int arg_rc = sec.args(argc, argv, {"--full"}, "[--full]");
     if (arg_rc >= 0)
         return arg_rc;
@@ -930,6 +971,33 @@ int main(int argc, char **argv)
                 else
                     fail("pointwise-kinds eval: loss %.7f, with p=0 %.7f, ref %.7f", loss[0], loss[1], loss[2]);
                 free_batches(cu, bs);
+            }
+        }
+    }
+
+    /* 2b''. ShuffleNetV2's channel moves (shuffle_model): 3 steps from the
+     * same parameters and batches against the reference in each precision
+     * and layout. The moves are exact, so the tolerances are the pointwise
+     * kinds'. */
+    if (sec.run("shuffle_kinds")) {
+        sf_model m;
+        if (shuffle_model(m) == 0) {
+            const struct {
+                sf_precision prec;
+                sf_act_layout lay;
+                const char *name;
+                double tol_loss, tol_delta;
+            } runs[4] = {
+                {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, "shuffle-kinds fp32 nchw", 1e-5, 1e-4},
+                {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, "shuffle-kinds fp32 nhwc", 1e-5, 1e-4},
+                {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, "shuffle-kinds bf16 nhwc", 2e-2, 1e-1},
+                {SF_PREC_BF16, SF_ACT_LAYOUT_NCHW, "shuffle-kinds bf16 nchw", 2e-2, 1e-1},
+            };
+            for (int v = 0; v < 4; v++) {
+                train_out tc, tr;
+                if (train_small(cu, ref, m, runs[v].prec, runs[v].lay, 81 + v, tc, tr))
+                    break;
+                compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
             }
         }
     }

@@ -35,7 +35,8 @@ reduced 12 to 28 s (full: about 55 s, see below), resnext50_32x4d and
 wide_resnet50_2 reduced 11 to 65 s and 28 to 66 s, convnext_tiny full 85 s (reduced 1 s),
 vgg11_bn reduced 13 s (full: a 400 MB classifier matrix), densenet121 full
 24 s, efficientnet_b0, regnet_y_400mf and mobilenet_v2 about 20 s each, the
-rest under 10 s."""
+rest under 10 s. inception_v3 is not among them: its 1x7 and 7x1 kernels
+have no conv2d layer (docs/EXPORT.md)."""
 import copy
 import json
 import os
@@ -133,6 +134,7 @@ FAMILIES = {
     "densenet121": Family(M.densenet121),
     "squeezenet1_1": Family(M.squeezenet1_1, {"dropout": 0.0}),
     "vgg11_bn": Family(M.vgg11_bn, {"dropout": 0.0}, _vgg_reduced),
+    "shufflenet_v2_x0_5": Family(M.shufflenet_v2_x0_5),
 }
 
 

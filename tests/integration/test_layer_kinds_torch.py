@@ -6,7 +6,7 @@ squeeze-and-excitation's broadcast multiply,
 ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
 DenseNet's concatenations, average pooling with ceil_mode and
 count_include_pad, maxpool2d with ceil_mode, batchnorm with its own eps and
-momentum, dropout -- start from the module's own state_dict
+momentum, dropout, ShuffleNetV2's channel shuffle and chunks -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch.
@@ -178,8 +178,41 @@ class GanActs(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
 
 
+SHUFFLE_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 6, "k": 1},
+    {"type": "channel_slice", "name": "x1", "start": 0, "count": 3, "inputs": ["c0"]},
+    {"type": "channel_slice", "name": "x2", "start": 3, "count": 3, "inputs": ["c0"]},
+    {"type": "conv2d", "name": "branch2", "out": 3, "k": 3, "pad": 1},
+    {"type": "concat", "name": "cat", "inputs": ["x1", "branch2"]},
+    {"type": "channel_shuffle", "name": "shuffle", "groups": 2},
+    {"type": "channel_slice", "name": "part", "start": 1, "count": 5},
+    {"type": "channel_shuffle", "name": "shuffle5", "groups": 5}, {"type": "relu", "name": "r"},
+    {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class Shuffle(nn.Module):
+    """ShuffleNetV2's stride-1 block (both chunks of c0 read: their
+    gradients add in c0's), its shuffle, then a slice that is the shuffle's
+    only reader and a shuffle in 5 groups of one channel."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 6, 1)
+        self.branch2 = nn.Conv2d(3, 3, 3, padding=1)
+        self.shuffle5 = nn.ChannelShuffle(5)
+        self.fc = nn.Linear(5 * 8 * 8, 10)
+
+    def forward(self, x):
+        x1, x2 = self.c0(x).chunk(2, dim=1)
+        y = torch.cat((x1, self.branch2(x2)), dim=1)
+        n, c, h, w = y.size()
+        y = torch.transpose(y.view(n, 2, c // 2, h, w), 1, 2).contiguous().view(n, c, h, w)
+        return self.fc(torch.flatten(torch.relu(self.shuffle5(y[:, 1:6])), 1))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
-         "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC)}
+         "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
+         "shuffle_block": (Shuffle, SHUFFLE_SPEC)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -1,9 +1,10 @@
 /* tests/unit/test_ref_layer_kinds.c — the layer kinds beyond the convolution
  * chain (grouped and dilated conv2d, the activations, mul, layer_scale,
  * avgpool2d, adaptive_avgpool2d, layernorm2d, layernorm, linear over
- * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode, and a
+ * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode, a
  * Vision Transformer's to_tokens, class_token, pos_embedding,
- * self_attention, select_token, with linear and layernorm on tokens):
+ * self_attention, select_token, with linear and layernorm on tokens, and
+ * ShuffleNet's channel_shuffle and channel_slice):
  *   - each kernel's backward against central finite differences of its
  *     forward, in double (the _f64 functions of gpu/ref), and the float
  *     forward against the double one;
@@ -163,6 +164,34 @@ static void cat_bwd(const kcase *k, double *const *v, const double *dy, double *
         sf_ref_concat_take_f64(dy, k->a[0], k->a[2 + j], (size_t)k->a[1], ct, c0, g[j]);
 }
 
+/* channel shuffle: a = n c hw groups */
+static void sh_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_channel_shuffle_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], y);
+}
+static void sh_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_channel_shuffle_f64(dy, k->a[0], k->a[1], (size_t)k->a[2], k->a[1] / k->a[3], g[0]);
+}
+static void sh_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_channel_shuffle(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], y);
+}
+
+/* channel slice: a = n c hw start count */
+static void sl_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_channel_slice_fwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], k->a[4], y);
+}
+static void sl_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_channel_slice_bwd_f64(dy, k->a[0], k->a[1], (size_t)k->a[2], k->a[3], k->a[4], g[0]);
+}
+static void sl_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_channel_slice_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], k->a[4], y);
+}
+
 /* dropout (a[0] = 0) or stochastic depth (1): a = kind n elems p*100; the backward is the forward of dy */
 static void dr_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -319,6 +348,10 @@ static const kcase kcases[] = {
     {"select token", 1, {2 * 3 * 4}, 2 * 4, 1, {2, 3, 4}, st_fwd, st_bwd, NULL},
     {"self-attention, 2 heads", 5, {2 * 5 * 4, 3 * 4 * 4, 3 * 4, 4 * 4, 4}, 2 * 5 * 4, 2, {2, 5, 4, 2}, sa_fwd,
      sa_bwd, sa_fwd_f32},
+    {"channel shuffle 6 by 2", 1, {2 * 6 * 5}, 2 * 6 * 5, 1, {2, 6, 5, 2}, sh_fwd, sh_bwd, sh_fwd_f32},
+    {"channel shuffle 12 by 3", 1, {1 * 12 * 3}, 1 * 12 * 3, 1, {1, 12, 3, 3}, sh_fwd, sh_bwd, sh_fwd_f32},
+    {"channel slice [2, 5) of 7", 1, {2 * 7 * 3}, 2 * 3 * 3, 1, {2, 7, 3, 2, 3}, sl_fwd, sl_bwd, sl_fwd_f32},
+    {"channel slice [0, 1) of 3", 1, {3 * 3 * 2}, 3 * 1 * 2, 1, {3, 3, 2, 0, 1}, sl_fwd, sl_bwd, sl_fwd_f32},
     {"self-attention, 1 head of 6", 5, {1 * 3 * 6, 3 * 6 * 6, 3 * 6, 6 * 6, 6}, 1 * 3 * 6, 2, {1, 3, 6, 1}, sa_fwd,
      sa_bwd, sa_fwd_f32},
 };
@@ -424,6 +457,27 @@ static void avgpool_divisors_and_adaptive_bins_follow_pytorch(void **state)
     double r[5] = {1, 2, 3, 4, 5}, o[3];
     sf_ref_adaptive_avgpool2d_fwd_f64(r, 1, 1, 1, 5, 1, 3, o);
     assert_true(fabs(o[0] - 1.5) < 1e-12 && fabs(o[1] - 3.0) < 1e-12 && fabs(o[2] - 4.5) < 1e-12);
+}
+
+/* torchvision's channel_shuffle(x, 3) of 6 channels: view [3, 2], transpose
+ * to [2, 3], so the channels come out as 0, 2, 4, 1, 3, 5; the slice's
+ * gradient is zero outside its channels. */
+static void channel_shuffle_and_slice_follow_pytorch(void **state)
+{
+    double x[6 * 2], y[6 * 2], back[6 * 2];
+    for (int i = 0; i < 12; i++)
+        x[i] = i;
+    sf_ref_channel_shuffle_f64(x, 1, 6, 2, 3, y);
+    const int order[6] = {0, 2, 4, 1, 3, 5};
+    for (int c = 0; c < 6; c++)
+        for (int p = 0; p < 2; p++)
+            assert_true(y[c * 2 + p] == x[order[c] * 2 + p]);
+    sf_ref_channel_shuffle_f64(y, 1, 6, 2, 2, back);
+    assert_memory_equal(back, x, sizeof x);
+    double d[2 * 2] = {1, 2, 3, 4}, dx[6 * 2];
+    sf_ref_channel_slice_bwd_f64(d, 1, 6, 2, 3, 2, dx);
+    const double want[12] = {0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 0, 0};
+    assert_memory_equal(dx, want, sizeof want);
 }
 
 static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
@@ -547,8 +601,26 @@ static const char *const VIT_SPEC =
     "{\"type\":\"select_token\",\"name\":\"select_token\"},"
     "{\"type\":\"linear\",\"name\":\"heads.head\",\"out\":4}]}";
 
-static const char *const *const SPECS[] = {&GROUPED_SPEC, &SE_SPEC, &CONVNEXT_SPEC, &DENSE_SPEC, &VIT_SPEC};
-static const char *const SPEC_NAMES[] = {"grouped", "squeeze-excitation", "convnext", "densenet", "vit"};
+/* ShuffleNetV2's stride-1 block: a map chunked in two (both chunks read: the
+ * later slice's gradient overwrites c0's, the earlier one's is added to it),
+ * one chunk through a branch, the concatenation shuffled; then a slice of
+ * the shuffle that is its only reader (the gradient outside it is zero). */
+static const char *const SHUFFLE_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":1},"
+    "{\"type\":\"channel_slice\",\"name\":\"x1\",\"start\":0,\"count\":3,\"inputs\":[\"c0\"]},"
+    "{\"type\":\"channel_slice\",\"name\":\"x2\",\"start\":3,\"count\":3,\"inputs\":[\"c0\"]},"
+    "{\"type\":\"conv2d\",\"name\":\"branch2\",\"out\":3,\"k\":3,\"pad\":1},"
+    "{\"type\":\"concat\",\"name\":\"cat\",\"inputs\":[\"x1\",\"branch2\"]},"
+    "{\"type\":\"channel_shuffle\",\"name\":\"shuffle\",\"groups\":2},"
+    "{\"type\":\"channel_slice\",\"name\":\"part\",\"start\":1,\"count\":4},"
+    "{\"type\":\"relu\",\"name\":\"r\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+
+static const char *const *const SPECS[] = {&GROUPED_SPEC, &SE_SPEC, &CONVNEXT_SPEC, &DENSE_SPEC, &VIT_SPEC,
+                                           &SHUFFLE_SPEC};
+static const char *const SPEC_NAMES[] = {"grouped", "squeeze-excitation", "convnext", "densenet", "vit",
+                                         "shufflenet"};
 
 typedef struct rig {
     sf_backend *be;
@@ -875,6 +947,12 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
                       "layer 1", "flattened");
     expect_json_error(HEAD "{\"type\":\"maxpool2d\",\"k\":2,\"dilation\":2}]}", "layer 0", "dilation");
     expect_json_error(HEAD "{\"type\":\"avgpool2d\",\"k\":2,\"pad\":2}]}", "layer 0", "pad");
+    expect_json_error(HEAD "{\"type\":\"channel_shuffle\",\"groups\":3}]}", "layer 0", "groups 3");
+    expect_json_error(HEAD "{\"type\":\"channel_shuffle\"}]}", "layer 0", "\"groups\"");
+    expect_json_error(HEAD "{\"type\":\"channel_slice\",\"start\":3,\"count\":2}]}", "layer 0", "[3, 5)");
+    expect_json_error(HEAD "{\"type\":\"channel_slice\",\"start\":0}]}", "layer 0", "\"count\"");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"channel_slice\",\"start\":0,\"count\":1}]}",
+                      "layer 1", "flattened");
     /* Token sequences: the kinds that need one, and those that need a map. */
 #define TOK HEAD "{\"type\":\"to_tokens\"},"
     expect_json_error(HEAD "{\"type\":\"class_token\"}]}", "layer 0", "token sequence");
@@ -975,6 +1053,7 @@ int main(void)
         cmocka_unit_test(each_kernels_backward_matches_finite_differences),
         cmocka_unit_test(leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
+        cmocka_unit_test(channel_shuffle_and_slice_follow_pytorch),
         cmocka_unit_test(dropout_keeps_about_one_minus_p_and_scales_the_kept),
         cmocka_unit_test(each_kind_trains_in_a_model_with_gradients_matching_finite_differences),
         cmocka_unit_test(each_kind_trains_in_bf16_close_to_fp32),

@@ -95,6 +95,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "LayerNorm2d": "layernorm2d (torchvision.models.convnext.LayerNorm2d)",
     "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
     "Identity": "nothing",
+    "ChannelShuffle": "channel_shuffle",
 }
 SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
@@ -114,6 +115,12 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
         "the activation of that name",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.dropout": "dropout", "Tensor.contiguous": "nothing",
+    "F.max_pool2d, torch.max_pool2d": "maxpool2d (no dilation, no return_indices)",
+    "F.avg_pool2d": "avgpool2d (no divisor_override)",
+    "F.channel_shuffle, torch.channel_shuffle, and x.view(n, g, C/g, h, w) then transpose(1, 2), "
+    "optionally contiguous(), then view(n, C, h, w) or flatten(1, 2)": "channel_shuffle (ShuffleNet)",
+    "Tensor.chunk, torch.chunk, Tensor.split, torch.split along dim 1, each piece taken by index; "
+    "x[:, a:b]": "channel_slice (a channel range of a map)",
 }
 
 
@@ -178,6 +185,29 @@ class _Attention:
     """The output pair of a MultiheadAttention call: (its output, its
     attention weights); only the first may be used."""
     out: _Val
+
+
+@dataclass
+class _Grouped:
+    """A map viewed as [N, groups, C/groups, H, W] on its way to a channel
+    shuffle (transposed: after its transpose(1, 2)); the view that ends
+    the pattern makes the channel_shuffle layer. The whole pattern was
+    checked at its first view."""
+    x: _Val
+    groups: int
+    transposed: bool = False
+
+
+@dataclass
+class _Pieces:
+    """The tuple of a chunk or split along channels: piece i is the
+    channels pieces[i] = (start, count) of x, made into a channel_slice
+    layer when an index takes it (a piece nothing takes costs nothing)."""
+    x: _Val
+    pieces: List[Tuple[int, int]]
+    node: torch.fx.Node
+    short: str
+    taken: Dict[int, _Val] = field(default_factory=dict)
 
 
 @dataclass
@@ -316,6 +346,33 @@ def _meta_shape(node: torch.fx.Node) -> Optional[Tuple[int, ...]]:
     return tuple(int(d) for d in tm.shape)
 
 
+_POOL_FUNCTIONS: Dict[Any, str] = {F.max_pool2d: "maxpool2d", torch.max_pool2d: "maxpool2d",
+                                   F.max_pool2d_with_indices: "maxpool2d", F.avg_pool2d: "avgpool2d"}
+
+
+def _only_user(n: torch.fx.Node) -> Optional[torch.fx.Node]:
+    users = list(n.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _is_chunk_or_split(n: torch.fx.Node) -> bool:
+    if n.op == "call_method":
+        return n.target in ("chunk", "split", "split_with_sizes")
+    return n.op == "call_function" and n.target in (torch.chunk, torch.split)
+
+
+def _dims_of(n: torch.fx.Node, first: int) -> Tuple[Any, Any]:
+    """The two dimension arguments of a transpose or a flatten (args from
+    position first on, or their keywords)."""
+    keys = ("dim0", "dim1") if "transpose" in str(n.target) else ("start_dim", "end_dim")
+    a = [n.args[first + i] if len(n.args) > first + i else n.kwargs.get(k) for i, k in enumerate(keys)]
+    return a[0], a[1]
+
+
+def _is_method_or(n: torch.fx.Node, names: Tuple[str, ...], fns: Tuple[Any, ...]) -> bool:
+    return (n.op == "call_method" and n.target in names) or (n.op == "call_function" and n.target in fns)
+
+
 class _Converter:
     def __init__(self, module: nn.Module, gm: torch.fx.GraphModule):
         self.module, self.gm = module, gm
@@ -441,6 +498,11 @@ class _Converter:
         self.b.generating = n.op != "call_module"
         if n.op == "call_module":
             return self.convert_module(n)
+        if _is_chunk_or_split(n):
+            return self.pieces(n)
+        if n.op == "call_function" and n.target in _POOL_FUNCTIONS:
+            # Before the shape check: with return_indices the output is a pair.
+            return self.pool_function(n, _POOL_FUNCTIONS[n.target], self.opname(n), _path_of(n))
         if shape is None:
             # Not a tensor (a size, a shape entry): it may only feed a view
             # whose result is checked by its own shape.
@@ -519,6 +581,8 @@ class _Converter:
             return b.emit("stochastic_depth", path, [x], x.shape, p=float(mod.p), mode="row")
         if type(mod) is nn.Identity:
             return x
+        if type(mod) is nn.ChannelShuffle:
+            return self.channel_shuffle(path, x, int(mod.groups), op, generated=False)
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_modules())
 
@@ -725,6 +789,143 @@ class _Converter:
         return self.b.emit("flatten", path + ("" if n.op == "call_module" else ".flatten"), [x],
                            (math.prod(x.shape),))
 
+    def channel_shuffle(self, path: str, x: _Val, groups: int, op: str, generated: bool = True) -> _Val:
+        c, _, _ = _spatial(x.shape, op, path)
+        _need_nchw(x, op, path)
+        if groups < 1 or c % groups:
+            raise ExportError(f"shuffles {c} channels in {groups} groups; the groups must divide the channels",
+                              op=op, module_path=path)
+        if groups in (1, c):
+            return x  # [1, C] or [C, 1] transposed: the channels stay in order
+        return self.b.emit("channel_shuffle", path, [x], x.shape, generated=generated, groups=groups)
+
+    def shuffle_pattern(self, n: torch.fx.Node, x: _Val, out: Tuple[int, ...]) -> Optional[int]:
+        """The groups g where n views the map x as [N, g, C/g, H, W], its
+        only reader transposes dimensions 1 and 2 and that one's only
+        reader (after an optional contiguous()) views it back as [N, C, H, W]
+        or flattens dimensions 1 and 2: torchvision's channel_shuffle. None
+        for any other view."""
+        if len(x.shape) != 3 or x.nhwc or x.tokens or x.ct or len(out) != 4:
+            return None
+        c, h, w = x.shape
+        if out[0] * out[1] != c or out[2:] != (h, w):
+            return None
+        t = _only_user(n)
+        if t is None or not _is_method_or(t, ("transpose",), (torch.transpose,)):
+            return None
+        d0, d1 = _dims_of(t, 1)
+        if not isinstance(d0, int) or not isinstance(d1, int) or {d0 % 5, d1 % 5} != {1, 2}:
+            return None
+        u = _only_user(t)
+        if u is not None and u.op == "call_method" and u.target == "contiguous":
+            u = _only_user(u)
+        if u is None or _meta_shape(u) is None or _meta_shape(u)[1:] != x.shape:  # type: ignore[index]
+            return None
+        if _is_method_or(u, ("flatten",), (torch.flatten,)):
+            s0, s1 = _dims_of(u, 1)
+            return int(out[0]) if (s0, s1) in ((1, 2), (1, -3)) else None
+        if _is_method_or(u, ("view", "reshape"), (torch.reshape,)):
+            return int(out[0])
+        return None
+
+    def shuffle_step(self, n: torch.fx.Node, gv: _Grouped, meth: Optional[str], op: str, path: str) -> Any:
+        """The transpose, contiguous() and closing view of the pattern
+        shuffle_pattern matched at its first view."""
+        if not gv.transposed and _is_method_or(n, ("transpose",), (torch.transpose,)):
+            return _Grouped(gv.x, gv.groups, True)
+        if meth == "contiguous":
+            return gv
+        if gv.transposed and _is_method_or(n, ("view", "reshape", "flatten"), (torch.reshape, torch.flatten)):
+            return self.channel_shuffle(self.fname(n, "channel_shuffle"), gv.x, gv.groups, op)
+        raise ExportError("uses a map viewed as [N, groups, C/groups, H, W] other than as a channel shuffle",
+                          op=op, module_path=path, supported=_supported_functions())
+
+    def pieces(self, n: torch.fx.Node) -> _Pieces:
+        """x.chunk(k, dim=1), x.split(size or sizes, dim=1) and their torch
+        functions: the channel ranges PyTorch made (an uneven last chunk
+        included), read from the traced shapes."""
+        op, path = self.opname(n), _path_of(n)
+        x = self.val(n.args[0] if n.args else n.kwargs.get("input", n.kwargs.get("tensor")), n)
+        short = "chunk" if "chunk" in str(getattr(n.target, "__name__", n.target)) else "split"
+        dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)
+        metas = n.meta.get("tensor_meta")
+        if len(x.shape) != 3 or x.nhwc or x.tokens or x.ct or not isinstance(dim, int) or dim % 4 != 1 or \
+                not isinstance(metas, (tuple, list)):
+            raise ExportError(f"splits a tensor of per-sample shape {list(x.shape)} along dimension {dim}; the "
+                              "service slices [C,H,W] maps along channels (dim=1)", op=op, module_path=path)
+        spans: List[Tuple[int, int]] = []
+        start = 0
+        for tm in metas:
+            count = int(tm.shape[1])
+            spans.append((start, count))
+            start += count
+        return _Pieces(x, spans, n, short)
+
+    def channel_slice(self, name: str, x: _Val, start: int, count: int, op: str, path: str) -> _Val:
+        c = x.shape[0]
+        if count < 1:
+            raise ExportError(f"takes no channels (a slice of [{start}, {start + count}) of {c})", op=op,
+                              module_path=path)
+        if (start, count) == (0, c):
+            return x
+        return self.b.emit("channel_slice", name, [x], (count,) + tuple(x.shape[1:]), start=start, count=count)
+
+    def take_piece(self, n: torch.fx.Node, pv: _Pieces, op: str, path: str) -> _Val:
+        i = n.args[1]
+        if not isinstance(i, int) or not -len(pv.pieces) <= i < len(pv.pieces):
+            raise ExportError(f"indexes the pieces of a {pv.short} with {i!r}; supported is one piece by its "
+                              "number", op=op, module_path=path)
+        i %= len(pv.pieces)
+        if i not in pv.taken:
+            start, count = pv.pieces[i]
+            pv.taken[i] = self.channel_slice(self.fname(pv.node, f"{pv.short}{i}"), pv.x, start, count,
+                                             self.opname(pv.node), _path_of(pv.node))
+        return pv.taken[i]
+
+    def channel_range(self, n: torch.fx.Node, x: _Val, idx: Any, op: str, path: str) -> Optional[_Val]:
+        """x[:, a:b] (with any trailing full slices or an Ellipsis) of a
+        [C,H,W] map; None for any other index."""
+        if not isinstance(idx, tuple) or len(idx) < 2 or len(x.shape) != 3 or x.nhwc or x.tokens or x.ct:
+            return None
+        rest = idx[2:]
+        if idx[0] != slice(None) or not isinstance(idx[1], slice) or \
+                any(r is not Ellipsis and r != slice(None) for r in rest):
+            return None
+        sl = idx[1]
+        if any(v is not None and not isinstance(v, int) for v in (sl.start, sl.stop, sl.step)) or \
+                sl.step not in (None, 1):
+            return None
+        start, stop, _ = sl.indices(x.shape[0])
+        return self.channel_slice(self.fname(n, "slice"), x, start, max(stop - start, 0), op, path)
+
+    def pool_function(self, n: torch.fx.Node, kind: str, op: str, path: str) -> _Val:
+        """F.max_pool2d, torch.max_pool2d and F.avg_pool2d as the layers of
+        nn.MaxPool2d and nn.AvgPool2d, with every argument they take."""
+        names = ["input", "kernel_size", "stride", "padding"] + \
+            (["dilation", "ceil_mode", "return_indices"] if kind == "maxpool2d" else
+             ["ceil_mode", "count_include_pad", "divisor_override"])
+        a: Dict[str, Any] = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False,
+                             "return_indices": False, "count_include_pad": True, "divisor_override": None}
+        a.update(zip(names, n.args))
+        a.update(n.kwargs)
+        for k, v in a.items():
+            if k != "input" and any(isinstance(e, torch.fx.Node) for e in (v if isinstance(v, (list, tuple))
+                                                                               else [v])):
+                raise ExportError(f"takes a computed {k}; the service's pooling takes numbers", op=op,
+                                  module_path=path)
+        x = self.val(a["input"], n)
+        _need_nchw(x, op, path)
+        _spatial(x.shape, op, path)
+        if kind == "maxpool2d" and (_pair(a["dilation"], "dilation", op, path) != 1 or a["return_indices"]):
+            raise ExportError(f"dilation {a['dilation']} and return_indices {a['return_indices']}: the service's "
+                              "maxpool2d has no dilation and returns no indices", op=op, module_path=path)
+        if kind == "avgpool2d" and a["divisor_override"] is not None:
+            raise ExportError(f"divisor_override {a['divisor_override']} is not supported", op=op,
+                              module_path=path)
+        stride = a["stride"] if a["stride"] not in (None, [], ()) else None
+        return self.pool(kind, self.fname(n, kind.replace("2d", "")), x, self.out_shape(n), op, a["kernel_size"],
+                         stride, a["padding"], bool(a["ceil_mode"]), bool(a["count_include_pad"]))
+
     # -- functions and methods --
     def fname(self, n: torch.fx.Node, short: str) -> str:
         p = _path_of(n)
@@ -739,6 +940,15 @@ class _Converter:
 
         def arg(i: int, kw: str, default: Any = None) -> Any:
             return n.args[i] if len(n.args) > i else n.kwargs.get(kw, default)
+
+        first = self.vals.get(n.args[0]) if n.args and isinstance(n.args[0], torch.fx.Node) else None
+        if isinstance(first, _Grouped):
+            return self.shuffle_step(n, first, meth, op, path)
+        if t is operator.getitem and isinstance(first, _Pieces):
+            return self.take_piece(n, first, op, path)
+        if t in (torch.channel_shuffle, F.channel_shuffle, torch.native_channel_shuffle):
+            return self.channel_shuffle(self.fname(n, "channel_shuffle"), self.val(arg(0, "input"), n),
+                                        int(arg(1, "groups")), op)
 
         if t in (operator.add, operator.iadd, torch.add) or meth in ("add", "add_"):
             if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
@@ -782,9 +992,12 @@ class _Converter:
                 return _Val(x.layer, out, ct=True)
             if out == (math.prod(x.shape),):
                 return self.flatten(path, x, n, op, 1, -1)
+            groups = self.shuffle_pattern(n, x, out)
+            if groups is not None:
+                return _Grouped(x, groups)
             raise ExportError(f"reshapes {list(x.shape)} to {list(out)} (per sample); only a flatten to "
-                              "[N, C*H*W] is supported", op=op, module_path=path,
-                              supported=_supported_functions())
+                              "[N, C*H*W] and a channel shuffle's view to [N, g, C/g, H, W] are supported",
+                              op=op, module_path=path, supported=_supported_functions())
         if meth == "transpose" or t is torch.transpose:
             x = self.val(n.args[0], n)
             pair = {int(arg(1, "dim0")) % 3, int(arg(2, "dim1")) % 3}
@@ -825,8 +1038,12 @@ class _Converter:
             idx = n.args[1]
             if x.tokens and isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None) and idx[1] == 0:
                 return b.emit("select_token", self.fname(n, "select_token"), [x], (x.shape[1],))
-            raise ExportError(f"indexes with {idx!r}; supported is x[:, 0] on a token sequence (the class token)",
-                              op=op, module_path=path, supported=_supported_functions())
+            sliced = self.channel_range(n, x, idx, op, path)
+            if sliced is not None:
+                return sliced
+            raise ExportError(f"indexes with {idx!r}; supported are x[:, 0] on a token sequence (the class token) "
+                              "and x[:, a:b] on a map (a channel range)", op=op, module_path=path,
+                              supported=_supported_functions())
         acts: Dict[Any, str] = {F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu",
                                 F.gelu: "gelu", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid",
                                 torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh",
@@ -920,8 +1137,8 @@ class _Converter:
 # ---- the public functions -------------------------------------------------------------------
 
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
-                  nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.Linear,
-                  nn.Dropout, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention)
+                  nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
+                  nn.Linear, nn.Dropout, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:

@@ -547,8 +547,10 @@ def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_p
     images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
     got = eval_logits(s, images, rng.integers(0, 10, BATCH))
     want = module_logits(model, images)
-    tol = bound(TOL_LOGITS, rel(module_logits(torch_side[1], images), want))
-    assert rel(got, want) <= tol, f"eval logits differ by {rel(got, want):.2e} > {tol:.1e}"
+    spread = rel(module_logits(torch_side[1], images), want)
+    tol = bound(TOL_LOGITS, spread)
+    assert rel(got, want) <= tol, \
+        f"eval logits differ by {rel(got, want):.2e} > {tol:.1e} (PyTorch's two float32 runs {spread:.1e} apart)"
     ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
     back = build()
     back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)

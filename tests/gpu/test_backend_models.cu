@@ -172,6 +172,13 @@ static int train_small(sf_backend *cu, sf_backend *ref, const sf_model &m, sf_pr
     return 0;
 }
 
+/* A small model's four runs against the reference (train_small, seeds
+ * seed0 + 0..3): fp32 and bf16, each in both layouts, named "<what> <precision>
+ * <layout>", with the tolerances of kinds whose kernels are elementwise or
+ * exact moves: fp32 losses 1e-5 and updates 1e-4, bf16 2e-2 and 1e-1. */
+static void train_small_four(sf_backend *cu, sf_backend *ref, const sf_model &m, const char *what, uint64_t seed0,
+                             const float *init = NULL);
+
 static double rel_err(const std::vector<float> &a, const std::vector<float> &b, size_t from, size_t to)
 {
     double num = 0, den = 0;
@@ -578,6 +585,31 @@ static int overlaps(const std::vector<ev_rec> &ev)
 }
 
 
+
+static void train_small_four(sf_backend *cu, sf_backend *ref, const sf_model &m, const char *what, uint64_t seed0,
+                             const float *init)
+{
+    const struct {
+        sf_precision prec;
+        sf_act_layout lay;
+        const char *how;
+        double tol_loss, tol_delta;
+    } runs[4] = {
+        {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, "fp32 nchw", 1e-5, 1e-4},
+        {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, "fp32 nhwc", 1e-5, 1e-4},
+        {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, "bf16 nhwc", 2e-2, 1e-1},
+        {SF_PREC_BF16, SF_ACT_LAYOUT_NCHW, "bf16 nchw", 2e-2, 1e-1},
+    };
+    for (int v = 0; v < 4; v++) {
+        train_out tc, tr;
+        if (train_small(cu, ref, m, runs[v].prec, runs[v].lay, seed0 + (uint64_t)v, tc, tr, init))
+            break;
+        char name[120];
+        snprintf(name, sizeof name, "%s %s", what, runs[v].how);
+        compare(name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
+    }
+}
+
 int main(int argc, char **argv)
 {
     test_sections sec("test_backend_models",
@@ -931,23 +963,7 @@ int main(int argc, char **argv)
                 if (m.layers[i].kind == SF_L_LAYER_SCALE)
                     for (size_t e = 0; e < m.layers[i].n_w; e++)
                         init[m.layers[i].w_off + e] = 0.5f + 0.05f * (float)e;
-            const struct {
-                sf_precision prec;
-                sf_act_layout lay;
-                const char *name;
-                double tol_loss, tol_delta;
-            } runs[4] = {
-                {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, "pointwise-kinds fp32 nchw", 1e-5, 1e-4},
-                {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, "pointwise-kinds fp32 nhwc", 1e-5, 1e-4},
-                {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, "pointwise-kinds bf16 nhwc", 2e-2, 1e-1},
-                {SF_PREC_BF16, SF_ACT_LAYOUT_NCHW, "pointwise-kinds bf16 nchw", 2e-2, 1e-1},
-            };
-            for (int v = 0; v < 4; v++) {
-                train_out tc, tr;
-                if (train_small(cu, ref, m, runs[v].prec, runs[v].lay, 61 + v, tc, tr, init.data()))
-                    break;
-                compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
-            }
+            train_small_four(cu, ref, m, "pointwise-kinds", 61, init.data());
             /* Evaluation: the p = 0.25 model's loss equals the p = 0 model's
              * (both pass their inputs through; the two builds may time
              * different cuDNN engines, so within fp32 rounding) and the
@@ -984,25 +1000,8 @@ int main(int argc, char **argv)
      * kinds'. */
     if (sec.run("shuffle_kinds")) {
         sf_model m;
-        if (shuffle_model(m) == 0) {
-            const struct {
-                sf_precision prec;
-                sf_act_layout lay;
-                const char *name;
-                double tol_loss, tol_delta;
-            } runs[4] = {
-                {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, "shuffle-kinds fp32 nchw", 1e-5, 1e-4},
-                {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, "shuffle-kinds fp32 nhwc", 1e-5, 1e-4},
-                {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, "shuffle-kinds bf16 nhwc", 2e-2, 1e-1},
-                {SF_PREC_BF16, SF_ACT_LAYOUT_NCHW, "shuffle-kinds bf16 nchw", 2e-2, 1e-1},
-            };
-            for (int v = 0; v < 4; v++) {
-                train_out tc, tr;
-                if (train_small(cu, ref, m, runs[v].prec, runs[v].lay, 81 + v, tc, tr))
-                    break;
-                compare(runs[v].name, m, tc, tr, 3, runs[v].tol_loss, runs[v].tol_delta, 0, 0);
-            }
-        }
+        if (shuffle_model(m) == 0)
+            train_small_four(cu, ref, m, "shuffle-kinds", 81);
     }
 
     /* 2b'. a batchnorm followed by each activation (bn_act_model): 3 steps

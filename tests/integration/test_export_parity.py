@@ -381,14 +381,15 @@ class SmallResidual(torch.nn.Module):
         return self.fc(y.reshape(y.shape[0], -1))
 
 
-def test_a_hand_written_module_trains_like_pytorch(start_server, tmp_path, spec_checker):
-    torch.manual_seed(2)
-    model = SmallResidual()
-    s = start_exported(start_server, tmp_path, model, spec_checker, hw=16, every_service=True)
+def train_like_pytorch(s, model, fresh, hw, seed):
+    """Five SGD-momentum steps of model on the service s and in PyTorch from
+    the same batches (rng seed), each loss within 1e-4; then an eval batch's
+    logits, and the service's checkpoint loaded strictly into fresh(), which
+    must compute them too."""
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    rng = np.random.default_rng(9)
+    rng = np.random.default_rng(seed)
     for step in range(STEPS):
-        images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
+        images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
         labels = rng.integers(0, 10, BATCH)
         r = s.post_arrays(images, labels, wait=True)
         assert r.status_code == 200, r.text
@@ -398,15 +399,22 @@ def test_a_hand_written_module_trains_like_pytorch(start_server, tmp_path, spec_
         loss.backward()
         opt.step()
         assert rel(r.json()["loss"], float(loss.detach())) <= TOL_LOSS, (step, r.json()["loss"], float(loss.detach()))
-    images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
     got = eval_logits(s, images, rng.integers(0, 10, BATCH))
     assert rel(got, module_logits(model, images)) <= TOL_LOGITS
     ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
-    back = SmallResidual()
+    back = fresh()
     back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
     again = module_logits(back, images)
     ck_tol = checkpoint_bound(back, images, again)
     assert rel(again, got) <= ck_tol, f"the loaded checkpoint's logits differ by {rel(again, got):.2e} > {ck_tol:.1e}"
+
+
+def test_a_hand_written_module_trains_like_pytorch(start_server, tmp_path, spec_checker):
+    torch.manual_seed(2)
+    model = SmallResidual()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=16, every_service=True)
+    train_like_pytorch(s, model, SmallResidual, 16, 9)
 
 
 class GanStyle(torch.nn.Module):
@@ -444,28 +452,7 @@ def test_a_gan_style_module_with_leaky_relu_and_tanh_trains_like_pytorch(start_s
     slopes = [layer["negative_slope"] for layer in layers if layer["type"] == "leaky_relu"]
     assert slopes == [0.2, 0.2, 0.1, -0.3, 0.01]
     assert sum(layer["type"] == "tanh" for layer in layers) == 4
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    rng = np.random.default_rng(11)
-    for step in range(STEPS):
-        images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
-        labels = rng.integers(0, 10, BATCH)
-        r = s.post_arrays(images, labels, wait=True)
-        assert r.status_code == 200, r.text
-        model.train()
-        loss = F.cross_entropy(model(as_input(images)), torch.from_numpy(labels))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        assert rel(r.json()["loss"], float(loss.detach())) <= TOL_LOSS, (step, r.json()["loss"], float(loss.detach()))
-    images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
-    got = eval_logits(s, images, rng.integers(0, 10, BATCH))
-    assert rel(got, module_logits(model, images)) <= TOL_LOGITS
-    ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
-    back = GanStyle()
-    back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
-    again = module_logits(back, images)
-    ck_tol = checkpoint_bound(back, images, again)
-    assert rel(again, got) <= ck_tol, f"the loaded checkpoint's logits differ by {rel(again, got):.2e} > {ck_tol:.1e}"
+    train_like_pytorch(s, model, GanStyle, 16, 11)
 
 
 def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp_path, spec_checker):

@@ -112,40 +112,39 @@ static int slice_bad(const char *fn, sf_dtype dt, int c, int start, int count)
     return 0;
 }
 
-extern "C" int sf_cuda_channel_slice_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int c, size_t hw,
-                                            int start, int count, void *y, cudaStream_t s)
+/* The slice's forward (the count channels from start of x) or backward
+ * (dy into those channels of dx, zero in the others), a thread an output
+ * element: the two kernels take the same arguments. */
+template <bool BWD>
+static int slice_launch(const char *fn, sf_dtype dt, sf_layout lay, const void *in, int n, int c, size_t hw,
+                        int start, int count, void *out, cudaStream_t s)
 {
-    if (slice_bad("sf_cuda_channel_slice_fwd_dt", dt, c, start, count))
+    if (slice_bad(fn, dt, c, start, count))
         return -1;
-    const size_t len = (size_t)n * count * hw;
+    const size_t len = (size_t)n * (BWD ? c : count) * hw;
     if (len == 0)
         return 0;
     const int nhwc = lay == SF_LAYOUT_NHWC;
-    if (dt == SF_DT_BF16)
-        k_channel_slice_fwd<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const cu_bf16 *)x, (cu_bf16 *)y, len,
-                                                                           c, hw, start, count, nhwc);
-    else
-        k_channel_slice_fwd<float><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const float *)x, (float *)y, len, c, hw,
-                                                                         start, count, nhwc);
+    const unsigned grid = cu_ew_blocks(len);
+    if (dt == SF_DT_BF16) {
+        auto k = BWD ? k_channel_slice_bwd<cu_bf16> : k_channel_slice_fwd<cu_bf16>;
+        k<<<grid, CU_TPB, 0, s>>>((const cu_bf16 *)in, (cu_bf16 *)out, len, c, hw, start, count, nhwc);
+    } else {
+        auto k = BWD ? k_channel_slice_bwd<float> : k_channel_slice_fwd<float>;
+        k<<<grid, CU_TPB, 0, s>>>((const float *)in, (float *)out, len, c, hw, start, count, nhwc);
+    }
     SF_CUDA_CHECK_LAUNCH();
     return 0;
+}
+
+extern "C" int sf_cuda_channel_slice_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int c, size_t hw,
+                                            int start, int count, void *y, cudaStream_t s)
+{
+    return slice_launch<false>("sf_cuda_channel_slice_fwd_dt", dt, lay, x, n, c, hw, start, count, y, s);
 }
 
 extern "C" int sf_cuda_channel_slice_bwd_dt(sf_dtype dt, sf_layout lay, const void *dy, int n, int c, size_t hw,
                                             int start, int count, void *dx, cudaStream_t s)
 {
-    if (slice_bad("sf_cuda_channel_slice_bwd_dt", dt, c, start, count))
-        return -1;
-    const size_t len = (size_t)n * c * hw;
-    if (len == 0)
-        return 0;
-    const int nhwc = lay == SF_LAYOUT_NHWC;
-    if (dt == SF_DT_BF16)
-        k_channel_slice_bwd<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const cu_bf16 *)dy, (cu_bf16 *)dx, len,
-                                                                           c, hw, start, count, nhwc);
-    else
-        k_channel_slice_bwd<float><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const float *)dy, (float *)dx, len, c, hw,
-                                                                         start, count, nhwc);
-    SF_CUDA_CHECK_LAUNCH();
-    return 0;
+    return slice_launch<true>("sf_cuda_channel_slice_bwd_dt", dt, lay, dy, n, c, hw, start, count, dx, s);
 }

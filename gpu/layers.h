@@ -8,7 +8,7 @@
  * buffers), their initialisation, the reference backend's forward and
  * backward hooks (gpu/ref), and what the CUDA backend runs of it.
  * sf_model_resolve, the JSON parser, the checkpoint layout, the model spec a
- * checkpoint carries and the generated supported-op table (docs/MODELS.md)
+ * checkpoint carries and the generated supported-op table (docs/LAYERS.md)
  * all loop over these rows, so a new kind is a row in gpu/layers.c plus its
  * op-family files (docs/DESIGN.md, "Adding a layer kind").
  *

@@ -135,6 +135,7 @@ FAMILIES = {
     "squeezenet1_1": Family(M.squeezenet1_1, {"dropout": 0.0}),
     "vgg11_bn": Family(M.vgg11_bn, {"dropout": 0.0}, _vgg_reduced),
     "shufflenet_v2_x0_5": Family(M.shufflenet_v2_x0_5),
+    "alexnet": Family(M.alexnet, {"dropout": 0.0}),
 }
 
 

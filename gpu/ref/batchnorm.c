@@ -185,21 +185,27 @@ void SF_FN(sf_ref_bn2d_fwd_train)(const T *x, int n, int c, int h, int w, const 
     const size_t hw = (size_t)h * w;
     const size_t cnt = (size_t)n * hw;
     for (int ci = 0; ci < c; ci++) {
-        T sum = 0;
+        /* The sums in double whatever T is, as PyTorch's CPU batchnorm
+         * accumulates float in double: over a channel of a few values (a
+         * late stage at batch 2) the float sums' rounding is what the
+         * batch statistics' gradient amplifies (googlenet at 64x64: the
+         * earliest layers' first gradients 1.9e-2 from float64's with float
+         * sums). */
+        double sum = 0;
         for (int ni = 0; ni < n; ni++) {
             const T *xp = x + ((size_t)ni * c + ci) * hw;
             for (size_t i = 0; i < hw; i++)
                 sum += xp[i];
         }
-        const T mean = sum / (T)cnt;
-        T sq = 0;
+        const double dmean = sum / (double)cnt;
+        const T mean = (T)dmean;
+        double sq = 0;
         for (int ni = 0; ni < n; ni++) {
             const T *xp = x + ((size_t)ni * c + ci) * hw;
             for (size_t i = 0; i < hw; i++)
-                sq += (xp[i] - mean) * (xp[i] - mean);
+                sq += ((double)xp[i] - dmean) * ((double)xp[i] - dmean);
         }
-        const T var = sq / (T)cnt;
-        const T invstd = (T)1 / SF_SQRT(var + eps);
+        const T invstd = (T)(1.0 / sqrt(sq / (double)cnt + (double)eps));
         for (int ni = 0; ni < n; ni++) {
             const T *xp = x + ((size_t)ni * c + ci) * hw;
             T *yp = y + ((size_t)ni * c + ci) * hw;
@@ -209,7 +215,7 @@ void SF_FN(sf_ref_bn2d_fwd_train)(const T *x, int n, int c, int h, int w, const 
         save_mean[ci] = mean;
         save_invstd[ci] = invstd;
         if (running_mean && running_var) {
-            const T unbiased = cnt > 1 ? sq / (T)(cnt - 1) : (T)NAN;
+            const T unbiased = cnt > 1 ? (T)(sq / (double)(cnt - 1)) : (T)NAN;
             running_mean[ci] = ((T)1 - momentum) * running_mean[ci] + momentum * mean;
             running_var[ci] = ((T)1 - momentum) * running_var[ci] + momentum * unbiased;
         }
@@ -244,26 +250,29 @@ void SF_FN(sf_ref_bn2d_bwd)(const T *x, int n, int c, int h, int w, const T *gam
     const size_t hw = (size_t)h * w;
     const size_t cnt = (size_t)n * hw;
     for (int ci = 0; ci < c; ci++) {
-        const T mean = save_mean[ci], invstd = save_invstd[ci];
-        T sum_dy = 0, sum_dy_xhat = 0;
+        /* sums and dx in double whatever T is (the forward's reason): dx
+         * is a difference of near-equal terms where a channel has few
+         * values */
+        const double mean = save_mean[ci], invstd = save_invstd[ci];
+        double sum_dy = 0, sum_dy_xhat = 0;
         for (int ni = 0; ni < n; ni++) {
             const T *xp = x + ((size_t)ni * c + ci) * hw;
             const T *dyp = dy + ((size_t)ni * c + ci) * hw;
             for (size_t i = 0; i < hw; i++) {
                 sum_dy += dyp[i];
-                sum_dy_xhat += dyp[i] * ((xp[i] - mean) * invstd);
+                sum_dy_xhat += (double)dyp[i] * (((double)xp[i] - mean) * invstd);
             }
         }
-        dbeta[ci] = sum_dy;
-        dgamma[ci] = sum_dy_xhat;
-        const T scale = gamma[ci] * invstd / (T)cnt;
+        dbeta[ci] = (T)sum_dy;
+        dgamma[ci] = (T)sum_dy_xhat;
+        const double scale = (double)gamma[ci] * invstd / (double)cnt;
         for (int ni = 0; ni < n; ni++) {
             const T *xp = x + ((size_t)ni * c + ci) * hw;
             const T *dyp = dy + ((size_t)ni * c + ci) * hw;
             T *dxp = dx + ((size_t)ni * c + ci) * hw;
             for (size_t i = 0; i < hw; i++) {
-                const T xhat = (xp[i] - mean) * invstd;
-                dxp[i] = scale * ((T)cnt * dyp[i] - sum_dy - xhat * sum_dy_xhat);
+                const double xhat = ((double)xp[i] - mean) * invstd;
+                dxp[i] = (T)(scale * ((double)cnt * dyp[i] - sum_dy - xhat * sum_dy_xhat));
             }
         }
     }

@@ -15,9 +15,10 @@ from sfharness import BIN, REPO
 TEST_OPS = Path(BIN).parent / "tests" / "gpu" / "test_ops"
 
 CASES_PER_FAMILY = {
-    "activation": 59,
+    "activation": 93,
     "attention": 15,
-    "batchnorm": 101,
+    "batchnorm": 102,
+    "channels": 29,
     "concat": 17,
     "conv": 225,
     "conv_dw": 50,
@@ -28,7 +29,7 @@ CASES_PER_FAMILY = {
     "linear": 78,
     "loss": 27,
     "mul": 72,
-    "norm": 52,
+    "norm": 68,
     "optimizer": 14,
     "pointwise": 73,
     "pool": 180,

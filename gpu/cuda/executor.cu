@@ -65,7 +65,8 @@
  * executor_grad.cu ends a training step (the gradient check's sums, the
  * data-parallel all-reduce in buckets, accumulation, the optimizer);
  * executor_state.cu moves the state across the host boundary in PyTorch's
- * layout; this file creates the net, runs the forward, loss and backward and
+ * layout; executor_linear.cu runs the linear layers' cuBLASLt forwards and
+ * self_attention's forward and backward; this file creates the net, runs the forward, loss and backward and
  * captures the step as a CUDA graph; executor_graph.h holds what they share.
  */
 #include "gpu/cuda/executor_graph.h"
@@ -142,103 +143,6 @@ static int g_scratch_check(const sf_cuda_net *net, int n)
     sf_cuda_set_error("%s:%d: batch size %d needs %zu B of compute-stream scratch, more than the %zu B allocated",
                       __FILE__, __LINE__, n, need, net->g->scratch_bytes);
     return -1;
-}
-
-/* A weight slot of layer i as the GEMMs read it (bf16 nets: its bf16 copy). */
-static const void *g_wslot(const sf_cuda_net *net, int i, int j)
-{
-    return E(net->g->wd, net->m.layers[i].p_off[j], net->g->es);
-}
-
-/* A failed call into cuDNN's fused attention, with the reason it gave or ours. */
-static int g_sdpa_failed(int i, const char *what)
-{
-    if (!sf_cuda_last_error()[0])
-        sf_cuda_set_error("%s:%d: layer %d (self_attention): cuDNN's fused attention %s failed", __FILE__, __LINE__,
-                          i, what);
-    return -1;
-}
-
-/* Projection j of layer i (a linear layer's 0; self_attention's input
- * projection 0, output projection 1: weight slot 2j, bias slot 2j+1) over
- * rows x [rows, in] -> y [rows, out], with its bias: one cuBLASLt GEMM with
- * the bias in its epilogue where S has the plan and the pointers are as
- * aligned as it assumed, else the cuBLAS GEMM and the bias kernel. */
-static int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void *x, int rows, int in, int out,
-                           void *y, cudaStream_t s)
-{
-    const sf_layer *L = &net->m.layers[i];
-    const sf_dtype dt = net->g->dt;
-    const sf_linear_lt *p = S->lt[i][j];
-    const int rc = p ? sf_linear_lt_fwd(p, net->lt, x, g_wslot(net, i, 2 * j), y, net->blas_ctx.ws, s) : 1;
-    if (rc <= 0)
-        return rc;
-    return sf_linear_fwd_dt(net->blas, dt, x, rows, in, g_wslot(net, i, 2 * j), out, y, net->cfg.tf32) ||
-                   sf_cuda_bias_act_dt(dt, y, net->params + L->p_off[2 * j + 1], (size_t)rows, out, 1, 0, s)
-               ? -1
-               : 0;
-}
-
-/* Its weight gradient and bias gradient (fp32, overwritten) from x and dy
- * [rows, out]: the bias-gradient kernel and the cuBLAS GEMM (linear.h says
- * why not one cuBLASLt GEMM). */
-static int g_proj_wgrad(sf_cuda_net *net, int i, int j, const void *x, void *dy, int rows, int in, int out,
-                        cudaStream_t s)
-{
-    const sf_layer *L = &net->m.layers[i];
-    const sf_dtype dt = net->g->dt;
-    float *G = net->grads;
-    return sf_cuda_bias_grad_dt(dt, dy, NULL, (size_t)rows, out, 1, G + L->p_off[2 * j + 1],
-                                (float *)net->g->scratch, s) ||
-                   sf_linear_bwd_filter_dt(net->blas, dt, x, rows, in, dy, out, G + L->p_off[2 * j], net->cfg.tf32)
-               ? -1
-               : 0;
-}
-
-/* self_attention layer i (nn.MultiheadAttention): qkv = x W_in^T + b_in over
- * the n*t tokens, the heads (cuDNN's fused attention or the materialised
- * core), y = o W_out^T + b_out. qkv and o stay for the backward. */
-static int g_attention_fwd(sf_cuda_net *net, gshape *S, int i, int n, const void *x, void *ws, cudaStream_t s)
-{
-    gen_net *g = net->g;
-    const sf_layer *L = &net->m.layers[i];
-    gop *o = &g->op[i];
-    const int t = L->in_h, c = L->in_c, rows = n * t, tf32 = net->cfg.tf32;
-    if (g_lt_linear_fwd(net, S, i, 0, x, rows, c, 3 * c, o->qkv, s))
-        return -1;
-    if (o->sdpa) {
-        if (sf_sdpa_fwd(S->sdpa[i], net->dnn, o->qkv, o->att_o, o->att_stats, ws, s))
-            return g_sdpa_failed(i, "forward");
-    } else if (sf_attn_core_fwd(net->blas, g->dt, o->qkv, n, t, c, L->heads, g->att_s, o->att_p, o->att_o, tf32, s)) {
-        return -1;
-    }
-    return g_lt_linear_fwd(net, S, i, 1, o->att_o, rows, c, c, o->y, s);
-}
-
-/* Its backward from the forward's qkv and o (and weights or statistics):
- * the output projection's gradients and dO, the heads' dqkv, the input
- * projection's gradients and, when wanted, dx. */
-static int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, cudaStream_t s)
-{
-    gen_net *g = net->g;
-    const sf_layer *L = &net->m.layers[i];
-    gop *o = &g->op[i];
-    const int t = L->in_h, c = L->in_c, rows = n * t, tf32 = net->cfg.tf32;
-    const sf_dtype dt = g->dt;
-    if (g_proj_wgrad(net, i, 1, o->att_o, o->dy, rows, c, c, s) ||
-        sf_linear_bwd_data_dt(net->blas, dt, o->dy, rows, c, g_wslot(net, i, 2), c, g->att_do, tf32))
-        return -1;
-    if (o->sdpa) {
-        if (sf_sdpa_bwd(S->sdpa[i], net->dnn, o->qkv, o->att_o, g->att_do, o->att_stats, g->att_dqkv, net->ws, s))
-            return g_sdpa_failed(i, "backward");
-    } else if (sf_attn_core_bwd(net->blas, dt, o->qkv, o->att_p, g->att_do, n, t, c, L->heads, g->att_s, g->att_dqkv,
-                                tf32, s)) {
-        return -1;
-    }
-    if (g_proj_wgrad(net, i, 0, g_in(net, i, 0, b), g->att_dqkv, rows, c, 3 * c, s))
-        return -1;
-    return dx && sf_linear_bwd_data_dt(net->blas, dt, g->att_dqkv, rows, c, g_wslot(net, i, 0), 3 * c, dx, tf32) ? -1
-                                                                                                                : 0;
 }
 
 /* Forward of conv layer i on x: the thin kernel, or the depthwise kernel
@@ -852,6 +756,32 @@ static int g_bn_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, vo
     return 0;
 }
 
+/* Backward of the token-sequence kinds (to_tokens, class_token,
+ * pos_embedding, select_token) of layer i over n samples, into dx (NULL:
+ * not wanted) and the layer's parameter gradient. */
+static int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len, cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &g->op[i];
+    const sf_dtype dt = g->dt;
+    switch (L->kind) {
+    case SF_L_TO_TOKENS:
+        return dx && sf_cuda_tokens_to_map_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->in_h * L->in_w, dx, s) ? -1
+                                                                                                               : 0;
+    case SF_L_CLASS_TOKEN:
+        return sf_cuda_prepend_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, net->grads + L->w_off, s) ? -1 : 0;
+    case SF_L_POS_EMBEDDING: /* the input's gradient is dy itself */
+        if (sf_cuda_add_bcast_bwd_dt(dt, o->dy, n, L->out_elems, net->grads + L->w_off, s))
+            return -1;
+        if (dx)
+            SF_CUDA_CHECK(cudaMemcpyAsync(dx, o->dy, g->es * in_len, cudaMemcpyDeviceToDevice, s));
+        return 0;
+    default: /* SF_L_SELECT_TOKEN */
+        return dx && sf_cuda_select_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, s) ? -1 : 0;
+    }
+}
+
 /* Backward of buffer b's n samples, from the last layer's dy down to the
  * first trainable layer, each layer's gradients reduced or normed as they
  * are complete. */
@@ -936,18 +866,6 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             g_mark(pf, s, "bwd", sf_layer_kind_name(L->kind), i);
             continue;
-        case SF_L_RELU6:
-        case SF_L_SIGMOID:
-        case SF_L_SILU:
-        case SF_L_HARDSWISH:
-        case SF_L_HARDSIGMOID:
-        case SF_L_GELU:
-        case SF_L_TANH:
-        case SF_L_LEAKY_RELU:
-            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), L->negative_slope, g_in(net, i, 0, b), o->dy, dx, in_len,
-                                         s))
-                return -1;
-            break;
         case SF_L_MUL:
             if (g_mul_bwd(net, i, b, n, dx, add0, in_len, s))
                 return -1;
@@ -967,21 +885,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_TO_TOKENS:
-            if (dx && sf_cuda_tokens_to_map_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->in_h * L->in_w, dx, s))
-                return -1;
-            break;
         case SF_L_CLASS_TOKEN:
-            if (sf_cuda_prepend_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, net->grads + L->w_off, s))
-                return -1;
-            break;
-        case SF_L_POS_EMBEDDING: /* the input's gradient is dy itself */
-            if (sf_cuda_add_bcast_bwd_dt(dt, o->dy, n, L->out_elems, net->grads + L->w_off, s))
-                return -1;
-            if (dx)
-                SF_CUDA_CHECK(cudaMemcpyAsync(dx, o->dy, g->es * in_len, cudaMemcpyDeviceToDevice, s));
-            break;
+        case SF_L_POS_EMBEDDING:
         case SF_L_SELECT_TOKEN:
-            if (dx && sf_cuda_select_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, s))
+            if (g_tokens_bwd(net, i, n, dx, in_len, s))
                 return -1;
             break;
         case SF_L_SELF_ATTENTION:
@@ -1007,7 +914,13 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         default:
-            continue;
+            /* the activations (g_is_act); no other kind has a backward */
+            if (!g_is_act(L->kind))
+                continue;
+            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), L->negative_slope, g_in(net, i, 0, b), o->dy, dx, in_len,
+                                         s))
+                return -1;
+            break;
         }
         if (dx && add0 && g_add_back(net, i, 0, in_len, s))
             return -1;

@@ -382,6 +382,20 @@ static inline void *g_in(const sf_cuda_net *net, int i, int j, int b)
 static inline void *g_wd(const sf_cuda_net *net, int i) { return E(net->g->wd, net->m.layers[i].w_off, net->g->es); }
 static inline void *g_gd(const sf_cuda_net *net, int i) { return E(net->g->gd, net->m.layers[i].w_off, net->g->es); }
 
+/* A weight slot of layer i as the GEMMs read it (bf16 nets: its bf16 copy). */
+static inline const void *g_wslot(const sf_cuda_net *net, int i, int j)
+{
+    return E(net->g->wd, net->m.layers[i].p_off[j], net->g->es);
+}
+
+/* executor_linear.cu: projection j of layer i on cuBLASLt with its bias (or
+ * cuBLAS and the bias kernel), and self_attention layer i's forward and
+ * backward. */
+int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void *x, int rows, int in, int out, void *y,
+                    cudaStream_t s);
+int g_attention_fwd(sf_cuda_net *net, gshape *S, int i, int n, const void *x, void *ws, cudaStream_t s);
+int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, cudaStream_t s);
+
 /* [outer, c, inner] view of an activation [n, c, h*w] in the net's layout. */
 static inline void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *inner)
 {

@@ -1044,14 +1044,7 @@ class _Converter:
             raise ExportError(f"indexes with {idx!r}; supported are x[:, 0] on a token sequence (the class token) "
                               "and x[:, a:b] on a map (a channel range)", op=op, module_path=path,
                               supported=_supported_functions())
-        acts: Dict[Any, str] = {F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu",
-                                F.gelu: "gelu", F.hardswish: "hardswish", F.hardsigmoid: "hardsigmoid",
-                                torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh",
-                                F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu"}
-        # F.tanh traces as the method it calls (input.tanh()).
-        meth_acts = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
-                     "tanh_": "tanh"}
-        kind = acts.get(t) if n.op == "call_function" else meth_acts.get(meth or "")
+        kind = _FUNCTION_ACTS.get(t) if n.op == "call_function" else _METHOD_ACTS.get(meth or "")
         if kind:
             x = self.val(n.args[0], n)
             if x.ct:
@@ -1135,6 +1128,15 @@ class _Converter:
 
 
 # ---- the public functions -------------------------------------------------------------------
+
+# The activation functions and Tensor methods the converter maps onto
+# activation kinds (F.tanh traces as the method it calls, input.tanh()).
+_FUNCTION_ACTS: Dict[Any, str] = {
+    F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu", F.gelu: "gelu", F.hardswish: "hardswish",
+    F.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh",
+    F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu"}
+_METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
+                "tanh_": "tanh"}
 
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
                   nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,

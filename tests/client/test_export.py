@@ -8,6 +8,7 @@ layer by layer with torch functions, as MODEL-SPEC.md defines each kind, on
 the exported tensors, and must give the module's own eval-mode output. A
 wrong input order, a missed permute, a swapped mul or a lost layer changes
 the numbers."""
+import collections
 import json
 import os
 
@@ -542,6 +543,34 @@ def test_channel_moves_and_pooling_functions_out_of_reach_are_refused_naming_the
         convert(Functional(f), (1, 3, 4, 4))
     assert op in e.value.op and why in str(e.value), str(e.value)
     assert "in the top-level module" in str(e.value)
+
+
+class AuxHeads(nn.Module):
+    """A classifier with an auxiliary head that, as torchvision's GoogLeNet
+    and Inception v3 in training, returns a namedtuple (tuple=False) or a
+    plain tuple (tuple=True) of both outputs."""
+
+    Outputs = collections.namedtuple("Outputs", ["logits", "aux"])
+
+    def __init__(self, plain_tuple):
+        super().__init__()
+        self.plain_tuple = plain_tuple
+        self.body = nn.Conv2d(3, 4, 3)
+        self.head, self.aux = nn.Linear(4, 2), nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.body(x).mean((2, 3))
+        out = (self.head(y), self.aux(y))
+        return out if self.plain_tuple else self.Outputs(*out)
+
+
+@pytest.mark.parametrize("plain_tuple, what", [(False, "Outputs"), (True, "tuple")])
+def test_a_model_returning_several_outputs_is_refused_with_the_way_out(plain_tuple, what):
+    with pytest.raises(ExportError) as e:
+        convert(AuxHeads(plain_tuple), (1, 3, 4, 4))
+    msg = str(e.value)
+    assert f"must return one tensor (the logits); it returns {what}" in msg, msg
+    assert "aux_logits=False" in msg, msg
 
 
 def test_a_module_called_twice_is_refused_since_each_layer_has_its_own_parameters():

@@ -426,9 +426,15 @@ class _Converter:
                 continue
             self.vals[n] = self.convert_node(n)
         res = out_node.args[0]
-        if not isinstance(res, torch.fx.Node):
-            raise ExportError("forward() must return one tensor (the logits); it returns "
-                              f"{type(res).__name__}", op="forward", module_path="")
+        # Several values: a tuple, or a namedtuple built in forward() (the
+        # training-mode output of models with auxiliary heads).
+        several = isinstance(res, (tuple, list)) or (isinstance(res, torch.fx.Node) and res.op == "call_function"
+                                                     and isinstance(res.target, type))
+        if several or not isinstance(res, torch.fx.Node):
+            what = res.target.__name__ if isinstance(res, torch.fx.Node) else type(res).__name__
+            raise ExportError(f"forward() must return one tensor (the logits); it returns {what}"
+                              + ("; a model with auxiliary heads exports without them (torchvision: "
+                                 "aux_logits=False)" if several else ""), op="forward", module_path="")
         v = self.val(res, out_node, "output")
         if v.layer < 0 or not self.b.layers:
             raise ExportError("forward() returns its input unchanged: there is nothing to train",

@@ -490,7 +490,18 @@ def test_downloads_that_are_never_read_leave_saves_loads_and_puts_their_buffers(
         k.connect(("127.0.0.1", s.port))
         k.sendall(b"GET /v1/checkpoint HTTP/1.1\r\nHost: x\r\n\r\n")
         stalled.append(k)
-    # Wait until the downloads' share is taken: one more download is refused.
+    # Each stalled request answered before any other download starts: a
+    # download polled while the server had yet to reach the stalled requests
+    # took one of the share's buffers, so the stalled ones behind it were
+    # refused and the share never filled (seen under ASan on a loaded CI
+    # machine). Their status lines are peeked, not read, so the replies stay
+    # unread: two hold the share's buffers, the other two were refused.
+    heads = []
+    for k in stalled:
+        k.settimeout(30)
+        heads.append(k.recv(12, socket.MSG_PEEK | socket.MSG_WAITALL))
+    assert sorted(h[9:12] for h in heads) == [b"200", b"200", b"503", b"503"], heads
+    # The downloads' share is taken: one more download is refused.
     wait_until(lambda: s.get("/v1/checkpoint").status_code == 503, timeout=30)
     r = s.get("/v1/checkpoint")
     assert error_of(r)["code"] == "checkpoint_busy" and "downloads" in error_of(r)["message"], r.text

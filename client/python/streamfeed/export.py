@@ -431,7 +431,8 @@ class _Converter:
         several = isinstance(res, (tuple, list)) or (isinstance(res, torch.fx.Node) and res.op == "call_function"
                                                      and isinstance(res.target, type))
         if several or not isinstance(res, torch.fx.Node):
-            what = res.target.__name__ if isinstance(res, torch.fx.Node) else type(res).__name__
+            target = res.target if isinstance(res, torch.fx.Node) else None
+            what = target.__name__ if isinstance(target, type) else type(res).__name__
             raise ExportError(f"forward() must return one tensor (the logits); it returns {what}"
                               + ("; a model with auxiliary heads exports without them (torchvision: "
                                  "aux_logits=False)" if several else ""), op="forward", module_path="")

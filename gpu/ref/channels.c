@@ -63,25 +63,20 @@ void SF_FN(sf_ref_channel_shuffle)(const T *x, int n, int c, size_t hw, int g, T
             }
 }
 
-/* y[n][k][p] = x[n][start + k][p] for k < count (x has c channels). */
+/* y[n][k][p] = x[n][start + k][p] for k < count (x has c channels): the
+ * take of one input's channels out of a concatenation (concat.c). */
 void SF_FN(sf_ref_channel_slice_fwd)(const T *x, int n, int c, size_t hw, int start, int count, T *y)
 {
-    for (int ni = 0; ni < n; ni++)
-        for (size_t e = 0; e < (size_t)count * hw; e++)
-            y[(size_t)ni * count * hw + e] = x[((size_t)ni * c + start) * hw + e];
+    SF_FN(sf_ref_concat_take)(x, n, count, hw, c, start, y);
 }
 
 /* dx ([n, c, hw]) is dy in the channels [start, start + count) and 0 in
  * every other: the whole input gradient, as the backend adds it. */
 void SF_FN(sf_ref_channel_slice_bwd)(const T *dy, int n, int c, size_t hw, int start, int count, T *dx)
 {
-    for (int ni = 0; ni < n; ni++)
-        for (int k = 0; k < c; k++) {
-            T *d = dx + ((size_t)ni * c + k) * hw;
-            const int in = k >= start && k < start + count;
-            for (size_t p = 0; p < hw; p++)
-                d[p] = in ? dy[((size_t)ni * count + (k - start)) * hw + p] : (T)0;
-        }
+    for (size_t e = 0; e < (size_t)n * c * hw; e++)
+        dx[e] = (T)0;
+    SF_FN(sf_ref_concat_put)(dy, n, count, hw, c, start, dx);
 }
 
 #endif

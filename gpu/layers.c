@@ -37,11 +37,21 @@ static const char *const depth_modes[] = {"row", NULL};
 #define F_CEIL(flags) {"ceil_mode", SF_FT_BOOL, OFF(ceil_mode), 0, 1, 0, flags, NULL, \
                        "output size rounded up (a last window may start in the padding's reach)"}
 
+_Static_assert(OFF(stride_w) - OFF(stride) == SF_FT_HW_WIDTH && OFF(pad_w) - OFF(pad) == SF_FT_HW_WIDTH &&
+                   OFF(dilation_w) - OFF(dilation) == SF_FT_HW_WIDTH,
+               "each INT_HW field's width lies SF_FT_HW_WIDTH bytes after its height");
+
+/* conv2d's window takes PyTorch's forms: one number for both dimensions or
+ * [h, w] (Inception's 1x7 and 7x1 kernels, a stride along one axis). */
 static const sf_layer_field conv2d_fields[] = {
-    F_IN, F_OUT("output channels"), F_K, F_STRIDE(1, "stride"), F_PAD, F_BIAS,
+    F_IN, F_OUT("output channels"),
+    {"k", SF_FT_INT_HW, OFF(k), 1, SF_MAX_KERNEL, 0, SF_FF_REQUIRED, NULL, "kernel size"},
+    {"stride", SF_FT_INT_HW, OFF(stride), 1, SF_MAX_KERNEL, 1, 0, NULL, "stride"},
+    {"pad", SF_FT_INT_HW, OFF(pad), 0, SF_MAX_KERNEL, 0, 0, NULL, "zero padding on each side"},
+    F_BIAS,
     {"groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 1, SF_FF_IF_SET, NULL,
      "groups (in and out divisible by it; groups = in = out is depthwise)"},
-    {"dilation", SF_FT_INT, OFF(dilation), 1, SF_MAX_KERNEL, 1, SF_FF_IF_SET, NULL,
+    {"dilation", SF_FT_INT_HW, OFF(dilation), 1, SF_MAX_KERNEL, 1, SF_FF_IF_SET, NULL,
      "spacing between kernel taps"},
     F_END,
 };
@@ -152,20 +162,39 @@ static int conv2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out
         L->groups = 1;
     if (L->dilation == 0)
         L->dilation = 1;
+    /* A layer built field by field (the presets, the tests) sets the
+     * height's values only: its window is square. A spec's kernel always has
+     * a width, so kw 0 tells the two apart (a width's padding may be 0). */
+    if (L->kw == 0) {
+        L->kw = L->k;
+        L->pad_w = L->pad;
+    }
+    if (L->stride_w == 0)
+        L->stride_w = L->stride;
+    if (L->dilation_w == 0)
+        L->dilation_w = L->dilation;
     if (check_out_c(L, "channels", err, errlen) || check_window(L, err, errlen))
         return -1;
-    if (L->groups < 1 || L->dilation < 1 || L->dilation > SF_MAX_KERNEL || in->c % L->groups || L->out_c % L->groups) {
-        sf_errf(err, errlen, "groups %d must divide in %d and out %d, dilation %d in [1,%d]", L->groups, in->c,
-                L->out_c, L->dilation, SF_MAX_KERNEL);
+    if (L->kw < 1 || L->kw > SF_MAX_KERNEL || L->stride_w < 1 || L->stride_w > SF_MAX_KERNEL || L->pad_w < 0 ||
+        L->pad_w > SF_MAX_KERNEL) {
+        sf_errf(err, errlen, "k=[%d,%d] stride=[%d,%d] pad=[%d,%d] out of range (k,stride in [1,%d], pad in [0,%d])",
+                L->k, L->kw, L->stride, L->stride_w, L->pad, L->pad_w, SF_MAX_KERNEL, SF_MAX_KERNEL);
         return -1;
     }
-    const int span = L->dilation * (L->k - 1) + 1;
-    const int eh = in->h + 2 * L->pad - span, ew = in->w + 2 * L->pad - span;
+    if (L->groups < 1 || L->dilation < 1 || L->dilation > SF_MAX_KERNEL || L->dilation_w < 1 ||
+        L->dilation_w > SF_MAX_KERNEL || in->c % L->groups || L->out_c % L->groups) {
+        sf_errf(err, errlen, "groups %d must divide in %d and out %d, dilation [%d,%d] in [1,%d]", L->groups, in->c,
+                L->out_c, L->dilation, L->dilation_w, SF_MAX_KERNEL);
+        return -1;
+    }
+    const int eh = in->h + 2 * L->pad - (L->dilation * (L->k - 1) + 1);
+    const int ew = in->w + 2 * L->pad_w - (L->dilation_w * (L->kw - 1) + 1);
     if (eh < 0 || ew < 0) {
-        sf_errf(err, errlen, "kernel %d does not fit the %dx%d input (pad %d)", L->k, in->h, in->w, L->pad);
+        sf_errf(err, errlen, "kernel [%d,%d] (dilation [%d,%d]) does not fit the %dx%d input (pad [%d,%d])", L->k,
+                L->kw, L->dilation, L->dilation_w, in->h, in->w, L->pad, L->pad_w);
         return -1;
     }
-    *out = (sf_shape){L->out_c, eh / L->stride + 1, ew / L->stride + 1, 0, 0};
+    *out = (sf_shape){L->out_c, eh / L->stride + 1, ew / L->stride_w + 1, 0, 0};
     return 0;
 }
 
@@ -465,7 +494,7 @@ static void pd_set(sf_param_desc *p, const char *suffix, int ndim, int64_t a, in
 
 static int conv2d_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
-    pd_set(&pd[0], "weight", 4, L->out_c, L->in_c / (L->groups > 1 ? L->groups : 1), L->k, L->k);
+    pd_set(&pd[0], "weight", 4, L->out_c, L->in_c / (L->groups > 1 ? L->groups : 1), L->k, L->kw);
     pd_set(&pd[1], "bias", 1, L->out_c, 0, 0, 0);
     return L->bias ? 2 : 1;
 }
@@ -547,7 +576,7 @@ static double normal01(uint64_t seed, uint64_t li, uint64_t e)
 static void init_fan_in(const sf_layer *L, int li, uint64_t seed, float *params, size_t fan_in)
 {
     if (L->init == SF_INIT_KAIMING_FAN_OUT) {
-        const double sd = sqrt(2.0 / ((double)L->out_c * L->k * L->k));
+        const double sd = sqrt(2.0 / ((double)L->out_c * L->k * (L->kw ? L->kw : L->k)));
         for (size_t e = 0; e < L->n_w; e++)
             params[L->w_off + e] = (float)(sd * normal01(seed, (uint64_t)li, e));
         for (size_t e = 0; e < L->n_b; e++)
@@ -567,7 +596,7 @@ static void init_fan_in(const sf_layer *L, int li, uint64_t seed, float *params,
 
 static void conv2d_init(const sf_layer *L, int li, uint64_t seed, float *params)
 {
-    init_fan_in(L, li, seed, params, (size_t)(L->in_c / (L->groups > 1 ? L->groups : 1)) * L->k * L->k);
+    init_fan_in(L, li, seed, params, (size_t)(L->in_c / (L->groups > 1 ? L->groups : 1)) * L->k * L->kw);
 }
 
 /* PyTorch computes a transposed convolution's fan_in from weight.size(1). */
@@ -634,7 +663,8 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .fields = conv2d_fields, .shape = conv2d_shape, .params = conv2d_params, .init = conv2d_init,
         .ref_fwd = sf_ref_layer_conv2d_fwd, .ref_bwd = sf_ref_layer_conv2d_bwd,
         .bf16_weights = 1, .bf16_wgrad = 1, .cuda = 1,
-        .doc = "2-D convolution, square kernel, grouped (depthwise) and dilated; weight [out, in/groups, k, k]"},
+        .doc = "2-D convolution, grouped (depthwise) and dilated, square or [h, w] windows; weight "
+               "[out, in/groups, kh, kw]"},
     [SF_L_RELU] = {
         .name = "relu", .torch = "nn.ReLU", .min_in = 1, .max_in = 1, .fields = no_fields,
         .shape = same_shape, .ref_fwd = sf_ref_layer_relu_fwd, .ref_bwd = sf_ref_layer_relu_bwd, .cuda = 1,
@@ -857,6 +887,8 @@ void sf_layer_set_defaults(sf_layer *L)
             *(float *)p = (float)f->def;
         } else if (f->type == SF_FT_INT_PAIR) {
             ((int *)p)[0] = ((int *)p)[1] = (int)f->def;
+        } else if (f->type == SF_FT_INT_HW) {
+            *(int *)p = *(int *)(p + SF_FT_HW_WIDTH) = (int)f->def;
         } else {
             *(int *)p = (int)f->def;
         }
@@ -914,7 +946,9 @@ void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
         if (f->flags & SF_FF_INFERRED)
             continue;
         const char *p = (const char *)L + f->off;
-        if ((f->flags & SF_FF_IF_SET) && f->type != SF_FT_INT_PAIR && sf_layer_field_value(L, f) == (double)(f->type == SF_FT_FLOAT ? (float)f->def : f->def))
+        const int w = f->type == SF_FT_INT_HW ? *(const int *)(p + SF_FT_HW_WIDTH) : 0;
+        if ((f->flags & SF_FF_IF_SET) && f->type != SF_FT_INT_PAIR && sf_layer_field_value(L, f) == (double)(f->type == SF_FT_FLOAT ? (float)f->def : f->def) &&
+            (f->type != SF_FT_INT_HW || w == (int)f->def))
             continue;
         switch (f->type) {
         case SF_FT_INT:
@@ -935,6 +969,15 @@ void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
             cJSON_AddItemToArray(a, cJSON_CreateNumber(((const int *)p)[1]));
             break;
         }
+        case SF_FT_INT_HW: /* one number where both dimensions agree, as a square spec is written */
+            if (w == *(const int *)p) {
+                cJSON_AddNumberToObject(obj, f->key, w);
+            } else {
+                cJSON *a = cJSON_AddArrayToObject(obj, f->key);
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(*(const int *)p));
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(w));
+            }
+            break;
         }
     }
 }
@@ -961,6 +1004,9 @@ static void md_bounds(FILE *out, const sf_layer_field *f)
         break;
     case SF_FT_INT_PAIR:
         fprintf(out, "[h, w], each in [%g, %g]", f->lo, f->hi);
+        break;
+    case SF_FT_INT_HW:
+        fprintf(out, "[%g, %g], or [h, w] of them", f->lo, f->hi);
         break;
     default:
         fprintf(out, "[%g, %g]", f->lo, f->hi);

@@ -41,7 +41,9 @@ typedef enum sf_field_type {
     SF_FT_BOOL,    /* int, 0 or 1 */
     SF_FT_FLOAT,   /* float */
     SF_FT_ENUM,    /* int: the index of the string in choices */
-    SF_FT_INT_PAIR /* int[2] from a JSON array [a, b] */
+    SF_FT_INT_PAIR, /* int[2] from a JSON array [a, b] */
+    SF_FT_INT_HW    /* an int for both dimensions or [h, w] (PyTorch's kernel_size, stride,
+                     * padding and dilation): h at off, w SF_FT_HW_WIDTH bytes after it */
 } sf_field_type;
 
 enum {
@@ -63,6 +65,11 @@ typedef struct sf_layer_field {
     const char *const *choices; /* ENUM: the accepted strings, NULL-terminated */
     const char *doc;            /* one line for the generated table */
 } sf_layer_field;
+
+/* Where an INT_HW field's width value lies after its height's: sf_layer
+ * keeps conv2d's window as k, stride, pad, dilation, then the same four
+ * along the width (gpu/layers.c asserts each pair). */
+#define SF_FT_HW_WIDTH (offsetof(sf_layer, kw) - offsetof(sf_layer, k))
 
 /* A tensor's shape per sample as the resolver tracks it. flat: the tensor is
  * a feature vector [c] (after a flatten or a linear layer), h = w = 1.
@@ -140,7 +147,16 @@ size_t sf_layer_param_count(const sf_layer *L);
  * or a token sequence. */
 int sf_layer_out_is_features(const sf_layer *L);
 
-/* The value of field f of L as a double (PAIR: its first element). */
+/* 1 when a resolved conv2d layer has the same kernel size, stride, padding
+ * and dilation along both dimensions: the CUDA backend's own convolution
+ * kernels (depthwise, thin, patch, space-to-depth, 1x1 GEMM) take one value
+ * of each, and cuDNN runs every other convolution. */
+static inline int sf_layer_conv_square(const sf_layer *L)
+{
+    return L->kw == L->k && L->stride_w == L->stride && L->pad_w == L->pad && L->dilation_w == L->dilation;
+}
+
+/* The value of field f of L as a double (PAIR, INT_HW: its first element). */
 double sf_layer_field_value(const sf_layer *L, const sf_layer_field *f);
 
 /* Sets every field of L to its default (the JSON parser's starting point). */

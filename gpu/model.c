@@ -582,6 +582,27 @@ static int parse_field(const cJSON *jl, const sf_layer_field *f, sf_layer *L, co
         ((int *)p)[1] = xy[1];
         return 0;
     }
+    case SF_FT_INT_HW: {
+        /* one integer for both dimensions, or [h, w] */
+        const int pair = cJSON_IsArray(v);
+        int ok = !pair || cJSON_GetArraySize(v) == 2;
+        int xy[2] = {0, 0};
+        for (int d = 0; ok && d < 2; d++) {
+            const cJSON *e = pair ? cJSON_GetArrayItem(v, d) : v;
+            ok = cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) && e->valuedouble >= f->lo &&
+                 e->valuedouble <= f->hi;
+            if (ok)
+                xy[d] = (int)e->valuedouble;
+        }
+        if (!ok) {
+            sf_errf(err, errlen, "%s: \"%s\" must be an integer in [%g,%g] or [h, w] of them", what, f->key, f->lo,
+                    f->hi);
+            return -1;
+        }
+        *(int *)p = xy[0];
+        *(int *)(p + SF_FT_HW_WIDTH) = xy[1];
+        return 0;
+    }
     }
     return -1;
 }

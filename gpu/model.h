@@ -101,9 +101,13 @@ typedef struct sf_layer {
     sf_layer_kind kind;
     char name[SF_LAYER_NAME_MAX]; /* state_dict prefix: "0", "2", ... for Sequential presets */
     int in_c, out_c;              /* channels (conv) or features (linear) */
-    int k, stride, pad;           /* conv only */
+    int k, stride, pad;           /* conv, pools: kernel, stride, padding (conv2d: along the height) */
+    int dilation;                 /* conv2d: spacing of the kernel's taps along the height (1: plain) */
+    int kw, stride_w, pad_w;      /* conv2d: the same four along the width, in the same order (a 1x7 */
+    int dilation_w;               /* kernel is k 1, kw 7); set to the height's values when kw is 0, so code
+                                   * that builds a square layer field by field leaves them 0 */
     int bias;                     /* 1 when the layer has a bias */
-    int groups, dilation;         /* conv2d (1 = a plain convolution); groups also channel_shuffle */
+    int groups;                   /* conv2d (1 = a plain convolution); channel_shuffle */
     int ceil_mode;                /* maxpool2d, avgpool2d: output size rounded up */
     int count_include_pad;        /* avgpool2d: padding counts in the divisor */
     int out_size[2];              /* adaptive_avgpool2d: output [h, w] */

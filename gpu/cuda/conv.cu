@@ -79,14 +79,14 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
                        cudnnBackendDescriptor_t *graph_out)
 {
     const int64_t groups = d->groups > 1 ? d->groups : 1, dilation = d->dilation > 1 ? d->dilation : 1;
-    const int64_t span = dilation * (d->k - 1) + 1;
-    const int64_t oh = (d->h + 2 * d->pad - span) / d->stride + 1;
-    const int64_t ow = (d->w + 2 * d->pad - span) / d->stride + 1;
+    const sf_conv_wdims wd_ = sf_conv_width(d);
+    const int64_t oh = (d->h + 2 * d->pad - (dilation * (d->k - 1) + 1)) / d->stride + 1;
+    const int64_t ow = (d->w + 2 * wd_.pad - (wd_.dilation * (wd_.k - 1) + 1)) / wd_.stride + 1;
     int64_t xd[4], xs[4], wd[4], ws[4], yd[4], ys[4];
     dims_strides(d->n, d->c, d->h, d->w, d->layout, xd, xs);
     /* KCRS or KRSC; a grouped filter holds c/groups input channels, which is
      * how the graph API is told the group count (it has no attribute for it) */
-    dims_strides(d->oc, d->c / groups, d->k, d->k, d->layout, wd, ws);
+    dims_strides(d->oc, d->c / groups, d->k, wd_.k, d->layout, wd, ws);
     dims_strides(d->n, d->oc, oh, ow, d->layout, yd, ys);
     cudnnBackendDescriptor_t tx, tw, ty, ty_out = NULL;
     const int fused = dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu);
@@ -109,7 +109,7 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
     const int64_t nsp = 2;
     const cudnnDataType_t ct = CUDNN_DATA_FLOAT; /* fp32 accumulation for fp32 and bf16 data */
     const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
-    const int64_t pad[2] = {d->pad, d->pad}, str[2] = {d->stride, d->stride}, dil[2] = {dilation, dilation};
+    const int64_t pad[2] = {d->pad, wd_.pad}, str[2] = {d->stride, wd_.stride}, dil[2] = {dilation, wd_.dilation};
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nsp));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct));
     SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
@@ -385,10 +385,12 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
                 return 0;
             snprintf(gemm_why, sizeof gemm_why, "; GEMM path: %.400s", sf_cuda_last_error());
         }
-        sf_cuda_set_error("conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d g=%d dil=%d %s %s: graph rejected: %s%s", dir_name[dir],
-                          dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu) ? "+bias/relu" : "", d->n, d->c,
-                          d->h, d->w, d->oc, d->k, d->stride, d->pad, d->groups > 1 ? d->groups : 1,
-                          d->dilation > 1 ? d->dilation : 1, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
+        const sf_conv_wdims wd = sf_conv_width(d);
+        sf_cuda_set_error("conv %s%s n=%d c=%d %dx%d oc=%d k=%dx%d s=%dx%d p=%dx%d g=%d dil=%dx%d %s %s: graph rejected: %s%s",
+                          dir_name[dir], dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu) ? "+bias/relu" : "",
+                          d->n, d->c, d->h, d->w, d->oc, d->k, wd.k, d->stride, wd.stride, d->pad, wd.pad,
+                          d->groups > 1 ? d->groups : 1, d->dilation > 1 ? d->dilation : 1, wd.dilation,
+                          d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
                           sf_conv_prec_name(d->dt, d->tf32), why, gemm_why);
         return -1;
     }
@@ -473,11 +475,13 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
                 return 0;
             snprintf(gemm_why, sizeof gemm_why, "; GEMM path: %.400s", sf_cuda_last_error());
         }
-        sf_cuda_set_error("%s:%d: conv %s%s n=%d c=%d %dx%d oc=%d k=%d s=%d p=%d g=%d dil=%d %s %s: no usable cuDNN engine "
-                          "(workspace limit %zu bytes)%s",
-                          __FILE__, __LINE__, dir_name[dir], fused ? "+bias/relu" : "", d->n, d->c, d->h,
-                          d->w, d->oc, d->k, d->stride, d->pad, d->groups > 1 ? d->groups : 1,
-                          d->dilation > 1 ? d->dilation : 1, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw", sf_conv_prec_name(d->dt, d->tf32),
+        const sf_conv_wdims wd = sf_conv_width(d);
+        sf_cuda_set_error("%s:%d: conv %s%s n=%d c=%d %dx%d oc=%d k=%dx%d s=%dx%d p=%dx%d g=%d dil=%dx%d %s %s: no usable "
+                          "cuDNN engine (workspace limit %zu bytes)%s",
+                          __FILE__, __LINE__, dir_name[dir], fused ? "+bias/relu" : "", d->n, d->c, d->h, d->w,
+                          d->oc, d->k, wd.k, d->stride, wd.stride, d->pad, wd.pad, d->groups > 1 ? d->groups : 1,
+                          d->dilation > 1 ? d->dilation : 1, wd.dilation, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
+                          sf_conv_prec_name(d->dt, d->tf32),
                           ws_limit, gemm_why);
         return -1;
     }

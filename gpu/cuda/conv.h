@@ -30,11 +30,14 @@ struct sf_cublas_ctx;
  * oh = (h + 2*pad - dilation*(k-1) - 1)/stride + 1. */
 typedef struct sf_conv_desc {
     int n, c, h, w;          /* input [n, c, h, w] */
-    int oc, k, stride, pad;  /* square kernel, symmetric padding */
+    int oc, k, stride, pad;  /* kernel, stride and padding (each side) along the height */
     int groups, dilation;    /* 0 or 1: a plain convolution. groups g: the filter is
-                                [oc, c/g, k, k] (KCRS; KRSC with NHWC), and cuDNN's
+                                [oc, c/g, k, kw] (KCRS; KRSC with NHWC), and cuDNN's
                                 graph API reads the group count from the filter's
                                 channel dimension; groups = c = oc is depthwise */
+    int kw, stride_w, pad_w, dilation_w; /* the same along the width; 0: as along the height
+                                (a square window, which every constructor but the
+                                executor's conv2d leaves so) */
     sf_layout layout;        /* NHWC activations pair with a KRSC filter */
     int tf32;                /* fp32 data: allow TF32 tensor-core engines (else strict
                                 fp32); ignored for bf16 */
@@ -71,6 +74,25 @@ typedef struct sf_conv_desc {
 } sf_conv_desc;
 
 #define SF_CONV_WIDE_GAIN 1.25f
+
+/* The window along the width of d (its height's where d leaves it 0). */
+typedef struct sf_conv_wdims {
+    int k, stride, pad, dilation;
+} sf_conv_wdims;
+static inline sf_conv_wdims sf_conv_width(const sf_conv_desc *d)
+{
+    const int dh = d->dilation > 1 ? d->dilation : 1;
+    sf_conv_wdims w = {d->kw ? d->kw : d->k, d->stride_w ? d->stride_w : d->stride, d->kw ? d->pad_w : d->pad,
+                       d->dilation_w ? d->dilation_w : dh};
+    return w;
+}
+/* 1 when d's window is the same along both axes (what the hand-written
+ * convolution paths take; cuDNN takes any). */
+static inline int sf_conv_square(const sf_conv_desc *d)
+{
+    const sf_conv_wdims w = sf_conv_width(d);
+    return w.k == d->k && w.stride == d->stride && w.pad == d->pad && w.dilation == (d->dilation > 1 ? d->dilation : 1);
+}
 
 /* "bf16", "tf32" or "fp32": the data type and math of a convolution, for
  * descriptions and messages. For a desc pass (d->dt, d->tf32) (what it allows);

@@ -68,7 +68,7 @@ static int sum_samples(sf_dtype dt, const float *part, int nb, size_t k, void *o
 extern "C" int sf_conv_gemm_ok(const sf_conv_desc *d)
 {
     /* cuBLAS's dimensions are ints: n*hw is the row count of the NHWC GEMMs */
-    return d->k == 1 && d->stride == 1 && d->pad == 0 && d->groups <= 1 && d->dilation <= 1 &&
+    return d->k == 1 && d->stride == 1 && d->pad == 0 && sf_conv_square(d) && d->groups <= 1 && d->dilation <= 1 &&
            (d->dt == SF_DT_F32 || d->dt == SF_DT_BF16) && d->n >= 1 && d->c >= 1 && d->oc >= 1 && d->h >= 1 &&
            d->w >= 1 && (double)d->n * d->h * d->w <= 2147483647.0;
 }

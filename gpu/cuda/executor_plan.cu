@@ -418,13 +418,15 @@ static void g_choose_fusions(sf_cuda_net *net)
      * rule has no case of its own for them. */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
-        const int plain = L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1;
+        /* a window that differs between the axes (1x7) is cuDNN's alone */
+        const int square = L->kind == SF_L_CONV2D && sf_layer_conv_square(L);
+        const int plain = square && L->groups <= 1 && L->dilation <= 1;
         if (L->kind == SF_L_CONV2D && !plain) {
             g->op[i].thin = g->op[i].fusable = g->op[i].patch = 0;
             /* depthwise: conv_dw.h's kernels are timed against cuDNN's plans
              * (g_build_shape), whose only NHWC engine for it is the generic one */
-            g->op[i].dw = !net->cfg.no_dw && sf_conv_dw_ok(g->lay, g->dt, L->in_c, L->out_c, L->groups, L->k,
-                                                           L->stride, L->pad, L->dilation);
+            g->op[i].dw = !net->cfg.no_dw && square && sf_conv_dw_ok(g->lay, g->dt, L->in_c, L->out_c, L->groups,
+                                                                     L->k, L->stride, L->pad, L->dilation);
             continue;
         }
         g->op[i].thin = !net->cfg.no_thin && L->kind == SF_L_CONV2D &&
@@ -515,11 +517,11 @@ static int g_alloc_params(sf_cuda_net *net)
         }
         if (L->kind != SF_L_CONV2D && L->kind != SF_L_CONV_TRANSPOSE2D)
             continue;
-        /* conv [oc][c/groups][k][k] -> [oc][k][k][c/groups]; convT [c][oc][k][k] -> [c][k][k][oc]
+        /* conv [oc][c/groups][kh][kw] -> [oc][kh][kw][c/groups]; convT [c][oc][k][k] -> [c][k][k][oc]
          * (a depthwise filter, one input channel per output, is the same in both) */
         const int pc = L->kind == SF_L_CONV2D ? L->in_c / (L->groups > 1 ? L->groups : 1) : L->out_c;
-        if (g->lay == SF_LAYOUT_NHWC && L->k > 1 && pc > 1 &&
-            g_add_seg(&g->segs_perm, L->w_off, L->n_w, pc, L->k * L->k))
+        const int taps = L->k * (L->kind == SF_L_CONV2D ? L->kw : L->k);
+        if (g->lay == SF_LAYOUT_NHWC && taps > 1 && pc > 1 && g_add_seg(&g->segs_perm, L->w_off, L->n_w, pc, taps))
             return -1;
         if (i >= g->nf && g_add_seg(&g->segs_gd, L->w_off - m->train_off, L->n_w, 1, (int)L->n_w))
             return -1;
@@ -748,7 +750,8 @@ int sf_exec_build_graph(sf_cuda_net *net)
      * (fp32 only). */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
-        g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && L->groups <= 1 && L->dilation <= 1 &&
+        g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && sf_layer_conv_square(L) && L->groups <= 1 &&
+                       L->dilation <= 1 &&
                        g->dt == SF_DT_BF16 && !g->op[i].frozen &&
                        !g->op[i].want[0] && sf_conv_s2d_ok(g->lay, L->in_c, L->k, L->stride);
     }

@@ -13,6 +13,10 @@ static void g_conv_desc(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
     g_desc(net, i, n, d);
     d->groups = net->m.layers[i].groups;
     d->dilation = net->m.layers[i].dilation;
+    d->kw = net->m.layers[i].kw; /* a convT layer leaves these 0: square */
+    d->stride_w = net->m.layers[i].stride_w;
+    d->pad_w = net->m.layers[i].pad_w;
+    d->dilation_w = net->m.layers[i].dilation_w;
     d->ws_prefer = net->g->ws_prefer;
     if (net->g->op[i].s2d)
         sf_conv_s2d_desc(d, d);

@@ -30,13 +30,21 @@ static void tap_range(int kk, int stride, int pad, int in, int out, int *o0, int
 
 /* ---- the conv2d layer's hooks (gpu/layers.c) ------------------------------ */
 
-/* groups or dilation other than 1 take conv_grouped.c's loops. */
+/* groups or dilation other than 1, or a window that differs between height
+ * and width, take conv_grouped.c's loops. */
+static int conv_general(const sf_layer *L, sf_ref_conv_win *v)
+{
+    *v = (sf_ref_conv_win){L->k, L->kw, L->stride, L->stride_w, L->pad, L->pad_w, L->dilation, L->dilation_w,
+                           L->groups > 1 ? L->groups : 1};
+    return L->groups > 1 || L->dilation > 1 || !sf_layer_conv_square(L);
+}
+
 void sf_ref_layer_conv2d_fwd(const sf_ref_io *io)
 {
     const sf_layer *L = io->L;
-    if (L->groups > 1 || L->dilation > 1) {
-        sf_ref_conv2d_gd_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->out_c, L->k, L->stride,
-                             L->pad, L->dilation, L->groups, io->y);
+    sf_ref_conv_win v;
+    if (conv_general(L, &v)) {
+        sf_ref_conv2d_gd_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->out_c, &v, io->y);
         return;
     }
     sf_ref_conv2d_fwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, io->b, L->out_c, L->k, L->stride,
@@ -47,9 +55,10 @@ void sf_ref_layer_conv2d_bwd(const sf_ref_io *io)
 {
     const sf_layer *L = io->L;
     float *dx = io->want[0] ? io->scratch : NULL;
-    if (L->groups > 1 || L->dilation > 1)
-        sf_ref_conv2d_gd_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, L->out_c, L->k, L->stride, L->pad,
-                             L->dilation, L->groups, io->dy, dx, io->dw, io->db);
+    sf_ref_conv_win v;
+    if (conv_general(L, &v))
+        sf_ref_conv2d_gd_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, L->out_c, &v, io->dy, dx, io->dw,
+                             io->db);
     else
         sf_ref_conv2d_bwd(io->x[0], io->n, L->in_c, L->in_h, L->in_w, io->w, L->out_c, L->k, L->stride,
                           L->pad, io->dy, dx, io->dw, io->db);

@@ -1,7 +1,7 @@
-/* gpu/ref/conv_grouped.c — reference Conv2d with groups and dilation,
- * forward and backward, in float and double (_f64). Contracts in
- * gpu/ref/layers.h. The plain convolution (groups 1, dilation 1) keeps its
- * own loops in conv.c, which this generalises. */
+/* gpu/ref/conv_grouped.c — reference Conv2d with groups, dilation and
+ * non-square windows, forward and backward, in float and double (_f64).
+ * Contracts in gpu/ref/layers.h. The plain square convolution (groups 1,
+ * dilation 1) keeps its own loops in conv.c, which this generalises. */
 #ifndef T
 #include "gpu/ref/ref.h"
 #include "gpu/ref/layer_io.h"
@@ -14,13 +14,14 @@
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 
 /* y[n][o][oy][ox] = b[o] + sum_{ci<c/g, ky, kx} w[o][ci][ky][kx] *
- *                   x[n][(o / (oc/g)) * (c/g) + ci][oy*s - p + ky*d][ox*s - p + kx*d]
+ *                   x[n][(o / (oc/g)) * (c/g) + ci][oy*sh - ph + ky*dh][ox*sw - pw + kx*dw]
  * (taps outside the input read 0). */
 void SF_FN(sf_ref_conv2d_gd_fwd)(const T *x, int n, int c, int h, int w, const T *wt, const T *b, int oc,
-                                 int k, int stride, int pad, int dil, int groups, T *y)
+                                 const sf_ref_conv_win *v, T *y)
 {
-    const int oh = sf_ref_conv_out(h, k, stride, pad, dil), ow = sf_ref_conv_out(w, k, stride, pad, dil);
-    const int cg = c / groups, ocg = oc / groups;
+    const int kh = v->kh, kw = v->kw;
+    const int oh = sf_ref_conv_out(h, kh, v->sh, v->ph, v->dh), ow = sf_ref_conv_out(w, kw, v->sw, v->pw, v->dw);
+    const int cg = c / v->groups, ocg = oc / v->groups;
     for (int ni = 0; ni < n; ni++)
         for (int o = 0; o < oc; o++) {
             const T *xg = x + ((size_t)ni * c + (size_t)(o / ocg) * cg) * h * w;
@@ -29,15 +30,15 @@ void SF_FN(sf_ref_conv2d_gd_fwd)(const T *x, int n, int c, int h, int w, const T
                 for (int ox = 0; ox < ow; ox++) {
                     T acc = b ? b[o] : (T)0;
                     for (int ci = 0; ci < cg; ci++)
-                        for (int ky = 0; ky < k; ky++) {
-                            const int iy = oy * stride - pad + ky * dil;
+                        for (int ky = 0; ky < kh; ky++) {
+                            const int iy = oy * v->sh - v->ph + ky * v->dh;
                             if (iy < 0 || iy >= h)
                                 continue;
-                            for (int kx = 0; kx < k; kx++) {
-                                const int ix = ox * stride - pad + kx * dil;
+                            for (int kx = 0; kx < kw; kx++) {
+                                const int ix = ox * v->sw - v->pw + kx * v->dw;
                                 if (ix < 0 || ix >= w)
                                     continue;
-                                acc += wt[(((size_t)o * cg + ci) * k + ky) * k + kx] *
+                                acc += wt[(((size_t)o * cg + ci) * kh + ky) * kw + kx] *
                                        xg[((size_t)ci * h + iy) * w + ix];
                             }
                         }
@@ -48,14 +49,15 @@ void SF_FN(sf_ref_conv2d_gd_fwd)(const T *x, int n, int c, int h, int w, const T
 
 /* db[o] = sum dy[.][o]; dw[o][ci][ky][kx] = sum_{n,oy,ox} dy * x at the tap;
  * dx = the transpose (zeroed first; dx and db may be NULL). */
-void SF_FN(sf_ref_conv2d_gd_bwd)(const T *x, int n, int c, int h, int w, const T *wt, int oc, int k,
-                                 int stride, int pad, int dil, int groups, const T *dy, T *dx, T *dw, T *db)
+void SF_FN(sf_ref_conv2d_gd_bwd)(const T *x, int n, int c, int h, int w, const T *wt, int oc,
+                                 const sf_ref_conv_win *v, const T *dy, T *dx, T *dw, T *db)
 {
-    const int oh = sf_ref_conv_out(h, k, stride, pad, dil), ow = sf_ref_conv_out(w, k, stride, pad, dil);
-    const int cg = c / groups, ocg = oc / groups;
+    const int kh = v->kh, kw = v->kw;
+    const int oh = sf_ref_conv_out(h, kh, v->sh, v->ph, v->dh), ow = sf_ref_conv_out(w, kw, v->sw, v->pw, v->dw);
+    const int cg = c / v->groups, ocg = oc / v->groups;
     if (db)
         SF_FN(sf_ref_bias_grad)(dy, n, oc, (size_t)oh * ow, db);
-    for (size_t i = 0; i < (size_t)oc * cg * k * k; i++)
+    for (size_t i = 0; i < (size_t)oc * cg * kh * kw; i++)
         dw[i] = 0;
     if (dx)
         for (size_t i = 0; i < (size_t)n * c * h * w; i++)
@@ -69,15 +71,15 @@ void SF_FN(sf_ref_conv2d_gd_bwd)(const T *x, int n, int c, int h, int w, const T
                 for (int ox = 0; ox < ow; ox++) {
                     const T g = dyp[(size_t)oy * ow + ox];
                     for (int ci = 0; ci < cg; ci++)
-                        for (int ky = 0; ky < k; ky++) {
-                            const int iy = oy * stride - pad + ky * dil;
+                        for (int ky = 0; ky < kh; ky++) {
+                            const int iy = oy * v->sh - v->ph + ky * v->dh;
                             if (iy < 0 || iy >= h)
                                 continue;
-                            for (int kx = 0; kx < k; kx++) {
-                                const int ix = ox * stride - pad + kx * dil;
+                            for (int kx = 0; kx < kw; kx++) {
+                                const int ix = ox * v->sw - v->pw + kx * v->dw;
                                 if (ix < 0 || ix >= w)
                                     continue;
-                                const size_t wi = (((size_t)o * cg + ci) * k + ky) * k + kx;
+                                const size_t wi = (((size_t)o * cg + ci) * kh + ky) * kw + kx;
                                 const size_t xi = ((size_t)ci * h + iy) * w + ix;
                                 dw[wi] += g * xg[xi];
                                 if (dx)

@@ -20,6 +20,16 @@ static inline int sf_ref_conv_out(int in, int k, int stride, int pad, int d)
 {
     return (in + 2 * pad - d * (k - 1) - 1) / stride + 1;
 }
+/* The window of a general Conv2d: kernel, stride, padding and dilation along
+ * the height (h) and the width (w), and the group count. */
+typedef struct sf_ref_conv_win {
+    int kh, kw, sh, sw, ph, pw, dh, dw, groups;
+} sf_ref_conv_win;
+static inline sf_ref_conv_win sf_ref_conv_win_square(int k, int stride, int pad, int dil, int groups)
+{
+    const sf_ref_conv_win v = {k, k, stride, stride, pad, pad, dil, dil, groups};
+    return v;
+}
 /* AdaptiveAvgPool2d's bin o of out over in: [floor(o*in/out), ceil((o+1)*in/out)). */
 static inline int sf_ref_bin_start(int o, int in, int out) { return (int)(((long)o * in) / out); }
 static inline int sf_ref_bin_end(int o, int in, int out) { return (int)((((long)o + 1) * in + out - 1) / out); }
@@ -52,17 +62,17 @@ void sf_ref_convt2d_bwd(const float *x, int n, int c, int h, int w, const float 
 void sf_ref_convt2d_bwd_f64(const double *x, int n, int c, int h, int w, const double *wt, int oc,
                             int k, int stride, int pad, const double *dy, double *dx, double *dw,
                             double *db);
-/* Conv2d with groups g (c and oc divisible by g; weight [oc, c/g, k, k]) and
- * dilation d: out size sf_ref_conv_out. b, dx, db may be NULL. */
+/* Conv2d with groups g (c and oc divisible by g; weight [oc, c/g, kh, kw]),
+ * dilation and any window (win): out size sf_ref_conv_out along each axis.
+ * b, dx, db may be NULL. */
 void sf_ref_conv2d_gd_fwd(const float *x, int n, int c, int h, int w, const float *wt, const float *b, int oc,
-                          int k, int stride, int pad, int dil, int groups, float *y);
+                          const sf_ref_conv_win *win, float *y);
 void sf_ref_conv2d_gd_fwd_f64(const double *x, int n, int c, int h, int w, const double *wt, const double *b,
-                              int oc, int k, int stride, int pad, int dil, int groups, double *y);
-void sf_ref_conv2d_gd_bwd(const float *x, int n, int c, int h, int w, const float *wt, int oc, int k, int stride,
-                          int pad, int dil, int groups, const float *dy, float *dx, float *dw, float *db);
-void sf_ref_conv2d_gd_bwd_f64(const double *x, int n, int c, int h, int w, const double *wt, int oc, int k,
-                              int stride, int pad, int dil, int groups, const double *dy, double *dx, double *dw,
-                              double *db);
+                              int oc, const sf_ref_conv_win *win, double *y);
+void sf_ref_conv2d_gd_bwd(const float *x, int n, int c, int h, int w, const float *wt, int oc,
+                          const sf_ref_conv_win *win, const float *dy, float *dx, float *dw, float *db);
+void sf_ref_conv2d_gd_bwd_f64(const double *x, int n, int c, int h, int w, const double *wt, int oc,
+                              const sf_ref_conv_win *win, const double *dy, double *dx, double *dw, double *db);
 void sf_ref_linear_fwd(const float *x, int n, int in, const float *wt, const float *b,
                        int out, float *y);
 void sf_ref_linear_fwd_f64(const double *x, int n, int in, const double *wt,

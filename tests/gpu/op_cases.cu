@@ -671,6 +671,24 @@ std::vector<op_case> op_cases()
                             {a[4], a[5], a[6], a[7], 0, a[8], a[9]}, cv_tol[2]));
         }
 
+    /* conv with windows that differ between the axes: Inception's 1x7 and
+     * 7x1 (padded along their own axis) and 1x3, a 3x5 strided along the
+     * height only, a 1x3 dilated along the width in two groups, at odd
+     * sizes; p {out channels, kh, kw, sh, sw, ph, pw, dh, dw, groups} */
+    const int rect[][14] = {
+        {2, 8, 17, 17, 12, 1, 7, 1, 1, 0, 3, 1, 1, 1}, {2, 12, 17, 15, 8, 7, 1, 1, 1, 3, 0, 1, 1, 1},
+        {2, 6, 9, 11, 10, 1, 3, 1, 1, 0, 1, 1, 1, 1},  {2, 5, 13, 12, 7, 3, 5, 2, 1, 1, 2, 1, 1, 1},
+        {2, 6, 10, 14, 8, 1, 3, 1, 1, 0, 2, 1, 2, 2},
+    };
+    for (const auto &a : rect)
+        for (const sf_layout lay : k_layouts) {
+            for (int tf32 = 0; tf32 < 2; tf32++)
+                t.push_back(row("conv", "rectangular", cmp_conv_rect, SF_DT_F32, lay, {a[0], a[1], a[2], a[3]},
+                                {a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], tf32}, cv_tol[tf32]));
+            t.push_back(row("conv", "rectangular", cmp_conv_rect, SF_DT_BF16, lay, {a[0], a[1], a[2], a[3]},
+                            {a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], 0}, cv_tol[2]));
+        }
+
     /* batchnorm (BatchNorm2d): the fp32 launchers at ResNet-18's first BN
      * (batch 2) and its last, odd ones, with the fused ReLU; then the _dt
      * launchers in fp32 and bf16: many row chunks, a ragged last chunk, C/8

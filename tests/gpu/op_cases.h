@@ -154,6 +154,7 @@ void cmp_conv_patch_rules(const op_case &c, const op_env &e);
 void cmp_conv_s2d(const op_case &c, const op_env &e);
 void cmp_conv_s2d_rules(const op_case &c, const op_env &e);
 void cmp_conv_gd(const op_case &c, const op_env &e);
+void cmp_conv_rect(const op_case &c, const op_env &e);
 void cmp_bn(const op_case &c, const op_env &e);
 void cmp_bn_dt(const op_case &c, const op_env &e);
 void cmp_bn_res(const op_case &c, const op_env &e);

@@ -20,7 +20,7 @@ CASES_PER_FAMILY = {
     "batchnorm": 102,
     "channels": 29,
     "concat": 17,
-    "conv": 225,
+    "conv": 255,
     "conv_dw": 50,
     "conv_gemm": 64,
     "conv_transpose": 37,

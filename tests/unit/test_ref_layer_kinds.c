@@ -52,29 +52,35 @@ typedef struct kcase {
     int nvars;
     size_t nv[MAXV], ny;
     double scale0;           /* v[0] drawn from [-scale0, scale0) (activations' kinks and ranges) */
-    int a[12];               /* the kernel's integer arguments */
+    int a[16];               /* the kernel's integer arguments */
     void (*fwd)(const struct kcase *k, double *const *v, double *y);
     void (*bwd)(const struct kcase *k, double *const *v, const double *dy, double *const *g);
     void (*fwd_f32)(const struct kcase *k, float *const *v, float *y); /* NULL: no float check */
 } kcase;
 
-/* conv2d_gd: a = n c h w oc k stride pad dil groups */
-#define GD_OUT(k, d) sf_ref_conv_out((k)->a[d], (k)->a[5], (k)->a[6], (k)->a[7], (k)->a[8])
+/* conv2d_gd: a = n c h w oc, then the window kh kw sh sw ph pw dh dw groups */
+static sf_ref_conv_win gd_win(const kcase *k)
+{
+    const int *a = k->a + 5;
+    return (sf_ref_conv_win){a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8]};
+}
 static void gd_fwd(const kcase *k, double *const *v, double *y)
 {
     const int *a = k->a;
-    sf_ref_conv2d_gd_fwd_f64(v[0], a[0], a[1], a[2], a[3], v[1], v[2], a[4], a[5], a[6], a[7], a[8], a[9], y);
+    const sf_ref_conv_win win = gd_win(k);
+    sf_ref_conv2d_gd_fwd_f64(v[0], a[0], a[1], a[2], a[3], v[1], v[2], a[4], &win, y);
 }
 static void gd_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
 {
     const int *a = k->a;
-    sf_ref_conv2d_gd_bwd_f64(v[0], a[0], a[1], a[2], a[3], v[1], a[4], a[5], a[6], a[7], a[8], a[9], dy, g[0], g[1],
-                             g[2]);
+    const sf_ref_conv_win win = gd_win(k);
+    sf_ref_conv2d_gd_bwd_f64(v[0], a[0], a[1], a[2], a[3], v[1], a[4], &win, dy, g[0], g[1], g[2]);
 }
 static void gd_fwd_f32(const kcase *k, float *const *v, float *y)
 {
     const int *a = k->a;
-    sf_ref_conv2d_gd_fwd(v[0], a[0], a[1], a[2], a[3], v[1], v[2], a[4], a[5], a[6], a[7], a[8], a[9], y);
+    const sf_ref_conv_win win = gd_win(k);
+    sf_ref_conv2d_gd_fwd(v[0], a[0], a[1], a[2], a[3], v[1], v[2], a[4], &win, y);
 }
 
 /* activations: a = act, leaky_relu's slope in hundredths */
@@ -311,11 +317,17 @@ static void sa_fwd_f32(const kcase *k, float *const *v, float *y)
 
 static const kcase kcases[] = {
     {"conv2d groups 2 dilation 2 pad 2", 3, {2 * 4 * 6 * 6, 6 * 2 * 9, 6}, 2 * 6 * 6 * 6, 1,
-     {2, 4, 6, 6, 6, 3, 1, 2, 2, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
+     {2, 4, 6, 6, 6, 3, 3, 1, 1, 2, 2, 2, 2, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
     {"conv2d depthwise stride 2 pad 1", 3, {2 * 3 * 5 * 6, 3 * 1 * 9, 3}, 2 * 3 * 3 * 3, 1,
-     {2, 3, 5, 6, 3, 3, 2, 1, 1, 3}, gd_fwd, gd_bwd, gd_fwd_f32},
+     {2, 3, 5, 6, 3, 3, 3, 2, 2, 1, 1, 1, 1, 3}, gd_fwd, gd_bwd, gd_fwd_f32},
     {"conv2d groups 2 without bias", 2, {1 * 4 * 5 * 5, 4 * 2 * 4}, 1 * 4 * 4 * 4, 1,
-     {1, 4, 5, 5, 4, 2, 1, 0, 1, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
+     {1, 4, 5, 5, 4, 2, 2, 1, 1, 0, 0, 1, 1, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
+    /* Inception's 1xk kernel padded along the width only */
+    {"conv2d 1x3 kernel pad [0,1]", 3, {2 * 3 * 5 * 6, 4 * 3 * 1 * 3, 4}, 2 * 4 * 5 * 6, 1,
+     {2, 3, 5, 6, 4, 1, 3, 1, 1, 0, 1, 1, 1, 1}, gd_fwd, gd_bwd, gd_fwd_f32},
+    /* every part of the window different along the two axes */
+    {"conv2d 3x2 stride [2,1] pad [1,0] dilation [1,2] groups 2", 3, {1 * 4 * 7 * 6, 2 * 2 * 3 * 2, 2},
+     1 * 2 * 4 * 4, 1, {1, 4, 7, 6, 2, 3, 2, 2, 1, 1, 0, 1, 2, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
     {"relu6", 1, {64}, 64, 8, {SF_ACT_RELU6}, act_fwd, act_bwd, act_fwd_f32},
     {"sigmoid", 1, {64}, 64, 6, {SF_ACT_SIGMOID}, act_fwd, act_bwd, act_fwd_f32},
     {"silu", 1, {64}, 64, 6, {SF_ACT_SILU}, act_fwd, act_bwd, act_fwd_f32},
@@ -516,13 +528,17 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 #define BATCH 16
 #define HW 8
 
-/* Grouped and dilated convolution, leaky ReLU (a GAN discriminator's 0.2),
+/* Grouped and dilated convolution, Inception's 1xk and kx1 kernels (one
+ * strided along the height only), leaky ReLU (a GAN discriminator's 0.2),
  * SiLU, tanh. */
 static const char *const GROUPED_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":1},"
     "{\"type\":\"leaky_relu\",\"name\":\"lr\",\"negative_slope\":0.2},"
     "{\"type\":\"conv2d\",\"name\":\"g\",\"out\":6,\"k\":3,\"pad\":2,\"groups\":3,\"dilation\":2},"
+    "{\"type\":\"conv2d\",\"name\":\"r13\",\"out\":6,\"k\":[1,3],\"pad\":[0,1]},"
+    "{\"type\":\"conv2d\",\"name\":\"r31\",\"out\":6,\"k\":[3,1],\"stride\":[2,1],\"pad\":[1,0],"
+    "\"dilation\":[1,2]},"
     "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
@@ -808,6 +824,14 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_int_equal(g->n_w, 6 * 2 * 9);
     assert_int_equal(g->out_h, 8); /* 8 + 4 - 2*2 - 1 + 1 */
     assert_true(layer_named(&m, "lr")->negative_slope == 0.2f);
+    const sf_layer *r13 = layer_named(&m, "r13"), *r31 = layer_named(&m, "r31");
+    assert_int_equal(sf_layer_params(r13, pd), 2);
+    assert_true(pd[0].shape[0] == 6 && pd[0].shape[1] == 6 && pd[0].shape[2] == 1 && pd[0].shape[3] == 3);
+    assert_true(r13->out_h == 8 && r13->out_w == 8);
+    assert_int_equal(sf_layer_params(r31, pd), 2);
+    assert_true(pd[0].shape[2] == 3 && pd[0].shape[3] == 1);
+    assert_true(r31->out_h == 4 && r31->out_w == 8); /* (8 + 2 - 3) / 2 + 1, 8 */
+    assert_true(!sf_layer_conv_square(r13) && !sf_layer_conv_square(r31) && sf_layer_conv_square(g));
 
     assert_int_equal(sf_model_from_json(CONVNEXT_SPEC, &m, err, sizeof err), 0);
     const sf_layer *ls = layer_named(&m, "blk");
@@ -928,6 +952,13 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
 {
     expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":6,\"k\":1,\"groups\":3}]}", "layer 0", "groups");
     expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":1,\"dilation\":0}]}", "layer 0", "dilation");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[0,3]}]}", "layer 0", "\"k\"");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3,3]}]}", "layer 0", "[h, w]");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3],\"pad\":[0,-1]}]}", "layer 0", "\"pad\"");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3],\"stride\":[1.5,1]}]}", "layer 0",
+                      "\"stride\"");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,9]}]}", "layer 0", "does not fit");
+    expect_json_error(HEAD "{\"type\":\"maxpool2d\",\"k\":[2,3]}]}", "layer 0", "\"k\"");
     expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"k\":2},"
                       "{\"type\":\"concat\",\"inputs\":[0,1]}]}", "layer 2", "equal H,W");
     expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"concat\",\"inputs\":[0]}]}", "layer 1", "concat");
@@ -1015,6 +1046,14 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
     expect_fields_json(&m.layers[8], "{\"out\":4,\"bias\":true}");
     expect_fields_json(&m.layers[9], "{\"negative_slope\":0.00999999977648258}");
     expect_fields_json(&m.layers[10], "{\"negative_slope\":-2}");
+    /* a window that differs between the axes is written as [h, w], one that does not as one number */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3],\"pad\":[0,1]},"
+                                        "{\"type\":\"conv2d\",\"out\":4,\"k\":[3,3],\"stride\":[2,1],"
+                                        "\"dilation\":[2,2]},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":[1,3],\"stride\":1,\"pad\":[0,1],\"bias\":true}");
+    expect_fields_json(&m.layers[1], "{\"out\":4,\"k\":3,\"stride\":[2,1],\"pad\":0,\"bias\":true,\"dilation\":2}");
 }
 
 static void a_densenet_sized_concat_chain_fits_the_layer_limit(void **state)

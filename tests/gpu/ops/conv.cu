@@ -568,44 +568,43 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
 
 /* ---- grouped, depthwise and dilated convolutions ------------------------------ */
 
-/* One grouped (groups g; g = c = oc is depthwise) and/or dilated convolution
- * through cuDNN's graph API, forward, backward-data and backward-filter,
- * against the double reference (sf_ref_conv2d_gd_*). The filter is
- * [oc, c/g, k, k] (KCRS; KRSC with NHWC). Within tol (check_gemm), as the
- * plain convolutions. */
-static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layout lay, int tf32, const conv_case &cc,
-                         int groups, int dil, double tol)
+/* One grouped (groups g; g = c = oc is depthwise), dilated and/or
+ * rectangular (Inception's 1x7) convolution through cuDNN's graph API,
+ * forward, backward-data and backward-filter, against the double reference
+ * (sf_ref_conv2d_gd_*). The filter is [oc, c/g, kh, kw] (KCRS; KRSC with
+ * NHWC). Within tol (check_gemm), as the plain convolutions. */
+static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layout lay, int tf32, int n, int c, int h,
+                         int w, int oc, const sf_ref_conv_win &v, double tol)
 {
-    char name[220], nm[300];
-    const int span = dil * (cc.k - 1) + 1, cg = cc.c / groups;
-    const int oh = (cc.h + 2 * cc.pad - span) / cc.stride + 1, ow = (cc.w + 2 * cc.pad - span) / cc.stride + 1;
-    const size_t nx = (size_t)cc.n * cc.c * cc.h * cc.w, nw = (size_t)cc.oc * cg * cc.k * cc.k,
-                 ny = (size_t)cc.n * cc.oc * oh * ow;
-    snprintf(name, sizeof name, "conv groups %d dilation %d n%d c%d %dx%d oc%d k%d s%d p%d %s %s", groups, dil, cc.n,
-             cc.c, cc.h, cc.w, cc.oc, cc.k, cc.stride, cc.pad, lname(lay),
+    char name[260], nm[340];
+    const int cg = c / v.groups, kh = v.kh, kw = v.kw;
+    const int oh = sf_ref_conv_out(h, kh, v.sh, v.ph, v.dh), ow = sf_ref_conv_out(w, kw, v.sw, v.pw, v.dw);
+    const size_t nx = (size_t)n * c * h * w, nw = (size_t)oc * cg * kh * kw, ny = (size_t)n * oc * oh * ow;
+    snprintf(name, sizeof name, "conv groups %d dilation %dx%d n%d c%d %dx%d oc%d k%dx%d s%dx%d p%dx%d %s %s", v.groups,
+             v.dh, v.dw, n, c, h, w, oc, kh, kw, v.sh, v.sw, v.ph, v.pw, lname(lay),
              dt == SF_DT_BF16 ? "bf16" : tf32 ? "tf32" : "fp32");
     std::vector<float> x(nx), wt(nw), dy(ny);
     rand_fill_dt(x, dt, 1.f);
     rand_fill_dt(wt, dt, 0.5f);
     rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), wd = to_d(wt), dyd = to_d(dy), yr(ny), dxr(nx), dwr(nw);
-    sf_ref_conv2d_gd_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), NULL, cc.oc, cc.k, cc.stride, cc.pad, dil,
-                             groups, yr.data());
-    sf_ref_conv2d_gd_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.oc, cc.k, cc.stride, cc.pad, dil, groups,
-                             dyd.data(), dxr.data(), dwr.data(), NULL);
+    sf_ref_conv2d_gd_fwd_f64(xd.data(), n, c, h, w, wd.data(), NULL, oc, &v, yr.data());
+    sf_ref_conv2d_gd_bwd_f64(xd.data(), n, c, h, w, wd.data(), oc, &v, dyd.data(), dxr.data(), dwr.data(), NULL);
     const int nhwc = lay == SF_LAYOUT_NHWC;
     dbuf bx = dbuf_make(dt, nx, 0), bw = dbuf_make(dt, nw, 0), bdy = dbuf_make(dt, ny, 0), by = dbuf_make(dt, ny, 0),
          bdx = dbuf_make(dt, nx, 0), bdw = dbuf_make(dt, nw, 0);
-    up_dt(bx, nhwc ? to_nhwc(x, cc.n, cc.c, cc.h, cc.w) : x);
-    up_dt(bw, nhwc ? to_nhwc(wt, cc.oc, cg, cc.k, cc.k) : wt);
-    up_dt(bdy, nhwc ? to_nhwc(dy, cc.n, cc.oc, oh, ow) : dy);
+    up_dt(bx, nhwc ? to_nhwc(x, n, c, h, w) : x);
+    up_dt(bw, nhwc ? to_nhwc(wt, oc, cg, kh, kw) : wt);
+    up_dt(bdy, nhwc ? to_nhwc(dy, n, oc, oh, ow) : dy);
     const size_t ws_bytes = (size_t)256 << 20;
     void *ws = dalloc<char>(ws_bytes);
     sf_conv_desc d;
     memset(&d, 0, sizeof d);
-    d.n = cc.n; d.c = cc.c; d.h = cc.h; d.w = cc.w; d.oc = cc.oc; d.k = cc.k; d.stride = cc.stride; d.pad = cc.pad;
-    d.groups = groups;
-    d.dilation = dil;
+    d.n = n; d.c = c; d.h = h; d.w = w; d.oc = oc; d.k = kh; d.stride = v.sh; d.pad = v.ph;
+    d.kw = kw; d.stride_w = v.sw; d.pad_w = v.pw;
+    d.groups = v.groups;
+    d.dilation = v.dh;
+    d.dilation_w = v.dw;
     d.layout = lay;
     d.tf32 = tf32;
     d.dt = dt;
@@ -635,11 +634,11 @@ static void test_conv_gd(cudnnHandle_t dnn, cudaStream_t s, sf_dtype dt, sf_layo
             std::vector<float> g;
             const std::vector<double> &ref = dir == 0 ? yr : dir == 1 ? dxr : dwr;
             if (dir == 0)
-                g = nhwc ? to_nchw(down_dt(by, ny), cc.n, cc.oc, oh, ow) : down_dt(by, ny);
+                g = nhwc ? to_nchw(down_dt(by, ny), n, oc, oh, ow) : down_dt(by, ny);
             else if (dir == 1)
-                g = nhwc ? to_nchw(down_dt(bdx, nx), cc.n, cc.c, cc.h, cc.w) : down_dt(bdx, nx);
+                g = nhwc ? to_nchw(down_dt(bdx, nx), n, c, h, w) : down_dt(bdx, nx);
             else
-                g = nhwc ? to_nchw(down_dt(bdw, nw), cc.oc, cg, cc.k, cc.k) : down_dt(bdw, nw);
+                g = nhwc ? to_nchw(down_dt(bdw, nw), oc, cg, kh, kw) : down_dt(bdw, nw);
             check_gemm(nm, dt, g, ref, tol);
         }
         sf_conv_vpack_destroy(vp);
@@ -718,5 +717,14 @@ void cmp_conv_s2d_rules(const op_case &, const op_env &)
  * stride, pad, tf32, groups, dilation} */
 void cmp_conv_gd(const op_case &c, const op_env &e)
 {
-    test_conv_gd(e.dnn, e.s, c.dt, c.lay, c.p[4], conv_of(c), c.p[5], c.p[6], c.tol);
+    const sf_ref_conv_win v = sf_ref_conv_win_square(c.p[1], c.p[2], c.p[3], c.p[6], c.p[5]);
+    test_conv_gd(e.dnn, e.s, c.dt, c.lay, c.p[4], c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], v, c.tol);
+}
+/* Windows that differ between the axes. shape {n, c, h, w}; p {out
+ * channels, kh, kw, stride h, stride w, pad h, pad w, dilation h, dilation w,
+ * groups, tf32} */
+void cmp_conv_rect(const op_case &c, const op_env &e)
+{
+    const sf_ref_conv_win v = {c.p[1], c.p[2], c.p[3], c.p[4], c.p[5], c.p[6], c.p[7], c.p[8], c.p[9]};
+    test_conv_gd(e.dnn, e.s, c.dt, c.lay, c.p[10], c.shape[0], c.shape[1], c.shape[2], c.shape[3], c.p[0], v, c.tol);
 }

@@ -43,10 +43,11 @@ static void test_dw(cudaStream_t s, const dw_case &cc, sf_dtype dt, int bias, in
     rand_fill_dt(dy, dt, 1.f);
     rand_fill(b, 0.5f);
     std::vector<double> xd = to_d(x), wd = to_d(wt), dyd = to_d(dy), bd = to_d(b), yr(ny), dxr(nx), dwr(nw);
-    sf_ref_conv2d_gd_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), bias ? bd.data() : NULL, cc.c, cc.k,
-                             cc.stride, cc.pad, 1, cc.c, yr.data());
-    sf_ref_conv2d_gd_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.c, cc.k, cc.stride, cc.pad, 1, cc.c,
-                             dyd.data(), dxr.data(), dwr.data(), NULL);
+    const sf_ref_conv_win win = sf_ref_conv_win_square(cc.k, cc.stride, cc.pad, 1, cc.c);
+    sf_ref_conv2d_gd_fwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), bias ? bd.data() : NULL, cc.c, &win,
+                             yr.data());
+    sf_ref_conv2d_gd_bwd_f64(xd.data(), cc.n, cc.c, cc.h, cc.w, wd.data(), cc.c, &win, dyd.data(), dxr.data(),
+                             dwr.data(), NULL);
     dbuf bx = dbuf_make(dt, nx, mis), bw = dbuf_make(dt, nw, mis), bdy = dbuf_make(dt, ny, mis),
          by = dbuf_make(dt, ny, mis), bdx = dbuf_make(dt, nx, mis), bdw = dbuf_make(dt, nw, mis);
     /* the filter [c, 1, k, k] is the same in KCRS and KRSC */

@@ -323,8 +323,9 @@ static void compare_stepwise(const char *name, sf_backend *cu, sf_backend *ref, 
         const double el = fabs(ec[0].loss - er[0].loss) / fabs(er[0].loss);
         printf("info %s stepwise step %d: update %.2e mom %.2e sq %.2e bufs %.2e loss %.2e\n", name, k + 1, du, em,
                dm, eb, el);
-        /* where the update differs most, per parameter tensor */
-        {
+        /* where the update and the first moment (the gradient's image)
+         * differ most, per parameter tensor */
+        for (int what = 0; what < 2; what++) {
             struct lay_err { double e; int i; const char *what; } worst3[3] = {{0, -1, ""}, {0, -1, ""}, {0, -1, ""}};
             for (int i = 0; i < m.n_layers; i++) {
                 const sf_layer *L = &m.layers[i];
@@ -332,7 +333,7 @@ static void compare_stepwise(const char *name, sf_backend *cu, sf_backend *ref, 
                     const size_t o = wb ? L->b_off : L->w_off, cnt = wb ? L->n_b : L->n_w;
                     if (!cnt || o < to)
                         continue;
-                    const double e = delta_err(s0.p, c1.p, r1.p, o, o + cnt);
+                    const double e = what ? rel_err(c1.mom, r1.mom, o, o + cnt) : delta_err(s0.p, c1.p, r1.p, o, o + cnt);
                     for (int q = 0; q < 3; q++)
                         if (e > worst3[q].e) {
                             for (int r = 2; r > q; r--)
@@ -343,8 +344,9 @@ static void compare_stepwise(const char *name, sf_backend *cu, sf_backend *ref, 
                 }
             }
             for (int q = 0; q < 3 && worst3[q].i >= 0; q++)
-                printf("info %s stepwise step %d: layer %d (%s) %s update %.2e\n", name, k + 1, worst3[q].i,
-                       sf_layer_kind_name(m.layers[worst3[q].i].kind), worst3[q].what, worst3[q].e);
+                printf("info %s stepwise step %d: layer %d (%s) %s %s %.2e\n", name, k + 1, worst3[q].i,
+                       sf_layer_kind_name(m.layers[worst3[q].i].kind), worst3[q].what, what ? "momentum" : "update",
+                       worst3[q].e);
         }
         worst = du > worst || !(du == du) ? du : worst;
         worst_m = em > worst_m ? em : worst_m;

@@ -50,6 +50,8 @@ def run_spec(spec, tensors, x):
             y = F.conv2d(a[0], p("weight"), b("bias") if layer.get("bias", True) else None, layer.get("stride", 1),
                          layer.get("pad", 0), layer.get("dilation", 1), layer.get("groups", 1))
             assert y.shape[1] == layer["out"]
+            k = layer["k"] if isinstance(layer["k"], list) else [layer["k"]] * 2
+            assert list(p("weight").shape[2:]) == k
         elif t == "conv_transpose2d":
             y = F.conv_transpose2d(a[0], p("weight"), b("bias") if layer.get("bias", True) else None,
                                    layer.get("stride", 1), layer.get("pad", 0))
@@ -270,29 +272,33 @@ def test_channel_moves_and_pooling_functions_export_to_a_spec_that_computes_the_
     assert kinds.count("channel_shuffle") == 5 and kinds.count("maxpool2d") == 2
 
 
-def inception_with_square_kernels():
-    """inception_v3 with each 1xk and kx1 convolution made kxk (same padding,
-    so the same shapes): what it would export to with square kernels."""
-    m = M.inception_v3(num_classes=10, aux_logits=False, init_weights=False)
-    for name, mod in list(m.named_modules()):
-        if isinstance(mod, nn.Conv2d) and mod.kernel_size[0] != mod.kernel_size[1]:
-            parent, _, leaf = name.rpartition(".")
-            setattr(m.get_submodule(parent), leaf, nn.Conv2d(mod.in_channels, mod.out_channels,
-                                                             max(mod.kernel_size), padding=max(mod.padding),
-                                                             bias=False))
-    return m
-
-
-def test_inception_v3_is_refused_at_its_first_non_square_kernel_and_exports_its_functional_pools():
-    with pytest.raises(ExportError) as e:
-        convert(M.inception_v3(num_classes=10, aux_logits=False, init_weights=False), (1, 3, 75, 75))
-    assert e.value.module_path == "Mixed_6b.branch7x7_2.conv" and "(1, 7) is not square" in str(e.value)
+def test_inception_v3_exports_its_1xk_and_kx1_kernels_and_its_functional_pools():
     torch.manual_seed(0)
-    ex = assert_spec_computes_the_module(randomize_batchnorm(inception_with_square_kernels()), hw=75)
+    model = M.inception_v3(num_classes=10, aux_logits=False, init_weights=False)
+    ex = assert_spec_computes_the_module(randomize_batchnorm(model), hw=75)
     by_name = {layer["name"]: layer for layer in ex.spec["layers"]}
+    assert by_name["Mixed_6b.branch7x7_2.conv"] == {"type": "conv2d", "name": "Mixed_6b.branch7x7_2.conv",
+                                                    "out": 128, "k": [1, 7], "pad": [0, 3], "bias": False}
+    assert by_name["Mixed_6b.branch7x7_3.conv"]["k"] == [7, 1] and by_name["Mixed_6b.branch7x7_3.conv"]["pad"] == [3, 0]
+    assert by_name["Mixed_7b.branch3x3_2a.conv"]["k"] == [1, 3]
     assert by_name["Mixed_5b.avgpool"] == {"type": "avgpool2d", "name": "Mixed_5b.avgpool", "inputs": ["maxpool2"],
                                            "k": 3, "stride": 1, "pad": 1}
     assert by_name["Mixed_6a.maxpool"]["k"] == 3 and by_name["Mixed_6a.maxpool"]["stride"] == 2
+
+
+def test_a_conv_window_is_one_number_where_its_axes_agree_and_h_w_where_they_do_not():
+    model = nn.Sequential(nn.Conv2d(3, 4, (3, 5), stride=(2, 1), padding=(1, 2)),
+                          nn.Conv2d(4, 4, 3, padding="same", dilation=(1, 2)),
+                          nn.Conv2d(4, 4, (1, 3), padding="same"),
+                          nn.Conv2d(4, 4, (2, 2), stride=(1, 1), padding=(0, 0)),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+    ex = assert_spec_computes_the_module(model, hw=9)
+    convs = [layer for layer in ex.spec["layers"] if layer["type"] == "conv2d"]
+    assert [(c["k"], c.get("stride", 1), c.get("pad", 0), c.get("dilation", 1)) for c in convs] == [
+        ([3, 5], [2, 1], [1, 2], 1), (3, 1, [1, 2], [1, 2]), ([1, 3], 1, [0, 1], 1), (2, 1, 0, 1)]
+    with pytest.raises(ExportError) as e:
+        convert(nn.Sequential(nn.Conv2d(3, 4, (3, 2), padding="same"), nn.Flatten(), nn.Linear(256, 2)), (1, 3, 8, 8))
+    assert "even kernel" in str(e.value)
 
 
 def test_identities_leave_no_layer_and_defaults_leave_no_field():
@@ -493,7 +499,6 @@ class SoftmaxHead(nn.Module):
 @pytest.mark.parametrize("model, op, path, supported", [
     (Attention(), "torch.nn.modules.rnn.LSTM", "features.1.1", "Conv2d"),
     (Softmaxed(), "softmax", "head", "torch.cat"),
-    (nn.Sequential(nn.Conv2d(3, 4, (3, 1))), "Conv2d", "0", ""),
     (nn.Sequential(nn.Conv2d(3, 4, 3, padding_mode="reflect")), "Conv2d", "0", ""),
     (nn.Sequential(nn.BatchNorm2d(3, affine=False)), "BatchNorm2d", "0", ""),
     (nn.Sequential(nn.Conv2d(3, 4, 3), nn.Linear(6, 2)), "Linear", "1", ""),

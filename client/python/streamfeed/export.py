@@ -79,7 +79,7 @@ class ExportError(ValueError):
 # What maps onto the layer kinds of the service (gpu/model.h): the module
 # classes by name, and the functions and tensor methods of a traced forward().
 SUPPORTED_MODULES: Dict[str, str] = {
-    "Conv2d": "conv2d (groups, dilation, square kernels, zero padding)",
+    "Conv2d": "conv2d (groups, dilation, square or [h, w] windows, zero padding)",
     "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
     "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
@@ -318,6 +318,18 @@ def _pair(v: Any, what: str, op: str, path: str) -> int:
                               "dimensions", op=op, module_path=path)
         v = v[0]
     return int(v)
+
+
+def _hw(v: Any) -> Tuple[int, int]:
+    """An int or an (h, w) pair, as a pair."""
+    if isinstance(v, (tuple, list)):
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+def _hw_field(v: Tuple[int, int]) -> Any:
+    """One number where both dimensions agree (a square window's spec), else [h, w]."""
+    return v[0] if v[0] == v[1] else [v[0], v[1]]
 
 
 def _spatial(shape: Tuple[int, ...], op: str, path: str) -> Tuple[int, int, int]:
@@ -598,25 +610,23 @@ class _Converter:
         if mod.padding_mode != "zeros":
             raise ExportError(f"padding_mode {mod.padding_mode!r}: the service pads with zeros", op=op,
                               module_path=path)
-        k = _pair(mod.kernel_size, "kernel size", op, path)
-        s = _pair(mod.stride, "stride", op, path)
-        d = _pair(mod.dilation, "dilation", op, path)
+        k, s, d = _hw(mod.kernel_size), _hw(mod.stride), _hw(mod.dilation)
         if isinstance(mod.padding, str):
-            p = 0 if mod.padding == "valid" else d * (k - 1) // 2
-            if mod.padding == "same" and (d * (k - 1)) % 2:
+            if mod.padding == "same" and any((d[a] * (k[a] - 1)) % 2 for a in range(2)):
                 raise ExportError("padding 'same' with an even kernel pads one side more", op=op,
                                   module_path=path)
+            p = (0, 0) if mod.padding == "valid" else (d[0] * (k[0] - 1) // 2, d[1] * (k[1] - 1) // 2)
         else:
-            p = _pair(mod.padding, "padding", op, path)
-        f: Dict[str, Any] = {"out": mod.out_channels, "k": k}
-        if s != 1:
-            f["stride"] = s
-        if p:
-            f["pad"] = p
+            p = _hw(mod.padding)
+        f: Dict[str, Any] = {"out": mod.out_channels, "k": _hw_field(k)}
+        if s != (1, 1):
+            f["stride"] = _hw_field(s)
+        if p != (0, 0):
+            f["pad"] = _hw_field(p)
         if mod.groups != 1:
             f["groups"] = mod.groups
-        if d != 1:
-            f["dilation"] = d
+        if d != (1, 1):
+            f["dilation"] = _hw_field(d)
         if mod.bias is None:
             f["bias"] = False
         params = ["weight"] + (["bias"] if mod.bias is not None else [])

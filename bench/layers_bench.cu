@@ -657,7 +657,7 @@ static int enq_cx_sd(void *v, cudaStream_t s)
 {
     cx_ctx *c = (cx_ctx *)v;
     return sf_cuda_dropout_dt(SF_DT_BF16, SF_LAYOUT_NHWC, c->x, c->y, c->n, c->c, (size_t)c->hw * c->hw, 0.1f, 7,
-                              c->seq, 3, 1, s);
+                              c->seq, 3, SF_DROP_SAMPLE, s);
 }
 static int enq_cx_copy(void *v, cudaStream_t s)
 {

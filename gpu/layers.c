@@ -763,6 +763,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .max_in = 1, .fields = depth_fields, .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd,
         .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1,
         .doc = "training: zero a sample with probability p, scale by 1/(1-p); eval: identity"},
+    [SF_L_DROPOUT2D] = {
+        .name = "dropout2d", .torch = "nn.Dropout2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = dropout_fields, .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd,
+        .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1,
+        .doc = "training: zero a whole channel of a sample with probability p, scale by 1/(1-p), from the "
+               "service's seeded RNG; eval: identity"},
     [SF_L_TO_TOKENS] = {
         .name = "to_tokens", .torch = "x.reshape(n, C, h * w).permute(0, 2, 1) (VisionTransformer)", .min_in = 1,
         .max_in = 1, .needs_map = 1, .fields = no_fields, .shape = to_tokens_shape,

@@ -93,6 +93,7 @@ typedef enum sf_layer_kind {
     /* Channel moves of a map (ShuffleNetV2). */
     SF_L_CHANNEL_SHUFFLE, /* output channel j*groups + i is input channel i*(C/groups) + j */
     SF_L_CHANNEL_SLICE, /* channels [start, start + count) of a map */
+    SF_L_DROPOUT2D, /* training: per-(sample, channel) keep/drop (nn.Dropout2d); eval: identity */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;

@@ -111,6 +111,13 @@ static size_t g_in_elems(const sf_model *m, int i, int j)
  * token-major order it is stored in here (NCHW's "element index" rule). */
 static sf_layout g_drop_lay(const gen_net *g, int i) { return g->op[i].tok ? SF_LAYOUT_NCHW : g->lay; }
 
+/* What one of a dropout-family layer's decisions covers. */
+static sf_drop_unit g_drop_unit(const sf_layer *L)
+{
+    return L->kind == SF_L_STOCHASTIC_DEPTH ? SF_DROP_SAMPLE : L->kind == SF_L_DROPOUT2D ? SF_DROP_CHANNEL
+                                                                                         : SF_DROP_ELEMENT;
+}
+
 /* A mul layer whose second input is [C,1,1], broadcast over H,W. */
 static int g_mul_bcast(const sf_model *m, int i) { return g_in_elems(m, i, 1) != m->layers[i].out_elems; }
 
@@ -372,12 +379,12 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         case SF_L_DROPOUT:
+        case SF_L_DROPOUT2D:
         case SF_L_STOCHASTIC_DEPTH: /* identity in evaluation and when frozen */
             if (o->frozen || eval)
                 SF_CUDA_CHECK(cudaMemcpyAsync(o->y, x, g->es * n * L->out_elems, cudaMemcpyDeviceToDevice, s));
             else if (sf_cuda_dropout_dt(dt, g_drop_lay(g, i), x, o->y, n, L->out_ch, (size_t)L->out_h * L->out_w,
-                                        L->p, net->cfg.drop_seed, g_seq(net, b), (uint64_t)i,
-                                        L->kind == SF_L_STOCHASTIC_DEPTH, s))
+                                        L->p, net->cfg.drop_seed, g_seq(net, b), (uint64_t)i, g_drop_unit(L), s))
                 return -1;
             break;
         case SF_L_TO_TOKENS:
@@ -878,10 +885,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_DROPOUT:
+        case SF_L_DROPOUT2D:
         case SF_L_STOCHASTIC_DEPTH: /* the forward's mask, drawn again, on dy */
             if (dx && sf_cuda_dropout_dt(dt, g_drop_lay(g, i), o->dy, dx, n, L->out_ch, (size_t)L->out_h * L->out_w,
-                                         L->p, net->cfg.drop_seed, g_seq(net, b), (uint64_t)i,
-                                         L->kind == SF_L_STOCHASTIC_DEPTH, s))
+                                         L->p, net->cfg.drop_seed, g_seq(net, b), (uint64_t)i, g_drop_unit(L), s))
                 return -1;
             break;
         case SF_L_TO_TOKENS:

@@ -232,12 +232,14 @@ void sf_ref_channel_slice_bwd(const float *dy, int n, int c, size_t hw, int star
 void sf_ref_channel_slice_bwd_f64(const double *dy, int n, int c, size_t hw, int start, int count, double *dx);
 
 /* ---- dropout ------------------------------------------------------------------ */
-/* Training-mode dropout of [n, elems] (element-wise) and stochastic depth
- * (row mode: sample-wise): kept values scaled by 1/(1-p), the decisions
- * keyed by (seed, seq, layer, element or sample) through gpu/rng.h. The
- * backward is the same function applied to dy. */
+/* Training-mode dropout of [n, elems] (element-wise), channel dropout
+ * (channel-wise) and stochastic depth (row mode: sample-wise): kept values
+ * scaled by 1/(1-p), the decisions keyed by (seed, seq, layer, element,
+ * channel or sample) through gpu/rng.h. The backward is the same function
+ * applied to dy. */
 #define SF_REF_DROPOUT_SALT 0x64726f706f7574ull /* "dropout" */
 #define SF_REF_DEPTH_SALT 0x7364657074680aull   /* "sdepth" */
+#define SF_REF_DROPOUT2D_SALT 0x64726f7032640aull /* "drop2d" */
 void sf_ref_dropout_fwd(const float *x, int n, size_t elems, float p, uint64_t seed, uint64_t seq, uint64_t layer,
                         float *y);
 void sf_ref_dropout_fwd_f64(const double *x, int n, size_t elems, float p, uint64_t seed, uint64_t seq,
@@ -246,6 +248,13 @@ void sf_ref_stochastic_depth_fwd(const float *x, int n, size_t elems, float p, u
                                  uint64_t layer, float *y);
 void sf_ref_stochastic_depth_fwd_f64(const double *x, int n, size_t elems, float p, uint64_t seed, uint64_t seq,
                                      uint64_t layer, double *y);
+/* Channel dropout (nn.Dropout2d) of [n, c, hw]: channel ch of sample i is
+ * kept whole when sf_u01(hash(seed ^ SF_REF_DROPOUT2D_SALT, seq, layer,
+ * i*c + ch)) >= p. */
+void sf_ref_dropout2d_fwd(const float *x, int n, int c, size_t hw, float p, uint64_t seed, uint64_t seq,
+                          uint64_t layer, float *y);
+void sf_ref_dropout2d_fwd_f64(const double *x, int n, int c, size_t hw, float p, uint64_t seed, uint64_t seq,
+                              uint64_t layer, double *y);
 
 /* ---- activations ---------------------------------------------------------------- */
 /* Elementwise activations without parameters; the backward takes the

@@ -123,7 +123,7 @@ def run_spec(spec, tensors, x):
         elif t == "channel_slice":
             assert 0 <= layer["start"] and layer["start"] + layer["count"] <= a[0].shape[1], name
             y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
-        elif t in ("dropout", "stochastic_depth"):
+        elif t in ("dropout", "dropout2d", "stochastic_depth"):
             y = a[0]
         else:
             raise AssertionError(f"kind {t} is not in MODEL-SPEC.md")
@@ -299,6 +299,25 @@ def test_a_conv_window_is_one_number_where_its_axes_agree_and_h_w_where_they_do_
     with pytest.raises(ExportError) as e:
         convert(nn.Sequential(nn.Conv2d(3, 4, (3, 2), padding="same"), nn.Flatten(), nn.Linear(256, 2)), (1, 3, 8, 8))
     assert "even kernel" in str(e.value)
+
+
+def test_channel_dropout_exports_as_dropout2d_and_is_nothing_at_p_zero():
+    class M2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding=1)
+            self.d = nn.Dropout2d(0.2)
+            self.z = nn.Dropout2d(0.0)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            y = F.dropout2d(self.z(self.d(self.c(x))), 0.1, self.training)
+            y = F.dropout2d(y, 0.3, training=False)  # an identity: no layer
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+
+    ex = assert_spec_computes_the_module(M2(), hw=8)
+    drops = [layer for layer in ex.spec["layers"] if layer["type"] == "dropout2d"]
+    assert [(d["name"], d["p"]) for d in drops] == [("d", 0.2), ("dropout2d", 0.1)]
 
 
 def test_identities_leave_no_layer_and_defaults_leave_no_field():
@@ -502,7 +521,7 @@ class SoftmaxHead(nn.Module):
     (nn.Sequential(nn.Conv2d(3, 4, 3, padding_mode="reflect")), "Conv2d", "0", ""),
     (nn.Sequential(nn.BatchNorm2d(3, affine=False)), "BatchNorm2d", "0", ""),
     (nn.Sequential(nn.Conv2d(3, 4, 3), nn.Linear(6, 2)), "Linear", "1", ""),
-    (nn.Sequential(nn.Conv2d(3, 4, 3), nn.Dropout2d(0.1)), "Dropout2d", "1", "Dropout"),
+    (nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Dropout2d(0.1)), "Dropout2d", "2", ""),
 ])
 def test_an_unsupported_op_is_refused_naming_the_op_and_the_module_path(model, op, path, supported):
     with pytest.raises(ExportError) as e:

@@ -214,7 +214,7 @@ std::vector<op_case> op_cases()
         t.push_back(row("tokens", "select_token", cmp_select_token, dt, {2, 197, 64}, {}, 0));
     }
 
-    /* dropout and stochastic depth, bit for bit with the reference: the odd
+    /* dropout, stochastic depth and channel dropout, bit for bit with the reference: the odd
      * sizes at p 0, 0.3 and 1, more samples in place, flat features, and a
      * captured launch replayed after the sequence changed; then one element
      * off 16-byte alignment (the scalar kernel), 4 samples of 96x150x160
@@ -223,15 +223,15 @@ std::vector<op_case> op_cases()
      * rows (stochastic depth's scalar kernel) */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts)
-            for (int rows = 0; rows < 2; rows++) {
+            for (int unit = 0; unit < 3; unit++) { /* sf_drop_unit */
                 for (const float p : {0.f, 0.3f, 1.f})
-                    t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {3, 3, 7, 5}, {rows, 0}, 0, 0, {p}));
-                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {rows, 1}, 0, 0, {0.5f}));
-                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {5, 37, 1, 1}, {rows, 0}, 0, 0, {0.3f}));
-                t.push_back(row("dropout", "graph_replay", cmp_dropout_graph_replay, dt, lay, {}, {rows}, 0));
-                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {rows, 0, 1}, 0, 0, {0.5f}));
-                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {4, 96, 150, 160}, {rows, 0}, 0, 0, {0.3f}));
-                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {70000, 1, 1, 1}, {rows, 0}, 0, 0, {0.3f}));
+                    t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {3, 3, 7, 5}, {unit, 0}, 0, 0, {p}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {unit, 1}, 0, 0, {0.5f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {5, 37, 1, 1}, {unit, 0}, 0, 0, {0.3f}));
+                t.push_back(row("dropout", "graph_replay", cmp_dropout_graph_replay, dt, lay, {}, {unit}, 0));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {16, 24, 9, 11}, {unit, 0, 1}, 0, 0, {0.5f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {4, 96, 150, 160}, {unit, 0}, 0, 0, {0.3f}));
+                t.push_back(row("dropout", "dropout", cmp_dropout, dt, lay, {70000, 1, 1, 1}, {unit, 0}, 0, 0, {0.3f}));
             }
     t.push_back(row("dropout", "null_seq", cmp_dropout_null_seq, SF_DT_F32, {}, {}, 0));
 

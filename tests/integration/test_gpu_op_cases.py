@@ -24,7 +24,7 @@ CASES_PER_FAMILY = {
     "conv_dw": 50,
     "conv_gemm": 64,
     "conv_transpose": 37,
-    "dropout": 73,
+    "dropout": 109,
     "layout": 2,
     "linear": 78,
     "loss": 27,

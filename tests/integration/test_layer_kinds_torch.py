@@ -124,6 +124,7 @@ DENSE_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
     {"type": "avgpool2d", "name": "p2", "k": 3, "stride": 2, "pad": 1, "ceil_mode": True,
      "count_include_pad": False},
     {"type": "maxpool2d", "name": "p3", "k": 2, "stride": 2, "ceil_mode": True},
+    {"type": "dropout2d", "name": "drop2d", "p": 0.0},
     {"type": "flatten", "name": "flat"}, {"type": "dropout", "name": "drop", "p": 0.0},
     {"type": "linear", "name": "fc", "out": 10}]}
 
@@ -144,6 +145,7 @@ class Dense(nn.Module):
         b = self.c1(a)
         c = self.c2(torch.relu(self.bn(torch.cat([a, b], 1))))
         y = self.p3(self.p2(nn.functional.avg_pool2d(torch.cat([a, b, c], 1), 2)))
+        y = nn.functional.dropout2d(y, 0.0, self.training)
         return self.fc(nn.functional.dropout(torch.flatten(y, 1), 0.0, self.training))
 
 

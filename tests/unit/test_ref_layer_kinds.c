@@ -518,6 +518,21 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
         assert_true(y[i] == 0.0f);
     sf_ref_stochastic_depth_fwd(x, 4, N / 4, 0.0f, 5, 6, 2, y);
     assert_memory_equal(x, y, sizeof(float) * N);
+    /* Channel dropout: 10 samples of 200 channels of 10 values; a channel
+     * is kept or dropped whole, about 3 in 4 kept, its own keys. */
+    sf_ref_dropout2d_fwd(x, 10, 200, 10, 0.25f, 5, 6, 2, y);
+    int kept_ch = 0;
+    for (int u = 0; u < 2000; u++) {
+        for (int e = 1; e < 10; e++)
+            assert_true(y[u * 10 + e] == y[u * 10]);
+        kept_ch += y[u * 10] != 0.0f;
+        assert_true(y[u * 10] == 0.0f || fabsf(y[u * 10] - 1.0f / 0.75f) < 1e-6f);
+    }
+    assert_true(kept_ch > 0.70 * 2000 && kept_ch < 0.80 * 2000);
+    sf_ref_dropout2d_fwd(x, 10, 200, 10, 0.25f, 5, 7, 2, y2);
+    assert_true(memcmp(y, y2, sizeof(float) * N) != 0);
+    sf_ref_dropout2d_fwd(x, 10, 200, 10, 0.0f, 5, 6, 2, y);
+    assert_memory_equal(x, y, sizeof(float) * N);
     free(x);
     free(y);
     free(y2);
@@ -578,7 +593,8 @@ static const char *const CONVNEXT_SPEC =
     "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
 /* DenseNet's concatenations, batchnorm with eps and momentum, average
- * pooling with ceil_mode, maxpool2d with ceil_mode, dropout. */
+ * pooling with ceil_mode, maxpool2d with ceil_mode, channel dropout,
+ * dropout. */
 static const char *const DENSE_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":4,\"k\":1},"
@@ -591,6 +607,7 @@ static const char *const DENSE_SPEC =
     "{\"type\":\"avgpool2d\",\"name\":\"p2\",\"k\":3,\"stride\":2,\"pad\":1,\"ceil_mode\":true,"
     "\"count_include_pad\":false},"
     "{\"type\":\"maxpool2d\",\"name\":\"p3\",\"k\":2,\"stride\":2,\"ceil_mode\":true},"
+    "{\"type\":\"dropout2d\",\"name\":\"drop2d\",\"p\":0.25},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"dropout\",\"name\":\"drop\",\"p\":0.25},"
     "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
@@ -967,6 +984,8 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"stochastic_depth\",\"p\":0.1,\"mode\":\"batch\"}]}", "layer 0", "\"row\"");
     expect_json_error(HEAD "{\"type\":\"stochastic_depth\"}]}", "layer 0", "\"p\"");
     expect_json_error(HEAD "{\"type\":\"dropout\",\"p\":1.5}]}", "layer 0", "\"p\"");
+    expect_json_error(HEAD "{\"type\":\"dropout2d\",\"p\":-0.1}]}", "layer 0", "\"p\"");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"dropout2d\"}]}", "layer 1", "flattened");
     expect_json_error(HEAD "{\"type\":\"gelu\",\"approximate\":\"fast\"}]}", "layer 0", "approximate");
     expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":\"0.2\"}]}", "layer 0", "negative_slope");
     expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":1e39}]}", "layer 0", "negative_slope");

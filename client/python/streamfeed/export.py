@@ -88,7 +88,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "MaxPool2d": "maxpool2d (no dilation)", "AvgPool2d": "avgpool2d (no divisor_override)",
     "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
     "Linear": "linear (on features, per token of a token sequence, or per pixel over channels after a permute)",
-    "Dropout": "dropout (p 0: nothing)", "Flatten": "flatten (start_dim 1)",
+    "Dropout": "dropout (p 0: nothing)", "Dropout2d": "dropout2d (of a [C,H,W] map; p 0: nothing)",
+    "Flatten": "flatten (start_dim 1)",
     "LayerNorm": "layernorm2d (over channels after a permute), layernorm (over features, or each token's)",
     "MultiheadAttention": "self_attention (batch_first, query = key = value, one embed_dim, biases, dropout 0, "
                           "no masks, need_weights=False)",
@@ -114,7 +115,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword)":
         "the activation of that name",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
-    "F.dropout": "dropout", "Tensor.contiguous": "nothing",
+    "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
     "F.max_pool2d, torch.max_pool2d": "maxpool2d (no dilation, no return_indices)",
     "F.avg_pool2d": "avgpool2d (no divisor_override)",
     "F.channel_shuffle, torch.channel_shuffle, and x.view(n, g, C/g, h, w) then transpose(1, 2), "
@@ -582,6 +583,8 @@ class _Converter:
             if x.ct:
                 _need_nchw(x, op, path)
             return self.dropout(path, x, float(mod.p))
+        if type(mod) is nn.Dropout2d:
+            return self.dropout2d(path, x, float(mod.p), op)
         if type(mod) is nn.Flatten:
             return self.flatten(path, x, n, op, mod.start_dim, mod.end_dim)
         if _is_torchvision(mod, "LayerNorm2d"):
@@ -741,6 +744,16 @@ class _Converter:
         if p == 0.0:
             return x
         return self.b.emit("dropout", path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, p=p)
+
+    def dropout2d(self, path: str, x: _Val, p: float, op: str) -> _Val:
+        """nn.Dropout2d on a [C,H,W] map: whole channels (PyTorch drops
+        whole features of a flat or 3-D input with a warning; the service
+        has no such layer)."""
+        _need_nchw(x, op, path)
+        _spatial(x.shape, op, path)
+        if p == 0.0:
+            return x
+        return self.b.emit("dropout2d", path, [x], x.shape, p=p)
 
     def layernorm(self, path: str, x: _Val, mod: Any, op: str, kind: str) -> _Val:
         if not mod.elementwise_affine or getattr(mod, "bias", None) is None:
@@ -1085,11 +1098,13 @@ class _Converter:
                                   op=op, module_path=path)
             y = self.b.emit("global_avgpool", self.fname(n, "mean"), [x], (x.shape[0], 1, 1))
             return y if keep else self.flatten(path, y, n, op, 1, -1)
-        if t is F.dropout:
+        if t is F.dropout or t is F.dropout2d:
             x = self.val(n.args[0], n)
             prob, training = float(arg(1, "p", 0.5)), bool(arg(2, "training", True))
             if arg(3, "inplace", False) not in (False, True):
                 raise ExportError("inplace must be a constant", op=op, module_path=path)
+            if t is F.dropout2d:
+                return self.dropout2d(self.fname(n, "dropout2d"), x, prob if training else 0.0, op)
             return self.dropout(self.fname(n, "dropout"), x, prob if training else 0.0)
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_functions())
@@ -1157,7 +1172,8 @@ _METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_
 
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
                   nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
-                  nn.Linear, nn.Dropout, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle)
+                  nn.Linear, nn.Dropout, nn.Dropout2d, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention,
+                  nn.ChannelShuffle)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:

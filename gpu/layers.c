@@ -251,8 +251,15 @@ static int flatten_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *ou
     return 0;
 }
 
+/* A [C,H,W] map (nn.BatchNorm2d) or a flat [F] tensor, its features as
+ * channels of 1x1 (nn.BatchNorm1d on [N, F]); a token sequence has no
+ * channels of this kind (nn.BatchNorm1d there normalises over tokens). */
 static int bn2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
+    if (in->tokens) {
+        sf_errf(err, errlen, "input is a token sequence; batchnorm2d needs a [C,H,W] map or flat features");
+        return -1;
+    }
     if (L->eps == 0.0f)
         L->eps = SF_BN_EPS;
     if (L->momentum == 0.0f)
@@ -686,11 +693,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .bf16_weights = 1, .bf16_wgrad = 1, .cuda = 1,
         .doc = "transposed 2-D convolution; weight [in, out, k, k]"},
     [SF_L_BATCHNORM2D] = {
-        .name = "batchnorm2d", .torch = "nn.BatchNorm2d", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .name = "batchnorm2d", .torch = "nn.BatchNorm2d, nn.BatchNorm1d", .min_in = 1, .max_in = 1,
         .fields = bn2d_fields, .shape = bn2d_shape, .params = affine_params, .buffers = bn_buffers,
         .init = ones_zeros_init, .ref_fwd = sf_ref_layer_bn2d_fwd, .ref_bwd = sf_ref_layer_bn2d_bwd,
         .ref_save = sf_ref_layer_bn2d_save, .cuda = 1,
-        .doc = "batch normalisation per channel; running statistics as buffers"},
+        .doc = "batch normalisation per channel of a map, or per feature of flat features (nn.BatchNorm1d on "
+               "[N, F]); running statistics as buffers"},
     [SF_L_MAXPOOL2D] = {
         .name = "maxpool2d", .torch = "nn.MaxPool2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = maxpool2d_fields, .shape = maxpool2d_shape, .ref_fwd = sf_ref_layer_maxpool2d_fwd,

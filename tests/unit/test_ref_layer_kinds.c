@@ -545,7 +545,7 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 
 /* Grouped and dilated convolution, Inception's 1xk and kx1 kernels (one
  * strided along the height only), leaky ReLU (a GAN discriminator's 0.2),
- * SiLU, tanh. */
+ * SiLU, tanh, batchnorm over flat features (nn.BatchNorm1d). */
 static const char *const GROUPED_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":1},"
@@ -555,7 +555,8 @@ static const char *const GROUPED_SPEC =
     "{\"type\":\"conv2d\",\"name\":\"r31\",\"out\":6,\"k\":[3,1],\"stride\":[2,1],\"pad\":[1,0],"
     "\"dilation\":[1,2]},"
     "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
-    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"batchnorm2d\",\"name\":\"bn1d\"},"
+    "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
 /* MobileNetV3's block: depthwise conv, hardswish, squeeze-and-excitation
  * (adaptive pool, 1x1 convs, hardsigmoid, mul broadcast), sigmoid, relu6. */
@@ -849,6 +850,9 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_true(pd[0].shape[2] == 3 && pd[0].shape[3] == 1);
     assert_true(r31->out_h == 4 && r31->out_w == 8); /* (8 + 2 - 3) / 2 + 1, 8 */
     assert_true(!sf_layer_conv_square(r13) && !sf_layer_conv_square(r31) && sf_layer_conv_square(g));
+    const sf_layer *bn1d = layer_named(&m, "bn1d"); /* nn.BatchNorm1d on [N, 6]: 6 channels of 1x1 */
+    assert_int_equal(sf_layer_params(bn1d, pd), 2);
+    assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 6 && bn1d->flat && bn1d->out_ch == 6);
 
     assert_int_equal(sf_model_from_json(CONVNEXT_SPEC, &m, err, sizeof err), 0);
     const sf_layer *ls = layer_named(&m, "blk");
@@ -991,6 +995,7 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":1e39}]}", "layer 0", "negative_slope");
     expect_json_error(HEAD "{\"type\":\"layernorm\"}]}", "layer 0", "layernorm2d");
     expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"eps\":0}]}", "layer 0", "eps");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"batchnorm2d\"}]}", "layer 1", "token sequence");
     expect_json_error(HEAD "{\"type\":\"adaptive_avgpool2d\",\"out\":[0,1]}]}", "layer 0", "\"out\"");
     expect_json_error(HEAD "{\"type\":\"adaptive_avgpool2d\",\"out\":3}]}", "layer 0", "\"out\"");
     expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4,\"over\":\"channels\"}]}",

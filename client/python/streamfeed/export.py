@@ -82,6 +82,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "Conv2d": "conv2d (groups, dilation, square or [h, w] windows, zero padding)",
     "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
     "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
+    "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
     "LeakyReLU": "leaky_relu (negative_slope any finite number)",
@@ -549,6 +550,11 @@ class _Converter:
             return self.conv_transpose2d(path, x, out, op, mod)
         if type(mod) is nn.BatchNorm2d:
             _need_nchw(x, op, path)
+            return self.batchnorm2d(path, x, out, op, mod)
+        if type(mod) is nn.BatchNorm1d:
+            if len(x.shape) != 1 or x.tokens or x.nhwc or x.ct:
+                raise ExportError(f"runs on flat features [N, F] only (here a tensor of per-sample shape "
+                                  f"{list(x.shape)}; the service has no [N, C, L] batchnorm)", op=op, module_path=path)
             return self.batchnorm2d(path, x, out, op, mod)
         act = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish",
                nn.Hardsigmoid: "hardsigmoid", nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.Tanh: "tanh",
@@ -1170,8 +1176,9 @@ _FUNCTION_ACTS: Dict[Any, str] = {
 _METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
                 "tanh_": "tanh"}
 
-_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU, nn.Hardswish,
-                  nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
+_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU,
+                  nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d,
+                  nn.AdaptiveAvgPool2d,
                   nn.Linear, nn.Dropout, nn.Dropout2d, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention,
                   nn.ChannelShuffle)
 

@@ -348,15 +348,28 @@ static void compare_stepwise(const char *name, sf_backend *cu, sf_backend *ref, 
                        sf_layer_kind_name(m.layers[worst3[q].i].kind), worst3[q].what, what ? "momentum" : "update",
                        worst3[q].e);
         }
+        /* AdamW's first update is about lr * sign(g) per element, so a
+         * gradient element near zero turns a relative gradient difference
+         * into one of order 1 in its update: in resnet18's first AdamW step
+         * at 64x64 (batch 0 of seed 32) two ReLU inputs lie within float
+         * rounding of zero (2.3e-6 and 6.3e-7 in float64 against an rms
+         * float32 error of 1.6e-6 to 3.7e-6), each float implementation takes
+         * its own side, and the gradients of CUDA, both references and
+         * PyTorch's float32 differ by 1.4e-2 (each within 6e-6 of float64
+         * with the same signs), the updates by 2.6e-2. So with AdamW the
+         * moments, which are linear in g and g*g, carry the judgement; the
+         * update kernel has its own cases in test_ops optimizer and
+         * test_train_loop. NaN fails either way. */
         worst = du > worst || !(du == du) ? du : worst;
         worst_m = em > worst_m ? em : worst_m;
         worst_m = dm > worst_m ? dm : worst_m;
         worst_b = eb > worst_b ? eb : worst_b;
         worst_loss = el > worst_loss ? el : worst_loss;
     }
-    if (worst < tol_delta && worst_m < tol_delta && worst_b < tol_delta && worst_loss < tol_delta)
-        ok("%s stepwise from a common state, %d steps (worst update %.2e, opt state %.2e, bufs %.2e, loss %.2e)",
-           name, steps, worst, worst_m, worst_b, worst_loss);
+    const int update_ok = check_sq ? worst == worst : worst < tol_delta;
+    if (update_ok && worst_m < tol_delta && worst_b < tol_delta && worst_loss < tol_delta)
+        ok("%s stepwise from a common state, %d steps (worst update %.2e%s, opt state %.2e, bufs %.2e, loss %.2e)",
+           name, steps, worst, check_sq ? " not judged: AdamW" : "", worst_m, worst_b, worst_loss);
     else
         fail("%s stepwise: worst update %.3e, opt state %.3e, bufs %.3e, loss %.3e (tol %.1e)", name, worst, worst_m,
              worst_b, worst_loss, tol_delta);

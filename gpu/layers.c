@@ -240,6 +240,20 @@ static int linear_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out
     return 0;
 }
 
+/* Over the features of a flat tensor only: F.log_softmax(x, dim=1) of a
+ * classifier's [N, F] logits (a map's dim 1 would be per pixel over
+ * channels, which no model here needs). */
+static int log_softmax_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (!in->flat) {
+        sf_errf(err, errlen, "log_softmax applies over the features of a flat tensor (dim 1 of [N, F]); the input "
+                "is %s (flatten it first)", in->tokens ? "a token sequence" : "a [C,H,W] map");
+        return -1;
+    }
+    *out = in[0];
+    return 0;
+}
+
 static int flatten_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     const size_t feat = (size_t)in->c * in->h * in->w;
@@ -777,6 +791,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1,
         .doc = "training: zero a whole channel of a sample with probability p, scale by 1/(1-p), from the "
                "service's seeded RNG; eval: identity"},
+    [SF_L_LOG_SOFTMAX] = {
+        .name = "log_softmax", .torch = "nn.LogSoftmax(dim=1), F.log_softmax(x, dim=1) on [N, F]", .min_in = 1,
+        .max_in = 1, .fields = no_fields, .shape = log_softmax_shape, .ref_fwd = sf_ref_layer_log_softmax_fwd,
+        .ref_bwd = sf_ref_layer_log_softmax_bwd, .cuda = 1,
+        .doc = "x - log(sum(exp(x))) over the features of each sample. As the last layer its output is "
+               "log-probabilities, and the service's cross-entropy on them is nn.NLLLoss on the module's output, "
+               "as a PyTorch script that ends in log_softmax trains"},
     [SF_L_TO_TOKENS] = {
         .name = "to_tokens", .torch = "x.reshape(n, C, h * w).permute(0, 2, 1) (VisionTransformer)", .min_in = 1,
         .max_in = 1, .needs_map = 1, .fields = no_fields, .shape = to_tokens_shape,

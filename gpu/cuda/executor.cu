@@ -118,6 +118,7 @@ static sf_drop_unit g_drop_unit(const sf_layer *L)
                                                                                          : SF_DROP_ELEMENT;
 }
 
+
 /* A mul layer whose second input is [C,1,1], broadcast over H,W. */
 static int g_mul_bcast(const sf_model *m, int i) { return g_in_elems(m, i, 1) != m->layers[i].out_elems; }
 
@@ -126,6 +127,23 @@ static int g_mul_bcast(const sf_model *m, int i) { return g_in_elems(m, i, 1) !=
 static const uint64_t *g_seq(const sf_cuda_net *net, int b)
 {
     return net->io[b].ctl ? &net->io[b].ctl->seq : NULL;
+}
+
+/* Forward of dropout-family layer i: its mask on x, or x itself in
+ * evaluation and when frozen. */
+static int g_dropout_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, cudaStream_t s, int eval)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &g->op[i];
+    if (o->frozen || eval) {
+        SF_CUDA_CHECK(cudaMemcpyAsync(o->y, x, g->es * n * L->out_elems, cudaMemcpyDeviceToDevice, s));
+        return 0;
+    }
+    return sf_cuda_dropout_dt(g->dt, g_drop_lay(g, i), x, o->y, n, L->out_ch, (size_t)L->out_h * L->out_w, L->p,
+                              net->cfg.drop_seed, g_seq(net, b), (uint64_t)i, g_drop_unit(L), s)
+               ? -1
+               : 0;
 }
 
 
@@ -380,11 +398,8 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             break;
         case SF_L_DROPOUT:
         case SF_L_DROPOUT2D:
-        case SF_L_STOCHASTIC_DEPTH: /* identity in evaluation and when frozen */
-            if (o->frozen || eval)
-                SF_CUDA_CHECK(cudaMemcpyAsync(o->y, x, g->es * n * L->out_elems, cudaMemcpyDeviceToDevice, s));
-            else if (sf_cuda_dropout_dt(dt, g_drop_lay(g, i), x, o->y, n, L->out_ch, (size_t)L->out_h * L->out_w,
-                                        L->p, net->cfg.drop_seed, g_seq(net, b), (uint64_t)i, g_drop_unit(L), s))
+        case SF_L_STOCHASTIC_DEPTH:
+            if (g_dropout_fwd(net, i, n, b, x, s, eval))
                 return -1;
             break;
         case SF_L_TO_TOKENS:
@@ -416,6 +431,10 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
         case SF_L_CHANNEL_SHUFFLE:
             if (sf_cuda_channel_shuffle_dt(dt, g->lay, x, n, L->out_ch, (size_t)L->out_h * L->out_w, L->groups, o->y,
                                            s))
+                return -1;
+            break;
+        case SF_L_LOG_SOFTMAX: /* flat features: the same in either layout */
+            if (sf_cuda_log_softmax_fwd_dt(dt, x, o->y, n, L->out_ch, s))
                 return -1;
             break;
         case SF_L_CHANNEL_SLICE:
@@ -906,6 +925,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             if (g_concat_bwd(net, i, n, s))
                 return -1;
             add0 = 0;
+            break;
+        case SF_L_LOG_SOFTMAX:
+            if (dx && sf_cuda_log_softmax_bwd_dt(dt, g_in(net, i, 0, b), o->dy, dx, n, L->out_ch, s))
+                return -1;
             break;
         case SF_L_CHANNEL_SHUFFLE: /* the shuffle by C/groups undoes the one by groups */
             if (dx && sf_cuda_channel_shuffle_dt(dt, g->lay, o->dy, n, L->out_ch, (size_t)L->out_h * L->out_w,

@@ -33,6 +33,7 @@
 #include "gpu/cuda/attention.h"
 #include "gpu/cuda/batchnorm.h"
 #include "gpu/cuda/channels.h"
+#include "gpu/cuda/log_softmax.h"
 #include "gpu/cuda/concat.h"
 #include "gpu/cuda/conv.h"
 #include "gpu/cuda/conv_transpose.h"

@@ -87,6 +87,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_LAYER_SCALE:
     case SF_L_LAYERNORM2D:
     case SF_L_LAYERNORM:
+    case SF_L_LOG_SOFTMAX:
     case SF_L_SELF_ATTENTION: /* its input projection's weight gradient */
         return 1;
     default:

@@ -231,6 +231,14 @@ void sf_ref_channel_slice_fwd_f64(const double *x, int n, int c, size_t hw, int 
 void sf_ref_channel_slice_bwd(const float *dy, int n, int c, size_t hw, int start, int count, float *dx);
 void sf_ref_channel_slice_bwd_f64(const double *dy, int n, int c, size_t hw, int start, int count, double *dx);
 
+/* ---- log_softmax ---------------------------------------------------------------- */
+/* F.log_softmax(x, dim=1) of [n, f] features: y = x - log(sum(exp(x))) per
+ * row; the backward dx = dy - softmax(x) * sum(dy) per row, from x. */
+void sf_ref_log_softmax_fwd(const float *x, int n, int f, float *y);
+void sf_ref_log_softmax_fwd_f64(const double *x, int n, int f, double *y);
+void sf_ref_log_softmax_bwd(const float *x, const float *dy, int n, int f, float *dx);
+void sf_ref_log_softmax_bwd_f64(const double *x, const double *dy, int n, int f, double *dx);
+
 /* ---- dropout ------------------------------------------------------------------ */
 /* Training-mode dropout of [n, elems] (element-wise), channel dropout
  * (channel-wise) and stochastic depth (row mode: sample-wise): kept values

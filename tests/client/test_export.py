@@ -123,6 +123,8 @@ def run_spec(spec, tensors, x):
         elif t == "channel_slice":
             assert 0 <= layer["start"] and layer["start"] + layer["count"] <= a[0].shape[1], name
             y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
+        elif t == "log_softmax":
+            y = F.log_softmax(a[0], dim=1)
         elif t in ("dropout", "dropout2d", "stochastic_depth"):
             y = a[0]
         else:
@@ -342,6 +344,37 @@ def test_batchnorm1d_on_flat_features_exports_as_batchnorm2d_and_is_refused_on_s
     assert e.value.module_path == "bn" and "flat features" in str(e.value)
 
 
+def test_log_softmax_over_features_exports_in_each_spelling_and_is_refused_elsewhere():
+    for tail in (nn.LogSoftmax(dim=1), nn.LogSoftmax(-1)):
+        ex = assert_spec_computes_the_module(nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(144, 5), tail),
+                                             hw=8)
+        assert ex.spec["layers"][-1] == {"type": "log_softmax", "name": "3"}
+
+    class Tail(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.fc, self.how = nn.Linear(3 * 8 * 8, 6), how
+
+        def forward(self, x):
+            y = self.fc(x.flatten(1))
+            return {"f": lambda: F.log_softmax(y, dim=1), "t": lambda: torch.log_softmax(y, -1),
+                    "m": lambda: y.log_softmax(1)}[self.how]()
+
+    for how in "ftm":
+        ex = assert_spec_computes_the_module(Tail(how), hw=8)
+        assert ex.spec["layers"][-1]["type"] == "log_softmax"
+    with pytest.raises(ExportError) as e:
+        convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.LogSoftmax(dim=1)), (1, 3, 8, 8))
+    assert e.value.module_path == "1" and "flat features" in str(e.value)
+    with pytest.raises(ExportError) as e:
+        convert(nn.Sequential(nn.Flatten(), nn.LogSoftmax(dim=0)), (1, 3, 8, 8))
+    assert "dim 0" in str(e.value)
+    for model in (nn.Sequential(nn.Flatten(), nn.Softmax(dim=1)), Softmaxed()):
+        with pytest.raises(ExportError) as e:
+            convert(model, (1, 3, 8, 8))
+        assert "softmax is not supported" in str(e.value) and "log_softmax (nn.NLLLoss)" in str(e.value)
+
+
 def test_identities_leave_no_layer_and_defaults_leave_no_field():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Dropout(0.0), nn.Identity(),
                           nn.AdaptiveAvgPool2d((8, 8)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
@@ -539,7 +572,7 @@ class SoftmaxHead(nn.Module):
 
 @pytest.mark.parametrize("model, op, path, supported", [
     (Attention(), "torch.nn.modules.rnn.LSTM", "features.1.1", "Conv2d"),
-    (Softmaxed(), "softmax", "head", "torch.cat"),
+    (Softmaxed(), "softmax", "head", ""),
     (nn.Sequential(nn.Conv2d(3, 4, 3, padding_mode="reflect")), "Conv2d", "0", ""),
     (nn.Sequential(nn.BatchNorm2d(3, affine=False)), "BatchNorm2d", "0", ""),
     (nn.Sequential(nn.Conv2d(3, 4, 3), nn.Linear(6, 2)), "Linear", "1", ""),

@@ -128,6 +128,18 @@ std::vector<op_case> op_cases()
         }
     t.push_back(row("channels", "refused", cmp_channels_refused, SF_DT_F32, {6}, {4, 5, 2}, 0));
 
+    /* log_softmax over features: a classifier's 10 classes, 1000 (more than a
+     * block's threads), one feature, values spread over +-40 (exp of the
+     * unshifted values would overflow in fp32 past 88), the backward in place
+     * on dy; fp32 outputs within 1e-5 relative (the fast exp and log) */
+    for (const sf_dtype dt : k_dtypes) {
+        t.push_back(row("log_softmax", "rows", cmp_log_softmax, dt, {8, 10}, {0}, 1e-5, 0, {3.f}));
+        t.push_back(row("log_softmax", "rows", cmp_log_softmax, dt, {3, 1000}, {0}, 1e-5, 0, {1.f}));
+        t.push_back(row("log_softmax", "rows", cmp_log_softmax, dt, {5, 1}, {0}, 1e-5, 0, {1.f}));
+        t.push_back(row("log_softmax", "rows", cmp_log_softmax, dt, {4, 37}, {1}, 1e-5, 0, {40.f}));
+    }
+    t.push_back(row("log_softmax", "refused", cmp_log_softmax_refused, SF_DT_F32, {}, {}, 0));
+
     /* mul: the odd sizes of the layer tests, an SE block's shape scaled
      * down, flat features (hw = 1: both forms agree), many rows per sample
      * with a partial channel tile, more channel vectors than a tile (272:

@@ -453,6 +453,37 @@ def test_a_hand_written_module_trains_like_pytorch(start_server, tmp_path, spec_
     train_like_pytorch(s, model, SmallResidual, 16, 9)
 
 
+class MnistNet(torch.nn.Module):
+    """The network of PyTorch's MNIST example (pytorch/examples, mnist/main.py),
+    a newcomer's first model: two convolutions, F.max_pool2d, dropouts,
+    torch.flatten, two linear layers and F.log_softmax, trained with
+    nn.NLLLoss. Here over three channels (the harness posts RGB) and with the
+    dropouts at 0 (the service draws its own masks)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.conv1, self.conv2 = nn.Conv2d(3, 32, 3, 1), nn.Conv2d(32, 64, 3, 1)
+        self.dropout1, self.dropout2 = nn.Dropout(0.0), nn.Dropout(0.0)
+        self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        x = self.dropout2(F.relu(self.fc1(torch.flatten(self.dropout1(x), 1))))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+def test_the_pytorch_mnist_example_trains_like_pytorch(start_server, tmp_path, spec_checker):
+    """Its log-probabilities are the service's output: the cross-entropy the
+    service trains with is NLLLoss on them (log_softmax of log-probabilities
+    is themselves), and eval returns them."""
+    torch.manual_seed(4)
+    model = MnistNet()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=28)
+    assert s.get("/v1/model").json()["layers"][-1]["type"] == "log_softmax"
+    train_like_pytorch(s, model, MnistNet, 28, 13)
+
+
 class GanStyle(torch.nn.Module):
     """A user's GAN-style module: a DCGAN discriminator's strided
     convolutions with LeakyReLU(0.2) (in place, as DCGAN writes it) and

@@ -27,6 +27,7 @@ CASES_PER_FAMILY = {
     "dropout": 109,
     "layout": 2,
     "linear": 78,
+    "log_softmax": 9,
     "loss": 27,
     "mul": 72,
     "norm": 68,

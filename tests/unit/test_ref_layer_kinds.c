@@ -108,6 +108,20 @@ static void mul_bwd(const kcase *k, double *const *v, const double *dy, double *
     sf_ref_mul_bwd_f64(v[0], v[1], k->a[0], k->a[1], (size_t)k->a[2], (size_t)k->a[3], dy, g[0], g[1]);
 }
 
+/* log_softmax: a = n f */
+static void lsm_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_log_softmax_fwd_f64(v[0], k->a[0], k->a[1], y);
+}
+static void lsm_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_log_softmax_bwd_f64(v[0], dy, k->a[0], k->a[1], g[0]);
+}
+static void lsm_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_log_softmax_fwd(v[0], k->a[0], k->a[1], y);
+}
+
 /* channel scale: a = n c hw */
 static void cs_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -328,6 +342,9 @@ static const kcase kcases[] = {
     /* every part of the window different along the two axes */
     {"conv2d 3x2 stride [2,1] pad [1,0] dilation [1,2] groups 2", 3, {1 * 4 * 7 * 6, 2 * 2 * 3 * 2, 2},
      1 * 2 * 4 * 4, 1, {1, 4, 7, 6, 2, 3, 2, 2, 1, 1, 0, 1, 2, 2}, gd_fwd, gd_bwd, gd_fwd_f32},
+    /* a classifier's logits, spread over +-30 (the maximum's shift keeps exp finite), and one feature */
+    {"log_softmax", 1, {3 * 10}, 3 * 10, 30, {3, 10}, lsm_fwd, lsm_bwd, lsm_fwd_f32},
+    {"log_softmax of one feature", 1, {4}, 4, 2, {4, 1}, lsm_fwd, lsm_bwd, lsm_fwd_f32},
     {"relu6", 1, {64}, 64, 8, {SF_ACT_RELU6}, act_fwd, act_bwd, act_fwd_f32},
     {"sigmoid", 1, {64}, 64, 6, {SF_ACT_SIGMOID}, act_fwd, act_bwd, act_fwd_f32},
     {"silu", 1, {64}, 64, 6, {SF_ACT_SILU}, act_fwd, act_bwd, act_fwd_f32},
@@ -559,7 +576,9 @@ static const char *const GROUPED_SPEC =
     "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
 /* MobileNetV3's block: depthwise conv, hardswish, squeeze-and-excitation
- * (adaptive pool, 1x1 convs, hardsigmoid, mul broadcast), sigmoid, relu6. */
+ * (adaptive pool, 1x1 convs, hardsigmoid, mul broadcast), sigmoid, relu6;
+ * a log_softmax after the classifier (the cross-entropy on its output is
+ * NLLLoss). */
 static const char *const SE_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":4,\"k\":1},"
@@ -571,7 +590,8 @@ static const char *const SE_SPEC =
     "{\"type\":\"hardsigmoid\",\"name\":\"se.gate\"},"
     "{\"type\":\"mul\",\"name\":\"se.mul\",\"inputs\":[\"a\",\"se.gate\"]},"
     "{\"type\":\"sigmoid\",\"name\":\"s\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
-    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4},"
+    "{\"type\":\"log_softmax\",\"name\":\"lsm\"}]}";
 
 /* ConvNeXt's block: layernorm2d, depthwise conv, linear over channels, GELU,
  * layer scale, stochastic depth, residual; a head with layernorm and the
@@ -989,6 +1009,7 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"stochastic_depth\"}]}", "layer 0", "\"p\"");
     expect_json_error(HEAD "{\"type\":\"dropout\",\"p\":1.5}]}", "layer 0", "\"p\"");
     expect_json_error(HEAD "{\"type\":\"dropout2d\",\"p\":-0.1}]}", "layer 0", "\"p\"");
+    expect_json_error(HEAD "{\"type\":\"log_softmax\"}]}", "layer 0", "flatten it first");
     expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"dropout2d\"}]}", "layer 1", "flattened");
     expect_json_error(HEAD "{\"type\":\"gelu\",\"approximate\":\"fast\"}]}", "layer 0", "approximate");
     expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":\"0.2\"}]}", "layer 0", "negative_slope");

@@ -90,6 +90,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
     "Linear": "linear (on features, per token of a token sequence, or per pixel over channels after a permute)",
     "Dropout": "dropout (p 0: nothing)", "Dropout2d": "dropout2d (of a [C,H,W] map; p 0: nothing)",
+    "LogSoftmax": "log_softmax (dim 1 of flat features)",
     "Flatten": "flatten (start_dim 1)",
     "LayerNorm": "layernorm2d (over channels after a permute), layernorm (over features, or each token's)",
     "MultiheadAttention": "self_attention (batch_first, query = key = value, one embed_dim, biases, dropout 0, "
@@ -117,6 +118,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
         "the activation of that name",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
+    "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
+                                                            "cross-entropy on it is nn.NLLLoss)",
     "F.max_pool2d, torch.max_pool2d": "maxpool2d (no dilation, no return_indices)",
     "F.avg_pool2d": "avgpool2d (no divisor_override)",
     "F.channel_shuffle, torch.channel_shuffle, and x.view(n, g, C/g, h, w) then transpose(1, 2), "
@@ -591,6 +594,10 @@ class _Converter:
             return self.dropout(path, x, float(mod.p))
         if type(mod) is nn.Dropout2d:
             return self.dropout2d(path, x, float(mod.p), op)
+        if type(mod) is nn.LogSoftmax:
+            return self.log_softmax(path, x, mod.dim, op)
+        if type(mod) is nn.Softmax:
+            raise ExportError(_SOFTMAX_REFUSAL, op=op, module_path=path)
         if type(mod) is nn.Flatten:
             return self.flatten(path, x, n, op, mod.start_dim, mod.end_dim)
         if _is_torchvision(mod, "LayerNorm2d"):
@@ -750,6 +757,25 @@ class _Converter:
         if p == 0.0:
             return x
         return self.b.emit("dropout", path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, p=p)
+
+    def softmax_function(self, n: torch.fx.Node, log: bool, op: str, path: str) -> _Val:
+        """F.log_softmax, torch.log_softmax, Tensor.log_softmax; softmax's
+        spellings are refused, saying why."""
+        if not log:
+            raise ExportError(_SOFTMAX_REFUSAL, op=op, module_path=path)
+        if n.kwargs.get("dtype") is not None or (len(n.args) > 3 and n.args[3] is not None):
+            raise ExportError("a dtype other than the input's is not supported", op=op, module_path=path)
+        dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        return self.log_softmax(self.fname(n, "log_softmax"), self.val(n.args[0], n), dim, op)
+
+    def log_softmax(self, path: str, x: _Val, dim: Any, op: str) -> _Val:
+        """log_softmax over the features of [N, F] (dim 1 or -1): a
+        classifier trained with nn.NLLLoss ends in it, and the service's
+        cross-entropy on its output is that loss."""
+        if len(x.shape) != 1 or x.tokens or x.nhwc or x.ct or dim not in (1, -1):
+            raise ExportError(f"log_softmax is supported over dim 1 of flat features [N, F] only (here dim {dim} of "
+                              f"a tensor of per-sample shape {list(x.shape)})", op=op, module_path=path)
+        return self.b.emit("log_softmax", path, [x], x.shape)
 
     def dropout2d(self, path: str, x: _Val, p: float, op: str) -> _Val:
         """nn.Dropout2d on a [C,H,W] map: whole channels (PyTorch drops
@@ -1091,6 +1117,8 @@ class _Converter:
             if kind == "leaky_relu":
                 f["negative_slope"] = _slope(arg(1, "negative_slope", 0.01), op, path)
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
+        if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
+            return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
         if t is F.adaptive_avg_pool2d:
             return self.adaptive(self.fname(n, "avgpool"), self.val(n.args[0], n), out, op)
         if meth == "mean" or t is torch.mean:
@@ -1168,6 +1196,13 @@ class _Converter:
 # ---- the public functions -------------------------------------------------------------------
 
 # The activation functions and Tensor methods the converter maps onto
+# Why softmax has no layer: the service trains with cross-entropy on the
+# model's output, and on probabilities that is another loss than the one a
+# script ending in softmax trains with (nn.CrossEntropyLoss on them, or
+# NLLLoss on their log).
+_SOFTMAX_REFUSAL = ("softmax is not supported: the service trains with cross-entropy on the model's output; return "
+                    "the logits (nn.CrossEntropyLoss) or log_softmax (nn.NLLLoss) instead")
+
 # activation kinds (F.tanh traces as the method it calls, input.tanh()).
 _FUNCTION_ACTS: Dict[Any, str] = {
     F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu", F.gelu: "gelu", F.hardswish: "hardswish",
@@ -1179,7 +1214,8 @@ _METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU,
                   nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d,
                   nn.AdaptiveAvgPool2d,
-                  nn.Linear, nn.Dropout, nn.Dropout2d, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention,
+                  nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity,
+                  nn.MultiheadAttention,
                   nn.ChannelShuffle)
 
 

@@ -375,6 +375,31 @@ def test_log_softmax_over_features_exports_in_each_spelling_and_is_refused_elsew
         assert "softmax is not supported" in str(e.value) and "log_softmax (nn.NLLLoss)" in str(e.value)
 
 
+def test_adaptive_max_pooling_exports_as_a_max_pool_of_one_square_window():
+    class Heads(nn.Module):
+        def __init__(self, functional):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding=1)
+            self.gmp = nn.AdaptiveMaxPool2d(1)
+            self.fc = nn.Linear(4 * 2 * 2 if functional else 4, 5)
+            self.functional = functional
+
+        def forward(self, x):
+            y = F.relu(self.c(x))
+            y = F.adaptive_max_pool2d(y, (2, 2)) if self.functional else self.gmp(y)
+            return self.fc(y.view(x.size(0), -1))
+
+    for functional, want in ((False, ("gmp", 12)), (True, ("maxpool", 6))):
+        ex = assert_spec_computes_the_module(Heads(functional), hw=12)
+        assert [(p["name"], p["k"]) for p in ex.spec["layers"] if p["type"] == "maxpool2d"] == [want]
+    for model, hw in ((nn.Sequential(nn.Conv2d(3, 4, (3, 1)), nn.AdaptiveMaxPool2d(1)), 8),
+                      (nn.Sequential(nn.Conv2d(3, 4, 1), nn.AdaptiveMaxPool2d(3)), 8),
+                      (nn.Sequential(nn.Conv2d(3, 4, 1), nn.AdaptiveMaxPool2d(1)), 80)):
+        with pytest.raises(ExportError) as e:
+            convert(model, (1, 3, hw, hw))
+        assert e.value.module_path == "1" and "one square window" in str(e.value)
+
+
 def test_identities_leave_no_layer_and_defaults_leave_no_field():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Dropout(0.0), nn.Identity(),
                           nn.AdaptiveAvgPool2d((8, 8)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),

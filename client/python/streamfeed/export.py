@@ -60,6 +60,9 @@ WEIGHTS_FILE = "init.safetensors"
 # gpu/model.h). A layer with parameters must carry its state_dict prefix
 # whole; a longer one is refused here rather than by the service at start.
 NAME_MAX = 63
+# The largest kernel size, stride or padding a layer takes (SF_MAX_KERNEL of
+# gpu/layers.h).
+MAX_KERNEL = 64
 
 
 class ExportError(ValueError):
@@ -88,6 +91,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "LeakyReLU": "leaky_relu (negative_slope any finite number)",
     "MaxPool2d": "maxpool2d (no dilation)", "AvgPool2d": "avgpool2d (no divisor_override)",
     "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
+    "AdaptiveMaxPool2d": "maxpool2d where the bins are one square window (1x1 of a square map)",
     "Linear": "linear (on features, per token of a token sequence, or per pixel over channels after a permute)",
     "Dropout": "dropout (p 0: nothing)", "Dropout2d": "dropout2d (of a [C,H,W] map; p 0: nothing)",
     "LogSoftmax": "log_softmax (dim 1 of flat features)",
@@ -117,6 +121,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword)":
         "the activation of that name",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
+    "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
     "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
                                                             "cross-entropy on it is nn.NLLLoss)",
@@ -583,9 +588,11 @@ class _Converter:
                 raise ExportError("divisor_override is not supported", op=op, module_path=path)
             return self.pool("avgpool2d", path, x, out, op, mod.kernel_size, mod.stride, mod.padding,
                              mod.ceil_mode, mod.count_include_pad)
-        if type(mod) is nn.AdaptiveAvgPool2d:
+        if type(mod) in (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d):
             _need_nchw(x, op, path)
-            return self.adaptive(path, x, out, op)
+            if getattr(mod, "return_indices", False):
+                raise ExportError("return_indices is not supported", op=op, module_path=path)
+            return self.adaptive(path, x, out, op, type(mod) is nn.AdaptiveMaxPool2d)
         if type(mod) is nn.Linear:
             return self.linear(path, x, out, op, mod)
         if type(mod) is nn.Dropout:
@@ -743,12 +750,21 @@ class _Converter:
             f["count_include_pad"] = False
         return self.b.emit(kind, path, [x], out, **f)
 
-    def adaptive(self, path: str, x: _Val, out: Tuple[int, ...], op: str) -> _Val:
+    def adaptive(self, path: str, x: _Val, out: Tuple[int, ...], op: str, maximum: bool = False) -> _Val:
         c, h, w = _spatial(x.shape, op, path)
         oh, ow = out[1], out[2]
         if (oh, ow) == (h, w):
             # Bins of one pixel each: the identity (VGG's 7x7 pool on a 7x7 map).
             return x
+        if maximum:
+            # Bins that tile the map with one square window are a max pool of
+            # that window (AdaptiveMaxPool2d(1) of a square map: its global max).
+            k = h // oh
+            if h % oh or w % ow or w // ow != k or k > MAX_KERNEL:
+                raise ExportError(f"adaptive max pooling of a {h}x{w} map to {oh}x{ow} is supported where its bins are "
+                                  f"one square window of at most {MAX_KERNEL} (the map's sides multiples of the "
+                                  "output's by one factor)", op=op, module_path=path)
+            return self.b.emit("maxpool2d", path, [x], (c, oh, ow), k=k)
         if (oh, ow) == (1, 1):
             return self.b.emit("global_avgpool", path, [x], (c, 1, 1))
         return self.b.emit("adaptive_avgpool2d", path, [x], (c, oh, ow), out=[oh, ow])
@@ -1119,8 +1135,9 @@ class _Converter:
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
-        if t is F.adaptive_avg_pool2d:
-            return self.adaptive(self.fname(n, "avgpool"), self.val(n.args[0], n), out, op)
+        if t in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
+            mx = t is F.adaptive_max_pool2d and not arg(2, "return_indices", False)
+            return self.adaptive(self.fname(n, "maxpool" if mx else "avgpool"), self.val(n.args[0], n), out, op, mx)
         if meth == "mean" or t is torch.mean:
             x = self.val(n.args[0], n)
             dim_arg = arg(1, "dim")
@@ -1213,7 +1230,7 @@ _METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_
 
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU,
                   nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d,
-                  nn.AdaptiveAvgPool2d,
+                  nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
                   nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity,
                   nn.MultiheadAttention,
                   nn.ChannelShuffle)

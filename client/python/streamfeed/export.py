@@ -189,6 +189,12 @@ class _Val:
     tokens: bool = False
     ct: bool = False
 
+    def plain(self, ndim: int) -> bool:
+        """Whether the tensor has ndim dimensions per sample in the service's
+        own form: a [C,H,W] map (3) or flat features (1), neither
+        channels-last, nor a token sequence, nor a map on its way to one."""
+        return len(self.shape) == ndim and not (self.nhwc or self.tokens or self.ct)
+
 
 @dataclass
 class _Attention:
@@ -560,7 +566,7 @@ class _Converter:
             _need_nchw(x, op, path)
             return self.batchnorm2d(path, x, out, op, mod)
         if type(mod) is nn.BatchNorm1d:
-            if len(x.shape) != 1 or x.tokens or x.nhwc or x.ct:
+            if not x.plain(1):
                 raise ExportError(f"runs on flat features [N, F] only (here a tensor of per-sample shape "
                                   f"{list(x.shape)}; the service has no [N, C, L] batchnorm)", op=op, module_path=path)
             return self.batchnorm2d(path, x, out, op, mod)
@@ -788,7 +794,7 @@ class _Converter:
         """log_softmax over the features of [N, F] (dim 1 or -1): a
         classifier trained with nn.NLLLoss ends in it, and the service's
         cross-entropy on its output is that loss."""
-        if len(x.shape) != 1 or x.tokens or x.nhwc or x.ct or dim not in (1, -1):
+        if not x.plain(1) or dim not in (1, -1):
             raise ExportError(f"log_softmax is supported over dim 1 of flat features [N, F] only (here dim {dim} of "
                               f"a tensor of per-sample shape {list(x.shape)})", op=op, module_path=path)
         return self.b.emit("log_softmax", path, [x], x.shape)
@@ -883,7 +889,7 @@ class _Converter:
         reader (after an optional contiguous()) views it back as [N, C, H, W]
         or flattens dimensions 1 and 2: torchvision's channel_shuffle. None
         for any other view."""
-        if len(x.shape) != 3 or x.nhwc or x.tokens or x.ct or len(out) != 4:
+        if not x.plain(3) or len(out) != 4:
             return None
         c, h, w = x.shape
         if out[0] * out[1] != c or out[2:] != (h, w):
@@ -927,7 +933,7 @@ class _Converter:
         short = "chunk" if "chunk" in str(getattr(n.target, "__name__", n.target)) else "split"
         dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)
         metas = n.meta.get("tensor_meta")
-        if len(x.shape) != 3 or x.nhwc or x.tokens or x.ct or not isinstance(dim, int) or dim % 4 != 1 or \
+        if not x.plain(3) or not isinstance(dim, int) or dim % 4 != 1 or \
                 not isinstance(metas, (tuple, list)):
             raise ExportError(f"splits a tensor of per-sample shape {list(x.shape)} along dimension {dim}; the "
                               "service slices [C,H,W] maps along channels (dim=1)", op=op, module_path=path)
@@ -963,7 +969,7 @@ class _Converter:
     def channel_range(self, n: torch.fx.Node, x: _Val, idx: Any, op: str, path: str) -> Optional[_Val]:
         """x[:, a:b] (with any trailing full slices or an Ellipsis) of a
         [C,H,W] map; None for any other index."""
-        if not isinstance(idx, tuple) or len(idx) < 2 or len(x.shape) != 3 or x.nhwc or x.tokens or x.ct:
+        if not isinstance(idx, tuple) or len(idx) < 2 or not x.plain(3):
             return None
         rest = idx[2:]
         if idx[0] != slice(None) or not isinstance(idx[1], slice) or \

@@ -400,6 +400,42 @@ def test_adaptive_max_pooling_exports_as_a_max_pool_of_one_square_window():
         assert e.value.module_path == "1" and "one square window" in str(e.value)
 
 
+class TwoHeads(nn.Module):
+    """A multi-branch head: global average and global max features of one
+    map, and a linear projection of the flattened map, concatenated along
+    the features."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+        self.proj = nn.Linear(4 * 8 * 8, 6)
+        self.fc = nn.Linear(4 + 4 + 6, 3)
+
+    def forward(self, x):
+        y = F.relu(self.c(x))
+        feats = [F.adaptive_avg_pool2d(y, 1).flatten(1), torch.flatten(F.adaptive_max_pool2d(y, 1), 1),
+                 self.proj(y.flatten(1))]
+        return self.fc(torch.cat(feats, dim=1))
+
+
+def test_flat_features_concatenate_along_dim_1():
+    ex = assert_spec_computes_the_module(TwoHeads(), hw=8)
+    cat = [layer for layer in ex.spec["layers"] if layer["type"] == "concat"]
+    assert len(cat) == 1 and len(cat[0]["inputs"]) == 3
+    with pytest.raises(ExportError) as e:
+        convert(nn.Sequential(nn.Flatten(), CatOf(0)), (1, 3, 8, 8))
+    assert "dimension 0" in str(e.value)
+
+
+class CatOf(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return torch.cat([x, x], self.dim)
+
+
 def test_identities_leave_no_layer_and_defaults_leave_no_field():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Dropout(0.0), nn.Identity(),
                           nn.AdaptiveAvgPool2d((8, 8)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),

@@ -484,6 +484,34 @@ def test_the_pytorch_mnist_example_trains_like_pytorch(start_server, tmp_path, s
     train_like_pytorch(s, model, MnistNet, 28, 13)
 
 
+class TwoHeads(torch.nn.Module):
+    """A multi-branch head: a map's global average and global max
+    (AdaptiveMaxPool2d(1), a max pool of one window) and a projection of the
+    flattened map, concatenated along the features. (No BatchNorm1d: over
+    batches of two it normalises each feature to +-1, which no float run
+    reproduces to 1e-4; the layer-kind tests cover it.)"""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.c = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.gmp = nn.AdaptiveMaxPool2d(1)
+        self.proj = nn.Linear(8 * 8 * 8, 6)
+        self.fc = nn.Linear(8 + 8 + 6, 10)
+
+    def forward(self, x):
+        y = F.relu(self.c(x))
+        feats = torch.cat([y.mean((2, 3)), self.gmp(y).flatten(1), self.proj(torch.flatten(y, 1))], dim=1)
+        return self.fc(F.relu(feats))
+
+
+def test_a_multi_branch_head_trains_like_pytorch(start_server, tmp_path, spec_checker):
+    torch.manual_seed(6)
+    model = TwoHeads()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=16)
+    train_like_pytorch(s, model, TwoHeads, 16, 17)
+
+
 class GanStyle(torch.nn.Module):
     """A user's GAN-style module: a DCGAN discriminator's strided
     convolutions with LeakyReLU(0.2) (in place, as DCGAN writes it) and

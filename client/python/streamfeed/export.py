@@ -108,7 +108,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
     "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
                                                           "layer_scale (a [C,1,1] parameter named layer_scale)",
-    "torch.cat": "concat (along channels); class_token (a [1,1,C] parameter expanded over the batch, in front "
+    "torch.cat": "concat (maps along channels, flat features along dim 1); class_token (a [1,1,C] parameter expanded over the batch, in front "
                  "of a token sequence)",
     "Tensor.expand": "of a parameter, as torch.cat's class token",
     "operator.add of a parameter": "pos_embedding (a [1,T,C] parameter added to a token sequence)",
@@ -790,6 +790,23 @@ class _Converter:
         dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
         return self.log_softmax(self.fname(n, "log_softmax"), self.val(n.args[0], n), dim, op)
 
+    def cat(self, n: torch.fx.Node, tensors: Any, dim: Any, out: Tuple[int, ...], op: str, path: str) -> _Val:
+        """torch.cat of [C,H,W] maps along channels, or of flat features
+        along dim 1 (a multi-branch head's features); a class token in front
+        of a token sequence (class_token)."""
+        if any(isinstance(self.vals.get(v), _Expanded) for v in tensors):
+            return self.class_token(n, tensors, dim, op, path)
+        vals = [self.val(v, n) for v in tensors]
+        nd = 3 if all(v.plain(3) for v in vals) else 1 if all(v.plain(1) for v in vals) else 0
+        if not nd or dim not in (1, -nd):
+            raise ExportError(f"concatenates along dimension {dim}; the service concatenates [C,H,W] maps along "
+                              "channels or flat features along dim 1", op=op, module_path=path)
+        if len(vals) == 1:
+            return vals[0]
+        if len({v.shape[1:] for v in vals}) != 1:
+            raise ExportError("concatenates maps of different sizes", op=op, module_path=path)
+        return self.b.emit("concat", self.fname(n, "cat"), vals, out)
+
     def log_softmax(self, path: str, x: _Val, dim: Any, op: str) -> _Val:
         """log_softmax over the features of [N, F] (dim 1 or -1): a
         classifier trained with nn.NLLLoss ends in it, and the service's
@@ -1049,19 +1066,7 @@ class _Converter:
         if t in (operator.mul, operator.imul, torch.mul) or meth in ("mul", "mul_"):
             return self.mul(n, arg(0, "input"), arg(1, "other"), op, path)
         if t is torch.cat:
-            tensors = arg(0, "tensors")
-            dim = arg(1, "dim", 0)
-            if any(isinstance(self.vals.get(v), _Expanded) for v in tensors):
-                return self.class_token(n, tensors, dim, op, path)
-            vals = [self.val(v, n) for v in tensors]
-            if any(v.nhwc or len(v.shape) != 3 for v in vals) or dim not in (1, -3):
-                raise ExportError(f"concatenates along dimension {dim}; the service concatenates [C,H,W] maps "
-                                  "along channels (dim=1)", op=op, module_path=path)
-            if len(vals) == 1:
-                return vals[0]
-            if len({v.shape[1:] for v in vals}) != 1:
-                raise ExportError("concatenates maps of different sizes", op=op, module_path=path)
-            return b.emit("concat", self.fname(n, "cat"), vals, out)
+            return self.cat(n, arg(0, "tensors"), arg(1, "dim", 0), out, op, path)
         if t is torch.flatten or meth == "flatten":
             return self.flatten(path, self.val(arg(0, "input"), n), n, op, int(arg(1, "start_dim", 0)),
                                 int(arg(2, "end_dim", -1)))

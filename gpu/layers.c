@@ -72,6 +72,11 @@ static const sf_layer_field adaptive_fields[] = {
     F_END,
 };
 static const sf_layer_field ln_fields[] = {F_EPS(0), F_END};
+static const sf_layer_field gn_fields[] = {
+    {"num_groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL,
+     "groups the channels are split into (divides them)"},
+    F_EPS(0), F_END,
+};
 static const sf_layer_field gelu_fields[] = {
     {"approximate", SF_FT_ENUM, OFF(approximate), 0, 1, 0, 0, gelu_choices, "\"none\" (erf) or \"tanh\""},
     F_END,
@@ -357,6 +362,22 @@ static int ln2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, 
 {
     if (L->eps == 0.0f)
         L->eps = 1e-5f;
+    *out = in[0];
+    return 0;
+}
+
+/* A [C,H,W] map or flat [C] features (nn.GroupNorm takes [N, C, *]); not a
+ * token sequence, whose channels are its last dimension. */
+static int gn_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (in->tokens) {
+        sf_errf(err, errlen, "input is a token sequence; groupnorm needs a [C,H,W] map or flat features");
+        return -1;
+    }
+    if (L->groups < 1 || in->c % L->groups) {
+        sf_errf(err, errlen, "num_groups %d must divide the %d channels", L->groups, in->c);
+        return -1;
+    }
     *out = in[0];
     return 0;
 }
@@ -791,6 +812,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1,
         .doc = "training: zero a whole channel of a sample with probability p, scale by 1/(1-p), from the "
                "service's seeded RNG; eval: identity"},
+    [SF_L_GROUPNORM] = {
+        .name = "groupnorm", .torch = "nn.GroupNorm", .min_in = 1, .max_in = 1, .fields = gn_fields,
+        .shape = gn_shape, .params = affine_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_groupnorm_fwd,
+        .ref_bwd = sf_ref_layer_groupnorm_bwd, .cuda = 1,
+        .doc = "GroupNorm: each sample's channels in num_groups groups, each normalised over its channels and "
+               "positions (no running statistics: the same in training and eval); weight, bias [C]"},
     [SF_L_LOG_SOFTMAX] = {
         .name = "log_softmax", .torch = "nn.LogSoftmax(dim=1), F.log_softmax(x, dim=1) on [N, F]", .min_in = 1,
         .max_in = 1, .fields = no_fields, .shape = log_softmax_shape, .ref_fwd = sf_ref_layer_log_softmax_fwd,

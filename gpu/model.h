@@ -95,6 +95,7 @@ typedef enum sf_layer_kind {
     SF_L_CHANNEL_SLICE, /* channels [start, start + count) of a map */
     SF_L_DROPOUT2D, /* training: per-(sample, channel) keep/drop (nn.Dropout2d); eval: identity */
     SF_L_LOG_SOFTMAX, /* F.log_softmax over the features of a flat [F] tensor */
+    SF_L_GROUPNORM, /* nn.GroupNorm: per sample and group of channels; weight, bias [C] */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;

@@ -300,6 +300,23 @@ static int g_maxpool_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, c
 
 /* Forward of layers [from, to) of buffer b for n samples on stream s with
  * handle h (workspace ws), a profile mark after each layer when pf is set. */
+/* Forward of norm layer i (layernorm2d, layernorm, groupnorm): the means
+ * saved in o->save, the reciprocal deviations max_batch positions (layer
+ * norms) or max_batch * groups (groupnorm) later. */
+static int g_norm_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &g->op[i];
+    const float *P = net->params;
+    const size_t hw = (size_t)L->in_h * L->in_w;
+    if (L->kind == SF_L_GROUPNORM)
+        return sf_cuda_groupnorm_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, L->groups, P + L->w_off, P + L->b_off,
+                                        L->eps, o->y, o->save, o->save + (size_t)net->cfg.max_batch * L->groups, s);
+    return sf_cuda_layernorm_fwd_dt(g->dt, x, n, L->in_c, hw, g_lay_of(g, i), P + L->w_off, P + L->b_off, L->eps,
+                                    o->y, o->save, o->save + (size_t)net->cfg.max_batch * hw, s);
+}
+
 static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b, cudaStream_t s,
                      cudnnHandle_t h, void *ws, prof *pf, int eval)
 {
@@ -340,9 +357,8 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             break;
         case SF_L_LAYERNORM2D:
         case SF_L_LAYERNORM:
-            if (sf_cuda_layernorm_fwd_dt(dt, x, n, L->in_c, (size_t)L->in_h * L->in_w, g_lay_of(g, i), P + L->w_off,
-                                         P + L->b_off, L->eps, o->y, o->save,
-                                         o->save + (size_t)net->cfg.max_batch * L->in_h * L->in_w, s))
+        case SF_L_GROUPNORM:
+            if (g_norm_fwd(net, i, n, x, s))
                 return -1;
             break;
         case SF_L_RELU:
@@ -468,6 +484,26 @@ static void *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
 static void *g_owner_dy(sf_cuda_net *net, int i, int j)
 {
     return net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
+}
+
+/* Backward of norm layer i from its saved statistics: dx (NULL: not wanted)
+ * and its parameters' gradients. A layer norm whose input another layer
+ * also reads (add0: a transformer's residual stream) adds into that input's
+ * gradient in its own pass (dx_add); groupnorm leaves the add to the caller. */
+static int g_norm_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, int add0, cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &g->op[i];
+    const size_t hw = (size_t)L->in_h * L->in_w;
+    const float *gamma = net->params + L->w_off;
+    if (L->kind == SF_L_GROUPNORM)
+        return sf_cuda_groupnorm_bwd_dt(g->dt, g->lay, g_in(net, i, 0, b), o->dy, n, L->in_c, hw, L->groups, gamma,
+                                        o->save, o->save + (size_t)net->cfg.max_batch * L->groups, dx,
+                                        net->grads + L->w_off, net->grads + L->b_off, s);
+    return sf_cuda_layernorm_bwd_dt(g->dt, g_in(net, i, 0, b), o->dy, n, L->in_c, hw, g_lay_of(g, i), gamma, o->save,
+                                    o->save + (size_t)net->cfg.max_batch * hw, dx && add0 ? g_owner_dy(net, i, 0) : dx,
+                                    dx && add0, net->grads + L->w_off, net->grads + L->b_off, g->scratch, s);
 }
 
 static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s)
@@ -843,17 +879,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             break;
         case SF_L_LAYERNORM2D:
         case SF_L_LAYERNORM:
-            /* An input another layer also reads (a transformer block's
-             * residual stream) takes this gradient in the kernel's own pass
-             * (dx_add), not through gtmp and an add. */
-            if (sf_cuda_layernorm_bwd_dt(dt, g_in(net, i, 0, b), o->dy, n, L->in_c, (size_t)L->in_h * L->in_w,
-                                         g_lay_of(g, i),
-                                         P + L->w_off, o->save,
-                                         o->save + (size_t)net->cfg.max_batch * L->in_h * L->in_w,
-                                         dx && add0 ? g_owner_dy(net, i, 0) : dx, dx && add0,
-                                         net->grads + L->w_off, net->grads + L->b_off, g->scratch, s))
+        case SF_L_GROUPNORM:
+            if (g_norm_bwd(net, i, b, n, dx, add0, s))
                 return -1;
-            add0 = 0;
+            add0 = add0 && L->kind == SF_L_GROUPNORM;
             break;
         case SF_L_RELU:
             if (dx && sf_cuda_relu_bwd_dt(dt, o->y, o->dy, dx, in_len, s))

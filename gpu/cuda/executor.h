@@ -34,6 +34,7 @@
 #include "gpu/cuda/batchnorm.h"
 #include "gpu/cuda/channels.h"
 #include "gpu/cuda/log_softmax.h"
+#include "gpu/cuda/groupnorm.h"
 #include "gpu/cuda/concat.h"
 #include "gpu/cuda/conv.h"
 #include "gpu/cuda/conv_transpose.h"

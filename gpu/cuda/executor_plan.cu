@@ -87,6 +87,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_LAYER_SCALE:
     case SF_L_LAYERNORM2D:
     case SF_L_LAYERNORM:
+    case SF_L_GROUPNORM:
     case SF_L_LOG_SOFTMAX:
     case SF_L_SELF_ATTENTION: /* its input projection's weight gradient */
         return 1;
@@ -575,6 +576,8 @@ static int g_alloc_layer_buffers(sf_cuda_net *net)
             return -1;
         if ((L->kind == SF_L_LAYERNORM2D || L->kind == SF_L_LAYERNORM) &&
             dmallocf(net, &o->save, 2 * nb * L->in_h * L->in_w))
+            return -1;
+        if (L->kind == SF_L_GROUPNORM && dmallocf(net, &o->save, 2 * nb * (size_t)L->groups))
             return -1;
         if (o->s2d) {
             sf_conv_desc d;

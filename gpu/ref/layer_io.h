@@ -117,6 +117,9 @@ void sf_ref_layer_select_token_bwd(const sf_ref_io *io);
 void sf_ref_layer_attention_fwd(const sf_ref_io *io);
 void sf_ref_layer_attention_bwd(const sf_ref_io *io);
 size_t sf_ref_layer_attention_save(const sf_layer *L, size_t nb);
+/* groupnorm.c: groupnorm */
+void sf_ref_layer_groupnorm_fwd(const sf_ref_io *io);
+void sf_ref_layer_groupnorm_bwd(const sf_ref_io *io);
 /* log_softmax.c: log_softmax */
 void sf_ref_layer_log_softmax_fwd(const sf_ref_io *io);
 void sf_ref_layer_log_softmax_bwd(const sf_ref_io *io);

@@ -231,6 +231,20 @@ void sf_ref_channel_slice_fwd_f64(const double *x, int n, int c, size_t hw, int 
 void sf_ref_channel_slice_bwd(const float *dy, int n, int c, size_t hw, int start, int count, float *dx);
 void sf_ref_channel_slice_bwd_f64(const double *dy, int n, int c, size_t hw, int start, int count, double *dx);
 
+/* ---- groupnorm ------------------------------------------------------------------ */
+/* nn.GroupNorm(g, c) of x [n, c, hw] (NCHW; hw = 1 for flat features): each
+ * sample's g groups of c / g channels normalised over their (c / g) * hw
+ * values with the biased variance, then gamma[c] and beta[c]. The backward
+ * writes dx and the parameter gradients, statistics recomputed from x. */
+void sf_ref_groupnorm_fwd(const float *x, int n, int c, size_t hw, int g, const float *gamma, const float *beta,
+                          float eps, float *y);
+void sf_ref_groupnorm_fwd_f64(const double *x, int n, int c, size_t hw, int g, const double *gamma,
+                              const double *beta, float eps, double *y);
+void sf_ref_groupnorm_bwd(const float *x, int n, int c, size_t hw, int g, const float *gamma, float eps,
+                          const float *dy, float *dx, float *dgamma, float *dbeta);
+void sf_ref_groupnorm_bwd_f64(const double *x, int n, int c, size_t hw, int g, const double *gamma, float eps,
+                              const double *dy, double *dx, double *dgamma, double *dbeta);
+
 /* ---- log_softmax ---------------------------------------------------------------- */
 /* F.log_softmax(x, dim=1) of [n, f] features: y = x - log(sum(exp(x))) per
  * row; the backward dx = dy - softmax(x) * sum(dy) per row, from x. */

@@ -123,6 +123,8 @@ def run_spec(spec, tensors, x):
         elif t == "channel_slice":
             assert 0 <= layer["start"] and layer["start"] + layer["count"] <= a[0].shape[1], name
             y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
+        elif t == "groupnorm":
+            y = F.group_norm(a[0], layer["num_groups"], p("weight"), p("bias"), layer.get("eps", 1e-5))
         elif t == "log_softmax":
             y = F.log_softmax(a[0], dim=1)
         elif t in ("dropout", "dropout2d", "stochastic_depth"):
@@ -434,6 +436,23 @@ class CatOf(nn.Module):
 
     def forward(self, x):
         return torch.cat([x, x], self.dim)
+
+
+def test_groupnorm_exports_with_its_groups_and_eps_and_needs_affine():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 8 * 8, 6), nn.GroupNorm(2, 6, eps=1e-3), nn.Linear(6, 3))
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.GroupNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.5, 0.5)
+    ex = assert_spec_computes_the_module(model, hw=8)
+    gns = [layer for layer in ex.spec["layers"] if layer["type"] == "groupnorm"]
+    assert gns == [{"type": "groupnorm", "name": "1", "num_groups": 4},
+                   {"type": "groupnorm", "name": "5", "num_groups": 2, "eps": 1e-3}]
+    with pytest.raises(ExportError) as e:
+        convert(nn.Sequential(nn.Conv2d(3, 8, 1), nn.GroupNorm(2, 8, affine=False)), (1, 3, 8, 8))
+    assert e.value.module_path == "1" and "affine" in str(e.value)
 
 
 def test_identities_leave_no_layer_and_defaults_leave_no_field():

@@ -140,6 +140,26 @@ std::vector<op_case> op_cases()
     }
     t.push_back(row("log_softmax", "refused", cmp_log_softmax_refused, SF_DT_F32, {}, {}, 0));
 
+    /* groupnorm: 32 groups of a ResNet-like map, groups of one channel, one
+     * group, odd sizes with dx not wanted, flat features, data shifted by 50
+     * (the two-pass statistics); fp32 parameter gradients of bf16 runs sum
+     * bf16-rounded products: 1e-4 */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            const double tp = dt == SF_DT_F32 ? 1e-5 : 1e-4;
+            t.push_back(row("groupnorm", "groups", cmp_groupnorm, dt, lay, {2, 64, 14, 14}, {32, 1}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "groups", cmp_groupnorm, dt, lay, {3, 6, 5, 7}, {6, 1}, 1e-5, tp, {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "groups", cmp_groupnorm, dt, lay, {2, 12, 9, 11}, {1, 1}, 1e-5, tp,
+                            {1e-6f, 0.f}));
+            t.push_back(row("groupnorm", "groups", cmp_groupnorm, dt, lay, {3, 10, 3, 5}, {5, 0}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "groups", cmp_groupnorm, dt, lay, {4, 24, 1, 1}, {4, 1}, 1e-5, tp, {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "groups", cmp_groupnorm, dt, lay, {2, 16, 8, 8}, {4, 1}, 1e-5, tp,
+                            {1e-5f, 50.f}));
+        }
+    t.push_back(row("groupnorm", "refused", cmp_groupnorm_refused, SF_DT_F32, {}, {}, 0));
+
     /* mul: the odd sizes of the layer tests, an SE block's shape scaled
      * down, flat features (hw = 1: both forms agree), many rows per sample
      * with a partial channel tile, more channel vectors than a tile (272:

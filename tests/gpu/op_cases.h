@@ -86,6 +86,8 @@ void cmp_channel_shuffle(const op_case &c, const op_env &e);
 void cmp_channel_slice(const op_case &c, const op_env &e);
 void cmp_channels_refused(const op_case &c, const op_env &e);
 void cmp_log_softmax(const op_case &c, const op_env &e);
+void cmp_groupnorm(const op_case &c, const op_env &e);
+void cmp_groupnorm_refused(const op_case &c, const op_env &e);
 void cmp_log_softmax_refused(const op_case &c, const op_env &e);
 void cmp_mul(const op_case &c, const op_env &e);
 void cmp_channel_scale(const op_case &c, const op_env &e);

@@ -7,7 +7,7 @@ ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
 DenseNet's concatenations, average pooling with ceil_mode and
 count_include_pad, maxpool2d with ceil_mode, batchnorm with its own eps and
 momentum, dropout, ShuffleNetV2's channel shuffle and chunks, Inception's
-1xk and kx1 convolutions, BatchNorm1d -- start from the module's own state_dict
+1xk and kx1 convolutions, BatchNorm1d, GroupNorm -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch.
@@ -215,12 +215,13 @@ class Shuffle(nn.Module):
 
 # Inception's factorised convolutions: a 1x3 then a 3x1 (each padded along
 # its own axis), a 3x5 strided along the height only, and a 1x3 dilated along
-# the width, grouped, without bias, before a batchnorm; then an MLP head with
-# BatchNorm1d over its hidden features.
+# the width, grouped, without bias, before a batchnorm; a GroupNorm; then an
+# MLP head with BatchNorm1d over its hidden features.
 FACTORISED_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
     {"type": "conv2d", "name": "a", "out": 4, "k": [1, 3], "pad": [0, 1]},
     {"type": "conv2d", "name": "b", "out": 4, "k": [3, 1], "pad": [1, 0]}, {"type": "relu", "name": "r0"},
     {"type": "conv2d", "name": "c", "out": 6, "k": [3, 5], "stride": [2, 1], "pad": [1, 2]},
+    {"type": "groupnorm", "name": "gn", "num_groups": 3, "eps": 1e-4},
     {"type": "conv2d", "name": "d", "out": 6, "k": [1, 3], "pad": [0, 2], "dilation": [1, 2], "groups": 2,
      "bias": False},
     {"type": "batchnorm2d", "name": "bn", "eps": 0.001}, {"type": "relu", "name": "r1"},
@@ -235,6 +236,7 @@ class Factorised(nn.Module):
         self.a = nn.Conv2d(3, 4, (1, 3), padding=(0, 1))
         self.b = nn.Conv2d(4, 4, (3, 1), padding=(1, 0))
         self.c = nn.Conv2d(4, 6, (3, 5), stride=(2, 1), padding=(1, 2))
+        self.gn = nn.GroupNorm(3, 6, eps=1e-4)
         self.d = nn.Conv2d(6, 6, (1, 3), padding=(0, 2), dilation=(1, 2), groups=2, bias=False)
         self.bn = nn.BatchNorm2d(6, eps=0.001)
         self.hidden = nn.Linear(6 * 4 * 8, 16, bias=False)  # a bias before a batchnorm has no gradient
@@ -242,7 +244,7 @@ class Factorised(nn.Module):
         self.fc = nn.Linear(16, 10)
 
     def forward(self, x):
-        y = torch.relu(self.bn(self.d(self.c(torch.relu(self.b(self.a(x)))))))
+        y = torch.relu(self.bn(self.d(self.gn(self.c(torch.relu(self.b(self.a(x))))))))
         return self.fc(torch.relu(self.bn1d(self.hidden(torch.flatten(y, 1)))))
 
 

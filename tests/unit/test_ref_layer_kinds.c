@@ -170,6 +170,20 @@ static void ln_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_layernorm_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], v[2], 1e-5f, y);
 }
 
+/* groupnorm: a = n c hw g; v = x, gamma, beta */
+static void gn_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_groupnorm_fwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], v[1], v[2], 1e-5f, y);
+}
+static void gn_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_groupnorm_bwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], v[1], 1e-5f, dy, g[0], g[1], g[2]);
+}
+static void gn_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_groupnorm_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], v[1], v[2], 1e-5f, y);
+}
+
 /* concat of three: a = n hw c0 c1 c2 */
 static void cat_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -367,6 +381,11 @@ static const kcase kcases[] = {
     {"adaptive_avgpool2d 7x5 to 3x2", 1, {2 * 2 * 7 * 5}, 2 * 2 * 3 * 2, 1, {2, 2, 7, 5, 3, 2}, ad_fwd, ad_bwd, NULL},
     {"layernorm over channels", 3, {2 * 5 * 6, 5, 5}, 2 * 5 * 6, 2, {2, 5, 6}, ln_fwd, ln_bwd, ln_fwd_f32},
     {"layernorm over features", 3, {3 * 7, 7, 7}, 3 * 7, 2, {3, 7, 1}, ln_fwd, ln_bwd, ln_fwd_f32},
+    {"groupnorm, 6 channels in 3 groups", 3, {2 * 6 * 5, 6, 6}, 2 * 6 * 5, 2, {2, 6, 5, 3}, gn_fwd, gn_bwd,
+     gn_fwd_f32},
+    {"groupnorm of flat features in 2 groups", 3, {3 * 4, 4, 4}, 3 * 4, 2, {3, 4, 1, 2}, gn_fwd, gn_bwd, gn_fwd_f32},
+    {"groupnorm in one group (LayerNorm over C,H,W)", 3, {2 * 3 * 4, 3, 3}, 2 * 3 * 4, 2, {2, 3, 4, 1}, gn_fwd,
+     gn_bwd, gn_fwd_f32},
     {"concat of three", 3, {2 * 2 * 4, 2 * 1 * 4, 2 * 3 * 4}, 2 * 6 * 4, 1, {2, 4, 2, 1, 3}, cat_fwd, cat_bwd, NULL},
     {"dropout p 0.3", 1, {3 * 20}, 3 * 20, 1, {0, 3, 20, 30}, dr_fwd, dr_bwd, NULL},
     {"stochastic depth p 0.5", 1, {8 * 6}, 8 * 6, 1, {1, 8, 6, 50}, dr_fwd, dr_bwd, NULL},
@@ -594,8 +613,8 @@ static const char *const SE_SPEC =
     "{\"type\":\"log_softmax\",\"name\":\"lsm\"}]}";
 
 /* ConvNeXt's block: layernorm2d, depthwise conv, linear over channels, GELU,
- * layer scale, stochastic depth, residual; a head with layernorm and the
- * tanh GELU. */
+ * layer scale, stochastic depth, residual; a groupnorm; a head with
+ * layernorm and the tanh GELU. */
 static const char *const CONVNEXT_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"stem.0\",\"out\":4,\"k\":2,\"stride\":2},"
@@ -608,6 +627,7 @@ static const char *const CONVNEXT_SPEC =
     "{\"type\":\"layer_scale\",\"name\":\"blk\"},"
     "{\"type\":\"stochastic_depth\",\"name\":\"sd\",\"p\":0.25,\"mode\":\"row\"},"
     "{\"type\":\"add\",\"name\":\"res\",\"inputs\":[\"stem.1\",\"sd\"]},"
+    "{\"type\":\"groupnorm\",\"name\":\"gn\",\"num_groups\":2,\"eps\":1e-6},"
     "{\"type\":\"adaptive_avgpool2d\",\"name\":\"pool\",\"out\":[2,2]},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"layernorm\",\"name\":\"head.norm\"},"
     "{\"type\":\"gelu\",\"name\":\"head.act\",\"approximate\":\"tanh\"},"
@@ -1010,6 +1030,10 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"dropout\",\"p\":1.5}]}", "layer 0", "\"p\"");
     expect_json_error(HEAD "{\"type\":\"dropout2d\",\"p\":-0.1}]}", "layer 0", "\"p\"");
     expect_json_error(HEAD "{\"type\":\"log_softmax\"}]}", "layer 0", "flatten it first");
+    expect_json_error(HEAD "{\"type\":\"groupnorm\",\"num_groups\":3}]}", "layer 0", "divide");
+    expect_json_error(HEAD "{\"type\":\"groupnorm\"}]}", "layer 0", "\"num_groups\"");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"groupnorm\",\"num_groups\":1}]}", "layer 1",
+                      "token sequence");
     expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"dropout2d\"}]}", "layer 1", "flattened");
     expect_json_error(HEAD "{\"type\":\"gelu\",\"approximate\":\"fast\"}]}", "layer 0", "approximate");
     expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":\"0.2\"}]}", "layer 0", "negative_slope");

@@ -86,6 +86,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
     "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
     "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",
+    "GroupNorm": "groupnorm (affine)",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
     "LeakyReLU": "leaky_relu (negative_slope any finite number)",
@@ -565,6 +566,16 @@ class _Converter:
         if type(mod) is nn.BatchNorm2d:
             _need_nchw(x, op, path)
             return self.batchnorm2d(path, x, out, op, mod)
+        if type(mod) is nn.GroupNorm:
+            if not (x.plain(3) or x.plain(1)):
+                raise ExportError("runs on a [C,H,W] map or flat features in the service's own layout only", op=op,
+                                  module_path=path)
+            if not mod.affine:
+                raise ExportError("needs affine=True (the service's groupnorm has a weight and a bias)", op=op,
+                                  module_path=path)
+            eps: Dict[str, Any] = {"eps": mod.eps} if mod.eps != 1e-5 else {}
+            return self.b.emit("groupnorm", path, [x], out, params=["weight", "bias"], num_groups=int(mod.num_groups),
+                               **eps)
         if type(mod) is nn.BatchNorm1d:
             if not x.plain(1):
                 raise ExportError(f"runs on flat features [N, F] only (here a tensor of per-sample shape "
@@ -1239,9 +1250,9 @@ _FUNCTION_ACTS: Dict[Any, str] = {
 _METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
                 "tanh_": "tanh"}
 
-_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.ReLU, nn.ReLU6, nn.SiLU, nn.GELU,
-                  nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d, nn.AvgPool2d,
-                  nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
+_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm, nn.ReLU, nn.ReLU6,
+                  nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d,
+                  nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
                   nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity,
                   nn.MultiheadAttention,
                   nn.ChannelShuffle)

@@ -455,6 +455,20 @@ def test_groupnorm_exports_with_its_groups_and_eps_and_needs_affine():
     assert e.value.module_path == "1" and "affine" in str(e.value)
 
 
+def test_instance_norm_with_affine_exports_as_a_group_per_channel():
+    model = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.InstanceNorm2d(5, affine=True, eps=1e-3), nn.ReLU(),
+                          nn.Flatten(), nn.Linear(5 * 8 * 8, 3))
+    with torch.no_grad():
+        model[1].weight.uniform_(0.5, 1.5)
+        model[1].bias.uniform_(-0.5, 0.5)
+    ex = assert_spec_computes_the_module(model, hw=8)
+    assert ex.spec["layers"][1] == {"type": "groupnorm", "name": "1", "num_groups": 5, "eps": 1e-3}
+    for norm in (nn.InstanceNorm2d(5), nn.InstanceNorm2d(5, affine=True, track_running_stats=True)):
+        with pytest.raises(ExportError) as e:
+            convert(nn.Sequential(nn.Conv2d(3, 5, 1), norm), (1, 3, 8, 8))
+        assert e.value.module_path == "1" and "affine=True and track_running_stats=False" in str(e.value)
+
+
 def test_identities_leave_no_layer_and_defaults_leave_no_field():
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Dropout(0.0), nn.Identity(),
                           nn.AdaptiveAvgPool2d((8, 8)), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),

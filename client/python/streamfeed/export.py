@@ -87,6 +87,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
     "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",
     "GroupNorm": "groupnorm (affine)",
+    "InstanceNorm2d": "groupnorm with a group per channel (affine, no running statistics)",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
     "LeakyReLU": "leaky_relu (negative_slope any finite number)",
@@ -566,16 +567,8 @@ class _Converter:
         if type(mod) is nn.BatchNorm2d:
             _need_nchw(x, op, path)
             return self.batchnorm2d(path, x, out, op, mod)
-        if type(mod) is nn.GroupNorm:
-            if not (x.plain(3) or x.plain(1)):
-                raise ExportError("runs on a [C,H,W] map or flat features in the service's own layout only", op=op,
-                                  module_path=path)
-            if not mod.affine:
-                raise ExportError("needs affine=True (the service's groupnorm has a weight and a bias)", op=op,
-                                  module_path=path)
-            eps: Dict[str, Any] = {"eps": mod.eps} if mod.eps != 1e-5 else {}
-            return self.b.emit("groupnorm", path, [x], out, params=["weight", "bias"], num_groups=int(mod.num_groups),
-                               **eps)
+        if type(mod) in (nn.GroupNorm, nn.InstanceNorm2d):
+            return self.groupnorm(path, x, out, op, mod)
         if type(mod) is nn.BatchNorm1d:
             if not x.plain(1):
                 raise ExportError(f"runs on flat features [N, F] only (here a tensor of per-sample shape "
@@ -817,6 +810,22 @@ class _Converter:
         if len({v.shape[1:] for v in vals}) != 1:
             raise ExportError("concatenates maps of different sizes", op=op, module_path=path)
         return self.b.emit("concat", self.fname(n, "cat"), vals, out)
+
+    def groupnorm(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
+        """nn.GroupNorm; nn.InstanceNorm2d with affine=True is GroupNorm
+        with a group per channel (its batch statistics in eval as in
+        training, without running statistics)."""
+        inst = type(mod) is nn.InstanceNorm2d
+        if not (x.plain(3) or (x.plain(1) and not inst)):
+            raise ExportError("runs on a [C,H,W] map" + ("" if inst else " or flat features") + " in the service's "
+                              "own layout only", op=op, module_path=path)
+        if not mod.affine or (inst and mod.track_running_stats):
+            raise ExportError("needs affine=True" + (" and track_running_stats=False" if inst else "") + " (the "
+                              "service's groupnorm has a weight and a bias, and no running statistics)", op=op,
+                              module_path=path)
+        eps: Dict[str, Any] = {"eps": mod.eps} if mod.eps != 1e-5 else {}
+        groups = x.shape[0] if inst else int(mod.num_groups)
+        return self.b.emit("groupnorm", path, [x], out, params=["weight", "bias"], num_groups=groups, **eps)
 
     def log_softmax(self, path: str, x: _Val, dim: Any, op: str) -> _Val:
         """log_softmax over the features of [N, F] (dim 1 or -1): a
@@ -1250,7 +1259,8 @@ _FUNCTION_ACTS: Dict[Any, str] = {
 _METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
                 "tanh_": "tanh"}
 
-_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm, nn.ReLU, nn.ReLU6,
+_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm, nn.InstanceNorm2d,
+                  nn.ReLU, nn.ReLU6,
                   nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d,
                   nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
                   nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity,

@@ -72,6 +72,11 @@ static const sf_layer_field adaptive_fields[] = {
     F_END,
 };
 static const sf_layer_field ln_fields[] = {F_EPS(0), F_END};
+static const sf_layer_field upsample_fields[] = {
+    {"scale", SF_FT_INT, OFF(scale), 1, SF_MAX_KERNEL, 0, SF_FF_REQUIRED, NULL,
+     "each input pixel becomes scale x scale output pixels"},
+    F_END,
+};
 static const sf_layer_field gn_fields[] = {
     {"num_groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL,
      "groups the channels are split into (divides them)"},
@@ -363,6 +368,19 @@ static int ln2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, 
     if (L->eps == 0.0f)
         L->eps = 1e-5f;
     *out = in[0];
+    return 0;
+}
+
+static int upsample_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    const long oh = (long)in->h * L->scale, ow = (long)in->w * L->scale;
+    if (L->scale < 1 || oh > SF_MAX_SPATIAL || ow > SF_MAX_SPATIAL ||
+        (size_t)in->c * (size_t)oh * (size_t)ow > SF_MAX_ACT) {
+        sf_errf(err, errlen, "scale %d makes a %ldx%ld map of %d channels (at most %d a side, %zu values)", L->scale,
+                oh, ow, in->c, SF_MAX_SPATIAL, (size_t)SF_MAX_ACT);
+        return -1;
+    }
+    *out = (sf_shape){in->c, (int)oh, (int)ow, 0, 0};
     return 0;
 }
 
@@ -812,6 +830,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1,
         .doc = "training: zero a whole channel of a sample with probability p, scale by 1/(1-p), from the "
                "service's seeded RNG; eval: identity"},
+    [SF_L_UPSAMPLE] = {
+        .name = "upsample", .torch = "nn.Upsample(scale_factor=s, mode=\"nearest\"), F.interpolate", .min_in = 1,
+        .max_in = 1, .needs_map = 1, .fields = upsample_fields, .shape = upsample_shape,
+        .ref_fwd = sf_ref_layer_upsample_fwd, .ref_bwd = sf_ref_layer_upsample_bwd, .cuda = 1,
+        .doc = "nearest-neighbour upsampling by an integer factor: each pixel repeated scale x scale (a "
+               "generator's upsampling before a convolution); its gradient sums each block"},
     [SF_L_GROUPNORM] = {
         .name = "groupnorm", .torch = "nn.GroupNorm", .min_in = 1, .max_in = 1, .fields = gn_fields,
         .shape = gn_shape, .params = affine_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_groupnorm_fwd,

@@ -96,6 +96,7 @@ typedef enum sf_layer_kind {
     SF_L_DROPOUT2D, /* training: per-(sample, channel) keep/drop (nn.Dropout2d); eval: identity */
     SF_L_LOG_SOFTMAX, /* F.log_softmax over the features of a flat [F] tensor */
     SF_L_GROUPNORM, /* nn.GroupNorm: per sample and group of channels; weight, bias [C] */
+    SF_L_UPSAMPLE, /* nearest-neighbour upsampling of a map by an integer factor */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -122,6 +123,7 @@ typedef struct sf_layer {
     int mode;                     /* stochastic_depth: 0 "row" (the one mode run) */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
     int start, count;             /* channel_slice: the channels [start, start + count) of its input */
+    int scale;                    /* upsample: each input pixel becomes scale x scale output pixels */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
     int in[SF_MAX_IN];            /* input layer indices (< this index) or SF_IN_MODEL */
     int init;                     /* SF_INIT_*: weight initialisation */

@@ -66,7 +66,9 @@
  * data-parallel all-reduce in buckets, accumulation, the optimizer);
  * executor_state.cu moves the state across the host boundary in PyTorch's
  * layout; executor_linear.cu runs the linear layers' cuBLASLt forwards and
- * self_attention's forward and backward; this file creates the net, runs the forward, loss and backward and
+ * self_attention's forward and backward; executor_moves.cu the layers that
+ * move values (channel shuffle and slice, upsampling); this file creates the
+ * net, runs the forward, loss and backward and
  * captures the step as a CUDA graph; executor_graph.h holds what they share.
  */
 #include "gpu/cuda/executor_graph.h"
@@ -444,18 +446,14 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                           (size_t)L->out_h * L->out_w, L->out_ch, c0, o->y, s))
                     return -1;
             break;
-        case SF_L_CHANNEL_SHUFFLE:
-            if (sf_cuda_channel_shuffle_dt(dt, g->lay, x, n, L->out_ch, (size_t)L->out_h * L->out_w, L->groups, o->y,
-                                           s))
-                return -1;
-            break;
         case SF_L_LOG_SOFTMAX: /* flat features: the same in either layout */
             if (sf_cuda_log_softmax_fwd_dt(dt, x, o->y, n, L->out_ch, s))
                 return -1;
             break;
+        case SF_L_CHANNEL_SHUFFLE:
         case SF_L_CHANNEL_SLICE:
-            if (sf_cuda_channel_slice_fwd_dt(dt, g->lay, x, n, L->in_c, (size_t)L->out_h * L->out_w, L->start,
-                                             L->count, o->y, s))
+        case SF_L_UPSAMPLE:
+            if (g_moves_fwd(net, i, n, x, s))
                 return -1;
             break;
         default: /* flatten */
@@ -959,17 +957,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             if (dx && sf_cuda_log_softmax_bwd_dt(dt, g_in(net, i, 0, b), o->dy, dx, n, L->out_ch, s))
                 return -1;
             break;
-        case SF_L_CHANNEL_SHUFFLE: /* the shuffle by C/groups undoes the one by groups */
-            if (dx && sf_cuda_channel_shuffle_dt(dt, g->lay, o->dy, n, L->out_ch, (size_t)L->out_h * L->out_w,
-                                                 L->out_ch / L->groups, dx, s))
-                return -1;
-            break;
+        case SF_L_CHANNEL_SHUFFLE:
         case SF_L_CHANNEL_SLICE:
-            /* the input's whole gradient, zero outside the slice: dx is its
-             * owner's gradient when this is its first reader (the later
-             * readers add theirs through gtmp, below) */
-            if (dx && sf_cuda_channel_slice_bwd_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->out_h * L->out_w,
-                                                   L->start, L->count, dx, s))
+        case SF_L_UPSAMPLE:
+            if (dx && g_moves_bwd(net, i, n, dx, s))
                 return -1;
             break;
         default:

@@ -35,6 +35,7 @@
 #include "gpu/cuda/channels.h"
 #include "gpu/cuda/log_softmax.h"
 #include "gpu/cuda/groupnorm.h"
+#include "gpu/cuda/upsample.h"
 #include "gpu/cuda/concat.h"
 #include "gpu/cuda/conv.h"
 #include "gpu/cuda/conv_transpose.h"

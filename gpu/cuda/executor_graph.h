@@ -396,6 +396,12 @@ int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void *x, in
 int g_attention_fwd(sf_cuda_net *net, gshape *S, int i, int n, const void *x, void *ws, cudaStream_t s);
 int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, cudaStream_t s);
 
+/* executor_moves.cu: the layers that move values without arithmetic beyond a
+ * sum (channel_shuffle, channel_slice, upsample), forward from x into the
+ * layer's output and backward from its dy into dx. */
+int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
+int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s);
+
 /* [outer, c, inner] view of an activation [n, c, h*w] in the net's layout. */
 static inline void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *inner)
 {

@@ -117,6 +117,9 @@ void sf_ref_layer_select_token_bwd(const sf_ref_io *io);
 void sf_ref_layer_attention_fwd(const sf_ref_io *io);
 void sf_ref_layer_attention_bwd(const sf_ref_io *io);
 size_t sf_ref_layer_attention_save(const sf_layer *L, size_t nb);
+/* upsample.c: upsample */
+void sf_ref_layer_upsample_fwd(const sf_ref_io *io);
+void sf_ref_layer_upsample_bwd(const sf_ref_io *io);
 /* groupnorm.c: groupnorm */
 void sf_ref_layer_groupnorm_fwd(const sf_ref_io *io);
 void sf_ref_layer_groupnorm_bwd(const sf_ref_io *io);

@@ -231,6 +231,14 @@ void sf_ref_channel_slice_fwd_f64(const double *x, int n, int c, size_t hw, int 
 void sf_ref_channel_slice_bwd(const float *dy, int n, int c, size_t hw, int start, int count, float *dx);
 void sf_ref_channel_slice_bwd_f64(const double *dy, int n, int c, size_t hw, int start, int count, double *dx);
 
+/* ---- upsample ------------------------------------------------------------------- */
+/* Nearest-neighbour upsampling of x [n, c, h, w] by s into y [n, c, h*s,
+ * w*s]; the backward sums dy over each input pixel's s x s block. */
+void sf_ref_upsample_fwd(const float *x, int n, int c, int h, int w, int s, float *y);
+void sf_ref_upsample_fwd_f64(const double *x, int n, int c, int h, int w, int s, double *y);
+void sf_ref_upsample_bwd(const float *dy, int n, int c, int h, int w, int s, float *dx);
+void sf_ref_upsample_bwd_f64(const double *dy, int n, int c, int h, int w, int s, double *dx);
+
 /* ---- groupnorm ------------------------------------------------------------------ */
 /* nn.GroupNorm(g, c) of x [n, c, hw] (NCHW; hw = 1 for flat features): each
  * sample's g groups of c / g channels normalised over their (c / g) * hw

@@ -125,6 +125,8 @@ def run_spec(spec, tensors, x):
             y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
         elif t == "groupnorm":
             y = F.group_norm(a[0], layer["num_groups"], p("weight"), p("bias"), layer.get("eps", 1e-5))
+        elif t == "upsample":
+            y = F.interpolate(a[0], scale_factor=layer["scale"], mode="nearest")
         elif t == "log_softmax":
             y = F.log_softmax(a[0], dim=1)
         elif t in ("dropout", "dropout2d", "stochastic_depth"):
@@ -467,6 +469,27 @@ def test_instance_norm_with_affine_exports_as_a_group_per_channel():
         with pytest.raises(ExportError) as e:
             convert(nn.Sequential(nn.Conv2d(3, 5, 1), norm), (1, 3, 8, 8))
         assert e.value.module_path == "1" and "affine=True and track_running_stats=False" in str(e.value)
+
+
+def test_nearest_upsampling_exports_by_an_integer_factor_and_is_refused_otherwise():
+    class Up(nn.Module):
+        def __init__(self, **kw):
+            super().__init__()
+            self.kw = kw
+
+        def forward(self, x):
+            return F.interpolate(x, **self.kw)
+
+    model = nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(3, 4, 3, padding=1), Up(scale_factor=3.0),
+                          nn.Flatten(), nn.Linear(4 * 48 * 48, 2))
+    ex = assert_spec_computes_the_module(model, hw=8)
+    assert [(layer["name"], layer["scale"]) for layer in ex.spec["layers"] if layer["type"] == "upsample"] == [
+        ("0", 2), ("2.upsample", 3)]
+    for bad in (nn.Upsample(scale_factor=2, mode="bilinear"), nn.Upsample(size=(16, 16)), Up(scale_factor=1.5),
+                Up(scale_factor=(2, 3))):
+        with pytest.raises(ExportError) as e:
+            convert(nn.Sequential(nn.Conv2d(3, 4, 1), bad), (1, 3, 8, 8))
+        assert "one integer factor" in str(e.value), str(e.value)
 
 
 def test_identities_leave_no_layer_and_defaults_leave_no_field():

@@ -160,6 +160,16 @@ std::vector<op_case> op_cases()
         }
     t.push_back(row("groupnorm", "refused", cmp_groupnorm_refused, SF_DT_F32, {}, {}, 0));
 
+    /* upsample: factors 1 (a copy), 2 and 3 of odd maps; the forward exact,
+     * the backward's block sums within fp32's 1e-6 */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {2, 3, 5, 7}, {1}, 1e-6));
+            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {2, 5, 7, 3}, {2}, 1e-6));
+            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {3, 16, 4, 4}, {3}, 1e-6));
+        }
+    t.push_back(row("upsample", "refused", cmp_upsample_refused, SF_DT_F32, {}, {}, 0));
+
     /* mul: the odd sizes of the layer tests, an SE block's shape scaled
      * down, flat features (hw = 1: both forms agree), many rows per sample
      * with a partial channel tile, more channel vectors than a tile (272:

@@ -87,6 +87,8 @@ void cmp_channel_slice(const op_case &c, const op_env &e);
 void cmp_channels_refused(const op_case &c, const op_env &e);
 void cmp_log_softmax(const op_case &c, const op_env &e);
 void cmp_groupnorm(const op_case &c, const op_env &e);
+void cmp_upsample(const op_case &c, const op_env &e);
+void cmp_upsample_refused(const op_case &c, const op_env &e);
 void cmp_groupnorm_refused(const op_case &c, const op_env &e);
 void cmp_log_softmax_refused(const op_case &c, const op_env &e);
 void cmp_mul(const op_case &c, const op_env &e);

@@ -37,6 +37,7 @@ CASES_PER_FAMILY = {
     "pool": 180,
     "sdpa": 10,
     "tokens": 24,
+    "upsample": 13,
 }
 
 

@@ -152,14 +152,15 @@ class Dense(nn.Module):
 # A GAN's activations: LeakyReLU(0.2) after a strided conv (a DCGAN
 # discriminator), a transposed conv, batchnorm, leaky_relu at a negative
 # slope (both branches carry gradient, with opposite signs), tanh (a
-# generator's output).
+# generator's output), a nearest-neighbour upsampling (a generator's, before
+# its convolution).
 GAN_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
     {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "stride": 2, "pad": 1},
     {"type": "leaky_relu", "name": "lr0", "negative_slope": 0.2},
     {"type": "conv_transpose2d", "name": "up", "out": 4, "k": 2, "stride": 2, "bias": False},
     {"type": "batchnorm2d", "name": "bn"},
     {"type": "leaky_relu", "name": "lr1", "negative_slope": -0.5},
-    {"type": "tanh", "name": "t"},
+    {"type": "tanh", "name": "t"}, {"type": "upsample", "name": "up2", "scale": 2},
     {"type": "global_avgpool", "name": "gap"}, {"type": "flatten", "name": "flat"},
     {"type": "linear", "name": "fc", "out": 10}]}
 
@@ -178,6 +179,7 @@ class GanActs(nn.Module):
 
     def forward(self, x):
         y = self.t(nn.functional.leaky_relu(self.bn(self.up(self.lr0(self.c0(x)))), -0.5))
+        y = nn.functional.interpolate(y, scale_factor=2, mode="nearest")
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
 
 

@@ -184,6 +184,20 @@ static void gn_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_groupnorm_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], v[1], v[2], 1e-5f, y);
 }
 
+/* upsample: a = n c h w s */
+static void up_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_upsample_fwd_f64(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], y);
+}
+static void up_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_upsample_bwd_f64(dy, k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], g[0]);
+}
+static void up_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_upsample_fwd(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], y);
+}
+
 /* concat of three: a = n hw c0 c1 c2 */
 static void cat_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -384,6 +398,8 @@ static const kcase kcases[] = {
     {"groupnorm, 6 channels in 3 groups", 3, {2 * 6 * 5, 6, 6}, 2 * 6 * 5, 2, {2, 6, 5, 3}, gn_fwd, gn_bwd,
      gn_fwd_f32},
     {"groupnorm of flat features in 2 groups", 3, {3 * 4, 4, 4}, 3 * 4, 2, {3, 4, 1, 2}, gn_fwd, gn_bwd, gn_fwd_f32},
+    {"upsample by 2 of an odd map", 1, {2 * 3 * 3 * 5}, 2 * 3 * 6 * 10, 1, {2, 3, 3, 5, 2}, up_fwd, up_bwd, up_fwd_f32},
+    {"upsample by 3", 1, {1 * 2 * 2 * 2}, 1 * 2 * 6 * 6, 1, {1, 2, 2, 2, 3}, up_fwd, up_bwd, up_fwd_f32},
     {"groupnorm in one group (LayerNorm over C,H,W)", 3, {2 * 3 * 4, 3, 3}, 2 * 3 * 4, 2, {2, 3, 4, 1}, gn_fwd,
      gn_bwd, gn_fwd_f32},
     {"concat of three", 3, {2 * 2 * 4, 2 * 1 * 4, 2 * 3 * 4}, 2 * 6 * 4, 1, {2, 4, 2, 1, 3}, cat_fwd, cat_bwd, NULL},
@@ -613,7 +629,7 @@ static const char *const SE_SPEC =
     "{\"type\":\"log_softmax\",\"name\":\"lsm\"}]}";
 
 /* ConvNeXt's block: layernorm2d, depthwise conv, linear over channels, GELU,
- * layer scale, stochastic depth, residual; a groupnorm; a head with
+ * layer scale, stochastic depth, residual; a groupnorm, an upsampling; a head with
  * layernorm and the tanh GELU. */
 static const char *const CONVNEXT_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
@@ -628,6 +644,7 @@ static const char *const CONVNEXT_SPEC =
     "{\"type\":\"stochastic_depth\",\"name\":\"sd\",\"p\":0.25,\"mode\":\"row\"},"
     "{\"type\":\"add\",\"name\":\"res\",\"inputs\":[\"stem.1\",\"sd\"]},"
     "{\"type\":\"groupnorm\",\"name\":\"gn\",\"num_groups\":2,\"eps\":1e-6},"
+    "{\"type\":\"upsample\",\"name\":\"up\",\"scale\":2},"
     "{\"type\":\"adaptive_avgpool2d\",\"name\":\"pool\",\"out\":[2,2]},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"layernorm\",\"name\":\"head.norm\"},"
     "{\"type\":\"gelu\",\"name\":\"head.act\",\"approximate\":\"tanh\"},"
@@ -1032,6 +1049,10 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"log_softmax\"}]}", "layer 0", "flatten it first");
     expect_json_error(HEAD "{\"type\":\"groupnorm\",\"num_groups\":3}]}", "layer 0", "divide");
     expect_json_error(HEAD "{\"type\":\"groupnorm\"}]}", "layer 0", "\"num_groups\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":0}]}", "layer 0", "\"scale\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":64},{\"type\":\"upsample\",\"scale\":64}]}", "layer 1",
+                      "at most");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"upsample\",\"scale\":2}]}", "layer 1", "flattened");
     expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"groupnorm\",\"num_groups\":1}]}", "layer 1",
                       "token sequence");
     expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"dropout2d\"}]}", "layer 1", "flattened");

@@ -88,6 +88,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",
     "GroupNorm": "groupnorm (affine)",
     "InstanceNorm2d": "groupnorm with a group per channel (affine, no running statistics)",
+    "Upsample": "upsample (scale_factor an integer, mode nearest)", "UpsamplingNearest2d": "upsample",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
     "LeakyReLU": "leaky_relu (negative_slope any finite number)",
@@ -124,6 +125,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
         "the activation of that name",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
+    "F.interpolate": "upsample (scale_factor an integer, mode nearest)",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
     "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
                                                             "cross-entropy on it is nn.NLLLoss)",
@@ -567,6 +569,9 @@ class _Converter:
         if type(mod) is nn.BatchNorm2d:
             _need_nchw(x, op, path)
             return self.batchnorm2d(path, x, out, op, mod)
+        if type(mod) in (nn.Upsample, nn.UpsamplingNearest2d):
+            return self.upsample(path, x, mod.scale_factor if mod.size is None and mod.mode == "nearest" else None,
+                                 out, op)
         if type(mod) in (nn.GroupNorm, nn.InstanceNorm2d):
             return self.groupnorm(path, x, out, op, mod)
         if type(mod) is nn.BatchNorm1d:
@@ -811,6 +816,17 @@ class _Converter:
             raise ExportError("concatenates maps of different sizes", op=op, module_path=path)
         return self.b.emit("concat", self.fname(n, "cat"), vals, out)
 
+    def upsample(self, path: str, x: _Val, factor: Any, out: Tuple[int, ...], op: str) -> _Val:
+        """Nearest-neighbour upsampling of a map by one integer factor on both
+        axes, the traced output the input's times it (None: size or mode not so)."""
+        c, h, w = _spatial(x.shape, op, path)
+        _need_nchw(x, op, path)
+        f = factor[0] if isinstance(factor, (tuple, list)) and len(set(factor)) == 1 else factor
+        if not isinstance(f, (int, float)) or float(f) != int(f) or int(f) < 1 or out != (c, h * int(f), w * int(f)):
+            raise ExportError(f"scale_factor {factor}: the service upsamples by one integer factor on both axes, "
+                              "mode 'nearest' (not by a size)", op=op, module_path=path)
+        return self.b.emit("upsample", path, [x], out, scale=int(f))
+
     def groupnorm(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
         """nn.GroupNorm; nn.InstanceNorm2d with affine=True is GroupNorm
         with a group per channel (its batch statistics in eval as in
@@ -1052,7 +1068,6 @@ class _Converter:
         p = _path_of(n)
         return f"{p}.{short}" if p else short
 
-
     def convert_function(self, n: torch.fx.Node) -> Any:
         t, op, path = n.target, self.opname(n), _path_of(n)
         meth = str(t) if n.op == "call_method" else None
@@ -1166,6 +1181,10 @@ class _Converter:
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
+        if t is F.interpolate:
+            plain = arg(1, "size") is None and arg(3, "mode", "nearest") == "nearest"
+            return self.upsample(self.fname(n, "upsample"), self.val(n.args[0], n),
+                                 arg(2, "scale_factor") if plain else None, out, op)
         if t in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
             mx = t is F.adaptive_max_pool2d and not arg(2, "return_indices", False)
             return self.adaptive(self.fname(n, "maxpool" if mx else "avgpool"), self.val(n.args[0], n), out, op, mx)
@@ -1260,7 +1279,7 @@ _METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_
                 "tanh_": "tanh"}
 
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm, nn.InstanceNorm2d,
-                  nn.ReLU, nn.ReLU6,
+                  nn.Upsample, nn.UpsamplingNearest2d, nn.ReLU, nn.ReLU6,
                   nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d,
                   nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
                   nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity,

@@ -1,0 +1,39 @@
+/* gpu/cuda/executor_moves.cu — the executor's layers that move values with
+ * no arithmetic beyond a sum: ShuffleNet's channel shuffle, the channel
+ * slice, nearest-neighbour upsampling. Declared in executor_graph.h. */
+#include "gpu/cuda/executor_graph.h"
+
+int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    void *y = g->op[i].y;
+    const size_t hw = (size_t)L->out_h * L->out_w;
+    switch (L->kind) {
+    case SF_L_CHANNEL_SHUFFLE:
+        return sf_cuda_channel_shuffle_dt(g->dt, g->lay, x, n, L->out_ch, hw, L->groups, y, s);
+    case SF_L_CHANNEL_SLICE:
+        return sf_cuda_channel_slice_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, L->start, L->count, y, s);
+    default: /* SF_L_UPSAMPLE */
+        return sf_cuda_upsample_fwd_dt(g->dt, g->lay, x, n, L->in_c, L->in_h, L->in_w, L->scale, y, s);
+    }
+}
+
+int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const void *dy = g->op[i].dy;
+    const size_t hw = (size_t)L->out_h * L->out_w;
+    switch (L->kind) {
+    case SF_L_CHANNEL_SHUFFLE: /* the shuffle by C/groups undoes the one by groups */
+        return sf_cuda_channel_shuffle_dt(g->dt, g->lay, dy, n, L->out_ch, hw, L->out_ch / L->groups, dx, s);
+    case SF_L_CHANNEL_SLICE:
+        /* the input's whole gradient, zero outside the slice: dx is its
+         * owner's gradient when this is its first reader (the later readers
+         * add theirs through gtmp) */
+        return sf_cuda_channel_slice_bwd_dt(g->dt, g->lay, dy, n, L->in_c, hw, L->start, L->count, dx, s);
+    default: /* SF_L_UPSAMPLE: each input pixel's block summed */
+        return sf_cuda_upsample_bwd_dt(g->dt, g->lay, dy, n, L->in_c, L->in_h, L->in_w, L->scale, dx, s);
+    }
+}

@@ -276,14 +276,10 @@ static int flatten_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *ou
 }
 
 /* A [C,H,W] map (nn.BatchNorm2d) or a flat [F] tensor, its features as
- * channels of 1x1 (nn.BatchNorm1d on [N, F]); a token sequence has no
- * channels of this kind (nn.BatchNorm1d there normalises over tokens). */
+ * channels of 1x1 (nn.BatchNorm1d on [N, F]); not a token sequence
+ * (no_tokens: nn.BatchNorm1d there normalises over tokens). */
 static int bn2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
-    if (in->tokens) {
-        sf_errf(err, errlen, "input is a token sequence; batchnorm2d needs a [C,H,W] map or flat features");
-        return -1;
-    }
     if (L->eps == 0.0f)
         L->eps = SF_BN_EPS;
     if (L->momentum == 0.0f)
@@ -384,14 +380,9 @@ static int upsample_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *o
     return 0;
 }
 
-/* A [C,H,W] map or flat [C] features (nn.GroupNorm takes [N, C, *]); not a
- * token sequence, whose channels are its last dimension. */
+/* A [C,H,W] map or flat [C] features (nn.GroupNorm takes [N, C, *]; no_tokens). */
 static int gn_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
-    if (in->tokens) {
-        sf_errf(err, errlen, "input is a token sequence; groupnorm needs a [C,H,W] map or flat features");
-        return -1;
-    }
     if (L->groups < 1 || in->c % L->groups) {
         sf_errf(err, errlen, "num_groups %d must divide the %d channels", L->groups, in->c);
         return -1;
@@ -746,7 +737,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .bf16_weights = 1, .bf16_wgrad = 1, .cuda = 1,
         .doc = "transposed 2-D convolution; weight [in, out, k, k]"},
     [SF_L_BATCHNORM2D] = {
-        .name = "batchnorm2d", .torch = "nn.BatchNorm2d, nn.BatchNorm1d", .min_in = 1, .max_in = 1,
+        .name = "batchnorm2d", .torch = "nn.BatchNorm2d, nn.BatchNorm1d", .min_in = 1, .max_in = 1, .no_tokens = 1,
         .fields = bn2d_fields, .shape = bn2d_shape, .params = affine_params, .buffers = bn_buffers,
         .init = ones_zeros_init, .ref_fwd = sf_ref_layer_bn2d_fwd, .ref_bwd = sf_ref_layer_bn2d_bwd,
         .ref_save = sf_ref_layer_bn2d_save, .cuda = 1,
@@ -837,7 +828,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "nearest-neighbour upsampling by an integer factor: each pixel repeated scale x scale (a "
                "generator's upsampling before a convolution); its gradient sums each block"},
     [SF_L_GROUPNORM] = {
-        .name = "groupnorm", .torch = "nn.GroupNorm", .min_in = 1, .max_in = 1, .fields = gn_fields,
+        .name = "groupnorm", .torch = "nn.GroupNorm", .min_in = 1, .max_in = 1, .no_tokens = 1, .fields = gn_fields,
         .shape = gn_shape, .params = affine_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_groupnorm_fwd,
         .ref_bwd = sf_ref_layer_groupnorm_bwd, .cuda = 1,
         .doc = "GroupNorm: each sample's channels in num_groups groups, each normalised over its channels and "
@@ -971,10 +962,8 @@ void sf_layer_set_defaults(sf_layer *L)
         char *p = (char *)L + f->off;
         if (f->type == SF_FT_FLOAT) {
             *(float *)p = (float)f->def;
-        } else if (f->type == SF_FT_INT_PAIR) {
-            ((int *)p)[0] = ((int *)p)[1] = (int)f->def;
-        } else if (f->type == SF_FT_INT_HW) {
-            *(int *)p = *(int *)(p + SF_FT_HW_WIDTH) = (int)f->def;
+        } else if (f->type == SF_FT_INT_PAIR || f->type == SF_FT_INT_HW) {
+            *(int *)p = *(int *)((char *)L + SF_FT_SECOND(f)) = (int)f->def;
         } else {
             *(int *)p = (int)f->def;
         }
@@ -1032,8 +1021,11 @@ void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
         if (f->flags & SF_FF_INFERRED)
             continue;
         const char *p = (const char *)L + f->off;
-        const int w = f->type == SF_FT_INT_HW ? *(const int *)(p + SF_FT_HW_WIDTH) : 0;
-        if ((f->flags & SF_FF_IF_SET) && f->type != SF_FT_INT_PAIR && sf_layer_field_value(L, f) == (double)(f->type == SF_FT_FLOAT ? (float)f->def : f->def) &&
+        const int two = f->type == SF_FT_INT_PAIR || f->type == SF_FT_INT_HW;
+        const int w = two ? *(const int *)((const char *)L + SF_FT_SECOND(f)) : 0;
+        const double def = f->type == SF_FT_FLOAT ? (float)f->def : f->def;
+        /* an INT_PAIR is always written; an INT_HW at its default only when both values are */
+        if ((f->flags & SF_FF_IF_SET) && f->type != SF_FT_INT_PAIR && sf_layer_field_value(L, f) == def &&
             (f->type != SF_FT_INT_HW || w == (int)f->def))
             continue;
         switch (f->type) {
@@ -1049,14 +1041,9 @@ void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
         case SF_FT_ENUM:
             cJSON_AddStringToObject(obj, f->key, f->choices[*(const int *)p]);
             break;
-        case SF_FT_INT_PAIR: {
-            cJSON *a = cJSON_AddArrayToObject(obj, f->key);
-            cJSON_AddItemToArray(a, cJSON_CreateNumber(((const int *)p)[0]));
-            cJSON_AddItemToArray(a, cJSON_CreateNumber(((const int *)p)[1]));
-            break;
-        }
-        case SF_FT_INT_HW: /* one number where both dimensions agree, as a square spec is written */
-            if (w == *(const int *)p) {
+        case SF_FT_INT_PAIR:
+        case SF_FT_INT_HW: /* HW: one number where both dimensions agree, as a square spec is written */
+            if (f->type == SF_FT_INT_HW && w == *(const int *)p) {
                 cJSON_AddNumberToObject(obj, f->key, w);
             } else {
                 cJSON *a = cJSON_AddArrayToObject(obj, f->key);

@@ -70,6 +70,9 @@ typedef struct sf_layer_field {
  * keeps conv2d's window as k, stride, pad, dilation, then the same four
  * along the width (gpu/layers.c asserts each pair). */
 #define SF_FT_HW_WIDTH (offsetof(sf_layer, kw) - offsetof(sf_layer, k))
+/* Where a two-int field (INT_PAIR, INT_HW) keeps its second value: the next
+ * int, or the width's field. */
+#define SF_FT_SECOND(f) ((f)->off + ((f)->type == SF_FT_INT_HW ? SF_FT_HW_WIDTH : sizeof(int)))
 
 /* A tensor's shape per sample as the resolver tracks it. flat: the tensor is
  * a feature vector [c] (after a flatten or a linear layer), h = w = 1.
@@ -96,6 +99,8 @@ typedef struct sf_layer_kind_info {
     const char *torch;     /* what it computes, in PyTorch's terms (docs) */
     int min_in, max_in;    /* inputs; 1,1 reads the previous layer unless "inputs" names one */
     int needs_map;         /* the (first) input must be a [C,H,W] map, not flattened features */
+    int no_tokens;         /* the (first) input is a map or flat features, not a token sequence (whose
+                              channels are its last dimension) */
     const sf_layer_field *fields; /* terminated by a row with key NULL */
     /* Output shape from the input shapes (in[0..n_in)); may fill defaults of
      * fields left 0 by a caller that built the layer field by field. Writes

@@ -95,6 +95,11 @@ static int resolve_layer(sf_model *m, int i, size_t *off, size_t *boff, char *er
                 in[0].flat ? "flattened" : "a token sequence", kn);
         return -1;
     }
+    if (k->no_tokens && in[0].tokens) {
+        sf_errf(err, errlen, "layer %d (%s): input is a token sequence; %s needs a [C,H,W] map or flat features", i,
+                kn, kn);
+        return -1;
+    }
     L->in_c = in[0].c;
     L->in_h = in[0].h;
     L->in_w = in[0].w;
@@ -564,28 +569,10 @@ static int parse_field(const cJSON *jl, const sf_layer_field *f, sf_layer *L, co
             sf_errf(err, errlen, "%s: \"%s\" must be one of %s", what, f->key, list);
         }
         return -1;
-    case SF_FT_INT_PAIR: {
-        int ok = cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2;
-        int xy[2] = {0, 0};
-        for (int d = 0; ok && d < 2; d++) {
-            const cJSON *e = cJSON_GetArrayItem(v, d);
-            ok = cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) && e->valuedouble >= f->lo &&
-                 e->valuedouble <= f->hi;
-            if (ok)
-                xy[d] = (int)e->valuedouble;
-        }
-        if (!ok) {
-            sf_errf(err, errlen, "%s: \"%s\" must be [h, w], integers in [%g,%g]", what, f->key, f->lo, f->hi);
-            return -1;
-        }
-        ((int *)p)[0] = xy[0];
-        ((int *)p)[1] = xy[1];
-        return 0;
-    }
-    case SF_FT_INT_HW: {
-        /* one integer for both dimensions, or [h, w] */
-        const int pair = cJSON_IsArray(v);
-        int ok = !pair || cJSON_GetArraySize(v) == 2;
+    case SF_FT_INT_PAIR: /* [h, w] */
+    case SF_FT_INT_HW: { /* one integer for both dimensions, or [h, w] */
+        const int pair = cJSON_IsArray(v), scalar_ok = f->type == SF_FT_INT_HW;
+        int ok = pair ? cJSON_GetArraySize(v) == 2 : scalar_ok;
         int xy[2] = {0, 0};
         for (int d = 0; ok && d < 2; d++) {
             const cJSON *e = pair ? cJSON_GetArrayItem(v, d) : v;
@@ -595,12 +582,13 @@ static int parse_field(const cJSON *jl, const sf_layer_field *f, sf_layer *L, co
                 xy[d] = (int)e->valuedouble;
         }
         if (!ok) {
-            sf_errf(err, errlen, "%s: \"%s\" must be an integer in [%g,%g] or [h, w] of them", what, f->key, f->lo,
-                    f->hi);
+            sf_errf(err, errlen, scalar_ok ? "%s: \"%s\" must be an integer in [%g,%g] or [h, w] of them"
+                                           : "%s: \"%s\" must be [h, w], integers in [%g,%g]",
+                    what, f->key, f->lo, f->hi);
             return -1;
         }
         *(int *)p = xy[0];
-        *(int *)(p + SF_FT_HW_WIDTH) = xy[1];
+        *(int *)((char *)L + SF_FT_SECOND(f)) = xy[1];
         return 0;
     }
     }

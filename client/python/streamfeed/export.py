@@ -111,8 +111,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
     "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
                                                           "layer_scale (a [C,1,1] parameter named layer_scale)",
-    "torch.cat": "concat (maps along channels, flat features along dim 1); class_token (a [1,1,C] parameter expanded over the batch, in front "
-                 "of a token sequence)",
+    "torch.cat": "concat (maps along channels, flat features along dim 1); class_token (a [1,1,C] parameter "
+                 "expanded over the batch, in front of a token sequence)",
     "Tensor.expand": "of a parameter, as torch.cat's class token",
     "operator.add of a parameter": "pos_embedding (a [1,T,C] parameter added to a token sequence)",
     "Tensor.reshape(n, C, h*w) then Tensor.permute(0,2,1), Tensor.flatten(2) then Tensor.transpose(1,2)":
@@ -330,21 +330,20 @@ def _op_name(node: torch.fx.Node, module: Optional[nn.Module] = None) -> str:
     return f"{mod}.{name}" if mod else name
 
 
-def _pair(v: Any, what: str, op: str, path: str) -> int:
-    """An int or a square pair, as the service takes one number."""
-    if isinstance(v, (tuple, list)):
-        if len(set(v)) != 1:
-            raise ExportError(f"{what} {tuple(v)} is not square; the service takes one {what} for both "
-                              "dimensions", op=op, module_path=path)
-        v = v[0]
-    return int(v)
-
-
 def _hw(v: Any) -> Tuple[int, int]:
     """An int or an (h, w) pair, as a pair."""
     if isinstance(v, (tuple, list)):
         return int(v[0]), int(v[1])
     return int(v), int(v)
+
+
+def _pair(v: Any, what: str, op: str, path: str) -> int:
+    """An int or a square pair, as the service takes one number."""
+    h, w = _hw(v)
+    if h != w:
+        raise ExportError(f"{what} {tuple(v)} is not square; the service takes one {what} for both "
+                          "dimensions", op=op, module_path=path)
+    return h
 
 
 def _hw_field(v: Tuple[int, int]) -> Any:

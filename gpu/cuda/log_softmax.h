@@ -1,7 +1,7 @@
 /* gpu/cuda/log_softmax.h — log_softmax over the features of each row of a
  * flat [rows, cols] tensor, forward and backward. Contract and element types:
  * tensor.h; semantics: gpu/ref/log_softmax.c (sf_ref_log_softmax_fwd/_bwd),
- * checked by tests/gpu/ops/log_softmax.cu. A block a row: the row's maximum,
+ * checked by tests/gpu/ops/log_softmax.cu. A warp a row: the row's maximum,
  * then the sum of exp(x - max) in fp32 (a classifier's row is short: its
  * classes), so no scratch.
  */

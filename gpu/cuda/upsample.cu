@@ -56,51 +56,49 @@ __global__ void k_upsample_bwd(const T *__restrict__ dy, T *__restrict__ dx, siz
 /* launchers                                                                */
 /* ======================================================================== */
 
-static int up_bad(const char *fn, sf_dtype dt, int n, int c, int h, int w, int s)
+/* Forward (BWD false: src x, dst y) or backward (src dy, dst dx): a thread
+ * an element of dst. */
+template <bool BWD>
+static int up_launch(const char *fn, sf_dtype dt, sf_layout lay, const void *src, int n, int c, int h, int w, int s,
+                     void *dst, cudaStream_t st)
 {
     if (cu_dt_bad(fn, dt))
-        return 1;
+        return -1;
     if (n < 0 || c < 1 || h < 1 || w < 1 || s < 1) {
         sf_cuda_set_error("%s:%d: %s: n %d c %d %dx%d scale %d", __FILE__, __LINE__, fn, n, c, h, w, s);
-        return 1;
+        return -1;
     }
+    const size_t len = (size_t)n * c * h * w * (BWD ? 1 : (size_t)s * s);
+    if (len == 0)
+        return 0;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (dt == SF_DT_BF16) {
+        const cu_bf16 *a = (const cu_bf16 *)src;
+        cu_bf16 *b = (cu_bf16 *)dst;
+        if (BWD)
+            k_upsample_bwd<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, st>>>(a, b, len, c, h, w, s, nhwc);
+        else
+            k_upsample_fwd<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, st>>>(a, b, len, c, h, w, s, nhwc);
+    } else {
+        const float *a = (const float *)src;
+        float *b = (float *)dst;
+        if (BWD)
+            k_upsample_bwd<float><<<cu_ew_blocks(len), CU_TPB, 0, st>>>(a, b, len, c, h, w, s, nhwc);
+        else
+            k_upsample_fwd<float><<<cu_ew_blocks(len), CU_TPB, 0, st>>>(a, b, len, c, h, w, s, nhwc);
+    }
+    SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
 
 extern "C" int sf_cuda_upsample_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int c, int h, int w, int s,
                                        void *y, cudaStream_t st)
 {
-    if (up_bad("sf_cuda_upsample_fwd_dt", dt, n, c, h, w, s))
-        return -1;
-    const size_t len = (size_t)n * c * h * s * w * s;
-    if (len == 0)
-        return 0;
-    const int nhwc = lay == SF_LAYOUT_NHWC;
-    if (dt == SF_DT_BF16)
-        k_upsample_fwd<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, st>>>((const cu_bf16 *)x, (cu_bf16 *)y, len, c, h, w,
-                                                                        s, nhwc);
-    else
-        k_upsample_fwd<float><<<cu_ew_blocks(len), CU_TPB, 0, st>>>((const float *)x, (float *)y, len, c, h, w, s,
-                                                                      nhwc);
-    SF_CUDA_CHECK_LAUNCH();
-    return 0;
+    return up_launch<false>("sf_cuda_upsample_fwd_dt", dt, lay, x, n, c, h, w, s, y, st);
 }
 
 extern "C" int sf_cuda_upsample_bwd_dt(sf_dtype dt, sf_layout lay, const void *dy, int n, int c, int h, int w, int s,
                                        void *dx, cudaStream_t st)
 {
-    if (up_bad("sf_cuda_upsample_bwd_dt", dt, n, c, h, w, s))
-        return -1;
-    const size_t len = (size_t)n * c * h * w;
-    if (len == 0)
-        return 0;
-    const int nhwc = lay == SF_LAYOUT_NHWC;
-    if (dt == SF_DT_BF16)
-        k_upsample_bwd<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, st>>>((const cu_bf16 *)dy, (cu_bf16 *)dx, len, c, h, w,
-                                                                        s, nhwc);
-    else
-        k_upsample_bwd<float><<<cu_ew_blocks(len), CU_TPB, 0, st>>>((const float *)dy, (float *)dx, len, c, h, w, s,
-                                                                      nhwc);
-    SF_CUDA_CHECK_LAUNCH();
-    return 0;
+    return up_launch<true>("sf_cuda_upsample_bwd_dt", dt, lay, dy, n, c, h, w, s, dx, st);
 }

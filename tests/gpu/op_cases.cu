@@ -128,8 +128,8 @@ std::vector<op_case> op_cases()
         }
     t.push_back(row("channels", "refused", cmp_channels_refused, SF_DT_F32, {6}, {4, 5, 2}, 0));
 
-    /* log_softmax over features: a classifier's 10 classes, 1000 (more than a
-     * block's threads), one feature, values spread over +-40 (exp of the
+    /* log_softmax over features: a classifier's 10 classes, 1000 (many a
+     * warp's lane), one feature, values spread over +-40 (exp of the
      * unshifted values would overflow in fp32 past 88), the backward in place
      * on dy; fp32 outputs within 1e-5 relative (the fast exp and log) */
     for (const sf_dtype dt : k_dtypes) {

@@ -1,8 +1,8 @@
 /* tests/gpu/ops/log_softmax.cu — log_softmax over features
  * (gpu/cuda/log_softmax.h) against the double reference
  * (sf_ref_log_softmax_fwd_f64/_bwd_f64): forward and input gradient, fp32
- * and bf16, a classifier's 10 classes, 1000 (more than a block's threads), one
- * feature (log_softmax is 0 and its gradient 0), rows of large and spread
+ * and bf16, a classifier's 10 classes, 1000 (many a lane; rows of a warp each,
+ * a block's last rows idle), one feature (log_softmax is 0 and its gradient 0), rows of large and spread
  * values (the maximum's shift keeps exp finite), the backward in place on dy;
  * and bad shapes refused. The rows: tests/gpu/op_cases.cu; helpers and the
  * criteria they apply: op_test.h.

@@ -51,6 +51,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from .export_values import _Attention, _Expanded, _Grouped, _Pieces, _Val
+
 __all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "optimizer_recipe",
            "main", "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
 
@@ -175,67 +177,6 @@ class _Tracer(torch.fx.Tracer):
         if (type(m).__module__, type(m).__name__) in _LEAF_NAMES:
             return True
         return bool(super().is_leaf_module(m, module_qualified_name))
-
-
-@dataclass
-class _Val:
-    """A tensor of the traced graph as the service sees it: the layer that
-    makes it (-1: the model input), its per-sample shape in the service's
-    terms ([C,H,W], [F], or [T,C] for a token sequence), whether PyTorch
-    holds it permuted to channels-last ([N,H,W,C], ConvNeXt's blocks),
-    whether it is a token sequence (tokens: [N,T,C] in PyTorch and in the
-    service) and whether it is a map reshaped to [N,C,H*W] on its way to
-    becoming one (ct: no layer of its own; the permute that follows makes
-    the tokens)."""
-    layer: int
-    shape: Tuple[int, ...]
-    nhwc: bool = False
-    tokens: bool = False
-    ct: bool = False
-
-    def plain(self, ndim: int) -> bool:
-        """Whether the tensor has ndim dimensions per sample in the service's
-        own form: a [C,H,W] map (3) or flat features (1), neither
-        channels-last, nor a token sequence, nor a map on its way to one."""
-        return len(self.shape) == ndim and not (self.nhwc or self.tokens or self.ct)
-
-
-@dataclass
-class _Attention:
-    """The output pair of a MultiheadAttention call: (its output, its
-    attention weights); only the first may be used."""
-    out: _Val
-
-
-@dataclass
-class _Grouped:
-    """A map viewed as [N, groups, C/groups, H, W] on its way to a channel
-    shuffle (transposed: after its transpose(1, 2)); the view that ends
-    the pattern makes the channel_shuffle layer. The whole pattern was
-    checked at its first view."""
-    x: _Val
-    groups: int
-    transposed: bool = False
-
-
-@dataclass
-class _Pieces:
-    """The tuple of a chunk or split along channels: piece i is the
-    channels pieces[i] = (start, count) of x, made into a channel_slice
-    layer when an index takes it (a piece nothing takes costs nothing)."""
-    x: _Val
-    pieces: List[Tuple[int, int]]
-    node: torch.fx.Node
-    short: str
-    taken: Dict[int, _Val] = field(default_factory=dict)
-
-
-@dataclass
-class _Expanded:
-    """A module parameter expanded over the batch (the class token before
-    its torch.cat)."""
-    target: str
-    shape: Tuple[int, ...]
 
 
 @dataclass

@@ -498,7 +498,7 @@ static int g_norm_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, int add0,
     if (L->kind == SF_L_GROUPNORM)
         return sf_cuda_groupnorm_bwd_dt(g->dt, g->lay, g_in(net, i, 0, b), o->dy, n, L->in_c, hw, L->groups, gamma,
                                         o->save, o->save + (size_t)net->cfg.max_batch * L->groups, dx,
-                                        net->grads + L->w_off, net->grads + L->b_off, s);
+                                        net->grads + L->w_off, net->grads + L->b_off, g->scratch, s);
     return sf_cuda_layernorm_bwd_dt(g->dt, g_in(net, i, 0, b), o->dy, n, L->in_c, hw, g_lay_of(g, i), gamma, o->save,
                                     o->save + (size_t)net->cfg.max_batch * hw, dx && add0 ? g_owner_dy(net, i, 0) : dx,
                                     dx && add0, net->grads + L->w_off, net->grads + L->b_off, g->scratch, s);

@@ -3,9 +3,12 @@
  * saved statistics, dx (or none written when not wanted) and the weight and
  * bias gradients, fp32 and bf16, NCHW and NHWC, over maps of odd sizes,
  * groups of one channel (InstanceNorm's grouping), one group (LayerNorm over
- * C,H,W), flat features, and shifted data (the two-pass statistics); bad
- * shapes refused. The rows: tests/gpu/op_cases.cu; helpers and criteria:
- * op_test.h.
+ * C,H,W), flat features, shifted data (the two-pass statistics), and the
+ * parameter gradients' chunked reduction (several chunks a sample with a
+ * short last one, channel vectors across groups, two channel tiles, more
+ * samples than chunks), whose backward captured into a CUDA graph replays
+ * bit-equal; bad shapes and arguments refused. The rows:
+ * tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
 #include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
@@ -48,14 +51,19 @@ void cmp_groupnorm(const op_case &k, const op_env &e)
     io_bufs b = io_make(dt, nhwc ? to_nhwc(x, n, c, h, w) : x, nhwc ? to_nhwc(dy, n, c, h, w) : dy);
     float *dga = dalloc<float>(c), *dbe = dalloc<float>(c), *dm = dalloc<float>(ns), *dr = dalloc<float>(ns),
           *ddg = dalloc<float>(c), *ddb = dalloc<float>(c);
+    const size_t scr_bytes = sf_cuda_groupnorm_scratch_bytes(n, c, hw);
+    char *scr = dalloc<char>(scr_bytes + 16);
     up(dga, ga);
     up(dbe, be);
     poison_f(ddg, c);
     poison_f(ddb, c);
     int rc = sf_cuda_groupnorm_fwd_dt(dt, lay, b.x.p, n, c, hw, g, dga, dbe, eps, b.y.p, dm, dr, s);
+    auto bwd = [&](cudaStream_t st) {
+        return sf_cuda_groupnorm_bwd_dt(dt, lay, b.x.p, b.dy.p, n, c, hw, g, dga, dm, dr, want_dx ? b.dx.p : NULL, ddg,
+                                        ddb, scr, st);
+    };
     if (!rc)
-        rc = sf_cuda_groupnorm_bwd_dt(dt, lay, b.x.p, b.dy.p, n, c, hw, g, dga, dm, dr, want_dx ? b.dx.p : NULL, ddg,
-                                      ddb, s);
+        rc = bwd(s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());
@@ -78,13 +86,15 @@ void cmp_groupnorm(const op_case &k, const op_env &e)
         }
         check_v(subname(nm, "bwd dweight"), down(ddg, c), dgr, k.tol_param);
         check_v(subname(nm, "bwd dbias"), down(ddb, c), dbr, k.tol_param);
+        check_graph_replay(subname(nm, "bwd: captured graph replays bit-equal"), s, bwd,
+                           {{ddg, c * sizeof(float)}, {ddb, c * sizeof(float)}});
     }
     io_free(b);
-    cudaFree(dga); cudaFree(dbe); cudaFree(dm); cudaFree(dr); cudaFree(ddg); cudaFree(ddb);
+    cudaFree(dga); cudaFree(dbe); cudaFree(dm); cudaFree(dr); cudaFree(ddg); cudaFree(ddb); cudaFree(scr);
 }
 
-/* Groups that do not divide the channels, no groups, and an unknown type are
- * refused with the reason. */
+/* Groups that do not divide the channels, no groups, an unknown type and
+ * parameter gradients without scratch are refused with the reason. */
 void cmp_groupnorm_refused(const op_case &, const op_env &e)
 {
     float *z = dalloc<float>(64);
@@ -94,8 +104,12 @@ void cmp_groupnorm_refused(const op_case &, const op_env &e)
                  "accepted");
     sf_cuda_clear_error();
     pass_or_fail("groupnorm refuses 0 groups",
-                 sf_cuda_groupnorm_bwd_dt(SF_DT_F32, SF_LAYOUT_NCHW, z, z, 2, 6, 1, 0, z, z, z, z, z, z, e.s) == -1,
+                 sf_cuda_groupnorm_bwd_dt(SF_DT_F32, SF_LAYOUT_NCHW, z, z, 2, 6, 1, 0, z, z, z, z, z, z, z, e.s) == -1,
                  "accepted");
+    sf_cuda_clear_error();
+    const int bare = sf_cuda_groupnorm_bwd_dt(SF_DT_F32, SF_LAYOUT_NHWC, z, z, 2, 6, 1, 3, z, z, z, z, z, z, NULL, e.s);
+    pass_or_fail("groupnorm refuses parameter gradients without scratch",
+                 bare == -1 && strstr(sf_cuda_last_error(), "scratch") != NULL, "accepted");
     sf_cuda_clear_error();
     pass_or_fail("groupnorm refuses an unknown type",
                  sf_cuda_groupnorm_fwd_dt((sf_dtype)7, SF_LAYOUT_NCHW, z, 2, 6, 1, 3, z, z, 1e-5f, z, z, z, e.s) == -1,

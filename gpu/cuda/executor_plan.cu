@@ -641,7 +641,7 @@ size_t sf_exec_scratch_need(const sf_cuda_net *net, int n)
         }
         if (L->kind == SF_L_LAYER_SCALE)
             WANT(sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch));
-        if (L->kind == SF_L_GROUPNORM)
+        if (L->kind == SF_L_GROUPNORM && L->n_w)
             WANT(sf_cuda_groupnorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w));
     }
     if (m->segmentation)

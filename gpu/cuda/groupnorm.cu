@@ -1,5 +1,5 @@
-/* gpu/cuda/groupnorm.cu — kernels first, then the launchers: GroupNorm.
- * Contract in groupnorm.h.
+/* gpu/cuda/groupnorm.cu — kernels first, then the launchers: GroupNorm,
+ * with or without its weight and bias. Contract in groupnorm.h.
  *
  * The parameter gradients are a two-pass reduction, as layer norm's
  * (norm.cu): each sample's positions split into chunks of at least
@@ -58,7 +58,8 @@ __device__ __forceinline__ void gn_sum2_all(double &a, double &b)
     b = r[1];
 }
 
-/* Block (ni, gi): statistics (two passes), saved; then y. */
+/* Block (ni, gi): statistics (two passes), saved; then y (gamma, beta NULL:
+ * x-hat itself). */
 template <typename T>
 __global__ void __launch_bounds__(CU_TPB)
     k_gn_fwd(const T *__restrict__ x, int c, int g, size_t hw, const float *__restrict__ gamma,
@@ -85,12 +86,18 @@ __global__ void __launch_bounds__(CU_TPB)
     }
     for (size_t e = threadIdx.x; e < m; e += CU_TPB) {
         const size_t i = gn_index(e, ni, gi, c, cg, hw, nhwc);
-        const int ch = gn_channel(e, gi, cg, hw, nhwc);
-        y[i] = cu_to<T>((cu_f(x[i]) - mu) * is * gamma[ch] + beta[ch]);
+        const float xh = (cu_f(x[i]) - mu) * is;
+        if (gamma) {
+            const int ch = gn_channel(e, gi, cg, hw, nhwc);
+            y[i] = cu_to<T>(xh * gamma[ch] + beta[ch]);
+        } else {
+            y[i] = cu_to<T>(xh);
+        }
     }
 }
 
-/* Block (ni, gi): the group's two sums of u = dy * gamma, then dx. */
+/* Block (ni, gi): the group's two sums of u = dy * gamma (dy where gamma is
+ * NULL), then dx. */
 template <typename T>
 __global__ void __launch_bounds__(CU_TPB)
     k_gn_dx(const T *__restrict__ x, const T *__restrict__ dy, int c, int g, size_t hw, const float *__restrict__ gamma,
@@ -102,7 +109,7 @@ __global__ void __launch_bounds__(CU_TPB)
     double su = 0, sux = 0;
     for (size_t e = threadIdx.x; e < m; e += CU_TPB) {
         const size_t i = gn_index(e, ni, gi, c, cg, hw, nhwc);
-        const float u = cu_f(dy[i]) * gamma[gn_channel(e, gi, cg, hw, nhwc)];
+        const float u = gamma ? cu_f(dy[i]) * gamma[gn_channel(e, gi, cg, hw, nhwc)] : cu_f(dy[i]);
         su += u;
         sux += (double)u * ((cu_f(x[i]) - mu) * is);
     }
@@ -110,7 +117,7 @@ __global__ void __launch_bounds__(CU_TPB)
     const float mu_u = (float)(su / (double)m), mu_ux = (float)(sux / (double)m);
     for (size_t e = threadIdx.x; e < m; e += CU_TPB) {
         const size_t i = gn_index(e, ni, gi, c, cg, hw, nhwc);
-        const float u = cu_f(dy[i]) * gamma[gn_channel(e, gi, cg, hw, nhwc)];
+        const float u = gamma ? cu_f(dy[i]) * gamma[gn_channel(e, gi, cg, hw, nhwc)] : cu_f(dy[i]);
         dx[i] = cu_to<T>(is * (u - mu_u - (cu_f(x[i]) - mu) * is * mu_ux));
     }
 }
@@ -303,6 +310,11 @@ extern "C" int sf_cuda_groupnorm_fwd_dt(sf_dtype dt, sf_layout lay, const void *
 {
     if (gn_bad("sf_cuda_groupnorm_fwd_dt", dt, n, c, hw, g))
         return -1;
+    if (!gamma != !beta) {
+        sf_cuda_set_error("%s:%d: sf_cuda_groupnorm_fwd_dt: a weight without a bias or a bias without a weight",
+                          __FILE__, __LINE__);
+        return -1;
+    }
     if (n == 0)
         return 0;
     const int nhwc = lay == SF_LAYOUT_NHWC;
@@ -358,8 +370,9 @@ extern "C" int sf_cuda_groupnorm_bwd_dt(sf_dtype dt, sf_layout lay, const void *
     const char *fn = "sf_cuda_groupnorm_bwd_dt";
     if (gn_bad(fn, dt, n, c, hw, g))
         return -1;
-    if (n > 0 && !scratch) {
-        sf_cuda_set_error("%s:%d: %s: the weight and bias gradients need scratch", __FILE__, __LINE__, fn);
+    if (!dgamma != !dbeta || (dgamma && n > 0 && !scratch)) {
+        sf_cuda_set_error("%s:%d: %s: the weight and bias gradients need each other and scratch", __FILE__, __LINE__,
+                          fn);
         return -1;
     }
     const int nhwc = lay == SF_LAYOUT_NHWC;
@@ -372,6 +385,8 @@ extern "C" int sf_cuda_groupnorm_bwd_dt(sf_dtype dt, sf_layout lay, const void *
                                                      (float *)dx, nhwc);
         SF_CUDA_CHECK_LAUNCH();
     }
+    if (!dgamma)
+        return 0;
     if (dt == SF_DT_BF16)
         return gn_dparam_t<cu_bf16>(lay, (const cu_bf16 *)x, (const cu_bf16 *)dy, n, c, hw, g, mean, rstd, dgamma,
                                     dbeta, scratch, s);

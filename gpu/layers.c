@@ -80,7 +80,10 @@ static const sf_layer_field upsample_fields[] = {
 static const sf_layer_field gn_fields[] = {
     {"num_groups", SF_FT_INT, OFF(groups), 1, SF_MAX_CHANNELS, 0, SF_FF_REQUIRED, NULL,
      "groups the channels are split into (divides them)"},
-    F_EPS(0), F_END,
+    F_EPS(0),
+    {"affine", SF_FT_BOOL, OFF(affine), 0, 1, 1, SF_FF_IF_SET, NULL,
+     "a weight and a bias parameter (false: nn.GroupNorm(affine=False), nn.InstanceNorm2d's default)"},
+    F_END,
 };
 static const sf_layer_field gelu_fields[] = {
     {"approximate", SF_FT_ENUM, OFF(approximate), 0, 1, 0, 0, gelu_choices, "\"none\" (erf) or \"tanh\""},
@@ -573,6 +576,13 @@ static int affine_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
     return 2;
 }
 
+/* groupnorm: weight and bias [C] where affine, none without (nn.GroupNorm's
+ * state_dict then holds nothing for the layer). */
+static int gn_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
+{
+    return L->affine ? affine_params(L, pd) : 0;
+}
+
 /* ConvNeXt's CNBlock.layer_scale, [C,1,1]. */
 static int layer_scale_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
@@ -829,10 +839,11 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
                "generator's upsampling before a convolution); its gradient sums each block"},
     [SF_L_GROUPNORM] = {
         .name = "groupnorm", .torch = "nn.GroupNorm", .min_in = 1, .max_in = 1, .no_tokens = 1, .fields = gn_fields,
-        .shape = gn_shape, .params = affine_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_groupnorm_fwd,
+        .shape = gn_shape, .params = gn_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_groupnorm_fwd,
         .ref_bwd = sf_ref_layer_groupnorm_bwd, .cuda = 1,
         .doc = "GroupNorm: each sample's channels in num_groups groups, each normalised over its channels and "
-               "positions (no running statistics: the same in training and eval); weight, bias [C]"},
+               "positions (no running statistics: the same in training and eval); weight, bias [C] where affine "
+               "(nn.InstanceNorm2d is a group per channel)"},
     [SF_L_LOG_SOFTMAX] = {
         .name = "log_softmax", .torch = "nn.LogSoftmax(dim=1), F.log_softmax(x, dim=1) on [N, F]", .min_in = 1,
         .max_in = 1, .fields = no_fields, .shape = log_softmax_shape, .ref_fwd = sf_ref_layer_log_softmax_fwd,
@@ -1130,7 +1141,7 @@ void sf_layer_kinds_markdown(FILE *out)
         sf_layer probe;
         memset(&probe, 0, sizeof probe);
         probe.kind = (sf_layer_kind)i;
-        probe.bias = 1;
+        probe.bias = probe.affine = 1; /* every parameter a kind may have */
         sf_param_desc pd[SF_PARAM_SLOTS];
         const int np = k->params ? k->params(&probe, pd) : 0;
         for (int p = 0; p < np; p++)

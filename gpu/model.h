@@ -95,7 +95,7 @@ typedef enum sf_layer_kind {
     SF_L_CHANNEL_SLICE, /* channels [start, start + count) of a map */
     SF_L_DROPOUT2D, /* training: per-(sample, channel) keep/drop (nn.Dropout2d); eval: identity */
     SF_L_LOG_SOFTMAX, /* F.log_softmax over the features of a flat [F] tensor */
-    SF_L_GROUPNORM, /* nn.GroupNorm: per sample and group of channels; weight, bias [C] */
+    SF_L_GROUPNORM, /* nn.GroupNorm: per sample and group of channels; weight, bias [C] unless affine 0 */
     SF_L_UPSAMPLE, /* nearest-neighbour upsampling of a map by an integer factor */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
@@ -119,6 +119,7 @@ typedef struct sf_layer {
     float negative_slope;         /* leaky_relu: the slope below 0 (any finite value, as PyTorch) */
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
+    int affine;                   /* groupnorm: 1 with a weight and a bias (nn.GroupNorm's affine), 0 without */
     float p;                      /* dropout, stochastic_depth: drop probability */
     int mode;                     /* stochastic_depth: 0 "row" (the one mode run) */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */

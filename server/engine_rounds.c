@@ -119,7 +119,7 @@ static int agree_on_job(sf_engine *e, char *err, size_t errlen)
     uint64_t h = 0;
     for (int i = 0; i < m->n_layers; i++) {
         const sf_layer *l = &m->layers[i];
-        const int64_t shape[] = {l->kind, l->in_c, l->out_c, l->k, l->stride, l->pad, l->bias,
+        const int64_t shape[] = {l->kind, l->in_c, l->out_c, l->k, l->stride, l->pad, l->bias, l->affine,
                                  (int64_t)l->n_w, (int64_t)l->n_b, l->frozen, l->out_h, l->out_w};
         h = (uint64_t)fnv62(h, shape, sizeof shape);
         /* The fields that leave the shapes as they are (batchnorm's eps, a

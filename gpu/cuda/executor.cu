@@ -302,9 +302,9 @@ static int g_maxpool_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, c
 
 /* Forward of layers [from, to) of buffer b for n samples on stream s with
  * handle h (workspace ws), a profile mark after each layer when pf is set. */
-/* Forward of norm layer i (layernorm2d, layernorm, groupnorm): the means
- * saved in o->save, the reciprocal deviations max_batch positions (layer
- * norms) or max_batch * groups (groupnorm) later. */
+/* Forward of norm layer i (layernorm2d, layernorm, groupnorm, affine or not):
+ * the means saved in o->save, the reciprocal deviations max_batch positions
+ * (layer norms) or max_batch * groups (groupnorm) later. */
 static int g_norm_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
 {
     const gen_net *g = net->g;
@@ -313,8 +313,9 @@ static int g_norm_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_
     const float *P = net->params;
     const size_t hw = (size_t)L->in_h * L->in_w;
     if (L->kind == SF_L_GROUPNORM)
-        return sf_cuda_groupnorm_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, L->groups, P + L->w_off, P + L->b_off,
-                                        L->eps, o->y, o->save, o->save + (size_t)net->cfg.max_batch * L->groups, s);
+        return sf_cuda_groupnorm_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, L->groups, L->n_w ? P + L->w_off : NULL,
+                                        L->n_b ? P + L->b_off : NULL, L->eps, o->y, o->save,
+                                        o->save + (size_t)net->cfg.max_batch * L->groups, s);
     return sf_cuda_layernorm_fwd_dt(g->dt, x, n, L->in_c, hw, g_lay_of(g, i), P + L->w_off, P + L->b_off, L->eps,
                                     o->y, o->save, o->save + (size_t)net->cfg.max_batch * hw, s);
 }
@@ -494,14 +495,16 @@ static int g_norm_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, int add0,
     const sf_layer *L = &net->m.layers[i];
     const gop *o = &g->op[i];
     const size_t hw = (size_t)L->in_h * L->in_w;
-    const float *gamma = net->params + L->w_off;
+    /* NULL: a groupnorm without affine has no parameters */
+    const float *gamma = L->n_w ? net->params + L->w_off : NULL;
+    float *dga = L->n_w ? net->grads + L->w_off : NULL, *dbe = L->n_b ? net->grads + L->b_off : NULL;
     if (L->kind == SF_L_GROUPNORM)
         return sf_cuda_groupnorm_bwd_dt(g->dt, g->lay, g_in(net, i, 0, b), o->dy, n, L->in_c, hw, L->groups, gamma,
-                                        o->save, o->save + (size_t)net->cfg.max_batch * L->groups, dx,
-                                        net->grads + L->w_off, net->grads + L->b_off, s);
+                                        o->save, o->save + (size_t)net->cfg.max_batch * L->groups, dx, dga, dbe,
+                                        g->scratch, s);
     return sf_cuda_layernorm_bwd_dt(g->dt, g_in(net, i, 0, b), o->dy, n, L->in_c, hw, g_lay_of(g, i), gamma, o->save,
                                     o->save + (size_t)net->cfg.max_batch * hw, dx && add0 ? g_owner_dy(net, i, 0) : dx,
-                                    dx && add0, net->grads + L->w_off, net->grads + L->b_off, g->scratch, s);
+                                    dx && add0, dga, dbe, g->scratch, s);
 }
 
 static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s)

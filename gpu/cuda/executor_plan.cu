@@ -607,7 +607,7 @@ static int g_alloc_layer_buffers(sf_cuda_net *net)
 }
 
 /* The compute-stream scratch a step of n samples uses: the largest of the
- * bn, layernorm, xent2d, bias-gradient, thin, patch and depthwise conv
+ * bn, layernorm, groupnorm, xent2d, bias-gradient, thin, patch and depthwise conv
  * partials (never used at once: a depthwise filter gradient on the side
  * stream overlaps only its own layer's data gradient, which uses none). The
  * allocation sizes it at max_batch and every batch size's plan checks it
@@ -641,6 +641,8 @@ size_t sf_exec_scratch_need(const sf_cuda_net *net, int n)
         }
         if (L->kind == SF_L_LAYER_SCALE)
             WANT(sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch));
+        if (L->kind == SF_L_GROUPNORM && L->n_w)
+            WANT(sf_cuda_groupnorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w));
     }
     if (m->segmentation)
         WANT(sf_cuda_xent2d_scratch_bytes(n, m->out_h, m->out_w));

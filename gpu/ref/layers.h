@@ -242,8 +242,10 @@ void sf_ref_upsample_bwd_f64(const double *dy, int n, int c, int h, int w, int s
 /* ---- groupnorm ------------------------------------------------------------------ */
 /* nn.GroupNorm(g, c) of x [n, c, hw] (NCHW; hw = 1 for flat features): each
  * sample's g groups of c / g channels normalised over their (c / g) * hw
- * values with the biased variance, then gamma[c] and beta[c]. The backward
- * writes dx and the parameter gradients, statistics recomputed from x. */
+ * values with the biased variance, then gamma[c] and beta[c]; gamma and beta
+ * NULL: none (affine=False, nn.InstanceNorm2d's default). The backward
+ * writes dx and the parameter gradients (dgamma, dbeta NULL: none),
+ * statistics recomputed from x. */
 void sf_ref_groupnorm_fwd(const float *x, int n, int c, size_t hw, int g, const float *gamma, const float *beta,
                           float eps, float *y);
 void sf_ref_groupnorm_fwd_f64(const double *x, int n, int c, size_t hw, int g, const double *gamma,

@@ -124,7 +124,8 @@ def run_spec(spec, tensors, x):
             assert 0 <= layer["start"] and layer["start"] + layer["count"] <= a[0].shape[1], name
             y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
         elif t == "groupnorm":
-            y = F.group_norm(a[0], layer["num_groups"], p("weight"), p("bias"), layer.get("eps", 1e-5))
+            assert (b("weight") is not None) == layer.get("affine", True), name  # no parameters without affine
+            y = F.group_norm(a[0], layer["num_groups"], b("weight"), b("bias"), layer.get("eps", 1e-5))
         elif t == "upsample":
             y = F.interpolate(a[0], scale_factor=layer["scale"], mode="nearest")
         elif t == "log_softmax":
@@ -440,7 +441,7 @@ class CatOf(nn.Module):
         return torch.cat([x, x], self.dim)
 
 
-def test_groupnorm_exports_with_its_groups_and_eps_and_needs_affine():
+def test_groupnorm_exports_with_its_groups_and_eps_affine_or_not():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8), nn.ReLU(), nn.Flatten(),
                           nn.Linear(8 * 8 * 8, 6), nn.GroupNorm(2, 6, eps=1e-3), nn.Linear(6, 3))
     with torch.no_grad():
@@ -452,23 +453,68 @@ def test_groupnorm_exports_with_its_groups_and_eps_and_needs_affine():
     gns = [layer for layer in ex.spec["layers"] if layer["type"] == "groupnorm"]
     assert gns == [{"type": "groupnorm", "name": "1", "num_groups": 4},
                    {"type": "groupnorm", "name": "5", "num_groups": 2, "eps": 1e-3}]
-    with pytest.raises(ExportError) as e:
-        convert(nn.Sequential(nn.Conv2d(3, 8, 1), nn.GroupNorm(2, 8, affine=False)), (1, 3, 8, 8))
-    assert e.value.module_path == "1" and "affine" in str(e.value)
+    # affine=False: no parameters, in the spec as in the module's state_dict
+    model = nn.Sequential(nn.Conv2d(3, 8, 1), nn.GroupNorm(2, 8, affine=False), nn.Flatten(),
+                          nn.Linear(8 * 8 * 8, 6), nn.GroupNorm(3, 6, eps=1e-3, affine=False), nn.Linear(6, 3))
+    ex = assert_spec_computes_the_module(model, hw=8)
+    assert [layer for layer in ex.spec["layers"] if layer["type"] == "groupnorm"] == [
+        {"type": "groupnorm", "name": "1", "num_groups": 2, "affine": False},
+        {"type": "groupnorm", "name": "4", "num_groups": 3, "eps": 1e-3, "affine": False}]
+    assert ex.tensors.keys() == model.state_dict().keys() and not any(k.startswith(("1.", "4.")) for k in ex.tensors)
 
 
-def test_instance_norm_with_affine_exports_as_a_group_per_channel():
+def test_instance_norm_exports_as_a_group_per_channel_without_running_statistics():
     model = nn.Sequential(nn.Conv2d(3, 5, 3, padding=1), nn.InstanceNorm2d(5, affine=True, eps=1e-3), nn.ReLU(),
-                          nn.Flatten(), nn.Linear(5 * 8 * 8, 3))
+                          nn.InstanceNorm2d(5), nn.Flatten(), nn.Linear(5 * 8 * 8, 3))
     with torch.no_grad():
         model[1].weight.uniform_(0.5, 1.5)
         model[1].bias.uniform_(-0.5, 0.5)
     ex = assert_spec_computes_the_module(model, hw=8)
     assert ex.spec["layers"][1] == {"type": "groupnorm", "name": "1", "num_groups": 5, "eps": 1e-3}
-    for norm in (nn.InstanceNorm2d(5), nn.InstanceNorm2d(5, affine=True, track_running_stats=True)):
+    assert ex.spec["layers"][3] == {"type": "groupnorm", "name": "3", "num_groups": 5, "affine": False}
+    for norm in (nn.InstanceNorm2d(5, track_running_stats=True),
+                 nn.InstanceNorm2d(5, affine=True, track_running_stats=True)):
         with pytest.raises(ExportError) as e:
             convert(nn.Sequential(nn.Conv2d(3, 5, 1), norm), (1, 3, 8, 8))
-        assert e.value.module_path == "1" and "affine=True and track_running_stats=False" in str(e.value)
+        assert e.value.module_path == "1" and "track_running_stats=False" in str(e.value)
+
+
+class FunctionalNorms(nn.Module):
+    """F.group_norm and F.instance_norm without a weight or a bias, on a map
+    and on flat features, eps positional and by keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.fc = nn.Linear(6 * 8 * 8, 4)
+
+    def forward(self, x):
+        y = F.instance_norm(F.relu(F.group_norm(self.conv(x), 3, None, None, 1e-3)), eps=1e-4)
+        return F.group_norm(self.fc(torch.flatten(y, 1)), 2)
+
+
+def test_functional_group_and_instance_norm_without_parameters_export_as_groupnorm():
+    ex = assert_spec_computes_the_module(FunctionalNorms(), hw=8)
+    gns = [{k: v for k, v in layer.items() if k != "name"} for layer in ex.spec["layers"]
+           if layer["type"] == "groupnorm"]
+    assert gns == [{"type": "groupnorm", "num_groups": 3, "eps": 1e-3, "affine": False},
+                   {"type": "groupnorm", "num_groups": 6, "eps": 1e-4, "affine": False},
+                   {"type": "groupnorm", "num_groups": 2, "affine": False}]
+
+    class WithWeight(nn.Module):
+        def __init__(self, **kw):
+            super().__init__()
+            self.w, self.kw = nn.Parameter(torch.ones(3)), kw
+
+        def forward(self, x):
+            return F.group_norm(x, 3, self.w) if not self.kw else F.instance_norm(x, **self.kw)
+
+    stats = {"running_mean": torch.zeros(3), "running_var": torch.ones(3)}
+    for kw, words in (({}, "without weight"), (stats, "without running_mean, running_var"),
+                      ({**stats, "use_input_stats": False}, "running_var, use_input_stats=False")):
+        with pytest.raises(ExportError) as e:
+            convert(WithWeight(**kw), (1, 3, 8, 8))
+        assert words in str(e.value)
 
 
 def test_nearest_upsampling_exports_by_an_integer_factor_and_is_refused_otherwise():

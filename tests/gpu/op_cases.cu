@@ -142,7 +142,13 @@ std::vector<op_case> op_cases()
 
     /* groupnorm: 32 groups of a ResNet-like map, groups of one channel, one
      * group, odd sizes with dx not wanted, flat features, data shifted by 50
-     * (the two-pass statistics); fp32 parameter gradients of bf16 runs sum
+     * (the two-pass statistics); without affine (p[2] 0: nn.InstanceNorm2d's
+     * default, GroupNorm(affine=False) without dx, flat features); the
+     * parameter gradients' chunks: 3 a sample with a short last one (2115
+     * positions), 2 of vector runs (NCHW 1152 positions), 160 channels in
+     * groups of 20 (two tiles of fp32 vectors, bf16 vectors across groups;
+     * fp32 vectors cross the groups of 2 of the first row), 260 samples (more
+     * than the 256 chunks); fp32 parameter gradients of bf16 runs sum
      * bf16-rounded products: 1e-4 */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
@@ -157,6 +163,20 @@ std::vector<op_case> op_cases()
             t.push_back(row("groupnorm", "groups", cmp_groupnorm, dt, lay, {4, 24, 1, 1}, {4, 1}, 1e-5, tp, {1e-5f, 0.f}));
             t.push_back(row("groupnorm", "groups", cmp_groupnorm, dt, lay, {2, 16, 8, 8}, {4, 1}, 1e-5, tp,
                             {1e-5f, 50.f}));
+            t.push_back(row("groupnorm", "no affine", cmp_groupnorm, dt, lay, {2, 32, 16, 16}, {32, 1, 0}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "no affine", cmp_groupnorm, dt, lay, {3, 10, 3, 5}, {5, 0, 0}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "no affine", cmp_groupnorm, dt, lay, {4, 24, 1, 1}, {4, 1, 0}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "chunks", cmp_groupnorm, dt, lay, {2, 12, 45, 47}, {3, 1}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "chunks", cmp_groupnorm, dt, lay, {2, 16, 32, 36}, {4, 1}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "chunks", cmp_groupnorm, dt, lay, {2, 160, 5, 5}, {8, 1}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "chunks", cmp_groupnorm, dt, lay, {260, 8, 3, 3}, {2, 1}, 1e-5, tp,
+                            {1e-5f, 0.f}));
         }
     t.push_back(row("groupnorm", "refused", cmp_groupnorm_refused, SF_DT_F32, {}, {}, 0));
 

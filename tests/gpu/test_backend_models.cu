@@ -16,7 +16,7 @@
  *    seed-classifier, ResNet-18; fp32 NHWC with tight tolerances.
  *  - ResNet-18 with everything before the flatten frozen (eval-mode batchnorm).
  *  - a ConvNeXt-like block (depthwise conv, layernorm2d, linear over channels,
- *    layernorm) and a grouped/dilated conv model (batchnorm eps/momentum,
+ *    groupnorm with and without affine, layernorm) and a grouped/dilated conv model (batchnorm eps/momentum,
  *    ceil_mode pools, avgpool2d, adaptive pooling): 3-step trajectories, fp32
  *    NCHW and NHWC, bf16 NHWC, and both NHWC runs again with the depthwise
  *    convolutions on gpu/cuda/conv_dw.h's kernels (sw.force_dw).
@@ -842,9 +842,10 @@ int main(int argc, char **argv)
 
     /* 2b. the conv, pooling and normalisation kinds beyond ResNet's, as
      * trajectories of 3 steps from the same initial weights and batches: a
-     * ConvNeXt-like block (depthwise 7x7 conv with bias, layernorm2d, linear
-     * per pixel over channels, a residual add, pooled head with a layernorm
-     * over flat features) and a model of grouped and dilated convolutions,
+     * ConvNeXt-like block (depthwise 7x7 conv with bias, an instance norm
+     * without parameters (groupnorm, affine false), layernorm2d, linear per
+     * pixel over channels, a residual add, an affine groupnorm, pooled head
+     * with a layernorm over flat features) and a model of grouped and dilated convolutions,
      * batchnorm with non-default eps and momentum, maxpool and avgpool with
      * ceil_mode, avgpool without the padding in the divisor and adaptive
      * pooling; fp32 in NCHW and NHWC, bf16 in NHWC, and the two NHWC runs
@@ -860,11 +861,13 @@ int main(int argc, char **argv)
              "{\"type\":\"conv2d\",\"name\":\"stem.0\",\"out\":16,\"k\":4,\"stride\":4},"
              "{\"type\":\"layernorm2d\",\"name\":\"stem.1\",\"eps\":1e-6},"
              "{\"type\":\"conv2d\",\"name\":\"block.0\",\"out\":16,\"k\":7,\"pad\":3,\"groups\":16},"
+             "{\"type\":\"groupnorm\",\"name\":\"block.1\",\"num_groups\":16,\"affine\":false},"
              "{\"type\":\"layernorm2d\",\"name\":\"block.2\",\"eps\":1e-6},"
              "{\"type\":\"linear\",\"name\":\"block.3\",\"out\":64,\"over\":\"channels\"},"
              "{\"type\":\"relu\",\"name\":\"block.4\"},"
              "{\"type\":\"linear\",\"name\":\"block.5\",\"out\":16,\"over\":\"channels\"},"
              "{\"type\":\"add\",\"name\":\"res\",\"inputs\":[\"block.5\",\"stem.1\"]},"
+             "{\"type\":\"groupnorm\",\"name\":\"gn\",\"num_groups\":4},"
              "{\"type\":\"adaptive_avgpool2d\",\"name\":\"avgpool\",\"out\":[1,1]},"
              "{\"type\":\"layernorm\",\"name\":\"classifier.0\",\"eps\":1e-6},"
              "{\"type\":\"flatten\",\"name\":\"classifier.1\"},"

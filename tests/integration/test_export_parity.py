@@ -550,6 +550,46 @@ def test_a_gan_style_module_with_leaky_relu_and_tanh_trains_like_pytorch(start_s
     train_like_pytorch(s, model, GanStyle, 16, 11)
 
 
+class StyleNet(torch.nn.Module):
+    """A fast style-transfer network in miniature (the shape of PyTorch's
+    fast_neural_style example: convolutions each followed by an instance
+    norm, a residual block, an upsampling before a convolution) with its
+    normalisations at PyTorch's defaults, which hold no parameters:
+    nn.InstanceNorm2d(C), nn.GroupNorm(G, C, affine=False) and
+    F.instance_norm, beside one InstanceNorm2d(affine=True); then a
+    classifier head over the map (the service trains with cross-entropy)."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.conv1, self.in1 = nn.Conv2d(3, 8, 3, padding=1), nn.InstanceNorm2d(8)
+        self.conv2, self.gn2 = nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.GroupNorm(4, 16, affine=False)
+        self.res1, self.res2, self.in_res = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1), \
+            nn.InstanceNorm2d(16)
+        self.up, self.in_up = nn.Conv2d(16, 8, 3, padding=1), nn.InstanceNorm2d(8, affine=True)
+        self.fc = nn.Linear(8 * 16 * 16, 10)
+
+    def forward(self, x):
+        y = F.relu(self.gn2(self.conv2(F.relu(self.in1(self.conv1(x))))))
+        y = y + self.in_res(self.res2(F.relu(F.instance_norm(self.res1(y)))))
+        y = F.relu(self.in_up(self.up(F.interpolate(y, scale_factor=2, mode="nearest"))))
+        return self.fc(torch.flatten(y, 1))
+
+
+def test_a_style_transfer_network_with_parameterless_norms_trains_like_pytorch(start_server, tmp_path,
+                                                                               spec_checker):
+    """Its norms without parameters have none in the service either: the
+    checkpoint holds exactly the module's state_dict (start_exported) and
+    loads back strictly."""
+    torch.manual_seed(8)
+    model = StyleNet()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=16)
+    layers = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]["layers"]
+    assert [(layer["num_groups"], layer.get("affine", True)) for layer in layers if layer["type"] == "groupnorm"] == \
+        [(8, False), (4, False), (16, False), (16, False), (8, True)]
+    train_like_pytorch(s, model, StyleNet, 16, 19)
+
+
 def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp_path, spec_checker):
     """resnet18 (69 layers) needs no kind beyond the first nine: its export
     must be taken by any streamfeed, and its eval logits are the module's."""

@@ -25,7 +25,7 @@ CASES_PER_FAMILY = {
     "conv_gemm": 64,
     "conv_transpose": 37,
     "dropout": 109,
-    "groupnorm": 25,
+    "groupnorm": 53,
     "layout": 2,
     "linear": 78,
     "log_softmax": 9,

@@ -7,7 +7,8 @@ ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
 DenseNet's concatenations, average pooling with ceil_mode and
 count_include_pad, maxpool2d with ceil_mode, batchnorm with its own eps and
 momentum, dropout, ShuffleNetV2's channel shuffle and chunks, Inception's
-1xk and kx1 convolutions, BatchNorm1d, GroupNorm -- start from the module's own state_dict
+1xk and kx1 convolutions, BatchNorm1d, GroupNorm, and without parameters
+GroupNorm(affine=False) and InstanceNorm2d -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch.
@@ -250,9 +251,37 @@ class Factorised(nn.Module):
         return self.fc(torch.relu(self.bn1d(self.hidden(torch.flatten(y, 1)))))
 
 
+# A style-transfer network's normalisations: InstanceNorm2d's default (a
+# group per channel, no parameters: its state_dict holds none) after a
+# convolution, and GroupNorm(affine=False) whose input a residual add also
+# reads (the two gradients add in the convolution's).
+PARAMLESS_NORMS_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 6, "k": 3, "pad": 1, "bias": False},
+    {"type": "groupnorm", "name": "in0", "num_groups": 6, "affine": False}, {"type": "relu", "name": "r0"},
+    {"type": "conv2d", "name": "c1", "out": 8, "k": 3, "stride": 2, "pad": 1},
+    {"type": "groupnorm", "name": "gn", "num_groups": 4, "eps": 1e-4, "affine": False},
+    {"type": "add", "name": "res", "inputs": ["c1", "gn"]}, {"type": "relu", "name": "r1"},
+    {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class ParamlessNorms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 6, 3, padding=1, bias=False)  # an instance norm takes out a bias (zero gradient)
+        self.in0 = nn.InstanceNorm2d(6)
+        self.c1 = nn.Conv2d(6, 8, 3, stride=2, padding=1)
+        self.gn = nn.GroupNorm(4, 8, eps=1e-4, affine=False)
+        self.fc = nn.Linear(8 * 4 * 4, 10)
+
+    def forward(self, x):
+        y = self.c1(torch.relu(self.in0(self.c0(x))))
+        return self.fc(torch.flatten(torch.relu(y + self.gn(y)), 1))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
-         "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC)}
+         "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
+         "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

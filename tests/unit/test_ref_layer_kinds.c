@@ -170,7 +170,8 @@ static void ln_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_layernorm_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], v[2], 1e-5f, y);
 }
 
-/* groupnorm: a = n c hw g; v = x, gamma, beta */
+/* groupnorm: a = n c hw g; v = x, gamma, beta, or x alone (nvars 1: without
+ * affine, gamma, beta and their gradients NULL) */
 static void gn_fwd(const kcase *k, double *const *v, double *y)
 {
     sf_ref_groupnorm_fwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], v[1], v[2], 1e-5f, y);
@@ -402,6 +403,11 @@ static const kcase kcases[] = {
     {"upsample by 3", 1, {1 * 2 * 2 * 2}, 1 * 2 * 6 * 6, 1, {1, 2, 2, 2, 3}, up_fwd, up_bwd, up_fwd_f32},
     {"groupnorm in one group (LayerNorm over C,H,W)", 3, {2 * 3 * 4, 3, 3}, 2 * 3 * 4, 2, {2, 3, 4, 1}, gn_fwd,
      gn_bwd, gn_fwd_f32},
+    /* nn.InstanceNorm2d's default and GroupNorm(affine=False): no parameters */
+    {"groupnorm without affine, a group per channel", 1, {2 * 4 * 5}, 2 * 4 * 5, 2, {2, 4, 5, 4}, gn_fwd, gn_bwd,
+     gn_fwd_f32},
+    {"groupnorm without affine of flat features in 2 groups", 1, {3 * 6}, 3 * 6, 2, {3, 6, 1, 2}, gn_fwd, gn_bwd,
+     gn_fwd_f32},
     {"concat of three", 3, {2 * 2 * 4, 2 * 1 * 4, 2 * 3 * 4}, 2 * 6 * 4, 1, {2, 4, 2, 1, 3}, cat_fwd, cat_bwd, NULL},
     {"dropout p 0.3", 1, {3 * 20}, 3 * 20, 1, {0, 3, 20, 30}, dr_fwd, dr_bwd, NULL},
     {"stochastic depth p 0.5", 1, {8 * 6}, 8 * 6, 1, {1, 8, 6, 50}, dr_fwd, dr_bwd, NULL},
@@ -629,8 +635,9 @@ static const char *const SE_SPEC =
     "{\"type\":\"log_softmax\",\"name\":\"lsm\"}]}";
 
 /* ConvNeXt's block: layernorm2d, depthwise conv, linear over channels, GELU,
- * layer scale, stochastic depth, residual; a groupnorm, an upsampling; a head with
- * layernorm and the tanh GELU. */
+ * layer scale, stochastic depth, residual; a groupnorm, one without affine
+ * (an instance norm: no parameters), an upsampling; a head with layernorm
+ * and the tanh GELU. */
 static const char *const CONVNEXT_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"stem.0\",\"out\":4,\"k\":2,\"stride\":2},"
@@ -644,6 +651,7 @@ static const char *const CONVNEXT_SPEC =
     "{\"type\":\"stochastic_depth\",\"name\":\"sd\",\"p\":0.25,\"mode\":\"row\"},"
     "{\"type\":\"add\",\"name\":\"res\",\"inputs\":[\"stem.1\",\"sd\"]},"
     "{\"type\":\"groupnorm\",\"name\":\"gn\",\"num_groups\":2,\"eps\":1e-6},"
+    "{\"type\":\"groupnorm\",\"name\":\"inorm\",\"num_groups\":4,\"affine\":false},"
     "{\"type\":\"upsample\",\"name\":\"up\",\"scale\":2},"
     "{\"type\":\"adaptive_avgpool2d\",\"name\":\"pool\",\"out\":[2,2]},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"layernorm\",\"name\":\"head.norm\"},"
@@ -925,6 +933,13 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_int_equal(sf_layer_params(ln, pd), 2);
     assert_true(pd[0].shape[0] == 16 && !strcmp(pd[1].suffix, "bias"));
     assert_true(fabsf(layer_named(&m, "stem.1")->eps - 1e-6f) < 1e-12f);
+    /* nn.GroupNorm's weight and bias [C]; without affine none, as the
+     * module's state_dict holds none */
+    const sf_layer *gn = layer_named(&m, "gn"), *inorm = layer_named(&m, "inorm");
+    assert_int_equal(sf_layer_params(gn, pd), 2);
+    assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 4 && !strcmp(pd[1].suffix, "bias") && gn->affine == 1);
+    assert_int_equal(sf_layer_params(inorm, pd), 0);
+    assert_true(inorm->n_w == 0 && inorm->n_b == 0 && inorm->affine == 0 && sf_layer_param_count(inorm) == 0);
 
     assert_int_equal(sf_model_from_json(DENSE_SPEC, &m, err, sizeof err), 0);
     assert_int_equal(layer_named(&m, "cat2")->out_ch, 8);
@@ -1049,6 +1064,10 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"log_softmax\"}]}", "layer 0", "flatten it first");
     expect_json_error(HEAD "{\"type\":\"groupnorm\",\"num_groups\":3}]}", "layer 0", "divide");
     expect_json_error(HEAD "{\"type\":\"groupnorm\"}]}", "layer 0", "\"num_groups\"");
+    expect_json_error(HEAD "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":2}]}", "layer 0", "\"affine\"");
+    expect_json_error(HEAD "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":\"no\"}]}", "layer 0",
+                      "\"affine\"");
+    expect_json_error(HEAD "{\"type\":\"relu\",\"affine\":false}]}", "layer 0", "\"affine\"");
     expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":0}]}", "layer 0", "\"scale\"");
     expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":64},{\"type\":\"upsample\",\"scale\":64}]}", "layer 1",
                       "at most");
@@ -1136,6 +1155,15 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
     expect_fields_json(&m.layers[8], "{\"out\":4,\"bias\":true}");
     expect_fields_json(&m.layers[9], "{\"negative_slope\":0.00999999977648258}");
     expect_fields_json(&m.layers[10], "{\"negative_slope\":-2}");
+    /* groupnorm's affine only when false: a spec of an affine one reads back as it did before the field */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"groupnorm\",\"num_groups\":2},"
+                                        "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":true},"
+                                        "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":false,\"eps\":0.5},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"num_groups\":2,\"eps\":9.99999974737875e-06}");
+    expect_fields_json(&m.layers[1], "{\"num_groups\":4,\"eps\":9.99999974737875e-06}");
+    expect_fields_json(&m.layers[2], "{\"num_groups\":4,\"eps\":0.5,\"affine\":false}");
     /* a window that differs between the axes is written as [h, w], one that does not as one number */
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3],\"pad\":[0,1]},"
                                         "{\"type\":\"conv2d\",\"out\":4,\"k\":[3,3],\"stride\":[2,1],"

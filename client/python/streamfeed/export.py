@@ -51,6 +51,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from .export_values import _Attention, _Expanded, _Grouped, _Pieces, _Val
+
 __all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "optimizer_recipe",
            "main", "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
 
@@ -86,8 +88,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
     "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
     "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",
-    "GroupNorm": "groupnorm (affine)",
-    "InstanceNorm2d": "groupnorm with a group per channel (affine, no running statistics)",
+    "GroupNorm": "groupnorm (affine or not)",
+    "InstanceNorm2d": "groupnorm with a group per channel (affine or not, no running statistics)",
     "Upsample": "upsample (scale_factor an integer, mode nearest)", "UpsamplingNearest2d": "upsample",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
@@ -127,6 +129,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (scale_factor an integer, mode nearest)",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
+    "F.group_norm, F.instance_norm": "groupnorm without affine (no weight, bias or running statistics)",
     "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
                                                             "cross-entropy on it is nn.NLLLoss)",
     "F.max_pool2d, torch.max_pool2d": "maxpool2d (no dilation, no return_indices)",
@@ -175,67 +178,6 @@ class _Tracer(torch.fx.Tracer):
         if (type(m).__module__, type(m).__name__) in _LEAF_NAMES:
             return True
         return bool(super().is_leaf_module(m, module_qualified_name))
-
-
-@dataclass
-class _Val:
-    """A tensor of the traced graph as the service sees it: the layer that
-    makes it (-1: the model input), its per-sample shape in the service's
-    terms ([C,H,W], [F], or [T,C] for a token sequence), whether PyTorch
-    holds it permuted to channels-last ([N,H,W,C], ConvNeXt's blocks),
-    whether it is a token sequence (tokens: [N,T,C] in PyTorch and in the
-    service) and whether it is a map reshaped to [N,C,H*W] on its way to
-    becoming one (ct: no layer of its own; the permute that follows makes
-    the tokens)."""
-    layer: int
-    shape: Tuple[int, ...]
-    nhwc: bool = False
-    tokens: bool = False
-    ct: bool = False
-
-    def plain(self, ndim: int) -> bool:
-        """Whether the tensor has ndim dimensions per sample in the service's
-        own form: a [C,H,W] map (3) or flat features (1), neither
-        channels-last, nor a token sequence, nor a map on its way to one."""
-        return len(self.shape) == ndim and not (self.nhwc or self.tokens or self.ct)
-
-
-@dataclass
-class _Attention:
-    """The output pair of a MultiheadAttention call: (its output, its
-    attention weights); only the first may be used."""
-    out: _Val
-
-
-@dataclass
-class _Grouped:
-    """A map viewed as [N, groups, C/groups, H, W] on its way to a channel
-    shuffle (transposed: after its transpose(1, 2)); the view that ends
-    the pattern makes the channel_shuffle layer. The whole pattern was
-    checked at its first view."""
-    x: _Val
-    groups: int
-    transposed: bool = False
-
-
-@dataclass
-class _Pieces:
-    """The tuple of a chunk or split along channels: piece i is the
-    channels pieces[i] = (start, count) of x, made into a channel_slice
-    layer when an index takes it (a piece nothing takes costs nothing)."""
-    x: _Val
-    pieces: List[Tuple[int, int]]
-    node: torch.fx.Node
-    short: str
-    taken: Dict[int, _Val] = field(default_factory=dict)
-
-
-@dataclass
-class _Expanded:
-    """A module parameter expanded over the batch (the class token before
-    its torch.cat)."""
-    target: str
-    shape: Tuple[int, ...]
 
 
 @dataclass
@@ -826,21 +768,26 @@ class _Converter:
                               "mode 'nearest' (not by a size)", op=op, module_path=path)
         return self.b.emit("upsample", path, [x], out, scale=int(f))
 
-    def groupnorm(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
-        """nn.GroupNorm; nn.InstanceNorm2d with affine=True is GroupNorm
-        with a group per channel (its batch statistics in eval as in
-        training, without running statistics)."""
-        inst = type(mod) is nn.InstanceNorm2d
+    def groupnorm(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any, groups: int = 0,
+                  eps: float = 1e-5, affine: bool = True) -> _Val:
+        """nn.GroupNorm; nn.InstanceNorm2d is GroupNorm with a group per
+        channel (its batch statistics in eval as in training, without
+        running statistics); without affine neither has parameters. mod None:
+        F.group_norm (groups, eps) or F.instance_norm (groups 0) without them."""
+        inst = type(mod) is nn.InstanceNorm2d or (mod is None and not groups)
         if not (x.plain(3) or (x.plain(1) and not inst)):
             raise ExportError("runs on a [C,H,W] map" + ("" if inst else " or flat features") + " in the service's "
                               "own layout only", op=op, module_path=path)
-        if not mod.affine or (inst and mod.track_running_stats):
-            raise ExportError("needs affine=True" + (" and track_running_stats=False" if inst else "") + " (the "
-                              "service's groupnorm has a weight and a bias, and no running statistics)", op=op,
-                              module_path=path)
-        eps: Dict[str, Any] = {"eps": mod.eps} if mod.eps != 1e-5 else {}
-        groups = x.shape[0] if inst else int(mod.num_groups)
-        return self.b.emit("groupnorm", path, [x], out, params=["weight", "bias"], num_groups=groups, **eps)
+        if inst and mod is not None and mod.track_running_stats:
+            raise ExportError("needs track_running_stats=False (the service's groupnorm keeps no running statistics: "
+                              "it normalises each sample by its own in eval too)", op=op, module_path=path)
+        if mod is not None:
+            groups, eps, affine = 0 if inst else int(mod.num_groups), float(mod.eps), bool(mod.affine)
+        f: Dict[str, Any] = {"eps": eps} if eps != 1e-5 else {}
+        if not affine:
+            f["affine"] = False
+        return self.b.emit("groupnorm", path, [x], out, params=["weight", "bias"] if affine else [],
+                           num_groups=groups or x.shape[0], **f)
 
     def log_softmax(self, path: str, x: _Val, dim: Any, op: str) -> _Val:
         """log_softmax over the features of [N, F] (dim 1 or -1): a
@@ -1198,6 +1145,8 @@ class _Converter:
                                   op=op, module_path=path)
             y = self.b.emit("global_avgpool", self.fname(n, "mean"), [x], (x.shape[0], 1, 1))
             return y if keep else self.flatten(path, y, n, op, 1, -1)
+        if t in (F.group_norm, F.instance_norm):
+            return self.norm_function(n, t is F.group_norm, arg, op, path)
         if t is F.dropout or t is F.dropout2d:
             x = self.val(n.args[0], n)
             prob, training = float(arg(1, "p", 0.5)), bool(arg(2, "training", True))
@@ -1208,6 +1157,25 @@ class _Converter:
             return self.dropout(self.fname(n, "dropout"), x, prob if training else 0.0)
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_functions())
+
+    def norm_function(self, n: torch.fx.Node, group: bool, arg: Callable[..., Any], op: str, path: str) -> _Val:
+        """F.group_norm(x, G, eps=...) and F.instance_norm(x, eps=...)
+        without a weight or a bias, nor running statistics: groupnorm
+        without affine."""
+        given = [k for k in ("weight", "bias", "running_mean", "running_var") if n.kwargs.get(k) is not None]
+        if not n.kwargs.get("use_input_stats", True):
+            given.append("use_input_stats=False")
+        if given:
+            raise ExportError(f"is supported without {', '.join(given)} (the service's groupnorm keeps no running "
+                              "statistics; nn.GroupNorm and nn.InstanceNorm2d(affine=True) hold a weight and a bias "
+                              "it trains)", op=op, module_path=path)
+        eps, groups = n.kwargs.get("eps", 1e-5), arg(1, "num_groups") if group else 0
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or isinstance(groups, bool) or \
+                not isinstance(groups, int):
+            raise ExportError(f"num_groups {groups!r} and eps {eps!r} must be numbers known at export", op=op,
+                              module_path=path)
+        return self.groupnorm(self.fname(n, "group_norm" if group else "instance_norm"), self.val(n.args[0], n),
+                              self.out_shape(n), op, None, groups, float(eps), False)
 
     def to_tokens(self, n: torch.fx.Node, x: _Val) -> _Val:
         c, t = x.shape

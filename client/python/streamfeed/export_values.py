@@ -1,0 +1,73 @@
+"""The values of a traced graph as streamfeed.export tracks them while it
+converts a module: a tensor as the service sees it (the layer that makes
+it, its per-sample shape, its layout) and the partial patterns on their way
+to a layer (a MultiheadAttention's output pair, a channel shuffle's views, a
+chunk's pieces, a parameter expanded over the batch). Plain data: the
+converter in export.py decides what each becomes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+import torch.fx
+
+
+@dataclass
+class _Val:
+    """A tensor of the traced graph as the service sees it: the layer that
+    makes it (-1: the model input), its per-sample shape in the service's
+    terms ([C,H,W], [F], or [T,C] for a token sequence), whether PyTorch
+    holds it permuted to channels-last ([N,H,W,C], ConvNeXt's blocks),
+    whether it is a token sequence (tokens: [N,T,C] in PyTorch and in the
+    service) and whether it is a map reshaped to [N,C,H*W] on its way to
+    becoming one (ct: no layer of its own; the permute that follows makes
+    the tokens)."""
+    layer: int
+    shape: Tuple[int, ...]
+    nhwc: bool = False
+    tokens: bool = False
+    ct: bool = False
+
+    def plain(self, ndim: int) -> bool:
+        """Whether the tensor has ndim dimensions per sample in the service's
+        own form: a [C,H,W] map (3) or flat features (1), neither
+        channels-last, nor a token sequence, nor a map on its way to one."""
+        return len(self.shape) == ndim and not (self.nhwc or self.tokens or self.ct)
+
+
+@dataclass
+class _Attention:
+    """The output pair of a MultiheadAttention call: (its output, its
+    attention weights); only the first may be used."""
+    out: _Val
+
+
+@dataclass
+class _Grouped:
+    """A map viewed as [N, groups, C/groups, H, W] on its way to a channel
+    shuffle (transposed: after its transpose(1, 2)); the view that ends
+    the pattern makes the channel_shuffle layer. The whole pattern was
+    checked at its first view."""
+    x: _Val
+    groups: int
+    transposed: bool = False
+
+
+@dataclass
+class _Pieces:
+    """The tuple of a chunk or split along channels: piece i is the
+    channels pieces[i] = (start, count) of x, made into a channel_slice
+    layer when an index takes it (a piece nothing takes costs nothing)."""
+    x: _Val
+    pieces: List[Tuple[int, int]]
+    node: torch.fx.Node
+    short: str
+    taken: Dict[int, _Val] = field(default_factory=dict)
+
+
+@dataclass
+class _Expanded:
+    """A module parameter expanded over the batch (the class token before
+    its torch.cat)."""
+    target: str
+    shape: Tuple[int, ...]

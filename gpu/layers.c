@@ -72,9 +72,16 @@ static const sf_layer_field adaptive_fields[] = {
     F_END,
 };
 static const sf_layer_field ln_fields[] = {F_EPS(0), F_END};
+static const char *const upsample_modes[] = {"nearest", "bilinear", NULL};
 static const sf_layer_field upsample_fields[] = {
-    {"scale", SF_FT_INT, OFF(scale), 1, SF_MAX_KERNEL, 0, SF_FF_REQUIRED, NULL,
-     "each input pixel becomes scale x scale output pixels"},
+    {"scale", SF_FT_INT, OFF(scale), 1, SF_MAX_KERNEL, 0, SF_FF_IF_SET, NULL,
+     "each input pixel becomes scale x scale output pixels (scale or size, one of them)"},
+    {"size", SF_FT_INT_PAIR, OFF(out_size), 1, SF_MAX_SPATIAL, 0, SF_FF_IF_SET, NULL,
+     "the output's [h, w] (PyTorch's size=)"},
+    {"mode", SF_FT_ENUM, OFF(mode), 0, 1, SF_UP_NEAREST, SF_FF_IF_SET, upsample_modes,
+     "PyTorch's mode: the nearest input pixel, or the bilinear blend of four"},
+    {"align_corners", SF_FT_BOOL, OFF(align_corners), 0, 1, 0, SF_FF_IF_SET, NULL,
+     "bilinear: the corner pixels' centres of input and output align (PyTorch's flag)"},
     F_END,
 };
 static const sf_layer_field gn_fields[] = {
@@ -370,17 +377,35 @@ static int ln2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, 
     return 0;
 }
 
+/* By scale (each side times it) or by size, not both; align_corners only
+ * where PyTorch takes it (bilinear). A size may shrink a side, as
+ * F.interpolate's may. */
 static int upsample_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
-    const long oh = (long)in->h * L->scale, ow = (long)in->w * L->scale;
-    if (L->scale < 1 || oh > SF_MAX_SPATIAL || ow > SF_MAX_SPATIAL ||
-        (size_t)in->c * (size_t)oh * (size_t)ow > SF_MAX_ACT) {
-        sf_errf(err, errlen, "scale %d makes a %ldx%ld map of %d channels (at most %d a side, %zu values)", L->scale,
-                oh, ow, in->c, SF_MAX_SPATIAL, (size_t)SF_MAX_ACT);
+    const int sized = L->out_size[0] > 0;
+    if (sized == (L->scale > 0)) {
+        sf_errf(err, errlen, "give \"scale\" or \"size\", one of them");
+        return -1;
+    }
+    if (L->align_corners && L->mode != SF_UP_BILINEAR) {
+        sf_errf(err, errlen, "\"align_corners\" applies to mode \"bilinear\" only (PyTorch refuses it for "
+                "\"nearest\")");
+        return -1;
+    }
+    const long oh = sized ? L->out_size[0] : (long)in->h * L->scale;
+    const long ow = sized ? L->out_size[1] : (long)in->w * L->scale;
+    if (oh > SF_MAX_SPATIAL || ow > SF_MAX_SPATIAL || (size_t)in->c * (size_t)oh * (size_t)ow > SF_MAX_ACT) {
+        sf_errf(err, errlen, "the output is a %ldx%ld map of %d channels (at most %d a side, %zu values)", oh, ow,
+                in->c, SF_MAX_SPATIAL, (size_t)SF_MAX_ACT);
         return -1;
     }
     *out = (sf_shape){in->c, (int)oh, (int)ow, 0, 0};
     return 0;
+}
+
+sf_up_rule sf_layer_up_rule(const sf_layer *L)
+{
+    return sf_up_rule_of(L->mode == SF_UP_BILINEAR, L->align_corners, L->in_h, L->in_w, L->out_h, L->out_w);
 }
 
 /* A [C,H,W] map or flat [C] features (nn.GroupNorm takes [N, C, *]; no_tokens). */
@@ -832,11 +857,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "training: zero a whole channel of a sample with probability p, scale by 1/(1-p), from the "
                "service's seeded RNG; eval: identity"},
     [SF_L_UPSAMPLE] = {
-        .name = "upsample", .torch = "nn.Upsample(scale_factor=s, mode=\"nearest\"), F.interpolate", .min_in = 1,
+        .name = "upsample", .torch = "nn.Upsample, F.interpolate (modes nearest, bilinear)", .min_in = 1,
         .max_in = 1, .needs_map = 1, .fields = upsample_fields, .shape = upsample_shape,
         .ref_fwd = sf_ref_layer_upsample_fwd, .ref_bwd = sf_ref_layer_upsample_bwd, .cuda = 1,
-        .doc = "nearest-neighbour upsampling by an integer factor: each pixel repeated scale x scale (a "
-               "generator's upsampling before a convolution); its gradient sums each block"},
+        .doc = "upsampling by an integer factor or resizing to a size, by PyTorch's index and weight rules "
+               "(a generator's or a decoder's upsampling, a segmentation head's resize to the input); its "
+               "gradient gathers each input pixel's share of the outputs that read it"},
     [SF_L_GROUPNORM] = {
         .name = "groupnorm", .torch = "nn.GroupNorm", .min_in = 1, .max_in = 1, .no_tokens = 1, .fields = gn_fields,
         .shape = gn_shape, .params = gn_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_groupnorm_fwd,
@@ -1035,9 +1061,8 @@ void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
         const int two = f->type == SF_FT_INT_PAIR || f->type == SF_FT_INT_HW;
         const int w = two ? *(const int *)((const char *)L + SF_FT_SECOND(f)) : 0;
         const double def = f->type == SF_FT_FLOAT ? (float)f->def : f->def;
-        /* an INT_PAIR is always written; an INT_HW at its default only when both values are */
-        if ((f->flags & SF_FF_IF_SET) && f->type != SF_FT_INT_PAIR && sf_layer_field_value(L, f) == def &&
-            (f->type != SF_FT_INT_HW || w == (int)f->def))
+        /* an optional field at its default is left out; a pair only when both values are */
+        if ((f->flags & SF_FF_IF_SET) && sf_layer_field_value(L, f) == def && (!two || w == (int)f->def))
             continue;
         switch (f->type) {
         case SF_FT_INT:
@@ -1110,6 +1135,8 @@ static void md_default(FILE *out, const sf_layer_field *f)
         fprintf(out, "%s", f->def ? "true" : "false");
     else if (f->type == SF_FT_ENUM)
         fprintf(out, "`\"%s\"`", f->choices[(int)f->def]);
+    else if (f->type != SF_FT_FLOAT && f->def < f->lo) /* below its bounds: a field left unset */
+        fprintf(out, "unset");
     else
         fprintf(out, "%g", f->def);
 }

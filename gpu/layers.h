@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "gpu/upsample_rule.h"
 #include "gpu/model.h"
 
 #ifdef __cplusplus
@@ -188,6 +189,10 @@ void sf_layer_in_shape(const sf_model *m, int i, int j, sf_shape *s);
 
 /* The number of inputs layer i reads (1 unless "inputs" names more). */
 int sf_layer_n_inputs(const sf_layer *L);
+
+/* An upsample layer's rule, its resolved sizes and PyTorch's scales
+ * (gpu/upsample_rule.h): what both backends' kernels take. */
+sf_up_rule sf_layer_up_rule(const sf_layer *L);
 
 #ifdef __cplusplus
 }

@@ -96,7 +96,7 @@ typedef enum sf_layer_kind {
     SF_L_DROPOUT2D, /* training: per-(sample, channel) keep/drop (nn.Dropout2d); eval: identity */
     SF_L_LOG_SOFTMAX, /* F.log_softmax over the features of a flat [F] tensor */
     SF_L_GROUPNORM, /* nn.GroupNorm: per sample and group of channels; weight, bias [C] unless affine 0 */
-    SF_L_UPSAMPLE, /* nearest-neighbour upsampling of a map by an integer factor */
+    SF_L_UPSAMPLE, /* upsampling (or resizing) of a map, nearest or bilinear */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -114,17 +114,19 @@ typedef struct sf_layer {
     int groups;                   /* conv2d (1 = a plain convolution); channel_shuffle */
     int ceil_mode;                /* maxpool2d, avgpool2d: output size rounded up */
     int count_include_pad;        /* avgpool2d: padding counts in the divisor */
-    int out_size[2];              /* adaptive_avgpool2d: output [h, w] */
+    int out_size[2];              /* adaptive_avgpool2d, upsample: output [h, w] (upsample: 0 0 when
+                                   * given by scale) */
     int approximate;              /* gelu: 0 erf, 1 tanh */
     float negative_slope;         /* leaky_relu: the slope below 0 (any finite value, as PyTorch) */
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     int affine;                   /* groupnorm: 1 with a weight and a bias (nn.GroupNorm's affine), 0 without */
     float p;                      /* dropout, stochastic_depth: drop probability */
-    int mode;                     /* stochastic_depth: 0 "row" (the one mode run) */
+    int mode;                     /* stochastic_depth: 0 "row" (the one mode run); upsample: SF_UP_* */
+    int align_corners;            /* upsample (bilinear): the corner pixels' centres align, as PyTorch's flag */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
     int start, count;             /* channel_slice: the channels [start, start + count) of its input */
-    int scale;                    /* upsample: each input pixel becomes scale x scale output pixels */
+    int scale;                    /* upsample: each input pixel becomes scale x scale output pixels (0: by size) */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
     int in[SF_MAX_IN];            /* input layer indices (< this index) or SF_IN_MODEL */
     int init;                     /* SF_INIT_*: weight initialisation */

@@ -1,6 +1,6 @@
 /* gpu/cuda/executor_moves.cu — the executor's layers that move values with
- * no arithmetic beyond a sum: ShuffleNet's channel shuffle, the channel
- * slice, nearest-neighbour upsampling. Declared in executor_graph.h. */
+ * at most a weighted sum of a few: ShuffleNet's channel shuffle, the channel
+ * slice, upsampling (nearest or bilinear). Declared in executor_graph.h. */
 #include "gpu/cuda/executor_graph.h"
 
 int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
@@ -14,8 +14,10 @@ int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
         return sf_cuda_channel_shuffle_dt(g->dt, g->lay, x, n, L->out_ch, hw, L->groups, y, s);
     case SF_L_CHANNEL_SLICE:
         return sf_cuda_channel_slice_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, L->start, L->count, y, s);
-    default: /* SF_L_UPSAMPLE */
-        return sf_cuda_upsample_fwd_dt(g->dt, g->lay, x, n, L->in_c, L->in_h, L->in_w, L->scale, y, s);
+    default: { /* SF_L_UPSAMPLE */
+        const sf_up_rule p = sf_layer_up_rule(L);
+        return sf_cuda_upsample_fwd_dt(g->dt, g->lay, x, n, L->in_c, &p, y, s);
+    }
     }
 }
 
@@ -33,7 +35,9 @@ int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s)
          * owner's gradient when this is its first reader (the later readers
          * add theirs through gtmp) */
         return sf_cuda_channel_slice_bwd_dt(g->dt, g->lay, dy, n, L->in_c, hw, L->start, L->count, dx, s);
-    default: /* SF_L_UPSAMPLE: each input pixel's block summed */
-        return sf_cuda_upsample_bwd_dt(g->dt, g->lay, dy, n, L->in_c, L->in_h, L->in_w, L->scale, dx, s);
+    default: { /* SF_L_UPSAMPLE: each input pixel's share of the outputs that read it */
+        const sf_up_rule p = sf_layer_up_rule(L);
+        return sf_cuda_upsample_bwd_dt(g->dt, g->lay, dy, n, L->in_c, &p, dx, s);
+    }
     }
 }

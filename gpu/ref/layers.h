@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpu/upsample_rule.h"
+
 /* ---- shared size rules -------------------------------------------------------- */
 /* Output length of a convolution axis (PyTorch's formula; dilation d). */
 static inline int sf_ref_conv_out(int in, int k, int stride, int pad, int d)
@@ -232,12 +234,14 @@ void sf_ref_channel_slice_bwd(const float *dy, int n, int c, size_t hw, int star
 void sf_ref_channel_slice_bwd_f64(const double *dy, int n, int c, size_t hw, int start, int count, double *dx);
 
 /* ---- upsample ------------------------------------------------------------------- */
-/* Nearest-neighbour upsampling of x [n, c, h, w] by s into y [n, c, h*s,
- * w*s]; the backward sums dy over each input pixel's s x s block. */
-void sf_ref_upsample_fwd(const float *x, int n, int c, int h, int w, int s, float *y);
-void sf_ref_upsample_fwd_f64(const double *x, int n, int c, int h, int w, int s, double *y);
-void sf_ref_upsample_bwd(const float *dy, int n, int c, int h, int w, int s, float *dx);
-void sf_ref_upsample_bwd_f64(const double *dy, int n, int c, int h, int w, int s, double *dx);
+/* Upsampling (or resizing) of x [n, c, p->h.in, p->w.in] into y [n, c,
+ * p->h.out, p->w.out], nearest or bilinear by PyTorch's rules (gpu/upsample_rule.h);
+ * the backward adds each output's dy into the inputs it read, with its
+ * weights, in output order (PyTorch's CPU order). */
+void sf_ref_upsample_fwd(const float *x, int n, int c, const sf_up_rule *p, float *y);
+void sf_ref_upsample_fwd_f64(const double *x, int n, int c, const sf_up_rule *p, double *y);
+void sf_ref_upsample_bwd(const float *dy, int n, int c, const sf_up_rule *p, float *dx);
+void sf_ref_upsample_bwd_f64(const double *dy, int n, int c, const sf_up_rule *p, double *dx);
 
 /* ---- groupnorm ------------------------------------------------------------------ */
 /* nn.GroupNorm(g, c) of x [n, c, hw] (NCHW; hw = 1 for flat features): each

@@ -127,7 +127,10 @@ def run_spec(spec, tensors, x):
             assert (b("weight") is not None) == layer.get("affine", True), name  # no parameters without affine
             y = F.group_norm(a[0], layer["num_groups"], b("weight"), b("bias"), layer.get("eps", 1e-5))
         elif t == "upsample":
-            y = F.interpolate(a[0], scale_factor=layer["scale"], mode="nearest")
+            size = layer.get("size") or [d * layer["scale"] for d in a[0].shape[2:]]
+            mode = layer.get("mode", "nearest")
+            y = F.interpolate(a[0], size=tuple(size), mode=mode,
+                              align_corners=layer.get("align_corners", False) if mode == "bilinear" else None)
         elif t == "log_softmax":
             y = F.log_softmax(a[0], dim=1)
         elif t in ("dropout", "dropout2d", "stochastic_depth"):
@@ -146,6 +149,7 @@ def assert_spec_computes_the_module(model, hw=64, n=2, tol=1e-4):
     x = torch.randn(n, 3, hw, hw)
     with torch.no_grad():
         want = model(x)
+        want = want["out"] if isinstance(want, dict) else want  # torchvision's segmentation models
         got = run_spec(ex.spec, {k: v.double() if v.is_floating_point() else v for k, v in ex.tensors.items()},
                        x.double())
     err = float((got - want.double()).norm() / want.double().norm())
@@ -185,6 +189,27 @@ def test_every_family_exports_to_a_spec_that_computes_the_module_with_every_tens
     assert len(names) == len(set(names)), "layer names must be unique"
     assert all(len(n_) <= 63 for n_ in names)
     assert ex.spec["input"] == [3, 64, 64] and ex.spec["classes"] == 10
+
+
+SEGMENTATION = ["fcn_resnet50", "deeplabv3_resnet50", "deeplabv3_mobilenet_v3_large", "lraspp_mobilenet_v3_large"]
+
+
+@pytest.mark.parametrize("name", SEGMENTATION)
+def test_the_segmentation_families_export_their_out_head_resized_to_the_input(name):
+    """forward() returns {"out": logits}: the export takes it, names every
+    tensor as the module's state_dict, and ends in the bilinear resize to the
+    input; with an auxiliary head it is refused, naming aux_loss."""
+    build = getattr(M.segmentation, name)
+    kw = {} if name.startswith("lraspp") else {"aux_loss": False}
+    model = randomize_batchnorm(build(num_classes=5, weights=None, weights_backbone=None, **kw))
+    ex = assert_spec_computes_the_module(model, hw=32)
+    assert ex.tensors.keys() == model.state_dict().keys()
+    assert ex.spec["layers"][-1] == {"type": "upsample", "name": ex.spec["layers"][-1]["name"], "size": [32, 32],
+                                     "mode": "bilinear"}
+    if kw:
+        with pytest.raises(ExportError) as e:
+            convert(build(num_classes=5, weights=None, weights_backbone=None, aux_loss=True), (1, 3, 64, 64))
+        assert "aux_loss=False" in str(e.value)
 
 
 def test_the_kinds_of_the_families_are_the_ones_their_modules_call_for():
@@ -517,7 +542,7 @@ def test_functional_group_and_instance_norm_without_parameters_export_as_groupno
         assert words in str(e.value)
 
 
-def test_nearest_upsampling_exports_by_an_integer_factor_and_is_refused_otherwise():
+def test_upsampling_exports_by_an_integer_factor_or_to_a_size_and_is_refused_otherwise():
     class Up(nn.Module):
         def __init__(self, **kw):
             super().__init__()
@@ -527,15 +552,28 @@ def test_nearest_upsampling_exports_by_an_integer_factor_and_is_refused_otherwis
             return F.interpolate(x, **self.kw)
 
     model = nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(3, 4, 3, padding=1), Up(scale_factor=3.0),
-                          nn.Flatten(), nn.Linear(4 * 48 * 48, 2))
+                          Up(size=(50, 45), mode="bilinear"), nn.UpsamplingBilinear2d(scale_factor=2),
+                          Up(scale_factor=(2, 3), mode="nearest"), Up(size=(31, 17)),
+                          Up(scale_factor=0.5, mode="bilinear", recompute_scale_factor=True),
+                          nn.Upsample(size=(9, 10), mode="bilinear", align_corners=True),
+                          nn.Flatten(), nn.Linear(4 * 9 * 10, 2))
     ex = assert_spec_computes_the_module(model, hw=8)
-    assert [(layer["name"], layer["scale"]) for layer in ex.spec["layers"] if layer["type"] == "upsample"] == [
-        ("0", 2), ("2.upsample", 3)]
-    for bad in (nn.Upsample(scale_factor=2, mode="bilinear"), nn.Upsample(size=(16, 16)), Up(scale_factor=1.5),
-                Up(scale_factor=(2, 3))):
+    ups = [{k: v for k, v in layer.items() if k not in ("type", "inputs")}
+           for layer in ex.spec["layers"] if layer["type"] == "upsample"]
+    assert ups == [
+        {"name": "0", "scale": 2}, {"name": "2.upsample", "scale": 3},
+        {"name": "3.upsample", "size": [50, 45], "mode": "bilinear"},
+        {"name": "4", "scale": 2, "mode": "bilinear", "align_corners": True},
+        {"name": "5.upsample", "size": [200, 270]}, {"name": "6.upsample", "size": [31, 17]},
+        {"name": "7.upsample", "size": [15, 8], "mode": "bilinear"},
+        {"name": "8", "size": [9, 10], "mode": "bilinear", "align_corners": True}], ups
+    for bad, why in ((nn.Upsample(scale_factor=2, mode="bicubic"), "mode 'bicubic'"),
+                     (Up(scale_factor=2, mode="bilinear", antialias=True), "antialias"),
+                     (Up(scale_factor=1.5), "integer factor or a size"),
+                     (Up(scale_factor=0.5, mode="bilinear"), "recompute_scale_factor=True")):
         with pytest.raises(ExportError) as e:
             convert(nn.Sequential(nn.Conv2d(3, 4, 1), bad), (1, 3, 8, 8))
-        assert "one integer factor" in str(e.value), str(e.value)
+        assert why in str(e.value) and e.value.module_path.startswith("1"), str(e.value)
 
 
 def test_identities_leave_no_layer_and_defaults_leave_no_field():

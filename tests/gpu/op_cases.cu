@@ -7,6 +7,8 @@
  * layout, NCHW and NHWC (k_layouts), in that order. */
 #include "tests/gpu/op_cases.h"
 
+#include "gpu/upsample_rule.h"
+
 #include <stdio.h>
 
 extern "C" {
@@ -180,13 +182,27 @@ std::vector<op_case> op_cases()
         }
     t.push_back(row("groupnorm", "refused", cmp_groupnorm_refused, SF_DT_F32, {}, {}, 0));
 
-    /* upsample: factors 1 (a copy), 2 and 3 of odd maps; the forward exact,
-     * the backward's block sums within fp32's 1e-6 */
+    /* upsample: nearest by factors 1 (a copy), 2 and 3 of odd maps and to
+     * sizes up and down (the forward exact); bilinear by 2 with and without
+     * align_corners, up to an odd size, down (inputs no output reads: dx 0),
+     * to one pixel with align_corners (scale 0), and 7x7 to 224x224 (a
+     * segmentation head's resize: 64 outputs a row reading each input).
+     * p {mode, align_corners, out h, out w}; fp32's 1e-6 */
     for (const sf_dtype dt : k_dtypes)
         for (const sf_layout lay : k_layouts) {
-            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {2, 3, 5, 7}, {1}, 1e-6));
-            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {2, 5, 7, 3}, {2}, 1e-6));
-            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {3, 16, 4, 4}, {3}, 1e-6));
+            const int N = SF_UP_NEAREST, B = SF_UP_BILINEAR;
+            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {2, 3, 5, 7}, {N, 0, 5, 7}, 1e-6));
+            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {2, 5, 7, 3}, {N, 0, 14, 6}, 1e-6));
+            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {3, 16, 4, 4}, {N, 0, 12, 12}, 1e-6));
+            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {2, 3, 5, 7}, {N, 0, 8, 11}, 1e-6));
+            t.push_back(row("upsample", "nearest", cmp_upsample, dt, lay, {2, 3, 9, 7}, {N, 0, 4, 5}, 1e-6));
+            t.push_back(row("upsample", "bilinear", cmp_upsample, dt, lay, {2, 5, 7, 3}, {B, 0, 14, 6}, 1e-6));
+            t.push_back(row("upsample", "bilinear", cmp_upsample, dt, lay, {2, 5, 7, 3}, {B, 1, 14, 6}, 1e-6));
+            t.push_back(row("upsample", "bilinear", cmp_upsample, dt, lay, {2, 3, 5, 7}, {B, 0, 13, 9}, 1e-6));
+            t.push_back(row("upsample", "bilinear", cmp_upsample, dt, lay, {2, 3, 5, 7}, {B, 1, 13, 9}, 1e-6));
+            t.push_back(row("upsample", "bilinear", cmp_upsample, dt, lay, {2, 3, 9, 11}, {B, 0, 4, 6}, 1e-6));
+            t.push_back(row("upsample", "bilinear", cmp_upsample, dt, lay, {2, 3, 4, 5}, {B, 1, 1, 1}, 1e-6));
+            t.push_back(row("upsample", "bilinear", cmp_upsample, dt, lay, {2, 21, 7, 7}, {B, 0, 224, 224}, 1e-6));
         }
     t.push_back(row("upsample", "refused", cmp_upsample_refused, SF_DT_F32, {}, {}, 0));
 

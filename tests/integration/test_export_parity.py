@@ -225,11 +225,16 @@ def eval_logits(server, images, labels):
     return st_load(r.content)["logits"]
 
 
+def output(y):
+    """A module's logits: torchvision's segmentation models return {"out": logits}."""
+    return y["out"] if isinstance(y, dict) else y
+
+
 def module_logits(model, images, dtype=None):
     model.eval()
     dev = next(model.parameters()).device
     with torch.no_grad():
-        return model(as_input(images).to(dev, dtype or torch.float32)).cpu().numpy()
+        return output(model(as_input(images).to(dev, dtype or torch.float32))).cpu().numpy()
 
 
 # Where the service trains on the GPU, PyTorch's own float32 on that GPU
@@ -294,7 +299,7 @@ class Trainer:
         float32 run's is from it."""
         def one(m, o, dev):
             m.train()
-            loss = F.cross_entropy(m(as_input(images).to(dev)), torch.from_numpy(labels).to(dev))
+            loss = F.cross_entropy(output(m(as_input(images).to(dev))), torch.from_numpy(labels).long().to(dev))
             o.zero_grad(set_to_none=True)
             loss.backward()
             o.step()
@@ -374,6 +379,62 @@ def test_an_exported_family_trains_and_evaluates_like_pytorch(start_server, tmp_
     ck_tol = checkpoint_bound(back, images, again)
     assert rel(again, got) <= ck_tol, f"the loaded checkpoint's logits differ by {rel(again, got):.2e} > {ck_tol:.1e}"
     print(f"{name}: {STEPS} steps and an eval batch in {time.monotonic() - t0:.1f} s")
+
+
+def _no_dropout(model):
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    return model
+
+
+SEGMENTATION = {
+    # LRASPP: a MobileNetV3 backbone with dilated depthwise convolutions, a
+    # sigmoid-gated head whose two branches meet after a bilinear resize, and
+    # the logits resized bilinearly to the input (F.interpolate, size=).
+    "lraspp_mobilenet_v3_large": lambda: torchvision.models.segmentation.lraspp_mobilenet_v3_large(
+        num_classes=4, weights=None, weights_backbone=None),
+    # DeepLabV3: atrous spatial pyramid pooling (convolutions at dilations
+    # 12, 24 and 36, and a global average pooled branch resized back from
+    # 1x1); its Dropout(0.5) at 0, as the families' dropouts (the service
+    # draws its own masks, not PyTorch's).
+    "deeplabv3_mobilenet_v3_large": lambda: _no_dropout(torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(
+        num_classes=4, weights=None, weights_backbone=None, aux_loss=False)),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=UNDER_ASAN) for n in SEGMENTATION])
+def test_a_segmentation_family_trains_on_per_pixel_labels_like_pytorch(start_server, tmp_path, spec_checker, name):
+    """torchvision's segmentation models return {"out": logits [N, K, H, W]}:
+    the export takes "out", the service trains on per-pixel labels with the
+    mean cross-entropy over every pixel, as F.cross_entropy on [N, H, W]."""
+    torch.manual_seed(5)
+    model = SEGMENTATION[name]()
+    s = start_exported(start_server, tmp_path, model, spec_checker)
+    torch_side = Trainer(model)
+    rng = np.random.default_rng(23)
+    worst = 0.0
+    for step in range(1, STEPS + 1):
+        images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
+        labels = rng.integers(0, 4, (BATCH, HW, HW), dtype=np.uint8)
+        r = s.post_arrays(images, labels, wait=True)
+        assert r.status_code == 200 and r.json()["state"] == "done", r.text
+        want, spread = torch_side.step(images, labels)
+        worst = max(worst, spread)
+        got, tol = r.json()["loss"], TOL_LOSS if step == 1 else bound(TOL_LOSS, worst)
+        print(f"{name} step {step}: service {got!r} PyTorch {want!r} (its float32 runs {spread:.1e} apart)")
+        assert rel(got, want) <= tol, f"step {step}: loss {got} vs PyTorch {want}: {rel(got, want):.2e} > {tol:.1e}"
+    images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
+    got = eval_logits(s, images, rng.integers(0, 4, (BATCH, HW, HW), dtype=np.uint8))
+    want, spread = torch_side.logits(images)
+    assert got.shape == (BATCH, 4, HW, HW) and want.shape == got.shape, (got.shape, want.shape)
+    tol = bound(TOL_LOGITS, spread)
+    assert rel(got, want) <= tol, f"eval logits differ by {rel(got, want):.2e} > {tol:.1e}"
+    ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
+    back = SEGMENTATION[name]()
+    back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
+    again = module_logits(back, images)
+    assert rel(again, got) <= checkpoint_bound(back, images, again)
 
 
 def test_dropout_and_stochastic_depth_are_identities_in_eval(start_server, tmp_path, spec_checker):
@@ -590,6 +651,40 @@ def test_a_style_transfer_network_with_parameterless_norms_trains_like_pytorch(s
     train_like_pytorch(s, model, StyleNet, 16, 19)
 
 
+class TinyUNet(torch.nn.Module):
+    """A user's U-Net in miniature: an encoder with a strided convolution, a
+    decoder that upsamples bilinearly with align_corners (nn.Upsample, as
+    common U-Net code writes it) and concatenates the skip connection, and an
+    FCN-style head resized to the input's own size (F.interpolate with
+    size=x.shape[-2:], bilinear), then a classifier over every pixel."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.enc1 = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+        self.enc2 = nn.Sequential(nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU())
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)
+        self.dec = nn.Conv2d(24, 8, 3, padding=1)
+        self.head = nn.Conv2d(8, 4, 1)
+        self.fc = nn.Linear(4 * 16 * 16, 10)
+
+    def forward(self, x):
+        a = self.enc1(x)
+        y = F.relu(self.dec(torch.cat([a, self.up(self.enc2(a))], 1)))
+        y = F.interpolate(self.head(F.max_pool2d(y, 2)), size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return self.fc(torch.flatten(y, 1))
+
+
+def test_a_unet_with_bilinear_upsampling_trains_like_pytorch(start_server, tmp_path, spec_checker):
+    torch.manual_seed(8)
+    model = TinyUNet()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=16)
+    layers = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]["layers"]
+    assert [(la.get("scale"), la.get("size"), la.get("align_corners", False)) for la in layers
+            if la["type"] == "upsample"] == [(2, None, True), (None, [16, 16], False)]
+    train_like_pytorch(s, model, TinyUNet, 16, 19)
+
+
 def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp_path, spec_checker):
     """resnet18 (69 layers) needs no kind beyond the first nine: its export
     must be taken by any streamfeed, and its eval logits are the module's."""
@@ -688,7 +783,7 @@ def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_p
             try:
                 m.train()
                 dev = second if i else "cpu"
-                loss = F.cross_entropy(m(as_input(images).to(dev)), torch.from_numpy(labels).to(dev))
+                loss = F.cross_entropy(output(m(as_input(images).to(dev))), torch.from_numpy(labels).long().to(dev))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()

@@ -37,7 +37,7 @@ CASES_PER_FAMILY = {
     "pool": 180,
     "sdpa": 10,
     "tokens": 24,
-    "upsample": 13,
+    "upsample": 49,
 }
 
 

@@ -8,7 +8,8 @@ DenseNet's concatenations, average pooling with ceil_mode and
 count_include_pad, maxpool2d with ceil_mode, batchnorm with its own eps and
 momentum, dropout, ShuffleNetV2's channel shuffle and chunks, Inception's
 1xk and kx1 convolutions, BatchNorm1d, GroupNorm, and without parameters
-GroupNorm(affine=False) and InstanceNorm2d -- start from the module's own state_dict
+GroupNorm(affine=False) and InstanceNorm2d, a decoder's nearest and bilinear
+resizes -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch.
@@ -278,10 +279,38 @@ class ParamlessNorms(nn.Module):
         return self.fc(torch.flatten(torch.relu(y + self.gn(y)), 1))
 
 
+# A decoder's resizes: bilinear to a size (align_corners false, F.interpolate's
+# default), bilinear by 2 with align_corners (nn.UpsamplingBilinear2d), bilinear
+# down to a smaller size (inputs some outputs skip), nearest to a size that is
+# no multiple of its input; flattened, so every output pixel has its own weight.
+RESIZE_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "stride": 2, "pad": 1},
+    {"type": "upsample", "name": "to_size", "size": [7, 9], "mode": "bilinear"},
+    {"type": "conv2d", "name": "c1", "out": 4, "k": 1},
+    {"type": "upsample", "name": "up", "scale": 2, "mode": "bilinear", "align_corners": True},
+    {"type": "upsample", "name": "down", "size": [5, 6], "mode": "bilinear"},
+    {"type": "upsample", "name": "near", "size": [6, 9]},
+    {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class Resize(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.c1 = nn.Conv2d(4, 4, 1)
+        self.up = nn.UpsamplingBilinear2d(scale_factor=2)
+        self.fc = nn.Linear(4 * 6 * 9, 10)
+
+    def forward(self, x):
+        y = nn.functional.interpolate(self.c0(x), size=(7, 9), mode="bilinear", align_corners=False)
+        y = nn.functional.interpolate(self.up(self.c1(y)), size=(5, 6), mode="bilinear")
+        return self.fc(torch.flatten(nn.functional.interpolate(y, size=(6, 9), mode="nearest"), 1))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
-         "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC)}
+         "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -185,18 +185,26 @@ static void gn_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_groupnorm_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], v[1], v[2], 1e-5f, y);
 }
 
-/* upsample: a = n c h w s */
+/* upsample: a = n c h w, out h, out w, mode (SF_UP_*), align_corners */
+static sf_up_rule up_rule(const kcase *k)
+{
+    const int *a = k->a;
+    return sf_up_rule_of(a[6] == SF_UP_BILINEAR, a[7], a[2], a[3], a[4], a[5]);
+}
 static void up_fwd(const kcase *k, double *const *v, double *y)
 {
-    sf_ref_upsample_fwd_f64(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], y);
+    const sf_up_rule p = up_rule(k);
+    sf_ref_upsample_fwd_f64(v[0], k->a[0], k->a[1], &p, y);
 }
 static void up_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
 {
-    sf_ref_upsample_bwd_f64(dy, k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], g[0]);
+    const sf_up_rule p = up_rule(k);
+    sf_ref_upsample_bwd_f64(dy, k->a[0], k->a[1], &p, g[0]);
 }
 static void up_fwd_f32(const kcase *k, float *const *v, float *y)
 {
-    sf_ref_upsample_fwd(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], y);
+    const sf_up_rule p = up_rule(k);
+    sf_ref_upsample_fwd(v[0], k->a[0], k->a[1], &p, y);
 }
 
 /* concat of three: a = n hw c0 c1 c2 */
@@ -399,8 +407,17 @@ static const kcase kcases[] = {
     {"groupnorm, 6 channels in 3 groups", 3, {2 * 6 * 5, 6, 6}, 2 * 6 * 5, 2, {2, 6, 5, 3}, gn_fwd, gn_bwd,
      gn_fwd_f32},
     {"groupnorm of flat features in 2 groups", 3, {3 * 4, 4, 4}, 3 * 4, 2, {3, 4, 1, 2}, gn_fwd, gn_bwd, gn_fwd_f32},
-    {"upsample by 2 of an odd map", 1, {2 * 3 * 3 * 5}, 2 * 3 * 6 * 10, 1, {2, 3, 3, 5, 2}, up_fwd, up_bwd, up_fwd_f32},
-    {"upsample by 3", 1, {1 * 2 * 2 * 2}, 1 * 2 * 6 * 6, 1, {1, 2, 2, 2, 3}, up_fwd, up_bwd, up_fwd_f32},
+    {"upsample by 2 of an odd map", 1, {2 * 3 * 3 * 5}, 2 * 3 * 6 * 10, 1, {2, 3, 3, 5, 6, 10, 0, 0}, up_fwd, up_bwd,
+     up_fwd_f32},
+    {"upsample by 3", 1, {1 * 2 * 2 * 2}, 1 * 2 * 6 * 6, 1, {1, 2, 2, 2, 6, 6, 0, 0}, up_fwd, up_bwd, up_fwd_f32},
+    {"upsample nearest to a size down", 1, {2 * 2 * 7 * 5}, 2 * 2 * 3 * 4, 1, {2, 2, 7, 5, 3, 4, 0, 0}, up_fwd, up_bwd,
+     up_fwd_f32},
+    {"upsample bilinear by 2", 1, {2 * 3 * 3 * 5}, 2 * 3 * 6 * 10, 1, {2, 3, 3, 5, 6, 10, 1, 0}, up_fwd, up_bwd,
+     up_fwd_f32},
+    {"upsample bilinear align_corners to an odd size", 1, {1 * 2 * 4 * 3}, 1 * 2 * 9 * 7, 1, {1, 2, 4, 3, 9, 7, 1, 1},
+     up_fwd, up_bwd, up_fwd_f32},
+    {"upsample bilinear down", 1, {1 * 2 * 9 * 8}, 1 * 2 * 4 * 3, 1, {1, 2, 9, 8, 4, 3, 1, 0}, up_fwd, up_bwd,
+     up_fwd_f32},
     {"groupnorm in one group (LayerNorm over C,H,W)", 3, {2 * 3 * 4, 3, 3}, 2 * 3 * 4, 2, {2, 3, 4, 1}, gn_fwd,
      gn_bwd, gn_fwd_f32},
     /* nn.InstanceNorm2d's default and GroupNorm(affine=False): no parameters */
@@ -636,8 +653,9 @@ static const char *const SE_SPEC =
 
 /* ConvNeXt's block: layernorm2d, depthwise conv, linear over channels, GELU,
  * layer scale, stochastic depth, residual; a groupnorm, one without affine
- * (an instance norm: no parameters), an upsampling; a head with layernorm
- * and the tanh GELU. */
+ * (an instance norm: no parameters), upsamplings (nearest by a factor and to a
+ * size down, bilinear to an odd size with align_corners and by a factor
+ * without); a head with layernorm and the tanh GELU. */
 static const char *const CONVNEXT_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"stem.0\",\"out\":4,\"k\":2,\"stride\":2},"
@@ -653,6 +671,9 @@ static const char *const CONVNEXT_SPEC =
     "{\"type\":\"groupnorm\",\"name\":\"gn\",\"num_groups\":2,\"eps\":1e-6},"
     "{\"type\":\"groupnorm\",\"name\":\"inorm\",\"num_groups\":4,\"affine\":false},"
     "{\"type\":\"upsample\",\"name\":\"up\",\"scale\":2},"
+    "{\"type\":\"upsample\",\"name\":\"upb\",\"size\":[5,7],\"mode\":\"bilinear\",\"align_corners\":true},"
+    "{\"type\":\"upsample\",\"name\":\"upn\",\"size\":[3,6]},"
+    "{\"type\":\"upsample\",\"name\":\"upc\",\"scale\":2,\"mode\":\"bilinear\"},"
     "{\"type\":\"adaptive_avgpool2d\",\"name\":\"pool\",\"out\":[2,2]},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"layernorm\",\"name\":\"head.norm\"},"
     "{\"type\":\"gelu\",\"name\":\"head.act\",\"approximate\":\"tanh\"},"
@@ -1072,6 +1093,14 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":64},{\"type\":\"upsample\",\"scale\":64}]}", "layer 1",
                       "at most");
     expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"upsample\",\"scale\":2}]}", "layer 1", "flattened");
+    expect_json_error(HEAD "{\"type\":\"upsample\"}]}", "layer 0", "one of them");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":2,\"size\":[8,8]}]}", "layer 0", "one of them");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"size\":[0,8]}]}", "layer 0", "\"size\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"size\":[8]}]}", "layer 0", "\"size\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":2,\"mode\":\"bicubic\"}]}", "layer 0",
+                      "\"bilinear\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":2,\"align_corners\":true}]}", "layer 0",
+                      "\"align_corners\"");
     expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"groupnorm\",\"num_groups\":1}]}", "layer 1",
                       "token sequence");
     expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"dropout2d\"}]}", "layer 1", "flattened");

@@ -90,7 +90,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",
     "GroupNorm": "groupnorm (affine or not)",
     "InstanceNorm2d": "groupnorm with a group per channel (affine or not, no running statistics)",
-    "Upsample": "upsample (scale_factor an integer, mode nearest)", "UpsamplingNearest2d": "upsample",
+    "Upsample": "upsample (modes nearest and bilinear, align_corners; to a size or by integer scale_factor)",
+    "UpsamplingNearest2d": "upsample", "UpsamplingBilinear2d": "upsample (bilinear, align_corners)",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
     "LeakyReLU": "leaky_relu (negative_slope any finite number)",
@@ -127,7 +128,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
         "the activation of that name",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
-    "F.interpolate": "upsample (scale_factor an integer, mode nearest)",
+    "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
     "F.group_norm, F.instance_norm": "groupnorm without affine (no weight, bias or running statistics)",
     "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
@@ -399,6 +400,8 @@ class _Converter:
                 continue
             self.vals[n] = self.convert_node(n)
         res = out_node.args[0]
+        if isinstance(res, dict) and list(res) == ["out"]:  # torchvision's segmentation models, no aux head
+            res = res["out"]
         # Several values: a tuple, or a namedtuple built in forward() (the
         # training-mode output of models with auxiliary heads).
         several = isinstance(res, (tuple, list)) or (isinstance(res, torch.fx.Node) and res.op == "call_function"
@@ -408,7 +411,8 @@ class _Converter:
             what = target.__name__ if isinstance(target, type) else type(res).__name__
             raise ExportError(f"forward() must return one tensor (the logits); it returns {what}"
                               + ("; a model with auxiliary heads exports without them (torchvision: "
-                                 "aux_logits=False)" if several else ""), op="forward", module_path="")
+                                 "aux_logits=False, segmentation: aux_loss=False)" if several or
+                                 isinstance(res, dict) else ""), op="forward", module_path="")
         v = self.val(res, out_node, "output")
         if v.layer < 0 or not self.b.layers:
             raise ExportError("forward() returns its input unchanged: there is nothing to train",
@@ -510,9 +514,9 @@ class _Converter:
         if type(mod) is nn.BatchNorm2d:
             _need_nchw(x, op, path)
             return self.batchnorm2d(path, x, out, op, mod)
-        if type(mod) in (nn.Upsample, nn.UpsamplingNearest2d):
-            return self.upsample(path, x, mod.scale_factor if mod.size is None and mod.mode == "nearest" else None,
-                                 out, op)
+        if isinstance(mod, nn.Upsample):  # UpsamplingNearest2d, UpsamplingBilinear2d (align_corners) among them
+            return self.upsample(path, x, out, op, mod.size, mod.scale_factor, mod.mode, mod.align_corners,
+                                 mod.recompute_scale_factor)
         if type(mod) in (nn.GroupNorm, nn.InstanceNorm2d):
             return self.groupnorm(path, x, out, op, mod)
         if type(mod) is nn.BatchNorm1d:
@@ -757,16 +761,25 @@ class _Converter:
             raise ExportError("concatenates maps of different sizes", op=op, module_path=path)
         return self.b.emit("concat", self.fname(n, "cat"), vals, out)
 
-    def upsample(self, path: str, x: _Val, factor: Any, out: Tuple[int, ...], op: str) -> _Val:
-        """Nearest-neighbour upsampling of a map by one integer factor on both
-        axes, the traced output the input's times it (None: size or mode not so)."""
+    def upsample(self, path: str, x: _Val, out: Tuple[int, ...], op: str, size: Any, factor: Any, mode: str,
+                 align: Any, recompute: Any = None, antialias: Any = False) -> _Val:
+        """nn.Upsample, F.interpolate: nearest or bilinear, by one integer factor or to a size (a size
+        of the traced output: also integer factors that differ by axis, whose PyTorch scale 1/s is
+        in/out's in float, gpu/upsample_rule.h). A fractional factor's 1/s is no size's in/out."""
         c, h, w = _spatial(x.shape, op, path)
         _need_nchw(x, op, path)
-        f = factor[0] if isinstance(factor, (tuple, list)) and len(set(factor)) == 1 else factor
-        if not isinstance(f, (int, float)) or float(f) != int(f) or int(f) < 1 or out != (c, h * int(f), w * int(f)):
-            raise ExportError(f"scale_factor {factor}: the service upsamples by one integer factor on both axes, "
-                              "mode 'nearest' (not by a size)", op=op, module_path=path)
-        return self.b.emit("upsample", path, [x], out, scale=int(f))
+        if mode not in ("nearest", "bilinear") or antialias:
+            raise ExportError(f"mode {mode!r}{' with antialias' if antialias else ''}: the service resizes with "
+                              "modes 'nearest' and 'bilinear', no antialias", op=op, module_path=path)
+        f: Dict[str, Any] = {} if mode == "nearest" else {"mode": mode}
+        f.update({"align_corners": True} if align else {})
+        fs = tuple(factor) if isinstance(factor, (tuple, list)) else (factor, factor)
+        if size is None and not recompute and any(float(v) != int(v) for v in fs):
+            raise ExportError(f"scale_factor {factor}: the service takes an integer factor or a size; give size= "
+                              "or recompute_scale_factor=True", op=op, module_path=path)
+        if size is None and len(set(fs)) == 1 and out == (c, h * int(fs[0]), w * int(fs[0])):
+            return self.b.emit("upsample", path, [x], out, scale=int(fs[0]), **f)
+        return self.b.emit("upsample", path, [x], out, size=[out[1], out[2]], **f)
 
     def groupnorm(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any, groups: int = 0,
                   eps: float = 1e-5, affine: bool = True) -> _Val:
@@ -1128,9 +1141,9 @@ class _Converter:
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
         if t is F.interpolate:
-            plain = arg(1, "size") is None and arg(3, "mode", "nearest") == "nearest"
-            return self.upsample(self.fname(n, "upsample"), self.val(n.args[0], n),
-                                 arg(2, "scale_factor") if plain else None, out, op)
+            return self.upsample(self.fname(n, "upsample"), self.val(n.args[0], n), out, op, arg(1, "size"),
+                                 arg(2, "scale_factor"), arg(3, "mode", "nearest"), arg(4, "align_corners"),
+                                 arg(5, "recompute_scale_factor"), arg(6, "antialias", False))
         if t in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
             mx = t is F.adaptive_max_pool2d and not arg(2, "return_indices", False)
             return self.adaptive(self.fname(n, "maxpool" if mx else "avgpool"), self.val(n.args[0], n), out, op, mx)
@@ -1246,7 +1259,7 @@ _METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_
                 "tanh_": "tanh"}
 
 _KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm, nn.InstanceNorm2d,
-                  nn.Upsample, nn.UpsamplingNearest2d, nn.ReLU, nn.ReLU6,
+                  nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.ReLU, nn.ReLU6,
                   nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d,
                   nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
                   nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity,

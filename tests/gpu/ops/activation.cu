@@ -34,8 +34,8 @@ void cmp_activation(const op_case &c, const op_env &e)
     rand_fill_dt(x, dt, 8.f);
     rand_fill_dt(dy, dt, 1.f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(len), dxr(len);
-    sf_ref_act_fwd_f64(act, slope, xd.data(), len, yr.data());
-    sf_ref_act_bwd_f64(act, slope, xd.data(), dyd.data(), len, dxr.data());
+    sf_ref_act_fwd_f64(act, sf_act_prm{slope, 0.f}, xd.data(), len, yr.data());
+    sf_ref_act_bwd_f64(act, sf_act_prm{slope, 0.f}, xd.data(), dyd.data(), len, dxr.data());
     dbuf bx = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis),
          bdx = dbuf_make(dt, len, mis);
     up_dt(bx, x);

@@ -783,11 +783,11 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "add", .torch = "a + b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = add_shape,
         .ref_fwd = sf_ref_layer_add_fwd, .ref_bwd = sf_ref_layer_add_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "elementwise sum of two inputs of one shape (residual connections)"},
-#define ACT_ROW(kind, nm, tch, flds, shp, cu, tok, what)                                                     \
-    [kind] = {.name = nm, .torch = tch, .min_in = 1, .max_in = 1, .fields = flds, .shape = shp,               \
-              .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = cu, .cuda_tokens = tok, \
+#define ACT_ROW(kind, nm, tch, flds, shp, tok, what)                                                       \
+    [kind] = {.name = nm, .torch = tch, .min_in = 1, .max_in = 1, .fields = flds, .shape = shp,             \
+              .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 1, .cuda_tokens = tok, \
               .doc = what}
-#define ACT(kind, nm, tch, flds, tok, what) ACT_ROW(kind, nm, tch, flds, same_shape, 1, tok, what)
+#define ACT(kind, nm, tch, flds, tok, what) ACT_ROW(kind, nm, tch, flds, same_shape, tok, what)
     ACT(SF_L_RELU6, "relu6", "nn.ReLU6", no_fields, 0, "min(max(x, 0), 6)"),
     ACT(SF_L_SIGMOID, "sigmoid", "nn.Sigmoid", no_fields, 0, "1 / (1 + exp(-x))"),
     ACT(SF_L_SILU, "silu", "nn.SiLU", no_fields, 0, "x * sigmoid(x)"),
@@ -797,13 +797,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     ACT(SF_L_TANH, "tanh", "nn.Tanh", no_fields, 0, "tanh(x)"),
     ACT(SF_L_LEAKY_RELU, "leaky_relu", "nn.LeakyReLU", leaky_relu_fields, 0,
         "x for x > 0, else negative_slope * x (the gradient at 0 is negative_slope, as PyTorch's)"),
-    ACT_ROW(SF_L_ELU, "elu", "nn.ELU", elu_fields, same_shape, 0, 0,
-            "x for x > 0, else alpha * (exp(x) - 1) (the gradient at 0 is alpha, as PyTorch's)"),
-    ACT_ROW(SF_L_SELU, "selu", "nn.SELU", no_fields, same_shape, 0, 0,
-            "scale * elu(x) at PyTorch's alpha 1.6732632423543772 and scale 1.0507009873554805"),
-    ACT_ROW(SF_L_SOFTPLUS, "softplus", "nn.Softplus", softplus_fields, softplus_shape, 0, 0,
+    ACT(SF_L_ELU, "elu", "nn.ELU", elu_fields, 0,
+        "x for x > 0, else alpha * (exp(x) - 1) (the gradient at 0 is alpha, as PyTorch's)"),
+    ACT(SF_L_SELU, "selu", "nn.SELU", no_fields, 0,
+        "scale * elu(x) at PyTorch's alpha 1.6732632423543772 and scale 1.0507009873554805"),
+    ACT_ROW(SF_L_SOFTPLUS, "softplus", "nn.Softplus", softplus_fields, softplus_shape, 0,
             "log1p(exp(beta * x)) / beta, and x where beta * x > threshold"),
-    ACT_ROW(SF_L_MISH, "mish", "nn.Mish", no_fields, same_shape, 0, 0, "x * tanh(softplus(x))"),
+    ACT(SF_L_MISH, "mish", "nn.Mish", no_fields, 0, "x * tanh(softplus(x))"),
 #undef ACT
 #undef ACT_ROW
     [SF_L_MUL] = {

@@ -82,15 +82,42 @@ class ExportError(ValueError):
         super().__init__(text)
 
 
-def _slope(v: Any, op: str, path: str) -> float:
-    """LeakyReLU's negative_slope as the service takes it: a finite number
-    (PyTorch runs an infinite or NaN one too; one past fp32's range it
-    refuses itself)."""
+def _finite(v: Any, name: str, op: str, path: str) -> float:
+    """An activation's parameter (LeakyReLU's negative_slope, ELU's alpha,
+    Softplus's beta and threshold) as the service takes it: a finite number
+    (PyTorch runs an infinite or NaN one too; one past fp32's range the
+    service refuses itself)."""
     if isinstance(v, torch.fx.Node) or not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise ExportError(f"negative_slope {v!r} is not a number known at export", op=op, module_path=path)
+        raise ExportError(f"{name} {v!r} is not a number known at export", op=op, module_path=path)
     if not math.isfinite(float(v)):
-        raise ExportError(f"negative_slope {v!r} is not a finite number", op=op, module_path=path)
+        raise ExportError(f"{name} {v!r} is not a finite number", op=op, module_path=path)
     return float(v)
+
+
+def _in_place_name(n: torch.fx.Node) -> bool:
+    """A method or function named for writing into its first argument:
+    x.relu_(), F.leaky_relu_, F.elu_, torch.selu_."""
+    name = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", "")
+    return bool(n.args) and name.endswith("_") and not name.startswith("_")
+
+
+def _act_fields(kind: str, get: Callable[[str, int, Any], Any], op: str, path: str) -> Dict[str, Any]:
+    """The fields of an activation layer of `kind`, read by get(name,
+    position, PyTorch's default): a module's attribute, or a call's argument
+    by position or keyword (position -1: keyword only)."""
+    if kind == "gelu":
+        return {"approximate": "tanh"} if get("approximate", -1, "none") == "tanh" else {}
+    if kind == "leaky_relu":
+        return {"negative_slope": _finite(get("negative_slope", 1, 0.01), "negative_slope", op, path)}
+    if kind == "elu":
+        return {"alpha": _finite(get("alpha", 1, 1.0), "alpha", op, path)}
+    if kind == "softplus":
+        beta = _finite(get("beta", 1, 1.0), "beta", op, path)
+        if beta == 0:
+            raise ExportError("beta 0 divides by zero (PyTorch runs it into infinities); the service takes any "
+                              "other finite beta", op=op, module_path=path)
+        return {"beta": beta, "threshold": _finite(get("threshold", 2, 20.0), "threshold", op, path)}
+    return {}
 
 
 def _supported_modules() -> str:
@@ -446,7 +473,7 @@ class _Converter:
             target = None
             if n.op == "call_function" and n.target in (operator.iadd, operator.imul):
                 target = n.args[0]
-            elif n.op == "call_method" and str(n.target).endswith("_") and not str(n.target).startswith("_"):
+            elif n.op in ("call_method", "call_function") and _in_place_name(n):
                 target = n.args[0]
             elif n.op == "call_module":
                 mod = self.gm.get_submodule(str(n.target))
@@ -526,9 +553,7 @@ class _Converter:
         if act:
             if x.ct:
                 _need_nchw(x, op, path)
-            f: Dict[str, Any] = {"approximate": "tanh"} if act == "gelu" and mod.approximate == "tanh" else {}
-            if act == "leaky_relu":
-                f["negative_slope"] = _slope(mod.negative_slope, op, path)
+            f = _act_fields(act, lambda name, i, default: getattr(mod, name, default), op, path)
             return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if type(mod) is nn.MaxPool2d:
             _need_nchw(x, op, path)
@@ -1114,11 +1139,8 @@ class _Converter:
             x = self.val(n.args[0], n)
             if x.ct:
                 raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
-            f: Dict[str, Any] = {}
-            if kind == "gelu" and n.kwargs.get("approximate", "none") == "tanh":
-                f["approximate"] = "tanh"
-            if kind == "leaky_relu":
-                f["negative_slope"] = _slope(arg(1, "negative_slope", 0.01), op, path)
+            f = _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default) if i < 0 else
+                            arg(i, name, default), op, path)
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
@@ -1210,13 +1232,10 @@ class _Converter:
 _SOFTMAX_REFUSAL = ("softmax is not supported: the service trains with cross-entropy on the model's output; return "
                     "the logits (nn.CrossEntropyLoss) or log_softmax (nn.NLLLoss) instead")
 
-_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm, nn.InstanceNorm2d,
-                  nn.Upsample, nn.UpsamplingNearest2d, nn.ReLU, nn.ReLU6,
-                  nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d,
-                  nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
-                  nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity,
-                  nn.MultiheadAttention,
-                  nn.ChannelShuffle)
+_KNOWN_MODULES = (*MODULE_ACTIVATIONS, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm,
+                  nn.InstanceNorm2d, nn.Upsample, nn.UpsamplingNearest2d, nn.MaxPool2d, nn.AvgPool2d,
+                  nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
+                  nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:

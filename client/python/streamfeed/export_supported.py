@@ -27,7 +27,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "Upsample": "upsample (scale_factor an integer, mode nearest)", "UpsamplingNearest2d": "upsample",
     "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
-    "LeakyReLU": "leaky_relu (negative_slope any finite number)",
+    "LeakyReLU": "leaky_relu (negative_slope any finite number)", "ELU": "elu (alpha any finite number)",
+    "SELU": "selu", "Softplus": "softplus (beta any finite number but 0, threshold any finite number)", "Mish": "mish",
     "MaxPool2d": "maxpool2d (no dilation)", "AvgPool2d": "avgpool2d (no divisor_override)",
     "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
     "AdaptiveMaxPool2d": "maxpool2d where the bins are one square window (1x1 of a square map)",
@@ -57,7 +58,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
     "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
     "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid, torch.tanh, "
-    "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword)":
+    "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword), F.elu (alpha positional or "
+    "keyword), F.selu, torch.selu, F.softplus (beta, threshold positional or keyword), F.mish":
         "the activation of that name",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
@@ -78,12 +80,14 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
 # each becomes.
 MODULE_ACTIVATIONS: Dict[type, str] = {
     nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
-    nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.Tanh: "tanh", nn.LeakyReLU: "leaky_relu"}
+    nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.Tanh: "tanh", nn.LeakyReLU: "leaky_relu", nn.ELU: "elu",
+    nn.SELU: "selu", nn.Softplus: "softplus", nn.Mish: "mish"}
 # The activation functions (call_function targets) and Tensor methods
 # (call_method names); F.tanh traces as the method it calls, input.tanh().
 FUNCTION_ACTIVATIONS: Dict[Any, str] = {
     F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu", F.gelu: "gelu", F.hardswish: "hardswish",
     F.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh",
-    F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu"}
+    F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu", F.elu: "elu", F.elu_: "elu", F.selu: "selu",
+    torch.selu: "selu", torch.selu_: "selu", F.softplus: "softplus", F.mish: "mish"}
 METHOD_ACTIVATIONS: Dict[str, str] = {
     "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh"}

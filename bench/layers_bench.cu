@@ -634,12 +634,12 @@ static int enq_cx_ln_bwd(void *v, cudaStream_t s)
 static int enq_cx_gelu_fwd(void *v, cudaStream_t s)
 {
     cx_ctx *c = (cx_ctx *)v;
-    return sf_cuda_act_fwd_dt(SF_DT_BF16, SF_CUDA_ACT_GELU, 0.f, c->x, c->y, cx_len(c), s);
+    return sf_cuda_act_fwd_dt(SF_DT_BF16, SF_CUDA_ACT_GELU, sf_cuda_act_prm{}, c->x, c->y, cx_len(c), s);
 }
 static int enq_cx_gelu_bwd(void *v, cudaStream_t s)
 {
     cx_ctx *c = (cx_ctx *)v;
-    return sf_cuda_act_bwd_dt(SF_DT_BF16, SF_CUDA_ACT_GELU, 0.f, c->x, c->dy, c->dx, cx_len(c), s);
+    return sf_cuda_act_bwd_dt(SF_DT_BF16, SF_CUDA_ACT_GELU, sf_cuda_act_prm{}, c->x, c->dy, c->dx, cx_len(c), s);
 }
 static int enq_cx_ls_fwd(void *v, cudaStream_t s)
 {

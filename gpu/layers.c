@@ -104,6 +104,21 @@ static const sf_layer_field leaky_relu_fields[] = {
      "the slope for x <= 0"},
     F_END,
 };
+/* ELU's alpha and softplus's beta and threshold: PyTorch bounds none of
+ * them (a negative alpha or beta is a different function, and it runs it),
+ * but softplus divides by beta, so 0 is refused (softplus_shape). */
+static const sf_layer_field elu_fields[] = {
+    {"alpha", SF_FT_FLOAT, OFF(alpha), -FLT_MAX, FLT_MAX, 1.0, 0, NULL,
+     "the negative branch's scale: alpha * (exp(x) - 1) for x <= 0"},
+    F_END,
+};
+static const sf_layer_field softplus_fields[] = {
+    {"beta", SF_FT_FLOAT, OFF(beta), -FLT_MAX, FLT_MAX, 1.0, 0, NULL,
+     "the input's scale, not 0: log1p(exp(beta * x)) / beta"},
+    {"threshold", SF_FT_FLOAT, OFF(threshold), -FLT_MAX, FLT_MAX, 20.0, 0, NULL,
+     "x itself where beta * x > threshold"},
+    F_END,
+};
 static const sf_layer_field dropout_fields[] = {
     {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0.5, 0, NULL, "probability of an element being zeroed"},
     F_END,
@@ -153,6 +168,17 @@ static int same_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, 
 {
     *out = in[0];
     return 0;
+}
+
+/* softplus divides by beta: PyTorch runs beta 0 into infinities, the
+ * service refuses it. */
+static int softplus_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->beta == 0.f) {
+        sf_errf(err, errlen, "\"beta\" must not be 0 (softplus divides by it)");
+        return -1;
+    }
+    return same_shape(L, in, n_in, out, err, errlen);
 }
 
 /* Kernel, stride and padding of a convolution or pooling layer. */
@@ -792,10 +818,11 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .name = "add", .torch = "a + b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = add_shape,
         .ref_fwd = sf_ref_layer_add_fwd, .ref_bwd = sf_ref_layer_add_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "elementwise sum of two inputs of one shape (residual connections)"},
-#define ACT(kind, nm, tch, flds, tok, what)                                                               \
-    [kind] = {.name = nm, .torch = tch, .min_in = 1, .max_in = 1, .fields = flds, .shape = same_shape,     \
+#define ACT_ROW(kind, nm, tch, flds, shp, tok, what)                                                       \
+    [kind] = {.name = nm, .torch = tch, .min_in = 1, .max_in = 1, .fields = flds, .shape = shp,             \
               .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 1, .cuda_tokens = tok, \
               .doc = what}
+#define ACT(kind, nm, tch, flds, tok, what) ACT_ROW(kind, nm, tch, flds, same_shape, tok, what)
     ACT(SF_L_RELU6, "relu6", "nn.ReLU6", no_fields, 0, "min(max(x, 0), 6)"),
     ACT(SF_L_SIGMOID, "sigmoid", "nn.Sigmoid", no_fields, 0, "1 / (1 + exp(-x))"),
     ACT(SF_L_SILU, "silu", "nn.SiLU", no_fields, 0, "x * sigmoid(x)"),
@@ -805,7 +832,15 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     ACT(SF_L_TANH, "tanh", "nn.Tanh", no_fields, 0, "tanh(x)"),
     ACT(SF_L_LEAKY_RELU, "leaky_relu", "nn.LeakyReLU", leaky_relu_fields, 0,
         "x for x > 0, else negative_slope * x (the gradient at 0 is negative_slope, as PyTorch's)"),
+    ACT(SF_L_ELU, "elu", "nn.ELU", elu_fields, 0,
+        "x for x > 0, else alpha * (exp(x) - 1) (the gradient at 0 is alpha, as PyTorch's)"),
+    ACT(SF_L_SELU, "selu", "nn.SELU", no_fields, 0,
+        "scale * elu(x) at PyTorch's alpha 1.6732632423543772 and scale 1.0507009873554805"),
+    ACT_ROW(SF_L_SOFTPLUS, "softplus", "nn.Softplus", softplus_fields, softplus_shape, 0,
+            "log1p(exp(beta * x)) / beta, and x where beta * x > threshold"),
+    ACT(SF_L_MISH, "mish", "nn.Mish", no_fields, 0, "x * tanh(softplus(x))"),
 #undef ACT
+#undef ACT_ROW
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,

@@ -75,6 +75,10 @@ typedef enum sf_layer_kind {
     SF_L_GELU,         /* erf, or the tanh approximation */
     SF_L_TANH,
     SF_L_LEAKY_RELU,   /* x > 0 ? x : negative_slope * x */
+    SF_L_ELU,          /* x > 0 ? x : alpha * (exp(x) - 1) */
+    SF_L_SELU,         /* scale * elu(x) at PyTorch's fixed alpha and scale */
+    SF_L_SOFTPLUS,     /* log1p(exp(beta * x)) / beta; x where beta * x > threshold */
+    SF_L_MISH,         /* x * tanh(softplus(x)) */
     SF_L_MUL,          /* a * b, b of a's shape or [C,1,1] (broadcast over H,W) */
     SF_L_LAYER_SCALE,  /* x * p, p a parameter [C,1,1] */
     SF_L_AVGPOOL2D,    /* kernel k, stride, pad, ceil_mode, count_include_pad */
@@ -118,6 +122,8 @@ typedef struct sf_layer {
                                    * given by scale) */
     int approximate;              /* gelu: 0 erf, 1 tanh */
     float negative_slope;         /* leaky_relu: the slope below 0 (any finite value, as PyTorch) */
+    float alpha;                  /* elu: the negative branch's scale (any finite value) */
+    float beta, threshold;        /* softplus: the input's scale (not 0), the linear branch's bound */
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     int affine;                   /* groupnorm: 1 with a weight and a bias (nn.GroupNorm's affine), 0 without */

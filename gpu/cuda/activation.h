@@ -1,7 +1,7 @@
-/* gpu/cuda/activation.h — the activations without parameters beside ReLU
- * (ReLU6, sigmoid, SiLU, hardswish, hardsigmoid, GELU erf and tanh, tanh,
- * leaky ReLU with its slope), forward
- * and backward, elementwise (so the same in either layout). Contract and
+/* gpu/cuda/activation.h — the activations beside ReLU (ReLU6, sigmoid,
+ * SiLU, hardswish, hardsigmoid, GELU erf and tanh, tanh, leaky ReLU with its
+ * slope, ELU with its alpha, SELU, softplus with its beta and threshold,
+ * Mish), forward and backward, elementwise (so the same in either layout). Contract and
  * element types: tensor.h; semantics: gpu/ref/activation.c (sf_ref_act_fwd,
  * sf_ref_act_bwd), checked by tests/gpu/ops/activation.cu.
  */
@@ -28,18 +28,30 @@ typedef enum sf_cuda_act {
     SF_CUDA_ACT_GELU_TANH, /* GELU's tanh approximation */
     SF_CUDA_ACT_TANH,
     SF_CUDA_ACT_LEAKY_RELU, /* x > 0 ? x : slope * x */
+    SF_CUDA_ACT_ELU,        /* x > 0 ? x : alpha * expm1(x) */
+    SF_CUDA_ACT_SELU,       /* scale * elu(x) at PyTorch's fixed alpha and scale */
+    SF_CUDA_ACT_SOFTPLUS,   /* beta * x > threshold ? x : log1p(exp(beta * x)) / beta */
+    SF_CUDA_ACT_MISH,       /* x * tanh(log1p(exp(x))) */
 } sf_cuda_act;
 
+/* An activation's parameters, by value (a kernel argument); the reference's
+ * sf_act_prm (gpu/ref/layers.h), which activation.cu checks it matches.
+ * The activations without parameters ignore it. */
+typedef struct sf_cuda_act_prm {
+    float a; /* leaky ReLU: negative_slope; ELU: alpha; softplus: beta (not 0) */
+    float b; /* softplus: threshold */
+} sf_cuda_act_prm;
+
 /* y = f(x) for len elements of type dt, computed in fp32; x == y allowed.
- * slope: leaky ReLU's negative_slope (the others ignore it). A NaN input
- * gives a NaN output (as PyTorch's clamps do). */
-int sf_cuda_act_fwd_dt(sf_dtype dt, sf_cuda_act act, float slope, const void *x, void *y, size_t len,
+ * A NaN input gives a NaN output (as PyTorch's clamps do). */
+int sf_cuda_act_fwd_dt(sf_dtype dt, sf_cuda_act act, sf_cuda_act_prm prm, const void *x, void *y, size_t len,
                        cudaStream_t s);
 /* dx = dy * f'(x) (x: the forward's input) with PyTorch's choices at the
  * kinks: ReLU6 and hardsigmoid pass no gradient at their corners, hardswish
- * takes x/3 + 1/2 on [-3, 3], leaky ReLU takes the slope at 0. dx == dy
- * allowed. */
-int sf_cuda_act_bwd_dt(sf_dtype dt, sf_cuda_act act, float slope, const void *x, const void *dy, void *dx,
+ * takes x/3 + 1/2 on [-3, 3], leaky ReLU takes the slope at 0, ELU and SELU
+ * take alpha * scale * exp(x) at x <= 0 (elu_backward, is_result false),
+ * softplus 1 where beta * x > threshold. dx == dy allowed. */
+int sf_cuda_act_bwd_dt(sf_dtype dt, sf_cuda_act act, sf_cuda_act_prm prm, const void *x, const void *dy, void *dx,
                        size_t len, cudaStream_t s);
 
 #ifdef __cplusplus

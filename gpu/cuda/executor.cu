@@ -394,17 +394,6 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             if (!o->in_bn && sf_cuda_add_dt(dt, x, g_in(net, i, 1, b), o->y, (size_t)n * L->out_elems, o->relu, s))
                 return -1;
             break;
-        case SF_L_RELU6:
-        case SF_L_SIGMOID:
-        case SF_L_SILU:
-        case SF_L_HARDSWISH:
-        case SF_L_HARDSIGMOID:
-        case SF_L_GELU:
-        case SF_L_TANH:
-        case SF_L_LEAKY_RELU:
-            if (sf_cuda_act_fwd_dt(dt, g_act_kind(L), L->negative_slope, x, o->y, (size_t)n * L->out_elems, s))
-                return -1;
-            break;
         case SF_L_MUL:
             if (sf_cuda_mul_fwd_dt(dt, g->lay, x, g_in(net, i, 1, b), o->y, n, L->out_ch, (size_t)L->out_h * L->out_w,
                                    g_mul_bcast(m, i), s))
@@ -457,8 +446,13 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             if (g_moves_fwd(net, i, n, x, s))
                 return -1;
             break;
-        default: /* flatten */
-            continue;
+        default:
+            /* the activations (g_is_act); flatten, a view, runs nothing */
+            if (!g_is_act(L->kind))
+                continue;
+            if (sf_cuda_act_fwd_dt(dt, g_act_kind(L), g_act_prm(L), x, o->y, (size_t)n * L->out_elems, s))
+                return -1;
+            break;
         }
         g_mark(pf, s, "fwd", sf_layer_kind_name(L->kind), i);
     }
@@ -970,8 +964,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             /* the activations (g_is_act); no other kind has a backward */
             if (!g_is_act(L->kind))
                 continue;
-            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), L->negative_slope, g_in(net, i, 0, b), o->dy, dx, in_len,
-                                         s))
+            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), g_act_prm(L), g_in(net, i, 0, b), o->dy, dx, in_len, s))
                 return -1;
             break;
         }

@@ -249,7 +249,9 @@ struct gen_net {
     size_t att_s_floats, att_do_bytes, att_dqkv_bytes;
     int n_attn, n_sdpa;              /* attention layers; of them, on cuDNN's fused attention */
     int n_wal;                       /* convs on aligned weight copies (gop.wal_w) */
-    int n_bn_leaky;                  /* batchnorms followed by a leaky_relu, left unfused (no slope there) */
+    int n_bn_apart;                  /* batchnorms followed by an activation the fused kernels do not take
+                                        (leaky_relu, elu, selu, softplus, mish), left unfused */
+    uint64_t bn_apart_kinds;         /* those activations' kinds, 1 << kind each (the plan text names them) */
     char sdpa_why[160];              /* why the others are not ("" when all are) */
     gshape *shapes[SF_NET_MAX_SHAPES];
     int n_shapes;
@@ -263,7 +265,8 @@ static inline int g_src(const sf_model *m, int i, int j) { return sf_layer_input
 static inline int g_is_act(int kind)
 {
     return kind == SF_L_RELU6 || kind == SF_L_SIGMOID || kind == SF_L_SILU || kind == SF_L_HARDSWISH ||
-           kind == SF_L_HARDSIGMOID || kind == SF_L_GELU || kind == SF_L_TANH || kind == SF_L_LEAKY_RELU;
+           kind == SF_L_HARDSIGMOID || kind == SF_L_GELU || kind == SF_L_TANH || kind == SF_L_LEAKY_RELU ||
+           kind == SF_L_ELU || kind == SF_L_SELU || kind == SF_L_SOFTPLUS || kind == SF_L_MISH;
 }
 
 /* The activation an activation layer computes (activation.h). */
@@ -277,8 +280,25 @@ static inline sf_cuda_act g_act_kind(const sf_layer *L)
     case SF_L_HARDSIGMOID: return SF_CUDA_ACT_HARDSIGMOID;
     case SF_L_TANH: return SF_CUDA_ACT_TANH;
     case SF_L_LEAKY_RELU: return SF_CUDA_ACT_LEAKY_RELU;
+    case SF_L_ELU: return SF_CUDA_ACT_ELU;
+    case SF_L_SELU: return SF_CUDA_ACT_SELU;
+    case SF_L_SOFTPLUS: return SF_CUDA_ACT_SOFTPLUS;
+    case SF_L_MISH: return SF_CUDA_ACT_MISH;
     default: return L->approximate ? SF_CUDA_ACT_GELU_TANH : SF_CUDA_ACT_GELU;
     }
+}
+
+/* The parameters of activation layer L (activation.h); zero for those that have none. */
+static inline sf_cuda_act_prm g_act_prm(const sf_layer *L)
+{
+    sf_cuda_act_prm p = {0.f, 0.f};
+    if (L->kind == SF_L_LEAKY_RELU)
+        p.a = L->negative_slope;
+    else if (L->kind == SF_L_ELU)
+        p.a = L->alpha;
+    else if (L->kind == SF_L_SOFTPLUS)
+        p.a = L->beta, p.b = L->threshold;
+    return p;
 }
 
 /* The widest bias gradient layer L's backward reduces through the

@@ -68,21 +68,13 @@ static int g_storage(const sf_cuda_net *net, int i)
 }
 
 /* Kinds whose backward reads their inputs beside dy (an activation's
- * derivative at x, each factor of a product, the layer scale's input for its
- * gradient); conv, convT, linear and batchnorm are listed where they are
- * used. Dropout redraws its mask, concat slices dy, the channel shuffle and
- * slice move it: none reads x. */
+ * derivative at x: every kind g_is_act names, each factor of a product, the
+ * layer scale's input for its gradient); conv, convT, linear and batchnorm
+ * are listed where they are used. Dropout redraws its mask, concat slices
+ * dy, the channel shuffle and slice move it: none reads x. */
 static int bwd_reads_inputs(sf_layer_kind k)
 {
     switch (k) {
-    case SF_L_RELU6:
-    case SF_L_SIGMOID:
-    case SF_L_SILU:
-    case SF_L_HARDSWISH:
-    case SF_L_HARDSIGMOID:
-    case SF_L_GELU:
-    case SF_L_TANH:
-    case SF_L_LEAKY_RELU:
     case SF_L_MUL:
     case SF_L_LAYER_SCALE:
     case SF_L_LAYERNORM2D:
@@ -92,7 +84,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_SELF_ATTENTION: /* its input projection's weight gradient */
         return 1;
     default:
-        return 0;
+        return g_is_act(k);
     }
 }
 
@@ -316,6 +308,8 @@ static int g_check_layers(sf_cuda_net *net)
     return 0;
 }
 
+static_assert(SF_L_KIND_COUNT <= 64, "gen_net.bn_apart_kinds holds one bit per kind");
+
 /* ReLU fusion (cfg.keep_relu turns it off, for comparisons), the
  * batchnorm pairings with a residual add or a maxpool, to_tokens views and
  * the convolution kernels each layer takes. */
@@ -350,17 +344,21 @@ static void g_choose_fusions(sf_cuda_net *net)
      * two passes go. Only where that backward runs (the bf16 NHWC row
      * kernels: where the batchnorm's backward does not read y), and not
      * under SyncBatchNorm, whose backward knows a ReLU's mask only. Leaky
-     * ReLU stays a layer of its own: the batchnorm kernels take an
-     * activation code, not its slope (the plan text counts these). */
-    g->n_bn_leaky = 0;
+     * ReLU, ELU, SELU, softplus and Mish stay layers of their own: the
+     * batchnorm kernels take an activation code, not a slope, an alpha or a
+     * beta, and each code they take is one more instance of every row
+     * kernel (the plan text counts and names these). */
+    g->n_bn_apart = 0;
+    g->bn_apart_kinds = 0;
     for (int i = 0; fuse_on && !net->cfg.no_bn_fuse && !net->cfg.stat_reduce && i + 1 < g->nl; i++) {
         const sf_layer *L = &m->layers[i], *R = &m->layers[i + 1];
         if (L->kind != SF_L_BATCHNORM2D || !g_is_act(R->kind) || g->op[i + 1].src[0] != i || readers[i] != 1 ||
             g->op[i].fused || g->op[i].relu || g->op[i].frozen || g->op[i + 1].frozen || i + 1 == g->nl - 1 ||
             sf_cuda_bn_bwd_reads_y(g->dt, g->lay, L->out_ch))
             continue;
-        if (R->kind == SF_L_LEAKY_RELU) {
-            g->n_bn_leaky++;
+        if ((int)g_act_kind(R) > SF_BN_ACT_LAST - SF_BN_ACT_BASE) {
+            g->n_bn_apart++;
+            g->bn_apart_kinds |= (uint64_t)1 << R->kind;
             continue;
         }
         g->op[i].bn_act = SF_BN_ACT(g_act_kind(R));

@@ -548,14 +548,19 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
                 nact += g->op[i].bn_act != 0;
                 nrelu += g->op[i].relu;
             }
-        char leaky[96] = "";
-        if (g->n_bn_leaky)
-            snprintf(leaky, sizeof leaky, "; %d followed by leaky_relu run it apart (the fused kernels carry no slope)",
-                     g->n_bn_leaky);
-        int w = nact + nrelu + g->n_bn_leaky ? snprintf(buf + at, len - at,
+        /* "; 3 followed by leaky_relu, elu, mish run it apart (...)" */
+        char apart[192] = "", kinds[120] = "";
+        for (int k = 0, at_k = 0; k < SF_L_KIND_COUNT && at_k < (int)sizeof kinds; k++)
+            if (g->bn_apart_kinds >> k & 1)
+                at_k += snprintf(kinds + at_k, sizeof kinds - (size_t)at_k, "%s%s", at_k ? ", " : "",
+                                 sf_layer_kind_name((sf_layer_kind)k));
+        if (g->n_bn_apart)
+            snprintf(apart, sizeof apart, "; %d followed by %s run it apart (activations the fused kernels do not "
+                     "take)", g->n_bn_apart, kinds);
+        int w = nact + nrelu + g->n_bn_apart ? snprintf(buf + at, len - at,
                                                         "batchnorm: %d followed by ReLU and %d by another activation "
                                                         "apply it in their own pass (fused)%s\n",
-                                                        nrelu, nact, leaky)
+                                                        nrelu, nact, apart)
                                              : 0;
         if (w > 0)
             at += (size_t)w;

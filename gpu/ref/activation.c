@@ -1,8 +1,9 @@
-/* gpu/ref/activation.c — reference activations without parameters (ReLU6,
- * sigmoid, SiLU, hardswish, hardsigmoid, GELU erf and tanh, tanh, leaky
- * ReLU with its slope), forward and
- * backward, in float and double (_f64), and their layers' hooks. Contracts
- * in gpu/ref/layers.h; formulas and edge cases are PyTorch's. */
+/* gpu/ref/activation.c — reference activations (ReLU6, sigmoid, SiLU,
+ * hardswish, hardsigmoid, GELU erf and tanh, tanh, leaky ReLU with its
+ * slope, ELU with its alpha, SELU, softplus with its beta and threshold,
+ * Mish), forward and backward, in float and double (_f64), and their
+ * layers' hooks. Contracts in gpu/ref/layers.h; formulas and edge cases are
+ * PyTorch's. */
 #ifndef T
 #include "gpu/ref/ref.h"
 #include "gpu/ref/layer_io.h"
@@ -24,34 +25,57 @@ static int act_of(sf_layer_kind k)
     case SF_L_HARDSIGMOID: return SF_ACT_HARDSIGMOID;
     case SF_L_TANH: return SF_ACT_TANH;
     case SF_L_LEAKY_RELU: return SF_ACT_LEAKY_RELU;
+    case SF_L_ELU: return SF_ACT_ELU;
+    case SF_L_SELU: return SF_ACT_SELU;
+    case SF_L_SOFTPLUS: return SF_ACT_SOFTPLUS;
+    case SF_L_MISH: return SF_ACT_MISH;
     default: return SF_ACT_GELU;
     }
 }
 
+/* The activation layer L computes, and its parameters. */
+static int act_of_layer(const sf_layer *L, sf_act_prm *prm)
+{
+    const int act = act_of(L->kind);
+    *prm = (sf_act_prm){0, 0};
+    if (act == SF_ACT_LEAKY_RELU)
+        prm->a = L->negative_slope;
+    else if (act == SF_ACT_ELU)
+        prm->a = L->alpha;
+    else if (act == SF_ACT_SOFTPLUS)
+        *prm = (sf_act_prm){L->beta, L->threshold};
+    return act == SF_ACT_GELU && L->approximate ? SF_ACT_GELU_TANH : act;
+}
+
 void sf_ref_layer_act_fwd(const sf_ref_io *io)
 {
-    const int act = act_of(io->L->kind);
-    sf_ref_act_fwd(act == SF_ACT_GELU && io->L->approximate ? SF_ACT_GELU_TANH : act, io->L->negative_slope, io->x[0],
-                   (size_t)io->n * io->L->out_elems, io->y);
+    sf_act_prm prm;
+    const int act = act_of_layer(io->L, &prm);
+    sf_ref_act_fwd(act, prm, io->x[0], (size_t)io->n * io->L->out_elems, io->y);
 }
 
 void sf_ref_layer_act_bwd(const sf_ref_io *io)
 {
     if (!io->want[0])
         return;
-    const int act = act_of(io->L->kind);
-    sf_ref_act_bwd(act == SF_ACT_GELU && io->L->approximate ? SF_ACT_GELU_TANH : act, io->L->negative_slope,
-                   io->x[0], io->dy,
-                   (size_t)io->n * io->L->out_elems, io->scratch);
+    sf_act_prm prm;
+    const int act = act_of_layer(io->L, &prm);
+    sf_ref_act_bwd(act, prm, io->x[0], io->dy, (size_t)io->n * io->L->out_elems, io->scratch);
     io->give(io, 0, io->scratch);
 }
 
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 
-/* y = f(x) elementwise; x == y is allowed. */
-void SF_FN(sf_ref_act_fwd)(int act, float slope, const T *x, size_t len, T *y)
+/* y = f(x) elementwise; x == y is allowed. ELU and SELU take expm1 (as
+ * PyTorch's CUDA kernel; its CPU one's exp - 1 differs by a rounding), their
+ * x > 0 branch, and softplus its linear branch where beta * x > threshold,
+ * as PyTorch's kernels test. */
+void SF_FN(sf_ref_act_fwd)(int act, sf_act_prm prm, const T *x, size_t len, T *y)
 {
     const T k0 = (T)0.7978845608028654, k1 = (T)0.044715; /* sqrt(2/pi); GELU's tanh form */
+    /* SELU's coefficients as PyTorch forms them: the negative branch's is alpha * scale */
+    const T sa = (T)SF_SELU_ALPHA * (T)SF_SELU_SCALE, ss = (T)SF_SELU_SCALE;
+    const T pa = (T)prm.a, pb = (T)prm.b;
     for (size_t i = 0; i < len; i++) {
         const T v = x[i];
         T r;
@@ -63,7 +87,11 @@ void SF_FN(sf_ref_act_fwd)(int act, float slope, const T *x, size_t len, T *y)
         case SF_ACT_HARDSIGMOID: r = v <= (T)-3 ? (T)0 : v >= (T)3 ? (T)1 : v / (T)6 + (T)0.5; break;
         case SF_ACT_GELU_TANH: r = (T)0.5 * v * ((T)1 + tanh(k0 * (v + k1 * v * v * v))); break;
         case SF_ACT_TANH: r = tanh(v); break;
-        case SF_ACT_LEAKY_RELU: r = v > (T)0 ? v : v * (T)slope; break;
+        case SF_ACT_LEAKY_RELU: r = v > (T)0 ? v : v * pa; break;
+        case SF_ACT_ELU: r = v > (T)0 ? v : expm1(v) * pa; break;
+        case SF_ACT_SELU: r = v > (T)0 ? v * ss : expm1(v) * sa; break;
+        case SF_ACT_SOFTPLUS: r = v * pa > pb ? v : log1p(exp(v * pa)) / pa; break;
+        case SF_ACT_MISH: r = v * tanh(log1p(exp(v))); break;
         default: r = (T)0.5 * v * ((T)1 + erf(v * (T)0.7071067811865476)); break;
         }
         if (isnan(v))
@@ -76,10 +104,18 @@ void SF_FN(sf_ref_act_fwd)(int act, float slope, const T *x, size_t len, T *y)
  * hardsigmoid pass no gradient at their corners; hardswish takes x/3 + 1/2
  * on [-3, 3]; leaky ReLU takes the slope at 0, as leaky_relu_backward's
  * x > 0 test does). tanh's 1 - tanh(x)^2 is PyTorch's 1 - y^2 at the y its
- * forward wrote. dx == dy is allowed. */
-void SF_FN(sf_ref_act_bwd)(int act, float slope, const T *x, const T *dy, size_t len, T *dx)
+ * forward wrote. ELU and SELU are elu_backward's is_result = false branch
+ * (what autograd calls for F.elu and torch.selu): x <= 0 takes
+ * alpha * scale * exp(x), so the gradient at 0 is alpha * scale, and a NaN
+ * takes the scale; softplus is softplus_backward's (1 where
+ * beta * x > threshold, else z / (z + 1), z = exp(beta * x)); Mish is
+ * mish_backward's tanh(sp) + x * sigmoid(x) * (1 - tanh(sp)^2), sp the
+ * softplus of x. dx == dy is allowed. */
+void SF_FN(sf_ref_act_bwd)(int act, sf_act_prm prm, const T *x, const T *dy, size_t len, T *dx)
 {
     const T k0 = (T)0.7978845608028654, k1 = (T)0.044715;
+    const T sa = (T)SF_SELU_ALPHA * (T)SF_SELU_SCALE, ss = (T)SF_SELU_SCALE;
+    const T pa = (T)prm.a, pb = (T)prm.b;
     for (size_t i = 0; i < len; i++) {
         const T v = x[i];
         T d;
@@ -107,7 +143,19 @@ void SF_FN(sf_ref_act_bwd)(int act, float slope, const T *x, const T *dy, size_t
             d = (T)1 - t * t;
             break;
         }
-        case SF_ACT_LEAKY_RELU: d = v > (T)0 ? (T)1 : (T)slope; break;
+        case SF_ACT_LEAKY_RELU: d = v > (T)0 ? (T)1 : pa; break;
+        case SF_ACT_ELU: d = v <= (T)0 ? pa * exp(v) : (T)1; break;
+        case SF_ACT_SELU: d = v <= (T)0 ? sa * exp(v) : ss; break;
+        case SF_ACT_SOFTPLUS: {
+            const T z = exp(v * pa);
+            d = v * pa > pb ? (T)1 : z / (z + (T)1);
+            break;
+        }
+        case SF_ACT_MISH: {
+            const T s = (T)1 / ((T)1 + exp(-v)), t = tanh(log1p(exp(v)));
+            d = t + v * s * ((T)1 - t * t);
+            break;
+        }
         default:
             d = (T)0.5 * ((T)1 + erf(v * (T)0.7071067811865476)) +
                 v * exp((T)-0.5 * v * v) * (T)0.3989422804014327; /* 1/sqrt(2 pi) */

@@ -293,15 +293,26 @@ void sf_ref_dropout2d_fwd_f64(const double *x, int n, int c, size_t hw, float p,
                               uint64_t layer, double *y);
 
 /* ---- activations ---------------------------------------------------------------- */
-/* Elementwise activations without parameters; the backward takes the
- * forward's input x: dx = dy * f'(x) with PyTorch's choices at the kinks.
- * slope is leaky_relu's negative_slope; the other activations ignore it. */
+/* Elementwise activations; the backward takes the forward's input x:
+ * dx = dy * f'(x) with PyTorch's choices at the kinks (and PyTorch's
+ * formulas: ELU's and SELU's elu_backward with is_result false, softplus's
+ * threshold test, Mish's mish_backward). prm holds the parameters of those
+ * that have them; the others ignore it. */
 enum { SF_ACT_RELU6 = 0, SF_ACT_SIGMOID, SF_ACT_SILU, SF_ACT_HARDSWISH, SF_ACT_HARDSIGMOID, SF_ACT_GELU,
-       SF_ACT_GELU_TANH, SF_ACT_TANH, SF_ACT_LEAKY_RELU };
-void sf_ref_act_fwd(int act, float slope, const float *x, size_t len, float *y);
-void sf_ref_act_fwd_f64(int act, float slope, const double *x, size_t len, double *y);
-void sf_ref_act_bwd(int act, float slope, const float *x, const float *dy, size_t len, float *dx);
-void sf_ref_act_bwd_f64(int act, float slope, const double *x, const double *dy, size_t len, double *dx);
+       SF_ACT_GELU_TANH, SF_ACT_TANH, SF_ACT_LEAKY_RELU, SF_ACT_ELU, SF_ACT_SELU, SF_ACT_SOFTPLUS, SF_ACT_MISH };
+/* An activation's parameters, by value (gpu/cuda/activation.h's
+ * sf_cuda_act_prm is laid out alike). */
+typedef struct sf_act_prm {
+    float a; /* leaky_relu: negative_slope; elu: alpha; softplus: beta (not 0) */
+    float b; /* softplus: threshold */
+} sf_act_prm;
+/* SELU's fixed constants, PyTorch's (torch.nn.functional.selu). */
+#define SF_SELU_ALPHA 1.6732632423543772848170429916717
+#define SF_SELU_SCALE 1.0507009873554804934193349852946
+void sf_ref_act_fwd(int act, sf_act_prm prm, const float *x, size_t len, float *y);
+void sf_ref_act_fwd_f64(int act, sf_act_prm prm, const double *x, size_t len, double *y);
+void sf_ref_act_bwd(int act, sf_act_prm prm, const float *x, const float *dy, size_t len, float *dx);
+void sf_ref_act_bwd_f64(int act, sf_act_prm prm, const double *x, const double *dy, size_t len, double *dx);
 
 /* ---- token sequences (tokens.c) ------------------------------------------------ */
 /* A token sequence is [n, t, c], token-major. */

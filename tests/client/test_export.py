@@ -67,6 +67,14 @@ def run_spec(spec, tensors, x):
             y = torch.tanh(a[0])
         elif t == "leaky_relu":
             y = F.leaky_relu(a[0], layer["negative_slope"])
+        elif t == "elu":
+            y = F.elu(a[0], layer["alpha"])
+        elif t == "selu":
+            y = torch.selu(a[0])
+        elif t == "softplus":
+            y = F.softplus(a[0], layer["beta"], layer["threshold"])
+        elif t == "mish":
+            y = F.mish(a[0])
         elif t == "maxpool2d":
             y = F.max_pool2d(a[0], layer["k"], layer.get("stride", layer["k"]), layer.get("pad", 0),
                              ceil_mode=layer.get("ceil_mode", False))
@@ -742,6 +750,62 @@ def test_a_slope_the_service_cannot_hold_is_refused(slope):
     with pytest.raises(ExportError) as e:
         convert(nn.Sequential(nn.Conv2d(3, 4, 3), nn.LeakyReLU(slope)), (1, 3, 8, 8))
     assert "negative_slope" in str(e.value) and e.value.module_path == "1"
+
+
+class SmoothActs(nn.Module):
+    """nn.ELU, nn.SELU, nn.Softplus and nn.Mish, and every functional
+    spelling of the four: the parameters positional and by keyword, the
+    in-place functions on a tensor nothing else reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.elu = nn.ELU(0.5, inplace=True)
+        self.selu = nn.SELU()
+        self.sp = nn.Softplus(2, 1.5)
+        self.mish = nn.Mish()
+        self.conv2 = nn.Conv2d(4, 4, 1)
+        self.conv3 = nn.Conv2d(4, 4, 1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.mish(self.sp(self.selu(self.elu(self.conv(x)))))
+        y = F.elu(y) + F.elu(y, 0.3) + F.elu(y, alpha=-0.5) + F.elu_(self.conv2(y), 2.0)
+        y = F.selu(y) + torch.selu(y) + torch.selu_(self.conv3(y))
+        y = F.softplus(y) + F.softplus(y, 2, 0.5) + F.softplus(y, beta=-1, threshold=3) + F.mish(y)
+        return self.fc(y.mean((2, 3)))
+
+
+def test_elu_selu_softplus_and_mish_export_in_every_spelling_with_their_parameters():
+    ex = assert_spec_computes_the_module(SmoothActs(), hw=8)
+    layers = ex.spec["layers"]
+    assert [la["alpha"] for la in layers if la["type"] == "elu"] == [0.5, 1.0, 0.3, -0.5, 2.0]
+    assert [(la["beta"], la["threshold"]) for la in layers if la["type"] == "softplus"] == \
+        [(2.0, 1.5), (1.0, 20.0), (2.0, 0.5), (-1.0, 3.0)]
+    assert [la["name"] for la in layers if la["type"] in ("selu", "mish")][:2] == ["selu", "mish"]
+    assert sum(la["type"] == "selu" for la in layers) == 4 and sum(la["type"] == "mish" for la in layers) == 2
+
+
+@pytest.mark.parametrize("mod,field", [(nn.ELU(float("inf")), "alpha"), (nn.Softplus(float("nan")), "beta"),
+                                       (nn.Softplus(0), "beta 0"), (nn.Softplus(1, float("-inf")), "threshold")])
+def test_an_activation_parameter_the_service_cannot_hold_is_refused(mod, field):
+    with pytest.raises(ExportError) as e:
+        convert(nn.Sequential(nn.Conv2d(3, 4, 3), mod), (1, 3, 8, 8))
+    assert field in str(e.value) and e.value.module_path == "1"
+
+
+def test_an_in_place_function_on_a_tensor_read_later_is_refused():
+    class Aliased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 3, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return (F.elu_(y) + y).flatten(1)
+
+    with pytest.raises(ExportError, match="in place"):
+        convert(Aliased(), (1, 3, 4, 4))
 
 
 # ---- refusals -----------------------------------------------------------------------------

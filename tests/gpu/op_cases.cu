@@ -67,8 +67,26 @@ static op_case row(const char *op, const char *check, op_compare run, sf_dtype d
     return op_case{op, check, run, dt, 1, lay, shape, p, f, tol, tol_param, tol_aux};
 }
 
-static const char *const ACT_CHECKS[] = {"relu6", "sigmoid",   "silu", "hardswish", "hardsigmoid",
-                                         "gelu",  "gelu_tanh", "tanh", "leaky_relu"};
+static const char *const ACT_CHECKS[] = {"relu6", "sigmoid",    "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh",
+                                         "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish"};
+
+/* The parameter sets (sf_cuda_act_prm's a, b) an activation's rows run at:
+ * leaky ReLU at PyTorch's default slope, a GAN's 0.2, a negative one and
+ * one above 1 (PyTorch bounds it by nothing); ELU at PyTorch's alpha 1,
+ * 0.5, 2 and a negative one; softplus at PyTorch's beta 1 and threshold 20
+ * (no input of [-8, 8] reaches the linear branch), beta 2 threshold 3 and
+ * beta -0.5 threshold 1 (inputs on both sides of the threshold; a negative
+ * beta's linear branch is x < -2), and a sharp beta 10 threshold 20. One
+ * empty set for the activations without parameters. */
+static std::vector<std::vector<float>> act_prm_sets(int act)
+{
+    switch (act) {
+    case SF_CUDA_ACT_LEAKY_RELU: return {{0.01f}, {0.2f}, {-0.5f}, {1.5f}};
+    case SF_CUDA_ACT_ELU: return {{1.f}, {0.5f}, {2.f}, {-0.5f}};
+    case SF_CUDA_ACT_SOFTPLUS: return {{1.f, 20.f}, {2.f, 3.f}, {-0.5f, 1.f}, {10.f, 20.f}};
+    default: return {{}};
+    }
+}
 
 std::vector<op_case> op_cases()
 {
@@ -81,20 +99,18 @@ std::vector<op_case> op_cases()
      * and the vector tail all run; elementwise, so one run covers both
      * layouts */
     for (const sf_dtype dt : k_dtypes) {
-        for (int act = 0; act <= SF_CUDA_ACT_LEAKY_RELU; act++) {
-            /* leaky ReLU at PyTorch's default, a GAN's 0.2, a negative slope
-             * and one above 1 (PyTorch bounds it by nothing) */
-            const std::vector<float> slopes =
-                act == SF_CUDA_ACT_LEAKY_RELU ? std::vector<float>{0.01f, 0.2f, -0.5f, 1.5f} : std::vector<float>{0.f};
-            for (const float sl : slopes) {
-                const std::vector<float> f = act == SF_CUDA_ACT_LEAKY_RELU ? std::vector<float>{sl} : std::vector<float>{};
+        for (int act = 0; act <= SF_CUDA_ACT_MISH; act++) {
+            const std::vector<std::vector<float>> sets = act_prm_sets(act);
+            for (const std::vector<float> &f : sets) {
                 t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {3 * 3 * 7 * 5}, {act, 0, 0}, 1e-5,
                                 0, f));
                 t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {4099}, {act, 1, 0}, 1e-5, 0, f));
                 t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {1 << 16}, {act, 0, 1}, 1e-5, 0, f));
             }
+            /* the long row at the second set (leaky ReLU's 0.2, ELU's 0.5,
+             * softplus's beta 2 threshold 3) */
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {9000003}, {act, 0, 0}, 1e-5, 0,
-                            act == SF_CUDA_ACT_LEAKY_RELU ? std::vector<float>{0.2f} : std::vector<float>{}));
+                            sets[sets.size() > 1 ? 1 : 0]));
         }
         t.push_back(row("activation", "nan", cmp_activation_nan, dt, {}, {}, 0));
     }

@@ -380,11 +380,13 @@ static void compare_stepwise(const char *name, sf_backend *cu, sf_backend *ref, 
  * hardsigmoid, mul broadcast over H,W), a SiLU branch with layer scale and
  * stochastic depth, GELU (tanh and erf), ReLU6 and sigmoid branches, a
  * same-shape mul, tanh then leaky ReLU at a negative slope (-0.5: its
- * both branches carry gradient with opposite signs), a concat of six inputs
- * (one tensor twice, so one of its gradients is added through gtmp),
- * dropout on the map and on the features. Several tensors feed two or
- * three layers (hs, se.mul, b1, sd), so their gradients are sums. drop is
- * the dropout and stochastic-depth probability. */
+ * both branches carry gradient with opposite signs), ELU (alpha 0.5) then
+ * SELU, softplus (beta 2, threshold 1: inputs on both sides) then Mish, a
+ * concat of eight inputs (one tensor twice, so one of its gradients is
+ * added through gtmp), dropout on the map and on the features. Several
+ * tensors feed two or three layers (hs, se.mul, b1, b2, sd), so their
+ * gradients are sums. drop is the dropout and stochastic-depth
+ * probability. */
 static int pointwise_model(sf_model &m, float drop)
 {
     char js[2800], err[300];
@@ -410,7 +412,12 @@ static int pointwise_model(sf_model &m, float drop)
              "{\"type\":\"mul\",\"name\":\"m2\",\"inputs\":[\"sg\",\"se.mul\"]},"
              "{\"type\":\"tanh\",\"name\":\"th\",\"inputs\":[\"b1\"]},"
              "{\"type\":\"leaky_relu\",\"name\":\"lr\",\"negative_slope\":-0.5},"
-             "{\"type\":\"concat\",\"name\":\"cat\",\"inputs\":[\"r6\",\"sd\",\"m2\",\"g2\",\"sd\",\"lr\"]},"
+             "{\"type\":\"elu\",\"name\":\"el\",\"alpha\":0.5,\"inputs\":[\"b2\"]},"
+             "{\"type\":\"selu\",\"name\":\"sl\"},"
+             "{\"type\":\"softplus\",\"name\":\"sp\",\"beta\":2,\"threshold\":1,\"inputs\":[\"se.mul\"]},"
+             "{\"type\":\"mish\",\"name\":\"mi\"},"
+             "{\"type\":\"concat\",\"name\":\"cat\",\"inputs\":[\"r6\",\"sd\",\"m2\",\"g2\",\"sd\",\"lr\",\"sl\","
+             "\"mi\"]},"
              "{\"type\":\"dropout\",\"name\":\"drop\",\"p\":%g},"
              "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
              "{\"type\":\"flatten\",\"name\":\"f\"},"
@@ -466,13 +473,16 @@ static int shuffle_model(sf_model &m)
  * activation of activation.h: conv, BN, SiLU; depthwise conv, BN,
  * hardswish; 1x1 conv, BN, ReLU6; 1x1 conv, BN, GELU (tanh); 1x1 conv, BN,
  * sigmoid; 1x1 conv, BN, hardsigmoid; 1x1 conv, BN, GELU; 1x1 conv, BN,
- * leaky ReLU 0.2 (a GAN discriminator's); 1x1 conv, BN, tanh; then the
- * head. The last activation before the pooled head is a smooth one: with
- * leaky ReLU there, the last batchnorm's input gradient is a difference of
- * near-equal values at every position of a channel, and the fp32 updates
- * after three steps were 3e-4 from the reference's on an H200. Every channel count is a multiple of 8, so in bf16 NHWC the
- * executor fuses each activation but leaky ReLU into its batchnorm (the
- * row kernels), and leaves leaky ReLU a layer of its own. */
+ * leaky ReLU 0.2 (a GAN discriminator's); 1x1 conv, BN, Mish (for the
+ * activations without parameters that the fused kernels do not take
+ * either); 1x1 conv, BN, tanh; then the head. The last activation before
+ * the pooled head is a smooth one: with leaky ReLU there, the last
+ * batchnorm's input gradient is a difference of near-equal values at every
+ * position of a channel, and the fp32 updates after three steps were 3e-4
+ * from the reference's on an H200. Every channel count is a multiple of 8,
+ * so in bf16 NHWC the executor fuses each activation but leaky ReLU and
+ * Mish into its batchnorm (the row kernels), and leaves those two layers of
+ * their own. */
 static int bn_act_model(sf_model &m)
 {
     char err[300];
@@ -495,6 +505,8 @@ static int bn_act_model(sf_model &m)
         "{\"type\":\"conv2d\",\"name\":\"c7\",\"out\":8,\"k\":1,\"bias\":false},"
         "{\"type\":\"batchnorm2d\",\"name\":\"bn7\"},"
         "{\"type\":\"leaky_relu\",\"name\":\"a7\",\"negative_slope\":0.2},"
+        "{\"type\":\"conv2d\",\"name\":\"c9\",\"out\":8,\"k\":1,\"bias\":false},"
+        "{\"type\":\"batchnorm2d\",\"name\":\"bn9\"},{\"type\":\"mish\",\"name\":\"a9\"},"
         "{\"type\":\"conv2d\",\"name\":\"c8\",\"out\":8,\"k\":1,\"bias\":false},"
         "{\"type\":\"batchnorm2d\",\"name\":\"bn8\"},{\"type\":\"tanh\",\"name\":\"a8\"},"
         "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
@@ -1024,11 +1036,11 @@ int main(int argc, char **argv)
 
     /* 2b'. a batchnorm followed by each activation (bn_act_model): 3 steps
      * from the same parameters and batches against the reference, in bf16
-     * NHWC, where the executor fuses every activation but leaky ReLU into
-     * its batchnorm (describe must count the eight, and the leaky ReLU left
-     * apart), and in fp32 NHWC, where it fuses none (the backward's row
-     * kernels are bf16 only). Tolerances: the pointwise kinds' for the loss;
-     * bf16 updates within 0.3 (nine
+     * NHWC, where the executor fuses every activation but leaky ReLU and
+     * Mish into its batchnorm (describe must count the eight, and name the
+     * two left apart), and in fp32 NHWC, where it fuses none (the
+     * backward's row kernels are bf16 only). Tolerances: the pointwise
+     * kinds' for the loss; bf16 updates within 0.3 (ten
      * batchnorms over 2 048 values a channel amplify bf16's rounding, as
      * the ResNet trajectories' 0.6 allows for). */
     if (sec.run("bn_act")) {
@@ -1040,8 +1052,8 @@ int main(int argc, char **argv)
                 double tol_loss, tol_delta;
             } runs[2] = {
                 {SF_PREC_BF16, "bn-act bf16 nhwc",
-                 "batchnorm: 0 followed by ReLU and 8 by another activation apply it in their own pass (fused); 1 "
-                 "followed by leaky_relu run it apart",
+                 "batchnorm: 0 followed by ReLU and 8 by another activation apply it in their own pass (fused); 2 "
+                 "followed by leaky_relu, mish run it apart",
                  2e-2, 0.3},
                 {SF_PREC_FP32, "bn-act fp32 nhwc", "", 1e-5, 1e-4},
             };

@@ -685,6 +685,66 @@ def test_a_unet_with_bilinear_upsampling_trains_like_pytorch(start_server, tmp_p
     train_like_pytorch(s, model, TinyUNet, 16, 19)
 
 
+class SmoothActs(torch.nn.Module):
+    """A user's module with the smooth activations: nn.ELU(0.5) in place
+    after a convolution, a self-normalising block (batchnorm then nn.SELU),
+    nn.Softplus at beta 2 with a threshold its inputs cross, nn.Mish, and
+    the functional spellings of the four (F.elu with alpha positional and a
+    negative one by keyword, torch.selu, F.selu, F.softplus with beta and
+    threshold positional and by keyword, a negative beta among them,
+    F.mish)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ELU(0.5, inplace=True))
+        self.block = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False),
+                                         torch.nn.BatchNorm2d(8), torch.nn.SELU())
+        self.proj = torch.nn.Conv2d(8, 8, 1)
+        self.sp = torch.nn.Softplus(2, 1.5)
+        self.mish = torch.nn.Mish()
+        self.side = torch.nn.Conv2d(8, 8, 1)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.mish(self.sp(self.proj(self.block(self.stem(x)))))
+        w = self.side(y)
+        z = F.elu(w, 1.5) + F.elu(w, alpha=-0.7) + torch.selu(w) + F.selu(w)
+        z = F.softplus(z, 0.5, 2) + F.softplus(z, beta=-1, threshold=3) + F.mish(z)
+        return self.fc(z.mean((2, 3)))
+
+
+def test_a_module_with_elu_selu_softplus_and_mish_trains_like_pytorch(start_server, tmp_path, spec_checker):
+    torch.manual_seed(5)
+    model = SmoothActs()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=16)
+    layers = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]["layers"]
+    assert [layer["alpha"] for layer in layers if layer["type"] == "elu"] == [0.5, 1.5, -0.7]
+    assert [(layer["beta"], layer["threshold"]) for layer in layers if layer["type"] == "softplus"] == \
+        [(2.0, 1.5), (0.5, 2.0), (-1.0, 3.0)]
+    assert sum(layer["type"] == "selu" for layer in layers) == 3
+    assert sum(layer["type"] == "mish" for layer in layers) == 2
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    rng = np.random.default_rng(13)
+    for step in range(STEPS):
+        images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
+        labels = rng.integers(0, 10, BATCH)
+        r = s.post_arrays(images, labels, wait=True)
+        assert r.status_code == 200, r.text
+        model.train()
+        loss = F.cross_entropy(model(as_input(images)), torch.from_numpy(labels))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        assert rel(r.json()["loss"], float(loss.detach())) <= TOL_LOSS, (step, r.json()["loss"], float(loss.detach()))
+    images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
+    got = eval_logits(s, images, rng.integers(0, 10, BATCH))
+    assert rel(got, module_logits(model, images)) <= TOL_LOGITS
+    ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
+    back = SmoothActs()
+    back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
+    assert rel(module_logits(back, images), got) <= TOL_LOGITS
+
+
 def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp_path, spec_checker):
     """resnet18 (69 layers) needs no kind beyond the first nine: its export
     must be taken by any streamfeed, and its eval logits are the module's."""

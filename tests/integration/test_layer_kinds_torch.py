@@ -1,7 +1,8 @@
 """The layer kinds beyond the convolution chain against PyTorch, on the
 reference backend (or the backend STREAMFEED_PARITY_BACKEND names) in fp32:
 small modules that use each of them -- grouped, depthwise and dilated
-convolutions, the activations (a GAN's leaky ReLU and tanh among them),
+convolutions, the activations (a GAN's leaky ReLU and tanh among them,
+ELU, SELU, softplus and Mish),
 squeeze-and-excitation's broadcast multiply,
 ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
 DenseNet's concatenations, average pooling with ceil_mode and
@@ -185,6 +186,41 @@ class GanActs(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
 
 
+# The smooth activations: ELU at a non-default alpha, batchnorm then SELU
+# (a self-normalising net's pair, left unfused on the GPU), softplus at
+# beta 2 with a threshold inputs cross (both branches carry gradient), ELU
+# at a negative alpha (its negative branch rises), Mish.
+SMOOTH_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 6, "k": 3, "pad": 1},
+    {"type": "elu", "name": "e0", "alpha": 0.5},
+    {"type": "conv2d", "name": "c1", "out": 6, "k": 3, "stride": 2, "pad": 1, "bias": False},
+    {"type": "batchnorm2d", "name": "bn"}, {"type": "selu", "name": "s"},
+    {"type": "conv2d", "name": "c2", "out": 6, "k": 1},
+    {"type": "softplus", "name": "sp", "beta": 2, "threshold": 1.5},
+    {"type": "conv2d", "name": "c3", "out": 6, "k": 1},
+    {"type": "elu", "name": "e1", "alpha": -0.7}, {"type": "mish", "name": "m"},
+    {"type": "global_avgpool", "name": "gap"}, {"type": "flatten", "name": "flat"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class SmoothActs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 6, 3, padding=1)
+        self.c1 = nn.Conv2d(6, 6, 3, stride=2, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(6)
+        self.c2 = nn.Conv2d(6, 6, 1)
+        self.c3 = nn.Conv2d(6, 6, 1)
+        self.fc = nn.Linear(6, 10)
+
+    def forward(self, x):
+        F = nn.functional
+        y = nn.SELU()(self.bn(self.c1(nn.ELU(0.5)(self.c0(x)))))
+        y = F.softplus(self.c2(y), beta=2, threshold=1.5)
+        y = nn.Mish()(F.elu(self.c3(y), -0.7))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+
+
 SHUFFLE_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
     {"type": "conv2d", "name": "c0", "out": 6, "k": 1},
     {"type": "channel_slice", "name": "x1", "start": 0, "count": 3, "inputs": ["c0"]},
@@ -310,7 +346,8 @@ class Resize(nn.Module):
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
-         "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC)}
+         "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC),
+         "smooth_activations": (SmoothActs, SMOOTH_SPEC)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -83,19 +83,20 @@ static void gd_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_conv2d_gd_fwd(v[0], a[0], a[1], a[2], a[3], v[1], v[2], a[4], &win, y);
 }
 
-/* activations: a = act, leaky_relu's slope in hundredths */
-#define ACT_SLOPE(k) ((float)(k)->a[1] / 100.f)
+/* activations: a = act, then its parameters (sf_act_prm: leaky_relu's
+ * slope, elu's alpha, softplus's beta and threshold) in hundredths */
+#define ACT_PRM(k) ((sf_act_prm){(float)(k)->a[1] / 100.f, (float)(k)->a[2] / 100.f})
 static void act_fwd(const kcase *k, double *const *v, double *y)
 {
-    sf_ref_act_fwd_f64(k->a[0], ACT_SLOPE(k), v[0], k->nv[0], y);
+    sf_ref_act_fwd_f64(k->a[0], ACT_PRM(k), v[0], k->nv[0], y);
 }
 static void act_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
 {
-    sf_ref_act_bwd_f64(k->a[0], ACT_SLOPE(k), v[0], dy, k->nv[0], g[0]);
+    sf_ref_act_bwd_f64(k->a[0], ACT_PRM(k), v[0], dy, k->nv[0], g[0]);
 }
 static void act_fwd_f32(const kcase *k, float *const *v, float *y)
 {
-    sf_ref_act_fwd(k->a[0], ACT_SLOPE(k), v[0], k->nv[0], y);
+    sf_ref_act_fwd(k->a[0], ACT_PRM(k), v[0], k->nv[0], y);
 }
 
 /* mul: a = n c hw bhw */
@@ -394,6 +395,21 @@ static const kcase kcases[] = {
     {"leaky_relu 0.2", 1, {64}, 64, 4, {SF_ACT_LEAKY_RELU, 20}, act_fwd, act_bwd, act_fwd_f32},
     {"leaky_relu -0.5", 1, {64}, 64, 4, {SF_ACT_LEAKY_RELU, -50}, act_fwd, act_bwd, act_fwd_f32},
     {"leaky_relu 1.5", 1, {64}, 64, 4, {SF_ACT_LEAKY_RELU, 150}, act_fwd, act_bwd, act_fwd_f32},
+    /* elu at PyTorch's default alpha, below and above 1, and a negative one */
+    {"elu 1", 1, {64}, 64, 4, {SF_ACT_ELU, 100}, act_fwd, act_bwd, act_fwd_f32},
+    {"elu 0.5", 1, {64}, 64, 4, {SF_ACT_ELU, 50}, act_fwd, act_bwd, act_fwd_f32},
+    {"elu 2", 1, {64}, 64, 4, {SF_ACT_ELU, 200}, act_fwd, act_bwd, act_fwd_f32},
+    {"elu -0.5", 1, {64}, 64, 4, {SF_ACT_ELU, -50}, act_fwd, act_bwd, act_fwd_f32},
+    {"selu", 1, {64}, 64, 4, {SF_ACT_SELU}, act_fwd, act_bwd, act_fwd_f32},
+    /* softplus at PyTorch's defaults (beta 1, threshold 20: no input reaches
+     * the linear branch), and where inputs on both sides of the threshold
+     * are drawn: beta 2 threshold 3, a negative beta (-0.5, threshold 1:
+     * the linear branch is x < -2), a sharp one (beta 10, threshold 20) */
+    {"softplus 1 20", 1, {64}, 64, 4, {SF_ACT_SOFTPLUS, 100, 2000}, act_fwd, act_bwd, act_fwd_f32},
+    {"softplus 2 3", 1, {64}, 64, 4, {SF_ACT_SOFTPLUS, 200, 300}, act_fwd, act_bwd, act_fwd_f32},
+    {"softplus -0.5 1", 1, {64}, 64, 4, {SF_ACT_SOFTPLUS, -50, 100}, act_fwd, act_bwd, act_fwd_f32},
+    {"softplus 10 20", 1, {64}, 64, 4, {SF_ACT_SOFTPLUS, 1000, 2000}, act_fwd, act_bwd, act_fwd_f32},
+    {"mish", 1, {64}, 64, 6, {SF_ACT_MISH}, act_fwd, act_bwd, act_fwd_f32},
     {"mul same shape", 2, {2 * 3 * 5, 2 * 3 * 5}, 2 * 3 * 5, 1, {2, 3, 5, 5}, mul_fwd, mul_bwd, NULL},
     {"mul broadcast [C,1,1]", 2, {2 * 3 * 5, 2 * 3}, 2 * 3 * 5, 1, {2, 3, 5, 1}, mul_fwd, mul_bwd, NULL},
     {"layer scale", 2, {2 * 4 * 6, 4}, 2 * 4 * 6, 1, {2, 4, 6}, cs_fwd, cs_bwd, NULL},
@@ -517,14 +533,67 @@ static void leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation(void *
 {
     const float x[4] = {0.f, -0.f, NAN, 30.f}, dy[4] = {2.f, 2.f, 1.f, 1.f};
     float y[4], dx[4];
-    sf_ref_act_fwd(SF_ACT_LEAKY_RELU, 0.2f, x, 4, y);
+    sf_ref_act_fwd(SF_ACT_LEAKY_RELU, (sf_act_prm){0.2f, 0.f}, x, 4, y);
     assert_true(y[0] == 0.f && y[1] == 0.f && isnan(y[2]) && y[3] == 30.f);
-    sf_ref_act_bwd(SF_ACT_LEAKY_RELU, 0.2f, x, dy, 4, dx);
+    sf_ref_act_bwd(SF_ACT_LEAKY_RELU, (sf_act_prm){0.2f, 0.f}, x, dy, 4, dx);
     assert_true(dx[0] == 0.4f && dx[1] == 0.4f && dx[2] == 0.2f && dx[3] == 1.f);
-    sf_ref_act_fwd(SF_ACT_TANH, 0.f, x, 4, y);
+    sf_ref_act_fwd(SF_ACT_TANH, (sf_act_prm){0}, x, 4, y);
     assert_true(y[0] == 0.f && isnan(y[2]) && y[3] == 1.f);
-    sf_ref_act_bwd(SF_ACT_TANH, 0.f, x, dy, 4, dx);
+    sf_ref_act_bwd(SF_ACT_TANH, (sf_act_prm){0}, x, dy, 4, dx);
     assert_true(dx[0] == 2.f && isnan(dx[2]) && dx[3] == 0.f);
+}
+
+/* Within a float rounding or two of what PyTorch 2.x's CPU kernels and
+ * autograd give (NaN where they give NaN). */
+static void expect_near(const char *what, const float *got, const float *want, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (isnan(want[i]) ? !isnan(got[i]) : !(fabsf(got[i] - want[i]) <= 3e-7f * fmaxf(1.f, fabsf(want[i]))))
+            fail_msg("%s element %d: %.9g, PyTorch's %.9g", what, i, got[i], want[i]);
+}
+
+/* Where finite differences cannot look, the values F.elu(x, 0.5),
+ * torch.selu, F.softplus (beta 2, threshold 10; beta -1, threshold 20),
+ * F.mish and their input gradients (dy = 1) take at 0, -0, NaN, -1, 2, 30
+ * and -30 in PyTorch: ELU's and SELU's gradient at 0 is alpha * scale and
+ * at a NaN the scale (elu_backward's x <= 0 test, is_result false);
+ * softplus gives x itself where beta * x > threshold, a negative beta's
+ * branch included (-30 at beta -1); Mish saturates to x with gradient 1. */
+static void elu_selu_softplus_mish_follow_pytorch_at_zero_nan_and_saturation(void **state)
+{
+    const float x[7] = {0.f, -0.f, NAN, -1.f, 2.f, 30.f, -30.f}, dy[7] = {1, 1, 1, 1, 1, 1, 1};
+    float y[7], dx[7];
+    const struct {
+        const char *name;
+        int act;
+        sf_act_prm prm;
+        float y[7], dx[7];
+    } cases[] = {
+        {"elu 0.5", SF_ACT_ELU, {0.5f, 0.f},
+         {0.f, -0.f, NAN, -0.316060275f, 2.f, 30.f, -0.5f},
+         {0.5f, 0.5f, 1.f, 0.183939725f, 1.f, 1.f, 4.67881146e-14f}},
+        {"selu", SF_ACT_SELU, {0.f, 0.f},
+         {0.f, -0.f, NAN, -1.11133075f, 2.10140204f, 31.5210304f, -1.75809932f},
+         {1.75809932f, 1.75809932f, 1.05070102f, 0.64676863f, 1.05070102f, 1.05070102f, 1.64516309e-13f}},
+        {"softplus 2 10", SF_ACT_SOFTPLUS, {2.f, 10.f},
+         {0.346573591f, 0.346573591f, NAN, 0.0634640008f, 2.00907493f, 30.f, 4.37825545e-27f},
+         {0.5f, 0.5f, NAN, 0.119202919f, 0.982013762f, 1.f, 8.75651089e-27f}},
+        {"softplus -1 20", SF_ACT_SOFTPLUS, {-1.f, 20.f},
+         {-0.693147182f, -0.693147182f, NAN, -1.31326163f, -0.126928002f, -9.35762291e-14f, -30.f},
+         {0.5f, 0.5f, NAN, 0.731058598f, 0.119202919f, 9.35762291e-14f, 1.f}},
+        {"mish", SF_ACT_MISH, {0.f, 0.f},
+         {0.f, -0.f, NAN, -0.303401440f, 1.94395900f, 30.f, -2.80728695e-12f},
+         {0.600000024f, 0.600000024f, NAN, 0.0592167303f, 1.06931794f, 1.f, -2.71371098e-12f}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char what[64];
+        sf_ref_act_fwd(cases[c].act, cases[c].prm, x, 7, y);
+        snprintf(what, sizeof what, "%s forward", cases[c].name);
+        expect_near(what, y, cases[c].y, 7);
+        sf_ref_act_bwd(cases[c].act, cases[c].prm, x, dy, 7, dx);
+        snprintf(what, sizeof what, "%s backward", cases[c].name);
+        expect_near(what, dx, cases[c].dx, 7);
+    }
 }
 
 static void avgpool_divisors_and_adaptive_bins_follow_pytorch(void **state)
@@ -620,16 +689,21 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 
 /* Grouped and dilated convolution, Inception's 1xk and kx1 kernels (one
  * strided along the height only), leaky ReLU (a GAN discriminator's 0.2),
- * SiLU, tanh, batchnorm over flat features (nn.BatchNorm1d). */
+ * ELU (alpha 0.5), SELU, softplus (beta 2, threshold 2: both branches
+ * taken), SiLU, Mish, tanh, batchnorm over flat features
+ * (nn.BatchNorm1d). */
 static const char *const GROUPED_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":1},"
     "{\"type\":\"leaky_relu\",\"name\":\"lr\",\"negative_slope\":0.2},"
     "{\"type\":\"conv2d\",\"name\":\"g\",\"out\":6,\"k\":3,\"pad\":2,\"groups\":3,\"dilation\":2},"
+    "{\"type\":\"elu\",\"name\":\"el\",\"alpha\":0.5},"
     "{\"type\":\"conv2d\",\"name\":\"r13\",\"out\":6,\"k\":[1,3],\"pad\":[0,1]},"
+    "{\"type\":\"selu\",\"name\":\"se\"},"
     "{\"type\":\"conv2d\",\"name\":\"r31\",\"out\":6,\"k\":[3,1],\"stride\":[2,1],\"pad\":[1,0],"
     "\"dilation\":[1,2]},"
-    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+    "{\"type\":\"softplus\",\"name\":\"sp\",\"beta\":2,\"threshold\":2},"
+    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"mish\",\"name\":\"mi\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"batchnorm2d\",\"name\":\"bn1d\"},"
     "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
@@ -928,6 +1002,8 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_int_equal(g->n_w, 6 * 2 * 9);
     assert_int_equal(g->out_h, 8); /* 8 + 4 - 2*2 - 1 + 1 */
     assert_true(layer_named(&m, "lr")->negative_slope == 0.2f);
+    assert_true(layer_named(&m, "el")->alpha == 0.5f);
+    assert_true(layer_named(&m, "sp")->beta == 2.f && layer_named(&m, "sp")->threshold == 2.f);
     const sf_layer *r13 = layer_named(&m, "r13"), *r31 = layer_named(&m, "r31");
     assert_int_equal(sf_layer_params(r13, pd), 2);
     assert_true(pd[0].shape[0] == 6 && pd[0].shape[1] == 6 && pd[0].shape[2] == 1 && pd[0].shape[3] == 3);
@@ -1107,6 +1183,12 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"gelu\",\"approximate\":\"fast\"}]}", "layer 0", "approximate");
     expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":\"0.2\"}]}", "layer 0", "negative_slope");
     expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":1e39}]}", "layer 0", "negative_slope");
+    expect_json_error(HEAD "{\"type\":\"elu\",\"alpha\":\"1\"}]}", "layer 0", "alpha");
+    expect_json_error(HEAD "{\"type\":\"elu\",\"alpha\":-1e39}]}", "layer 0", "alpha");
+    expect_json_error(HEAD "{\"type\":\"selu\",\"alpha\":2}]}", "layer 0", "alpha");
+    expect_json_error(HEAD "{\"type\":\"softplus\",\"beta\":0}]}", "layer 0", "\"beta\" must not be 0");
+    expect_json_error(HEAD "{\"type\":\"softplus\",\"beta\":1e39}]}", "layer 0", "beta");
+    expect_json_error(HEAD "{\"type\":\"softplus\",\"threshold\":1e39}]}", "layer 0", "threshold");
     expect_json_error(HEAD "{\"type\":\"layernorm\"}]}", "layer 0", "layernorm2d");
     expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"eps\":0}]}", "layer 0", "eps");
     expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"batchnorm2d\"}]}", "layer 1", "token sequence");
@@ -1172,7 +1254,10 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
                                         "{\"type\":\"maxpool2d\",\"k\":2,\"ceil_mode\":true},"
                                         "{\"type\":\"avgpool2d\",\"k\":1},"
                                         "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4},"
-                                        "{\"type\":\"leaky_relu\"},{\"type\":\"leaky_relu\",\"negative_slope\":-2}]}",
+                                        "{\"type\":\"leaky_relu\"},{\"type\":\"leaky_relu\",\"negative_slope\":-2},"
+                                        "{\"type\":\"elu\"},{\"type\":\"softplus\"},"
+                                        "{\"type\":\"softplus\",\"beta\":-0.5,\"threshold\":3},"
+                                        "{\"type\":\"selu\"},{\"type\":\"mish\"}]}",
                                         &m, err, sizeof err), 0);
     expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":3,\"stride\":1,\"pad\":1,\"bias\":false}");
     expect_fields_json(&m.layers[1], "{}");
@@ -1184,6 +1269,11 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
     expect_fields_json(&m.layers[8], "{\"out\":4,\"bias\":true}");
     expect_fields_json(&m.layers[9], "{\"negative_slope\":0.00999999977648258}");
     expect_fields_json(&m.layers[10], "{\"negative_slope\":-2}");
+    expect_fields_json(&m.layers[11], "{\"alpha\":1}");
+    expect_fields_json(&m.layers[12], "{\"beta\":1,\"threshold\":20}");
+    expect_fields_json(&m.layers[13], "{\"beta\":-0.5,\"threshold\":3}");
+    expect_fields_json(&m.layers[14], "{}");
+    expect_fields_json(&m.layers[15], "{}");
     /* groupnorm's affine only when false: a spec of an affine one reads back as it did before the field */
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"groupnorm\",\"num_groups\":2},"
                                         "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":true},"
@@ -1238,6 +1328,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(each_kernels_backward_matches_finite_differences),
         cmocka_unit_test(leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation),
+        cmocka_unit_test(elu_selu_softplus_mish_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
         cmocka_unit_test(channel_shuffle_and_slice_follow_pytorch),
         cmocka_unit_test(dropout_keeps_about_one_minus_p_and_scales_the_kept),

@@ -52,6 +52,8 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .export_values import _Attention, _Expanded, _Grouped, _Pieces, _Val
+from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
+                               SUPPORTED_MODULES)
 
 __all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "optimizer_recipe",
            "main", "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
@@ -81,76 +83,42 @@ class ExportError(ValueError):
         super().__init__(text)
 
 
-# What maps onto the layer kinds of the service (gpu/model.h): the module
-# classes by name, and the functions and tensor methods of a traced forward().
-SUPPORTED_MODULES: Dict[str, str] = {
-    "Conv2d": "conv2d (groups, dilation, square or [h, w] windows, zero padding)",
-    "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
-    "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
-    "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",
-    "GroupNorm": "groupnorm (affine or not)",
-    "InstanceNorm2d": "groupnorm with a group per channel (affine or not, no running statistics)",
-    "Upsample": "upsample (modes nearest and bilinear, align_corners; to a size or by integer scale_factor)",
-    "UpsamplingNearest2d": "upsample", "UpsamplingBilinear2d": "upsample (bilinear, align_corners)",
-    "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
-    "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
-    "LeakyReLU": "leaky_relu (negative_slope any finite number)",
-    "MaxPool2d": "maxpool2d (no dilation)", "AvgPool2d": "avgpool2d (no divisor_override)",
-    "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
-    "AdaptiveMaxPool2d": "maxpool2d where the bins are one square window (1x1 of a square map)",
-    "Linear": "linear (on features, per token of a token sequence, or per pixel over channels after a permute)",
-    "Dropout": "dropout (p 0: nothing)", "Dropout2d": "dropout2d (of a [C,H,W] map; p 0: nothing)",
-    "LogSoftmax": "log_softmax (dim 1 of flat features)",
-    "Flatten": "flatten (start_dim 1)",
-    "LayerNorm": "layernorm2d (over channels after a permute), layernorm (over features, or each token's)",
-    "MultiheadAttention": "self_attention (batch_first, query = key = value, one embed_dim, biases, dropout 0, "
-                          "no masks, need_weights=False)",
-    "LayerNorm2d": "layernorm2d (torchvision.models.convnext.LayerNorm2d)",
-    "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
-    "Identity": "nothing",
-    "ChannelShuffle": "channel_shuffle",
-}
-SUPPORTED_FUNCTIONS: Dict[str, str] = {
-    "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
-    "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
-                                                          "layer_scale (a [C,1,1] parameter named layer_scale)",
-    "torch.cat": "concat (maps along channels, flat features along dim 1); class_token (a [1,1,C] parameter "
-                 "expanded over the batch, in front of a token sequence)",
-    "Tensor.expand": "of a parameter, as torch.cat's class token",
-    "operator.add of a parameter": "pos_embedding (a [1,T,C] parameter added to a token sequence)",
-    "Tensor.reshape(n, C, h*w) then Tensor.permute(0,2,1), Tensor.flatten(2) then Tensor.transpose(1,2)":
-        "to_tokens (a map as a token sequence, VisionTransformer's patch embedding)",
-    "x[:, 0]": "select_token (the first token of a sequence as features)",
-    "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
-    "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
-    "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid, torch.tanh, "
-    "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword)":
-        "the activation of that name",
-    "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
-    "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
-    "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",
-    "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
-    "F.group_norm, F.instance_norm": "groupnorm without affine (no weight, bias or running statistics)",
-    "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
-                                                            "cross-entropy on it is nn.NLLLoss)",
-    "F.max_pool2d, torch.max_pool2d": "maxpool2d (no dilation, no return_indices)",
-    "F.avg_pool2d": "avgpool2d (no divisor_override)",
-    "F.channel_shuffle, torch.channel_shuffle, and x.view(n, g, C/g, h, w) then transpose(1, 2), "
-    "optionally contiguous(), then view(n, C, h, w) or flatten(1, 2)": "channel_shuffle (ShuffleNet)",
-    "Tensor.chunk, torch.chunk, Tensor.split, torch.split along dim 1, each piece taken by index; "
-    "x[:, a:b]": "channel_slice (a channel range of a map)",
-}
-
-
-def _slope(v: Any, op: str, path: str) -> float:
-    """LeakyReLU's negative_slope as the service takes it: a finite number
-    (PyTorch runs an infinite or NaN one too; one past fp32's range it
-    refuses itself)."""
+def _finite(v: Any, name: str, op: str, path: str) -> float:
+    """An activation's parameter (LeakyReLU's negative_slope, ELU's alpha,
+    Softplus's beta and threshold) as the service takes it: a finite number
+    (PyTorch runs an infinite or NaN one too; one past fp32's range the
+    service refuses itself)."""
     if isinstance(v, torch.fx.Node) or not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise ExportError(f"negative_slope {v!r} is not a number known at export", op=op, module_path=path)
+        raise ExportError(f"{name} {v!r} is not a number known at export", op=op, module_path=path)
     if not math.isfinite(float(v)):
-        raise ExportError(f"negative_slope {v!r} is not a finite number", op=op, module_path=path)
+        raise ExportError(f"{name} {v!r} is not a finite number", op=op, module_path=path)
     return float(v)
+
+
+def _in_place_name(n: torch.fx.Node) -> bool:
+    """A method or function named for writing into its first argument:
+    x.relu_(), F.leaky_relu_, F.elu_, torch.selu_."""
+    name = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", "")
+    return bool(n.args) and name.endswith("_") and not name.startswith("_")
+
+
+def _act_fields(kind: str, get: Callable[[str, int, Any], Any], op: str, path: str) -> Dict[str, Any]:
+    """The fields of an activation layer of `kind`, read by get(name,
+    position, PyTorch's default): a module's attribute, or a call's argument
+    by position or keyword (position -1: keyword only)."""
+    if kind == "gelu":
+        return {"approximate": "tanh"} if get("approximate", -1, "none") == "tanh" else {}
+    if kind == "leaky_relu":
+        return {"negative_slope": _finite(get("negative_slope", 1, 0.01), "negative_slope", op, path)}
+    if kind == "elu":
+        return {"alpha": _finite(get("alpha", 1, 1.0), "alpha", op, path)}
+    if kind == "softplus":
+        beta = _finite(get("beta", 1, 1.0), "beta", op, path)
+        if beta == 0:
+            raise ExportError("beta 0 divides by zero (PyTorch runs it into infinities); the service takes any "
+                              "other finite beta", op=op, module_path=path)
+        return {"beta": beta, "threshold": _finite(get("threshold", 2, 20.0), "threshold", op, path)}
+    return {}
 
 
 def _supported_modules() -> str:
@@ -448,7 +416,7 @@ class _Converter:
             target = None
             if n.op == "call_function" and n.target in (operator.iadd, operator.imul):
                 target = n.args[0]
-            elif n.op == "call_method" and str(n.target).endswith("_") and not str(n.target).startswith("_"):
+            elif n.op in ("call_method", "call_function") and _in_place_name(n):
                 target = n.args[0]
             elif n.op == "call_module":
                 mod = self.gm.get_submodule(str(n.target))
@@ -524,15 +492,11 @@ class _Converter:
                 raise ExportError(f"runs on flat features [N, F] only (here a tensor of per-sample shape "
                                   f"{list(x.shape)}; the service has no [N, C, L] batchnorm)", op=op, module_path=path)
             return self.batchnorm2d(path, x, out, op, mod)
-        act = {nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish",
-               nn.Hardsigmoid: "hardsigmoid", nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.Tanh: "tanh",
-               nn.LeakyReLU: "leaky_relu"}.get(type(mod))
+        act = MODULE_ACTIVATIONS.get(type(mod))
         if act:
             if x.ct:
                 _need_nchw(x, op, path)
-            f: Dict[str, Any] = {"approximate": "tanh"} if act == "gelu" and mod.approximate == "tanh" else {}
-            if act == "leaky_relu":
-                f["negative_slope"] = _slope(mod.negative_slope, op, path)
+            f = _act_fields(act, lambda name, i, default: getattr(mod, name, default), op, path)
             return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if type(mod) is nn.MaxPool2d:
             _need_nchw(x, op, path)
@@ -1127,16 +1091,13 @@ class _Converter:
             raise ExportError(f"indexes with {idx!r}; supported are x[:, 0] on a token sequence (the class token) "
                               "and x[:, a:b] on a map (a channel range)", op=op, module_path=path,
                               supported=_supported_functions())
-        kind = _FUNCTION_ACTS.get(t) if n.op == "call_function" else _METHOD_ACTS.get(meth or "")
+        kind = FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")
         if kind:
             x = self.val(n.args[0], n)
             if x.ct:
                 raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
-            f: Dict[str, Any] = {}
-            if kind == "gelu" and n.kwargs.get("approximate", "none") == "tanh":
-                f["approximate"] = "tanh"
-            if kind == "leaky_relu":
-                f["negative_slope"] = _slope(arg(1, "negative_slope", 0.01), op, path)
+            f = _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default) if i < 0 else
+                            arg(i, name, default), op, path)
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
@@ -1242,7 +1203,6 @@ class _Converter:
 
 # ---- the public functions -------------------------------------------------------------------
 
-# The activation functions and Tensor methods the converter maps onto
 # Why softmax has no layer: the service trains with cross-entropy on the
 # model's output, and on probabilities that is another loss than the one a
 # script ending in softmax trains with (nn.CrossEntropyLoss on them, or
@@ -1250,21 +1210,10 @@ class _Converter:
 _SOFTMAX_REFUSAL = ("softmax is not supported: the service trains with cross-entropy on the model's output; return "
                     "the logits (nn.CrossEntropyLoss) or log_softmax (nn.NLLLoss) instead")
 
-# activation kinds (F.tanh traces as the method it calls, input.tanh()).
-_FUNCTION_ACTS: Dict[Any, str] = {
-    F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu", F.gelu: "gelu", F.hardswish: "hardswish",
-    F.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh",
-    F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu"}
-_METHOD_ACTS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh",
-                "tanh_": "tanh"}
-
-_KNOWN_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm, nn.InstanceNorm2d,
-                  nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.ReLU, nn.ReLU6,
-                  nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid, nn.Tanh, nn.LeakyReLU, nn.MaxPool2d,
-                  nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d,
-                  nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity,
-                  nn.MultiheadAttention,
-                  nn.ChannelShuffle)
+_KNOWN_MODULES = (*MODULE_ACTIVATIONS, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm,
+                  nn.InstanceNorm2d, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.MaxPool2d,
+                  nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
+                  nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:

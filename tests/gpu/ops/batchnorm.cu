@@ -361,7 +361,7 @@ static void test_bn_act(cudaStream_t s, const op_case &k, sf_dtype dt, int n, in
     const size_t len = (size_t)n * c * h * w, hw = (size_t)h * w;
     bn_ref r = bn_draw(dt, n, c, h, w);
     std::vector<double> yref(len), dxr(len), dgr(c), dbr(c);
-    sf_ref_act_fwd_f64(a, 0.f, r.yr.data(), len, yref.data());
+    sf_ref_act_fwd_f64(a, sf_act_prm{}, r.yr.data(), len, yref.data());
     io_bufs io = bn_io(r, dt, L, n, c, h, w, 0);
     bn_dev d = bn_dev_make(r, n, c, h, w, L);
     int rc = 0;
@@ -384,7 +384,7 @@ static void test_bn_act(cudaStream_t s, const op_case &k, sf_dtype dt, int n, in
         z[i] = (double)fmaf(sv, r.gamma[ch], r.beta[ch]);
     }
     const std::vector<double> dyd = to_d(r.dy);
-    sf_ref_act_bwd_f64(a, 0.f, z.data(), dyd.data(), len, g.data());
+    sf_ref_act_bwd_f64(a, sf_act_prm{}, z.data(), dyd.data(), len, g.data());
     sf_ref_bn2d_bwd_f64(r.xd.data(), n, c, h, w, r.gd.data(), r.smr.data(), r.sir.data(), g.data(), dxr.data(),
                         dgr.data(), dbr.data());
     rc = sf_cuda_bn_bwd_act_dt(dt, io.x.p, n, c, h, w, L, d.g, d.b, d.sm, d.si, io.dy.p, act, io.dx.p, d.dg, d.db,
@@ -393,7 +393,7 @@ static void test_bn_act(cudaStream_t s, const op_case &k, sf_dtype dt, int n, in
     /* eval, on the running statistics the device just updated */
     const std::vector<double> ze = bn_eval_ref(r, d, n, c, h, w);
     std::vector<double> yer(len);
-    sf_ref_act_fwd_f64(a, 0.f, ze.data(), len, yer.data());
+    sf_ref_act_fwd_f64(a, sf_act_prm{}, ze.data(), len, yer.data());
     check_bwd_then_eval(nm, s, k, dt, rc, io, d, L, n, c, h, w, act, dxr, dgr, dbr, yer);
     io_free(io);
     bn_dev_free(d);

@@ -1,0 +1,95 @@
+"""What the exporter (streamfeed.export) maps onto the service's layer kinds:
+the tables its refusals and docs/EXPORT.md show (``SUPPORTED_MODULES``,
+``SUPPORTED_FUNCTIONS``), and the spellings of the activations -- module
+classes, functions and ``Tensor`` methods of a traced ``forward()`` -- with
+the kind each becomes. The converter itself, and the fields it reads from
+a module or a call, are in export.py."""
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS", "MODULE_ACTIVATIONS", "FUNCTION_ACTIVATIONS",
+           "METHOD_ACTIVATIONS"]
+
+# What maps onto the layer kinds of the service (gpu/model.h): the module
+# classes by name, and the functions and tensor methods of a traced forward().
+SUPPORTED_MODULES: Dict[str, str] = {
+    "Conv2d": "conv2d (groups, dilation, square or [h, w] windows, zero padding)",
+    "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
+    "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
+    "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",
+    "GroupNorm": "groupnorm (affine or not)",
+    "InstanceNorm2d": "groupnorm with a group per channel (affine or not, no running statistics)",
+    "Upsample": "upsample (modes nearest and bilinear, align_corners; to a size or by integer scale_factor)",
+    "UpsamplingNearest2d": "upsample", "UpsamplingBilinear2d": "upsample (bilinear, align_corners)",
+    "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
+    "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
+    "LeakyReLU": "leaky_relu (negative_slope any finite number)", "ELU": "elu (alpha any finite number)",
+    "SELU": "selu", "Softplus": "softplus (beta any finite number but 0, threshold any finite number)", "Mish": "mish",
+    "MaxPool2d": "maxpool2d (no dilation)", "AvgPool2d": "avgpool2d (no divisor_override)",
+    "AdaptiveAvgPool2d": "global_avgpool, adaptive_avgpool2d",
+    "AdaptiveMaxPool2d": "maxpool2d where the bins are one square window (1x1 of a square map)",
+    "Linear": "linear (on features, per token of a token sequence, or per pixel over channels after a permute)",
+    "Dropout": "dropout (p 0: nothing)", "Dropout2d": "dropout2d (of a [C,H,W] map; p 0: nothing)",
+    "LogSoftmax": "log_softmax (dim 1 of flat features)",
+    "Flatten": "flatten (start_dim 1)",
+    "LayerNorm": "layernorm2d (over channels after a permute), layernorm (over features, or each token's)",
+    "MultiheadAttention": "self_attention (batch_first, query = key = value, one embed_dim, biases, dropout 0, "
+                          "no masks, need_weights=False)",
+    "LayerNorm2d": "layernorm2d (torchvision.models.convnext.LayerNorm2d)",
+    "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
+    "Identity": "nothing",
+    "ChannelShuffle": "channel_shuffle",
+}
+SUPPORTED_FUNCTIONS: Dict[str, str] = {
+    "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
+    "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
+                                                          "layer_scale (a [C,1,1] parameter named layer_scale)",
+    "torch.cat": "concat (maps along channels, flat features along dim 1); class_token (a [1,1,C] parameter "
+                 "expanded over the batch, in front of a token sequence)",
+    "Tensor.expand": "of a parameter, as torch.cat's class token",
+    "operator.add of a parameter": "pos_embedding (a [1,T,C] parameter added to a token sequence)",
+    "Tensor.reshape(n, C, h*w) then Tensor.permute(0,2,1), Tensor.flatten(2) then Tensor.transpose(1,2)":
+        "to_tokens (a map as a token sequence, VisionTransformer's patch embedding)",
+    "x[:, 0]": "select_token (the first token of a sequence as features)",
+    "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
+    "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
+    "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid, torch.tanh, "
+    "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword), F.elu (alpha positional or "
+    "keyword), F.selu, torch.selu, F.softplus (beta, threshold positional or keyword), F.mish":
+        "the activation of that name",
+    "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
+    "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
+    "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",
+    "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
+    "F.group_norm, F.instance_norm": "groupnorm without affine (no weight, bias or running statistics)",
+    "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
+                                                            "cross-entropy on it is nn.NLLLoss)",
+    "F.max_pool2d, torch.max_pool2d": "maxpool2d (no dilation, no return_indices)",
+    "F.avg_pool2d": "avgpool2d (no divisor_override)",
+    "F.channel_shuffle, torch.channel_shuffle, and x.view(n, g, C/g, h, w) then transpose(1, 2), "
+    "optionally contiguous(), then view(n, C, h, w) or flatten(1, 2)": "channel_shuffle (ShuffleNet)",
+    "Tensor.chunk, torch.chunk, Tensor.split, torch.split along dim 1, each piece taken by index; "
+    "x[:, a:b]": "channel_slice (a channel range of a map)",
+}
+
+
+# The activation modules, by class (subclasses are not these), and the kind
+# each becomes.
+MODULE_ACTIVATIONS: Dict[type, str] = {
+    nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
+    nn.Sigmoid: "sigmoid", nn.GELU: "gelu", nn.Tanh: "tanh", nn.LeakyReLU: "leaky_relu", nn.ELU: "elu",
+    nn.SELU: "selu", nn.Softplus: "softplus", nn.Mish: "mish"}
+# The activation functions (call_function targets) and Tensor methods
+# (call_method names); F.tanh traces as the method it calls, input.tanh().
+FUNCTION_ACTIVATIONS: Dict[Any, str] = {
+    F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu", F.gelu: "gelu", F.hardswish: "hardswish",
+    F.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh",
+    F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu", F.elu: "elu", F.elu_: "elu", F.selu: "selu",
+    torch.selu: "selu", torch.selu_: "selu", F.softplus: "softplus", F.mish: "mish"}
+METHOD_ACTIVATIONS: Dict[str, str] = {
+    "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh"}

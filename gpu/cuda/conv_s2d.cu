@@ -154,6 +154,9 @@ extern "C" void sf_conv_s2d_desc(const sf_conv_desc *d, sf_conv_desc *out)
     out->k = g.k2;
     out->stride = 1;
     out->pad = 0;
+    /* square along the width too (0: as along the height): the caller's
+     * desc may spell its width's window out, which no longer applies */
+    out->kw = out->stride_w = out->pad_w = out->dilation_w = 0;
 }
 
 extern "C" size_t sf_conv_s2d_x_elems(const sf_conv_desc *d)

@@ -476,6 +476,8 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
     sf_conv_desc d;
     memset(&d, 0, sizeof d);
     d.n = cc.n; d.c = cc.c; d.h = cc.h; d.w = cc.w; d.oc = cc.oc; d.k = cc.k; d.stride = cc.stride; d.pad = cc.pad;
+    /* the width's window spelled out, as the executor's descs have it */
+    d.kw = cc.k; d.stride_w = cc.stride; d.pad_w = cc.pad; d.dilation_w = 1;
     d.layout = SF_LAYOUT_NHWC;
     d.dt = dt;
     d.align_x = d.align_w = d.align_y = 16;
@@ -483,6 +485,7 @@ static void test_conv_s2d(cudnnHandle_t dnn, cudaStream_t s, const conv_case &cc
     sf_conv_s2d_desc(&d, &d2);
     const size_t nxs = sf_conv_s2d_x_elems(&d), nws = sf_conv_s2d_w_elems(&d);
     if (nxs != (size_t)d2.n * d2.c * d2.h * d2.w || nws != (size_t)d2.oc * d2.c * d2.k * d2.k || d2.stride != 1 ||
+        !sf_conv_square(&d2) ||
         d2.pad != 0 || (d2.h - d2.k + 1) != oh || (d2.w - d2.k + 1) != ow || d2.c < cc.c * cc.stride * cc.stride ||
         (d2.c * (int)sf_dtype_size(dt)) % 16) {
         snprintf(nm, sizeof nm, "%s desc", name);

@@ -705,18 +705,21 @@ static int g_add_bwd(sf_cuda_net *net, int i, size_t in_len, cudaStream_t s)
     /* The (ReLU-masked) gradient goes to both inputs: to the ones this
      * layer writes first in one pass (a ResNet block's add writes both
      * of its inputs' gradients: one pass instead of a mask pass and two
-     * copies), then into the ones already written. */
+     * copies), then into the ones already written, straight into their
+     * owners' gradients (an add has no gtmp: g_dst's scratch is not
+     * there for it). An input a later layer also reads (a feature
+     * pyramid's or a U-Net's skip taken from a residual block's input)
+     * is one of those. */
     void *cp[2] = {NULL, NULL}, *sum[2] = {NULL, NULL};
     int nc = 0, ns = 0;
     for (int j = 0; j < 2; j++) {
-        int addj = 0;
-        void *d = g_dst(net, i, j, &addj);
-        if (!d)
+        if (!o->want[j])
             continue;
-        if (addj)
-            sum[ns++] = g->op[g_owner(m, o->src[j])].dy;
-        else
+        void *d = g->op[g_owner(m, o->src[j])].dy;
+        if (o->first[j])
             cp[nc++] = d;
+        else
+            sum[ns++] = d;
     }
     const void *src = o->dy;
     if (nc || o->relu) {

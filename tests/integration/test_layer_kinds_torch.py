@@ -343,11 +343,46 @@ class Resize(nn.Module):
         return self.fc(torch.flatten(nn.functional.interpolate(y, size=(6, 9), mode="nearest"), 1))
 
 
+# A feature pyramid's skip: a residual block's input that a later head also
+# reads (U-Net, FPN and LRASPP take their low-level features so). The add is
+# then not the first of that input's readers in the backward, and its
+# gradient must be added to what the head wrote (the CUDA backend once
+# dropped it); the block's batchnorm writes the add's output.
+PYRAMID_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "stem", "out": 6, "k": 3, "pad": 1, "bias": False},
+    {"type": "batchnorm2d", "name": "bn0"}, {"type": "relu", "name": "r0"},
+    {"type": "conv2d", "name": "c1", "out": 6, "k": 1, "bias": False},
+    {"type": "batchnorm2d", "name": "bn1"},
+    {"type": "add", "name": "res", "inputs": ["r0", "bn1"]},
+    {"type": "conv2d", "name": "c2", "out": 6, "k": 3, "stride": 2, "pad": 1},
+    {"type": "conv2d", "name": "head_high", "out": 4, "k": 1},
+    {"type": "upsample", "name": "up", "scale": 2, "mode": "bilinear"},
+    {"type": "conv2d", "name": "head_low", "out": 4, "k": 1, "inputs": ["r0"]},
+    {"type": "add", "name": "out", "inputs": ["head_low", "up"]},
+    {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class Pyramid(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.bn0 = nn.Conv2d(3, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6)
+        self.c1, self.bn1 = nn.Conv2d(6, 6, 1, bias=False), nn.BatchNorm2d(6)
+        self.c2 = nn.Conv2d(6, 6, 3, stride=2, padding=1)
+        self.head_high, self.head_low = nn.Conv2d(6, 4, 1), nn.Conv2d(6, 4, 1)
+        self.fc = nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        low = torch.relu(self.bn0(self.stem(x)))
+        y = low + self.bn1(self.c1(low))
+        up = nn.functional.interpolate(self.head_high(self.c2(y)), scale_factor=2, mode="bilinear")
+        return self.fc(torch.flatten(self.head_low(low) + up, 1))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
          "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC),
-         "smooth_activations": (SmoothActs, SMOOTH_SPEC)}
+         "smooth_activations": (SmoothActs, SMOOTH_SPEC), "pyramid_skip": (Pyramid, PYRAMID_SPEC)}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -9,6 +9,7 @@ the exported tensors, and must give the module's own eval-mode output. A
 wrong input order, a missed permute, a swapped mul or a lost layer changes
 the numbers."""
 import collections
+import importlib.util
 import json
 import os
 
@@ -1090,3 +1091,19 @@ def test_the_docs_list_every_supported_module():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "EXPORT.md").read_text()
     for name in SUPPORTED_MODULES:
         assert f"`{name}`" in doc, f"docs/EXPORT.md does not list {name}"
+
+
+def test_the_export_sweep_reports_each_model_as_exported_or_refused(capsys):
+    """tools/export_sweep.py (docs/EXPORT.md quotes a run): a model the
+    exporter takes is OK with its layer count, one it refuses names the op;
+    only a crash fails the sweep."""
+    path = Path(__file__).resolve().parents[2] / "tools" / "export_sweep.py"
+    spec = importlib.util.spec_from_file_location("export_sweep", path)
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    assert sweep.main(["squeezenet1_1", "swin_t", "segmentation.lraspp_mobilenet_v3_large"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("squeezenet1_1: OK ") and " layers " in out[0]
+    assert out[1].startswith("swin_t: REFUSED cannot export ") and "features.1.0.attn" in out[1], out[1]
+    assert out[2].startswith("segmentation.lraspp_mobilenet_v3_large: OK "), out[2]
+    assert out[3].endswith("2 OK, 1 REFUSED, 0 CRASH")

@@ -795,20 +795,6 @@ def test_an_activation_parameter_the_service_cannot_hold_is_refused(mod, field):
     assert field in str(e.value) and e.value.module_path == "1"
 
 
-def test_an_in_place_function_on_a_tensor_read_later_is_refused():
-    class Aliased(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = nn.Conv2d(3, 3, 3, padding=1)
-
-        def forward(self, x):
-            y = self.conv(x)
-            return (F.elu_(y) + y).flatten(1)
-
-    with pytest.raises(ExportError, match="in place"):
-        convert(Aliased(), (1, 3, 4, 4))
-
-
 # ---- refusals -----------------------------------------------------------------------------
 
 
@@ -950,7 +936,9 @@ def test_parameters_forward_does_not_use_are_refused_since_the_checkpoint_would_
     assert e.value.module_path == "unused" and "unused.weight" in str(e.value)
 
 
-def test_writing_into_a_tensor_that_is_read_later_is_refused():
+@pytest.mark.parametrize("write", [lambda y: F.relu(y, inplace=True), F.elu_, F.leaky_relu_],
+                         ids=["relu_inplace", "elu_", "leaky_relu_"])
+def test_writing_into_a_tensor_that_is_read_later_is_refused(write):
     class Aliased(nn.Module):
         def __init__(self):
             super().__init__()
@@ -958,7 +946,7 @@ def test_writing_into_a_tensor_that_is_read_later_is_refused():
 
         def forward(self, x):
             y = self.conv(x)
-            z = F.relu(y, inplace=True)
+            z = write(y)
             return (z + y).flatten(1)
 
     with pytest.raises(ExportError, match="in place"):

@@ -343,19 +343,19 @@ UNDER_ASAN = pytest.mark.skipif(built_with_asan(), reason="numerics only: the re
                                 "family's parity; SANITIZED_FAMILIES cover its kinds under AddressSanitizer")
 
 
-@pytest.mark.parametrize("name", [n if n in SANITIZED_FAMILIES else pytest.param(n, marks=UNDER_ASAN)
-                                  for n in FAMILIES])
-def test_an_exported_family_trains_and_evaluates_like_pytorch(start_server, tmp_path, spec_checker, name):
-    model, fresh = family_model(name)
-    hw = max(HW, FAMILIES[name].min_hw)
-    s = start_exported(start_server, tmp_path, model, spec_checker, hw=hw)
+def train_against_trainer(s, model, fresh, name, hw, seed, steps, labels_of):
+    """steps SGD-momentum steps of model on the service s and on PyTorch's
+    Trainer from the same batches (labels_of(rng) draws each batch's labels),
+    each loss within 1e-4 or the bound of PyTorch's own spread; then an eval
+    batch's logits, and the service's checkpoint loaded strictly into fresh(),
+    which must compute them too. Returns the service's eval logits."""
     torch_side = Trainer(model)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     t0 = time.monotonic()
     worst = 0.0
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
-        labels = rng.integers(0, 10, BATCH)
+        labels = labels_of(rng)
         r = s.post_arrays(images, labels, wait=True)
         assert r.status_code == 200 and r.json()["state"] == "done", r.text
         want, spread = torch_side.step(images, labels)
@@ -366,9 +366,10 @@ def test_an_exported_family_trains_and_evaluates_like_pytorch(start_server, tmp_
               f"{time.monotonic() - t0:.1f} s)")
         assert rel(got, want) <= tol, f"step {step}: loss {got} vs PyTorch {want}: {rel(got, want):.2e} > {tol:.1e}"
     images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
-    labels = rng.integers(0, 10, BATCH)
+    labels = labels_of(rng)
     got = eval_logits(s, images, labels)
     want, spread = torch_side.logits(images)
+    assert want.shape == got.shape, (got.shape, want.shape)
     tol = bound(TOL_LOGITS, spread)
     assert rel(got, want) <= tol, f"eval logits differ by {rel(got, want):.2e} > {tol:.1e}"
     # The trained checkpoint back into the module, strictly, computes those logits too.
@@ -378,7 +379,17 @@ def test_an_exported_family_trains_and_evaluates_like_pytorch(start_server, tmp_
     again = module_logits(back, images)
     ck_tol = checkpoint_bound(back, images, again)
     assert rel(again, got) <= ck_tol, f"the loaded checkpoint's logits differ by {rel(again, got):.2e} > {ck_tol:.1e}"
-    print(f"{name}: {STEPS} steps and an eval batch in {time.monotonic() - t0:.1f} s")
+    print(f"{name}: {steps} steps and an eval batch in {time.monotonic() - t0:.1f} s")
+    return got
+
+
+@pytest.mark.parametrize("name", [n if n in SANITIZED_FAMILIES else pytest.param(n, marks=UNDER_ASAN)
+                                  for n in FAMILIES])
+def test_an_exported_family_trains_and_evaluates_like_pytorch(start_server, tmp_path, spec_checker, name):
+    model, fresh = family_model(name)
+    hw = max(HW, FAMILIES[name].min_hw)
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=hw)
+    train_against_trainer(s, model, fresh, name, hw, 7, STEPS, lambda rng: rng.integers(0, 10, BATCH))
 
 
 def _no_dropout(model):
@@ -420,30 +431,9 @@ def test_a_segmentation_family_trains_on_per_pixel_labels_like_pytorch(start_ser
     torch.manual_seed(5)
     model = SEGMENTATION[name]()
     s = start_exported(start_server, tmp_path, model, spec_checker)
-    torch_side = Trainer(model)
-    rng = np.random.default_rng(23)
-    worst = 0.0
-    for step in range(1, SEGMENTATION_STEPS[name] + 1):
-        images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
-        labels = rng.integers(0, 4, (BATCH, HW, HW), dtype=np.uint8)
-        r = s.post_arrays(images, labels, wait=True)
-        assert r.status_code == 200 and r.json()["state"] == "done", r.text
-        want, spread = torch_side.step(images, labels)
-        worst = max(worst, spread)
-        got, tol = r.json()["loss"], TOL_LOSS if step == 1 else bound(TOL_LOSS, worst)
-        print(f"{name} step {step}: service {got!r} PyTorch {want!r} (its float32 runs {spread:.1e} apart)")
-        assert rel(got, want) <= tol, f"step {step}: loss {got} vs PyTorch {want}: {rel(got, want):.2e} > {tol:.1e}"
-    images = rng.integers(0, 256, (BATCH, HW, HW, 3), dtype=np.uint8)
-    got = eval_logits(s, images, rng.integers(0, 4, (BATCH, HW, HW), dtype=np.uint8))
-    want, spread = torch_side.logits(images)
-    assert got.shape == (BATCH, 4, HW, HW) and want.shape == got.shape, (got.shape, want.shape)
-    tol = bound(TOL_LOGITS, spread)
-    assert rel(got, want) <= tol, f"eval logits differ by {rel(got, want):.2e} > {tol:.1e}"
-    ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
-    back = SEGMENTATION[name]()
-    back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
-    again = module_logits(back, images)
-    assert rel(again, got) <= checkpoint_bound(back, images, again)
+    got = train_against_trainer(s, model, SEGMENTATION[name], name, HW, 23, SEGMENTATION_STEPS[name],
+                                lambda rng: rng.integers(0, 4, (BATCH, HW, HW), dtype=np.uint8))
+    assert got.shape == (BATCH, 4, HW, HW), got.shape
 
 
 def test_dropout_and_stochastic_depth_are_identities_in_eval(start_server, tmp_path, spec_checker):
@@ -732,26 +722,7 @@ def test_a_module_with_elu_selu_softplus_and_mish_trains_like_pytorch(start_serv
         [(2.0, 1.5), (0.5, 2.0), (-1.0, 3.0)]
     assert sum(layer["type"] == "selu" for layer in layers) == 3
     assert sum(layer["type"] == "mish" for layer in layers) == 2
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    rng = np.random.default_rng(13)
-    for step in range(STEPS):
-        images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
-        labels = rng.integers(0, 10, BATCH)
-        r = s.post_arrays(images, labels, wait=True)
-        assert r.status_code == 200, r.text
-        model.train()
-        loss = F.cross_entropy(model(as_input(images)), torch.from_numpy(labels))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        assert rel(r.json()["loss"], float(loss.detach())) <= TOL_LOSS, (step, r.json()["loss"], float(loss.detach()))
-    images = rng.integers(0, 256, (BATCH, 16, 16, 3), dtype=np.uint8)
-    got = eval_logits(s, images, rng.integers(0, 10, BATCH))
-    assert rel(got, module_logits(model, images)) <= TOL_LOGITS
-    ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
-    back = SmoothActs()
-    back.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ck.items()}, strict=True)
-    assert rel(module_logits(back, images), got) <= TOL_LOGITS
+    train_like_pytorch(s, model, SmoothActs, 16, 13)
 
 
 def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp_path, spec_checker):

@@ -14,11 +14,7 @@
 
 #include <stdint.h>
 
-#ifdef __CUDACC__
-#define SF_HD __host__ __device__ __forceinline__
-#else
-#define SF_HD static inline
-#endif
+#include "gpu/host_device.h"
 
 SF_HD uint64_t sf_mix64(uint64_t z)
 {

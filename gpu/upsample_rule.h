@@ -21,13 +21,7 @@
 
 #include <math.h>
 
-#ifndef SF_HD /* as gpu/rng.h defines it */
-#ifdef __CUDACC__
-#define SF_HD __host__ __device__ __forceinline__
-#else
-#define SF_HD static inline
-#endif
-#endif
+#include "gpu/host_device.h"
 
 /* The upsample layer's modes (its "mode" field, in this order). */
 enum { SF_UP_NEAREST = 0, SF_UP_BILINEAR = 1 };

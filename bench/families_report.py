@@ -49,10 +49,11 @@ def collect(outdir):
             continue
         sf, pt = jload(os.path.join(d, "streamfeed.json")), jload(os.path.join(d, "pytorch.json"))
         ex, sk = jload(os.path.join(d, "export.json")), jload(os.path.join(d, "skipped.json"))
-        if not (sf or pt or ex or sk):
+        ck = jload(os.path.join(d, "check.json"))
+        if not (sf or pt or ex or sk or ck):
             continue
         rows[fam] = {"family": fam, "streamfeed": sf, "pytorch": pt or [], "export": ex, "skipped": sk,
-                     "call": outdir}
+                     "check": ck, "call": outdir}
     return rows
 
 
@@ -69,8 +70,17 @@ def peak_mib(rec):
 
 
 def row_figures(r):
-    """The row's figures and the notes that explain a missing one."""
+    """The row's figures and the notes that explain a missing one. A
+    streamfeed figure shows only beside a passed numerics gate of the same
+    call (check.json)."""
     sf, notes = r["streamfeed"] or {}, []
+    ck = r.get("check")
+    if not (ck and ck.get("ok")):
+        if sf.get("samples_per_s"):
+            notes.append("streamfeed's figure withheld: no passed numerics gate in this call")
+        if ck:
+            notes.append(f"numerics gate: {ck.get('error')}")
+        sf = {k: v for k, v in sf.items() if k not in ("samples_per_s", "peak_process_mib", "peak_device_delta_mib")}
     f = {"family": r["family"], "batch": sf.get("batch"), "sf": sf.get("samples_per_s"),
          "sf_mib": peak_mib(sf) if sf.get("samples_per_s") else None, "pt": None, "pt_variant": None, "pt_mib": None,
          "pt_min_mib": None, "pt_min_variant": None}
@@ -128,7 +138,10 @@ def render(calls, order=None):
                    + (f" ({', '.join(sorted(rs))})" if len(calls) > 1 else ""))
     sample = next((r for r in rows.values() if r["streamfeed"] and r["streamfeed"].get("server_args")), None)
     pt_sample = next((p for r in rows.values() for p in r["pytorch"] if p.get("steps")), None)
-    out += ["- streamfeed: the model exported from torchvision (`python -m streamfeed.export`, only num_classes=1000"
+    out += ["- Numerics gate (bench/families_check.py), before each streamfeed run: one step at the run's precision"
+            " and input size against PyTorch's float32 step from the same weights (eval logits, loss, every "
+            "parameter's gradient, batchnorm's statistics); a family that fails it shows no streamfeed figure.",
+            "- streamfeed: the model exported from torchvision (`python -m streamfeed.export`, only num_classes=1000"
             " set), fed over HTTP by streamfeed-load (uint8 images, converted and normalised on the GPU), "
             "samples/s trained over a steady window from the service's own /metrics"
             + (f"; {sample['family']}'s flags beside its config.json: `{sample['streamfeed']['server_args']}`"

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The torchvision families' speed and memory table in one GPU call: for each
-# family, streamfeed trains the exported model in bf16 fed over HTTP, then
+# family, a numerics gate first (bench/families_check.py: one step of the
+# exported model on the service against PyTorch's, from the same weights; a
+# family that fails it gets no streamfeed figure and the call exits 1), then
+# streamfeed trains the exported model in bf16 fed over HTTP, then
 # PyTorch trains the same model at the same batch, model-only on a
 # device-resident batch (bench/pytorch_families.py: eager and torch.compile,
 # bf16 autocast, channels_last for the CNNs), each in a process of its own,
@@ -24,6 +27,7 @@
 #                while FAMILY_MIN_S of it are left, and no stage runs past it
 #   FAMILY_MIN_S (default 60)
 #   SF_TIMEOUT   seconds of one streamfeed run, start-up included (default 150)
+#   CHECK_BATCH  the numerics gate's batch (default 32; its size is SIZE, its precision PRECISION)
 #   PT_TIMEOUT   seconds of one PyTorch variant (default 200)
 #   HTTP_BATCHES batches sent per streamfeed run (default 100; 250 for the light
 #                families: mobilenets, efficientnet_b0, regnet_y_400mf, squeezenet1_1), HTTP_WARMUP the
@@ -110,6 +114,15 @@ if [ "$SIDES" != pytorch ]; then
 fi
 
 failed=0
+if [ "$SIDES" != pytorch ]; then
+  log "numerics gate (one process)"
+  for fam in $FAMILIES; do rm -f "$OUT/$fam/check.json"; done
+  # shellcheck disable=SC2086 # the family list splits into arguments
+  PYTHONUNBUFFERED=1 timeout -k 10 "$(min "$(left)" 600)" "$PY" bench/families_check.py --bin build/streamfeed \
+    --status "$OUT" --size "$SIZE" --batch "${CHECK_BATCH:-32}" --precision "$PRECISION" $FAMILIES 2>&1 |
+    tee -a "$OUT/families.log"
+fi
+
 not_started=
 for fam in $FAMILIES; do
   D="$OUT/$fam"
@@ -129,8 +142,12 @@ for fam in $FAMILIES; do
   fi
   log "$fam batch $B ($(left) s left)"
   if [ "$SIDES" != pytorch ]; then
-    # export.json says whether this call's export of the family succeeded.
-    if grep -q '"error": null' "$D/export.json" 2>/dev/null && [ -f "$MODELS/$fam/config.json" ]; then
+    # export.json says whether this call's export of the family succeeded,
+    # check.json whether the service computed its step as PyTorch does.
+    if ! grep -q '"ok": true' "$D/check.json" 2>/dev/null; then
+      log "$fam: the numerics gate did not pass, no streamfeed run"
+      failed=1
+    elif grep -q '"error": null' "$D/export.json" 2>/dev/null && [ -f "$MODELS/$fam/config.json" ]; then
       t=$(min "$(left)" "$SF_TIMEOUT")
       timeout -k 10 $(( t + 30 )) "$PY" bench/ingest_e2e.py --bin build/streamfeed --load build/streamfeed-load \
         --config "$MODELS/$fam/config.json" \

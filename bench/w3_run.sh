@@ -5,12 +5,18 @@
 # the device, augment+step, and the step alone) for each layout/precision
 # choice, then PyTorch's eager / channels_last / torch.compile variants
 # (bench/pytorch_w3.py; W3_TORCH=0 skips it). Output under $1. W3_HTTP=1 adds an end-to-end run
-# over HTTP (bf16, batch $W3_HTTP_BATCH).
+# over HTTP (bf16, batch $W3_HTTP_BATCH). First the numerics gate
+# (bench/families_check.py --preset): one step of the service's resnet18 in
+# bf16 and in tf32 against PyTorch's from the same weights; when it fails, no
+# figure is measured and the script exits 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 D=${1:-build/w3-out}
 B=${W3_BATCH:-1024}
 mkdir -p "$D"
+PYTHONPATH=client/python timeout 300 python3 bench/families_check.py --bin build/streamfeed --status "$D" --preset \
+  --classes 10 --size 224 --batch 32 --precision bf16,tf32 resnet18 2>&1 | tee -a "$D/w3.log"
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "w3: the numerics gate failed ($D/resnet18/check.json): no figures" | tee -a "$D/w3.log"; exit 1; }
 # precision layout
 for c in "bf16 nhwc" "bf16 nchw" "tf32 nhwc" "tf32 nchw"; do
   set -- $c

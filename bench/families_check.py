@@ -1,0 +1,247 @@
+"""The numerics gate of bench/families_run.sh: before a family's speed is
+measured, one step of the exported model on the service, at the benchmark's
+precision and input size, is compared with PyTorch's float32 step of the same
+module from the same weights and batch. A family that fails gets no speed
+figure: a throughput of a model that computes the wrong thing is worse than
+none (a bf16 stem once ran a wrong convolution for a day while every
+benchmark reported its speed).
+
+    python3 bench/families_check.py --bin build/streamfeed --status OUT --size 224 resnet50 vit_b_16 ...
+
+writes OUT/NAME/check.json per family and exits 1 when any failed. With
+--preset it checks the service's own preset of that name instead (W3's
+resnet18, --classes 10: bench/w3_run.sh), started from the module's weights.
+
+What is compared, from torchvision.models.NAME(num_classes=1000) (vit_* at
+--size), seeded, exported here with streamfeed.export.export_model:
+
+- eval logits of one batch at the initial weights (the forward pass);
+- the loss of one training batch, and the gradient of every parameter from
+  that step, read back as SGD's momentum buffer (after one step it is the
+  gradient itself; weight decay 0), per tensor and all together (the
+  backward pass: a lost gradient is 100 % off);
+- batchnorm's running statistics after that step (the batch statistics).
+
+Each against PyTorch's float32 forward and backward on the GPU (TF32 off;
+on the CPU where there is none, to smoke-test the script).
+The bound of each comparison is a floor, or four times the distance of
+PyTorch's own bf16 autocast run (channels_last for the CNNs, as its side of
+the table runs) from that float32 run, whichever is larger: the service is
+asked to be as close as PyTorch's low-precision run is, not closer. A
+tensor whose bound reaches UNCHECKED_AT is counted as unchecked (reported,
+not failed): PyTorch's own bf16 run tells nothing about it.
+
+The exported model differs from the benchmark's in one way: dropout and
+stochastic depth are set to p=0 (the exporter leaves them out), since they
+draw from the service's RNG and PyTorch's draws differ. And parameters that
+torchvision initialises to zero with two or more dimensions (ViT's head) are
+drawn from N(0, 0.02): a zero head makes every gradient before it zero, and
+the check would see only the head.
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+PIPELINE = [{"op": "to_dtype", "scale": 1 / 255}, {"op": "normalize", "mean": MEAN, "std": STD}]
+FLOORS = {"logits": 0.05, "loss": 0.02, "grad": 0.25, "grad_all": 0.1, "stats": 0.05}
+UNCHECKED_AT = 0.7
+
+
+def rel(got, want):
+    got, want = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+    return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def build(torch, torchvision, family, size, seed, classes):
+    kwargs = {"num_classes": classes}
+    if family.startswith("vit_") and size != 224:
+        kwargs["image_size"] = size
+    torch.manual_seed(seed)
+    model = getattr(torchvision.models, family)(**kwargs)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout) or type(m).__name__ == "StochasticDepth":
+            m.p = 0.0
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and not p.any():
+                p.normal_(0.0, 0.02)
+    return model
+
+
+def as_input(torch, images, dev):
+    x = torch.from_numpy(images).to(dev).permute(0, 3, 1, 2).float() / 255.0
+    return (x - torch.tensor(MEAN, device=dev).view(1, 3, 1, 1)) / torch.tensor(STD, device=dev).view(1, 3, 1, 1)
+
+
+def torch_side(torch, model, eval_images, images, labels, low, dev):
+    """PyTorch's eval logits, loss, gradients and buffers after one training
+    forward on dev: in float32 (TF32 off), or with low in bf16 autocast."""
+    F = torch.nn.functional
+    m = copy.deepcopy(model).to(dev)
+    cl = low and not type(model).__name__.startswith("Vision")
+    if cl:
+        m = m.to(memory_format=torch.channels_last)
+    ctx = torch.autocast(dev, dtype=torch.bfloat16) if low else torch.autocast(dev, enabled=False)
+
+    def inp(x):
+        x = as_input(torch, x, dev)
+        return x.contiguous(memory_format=torch.channels_last) if cl else x
+    m.eval()
+    with torch.no_grad(), ctx:
+        logits = m(inp(eval_images)).float().cpu().numpy()
+    m.train()
+    with ctx:
+        loss = F.cross_entropy(m(inp(images)).float(), torch.from_numpy(labels).long().to(dev))
+    loss.backward()
+    grads = {n: p.grad.float().cpu().numpy() for n, p in m.named_parameters() if p.grad is not None}
+    bufs = {n: b.float().cpu().numpy() for n, b in m.named_buffers() if b.is_floating_point()}
+    out = {"logits": logits, "loss": float(loss.detach()), "grads": grads, "buffers": bufs}
+    del m
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def service_side(a, model_args, precision, batch, eval_images, images, labels):
+    import requests
+    from safetensors.numpy import load as st_load
+    from streamfeed.testing import LocalServer
+    size = images.shape[1]
+    args = model_args + [
+        "--model.precision", precision, "--model.max_batch", str(batch),
+        "--augment.pipeline", json.dumps(PIPELINE), "--augment.eval_pipeline", json.dumps(PIPELINE),
+        "--optim.name", "sgd", "--optim.lr", "0.001", "--optim.momentum", "0.9", "--optim.weight_decay", "0",
+        "--optim.schedule", "constant", "--log.requests", "false",
+        "--ring.slot_bytes", str(batch * size * size * 3 + 65536)]
+    with LocalServer(os.path.abspath(a.bin), args, start_timeout=a.start_timeout) as srv:
+        try:
+            c = srv.client(timeout=a.step_timeout, wait_timeout=a.step_timeout)
+            logits = np.asarray(c.logits(eval_images, np.zeros(len(eval_images), np.int64)), np.float32)
+            r = c.post_batch(images, labels, wait=True)
+            ck = requests.get(srv.url + "/v1/checkpoint?optimizer=true", timeout=a.step_timeout)
+            if ck.status_code != 200:
+                raise RuntimeError(f"GET /v1/checkpoint: {ck.status_code} {ck.text[:300]}")
+            state = st_load(ck.content)
+        except Exception as e:
+            raise RuntimeError(f"{e}; the server's log ends: {srv.stderr()[-1500:]}") from e
+    return {"logits": logits, "loss": float(r.loss), "state": state}
+
+
+def compare(sf, ref, low):
+    """The comparisons, each {"what", "rel", "bound", "pytorch_bf16_rel"}; a
+    failed one has ok False."""
+    out = []
+
+    def one(what, got, want, lowv, floor):
+        spread = rel(lowv, want)
+        bound = max(floor, 4 * spread)
+        r = rel(got, want)
+        out.append({"what": what, "rel": r, "bound": bound, "pytorch_bf16_rel": spread, "ok": r <= bound,
+                    "unchecked": bound >= UNCHECKED_AT})
+    one("eval logits", sf["logits"], ref["logits"], low["logits"], FLOORS["logits"])
+    one("loss", [sf["loss"]], [ref["loss"]], [low["loss"]], FLOORS["loss"])
+    missing = [n for n in ref["grads"] if f"optim.{n}.momentum_buffer" not in sf["state"]]
+    if missing:
+        raise RuntimeError(f"the checkpoint has no momentum buffer of {missing[:5]}")
+    g = {n: sf["state"][f"optim.{n}.momentum_buffer"] for n in ref["grads"]}
+    cat = lambda d: np.concatenate([d[n].ravel().astype(np.float64) for n in ref["grads"]])  # noqa: E731
+    one("all gradients", cat(g), cat(ref["grads"]), cat(low["grads"]), FLOORS["grad_all"])
+    for n in ref["grads"]:
+        one(f"gradient of {n}", g[n], ref["grads"][n], low["grads"][n], FLOORS["grad"])
+    for n, want in ref["buffers"].items():
+        if n in sf["state"]:
+            one(f"buffer {n}", sf["state"][n], want, low["buffers"][n], FLOORS["stats"])
+    return out
+
+
+def model_args(a, torch, model, family, batch, out):
+    """The service's flags that choose the model: the module exported into
+    out, or with --preset the service's own preset of the family's name
+    started from the module's weights."""
+    if a.preset:
+        from safetensors.torch import save_file
+        os.makedirs(out)
+        path = os.path.join(out, "init.safetensors")
+        save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, path)
+        return ["--model.preset", family, "--model.init_from", path]
+    from streamfeed.export import export_model
+    export_model(model, (batch, 3, a.size, a.size), out, recipe=None)
+    return ["--config", os.path.join(out, "config.json")]
+
+
+def check(a, torch, torchvision, family):
+    t0 = time.monotonic()
+    size, batch = a.size, a.batch
+    model = build(torch, torchvision, family, size, a.seed, a.classes)
+    rng = np.random.default_rng(a.seed)
+    eval_images = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
+    labels = rng.integers(0, a.classes, batch).astype(np.int64)
+    sfs = {}
+    with tempfile.TemporaryDirectory(prefix="streamfeed-check-") as d:
+        margs = model_args(a, torch, model, family, batch, os.path.join(d, "model"))
+        for prec in a.precision.split(","):
+            sfs[prec] = service_side(a, margs, prec, batch, eval_images, images, labels)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    ref = torch_side(torch, model, eval_images, images, labels, False, dev)
+    low = torch_side(torch, model, eval_images, images, labels, True, dev)
+    rows = [dict(r, what=f"{prec}: {r['what']}") for prec, sf in sfs.items() for r in compare(sf, ref, low)]
+    failed = [r for r in rows if not r["ok"]]
+    worst = sorted((r for r in rows if not r["unchecked"]), key=lambda r: r["rel"] / r["bound"], reverse=True)[:5]
+    return {"family": family, "ok": not failed, "precision": a.precision, "size": size, "batch": batch,
+            "classes": a.classes, "preset": a.preset, "seed": a.seed, "seconds": round(time.monotonic() - t0, 1),
+            "compared": len(rows), "unchecked": sum(r["unchecked"] for r in rows), "failed": failed,
+            "worst": worst, "unchecked_what": [r["what"] for r in rows if r["unchecked"]][:40],
+            "error": None if not failed else
+            f"{len(failed)} of {len(rows)} comparisons out of bounds, first: {failed[0]['what']} "
+            f"{failed[0]['rel']:.2e} > {failed[0]['bound']:.2e}"}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default="build/streamfeed")
+    ap.add_argument("--status", required=True, help="results directory: OUT/NAME/check.json per family")
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--precision", default="bf16", help="model.precision, or a comma list (a server each)")
+    ap.add_argument("--classes", type=int, default=1000, help="num_classes of the torchvision module")
+    ap.add_argument("--preset", action="store_true",
+                    help="train the service's model.preset of the family's name (resnet18: W3) from the module's "
+                         "weights instead of exporting the module")
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--start-timeout", type=float, default=120.0)
+    ap.add_argument("--step-timeout", type=float, default=120.0)
+    ap.add_argument("families", nargs="+")
+    a = ap.parse_args(argv)
+    import torch
+    import torchvision
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    failed = 0
+    for fam in a.families:
+        try:
+            res = check(a, torch, torchvision, fam)
+        except Exception as e:  # the family's row says why; the others still run
+            res = {"family": fam, "ok": False, "error": f"{type(e).__name__}: {str(e)[:1500]}"}
+        os.makedirs(os.path.join(a.status, fam), exist_ok=True)
+        with open(os.path.join(a.status, fam, "check.json"), "w") as f:
+            json.dump(res, f, indent=1)
+        w = res.get("worst") or []
+        print(f"check {fam}: {'ok' if res['ok'] else 'FAILED: ' + str(res['error'])}"
+              + (f" ({res['compared']} comparisons, {res['unchecked']} unchecked, {res['seconds']} s; closest to its"
+                 f" bound: {w[0]['what']} {w[0]['rel']:.2e} of {w[0]['bound']:.2e})" if w else ""), flush=True)
+        failed |= not res["ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,12 +24,18 @@ What is compared, from torchvision.models.NAME(num_classes=1000) (vit_* at
 
 Each against PyTorch's float32 forward and backward on the GPU (TF32 off;
 on the CPU where there is none, to smoke-test the script).
-The bound of each comparison is a floor, or four times the distance of
-PyTorch's own bf16 autocast run (channels_last for the CNNs, as its side of
-the table runs) from that float32 run, whichever is larger: the service is
-asked to be as close as PyTorch's low-precision run is, not closer. A
-tensor whose bound reaches UNCHECKED_AT is counted as unchecked (reported,
-not failed): PyTorch's own bf16 run tells nothing about it.
+The bound of each comparison is a floor (FLOORS, by the service's
+precision), or four times the distance of PyTorch's own low-precision run
+from that float32 run, whichever is larger: for a service in bf16, PyTorch's
+bf16 autocast (channels_last for the CNNs, as its side of the table runs);
+in fp32 or tf32, PyTorch with TF32 on. The service is asked to be as close
+as PyTorch's own low-precision run is, not closer. A tensor whose bound
+reaches UNCHECKED_AT is counted as unchecked (reported, not failed):
+PyTorch's own run tells nothing about it. bf16 alone leaves many of a deep
+network's gradients unchecked at its first step (PyTorch's own bf16
+gradients of resnet50 are more than 17.5 % off float32 for 159 of its 270
+tensors at batch 32); bench/families_run.sh checks fp32 too, whose bounds
+catch a gradient lost or misrouted in the graph, whatever the precision.
 
 The exported model differs from the benchmark's in one way: dropout and
 stochastic depth are set to p=0 (the exporter leaves them out), since they
@@ -52,7 +58,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 PIPELINE = [{"op": "to_dtype", "scale": 1 / 255}, {"op": "normalize", "mean": MEAN, "std": STD}]
-FLOORS = {"logits": 0.05, "loss": 0.02, "grad": 0.25, "grad_all": 0.1, "stats": 0.05}
+# The bound's floors by the service's precision, and the PyTorch run whose
+# distance from float32 sets the bound above them: bf16 against bf16
+# autocast; fp32 and tf32 against PyTorch with TF32 on (a service in fp32
+# rounds otherwise than PyTorch does, by summation order and algorithm, but
+# far less than TF32 does).
+FLOORS = {"bf16": {"logits": 0.05, "loss": 0.02, "grad": 0.25, "grad_all": 0.1, "stats": 0.05},
+          "tf32": {"logits": 0.01, "loss": 0.005, "grad": 0.05, "grad_all": 0.02, "stats": 0.01},
+          "fp32": {"logits": 1e-3, "loss": 1e-3, "grad": 0.01, "grad_all": 5e-3, "stats": 1e-3}}
+LOW_RUN = {"bf16": "bf16", "tf32": "tf32", "fp32": "tf32"}
 UNCHECKED_AT = 0.7
 
 
@@ -82,15 +96,25 @@ def as_input(torch, images, dev):
     return (x - torch.tensor(MEAN, device=dev).view(1, 3, 1, 1)) / torch.tensor(STD, device=dev).view(1, 3, 1, 1)
 
 
-def torch_side(torch, model, eval_images, images, labels, low, dev):
+def torch_side(torch, model, eval_images, images, labels, mode, dev):
     """PyTorch's eval logits, loss, gradients and buffers after one training
-    forward on dev: in float32 (TF32 off), or with low in bf16 autocast."""
+    forward on dev: mode "fp32" (TF32 off), "tf32" (TF32 on: another
+    rounding of float32 work) or "bf16" (bf16 autocast, channels_last for the
+    CNNs, as PyTorch's side of the table runs)."""
     F = torch.nn.functional
     m = copy.deepcopy(model).to(dev)
-    cl = low and not type(model).__name__.startswith("Vision")
+    cl = mode == "bf16" and not type(model).__name__.startswith("Vision")
     if cl:
         m = m.to(memory_format=torch.channels_last)
-    ctx = torch.autocast(dev, dtype=torch.bfloat16) if low else torch.autocast(dev, enabled=False)
+    ctx = torch.autocast(dev, dtype=torch.bfloat16) if mode == "bf16" else torch.autocast(dev, enabled=False)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = mode == "tf32"
+    # A CPU has no TF32: one thread instead of several sums in another order,
+    # which is what the comparison needs (quantities that are zero in exact
+    # arithmetic, like the batch mean of a convolution of a batchnorm's
+    # output, come out as rounding noise, and no bound on them means anything).
+    threads = torch.get_num_threads()
+    if mode == "tf32" and dev == "cpu":
+        torch.set_num_threads(1)
 
     def inp(x):
         x = as_input(torch, x, dev)
@@ -106,6 +130,8 @@ def torch_side(torch, model, eval_images, images, labels, low, dev):
     bufs = {n: b.float().cpu().numpy() for n, b in m.named_buffers() if b.is_floating_point()}
     out = {"logits": logits, "loss": float(loss.detach()), "grads": grads, "buffers": bufs}
     del m
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.set_num_threads(threads)
     if dev == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -136,30 +162,30 @@ def service_side(a, model_args, precision, batch, eval_images, images, labels):
     return {"logits": logits, "loss": float(r.loss), "state": state}
 
 
-def compare(sf, ref, low):
-    """The comparisons, each {"what", "rel", "bound", "pytorch_bf16_rel"}; a
-    failed one has ok False."""
+def compare(sf, ref, low, floors):
+    """The comparisons, each {"what", "rel", "bound", "pytorch_rel"} (pytorch_rel:
+    PyTorch's own low-precision run's distance); a failed one has ok False."""
     out = []
 
     def one(what, got, want, lowv, floor):
         spread = rel(lowv, want)
         bound = max(floor, 4 * spread)
         r = rel(got, want)
-        out.append({"what": what, "rel": r, "bound": bound, "pytorch_bf16_rel": spread, "ok": r <= bound,
+        out.append({"what": what, "rel": r, "bound": bound, "pytorch_rel": spread, "ok": r <= bound,
                     "unchecked": bound >= UNCHECKED_AT})
-    one("eval logits", sf["logits"], ref["logits"], low["logits"], FLOORS["logits"])
-    one("loss", [sf["loss"]], [ref["loss"]], [low["loss"]], FLOORS["loss"])
+    one("eval logits", sf["logits"], ref["logits"], low["logits"], floors["logits"])
+    one("loss", [sf["loss"]], [ref["loss"]], [low["loss"]], floors["loss"])
     missing = [n for n in ref["grads"] if f"optim.{n}.momentum_buffer" not in sf["state"]]
     if missing:
         raise RuntimeError(f"the checkpoint has no momentum buffer of {missing[:5]}")
     g = {n: sf["state"][f"optim.{n}.momentum_buffer"] for n in ref["grads"]}
     cat = lambda d: np.concatenate([d[n].ravel().astype(np.float64) for n in ref["grads"]])  # noqa: E731
-    one("all gradients", cat(g), cat(ref["grads"]), cat(low["grads"]), FLOORS["grad_all"])
+    one("all gradients", cat(g), cat(ref["grads"]), cat(low["grads"]), floors["grad_all"])
     for n in ref["grads"]:
-        one(f"gradient of {n}", g[n], ref["grads"][n], low["grads"][n], FLOORS["grad"])
+        one(f"gradient of {n}", g[n], ref["grads"][n], low["grads"][n], floors["grad"])
     for n, want in ref["buffers"].items():
         if n in sf["state"]:
-            one(f"buffer {n}", sf["state"][n], want, low["buffers"][n], FLOORS["stats"])
+            one(f"buffer {n}", sf["state"][n], want, low["buffers"][n], floors["stats"])
     return out
 
 
@@ -192,14 +218,17 @@ def check(a, torch, torchvision, family):
         for prec in a.precision.split(","):
             sfs[prec] = service_side(a, margs, prec, batch, eval_images, images, labels)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    ref = torch_side(torch, model, eval_images, images, labels, False, dev)
-    low = torch_side(torch, model, eval_images, images, labels, True, dev)
-    rows = [dict(r, what=f"{prec}: {r['what']}") for prec, sf in sfs.items() for r in compare(sf, ref, low)]
+    ref = torch_side(torch, model, eval_images, images, labels, "fp32", dev)
+    lows = {m: torch_side(torch, model, eval_images, images, labels, m, dev) for m in {LOW_RUN[p] for p in sfs}}
+    rows = [dict(r, what=f"{prec}: {r['what']}") for prec, sf in sfs.items()
+            for r in compare(sf, ref, lows[LOW_RUN[prec]], FLOORS[prec])]
     failed = [r for r in rows if not r["ok"]]
+    summary = [r for r in rows if r["what"].split(": ", 1)[1] in ("eval logits", "loss", "all gradients")]
     worst = sorted((r for r in rows if not r["unchecked"]), key=lambda r: r["rel"] / r["bound"], reverse=True)[:5]
     return {"family": family, "ok": not failed, "precision": a.precision, "size": size, "batch": batch,
             "classes": a.classes, "preset": a.preset, "seed": a.seed, "seconds": round(time.monotonic() - t0, 1),
             "compared": len(rows), "unchecked": sum(r["unchecked"] for r in rows), "failed": failed,
+            "summary": summary,
             "worst": worst, "unchecked_what": [r["what"] for r in rows if r["unchecked"]][:40],
             "error": None if not failed else
             f"{len(failed)} of {len(rows)} comparisons out of bounds, first: {failed[0]['what']} "
@@ -212,7 +241,8 @@ def main(argv=None):
     ap.add_argument("--status", required=True, help="results directory: OUT/NAME/check.json per family")
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--precision", default="bf16", help="model.precision, or a comma list (a server each)")
+    ap.add_argument("--precision", default="bf16", help="model.precision, or a comma list (a server each): "
+                    + ", ".join(FLOORS))
     ap.add_argument("--classes", type=int, default=1000, help="num_classes of the torchvision module")
     ap.add_argument("--preset", action="store_true",
                     help="train the service's model.preset of the family's name (resnet18: W3) from the module's "
@@ -222,10 +252,11 @@ def main(argv=None):
     ap.add_argument("--step-timeout", type=float, default=120.0)
     ap.add_argument("families", nargs="+")
     a = ap.parse_args(argv)
+    bad = [p for p in a.precision.split(",") if p not in FLOORS]
+    if bad:
+        ap.error(f"--precision: {bad[0]} is not one of {', '.join(FLOORS)}")
     import torch
     import torchvision
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     failed = 0
     for fam in a.families:
         try:

@@ -28,10 +28,10 @@ The bound of each comparison is a floor (FLOORS, by the service's
 precision), or four times the distance of PyTorch's own low-precision run
 from that float32 run, whichever is larger: for a service in bf16, PyTorch's
 bf16 autocast (channels_last for the CNNs, as its side of the table runs);
-in fp32 or tf32, PyTorch with TF32 on. The service is asked to be as close
-as PyTorch's own low-precision run is, not closer. A tensor whose bound
-reaches UNCHECKED_AT is counted as unchecked (reported, not failed):
-PyTorch's own run tells nothing about it. bf16 alone leaves many of a deep
+in tf32, PyTorch with TF32 on; in fp32, PyTorch's float32 on the CPU. The
+service is asked to be as close as PyTorch's own other run is, not closer.
+A tensor whose bound reaches UNCHECKED_AT is counted as unchecked (reported,
+not failed): PyTorch's own run tells nothing about it. bf16 alone leaves many of a deep
 network's gradients unchecked at its first step (PyTorch's own bf16
 gradients of resnet50 are more than 17.5 % off float32 for 159 of its 270
 tensors at batch 32); bench/families_run.sh checks fp32 too, whose bounds
@@ -59,14 +59,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 PIPELINE = [{"op": "to_dtype", "scale": 1 / 255}, {"op": "normalize", "mean": MEAN, "std": STD}]
 # The bound's floors by the service's precision, and the PyTorch run whose
-# distance from float32 sets the bound above them: bf16 against bf16
-# autocast; fp32 and tf32 against PyTorch with TF32 on (a service in fp32
-# rounds otherwise than PyTorch does, by summation order and algorithm, but
-# far less than TF32 does).
+# distance from float32 on the GPU sets the bound above them: bf16 against
+# bf16 autocast; tf32 against PyTorch with TF32 on; fp32 against PyTorch's
+# float32 on the CPU (another summation order and other algorithms, as the
+# service's own are: TF32 would be far noisier than a float32 service is,
+# and leave most of a ResNet's gradients unchecked).
 FLOORS = {"bf16": {"logits": 0.05, "loss": 0.02, "grad": 0.25, "grad_all": 0.1, "stats": 0.05},
           "tf32": {"logits": 0.01, "loss": 0.005, "grad": 0.05, "grad_all": 0.02, "stats": 0.01},
           "fp32": {"logits": 1e-3, "loss": 1e-3, "grad": 0.01, "grad_all": 5e-3, "stats": 1e-3}}
-LOW_RUN = {"bf16": "bf16", "tf32": "tf32", "fp32": "tf32"}
+LOW_RUN = {"bf16": "bf16", "tf32": "tf32", "fp32": "cpu"}
 UNCHECKED_AT = 0.7
 
 
@@ -99,9 +100,12 @@ def as_input(torch, images, dev):
 def torch_side(torch, model, eval_images, images, labels, mode, dev):
     """PyTorch's eval logits, loss, gradients and buffers after one training
     forward on dev: mode "fp32" (TF32 off), "tf32" (TF32 on: another
-    rounding of float32 work) or "bf16" (bf16 autocast, channels_last for the
-    CNNs, as PyTorch's side of the table runs)."""
+    rounding of float32 work), "cpu" (float32 on the CPU) or "bf16" (bf16
+    autocast, channels_last for the CNNs, as PyTorch's side of the table
+    runs)."""
     F = torch.nn.functional
+    other = mode in ("tf32", "cpu") and dev == "cpu"
+    dev = "cpu" if mode == "cpu" else dev
     m = copy.deepcopy(model).to(dev)
     cl = mode == "bf16" and not type(model).__name__.startswith("Vision")
     if cl:
@@ -113,7 +117,7 @@ def torch_side(torch, model, eval_images, images, labels, mode, dev):
     # arithmetic, like the batch mean of a convolution of a batchnorm's
     # output, come out as rounding noise, and no bound on them means anything).
     threads = torch.get_num_threads()
-    if mode == "tf32" and dev == "cpu":
+    if other:
         torch.set_num_threads(1)
 
     def inp(x):
@@ -179,10 +183,17 @@ def compare(sf, ref, low, floors):
     if missing:
         raise RuntimeError(f"the checkpoint has no momentum buffer of {missing[:5]}")
     g = {n: sf["state"][f"optim.{n}.momentum_buffer"] for n in ref["grads"]}
-    cat = lambda d: np.concatenate([d[n].ravel().astype(np.float64) for n in ref["grads"]])  # noqa: E731
-    one("all gradients", cat(g), cat(ref["grads"]), cat(low["grads"]), floors["grad_all"])
     for n in ref["grads"]:
         one(f"gradient of {n}", g[n], ref["grads"][n], low["grads"][n], floors["grad"])
+    # All gradients together, of the tensors checked one by one: a tensor that
+    # is zero in exact arithmetic (the bias of a batchnorm whose output a
+    # convolution feeds to another batchnorm) is rounding noise on every side,
+    # and its noise would outweigh the rest (resnet50's first-step gradients,
+    # all together, are 65 % apart between PyTorch's TF32 and float32 runs).
+    checked = [n for n, r in zip(ref["grads"], out[2:]) if not r["unchecked"]] or list(ref["grads"])
+    cat = lambda d: np.concatenate([d[n].ravel().astype(np.float64) for n in checked])  # noqa: E731
+    one(f"all gradients ({len(checked)} tensors)", cat(g), cat(ref["grads"]), cat(low["grads"]),
+        floors["grad_all"])
     for n, want in ref["buffers"].items():
         if n in sf["state"]:
             one(f"buffer {n}", sf["state"][n], want, low["buffers"][n], floors["stats"])
@@ -223,7 +234,7 @@ def check(a, torch, torchvision, family):
     rows = [dict(r, what=f"{prec}: {r['what']}") for prec, sf in sfs.items()
             for r in compare(sf, ref, lows[LOW_RUN[prec]], FLOORS[prec])]
     failed = [r for r in rows if not r["ok"]]
-    summary = [r for r in rows if r["what"].split(": ", 1)[1] in ("eval logits", "loss", "all gradients")]
+    summary = [r for r in rows if r["what"].split(": ", 1)[1].startswith(("eval logits", "loss", "all gradients"))]
     worst = sorted((r for r in rows if not r["unchecked"]), key=lambda r: r["rel"] / r["bound"], reverse=True)[:5]
     return {"family": family, "ok": not failed, "precision": a.precision, "size": size, "batch": batch,
             "classes": a.classes, "preset": a.preset, "seed": a.seed, "seconds": round(time.monotonic() - t0, 1),

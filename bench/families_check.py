@@ -9,8 +9,9 @@ benchmark reported its speed).
     python3 bench/families_check.py --bin build/streamfeed --status OUT --size 224 resnet50 vit_b_16 ...
 
 writes OUT/NAME/check.json per family and exits 1 when any failed. With
---preset it checks the service's own preset of that name instead (W3's
-resnet18, --classes 10: bench/w3_run.sh), started from the module's weights.
+--preset it checks the service's own preset of that name instead, started
+from its PyTorch module's weights (bench/torch_interop.py: W1's
+seed-classifier in bench/run.sh, W3's resnet18 in bench/w3_run.sh).
 
 What is compared, from torchvision.models.NAME(num_classes=1000) (vit_* at
 --size), seeded, exported here with streamfeed.export.export_model:
@@ -54,7 +55,9 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "client", "python"))
+sys.path.insert(0, HERE)
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 PIPELINE = [{"op": "to_dtype", "scale": 1 / 255}, {"op": "normalize", "mean": MEAN, "std": STD}]
@@ -76,12 +79,21 @@ def rel(got, want):
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
 
-def build(torch, torchvision, family, size, seed, classes):
-    kwargs = {"num_classes": classes}
-    if family.startswith("vit_") and size != 224:
-        kwargs["image_size"] = size
+def build(torch, torchvision, family, size, seed, classes, preset):
+    """The module: torchvision's family, or with preset the PyTorch
+    definition of the service's preset of that name (bench/torch_interop.py:
+    seed-classifier is W1's, resnet18 W3's)."""
     torch.manual_seed(seed)
-    model = getattr(torchvision.models, family)(**kwargs)
+    if preset:
+        from torch_interop import torch_model
+        if family == "seed-encdec":
+            raise ValueError("seed-encdec segments (per-pixel labels): the gate compares classifiers")
+        model = torch_model(family)
+    else:
+        kwargs = {"num_classes": classes}
+        if family.startswith("vit_") and size != 224:
+            kwargs["image_size"] = size
+        model = getattr(torchvision.models, family)(**kwargs)
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout) or type(m).__name__ == "StochasticDepth":
             m.p = 0.0
@@ -218,11 +230,13 @@ def model_args(a, torch, model, family, batch, out):
 def check(a, torch, torchvision, family):
     t0 = time.monotonic()
     size, batch = a.size, a.batch
-    model = build(torch, torchvision, family, size, a.seed, a.classes)
+    model = build(torch, torchvision, family, size, a.seed, a.classes, a.preset)
+    with torch.no_grad():
+        classes = int(model.eval()(torch.zeros(1, 3, size, size)).shape[1])
     rng = np.random.default_rng(a.seed)
     eval_images = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
     images = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
-    labels = rng.integers(0, a.classes, batch).astype(np.int64)
+    labels = rng.integers(0, classes, batch).astype(np.int64)
     sfs = {}
     with tempfile.TemporaryDirectory(prefix="streamfeed-check-") as d:
         margs = model_args(a, torch, model, family, batch, os.path.join(d, "model"))
@@ -237,7 +251,7 @@ def check(a, torch, torchvision, family):
     summary = [r for r in rows if r["what"].split(": ", 1)[1].startswith(("eval logits", "loss", "all gradients"))]
     worst = sorted((r for r in rows if not r["unchecked"]), key=lambda r: r["rel"] / r["bound"], reverse=True)[:5]
     return {"family": family, "ok": not failed, "precision": a.precision, "size": size, "batch": batch,
-            "classes": a.classes, "preset": a.preset, "seed": a.seed, "seconds": round(time.monotonic() - t0, 1),
+            "classes": classes, "preset": a.preset, "seed": a.seed, "seconds": round(time.monotonic() - t0, 1),
             "compared": len(rows), "unchecked": sum(r["unchecked"] for r in rows), "failed": failed,
             "summary": summary,
             "worst": worst, "unchecked_what": [r["what"] for r in rows if r["unchecked"]][:40],
@@ -256,8 +270,9 @@ def main(argv=None):
                     + ", ".join(FLOORS))
     ap.add_argument("--classes", type=int, default=1000, help="num_classes of the torchvision module")
     ap.add_argument("--preset", action="store_true",
-                    help="train the service's model.preset of the family's name (resnet18: W3) from the module's "
-                         "weights instead of exporting the module")
+                    help="train the service's model.preset of the family's name (seed-classifier: W1, resnet18: "
+                         "W3) from its PyTorch module's weights (bench/torch_interop.py) instead of exporting a "
+                         "torchvision module")
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--start-timeout", type=float, default=120.0)
     ap.add_argument("--step-timeout", type=float, default=120.0)

@@ -90,3 +90,13 @@ def test_a_missing_gradient_in_the_checkpoint_is_an_error_not_a_pass():
     del sf["state"]["optim.fc.weight.momentum_buffer"]
     with pytest.raises(RuntimeError, match="fc.weight"):
         families_check.compare(sf, ref, ref, families_check.FLOORS["fp32"])
+
+
+@pytest.mark.skipif(built_with_asan(), reason="numerics only; the server paths are the parity tests'")
+def test_the_gate_passes_a_preset_started_from_its_pytorch_modules_weights(tmp_path):
+    # --preset: the service's own model (bench/run.sh gates W1's seed-classifier this way,
+    # bench/w3_run.sh W3's resnet18), its weights taken from bench/torch_interop.py's module
+    assert run_gate(tmp_path, "--preset", "--size", "32", "--batch", "4", "--precision", "fp32", "tiny") == 0
+    res = json.loads((tmp_path / "tiny" / "check.json").read_text())
+    assert res["ok"] and res["preset"] and res["classes"] == 10
+    assert res["compared"] == 2 + 1 + 10  # logits, loss, all gradients, and five layers' weight and bias

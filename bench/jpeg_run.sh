@@ -5,6 +5,8 @@
 #      (build/bench/jpeg_decode), torchvision.io.decode_jpeg(list, device="cuda")
 #      and PIL per core (bench/jpeg_decode.py), batch 32 and 256, on 256x256
 #      (w1-jpeg) and 500x375 (imagenet-jpeg) quality-90 files;
+#   then the numerics gate of the two models parts 2 and 3 train
+#      (bench/families_check.py --preset; nothing more runs without it);
 #   2. W1 over HTTP, 8 connections: raw uint8 batches against JPEG batches of
 #      the same size, steps/s and bytes on the wire (bench/ingest_e2e.py);
 #   3. ImageNet-like: ResNet-18 bf16 batch 256 from 500x375 JPEGs through
@@ -47,6 +49,28 @@ for d in "w1_256x256:$W1DIR" "imagenet_500x375:$IMNDIR"; do
   python3 bench/jpeg_decode.py --dir "$dir" --batch 32,256 --iters 50 --label "$label" 2>&1 \
     | tee -a "$OUTD/bench.log" | grep '^{' >> "$OUTD/decode.jsonl"
 done
+
+# The numerics gate (bench/families_check.py --preset) before parts 2 and 3
+# train: W1's seed-classifier in tf32 and W3's resnet18 in bf16, each against
+# its PyTorch module from the same weights, and fp32 for both. Decoding's own
+# correctness is the tests' (tests/integration/test_jpeg_real_files.py and
+# beside it); a speed of a model that computes the wrong thing is worse than
+# none, so without the gate parts 2 and 3 do not run and the script exits 1.
+GATE=0
+PY=${PY:-python3}
+if "$PY" -c "import torch, torchvision" 2> /dev/null; then
+  PYTHONPATH=client/python timeout 300 "$PY" bench/families_check.py --bin build/streamfeed --status "$OUTD/gate" \
+    --preset --size 256 --batch 32 --precision tf32,fp32 seed-classifier 2>&1 | tee -a "$OUTD/bench.log"
+  w1=${PIPESTATUS[0]}
+  PYTHONPATH=client/python timeout 300 "$PY" bench/families_check.py --bin build/streamfeed --status "$OUTD/gate" \
+    --preset --size 224 --batch 32 --precision bf16,fp32 resnet18 2>&1 | tee -a "$OUTD/bench.log"
+  [ "$w1" = 0 ] && [ "${PIPESTATUS[0]}" = 0 ] && GATE=1
+fi
+if [ "$GATE" != 1 ]; then
+  log "the numerics gate did not pass or could not run (PyTorch with torchvision via PY=$PY; $OUTD/gate): no training figures"
+  log "done: $OUTD"
+  exit 1
+fi
 
 # 2. W1 over HTTP: raw uint8 against JPEG, same server, same augmentation.
 E2E="python3 bench/ingest_e2e.py --bin build/streamfeed --load build/streamfeed-load"

@@ -11,7 +11,9 @@ benchmark reported its speed).
 writes OUT/NAME/check.json per family and exits 1 when any failed. With
 --preset it checks the service's own preset of that name instead, started
 from its PyTorch module's weights (bench/torch_interop.py: W1's
-seed-classifier in bench/run.sh, W3's resnet18 in bench/w3_run.sh).
+seed-classifier in bench/run.sh, W2's seed-encdec in bench/w2_run.sh, W3's
+resnet18 in bench/w3_run.sh). A model whose output is [N, C, H, W] is
+trained on a label per pixel.
 
 What is compared, from torchvision.models.NAME(num_classes=1000) (vit_* at
 --size), seeded, exported here with streamfeed.export.export_model:
@@ -86,8 +88,6 @@ def build(torch, torchvision, family, size, seed, classes, preset):
     torch.manual_seed(seed)
     if preset:
         from torch_interop import torch_model
-        if family == "seed-encdec":
-            raise ValueError("seed-encdec segments (per-pixel labels): the gate compares classifiers")
         model = torch_model(family)
     else:
         kwargs = {"num_classes": classes}
@@ -163,11 +163,11 @@ def service_side(a, model_args, precision, batch, eval_images, images, labels):
         "--augment.pipeline", json.dumps(PIPELINE), "--augment.eval_pipeline", json.dumps(PIPELINE),
         "--optim.name", "sgd", "--optim.lr", "0.001", "--optim.momentum", "0.9", "--optim.weight_decay", "0",
         "--optim.schedule", "constant", "--log.requests", "false",
-        "--ring.slot_bytes", str(batch * size * size * 3 + 65536)]
+        "--ring.slot_bytes", str(images.nbytes + labels.nbytes + 65536)]
     with LocalServer(os.path.abspath(a.bin), args, start_timeout=a.start_timeout) as srv:
         try:
             c = srv.client(timeout=a.step_timeout, wait_timeout=a.step_timeout)
-            logits = np.asarray(c.logits(eval_images, np.zeros(len(eval_images), np.int64)), np.float32)
+            logits = np.asarray(c.logits(eval_images, np.zeros_like(labels)), np.float32)
             r = c.post_batch(images, labels, wait=True)
             ck = requests.get(srv.url + "/v1/checkpoint?optimizer=true", timeout=a.step_timeout)
             if ck.status_code != 200:
@@ -232,11 +232,13 @@ def check(a, torch, torchvision, family):
     size, batch = a.size, a.batch
     model = build(torch, torchvision, family, size, a.seed, a.classes, a.preset)
     with torch.no_grad():
-        classes = int(model.eval()(torch.zeros(1, 3, size, size)).shape[1])
+        out_shape = tuple(model.eval()(torch.zeros(1, 3, size, size)).shape)
     rng = np.random.default_rng(a.seed)
     eval_images = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
     images = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
-    labels = rng.integers(0, classes, batch).astype(np.int64)
+    # a [N, classes, H, W] output segments: a label per pixel (W2's seed-encdec)
+    classes = out_shape[1]
+    labels = rng.integers(0, classes, (batch,) + out_shape[2:]).astype(np.int64)
     sfs = {}
     with tempfile.TemporaryDirectory(prefix="streamfeed-check-") as d:
         margs = model_args(a, torch, model, family, batch, os.path.join(d, "model"))

@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from .export_error import ExportError
 from .export_values import _Attention, _Expanded, _Grouped, _Pieces, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
                                SUPPORTED_MODULES)
@@ -67,20 +68,6 @@ NAME_MAX = 63
 # The largest kernel size, stride or padding a layer takes (SF_MAX_KERNEL of
 # gpu/layers.h).
 MAX_KERNEL = 64
-
-
-class ExportError(ValueError):
-    """A module the service cannot train as it is. ``op`` is the module class
-    or function, ``module_path`` where it sits in the module (``""``: the
-    top-level module), ``supported`` what would map instead."""
-
-    def __init__(self, message: str, op: str = "", module_path: str = "", supported: str = ""):
-        self.op, self.module_path, self.supported = op, module_path, supported
-        where = f" at {module_path!r}" if module_path else " in the top-level module" if op else ""
-        text = f"cannot export {op}{where}: {message}" if op else message
-        if supported:
-            text += f". Supported: {supported}"
-        super().__init__(text)
 
 
 def _finite(v: Any, name: str, op: str, path: str) -> float:

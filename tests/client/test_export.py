@@ -795,6 +795,57 @@ def test_an_activation_parameter_the_service_cannot_hold_is_refused(mod, field):
     assert field in str(e.value) and e.value.module_path == "1"
 
 
+class PaddedClamped(nn.Module):
+    """Zero padding before a convolution in each spelling (nn.ZeroPad2d,
+    nn.ConstantPad2d(p, 0.0), F.pad with its defaults and with mode and
+    value given; before an unpadded convolution, a padded, dilated and
+    grouped one, a 5x1 one and one with padding="same"), and every spelling
+    of a clamp that is relu or relu6, in place where nothing reads the
+    input again."""
+
+    def __init__(self):
+        super().__init__()
+        self.pad = nn.ZeroPad2d(1)
+        self.conv1 = nn.Conv2d(3, 8, 3)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, dilation=2, groups=2)
+        self.block = nn.Sequential(nn.ConstantPad2d((0, 0, 2, 2), 0.0), nn.Conv2d(8, 8, (5, 1)))
+        self.conv4 = nn.Conv2d(8, 8, 3, padding="same", bias=False)
+        self.act = nn.Hardtanh(0., 6.)
+        self.act_ = nn.Hardtanh(0, 6, inplace=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.conv1(self.pad(x))
+        y = torch.clamp(y, min=0) + y.clamp(min=0) + y.clamp_min(0) + torch.clamp_min(y, 0) + y.clip(min=0)
+        y = self.conv2(F.pad(y, (1, 1, 1, 1)))
+        y = F.hardtanh(y, 0., 6.) + self.act(y) + torch.clamp(y, 0, 6) + y.clamp(0., 6.) + torch.clip(y, 0, 6)
+        y = self.act_(self.block(y))
+        y = F.hardtanh_(self.conv4(F.pad(y, (0, 0, 1, 1), mode="constant", value=0)), 0., 6.)
+        y = F.hardtanh(y.clamp_(min=0).clamp_min_(0), 0, 6, inplace=True).clamp_(0, 6)
+        return self.fc(y.mean((2, 3)))
+
+
+def test_zero_padding_folds_into_its_convolution_and_clamps_export_as_relu_and_relu6():
+    torch.manual_seed(0)
+    model = PaddedClamped()
+    with torch.no_grad():  # inputs past 6, so that relu6 clamps them
+        for conv in (model.conv2, model.block[1]):
+            conv.weight.mul_(8)
+    sd = model.state_dict()
+    ex = assert_spec_computes_the_module(model, hw=8)
+    convs = [la for la in ex.spec["layers"] if la["type"] == "conv2d"]
+    assert [(la["name"], la.get("pad")) for la in convs] == [("conv1", 1), ("conv2", 2), ("block.1", [2, 0]),
+                                                             ("conv4", [2, 1])]
+    assert convs[1]["dilation"] == 2 and convs[1]["groups"] == 2
+    kinds = [la["type"] for la in ex.spec["layers"] if la["type"] not in ("conv2d", "add")]
+    assert kinds == ["relu"] * 5 + ["relu6"] * 6 + ["relu6", "relu", "relu", "relu6", "relu6"] + \
+        ["global_avgpool", "flatten", "linear"]
+    assert {la["name"] for la in ex.spec["layers"]} >= {"act", "act_"}
+    # The padding has no parameters and no layer: the state_dict is the module's, and loads back strictly.
+    assert ex.tensors.keys() == sd.keys()
+    PaddedClamped().load_state_dict(ex.tensors, strict=True)
+
+
 # ---- refusals -----------------------------------------------------------------------------
 
 
@@ -951,6 +1002,102 @@ def test_writing_into_a_tensor_that_is_read_later_is_refused(write):
 
     with pytest.raises(ExportError, match="in place"):
         convert(Aliased(), (1, 3, 4, 4))
+
+
+class Stem(nn.Module):
+    """A module whose forward() is f(self, x), holding a 3x3 convolution
+    (conv) and the modules given; Stemmed nests it at "stem"."""
+
+    def __init__(self, f, **mods):
+        super().__init__()
+        self.f, self.conv = f, nn.Conv2d(3, 4, 3)
+        for name, m in mods.items():
+            setattr(self, name, m)
+
+    def forward(self, x):
+        return self.f(self, x)
+
+
+class Stemmed(nn.Module):
+    def __init__(self, f, **mods):
+        super().__init__()
+        self.stem = Stem(f, **mods)
+
+    def forward(self, x):
+        return self.stem(x).flatten(1)
+
+
+def _pad_conv(s, x):
+    return s.conv(s.pad(x))
+
+
+def _conv_act(s, x):
+    return s.act(s.conv(x))
+
+
+_ASYMMETRIC = "each axis by one amount on both sides"
+_NO_CLAMP = "has no layer kind; clamp(min=0) and clamp(0, 6) map to relu and relu6"
+
+
+@pytest.mark.parametrize("f, mods, op, path, why", [
+    (lambda s, x: s.conv(F.pad(x, (0, 1, 0, 1))), {}, "torch.nn.functional.pad", "stem",
+     f"(left, right, top, bottom) = (0, 1, 0, 1), which pads the input of the Conv2d at 'stem.conv' by (0, 1, 0, "
+     f"1): the service's conv2d pads {_ASYMMETRIC}"),
+    (_pad_conv, {"pad": nn.ZeroPad2d((1, 0, 1, 0))}, "ZeroPad2d", "stem.pad", "asymmetric padding"),
+    (lambda s, x: s.conv2(s.pad(x)), {"pad": nn.ZeroPad2d((2, 1, 1, 1)), "conv2": nn.Conv2d(3, 4, 3, padding=1)},
+     "ZeroPad2d", "stem.pad", "with the Conv2d's own padding [1, 1] pads the input of the Conv2d at 'stem.conv2' by "
+     "(3, 2, 2, 2)"),
+    (lambda s, x: s.conv(F.pad(x, (1, 1, 1, 1), value=1.0)), {}, "torch.nn.functional.pad", "stem",
+     "pads with the value 1.0"),
+    (_pad_conv, {"pad": nn.ConstantPad2d(1, -0.5)}, "ConstantPad2d", "stem.pad", "pads with the value -0.5"),
+    (lambda s, x: s.conv(F.pad(x, (1, 1, 1, 1), mode="reflect")), {}, "torch.nn.functional.pad", "stem",
+     "reflect padding has no layer kind yet"),
+    (lambda s, x: s.conv(F.pad(x, (1, 1, 1, 1), "replicate")), {}, "torch.nn.functional.pad", "stem",
+     "replicate padding has no layer kind yet"),
+    (_pad_conv, {"pad": nn.ReflectionPad2d(1)}, "ReflectionPad2d", "stem.pad", "reflect padding has no layer kind"),
+    (_pad_conv, {"pad": nn.ReplicationPad2d(1)}, "ReplicationPad2d", "stem.pad", "replicate padding has no layer"),
+    (_pad_conv, {"pad": nn.CircularPad2d(1)}, "CircularPad2d", "stem.pad", "circular padding has no layer kind"),
+    (lambda s, x: s.conv(F.pad(x, (-1, -1, 0, 0))), {}, "torch.nn.functional.pad", "stem",
+     "(-1, -1, 0, 0): a negative pad crops the map"),
+    (lambda s, x: F.max_pool2d(s.pad(s.conv(x)), 2), {"pad": nn.ZeroPad2d(1)}, "ZeroPad2d", "stem.pad",
+     "read by max_pool2d; the service has no padding layer"),
+    (lambda s, x: (lambda p: s.conv(p) + s.conv2(p))(s.pad(x)), {"pad": nn.ZeroPad2d(1), "conv2": nn.Conv2d(3, 4, 3)},
+     "ZeroPad2d", "stem.pad", "read by Conv2d at 'stem.conv', Conv2d at 'stem.conv2'"),
+    (lambda s, x: s.conv2(F.pad(x, (1, 1, 1, 1, 1, 1))), {"conv2": nn.Conv2d(5, 4, 3)}, "torch.nn.functional.pad",
+     "stem", "pad dimensions other than the height and width"),
+    (_pad_conv, {"pad": nn.ZeroPad2d(1), "conv": nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")}, "Conv2d",
+     "stem.conv", "padding_mode 'reflect'"),
+    (lambda s, x: s.conv(x).clamp(-1, 1), {}, "Tensor.clamp", "stem", f"clamp to [-1, 1] {_NO_CLAMP}"),
+    (_conv_act, {"act": nn.Hardtanh()}, "Hardtanh", "stem.act", f"clamp to [-1, 1] {_NO_CLAMP}"),
+    (_conv_act, {"act": nn.Hardtanh(0., 1.)}, "Hardtanh", "stem.act", f"clamp to [0, 1] {_NO_CLAMP}"),
+    (lambda s, x: torch.clamp(s.conv(x), max=6), {}, "torch.clamp", "stem", f"clamp to [-inf, 6] {_NO_CLAMP}"),
+    (lambda s, x: s.conv(x).clamp_min(0.5), {}, "Tensor.clamp_min", "stem", f"clamp to [0.5, inf] {_NO_CLAMP}"),
+    (lambda s, x: F.hardtanh(s.conv(x), 0., 3.), {}, "hardtanh", "stem", f"clamp to [0, 3] {_NO_CLAMP}"),
+    (lambda s, x: s.conv(x).clamp(min=torch.zeros(1)), {}, "Tensor.clamp", "stem",
+     "lower bound _tensor_constant0, which is not a number known at export"),
+], ids=["F.pad-asymmetric", "ZeroPad2d-asymmetric", "ZeroPad2d-asymmetric-onto-conv-padding", "F.pad-value",
+        "ConstantPad2d-value", "F.pad-reflect", "F.pad-replicate", "ReflectionPad2d", "ReplicationPad2d",
+        "CircularPad2d", "F.pad-negative", "pad-read-by-a-pool", "pad-read-by-two-convs", "F.pad-channels",
+        "conv-padding_mode", "clamp-bounds", "Hardtanh-default", "Hardtanh-0-1", "clamp-max-only",
+        "clamp_min-0.5", "hardtanh-0-3", "clamp-tensor-bound"])
+def test_padding_and_clamps_without_a_layer_kind_are_refused_naming_the_op_the_path_and_why(f, mods, op, path, why):
+    with pytest.raises(ExportError) as e:
+        convert(Stemmed(f, **mods), (1, 3, 8, 8))
+    assert op in e.value.op and e.value.module_path == path, str(e.value)
+    assert f"at {path!r}" in str(e.value) and why in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("act", [lambda s, y: y.clamp_(0, 6), lambda s, y: F.hardtanh_(y, 0., 6.),
+                                 lambda s, y: F.hardtanh(y, 0., 6., inplace=True), lambda s, y: s.act(y)],
+                         ids=["clamp_", "hardtanh_", "hardtanh-inplace", "Hardtanh-inplace"])
+def test_a_clamp_in_place_whose_input_is_read_later_is_refused(act):
+    def f(s, x):
+        y = s.conv(x)
+        return act(s, y) + y
+
+    with pytest.raises(ExportError, match="in place") as e:
+        convert(Stemmed(f, act=nn.Hardtanh(0., 6., inplace=True)), (1, 3, 8, 8))
+    assert e.value.module_path.startswith("stem"), str(e.value)
 
 
 def test_a_permute_other_than_to_channels_last_and_back_is_refused():

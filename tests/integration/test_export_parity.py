@@ -725,6 +725,55 @@ def test_a_module_with_elu_selu_softplus_and_mish_trains_like_pytorch(start_serv
     train_like_pytorch(s, model, SmoothActs, 16, 13)
 
 
+class PaddedClamps(torch.nn.Module):
+    """A user's module with its zero padding and its clamps written as ops
+    of their own, which export onto kinds every service has: nn.ZeroPad2d
+    before an unpadded convolution, F.pad before a strided convolution with
+    padding of its own and before a grouped one padded on the height only
+    (the pads add up to each one's pad), x.clamp(min=0) as a ReLU,
+    F.hardtanh(x, 0., 6.) and nn.Hardtanh(0., 6.) as ReLU6. The second
+    convolution starts with its weights scaled so that a share of its
+    outputs pass 6 and are clamped."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.pad = nn.ZeroPad2d(1)
+        self.conv1 = nn.Conv2d(3, 8, 3)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.conv3 = nn.Conv2d(16, 16, 3, padding=(1, 0), groups=2)
+        self.act = nn.Hardtanh(0., 6.)
+        self.fc = nn.Linear(16, 10)
+        with torch.no_grad():
+            self.conv2.weight.mul_(10)
+
+    def forward(self, x):
+        y = self.bn1(self.conv1(self.pad(x))).clamp(min=0)
+        y = F.hardtanh(self.conv2(F.pad(y, (1, 1, 1, 1))), 0., 6.)
+        y = self.act(self.conv3(F.pad(y, (1, 1), mode="constant", value=0)))
+        return self.fc(y.mean((2, 3)))
+
+
+def test_zero_padding_and_clamps_written_as_ops_train_like_pytorch(start_server, tmp_path, spec_checker):
+    """Each padding folds into its convolution's pad and each clamp is a relu
+    or relu6: the layers are the ones a module without them would export
+    to, under the module's own names, and train like it."""
+    torch.manual_seed(6)
+    model = PaddedClamps()
+    with torch.no_grad():
+        clamped = float((model.conv2(F.pad(model.bn1(model.conv1(model.pad(torch.rand(BATCH, 3, 16, 16)))).clamp(
+            min=0), (1, 1, 1, 1))) > 6).float().mean())
+    assert clamped > 0.02, f"only {clamped:.1%} of conv2's outputs pass 6: relu6 would clamp nothing"
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=16, every_service=True)
+    layers = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]["layers"]
+    assert [(la["type"], la["name"], la.get("pad")) for la in layers if la["type"] != "batchnorm2d"] == [
+        ("conv2d", "conv1", 1), ("relu", "relu", None), ("conv2d", "conv2", 2), ("relu6", "relu6", None),
+        ("conv2d", "conv3", 1), ("relu6", "act", None), ("global_avgpool", "mean", None), ("flatten", ".flatten", None),
+        ("linear", "fc", None)]
+    train_like_pytorch(s, model, PaddedClamps, 16, 23)
+
+
 def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp_path, spec_checker):
     """resnet18 (69 layers) needs no kind beyond the first nine: its export
     must be taken by any streamfeed, and its eval logits are the module's."""

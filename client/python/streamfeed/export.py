@@ -51,7 +51,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from .export_values import _Attention, _Expanded, _Grouped, _Pieces, _Val
+from .export_error import ExportError
+from .export_folds import PAD_MODULES, check_pad_reader, clamp_activation, fold_pad, is_pad, pad_sides
+from .export_values import _Attention, _Expanded, _Grouped, _Padded, _Pieces, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
                                SUPPORTED_MODULES)
 
@@ -67,20 +69,6 @@ NAME_MAX = 63
 # The largest kernel size, stride or padding a layer takes (SF_MAX_KERNEL of
 # gpu/layers.h).
 MAX_KERNEL = 64
-
-
-class ExportError(ValueError):
-    """A module the service cannot train as it is. ``op`` is the module class
-    or function, ``module_path`` where it sits in the module (``""``: the
-    top-level module), ``supported`` what would map instead."""
-
-    def __init__(self, message: str, op: str = "", module_path: str = "", supported: str = ""):
-        self.op, self.module_path, self.supported = op, module_path, supported
-        where = f" at {module_path!r}" if module_path else " in the top-level module" if op else ""
-        text = f"cannot export {op}{where}: {message}" if op else message
-        if supported:
-            text += f". Supported: {supported}"
-        super().__init__(text)
 
 
 def _finite(v: Any, name: str, op: str, path: str) -> float:
@@ -448,6 +436,8 @@ class _Converter:
     def convert_node(self, n: torch.fx.Node) -> Any:
         shape = _meta_shape(n)
         self.b.generating = n.op != "call_module"
+        if is_pad(n, self.gm.get_submodule(str(n.target)) if n.op == "call_module" else None):
+            return self.pad(n)
         if n.op == "call_module":
             return self.convert_module(n)
         if _is_chunk_or_split(n):
@@ -470,12 +460,14 @@ class _Converter:
             return self.attention(n, mod, op, path)
         if not n.args or n.kwargs or len(n.args) != 1:
             raise ExportError("is called with other than one tensor argument", op=op, module_path=path)
-        x = self.val(n.args[0], n)
+        padded = self.vals.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
+        padded = padded if isinstance(padded, _Padded) and isinstance(mod, nn.Conv2d) else None
+        x = padded.x if padded else self.val(n.args[0], n)
         out = self.out_shape(n)
         b = self.b
         if isinstance(mod, nn.Conv2d):
             _need_nchw(x, op, path)
-            return self.conv2d(path, x, out, op, mod)
+            return self.conv2d(path, x, out, op, mod, padded)
         if isinstance(mod, nn.ConvTranspose2d):
             _need_nchw(x, op, path)
             return self.conv_transpose2d(path, x, out, op, mod)
@@ -492,7 +484,7 @@ class _Converter:
                 raise ExportError(f"runs on flat features [N, F] only (here a tensor of per-sample shape "
                                   f"{list(x.shape)}; the service has no [N, C, L] batchnorm)", op=op, module_path=path)
             return self.batchnorm2d(path, x, out, op, mod)
-        act = MODULE_ACTIVATIONS.get(type(mod))
+        act = MODULE_ACTIVATIONS.get(type(mod)) or clamp_activation(n, mod, op, path)
         if act:
             if x.ct:
                 _need_nchw(x, op, path)
@@ -552,7 +544,8 @@ class _Converter:
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_modules())
 
-    def conv2d(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
+    def conv2d(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any,
+               padded: Optional[_Padded] = None) -> _Val:
         _spatial(x.shape, op, path)
         if mod.padding_mode != "zeros":
             raise ExportError(f"padding_mode {mod.padding_mode!r}: the service pads with zeros", op=op,
@@ -565,6 +558,8 @@ class _Converter:
             p = (0, 0) if mod.padding == "valid" else (d[0] * (k[0] - 1) // 2, d[1] * (k[1] - 1) // 2)
         else:
             p = _hw(mod.padding)
+        if padded is not None:
+            p = fold_pad(padded, p, path)
         f: Dict[str, Any] = {"out": mod.out_channels, "k": _hw_field(k)}
         if s != (1, 1):
             f["stride"] = _hw_field(s)
@@ -578,6 +573,17 @@ class _Converter:
             f["bias"] = False
         params = ["weight"] + (["bias"] if mod.bias is not None else [])
         return self.b.emit("conv2d", path, [x], out, params=params, **f)
+
+    def pad(self, n: torch.fx.Node) -> _Padded:
+        """Zero padding of a map that one nn.Conv2d reads: no layer; the
+        convolution pads by that much more (export_folds.fold_pad)."""
+        op, path = self.opname(n), _path_of(n)
+        sides = pad_sides(n, self.gm.get_submodule(path) if n.op == "call_module" else None, op, path)
+        check_pad_reader(n, self.gm, op, path)
+        x = self.val(n.args[0], n)
+        _need_nchw(x, op, path)
+        _spatial(x.shape, op, path)
+        return _Padded(x, sides, op, path)
 
     def conv_transpose2d(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
         if mod.groups != 1 or _pair(mod.dilation, "dilation", op, path) != 1 or \
@@ -1091,7 +1097,8 @@ class _Converter:
             raise ExportError(f"indexes with {idx!r}; supported are x[:, 0] on a token sequence (the class token) "
                               "and x[:, a:b] on a map (a channel range)", op=op, module_path=path,
                               supported=_supported_functions())
-        kind = FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")
+        kind = (FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")) or \
+            clamp_activation(n, None, op, path)
         if kind:
             x = self.val(n.args[0], n)
             if x.ct:
@@ -1213,7 +1220,8 @@ _SOFTMAX_REFUSAL = ("softmax is not supported: the service trains with cross-ent
 _KNOWN_MODULES = (*MODULE_ACTIVATIONS, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm,
                   nn.InstanceNorm2d, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.MaxPool2d,
                   nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
-                  nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle)
+                  nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle,
+                  nn.Hardtanh, *PAD_MODULES)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:

@@ -26,7 +26,10 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "InstanceNorm2d": "groupnorm with a group per channel (affine or not, no running statistics)",
     "Upsample": "upsample (modes nearest and bilinear, align_corners; to a size or by integer scale_factor)",
     "UpsamplingNearest2d": "upsample", "UpsamplingBilinear2d": "upsample (bilinear, align_corners)",
-    "ReLU": "relu", "ReLU6": "relu6", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
+    "ZeroPad2d": "the pad of the one Conv2d that reads it (each axis padded evenly, the conv's own padding "
+                 "added)",
+    "ConstantPad2d": "as ZeroPad2d, with the value 0",
+    "ReLU": "relu", "ReLU6": "relu6", "Hardtanh": "relu6 (min_val 0, max_val 6)", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
     "LeakyReLU": "leaky_relu (negative_slope any finite number)", "ELU": "elu (alpha any finite number)",
     "SELU": "selu", "Softplus": "softplus (beta any finite number but 0, threshold any finite number)", "Mish": "mish",
@@ -62,6 +65,9 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword), F.elu (alpha positional or "
     "keyword), F.selu, torch.selu, F.softplus (beta, threshold positional or keyword), F.mish":
         "the activation of that name",
+    "F.pad (mode constant, value 0)": "the pad of the one Conv2d that reads it, as ZeroPad2d",
+    "torch.clamp, Tensor.clamp, torch.clip, Tensor.clip, torch.clamp_min, Tensor.clamp_min, F.hardtanh, and "
+    "their in-place spellings": "relu (to [0, inf)), relu6 (to [0, 6])",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",

@@ -71,3 +71,16 @@ class _Expanded:
     its torch.cat)."""
     target: str
     shape: Tuple[int, ...]
+
+
+@dataclass
+class _Padded:
+    """A map zero-padded on its way into the one nn.Conv2d that reads it
+    (nn.ZeroPad2d, nn.ConstantPad2d(p, 0), F.pad): no layer of its own; the
+    convolution adds sides, (left, right, top, bottom) as PyTorch orders
+    them, to its own padding. op and path name the padding where the sum
+    is refused."""
+    x: _Val
+    sides: Tuple[int, int, int, int]
+    op: str
+    path: str

@@ -160,6 +160,16 @@ static const sf_layer_field slice_fields[] = {
      "channels taken (start + count at most the input's channels)"},
     F_END,
 };
+static const sf_layer_field pixel_shuffle_fields[] = {
+    {"factor", SF_FT_INT, OFF(scale), 1, 64, 0, SF_FF_REQUIRED, NULL,
+     "r: each r x r block of output pixels comes from r * r channels of one input pixel"},
+    F_END,
+};
+static const sf_layer_field pixel_unshuffle_fields[] = {
+    {"factor", SF_FT_INT, OFF(scale), 1, 64, 0, SF_FF_REQUIRED, NULL,
+     "r (divides the input's height and width): each r x r block of input pixels becomes r * r channels"},
+    F_END,
+};
 static const sf_layer_field no_fields[] = {F_END};
 
 /* ---- shape rules ------------------------------------------------------------ */
@@ -577,6 +587,39 @@ static int shuffle_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *ou
     return 0;
 }
 
+static int pixel_shuffle_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err,
+                               size_t errlen)
+{
+    const int r = L->scale, rr = r * r;
+    if (r < 1 || in->c % rr) {
+        sf_errf(err, errlen, "factor %d: its square must divide the input's %d channels", r, in->c);
+        return -1;
+    }
+    const long oh = (long)in->h * r, ow = (long)in->w * r;
+    if (oh > SF_MAX_SPATIAL || ow > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "the output is a %ldx%ld map (at most %d a side)", oh, ow, SF_MAX_SPATIAL);
+        return -1;
+    }
+    *out = (sf_shape){in->c / rr, (int)oh, (int)ow, 0, 0};
+    return 0;
+}
+
+static int pixel_unshuffle_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err,
+                                 size_t errlen)
+{
+    const int r = L->scale;
+    if (r < 1 || in->h % r || in->w % r) {
+        sf_errf(err, errlen, "factor %d must divide the input's height %d and width %d", r, in->h, in->w);
+        return -1;
+    }
+    if ((long)in->c * r * r > SF_MAX_CHANNELS) {
+        sf_errf(err, errlen, "the output has %ld channels (at most %d)", (long)in->c * r * r, SF_MAX_CHANNELS);
+        return -1;
+    }
+    *out = (sf_shape){in->c * r * r, in->h / r, in->w / r, 0, 0};
+    return 0;
+}
+
 static int slice_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     if (L->start < 0 || L->count < 1 || (long)L->start + L->count > in->c) {
@@ -957,6 +1000,17 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .min_in = 1, .max_in = 1, .needs_map = 1, .fields = slice_fields, .shape = slice_shape,
         .ref_fwd = sf_ref_layer_channel_slice_fwd, .ref_bwd = sf_ref_layer_channel_slice_bwd, .cuda = 1,
         .doc = "the channels [start, start + count) of a map; its input's gradient is zero outside them"},
+    [SF_L_PIXEL_SHUFFLE] = {
+        .name = "pixel_shuffle", .torch = "nn.PixelShuffle, F.pixel_shuffle", .min_in = 1, .max_in = 1,
+        .needs_map = 1, .fields = pixel_shuffle_fields, .shape = pixel_shuffle_shape,
+        .ref_fwd = sf_ref_layer_pixel_shuffle_fwd, .ref_bwd = sf_ref_layer_pixel_shuffle_bwd, .cuda = 0,
+        .doc = "[C * r * r, H, W] to [C, H * r, W * r]: output (c, h * r + i, w * r + j) is input channel "
+               "c * r * r + i * r + j at (h, w), as PyTorch's (super-resolution's sub-pixel convolution)"},
+    [SF_L_PIXEL_UNSHUFFLE] = {
+        .name = "pixel_unshuffle", .torch = "nn.PixelUnshuffle, F.pixel_unshuffle", .min_in = 1, .max_in = 1,
+        .needs_map = 1, .fields = pixel_unshuffle_fields, .shape = pixel_unshuffle_shape,
+        .ref_fwd = sf_ref_layer_pixel_unshuffle_fwd, .ref_bwd = sf_ref_layer_pixel_unshuffle_bwd, .cuda = 0,
+        .doc = "[C, H * r, W * r] to [C * r * r, H, W], the inverse of pixel_shuffle"},
 };
 
 const sf_layer_kind_info *sf_layer_info(sf_layer_kind k)

@@ -101,6 +101,8 @@ typedef enum sf_layer_kind {
     SF_L_LOG_SOFTMAX, /* F.log_softmax over the features of a flat [F] tensor */
     SF_L_GROUPNORM, /* nn.GroupNorm: per sample and group of channels; weight, bias [C] unless affine 0 */
     SF_L_UPSAMPLE, /* upsampling (or resizing) of a map, nearest or bilinear */
+    SF_L_PIXEL_SHUFFLE, /* [C*r*r, H, W] -> [C, H*r, W*r] (nn.PixelShuffle) */
+    SF_L_PIXEL_UNSHUFFLE, /* [C, H*r, W*r] -> [C*r*r, H, W] (nn.PixelUnshuffle), its inverse */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -132,7 +134,8 @@ typedef struct sf_layer {
     int align_corners;            /* upsample (bilinear): the corner pixels' centres align, as PyTorch's flag */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
     int start, count;             /* channel_slice: the channels [start, start + count) of its input */
-    int scale;                    /* upsample: each input pixel becomes scale x scale output pixels (0: by size) */
+    int scale;                    /* upsample: each input pixel becomes scale x scale output pixels (0: by size);
+                                   * pixel_shuffle, pixel_unshuffle: the factor r */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */
     int in[SF_MAX_IN];            /* input layer indices (< this index) or SF_IN_MODEL */
     int init;                     /* SF_INIT_*: weight initialisation */

@@ -1,6 +1,6 @@
 /* gpu/cuda/channels.cu — kernels first, then launchers: the channel shuffle,
- * and the channel slice with its backward on concat.h's copies. Contracts in
- * channels.h. */
+ * the channel slice with its backward on concat.h's copies, and the pixel
+ * shuffle between channels and space. Contracts in channels.h. */
 #include "gpu/cuda/channels.h"
 
 #include "gpu/cuda/concat.h"
@@ -34,9 +34,73 @@ __global__ void k_channel_shuffle(const T *__restrict__ x, T *__restrict__ y, si
     }
 }
 
+/* One thread per element e of the small side, [n, c * r * r, h, w] (in
+ * layout nhwc: [n, h, w, c * r * r]); its channel cs = ci * r * r + i * r + j
+ * at (hh, ww) is the large side's [n, c, h * r, w * r] channel ci at
+ * (hh * r + i, ww * r + j). inverse 0 writes the large side (pixel_shuffle),
+ * 1 the small one (pixel_unshuffle): reads or writes stay in the small
+ * side's order either way. */
+template <typename T>
+__global__ void k_pixel_shuffle(const T *__restrict__ x, T *__restrict__ y, size_t len, int c, int h, int w, int r,
+                                int inverse, int nhwc)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    const int rr = r * r, cs_n = c * rr;
+    const size_t H = (size_t)h * r, W = (size_t)w * r;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
+        size_t ni, hh, ww;
+        int cs;
+        if (nhwc) {
+            cs = (int)(e % (size_t)cs_n);
+            const size_t pix = e / (size_t)cs_n;
+            ww = pix % (size_t)w;
+            hh = (pix / (size_t)w) % (size_t)h;
+            ni = pix / ((size_t)w * h);
+        } else {
+            ww = e % (size_t)w;
+            hh = (e / (size_t)w) % (size_t)h;
+            const size_t nc = e / ((size_t)w * h);
+            cs = (int)(nc % (size_t)cs_n);
+            ni = nc / (size_t)cs_n;
+        }
+        const int ci = cs / rr, i = (cs / r) % r, j = cs % r;
+        const size_t oh = hh * r + i, ow = ww * r + j;
+        const size_t large = nhwc ? ((ni * H + oh) * W + ow) * (size_t)c + ci
+                                  : ((ni * c + ci) * H + oh) * W + ow;
+        if (inverse)
+            y[e] = x[large];
+        else
+            y[large] = x[e];
+    }
+}
+
 /* ======================================================================== */
 /* launchers                                                                */
 /* ======================================================================== */
+
+extern "C" int sf_cuda_pixel_shuffle_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int c, int h, int w,
+                                        int r, int inverse, void *y, cudaStream_t s)
+{
+    if (cu_dt_bad("sf_cuda_pixel_shuffle_dt", dt))
+        return -1;
+    if (r < 1 || c < 1 || h < 1 || w < 1 || (long)c * r * r > 0x7fffffffL) {
+        sf_cuda_set_error("%s:%d: pixel shuffle: factor %d of %d channels of %dx%d", __FILE__, __LINE__, r, c, h,
+                          w);
+        return -1;
+    }
+    const size_t len = (size_t)n * c * r * r * h * w;
+    if (len == 0)
+        return 0;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (dt == SF_DT_BF16)
+        k_pixel_shuffle<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const cu_bf16 *)x, (cu_bf16 *)y, len, c, h,
+                                                                       w, r, inverse, nhwc);
+    else
+        k_pixel_shuffle<float><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const float *)x, (float *)y, len, c, h, w, r,
+                                                                     inverse, nhwc);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
 
 extern "C" int sf_cuda_channel_shuffle_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int c, size_t hw,
                                           int groups, void *y, cudaStream_t s)

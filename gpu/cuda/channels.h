@@ -1,7 +1,9 @@
 /* gpu/cuda/channels.h — channel moves of a map, in either layout: ShuffleNet's
- * channel shuffle and the slice of a channel range with its backward.
+ * channel shuffle, the slice of a channel range with its backward, and the
+ * pixel shuffle between channels and space.
  * Contract and element types: tensor.h; semantics: gpu/ref/channels.c
- * (sf_ref_channel_shuffle, sf_ref_channel_slice_fwd/_bwd), checked by
+ * (sf_ref_channel_shuffle, sf_ref_channel_slice_fwd/_bwd,
+ * sf_ref_pixel_shuffle), checked by
  * tests/gpu/ops/channels.cu. The maps are [n, c, hw] (NCHW) or [n, hw, c]
  * (NHWC); no scratch, no reduction.
  */
@@ -28,6 +30,12 @@ int sf_cuda_channel_slice_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, int 
  * reader's) or the scratch the executor adds into it. */
 int sf_cuda_channel_slice_bwd_dt(sf_dtype dt, sf_layout lay, const void *dy, int n, int c, size_t hw, int start,
                                  int count, void *dx, cudaStream_t s);
+
+/* PyTorch's pixel_shuffle (inverse 0) of x, [n, c * r * r, h, w], into y,
+ * [n, c, h * r, w * r]; inverse 1: pixel_unshuffle, x the large map and y
+ * the small. Each is the other's backward. */
+int sf_cuda_pixel_shuffle_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int c, int h, int w, int r,
+                             int inverse, void *y, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -442,6 +442,8 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             break;
         case SF_L_CHANNEL_SHUFFLE:
         case SF_L_CHANNEL_SLICE:
+        case SF_L_PIXEL_SHUFFLE:
+        case SF_L_PIXEL_UNSHUFFLE:
         case SF_L_UPSAMPLE:
             if (g_moves_fwd(net, i, n, x, s))
                 return -1;
@@ -959,6 +961,8 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             break;
         case SF_L_CHANNEL_SHUFFLE:
         case SF_L_CHANNEL_SLICE:
+        case SF_L_PIXEL_SHUFFLE:
+        case SF_L_PIXEL_UNSHUFFLE:
         case SF_L_UPSAMPLE:
             if (dx && g_moves_bwd(net, i, n, dx, s))
                 return -1;

@@ -1,6 +1,7 @@
 /* gpu/cuda/executor_moves.cu — the executor's layers that move values with
  * at most a weighted sum of a few: ShuffleNet's channel shuffle, the channel
- * slice, upsampling (nearest or bilinear). Declared in executor_graph.h. */
+ * slice, the pixel shuffle and its inverse, upsampling (nearest or
+ * bilinear). Declared in executor_graph.h. */
 #include "gpu/cuda/executor_graph.h"
 
 int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
@@ -14,6 +15,10 @@ int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
         return sf_cuda_channel_shuffle_dt(g->dt, g->lay, x, n, L->out_ch, hw, L->groups, y, s);
     case SF_L_CHANNEL_SLICE:
         return sf_cuda_channel_slice_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, L->start, L->count, y, s);
+    case SF_L_PIXEL_SHUFFLE: /* the small side is the input */
+        return sf_cuda_pixel_shuffle_dt(g->dt, g->lay, x, n, L->out_ch, L->in_h, L->in_w, L->scale, 0, y, s);
+    case SF_L_PIXEL_UNSHUFFLE: /* the small side is the output */
+        return sf_cuda_pixel_shuffle_dt(g->dt, g->lay, x, n, L->in_c, L->out_h, L->out_w, L->scale, 1, y, s);
     default: { /* SF_L_UPSAMPLE */
         const sf_up_rule p = sf_layer_up_rule(L);
         return sf_cuda_upsample_fwd_dt(g->dt, g->lay, x, n, L->in_c, &p, y, s);
@@ -35,6 +40,10 @@ int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s)
          * owner's gradient when this is its first reader (the later readers
          * add theirs through gtmp) */
         return sf_cuda_channel_slice_bwd_dt(g->dt, g->lay, dy, n, L->in_c, hw, L->start, L->count, dx, s);
+    case SF_L_PIXEL_SHUFFLE: /* each is the other's backward */
+        return sf_cuda_pixel_shuffle_dt(g->dt, g->lay, dy, n, L->out_ch, L->in_h, L->in_w, L->scale, 1, dx, s);
+    case SF_L_PIXEL_UNSHUFFLE:
+        return sf_cuda_pixel_shuffle_dt(g->dt, g->lay, dy, n, L->in_c, L->out_h, L->out_w, L->scale, 0, dx, s);
     default: { /* SF_L_UPSAMPLE: each input pixel's share of the outputs that read it */
         const sf_up_rule p = sf_layer_up_rule(L);
         return sf_cuda_upsample_bwd_dt(g->dt, g->lay, dy, n, L->in_c, &p, dx, s);

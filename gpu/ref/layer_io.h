@@ -126,10 +126,14 @@ void sf_ref_layer_groupnorm_bwd(const sf_ref_io *io);
 /* log_softmax.c: log_softmax */
 void sf_ref_layer_log_softmax_fwd(const sf_ref_io *io);
 void sf_ref_layer_log_softmax_bwd(const sf_ref_io *io);
-/* channels.c: channel_shuffle, channel_slice */
+/* channels.c: channel_shuffle, channel_slice, pixel_shuffle, pixel_unshuffle */
 void sf_ref_layer_channel_shuffle_fwd(const sf_ref_io *io);
 void sf_ref_layer_channel_shuffle_bwd(const sf_ref_io *io);
 void sf_ref_layer_channel_slice_fwd(const sf_ref_io *io);
 void sf_ref_layer_channel_slice_bwd(const sf_ref_io *io);
+void sf_ref_layer_pixel_shuffle_fwd(const sf_ref_io *io);
+void sf_ref_layer_pixel_shuffle_bwd(const sf_ref_io *io);
+void sf_ref_layer_pixel_unshuffle_fwd(const sf_ref_io *io);
+void sf_ref_layer_pixel_unshuffle_bwd(const sf_ref_io *io);
 
 #endif

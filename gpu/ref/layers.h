@@ -232,6 +232,13 @@ void sf_ref_channel_slice_fwd(const float *x, int n, int c, size_t hw, int start
 void sf_ref_channel_slice_fwd_f64(const double *x, int n, int c, size_t hw, int start, int count, double *y);
 void sf_ref_channel_slice_bwd(const float *dy, int n, int c, size_t hw, int start, int count, float *dx);
 void sf_ref_channel_slice_bwd_f64(const double *dy, int n, int c, size_t hw, int start, int count, double *dx);
+/* PyTorch's pixel_shuffle of a map of c * r * r channels of h x w into c
+ * channels of (h * r) x (w * r): output (c, h * r + i, w * r + j) is input
+ * channel c * r * r + i * r + j at (h, w). inverse 1: pixel_unshuffle, x the
+ * [c, h * r, w * r] map and y the [c * r * r, h, w] one. Each is the other's
+ * backward. NCHW. */
+void sf_ref_pixel_shuffle(const float *x, int n, int c, int h, int w, int r, int inverse, float *y);
+void sf_ref_pixel_shuffle_f64(const double *x, int n, int c, int h, int w, int r, int inverse, double *y);
 
 /* ---- upsample ------------------------------------------------------------------- */
 /* Upsampling (or resizing) of x [n, c, p->h.in, p->w.in] into y [n, c,

@@ -129,6 +129,10 @@ def run_spec(spec, tensors, x):
         elif t == "channel_shuffle":
             g, (n_, c, h, w) = layer["groups"], a[0].shape
             y = a[0].reshape(n_, g, c // g, h, w).transpose(1, 2).reshape(n_, c, h, w)
+        elif t == "pixel_shuffle":
+            y = F.pixel_shuffle(a[0], layer["factor"])
+        elif t == "pixel_unshuffle":
+            y = F.pixel_unshuffle(a[0], layer["factor"])
         elif t == "channel_slice":
             assert 0 <= layer["start"] and layer["start"] + layer["count"] <= a[0].shape[1], name
             y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
@@ -583,6 +587,26 @@ def test_upsampling_exports_by_an_integer_factor_or_to_a_size_and_is_refused_oth
         with pytest.raises(ExportError) as e:
             convert(nn.Sequential(nn.Conv2d(3, 4, 1), bad), (1, 3, 8, 8))
         assert why in str(e.value) and e.value.module_path.startswith("1"), str(e.value)
+
+
+def test_pixel_shuffles_export_in_each_spelling_with_their_factor_and_a_factor_of_one_is_nothing():
+    class SubPixel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.up, self.down = nn.Conv2d(3, 16, 3, padding=1), nn.PixelShuffle(2), nn.PixelUnshuffle(2)
+            self.same, self.fc = nn.PixelShuffle(1), nn.Linear(16 * 8 * 8, 2)
+
+        def forward(self, x):
+            y = self.down(self.up(self.conv(x)))                                   # 16 x 8 x 8
+            y = F.pixel_unshuffle(F.pixel_shuffle(y, upscale_factor=4), 4)        # 1 x 32 x 32 and back
+            y = torch.pixel_unshuffle(torch.pixel_shuffle(self.same(y), 2), downscale_factor=2)
+            return self.fc(torch.flatten(y, 1))
+
+    ex = assert_spec_computes_the_module(SubPixel(), hw=8)
+    moves = [(layer["type"], layer["factor"]) for layer in ex.spec["layers"] if "factor" in layer]
+    assert moves == [("pixel_shuffle", 2), ("pixel_unshuffle", 2), ("pixel_shuffle", 4), ("pixel_unshuffle", 4),
+                     ("pixel_shuffle", 2), ("pixel_unshuffle", 2)], moves
+    assert [layer["name"] for layer in ex.spec["layers"] if "factor" in layer][:2] == ["up", "down"]
 
 
 def test_identities_leave_no_layer_and_defaults_leave_no_field():

@@ -143,6 +143,12 @@ std::vector<op_case> op_cases()
             t.push_back(row("channels", "slice", cmp_channel_slice, dt, lay, {3, 7, 5, 3}, {2, 4}, 0));
             t.push_back(row("channels", "slice", cmp_channel_slice, dt, lay, {2, 9, 3, 7}, {8, 1}, 0));
             t.push_back(row("channels", "slice", cmp_channel_slice, dt, lay, {5, 6, 1, 1}, {1, 5}, 0));
+            /* pixel shuffles: ESPCN's factor 3 onto 3 channels of an odd
+             * map, factor 2 of many channels, and their inverses */
+            for (int inv = 0; inv <= 1; inv++) {
+                t.push_back(row("channels", "pixel_shuffle", cmp_pixel_shuffle, dt, lay, {2, 3, 5, 7}, {3, inv}, 0));
+                t.push_back(row("channels", "pixel_shuffle", cmp_pixel_shuffle, dt, lay, {3, 33, 4, 3}, {2, inv}, 0));
+            }
         }
     t.push_back(row("channels", "refused", cmp_channels_refused, SF_DT_F32, {6}, {4, 5, 2}, 0));
 

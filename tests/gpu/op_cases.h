@@ -84,6 +84,7 @@ void cmp_concat(const op_case &c, const op_env &e);
 void cmp_concat_refused(const op_case &c, const op_env &e);
 void cmp_channel_shuffle(const op_case &c, const op_env &e);
 void cmp_channel_slice(const op_case &c, const op_env &e);
+void cmp_pixel_shuffle(const op_case &c, const op_env &e);
 void cmp_channels_refused(const op_case &c, const op_env &e);
 void cmp_log_softmax(const op_case &c, const op_env &e);
 void cmp_groupnorm(const op_case &c, const op_env &e);

@@ -18,7 +18,7 @@ CASES_PER_FAMILY = {
     "activation": 161,
     "attention": 15,
     "batchnorm": 102,
-    "channels": 29,
+    "channels": 45,
     "concat": 17,
     "conv": 255,
     "conv_dw": 50,

@@ -250,6 +250,20 @@ static void sl_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_channel_slice_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], k->a[3], k->a[4], y);
 }
 
+/* pixel shuffle: a = n c h w r inverse (c the large side's channels, h w the small side's size) */
+static void ps_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_pixel_shuffle_f64(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], k->a[5], y);
+}
+static void ps_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_pixel_shuffle_f64(dy, k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], !k->a[5], g[0]);
+}
+static void ps_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_pixel_shuffle(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], k->a[5], y);
+}
+
 /* dropout (a[0] = 0) or stochastic depth (1): a = kind n elems p*100; the backward is the forward of dy */
 static void dr_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -455,6 +469,10 @@ static const kcase kcases[] = {
     {"channel shuffle 12 by 3", 1, {1 * 12 * 3}, 1 * 12 * 3, 1, {1, 12, 3, 3}, sh_fwd, sh_bwd, sh_fwd_f32},
     {"channel slice [2, 5) of 7", 1, {2 * 7 * 3}, 2 * 3 * 3, 1, {2, 7, 3, 2, 3}, sl_fwd, sl_bwd, sl_fwd_f32},
     {"channel slice [0, 1) of 3", 1, {3 * 3 * 2}, 3 * 1 * 2, 1, {3, 3, 2, 0, 1}, sl_fwd, sl_bwd, sl_fwd_f32},
+    {"pixel shuffle 2 of 12 3x2", 1, {2 * 12 * 3 * 2}, 2 * 12 * 3 * 2, 1, {2, 3, 3, 2, 2, 0}, ps_fwd, ps_bwd,
+     ps_fwd_f32},
+    {"pixel unshuffle 3 of 2 9x6", 1, {1 * 2 * 9 * 6}, 1 * 2 * 9 * 6, 1, {1, 2, 3, 2, 3, 1}, ps_fwd, ps_bwd,
+     ps_fwd_f32},
     {"self-attention, 1 head of 6", 5, {1 * 3 * 6, 3 * 6 * 6, 3 * 6, 6 * 6, 6}, 1 * 3 * 6, 2, {1, 3, 6, 1}, sa_fwd,
      sa_bwd, sa_fwd_f32},
 };
@@ -634,6 +652,22 @@ static void channel_shuffle_and_slice_follow_pytorch(void **state)
     sf_ref_channel_slice_bwd_f64(d, 1, 6, 2, 3, 2, dx);
     const double want[12] = {0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 0, 0};
     assert_memory_equal(dx, want, sizeof want);
+}
+
+/* PyTorch's pixel_shuffle(x, 2) of 4 channels of 1x2: output pixel (h, w)
+ * of the 2x4 map is input channel (h % 2) * 2 + w % 2 at (0, w / 2), so the
+ * first row reads channels 0, 1, 0, 1 and the second 2, 3, 2, 3;
+ * pixel_unshuffle undoes it. */
+static void pixel_shuffle_follows_pytorch(void **state)
+{
+    double x[4 * 2], y[2 * 4], back[4 * 2];
+    for (int i = 0; i < 8; i++)
+        x[i] = i; /* channel c at (0, w) is 2 c + w */
+    sf_ref_pixel_shuffle_f64(x, 1, 1, 1, 2, 2, 0, y);
+    const double want[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    assert_memory_equal(y, want, sizeof want);
+    sf_ref_pixel_shuffle_f64(y, 1, 1, 1, 2, 2, 1, back);
+    assert_memory_equal(back, x, sizeof x);
 }
 
 static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
@@ -1166,6 +1200,10 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
                       "\"affine\"");
     expect_json_error(HEAD "{\"type\":\"relu\",\"affine\":false}]}", "layer 0", "\"affine\"");
     expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":0}]}", "layer 0", "\"scale\"");
+    expect_json_error(HEAD "{\"type\":\"pixel_shuffle\",\"factor\":3}]}", "layer 0", "divide");
+    expect_json_error(HEAD "{\"type\":\"pixel_shuffle\"}]}", "layer 0", "\"factor\"");
+    expect_json_error(HEAD "{\"type\":\"pixel_unshuffle\",\"factor\":3}]}", "layer 0", "divide");
+    expect_json_error(HEAD "{\"type\":\"pixel_unshuffle\",\"factor\":0}]}", "layer 0", "\"factor\"");
     expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":64},{\"type\":\"upsample\",\"scale\":64}]}", "layer 1",
                       "at most");
     expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"upsample\",\"scale\":2}]}", "layer 1", "flattened");
@@ -1331,6 +1369,7 @@ int main(void)
         cmocka_unit_test(elu_selu_softplus_mish_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
         cmocka_unit_test(channel_shuffle_and_slice_follow_pytorch),
+        cmocka_unit_test(pixel_shuffle_follows_pytorch),
         cmocka_unit_test(dropout_keeps_about_one_minus_p_and_scales_the_kept),
         cmocka_unit_test(each_kind_trains_in_a_model_with_gradients_matching_finite_differences),
         cmocka_unit_test(each_kind_trains_in_bf16_close_to_fp32),

@@ -541,6 +541,10 @@ class _Converter:
             return x
         if type(mod) is nn.ChannelShuffle:
             return self.channel_shuffle(path, x, int(mod.groups), op, generated=False)
+        if type(mod) in (nn.PixelShuffle, nn.PixelUnshuffle):
+            shuffle = type(mod) is nn.PixelShuffle
+            r = int(mod.upscale_factor if shuffle else mod.downscale_factor)
+            return self.pixel_shuffle(path, x, r, shuffle, op, generated=False)
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_modules())
 
@@ -865,6 +869,22 @@ class _Converter:
             return x  # [1, C] or [C, 1] transposed: the channels stay in order
         return self.b.emit("channel_shuffle", path, [x], x.shape, generated=generated, groups=groups)
 
+    def pixel_shuffle(self, path: str, x: _Val, r: int, shuffle: bool, op: str, generated: bool = True) -> _Val:
+        """nn.PixelShuffle (shuffle) or nn.PixelUnshuffle by the factor r."""
+        c, h, w = _spatial(x.shape, op, path)
+        _need_nchw(x, op, path)
+        if shuffle and (r < 1 or c % (r * r)):
+            raise ExportError(f"upscale_factor {r}: its square must divide the input's {c} channels", op=op,
+                              module_path=path)
+        if not shuffle and (r < 1 or h % r or w % r):
+            raise ExportError(f"downscale_factor {r} must divide the input's height {h} and width {w}", op=op,
+                              module_path=path)
+        if r == 1:
+            return x
+        shape = (c // (r * r), h * r, w * r) if shuffle else (c * r * r, h // r, w // r)
+        return self.b.emit("pixel_shuffle" if shuffle else "pixel_unshuffle", path, [x], shape,
+                           generated=generated, factor=r)
+
     def shuffle_pattern(self, n: torch.fx.Node, x: _Val, out: Tuple[int, ...]) -> Optional[int]:
         """The groups g where n views the map x as [N, g, C/g, H, W], its
         only reader transposes dimensions 1 and 2 and that one's only
@@ -1014,6 +1034,11 @@ class _Converter:
         if t in (torch.channel_shuffle, F.channel_shuffle, torch.native_channel_shuffle):
             return self.channel_shuffle(self.fname(n, "channel_shuffle"), self.val(arg(0, "input"), n),
                                         int(arg(1, "groups")), op)
+        if t in (F.pixel_shuffle, torch.pixel_shuffle, F.pixel_unshuffle, torch.pixel_unshuffle):
+            shuffle = t in (F.pixel_shuffle, torch.pixel_shuffle)
+            short = "pixel_shuffle" if shuffle else "pixel_unshuffle"
+            r = arg(1, "upscale_factor" if shuffle else "downscale_factor")
+            return self.pixel_shuffle(self.fname(n, short), self.val(arg(0, "input"), n), int(r), shuffle, op)
 
         if t in (operator.add, operator.iadd, torch.add) or meth in ("add", "add_"):
             if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
@@ -1221,7 +1246,7 @@ _KNOWN_MODULES = (*MODULE_ACTIVATIONS, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNo
                   nn.InstanceNorm2d, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.MaxPool2d,
                   nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
                   nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle,
-                  nn.Hardtanh, *PAD_MODULES)
+                  nn.Hardtanh, nn.PixelShuffle, nn.PixelUnshuffle, *PAD_MODULES)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:

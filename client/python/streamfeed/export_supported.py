@@ -47,6 +47,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
     "Identity": "nothing",
     "ChannelShuffle": "channel_shuffle",
+    "PixelShuffle": "pixel_shuffle", "PixelUnshuffle": "pixel_unshuffle",
 }
 SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
@@ -60,6 +61,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
         "to_tokens (a map as a token sequence, VisionTransformer's patch embedding)",
     "x[:, 0]": "select_token (the first token of a sequence as features)",
     "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
+    "F.pixel_shuffle, F.pixel_unshuffle": "pixel_shuffle, pixel_unshuffle",
     "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
     "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid, torch.tanh, "
     "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword), F.elu (alpha positional or "

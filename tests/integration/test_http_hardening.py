@@ -555,6 +555,33 @@ def test_a_batch_read_with_a_wait_it_cannot_honour_gets_400_bad_query(start_serv
     assert s.get(f"/v1/batches/{bid}").status_code == 200
 
 
+@pytest.mark.parametrize("query,code,field", [
+    ("wait=2", "bad_query", "wait"),
+    ("mode=test", "bad_query", "mode"),
+    ("eval=x", "bad_query", "eval"),
+    ("return=logits&wait=1", "bad_query", "return"),
+    ("mode=eval&return=probs&wait=1", "bad_query", "return"),
+    ("mode=eval&return=logits", "bad_query", "wait"),
+    ("mode=eval&eval=a%20b", "bad_eval_name", "eval"),
+])
+def test_a_batch_posted_with_a_bad_query_value_is_refused_naming_the_parameter(start_server, rng, query, code,
+                                                                               field):
+    # TROUBLESHOOTING.md: for bad_query, "field names the parameter"; the
+    # upload route refused these with the code alone.
+    s = start_server(*TINY)
+    r = s.post_batch(st_body(*random_batch(rng, 2)), path="/v1/batches?" + query)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"].get("field")) == (code, field), r.text
+    assert s.metric("streamfeed_batches_rejected_total", reason=code) == 1
+
+
+def test_a_logits_read_with_a_bad_wait_is_refused_naming_the_parameter(start_server):
+    s = start_server(SINK)
+    r = s.get("/v1/batches/1/logits?wait=yes")
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"].get("field")) == ("bad_query", "wait"), r.text
+
+
 def patch_config_raw(body, content_type=b"application/json"):
     return (b"PATCH /v1/config HTTP/1.1\r\nHost: x\r\nContent-Type: " + content_type +
             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)

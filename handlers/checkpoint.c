@@ -135,7 +135,7 @@ static int no_body(sf_req *r, const uint8_t *data, size_t *len)
 
 static uint64_t zero_body(sf_app *app) { return 0; }
 
-const sf_stream_ops h_checkpoint_get_stream = {no_body, ckpt_done, zero_body, NULL, NULL};
+const sf_stream_ops h_checkpoint_get_stream = {no_body, ckpt_done, zero_body, NULL, NULL, NULL};
 
 /* Parses a boolean query argument; -1 after a 400. */
 static int bool_arg(sf_req *r, const char *name, int def)
@@ -227,7 +227,7 @@ static int put_data(sf_req *r, const uint8_t *data, size_t *len)
 
 const sf_stream_ops h_checkpoint_put_stream = {put_data, ckpt_done, put_max_body, NULL,
                                                "checkpoint.max_bytes, or the largest checkpoint this model's "
-                                               "state can be"};
+                                               "state can be", NULL};
 
 /* A data-parallel job keeps one state on every rank: it is written by rank 0
  * only, and restored only at start (checkpoint.resume on rank 0, broadcast to
@@ -294,7 +294,8 @@ static uint64_t json_max_body(sf_app *app)
     return (uint64_t)sf_config_cur()->http.max_json_bytes;
 }
 
-const sf_stream_ops h_checkpoint_json_stream = {json_data, ckpt_done, json_max_body, NULL, "http.max_json_bytes"};
+const sf_stream_ops h_checkpoint_json_stream = {json_data, ckpt_done, json_max_body, NULL,
+                                                "http.max_json_bytes", NULL};
 
 /* A JSON string may hold the escape \u0000, which a C string ends at: a path
  * "ckpt.safetensors\u0000.evil" would silently become "ckpt.safetensors".

@@ -15,7 +15,7 @@ static int transform_data(sf_req *r, const uint8_t *data, size_t *len)
 }
 
 const sf_stream_ops h_transform_stream = {transform_data, sf_upload_on_done, sf_upload_max_body,
-                                          sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION};
+                                          sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION, NULL};
 
 int h_transform(sf_req *r)
 {

@@ -668,6 +668,8 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         stream_rejected(r, "unsupported_media_type");
         return -1;
     }
+    if (rt->stream && rt->stream->on_head && rt->stream->on_head(r) != 0)
+        return -1;
     r->priv->body_limit = rt->stream ? rt->stream->max_body(r->app) : (uint64_t)cfg.http.max_json_bytes;
     r->priv->body_option = rt->stream ? rt->stream->max_body_option : "http.max_json_bytes";
     if (sc.cl && content_length > r->priv->body_limit) {

@@ -469,6 +469,28 @@ def test_a_client_waiting_for_100_continue_gets_an_error_known_from_the_head_at_
     k.close()
 
 
+@pytest.mark.parametrize("query,code,field", [
+    ("wait=2", "bad_query", "wait"),
+    ("mode=eval&eval=a%20b", "bad_eval_name", "eval"),
+    ("return=logits", "bad_query", "return"),
+])
+def test_a_batch_whose_query_is_refused_gets_the_error_in_place_of_100_continue(start_server, query, code, field):
+    # The query is part of the head: a client waiting for 100 Continue must
+    # not be told to send a body that is refused for its query, and a batch
+    # posted without a body is refused for its query too, not for the body.
+    s = start_server(SINK)
+    k = s.connect()
+    k.sendall(f"POST /v1/batches?{query} HTTP/1.1\r\nHost: x\r\nContent-Type: {SAFETENSORS}\r\n"
+              f"Content-Length: 50000000\r\nExpect: 100-continue\r\n\r\n".encode())
+    r = read_reply(k)
+    assert (r.status_code, r.json()["error"]["code"], r.json()["error"].get("field")) == (400, code, field), r.text
+    k.close()
+    r, _ = raw(s, post_head(path=f"/v1/batches?{query}", extra="Content-Length: 0\r\n"))
+    assert (r.status_code, r.json()["error"]["code"]) == (400, code), r.text
+    assert s.metric("streamfeed_batches_rejected_total", reason=code) == 2
+    assert s.metric("streamfeed_batches_rejected_total", reason="body_empty") == 0
+
+
 def test_a_request_target_in_absolute_form_is_routed_by_its_path(start_server, rng):
     # RFC 9112 3.2.2: a server must accept "http://host/path" as the target.
     s = start_server(SINK)

@@ -351,9 +351,10 @@ def test_a_kept_alive_connection_trickling_its_next_request_line_is_cut_at_the_h
 def test_bodies_trickled_after_the_headers_are_closed_at_their_deadline(start_server, tmp_path):
     # The headers arrive whole, then a body byte a second: a JSON body, one a
     # 401 drains (refused from the headers; a token is set), and a checkpoint
-    # PUT (streamed, held to http.upload_deadline_s). The idle timeout never
+    # PUT (streamed, held to http.upload_deadline_s: a service with a backend,
+    # as one without refuses it from the head). The idle timeout never
     # fires; each request's deadline does, and a normal client still gets in.
-    s = start_server(SINK, "--http.max_connections", "4", "--http.header_timeout_s", "2",
+    s = start_server(*TINY, "--http.max_connections", "4", "--http.header_timeout_s", "2",
                      "--http.upload_deadline_s", "3", "--http.token", "t0k")
     auth = "Authorization: Bearer t0k\r\n"
     heads = [f"PATCH /v1/config HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n",
@@ -361,7 +362,7 @@ def test_bodies_trickled_after_the_headers_are_closed_at_their_deadline(start_se
              f"PUT /v1/checkpoint HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/vnd.safetensors\r\n"]
     slow = [s.connect() for _ in heads]
     for k, head in zip(slow, heads):
-        k.sendall(f"{head}Content-Length: 100000\r\n\r\n{{".encode())
+        k.sendall(f"{head}Content-Length: 50000\r\n\r\n{{".encode())  # under the tiny model's checkpoint size
     closed = _trickle(slow, 10)
     assert closed == {0, 1, 2}, f"closed: {closed}"
     assert requests.get(s.url + "/healthz", timeout=5).status_code == 200

@@ -1028,6 +1028,17 @@ static void log_request(const sf_req *r, int status, double dur, int ok)
     sf_log_fields(SF_LOG_INFO, "request", f, n);
 }
 
+/* The status of the reply libmicrohttpd queued itself, refusing a request its
+ * parser could not take (a malformed header line, a bad Content-Length or
+ * chunk size, an unsupported version), or 0 when it queued none: the reply
+ * is still queued when the completion callback runs for such a request. */
+static int mhd_status_of(const sf_req *r)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->priv->conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+    return ci ? (int)ci->http_status : 0;
+}
+
 /* Ends a request: its route's on_done, the metrics and the log line. From
  * libmicrohttpd's completion callback, or when the connection closes on a
  * request that libmicrohttpd dropped without one. */
@@ -1053,8 +1064,17 @@ static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
          * or header, an unsupported HTTP version, headers larger than its
          * memory pool). Those replies are its own fixed HTML: 0.9.75 has no
          * hook to render them, so they are not in the JSON error shape; the
-         * reason is in its log line (debug level). */
-        SF_DEBUG("a request ended before its headers were complete (code %d)", (int)toe);
+         * reason is in its log line (debug level). Such a refusal is counted
+         * under the route "unmatched" with the status sent; a client that
+         * left mid-head got no reply and is not counted. */
+        const int sent = mhd_status_of(r);
+        if (sent) {
+            char code[8];
+            snprintf(code, sizeof code, "%d", sent);
+            const char *rc[] = {"unmatched", code};
+            sf_counter_inc_l(h->ctx.requests, rc, 1);
+        }
+        SF_DEBUG("a request ended before its headers were complete (code %d, status %d)", (int)toe, sent);
         free(r);
         return;
     }
@@ -1069,7 +1089,9 @@ static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
         MHD_destroy_response(r->priv->pending);
 
     double dur = (double)(sf_now_ns() - r->t_start_ns) / 1e9;
-    int status = ok ? r->status : (r->status ? r->status : 499);
+    /* Not replied by its route: libmicrohttpd refused the body (a bad chunk
+     * size) with its own reply, or the client went away (499). */
+    int status = ok ? r->status : r->status ? r->status : mhd_status_of(r) ? mhd_status_of(r) : 499;
     const char *route = r->route ? r->route->name : "unmatched";
     char code[8];
     snprintf(code, sizeof code, "%d", status);

@@ -393,6 +393,25 @@ def test_metrics_port_equal_to_the_main_port_is_refused_at_start():
 # ---- framing, Host, path, auth ---------------------------------------------------
 
 
+def test_requests_libmicrohttpd_refuses_itself_are_counted_with_the_status_it_sent(start_server):
+    # A malformed header line, a Content-Length with a sign or a bad chunk
+    # size is answered by libmicrohttpd's own parser (an HTML page); such
+    # refusals must still show in streamfeed_http_requests_total, the series
+    # an operator watches for a client sending garbage.
+    s = start_server(SINK)
+    for req in (post_head(extra="Content-Length: +5\r\n") + b"hello",
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n"):
+        r, closed = raw(s, req)
+        assert r.status_code == 400 and closed
+    r, _ = raw(s, post_head(extra="Transfer-Encoding: chunked\r\n") + b"zz\r\n")
+    assert r.status_code == 400
+    assert s.metric("streamfeed_http_requests_total", route="unmatched", code="400") == 2
+    # The chunked body's refusal came after the route had its head: counted
+    # under the route with the status sent, not as a client that went away.
+    assert s.metric("streamfeed_http_requests_total", route="batches", code="400") == 1
+    assert s.metric("streamfeed_http_requests_total", route="batches", code="499") == 0
+
+
 def test_two_different_content_lengths_get_400_and_the_connection_closes(start_server, rng):
     s = start_server(SINK)
     body = st_body(*random_batch(rng, 2))

@@ -3,6 +3,7 @@
 #include "server/http_impl.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <gnutls/crypto.h>
 #include <gnutls/gnutls.h>
@@ -351,6 +352,7 @@ static void *timer_main(void *arg)
 typedef struct header_scan {
     size_t bytes;            /* total size, as counted against http.max_header_bytes */
     int hosts;               /* Host lines */
+    const char *host;        /* the first Host value */
     int content_lengths;     /* Content-Length lines */
     int cl_conflict;         /* two of them with different values */
     int cl_bad;              /* a value that is not plain digits */
@@ -408,8 +410,10 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     header_scan *sc = cls;
     (void)kind;
     sc->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
-    if (strcasecmp(key, "Host") == 0)
-        sc->hosts++;
+    if (strcasecmp(key, "Host") == 0) {
+        if (sc->hosts++ == 0)
+            sc->host = value ? value : "";
+    }
     else if (strcasecmp(key, "Expect") == 0 && value && strcasecmp(value, "100-continue") == 0)
         sc->expect_continue = 1;
     else if (strcasecmp(key, "Transfer-Encoding") == 0) {
@@ -426,6 +430,33 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
             sc->cl_conflict = 1;
     }
     return MHD_YES;
+}
+
+/* Whether a Host value is uri-host [":" port] (RFC 9112 3.2, RFC 3986 3.2.2):
+ * a bracketed IP literal or a reg-name of unreserved and sub-delims
+ * characters and %-escapes, then an optional port of digits. Empty is
+ * allowed (a target without an authority). */
+static int host_ok(const char *v)
+{
+    const char *p = v;
+    if (*p == '[') {
+        const char *close = strchr(p, ']');
+        if (!close || close == p + 1)
+            return 0;
+        for (p++; p < close; p++)
+            if (!isalnum((unsigned char)*p) && !strchr(":.%-_~", *p))
+                return 0;
+        p++;
+    } else {
+        for (; *p && *p != ':'; p++)
+            if (!isalnum((unsigned char)*p) && !strchr("-._~!$&'()*+,;=%", *p))
+                return 0;
+    }
+    if (*p == ':')
+        for (p++; *p; p++)
+            if (*p < '0' || *p > '9')
+                return 0;
+    return *p == '\0';
 }
 
 /* Compares the presented token with the configured one in time that depends
@@ -565,6 +596,10 @@ static int check_head(sf_req *r, header_scan sc, const char *version, const sf_c
                -1;
     if (sc.hosts == 0 && version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0)
         return sf_reply_error(r, 400, "bad_host", "an HTTP/1.1 request must carry a Host header"),
+               -1;
+    if (sc.host && !host_ok(sc.host))
+        return sf_reply_error(r, 400, "bad_host", "the Host header \"%.64s\" is not a host name or address "
+                              "with an optional port", sc.host),
                -1;
     /* Routes match the decoded path: an encoded '/' would reach a route
      * that a proxy's rules on the raw path (allow /v1/batches only) never

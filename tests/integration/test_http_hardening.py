@@ -533,6 +533,24 @@ def test_http_1_1_without_host_gets_400_and_http_1_0_without_host_is_served(star
     assert r.status_code == 200
 
 
+def test_a_host_header_that_is_not_a_host_and_port_gets_400(start_server):
+    # RFC 9112 3.2: a Host field with an invalid value is a 400, as
+    # TROUBLESHOOTING.md says; a proxy and this server could read it apart.
+    s = start_server(SINK)
+
+    def status(host):
+        k = s.connect()
+        k.sendall(b"GET /healthz HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
+        r = read_reply(k)
+        k.close()
+        return r.status_code, r.json().get("error", {}).get("code")
+
+    for host in (b"a b", b"a/b", b"a\x01b", b"exa\xffmple", b"a@b", b"x:8o", b"[::1", b"x/../y:80"):
+        assert status(host) == (400, "bad_host"), host
+    for host in (b"x", b"", b"[::1]:80", b"example.com:8080", b"x:", b"127.0.0.1", b"a-b.c_d~e"):
+        assert status(host) == (200, None), host
+
+
 @pytest.mark.parametrize("target", ["/healthz%00", "/healthz%00/x", "/v1/batches/1%00", "/healthz?x=%00"])
 def test_an_encoded_nul_in_the_target_gets_400(start_server, target):
     s = start_server(SINK)

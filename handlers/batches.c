@@ -25,59 +25,66 @@ static const char *quotable(const char *v, char out[33])
     return out;
 }
 
-/* Refuses a bad query with one reply and one count; returns -1. */
-static int refuse_query(sf_req *r, size_t *len, int status, const char *code, const char *msg)
+/* Refuses a bad query with one reply and one count; returns -1. field names
+ * the parameter at fault (NULL when none is). */
+static int refuse_query(sf_req *r, int status, const char *code, const char *field, const char *msg)
 {
     sf_upload_on_rejected(r, code);
-    *len = 0;
-    return sf_reply_error(r, status, code, "%s", msg), -1;
+    return sf_reply_error_field(r, status, code, field, "%s", msg), -1;
+}
+
+/* The query, checked with the head: a bad one is refused before any body
+ * byte is read (a client waiting for 100 Continue is told at once), not
+ * after the batch trained. */
+static int batches_head(sf_req *r)
+{
+    char msg[200], q[33];
+    const char *w = sf_req_arg(r, "wait");
+    if (w && strcmp(w, "0") != 0 && strcmp(w, "1") != 0) {
+        snprintf(msg, sizeof msg, "wait must be 0 or 1, not \"%s\"", quotable(w, q));
+        return refuse_query(r, 400, "bad_query", "wait", msg);
+    }
+    const char *mode = sf_req_arg(r, "mode"), *name = sf_req_arg(r, "eval"), *ret = sf_req_arg(r, "return");
+    if (mode && strcmp(mode, "train") != 0 && strcmp(mode, "eval") != 0) {
+        snprintf(msg, sizeof msg, "mode must be train or eval, not \"%s\"", quotable(mode, q));
+        return refuse_query(r, 400, "bad_query", "mode", msg);
+    }
+    const int eval = mode && strcmp(mode, "eval") == 0;
+    if ((name || ret) && !eval)
+        return refuse_query(r, 400, "bad_query", name ? "eval" : "return",
+                            "eval= and return= go with mode=eval only");
+    if (ret && strcmp(ret, "logits") != 0) {
+        snprintf(msg, sizeof msg, "return must be logits, not \"%s\"", quotable(ret, q));
+        return refuse_query(r, 400, "bad_query", "return", msg);
+    }
+    if (ret && !(w && strcmp(w, "1") == 0))
+        return refuse_query(r, 400, "bad_query", "wait",
+                            "return=logits needs wait=1: the logits are the reply (kept for "
+                            "GET /v1/batches/{id}/logits only when that wait runs out)");
+    if (name && !sf_eval_name_valid(name)) {
+        snprintf(msg, sizeof msg, "eval must be 1 to %d characters of A-Z a-z 0-9 _ . -", SF_EVAL_NAME_MAX);
+        return refuse_query(r, 400, "bad_eval_name", "eval", msg);
+    }
+    if (eval && !r->app->backend)
+        return refuse_query(r, 409, "no_backend", NULL,
+                            "eval batches need a compute backend (pipeline.mode=train)");
+    /* Tested here, before the body is read; the name is reserved only
+     * when the batch is accepted (sf_upload_commit), so a refused batch
+     * creates no evaluation. */
+    if (eval && !sf_evals_has_room(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME)) {
+        sf_evals_full_message(r->app->evals, msg, sizeof msg);
+        return refuse_query(r, 409, "too_many_evals", "eval", msg);
+    }
+    return 0;
 }
 
 static int batches_data(sf_req *r, const uint8_t *data, size_t *len)
 {
-    if (!r->user) {
-        /* Refuse a bad query before reading the body, not after training it. */
-        char msg[200], q[33];
-        const char *w = sf_req_arg(r, "wait");
-        if (w && strcmp(w, "0") != 0 && strcmp(w, "1") != 0) {
-            snprintf(msg, sizeof msg, "wait must be 0 or 1, not \"%s\"", quotable(w, q));
-            return refuse_query(r, len, 400, "bad_query", msg);
-        }
-        const char *mode = sf_req_arg(r, "mode"), *name = sf_req_arg(r, "eval"), *ret = sf_req_arg(r, "return");
-        if (mode && strcmp(mode, "train") != 0 && strcmp(mode, "eval") != 0) {
-            snprintf(msg, sizeof msg, "mode must be train or eval, not \"%s\"", quotable(mode, q));
-            return refuse_query(r, len, 400, "bad_query", msg);
-        }
-        const int eval = mode && strcmp(mode, "eval") == 0;
-        if ((name || ret) && !eval)
-            return refuse_query(r, len, 400, "bad_query", "eval= and return= go with mode=eval only");
-        if (ret && strcmp(ret, "logits") != 0) {
-            snprintf(msg, sizeof msg, "return must be logits, not \"%s\"", quotable(ret, q));
-            return refuse_query(r, len, 400, "bad_query", msg);
-        }
-        if (ret && !(w && strcmp(w, "1") == 0))
-            return refuse_query(r, len, 400, "bad_query",
-                                "return=logits needs wait=1: the logits are the reply (kept for "
-                                "GET /v1/batches/{id}/logits only when that wait runs out)");
-        if (name && !sf_eval_name_valid(name)) {
-            snprintf(msg, sizeof msg, "eval must be 1 to %d characters of A-Z a-z 0-9 _ . -", SF_EVAL_NAME_MAX);
-            return refuse_query(r, len, 400, "bad_eval_name", msg);
-        }
-        if (eval && !r->app->backend)
-            return refuse_query(r, len, 409, "no_backend", "eval batches need a compute backend (pipeline.mode=train)");
-        /* Tested here, before the body is read; the name is reserved only
-         * when the batch is accepted (sf_upload_commit), so a refused batch
-         * creates no evaluation. */
-        if (eval && !sf_evals_has_room(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME)) {
-            sf_evals_full_message(r->app->evals, msg, sizeof msg);
-            return refuse_query(r, len, 409, "too_many_evals", msg);
-        }
-    }
     return sf_upload_on_data(r, 0, data, len);
 }
 
 const sf_stream_ops h_batches_stream = {batches_data, sf_upload_on_done, sf_upload_max_body,
-                                        sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION};
+                                        sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION, batches_head};
 
 static int reply_job(sf_req *r, uint64_t id, int status)
 {
@@ -210,7 +217,8 @@ int h_batches_logits(sf_req *r)
     const char *w = sf_req_arg(r, "wait");
     if (w && strcmp(w, "0") != 0 && strcmp(w, "1") != 0) {
         char q[33];
-        return sf_reply_error(r, 400, "bad_query", "wait must be 0 or 1, not \"%s\"", quotable(w, q));
+        return sf_reply_error_field(r, 400, "bad_query", "wait", "wait must be 0 or 1, not \"%s\"",
+                                    quotable(w, q));
     }
     const sf_config *c = sf_config_cur();
     for (;;) {

@@ -135,7 +135,7 @@ static int no_body(sf_req *r, const uint8_t *data, size_t *len)
 
 static uint64_t zero_body(sf_app *app) { return 0; }
 
-const sf_stream_ops h_checkpoint_get_stream = {no_body, ckpt_done, zero_body, NULL, NULL};
+const sf_stream_ops h_checkpoint_get_stream = {no_body, ckpt_done, zero_body, NULL, NULL, NULL};
 
 /* Parses a boolean query argument; -1 after a 400. */
 static int bool_arg(sf_req *r, const char *name, int def)
@@ -171,6 +171,26 @@ int h_checkpoint_get(sf_req *r)
 
 /* ---- PUT /v1/checkpoint -------------------------------------------------------- */
 
+/* A data-parallel job keeps one state on every rank: it is written by rank 0
+ * only, and restored only at start (checkpoint.resume on rank 0, broadcast to
+ * the others), never into one rank while the others train on. */
+static int refuse_distributed(sf_req *r, int save)
+{
+    sf_app *app = r->app;
+    if (!app->dist)
+        return 0;
+    if (save && sf_distributed_rank(app->dist) == 0)
+        return 0;
+    if (save)
+        return sf_reply_error(r, 409, "not_rank_zero",
+                              "this is rank %d of a data-parallel job: rank 0 writes the checkpoints "
+                              "(every rank holds the same parameters)",
+                              sf_distributed_rank(app->dist)), -1;
+    return sf_reply_error(r, 409, "distributed_restore_refused",
+                          "a data-parallel job restores a checkpoint only at start (checkpoint.resume or "
+                          "model.init_from on rank 0, broadcast to every rank)"), -1;
+}
+
 /* checkpoint.max_bytes, or less when the model's state cannot be that large:
  * the HTTP layer refuses a longer announced Content-Length with 413 before a
  * byte is read. */
@@ -181,9 +201,6 @@ static int put_data(sf_req *r, const uint8_t *data, size_t *len)
     ckpt_req *q = req_of(r);
     if (!q)
         return sf_reply_error(r, 503, "out_of_memory", "out of memory"), -1;
-    if (!r->app->backend)
-        return sf_reply_error(r, 409, "no_backend",
-                              "checkpoints need a compute backend (pipeline.mode=train)"), -1;
     uint64_t max = put_max_body(r->app);
     if (!q->reserved) {
         if (sf_ckpt_buffer_reserve(r->app) != 0)
@@ -225,34 +242,24 @@ static int put_data(sf_req *r, const uint8_t *data, size_t *len)
     return 0;
 }
 
-const sf_stream_ops h_checkpoint_put_stream = {put_data, ckpt_done, put_max_body, NULL,
-                                               "checkpoint.max_bytes, or the largest checkpoint this model's "
-                                               "state can be"};
-
-/* A data-parallel job keeps one state on every rank: it is written by rank 0
- * only, and restored only at start (checkpoint.resume on rank 0, broadcast to
- * the others), never into one rank while the others train on. */
-static int refuse_distributed(sf_req *r, int save)
-{
-    sf_app *app = r->app;
-    if (!app->dist)
-        return 0;
-    if (save && sf_distributed_rank(app->dist) == 0)
-        return 0;
-    if (save)
-        return sf_reply_error(r, 409, "not_rank_zero",
-                              "this is rank %d of a data-parallel job: rank 0 writes the checkpoints "
-                              "(every rank holds the same parameters)",
-                              sf_distributed_rank(app->dist)), -1;
-    return sf_reply_error(r, 409, "distributed_restore_refused",
-                          "a data-parallel job restores a checkpoint only at start (checkpoint.resume or "
-                          "model.init_from on rank 0, broadcast to every rank)"), -1;
-}
-
-int h_checkpoint_put(sf_req *r)
+/* What the head decides: a service that cannot restore a checkpoint says so
+ * before the body is sent (a client waiting for 100 Continue sends none). */
+static int put_head(sf_req *r)
 {
     if (refuse_distributed(r, 0))
         return -1;
+    if (!r->app->backend)
+        return sf_reply_error(r, 409, "no_backend",
+                              "checkpoints need a compute backend (pipeline.mode=train)"), -1;
+    return 0;
+}
+
+const sf_stream_ops h_checkpoint_put_stream = {put_data, ckpt_done, put_max_body, NULL,
+                                               "checkpoint.max_bytes, or the largest checkpoint this model's "
+                                               "state can be", put_head};
+
+int h_checkpoint_put(sf_req *r)
+{
     ckpt_req *q = req_of(r);
     if (!q)
         return sf_reply_error(r, 503, "out_of_memory", "out of memory");
@@ -294,7 +301,8 @@ static uint64_t json_max_body(sf_app *app)
     return (uint64_t)sf_config_cur()->http.max_json_bytes;
 }
 
-const sf_stream_ops h_checkpoint_json_stream = {json_data, ckpt_done, json_max_body, NULL, "http.max_json_bytes"};
+const sf_stream_ops h_checkpoint_json_stream = {json_data, ckpt_done, json_max_body, NULL,
+                                                "http.max_json_bytes", NULL};
 
 /* A JSON string may hold the escape \u0000, which a C string ends at: a path
  * "ckpt.safetensors\u0000.evil" would silently become "ckpt.safetensors".

@@ -14,8 +14,18 @@ static int transform_data(sf_req *r, const uint8_t *data, size_t *len)
     return sf_upload_on_data(r, 1, data, len);
 }
 
+/* Known from the head: without a backend nothing can transform the body, and
+ * a client waiting for 100 Continue is told so before it sends one. */
+static int transform_head(sf_req *r)
+{
+    if (r->app->backend)
+        return 0;
+    sf_upload_on_rejected(r, "no_backend");
+    return sf_reply_error(r, 409, "no_backend", "transform needs a compute backend (pipeline.mode=train)"), -1;
+}
+
 const sf_stream_ops h_transform_stream = {transform_data, sf_upload_on_done, sf_upload_max_body,
-                                          sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION};
+                                          sf_upload_on_rejected, SF_UPLOAD_MAX_BODY_OPTION, transform_head};
 
 int h_transform(sf_req *r)
 {

@@ -3,6 +3,7 @@
 #include "server/http_impl.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <gnutls/crypto.h>
 #include <gnutls/gnutls.h>
@@ -351,6 +352,7 @@ static void *timer_main(void *arg)
 typedef struct header_scan {
     size_t bytes;            /* total size, as counted against http.max_header_bytes */
     int hosts;               /* Host lines */
+    const char *host;        /* the first Host value */
     int content_lengths;     /* Content-Length lines */
     int cl_conflict;         /* two of them with different values */
     int cl_bad;              /* a value that is not plain digits */
@@ -408,8 +410,10 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
     header_scan *sc = cls;
     (void)kind;
     sc->bytes += strlen(key) + (value ? strlen(value) : 0) + 4;
-    if (strcasecmp(key, "Host") == 0)
-        sc->hosts++;
+    if (strcasecmp(key, "Host") == 0) {
+        if (sc->hosts++ == 0)
+            sc->host = value ? value : "";
+    }
     else if (strcasecmp(key, "Expect") == 0 && value && strcasecmp(value, "100-continue") == 0)
         sc->expect_continue = 1;
     else if (strcasecmp(key, "Transfer-Encoding") == 0) {
@@ -426,6 +430,33 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
             sc->cl_conflict = 1;
     }
     return MHD_YES;
+}
+
+/* Whether a Host value is uri-host [":" port] (RFC 9112 3.2, RFC 3986 3.2.2):
+ * a bracketed IP literal or a reg-name of unreserved and sub-delims
+ * characters and %-escapes, then an optional port of digits. Empty is
+ * allowed (a target without an authority). */
+static int host_ok(const char *v)
+{
+    const char *p = v;
+    if (*p == '[') {
+        const char *close = strchr(p, ']');
+        if (!close || close == p + 1)
+            return 0;
+        for (p++; p < close; p++)
+            if (!isalnum((unsigned char)*p) && !strchr(":.%-_~", *p))
+                return 0;
+        p++;
+    } else {
+        for (; *p && *p != ':'; p++)
+            if (!isalnum((unsigned char)*p) && !strchr("-._~!$&'()*+,;=%", *p))
+                return 0;
+    }
+    if (*p == ':')
+        for (p++; *p; p++)
+            if (*p < '0' || *p > '9')
+                return 0;
+    return *p == '\0';
 }
 
 /* Compares the presented token with the configured one in time that depends
@@ -566,6 +597,10 @@ static int check_head(sf_req *r, header_scan sc, const char *version, const sf_c
     if (sc.hosts == 0 && version && strcmp(version, MHD_HTTP_VERSION_1_1) == 0)
         return sf_reply_error(r, 400, "bad_host", "an HTTP/1.1 request must carry a Host header"),
                -1;
+    if (sc.host && !host_ok(sc.host))
+        return sf_reply_error(r, 400, "bad_host", "the Host header \"%.64s\" is not a host name or address "
+                              "with an optional port", sc.host),
+               -1;
     /* Routes match the decoded path: an encoded '/' would reach a route
      * that a proxy's rules on the raw path (allow /v1/batches only) never
      * saw, and no route takes one in a segment. */
@@ -668,6 +703,8 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         stream_rejected(r, "unsupported_media_type");
         return -1;
     }
+    if (rt->stream && rt->stream->on_head && rt->stream->on_head(r) != 0)
+        return -1;
     r->priv->body_limit = rt->stream ? rt->stream->max_body(r->app) : (uint64_t)cfg.http.max_json_bytes;
     r->priv->body_option = rt->stream ? rt->stream->max_body_option : "http.max_json_bytes";
     if (sc.cl && content_length > r->priv->body_limit) {
@@ -1026,6 +1063,17 @@ static void log_request(const sf_req *r, int status, double dur, int ok)
     sf_log_fields(SF_LOG_INFO, "request", f, n);
 }
 
+/* The status of the reply libmicrohttpd queued itself, refusing a request its
+ * parser could not take (a malformed header line, a bad Content-Length or
+ * chunk size, an unsupported version), or 0 when it queued none: the reply
+ * is still queued when the completion callback runs for such a request. */
+static int mhd_status_of(const sf_req *r)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->priv->conn, MHD_CONNECTION_INFO_HTTP_STATUS);
+    return ci ? (int)ci->http_status : 0;
+}
+
 /* Ends a request: its route's on_done, the metrics and the log line. From
  * libmicrohttpd's completion callback, or when the connection closes on a
  * request that libmicrohttpd dropped without one. */
@@ -1051,8 +1099,17 @@ static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
          * or header, an unsupported HTTP version, headers larger than its
          * memory pool). Those replies are its own fixed HTML: 0.9.75 has no
          * hook to render them, so they are not in the JSON error shape; the
-         * reason is in its log line (debug level). */
-        SF_DEBUG("a request ended before its headers were complete (code %d)", (int)toe);
+         * reason is in its log line (debug level). Such a refusal is counted
+         * under the route "unmatched" with the status sent; a client that
+         * left mid-head got no reply and is not counted. */
+        const int sent = mhd_status_of(r);
+        if (sent) {
+            char code[8];
+            snprintf(code, sizeof code, "%d", sent);
+            const char *rc[] = {"unmatched", code};
+            sf_counter_inc_l(h->ctx.requests, rc, 1);
+        }
+        SF_DEBUG("a request ended before its headers were complete (code %d, status %d)", (int)toe, sent);
         free(r);
         return;
     }
@@ -1067,7 +1124,9 @@ static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
         MHD_destroy_response(r->priv->pending);
 
     double dur = (double)(sf_now_ns() - r->t_start_ns) / 1e9;
-    int status = ok ? r->status : (r->status ? r->status : 499);
+    /* Not replied by its route: libmicrohttpd refused the body (a bad chunk
+     * size) with its own reply, or the client went away (499). */
+    int status = ok ? r->status : r->status ? r->status : mhd_status_of(r) ? mhd_status_of(r) : 499;
     const char *route = r->route ? r->route->name : "unmatched";
     char code[8];
     snprintf(code, sizeof code, "%d", status);

@@ -67,6 +67,11 @@ typedef struct sf_stream_ops {
     /* The option(s) that set max_body, named in a 413 so that its reader
      * knows what to raise; NULL: the route takes no body. */
     const char *max_body_option;
+    /* Optional: checks what the head alone decides (the query) once this
+     * module's own checks passed, before any body byte is taken, so that a
+     * client waiting for 100 Continue gets the refusal instead. Returns 0,
+     * or -1 after sf_reply_error (counted by the route itself). */
+    int (*on_head)(sf_req *r);
 } sf_stream_ops;
 
 typedef int (*sf_handler_fn)(sf_req *r);

@@ -74,11 +74,12 @@ struct sf_xform_out {
     char bytes[]; /* safetensors header, then float32 data */
 };
 
-/* The bytes of transform replies held now, across requests. Each holds at
- * most 8 x ring.slot_bytes until its client has read it, so http.
- * max_connections slow readers could hold gigabytes; new transforms wait
- * (503 transform_busy, Retry-After) beyond what every ring slot's output at
- * once would take. */
+/* The bytes of result replies held now, across requests: transform outputs
+ * and the logits of ?return=logits batches. Each is held from its batch's
+ * commit until its client has read it, so http.max_connections slow readers
+ * could hold gigabytes (a segmentation model's logits are classes x 4 bytes
+ * a pixel); new ones are refused (503 transform_busy or logits_busy,
+ * Retry-After) beyond what every ring slot's output at once would take. */
 static atomic_size_t g_xform_held;
 
 static size_t xform_held_cap(const sf_upload_ctx *cx)
@@ -620,7 +621,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
             atomic_fetch_sub(&g_xform_held, want);
             sf_reply_header(r, "Retry-After", "1");
             return reject(r, u, 503, "transform_busy",
-                          "transform replies not yet read by their clients hold ring.slots x 8 x "
+                          "transform and logits replies not yet read by their clients hold ring.slots x 8 x "
                           "ring.slot_bytes; retry once they are");
         }
         sf_xform_out *o = malloc(sizeof *o + hl + dl + 64);
@@ -652,22 +653,37 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         size_t hl = sf_st_header_build(NULL, 0, &t, 1, meta);
         size_t dl = (size_t)in->n * (size_t)md->n_classes *
                     (md->segmentation ? (size_t)md->out_h * (size_t)md->out_w : 1) * 4;
-        /* A 202 (the wait ran out) keeps the logits within eval.logits_keep_bytes:
-         * logits that could never fit are refused now, not lost later. */
+        /* A 202 (the wait ran out) keeps the logits within eval.logits_keep_bytes,
+         * and unread replies share the transforms' bound: logits that could
+         * never fit either are refused now, not lost later. */
         int64_t keep = sf_config_cur()->eval.logits_keep_bytes;
-        if ((int64_t)(hl + dl) > keep) {
+        const size_t want = hl + dl, cap = xform_held_cap(cx);
+        if ((int64_t)want > keep || want > cap) {
             char msg[200];
-            snprintf(msg, sizeof msg, "the logits (%zu bytes) exceed eval.logits_keep_bytes %lld",
-                     hl + dl, (long long)keep);
+            if ((int64_t)want > keep)
+                snprintf(msg, sizeof msg, "the logits (%zu bytes) exceed eval.logits_keep_bytes %lld", want,
+                         (long long)keep);
+            else
+                snprintf(msg, sizeof msg, "the logits (%zu bytes) exceed ring.slots x 8 x ring.slot_bytes (%zu), "
+                         "what unread replies may hold", want, cap);
             return reject(r, u, 413, "logits_too_large", msg);
         }
+        if (atomic_fetch_add(&g_xform_held, want) + want > cap) {
+            atomic_fetch_sub(&g_xform_held, want);
+            sf_reply_header(r, "Retry-After", "1");
+            return reject(r, u, 503, "logits_busy",
+                          "logits and transform replies not yet read by their clients hold ring.slots x 8 x "
+                          "ring.slot_bytes; retry once they are");
+        }
         sf_xform_out *o = hl ? malloc(sizeof *o + hl + dl + 64) : NULL;
-        if (!o)
+        if (!o) {
+            atomic_fetch_sub(&g_xform_held, want);
             return reject(r, u, 503, "out_of_memory", "cannot allocate the logits reply");
+        }
         atomic_init(&o->refs, 2); /* the request and the engine */
         o->header_len = hl;
         o->data_len = dl;
-        o->held = 0; /* bounded by eval.logits_keep_bytes instead */
+        o->held = want;
         sf_st_header_build(o->bytes, hl, &t, 1, meta);
         u->out = o;
         m->result = (float *)(void *)(o->bytes + hl);

@@ -441,6 +441,18 @@ def test_a_put_announcing_more_than_the_model_can_be_is_413_before_the_body(star
     assert reply.json()["error"]["code"] == "body_too_large"
 
 
+def test_a_put_to_a_service_without_a_backend_is_refused_in_place_of_100_continue(start_server):
+    # Known from the head: a client waiting for 100 Continue is not told to
+    # send a checkpoint (up to checkpoint.max_bytes) that can only be refused.
+    s = start_server("--pipeline.mode", "sink")
+    sk = s.connect(timeout=10)
+    sk.sendall(b"PUT /v1/checkpoint HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/vnd.safetensors\r\n"
+               b"Content-Length: 100000000\r\nExpect: 100-continue\r\n\r\n")
+    reply = read_reply(sk)
+    sk.close()
+    assert (reply.status_code, reply.json()["error"]["code"]) == (409, "no_backend"), reply.text
+
+
 def test_a_download_that_streams_forever_is_cut_at_the_models_size_without_buffering(start_server, files):
     handler, base = files
     s = start_server(TRAIN + ["--checkpoint.url_allow", "127.0.0.1"])

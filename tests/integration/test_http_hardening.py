@@ -351,9 +351,10 @@ def test_a_kept_alive_connection_trickling_its_next_request_line_is_cut_at_the_h
 def test_bodies_trickled_after_the_headers_are_closed_at_their_deadline(start_server, tmp_path):
     # The headers arrive whole, then a body byte a second: a JSON body, one a
     # 401 drains (refused from the headers; a token is set), and a checkpoint
-    # PUT (streamed, held to http.upload_deadline_s). The idle timeout never
+    # PUT (streamed, held to http.upload_deadline_s: a service with a backend,
+    # as one without refuses it from the head). The idle timeout never
     # fires; each request's deadline does, and a normal client still gets in.
-    s = start_server(SINK, "--http.max_connections", "4", "--http.header_timeout_s", "2",
+    s = start_server(*TINY, "--http.max_connections", "4", "--http.header_timeout_s", "2",
                      "--http.upload_deadline_s", "3", "--http.token", "t0k")
     auth = "Authorization: Bearer t0k\r\n"
     heads = [f"PATCH /v1/config HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\n",
@@ -361,7 +362,7 @@ def test_bodies_trickled_after_the_headers_are_closed_at_their_deadline(start_se
              f"PUT /v1/checkpoint HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/vnd.safetensors\r\n"]
     slow = [s.connect() for _ in heads]
     for k, head in zip(slow, heads):
-        k.sendall(f"{head}Content-Length: 100000\r\n\r\n{{".encode())
+        k.sendall(f"{head}Content-Length: 50000\r\n\r\n{{".encode())  # under the tiny model's checkpoint size
     closed = _trickle(slow, 10)
     assert closed == {0, 1, 2}, f"closed: {closed}"
     assert requests.get(s.url + "/healthz", timeout=5).status_code == 200
@@ -390,6 +391,25 @@ def test_metrics_port_equal_to_the_main_port_is_refused_at_start():
 
 
 # ---- framing, Host, path, auth ---------------------------------------------------
+
+
+def test_requests_libmicrohttpd_refuses_itself_are_counted_with_the_status_it_sent(start_server):
+    # A malformed header line, a Content-Length with a sign or a bad chunk
+    # size is answered by libmicrohttpd's own parser (an HTML page); such
+    # refusals must still show in streamfeed_http_requests_total, the series
+    # an operator watches for a client sending garbage.
+    s = start_server(SINK)
+    for req in (post_head(extra="Content-Length: +5\r\n") + b"hello",
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n"):
+        r, closed = raw(s, req)
+        assert r.status_code == 400 and closed
+    r, _ = raw(s, post_head(extra="Transfer-Encoding: chunked\r\n") + b"zz\r\n")
+    assert r.status_code == 400
+    assert s.metric("streamfeed_http_requests_total", route="unmatched", code="400") == 2
+    # The chunked body's refusal came after the route had its head: counted
+    # under the route with the status sent, not as a client that went away.
+    assert s.metric("streamfeed_http_requests_total", route="batches", code="400") == 1
+    assert s.metric("streamfeed_http_requests_total", route="batches", code="499") == 0
 
 
 def test_two_different_content_lengths_get_400_and_the_connection_closes(start_server, rng):
@@ -469,6 +489,28 @@ def test_a_client_waiting_for_100_continue_gets_an_error_known_from_the_head_at_
     k.close()
 
 
+@pytest.mark.parametrize("query,code,field", [
+    ("wait=2", "bad_query", "wait"),
+    ("mode=eval&eval=a%20b", "bad_eval_name", "eval"),
+    ("return=logits", "bad_query", "return"),
+])
+def test_a_batch_whose_query_is_refused_gets_the_error_in_place_of_100_continue(start_server, query, code, field):
+    # The query is part of the head: a client waiting for 100 Continue must
+    # not be told to send a body that is refused for its query, and a batch
+    # posted without a body is refused for its query too, not for the body.
+    s = start_server(SINK)
+    k = s.connect()
+    k.sendall(f"POST /v1/batches?{query} HTTP/1.1\r\nHost: x\r\nContent-Type: {SAFETENSORS}\r\n"
+              f"Content-Length: 50000000\r\nExpect: 100-continue\r\n\r\n".encode())
+    r = read_reply(k)
+    assert (r.status_code, r.json()["error"]["code"], r.json()["error"].get("field")) == (400, code, field), r.text
+    k.close()
+    r, _ = raw(s, post_head(path=f"/v1/batches?{query}", extra="Content-Length: 0\r\n"))
+    assert (r.status_code, r.json()["error"]["code"]) == (400, code), r.text
+    assert s.metric("streamfeed_batches_rejected_total", reason=code) == 2
+    assert s.metric("streamfeed_batches_rejected_total", reason="body_empty") == 0
+
+
 def test_a_request_target_in_absolute_form_is_routed_by_its_path(start_server, rng):
     # RFC 9112 3.2.2: a server must accept "http://host/path" as the target.
     s = start_server(SINK)
@@ -489,6 +531,24 @@ def test_http_1_1_without_host_gets_400_and_http_1_0_without_host_is_served(star
     assert r.status_code == 400 and r.json()["error"]["code"] == "bad_host"
     r, _ = raw(s, b"GET /healthz HTTP/1.0\r\n\r\n")
     assert r.status_code == 200
+
+
+def test_a_host_header_that_is_not_a_host_and_port_gets_400(start_server):
+    # RFC 9112 3.2: a Host field with an invalid value is a 400, as
+    # TROUBLESHOOTING.md says; a proxy and this server could read it apart.
+    s = start_server(SINK)
+
+    def status(host):
+        k = s.connect()
+        k.sendall(b"GET /healthz HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n\r\n")
+        r = read_reply(k)
+        k.close()
+        return r.status_code, r.json().get("error", {}).get("code")
+
+    for host in (b"a b", b"a/b", b"a\x01b", b"exa\xffmple", b"a@b", b"x:8o", b"[::1", b"x/../y:80"):
+        assert status(host) == (400, "bad_host"), host
+    for host in (b"x", b"", b"[::1]:80", b"example.com:8080", b"x:", b"127.0.0.1", b"a-b.c_d~e"):
+        assert status(host) == (200, None), host
 
 
 @pytest.mark.parametrize("target", ["/healthz%00", "/healthz%00/x", "/v1/batches/1%00", "/healthz?x=%00"])
@@ -553,6 +613,33 @@ def test_a_batch_read_with_a_wait_it_cannot_honour_gets_400_bad_query(start_serv
     assert (r.json()["error"]["code"], r.json()["error"]["field"]) == ("bad_query", "wait")
     assert s.get(f"/v1/batches/{bid}?wait=0").status_code == 200
     assert s.get(f"/v1/batches/{bid}").status_code == 200
+
+
+@pytest.mark.parametrize("query,code,field", [
+    ("wait=2", "bad_query", "wait"),
+    ("mode=test", "bad_query", "mode"),
+    ("eval=x", "bad_query", "eval"),
+    ("return=logits&wait=1", "bad_query", "return"),
+    ("mode=eval&return=probs&wait=1", "bad_query", "return"),
+    ("mode=eval&return=logits", "bad_query", "wait"),
+    ("mode=eval&eval=a%20b", "bad_eval_name", "eval"),
+])
+def test_a_batch_posted_with_a_bad_query_value_is_refused_naming_the_parameter(start_server, rng, query, code,
+                                                                               field):
+    # TROUBLESHOOTING.md: for bad_query, "field names the parameter"; the
+    # upload route refused these with the code alone.
+    s = start_server(*TINY)
+    r = s.post_batch(st_body(*random_batch(rng, 2)), path="/v1/batches?" + query)
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"].get("field")) == (code, field), r.text
+    assert s.metric("streamfeed_batches_rejected_total", reason=code) == 1
+
+
+def test_a_logits_read_with_a_bad_wait_is_refused_naming_the_parameter(start_server):
+    s = start_server(SINK)
+    r = s.get("/v1/batches/1/logits?wait=yes")
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["code"], r.json()["error"].get("field")) == ("bad_query", "wait"), r.text
 
 
 def patch_config_raw(body, content_type=b"application/json"):

@@ -266,6 +266,47 @@ def test_logits_larger_than_what_may_be_kept_are_refused_before_the_batch_runs(s
     assert post(s, *learnable_batch(rng, 64), "&mode=eval&return=logits").status_code == 200
 
 
+def test_logits_replies_nobody_reads_hold_a_bounded_total_then_logits_busy(start_server):
+    # A segmentation model's logits are classes x 4 bytes a pixel: here 4 MiB
+    # a sample, 28 MiB for a batch of 7 (21 KB of pixels), held from the
+    # batch's commit until its client has read the reply. With 2 ring slots
+    # of 4 MiB unread replies may hold 2 x 8 x 4 MiB = 64 MiB, as transforms'
+    # do: two fit, the others get 503 (Retry-After) instead of each holding
+    # 28 MiB more for as long as its client stays connected.
+    import socket
+    spec = {"input": [3, 32, 32], "classes": 1024, "layers": [{"type": "conv2d", "name": "head", "out": 1024, "k": 1}]}
+    s = start_server("--model.spec", json.dumps(spec), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
+                     "--augment.eval_pipeline", "[]", "--ring.slots", "2", "--ring.slot_bytes", str(4 << 20))
+    rng = np.random.default_rng(3)
+    body = st_save({"images": rng.integers(0, 256, (7, 32, 32, 3), dtype=np.uint8),
+                    "labels": rng.integers(0, 256, (7, 32, 32), dtype=np.uint8)})
+    head = (f"POST /v1/batches?mode=eval&return=logits&wait=1 HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Type: application/vnd.safetensors\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+
+    def status_of(k):
+        line = b""
+        while not line.endswith(b"\r\n"):
+            line += k.recv(1)
+        return int(line.split()[1])
+
+    conns = []
+    for _ in range(5):
+        k = socket.socket()
+        k.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)  # the reply stays on the server
+        k.settimeout(120)
+        k.connect(("127.0.0.1", s.port))
+        k.sendall(head + body)
+        conns.append(k)
+    statuses = [status_of(k) for k in conns]
+    assert sorted(statuses) == [200] * 2 + [503] * 3, statuses
+    assert s.metric("streamfeed_batches_rejected_total", reason="logits_busy") == 3
+    for k in conns:
+        k.close()  # replies dropped unread: their bytes are let go
+    wait_until(lambda: s.request("POST", "/v1/batches?wait=1&mode=eval&return=logits", data=body,
+                                 headers=SAFETENSORS).status_code == 200, 60,
+               what="a logits reply once the unread replies are gone")
+
+
 def overflowing_checkpoint(s):
     """The server's checkpoint with every fc weight at 3e38 and every bias at
     0: a batch with any positive feature overflows the logits (a NaN loss),

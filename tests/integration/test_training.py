@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
-from sfharness import TINY, key, learnable_batch, random_batch, st_body, wait_until
+from sfharness import TINY, key, learnable_batch, random_batch, read_reply, st_body, wait_until
 
 LEARN = TINY + ["--optim.lr", "0.05", "--optim.momentum", "0.9", "--model.seed", "1"]
 MAX_STEPS = 200
@@ -151,6 +151,19 @@ def test_transform_in_sink_mode_is_refused_with_409(start_server, rng):
     r = s.post_batch(st_body(random_batch(rng, 1)[0]), path="/v1/transform")
     assert r.status_code == 409 and r.json()["error"]["code"] == "no_backend"
     assert s.metric("streamfeed_ring_slots", state="filling") == 0
+
+
+def test_transform_in_sink_mode_is_refused_in_place_of_100_continue(start_server):
+    # Known from the head: a client waiting for 100 Continue is not told to
+    # send a batch that can only be refused.
+    s = start_server("--pipeline.mode", "sink")
+    k = s.connect()
+    k.sendall(b"POST /v1/transform HTTP/1.1\r\nHost: x\r\nContent-Type: application/vnd.safetensors\r\n"
+              b"Content-Length: 1000000\r\nExpect: 100-continue\r\n\r\n")
+    r = read_reply(k)
+    k.close()
+    assert (r.status_code, r.json()["error"]["code"]) == (409, "no_backend"), r.text
+    assert s.metric("streamfeed_batches_rejected_total", reason="no_backend") == 1
 
 
 def test_model_describes_the_tiny_preset(start_server):

@@ -119,6 +119,13 @@ static const sf_layer_field softplus_fields[] = {
      "x itself where beta * x > threshold"},
     F_END,
 };
+/* affine: any finite scale and shift (x * 0 + c is a constant map, as in
+ * PyTorch); the exporter folds a chain of arithmetic with numbers into one. */
+static const sf_layer_field affine_fields[] = {
+    {"scale", SF_FT_FLOAT, OFF(affine_scale), -FLT_MAX, FLT_MAX, 1.0, 0, NULL, "the factor of x"},
+    {"shift", SF_FT_FLOAT, OFF(affine_shift), -FLT_MAX, FLT_MAX, 0.0, 0, NULL, "added after the product"},
+    F_END,
+};
 static const sf_layer_field dropout_fields[] = {
     {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0.5, 0, NULL, "probability of an element being zeroed"},
     F_END,
@@ -841,6 +848,16 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     ACT(SF_L_MISH, "mish", "nn.Mish", no_fields, 0, "x * tanh(softplus(x))"),
 #undef ACT
 #undef ACT_ROW
+    /* Elementwise like the activations (their hooks and kernels, SF_ACT_AFFINE),
+     * but its backward reads no input. cuda = 0 until the GPU op rows of
+     * tests/gpu/op_cases.cu have run on a GPU. */
+    [SF_L_AFFINE] = {
+        .name = "affine", .torch = "x * scale + shift", .min_in = 1, .max_in = 1, .fields = affine_fields,
+        .shape = same_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 0,
+        .cuda_tokens = 1,
+        .doc = "scale * x + shift elementwise, on maps, features or tokens: the exporter's one layer for a chain "
+               "of arithmetic with numbers on a tensor (x * c, x / c, x + c, c - x, -x, as (x - 0.5) / 0.5); "
+               "the gradient is scale * dy"},
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,

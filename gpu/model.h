@@ -101,6 +101,7 @@ typedef enum sf_layer_kind {
     SF_L_LOG_SOFTMAX, /* F.log_softmax over the features of a flat [F] tensor */
     SF_L_GROUPNORM, /* nn.GroupNorm: per sample and group of channels; weight, bias [C] unless affine 0 */
     SF_L_UPSAMPLE, /* upsampling (or resizing) of a map, nearest or bilinear */
+    SF_L_AFFINE,   /* x * scale + shift elementwise (two numbers, no parameters) */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -124,6 +125,7 @@ typedef struct sf_layer {
     float negative_slope;         /* leaky_relu: the slope below 0 (any finite value, as PyTorch) */
     float alpha;                  /* elu: the negative branch's scale (any finite value) */
     float beta, threshold;        /* softplus: the input's scale (not 0), the linear branch's bound */
+    float affine_scale, affine_shift; /* affine: y = affine_scale * x + affine_shift (any finite values) */
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     int affine;                   /* groupnorm: 1 with a weight and a bias (nn.GroupNorm's affine), 0 without */

@@ -967,7 +967,8 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             /* the activations (g_is_act); no other kind has a backward */
             if (!g_is_act(L->kind))
                 continue;
-            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), g_act_prm(L), g_in(net, i, 0, b), o->dy, dx, in_len, s))
+            const void *ax = g_act_reads_x(L->kind) ? g_in(net, i, 0, b) : o->dy; /* affine keeps no x */
+            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), g_act_prm(L), ax, o->dy, dx, in_len, s))
                 return -1;
             break;
         }

@@ -68,7 +68,7 @@ static int g_storage(const sf_cuda_net *net, int i)
 }
 
 /* Kinds whose backward reads their inputs beside dy (an activation's
- * derivative at x: every kind g_is_act names, each factor of a product, the
+ * derivative at x: every kind g_act_reads_x names, each factor of a product, the
  * layer scale's input for its gradient); conv, convT, linear and batchnorm
  * are listed where they are used. Dropout redraws its mask, concat slices
  * dy, the channel shuffle and slice move it: none reads x. */
@@ -84,7 +84,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_SELF_ATTENTION: /* its input projection's weight gradient */
         return 1;
     default:
-        return g_is_act(k);
+        return g_act_reads_x(k);
     }
 }
 

@@ -84,7 +84,8 @@ static void gd_fwd_f32(const kcase *k, float *const *v, float *y)
 }
 
 /* activations: a = act, then its parameters (sf_act_prm: leaky_relu's
- * slope, elu's alpha, softplus's beta and threshold) in hundredths */
+ * slope, elu's alpha, softplus's beta and threshold, affine's scale and
+ * shift) in hundredths */
 #define ACT_PRM(k) ((sf_act_prm){(float)(k)->a[1] / 100.f, (float)(k)->a[2] / 100.f})
 static void act_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -410,6 +411,11 @@ static const kcase kcases[] = {
     {"softplus -0.5 1", 1, {64}, 64, 4, {SF_ACT_SOFTPLUS, -50, 100}, act_fwd, act_bwd, act_fwd_f32},
     {"softplus 10 20", 1, {64}, 64, 4, {SF_ACT_SOFTPLUS, 1000, 2000}, act_fwd, act_bwd, act_fwd_f32},
     {"mish", 1, {64}, 64, 6, {SF_ACT_MISH}, act_fwd, act_bwd, act_fwd_f32},
+    /* affine (scale, shift): x * 2 - 1 (the fold of (x - 0.5) / 0.5), a
+     * negative scale, a scale below 1 with a positive shift */
+    {"affine 2 -1", 1, {64}, 64, 4, {SF_ACT_AFFINE, 200, -100}, act_fwd, act_bwd, act_fwd_f32},
+    {"affine -1 0.5", 1, {64}, 64, 4, {SF_ACT_AFFINE, -100, 50}, act_fwd, act_bwd, act_fwd_f32},
+    {"affine 0.25 3", 1, {64}, 64, 4, {SF_ACT_AFFINE, 25, 300}, act_fwd, act_bwd, act_fwd_f32},
     {"mul same shape", 2, {2 * 3 * 5, 2 * 3 * 5}, 2 * 3 * 5, 1, {2, 3, 5, 5}, mul_fwd, mul_bwd, NULL},
     {"mul broadcast [C,1,1]", 2, {2 * 3 * 5, 2 * 3}, 2 * 3 * 5, 1, {2, 3, 5, 1}, mul_fwd, mul_bwd, NULL},
     {"layer scale", 2, {2 * 4 * 6, 4}, 2 * 4 * 6, 1, {2, 4, 6}, cs_fwd, cs_bwd, NULL},
@@ -690,8 +696,8 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 /* Grouped and dilated convolution, Inception's 1xk and kx1 kernels (one
  * strided along the height only), leaky ReLU (a GAN discriminator's 0.2),
  * ELU (alpha 0.5), SELU, softplus (beta 2, threshold 2: both branches
- * taken), SiLU, Mish, tanh, batchnorm over flat features
- * (nn.BatchNorm1d). */
+ * taken), SiLU, affine (a negative scale and a shift), Mish, tanh,
+ * batchnorm over flat features (nn.BatchNorm1d). */
 static const char *const GROUPED_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":1},"
@@ -703,7 +709,8 @@ static const char *const GROUPED_SPEC =
     "{\"type\":\"conv2d\",\"name\":\"r31\",\"out\":6,\"k\":[3,1],\"stride\":[2,1],\"pad\":[1,0],"
     "\"dilation\":[1,2]},"
     "{\"type\":\"softplus\",\"name\":\"sp\",\"beta\":2,\"threshold\":2},"
-    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"mish\",\"name\":\"mi\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"affine\",\"name\":\"af\",\"scale\":-1.5,\"shift\":0.25},"
+    "{\"type\":\"mish\",\"name\":\"mi\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"batchnorm2d\",\"name\":\"bn1d\"},"
     "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
@@ -1004,6 +1011,8 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_true(layer_named(&m, "lr")->negative_slope == 0.2f);
     assert_true(layer_named(&m, "el")->alpha == 0.5f);
     assert_true(layer_named(&m, "sp")->beta == 2.f && layer_named(&m, "sp")->threshold == 2.f);
+    assert_true(layer_named(&m, "af")->affine_scale == -1.5f && layer_named(&m, "af")->affine_shift == 0.25f);
+    assert_int_equal(sf_layer_params(layer_named(&m, "af"), pd), 0);
     const sf_layer *r13 = layer_named(&m, "r13"), *r31 = layer_named(&m, "r31");
     assert_int_equal(sf_layer_params(r13, pd), 2);
     assert_true(pd[0].shape[0] == 6 && pd[0].shape[1] == 6 && pd[0].shape[2] == 1 && pd[0].shape[3] == 3);
@@ -1126,6 +1135,12 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
     assert_non_null(strstr(err, "layer 2 \"hs\""));
     assert_non_null(strstr(err, "token sequence"));
+    /* affine: the CUDA backend refuses it until its kernels have run on a GPU */
+    assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);
+    const int af = (int)(layer_named(&m, "af") - m.layers);
+    assert_int_equal(sf_layer_cuda_check(&m, af, err, sizeof err), -1);
+    assert_non_null(strstr(err, "\"af\" (affine)"));
+    assert_non_null(strstr(err, "pipeline.backend=ref"));
 }
 
 static void expect_json_error(const char *js, const char *needle1, const char *needle2)
@@ -1189,6 +1204,10 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"softplus\",\"beta\":0}]}", "layer 0", "\"beta\" must not be 0");
     expect_json_error(HEAD "{\"type\":\"softplus\",\"beta\":1e39}]}", "layer 0", "beta");
     expect_json_error(HEAD "{\"type\":\"softplus\",\"threshold\":1e39}]}", "layer 0", "threshold");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"scale\":\"2\"}]}", "layer 0", "scale");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"scale\":1e39}]}", "layer 0", "scale");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"shift\":-1e39}]}", "layer 0", "shift");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"bias\":1}]}", "layer 0", "bias");
     expect_json_error(HEAD "{\"type\":\"layernorm\"}]}", "layer 0", "layernorm2d");
     expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"eps\":0}]}", "layer 0", "eps");
     expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"batchnorm2d\"}]}", "layer 1", "token sequence");
@@ -1257,7 +1276,8 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
                                         "{\"type\":\"leaky_relu\"},{\"type\":\"leaky_relu\",\"negative_slope\":-2},"
                                         "{\"type\":\"elu\"},{\"type\":\"softplus\"},"
                                         "{\"type\":\"softplus\",\"beta\":-0.5,\"threshold\":3},"
-                                        "{\"type\":\"selu\"},{\"type\":\"mish\"}]}",
+                                        "{\"type\":\"selu\"},{\"type\":\"mish\"},{\"type\":\"affine\"},"
+                                        "{\"type\":\"affine\",\"scale\":2,\"shift\":-1}]}",
                                         &m, err, sizeof err), 0);
     expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":3,\"stride\":1,\"pad\":1,\"bias\":false}");
     expect_fields_json(&m.layers[1], "{}");
@@ -1274,6 +1294,8 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
     expect_fields_json(&m.layers[13], "{\"beta\":-0.5,\"threshold\":3}");
     expect_fields_json(&m.layers[14], "{}");
     expect_fields_json(&m.layers[15], "{}");
+    expect_fields_json(&m.layers[16], "{\"scale\":1,\"shift\":0}");
+    expect_fields_json(&m.layers[17], "{\"scale\":2,\"shift\":-1}");
     /* groupnorm's affine only when false: a spec of an affine one reads back as it did before the field */
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"groupnorm\",\"num_groups\":2},"
                                         "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":true},"

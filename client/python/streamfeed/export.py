@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_values import _Attention, _Expanded, _Grouped, _Pieces, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
                                SUPPORTED_MODULES)
@@ -322,6 +323,7 @@ class _Converter:
         self.b.module_paths = {n for n, _ in module.named_modules() if n}
         self.b.state = dict(module.state_dict(keep_vars=False))
         self.vals: Dict[torch.fx.Node, Any] = {}
+        self.affine_layers: Dict[torch.fx.Node, int] = {}  # a node whose value an affine layer makes: its index
 
     # -- values --
     def val(self, a: Any, node: torch.fx.Node, what: str = "input") -> _Val:
@@ -414,7 +416,7 @@ class _Converter:
         order = {n: i for i, n in enumerate(nodes)}
         for n in nodes:
             target = None
-            if n.op == "call_function" and n.target in (operator.iadd, operator.imul):
+            if n.op == "call_function" and n.target in IN_PLACE_OPERATORS:
                 target = n.args[0]
             elif n.op in ("call_method", "call_function") and _in_place_name(n):
                 target = n.args[0]
@@ -1009,6 +1011,9 @@ class _Converter:
             return self.channel_shuffle(self.fname(n, "channel_shuffle"), self.val(arg(0, "input"), n),
                                         int(arg(1, "groups")), op)
 
+        scaled = self.affine(n, op, path)
+        if scaled is not None:
+            return scaled
         if t in (operator.add, operator.iadd, torch.add) or meth in ("add", "add_"):
             if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
                 raise ExportError("alpha is not supported", op=op, module_path=path)
@@ -1176,6 +1181,34 @@ class _Converter:
             raise ExportError(f"adds the module tensor {target}; supported is a [1,T,C] parameter added to a token "
                               "sequence (a position embedding)", op=op, module_path=path)
         return self.b.emit("pos_embedding", target, [x], x.shape, tokens=True, params=[""])
+
+    def affine(self, n: torch.fx.Node, op: str, path: str) -> Optional[_Val]:
+        """Arithmetic of a tensor with a Python number (export_affine.py) as
+        an affine layer, folded into the affine layer that made the tensor
+        where nothing else reads it; None when n is no such step. A step that
+        leaves x as it is (x * 1, x + 0) makes no layer."""
+        try:
+            step = affine_step(n, lambda v: isinstance(self.vals.get(v), _Val))
+            if step is None:
+                return None
+            z, a, b = step
+            x: _Val = self.vals[z]
+            i = self.affine_layers.get(z)
+            if i is not None and len(z.users) == 1:
+                layer = self.b.layers[i]
+                set_fields(layer, *fold(layer.get("scale", 1.0), layer.get("shift", 0.0), a, b))
+                self.affine_layers[n] = i
+                return x
+        except AffineRefusal as e:
+            raise ExportError(str(e), op=op, module_path=path) from None
+        if x.ct:
+            raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
+        if (a, b) == (1.0, 0.0):
+            return x
+        y = self.b.emit("affine", self.fname(n, "affine"), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens)
+        set_fields(self.b.layers[y.layer], a, b)
+        self.affine_layers[n] = y.layer
+        return y
 
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
         attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and a.op == "get_attr"]

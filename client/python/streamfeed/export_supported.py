@@ -62,6 +62,9 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword), F.elu (alpha positional or "
     "keyword), F.selu, torch.selu, F.softplus (beta, threshold positional or keyword), F.mish":
         "the activation of that name",
+    "x * c, c * x, x / c, x + c, c + x, x - c, c - x, -x of a tensor and a Python number c (operators, torch.mul, "
+    "torch.div, torch.add, torch.sub, torch.neg, Tensor methods, in-place ones)":
+        "affine (scale * x + shift; a chain on one tensor is one layer)",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",

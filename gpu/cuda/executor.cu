@@ -404,6 +404,10 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                              (size_t)L->out_h * L->out_w, s))
                 return -1;
             break;
+        case SF_L_PRELU:
+            if (g_prelu_fwd(net, i, n, x, s))
+                return -1;
+            break;
         case SF_L_DROPOUT:
         case SF_L_DROPOUT2D:
         case SF_L_STOCHASTIC_DEPTH:
@@ -928,6 +932,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             if (sf_cuda_channel_scale_bwd_dt(dt, g->lay, g_in(net, i, 0, b), P + L->w_off, o->dy, dx,
                                              net->grads + L->w_off, n, L->out_ch, (size_t)L->out_h * L->out_w,
                                              (float *)g->scratch, s))
+                return -1;
+            break;
+        case SF_L_PRELU:
+            if (g_prelu_bwd(net, i, b, n, dx, s))
                 return -1;
             break;
         case SF_L_DROPOUT:

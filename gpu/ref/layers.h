@@ -316,6 +316,19 @@ void sf_ref_act_fwd_f64(int act, sf_act_prm prm, const double *x, size_t len, do
 void sf_ref_act_bwd(int act, sf_act_prm prm, const float *x, const float *dy, size_t len, float *dx);
 void sf_ref_act_bwd_f64(int act, sf_act_prm prm, const double *x, const double *dy, size_t len, double *dx);
 
+/* ---- PReLU (prelu.c) ------------------------------------------------------------ */
+/* y = x > 0 ? x : a * x over [n, c, hw], a = w[0] when np == 1, else w[channel]
+ * (np == c). y may alias x. */
+void sf_ref_prelu_fwd(const float *x, int n, int c, size_t hw, const float *w, int np, float *y);
+void sf_ref_prelu_fwd_f64(const double *x, int n, int c, size_t hw, const double *w, int np, double *y);
+/* PyTorch's prelu_backward: dx = x > 0 ? dy : a * dy (dx may be NULL); dw[j]
+ * (written) = sum over n and hw of (x > 0 ? 0 : x * dy), per channel or over
+ * every channel when np == 1, in a fixed order. */
+void sf_ref_prelu_bwd(const float *x, int n, int c, size_t hw, const float *w, int np, const float *dy, float *dx,
+                      float *dw);
+void sf_ref_prelu_bwd_f64(const double *x, int n, int c, size_t hw, const double *w, int np, const double *dy,
+                          double *dx, double *dw);
+
 /* ---- token sequences (tokens.c) ------------------------------------------------ */
 /* A token sequence is [n, t, c], token-major. */
 /* y[n][j][i] = x[n][i][j] for each sample's [rows, cols] matrix (a map's

@@ -78,6 +78,9 @@ def run_spec(spec, tensors, x):
             y = F.mish(a[0])
         elif t == "affine":
             y = a[0] * layer.get("scale", 1.0) + layer.get("shift", 0.0)
+        elif t == "prelu":
+            assert p("weight").shape == (layer.get("num_parameters", 1),), name
+            y = F.prelu(a[0], p("weight"))
         elif t == "maxpool2d":
             y = F.max_pool2d(a[0], layer["k"], layer.get("stride", layer["k"]), layer.get("pad", 0),
                              ceil_mode=layer.get("ceil_mode", False))
@@ -930,6 +933,95 @@ def test_subtracting_or_dividing_two_tensors_stays_refused(f):
     with pytest.raises(ExportError, match="has no layer kind") as e:
         convert(ArithmeticOf(f), (1, 3, 6, 6))
     assert e.value.module_path == "head"
+
+
+class Slopes(nn.Module):
+    """A module's own slopes for F.prelu, held as nn.PReLU holds them."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(-0.3, 0.6, c))
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)
+
+
+class PReLUs(nn.Module):
+    """nn.PReLU with one slope after a convolution, one per channel (init
+    0.1), F.prelu of a module's own per-channel weight, and one per feature
+    of flat features [N, F] in the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.act = nn.PReLU()
+        self.conv2 = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.act2 = nn.PReLU(4, init=0.1)
+        self.slopes = Slopes(4)
+        self.fc1 = nn.Linear(4 * 4 * 4, 6)
+        self.act3 = nn.PReLU(6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        y = self.slopes(self.act2(self.conv2(self.act(self.conv(x)))))
+        return self.fc(self.act3(self.fc1(torch.flatten(y, 1))))
+
+
+def test_prelu_exports_with_one_slope_or_one_per_channel_under_its_module_weight():
+    model = PReLUs()
+    with torch.no_grad():
+        for m in (model.act, model.act2, model.act3):
+            m.weight.uniform_(-0.5, 0.5)  # both signs, so the spec's slopes are the module's
+    ex = assert_spec_computes_the_module(model, hw=8)
+    prelu = [la for la in ex.spec["layers"] if la["type"] == "prelu"]
+    assert prelu == [{"type": "prelu", "name": "act"}, {"type": "prelu", "name": "act2", "num_parameters": 4},
+                     {"type": "prelu", "name": "slopes", "num_parameters": 4},
+                     {"type": "prelu", "name": "act3", "num_parameters": 6}]
+    assert ex.tensors["act.weight"].shape == (1,) and ex.tensors["slopes.weight"].shape == (4,)
+
+
+class PReLUOn(nn.Module):
+    def __init__(self, make, act):
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(3, 4, 2, stride=2))
+        self.act = act
+        self.make = make
+
+    def forward(self, x):
+        return self.make(self.block(x), self.act)
+
+
+@pytest.mark.parametrize("make, act, why", [
+    (lambda y, act: act(y.flatten(2).transpose(1, 2))[:, 0], nn.PReLU(), "token sequence"),
+    (lambda y, act: act(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).flatten(1), nn.PReLU(4), "channels-last"),
+], ids=["tokens", "channels_last"])
+def test_prelu_where_its_slopes_are_not_per_channel_is_refused_naming_the_module(make, act, why):
+    with pytest.raises(ExportError) as e:
+        convert(PReLUOn(make, act), (1, 3, 8, 8))
+    assert why in str(e.value) and e.value.module_path == "act", str(e.value)
+
+
+def test_prelu_on_channels_last_with_one_slope_is_elementwise_and_exports():
+    ex = assert_spec_computes_the_module(
+        PReLUOn(lambda y, act: act(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).flatten(1), nn.PReLU()), hw=8)
+    assert [la["type"] for la in ex.spec["layers"]] == ["conv2d", "prelu", "flatten"]
+
+
+class FunctionalPReLU(nn.Module):
+    def __init__(self, slopes):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.alpha = nn.Parameter(torch.full((4,), 0.2))
+        self.slopes = slopes
+
+    def forward(self, x):
+        return F.prelu(self.conv(x), self.slopes(self)).flatten(1)
+
+
+def test_functional_prelu_of_slopes_other_than_a_weight_parameter_is_refused():
+    with pytest.raises(ExportError, match="named weight") as e:
+        convert(FunctionalPReLU(lambda m: m.alpha), (1, 3, 6, 6))
+    assert "prelu" in e.value.op and e.value.module_path == ""
 
 
 # ---- refusals -----------------------------------------------------------------------------

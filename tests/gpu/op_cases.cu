@@ -256,6 +256,24 @@ std::vector<op_case> op_cases()
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 96, 14, 14}, {1}, 1e-6, 1e-5));
         }
 
+    /* prelu: the odd sizes of the layer tests with a slope per channel and
+     * one for all, more channels than a block, flat features with more rows
+     * than chunks (a slope per feature and one), one slope over a map with
+     * more elements than chunks of a block each, and a slope per channel
+     * at a MobileNet-sized map; then a slope count other than 1 or C */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            for (const int one : {0, 1}) {
+                t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {3, 3, 7, 5}, {one}, 1e-6, 1e-5));
+                t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {600, 4, 1, 1}, {one}, 1e-6, 1e-5));
+            }
+            t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {2, 1100, 3, 3}, {0}, 1e-6, 1e-5));
+            t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {5, 17, 1, 1}, {0}, 1e-6, 1e-5));
+            t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {4, 16, 64, 64}, {1}, 1e-6, 1e-5));
+            t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {8, 96, 14, 14}, {0}, 1e-6, 1e-5));
+        }
+    t.push_back(row("prelu", "refused", cmp_prelu_refused, SF_DT_F32, {}, {}, 0));
+
     /* norm: layernorm2d at ConvNeXt's stem and block norm (96 channels),
      * odd sizes and channels, more positions than LN_CHUNKS, c > 32; then
      * layernorm over flat features (ConvNeXt's head: 768), hw = 1; then

@@ -35,6 +35,7 @@ CASES_PER_FAMILY = {
     "optimizer": 14,
     "pointwise": 73,
     "pool": 180,
+    "prelu": 33,
     "sdpa": 10,
     "tokens": 24,
     "upsample": 49,

@@ -519,6 +519,8 @@ class _Converter:
             if getattr(mod, "return_indices", False):
                 raise ExportError("return_indices is not supported", op=op, module_path=path)
             return self.adaptive(path, x, out, op, type(mod) is nn.AdaptiveMaxPool2d)
+        if type(mod) is nn.PReLU:
+            return self.prelu(path, x, mod.num_parameters, op, path)
         if type(mod) is nn.Linear:
             return self.linear(path, x, out, op, mod)
         if type(mod) is nn.Dropout:
@@ -1104,6 +1106,8 @@ class _Converter:
             f = _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default) if i < 0 else
                             arg(i, name, default), op, path)
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
+        if t in (F.prelu, torch.prelu):
+            return self.prelu_function(n, arg(0, "input"), arg(1, "weight"), op, path)
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
         if t is F.interpolate:
@@ -1210,6 +1214,31 @@ class _Converter:
         self.affine_layers[n] = y.layer
         return y
 
+    def prelu(self, name: str, x: _Val, slopes: int, op: str, path: str) -> _Val:
+        """nn.PReLU (and F.prelu): one slope for every channel, or one per
+        channel of a [C,H,W] map or per feature of flat features [N, F]
+        (PyTorch's dimension 1), the parameter <name>.weight [slopes]."""
+        if x.tokens or x.ct or len(x.shape) not in (1, 3):
+            raise ExportError("runs on a token sequence or a reshaped map; the service's prelu takes a [C,H,W] map "
+                              "or flat features [N, F]", op=op, module_path=path)
+        if slopes != 1 and (x.nhwc or slopes != x.shape[0]):
+            raise ExportError(f"has {slopes} slopes for a tensor of per-sample shape {list(x.shape)}"
+                              f"{' held channels-last' if x.nhwc else ''}; supported are one slope, or one per "
+                              "channel of a [C,H,W] map or feature of [N, F]", op=op, module_path=path)
+        fields: Dict[str, Any] = {"num_parameters": slopes} if slopes != 1 else {}
+        return self.b.emit("prelu", name, [x], x.shape, nhwc=x.nhwc, params=["weight"], **fields)
+
+    def prelu_function(self, n: torch.fx.Node, a0: Any, w: Any, op: str, path: str) -> _Val:
+        """F.prelu(x, self.weight) of a module's own 1-D parameter named
+        weight: a prelu layer named by that module, as nn.PReLU."""
+        target = str(w.target) if isinstance(w, torch.fx.Node) and w.op == "get_attr" else ""
+        p = self.b.state.get(target) if target else None
+        owner, _, leaf = target.rpartition(".")
+        if p is None or leaf != "weight" or p.dim() != 1:
+            raise ExportError(f"takes the slopes {w!r}; supported is a module's 1-D parameter named weight "
+                              "(as nn.PReLU holds it)", op=op, module_path=path)
+        return self.prelu(owner, self.val(a0, n), int(p.shape[0]), op, path)
+
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
         attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
         if attrs:
@@ -1246,7 +1275,8 @@ _SOFTMAX_REFUSAL = ("softmax is not supported: the service trains with cross-ent
 _KNOWN_MODULES = (*MODULE_ACTIVATIONS, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm,
                   nn.InstanceNorm2d, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.MaxPool2d,
                   nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
-                  nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle)
+                  nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle,
+                  nn.PReLU)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:

@@ -44,6 +44,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
     "Identity": "nothing",
     "ChannelShuffle": "channel_shuffle",
+    "PReLU": "prelu (num_parameters 1, or the channels of a map or the features of [N, F])",
 }
 SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
@@ -65,6 +66,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "x * c, c * x, x / c, x + c, c + x, x - c, c - x, -x of a tensor and a Python number c (operators, torch.mul, "
     "torch.div, torch.add, torch.sub, torch.neg, Tensor methods, in-place ones)":
         "affine (scale * x + shift; a chain on one tensor is one layer)",
+    "F.prelu, torch.prelu": "prelu (a module's 1-D parameter named weight, as nn.PReLU)",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",

@@ -905,12 +905,13 @@ class _Apply(nn.Module):
     (lambda y: y * float("inf"), "operator.mul", "not a finite"),
     (lambda y: y + float("nan"), "operator.add", "not a finite"),
     (lambda y: y - 1e39, "operator.sub", "not a finite"),
-    (lambda y: y * 1e30 * 1e30, "operator.mul", "folded scale"),
+    (lambda y: y * 1e30 * 1e30, "operator.mul", "float32's finite range"),
+    (lambda y: y / 1e-40, "operator.truediv", "float32's finite range"),
     (lambda y: torch.add(y, 1, alpha=2), "torch.add", "alpha 2"),
     (lambda y: torch.sub(y, 1, alpha=0.5), "torch.sub", "alpha 0.5"),
     (lambda y: torch.div(y, 2, rounding_mode="floor"), "torch.div", "rounding_mode 'floor'"),
     (lambda y: 2 / y, "operator.truediv", "reciprocal"),
-], ids=["div0", "torch_div0", "mul_inf", "add_nan", "sub_past_float32", "fold_past_float32", "add_alpha",
+], ids=["div0", "torch_div0", "mul_inf", "add_nan", "sub_past_float32", "fold_past_float32", "reciprocal_past_float32", "add_alpha",
         "sub_alpha", "div_rounding", "reciprocal"])
 def test_arithmetic_the_service_cannot_take_is_refused_naming_the_op_and_why(f, op, why):
     with pytest.raises(ExportError) as e:

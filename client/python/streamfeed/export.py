@@ -1203,6 +1203,7 @@ class _Converter:
                 set_fields(layer, *fold(layer.get("scale", 1.0), layer.get("shift", 0.0), a, b))
                 self.affine_layers[n] = i
                 return x
+            a, b = fold(1.0, 0.0, a, b)  # x / c of a tiny c: 1 / c may leave float32's range
         except AffineRefusal as e:
             raise ExportError(str(e), op=op, module_path=path) from None
         if x.ct:

@@ -114,7 +114,7 @@ def fold(scale: float, shift: float, a: float, b: float) -> Tuple[float, float]:
     either leaves float32's finite range."""
     s, t = a * scale, a * shift + b
     if not (math.isfinite(s) and math.isfinite(t)) or abs(s) > FLOAT32_MAX or abs(t) > FLOAT32_MAX:
-        raise AffineRefusal(f"the folded scale {s!r} and shift {t!r} are not finite float32 numbers")
+        raise AffineRefusal(f"the layer's scale {s!r} and shift {t!r} leave float32's finite range")
     return s, t
 
 

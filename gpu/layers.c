@@ -119,6 +119,18 @@ static const sf_layer_field softplus_fields[] = {
      "x itself where beta * x > threshold"},
     F_END,
 };
+/* affine: any finite scale and shift (x * 0 + c is a constant map, as in
+ * PyTorch); the exporter folds a chain of arithmetic with numbers into one. */
+static const sf_layer_field affine_fields[] = {
+    {"scale", SF_FT_FLOAT, OFF(affine_scale), -FLT_MAX, FLT_MAX, 1.0, 0, NULL, "the factor of x"},
+    {"shift", SF_FT_FLOAT, OFF(affine_shift), -FLT_MAX, FLT_MAX, 0.0, 0, NULL, "added after the product"},
+    F_END,
+};
+static const sf_layer_field prelu_fields[] = {
+    {"num_parameters", SF_FT_INT, OFF(num_parameters), 1, SF_MAX_CHANNELS, 1, 0, NULL,
+     "slopes: 1 (one for every channel) or the input's channels (one each)"},
+    F_END,
+};
 static const sf_layer_field dropout_fields[] = {
     {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0.5, 0, NULL, "probability of an element being zeroed"},
     F_END,
@@ -189,6 +201,22 @@ static int softplus_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *o
         return -1;
     }
     return same_shape(L, in, n_in, out, err, errlen);
+}
+
+/* nn.PReLU's slopes: one for every channel, or one per channel of a map or
+ * feature of flat features (PyTorch's dimension 1; token sequences are
+ * refused by the row's no_tokens). */
+static int prelu_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->num_parameters == 0)
+        L->num_parameters = 1; /* a layer built field by field */
+    if (L->num_parameters != 1 && L->num_parameters != in->c) {
+        sf_errf(err, errlen, "\"num_parameters\" %d must be 1 or the input's %d channels", L->num_parameters,
+                in->c);
+        return -1;
+    }
+    *out = in[0];
+    return 0;
 }
 
 /* Kernel, stride and padding of a convolution or pooling layer. */
@@ -684,6 +712,13 @@ static int layer_scale_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS
     return 1;
 }
 
+/* nn.PReLU.weight [num_parameters]. */
+static int prelu_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
+{
+    pd_set(&pd[0], "weight", 1, L->num_parameters, 0, 0, 0);
+    return 1;
+}
+
 /* VisionTransformer.class_token [1,1,C], keyed by the layer's name. */
 static int class_token_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
@@ -779,6 +814,13 @@ static void layer_scale_init(const sf_layer *L, int li, uint64_t seed, float *pa
 {
     for (size_t e = 0; e < L->n_w; e++)
         params[L->w_off + e] = 1e-6f;
+}
+
+/* nn.PReLU's init: every slope 0.25. */
+static void prelu_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    for (size_t e = 0; e < L->n_w; e++)
+        params[L->w_off + e] = 0.25f;
 }
 
 static void zeros_init(const sf_layer *L, int li, uint64_t seed, float *params)
@@ -884,6 +926,16 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     ACT(SF_L_MISH, "mish", "nn.Mish", no_fields, 0, "x * tanh(softplus(x))"),
 #undef ACT
 #undef ACT_ROW
+    /* Elementwise like the activations (their hooks and kernels, SF_ACT_AFFINE),
+     * but its backward reads no input. cuda = 0 until the GPU op rows of
+     * tests/gpu/op_cases.cu have run on a GPU. */
+    [SF_L_AFFINE] = {
+        .name = "affine", .torch = "x * scale + shift", .min_in = 1, .max_in = 1, .fields = affine_fields,
+        .shape = same_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 0,
+        .cuda_tokens = 1,
+        .doc = "scale * x + shift elementwise, on maps, features or tokens: the exporter's one layer for a chain "
+               "of arithmetic with numbers on a tensor (x * c, x / c, x + c, c - x, -x, as (x - 0.5) / 0.5); "
+               "the gradient is scale * dy"},
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,
@@ -894,6 +946,14 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .init = layer_scale_init, .ref_fwd = sf_ref_layer_layer_scale_fwd,
         .ref_bwd = sf_ref_layer_layer_scale_bwd, .cuda = 1,
         .doc = "per-channel scale by a parameter <name>.layer_scale [C,1,1] (initialised to 1e-6)"},
+    /* cuda = 0 until the GPU op rows of tests/gpu/op_cases.cu have run on a GPU. */
+    [SF_L_PRELU] = {
+        .name = "prelu", .torch = "nn.PReLU(num_parameters), F.prelu", .min_in = 1, .max_in = 1, .no_tokens = 1,
+        .fields = prelu_fields, .shape = prelu_shape, .params = prelu_params, .init = prelu_init,
+        .ref_fwd = sf_ref_layer_prelu_fwd, .ref_bwd = sf_ref_layer_prelu_bwd, .cuda = 0,
+        .doc = "x where x > 0, else a * x: one slope a for every channel, or one per channel of a map or feature "
+               "of flat features; weight [num_parameters] (initialised to 0.25, nn.PReLU's init). As PyTorch's "
+               "prelu_backward, x = 0 takes a * dy, and a's gradient sums x * dy where x is not positive"},
     [SF_L_AVGPOOL2D] = {
         .name = "avgpool2d", .torch = "nn.AvgPool2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = avgpool2d_fields, .shape = avgpool2d_shape, .ref_fwd = sf_ref_layer_avgpool2d_fwd,

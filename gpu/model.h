@@ -103,6 +103,8 @@ typedef enum sf_layer_kind {
     SF_L_UPSAMPLE, /* upsampling (or resizing) of a map, nearest or bilinear */
     SF_L_PIXEL_SHUFFLE, /* [C*r*r, H, W] -> [C, H*r, W*r] (nn.PixelShuffle) */
     SF_L_PIXEL_UNSHUFFLE, /* [C, H*r, W*r] -> [C*r*r, H, W] (nn.PixelUnshuffle), its inverse */
+    SF_L_AFFINE,   /* x * scale + shift elementwise (two numbers, no parameters) */
+    SF_L_PRELU,    /* x > 0 ? x : a * x, a a parameter [num_parameters]: one slope, or one per channel */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -126,6 +128,8 @@ typedef struct sf_layer {
     float negative_slope;         /* leaky_relu: the slope below 0 (any finite value, as PyTorch) */
     float alpha;                  /* elu: the negative branch's scale (any finite value) */
     float beta, threshold;        /* softplus: the input's scale (not 0), the linear branch's bound */
+    float affine_scale, affine_shift; /* affine: y = affine_scale * x + affine_shift (any finite values) */
+    int num_parameters;           /* prelu: slopes, 1 (shared by every channel) or the input's channels */
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     int affine;                   /* groupnorm: 1 with a weight and a bias (nn.GroupNorm's affine), 0 without */

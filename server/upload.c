@@ -539,6 +539,42 @@ static size_t xform_header(const sf_st_info *in, const sf_aug_plan *plan, char *
 
 static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id);
 
+/* The buffer of a reply the engine writes into, a transform's floats or an
+ * eval batch's logits (a header of hl bytes, then dl): its bytes held
+ * against cap, the bound of replies not yet read (503 busy_code beyond it,
+ * with Retry-After), allocated, and handed to the slot as its result.
+ * NULL after the refusal. */
+static sf_xform_out *hold_reply(sf_req *r, sf_upload *u, sf_slot_meta *m, size_t hl, size_t dl, size_t cap,
+                                const char *busy_code, const char *what)
+{
+    const size_t want = hl + dl;
+    if (atomic_fetch_add(&g_xform_held, want) + want > cap) {
+        atomic_fetch_sub(&g_xform_held, want);
+        sf_reply_header(r, "Retry-After", "1");
+        reject(r, u, 503, busy_code,
+               "transform and logits replies not yet read by their clients hold ring.slots x 8 x "
+               "ring.slot_bytes; retry once they are");
+        return NULL;
+    }
+    sf_xform_out *o = hl ? malloc(sizeof *o + hl + dl + 64) : NULL;
+    if (!o) {
+        atomic_fetch_sub(&g_xform_held, want);
+        char msg[96];
+        snprintf(msg, sizeof msg, "cannot allocate the %s", what);
+        reject(r, u, 503, "out_of_memory", msg);
+        return NULL;
+    }
+    atomic_init(&o->refs, 2); /* the request and the engine */
+    o->header_len = hl;
+    o->data_len = dl;
+    o->held = want;
+    u->out = o;
+    m->result = (float *)(void *)(o->bytes + hl);
+    m->result_owner = o;
+    m->release_result = xform_release;
+    return o;
+}
+
 int sf_upload_commit(sf_req *r, uint64_t *job_id)
 {
     sf_upload *u = r->user;
@@ -616,28 +652,10 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
         if (hl == 0 || dl > (size_t)cx->cfg->ring.slot_bytes * 8)
             return reject(r, u, 413, "output_too_large",
                           "the augmented batch would be too large: its floats may take 8 x ring.slot_bytes");
-        const size_t want = hl + dl;
-        if (atomic_fetch_add(&g_xform_held, want) + want > xform_held_cap(cx)) {
-            atomic_fetch_sub(&g_xform_held, want);
-            sf_reply_header(r, "Retry-After", "1");
-            return reject(r, u, 503, "transform_busy",
-                          "transform and logits replies not yet read by their clients hold ring.slots x 8 x "
-                          "ring.slot_bytes; retry once they are");
-        }
-        sf_xform_out *o = malloc(sizeof *o + hl + dl + 64);
-        if (!o) {
-            atomic_fetch_sub(&g_xform_held, want);
-            return reject(r, u, 503, "out_of_memory", "cannot allocate the transform output");
-        }
-        atomic_init(&o->refs, 2); /* the request and the engine */
-        o->header_len = hl;
-        o->data_len = dl;
-        o->held = want;
+        sf_xform_out *o = hold_reply(r, u, m, hl, dl, xform_held_cap(cx), "transform_busy", "transform output");
+        if (!o)
+            return -1;
         xform_header(in, &plan, o->bytes, hl);
-        u->out = o;
-        m->result = (float *)(void *)(o->bytes + hl);
-        m->result_owner = o;
-        m->release_result = xform_release;
     }
     if (u->want_logits) {
         /* The logits reply: [N, classes] (a segmentation model: [N, classes,
@@ -668,27 +686,10 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
                          "what unread replies may hold", want, cap);
             return reject(r, u, 413, "logits_too_large", msg);
         }
-        if (atomic_fetch_add(&g_xform_held, want) + want > cap) {
-            atomic_fetch_sub(&g_xform_held, want);
-            sf_reply_header(r, "Retry-After", "1");
-            return reject(r, u, 503, "logits_busy",
-                          "logits and transform replies not yet read by their clients hold ring.slots x 8 x "
-                          "ring.slot_bytes; retry once they are");
-        }
-        sf_xform_out *o = hl ? malloc(sizeof *o + hl + dl + 64) : NULL;
-        if (!o) {
-            atomic_fetch_sub(&g_xform_held, want);
-            return reject(r, u, 503, "out_of_memory", "cannot allocate the logits reply");
-        }
-        atomic_init(&o->refs, 2); /* the request and the engine */
-        o->header_len = hl;
-        o->data_len = dl;
-        o->held = want;
+        sf_xform_out *o = hold_reply(r, u, m, hl, dl, cap, "logits_busy", "logits reply");
+        if (!o)
+            return -1;
         sf_st_header_build(o->bytes, hl, &t, 1, meta);
-        u->out = o;
-        m->result = (float *)(void *)(o->bytes + hl);
-        m->result_owner = o;
-        m->release_result = xform_release;
     }
     /* The evaluation's name is made known by its first accepted batch only:
      * the last test, so that no refusal after it leaves an empty evaluation

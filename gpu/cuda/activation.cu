@@ -1,6 +1,6 @@
 /* gpu/cuda/activation.cu — kernels first, then launchers: ReLU6, sigmoid,
  * SiLU, hardswish, hardsigmoid, GELU (erf, tanh), tanh, leaky ReLU, ELU,
- * SELU, softplus and Mish, forward and backward,
+ * SELU, softplus, Mish and the affine layer's scale * x + shift, forward and backward,
  * on fp32 or bf16 data: the elementwise kernel k_ew (kernel_common.cuh) with
  * each activation as its element function. Contracts in
  * activation.h; the formulas are gpu/ref/activation.c's. */
@@ -19,7 +19,7 @@ static_assert((int)SF_CUDA_ACT_RELU6 == SF_ACT_RELU6 && (int)SF_CUDA_ACT_SIGMOID
                   (int)SF_CUDA_ACT_GELU_TANH == SF_ACT_GELU_TANH && (int)SF_CUDA_ACT_TANH == SF_ACT_TANH &&
                   (int)SF_CUDA_ACT_LEAKY_RELU == SF_ACT_LEAKY_RELU && (int)SF_CUDA_ACT_ELU == SF_ACT_ELU &&
                   (int)SF_CUDA_ACT_SELU == SF_ACT_SELU && (int)SF_CUDA_ACT_SOFTPLUS == SF_ACT_SOFTPLUS &&
-                  (int)SF_CUDA_ACT_MISH == SF_ACT_MISH,
+                  (int)SF_CUDA_ACT_MISH == SF_ACT_MISH && (int)SF_CUDA_ACT_AFFINE == SF_ACT_AFFINE,
               "the activation codes are the reference's");
 static_assert(sizeof(sf_cuda_act_prm) == sizeof(sf_act_prm) &&
                   offsetof(sf_cuda_act_prm, a) == offsetof(sf_act_prm, a) &&
@@ -81,13 +81,14 @@ static int act_launch(int act, sf_cuda_act_prm prm, const void *x, const void *d
     case SF_CUDA_ACT_SELU: return act_launch_t<T, BWD, SF_CUDA_ACT_SELU>(prm, xp, dp, yp, len, s);
     case SF_CUDA_ACT_SOFTPLUS: return act_launch_t<T, BWD, SF_CUDA_ACT_SOFTPLUS>(prm, xp, dp, yp, len, s);
     case SF_CUDA_ACT_MISH: return act_launch_t<T, BWD, SF_CUDA_ACT_MISH>(prm, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_AFFINE: return act_launch_t<T, BWD, SF_CUDA_ACT_AFFINE>(prm, xp, dp, yp, len, s);
     default: return act_launch_t<T, BWD, SF_CUDA_ACT_GELU>(prm, xp, dp, yp, len, s);
     }
 }
 
 static int act_bad(const char *fn, sf_cuda_act act)
 {
-    if ((int)act >= 0 && act <= SF_CUDA_ACT_MISH)
+    if ((int)act >= 0 && act <= SF_CUDA_ACT_LAST)
         return 0;
     sf_cuda_set_error("%s:%d: %s: unknown activation %d", __FILE__, __LINE__, fn, (int)act);
     return 1;

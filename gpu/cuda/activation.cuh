@@ -20,7 +20,7 @@
 /* f(x) for one activation chosen at compile time, so that a kernel
  * instantiated per activation runs straight-line code (no per-element switch
  * on a run-time code). prm: leaky ReLU's slope, ELU's alpha, softplus's
- * beta and threshold; the others ignore it. ELU and SELU take expm1, as
+ * beta and threshold, affine's scale and shift; the others ignore it. ELU and SELU take expm1, as
  * PyTorch's CUDA kernel does. */
 template <int ACT> __device__ __forceinline__ float act_f_t(float v, sf_cuda_act_prm prm)
 {
@@ -49,6 +49,8 @@ template <int ACT> __device__ __forceinline__ float act_f_t(float v, sf_cuda_act
         r = v * prm.a > prm.b ? v : log1pf(expf(v * prm.a)) / prm.a;
     else if constexpr (ACT == SF_CUDA_ACT_MISH)
         r = v * tanhf(log1pf(expf(v)));
+    else if constexpr (ACT == SF_CUDA_ACT_AFFINE)
+        r = __fadd_rn(__fmul_rn(v, prm.a), prm.b); /* PyTorch's x * c + d: two roundings, no FMA */
     else
         r = 0.5f * v * (1.f + erff(v * INV_SQRT2));
     return isnan(v) ? v : r;
@@ -91,6 +93,8 @@ template <int ACT> __device__ __forceinline__ float act_d_t(float v, sf_cuda_act
     } else if constexpr (ACT == SF_CUDA_ACT_MISH) {
         const float s = 1.f / (1.f + expf(-v)), t = tanhf(log1pf(expf(v)));
         return t + v * s * (1.f - t * t);
+    } else if constexpr (ACT == SF_CUDA_ACT_AFFINE) {
+        return prm.a;
     } else {
         return 0.5f * (1.f + erff(v * INV_SQRT2)) + v * expf(-0.5f * v * v) * INV_SQRT_2PI;
     }
@@ -99,7 +103,7 @@ template <int ACT> __device__ __forceinline__ float act_d_t(float v, sf_cuda_act
 /* The same with the activation chosen at run time, for the kernels that
  * apply one inside another pass (batchnorm.cu's fused activation): ReLU6 up
  * to tanh only (batchnorm.h's SF_BN_ACT_LAST). Leaky ReLU, ELU, SELU,
- * softplus and Mish are never fused (executor_plan.cu's g_choose_fusions):
+ * softplus, Mish and affine are never fused (executor_plan.cu's g_choose_fusions):
  * the fused kernels carry no parameters, and each activation they take is
  * one more instance of every batchnorm row kernel. */
 __device__ __forceinline__ float act_f(int act, float v)

@@ -1,7 +1,7 @@
 /* gpu/cuda/activation.h — the activations beside ReLU (ReLU6, sigmoid,
  * SiLU, hardswish, hardsigmoid, GELU erf and tanh, tanh, leaky ReLU with its
  * slope, ELU with its alpha, SELU, softplus with its beta and threshold,
- * Mish), forward and backward, elementwise (so the same in either layout). Contract and
+ * Mish) and the affine layer's scale * x + shift, forward and backward, elementwise (so the same in either layout). Contract and
  * element types: tensor.h; semantics: gpu/ref/activation.c (sf_ref_act_fwd,
  * sf_ref_act_bwd), checked by tests/gpu/ops/activation.cu.
  */
@@ -32,14 +32,16 @@ typedef enum sf_cuda_act {
     SF_CUDA_ACT_SELU,       /* scale * elu(x) at PyTorch's fixed alpha and scale */
     SF_CUDA_ACT_SOFTPLUS,   /* beta * x > threshold ? x : log1p(exp(beta * x)) / beta */
     SF_CUDA_ACT_MISH,       /* x * tanh(log1p(exp(x))) */
+    SF_CUDA_ACT_AFFINE,     /* the affine layer: scale * x + shift; its derivative reads no x */
 } sf_cuda_act;
+#define SF_CUDA_ACT_LAST SF_CUDA_ACT_AFFINE
 
 /* An activation's parameters, by value (a kernel argument); the reference's
  * sf_act_prm (gpu/ref/layers.h), which activation.cu checks it matches.
  * The activations without parameters ignore it. */
 typedef struct sf_cuda_act_prm {
-    float a; /* leaky ReLU: negative_slope; ELU: alpha; softplus: beta (not 0) */
-    float b; /* softplus: threshold */
+    float a; /* leaky ReLU: negative_slope; ELU: alpha; softplus: beta (not 0); affine: scale */
+    float b; /* softplus: threshold; affine: shift */
 } sf_cuda_act_prm;
 
 /* y = f(x) for len elements of type dt, computed in fp32; x == y allowed.
@@ -50,7 +52,8 @@ int sf_cuda_act_fwd_dt(sf_dtype dt, sf_cuda_act act, sf_cuda_act_prm prm, const 
  * kinks: ReLU6 and hardsigmoid pass no gradient at their corners, hardswish
  * takes x/3 + 1/2 on [-3, 3], leaky ReLU takes the slope at 0, ELU and SELU
  * take alpha * scale * exp(x) at x <= 0 (elu_backward, is_result false),
- * softplus 1 where beta * x > threshold. dx == dy allowed. */
+ * softplus 1 where beta * x > threshold; affine its scale (x is not read
+ * then, and may be dy). dx == dy allowed. */
 int sf_cuda_act_bwd_dt(sf_dtype dt, sf_cuda_act act, sf_cuda_act_prm prm, const void *x, const void *dy, void *dx,
                        size_t len, cudaStream_t s);
 

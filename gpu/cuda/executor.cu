@@ -404,6 +404,10 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                              (size_t)L->out_h * L->out_w, s))
                 return -1;
             break;
+        case SF_L_PRELU:
+            if (g_prelu_fwd(net, i, n, x, s))
+                return -1;
+            break;
         case SF_L_DROPOUT:
         case SF_L_DROPOUT2D:
         case SF_L_STOCHASTIC_DEPTH:
@@ -440,15 +444,12 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             if (sf_cuda_log_softmax_fwd_dt(dt, x, o->y, n, L->out_ch, s))
                 return -1;
             break;
-        case SF_L_CHANNEL_SHUFFLE:
-        case SF_L_CHANNEL_SLICE:
-        case SF_L_PIXEL_SHUFFLE:
-        case SF_L_PIXEL_UNSHUFFLE:
-        case SF_L_UPSAMPLE:
-            if (g_moves_fwd(net, i, n, x, s))
-                return -1;
-            break;
         default:
+            if (g_is_move(L->kind)) { /* executor_moves.cu */
+                if (g_moves_fwd(net, i, n, x, s))
+                    return -1;
+                break;
+            }
             /* the activations (g_is_act); flatten, a view, runs nothing */
             if (!g_is_act(L->kind))
                 continue;
@@ -932,6 +933,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                                              (float *)g->scratch, s))
                 return -1;
             break;
+        case SF_L_PRELU:
+            if (g_prelu_bwd(net, i, b, n, dx, s))
+                return -1;
+            break;
         case SF_L_DROPOUT:
         case SF_L_DROPOUT2D:
         case SF_L_STOCHASTIC_DEPTH: /* the forward's mask, drawn again, on dy */
@@ -959,19 +964,17 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             if (dx && sf_cuda_log_softmax_bwd_dt(dt, g_in(net, i, 0, b), o->dy, dx, n, L->out_ch, s))
                 return -1;
             break;
-        case SF_L_CHANNEL_SHUFFLE:
-        case SF_L_CHANNEL_SLICE:
-        case SF_L_PIXEL_SHUFFLE:
-        case SF_L_PIXEL_UNSHUFFLE:
-        case SF_L_UPSAMPLE:
-            if (dx && g_moves_bwd(net, i, n, dx, s))
-                return -1;
-            break;
         default:
+            if (g_is_move(L->kind)) {
+                if (dx && g_moves_bwd(net, i, n, dx, s))
+                    return -1;
+                break;
+            }
             /* the activations (g_is_act); no other kind has a backward */
             if (!g_is_act(L->kind))
                 continue;
-            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), g_act_prm(L), g_in(net, i, 0, b), o->dy, dx, in_len, s))
+            const void *ax = g_act_reads_x(L->kind) ? g_in(net, i, 0, b) : o->dy; /* affine keeps no x */
+            if (dx && sf_cuda_act_bwd_dt(dt, g_act_kind(L), g_act_prm(L), ax, o->dy, dx, in_len, s))
                 return -1;
             break;
         }

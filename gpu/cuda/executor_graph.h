@@ -261,13 +261,20 @@ static inline void *E(const void *p, size_t i, size_t es) { return (char *)p + i
 
 static inline int g_src(const sf_model *m, int i, int j) { return sf_layer_input(m, i, j); }
 
-/* Whether kind is an activation of activation.h (not ReLU). */
+/* Whether kind is an activation of activation.h (not ReLU; affine's
+ * scale * x + shift among them). */
 static inline int g_is_act(int kind)
 {
     return kind == SF_L_RELU6 || kind == SF_L_SIGMOID || kind == SF_L_SILU || kind == SF_L_HARDSWISH ||
            kind == SF_L_HARDSIGMOID || kind == SF_L_GELU || kind == SF_L_TANH || kind == SF_L_LEAKY_RELU ||
-           kind == SF_L_ELU || kind == SF_L_SELU || kind == SF_L_SOFTPLUS || kind == SF_L_MISH;
+           kind == SF_L_ELU || kind == SF_L_SELU || kind == SF_L_SOFTPLUS || kind == SF_L_MISH ||
+           kind == SF_L_AFFINE;
 }
+
+/* Whether an activation's backward reads its input: all but affine, whose
+ * derivative is its scale, so the memory plan need not keep that input
+ * (the backward hands the launcher dy in its place). */
+static inline int g_act_reads_x(int kind) { return g_is_act(kind) && kind != SF_L_AFFINE; }
 
 /* The activation an activation layer computes (activation.h). */
 static inline sf_cuda_act g_act_kind(const sf_layer *L)
@@ -284,6 +291,7 @@ static inline sf_cuda_act g_act_kind(const sf_layer *L)
     case SF_L_SELU: return SF_CUDA_ACT_SELU;
     case SF_L_SOFTPLUS: return SF_CUDA_ACT_SOFTPLUS;
     case SF_L_MISH: return SF_CUDA_ACT_MISH;
+    case SF_L_AFFINE: return SF_CUDA_ACT_AFFINE;
     default: return L->approximate ? SF_CUDA_ACT_GELU_TANH : SF_CUDA_ACT_GELU;
     }
 }
@@ -298,6 +306,8 @@ static inline sf_cuda_act_prm g_act_prm(const sf_layer *L)
         p.a = L->alpha;
     else if (L->kind == SF_L_SOFTPLUS)
         p.a = L->beta, p.b = L->threshold;
+    else if (L->kind == SF_L_AFFINE)
+        p.a = L->affine_scale, p.b = L->affine_shift;
     return p;
 }
 
@@ -419,8 +429,13 @@ int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, 
 /* executor_moves.cu: the layers that move values without arithmetic beyond a
  * sum (channel_shuffle, channel_slice, upsample), forward from x into the
  * layer's output and backward from its dy into dx. */
+int g_is_move(sf_layer_kind k);
 int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
 int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s);
+/* executor_prelu.cu: prelu layer i's forward on x, and its backward into dx
+ * (NULL: not wanted) and its slopes' gradient (through the scratch). */
+int g_prelu_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
+int g_prelu_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, cudaStream_t s);
 
 /* [outer, c, inner] view of an activation [n, c, h*w] in the net's layout. */
 static inline void g_view(const gen_net *g, int n, size_t hw, size_t *outer, size_t *inner)

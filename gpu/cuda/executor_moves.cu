@@ -4,6 +4,21 @@
  * bilinear). Declared in executor_graph.h. */
 #include "gpu/cuda/executor_graph.h"
 
+/* The kinds g_moves_fwd and g_moves_bwd run. */
+int g_is_move(sf_layer_kind k)
+{
+    switch (k) {
+    case SF_L_CHANNEL_SHUFFLE:
+    case SF_L_CHANNEL_SLICE:
+    case SF_L_PIXEL_SHUFFLE:
+    case SF_L_PIXEL_UNSHUFFLE:
+    case SF_L_UPSAMPLE:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
 {
     const gen_net *g = net->g;

@@ -68,8 +68,8 @@ static int g_storage(const sf_cuda_net *net, int i)
 }
 
 /* Kinds whose backward reads their inputs beside dy (an activation's
- * derivative at x: every kind g_is_act names, each factor of a product, the
- * layer scale's input for its gradient); conv, convT, linear and batchnorm
+ * derivative at x: every kind g_act_reads_x names, each factor of a product, the
+ * layer scale's and prelu's input for their gradients); conv, convT, linear and batchnorm
  * are listed where they are used. Dropout redraws its mask, concat slices
  * dy, the channel shuffle and slice move it: none reads x. */
 static int bwd_reads_inputs(sf_layer_kind k)
@@ -77,6 +77,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     switch (k) {
     case SF_L_MUL:
     case SF_L_LAYER_SCALE:
+    case SF_L_PRELU: /* its slopes' gradient and its mask */
     case SF_L_LAYERNORM2D:
     case SF_L_LAYERNORM:
     case SF_L_GROUPNORM:
@@ -84,7 +85,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_SELF_ATTENTION: /* its input projection's weight gradient */
         return 1;
     default:
-        return g_is_act(k);
+        return g_act_reads_x(k);
     }
 }
 
@@ -605,8 +606,8 @@ static int g_alloc_layer_buffers(sf_cuda_net *net)
 }
 
 /* The compute-stream scratch a step of n samples uses: the largest of the
- * bn, layernorm, groupnorm, xent2d, bias-gradient, thin, patch and depthwise conv
- * partials (never used at once: a depthwise filter gradient on the side
+ * bn, layernorm, groupnorm, layer scale, prelu, xent2d, bias-gradient, thin,
+ * patch and depthwise conv partials (never used at once: a depthwise filter gradient on the side
  * stream overlaps only its own layer's data gradient, which uses none). The
  * allocation sizes it at max_batch and every batch size's plan checks it
  * (executor.cu, g_prepare), so a kernel whose partials outgrow the block
@@ -639,6 +640,8 @@ size_t sf_exec_scratch_need(const sf_cuda_net *net, int n)
         }
         if (L->kind == SF_L_LAYER_SCALE)
             WANT(sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch));
+        if (L->kind == SF_L_PRELU)
+            WANT(sizeof(float) * sf_cuda_prelu_scratch(L->out_ch));
         if (L->kind == SF_L_GROUPNORM && L->n_w)
             WANT(sf_cuda_groupnorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w));
     }

@@ -1,7 +1,7 @@
 /* gpu/ref/activation.c — reference activations (ReLU6, sigmoid, SiLU,
  * hardswish, hardsigmoid, GELU erf and tanh, tanh, leaky ReLU with its
  * slope, ELU with its alpha, SELU, softplus with its beta and threshold,
- * Mish), forward and backward, in float and double (_f64), and their
+ * Mish, and the affine layer's scale * x + shift), forward and backward, in float and double (_f64), and their
  * layers' hooks. Contracts in gpu/ref/layers.h; formulas and edge cases are
  * PyTorch's. */
 #ifndef T
@@ -29,6 +29,7 @@ static int act_of(sf_layer_kind k)
     case SF_L_SELU: return SF_ACT_SELU;
     case SF_L_SOFTPLUS: return SF_ACT_SOFTPLUS;
     case SF_L_MISH: return SF_ACT_MISH;
+    case SF_L_AFFINE: return SF_ACT_AFFINE;
     default: return SF_ACT_GELU;
     }
 }
@@ -44,6 +45,8 @@ static int act_of_layer(const sf_layer *L, sf_act_prm *prm)
         prm->a = L->alpha;
     else if (act == SF_ACT_SOFTPLUS)
         *prm = (sf_act_prm){L->beta, L->threshold};
+    else if (act == SF_ACT_AFFINE)
+        *prm = (sf_act_prm){L->affine_scale, L->affine_shift};
     return act == SF_ACT_GELU && L->approximate ? SF_ACT_GELU_TANH : act;
 }
 
@@ -92,6 +95,7 @@ void SF_FN(sf_ref_act_fwd)(int act, sf_act_prm prm, const T *x, size_t len, T *y
         case SF_ACT_SELU: r = v > (T)0 ? v * ss : expm1(v) * sa; break;
         case SF_ACT_SOFTPLUS: r = v * pa > pb ? v : log1p(exp(v * pa)) / pa; break;
         case SF_ACT_MISH: r = v * tanh(log1p(exp(v))); break;
+        case SF_ACT_AFFINE: r = v * pa + pb; break; /* PyTorch's x * c + d: two roundings */
         default: r = (T)0.5 * v * ((T)1 + erf(v * (T)0.7071067811865476)); break;
         }
         if (isnan(v))
@@ -110,7 +114,8 @@ void SF_FN(sf_ref_act_fwd)(int act, sf_act_prm prm, const T *x, size_t len, T *y
  * takes the scale; softplus is softplus_backward's (1 where
  * beta * x > threshold, else z / (z + 1), z = exp(beta * x)); Mish is
  * mish_backward's tanh(sp) + x * sigmoid(x) * (1 - tanh(sp)^2), sp the
- * softplus of x. dx == dy is allowed. */
+ * softplus of x; affine's is its scale wherever x is (x may be dy then).
+ * dx == dy is allowed. */
 void SF_FN(sf_ref_act_bwd)(int act, sf_act_prm prm, const T *x, const T *dy, size_t len, T *dx)
 {
     const T k0 = (T)0.7978845608028654, k1 = (T)0.044715;
@@ -156,6 +161,7 @@ void SF_FN(sf_ref_act_bwd)(int act, sf_act_prm prm, const T *x, const T *dy, siz
             d = t + v * s * ((T)1 - t * t);
             break;
         }
+        case SF_ACT_AFFINE: d = pa; break;
         default:
             d = (T)0.5 * ((T)1 + erf(v * (T)0.7071067811865476)) +
                 v * exp((T)-0.5 * v * v) * (T)0.3989422804014327; /* 1/sqrt(2 pi) */

@@ -85,6 +85,9 @@ void sf_ref_layer_add_bwd(const sf_ref_io *io);
 /* activation.c: relu6, sigmoid, silu, hardswish, hardsigmoid, gelu */
 void sf_ref_layer_act_fwd(const sf_ref_io *io);
 void sf_ref_layer_act_bwd(const sf_ref_io *io);
+/* prelu.c */
+void sf_ref_layer_prelu_fwd(const sf_ref_io *io);
+void sf_ref_layer_prelu_bwd(const sf_ref_io *io);
 /* mul.c */
 void sf_ref_layer_mul_fwd(const sf_ref_io *io);
 void sf_ref_layer_mul_bwd(const sf_ref_io *io);

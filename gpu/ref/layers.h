@@ -304,14 +304,16 @@ void sf_ref_dropout2d_fwd_f64(const double *x, int n, int c, size_t hw, float p,
  * dx = dy * f'(x) with PyTorch's choices at the kinks (and PyTorch's
  * formulas: ELU's and SELU's elu_backward with is_result false, softplus's
  * threshold test, Mish's mish_backward). prm holds the parameters of those
- * that have them; the others ignore it. */
+ * that have them; the others ignore it. SF_ACT_AFFINE is the affine
+ * layer's scale * x + shift, whose derivative (the scale) reads no x. */
 enum { SF_ACT_RELU6 = 0, SF_ACT_SIGMOID, SF_ACT_SILU, SF_ACT_HARDSWISH, SF_ACT_HARDSIGMOID, SF_ACT_GELU,
-       SF_ACT_GELU_TANH, SF_ACT_TANH, SF_ACT_LEAKY_RELU, SF_ACT_ELU, SF_ACT_SELU, SF_ACT_SOFTPLUS, SF_ACT_MISH };
+       SF_ACT_GELU_TANH, SF_ACT_TANH, SF_ACT_LEAKY_RELU, SF_ACT_ELU, SF_ACT_SELU, SF_ACT_SOFTPLUS, SF_ACT_MISH,
+       SF_ACT_AFFINE };
 /* An activation's parameters, by value (gpu/cuda/activation.h's
  * sf_cuda_act_prm is laid out alike). */
 typedef struct sf_act_prm {
-    float a; /* leaky_relu: negative_slope; elu: alpha; softplus: beta (not 0) */
-    float b; /* softplus: threshold */
+    float a; /* leaky_relu: negative_slope; elu: alpha; softplus: beta (not 0); affine: scale */
+    float b; /* softplus: threshold; affine: shift */
 } sf_act_prm;
 /* SELU's fixed constants, PyTorch's (torch.nn.functional.selu). */
 #define SF_SELU_ALPHA 1.6732632423543772848170429916717
@@ -320,6 +322,19 @@ void sf_ref_act_fwd(int act, sf_act_prm prm, const float *x, size_t len, float *
 void sf_ref_act_fwd_f64(int act, sf_act_prm prm, const double *x, size_t len, double *y);
 void sf_ref_act_bwd(int act, sf_act_prm prm, const float *x, const float *dy, size_t len, float *dx);
 void sf_ref_act_bwd_f64(int act, sf_act_prm prm, const double *x, const double *dy, size_t len, double *dx);
+
+/* ---- PReLU (prelu.c) ------------------------------------------------------------ */
+/* y = x > 0 ? x : a * x over [n, c, hw], a = w[0] when np == 1, else w[channel]
+ * (np == c). y may alias x. */
+void sf_ref_prelu_fwd(const float *x, int n, int c, size_t hw, const float *w, int np, float *y);
+void sf_ref_prelu_fwd_f64(const double *x, int n, int c, size_t hw, const double *w, int np, double *y);
+/* PyTorch's prelu_backward: dx = x > 0 ? dy : a * dy (dx may be NULL); dw[j]
+ * (written) = sum over n and hw of (x > 0 ? 0 : x * dy), per channel or over
+ * every channel when np == 1, in a fixed order. */
+void sf_ref_prelu_bwd(const float *x, int n, int c, size_t hw, const float *w, int np, const float *dy, float *dx,
+                      float *dw);
+void sf_ref_prelu_bwd_f64(const double *x, int n, int c, size_t hw, const double *w, int np, const double *dy,
+                          double *dx, double *dw);
 
 /* ---- token sequences (tokens.c) ------------------------------------------------ */
 /* A token sequence is [n, t, c], token-major. */

@@ -76,6 +76,11 @@ def run_spec(spec, tensors, x):
             y = F.softplus(a[0], layer["beta"], layer["threshold"])
         elif t == "mish":
             y = F.mish(a[0])
+        elif t == "affine":
+            y = a[0] * layer.get("scale", 1.0) + layer.get("shift", 0.0)
+        elif t == "prelu":
+            assert p("weight").shape == (layer.get("num_parameters", 1),), name
+            y = F.prelu(a[0], p("weight"))
         elif t == "maxpool2d":
             y = F.max_pool2d(a[0], layer["k"], layer.get("stride", layer["k"]), layer.get("pad", 0),
                              ceil_mode=layer.get("ceil_mode", False))
@@ -870,6 +875,231 @@ def test_zero_padding_folds_into_its_convolution_and_clamps_export_as_relu_and_r
     PaddedClamped().load_state_dict(ex.tensors, strict=True)
 
 
+class Arithmetic(nn.Module):
+    """Arithmetic with Python numbers in every spelling: a normalisation of
+    the input ((x - 0.5) / 0.5, one layer), x * 2 - 1 after a convolution,
+    then c - x, -x, torch.mul, Tensor.div, torch.add and torch.sub, the
+    in-place operators and methods on a tensor nothing else reads, and a
+    step that leaves x as it is (x * 1 folds in; + 0 alone makes nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.conv((x - 0.5) / 0.5) * 2 - 1
+        y = F.relu(y)
+        y = -(0.25 - torch.mul(y, 3).div(2))
+        y = torch.sub(torch.add(3 + y, 0.5), 1)
+        y += 1
+        y = y.mul_(0.5).sub_(2).neg() * 1
+        z = self.conv2(y) + 0
+        return self.fc(torch.relu(z / 4).mean((2, 3)))
+
+
+def test_arithmetic_with_numbers_becomes_one_affine_layer_per_chain():
+    ex = assert_spec_computes_the_module(Arithmetic(), hw=8)
+    layers = ex.spec["layers"]
+    assert [la["type"] for la in layers] == ["affine", "conv2d", "affine", "relu", "affine", "conv2d", "affine",
+                                             "relu", "global_avgpool", "flatten", "linear"]
+    affine = [la for la in layers if la["type"] == "affine"]
+    assert affine[0] == {"type": "affine", "name": "affine", "scale": 2.0, "shift": -1.0}
+    assert (affine[1]["scale"], affine[1]["shift"]) == (2.0, -1.0)
+    # r the relu's output: -(0.25 - 1.5 r) + 3 + 0.5 - 1 + 1 = 1.5 r + 3.25, then * 0.5 - 2 and negated
+    assert (affine[2]["scale"], affine[2]["shift"]) == (-0.75, 0.375)
+    # z / 4 (z = conv2(y) + 0, which is conv2's output): the shift at its default is left out
+    assert affine[3]["scale"] == 0.25 and "shift" not in affine[3]
+
+
+class ArithmeticRead(nn.Module):
+    """A step whose tensor another op reads too is not folded: y = x * 2
+    is read by y + 1 and by the sum, so y + 1 is a second layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        y = self.conv(x) * 2
+        return (y + (y + 1)).flatten(1)
+
+
+def test_a_step_on_a_tensor_something_else_reads_is_a_layer_of_its_own():
+    ex = assert_spec_computes_the_module(ArithmeticRead(), hw=6)
+    assert [(la["type"], la.get("scale", 1.0), la.get("shift", 0.0)) for la in ex.spec["layers"]
+            if la["type"] == "affine"] == [("affine", 2.0, 0.0), ("affine", 1.0, 1.0)]
+
+
+class LayoutArithmetic(nn.Module):
+    """Arithmetic on a channels-last tensor (between ConvNeXt's permutes,
+    before a LayerNorm) and on a token sequence (before the class token is
+    taken): elementwise, so the layer is the same in either."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 2, stride=2)
+        self.ln = nn.LayerNorm(4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.ln(self.conv(x).permute(0, 2, 3, 1) * 2 + 1).permute(0, 3, 1, 2)
+        t = 1 - y.flatten(2).transpose(1, 2) * 0.5
+        return self.fc(t[:, 0])
+
+
+def test_arithmetic_on_tokens_and_channels_last_tensors_is_an_affine_layer_too():
+    ex = assert_spec_computes_the_module(LayoutArithmetic(), hw=8)
+    assert [la["type"] for la in ex.spec["layers"]] == ["conv2d", "affine", "layernorm2d", "to_tokens", "affine",
+                                                       "select_token", "linear"]
+
+
+class ArithmeticOf(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(3, 4, 3))
+        self.head = _Apply(f)
+
+    def forward(self, x):
+        return self.head(self.block(x)).flatten(1)
+
+
+class _Apply(nn.Module):
+    def __init__(self, f):
+        super().__init__()
+        self.f = f
+
+    def forward(self, x):
+        return self.f(x)
+
+
+@pytest.mark.parametrize("f, op, why", [
+    (lambda y: y / 0, "operator.truediv", "divides by zero"),
+    (lambda y: torch.div(y, 0.0), "torch.div", "divides by zero"),
+    (lambda y: y * float("inf"), "operator.mul", "not a finite"),
+    (lambda y: y + float("nan"), "operator.add", "not a finite"),
+    (lambda y: y - 1e39, "operator.sub", "not a finite"),
+    (lambda y: y * 1e30 * 1e30, "operator.mul", "float32's finite range"),
+    (lambda y: y / 1e-40, "operator.truediv", "float32's finite range"),
+    (lambda y: torch.add(y, 1, alpha=2), "torch.add", "alpha 2"),
+    (lambda y: torch.sub(y, 1, alpha=0.5), "torch.sub", "alpha 0.5"),
+    (lambda y: torch.div(y, 2, rounding_mode="floor"), "torch.div", "rounding_mode 'floor'"),
+    (lambda y: 2 / y, "operator.truediv", "reciprocal"),
+], ids=["div0", "torch_div0", "mul_inf", "add_nan", "sub_past_float32", "fold_past_float32", "reciprocal_past_float32", "add_alpha",
+        "sub_alpha", "div_rounding", "reciprocal"])
+def test_arithmetic_the_service_cannot_take_is_refused_naming_the_op_and_why(f, op, why):
+    with pytest.raises(ExportError) as e:
+        convert(ArithmeticOf(f), (1, 3, 6, 6))
+    assert e.value.op == op and e.value.module_path == "head", str(e.value)
+    assert why in str(e.value) and f"at 'head'" in str(e.value)
+
+
+@pytest.mark.parametrize("f, kinds", [
+    (lambda y: y * torch.sigmoid(y), ["conv2d", "sigmoid", "mul"]),
+    (lambda y: y + F.relu(y), ["conv2d", "relu", "add"]),
+], ids=["mul_tensor", "add_tensor"])
+def test_arithmetic_of_two_tensors_stays_add_or_mul(f, kinds):
+    ex = assert_spec_computes_the_module(ArithmeticOf(f), hw=6)
+    assert [la["type"] for la in ex.spec["layers"]][:-1] == kinds
+
+
+@pytest.mark.parametrize("f", [lambda y: y - F.relu(y), lambda y: y / torch.sigmoid(y)], ids=["sub", "div"])
+def test_subtracting_or_dividing_two_tensors_stays_refused(f):
+    with pytest.raises(ExportError, match="has no layer kind") as e:
+        convert(ArithmeticOf(f), (1, 3, 6, 6))
+    assert e.value.module_path == "head"
+
+
+class Slopes(nn.Module):
+    """A module's own slopes for F.prelu, held as nn.PReLU holds them."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(-0.3, 0.6, c))
+
+    def forward(self, x):
+        return F.prelu(x, self.weight)
+
+
+class PReLUs(nn.Module):
+    """nn.PReLU with one slope after a convolution, one per channel (init
+    0.1), F.prelu of a module's own per-channel weight, and one per feature
+    of flat features [N, F] in the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.act = nn.PReLU()
+        self.conv2 = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.act2 = nn.PReLU(4, init=0.1)
+        self.slopes = Slopes(4)
+        self.fc1 = nn.Linear(4 * 4 * 4, 6)
+        self.act3 = nn.PReLU(6)
+        self.fc = nn.Linear(6, 3)
+
+    def forward(self, x):
+        y = self.slopes(self.act2(self.conv2(self.act(self.conv(x)))))
+        return self.fc(self.act3(self.fc1(torch.flatten(y, 1))))
+
+
+def test_prelu_exports_with_one_slope_or_one_per_channel_under_its_module_weight():
+    model = PReLUs()
+    with torch.no_grad():
+        for m in (model.act, model.act2, model.act3):
+            m.weight.uniform_(-0.5, 0.5)  # both signs, so the spec's slopes are the module's
+    ex = assert_spec_computes_the_module(model, hw=8)
+    prelu = [la for la in ex.spec["layers"] if la["type"] == "prelu"]
+    assert prelu == [{"type": "prelu", "name": "act"}, {"type": "prelu", "name": "act2", "num_parameters": 4},
+                     {"type": "prelu", "name": "slopes", "num_parameters": 4},
+                     {"type": "prelu", "name": "act3", "num_parameters": 6}]
+    assert ex.tensors["act.weight"].shape == (1,) and ex.tensors["slopes.weight"].shape == (4,)
+
+
+class PReLUOn(nn.Module):
+    def __init__(self, make, act):
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(3, 4, 2, stride=2))
+        self.act = act
+        self.make = make
+
+    def forward(self, x):
+        return self.make(self.block(x), self.act)
+
+
+@pytest.mark.parametrize("make, act, why", [
+    (lambda y, act: act(y.flatten(2).transpose(1, 2))[:, 0], nn.PReLU(), "token sequence"),
+    (lambda y, act: act(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).flatten(1), nn.PReLU(4), "channels-last"),
+], ids=["tokens", "channels_last"])
+def test_prelu_where_its_slopes_are_not_per_channel_is_refused_naming_the_module(make, act, why):
+    with pytest.raises(ExportError) as e:
+        convert(PReLUOn(make, act), (1, 3, 8, 8))
+    assert why in str(e.value) and e.value.module_path == "act", str(e.value)
+
+
+def test_prelu_on_channels_last_with_one_slope_is_elementwise_and_exports():
+    ex = assert_spec_computes_the_module(
+        PReLUOn(lambda y, act: act(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).flatten(1), nn.PReLU()), hw=8)
+    assert [la["type"] for la in ex.spec["layers"]] == ["conv2d", "prelu", "flatten"]
+
+
+class FunctionalPReLU(nn.Module):
+    def __init__(self, slopes):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.alpha = nn.Parameter(torch.full((4,), 0.2))
+        self.slopes = slopes
+
+    def forward(self, x):
+        return F.prelu(self.conv(x), self.slopes(self)).flatten(1)
+
+
+def test_functional_prelu_of_slopes_other_than_a_weight_parameter_is_refused():
+    with pytest.raises(ExportError, match="named weight") as e:
+        convert(FunctionalPReLU(lambda m: m.alpha), (1, 3, 6, 6))
+    assert "prelu" in e.value.op and e.value.module_path == ""
+
+
 # ---- refusals -----------------------------------------------------------------------------
 
 
@@ -1011,8 +1241,10 @@ def test_parameters_forward_does_not_use_are_refused_since_the_checkpoint_would_
     assert e.value.module_path == "unused" and "unused.weight" in str(e.value)
 
 
-@pytest.mark.parametrize("write", [lambda y: F.relu(y, inplace=True), F.elu_, F.leaky_relu_],
-                         ids=["relu_inplace", "elu_", "leaky_relu_"])
+@pytest.mark.parametrize("write", [lambda y: F.relu(y, inplace=True), F.elu_, F.leaky_relu_,
+                                   lambda y: y.add_(1), lambda y: y.mul_(2), lambda y: y.div_(2),
+                                   lambda y: y.sub_(1), lambda y: y.neg_()],
+                         ids=["relu_inplace", "elu_", "leaky_relu_", "add_", "mul_", "div_", "sub_", "neg_"])
 def test_writing_into_a_tensor_that_is_read_later_is_refused(write):
     class Aliased(nn.Module):
         def __init__(self):

@@ -68,7 +68,8 @@ static op_case row(const char *op, const char *check, op_compare run, sf_dtype d
 }
 
 static const char *const ACT_CHECKS[] = {"relu6", "sigmoid",    "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh",
-                                         "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish"};
+                                         "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish", "affine"};
+static_assert(sizeof ACT_CHECKS / sizeof ACT_CHECKS[0] == SF_CUDA_ACT_LAST + 1, "a name per activation");
 
 /* The parameter sets (sf_cuda_act_prm's a, b) an activation's rows run at:
  * leaky ReLU at PyTorch's default slope, a GAN's 0.2, a negative one and
@@ -76,14 +77,18 @@ static const char *const ACT_CHECKS[] = {"relu6", "sigmoid",    "silu", "hardswi
  * 0.5, 2 and a negative one; softplus at PyTorch's beta 1 and threshold 20
  * (no input of [-8, 8] reaches the linear branch), beta 2 threshold 3 and
  * beta -0.5 threshold 1 (inputs on both sides of the threshold; a negative
- * beta's linear branch is x < -2), and a sharp beta 10 threshold 20. One
- * empty set for the activations without parameters. */
+ * beta's linear branch is x < -2), and a sharp beta 10 threshold 20;
+ * affine (scale, shift) as the identity, x * 2 - 1 (the exporter's fold of
+ * (x - 0.5) / 0.5), a negative scale (c - x / 2) and ImageNet's red
+ * channel's normalisation (x - 0.485) / 0.229. One empty set for the
+ * activations without parameters. */
 static std::vector<std::vector<float>> act_prm_sets(int act)
 {
     switch (act) {
     case SF_CUDA_ACT_LEAKY_RELU: return {{0.01f}, {0.2f}, {-0.5f}, {1.5f}};
     case SF_CUDA_ACT_ELU: return {{1.f}, {0.5f}, {2.f}, {-0.5f}};
     case SF_CUDA_ACT_SOFTPLUS: return {{1.f, 20.f}, {2.f, 3.f}, {-0.5f, 1.f}, {10.f, 20.f}};
+    case SF_CUDA_ACT_AFFINE: return {{1.f, 0.f}, {2.f, -1.f}, {-0.5f, 0.25f}, {1.f / 0.229f, -0.485f / 0.229f}};
     default: return {{}};
     }
 }
@@ -99,7 +104,7 @@ std::vector<op_case> op_cases()
      * and the vector tail all run; elementwise, so one run covers both
      * layouts */
     for (const sf_dtype dt : k_dtypes) {
-        for (int act = 0; act <= SF_CUDA_ACT_MISH; act++) {
+        for (int act = 0; act <= SF_CUDA_ACT_LAST; act++) {
             const std::vector<std::vector<float>> sets = act_prm_sets(act);
             for (const std::vector<float> &f : sets) {
                 t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {3 * 3 * 7 * 5}, {act, 0, 0}, 1e-5,
@@ -108,7 +113,7 @@ std::vector<op_case> op_cases()
                 t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {1 << 16}, {act, 0, 1}, 1e-5, 0, f));
             }
             /* the long row at the second set (leaky ReLU's 0.2, ELU's 0.5,
-             * softplus's beta 2 threshold 3) */
+             * softplus's beta 2 threshold 3, affine's x * 2 - 1) */
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {9000003}, {act, 0, 0}, 1e-5, 0,
                             sets[sets.size() > 1 ? 1 : 0]));
         }
@@ -256,6 +261,24 @@ std::vector<op_case> op_cases()
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {4, 96, 128, 136}, {}, 1e-6, 1e-5));
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 96, 14, 14}, {1}, 1e-6, 1e-5));
         }
+
+    /* prelu: the odd sizes of the layer tests with a slope per channel and
+     * one for all, more channels than a block, flat features with more rows
+     * than chunks (a slope per feature and one), one slope over a map with
+     * more elements than chunks of a block each, and a slope per channel
+     * at a MobileNet-sized map; then a slope count other than 1 or C */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            for (const int one : {0, 1}) {
+                t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {3, 3, 7, 5}, {one}, 1e-6, 1e-5));
+                t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {600, 4, 1, 1}, {one}, 1e-6, 1e-5));
+            }
+            t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {2, 1100, 3, 3}, {0}, 1e-6, 1e-5));
+            t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {5, 17, 1, 1}, {0}, 1e-6, 1e-5));
+            t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {4, 16, 64, 64}, {1}, 1e-6, 1e-5));
+            t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {8, 96, 14, 14}, {0}, 1e-6, 1e-5));
+        }
+    t.push_back(row("prelu", "refused", cmp_prelu_refused, SF_DT_F32, {}, {}, 0));
 
     /* norm: layernorm2d at ConvNeXt's stem and block norm (96 channels),
      * odd sizes and channels, more positions than LN_CHUNKS, c > 32; then

@@ -94,6 +94,8 @@ void cmp_groupnorm_refused(const op_case &c, const op_env &e);
 void cmp_log_softmax_refused(const op_case &c, const op_env &e);
 void cmp_mul(const op_case &c, const op_env &e);
 void cmp_channel_scale(const op_case &c, const op_env &e);
+void cmp_prelu(const op_case &c, const op_env &e);
+void cmp_prelu_refused(const op_case &c, const op_env &e);
 void cmp_layernorm(const op_case &c, const op_env &e);
 void cmp_transpose(const op_case &c, const op_env &e);
 void cmp_to_tokens(const op_case &c, const op_env &e);

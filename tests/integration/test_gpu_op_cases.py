@@ -15,7 +15,7 @@ from sfharness import BIN, REPO
 TEST_OPS = Path(BIN).parent / "tests" / "gpu" / "test_ops"
 
 CASES_PER_FAMILY = {
-    "activation": 161,
+    "activation": 187,
     "attention": 15,
     "batchnorm": 102,
     "channels": 45,
@@ -35,6 +35,7 @@ CASES_PER_FAMILY = {
     "optimizer": 14,
     "pointwise": 73,
     "pool": 180,
+    "prelu": 33,
     "sdpa": 10,
     "tokens": 24,
     "upsample": 49,

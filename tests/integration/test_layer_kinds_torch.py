@@ -2,7 +2,7 @@
 reference backend (or the backend STREAMFEED_PARITY_BACKEND names) in fp32:
 small modules that use each of them -- grouped, depthwise and dilated
 convolutions, the activations (a GAN's leaky ReLU and tanh among them,
-ELU, SELU, softplus and Mish),
+ELU, SELU, softplus and Mish), arithmetic with numbers (affine), PReLU,
 squeeze-and-excitation's broadcast multiply,
 ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
 DenseNet's concatenations, average pooling with ceil_mode and
@@ -405,12 +405,64 @@ class SubPixel(nn.Module):
         return self.fc(torch.flatten(torch.tanh(self.c2(y)), 1))
 
 
+# Arithmetic with numbers (the exporter's affine layer): an input
+# normalisation (x - 0.5) / 0.5, 0.25 - 1.5 * x after a convolution (a
+# negative scale, before tanh), and x * 0.5 + 1 on flat features before the
+# classifier.
+AFFINE_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "affine", "name": "norm", "scale": 2.0, "shift": -1.0},
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "pad": 1},
+    {"type": "affine", "name": "a0", "scale": -1.5, "shift": 0.25}, {"type": "tanh", "name": "t"},
+    {"type": "conv2d", "name": "c1", "out": 4, "k": 3, "stride": 2, "pad": 1},
+    {"type": "flatten", "name": "flat"}, {"type": "affine", "name": "a1", "scale": 0.5, "shift": 1.0},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class Affine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 4, 3, padding=1)
+        self.c1 = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.fc = nn.Linear(4 * 4 * 4, 10)
+
+    def forward(self, x):
+        y = torch.tanh(0.25 - 1.5 * self.c0((x - 0.5) / 0.5))
+        return self.fc(torch.flatten(self.c1(y), 1) * 0.5 + 1)
+
+
+# PReLU: one slope shared by every channel after a convolution, one per
+# channel (init 0.1) after a strided one, and one per feature of the head's
+# flat features. Each sees inputs of both signs, so both branches and the
+# slopes' gradients are compared.
+PRELU_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "pad": 1}, {"type": "prelu", "name": "a0"},
+    {"type": "conv2d", "name": "c1", "out": 4, "k": 3, "stride": 2, "pad": 1},
+    {"type": "prelu", "name": "a1", "num_parameters": 4},
+    {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc1", "out": 8},
+    {"type": "prelu", "name": "a2", "num_parameters": 8}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class PReLUs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0, self.a0 = nn.Conv2d(3, 4, 3, padding=1), nn.PReLU()
+        self.c1, self.a1 = nn.Conv2d(4, 4, 3, stride=2, padding=1), nn.PReLU(4, init=0.1)
+        self.fc1, self.a2 = nn.Linear(4 * 4 * 4, 8), nn.PReLU(8)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = self.a1(self.c1(self.a0(self.c0(x))))
+        return self.fc(self.a2(self.fc1(torch.flatten(y, 1))))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
          "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC),
          "smooth_activations": (SmoothActs, SMOOTH_SPEC), "pyramid_skip": (Pyramid, PYRAMID_SPEC),
-         "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC)}
+         "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC),
+         "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC)}
+
 
 
 def kinds_the_cuda_backend_lacks(spec):

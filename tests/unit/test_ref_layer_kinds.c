@@ -84,7 +84,8 @@ static void gd_fwd_f32(const kcase *k, float *const *v, float *y)
 }
 
 /* activations: a = act, then its parameters (sf_act_prm: leaky_relu's
- * slope, elu's alpha, softplus's beta and threshold) in hundredths */
+ * slope, elu's alpha, softplus's beta and threshold, affine's scale and
+ * shift) in hundredths */
 #define ACT_PRM(k) ((sf_act_prm){(float)(k)->a[1] / 100.f, (float)(k)->a[2] / 100.f})
 static void act_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -131,6 +132,20 @@ static void cs_fwd(const kcase *k, double *const *v, double *y)
 static void cs_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
 {
     sf_ref_channel_scale_bwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], dy, g[0], g[1]);
+}
+
+/* prelu: a = n c hw np (v[1]: the slopes [np]) */
+static void prelu_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_prelu_fwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], k->a[3], y);
+}
+static void prelu_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_prelu_bwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], k->a[3], dy, g[0], g[1]);
+}
+static void prelu_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_prelu_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], k->a[3], y);
 }
 
 /* avgpool2d: a = n c h w k stride pad cip oh ow */
@@ -424,9 +439,19 @@ static const kcase kcases[] = {
     {"softplus -0.5 1", 1, {64}, 64, 4, {SF_ACT_SOFTPLUS, -50, 100}, act_fwd, act_bwd, act_fwd_f32},
     {"softplus 10 20", 1, {64}, 64, 4, {SF_ACT_SOFTPLUS, 1000, 2000}, act_fwd, act_bwd, act_fwd_f32},
     {"mish", 1, {64}, 64, 6, {SF_ACT_MISH}, act_fwd, act_bwd, act_fwd_f32},
+    /* affine (scale, shift): x * 2 - 1 (the fold of (x - 0.5) / 0.5), a
+     * negative scale, a scale below 1 with a positive shift */
+    {"affine 2 -1", 1, {64}, 64, 4, {SF_ACT_AFFINE, 200, -100}, act_fwd, act_bwd, act_fwd_f32},
+    {"affine -1 0.5", 1, {64}, 64, 4, {SF_ACT_AFFINE, -100, 50}, act_fwd, act_bwd, act_fwd_f32},
+    {"affine 0.25 3", 1, {64}, 64, 4, {SF_ACT_AFFINE, 25, 300}, act_fwd, act_bwd, act_fwd_f32},
     {"mul same shape", 2, {2 * 3 * 5, 2 * 3 * 5}, 2 * 3 * 5, 1, {2, 3, 5, 5}, mul_fwd, mul_bwd, NULL},
     {"mul broadcast [C,1,1]", 2, {2 * 3 * 5, 2 * 3}, 2 * 3 * 5, 1, {2, 3, 5, 1}, mul_fwd, mul_bwd, NULL},
     {"layer scale", 2, {2 * 4 * 6, 4}, 2 * 4 * 6, 1, {2, 4, 6}, cs_fwd, cs_bwd, NULL},
+    /* prelu: a slope per channel of a map, one for all of them, one per
+     * feature of flat features */
+    {"prelu per channel", 2, {2 * 3 * 5, 3}, 2 * 3 * 5, 2, {2, 3, 5, 3}, prelu_fwd, prelu_bwd, prelu_fwd_f32},
+    {"prelu one slope", 2, {2 * 3 * 5, 1}, 2 * 3 * 5, 2, {2, 3, 5, 1}, prelu_fwd, prelu_bwd, prelu_fwd_f32},
+    {"prelu per feature", 2, {4 * 6, 6}, 4 * 6, 2, {4, 6, 1, 6}, prelu_fwd, prelu_bwd, prelu_fwd_f32},
     {"avgpool2d k3 s2 p1 ceil, count_include_pad", 1, {2 * 2 * 6 * 6}, 2 * 2 * 4 * 4, 1,
      {2, 2, 6, 6, 3, 2, 1, 1, 4, 4}, ap_fwd, ap_bwd, NULL},
     {"avgpool2d k3 s2 p1 ceil, padding not counted", 1, {2 * 2 * 6 * 6}, 2 * 2 * 4 * 4, 1,
@@ -559,6 +584,23 @@ static void leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation(void *
     assert_true(y[0] == 0.f && isnan(y[2]) && y[3] == 1.f);
     sf_ref_act_bwd(SF_ACT_TANH, (sf_act_prm){0}, x, dy, 4, dx);
     assert_true(dx[0] == 2.f && isnan(dx[2]) && dx[3] == 0.f);
+}
+
+/* Where finite differences cannot look: PReLU at 0, -0 and a NaN, as
+ * PyTorch's F.prelu and its prelu_backward give (dy = 2, slope 0.25): x = 0
+ * and -0 pass a * dy and add nothing to the slope's gradient, a NaN passes
+ * a * dy and makes the slope's gradient NaN. */
+static void prelu_follows_pytorch_at_zero_and_nan(void **state)
+{
+    const float x[5] = {0.f, -0.f, -1.f, 2.f, NAN}, dy[5] = {2.f, 2.f, 2.f, 2.f, 2.f}, a = 0.25f;
+    float y[5], dx[5], da;
+    sf_ref_prelu_fwd(x, 1, 1, 5, &a, 1, y);
+    assert_true(y[0] == 0.f && y[1] == 0.f && signbit(y[1]) && y[2] == -0.25f && y[3] == 2.f && isnan(y[4]));
+    sf_ref_prelu_bwd(x, 1, 1, 4, &a, 1, dy, dx, &da);
+    assert_true(dx[0] == 0.5f && dx[1] == 0.5f && dx[2] == 0.5f && dx[3] == 2.f);
+    assert_true(da == -2.f); /* only x = -1 adds: -1 * 2 */
+    sf_ref_prelu_bwd(x, 1, 1, 5, &a, 1, dy, dx, &da);
+    assert_true(dx[4] == 0.5f && isnan(da));
 }
 
 /* Within a float rounding or two of what PyTorch 2.x's CPU kernels and
@@ -724,11 +766,13 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 /* Grouped and dilated convolution, Inception's 1xk and kx1 kernels (one
  * strided along the height only), leaky ReLU (a GAN discriminator's 0.2),
  * ELU (alpha 0.5), SELU, softplus (beta 2, threshold 2: both branches
- * taken), SiLU, Mish, tanh, batchnorm over flat features
- * (nn.BatchNorm1d). */
+ * taken), SiLU, affine (a negative scale and a shift), Mish, tanh,
+ * batchnorm over flat features (nn.BatchNorm1d); PReLU with a slope per
+ * channel and with one over flat features. */
 static const char *const GROUPED_SPEC =
     "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
     "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":1},"
+    "{\"type\":\"prelu\",\"name\":\"pr\",\"num_parameters\":6},"
     "{\"type\":\"leaky_relu\",\"name\":\"lr\",\"negative_slope\":0.2},"
     "{\"type\":\"conv2d\",\"name\":\"g\",\"out\":6,\"k\":3,\"pad\":2,\"groups\":3,\"dilation\":2},"
     "{\"type\":\"elu\",\"name\":\"el\",\"alpha\":0.5},"
@@ -737,9 +781,10 @@ static const char *const GROUPED_SPEC =
     "{\"type\":\"conv2d\",\"name\":\"r31\",\"out\":6,\"k\":[3,1],\"stride\":[2,1],\"pad\":[1,0],"
     "\"dilation\":[1,2]},"
     "{\"type\":\"softplus\",\"name\":\"sp\",\"beta\":2,\"threshold\":2},"
-    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"mish\",\"name\":\"mi\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
-    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"batchnorm2d\",\"name\":\"bn1d\"},"
-    "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+    "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"affine\",\"name\":\"af\",\"scale\":-1.5,\"shift\":0.25},"
+    "{\"type\":\"mish\",\"name\":\"mi\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"prelu\",\"name\":\"pr1\"},"
+    "{\"type\":\"batchnorm2d\",\"name\":\"bn1d\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
 /* MobileNetV3's block: depthwise conv, hardswish, squeeze-and-excitation
  * (adaptive pool, 1x1 convs, hardsigmoid, mul broadcast), sigmoid, relu6;
@@ -1038,6 +1083,12 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_true(layer_named(&m, "lr")->negative_slope == 0.2f);
     assert_true(layer_named(&m, "el")->alpha == 0.5f);
     assert_true(layer_named(&m, "sp")->beta == 2.f && layer_named(&m, "sp")->threshold == 2.f);
+    assert_true(layer_named(&m, "af")->affine_scale == -1.5f && layer_named(&m, "af")->affine_shift == 0.25f);
+    assert_int_equal(sf_layer_params(layer_named(&m, "af"), pd), 0);
+    assert_int_equal(sf_layer_params(layer_named(&m, "pr"), pd), 1); /* nn.PReLU(6).weight [6] */
+    assert_true(!strcmp(pd[0].suffix, "weight") && pd[0].ndim == 1 && pd[0].shape[0] == 6);
+    assert_int_equal(sf_layer_params(layer_named(&m, "pr1"), pd), 1);
+    assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 1 && layer_named(&m, "pr1")->num_parameters == 1);
     const sf_layer *r13 = layer_named(&m, "r13"), *r31 = layer_named(&m, "r31");
     assert_int_equal(sf_layer_params(r13, pd), 2);
     assert_true(pd[0].shape[0] == 6 && pd[0].shape[1] == 6 && pd[0].shape[2] == 1 && pd[0].shape[3] == 3);
@@ -1160,6 +1211,15 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
     assert_non_null(strstr(err, "layer 2 \"hs\""));
     assert_non_null(strstr(err, "token sequence"));
+    /* affine: the CUDA backend refuses it until its kernels have run on a GPU */
+    assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);
+    const int af = (int)(layer_named(&m, "af") - m.layers);
+    assert_int_equal(sf_layer_cuda_check(&m, af, err, sizeof err), -1);
+    assert_non_null(strstr(err, "\"af\" (affine)"));
+    assert_non_null(strstr(err, "pipeline.backend=ref"));
+    const int pr = (int)(layer_named(&m, "pr") - m.layers);
+    assert_int_equal(sf_layer_cuda_check(&m, pr, err, sizeof err), -1);
+    assert_non_null(strstr(err, "\"pr\" (prelu)"));
 }
 
 static void expect_json_error(const char *js, const char *needle1, const char *needle2)
@@ -1227,6 +1287,13 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"softplus\",\"beta\":0}]}", "layer 0", "\"beta\" must not be 0");
     expect_json_error(HEAD "{\"type\":\"softplus\",\"beta\":1e39}]}", "layer 0", "beta");
     expect_json_error(HEAD "{\"type\":\"softplus\",\"threshold\":1e39}]}", "layer 0", "threshold");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"scale\":\"2\"}]}", "layer 0", "scale");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"scale\":1e39}]}", "layer 0", "scale");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"shift\":-1e39}]}", "layer 0", "shift");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"bias\":1}]}", "layer 0", "bias");
+    expect_json_error(HEAD "{\"type\":\"prelu\",\"num_parameters\":2}]}", "layer 0", "1 or the input's 4");
+    expect_json_error(HEAD "{\"type\":\"prelu\",\"num_parameters\":0}]}", "layer 0", "num_parameters");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"prelu\"}]}", "layer 1", "token sequence");
     expect_json_error(HEAD "{\"type\":\"layernorm\"}]}", "layer 0", "layernorm2d");
     expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"eps\":0}]}", "layer 0", "eps");
     expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"batchnorm2d\"}]}", "layer 1", "token sequence");
@@ -1295,7 +1362,9 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
                                         "{\"type\":\"leaky_relu\"},{\"type\":\"leaky_relu\",\"negative_slope\":-2},"
                                         "{\"type\":\"elu\"},{\"type\":\"softplus\"},"
                                         "{\"type\":\"softplus\",\"beta\":-0.5,\"threshold\":3},"
-                                        "{\"type\":\"selu\"},{\"type\":\"mish\"}]}",
+                                        "{\"type\":\"selu\"},{\"type\":\"mish\"},{\"type\":\"affine\"},"
+                                        "{\"type\":\"affine\",\"scale\":2,\"shift\":-1},"
+                                        "{\"type\":\"prelu\"},{\"type\":\"prelu\",\"num_parameters\":4}]}",
                                         &m, err, sizeof err), 0);
     expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":3,\"stride\":1,\"pad\":1,\"bias\":false}");
     expect_fields_json(&m.layers[1], "{}");
@@ -1312,6 +1381,10 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
     expect_fields_json(&m.layers[13], "{\"beta\":-0.5,\"threshold\":3}");
     expect_fields_json(&m.layers[14], "{}");
     expect_fields_json(&m.layers[15], "{}");
+    expect_fields_json(&m.layers[16], "{\"scale\":1,\"shift\":0}");
+    expect_fields_json(&m.layers[17], "{\"scale\":2,\"shift\":-1}");
+    expect_fields_json(&m.layers[18], "{\"num_parameters\":1}");
+    expect_fields_json(&m.layers[19], "{\"num_parameters\":4}");
     /* groupnorm's affine only when false: a spec of an affine one reads back as it did before the field */
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"groupnorm\",\"num_groups\":2},"
                                         "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":true},"
@@ -1367,6 +1440,7 @@ int main(void)
         cmocka_unit_test(each_kernels_backward_matches_finite_differences),
         cmocka_unit_test(leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(elu_selu_softplus_mish_follow_pytorch_at_zero_nan_and_saturation),
+        cmocka_unit_test(prelu_follows_pytorch_at_zero_and_nan),
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
         cmocka_unit_test(channel_shuffle_and_slice_follow_pytorch),
         cmocka_unit_test(pixel_shuffle_follows_pytorch),

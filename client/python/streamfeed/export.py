@@ -51,7 +51,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_error import ExportError
+from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import PAD_MODULES, check_pad_reader, clamp_activation, fold_pad, is_pad, pad_sides
 from .export_values import _Attention, _Expanded, _Grouped, _Padded, _Pieces, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
@@ -310,6 +312,7 @@ class _Converter:
         self.b.module_paths = {n for n, _ in module.named_modules() if n}
         self.b.state = dict(module.state_dict(keep_vars=False))
         self.vals: Dict[torch.fx.Node, Any] = {}
+        self.affine_layers: Dict[torch.fx.Node, int] = {}  # a node whose value an affine layer makes: its index
 
     # -- values --
     def val(self, a: Any, node: torch.fx.Node, what: str = "input") -> _Val:
@@ -402,7 +405,7 @@ class _Converter:
         order = {n: i for i, n in enumerate(nodes)}
         for n in nodes:
             target = None
-            if n.op == "call_function" and n.target in (operator.iadd, operator.imul):
+            if n.op == "call_function" and n.target in IN_PLACE_OPERATORS:
                 target = n.args[0]
             elif n.op in ("call_method", "call_function") and _in_place_name(n):
                 target = n.args[0]
@@ -509,6 +512,8 @@ class _Converter:
             if getattr(mod, "return_indices", False):
                 raise ExportError("return_indices is not supported", op=op, module_path=path)
             return self.adaptive(path, x, out, op, type(mod) is nn.AdaptiveMaxPool2d)
+        if type(mod) is nn.PReLU:
+            return self.prelu(path, x, mod.num_parameters, op, path)
         if type(mod) is nn.Linear:
             return self.linear(path, x, out, op, mod)
         if type(mod) is nn.Dropout:
@@ -885,6 +890,13 @@ class _Converter:
         return self.b.emit("pixel_shuffle" if shuffle else "pixel_unshuffle", path, [x], shape,
                            generated=generated, factor=r)
 
+    def pixel_shuffle_call(self, n: torch.fx.Node, shuffle: bool, op: str) -> _Val:
+        """F.pixel_shuffle (shuffle) or F.pixel_unshuffle, its factor positional or by keyword."""
+        key = "upscale_factor" if shuffle else "downscale_factor"
+        r: Any = n.args[1] if len(n.args) > 1 else n.kwargs[key]
+        return self.pixel_shuffle(self.fname(n, "pixel_shuffle" if shuffle else "pixel_unshuffle"),
+                                  self.val(n.args[0] if n.args else n.kwargs["input"], n), int(r), shuffle, op)
+
     def shuffle_pattern(self, n: torch.fx.Node, x: _Val, out: Tuple[int, ...]) -> Optional[int]:
         """The groups g where n views the map x as [N, g, C/g, H, W], its
         only reader transposes dimensions 1 and 2 and that one's only
@@ -1035,11 +1047,11 @@ class _Converter:
             return self.channel_shuffle(self.fname(n, "channel_shuffle"), self.val(arg(0, "input"), n),
                                         int(arg(1, "groups")), op)
         if t in (F.pixel_shuffle, torch.pixel_shuffle, F.pixel_unshuffle, torch.pixel_unshuffle):
-            shuffle = t in (F.pixel_shuffle, torch.pixel_shuffle)
-            short = "pixel_shuffle" if shuffle else "pixel_unshuffle"
-            r = arg(1, "upscale_factor" if shuffle else "downscale_factor")
-            return self.pixel_shuffle(self.fname(n, short), self.val(arg(0, "input"), n), int(r), shuffle, op)
+            return self.pixel_shuffle_call(n, t in (F.pixel_shuffle, torch.pixel_shuffle), op)
 
+        scaled = self.affine(n, op, path)
+        if scaled is not None:
+            return scaled
         if t in (operator.add, operator.iadd, torch.add) or meth in ("add", "add_"):
             if n.kwargs.get("alpha", 1) != 1 or len(n.args) > 2:
                 raise ExportError("alpha is not supported", op=op, module_path=path)
@@ -1131,6 +1143,8 @@ class _Converter:
             f = _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default) if i < 0 else
                             arg(i, name, default), op, path)
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
+        if t in (F.prelu, torch.prelu):
+            return self.prelu_function(n, arg(0, "input"), arg(1, "weight"), op, path)
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
         if t is F.interpolate:
@@ -1209,6 +1223,60 @@ class _Converter:
                               "sequence (a position embedding)", op=op, module_path=path)
         return self.b.emit("pos_embedding", target, [x], x.shape, tokens=True, params=[""])
 
+    def affine(self, n: torch.fx.Node, op: str, path: str) -> Optional[_Val]:
+        """Arithmetic of a tensor with a Python number (export_affine.py) as
+        an affine layer, folded into the affine layer that made the tensor
+        where nothing else reads it; None when n is no such step. A step that
+        leaves x as it is (x * 1, x + 0) makes no layer."""
+        try:
+            step = affine_step(n, lambda v: isinstance(self.vals.get(v), _Val))
+            if step is None:
+                return None
+            z, a, b = step
+            x: _Val = self.vals[z]
+            i = self.affine_layers.get(z)
+            if i is not None and len(z.users) == 1:
+                layer = self.b.layers[i]
+                set_fields(layer, *fold(layer.get("scale", 1.0), layer.get("shift", 0.0), a, b))
+                self.affine_layers[n] = i
+                return x
+            a, b = fold(1.0, 0.0, a, b)  # x / c of a tiny c: 1 / c may leave float32's range
+        except AffineRefusal as e:
+            raise ExportError(str(e), op=op, module_path=path) from None
+        if x.ct:
+            raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
+        if (a, b) == (1.0, 0.0):
+            return x
+        y = self.b.emit("affine", self.fname(n, "affine"), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens)
+        set_fields(self.b.layers[y.layer], a, b)
+        self.affine_layers[n] = y.layer
+        return y
+
+    def prelu(self, name: str, x: _Val, slopes: int, op: str, path: str) -> _Val:
+        """nn.PReLU (and F.prelu): one slope for every channel, or one per
+        channel of a [C,H,W] map or per feature of flat features [N, F]
+        (PyTorch's dimension 1), the parameter <name>.weight [slopes]."""
+        if x.tokens or x.ct or len(x.shape) not in (1, 3):
+            raise ExportError("runs on a token sequence or a reshaped map; the service's prelu takes a [C,H,W] map "
+                              "or flat features [N, F]", op=op, module_path=path)
+        if slopes != 1 and (x.nhwc or slopes != x.shape[0]):
+            raise ExportError(f"has {slopes} slopes for a tensor of per-sample shape {list(x.shape)}"
+                              f"{' held channels-last' if x.nhwc else ''}; supported are one slope, or one per "
+                              "channel of a [C,H,W] map or feature of [N, F]", op=op, module_path=path)
+        fields: Dict[str, Any] = {"num_parameters": slopes} if slopes != 1 else {}
+        return self.b.emit("prelu", name, [x], x.shape, nhwc=x.nhwc, params=["weight"], **fields)
+
+    def prelu_function(self, n: torch.fx.Node, a0: Any, w: Any, op: str, path: str) -> _Val:
+        """F.prelu(x, self.weight) of a module's own 1-D parameter named
+        weight: a prelu layer named by that module, as nn.PReLU."""
+        target = str(w.target) if isinstance(w, torch.fx.Node) and w.op == "get_attr" else ""
+        p = self.b.state.get(target) if target else None
+        owner, _, leaf = target.rpartition(".")
+        if p is None or leaf != "weight" or p.dim() != 1:
+            raise ExportError(f"takes the slopes {w!r}; supported is a module's 1-D parameter named weight "
+                              "(as nn.PReLU holds it)", op=op, module_path=path)
+        return self.prelu(owner, self.val(a0, n), int(p.shape[0]), op, path)
+
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
         attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
         if attrs:
@@ -1246,7 +1314,7 @@ _KNOWN_MODULES = (*MODULE_ACTIVATIONS, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNo
                   nn.InstanceNorm2d, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.MaxPool2d,
                   nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
                   nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle,
-                  nn.Hardtanh, nn.PixelShuffle, nn.PixelUnshuffle, *PAD_MODULES)
+                  nn.Hardtanh, nn.PixelShuffle, nn.PixelUnshuffle, nn.PReLU, *PAD_MODULES)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:
@@ -1311,46 +1379,6 @@ def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]
                               "before exporting)", op="state_dict", module_path=key.rsplit(".", 1)[0])
         tensors[key] = t.detach().to("cpu").contiguous().clone()
     return ExportedModel(spec, tensors)
-
-
-def imagenet_recipe(input_hw: Tuple[int, int]) -> Dict[str, Any]:
-    """torchvision's classification recipe for an input of input_hw, as
-    augment options: training takes a random resized crop of that size and
-    a horizontal flip; eval resizes to 256/224 of it and takes the centre
-    crop; both scale to [0,1] and normalize with the ImageNet statistics."""
-    h, w = input_hw
-    rh, rw = round(h * 256 / 224), round(w * 256 / 224)
-    to = {"op": "to_dtype", "dtype": "float32", "scale": 1 / 255}
-    norm = {"op": "normalize", "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
-    return {"augment": {
-        "pipeline": [to, {"op": "random_resized_crop", "size": [h, w]}, {"op": "horizontal_flip", "p": 0.5}, norm],
-        "eval_pipeline": [to, {"op": "resize", "size": [rh, rw]}, {"op": "center_crop", "size": [h, w]}, norm]}}
-
-
-# torch.optim's defaults, as the service's optim options (docs/CONFIG.md):
-# the service's own optim.weight_decay default is 0, torch.optim.AdamW's 0.01.
-_OPTIMIZERS: Dict[str, Dict[str, Any]] = {
-    "sgd": {"name": "sgd", "lr": 1e-3, "momentum": 0.0, "weight_decay": 0.0},
-    "adamw": {"name": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8, "weight_decay": 0.01},
-}
-
-
-def optimizer_recipe(name: str) -> Dict[str, Any]:
-    """The optim options of torch.optim's optimizer of that name at its
-    defaults: ``"adamw"`` is ``torch.optim.AdamW(params)`` (lr 1e-3, betas
-    (0.9, 0.999), eps 1e-8, weight_decay 0.01; Vision Transformers train
-    with it), ``"sgd"`` is ``torch.optim.SGD(params)`` (lr 1e-3, no momentum
-    or weight decay). ``config={"optim": {...}}`` changes any of them."""
-    if name not in _OPTIMIZERS:
-        raise ExportError(f"optimizer {name!r}: known are {', '.join(repr(k) for k in _OPTIMIZERS)} and None")
-    return {"optim": dict(_OPTIMIZERS[name])}
-
-
-def _merge(into: Dict[str, Any], extra: Dict[str, Any]) -> None:
-    for sec, opts in extra.items():
-        if not isinstance(opts, dict):
-            raise ExportError(f"config section {sec!r} must be an object of options")
-        into.setdefault(sec, {}).update(opts)
 
 
 def export_model(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]], out_dir: Union[str, Path],

@@ -48,6 +48,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "Identity": "nothing",
     "ChannelShuffle": "channel_shuffle",
     "PixelShuffle": "pixel_shuffle", "PixelUnshuffle": "pixel_unshuffle",
+    "PReLU": "prelu (num_parameters 1, or the channels of a map or the features of [N, F])",
 }
 SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
@@ -70,6 +71,10 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.pad (mode constant, value 0)": "the pad of the one Conv2d that reads it, as ZeroPad2d",
     "torch.clamp, Tensor.clamp, torch.clip, Tensor.clip, torch.clamp_min, Tensor.clamp_min, F.hardtanh, and "
     "their in-place spellings": "relu (to [0, inf)), relu6 (to [0, 6])",
+    "x * c, c * x, x / c, x + c, c + x, x - c, c - x, -x of a tensor and a Python number c (operators, torch.mul, "
+    "torch.div, torch.add, torch.sub, torch.neg, Tensor methods, in-place ones)":
+        "affine (scale * x + shift; a chain on one tensor is one layer)",
+    "F.prelu, torch.prelu": "prelu (a module's 1-D parameter named weight, as nn.PReLU)",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",

@@ -1,7 +1,8 @@
 /* tests/gpu/ops/activation.cu — the activations of gpu/cuda/activation.h
  * (ReLU6, sigmoid, SiLU, hardswish, hardsigmoid, GELU erf and tanh, tanh,
  * leaky ReLU at several slopes, negative and above 1 included, ELU at
- * several alphas, SELU, softplus at several betas and thresholds, Mish) against
+ * several alphas, SELU, softplus at several betas and thresholds, Mish,
+ * affine at several scales and shifts) against
  * the double-precision reference (sf_ref_act_fwd_f64, sf_ref_act_bwd_f64):
  * forward and backward, fp32 (norm check 1e-5) and bf16 (each element within
  * half a bf16 ulp: check_dt), at odd lengths (the 3x3x7x5 map of the layer
@@ -17,7 +18,8 @@
 #include "gpu/cuda/activation.h"
 
 static const char *const ACT_NAMES[] = {"relu6", "sigmoid",    "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh",
-                                        "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish"};
+                                        "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish", "affine"};
+static_assert(sizeof ACT_NAMES / sizeof ACT_NAMES[0] == SF_CUDA_ACT_LAST + 1, "a name per activation");
 
 /* shape {len}; p {activation (sf_cuda_act), misaligned by one element, in
  * place}; f {the parameters: sf_cuda_act_prm's a, b} (empty, or b absent:
@@ -71,7 +73,8 @@ void cmp_activation(const op_case &c, const op_env &e)
 
 /* A NaN input stays NaN through every activation, the clamps included
  * (leaky ReLU at the slope 0.2, ELU at alpha 0.2, softplus at beta 0.2 and
- * threshold 0: -7 on its log branch, 7 on its linear one). */
+ * threshold 0: -7 on its log branch, 7 on its linear one; affine at scale
+ * 0.2, shift 0). */
 void cmp_activation_nan(const op_case &c, const op_env &e)
 {
     const cudaStream_t s = e.s;
@@ -80,7 +83,7 @@ void cmp_activation_nan(const op_case &c, const op_env &e)
     std::vector<float> x = {NAN, -7.f, 7.f, 0.5f, NAN};
     dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0);
     up_dt(bx, x);
-    for (int act = 0; act <= SF_CUDA_ACT_MISH; act++) {
+    for (int act = 0; act <= SF_CUDA_ACT_LAST; act++) {
         char nm[120];
         snprintf(nm, sizeof nm, "%s %s propagates NaN", ACT_NAMES[act], dtname(dt));
         CU(cudaMemset(by.p, 0, len * sf_dtype_size(dt)));

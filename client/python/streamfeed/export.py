@@ -861,7 +861,7 @@ class _Converter:
                               "dimension (start_dim=1)", op=op, module_path=path)
         if len(x.shape) == 1:
             return x
-        return self.b.emit("flatten", path if n.op == "call_module" else self.fname(n, "flatten"), [x],
+        return self.b.emit("flatten", path + ("" if n.op == "call_module" else ".flatten"), [x],
                            (math.prod(x.shape),))
 
     def channel_shuffle(self, path: str, x: _Val, groups: int, op: str, generated: bool = True) -> _Val:

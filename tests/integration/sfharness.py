@@ -276,6 +276,31 @@ def read_reply(sock):
 # ---- the server ------------------------------------------------------------------
 
 
+def post_unread(port, path, body, n):
+    """n connections each POST body to path and read only their reply's
+    status line, the rest left on the server (a small receive buffer, so
+    that the reply's bytes stay there): what clients that never read their
+    transform or logits replies hold. Returns the open sockets (close them
+    to drop the replies) and the statuses, in connection order."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/vnd.safetensors\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    conns = []
+    for _ in range(n):
+        k = socket.socket()
+        k.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
+        k.settimeout(120)
+        k.connect(("127.0.0.1", port))
+        k.sendall(head + body)
+        conns.append(k)
+    statuses = []
+    for k in conns:
+        line = b""
+        while not line.endswith(b"\r\n"):
+            line += k.recv(1)
+        statuses.append(int(line.split()[1]))
+    return conns, statuses
+
+
 def free_port():
     """A TCP port free right now (for options that cannot take 0, such as
     http.metrics_port, where 0 means off)."""

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from sfharness import SLOWDOWN, learnable_batch, st_body, wait_until
+from sfharness import SLOWDOWN, learnable_batch, post_unread, st_body, wait_until
 
 SAFETENSORS = {"Content-Type": "application/vnd.safetensors"}
 AUG = '[{"op":"to_dtype","scale":0.00392157},{"op":"normalize","mean":[0.5],"std":[0.25]}]'
@@ -273,31 +273,13 @@ def test_logits_replies_nobody_reads_hold_a_bounded_total_then_logits_busy(start
     # of 4 MiB unread replies may hold 2 x 8 x 4 MiB = 64 MiB, as transforms'
     # do: two fit, the others get 503 (Retry-After) instead of each holding
     # 28 MiB more for as long as its client stays connected.
-    import socket
     spec = {"input": [3, 32, 32], "classes": 1024, "layers": [{"type": "conv2d", "name": "head", "out": 1024, "k": 1}]}
     s = start_server("--model.spec", json.dumps(spec), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
                      "--augment.eval_pipeline", "[]", "--ring.slots", "2", "--ring.slot_bytes", str(4 << 20))
     rng = np.random.default_rng(3)
     body = st_save({"images": rng.integers(0, 256, (7, 32, 32, 3), dtype=np.uint8),
                     "labels": rng.integers(0, 256, (7, 32, 32), dtype=np.uint8)})
-    head = (f"POST /v1/batches?mode=eval&return=logits&wait=1 HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Type: application/vnd.safetensors\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-
-    def status_of(k):
-        line = b""
-        while not line.endswith(b"\r\n"):
-            line += k.recv(1)
-        return int(line.split()[1])
-
-    conns = []
-    for _ in range(5):
-        k = socket.socket()
-        k.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)  # the reply stays on the server
-        k.settimeout(120)
-        k.connect(("127.0.0.1", s.port))
-        k.sendall(head + body)
-        conns.append(k)
-    statuses = [status_of(k) for k in conns]
+    conns, statuses = post_unread(s.port, "/v1/batches?mode=eval&return=logits&wait=1", body, 5)
     assert sorted(statuses) == [200] * 2 + [503] * 3, statuses
     assert s.metric("streamfeed_batches_rejected_total", reason="logits_busy") == 3
     for k in conns:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
-from sfharness import TINY, key, learnable_batch, random_batch, read_reply, st_body, wait_until
+from sfharness import TINY, key, learnable_batch, post_unread, random_batch, read_reply, st_body, wait_until
 
 LEARN = TINY + ["--optim.lr", "0.05", "--optim.momentum", "0.9", "--model.seed", "1"]
 MAX_STEPS = 200
@@ -98,28 +98,10 @@ def test_transform_replies_nobody_reads_hold_a_bounded_total_then_transform_busy
     # What a reply holds is its size, whatever the ops computed, so the
     # pipeline only converts to float32 (W1's blur and rotation of 240
     # images would be most of the test's CPU time).
-    import socket
     s = start_server("--model.preset", "tiny", "--pipeline.backend", "ref", "--augment.pipeline", TO_FLOAT32,
                      "--ring.slots", "2", "--ring.slot_bytes", str(8 << 20), "--ring.full_timeout_ms", "60000")
     body = st_body(rng.integers(0, 256, (40, 256, 256, 3), dtype=np.uint8))
-    head = (f"POST /v1/transform HTTP/1.1\r\nHost: x\r\nContent-Type: application/vnd.safetensors\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
-
-    def status_of(k):
-        line = b""
-        while not line.endswith(b"\r\n"):
-            line += k.recv(1)
-        return int(line.split()[1])
-
-    conns = []
-    for _ in range(6):
-        k = socket.socket()
-        k.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)  # the reply stays on the server
-        k.settimeout(120)
-        k.connect(("127.0.0.1", s.port))
-        k.sendall(head + body)
-        conns.append(k)
-    statuses = [status_of(k) for k in conns]
+    conns, statuses = post_unread(s.port, "/v1/transform", body, 6)
     assert sorted(statuses) == [200] * 4 + [503] * 2, statuses
     assert s.metric("streamfeed_http_errors_total", code="transform_busy") == 2
     for k in conns:

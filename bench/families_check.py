@@ -270,7 +270,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--precision", default="bf16", help="model.precision, or a comma list (a server each): "
                     + ", ".join(FLOORS))
-    ap.add_argument("--classes", type=int, default=1000, help="num_classes of the torchvision module")
+    ap.add_argument("--classes", type=int, default=1000,
+                    help="num_classes of the torchvision module (a preset has its own)")
     ap.add_argument("--preset", action="store_true",
                     help="train the service's model.preset of the family's name (seed-classifier: W1, resnet18: "
                          "W3) from its PyTorch module's weights (bench/torch_interop.py) instead of exporting a "

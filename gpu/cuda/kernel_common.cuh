@@ -295,6 +295,84 @@ __global__ void k_sum_partials(const float *__restrict__ part, int nblk, int nw,
         db[j - nw] = v;
 }
 
+/* The first pass of a per-channel two-pass reduction of term(x, dy) over a
+ * map [n, c, hw] (a layer scale's or a PReLU slope's gradient), for
+ * k_sum_partials to finish. Each block sums in a fixed order (warp
+ * shuffles, then thread 0 over the warps), so the result does not depend on
+ * scheduling. */
+
+/* NCHW: block (channel, chunk of samples) sums its samples' planes into
+ * partial[chunk][c]. */
+template <typename T, typename F>
+__global__ void k_chan_sum_planes(const T *__restrict__ x, const T *__restrict__ dy, int n, int c, size_t hw,
+                                  int n_per_chunk, float *__restrict__ partial, F term)
+{
+    __shared__ float sh[CU_TPB / 32];
+    const int ci = blockIdx.x;
+    const int n0 = blockIdx.y * n_per_chunk, n1 = n0 + n_per_chunk < n ? n0 + n_per_chunk : n;
+    float acc = 0.f;
+    for (int ni = n0; ni < n1; ni++) {
+        const size_t base = ((size_t)ni * c + ci) * hw;
+        for (size_t p = threadIdx.x; p < hw; p += blockDim.x)
+            acc += term(cu_f(x[base + p]), cu_f(dy[base + p]));
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0)
+        sh[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            s += sh[w];
+        partial[(size_t)blockIdx.y * c + ci] = s;
+    }
+}
+
+/* NHWC or flat features, rows [R, c]: thread (channel) of block (channel
+ * group, chunk of rows) sums its chunk's rows into partial[chunk][c]. */
+template <typename T, typename F>
+__global__ void k_chan_sum_rows(const T *__restrict__ x, const T *__restrict__ dy, size_t R, int c,
+                                size_t rows_per_chunk, float *__restrict__ partial, F term)
+{
+    const int ci = blockIdx.x * blockDim.x + threadIdx.x;
+    if (ci >= c)
+        return;
+    const size_t r0 = (size_t)blockIdx.y * rows_per_chunk;
+    const size_t r1 = r0 + rows_per_chunk < R ? r0 + rows_per_chunk : R;
+    float acc = 0.f;
+    for (size_t r = r0; r < r1; r++)
+        acc += term(cu_f(x[r * (size_t)c + ci]), cu_f(dy[r * (size_t)c + ci]));
+    partial[(size_t)blockIdx.y * c + ci] = acc;
+}
+
+/* The chunks of those kernels: rows in at most max_chunks chunks of
+ * *per rows each; samples in chunks of *per samples, enough of them that
+ * about 1024 blocks run over c channels. Each returns how many chunks. */
+static inline int cu_row_chunks(size_t R, size_t max_chunks, size_t *per)
+{
+    const size_t want = R < max_chunks ? R : max_chunks;
+    *per = cu_cdiv(R, want);
+    return (int)cu_cdiv(R, *per);
+}
+
+static inline int cu_plane_chunks(int n, int c, int *per)
+{
+    int want = c >= 1024 ? 1 : 1024 / c;
+    if (want > n)
+        want = n;
+    *per = (n + want - 1) / want;
+    return (n + *per - 1) / *per;
+}
+
+/* The per-channel scratch those chunks need: max_chunks rows of c, or about
+ * 1024 planes' worth. */
+static inline size_t cu_chan_sum_scratch(int c, size_t max_chunks)
+{
+    const size_t rows = max_chunks * (size_t)c, planes = c > 1024 ? (size_t)c : 1024 + (size_t)c;
+    return rows > planes ? rows : planes;
+}
+
 /* Sums over the hw rows of each (sample, channel) of an NHWC map [n, hw, c]:
  * y[ni][ci] = scale * sum over p of a[ni][p][ci] (times b[ni][p][ci] when
  * PROD). One thread per (row stride, channel) of block (sample, tile of 32

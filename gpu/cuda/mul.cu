@@ -119,50 +119,12 @@ __global__ void __launch_bounds__(CU_TPB)
     }
 }
 
-/* The scale's gradient, pass 1, NCHW: block (channel, chunk of samples) sums
- * dy * x over its samples' planes into partial[chunk][c]. */
-template <typename T>
-__global__ void k_cs_grad_planes(const T *__restrict__ x, const T *__restrict__ dy, int n, int c, size_t hw,
-                                 int n_per_chunk, float *__restrict__ partial)
-{
-    __shared__ float sh[CU_TPB / 32];
-    const int ci = blockIdx.x;
-    const int n0 = blockIdx.y * n_per_chunk, n1 = n0 + n_per_chunk < n ? n0 + n_per_chunk : n;
-    float acc = 0.f;
-    for (int ni = n0; ni < n1; ni++) {
-        const size_t base = ((size_t)ni * c + ci) * hw;
-        for (size_t p = threadIdx.x; p < hw; p += blockDim.x)
-            acc += cu_f(dy[base + p]) * cu_f(x[base + p]);
-    }
-    for (int o = 16; o > 0; o >>= 1)
-        acc += __shfl_down_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0)
-        sh[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            s += sh[w];
-        partial[(size_t)blockIdx.y * c + ci] = s;
-    }
-}
-
-/* Pass 1, NHWC: rows [R = n*hw, c]; thread (channel) of block (channel group,
- * chunk of rows) sums its chunk's rows into partial[chunk][c]. */
-template <typename T>
-__global__ void k_cs_grad_rows(const T *__restrict__ x, const T *__restrict__ dy, size_t R, int c,
-                               size_t rows_per_chunk, float *__restrict__ partial)
-{
-    const int ci = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ci >= c)
-        return;
-    const size_t r0 = (size_t)blockIdx.y * rows_per_chunk;
-    const size_t r1 = r0 + rows_per_chunk < R ? r0 + rows_per_chunk : R;
-    float acc = 0.f;
-    for (size_t r = r0; r < r1; r++)
-        acc += cu_f(dy[r * (size_t)c + ci]) * cu_f(x[r * (size_t)c + ci]);
-    partial[(size_t)blockIdx.y * c + ci] = acc;
-}
+/* The scale's gradient's term: dy * x, summed per channel by kernel_common.cuh's
+ * k_chan_sum_planes and k_chan_sum_rows (pass 1) where the vector kernel
+ * below does not apply. */
+struct cs_term {
+    __device__ float operator()(float x, float d) const { return d * x; }
+};
 
 /* Pass 1, NHWC over 16-byte vectors (c % V == 0, x and dy 16-byte
  * aligned): block (tile of up to 32 channel vectors, chunk of rows) sums its
@@ -258,11 +220,7 @@ extern "C" int sf_cuda_mul_bwd_dt(sf_dtype dt, sf_layout lay, const void *a, con
                             : mul_bwd_t<float>(lay, a, b, dy, da, db, n, c, hw, bcast, s);
 }
 
-extern "C" size_t sf_cuda_channel_scale_scratch(int c)
-{
-    const size_t rows = (size_t)CS_MAX_CHUNKS * (size_t)c, planes = c > 1024 ? (size_t)c : 1024 + (size_t)c;
-    return rows > planes ? rows : planes;
-}
+extern "C" size_t sf_cuda_channel_scale_scratch(int c) { return cu_chan_sum_scratch(c, CS_MAX_CHUNKS); }
 
 /* y = x * scale[channel] on the vector kernel where the shape and alignment
  * let it, else the scalar one. */
@@ -305,25 +263,21 @@ static int chan_scale_bwd_t(sf_layout lay, const void *x, const float *scale, co
     int nchunks;
     if (nhwc || hw == 1) { /* rows [n*hw, c] */
         const size_t R = (size_t)n * hw;
-        size_t want = R < CS_MAX_CHUNKS ? R : CS_MAX_CHUNKS;
-        const size_t rpc = (R + want - 1) / want;
-        nchunks = (int)((R + rpc - 1) / rpc);
+        size_t rpc;
+        nchunks = cu_row_chunks(R, CS_MAX_CHUNKS, &rpc);
         constexpr int V = 16 / sizeof(T);
         if (c % V == 0 && cu_al16(x) && cu_al16(dy)) {
             const dim3 grid((unsigned)cu_cdiv((size_t)(c / V), 32), (unsigned)nchunks);
             k_cs_grad_rows_vec<T, V><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch);
         } else {
             const dim3 grid(cu_blocks((size_t)c, CU_TPB), (unsigned)nchunks);
-            k_cs_grad_rows<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch);
+            k_chan_sum_rows<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch, cs_term());
         }
     } else {
-        int want = c >= 1024 ? 1 : 1024 / c;
-        if (want > n)
-            want = n;
-        const int npc = (n + want - 1) / want;
-        nchunks = (n + npc - 1) / npc;
+        int npc;
+        nchunks = cu_plane_chunks(n, c, &npc);
         dim3 grid((unsigned)c, (unsigned)nchunks);
-        k_cs_grad_planes<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, n, c, hw, npc, scratch);
+        k_chan_sum_planes<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, n, c, hw, npc, scratch, cs_term());
     }
     SF_CUDA_CHECK_LAUNCH();
     k_sum_partials<float><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(scratch, nchunks, 0, c, NULL, ds);

@@ -25,22 +25,6 @@ __device__ __forceinline__ int prelu_j(size_t e, int c, size_t hw, int nhwc, int
  * positive (a NaN included), as PyTorch's prelu_backward. */
 __device__ __forceinline__ float prelu_g(float v, float d) { return v > 0.f ? 0.f : v * d; }
 
-/* The sum of acc over a block of CU_TPB threads in a fixed order, in
- * thread 0. */
-__device__ __forceinline__ float block_sum(float acc, float *sh)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        acc += __shfl_down_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0)
-        sh[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    float s = 0.f;
-    if (threadIdx.x == 0)
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            s += sh[w];
-    return s;
-}
-
 template <typename T>
 __global__ void k_prelu_fwd(const T *x, const float *__restrict__ w, T *y, size_t len, int c, size_t hw, int nhwc,
                             int np)
@@ -75,48 +59,24 @@ __global__ void k_prelu_dw_flat(const T *__restrict__ x, const T *__restrict__ d
     float acc = 0.f;
     for (size_t e = e0 + threadIdx.x; e < e1; e += blockDim.x)
         acc += prelu_g(cu_f(x[e]), cu_f(dy[e]));
-    const float s = block_sum(acc, sh);
-    if (threadIdx.x == 0)
+    for (int o = 16; o > 0; o >>= 1)
+        acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0)
+        sh[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            s += sh[w];
         partial[blockIdx.x] = s;
-}
-
-/* Pass 1, a slope per channel, NCHW: block (channel, chunk of samples) sums
- * its samples' planes into partial[chunk][c]. */
-template <typename T>
-__global__ void k_prelu_dw_planes(const T *__restrict__ x, const T *__restrict__ dy, int n, int c, size_t hw,
-                                  int n_per_chunk, float *__restrict__ partial)
-{
-    __shared__ float sh[CU_TPB / 32];
-    const int ci = blockIdx.x;
-    const int n0 = blockIdx.y * n_per_chunk, n1 = n0 + n_per_chunk < n ? n0 + n_per_chunk : n;
-    float acc = 0.f;
-    for (int ni = n0; ni < n1; ni++) {
-        const size_t base = ((size_t)ni * c + ci) * hw;
-        for (size_t p = threadIdx.x; p < hw; p += blockDim.x)
-            acc += prelu_g(cu_f(x[base + p]), cu_f(dy[base + p]));
     }
-    const float s = block_sum(acc, sh);
-    if (threadIdx.x == 0)
-        partial[(size_t)blockIdx.y * c + ci] = s;
 }
 
-/* Pass 1, a slope per channel, NHWC or flat features: rows [R, c]; thread
- * (channel) of block (channel group, chunk of rows) sums its chunk's rows
- * into partial[chunk][c]. */
-template <typename T>
-__global__ void k_prelu_dw_rows(const T *__restrict__ x, const T *__restrict__ dy, size_t R, int c,
-                                size_t rows_per_chunk, float *__restrict__ partial)
-{
-    const int ci = blockIdx.x * blockDim.x + threadIdx.x;
-    if (ci >= c)
-        return;
-    const size_t r0 = (size_t)blockIdx.y * rows_per_chunk;
-    const size_t r1 = r0 + rows_per_chunk < R ? r0 + rows_per_chunk : R;
-    float acc = 0.f;
-    for (size_t r = r0; r < r1; r++)
-        acc += prelu_g(cu_f(x[r * (size_t)c + ci]), cu_f(dy[r * (size_t)c + ci]));
-    partial[(size_t)blockIdx.y * c + ci] = acc;
-}
+/* Pass 1, a slope per channel: kernel_common.cuh's k_chan_sum_planes (NCHW)
+ * and k_chan_sum_rows (NHWC or flat features) of this term. */
+struct prelu_term {
+    __device__ float operator()(float x, float d) const { return prelu_g(x, d); }
+};
 
 /* Pass 2 is k_sum_partials (kernel_common.cuh). */
 
@@ -124,11 +84,8 @@ __global__ void k_prelu_dw_rows(const T *__restrict__ x, const T *__restrict__ d
 /* launchers                                                                */
 /* ======================================================================== */
 
-extern "C" size_t sf_cuda_prelu_scratch(int c)
-{
-    const size_t rows = (size_t)PR_MAX_CHUNKS * (size_t)c, planes = c > 1024 ? (size_t)c : 1024 + (size_t)c;
-    return rows > planes ? rows : planes; /* one slope: PR_MAX_CHUNKS, less than either */
-}
+/* One slope needs PR_MAX_CHUNKS, less than either of the per-channel passes. */
+extern "C" size_t sf_cuda_prelu_scratch(int c) { return cu_chan_sum_scratch(c, PR_MAX_CHUNKS); }
 
 static int prelu_bad(const char *fn, sf_dtype dt, int np, int c)
 {
@@ -166,19 +123,17 @@ static int prelu_dw_pass1(const T *x, const T *dy, int np, int n, int c, size_t 
         return nchunks;
     }
     if (nhwc) { /* rows [n*hw, c] */
-        const size_t R = (size_t)n * hw, want = R < PR_MAX_CHUNKS ? R : PR_MAX_CHUNKS;
-        const size_t rpc = (R + want - 1) / want;
-        const int nchunks = (int)((R + rpc - 1) / rpc);
+        const size_t R = (size_t)n * hw;
+        size_t rpc;
+        const int nchunks = cu_row_chunks(R, PR_MAX_CHUNKS, &rpc);
         const dim3 grid(cu_blocks((size_t)c, CU_TPB), (unsigned)nchunks);
-        k_prelu_dw_rows<T><<<grid, CU_TPB, 0, s>>>(x, dy, R, c, rpc, scratch);
+        k_chan_sum_rows<T><<<grid, CU_TPB, 0, s>>>(x, dy, R, c, rpc, scratch, prelu_term());
         return nchunks;
     }
-    int want = c >= 1024 ? 1 : 1024 / c;
-    if (want > n)
-        want = n;
-    const int npc = (n + want - 1) / want;
-    const int nchunks = (n + npc - 1) / npc;
-    k_prelu_dw_planes<T><<<dim3((unsigned)c, (unsigned)nchunks), CU_TPB, 0, s>>>(x, dy, n, c, hw, npc, scratch);
+    int npc;
+    const int nchunks = cu_plane_chunks(n, c, &npc);
+    k_chan_sum_planes<T><<<dim3((unsigned)c, (unsigned)nchunks), CU_TPB, 0, s>>>(x, dy, n, c, hw, npc, scratch,
+                                                                                 prelu_term());
     return nchunks;
 }
 

@@ -111,6 +111,8 @@ def main():
     ap.add_argument("--nvml-peak", action="store_true",
                     help="record the service process's peak device memory (NVML, per process)")
     ap.add_argument("--server-log", help="file for the service's stderr (default: a temporary file)")
+    ap.add_argument("--model-json", help="file for the service's GET /v1/model after the run (its memory "
+                    "plan and device_memory_bytes, to set beside NVML's peak)")
     ap.add_argument("--label", default="run")
     ap.add_argument("--json")
     a = ap.parse_args()
@@ -208,6 +210,9 @@ def main():
         rejected = by_label(url, "streamfeed_batches_rejected_total", "reason")
         skipped = by_label(url, "streamfeed_steps_skipped_total", "reason")
         summary = json.loads(out) if out.strip() else {}
+        if a.model_json:
+            with urllib.request.urlopen(url + "/v1/model", timeout=10) as r, open(a.model_json, "wb") as f:
+                f.write(r.read())
         ok = t0 is not None and t1 > t0 and s1 > s0
         steps_per_s = (s1 - s0) / (t1 - t0) if ok else 0.0
         gb_per_s = (b1 - b0) / (t1 - t0) / 1e9 if ok and b1 is not None else 0.0

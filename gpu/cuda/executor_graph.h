@@ -98,6 +98,9 @@ typedef struct gop {
     int first[SF_MAX_IN]; /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
     int want[SF_MAX_IN];  /* backward: src[j] needs a gradient */
     int relu;            /* the next layer's ReLU is fused here */
+    int cat_mask;        /* with relu: the ReLU's output is read by one concat alone, whose
+                            backward applies the mask from its own output; this layer's
+                            backward takes dy masked, and its output dies at the concat */
     int bn_act;          /* batchnorm: the next layer's other activation is fused here, its
                           * batchnorm.h code SF_BN_ACT(a); 0: none */
     int fused;           /* this ReLU is fused into the previous layer, or this to_tokens is a

@@ -159,11 +159,13 @@ static int g_plan_memory(sf_cuda_net *net)
         /* the ReLU mask, unless batchnorm's backward recomputes it from x (the
          * stem's 1.6 GB batchnorm output of ResNet-18 at batch 1024 then dies
          * at the maxpool's forward) */
-        if (!o->frozen && (k == SF_L_RELU || o->relu) &&
+        if (!o->frozen && (k == SF_L_RELU || o->relu) && !o->cat_mask &&
             !(k == SF_L_BATCHNORM2D && !sf_cuda_bn_bwd_reads_y(g->dt, g->lay, L->out_ch)))
             widen(&obj[yi[c]], B(c));
         for (int j = 0; j < o->n_in; j++) {
             const int s = g_storage(net, o->src[j]);
+            if (s >= 0 && g->op[s].cat_mask)
+                widen(&obj[yi[c]], B(c)); /* the concat's backward reads its output as their mask */
             if (s < 0 || (!o->frozen && g->op[s].frozen))
                 continue; /* the model input or the frozen boundary: per buffer */
             widen(&obj[yi[s]], F(c));
@@ -335,6 +337,26 @@ static void g_choose_fusions(sf_cuda_net *net)
             k == SF_L_ADD) {
             g->op[i].relu = 1;
             g->op[i + 1].fused = 1;
+        }
+    }
+    /* A convolution's, transposed convolution's or linear layer's fused
+     * ReLU output that one concat alone reads (SqueezeNet's fire expands):
+     * the concat's output holds the same values in its channels, so the
+     * concat's backward applies the ReLU's mask from there and the
+     * producer's own output dies at the concat's forward instead of living
+     * until its backward (squeezenet1_1 at batch 256 kept both expands'
+     * outputs beside their concatenation across the step's peak). */
+    for (int c = 0; fuse_on && c < g->nl; c++) {
+        if (m->layers[c].kind != SF_L_CONCAT || g->op[c].frozen)
+            continue;
+        for (int j = 0; j < g->op[c].n_in; j++) {
+            const int r = g->op[c].src[j];
+            if (r < 1 || m->layers[r].kind != SF_L_RELU || !g->op[r].fused || readers[r] != 1)
+                continue;
+            const int p = g->op[r].src[0], k = m->layers[p].kind;
+            if (g->op[p].relu && !g->op[p].frozen &&
+                (k == SF_L_CONV2D || k == SF_L_CONV_TRANSPOSE2D || k == SF_L_LINEAR))
+                g->op[p].cat_mask = 1;
         }
     }
     /* A batchnorm followed by another activation (ReLU6, SiLU, hardswish:

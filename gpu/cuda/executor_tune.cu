@@ -572,6 +572,16 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         if (w > 0)
             at += (size_t)w;
     }
+    int ncat = 0;
+    for (int i = 0; i < g->nl; i++)
+        ncat += g->op[i].cat_mask;
+    if (at < len && ncat) {
+        int w = snprintf(buf + at, len - at,
+                         "concat: %d inputs made by a layer with a fused ReLU take its mask from the concatenation in "
+                         "the backward (their own outputs die at the concat)\n", ncat);
+        if (w > 0)
+            at += (size_t)w;
+    }
     if (at < len && g->n_wal) {
         int w = snprintf(buf + at, len - at,
                          "alignment: %d conv layers run cuDNN on 16-byte aligned copies of their weights (their "

@@ -63,4 +63,16 @@ void SF_FN(sf_ref_concat_take)(const T *dy, int n, int cj, size_t hw, int ctot, 
             dx[(size_t)ni * cj * hw + e] = dy[((size_t)ni * ctot + c0) * hw + e];
 }
 
+/* The inverse through a ReLU whose output the concatenation y holds:
+ * dx[n][c][p] = y[n][c0 + c][p] > 0 ? dy[n][c0 + c][p] : 0 (torch's
+ * threshold_backward: 0 where y is 0 or NaN). */
+void SF_FN(sf_ref_concat_take_masked)(const T *dy, const T *y, int n, int cj, size_t hw, int ctot, int c0, T *dx)
+{
+    for (int ni = 0; ni < n; ni++)
+        for (size_t e = 0; e < (size_t)cj * hw; e++) {
+            const size_t w = ((size_t)ni * ctot + c0) * hw + e;
+            dx[(size_t)ni * cj * hw + e] = y[w] > 0 ? dy[w] : 0;
+        }
+}
+
 #endif

@@ -213,11 +213,16 @@ void sf_ref_channel_scale_bwd_f64(const double *x, int n, int c, size_t hw, cons
 
 /* ---- concatenation ---------------------------------------------------------- */
 /* Writes x ([n, cj, hw]) into channels [c0, c0 + cj) of y ([n, ctot, hw]);
- * take is the inverse (the backward's slice of dy). */
+ * take is the inverse (the backward's slice of dy); take_masked slices dy
+ * through a ReLU whose output the concatenation y holds (0 where y <= 0). */
 void sf_ref_concat_put(const float *x, int n, int cj, size_t hw, int ctot, int c0, float *y);
 void sf_ref_concat_put_f64(const double *x, int n, int cj, size_t hw, int ctot, int c0, double *y);
 void sf_ref_concat_take(const float *dy, int n, int cj, size_t hw, int ctot, int c0, float *dx);
 void sf_ref_concat_take_f64(const double *dy, int n, int cj, size_t hw, int ctot, int c0, double *dx);
+void sf_ref_concat_take_masked(const float *dy, const float *y, int n, int cj, size_t hw, int ctot, int c0,
+                               float *dx);
+void sf_ref_concat_take_masked_f64(const double *dy, const double *y, int n, int cj, size_t hw, int ctot, int c0,
+                                   double *dx);
 
 /* ---- channel moves ----------------------------------------------------------- */
 /* ShuffleNet's shuffle of [n, c, hw] by g groups (g divides c): y channel

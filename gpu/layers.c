@@ -927,11 +927,10 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
 #undef ACT
 #undef ACT_ROW
     /* Elementwise like the activations (their hooks and kernels, SF_ACT_AFFINE),
-     * but its backward reads no input. cuda = 0 until the GPU op rows of
-     * tests/gpu/op_cases.cu have run on a GPU. */
+     * but its backward reads no input. */
     [SF_L_AFFINE] = {
         .name = "affine", .torch = "x * scale + shift", .min_in = 1, .max_in = 1, .fields = affine_fields,
-        .shape = same_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 0,
+        .shape = same_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 1,
         .cuda_tokens = 1,
         .doc = "scale * x + shift elementwise, on maps, features or tokens: the exporter's one layer for a chain "
                "of arithmetic with numbers on a tensor (x * c, x / c, x + c, c - x, -x, as (x - 0.5) / 0.5); "
@@ -946,11 +945,10 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .init = layer_scale_init, .ref_fwd = sf_ref_layer_layer_scale_fwd,
         .ref_bwd = sf_ref_layer_layer_scale_bwd, .cuda = 1,
         .doc = "per-channel scale by a parameter <name>.layer_scale [C,1,1] (initialised to 1e-6)"},
-    /* cuda = 0 until the GPU op rows of tests/gpu/op_cases.cu have run on a GPU. */
     [SF_L_PRELU] = {
         .name = "prelu", .torch = "nn.PReLU(num_parameters), F.prelu", .min_in = 1, .max_in = 1, .no_tokens = 1,
         .fields = prelu_fields, .shape = prelu_shape, .params = prelu_params, .init = prelu_init,
-        .ref_fwd = sf_ref_layer_prelu_fwd, .ref_bwd = sf_ref_layer_prelu_bwd, .cuda = 0,
+        .ref_fwd = sf_ref_layer_prelu_fwd, .ref_bwd = sf_ref_layer_prelu_bwd, .cuda = 1,
         .doc = "x where x > 0, else a * x: one slope a for every channel, or one per channel of a map or feature "
                "of flat features; weight [num_parameters] (initialised to 0.25, nn.PReLU's init). As PyTorch's "
                "prelu_backward, x = 0 takes a * dy, and a's gradient sums x * dy where x is not positive"},
@@ -1063,13 +1061,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_PIXEL_SHUFFLE] = {
         .name = "pixel_shuffle", .torch = "nn.PixelShuffle, F.pixel_shuffle", .min_in = 1, .max_in = 1,
         .needs_map = 1, .fields = pixel_shuffle_fields, .shape = pixel_shuffle_shape,
-        .ref_fwd = sf_ref_layer_pixel_shuffle_fwd, .ref_bwd = sf_ref_layer_pixel_shuffle_bwd, .cuda = 0,
+        .ref_fwd = sf_ref_layer_pixel_shuffle_fwd, .ref_bwd = sf_ref_layer_pixel_shuffle_bwd, .cuda = 1,
         .doc = "[C * r * r, H, W] to [C, H * r, W * r]: output (c, h * r + i, w * r + j) is input channel "
                "c * r * r + i * r + j at (h, w), as PyTorch's (super-resolution's sub-pixel convolution)"},
     [SF_L_PIXEL_UNSHUFFLE] = {
         .name = "pixel_unshuffle", .torch = "nn.PixelUnshuffle, F.pixel_unshuffle", .min_in = 1, .max_in = 1,
         .needs_map = 1, .fields = pixel_unshuffle_fields, .shape = pixel_unshuffle_shape,
-        .ref_fwd = sf_ref_layer_pixel_unshuffle_fwd, .ref_bwd = sf_ref_layer_pixel_unshuffle_bwd, .cuda = 0,
+        .ref_fwd = sf_ref_layer_pixel_unshuffle_fwd, .ref_bwd = sf_ref_layer_pixel_unshuffle_bwd, .cuda = 1,
         .doc = "[C, H * r, W * r] to [C * r * r, H, W], the inverse of pixel_shuffle"},
 };
 

@@ -30,6 +30,9 @@
  *  - ShuffleNetV2's stride-2 and stride-1 blocks (channel_shuffle, both
  *    chunks of a map as channel_slice layers, a slice as its input's only
  *    reader): 3 steps in fp32 and bf16, NCHW and NHWC.
+ *  - the sub-pixel kinds with PReLU and affine (pixel_unshuffle,
+ *    pixel_shuffle, prelu per channel and single, affine, and a conv's fused
+ *    ReLU read by a concat alone): as the ShuffleNet blocks.
  *  - the small Vision Transformer of issue-sized CI (torchvision's
  *    VisionTransformer(image_size=64, patch_size=16, num_layers=2,
  *    num_heads=4, hidden_dim=64, mlp_dim=128) as the exporter writes it:
@@ -53,7 +56,7 @@
  * argument runs them all. The sections, in order: encdec, classifier_bf16,
  * resnet18_stepwise, resnet18_accum, resnet18_nhwc, resnet18_frozen,
  * resnet18_buffers, convnext_block, grouped_dilated, pointwise_1x1,
- * pointwise_kinds, shuffle_kinds, bn_act, vit, encdec_overlap. Each makes its own model and
+ * pointwise_kinds, shuffle_kinds, sub_pixel_kinds, bn_act, vit, encdec_overlap. Each makes its own model and
  * batches (the resnet18 ones share the parsed model); resnet18_buffers, run
  * without another resnet18 section before it, builds the model first.
  * Prints "ok <case>" / "FAIL <case>: ..."; exits 1 on failure, 0 with
@@ -469,6 +472,37 @@ static int shuffle_model(sf_model &m)
     return 0;
 }
 
+/* A super-resolution-like model with the sub-pixel kinds, PReLU and affine:
+ * affine normalises the input ((x - 0.5) / 0.5 as a user's module writes
+ * it), a conv and PReLU with a slope per channel, pixel_unshuffle by 2, a
+ * conv whose fused ReLU output a concat alone reads (its backward takes the
+ * ReLU's mask from the concatenation), pixel_shuffle by 2 back to 16x16, a
+ * PReLU with one slope, then the classifier. */
+static int sub_pixel_model(sf_model &m)
+{
+    char err[300];
+    const char *js =
+        "{\"input\":[3,16,16],\"classes\":5,\"layers\":["
+        "{\"type\":\"affine\",\"name\":\"norm\",\"scale\":2,\"shift\":-1},"
+        "{\"type\":\"conv2d\",\"name\":\"head\",\"out\":8,\"k\":3,\"pad\":1},"
+        "{\"type\":\"prelu\",\"name\":\"act\",\"num_parameters\":8},"
+        "{\"type\":\"pixel_unshuffle\",\"name\":\"down\",\"factor\":2},"
+        "{\"type\":\"conv2d\",\"name\":\"body\",\"out\":6,\"k\":3,\"pad\":1},"
+        "{\"type\":\"relu\",\"name\":\"body.relu\"},"
+        "{\"type\":\"concat\",\"name\":\"cat\",\"inputs\":[\"body.relu\",\"down\"]},"
+        "{\"type\":\"conv2d\",\"name\":\"up.conv\",\"out\":12,\"k\":1},"
+        "{\"type\":\"pixel_shuffle\",\"name\":\"up\",\"factor\":2},"
+        "{\"type\":\"prelu\",\"name\":\"up.act\"},"
+        "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+        "{\"type\":\"flatten\",\"name\":\"f\"},"
+        "{\"type\":\"linear\",\"name\":\"fc\",\"out\":5}]}";
+    if (sf_model_from_json(js, &m, err, sizeof err)) {
+        fail("sub-pixel model: %s", err);
+        return -1;
+    }
+    return 0;
+}
+
 /* MobileNet's and EfficientNet's pattern, a batchnorm followed by each
  * activation of activation.h: conv, BN, SiLU; depthwise conv, BN,
  * hardswish; 1x1 conv, BN, ReLU6; 1x1 conv, BN, GELU (tanh); 1x1 conv, BN,
@@ -642,7 +676,7 @@ int main(int argc, char **argv)
     test_sections sec("test_backend_models",
                       {"encdec", "classifier_bf16", "resnet18_stepwise", "resnet18_accum", "resnet18_nhwc",
                        "resnet18_frozen", "resnet18_buffers", "convnext_block", "grouped_dilated", "pointwise_1x1",
-                       "pointwise_kinds", "shuffle_kinds", "bn_act", "vit", "encdec_overlap"});
+                       "pointwise_kinds", "shuffle_kinds", "sub_pixel_kinds", "bn_act", "vit", "encdec_overlap"});
     const int arg_rc = sec.args(argc, argv, {"--full"}, "[--full]");
     if (arg_rc >= 0)
         return arg_rc;
@@ -1032,6 +1066,11 @@ int main(int argc, char **argv)
         sf_model m;
         if (shuffle_model(m) == 0)
             train_small_four(cu, ref, m, "shuffle-kinds", 81);
+    }
+    if (sec.run("sub_pixel_kinds")) {
+        sf_model m;
+        if (sub_pixel_model(m) == 0)
+            train_small_four(cu, ref, m, "sub-pixel-kinds", 83);
     }
 
     /* 2b'. a batchnorm followed by each activation (bn_act_model): 3 steps

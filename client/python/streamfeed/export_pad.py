@@ -31,10 +31,12 @@ from .export_values import _Padded, _Val
 
 __all__ = ["PAD_MODULES", "PadSpec", "is_pad", "pad_spec", "pad_input", "folds_into_conv", "fold_pad", "emit_pad"]
 
-# The padding modules by class (subclasses are not these), with their mode.
+# The padding modules by class (subclasses are not these), with their mode;
+# nn.CircularPad2d where the installed torch has it (2.1 and later).
 PAD_MODULES: Dict[type, str] = {nn.ZeroPad2d: "constant", nn.ConstantPad2d: "constant",
-                                nn.ReflectionPad2d: "reflect", nn.ReplicationPad2d: "replicate",
-                                nn.CircularPad2d: "circular"}
+                                nn.ReflectionPad2d: "reflect", nn.ReplicationPad2d: "replicate"}
+if hasattr(nn, "CircularPad2d"):
+    PAD_MODULES[getattr(nn, "CircularPad2d")] = "circular"
 _MODES = ("constant", "reflect", "replicate", "circular")
 # The largest pad on one side the pad kind takes (SF_MAX_PAD of gpu/model.h),
 # and float32's largest finite value (the service holds the value so).

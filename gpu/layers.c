@@ -131,6 +131,18 @@ static const sf_layer_field prelu_fields[] = {
      "slopes: 1 (one for every channel) or the input's channels (one each)"},
     F_END,
 };
+/* F.pad's pad, mode and value for the last two dimensions of a map;
+ * negative pads (crops) are refused by the bounds. */
+static const char *const pad_modes[] = {"constant", "reflect", "replicate", "circular", NULL};
+static const sf_layer_field pad_fields[] = {
+    {"pad", SF_FT_INT_QUAD, OFF(pads), 0, SF_MAX_PAD, 0, SF_FF_REQUIRED, NULL,
+     "F.pad's order for the last two dimensions: columns added on the left and right, rows on top and bottom"},
+    {"mode", SF_FT_ENUM, OFF(mode), 0, 3, SF_PAD_CONSTANT, 0, pad_modes,
+     "F.pad's mode: a constant fill, the mirror image without the edge, the edge repeated, or the opposite side"},
+    {"value", SF_FT_FLOAT, OFF(pad_value), -FLT_MAX, FLT_MAX, 0.0, SF_FF_IF_SET, NULL,
+     "mode \"constant\": the fill"},
+    F_END,
+};
 static const sf_layer_field dropout_fields[] = {
     {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0.5, 0, NULL, "probability of an element being zeroed"},
     F_END,
@@ -216,6 +228,37 @@ static int prelu_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out,
         return -1;
     }
     *out = in[0];
+    return 0;
+}
+
+/* PyTorch's own rules: a value only with mode constant; reflect needs each
+ * pad below its axis's size (the mirror leaves out the edge), circular at
+ * most its size (one wrap). */
+static int pad_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    const int *p = L->pads;
+    if (L->mode != SF_PAD_CONSTANT && L->pad_value != 0.f) {
+        sf_errf(err, errlen, "\"value\" applies to mode \"constant\" only (PyTorch refuses a value with another mode)");
+        return -1;
+    }
+    const int strict = L->mode == SF_PAD_REFLECT;
+    if (L->mode == SF_PAD_REFLECT || L->mode == SF_PAD_CIRCULAR)
+        for (int j = 0; j < 4; j++) {
+            const int dim = j < 2 ? in->w : in->h;
+            if (strict ? p[j] >= dim : p[j] > dim) {
+                sf_errf(err, errlen, "\"pad\" [%d, %d, %d, %d]: mode \"%s\" needs each pad %s the input's %s %d",
+                        p[0], p[1], p[2], p[3], strict ? "reflect" : "circular", strict ? "below" : "at most",
+                        j < 2 ? "width" : "height", dim);
+                return -1;
+            }
+        }
+    const long oh = (long)in->h + p[2] + p[3], ow = (long)in->w + p[0] + p[1];
+    if (oh > SF_MAX_SPATIAL || ow > SF_MAX_SPATIAL || (size_t)in->c * (size_t)oh * (size_t)ow > SF_MAX_ACT) {
+        sf_errf(err, errlen, "the output is a %ldx%ld map of %d channels (at most %d a side, %zu values)", oh, ow,
+                in->c, SF_MAX_SPATIAL, (size_t)SF_MAX_ACT);
+        return -1;
+    }
+    *out = (sf_shape){in->c, (int)oh, (int)ow, 0, 0};
     return 0;
 }
 
@@ -952,6 +995,15 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "x where x > 0, else a * x: one slope a for every channel, or one per channel of a map or feature "
                "of flat features; weight [num_parameters] (initialised to 0.25, nn.PReLU's init). As PyTorch's "
                "prelu_backward, x = 0 takes a * dy, and a's gradient sums x * dy where x is not positive"},
+    /* cuda = 0 until the GPU op rows of tests/gpu/op_cases.cu have run on a GPU. */
+    [SF_L_PAD] = {
+        .name = "pad", .torch = "nn.ZeroPad2d, nn.ConstantPad2d, nn.ReflectionPad2d, nn.ReplicationPad2d, "
+        "nn.CircularPad2d, F.pad of the last two dimensions", .min_in = 1, .max_in = 1, .needs_map = 1,
+        .fields = pad_fields, .shape = pad_shape, .ref_fwd = sf_ref_layer_pad_fwd, .ref_bwd = sf_ref_layer_pad_bwd,
+        .cuda = 0,
+        .doc = "[C, H, W] to [C, top + H + bottom, left + W + right], the border filled by the mode as F.pad "
+               "fills it; the backward adds each output's gradient into the input it was read from (the "
+               "constant border passes none)"},
     [SF_L_AVGPOOL2D] = {
         .name = "avgpool2d", .torch = "nn.AvgPool2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = avgpool2d_fields, .shape = avgpool2d_shape, .ref_fwd = sf_ref_layer_avgpool2d_fwd,
@@ -1148,6 +1200,9 @@ void sf_layer_set_defaults(sf_layer *L)
             *(float *)p = (float)f->def;
         } else if (f->type == SF_FT_INT_PAIR || f->type == SF_FT_INT_HW) {
             *(int *)p = *(int *)((char *)L + SF_FT_SECOND(f)) = (int)f->def;
+        } else if (f->type == SF_FT_INT_QUAD) {
+            for (int j = 0; j < 4; j++)
+                ((int *)p)[j] = (int)f->def;
         } else {
             *(int *)p = (int)f->def;
         }
@@ -1234,6 +1289,12 @@ void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
                 cJSON_AddItemToArray(a, cJSON_CreateNumber(w));
             }
             break;
+        case SF_FT_INT_QUAD: {
+            cJSON *a = cJSON_AddArrayToObject(obj, f->key);
+            for (int j = 0; j < 4; j++)
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(((const int *)p)[j]));
+            break;
+        }
         }
     }
 }
@@ -1263,6 +1324,9 @@ static void md_bounds(FILE *out, const sf_layer_field *f)
         break;
     case SF_FT_INT_HW:
         fprintf(out, "[%g, %g], or [h, w] of them", f->lo, f->hi);
+        break;
+    case SF_FT_INT_QUAD:
+        fprintf(out, "[left, right, top, bottom], each in [%g, %g]", f->lo, f->hi);
         break;
     default:
         fprintf(out, "[%g, %g]", f->lo, f->hi);

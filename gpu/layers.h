@@ -43,8 +43,9 @@ typedef enum sf_field_type {
     SF_FT_FLOAT,   /* float */
     SF_FT_ENUM,    /* int: the index of the string in choices */
     SF_FT_INT_PAIR, /* int[2] from a JSON array [a, b] */
-    SF_FT_INT_HW    /* an int for both dimensions or [h, w] (PyTorch's kernel_size, stride,
+    SF_FT_INT_HW,   /* an int for both dimensions or [h, w] (PyTorch's kernel_size, stride,
                      * padding and dilation): h at off, w SF_FT_HW_WIDTH bytes after it */
+    SF_FT_INT_QUAD  /* int[4] from a JSON array [a, b, c, d] (F.pad's [left, right, top, bottom]) */
 } sf_field_type;
 
 enum {

@@ -591,6 +591,23 @@ static int parse_field(const cJSON *jl, const sf_layer_field *f, sf_layer *L, co
         *(int *)((char *)L + SF_FT_SECOND(f)) = xy[1];
         return 0;
     }
+    case SF_FT_INT_QUAD: { /* [a, b, c, d], stored as int[4] */
+        int ok = cJSON_IsArray(v) && cJSON_GetArraySize(v) == 4, q[4] = {0, 0, 0, 0};
+        for (int d = 0; ok && d < 4; d++) {
+            const cJSON *e = cJSON_GetArrayItem(v, d);
+            ok = cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble) && e->valuedouble >= f->lo &&
+                 e->valuedouble <= f->hi;
+            if (ok)
+                q[d] = (int)e->valuedouble;
+        }
+        if (!ok) {
+            sf_errf(err, errlen, "%s: \"%s\" must be [left, right, top, bottom], integers in [%g,%g]", what,
+                    f->key, f->lo, f->hi);
+            return -1;
+        }
+        memcpy(p, q, sizeof q);
+        return 0;
+    }
     }
     return -1;
 }

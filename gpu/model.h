@@ -105,6 +105,7 @@ typedef enum sf_layer_kind {
     SF_L_PIXEL_UNSHUFFLE, /* [C, H*r, W*r] -> [C*r*r, H, W] (nn.PixelUnshuffle), its inverse */
     SF_L_AFFINE,   /* x * scale + shift elementwise (two numbers, no parameters) */
     SF_L_PRELU,    /* x > 0 ? x : a * x, a a parameter [num_parameters]: one slope, or one per channel */
+    SF_L_PAD,      /* F.pad of a map's width and height: constant, reflect, replicate or circular */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -130,11 +131,14 @@ typedef struct sf_layer {
     float beta, threshold;        /* softplus: the input's scale (not 0), the linear branch's bound */
     float affine_scale, affine_shift; /* affine: y = affine_scale * x + affine_shift (any finite values) */
     int num_parameters;           /* prelu: slopes, 1 (shared by every channel) or the input's channels */
+    int pads[4];                  /* pad: [left, right, top, bottom], F.pad's order for the last two dims */
+    float pad_value;              /* pad: the constant mode's fill (any finite value) */
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     int affine;                   /* groupnorm: 1 with a weight and a bias (nn.GroupNorm's affine), 0 without */
     float p;                      /* dropout, stochastic_depth: drop probability */
-    int mode;                     /* stochastic_depth: 0 "row" (the one mode run); upsample: SF_UP_* */
+    int mode;                     /* stochastic_depth: 0 "row" (the one mode run); upsample: SF_UP_*;
+                                   * pad: SF_PAD_* */
     int align_corners;            /* upsample (bilinear): the corner pixels' centres align, as PyTorch's flag */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
     int start, count;             /* channel_slice: the channels [start, start + count) of its input */
@@ -158,6 +162,12 @@ typedef struct sf_layer {
                                    * token-major: the C values of a token are contiguous */
     int frozen;                   /* 1: runs without gradients (model.freeze) */
 } sf_layer;
+
+/* A pad layer's mode (F.pad's): a constant fill, the mirror image without
+ * the edge (reflect), the edge repeated (replicate), or the opposite side
+ * (circular). */
+enum { SF_PAD_CONSTANT = 0, SF_PAD_REFLECT, SF_PAD_REPLICATE, SF_PAD_CIRCULAR };
+#define SF_MAX_PAD 1024 /* a pad layer's pad on one side */
 
 /* Weight initialisation of conv2d (and conv_transpose2d, linear). */
 enum { SF_INIT_DEFAULT = 0,       /* PyTorch's default (kaiming_uniform_(a=sqrt(5))) */

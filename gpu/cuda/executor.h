@@ -44,6 +44,7 @@
 #include "gpu/cuda/linear.h"
 #include "gpu/cuda/loss.h"
 #include "gpu/cuda/mul.h"
+#include "gpu/cuda/pad.h"
 #include "gpu/cuda/prelu.h"
 #include "gpu/cuda/optimizer.h"
 #include "gpu/cuda/pointwise.h"

@@ -1,7 +1,8 @@
 /* gpu/cuda/executor_moves.cu — the executor's layers that move values with
  * at most a weighted sum of a few: ShuffleNet's channel shuffle, the channel
  * slice, the pixel shuffle and its inverse, upsampling (nearest or
- * bilinear). Declared in executor_graph.h. */
+ * bilinear), and the pad (its cases in executor_pad.cu). Declared in
+ * executor_graph.h. */
 #include "gpu/cuda/executor_graph.h"
 
 /* The kinds g_moves_fwd and g_moves_bwd run. */
@@ -13,6 +14,7 @@ int g_is_move(sf_layer_kind k)
     case SF_L_PIXEL_SHUFFLE:
     case SF_L_PIXEL_UNSHUFFLE:
     case SF_L_UPSAMPLE:
+    case SF_L_PAD:
         return 1;
     default:
         return 0;
@@ -34,6 +36,8 @@ int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
         return sf_cuda_pixel_shuffle_dt(g->dt, g->lay, x, n, L->out_ch, L->in_h, L->in_w, L->scale, 0, y, s);
     case SF_L_PIXEL_UNSHUFFLE: /* the small side is the output */
         return sf_cuda_pixel_shuffle_dt(g->dt, g->lay, x, n, L->in_c, L->out_h, L->out_w, L->scale, 1, y, s);
+    case SF_L_PAD:
+        return g_pad_fwd(net, i, n, x, s);
     default: { /* SF_L_UPSAMPLE */
         const sf_up_rule p = sf_layer_up_rule(L);
         return sf_cuda_upsample_fwd_dt(g->dt, g->lay, x, n, L->in_c, &p, y, s);
@@ -59,6 +63,8 @@ int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s)
         return sf_cuda_pixel_shuffle_dt(g->dt, g->lay, dy, n, L->out_ch, L->in_h, L->in_w, L->scale, 1, dx, s);
     case SF_L_PIXEL_UNSHUFFLE:
         return sf_cuda_pixel_shuffle_dt(g->dt, g->lay, dy, n, L->in_c, L->out_h, L->out_w, L->scale, 0, dx, s);
+    case SF_L_PAD: /* the input's whole gradient, gathered */
+        return g_pad_bwd(net, i, n, dx, s);
     default: { /* SF_L_UPSAMPLE: each input pixel's share of the outputs that read it */
         const sf_up_rule p = sf_layer_up_rule(L);
         return sf_cuda_upsample_bwd_dt(g->dt, g->lay, dy, n, L->in_c, &p, dx, s);

@@ -138,5 +138,8 @@ void sf_ref_layer_pixel_shuffle_fwd(const sf_ref_io *io);
 void sf_ref_layer_pixel_shuffle_bwd(const sf_ref_io *io);
 void sf_ref_layer_pixel_unshuffle_fwd(const sf_ref_io *io);
 void sf_ref_layer_pixel_unshuffle_bwd(const sf_ref_io *io);
+/* pad.c */
+void sf_ref_layer_pad_fwd(const sf_ref_io *io);
+void sf_ref_layer_pad_bwd(const sf_ref_io *io);
 
 #endif

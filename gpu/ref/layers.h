@@ -245,6 +245,22 @@ void sf_ref_channel_slice_bwd_f64(const double *dy, int n, int c, size_t hw, int
 void sf_ref_pixel_shuffle(const float *x, int n, int c, int h, int w, int r, int inverse, float *y);
 void sf_ref_pixel_shuffle_f64(const double *x, int n, int c, int h, int w, int r, int inverse, double *y);
 
+/* ---- pad (pad.c) ---------------------------------------------------------------- */
+/* F.pad of the last two dimensions of x [n, c, h, w] by pad = [left, right,
+ * top, bottom] (each >= 0) into y [n, c, top + h + bottom, left + w + right]
+ * in mode SF_PAD_* (gpu/model.h): the constant value, reflect (pads below the
+ * axis's size), replicate, or circular (pads at most the axis's size). */
+void sf_ref_pad_fwd(const float *x, int n, int c, int h, int w, const int pad[4], int mode, float value, float *y);
+void sf_ref_pad_fwd_f64(const double *x, int n, int c, int h, int w, const int pad[4], int mode, double value,
+                        double *y);
+/* Its backward: dx [n, c, h, w] (written) sums the dy of every output that
+ * read each input; the constant border's dy goes nowhere. */
+void sf_ref_pad_bwd(const float *dy, int n, int c, int h, int w, const int pad[4], int mode, float *dx);
+void sf_ref_pad_bwd_f64(const double *dy, int n, int c, int h, int w, const int pad[4], int mode, double *dx);
+/* The input index output index o of one axis reads (input size in, padded by
+ * lo before it), or -1 where mode constant fills it. */
+int sf_ref_pad_src(int o, int lo, int in, int mode);
+
 /* ---- upsample ------------------------------------------------------------------- */
 /* Upsampling (or resizing) of x [n, c, p->h.in, p->w.in] into y [n, c,
  * p->h.out, p->w.out], nearest or bilinear by PyTorch's rules (gpu/upsample_rule.h);

@@ -138,6 +138,9 @@ def run_spec(spec, tensors, x):
             y = F.pixel_shuffle(a[0], layer["factor"])
         elif t == "pixel_unshuffle":
             y = F.pixel_unshuffle(a[0], layer["factor"])
+        elif t == "pad":
+            mode = layer.get("mode", "constant")
+            y = F.pad(a[0], layer["pad"], mode, layer.get("value", 0.0) if mode == "constant" else None)
         elif t == "channel_slice":
             assert 0 <= layer["start"] and layer["start"] + layer["count"] <= a[0].shape[1], name
             y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
@@ -875,6 +878,59 @@ def test_zero_padding_folds_into_its_convolution_and_clamps_export_as_relu_and_r
     PaddedClamped().load_state_dict(ex.tensors, strict=True)
 
 
+class Padded(nn.Module):
+    """Padding in each spelling that has a layer now: a CycleGAN generator's
+    ReflectionPad2d(3) before an unpadded 7x7 convolution and a residual
+    block's ReflectionPad2d(1), ReplicationPad2d, CircularPad2d, F.pad in
+    modes reflect, replicate and circular, TensorFlow's "same" as a zero pad
+    on the right and bottom before a stride-2 convolution (folded where the
+    sums are even: ZeroPad2d(1) into an unpadded conv; a layer where they are
+    not, the conv keeping its own padding), ConstantPad2d with 0.5, F.pad
+    with value -1, and zero padding read by a pool and by two convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(3, 4, 7))
+        self.block = nn.Sequential(nn.ReflectionPad2d(1), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.ReplicationPad2d(1),
+                                   nn.Conv2d(4, 4, 3))
+        self.same = nn.ZeroPad2d((0, 1, 0, 1))
+        self.down = nn.Conv2d(4, 4, 3, stride=2)
+        self.fold = nn.Sequential(nn.ZeroPad2d(1), nn.Conv2d(4, 4, 3))
+        self.onto = nn.Sequential(nn.ZeroPad2d((2, 1, 1, 1)), nn.Conv2d(4, 4, 3, padding=1))
+        self.fill, self.circ = nn.ConstantPad2d((1, 0, 2, 1), 0.5), nn.CircularPad2d((1, 2, 0, 1))
+        self.zero, self.c2, self.c3 = nn.ZeroPad2d(1), nn.Conv2d(4, 4, 3), nn.Conv2d(4, 4, 3)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.stem(x)
+        y = y + self.block(y)
+        y = self.down(self.same(y))
+        y = self.onto(self.fold(y))
+        y = F.pad(F.pad(y, (1, 1, 2, 0), "reflect"), [0, 1, 1, 0], mode="replicate")
+        y = F.pad(self.circ(self.fill(y)), (2, 1, 1, 2), "circular")
+        z = self.zero(F.pad(y, (1, 1, 1, 1), value=-1.0))
+        return self.fc(F.max_pool2d(z, 2).mean((2, 3)) + self.c2(z).mean((2, 3)) + self.c3(z).mean((2, 3)))
+
+
+def test_padding_maps_onto_pad_layers_and_folds_into_a_convolution_where_it_can():
+    torch.manual_seed(0)
+    model = Padded()
+    sd = model.state_dict()
+    ex = assert_spec_computes_the_module(model, hw=16)
+    pads = [(la["name"], la["pad"], la["mode"], la.get("value")) for la in ex.spec["layers"] if la["type"] == "pad"]
+    assert pads == [("stem.0", [3, 3, 3, 3], "reflect", None), ("block.0", [1, 1, 1, 1], "reflect", None),
+                    ("block.3", [1, 1, 1, 1], "replicate", None), ("same", [0, 1, 0, 1], "constant", None),
+                    ("onto.0", [2, 1, 1, 1], "constant", None), ("pad", [1, 1, 2, 0], "reflect", None),
+                    ("pad_1", [0, 1, 1, 0], "replicate", None), ("fill", [1, 0, 2, 1], "constant", 0.5),
+                    ("circ", [1, 2, 0, 1], "circular", None), ("pad_2", [2, 1, 1, 2], "circular", None),
+                    ("pad_3", [1, 1, 1, 1], "constant", -1.0), ("zero", [1, 1, 1, 1], "constant", None)]
+    convs = {la["name"]: la.get("pad", 0) for la in ex.spec["layers"] if la["type"] == "conv2d"}
+    assert convs == {"stem.1": 0, "block.1": 0, "block.4": 0, "down": 0, "fold.1": 1, "onto.1": 1, "c2": 0, "c3": 0}
+    # The pads have no parameters: the state_dict is the module's, and loads back strictly.
+    assert ex.tensors.keys() == sd.keys()
+    Padded().load_state_dict(ex.tensors, strict=True)
+
+
 class Arithmetic(nn.Module):
     """Arithmetic with Python numbers in every spelling: a normalisation of
     the input ((x - 0.5) / 0.5, one layer), x * 2 - 1 after a convolution,
@@ -1291,36 +1347,20 @@ def _conv_act(s, x):
     return s.act(s.conv(x))
 
 
-_ASYMMETRIC = "each axis by one amount on both sides"
 _NO_CLAMP = "has no layer kind; clamp(min=0) and clamp(0, 6) map to relu and relu6"
 
 
 @pytest.mark.parametrize("f, mods, op, path, why", [
-    (lambda s, x: s.conv(F.pad(x, (0, 1, 0, 1))), {}, "torch.nn.functional.pad", "stem",
-     f"(left, right, top, bottom) = (0, 1, 0, 1), which pads the input of the Conv2d at 'stem.conv' by (0, 1, 0, "
-     f"1): the service's conv2d pads {_ASYMMETRIC}"),
-    (_pad_conv, {"pad": nn.ZeroPad2d((1, 0, 1, 0))}, "ZeroPad2d", "stem.pad", "asymmetric padding"),
-    (lambda s, x: s.conv2(s.pad(x)), {"pad": nn.ZeroPad2d((2, 1, 1, 1)), "conv2": nn.Conv2d(3, 4, 3, padding=1)},
-     "ZeroPad2d", "stem.pad", "with the Conv2d's own padding [1, 1] pads the input of the Conv2d at 'stem.conv2' by "
-     "(3, 2, 2, 2)"),
-    (lambda s, x: s.conv(F.pad(x, (1, 1, 1, 1), value=1.0)), {}, "torch.nn.functional.pad", "stem",
-     "pads with the value 1.0"),
-    (_pad_conv, {"pad": nn.ConstantPad2d(1, -0.5)}, "ConstantPad2d", "stem.pad", "pads with the value -0.5"),
-    (lambda s, x: s.conv(F.pad(x, (1, 1, 1, 1), mode="reflect")), {}, "torch.nn.functional.pad", "stem",
-     "reflect padding has no layer kind yet"),
-    (lambda s, x: s.conv(F.pad(x, (1, 1, 1, 1), "replicate")), {}, "torch.nn.functional.pad", "stem",
-     "replicate padding has no layer kind yet"),
-    (_pad_conv, {"pad": nn.ReflectionPad2d(1)}, "ReflectionPad2d", "stem.pad", "reflect padding has no layer kind"),
-    (_pad_conv, {"pad": nn.ReplicationPad2d(1)}, "ReplicationPad2d", "stem.pad", "replicate padding has no layer"),
-    (_pad_conv, {"pad": nn.CircularPad2d(1)}, "CircularPad2d", "stem.pad", "circular padding has no layer kind"),
     (lambda s, x: s.conv(F.pad(x, (-1, -1, 0, 0))), {}, "torch.nn.functional.pad", "stem",
      "(-1, -1, 0, 0): a negative pad crops the map"),
-    (lambda s, x: F.max_pool2d(s.pad(s.conv(x)), 2), {"pad": nn.ZeroPad2d(1)}, "ZeroPad2d", "stem.pad",
-     "read by max_pool2d; the service has no padding layer"),
-    (lambda s, x: (lambda p: s.conv(p) + s.conv2(p))(s.pad(x)), {"pad": nn.ZeroPad2d(1), "conv2": nn.Conv2d(3, 4, 3)},
-     "ZeroPad2d", "stem.pad", "read by Conv2d at 'stem.conv', Conv2d at 'stem.conv2'"),
+    (_pad_conv, {"pad": nn.ConstantPad2d((1, 0, 2, -1), 0.0)}, "ConstantPad2d", "stem.pad", "a negative pad crops"),
     (lambda s, x: s.conv2(F.pad(x, (1, 1, 1, 1, 1, 1))), {"conv2": nn.Conv2d(5, 4, 3)}, "torch.nn.functional.pad",
      "stem", "pad dimensions other than the height and width"),
+    (lambda s, x: s.conv(F.pad(x, (1, 1, 1, 1), value=float("inf"))), {}, "torch.nn.functional.pad", "stem",
+     "not a finite float32 number"),
+    (lambda s, x: F.pad(s.conv(x).flatten(2), (1, 1), "reflect"), {}, "torch.nn.functional.pad", "stem",
+     "pads a tensor of shape [N, 4, 36]; the pad kind pads the height and width of a [N, C, H, W] map (3-D and 5-D "
+     "padding have no layer kind)"),
     (_pad_conv, {"pad": nn.ZeroPad2d(1), "conv": nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")}, "Conv2d",
      "stem.conv", "padding_mode 'reflect'"),
     (lambda s, x: s.conv(x).clamp(-1, 1), {}, "Tensor.clamp", "stem", f"clamp to [-1, 1] {_NO_CLAMP}"),
@@ -1331,9 +1371,7 @@ _NO_CLAMP = "has no layer kind; clamp(min=0) and clamp(0, 6) map to relu and rel
     (lambda s, x: F.hardtanh(s.conv(x), 0., 3.), {}, "hardtanh", "stem", f"clamp to [0, 3] {_NO_CLAMP}"),
     (lambda s, x: s.conv(x).clamp(min=torch.zeros(1)), {}, "Tensor.clamp", "stem",
      "lower bound _tensor_constant0, which is not a number known at export"),
-], ids=["F.pad-asymmetric", "ZeroPad2d-asymmetric", "ZeroPad2d-asymmetric-onto-conv-padding", "F.pad-value",
-        "ConstantPad2d-value", "F.pad-reflect", "F.pad-replicate", "ReflectionPad2d", "ReplicationPad2d",
-        "CircularPad2d", "F.pad-negative", "pad-read-by-a-pool", "pad-read-by-two-convs", "F.pad-channels",
+], ids=["F.pad-negative", "ConstantPad2d-negative", "F.pad-channels", "F.pad-infinite-value", "F.pad-3d",
         "conv-padding_mode", "clamp-bounds", "Hardtanh-default", "Hardtanh-0-1", "clamp-max-only",
         "clamp_min-0.5", "hardtanh-0-3", "clamp-tensor-bound"])
 def test_padding_and_clamps_without_a_layer_kind_are_refused_naming_the_op_the_path_and_why(f, mods, op, path, why):

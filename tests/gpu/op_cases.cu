@@ -18,6 +18,7 @@ extern "C" {
 #include "gpu/cuda/activation.h"
 #include "gpu/cuda/batchnorm.h"
 #include "gpu/cuda/conv.h"
+#include "gpu/cuda/pad.h"
 
 static const sf_dtype k_dtypes[] = {SF_DT_F32, SF_DT_BF16};
 static const sf_layout k_layouts[] = {SF_LAYOUT_NCHW, SF_LAYOUT_NHWC};
@@ -279,6 +280,30 @@ std::vector<op_case> op_cases()
             t.push_back(row("prelu", "prelu", cmp_prelu, dt, lay, {8, 96, 14, 14}, {0}, 1e-6, 1e-5));
         }
     t.push_back(row("prelu", "refused", cmp_prelu_refused, SF_DT_F32, {}, {}, 0));
+
+    /* pad: each mode symmetric and asymmetric on an odd map (CycleGAN's
+     * reflect 3, TensorFlow's "same" as a zero pad of one on the right and
+     * bottom, a constant 0.5), reflect's largest pads (one below each
+     * side), circular's (each side's size), replicate along an axis of one
+     * (its one row is both edges), and a map of many channels; then pads
+     * past a mode's bounds. The forward is exact; dx sums a few values */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            const double tol = 1e-6;
+            t.push_back(row("pad", "constant", cmp_pad, dt, lay, {2, 3, 5, 7}, {1, 1, 1, 1, SF_PAD_CONSTANT}, tol));
+            t.push_back(row("pad", "constant", cmp_pad, dt, lay, {2, 3, 5, 7}, {0, 1, 0, 1, SF_PAD_CONSTANT}, tol));
+            t.push_back(row("pad", "constant", cmp_pad, dt, lay, {2, 3, 5, 7}, {1, 3, 2, 0, SF_PAD_CONSTANT}, tol, 0,
+                            {0.5f}));
+            t.push_back(row("pad", "reflect", cmp_pad, dt, lay, {2, 3, 5, 7}, {3, 3, 3, 3, SF_PAD_REFLECT}, tol));
+            t.push_back(row("pad", "reflect", cmp_pad, dt, lay, {2, 5, 6, 9}, {1, 2, 4, 0, SF_PAD_REFLECT}, tol));
+            t.push_back(row("pad", "reflect", cmp_pad, dt, lay, {1, 2, 4, 5}, {4, 4, 3, 3, SF_PAD_REFLECT}, tol));
+            t.push_back(row("pad", "replicate", cmp_pad, dt, lay, {2, 3, 5, 7}, {2, 1, 0, 3, SF_PAD_REPLICATE}, tol));
+            t.push_back(row("pad", "replicate", cmp_pad, dt, lay, {2, 3, 1, 4}, {2, 2, 3, 1, SF_PAD_REPLICATE}, tol));
+            t.push_back(row("pad", "circular", cmp_pad, dt, lay, {2, 3, 5, 7}, {1, 2, 3, 0, SF_PAD_CIRCULAR}, tol));
+            t.push_back(row("pad", "circular", cmp_pad, dt, lay, {2, 2, 4, 3}, {3, 3, 4, 4, SF_PAD_CIRCULAR}, tol));
+            t.push_back(row("pad", "reflect", cmp_pad, dt, lay, {4, 33, 32, 32}, {1, 1, 1, 1, SF_PAD_REFLECT}, tol));
+        }
+    t.push_back(row("pad", "refused", cmp_pad_refused, SF_DT_F32, {}, {}, 0));
 
     /* norm: layernorm2d at ConvNeXt's stem and block norm (96 channels),
      * odd sizes and channels, more positions than LN_CHUNKS, c > 32; then

@@ -96,6 +96,8 @@ void cmp_mul(const op_case &c, const op_env &e);
 void cmp_channel_scale(const op_case &c, const op_env &e);
 void cmp_prelu(const op_case &c, const op_env &e);
 void cmp_prelu_refused(const op_case &c, const op_env &e);
+void cmp_pad(const op_case &c, const op_env &e);
+void cmp_pad_refused(const op_case &c, const op_env &e);
 void cmp_layernorm(const op_case &c, const op_env &e);
 void cmp_transpose(const op_case &c, const op_env &e);
 void cmp_to_tokens(const op_case &c, const op_env &e);

@@ -33,6 +33,7 @@ CASES_PER_FAMILY = {
     "mul": 72,
     "norm": 68,
     "optimizer": 14,
+    "pad": 45,
     "pointwise": 73,
     "pool": 180,
     "prelu": 33,

@@ -10,10 +10,14 @@ count_include_pad, maxpool2d with ceil_mode, batchnorm with its own eps and
 momentum, dropout, ShuffleNetV2's channel shuffle and chunks, Inception's
 1xk and kx1 convolutions, BatchNorm1d, GroupNorm, and without parameters
 GroupNorm(affine=False) and InstanceNorm2d, a decoder's nearest and bilinear
-resizes, super-resolution's pixel shuffle and its inverse -- start from the module's own state_dict
+resizes, super-resolution's pixel shuffle and its inverse, a CycleGAN-like
+generator's reflect, replicate, asymmetric zero, constant and circular
+padding -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
-the buffers and the momentum compared after each, then an eval batch.
+the buffers and the momentum compared after each, then an eval batch: its
+loss and top-1, its logits, and the service's checkpoint loaded back into a
+fresh module with load_state_dict(strict=True), which must compute them too.
 Dropout and stochastic depth run with p = 0: the service draws its own masks
 (gpu/rng.h), not PyTorch's."""
 import json
@@ -23,7 +27,9 @@ import subprocess
 import pytest
 
 from sfharness import BIN
-from test_torch_parity import BACKEND, SGD, Tol, _torch_deterministic, assert_eval_like_pytorch, batches, sgd, start_pair  # noqa: F401
+from sfharness import st_body
+from safetensors.numpy import load as st_load
+from test_torch_parity import BACKEND, SGD, Tol, _torch_deterministic, as_input, assert_eval_like_pytorch, batches, rel, sgd, start_pair  # noqa: F401
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
@@ -455,13 +461,52 @@ class PReLUs(nn.Module):
         return self.fc(self.a2(self.fc1(torch.flatten(y, 1))))
 
 
+# A CycleGAN generator's padding (torchvision has none; pytorch-CycleGAN-and-
+# pix2pix's ResnetGenerator): ReflectionPad2d(3) before an unpadded 7x7
+# convolution, a residual block of ReflectionPad2d(1) and ReplicationPad2d(1)
+# before unpadded 3x3 ones, TensorFlow's "same" before a stride-2
+# convolution as ZeroPad2d((0, 1, 0, 1)), ConstantPad2d(1, 0.5) and
+# F.pad(mode="circular") with unequal sides, then an unpadded convolution.
+PAD_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "pad", "name": "stem.0", "pad": [3, 3, 3, 3], "mode": "reflect"},
+    {"type": "conv2d", "name": "stem.1", "out": 4, "k": 7},
+    {"type": "pad", "name": "block.0", "pad": [1, 1, 1, 1], "mode": "reflect"},
+    {"type": "conv2d", "name": "block.1", "out": 4, "k": 3}, {"type": "relu", "name": "block.2"},
+    {"type": "pad", "name": "block.3", "pad": [1, 1, 1, 1], "mode": "replicate"},
+    {"type": "conv2d", "name": "block.4", "out": 4, "k": 3},
+    {"type": "add", "name": "res", "inputs": ["stem.1", "block.4"]},
+    {"type": "pad", "name": "same", "pad": [0, 1, 0, 1]},
+    {"type": "conv2d", "name": "down", "out": 4, "k": 3, "stride": 2},
+    {"type": "pad", "name": "fill", "pad": [1, 1, 1, 1], "mode": "constant", "value": 0.5},
+    {"type": "pad", "name": "wrap", "pad": [1, 2, 0, 1], "mode": "circular"},
+    {"type": "conv2d", "name": "c3", "out": 4, "k": 3}, {"type": "tanh", "name": "t"},
+    {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class Padded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(3, 4, 7))
+        self.block = nn.Sequential(nn.ReflectionPad2d(1), nn.Conv2d(4, 4, 3), nn.ReLU(), nn.ReplicationPad2d(1),
+                                   nn.Conv2d(4, 4, 3))
+        self.same, self.down = nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(4, 4, 3, stride=2)
+        self.fill, self.c3 = nn.ConstantPad2d(1, 0.5), nn.Conv2d(4, 4, 3)
+        self.fc = nn.Linear(4 * 5 * 7, 10)
+
+    def forward(self, x):
+        y = self.stem(x)
+        y = self.down(self.same(y + self.block(y)))
+        y = nn.functional.pad(self.fill(y), (1, 2, 0, 1), mode="circular")
+        return self.fc(torch.flatten(torch.tanh(self.c3(y)), 1))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
          "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC),
          "smooth_activations": (SmoothActs, SMOOTH_SPEC), "pyramid_skip": (Pyramid, PYRAMID_SPEC),
          "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC),
-         "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC)}
+         "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC)}
 
 
 
@@ -487,3 +532,26 @@ def test_a_model_of_these_kinds_trains_and_evaluates_like_pytorch(start_server, 
         pair.micro(images, labels)
         pair.assert_same_state()
     assert_eval_like_pytorch(pair, *data[5])
+    assert_checkpoint_loads_back_and_computes_the_eval_logits(pair, make, *data[5])
+
+
+def assert_checkpoint_loads_back_and_computes_the_eval_logits(pair, make, images, labels):
+    """The service's eval logits (?return=logits) against the trained
+    module's within 1e-4, and its checkpoint loaded into a fresh module with
+    load_state_dict(strict=True) (every name and shape PyTorch's, none
+    missing or extra), which must give them too."""
+    r = pair.s.request("POST", "/v1/batches?wait=1&mode=eval&return=logits", data=st_body(images, labels),
+                       headers={"Content-Type": "application/vnd.safetensors"})
+    assert r.status_code == 200, r.text
+    got = st_load(r.content)["logits"]
+    pair.model.eval()
+    with torch.no_grad():
+        want = pair.model(as_input(images)).numpy()
+    assert rel(got, want) <= 1e-4, rel(got, want)
+    back = make()
+    back.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in pair.state().items()
+                          if not k.startswith("optim.")}, strict=True)
+    back.eval()
+    with torch.no_grad():
+        again = back(as_input(images)).numpy()
+    assert rel(again, got) <= 1e-4, rel(again, got)

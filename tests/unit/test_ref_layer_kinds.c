@@ -3,8 +3,8 @@
  * avgpool2d, adaptive_avgpool2d, layernorm2d, layernorm, linear over
  * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode, a
  * Vision Transformer's to_tokens, class_token, pos_embedding,
- * self_attention, select_token, with linear and layernorm on tokens, and
- * ShuffleNet's channel_shuffle and channel_slice):
+ * self_attention, select_token, with linear and layernorm on tokens,
+ * ShuffleNet's channel_shuffle and channel_slice, and pad in each mode):
  *   - each kernel's backward against central finite differences of its
  *     forward, in double (the _f64 functions of gpu/ref), and the float
  *     forward against the double one;
@@ -279,6 +279,20 @@ static void ps_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_pixel_shuffle(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a[4], k->a[5], y);
 }
 
+/* pad: a = n c h w left right top bottom mode value*4 */
+static void pad_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_pad_fwd_f64(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a + 4, k->a[8], k->a[9] / 4.0, y);
+}
+static void pad_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_pad_bwd_f64(dy, k->a[0], k->a[1], k->a[2], k->a[3], k->a + 4, k->a[8], g[0]);
+}
+static void pad_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_pad_fwd(v[0], k->a[0], k->a[1], k->a[2], k->a[3], k->a + 4, k->a[8], k->a[9] / 4.0f, y);
+}
+
 /* dropout (a[0] = 0) or stochastic depth (1): a = kind n elems p*100; the backward is the forward of dy */
 static void dr_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -498,6 +512,15 @@ static const kcase kcases[] = {
      ps_fwd_f32},
     {"pixel unshuffle 3 of 2 9x6", 1, {1 * 2 * 9 * 6}, 1 * 2 * 9 * 6, 1, {1, 2, 3, 2, 3, 1}, ps_fwd, ps_bwd,
      ps_fwd_f32},
+    /* pad: each mode, asymmetric; reflect's and circular's largest pads */
+    {"pad constant 0.5 [1, 2, 0, 1]", 1, {2 * 2 * 3 * 4}, 2 * 2 * 4 * 7, 1, {2, 2, 3, 4, 1, 2, 0, 1, SF_PAD_CONSTANT, 2},
+     pad_fwd, pad_bwd, pad_fwd_f32},
+    {"pad reflect 3 of 4x5", 1, {1 * 2 * 4 * 5}, 1 * 2 * 10 * 11, 1, {1, 2, 4, 5, 3, 3, 3, 3, SF_PAD_REFLECT, 0},
+     pad_fwd, pad_bwd, pad_fwd_f32},
+    {"pad replicate [2, 0, 1, 3]", 1, {2 * 2 * 3 * 4}, 2 * 2 * 7 * 6, 1, {2, 2, 3, 4, 2, 0, 1, 3, SF_PAD_REPLICATE, 0},
+     pad_fwd, pad_bwd, pad_fwd_f32},
+    {"pad circular [4, 1, 3, 2] of 3x4", 1, {1 * 2 * 3 * 4}, 1 * 2 * 8 * 9, 1,
+     {1, 2, 3, 4, 4, 1, 3, 2, SF_PAD_CIRCULAR, 0}, pad_fwd, pad_bwd, pad_fwd_f32},
     {"self-attention, 1 head of 6", 5, {1 * 3 * 6, 3 * 6 * 6, 3 * 6, 6 * 6, 6}, 1 * 3 * 6, 2, {1, 3, 6, 1}, sa_fwd,
      sa_bwd, sa_fwd_f32},
 };
@@ -712,6 +735,35 @@ static void pixel_shuffle_follows_pytorch(void **state)
     assert_memory_equal(back, x, sizeof x);
 }
 
+/* F.pad(x, (2, 1, 1, 1), mode) of x = [[1, 2, 3], [4, 5, 6]] and its
+ * gradient under dy = 1 (how many outputs read each input), as PyTorch 2.15
+ * gives them: reflect mirrors without the edge, replicate repeats it,
+ * circular wraps, constant fills (0.5) and passes the border no gradient. */
+static void pad_follows_pytorch_in_each_mode(void **state)
+{
+    const double x[6] = {1, 2, 3, 4, 5, 6};
+    const int pad[4] = {2, 1, 1, 1};
+    double ones[24], y[24], dx[6];
+    for (int i = 0; i < 24; i++)
+        ones[i] = 1;
+    static const struct {
+        int mode;
+        double y[24], dx[6];
+    } want[] = {
+        {SF_PAD_REFLECT, {6, 5, 4, 5, 6, 5, 3, 2, 1, 2, 3, 2, 6, 5, 4, 5, 6, 5, 3, 2, 1, 2, 3, 2}, {2, 6, 4, 2, 6, 4}},
+        {SF_PAD_REPLICATE, {1, 1, 1, 2, 3, 3, 1, 1, 1, 2, 3, 3, 4, 4, 4, 5, 6, 6, 4, 4, 4, 5, 6, 6}, {6, 2, 4, 6, 2, 4}},
+        {SF_PAD_CIRCULAR, {5, 6, 4, 5, 6, 4, 2, 3, 1, 2, 3, 1, 5, 6, 4, 5, 6, 4, 2, 3, 1, 2, 3, 1}, {4, 4, 4, 4, 4, 4}},
+        {SF_PAD_CONSTANT, {.5, .5, .5, .5, .5, .5, .5, .5, 1, 2, 3, .5, .5, .5, 4, 5, 6, .5, .5, .5, .5, .5, .5, .5},
+         {1, 1, 1, 1, 1, 1}},
+    };
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        sf_ref_pad_fwd_f64(x, 1, 1, 2, 3, pad, want[k].mode, 0.5, y);
+        assert_memory_equal(y, want[k].y, sizeof y);
+        sf_ref_pad_bwd_f64(ones, 1, 1, 2, 3, pad, want[k].mode, dx);
+        assert_memory_equal(dx, want[k].dx, sizeof dx);
+    }
+}
+
 static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 {
     enum { N = 20000 };
@@ -890,10 +942,27 @@ static const char *const SHUFFLE_SPEC =
     "{\"type\":\"relu\",\"name\":\"r\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
+/* A CycleGAN-like generator's pads: reflect 3 before a 7x7 convolution,
+ * replicate before a 3x3, TensorFlow's "same" as a zero pad on the right
+ * and bottom before a stride-2 convolution, then a circular pad and a
+ * constant 0.5 one that no convolution reads. */
+static const char *const PAD_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"pad\",\"name\":\"rp\",\"pad\":[3,3,3,3],\"mode\":\"reflect\"},"
+    "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":4,\"k\":7},{\"type\":\"relu\",\"name\":\"r0\"},"
+    "{\"type\":\"pad\",\"name\":\"ep\",\"pad\":[1,1,1,1],\"mode\":\"replicate\"},"
+    "{\"type\":\"conv2d\",\"name\":\"c1\",\"out\":4,\"k\":3},"
+    "{\"type\":\"pad\",\"name\":\"zp\",\"pad\":[0,1,0,1]},"
+    "{\"type\":\"conv2d\",\"name\":\"c2\",\"out\":4,\"k\":3,\"stride\":2},"
+    "{\"type\":\"pad\",\"name\":\"cp\",\"pad\":[1,2,1,0],\"mode\":\"circular\"},"
+    "{\"type\":\"pad\",\"name\":\"kp\",\"pad\":[1,1,1,1],\"mode\":\"constant\",\"value\":0.5},"
+    "{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
+    "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+
 static const char *const *const SPECS[] = {&GROUPED_SPEC, &SE_SPEC, &CONVNEXT_SPEC, &DENSE_SPEC, &VIT_SPEC,
-                                           &SHUFFLE_SPEC};
+                                           &SHUFFLE_SPEC, &PAD_SPEC};
 static const char *const SPEC_NAMES[] = {"grouped", "squeeze-excitation", "convnext", "densenet", "vit",
-                                         "shufflenet"};
+                                         "shufflenet", "pad"};
 
 typedef struct rig {
     sf_backend *be;
@@ -1220,6 +1289,11 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     const int pr = (int)(layer_named(&m, "pr") - m.layers);
     assert_int_equal(sf_layer_cuda_check(&m, pr, err, sizeof err), -1);
     assert_non_null(strstr(err, "\"pr\" (prelu)"));
+    /* pad: refused until its kernels have run on a GPU, as prelu */
+    assert_int_equal(sf_model_from_json(PAD_SPEC, &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 0, err, sizeof err), -1);
+    assert_non_null(strstr(err, "\"rp\" (pad)"));
+    assert_non_null(strstr(err, "pipeline.backend=ref"));
 }
 
 static void expect_json_error(const char *js, const char *needle1, const char *needle2)
@@ -1292,6 +1366,23 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"affine\",\"shift\":-1e39}]}", "layer 0", "shift");
     expect_json_error(HEAD "{\"type\":\"affine\",\"bias\":1}]}", "layer 0", "bias");
     expect_json_error(HEAD "{\"type\":\"prelu\",\"num_parameters\":2}]}", "layer 0", "1 or the input's 4");
+    /* pad: F.pad's bounds (input 8x8), crops and what PyTorch refuses */
+    expect_json_error(HEAD "{\"type\":\"pad\"}]}", "layer 0", "missing \"pad\"");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1]}]}", "layer 0", "[left, right, top, bottom]");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[-1,0,0,0]}]}", "layer 0", "\"pad\" must be");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[0,1025,0,0]}]}", "layer 0", "[0,1024]");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1.5,0,0]}]}", "layer 0", "\"pad\"");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[0,0,8,0],\"mode\":\"reflect\"}]}", "layer 0",
+                      "below the input's height 8");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[0,9,0,0],\"mode\":\"circular\"}]}", "layer 0",
+                      "at most the input's width 8");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1,1],\"mode\":\"reflect\",\"value\":1}]}",
+                      "layer 0", "\"value\" applies to mode \"constant\"");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1,1],\"mode\":\"symmetric\"}]}", "layer 0",
+                      "\"mode\" must be one of");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1,1],\"value\":1e39}]}", "layer 0", "\"value\"");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"pad\",\"pad\":[1,1,1,1]}]}", "layer 1",
+                      "flattened");
     expect_json_error(HEAD "{\"type\":\"prelu\",\"num_parameters\":0}]}", "layer 0", "num_parameters");
     expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"prelu\"}]}", "layer 1", "token sequence");
     expect_json_error(HEAD "{\"type\":\"layernorm\"}]}", "layer 0", "layernorm2d");
@@ -1385,6 +1476,18 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
     expect_fields_json(&m.layers[17], "{\"scale\":2,\"shift\":-1}");
     expect_fields_json(&m.layers[18], "{\"num_parameters\":1}");
     expect_fields_json(&m.layers[19], "{\"num_parameters\":4}");
+    /* pad: its pads and mode always, its value only when set; the shape is F.pad's */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"pad\",\"pad\":[0,1,0,1]},"
+                                        "{\"type\":\"pad\",\"pad\":[3,2,1,0],\"mode\":\"constant\",\"value\":-0.5},"
+                                        "{\"type\":\"pad\",\"pad\":[1,1,1,1],\"mode\":\"reflect\"},"
+                                        "{\"type\":\"global_avgpool\"},{\"type\":\"flatten\"}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"pad\":[0,1,0,1],\"mode\":\"constant\"}");
+    expect_fields_json(&m.layers[1], "{\"pad\":[3,2,1,0],\"mode\":\"constant\",\"value\":-0.5}");
+    expect_fields_json(&m.layers[2], "{\"pad\":[1,1,1,1],\"mode\":\"reflect\"}");
+    assert_true(m.layers[0].out_h == 9 && m.layers[0].out_w == 9 && m.layers[1].out_h == 10 &&
+                m.layers[1].out_w == 14 && m.layers[2].out_h == 12 && m.layers[2].out_w == 16 &&
+                m.layers[2].out_ch == 4 && m.n_params == 0);
     /* groupnorm's affine only when false: a spec of an affine one reads back as it did before the field */
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"groupnorm\",\"num_groups\":2},"
                                         "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":true},"
@@ -1444,6 +1547,7 @@ int main(void)
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
         cmocka_unit_test(channel_shuffle_and_slice_follow_pytorch),
         cmocka_unit_test(pixel_shuffle_follows_pytorch),
+        cmocka_unit_test(pad_follows_pytorch_in_each_mode),
         cmocka_unit_test(dropout_keeps_about_one_minus_p_and_scales_the_kept),
         cmocka_unit_test(each_kind_trains_in_a_model_with_gradients_matching_finite_differences),
         cmocka_unit_test(each_kind_trains_in_bf16_close_to_fp32),

@@ -54,7 +54,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
-from .export_folds import PAD_MODULES, check_pad_reader, clamp_activation, fold_pad, is_pad, pad_sides
+from .export_folds import clamp_activation
+from .export_pad import PAD_MODULES, PadSpec, emit_pad, fold_pad, folds_into_conv, is_pad, pad_input, pad_spec
 from .export_values import _Attention, _Expanded, _Grouped, _Padded, _Pieces, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
                                SUPPORTED_MODULES)
@@ -567,8 +568,10 @@ class _Converter:
             p = (0, 0) if mod.padding == "valid" else (d[0] * (k[0] - 1) // 2, d[1] * (k[1] - 1) // 2)
         else:
             p = _hw(mod.padding)
-        if padded is not None:
-            p = fold_pad(padded, p, path)
+        folded = fold_pad(padded, p) if padded is not None else None
+        if padded is not None and folded is None:  # asymmetric: a pad layer, the conv keeping its own padding
+            x = emit_pad(self.b, padded.x, PadSpec(padded.sides, "constant", 0.0), padded)
+        p = folded or p
         f: Dict[str, Any] = {"out": mod.out_channels, "k": _hw_field(k)}
         if s != (1, 1):
             f["stride"] = _hw_field(s)
@@ -583,16 +586,17 @@ class _Converter:
         params = ["weight"] + (["bias"] if mod.bias is not None else [])
         return self.b.emit("conv2d", path, [x], out, params=params, **f)
 
-    def pad(self, n: torch.fx.Node) -> _Padded:
-        """Zero padding of a map that one nn.Conv2d reads: no layer; the
-        convolution pads by that much more (export_folds.fold_pad)."""
+    def pad(self, n: torch.fx.Node) -> Union[_Padded, _Val]:
+        """Padding of a map: zeros that one nn.Conv2d reads fold into its pad
+        where they can (no layer), anything else is a pad layer (export_pad)."""
         op, path = self.opname(n), _path_of(n)
-        sides = pad_sides(n, self.gm.get_submodule(path) if n.op == "call_module" else None, op, path)
-        check_pad_reader(n, self.gm, op, path)
+        spec = pad_spec(n, self.gm.get_submodule(path) if n.op == "call_module" else None, op, path)
         x = self.val(n.args[0], n)
+        pad_input(x, op, path)
         _need_nchw(x, op, path)
-        _spatial(x.shape, op, path)
-        return _Padded(x, sides, op, path)
+        name, generated = (path, False) if n.op == "call_module" else (self.fname(n, "pad"), True)
+        padded = _Padded(x, spec.sides, op, path, name, generated)
+        return padded if folds_into_conv(spec, n, self.gm) else emit_pad(self.b, x, spec, padded)
 
     def conv_transpose2d(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any) -> _Val:
         if mod.groups != 1 or _pair(mod.dilation, "dilation", op, path) != 1 or \

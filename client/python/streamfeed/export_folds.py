@@ -1,10 +1,7 @@
 """PyTorch idioms that streamfeed.export folds onto layer kinds the service
-already has, with no layer of their own:
+already has, with no layer of their own (zero padding that a convolution
+folds in is export_pad.py's):
 
-- zero padding (``nn.ZeroPad2d``, ``nn.ConstantPad2d(p, 0)``, ``F.pad`` in
-  mode ``constant`` with value 0) that only one ``nn.Conv2d`` reads becomes
-  part of that convolution's ``pad``, where the sums pad each axis evenly
-  (the conv2d kind pads [h, w] on both sides);
 - clamps that are activations (``torch.clamp``, ``torch.clip``,
   ``clamp_min``, ``clamp_max``, ``F.hardtanh``, ``nn.Hardtanh``, as
   functions, Tensor methods and in place): to [0, inf) a relu, to [0, 6] a
@@ -24,100 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .export_error import ExportError
-from .export_values import _Padded
 
-__all__ = ["PAD_MODULES", "is_pad", "pad_sides", "check_pad_reader", "fold_pad", "clamp_activation"]
-
-# The padding modules by class (subclasses are not these), with their mode.
-# Only a constant zero padding folds; the others are named when refused.
-PAD_MODULES: Dict[type, str] = {nn.ZeroPad2d: "constant", nn.ConstantPad2d: "constant",
-                                nn.ReflectionPad2d: "reflect", nn.ReplicationPad2d: "replicate",
-                                nn.CircularPad2d: "circular"}
-
-# Where zero padding may go instead of a layer: the convolution's own
-# padding, the only kind that pads before it computes.
-_FOLDS_INTO = "zero padding folds into the padding of the one nn.Conv2d that alone reads it"
-
-
-def is_pad(n: torch.fx.Node, mod: Optional[nn.Module]) -> bool:
-    """Whether n pads: a padding module's call, or F.pad."""
-    if n.op == "call_module":
-        return type(mod) in PAD_MODULES
-    return n.op == "call_function" and n.target is F.pad
-
-
-def _pad_args(n: torch.fx.Node, mod: Optional[nn.Module]) -> Tuple[Any, str, Any]:
-    """(pads, mode, value) of a padding module or an F.pad call."""
-    if mod is not None:
-        return getattr(mod, "padding"), PAD_MODULES[type(mod)], getattr(mod, "value", 0.0)
-
-    def arg(i: int, kw: str, default: Any) -> Any:
-        return n.args[i] if len(n.args) > i else n.kwargs.get(kw, default)
-    value = arg(3, "value", None)
-    return arg(1, "pad", None), arg(2, "mode", "constant"), 0.0 if value is None else value
-
-
-def pad_sides(n: torch.fx.Node, mod: Optional[nn.Module], op: str, path: str) -> Tuple[int, int, int, int]:
-    """The (left, right, top, bottom) of a zero padding of a map's height
-    and width (PyTorch's order), or a refusal naming what it is instead."""
-    pads, mode, value = _pad_args(n, mod)
-    if mode != "constant":
-        raise ExportError(f"{mode} padding has no layer kind yet (the service pads only with zeros, inside a "
-                          f"convolution); {_FOLDS_INTO}", op=op, module_path=path)
-    if isinstance(value, torch.fx.Node) or not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise ExportError(f"pads with the value {value!r}, which is not a number known at export; {_FOLDS_INTO}",
-                          op=op, module_path=path)
-    if value != 0:
-        raise ExportError(f"pads with the value {value!r}; the service's convolutions pad with zeros, and "
-                          f"{_FOLDS_INTO}", op=op, module_path=path)
-    if not isinstance(pads, (tuple, list)) or not all(isinstance(p, int) and not isinstance(p, bool)
-                                                      for p in pads):
-        raise ExportError(f"pads by {pads!r}, which are not numbers known at export (computed in forward()); "
-                          f"{_FOLDS_INTO}", op=op, module_path=path)
-    if len(pads) not in (2, 4):
-        raise ExportError(f"pads {tuple(pads)} pad dimensions other than the height and width of the map; "
-                          f"{_FOLDS_INTO}", op=op, module_path=path)
-    left, right, top, bottom = (tuple(pads) + (0, 0))[:4]
-    if min(left, right, top, bottom) < 0:
-        raise ExportError(f"pads (left, right, top, bottom) = {(left, right, top, bottom)}: a negative pad crops "
-                          f"the map, and the service has no crop; {_FOLDS_INTO}", op=op, module_path=path)
-    return left, right, top, bottom
-
-
-def _reader(u: torch.fx.Node, gm: torch.fx.GraphModule) -> str:
-    if u.op == "call_module":
-        return f"{type(gm.get_submodule(str(u.target))).__name__} at {str(u.target)!r}"
-    name = str(u.target) if u.op == "call_method" else getattr(u.target, "__name__", str(u.target))
-    return name if u.name == name else f"{name} ({u.name})"
-
-
-def check_pad_reader(n: torch.fx.Node, gm: torch.fx.GraphModule, op: str, path: str) -> None:
-    """Refuses the padding n, naming what reads it, unless one nn.Conv2d
-    alone reads it, as its input."""
-    users = list(n.users)
-    if len(users) == 1 and users[0].op == "call_module" and list(users[0].args) == [n] and \
-            type(gm.get_submodule(str(users[0].target))) is nn.Conv2d:
-        return
-    what = ", ".join(_reader(u, gm) for u in users[:4]) + (", ..." if len(users) > 4 else "")
-    raise ExportError(f"its output is read by {what}; the service has no padding layer: {_FOLDS_INTO} (F.conv2d "
-                      "has no layer kind)", op=op, module_path=path)
-
-
-def fold_pad(padded: _Padded, conv: Tuple[int, int], conv_path: str) -> Tuple[int, int]:
-    """The conv2d's pad [h, w] with the padding that feeds it added to the
-    convolution's own (conv, [h, w] on each side). The kind pads each axis
-    by one amount on both sides, so the sums must be even."""
-    left, right, top, bottom = padded.sides
-    h, w = conv
-    total = (left + w, right + w, top + h, bottom + h)
-    if total[0] != total[1] or total[2] != total[3]:
-        own = f" with the Conv2d's own padding {list(conv)}" if conv != (0, 0) else ""
-        raise ExportError(f"pads (left, right, top, bottom) = {padded.sides}, which{own} pads the input of the "
-                          f"Conv2d at {conv_path!r} by {total}: the service's conv2d pads each axis by one amount "
-                          "on both sides (pad [h, w]), so asymmetric padding (TensorFlow-style 'same' padding "
-                          "among it) is not supported", op=padded.op, module_path=padded.path)
-    return top + h, left + w
-
+__all__ = ["clamp_activation"]
 
 # The clamping functions of torch (call_function targets), and the
 # parameters after the input of each spelling by name, positional order

@@ -26,9 +26,11 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "InstanceNorm2d": "groupnorm with a group per channel (affine or not, no running statistics)",
     "Upsample": "upsample (modes nearest and bilinear, align_corners; to a size or by integer scale_factor)",
     "UpsamplingNearest2d": "upsample", "UpsamplingBilinear2d": "upsample (bilinear, align_corners)",
-    "ZeroPad2d": "the pad of the one Conv2d that reads it (each axis padded evenly, the conv's own padding "
-                 "added)",
-    "ConstantPad2d": "as ZeroPad2d, with the value 0",
+    "ZeroPad2d": "the pad of the one Conv2d that reads it where each axis is then padded evenly (the conv's own "
+                 "padding added); else pad",
+    "ConstantPad2d": "pad (mode constant, any finite value); with the value 0 as ZeroPad2d",
+    "ReflectionPad2d": "pad (mode reflect)", "ReplicationPad2d": "pad (mode replicate)",
+    "CircularPad2d": "pad (mode circular)",
     "ReLU": "relu", "ReLU6": "relu6", "Hardtanh": "relu6 (min_val 0, max_val 6)", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
     "LeakyReLU": "leaky_relu (negative_slope any finite number)", "ELU": "elu (alpha any finite number)",
@@ -68,7 +70,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword), F.elu (alpha positional or "
     "keyword), F.selu, torch.selu, F.softplus (beta, threshold positional or keyword), F.mish":
         "the activation of that name",
-    "F.pad (mode constant, value 0)": "the pad of the one Conv2d that reads it, as ZeroPad2d",
+    "F.pad (modes constant, reflect, replicate, circular; 2 or 4 pads of a [N, C, H, W] map)":
+        "pad; zeros folded into the pad of the one Conv2d that reads them, as ZeroPad2d",
     "torch.clamp, Tensor.clamp, torch.clip, Tensor.clip, torch.clamp_min, Tensor.clamp_min, F.hardtanh, and "
     "their in-place spellings": "relu (to [0, inf)), relu6 (to [0, 6])",
     "x * c, c * x, x / c, x + c, c + x, x - c, c - x, -x of a tensor and a Python number c (operators, torch.mul, "

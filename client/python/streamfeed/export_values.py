@@ -76,11 +76,14 @@ class _Expanded:
 @dataclass
 class _Padded:
     """A map zero-padded on its way into the one nn.Conv2d that reads it
-    (nn.ZeroPad2d, nn.ConstantPad2d(p, 0), F.pad): no layer of its own; the
-    convolution adds sides, (left, right, top, bottom) as PyTorch orders
-    them, to its own padding. op and path name the padding where the sum
-    is refused."""
+    (nn.ZeroPad2d, nn.ConstantPad2d(p, 0), F.pad): no layer of its own
+    where the convolution can add sides, (left, right, top, bottom) as
+    PyTorch orders them, to its own padding; else a pad layer named name
+    (generated: made from a function's module path), which op and path
+    name where it is refused."""
     x: _Val
     sides: Tuple[int, int, int, int]
     op: str
     path: str
+    name: str
+    generated: bool

@@ -1,0 +1,199 @@
+/* gpu/cuda/pad.cu — kernels first, then launchers: F.pad's forward (one
+ * thread per output element) and its backward as a gather (one thread per
+ * input element, summing the output gradients that read it in a fixed
+ * order: deterministic, no atomics). Contracts in pad.h; the arithmetic is
+ * gpu/ref/pad.c's. */
+#include "gpu/cuda/pad.h"
+
+#include "gpu/cuda/kernel_common.cuh"
+
+/* A map's sizes and its pads, by value into the kernels. */
+struct pad_geom {
+    int c, h, w, oh, ow;
+    int l, r, t, b; /* left, right, top, bottom */
+    int mode;       /* SF_PAD_* */
+};
+
+/* ======================================================================== */
+/* kernels                                                                  */
+/* ======================================================================== */
+
+/* The input index output index o of an axis reads (input size in, padded by
+ * lo before it), or -1 where mode constant fills it: sf_ref_pad_src. */
+__device__ __forceinline__ int pad_src(int o, int lo, int in, int mode)
+{
+    const int i = o - lo;
+    if (i >= 0 && i < in)
+        return i;
+    switch (mode) {
+    case SF_PAD_REFLECT: return i < 0 ? -i : 2 * (in - 1) - i;
+    case SF_PAD_REPLICATE: return i < 0 ? 0 : in - 1;
+    case SF_PAD_CIRCULAR: return i < 0 ? i + in : i - in;
+    default: return -1;
+    }
+}
+
+/* The output indices of one axis that read input index i, as at most three
+ * ranges [a[k], e[k]) (the inverse of pad_src): i itself shifted by lo; a
+ * mirror on either side (reflect), the whole border of an edge
+ * (replicate), the wrapped copy on either side (circular). Returns how
+ * many. */
+__device__ __forceinline__ int pad_readers(int i, int lo, int hi, int in, int mode, int a[3], int e[3])
+{
+    int k = 0;
+    a[k] = lo + i, e[k] = lo + i + 1, k++;
+    switch (mode) {
+    case SF_PAD_REFLECT:
+        if (i >= 1 && i <= lo)
+            a[k] = lo - i, e[k] = lo - i + 1, k++;
+        if (i <= in - 2 && i >= in - 1 - hi)
+            a[k] = lo + 2 * (in - 1) - i, e[k] = a[k] + 1, k++;
+        break;
+    case SF_PAD_REPLICATE:
+        if (i == 0 && lo > 0)
+            a[k] = 0, e[k] = lo, k++;
+        if (i == in - 1 && hi > 0)
+            a[k] = lo + in, e[k] = lo + in + hi, k++;
+        break;
+    case SF_PAD_CIRCULAR:
+        if (i >= in - lo)
+            a[k] = lo + i - in, e[k] = a[k] + 1, k++;
+        if (i < hi)
+            a[k] = lo + in + i, e[k] = a[k] + 1, k++;
+        break;
+    default:
+        break;
+    }
+    return k;
+}
+
+/* Element (ni, ci, y, x) of an [n, c, hh, ww] map in either layout. */
+__device__ __forceinline__ size_t pad_at(int nhwc, size_t ni, int ci, int c, int y, int x, int hh, int ww)
+{
+    return nhwc ? ((ni * hh + y) * ww + x) * (size_t)c + ci : ((ni * c + ci) * hh + y) * ww + x;
+}
+
+template <typename T>
+__global__ void k_pad_fwd(const T *__restrict__ x, T *__restrict__ y, size_t len, pad_geom g, float value, int nhwc)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
+        int ci, r, q;
+        size_t ni;
+        if (nhwc) {
+            ci = (int)(e % (size_t)g.c);
+            const size_t pix = e / (size_t)g.c;
+            q = (int)(pix % (size_t)g.ow);
+            r = (int)((pix / (size_t)g.ow) % (size_t)g.oh);
+            ni = pix / ((size_t)g.ow * g.oh);
+        } else {
+            q = (int)(e % (size_t)g.ow);
+            r = (int)((e / (size_t)g.ow) % (size_t)g.oh);
+            const size_t nc = e / ((size_t)g.ow * g.oh);
+            ci = (int)(nc % (size_t)g.c);
+            ni = nc / (size_t)g.c;
+        }
+        const int sr = pad_src(r, g.t, g.h, g.mode), sq = pad_src(q, g.l, g.w, g.mode);
+        y[e] = sr < 0 || sq < 0 ? cu_to<T>(value) : x[pad_at(nhwc, ni, ci, g.c, sr, sq, g.h, g.w)];
+    }
+}
+
+/* One thread per input element: the sum, in a fixed order (row ranges,
+ * then rows, then column ranges, then columns), of dy over the outputs that
+ * read it. */
+template <typename T>
+__global__ void k_pad_bwd(const T *__restrict__ dy, T *__restrict__ dx, size_t len, pad_geom g, int nhwc)
+{
+    const size_t step = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
+        int ci, ih, iw;
+        size_t ni;
+        if (nhwc) {
+            ci = (int)(e % (size_t)g.c);
+            const size_t pix = e / (size_t)g.c;
+            iw = (int)(pix % (size_t)g.w);
+            ih = (int)((pix / (size_t)g.w) % (size_t)g.h);
+            ni = pix / ((size_t)g.w * g.h);
+        } else {
+            iw = (int)(e % (size_t)g.w);
+            ih = (int)((e / (size_t)g.w) % (size_t)g.h);
+            const size_t nc = e / ((size_t)g.w * g.h);
+            ci = (int)(nc % (size_t)g.c);
+            ni = nc / (size_t)g.c;
+        }
+        int ra[3], re[3], ca[3], ce[3];
+        const int nr = pad_readers(ih, g.t, g.b, g.h, g.mode, ra, re);
+        const int nq = pad_readers(iw, g.l, g.r, g.w, g.mode, ca, ce);
+        float acc = 0.f;
+        for (int i = 0; i < nr; i++)
+            for (int r = ra[i]; r < re[i]; r++)
+                for (int j = 0; j < nq; j++)
+                    for (int q = ca[j]; q < ce[j]; q++)
+                        acc += cu_f(dy[pad_at(nhwc, ni, ci, g.c, r, q, g.oh, g.ow)]);
+        dx[e] = cu_to<T>(acc);
+    }
+}
+
+/* ======================================================================== */
+/* launchers                                                                */
+/* ======================================================================== */
+
+/* The geometry of a pad, or -1 with the reason set: F.pad's bounds. */
+static int pad_geom_of(const char *fn, sf_dtype dt, int n, int c, int h, int w, const int pad[4], int mode,
+                       pad_geom *g)
+{
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (n < 0 || c < 1 || h < 1 || w < 1 || mode < SF_PAD_CONSTANT || mode > SF_PAD_CIRCULAR) {
+        sf_cuda_set_error("%s:%d: %s: mode %d of %d channels of %dx%d", __FILE__, __LINE__, fn, mode, c, h, w);
+        return -1;
+    }
+    for (int j = 0; j < 4; j++) {
+        const int dim = j < 2 ? w : h;
+        const int over = mode == SF_PAD_REFLECT ? pad[j] >= dim : mode == SF_PAD_CIRCULAR ? pad[j] > dim : 0;
+        if (pad[j] < 0 || pad[j] > SF_MAX_PAD || over) {
+            sf_cuda_set_error("%s:%d: %s: pad [%d, %d, %d, %d] of mode %d on a %dx%d map", __FILE__, __LINE__, fn,
+                              pad[0], pad[1], pad[2], pad[3], mode, h, w);
+            return -1;
+        }
+    }
+    *g = pad_geom{c, h, w, h + pad[2] + pad[3], w + pad[0] + pad[1], pad[0], pad[1], pad[2], pad[3], mode};
+    return 0;
+}
+
+extern "C" int sf_cuda_pad_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int c, int h, int w,
+                                  const int pad[4], int mode, float value, void *y, cudaStream_t s)
+{
+    pad_geom g;
+    if (pad_geom_of("sf_cuda_pad_fwd_dt", dt, n, c, h, w, pad, mode, &g))
+        return -1;
+    const size_t len = (size_t)n * c * g.oh * g.ow;
+    if (len == 0)
+        return 0;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (dt == SF_DT_BF16)
+        k_pad_fwd<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const cu_bf16 *)x, (cu_bf16 *)y, len, g, value,
+                                                                 nhwc);
+    else
+        k_pad_fwd<float><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const float *)x, (float *)y, len, g, value, nhwc);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_pad_bwd_dt(sf_dtype dt, sf_layout lay, const void *dy, int n, int c, int h, int w,
+                                  const int pad[4], int mode, void *dx, cudaStream_t s)
+{
+    pad_geom g;
+    if (pad_geom_of("sf_cuda_pad_bwd_dt", dt, n, c, h, w, pad, mode, &g))
+        return -1;
+    const size_t len = (size_t)n * c * h * w;
+    if (len == 0)
+        return 0;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (dt == SF_DT_BF16)
+        k_pad_bwd<cu_bf16><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const cu_bf16 *)dy, (cu_bf16 *)dx, len, g, nhwc);
+    else
+        k_pad_bwd<float><<<cu_ew_blocks(len), CU_TPB, 0, s>>>((const float *)dy, (float *)dx, len, g, nhwc);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}

@@ -995,12 +995,11 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "x where x > 0, else a * x: one slope a for every channel, or one per channel of a map or feature "
                "of flat features; weight [num_parameters] (initialised to 0.25, nn.PReLU's init). As PyTorch's "
                "prelu_backward, x = 0 takes a * dy, and a's gradient sums x * dy where x is not positive"},
-    /* cuda = 0 until the GPU op rows of tests/gpu/op_cases.cu have run on a GPU. */
     [SF_L_PAD] = {
         .name = "pad", .torch = "nn.ZeroPad2d, nn.ConstantPad2d, nn.ReflectionPad2d, nn.ReplicationPad2d, "
         "nn.CircularPad2d, F.pad of the last two dimensions", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = pad_fields, .shape = pad_shape, .ref_fwd = sf_ref_layer_pad_fwd, .ref_bwd = sf_ref_layer_pad_bwd,
-        .cuda = 0,
+        .cuda = 1,
         .doc = "[C, H, W] to [C, top + H + bottom, left + W + right], the border filled by the mode as F.pad "
                "fills it; the backward adds each output's gradient into the input it was read from (the "
                "constant border passes none)"},

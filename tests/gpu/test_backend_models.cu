@@ -30,9 +30,10 @@
  *  - ShuffleNetV2's stride-2 and stride-1 blocks (channel_shuffle, both
  *    chunks of a map as channel_slice layers, a slice as its input's only
  *    reader): 3 steps in fp32 and bf16, NCHW and NHWC.
- *  - the sub-pixel kinds with PReLU and affine (pixel_unshuffle,
- *    pixel_shuffle, prelu per channel and single, affine, and a conv's fused
- *    ReLU read by a concat alone): as the ShuffleNet blocks.
+ *  - the sub-pixel kinds with PReLU, affine and pad (pixel_unshuffle,
+ *    pixel_shuffle, prelu per channel and single, affine, pad in each mode
+ *    with asymmetric pads, and a conv's fused ReLU read by a concat alone):
+ *    as the ShuffleNet blocks.
  *  - the small Vision Transformer of issue-sized CI (torchvision's
  *    VisionTransformer(image_size=64, patch_size=16, num_layers=2,
  *    num_heads=4, hidden_dim=64, mlp_dim=128) as the exporter writes it:
@@ -472,26 +473,33 @@ static int shuffle_model(sf_model &m)
     return 0;
 }
 
-/* A super-resolution-like model with the sub-pixel kinds, PReLU and affine:
- * affine normalises the input ((x - 0.5) / 0.5 as a user's module writes
- * it), a conv and PReLU with a slope per channel, pixel_unshuffle by 2, a
- * conv whose fused ReLU output a concat alone reads (its backward takes the
- * ReLU's mask from the concatenation), pixel_shuffle by 2 back to 16x16, a
- * PReLU with one slope, then the classifier. */
+/* A super-resolution-like model with the sub-pixel kinds, PReLU, affine and
+ * pad in every mode: affine normalises the input ((x - 0.5) / 0.5 as a
+ * user's module writes it), reflect padding before an unpadded conv (a
+ * CycleGAN generator's head), PReLU with a slope per channel,
+ * pixel_unshuffle by 2, an asymmetric constant pad of 0.5 before a 2x2 conv
+ * whose fused ReLU output a concat alone reads (its backward takes the
+ * ReLU's mask from the concatenation), pixel_shuffle by 2 back to 16x16,
+ * circular then asymmetric replicate padding, a PReLU with one slope, then
+ * the classifier. */
 static int sub_pixel_model(sf_model &m)
 {
     char err[300];
     const char *js =
         "{\"input\":[3,16,16],\"classes\":5,\"layers\":["
         "{\"type\":\"affine\",\"name\":\"norm\",\"scale\":2,\"shift\":-1},"
-        "{\"type\":\"conv2d\",\"name\":\"head\",\"out\":8,\"k\":3,\"pad\":1},"
+        "{\"type\":\"pad\",\"name\":\"head.pad\",\"pad\":[1,1,1,1],\"mode\":\"reflect\"},"
+        "{\"type\":\"conv2d\",\"name\":\"head\",\"out\":8,\"k\":3},"
         "{\"type\":\"prelu\",\"name\":\"act\",\"num_parameters\":8},"
         "{\"type\":\"pixel_unshuffle\",\"name\":\"down\",\"factor\":2},"
-        "{\"type\":\"conv2d\",\"name\":\"body\",\"out\":6,\"k\":3,\"pad\":1},"
+        "{\"type\":\"pad\",\"name\":\"body.pad\",\"pad\":[0,1,1,0],\"value\":0.5},"
+        "{\"type\":\"conv2d\",\"name\":\"body\",\"out\":6,\"k\":2},"
         "{\"type\":\"relu\",\"name\":\"body.relu\"},"
         "{\"type\":\"concat\",\"name\":\"cat\",\"inputs\":[\"body.relu\",\"down\"]},"
         "{\"type\":\"conv2d\",\"name\":\"up.conv\",\"out\":12,\"k\":1},"
         "{\"type\":\"pixel_shuffle\",\"name\":\"up\",\"factor\":2},"
+        "{\"type\":\"pad\",\"name\":\"up.wrap\",\"pad\":[1,1,1,1],\"mode\":\"circular\"},"
+        "{\"type\":\"pad\",\"name\":\"up.edge\",\"pad\":[2,0,0,2],\"mode\":\"replicate\"},"
         "{\"type\":\"prelu\",\"name\":\"up.act\"},"
         "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
         "{\"type\":\"flatten\",\"name\":\"f\"},"

@@ -454,6 +454,49 @@ int g_vpacks(sf_cuda_net *net)
     return 0;
 }
 
+/* describe's lines on the fusions the executor chose: batchnorms that apply
+ * their activation, and concat inputs whose ReLU mask the concat applies.
+ * Appends at buf + at; returns the new end. */
+static size_t describe_fusions(const sf_cuda_net *net, char *buf, size_t len, size_t at)
+{
+    const gen_net *g = net->g;
+    if (at < len) {
+        int nact = 0, nrelu = 0;
+        for (int i = 0; i < g->nl; i++)
+            if (net->m.layers[i].kind == SF_L_BATCHNORM2D) {
+                nact += g->op[i].bn_act != 0;
+                nrelu += g->op[i].relu;
+            }
+        /* "; 3 followed by leaky_relu, elu, mish run it apart (...)" */
+        char apart[192] = "", kinds[120] = "";
+        for (int k = 0, at_k = 0; k < SF_L_KIND_COUNT && at_k < (int)sizeof kinds; k++)
+            if (g->bn_apart_kinds >> k & 1)
+                at_k += snprintf(kinds + at_k, sizeof kinds - (size_t)at_k, "%s%s", at_k ? ", " : "",
+                                 sf_layer_kind_name((sf_layer_kind)k));
+        if (g->n_bn_apart)
+            snprintf(apart, sizeof apart, "; %d followed by %s run it apart (activations the fused kernels do not "
+                     "take)", g->n_bn_apart, kinds);
+        int w = nact + nrelu + g->n_bn_apart ? snprintf(buf + at, len - at,
+                                                        "batchnorm: %d followed by ReLU and %d by another activation "
+                                                        "apply it in their own pass (fused)%s\n",
+                                                        nrelu, nact, apart)
+                                             : 0;
+        if (w > 0)
+            at += (size_t)w;
+    }
+    int ncat = 0;
+    for (int i = 0; i < g->nl; i++)
+        ncat += g->op[i].cat_mask;
+    if (at < len && ncat) {
+        int w = snprintf(buf + at, len - at,
+                         "concat: %d inputs made by a layer with a fused ReLU take its mask from the concatenation in "
+                         "the backward (their own outputs die at the concat)\n", ncat);
+        if (w > 0)
+            at += (size_t)w;
+    }
+    return at;
+}
+
 /* One line per conv/convT plan of batch size n, then the net's summary. */
 extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t len)
 {
@@ -548,40 +591,7 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         if (w > 0)
             at += (size_t)w;
     }
-    if (at < len) {
-        int nact = 0, nrelu = 0;
-        for (int i = 0; i < g->nl; i++)
-            if (net->m.layers[i].kind == SF_L_BATCHNORM2D) {
-                nact += g->op[i].bn_act != 0;
-                nrelu += g->op[i].relu;
-            }
-        /* "; 3 followed by leaky_relu, elu, mish run it apart (...)" */
-        char apart[192] = "", kinds[120] = "";
-        for (int k = 0, at_k = 0; k < SF_L_KIND_COUNT && at_k < (int)sizeof kinds; k++)
-            if (g->bn_apart_kinds >> k & 1)
-                at_k += snprintf(kinds + at_k, sizeof kinds - (size_t)at_k, "%s%s", at_k ? ", " : "",
-                                 sf_layer_kind_name((sf_layer_kind)k));
-        if (g->n_bn_apart)
-            snprintf(apart, sizeof apart, "; %d followed by %s run it apart (activations the fused kernels do not "
-                     "take)", g->n_bn_apart, kinds);
-        int w = nact + nrelu + g->n_bn_apart ? snprintf(buf + at, len - at,
-                                                        "batchnorm: %d followed by ReLU and %d by another activation "
-                                                        "apply it in their own pass (fused)%s\n",
-                                                        nrelu, nact, apart)
-                                             : 0;
-        if (w > 0)
-            at += (size_t)w;
-    }
-    int ncat = 0;
-    for (int i = 0; i < g->nl; i++)
-        ncat += g->op[i].cat_mask;
-    if (at < len && ncat) {
-        int w = snprintf(buf + at, len - at,
-                         "concat: %d inputs made by a layer with a fused ReLU take its mask from the concatenation in "
-                         "the backward (their own outputs die at the concat)\n", ncat);
-        if (w > 0)
-            at += (size_t)w;
-    }
+    at = describe_fusions(net, buf, len, at);
     if (at < len && g->n_wal) {
         int w = snprintf(buf + at, len - at,
                          "alignment: %d conv layers run cuDNN on 16-byte aligned copies of their weights (their "

@@ -15,6 +15,8 @@
 #      best of eager and torch.compile, device-cached batches) for the same
 #      workloads on 1 and G GPUs (MG_TORCH=0 skips it; MG_TORCH_VARIANTS="eager"
 #      runs only those variants, whose best is then the best of those).
+# Before part 1, each workload's model passes the numerics gate (one step
+# against PyTorch's, bench/families_check.py --preset), or nothing is measured.
 # With one GPU it is a dry run at world size 1 (parts 1 and 3 only).
 # MG_WORKLOADS="w1" limits parts 1 and 3 to those workloads; MG_LOSS=0 skips
 # part 2; MG_SERVER_ARGS adds server flags to every job (e.g.
@@ -117,6 +119,24 @@ stop_job() {
   PIDS=()
 }
 ports() { local w=$1 s=""; for ((r = 0; r < w; r++)); do s="$s $((PORT0 + r))"; done; echo $s; }
+
+# 0. The numerics gate (bench/families_check.py --preset): one step of each
+# workload's model on one rank against PyTorch's float32 step from the same
+# weights, at the precision its job trains in. The ranks' checksums below say
+# that they agree with each other, this that they agree with PyTorch; a
+# workload that fails it is not measured and the script exits 1.
+if [ "$CPU" != 1 ]; then
+  for gate in "w3 resnet18 224 bf16" "w1 seed-classifier 256 tf32"; do
+    set -- $gate
+    case " ${MG_WORKLOADS:-w3 w1} " in *" $1 "*) ;; *) continue ;; esac
+    PYTHONPATH=client/python timeout 300 "$PY" bench/families_check.py --bin build/streamfeed --status "$OUTD" \
+      --preset --size "$3" --batch 32 --precision "$4" "$2" 2>&1 | tee -a "$OUTD/bench.log"
+    if [ "${PIPESTATUS[0]}" != 0 ]; then
+      log "$1: the numerics gate failed ($OUTD/$2/check.json): no figures"
+      exit 1
+    fi
+  done
+fi
 
 # 1. streamfeed, 1 and G ranks.
 if [ "$CPU" = 1 ]; then

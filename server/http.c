@@ -676,7 +676,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         return -1;
     }
     const sf_route *rt = r->route;
-    if ((rt->flags & SF_ROUTE_AUTH) && cfg.http.token[0] &&
+    if (!(rt->flags & SF_ROUTE_OPEN) && cfg.http.token[0] &&
         !bearer_ok(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"),
                    cfg.http.token)) {
         sf_reply_header(r, "WWW-Authenticate", "Bearer");

@@ -38,7 +38,12 @@ struct sf_config;
 struct sf_family;
 
 enum {
-    SF_ROUTE_AUTH = 1,   /* requires the bearer token when one is configured */
+    /* Served without the bearer token even when one is configured. Every
+     * other route requires it: whatever reads or changes training data or
+     * state (a batch's result, its logits, an evaluation, the model, the
+     * step timelines), so that a route added without thought is closed.
+     * The open ones are listed in docs/OPERATIONS.md ("Who needs the token"). */
+    SF_ROUTE_OPEN = 1,
     SF_ROUTE_PROBE = 2,  /* also served on http.metrics_port (probes, scrapes) */
     SF_ROUTE_UPLOAD = 4, /* a batch upload: refused (503) once the drain began */
     /* A route streams its body when it has stream ops; its accepted

@@ -115,7 +115,8 @@ def test_delete_needs_the_token_when_one_is_set(start_server):
         r = delete(s, "guarded", headers=headers)
         assert r.status_code == 401 and error_code(r) == "unauthorized", r.text
         assert r.headers.get("WWW-Authenticate") == "Bearer"
-    assert s.get("/v1/evals/guarded").status_code == 200  # reads stay open
+    assert s.get("/v1/evals/guarded").status_code == 401  # reads need it too
+    assert s.get("/v1/evals/guarded", headers=auth).status_code == 200
     r = delete(s, "guarded", headers=auth)
     assert r.status_code == 200 and r.json()["name"] == "guarded", r.text
 

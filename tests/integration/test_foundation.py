@@ -576,13 +576,35 @@ def test_with_a_token_mutating_routes_need_the_bearer_token(start_server, rng):
             assert r.json()["error"]["code"] == "unauthorized"
             assert r.headers.get("WWW-Authenticate", "").startswith("Bearer")
     assert s.config()["optim"]["lr"] == 0.001
-    # Reads stay open.
-    for path in ("/healthz", "/readyz", "/metrics", "/v1/config", "/v1/model", "/openapi.yaml"):
+    # The open routes (docs/OPERATIONS.md lists them) answer without it.
+    for path in ("/healthz", "/readyz", "/metrics", "/v1/config", "/v1/stats", "/openapi.yaml"):
         assert s.get(path).status_code == 200, path
     # The right token works.
     assert s.post_batch(body, headers=good).status_code == 202
     assert s.patch_config({"optim": {"lr": 0.5}}, headers=good).status_code == 200
     assert s.metric("streamfeed_http_errors_total", code="unauthorized") == 15
+
+
+def test_with_a_token_reading_results_logits_evaluations_model_or_trace_needs_it_too(start_server, rng):
+    # Batch ids are sequential: without the token on reads, any client could
+    # read another's results and kept logits by counting.
+    # A wait of 0 ms runs out at once: the logits are kept for
+    # GET /v1/batches/1/logits, which the 202 names.
+    s = start_server(TINY, "--http.token", "s3cret", "--pipeline.wait_timeout_ms", "0")
+    good = {"Authorization": "Bearer s3cret"}
+    r = s.post_batch(st_body(*learnable_batch(rng, 64)), path="/v1/batches?mode=eval&eval=mine&return=logits&wait=1",
+                     headers=good)
+    assert r.status_code == 202 and r.headers["Location"] == "/v1/batches/1/logits", r.text
+    wait_until(lambda: s.get("/v1/evals/mine", headers=good).json()["batches"] == 1, 30,
+               what="the eval batch to finish")
+    reads = ["/v1/batches/1", "/v1/batches/1/logits", "/v1/evals", "/v1/evals/mine", "/v1/model", "/v1/trace"]
+    for path in reads:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = s.get(path, headers=headers)
+            assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized"), (path, r.text)
+            assert r.headers.get("WWW-Authenticate") == "Bearer"
+        assert s.get(path, headers=good).status_code == 200, path
+    assert s.metric("streamfeed_http_errors_total", code="unauthorized") == 2 * len(reads)
 
 
 def test_a_token_rotated_by_patch_guards_the_next_requests(start_server, rng):

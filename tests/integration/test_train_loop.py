@@ -266,6 +266,22 @@ def test_logits_larger_than_what_may_be_kept_are_refused_before_the_batch_runs(s
     assert post(s, *learnable_batch(rng, 64), "&mode=eval&return=logits").status_code == 200
 
 
+SEG_SPEC = {"input": [3, 32, 32], "classes": 1024, "layers": [{"type": "conv2d", "name": "head", "out": 1024, "k": 1}]}
+
+
+def seg_logits_server(start_server, *flags):
+    """A server whose eval logits are 28 MiB a batch of 7 (4 MiB a sample),
+    and which may hold 2 x 8 x 4 MiB = 64 MiB of replies not yet read."""
+    return start_server("--model.spec", json.dumps(SEG_SPEC), "--pipeline.backend", "ref", "--augment.pipeline",
+                        "[]", "--augment.eval_pipeline", "[]", "--ring.slots", "2", "--ring.slot_bytes",
+                        str(4 << 20), *flags)
+
+
+def seg_body(rng):
+    return st_save({"images": rng.integers(0, 256, (7, 32, 32, 3), dtype=np.uint8),
+                    "labels": rng.integers(0, 256, (7, 32, 32), dtype=np.uint8)})
+
+
 def test_logits_replies_nobody_reads_hold_a_bounded_total_then_logits_busy(start_server):
     # A segmentation model's logits are classes x 4 bytes a pixel: here 4 MiB
     # a sample, 28 MiB for a batch of 7 (21 KB of pixels), held from the
@@ -273,12 +289,8 @@ def test_logits_replies_nobody_reads_hold_a_bounded_total_then_logits_busy(start
     # of 4 MiB unread replies may hold 2 x 8 x 4 MiB = 64 MiB, as transforms'
     # do: two fit, the others get 503 (Retry-After) instead of each holding
     # 28 MiB more for as long as its client stays connected.
-    spec = {"input": [3, 32, 32], "classes": 1024, "layers": [{"type": "conv2d", "name": "head", "out": 1024, "k": 1}]}
-    s = start_server("--model.spec", json.dumps(spec), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
-                     "--augment.eval_pipeline", "[]", "--ring.slots", "2", "--ring.slot_bytes", str(4 << 20))
-    rng = np.random.default_rng(3)
-    body = st_save({"images": rng.integers(0, 256, (7, 32, 32, 3), dtype=np.uint8),
-                    "labels": rng.integers(0, 256, (7, 32, 32), dtype=np.uint8)})
+    s = seg_logits_server(start_server)
+    body = seg_body(np.random.default_rng(3))
     conns, statuses = post_unread(s.port, "/v1/batches?mode=eval&return=logits&wait=1", body, 5)
     assert sorted(statuses) == [200] * 2 + [503] * 3, statuses
     assert s.metric("streamfeed_batches_rejected_total", reason="logits_busy") == 3
@@ -287,6 +299,24 @@ def test_logits_replies_nobody_reads_hold_a_bounded_total_then_logits_busy(start
     wait_until(lambda: s.request("POST", "/v1/batches?wait=1&mode=eval&return=logits", data=body,
                                  headers=SAFETENSORS).status_code == 200, 60,
                what="a logits reply once the unread replies are gone")
+
+
+def test_logits_kept_after_their_wait_ran_out_do_not_count_as_unread_replies(start_server):
+    # A 202 hands its logits to the kept store, bounded by eval.logits_keep_*
+    # (256 MiB here). They used to count against the unread replies' 64 MiB
+    # until evicted too, so three timed-out waits made every later
+    # return=logits batch 503 logits_busy for eval.logits_keep_s.
+    s = seg_logits_server(start_server, "--pipeline.wait_timeout_ms", "0")
+    body = seg_body(np.random.default_rng(4))
+    ids = []
+    for _ in range(4):
+        r = s.request("POST", "/v1/batches?mode=eval&return=logits&wait=1", data=body, headers=SAFETENSORS)
+        assert r.status_code == 202 and r.json()["logits"] == "kept", r.text
+        ids.append(r.json()["id"])
+    assert s.metric("streamfeed_batches_rejected_total", reason="logits_busy") == 0
+    assert s.patch_config({"pipeline": {"wait_timeout_ms": 60000}}).status_code == 200
+    for i in ids:
+        assert s.get(f"/v1/batches/{i}/logits?wait=1").status_code == 200
 
 
 def overflowing_checkpoint(s):

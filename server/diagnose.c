@@ -164,15 +164,22 @@ static void fill_random(uint8_t *p, size_t n, uint64_t seed)
     }
 }
 
-static void fill_labels(uint8_t *p, int n, int dt, int classes, uint64_t seed)
+/* A segmentation model scores a label per output pixel: the batch needs
+ * [N, out_h, out_w] of them, not [N]. */
+static size_t labels_per_sample(const sf_model *m)
 {
-    for (int i = 0; i < n; i++) {
+    return m->segmentation ? (size_t)m->out_h * (size_t)m->out_w : 1;
+}
+
+static void fill_labels(uint8_t *p, size_t n, int dt, int classes, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
         int64_t v = (int64_t)(sf_hash4(seed, (uint64_t)i, 2, 0) % (uint64_t)classes);
         if (dt == SF_LABEL_I64)
-            memcpy(p + (size_t)i * 8, &v, 8);
+            memcpy(p + i * 8, &v, 8);
         else if (dt == SF_LABEL_I32) {
             int32_t x = (int32_t)v;
-            memcpy(p + (size_t)i * 4, &x, 4);
+            memcpy(p + i * 4, &x, 4);
         } else {
             p[i] = (uint8_t)v;
         }
@@ -319,7 +326,7 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
         res->c = m->in_c;
         res->nhwc = 1;
         res->label_dtype = SF_LABEL_I64;
-        size_t per = (size_t)res->h * res->w * res->c + 8;
+        size_t per = (size_t)res->h * res->w * res->c + 8 * labels_per_sample(m);
         if ((size_t)res->n * per > slot_bytes)
             res->n = (int)(slot_bytes / per);
         if (res->n < 1) {
@@ -347,7 +354,8 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
     }
     const size_t img = (size_t)res->n * res->h * res->w * res->c;
     const size_t lab_off = (img + 63) & ~(size_t)63;
-    const size_t need = lab_off + (size_t)res->n * label_size(res->label_dtype);
+    const size_t n_labels = (size_t)res->n * labels_per_sample(m);
+    const size_t need = lab_off + n_labels * label_size(res->label_dtype);
     if (need > slot_bytes + 64) {
         snprintf(err, errlen, "the batch needs %zu bytes, more than ring.slot_bytes (%zu)", need,
                  slot_bytes);
@@ -361,7 +369,7 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
     }
     uint64_t seed = sf_mix64(run->t_request_ns);
     fill_random(buf, img, seed);
-    fill_labels(buf + lab_off, res->n, res->label_dtype, m->n_classes, seed);
+    fill_labels(buf + lab_off, n_labels, res->label_dtype, m->n_classes, seed);
     sf_config c;
     sf_config_get(&c);
     sf_aug_gen(&app->aug, &plan, (uint64_t)c.augment.seed, DIAG_SEQ, res->n, samples);

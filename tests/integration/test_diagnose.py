@@ -172,6 +172,18 @@ def test_batches_posted_during_a_diagnose_wait_in_the_ring_and_are_all_trained(s
     assert [s.batch(i)["step"] for i in ids] == [2, 3, 4, 5, 6]
 
 
+def test_diagnose_of_a_segmentation_model_gives_its_batch_a_label_per_output_pixel(start_server):
+    # The diagnose batch had N labels where the model scores N x H x W: the
+    # reference backend refused the labels it read past them, and a device
+    # would have read past the buffer.
+    spec = {"input": [3, 8, 8], "classes": 4, "layers": [{"type": "conv2d", "name": "head", "out": 4, "k": 1}]}
+    s = start_server("--model.spec", json.dumps(spec), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
+                     "--model.max_batch", "8")
+    r = diagnose(s, 0.3)
+    assert r.status_code == 200, r.text
+    check_consistent(r.json())
+
+
 def _checkpoint_tensors(s):
     """The colleague's GET /v1/checkpoint, when this build has it: {name: array}."""
     r = s.get("/v1/checkpoint")

@@ -16,7 +16,7 @@ const sf_route sf_routes[] = {
     {"GET", "/readyz", "readyz", h_readyz, NULL, SF_ROUTE_PROBE | SF_ROUTE_OPEN, NULL},
     {"GET", "/metrics", "metrics", h_metrics, NULL, SF_ROUTE_PROBE | SF_ROUTE_OPEN, NULL},
     {"GET", "/openapi.yaml", "openapi", h_openapi, NULL, SF_ROUTE_OPEN, NULL},
-    {"POST", "/v1/diagnose", "diagnose", h_diagnose, NULL, 0, CT_DIAGNOSE},
+    {"POST", "/v1/diagnose", "diagnose", h_diagnose, NULL, SF_ROUTE_ON_GONE, CT_DIAGNOSE},
     {"GET", "/v1/trace", "trace", h_trace, NULL, 0, NULL},
     {"GET", "/v1/stats", "stats", h_stats, NULL, SF_ROUTE_OPEN, NULL},
     {"GET", "/v1/config", "config", h_config_get, NULL, SF_ROUTE_OPEN, NULL},

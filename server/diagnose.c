@@ -24,6 +24,7 @@ typedef struct diag_run {
     uint64_t t_request_ns;   /* the live window ends here */
     atomic_int ran;          /* the engine began it (res is valid once done); read by
                                 HTTP threads for "running" */
+    atomic_int cancel;       /* sf_diagnose_cancel: stop before the next bench call */
     sf_diag_result res;
 } diag_run;
 
@@ -188,11 +189,20 @@ static void fill_labels(uint8_t *p, size_t n, int dt, int classes, uint64_t seed
 
 static const sf_bench_mode MODES[3] = {SF_BENCH_STEP, SF_BENCH_AUG_STEP, SF_BENCH_H2D_AUG_STEP};
 
+#define DIAG_CANCELLED "cancelled: its client went away"
+
+/* One bench call of stage s; a run cancelled meanwhile stops before it
+ * instead (each call is a short stretch: the backend restores the training
+ * state at its end, so stopping between calls leaves that state whole). */
 static int bench(sf_backend *be, const sf_batch *b, int s, int warmup, int steps, double *secs,
-                 char *err, size_t errlen)
+                 const atomic_int *cancel, char *err, size_t errlen)
 {
     char e[200] = "";
     *secs = 0;
+    if (atomic_load(cancel)) {
+        snprintf(err, errlen, DIAG_CANCELLED);
+        return -1;
+    }
     if (be->i->bench(be, b, MODES[s], warmup, steps, secs, e, sizeof e)) {
         snprintf(err, errlen, "stage %s: %s", STAGE_KEYS[s], e[0] ? e : "bench failed");
         return -1;
@@ -212,12 +222,12 @@ static int bench(sf_backend *be, const sf_batch *b, int s, int warmup, int steps
  * only. On a quiet GPU the rounds agree and the best is the mean. */
 #define DIAG_ROUNDS 5
 static int bench_stages(sf_backend *be, const sf_batch *b, double stage_s, sf_diag_stage *st,
-                        char *err, size_t errlen)
+                        const atomic_int *cancel, char *err, size_t errlen)
 {
     int per_round[3];
     for (int s = 0; s < 3; s++) {
         double secs;
-        if (bench(be, b, s, 1, 2, &secs, err, errlen))
+        if (bench(be, b, s, 1, 2, &secs, cancel, err, errlen))
             return -1;
         double want = ceil(stage_s / (secs / 2));
         int steps = want < SF_DIAG_MIN_STEPS   ? SF_DIAG_MIN_STEPS
@@ -231,7 +241,7 @@ static int bench_stages(sf_backend *be, const sf_batch *b, double stage_s, sf_di
     for (int round = 0; round < DIAG_ROUNDS; round++) {
         for (int s = 0; s < 3; s++) {
             double secs;
-            if (bench(be, b, s, 1, per_round[s], &secs, err, errlen))
+            if (bench(be, b, s, 1, per_round[s], &secs, cancel, err, errlen))
                 return -1;
             st[s].steps += per_round[s];
             st[s].seconds += secs;
@@ -396,7 +406,7 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
     b.hyper.weight_decay = (float)c.optim.weight_decay;
     b.t_ready_ns = sf_now_ns();
 
-    if (bench_stages(be, &b, run->seconds / 3, res->stage, err, errlen))
+    if (bench_stages(be, &b, run->seconds / 3, res->stage, &run->cancel, err, errlen))
         goto out;
     double rate[SF_DIAG_STAGES];
     for (int s = 0; s < SF_DIAG_STAGES; s++) {
@@ -424,7 +434,9 @@ static int diag_fn(sf_app *app, void *arg, char *err, size_t errlen)
         snprintf(res->err, sizeof res->err, "%s", err);
     res->t_done_ns = sf_now_ns();
     res->elapsed_s = (double)(res->t_done_ns - t0) / 1e9;
-    if (res->status)
+    if (res->status && atomic_load(&run->cancel))
+        SF_INFO("diagnose %s after %.2fs", res->err, (double)(sf_now_ns() - t0) / 1e9);
+    else if (res->status)
         SF_WARN("diagnose failed: %s", res->err);
     else
         SF_INFO("diagnose: %s (%.1f / %.1f / %.1f / %.1f steps/s) in %.2fs",
@@ -520,6 +532,14 @@ sf_diag_start_err sf_diagnose_start(sf_app *app, double seconds, uint64_t *id, c
     *id = cmd->id;
     pthread_mutex_unlock(&D.mu);
     return SF_DIAG_OK;
+}
+
+void sf_diagnose_cancel(uint64_t id)
+{
+    pthread_mutex_lock(&D.mu);
+    if (D.cmd && D.cmd->id == id && !atomic_load(&D.cmd->done))
+        atomic_store(&((diag_run *)D.cmd->arg)->cancel, 1);
+    pthread_mutex_unlock(&D.mu);
 }
 
 int sf_diagnose_result(uint64_t id, sf_diag_result *out)

@@ -71,7 +71,8 @@ static int batches_head(sf_req *r)
     /* Tested here, before the body is read; the name is reserved only
      * when the batch is accepted (sf_upload_commit), so a refused batch
      * creates no evaluation. */
-    if (eval && !sf_evals_has_room(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME)) {
+    if (eval && !sf_evals_has_room(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME,
+                                   sf_evals_idle_ns(sf_config_cur()->eval.name_idle_s))) {
         sf_evals_full_message(r->app->evals, msg, sizeof msg);
         return refuse_query(r, 409, "too_many_evals", "eval", msg);
     }

@@ -274,8 +274,15 @@ const sf_cfg_option sf_config_table[] = {
      "false with the reason \"diverged\"; a checkpoint load or PUT clears it."},
     {"eval.max_names", SF_CT_INT, F(eval.max_names), "16", 1, 256, NULL, 0, NULL,
      "Distinct evaluation names (POST /v1/batches?mode=eval&eval=<name>) kept, with their "
-     "metrics; a batch naming one more is refused with 409 too_many_evals. DELETE "
-     "/v1/evals/{name} frees a finished evaluation's name."},
+     "metrics. A batch naming one more evicts the least recently used evaluation idle for "
+     "eval.name_idle_s, or is refused with 409 too_many_evals when none is. DELETE "
+     "/v1/evals/{name} frees a finished evaluation's name at once."},
+    {"eval.name_idle_s", SF_CT_INT, F(eval.name_idle_s), "300", 0, 86400, NULL, SF_CF_HOT, NULL,
+     "An evaluation with no batch pending, none accepted or finished and no GET /v1/evals/{name} "
+     "for this long is evicted (its aggregates and metric series forgotten; "
+     "streamfeed_evals_evicted_total) when eval.max_names are taken and a batch names a new one, "
+     "the least recently used first, so that names nobody uses cannot lock new ones out. 0: any "
+     "finished evaluation may be evicted."},
     {"eval.logits_keep_s", SF_CT_INT, F(eval.logits_keep_s), "300", 1, 86400, NULL, SF_CF_HOT, NULL,
      "How long the logits of a ?mode=eval&return=logits&wait=1 batch whose wait ran out (a 202) "
      "are kept for GET /v1/batches/{id}/logits, counted from that 202; then 410 logits_expired."},

@@ -117,6 +117,7 @@ typedef struct sf_config {
     } train;
     struct {
         int max_names;            /* distinct evaluation names (GET /v1/evals) */
+        int name_idle_s;          /* a finished name this long untouched may be evicted for a new one */
         int logits_keep_s;        /* a timed-out ?return=logits keeps its logits this long */
         int logits_keep_max;      /* ... for at most this many batches */
         int64_t logits_keep_bytes; /* ... in at most this many bytes (and no larger logits) */

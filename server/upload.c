@@ -701,7 +701,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
      * the last test, so that no refusal after it leaves an empty evaluation
      * holding one of eval.max_names (the early test in handlers/batches.c
      * may have raced with other names' first batches). */
-    if (u->eval && sf_evals_reserve(cx->evals, u->eval_name) != 0) {
+    if (u->eval && sf_evals_reserve(cx->evals, u->eval_name, sf_evals_idle_ns(sf_config_cur()->eval.name_idle_s)) != 0) {
         if (u->out)
             xform_release(u->out); /* the engine's reference (it never sees the slot); on_done drops ours */
         char msg[160];

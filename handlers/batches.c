@@ -71,7 +71,8 @@ static int batches_head(sf_req *r)
     /* Tested here, before the body is read; the name is reserved only
      * when the batch is accepted (sf_upload_commit), so a refused batch
      * creates no evaluation. */
-    if (eval && !sf_evals_has_room(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME)) {
+    if (eval && !sf_evals_has_room(r->app->evals, name ? name : SF_EVAL_DEFAULT_NAME,
+                                   sf_evals_idle_ns(sf_config_cur()->eval.name_idle_s))) {
         sf_evals_full_message(r->app->evals, msg, sizeof msg);
         return refuse_query(r, 409, "too_many_evals", "eval", msg);
     }
@@ -121,8 +122,11 @@ static int wait_for_job(sf_req *r, uint64_t id)
         if (r->wait == SF_WAIT_TIMEOUT || r->wait == SF_WAIT_SHUTDOWN) {
             if (u && u->want_logits) {
                 /* The 202 promises the logits: they are kept for GET
-                 * /v1/batches/{id}/logits, which Location names. */
+                 * /v1/batches/{id}/logits, which Location names, within
+                 * eval.logits_keep_*; this request will not send them, so
+                 * they no longer count as a reply its client has yet to read. */
                 sf_kept_logits_put(r->app->kept_logits, id, u->out, sf_now_ns());
+                sf_xform_out_release_share(u->out);
                 char where[64];
                 snprintf(where, sizeof where, "/v1/batches/%llu/logits", (unsigned long long)id);
                 sf_reply_header(r, "Location", where);

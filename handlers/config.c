@@ -138,20 +138,23 @@ int h_config_get(sf_req *r)
 }
 
 /* On a service without http.token, a patch that names an option only an
- * authenticated client may change (server/config.h SF_CF_NEEDS_TOKEN) to
- * another value is refused whole: 403 config_needs_token. Returns 0 to go on, -1 replied. */
+ * authenticated client may change (server/config.h SF_CF_PATCH_NEEDS_TOKEN)
+ * to another value is refused whole: 403 config_needs_token. Returns 0 to go
+ * on, -1 replied. */
 static int refuse_without_token(sf_req *r, const cJSON *patch)
 {
     const sf_config *cur = sf_config_cur();
     const sf_cfg_option *o = cur->http.token[0] ? NULL : sf_config_patch_needs_token(patch, cur);
     if (!o)
         return 0;
+    const char *harm = strcmp(o->name, "http.token") == 0 ? "lock every other client out"
+                       : (o->flags & SF_CF_LOCATION)
+                           ? "point the service at a file, directory, URL or address of its choosing"
+                           : "widen where it sends the service";
     sf_reply_error_field(r, 403, "config_needs_token", o->name,
                          "%s can be changed at run time only on a service started with http.token: on an "
                          "open one any client could %s; set it at start (flag, config file or environment)",
-                         o->name,
-                         strcmp(o->name, "http.token") == 0 ? "lock every other client out"
-                                                            : "widen where it sends the service");
+                         o->name, harm);
     return -1;
 }
 

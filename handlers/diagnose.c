@@ -4,7 +4,9 @@
  * most diagnose.max_seconds, and a quarter of distributed.timeout_s on a rank
  * of a data-parallel job). The run is an engine command; the request is
  * suspended until it finished (SF_WAIT_CMD), and keeps nothing but the run's
- * id (in r->user), so a client that goes away leaves nothing behind.
+ * id (in r->user), so a client that goes away leaves nothing behind; its run
+ * is cancelled then (SF_ROUTE_ON_GONE), so that training does not stay
+ * paused for a result nobody reads.
  */
 #include <stdint.h>
 #include <string.h>
@@ -137,6 +139,10 @@ int h_diagnose(sf_req *r)
             return -1;
         r->user = (void *)(uintptr_t)id;
         r->wait = SF_WAIT_NONE;
+    }
+    if (r->wait == SF_WAIT_GONE) {
+        sf_diagnose_cancel(id);
+        return 0;
     }
     for (;;) {
         uint64_t gen = sf_http_gen(r->app->http, SF_WAIT_CMD);

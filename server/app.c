@@ -148,6 +148,11 @@ static void register_training_metrics(sf_app_metrics *m)
     m->eval_samples = sf_metrics_counter("streamfeed_eval_samples_total",
                                          "Samples scored by eval batches (no training), by evaluation name.",
                                          L_EVAL);
+    m->evals_evicted = sf_metrics_counter(
+        "streamfeed_evals_evicted_total",
+        "Evaluations evicted, aggregates and series, to make room for a new name once eval.max_names "
+        "existed: the least recently used one idle for eval.name_idle_s.",
+        NULL);
     /* Their children are set through the evaluations' hooks only (below), so
      * the names of deleted evaluations do not fill the families for good. */
     sf_metrics_reuse_forgotten(m->eval_loss);
@@ -326,9 +331,16 @@ static void forget_eval(void *ctx, const char *eval)
     sf_metric_forget(m->eval_samples, name);
 }
 
+static void count_evicted_eval(void *ctx, const char *eval)
+{
+    const sf_app_metrics *m = ctx;
+    sf_counter_add(sf_metric_only(m->evals_evicted), 1);
+    SF_INFO("evaluation \"%s\" evicted, idle for eval.name_idle_s, to make room for a new name", eval);
+}
+
 void sf_app_evals_attach(sf_app *app)
 {
-    const sf_evals_hooks hooks = {publish_eval, forget_eval, &app->m};
+    const sf_evals_hooks hooks = {publish_eval, forget_eval, count_evicted_eval, &app->m};
     sf_evals_set_hooks(app->evals, &hooks);
 }
 

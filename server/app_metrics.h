@@ -23,6 +23,7 @@ typedef struct sf_app_metrics {
      * eval.max_names of them). */
     sf_family *steps_skipped, *grad_norm;
     sf_family *eval_loss, *eval_accuracy, *eval_samples;
+    sf_family *evals_evicted; /* idle evaluations evicted for a new name (eval.name_idle_s) */
     sf_family *jpeg_batches, *jpeg_samples, *jpeg_decode_host; /* labelled decoder="..." */
     sf_family *samples_undecodable; /* samples left out of their batch: the decoder refused their files */
     sf_family *jpeg_decoder_unavailable;                  /* encoded batches failed: no decoder could be made */

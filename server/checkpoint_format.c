@@ -346,12 +346,24 @@ static int check_finite(const sf_st_entry *t, const uint8_t *data, sf_ckpt_error
 static int read_metadata(const sf_ckpt_layout *ck, const sf_st_file *f, int mode, sf_ckpt_decoded *d,
                          sf_ckpt_error *e)
 {
+    /* The whole value is the version, in decimal digits: "1abc" or " 1" is
+     * not version 1 (a reader that took its leading number would load a file
+     * whose writer meant something else by it). */
     const char *ver = sf_st_file_meta(f, "format_version");
-    if (ver && atoi(ver) != SF_CKPT_FORMAT_VERSION) {
-        fail(e, 400, "checkpoint_version_unsupported", NULL,
-             "the checkpoint is format_version %.16s; this server reads %d", ver,
-             SF_CKPT_FORMAT_VERSION);
-        return -1;
+    if (ver) {
+        const size_t len = strlen(ver);
+        if (len == 0 || len > 9 || ver[strspn(ver, "0123456789")] != '\0') {
+            fail(e, 400, "checkpoint_version_unsupported", "format_version",
+                 "__metadata__.format_version \"%.16s%s\" is not a version number (a decimal integer); "
+                 "this server reads %d",
+                 ver, len > 16 ? "..." : "", SF_CKPT_FORMAT_VERSION);
+            return -1;
+        }
+        if (strtol(ver, NULL, 10) != SF_CKPT_FORMAT_VERSION) {
+            fail(e, 400, "checkpoint_version_unsupported", "format_version",
+                 "the checkpoint is format_version %s; this server reads %d", ver, SF_CKPT_FORMAT_VERSION);
+            return -1;
+        }
     }
     const char *model = sf_st_file_meta(f, "model");
     if (mode == SF_CKPT_READ_STRICT && model && strcmp(model, ck->model_json)) {

@@ -73,7 +73,7 @@ const char *sf_config_eval_pipeline(const sf_config *c)
 }
 
 const sf_cfg_option sf_config_table[] = {
-    {"http.host", SF_CT_STRING, F(http.host), "127.0.0.1", 0, 0, NULL, 0, check_host,
+    {"http.host", SF_CT_STRING, F(http.host), "127.0.0.1", 0, 0, NULL, SF_CF_LOCATION, check_host,
      "Address to listen on: an IPv4 or IPv6 literal (0.0.0.0, ::, [::1]) or a host name "
      "(localhost), resolved at start. The default serves this machine only; 0.0.0.0 or :: "
      "listens on every address (the container image and the Kubernetes manifests set it)."},
@@ -123,10 +123,10 @@ const sf_cfg_option sf_config_table[] = {
      "Longest time an upload may hold a ring slot before its body is complete, and a checkpoint PUT "
      "may take for its body after its headers; a later one is closed (and its slot freed: 408 "
      "upload_deadline_exceeded). 0 disables the deadline."},
-    {"http.tls_cert", SF_CT_STRING, F(http.tls_cert), "", 0, 0, NULL, 0, check_listeners,
+    {"http.tls_cert", SF_CT_STRING, F(http.tls_cert), "", 0, 0, NULL, SF_CF_LOCATION, check_listeners,
      "PEM certificate chain for HTTPS on http.port (with http.tls_key); empty serves plain HTTP. "
      "Re-read on SIGHUP and when the file changes."},
-    {"http.tls_key", SF_CT_STRING, F(http.tls_key), "", 0, 0, NULL, 0, check_listeners,
+    {"http.tls_key", SF_CT_STRING, F(http.tls_key), "", 0, 0, NULL, SF_CF_LOCATION, check_listeners,
      "PEM private key of http.tls_cert (unencrypted)."},
     {"http.tls_priorities", SF_CT_STRING, F(http.tls_priorities),
      "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-RSA", 0, 0, NULL, 0, check_tls_priorities,
@@ -274,8 +274,15 @@ const sf_cfg_option sf_config_table[] = {
      "false with the reason \"diverged\"; a checkpoint load or PUT clears it."},
     {"eval.max_names", SF_CT_INT, F(eval.max_names), "16", 1, 256, NULL, 0, NULL,
      "Distinct evaluation names (POST /v1/batches?mode=eval&eval=<name>) kept, with their "
-     "metrics; a batch naming one more is refused with 409 too_many_evals. DELETE "
-     "/v1/evals/{name} frees a finished evaluation's name."},
+     "metrics. A batch naming one more evicts the least recently used evaluation idle for "
+     "eval.name_idle_s, or is refused with 409 too_many_evals when none is. DELETE "
+     "/v1/evals/{name} frees a finished evaluation's name at once."},
+    {"eval.name_idle_s", SF_CT_INT, F(eval.name_idle_s), "300", 0, 86400, NULL, SF_CF_HOT, NULL,
+     "An evaluation with no batch pending, none accepted or finished and no GET /v1/evals/{name} "
+     "for this long is evicted (its aggregates and metric series forgotten; "
+     "streamfeed_evals_evicted_total) when eval.max_names are taken and a batch names a new one, "
+     "the least recently used first, so that names nobody uses cannot lock new ones out. 0: any "
+     "finished evaluation may be evicted."},
     {"eval.logits_keep_s", SF_CT_INT, F(eval.logits_keep_s), "300", 1, 86400, NULL, SF_CF_HOT, NULL,
      "How long the logits of a ?mode=eval&return=logits&wait=1 batch whose wait ran out (a 202) "
      "are kept for GET /v1/batches/{id}/logits, counted from that 202; then 410 logits_expired."},
@@ -296,7 +303,7 @@ const sf_cfg_option sf_config_table[] = {
      "center_crop, normalize, color_convert). Empty: the eval recipe of model.preset."},
     {"augment.seed", SF_CT_INT64, F(augment.seed), "0", 0, 9007199254740991.0, NULL, 0, NULL,
      "Seed of the per-sample augmentation parameters."},
-    {"checkpoint.dir", SF_CT_STRING, F(checkpoint.dir), "", 0, 0, NULL, 0, check_checkpoint,
+    {"checkpoint.dir", SF_CT_STRING, F(checkpoint.dir), "", 0, 0, NULL, SF_CF_LOCATION, check_checkpoint,
      "Directory of checkpoint files: periodic and final saves, resume, and the only place the "
      "paths of POST /v1/checkpoint/save and /load may name; empty disables file checkpoints."},
     {"checkpoint.every_steps", SF_CT_INT64, F(checkpoint.every_steps), "0", 0, 1e12, NULL,
@@ -325,7 +332,7 @@ const sf_cfg_option sf_config_table[] = {
      "(https://h/ckpt/). Empty: any host, and then only with http.token set. Loopback, link-local "
      "(cloud metadata) and multicast addresses are refused unless listed here as addresses. PATCH "
      "can change it only with http.token set, so an unauthenticated client cannot widen it."},
-    {"model.init_from", SF_CT_STRING, F(checkpoint.init_from), "", 0, 0, NULL, SF_CF_URL, NULL,
+    {"model.init_from", SF_CT_STRING, F(checkpoint.init_from), "", 0, 0, NULL, SF_CF_URL | SF_CF_LOCATION, NULL,
      "Path or http(s) URL of a safetensors state_dict: its tensors initialise the parameters of the "
      "same name and shape (a pre-trained backbone); the others keep their seeded values."},
     {"limits.max_n", SF_CT_INT, F(limits.max_n), "1024", 1, 65536, NULL, SF_CF_HOT, NULL,
@@ -399,10 +406,11 @@ const sf_cfg_option sf_config_table[] = {
     {"distributed.rank", SF_CT_INT, F(distributed.rank), "-1", -1, 1023, NULL, 0, check_distributed,
      "This process's rank in [0, world_size). -1: the ordinal N of a StatefulSet pod's host name "
      "(name-N); a single process (world_size 1) is rank 0."},
-    {"distributed.rendezvous", SF_CT_STRING, F(distributed.rendezvous), "", 0, 0, NULL, 0, check_distributed,
+    {"distributed.rendezvous", SF_CT_STRING, F(distributed.rendezvous), "", 0, 0, NULL, SF_CF_LOCATION,
+     check_distributed,
      "host:port of rank 0's HTTP listener, where the other ranks join (its key-value store under "
      "/v1/distributed/kv/); required on ranks other than 0."},
-    {"distributed.host", SF_CT_STRING, F(distributed.host), "", 0, 0, NULL, 0, NULL,
+    {"distributed.host", SF_CT_STRING, F(distributed.host), "", 0, 0, NULL, SF_CF_LOCATION, NULL,
      "Address the collective's TCP connections of this rank listen on, published to the other ranks; "
      "empty: this machine's host name (a pod's resolves to its IP)."},
     {"distributed.verify_every", SF_CT_INT, F(distributed.verify_every), "100", 0, 1000000000, NULL,

@@ -117,6 +117,7 @@ typedef struct sf_config {
     } train;
     struct {
         int max_names;            /* distinct evaluation names (GET /v1/evals) */
+        int name_idle_s;          /* a finished name this long untouched may be evicted for a new one */
         int logits_keep_s;        /* a timed-out ?return=logits keeps its logits this long */
         int logits_keep_max;      /* ... for at most this many batches */
         int64_t logits_keep_bytes; /* ... in at most this many bytes (and no larger logits) */
@@ -191,7 +192,15 @@ enum {
      * shows it as the logs do, without them; that text sent back keeps the
      * value. */
     SF_CF_URL = 8,
+    /* Names a place the service reads, writes, connects to or listens on: a
+     * file, a directory, a URL or a network address. PATCH may change it only
+     * on a service that has http.token, as SF_CF_NEEDS_TOKEN: on an open one
+     * any client could point checkpoint writes at any directory, the next
+     * start's weights at its own file, or the service at its own peer. */
+    SF_CF_LOCATION = 16,
 };
+/* The flags that keep PATCH of an option to a service with http.token. */
+#define SF_CF_PATCH_NEEDS_TOKEN (SF_CF_NEEDS_TOKEN | SF_CF_LOCATION)
 
 typedef struct sf_cfg_option {
     const char *name;    /* dotted: "http.port" */
@@ -283,7 +292,7 @@ int sf_config_patch(const cJSON *patch, cJSON **applied, cJSON **pending, char *
  * err and the offending field; nothing changes. */
 int sf_config_patch_check(const cJSON *patch, char *err, size_t errlen, char *field, size_t fieldlen);
 
-/* The first option with SF_CF_NEEDS_TOKEN that a merge patch would change
+/* The first option with SF_CF_PATCH_NEEDS_TOKEN that a merge patch would change
  * from its value in cur, or NULL (the same value patched back is no change,
  * so a GET's config patches back). */
 const sf_cfg_option *sf_config_patch_needs_token(const cJSON *patch, const sf_config *cur);

@@ -45,7 +45,7 @@ const sf_cfg_option *sf_config_patch_needs_token(const cJSON *patch, const sf_co
             char name[128], err[256];
             snprintf(name, sizeof name, "%s.%s", sec->string, kv->string);
             const sf_cfg_option *o = sf_config_find(name);
-            if (!o || !(o->flags & SF_CF_NEEDS_TOKEN))
+            if (!o || !(o->flags & SF_CF_PATCH_NEEDS_TOKEN))
                 continue;
             if (!next && !(next = malloc(sizeof *next))) {
                 found = o; /* cannot tell that it is unchanged */

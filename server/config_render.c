@@ -117,16 +117,18 @@ void sf_config_print_help(const char *prog)
            "and in the environment (STREAMFEED_SECTION_OPTION). Precedence:\n"
            "defaults < file < environment < flags. [hot] options can change at run time\n"
            "through PATCH /v1/config; [hot with http.token] ones only on a service started\n"
-           "with a token; the others need a restart.\n\n",
+           "with a token; the others need a restart, and a PATCH of the [restart; PATCH with\n"
+           "http.token] ones (paths, URLs, addresses) is refused on a service without one.\n\n",
            prog, prog);
     for (size_t i = 0; i < sf_config_table_len; i++) {
         const sf_cfg_option *o = &sf_config_table[i];
         char env[128];
         sf_cfg_env_name(o->name, env, sizeof env);
+        const int needs_token = (o->flags & SF_CF_PATCH_NEEDS_TOKEN) != 0;
         printf("  --%-30s %s%s\n", o->name, o->help,
-               !(o->flags & SF_CF_HOT)              ? ""
-               : (o->flags & SF_CF_NEEDS_TOKEN) ? " [hot with http.token]"
-                                                : " [hot]");
+               !(o->flags & SF_CF_HOT) ? (needs_token ? " [restart; PATCH with http.token]" : "")
+               : needs_token           ? " [hot with http.token]"
+                                       : " [hot]");
         if (o->type == SF_CT_ENUM)
             printf("      %-30s one of %s; default %s; env %s\n", "", o->choices, o->def, env);
         else if (o->type == SF_CT_JSON)
@@ -175,9 +177,10 @@ void sf_config_print_markdown(void)
         md_cell(def);
         printf("` | ");
         md_cell(range);
-        printf(" | %s | ", !(o->flags & SF_CF_HOT)              ? "restart"
-                           : (o->flags & SF_CF_NEEDS_TOKEN) ? "with http.token"
-                                                            : "yes");
+        const int needs_token = (o->flags & SF_CF_PATCH_NEEDS_TOKEN) != 0;
+        printf(" | %s | ", !(o->flags & SF_CF_HOT) ? (needs_token ? "restart; PATCH with http.token" : "restart")
+                           : needs_token           ? "with http.token"
+                                                   : "yes");
         md_cell(o->help);
         printf(" |\n");
     }

@@ -24,6 +24,7 @@ typedef struct diag_run {
     uint64_t t_request_ns;   /* the live window ends here */
     atomic_int ran;          /* the engine began it (res is valid once done); read by
                                 HTTP threads for "running" */
+    atomic_int cancel;       /* sf_diagnose_cancel: stop before the next bench call */
     sf_diag_result res;
 } diag_run;
 
@@ -164,15 +165,22 @@ static void fill_random(uint8_t *p, size_t n, uint64_t seed)
     }
 }
 
-static void fill_labels(uint8_t *p, int n, int dt, int classes, uint64_t seed)
+/* A segmentation model scores a label per output pixel: the batch needs
+ * [N, out_h, out_w] of them, not [N]. */
+static size_t labels_per_sample(const sf_model *m)
 {
-    for (int i = 0; i < n; i++) {
+    return m->segmentation ? (size_t)m->out_h * (size_t)m->out_w : 1;
+}
+
+static void fill_labels(uint8_t *p, size_t n, int dt, int classes, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
         int64_t v = (int64_t)(sf_hash4(seed, (uint64_t)i, 2, 0) % (uint64_t)classes);
         if (dt == SF_LABEL_I64)
-            memcpy(p + (size_t)i * 8, &v, 8);
+            memcpy(p + i * 8, &v, 8);
         else if (dt == SF_LABEL_I32) {
             int32_t x = (int32_t)v;
-            memcpy(p + (size_t)i * 4, &x, 4);
+            memcpy(p + i * 4, &x, 4);
         } else {
             p[i] = (uint8_t)v;
         }
@@ -181,11 +189,20 @@ static void fill_labels(uint8_t *p, int n, int dt, int classes, uint64_t seed)
 
 static const sf_bench_mode MODES[3] = {SF_BENCH_STEP, SF_BENCH_AUG_STEP, SF_BENCH_H2D_AUG_STEP};
 
+#define DIAG_CANCELLED "cancelled: its client went away"
+
+/* One bench call of stage s; a run cancelled meanwhile stops before it
+ * instead (each call is a short stretch: the backend restores the training
+ * state at its end, so stopping between calls leaves that state whole). */
 static int bench(sf_backend *be, const sf_batch *b, int s, int warmup, int steps, double *secs,
-                 char *err, size_t errlen)
+                 const atomic_int *cancel, char *err, size_t errlen)
 {
     char e[200] = "";
     *secs = 0;
+    if (atomic_load(cancel)) {
+        snprintf(err, errlen, DIAG_CANCELLED);
+        return -1;
+    }
     if (be->i->bench(be, b, MODES[s], warmup, steps, secs, e, sizeof e)) {
         snprintf(err, errlen, "stage %s: %s", STAGE_KEYS[s], e[0] ? e : "bench failed");
         return -1;
@@ -205,12 +222,12 @@ static int bench(sf_backend *be, const sf_batch *b, int s, int warmup, int steps
  * only. On a quiet GPU the rounds agree and the best is the mean. */
 #define DIAG_ROUNDS 5
 static int bench_stages(sf_backend *be, const sf_batch *b, double stage_s, sf_diag_stage *st,
-                        char *err, size_t errlen)
+                        const atomic_int *cancel, char *err, size_t errlen)
 {
     int per_round[3];
     for (int s = 0; s < 3; s++) {
         double secs;
-        if (bench(be, b, s, 1, 2, &secs, err, errlen))
+        if (bench(be, b, s, 1, 2, &secs, cancel, err, errlen))
             return -1;
         double want = ceil(stage_s / (secs / 2));
         int steps = want < SF_DIAG_MIN_STEPS   ? SF_DIAG_MIN_STEPS
@@ -224,7 +241,7 @@ static int bench_stages(sf_backend *be, const sf_batch *b, double stage_s, sf_di
     for (int round = 0; round < DIAG_ROUNDS; round++) {
         for (int s = 0; s < 3; s++) {
             double secs;
-            if (bench(be, b, s, 1, per_round[s], &secs, err, errlen))
+            if (bench(be, b, s, 1, per_round[s], &secs, cancel, err, errlen))
                 return -1;
             st[s].steps += per_round[s];
             st[s].seconds += secs;
@@ -319,7 +336,7 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
         res->c = m->in_c;
         res->nhwc = 1;
         res->label_dtype = SF_LABEL_I64;
-        size_t per = (size_t)res->h * res->w * res->c + 8;
+        size_t per = (size_t)res->h * res->w * res->c + 8 * labels_per_sample(m);
         if ((size_t)res->n * per > slot_bytes)
             res->n = (int)(slot_bytes / per);
         if (res->n < 1) {
@@ -347,7 +364,8 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
     }
     const size_t img = (size_t)res->n * res->h * res->w * res->c;
     const size_t lab_off = (img + 63) & ~(size_t)63;
-    const size_t need = lab_off + (size_t)res->n * label_size(res->label_dtype);
+    const size_t n_labels = (size_t)res->n * labels_per_sample(m);
+    const size_t need = lab_off + n_labels * label_size(res->label_dtype);
     if (need > slot_bytes + 64) {
         snprintf(err, errlen, "the batch needs %zu bytes, more than ring.slot_bytes (%zu)", need,
                  slot_bytes);
@@ -361,7 +379,7 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
     }
     uint64_t seed = sf_mix64(run->t_request_ns);
     fill_random(buf, img, seed);
-    fill_labels(buf + lab_off, res->n, res->label_dtype, m->n_classes, seed);
+    fill_labels(buf + lab_off, n_labels, res->label_dtype, m->n_classes, seed);
     sf_config c;
     sf_config_get(&c);
     sf_aug_gen(&app->aug, &plan, (uint64_t)c.augment.seed, DIAG_SEQ, res->n, samples);
@@ -388,7 +406,7 @@ static int run_stages(sf_app *app, diag_run *run, char *err, size_t errlen)
     b.hyper.weight_decay = (float)c.optim.weight_decay;
     b.t_ready_ns = sf_now_ns();
 
-    if (bench_stages(be, &b, run->seconds / 3, res->stage, err, errlen))
+    if (bench_stages(be, &b, run->seconds / 3, res->stage, &run->cancel, err, errlen))
         goto out;
     double rate[SF_DIAG_STAGES];
     for (int s = 0; s < SF_DIAG_STAGES; s++) {
@@ -416,7 +434,9 @@ static int diag_fn(sf_app *app, void *arg, char *err, size_t errlen)
         snprintf(res->err, sizeof res->err, "%s", err);
     res->t_done_ns = sf_now_ns();
     res->elapsed_s = (double)(res->t_done_ns - t0) / 1e9;
-    if (res->status)
+    if (res->status && atomic_load(&run->cancel))
+        SF_INFO("diagnose %s after %.2fs", res->err, (double)(sf_now_ns() - t0) / 1e9);
+    else if (res->status)
         SF_WARN("diagnose failed: %s", res->err);
     else
         SF_INFO("diagnose: %s (%.1f / %.1f / %.1f / %.1f steps/s) in %.2fs",
@@ -512,6 +532,14 @@ sf_diag_start_err sf_diagnose_start(sf_app *app, double seconds, uint64_t *id, c
     *id = cmd->id;
     pthread_mutex_unlock(&D.mu);
     return SF_DIAG_OK;
+}
+
+void sf_diagnose_cancel(uint64_t id)
+{
+    pthread_mutex_lock(&D.mu);
+    if (D.cmd && D.cmd->id == id && !atomic_load(&D.cmd->done))
+        atomic_store(&((diag_run *)D.cmd->arg)->cancel, 1);
+    pthread_mutex_unlock(&D.mu);
 }
 
 int sf_diagnose_result(uint64_t id, sf_diag_result *out)

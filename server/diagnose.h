@@ -108,6 +108,12 @@ typedef enum sf_diag_start_err {
  * *id names it for sf_diagnose_result and SF_WAIT_CMD wakes. */
 sf_diag_start_err sf_diagnose_start(struct sf_app *app, double seconds, uint64_t *id, char *err,
                                     size_t errlen);
+/* Stops run `id` when it is queued or running, because nobody waits for
+ * its result any more (its client went away): the engine ends it before
+ * its next timed stretch of steps (about a fifteenth of its seconds),
+ * training resumes, and its result fails with "cancelled". A run that
+ * finished, or another one, is left alone. */
+void sf_diagnose_cancel(uint64_t id);
 /* 1 when run `id` has finished (*out filled, status says how), 0 while it is
  * queued or running, -1 when id is neither the latest run nor one of the
  * last runs it replaced. */

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/clock.h"
+
 struct sf_evals {
     pthread_mutex_t mu;
     int max, n;
@@ -66,33 +68,74 @@ static sf_eval_agg *find(sf_evals *e, const char *name)
     return NULL;
 }
 
-int sf_evals_has_room(sf_evals *e, const char *name)
+/* The least recently used evaluation with no batch pending and unused for
+ * idle_ns, or NULL. */
+static sf_eval_agg *evictable(sf_evals *e, uint64_t idle_ns, uint64_t now)
+{
+    sf_eval_agg *oldest = NULL;
+    if (idle_ns == SF_EVALS_NEVER_EVICT)
+        return NULL;
+    for (int i = 0; i < e->n; i++) {
+        sf_eval_agg *a = &e->a[i];
+        if (a->pending == 0 && now - a->used_ns >= idle_ns && (!oldest || a->used_ns < oldest->used_ns))
+            oldest = a;
+    }
+    return oldest;
+}
+
+/* Takes a out of the table, the others keeping their reservation order
+ * (GET /v1/evals); its metrics go under the lock, so that a batch of the
+ * same name accepted next makes a new evaluation they cannot reach. */
+static void remove_locked(sf_evals *e, sf_eval_agg *a)
+{
+    if (e->hooks.forget)
+        e->hooks.forget(e->hooks.ctx, a->name);
+    const int i = (int)(a - e->a);
+    memmove(&e->a[i], &e->a[i + 1], (size_t)(e->n - i - 1) * sizeof *e->a);
+    e->n--;
+    memset(&e->a[e->n], 0, sizeof *e->a);
+}
+
+int sf_evals_has_room(sf_evals *e, const char *name, uint64_t idle_ns)
 {
     pthread_mutex_lock(&e->mu);
-    const int ok = find(e, name) != NULL || e->n < e->max;
+    const int ok = find(e, name) != NULL || e->n < e->max || evictable(e, idle_ns, sf_now_ns()) != NULL;
     pthread_mutex_unlock(&e->mu);
     return ok;
 }
 
 void sf_evals_full_message(const sf_evals *e, char *buf, size_t cap)
 {
-    snprintf(buf, cap, "eval.max_names (%d) evaluations exist; this one would be one more", e->max);
+    snprintf(buf, cap,
+             "eval.max_names (%d) evaluations exist and none has been idle for eval.name_idle_s; "
+             "DELETE /v1/evals/{name} frees one",
+             e->max);
 }
 
-int sf_evals_reserve(sf_evals *e, const char *name)
+int sf_evals_reserve(sf_evals *e, const char *name, uint64_t idle_ns)
 {
     pthread_mutex_lock(&e->mu);
     int rc = 0;
-    sf_eval_agg *known = find(e, name);
+    const uint64_t now = sf_now_ns();
+    sf_eval_agg *known = find(e, name), *idle = NULL;
     if (known) {
         known->pending++;
-    } else if (e->n >= e->max) {
+        known->used_ns = now;
+    } else if (e->n >= e->max && !(idle = evictable(e, idle_ns, now))) {
         rc = -1;
     } else {
+        if (idle) {
+            char gone[SF_EVAL_NAME_MAX + 1];
+            snprintf(gone, sizeof gone, "%s", idle->name);
+            remove_locked(e, idle);
+            if (e->hooks.evicted)
+                e->hooks.evicted(e->hooks.ctx, gone);
+        }
         sf_eval_agg *a = &e->a[e->n++];
         memset(a, 0, sizeof *a);
         snprintf(a->name, sizeof a->name, "%s", name);
         a->pending = 1;
+        a->used_ns = now;
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
@@ -105,6 +148,7 @@ static void batch_ended(sf_eval_agg *a)
 {
     if (a->pending > 0)
         a->pending--;
+    a->used_ns = sf_now_ns();
 }
 
 void sf_evals_add(sf_evals *e, const char *name, uint64_t batch_samples, uint64_t samples, double mean_loss,
@@ -152,15 +196,7 @@ sf_eval_delete_rc sf_evals_delete(sf_evals *e, const char *name, sf_eval_agg *ou
         rc = SF_EVAL_BUSY;
     } else if (a) {
         rc = SF_EVAL_DELETED;
-        /* Under the lock: a batch of the same name accepted next makes a
-         * new evaluation whose metrics this cannot reach. */
-        if (e->hooks.forget)
-            e->hooks.forget(e->hooks.ctx, a->name);
-        /* The others keep their reservation order (GET /v1/evals). */
-        const int i = (int)(a - e->a);
-        memmove(&e->a[i], &e->a[i + 1], (size_t)(e->n - i - 1) * sizeof *e->a);
-        e->n--;
-        memset(&e->a[e->n], 0, sizeof *e->a);
+        remove_locked(e, a);
     }
     pthread_mutex_unlock(&e->mu);
     return rc;
@@ -170,8 +206,10 @@ int sf_evals_get(sf_evals *e, const char *name, sf_eval_agg *out)
 {
     pthread_mutex_lock(&e->mu);
     sf_eval_agg *a = find(e, name);
-    if (a)
+    if (a) {
+        a->used_ns = sf_now_ns();
         *out = *a;
+    }
     pthread_mutex_unlock(&e->mu);
     return a ? 0 : -1;
 }

@@ -326,6 +326,7 @@ static void *timer_main(void *arg)
             now = sf_now_ns();
             next_tick = now + TICK_NS;
             sweep_locked(h, now);
+            sf_http_sweep_gone_locked(h);
         }
         uint64_t next = next_tick > now ? next_tick : now + TICK_NS;
         for (sf_req *r = h->waiters, *n; r; r = n) {
@@ -676,7 +677,7 @@ static int on_headers(sf_req *r, struct MHD_Connection *conn, const char *method
         return -1;
     }
     const sf_route *rt = r->route;
-    if ((rt->flags & SF_ROUTE_AUTH) && cfg.http.token[0] &&
+    if (!(rt->flags & SF_ROUTE_OPEN) && cfg.http.token[0] &&
         !bearer_ok(MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization"),
                    cfg.http.token)) {
         sf_reply_header(r, "WWW-Authenticate", "Bearer");
@@ -1003,6 +1004,8 @@ static enum MHD_Result access_cb(void *cls, struct MHD_Connection *conn, const c
         return MHD_YES;
     }
 
+    if (r->wait == SF_WAIT_GONE)
+        return MHD_NO; /* nobody reads the reply: closed, ended as 499 (req_end) */
     if (*upload_data_size > 0) {
         size_t offered = *upload_data_size;
         enum MHD_Result rc = on_body_chunk(r, upload_data, upload_data_size);
@@ -1118,6 +1121,12 @@ static void req_end(sf_req *r, enum MHD_RequestTerminationCode toe)
         sf_http_unlink_waiter_locked(h, r);
     pthread_mutex_unlock(&h->wmu);
     int ok = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK;
+    if (!ok && !r->status && r->priv->handled && (r->route->flags & SF_ROUTE_ON_GONE)) {
+        /* Its handler ran and had not replied: it waits for something it
+         * started, which nobody will read now. */
+        r->wait = SF_WAIT_GONE;
+        r->route->handler(r);
+    }
     if (r->route && r->route->stream && r->route->stream->on_done)
         r->route->stream->on_done(r, ok);
     if (r->priv->pending)

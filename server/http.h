@@ -13,7 +13,8 @@
  *      the request, leaving bytes unconsumed, until a wake); other routes get
  *      their body buffered up to http.max_json_bytes;
  *   3. the body is complete: the route's handler runs; it replies, or waits
- *      (sf_http_wait) and runs again when woken or timed out;
+ *      (sf_http_wait) and runs again when woken or timed out; a client that
+ *      goes away meanwhile ends the request (SF_WAIT_GONE, SF_ROUTE_ON_GONE);
  *   4. completion: on_done (streaming routes) releases what the request held,
  *      one log line is written and the metrics are updated.
  * An error decided while a body is still arriving is kept, the rest of the body
@@ -38,9 +39,19 @@ struct sf_config;
 struct sf_family;
 
 enum {
-    SF_ROUTE_AUTH = 1,   /* requires the bearer token when one is configured */
+    /* Served without the bearer token even when one is configured. Every
+     * other route requires it: whatever reads or changes training data or
+     * state (a batch's result, its logits, an evaluation, the model, the
+     * step timelines), so that a route added without thought is closed.
+     * The open ones are listed in docs/OPERATIONS.md ("Who needs the token"). */
+    SF_ROUTE_OPEN = 1,
     SF_ROUTE_PROBE = 2,  /* also served on http.metrics_port (probes, scrapes) */
     SF_ROUTE_UPLOAD = 4, /* a batch upload: refused (503) once the drain began */
+    /* Its handler is called once more, with r->wait == SF_WAIT_GONE, when
+     * the request ends unanswered after the handler ran (its client went
+     * away while it waited), to stop what the request started; it must
+     * neither reply nor wait then. The request ends as 499 either way. */
+    SF_ROUTE_ON_GONE = 8,
     /* A route streams its body when it has stream ops; its accepted
      * Content-Types are its content_types list. */
 };
@@ -90,8 +101,16 @@ typedef struct sf_route {
 extern const sf_route sf_routes[];
 extern const size_t sf_routes_len;
 
-/* Why a wait ended. */
-typedef enum sf_wait_state { SF_WAIT_NONE = 0, SF_WAIT_WOKEN, SF_WAIT_TIMEOUT, SF_WAIT_SHUTDOWN } sf_wait_state;
+/* Why a wait ended. SF_WAIT_GONE: the client closed or reset its
+ * connection while the request waited (the timer looks once a second), so
+ * no reply will be read; the request ends (see SF_ROUTE_ON_GONE). */
+typedef enum sf_wait_state {
+    SF_WAIT_NONE = 0,
+    SF_WAIT_WOKEN,
+    SF_WAIT_TIMEOUT,
+    SF_WAIT_SHUTDOWN,
+    SF_WAIT_GONE
+} sf_wait_state;
 
 typedef enum sf_wait_kind { SF_WAIT_SLOT = 0, SF_WAIT_JOB = 1, SF_WAIT_CMD = 2, SF_WAIT_KINDS } sf_wait_kind;
 

@@ -126,6 +126,7 @@ struct sf_req_priv {
     uint64_t wait_key;
     uint64_t deadline_ns;
     struct sf_req *wait_next;
+    int gone;               /* its client went away while it waited (under wmu) */
 };
 
 struct sf_http {
@@ -149,5 +150,8 @@ struct sf_http {
 void sf_http_unlink_waiter_locked(sf_http *h, sf_req *r);
 /* Resumes a waiting request, saying why its wait ended (h->wmu held). */
 void sf_http_resume_locked(sf_http *h, sf_req *r, sf_wait_state why);
+/* Resumes, with SF_WAIT_GONE, each waiting request whose client closed or
+ * reset its connection (h->wmu held; the timer's tick). */
+void sf_http_sweep_gone_locked(sf_http *h);
 
 #endif

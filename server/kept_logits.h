@@ -4,7 +4,9 @@
  * the batch runs within pipeline.wait_timeout_ms. When the wait runs out first
  * the reply is a 202, and that 202 is a promise: the logits buffer (which the
  * engine may still be writing) is kept here under the batch's id, for
- * GET /v1/batches/{id}/logits. What is kept is bounded three ways, all hot
+ * GET /v1/batches/{id}/logits, and stops counting against the bound of
+ * replies not yet read (server/upload.h sf_xform_out_release_share): what is
+ * kept is bounded here instead, three ways, all hot
  * configuration: eval.logits_keep_s (age since the 202), eval.logits_keep_max
  * (batches) and eval.logits_keep_bytes (bytes); the oldest go first, each
  * eviction counted in streamfeed_logits_evicted_total{reason=age|count|bytes}.

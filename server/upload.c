@@ -70,7 +70,9 @@ static void holders_remove(sf_upload *u)
 struct sf_xform_out {
     atomic_int refs;
     size_t header_len, data_len;
-    size_t held; /* bytes counted in g_xform_held (a transform reply), else 0 */
+    /* Bytes counted in g_xform_held while a client may still read the
+     * reply, else 0 (sf_xform_out_release_share). */
+    atomic_size_t held;
     char bytes[]; /* safetensors header, then float32 data */
 };
 
@@ -87,12 +89,18 @@ static size_t xform_held_cap(const sf_upload_ctx *cx)
     return (size_t)cx->cfg->ring.slots * (size_t)cx->cfg->ring.slot_bytes * 8;
 }
 
+static void xform_release_share(sf_xform_out *o)
+{
+    size_t held = atomic_exchange(&o->held, 0);
+    if (held)
+        atomic_fetch_sub(&g_xform_held, held);
+}
+
 static void xform_release(void *p)
 {
     sf_xform_out *o = p;
     if (o && atomic_fetch_sub(&o->refs, 1) == 1) {
-        if (o->held)
-            atomic_fetch_sub(&g_xform_held, o->held);
+        xform_release_share(o);
         free(o);
     }
 }
@@ -567,7 +575,7 @@ static sf_xform_out *hold_reply(sf_req *r, sf_upload *u, sf_slot_meta *m, size_t
     atomic_init(&o->refs, 2); /* the request and the engine */
     o->header_len = hl;
     o->data_len = dl;
-    o->held = want;
+    atomic_init(&o->held, want);
     u->out = o;
     m->result = (float *)(void *)(o->bytes + hl);
     m->result_owner = o;
@@ -693,7 +701,7 @@ static int commit_locked(sf_req *r, sf_upload *u, uint64_t *job_id)
      * the last test, so that no refusal after it leaves an empty evaluation
      * holding one of eval.max_names (the early test in handlers/batches.c
      * may have raced with other names' first batches). */
-    if (u->eval && sf_evals_reserve(cx->evals, u->eval_name) != 0) {
+    if (u->eval && sf_evals_reserve(cx->evals, u->eval_name, sf_evals_idle_ns(sf_config_cur()->eval.name_idle_s)) != 0) {
         if (u->out)
             xform_release(u->out); /* the engine's reference (it never sees the slot); on_done drops ours */
         char msg[160];
@@ -719,6 +727,8 @@ static void free_reply(void *p) { xform_release((char *)p - offsetof(sf_xform_ou
 void sf_xform_out_retain(sf_xform_out *o) { atomic_fetch_add(&o->refs, 1); }
 
 void sf_xform_out_release(sf_xform_out *o) { xform_release(o); }
+
+void sf_xform_out_release_share(sf_xform_out *o) { xform_release_share(o); }
 
 size_t sf_xform_out_size(const sf_xform_out *o) { return o->header_len + o->data_len; }
 
@@ -762,8 +772,12 @@ void sf_upload_on_done(sf_req *r, int ok)
     } else if (!u->committed && r->status == 0) {
         sf_upload_on_rejected(r, "aborted");
     }
-    if (u->out)
+    if (u->out) {
+        /* The request is over: its reply was sent (the response holds its
+         * own reference until libmicrohttpd let it go) or never will be. */
+        xform_release_share(u->out);
         xform_release(u->out);
+    }
     sf_st_free(&u->parser);
     pthread_mutex_destroy(&u->mu);
     free(u);

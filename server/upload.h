@@ -132,6 +132,13 @@ int sf_upload_transform_reply(sf_req *r);
  * go; the last one frees it. */
 void sf_xform_out_retain(sf_xform_out *o);
 void sf_xform_out_release(sf_xform_out *o);
+/* Stops counting o's bytes against the bound of replies not yet read (503
+ * transform_busy / logits_busy): no client of this request will read it.
+ * Its wait ran out, and what is kept for a later GET is bounded by
+ * eval.logits_keep_* instead; or its client went away. The buffer itself
+ * lives on while a reference holds it (the engine's is bounded by the ring).
+ * Idempotent; the reference's holder may call it from any thread. */
+void sf_xform_out_release_share(sf_xform_out *o);
 /* Its size: the safetensors header and data. */
 size_t sf_xform_out_size(const sf_xform_out *o);
 /* Replies 200 with it as safetensors; the reply holds a reference until sent. */

@@ -267,7 +267,10 @@ def test_a_token_is_sent_when_given_and_its_absence_raises_unauthorized(start_se
     with pytest.raises(Unauthorized):
         s.client(token="wrong").patch_config({"optim": {"lr": 0.01}})
     assert s.client(token="s3cret").post_batch(images, labels, wait=True)["state"] == "done"
-    assert s.client().model()["classes"] == 10  # reads need no token
+    with pytest.raises(Unauthorized):
+        s.client().model()  # reading the model needs it too
+    assert s.client(token="s3cret").model()["classes"] == 10
+    assert s.client().config()["config"]["http"]["token"] == "***"  # GET /v1/config is open
 
 
 def test_an_option_only_a_server_with_a_token_lets_a_request_change_raises_forbidden(module_server):

@@ -6,9 +6,11 @@ bytes, credentials redacted); request paths cannot smuggle a NUL or leave
 checkpoint.dir through a symlink; oversized bodies are refused before they
 are buffered; periodic saves do not wait behind a slow URL."""
 import http.server
+import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -138,6 +140,29 @@ def test_resume_and_init_from_refuse_a_non_finite_file_with_a_clear_error(start_
     p = run_start(TRAIN + ["--model.init_from", str(newest)])
     assert p.returncode == 1, p.stderr
     assert "model.init_from" in p.stderr and "9.weight" in p.stderr and "finite" in p.stderr, p.stderr
+
+
+def with_metadata(blob, **meta):
+    """The checkpoint blob with those __metadata__ entries replaced (the
+    tensors' bytes and offsets as they were)."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    hdr = json.loads(blob[8:8 + n])
+    hdr["__metadata__"].update(meta)
+    text = json.dumps(hdr, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + blob[8 + n:]
+
+
+def test_a_format_version_that_is_not_exactly_a_version_this_server_reads_is_400_naming_it(start_server):
+    s = start_server(TRAIN)
+    before = get_ckpt(s)
+    # Read by its leading number, "1abc" was version 1.
+    for version in ("1abc", " 1", "1.0", "+1", "", "99999999999999999999", "2"):
+        r = put_ckpt(s, with_metadata(before, format_version=version))
+        assert (r.status_code, error_of(r)["code"], error_of(r)["field"]) == (
+            400, "checkpoint_version_unsupported", "format_version"), (version, r.text)
+    assert get_ckpt(s) == before
+    assert put_ckpt(s, with_metadata(before, format_version="1")).status_code == 200
 
 
 # ---- paths ---------------------------------------------------------------------------------

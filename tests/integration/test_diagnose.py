@@ -4,6 +4,7 @@ ingest verdict for a slow loader, training paused (batches wait in the ring
 and are all trained) and the training state unchanged afterwards."""
 import json
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -172,6 +173,43 @@ def test_batches_posted_during_a_diagnose_wait_in_the_ring_and_are_all_trained(s
     assert [s.batch(i)["step"] for i in ids] == [2, 3, 4, 5, 6]
 
 
+def test_a_diagnose_whose_client_went_away_stops_and_training_resumes(start_server, rng):
+    # The run is an engine command: training pauses for its whole length. Its
+    # client's connection was not looked at while the request waited, so a
+    # client that gave up (or a stranger that asked for 30 s and left) kept
+    # training paused until the run ended.
+    s = start_server(TINY_AUG, "--diagnose.max_seconds", "30")
+    assert s.post_arrays(*random_batch(rng, 4), wait=True).json()["state"] == "done"
+    body = json.dumps({"seconds": 30}).encode()
+    k = socket.create_connection(("127.0.0.1", s.port))
+    k.sendall(b"POST /v1/diagnose HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    wait_until(lambda: s.get("/v1/stats").json()["diagnose"]["running"], 10, what="the diagnose to start")
+    r = s.post_arrays(*random_batch(rng, 4))
+    assert r.status_code == 202, r.text
+    k.close()
+    # It ends before its next stretch of steps (30 / 15 s at most), not in 30 s.
+    wait_until(lambda: not s.get("/v1/stats").json()["diagnose"]["running"], 15,
+               what="the diagnose to stop once its client left")
+    assert s.wait_batch(r.json()["id"])["state"] == "done"
+    assert "diagnose cancelled: its client went away" in s.stderr()
+    wait_until(lambda: s.metric("streamfeed_http_requests_total", route="diagnose", code="499") == 1, 5,
+               what="the request counted as 499")
+    assert diagnose(s, 0.3).status_code == 200  # and the next one runs
+
+
+def test_diagnose_of_a_segmentation_model_gives_its_batch_a_label_per_output_pixel(start_server):
+    # The diagnose batch had N labels where the model scores N x H x W: the
+    # reference backend refused the labels it read past them, and a device
+    # would have read past the buffer.
+    spec = {"input": [3, 8, 8], "classes": 4, "layers": [{"type": "conv2d", "name": "head", "out": 4, "k": 1}]}
+    s = start_server("--model.spec", json.dumps(spec), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
+                     "--model.max_batch", "8")
+    r = diagnose(s, 0.3)
+    assert r.status_code == 200, r.text
+    check_consistent(r.json())
+
+
 def _checkpoint_tensors(s):
     """The colleague's GET /v1/checkpoint, when this build has it: {name: array}."""
     r = s.get("/v1/checkpoint")
@@ -335,11 +373,12 @@ def test_a_client_that_goes_away_during_a_diagnose_leaves_nothing_behind(start_s
                  + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
     wait_until(lambda: s.get("/v1/stats").json()["diagnose"]["running"], 10, what="the diagnose to start")
     s.reset(sock)
-    # The run completes on its own, its verdict is kept, and the next one runs.
+    # The run ends (cancelled, or finished first: it is a second long), and
+    # the next one runs.
     wait_until(lambda: not s.get("/v1/stats").json()["diagnose"]["running"], 30, interval=0.05,
                what="the abandoned diagnose to end")
-    assert s.get("/v1/stats").json()["diagnose"]["last"] is not None
     assert diagnose(s, 0.3).status_code == 200
+    assert s.get("/v1/stats").json()["diagnose"]["last"] is not None
 
 
 def test_sigterm_during_a_diagnose_answers_it_and_exits_0(start_server):

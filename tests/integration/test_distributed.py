@@ -749,8 +749,12 @@ def test_a_patch_that_one_rank_refuses_applies_on_no_rank(start_server, rng, tmp
     assert "rank 1" in e["message"], r.text
     # The other way round: valid on rank 1 once checkpoint.dir is there too
     # (pending a restart), but every_steps applies now, and rank 1 has no
-    # checkpoint.dir now; rank 0 used to apply it anyway.
+    # checkpoint.dir now; rank 0 used to apply it anyway. (With a token the
+    # reply is 400 config_invalid; this job has none, and on an open service
+    # a path is refused by PATCH before any rank sees it.)
     r = ranks[1].patch_config({"checkpoint": {"dir": str(tmp_path), "every_steps": 10}})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "config_needs_token", r.text
+    r = ranks[1].patch_config({"checkpoint": {"every_steps": 10}})
     assert r.status_code == 400 and r.json()["error"]["code"] == "config_invalid", r.text
     for s in ranks:
         c = s.config()

@@ -69,6 +69,27 @@ def test_deleting_a_finished_evaluation_frees_its_place_for_a_new_name(start_ser
     evaluate(s, x, y, "epoch-4")
 
 
+def test_names_left_idle_for_eval_name_idle_s_make_room_for_a_new_one_least_recently_used_first(start_server):
+    # A client that named eval.max_names evaluations and left locked every
+    # new name out (409 too_many_evals) until someone holding the token
+    # deleted them, or a restart.
+    s = start_server(*TINY, "--eval.max_names", "3")
+    x, y = learnable_batch(np.random.default_rng(5), 2)
+    for name in ("bogus-1", "bogus-2", "bogus-3"):
+        evaluate(s, x, y, name)
+    r = post_eval(s, x, y, "mine")
+    assert r.status_code == 409 and error_code(r) == "too_many_evals", r.text  # used within 300 s
+    assert s.get("/v1/evals/bogus-1").status_code == 200  # a read is a use
+    assert s.patch_config({"eval": {"name_idle_s": 1}}).status_code == 200
+    # bogus-2 is the least recently used once a second has passed.
+    wait_until(lambda: post_eval(s, x, y, "mine").status_code == 200, 10, what="a name evicted for mine")
+    assert [e["name"] for e in s.get("/v1/evals").json()["evals"]] == ["bogus-1", "bogus-3", "mine"]
+    assert s.get("/v1/evals/bogus-2").status_code == 404 and series_of(s, "bogus-2") == []
+    assert s.metric("streamfeed_evals_evicted_total") == 1
+    assert s.metric("streamfeed_batches_rejected_total", reason="too_many_evals") >= 1
+    assert "evaluation \"bogus-2\" evicted" in s.stderr()
+
+
 def test_unknown_and_malformed_names_get_stable_codes(start_server):
     s = start_server(*TINY)
     r = delete(s, "nobody")
@@ -115,7 +136,8 @@ def test_delete_needs_the_token_when_one_is_set(start_server):
         r = delete(s, "guarded", headers=headers)
         assert r.status_code == 401 and error_code(r) == "unauthorized", r.text
         assert r.headers.get("WWW-Authenticate") == "Bearer"
-    assert s.get("/v1/evals/guarded").status_code == 200  # reads stay open
+    assert s.get("/v1/evals/guarded").status_code == 401  # reads need it too
+    assert s.get("/v1/evals/guarded", headers=auth).status_code == 200
     r = delete(s, "guarded", headers=auth)
     assert r.status_code == 200 and r.json()["name"] == "guarded", r.text
 

@@ -399,12 +399,16 @@ def test_patch_whose_hot_part_needs_a_restart_only_part_is_rejected_and_get_patc
         start_server, tmp_path):
     # checkpoint.every_steps would apply now, checkpoint.dir only at the next
     # start: periodic saves without a directory. Found by tests/fuzz/fuzz_config_patch.c.
-    s = start_server(SINK)
-    r = s.patch_config({"checkpoint": {"dir": str(tmp_path), "every_steps": 5}})
+    # (checkpoint.dir changes by PATCH only with a token.)
+    s = start_server(SINK, "--http.token", "t")
+    auth = {"Authorization": "Bearer t"}
+    r = s.patch_config({"checkpoint": {"dir": str(tmp_path), "every_steps": 5}}, headers=auth)
     assert r.status_code == 400 and r.json()["error"]["code"] == "config_invalid"
     assert "restart-only ones only at the next start" in r.json()["error"]["message"]
     assert s.config()["checkpoint"]["every_steps"] == 0
-    assert s.patch_config(s.config()).status_code == 200
+    view = s.config()
+    view["http"]["token"] = "t"  # shown as "***"
+    assert s.patch_config(view, headers=auth).status_code == 200
 
 
 def test_patch_null_resets_an_option_to_its_default(start_server):
@@ -576,13 +580,67 @@ def test_with_a_token_mutating_routes_need_the_bearer_token(start_server, rng):
             assert r.json()["error"]["code"] == "unauthorized"
             assert r.headers.get("WWW-Authenticate", "").startswith("Bearer")
     assert s.config()["optim"]["lr"] == 0.001
-    # Reads stay open.
-    for path in ("/healthz", "/readyz", "/metrics", "/v1/config", "/v1/model", "/openapi.yaml"):
+    # The open routes (docs/OPERATIONS.md lists them) answer without it.
+    for path in ("/healthz", "/readyz", "/metrics", "/v1/config", "/v1/stats", "/openapi.yaml"):
         assert s.get(path).status_code == 200, path
     # The right token works.
     assert s.post_batch(body, headers=good).status_code == 202
     assert s.patch_config({"optim": {"lr": 0.5}}, headers=good).status_code == 200
     assert s.metric("streamfeed_http_errors_total", code="unauthorized") == 15
+
+
+def test_with_a_token_reading_results_logits_evaluations_model_or_trace_needs_it_too(start_server, rng):
+    # Batch ids are sequential: without the token on reads, any client could
+    # read another's results and kept logits by counting.
+    # A wait of 0 ms runs out at once: the logits are kept for
+    # GET /v1/batches/1/logits, which the 202 names.
+    s = start_server(TINY, "--http.token", "s3cret", "--pipeline.wait_timeout_ms", "0")
+    good = {"Authorization": "Bearer s3cret"}
+    r = s.post_batch(st_body(*learnable_batch(rng, 64)), path="/v1/batches?mode=eval&eval=mine&return=logits&wait=1",
+                     headers=good)
+    assert r.status_code == 202 and r.headers["Location"] == "/v1/batches/1/logits", r.text
+    wait_until(lambda: s.get("/v1/evals/mine", headers=good).json()["batches"] == 1, 30,
+               what="the eval batch to finish")
+    reads = ["/v1/batches/1", "/v1/batches/1/logits", "/v1/evals", "/v1/evals/mine", "/v1/model", "/v1/trace"]
+    for path in reads:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = s.get(path, headers=headers)
+            assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthorized"), (path, r.text)
+            assert r.headers.get("WWW-Authenticate") == "Bearer"
+        assert s.get(path, headers=good).status_code == 200, path
+    assert s.metric("streamfeed_http_errors_total", code="unauthorized") == 2 * len(reads)
+
+
+# Every option that names a file, directory, URL or address (SF_CF_LOCATION
+# in server/config.c), with a value its own checks would take.
+LOCATION_PATCHES = {
+    "http.host": "0.0.0.0",
+    "http.tls_cert": "/tmp/stranger.pem",
+    "http.tls_key": "/tmp/stranger.key",
+    "checkpoint.dir": "/tmp/stranger",
+    "model.init_from": "http://stranger.example/weights.safetensors",
+    "distributed.rendezvous": "stranger.example:8080",
+    "distributed.host": "stranger.example",
+}
+
+
+def test_an_open_service_refuses_a_patch_of_a_path_url_or_address_and_one_with_a_token_takes_it(start_server):
+    # checkpoint.dir patched on an open service applied at the next start:
+    # any client could send the checkpoints' writes to a directory of its choosing.
+    s = start_server(SINK)
+    before = s.config()
+    for name, value in LOCATION_PATCHES.items():
+        section, option = name.split(".")
+        r = s.patch_config({"optim": {"lr": 0.5}, section: {option: value}})
+        err = r.json()["error"]
+        assert (r.status_code, err["code"], err["field"]) == (403, "config_needs_token", name), r.text
+        assert "http.token" in err["message"], err
+    assert s.config() == before and s.get("/v1/config").json()["pending_restart"] == []
+    assert s.metric("streamfeed_http_errors_total", code="config_needs_token") == len(LOCATION_PATCHES)
+    assert s.patch_config(before).status_code == 200  # the same values back change nothing
+    t = start_server(SINK, "--http.token", "t")
+    r = t.patch_config({"checkpoint": {"dir": "/tmp/elsewhere"}}, headers={"Authorization": "Bearer t"})
+    assert r.status_code == 200 and r.json()["pending_restart"] == ["checkpoint.dir"], r.text
 
 
 def test_a_token_rotated_by_patch_guards_the_next_requests(start_server, rng):

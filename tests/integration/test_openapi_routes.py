@@ -48,6 +48,31 @@ def test_every_path_of_the_spec_is_a_route_of_the_server():
     assert not extra, f"operations in openapi/streamfeed.yaml but not in handlers/routes.c: {sorted(extra)}"
 
 
+def open_routes_from_c():
+    """The (method, path) rows of sf_routes[] flagged SF_ROUTE_OPEN."""
+    src = ROUTES_C.read_text()
+    table = src[src.index("sf_routes[]"):]
+    table = table[:table.index("};")]
+    rows = re.finditer(r'\{\s*"([A-Z]+)"\s*,\s*"(/[^"]*)"([^{}]*)\}', table)
+    return {(m.group(1), m.group(2)) for m in rows if "SF_ROUTE_OPEN" in m.group(3)}
+
+
+def test_the_spec_asks_for_the_token_on_exactly_the_routes_that_are_not_open():
+    spec = yaml.safe_load(SPEC.read_text())
+    assert "security" not in spec, "a top-level security would apply to the open routes too"
+    guarded = {(method.upper(), path) for path, item in spec["paths"].items()
+               for method, op in item.items() if method in HTTP_METHODS and op.get("security")}
+    open_routes = open_routes_from_c()
+    assert ("GET", "/healthz") in open_routes and ("GET", "/v1/batches/{id}/logits") not in open_routes
+    assert guarded == routes_from_c() - open_routes, (
+        f"no security in the spec on guarded routes: {sorted(routes_from_c() - open_routes - guarded)}; "
+        f"security on open routes: {sorted(guarded & open_routes)}")
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            if (method.upper(), path) in guarded:
+                assert "401" in op["responses"], (method, path)
+
+
 def test_get_openapi_yaml_returns_the_spec_file_byte_for_byte(start_server):
     s = start_server(SINK)
     r = s.get("/openapi.yaml")

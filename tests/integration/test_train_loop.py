@@ -5,6 +5,7 @@ non-finite steps and the "diverged" readiness, gradient clipping and label
 smoothing against their formulas, and the tiny preset's own recipe."""
 import json
 import math
+import socket
 
 import numpy as np
 import pytest
@@ -266,6 +267,22 @@ def test_logits_larger_than_what_may_be_kept_are_refused_before_the_batch_runs(s
     assert post(s, *learnable_batch(rng, 64), "&mode=eval&return=logits").status_code == 200
 
 
+SEG_SPEC = {"input": [3, 32, 32], "classes": 1024, "layers": [{"type": "conv2d", "name": "head", "out": 1024, "k": 1}]}
+
+
+def seg_logits_server(start_server, *flags):
+    """A server whose eval logits are 28 MiB a batch of 7 (4 MiB a sample),
+    and which may hold 2 x 8 x 4 MiB = 64 MiB of replies not yet read."""
+    return start_server("--model.spec", json.dumps(SEG_SPEC), "--pipeline.backend", "ref", "--augment.pipeline",
+                        "[]", "--augment.eval_pipeline", "[]", "--ring.slots", "2", "--ring.slot_bytes",
+                        str(4 << 20), *flags)
+
+
+def seg_body(rng):
+    return st_save({"images": rng.integers(0, 256, (7, 32, 32, 3), dtype=np.uint8),
+                    "labels": rng.integers(0, 256, (7, 32, 32), dtype=np.uint8)})
+
+
 def test_logits_replies_nobody_reads_hold_a_bounded_total_then_logits_busy(start_server):
     # A segmentation model's logits are classes x 4 bytes a pixel: here 4 MiB
     # a sample, 28 MiB for a batch of 7 (21 KB of pixels), held from the
@@ -273,12 +290,8 @@ def test_logits_replies_nobody_reads_hold_a_bounded_total_then_logits_busy(start
     # of 4 MiB unread replies may hold 2 x 8 x 4 MiB = 64 MiB, as transforms'
     # do: two fit, the others get 503 (Retry-After) instead of each holding
     # 28 MiB more for as long as its client stays connected.
-    spec = {"input": [3, 32, 32], "classes": 1024, "layers": [{"type": "conv2d", "name": "head", "out": 1024, "k": 1}]}
-    s = start_server("--model.spec", json.dumps(spec), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
-                     "--augment.eval_pipeline", "[]", "--ring.slots", "2", "--ring.slot_bytes", str(4 << 20))
-    rng = np.random.default_rng(3)
-    body = st_save({"images": rng.integers(0, 256, (7, 32, 32, 3), dtype=np.uint8),
-                    "labels": rng.integers(0, 256, (7, 32, 32), dtype=np.uint8)})
+    s = seg_logits_server(start_server)
+    body = seg_body(np.random.default_rng(3))
     conns, statuses = post_unread(s.port, "/v1/batches?mode=eval&return=logits&wait=1", body, 5)
     assert sorted(statuses) == [200] * 2 + [503] * 3, statuses
     assert s.metric("streamfeed_batches_rejected_total", reason="logits_busy") == 3
@@ -287,6 +300,66 @@ def test_logits_replies_nobody_reads_hold_a_bounded_total_then_logits_busy(start
     wait_until(lambda: s.request("POST", "/v1/batches?wait=1&mode=eval&return=logits", data=body,
                                  headers=SAFETENSORS).status_code == 200, 60,
                what="a logits reply once the unread replies are gone")
+
+
+def test_logits_kept_after_their_wait_ran_out_do_not_count_as_unread_replies(start_server):
+    # A 202 hands its logits to the kept store, bounded by eval.logits_keep_*
+    # (256 MiB here). They used to count against the unread replies' 64 MiB
+    # until evicted too, so three timed-out waits made every later
+    # return=logits batch 503 logits_busy for eval.logits_keep_s.
+    s = seg_logits_server(start_server, "--pipeline.wait_timeout_ms", "0")
+    body = seg_body(np.random.default_rng(4))
+    ids = []
+    for _ in range(4):
+        r = s.request("POST", "/v1/batches?mode=eval&return=logits&wait=1", data=body, headers=SAFETENSORS)
+        assert r.status_code == 202 and r.json()["logits"] == "kept", r.text
+        ids.append(r.json()["id"])
+    assert s.metric("streamfeed_batches_rejected_total", reason="logits_busy") == 0
+    assert s.patch_config({"pipeline": {"wait_timeout_ms": 60000}}).status_code == 200
+    for i in ids:
+        assert s.get(f"/v1/batches/{i}/logits?wait=1").status_code == 200
+
+
+def test_a_logits_reply_whose_client_went_away_while_it_waited_no_longer_counts_as_unread(start_server):
+    # A small segmentation model: 8 KiB of logits a sample, 768 KiB for 96,
+    # from 24 KiB of input; 4 ring slots of 64 KiB let unread replies hold
+    # 4 x 8 x 64 KiB = 2 MiB: two fit, a third does not. A diagnose pauses
+    # training, so the two wait for their batches. Their clients leave: the
+    # waits were not looked at until their 60 s timeout, and the 202 that
+    # ended them kept the logits, so the bound stayed taken for that long.
+    spec = {"input": [3, 8, 8], "classes": 32, "layers": [{"type": "conv2d", "name": "head", "out": 32, "k": 1}]}
+    s = start_server("--model.spec", json.dumps(spec), "--pipeline.backend", "ref", "--augment.pipeline", "[]",
+                     "--augment.eval_pipeline", "[]", "--ring.slots", "4", "--ring.slot_bytes", str(64 << 10),
+                     "--model.max_batch", "96", "--diagnose.max_seconds", "30")
+    rng = np.random.default_rng(6)
+    body = st_save({"images": rng.integers(0, 256, (96, 8, 8, 3), dtype=np.uint8),
+                    "labels": rng.integers(0, 32, (96, 8, 8), dtype=np.uint8)})
+    diag = json.dumps({"seconds": 30}).encode()
+    d = socket.create_connection(("127.0.0.1", s.port))
+    d.sendall(b"POST /v1/diagnose HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(diag), diag))
+    wait_until(lambda: s.get("/v1/stats").json()["diagnose"]["running"], 10, what="the diagnose to start")
+    path = "/v1/batches?mode=eval&return=logits&wait=1"
+    waiting = []
+    for _ in range(2):
+        k = socket.create_connection(("127.0.0.1", s.port))
+        k.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/vnd.safetensors\r\n"
+                  f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        waiting.append(k)
+    wait_until(lambda: s.get("/v1/batches/2").status_code == 200, 10, what="both batches accepted")
+    r = s.request("POST", path, data=body, headers=SAFETENSORS)
+    assert (r.status_code, r.json()["error"]["code"]) == (503, "logits_busy"), r.text
+    for k in waiting:
+        k.close()
+    wait_until(lambda: s.metric("streamfeed_http_requests_total", route="batches", code="499") == 2, 10,
+               what="both waits ended as their clients left")
+    assert s.patch_config({"pipeline": {"wait_timeout_ms": 0}}).status_code == 200
+    r = s.request("POST", path, data=body, headers=SAFETENSORS)
+    assert r.status_code == 202 and r.json()["logits"] == "kept", r.text
+    d.close()  # the diagnose stops too, and the three batches run
+    assert s.patch_config({"pipeline": {"wait_timeout_ms": 60000}}).status_code == 200
+    assert s.get(f"/v1/batches/{r.json()['id']}/logits?wait=1").status_code == 200
+    assert s.metric("streamfeed_batches_rejected_total", reason="logits_busy") == 1
 
 
 def overflowing_checkpoint(s):

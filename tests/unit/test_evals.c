@@ -2,7 +2,8 @@
  * reserved by its batches, each pending until it ends once (added or
  * failed); a delete refused while any is pending and otherwise freeing the
  * name's place for another; a deleted name made again from zero; the bound
- * of eval.max_names; the metrics hooks, run under the lock and before a
+ * of eval.max_names, and the least recently used idle name evicted for a
+ * new one; the metrics hooks, run under the lock and before a
  * batch stops being pending; no batch lost to a delete racing the
  * engine; and the engine (server/engine.c, on a stub backend) ending every
  * accepted eval batch of its evaluation once, whatever became of the
@@ -58,9 +59,9 @@ static void test_a_reserved_batch_is_pending_until_it_is_added_or_failed(void **
     (void)state;
     sf_evals *e = sf_evals_new(4);
     assert_int_equal(pending_of(e, "a"), 0);
-    assert_int_equal(sf_evals_reserve(e, "a"), 0);
-    assert_int_equal(sf_evals_reserve(e, "a"), 0);
-    assert_int_equal(sf_evals_reserve(e, "a"), 0);
+    assert_int_equal(sf_evals_reserve(e, "a", SF_EVALS_NEVER_EVICT), 0);
+    assert_int_equal(sf_evals_reserve(e, "a", SF_EVALS_NEVER_EVICT), 0);
+    assert_int_equal(sf_evals_reserve(e, "a", SF_EVALS_NEVER_EVICT), 0);
     assert_int_equal(pending_of(e, "a"), 3);
     sf_evals_add(e, "a", 2, 2, 1.5, 1, 2, 7);
     sf_evals_add_failed(e, "a");
@@ -83,10 +84,10 @@ static void test_a_delete_with_batches_pending_is_refused_and_changes_nothing(vo
 {
     (void)state;
     sf_evals *e = sf_evals_new(4);
-    assert_int_equal(sf_evals_reserve(e, "a"), 0);
+    assert_int_equal(sf_evals_reserve(e, "a", SF_EVALS_NEVER_EVICT), 0);
     sf_evals_add(e, "a", 4, 4, 2.0, 1, 3, 5);
-    assert_int_equal(sf_evals_reserve(e, "a"), 0);
-    assert_int_equal(sf_evals_reserve(e, "a"), 0);
+    assert_int_equal(sf_evals_reserve(e, "a", SF_EVALS_NEVER_EVICT), 0);
+    assert_int_equal(sf_evals_reserve(e, "a", SF_EVALS_NEVER_EVICT), 0);
     sf_eval_agg out;
     assert_int_equal(sf_evals_delete(e, "a", &out), SF_EVAL_BUSY);
     assert_int_equal(out.pending, 2);
@@ -121,15 +122,15 @@ static void test_a_deleted_name_frees_its_place_and_comes_back_from_zero(void **
     sf_evals *e = sf_evals_new(3);
     const char *names[] = {"a", "b", "c"};
     for (int i = 0; i < 3; i++) {
-        assert_int_equal(sf_evals_reserve(e, names[i]), 0);
+        assert_int_equal(sf_evals_reserve(e, names[i], SF_EVALS_NEVER_EVICT), 0);
         sf_evals_add(e, names[i], 1, 1, 1.0, 1, 1, (uint64_t)i);
     }
     /* Full: one more name is refused, by the early test and the reservation,
      * and the refusal leaves nothing pending. */
-    assert_int_equal(sf_evals_has_room(e, "d"), 0);
-    assert_int_equal(sf_evals_reserve(e, "d"), -1);
+    assert_int_equal(sf_evals_has_room(e, "d", SF_EVALS_NEVER_EVICT), 0);
+    assert_int_equal(sf_evals_reserve(e, "d", SF_EVALS_NEVER_EVICT), -1);
     assert_int_equal(pending_of(e, "d"), 0);
-    assert_int_equal(sf_evals_has_room(e, "b"), 1);
+    assert_int_equal(sf_evals_has_room(e, "b", SF_EVALS_NEVER_EVICT), 1);
 
     sf_eval_agg out;
     assert_int_equal(sf_evals_delete(e, "b", &out), SF_EVAL_DELETED);
@@ -137,16 +138,16 @@ static void test_a_deleted_name_frees_its_place_and_comes_back_from_zero(void **
     /* The others keep their order. */
     assert_int_equal(names_in(e, list, sizeof list), 2);
     assert_string_equal(list, "a,c");
-    assert_int_equal(sf_evals_has_room(e, "d"), 1);
-    assert_int_equal(sf_evals_reserve(e, "d"), 0);
+    assert_int_equal(sf_evals_has_room(e, "d", SF_EVALS_NEVER_EVICT), 1);
+    assert_int_equal(sf_evals_reserve(e, "d", SF_EVALS_NEVER_EVICT), 0);
     assert_int_equal(names_in(e, list, sizeof list), 3);
     assert_string_equal(list, "a,c,d");
-    assert_int_equal(sf_evals_reserve(e, "b"), -1);
+    assert_int_equal(sf_evals_reserve(e, "b", SF_EVALS_NEVER_EVICT), -1);
 
     /* Made again after a delete, a name starts from zero. */
     sf_evals_add(e, "d", 1, 1, 1.0, 1, 1, 9);
     assert_int_equal(sf_evals_delete(e, "c", &out), SF_EVAL_DELETED);
-    assert_int_equal(sf_evals_reserve(e, "b"), 0);
+    assert_int_equal(sf_evals_reserve(e, "b", SF_EVALS_NEVER_EVICT), 0);
     sf_eval_agg g;
     assert_int_equal(sf_evals_get(e, "b", &g), 0);
     assert_int_equal(g.batches, 0);
@@ -161,6 +162,51 @@ static void test_a_deleted_name_frees_its_place_and_comes_back_from_zero(void **
     sf_evals_destroy(e);
 }
 
+static int evictions;
+static char last_evicted[SF_EVAL_NAME_MAX + 1];
+static void count_eviction(void *ctx, const char *name)
+{
+    (void)ctx;
+    evictions++;
+    snprintf(last_evicted, sizeof last_evicted, "%s", name);
+}
+
+static void test_a_new_name_evicts_the_least_recently_used_idle_one_never_one_with_batches_pending(void **state)
+{
+    (void)state;
+    sf_evals *e = sf_evals_new(3);
+    const sf_evals_hooks hooks = {.evicted = count_eviction};
+    sf_evals_set_hooks(e, &hooks);
+    evictions = 0;
+    const uint64_t any_idle = 0;
+    assert_int_equal(sf_evals_reserve(e, "a", any_idle), 0);
+    assert_int_equal(sf_evals_reserve(e, "b", any_idle), 0);
+    assert_int_equal(sf_evals_reserve(e, "c", any_idle), 0);
+    /* Every one has a batch pending: none may go. */
+    assert_int_equal(sf_evals_has_room(e, "d", any_idle), 0);
+    assert_int_equal(sf_evals_reserve(e, "d", any_idle), -1);
+    sf_evals_add(e, "a", 1, 1, 1.0, 1, 1, 1);
+    sf_evals_add(e, "b", 1, 1, 1.0, 1, 1, 2);
+    sf_evals_add_failed(e, "c");
+    /* A read is a use: a, read after b ended, is no longer the oldest. */
+    sf_eval_agg g;
+    assert_int_equal(sf_evals_get(e, "a", &g), 0);
+    /* A bound not yet reached evicts nothing. */
+    assert_int_equal(sf_evals_has_room(e, "d", 3600ull * 1000000000ull), 0);
+    assert_int_equal(sf_evals_reserve(e, "d", 3600ull * 1000000000ull), -1);
+    assert_int_equal(sf_evals_reserve(e, "d", SF_EVALS_NEVER_EVICT), -1);
+    assert_int_equal(evictions, 0);
+    assert_int_equal(sf_evals_has_room(e, "d", any_idle), 1);
+    assert_int_equal(sf_evals_reserve(e, "d", any_idle), 0);
+    assert_int_equal(evictions, 1);
+    assert_string_equal(last_evicted, "b");
+    assert_int_equal(sf_evals_get(e, "b", &g), -1);
+    char list[64];
+    assert_int_equal(names_in(e, list, sizeof list), 3);
+    assert_string_equal(list, "a,c,d");
+    sf_evals_destroy(e);
+}
+
 static void test_every_place_can_be_freed_and_taken_again(void **state)
 {
     (void)state;
@@ -170,7 +216,7 @@ static void test_every_place_can_be_freed_and_taken_again(void **state)
     /* Epochs: a new name each, deleted once finished; never refused. */
     for (int epoch = 0; epoch < 5 * MAX; epoch++) {
         snprintf(name, sizeof name, "epoch-%d", epoch);
-        assert_int_equal(sf_evals_reserve(e, name), 0);
+        assert_int_equal(sf_evals_reserve(e, name, SF_EVALS_NEVER_EVICT), 0);
         sf_evals_add(e, name, 1, 1, 1.0, 1, 1, (uint64_t)epoch);
         /* Keep the last few: the list is full at times. */
         if (epoch >= MAX - 1) {
@@ -213,20 +259,20 @@ static void test_the_hooks_publish_before_the_batch_ends_and_forget_on_delete(vo
     (void)state;
     hook_log log = {0};
     sf_evals *e = sf_evals_new(2);
-    const sf_evals_hooks hooks = {on_publish, on_forget, &log};
+    const sf_evals_hooks hooks = {.publish = on_publish, .forget = on_forget, .ctx = &log};
     sf_evals_set_hooks(e, &hooks);
-    assert_int_equal(sf_evals_reserve(e, "x"), 0);
+    assert_int_equal(sf_evals_reserve(e, "x", SF_EVALS_NEVER_EVICT), 0);
     sf_evals_add(e, "x", 3, 3 * 64, 1.0, 1, 1, 1);
     assert_int_equal(log.published, 1);
     assert_int_equal(log.pending_at_publish, 1);
     assert_int_equal(log.batches_at_publish, 1);
     assert_int_equal(log.batch_samples, 3);
     /* A failed batch has no result to publish. */
-    assert_int_equal(sf_evals_reserve(e, "x"), 0);
+    assert_int_equal(sf_evals_reserve(e, "x", SF_EVALS_NEVER_EVICT), 0);
     sf_evals_add_failed(e, "x");
     assert_int_equal(log.published, 1);
     /* Neither a busy nor an unknown delete forgets anything. */
-    assert_int_equal(sf_evals_reserve(e, "x"), 0);
+    assert_int_equal(sf_evals_reserve(e, "x", SF_EVALS_NEVER_EVICT), 0);
     assert_int_equal(sf_evals_delete(e, "x", NULL), SF_EVAL_BUSY);
     assert_int_equal(sf_evals_delete(e, "y", NULL), SF_EVAL_UNKNOWN);
     assert_int_equal(log.forgotten, 0);
@@ -247,7 +293,7 @@ static void *accept_and_finish(void *arg)
 {
     sf_evals *e = arg;
     for (int i = 0; i < BATCHES; i++) {
-        assert_int_equal(sf_evals_reserve(e, "epoch"), 0);
+        assert_int_equal(sf_evals_reserve(e, "epoch", SF_EVALS_NEVER_EVICT), 0);
         if (i % 3 == 0)
             sf_evals_add_failed(e, "epoch");
         else
@@ -380,7 +426,7 @@ static uint64_t accept_batch(int eval, const char *name, int n)
     m->label_dtype = -1;
     m->used = (size_t)n * 64;
     if (eval)
-        assert_int_equal(sf_evals_reserve(app.evals, name), 0);
+        assert_int_equal(sf_evals_reserve(app.evals, name, SF_EVALS_NEVER_EVICT), 0);
     m->job_id = sf_jobs_create(app.jobs, n, eval ? SF_JOB_KIND_EVAL : 0);
     if (eval)
         sf_jobs_set_eval_name(app.jobs, m->job_id, name);
@@ -470,6 +516,7 @@ int main(void)
         cmocka_unit_test(test_a_reserved_batch_is_pending_until_it_is_added_or_failed),
         cmocka_unit_test(test_a_delete_with_batches_pending_is_refused_and_changes_nothing),
         cmocka_unit_test(test_a_deleted_name_frees_its_place_and_comes_back_from_zero),
+        cmocka_unit_test(test_a_new_name_evicts_the_least_recently_used_idle_one_never_one_with_batches_pending),
         cmocka_unit_test(test_every_place_can_be_freed_and_taken_again),
         cmocka_unit_test(test_the_hooks_publish_before_the_batch_ends_and_forget_on_delete),
         cmocka_unit_test(test_no_batch_is_lost_to_a_delete_racing_the_engine),

@@ -516,7 +516,8 @@ class Client:
         Raises:
             TypeError, ValueError: bad inputs or name (checked before anything is sent).
             Conflict: code ``too_many_evals``: eval would be one name more than
-                the server's ``eval.max_names`` (:meth:`delete_eval` frees one).
+                the server's ``eval.max_names``, none of which has been idle for
+                ``eval.name_idle_s`` (:meth:`delete_eval` frees one).
             APIError, Backpressure, BatchFailed: as for :meth:`post_batch`.
         """
         body = encode_batch_parts(images, labels_for_eval(labels), layout)

@@ -162,8 +162,9 @@ class EvalList(_Reply):
     Attributes:
         evals: the evaluations.
         max_names: how many may exist (``eval.max_names``); an eval batch
-            naming one more is refused with 409 ``too_many_evals`` until one
-            is deleted (``Client.delete_eval``).
+            naming one more evicts one idle for ``eval.name_idle_s``, or is
+            refused with 409 ``too_many_evals`` when none is
+            (``Client.delete_eval`` frees one).
     """
 
     evals: List[EvalSummary]

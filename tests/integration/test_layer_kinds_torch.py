@@ -12,7 +12,8 @@ momentum, dropout, ShuffleNetV2's channel shuffle and chunks, Inception's
 GroupNorm(affine=False) and InstanceNorm2d, a decoder's nearest and bilinear
 resizes, super-resolution's pixel shuffle and its inverse, a CycleGAN-like
 generator's reflect, replicate, asymmetric zero, constant and circular
-padding -- start from the module's own state_dict
+padding, convolutions that pad themselves in those modes or "same" with an
+even kernel -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch: its
@@ -23,10 +24,11 @@ Dropout and stochastic depth run with p = 0: the service draws its own masks
 import json
 import re
 import subprocess
+import sys
 
 import pytest
 
-from sfharness import BIN
+from sfharness import BIN, REPO
 from sfharness import st_body
 from safetensors.numpy import load as st_load
 from test_torch_parity import BACKEND, SGD, Tol, _torch_deterministic, as_input, assert_eval_like_pytorch, batches, rel, sgd, start_pair  # noqa: F401
@@ -500,14 +502,60 @@ class Padded(nn.Module):
         return self.fc(torch.flatten(torch.tanh(self.c3(y)), 1))
 
 
+# Convolutions that pad themselves (an ESRGAN-style body, image-to-image
+# nets): padding_mode reflect, replicate and circular are a pad layer of that
+# mode named <conv>.pad before an unpadded conv2d; padding="same" with a 4x4
+# kernel pads 1 on the left and top and 2 on the right and bottom (PyTorch's
+# split), the conv2d's pad 1 and a zero pad layer for the extra; a 3x3 one
+# dilated by 2 pads 2 evenly; then a plain stride-2 convolution. It is the
+# spec streamfeed.export writes for ConvPads (checked below).
+CONV_PAD_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "pad", "name": "reflect.pad", "pad": [1, 1, 1, 1], "mode": "reflect"},
+    {"type": "conv2d", "name": "reflect", "out": 4, "k": 3}, {"type": "relu", "name": "act"},
+    {"type": "pad", "name": "replicate.pad", "pad": [1, 1, 1, 1], "mode": "replicate"},
+    {"type": "conv2d", "name": "replicate", "out": 4, "k": 3},
+    {"type": "pad", "name": "circular.pad", "pad": [1, 1, 1, 1], "mode": "circular"},
+    {"type": "conv2d", "name": "circular", "out": 4, "k": 3}, {"type": "tanh", "name": "squash"},
+    {"type": "pad", "name": "even.pad", "pad": [0, 1, 0, 1], "mode": "constant"},
+    {"type": "conv2d", "name": "even", "out": 4, "k": 4, "pad": 1},
+    {"type": "conv2d", "name": "dilated", "out": 4, "k": 3, "pad": 2, "dilation": 2},
+    {"type": "relu", "name": "act_1"},
+    {"type": "conv2d", "name": "plain", "out": 4, "k": 3, "stride": 2, "pad": 1},
+    {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class ConvPads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.reflect = nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect")
+        self.replicate = nn.Conv2d(4, 4, 3, padding=1, padding_mode="replicate")
+        self.circular = nn.Conv2d(4, 4, 3, padding=1, padding_mode="circular")
+        self.even = nn.Conv2d(4, 4, 4, padding="same")
+        self.dilated = nn.Conv2d(4, 4, 3, dilation=2, padding="same")
+        self.plain = nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.act, self.squash, self.flat, self.fc = nn.ReLU(), nn.Tanh(), nn.Flatten(), nn.Linear(4 * 4 * 4, 10)
+
+    def forward(self, x):
+        y = self.replicate(self.act(self.reflect(x)))
+        y = self.dilated(self.even(self.squash(self.circular(y))))
+        return self.fc(self.flat(self.plain(self.act(y))))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
          "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC),
          "smooth_activations": (SmoothActs, SMOOTH_SPEC), "pyramid_skip": (Pyramid, PYRAMID_SPEC),
          "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC),
-         "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC)}
+         "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC),
+         "conv_padding": (ConvPads, CONV_PAD_SPEC)}
 
+
+
+def test_the_conv_padding_case_is_the_spec_the_exporter_writes():
+    sys.path.insert(0, str(REPO / "client" / "python"))
+    from streamfeed.export import convert
+    assert convert(ConvPads(), (1, *CONV_PAD_SPEC["input"])).spec == CONV_PAD_SPEC
 
 
 def kinds_the_cuda_backend_lacks(spec):

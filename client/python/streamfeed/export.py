@@ -56,7 +56,7 @@ from .export_check import check_trace
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
-from .export_pad import PAD_MODULES, PadSpec, emit_pad, fold_pad, folds_into_conv, is_pad, pad_input, pad_spec
+from .export_pad import PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec
 from .export_values import _Attention, _Expanded, _Grouped, _Padded, _Pieces, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
                                SUPPORTED_MODULES)
@@ -558,21 +558,8 @@ class _Converter:
     def conv2d(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any,
                padded: Optional[_Padded] = None) -> _Val:
         _spatial(x.shape, op, path)
-        if mod.padding_mode != "zeros":
-            raise ExportError(f"padding_mode {mod.padding_mode!r}: the service pads with zeros", op=op,
-                              module_path=path)
         k, s, d = _hw(mod.kernel_size), _hw(mod.stride), _hw(mod.dilation)
-        if isinstance(mod.padding, str):
-            if mod.padding == "same" and any((d[a] * (k[a] - 1)) % 2 for a in range(2)):
-                raise ExportError("padding 'same' with an even kernel pads one side more", op=op,
-                                  module_path=path)
-            p = (0, 0) if mod.padding == "valid" else (d[0] * (k[0] - 1) // 2, d[1] * (k[1] - 1) // 2)
-        else:
-            p = _hw(mod.padding)
-        folded = fold_pad(padded, p) if padded is not None else None
-        if padded is not None and folded is None:  # asymmetric: a pad layer, the conv keeping its own padding
-            x = emit_pad(self.b, padded.x, PadSpec(padded.sides, "constant", 0.0), padded)
-        p = folded or p
+        x, p = conv_pads(self.b, x, mod, padded, op, path)  # pad layers where the conv2d kind cannot pad so
         f: Dict[str, Any] = {"out": mod.out_channels, "k": _hw_field(k)}
         if s != (1, 1):
             f["stride"] = _hw_field(s)

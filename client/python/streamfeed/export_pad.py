@@ -11,6 +11,13 @@ reflect, replicate and circular on a 4-D input):
   convolution among it (TensorFlow's "same"), the convolution keeping its
   own padding.
 
+A ``Conv2d``'s own padding goes the same way (conv_pads): with
+``padding_mode`` reflect, replicate or circular it is a pad layer of that
+mode named ``<conv path>.pad`` before the convolution, which then pads
+nothing; ``padding="same"`` whose total per axis is odd (an even kernel, or
+a dilation) pads one more on the right and bottom, as PyTorch does, so the
+convolution pads the smaller side and a zero pad layer adds the rest.
+
 Refused, naming the op, the module path and why: pads of other than the
 last two dimensions, negative pads (crops), pads or values not known at
 export, a value that is not a finite float32 number, and the bounds of the
@@ -29,7 +36,8 @@ from torch import nn
 from .export_error import ExportError
 from .export_values import _Padded, _Val
 
-__all__ = ["PAD_MODULES", "PadSpec", "is_pad", "pad_spec", "pad_input", "folds_into_conv", "fold_pad", "emit_pad"]
+__all__ = ["PAD_MODULES", "PadSpec", "is_pad", "pad_spec", "pad_input", "folds_into_conv", "conv_sides", "conv_pads",
+           "emit_pad"]
 
 # The padding modules by class (subclasses are not these), with their mode;
 # nn.CircularPad2d where the installed torch has it (2.1 and later).
@@ -120,16 +128,58 @@ def folds_into_conv(spec: PadSpec, n: torch.fx.Node, gm: torch.fx.GraphModule) -
         list(users[0].args) == [n] and type(gm.get_submodule(str(users[0].target))) is nn.Conv2d
 
 
-def fold_pad(padded: _Padded, conv: Tuple[int, int]) -> Optional[Tuple[int, int]]:
-    """The conv2d's pad [h, w] with the zero padding that feeds it added to
-    the convolution's own (conv, [h, w] on each side); None where the sums
-    pad an axis by more on one side, which the kind cannot (the padding is
-    then a pad layer of its own)."""
-    left, right, top, bottom = padded.sides
-    h, w = conv
-    if left != right or top != bottom:
-        return None
-    return top + h, left + w
+def _two(v: Any) -> Tuple[int, int]:
+    """An int or an (h, w) pair, as a pair."""
+    return (int(v[0]), int(v[1])) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+def conv_sides(mod: nn.Conv2d) -> Tuple[int, int, int, int]:
+    """A Conv2d's own padding as (left, right, top, bottom), as PyTorch
+    pads: "valid" none; "same" dilation * (kernel - 1) an axis, total // 2
+    on the left (top) and the rest on the right (bottom), which F.conv2d's
+    "same" and a padding_mode's F.pad both do; a number or (h, w) on both
+    sides."""
+    k, d = _two(mod.kernel_size), _two(mod.dilation)
+    if mod.padding == "valid":
+        return 0, 0, 0, 0
+    if mod.padding == "same":
+        th, tw = d[0] * (k[0] - 1), d[1] * (k[1] - 1)
+        return tw // 2, tw - tw // 2, th // 2, th - th // 2
+    h, w = _two(mod.padding)
+    return w, w, h, h
+
+
+def conv_pads(b: Any, x: _Val, mod: nn.Conv2d, padded: Optional[_Padded], op: str, path: str) -> \
+        Tuple[_Val, Tuple[int, int]]:
+    """The input of the nn.Conv2d mod at path after the pad layers its
+    padding needs (emitted by the converter's builder b), and the conv2d
+    layer's own pad [h, w]. x is the convolution's input, or padded's input
+    where zero padding feeds it (folds_into_conv).
+
+    The conv2d kind pads each axis by one amount on both sides, with zeros.
+    A padding_mode other than zeros is a pad layer of that mode, named
+    <path>.pad so that the convolution keeps its own name and parameters,
+    and the convolution pads nothing; zero padding before it stays a layer
+    of its own. With zeros, the padding before it and the convolution's own
+    add up: where each axis then pads evenly, the sum is the conv's pad and
+    there is no layer; else the conv keeps the even part of its own padding
+    (an odd "same" pads one more on the right) and one zero pad layer adds
+    the rest, named as the padding before it or else <path>.pad."""
+    own = conv_sides(mod)
+    mine = _Padded(x, own, op, path, f"{path}.pad", True)
+    if mod.padding_mode != "zeros":
+        if padded is not None:
+            x = emit_pad(b, x, PadSpec(padded.sides, "constant", 0.0), padded)
+        if any(own):
+            x = emit_pad(b, x, PadSpec(own, str(mod.padding_mode), 0.0), mine)
+        return x, (0, 0)
+    before = padded.sides if padded is not None else (0, 0, 0, 0)
+    left, right, top, bottom = (a + c for a, c in zip(own, before))
+    if left == right and top == bottom:
+        return x, (top, left)
+    h, w = min(own[2], own[3]), min(own[0], own[1])
+    rest = (left - w, right - w, top - h, bottom - h)
+    return emit_pad(b, x, PadSpec(rest, "constant", 0.0), padded or mine), (h, w)
 
 
 def emit_pad(b: Any, x: _Val, spec: PadSpec, where: _Padded) -> _Val:

@@ -18,7 +18,8 @@ __all__ = ["SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS", "MODULE_ACTIVATIONS", "FU
 # What maps onto the layer kinds of the service (gpu/model.h): the module
 # classes by name, and the functions and tensor methods of a traced forward().
 SUPPORTED_MODULES: Dict[str, str] = {
-    "Conv2d": "conv2d (groups, dilation, square or [h, w] windows, zero padding)",
+    "Conv2d": "conv2d (groups, dilation, square or [h, w] windows, zero padding; padding_mode reflect, replicate "
+              "or circular and the extra of an uneven padding=\"same\" as a pad layer before it)",
     "ConvTranspose2d": "conv_transpose2d (groups 1, no output_padding)",
     "BatchNorm2d": "batchnorm2d (affine, with running statistics)",
     "BatchNorm1d": "batchnorm2d on flat features [N, F] (affine, with running statistics)",

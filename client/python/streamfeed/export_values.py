@@ -80,7 +80,8 @@ class _Padded:
     where the convolution can add sides, (left, right, top, bottom) as
     PyTorch orders them, to its own padding; else a pad layer named name
     (generated: made from a function's module path), which op and path
-    name where it is refused."""
+    name where it is refused. A convolution's own padding, where it needs
+    a pad layer, is described so too (export_pad.conv_pads)."""
     x: _Val
     sides: Tuple[int, int, int, int]
     op: str

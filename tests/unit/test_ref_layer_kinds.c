@@ -873,7 +873,9 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 /* Grouped and dilated convolution, Inception's 1xk and kx1 kernels (one
  * strided along the height only), leaky ReLU (a GAN discriminator's 0.2),
  * ELU (alpha 0.5), SELU, softplus (beta 2, threshold 2: both branches
- * taken), SiLU, affine (a negative scale and a shift), Mish, tanh,
+ * taken), SiLU, affine (a negative scale and a shift), a clamp to
+ * [-0.5, 0.5] under hardtanh's rule (the affine's outputs reach past both
+ * bounds), Mish, tanh,
  * batchnorm over flat features (nn.BatchNorm1d); PReLU with a slope per
  * channel and with one over flat features. */
 static const char *const GROUPED_SPEC =
@@ -889,6 +891,7 @@ static const char *const GROUPED_SPEC =
     "\"dilation\":[1,2]},"
     "{\"type\":\"softplus\",\"name\":\"sp\",\"beta\":2,\"threshold\":2},"
     "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"affine\",\"name\":\"af\",\"scale\":-1.5,\"shift\":0.25},"
+    "{\"type\":\"clamp\",\"name\":\"cl\",\"min\":-0.5,\"max\":0.5,\"grad\":\"hardtanh\"},"
     "{\"type\":\"mish\",\"name\":\"mi\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"prelu\",\"name\":\"pr1\"},"
     "{\"type\":\"batchnorm2d\",\"name\":\"bn1d\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";

@@ -1,9 +1,10 @@
 /* gpu/cuda/activation.cu — kernels first, then launchers: ReLU6, sigmoid,
  * SiLU, hardswish, hardsigmoid, GELU (erf, tanh), tanh, leaky ReLU, ELU,
- * SELU, softplus, Mish, the affine layer's scale * x + shift and the clamp layer's bounds, forward and backward,
- * on fp32 or bf16 data: the elementwise kernel k_ew (kernel_common.cuh) with
- * each activation as its element function. Contracts in
- * activation.h; the formulas are gpu/ref/activation.c's. */
+ * SELU, softplus, Mish, the affine layer's scale * x + shift and the clamp
+ * layer's bounds, forward and backward, on fp32 or bf16 data: the
+ * elementwise kernel k_ew (kernel_common.cuh) with each activation as its
+ * element function. Contracts in activation.h; the formulas are
+ * gpu/ref/activation.c's. */
 #include "gpu/cuda/activation.h"
 
 #include "gpu/cuda/activation.cuh"

@@ -33,8 +33,9 @@ __device__ __forceinline__ bool act_clamp_passes(float v, sf_cuda_act_prm prm)
 /* f(x) for one activation chosen at compile time, so that a kernel
  * instantiated per activation runs straight-line code (no per-element switch
  * on a run-time code). prm: leaky ReLU's slope, ELU's alpha, softplus's
- * beta and threshold, affine's scale and shift, clamp's bounds; the others ignore it. ELU and SELU take expm1, as
- * PyTorch's CUDA kernel does. */
+ * beta and threshold, affine's scale and shift, clamp's bounds and rule;
+ * the others ignore it. ELU and SELU take expm1, as PyTorch's CUDA kernel
+ * does. */
 template <int ACT> __device__ __forceinline__ float act_f_t(float v, sf_cuda_act_prm prm)
 {
     float r;
@@ -120,7 +121,7 @@ template <int ACT> __device__ __forceinline__ float act_d_t(float v, sf_cuda_act
 /* The same with the activation chosen at run time, for the kernels that
  * apply one inside another pass (batchnorm.cu's fused activation): ReLU6 up
  * to tanh only (batchnorm.h's SF_BN_ACT_LAST). Leaky ReLU, ELU, SELU,
- * softplus, Mish, affine and clamp are never fused (executor_plan.cu's g_choose_fusions):
+ * softplus, Mish, affine and clamp are never fused (g_choose_fusions):
  * the fused kernels carry no parameters, and each activation they take is
  * one more instance of every batchnorm row kernel. */
 __device__ __forceinline__ float act_f(int act, float v)

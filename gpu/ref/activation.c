@@ -1,7 +1,8 @@
 /* gpu/ref/activation.c — reference activations (ReLU6, sigmoid, SiLU,
  * hardswish, hardsigmoid, GELU erf and tanh, tanh, leaky ReLU with its
  * slope, ELU with its alpha, SELU, softplus with its beta and threshold,
- * Mish, the affine layer's scale * x + shift and the clamp layer's bounds), forward and backward, in float and double (_f64), and their
+ * Mish, the affine layer's scale * x + shift and the clamp layer's
+ * bounds), forward and backward, in float and double (_f64), and their
  * layers' hooks. Contracts in gpu/ref/layers.h; formulas and edge cases are
  * PyTorch's. */
 #ifndef T

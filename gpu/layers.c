@@ -143,6 +143,20 @@ static const sf_layer_field pad_fields[] = {
      "mode \"constant\": the fill"},
     F_END,
 };
+/* clamp: either bound may be left out (open-ended: torch.clamp_min,
+ * clamp_max), not both (clamp_shape); the default infinities mark a side
+ * left out and are never written back. */
+static const char *const clamp_grad_choices[] = {"clamp", "hardtanh", NULL};
+static const sf_layer_field clamp_fields[] = {
+    {"min", SF_FT_FLOAT, OFF(clamp_min), -FLT_MAX, FLT_MAX, -INFINITY, SF_FF_IF_SET, NULL,
+     "the lower bound (none: unbounded below)"},
+    {"max", SF_FT_FLOAT, OFF(clamp_max), -FLT_MAX, FLT_MAX, INFINITY, SF_FF_IF_SET, NULL,
+     "the upper bound, not below min (none: unbounded above)"},
+    {"grad", SF_FT_ENUM, OFF(clamp_grad), 0, 1, SF_CLAMP_GRAD_CLAMP, 0, clamp_grad_choices,
+     "whose backward: both pass dy only strictly between the bounds; at a NaN input \"clamp\" (torch.clamp, "
+     "clip, clamp_min, clamp_max) passes none, \"hardtanh\" (nn.Hardtanh, F.hardtanh) passes dy"},
+    F_END,
+};
 static const sf_layer_field dropout_fields[] = {
     {"p", SF_FT_FLOAT, OFF(p), 0, 1, 0.5, 0, NULL, "probability of an element being zeroed"},
     F_END,
@@ -210,6 +224,21 @@ static int softplus_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *o
 {
     if (L->beta == 0.f) {
         sf_errf(err, errlen, "\"beta\" must not be 0 (softplus divides by it)");
+        return -1;
+    }
+    return same_shape(L, in, n_in, out, err, errlen);
+}
+
+/* clamp needs a bound and, with two, min <= max (torch.clamp would map
+ * everything to max, nn.Hardtanh refuses it). */
+static int clamp_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (isinf(L->clamp_min) && isinf(L->clamp_max)) {
+        sf_errf(err, errlen, "needs \"min\", \"max\" or both");
+        return -1;
+    }
+    if (L->clamp_min > L->clamp_max) {
+        sf_errf(err, errlen, "\"min\" %g is above \"max\" %g", (double)L->clamp_min, (double)L->clamp_max);
         return -1;
     }
     return same_shape(L, in, n_in, out, err, errlen);
@@ -978,6 +1007,17 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "scale * x + shift elementwise, on maps, features or tokens: the exporter's one layer for a chain "
                "of arithmetic with numbers on a tensor (x * c, x / c, x + c, c - x, -x, as (x - 0.5) / 0.5); "
                "the gradient is scale * dy"},
+    /* Elementwise on the activations' hooks and kernels (SF_ACT_CLAMP).
+     * cuda = 0 until the GPU op rows of tests/gpu/op_cases.cu have run on
+     * a GPU. */
+    [SF_L_CLAMP] = {
+        .name = "clamp", .torch = "torch.clamp, nn.Hardtanh", .min_in = 1, .max_in = 1, .fields = clamp_fields,
+        .shape = clamp_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 0,
+        .cuda_tokens = 1,
+        .doc = "min(max(x, min), max) elementwise (a NaN stays NaN), on maps, features or tokens: the "
+               "exporter's layer for torch.clamp, clip, clamp_min, clamp_max, nn.Hardtanh and F.hardtanh at "
+               "bounds other than ReLU's and ReLU6's; the gradient is dy strictly between the bounds, 0 at or "
+               "beyond one"},
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,
@@ -1347,6 +1387,8 @@ static void md_default(FILE *out, const sf_layer_field *f)
         fprintf(out, "`\"%s\"`", f->choices[(int)f->def]);
     else if (f->type != SF_FT_FLOAT && f->def < f->lo) /* below its bounds: a field left unset */
         fprintf(out, "unset");
+    else if (f->type == SF_FT_FLOAT && isinf(f->def)) /* beyond every finite value: none (clamp's bounds) */
+        fprintf(out, "none");
     else
         fprintf(out, "%g", f->def);
 }

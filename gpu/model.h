@@ -106,6 +106,7 @@ typedef enum sf_layer_kind {
     SF_L_AFFINE,   /* x * scale + shift elementwise (two numbers, no parameters) */
     SF_L_PRELU,    /* x > 0 ? x : a * x, a a parameter [num_parameters]: one slope, or one per channel */
     SF_L_PAD,      /* F.pad of a map's width and height: constant, reflect, replicate or circular */
+    SF_L_CLAMP,    /* min(max(x, min), max) elementwise, either bound optional (torch.clamp, nn.Hardtanh) */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -133,6 +134,8 @@ typedef struct sf_layer {
     int num_parameters;           /* prelu: slopes, 1 (shared by every channel) or the input's channels */
     int pads[4];                  /* pad: [left, right, top, bottom], F.pad's order for the last two dims */
     float pad_value;              /* pad: the constant mode's fill (any finite value) */
+    float clamp_min, clamp_max;   /* clamp: the bounds, finite, min <= max; -inf / +inf where a side is open-ended */
+    int clamp_grad;               /* clamp: whose gradient, SF_CLAMP_GRAD_CLAMP or SF_CLAMP_GRAD_HARDTANH */
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     int affine;                   /* groupnorm: 1 with a weight and a bias (nn.GroupNorm's affine), 0 without */
@@ -168,6 +171,15 @@ typedef struct sf_layer {
  * (circular). */
 enum { SF_PAD_CONSTANT = 0, SF_PAD_REFLECT, SF_PAD_REPLICATE, SF_PAD_CIRCULAR };
 #define SF_MAX_PAD 1024 /* a pad layer's pad on one side */
+
+/* A clamp layer's gradient rule, named for the PyTorch op whose backward it
+ * is. Both pass dy only strictly between the bounds (none at a bound: torch
+ * 2.15's clamp_backward, clamp_min's self > min and clamp_max's self < max
+ * test strictly, as hardtanh_backward does); they differ at a NaN input,
+ * where torch.clamp/clip/clamp_min/clamp_max pass nothing and
+ * nn.Hardtanh/F.hardtanh (and relu6) pass dy (hardtanh_backward zeroes only
+ * where x <= min or x >= max). An open-ended side tests nothing. */
+enum { SF_CLAMP_GRAD_CLAMP = 0, SF_CLAMP_GRAD_HARDTANH };
 
 /* Weight initialisation of conv2d (and conv_transpose2d, linear). */
 enum { SF_INIT_DEFAULT = 0,       /* PyTorch's default (kaiming_uniform_(a=sqrt(5))) */

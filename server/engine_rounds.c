@@ -128,9 +128,9 @@ static int agree_on_job(sf_engine *e, char *err, size_t errlen)
                                 l->out_size[1], l->approximate, l->over_channels, l->mode, l->n_in,
                                 l->kw, l->stride_w, l->pad_w, l->dilation_w, l->heads, l->start, l->count,
                                 l->scale, l->align_corners, l->num_parameters, l->pads[0], l->pads[1],
-                                l->pads[2], l->pads[3]};
+                                l->pads[2], l->pads[3], l->clamp_grad};
         const float fl[] = {l->eps, l->momentum, l->p, l->negative_slope, l->alpha, l->beta, l->threshold,
-                            l->affine_scale, l->affine_shift, l->pad_value};
+                            l->affine_scale, l->affine_shift, l->pad_value, l->clamp_min, l->clamp_max};
         h = (uint64_t)fnv62(h, more, sizeof more);
         h = (uint64_t)fnv62(h, fl, sizeof fl);
         h = (uint64_t)fnv62(h, l->in, sizeof l->in[0] * (size_t)(l->n_in > 0 ? l->n_in : 0));

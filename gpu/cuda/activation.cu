@@ -1,9 +1,10 @@
 /* gpu/cuda/activation.cu — kernels first, then launchers: ReLU6, sigmoid,
  * SiLU, hardswish, hardsigmoid, GELU (erf, tanh), tanh, leaky ReLU, ELU,
- * SELU, softplus, Mish and the affine layer's scale * x + shift, forward and backward,
- * on fp32 or bf16 data: the elementwise kernel k_ew (kernel_common.cuh) with
- * each activation as its element function. Contracts in
- * activation.h; the formulas are gpu/ref/activation.c's. */
+ * SELU, softplus, Mish, the affine layer's scale * x + shift and the clamp
+ * layer's bounds, forward and backward, on fp32 or bf16 data: the
+ * elementwise kernel k_ew (kernel_common.cuh) with each activation as its
+ * element function. Contracts in activation.h; the formulas are
+ * gpu/ref/activation.c's. */
 #include "gpu/cuda/activation.h"
 
 #include "gpu/cuda/activation.cuh"
@@ -19,11 +20,13 @@ static_assert((int)SF_CUDA_ACT_RELU6 == SF_ACT_RELU6 && (int)SF_CUDA_ACT_SIGMOID
                   (int)SF_CUDA_ACT_GELU_TANH == SF_ACT_GELU_TANH && (int)SF_CUDA_ACT_TANH == SF_ACT_TANH &&
                   (int)SF_CUDA_ACT_LEAKY_RELU == SF_ACT_LEAKY_RELU && (int)SF_CUDA_ACT_ELU == SF_ACT_ELU &&
                   (int)SF_CUDA_ACT_SELU == SF_ACT_SELU && (int)SF_CUDA_ACT_SOFTPLUS == SF_ACT_SOFTPLUS &&
-                  (int)SF_CUDA_ACT_MISH == SF_ACT_MISH && (int)SF_CUDA_ACT_AFFINE == SF_ACT_AFFINE,
+                  (int)SF_CUDA_ACT_MISH == SF_ACT_MISH && (int)SF_CUDA_ACT_AFFINE == SF_ACT_AFFINE &&
+                  (int)SF_CUDA_ACT_CLAMP == SF_ACT_CLAMP,
               "the activation codes are the reference's");
 static_assert(sizeof(sf_cuda_act_prm) == sizeof(sf_act_prm) &&
                   offsetof(sf_cuda_act_prm, a) == offsetof(sf_act_prm, a) &&
-                  offsetof(sf_cuda_act_prm, b) == offsetof(sf_act_prm, b),
+                  offsetof(sf_cuda_act_prm, b) == offsetof(sf_act_prm, b) &&
+                  offsetof(sf_cuda_act_prm, c) == offsetof(sf_act_prm, c),
               "an activation's parameters are laid out as the reference's");
 static_assert(SELU_ALPHA == (float)SF_SELU_ALPHA && SELU_SCALE == (float)SF_SELU_SCALE,
               "SELU's constants are the reference's");
@@ -45,7 +48,13 @@ template <int ACT> struct op_act_fwd {
 };
 template <int ACT> struct op_act_bwd {
     sf_cuda_act_prm prm;
-    __device__ __forceinline__ float operator()(float x, float d) const { return d * act_d_t<ACT>(x, prm); }
+    __device__ __forceinline__ float operator()(float x, float d) const
+    {
+        if constexpr (ACT == SF_CUDA_ACT_CLAMP)
+            return act_clamp_passes(x, prm) ? d : 0.f; /* PyTorch selects: +0, even where dy is not finite */
+        else
+            return d * act_d_t<ACT>(x, prm);
+    }
 };
 
 /* ======================================================================== */
@@ -82,6 +91,7 @@ static int act_launch(int act, sf_cuda_act_prm prm, const void *x, const void *d
     case SF_CUDA_ACT_SOFTPLUS: return act_launch_t<T, BWD, SF_CUDA_ACT_SOFTPLUS>(prm, xp, dp, yp, len, s);
     case SF_CUDA_ACT_MISH: return act_launch_t<T, BWD, SF_CUDA_ACT_MISH>(prm, xp, dp, yp, len, s);
     case SF_CUDA_ACT_AFFINE: return act_launch_t<T, BWD, SF_CUDA_ACT_AFFINE>(prm, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_CLAMP: return act_launch_t<T, BWD, SF_CUDA_ACT_CLAMP>(prm, xp, dp, yp, len, s);
     default: return act_launch_t<T, BWD, SF_CUDA_ACT_GELU>(prm, xp, dp, yp, len, s);
     }
 }

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "gpu/cuda/activation.h"
+#include "gpu/model.h" /* SF_CLAMP_GRAD_* */
 
 #define GELU_K0 0.7978845608028654f /* sqrt(2/pi) */
 #define GELU_K1 0.044715f
@@ -17,11 +18,24 @@
 #define SELU_ALPHA 1.6732632423543772f /* PyTorch's (gpu/ref/layers.h SF_SELU_ALPHA) */
 #define SELU_SCALE 1.0507009873554805f
 
+/* Whether the clamp layer passes the gradient at x (gpu/model.h's
+ * SF_CLAMP_GRAD_*): strictly between its bounds, an infinite bound (an
+ * open side) testing nothing; at a NaN clamp's rule (x > min, x < max)
+ * passes none, hardtanh's (zero where x <= min or x >= max) passes it. */
+__device__ __forceinline__ bool act_clamp_passes(float v, sf_cuda_act_prm prm)
+{
+    const bool lo = isinf(prm.a), hi = isinf(prm.b);
+    if (prm.c == SF_CLAMP_GRAD_HARDTANH)
+        return (lo || !(v <= prm.a)) && (hi || !(v >= prm.b));
+    return (lo || v > prm.a) && (hi || v < prm.b);
+}
+
 /* f(x) for one activation chosen at compile time, so that a kernel
  * instantiated per activation runs straight-line code (no per-element switch
  * on a run-time code). prm: leaky ReLU's slope, ELU's alpha, softplus's
- * beta and threshold, affine's scale and shift; the others ignore it. ELU and SELU take expm1, as
- * PyTorch's CUDA kernel does. */
+ * beta and threshold, affine's scale and shift, clamp's bounds and rule;
+ * the others ignore it. ELU and SELU take expm1, as PyTorch's CUDA kernel
+ * does. */
 template <int ACT> __device__ __forceinline__ float act_f_t(float v, sf_cuda_act_prm prm)
 {
     float r;
@@ -51,6 +65,8 @@ template <int ACT> __device__ __forceinline__ float act_f_t(float v, sf_cuda_act
         r = v * tanhf(log1pf(expf(v)));
     else if constexpr (ACT == SF_CUDA_ACT_AFFINE)
         r = __fadd_rn(__fmul_rn(v, prm.a), prm.b); /* PyTorch's x * c + d: two roundings, no FMA */
+    else if constexpr (ACT == SF_CUDA_ACT_CLAMP)
+        r = v < prm.a ? prm.a : v > prm.b ? prm.b : v; /* -0 within the bounds stays -0, as torch's */
     else
         r = 0.5f * v * (1.f + erff(v * INV_SQRT2));
     return isnan(v) ? v : r;
@@ -95,6 +111,8 @@ template <int ACT> __device__ __forceinline__ float act_d_t(float v, sf_cuda_act
         return t + v * s * (1.f - t * t);
     } else if constexpr (ACT == SF_CUDA_ACT_AFFINE) {
         return prm.a;
+    } else if constexpr (ACT == SF_CUDA_ACT_CLAMP) {
+        return act_clamp_passes(v, prm) ? 1.f : 0.f;
     } else {
         return 0.5f * (1.f + erff(v * INV_SQRT2)) + v * expf(-0.5f * v * v) * INV_SQRT_2PI;
     }
@@ -103,12 +121,12 @@ template <int ACT> __device__ __forceinline__ float act_d_t(float v, sf_cuda_act
 /* The same with the activation chosen at run time, for the kernels that
  * apply one inside another pass (batchnorm.cu's fused activation): ReLU6 up
  * to tanh only (batchnorm.h's SF_BN_ACT_LAST). Leaky ReLU, ELU, SELU,
- * softplus, Mish and affine are never fused (executor_plan.cu's g_choose_fusions):
+ * softplus, Mish, affine and clamp are never fused (g_choose_fusions):
  * the fused kernels carry no parameters, and each activation they take is
  * one more instance of every batchnorm row kernel. */
 __device__ __forceinline__ float act_f(int act, float v)
 {
-    const sf_cuda_act_prm p0 = {0.f, 0.f};
+    const sf_cuda_act_prm p0 = {0.f, 0.f, 0};
     switch (act) {
     case SF_CUDA_ACT_RELU6: return act_f_t<SF_CUDA_ACT_RELU6>(v, p0);
     case SF_CUDA_ACT_SIGMOID: return act_f_t<SF_CUDA_ACT_SIGMOID>(v, p0);
@@ -123,7 +141,7 @@ __device__ __forceinline__ float act_f(int act, float v)
 
 __device__ __forceinline__ float act_d(int act, float v)
 {
-    const sf_cuda_act_prm p0 = {0.f, 0.f};
+    const sf_cuda_act_prm p0 = {0.f, 0.f, 0};
     switch (act) {
     case SF_CUDA_ACT_RELU6: return act_d_t<SF_CUDA_ACT_RELU6>(v, p0);
     case SF_CUDA_ACT_SIGMOID: return act_d_t<SF_CUDA_ACT_SIGMOID>(v, p0);

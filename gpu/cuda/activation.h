@@ -33,15 +33,17 @@ typedef enum sf_cuda_act {
     SF_CUDA_ACT_SOFTPLUS,   /* beta * x > threshold ? x : log1p(exp(beta * x)) / beta */
     SF_CUDA_ACT_MISH,       /* x * tanh(log1p(exp(x))) */
     SF_CUDA_ACT_AFFINE,     /* the affine layer: scale * x + shift; its derivative reads no x */
+    SF_CUDA_ACT_CLAMP,      /* the clamp layer: min(max(x, a), b), -inf / +inf where a side is open */
 } sf_cuda_act;
-#define SF_CUDA_ACT_LAST SF_CUDA_ACT_AFFINE
+#define SF_CUDA_ACT_LAST SF_CUDA_ACT_CLAMP
 
 /* An activation's parameters, by value (a kernel argument); the reference's
  * sf_act_prm (gpu/ref/layers.h), which activation.cu checks it matches.
  * The activations without parameters ignore it. */
 typedef struct sf_cuda_act_prm {
-    float a; /* leaky ReLU: negative_slope; ELU: alpha; softplus: beta (not 0); affine: scale */
-    float b; /* softplus: threshold; affine: shift */
+    float a; /* leaky ReLU: negative_slope; ELU: alpha; softplus: beta (not 0); affine: scale; clamp: min */
+    float b; /* softplus: threshold; affine: shift; clamp: max */
+    int c;   /* clamp: the gradient rule, SF_CLAMP_GRAD_* (gpu/model.h) */
 } sf_cuda_act_prm;
 
 /* y = f(x) for len elements of type dt, computed in fp32; x == y allowed.
@@ -53,7 +55,9 @@ int sf_cuda_act_fwd_dt(sf_dtype dt, sf_cuda_act act, sf_cuda_act_prm prm, const 
  * takes x/3 + 1/2 on [-3, 3], leaky ReLU takes the slope at 0, ELU and SELU
  * take alpha * scale * exp(x) at x <= 0 (elu_backward, is_result false),
  * softplus 1 where beta * x > threshold; affine its scale (x is not read
- * then, and may be dy). dx == dy allowed. */
+ * then, and may be dy); clamp dy strictly between its bounds, +0 at or
+ * beyond one, and at a NaN +0 under clamp's rule, dy under hardtanh's.
+ * dx == dy allowed. */
 int sf_cuda_act_bwd_dt(sf_dtype dt, sf_cuda_act act, sf_cuda_act_prm prm, const void *x, const void *dy, void *dx,
                        size_t len, cudaStream_t s);
 

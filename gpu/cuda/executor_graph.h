@@ -265,13 +265,13 @@ static inline void *E(const void *p, size_t i, size_t es) { return (char *)p + i
 static inline int g_src(const sf_model *m, int i, int j) { return sf_layer_input(m, i, j); }
 
 /* Whether kind is an activation of activation.h (not ReLU; affine's
- * scale * x + shift among them). */
+ * scale * x + shift and clamp among them). */
 static inline int g_is_act(int kind)
 {
     return kind == SF_L_RELU6 || kind == SF_L_SIGMOID || kind == SF_L_SILU || kind == SF_L_HARDSWISH ||
            kind == SF_L_HARDSIGMOID || kind == SF_L_GELU || kind == SF_L_TANH || kind == SF_L_LEAKY_RELU ||
            kind == SF_L_ELU || kind == SF_L_SELU || kind == SF_L_SOFTPLUS || kind == SF_L_MISH ||
-           kind == SF_L_AFFINE;
+           kind == SF_L_AFFINE || kind == SF_L_CLAMP;
 }
 
 /* Whether an activation's backward reads its input: all but affine, whose
@@ -295,6 +295,7 @@ static inline sf_cuda_act g_act_kind(const sf_layer *L)
     case SF_L_SOFTPLUS: return SF_CUDA_ACT_SOFTPLUS;
     case SF_L_MISH: return SF_CUDA_ACT_MISH;
     case SF_L_AFFINE: return SF_CUDA_ACT_AFFINE;
+    case SF_L_CLAMP: return SF_CUDA_ACT_CLAMP;
     default: return L->approximate ? SF_CUDA_ACT_GELU_TANH : SF_CUDA_ACT_GELU;
     }
 }
@@ -302,7 +303,7 @@ static inline sf_cuda_act g_act_kind(const sf_layer *L)
 /* The parameters of activation layer L (activation.h); zero for those that have none. */
 static inline sf_cuda_act_prm g_act_prm(const sf_layer *L)
 {
-    sf_cuda_act_prm p = {0.f, 0.f};
+    sf_cuda_act_prm p = {0.f, 0.f, 0};
     if (L->kind == SF_L_LEAKY_RELU)
         p.a = L->negative_slope;
     else if (L->kind == SF_L_ELU)
@@ -311,6 +312,8 @@ static inline sf_cuda_act_prm g_act_prm(const sf_layer *L)
         p.a = L->beta, p.b = L->threshold;
     else if (L->kind == SF_L_AFFINE)
         p.a = L->affine_scale, p.b = L->affine_shift;
+    else if (L->kind == SF_L_CLAMP)
+        p.a = L->clamp_min, p.b = L->clamp_max, p.c = L->clamp_grad;
     return p;
 }
 

@@ -1,7 +1,8 @@
 /* gpu/ref/activation.c — reference activations (ReLU6, sigmoid, SiLU,
  * hardswish, hardsigmoid, GELU erf and tanh, tanh, leaky ReLU with its
  * slope, ELU with its alpha, SELU, softplus with its beta and threshold,
- * Mish, and the affine layer's scale * x + shift), forward and backward, in float and double (_f64), and their
+ * Mish, the affine layer's scale * x + shift and the clamp layer's
+ * bounds), forward and backward, in float and double (_f64), and their
  * layers' hooks. Contracts in gpu/ref/layers.h; formulas and edge cases are
  * PyTorch's. */
 #ifndef T
@@ -30,6 +31,7 @@ static int act_of(sf_layer_kind k)
     case SF_L_SOFTPLUS: return SF_ACT_SOFTPLUS;
     case SF_L_MISH: return SF_ACT_MISH;
     case SF_L_AFFINE: return SF_ACT_AFFINE;
+    case SF_L_CLAMP: return SF_ACT_CLAMP;
     default: return SF_ACT_GELU;
     }
 }
@@ -38,15 +40,17 @@ static int act_of(sf_layer_kind k)
 static int act_of_layer(const sf_layer *L, sf_act_prm *prm)
 {
     const int act = act_of(L->kind);
-    *prm = (sf_act_prm){0, 0};
+    *prm = (sf_act_prm){0, 0, 0};
     if (act == SF_ACT_LEAKY_RELU)
         prm->a = L->negative_slope;
     else if (act == SF_ACT_ELU)
         prm->a = L->alpha;
     else if (act == SF_ACT_SOFTPLUS)
-        *prm = (sf_act_prm){L->beta, L->threshold};
+        *prm = (sf_act_prm){L->beta, L->threshold, 0};
     else if (act == SF_ACT_AFFINE)
-        *prm = (sf_act_prm){L->affine_scale, L->affine_shift};
+        *prm = (sf_act_prm){L->affine_scale, L->affine_shift, 0};
+    else if (act == SF_ACT_CLAMP)
+        *prm = (sf_act_prm){L->clamp_min, L->clamp_max, L->clamp_grad};
     return act == SF_ACT_GELU && L->approximate ? SF_ACT_GELU_TANH : act;
 }
 
@@ -96,6 +100,7 @@ void SF_FN(sf_ref_act_fwd)(int act, sf_act_prm prm, const T *x, size_t len, T *y
         case SF_ACT_SOFTPLUS: r = v * pa > pb ? v : log1p(exp(v * pa)) / pa; break;
         case SF_ACT_MISH: r = v * tanh(log1p(exp(v))); break;
         case SF_ACT_AFFINE: r = v * pa + pb; break; /* PyTorch's x * c + d: two roundings */
+        case SF_ACT_CLAMP: r = v < pa ? pa : v > pb ? pb : v; break; /* -0 within [0, 1] stays -0, as torch's */
         default: r = (T)0.5 * v * ((T)1 + erf(v * (T)0.7071067811865476)); break;
         }
         if (isnan(v))
@@ -114,7 +119,10 @@ void SF_FN(sf_ref_act_fwd)(int act, sf_act_prm prm, const T *x, size_t len, T *y
  * takes the scale; softplus is softplus_backward's (1 where
  * beta * x > threshold, else z / (z + 1), z = exp(beta * x)); Mish is
  * mish_backward's tanh(sp) + x * sigmoid(x) * (1 - tanh(sp)^2), sp the
- * softplus of x; affine's is its scale wherever x is (x may be dy then).
+ * softplus of x; affine's is its scale wherever x is (x may be dy then);
+ * clamp's is 1 strictly between its bounds and 0 at or beyond one, an
+ * open-ended side (an infinite bound) testing nothing, and at a NaN 0 under
+ * clamp's rule, 1 under hardtanh's (gpu/model.h's SF_CLAMP_GRAD_*).
  * dx == dy is allowed. */
 void SF_FN(sf_ref_act_bwd)(int act, sf_act_prm prm, const T *x, const T *dy, size_t len, T *dx)
 {
@@ -162,6 +170,17 @@ void SF_FN(sf_ref_act_bwd)(int act, sf_act_prm prm, const T *x, const T *dy, siz
             break;
         }
         case SF_ACT_AFFINE: d = pa; break;
+        case SF_ACT_CLAMP: {
+            /* clamp tests x > min and x < max (a NaN fails both), hardtanh
+             * zeroes where x <= min or x >= max (a NaN passes); PyTorch
+             * selects (where), so a stopped gradient is +0 even where dy is
+             * not finite */
+            const int lo = isinf(pa), hi = isinf(pb);
+            const int in = prm.c == SF_CLAMP_GRAD_HARDTANH ? (lo || !(v <= pa)) && (hi || !(v >= pb))
+                                                             : (lo || v > pa) && (hi || v < pb);
+            dx[i] = in ? dy[i] : (T)0;
+            continue;
+        }
         default:
             d = (T)0.5 * ((T)1 + erf(v * (T)0.7071067811865476)) +
                 v * exp((T)-0.5 * v * v) * (T)0.3989422804014327; /* 1/sqrt(2 pi) */

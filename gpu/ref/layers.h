@@ -326,15 +326,19 @@ void sf_ref_dropout2d_fwd_f64(const double *x, int n, int c, size_t hw, float p,
  * formulas: ELU's and SELU's elu_backward with is_result false, softplus's
  * threshold test, Mish's mish_backward). prm holds the parameters of those
  * that have them; the others ignore it. SF_ACT_AFFINE is the affine
- * layer's scale * x + shift, whose derivative (the scale) reads no x. */
+ * layer's scale * x + shift, whose derivative (the scale) reads no x.
+ * SF_ACT_CLAMP is the clamp layer's min(max(x, a), b), a = -inf or b = +inf
+ * where that side is open-ended, with the gradient rule c
+ * (SF_CLAMP_GRAD_*, gpu/model.h). */
 enum { SF_ACT_RELU6 = 0, SF_ACT_SIGMOID, SF_ACT_SILU, SF_ACT_HARDSWISH, SF_ACT_HARDSIGMOID, SF_ACT_GELU,
        SF_ACT_GELU_TANH, SF_ACT_TANH, SF_ACT_LEAKY_RELU, SF_ACT_ELU, SF_ACT_SELU, SF_ACT_SOFTPLUS, SF_ACT_MISH,
-       SF_ACT_AFFINE };
+       SF_ACT_AFFINE, SF_ACT_CLAMP };
 /* An activation's parameters, by value (gpu/cuda/activation.h's
  * sf_cuda_act_prm is laid out alike). */
 typedef struct sf_act_prm {
-    float a; /* leaky_relu: negative_slope; elu: alpha; softplus: beta (not 0); affine: scale */
-    float b; /* softplus: threshold; affine: shift */
+    float a; /* leaky_relu: negative_slope; elu: alpha; softplus: beta (not 0); affine: scale; clamp: min */
+    float b; /* softplus: threshold; affine: shift; clamp: max */
+    int c;   /* clamp: the gradient rule, SF_CLAMP_GRAD_* */
 } sf_act_prm;
 /* SELU's fixed constants, PyTorch's (torch.nn.functional.selu). */
 #define SF_SELU_ALPHA 1.6732632423543772848170429916717

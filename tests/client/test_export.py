@@ -78,6 +78,9 @@ def run_spec(spec, tensors, x):
             y = F.mish(a[0])
         elif t == "affine":
             y = a[0] * layer.get("scale", 1.0) + layer.get("shift", 0.0)
+        elif t == "clamp":
+            assert layer["grad"] in ("clamp", "hardtanh") and ("min" in layer or "max" in layer), name
+            y = torch.clamp(a[0], layer.get("min"), layer.get("max"))
         elif t == "prelu":
             assert p("weight").shape == (layer.get("num_parameters", 1),), name
             y = F.prelu(a[0], p("weight"))
@@ -1413,7 +1416,62 @@ def _conv_act(s, x):
     return s.act(s.conv(x))
 
 
-_NO_CLAMP = "has no layer kind; clamp(min=0) and clamp(0, 6) map to relu and relu6"
+class Clamped(nn.Module):
+    """Clamps at bounds other than relu's and relu6's in each spelling: nn.Hardtanh() at its default [-1, 1],
+    nn.Hardtanh(-2, 0.5, inplace=True), F.hardtanh and its in-place spellings, torch.clamp, torch.clip, the
+    Tensor methods clamp, clip, clamp_min and clamp_max and their in-place ones, one bound or two, on a map,
+    on channels-last, on flat features and on tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.act, self.act_ = nn.Hardtanh(), nn.Hardtanh(-2, 0.5, inplace=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.conv(x) * 4  # past the bounds
+        y = self.act(y) + F.hardtanh(y, -2., 2.) + torch.clamp(y, 0, 1) + y.clamp(-1, 1) + torch.clip(y, -3, 3)
+        y = y + y.clip(min=-0.5) + y.clamp_min(1) + torch.clamp_max(y, 0.25) + y.clamp(max=-1) + torch.clamp(y, max=2)
+        y = self.act_(F.hardtanh_(y.clamp_(-5, 5).clamp_min_(-4).clamp_max_(4).clip_(-3.5, 3.5), -3, 3))
+        y = F.hardtanh(y, -1.5, 1.5, inplace=True)
+        z = y.permute(0, 2, 3, 1).clamp(-1, 0.75).permute(0, 3, 1, 2)  # channels-last
+        t = z.flatten(2).transpose(1, 2).clamp(min=-0.9)[:, 0]  # on tokens [N, T, C], then the first
+        return self.fc(t.clamp(-0.3, 0.3))
+
+
+def test_clamps_at_other_bounds_export_as_clamp_layers_with_their_bounds_and_gradient_rule():
+    ex = assert_spec_computes_the_module(Clamped(), hw=8)
+    clamps = [{k: v for k, v in la.items() if k in ("min", "max", "grad")} for la in ex.spec["layers"]
+              if la["type"] == "clamp"]
+    H, C = "hardtanh", "clamp"
+    assert clamps[:11] == [
+        {"min": -1.0, "max": 1.0, "grad": H}, {"min": -2.0, "max": 2.0, "grad": H}, {"min": 0.0, "max": 1.0, "grad": C},
+        {"min": -1.0, "max": 1.0, "grad": C}, {"min": -3.0, "max": 3.0, "grad": C}, {"min": -0.5, "grad": C},
+        {"min": 1.0, "grad": C}, {"max": 0.25, "grad": C}, {"max": -1.0, "grad": C}, {"max": 2.0, "grad": C},
+        {"min": -5.0, "max": 5.0, "grad": C}]
+    assert clamps[11:16] == [{"min": -4.0, "grad": C}, {"max": 4.0, "grad": C}, {"min": -3.5, "max": 3.5, "grad": C},
+                             {"min": -3.0, "max": 3.0, "grad": H}, {"min": -2.0, "max": 0.5, "grad": H}]
+    assert {la["name"] for la in ex.spec["layers"] if la["type"] == "clamp"} >= {"act", "act_"}
+    assert clamps[16:] == [{"min": -1.5, "max": 1.5, "grad": H}, {"min": -1.0, "max": 0.75, "grad": C},
+                           {"min": -0.9, "grad": C}, {"min": -0.3, "max": 0.3, "grad": C}]
+    assert "relu" not in {la["type"] for la in ex.spec["layers"]}
+    assert ex.tensors.keys() == Clamped().state_dict().keys()
+
+
+@pytest.mark.parametrize("f, kind", [
+    (lambda s, x: s.conv(x).clamp(min=0), "relu"), (lambda s, x: F.hardtanh(s.conv(x), 0., 6.), "relu6"),
+    (lambda s, x: torch.clip(s.conv(x), 0, 6), "relu6"), (lambda s, x: s.conv(x).clamp_min(0), "relu"),
+    (lambda s, x: s.conv(x).clamp(0, float("inf")), "relu"),
+    (lambda s, x: torch.clamp(s.conv(x), float("-inf"), 1), "clamp")],
+    ids=["clamp-min-0", "hardtanh-0-6", "clip-0-6", "clamp_min-0", "clamp-0-inf", "clamp--inf-1"])
+def test_clamps_at_relu_and_relu6_bounds_still_export_as_relu_and_relu6(f, kind):
+    ex = convert(Stemmed(f), (1, 3, 8, 8))
+    assert [la["type"] for la in ex.spec["layers"]][1] == kind
+    if kind == "clamp":
+        assert "min" not in ex.spec["layers"][1] and ex.spec["layers"][1]["max"] == 1.0
+
+
+_NO_CLAMP = "the service's clamp layer"
 
 
 @pytest.mark.parametrize("f, mods, op, path, why", [
@@ -1427,18 +1485,25 @@ _NO_CLAMP = "has no layer kind; clamp(min=0) and clamp(0, 6) map to relu and rel
     (lambda s, x: F.pad(s.conv(x).flatten(2), (1, 1), "reflect"), {}, "torch.nn.functional.pad", "stem",
      "pads a tensor of shape [N, 4, 36]; the pad kind pads the height and width of a [N, C, H, W] map (3-D and 5-D "
      "padding have no layer kind)"),
-    (lambda s, x: s.conv(x).clamp(-1, 1), {}, "Tensor.clamp", "stem", f"clamp to [-1, 1] {_NO_CLAMP}"),
-    (_conv_act, {"act": nn.Hardtanh()}, "Hardtanh", "stem.act", f"clamp to [-1, 1] {_NO_CLAMP}"),
-    (_conv_act, {"act": nn.Hardtanh(0., 1.)}, "Hardtanh", "stem.act", f"clamp to [0, 1] {_NO_CLAMP}"),
-    (lambda s, x: torch.clamp(s.conv(x), max=6), {}, "torch.clamp", "stem", f"clamp to [-inf, 6] {_NO_CLAMP}"),
-    (lambda s, x: s.conv(x).clamp_min(0.5), {}, "Tensor.clamp_min", "stem", f"clamp to [0.5, inf] {_NO_CLAMP}"),
-    (lambda s, x: F.hardtanh(s.conv(x), 0., 3.), {}, "hardtanh", "stem", f"clamp to [0, 3] {_NO_CLAMP}"),
+    (lambda s, x: s.conv(x).clamp(1, -1), {}, "Tensor.clamp", "stem",
+     f"clamp to [1, -1] has its lower bound above its upper one (PyTorch then gives the upper bound everywhere); "
+     f"{_NO_CLAMP} needs min <= max"),
+    (lambda s, x: torch.clamp(s.conv(x), float("-inf"), float("inf")), {}, "torch.clamp", "stem",
+     f"clamp to [-inf, inf] bounds nothing; {_NO_CLAMP} needs a finite bound"),
+    (lambda s, x: s.conv(x).clamp_max(float("nan")), {}, "Tensor.clamp_max", "stem",
+     f"upper bound nan, which is not a finite float32 number; {_NO_CLAMP} takes finite bounds"),
+    (lambda s, x: s.conv(x).clamp_min(float("inf")), {}, "Tensor.clamp_min", "stem",
+     "lower bound inf, which is not a finite float32 number"),
+    (lambda s, x: s.conv(x).clamp(max=float("-inf")), {}, "Tensor.clamp", "stem",
+     "upper bound -inf, which is not a finite float32 number"),
     (lambda s, x: s.conv(x).clamp(min=torch.zeros(1)), {}, "Tensor.clamp", "stem",
-     "lower bound _tensor_constant0, which is not a number known at export"),
+     f"lower bound _tensor_constant0, which is not a number known at export; {_NO_CLAMP} takes Python numbers"),
+    (lambda s, x: torch.clip(s.conv(x), max=torch.ones(1)), {}, "torch.clip", "stem",
+     "upper bound _tensor_constant0, which is not a number known at export"),
 ], ids=["F.pad-negative", "ConstantPad2d-negative", "F.pad-channels", "F.pad-infinite-value", "F.pad-3d",
-        "clamp-bounds", "Hardtanh-default", "Hardtanh-0-1", "clamp-max-only",
-        "clamp_min-0.5", "hardtanh-0-3", "clamp-tensor-bound"])
-def test_padding_and_clamps_without_a_layer_kind_are_refused_naming_the_op_the_path_and_why(f, mods, op, path, why):
+        "clamp-min-above-max", "clamp-unbounded", "clamp_max-nan", "clamp_min-inf",
+        "clamp-max--inf", "clamp-tensor-bound", "clip-tensor-bound"])
+def test_padding_and_clamps_the_service_cannot_run_are_refused_naming_the_op_the_path_and_why(f, mods, op, path, why):
     with pytest.raises(ExportError) as e:
         convert(Stemmed(f, **mods), (1, 3, 8, 8))
     assert op in e.value.op and e.value.module_path == path, str(e.value)

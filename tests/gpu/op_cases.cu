@@ -69,7 +69,8 @@ static op_case row(const char *op, const char *check, op_compare run, sf_dtype d
 }
 
 static const char *const ACT_CHECKS[] = {"relu6", "sigmoid",    "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh",
-                                         "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish", "affine"};
+                                         "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish", "affine",
+                                         "clamp"};
 static_assert(sizeof ACT_CHECKS / sizeof ACT_CHECKS[0] == SF_CUDA_ACT_LAST + 1, "a name per activation");
 
 /* The parameter sets (sf_cuda_act_prm's a, b) an activation's rows run at:
@@ -81,8 +82,10 @@ static_assert(sizeof ACT_CHECKS / sizeof ACT_CHECKS[0] == SF_CUDA_ACT_LAST + 1, 
  * beta's linear branch is x < -2), and a sharp beta 10 threshold 20;
  * affine (scale, shift) as the identity, x * 2 - 1 (the exporter's fold of
  * (x - 0.5) / 0.5), a negative scale (c - x / 2) and ImageNet's red
- * channel's normalisation (x - 0.485) / 0.229. One empty set for the
- * activations without parameters. */
+ * channel's normalisation (x - 0.485) / 0.229; clamp (min, max, rule) at
+ * Hardtanh's [-1, 1] under each rule, a GAN output's [0, 1], a lower bound
+ * alone (clamp_min(-0.5)) and an upper one alone (clamp_max(2)). One empty
+ * set for the activations without parameters. */
 static std::vector<std::vector<float>> act_prm_sets(int act)
 {
     switch (act) {
@@ -90,6 +93,10 @@ static std::vector<std::vector<float>> act_prm_sets(int act)
     case SF_CUDA_ACT_ELU: return {{1.f}, {0.5f}, {2.f}, {-0.5f}};
     case SF_CUDA_ACT_SOFTPLUS: return {{1.f, 20.f}, {2.f, 3.f}, {-0.5f, 1.f}, {10.f, 20.f}};
     case SF_CUDA_ACT_AFFINE: return {{1.f, 0.f}, {2.f, -1.f}, {-0.5f, 0.25f}, {1.f / 0.229f, -0.485f / 0.229f}};
+    case SF_CUDA_ACT_CLAMP:
+        return {{-1.f, 1.f, (float)SF_CLAMP_GRAD_HARDTANH}, {0.f, 1.f, (float)SF_CLAMP_GRAD_CLAMP},
+                {-1.f, 1.f, (float)SF_CLAMP_GRAD_CLAMP}, {-0.5f, INFINITY, (float)SF_CLAMP_GRAD_CLAMP},
+                {-INFINITY, 2.f, (float)SF_CLAMP_GRAD_CLAMP}};
     default: return {{}};
     }
 }
@@ -114,11 +121,14 @@ std::vector<op_case> op_cases()
                 t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {1 << 16}, {act, 0, 1}, 1e-5, 0, f));
             }
             /* the long row at the second set (leaky ReLU's 0.2, ELU's 0.5,
-             * softplus's beta 2 threshold 3, affine's x * 2 - 1) */
+             * softplus's beta 2 threshold 3, affine's x * 2 - 1, clamp's [0, 1]) */
             t.push_back(row("activation", ACT_CHECKS[act], cmp_activation, dt, {9000003}, {act, 0, 0}, 1e-5, 0,
                             sets[sets.size() > 1 ? 1 : 0]));
         }
         t.push_back(row("activation", "nan", cmp_activation_nan, dt, {}, {}, 0));
+        /* the clamp's bounds, -0, infinities and NaN under each of its sets */
+        for (const std::vector<float> &f : act_prm_sets(SF_CUDA_ACT_CLAMP))
+            t.push_back(row("activation", "clamp_edges", cmp_clamp_edges, dt, {}, {}, 0, 0, f));
     }
     t.push_back(row("activation", "refused", cmp_activation_refused, SF_DT_F32, {4}, {99}, 0));
 

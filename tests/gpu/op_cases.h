@@ -79,6 +79,7 @@ std::vector<op_case> op_cases();
 /* The compare functions, one family per file under tests/gpu/ops/. */
 void cmp_activation(const op_case &c, const op_env &e);
 void cmp_activation_nan(const op_case &c, const op_env &e);
+void cmp_clamp_edges(const op_case &c, const op_env &e);
 void cmp_activation_refused(const op_case &c, const op_env &e);
 void cmp_concat(const op_case &c, const op_env &e);
 void cmp_concat_refused(const op_case &c, const op_env &e);

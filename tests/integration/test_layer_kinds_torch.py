@@ -3,6 +3,7 @@ reference backend (or the backend STREAMFEED_PARITY_BACKEND names) in fp32:
 small modules that use each of them -- grouped, depthwise and dilated
 convolutions, the activations (a GAN's leaky ReLU and tanh among them,
 ELU, SELU, softplus and Mish), arithmetic with numbers (affine), PReLU,
+clamps at any bounds (Hardtanh, torch.clamp),
 squeeze-and-excitation's broadcast multiply,
 ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
 DenseNet's concatenations, average pooling with ceil_mode and
@@ -541,6 +542,49 @@ class ConvPads(nn.Module):
         return self.fc(self.flat(self.plain(self.act(y))))
 
 
+# Clamps at other bounds than relu's and relu6's (the clamp kind):
+# nn.Hardtanh() at its default [-1, 1] after a convolution whose weights are
+# scaled by 4 (many values beyond the bounds), a GAN output's
+# torch.clamp(x, 0, 1), x.clamp(min=-0.5) after a strided convolution, and
+# F.hardtanh(x, -2, 2) on flat features. Channel 0 of c0 and channels 0 and
+# 1 of c1 have zero weights and a bias exactly at a bound (-1; 0 and 1), so
+# every pixel of them sits on a bound: PyTorch passes no gradient there
+# under either rule, so those weights and biases must stay as they are
+# through the five steps; a rule that passed the gradient at the bounds
+# (the closed interval) would move them at the first step and fail the
+# parameter comparison. No ReLU stands before torch.clamp(x, 0, 1): its own
+# zero gradient at 0 would hide the clamp's rule there.
+CLAMP_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "pad": 1},
+    {"type": "clamp", "name": "ht", "min": -1.0, "max": 1.0, "grad": "hardtanh"},
+    {"type": "conv2d", "name": "c1", "out": 4, "k": 3, "pad": 1},
+    {"type": "clamp", "name": "unit", "min": 0.0, "max": 1.0, "grad": "clamp"},
+    {"type": "conv2d", "name": "c2", "out": 4, "k": 3, "stride": 2, "pad": 1},
+    {"type": "clamp", "name": "floor", "min": -0.5, "grad": "clamp"},
+    {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc1", "out": 8},
+    {"type": "clamp", "name": "h2", "min": -2.0, "max": 2.0, "grad": "hardtanh"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class Clamps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0, self.ht = nn.Conv2d(3, 4, 3, padding=1), nn.Hardtanh()
+        self.c1, self.c2 = nn.Conv2d(4, 4, 3, padding=1), nn.Conv2d(4, 4, 3, stride=2, padding=1)
+        self.fc1, self.fc = nn.Linear(4 * 4 * 4, 8), nn.Linear(8, 10)
+        with torch.no_grad():
+            self.c0.weight.mul_(4)
+            self.c0.weight[0].zero_()
+            self.c0.bias[0] = -1.0
+            self.c1.weight[:2].zero_()
+            self.c1.bias[:2] = torch.tensor([0.0, 1.0])
+
+    def forward(self, x):
+        y = torch.clamp(self.c1(self.ht(self.c0(x))), 0, 1)
+        y = self.c2(y).clamp(min=-0.5)
+        return self.fc(nn.functional.hardtanh(self.fc1(torch.flatten(y, 1)), -2, 2))
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
@@ -548,7 +592,8 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
          "smooth_activations": (SmoothActs, SMOOTH_SPEC), "pyramid_skip": (Pyramid, PYRAMID_SPEC),
          "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC),
          "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC),
-         "conv_padding": (ConvPads, CONV_PAD_SPEC)}
+         "conv_padding": (ConvPads, CONV_PAD_SPEC),
+         "clamps": (Clamps, CLAMP_SPEC)}
 
 
 

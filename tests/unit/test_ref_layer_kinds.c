@@ -85,8 +85,11 @@ static void gd_fwd_f32(const kcase *k, float *const *v, float *y)
 
 /* activations: a = act, then its parameters (sf_act_prm: leaky_relu's
  * slope, elu's alpha, softplus's beta and threshold, affine's scale and
- * shift) in hundredths */
-#define ACT_PRM(k) ((sf_act_prm){(float)(k)->a[1] / 100.f, (float)(k)->a[2] / 100.f})
+ * shift, clamp's min and max) in hundredths, OPEN_END for a clamp's side
+ * left open (an infinite bound), then clamp's gradient rule */
+#define OPEN_END 999999
+static float act_hundredths(int v, float open) { return v == OPEN_END ? open : (float)v / 100.f; }
+#define ACT_PRM(k) ((sf_act_prm){act_hundredths((k)->a[1], -INFINITY), act_hundredths((k)->a[2], INFINITY), (k)->a[3]})
 static void act_fwd(const kcase *k, double *const *v, double *y)
 {
     sf_ref_act_fwd_f64(k->a[0], ACT_PRM(k), v[0], k->nv[0], y);
@@ -458,6 +461,15 @@ static const kcase kcases[] = {
     {"affine 2 -1", 1, {64}, 64, 4, {SF_ACT_AFFINE, 200, -100}, act_fwd, act_bwd, act_fwd_f32},
     {"affine -1 0.5", 1, {64}, 64, 4, {SF_ACT_AFFINE, -100, 50}, act_fwd, act_bwd, act_fwd_f32},
     {"affine 0.25 3", 1, {64}, 64, 4, {SF_ACT_AFFINE, 25, 300}, act_fwd, act_bwd, act_fwd_f32},
+    /* clamp (min, max, rule): both bounds, one side open each way, and
+     * hardtanh's rule (which differs from clamp's only at a NaN) */
+    {"clamp -0.5 0.75", 1, {64}, 64, 2, {SF_ACT_CLAMP, -50, 75, SF_CLAMP_GRAD_CLAMP}, act_fwd, act_bwd, act_fwd_f32},
+    {"clamp min 0.25", 1, {64}, 64, 2, {SF_ACT_CLAMP, 25, OPEN_END, SF_CLAMP_GRAD_CLAMP}, act_fwd, act_bwd,
+     act_fwd_f32},
+    {"clamp max -0.3", 1, {64}, 64, 2, {SF_ACT_CLAMP, OPEN_END, -30, SF_CLAMP_GRAD_CLAMP}, act_fwd, act_bwd,
+     act_fwd_f32},
+    {"hardtanh -1 1", 1, {64}, 64, 2, {SF_ACT_CLAMP, -100, 100, SF_CLAMP_GRAD_HARDTANH}, act_fwd, act_bwd,
+     act_fwd_f32},
     {"mul same shape", 2, {2 * 3 * 5, 2 * 3 * 5}, 2 * 3 * 5, 1, {2, 3, 5, 5}, mul_fwd, mul_bwd, NULL},
     {"mul broadcast [C,1,1]", 2, {2 * 3 * 5, 2 * 3}, 2 * 3 * 5, 1, {2, 3, 5, 1}, mul_fwd, mul_bwd, NULL},
     {"layer scale", 2, {2 * 4 * 6, 4}, 2 * 4 * 6, 1, {2, 4, 6}, cs_fwd, cs_bwd, NULL},
@@ -599,9 +611,9 @@ static void leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation(void *
 {
     const float x[4] = {0.f, -0.f, NAN, 30.f}, dy[4] = {2.f, 2.f, 1.f, 1.f};
     float y[4], dx[4];
-    sf_ref_act_fwd(SF_ACT_LEAKY_RELU, (sf_act_prm){0.2f, 0.f}, x, 4, y);
+    sf_ref_act_fwd(SF_ACT_LEAKY_RELU, (sf_act_prm){0.2f, 0.f, 0}, x, 4, y);
     assert_true(y[0] == 0.f && y[1] == 0.f && isnan(y[2]) && y[3] == 30.f);
-    sf_ref_act_bwd(SF_ACT_LEAKY_RELU, (sf_act_prm){0.2f, 0.f}, x, dy, 4, dx);
+    sf_ref_act_bwd(SF_ACT_LEAKY_RELU, (sf_act_prm){0.2f, 0.f, 0}, x, dy, 4, dx);
     assert_true(dx[0] == 0.4f && dx[1] == 0.4f && dx[2] == 0.2f && dx[3] == 1.f);
     sf_ref_act_fwd(SF_ACT_TANH, (sf_act_prm){0}, x, 4, y);
     assert_true(y[0] == 0.f && isnan(y[2]) && y[3] == 1.f);
@@ -624,6 +636,49 @@ static void prelu_follows_pytorch_at_zero_and_nan(void **state)
     assert_true(da == -2.f); /* only x = -1 adds: -1 * 2 */
     sf_ref_prelu_bwd(x, 1, 1, 5, &a, 1, dy, dx, &da);
     assert_true(dx[4] == 0.5f && isnan(da));
+}
+
+/* Where finite differences cannot look: x exactly at a bound, beyond it,
+ * -0, infinities and NaN, as torch 2.15 gives them for torch.clamp(x, -1,
+ * 1), x.clamp_min(0), x.clamp(max=1), F.hardtanh(x, -1, 1) and
+ * F.hardtanh(x, 0, 1) (dy = 3; dy = inf at x = 2, where every rule here
+ * stops the gradient and PyTorch's select gives 0, not inf * 0): no rule
+ * passes the gradient at a bound, clamp's passes none at a NaN and
+ * hardtanh's passes dy there; an open-ended side passes -inf or +inf
+ * through with its gradient; -0 within the bounds stays -0. */
+static void clamp_follows_pytorch_at_the_bounds_infinities_and_nan(void **state)
+{
+    const float x[10] = {-2.f, -1.f, -0.5f, 0.f, -0.f, 1.f, 2.f, NAN, INFINITY, -INFINITY};
+    const float dy[10] = {3, 3, 3, 3, 3, 3, INFINITY, 3, 3, 3};
+    const float I = INFINITY;
+    const struct {
+        const char *name;
+        sf_act_prm prm;
+        float y[10], dx[10];
+    } cases[] = {
+        {"clamp -1 1", {-1.f, 1.f, SF_CLAMP_GRAD_CLAMP},
+         {-1, -1, -0.5f, 0, -0.f, 1, 1, NAN, 1, -1}, {0, 0, 3, 3, 3, 0, 0, 0, 0, 0}},
+        {"clamp_min 0", {0.f, I, SF_CLAMP_GRAD_CLAMP},
+         {0, 0, 0, 0, -0.f, 1, 2, NAN, I, 0}, {0, 0, 0, 0, 0, 3, I, 0, 3, 0}},
+        {"clamp_max 1", {-I, 1.f, SF_CLAMP_GRAD_CLAMP},
+         {-2, -1, -0.5f, 0, -0.f, 1, 1, NAN, 1, -I}, {3, 3, 3, 3, 3, 0, 0, 0, 0, 3}},
+        {"hardtanh -1 1", {-1.f, 1.f, SF_CLAMP_GRAD_HARDTANH},
+         {-1, -1, -0.5f, 0, -0.f, 1, 1, NAN, 1, -1}, {0, 0, 3, 3, 3, 0, 0, 3, 0, 0}},
+        {"hardtanh 0 1", {0.f, 1.f, SF_CLAMP_GRAD_HARDTANH},
+         {0, 0, 0, 0, -0.f, 1, 1, NAN, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 3, 0, 0}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float y[10], dx[10];
+        sf_ref_act_fwd(SF_ACT_CLAMP, cases[c].prm, x, 10, y);
+        sf_ref_act_bwd(SF_ACT_CLAMP, cases[c].prm, x, dy, 10, dx);
+        for (int i = 0; i < 10; i++) {
+            const float w = cases[c].y[i];
+            if (isnan(w) ? !isnan(y[i]) : (y[i] != w || signbit(y[i]) != signbit(w)))
+                fail_msg("%s forward element %d: %g, PyTorch's %g", cases[c].name, i, y[i], w);
+            if (dx[i] != cases[c].dx[i] || signbit(dx[i]))
+                fail_msg("%s backward element %d: %g, PyTorch's %g", cases[c].name, i, dx[i], cases[c].dx[i]);
+        }
+    }
 }
 
 /* Within a float rounding or two of what PyTorch 2.x's CPU kernels and
@@ -652,19 +707,19 @@ static void elu_selu_softplus_mish_follow_pytorch_at_zero_nan_and_saturation(voi
         sf_act_prm prm;
         float y[7], dx[7];
     } cases[] = {
-        {"elu 0.5", SF_ACT_ELU, {0.5f, 0.f},
+        {"elu 0.5", SF_ACT_ELU, {0.5f, 0.f, 0},
          {0.f, -0.f, NAN, -0.316060275f, 2.f, 30.f, -0.5f},
          {0.5f, 0.5f, 1.f, 0.183939725f, 1.f, 1.f, 4.67881146e-14f}},
-        {"selu", SF_ACT_SELU, {0.f, 0.f},
+        {"selu", SF_ACT_SELU, {0.f, 0.f, 0},
          {0.f, -0.f, NAN, -1.11133075f, 2.10140204f, 31.5210304f, -1.75809932f},
          {1.75809932f, 1.75809932f, 1.05070102f, 0.64676863f, 1.05070102f, 1.05070102f, 1.64516309e-13f}},
-        {"softplus 2 10", SF_ACT_SOFTPLUS, {2.f, 10.f},
+        {"softplus 2 10", SF_ACT_SOFTPLUS, {2.f, 10.f, 0},
          {0.346573591f, 0.346573591f, NAN, 0.0634640008f, 2.00907493f, 30.f, 4.37825545e-27f},
          {0.5f, 0.5f, NAN, 0.119202919f, 0.982013762f, 1.f, 8.75651089e-27f}},
-        {"softplus -1 20", SF_ACT_SOFTPLUS, {-1.f, 20.f},
+        {"softplus -1 20", SF_ACT_SOFTPLUS, {-1.f, 20.f, 0},
          {-0.693147182f, -0.693147182f, NAN, -1.31326163f, -0.126928002f, -9.35762291e-14f, -30.f},
          {0.5f, 0.5f, NAN, 0.731058598f, 0.119202919f, 9.35762291e-14f, 1.f}},
-        {"mish", SF_ACT_MISH, {0.f, 0.f},
+        {"mish", SF_ACT_MISH, {0.f, 0.f, 0},
          {0.f, -0.f, NAN, -0.303401440f, 1.94395900f, 30.f, -2.80728695e-12f},
          {0.600000024f, 0.600000024f, NAN, 0.0592167303f, 1.06931794f, 1.f, -2.71371098e-12f}},
     };
@@ -818,7 +873,9 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 /* Grouped and dilated convolution, Inception's 1xk and kx1 kernels (one
  * strided along the height only), leaky ReLU (a GAN discriminator's 0.2),
  * ELU (alpha 0.5), SELU, softplus (beta 2, threshold 2: both branches
- * taken), SiLU, affine (a negative scale and a shift), Mish, tanh,
+ * taken), SiLU, affine (a negative scale and a shift), a clamp to
+ * [-0.5, 0.5] under hardtanh's rule (the affine's outputs reach past both
+ * bounds), Mish, tanh,
  * batchnorm over flat features (nn.BatchNorm1d); PReLU with a slope per
  * channel and with one over flat features. */
 static const char *const GROUPED_SPEC =
@@ -834,6 +891,7 @@ static const char *const GROUPED_SPEC =
     "\"dilation\":[1,2]},"
     "{\"type\":\"softplus\",\"name\":\"sp\",\"beta\":2,\"threshold\":2},"
     "{\"type\":\"silu\",\"name\":\"a\"},{\"type\":\"affine\",\"name\":\"af\",\"scale\":-1.5,\"shift\":0.25},"
+    "{\"type\":\"clamp\",\"name\":\"cl\",\"min\":-0.5,\"max\":0.5,\"grad\":\"hardtanh\"},"
     "{\"type\":\"mish\",\"name\":\"mi\"},{\"type\":\"tanh\",\"name\":\"t\"},{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"prelu\",\"name\":\"pr1\"},"
     "{\"type\":\"batchnorm2d\",\"name\":\"bn1d\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
@@ -1248,6 +1306,8 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     }
 }
 
+#define HEAD_TOKENS "{\"input\":[3,8,8],\"classes\":4,\"layers\":[{\"type\":\"conv2d\",\"out\":4,\"k\":4,\"stride\":4}," \
+                    "{\"type\":\"to_tokens\"},"
 static void the_cuda_check_names_the_layer_and_the_reference_backend(void **state)
 {
     static sf_model m;
@@ -1280,7 +1340,8 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
     assert_non_null(strstr(err, "layer 2 \"hs\""));
     assert_non_null(strstr(err, "token sequence"));
-    /* affine, prelu and pad run on CUDA (their op tests have run on a GPU) */
+    /* affine, prelu and pad run on CUDA: their rows say cuda = 1 since
+     * their op tests passed on a GPU */
     assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);
     const int af = (int)(layer_named(&m, "af") - m.layers);
     assert_int_equal(sf_layer_cuda_check(&m, af, err, sizeof err), 0);
@@ -1288,6 +1349,12 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_layer_cuda_check(&m, pr, err, sizeof err), 0);
     assert_int_equal(sf_model_from_json(PAD_SPEC, &m, err, sizeof err), 0);
     assert_int_equal(sf_layer_cuda_check(&m, 0, err, sizeof err), 0);
+    /* clamp: refused until its kernels have run on a GPU, on maps and tokens */
+    assert_int_equal(sf_model_from_json(HEAD_TOKENS "{\"type\":\"clamp\",\"name\":\"cl\",\"min\":-1,\"max\":1},"
+                                        "{\"type\":\"select_token\"}]}", &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "\"cl\" (clamp)"));
+    assert_non_null(strstr(err, "pipeline.backend=ref"));
 }
 
 static void expect_json_error(const char *js, const char *needle1, const char *needle2)
@@ -1359,6 +1426,12 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"affine\",\"scale\":1e39}]}", "layer 0", "scale");
     expect_json_error(HEAD "{\"type\":\"affine\",\"shift\":-1e39}]}", "layer 0", "shift");
     expect_json_error(HEAD "{\"type\":\"affine\",\"bias\":1}]}", "layer 0", "bias");
+    expect_json_error(HEAD "{\"type\":\"clamp\"}]}", "layer 0", "needs \"min\", \"max\" or both");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"grad\":\"hardtanh\"}]}", "layer 0", "needs \"min\"");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"min\":1,\"max\":0.5}]}", "layer 0", "\"min\" 1 is above \"max\" 0.5");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"min\":1e39}]}", "layer 0", "min");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"max\":-1e39}]}", "layer 0", "max");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"min\":0,\"grad\":\"closed\"}]}", "layer 0", "grad");
     expect_json_error(HEAD "{\"type\":\"prelu\",\"num_parameters\":2}]}", "layer 0", "1 or the input's 4");
     /* pad: F.pad's bounds (input 8x8), crops and what PyTorch refuses */
     expect_json_error(HEAD "{\"type\":\"pad\"}]}", "layer 0", "missing \"pad\"");
@@ -1470,6 +1543,16 @@ static void fields_marked_if_set_are_written_back_only_when_set(void **state)
     expect_fields_json(&m.layers[17], "{\"scale\":2,\"shift\":-1}");
     expect_fields_json(&m.layers[18], "{\"num_parameters\":1}");
     expect_fields_json(&m.layers[19], "{\"num_parameters\":4}");
+    /* clamp: a bound only when given (an open side is none), its rule always */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"clamp\",\"min\":0},{\"type\":\"clamp\",\"max\":0.5},"
+                                        "{\"type\":\"clamp\",\"min\":-1,\"max\":1,\"grad\":\"hardtanh\"},"
+                                        "{\"type\":\"clamp\",\"min\":2,\"max\":2}]}", &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"min\":0,\"grad\":\"clamp\"}");
+    expect_fields_json(&m.layers[1], "{\"max\":0.5,\"grad\":\"clamp\"}");
+    expect_fields_json(&m.layers[2], "{\"min\":-1,\"max\":1,\"grad\":\"hardtanh\"}");
+    expect_fields_json(&m.layers[3], "{\"min\":2,\"max\":2,\"grad\":\"clamp\"}");
+    assert_true(isinf(m.layers[0].clamp_max) && m.layers[0].clamp_max > 0 && isinf(m.layers[1].clamp_min) &&
+                m.layers[1].clamp_min < 0 && m.layers[2].clamp_grad == SF_CLAMP_GRAD_HARDTANH);
     /* pad: its pads and mode always, its value only when set; the shape is F.pad's */
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"pad\",\"pad\":[0,1,0,1]},"
                                         "{\"type\":\"pad\",\"pad\":[3,2,1,0],\"mode\":\"constant\",\"value\":-0.5},"
@@ -1538,6 +1621,7 @@ int main(void)
         cmocka_unit_test(leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(elu_selu_softplus_mish_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(prelu_follows_pytorch_at_zero_and_nan),
+        cmocka_unit_test(clamp_follows_pytorch_at_the_bounds_infinities_and_nan),
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
         cmocka_unit_test(channel_shuffle_and_slice_follow_pytorch),
         cmocka_unit_test(pixel_shuffle_follows_pytorch),

@@ -489,11 +489,11 @@ class _Converter:
                 raise ExportError(f"runs on flat features [N, F] only (here a tensor of per-sample shape "
                                   f"{list(x.shape)}; the service has no [N, C, L] batchnorm)", op=op, module_path=path)
             return self.batchnorm2d(path, x, out, op, mod)
-        act = MODULE_ACTIVATIONS.get(type(mod)) or clamp_activation(n, mod, op, path)
+        act, f = clamp_activation(n, mod, op, path) or (MODULE_ACTIVATIONS.get(type(mod)), None)
         if act:
             if x.ct:
                 _need_nchw(x, op, path)
-            f = _act_fields(act, lambda name, i, default: getattr(mod, name, default), op, path)
+            f = f if f is not None else _act_fields(act, lambda name, i, default: getattr(mod, name, default), op, path)
             return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if type(mod) is nn.MaxPool2d:
             _need_nchw(x, op, path)
@@ -1126,14 +1126,14 @@ class _Converter:
             raise ExportError(f"indexes with {idx!r}; supported are x[:, 0] on a token sequence (the class token) "
                               "and x[:, a:b] on a map (a channel range)", op=op, module_path=path,
                               supported=_supported_functions())
-        kind = (FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")) or \
-            clamp_activation(n, None, op, path)
+        kind, f = clamp_activation(n, None, op, path) or \
+            ((FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")), None)
         if kind:
             x = self.val(n.args[0], n)
             if x.ct:
                 raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
-            f = _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default) if i < 0 else
-                            arg(i, name, default), op, path)
+            f = f if f is not None else _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default)
+                                                    if i < 0 else arg(i, name, default), op, path)
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if t in (F.prelu, torch.prelu):
             return self.prelu_function(n, arg(0, "input"), arg(1, "weight"), op, path)

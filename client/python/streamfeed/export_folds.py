@@ -1,11 +1,13 @@
-"""PyTorch idioms that streamfeed.export folds onto layer kinds the service
-already has, with no layer of their own (zero padding that a convolution
-folds in is export_pad.py's):
+"""PyTorch idioms that streamfeed.export maps onto layer kinds (zero
+padding that a convolution folds in is export_pad.py's):
 
-- clamps that are activations (``torch.clamp``, ``torch.clip``,
-  ``clamp_min``, ``clamp_max``, ``F.hardtanh``, ``nn.Hardtanh``, as
-  functions, Tensor methods and in place): to [0, inf) a relu, to [0, 6] a
-  relu6.
+- clamps (``torch.clamp``, ``torch.clip``, ``clamp_min``, ``clamp_max``,
+  ``F.hardtanh``, ``nn.Hardtanh``, as functions, Tensor methods and in
+  place) with bounds that are Python numbers: to [0, inf) a relu, to [0, 6]
+  a relu6 (the kinds the CUDA backend fuses into a batchnorm), to any other
+  bounds a clamp layer whose gradient rule is the spelling's (hardtanh's
+  for nn.Hardtanh and F.hardtanh, clamp's for the others: they differ at a
+  NaN input, gpu/model.h's SF_CLAMP_GRAD_*).
 
 Each function reads one node of the traced graph and says what it becomes
 or raises ExportError saying why it cannot; the converter (export.py) emits
@@ -23,6 +25,9 @@ from torch import nn
 from .export_error import ExportError
 
 __all__ = ["clamp_activation"]
+
+# The largest finite float32: the service stores a clamp's bounds as floats.
+_FLT_MAX = 3.4028234663852886e38
 
 # The clamping functions of torch (call_function targets), and the
 # parameters after the input of each spelling by name, positional order
@@ -59,14 +64,21 @@ def _bound(v: Any, what: str, op: str, path: str) -> Optional[float]:
         return None
     if isinstance(v, torch.fx.Node) or not isinstance(v, (int, float)) or isinstance(v, bool):
         raise ExportError(f"clamps with the {what} bound {v!r}, which is not a number known at export; "
-                          "clamp(min=0) and clamp(0, 6) map to relu and relu6", op=op, module_path=path)
-    v = float(v)
-    return None if math.isinf(v) and (v < 0) == (what == "lower") else v
+                          "the service's clamp layer takes Python numbers", op=op, module_path=path)
+    b = float(v)
+    if math.isinf(b) and (b < 0) == (what == "lower"):
+        return None
+    if not abs(b) <= _FLT_MAX:  # NaN, an infinity on the other side (every value clamped to it), past float32
+        raise ExportError(f"clamps with the {what} bound {v!r}, which is not a finite float32 number; the "
+                          "service's clamp layer takes finite bounds", op=op, module_path=path)
+    return b
 
 
-def clamp_activation(n: torch.fx.Node, mod: Optional[nn.Module], op: str, path: str) -> Optional[str]:
-    """The kind a clamp maps onto (relu: [0, inf), relu6: [0, 6]), None
-    where n is not a clamp, or a refusal naming its bounds."""
+def clamp_activation(n: torch.fx.Node, mod: Optional[nn.Module], op: str,
+                     path: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """The kind a clamp maps onto and its fields (relu: [0, inf), relu6:
+    [0, 6], clamp with its bounds and rule otherwise), None where n is not a
+    clamp, or a refusal naming its bounds and why."""
     spelling = _clamp_spelling(n, mod)
     if spelling is None:
         return None
@@ -77,8 +89,18 @@ def clamp_activation(n: torch.fx.Node, mod: Optional[nn.Module], op: str, path: 
     lo = _bound(given.get("min", given.get("min_val")), "lower", op, path)
     hi = _bound(given.get("max", given.get("max_val")), "upper", op, path)
     kind = _CLAMP_KINDS.get((lo, hi))
-    if kind is None:
-        shown = f"[{'-inf' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}]"
-        raise ExportError(f"clamp to {shown} has no layer kind; clamp(min=0) and clamp(0, 6) map to relu and "
-                          "relu6", op=op, module_path=path)
-    return kind
+    if kind is not None:
+        return kind, {}
+    shown = f"[{'-inf' if lo is None else f'{lo:g}'}, {'inf' if hi is None else f'{hi:g}'}]"
+    if lo is None and hi is None:
+        raise ExportError(f"clamp to {shown} bounds nothing; the service's clamp layer needs a finite bound",
+                          op=op, module_path=path)
+    if lo is not None and hi is not None and lo > hi:
+        raise ExportError(f"clamp to {shown} has its lower bound above its upper one (PyTorch then gives the "
+                          "upper bound everywhere); the service's clamp layer needs min <= max", op=op,
+                          module_path=path)
+    fields: Dict[str, Any] = {} if lo is None else {"min": lo}
+    if hi is not None:
+        fields["max"] = hi
+    fields["grad"] = "hardtanh" if spelling == "hardtanh" else "clamp"
+    return "clamp", fields

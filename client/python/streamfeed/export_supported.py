@@ -32,7 +32,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "ConstantPad2d": "pad (mode constant, any finite value); with the value 0 as ZeroPad2d",
     "ReflectionPad2d": "pad (mode reflect)", "ReplicationPad2d": "pad (mode replicate)",
     "CircularPad2d": "pad (mode circular)",
-    "ReLU": "relu", "ReLU6": "relu6", "Hardtanh": "relu6 (min_val 0, max_val 6)", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
+    "ReLU": "relu", "ReLU6": "relu6", "Hardtanh": "relu6 (min_val 0, max_val 6); else clamp", "SiLU": "silu", "GELU": "gelu", "Hardswish": "hardswish",
     "Hardsigmoid": "hardsigmoid", "Sigmoid": "sigmoid", "Tanh": "tanh",
     "LeakyReLU": "leaky_relu (negative_slope any finite number)", "ELU": "elu (alpha any finite number)",
     "SELU": "selu", "Softplus": "softplus (beta any finite number but 0, threshold any finite number)", "Mish": "mish",
@@ -73,8 +73,9 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
         "the activation of that name",
     "F.pad (modes constant, reflect, replicate, circular; 2 or 4 pads of a [N, C, H, W] map)":
         "pad; zeros folded into the pad of the one Conv2d that reads them, as ZeroPad2d",
-    "torch.clamp, Tensor.clamp, torch.clip, Tensor.clip, torch.clamp_min, Tensor.clamp_min, F.hardtanh, and "
-    "their in-place spellings": "relu (to [0, inf)), relu6 (to [0, 6])",
+    "torch.clamp, Tensor.clamp, torch.clip, Tensor.clip, torch.clamp_min, Tensor.clamp_min, torch.clamp_max, "
+    "Tensor.clamp_max, F.hardtanh, and their in-place spellings, with Python numbers as bounds":
+        "relu (to [0, inf)), relu6 (to [0, 6]), else clamp (any finite bounds, one or two)",
     "x * c, c * x, x / c, x + c, c + x, x - c, c - x, -x of a tensor and a Python number c (operators, torch.mul, "
     "torch.div, torch.add, torch.sub, torch.neg, Tensor methods, in-place ones)":
         "affine (scale * x + shift; a chain on one tensor is one layer)",

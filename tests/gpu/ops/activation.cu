@@ -2,7 +2,8 @@
  * (ReLU6, sigmoid, SiLU, hardswish, hardsigmoid, GELU erf and tanh, tanh,
  * leaky ReLU at several slopes, negative and above 1 included, ELU at
  * several alphas, SELU, softplus at several betas and thresholds, Mish,
- * affine at several scales and shifts) against
+ * affine at several scales and shifts, clamp at two bounds, one and under
+ * each gradient rule) against
  * the double-precision reference (sf_ref_act_fwd_f64, sf_ref_act_bwd_f64):
  * forward and backward, fp32 (norm check 1e-5) and bf16 (each element within
  * half a bf16 ulp: check_dt), at odd lengths (the 3x3x7x5 map of the layer
@@ -16,27 +17,33 @@
 #include "tests/gpu/op_test.h"
 
 #include "gpu/cuda/activation.h"
+#include "gpu/model.h" /* SF_CLAMP_GRAD_* */
 
 static const char *const ACT_NAMES[] = {"relu6", "sigmoid",    "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh",
-                                        "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish", "affine"};
+                                        "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish", "affine",
+                                        "clamp"};
 static_assert(sizeof ACT_NAMES / sizeof ACT_NAMES[0] == SF_CUDA_ACT_LAST + 1, "a name per activation");
 
 /* shape {len}; p {activation (sf_cuda_act), misaligned by one element, in
- * place}; f {the parameters: sf_cuda_act_prm's a, b} (empty, or b absent:
- * 0, unread) */
+ * place}; f {the parameters: sf_cuda_act_prm's a, b, c (the rule)} (empty,
+ * or those absent: 0, unread) */
 void cmp_activation(const op_case &c, const op_env &e)
 {
     const cudaStream_t s = e.s;
     const sf_dtype dt = c.dt;
     const int act = c.p[0], mis = c.p[1], in_place = c.p[2];
-    const sf_cuda_act_prm prm = {c.f.size() > 0 ? c.f[0] : 0.f, c.f.size() > 1 ? c.f[1] : 0.f};
-    const sf_act_prm rprm = {prm.a, prm.b};
+    const sf_cuda_act_prm prm = {c.f.size() > 0 ? c.f[0] : 0.f, c.f.size() > 1 ? c.f[1] : 0.f,
+                                 c.f.size() > 2 ? (int)c.f[2] : 0};
+    const sf_act_prm rprm = {prm.a, prm.b, prm.c};
     const size_t len = (size_t)c.shape[0];
     char nm[160], sub[220], at[48] = "";
     if (c.f.size() == 1)
         snprintf(at, sizeof at, " at %g", (double)prm.a);
-    else if (c.f.size() > 1)
+    else if (c.f.size() == 2)
         snprintf(at, sizeof at, " at %g,%g", (double)prm.a, (double)prm.b);
+    else if (c.f.size() > 2)
+        snprintf(at, sizeof at, " at %g,%g %s", (double)prm.a, (double)prm.b,
+                 prm.c == SF_CLAMP_GRAD_HARDTANH ? "hardtanh" : "clamp");
     snprintf(nm, sizeof nm, "%s%s %s len %zu%s%s", ACT_NAMES[act], at, dtname(dt), len, mis ? " misaligned" : "",
              in_place ? " in place" : "");
     std::vector<float> x(len), dy(len);
@@ -74,7 +81,7 @@ void cmp_activation(const op_case &c, const op_env &e)
 /* A NaN input stays NaN through every activation, the clamps included
  * (leaky ReLU at the slope 0.2, ELU at alpha 0.2, softplus at beta 0.2 and
  * threshold 0: -7 on its log branch, 7 on its linear one; affine at scale
- * 0.2, shift 0). */
+ * 0.2, shift 0; clamp to [0.2, 0.5]). */
 void cmp_activation_nan(const op_case &c, const op_env &e)
 {
     const cudaStream_t s = e.s;
@@ -87,7 +94,8 @@ void cmp_activation_nan(const op_case &c, const op_env &e)
         char nm[120];
         snprintf(nm, sizeof nm, "%s %s propagates NaN", ACT_NAMES[act], dtname(dt));
         CU(cudaMemset(by.p, 0, len * sf_dtype_size(dt)));
-        const int rc = sf_cuda_act_fwd_dt(dt, (sf_cuda_act)act, sf_cuda_act_prm{0.2f, 0.f}, bx.p, by.p, len, s);
+        const sf_cuda_act_prm prm = {0.2f, act == SF_CUDA_ACT_CLAMP ? 0.5f : 0.f, 0};
+        const int rc = sf_cuda_act_fwd_dt(dt, (sf_cuda_act)act, prm, bx.p, by.p, len, s);
         CU(cudaStreamSynchronize(s));
         if (rc) {
             fail(nm, sf_cuda_last_error());
@@ -98,6 +106,63 @@ void cmp_activation_nan(const op_case &c, const op_env &e)
                      "a NaN was clamped, or a finite input gave a non-finite output");
     }
     dbuf_free(bx); dbuf_free(by);
+}
+
+/* The clamp at the points random inputs do not reach: x exactly at each
+ * bound, beyond both, -0, +-inf and NaN, with dy = inf where the gradient
+ * is stopped (x = 2) and 3 elsewhere, against the reference exactly (NaN
+ * for NaN, the sign of a zero): no gradient at a bound, none at a NaN
+ * under clamp's rule and dy there under hardtanh's, an open side passing
+ * infinities with their gradient. f {min, max, rule}, as cmp_activation. */
+void cmp_clamp_edges(const op_case &c, const op_env &e)
+{
+    const cudaStream_t s = e.s;
+    const sf_dtype dt = c.dt;
+    const sf_cuda_act_prm prm = {c.f[0], c.f[1], (int)c.f[2]};
+    const sf_act_prm rprm = {prm.a, prm.b, prm.c};
+    std::vector<float> x = {-2.f, -1.f, -0.5f, 0.f, -0.f, 0.5f, 1.f, 2.f, NAN, INFINITY, -INFINITY};
+    if (isfinite(prm.a))
+        x.push_back(prm.a);
+    if (isfinite(prm.b))
+        x.push_back(prm.b);
+    const size_t len = x.size();
+    std::vector<float> dy(len, 3.f);
+    dy[7] = INFINITY; /* x = 2: beyond every upper bound these rows use, or an open side's pass-through */
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(len), dxr(len);
+    sf_ref_act_fwd_f64(SF_ACT_CLAMP, rprm, xd.data(), len, yr.data());
+    sf_ref_act_bwd_f64(SF_ACT_CLAMP, rprm, xd.data(), dyd.data(), len, dxr.data());
+    dbuf bx = dbuf_make(dt, len, 0), by = dbuf_make(dt, len, 0), bdy = dbuf_make(dt, len, 0),
+         bdx = dbuf_make(dt, len, 0);
+    up_dt(bx, x);
+    up_dt(bdy, dy);
+    poison_dt(by);
+    poison_dt(bdx);
+    int rc = sf_cuda_act_fwd_dt(dt, SF_CUDA_ACT_CLAMP, prm, bx.p, by.p, len, s);
+    if (!rc)
+        rc = sf_cuda_act_bwd_dt(dt, SF_CUDA_ACT_CLAMP, prm, bx.p, bdy.p, bdx.p, len, s);
+    CU(cudaStreamSynchronize(s));
+    char nm[160];
+    snprintf(nm, sizeof nm, "clamp %g,%g %s %s at its bounds, -0, inf and NaN", (double)prm.a, (double)prm.b,
+             prm.c == SF_CLAMP_GRAD_HARDTANH ? "hardtanh" : "clamp", dtname(dt));
+    if (rc) {
+        fail(nm, sf_cuda_last_error());
+    } else {
+        const std::vector<float> y = down_dt(by, len), dx = down_dt(bdx, len);
+        size_t bad = len;
+        for (size_t i = 0; i < len && bad == len; i++) {
+            const float yw = (float)yr[i], dw = (float)dxr[i];
+            const bool y_ok = isnan(yw) ? isnan(y[i]) : y[i] == yw && signbit(y[i]) == signbit(yw);
+            const bool d_ok = dx[i] == dw && signbit(dx[i]) == signbit(dw);
+            if (!y_ok || !d_ok)
+                bad = i;
+        }
+        char why[200] = "";
+        if (bad < len)
+            snprintf(why, sizeof why, "x = %g: y %g dx %g, the reference's %g and %g", (double)x[bad],
+                     (double)y[bad], (double)dx[bad], yr[bad], dxr[bad]);
+        pass_or_fail(nm, bad == len, why);
+    }
+    dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
 }
 
 /* An unknown activation is refused, naming it. p {the activation's number} */

@@ -146,15 +146,17 @@ static const sf_layer_field pad_fields[] = {
 /* clamp: either bound may be left out (open-ended: torch.clamp_min,
  * clamp_max), not both (clamp_shape); the default infinities mark a side
  * left out and are never written back. */
-static const char *const clamp_grad_choices[] = {"clamp", "hardtanh", NULL};
+static const char *const clamp_grad_choices[] = {"clamp", "hardtanh", "clamp_closed", NULL};
 static const sf_layer_field clamp_fields[] = {
     {"min", SF_FT_FLOAT, OFF(clamp_min), -FLT_MAX, FLT_MAX, -INFINITY, SF_FF_IF_SET, NULL,
      "the lower bound (none: unbounded below)"},
     {"max", SF_FT_FLOAT, OFF(clamp_max), -FLT_MAX, FLT_MAX, INFINITY, SF_FF_IF_SET, NULL,
      "the upper bound, not below min (none: unbounded above)"},
-    {"grad", SF_FT_ENUM, OFF(clamp_grad), 0, 1, SF_CLAMP_GRAD_CLAMP, 0, clamp_grad_choices,
-     "whose backward: both pass dy only strictly between the bounds; at a NaN input \"clamp\" (torch.clamp, "
-     "clip, clamp_min, clamp_max) passes none, \"hardtanh\" (nn.Hardtanh, F.hardtanh) passes dy"},
+    {"grad", SF_FT_ENUM, OFF(clamp_grad), 0, 2, SF_CLAMP_GRAD_CLAMP, 0, clamp_grad_choices,
+     "whose backward: \"clamp\" and \"hardtanh\" pass dy only strictly between the bounds; at a NaN input "
+     "\"clamp\" (torch.clamp, clip, clamp_min, clamp_max) passes none, \"hardtanh\" (nn.Hardtanh, F.hardtanh) "
+     "passes dy; \"clamp_closed\" (torch.clamp of releases before 2.15, 2.11 among them) passes dy at the "
+     "bounds too and none at a NaN"},
     F_END,
 };
 static const sf_layer_field dropout_fields[] = {
@@ -1007,17 +1009,15 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "scale * x + shift elementwise, on maps, features or tokens: the exporter's one layer for a chain "
                "of arithmetic with numbers on a tensor (x * c, x / c, x + c, c - x, -x, as (x - 0.5) / 0.5); "
                "the gradient is scale * dy"},
-    /* Elementwise on the activations' hooks and kernels (SF_ACT_CLAMP).
-     * cuda = 0 until the GPU op rows of tests/gpu/op_cases.cu have run on
-     * a GPU. */
+    /* Elementwise on the activations' hooks and kernels (SF_ACT_CLAMP). */
     [SF_L_CLAMP] = {
         .name = "clamp", .torch = "torch.clamp, nn.Hardtanh", .min_in = 1, .max_in = 1, .fields = clamp_fields,
-        .shape = clamp_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 0,
+        .shape = clamp_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 1,
         .cuda_tokens = 1,
         .doc = "min(max(x, min), max) elementwise (a NaN stays NaN), on maps, features or tokens: the "
                "exporter's layer for torch.clamp, clip, clamp_min, clamp_max, nn.Hardtanh and F.hardtanh at "
                "bounds other than ReLU's and ReLU6's; the gradient is dy strictly between the bounds, 0 at or "
-               "beyond one"},
+               "beyond one (at a bound too under \"clamp_closed\", torch.clamp's rule before torch 2.15)"},
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,

@@ -178,8 +178,12 @@ enum { SF_PAD_CONSTANT = 0, SF_PAD_REFLECT, SF_PAD_REPLICATE, SF_PAD_CIRCULAR };
  * test strictly, as hardtanh_backward does); they differ at a NaN input,
  * where torch.clamp/clip/clamp_min/clamp_max pass nothing and
  * nn.Hardtanh/F.hardtanh (and relu6) pass dy (hardtanh_backward zeroes only
- * where x <= min or x >= max). An open-ended side tests nothing. */
-enum { SF_CLAMP_GRAD_CLAMP = 0, SF_CLAMP_GRAD_HARDTANH };
+ * where x <= min or x >= max). An open-ended side tests nothing.
+ * SF_CLAMP_GRAD_CLAMP_CLOSED is torch.clamp's backward in the PyTorch
+ * releases before that (2.11 among them): dy where min <= x <= max, at a
+ * bound too, none at a NaN; the exporter writes the rule of the torch that
+ * exports (client/python/streamfeed/export_folds.py). */
+enum { SF_CLAMP_GRAD_CLAMP = 0, SF_CLAMP_GRAD_HARDTANH, SF_CLAMP_GRAD_CLAMP_CLOSED };
 
 /* Weight initialisation of conv2d (and conv_transpose2d, linear). */
 enum { SF_INIT_DEFAULT = 0,       /* PyTorch's default (kaiming_uniform_(a=sqrt(5))) */

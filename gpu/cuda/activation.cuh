@@ -21,12 +21,16 @@
 /* Whether the clamp layer passes the gradient at x (gpu/model.h's
  * SF_CLAMP_GRAD_*): strictly between its bounds, an infinite bound (an
  * open side) testing nothing; at a NaN clamp's rule (x > min, x < max)
- * passes none, hardtanh's (zero where x <= min or x >= max) passes it. */
+ * passes none, hardtanh's (zero where x <= min or x >= max) passes it; the
+ * closed clamp rule (x >= min, x <= max) passes it at a bound, none at a
+ * NaN. */
 __device__ __forceinline__ bool act_clamp_passes(float v, sf_cuda_act_prm prm)
 {
     const bool lo = isinf(prm.a), hi = isinf(prm.b);
     if (prm.c == SF_CLAMP_GRAD_HARDTANH)
         return (lo || !(v <= prm.a)) && (hi || !(v >= prm.b));
+    if (prm.c == SF_CLAMP_GRAD_CLAMP_CLOSED)
+        return (lo || v >= prm.a) && (hi || v <= prm.b);
     return (lo || v > prm.a) && (hi || v < prm.b);
 }
 

@@ -122,7 +122,8 @@ void SF_FN(sf_ref_act_fwd)(int act, sf_act_prm prm, const T *x, size_t len, T *y
  * softplus of x; affine's is its scale wherever x is (x may be dy then);
  * clamp's is 1 strictly between its bounds and 0 at or beyond one, an
  * open-ended side (an infinite bound) testing nothing, and at a NaN 0 under
- * clamp's rule, 1 under hardtanh's (gpu/model.h's SF_CLAMP_GRAD_*).
+ * clamp's rule, 1 under hardtanh's; under the closed clamp rule 1 at the
+ * bounds too (gpu/model.h's SF_CLAMP_GRAD_*).
  * dx == dy is allowed. */
 void SF_FN(sf_ref_act_bwd)(int act, sf_act_prm prm, const T *x, const T *dy, size_t len, T *dx)
 {
@@ -172,12 +173,14 @@ void SF_FN(sf_ref_act_bwd)(int act, sf_act_prm prm, const T *x, const T *dy, siz
         case SF_ACT_AFFINE: d = pa; break;
         case SF_ACT_CLAMP: {
             /* clamp tests x > min and x < max (a NaN fails both), hardtanh
-             * zeroes where x <= min or x >= max (a NaN passes); PyTorch
+             * zeroes where x <= min or x >= max (a NaN passes), the closed
+             * clamp tests x >= min and x <= max (a NaN fails both); PyTorch
              * selects (where), so a stopped gradient is +0 even where dy is
              * not finite */
             const int lo = isinf(pa), hi = isinf(pb);
-            const int in = prm.c == SF_CLAMP_GRAD_HARDTANH ? (lo || !(v <= pa)) && (hi || !(v >= pb))
-                                                             : (lo || v > pa) && (hi || v < pb);
+            const int in = prm.c == SF_CLAMP_GRAD_HARDTANH       ? (lo || !(v <= pa)) && (hi || !(v >= pb))
+                           : prm.c == SF_CLAMP_GRAD_CLAMP_CLOSED ? (lo || v >= pa) && (hi || v <= pb)
+                                                                 : (lo || v > pa) && (hi || v < pb);
             dx[i] = in ? dy[i] : (T)0;
             continue;
         }

@@ -24,6 +24,7 @@ F = torch.nn.functional
 from safetensors.torch import load_file  # noqa: E402  (needs torch)
 
 from streamfeed.export import SUPPORTED_MODULES, ExportError, convert, export_model, main  # noqa: E402
+from streamfeed.export_folds import torch_clamp_rule  # noqa: E402
 
 M = torchvision.models
 
@@ -79,7 +80,7 @@ def run_spec(spec, tensors, x):
         elif t == "affine":
             y = a[0] * layer.get("scale", 1.0) + layer.get("shift", 0.0)
         elif t == "clamp":
-            assert layer["grad"] in ("clamp", "hardtanh") and ("min" in layer or "max" in layer), name
+            assert layer["grad"] in ("clamp", "clamp_closed", "hardtanh") and ("min" in layer or "max" in layer), name
             y = torch.clamp(a[0], layer.get("min"), layer.get("max"))
         elif t == "prelu":
             assert p("weight").shape == (layer.get("num_parameters", 1),), name
@@ -1443,7 +1444,7 @@ def test_clamps_at_other_bounds_export_as_clamp_layers_with_their_bounds_and_gra
     ex = assert_spec_computes_the_module(Clamped(), hw=8)
     clamps = [{k: v for k, v in la.items() if k in ("min", "max", "grad")} for la in ex.spec["layers"]
               if la["type"] == "clamp"]
-    H, C = "hardtanh", "clamp"
+    H, C = "hardtanh", torch_clamp_rule()  # torch.clamp's own rule in this torch
     assert clamps[:11] == [
         {"min": -1.0, "max": 1.0, "grad": H}, {"min": -2.0, "max": 2.0, "grad": H}, {"min": 0.0, "max": 1.0, "grad": C},
         {"min": -1.0, "max": 1.0, "grad": C}, {"min": -3.0, "max": 3.0, "grad": C}, {"min": -0.5, "grad": C},
@@ -1456,6 +1457,22 @@ def test_clamps_at_other_bounds_export_as_clamp_layers_with_their_bounds_and_gra
                            {"min": -0.9, "grad": C}, {"min": -0.3, "max": 0.3, "grad": C}]
     assert "relu" not in {la["type"] for la in ex.spec["layers"]}
     assert ex.tensors.keys() == Clamped().state_dict().keys()
+
+
+def test_a_clamp_layer_takes_the_gradient_rule_of_the_torch_that_exports(monkeypatch):
+    """torch.clamp's gradient at a bound changed between PyTorch releases
+    (2.15 passes none, 2.11 passes dy): the exporter asks its torch and
+    writes that rule; hardtanh's rule is the same in both."""
+    import streamfeed.export_folds as folds
+    x = torch.tensor([0.0, 1.0], requires_grad=True)
+    torch.clamp(x, 0.0, 1.0).sum().backward()
+    assert torch_clamp_rule() == ("clamp_closed" if bool((x.grad == 1).all()) else "clamp")
+    for rule in ("clamp", "clamp_closed"):
+        monkeypatch.setattr(folds, "torch_clamp_rule", lambda rule=rule: rule)
+        ex = convert(Stemmed(lambda s, x: F.hardtanh(torch.clamp(s.conv(x), -1, 2), -0.5, 0.5)), (1, 3, 8, 8))
+        assert [(la["type"], la["grad"]) for la in ex.spec["layers"][1:3]] == [("clamp", rule), ("clamp", "hardtanh")]
+        ex = convert(Stemmed(lambda s, x: s.conv(x).clamp(min=0)), (1, 3, 8, 8))
+        assert ex.spec["layers"][1]["type"] == "relu"
 
 
 @pytest.mark.parametrize("f, kind", [

@@ -84,7 +84,8 @@ static_assert(sizeof ACT_CHECKS / sizeof ACT_CHECKS[0] == SF_CUDA_ACT_LAST + 1, 
  * (x - 0.5) / 0.5), a negative scale (c - x / 2) and ImageNet's red
  * channel's normalisation (x - 0.485) / 0.229; clamp (min, max, rule) at
  * Hardtanh's [-1, 1] under each rule, a GAN output's [0, 1], a lower bound
- * alone (clamp_min(-0.5)) and an upper one alone (clamp_max(2)). One empty
+ * alone (clamp_min(-0.5)) and an upper one alone (clamp_max(2)), and [0, 1]
+ * and clamp_min(-0.5) under the closed clamp rule. One empty
  * set for the activations without parameters. */
 static std::vector<std::vector<float>> act_prm_sets(int act)
 {
@@ -96,7 +97,8 @@ static std::vector<std::vector<float>> act_prm_sets(int act)
     case SF_CUDA_ACT_CLAMP:
         return {{-1.f, 1.f, (float)SF_CLAMP_GRAD_HARDTANH}, {0.f, 1.f, (float)SF_CLAMP_GRAD_CLAMP},
                 {-1.f, 1.f, (float)SF_CLAMP_GRAD_CLAMP}, {-0.5f, INFINITY, (float)SF_CLAMP_GRAD_CLAMP},
-                {-INFINITY, 2.f, (float)SF_CLAMP_GRAD_CLAMP}};
+                {-INFINITY, 2.f, (float)SF_CLAMP_GRAD_CLAMP}, {0.f, 1.f, (float)SF_CLAMP_GRAD_CLAMP_CLOSED},
+                {-0.5f, INFINITY, (float)SF_CLAMP_GRAD_CLAMP_CLOSED}};
     default: return {{}};
     }
 }

@@ -30,8 +30,9 @@
  *  - ShuffleNetV2's stride-2 and stride-1 blocks (channel_shuffle, both
  *    chunks of a map as channel_slice layers, a slice as its input's only
  *    reader): 3 steps in fp32 and bf16, NCHW and NHWC.
- *  - the sub-pixel kinds with PReLU, affine and pad (pixel_unshuffle,
- *    pixel_shuffle, prelu per channel and single, affine, pad in each mode
+ *  - the sub-pixel kinds with PReLU, affine, clamp and pad (pixel_unshuffle,
+ *    pixel_shuffle, prelu per channel and single, affine, clamp with both
+ *    gradient rules, pad in each mode
  *    with asymmetric pads, and a conv's fused ReLU read by a concat alone):
  *    as the ShuffleNet blocks.
  *  - the small Vision Transformer of issue-sized CI (torchvision's
@@ -473,15 +474,16 @@ static int shuffle_model(sf_model &m)
     return 0;
 }
 
-/* A super-resolution-like model with the sub-pixel kinds, PReLU, affine and
- * pad in every mode: affine normalises the input ((x - 0.5) / 0.5 as a
- * user's module writes it), reflect padding before an unpadded conv (a
- * CycleGAN generator's head), PReLU with a slope per channel,
- * pixel_unshuffle by 2, an asymmetric constant pad of 0.5 before a 2x2 conv
+/* A super-resolution-like model with the sub-pixel kinds, PReLU, affine,
+ * clamp and pad in every mode: affine normalises the input ((x - 0.5) / 0.5
+ * as a user's module writes it), reflect padding before an unpadded conv (a
+ * CycleGAN generator's head), PReLU with a slope per channel, a clamp from
+ * below (torch.clamp's rule), pixel_unshuffle by 2, an asymmetric constant
+ * pad of 0.5 before a 2x2 conv
  * whose fused ReLU output a concat alone reads (its backward takes the
  * ReLU's mask from the concatenation), pixel_shuffle by 2 back to 16x16,
- * circular then asymmetric replicate padding, a PReLU with one slope, then
- * the classifier. */
+ * circular then asymmetric replicate padding, a PReLU with one slope, a
+ * clamp to [-0.5, 0.5] (hardtanh's rule), then the classifier. */
 static int sub_pixel_model(sf_model &m)
 {
     char err[300];
@@ -491,6 +493,7 @@ static int sub_pixel_model(sf_model &m)
         "{\"type\":\"pad\",\"name\":\"head.pad\",\"pad\":[1,1,1,1],\"mode\":\"reflect\"},"
         "{\"type\":\"conv2d\",\"name\":\"head\",\"out\":8,\"k\":3},"
         "{\"type\":\"prelu\",\"name\":\"act\",\"num_parameters\":8},"
+        "{\"type\":\"clamp\",\"name\":\"act.floor\",\"min\":-0.1,\"grad\":\"clamp\"},"
         "{\"type\":\"pixel_unshuffle\",\"name\":\"down\",\"factor\":2},"
         "{\"type\":\"pad\",\"name\":\"body.pad\",\"pad\":[0,1,1,0],\"value\":0.5},"
         "{\"type\":\"conv2d\",\"name\":\"body\",\"out\":6,\"k\":2},"
@@ -501,6 +504,7 @@ static int sub_pixel_model(sf_model &m)
         "{\"type\":\"pad\",\"name\":\"up.wrap\",\"pad\":[1,1,1,1],\"mode\":\"circular\"},"
         "{\"type\":\"pad\",\"name\":\"up.edge\",\"pad\":[2,0,0,2],\"mode\":\"replicate\"},"
         "{\"type\":\"prelu\",\"name\":\"up.act\"},"
+        "{\"type\":\"clamp\",\"name\":\"up.clamp\",\"min\":-0.5,\"max\":0.5,\"grad\":\"hardtanh\"},"
         "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
         "{\"type\":\"flatten\",\"name\":\"f\"},"
         "{\"type\":\"linear\",\"name\":\"fc\",\"out\":5}]}";

@@ -15,7 +15,7 @@ from sfharness import BIN, REPO
 TEST_OPS = Path(BIN).parent / "tests" / "gpu" / "test_ops"
 
 CASES_PER_FAMILY = {
-    "activation": 229,
+    "activation": 245,
     "attention": 15,
     "batchnorm": 102,
     "channels": 45,

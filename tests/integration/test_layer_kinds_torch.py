@@ -37,6 +37,8 @@ from test_torch_parity import BACKEND, SGD, Tol, _torch_deterministic, as_input,
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+from streamfeed.export_folds import torch_clamp_rule  # noqa: E402  (needs torch)
+
 # Layer norm and batchnorm subtract means, as in the batchnorm parity case.
 NORMS = Tol(norm=1e-5, param=2e-5, opt_tensor=2e-4, opt_all=1e-4)
 
@@ -548,19 +550,21 @@ class ConvPads(nn.Module):
 # torch.clamp(x, 0, 1), x.clamp(min=-0.5) after a strided convolution, and
 # F.hardtanh(x, -2, 2) on flat features. Channel 0 of c0 and channels 0 and
 # 1 of c1 have zero weights and a bias exactly at a bound (-1; 0 and 1), so
-# every pixel of them sits on a bound: PyTorch passes no gradient there
-# under either rule, so those weights and biases must stay as they are
-# through the five steps; a rule that passed the gradient at the bounds
-# (the closed interval) would move them at the first step and fail the
-# parameter comparison. No ReLU stands before torch.clamp(x, 0, 1): its own
-# zero gradient at 0 would hide the clamp's rule there.
+# every pixel of them sits on a bound, where the rules part: hardtanh passes
+# no gradient there, torch.clamp passes none in torch 2.15 and dy in 2.11
+# (the spec takes this torch's rule, as the exporter writes it), so those
+# weights and biases stay as they are or move as PyTorch moves them, and a
+# wrong rule fails the parameter comparison at the first step. No ReLU
+# stands before torch.clamp(x, 0, 1): its own zero gradient at 0 would hide
+# the clamp's rule there.
+CLAMP_RULE = torch_clamp_rule()
 CLAMP_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
     {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "pad": 1},
     {"type": "clamp", "name": "ht", "min": -1.0, "max": 1.0, "grad": "hardtanh"},
     {"type": "conv2d", "name": "c1", "out": 4, "k": 3, "pad": 1},
-    {"type": "clamp", "name": "unit", "min": 0.0, "max": 1.0, "grad": "clamp"},
+    {"type": "clamp", "name": "unit", "min": 0.0, "max": 1.0, "grad": CLAMP_RULE},
     {"type": "conv2d", "name": "c2", "out": 4, "k": 3, "stride": 2, "pad": 1},
-    {"type": "clamp", "name": "floor", "min": -0.5, "grad": "clamp"},
+    {"type": "clamp", "name": "floor", "min": -0.5, "grad": CLAMP_RULE},
     {"type": "flatten", "name": "flat"}, {"type": "linear", "name": "fc1", "out": 8},
     {"type": "clamp", "name": "h2", "min": -2.0, "max": 2.0, "grad": "hardtanh"},
     {"type": "linear", "name": "fc", "out": 10}]}

@@ -645,7 +645,9 @@ static void prelu_follows_pytorch_at_zero_and_nan(void **state)
  * stops the gradient and PyTorch's select gives 0, not inf * 0): no rule
  * passes the gradient at a bound, clamp's passes none at a NaN and
  * hardtanh's passes dy there; an open-ended side passes -inf or +inf
- * through with its gradient; -0 within the bounds stays -0. */
+ * through with its gradient; -0 within the bounds stays -0. And as torch
+ * 2.11 gives torch.clamp(x, -1, 1) and x.clamp_min(0): the closed rule,
+ * dy at a bound (-0 too, at a bound of 0) and none at a NaN. */
 static void clamp_follows_pytorch_at_the_bounds_infinities_and_nan(void **state)
 {
     const float x[10] = {-2.f, -1.f, -0.5f, 0.f, -0.f, 1.f, 2.f, NAN, INFINITY, -INFINITY};
@@ -666,6 +668,11 @@ static void clamp_follows_pytorch_at_the_bounds_infinities_and_nan(void **state)
          {-1, -1, -0.5f, 0, -0.f, 1, 1, NAN, 1, -1}, {0, 0, 3, 3, 3, 0, 0, 3, 0, 0}},
         {"hardtanh 0 1", {0.f, 1.f, SF_CLAMP_GRAD_HARDTANH},
          {0, 0, 0, 0, -0.f, 1, 1, NAN, 1, 0}, {0, 0, 0, 0, 0, 0, 0, 3, 0, 0}},
+        /* torch 2.11's torch.clamp and clamp_min: dy at a bound too */
+        {"clamp_closed -1 1", {-1.f, 1.f, SF_CLAMP_GRAD_CLAMP_CLOSED},
+         {-1, -1, -0.5f, 0, -0.f, 1, 1, NAN, 1, -1}, {0, 3, 3, 3, 3, 3, 0, 0, 0, 0}},
+        {"clamp_closed min 0", {0.f, I, SF_CLAMP_GRAD_CLAMP_CLOSED},
+         {0, 0, 0, 0, -0.f, 1, 2, NAN, I, 0}, {0, 0, 0, 3, 3, 3, I, 0, 3, 0}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         float y[10], dx[10];
@@ -1349,12 +1356,10 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_layer_cuda_check(&m, pr, err, sizeof err), 0);
     assert_int_equal(sf_model_from_json(PAD_SPEC, &m, err, sizeof err), 0);
     assert_int_equal(sf_layer_cuda_check(&m, 0, err, sizeof err), 0);
-    /* clamp: refused until its kernels have run on a GPU, on maps and tokens */
+    /* clamp runs on CUDA on maps and on tokens */
     assert_int_equal(sf_model_from_json(HEAD_TOKENS "{\"type\":\"clamp\",\"name\":\"cl\",\"min\":-1,\"max\":1},"
                                         "{\"type\":\"select_token\"}]}", &m, err, sizeof err), 0);
-    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
-    assert_non_null(strstr(err, "\"cl\" (clamp)"));
-    assert_non_null(strstr(err, "pipeline.backend=ref"));
+    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), 0);
 }
 
 static void expect_json_error(const char *js, const char *needle1, const char *needle2)

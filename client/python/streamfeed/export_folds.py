@@ -7,13 +7,21 @@ padding that a convolution folds in is export_pad.py's):
   a relu6 (the kinds the CUDA backend fuses into a batchnorm), to any other
   bounds a clamp layer whose gradient rule is the spelling's (hardtanh's
   for nn.Hardtanh and F.hardtanh, clamp's for the others: they differ at a
-  NaN input, gpu/model.h's SF_CLAMP_GRAD_*).
+  NaN input, gpu/model.h's SF_CLAMP_GRAD_*). torch.clamp's own rule changed
+  between PyTorch releases: 2.15 passes no gradient at a bound, as relu does
+  at 0, and 2.11 passes it there; the exporter asks the torch it runs
+  (torch_clamp_rule) and writes that rule, so a model trains as it does in
+  the user's PyTorch. A clamp to [0, inf) or [0, 6] stays relu or relu6
+  (fused into a batchnorm on the GPU) under either rule: under the closed
+  one they differ from torch.clamp at inputs exactly 0 (and 6), which pass
+  no gradient through relu and relu6.
 
 Each function reads one node of the traced graph and says what it becomes
 or raises ExportError saying why it cannot; the converter (export.py) emits
 the layers."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Dict, Optional, Tuple
 
@@ -24,7 +32,7 @@ from torch import nn
 
 from .export_error import ExportError
 
-__all__ = ["clamp_activation"]
+__all__ = ["clamp_activation", "torch_clamp_rule"]
 
 # The largest finite float32: the service stores a clamp's bounds as floats.
 _FLT_MAX = 3.4028234663852886e38
@@ -40,6 +48,19 @@ _CLAMP_PARAMS: Dict[str, Tuple[Tuple[str, Optional[float]], ...]] = {
     "hardtanh": (("min_val", -1.0), ("max_val", 1.0))}
 # What a clamp maps onto, by its (lower, upper) bounds (None: unbounded).
 _CLAMP_KINDS: Dict[Tuple[Optional[float], Optional[float]], str] = {(0.0, None): "relu", (0.0, 6.0): "relu6"}
+
+
+@functools.lru_cache(maxsize=None)
+def torch_clamp_rule() -> str:
+    """The clamp layer's gradient rule that is torch.clamp's in this torch:
+    "clamp" where its backward passes nothing at a bound (2.15), or
+    "clamp_closed" where it passes the gradient there (2.11). Asked of
+    autograd once: torch.clamp(x, 0, 1) at x = 0 and x = 1."""
+    with torch.enable_grad():
+        x = torch.tensor([0.0, 1.0], requires_grad=True)
+        torch.autograd.backward(torch.clamp(x, 0.0, 1.0).sum())
+    assert x.grad is not None
+    return "clamp_closed" if bool((x.grad == 1.0).all()) else "clamp"
 
 
 def _clamp_spelling(n: torch.fx.Node, mod: Optional[nn.Module]) -> Optional[str]:
@@ -102,5 +123,5 @@ def clamp_activation(n: torch.fx.Node, mod: Optional[nn.Module], op: str,
     fields: Dict[str, Any] = {} if lo is None else {"min": lo}
     if hi is not None:
         fields["max"] = hi
-    fields["grad"] = "hardtanh" if spelling == "hardtanh" else "clamp"
+    fields["grad"] = "hardtanh" if spelling == "hardtanh" else torch_clamp_rule()
     return "clamp", fields

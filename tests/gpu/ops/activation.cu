@@ -24,6 +24,12 @@ static const char *const ACT_NAMES[] = {"relu6", "sigmoid",    "silu", "hardswis
                                         "clamp"};
 static_assert(sizeof ACT_NAMES / sizeof ACT_NAMES[0] == SF_CUDA_ACT_LAST + 1, "a name per activation");
 
+/* The clamp rule's name in the spec (gpu/layers.c's grad choices). */
+static const char *clamp_rule_name(int c)
+{
+    return c == SF_CLAMP_GRAD_HARDTANH ? "hardtanh" : c == SF_CLAMP_GRAD_CLAMP_CLOSED ? "clamp_closed" : "clamp";
+}
+
 /* shape {len}; p {activation (sf_cuda_act), misaligned by one element, in
  * place}; f {the parameters: sf_cuda_act_prm's a, b, c (the rule)} (empty,
  * or those absent: 0, unread) */
@@ -43,7 +49,7 @@ void cmp_activation(const op_case &c, const op_env &e)
         snprintf(at, sizeof at, " at %g,%g", (double)prm.a, (double)prm.b);
     else if (c.f.size() > 2)
         snprintf(at, sizeof at, " at %g,%g %s", (double)prm.a, (double)prm.b,
-                 prm.c == SF_CLAMP_GRAD_HARDTANH ? "hardtanh" : "clamp");
+                 clamp_rule_name(prm.c));
     snprintf(nm, sizeof nm, "%s%s %s len %zu%s%s", ACT_NAMES[act], at, dtname(dt), len, mis ? " misaligned" : "",
              in_place ? " in place" : "");
     std::vector<float> x(len), dy(len);
@@ -111,9 +117,9 @@ void cmp_activation_nan(const op_case &c, const op_env &e)
 /* The clamp at the points random inputs do not reach: x exactly at each
  * bound, beyond both, -0, +-inf and NaN, with dy = inf where the gradient
  * is stopped (x = 2) and 3 elsewhere, against the reference exactly (NaN
- * for NaN, the sign of a zero): no gradient at a bound, none at a NaN
- * under clamp's rule and dy there under hardtanh's, an open side passing
- * infinities with their gradient. f {min, max, rule}, as cmp_activation. */
+ * for NaN, the sign of a zero): no gradient at a bound (dy there under the
+ * closed clamp rule), none at a NaN under clamp's rules and dy there under
+ * hardtanh's, an open side passing infinities with their gradient. f {min, max, rule}, as cmp_activation. */
 void cmp_clamp_edges(const op_case &c, const op_env &e)
 {
     const cudaStream_t s = e.s;
@@ -143,7 +149,7 @@ void cmp_clamp_edges(const op_case &c, const op_env &e)
     CU(cudaStreamSynchronize(s));
     char nm[160];
     snprintf(nm, sizeof nm, "clamp %g,%g %s %s at its bounds, -0, inf and NaN", (double)prm.a, (double)prm.b,
-             prm.c == SF_CLAMP_GRAD_HARDTANH ? "hardtanh" : "clamp", dtname(dt));
+             clamp_rule_name(prm.c), dtname(dt));
     if (rc) {
         fail(nm, sf_cuda_last_error());
     } else {

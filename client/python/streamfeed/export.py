@@ -52,7 +52,7 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
-from .export_check import check_trace
+from .export_check import check_trace, forward_failed
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
@@ -1356,8 +1356,7 @@ def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]
             try:
                 ShapeProp(gm).propagate(x)
             except Exception as e:
-                raise ExportError(f"the module's forward() fails on an input of shape {list(x.shape)}: {e}",
-                                  op="forward") from e
+                raise forward_failed(e, list(x.shape)) from e
             check_trace(module, _Tracer, x)
         conv = _Converter(module, gm)
         spec = conv.run()

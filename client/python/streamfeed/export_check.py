@@ -9,6 +9,7 @@ without gradients on a pseudo-random input of the example's shape, each on
 its own copy of it and from the same random state."""
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, List
 
 import torch
@@ -16,12 +17,26 @@ import torch.fx
 
 from .export_error import ExportError
 
-__all__ = ["check_trace"]
+__all__ = ["check_trace", "forward_failed"]
 
 # Both sides run the same operators on the same device in the same order, so
 # they agree to the last bit but for a kernel that picks another summation
 # order between calls; an alias that is lost changes values by their size.
 _RTOL = 1e-5
+
+
+def forward_failed(e: BaseException, shape: List[int]) -> ExportError:
+    """The refusal of a module whose forward() raised e on an input of the
+    given shape while the trace ran: PyTorch's own message (a reflect pad
+    wider than its input: "Padding size should be less than the
+    corresponding input dimension") and the module path of the node that
+    raised it, without ShapeProp's dump of the node and its traceback."""
+    root: BaseException = e
+    while root.__cause__ is not None:
+        root = root.__cause__
+    m = re.search(r"call_module\[target=([\w.]+)\]", str(e))
+    return ExportError(f"the module's forward() fails on an input of shape {shape}: {str(root).strip()}",
+                       op="forward", module_path=m.group(1) if m else "")
 
 
 def _leaves(out: Any) -> List[torch.Tensor]:

@@ -49,6 +49,10 @@ _MODES = ("constant", "reflect", "replicate", "circular")
 # The largest pad on one side the pad kind takes (SF_MAX_PAD of gpu/model.h),
 # and float32's largest finite value (the service holds the value so).
 _MAX_PAD = 1024
+# The widest padding a conv2d layer takes on a side (SF_MAX_KERNEL of
+# gpu/layers.h); a convolution that pads more exports as a zero pad layer
+# before an unpadded conv2d.
+_MAX_CONV_PAD = 64
 _FLT_MAX = 3.4028234663852886e38
 _SUPPORTED = ("supported are F.pad of the height and width of a [N, C, H, W] map (2 or 4 pads, each in "
               f"[0, {_MAX_PAD}]) and the *Pad2d modules")
@@ -164,7 +168,8 @@ def conv_pads(b: Any, x: _Val, mod: nn.Conv2d, padded: Optional[_Padded], op: st
     add up: where each axis then pads evenly, the sum is the conv's pad and
     there is no layer; else the conv keeps the even part of its own padding
     (an odd "same" pads one more on the right) and one zero pad layer adds
-    the rest, named as the padding before it or else <path>.pad."""
+    the rest, named as the padding before it or else <path>.pad. Padding
+    wider than a conv2d layer takes (_MAX_CONV_PAD) is all a pad layer."""
     own = conv_sides(mod)
     mine = _Padded(x, own, op, path, f"{path}.pad", True)
     if mod.padding_mode != "zeros":
@@ -175,6 +180,9 @@ def conv_pads(b: Any, x: _Val, mod: nn.Conv2d, padded: Optional[_Padded], op: st
         return x, (0, 0)
     before = padded.sides if padded is not None else (0, 0, 0, 0)
     left, right, top, bottom = (a + c for a, c in zip(own, before))
+    if max(own) > _MAX_CONV_PAD or (max(left, top) > _MAX_CONV_PAD and left == right and top == bottom):
+        # wider than the conv2d kind pads: all of it is one zero pad layer
+        return emit_pad(b, x, PadSpec((left, right, top, bottom), "constant", 0.0), padded or mine), (0, 0)
     if left == right and top == bottom:
         return x, (top, left)
     h, w = min(own[2], own[3]), min(own[0], own[1])

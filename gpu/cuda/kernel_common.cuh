@@ -270,6 +270,24 @@ __device__ __forceinline__ void block_sum2(double &a, double &b)
     }
 }
 
+/* The block-wide sum of every thread's v, in a fixed order (warp shuffles,
+ * then thread 0 over the warps in warp order), so that it does not depend
+ * on scheduling; valid in thread 0. sh: CU_TPB / 32 floats of shared memory.
+ * Every thread of the block calls it (it synchronises the block). */
+__device__ __forceinline__ float cu_block_sum(float v, float *sh)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.f;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
+            s += sh[w];
+    return s;
+}
+
 /* The second pass of a two-pass reduction whose first pass left nblk rows of
  * nj partial sums (part[block][j]): one warp per output, in a fixed order.
  * Outputs j < nw go to dw (type T), the rest to db[j - nw] (fp32; NULL: not
@@ -316,17 +334,9 @@ __global__ void k_chan_sum_planes(const T *__restrict__ x, const T *__restrict__
         for (size_t p = threadIdx.x; p < hw; p += blockDim.x)
             acc += term(cu_f(x[base + p]), cu_f(dy[base + p]));
     }
-    for (int o = 16; o > 0; o >>= 1)
-        acc += __shfl_down_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0)
-        sh[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            s += sh[w];
+    const float s = cu_block_sum(acc, sh);
+    if (threadIdx.x == 0)
         partial[(size_t)blockIdx.y * c + ci] = s;
-    }
 }
 
 /* NHWC or flat features, rows [R, c]: thread (channel) of block (channel

@@ -732,18 +732,9 @@ __global__ void __launch_bounds__(CU_TPB) k_sumsq(const T *__restrict__ a, size_
         acc[1] = fmaf(b[j], b[j], acc[1]);
     float t = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     __shared__ float red[CU_TPB / 32];
-#pragma unroll
-    for (int o = 16; o; o >>= 1)
-        t += __shfl_down_sync(0xffffffffu, t, o);
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = t;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float u = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            u += red[w];
+    const float u = cu_block_sum(t, red);
+    if (threadIdx.x == 0)
         part[blockIdx.x] = u;
-    }
 }
 
 __global__ void k_grad_state(const float *__restrict__ part, int nparts, const float *__restrict__ max_norm,

@@ -222,17 +222,9 @@ __global__ void k_bgrad_planes_t(T *dy, const T *__restrict__ y, size_t N, int C
                 acc += d[0];
         }
     }
-    for (int o = 16; o > 0; o >>= 1)
-        acc += __shfl_down_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0)
-        sh[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            s += sh[w];
+    const float s = cu_block_sum(acc, sh);
+    if (threadIdx.x == 0)
         partial[(size_t)blockIdx.y * C + c] = s;
-    }
 }
 
 /* Pass 2 is k_sum_partials (kernel_common.cuh): one warp per channel sums

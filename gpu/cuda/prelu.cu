@@ -59,17 +59,9 @@ __global__ void k_prelu_dw_flat(const T *__restrict__ x, const T *__restrict__ d
     float acc = 0.f;
     for (size_t e = e0 + threadIdx.x; e < e1; e += blockDim.x)
         acc += prelu_g(cu_f(x[e]), cu_f(dy[e]));
-    for (int o = 16; o > 0; o >>= 1)
-        acc += __shfl_down_sync(0xffffffffu, acc, o);
-    if ((threadIdx.x & 31) == 0)
-        sh[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = 0.f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++)
-            s += sh[w];
+    const float s = cu_block_sum(acc, sh);
+    if (threadIdx.x == 0)
         partial[blockIdx.x] = s;
-    }
 }
 
 /* Pass 1, a slope per channel: kernel_common.cuh's k_chan_sum_planes (NCHW)

@@ -1,0 +1,464 @@
+/* tests/unit/test_layer_registry.c — the layer-kind registry (gpu/layers.c)
+ * on the specs of tests/unit/layer_kind_specs.h and on specs it must
+ * refuse: parameters and buffers named and shaped as PyTorch's state_dict,
+ * the CUDA backend's check of what it runs (naming the layer and the
+ * reference backend otherwise), bad fields refused naming the layer and the
+ * field, fields written back into a checkpoint's spec only when set, and a
+ * DenseNet-sized concat chain within the layer limit. The kernels and the
+ * kinds inside models: test_ref_layer_kinds.c. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+
+#include "gpu/layers.h"
+#include "gpu/model.h"
+#include "tests/unit/layer_kind_specs.h"
+
+static char err[256];
+
+static const sf_layer *layer_named(const sf_model *m, const char *name)
+{
+    for (int i = 0; i < m->n_layers; i++)
+        if (!strcmp(m->layers[i].name, name))
+            return &m->layers[i];
+    fail_msg("no layer %s", name);
+    return NULL;
+}
+
+static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
+{
+    static sf_model m;
+    sf_param_desc pd[SF_PARAM_SLOTS];
+    assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);
+    const sf_layer *g = layer_named(&m, "g");
+    assert_int_equal(sf_layer_params(g, pd), 2);
+    assert_string_equal(pd[0].suffix, "weight");
+    assert_int_equal(pd[0].ndim, 4);
+    assert_true(pd[0].shape[0] == 6 && pd[0].shape[1] == 2 && pd[0].shape[2] == 3 && pd[0].shape[3] == 3);
+    assert_int_equal(g->n_w, 6 * 2 * 9);
+    assert_int_equal(g->out_h, 8); /* 8 + 4 - 2*2 - 1 + 1 */
+    assert_true(layer_named(&m, "lr")->negative_slope == 0.2f);
+    assert_true(layer_named(&m, "el")->alpha == 0.5f);
+    assert_true(layer_named(&m, "sp")->beta == 2.f && layer_named(&m, "sp")->threshold == 2.f);
+    assert_true(layer_named(&m, "af")->affine_scale == -1.5f && layer_named(&m, "af")->affine_shift == 0.25f);
+    assert_int_equal(sf_layer_params(layer_named(&m, "af"), pd), 0);
+    assert_int_equal(sf_layer_params(layer_named(&m, "pr"), pd), 1); /* nn.PReLU(6).weight [6] */
+    assert_true(!strcmp(pd[0].suffix, "weight") && pd[0].ndim == 1 && pd[0].shape[0] == 6);
+    assert_int_equal(sf_layer_params(layer_named(&m, "pr1"), pd), 1);
+    assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 1 && layer_named(&m, "pr1")->num_parameters == 1);
+    const sf_layer *r13 = layer_named(&m, "r13"), *r31 = layer_named(&m, "r31");
+    assert_int_equal(sf_layer_params(r13, pd), 2);
+    assert_true(pd[0].shape[0] == 6 && pd[0].shape[1] == 6 && pd[0].shape[2] == 1 && pd[0].shape[3] == 3);
+    assert_true(r13->out_h == 8 && r13->out_w == 8);
+    assert_int_equal(sf_layer_params(r31, pd), 2);
+    assert_true(pd[0].shape[2] == 3 && pd[0].shape[3] == 1);
+    assert_true(r31->out_h == 4 && r31->out_w == 8); /* (8 + 2 - 3) / 2 + 1, 8 */
+    assert_true(!sf_layer_conv_square(r13) && !sf_layer_conv_square(r31) && sf_layer_conv_square(g));
+    const sf_layer *bn1d = layer_named(&m, "bn1d"); /* nn.BatchNorm1d on [N, 6]: 6 channels of 1x1 */
+    assert_int_equal(sf_layer_params(bn1d, pd), 2);
+    assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 6 && bn1d->flat && bn1d->out_ch == 6);
+
+    assert_int_equal(sf_model_from_json(CONVNEXT_SPEC, &m, err, sizeof err), 0);
+    const sf_layer *ls = layer_named(&m, "blk");
+    assert_int_equal(sf_layer_params(ls, pd), 1);
+    assert_string_equal(pd[0].suffix, "layer_scale");
+    assert_true(pd[0].ndim == 3 && pd[0].shape[0] == 4 && pd[0].shape[1] == 1 && pd[0].shape[2] == 1);
+    const sf_layer *pw = layer_named(&m, "block.3");
+    assert_int_equal(sf_layer_params(pw, pd), 2);
+    assert_true(pd[0].ndim == 2 && pd[0].shape[0] == 8 && pd[0].shape[1] == 4);
+    assert_true(pw->out_ch == 8 && pw->out_h == 4 && pw->out_w == 4);
+    assert_int_equal(sf_layer_out_is_features(pw), 0);
+    const sf_layer *ln = layer_named(&m, "head.norm");
+    assert_int_equal(sf_layer_params(ln, pd), 2);
+    assert_true(pd[0].shape[0] == 16 && !strcmp(pd[1].suffix, "bias"));
+    assert_true(fabsf(layer_named(&m, "stem.1")->eps - 1e-6f) < 1e-12f);
+    /* nn.GroupNorm's weight and bias [C]; without affine none, as the
+     * module's state_dict holds none */
+    const sf_layer *gn = layer_named(&m, "gn"), *inorm = layer_named(&m, "inorm");
+    assert_int_equal(sf_layer_params(gn, pd), 2);
+    assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 4 && !strcmp(pd[1].suffix, "bias") && gn->affine == 1);
+    assert_int_equal(sf_layer_params(inorm, pd), 0);
+    assert_true(inorm->n_w == 0 && inorm->n_b == 0 && inorm->affine == 0 && sf_layer_param_count(inorm) == 0);
+
+    assert_int_equal(sf_model_from_json(DENSE_SPEC, &m, err, sizeof err), 0);
+    assert_int_equal(layer_named(&m, "cat2")->out_ch, 8);
+    assert_int_equal(layer_named(&m, "p2")->out_h, 3);
+    assert_int_equal(layer_named(&m, "p3")->out_h, 2);
+    assert_true(fabsf(layer_named(&m, "bn")->momentum - 0.2f) < 1e-7f);
+
+    /* nn.MultiheadAttention's four parameters, contiguous in state_dict
+     * order; the class token and the position embedding keyed by the
+     * layer's name alone, as torchvision's VisionTransformer holds them. */
+    assert_int_equal(sf_model_from_json(VIT_SPEC, &m, err, sizeof err), 0);
+    const sf_layer *at = layer_named(&m, "attn");
+    assert_int_equal(sf_layer_params(at, pd), 4);
+    const char *const att_names[] = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"};
+    const size_t att_n[] = {3 * 8 * 8, 3 * 8, 8 * 8, 8};
+    for (int j = 0; j < 4; j++) {
+        assert_string_equal(pd[j].suffix, att_names[j]);
+        assert_int_equal(at->p_n[j], att_n[j]);
+        assert_int_equal(at->p_off[j], j ? at->p_off[j - 1] + at->p_n[j - 1] : at->w_off);
+    }
+    assert_true(pd[0].ndim == 2 && pd[0].shape[0] == 24 && pd[0].shape[1] == 8);
+    assert_true(at->w_off == at->p_off[0] && at->b_off == at->p_off[1] && at->n_b == 24);
+    assert_int_equal(sf_layer_param_count(at), 3 * 64 + 24 + 64 + 8);
+    char key[SF_LAYER_NAME_MAX + 24];
+    const sf_layer *cls = layer_named(&m, "class_token");
+    assert_int_equal(sf_layer_params(cls, pd), 1);
+    sf_layer_param_key(cls, &pd[0], key, sizeof key);
+    assert_string_equal(key, "class_token");
+    assert_true(pd[0].ndim == 3 && pd[0].shape[0] == 1 && pd[0].shape[1] == 1 && pd[0].shape[2] == 8);
+    const sf_layer *pe = layer_named(&m, "encoder.pos_embedding");
+    assert_int_equal(sf_layer_params(pe, pd), 1);
+    sf_layer_param_key(pe, &pd[0], key, sizeof key);
+    assert_string_equal(key, "encoder.pos_embedding");
+    assert_true(pd[0].ndim == 3 && pd[0].shape[0] == 1 && pd[0].shape[1] == 5 && pd[0].shape[2] == 8);
+    sf_layer_params(at, pd);
+    sf_layer_param_key(at, &pd[2], key, sizeof key);
+    assert_string_equal(key, "attn.out_proj.weight");
+    /* Tokens [T, C]: 4 patches, then 5 with the class token; the MLP's
+     * linear layers per token; the class token out as 8 features. */
+    const sf_layer *tt = layer_named(&m, "to_tokens");
+    assert_true(tt->tokens && tt->out_h == 4 && tt->out_ch == 8 && tt->out_w == 1 && !tt->flat);
+    assert_true(cls->tokens && cls->out_h == 5);
+    const sf_layer *fc1 = layer_named(&m, "mlp.0");
+    assert_true(fc1->tokens && fc1->out_h == 5 && fc1->out_ch == 16 && fc1->n_w == 16 * 8);
+    assert_int_equal(sf_layer_out_is_features(fc1), 0);
+    const sf_layer *sel = layer_named(&m, "select_token");
+    assert_true(!sel->tokens && sel->flat && sel->out_elems == 8 && sf_layer_out_is_features(sel));
+    assert_int_equal(layer_named(&m, "encoder.ln")->n_w, 8);
+    /* Every kind has its row and its hooks. */
+    for (int k = 0; k < SF_L_KIND_COUNT; k++) {
+        const sf_layer_kind_info *info = sf_layer_info((sf_layer_kind)k);
+        assert_non_null(info);
+        assert_true(info->view || (info->ref_fwd && info->ref_bwd));
+        assert_int_equal(sf_layer_kind_from_name(info->name), k);
+    }
+}
+
+#define HEAD_TOKENS "{\"input\":[3,8,8],\"classes\":4,\"layers\":[{\"type\":\"conv2d\",\"out\":4,\"k\":4,\"stride\":4}," \
+                    "{\"type\":\"to_tokens\"},"
+static void the_cuda_check_names_the_layer_and_the_reference_backend(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_json(SE_SPEC, &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 0, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 1, err, sizeof err), 0); /* groups 4: cuDNN runs it */
+    assert_int_equal(sf_layer_cuda_check(&m, 3, err, sizeof err), 0); /* adaptive_avgpool2d */
+    /* The activations and the squeeze-and-excitation product run on CUDA. */
+    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), 0); /* hardswish */
+    assert_int_equal(sf_layer_cuda_check(&m, 5, err, sizeof err), 0); /* relu6 */
+    assert_int_equal(sf_layer_cuda_check(&m, 7, err, sizeof err), 0); /* hardsigmoid */
+    assert_int_equal(sf_layer_cuda_check(&m, 8, err, sizeof err), 0); /* mul */
+    /* A kind the CUDA backend has no row for is refused naming the layer. */
+    m.layers[2].kind = SF_L_KIND_COUNT;
+    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layer 2 \"a\""));
+    assert_non_null(strstr(err, "pipeline.backend=ref"));
+    /* A Vision Transformer's every layer runs on CUDA (the token kinds,
+     * attention, and linear, layernorm, gelu, dropout and add on tokens). */
+    assert_int_equal(sf_model_from_json(VIT_SPEC, &m, err, sizeof err), 0);
+    for (int i = 0; i < m.n_layers; i++)
+        if (sf_layer_cuda_check(&m, i, err, sizeof err) != 0)
+            fail_msg("vit layer %d refused: %s", i, err);
+    /* A kind the CUDA backend runs on maps (hardswish) is refused on
+     * tokens, because its row does not say it runs them too. */
+    assert_int_equal(sf_model_from_json("{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+                                         "{\"type\":\"conv2d\",\"out\":4,\"k\":4,\"stride\":4},"
+                                         "{\"type\":\"to_tokens\"},{\"type\":\"hardswish\",\"name\":\"hs\"},"
+                                         "{\"type\":\"select_token\"}]}", &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
+    assert_non_null(strstr(err, "layer 2 \"hs\""));
+    assert_non_null(strstr(err, "token sequence"));
+    /* affine, prelu and pad run on CUDA: their rows say cuda = 1 since
+     * their op tests passed on a GPU */
+    assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);
+    const int af = (int)(layer_named(&m, "af") - m.layers);
+    assert_int_equal(sf_layer_cuda_check(&m, af, err, sizeof err), 0);
+    const int pr = (int)(layer_named(&m, "pr") - m.layers);
+    assert_int_equal(sf_layer_cuda_check(&m, pr, err, sizeof err), 0);
+    assert_int_equal(sf_model_from_json(PAD_SPEC, &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 0, err, sizeof err), 0);
+    /* clamp runs on CUDA on maps and on tokens */
+    assert_int_equal(sf_model_from_json(HEAD_TOKENS "{\"type\":\"clamp\",\"name\":\"cl\",\"min\":-1,\"max\":1},"
+                                        "{\"type\":\"select_token\"}]}", &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), 0);
+}
+
+static void expect_json_error(const char *js, const char *needle1, const char *needle2)
+{
+    static sf_model m;
+    err[0] = 0;
+    assert_int_equal(sf_model_from_json(js, &m, err, sizeof err), -1);
+    if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
+        fail_msg("error \"%s\" should mention \"%s\" and \"%s\"", err, needle1, needle2 ? needle2 : "");
+}
+
+#define HEAD "{\"input\":[4,8,8],\"classes\":4,\"layers\":["
+static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **state)
+{
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":6,\"k\":1,\"groups\":3}]}", "layer 0", "groups");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":1,\"dilation\":0}]}", "layer 0", "dilation");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[0,3]}]}", "layer 0", "\"k\"");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3,3]}]}", "layer 0", "[h, w]");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3],\"pad\":[0,-1]}]}", "layer 0", "\"pad\"");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3],\"stride\":[1.5,1]}]}", "layer 0",
+                      "\"stride\"");
+    expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,9]}]}", "layer 0", "does not fit");
+    expect_json_error(HEAD "{\"type\":\"maxpool2d\",\"k\":[2,3]}]}", "layer 0", "\"k\"");
+    expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"k\":2},"
+                      "{\"type\":\"concat\",\"inputs\":[0,1]}]}", "layer 2", "equal H,W");
+    expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"concat\",\"inputs\":[0]}]}", "layer 1", "concat");
+    expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"k\":2},"
+                      "{\"type\":\"mul\",\"inputs\":[0,1]}]}", "layer 2", "[4,1,1]");
+    expect_json_error(HEAD "{\"type\":\"stochastic_depth\",\"p\":0.1,\"mode\":\"batch\"}]}", "layer 0", "\"row\"");
+    expect_json_error(HEAD "{\"type\":\"stochastic_depth\"}]}", "layer 0", "\"p\"");
+    expect_json_error(HEAD "{\"type\":\"dropout\",\"p\":1.5}]}", "layer 0", "\"p\"");
+    expect_json_error(HEAD "{\"type\":\"dropout2d\",\"p\":-0.1}]}", "layer 0", "\"p\"");
+    expect_json_error(HEAD "{\"type\":\"log_softmax\"}]}", "layer 0", "flatten it first");
+    expect_json_error(HEAD "{\"type\":\"groupnorm\",\"num_groups\":3}]}", "layer 0", "divide");
+    expect_json_error(HEAD "{\"type\":\"groupnorm\"}]}", "layer 0", "\"num_groups\"");
+    expect_json_error(HEAD "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":2}]}", "layer 0", "\"affine\"");
+    expect_json_error(HEAD "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":\"no\"}]}", "layer 0",
+                      "\"affine\"");
+    expect_json_error(HEAD "{\"type\":\"relu\",\"affine\":false}]}", "layer 0", "\"affine\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":0}]}", "layer 0", "\"scale\"");
+    expect_json_error(HEAD "{\"type\":\"pixel_shuffle\",\"factor\":3}]}", "layer 0", "divide");
+    expect_json_error(HEAD "{\"type\":\"pixel_shuffle\"}]}", "layer 0", "\"factor\"");
+    expect_json_error(HEAD "{\"type\":\"pixel_unshuffle\",\"factor\":3}]}", "layer 0", "divide");
+    expect_json_error(HEAD "{\"type\":\"pixel_unshuffle\",\"factor\":0}]}", "layer 0", "\"factor\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":64},{\"type\":\"upsample\",\"scale\":64}]}", "layer 1",
+                      "at most");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"upsample\",\"scale\":2}]}", "layer 1", "flattened");
+    expect_json_error(HEAD "{\"type\":\"upsample\"}]}", "layer 0", "one of them");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":2,\"size\":[8,8]}]}", "layer 0", "one of them");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"size\":[0,8]}]}", "layer 0", "\"size\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"size\":[8]}]}", "layer 0", "\"size\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":2,\"mode\":\"bicubic\"}]}", "layer 0",
+                      "\"bilinear\"");
+    expect_json_error(HEAD "{\"type\":\"upsample\",\"scale\":2,\"align_corners\":true}]}", "layer 0",
+                      "\"align_corners\"");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"groupnorm\",\"num_groups\":1}]}", "layer 1",
+                      "token sequence");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"dropout2d\"}]}", "layer 1", "flattened");
+    expect_json_error(HEAD "{\"type\":\"gelu\",\"approximate\":\"fast\"}]}", "layer 0", "approximate");
+    expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":\"0.2\"}]}", "layer 0", "negative_slope");
+    expect_json_error(HEAD "{\"type\":\"leaky_relu\",\"negative_slope\":1e39}]}", "layer 0", "negative_slope");
+    expect_json_error(HEAD "{\"type\":\"elu\",\"alpha\":\"1\"}]}", "layer 0", "alpha");
+    expect_json_error(HEAD "{\"type\":\"elu\",\"alpha\":-1e39}]}", "layer 0", "alpha");
+    expect_json_error(HEAD "{\"type\":\"selu\",\"alpha\":2}]}", "layer 0", "alpha");
+    expect_json_error(HEAD "{\"type\":\"softplus\",\"beta\":0}]}", "layer 0", "\"beta\" must not be 0");
+    expect_json_error(HEAD "{\"type\":\"softplus\",\"beta\":1e39}]}", "layer 0", "beta");
+    expect_json_error(HEAD "{\"type\":\"softplus\",\"threshold\":1e39}]}", "layer 0", "threshold");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"scale\":\"2\"}]}", "layer 0", "scale");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"scale\":1e39}]}", "layer 0", "scale");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"shift\":-1e39}]}", "layer 0", "shift");
+    expect_json_error(HEAD "{\"type\":\"affine\",\"bias\":1}]}", "layer 0", "bias");
+    expect_json_error(HEAD "{\"type\":\"clamp\"}]}", "layer 0", "needs \"min\", \"max\" or both");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"grad\":\"hardtanh\"}]}", "layer 0", "needs \"min\"");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"min\":1,\"max\":0.5}]}", "layer 0", "\"min\" 1 is above \"max\" 0.5");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"min\":1e39}]}", "layer 0", "min");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"max\":-1e39}]}", "layer 0", "max");
+    expect_json_error(HEAD "{\"type\":\"clamp\",\"min\":0,\"grad\":\"closed\"}]}", "layer 0", "grad");
+    expect_json_error(HEAD "{\"type\":\"prelu\",\"num_parameters\":2}]}", "layer 0", "1 or the input's 4");
+    /* pad: F.pad's bounds (input 8x8), crops and what PyTorch refuses */
+    expect_json_error(HEAD "{\"type\":\"pad\"}]}", "layer 0", "missing \"pad\"");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1]}]}", "layer 0", "[left, right, top, bottom]");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[-1,0,0,0]}]}", "layer 0", "\"pad\" must be");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[0,1025,0,0]}]}", "layer 0", "[0,1024]");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1.5,0,0]}]}", "layer 0", "\"pad\"");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[0,0,8,0],\"mode\":\"reflect\"}]}", "layer 0",
+                      "below the input's height 8");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[0,9,0,0],\"mode\":\"circular\"}]}", "layer 0",
+                      "at most the input's width 8");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1,1],\"mode\":\"reflect\",\"value\":1}]}",
+                      "layer 0", "\"value\" applies to mode \"constant\"");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1,1],\"mode\":\"symmetric\"}]}", "layer 0",
+                      "\"mode\" must be one of");
+    expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1,1],\"value\":1e39}]}", "layer 0", "\"value\"");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"pad\",\"pad\":[1,1,1,1]}]}", "layer 1",
+                      "flattened");
+    expect_json_error(HEAD "{\"type\":\"prelu\",\"num_parameters\":0}]}", "layer 0", "num_parameters");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"prelu\"}]}", "layer 1", "token sequence");
+    expect_json_error(HEAD "{\"type\":\"layernorm\"}]}", "layer 0", "layernorm2d");
+    expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"eps\":0}]}", "layer 0", "eps");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"batchnorm2d\"}]}", "layer 1", "token sequence");
+    expect_json_error(HEAD "{\"type\":\"adaptive_avgpool2d\",\"out\":[0,1]}]}", "layer 0", "\"out\"");
+    expect_json_error(HEAD "{\"type\":\"adaptive_avgpool2d\",\"out\":3}]}", "layer 0", "\"out\"");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4,\"over\":\"channels\"}]}",
+                      "layer 1", "flattened");
+    expect_json_error(HEAD "{\"type\":\"maxpool2d\",\"k\":2,\"dilation\":2}]}", "layer 0", "dilation");
+    expect_json_error(HEAD "{\"type\":\"avgpool2d\",\"k\":2,\"pad\":2}]}", "layer 0", "pad");
+    expect_json_error(HEAD "{\"type\":\"channel_shuffle\",\"groups\":3}]}", "layer 0", "groups 3");
+    expect_json_error(HEAD "{\"type\":\"channel_shuffle\"}]}", "layer 0", "\"groups\"");
+    expect_json_error(HEAD "{\"type\":\"channel_slice\",\"start\":3,\"count\":2}]}", "layer 0", "[3, 5)");
+    expect_json_error(HEAD "{\"type\":\"channel_slice\",\"start\":0}]}", "layer 0", "\"count\"");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"channel_slice\",\"start\":0,\"count\":1}]}",
+                      "layer 1", "flattened");
+    /* Token sequences: the kinds that need one, and those that need a map. */
+#define TOK HEAD "{\"type\":\"to_tokens\"},"
+    expect_json_error(HEAD "{\"type\":\"class_token\"}]}", "layer 0", "token sequence");
+    expect_json_error(HEAD "{\"type\":\"self_attention\",\"num_heads\":1}]}", "layer 0", "token sequence");
+    expect_json_error(HEAD "{\"type\":\"flatten\"},{\"type\":\"select_token\"}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"self_attention\",\"num_heads\":3}]}", "layer 1", "num_heads");
+    expect_json_error(TOK "{\"type\":\"self_attention\"}]}", "layer 1", "num_heads");
+    expect_json_error(TOK "{\"type\":\"self_attention\",\"num_heads\":2,\"dropout\":0.1}]}", "layer 1",
+                      "dropout");
+    expect_json_error(TOK "{\"type\":\"self_attention\",\"num_heads\":2,\"embed_dim\":8}]}", "layer 1",
+                      "does not match");
+    expect_json_error(TOK "{\"type\":\"conv2d\",\"out\":4,\"k\":1}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"global_avgpool\"}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"linear\",\"out\":4,\"over\":\"channels\"}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"layernorm2d\"}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"concat\",\"inputs\":[0,0]}]}", "layer 1", "token sequence");
+    expect_json_error(TOK "{\"type\":\"add\",\"inputs\":[-1,0]}]}", "layer 1", "tokens");
+    expect_json_error("{\"input\":[4,200,200],\"classes\":4,\"layers\":[{\"type\":\"to_tokens\"}]}", "layer 0",
+                      "tokens is too many");
+    /* A model may not end in a token sequence: it is no classifier's [K]. */
+    expect_json_error("{\"input\":[4,2,2],\"classes\":4,\"layers\":[{\"type\":\"to_tokens\"}]}", "layer 0",
+                      "classes");
+#undef TOK
+}
+
+static void expect_fields_json(const sf_layer *L, const char *want)
+{
+    cJSON *o = cJSON_CreateObject();
+    sf_layer_fields_to_json(L, o);
+    char *got = cJSON_PrintUnformatted(o);
+    if (strcmp(got, want))
+        fail_msg("%s fields written as %s, want %s", L->name, got, want);
+    cJSON_free(got);
+    cJSON_Delete(o);
+}
+
+/* A checkpoint's metadata carries the model spec, compared as a string when
+ * a checkpoint is loaded: fields without SF_FF_IF_SET are always written, the
+ * SF_FF_IF_SET ones only when set, so a model that sets none of those reads
+ * back the same string from files written by builds without them. */
+static void fields_marked_if_set_are_written_back_only_when_set(void **state)
+{
+    static sf_model m;
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
+                                        "{\"type\":\"batchnorm2d\"},{\"type\":\"maxpool2d\",\"k\":2},"
+                                        "{\"type\":\"conv2d\",\"out\":4,\"k\":1,\"groups\":2},"
+                                        "{\"type\":\"batchnorm2d\",\"momentum\":0.5},"
+                                        "{\"type\":\"maxpool2d\",\"k\":2,\"ceil_mode\":true},"
+                                        "{\"type\":\"avgpool2d\",\"k\":1},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4},"
+                                        "{\"type\":\"leaky_relu\"},{\"type\":\"leaky_relu\",\"negative_slope\":-2},"
+                                        "{\"type\":\"elu\"},{\"type\":\"softplus\"},"
+                                        "{\"type\":\"softplus\",\"beta\":-0.5,\"threshold\":3},"
+                                        "{\"type\":\"selu\"},{\"type\":\"mish\"},{\"type\":\"affine\"},"
+                                        "{\"type\":\"affine\",\"scale\":2,\"shift\":-1},"
+                                        "{\"type\":\"prelu\"},{\"type\":\"prelu\",\"num_parameters\":4}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":3,\"stride\":1,\"pad\":1,\"bias\":false}");
+    expect_fields_json(&m.layers[1], "{}");
+    expect_fields_json(&m.layers[2], "{\"k\":2,\"stride\":2,\"pad\":0}");
+    expect_fields_json(&m.layers[3], "{\"out\":4,\"k\":1,\"stride\":1,\"pad\":0,\"bias\":true,\"groups\":2}");
+    expect_fields_json(&m.layers[4], "{\"momentum\":0.5}");
+    expect_fields_json(&m.layers[5], "{\"k\":2,\"stride\":2,\"pad\":0,\"ceil_mode\":true}");
+    expect_fields_json(&m.layers[6], "{\"k\":1,\"stride\":1,\"pad\":0,\"ceil_mode\":false,\"count_include_pad\":true}");
+    expect_fields_json(&m.layers[8], "{\"out\":4,\"bias\":true}");
+    expect_fields_json(&m.layers[9], "{\"negative_slope\":0.00999999977648258}");
+    expect_fields_json(&m.layers[10], "{\"negative_slope\":-2}");
+    expect_fields_json(&m.layers[11], "{\"alpha\":1}");
+    expect_fields_json(&m.layers[12], "{\"beta\":1,\"threshold\":20}");
+    expect_fields_json(&m.layers[13], "{\"beta\":-0.5,\"threshold\":3}");
+    expect_fields_json(&m.layers[14], "{}");
+    expect_fields_json(&m.layers[15], "{}");
+    expect_fields_json(&m.layers[16], "{\"scale\":1,\"shift\":0}");
+    expect_fields_json(&m.layers[17], "{\"scale\":2,\"shift\":-1}");
+    expect_fields_json(&m.layers[18], "{\"num_parameters\":1}");
+    expect_fields_json(&m.layers[19], "{\"num_parameters\":4}");
+    /* clamp: a bound only when given (an open side is none), its rule always */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"clamp\",\"min\":0},{\"type\":\"clamp\",\"max\":0.5},"
+                                        "{\"type\":\"clamp\",\"min\":-1,\"max\":1,\"grad\":\"hardtanh\"},"
+                                        "{\"type\":\"clamp\",\"min\":2,\"max\":2}]}", &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"min\":0,\"grad\":\"clamp\"}");
+    expect_fields_json(&m.layers[1], "{\"max\":0.5,\"grad\":\"clamp\"}");
+    expect_fields_json(&m.layers[2], "{\"min\":-1,\"max\":1,\"grad\":\"hardtanh\"}");
+    expect_fields_json(&m.layers[3], "{\"min\":2,\"max\":2,\"grad\":\"clamp\"}");
+    assert_true(isinf(m.layers[0].clamp_max) && m.layers[0].clamp_max > 0 && isinf(m.layers[1].clamp_min) &&
+                m.layers[1].clamp_min < 0 && m.layers[2].clamp_grad == SF_CLAMP_GRAD_HARDTANH);
+    /* pad: its pads and mode always, its value only when set; the shape is F.pad's */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"pad\",\"pad\":[0,1,0,1]},"
+                                        "{\"type\":\"pad\",\"pad\":[3,2,1,0],\"mode\":\"constant\",\"value\":-0.5},"
+                                        "{\"type\":\"pad\",\"pad\":[1,1,1,1],\"mode\":\"reflect\"},"
+                                        "{\"type\":\"global_avgpool\"},{\"type\":\"flatten\"}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"pad\":[0,1,0,1],\"mode\":\"constant\"}");
+    expect_fields_json(&m.layers[1], "{\"pad\":[3,2,1,0],\"mode\":\"constant\",\"value\":-0.5}");
+    expect_fields_json(&m.layers[2], "{\"pad\":[1,1,1,1],\"mode\":\"reflect\"}");
+    assert_true(m.layers[0].out_h == 9 && m.layers[0].out_w == 9 && m.layers[1].out_h == 10 &&
+                m.layers[1].out_w == 14 && m.layers[2].out_h == 12 && m.layers[2].out_w == 16 &&
+                m.layers[2].out_ch == 4 && m.n_params == 0);
+    /* groupnorm's affine only when false: a spec of an affine one reads back as it did before the field */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"groupnorm\",\"num_groups\":2},"
+                                        "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":true},"
+                                        "{\"type\":\"groupnorm\",\"num_groups\":4,\"affine\":false,\"eps\":0.5},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"num_groups\":2,\"eps\":9.99999974737875e-06}");
+    expect_fields_json(&m.layers[1], "{\"num_groups\":4,\"eps\":9.99999974737875e-06}");
+    expect_fields_json(&m.layers[2], "{\"num_groups\":4,\"eps\":0.5,\"affine\":false}");
+    /* a window that differs between the axes is written as [h, w], one that does not as one number */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,3],\"pad\":[0,1]},"
+                                        "{\"type\":\"conv2d\",\"out\":4,\"k\":[3,3],\"stride\":[2,1],"
+                                        "\"dilation\":[2,2]},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &m, err, sizeof err), 0);
+    expect_fields_json(&m.layers[0], "{\"out\":4,\"k\":[1,3],\"stride\":1,\"pad\":[0,1],\"bias\":true}");
+    expect_fields_json(&m.layers[1], "{\"out\":4,\"k\":3,\"stride\":[2,1],\"pad\":0,\"bias\":true,\"dilation\":2}");
+}
+
+static void a_densenet_sized_concat_chain_fits_the_layer_limit(void **state)
+{
+    /* 430 layers: 1x1 convs of the input and concats of up to 32 earlier
+     * ones (a dense block's growing input list), then flatten and linear. */
+    const int nl = 430;
+    const size_t cap = 64 + (size_t)nl * 200;
+    char *js = malloc(cap);
+    size_t at = (size_t)snprintf(js, cap, "{\"input\":[2,2,2],\"classes\":2,\"layers\":["
+                                          "{\"type\":\"conv2d\",\"out\":1,\"k\":1}");
+    for (int i = 1; i < nl - 2; i++) {
+        if (i % 2) {
+            at += (size_t)snprintf(js + at, cap - at, ",{\"type\":\"conv2d\",\"out\":1,\"k\":1,\"inputs\":[-1]}");
+            continue;
+        }
+        at += (size_t)snprintf(js + at, cap - at, ",{\"type\":\"concat\",\"inputs\":[0");
+        for (int j = i - 1, n = 1; j >= 1 && n < 32; j -= 2, n++)
+            at += (size_t)snprintf(js + at, cap - at, ",%d", j);
+        at += (size_t)snprintf(js + at, cap - at, "]}");
+    }
+    snprintf(js + at, cap - at, ",{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":2}]}");
+    static sf_model m;
+    if (sf_model_from_json(js, &m, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(m.n_layers, nl);
+    assert_int_equal(m.layers[nl - 4].kind, SF_L_CONCAT);
+    assert_int_equal(m.layers[nl - 4].n_in, 32);
+    assert_int_equal(m.layers[nl - 4].out_ch, 32);
+    free(js);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(parameters_are_named_and_shaped_as_pytorch_does),
+        cmocka_unit_test(the_cuda_check_names_the_layer_and_the_reference_backend),
+        cmocka_unit_test(bad_specs_of_these_kinds_fail_naming_the_layer_and_field),
+        cmocka_unit_test(fields_marked_if_set_are_written_back_only_when_set),
+        cmocka_unit_test(a_densenet_sized_concat_chain_fits_the_layer_limit),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -120,7 +120,7 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
     SF_CUDNN_CHECK(cudnnBackendFinalize(conv));
 
     cudnnBackendDescriptor_t op;
-    const float alpha = 1.f, beta = 0.f;
+    const float alpha = 1.f, beta = 0.f, beta_dx = dir == SF_CONV_BWD_DATA && d->accumulate ? 1.f : 0.f;
     if (dir == SF_CONV_FWD) {
         SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &op));
         if (keep(p, op))
@@ -140,7 +140,7 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
         SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, ty));
         SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv));
         SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
+        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta_dx));
     } else {
         SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, &op));
         if (keep(p, op))
@@ -371,7 +371,9 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
     out->dt = d->dt;
     /* without an engine, an unfused pointwise convolution runs as GEMMs; a fused
      * one is refused, and its callers use the plain plan */
-    const int gemm_fallback = sf_conv_gemm_ok(d) && !(dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu));
+    const int accumulate = dir == SF_CONV_BWD_DATA && d->accumulate;
+    const int gemm_fallback = sf_conv_gemm_ok(d) && !(dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu)) &&
+                              !accumulate;
     cudnnBackendDescriptor_t graph;
     if (build_graph(h, d, dir, out, &graph)) {
         /* cuDNN rejected a descriptor (for a bf16 fused graph: possibly the
@@ -387,7 +389,9 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         }
         const sf_conv_wdims wd = sf_conv_width(d);
         sf_cuda_set_error("conv %s%s n=%d c=%d %dx%d oc=%d k=%dx%d s=%dx%d p=%dx%d g=%d dil=%dx%d %s %s: graph rejected: %s%s",
-                          dir_name[dir], dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu) ? "+bias/relu" : "",
+                          dir_name[dir], dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu) ? "+bias/relu"
+                                         : accumulate                                            ? "+acc"
+                                                                                                 : "",
                           d->n, d->c, d->h, d->w, d->oc, d->k, wd.k, d->stride, wd.stride, d->pad, wd.pad,
                           d->groups > 1 ? d->groups : 1, d->dilation > 1 ? d->dilation : 1, wd.dilation,
                           d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
@@ -466,6 +470,7 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         sf_conv_vpack_destroy(vp);
     out->tried = tried;
     out->fused = dir == SF_CONV_FWD && (d->fuse_bias || d->fuse_relu);
+    out->accumulate = accumulate;
     if (!best) {
         const int fused = out->fused;
         sf_conv_plan_destroy(out);
@@ -478,7 +483,8 @@ extern "C" int sf_conv_plan_build(cudnnHandle_t h, const sf_conv_desc *d, sf_con
         const sf_conv_wdims wd = sf_conv_width(d);
         sf_cuda_set_error("%s:%d: conv %s%s n=%d c=%d %dx%d oc=%d k=%dx%d s=%dx%d p=%dx%d g=%d dil=%dx%d %s %s: no usable "
                           "cuDNN engine (workspace limit %zu bytes)%s",
-                          __FILE__, __LINE__, dir_name[dir], fused ? "+bias/relu" : "", d->n, d->c, d->h, d->w,
+                          __FILE__, __LINE__, dir_name[dir], fused ? "+bias/relu" : accumulate ? "+acc" : "", d->n,
+                          d->c, d->h, d->w,
                           d->oc, d->k, wd.k, d->stride, wd.stride, d->pad, wd.pad, d->groups > 1 ? d->groups : 1,
                           d->dilation > 1 ? d->dilation : 1, wd.dilation, d->layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw",
                           sf_conv_prec_name(d->dt, d->tf32),

@@ -56,6 +56,12 @@ typedef struct sf_conv_desc {
      * at run time, see below), sf_conv_plan_build returns -1 with the error set,
      * and the caller falls back to the plain plan plus its own epilogue. */
     int fuse_bias, fuse_relu, align_b;
+    int accumulate;          /* BWD_DATA only: dx += the data gradient (beta 1), summed in
+                                fp32 and rounded once, for an input another layer's
+                                gradient reaches too (a residual block's input); engines
+                                without beta are left out, and no GEMM plan stands in
+                                (the build fails, and the caller writes the gradient apart
+                                and adds it) */
     int allow_rtc;           /* consider engines that compile at run time (off by default:
                                 one picked a fused bf16 engine that gave wrong results for
                                 a 2-byte-aligned x; the engine filter does not catch it) */
@@ -108,7 +114,8 @@ static inline const char *sf_conv_prec_name(sf_dtype dt, int tf32_or_tc)
  *   FWD:        x (read)   w (read)     y (written)
  *   BWD_DATA:   x = dx (written)  w (read)   y = dy (read)
  *   BWD_FILTER: x (read)   w = dw (written)  y = dy (read)
- * Outputs are overwritten (beta = 0). ws: the workspace (>= plan's ws_bytes). */
+ * Outputs are overwritten (beta = 0), except dx under sf_conv_desc.accumulate.
+ * ws: the workspace (>= plan's ws_bytes). */
 typedef struct sf_conv_ptrs {
     void *x, *w, *y, *ws;
     void *b; /* fused bias (uid 4); NULL for plans without a fused bias */
@@ -133,6 +140,7 @@ typedef struct sf_conv_plan {
                                                    fp32 data, bf16 MMA on bf16 data) */
     int tried;                                  /* candidates finalised and timed */
     int fused;                                  /* the graph has the bias/ReLU epilogue */
+    int accumulate;                             /* BWD_DATA adds into dx (the desc's) */
     float ms;                                   /* measured time when tuned, else -1 */
     sf_dtype dt;                                /* element type of x, w, y (the desc's) */
 } sf_conv_plan;

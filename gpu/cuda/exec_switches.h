@@ -25,6 +25,8 @@ typedef struct sf_exec_switches {
     int no_s2d;     /* strided few-channel convolutions as they are, not gpu/cuda/conv_s2d.h's space-to-depth form */
     int no_bn_fuse; /* a batchnorm's residual add, or its ReLU + maxpool, as kernels of their own */
     int no_lt;      /* linear layers' bias as a kernel of its own, not in the cuBLASLt forward GEMM */
+    int no_acc;     /* a backward-data written apart and added into its input's gradient, not
+                       accumulated there by cuDNN (beta 1) */
 } sf_exec_switches;
 
 struct sf_net_cfg;

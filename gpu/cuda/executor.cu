@@ -462,26 +462,6 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
     return 0;
 }
 
-/* dst for input j of layer i's gradient (NULL: none wanted) and whether to add it after. */
-static void *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
-{
-    gen_net *g = net->g;
-    const gop *o = &g->op[i];
-    *add_after = 0;
-    if (!o->want[j])
-        return NULL;
-    if (o->first[j])
-        return g->op[g_owner(&net->m, o->src[j])].dy;
-    *add_after = 1;
-    return o->gtmp;
-}
-
-/* The gradient of layer i's input j as its owner holds it. */
-static void *g_owner_dy(sf_cuda_net *net, int i, int j)
-{
-    return net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
-}
-
 /* Backward of norm layer i from its saved statistics: dx (NULL: not wanted)
  * and its parameters' gradients. A layer norm whose input another layer
  * also reads (add0: a transformer's residual stream) adds into that input's
@@ -516,7 +496,9 @@ static int g_add_back(sf_cuda_net *net, int i, int j, size_t len, cudaStream_t s
  * before the next layer's backward starts. Each direction runs cuDNN's plan or,
  * where gshape.dw says so, the depthwise kernel (conv_dw.h; the filter
  * gradient's partial sums in the compute-stream scratch, which nothing else
- * uses until the join). dx: the data gradient's destination, NULL: none. */
+ * uses until the join). dx: the data gradient's destination, NULL: none;
+ * where S->acc[i], the plan adds it into the input's owner's gradient
+ * instead (gop.vpa), and dx is not written. */
 static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx)
 {
     gop *o = &net->g->op[i];
@@ -546,7 +528,8 @@ static int g_conv_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx
         const sf_conv_ptrs p = {dx, g_wd(net, i), o->dy, NULL, NULL};
         if (g_conv_dw_run(net, i, n, SF_CONV_BWD_DATA, &p, s))
             return -1;
-    } else if (want_dx && sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_DATA], o->vp[SF_CONV_BWD_DATA][b])) {
+    } else if (want_dx && sf_conv_run(net->dnn, &S->cp[i][SF_CONV_BWD_DATA],
+                                      S->acc[i] ? o->vpa[b] : o->vp[SF_CONV_BWD_DATA][b])) {
         return -1;
     }
     if (fork)
@@ -871,6 +854,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
         case SF_L_CONV2D:
             if (g_conv_layer_bwd(net, S, i, b, n, ymask, dx, s))
                 return -1;
+            add0 = add0 && !S->acc[i]; /* the plan added it into the owner's gradient */
             break;
         case SF_L_CONV_TRANSPOSE2D:
             if (g_convt_bwd(net, S, i, b, n, ymask, dx, s))
@@ -1178,6 +1162,7 @@ static void g_destroy(sf_cuda_net *net)
             for (int d = 0; d < 3; d++)
                 sf_conv_vpack_destroy(g->op[i].vp[d][b]);
             sf_conv_vpack_destroy(g->op[i].vpf[b]);
+            sf_conv_vpack_destroy(g->op[i].vpa[b]);
         }
     free(g);
     net->g = NULL;

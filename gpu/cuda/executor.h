@@ -173,6 +173,9 @@ typedef struct sf_net_cfg {
     int no_lt;           /* 1: linear layers with a bias (and self_attention's projections) as
                             cuBLAS GEMMs plus our bias kernel, not cuBLASLt GEMMs with the bias
                             in their epilogue (linear.h) */
+    int no_acc;          /* 1: a conv's data gradient into an input another layer's gradient
+                            reaches too is written apart and added, never accumulated by cuDNN's
+                            plan (sf_conv_desc.accumulate) */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;

@@ -147,6 +147,8 @@ typedef struct gop {
      * the frozen boundary binds buffer b's tensor, so no input is copied) */
     sf_conv_vpack *vp[3][SF_NET_MAX_BUF];
     sf_conv_vpack *vpf[SF_NET_MAX_BUF]; /* fused forward (binds the bias too) */
+    sf_conv_vpack *vpa[SF_NET_MAX_BUF]; /* g_acc_ok: backward-data bound to the input's owner's
+                                           gradient, for the plan that adds into it */
     int tok;             /* input 0 is a token sequence [n, t, c]: token-major whatever the net's
                             layout (a [c, t, 1] map in NHWC), so per-channel ops view it NHWC */
     /* self_attention: what its forward keeps for its backward (max_batch
@@ -165,6 +167,9 @@ typedef struct gshape {
     unsigned char dw[SF_MAX_LAYERS];         /* bit d (sf_conv_dir): direction d of this depthwise conv
                                                 runs conv_dw.h's kernel, which timed faster than cp */
     float dw_ms[SF_MAX_LAYERS][3];           /* those kernels' measured times (ms; 0: not timed) */
+    unsigned char acc[SF_MAX_LAYERS];        /* 1: cp[i][SF_CONV_BWD_DATA] adds into the input's owner's
+                                                gradient (beta 1, bound by gop.vpa), which timed faster
+                                                than writing gtmp and adding it (g_try_acc) */
     sf_convt_plans tp[SF_MAX_LAYERS];
     cudaGraphExec_t exec[SF_NET_MAX_BUF][3]; /* [b][k]: k = do_opt (training), 2 (evaluation) */
     sf_sdpa_plan *sdpa[SF_MAX_LAYERS];       /* self_attention layers with sdpa: their fused plans */
@@ -338,6 +343,26 @@ static inline int g_owner(const sf_model *m, int i)
     return i;
 }
 
+/* dst for input j of layer i's gradient (NULL: none wanted) and whether to add it after. */
+static inline void *g_dst(sf_cuda_net *net, int i, int j, int *add_after)
+{
+    gen_net *g = net->g;
+    const gop *o = &g->op[i];
+    *add_after = 0;
+    if (!o->want[j])
+        return NULL;
+    if (o->first[j])
+        return g->op[g_owner(&net->m, o->src[j])].dy;
+    *add_after = 1;
+    return o->gtmp;
+}
+
+/* The gradient of layer i's input j as its owner holds it. */
+static inline void *g_owner_dy(sf_cuda_net *net, int i, int j)
+{
+    return net->g->op[g_owner(&net->m, net->g->op[i].src[j])].dy;
+}
+
 /* The descriptor of conv or convT layer i for n samples (sf_conv_desc and
  * sf_convt_desc name these fields alike); alignments are filled by the caller. */
 template <typename Desc> static inline void g_desc(const sf_cuda_net *net, int i, int n, Desc *d)
@@ -489,6 +514,12 @@ int g_conv_dw_run(sf_cuda_net *net, int i, int n, int dir, const sf_conv_ptrs *p
 /* The conv layers' variant packs (their tensor pointers per buffer), once
  * the arenas exist. */
 int g_vpacks(sf_cuda_net *net);
+/* Whether conv layer i's data gradient may be accumulated into its input's
+ * owner's gradient by cuDNN's plan (beta 1) in place of gtmp and an add: the
+ * layer is not that input's first consumer, runs cuDNN's backward-data plan
+ * (not the thin, patch, space-to-depth or depthwise paths) and the switch
+ * allows it. */
+int g_acc_ok(const sf_cuda_net *net, int i);
 
 /* executor_grad.cu: the end of a training step. The gradient check's sums of
  * layer i once the backward completed it (g_norm_layer), the data-parallel

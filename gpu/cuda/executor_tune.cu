@@ -22,8 +22,9 @@ static void g_conv_desc(const sf_cuda_net *net, int i, int n, sf_conv_desc *d)
         sf_conv_s2d_desc(d, d);
 }
 /* Pointers of conv/convT layer i in direction dir for buffer b (conv roles;
- * convT uses the same roles). */
-static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_conv_ptrs *p)
+ * convT uses the same roles); acc: backward-data's into the input's owner's
+ * gradient even where gtmp takes it first (the plan that adds, g_try_acc). */
+static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_conv_ptrs *p, int acc = 0)
 {
     const gen_net *g = net->g;
     const gop *o = &g->op[i];
@@ -39,7 +40,7 @@ static void g_ptrs(const sf_cuda_net *net, int i, int dir, int b, void *ws, sf_c
         p->y = o->y;
     } else if (dir == SF_CONV_BWD_DATA) {
         const int s = g_owner(&net->m, g_src(&net->m, i, 0));
-        p->x = o->first[0] ? g->op[s].dy : o->gtmp;
+        p->x = o->first[0] || acc ? g->op[s].dy : o->gtmp;
         p->w = o->wal_w ? o->wal_w : g_wd(net, i);
         p->y = o->dy;
     } else {
@@ -71,6 +72,28 @@ static float *g_bias(const sf_cuda_net *net, int i)
     return L->n_b ? net->params + L->b_off : NULL;
 }
 
+/* Time of run() on stream s (ms, best of 3; 0 when it cannot be timed):
+ * the kernels a fused plan would save, weighed against it. */
+template <class F> static float g_time3(cudaStream_t s, F run)
+{
+    cudaEvent_t e[2];
+    if (cudaEventCreate(&e[0]) != cudaSuccess || cudaEventCreate(&e[1]) != cudaSuccess)
+        return 0.f;
+    float best = 1e30f;
+    for (int r = 0; r < 3; r++) {
+        float ms = 0.f;
+        cudaEventRecord(e[0], s);
+        run();
+        cudaEventRecord(e[1], s);
+        if (cudaEventSynchronize(e[1]) == cudaSuccess && cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess &&
+            ms < best)
+            best = ms;
+    }
+    cudaEventDestroy(e[0]);
+    cudaEventDestroy(e[1]);
+    return best < 1e30f ? best : 0.f;
+}
+
 /* Time of the bias(+ReLU) epilogue kernel on conv layer i's output for n
  * samples (ms, best of 3). */
 static float g_time_epilogue(sf_cuda_net *net, int i, int n, void *y)
@@ -79,22 +102,49 @@ static float g_time_epilogue(sf_cuda_net *net, int i, int n, void *y)
     const sf_layer *L = &net->m.layers[i];
     size_t outer, inner;
     g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
-    cudaEvent_t e[2];
-    if (cudaEventCreate(&e[0]) != cudaSuccess || cudaEventCreate(&e[1]) != cudaSuccess)
-        return 0.f;
-    float best = 1e30f;
-    for (int r = 0; r < 3; r++) {
-        float ms = 0.f;
-        cudaEventRecord(e[0], net->s);
+    return g_time3(net->s, [&] {
         sf_cuda_bias_act_dt(g->dt, y, g_bias(net, i), outer, L->out_c, inner, g->op[i].relu, net->s);
-        cudaEventRecord(e[1], net->s);
-        if (cudaEventSynchronize(e[1]) == cudaSuccess && cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess &&
-            ms < best)
-            best = ms;
+    });
+}
+
+int g_acc_ok(const sf_cuda_net *net, int i)
+{
+    const gop *o = &net->g->op[i];
+    return !net->cfg.no_acc && net->m.layers[i].kind == SF_L_CONV2D && o->want[0] && !o->first[0] && !o->thin &&
+           !o->patch && !o->s2d && !o->dw && !o->frozen;
+}
+
+/* Replaces conv layer i's backward-data plan *plain (which writes gtmp) with
+ * one that adds into the input's owner's gradient (beta 1) where cuDNN has
+ * one and, timed, it is faster than *plain plus the add pass it saves
+ * (g_add_back: two reads and a write of the input's size; timed here on p's
+ * dx buffer added to itself). Sets S->acc[i] when it does. Untimed (tune <=
+ * 1), a plan that builds is taken. No plan is no error: *plain stays. */
+static void g_try_acc(sf_cuda_net *net, gshape *S, int i, int n, const sf_conv_desc *d, const sf_conv_ptrs *p,
+                      size_t ws_limit, sf_conv_plan *plain)
+{
+    sf_conv_desc da = *d;
+    da.accumulate = 1;
+    sf_conv_plan ap;
+    if (sf_conv_plan_build(net->dnn, &da, SF_CONV_BWD_DATA, ws_limit, net->cfg.tune, net->cfg.tune > 1 ? p : NULL,
+                           &ap)) {
+        sf_cuda_clear_error();
+        return;
     }
-    cudaEventDestroy(e[0]);
-    cudaEventDestroy(e[1]);
-    return best < 1e30f ? best : 0.f;
+    const sf_layer *L = &net->m.layers[i];
+    const size_t len = (size_t)n * L->in_c * L->in_h * L->in_w;
+    const sf_dtype dt = net->g->dt;
+    const float add_ms = plain->ms >= 0.f && ap.ms >= 0.f
+                             ? g_time3(net->s, [&] { sf_cuda_add_dt(dt, p->x, p->x, p->x, len, 0, net->s); })
+                             : 0.f;
+    sf_cuda_clear_error();
+    if (plain->ms < 0.f || ap.ms < 0.f || ap.ms < plain->ms + add_ms) {
+        sf_conv_plan_destroy(plain);
+        *plain = ap;
+        S->acc[i] = 1;
+    } else {
+        sf_conv_plan_destroy(&ap);
+    }
 }
 
 /* Replaces *plain with cuDNN's fused conv+bias(+ReLU) plan when one exists and
@@ -340,6 +390,10 @@ int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3
                     if ((a = sf_cuda_ptr_align(pb.x)) < d.align_x) d.align_x = a;
                     if ((a = sf_cuda_ptr_align(pb.w)) < d.align_w) d.align_w = a;
                     if ((a = sf_cuda_ptr_align(pb.y)) < d.align_y) d.align_y = a;
+                    if (dir == SF_CONV_BWD_DATA && g_acc_ok(net, i)) { /* the adding plan's dx too */
+                        g_ptrs(net, i, dir, b, ws[k], &pb, 1);
+                        if ((a = sf_cuda_ptr_align(pb.x)) < d.align_x) d.align_x = a;
+                    }
                 }
                 if (sf_conv_plan_build(net->dnn, &d, (sf_conv_dir)dir, lim[k], net->cfg.tune,
                                        net->cfg.tune > 1 ? &p : NULL, &S->cp[i][dir])) {
@@ -350,6 +404,15 @@ int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3
                     g_try_fused(net, i, n, &d, &p, lim[k], &S->cp[i][dir])) {
                     gshape_destroy(S);
                     return -1;
+                }
+                if (dir == SF_CONV_BWD_DATA && g_acc_ok(net, i)) {
+                    sf_conv_ptrs pa;
+                    g_ptrs(net, i, dir, 0, ws[k], &pa, 1);
+                    if (tp) {
+                        pa.x = tp->x;
+                        pa.y = tp->y;
+                    }
+                    g_try_acc(net, S, i, n, &d, &pa, lim[k], &S->cp[i][dir]);
                 }
                 g_choose_dw(net, S, i, n, dir, &p);
             }
@@ -446,6 +509,11 @@ int g_vpacks(sf_cuda_net *net)
                 if (dir == SF_CONV_FWD && g->op[i].fusable) {
                     p.b = g_bias(net, i);
                     if (sf_conv_vpack_make(&p, &g->op[i].vpf[b]))
+                        return -1;
+                }
+                if (dir == SF_CONV_BWD_DATA && g_acc_ok(net, i)) {
+                    g_ptrs(net, i, dir, b, g_ws_of(net, i, dir), &p, 1);
+                    if (sf_conv_vpack_make(&p, &g->op[i].vpa[b]))
                         return -1;
                 }
             }
@@ -567,7 +635,7 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
                                    (long long)p->ws_bytes, p->ms)
                         : snprintf(buf + at, len - at, "layer %d %s %d->%d k%d s%d %dx%d %s%s: engine %lld%s ws %lld B, %.3f ms (of %d)\n",
                              i, sf_layer_kind_name(L->kind), L->in_c, L->out_c, L->k, L->stride, L->in_h, L->in_w,
-                             dn[d], p->fused ? "+bias/relu fused" : "", (long long)p->engine, p->tensor_core ? " tc" : "", (long long)p->ws_bytes, p->ms,
+                             dn[d], p->fused ? "+bias/relu fused" : p->accumulate ? " adding into the input's gradient" : "", (long long)p->engine, p->tensor_core ? " tc" : "", (long long)p->ws_bytes, p->ms,
                              p->tried);
             if (w < 0)
                 break;

@@ -1,7 +1,7 @@
 /* tests/gpu/ops/conv.cu — the cuDNN convolutions of gpu/cuda/conv.h against
  * the double-precision reference (sf_ref_conv2d_*), forward, backward-data and
- * backward-filter: both activation layouts (NCHW with KCRS filters, NHWC with
- * KRSC filters), fp32 and tf32 (relative error), odd sizes, stride and
+ * backward-filter, and backward-data adding into what dx holds (beta 1): both
+ * activation layouts (NCHW with KCRS filters, NHWC with KRSC filters), fp32 and tf32 (relative error), odd sizes, stride and
  * padding variants, the timed engine choice; bf16 in both layouts and all
  * three directions (max |out - ref| of max |ref|: check_max), a 2-byte
  * aligned x, and a refused unknown element type; the thin 1x1 kernels
@@ -36,7 +36,9 @@ struct conv_case {
  * y, dy, dx, dw all bf16; fp32 compute): max |out - ref| <= tol * max |ref|
  * (check_max); tf32 = 0 there, since the
  * tf32 flag is about fp32 data and must not keep bf16 off tensor cores. Both:
- * cuDNN's fused conv + fp32 bias + ReLU where an engine builds. misalign: x
+ * cuDNN's fused conv + fp32 bias + ReLU where an engine builds, and the
+ * adding backward-data (against dx0 + the reference's dx, the timed engine
+ * where tune > 1) where one builds. misalign: x
  * and dx are bound one element past a 256-byte boundary and declared so
  * (align_x = 2 in bf16), which checks that the alignment fields are taken in
  * bytes for bf16 too. */
@@ -206,6 +208,49 @@ static void test_conv(cudnnHandle_t dnn, cudaStream_t s, const op_case &kc, cons
             compare(nm, down_dt(out, nout), cc.n, cc.c, cc.h, cc.w, dxr, tol);
         else
             compare(nm, down_dt(out, nout), cc.oc, cc.c, cc.k, cc.k, dwr, tol);
+    }
+    /* backward-data adding into what dx holds (sf_conv_desc.accumulate, beta
+     * 1: a residual block's input gradient); where no engine builds, the
+     * executor writes the gradient apart and adds it */
+    {
+        sf_conv_desc da = d;
+        da.accumulate = 1;
+        std::vector<float> dx0(nx);
+        rand_fill_dt(dx0, dt, 1.f);
+        std::vector<double> sum(nx);
+        for (size_t e = 0; e < nx; e++)
+            sum[e] = dxr[e] + (double)dx0[e];
+        sf_conv_plan pla;
+        sf_conv_vpack *va = NULL;
+        snprintf(nm, sizeof nm, "%s bwd_data+acc", name);
+        if (sf_conv_plan_build(dnn, &da, SF_CONV_BWD_DATA, ws_bytes, tune, tune > 1 ? &pd : NULL, &pla) == 0) {
+            if (!pla.accumulate)
+                fail(nm, "the plan does not say it accumulates");
+            if (sf_conv_vpack_make(&pd, &va)) {
+                fail(nm, sf_cuda_last_error());
+            } else {
+                /* dx0 after the timing runs, which added into dx too */
+                up_dt(bdx, nhwc ? to_nhwc(dx0, cc.n, cc.c, cc.h, cc.w) : dx0);
+                const int rc = sf_conv_run(dnn, &pla, va);
+                CU(cudaStreamSynchronize(s));
+                if (rc) {
+                    fail(nm, sf_cuda_last_error());
+                } else {
+                    char n2[340];
+                    snprintf(n2, sizeof n2, "%s (engine %lld)", nm, (long long)pla.engine);
+                    compare(n2, down_dt(bdx, nx), cc.n, cc.c, cc.h, cc.w, sum, tol);
+                }
+                sf_conv_vpack_destroy(va);
+            }
+            sf_conv_plan_destroy(&pla);
+        } else {
+            const char *why = sf_cuda_last_error();
+            if (!why[0])
+                fail(nm, "plan build returned -1 without an error message");
+            else
+                printf("info %s: no plan, the executor adds apart (%s)\n", nm, why);
+            sf_cuda_clear_error();
+        }
     }
     if (!bf && planned[SF_CONV_FWD]) {
         float *ddy = (float *)bdy.p, *y_out = (float *)by.p;

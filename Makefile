@@ -536,7 +536,7 @@ run: $(BUILD)/streamfeed
 demo: $(BUILD)/streamfeed $(BUILD)/streamfeed-load
 	@BUILD=$(BUILD) bash tools/demo.sh
 
-BENCH_BIN := $(BUILD)/bench/memcpy_bw $(BUILD)/bench/loopback_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached $(BUILD)/bench/jpeg_decode $(BUILD)/bench/layers_bench)
+BENCH_BIN := $(BUILD)/bench/memcpy_bw $(BUILD)/bench/loopback_bw $(if $(filter 1,$(CUDA)),$(BUILD)/bench/augment_bench $(BUILD)/bench/w1_cached $(BUILD)/bench/cached $(BUILD)/bench/jpeg_decode $(BUILD)/bench/layers_bench $(BUILD)/bench/cudnn_bn_fusion)
 bench-bins: $(BENCH_BIN)
 $(BUILD)/bench/memcpy_bw: bench/memcpy_bw.c
 	@mkdir -p $(dir $@)

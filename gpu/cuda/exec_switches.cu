@@ -21,4 +21,5 @@ void sf_exec_switches_apply(const sf_exec_switches *sw, sf_net_cfg *nc)
     nc->no_bn_fuse = sw->no_bn_fuse;
     nc->no_lt = sw->no_lt;
     nc->no_acc = sw->no_acc;
+    nc->no_share = sw->no_share;
 }

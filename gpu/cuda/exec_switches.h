@@ -27,6 +27,8 @@ typedef struct sf_exec_switches {
     int no_lt;      /* linear layers' bias as a kernel of its own, not in the cuBLASLt forward GEMM */
     int no_acc;     /* a backward-data written apart and added into its input's gradient, not
                        accumulated there by cuDNN (beta 1) */
+    int no_share;   /* a residual add writes both inputs' gradients, not one that a batchnorm
+                       input reads as its own */
 } sf_exec_switches;
 
 struct sf_net_cfg;

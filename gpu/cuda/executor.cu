@@ -699,7 +699,7 @@ static int g_add_bwd(sf_cuda_net *net, int i, size_t in_len, cudaStream_t s)
     void *cp[2] = {NULL, NULL}, *sum[2] = {NULL, NULL};
     int nc = 0, ns = 0;
     for (int j = 0; j < 2; j++) {
-        if (!o->want[j])
+        if (!o->want[j] || j + 1 == o->grad_shared) /* its owner reads the other's (gop.dy_of) */
             continue;
         void *d = g->op[g_owner(m, o->src[j])].dy;
         if (o->first[j])

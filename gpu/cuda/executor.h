@@ -176,6 +176,8 @@ typedef struct sf_net_cfg {
     int no_acc;          /* 1: a conv's data gradient into an input another layer's gradient
                             reaches too is written apart and added, never accumulated by cuDNN's
                             plan (sf_conv_desc.accumulate) */
+    int no_share;        /* 1: a residual add writes both inputs' gradients, never one that a
+                            batchnorm input reads as its own (gop.dy_of) */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;

@@ -97,6 +97,11 @@ typedef struct gop {
     int src[SF_MAX_IN], n_in;
     int first[SF_MAX_IN]; /* backward: this consumer writes (1) or adds into (0) the gradient of src[j] */
     int want[SF_MAX_IN];  /* backward: src[j] needs a gradient */
+    int dy_of;            /* 1 + the layer whose gradient buffer is this layer's dy (0: its own):
+                             a batchnorm read only by a residual add whose other input's gradient
+                             is the same values (g_share_add_grads) */
+    int grad_shared;      /* add: 1 + the input whose owner reads the other input's gradient
+                             (dy_of), so the add writes one gradient, not two (0: both) */
     int relu;            /* the next layer's ReLU is fused here */
     int cat_mask;        /* with relu: the ReLU's output is read by one concat alone, whose
                             backward applies the mask from its own output; this layer's

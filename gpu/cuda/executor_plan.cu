@@ -116,7 +116,7 @@ static int g_plan_memory(sf_cuda_net *net)
         const size_t bytes = (es * nb * L->out_elems + 255) & ~(size_t)255;
         obj[n] = (plan_obj){{bytes, F(i), F(i), 0}, &g->op[i].y, g->op[i].frozen};
         yi[i] = n++;
-        if (!g->op[i].frozen) {
+        if (!g->op[i].frozen && !g->op[i].dy_of) {
             obj[n] = (plan_obj){{bytes, B(i), B(i), 0}, &g->op[i].dy, 0};
             di[i] = n++;
         }
@@ -143,6 +143,11 @@ static int g_plan_memory(sf_cuda_net *net)
     }
     if (nf > 0)
         widen(&obj[yi[g_storage(net, nf - 1)]], nf); /* the copy to the boundary */
+    for (int i = 0; i < nl; i++) /* its batchnorm reads the shared gradient in its backward */
+        if (g->op[i].dy_of) {
+            di[i] = di[g->op[i].dy_of - 1];
+            widen(&obj[di[i]], B(i));
+        }
     widen(&obj[yi[last]], ntrain); /* the loss reads the logits */
     widen(&obj[di[last]], ntrain); /* and writes their gradient */
     for (int i = 0; i < nl; i++)
@@ -212,6 +217,9 @@ int sf_exec_alloc_arenas(sf_cuda_net *net)
         return -1;
     for (int k = 0; k < g->n_plan; k++)
         *g->plan[k].ptr = (char *)(g->plan[k].frozen ? g->farena : g->arena) + g->plan[k].t.off;
+    for (int i = 0; i < g->nl; i++)
+        if (g->op[i].dy_of)
+            g->op[i].dy = g->op[g->op[i].dy_of - 1].dy;
     for (int i = 0; i < g->nl; i++) {
         gop *o = &g->op[i];
         if (m->layers[i].kind != SF_L_FLATTEN && !o->fused)
@@ -482,6 +490,55 @@ static void g_schedule_backward(sf_cuda_net *net)
                 o->first[j] = !written[ow];
                 written[ow] = 1;
             }
+        }
+    }
+}
+
+/* A residual add writes the same values, its output's gradient (ReLU-masked
+ * where it has a ReLU), as the gradient of both its inputs. Where one input
+ * is a batchnorm that only the add reads, that batchnorm's dy can be the
+ * other input's gradient buffer instead of a copy of it: one tensor write
+ * less per block (and one gradient buffer less), provided nothing changes
+ * that buffer before the batchnorm's backward has read it. The other input
+ * (b, layer ob) is the block's input (the previous block's ReLU, a view of
+ * its add's buffer) or the shortcut's batchnorm; its
+ * gradient is written first by the add and then added into by its other
+ * readers, whose backward runs in descending layer order: so every other
+ * reader of ob, and ob itself (whose backward ends the buffer's life), must
+ * come before the batchnorm (oa) in the layer order. The batchnorm's
+ * backward only reads its dy. */
+static void g_share_add_grads(sf_cuda_net *net)
+{
+    const sf_model *m = &net->m;
+    gen_net *g = net->g;
+    if (net->cfg.no_share)
+        return;
+    int readers[SF_MAX_LAYERS];
+    memset(readers, 0, sizeof readers);
+    for (int i = 0; i < g->nl; i++)
+        for (int j = 0; j < g->op[i].n_in; j++)
+            if (g_owner(m, g->op[i].src[j]) >= 0)
+                readers[g_owner(m, g->op[i].src[j])]++;
+    for (int i = g->nf; i < g->nl; i++) {
+        gop *o = &g->op[i];
+        if (m->layers[i].kind != SF_L_ADD || o->frozen || !o->want[0] || !o->want[1] || !o->first[0] ||
+            !o->first[1])
+            continue;
+        for (int a = 0; a < 2 && !o->grad_shared; a++) {
+            /* obs: the layer whose buffer holds ob's gradient (a fused ReLU's is
+             * its producer's: the previous block's add) */
+            const int oa = g_owner(m, o->src[a]), ob = g_owner(m, o->src[1 - a]), obs = g_storage(net, ob);
+            if (oa == ob || oa < g->nf || obs < g->nf || obs == oa || m->layers[oa].kind != SF_L_BATCHNORM2D ||
+                g->op[oa].fused || g->op[obs].dy_of || readers[oa] != 1 || ob > oa)
+                continue;
+            int later = 0; /* another reader of ob whose backward would change the buffer first */
+            for (int c = oa; c < g->nl && !later; c++)
+                for (int j = 0; j < g->op[c].n_in; j++)
+                    later |= c != i && g_owner(m, g->op[c].src[j]) == ob;
+            if (later)
+                continue;
+            g->op[oa].dy_of = 1 + obs;
+            o->grad_shared = 1 + a;
         }
     }
 }
@@ -772,6 +829,7 @@ int sf_exec_build_graph(sf_cuda_net *net)
         return -1;
     g_choose_fusions(net);
     g_schedule_backward(net);
+    g_share_add_grads(net);
     /* space-to-depth: a trainable strided conv over few channels whose input
      * gradient nobody wants (a stem reading the model input), in bf16 nets
      * (where it was measured; fp32 and TF32 nets keep cuDNN's plain plan).

@@ -552,13 +552,22 @@ static size_t describe_fusions(const sf_cuda_net *net, char *buf, size_t len, si
         if (w > 0)
             at += (size_t)w;
     }
-    int ncat = 0;
-    for (int i = 0; i < g->nl; i++)
+    int ncat = 0, nshare = 0;
+    for (int i = 0; i < g->nl; i++) {
         ncat += g->op[i].cat_mask;
+        nshare += g->op[i].grad_shared != 0;
+    }
     if (at < len && ncat) {
         int w = snprintf(buf + at, len - at,
                          "concat: %d inputs made by a layer with a fused ReLU take its mask from the concatenation in "
                          "the backward (their own outputs die at the concat)\n", ncat);
+        if (w > 0)
+            at += (size_t)w;
+    }
+    if (at < len && nshare) {
+        int w = snprintf(buf + at, len - at,
+                         "add: %d residual adds write one input gradient, which their batchnorm input reads as its "
+                         "own\n", nshare);
         if (w > 0)
             at += (size_t)w;
     }

@@ -808,6 +808,20 @@ int main(int argc, char **argv)
             compare_stepwise(names[v], cu, ref, m, cfg, bs, S, prec ? 0.3 : 2e-2, v == 1);
             free_batches(cu, bs);
         }
+        /* the plans those steps ran with: every residual add hands its
+         * batchnorm input the other input's gradient (gop.dy_of), and the
+         * blocks' first convolutions add their backward-data into their
+         * input's gradient (sf_conv_desc.accumulate) */
+        const std::string share = describe_line(cu, "residual adds write one input gradient");
+        if (share.find("add: 8 ") == 0)
+            ok("resnet18-64: %s", share.c_str());
+        else
+            fail("resnet18-64: expected all 8 residual adds to write one input gradient: \"%s\"", share.c_str());
+        const std::vector<std::string> acc = describe_lines(cu, "adding into the input's gradient");
+        if (!acc.empty())
+            ok("resnet18-64: %zu backward-data plans add into their input's gradient", acc.size());
+        else
+            fail("resnet18-64: no backward-data plan adds into its input's gradient:\n%s", describe_text(cu).c_str());
     }
     /* Gradient accumulation over two optimizer steps (4 batches), as
      * a trajectory: the stepwise check cannot hand over a state in the

@@ -95,30 +95,11 @@ static int build(cudnnHandle_t h, const sf_cudnn_keep *k, const shape &S, int n,
         cin = t3;
     }
     cudnnBackendDescriptor_t conv, op;
-    CKDNN(cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &conv));
-    if (sf_cudnn_keep_add(k, conv))
+    const int64_t pad[2] = {S.pad, S.pad}, one2[2] = {1, 1};
+    if (sf_cudnn_conv2d(k, pad, one2, one2, &conv))
         return -1;
-    const int64_t nsp = 2, pad[2] = {S.pad, S.pad}, one2[2] = {1, 1};
-    const cudnnConvolutionMode_t cm = CUDNN_CROSS_CORRELATION;
-    CKDNN(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nsp));
-    CKDNN(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &f32));
-    CKDNN(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &cm));
-    CKDNN(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
-    CKDNN(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
-    CKDNN(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, one2));
-    CKDNN(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, one2));
-    CKDNN(cudnnBackendFinalize(conv));
-    CKDNN(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &op));
-    if (sf_cudnn_keep_add(k, op))
+    if (sf_cudnn_conv_op(k, 0, conv, cin, tw, ty, 0.f, &op))
         return -1;
-    const float alpha = 1.f, beta = 0.f;
-    CKDNN(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, cin));
-    CKDNN(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, tw));
-    CKDNN(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, ty));
-    CKDNN(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv));
-    CKDNN(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-    CKDNN(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
-    CKDNN(cudnnBackendFinalize(op));
     ops[nops++] = op;
     if (g != G_CONV) {
         cudnnBackendDescriptor_t tsum, tsq, gs;

@@ -103,56 +103,15 @@ static int build_graph(cudnnHandle_t h, const sf_conv_desc *d, sf_conv_dir dir, 
     }
 
     cudnnBackendDescriptor_t conv;
-    SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &conv));
-    if (keep(p, conv))
-        return -1;
-    const int64_t nsp = 2;
-    const cudnnDataType_t ct = CUDNN_DATA_FLOAT; /* fp32 accumulation for fp32 and bf16 data */
-    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
     const int64_t pad[2] = {d->pad, wd_.pad}, str[2] = {d->stride, wd_.stride}, dil[2] = {dilation, wd_.dilation};
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nsp));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str));
-    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil));
-    SF_CUDNN_CHECK(cudnnBackendFinalize(conv));
+    const sf_cudnn_keep kc = keep_of(p);
+    if (sf_cudnn_conv2d(&kc, pad, str, dil, &conv))
+        return -1;
 
     cudnnBackendDescriptor_t op;
-    const float alpha = 1.f, beta = 0.f, beta_dx = dir == SF_CONV_BWD_DATA && d->accumulate ? 1.f : 0.f;
-    if (dir == SF_CONV_FWD) {
-        SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, &op));
-        if (keep(p, op))
-            return -1;
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, tx));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, tw));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, ty));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
-    } else if (dir == SF_CONV_BWD_DATA) {
-        SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, &op));
-        if (keep(p, op))
-            return -1;
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, tx));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, tw));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, ty));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta_dx));
-    } else {
-        SF_CUDNN_CHECK(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, &op));
-        if (keep(p, op))
-            return -1;
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, tx));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, tw));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, ty));
-        SF_CUDNN_CHECK(sf_cudnn_set_desc(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha));
-        SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta));
-    }
-    SF_CUDNN_CHECK(cudnnBackendFinalize(op));
+    const float beta = dir == SF_CONV_BWD_DATA && d->accumulate ? 1.f : 0.f;
+    if (sf_cudnn_conv_op(&kc, (int)dir, conv, tx, tw, ty, beta, &op))
+        return -1;
 
     cudnnBackendDescriptor_t ops[3] = {op, NULL, NULL};
     int64_t n_ops = 1;

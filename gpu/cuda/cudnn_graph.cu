@@ -47,6 +47,69 @@ extern "C" int sf_cudnn_tensor(const sf_cudnn_keep *k, int64_t uid, cudnnDataTyp
     return 0;
 }
 
+extern "C" int sf_cudnn_conv2d(const sf_cudnn_keep *k, const int64_t pad[2], const int64_t str[2],
+                               const int64_t dil[2], cudnnBackendDescriptor_t *out)
+{
+    cudnnBackendDescriptor_t conv;
+    if (create(k, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &conv))
+        return -1;
+    const int64_t nsp = 2;
+    const cudnnDataType_t ct = CUDNN_DATA_FLOAT;
+    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &nsp));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &ct));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, str));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(conv, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil));
+    SF_CUDNN_CHECK(cudnnBackendFinalize(conv));
+    *out = conv;
+    return 0;
+}
+
+extern "C" int sf_cudnn_conv_op(const sf_cudnn_keep *k, int dir, cudnnBackendDescriptor_t conv,
+                                cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y,
+                                float beta, cudnnBackendDescriptor_t *out)
+{
+    /* per direction: the operation type, then the attributes of x, w, y, the
+     * convolution, alpha and beta */
+    static const struct {
+        cudnnBackendDescriptorType_t type;
+        cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+    } A[3] = {
+        {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+        {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+        {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+    };
+    if (dir < 0 || dir > 2) {
+        sf_cuda_set_error("%s:%d: sf_cudnn_conv_op: direction %d", __FILE__, __LINE__, dir);
+        return -1;
+    }
+    cudnnBackendDescriptor_t op;
+    const float alpha = 1.f;
+    if (create(k, A[dir].type, &op))
+        return -1;
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, A[dir].x, x));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, A[dir].w, w));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, A[dir].y, y));
+    SF_CUDNN_CHECK(sf_cudnn_set_desc(op, A[dir].conv, conv));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, A[dir].alpha, CUDNN_TYPE_FLOAT, 1, &alpha));
+    SF_CUDNN_CHECK(cudnnBackendSetAttribute(op, A[dir].beta, CUDNN_TYPE_FLOAT, 1, &beta));
+    SF_CUDNN_CHECK(cudnnBackendFinalize(op));
+    *out = op;
+    return 0;
+}
+
 extern "C" int sf_cudnn_pointwise(const sf_cudnn_keep *k, cudnnPointwiseMode_t mode, cudnnDataType_t prec,
                                   int64_t axis, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
                                   cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,

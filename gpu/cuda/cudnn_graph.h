@@ -1,7 +1,8 @@
 /* gpu/cuda/cudnn_graph.h — the pieces of cuDNN's backend (graph) API that
  * the convolution plans (conv.cu) and the fused attention plans (sdpa.cu)
- * both build: the list of descriptors a plan keeps alive, tensor
- * descriptors, pointwise operations, operation graphs, execution plans from
+ * both build (and bench/cudnn_bn_fusion.cu): the list of descriptors a plan
+ * keeps alive, tensor descriptors, convolution descriptors and operations,
+ * pointwise operations, operation graphs, execution plans from
  * an engine config, variant packs, and the attribute setter for a descriptor
  * operand. Each builder sets the attributes in the order cuDNN's own
  * frontend does and finalizes what it made.
@@ -57,6 +58,20 @@ int sf_cudnn_tensor(const sf_cudnn_keep *k, int64_t uid, cudnnDataType_t dt, con
 int sf_cudnn_pointwise(const sf_cudnn_keep *k, cudnnPointwiseMode_t mode, cudnnDataType_t prec, int64_t axis,
                        cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t,
                        cudnnBackendDescriptor_t y, cudnnBackendDescriptor_t *out);
+
+/* A finalized 2-d cross-correlation descriptor with fp32 accumulation (for
+ * fp32 and bf16 data), padding pad on both sides, strides str and dilations
+ * dil, each as [height, width]; kept in k. */
+int sf_cudnn_conv2d(const sf_cudnn_keep *k, const int64_t pad[2], const int64_t str[2], const int64_t dil[2],
+                    cudnnBackendDescriptor_t *out);
+
+/* A finalized convolution operation of direction dir (0 forward, 1
+ * backward-data, 2 backward-filter: sf_conv_dir's order) on conv, with the
+ * three tensors by role as conv.h's sf_conv_ptrs names them (x or dx, w or
+ * dw, y or dy), alpha 1 and beta (1: the output is added into); kept in k. */
+int sf_cudnn_conv_op(const sf_cudnn_keep *k, int dir, cudnnBackendDescriptor_t conv, cudnnBackendDescriptor_t x,
+                     cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y, float beta,
+                     cudnnBackendDescriptor_t *out);
 
 /* A finalized operation graph of the n operations ops on handle h, kept in k. */
 int sf_cudnn_graph(const sf_cudnn_keep *k, cudnnHandle_t h, const cudnnBackendDescriptor_t *ops, int64_t n,

@@ -769,7 +769,7 @@ def test_zero_padding_and_clamps_written_as_ops_train_like_pytorch(start_server,
     layers = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]["layers"]
     assert [(la["type"], la["name"], la.get("pad")) for la in layers if la["type"] != "batchnorm2d"] == [
         ("conv2d", "conv1", 1), ("relu", "relu", None), ("conv2d", "conv2", 2), ("relu6", "relu6", None),
-        ("conv2d", "conv3", 1), ("relu6", "act", None), ("global_avgpool", "mean", None), ("flatten", ".flatten", None),
+        ("conv2d", "conv3", 1), ("relu6", "act", None), ("global_avgpool", "mean", None), ("flatten", "flatten", None),
         ("linear", "fc", None)]
     train_like_pytorch(s, model, PaddedClamps, 16, 23)
 

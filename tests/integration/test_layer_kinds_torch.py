@@ -14,7 +14,7 @@ GroupNorm(affine=False) and InstanceNorm2d, a decoder's nearest and bilinear
 resizes, super-resolution's pixel shuffle and its inverse, a CycleGAN-like
 generator's reflect, replicate, asymmetric zero, constant and circular
 padding, convolutions that pad themselves in those modes or "same" with an
-even kernel -- start from the module's own state_dict
+even kernel, F.conv2d and F.linear of a module's own weight and bias -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch: its
@@ -589,6 +589,57 @@ class Clamps(nn.Module):
         return self.fc(nn.functional.hardtanh(self.fc1(torch.flatten(y, 1)), -2, 2))
 
 
+class FunctionalConv(nn.Module):
+    """A module of the user's own holding weight and bias as nn.Conv2d does
+    and calling F.conv2d on them."""
+
+    def __init__(self, cin, cout, k, stride=1, padding=0, groups=1, bias=True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cout, cin // groups, k, k) * 0.3)
+        self.bias = nn.Parameter(torch.randn(cout) * 0.1) if bias else None
+        self.stride, self.padding, self.groups = stride, padding, groups
+
+    def forward(self, x):
+        return nn.functional.conv2d(x, self.weight, self.bias, self.stride, self.padding, 1, self.groups)
+
+
+class FunctionalLinear(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cout, cin) * 0.2)
+        self.bias = nn.Parameter(torch.randn(cout) * 0.1)
+
+    def forward(self, x):
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class Functional(nn.Module):
+    """F.conv2d (padding a number, "valid" with stride and groups and no
+    bias, "same" with an even kernel) and F.linear of the modules' own
+    parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = FunctionalConv(3, 4, 3, padding=1)
+        self.c1 = FunctionalConv(4, 4, 3, stride=2, padding="valid", groups=2, bias=False)
+        self.c2 = FunctionalConv(4, 4, 2, padding="same")
+        self.fc = FunctionalLinear(4 * 3 * 3, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.c0(x))
+        y = torch.relu(self.c1(y))
+        return self.fc(torch.flatten(self.c2(y), 1))
+
+
+FUNCTIONAL_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "pad": 1}, {"type": "relu", "name": "relu"},
+    {"type": "conv2d", "name": "c1", "out": 4, "k": 3, "stride": 2, "groups": 2, "bias": False},
+    {"type": "relu", "name": "relu_1"},
+    {"type": "pad", "name": "c2.pad", "pad": [0, 1, 0, 1], "mode": "constant"},
+    {"type": "conv2d", "name": "c2", "out": 4, "k": 2},
+    {"type": "flatten", "name": "flatten"}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
@@ -597,14 +648,16 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
          "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC),
          "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC),
          "conv_padding": (ConvPads, CONV_PAD_SPEC),
-         "clamps": (Clamps, CLAMP_SPEC)}
+         "clamps": (Clamps, CLAMP_SPEC), "functional_conv_linear": (Functional, FUNCTIONAL_SPEC)}
 
 
 
-def test_the_conv_padding_case_is_the_spec_the_exporter_writes():
+@pytest.mark.parametrize("make, spec", [(ConvPads, CONV_PAD_SPEC), (Functional, FUNCTIONAL_SPEC)],
+                         ids=["conv_padding", "functional_conv_linear"])
+def test_the_case_is_the_spec_the_exporter_writes(make, spec):
     sys.path.insert(0, str(REPO / "client" / "python"))
     from streamfeed.export import convert
-    assert convert(ConvPads(), (1, *CONV_PAD_SPEC["input"])).spec == CONV_PAD_SPEC
+    assert convert(make(), (1, *spec["input"])).spec == spec
 
 
 def kinds_the_cuda_backend_lacks(spec):

@@ -53,6 +53,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_check import check_trace, forward_failed
+from .export_params import conv_call, linear_call
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
@@ -853,8 +854,9 @@ class _Converter:
                               "dimension (start_dim=1)", op=op, module_path=path)
         if len(x.shape) == 1:
             return x
-        return self.b.emit("flatten", path + ("" if n.op == "call_module" else ".flatten"), [x],
-                           (math.prod(x.shape),))
+        module = n.op == "call_module"  # torch.flatten at the top level is "flatten", not ".flatten"
+        return self.b.emit("flatten", path if module else self.fname(n, "flatten"), [x], (math.prod(x.shape),),
+                           generated=not module)
 
     def channel_shuffle(self, path: str, x: _Val, groups: int, op: str, generated: bool = True) -> _Val:
         c, _, _ = _spatial(x.shape, op, path)
@@ -1137,6 +1139,14 @@ class _Converter:
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
         if t in (F.prelu, torch.prelu):
             return self.prelu_function(n, arg(0, "input"), arg(1, "weight"), op, path)
+        if t in (F.conv2d, torch.conv2d):  # of a module's own weight and bias: that module's conv2d
+            owner, conv = conv_call(b.module, arg, op, path)
+            x = self.val(arg(0, "input"), n)
+            _need_nchw(x, op, path)
+            return self.conv2d(owner, x, out, op, conv)
+        if t is F.linear:
+            owner, lin = linear_call(b.module, arg, op, path)
+            return self.linear(owner, self.val(arg(0, "input"), n), out, op, lin)
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
         if t is F.interpolate:

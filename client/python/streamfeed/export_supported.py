@@ -80,6 +80,10 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "torch.div, torch.add, torch.sub, torch.neg, Tensor methods, in-place ones)":
         "affine (scale * x + shift; a chain on one tensor is one layer)",
     "F.prelu, torch.prelu": "prelu (a module's 1-D parameter named weight, as nn.PReLU)",
+    "F.conv2d, torch.conv2d": "conv2d named by the submodule that holds the weight and bias parameters it "
+                              "takes (named weight and bias, as nn.Conv2d holds them)",
+    "F.linear": "linear named by the submodule that holds the weight and bias parameters it takes (named "
+                "weight and bias, as nn.Linear holds them)",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",

@@ -1,0 +1,110 @@
+"""F.conv2d and F.linear of a module's own parameters, for the exporter.
+
+A module of the user's own that holds ``weight`` (and ``bias``) as
+nn.Conv2d or nn.Linear would, and calls ``F.conv2d(x, self.weight,
+self.bias, ...)`` or ``F.linear(x, self.weight, self.bias)`` in its
+forward(), is the service's conv2d or linear layer named by that module:
+its state_dict keys are then ``<module>.weight`` and ``<module>.bias``,
+exactly the layer's, so a checkpoint loads back with
+``load_state_dict(strict=True)``. The call is described by the attributes
+of nn.Conv2d / nn.Linear the converter reads of a module (ConvCall,
+LinearCall), taken from the weight's shape and the call's arguments.
+
+Anything else is refused naming the op and module path: a weight that is
+computed (weight standardisation, a scaled or transposed parameter), a
+parameter named otherwise or held by another module (the service names a
+layer's parameters <layer>.weight and <layer>.bias), a buffer (the service
+would train it), or a stride, padding, dilation or group count computed
+from tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple, Union
+
+import torch
+import torch.fx
+
+from .export_error import ExportError
+
+Arg = Callable[[int, str, Any], Any]
+
+
+@dataclass
+class ConvCall:
+    """The nn.Conv2d attributes the converter's conv2d reads."""
+    in_channels: int
+    out_channels: int
+    kernel_size: Tuple[int, int]
+    stride: Any
+    padding: Union[str, Any]
+    dilation: Any
+    groups: int
+    bias: Optional[torch.Tensor]
+    padding_mode: str = "zeros"
+
+
+@dataclass
+class LinearCall:
+    """The nn.Linear attributes the converter's linear reads."""
+    in_features: int
+    out_features: int
+    bias: Optional[torch.Tensor]
+
+
+def _owned(module: torch.nn.Module, w: Any, bias: Any, op: str, path: str, like: str) -> \
+        Tuple[str, torch.Tensor, Optional[torch.Tensor]]:
+    """The module path that owns the parameters w (named weight) and bias
+    (None, or the same module's parameter named bias), and the two tensors."""
+    params = dict(module.named_parameters())
+    target = str(w.target) if isinstance(w, torch.fx.Node) and w.op == "get_attr" else ""
+    owner, _, leaf = target.rpartition(".")
+    weight = params.get(target)
+    if weight is None or leaf != "weight" or not owner:
+        what = (f"the buffer {target}" if target and target in dict(module.named_buffers()) else
+                f"the top-level module's own parameter {target}" if weight is not None and not owner else
+                f"the parameter {target}" if weight is not None else
+                f"the module tensor {target}" if target else "a computed weight")
+        raise ExportError(f"takes {what}; supported is a parameter named weight held by a submodule, with its "
+                          f"bias None or that submodule's parameter named bias, as {like} holds them (the layer "
+                          "is named by that submodule, its parameters <submodule>.weight and .bias)",
+                          op=op, module_path=path)
+    b: Optional[torch.Tensor] = None
+    if bias is not None:
+        bt = str(bias.target) if isinstance(bias, torch.fx.Node) and bias.op == "get_attr" else ""
+        b = params.get(bt)
+        if b is None or bt != f"{owner}.bias":
+            raise ExportError(f"takes the bias {bt or 'computed from tensors'} with the weight {target}; supported "
+                              f"is {owner}.bias, a parameter, or None", op=op, module_path=path)
+    return owner, weight, b
+
+
+def _number(v: Any, what: str, op: str, path: str) -> Any:
+    if isinstance(v, torch.fx.Node) or (isinstance(v, (list, tuple)) and
+                                        any(isinstance(e, torch.fx.Node) for e in v)):
+        raise ExportError(f"takes a computed {what}; the service's conv2d takes numbers", op=op, module_path=path)
+    return tuple(v) if isinstance(v, list) else v
+
+
+def conv_call(module: torch.nn.Module, arg: Arg, op: str, path: str) -> Tuple[str, ConvCall]:
+    """F.conv2d(input, weight, bias, stride, padding, dilation, groups):
+    the owning module's path and the call as nn.Conv2d attributes."""
+    owner, w, b = _owned(module, arg(1, "weight", None), arg(2, "bias", None), op, path, "nn.Conv2d")
+    if w.dim() != 4:
+        raise ExportError(f"takes a {w.dim()}-d weight; conv2d's is [out, in/groups, kh, kw]", op=op,
+                          module_path=path)
+    groups = int(_number(arg(6, "groups", 1), "group count", op, path))
+    return owner, ConvCall(in_channels=int(w.shape[1]) * groups, out_channels=int(w.shape[0]),
+                           kernel_size=(int(w.shape[2]), int(w.shape[3])),
+                           stride=_number(arg(3, "stride", 1), "stride", op, path),
+                           padding=_number(arg(4, "padding", 0), "padding", op, path),
+                           dilation=_number(arg(5, "dilation", 1), "dilation", op, path), groups=groups, bias=b)
+
+
+def linear_call(module: torch.nn.Module, arg: Arg, op: str, path: str) -> Tuple[str, LinearCall]:
+    """F.linear(input, weight, bias): the owning module's path and the call
+    as nn.Linear attributes."""
+    owner, w, b = _owned(module, arg(1, "weight", None), arg(2, "bias", None), op, path, "nn.Linear")
+    if w.dim() != 2:
+        raise ExportError(f"takes a {w.dim()}-d weight; linear's is [out, in]", op=op, module_path=path)
+    return owner, LinearCall(in_features=int(w.shape[1]), out_features=int(w.shape[0]), bias=b)

@@ -1,0 +1,128 @@
+"""F.conv2d and F.linear of a module's own parameters (export_params.py):
+the layer named by the submodule holding weight and bias, so that the
+checkpoint's keys are the module's state_dict keys; and the refusals, each
+naming what the call takes instead. Training against PyTorch from the same
+weights is tests/integration/test_layer_kinds_torch.py's
+functional_conv_linear case."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from streamfeed.export import ExportError, convert  # noqa: E402
+from test_export import assert_spec_computes_the_module  # noqa: E402
+
+
+class OwnConv(nn.Module):
+    def __init__(self, cin, cout, k, bias=True, **call):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cout, cin // call.get("groups", 1), k, k) * 0.3)
+        self.bias = nn.Parameter(torch.randn(cout) * 0.1) if bias else None
+        self.call = call
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, self.bias, **self.call)
+
+
+class OwnLinear(nn.Module):
+    def __init__(self, cin, cout, bias=True):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cout, cin) * 0.2)
+        self.bias = nn.Parameter(torch.randn(cout) * 0.1) if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = OwnConv(3, 8, 3, padding=1)
+        self.block = nn.Sequential(OwnConv(8, 8, 3, stride=2, padding=1, groups=8), nn.ReLU(),
+                                   OwnConv(8, 16, 1, bias=False, dilation=1))
+        self.head = OwnLinear(16, 10)
+
+    def forward(self, x):
+        y = self.block(torch.relu(self.stem(x)))
+        return self.head(F.adaptive_avg_pool2d(y, 1).flatten(1))
+
+
+def test_functional_conv_and_linear_are_layers_named_by_their_modules():
+    model = Net()
+    ex = assert_spec_computes_the_module(model, hw=16)
+    layers = {la["name"]: la for la in ex.spec["layers"]}
+    assert layers["stem"] == {"type": "conv2d", "name": "stem", "out": 8, "k": 3, "pad": 1}
+    assert layers["block.0"] == {"type": "conv2d", "name": "block.0", "out": 8, "k": 3, "stride": 2, "pad": 1,
+                                 "groups": 8}
+    assert layers["block.2"] == {"type": "conv2d", "name": "block.2", "out": 16, "k": 1, "bias": False}
+    assert layers["head"] == {"type": "linear", "name": "head", "out": 10}
+    assert sorted(ex.tensors) == sorted(model.state_dict())
+
+
+class TopLevel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 3, 3, 3))
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight).flatten(1)
+
+
+class Computed(OwnConv):
+    def forward(self, x):  # weight standardisation: a weight computed from the parameter
+        w = self.weight - self.weight.mean(dim=(1, 2, 3), keepdim=True)
+        return F.conv2d(x, w, self.bias)
+
+
+class OtherName(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(10, 12))
+
+    def forward(self, x):
+        return F.linear(x, self.w)
+
+
+class Buffered(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weight", torch.randn(10, 12))
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+
+class BorrowedBias(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(10, 12))
+        self.other = nn.Linear(12, 10)
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.other.bias)
+
+
+class Holder(nn.Module):
+    def __init__(self, inner, flat):
+        super().__init__()
+        self.inner, self.flat = inner, flat
+
+    def forward(self, x):
+        return self.inner(x.flatten(1) if self.flat else x)
+
+
+@pytest.mark.parametrize("model, shape, path, why", [
+    (TopLevel(), (1, 3, 6, 6), "", "top-level module's own parameter weight"),
+    # refused where the weight is computed, naming the parameter it reads
+    (Holder(Computed(3, 4, 3), False), (1, 3, 6, 6), "inner", "the tensor inner.weight of the module"),
+    (Holder(OtherName(), True), (1, 3, 2, 2), "inner", "the parameter inner.w"),
+    (Holder(Buffered(), True), (1, 3, 2, 2), "inner", "the buffer inner.weight"),
+    (Holder(BorrowedBias(), True), (1, 3, 2, 2), "inner", "inner.bias, a parameter, or None"),
+], ids=["top_level", "computed_weight", "other_name", "buffer", "borrowed_bias"])
+def test_a_functional_call_on_other_tensors_is_refused_naming_them(model, shape, path, why):
+    with pytest.raises(ExportError) as e:
+        convert(model, shape)
+    assert why in str(e.value) and e.value.module_path == path, str(e.value)

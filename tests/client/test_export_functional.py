@@ -1,9 +1,12 @@
-"""F.conv2d and F.linear of a module's own parameters (export_params.py):
+"""Functions in a user's forward() that take more than tensors. F.conv2d
+and F.linear of a module's own parameters (export_params.py):
 the layer named by the submodule holding weight and bias, so that the
 checkpoint's keys are the module's state_dict keys; and the refusals, each
 naming what the call takes instead. Training against PyTorch from the same
 weights is tests/integration/test_layer_kinds_torch.py's
-functional_conv_linear case."""
+functional_conv_linear case. A pooling's arguments computed from the
+input's shape (``F.avg_pool2d(x, x.size()[2:])``), which are the numbers
+they compute, and one computed from the batch size, refused."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -126,3 +129,35 @@ def test_a_functional_call_on_other_tensors_is_refused_naming_them(model, shape,
     with pytest.raises(ExportError) as e:
         convert(model, shape)
     assert why in str(e.value) and e.value.module_path == path, str(e.value)
+
+
+class ShapePools(nn.Module):
+    """Pooling over the whole map with kernels read from the map's size, as
+    older CIFAR models write it."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = pool
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return self.fc(self.pool(y).view(y.size(0), -1))
+
+
+@pytest.mark.parametrize("pool, kind", [
+    (lambda y: F.avg_pool2d(y, y.size()[2:]), "avgpool2d"),
+    (lambda y: F.avg_pool2d(y, kernel_size=y.size(3)), "avgpool2d"),
+    (lambda y: F.max_pool2d(y, y.shape[2:]), "maxpool2d"),
+], ids=["avg_size_slice", "avg_size_int", "max_shape_slice"])
+def test_a_pooling_kernel_computed_from_the_map_size_is_that_number(pool, kind):
+    ex = assert_spec_computes_the_module(ShapePools(pool), hw=8)
+    layer = [la for la in ex.spec["layers"] if la["type"] == kind]
+    assert len(layer) == 1 and layer[0]["k"] == 8, layer
+
+
+def test_a_pooling_kernel_computed_from_the_batch_size_is_refused():
+    with pytest.raises(ExportError, match="computed from tensors or the batch size") as e:
+        convert(ShapePools(lambda y: F.avg_pool2d(y, y.size(0)).mean((2, 3), keepdim=True)), (2, 3, 8, 8))
+    assert e.value.module_path == ""

@@ -49,10 +49,9 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
-from torch.fx.passes.shape_prop import ShapeProp
 
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
-from .export_check import check_trace, forward_failed
+from .export_check import check_trace, forward_failed, propagate, static_number
 from .export_params import conv_call, linear_call
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
@@ -1001,10 +1000,13 @@ class _Converter:
         a.update(zip(names, n.args))
         a.update(n.kwargs)
         for k, v in a.items():
-            if k != "input" and any(isinstance(e, torch.fx.Node) for e in (v if isinstance(v, (list, tuple))
-                                                                               else [v])):
-                raise ExportError(f"takes a computed {k}; the service's pooling takes numbers", op=op,
-                                  module_path=path)
+            if k == "input":
+                continue
+            try:  # a number computed from the input's shape (x.size()[2:]) is that number
+                a[k] = static_number(v)
+            except LookupError:
+                raise ExportError(f"takes a {k} computed from tensors or the batch size; the service's pooling "
+                                  "takes numbers", op=op, module_path=path) from None
         x = self.val(a["input"], n)
         _need_nchw(x, op, path)
         _spatial(x.shape, op, path)
@@ -1364,7 +1366,7 @@ def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]
         module.eval()
         with torch.no_grad(), torch.random.fork_rng(devices=[]):  # the caller's random state stays
             try:
-                ShapeProp(gm).propagate(x)
+                propagate(gm, x)
             except Exception as e:
                 raise forward_failed(e, list(x.shape)) from e
             check_trace(module, _Tracer, x)

@@ -6,7 +6,12 @@ out-of-place add, so an in-place write through a second name of a tensor
 (``z = y; z += 1``, after which eager PyTorch's ``y`` has changed too) is
 lost, and Python control flow is traced one way only. Both run in eval mode
 without gradients on a pseudo-random input of the example's shape, each on
-its own copy of it and from the same random state."""
+its own copy of it and from the same random state.
+
+Also the shape propagation the converter reads (propagate): each tensor's
+shape, and the numbers the graph computes from its input's shape that do
+not depend on the batch size (a pooling kernel of ``x.size()[2:]``), which
+the converter takes as the numbers they are."""
 from __future__ import annotations
 
 import re
@@ -14,10 +19,11 @@ from typing import Any, Callable, List
 
 import torch
 import torch.fx
+from torch.fx.passes.shape_prop import ShapeProp
 
 from .export_error import ExportError
 
-__all__ = ["check_trace", "forward_failed"]
+__all__ = ["check_trace", "forward_failed", "propagate", "static_number"]
 
 # Both sides run the same operators on the same device in the same order, so
 # they agree to the last bit but for a kernel that picks another summation
@@ -100,3 +106,65 @@ def check_trace(module: torch.nn.Module, tracer: Callable[[], torch.fx.Tracer], 
             "in PyTorch, not in the trace) and follows Python control flow one way only; write such a step "
             "out of place (z = y + 1) and keep the forward() free of branches on values",
             op="forward")
+
+
+def _is_number_value(v: Any) -> bool:
+    """An int or float, or a tuple, list or torch.Size of them (no bool: a
+    flag is not a size)."""
+    if isinstance(v, (tuple, list)):
+        return all(_is_number_value(e) for e in v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class _ValueProp(ShapeProp):
+    """ShapeProp (each tensor's tensor_meta) that also keeps, in each node's
+    meta[key], the value it computed where that value is a number or a tuple
+    of numbers (a size, an element of one, arithmetic on them)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, key: str):
+        super().__init__(gm)
+        self.key = key
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        result = super().run_node(n)
+        if _is_number_value(result):
+            n.meta[self.key] = tuple(result) if isinstance(result, (tuple, list)) else result
+        return result
+
+
+def propagate(gm: torch.fx.GraphModule, x: torch.Tensor) -> None:
+    """ShapeProp's propagation of x, which leaves each tensor's shape in
+    its node's tensor_meta, and marks the numbers the graph computes from its input's shape that do
+    not depend on the batch size: ``F.avg_pool2d(x, x.size()[2:])``'s kernel
+    is (4, 4) for any batch, ``x.size(0)`` is not a constant. The graph runs
+    on batches of two sizes (x's and one more, the same values otherwise),
+    and a node whose number is the same in both gets it as
+    meta["sf_static"]. A module whose forward() takes only x's batch size
+    (a view with the batch written in) gets no constants, and its computed
+    arguments stay refused. Run in eval mode without gradients; x's run is
+    the last, so the tensor_meta left is x's."""
+    try:
+        _ValueProp(gm, "sf_value_alt").propagate(torch.cat([x, x[:1]]))
+    except Exception:  # noqa: BLE001 (any failure of the user's forward at another batch size)
+        for n in gm.graph.nodes:
+            n.meta.pop("sf_value_alt", None)
+    _ValueProp(gm, "sf_value").propagate(x)
+    for n in gm.graph.nodes:
+        v = n.meta.pop("sf_value", None)
+        if v is not None and n.meta.pop("sf_value_alt", None) == v:
+            n.meta["sf_static"] = v
+        n.meta.pop("sf_value_alt", None)
+
+
+def static_number(v: Any) -> Any:
+    """v with every graph node in it (a node, or a node in a tuple or list)
+    replaced by the constant propagate() found for it; raises
+    LookupError where a node has none (a tensor, or a number that depends on
+    the batch size)."""
+    if isinstance(v, torch.fx.Node):
+        if "sf_static" not in v.meta:
+            raise LookupError(v.name)
+        return v.meta["sf_static"]
+    if isinstance(v, (tuple, list)):
+        return type(v)(static_number(e) for e in v)
+    return v

@@ -52,7 +52,7 @@ from torch import nn
 
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_check import check_trace, forward_failed, propagate, static_number
-from .export_params import conv_call, linear_call
+from .export_params import conv_call, linear_call, prelu_call
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
@@ -1139,16 +1139,9 @@ class _Converter:
             f = f if f is not None else _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default)
                                                     if i < 0 else arg(i, name, default), op, path)
             return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
-        if t in (F.prelu, torch.prelu):
-            return self.prelu_function(n, arg(0, "input"), arg(1, "weight"), op, path)
-        if t in (F.conv2d, torch.conv2d):  # of a module's own weight and bias: that module's conv2d
-            owner, conv = conv_call(b.module, arg, op, path)
-            x = self.val(arg(0, "input"), n)
-            _need_nchw(x, op, path)
-            return self.conv2d(owner, x, out, op, conv)
-        if t is F.linear:
-            owner, lin = linear_call(b.module, arg, op, path)
-            return self.linear(owner, self.val(arg(0, "input"), n), out, op, lin)
+        own = self.own_parameters_call(n, t, arg, out, op, path)
+        if own is not None:
+            return own
         if t in (F.softmax, torch.softmax, F.log_softmax, torch.log_softmax) or meth in ("softmax", "log_softmax"):
             return self.softmax_function(n, t in (F.log_softmax, torch.log_softmax) or meth == "log_softmax", op, path)
         if t is F.interpolate:
@@ -1270,16 +1263,22 @@ class _Converter:
         fields: Dict[str, Any] = {"num_parameters": slopes} if slopes != 1 else {}
         return self.b.emit("prelu", name, [x], x.shape, nhwc=x.nhwc, params=["weight"], **fields)
 
-    def prelu_function(self, n: torch.fx.Node, a0: Any, w: Any, op: str, path: str) -> _Val:
-        """F.prelu(x, self.weight) of a module's own 1-D parameter named
-        weight: a prelu layer named by that module, as nn.PReLU."""
-        target = str(w.target) if isinstance(w, torch.fx.Node) and w.op == "get_attr" else ""
-        p = self.b.state.get(target) if target else None
-        owner, _, leaf = target.rpartition(".")
-        if p is None or leaf != "weight" or p.dim() != 1:
-            raise ExportError(f"takes the slopes {w!r}; supported is a module's 1-D parameter named weight "
-                              "(as nn.PReLU holds it)", op=op, module_path=path)
-        return self.prelu(owner, self.val(a0, n), int(p.shape[0]), op, path)
+    def own_parameters_call(self, n: torch.fx.Node, t: Any, arg: Callable[[int, str, Any], Any],
+                            out: Tuple[int, ...], op: str, path: str) -> Optional[_Val]:
+        """F.prelu, F.conv2d and F.linear of a module's own parameters: that
+        module's prelu, conv2d or linear layer (None: t is none of them)."""
+        if t in (F.prelu, torch.prelu):
+            owner, slopes = prelu_call(self.b.state, arg, op, path)
+            return self.prelu(owner, self.val(arg(0, "input", None), n), slopes, op, path)
+        if t in (F.conv2d, torch.conv2d):
+            owner, conv = conv_call(self.b.module, arg, op, path)
+            x = self.val(arg(0, "input", None), n)
+            _need_nchw(x, op, path)
+            return self.conv2d(owner, x, out, op, conv)
+        if t is F.linear:
+            owner, lin = linear_call(self.b.module, arg, op, path)
+            return self.linear(owner, self.val(arg(0, "input", None), n), out, op, lin)
+        return None
 
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
         attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and a.op == "get_attr"]

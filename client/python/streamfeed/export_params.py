@@ -1,4 +1,5 @@
-"""F.conv2d and F.linear of a module's own parameters, for the exporter.
+"""F.conv2d, F.linear and F.prelu of a module's own parameters, for the
+exporter.
 
 A module of the user's own that holds ``weight`` (and ``bias``) as
 nn.Conv2d or nn.Linear would, and calls ``F.conv2d(x, self.weight,
@@ -20,7 +21,7 @@ from tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
 import torch.fx
@@ -108,3 +109,17 @@ def linear_call(module: torch.nn.Module, arg: Arg, op: str, path: str) -> Tuple[
     if w.dim() != 2:
         raise ExportError(f"takes a {w.dim()}-d weight; linear's is [out, in]", op=op, module_path=path)
     return owner, LinearCall(in_features=int(w.shape[1]), out_features=int(w.shape[0]), bias=b)
+
+
+def prelu_call(state: Dict[str, torch.Tensor], arg: Arg, op: str, path: str) -> Tuple[str, int]:
+    """F.prelu(x, self.weight) of a module's own 1-D tensor named weight
+    (state: the module's state_dict): that module's path, whose prelu layer
+    it is as nn.PReLU's, and the number of slopes."""
+    w = arg(1, "weight", None)
+    target = str(w.target) if isinstance(w, torch.fx.Node) and w.op == "get_attr" else ""
+    p = state.get(target) if target else None
+    owner, _, leaf = target.rpartition(".")
+    if p is None or leaf != "weight" or p.dim() != 1:
+        raise ExportError(f"takes the slopes {w!r}; supported is a module's 1-D parameter named weight "
+                          "(as nn.PReLU holds it)", op=op, module_path=path)
+    return owner, int(p.shape[0])

@@ -5,6 +5,7 @@
  * variant packs, and described for diagnostics. executor.cu runs the plans.
  */
 #include "gpu/cuda/executor_graph.h"
+#include <stdarg.h>
 
 /* The descriptor cuDNN's plans of conv layer i are built for: the layer's
  * own, or its space-to-depth form. */
@@ -200,29 +201,15 @@ int g_conv_dw_run(sf_cuda_net *net, int i, int n, int dir, const sf_conv_ptrs *p
  * stays). */
 static float g_time_dw(sf_cuda_net *net, int i, int n, int dir, const sf_conv_ptrs *p)
 {
-    cudaEvent_t e[2];
-    if (cudaEventCreate(&e[0]) != cudaSuccess || cudaEventCreate(&e[1]) != cudaSuccess)
-        return -1.f;
-    float best = 1e30f;
     int bad = g_conv_dw_run(net, i, n, dir, p, net->s);
-    for (int r = 0; r < 3 && !bad; r++) {
-        float ms = 0.f;
-        cudaEventRecord(e[0], net->s);
-        bad = g_conv_dw_run(net, i, n, dir, p, net->s);
-        cudaEventRecord(e[1], net->s);
-        if (!bad && cudaEventSynchronize(e[1]) == cudaSuccess &&
-            cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess && ms < best)
-            best = ms;
-    }
+    const float best = bad ? 0.f : g_time3(net->s, [&] { bad |= g_conv_dw_run(net, i, n, dir, p, net->s); });
     if (cudaStreamSynchronize(net->s) != cudaSuccess)
         bad = 1;
-    cudaEventDestroy(e[0]);
-    cudaEventDestroy(e[1]);
     if (bad) {
         sf_cuda_clear_error();
         return -1.f;
     }
-    return best < 1e30f ? best : -1.f;
+    return best > 0.f ? best : -1.f;
 }
 
 /* Whether direction dir of depthwise layer i runs conv_dw.h's kernel for
@@ -522,9 +509,26 @@ int g_vpacks(sf_cuda_net *net)
     return 0;
 }
 
+/* Appends the printf-formatted text at buf + *at while there is room; *at
+ * counts what snprintf would have written, so it may pass len when the
+ * text is cut. */
+static void g_append(char *buf, size_t len, size_t *at, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void g_append(char *buf, size_t len, size_t *at, const char *fmt, ...)
+{
+    if (*at >= len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int w = vsnprintf(buf + *at, len - *at, fmt, ap);
+    va_end(ap);
+    if (w > 0)
+        *at += (size_t)w;
+}
+
 /* describe's lines on the fusions the executor chose: batchnorms that apply
- * their activation, and concat inputs whose ReLU mask the concat applies.
- * Appends at buf + at; returns the new end. */
+ * their activation, concat inputs whose ReLU mask the concat applies, and
+ * residual adds that write one gradient for both inputs. Appends at buf +
+ * at; returns the new end. */
 static size_t describe_fusions(const sf_cuda_net *net, char *buf, size_t len, size_t at)
 {
     const gen_net *g = net->g;
@@ -544,33 +548,21 @@ static size_t describe_fusions(const sf_cuda_net *net, char *buf, size_t len, si
         if (g->n_bn_apart)
             snprintf(apart, sizeof apart, "; %d followed by %s run it apart (activations the fused kernels do not "
                      "take)", g->n_bn_apart, kinds);
-        int w = nact + nrelu + g->n_bn_apart ? snprintf(buf + at, len - at,
-                                                        "batchnorm: %d followed by ReLU and %d by another activation "
-                                                        "apply it in their own pass (fused)%s\n",
-                                                        nrelu, nact, apart)
-                                             : 0;
-        if (w > 0)
-            at += (size_t)w;
+        if (nact + nrelu + g->n_bn_apart)
+            g_append(buf, len, &at, "batchnorm: %d followed by ReLU and %d by another activation apply it in their "
+                     "own pass (fused)%s\n", nrelu, nact, apart);
     }
     int ncat = 0, nshare = 0;
     for (int i = 0; i < g->nl; i++) {
         ncat += g->op[i].cat_mask;
         nshare += g->op[i].grad_shared != 0;
     }
-    if (at < len && ncat) {
-        int w = snprintf(buf + at, len - at,
-                         "concat: %d inputs made by a layer with a fused ReLU take its mask from the concatenation in "
-                         "the backward (their own outputs die at the concat)\n", ncat);
-        if (w > 0)
-            at += (size_t)w;
-    }
-    if (at < len && nshare) {
-        int w = snprintf(buf + at, len - at,
-                         "add: %d residual adds write one input gradient, which their batchnorm input reads as its "
-                         "own\n", nshare);
-        if (w > 0)
-            at += (size_t)w;
-    }
+    if (ncat)
+        g_append(buf, len, &at, "concat: %d inputs made by a layer with a fused ReLU take its mask from the "
+                 "concatenation in the backward (their own outputs die at the concat)\n", ncat);
+    if (nshare)
+        g_append(buf, len, &at, "add: %d residual adds write one input gradient, which their batchnorm input reads "
+                 "as its own\n", nshare);
     return at;
 }
 

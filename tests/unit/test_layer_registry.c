@@ -21,6 +21,7 @@
 
 #include "gpu/layers.h"
 #include "gpu/model.h"
+#include "tests/unit/spec_error.h"
 #include "tests/unit/layer_kind_specs.h"
 
 static char err[256];
@@ -192,15 +193,6 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_model_from_json(HEAD_TOKENS "{\"type\":\"clamp\",\"name\":\"cl\",\"min\":-1,\"max\":1},"
                                         "{\"type\":\"select_token\"}]}", &m, err, sizeof err), 0);
     assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), 0);
-}
-
-static void expect_json_error(const char *js, const char *needle1, const char *needle2)
-{
-    static sf_model m;
-    err[0] = 0;
-    assert_int_equal(sf_model_from_json(js, &m, err, sizeof err), -1);
-    if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
-        fail_msg("error \"%s\" should mention \"%s\" and \"%s\"", err, needle1, needle2 ? needle2 : "");
 }
 
 #define HEAD "{\"input\":[4,8,8],\"classes\":4,\"layers\":["

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "gpu/model.h"
+#include "tests/unit/spec_error.h"
 
 static char err[256];
 
@@ -123,15 +124,6 @@ static void json_spec_parses_and_infers_input_channels(void **state)
     assert_string_equal(m.layers[4].name, "head");
     assert_string_equal(m.layers[1].name, "1");
     assert_int_equal(m.n_params, 5 * 3 * 9 + (6 * 5 * 4 + 6) + (96 * 4 + 4));
-}
-
-static void expect_json_error(const char *js, const char *needle1, const char *needle2)
-{
-    static sf_model m;
-    err[0] = 0;
-    assert_int_equal(sf_model_from_json(js, &m, err, sizeof err), -1);
-    if (!strstr(err, needle1) || (needle2 && !strstr(err, needle2)))
-        fail_msg("error \"%s\" should mention \"%s\" and \"%s\"", err, needle1, needle2 ? needle2 : "");
 }
 
 static void invalid_json_specs_fail_naming_the_layer_index_and_type(void **state)

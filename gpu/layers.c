@@ -1193,7 +1193,11 @@ void sf_layer_kind_list(char *buf, size_t len)
 int sf_layer_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
     const sf_layer_kind_info *k = sf_layer_info(L->kind);
-    return k && k->params ? k->params(L, pd) : 0;
+    const int np = k && k->params ? k->params(L, pd) : 0;
+    for (int j = 0; j < np; j++)
+        if (L->param_names[j][0])
+            pd[j].suffix = L->param_names[j];
+    return np;
 }
 
 void sf_layer_param_key(const sf_layer *L, const sf_param_desc *pd, char *buf, size_t len)
@@ -1290,11 +1294,29 @@ int sf_layer_cuda_check(const sf_model *m, int i, char *err, size_t errlen)
     return 0;
 }
 
+/* "param_names", as the layer's JSON gave it: each renamed slot under the
+ * kind's own suffix. */
+static void param_names_to_json(const sf_layer *L, cJSON *obj)
+{
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    sf_param_desc pd[SF_PARAM_SLOTS];
+    const int np = k->params ? k->params(L, pd) : 0;
+    cJSON *names = NULL;
+    for (int j = 0; j < np; j++) {
+        if (!L->param_names[j][0])
+            continue;
+        if (!names)
+            names = cJSON_AddObjectToObject(obj, "param_names");
+        cJSON_AddStringToObject(names, pd[j].suffix, L->param_names[j]);
+    }
+}
+
 void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
 {
     const sf_layer_kind_info *k = sf_layer_info(L->kind);
     if (!k)
         return;
+    param_names_to_json(L, obj);
     for (const sf_layer_field *f = k->fields; f->key; f++) {
         if (f->flags & SF_FF_INFERRED)
             continue;
@@ -1404,7 +1426,10 @@ void sf_layer_kinds_markdown(FILE *out)
                  "or name, `-1` for the model input; the previous layer when absent), plus the fields below. "
                  "Parameter keys are `name.suffix` (the layer's name alone where the table says so) in the "
                  "order shown, which is also their order in the "
-                 "service's flat parameter buffer. The reference backend (`pipeline.backend=ref`) runs every "
+                 "service's flat parameter buffer. An optional `\"param_names\"` gives parameters the "
+                 "suffixes the module holding them uses instead (`{\"in_proj_weight\": \"qkv.weight\"}`: "
+                 "the kind's suffix, then the module's, 1 to 23 letters, digits, `_` and `.`), so that a "
+                 "checkpoint loads back into that module. The reference backend (`pipeline.backend=ref`) runs every "
                  "kind; the CUDA column says what the CUDA backend runs, which refuses any other layer at model "
                  "build, naming it.\n\n");
     fprintf(out, "| kind | computes | inputs | parameters | buffers | CUDA |\n"

@@ -6,6 +6,7 @@
 #include "gpu/model.h"
 #include "gpu/layers.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -59,6 +60,53 @@ static int check_inputs(const sf_model *m, int i, const sf_layer_kind_info *k, c
                     k->name, L->in[j]);
             return -1;
         }
+    return 0;
+}
+
+/* Whether key is one of L's parameter or buffer keys. */
+static int layer_has_key(const sf_layer *L, const char *key)
+{
+    const size_t n = strlen(L->name);
+    if (strncmp(key, L->name, n) != 0 || (key[n] != '\0' && key[n] != '.'))
+        return 0;
+    sf_param_desc pd[SF_PARAM_SLOTS];
+    char own[SF_PARAM_KEY_MAX];
+    const int np = sf_layer_params(L, pd);
+    for (int a = 0; a < np; a++) {
+        sf_layer_param_key(L, &pd[a], own, sizeof own);
+        if (strcmp(own, key) == 0)
+            return 1;
+    }
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    for (const char *const *bf = k ? k->buffers : NULL; bf && *bf; bf++)
+        if (key[n] == '.' && strcmp(key + n + 1, *bf) == 0)
+            return 1;
+    return 0;
+}
+
+/* A renamed parameter must not take another layer's key (layer "a"
+ * renaming its weight "b.weight" beside a layer named "a.b"): the
+ * checkpoint would hold one name twice. Layer names are distinct and the
+ * kinds' own suffixes are fixed, so only renamed keys can collide. */
+static int check_renamed_keys(const sf_model *m, char *err, size_t errlen)
+{
+    for (int i = 0; i < m->n_layers; i++) {
+        const sf_layer *L = &m->layers[i];
+        sf_param_desc pd[SF_PARAM_SLOTS];
+        char key[SF_PARAM_KEY_MAX];
+        const int np = sf_layer_params(L, pd);
+        for (int a = 0; a < np; a++) {
+            if (!L->param_names[a][0])
+                continue;
+            sf_layer_param_key(L, &pd[a], key, sizeof key);
+            for (int j = 0; j < m->n_layers; j++)
+                if (j != i && layer_has_key(&m->layers[j], key)) {
+                    sf_errf(err, errlen, "layer %d (%s): its parameter \"%s\" (param_names) is also a tensor "
+                            "of layer %d (%s)", i, sf_layer_kind_name(L->kind), key, j, m->layers[j].name);
+                    return -1;
+                }
+        }
+    }
     return 0;
 }
 
@@ -220,6 +268,8 @@ int sf_model_resolve(sf_model *m, char *err, size_t errlen)
         return -1;
     }
 
+    if (check_renamed_keys(m, err, errlen) != 0)
+        return -1;
     const sf_layer *last = &m->layers[m->n_layers - 1];
     m->segmentation = 0;
     if (last->out_elems != (size_t)m->n_classes) {
@@ -612,6 +662,79 @@ static int parse_field(const cJSON *jl, const sf_layer_field *f, sf_layer *L, co
     return -1;
 }
 
+/* A renamed parameter's suffix: 1 to SF_PARAM_SUFFIX_MAX - 1 letters,
+ * digits, '_' and '.', with no '.' at either end and no two together (a
+ * state_dict key's path segments). */
+static int valid_suffix(const char *s)
+{
+    const size_t n = strlen(s);
+    if (n == 0 || n >= SF_PARAM_SUFFIX_MAX || s[0] == '.' || s[n - 1] == '.' || strstr(s, ".."))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '.'))
+            return 0;
+    return 1;
+}
+
+/* "param_names": {"in_proj_weight": "qkv.weight", ...}, the state_dict
+ * suffixes of the layer's parameters where the module holding them names
+ * them otherwise than the kind does (timm's Attention holds
+ * nn.MultiheadAttention's projections as its Linear submodules qkv and
+ * proj). Keys are the kind's own suffixes (docs/LAYERS.md), each once; the
+ * layer's suffixes stay distinct, its buffers' included. Fields are parsed
+ * first: which parameters a layer has depends on them (a bias). */
+static int parse_param_names(const cJSON *jp, sf_layer *L, const char *what, char *err, size_t errlen)
+{
+    sf_param_desc pd[SF_PARAM_SLOTS];
+    const int np = sf_layer_params(L, pd);
+    char own[200] = "";
+    for (int j = 0, at = 0; j < np && at < (int)sizeof own; j++)
+        if (pd[j].suffix[0])
+            at += snprintf(own + at, sizeof own - (size_t)at, "%s%s", at ? ", " : "", pd[j].suffix);
+    if (!cJSON_IsObject(jp) || !jp->child || !own[0]) {
+        sf_errf(err, errlen, "%s: \"param_names\" must map some of its parameters (%s) to the names the "
+                "module gives them, e.g. {\"weight\": \"proj.weight\"}", what, own[0] ? own : "it has none");
+        return -1;
+    }
+    for (const cJSON *it = jp->child; it; it = it->next) {
+        int j = 0;
+        while (j < np && !(pd[j].suffix[0] && it->string && strcmp(pd[j].suffix, it->string) == 0))
+            j++;
+        if (j == np) {
+            sf_errf(err, errlen, "%s: \"param_names\": \"%.40s\" is not one of its parameters (%s)", what,
+                    it->string ? it->string : "", own);
+            return -1;
+        }
+        if (L->param_names[j][0]) {
+            sf_errf(err, errlen, "%s: \"param_names\" names \"%s\" twice", what, pd[j].suffix);
+            return -1;
+        }
+        if (!cJSON_IsString(it) || !valid_suffix(it->valuestring)) {
+            sf_errf(err, errlen, "%s: \"param_names\".\"%s\" must be 1 to %d letters, digits, '_' and '.' "
+                    "(no '.' at either end or two together)", what, pd[j].suffix, SF_PARAM_SUFFIX_MAX - 1);
+            return -1;
+        }
+        snprintf(L->param_names[j], sizeof L->param_names[j], "%s", it->valuestring);
+    }
+    const sf_layer_kind_info *k = sf_layer_info(L->kind);
+    const int np2 = sf_layer_params(L, pd);
+    for (int a = 0; a < np2; a++) {
+        for (int b = a + 1; b < np2; b++)
+            if (strcmp(pd[a].suffix, pd[b].suffix) == 0) {
+                sf_errf(err, errlen, "%s: \"param_names\" gives two parameters the name \"%s\"", what,
+                        pd[a].suffix);
+                return -1;
+            }
+        for (const char *const *bf = k->buffers; bf && *bf; bf++)
+            if (strcmp(pd[a].suffix, *bf) == 0) {
+                sf_errf(err, errlen, "%s: \"param_names\" gives a parameter its buffer's name \"%s\"", what,
+                        *bf);
+                return -1;
+            }
+    }
+    return 0;
+}
+
 static int parse_layer(const cJSON *jl, int idx, const sf_model *m, sf_layer *L, char *err,
                        size_t errlen)
 {
@@ -639,7 +762,7 @@ static int parse_layer(const cJSON *jl, int idx, const sf_model *m, sf_layer *L,
 
     for (const cJSON *it = jl->child; it; it = it->next) {
         int known = it->string && (!strcmp(it->string, "type") || !strcmp(it->string, "name") ||
-                                   !strcmp(it->string, "inputs"));
+                                   !strcmp(it->string, "inputs") || !strcmp(it->string, "param_names"));
         for (const sf_layer_field *f = k->fields; !known && it->string && f->key; f++)
             known = strcmp(it->string, f->key) == 0;
         if (!known) {
@@ -668,7 +791,8 @@ static int parse_layer(const cJSON *jl, int idx, const sf_model *m, sf_layer *L,
     for (const sf_layer_field *f = k->fields; f->key; f++)
         if (parse_field(jl, f, L, what, err, errlen) != 0)
             return -1;
-    return 0;
+    const cJSON *jp = cJSON_GetObjectItemCaseSensitive(jl, "param_names");
+    return jp ? parse_param_names(jp, L, what, err, errlen) : 0;
 }
 
 int sf_model_from_json(const char *json, sf_model *m, char *err, size_t errlen)

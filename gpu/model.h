@@ -54,6 +54,9 @@
 #define SF_IN_MODEL (-1)  /* in[] value: the model input */
 #define SF_LAYER_NAME_MAX 64 /* with its NUL; torchvision's longest layer names (regnet) reach 50 */
 #define SF_PARAM_SLOTS 4  /* parameters of one layer (self_attention has four) */
+#define SF_PARAM_SUFFIX_MAX 24 /* with its NUL: a renamed parameter's state_dict suffix ("qkv.weight"); a
+                                * key, name.suffix, then fits SF_PARAM_KEY_MAX */
+#define SF_PARAM_KEY_MAX (SF_LAYER_NAME_MAX + SF_PARAM_SUFFIX_MAX) /* with its NUL: "<layer>.<suffix>" */
 
 typedef enum sf_layer_kind {
     SF_L_CONV2D = 0,   /* in_c -> out_c, kernel k, stride, pad, optional bias */
@@ -114,6 +117,11 @@ typedef enum sf_layer_kind {
 typedef struct sf_layer {
     sf_layer_kind kind;
     char name[SF_LAYER_NAME_MAX]; /* state_dict prefix: "0", "2", ... for Sequential presets */
+    /* Per parameter slot, the state_dict suffix in place of the kind's own where
+     * the module holding the parameters names them otherwise ("param_names":
+     * timm's Attention holds nn.MultiheadAttention's in_proj_weight as
+     * qkv.weight); "" keeps the kind's. */
+    char param_names[SF_PARAM_SLOTS][SF_PARAM_SUFFIX_MAX];
     int in_c, out_c;              /* channels (conv) or features (linear) */
     int k, stride, pad;           /* conv, pools: kernel, stride, padding (conv2d: along the height) */
     int dilation;                 /* conv2d: spacing of the kernel's taps along the height (1: plain) */

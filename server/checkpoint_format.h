@@ -46,7 +46,7 @@ void sf_ckpt_fail(sf_ckpt_error *e, int status, const char *code, const char *fi
 
 /* One tensor of the model: a slice of the flat parameter or buffers area. */
 typedef struct sf_ckpt_tensor {
-    char name[SF_LAYER_NAME_MAX + 24]; /* "<layer>.weight", "<layer>.running_mean" */
+    char name[SF_PARAM_KEY_MAX]; /* "<layer>.weight", "<layer>.running_mean", "<layer>.qkv.weight" */
     int ndim;
     int64_t shape[4];
     size_t off, n;                    /* floats */

@@ -443,6 +443,67 @@ static void a_densenet_sized_concat_chain_fits_the_layer_limit(void **state)
     free(js);
 }
 
+/* "param_names": a layer's parameters under the names the module holding
+ * them gives them (timm's Attention: qkv.weight for in_proj_weight), in
+ * the checkpoint's keys and written back with the layer; a name that is
+ * not the kind's parameter, a malformed or repeated one, or one that takes
+ * another tensor's key is refused naming the layer. */
+static void parameters_keep_the_names_param_names_gives_them(void **state)
+{
+    static sf_model m;
+    char err[256] = "";
+    const char *spec = "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+                       "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":8,\"k\":4,\"stride\":4},"
+                       "{\"type\":\"to_tokens\",\"name\":\"tok\"},"
+                       "{\"type\":\"self_attention\",\"name\":\"blocks.0.attn\",\"num_heads\":2,"
+                       "\"param_names\":{\"in_proj_weight\":\"qkv.weight\",\"in_proj_bias\":\"qkv.bias\","
+                       "\"out_proj.weight\":\"proj.weight\",\"out_proj.bias\":\"proj.bias\"}},"
+                       "{\"type\":\"select_token\",\"name\":\"sel\"},"
+                       "{\"type\":\"linear\",\"name\":\"head\",\"out\":4,\"param_names\":{\"bias\":\"b\"}}]}";
+    assert_int_equal(sf_model_from_json(spec, &m, err, sizeof err), 0);
+    sf_param_desc pd[SF_PARAM_SLOTS];
+    char key[SF_PARAM_KEY_MAX];
+    const sf_layer *at = layer_named(&m, "blocks.0.attn");
+    assert_int_equal(sf_layer_params(at, pd), 4);
+    const char *const want[] = {"blocks.0.attn.qkv.weight", "blocks.0.attn.qkv.bias", "blocks.0.attn.proj.weight",
+                                "blocks.0.attn.proj.bias"};
+    for (int j = 0; j < 4; j++) {
+        sf_layer_param_key(at, &pd[j], key, sizeof key);
+        assert_string_equal(key, want[j]);
+    }
+    assert_true(pd[0].shape[0] == 24 && pd[0].shape[1] == 8 && at->p_n[2] == 64);
+    const sf_layer *head = layer_named(&m, "head");
+    assert_int_equal(sf_layer_params(head, pd), 2);
+    sf_layer_param_key(head, &pd[0], key, sizeof key);
+    assert_string_equal(key, "head.weight");
+    sf_layer_param_key(head, &pd[1], key, sizeof key);
+    assert_string_equal(key, "head.b");
+    /* Written back under the kind's own names, so the spec reads back. */
+    expect_fields_json(head, "{\"param_names\":{\"bias\":\"b\"},\"out\":4,\"bias\":true}");
+
+#define PN(layer) HEAD "{\"type\":\"conv2d\",\"name\":\"c\",\"out\":4,\"k\":1" layer "}," \
+                   "{\"type\":\"conv2d\",\"name\":\"c.x\",\"out\":4,\"k\":1}]}"
+    expect_json_error(PN(",\"param_names\":{\"wait\":\"w\"}"), "layer 0 (conv2d)", "not one of its parameters");
+    expect_json_error(PN(",\"param_names\":{\"weight\":\"a..b\"}"), "layer 0", "\"weight\" must be 1 to 23");
+    expect_json_error(PN(",\"param_names\":{\"weight\":\".w\"}"), "layer 0", "\"weight\" must be");
+    expect_json_error(PN(",\"param_names\":{\"weight\":\"w/x\"}"), "layer 0", "\"weight\" must be");
+    expect_json_error(PN(",\"param_names\":{\"weight\":\"aaaaaaaaaaaaaaaaaaaaaaaa\"}"), "layer 0", "must be 1 to 23");
+    expect_json_error(PN(",\"param_names\":{\"weight\":7}"), "layer 0", "\"weight\" must be");
+    expect_json_error(PN(",\"param_names\":{\"weight\":\"bias\"}"), "layer 0", "two parameters the name \"bias\"");
+    expect_json_error(PN(",\"param_names\":{\"weight\":\"a\",\"weight\":\"b\"}"), "layer 0", "twice");
+    expect_json_error(PN(",\"param_names\":{}"), "layer 0", "must map some of its parameters (weight, bias)");
+    expect_json_error(PN(",\"param_names\":[\"w\"]"), "layer 0", "param_names");
+    expect_json_error(PN(",\"bias\":false,\"param_names\":{\"bias\":\"b\"}"), "layer 0", "(weight)");
+    /* layer c's weight renamed x.weight is layer c.x's weight */
+    expect_json_error(PN(",\"param_names\":{\"weight\":\"x.weight\"}"), "layer 0 (conv2d)",
+                      "\"c.x.weight\" (param_names) is also a tensor of layer 1 (c.x)");
+#undef PN
+    expect_json_error(HEAD "{\"type\":\"relu\",\"param_names\":{\"weight\":\"w\"}}]}", "layer 0 (relu)",
+                      "it has none");
+    expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"param_names\":{\"weight\":\"running_var\"}}]}",
+                      "layer 0", "its buffer's name \"running_var\"");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -450,6 +511,7 @@ int main(void)
         cmocka_unit_test(the_cuda_check_names_the_layer_and_the_reference_backend),
         cmocka_unit_test(bad_specs_of_these_kinds_fail_naming_the_layer_and_field),
         cmocka_unit_test(fields_marked_if_set_are_written_back_only_when_set),
+        cmocka_unit_test(parameters_keep_the_names_param_names_gives_them),
         cmocka_unit_test(a_densenet_sized_concat_chain_fits_the_layer_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

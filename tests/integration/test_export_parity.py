@@ -853,6 +853,38 @@ def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_p
         n_gemms = 2 * n_blocks + sum(layer["type"] == "linear" for layer in cfg["model"]["spec"]["layers"])
         head = f"linear: cuBLASLt with the bias in the GEMM for {n_gemms} of {n_gemms} forward GEMMs ("
         assert any(line.startswith(head) for line in info["plan"]), info["plan"]
+    assert_trains_with_adamw_like_pytorch(s, build, model, hw, name)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["sdpa", "written_out"])
+def test_a_hand_written_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker,
+                                                                          fused):
+    """A ViT as users write it (timm's layout: one qkv Linear, the heads
+    split by reshape and permute, F.scaled_dot_product_attention or the
+    softmax written out, a proj Linear; hand_written_vit.py): each attention
+    is one self_attention layer keeping the module's parameter names, and it
+    trains five AdamW steps like PyTorch, evaluates like the module and its
+    checkpoint loads back strictly."""
+    from hand_written_vit import ViT
+    torch.manual_seed(6)
+
+    def build():
+        return ViT(img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=fused)
+    model = build()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=32, optimizer="adamw")
+    spec = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]
+    attn = [layer for layer in spec["layers"] if layer["type"] == "self_attention"]
+    assert [layer["name"] for layer in attn] == ["blocks.0.attn", "blocks.1.attn"]
+    assert attn[0]["param_names"] == {"in_proj_weight": "qkv.weight", "in_proj_bias": "qkv.bias",
+                                      "out_proj.weight": "proj.weight", "out_proj.bias": "proj.bias"}
+    assert not any(layer["name"].startswith("blocks.0.attn.") for layer in spec["layers"])
+    assert_trains_with_adamw_like_pytorch(s, build, model, 32, "hand-written ViT")
+
+
+def assert_trains_with_adamw_like_pytorch(s, build, model, hw, name):
+    """Five AdamW steps on the service and in PyTorch from the same weights
+    and batches, then the eval logits and the checkpoint loaded back into a
+    fresh module from build()."""
     # The second PyTorch run: one thread on the CPU, or PyTorch on the GPU
     # where the service trains on it (TORCH_ON_GPU).
     second = "cuda" if TORCH_ON_GPU else "cpu"

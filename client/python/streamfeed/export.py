@@ -50,6 +50,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
+from .export_attention import HEADS_HINT, QkvAttention, match as match_attention, multihead_query
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_check import check_trace, forward_failed, propagate, static_number
 from .export_params import conv_call, linear_call, prelu_call
@@ -315,6 +316,7 @@ class _Converter:
         self.b.state = dict(module.state_dict(keep_vars=False))
         self.vals: Dict[torch.fx.Node, Any] = {}
         self.affine_layers: Dict[torch.fx.Node, int] = {}  # a node whose value an affine layer makes: its index
+        self.claimed: Dict[torch.fx.Node, Any] = {}  # nodes a matched pattern's layer computes: their values
 
     # -- values --
     def val(self, a: Any, node: torch.fx.Node, what: str = "input") -> _Val:
@@ -358,6 +360,9 @@ class _Converter:
                 continue
             if n.op == "get_attr":
                 self.vals[n] = "attr"
+                continue
+            if n in self.claimed:  # inside a pattern an earlier node made into one layer
+                self.vals[n] = self.claimed[n]
                 continue
             self.vals[n] = self.convert_node(n)
         res = out_node.args[0]
@@ -457,7 +462,7 @@ class _Converter:
         return self.convert_function(n)
 
     # -- modules --
-    def convert_module(self, n: torch.fx.Node) -> Union[_Val, "_Attention"]:
+    def convert_module(self, n: torch.fx.Node) -> Union[_Val, "_Attention", str]:
         path = str(n.target)
         mod: Any = self.gm.get_submodule(path)
         op = _op_name(n, mod)
@@ -517,7 +522,8 @@ class _Converter:
         if type(mod) is nn.PReLU:
             return self.prelu(path, x, mod.num_parameters, op, path)
         if type(mod) is nn.Linear:
-            return self.linear(path, x, out, op, mod)
+            att = match_attention(self.gm, n, mod, x.shape) if x.tokens else None
+            return self.written_attention(att, x) if att else self.linear(path, x, out, op, mod)
         if type(mod) is nn.Dropout:
             if x.ct:
                 _need_nchw(x, op, path)
@@ -802,43 +808,23 @@ class _Converter:
     def attention(self, n: torch.fx.Node, mod: Any, op: str, path: str) -> _Attention:
         """nn.MultiheadAttention called as torchvision's EncoderBlock calls
         it: self_attention(x, x, x, need_weights=False) on [N,T,C] tokens."""
-        names = ["query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
-                 "is_causal"]
-        if len(n.args) > len(names) or any(k not in names for k in n.kwargs):
-            raise ExportError(f"is called with arguments {list(n.kwargs)} it does not take", op=op, module_path=path)
-        bound: Dict[str, Any] = dict(zip(names, n.args))
-        bound.update(n.kwargs)
-        q = bound.get("query")
-        if not isinstance(q, torch.fx.Node) or bound.get("key") is not q or bound.get("value") is not q:
-            raise ExportError("attends with a key or value other than its query; the service's self_attention "
-                              "is attention(x, x, x)", op=op, module_path=path)
-        for mask in ("key_padding_mask", "attn_mask"):
-            if bound.get(mask) is not None:
-                raise ExportError(f"is given {mask}: masks are not supported", op=op, module_path=path)
-        if bound.get("is_causal", False) is not False:
-            raise ExportError("is_causal: masks are not supported", op=op, module_path=path)
-        if bound.get("need_weights", True) is not False:
-            raise ExportError("need_weights=True (nn.MultiheadAttention's default): the service computes no "
-                              "attention weights to return; call it with need_weights=False", op=op,
-                              module_path=path)
-        if not mod.batch_first:
-            raise ExportError("batch_first=False: the service's tokens are [N, T, C]", op=op, module_path=path)
-        if not mod._qkv_same_embed_dim or mod.kdim != mod.embed_dim or mod.vdim != mod.embed_dim:
-            raise ExportError(f"kdim {mod.kdim} / vdim {mod.vdim} differ from embed_dim {mod.embed_dim}: the service "
-                              "projects q, k and v from one in_proj_weight", op=op, module_path=path)
-        if mod.in_proj_bias is None or mod.out_proj.bias is None or mod.bias_k is not None or \
-                mod.bias_v is not None or mod.add_zero_attn:
-            raise ExportError("needs bias=True, add_bias_kv=False and add_zero_attn=False", op=op, module_path=path)
-        if float(mod.dropout) != 0.0:
-            raise ExportError(f"dropout {mod.dropout} on the attention weights is not supported (0 only)", op=op,
-                              module_path=path)
-        x = self.val(q, n)
+        x = self.val(multihead_query(n, mod, op, path), n)
         if not x.tokens:
             raise ExportError(f"attends over a tensor of per-sample shape {list(x.shape)}, not a token sequence "
                               "[T, C]", op=op, module_path=path)
         out = self.b.emit("self_attention", path, [x], x.shape, tokens=True, num_heads=int(mod.num_heads),
                           params=["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"])
         return _Attention(out)
+
+    def written_attention(self, att: QkvAttention, x: _Val) -> str:
+        """Self-attention written out from a qkv Linear to a proj Linear
+        (export_attention.py): one self_attention layer whose output is the
+        proj Linear's; the nodes between make no layer."""
+        out = self.b.emit("self_attention", att.name, [x], x.shape, tokens=True, num_heads=att.heads,
+                          params=att.params, param_names=att.param_names)
+        self.claimed.update({n: "claimed" for n in att.inner})
+        self.claimed[att.proj] = out
+        return "claimed"
 
     def flatten(self, path: str, x: _Val, n: torch.fx.Node, op: str, start: int, end: int) -> _Val:
         if x.nhwc:
@@ -1081,8 +1067,9 @@ class _Converter:
             groups = self.shuffle_pattern(n, x, out)
             if groups is not None:
                 return _Grouped(x, groups)
+            heads = HEADS_HINT if x.tokens else ""
             raise ExportError(f"reshapes {list(x.shape)} to {list(out)} (per sample); only a flatten to "
-                              "[N, C*H*W] and a channel shuffle's view to [N, g, C/g, H, W] are supported",
+                              "[N, C*H*W] and a channel shuffle's view to [N, g, C/g, H, W] are supported" + heads,
                               op=op, module_path=path, supported=_supported_functions())
         if meth == "transpose" or t is torch.transpose:
             x = self.val(n.args[0], n)

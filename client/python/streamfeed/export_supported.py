@@ -97,6 +97,9 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "optionally contiguous(), then view(n, C, h, w) or flatten(1, 2)": "channel_shuffle (ShuffleNet)",
     "Tensor.chunk, torch.chunk, Tensor.split, torch.split along dim 1, each piece taken by index; "
     "x[:, a:b]": "channel_slice (a channel range of a map)",
+    "a qkv Linear viewed as [N, T, 3, heads, head_dim], permute(2, 0, 3, 1, 4), unbind(0) or [0], [1], [2], "
+    "F.scaled_dot_product_attention or (q * scale) @ k.transpose(-2, -1), softmax(-1), @ v, then transpose(1, 2), "
+    "reshape(N, T, C) and a proj Linear": "self_attention (timm's Attention; the Linears' parameter names kept)",
 }
 
 

@@ -1,0 +1,165 @@
+"""Self-attention written out in a user's forward() (export_attention.py):
+one qkv Linear, the heads split by a view and a permute, attention through
+F.scaled_dot_product_attention or the product, scale, softmax and product
+written out, the heads merged, a proj Linear. Each spelling users write
+exports as one self_attention layer named by the module holding both
+projections, keeping their parameter names (param_names), and the spec
+computes the module; a step that leaves the pattern is refused naming it.
+Training against PyTorch is tests/integration/test_export_parity.py's
+hand-written ViT."""
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+
+from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from streamfeed.export import ExportError, convert  # noqa: E402
+from test_export import assert_spec_computes_the_module  # noqa: E402
+
+HEADS, DIM = 2, 8
+
+
+class Attn(nn.Module):
+    """timm's Attention with its spelling picked by `how`."""
+
+    def __init__(self, how="sdpa", qkv_bias=True):
+        super().__init__()
+        self.how = how
+        self.num_heads, self.head_dim = HEADS, DIM // HEADS
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(DIM, 3 * DIM, bias=qkv_bias)
+        self.q_norm, self.k_norm, self.norm = nn.Identity(), nn.Identity(), nn.Identity()
+        self.attn_drop = nn.Dropout(0.0)
+        self.proj = nn.Linear(DIM, DIM)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        how = self.how
+        qkv = self.qkv(x)
+        qkv = (qkv.view if how == "view" else qkv.reshape)(B, N, 3, self.num_heads, self.head_dim)
+        qkv = qkv.permute(2, 0, 3, 1, 4)
+        if how in ("index", "div", "matmul"):
+            q, k, v = qkv[0], qkv[1], qkv[2]
+        else:
+            q, k, v = qkv.unbind(0)
+        q, k = self.q_norm(q), self.k_norm(k)
+        if how in ("sdpa", "view"):
+            o = F.scaled_dot_product_attention(q, k, v)
+        elif how == "sdpa_scale":
+            o = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=self.scale)
+        elif how == "sdpa_mask":
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif how == "sdpa_wrong_scale":
+            o = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+        elif how == "q_twice":
+            o = F.scaled_dot_product_attention(q, k, v) + q
+        elif how == "div":
+            o = F.softmax(q @ k.transpose(2, 3) / math.sqrt(self.head_dim), dim=-1) @ v
+        elif how == "matmul":
+            o = torch.matmul(self.attn_drop(torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * self.scale, -1)), v)
+        elif how == "k_scaled":
+            o = (q @ (k * self.scale).transpose(-2, -1)).softmax(dim=-1) @ v
+        else:  # q scaled first, as timm without fused attention
+            a = (q * self.scale) @ k.transpose(-2, -1)
+            o = self.attn_drop(a.softmax(dim=-1)) @ v
+        if how == "permute":
+            o = o.permute(0, 2, 1, 3).contiguous().flatten(2)
+        else:
+            o = o.transpose(1, 2).reshape(B, N, C)
+        return self.proj(self.norm(o))
+
+
+class Net(nn.Module):
+    def __init__(self, attn):
+        super().__init__()
+        self.embed = nn.Conv2d(3, DIM, 4, 4)
+        self.blocks = nn.Sequential(attn)
+        self.head = nn.Linear(DIM, 5)
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        return self.head(self.blocks(x)[:, 0])
+
+
+NAMES = {"in_proj_weight": "qkv.weight", "in_proj_bias": "qkv.bias", "out_proj.weight": "proj.weight",
+         "out_proj.bias": "proj.bias"}
+
+
+@pytest.mark.parametrize("how", ["sdpa", "view", "sdpa_scale", "index", "div", "matmul", "q_first", "permute"])
+def test_written_out_attention_is_one_self_attention_layer_keeping_the_module_names(how):
+    torch.manual_seed(2)
+    ex = assert_spec_computes_the_module(Net(Attn(how)), hw=8)
+    assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", "to_tokens", "self_attention",
+                                                               "select_token", "linear"]
+    att = ex.spec["layers"][2]
+    assert att == {"type": "self_attention", "name": "blocks.0", "num_heads": HEADS, "param_names": NAMES}
+    assert {"blocks.0.qkv.weight", "blocks.0.qkv.bias", "blocks.0.proj.weight", "blocks.0.proj.bias"} <= \
+        set(ex.tensors)
+
+
+@pytest.mark.parametrize("how, why", [
+    ("sdpa_mask", "mask"),
+    ("sdpa_wrong_scale", "scale 1.0 is not 1/sqrt(head_dim)"),
+    ("q_twice", "q is read by 2 ops"),
+    ("k_scaled", "not by a transpose of its last two dimensions"),
+])
+def test_attention_leaving_the_pattern_is_refused_naming_the_step(how, why):
+    with pytest.raises(ExportError) as e:
+        convert(Net(Attn(how)), (1, 3, 8, 8))
+    assert e.value.module_path == "blocks.0" and why in str(e.value), str(e.value)
+
+
+def test_projections_without_bias_are_refused():
+    with pytest.raises(ExportError, match="no bias"):
+        convert(Net(Attn(qkv_bias=False)), (1, 3, 8, 8))
+
+
+def test_attention_dropout_in_training_is_refused():
+    class Dropping(Attn):
+        def forward(self, x):
+            B, N, C = x.shape
+            q, k, v = self.qkv(x).reshape(B, N, 3, HEADS, C // HEADS).permute(2, 0, 3, 1, 4).unbind(0)
+            o = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1 if self.training else 0.0)
+            return self.proj(o.transpose(1, 2).reshape(B, N, C))
+    with pytest.raises(ExportError, match="dropout_p 0.1"):
+        convert(Net(Dropping()).train(), (1, 3, 8, 8))
+
+
+def test_projections_of_two_modules_are_refused():
+    class Apart(nn.Module):
+        """qkv at the top level, proj inside another module: no module holds both."""
+
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Conv2d(3, DIM, 4, 4)
+            self.qkv = nn.Linear(DIM, 3 * DIM)
+            self.out = nn.Sequential(nn.Linear(DIM, DIM))
+            self.head = nn.Linear(DIM, 5)
+
+        def forward(self, x):
+            x = self.embed(x).flatten(2).transpose(1, 2)
+            B, N, C = x.shape
+            q, k, v = self.qkv(x).reshape(B, N, 3, HEADS, C // HEADS).permute(2, 0, 3, 1, 4).unbind(0)
+            o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, C)
+            return self.head(self.out(o)[:, 0])
+    with pytest.raises(ExportError, match="not held by one module"):
+        convert(Apart(), (1, 3, 8, 8))
+
+
+def test_a_linear_to_three_widths_that_is_not_split_into_heads_stays_a_linear_layer():
+    class Wide(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Conv2d(3, DIM, 4, 4)
+            self.fc = nn.Linear(DIM, 3 * DIM)
+            self.head = nn.Linear(3 * DIM, 5)
+
+        def forward(self, x):
+            return self.head(F.relu(self.fc(self.embed(x).flatten(2).transpose(1, 2)))[:, 0])
+    ex = convert(Wide(), (1, 3, 8, 8))
+    assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", "to_tokens", "linear", "relu",
+                                                               "select_token", "linear"]

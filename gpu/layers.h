@@ -182,7 +182,7 @@ struct cJSON;
 void sf_layer_fields_to_json(const sf_layer *L, struct cJSON *obj);
 
 /* Writes the supported-op table (docs/LAYERS.md, `streamfeed --help-layers`)
- * generated from the rows. */
+ * generated from the rows (gpu/layers_doc.c). */
 void sf_layer_kinds_markdown(FILE *out);
 
 /* The shape per sample of input j of layer i. */

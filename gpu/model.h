@@ -110,6 +110,7 @@ typedef enum sf_layer_kind {
     SF_L_PRELU,    /* x > 0 ? x : a * x, a a parameter [num_parameters]: one slope, or one per channel */
     SF_L_PAD,      /* F.pad of a map's width and height: constant, reflect, replicate or circular */
     SF_L_CLAMP,    /* min(max(x, min), max) elementwise, either bound optional (torch.clamp, nn.Hardtanh) */
+    SF_L_TOKEN_MEAN, /* [T, C] -> [C]: the mean of tokens start..T-1 (x[:, start:].mean(dim=1)) */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
@@ -152,7 +153,8 @@ typedef struct sf_layer {
                                    * pad: SF_PAD_* */
     int align_corners;            /* upsample (bilinear): the corner pixels' centres align, as PyTorch's flag */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
-    int start, count;             /* channel_slice: the channels [start, start + count) of its input */
+    int start, count;             /* channel_slice: the channels [start, start + count) of its input;
+                                   * token_mean: the first token averaged */
     int scale;                    /* upsample: each input pixel becomes scale x scale output pixels (0: by size);
                                    * pixel_shuffle, pixel_unshuffle: the factor r */
     int n_in;                     /* inputs named explicitly (0: the previous layer; add: 2) */

@@ -430,6 +430,10 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             if (sf_cuda_select_token_fwd_dt(dt, x, n, L->in_h, L->in_c, o->y, s))
                 return -1;
             break;
+        case SF_L_TOKEN_MEAN:
+            if (sf_cuda_token_mean_fwd_dt(dt, x, n, L->in_h, L->in_c, L->start, o->y, s))
+                return -1;
+            break;
         case SF_L_SELF_ATTENTION:
             if (g_attention_fwd(net, S, i, n, x, ws, s))
                 return -1;
@@ -805,7 +809,7 @@ static int g_bn_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, vo
 }
 
 /* Backward of the token-sequence kinds (to_tokens, class_token,
- * pos_embedding, select_token) of layer i over n samples, into dx (NULL:
+ * pos_embedding, select_token, token_mean) of layer i over n samples, into dx (NULL:
  * not wanted) and the layer's parameter gradient. */
 static int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len, cudaStream_t s)
 {
@@ -825,6 +829,8 @@ static int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len,
         if (dx)
             SF_CUDA_CHECK(cudaMemcpyAsync(dx, o->dy, g->es * in_len, cudaMemcpyDeviceToDevice, s));
         return 0;
+    case SF_L_TOKEN_MEAN:
+        return dx && sf_cuda_token_mean_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, L->start, dx, s) ? -1 : 0;
     default: /* SF_L_SELECT_TOKEN */
         return dx && sf_cuda_select_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, s) ? -1 : 0;
     }
@@ -934,6 +940,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
         case SF_L_CLASS_TOKEN:
         case SF_L_POS_EMBEDDING:
         case SF_L_SELECT_TOKEN:
+        case SF_L_TOKEN_MEAN:
             if (g_tokens_bwd(net, i, n, dx, in_len, s))
                 return -1;
             break;

@@ -99,6 +99,33 @@ __global__ void k_select_bwd(const T *__restrict__ dy, T *__restrict__ dx, int n
     }
 }
 
+/* y[n][c] = the mean of x[n][start..t-1][c]: a thread per (sample, channel)
+ * walks the tokens, consecutive threads reading consecutive channels of a
+ * token; the sum in fp32, then one division (PyTorch's mean). */
+template <typename T>
+__global__ void k_token_mean_fwd(const T *__restrict__ x, T *__restrict__ y, int n, int t, int c, int start)
+{
+    const size_t len = (size_t)n * c, step = (size_t)gridDim.x * blockDim.x;
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
+        const T *xs = x + (e / c) * (size_t)t * c + e % c;
+        float acc = 0.f;
+        for (int ti = start; ti < t; ti++)
+            acc += cu_f(xs[(size_t)ti * c]);
+        y[e] = cu_to<T>(acc / (float)(t - start));
+    }
+}
+
+template <typename T>
+__global__ void k_token_mean_bwd(const T *__restrict__ dy, T *__restrict__ dx, int n, int t, int c, int start)
+{
+    const size_t per = (size_t)t * c, len = (size_t)n * per, step = (size_t)gridDim.x * blockDim.x;
+    const float inv = 1.f / (float)(t - start);
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
+        const size_t ni = e / per, r = e % per;
+        dx[e] = r < (size_t)start * c ? cu_to<T>(0.f) : cu_to<T>(cu_f(dy[ni * c + r % c]) * inv);
+    }
+}
+
 /* ======================================================================== */
 /* launchers                                                                */
 /* ======================================================================== */
@@ -251,6 +278,49 @@ extern "C" int sf_cuda_select_token_bwd_dt(sf_dtype dt, const void *dy, int n, i
         k_select_bwd<cu_bf16><<<TOK_GRID(len)>>>((const cu_bf16 *)dy, (cu_bf16 *)dx, n, t, c);
     else
         k_select_bwd<float><<<TOK_GRID(len)>>>((const float *)dy, (float *)dx, n, t, c);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+/* 1 where a token_mean launch has work, 0 where it has none, -1 (with the
+ * error set) where its element type or its first token is refused. */
+static int token_mean_args(const char *fn, sf_dtype dt, size_t len, int t, int start)
+{
+    if (cu_dt_bad(fn, dt))
+        return -1;
+    if (len && (start < 0 || start >= t)) {
+        sf_cuda_set_error("%s:%d: token_mean from token %d of %d: none to average", __FILE__, __LINE__, start, t);
+        return -1;
+    }
+    return len > 0;
+}
+
+extern "C" int sf_cuda_token_mean_fwd_dt(sf_dtype dt, const void *x, int n, int t, int c, int start, void *y,
+                                         cudaStream_t s)
+{
+    const size_t len = (size_t)n * c;
+    const int rc = token_mean_args("sf_cuda_token_mean_fwd_dt", dt, len, t, start);
+    if (rc <= 0)
+        return rc;
+    if (dt == SF_DT_BF16)
+        k_token_mean_fwd<cu_bf16><<<TOK_GRID(len)>>>((const cu_bf16 *)x, (cu_bf16 *)y, n, t, c, start);
+    else
+        k_token_mean_fwd<float><<<TOK_GRID(len)>>>((const float *)x, (float *)y, n, t, c, start);
+    SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int sf_cuda_token_mean_bwd_dt(sf_dtype dt, const void *dy, int n, int t, int c, int start, void *dx,
+                                         cudaStream_t s)
+{
+    const size_t len = (size_t)n * t * c;
+    const int rc = token_mean_args("sf_cuda_token_mean_bwd_dt", dt, len, t, start);
+    if (rc <= 0)
+        return rc;
+    if (dt == SF_DT_BF16)
+        k_token_mean_bwd<cu_bf16><<<TOK_GRID(len)>>>((const cu_bf16 *)dy, (cu_bf16 *)dx, n, t, c, start);
+    else
+        k_token_mean_bwd<float><<<TOK_GRID(len)>>>((const float *)dy, (float *)dx, n, t, c, start);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

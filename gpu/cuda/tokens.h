@@ -49,6 +49,13 @@ int sf_cuda_select_token_fwd_dt(sf_dtype dt, const void *x, int n, int t, int c,
 /* dx [n, t, c]: token 0 is dy [n, c], every other token 0. */
 int sf_cuda_select_token_bwd_dt(sf_dtype dt, const void *dy, int n, int t, int c, void *dx, cudaStream_t s);
 
+/* y [n, c] = the mean of tokens start..t-1 of x [n, t, c] (start < t). */
+int sf_cuda_token_mean_fwd_dt(sf_dtype dt, const void *x, int n, int t, int c, int start, void *y,
+                              cudaStream_t s);
+/* dx [n, t, c]: dy / (t - start) on tokens start..t-1, 0 on the others. */
+int sf_cuda_token_mean_bwd_dt(sf_dtype dt, const void *dy, int n, int t, int c, int start, void *dx,
+                              cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -383,6 +383,12 @@ void sf_ref_select_token_fwd(const float *x, int n, int t, int c, float *y);
 void sf_ref_select_token_fwd_f64(const double *x, int n, int t, int c, double *y);
 void sf_ref_select_token_bwd(const float *dy, int n, int t, int c, float *dx);
 void sf_ref_select_token_bwd_f64(const double *dy, int n, int t, int c, double *dx);
+/* y [n, c] = the mean of tokens start..t-1 of x [n, t, c]; the backward
+ * spreads dy / (t - start) over those tokens, the others' gradient 0. */
+void sf_ref_token_mean_fwd(const float *x, int n, int t, int c, int start, float *y);
+void sf_ref_token_mean_fwd_f64(const double *x, int n, int t, int c, int start, double *y);
+void sf_ref_token_mean_bwd(const float *dy, int n, int t, int c, int start, float *dx);
+void sf_ref_token_mean_bwd_f64(const double *dy, int n, int t, int c, int start, double *dx);
 
 /* ---- multi-head self-attention (attention.c) ------------------------------------ */
 /* Over x [n, t, c] with h heads of d = c / h: qkv = x w_in^T + b_in

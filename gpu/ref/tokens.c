@@ -1,8 +1,8 @@
 /* gpu/ref/tokens.c — reference token-sequence layers of a Vision
  * Transformer, forward and backward, in float and double (_f64): a map as
  * tokens (to_tokens), the class token in front (class_token), the position
- * embedding (pos_embedding) and the first token as features (select_token),
- * and their hooks. A token sequence is [n, t, c], token-major. Contracts in
+ * embedding (pos_embedding), the first token as features (select_token) and
+ * the tokens' mean (token_mean), and their hooks. A token sequence is [n, t, c], token-major. Contracts in
  * gpu/ref/layers.h. */
 #ifndef T
 #include "gpu/ref/ref.h"
@@ -70,6 +70,21 @@ void sf_ref_layer_select_token_bwd(const sf_ref_io *io)
     if (!io->want[0])
         return;
     sf_ref_select_token_bwd(io->dy, io->n, L->in_h, L->in_c, io->scratch);
+    io->give(io, 0, io->scratch);
+}
+
+void sf_ref_layer_token_mean_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_token_mean_fwd(io->x[0], io->n, L->in_h, L->in_c, L->start, io->y);
+}
+
+void sf_ref_layer_token_mean_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (!io->want[0])
+        return;
+    sf_ref_token_mean_bwd(io->dy, io->n, L->in_h, L->in_c, L->start, io->scratch);
     io->give(io, 0, io->scratch);
 }
 
@@ -154,6 +169,27 @@ void SF_FN(sf_ref_select_token_bwd)(const T *dy, int n, int t, int c, T *dx)
         for (int ci = 0; ci < c; ci++)
             ds[ci] = dy[(size_t)ni * c + ci];
     }
+}
+
+/* y[n][:] = the sum of x[n][start..t-1][:] over the tokens, divided by their
+ * count (as PyTorch's mean: a sum, then one division). */
+void SF_FN(sf_ref_token_mean_fwd)(const T *x, int n, int t, int c, int start, T *y)
+{
+    for (int ni = 0; ni < n; ni++)
+        for (int ci = 0; ci < c; ci++) {
+            T acc = 0;
+            for (int ti = start; ti < t; ti++)
+                acc += x[((size_t)ni * t + ti) * c + ci];
+            y[(size_t)ni * c + ci] = acc / (T)(t - start);
+        }
+}
+
+void SF_FN(sf_ref_token_mean_bwd)(const T *dy, int n, int t, int c, int start, T *dx)
+{
+    for (int ni = 0; ni < n; ni++)
+        for (int ti = 0; ti < t; ti++)
+            for (int ci = 0; ci < c; ci++)
+                dx[((size_t)ni * t + ti) * c + ci] = ti < start ? 0 : dy[(size_t)ni * c + ci] / (T)(t - start);
 }
 
 #endif

@@ -5,8 +5,10 @@ written out, the heads merged, a proj Linear. Each spelling users write
 exports as one self_attention layer named by the module holding both
 projections, keeping their parameter names (param_names), and the spec
 computes the module; a step that leaves the pattern is refused naming it.
-Training against PyTorch is tests/integration/test_export_parity.py's
-hand-written ViT."""
+The mean over the tokens a ViT's head may read instead of the class token
+(token_mean, ``x[:, 1:].mean(dim=1)`` as timm's average pooling). Training
+against PyTorch is tests/integration/test_export_parity.py's hand-written
+ViT."""
 import math
 
 import pytest
@@ -163,3 +165,56 @@ def test_a_linear_to_three_widths_that_is_not_split_into_heads_stays_a_linear_la
     ex = convert(Wide(), (1, 3, 8, 8))
     assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", "to_tokens", "linear", "relu",
                                                                "select_token", "linear"]
+
+
+class Pooled(nn.Module):
+    """Tokens, then the mean over them as `pool` spells it."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.pool = pool
+        self.embed = nn.Conv2d(3, DIM, 4, 4)
+        self.head = nn.Linear(DIM, 5)
+        if pool == "channels":  # over the 4 tokens of an 8x8 input
+            self.head_t = nn.Linear(4, 5)
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2)
+        p = self.pool
+        if p == "all":
+            y = x.mean(dim=1)
+        elif p == "rest":
+            y = x[:, 1:].mean(dim=1)
+        elif p == "torch":
+            y = torch.mean(x[:, 2:], -2)
+        elif p == "keepdim":
+            y = x.mean(1, keepdim=True)[:, 0]
+        elif p == "channels":
+            return self.head_t(x.mean(-1))
+        elif p == "slice_read":
+            y = x[:, 1:].mean(dim=1) + torch.relu(x[:, 1:]).mean(dim=1)
+        else:
+            y = x[:, 1:3].mean(dim=1)
+        return self.head(y)
+
+
+@pytest.mark.parametrize("pool, start", [("all", None), ("rest", 1), ("torch", 2)])
+def test_a_mean_over_the_tokens_is_token_mean(pool, start):
+    torch.manual_seed(3)
+    ex = assert_spec_computes_the_module(Pooled(pool), hw=8)
+    layer = {"type": "token_mean", "name": "mean"}
+    if start:
+        layer["start"] = start
+    assert ex.spec["layers"][2] == layer
+
+
+@pytest.mark.parametrize("pool, why", [
+    ("keepdim", "no keepdim"),
+    ("channels", "not dim=-1"),
+    ("slice_read", "as the input of a mean over the tokens"),
+    ("bounded", "indexes a token sequence with"),
+])
+def test_other_means_and_slices_of_tokens_are_refused(pool, why):
+    with pytest.raises(ExportError) as e:
+        convert(Pooled(pool), (1, 3, 8, 8))
+    assert why in str(e.value), str(e.value)

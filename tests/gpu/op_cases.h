@@ -105,6 +105,7 @@ void cmp_to_tokens(const op_case &c, const op_env &e);
 void cmp_class_token(const op_case &c, const op_env &e);
 void cmp_pos_embedding(const op_case &c, const op_env &e);
 void cmp_select_token(const op_case &c, const op_env &e);
+void cmp_token_mean(const op_case &c, const op_env &e);
 void cmp_dropout(const op_case &c, const op_env &e);
 void cmp_dropout_graph_replay(const op_case &c, const op_env &e);
 void cmp_dropout_null_seq(const op_case &c, const op_env &e);

@@ -6,7 +6,8 @@ with another (proj), and a head on the class token. ``fused`` picks the
 attention's spelling: F.scaled_dot_product_attention after unbind(0) (what
 timm runs), or the product, scale, softmax and product written out after
 indexing the split (what it runs without fused attention, and what older
-code writes)."""
+code writes); ``pool`` the head's input: the class token ("token") or the
+mean of the other tokens ("avg", timm's global_pool="avg")."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -69,8 +70,9 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=True):
+    def __init__(self, img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=True, pool="token"):
         super().__init__()
+        self.pool = pool
         self.patch_embed = nn.Conv2d(3, dim, patch, patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.randn(1, (img // patch) ** 2 + 1, dim) * 0.02)
@@ -81,5 +83,5 @@ class ViT(nn.Module):
     def forward(self, x):
         x = self.patch_embed(x).flatten(2).transpose(1, 2)
         x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
-        x = self.blocks(x + self.pos_embed)
-        return self.head(self.norm(x)[:, 0])
+        x = self.norm(self.blocks(x + self.pos_embed))
+        return self.head(x[:, 1:].mean(dim=1) if self.pool == "avg" else x[:, 0])

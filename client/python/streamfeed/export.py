@@ -58,9 +58,9 @@ from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
 from .export_pad import PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec
-from .export_values import _Attention, _Expanded, _Grouped, _Padded, _Pieces, _Val
+from .export_values import _Attention, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
-                               SUPPORTED_MODULES)
+                               SUPPORTED_MODULES, _act_fields)
 
 __all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "optimizer_recipe",
            "main", "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
@@ -76,42 +76,11 @@ NAME_MAX = 63
 MAX_KERNEL = 64
 
 
-def _finite(v: Any, name: str, op: str, path: str) -> float:
-    """An activation's parameter (LeakyReLU's negative_slope, ELU's alpha,
-    Softplus's beta and threshold) as the service takes it: a finite number
-    (PyTorch runs an infinite or NaN one too; one past fp32's range the
-    service refuses itself)."""
-    if isinstance(v, torch.fx.Node) or not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise ExportError(f"{name} {v!r} is not a number known at export", op=op, module_path=path)
-    if not math.isfinite(float(v)):
-        raise ExportError(f"{name} {v!r} is not a finite number", op=op, module_path=path)
-    return float(v)
-
-
 def _in_place_name(n: torch.fx.Node) -> bool:
     """A method or function named for writing into its first argument:
     x.relu_(), F.leaky_relu_, F.elu_, torch.selu_."""
     name = str(n.target) if n.op == "call_method" else getattr(n.target, "__name__", "")
     return bool(n.args) and name.endswith("_") and not name.startswith("_")
-
-
-def _act_fields(kind: str, get: Callable[[str, int, Any], Any], op: str, path: str) -> Dict[str, Any]:
-    """The fields of an activation layer of `kind`, read by get(name,
-    position, PyTorch's default): a module's attribute, or a call's argument
-    by position or keyword (position -1: keyword only)."""
-    if kind == "gelu":
-        return {"approximate": "tanh"} if get("approximate", -1, "none") == "tanh" else {}
-    if kind == "leaky_relu":
-        return {"negative_slope": _finite(get("negative_slope", 1, 0.01), "negative_slope", op, path)}
-    if kind == "elu":
-        return {"alpha": _finite(get("alpha", 1, 1.0), "alpha", op, path)}
-    if kind == "softplus":
-        beta = _finite(get("beta", 1, 1.0), "beta", op, path)
-        if beta == 0:
-            raise ExportError("beta 0 divides by zero (PyTorch runs it into infinities); the service takes any "
-                              "other finite beta", op=op, module_path=path)
-        return {"beta": beta, "threshold": _finite(get("threshold", 2, 20.0), "threshold", op, path)}
-    return {}
 
 
 def _supported_modules() -> str:
@@ -324,6 +293,10 @@ class _Converter:
             v = self.vals.get(a)
             if isinstance(v, _Val):
                 return v
+            if isinstance(v, _TokenSlice):
+                raise ExportError(f"takes x[:, {v.start}:] of a token sequence as its {what}; such a slice is "
+                                  "supported as the input of a mean over the tokens (dim=1) only",
+                                  op=self.opname(node), module_path=_path_of(node))
             if a.op == "get_attr":
                 raise ExportError(f"uses the tensor {a.target} of the module as an {what}; only a [C,1,1] "
                                   "parameter named layer_scale multiplying a map is supported",
@@ -1109,8 +1082,8 @@ class _Converter:
                 return src.out
             x = self.val(n.args[0], n)
             idx = n.args[1]
-            if x.tokens and isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None) and idx[1] == 0:
-                return b.emit("select_token", self.fname(n, "select_token"), [x], (x.shape[1],))
+            if x.tokens:
+                return self.token_index(n, x, idx, op, path)
             sliced = self.channel_range(n, x, idx, op, path)
             if sliced is not None:
                 return sliced
@@ -1139,16 +1112,7 @@ class _Converter:
             mx = t is F.adaptive_max_pool2d and not arg(2, "return_indices", False)
             return self.adaptive(self.fname(n, "maxpool" if mx else "avgpool"), self.val(n.args[0], n), out, op, mx)
         if meth == "mean" or t is torch.mean:
-            x = self.val(n.args[0], n)
-            dim_arg = arg(1, "dim")
-            keep = bool(arg(2, "keepdim", False))
-            over = {int(d) % 4 for d in (dim_arg if isinstance(dim_arg, (tuple, list)) else [dim_arg])} \
-                if dim_arg is not None else set()
-            if x.nhwc or len(x.shape) != 3 or over != {2, 3} or n.kwargs.get("dtype") is not None:
-                raise ExportError("a mean is supported over the spatial dimensions (2,3) of a [C,H,W] map only",
-                                  op=op, module_path=path)
-            y = self.b.emit("global_avgpool", self.fname(n, "mean"), [x], (x.shape[0], 1, 1))
-            return y if keep else self.flatten(path, y, n, op, 1, -1)
+            return self.mean(n, arg(1, "dim"), bool(arg(2, "keepdim", False)), op, path)
         if t in (F.group_norm, F.instance_norm):
             return self.norm_function(n, t is F.group_norm, arg, op, path)
         if t is F.dropout or t is F.dropout2d:
@@ -1206,6 +1170,42 @@ class _Converter:
             raise ExportError(f"adds the module tensor {target}; supported is a [1,T,C] parameter added to a token "
                               "sequence (a position embedding)", op=op, module_path=path)
         return self.b.emit("pos_embedding", target, [x], x.shape, tokens=True, params=[""])
+
+    def token_index(self, n: torch.fx.Node, x: _Val, idx: Any, op: str, path: str) -> Union[_Val, _TokenSlice]:
+        """x[:, 0] of tokens is select_token; x[:, a:] the tokens from a on,
+        which only a mean over them may read (token_mean)."""
+        if isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None):
+            if idx[1] == 0:
+                return self.b.emit("select_token", self.fname(n, "select_token"), [x], (x.shape[1],))
+            s = idx[1]
+            if isinstance(s, slice) and s.step in (None, 1) and s.stop is None and isinstance(s.start, int) and \
+                    0 <= s.start < x.shape[0]:
+                return _TokenSlice(x, s.start)
+        raise ExportError(f"indexes a token sequence with {idx!r}; supported are x[:, 0] (the class token) and "
+                          "x[:, a:].mean(dim=1) (the mean of the tokens from a on)", op=op, module_path=path,
+                          supported=_supported_functions())
+
+    def mean(self, n: torch.fx.Node, dim_arg: Any, keep: bool, op: str, path: str) -> _Val:
+        """A mean over the spatial dimensions (2,3) of a map is
+        global_avgpool; over the tokens (dim 1) of a token sequence, or of
+        x[:, a:], token_mean."""
+        src = self.vals.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
+        x = src.x if isinstance(src, _TokenSlice) else self.val(n.args[0], n)
+        dims = list(dim_arg) if isinstance(dim_arg, (tuple, list)) else [dim_arg]
+        if n.kwargs.get("dtype") is not None or dim_arg is None or not all(isinstance(d, int) for d in dims):
+            raise ExportError("a mean is supported over given dimensions (no dtype)", op=op, module_path=path)
+        if x.tokens:
+            if [d % 3 for d in dims] != [1] or keep:
+                raise ExportError(f"a mean of a token sequence is supported over its tokens (dim=1, no keepdim) "
+                                  f"only, not dim={dim_arg!r}" + (" with keepdim" if keep else ""), op=op,
+                                  module_path=path)
+            f: Dict[str, Any] = {"start": src.start} if isinstance(src, _TokenSlice) and src.start else {}
+            return self.b.emit("token_mean", self.fname(n, "mean"), [x], (x.shape[1],), **f)
+        if x.nhwc or len(x.shape) != 3 or {d % 4 for d in dims} != {2, 3}:
+            raise ExportError("a mean is supported over the spatial dimensions (2,3) of a [C,H,W] map, or over the "
+                              "tokens (dim=1) of a token sequence", op=op, module_path=path)
+        y = self.b.emit("global_avgpool", self.fname(n, "mean"), [x], (x.shape[0], 1, 1))
+        return y if keep else self.flatten(path, y, n, op, 1, -1)
 
     def affine(self, n: torch.fx.Node, op: str, path: str) -> Optional[_Val]:
         """Arithmetic of a tensor with a Python number (export_affine.py) as

@@ -2,15 +2,19 @@
 the tables its refusals and docs/EXPORT.md show (``SUPPORTED_MODULES``,
 ``SUPPORTED_FUNCTIONS``), and the spellings of the activations -- module
 classes, functions and ``Tensor`` methods of a traced ``forward()`` -- with
-the kind each becomes. The converter itself, and the fields it reads from
-a module or a call, are in export.py."""
+the kind each becomes, with the fields an activation takes from a module
+or a call (_act_fields). The converter itself is in export.py."""
 from __future__ import annotations
 
-from typing import Any, Dict
+import math
+from typing import Any, Callable, Dict
 
 import torch
+import torch.fx
 import torch.nn.functional as F
 from torch import nn
+
+from .export_error import ExportError
 
 __all__ = ["SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS", "MODULE_ACTIVATIONS", "FUNCTION_ACTIVATIONS",
            "METHOD_ACTIVATIONS"]
@@ -64,6 +68,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "Tensor.reshape(n, C, h*w) then Tensor.permute(0,2,1), Tensor.flatten(2) then Tensor.transpose(1,2)":
         "to_tokens (a map as a token sequence, VisionTransformer's patch embedding)",
     "x[:, 0]": "select_token (the first token of a sequence as features)",
+    "Tensor.mean, torch.mean over dim 1 of a token sequence or of x[:, a:]": "token_mean (the mean of the tokens "
+                                                                             "from a on, as timm's average pooling)",
     "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
     "F.pixel_shuffle, F.pixel_unshuffle": "pixel_shuffle, pixel_unshuffle",
     "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
@@ -118,3 +124,34 @@ FUNCTION_ACTIVATIONS: Dict[Any, str] = {
     torch.selu: "selu", torch.selu_: "selu", F.softplus: "softplus", F.mish: "mish"}
 METHOD_ACTIVATIONS: Dict[str, str] = {
     "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh"}
+
+
+def _finite(v: Any, name: str, op: str, path: str) -> float:
+    """An activation's parameter (LeakyReLU's negative_slope, ELU's alpha,
+    Softplus's beta and threshold) as the service takes it: a finite number
+    (PyTorch runs an infinite or NaN one too; one past fp32's range the
+    service refuses itself)."""
+    if isinstance(v, torch.fx.Node) or not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ExportError(f"{name} {v!r} is not a number known at export", op=op, module_path=path)
+    if not math.isfinite(float(v)):
+        raise ExportError(f"{name} {v!r} is not a finite number", op=op, module_path=path)
+    return float(v)
+
+
+def _act_fields(kind: str, get: Callable[[str, int, Any], Any], op: str, path: str) -> Dict[str, Any]:
+    """The fields of an activation layer of `kind`, read by get(name,
+    position, PyTorch's default): a module's attribute, or a call's argument
+    by position or keyword (position -1: keyword only)."""
+    if kind == "gelu":
+        return {"approximate": "tanh"} if get("approximate", -1, "none") == "tanh" else {}
+    if kind == "leaky_relu":
+        return {"negative_slope": _finite(get("negative_slope", 1, 0.01), "negative_slope", op, path)}
+    if kind == "elu":
+        return {"alpha": _finite(get("alpha", 1, 1.0), "alpha", op, path)}
+    if kind == "softplus":
+        beta = _finite(get("beta", 1, 1.0), "beta", op, path)
+        if beta == 0:
+            raise ExportError("beta 0 divides by zero (PyTorch runs it into infinities); the service takes any "
+                              "other finite beta", op=op, module_path=path)
+        return {"beta": beta, "threshold": _finite(get("threshold", 2, 20.0), "threshold", op, path)}
+    return {}

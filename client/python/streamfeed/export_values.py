@@ -88,3 +88,12 @@ class _Padded:
     path: str
     name: str
     generated: bool
+
+
+@dataclass
+class _TokenSlice:
+    """x[:, start:] of a token sequence x: the tokens from start on, which
+    only a mean over the tokens reads (token_mean's start; timm's average
+    pooling leaves the class token out so)."""
+    x: _Val
+    start: int

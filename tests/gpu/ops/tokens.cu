@@ -10,6 +10,8 @@
  * from one run to the next (no atomics).
  * The rows: tests/gpu/op_cases.cu; helpers and criteria: op_test.h.
  */
+#include <cstring>
+
 #include "tests/gpu/op_cases.h"
 #include "tests/gpu/op_test.h"
 
@@ -154,6 +156,41 @@ static void test_select_token(cudaStream_t s, sf_dtype dt, int n, int t, int c)
     io_free(b);
 }
 
+/* token_mean: [n, t, c] -> [n, c], the mean of tokens start..t-1; the
+ * backward spreads dy / (t - start) over them. Both by check_dt within tol
+ * (fp32: the sum's rounding; bf16: half an ulp), the left-out tokens'
+ * gradient exactly 0. */
+static void test_token_mean(cudaStream_t s, const op_case &k, sf_dtype dt, int n, int t, int c, int start)
+{
+    char nm[160];
+    snprintf(nm, sizeof nm, "token_mean %s n%d t%d c%d start%d", dtname(dt), n, t, c, start);
+    const size_t lx = (size_t)n * t * c, ly = (size_t)n * c;
+    std::vector<float> x = rnd(lx, dt), dy = rnd(ly, dt);
+    std::vector<double> xd = to_d(x), dyd = to_d(dy), yr(ly), dxr(lx);
+    sf_ref_token_mean_fwd_f64(xd.data(), n, t, c, start, yr.data());
+    sf_ref_token_mean_bwd_f64(dyd.data(), n, t, c, start, dxr.data());
+    io_bufs b = io_make(dt, x, dy);
+    int rc = sf_cuda_token_mean_fwd_dt(dt, b.x.p, n, t, c, start, b.y.p, s);
+    if (!rc)
+        rc = sf_cuda_token_mean_bwd_dt(dt, b.dy.p, n, t, c, start, b.dx.p, s);
+    if (ran_ok(s, nm, rc)) {
+        check_dt(subname(nm, "fwd"), dt, down_dt(b.y, ly), yr, k.tol);
+        const std::vector<float> dx = down_dt(b.dx, lx);
+        check_dt(subname(nm, "bwd"), dt, dx, dxr, k.tol);
+        size_t nonzero = 0;
+        for (int ni = 0; ni < n; ni++)
+            for (size_t e = 0; e < (size_t)start * c; e++)
+                nonzero += dx[(size_t)ni * t * c + e] != 0.f;
+        pass_or_fail(subname(nm, "the left-out tokens' gradient is 0"), nonzero == 0, "some are not");
+    }
+    /* no token to average: refused, naming the op */
+    const int refused = sf_cuda_token_mean_fwd_dt(dt, b.x.p, n, t, c, t, b.y.p, s) == -1 &&
+                        strstr(sf_cuda_last_error(), "token_mean");
+    pass_or_fail(subname(nm, "start = t is refused naming token_mean"), refused, "accepted");
+    sf_cuda_clear_error();
+    io_free(b);
+}
+
 /* shape {n, c, h, w} */
 void cmp_to_tokens(const op_case &c, const op_env &e)
 {
@@ -170,3 +207,8 @@ void cmp_pos_embedding(const op_case &c, const op_env &e)
     test_pos_embedding(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2]);
 }
 void cmp_select_token(const op_case &c, const op_env &e) { test_select_token(e.s, c.dt, c.shape[0], c.shape[1], c.shape[2]); }
+/* shape {n, t, c}, p {start}; tol: y and dx in fp32 */
+void cmp_token_mean(const op_case &c, const op_env &e)
+{
+    test_token_mean(e.s, c, c.dt, c.shape[0], c.shape[1], c.shape[2], c.p[0]);
+}

@@ -14,7 +14,8 @@ GroupNorm(affine=False) and InstanceNorm2d, a decoder's nearest and bilinear
 resizes, super-resolution's pixel shuffle and its inverse, a CycleGAN-like
 generator's reflect, replicate, asymmetric zero, constant and circular
 padding, convolutions that pad themselves in those modes or "same" with an
-even kernel, F.conv2d and F.linear of a module's own weight and bias -- start from the module's own state_dict
+even kernel, F.conv2d and F.linear of a module's own weight and bias, global
+pooling written as x.sum((2, 3)) and torch.amax -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch: its
@@ -640,6 +641,29 @@ FUNCTIONAL_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
     {"type": "flatten", "name": "flatten"}, {"type": "linear", "name": "fc", "out": 10}]}
 
 
+class Reductions(nn.Module):
+    """Global pooling written as reductions: a sum (scaled by a number,
+    which folds into it) and an amax over (2,3) of a map, side by side into
+    the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.c0(x))
+        return self.fc(torch.cat([y.sum((2, 3)) * 0.05, torch.amax(y, dim=(2, 3))], 1))
+
+
+REDUCTIONS_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "pad": 1}, {"type": "relu", "name": "relu"},
+    {"type": "global_avgpool", "name": "sum"}, {"type": "flatten", "name": "flatten"},
+    {"type": "affine", "name": "sum_scale", "scale": 3.2},
+    {"type": "maxpool2d", "name": "amax", "inputs": ["relu"], "k": 8}, {"type": "flatten", "name": "flatten_1"},
+    {"type": "concat", "name": "cat", "inputs": ["sum_scale", "flatten_1"]}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
@@ -648,12 +672,14 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
          "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC),
          "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC),
          "conv_padding": (ConvPads, CONV_PAD_SPEC),
-         "clamps": (Clamps, CLAMP_SPEC), "functional_conv_linear": (Functional, FUNCTIONAL_SPEC)}
+         "clamps": (Clamps, CLAMP_SPEC), "functional_conv_linear": (Functional, FUNCTIONAL_SPEC),
+         "reductions": (Reductions, REDUCTIONS_SPEC)}
 
 
 
-@pytest.mark.parametrize("make, spec", [(ConvPads, CONV_PAD_SPEC), (Functional, FUNCTIONAL_SPEC)],
-                         ids=["conv_padding", "functional_conv_linear"])
+@pytest.mark.parametrize("make, spec", [(ConvPads, CONV_PAD_SPEC), (Functional, FUNCTIONAL_SPEC),
+                                        (Reductions, REDUCTIONS_SPEC)],
+                         ids=["conv_padding", "functional_conv_linear", "reductions"])
 def test_the_case_is_the_spec_the_exporter_writes(make, spec):
     sys.path.insert(0, str(REPO / "client" / "python"))
     from streamfeed.export import convert

@@ -60,7 +60,7 @@ from .export_folds import clamp_activation
 from .export_pad import PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec
 from .export_values import _Attention, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
-                               SUPPORTED_MODULES, _act_fields)
+                               SUPPORTED_MODULES, _REDUCTIONS, _act_fields)
 
 __all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "optimizer_recipe",
            "main", "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
@@ -1111,8 +1111,9 @@ class _Converter:
         if t in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
             mx = t is F.adaptive_max_pool2d and not arg(2, "return_indices", False)
             return self.adaptive(self.fname(n, "maxpool" if mx else "avgpool"), self.val(n.args[0], n), out, op, mx)
-        if meth == "mean" or t is torch.mean:
-            return self.mean(n, arg(1, "dim"), bool(arg(2, "keepdim", False)), op, path)
+        if meth in _REDUCTIONS or t in _REDUCTIONS.values():
+            how = meth if meth in _REDUCTIONS else getattr(t, "__name__", "")
+            return self.reduce(n, how, arg(1, "dim"), bool(arg(2, "keepdim", False)), op, path)
         if t in (F.group_norm, F.instance_norm):
             return self.norm_function(n, t is F.group_norm, arg, op, path)
         if t is F.dropout or t is F.dropout2d:
@@ -1185,27 +1186,48 @@ class _Converter:
                           "x[:, a:].mean(dim=1) (the mean of the tokens from a on)", op=op, module_path=path,
                           supported=_supported_functions())
 
-    def mean(self, n: torch.fx.Node, dim_arg: Any, keep: bool, op: str, path: str) -> _Val:
-        """A mean over the spatial dimensions (2,3) of a map is
-        global_avgpool; over the tokens (dim 1) of a token sequence, or of
-        x[:, a:], token_mean."""
+    def reduce(self, n: torch.fx.Node, how: str, dim_arg: Any, keep: bool, op: str, path: str) -> _Val:
+        """A mean, sum or amax over the spatial dimensions (2,3) of a map:
+        global_avgpool (a sum: then an affine layer times H*W), or for amax
+        of a square map a maxpool2d of its size; a mean or sum over the
+        tokens (dim 1) of a token sequence, or of x[:, a:]: token_mean (a
+        sum: times their count)."""
         src = self.vals.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
         x = src.x if isinstance(src, _TokenSlice) else self.val(n.args[0], n)
         dims = list(dim_arg) if isinstance(dim_arg, (tuple, list)) else [dim_arg]
         if n.kwargs.get("dtype") is not None or dim_arg is None or not all(isinstance(d, int) for d in dims):
-            raise ExportError("a mean is supported over given dimensions (no dtype)", op=op, module_path=path)
-        if x.tokens:
+            raise ExportError(f"a {how} is supported over given dimensions (no dtype)", op=op, module_path=path)
+        if x.tokens and how != "amax":
             if [d % 3 for d in dims] != [1] or keep:
-                raise ExportError(f"a mean of a token sequence is supported over its tokens (dim=1, no keepdim) "
+                raise ExportError(f"a {how} of a token sequence is supported over its tokens (dim=1, no keepdim) "
                                   f"only, not dim={dim_arg!r}" + (" with keepdim" if keep else ""), op=op,
                                   module_path=path)
-            f: Dict[str, Any] = {"start": src.start} if isinstance(src, _TokenSlice) and src.start else {}
-            return self.b.emit("token_mean", self.fname(n, "mean"), [x], (x.shape[1],), **f)
-        if x.nhwc or len(x.shape) != 3 or {d % 4 for d in dims} != {2, 3}:
-            raise ExportError("a mean is supported over the spatial dimensions (2,3) of a [C,H,W] map, or over the "
-                              "tokens (dim=1) of a token sequence", op=op, module_path=path)
-        y = self.b.emit("global_avgpool", self.fname(n, "mean"), [x], (x.shape[0], 1, 1))
-        return y if keep else self.flatten(path, y, n, op, 1, -1)
+            start = src.start if isinstance(src, _TokenSlice) else 0
+            f: Dict[str, Any] = {"start": start} if start else {}
+            y = self.b.emit("token_mean", self.fname(n, how), [x], (x.shape[1],), **f)
+            return self.scaled(n, y, x.shape[0] - start) if how == "sum" else y
+        if x.tokens or x.nhwc or len(x.shape) != 3 or {d % 4 for d in dims} != {2, 3} or len(dims) != 2:
+            raise ExportError(f"a {how} is supported over the spatial dimensions (2,3) of a [C,H,W] map" +
+                              (", or over the tokens (dim=1) of a token sequence" if how != "amax" else ""),
+                              op=op, module_path=path)
+        c, h, w = x.shape
+        if how == "amax":
+            if h != w or h > MAX_KERNEL:
+                raise ExportError(f"an amax over (2,3) is supported of a square map of at most {MAX_KERNEL} a side "
+                                  f"(a max pool of its size), not {h}x{w}", op=op, module_path=path)
+            y = self.b.emit("maxpool2d", self.fname(n, how), [x], (c, 1, 1), k=h)
+        else:
+            y = self.b.emit("global_avgpool", self.fname(n, how), [x], (c, 1, 1))
+        y = y if keep else self.flatten(path, y, n, op, 1, -1)
+        return self.scaled(n, y, h * w) if how == "sum" else y
+
+    def scaled(self, n: torch.fx.Node, x: _Val, count: int) -> _Val:  # a mean times its count: the sum
+        if count == 1:
+            return x
+        y = self.b.emit("affine", self.fname(n, "sum_scale"), [x], x.shape, tokens=x.tokens)
+        set_fields(self.b.layers[y.layer], float(count), 0.0)
+        self.affine_layers[n] = y.layer  # a number times the sum folds into it
+        return y
 
     def affine(self, n: torch.fx.Node, op: str, path: str) -> Optional[_Val]:
         """Arithmetic of a tensor with a Python number (export_affine.py) as

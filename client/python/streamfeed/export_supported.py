@@ -91,6 +91,9 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.linear": "linear named by the submodule that holds the weight and bias parameters it takes (named "
                 "weight and bias, as nn.Linear holds them)",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
+    "Tensor.sum, torch.sum over (2,3) of a map or dim 1 of tokens": "global_avgpool or token_mean, then affine "
+                                                                    "(times the count)",
+    "Tensor.amax, torch.amax over (2,3) of a square map": "maxpool2d of the map's size",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
@@ -108,6 +111,10 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "reshape(N, T, C) and a proj Linear": "self_attention (timm's Attention; the Linears' parameter names kept)",
 }
 
+
+# Reductions over dimensions that map onto pooling: Tensor methods and the
+# torch functions of the same names.
+_REDUCTIONS: Dict[str, Any] = {"mean": torch.mean, "sum": torch.sum, "amax": torch.amax}
 
 # The activation modules, by class (subclasses are not these), and the kind
 # each becomes.

@@ -6,7 +6,9 @@ naming what the call takes instead. Training against PyTorch from the same
 weights is tests/integration/test_layer_kinds_torch.py's
 functional_conv_linear case. A pooling's arguments computed from the
 input's shape (``F.avg_pool2d(x, x.size()[2:])``), which are the numbers
-they compute, and one computed from the batch size, refused."""
+they compute, and one computed from the batch size, refused. Global pooling
+written as a reduction over dimensions (``x.sum((2, 3))``,
+``torch.amax(x, (2, 3))``, a sum over tokens) as pooling layers."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,6 +19,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from streamfeed.export import ExportError, convert  # noqa: E402
 from test_export import assert_spec_computes_the_module  # noqa: E402
+
+WIDTH = 8  # the reductions' maps' channels
 
 
 class OwnConv(nn.Module):
@@ -161,3 +165,49 @@ def test_a_pooling_kernel_computed_from_the_batch_size_is_refused():
     with pytest.raises(ExportError, match="computed from tensors or the batch size") as e:
         convert(ShapePools(lambda y: F.avg_pool2d(y, y.size(0)).mean((2, 3), keepdim=True)), (2, 3, 8, 8))
     assert e.value.module_path == ""
+
+
+class Reduced(nn.Module):
+    """Global pooling written as a reduction: a sum and an amax over (2,3)
+    of a map, and a sum over the tokens."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.embed = nn.Conv2d(3, WIDTH, 2, 2)
+        self.head = nn.Linear(WIDTH, 5)
+
+    def forward(self, x):
+        x = self.embed(x)
+        how = self.how
+        if how == "sum":
+            y = x.sum(dim=(2, 3))
+        elif how == "amax":
+            y = torch.amax(x, dim=(-2, -1))
+        elif how == "amax_keepdim":
+            y = x.amax((2, 3), keepdim=True).flatten(1)
+        elif how == "sum_tokens":
+            y = x.flatten(2).transpose(1, 2)[:, 1:].sum(1)
+        elif how == "amax_wide":
+            y = x[:, :, :2].amax(dim=(2, 3))
+        else:  # the whole tensor's sum, broadcast back over the features
+            y = x.mean((2, 3)) + x.sum()
+        return self.head(y)
+
+
+@pytest.mark.parametrize("how, kinds", [
+    ("sum", ["global_avgpool", "flatten", "affine"]),
+    ("amax", ["maxpool2d", "flatten"]),
+    ("amax_keepdim", ["maxpool2d", "flatten"]),
+    ("sum_tokens", ["to_tokens", "token_mean", "affine"]),
+])
+def test_sums_and_maxima_over_the_map_or_the_tokens_are_pooling(how, kinds):
+    torch.manual_seed(4)
+    ex = assert_spec_computes_the_module(Reduced(how), hw=8)
+    assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", *kinds, "linear"]
+
+
+@pytest.mark.parametrize("how, why", [("amax_wide", "square map"), ("all", "over given dimensions")])
+def test_other_reductions_are_refused(how, why):
+    with pytest.raises(ExportError, match=why):
+        convert(Reduced(how), (1, 3, 8, 8))

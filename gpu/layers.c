@@ -216,6 +216,12 @@ static const sf_layer_field pixel_unshuffle_fields[] = {
     F_END,
 };
 static const sf_layer_field no_fields[] = {F_END};
+static const sf_layer_field layer_scale_fields[] = {
+    {"vector", SF_FT_BOOL, OFF(vector), 0, 1, 0, SF_FF_IF_SET, NULL,
+     "the parameter is [C] (x * gamma of a channels-last map) rather than [C,1,1]; [C] on a token sequence whatever "
+     "this says"},
+    F_END,
+};
 
 /* ---- shape rules ------------------------------------------------------------ */
 
@@ -697,6 +703,19 @@ static int token_mean_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape 
     return 0;
 }
 
+/* A channel scale of a map or of each token; flat features have no layout
+ * it was written for (a Linear's output scales by a [F] vector with mul). */
+static int layer_scale_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (in->flat) {
+        sf_errf(err, errlen, "input is flat features [%d]; layer_scale scales the channels of a [C,H,W] map or of "
+                "each token of a token sequence", in->c);
+        return -1;
+    }
+    *out = in[0];
+    return 0;
+}
+
 static int shuffle_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     if (L->groups < 1 || in->c % L->groups) {
@@ -800,7 +819,10 @@ static int gn_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 /* ConvNeXt's CNBlock.layer_scale, [C,1,1]. */
 static int layer_scale_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
-    pd_set(&pd[0], "layer_scale", 3, L->out_ch, 1, 1, 0);
+    if (L->vector || L->tokens)
+        pd_set(&pd[0], "layer_scale", 1, L->out_ch, 0, 0, 0);
+    else
+        pd_set(&pd[0], "layer_scale", 3, L->out_ch, 1, 1, 0);
     return 1;
 }
 
@@ -1041,11 +1063,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,
         .doc = "elementwise product; b of a's shape or [C,1,1] broadcast over H,W (squeeze-and-excitation)"},
     [SF_L_LAYER_SCALE] = {
-        .name = "layer_scale", .torch = "x * layer_scale (ConvNeXt CNBlock)", .min_in = 1, .max_in = 1,
-        .needs_map = 1, .fields = no_fields, .shape = same_shape, .params = layer_scale_params,
-        .init = layer_scale_init, .ref_fwd = sf_ref_layer_layer_scale_fwd,
-        .ref_bwd = sf_ref_layer_layer_scale_bwd, .cuda = 1,
-        .doc = "per-channel scale by a parameter <name>.layer_scale [C,1,1] (initialised to 1e-6)"},
+        .name = "layer_scale", .torch = "x * layer_scale (ConvNeXt CNBlock), x * gamma (timm's LayerScale)",
+        .min_in = 1, .max_in = 1, .fields = layer_scale_fields, .shape = layer_scale_shape,
+        .params = layer_scale_params, .init = layer_scale_init, .ref_fwd = sf_ref_layer_layer_scale_fwd,
+        .ref_bwd = sf_ref_layer_layer_scale_bwd, .cuda = 1, .cuda_tokens = 1,
+        .doc = "per-channel scale of a map or of each token by a parameter <name>.layer_scale, [C,1,1] on a map "
+               "(`vector`: [C]) and [C] on tokens (initialised to 1e-6; `param_names` keys it as the module does, "
+               "`gamma`)"},
     [SF_L_PRELU] = {
         .name = "prelu", .torch = "nn.PReLU(num_parameters), F.prelu", .min_in = 1, .max_in = 1, .no_tokens = 1,
         .fields = prelu_fields, .shape = prelu_shape, .params = prelu_params, .init = prelu_init,

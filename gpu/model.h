@@ -148,6 +148,8 @@ typedef struct sf_layer {
     int over_channels;            /* linear: applied per pixel over the channels of a map */
     float eps, momentum;          /* batchnorm2d, layernorm2d, layernorm */
     int affine;                   /* groupnorm: 1 with a weight and a bias (nn.GroupNorm's affine), 0 without */
+    int vector;                   /* layer_scale: its parameter held as [C] (timm's LayerScale, ConvNeXt's original
+                                   * gamma), not [C,1,1]; always so on a token sequence */
     float p;                      /* dropout, stochastic_depth: drop probability */
     int mode;                     /* stochastic_depth: 0 "row" (the one mode run); upsample: SF_UP_*;
                                    * pad: SF_PAD_* */

@@ -40,16 +40,21 @@ void sf_ref_layer_mul_bwd(const sf_ref_io *io)
     }
 }
 
+/* A token sequence [n, t, c] is token-major: n * t rows of c channels,
+ * each a [c, 1] map to the channel scale. */
+static int scale_rows(const sf_ref_io *io) { return io->L->tokens ? io->n * io->L->in_h : io->n; }
+static size_t scale_hw(const sf_layer *L) { return L->tokens ? 1 : (size_t)L->in_h * L->in_w; }
+
 void sf_ref_layer_layer_scale_fwd(const sf_ref_io *io)
 {
     const sf_layer *L = io->L;
-    sf_ref_channel_scale_fwd(io->x[0], io->n, L->in_c, (size_t)L->in_h * L->in_w, io->w, io->y);
+    sf_ref_channel_scale_fwd(io->x[0], scale_rows(io), L->in_c, scale_hw(L), io->w, io->y);
 }
 
 void sf_ref_layer_layer_scale_bwd(const sf_ref_io *io)
 {
     const sf_layer *L = io->L;
-    sf_ref_channel_scale_bwd(io->x[0], io->n, L->in_c, (size_t)L->in_h * L->in_w, io->w, io->dy,
+    sf_ref_channel_scale_bwd(io->x[0], scale_rows(io), L->in_c, scale_hw(L), io->w, io->dy,
                              io->want[0] ? io->scratch : NULL, io->dw);
     if (io->want[0])
         io->give(io, 0, io->scratch);

@@ -7,7 +7,8 @@ attention's spelling: F.scaled_dot_product_attention after unbind(0) (what
 timm runs), or the product, scale, softmax and product written out after
 indexing the split (what it runs without fused attention, and what older
 code writes); ``pool`` the head's input: the class token ("token") or the
-mean of the other tokens ("avg", timm's global_pool="avg")."""
+mean of the other tokens ("avg", timm's global_pool="avg"); ``init_values``
+gives each block timm's LayerScale (gamma [C]) after its attention and MLP."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,27 +57,41 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.act(self.fc1(x))))
 
 
+class LayerScale(nn.Module):
+    """timm's LayerScale: each channel of each token times gamma [C]."""
+
+    def __init__(self, dim, init_values):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x):
+        return x * self.gamma
+
+
 class Block(nn.Module):
-    def __init__(self, dim, heads, fused):
+    def __init__(self, dim, heads, fused, init_values=None):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = Attention(dim, heads, fused)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, dim * 2)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
 
     def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = x + self.ls1(self.attn(self.norm1(x)))
+        return x + self.ls2(self.mlp(self.norm2(x)))
 
 
 class ViT(nn.Module):
-    def __init__(self, img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=True, pool="token"):
+    def __init__(self, img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=True, pool="token",
+                 init_values=None):
         super().__init__()
         self.pool = pool
         self.patch_embed = nn.Conv2d(3, dim, patch, patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.randn(1, (img // patch) ** 2 + 1, dim) * 0.02)
-        self.blocks = nn.Sequential(*[Block(dim, heads, fused) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[Block(dim, heads, fused, init_values) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, classes)
 

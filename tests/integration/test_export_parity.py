@@ -856,14 +856,16 @@ def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_p
     assert_trains_with_adamw_like_pytorch(s, build, model, hw, name)
 
 
-@pytest.mark.parametrize("fused, pool", [(True, "token"), (False, "token"), (True, "avg")],
-                         ids=["sdpa", "written_out", "average_pooled"])
+@pytest.mark.parametrize("fused, pool, init_values", [(True, "token", None), (False, "token", None),
+                                                      (True, "avg", None), (True, "token", 0.1)],
+                         ids=["sdpa", "written_out", "average_pooled", "layer_scale"])
 def test_a_hand_written_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker,
-                                                                          fused, pool):
+                                                                          fused, pool, init_values):
     """A ViT as users write it (timm's layout: one qkv Linear, the heads
     split by reshape and permute, F.scaled_dot_product_attention or the
     softmax written out, a proj Linear; hand_written_vit.py), its head on the
-    class token or on the mean of the other tokens (token_mean): each attention
+    class token or on the mean of the other tokens (token_mean), with or without
+    timm's LayerScale (layer_scale on tokens, gamma [C]): each attention
     is one self_attention layer keeping the module's parameter names, and it
     trains five AdamW steps like PyTorch, evaluates like the module and its
     checkpoint loads back strictly."""
@@ -871,7 +873,8 @@ def test_a_hand_written_vision_transformer_trains_with_adamw_like_pytorch(start_
     torch.manual_seed(6)
 
     def build():
-        return ViT(img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=fused, pool=pool)
+        return ViT(img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=fused, pool=pool,
+                   init_values=init_values)
     model = build()
     s = start_exported(start_server, tmp_path, model, spec_checker, hw=32, optimizer="adamw")
     spec = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]
@@ -880,6 +883,9 @@ def test_a_hand_written_vision_transformer_trains_with_adamw_like_pytorch(start_
     assert attn[0]["param_names"] == {"in_proj_weight": "qkv.weight", "in_proj_bias": "qkv.bias",
                                       "out_proj.weight": "proj.weight", "out_proj.bias": "proj.bias"}
     assert not any(layer["name"].startswith("blocks.0.attn.") for layer in spec["layers"])
+    if init_values:
+        assert {"type": "layer_scale", "name": "blocks.0.ls1", "param_names": {"layer_scale": "gamma"}} in \
+            spec["layers"]
     if pool == "avg":
         assert [layer for layer in spec["layers"] if layer["type"] == "token_mean"] == [
             {"type": "token_mean", "name": "mean", "start": 1}]

@@ -15,7 +15,8 @@ resizes, super-resolution's pixel shuffle and its inverse, a CycleGAN-like
 generator's reflect, replicate, asymmetric zero, constant and circular
 padding, convolutions that pad themselves in those modes or "same" with an
 even kernel, F.conv2d and F.linear of a module's own weight and bias, global
-pooling written as x.sum((2, 3)) and torch.amax -- start from the module's own state_dict
+pooling written as x.sum((2, 3)) and torch.amax, ConvNeXt's original block
+with its layer scale a [C] gamma on the channels-last map -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch: its
@@ -664,6 +665,49 @@ REDUCTIONS_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
     {"type": "concat", "name": "cat", "inputs": ["sum_scale", "flatten_1"]}, {"type": "linear", "name": "fc", "out": 10}]}
 
 
+class OriginalBlock(nn.Module):
+    """ConvNeXt's block as its original code writes it: the layer scale a
+    [C] parameter gamma multiplying the channels-last map before the
+    permute back."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 2 * dim)
+        self.act = nn.GELU()
+        self.pwconv2 = nn.Linear(2 * dim, dim)
+        self.gamma = nn.Parameter(torch.rand(dim) + 0.5)
+
+    def forward(self, x):
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        y = self.gamma * self.pwconv2(self.act(self.pwconv1(self.norm(y))))
+        return x + y.permute(0, 3, 1, 2)
+
+
+class LayerScaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 2, stride=2)
+        self.block = OriginalBlock(4)
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x):
+        return self.fc(self.block(self.stem(x)).mean((2, 3)))
+
+
+LAYER_SCALED_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "stem", "out": 4, "k": 2, "stride": 2},
+    {"type": "conv2d", "name": "block.dwconv", "out": 4, "k": 3, "pad": 1, "groups": 4},
+    {"type": "layernorm2d", "name": "block.norm", "eps": 1e-06},
+    {"type": "linear", "name": "block.pwconv1", "out": 8, "over": "channels"}, {"type": "gelu", "name": "block.act"},
+    {"type": "linear", "name": "block.pwconv2", "out": 4, "over": "channels"},
+    {"type": "layer_scale", "name": "block", "vector": True, "param_names": {"layer_scale": "gamma"}},
+    {"type": "add", "name": "block.add", "inputs": ["stem", "block"]},
+    {"type": "global_avgpool", "name": "mean"}, {"type": "flatten", "name": "flatten"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
          "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
@@ -673,13 +717,13 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
          "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC),
          "conv_padding": (ConvPads, CONV_PAD_SPEC),
          "clamps": (Clamps, CLAMP_SPEC), "functional_conv_linear": (Functional, FUNCTIONAL_SPEC),
-         "reductions": (Reductions, REDUCTIONS_SPEC)}
+         "reductions": (Reductions, REDUCTIONS_SPEC), "original_convnext_gamma": (LayerScaled, LAYER_SCALED_SPEC)}
 
 
 
 @pytest.mark.parametrize("make, spec", [(ConvPads, CONV_PAD_SPEC), (Functional, FUNCTIONAL_SPEC),
-                                        (Reductions, REDUCTIONS_SPEC)],
-                         ids=["conv_padding", "functional_conv_linear", "reductions"])
+                                        (Reductions, REDUCTIONS_SPEC), (LayerScaled, LAYER_SCALED_SPEC)],
+                         ids=["conv_padding", "functional_conv_linear", "reductions", "original_convnext_gamma"])
 def test_the_case_is_the_spec_the_exporter_writes(make, spec):
     sys.path.insert(0, str(REPO / "client" / "python"))
     from streamfeed.export import convert

@@ -458,6 +458,7 @@ static void parameters_keep_the_names_param_names_gives_them(void **state)
                        "{\"type\":\"self_attention\",\"name\":\"blocks.0.attn\",\"num_heads\":2,"
                        "\"param_names\":{\"in_proj_weight\":\"qkv.weight\",\"in_proj_bias\":\"qkv.bias\","
                        "\"out_proj.weight\":\"proj.weight\",\"out_proj.bias\":\"proj.bias\"}},"
+                       "{\"type\":\"layer_scale\",\"name\":\"blocks.0.ls1\",\"param_names\":{\"layer_scale\":\"gamma\"}},"
                        "{\"type\":\"select_token\",\"name\":\"sel\"},"
                        "{\"type\":\"linear\",\"name\":\"head\",\"out\":4,\"param_names\":{\"bias\":\"b\"}}]}";
     assert_int_equal(sf_model_from_json(spec, &m, err, sizeof err), 0);
@@ -472,6 +473,12 @@ static void parameters_keep_the_names_param_names_gives_them(void **state)
         assert_string_equal(key, want[j]);
     }
     assert_true(pd[0].shape[0] == 24 && pd[0].shape[1] == 8 && at->p_n[2] == 64);
+    /* timm's LayerScale: on tokens the scale is [C], keyed gamma */
+    const sf_layer *ls = layer_named(&m, "blocks.0.ls1");
+    assert_int_equal(sf_layer_params(ls, pd), 1);
+    sf_layer_param_key(ls, &pd[0], key, sizeof key);
+    assert_string_equal(key, "blocks.0.ls1.gamma");
+    assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 8 && ls->tokens && ls->n_w == 8);
     const sf_layer *head = layer_named(&m, "head");
     assert_int_equal(sf_layer_params(head, pd), 2);
     sf_layer_param_key(head, &pd[0], key, sizeof key);
@@ -502,6 +509,16 @@ static void parameters_keep_the_names_param_names_gives_them(void **state)
                       "it has none");
     expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"param_names\":{\"weight\":\"running_var\"}}]}",
                       "layer 0", "its buffer's name \"running_var\"");
+    /* a map's layer scale is [C,1,1], or [C] with "vector"; flat features have none */
+    assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"layer_scale\",\"name\":\"a\"},"
+                                        "{\"type\":\"layer_scale\",\"name\":\"b\",\"vector\":true}]}",
+                                        &m, err, sizeof err), 0);
+    assert_true(sf_layer_params(layer_named(&m, "a"), pd) == 1 && pd[0].ndim == 3 && pd[0].shape[0] == 4 &&
+                pd[0].shape[1] == 1 && pd[0].shape[2] == 1);
+    assert_true(sf_layer_params(layer_named(&m, "b"), pd) == 1 && pd[0].ndim == 1 && pd[0].shape[0] == 4);
+    expect_fields_json(layer_named(&m, "b"), "{\"vector\":true}");
+    expect_json_error("{\"input\":[4,2,2],\"classes\":16,\"layers\":[{\"type\":\"flatten\"},"
+                      "{\"type\":\"layer_scale\"}]}", "layer 1 (layer_scale)", "flat features");
 }
 
 int main(void)

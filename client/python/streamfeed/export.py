@@ -53,7 +53,7 @@ from torch import nn
 from .export_attention import HEADS_HINT, QkvAttention, match as match_attention, multihead_query
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_check import check_trace, forward_failed, propagate, static_number
-from .export_params import conv_call, linear_call, prelu_call
+from .export_params import conv_call, linear_call, prelu_call, scale_param
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
@@ -1295,14 +1295,8 @@ class _Converter:
             other = a1 if a0 is attrs[0] else a0
             target = str(attrs[0].target)
             x = self.val(other, n)
-            p = self.b.state.get(target)
-            owner, _, leaf = target.rpartition(".")
-            if len(attrs) != 1 or p is None or leaf != "layer_scale" or x.nhwc or len(x.shape) != 3 or \
-                    tuple(p.shape) != (x.shape[0], 1, 1):
-                raise ExportError(f"multiplies by the module tensor {target}; supported is a [C,1,1] parameter "
-                                  "named layer_scale times a [C,H,W] map (ConvNeXt's CNBlock)", op=op,
-                                  module_path=path)
-            return self.b.emit("layer_scale", owner, [x], x.shape, params=["layer_scale"])
+            owner, leaf, f = scale_param(self.b.state, target, len(attrs), x, op, path)
+            return self.b.emit("layer_scale", owner, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=[leaf], **f)
         a, c = self.val(a0, n), self.val(a1, n)
         if len(c.shape) == 3 and len(a.shape) == 3 and a.shape[1:] == (1, 1) and c.shape[1:] != (1, 1):
             a, c = c, a  # the service's mul takes the full map first, the [C,1,1] scale second

@@ -1,5 +1,5 @@
-"""F.conv2d, F.linear and F.prelu of a module's own parameters, for the
-exporter.
+"""F.conv2d, F.linear and F.prelu of a module's own parameters, and a
+parameter scaling channels (layer_scale), for the exporter.
 
 A module of the user's own that holds ``weight`` (and ``bias``) as
 nn.Conv2d or nn.Linear would, and calls ``F.conv2d(x, self.weight,
@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Optional, Tuple, Union
 import torch
 import torch.fx
 
+from .export_attention import SUFFIX_MAX
 from .export_error import ExportError
 
 Arg = Callable[[int, str, Any], Any]
@@ -123,3 +124,26 @@ def prelu_call(state: Dict[str, torch.Tensor], arg: Arg, op: str, path: str) -> 
         raise ExportError(f"takes the slopes {w!r}; supported is a module's 1-D parameter named weight "
                           "(as nn.PReLU holds it)", op=op, module_path=path)
     return owner, int(p.shape[0])
+
+
+def scale_param(state: Dict[str, Any], target: str, n_params: int, x: Any, op: str, path: str) -> \
+        Tuple[str, str, Dict[str, Any]]:
+    """A module parameter multiplying x channel by channel as the service's
+    layer_scale: [C,1,1] times a [C,H,W] map (ConvNeXt's CNBlock), [C] times
+    a channels-last map (ConvNeXt's original gamma: the layer's ``vector``)
+    or a token sequence (timm's LayerScale). Returns the layer's name (the
+    submodule holding the parameter), the parameter's own name (its
+    ``param_names`` where it is not layer_scale) and the layer's fields."""
+    p = state.get(target)
+    owner, _, leaf = target.rpartition(".")
+    ch = x.shape[-1] if x.tokens else x.shape[0]
+    want = (ch,) if x.tokens or x.nhwc else (ch, 1, 1)
+    if n_params != 1 or p is None or not owner or x.ct or (len(x.shape) != 3 and not x.tokens) or \
+            tuple(p.shape) != want or len(leaf) > SUFFIX_MAX:
+        raise ExportError(f"multiplies by the module tensor {target}; supported is a parameter of a submodule "
+                          "scaling each channel: [C,1,1] times a [C,H,W] map (ConvNeXt's CNBlock), [C] times a "
+                          "channels-last map or a token sequence (timm's LayerScale)", op=op, module_path=path)
+    f: Dict[str, Any] = {"vector": True} if x.nhwc else {}
+    if leaf != "layer_scale":
+        f["param_names"] = {"layer_scale": leaf}
+    return owner, leaf, f

@@ -60,7 +60,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
 SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
     "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
-                                                          "layer_scale (a [C,1,1] parameter named layer_scale)",
+                                                          "layer_scale (a submodule's [C,1,1] parameter times a "
+                                                          "map, or [C] times a channels-last map or tokens)",
     "torch.cat": "concat (maps along channels, flat features along dim 1); class_token (a [1,1,C] parameter "
                  "expanded over the batch, in front of a token sequence)",
     "Tensor.expand": "of a parameter, as torch.cat's class token",

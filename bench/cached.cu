@@ -65,6 +65,10 @@
  *   --share 1|0        a residual add whose input is a batchnorm read by it
  *                      alone writes one gradient, which that batchnorm reads
  *                      as its own (1), or a copy for each input (0)
+ *   --lt-tune 1|0      cuBLASLt plans keep the fastest of its candidate
+ *                      algorithms and run the backward-data GEMMs too (1),
+ *                      or its first candidate, untimed, with the backward
+ *                      data on cuBLAS (0)
  *   --profile 0|1|2    (executor) as above
  *   --optim sgd|adamw  (backend)
  *   --one-rank-job 0|1 (backend) 1 builds the backend as rank 0 of a
@@ -119,6 +123,7 @@ typedef struct opts {
     int lt;   /* 1: cuBLASLt linear forwards, 0: cuBLAS + the bias kernel */
     int acc;  /* 1: backward-data accumulated by cuDNN where it adds, 0: written apart and added */
     int share; /* 1: a residual add's batchnorm input reads the other input's gradient, 0: its own copy */
+    int lt_tune; /* 1: timed cuBLASLt algorithms, backward data on cuBLASLt; 0: its first, cuBLAS */
 } opts;
 
 static void defaults(via v, opts *o)
@@ -130,7 +135,7 @@ static void defaults(via v, opts *o)
     o->graphs = 1;
     o->tune = 8;
     o->bucket_mb = 25;
-    o->fork = o->fuse = o->thin = o->patch = o->s2d = o->bn_fuse = o->dw = o->lt = o->acc = o->share = 1;
+    o->fork = o->fuse = o->thin = o->patch = o->s2d = o->bn_fuse = o->dw = o->lt = o->acc = o->share = o->lt_tune = 1;
     if (v == VIA_EXECUTOR) { /* W1: batch 32, TF32, plain SGD */
         o->preset = "seed-classifier";
         o->layout = "nhwc";
@@ -183,6 +188,7 @@ static const opt_row OPTS[] = {
     {"--lt", OPT_INT, offsetof(opts, lt), FOR_BOTH},
     {"--acc", OPT_INT, offsetof(opts, acc), FOR_BOTH},
     {"--share", OPT_INT, offsetof(opts, share), FOR_BOTH},
+    {"--lt-tune", OPT_INT, offsetof(opts, lt_tune), FOR_BOTH},
     {"--profile", OPT_INT, offsetof(opts, profile), FOR_EXECUTOR},
     {"--optim", OPT_STR, offsetof(opts, optim), FOR_BACKEND},
     {"--one-rank-job", OPT_INT, offsetof(opts, one_rank), FOR_BACKEND},
@@ -203,6 +209,7 @@ static void switches_of(const opts *o, sf_exec_switches *sw)
     sw->no_lt = o->lt == 0;
     sw->no_acc = o->acc == 0;
     sw->no_share = o->share == 0;
+    sw->no_lt_tune = o->lt_tune == 0;
 }
 
 static const char *prec_name(sf_precision p) { return p == SF_PREC_BF16 ? "bf16" : p == SF_PREC_TF32 ? "tf32" : "fp32"; }
@@ -281,6 +288,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {o->lt < 0 || o->lt > 1, "--lt takes 1 or 0"},
         {o->acc < 0 || o->acc > 1, "--acc takes 1 or 0"},
         {o->share < 0 || o->share > 1, "--share takes 1 or 0"},
+        {o->lt_tune < 0 || o->lt_tune > 1, "--lt-tune takes 1 or 0"},
         {!lay_ok, v == VIA_EXECUTOR ? "--layout takes nhwc or nchw" : "--layout takes auto, nhwc or nchw"},
         {strcmp(o->optim, "sgd") && strcmp(o->optim, "adamw"), "--optim takes sgd or adamw"},
     };
@@ -421,10 +429,10 @@ static int run_executor(const opts *o, const sf_model &m, const char *name, cons
     CU(cudaEventElapsedTime(&ms, e0, e1));
     const double sps = 1000.0 * iters / ms;
     const char *pn = prec_name(o->prec), *ln = layout == SF_LAYOUT_NHWC ? "nhwc" : "nchw";
-    printf("w1_cached %s %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d s2d=%d bn_fuse=%d dw=%d lt=%d acc=%d share=%d: %.1f steps/s "
+    printf("w1_cached %s %s batch=%d precision=%s layout=%s graphs=%d momentum=%g fork=%d fuse=%d thin=%d patch=%d s2d=%d bn_fuse=%d dw=%d lt=%d acc=%d share=%d lt_tune=%d: %.1f steps/s "
            "(%.3f ms/step, last loss %.4f)%s\n",
            name, prop.name, batch, pn, ln, graphs, o->momentum, o->fork, o->fuse, o->thin, o->patch, o->s2d,
-           o->bn_fuse, o->dw, o->lt, o->acc, o->share, sps, ms / iters, hres->loss,
+           o->bn_fuse, o->dw, o->lt, o->acc, o->share, o->lt_tune, sps, ms / iters, hres->loss,
            graphs && sf_net_graph_error(net)[0] ? " [graph capture failed: eager]" : "");
     printf("{\"bench\":\"w1_cached\",\"device\":\"%s\",\"batch\":%d,\"precision\":\"%s\",\"layout\":\"%s\","
            "\"graphs\":%d,\"steps_per_s\":%.2f,\"ms_per_step\":%.4f}\n",

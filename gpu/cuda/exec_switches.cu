@@ -20,6 +20,7 @@ void sf_exec_switches_apply(const sf_exec_switches *sw, sf_net_cfg *nc)
     nc->no_s2d = sw->no_s2d;
     nc->no_bn_fuse = sw->no_bn_fuse;
     nc->no_lt = sw->no_lt;
+    nc->no_lt_tune = sw->no_lt_tune;
     nc->no_acc = sw->no_acc;
     nc->no_share = sw->no_share;
 }

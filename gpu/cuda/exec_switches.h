@@ -29,6 +29,8 @@ typedef struct sf_exec_switches {
                        accumulated there by cuDNN (beta 1) */
     int no_share;   /* a residual add writes both inputs' gradients, not one that a batchnorm
                        input reads as its own */
+    int no_lt_tune; /* cuBLASLt's first algorithm for each forward GEMM, untimed, and the backward-data
+                       GEMMs on cuBLAS, not the fastest of its candidates on cuBLASLt */
 } sf_exec_switches;
 
 struct sf_net_cfg;

@@ -661,7 +661,8 @@ static int g_convt_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const v
 
 /* Backward of linear layer i: bias gradient, weight gradient and (when
  * wanted) the input's. */
-static int g_linear_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, void *dx, cudaStream_t s)
+static int g_linear_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, const void *ymask, void *dx,
+                        cudaStream_t s)
 {
     gen_net *g = net->g;
     const sf_layer *L = &net->m.layers[i];
@@ -679,6 +680,8 @@ static int g_linear_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask
     if (sf_linear_map_bwd_filter_dt(net->blas, dt, ll, g_in(net, i, 0, b), n, hw, L->in_c, o->dy, L->out_c,
                                     net->grads + L->w_off, tf32))
         return -1;
+    if (dx && S->ltd[i][0]) /* one GEMM over the n * hw rows, as its forward */
+        return g_lt_linear_bwd_data(net, S, i, 0, o->dy, n * (int)hw, L->in_c, L->out_c, dx, s) ? -1 : 0;
     if (dx && sf_linear_map_bwd_data_dt(net->blas, dt, ll, o->dy, n, hw, L->in_c, g_wd(net, i), L->out_c, dx,
                                         tf32))
         return -1;
@@ -867,7 +870,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_LINEAR:
-            if (g_linear_bwd(net, i, b, n, ymask, dx, s))
+            if (g_linear_bwd(net, S, i, b, n, ymask, dx, s))
                 return -1;
             break;
         case SF_L_LAYERNORM2D:

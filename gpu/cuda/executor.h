@@ -178,6 +178,8 @@ typedef struct sf_net_cfg {
                             plan (sf_conv_desc.accumulate) */
     int no_share;        /* 1: a residual add writes both inputs' gradients, never one that a
                             batchnorm input reads as its own (gop.dy_of) */
+    int no_lt_tune;      /* 1: cuBLASLt plans take its first algorithm untimed and backward-data
+                            GEMMs stay on cuBLAS (linear.h: sf_linear_lt_desc.tune) */
 } sf_net_cfg;
 
 typedef struct sf_cuda_net sf_cuda_net;

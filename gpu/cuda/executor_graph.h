@@ -183,7 +183,9 @@ typedef struct gshape {
      * layer's 0; self_attention's input projection 0, output projection 1);
      * NULL: the cuBLAS path */
     sf_linear_lt *lt[SF_MAX_LAYERS][2];
+    sf_linear_lt *ltd[SF_MAX_LAYERS][2];     /* their backward-data GEMMs on cuBLASLt (NULL: cuBLAS) */
     int lt_n, lt_of;                         /* forward GEMMs on cuBLASLt, of those it was tried for */
+    int lt_timed, lt_other;                  /* plans whose algorithm was timed; of them, not cuBLASLt's first */
     int lt_b16;                              /* forward plans on the bias's bf16 copy (fp32 had none) */
     char lt_why[200];                        /* why the first of the others is not ("" when none) */
 } gshape;
@@ -459,6 +461,8 @@ static inline const void *g_wslot(const sf_cuda_net *net, int i, int j)
  * backward. */
 int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void *x, int rows, int in, int out, void *y,
                     cudaStream_t s);
+int g_lt_linear_bwd_data(sf_cuda_net *net, gshape *S, int i, int j, const void *dy, int rows, int in, int out,
+                         void *dx, cudaStream_t s);
 int g_attention_fwd(sf_cuda_net *net, gshape *S, int i, int n, const void *x, void *ws, cudaStream_t s);
 int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, cudaStream_t s);
 

@@ -34,6 +34,20 @@ int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void *x, in
                : 0;
 }
 
+/* The backward-data GEMM of projection j of layer i, dx [rows, in] = dy
+ * [rows, out] w: S's cuBLASLt plan where it has one and the pointers are as
+ * aligned as it assumed, else cuBLAS. */
+int g_lt_linear_bwd_data(sf_cuda_net *net, gshape *S, int i, int j, const void *dy, int rows, int in, int out,
+                         void *dx, cudaStream_t s)
+{
+    const sf_linear_lt *p = S->ltd[i][j];
+    const int rc = p ? sf_linear_lt_bwd_data(p, net->lt, dy, g_wslot(net, i, 2 * j), dx, net->blas_ctx.ws, s) : 1;
+    if (rc <= 0)
+        return rc;
+    return sf_linear_bwd_data_dt(net->blas, net->g->dt, dy, rows, in, g_wslot(net, i, 2 * j), out, dx,
+                                 net->cfg.tf32);
+}
+
 /* Its weight gradient and bias gradient (fp32, overwritten) from x and dy
  * [rows, out]: the bias-gradient kernel and the cuBLAS GEMM (linear.h says
  * why not one cuBLASLt GEMM). */
@@ -81,7 +95,7 @@ int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, 
     const int t = L->in_h, c = L->in_c, rows = n * t, tf32 = net->cfg.tf32;
     const sf_dtype dt = g->dt;
     if (g_proj_wgrad(net, i, 1, o->att_o, o->dy, rows, c, c, s) ||
-        sf_linear_bwd_data_dt(net->blas, dt, o->dy, rows, c, g_wslot(net, i, 2), c, g->att_do, tf32))
+        g_lt_linear_bwd_data(net, S, i, 1, o->dy, rows, c, c, g->att_do, s))
         return -1;
     if (o->sdpa) {
         if (sf_sdpa_bwd(S->sdpa[i], net->dnn, o->qkv, o->att_o, g->att_do, o->att_stats, g->att_dqkv, net->ws, s))
@@ -92,6 +106,5 @@ int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, 
     }
     if (g_proj_wgrad(net, i, 0, g_in(net, i, 0, b), g->att_dqkv, rows, c, 3 * c, s))
         return -1;
-    return dx && sf_linear_bwd_data_dt(net->blas, dt, g->att_dqkv, rows, c, g_wslot(net, i, 0), 3 * c, dx, tf32) ? -1
-                                                                                                                : 0;
+    return dx && g_lt_linear_bwd_data(net, S, i, 0, g->att_dqkv, rows, c, 3 * c, dx, s) ? -1 : 0;
 }

@@ -263,8 +263,10 @@ void gshape_destroy(gshape *S)
             sf_conv_plan_destroy(&S->cp[i][d]);
         sf_convt_plans_destroy(&S->tp[i]);
         sf_sdpa_plan_destroy(S->sdpa[i]);
-        for (int j = 0; j < 2; j++)
+        for (int j = 0; j < 2; j++) {
             sf_linear_lt_destroy(S->lt[i][j]);
+            sf_linear_lt_destroy(S->ltd[i][j]);
+        }
     }
     free(S);
 }
@@ -288,18 +290,58 @@ static int g_lt_wants(const sf_cuda_net *net, int i)
     return L->kind == SF_L_LINEAR && L->n_b > 0 && !o->relu && rows;
 }
 
-/* The cuBLASLt plans of layer i for n samples, the forward of each of its
- * GEMMs; a GEMM cuBLASLt has no plan for keeps the cuBLAS path and our bias
- * kernel, and the first such reason is kept for describe. Activations sit
- * at 256-byte offsets of their arenas or allocations; 16 bytes is what the
- * plans assume of them, and a call below it takes the cuBLAS path
- * (sf_linear_lt_fwd). */
-static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
+/* Stand-ins a GEMM's algorithms are timed on: its input and output, each
+ * bytes long and filled with random values, and a workspace; freed by
+ * lt_tune_free. All NULL where the device has no room (the plans then take
+ * cuBLASLt's first algorithm). */
+typedef struct lt_tune {
+    void *x, *y, *ws;
+} lt_tune;
+
+static int lt_tune_alloc(sf_cuda_net *net, size_t bytes, lt_tune *t)
+{
+    memset(t, 0, sizeof *t);
+    const gen_net *g = net->g;
+    if (cudaMalloc(&t->x, bytes) != cudaSuccess || cudaMalloc(&t->y, bytes) != cudaSuccess ||
+        cudaMalloc(&t->ws, net->blas_ctx.ws_bytes ? net->blas_ctx.ws_bytes : 1) != cudaSuccess ||
+        sf_cuda_fill_random_dt(g->dt, t->x, bytes / g->es, 11, 1.f, net->s)) {
+        cudaGetLastError();
+        sf_cuda_clear_error();
+        cudaFree(t->x);
+        cudaFree(t->y);
+        cudaFree(t->ws);
+        memset(t, 0, sizeof *t);
+        return -1;
+    }
+    return 0;
+}
+
+static void lt_tune_free(lt_tune *t)
+{
+    cudaFree(t->x);
+    cudaFree(t->y);
+    cudaFree(t->ws);
+}
+
+/* The cuBLASLt plans of layer i for n samples: the forward of each of its
+ * GEMMs and, where that has one, its backward-data GEMM; a GEMM cuBLASLt has
+ * no plan for keeps the cuBLAS path (and our bias kernel), and the first such
+ * reason is kept for describe. With timing (the plans of the first batch
+ * size, built before the arenas exist, net->cfg.tune > 1) each plan keeps
+ * the fastest of cuBLASLt's first eight candidates on stand-ins of its
+ * shape. Activations sit at 256-byte offsets of their arenas or
+ * allocations; 16 bytes is what the plans assume of them, and a call below
+ * it takes the cuBLAS path (sf_linear_lt_fwd). */
+static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, int timed)
 {
     const sf_layer *L = &net->m.layers[i];
     const gen_net *g = net->g;
     const int attn = L->kind == SF_L_SELF_ATTENTION;
     const int rows = n * (attn ? L->in_h : L->out_h * L->out_w);
+    const int widest = attn ? 3 * L->in_c : (L->in_c > L->out_c ? L->in_c : L->out_c);
+    lt_tune t;
+    const int tune = timed && net->cfg.tune > 1 && !net->cfg.no_lt_tune &&
+                     lt_tune_alloc(net, g->es * (size_t)rows * (size_t)widest, &t) == 0;
     for (int j = 0; j < (attn ? 2 : 1); j++) {
         const int wslot = attn ? 2 * j : 0, bslot = wslot + 1;
         sf_linear_lt_desc d;
@@ -313,6 +355,13 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
         d.w = E(g->wd, L->p_off[wslot], g->es);
         d.align_act = 16;
         d.ws_bytes = net->blas_ctx.ws_bytes;
+        if (tune) {
+            d.tune = 8;
+            d.tx = t.x;
+            d.ty = t.y;
+            d.tws = t.ws;
+            d.ts = net->s;
+        }
         char why[160] = "";
         S->lt_of++;
         int rc = sf_linear_lt_create(&S->lt[i][j], net->lt, &d, why, sizeof why);
@@ -331,7 +380,23 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n)
             continue;
         }
         S->lt_n++;
+        if (!net->cfg.no_lt_tune) { /* its backward-data GEMM, where cuBLASLt has a plan */
+            sf_linear_lt_desc dd = d;
+            dd.dgrad = 1;
+            dd.b = NULL;
+            dd.b_bf16 = 0;
+            if (sf_linear_lt_create(&S->ltd[i][j], net->lt, &dd, why, sizeof why))
+                S->ltd[i][j] = NULL;
+        }
+        for (sf_linear_lt *p : {S->lt[i][j], S->ltd[i][j]}) {
+            int pick, of;
+            sf_linear_lt_pick(p, &pick, &of);
+            S->lt_timed += of > 1;
+            S->lt_other += pick > 0;
+        }
     }
+    if (tune)
+        lt_tune_free(&t);
 }
 
 /* Plans for batch size n; a plan of workspace kind k may use lim[k] bytes and
@@ -352,7 +417,7 @@ int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3
         const gop *o = &g->op[i];
         const int dirs = g_dirs(o);
         if (g_lt_wants(net, i))
-            g_lt_plans(net, S, i, n);
+            g_lt_plans(net, S, i, n, tp != NULL);
         if (L->kind == SF_L_CONV2D) {
             for (int dir = 0; dir < 3; dir++) {
                 if (!(dirs & (1 << dir)))
@@ -652,11 +717,19 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
     }
     if (at < len && S->lt_of) {
         const int all = S->lt_n == S->lt_of;
+        int n_ltd = 0;
+        for (int i = 0; i < g->nl; i++)
+            n_ltd += (S->ltd[i][0] != NULL) + (S->ltd[i][1] != NULL);
+        char timed[160] = "";
+        if (S->lt_timed)
+            snprintf(timed, sizeof timed, "; algorithms timed for %d plans, %d of them on another than cuBLASLt's "
+                     "first", S->lt_timed, S->lt_other);
         int w = snprintf(buf + at, len - at,
-                         "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS)%s%s%s\n",
+                         "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS)%s; "
+                         "%d backward-data GEMMs on cuBLASLt%s%s%s\n",
                          S->lt_n, S->lt_of,
                          S->lt_b16 ? "; forward biases read as their bf16 copies (no plan with fp32 ones)" : "",
-                         all ? "" : ", the others on cuBLAS: ", all ? "" : S->lt_why);
+                         n_ltd, timed, all ? "" : ", the others on cuBLAS: ", all ? "" : S->lt_why);
         if (w > 0)
             at += (size_t)w;
     }

@@ -232,6 +232,7 @@ struct sf_linear_lt {
     cublasLtMatmulAlgo_t algo;
     size_t ws_bytes;
     uint32_t al_a, al_b, al_d; /* the operands' alignments the algorithm was chosen for (bytes) */
+    int pick, of;              /* the candidate kept, of those timed (1: untimed) */
 };
 
 extern "C" void sf_linear_lt_destroy(sf_linear_lt *p)
@@ -266,6 +267,65 @@ static uint32_t lt_align(const void *ptr, int cap)
     return al;
 }
 
+/* Milliseconds of one run of p with algorithm a on d's stand-ins: the best
+ * of three after one untimed; a negative value where it failed. */
+static float lt_time(const sf_linear_lt *p, cublasLtHandle_t lt, const sf_linear_lt_desc *d,
+                     const cublasLtMatmulAlgo_t *a)
+{
+    const float one = 1.f, zero = 0.f;
+    cudaEvent_t e[2];
+    if (cudaEventCreate(&e[0]) != cudaSuccess)
+        return -1.f;
+    if (cudaEventCreate(&e[1]) != cudaSuccess) {
+        cudaEventDestroy(e[0]);
+        return -1.f;
+    }
+    float best = -1.f;
+    for (int r = 0; r < 4; r++) {
+        cudaEventRecord(e[0], d->ts);
+        const cublasStatus_t st = cublasLtMatmul(lt, p->md, &one, d->w, p->a, d->tx, p->b, &zero, d->ty, p->c, d->ty,
+                                                 p->c, a, d->tws, p->ws_bytes, d->ts);
+        cudaEventRecord(e[1], d->ts);
+        float ms = 0.f;
+        if (st != CUBLAS_STATUS_SUCCESS || cudaEventSynchronize(e[1]) != cudaSuccess ||
+            cudaEventElapsedTime(&ms, e[0], e[1]) != cudaSuccess) {
+            best = -1.f;
+            break;
+        }
+        if (r > 0 && (best < 0.f || ms < best))
+            best = ms;
+    }
+    cudaEventDestroy(e[0]);
+    cudaEventDestroy(e[1]);
+    cudaGetLastError(); /* a failed candidate leaves nothing for the next call to report */
+    return best;
+}
+
+/* Keeps the fastest of cuBLASLt's n candidates for p (each valid for its
+ * shape, types, alignments and workspace), timed on d's stand-ins. */
+static void lt_pick(sf_linear_lt *p, cublasLtHandle_t lt, const sf_linear_lt_desc *d,
+                    const cublasLtMatmulHeuristicResult_t *cand, int n)
+{
+    float best = -1.f;
+    for (int k = 0; k < n; k++) {
+        if (cand[k].state != CUBLAS_STATUS_SUCCESS)
+            continue;
+        const float ms = lt_time(p, lt, d, &cand[k].algo);
+        if (ms >= 0.f && (best < 0.f || ms < best)) {
+            best = ms;
+            p->algo = cand[k].algo;
+            p->pick = k;
+        }
+    }
+    p->of = n;
+}
+
+extern "C" void sf_linear_lt_pick(const sf_linear_lt *p, int *pick, int *of)
+{
+    *pick = p ? p->pick : 0;
+    *of = p ? p->of : 0;
+}
+
 extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, const sf_linear_lt_desc *d, char *why,
                                    size_t why_len)
 {
@@ -288,14 +348,14 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
         return -1;
     }
     p->ws_bytes = d->ws_bytes;
-    const void *bias = d->b;
+    const void *bias = d->dgrad ? NULL : d->b;
     const cublasOperation_t opn = CUBLAS_OP_N, opt = CUBLAS_OP_T;
     const cudaDataType_t bt = d->b_bf16 ? CUDA_R_16BF : CUDA_R_32F, dtype = t;
     const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
     LT_PLAN(cublasLtMatmulDescCreate(&p->md, ct, CUDA_R_32F));
     /* column-major, as the cuBLAS functions above: y^T [out, rows] =
-     * (w [in, out])^T . x^T [in, rows] */
-    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt));
+     * (w [in, out])^T . x^T [in, rows]; dgrad: dx^T [in, rows] = w [in, out] . dy^T [out, rows] */
+    LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSA, d->dgrad ? &opn : &opt, sizeof opt));
     LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof opn));
     LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     if (bias) {
@@ -303,9 +363,10 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
         const int32_t bt32 = (int32_t)bt; /* fp32 even beside bf16 outputs unless b_bf16 (default: D's type) */
         LT_PLAN(cublasLtMatmulDescSetAttribute(p->md, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt32, sizeof bt32));
     }
+    const int k_in = d->dgrad ? d->out : d->in, m_out = d->dgrad ? d->in : d->out; /* B's rows, D's rows */
     LT_PLAN(cublasLtMatrixLayoutCreate(&p->a, t, (uint64_t)d->in, (uint64_t)d->out, d->in));
-    LT_PLAN(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)d->in, (uint64_t)d->rows, d->in));
-    LT_PLAN(cublasLtMatrixLayoutCreate(&p->c, dtype, (uint64_t)d->out, (uint64_t)d->rows, d->out));
+    LT_PLAN(cublasLtMatrixLayoutCreate(&p->b, t, (uint64_t)k_in, (uint64_t)d->rows, k_in));
+    LT_PLAN(cublasLtMatrixLayoutCreate(&p->c, dtype, (uint64_t)m_out, (uint64_t)d->rows, m_out));
     cublasLtMatmulPreference_t pref = NULL;
     LT_PLAN(cublasLtMatmulPreferenceCreate(&pref));
     /* Alignments: the weight's (A) own, the activations' as the caller
@@ -336,12 +397,15 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &red,
                                                   sizeof red);
-    cublasLtMatmulHeuristicResult_t res;
+    enum { CANDIDATES = 8 };
+    cublasLtMatmulHeuristicResult_t cand[CANDIDATES];
+    const int want = d->tune > 1 && d->tx && d->ty && d->tws ? (d->tune < CANDIDATES ? d->tune : CANDIDATES) : 1;
     int found = 0;
-    memset(&res, 0, sizeof res);
+    memset(cand, 0, sizeof cand);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulAlgoGetHeuristic(lt, p->md, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+        st = cublasLtMatmulAlgoGetHeuristic(lt, p->md, p->a, p->b, p->c, p->c, pref, want, cand, &found);
     cublasLtMatmulPreferenceDestroy(pref);
+    const cublasLtMatmulHeuristicResult_t &res = cand[0];
     if (st != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
         snprintf(why, why_len, "no cuBLASLt algorithm for %d x %d -> %d %s%s (%s)", d->rows, d->in, d->out,
                  d->dt == SF_DT_BF16 ? "bf16" : d->tf32 ? "tf32" : "fp32",
@@ -352,6 +416,9 @@ extern "C" int sf_linear_lt_create(sf_linear_lt **out, cublasLtHandle_t lt, cons
         return -1;
     }
     p->algo = res.algo;
+    p->of = 1;
+    if (found > 1)
+        lt_pick(p, lt, d, cand, found);
     *out = p;
     return 0;
 }
@@ -371,4 +438,10 @@ extern "C" int sf_linear_lt_fwd(const sf_linear_lt *p, cublasLtHandle_t lt, cons
                                 void *ws, cudaStream_t s)
 {
     return lt_run(p, lt, w, x, y, ws, s);
+}
+
+extern "C" int sf_linear_lt_bwd_data(const sf_linear_lt *p, cublasLtHandle_t lt, const void *dy, const void *w,
+                                     void *dx, void *ws, cudaStream_t s)
+{
+    return lt_run(p, lt, w, dy, dx, ws, s);
 }

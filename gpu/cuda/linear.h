@@ -114,6 +114,16 @@ typedef struct sf_linear_lt_desc {
     const void *w;    /* the weight the calls pass (its alignment is planned for) */
     int align_act;    /* bytes every activation pointer (x, y) is aligned to, 1..256 */
     size_t ws_bytes;  /* the workspace each call passes */
+    int dgrad;        /* 1: the backward-data GEMM dx [rows, in] = dy [rows, out] w instead (b unused) */
+    /* Timing: with tune > 1 and the stand-ins below, up to tune (at most 8)
+     * of cuBLASLt's candidate algorithms run on them and the fastest is kept
+     * (its first candidate is up to a quarter slower on some of ViT-B's
+     * shapes); else its first candidate, untimed. */
+    int tune;
+    const void *tx;   /* the GEMM's input, [rows, in] (dgrad: [rows, out]) */
+    void *ty;         /* its output, [rows, out] (dgrad: [rows, in]) */
+    void *tws;        /* a workspace of ws_bytes */
+    cudaStream_t ts;
 } sf_linear_lt_desc;
 
 typedef struct sf_linear_lt sf_linear_lt;
@@ -128,6 +138,11 @@ void sf_linear_lt_destroy(sf_linear_lt *p);
  * 1 (a pointer below the planned alignment: nothing ran), -1 (error set). */
 int sf_linear_lt_fwd(const sf_linear_lt *p, cublasLtHandle_t lt, const void *x, const void *w, void *y, void *ws,
                      cudaStream_t s);
+/* dx = dy w for a plan made with dgrad; returns as sf_linear_lt_fwd. */
+int sf_linear_lt_bwd_data(const sf_linear_lt *p, cublasLtHandle_t lt, const void *dy, const void *w, void *dx,
+                          void *ws, cudaStream_t s);
+/* Which of cuBLASLt's candidates the plan runs (0: its first) and of how many it timed. */
+void sf_linear_lt_pick(const sf_linear_lt *p, int *pick, int *of);
 
 /* ---- per pixel over a map's channels (linear "over": "channels") ------------ */
 /* x [n, in, hw], y and dy [n, out, hw] in layout lay (hw = 1: flat tensors,

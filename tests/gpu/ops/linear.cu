@@ -183,7 +183,74 @@ static void test_linear_map(cublasHandle_t blas, cudaStream_t s, sf_dtype dt, sf
  * cuBLASLt's reason (the executor then keeps the cuBLAS path), but what
  * builds must compute the right values. A call with an input one element past a
  * 16-byte boundary must return 1 and leave the output alone, and the
- * forward must replay from a captured CUDA graph. */
+ * forward must replay from a captured CUDA graph. Then the plans timed on
+ * stand-ins (tune 8: the fastest of cuBLASLt's candidates) for the forward
+ * and for the backward-data GEMM (dgrad, dx = dy w, no bias) against the
+ * reference, within the same tol. */
+/* test_linear_lt's timed plans: d as its untimed forward plan was made, on
+ * bx, bw (by: its output buffer, yr the expected forward). */
+static void test_linear_lt_timed(cublasLtHandle_t lt, cudaStream_t s, void *ws, sf_linear_lt_desc d, const dbuf &bx,
+                                 const dbuf &bw, dbuf &by, const std::vector<double> &yr, const std::vector<float> &x,
+                                 const std::vector<float> &w, const char *name, double tol)
+{
+    char nm[260];
+    const int rows = d.rows, in = d.in, out = d.out, wide = in > out ? in : out;
+    dbuf tx = dbuf_make(d.dt, (size_t)rows * wide, 0), ty = dbuf_make(d.dt, (size_t)rows * wide, 0);
+    void *tws = NULL;
+    CU(cudaMalloc(&tws, d.ws_bytes ? d.ws_bytes : 1));
+    poison_dt(tx);
+    d.tune = 8;
+    d.tx = tx.p;
+    d.ty = ty.p;
+    d.tws = tws;
+    d.ts = s;
+    for (int dgrad = 0; dgrad < 2; dgrad++) {
+        sf_linear_lt_desc dd = d;
+        dd.dgrad = dgrad;
+        if (dgrad)
+            dd.b = NULL, dd.b_bf16 = 0;
+        sf_linear_lt *p = NULL;
+        char why[160] = "";
+        snprintf(nm, sizeof nm, "%s %s, timed", name, dgrad ? "backward data" : "fwd");
+        if (sf_linear_lt_create(&p, lt, &dd, why, sizeof why)) {
+            fail(nm, why);
+            continue;
+        }
+        int pick, of;
+        sf_linear_lt_pick(p, &pick, &of);
+        snprintf(nm, sizeof nm, "%s %s, timed (candidate %d of %d)", name, dgrad ? "backward data" : "fwd", pick, of);
+        if (!dgrad) {
+            poison_dt(by);
+            const int rc = sf_linear_lt_fwd(p, lt, bx.p, bw.p, by.p, ws, s);
+            CU(cudaStreamSynchronize(s));
+            if (rc)
+                fail(nm, rc < 0 ? sf_cuda_last_error() : "returned 1 on aligned pointers");
+            else
+                check_gemm(nm, d.dt, down_dt(by, yr.size()), yr, tol);
+        } else {
+            /* dx = dy w with dy random [rows, out] */
+            std::vector<float> dy((size_t)rows * out);
+            rand_fill_dt(dy, d.dt, 1.f);
+            std::vector<double> xd = to_d(x), wd = to_d(w), dyd = to_d(dy), dxr((size_t)rows * in),
+                                dwr((size_t)out * in), dbr(out);
+            sf_ref_linear_bwd_f64(xd.data(), rows, in, wd.data(), out, dyd.data(), dxr.data(), dwr.data(), dbr.data());
+            dbuf bdy = dbuf_make(d.dt, dy.size(), 0), bdx = dbuf_make(d.dt, dxr.size(), 0);
+            up_dt(bdy, dy);
+            poison_dt(bdx);
+            const int rc = sf_linear_lt_bwd_data(p, lt, bdy.p, bw.p, bdx.p, ws, s);
+            CU(cudaStreamSynchronize(s));
+            if (rc)
+                fail(nm, rc < 0 ? sf_cuda_last_error() : "returned 1 on aligned pointers");
+            else
+                check_gemm(nm, d.dt, down_dt(bdx, dxr.size()), dxr, tol);
+            dbuf_free(bdy); dbuf_free(bdx);
+        }
+        sf_linear_lt_destroy(p);
+    }
+    dbuf_free(tx); dbuf_free(ty);
+    cudaFree(tws);
+}
+
 static void test_linear_lt(cublasLtHandle_t lt, cudaStream_t s, void *ws, size_t ws_bytes, sf_dtype dt, int tf32,
                            int rows, int in, int out, int bias, int must, double tol)
 {
@@ -267,6 +334,8 @@ static void test_linear_lt(cublasLtHandle_t lt, cudaStream_t s, void *ws, size_t
             cudaGraphDestroy(gr);
     }
     sf_linear_lt_destroy(pf);
+    if (!cf)
+        test_linear_lt_timed(lt, s, ws, d, bx, bw, by, yr, x, w, name, tol);
     dbuf_free(bx); dbuf_free(bxm); dbuf_free(bw); dbuf_free(by); dbuf_free(bb16);
     cudaFree(db);
 }

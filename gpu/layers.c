@@ -690,6 +690,22 @@ static int select_token_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shap
     return 0;
 }
 
+/* [T, C] tokens as [C, T]: C tokens of T features, so that a linear layer
+ * mixes the tokens (MLP-Mixer). */
+static int transpose_tokens_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err,
+                                  size_t errlen)
+{
+    if (need_tokens(in, "transpose_tokens swaps a token sequence's two dimensions", err, errlen))
+        return -1;
+    if (in->c > SF_MAX_SPATIAL) {
+        sf_errf(err, errlen, "%d features become %d tokens, too many (at most %d)", in->c, in->c, SF_MAX_SPATIAL);
+        return -1;
+    }
+    L->out_c = in->h;
+    *out = (sf_shape){in->h, in->c, 1, 0, 1};
+    return 0;
+}
+
 static int token_mean_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     if (need_tokens(in, "token_mean averages a token sequence", err, errlen))
@@ -1180,6 +1196,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .shape = select_token_shape, .ref_fwd = sf_ref_layer_select_token_fwd,
         .ref_bwd = sf_ref_layer_select_token_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "the first token (the class token) of a sequence as features: [T, C] to [C]"},
+    [SF_L_TRANSPOSE_TOKENS] = {
+        .name = "transpose_tokens", .torch = "x.transpose(1, 2) of tokens [N, T, C]", .min_in = 1, .max_in = 1,
+        .fields = no_fields, .shape = transpose_tokens_shape, .ref_fwd = sf_ref_layer_transpose_tokens_fwd,
+        .ref_bwd = sf_ref_layer_transpose_tokens_bwd, .cuda = 1, .cuda_tokens = 1,
+        .doc = "a token sequence [T, C] as C tokens of T features, [C, T], so that a linear layer or a layer "
+               "norm after it works across the tokens (MLP-Mixer's token mixing; a second one turns it back)"},
     [SF_L_TOKEN_MEAN] = {
         .name = "token_mean", .torch = "x[:, start:].mean(dim=1)", .min_in = 1, .max_in = 1,
         .fields = token_mean_fields, .shape = token_mean_shape, .ref_fwd = sf_ref_layer_token_mean_fwd,

@@ -111,6 +111,7 @@ typedef enum sf_layer_kind {
     SF_L_PAD,      /* F.pad of a map's width and height: constant, reflect, replicate or circular */
     SF_L_CLAMP,    /* min(max(x, min), max) elementwise, either bound optional (torch.clamp, nn.Hardtanh) */
     SF_L_TOKEN_MEAN, /* [T, C] -> [C]: the mean of tokens start..T-1 (x[:, start:].mean(dim=1)) */
+    SF_L_TRANSPOSE_TOKENS, /* [T, C] -> [C, T]: x.transpose(1, 2) of a token sequence (MLP-Mixer's token mixing) */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;

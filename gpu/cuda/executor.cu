@@ -434,6 +434,10 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
             if (sf_cuda_token_mean_fwd_dt(dt, x, n, L->in_h, L->in_c, L->start, o->y, s))
                 return -1;
             break;
+        case SF_L_TRANSPOSE_TOKENS: /* [T, C] read as a [T, C] NCHW map: to_tokens' transpose */
+            if (sf_cuda_tokens_from_map_dt(dt, SF_LAYOUT_NCHW, x, n, L->in_h, (size_t)L->in_c, o->y, s))
+                return -1;
+            break;
         case SF_L_SELF_ATTENTION:
             if (g_attention_fwd(net, S, i, n, x, ws, s))
                 return -1;
@@ -811,34 +815,6 @@ static int g_bn_bwd(sf_cuda_net *net, int i, int b, int n, const void *ymask, vo
     return 0;
 }
 
-/* Backward of the token-sequence kinds (to_tokens, class_token,
- * pos_embedding, select_token, token_mean) of layer i over n samples, into dx (NULL:
- * not wanted) and the layer's parameter gradient. */
-static int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len, cudaStream_t s)
-{
-    const gen_net *g = net->g;
-    const sf_layer *L = &net->m.layers[i];
-    const gop *o = &g->op[i];
-    const sf_dtype dt = g->dt;
-    switch (L->kind) {
-    case SF_L_TO_TOKENS:
-        return dx && sf_cuda_tokens_to_map_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->in_h * L->in_w, dx, s) ? -1
-                                                                                                               : 0;
-    case SF_L_CLASS_TOKEN:
-        return sf_cuda_prepend_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, net->grads + L->w_off, s) ? -1 : 0;
-    case SF_L_POS_EMBEDDING: /* the input's gradient is dy itself */
-        if (sf_cuda_add_bcast_bwd_dt(dt, o->dy, n, L->out_elems, net->grads + L->w_off, s))
-            return -1;
-        if (dx)
-            SF_CUDA_CHECK(cudaMemcpyAsync(dx, o->dy, g->es * in_len, cudaMemcpyDeviceToDevice, s));
-        return 0;
-    case SF_L_TOKEN_MEAN:
-        return dx && sf_cuda_token_mean_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, L->start, dx, s) ? -1 : 0;
-    default: /* SF_L_SELECT_TOKEN */
-        return dx && sf_cuda_select_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, s) ? -1 : 0;
-    }
-}
-
 /* Backward of buffer b's n samples, from the last layer's dy down to the
  * first trainable layer, each layer's gradients reduced or normed as they
  * are complete. */
@@ -944,6 +920,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
         case SF_L_POS_EMBEDDING:
         case SF_L_SELECT_TOKEN:
         case SF_L_TOKEN_MEAN:
+        case SF_L_TRANSPOSE_TOKENS:
             if (g_tokens_bwd(net, i, n, dx, in_len, s))
                 return -1;
             break;

@@ -1,8 +1,9 @@
 /* gpu/cuda/executor_moves.cu — the executor's layers that move values with
  * at most a weighted sum of a few: ShuffleNet's channel shuffle, the channel
  * slice, the pixel shuffle and its inverse, upsampling (nearest or
- * bilinear), and the pad (its cases in executor_pad.cu). Declared in
- * executor_graph.h. */
+ * bilinear), the pad (its cases in executor_pad.cu), and the token
+ * sequences' backward (a transpose, a scatter, a sum over the samples).
+ * Declared in executor_graph.h. */
 #include "gpu/cuda/executor_graph.h"
 
 /* The kinds g_moves_fwd and g_moves_bwd run. */
@@ -69,5 +70,36 @@ int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s)
         const sf_up_rule p = sf_layer_up_rule(L);
         return sf_cuda_upsample_bwd_dt(g->dt, g->lay, dy, n, L->in_c, &p, dx, s);
     }
+    }
+}
+
+/* Backward of the token-sequence kinds (to_tokens, class_token,
+ * pos_embedding, select_token, token_mean, transpose_tokens) of layer i over n samples, into dx (NULL:
+ * not wanted) and the layer's parameter gradient. */
+int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len, cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const gop *o = &g->op[i];
+    const sf_dtype dt = g->dt;
+    switch (L->kind) {
+    case SF_L_TO_TOKENS:
+        return dx && sf_cuda_tokens_to_map_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->in_h * L->in_w, dx, s) ? -1
+                                                                                                               : 0;
+    case SF_L_CLASS_TOKEN:
+        return sf_cuda_prepend_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, net->grads + L->w_off, s) ? -1 : 0;
+    case SF_L_POS_EMBEDDING: /* the input's gradient is dy itself */
+        if (sf_cuda_add_bcast_bwd_dt(dt, o->dy, n, L->out_elems, net->grads + L->w_off, s))
+            return -1;
+        if (dx)
+            SF_CUDA_CHECK(cudaMemcpyAsync(dx, o->dy, g->es * in_len, cudaMemcpyDeviceToDevice, s));
+        return 0;
+    case SF_L_TOKEN_MEAN:
+        return dx && sf_cuda_token_mean_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, L->start, dx, s) ? -1 : 0;
+    case SF_L_TRANSPOSE_TOKENS: /* dy [C, T] back to [T, C] */
+        return dx && sf_cuda_tokens_from_map_dt(dt, SF_LAYOUT_NCHW, o->dy, n, L->in_c, (size_t)L->in_h, dx, s) ? -1
+                                                                                                                : 0;
+    default: /* SF_L_SELECT_TOKEN */
+        return dx && sf_cuda_select_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, s) ? -1 : 0;
     }
 }

@@ -117,6 +117,8 @@ void sf_ref_layer_pos_embedding_bwd(const sf_ref_io *io);
 void sf_ref_layer_select_token_fwd(const sf_ref_io *io);
 void sf_ref_layer_select_token_bwd(const sf_ref_io *io);
 void sf_ref_layer_token_mean_fwd(const sf_ref_io *io);
+void sf_ref_layer_transpose_tokens_fwd(const sf_ref_io *io);
+void sf_ref_layer_transpose_tokens_bwd(const sf_ref_io *io);
 void sf_ref_layer_token_mean_bwd(const sf_ref_io *io);
 /* attention.c: self_attention */
 void sf_ref_layer_attention_fwd(const sf_ref_io *io);

@@ -1,8 +1,9 @@
 /* gpu/ref/tokens.c — reference token-sequence layers of a Vision
  * Transformer, forward and backward, in float and double (_f64): a map as
  * tokens (to_tokens), the class token in front (class_token), the position
- * embedding (pos_embedding), the first token as features (select_token) and
- * the tokens' mean (token_mean), and their hooks. A token sequence is [n, t, c], token-major. Contracts in
+ * embedding (pos_embedding), the first token as features (select_token),
+ * the tokens' mean (token_mean) and the sequence transposed
+ * (transpose_tokens), and their hooks. A token sequence is [n, t, c], token-major. Contracts in
  * gpu/ref/layers.h. */
 #ifndef T
 #include "gpu/ref/ref.h"
@@ -70,6 +71,22 @@ void sf_ref_layer_select_token_bwd(const sf_ref_io *io)
     if (!io->want[0])
         return;
     sf_ref_select_token_bwd(io->dy, io->n, L->in_h, L->in_c, io->scratch);
+    io->give(io, 0, io->scratch);
+}
+
+/* [T, C] to [C, T] per sample, and its gradient back. */
+void sf_ref_layer_transpose_tokens_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_transpose(io->x[0], io->n, L->in_h, L->in_c, io->y);
+}
+
+void sf_ref_layer_transpose_tokens_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (!io->want[0])
+        return;
+    sf_ref_transpose(io->dy, io->n, L->in_c, L->in_h, io->scratch);
     io->give(io, 0, io->scratch);
 }
 

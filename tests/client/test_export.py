@@ -135,6 +135,8 @@ def run_spec(spec, tensors, x):
             y = F.linear((att @ split(v)).transpose(1, 2).flatten(2), p("out_proj.weight"), p("out_proj.bias"))
         elif t == "select_token":
             y = a[0][:, 0]
+        elif t == "transpose_tokens":
+            y = a[0].transpose(1, 2)
         elif t == "token_mean":
             y = a[0][:, layer.get("start", 0):].mean(1)
         elif t == "channel_shuffle":

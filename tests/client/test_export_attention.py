@@ -5,6 +5,7 @@ written out, the heads merged, a proj Linear. Each spelling users write
 exports as one self_attention layer named by the module holding both
 projections, keeping their parameter names (param_names), and the spec
 computes the module; a step that leaves the pattern is refused naming it.
+A token sequence transposed (MLP-Mixer's token mixing: transpose_tokens).
 The mean over the tokens a ViT's head may read instead of the class token
 (token_mean, ``x[:, 1:].mean(dim=1)`` as timm's average pooling). Training
 against PyTorch is tests/integration/test_export_parity.py's hand-written
@@ -219,3 +220,31 @@ def test_other_means_and_slices_of_tokens_are_refused(pool, why):
         convert(Pooled(pool), (1, 3, 8, 8))
     assert why in str(e.value), str(e.value)
 
+
+
+class TokenMixing(nn.Module):
+    """MLP-Mixer's token mixing: a Linear over the tokens of the transposed
+    sequence, spelled transpose(1, 2) or permute(0, 2, 1)."""
+
+    def __init__(self, spelling):
+        super().__init__()
+        self.spelling = spelling
+        self.embed = nn.Conv2d(3, DIM, 4, 4)
+        self.mix = nn.Linear(4, 6)
+        self.head = nn.Linear(DIM, 5)
+
+    def forward(self, x):
+        x = self.embed(x).flatten(2).transpose(1, 2)  # 4 tokens of DIM
+        if self.spelling == "permute":
+            y = self.mix(x.permute(0, 2, 1)).permute(0, 2, 1)
+        else:
+            y = self.mix(x.transpose(1, 2)).transpose(-1, -2)
+        return self.head(y.mean(1))
+
+
+@pytest.mark.parametrize("spelling", ["transpose", "permute"])
+def test_a_token_sequence_transposed_is_transpose_tokens(spelling):
+    torch.manual_seed(5)
+    ex = assert_spec_computes_the_module(TokenMixing(spelling), hw=8)
+    assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", "to_tokens", "transpose_tokens", "linear",
+                                                               "transpose_tokens", "token_mean", "linear"]

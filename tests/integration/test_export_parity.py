@@ -892,6 +892,23 @@ def test_a_hand_written_vision_transformer_trains_with_adamw_like_pytorch(start_
     assert_trains_with_adamw_like_pytorch(s, build, model, 32, "hand-written ViT")
 
 
+def test_a_hand_written_mlp_mixer_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker):
+    """An MLP-Mixer as users write it (hand_written_mixer.py): the token
+    mixing's transposes are transpose_tokens layers around a per-token MLP
+    over the 16 tokens, and it trains five AdamW steps like PyTorch,
+    evaluates like the module and its checkpoint loads back strictly."""
+    from hand_written_mixer import Mixer
+    torch.manual_seed(8)
+    model = Mixer()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=32, optimizer="adamw")
+    spec = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]
+    kinds = [layer["type"] for layer in spec["layers"]]
+    assert kinds.count("transpose_tokens") == 4 and kinds[-2:] == ["token_mean", "linear"], kinds
+    info = {layer["name"]: layer for layer in s.get("/v1/model").json()["layers"]}
+    assert info["blocks.0.mlp_tokens.fc1"]["out"] == [32, 32]  # 32 channels as tokens of 16 -> 32 features
+    assert_trains_with_adamw_like_pytorch(s, Mixer, model, 32, "hand-written MLP-Mixer")
+
+
 def assert_trains_with_adamw_like_pytorch(s, build, model, hw, name):
     """Five AdamW steps on the service and in PyTorch from the same weights
     and batches, then the eval logits and the checkpoint loaded back into a

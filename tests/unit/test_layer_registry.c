@@ -509,6 +509,18 @@ static void parameters_keep_the_names_param_names_gives_them(void **state)
                       "it has none");
     expect_json_error(HEAD "{\"type\":\"batchnorm2d\",\"param_names\":{\"weight\":\"running_var\"}}]}",
                       "layer 0", "its buffer's name \"running_var\"");
+    /* transpose_tokens: 4 tokens of 8 as 8 tokens of 4; only of tokens */
+    assert_int_equal(sf_model_from_json("{\"input\":[3,8,8],\"classes\":8,\"layers\":[{\"type\":\"conv2d\","
+                                        "\"out\":8,\"k\":4,\"stride\":4},{\"type\":\"to_tokens\"},"
+                                        "{\"type\":\"transpose_tokens\",\"name\":\"tt\"},"
+                                        "{\"type\":\"linear\",\"name\":\"mix\",\"out\":6},"
+                                        "{\"type\":\"transpose_tokens\"},{\"type\":\"select_token\"}]}",
+                                        &m, err, sizeof err), 0);
+    const sf_layer *tt = layer_named(&m, "tt");
+    assert_true(tt->tokens && tt->in_h == 4 && tt->in_c == 8 && tt->out_h == 8 && tt->out_ch == 4);
+    assert_true(layer_named(&m, "mix")->out_h == 8 && layer_named(&m, "mix")->out_ch == 6);
+    assert_true(m.layers[4].tokens && m.layers[4].out_h == 6 && m.layers[4].out_ch == 8);
+    expect_json_error(HEAD "{\"type\":\"transpose_tokens\"}]}", "layer 0 (transpose_tokens)", "token sequence");
     /* a map's layer scale is [C,1,1], or [C] with "vector"; flat features have none */
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"layer_scale\",\"name\":\"a\"},"
                                         "{\"type\":\"layer_scale\",\"name\":\"b\",\"vector\":true}]}",

@@ -3,7 +3,7 @@
  * avgpool2d, adaptive_avgpool2d, layernorm2d, layernorm, linear over
  * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode, a
  * Vision Transformer's to_tokens, class_token, pos_embedding,
- * self_attention, select_token, token_mean, with linear and layernorm on tokens,
+ * self_attention, select_token, token_mean, transpose_tokens, with linear and layernorm on tokens,
  * ShuffleNet's channel_shuffle and channel_slice, and pad in each mode):
  *   - each kernel's backward against central finite differences of its
  *     forward, in double (the _f64 functions of gpu/ref), and the float
@@ -366,6 +366,16 @@ static void st_bwd(const kcase *k, double *const *v, const double *dy, double *c
     sf_ref_select_token_bwd_f64(dy, k->a[0], k->a[1], k->a[2], g[0]);
 }
 
+/* tokens transposed: a = n t c; [t, c] -> [c, t] and back */
+static void tt_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_transpose_f64(v[0], k->a[0], k->a[1], k->a[2], y);
+}
+static void tt_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_transpose_f64(dy, k->a[0], k->a[2], k->a[1], g[0]);
+}
+
 /* token mean: a = n t c start */
 static void tm_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -525,6 +535,7 @@ static const kcase kcases[] = {
     {"position embedding", 2, {3 * 10, 10}, 3 * 10, 1, {3, 10}, pe_fwd, pe_bwd, NULL},
     {"select token", 1, {2 * 3 * 4}, 2 * 4, 1, {2, 3, 4}, st_fwd, st_bwd, NULL},
     {"token mean", 1, {2 * 3 * 4}, 2 * 4, 1, {2, 3, 4, 0}, tm_fwd, tm_bwd, NULL},
+    {"tokens transposed", 1, {2 * 3 * 5}, 2 * 3 * 5, 1, {2, 3, 5}, tt_fwd, tt_bwd, NULL},
     {"token mean from token 1", 1, {2 * 5 * 3}, 2 * 3, 1, {2, 5, 3, 1}, tm_fwd, tm_bwd, NULL},
     {"self-attention, 2 heads", 5, {2 * 5 * 4, 3 * 4 * 4, 3 * 4, 4 * 4, 4}, 2 * 5 * 4, 2, {2, 5, 4, 2}, sa_fwd,
      sa_bwd, sa_fwd_f32},

@@ -53,6 +53,8 @@ from torch import nn
 from .export_attention import HEADS_HINT, QkvAttention, match as match_attention, multihead_query
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_check import check_trace, forward_failed, propagate, static_number
+from .export_nodes import (_dims_of, _is_chunk_or_split, _is_method_or, _meta_shape, _only_user, _op_name,
+                           _path_of)
 from .export_params import conv_call, linear_call, prelu_call, scale_param
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
@@ -175,34 +177,6 @@ class _Builder:
         return _Val(idx, shape, nhwc, tokens)
 
 
-def _path_of(node: torch.fx.Node) -> str:
-    """The module path of a node: its target for call_module, else the
-    innermost module whose forward() made it ("" at the top level)."""
-    if node.op == "call_module":
-        return str(node.target)
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    last = list(stack.values())[-1]
-    return str(last[0] if isinstance(last, tuple) else last)
-
-
-def _op_name(node: torch.fx.Node, module: Optional[nn.Module] = None) -> str:
-    if node.op == "call_module" and module is not None:
-        cls = type(module)
-        return f"{cls.__module__}.{cls.__qualname__}"
-    if node.op == "call_method":
-        return f"Tensor.{node.target}"
-    t = node.target
-    mod = getattr(t, "__module__", None) or ""
-    name = getattr(t, "__name__", str(t))
-    if mod in ("_operator", "operator"):
-        return f"operator.{name}"
-    if mod.startswith("torch.nn.functional") or (mod == "torch._C._nn"):
-        return f"torch.nn.functional.{name}"
-    return f"{mod}.{name}" if mod else name
-
-
 def _hw(v: Any) -> Tuple[int, int]:
     """An int or an (h, w) pair, as a pair."""
     if isinstance(v, (tuple, list)):
@@ -243,38 +217,8 @@ def _need_nchw(x: _Val, op: str, path: str) -> None:
                           "dropout and adds are supported on tokens", op=op, module_path=path)
 
 
-def _meta_shape(node: torch.fx.Node) -> Optional[Tuple[int, ...]]:
-    tm = node.meta.get("tensor_meta")
-    if tm is None or not hasattr(tm, "shape"):
-        return None
-    return tuple(int(d) for d in tm.shape)
-
-
 _POOL_FUNCTIONS: Dict[Any, str] = {F.max_pool2d: "maxpool2d", torch.max_pool2d: "maxpool2d",
                                    F.max_pool2d_with_indices: "maxpool2d", F.avg_pool2d: "avgpool2d"}
-
-
-def _only_user(n: torch.fx.Node) -> Optional[torch.fx.Node]:
-    users = list(n.users)
-    return users[0] if len(users) == 1 else None
-
-
-def _is_chunk_or_split(n: torch.fx.Node) -> bool:
-    if n.op == "call_method":
-        return n.target in ("chunk", "split", "split_with_sizes")
-    return n.op == "call_function" and n.target in (torch.chunk, torch.split)
-
-
-def _dims_of(n: torch.fx.Node, first: int) -> Tuple[Any, Any]:
-    """The two dimension arguments of a transpose or a flatten (args from
-    position first on, or their keywords)."""
-    keys = ("dim0", "dim1") if "transpose" in str(n.target) else ("start_dim", "end_dim")
-    a = [n.args[first + i] if len(n.args) > first + i else n.kwargs.get(k) for i, k in enumerate(keys)]
-    return a[0], a[1]
-
-
-def _is_method_or(n: torch.fx.Node, names: Tuple[str, ...], fns: Tuple[Any, ...]) -> bool:
-    return (n.op == "call_method" and n.target in names) or (n.op == "call_function" and n.target in fns)
 
 
 class _Converter:
@@ -1049,14 +993,18 @@ class _Converter:
             pair = {int(arg(1, "dim0")) % 3, int(arg(2, "dim1")) % 3}
             if x.ct and pair == {1, 2}:
                 return self.to_tokens(n, x)
-            raise ExportError("transposes other than a [N,C,H*W] map to [N,H*W,C] tokens", op=op, module_path=path,
-                              supported=_supported_functions())
+            if x.tokens and pair == {1, 2}:
+                return self.transpose_tokens(n, x)
+            raise ExportError("transposes other than a [N,C,H*W] map to [N,H*W,C] tokens and the two dimensions of "
+                              "a token sequence", op=op, module_path=path, supported=_supported_functions())
         if t is torch.permute or meth == "permute":
             x = self.val(n.args[0], n)
             raw: Any = n.args[1:] if meth and len(n.args) > 2 else (arg(1, "dims") or n.kwargs.get("dims"))
             dims = tuple(int(d) for d in raw)
             if x.ct and dims == (0, 2, 1):
                 return self.to_tokens(n, x)
+            if x.tokens and dims == (0, 2, 1):
+                return self.transpose_tokens(n, x)
             if not x.nhwc and dims == (0, 2, 3, 1) and len(x.shape) == 3:
                 return _Val(x.layer, x.shape, True)
             if x.nhwc and dims == (0, 3, 1, 2):
@@ -1149,6 +1097,11 @@ class _Converter:
     def to_tokens(self, n: torch.fx.Node, x: _Val) -> _Val:
         c, t = x.shape
         return self.b.emit("to_tokens", self.fname(n, "to_tokens"), [x], (t, c), tokens=True)
+
+    def transpose_tokens(self, n: torch.fx.Node, x: _Val) -> _Val:
+        """Tokens [T, C] as [C, T]: C tokens of T features (MLP-Mixer's
+        token mixing runs its Linear over them)."""
+        return self.b.emit("transpose_tokens", self.fname(n, "transpose"), [x], (x.shape[1], x.shape[0]), tokens=True)
 
     def class_token(self, n: torch.fx.Node, tensors: Any, dim: Any, op: str, path: str) -> _Val:
         """torch.cat([class_token.expand(n, -1, -1), x], dim=1): a [1,1,C]

@@ -74,6 +74,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "torch.flatten, Tensor.flatten, Tensor.view, Tensor.reshape": "flatten (to [N, C*H*W])",
     "F.pixel_shuffle, F.pixel_unshuffle": "pixel_shuffle, pixel_unshuffle",
     "torch.permute, Tensor.permute": "(0,2,3,1) then back (0,3,1,2), around LayerNorm, Linear, GELU",
+    "Tensor.transpose(1, 2), torch.transpose, Tensor.permute(0, 2, 1) of a token sequence":
+        "transpose_tokens (C tokens of T features: MLP-Mixer's token mixing)",
     "F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, torch.sigmoid, torch.tanh, "
     "F.tanh, Tensor.tanh, F.leaky_relu (negative_slope positional or keyword), F.elu (alpha positional or "
     "keyword), F.selu, torch.selu, F.softplus (beta, threshold positional or keyword), F.mish":

@@ -211,3 +211,50 @@ def test_sums_and_maxima_over_the_map_or_the_tokens_are_pooling(how, kinds):
 def test_other_reductions_are_refused(how, why):
     with pytest.raises(ExportError, match=why):
         convert(Reduced(how), (1, 3, 8, 8))
+
+
+class OwnLayerNorm(nn.LayerNorm):
+    """timm's LayerNorm: F.layer_norm of the module's own weight and bias."""
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class NormedHead(nn.Module):
+    def __init__(self, bias=True, extra=None):
+        super().__init__()
+        self.embed = nn.Conv2d(3, 8, 4, 4)
+        self.norm = OwnLayerNorm(8, eps=1e-6, bias=bias)
+        self.head = nn.Linear(8, 5)
+        self.extra = extra
+
+    def forward(self, x, mask=None, scale=1.0):
+        """Arguments after the batch with defaults, as timm's forward(x, attn_mask=None)."""
+        y = self.norm(self.embed(x).flatten(2).transpose(1, 2))
+        if mask is not None:
+            y = y * mask
+        return self.head(y.mean(1)) * scale
+
+
+def test_f_layer_norm_of_a_modules_own_parameters_is_its_layernorm_and_defaults_are_traced():
+    torch.manual_seed(6)
+    ex = assert_spec_computes_the_module(NormedHead(), hw=8)
+    assert ex.spec["layers"][2] == {"type": "layernorm", "name": "norm", "eps": 1e-6}
+    assert {"norm.weight", "norm.bias"} <= set(ex.tensors)
+
+
+def test_f_layer_norm_without_a_bias_is_refused():
+    with pytest.raises(ExportError, match="no weight or no bias"):
+        convert(NormedHead(bias=False), (1, 3, 8, 8))
+
+
+def test_a_second_input_without_a_default_is_refused():
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x, y):
+            return self.fc(x.mean((2, 3)) + y)
+    with pytest.raises(ExportError, match="takes 2 inputs"):
+        convert(TwoInputs(), (1, 3, 4, 4))

@@ -8,7 +8,9 @@ timm runs), or the product, scale, softmax and product written out after
 indexing the split (what it runs without fused attention, and what older
 code writes); ``pool`` the head's input: the class token ("token") or the
 mean of the other tokens ("avg", timm's global_pool="avg"); ``init_values``
-gives each block timm's LayerScale (gamma [C]) after its attention and MLP."""
+gives each block timm's LayerScale (gamma [C]) after its attention and MLP
+and timm's LayerNorm (F.layer_norm of its own weight and bias). forward()
+takes a mask as timm's does, None by default."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -28,13 +30,14 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(0.0)
 
-    def forward(self, x):
+    def forward(self, x, attn_mask=None):
         B, N, C = x.shape
         qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
         if self.fused:
             q, k, v = qkv.unbind(0)
             q, k = self.q_norm(q), self.k_norm(k)
-            x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.)
+            x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                               dropout_p=self.attn_drop.p if self.training else 0.)
         else:
             q, k, v = qkv[0], qkv[1], qkv[2]
             attn = (q @ k.transpose(-2, -1)) * self.scale
@@ -57,6 +60,14 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.act(self.fc1(x))))
 
 
+class LayerNorm(nn.LayerNorm):
+    """timm's LayerNorm: an nn.LayerNorm subclass whose forward calls
+    F.layer_norm on its own weight and bias."""
+
+    def forward(self, x):
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
 class LayerScale(nn.Module):
     """timm's LayerScale: each channel of each token times gamma [C]."""
 
@@ -71,15 +82,16 @@ class LayerScale(nn.Module):
 class Block(nn.Module):
     def __init__(self, dim, heads, fused, init_values=None):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        norm = LayerNorm if init_values else nn.LayerNorm  # the DeiT-III-like variant takes timm's
+        self.norm1 = norm(dim, eps=1e-6)
         self.attn = Attention(dim, heads, fused)
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm2 = norm(dim, eps=1e-6)
         self.mlp = Mlp(dim, dim * 2)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
 
-    def forward(self, x):
-        x = x + self.ls1(self.attn(self.norm1(x)))
+    def forward(self, x, attn_mask=None):
+        x = x + self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask))
         return x + self.ls2(self.mlp(self.norm2(x)))
 
 
@@ -91,12 +103,16 @@ class ViT(nn.Module):
         self.patch_embed = nn.Conv2d(3, dim, patch, patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.randn(1, (img // patch) ** 2 + 1, dim) * 0.02)
-        self.blocks = nn.Sequential(*[Block(dim, heads, fused, init_values) for _ in range(depth)])
+        self.blocks = nn.ModuleList([Block(dim, heads, fused, init_values) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, classes)
 
-    def forward(self, x):
+    def forward(self, x, attn_mask=None, is_causal=False):
+        """attn_mask and is_causal as timm's VisionTransformer takes them: the
+        exporter traces their defaults (no mask)."""
         x = self.patch_embed(x).flatten(2).transpose(1, 2)
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
-        x = self.norm(self.blocks(x + self.pos_embed))
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1) + self.pos_embed
+        for block in self.blocks:
+            x = block(x, attn_mask=attn_mask)
+        x = self.norm(x)
         return self.head(x[:, 1:].mean(dim=1) if self.pool == "avg" else x[:, 0])

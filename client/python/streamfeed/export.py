@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import math
 import operator
@@ -55,7 +56,7 @@ from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold,
 from .export_check import check_trace, forward_failed, propagate, static_number
 from .export_nodes import (_dims_of, _is_chunk_or_split, _is_method_or, _meta_shape, _only_user, _op_name,
                            _path_of)
-from .export_params import conv_call, linear_call, prelu_call, scale_param
+from .export_params import conv_call, layer_norm_call, linear_call, prelu_call, scale_param
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
@@ -111,6 +112,28 @@ class _Tracer(torch.fx.Tracer):
         if (type(m).__module__, type(m).__name__) in _LEAF_NAMES:
             return True
         return bool(super().is_leaf_module(m, module_qualified_name))
+
+    def trace(self, root: Any, concrete_args: Optional[Dict[str, Any]] = None) -> torch.fx.Graph:
+        """A forward() that takes more than the image batch, each with a
+        default (timm's ``forward(x, attn_mask=None, is_causal=False)``), is
+        traced with those defaults as constants: the service calls it with
+        the batch alone, and a traced ``None`` would otherwise be a proxy
+        that ``attn_mask is not None`` takes for a mask."""
+        if concrete_args is None and isinstance(root, nn.Module):
+            concrete_args = _defaults_after_input(root.forward)
+        return super().trace(root, concrete_args)
+
+
+def _defaults_after_input(fn: Callable[..., Any]) -> Optional[Dict[str, Any]]:
+    """The parameters of fn after its first that have a constant default."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    const = (type(None), bool, int, float, str)
+    found = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty and
+             isinstance(p.default, const) and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return found or None
 
 
 @dataclass
@@ -264,7 +287,7 @@ class _Converter:
         out_node = next(n for n in nodes if n.op == "output")
         live = self.live_nodes(out_node)
         self.check_in_place(nodes)
-        inp = [n for n in nodes if n.op == "placeholder"]
+        inp = [n for n in nodes if n.op == "placeholder" and n in live]  # a defaulted constant feeds no output
         if len(inp) != 1:
             raise ExportError(f"forward() takes {len(inp)} inputs; the service feeds one image batch",
                               op="forward", module_path="")
@@ -1227,8 +1250,8 @@ class _Converter:
 
     def own_parameters_call(self, n: torch.fx.Node, t: Any, arg: Callable[[int, str, Any], Any],
                             out: Tuple[int, ...], op: str, path: str) -> Optional[_Val]:
-        """F.prelu, F.conv2d and F.linear of a module's own parameters: that
-        module's prelu, conv2d or linear layer (None: t is none of them)."""
+        """F.prelu, F.conv2d, F.linear and F.layer_norm of a module's own
+        parameters: that module's layer of that kind (None: t is none of them)."""
         if t in (F.prelu, torch.prelu):
             owner, slopes = prelu_call(self.b.state, arg, op, path)
             return self.prelu(owner, self.val(arg(0, "input", None), n), slopes, op, path)
@@ -1240,6 +1263,9 @@ class _Converter:
         if t is F.linear:
             owner, lin = linear_call(self.b.module, arg, op, path)
             return self.linear(owner, self.val(arg(0, "input", None), n), out, op, lin)
+        if t is F.layer_norm:
+            owner, ln = layer_norm_call(self.b.module, arg, op, path)
+            return self.layernorm_module(owner, self.val(arg(0, "input", None), n), out, op, ln)
         return None
 
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
@@ -1316,6 +1342,10 @@ def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]
             graph = _Tracer().trace(module)
         except Exception as e:  # torch.fx reports data-dependent control flow and the like
             raise ExportError(f"torch.fx cannot trace the module: {e}", op="torch.fx.symbolic_trace") from e
+        required = [n for n in graph.nodes if n.op == "placeholder" and not n.args]  # no default
+        if len(required) != 1:
+            raise ExportError(f"forward() takes {len(required)} inputs without a default; the service feeds one "
+                              "image batch", op="forward", module_path="")
         gm = torch.fx.GraphModule(module, graph)
         _refuse_unknown_modules(gm)
         module.eval()

@@ -1,5 +1,6 @@
-"""F.conv2d, F.linear and F.prelu of a module's own parameters, and a
-parameter scaling channels (layer_scale), for the exporter.
+"""F.conv2d, F.linear, F.layer_norm and F.prelu of a module's own
+parameters, and a parameter scaling channels (layer_scale), for the
+exporter.
 
 A module of the user's own that holds ``weight`` (and ``bias``) as
 nn.Conv2d or nn.Linear would, and calls ``F.conv2d(x, self.weight,
@@ -51,6 +52,15 @@ class LinearCall:
     """The nn.Linear attributes the converter's linear reads."""
     in_features: int
     out_features: int
+    bias: Optional[torch.Tensor]
+
+
+@dataclass
+class LayerNormCall:
+    """The nn.LayerNorm attributes the converter's layernorm reads."""
+    normalized_shape: Tuple[int, ...]
+    eps: float
+    elementwise_affine: bool
     bias: Optional[torch.Tensor]
 
 
@@ -110,6 +120,21 @@ def linear_call(module: torch.nn.Module, arg: Arg, op: str, path: str) -> Tuple[
     if w.dim() != 2:
         raise ExportError(f"takes a {w.dim()}-d weight; linear's is [out, in]", op=op, module_path=path)
     return owner, LinearCall(in_features=int(w.shape[1]), out_features=int(w.shape[0]), bias=b)
+
+
+def layer_norm_call(module: torch.nn.Module, arg: Arg, op: str, path: str) -> Tuple[str, LayerNormCall]:
+    """F.layer_norm(input, normalized_shape, weight, bias, eps) of a
+    module's own weight and bias (timm's LayerNorm, an nn.LayerNorm subclass
+    calling it): the owning module's path and the call as nn.LayerNorm
+    attributes."""
+    shape = _number(arg(1, "normalized_shape", None), "normalized_shape", op, path)
+    shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    w, b = arg(2, "weight", None), arg(3, "bias", None)
+    if w is None or b is None:
+        raise ExportError("has no weight or no bias; the service's layernorm has both", op=op, module_path=path)
+    owner, _, bias = _owned(module, w, b, op, path, "nn.LayerNorm")
+    eps = float(_number(arg(4, "eps", 1e-5), "eps", op, path))
+    return owner, LayerNormCall(normalized_shape=shape, eps=eps, elementwise_affine=True, bias=bias)
 
 
 def prelu_call(state: Dict[str, torch.Tensor], arg: Arg, op: str, path: str) -> Tuple[str, int]:

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .export_error import ExportError
+from .export_nodes import _is_method_or, _meta_shape
 
 # What a refused view of a token sequence into heads says.
 HEADS_HINT = ("; a token sequence splits into heads only inside self-attention, as nn.MultiheadAttention or written "
@@ -67,16 +68,6 @@ class QkvAttention:
     param_names: Dict[str, str]
     proj: torch.fx.Node
     inner: Set[torch.fx.Node] = field(default_factory=set)
-
-
-def _shape(n: torch.fx.Node) -> Optional[Tuple[int, ...]]:
-    tm = n.meta.get("tensor_meta")
-    return tuple(int(d) for d in tm.shape) if tm is not None and hasattr(tm, "shape") else None
-
-
-def _is(n: Any, methods: Tuple[str, ...], functions: Tuple[Any, ...]) -> bool:
-    return isinstance(n, torch.fx.Node) and (
-        (n.op == "call_method" and n.target in methods) or (n.op == "call_function" and n.target in functions))
 
 
 def _dims(n: torch.fx.Node) -> Tuple[Any, ...]:
@@ -111,7 +102,7 @@ class _Walk:
         if n.op == "call_module":
             mod = self.gm.get_submodule(str(n.target))
             return type(mod) is nn.Identity or (type(mod) is nn.Dropout and float(mod.p) == 0.0)
-        if _is(n, ("contiguous",), ()):
+        if _is_method_or(n, ("contiguous",), ()):
             return True
         if n.op == "call_function" and n.target is F.dropout:
             p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)
@@ -123,7 +114,7 @@ class _Walk:
         """The readers of n's values (its sizes, read by shape arithmetic,
         are not)."""
         return [u for u in n.users
-                if not (_is(u, _SHAPE_METHODS, ()) or (u.op == "call_function" and u.target is getattr
+                if not (_is_method_or(u, _SHAPE_METHODS, ()) or (u.op == "call_function" and u.target is getattr
                                                         and u.args[1:] == ("shape",)))]
 
     def next(self, n: torch.fx.Node, what: str) -> torch.fx.Node:
@@ -142,22 +133,22 @@ class _Walk:
 def _scale_of(n: torch.fx.Node, x: torch.fx.Node) -> Optional[float]:
     """The factor a multiplication or division of x by a Python number
     applies, or None where n is not one."""
-    if _is(n, ("mul",), (operator.mul, torch.mul)):
+    if _is_method_or(n, ("mul",), (operator.mul, torch.mul)):
         other = [a for a in n.args[:2] if a is not x]
         if len(other) == 1 and isinstance(other[0], (int, float)) and not isinstance(other[0], bool):
             return float(other[0])
-    if _is(n, ("div",), (operator.truediv, torch.div)) and len(n.args) == 2 and n.args[0] is x and \
+    if _is_method_or(n, ("div",), (operator.truediv, torch.div)) and len(n.args) == 2 and n.args[0] is x and \
             not n.kwargs and isinstance(n.args[1], (int, float)) and not isinstance(n.args[1], bool) and n.args[1]:
         return 1.0 / float(n.args[1])
     return None
 
 
 def _matmul(n: torch.fx.Node) -> bool:
-    return _is(n, ("matmul",), (operator.matmul, torch.matmul))
+    return _is_method_or(n, ("matmul",), (operator.matmul, torch.matmul))
 
 
 def _softmax_last(n: torch.fx.Node) -> bool:
-    if not _is(n, ("softmax",), (F.softmax, torch.softmax)):
+    if not _is_method_or(n, ("softmax",), (F.softmax, torch.softmax)):
         return False
     dim = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
     dtype = n.args[2] if len(n.args) > 2 and n.op == "call_method" else n.kwargs.get("dtype")
@@ -197,7 +188,7 @@ def _written_out(w: _Walk, q: torch.fx.Node, k: torch.fx.Node, v: torch.fx.Node,
     if s is not None:
         scale, q, a = s, a, w.next(a, "the scaled q")
     kt = w.next(k, "k")
-    if not (_is(kt, ("transpose",), (torch.transpose,)) and _norm_dims(_dims(kt), 4) in ((2, 3), (3, 2))):
+    if not (_is_method_or(kt, ("transpose",), (torch.transpose,)) and _norm_dims(_dims(kt), 4) in ((2, 3), (3, 2))):
         raise w.refuse(f"k is read by {kt.name}, not by a transpose of its last two dimensions")
     if not (_matmul(a) and a.args[:2] == (q, kt)):
         raise w.refuse(f"{a.name} is not q @ k.transpose(-2, -1)")
@@ -227,7 +218,7 @@ def _split(w: _Walk, p: torch.fx.Node) -> List[torch.fx.Node]:
     nn.Identity)."""
     users = w.users(p)
     pieces: Dict[int, torch.fx.Node] = {}
-    if len(users) == 1 and _is(users[0], ("unbind",), (torch.unbind,)):
+    if len(users) == 1 and _is_method_or(users[0], ("unbind",), (torch.unbind,)):
         ub = users[0]
         dim = ub.args[1] if len(ub.args) > 1 else ub.kwargs.get("dim", 0)
         if dim != 0:
@@ -260,13 +251,13 @@ def _merge(w: _Walk, o: torch.fx.Node, t: int, c: int) -> torch.fx.Node:
     permute(0, 2, 1, 3), then reshape/view to [N, T, C] or flatten(2).
     Returns the last node."""
     tr = w.next(o, "the attention output")
-    good = (_is(tr, ("transpose",), (torch.transpose,)) and _norm_dims(_dims(tr), 4) in ((1, 2), (2, 1))) or \
-        (_is(tr, ("permute",), (torch.permute,)) and _norm_dims(_dims(tr), 4) == (0, 2, 1, 3))
+    good = (_is_method_or(tr, ("transpose",), (torch.transpose,)) and _norm_dims(_dims(tr), 4) in ((1, 2), (2, 1))) or \
+        (_is_method_or(tr, ("permute",), (torch.permute,)) and _norm_dims(_dims(tr), 4) == (0, 2, 1, 3))
     if not good:
         raise w.refuse(f"the attention output goes to {tr.name}, not to transpose(1, 2) merging the heads")
     m = w.next(tr, "the transposed output")
-    if not (_is(m, ("reshape", "view", "flatten"), (torch.reshape, torch.flatten)) and
-            (_shape(m) or ())[1:] == (t, c)):
+    if not (_is_method_or(m, ("reshape", "view", "flatten"), (torch.reshape, torch.flatten)) and
+            (_meta_shape(m) or ())[1:] == (t, c)):
         raise w.refuse(f"the transposed output goes to {m.name}, not to a reshape to [N, T, C] ({t}, {c})")
     return m
 
@@ -287,8 +278,8 @@ def match(gm: torch.fx.GraphModule, n: torch.fx.Node, mod: nn.Linear, tokens: Tu
     t, c = tokens
     users = [u for u in n.users]
     r = users[0] if len(users) == 1 else None
-    rs = _shape(r) if r is not None else None
-    if mod.out_features != 3 * c or r is None or not _is(r, ("reshape", "view"), (torch.reshape,)) or \
+    rs = _meta_shape(r) if r is not None else None
+    if mod.out_features != 3 * c or r is None or not _is_method_or(r, ("reshape", "view"), (torch.reshape,)) or \
             rs is None or len(rs) != 5 or rs[1:3] != (t, 3) or rs[3] * rs[4] != c:
         return None
     heads, d = rs[3], rs[4]
@@ -296,7 +287,7 @@ def match(gm: torch.fx.GraphModule, n: torch.fx.Node, mod: nn.Linear, tokens: Tu
     w = _Walk(gm, path.rsplit(".", 1)[0] if "." in path else path)
     w.inner.add(r)
     perm = w.next(r, "the [N, T, 3, heads, head_dim] view")
-    if not (_is(perm, ("permute",), (torch.permute,)) and _norm_dims(_dims(perm), 5) == (2, 0, 3, 1, 4)):
+    if not (_is_method_or(perm, ("permute",), (torch.permute,)) and _norm_dims(_dims(perm), 5) == (2, 0, 3, 1, 4)):
         raise w.refuse(f"the [N, T, 3, heads, head_dim] view goes to {perm.name}, not to permute(2, 0, 3, 1, 4)")
     q, k, v = _split(w, perm)
     first = w.users(q)

@@ -399,8 +399,8 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                    g_mul_bcast(m, i), s))
                 return -1;
             break;
-        case SF_L_LAYER_SCALE: /* tokens: NHWC [c, t, 1] */
-            if (sf_cuda_channel_scale_fwd_dt(dt, o->tok ? SF_LAYOUT_NHWC : g->lay, x, P + L->w_off, o->y, n, L->out_ch,
+        case SF_L_LAYER_SCALE:
+            if (sf_cuda_channel_scale_fwd_dt(dt, g_lay_of(g, i), x, P + L->w_off, o->y, n, L->out_ch,
                                              (size_t)L->out_h * L->out_w, s))
                 return -1;
             break;
@@ -899,7 +899,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             add0 = 0;
             break;
         case SF_L_LAYER_SCALE:
-            if (sf_cuda_channel_scale_bwd_dt(dt, o->tok ? SF_LAYOUT_NHWC : g->lay, g_in(net, i, 0, b), P + L->w_off, o->dy, dx,
+            if (sf_cuda_channel_scale_bwd_dt(dt, g_lay_of(g, i), g_in(net, i, 0, b), P + L->w_off, o->dy, dx,
                                              net->grads + L->w_off, n, L->out_ch, (size_t)L->out_h * L->out_w,
                                              (float *)g->scratch, s))
                 return -1;

@@ -5,6 +5,7 @@
  * variant packs, and described for diagnostics. executor.cu runs the plans.
  */
 #include "gpu/cuda/executor_graph.h"
+#include "gpu/cuda/timing.cuh"
 #include <stdarg.h>
 
 /* The descriptor cuDNN's plans of conv layer i are built for: the layer's
@@ -73,28 +74,6 @@ static float *g_bias(const sf_cuda_net *net, int i)
     return L->n_b ? net->params + L->b_off : NULL;
 }
 
-/* Time of run() on stream s (ms, best of 3; 0 when it cannot be timed):
- * the kernels a fused plan would save, weighed against it. */
-template <class F> static float g_time3(cudaStream_t s, F run)
-{
-    cudaEvent_t e[2];
-    if (cudaEventCreate(&e[0]) != cudaSuccess || cudaEventCreate(&e[1]) != cudaSuccess)
-        return 0.f;
-    float best = 1e30f;
-    for (int r = 0; r < 3; r++) {
-        float ms = 0.f;
-        cudaEventRecord(e[0], s);
-        run();
-        cudaEventRecord(e[1], s);
-        if (cudaEventSynchronize(e[1]) == cudaSuccess && cudaEventElapsedTime(&ms, e[0], e[1]) == cudaSuccess &&
-            ms < best)
-            best = ms;
-    }
-    cudaEventDestroy(e[0]);
-    cudaEventDestroy(e[1]);
-    return best < 1e30f ? best : 0.f;
-}
-
 /* Time of the bias(+ReLU) epilogue kernel on conv layer i's output for n
  * samples (ms, best of 3). */
 static float g_time_epilogue(sf_cuda_net *net, int i, int n, void *y)
@@ -103,7 +82,7 @@ static float g_time_epilogue(sf_cuda_net *net, int i, int n, void *y)
     const sf_layer *L = &net->m.layers[i];
     size_t outer, inner;
     g_view(g, n, (size_t)L->out_h * L->out_w, &outer, &inner);
-    return g_time3(net->s, [&] {
+    return sf_time_best3(net->s, [&] {
         sf_cuda_bias_act_dt(g->dt, y, g_bias(net, i), outer, L->out_c, inner, g->op[i].relu, net->s);
     });
 }
@@ -136,7 +115,7 @@ static void g_try_acc(sf_cuda_net *net, gshape *S, int i, int n, const sf_conv_d
     const size_t len = (size_t)n * L->in_c * L->in_h * L->in_w;
     const sf_dtype dt = net->g->dt;
     const float add_ms = plain->ms >= 0.f && ap.ms >= 0.f
-                             ? g_time3(net->s, [&] { sf_cuda_add_dt(dt, p->x, p->x, p->x, len, 0, net->s); })
+                             ? sf_time_best3(net->s, [&] { sf_cuda_add_dt(dt, p->x, p->x, p->x, len, 0, net->s); })
                              : 0.f;
     sf_cuda_clear_error();
     if (plain->ms < 0.f || ap.ms < 0.f || ap.ms < plain->ms + add_ms) {
@@ -202,7 +181,7 @@ int g_conv_dw_run(sf_cuda_net *net, int i, int n, int dir, const sf_conv_ptrs *p
 static float g_time_dw(sf_cuda_net *net, int i, int n, int dir, const sf_conv_ptrs *p)
 {
     int bad = g_conv_dw_run(net, i, n, dir, p, net->s);
-    const float best = bad ? 0.f : g_time3(net->s, [&] { bad |= g_conv_dw_run(net, i, n, dir, p, net->s); });
+    const float best = bad ? 0.f : sf_time_best3(net->s, [&] { bad |= g_conv_dw_run(net, i, n, dir, p, net->s); });
     if (cudaStreamSynchronize(net->s) != cudaSuccess)
         bad = 1;
     if (bad) {
@@ -290,58 +269,52 @@ static int g_lt_wants(const sf_cuda_net *net, int i)
     return L->kind == SF_L_LINEAR && L->n_b > 0 && !o->relu && rows;
 }
 
-/* Stand-ins a GEMM's algorithms are timed on: its input and output, each
- * bytes long and filled with random values, and a workspace; freed by
- * lt_tune_free. All NULL where the device has no room (the plans then take
+/* Stand-ins the cuBLASLt algorithms are timed on, one input and one output
+ * of bytes each (the widest GEMM of the batch size), the input filled with
+ * random values; the workspace is the executor's cuBLAS one, which the
+ * plans run with. x NULL where the device has no room (the plans then take
  * cuBLASLt's first algorithm). */
 typedef struct lt_tune {
-    void *x, *y, *ws;
+    void *x, *y;
 } lt_tune;
 
-static int lt_tune_alloc(sf_cuda_net *net, size_t bytes, lt_tune *t)
+static void lt_tune_alloc(sf_cuda_net *net, size_t bytes, lt_tune *t)
 {
     memset(t, 0, sizeof *t);
     const gen_net *g = net->g;
     if (cudaMalloc(&t->x, bytes) != cudaSuccess || cudaMalloc(&t->y, bytes) != cudaSuccess ||
-        cudaMalloc(&t->ws, net->blas_ctx.ws_bytes ? net->blas_ctx.ws_bytes : 1) != cudaSuccess ||
         sf_cuda_fill_random_dt(g->dt, t->x, bytes / g->es, 11, 1.f, net->s)) {
         cudaGetLastError();
         sf_cuda_clear_error();
         cudaFree(t->x);
         cudaFree(t->y);
-        cudaFree(t->ws);
         memset(t, 0, sizeof *t);
-        return -1;
     }
-    return 0;
 }
 
-static void lt_tune_free(lt_tune *t)
+/* Rows and the widest side of layer i's GEMMs for n samples. */
+static void g_lt_shape(const sf_cuda_net *net, int i, int n, int *rows, int *widest)
 {
-    cudaFree(t->x);
-    cudaFree(t->y);
-    cudaFree(t->ws);
+    const sf_layer *L = &net->m.layers[i];
+    const int attn = L->kind == SF_L_SELF_ATTENTION;
+    *rows = n * (attn ? L->in_h : L->out_h * L->out_w);
+    *widest = attn ? 3 * L->in_c : (L->in_c > L->out_c ? L->in_c : L->out_c);
 }
 
 /* The cuBLASLt plans of layer i for n samples: the forward of each of its
  * GEMMs and, where that has one, its backward-data GEMM; a GEMM cuBLASLt has
  * no plan for keeps the cuBLAS path (and our bias kernel), and the first such
- * reason is kept for describe. With timing (the plans of the first batch
- * size, built before the arenas exist, net->cfg.tune > 1) each plan keeps
- * the fastest of cuBLASLt's first eight candidates on stand-ins of its
- * shape. Activations sit at 256-byte offsets of their arenas or
+ * reason is kept for describe. With stand-ins t each plan keeps the
+ * fastest of cuBLASLt's first eight candidates on them. Activations sit at 256-byte offsets of their arenas or
  * allocations; 16 bytes is what the plans assume of them, and a call below
  * it takes the cuBLAS path (sf_linear_lt_fwd). */
-static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, int timed)
+static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, const lt_tune *t)
 {
     const sf_layer *L = &net->m.layers[i];
     const gen_net *g = net->g;
     const int attn = L->kind == SF_L_SELF_ATTENTION;
-    const int rows = n * (attn ? L->in_h : L->out_h * L->out_w);
-    const int widest = attn ? 3 * L->in_c : (L->in_c > L->out_c ? L->in_c : L->out_c);
-    lt_tune t;
-    const int tune = timed && net->cfg.tune > 1 && !net->cfg.no_lt_tune &&
-                     lt_tune_alloc(net, g->es * (size_t)rows * (size_t)widest, &t) == 0;
+    int rows, widest;
+    g_lt_shape(net, i, n, &rows, &widest);
     for (int j = 0; j < (attn ? 2 : 1); j++) {
         const int wslot = attn ? 2 * j : 0, bslot = wslot + 1;
         sf_linear_lt_desc d;
@@ -355,11 +328,11 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, int timed)
         d.w = E(g->wd, L->p_off[wslot], g->es);
         d.align_act = 16;
         d.ws_bytes = net->blas_ctx.ws_bytes;
-        if (tune) {
+        if (t) {
             d.tune = 8;
-            d.tx = t.x;
-            d.ty = t.y;
-            d.tws = t.ws;
+            d.tx = t->x;
+            d.ty = t->y;
+            d.tws = net->blas_ctx.ws;
             d.ts = net->s;
         }
         char why[160] = "";
@@ -395,8 +368,29 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, int timed)
             S->lt_other += pick > 0;
         }
     }
-    if (tune)
-        lt_tune_free(&t);
+}
+
+/* Every layer's cuBLASLt plans for n samples (g_lt_plans), timed where
+ * timed (the first batch size's plans, before the arenas exist) and
+ * net->cfg.tune > 1, on one pair of stand-ins for all of them. */
+static void g_lt_all_plans(sf_cuda_net *net, gshape *S, int n, int timed)
+{
+    const gen_net *g = net->g;
+    size_t bytes = 0;
+    for (int i = 0; i < g->nl; i++) {
+        int rows, widest;
+        g_lt_shape(net, i, n, &rows, &widest);
+        if (g_lt_wants(net, i) && g->es * (size_t)rows * (size_t)widest > bytes)
+            bytes = g->es * (size_t)rows * (size_t)widest;
+    }
+    lt_tune t = {NULL, NULL};
+    if (bytes && timed && net->cfg.tune > 1 && !net->cfg.no_lt_tune)
+        lt_tune_alloc(net, bytes, &t);
+    for (int i = 0; i < g->nl; i++)
+        if (g_lt_wants(net, i))
+            g_lt_plans(net, S, i, n, t.x ? &t : NULL);
+    cudaFree(t.x);
+    cudaFree(t.y);
 }
 
 /* Plans for batch size n; a plan of workspace kind k may use lim[k] bytes and
@@ -412,12 +406,11 @@ int g_build_shape(sf_cuda_net *net, int n, void *const ws[3], const size_t lim[3
         return -1;
     }
     S->n = n;
+    g_lt_all_plans(net, S, n, tp != NULL);
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &net->m.layers[i];
         const gop *o = &g->op[i];
         const int dirs = g_dirs(o);
-        if (g_lt_wants(net, i))
-            g_lt_plans(net, S, i, n, tp != NULL);
         if (L->kind == SF_L_CONV2D) {
             for (int dir = 0; dir < 3; dir++) {
                 if (!(dirs & (1 << dir)))

@@ -2,6 +2,7 @@
  * and as cuBLASLt GEMMs with the bias and its gradient in their epilogues.
  * Contracts in linear.h. */
 #include "gpu/cuda/linear.h"
+#include "gpu/cuda/timing.cuh"
 
 #include <stdio.h>
 
@@ -273,32 +274,15 @@ static float lt_time(const sf_linear_lt *p, cublasLtHandle_t lt, const sf_linear
                      const cublasLtMatmulAlgo_t *a)
 {
     const float one = 1.f, zero = 0.f;
-    cudaEvent_t e[2];
-    if (cudaEventCreate(&e[0]) != cudaSuccess)
-        return -1.f;
-    if (cudaEventCreate(&e[1]) != cudaSuccess) {
-        cudaEventDestroy(e[0]);
-        return -1.f;
-    }
-    float best = -1.f;
-    for (int r = 0; r < 4; r++) {
-        cudaEventRecord(e[0], d->ts);
-        const cublasStatus_t st = cublasLtMatmul(lt, p->md, &one, d->w, p->a, d->tx, p->b, &zero, d->ty, p->c, d->ty,
-                                                 p->c, a, d->tws, p->ws_bytes, d->ts);
-        cudaEventRecord(e[1], d->ts);
-        float ms = 0.f;
-        if (st != CUBLAS_STATUS_SUCCESS || cudaEventSynchronize(e[1]) != cudaSuccess ||
-            cudaEventElapsedTime(&ms, e[0], e[1]) != cudaSuccess) {
-            best = -1.f;
-            break;
-        }
-        if (r > 0 && (best < 0.f || ms < best))
-            best = ms;
-    }
-    cudaEventDestroy(e[0]);
-    cudaEventDestroy(e[1]);
+    int bad = 0;
+    auto run = [&] {
+        bad |= cublasLtMatmul(lt, p->md, &one, d->w, p->a, d->tx, p->b, &zero, d->ty, p->c, d->ty, p->c, a, d->tws,
+                              p->ws_bytes, d->ts) != CUBLAS_STATUS_SUCCESS;
+    };
+    run();
+    const float ms = bad ? 0.f : sf_time_best3(d->ts, run);
     cudaGetLastError(); /* a failed candidate leaves nothing for the next call to report */
-    return best;
+    return bad || ms <= 0.f ? -1.f : ms;
 }
 
 /* Keeps the fastest of cuBLASLt's n candidates for p (each valid for its

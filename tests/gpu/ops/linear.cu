@@ -219,31 +219,32 @@ static void test_linear_lt_timed(cublasLtHandle_t lt, cudaStream_t s, void *ws, 
         int pick, of;
         sf_linear_lt_pick(p, &pick, &of);
         snprintf(nm, sizeof nm, "%s %s, timed (candidate %d of %d)", name, dgrad ? "backward data" : "fwd", pick, of);
-        if (!dgrad) {
-            poison_dt(by);
-            const int rc = sf_linear_lt_fwd(p, lt, bx.p, bw.p, by.p, ws, s);
-            CU(cudaStreamSynchronize(s));
-            if (rc)
-                fail(nm, rc < 0 ? sf_cuda_last_error() : "returned 1 on aligned pointers");
-            else
-                check_gemm(nm, d.dt, down_dt(by, yr.size()), yr, tol);
-        } else {
-            /* dx = dy w with dy random [rows, out] */
+        /* forward: y from x; backward data: dx = dy w with dy random [rows, out] */
+        std::vector<double> dxr;
+        dbuf bdy = {}, bdx = {};
+        if (dgrad) {
             std::vector<float> dy((size_t)rows * out);
             rand_fill_dt(dy, d.dt, 1.f);
-            std::vector<double> xd = to_d(x), wd = to_d(w), dyd = to_d(dy), dxr((size_t)rows * in),
-                                dwr((size_t)out * in), dbr(out);
+            std::vector<double> xd = to_d(x), wd = to_d(w), dyd = to_d(dy), dwr((size_t)out * in), dbr(out);
+            dxr.resize((size_t)rows * in);
             sf_ref_linear_bwd_f64(xd.data(), rows, in, wd.data(), out, dyd.data(), dxr.data(), dwr.data(), dbr.data());
-            dbuf bdy = dbuf_make(d.dt, dy.size(), 0), bdx = dbuf_make(d.dt, dxr.size(), 0);
+            bdy = dbuf_make(d.dt, dy.size(), 0);
+            bdx = dbuf_make(d.dt, dxr.size(), 0);
             up_dt(bdy, dy);
-            poison_dt(bdx);
-            const int rc = sf_linear_lt_bwd_data(p, lt, bdy.p, bw.p, bdx.p, ws, s);
-            CU(cudaStreamSynchronize(s));
-            if (rc)
-                fail(nm, rc < 0 ? sf_cuda_last_error() : "returned 1 on aligned pointers");
-            else
-                check_gemm(nm, d.dt, down_dt(bdx, dxr.size()), dxr, tol);
-            dbuf_free(bdy); dbuf_free(bdx);
+        }
+        dbuf &got = dgrad ? bdx : by;
+        const std::vector<double> &want = dgrad ? dxr : yr;
+        poison_dt(got);
+        const int rc = dgrad ? sf_linear_lt_bwd_data(p, lt, bdy.p, bw.p, bdx.p, ws, s)
+                             : sf_linear_lt_fwd(p, lt, bx.p, bw.p, by.p, ws, s);
+        CU(cudaStreamSynchronize(s));
+        if (rc)
+            fail(nm, rc < 0 ? sf_cuda_last_error() : "returned 1 on aligned pointers");
+        else
+            check_gemm(nm, d.dt, down_dt(got, want.size()), want, tol);
+        if (dgrad) {
+            dbuf_free(bdy);
+            dbuf_free(bdx);
         }
         sf_linear_lt_destroy(p);
     }

@@ -4,7 +4,9 @@
  * (2 or 4 bytes) and are exact for either element type. The input one is a
  * thread per rearranged pixel, specialised on (s, c) so that every element's
  * channel is a constant (a generic version, dividing per element, ran at a
- * third of the memory bandwidth); the weight ones are a few thousand elements. */
+ * third of the memory bandwidth), or for patches (k == s) a thread per
+ * vector of a contiguous run; the weight ones are a few thousand elements
+ * (ViT-B/16's 590 k). */
 #include "gpu/cuda/conv_s2d.h"
 
 #include "gpu/cuda/check.h"
@@ -85,8 +87,86 @@ template <typename U, int S> void s2d_input_c(const void *x, void *xs, const s2d
     }
 }
 
-template <typename U> void s2d_input(const void *x, void *xs, const s2d_geom &g, size_t pixels, cudaStream_t s)
+/* A kernel that tiles its input (k == s): each pixel of xs is its s source
+ * rows of s*c elements one after the other, each row one contiguous run in x
+ * and in xs,
+ *   xs[pix(b, j, i) * c2 + dy*s*c + t] = x[((b*h + s*j - p + dy)*w + s*i - p)*c + t],
+ * 0 <= t < s*c (zero where the source pixel is outside x; the channels past
+ * c*s*s are zeroed apart, by s2d_input). Too many elements a pixel
+ * (768 for ViT's 16x16 patches of 3 channels) for k_s2d_input's registers, so
+ * a thread per VT-sized chunk of a run: VT a whole number of elements that
+ * divides the run, the row stride and the alignments (16 bytes for ViT's
+ * bf16 runs of 96 bytes), or one element where padding needs per-element
+ * bounds. */
+template <typename U, typename VT, typename I>
+__global__ void k_s2d_runs(const U *__restrict__ x, U *__restrict__ xs, s2d_geom g, I chunks, int per_run)
 {
+    constexpr int E = (int)(sizeof(VT) / sizeof(U));
+    const int run = g.s * g.c;
+    for (I e = (I)blockIdx.x * blockDim.x + threadIdx.x; e < chunks; e += (I)gridDim.x * blockDim.x) {
+        const int q = (int)(e % (I)per_run);
+        I r = e / (I)per_run;
+        const int dy = (int)(r % (I)g.s);
+        r /= (I)g.s;
+        const int i = (int)(r % (I)g.w2);
+        r /= (I)g.w2;
+        const int j = (int)(r % (I)g.h2);
+        const size_t b = (size_t)(r / (I)g.h2);
+        const int row = g.s * j - g.p + dy, col0 = g.s * i - g.p;
+        U *dst = xs + ((b * g.h2 + j) * g.w2 + i) * g.c2 + (size_t)dy * run + (size_t)q * E;
+        if constexpr (E > 1) { /* no padding: the whole run is inside x */
+            *reinterpret_cast<VT *>(dst) =
+                *reinterpret_cast<const VT *>(x + ((b * g.h + row) * g.w + col0) * g.c + (size_t)q * E);
+        } else {
+            const int col = col0 + q / g.c, ci = q % g.c;
+            const bool in = row >= 0 && row < g.h && col >= 0 && col < g.w;
+            *dst = in ? x[((b * g.h + row) * g.w + col) * g.c + ci] : (U)0;
+        }
+    }
+}
+
+template <typename U, typename VT>
+void s2d_runs_launch(const void *x, void *xs, const s2d_geom &g, size_t pixels, cudaStream_t s)
+{
+    const int per_run = (int)((size_t)g.s * g.c * sizeof(U) / sizeof(VT));
+    const size_t chunks = pixels * (size_t)g.s * (size_t)per_run;
+    /* 32-bit index arithmetic where it holds the count: a 64-bit division
+     * costs several times a 32-bit one, and this kernel does four a chunk */
+    if (chunks < ((size_t)1 << 32) - (size_t)cu_ew_blocks(chunks) * CU_TPB)
+        k_s2d_runs<U, VT, uint32_t>
+            <<<cu_ew_blocks(chunks), CU_TPB, 0, s>>>((const U *)x, (U *)xs, g, (uint32_t)chunks, per_run);
+    else
+        k_s2d_runs<U, VT, size_t><<<cu_ew_blocks(chunks), CU_TPB, 0, s>>>((const U *)x, (U *)xs, g, chunks, per_run);
+}
+
+/* The widest chunk (16, 8 or 4 bytes) that divides a run, the row stride and
+ * x's alignment; single elements with padding. */
+template <typename U> void s2d_runs(const void *x, void *xs, const s2d_geom &g, size_t pixels, cudaStream_t s)
+{
+    const size_t run = (size_t)g.s * g.c * sizeof(U), stride = (size_t)g.w * g.c * sizeof(U);
+    const uintptr_t a = (uintptr_t)x;
+    const auto fits = [&](size_t v) { return g.p == 0 && run % v == 0 && stride % v == 0 && a % v == 0; };
+    if (fits(16))
+        s2d_runs_launch<U, uint4>(x, xs, g, pixels, s);
+    else if (fits(8))
+        s2d_runs_launch<U, uint2>(x, xs, g, pixels, s);
+    else if (sizeof(U) < 4 && fits(4))
+        s2d_runs_launch<U, uint32_t>(x, xs, g, pixels, s);
+    else
+        s2d_runs_launch<U, U>(x, xs, g, pixels, s);
+}
+
+template <typename U> int s2d_input(const void *x, void *xs, const s2d_geom &g, size_t pixels, cudaStream_t s)
+{
+    if (g.k == g.s) {
+        s2d_runs<U>(x, xs, g, pixels, s);
+        /* the channels past the runs (c2 > c*s*s), zero as k_s2d_input writes them */
+        const size_t used = (size_t)g.c * g.s * g.s;
+        if ((size_t)g.c2 > used)
+            SF_CUDA_CHECK(cudaMemset2DAsync((U *)xs + used, (size_t)g.c2 * sizeof(U), 0,
+                                            ((size_t)g.c2 - used) * sizeof(U), pixels, s));
+        return 0;
+    }
     /* sf_conv_s2d_ok: c * s * s <= 16 */
     if (g.s == 2)
         s2d_input_c<U, 2>(x, xs, g, pixels, s);
@@ -94,6 +174,7 @@ template <typename U> void s2d_input(const void *x, void *xs, const s2d_geom &g,
         s2d_input_launch<U, 3, 1>(x, xs, g, pixels, s);
     else
         s2d_input_launch<U, 4, 1>(x, xs, g, pixels, s);
+    return 0;
 }
 
 /* One thread per element of ws. */
@@ -141,7 +222,11 @@ int bad(const char *fn, const sf_conv_desc *d)
 
 extern "C" int sf_conv_s2d_ok(sf_layout lay, int c, int k, int stride)
 {
-    return lay == SF_LAYOUT_NHWC && stride >= 2 && stride <= 4 && k > stride && c >= 1 && c * stride * stride <= 16;
+    if (lay != SF_LAYOUT_NHWC || c < 1)
+        return 0;
+    if (k == stride) /* patches: the rearranged convolution is pointwise */
+        return stride >= 2 && stride <= SF_S2D_PATCH_MAX && c <= 4;
+    return stride >= 2 && stride <= 4 && k > stride && c * stride * stride <= 16;
 }
 
 extern "C" void sf_conv_s2d_desc(const sf_conv_desc *d, sf_conv_desc *out)
@@ -183,10 +268,8 @@ extern "C" int sf_conv_s2d_input(const sf_conv_desc *d, const void *x, void *xs,
     const size_t pixels = (size_t)g.n * g.h2 * g.w2;
     if (pixels == 0)
         return 0;
-    if (d->dt == SF_DT_BF16)
-        s2d_input<uint16_t>(x, xs, g, pixels, s);
-    else
-        s2d_input<uint32_t>(x, xs, g, pixels, s);
+    if (d->dt == SF_DT_BF16 ? s2d_input<uint16_t>(x, xs, g, pixels, s) : s2d_input<uint32_t>(x, xs, g, pixels, s))
+        return -1;
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

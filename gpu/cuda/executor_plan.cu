@@ -831,10 +831,10 @@ int sf_exec_build_graph(sf_cuda_net *net)
     g_schedule_backward(net);
     g_share_add_grads(net);
     /* space-to-depth: a trainable strided conv over few channels whose input
-     * gradient nobody wants (a stem reading the model input), in bf16 nets
-     * (where it was measured; fp32 and TF32 nets keep cuDNN's plain plan).
-     * Such a conv is never a thin one (k > stride >= 2) nor a patch one
-     * (fp32 only). */
+     * gradient nobody wants (a stem or patch embedding reading the model
+     * input), in bf16 nets (where it was measured; fp32 and TF32 nets keep
+     * cuDNN's plain plan). Such a conv is never a thin one (stride >= 2) nor
+     * a patch one (fp32 only). */
     for (int i = 0; i < g->nl; i++) {
         const sf_layer *L = &m->layers[i];
         g->op[i].s2d = !net->cfg.no_s2d && L->kind == SF_L_CONV2D && sf_layer_conv_square(L) && L->groups <= 1 &&

@@ -807,10 +807,16 @@ std::vector<op_case> op_cases()
 
     /* conv s2d (space-to-depth): ResNet's stem (at a small size and at
      * 224), odd sizes, a 3x3 and a 5x5 over one and four channels, stride
-     * 3; the forward and the gathered filter gradient within 1e-4 (fp32
-     * relative error) or 1e-2 (bf16 max error) */
+     * 3, patches; the forward and the gathered filter gradient within 1e-4
+     * (fp32 relative error) or 1e-2 (bf16 max error) */
     const int s2d[][8] = {{2, 3, 32, 32, 64, 7, 2, 3}, {1, 3, 33, 31, 16, 7, 2, 3}, {2, 1, 20, 20, 8, 3, 2, 1},
-                          {1, 4, 17, 18, 8, 5, 2, 2},  {2, 1, 16, 17, 8, 5, 3, 1},  {3, 3, 224, 224, 64, 7, 2, 3}};
+                          {1, 4, 17, 18, 8, 5, 2, 2},  {2, 1, 16, 17, 8, 5, 3, 1},  {3, 3, 224, 224, 64, 7, 2, 3},
+                          /* patches (k == s): ViT's 16x16 (runs of 16 bytes in bf16), ConvNeXt's
+                           * 4x4 with rows left over (8-byte runs in bf16), 2x2 over RGBA, 14x14
+                           * over one channel with padding (element by element, 196 -> 200
+                           * channels in bf16) */
+                          {2, 3, 64, 48, 32, 16, 16, 0}, {2, 3, 34, 30, 24, 4, 4, 0}, {2, 4, 20, 22, 8, 2, 2, 0},
+                          {1, 1, 30, 30, 8, 14, 14, 1}};
     for (const auto &a : s2d)
         for (const sf_dtype dt : k_dtypes)
             t.push_back(row("conv", "s2d", cmp_conv_s2d, dt, SF_LAYOUT_NHWC, {a[0], a[1], a[2], a[3]},

@@ -20,7 +20,7 @@ CASES_PER_FAMILY = {
     "batchnorm": 102,
     "channels": 45,
     "concat": 17,
-    "conv": 255,
+    "conv": 263,
     "conv_dw": 50,
     "conv_gemm": 64,
     "conv_transpose": 37,

@@ -757,9 +757,15 @@ void cmp_conv_s2d_rules(const op_case &, const op_env &)
     pass_or_fail("conv s2d takes NHWC strided convolutions over few channels",
                  sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 7, 2) && sf_conv_s2d_ok(SF_LAYOUT_NHWC, 4, 3, 2) &&
                      sf_conv_s2d_ok(SF_LAYOUT_NHWC, 1, 5, 4) && !sf_conv_s2d_ok(SF_LAYOUT_NCHW, 3, 7, 2) &&
-                     !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 5, 7, 2) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 2, 2) &&
-                     !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 3, 1) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 1, 9, 5),
+                     !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 5, 7, 2) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 3, 1) &&
+                     !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 1, 9, 5) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 2, 3),
                  "eligibility");
+    pass_or_fail("conv s2d takes NHWC patches (k == stride) over at most 4 channels",
+                 sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 16, 16) && sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 4, 4) &&
+                     sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 2, 2) && sf_conv_s2d_ok(SF_LAYOUT_NHWC, 4, 32, 32) &&
+                     !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 5, 16, 16) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 33, 33) &&
+                     !sf_conv_s2d_ok(SF_LAYOUT_NCHW, 3, 16, 16) && !sf_conv_s2d_ok(SF_LAYOUT_NHWC, 3, 1, 1),
+                 "patch eligibility");
 }
 /* Grouped, depthwise and dilated. shape {n, c, h, w}; p {out channels, k,
  * stride, pad, tf32, groups, dilation} */

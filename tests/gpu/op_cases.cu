@@ -350,6 +350,13 @@ std::vector<op_case> op_cases()
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 0, 1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 1, 1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 1536, 1, 1}, {1, 0, 1}, 1e-5, tp, {1e-6f}));
+            /* the one-pass backward (dx and the weight-gradient partials
+             * together): a lane a row with 256 rows a block, ViT's 768
+             * channels over whole and partial chunks, several rows a group
+             * with dx added */
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {600, 16, 1, 1}, {1}, 1e-5, tp, {1e-5f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 768, 20, 20}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {4, 768, 24, 24}, {1, 0, 1}, 1e-5, tp, {1e-6f}));
         }
 
     /* layout: the batched transpose at a square-tile and a ragged shape */

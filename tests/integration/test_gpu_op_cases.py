@@ -31,7 +31,7 @@ CASES_PER_FAMILY = {
     "log_softmax": 9,
     "loss": 27,
     "mul": 72,
-    "norm": 68,
+    "norm": 80,
     "optimizer": 14,
     "pad": 45,
     "pointwise": 73,

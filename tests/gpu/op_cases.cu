@@ -379,6 +379,10 @@ std::vector<op_case> op_cases()
         t.push_back(row("tokens", "pos_embedding", cmp_pos_embedding, dt, {5, 197, 64}, {}, 1e-7, 1e-6));
         t.push_back(row("tokens", "select_token", cmp_select_token, dt, {3, 17, 24}, {}, 0));
         t.push_back(row("tokens", "select_token", cmp_select_token, dt, {2, 197, 64}, {}, 0));
+        /* channels that are not whole 16-byte vectors: the element-wise kernels */
+        t.push_back(row("tokens", "class_token", cmp_class_token, dt, {3, 5, 7}, {}, 0, 1e-6));
+        t.push_back(row("tokens", "pos_embedding", cmp_pos_embedding, dt, {3, 5, 7}, {}, 1e-7, 1e-6));
+        t.push_back(row("tokens", "select_token", cmp_select_token, dt, {3, 5, 7}, {}, 0));
         t.push_back(row("tokens", "token_mean", cmp_token_mean, dt, {3, 17, 24}, {0}, 1e-6));
         t.push_back(row("tokens", "token_mean", cmp_token_mean, dt, {2, 197, 64}, {1}, 1e-6));
         t.push_back(row("tokens", "token_mean", cmp_token_mean, dt, {4, 5, 7}, {4}, 1e-6));

@@ -38,7 +38,7 @@ CASES_PER_FAMILY = {
     "pool": 180,
     "prelu": 33,
     "sdpa": 10,
-    "tokens": 30,
+    "tokens": 36,
     "upsample": 49,
 }
 

@@ -707,6 +707,8 @@ static int g_add_bwd(sf_cuda_net *net, int i, size_t in_len, cudaStream_t s)
      * there for it). An input a later layer also reads (a feature
      * pyramid's or a U-Net's skip taken from a residual block's input)
      * is one of those. */
+    if (o->grad_alias) /* its gradient is already both inputs' (g_alias_add) */
+        return 0;
     void *cp[2] = {NULL, NULL}, *sum[2] = {NULL, NULL};
     int nc = 0, ns = 0;
     for (int j = 0; j < 2; j++) {

@@ -99,9 +99,12 @@ typedef struct gop {
     int want[SF_MAX_IN];  /* backward: src[j] needs a gradient */
     int dy_of;            /* 1 + the layer whose gradient buffer is this layer's dy (0: its own):
                              a batchnorm read only by a residual add whose other input's gradient
-                             is the same values (g_share_add_grads) */
+                             is the same values, or a residual stream's add and its branch
+                             (g_share_add_grads); always a lower layer, itself not aliased */
     int grad_shared;      /* add: 1 + the input whose owner reads the other input's gradient
                              (dy_of), so the add writes one gradient, not two (0: both) */
+    int grad_alias;       /* add: its gradient, its branch's and its residual input's are one
+                             buffer (dy_of, g_alias_add): its backward moves nothing */
     int relu;            /* the next layer's ReLU is fused here */
     int cat_mask;        /* with relu: the ReLU's output is read by one concat alone, whose
                             backward applies the mask from its own output; this layer's

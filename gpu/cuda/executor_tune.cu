@@ -610,10 +610,11 @@ static size_t describe_fusions(const sf_cuda_net *net, char *buf, size_t len, si
             g_append(buf, len, &at, "batchnorm: %d followed by ReLU and %d by another activation apply it in their "
                      "own pass (fused)%s\n", nrelu, nact, apart);
     }
-    int ncat = 0, nshare = 0;
+    int ncat = 0, nshare = 0, nalias = 0;
     for (int i = 0; i < g->nl; i++) {
         ncat += g->op[i].cat_mask;
         nshare += g->op[i].grad_shared != 0;
+        nalias += g->op[i].grad_alias;
     }
     if (ncat)
         g_append(buf, len, &at, "concat: %d inputs made by a layer with a fused ReLU take its mask from the "
@@ -621,6 +622,9 @@ static size_t describe_fusions(const sf_cuda_net *net, char *buf, size_t len, si
     if (nshare)
         g_append(buf, len, &at, "add: %d residual adds write one input gradient, which their batchnorm input reads "
                  "as its own\n", nshare);
+    if (nalias)
+        g_append(buf, len, &at, "add: %d residual adds keep their gradient in their residual input's buffer, where "
+                 "their branch reads it (no backward pass of their own)\n", nalias);
     return at;
 }
 

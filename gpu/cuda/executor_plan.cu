@@ -537,8 +537,10 @@ static int g_alias_add(sf_cuda_net *net, int i, const int *readers)
         return 0;
     for (int a = 0; a < 2; a++) {
         const int oa = g_owner(m, o->src[a]), ob = g_owner(m, o->src[1 - a]), obs = g_storage(net, ob);
+        /* not a layer with a ReLU fused in: a conv's or linear's bias-gradient
+         * pass masks its dy in place (k_bgrad_rows_t) */
         if (oa == ob || oa < g->nf || obs < g->nf || obs >= oa || g->op[oa].fused || g->op[oa].dy_of ||
-            readers[oa] != 1)
+            g->op[oa].relu || readers[oa] != 1)
             continue;
         const int root = g_grad_root(g, obs);
         int clash = 0;

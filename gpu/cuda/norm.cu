@@ -181,69 +181,14 @@ __global__ void k_ln_dx_rows(const T *__restrict__ x, const T *__restrict__ dy, 
     }
 }
 
-/* dx of contiguous positions over 16-byte vectors, the row's x-hat and
- * dy * gamma held in registers: k_ln_fwd_rows_vec's groups and conditions
- * (dy and dx 16-byte aligned too). */
-template <typename T, int V, int K>
-__global__ void
-    k_ln_dx_rows_vec(const T *__restrict__ x, const T *__restrict__ dy, size_t rows, int c, int L,
-                     const float *__restrict__ ga, const float *__restrict__ mean, const float *__restrict__ rstd,
-                     T *__restrict__ dx, int add)
-{
-    const size_t row = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / (unsigned)L;
-    const int j = threadIdx.x & (L - 1), cv = c / V;
-    const bool live = row < rows;
-    const float mu = live ? mean[row] : 0.f, r = live ? rstd[row] : 0.f;
-    float xh[K][V], g[K][V];
-    float mg = 0.f, mgx = 0.f;
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int q = j + k * L;
-        if (live && q < cv) {
-            float d[V], w[V];
-            cu_ld<T, V>(x + row * c + (size_t)q * V, xh[k]);
-            cu_ld<T, V>(dy + row * c + (size_t)q * V, d);
-            cu_ldf<V>(ga + (size_t)q * V, w);
-#pragma unroll
-            for (int e = 0; e < V; e++) {
-                g[k][e] = d[e] * w[e];
-                xh[k][e] = (xh[k][e] - mu) * r;
-                mg += g[k][e];
-                mgx += g[k][e] * xh[k][e];
-            }
-        }
-    }
-    mg = group_sum(mg, L) / (float)c;
-    mgx = group_sum(mgx, L) / (float)c;
-    if (!live)
-        return;
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int q = j + k * L;
-        if (q < cv) {
-            float prior[V];
-            if (add)
-                cu_ld<T, V>(dx + row * c + (size_t)q * V, prior);
-#pragma unroll
-            for (int e = 0; e < V; e++) {
-                g[k][e] = r * (g[k][e] - mg - xh[k][e] * mgx);
-                /* not fused into the product: the sum of the gradient as
-                 * written alone, as an add pass after it would make */
-                if (add)
-                    g[k][e] = __fadd_rn(prior[e], g[k][e]);
-            }
-            cu_st<T, V>(dx + row * c + (size_t)q * V, g[k]);
-        }
-    }
-}
-
 /* dx and the weight-gradient partials of contiguous positions in one pass
- * over x and dy (k_ln_dx_rows_vec then k_ln_wgrad_rows_vec read both twice:
- * on an H200, ViT-B/16's 768 bf16 channels over 50 432 tokens took 0.185 ms
- * a LayerNorm backward, about 2.5 TB/s). Block blockIdx.x takes the chunk of
- * rows [blockIdx.x * per, +per): its groups of L lanes walk the chunk's rows
- * as k_ln_dx_rows_vec's groups do one (every group of the block the same
- * number of times, so that the shuffles see whole warps), each lane adding
+ * over x and dy (a dx kernel and then k_ln_wgrad_rows_vec had read both
+ * twice: on an H200, ViT-B/16's 768 bf16 channels over 50 432 tokens took
+ * 0.185 ms a LayerNorm backward, about 2.5 TB/s). Block blockIdx.x takes the
+ * chunk of rows [blockIdx.x * per, +per): its groups of L lanes walk the
+ * chunk's rows, k_ln_fwd_rows_vec's groups and conditions (dy and dx 16-byte
+ * aligned too), every group of the block the same number of times, so that
+ * the shuffles see whole warps, each lane adding
  * dy * xhat and dy of its K vectors into registers; then the sums of the
  * groups of a warp (butterfly over the lanes L, 2L, .. apart), then of the
  * warps in warp order through shared memory, into part_g/part_b [chunk][c].
@@ -309,7 +254,8 @@ __global__ void __launch_bounds__(CU_TPB)
 #pragma unroll
                 for (int e = 0; e < V; e++) {
                     o[e] = r * (d[e] * w[e] - mg - (xv[e] - mu) * r * mgx);
-                    if (add) /* as k_ln_dx_rows_vec: the gradient rounded alone, then the sum */
+                    if (add) /* not fused into the product: the sum of the gradient as
+                              * written alone, as an add pass after it would make */
                         o[e] = __fadd_rn(prior[e], o[e]);
                 }
                 cu_st<T, V>(dx + row * c + (size_t)q * V, o);
@@ -652,11 +598,9 @@ static int ln_bwd_t(const T *x, const T *dy, int n, int c, size_t hw, sf_layout 
         if (strided) {
             k_ln_dx_strided<T><<<cu_blocks(pos, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, hw, ga, mean, rstd, dx,
                                                                           dx_add);
-        } else if (vs.L && cu_al16(x) && cu_al16(dy) && cu_al16(dx) && cu_al16(ga)) {
-            const unsigned grid = cu_blocks(pos * vs.L, CU_TPB);
-            LN_VEC_SWITCH(k_ln_dx_rows_vec, vs.K, grid, x, dy, pos, c, vs.L, ga, mean, rstd, dx, dx_add);
-        } else
+        } else { /* misaligned, or rows that are not whole vectors or too long for the registers */
             k_ln_dx_rows<T><<<cu_blocks(pos * 32, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, ga, mean, rstd, dx, dx_add);
+        }
         SF_CUDA_CHECK_LAUNCH();
     }
     if (strided) {

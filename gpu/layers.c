@@ -187,6 +187,10 @@ static const sf_layer_field attention_fields[] = {
      "attention heads (divides embed_dim)"},
     {"dropout", SF_FT_FLOAT, OFF(p), 0, 0, 0, SF_FF_IF_SET, NULL,
      "dropout on the attention weights: 0 only (a nonzero one is refused)"},
+    {"in_proj_bias", SF_FT_BOOL, OFF(bias), 0, 1, 1, SF_FF_IF_SET, NULL,
+     "a bias on the q, k, v projection (timm's qkv_bias; nn.MultiheadAttention's bias)"},
+    {"out_proj_bias", SF_FT_BOOL, OFF(out_bias), 0, 1, 1, SF_FF_IF_SET, NULL,
+     "a bias on the output projection (nn.MultiheadAttention's bias)"},
     F_END,
 };
 static const sf_layer_field shuffle_fields[] = {
@@ -868,11 +872,13 @@ static int pos_embedding_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLO
 static int attention_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
     const int64_t c = L->in_c;
-    pd_set(&pd[0], "in_proj_weight", 2, 3 * c, c, 0, 0);
-    pd_set(&pd[1], "in_proj_bias", 1, 3 * c, 0, 0, 0);
-    pd_set(&pd[2], "out_proj.weight", 2, c, c, 0, 0);
-    pd_set(&pd[3], "out_proj.bias", 1, c, 0, 0, 0);
-    return 4;
+    pd_set(&pd[sf_attn_slot(L, 0, 0)], "in_proj_weight", 2, 3 * c, c, 0, 0);
+    if (L->bias)
+        pd_set(&pd[sf_attn_slot(L, 0, 1)], "in_proj_bias", 1, 3 * c, 0, 0, 0);
+    pd_set(&pd[sf_attn_slot(L, 1, 0)], "out_proj.weight", 2, c, c, 0, 0);
+    if (L->out_bias)
+        pd_set(&pd[sf_attn_slot(L, 1, 1)], "out_proj.bias", 1, c, 0, 0, 0);
+    return 2 + (L->bias != 0) + (L->out_bias != 0);
 }
 
 static const char *const bn_buffers[] = {"running_mean", "running_var", NULL};
@@ -973,7 +979,9 @@ static void pos_embedding_init(const sf_layer *L, int li, uint64_t seed, float *
 static void attention_init(const sf_layer *L, int li, uint64_t seed, float *params)
 {
     const double c = (double)L->in_c;
-    const double bound[SF_PARAM_SLOTS] = {sqrt(6.0 / (c + 3.0 * c)), 0.0, 1.0 / sqrt(c), 0.0};
+    double bound[SF_PARAM_SLOTS] = {0};
+    bound[sf_attn_slot(L, 0, 0)] = sqrt(6.0 / (c + 3.0 * c));
+    bound[sf_attn_slot(L, 1, 0)] = 1.0 / sqrt(c);
     size_t e = 0;
     for (int j = 0; j < SF_PARAM_SLOTS; j++)
         for (size_t i = 0; i < L->p_n[j]; i++, e++) {
@@ -1190,7 +1198,8 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .ref_bwd = sf_ref_layer_attention_bwd, .ref_save = sf_ref_layer_attention_save,
         .cuda = 1, .cuda_tokens = 1,
         .doc = "multi-head self-attention over the tokens, softmax(q k^T / sqrt(C / heads)) v per head, no mask; "
-               "in_proj_weight [3C, C] (q, k, v), in_proj_bias [3C], out_proj.weight [C, C], out_proj.bias [C]"},
+               "in_proj_weight [3C, C] (q, k, v), in_proj_bias [3C], out_proj.weight [C, C], out_proj.bias [C] "
+               "(either bias left out by in_proj_bias / out_proj_bias false)"},
     [SF_L_SELECT_TOKEN] = {
         .name = "select_token", .torch = "x[:, 0]", .min_in = 1, .max_in = 1, .fields = no_fields,
         .shape = select_token_shape, .ref_fwd = sf_ref_layer_select_token_fwd,

@@ -158,6 +158,18 @@ int sf_layer_out_is_features(const sf_layer *L);
  * and dilation along both dimensions: the CUDA backend's own convolution
  * kernels (depthwise, thin, patch, space-to-depth, 1x1 GEMM) take one value
  * of each, and cuDNN runs every other convolution. */
+/* self_attention's parameter slot of projection j's (0: q, k, v; 1: the
+ * output) weight (bias 0) or bias (bias 1; -1 where it has none): in_proj_weight,
+ * in_proj_bias, out_proj.weight, out_proj.bias in that order, the absent
+ * biases left out. */
+static inline int sf_attn_slot(const sf_layer *L, int j, int bias)
+{
+    if (!j)
+        return bias ? (L->bias ? 1 : -1) : 0;
+    const int w = 1 + (L->bias != 0);
+    return bias ? (L->out_bias ? w + 1 : -1) : w;
+}
+
 static inline int sf_layer_conv_square(const sf_layer *L)
 {
     return L->kw == L->k && L->stride_w == L->stride && L->pad_w == L->pad && L->dilation_w == L->dilation;

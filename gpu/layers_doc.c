@@ -91,7 +91,7 @@ void sf_layer_kinds_markdown(FILE *out)
         sf_layer probe;
         memset(&probe, 0, sizeof probe);
         probe.kind = (sf_layer_kind)i;
-        probe.bias = probe.affine = 1; /* every parameter a kind may have */
+        probe.bias = probe.affine = probe.out_bias = 1; /* every parameter a kind may have */
         sf_param_desc pd[SF_PARAM_SLOTS];
         const int np = k->params ? k->params(&probe, pd) : 0;
         for (int p = 0; p < np; p++)

@@ -156,6 +156,8 @@ typedef struct sf_layer {
                                    * pad: SF_PAD_* */
     int align_corners;            /* upsample (bilinear): the corner pixels' centres align, as PyTorch's flag */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
+    int out_bias;                 /* self_attention: 1 when the output projection has a bias (bias: the
+                                   * input projection's) */
     int start, count;             /* channel_slice: the channels [start, start + count) of its input;
                                    * token_mean: the first token averaged */
     int scale;                    /* upsample: each input pixel becomes scale x scale output pixels (0: by size);
@@ -169,7 +171,8 @@ typedef struct sf_layer {
     size_t w_off, b_off;          /* offsets (floats) into the flat parameter buffer */
     size_t n_w, n_b;              /* element counts; 0 where absent */
     /* Every parameter slot of the layer (slot 0 is the weight, slot 1 the
-     * bias, as above; self_attention has four), contiguous in slot order. */
+     * bias, as above; self_attention has up to four: sf_attn_slot), contiguous
+     * in slot order. */
     size_t p_off[SF_PARAM_SLOTS], p_n[SF_PARAM_SLOTS];
     size_t out_elems;             /* elements of the output per sample */
     size_t rm_off, rv_off;        /* batchnorm2d: running_mean/var offsets in the buffers */

@@ -453,6 +453,15 @@ static inline void *g_in(const sf_cuda_net *net, int i, int j, int b)
 static inline void *g_wd(const sf_cuda_net *net, int i) { return E(net->g->wd, net->m.layers[i].w_off, net->g->es); }
 static inline void *g_gd(const sf_cuda_net *net, int i) { return E(net->g->gd, net->m.layers[i].w_off, net->g->es); }
 
+/* The parameter slot of projection j's weight (bias 0) or bias (bias 1; -1:
+ * none) of layer i: a linear layer's 0 and 1, self_attention's sf_attn_slot. */
+static inline int g_proj_slot(const sf_layer *L, int j, int bias)
+{
+    if (L->kind == SF_L_SELF_ATTENTION)
+        return sf_attn_slot(L, j, bias);
+    return bias ? (L->n_b ? 1 : -1) : 0;
+}
+
 /* A weight slot of layer i as the GEMMs read it (bf16 nets: its bf16 copy). */
 static inline const void *g_wslot(const sf_cuda_net *net, int i, int j)
 {

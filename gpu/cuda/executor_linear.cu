@@ -15,9 +15,9 @@ static int g_sdpa_failed(int i, const char *what)
 }
 
 /* Projection j of layer i (a linear layer's 0; self_attention's input
- * projection 0, output projection 1: weight slot 2j, bias slot 2j+1) over
- * rows x [rows, in] -> y [rows, out], with its bias: one cuBLASLt GEMM with
- * the bias in its epilogue where S has the plan and the pointers are as
+ * projection 0, output projection 1: slots g_proj_slot) over rows x [rows,
+ * in] -> y [rows, out], with its bias where it has one: one cuBLASLt GEMM
+ * with the bias in its epilogue where S has the plan and the pointers are as
  * aligned as it assumed, else the cuBLAS GEMM and the bias kernel. */
 int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void *x, int rows, int in, int out, void *y,
                     cudaStream_t s)
@@ -25,11 +25,13 @@ int g_lt_linear_fwd(sf_cuda_net *net, gshape *S, int i, int j, const void *x, in
     const sf_layer *L = &net->m.layers[i];
     const sf_dtype dt = net->g->dt;
     const sf_linear_lt *p = S->lt[i][j];
-    const int rc = p ? sf_linear_lt_fwd(p, net->lt, x, g_wslot(net, i, 2 * j), y, net->blas_ctx.ws, s) : 1;
+    const void *w = g_wslot(net, i, g_proj_slot(L, j, 0));
+    const int bs = g_proj_slot(L, j, 1);
+    const int rc = p ? sf_linear_lt_fwd(p, net->lt, x, w, y, net->blas_ctx.ws, s) : 1;
     if (rc <= 0)
         return rc;
-    return sf_linear_fwd_dt(net->blas, dt, x, rows, in, g_wslot(net, i, 2 * j), out, y, net->cfg.tf32) ||
-                   sf_cuda_bias_act_dt(dt, y, net->params + L->p_off[2 * j + 1], (size_t)rows, out, 1, 0, s)
+    return sf_linear_fwd_dt(net->blas, dt, x, rows, in, w, out, y, net->cfg.tf32) ||
+                   (bs >= 0 && sf_cuda_bias_act_dt(dt, y, net->params + L->p_off[bs], (size_t)rows, out, 1, 0, s))
                ? -1
                : 0;
 }
@@ -41,25 +43,27 @@ int g_lt_linear_bwd_data(sf_cuda_net *net, gshape *S, int i, int j, const void *
                          void *dx, cudaStream_t s)
 {
     const sf_linear_lt *p = S->ltd[i][j];
-    const int rc = p ? sf_linear_lt_bwd_data(p, net->lt, dy, g_wslot(net, i, 2 * j), dx, net->blas_ctx.ws, s) : 1;
+    const void *w = g_wslot(net, i, g_proj_slot(&net->m.layers[i], j, 0));
+    const int rc = p ? sf_linear_lt_bwd_data(p, net->lt, dy, w, dx, net->blas_ctx.ws, s) : 1;
     if (rc <= 0)
         return rc;
-    return sf_linear_bwd_data_dt(net->blas, net->g->dt, dy, rows, in, g_wslot(net, i, 2 * j), out, dx,
-                                 net->cfg.tf32);
+    return sf_linear_bwd_data_dt(net->blas, net->g->dt, dy, rows, in, w, out, dx, net->cfg.tf32);
 }
 
-/* Its weight gradient and bias gradient (fp32, overwritten) from x and dy
- * [rows, out]: the bias-gradient kernel and the cuBLAS GEMM (linear.h says
- * why not one cuBLASLt GEMM). */
+/* Its weight gradient and bias gradient (where it has a bias; fp32,
+ * overwritten) from x and dy [rows, out]: the bias-gradient kernel and the
+ * cuBLAS GEMM (linear.h says why not one cuBLASLt GEMM). */
 static int g_proj_wgrad(sf_cuda_net *net, int i, int j, const void *x, void *dy, int rows, int in, int out,
                         cudaStream_t s)
 {
     const sf_layer *L = &net->m.layers[i];
     const sf_dtype dt = net->g->dt;
     float *G = net->grads;
-    return sf_cuda_bias_grad_dt(dt, dy, NULL, (size_t)rows, out, 1, G + L->p_off[2 * j + 1],
-                                (float *)net->g->scratch, s) ||
-                   sf_linear_bwd_filter_dt(net->blas, dt, x, rows, in, dy, out, G + L->p_off[2 * j], net->cfg.tf32)
+    const int bs = g_proj_slot(L, j, 1);
+    return (bs >= 0 && sf_cuda_bias_grad_dt(dt, dy, NULL, (size_t)rows, out, 1, G + L->p_off[bs],
+                                            (float *)net->g->scratch, s)) ||
+                   sf_linear_bwd_filter_dt(net->blas, dt, x, rows, in, dy, out, G + L->p_off[g_proj_slot(L, j, 0)],
+                                           net->cfg.tf32)
                ? -1
                : 0;
 }

@@ -316,7 +316,7 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, const lt_tune 
     int rows, widest;
     g_lt_shape(net, i, n, &rows, &widest);
     for (int j = 0; j < (attn ? 2 : 1); j++) {
-        const int wslot = attn ? 2 * j : 0, bslot = wslot + 1;
+        const int wslot = g_proj_slot(L, j, 0), bslot = g_proj_slot(L, j, 1);
         sf_linear_lt_desc d;
         memset(&d, 0, sizeof d);
         d.dt = g->dt;
@@ -324,7 +324,7 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, const lt_tune 
         d.rows = rows;
         d.in = L->in_c;
         d.out = attn ? (j ? L->in_c : 3 * L->in_c) : L->out_c;
-        d.b = net->params + L->p_off[bslot];
+        d.b = bslot >= 0 ? net->params + L->p_off[bslot] : NULL;
         d.w = E(g->wd, L->p_off[wslot], g->es);
         d.align_act = 16;
         d.ws_bytes = net->blas_ctx.ws_bytes;
@@ -338,7 +338,7 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, const lt_tune 
         char why[160] = "";
         S->lt_of++;
         int rc = sf_linear_lt_create(&S->lt[i][j], net->lt, &d, why, sizeof why);
-        if (rc && g->dt == SF_DT_BF16) {
+        if (rc && g->dt == SF_DT_BF16 && bslot >= 0) {
             /* the bias's bf16 copy (wd holds every parameter), as autocast reads it */
             sf_linear_lt_desc d16 = d;
             d16.b = E(g->wd, L->p_off[bslot], g->es);

@@ -58,7 +58,9 @@ void sf_ref_layer_attention_fwd(const sf_ref_io *io)
     const int t = L->in_h, c = L->in_c, rows = io->n * t;
     att_bufs s;
     att_floats(t, c, L->heads, (size_t)io->n, &s, io->save);
-    const float *w_in = io->p[0], *w_out = io->p[2];
+    const int wi = sf_attn_slot(L, 0, 0), bi = sf_attn_slot(L, 0, 1), wo = sf_attn_slot(L, 1, 0),
+              bo = sf_attn_slot(L, 1, 1);
+    const float *w_in = io->p[wi], *w_out = io->p[wo];
     if (io->bf16) {
         for (size_t e = 0; e < (size_t)3 * c * c; e++)
             s.w_in[e] = sf_bf16_round(w_in[e]);
@@ -67,13 +69,13 @@ void sf_ref_layer_attention_fwd(const sf_ref_io *io)
         w_in = s.w_in;
         w_out = s.w_out;
     }
-    sf_ref_linear_fwd(io->x[0], rows, c, w_in, io->p[1], 3 * c, s.qkv);
+    sf_ref_linear_fwd(io->x[0], rows, c, w_in, bi < 0 ? NULL : io->p[bi], 3 * c, s.qkv);
     if (io->bf16)
         sf_bf16_round_n(s.qkv, (size_t)rows * 3 * c);
     sf_ref_attention_core_fwd(s.qkv, io->n, t, c, L->heads, s.a, s.o);
     if (io->bf16)
         sf_bf16_round_n(s.o, (size_t)rows * c);
-    sf_ref_linear_fwd(s.o, rows, c, w_out, io->p[3], c, io->y);
+    sf_ref_linear_fwd(s.o, rows, c, w_out, bo < 0 ? NULL : io->p[bo], c, io->y);
 }
 
 /* Takes the state of the training forward of the same batch. The weight
@@ -85,15 +87,17 @@ void sf_ref_layer_attention_bwd(const sf_ref_io *io)
     const int t = L->in_h, c = L->in_c, rows = io->n * t;
     att_bufs s;
     att_floats(t, c, L->heads, (size_t)io->n, &s, io->save);
-    const float *w_in = io->bf16 ? s.w_in : io->p[0], *w_out = io->bf16 ? s.w_out : io->p[2];
-    sf_ref_linear_bwd(s.o, rows, c, w_out, c, io->dy, s.d_o, io->dp[2], io->dp[3]);
+    const int wi = sf_attn_slot(L, 0, 0), bi = sf_attn_slot(L, 0, 1), wo = sf_attn_slot(L, 1, 0),
+              bo = sf_attn_slot(L, 1, 1);
+    const float *w_in = io->bf16 ? s.w_in : io->p[wi], *w_out = io->bf16 ? s.w_out : io->p[wo];
+    sf_ref_linear_bwd(s.o, rows, c, w_out, c, io->dy, s.d_o, io->dp[wo], bo < 0 ? NULL : io->dp[bo]);
     if (io->bf16)
         sf_bf16_round_n(s.d_o, (size_t)rows * c);
     sf_ref_attention_core_bwd(s.qkv, s.a, s.d_o, io->n, t, c, L->heads, s.dqkv);
     if (io->bf16)
         sf_bf16_round_n(s.dqkv, (size_t)rows * 3 * c);
     float *dx = io->want[0] ? io->scratch : NULL;
-    sf_ref_linear_bwd(io->x[0], rows, c, w_in, 3 * c, s.dqkv, dx, io->dp[0], io->dp[1]);
+    sf_ref_linear_bwd(io->x[0], rows, c, w_in, 3 * c, s.dqkv, dx, io->dp[wi], bi < 0 ? NULL : io->dp[bi]);
     if (dx)
         io->give(io, 0, dx);
 }

@@ -129,10 +129,12 @@ def run_spec(spec, tensors, x):
             y = a[0] + p("")
         elif t == "self_attention":
             x, heads = a[0], layer["num_heads"]
-            q, k, v = F.linear(x, p("in_proj_weight"), p("in_proj_bias")).chunk(3, -1)
+            bias_in = p("in_proj_bias") if layer.get("in_proj_bias", True) else None
+            bias_out = p("out_proj.bias") if layer.get("out_proj_bias", True) else None
+            q, k, v = F.linear(x, p("in_proj_weight"), bias_in).chunk(3, -1)
             split = lambda z: z.unflatten(-1, (heads, -1)).transpose(1, 2)  # noqa: E731
             att = torch.softmax(split(q) @ split(k).transpose(-1, -2) / (x.shape[-1] // heads) ** 0.5, -1)
-            y = F.linear((att @ split(v)).transpose(1, 2).flatten(2), p("out_proj.weight"), p("out_proj.bias"))
+            y = F.linear((att @ split(v)).transpose(1, 2).flatten(2), p("out_proj.weight"), bias_out)
         elif t == "select_token":
             y = a[0][:, 0]
         elif t == "transpose_tokens":
@@ -704,13 +706,22 @@ def test_a_self_attention_written_by_hand_exports_and_computes_the_module():
                                                                "select_token"]
 
 
+def test_a_self_attention_without_biases_exports_without_them():
+    """nn.MultiheadAttention(bias=False): neither projection's bias, in the spec or the tensors."""
+    torch.manual_seed(2)
+    ex = assert_spec_computes_the_module(Tokens(bias=False), hw=8)
+    att = ex.spec["layers"][2]
+    assert att == {"type": "self_attention", "name": "attn", "num_heads": 2, "in_proj_bias": False,
+                   "out_proj_bias": False}
+    assert {k for k in ex.tensors if k.startswith("attn.")} == {"attn.in_proj_weight", "attn.out_proj.weight"}
+
+
 @pytest.mark.parametrize("model, why", [
     (Tokens("weights"), "need_weights"),
     (Tokens("mask"), "attn_mask"),
     (Tokens("cross"), "key or value"),
     (Tokens(batch_first=False), "batch_first"),
     (Tokens(dropout=0.1), "dropout"),
-    (Tokens(bias=False), "bias"),
     (Tokens(add_bias_kv=True), "add_bias_kv"),
 ])
 def test_attention_other_than_plain_self_attention_is_refused_naming_the_module(model, why):

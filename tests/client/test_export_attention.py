@@ -116,9 +116,16 @@ def test_attention_leaving_the_pattern_is_refused_naming_the_step(how, why):
     assert e.value.module_path == "blocks.0" and why in str(e.value), str(e.value)
 
 
-def test_projections_without_bias_are_refused():
-    with pytest.raises(ExportError, match="no bias"):
-        convert(Net(Attn(qkv_bias=False)), (1, 3, 8, 8))
+def test_a_qkv_projection_without_bias_makes_a_layer_without_in_proj_bias():
+    """timm's qkv_bias=False: the layer says so, computes the module and its checkpoint has no qkv.bias."""
+    torch.manual_seed(4)
+    ex = assert_spec_computes_the_module(Net(Attn(qkv_bias=False)), hw=8)
+    att = ex.spec["layers"][2]
+    names = {k: v for k, v in NAMES.items() if k != "in_proj_bias"}
+    assert att == {"type": "self_attention", "name": "blocks.0", "num_heads": HEADS, "in_proj_bias": False,
+                   "param_names": names}
+    assert {"blocks.0.qkv.weight", "blocks.0.proj.weight", "blocks.0.proj.bias"} <= set(ex.tensors)
+    assert "blocks.0.qkv.bias" not in ex.tensors
 
 
 def test_attention_dropout_in_training_is_refused():

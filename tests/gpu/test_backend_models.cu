@@ -604,8 +604,9 @@ static std::string describe_line(sf_backend *be, const char *key)
  * tokens, the class token and position embedding, two pre-norm encoder
  * blocks (ln_1, self_attention, dropout, residual add, ln_2, MLP with GELU
  * and dropout, residual add), the final layernorm, the class token's
- * features and the head. */
-static int vit_model(sf_model &m, float drop, int mlp)
+ * features and the head. att: further fields of the attention layers
+ * (",\"in_proj_bias\":false": timm's qkv_bias=False). */
+static int vit_model(sf_model &m, float drop, int mlp, const char *att = "")
 {
     char js[4096], err[300];
     int at = snprintf(js, sizeof js,
@@ -622,7 +623,7 @@ static int vit_model(sf_model &m, float drop, int mlp)
         const char *L = b ? "encoder.layers.encoder_layer_1" : "encoder.layers.encoder_layer_0";
         at += snprintf(js + at, sizeof js - at,
                        ",{\"type\":\"layernorm\",\"name\":\"%s.ln_1\",\"eps\":1e-6,\"inputs\":[\"%s\"]}"
-                       ",{\"type\":\"self_attention\",\"name\":\"%s.self_attention\",\"num_heads\":4}"
+                       ",{\"type\":\"self_attention\",\"name\":\"%s.self_attention\",\"num_heads\":4%s}"
                        ",{\"type\":\"dropout\",\"name\":\"%s.dropout\",\"p\":%g}"
                        ",{\"type\":\"add\",\"name\":\"%s.add_1\",\"inputs\":[\"%s.dropout\",\"%s\"]}"
                        ",{\"type\":\"layernorm\",\"name\":\"%s.ln_2\",\"eps\":1e-6}"
@@ -632,7 +633,8 @@ static int vit_model(sf_model &m, float drop, int mlp)
                        ",{\"type\":\"linear\",\"name\":\"%s.mlp.3\",\"out\":64}"
                        ",{\"type\":\"dropout\",\"name\":\"%s.mlp.4\",\"p\":%g}"
                        ",{\"type\":\"add\",\"name\":\"%s.add_2\",\"inputs\":[\"%s.mlp.4\",\"%s.add_1\"]}",
-                       L, prev, L, L, (double)drop, L, L, prev, L, L, mlp, L, L, (double)drop, L, L, (double)drop, L, L, L);
+                       L, prev, L, att, L, (double)drop, L, L, prev, L, L, mlp, L, L, (double)drop, L, L, (double)drop, L,
+                       L, L);
         snprintf(names[b], sizeof names[b], "%s.add_2", L);
         prev = names[b];
     }
@@ -1176,16 +1178,24 @@ int main(int argc, char **argv)
             int adamw, mlp, no_lt;
             const char *name;
             double tol_loss, tol_delta;
-        } runs[4] = {
-            {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, 0, 128, 0, "vit-small fp32 nchw sgd", 1e-5, 2e-2},
-            {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small fp32 nhwc adamw", 1e-5, 0.1},
-            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small bf16 nhwc adamw", 2e-2, 0.6},
+            const char *att; /* the attention layers' further fields */
+        } runs[7] = {
+            {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, 0, 128, 0, "vit-small fp32 nchw sgd", 1e-5, 2e-2, ""},
+            {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small fp32 nhwc adamw", 1e-5, 0.1, ""},
+            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small bf16 nhwc adamw", 2e-2, 0.6, ""},
             {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 0, 2048, 1, "vit-small wide mlp bf16 nhwc sgd momentum on cuBLAS", 2e-2,
-             1e-1},
+             1e-1, ""},
+            /* projections without a bias: cuBLASLt plans without the bias epilogue, and cuBLAS without the bias kernel */
+            {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small no qkv bias fp32 nhwc adamw", 1e-5, 0.1,
+             ",\"in_proj_bias\":false"},
+            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small no attention biases bf16 nhwc adamw", 2e-2, 0.6,
+             ",\"in_proj_bias\":false,\"out_proj_bias\":false"},
+            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 0, 128, 1, "vit-small no attention biases bf16 nhwc sgd on cuBLAS", 2e-2,
+             1e-1, ",\"in_proj_bias\":false,\"out_proj_bias\":false"},
         };
-        for (int v = 0; v < 4; v++) {
+        for (int v = 0; v < 7; v++) {
             sf_model m;
-            if (vit_model(m, 0.1f, runs[v].mlp))
+            if (vit_model(m, 0.1f, runs[v].mlp, runs[v].att))
                 break;
             std::vector<float> init(m.n_params);
             sf_model_init_params(&m, 42, init.data());
@@ -1204,7 +1214,7 @@ int main(int argc, char **argv)
             cfg.sw = &sw;
             train_out tc, tr;
             train_both(cu, ref, m, cfg, runs[v].lay, bs, 3, tc, tr, init.data());
-            if (tc.ok) {
+            if (tc.ok && !runs[v].att[0]) {
                 const char *key = "linear: cuBLASLt with the bias in the GEMM for ";
                 const std::string line = describe_line(cu, key);
                 int fn = -1, fof = -1;

@@ -9,21 +9,22 @@ indexing the split (what it runs without fused attention, and what older
 code writes); ``pool`` the head's input: the class token ("token") or the
 mean of the other tokens ("avg", timm's global_pool="avg"); ``init_values``
 gives each block timm's LayerScale (gamma [C]) after its attention and MLP
-and timm's LayerNorm (F.layer_norm of its own weight and bias). forward()
-takes a mask as timm's does, None by default."""
+and timm's LayerNorm (F.layer_norm of its own weight and bias);
+``qkv_bias=False`` leaves the qkv Linear without a bias (timm Attention's
+own default). forward() takes a mask as timm's does, None by default."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, num_heads, fused=True):
+    def __init__(self, dim, num_heads, fused=True, qkv_bias=True):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
         self.scale = self.head_dim ** -0.5
         self.fused = fused
-        self.qkv = nn.Linear(dim, dim * 3)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.q_norm = nn.Identity()
         self.k_norm = nn.Identity()
         self.attn_drop = nn.Dropout(0.0)
@@ -80,11 +81,11 @@ class LayerScale(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, dim, heads, fused, init_values=None):
+    def __init__(self, dim, heads, fused, init_values=None, qkv_bias=True):
         super().__init__()
         norm = LayerNorm if init_values else nn.LayerNorm  # the DeiT-III-like variant takes timm's
         self.norm1 = norm(dim, eps=1e-6)
-        self.attn = Attention(dim, heads, fused)
+        self.attn = Attention(dim, heads, fused, qkv_bias)
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.norm2 = norm(dim, eps=1e-6)
         self.mlp = Mlp(dim, dim * 2)
@@ -97,13 +98,13 @@ class Block(nn.Module):
 
 class ViT(nn.Module):
     def __init__(self, img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=True, pool="token",
-                 init_values=None):
+                 init_values=None, qkv_bias=True):
         super().__init__()
         self.pool = pool
         self.patch_embed = nn.Conv2d(3, dim, patch, patch)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.randn(1, (img // patch) ** 2 + 1, dim) * 0.02)
-        self.blocks = nn.ModuleList([Block(dim, heads, fused, init_values) for _ in range(depth)])
+        self.blocks = nn.ModuleList([Block(dim, heads, fused, init_values, qkv_bias) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, classes)
 

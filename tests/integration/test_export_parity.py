@@ -856,32 +856,37 @@ def test_a_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_p
     assert_trains_with_adamw_like_pytorch(s, build, model, hw, name)
 
 
-@pytest.mark.parametrize("fused, pool, init_values", [(True, "token", None), (False, "token", None),
-                                                      (True, "avg", None), (True, "token", 0.1)],
-                         ids=["sdpa", "written_out", "average_pooled", "layer_scale"])
+@pytest.mark.parametrize("fused, pool, init_values, qkv_bias", [
+    (True, "token", None, True), (False, "token", None, True), (True, "avg", None, True),
+    (True, "token", 0.1, True), (False, "token", None, False)],
+    ids=["sdpa", "written_out", "average_pooled", "layer_scale", "no_qkv_bias"])
 def test_a_hand_written_vision_transformer_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker,
-                                                                          fused, pool, init_values):
+                                                                          fused, pool, init_values, qkv_bias):
     """A ViT as users write it (timm's layout: one qkv Linear, the heads
     split by reshape and permute, F.scaled_dot_product_attention or the
     softmax written out, a proj Linear; hand_written_vit.py), its head on the
     class token or on the mean of the other tokens (token_mean), with or without
-    timm's LayerScale (layer_scale on tokens, gamma [C]): each attention
-    is one self_attention layer keeping the module's parameter names, and it
-    trains five AdamW steps like PyTorch, evaluates like the module and its
-    checkpoint loads back strictly."""
+    timm's LayerScale (layer_scale on tokens, gamma [C]), the qkv Linear with
+    or without a bias: each attention is one self_attention layer keeping the
+    module's parameter names, and it trains five AdamW steps like PyTorch,
+    evaluates like the module and its checkpoint loads back strictly."""
     from hand_written_vit import ViT
     torch.manual_seed(6)
 
     def build():
         return ViT(img=32, patch=8, dim=32, depth=2, heads=4, classes=10, fused=fused, pool=pool,
-                   init_values=init_values)
+                   init_values=init_values, qkv_bias=qkv_bias)
     model = build()
     s = start_exported(start_server, tmp_path, model, spec_checker, hw=32, optimizer="adamw")
     spec = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]
     attn = [layer for layer in spec["layers"] if layer["type"] == "self_attention"]
     assert [layer["name"] for layer in attn] == ["blocks.0.attn", "blocks.1.attn"]
-    assert attn[0]["param_names"] == {"in_proj_weight": "qkv.weight", "in_proj_bias": "qkv.bias",
-                                      "out_proj.weight": "proj.weight", "out_proj.bias": "proj.bias"}
+    names = {"in_proj_weight": "qkv.weight", "in_proj_bias": "qkv.bias", "out_proj.weight": "proj.weight",
+             "out_proj.bias": "proj.bias"}
+    if not qkv_bias:
+        del names["in_proj_bias"]
+        assert attn[0]["in_proj_bias"] is False
+    assert attn[0]["param_names"] == names
     assert not any(layer["name"].startswith("blocks.0.attn.") for layer in spec["layers"])
     if init_values:
         assert {"type": "layer_scale", "name": "blocks.0.ls1", "param_names": {"layer_scale": "gamma"}} in \
@@ -890,6 +895,38 @@ def test_a_hand_written_vision_transformer_trains_with_adamw_like_pytorch(start_
         assert [layer for layer in spec["layers"] if layer["type"] == "token_mean"] == [
             {"type": "token_mean", "name": "mean", "start": 1}]
     assert_trains_with_adamw_like_pytorch(s, build, model, 32, "hand-written ViT")
+
+
+class _UnbiasedAttentionNet(torch.nn.Module):
+    """Patches as tokens, one pre-norm block around torch.nn.MultiheadAttention(bias=False)
+    called as torchvision's encoder calls it, the head on the tokens' mean."""
+
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, dim, 8, 8)
+        self.norm = torch.nn.LayerNorm(dim)
+        self.attn = torch.nn.MultiheadAttention(dim, heads, bias=False, batch_first=True)
+        self.head = torch.nn.Linear(dim, 10)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        y = self.norm(x)
+        a, _ = self.attn(y, y, y, need_weights=False)
+        return self.head((x + a).mean(dim=1))
+
+
+def test_multihead_attention_without_biases_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker):
+    """nn.MultiheadAttention(bias=False) has neither in_proj_bias nor
+    out_proj.bias: the layer leaves both out (in_proj_bias and out_proj_bias
+    false), trains five AdamW steps like PyTorch, evaluates like the module
+    and its checkpoint, without those keys, loads back strictly."""
+    torch.manual_seed(8)
+    model = _UnbiasedAttentionNet()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=32, optimizer="adamw")
+    spec = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]
+    assert [layer for layer in spec["layers"] if layer["type"] == "self_attention"] == [
+        {"type": "self_attention", "name": "attn", "num_heads": 4, "in_proj_bias": False, "out_proj_bias": False}]
+    assert_trains_with_adamw_like_pytorch(s, _UnbiasedAttentionNet, model, 32, "attention without biases")
 
 
 def test_a_hand_written_mlp_mixer_trains_with_adamw_like_pytorch(start_server, tmp_path, spec_checker):

@@ -443,6 +443,51 @@ static void a_densenet_sized_concat_chain_fits_the_layer_limit(void **state)
     free(js);
 }
 
+/* self_attention without a projection's bias (timm's qkv_bias=False,
+ * nn.MultiheadAttention(bias=False)): the slots left out, the others in
+ * their order and sizes, the fields written back only when false, and a
+ * param_names entry for the absent bias refused. */
+static void attention_biases_may_be_left_out(void **state)
+{
+    static sf_model m;
+    char err[256] = "";
+#define ATT(fields) "{\"input\":[3,8,8],\"classes\":4,\"layers\":[" \
+                    "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":8,\"k\":4,\"stride\":4}," \
+                    "{\"type\":\"to_tokens\",\"name\":\"tok\"}," \
+                    "{\"type\":\"self_attention\",\"name\":\"a\",\"num_heads\":2" fields "}," \
+                    "{\"type\":\"select_token\",\"name\":\"sel\"},{\"type\":\"linear\",\"name\":\"head\",\"out\":4}]}"
+    sf_param_desc pd[SF_PARAM_SLOTS];
+    char key[SF_PARAM_KEY_MAX];
+    assert_int_equal(sf_model_from_json(ATT(",\"in_proj_bias\":false"), &m, err, sizeof err), 0);
+    const sf_layer *at = layer_named(&m, "a");
+    assert_int_equal(sf_layer_params(at, pd), 3);
+    const char *const three[] = {"a.in_proj_weight", "a.out_proj.weight", "a.out_proj.bias"};
+    for (int j = 0; j < 3; j++) {
+        sf_layer_param_key(at, &pd[j], key, sizeof key);
+        assert_string_equal(key, three[j]);
+    }
+    assert_true(at->p_n[0] == 192 && at->p_n[1] == 64 && at->p_n[2] == 8 && sf_layer_param_count(at) == 264);
+    assert_true(sf_attn_slot(at, 0, 0) == 0 && sf_attn_slot(at, 0, 1) == -1 && sf_attn_slot(at, 1, 0) == 1 &&
+                sf_attn_slot(at, 1, 1) == 2);
+    expect_fields_json(at, "{\"num_heads\":2,\"in_proj_bias\":false}");
+    assert_int_equal(sf_model_from_json(ATT(",\"in_proj_bias\":false,\"out_proj_bias\":false"), &m, err, sizeof err),
+                     0);
+    at = layer_named(&m, "a");
+    assert_int_equal(sf_layer_params(at, pd), 2);
+    sf_layer_param_key(at, &pd[1], key, sizeof key);
+    assert_string_equal(key, "a.out_proj.weight");
+    assert_true(sf_attn_slot(at, 1, 0) == 1 && sf_attn_slot(at, 1, 1) == -1 && sf_layer_param_count(at) == 256);
+    assert_int_equal(sf_model_from_json(ATT(""), &m, err, sizeof err), 0);
+    at = layer_named(&m, "a");
+    assert_int_equal(sf_layer_params(at, pd), 4);
+    assert_true(sf_attn_slot(at, 0, 1) == 1 && sf_attn_slot(at, 1, 0) == 2 && sf_attn_slot(at, 1, 1) == 3);
+    expect_fields_json(at, "{\"num_heads\":2}");
+    expect_json_error(ATT(",\"in_proj_bias\":false,\"param_names\":{\"in_proj_bias\":\"qkv.bias\"}"), "layer 2",
+                      "not one of its parameters");
+    expect_json_error(ATT(",\"out_proj_bias\":2"), "layer 2", "out_proj_bias");
+#undef ATT
+}
+
 /* "param_names": a layer's parameters under the names the module holding
  * them gives them (timm's Attention: qkv.weight for in_proj_weight), in
  * the checkpoint's keys and written back with the layer; a name that is
@@ -541,6 +586,7 @@ int main(void)
         cmocka_unit_test(bad_specs_of_these_kinds_fail_naming_the_layer_and_field),
         cmocka_unit_test(fields_marked_if_set_are_written_back_only_when_set),
         cmocka_unit_test(parameters_keep_the_names_param_names_gives_them),
+        cmocka_unit_test(attention_biases_may_be_left_out),
         cmocka_unit_test(a_densenet_sized_concat_chain_fits_the_layer_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

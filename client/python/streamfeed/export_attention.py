@@ -68,6 +68,7 @@ class QkvAttention:
     param_names: Dict[str, str]
     proj: torch.fx.Node
     inner: Set[torch.fx.Node] = field(default_factory=set)
+    fields: Dict[str, Any] = field(default_factory=dict)
 
 
 def _dims(n: torch.fx.Node) -> Tuple[Any, ...]:
@@ -305,29 +306,41 @@ def match(gm: torch.fx.GraphModule, n: torch.fx.Node, mod: nn.Linear, tokens: Tu
     pmod = gm.get_submodule(str(proj.target)) if proj.op == "call_module" else None
     if type(pmod) is not nn.Linear or pmod.in_features != c or pmod.out_features != c:
         raise w.refuse(f"the merged heads go to {proj.name}, not to an nn.Linear({c}, {c}) projecting them back")
-    if mod.bias is None or pmod.bias is None:
-        raise w.refuse("the projections have no bias (qkv_bias=False); the service's self_attention has both "
-                       "biases")
     name = _prefix(path, str(proj.target))
     if not name:
         raise w.refuse("the two projections are not held by one module (as timm's Attention holds qkv and proj); "
                        "the layer is named by it")
     rel = [p[len(name) + 1:] for p in (path, str(proj.target))]
+    # timm's qkv_bias=False leaves the qkv Linear without a bias: the layer's
+    # in_proj_bias goes, as its own slots do
+    has = [True, mod.bias is not None, True, pmod.bias is not None]
     suffixes = [f"{rel[0]}.weight", f"{rel[0]}.bias", f"{rel[1]}.weight", f"{rel[1]}.bias"]
+    own = ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]
+    suffixes = [s for s, h in zip(suffixes, has) if h]
+    own = [o for o, h in zip(own, has) if h]
     long = [s for s in suffixes if len(s) > SUFFIX_MAX]
     if long:
         raise w.refuse(f"the parameter name {long[0]} under {name} is longer than the {SUFFIX_MAX} characters the "
                        "service takes")
-    own = ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]
     return QkvAttention(name=name, heads=heads, params=suffixes, param_names=dict(zip(own, suffixes)), proj=proj,
-                        inner=w.inner)
+                        inner=w.inner, fields=attention_bias_fields(has[1], has[3]))
+
+
+def attention_bias_fields(in_bias: bool, out_bias: bool) -> Dict[str, Any]:
+    """self_attention's fields for absent projection biases (none when both are there)."""
+    f: Dict[str, Any] = {}
+    if not in_bias:
+        f["in_proj_bias"] = False
+    if not out_bias:
+        f["out_proj_bias"] = False
+    return f
 
 
 def multihead_query(n: torch.fx.Node, mod: Any, op: str, path: str) -> torch.fx.Node:
     """The query of an nn.MultiheadAttention call that is the service's
     self_attention as it stands, as torchvision's EncoderBlock calls it:
-    attn(x, x, x, need_weights=False), batch_first, one embed_dim, biases,
-    no bias_kv or zero attention, dropout 0. Anything else is refused."""
+    attn(x, x, x, need_weights=False), batch_first, one embed_dim, no bias_kv
+    or zero attention, dropout 0 (bias=False too). Anything else is refused."""
     names = ["query", "key", "value", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
              "is_causal"]
     if len(n.args) > len(names) or any(k not in names for k in n.kwargs):
@@ -352,9 +365,8 @@ def multihead_query(n: torch.fx.Node, mod: Any, op: str, path: str) -> torch.fx.
     if not mod._qkv_same_embed_dim or mod.kdim != mod.embed_dim or mod.vdim != mod.embed_dim:
         raise ExportError(f"kdim {mod.kdim} / vdim {mod.vdim} differ from embed_dim {mod.embed_dim}: the service "
                           "projects q, k and v from one in_proj_weight", op=op, module_path=path)
-    if mod.in_proj_bias is None or mod.out_proj.bias is None or mod.bias_k is not None or \
-            mod.bias_v is not None or mod.add_zero_attn:
-        raise ExportError("needs bias=True, add_bias_kv=False and add_zero_attn=False", op=op, module_path=path)
+    if mod.bias_k is not None or mod.bias_v is not None or mod.add_zero_attn:
+        raise ExportError("needs add_bias_kv=False and add_zero_attn=False", op=op, module_path=path)
     if float(mod.dropout) != 0.0:
         raise ExportError(f"dropout {mod.dropout} on the attention weights is not supported (0 only)", op=op,
                           module_path=path)

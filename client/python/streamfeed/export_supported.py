@@ -48,8 +48,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "LogSoftmax": "log_softmax (dim 1 of flat features)",
     "Flatten": "flatten (start_dim 1)",
     "LayerNorm": "layernorm2d (over channels after a permute), layernorm (over features, or each token's)",
-    "MultiheadAttention": "self_attention (batch_first, query = key = value, one embed_dim, biases, dropout 0, "
-                          "no masks, need_weights=False)",
+    "MultiheadAttention": "self_attention (batch_first, query = key = value, one embed_dim, bias either way, "
+                          "dropout 0, no masks, need_weights=False)",
     "LayerNorm2d": "layernorm2d (torchvision.models.convnext.LayerNorm2d)",
     "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
     "Identity": "nothing",

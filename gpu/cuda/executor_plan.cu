@@ -544,11 +544,14 @@ static int g_alias_add(sf_cuda_net *net, int i, const int *readers)
             continue;
         const int root = g_grad_root(g, obs);
         int clash = 0;
-        for (int c = oa; c < g->nl && !clash; c++)
-            for (int j = 0; j < g->op[c].n_in && c != i; j++) {
+        for (int c = oa; c < g->nl && !clash; c++) {
+            if (c == i)
+                continue;
+            for (int j = 0; j < g->op[c].n_in; j++) {
                 const int s = g_storage(net, g_owner(m, g->op[c].src[j]));
                 clash |= s >= 0 && g_grad_root(g, s) == root;
             }
+        }
         if (clash)
             continue;
         g->op[oa].dy_of = o->dy_of = 1 + root;

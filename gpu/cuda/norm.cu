@@ -581,29 +581,24 @@ static int ln_bwd_t(const T *x, const T *dy, int n, int c, size_t hw, sf_layout 
     const int strided = ln_strided(lay, hw), chunks = ln_chunks(n, hw, lay);
     const ln_vec_shape vs = ln_vec_pick<T>(c);
     float *part_g = (float *)scratch, *part_b = part_g + (size_t)chunks * c;
-    const unsigned sum_grid = (unsigned)cu_cdiv((size_t)c, 32);
-    if (dx && !strided && vs.L && cu_al16(x) && cu_al16(dy) && cu_al16(dx) && cu_al16(ga)) {
-        /* one pass: chunks of whole groups' rows, as many as the other path's */
+    int parts = chunks; /* the partials' rows written */
+    const bool one_pass = dx && !strided && vs.L && cu_al16(x) && cu_al16(dy) && cu_al16(dx) && cu_al16(ga);
+    if (one_pass) {
+        /* one pass: chunks of whole groups' rows, at most as many as the other path's */
         const size_t groups = (size_t)(CU_TPB / vs.L);
         const size_t per = cu_cdiv(cu_cdiv(pos, (size_t)chunks), groups) * groups;
-        const unsigned grid = (unsigned)cu_cdiv(pos, per);
-        LN_VEC_SWITCH(k_ln_bwd_rows_vec, vs.K, grid, x, dy, pos, c, vs.L, per, ga, mean, rstd, dx, dx_add, part_g,
-                      part_b);
-        SF_CUDA_CHECK_LAUNCH();
-        k_ln_wgrad_sum<<<sum_grid, CU_TPB, 0, s>>>(part_g, part_b, (int)grid, c, dgamma, dbeta);
-        SF_CUDA_CHECK_LAUNCH();
-        return 0;
+        parts = (int)cu_cdiv(pos, per);
+        LN_VEC_SWITCH(k_ln_bwd_rows_vec, vs.K, (unsigned)parts, x, dy, pos, c, vs.L, per, ga, mean, rstd, dx, dx_add,
+                      part_g, part_b);
+    } else if (dx && strided) {
+        k_ln_dx_strided<T><<<cu_blocks(pos, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, hw, ga, mean, rstd, dx, dx_add);
+    } else if (dx) { /* misaligned, or rows that are not whole vectors or too long for the registers */
+        k_ln_dx_rows<T><<<cu_blocks(pos * 32, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, ga, mean, rstd, dx, dx_add);
     }
-    if (dx) {
-        if (strided) {
-            k_ln_dx_strided<T><<<cu_blocks(pos, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, hw, ga, mean, rstd, dx,
-                                                                          dx_add);
-        } else { /* misaligned, or rows that are not whole vectors or too long for the registers */
-            k_ln_dx_rows<T><<<cu_blocks(pos * 32, CU_TPB), CU_TPB, 0, s>>>(x, dy, pos, c, ga, mean, rstd, dx, dx_add);
-        }
-        SF_CUDA_CHECK_LAUNCH();
-    }
-    if (strided) {
+    SF_CUDA_CHECK_LAUNCH();
+    if (one_pass) {
+        /* the partials are written */
+    } else if (strided) {
         k_ln_wgrad_strided<T><<<(unsigned)((size_t)n * c), CU_TPB, 0, s>>>(x, dy, c, hw, mean, rstd, part_g, part_b);
     } else if (c % V == 0 && cu_al16(x) && cu_al16(dy)) {
         const size_t per = cu_cdiv(pos, (size_t)chunks);
@@ -615,7 +610,7 @@ static int ln_bwd_t(const T *x, const T *dy, int n, int c, size_t hw, sf_layout 
         k_ln_wgrad_rows<T><<<grid, block, 0, s>>>(x, dy, pos, c, per, mean, rstd, part_g, part_b);
     }
     SF_CUDA_CHECK_LAUNCH();
-    k_ln_wgrad_sum<<<sum_grid, CU_TPB, 0, s>>>(part_g, part_b, chunks, c, dgamma, dbeta);
+    k_ln_wgrad_sum<<<(unsigned)cu_cdiv((size_t)c, 32), CU_TPB, 0, s>>>(part_g, part_b, parts, c, dgamma, dbeta);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }

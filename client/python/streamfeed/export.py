@@ -51,7 +51,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from .export_attention import HEADS_HINT, QkvAttention, attention_bias_fields, match as match_attention, multihead_query
+from .export_attention import HEADS_HINT, QkvAttention, attention_slots, match as match_attention, multihead_query
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_check import check_trace, forward_failed, propagate, static_number
 from .export_nodes import (_dims_of, _is_chunk_or_split, _is_method_or, _meta_shape, _only_user, _op_name,
@@ -752,10 +752,9 @@ class _Converter:
         if not x.tokens:
             raise ExportError(f"attends over a tensor of per-sample shape {list(x.shape)}, not a token sequence "
                               "[T, C]", op=op, module_path=path)
-        in_bias, out_bias = mod.in_proj_bias is not None, mod.out_proj.bias is not None
-        params = ["in_proj_weight"] + ["in_proj_bias"] * in_bias + ["out_proj.weight"] + ["out_proj.bias"] * out_bias
+        params, fields = attention_slots(mod.in_proj_bias is not None, mod.out_proj.bias is not None)
         out = self.b.emit("self_attention", path, [x], x.shape, tokens=True, num_heads=int(mod.num_heads),
-                          params=params, **attention_bias_fields(in_bias, out_bias))
+                          params=params, **fields)
         return _Attention(out)
 
     def written_attention(self, att: QkvAttention, x: _Val) -> str:

@@ -311,29 +311,30 @@ def match(gm: torch.fx.GraphModule, n: torch.fx.Node, mod: nn.Linear, tokens: Tu
         raise w.refuse("the two projections are not held by one module (as timm's Attention holds qkv and proj); "
                        "the layer is named by it")
     rel = [p[len(name) + 1:] for p in (path, str(proj.target))]
-    # timm's qkv_bias=False leaves the qkv Linear without a bias: the layer's
-    # in_proj_bias goes, as its own slots do
-    has = [True, mod.bias is not None, True, pmod.bias is not None]
-    suffixes = [f"{rel[0]}.weight", f"{rel[0]}.bias", f"{rel[1]}.weight", f"{rel[1]}.bias"]
-    own = ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]
-    suffixes = [s for s, h in zip(suffixes, has) if h]
-    own = [o for o, h in zip(own, has) if h]
+    # timm's qkv_bias=False leaves the qkv Linear without a bias: so is the layer
+    own, fields = attention_slots(mod.bias is not None, pmod.bias is not None)
+    theirs = {"in_proj_weight": f"{rel[0]}.weight", "in_proj_bias": f"{rel[0]}.bias",
+              "out_proj.weight": f"{rel[1]}.weight", "out_proj.bias": f"{rel[1]}.bias"}
+    suffixes = [theirs[o] for o in own]
     long = [s for s in suffixes if len(s) > SUFFIX_MAX]
     if long:
         raise w.refuse(f"the parameter name {long[0]} under {name} is longer than the {SUFFIX_MAX} characters the "
                        "service takes")
     return QkvAttention(name=name, heads=heads, params=suffixes, param_names=dict(zip(own, suffixes)), proj=proj,
-                        inner=w.inner, fields=attention_bias_fields(has[1], has[3]))
+                        inner=w.inner, fields=fields)
 
 
-def attention_bias_fields(in_bias: bool, out_bias: bool) -> Dict[str, Any]:
-    """self_attention's fields for absent projection biases (none when both are there)."""
-    f: Dict[str, Any] = {}
+def attention_slots(in_bias: bool, out_bias: bool) -> Tuple[List[str], Dict[str, Any]]:
+    """self_attention's parameters, in its slot order, with or without each
+    projection's bias, and the fields that say which are left out (none when
+    both biases are there)."""
+    names = ["in_proj_weight"] + ["in_proj_bias"] * in_bias + ["out_proj.weight"] + ["out_proj.bias"] * out_bias
+    fields: Dict[str, Any] = {}
     if not in_bias:
-        f["in_proj_bias"] = False
+        fields["in_proj_bias"] = False
     if not out_bias:
-        f["out_proj_bias"] = False
-    return f
+        fields["out_proj_bias"] = False
+    return names, fields
 
 
 def multihead_query(n: torch.fx.Node, mod: Any, op: str, path: str) -> torch.fx.Node:

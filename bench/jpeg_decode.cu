@@ -11,10 +11,11 @@
  * is reported as unavailable.
  *
  * With --busy-ms X each backend is measured a second time with a kernel of
- * X ms started on another (non-blocking) stream just before every decode
- * call, as a training step runs beside the decode in the service: the host
- * time of the call then says whether nvJPEG's call waits for other streams'
- * work (about X + the decode) or only for its own.
+ * X ms that fills every SM, started on another (non-blocking) stream just
+ * before every decode call, as a training step runs beside the decode in
+ * the service: the host time of the call then says whether nvJPEG's call
+ * needs the SMs (about X + the decode) or only its engines and the host.
+ * (A one-thread kernel cannot tell: it leaves the SMs free.)
  *
  * --lanes L decodes a batch of at least 64 files per lane in L slices at once
  * (jpeg_decode.h's lanes).
@@ -75,7 +76,9 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* Spins one thread for ns nanoseconds of the device's global timer. */
+/* Spins each thread for ns nanoseconds of the device's global timer;
+ * launched with as many blocks as every SM holds at once, so that for those
+ * ns nothing else gets an SM, as beside a training step's kernels. */
 __global__ void k_busy(unsigned long long ns)
 {
     unsigned long long t0, t;
@@ -158,10 +161,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "jpeg_decode: %s\n", err);
         return 1;
     }
-    char desc[300];
+    char desc[1024];
     sf_cuda_jpeg_describe(j, desc, sizeof desc);
     printf("%s: %zu files, %.1f KB average, from %s\n%s", label, files.size(), total_bytes / 1024.0 / files.size(),
            dir, desc);
+    int sms = 0, per_sm = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_busy, 256, 0);
+    const int busy_blocks = sms * (per_sm > 0 ? per_sm : 1);
     cudaStream_t s, hog;
     cudaStreamCreate(&s);
     cudaStreamCreateWithFlags(&hog, cudaStreamNonBlocking);
@@ -245,7 +252,7 @@ int main(int argc, char **argv)
                 double host = 0;
                 for (int it = 0; it < iters && rc == 0; it++) {
                     rc = cudaStreamSynchronize(s) != cudaSuccess || cudaStreamSynchronize(hog) != cudaSuccess;
-                    k_busy<<<1, 1, 0, hog>>>((unsigned long long)(busy_ms * 1e6));
+                    k_busy<<<busy_blocks, 256, 0, hog>>>((unsigned long long)(busy_ms * 1e6));
                     const double h0 = now_s();
                     rc = rc || sf_cuda_jpeg_decode(j, &bt[it % nb], be, 0, NULL, s);
                     host += now_s() - h0;

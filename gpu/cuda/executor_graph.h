@@ -190,6 +190,7 @@ typedef struct gshape {
     int lt_n, lt_of;                         /* forward GEMMs on cuBLASLt, of those it was tried for */
     int lt_timed, lt_other;                  /* plans whose algorithm was timed; of them, not cuBLASLt's first */
     int lt_b16;                              /* forward plans on the bias's bf16 copy (fp32 had none) */
+    int lt_plain;                            /* forward plans of GEMMs without a bias (no epilogue) */
     char lt_why[200];                        /* why the first of the others is not ("" when none) */
 } gshape;
 

@@ -353,6 +353,7 @@ static void g_lt_plans(sf_cuda_net *net, gshape *S, int i, int n, const lt_tune 
             continue;
         }
         S->lt_n++;
+        S->lt_plain += bslot < 0;
         if (!net->cfg.no_lt_tune) { /* its backward-data GEMM, where cuBLASLt has a plan */
             sf_linear_lt_desc dd = d;
             dd.dgrad = 1;
@@ -721,10 +722,13 @@ extern "C" void sf_net_describe(const sf_cuda_net *net, int n, char *buf, size_t
         if (S->lt_timed)
             snprintf(timed, sizeof timed, "; algorithms timed for %d plans, %d of them on another than cuBLASLt's "
                      "first", S->lt_timed, S->lt_other);
+        char plain[96] = "";
+        if (S->lt_plain)
+            snprintf(plain, sizeof plain, "; %d of them have no bias and run without an epilogue", S->lt_plain);
         int w = snprintf(buf + at, len - at,
-                         "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS)%s; "
+                         "linear: cuBLASLt with the bias in the GEMM for %d of %d forward GEMMs (epilogue BIAS%s)%s; "
                          "%d backward-data GEMMs on cuBLASLt%s%s%s\n",
-                         S->lt_n, S->lt_of,
+                         S->lt_n, S->lt_of, plain,
                          S->lt_b16 ? "; forward biases read as their bf16 copies (no plan with fp32 ones)" : "",
                          n_ltd, timed, all ? "" : ", the others on cuBLAS: ", all ? "" : S->lt_why);
         if (w > 0)

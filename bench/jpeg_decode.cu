@@ -15,16 +15,20 @@
  * before every decode call, as a training step runs beside the decode in
  * the service: the host time of the call then says whether nvJPEG's call
  * needs the SMs (about X + the decode) or only its engines and the host.
- * (A one-thread kernel cannot tell: it leaves the SMs free.)
+ * (A one-thread kernel cannot tell: it leaves the SMs free.) With
+ * --green-sms K the decode stream is in a green context of K SMs of its own
+ * and the busy kernel in one of the other SMs: whether an SM split between
+ * the step and the decode gives the call its time alone back.
  *
  * --lanes L decodes a batch of at least 64 files per lane in L slices at once
  * (jpeg_decode.h's lanes).
  *
  * Run: build/bench/jpeg_decode DIR [--batch 32,256] [--iters 50] [--warmup 5] [--label NAME] [--busy-ms X]
- *      [--lanes L]
+ *      [--lanes L] [--green-sms K]
  * Prints one human line and one JSON line per measurement; exits 0 with
  * "SKIPPED: no CUDA device" without a GPU.
  */
+#include <cuda.h>
 extern "C" {
 #include "gpu/backend.h"
 #include "gpu/cuda/jpeg_decode.h"
@@ -88,6 +92,47 @@ __global__ void k_busy(unsigned long long ns)
     } while (t - t0 < ns);
 }
 
+/* --green-sms K: the decode stream in a green context of K SMs of its own
+ * and the busy kernel's stream in one of the others (the driver's calls,
+ * found through the runtime, so that nothing links libcuda). *blocks becomes
+ * the busy kernel's blocks for the SMs it has. 0, or -1 with a message. */
+static int green_streams(unsigned k, int per_sm, cudaStream_t *dec, cudaStream_t *busy, int *blocks)
+{
+    typedef CUresult (*get_t)(CUdevice, CUdevResource *, CUdevResourceType);
+    typedef CUresult (*split_t)(CUdevResource *, unsigned int *, const CUdevResource *, CUdevResource *, unsigned int,
+                                unsigned int);
+    typedef CUresult (*desc_t)(CUdevResourceDesc *, CUdevResource *, unsigned int);
+    typedef CUresult (*ctx_t)(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int);
+    typedef CUresult (*stream_t)(CUstream *, CUgreenCtx, unsigned int, int);
+    const char *names[5] = {"cuDeviceGetDevResource", "cuDevSmResourceSplitByCount", "cuDevResourceGenerateDesc",
+                            "cuGreenCtxCreate", "cuGreenCtxStreamCreate"};
+    void *f[5] = {0};
+    for (int i = 0; i < 5; i++) {
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion(names[i], &f[i], 13000, cudaEnableDefault, &q) != cudaSuccess || !f[i]) {
+            fprintf(stderr, "jpeg_decode: --green-sms: the driver has no %s\n", names[i]);
+            return -1;
+        }
+    }
+    CUdevResource sm, grp[1], rest;
+    unsigned ng = 1;
+    CUdevResourceDesc d1, d2;
+    CUgreenCtx g1, g2;
+    CUstream s1, s2;
+    if (((get_t)f[0])(0, &sm, CU_DEV_RESOURCE_TYPE_SM) || ((split_t)f[1])(grp, &ng, &sm, &rest, 0, k) || ng != 1 ||
+        ((desc_t)f[2])(&d1, grp, 1) || ((desc_t)f[2])(&d2, &rest, 1) ||
+        ((ctx_t)f[3])(&g1, d1, 0, CU_GREEN_CTX_DEFAULT_STREAM) || ((ctx_t)f[3])(&g2, d2, 0, CU_GREEN_CTX_DEFAULT_STREAM) ||
+        ((stream_t)f[4])(&s1, g1, CU_STREAM_NON_BLOCKING, 0) || ((stream_t)f[4])(&s2, g2, CU_STREAM_NON_BLOCKING, 0)) {
+        fprintf(stderr, "jpeg_decode: --green-sms %u: the SMs could not be split into green contexts\n", k);
+        return -1;
+    }
+    printf("green contexts: the decode on %u SMs, the busy kernel on %u\n", grp[0].sm.smCount, rest.sm.smCount);
+    *dec = (cudaStream_t)s1;
+    *busy = (cudaStream_t)s2;
+    *blocks = (int)rest.sm.smCount * (per_sm > 0 ? per_sm : 1);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
@@ -96,7 +141,7 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1], *label = "jpeg";
     double busy_ms = 0;
-    int lanes = 1;
+    int lanes = 1, green_sms = 0;
     std::vector<int> batches = {32, 256};
     int iters = 50, warmup = 5;
     for (int i = 2; i + 1 < argc; i += 2) {
@@ -110,6 +155,8 @@ int main(int argc, char **argv)
             warmup = atoi(argv[i + 1]);
         } else if (!strcmp(argv[i], "--lanes")) {
             lanes = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--green-sms")) {
+            green_sms = atoi(argv[i + 1]);
         } else if (!strcmp(argv[i], "--busy-ms")) {
             busy_ms = atof(argv[i + 1]);
         } else if (!strcmp(argv[i], "--label")) {
@@ -168,10 +215,12 @@ int main(int argc, char **argv)
     int sms = 0, per_sm = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_busy, 256, 0);
-    const int busy_blocks = sms * (per_sm > 0 ? per_sm : 1);
+    int busy_blocks = sms * (per_sm > 0 ? per_sm : 1);
     cudaStream_t s, hog;
     cudaStreamCreate(&s);
     cudaStreamCreateWithFlags(&hog, cudaStreamNonBlocking);
+    if (green_sms > 0 && green_streams((unsigned)green_sms, per_sm, &s, &hog, &busy_blocks) != 0)
+        return 1;
     const sf_cuda_jpeg_backend bes[] = {SF_CUDA_JPEG_HARDWARE, SF_CUDA_JPEG_GPU_HYBRID, SF_CUDA_JPEG_HYBRID,
                                         SF_CUDA_JPEG_AUTO};
     for (int bsz : batches) {

@@ -191,6 +191,9 @@ static const sf_layer_field attention_fields[] = {
      "a bias on the q, k, v projection (timm's qkv_bias; nn.MultiheadAttention's bias)"},
     {"out_proj_bias", SF_FT_BOOL, OFF(out_bias), 0, 1, 1, SF_FF_IF_SET, NULL,
      "a bias on the output projection (nn.MultiheadAttention's bias)"},
+    {"separate_qkv", SF_FT_BOOL, OFF(qkv_split), 0, 1, 0, SF_FF_IF_SET, NULL,
+     "q, k and v projected by three parameters [C, C] (and biases [C]) in place of in_proj_weight [3C, C], as "
+     "Hugging Face's query, key and value Linears hold them"},
     F_END,
 };
 static const sf_layer_field shuffle_fields[] = {
@@ -868,17 +871,25 @@ static int pos_embedding_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLO
 }
 
 /* nn.MultiheadAttention with one embedding dimension and biases, in its
- * state_dict order. */
+ * state_dict order; with separate_qkv, q, k and v as three weights then
+ * three biases (sf_attn_slot says why that order). */
 static int attention_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
+    static const char *const w3[3] = {"q_proj.weight", "k_proj.weight", "v_proj.weight"};
+    static const char *const b3[3] = {"q_proj.bias", "k_proj.bias", "v_proj.bias"};
     const int64_t c = L->in_c;
-    pd_set(&pd[sf_attn_slot(L, 0, 0)], "in_proj_weight", 2, 3 * c, c, 0, 0);
-    if (L->bias)
-        pd_set(&pd[sf_attn_slot(L, 0, 1)], "in_proj_bias", 1, 3 * c, 0, 0, 0);
+    const int nw = L->qkv_split ? 3 : 1;
+    for (int k = 0; k < nw; k++) {
+        pd_set(&pd[sf_attn_slot(L, 0, 0) + k], L->qkv_split ? w3[k] : "in_proj_weight", 2, L->qkv_split ? c : 3 * c,
+               c, 0, 0);
+        if (L->bias)
+            pd_set(&pd[sf_attn_slot(L, 0, 1) + k], L->qkv_split ? b3[k] : "in_proj_bias", 1,
+                   L->qkv_split ? c : 3 * c, 0, 0, 0);
+    }
     pd_set(&pd[sf_attn_slot(L, 1, 0)], "out_proj.weight", 2, c, c, 0, 0);
     if (L->out_bias)
         pd_set(&pd[sf_attn_slot(L, 1, 1)], "out_proj.bias", 1, c, 0, 0, 0);
-    return 2 + (L->bias != 0) + (L->out_bias != 0);
+    return sf_attn_slot(L, 1, 0) + 1 + (L->out_bias != 0);
 }
 
 static const char *const bn_buffers[] = {"running_mean", "running_var", NULL};
@@ -980,7 +991,8 @@ static void attention_init(const sf_layer *L, int li, uint64_t seed, float *para
 {
     const double c = (double)L->in_c;
     double bound[SF_PARAM_SLOTS] = {0};
-    bound[sf_attn_slot(L, 0, 0)] = sqrt(6.0 / (c + 3.0 * c));
+    for (int k = 0; k < (L->qkv_split ? 3 : 1); k++)
+        bound[sf_attn_slot(L, 0, 0) + k] = sqrt(6.0 / (c + 3.0 * c));
     bound[sf_attn_slot(L, 1, 0)] = 1.0 / sqrt(c);
     size_t e = 0;
     for (int j = 0; j < SF_PARAM_SLOTS; j++)
@@ -1199,7 +1211,9 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .cuda = 1, .cuda_tokens = 1,
         .doc = "multi-head self-attention over the tokens, softmax(q k^T / sqrt(C / heads)) v per head, no mask; "
                "in_proj_weight [3C, C] (q, k, v), in_proj_bias [3C], out_proj.weight [C, C], out_proj.bias [C] "
-               "(either bias left out by in_proj_bias / out_proj_bias false)"},
+               "(either bias left out by in_proj_bias / out_proj_bias false); with separate_qkv, q_proj.weight, "
+               "k_proj.weight, v_proj.weight [C, C] and q_proj.bias, k_proj.bias, v_proj.bias [C] in that order in "
+               "place of in_proj_weight and in_proj_bias"},
     [SF_L_SELECT_TOKEN] = {
         .name = "select_token", .torch = "x[:, 0]", .min_in = 1, .max_in = 1, .fields = no_fields,
         .shape = select_token_shape, .ref_fwd = sf_ref_layer_select_token_fwd,

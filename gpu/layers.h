@@ -161,13 +161,17 @@ int sf_layer_out_is_features(const sf_layer *L);
 /* self_attention's parameter slot of projection j's (0: q, k, v; 1: the
  * output) weight (bias 0) or bias (bias 1; -1 where it has none): in_proj_weight,
  * in_proj_bias, out_proj.weight, out_proj.bias in that order, the absent
- * biases left out. */
+ * biases left out. With qkv_split the input projection is three slots of
+ * weights, q, k, v, then three of biases: slots are contiguous in the
+ * parameter buffer (sf_layer.p_off), so the weights' first slot reads as
+ * in_proj_weight [3C, C] and the biases' first as in_proj_bias [3C], and
+ * every backend runs the one GEMM of the stacked form. */
 static inline int sf_attn_slot(const sf_layer *L, int j, int bias)
 {
+    const int nw = L->qkv_split ? 3 : 1, nin = nw * (1 + (L->bias != 0));
     if (!j)
-        return bias ? (L->bias ? 1 : -1) : 0;
-    const int w = 1 + (L->bias != 0);
-    return bias ? (L->out_bias ? w + 1 : -1) : w;
+        return bias ? (L->bias ? nw : -1) : 0;
+    return bias ? (L->out_bias ? nin + 1 : -1) : nin;
 }
 
 static inline int sf_layer_conv_square(const sf_layer *L)

@@ -53,7 +53,7 @@
 #define SF_MAX_IN 64      /* inputs of one layer (concat) */
 #define SF_IN_MODEL (-1)  /* in[] value: the model input */
 #define SF_LAYER_NAME_MAX 64 /* with its NUL; torchvision's longest layer names (regnet) reach 50 */
-#define SF_PARAM_SLOTS 4  /* parameters of one layer (self_attention has four) */
+#define SF_PARAM_SLOTS 8  /* parameters of one layer (self_attention with separate q, k, v has eight) */
 #define SF_PARAM_SUFFIX_MAX 24 /* with its NUL: a renamed parameter's state_dict suffix ("qkv.weight"); a
                                 * key, name.suffix, then fits SF_PARAM_KEY_MAX */
 #define SF_PARAM_KEY_MAX (SF_LAYER_NAME_MAX + SF_PARAM_SUFFIX_MAX) /* with its NUL: "<layer>.<suffix>" */
@@ -158,6 +158,8 @@ typedef struct sf_layer {
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
     int out_bias;                 /* self_attention: 1 when the output projection has a bias (bias: the
                                    * input projection's) */
+    int qkv_split;                /* self_attention: q, k and v projections as three parameters each
+                                   * (separate_qkv; sf_attn_slot) */
     int start, count;             /* channel_slice: the channels [start, start + count) of its input;
                                    * token_mean: the first token averaged */
     int scale;                    /* upsample: each input pixel becomes scale x scale output pixels (0: by size);
@@ -171,7 +173,7 @@ typedef struct sf_layer {
     size_t w_off, b_off;          /* offsets (floats) into the flat parameter buffer */
     size_t n_w, n_b;              /* element counts; 0 where absent */
     /* Every parameter slot of the layer (slot 0 is the weight, slot 1 the
-     * bias, as above; self_attention has up to four: sf_attn_slot), contiguous
+     * bias, as above; self_attention has up to eight: sf_attn_slot), contiguous
      * in slot order. */
     size_t p_off[SF_PARAM_SLOTS], p_n[SF_PARAM_SLOTS];
     size_t out_elems;             /* elements of the output per sample */

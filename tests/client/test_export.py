@@ -129,9 +129,14 @@ def run_spec(spec, tensors, x):
             y = a[0] + p("")
         elif t == "self_attention":
             x, heads = a[0], layer["num_heads"]
-            bias_in = p("in_proj_bias") if layer.get("in_proj_bias", True) else None
             bias_out = p("out_proj.bias") if layer.get("out_proj_bias", True) else None
-            q, k, v = F.linear(x, p("in_proj_weight"), bias_in).chunk(3, -1)
+            if layer.get("separate_qkv", False):
+                w_in = torch.cat([p(f"{r}_proj.weight") for r in "qkv"])
+                bias_in = torch.cat([p(f"{r}_proj.bias") for r in "qkv"]) if layer.get("in_proj_bias", True) else None
+            else:
+                w_in = p("in_proj_weight")
+                bias_in = p("in_proj_bias") if layer.get("in_proj_bias", True) else None
+            q, k, v = F.linear(x, w_in, bias_in).chunk(3, -1)
             split = lambda z: z.unflatten(-1, (heads, -1)).transpose(1, 2)  # noqa: E731
             att = torch.softmax(split(q) @ split(k).transpose(-1, -2) / (x.shape[-1] // heads) ** 0.5, -1)
             y = F.linear((att @ split(v)).transpose(1, 2).flatten(2), p("out_proj.weight"), bias_out)

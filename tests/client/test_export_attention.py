@@ -255,3 +255,76 @@ def test_a_token_sequence_transposed_is_transpose_tokens(spelling):
     ex = assert_spec_computes_the_module(TokenMixing(spelling), hw=8)
     assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", "to_tokens", "transpose_tokens", "linear",
                                                                "transpose_tokens", "token_mean", "linear"]
+
+
+def _hf_vit(**kw):
+    """tests/integration/hf_style_vit.py's ViT in Hugging Face's layout (no transformers needed)."""
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+    from hf_style_vit import ViTForImageClassification
+    return ViTForImageClassification(**{"img": 16, "patch": 8, "dim": DIM, "depth": 2, "heads": HEADS,
+                                        "classes": 4, **kw})
+
+
+HF_NAMES = {"q_proj.weight": "attention.query.weight", "k_proj.weight": "attention.key.weight",
+            "v_proj.weight": "attention.value.weight", "q_proj.bias": "attention.query.bias",
+            "k_proj.bias": "attention.key.bias", "v_proj.bias": "attention.value.bias",
+            "out_proj.weight": "output.dense.weight", "out_proj.bias": "output.dense.bias"}
+
+
+@pytest.mark.parametrize("sdpa", [True, False], ids=["sdpa", "eager"])
+def test_hugging_face_query_key_value_linears_are_one_self_attention_layer_keeping_their_names(sdpa):
+    """ViTSelfAttention's three Linears of the same tokens, split into heads
+    (the key first, one by view + transpose, the others by
+    transpose_for_scores' view + permute), attended (SDPA or written out)
+    and merged, then the sibling output.dense: one self_attention with
+    separate_qkv named by the module holding all four, every checkpoint key
+    the module's own; x[:, 0, :] is the class token."""
+    torch.manual_seed(6)
+    model = _hf_vit(sdpa=sdpa)
+    ex = assert_spec_computes_the_module(model, hw=16)
+    atts = [layer for layer in ex.spec["layers"] if layer["type"] == "self_attention"]
+    assert [a["name"] for a in atts] == ["vit.encoder.layer.0.attention", "vit.encoder.layer.1.attention"]
+    assert atts[0] == {"type": "self_attention", "name": "vit.encoder.layer.0.attention", "num_heads": HEADS,
+                       "separate_qkv": True, "param_names": HF_NAMES}
+    assert "linear" not in [layer["type"] for layer in ex.spec["layers"][:4]]  # no Linear of q, k or v alone
+    assert ex.spec["layers"][-2]["type"] == "select_token"
+    assert set(ex.tensors) == set(model.state_dict())
+
+
+def test_hugging_face_attention_without_qkv_bias_makes_a_layer_without_in_proj_bias():
+    torch.manual_seed(7)
+    model = _hf_vit(qkv_bias=False)
+    ex = assert_spec_computes_the_module(model, hw=16)
+    att = next(layer for layer in ex.spec["layers"] if layer["type"] == "self_attention")
+    assert att == {"type": "self_attention", "name": "vit.encoder.layer.0.attention", "num_heads": HEADS,
+                   "separate_qkv": True, "in_proj_bias": False,
+                   "param_names": {k: v for k, v in HF_NAMES.items() if k[1:] != "_proj.bias"}}
+    assert set(ex.tensors) == set(model.state_dict())
+
+
+def test_separate_projections_that_are_not_three_or_differ_in_bias_are_refused():
+    """Two Linears split into heads (q and k, v taken from elsewhere) and q,
+    k, v of which one has no bias: refused naming the step."""
+    class TwoProjections(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.key, self.out = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+
+        def forward(self, x):
+            q = self.query(x).view(x.shape[0], -1, HEADS, DIM // HEADS).transpose(1, 2)
+            k = self.key(x).view(x.shape[0], -1, HEADS, DIM // HEADS).transpose(1, 2)
+            v = x.view(x.shape[0], -1, HEADS, DIM // HEADS).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q, k, v)
+            return self.out(o.transpose(1, 2).reshape(x.shape))
+
+    with pytest.raises(ExportError) as e:
+        convert(Net(TwoProjections()), (1, 3, 8, 8))
+    assert "2 Linear(8, 8) of the same tokens are split into heads" in str(e.value), str(e.value)
+    model = _hf_vit()
+    model.vit.encoder.layer[1].attention.attention.value = nn.Linear(DIM, DIM, bias=False)
+    with pytest.raises(ExportError) as e:
+        convert(model, (1, 3, 16, 16))
+    assert e.value.module_path == "vit.encoder.layer.1.attention.attention" and "have a bias and some do not" in \
+        str(e.value), str(e.value)

@@ -1180,7 +1180,7 @@ int main(int argc, char **argv)
             const char *name;
             double tol_loss, tol_delta;
             const char *att; /* the attention layers' further fields */
-        } runs[7] = {
+        } runs[9] = {
             {SF_PREC_FP32, SF_ACT_LAYOUT_NCHW, 0, 128, 0, "vit-small fp32 nchw sgd", 1e-5, 2e-2, ""},
             {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small fp32 nhwc adamw", 1e-5, 0.1, ""},
             {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small bf16 nhwc adamw", 2e-2, 0.6, ""},
@@ -1193,8 +1193,14 @@ int main(int argc, char **argv)
              ",\"in_proj_bias\":false,\"out_proj_bias\":false"},
             {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 0, 128, 1, "vit-small no attention biases bf16 nhwc sgd on cuBLAS", 2e-2,
              1e-1, ",\"in_proj_bias\":false,\"out_proj_bias\":false"},
+            /* q, k and v as three parameters each (Hugging Face's layout): held
+             * one after another, they are read as the stacked projection */
+            {SF_PREC_FP32, SF_ACT_LAYOUT_NHWC, 1, 128, 0, "vit-small separate qkv fp32 nhwc adamw", 1e-5, 0.1,
+             ",\"separate_qkv\":true"},
+            {SF_PREC_BF16, SF_ACT_LAYOUT_NHWC, 0, 128, 1, "vit-small separate qkv without biases bf16 nhwc sgd on cuBLAS",
+             2e-2, 1e-1, ",\"separate_qkv\":true,\"in_proj_bias\":false"},
         };
-        for (int v = 0; v < 7; v++) {
+        for (int v = 0; v < 9; v++) {
             sf_model m;
             if (vit_model(m, 0.1f, runs[v].mlp, runs[v].att))
                 break;
@@ -1225,7 +1231,7 @@ int main(int argc, char **argv)
                            &fn, &fof);
                 /* The plans without a bias say so: one input projection per
                  * block, or both projections. */
-                const int plain = !runs[v].att[0] ? 0 : strstr(runs[v].att, "out_proj_bias") ? 4 : 2;
+                const int plain = !strstr(runs[v].att, "in_proj_bias") ? 0 : strstr(runs[v].att, "out_proj_bias") ? 4 : 2;
                 char says[96];
                 snprintf(says, sizeof says, "; %d of them have no bias and run without an epilogue", plain);
                 const int plain_ok = plain ? line.find(says) != std::string::npos

@@ -897,6 +897,33 @@ def test_a_hand_written_vision_transformer_trains_with_adamw_like_pytorch(start_
     assert_trains_with_adamw_like_pytorch(s, build, model, 32, "hand-written ViT")
 
 
+@pytest.mark.parametrize("sdpa, qkv_bias", [(True, True), (False, True), (True, False)],
+                         ids=["sdpa", "eager", "no_qkv_bias"])
+def test_a_vision_transformer_in_hugging_faces_layout_trains_with_adamw_like_pytorch(start_server, tmp_path,
+                                                                                      spec_checker, sdpa, qkv_bias):
+    """A ViT laid out as Hugging Face's ViTForImageClassification
+    (hf_style_vit.py): each layer's query, key and value Linears and its
+    output.dense are one self_attention layer with separate_qkv keeping
+    their names, so the checkpoint loads back into the module strictly; it
+    trains five AdamW steps like PyTorch and evaluates like the module."""
+    from hf_style_vit import ViTForImageClassification
+    torch.manual_seed(9)
+
+    def build():
+        return ViTForImageClassification(img=32, patch=8, dim=32, depth=2, heads=4, classes=10, sdpa=sdpa,
+                                         qkv_bias=qkv_bias)
+    model = build()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=32, optimizer="adamw")
+    spec = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]
+    attn = [layer for layer in spec["layers"] if layer["type"] == "self_attention"]
+    assert [layer["name"] for layer in attn] == ["vit.encoder.layer.0.attention", "vit.encoder.layer.1.attention"]
+    assert attn[0]["separate_qkv"] is True and attn[0]["param_names"]["k_proj.weight"] == "attention.key.weight"
+    assert attn[0].get("in_proj_bias", True) is qkv_bias
+    info = {layer["name"]: layer for layer in s.get("/v1/model").json()["layers"]}
+    assert info["vit.encoder.layer.0.attention"]["params"] == 4 * 32 * 32 + (4 if qkv_bias else 1) * 32
+    assert_trains_with_adamw_like_pytorch(s, build, model, 32, "Hugging Face-style ViT")
+
+
 class _UnbiasedAttentionNet(torch.nn.Module):
     """Patches as tokens, one pre-norm block around torch.nn.MultiheadAttention(bias=False)
     called as torchvision's encoder calls it, the head on the tokens' mean."""

@@ -485,6 +485,37 @@ static void attention_biases_may_be_left_out(void **state)
     expect_json_error(ATT(",\"in_proj_bias\":false,\"param_names\":{\"in_proj_bias\":\"qkv.bias\"}"), "layer 2",
                       "not one of its parameters");
     expect_json_error(ATT(",\"out_proj_bias\":2"), "layer 2", "out_proj_bias");
+    /* separate_qkv: q, k and v as three weights, then three biases, one
+     * after another in the buffer, so that the first of each reads as the
+     * stacked in_proj_weight [3C, C] and in_proj_bias [3C]; Hugging Face's
+     * names through param_names. */
+    assert_int_equal(sf_model_from_json(ATT(",\"separate_qkv\":true,\"param_names\":{\"q_proj.weight\":"
+                                            "\"attention.query.weight\",\"out_proj.bias\":\"output.dense.bias\"}"),
+                                        &m, err, sizeof err),
+                     0);
+    at = layer_named(&m, "a");
+    assert_int_equal(sf_layer_params(at, pd), 8);
+    const char *const eight[] = {"a.attention.query.weight", "a.k_proj.weight", "a.v_proj.weight", "a.q_proj.bias",
+                                 "a.k_proj.bias", "a.v_proj.bias", "a.out_proj.weight", "a.output.dense.bias"};
+    for (int j = 0; j < 8; j++) {
+        sf_layer_param_key(at, &pd[j], key, sizeof key);
+        assert_string_equal(key, eight[j]);
+        assert_int_equal(at->p_n[j], j < 3 || j == 6 ? 64 : 8);
+        if (j > 0)
+            assert_true(at->p_off[j] == at->p_off[j - 1] + at->p_n[j - 1]);
+    }
+    assert_true(sf_attn_slot(at, 0, 0) == 0 && sf_attn_slot(at, 0, 1) == 3 && sf_attn_slot(at, 1, 0) == 6 &&
+                sf_attn_slot(at, 1, 1) == 7 && sf_layer_param_count(at) == 4 * 64 + 4 * 8);
+    expect_fields_json(at, "{\"param_names\":{\"q_proj.weight\":\"attention.query.weight\",\"out_proj.bias\":"
+                           "\"output.dense.bias\"},\"num_heads\":2,\"separate_qkv\":true}");
+    assert_int_equal(sf_model_from_json(ATT(",\"separate_qkv\":true,\"in_proj_bias\":false"), &m, err, sizeof err),
+                     0);
+    at = layer_named(&m, "a");
+    assert_int_equal(sf_layer_params(at, pd), 5);
+    assert_true(sf_attn_slot(at, 0, 1) == -1 && sf_attn_slot(at, 1, 0) == 3 && sf_attn_slot(at, 1, 1) == 4 &&
+                sf_layer_param_count(at) == 4 * 64 + 8);
+    expect_json_error(ATT(",\"param_names\":{\"q_proj.weight\":\"query.weight\"}"), "layer 2",
+                      "not one of its parameters");
 #undef ATT
 }
 

@@ -1151,7 +1151,10 @@ class _Converter:
 
     def token_index(self, n: torch.fx.Node, x: _Val, idx: Any, op: str, path: str) -> Union[_Val, _TokenSlice]:
         """x[:, 0] of tokens is select_token; x[:, a:] the tokens from a on,
-        which only a mean over them may read (token_mean)."""
+        which only a mean over them may read (token_mean); a last index of
+        every channel (Hugging Face's x[:, 0, :]) is the same."""
+        if isinstance(idx, tuple) and len(idx) == 3 and idx[2] == slice(None):
+            idx = idx[:2]
         if isinstance(idx, tuple) and len(idx) == 2 and idx[0] == slice(None):
             if idx[1] == 0:
                 return self.b.emit("select_token", self.fname(n, "select_token"), [x], (x.shape[1],))

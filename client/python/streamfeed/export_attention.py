@@ -22,6 +22,15 @@ parameters under their own names through the layer's ``param_names``
 (``qkv.weight`` for in_proj_weight, ``proj.bias`` for out_proj.bias), so the
 checkpoint loads back into the module with ``load_state_dict(strict=True)``.
 
+Hugging Face's layout (``ViTSelfAttention``, and most models ported from
+it) projects q, k and v with three ``nn.Linear(C, C)`` of the same tokens,
+each viewed as ``[N, T, H, D]`` and transposed to ``[N, H, T, D]``, attends
+as above, merges the heads with ``permute(0, 2, 1, 3)`` and a view, and
+projects back with a fourth Linear (``attention.output.dense``, held by a
+sibling module): the same computation with q, k and v stacked, so the same
+layer, with ``separate_qkv`` (the service holds the three weights one after
+another, where they read as in_proj_weight) and each Linear's own names.
+
 nn.MultiheadAttention itself is the same layer where it is called as
 torchvision's encoder calls it (multihead_query says which calls).
 
@@ -71,6 +80,14 @@ class QkvAttention:
     fields: Dict[str, Any] = field(default_factory=dict)
 
 
+def _value_users(n: torch.fx.Node) -> List[torch.fx.Node]:
+    """The readers of n's values (its sizes, read by shape arithmetic, are
+    not)."""
+    return [u for u in n.users
+            if not (_is_method_or(u, _SHAPE_METHODS, ()) or (u.op == "call_function" and u.target is getattr
+                                                    and u.args[1:] == ("shape",)))]
+
+
 def _dims(n: torch.fx.Node) -> Tuple[Any, ...]:
     """A permute's or transpose's dimension arguments after the tensor."""
     args = tuple(n.args[1:]) or tuple(v for k, v in n.kwargs.items() if k != "input")
@@ -112,11 +129,17 @@ class _Walk:
         return False
 
     def users(self, n: torch.fx.Node) -> List[torch.fx.Node]:
-        """The readers of n's values (its sizes, read by shape arithmetic,
-        are not)."""
-        return [u for u in n.users
-                if not (_is_method_or(u, _SHAPE_METHODS, ()) or (u.op == "call_function" and u.target is getattr
-                                                        and u.args[1:] == ("shape",)))]
+        return _value_users(n)
+
+    def past(self, n: torch.fx.Node) -> torch.fx.Node:
+        """n, or its one reader past pass-through nodes (timm's q_norm and
+        k_norm default to nn.Identity), each recorded."""
+        while True:
+            users = self.users(n)
+            if len(users) != 1 or not self.passes(users[0]):
+                return n
+            n = users[0]
+            self.inner.add(n)
 
     def next(self, n: torch.fx.Node, what: str) -> torch.fx.Node:
         """n's one reader past pass-through nodes, each recorded."""
@@ -215,8 +238,7 @@ def _written_out(w: _Walk, q: torch.fx.Node, k: torch.fx.Node, v: torch.fx.Node,
 
 def _split(w: _Walk, p: torch.fx.Node) -> List[torch.fx.Node]:
     """q, k and v from the permuted [3, N, H, T, D]: unbind(0), or [0], [1],
-    [2]; each past pass-through nodes (timm's q_norm and k_norm default to
-    nn.Identity)."""
+    [2]; each past pass-through nodes."""
     users = w.users(p)
     pieces: Dict[int, torch.fx.Node] = {}
     if len(users) == 1 and _is_method_or(users[0], ("unbind",), (torch.unbind,)):
@@ -234,17 +256,7 @@ def _split(w: _Walk, p: torch.fx.Node) -> List[torch.fx.Node]:
         w.inner.add(u)
     if sorted(pieces) != [0, 1, 2]:
         raise w.refuse("the [3, N, heads, T, head_dim] view is not split into all of q, k and v")
-    out = []
-    for i in range(3):
-        n = pieces[i]
-        while True:
-            users = w.users(n)
-            if len(users) != 1 or not w.passes(users[0]):
-                break
-            n = users[0]
-            w.inner.add(n)
-        out.append(n)
-    return out
+    return [w.past(pieces[i]) for i in range(3)]
 
 
 def _merge(w: _Walk, o: torch.fx.Node, t: int, c: int) -> torch.fx.Node:
@@ -263,20 +275,127 @@ def _merge(w: _Walk, o: torch.fx.Node, t: int, c: int) -> torch.fx.Node:
     return m
 
 
-def _prefix(a: str, b: str) -> str:
-    pa, pb = a.split("."), b.split(".")
+def _prefix(*paths: str) -> str:
+    """The module path holding every module of paths (each keeps at least its
+    last component below it); "" where only the root holds them all."""
+    parts = [p.split(".") for p in paths]
     k = 0
-    while k < min(len(pa), len(pb)) - 1 and pa[k] == pb[k]:
+    while k < min(len(p) for p in parts) - 1 and all(p[k] == parts[0][k] for p in parts):
         k += 1
-    return ".".join(pa[:k])
+    return ".".join(parts[0][:k])
+
+
+def _param_suffixes(w: _Walk, name: str, own: List[str], theirs: Dict[str, str]) -> List[str]:
+    suffixes = [theirs[o] for o in own]
+    long = [s for s in suffixes if len(s) > SUFFIX_MAX]
+    if long:
+        raise w.refuse(f"the parameter name {long[0]} under {name} is longer than the {SUFFIX_MAX} characters the "
+                       "service takes")
+    return suffixes
+
+
+def _into_heads(lin: torch.fx.Node, t: int, c: int) -> Optional[Tuple[torch.fx.Node, torch.fx.Node, int]]:
+    """Where a Linear node's output [N, T, C] is viewed as [N, T, H, D] and
+    transposed to [N, H, T, D] (Hugging Face's transpose_for_scores): the
+    view, the transpose and H; else None."""
+    users = _value_users(lin)
+    r = users[0] if len(users) == 1 else None
+    rs = _meta_shape(r) if r is not None else None
+    if r is None or not _is_method_or(r, ("reshape", "view"), (torch.reshape,)) or rs is None or len(rs) != 4 or \
+            rs[1] != t or rs[2] * rs[3] != c or len(_value_users(r)) != 1:
+        return None
+    tr = _value_users(r)[0]
+    if (_is_method_or(tr, ("transpose",), (torch.transpose,)) and _norm_dims(_dims(tr), 4) in ((1, 2), (2, 1))) or \
+            (_is_method_or(tr, ("permute",), (torch.permute,)) and _norm_dims(_dims(tr), 4) == (0, 2, 1, 3)):
+        return r, tr, rs[2]
+    return None
+
+
+def _separate(gm: torch.fx.GraphModule, n: torch.fx.Node, tokens: Tuple[int, ...]) -> QkvAttention:
+    """Hugging Face's layout (see the module's docstring): Linear node n is
+    one of three Linear(C, C) of the same tokens split into heads; which is
+    q, k and v the attention says (the arguments of
+    F.scaled_dot_product_attention, or which one is transposed and which one
+    multiplies the attention weights)."""
+    t, c = tokens
+    path = str(n.target)
+    w = _Walk(gm, path.rsplit(".", 1)[0] if "." in path else path)
+    x = n.args[0]
+    found: Dict[torch.fx.Node, Tuple[torch.fx.Node, torch.fx.Node, int]] = {}
+    for u in list(x.users) if isinstance(x, torch.fx.Node) else [n]:
+        mod = gm.get_submodule(str(u.target)) if u.op == "call_module" else None
+        if type(mod) is nn.Linear and mod.in_features == c and mod.out_features == c:
+            hv = _into_heads(u, t, c)
+            if hv is not None:
+                found[u] = hv
+    if len(found) != 3 or len({hv[2] for hv in found.values()}) != 1:
+        raise w.refuse(f"{len(found)} Linear({c}, {c}) of the same tokens are split into heads (of "
+                       f"{sorted({hv[2] for hv in found.values()})} heads) where self-attention projects three, q, "
+                       "k and v, into the same heads")
+    heads = next(iter(found.values()))[2]
+    d = c // heads
+    end: Dict[torch.fx.Node, torch.fx.Node] = {}
+    for u, (r, tr, _) in found.items():
+        w.inner.update((u, r, tr))
+        end[w.past(tr)] = u
+    w.inner.discard(n)
+    ends = list(end)
+    sdpa = {u for e in ends for u in w.users(e)
+            if u.op == "call_function" and u.target is F.scaled_dot_product_attention}
+    if sdpa:
+        o = sdpa.pop()
+        bound: Dict[str, Any] = dict(zip(("query", "key", "value"), o.args))
+        bound.update({key: val for key, val in o.kwargs.items() if key in ("query", "key", "value")})
+        qkv = [bound.get("query"), bound.get("key"), bound.get("value")]
+        if sdpa or set(qkv) != set(ends):
+            raise w.refuse("F.scaled_dot_product_attention does not take the three projections as its q, k and v")
+        q, k, v = (cast(torch.fx.Node, a) for a in qkv)  # the three ends, checked above
+        _sdpa(w, o, q, k, v, d)
+        w.inner.add(o)
+        if any(w.users(e) != [o] for e in ends):
+            raise w.refuse("q, k or v is read elsewhere than by F.scaled_dot_product_attention")
+    else:
+        vs = [e for e in ends if any(_matmul(u) and len(u.args) > 1 and u.args[1] is e for u in w.users(e))]
+        ks = [e for e in ends if any(_is_method_or(u, ("transpose",), (torch.transpose,)) for u in w.users(e))]
+        if len(vs) != 1 or len(ks) != 1 or vs[0] is ks[0]:
+            raise w.refuse("the three projections are not used as q, k and v: one transposed (k), one multiplying "
+                           "the attention weights (v)")
+        v, k = vs[0], ks[0]
+        q = next(e for e in ends if e is not v and e is not k)
+        o = _written_out(w, q, k, v, d)
+    proj = w.next(_merge(w, o, t, c), "the merged heads")
+    w.inner.discard(proj)
+    pmod = gm.get_submodule(str(proj.target)) if proj.op == "call_module" else None
+    if type(pmod) is not nn.Linear or pmod.in_features != c or pmod.out_features != c:
+        raise w.refuse(f"the merged heads go to {proj.name}, not to an nn.Linear({c}, {c}) projecting them back")
+    lins = [end[q], end[k], end[v]]
+    has_bias = {gm.get_submodule(str(lin.target)).bias is not None for lin in lins}
+    if len(has_bias) != 1:
+        raise w.refuse("some of the q, k and v Linears have a bias and some do not; the service's self_attention "
+                       "has one for all three or none")
+    paths = [str(lin.target) for lin in lins] + [str(proj.target)]
+    name = _prefix(*paths)
+    if not name:
+        raise w.refuse("the four projections are not held by one module (Hugging Face's ViTAttention holds "
+                       "query, key, value and output.dense); the layer is named by it")
+    rel = [p[len(name) + 1:] for p in paths]
+    own, fields = attention_slots(has_bias.pop(), pmod.bias is not None, separate=True)
+    theirs = {f"{role}_proj.{kind}": f"{r}.{kind}" for role, r in zip("qkv", rel) for kind in ("weight", "bias")}
+    theirs.update({"out_proj.weight": f"{rel[3]}.weight", "out_proj.bias": f"{rel[3]}.bias"})
+    suffixes = _param_suffixes(w, name, own, theirs)
+    return QkvAttention(name=name, heads=heads, params=suffixes, param_names=dict(zip(own, suffixes)), proj=proj,
+                        inner=w.inner, fields=fields)
 
 
 def match(gm: torch.fx.GraphModule, n: torch.fx.Node, mod: nn.Linear, tokens: Tuple[int, ...]) -> \
         Optional[QkvAttention]:
     """The attention that Linear node n (mod, reading tokens [T, C]) starts,
-    or None where its output is not viewed as [N, T, 3, H, D] (a plain
-    linear layer). Refuses where the pattern starts and then leaves."""
+    or None where its output is not viewed as [N, T, 3, H, D], nor (a
+    Linear(C, C)) as [N, T, H, D] split into heads: a plain linear layer.
+    Refuses where the pattern starts and then leaves."""
     t, c = tokens
+    if mod.out_features == c and _into_heads(n, t, c) is not None:
+        return _separate(gm, n, tokens)
     users = [u for u in n.users]
     r = users[0] if len(users) == 1 else None
     rs = _meta_shape(r) if r is not None else None
@@ -315,21 +434,21 @@ def match(gm: torch.fx.GraphModule, n: torch.fx.Node, mod: nn.Linear, tokens: Tu
     own, fields = attention_slots(mod.bias is not None, pmod.bias is not None)
     theirs = {"in_proj_weight": f"{rel[0]}.weight", "in_proj_bias": f"{rel[0]}.bias",
               "out_proj.weight": f"{rel[1]}.weight", "out_proj.bias": f"{rel[1]}.bias"}
-    suffixes = [theirs[o] for o in own]
-    long = [s for s in suffixes if len(s) > SUFFIX_MAX]
-    if long:
-        raise w.refuse(f"the parameter name {long[0]} under {name} is longer than the {SUFFIX_MAX} characters the "
-                       "service takes")
+    suffixes = _param_suffixes(w, name, own, theirs)
     return QkvAttention(name=name, heads=heads, params=suffixes, param_names=dict(zip(own, suffixes)), proj=proj,
                         inner=w.inner, fields=fields)
 
 
-def attention_slots(in_bias: bool, out_bias: bool) -> Tuple[List[str], Dict[str, Any]]:
+def attention_slots(in_bias: bool, out_bias: bool, separate: bool = False) -> Tuple[List[str], Dict[str, Any]]:
     """self_attention's parameters, in its slot order, with or without each
-    projection's bias, and the fields that say which are left out (none when
-    both biases are there)."""
-    names = ["in_proj_weight"] + ["in_proj_bias"] * in_bias + ["out_proj.weight"] + ["out_proj.bias"] * out_bias
-    fields: Dict[str, Any] = {}
+    projection's bias, q, k and v stacked or separate, and the fields that
+    say so (none for both biases, stacked)."""
+    if separate:
+        names = [f"{r}_proj.weight" for r in "qkv"] + [f"{r}_proj.bias" for r in "qkv"] * in_bias
+    else:
+        names = ["in_proj_weight"] + ["in_proj_bias"] * in_bias
+    names += ["out_proj.weight"] + ["out_proj.bias"] * out_bias
+    fields: Dict[str, Any] = {"separate_qkv": True} if separate else {}
     if not in_bias:
         fields["in_proj_bias"] = False
     if not out_bias:

@@ -112,6 +112,9 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "a qkv Linear viewed as [N, T, 3, heads, head_dim], permute(2, 0, 3, 1, 4), unbind(0) or [0], [1], [2], "
     "F.scaled_dot_product_attention or (q * scale) @ k.transpose(-2, -1), softmax(-1), @ v, then transpose(1, 2), "
     "reshape(N, T, C) and a proj Linear": "self_attention (timm's Attention; the Linears' parameter names kept)",
+    "query, key and value Linear(C, C) of the same tokens, each viewed as [N, T, heads, head_dim] and transposed "
+    "(1, 2), attended as above, permute(0, 2, 1, 3), view(N, T, C) and an output Linear": "self_attention with "
+    "separate_qkv (Hugging Face's ViTSelfAttention; the Linears' parameter names kept)",
 }
 
 

@@ -328,3 +328,25 @@ def test_separate_projections_that_are_not_three_or_differ_in_bias_are_refused()
         convert(model, (1, 3, 16, 16))
     assert e.value.module_path == "vit.encoder.layer.1.attention.attention" and "have a bias and some do not" in \
         str(e.value), str(e.value)
+
+
+class MixedPrecisionAttn(Attn):
+    """The attention written out as transformers' eager_attention_forward
+    writes it for mixed precision: the softmax in float32, cast back to q's
+    dtype, then a dropout (p 0: ViTConfig's attention_probs_dropout_prob) of the
+    module's training flag."""
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, HEADS, C // HEADS).permute(2, 0, 3, 1, 4).unbind(0)
+        w = torch.matmul(q, k.transpose(2, 3)) * self.scale
+        w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+        w = F.dropout(w, p=0.0, training=self.training)
+        return self.proj(torch.matmul(w, v).transpose(1, 2).contiguous().reshape(B, N, C))
+
+
+def test_a_softmax_in_float32_cast_back_to_qs_dtype_is_the_same_attention():
+    torch.manual_seed(5)
+    ex = assert_spec_computes_the_module(Net(MixedPrecisionAttn()), hw=8)
+    assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", "to_tokens", "self_attention",
+                                                               "select_token", "linear"]

@@ -258,3 +258,35 @@ def test_a_second_input_without_a_default_is_refused():
             return self.fc(x.mean((2, 3)) + y)
     with pytest.raises(ExportError, match="takes 2 inputs"):
         convert(TwoInputs(), (1, 3, 4, 4))
+
+
+class Casts(nn.Module):
+    """Casts that leave a float32 tensor as it is, as code written for mixed
+    precision has them, or one to half precision (how="half")."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.head = nn.Linear(4, 5)
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.how == "half":
+            y = y.to(torch.float16).float()
+        else:
+            y = torch.relu(y.float()).to(torch.float32).to(x.dtype).type_as(x)
+        return self.head(y.mean((2, 3)))
+
+
+def test_casts_that_leave_a_float32_tensor_as_it_is_are_no_layers():
+    torch.manual_seed(3)
+    ex = assert_spec_computes_the_module(Casts("same"), hw=8)
+    assert [layer["type"] for layer in ex.spec["layers"]] == ["conv2d", "relu", "global_avgpool", "flatten",
+                                                               "linear"]
+
+
+def test_a_cast_to_another_dtype_is_refused():
+    with pytest.raises(ExportError) as e:
+        convert(Casts("half"), (1, 3, 8, 8))
+    assert "to" in e.value.op, str(e.value)

@@ -54,8 +54,8 @@ from torch import nn
 from .export_attention import HEADS_HINT, QkvAttention, attention_slots, match as match_attention, multihead_query
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_check import check_trace, forward_failed, propagate, static_number
-from .export_nodes import (_dims_of, _is_chunk_or_split, _is_method_or, _meta_shape, _only_user, _op_name,
-                           _path_of)
+from .export_nodes import (_dims_of, _is_chunk_or_split, _is_float32_no_op, _is_method_or, _meta_shape, _only_user,
+                           _op_name, _path_of)
 from .export_params import conv_call, layer_norm_call, linear_call, prelu_call, scale_param
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
@@ -1035,7 +1035,7 @@ class _Converter:
                 return _Val(x.layer, x.shape, False)
             raise ExportError(f"permutes with {dims}; only permute(0,2,3,1) to channels-last and back with "
                               "permute(0,3,1,2) are supported (ConvNeXt's blocks)", op=op, module_path=path)
-        if meth == "contiguous":
+        if meth == "contiguous" or _is_float32_no_op(n):
             return self.val(n.args[0], n)
         if meth == "expand" and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr":
             target = str(n.args[0].target)

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .export_error import ExportError
-from .export_nodes import _is_method_or, _meta_shape
+from .export_nodes import _is_float32_no_op, _is_method_or, _meta_shape
 
 # What a refused view of a token sequence into heads says.
 HEADS_HINT = ("; a token sequence splits into heads only inside self-attention, as nn.MultiheadAttention or written "
@@ -81,11 +81,11 @@ class QkvAttention:
 
 
 def _value_users(n: torch.fx.Node) -> List[torch.fx.Node]:
-    """The readers of n's values (its sizes, read by shape arithmetic, are
-    not)."""
+    """The readers of n's values (its sizes, read by shape arithmetic, and
+    its dtype and device are not)."""
     return [u for u in n.users
             if not (_is_method_or(u, _SHAPE_METHODS, ()) or (u.op == "call_function" and u.target is getattr
-                                                    and u.args[1:] == ("shape",)))]
+                                                    and u.args[1:] in (("shape",), ("dtype",), ("device",))))]
 
 
 def _dims(n: torch.fx.Node) -> Tuple[Any, ...]:
@@ -120,7 +120,7 @@ class _Walk:
         if n.op == "call_module":
             mod = self.gm.get_submodule(str(n.target))
             return type(mod) is nn.Identity or (type(mod) is nn.Dropout and float(mod.p) == 0.0)
-        if _is_method_or(n, ("contiguous",), ()):
+        if _is_method_or(n, ("contiguous",), ()) or _is_float32_no_op(n):
             return True
         if n.op == "call_function" and n.target is F.dropout:
             p = n.args[1] if len(n.args) > 1 else n.kwargs.get("p", 0.5)

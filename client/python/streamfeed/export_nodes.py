@@ -69,3 +69,18 @@ def _dims_of(n: torch.fx.Node, first: int) -> Tuple[Any, Any]:
 
 def _is_method_or(n: torch.fx.Node, names: Tuple[str, ...], fns: Tuple[Any, ...]) -> bool:
     return (n.op == "call_method" and n.target in names) or (n.op == "call_function" and n.target in fns)
+
+
+def _is_float32_no_op(n: torch.fx.Node) -> bool:
+    """x.float(), x.to(...) or x.type_as(y) that leaves a float32 tensor as it
+    is (the same dtype and shape before and after, which shape propagation
+    recorded): code written for mixed precision
+    (``softmax(..., dtype=torch.float32).to(q.dtype)``) on a float32 module.
+    A cast to another dtype is not one: the service has no such layer."""
+    if not (n.op == "call_method" and n.target in ("float", "to", "type_as") and n.args and
+            isinstance(n.args[0], torch.fx.Node)):
+        return False
+    a, b = n.args[0].meta.get("tensor_meta"), n.meta.get("tensor_meta")
+    return a is not None and b is not None and getattr(a, "dtype", None) == torch.float32 and \
+        getattr(b, "dtype", None) == torch.float32 and _meta_shape(n) == _meta_shape(n.args[0]) and \
+        not any(k in n.kwargs for k in ("memory_format",))

@@ -100,6 +100,7 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
+    "Tensor.float, Tensor.to, Tensor.type_as leaving a float32 tensor float32": "nothing",
     "F.group_norm, F.instance_norm": "groupnorm without affine (no weight, bias or running statistics)",
     "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
                                                             "cross-entropy on it is nn.NLLLoss)",

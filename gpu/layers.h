@@ -154,10 +154,6 @@ size_t sf_layer_param_count(const sf_layer *L);
  * or a token sequence. */
 int sf_layer_out_is_features(const sf_layer *L);
 
-/* 1 when a resolved conv2d layer has the same kernel size, stride, padding
- * and dilation along both dimensions: the CUDA backend's own convolution
- * kernels (depthwise, thin, patch, space-to-depth, 1x1 GEMM) take one value
- * of each, and cuDNN runs every other convolution. */
 /* self_attention's parameter slot of projection j's (0: q, k, v; 1: the
  * output) weight (bias 0) or bias (bias 1; -1 where it has none): in_proj_weight,
  * in_proj_bias, out_proj.weight, out_proj.bias in that order, the absent
@@ -174,6 +170,10 @@ static inline int sf_attn_slot(const sf_layer *L, int j, int bias)
     return bias ? (L->out_bias ? nin + 1 : -1) : nin;
 }
 
+/* 1 when a resolved conv2d layer has the same kernel size, stride, padding
+ * and dilation along both dimensions: the CUDA backend's own convolution
+ * kernels (depthwise, thin, patch, space-to-depth, 1x1 GEMM) take one value
+ * of each, and cuDNN runs every other convolution. */
 static inline int sf_layer_conv_square(const sf_layer *L)
 {
     return L->kw == L->k && L->stride_w == L->stride && L->pad_w == L->pad && L->dilation_w == L->dilation;

@@ -285,13 +285,39 @@ def _prefix(*paths: str) -> str:
     return ".".join(parts[0][:k])
 
 
-def _param_suffixes(w: _Walk, name: str, own: List[str], theirs: Dict[str, str]) -> List[str]:
+def _layer(w: _Walk, o: torch.fx.Node, tokens: Tuple[int, ...], heads: int, in_paths: List[str], in_bias: bool,
+           holder: str) -> QkvAttention:
+    """From the attention's output o on: the heads merged, the Linear
+    projecting them back, and the layer, named by the module holding every
+    projection (in_paths: the input projection's module path, or q's, k's
+    and v's), their parameters under their own names. holder says which
+    module holds them where none does."""
+    t, c = tokens
+    proj = w.next(_merge(w, o, t, c), "the merged heads")
+    w.inner.discard(proj)
+    pmod = w.gm.get_submodule(str(proj.target)) if proj.op == "call_module" else None
+    if type(pmod) is not nn.Linear or pmod.in_features != c or pmod.out_features != c:
+        raise w.refuse(f"the merged heads go to {proj.name}, not to an nn.Linear({c}, {c}) projecting them back")
+    paths = in_paths + [str(proj.target)]
+    name = _prefix(*paths)
+    if not name:
+        raise w.refuse(f"the {'two' if len(paths) == 2 else 'four'} projections are not held by one module "
+                       f"({holder}); the layer is named by it")
+    rel = [p[len(name) + 1:] for p in paths]
+    separate = len(in_paths) == 3
+    own, fields = attention_slots(in_bias, pmod.bias is not None, separate)
+    if separate:
+        theirs = {f"{role}_proj.{kind}": f"{r}.{kind}" for role, r in zip("qkv", rel) for kind in ("weight", "bias")}
+    else:
+        theirs = {"in_proj_weight": f"{rel[0]}.weight", "in_proj_bias": f"{rel[0]}.bias"}
+    theirs.update({"out_proj.weight": f"{rel[-1]}.weight", "out_proj.bias": f"{rel[-1]}.bias"})
     suffixes = [theirs[o] for o in own]
     long = [s for s in suffixes if len(s) > SUFFIX_MAX]
     if long:
         raise w.refuse(f"the parameter name {long[0]} under {name} is longer than the {SUFFIX_MAX} characters the "
                        "service takes")
-    return suffixes
+    return QkvAttention(name=name, heads=heads, params=suffixes, param_names=dict(zip(own, suffixes)), proj=proj,
+                        inner=w.inner, fields=fields)
 
 
 def _into_heads(lin: torch.fx.Node, t: int, c: int) -> Optional[Tuple[torch.fx.Node, torch.fx.Node, int]]:
@@ -363,28 +389,13 @@ def _separate(gm: torch.fx.GraphModule, n: torch.fx.Node, tokens: Tuple[int, ...
         v, k = vs[0], ks[0]
         q = next(e for e in ends if e is not v and e is not k)
         o = _written_out(w, q, k, v, d)
-    proj = w.next(_merge(w, o, t, c), "the merged heads")
-    w.inner.discard(proj)
-    pmod = gm.get_submodule(str(proj.target)) if proj.op == "call_module" else None
-    if type(pmod) is not nn.Linear or pmod.in_features != c or pmod.out_features != c:
-        raise w.refuse(f"the merged heads go to {proj.name}, not to an nn.Linear({c}, {c}) projecting them back")
     lins = [end[q], end[k], end[v]]
     has_bias = {gm.get_submodule(str(lin.target)).bias is not None for lin in lins}
     if len(has_bias) != 1:
         raise w.refuse("some of the q, k and v Linears have a bias and some do not; the service's self_attention "
                        "has one for all three or none")
-    paths = [str(lin.target) for lin in lins] + [str(proj.target)]
-    name = _prefix(*paths)
-    if not name:
-        raise w.refuse("the four projections are not held by one module (Hugging Face's ViTAttention holds "
-                       "query, key, value and output.dense); the layer is named by it")
-    rel = [p[len(name) + 1:] for p in paths]
-    own, fields = attention_slots(has_bias.pop(), pmod.bias is not None, separate=True)
-    theirs = {f"{role}_proj.{kind}": f"{r}.{kind}" for role, r in zip("qkv", rel) for kind in ("weight", "bias")}
-    theirs.update({"out_proj.weight": f"{rel[3]}.weight", "out_proj.bias": f"{rel[3]}.bias"})
-    suffixes = _param_suffixes(w, name, own, theirs)
-    return QkvAttention(name=name, heads=heads, params=suffixes, param_names=dict(zip(own, suffixes)), proj=proj,
-                        inner=w.inner, fields=fields)
+    return _layer(w, o, tokens, heads, [str(lin.target) for lin in lins], has_bias.pop(),
+                  "as Hugging Face's ViTAttention holds query, key, value and output.dense")
 
 
 def match(gm: torch.fx.GraphModule, n: torch.fx.Node, mod: nn.Linear, tokens: Tuple[int, ...]) -> \
@@ -419,24 +430,8 @@ def match(gm: torch.fx.GraphModule, n: torch.fx.Node, mod: nn.Linear, tokens: Tu
             raise w.refuse("k or v is read elsewhere than by F.scaled_dot_product_attention")
     else:
         o = _written_out(w, q, k, v, d)
-    merged = _merge(w, o, t, c)
-    proj = w.next(merged, "the merged heads")
-    w.inner.discard(proj)
-    pmod = gm.get_submodule(str(proj.target)) if proj.op == "call_module" else None
-    if type(pmod) is not nn.Linear or pmod.in_features != c or pmod.out_features != c:
-        raise w.refuse(f"the merged heads go to {proj.name}, not to an nn.Linear({c}, {c}) projecting them back")
-    name = _prefix(path, str(proj.target))
-    if not name:
-        raise w.refuse("the two projections are not held by one module (as timm's Attention holds qkv and proj); "
-                       "the layer is named by it")
-    rel = [p[len(name) + 1:] for p in (path, str(proj.target))]
     # timm's qkv_bias=False leaves the qkv Linear without a bias: so is the layer
-    own, fields = attention_slots(mod.bias is not None, pmod.bias is not None)
-    theirs = {"in_proj_weight": f"{rel[0]}.weight", "in_proj_bias": f"{rel[0]}.bias",
-              "out_proj.weight": f"{rel[1]}.weight", "out_proj.bias": f"{rel[1]}.bias"}
-    suffixes = _param_suffixes(w, name, own, theirs)
-    return QkvAttention(name=name, heads=heads, params=suffixes, param_names=dict(zip(own, suffixes)), proj=proj,
-                        inner=w.inner, fields=fields)
+    return _layer(w, o, tokens, heads, [path], mod.bias is not None, "as timm's Attention holds qkv and proj")
 
 
 def attention_slots(in_bias: bool, out_bias: bool, separate: bool = False) -> Tuple[List[str], Dict[str, Any]]:

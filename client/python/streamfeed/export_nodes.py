@@ -81,6 +81,5 @@ def _is_float32_no_op(n: torch.fx.Node) -> bool:
             isinstance(n.args[0], torch.fx.Node)):
         return False
     a, b = n.args[0].meta.get("tensor_meta"), n.meta.get("tensor_meta")
-    return a is not None and b is not None and getattr(a, "dtype", None) == torch.float32 and \
-        getattr(b, "dtype", None) == torch.float32 and _meta_shape(n) == _meta_shape(n.args[0]) and \
-        not any(k in n.kwargs for k in ("memory_format",))
+    return getattr(a, "dtype", None) == torch.float32 and getattr(b, "dtype", None) == torch.float32 and \
+        _meta_shape(n) == _meta_shape(n.args[0]) and "memory_format" not in n.kwargs

@@ -225,8 +225,8 @@ static const sf_layer_field pixel_unshuffle_fields[] = {
 static const sf_layer_field no_fields[] = {F_END};
 static const sf_layer_field layer_scale_fields[] = {
     {"vector", SF_FT_BOOL, OFF(vector), 0, 1, 0, SF_FF_IF_SET, NULL,
-     "the parameter is [C] (x * gamma of a channels-last map) rather than [C,1,1]; [C] on a token sequence whatever "
-     "this says"},
+     "the parameter is [C] (x * gamma of a channels-last map, or a map times gamma.reshape(1, -1, 1, 1) as timm's "
+     "ConvNeXt has it) rather than [C,1,1]; [C] on a token sequence whatever this says"},
     F_END,
 };
 

@@ -26,8 +26,23 @@ need_gb=${TORCH_PYPI_MIN_FREE_GB:-12}
 # path on many machines, not an error.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# timm, for tests/integration/test_export_timm.py (timm's models exported and
+# trained like PyTorch), once torch is in. It is pure Python and needs only
+# torch, torchvision, PyYAML and safetensors, which the virtualenv has:
+# --no-deps keeps pip from resolving torch again against PyPI's CUDA build
+# (and from adding huggingface_hub, which timm imports only to download
+# weights). Pinned: a new timm may rename the models those tests name.
+timm() {
+    if "$pip" install -q --no-cache-dir --no-deps --retries 1 --timeout 30 "timm==1.0.31" 2>>"$log"; then
+        echo "install_torch: timm 1.0.31 from PyPI"
+    else
+        echo "install_torch: WARNING: timm is not installed; test_export_timm's timm models will be SKIPPED." >&2
+    fi
+}
+
 if "$pip" install -q --no-cache-dir --retries 1 --timeout 30 --index-url "$index" -r "$reqs" 2>"$log"; then
     echo "install_torch: torch from $index"
+    timm
     exit 0
 fi
 first=$(grep -m1 -o 'ERROR: .*' "$log" | cut -c8-120)
@@ -37,6 +52,7 @@ free_gb=$(df -Pk "$venv" | awk 'NR == 2 { print int($4 / 1048576) }')
 if [ "${free_gb:-0}" -ge "$need_gb" ]; then
     if "$pip" install -q --no-cache-dir -r "$reqs" 2>>"$log"; then
         echo "install_torch: torch from PyPI (the CUDA build; $free_gb GiB were free)"
+        timm
         exit 0
     fi
     cat "$log" >&2

@@ -110,8 +110,9 @@ def run_spec(spec, tensors, x):
         elif t == "mul":
             assert a[1].shape == a[0].shape or a[1].shape[2:] == (1, 1), name
             y = a[0] * a[1]
-        elif t == "layer_scale":
-            y = a[0] * p("layer_scale")
+        elif t == "layer_scale":  # per channel; a [C] parameter ("vector") scales a map's channels too
+            w = p("layer_scale")
+            y = a[0] * (w.view(1, -1, 1, 1) if a[0].dim() == 4 and w.dim() == 1 else w)
         elif t == "concat":
             assert 2 <= len(a) <= 64
             y = torch.cat(a, 1)

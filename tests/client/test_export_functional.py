@@ -290,3 +290,129 @@ def test_a_cast_to_another_dtype_is_refused():
     with pytest.raises(ExportError) as e:
         convert(Casts("half"), (1, 3, 8, 8))
     assert "to" in e.value.op, str(e.value)
+
+
+class BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d in short: an nn.BatchNorm2d subclass whose
+    forward() counts num_batches_tracked up itself, calls F.batch_norm with
+    the module's own tensors (training as given, or the module's mode) and
+    then its activation."""
+
+    def __init__(self, c, training=None, **kw):
+        super().__init__(c, **kw)
+        self.force = training
+        self.act = nn.SiLU()
+
+    def forward(self, x):
+        if self.training:
+            self.num_batches_tracked.add_(1)
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                         self.training if self.force is None else self.force, self.momentum, self.eps)
+        return self.act(x)
+
+
+class BnActNet(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1, bias=False)
+        self.bn = norm
+        self.head = nn.Conv2d(6, 4, 1)
+        self.bn_head = BatchNormAct(4)  # after the global pool: [N, 4, 1, 1]
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x):
+        y = self.bn_head(self.head(self.bn(self.conv(x)).mean((2, 3), keepdim=True)))
+        return self.fc(y.flatten(1))
+
+
+def test_f_batch_norm_of_a_batchnorm_modules_own_tensors_is_its_batchnorm2d_and_leaves_them_as_they_were():
+    """The call is the module's batchnorm2d, under its names, with the
+    call's eps and momentum; the activation after it is a layer of its own.
+    Exporting runs the training-mode trace, where F.batch_norm(training=True)
+    would move the running statistics and the count: they stay as they were.
+    A batch of one is exported too, although a batchnorm in training mode
+    takes no [1, C, 1, 1] map (PyTorch: "Expected more than 1 value per
+    channel"): the shapes come from two copies of it."""
+    torch.manual_seed(7)
+    model = BnActNet(BatchNormAct(6, eps=1e-3, momentum=0.01))
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-1, 1)
+                m.running_var.uniform_(0.5, 2)
+                m.num_batches_tracked.fill_(3)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ex = convert(model, (1, 3, 8, 8))
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(before[k], ex.tensors[k]) for k in before)
+    kinds = [(layer["type"], layer["name"]) for layer in ex.spec["layers"]]
+    assert kinds[:3] == [("conv2d", "conv"), ("batchnorm2d", "bn"), ("silu", "bn.act")]
+    assert ex.spec["layers"][1] == {"type": "batchnorm2d", "name": "bn", "eps": 1e-3, "momentum": 0.01}
+    assert {f"bn.{k}" for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")} <= \
+        set(ex.tensors)
+    assert_spec_computes_the_module(model, hw=8)
+
+
+class OwnStatsNorm(nn.Module):
+    """Running statistics and an affine pair held as a module of the user's
+    own (not a batchnorm), handed to F.batch_norm."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(c))
+        self.bias = nn.Parameter(torch.zeros(c))
+        self.register_buffer("running_mean", torch.zeros(c))
+        self.register_buffer("running_var", torch.ones(c))
+
+    def forward(self, x):
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, True, 0.1, 1e-5)
+
+
+@pytest.mark.parametrize("norm, match", [
+    (BatchNormAct(6, training=False), "training=False in a training-mode trace"),
+    (OwnStatsNorm(6), "supported are the four of one nn.BatchNorm2d"),
+    (BatchNormAct(6, affine=False), "supported are the four of one nn.BatchNorm2d"),
+], ids=["frozen", "not_a_batchnorm", "no_affine"])
+def test_f_batch_norm_is_refused_where_the_service_would_train_another_batchnorm(norm, match):
+    with pytest.raises(ExportError, match=match) as e:
+        convert(BnActNet(norm), (2, 3, 8, 8))
+    assert e.value.module_path == "bn" and e.value.op == "torch.nn.functional.batch_norm"
+
+
+class ScaledBlock(nn.Module):
+    """timm's ConvNeXt block ends in x.mul(self.gamma.reshape(1, -1, 1, 1));
+    shape: another parameter shape, viewed as [1, 6, 1, 1] all the same."""
+
+    def __init__(self, view=(1, -1, 1, 1), shape=(6,)):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.gamma = nn.Parameter(torch.rand(shape) + 0.5)
+        self.view = view
+
+    def forward(self, x):
+        return self.conv(x).mul(self.gamma.reshape(*self.view))
+
+
+class ScaledNet(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.block = ScaledBlock(**kw)
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x):
+        return self.fc(self.block(x).mean((2, 3)))
+
+
+@pytest.mark.parametrize("view", [(1, -1, 1, 1), (-1, 1, 1)])
+def test_a_channel_parameter_viewed_as_c_1_1_times_a_map_is_a_layer_scale_under_its_own_name(view):
+    torch.manual_seed(8)
+    ex = assert_spec_computes_the_module(ScaledNet(view=view), hw=8)
+    assert ex.spec["layers"][1] == {"type": "layer_scale", "name": "block", "vector": True,
+                                    "param_names": {"layer_scale": "gamma"}}
+    assert "block.gamma" in ex.tensors
+
+
+def test_another_view_of_a_module_parameter_is_refused_naming_it():
+    with pytest.raises(ExportError, match=r"views the module tensor block.gamma as \[1, 6, 1, 1\]") as e:
+        convert(ScaledNet(shape=(2, 3)), (1, 3, 8, 8))
+    assert e.value.module_path == "block"

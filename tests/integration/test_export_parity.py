@@ -196,20 +196,22 @@ def skip_unless_the_service_takes(checker, spec, every_service=False):
     pytest.fail(f"the service refuses the exported spec: {msg}")
 
 
-def start_exported(start_server, tmp_path, model, checker, hw=HW, every_service=False, optimizer=None):
-    """Exports model and starts the service on the files written. With
-    optimizer (the exporter's optimizer recipe) the config file chooses the
-    optimizer; without, SGD with LR and MOMENTUM is given on the command line."""
-    ex = export_model(model, (BATCH, 3, hw, hw), tmp_path / "export", recipe=None, optimizer=optimizer)
+def start_exported(start_server, tmp_path, model, checker, hw=HW, every_service=False, optimizer=None, batch=BATCH,
+                   lr=LR):
+    """Exports model and starts the service on the files written, for
+    batches of up to batch samples. With optimizer (the exporter's optimizer
+    recipe) the config file chooses the optimizer; without, SGD with LR and
+    MOMENTUM is given on the command line (lr: another learning rate)."""
+    ex = export_model(model, (batch, 3, hw, hw), tmp_path / "export", recipe=None, optimizer=optimizer)
     cfg = json.loads((tmp_path / "export" / "config.json").read_text())
     assert cfg["model"]["spec"] == ex.spec
     assert cfg["model"]["init_from"] == str((tmp_path / "export" / "init.safetensors").resolve())
     skip_unless_the_service_takes(checker, ex.spec, every_service)
-    optim = [] if optimizer else ["--optim.name", "sgd", "--optim.lr", str(LR), "--optim.momentum", str(MOMENTUM)]
+    optim = [] if optimizer else ["--optim.name", "sgd", "--optim.lr", str(lr), "--optim.momentum", str(MOMENTUM)]
     s = start_server("--config", tmp_path / "export" / "config.json", "--pipeline.backend", BACKEND,
                      "--model.precision", "fp32", "--augment.pipeline", AUG, "--augment.eval_pipeline", AUG,
-                     "--model.max_batch", str(BATCH), *optim, "--log.requests", "false",
-                     "--ring.slot_bytes", str(max(1 << 20, BATCH * hw * hw * 3 + 4096)))
+                     "--model.max_batch", str(batch), *optim, "--log.requests", "false",
+                     "--ring.slot_bytes", str(max(1 << 20, batch * hw * hw * 3 + 4096)))
     ck = st_load(s.get("/v1/checkpoint?optimizer=false").content)
     sd = model.state_dict()
     assert ck.keys() == sd.keys()
@@ -274,32 +276,35 @@ class Trainer:
     own) and, where the service trains on the GPU, on the GPU (TORCH_ON_GPU:
     cuDNN's algorithms round otherwise than the CPU's loops, and the
     service's do too), all trained on the same batches. How far the copies
-    are from the first, the larger of the two, tells how well each step is
+    are from the first, the largest of them, tells how well each step is
     conditioned: on an H200 at 224x224 efficientnet_b0's fourth loss was
     5.7e-5 apart between PyTorch's CPU thread counts and 4.6e-4 between its
-    CPU and GPU, resnet50's fifth 1.2e-4 and 3.0e-6. (A float64 copy would
-    tell it too, but depthwise convolutions in float64 take PyTorch 15 s a
-    step here.)"""
+    CPU and GPU, resnet50's fifth 1.2e-4 and 3.0e-6. f64 adds a float64
+    copy, which tells it where two float32 runs agree more closely than
+    float32 can (depthwise convolutions in float64 take PyTorch 15 s a step
+    at 64x64, so only small models use it)."""
 
-    def __init__(self, model):
-        self.devs = ["cpu", "cpu"] + (["cuda"] if TORCH_ON_GPU else [])
-        self.models = [model] + [copy.deepcopy(model).to(d) for d in self.devs[1:]]
-        self.opts = [torch.optim.SGD(m.parameters(), lr=LR, momentum=MOMENTUM) for m in self.models]
+    def __init__(self, model, lr=LR, f64=False):
+        self.runs = [("cpu", torch.float32), ("cpu", torch.float32)] + \
+            ([("cuda", torch.float32)] if TORCH_ON_GPU else []) + ([("cpu", torch.float64)] if f64 else [])
+        self.models = [model] + [copy.deepcopy(model).to(d, t) for d, t in self.runs[1:]]
+        self.opts = [torch.optim.SGD(m.parameters(), lr=lr, momentum=MOMENTUM) for m in self.models]
 
     def _on(self, i, fn):
         was = torch.get_num_threads()
         torch.set_num_threads(1 if i == 1 else was)
         try:
-            return fn(self.models[i], self.opts[i], self.devs[i])
+            return fn(self.models[i], self.opts[i], *self.runs[i])
         finally:
             torch.set_num_threads(was)
 
     def step(self, images, labels):
         """Trains one batch; returns PyTorch's loss and how far the other
-        float32 run's is from it."""
-        def one(m, o, dev):
+        runs' are from it."""
+        def one(m, o, dev, dtype):
             m.train()
-            loss = F.cross_entropy(output(m(as_input(images).to(dev))), torch.from_numpy(labels).long().to(dev))
+            loss = F.cross_entropy(output(m(as_input(images).to(dev, dtype))),
+                                   torch.from_numpy(labels).long().to(dev))
             o.zero_grad(set_to_none=True)
             loss.backward()
             o.step()
@@ -308,7 +313,8 @@ class Trainer:
         return a, max(rel(b, a) for b in others)
 
     def logits(self, images):
-        a, *others = (self._on(i, lambda m, o, dev: module_logits(m, images)) for i in range(len(self.models)))
+        a, *others = (self._on(i, lambda m, o, dev, dtype: module_logits(m, images, dtype))
+                      for i in range(len(self.models)))
         return a, max(rel(b, a) for b in others)
 
 
@@ -343,18 +349,19 @@ UNDER_ASAN = pytest.mark.skipif(built_with_asan(), reason="numerics only: the re
                                 "family's parity; SANITIZED_FAMILIES cover its kinds under AddressSanitizer")
 
 
-def train_against_trainer(s, model, fresh, name, hw, seed, steps, labels_of):
+def train_against_trainer(s, model, fresh, name, hw, seed, steps, labels_of, batch=BATCH, lr=LR, f64=False):
     """steps SGD-momentum steps of model on the service s and on PyTorch's
-    Trainer from the same batches (labels_of(rng) draws each batch's labels),
+    Trainer from the same batches of batch samples at learning rate lr
+    (labels_of(rng) draws each batch's labels; f64: Trainer's float64 copy),
     each loss within 1e-4 or the bound of PyTorch's own spread; then an eval
     batch's logits, and the service's checkpoint loaded strictly into fresh(),
     which must compute them too. Returns the service's eval logits."""
-    torch_side = Trainer(model)
+    torch_side = Trainer(model, lr, f64)
     rng = np.random.default_rng(seed)
     t0 = time.monotonic()
     worst = 0.0
     for step in range(1, steps + 1):
-        images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
+        images = rng.integers(0, 256, (batch, hw, hw, 3), dtype=np.uint8)
         labels = labels_of(rng)
         r = s.post_arrays(images, labels, wait=True)
         assert r.status_code == 200 and r.json()["state"] == "done", r.text
@@ -365,7 +372,7 @@ def train_against_trainer(s, model, fresh, name, hw, seed, steps, labels_of):
         print(f"{name} step {step}: service {got!r} PyTorch {want!r} (its float32 runs {spread:.1e} apart, "
               f"{time.monotonic() - t0:.1f} s)")
         assert rel(got, want) <= tol, f"step {step}: loss {got} vs PyTorch {want}: {rel(got, want):.2e} > {tol:.1e}"
-    images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, (batch, hw, hw, 3), dtype=np.uint8)
     labels = labels_of(rng)
     got = eval_logits(s, images, labels)
     want, spread = torch_side.logits(images)

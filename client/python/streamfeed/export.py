@@ -56,12 +56,13 @@ from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold,
 from .export_check import check_trace, forward_failed, propagate, static_number
 from .export_nodes import (_dims_of, _is_chunk_or_split, _is_float32_no_op, _is_method_or, _meta_shape, _only_user,
                            _op_name, _path_of)
-from .export_params import conv_call, layer_norm_call, linear_call, prelu_call, scale_param
+from .export_params import (batch_norm_call, channel_param, conv_call, layer_norm_call, linear_call, prelu_call,
+                            scale_param)
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
 from .export_pad import PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec
-from .export_values import _Attention, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val
+from .export_values import _Attention, _ChannelParam, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
                                SUPPORTED_MODULES, _REDUCTIONS, _act_fields)
 
@@ -995,6 +996,8 @@ class _Converter:
             return self.flatten(path, self.val(arg(0, "input"), n), n, op, int(arg(1, "start_dim", 0)),
                                 int(arg(2, "end_dim", -1)))
         if meth in ("view", "reshape") or t is torch.reshape:
+            if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr":
+                return channel_param(self.b.state, str(n.args[0].target), _meta_shape(n) or (), op, path)
             x = self.val(n.args[0], n)
             if x.nhwc:
                 raise ExportError("reshapes a channels-last (permuted) tensor", op=op, module_path=path)
@@ -1254,8 +1257,9 @@ class _Converter:
 
     def own_parameters_call(self, n: torch.fx.Node, t: Any, arg: Callable[[int, str, Any], Any],
                             out: Tuple[int, ...], op: str, path: str) -> Optional[_Val]:
-        """F.prelu, F.conv2d, F.linear and F.layer_norm of a module's own
-        parameters: that module's layer of that kind (None: t is none of them)."""
+        """F.prelu, F.conv2d, F.linear, F.layer_norm and F.batch_norm of a
+        module's own parameters: that module's layer of that kind (None: t is
+        none of them)."""
         if t in (F.prelu, torch.prelu):
             owner, slopes = prelu_call(self.b.state, arg, op, path)
             return self.prelu(owner, self.val(arg(0, "input", None), n), slopes, op, path)
@@ -1270,15 +1274,19 @@ class _Converter:
         if t is F.layer_norm:
             owner, ln = layer_norm_call(self.b.module, arg, op, path)
             return self.layernorm_module(owner, self.val(arg(0, "input", None), n), out, op, ln)
+        if t is F.batch_norm:
+            owner, bn = batch_norm_call(self.b.module, arg, op, path, self.val(arg(0, "input", None), n))
+            return self.batchnorm2d(owner, self.val(arg(0, "input", None), n), out, op, bn)
         return None
 
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
-        attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and a.op == "get_attr"]
+        attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and
+                 (a.op == "get_attr" or isinstance(self.vals.get(a), _ChannelParam))]
         if attrs:
-            other = a1 if a0 is attrs[0] else a0
-            target = str(attrs[0].target)
-            x = self.val(other, n)
-            owner, leaf, f = scale_param(self.b.state, target, len(attrs), x, op, path)
+            x, viewed = self.val(a1 if a0 is attrs[0] else a0, n), self.vals.get(attrs[0])
+            target = viewed.target if isinstance(viewed, _ChannelParam) else str(attrs[0].target)
+            owner, leaf, f = scale_param(self.b.state, target, len(attrs), x, op, path,
+                                         isinstance(viewed, _ChannelParam))
             return self.b.emit("layer_scale", owner, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=[leaf], **f)
         a, c = self.val(a0, n), self.val(a1, n)
         if len(c.shape) == 3 and len(a.shape) == 3 and a.shape[1:] == (1, 1) and c.shape[1:] != (1, 1):
@@ -1337,9 +1345,14 @@ def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]
     The module is traced in training mode (the graph the service trains)
     and its shapes are taken from one forward pass in eval mode under
     no_grad, which leaves batchnorm's running statistics as they are; each
-    submodule's mode is restored afterwards."""
+    submodule's mode is restored afterwards. So are its buffers: a
+    forward() that calls F.batch_norm(training=True) itself (timm's
+    BatchNormAct2d) has that baked into the training-mode trace, whose runs
+    here would otherwise move the running statistics and count
+    num_batches_tracked up."""
     x = _as_batch(example_input)
     modes = {m: m.training for m in module.modules()}
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
     try:
         module.train()
         try:
@@ -1364,6 +1377,10 @@ def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]
     finally:
         for m, was in modes.items():
             m.training = was
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
     tensors: Dict[str, torch.Tensor] = {}
     for key, t in conv.b.state.items():
         want = torch.int64 if key.endswith(".num_batches_tracked") else torch.float32

@@ -142,13 +142,25 @@ def propagate(gm: torch.fx.GraphModule, x: torch.Tensor) -> None:
     meta["sf_static"]. A module whose forward() takes only x's batch size
     (a view with the batch written in) gets no constants, and its computed
     arguments stay refused. Run in eval mode without gradients; x's run is
-    the last, so the tensor_meta left is x's."""
+    the last, so the tensor_meta left is x's (or, for a batch of one, that
+    of x twice over where the module takes it)."""
+    # A batch of one becomes two where the module takes it: the trace is of
+    # training mode, and a batchnorm there refuses one value per channel (a
+    # [1, C, 1, 1] map after a global pool: timm's MobileNetV4 head).
+    wide = torch.cat([x, x]) if x.shape[0] == 1 else x
     try:
-        _ValueProp(gm, "sf_value_alt").propagate(torch.cat([x, x[:1]]))
+        _ValueProp(gm, "sf_value_alt").propagate(torch.cat([wide, wide[:1]]))
     except Exception:  # noqa: BLE001 (any failure of the user's forward at another batch size)
         for n in gm.graph.nodes:
             n.meta.pop("sf_value_alt", None)
-    _ValueProp(gm, "sf_value").propagate(x)
+    try:
+        _ValueProp(gm, "sf_value").propagate(wide)
+    except Exception:  # noqa: BLE001 (a forward() that takes only x's batch size)
+        if wide is x:
+            raise
+        for n in gm.graph.nodes:
+            n.meta.pop("sf_value", None)
+        _ValueProp(gm, "sf_value").propagate(x)
     for n in gm.graph.nodes:
         v = n.meta.pop("sf_value", None)
         if v is not None and n.meta.pop("sf_value_alt", None) == v:

@@ -1,5 +1,5 @@
-"""F.conv2d, F.linear, F.layer_norm and F.prelu of a module's own
-parameters, and a parameter scaling channels (layer_scale), for the
+"""F.conv2d, F.linear, F.layer_norm, F.batch_norm and F.prelu of a module's
+own parameters, and a parameter scaling channels (layer_scale), for the
 exporter.
 
 A module of the user's own that holds ``weight`` (and ``bias``) as
@@ -29,6 +29,7 @@ import torch.fx
 
 from .export_attention import SUFFIX_MAX
 from .export_error import ExportError
+from .export_values import _ChannelParam
 
 Arg = Callable[[int, str, Any], Any]
 
@@ -137,6 +138,54 @@ def layer_norm_call(module: torch.nn.Module, arg: Arg, op: str, path: str) -> Tu
     return owner, LayerNormCall(normalized_shape=shape, eps=eps, elementwise_affine=True, bias=bias)
 
 
+@dataclass
+class BatchNormCall:
+    """The nn.BatchNorm2d attributes the converter's batchnorm2d reads."""
+    affine: bool
+    track_running_stats: bool
+    momentum: float
+    eps: float
+
+
+def batch_norm_call(module: torch.nn.Module, arg: Arg, op: str, path: str, x: Any) -> Tuple[str, BatchNormCall]:
+    """F.batch_norm(input, running_mean, running_var, weight, bias, training,
+    momentum, eps) of a batchnorm module's own tensors: what timm's
+    BatchNormAct2d (an nn.BatchNorm2d subclass whose forward() calls it, then
+    its activation) and modules written like it do. The owning module's path
+    and the call as nn.BatchNorm2d attributes; the module's
+    ``num_batches_tracked.add_(1)`` feeds no output and is the count the
+    service keeps under that name anyway. x: the input's value, which must
+    be a [C,H,W] map."""
+    if not x.plain(3):
+        raise ExportError(f"normalises a tensor of per-sample shape {list(x.shape)}"
+                          f"{' held channels-last' if x.nhwc else ''}; supported is a [C,H,W] map", op=op,
+                          module_path=path)
+    names = ("running_mean", "running_var", "weight", "bias")
+    given = [arg(i + 1, k, None) for i, k in enumerate(names)]
+    targets = [str(v.target) if isinstance(v, torch.fx.Node) and v.op == "get_attr" else "" for v in given]
+    owner = targets[0].rpartition(".")[0]
+    mod = module.get_submodule(owner) if owner and all(targets) else None
+    if not isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) or \
+            targets != [f"{owner}.{k}" for k in names] or not mod.affine or not mod.track_running_stats:
+        shown = ", ".join(t or "computed" if v is not None else "None" for t, v in zip(targets, given))
+        raise ExportError(f"takes ({shown}) as running_mean, running_var, weight and bias; supported are the "
+                          "four of one nn.BatchNorm2d (or subclass, as timm's BatchNormAct2d) with affine=True and "
+                          "track_running_stats=True, under their own names (the layer is named by that module)",
+                          op=op, module_path=path)
+    training = arg(5, "training", False)
+    if training is not True:
+        raise ExportError(f"runs with training={training!r} in a training-mode trace: it normalises by the running "
+                          "statistics while training (a frozen batchnorm); the service's batchnorm trains on the "
+                          "batch's statistics", op=op, module_path=path)
+    momentum = _number(arg(6, "momentum", 0.1), "momentum", op, path)
+    eps = _number(arg(7, "eps", 1e-5), "eps", op, path)
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or isinstance(eps, bool) or \
+            not isinstance(eps, (int, float)):
+        raise ExportError(f"momentum {momentum!r} and eps {eps!r} must be numbers known at export (momentum=None, "
+                          "a cumulative average, is not supported)", op=op, module_path=path)
+    return owner, BatchNormCall(affine=True, track_running_stats=True, momentum=float(momentum), eps=float(eps))
+
+
 def prelu_call(state: Dict[str, torch.Tensor], arg: Arg, op: str, path: str) -> Tuple[str, int]:
     """F.prelu(x, self.weight) of a module's own 1-D tensor named weight
     (state: the module's state_dict): that module's path, whose prelu layer
@@ -151,24 +200,42 @@ def prelu_call(state: Dict[str, torch.Tensor], arg: Arg, op: str, path: str) -> 
     return owner, int(p.shape[0])
 
 
-def scale_param(state: Dict[str, Any], target: str, n_params: int, x: Any, op: str, path: str) -> \
-        Tuple[str, str, Dict[str, Any]]:
+def channel_param(state: Dict[str, torch.Tensor], target: str, shape: Tuple[int, ...], op: str,
+                  path: str) -> _ChannelParam:
+    """A module's [C] parameter viewed as [1, C, 1, 1] or [C, 1, 1], as
+    timm's ConvNeXt scales its blocks' output: scale_param takes it at the
+    mul. Any other view of a module tensor is refused."""
+    p = state.get(target)
+    if p is None or p.dim() != 1 or tuple(shape) not in ((int(p.shape[0]), 1, 1), (1, int(p.shape[0]), 1, 1)):
+        raise ExportError(f"views the module tensor {target} as {list(shape)}; supported is a [C] parameter viewed "
+                          "as [1, C, 1, 1] that multiplies a map (timm's ConvNeXt: gamma.reshape(1, -1, 1, 1))",
+                          op=op, module_path=path)
+    return _ChannelParam(target)
+
+
+def scale_param(state: Dict[str, Any], target: str, n_params: int, x: Any, op: str, path: str,
+                viewed: bool = False) -> Tuple[str, str, Dict[str, Any]]:
     """A module parameter multiplying x channel by channel as the service's
     layer_scale: [C,1,1] times a [C,H,W] map (ConvNeXt's CNBlock), [C] times
     a channels-last map (ConvNeXt's original gamma: the layer's ``vector``)
-    or a token sequence (timm's LayerScale). Returns the layer's name (the
+    or a token sequence (timm's LayerScale), or viewed (channel_param) as
+    [C,1,1] times a map (timm's ConvNeXt: ``vector`` too, as the parameter
+    is [C]). Returns the layer's name (the
     submodule holding the parameter), the parameter's own name (its
     ``param_names`` where it is not layer_scale) and the layer's fields."""
     p = state.get(target)
     owner, _, leaf = target.rpartition(".")
     ch = x.shape[-1] if x.tokens else x.shape[0]
-    want = (ch,) if x.tokens or x.nhwc else (ch, 1, 1)
+    want = (ch,) if x.tokens or x.nhwc or viewed else (ch, 1, 1)
     if n_params != 1 or p is None or not owner or x.ct or (len(x.shape) != 3 and not x.tokens) or \
             tuple(p.shape) != want or len(leaf) > SUFFIX_MAX:
         raise ExportError(f"multiplies by the module tensor {target}; supported is a parameter of a submodule "
                           "scaling each channel: [C,1,1] times a [C,H,W] map (ConvNeXt's CNBlock), [C] times a "
                           "channels-last map or a token sequence (timm's LayerScale)", op=op, module_path=path)
-    f: Dict[str, Any] = {"vector": True} if x.nhwc else {}
+    if viewed and (x.nhwc or x.tokens):
+        raise ExportError(f"multiplies a {'channels-last map' if x.nhwc else 'token sequence'} by {target} viewed "
+                          "as [1, C, 1, 1]; supported is that view times a [C,H,W] map", op=op, module_path=path)
+    f: Dict[str, Any] = {"vector": True} if x.nhwc or viewed else {}
     if leaf != "layer_scale":
         f["param_names"] = {"layer_scale": leaf}
     return owner, leaf, f

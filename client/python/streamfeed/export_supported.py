@@ -93,6 +93,9 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
                               "takes (named weight and bias, as nn.Conv2d holds them)",
     "F.linear": "linear named by the submodule that holds the weight and bias parameters it takes (named "
                 "weight and bias, as nn.Linear holds them)",
+    "F.layer_norm": "layernorm named by the submodule that holds the weight and bias it takes (timm's LayerNorm)",
+    "F.batch_norm": "batchnorm2d named by the batchnorm module whose running_mean, running_var, weight and bias it "
+                    "takes, training=True (timm's BatchNormAct2d)",
     "F.adaptive_avg_pool2d, Tensor.mean over (2,3)": "global_avgpool, adaptive_avgpool2d",
     "Tensor.sum, torch.sum over (2,3) of a map or dim 1 of tokens": "global_avgpool or token_mean, then affine "
                                                                     "(times the count)",

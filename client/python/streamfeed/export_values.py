@@ -74,6 +74,13 @@ class _Expanded:
 
 
 @dataclass
+class _ChannelParam:
+    """A module's [C] parameter viewed as [1, C, 1, 1] (timm's ConvNeXt:
+    ``x.mul(self.gamma.reshape(1, -1, 1, 1))``), waiting for its mul."""
+    target: str
+
+
+@dataclass
 class _Padded:
     """A map zero-padded on its way into the one nn.Conv2d that reads it
     (nn.ZeroPad2d, nn.ConstantPad2d(p, 0), F.pad): no layer of its own

@@ -1,0 +1,158 @@
+"""Models from timm, the library most PyTorch image models come from, and
+modules written in its layout, exported with streamfeed.export and trained
+like PyTorch from the same weights and batches (test_export_parity.py's
+method and bounds: five SGD-momentum steps, an eval batch, the checkpoint
+loaded back strictly), on the reference backend in fp32 at 32x32 or the
+CUDA backend where STREAMFEED_PARITY_BACKEND=cuda (at
+STREAMFEED_EXPORT_PARITY_HW, 224 on the GPU).
+
+timm's CNNs (EfficientNet, MobileNetV3, RegNet, DenseNet, CSPNet, ...) hold
+their batchnorm as BatchNormAct2d: an nn.BatchNorm2d subclass whose forward()
+calls F.batch_norm itself, then its dropout and activation, which the
+exporter maps onto the module's batchnorm2d plus the activation
+(export_params.batch_norm_call). ``TimmStyleNet`` below writes that class out
+as timm 1.0 does, so it runs without timm; the timm models themselves run
+where timm is installed (tests/install_torch.sh installs it beside torch) and
+skip, by name, where it is not. They are built with drop rates 0: dropout
+and drop-path draw from the service's RNG, not PyTorch's."""
+import os
+
+import pytest
+
+from test_export_parity import (STEPS, TORCH_ON_GPU, UNDER_ASAN, spec_checker,  # noqa: F401  (a fixture)
+                                start_exported, train_against_trainer)
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+HW = int(os.environ.get("STREAMFEED_EXPORT_PARITY_HW", "32"))  # 224 on the GPU
+# Batches of eight: timm's initialisations leave its deeper CNNs' float32
+# training chaotic on batches of two (a batchnorm over two samples of a 2x2
+# map): PyTorch's own CPU runs of mnasnet_small were 0.8 apart by the fifth
+# step there, so the comparison said nothing.
+BATCH = 8
+LR = 1e-3
+# PyTorch's float64 copy tells how well conditioned each step is on the CPU;
+# on the GPU its CUDA float32 copy does (Trainer), and float64 at 224x224
+# would take minutes a step.
+F64 = not TORCH_ON_GPU
+
+
+class BatchNormAct2d(nn.BatchNorm2d):
+    """timm.layers.BatchNormAct2d's forward(), written out: the running
+    statistics' count moved by hand, F.batch_norm, then drop and act."""
+
+    def __init__(self, num_features, act=True, momentum=0.1, eps=1e-5):
+        super().__init__(num_features, eps=eps, momentum=momentum)
+        self.drop = nn.Identity()
+        self.act = nn.SiLU() if act else nn.Identity()
+
+    def forward(self, x):
+        torch._assert(x.ndim == 4, f"expected 4D input (got {x.ndim}D input)")
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        bn_training = True if self.training else (self.running_mean is None) and (self.running_var is None)
+        x = F.batch_norm(x, self.running_mean if not self.training or self.track_running_stats else None,
+                         self.running_var if not self.training or self.track_running_stats else None,
+                         self.weight, self.bias, bn_training, factor, self.eps)
+        return self.act(self.drop(x))
+
+
+class SqueezeExcite(nn.Module):
+    """timm's efficientnet SqueezeExcite: mean, conv_reduce, act, conv_expand, gate."""
+
+    def __init__(self, c, rd):
+        super().__init__()
+        self.conv_reduce = nn.Conv2d(c, rd, 1)
+        self.act1 = nn.SiLU()
+        self.conv_expand = nn.Conv2d(rd, c, 1)
+        self.gate = nn.Sigmoid()
+
+    def forward(self, x):
+        s = self.act1(self.conv_reduce(x.mean((2, 3), keepdim=True)))
+        return x * self.gate(self.conv_expand(s))
+
+
+class DepthwiseSeparable(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.conv_dw = nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        self.bn1 = BatchNormAct2d(c, momentum=0.01, eps=1e-3)
+        self.se = SqueezeExcite(c, 4)
+        self.conv_pw = nn.Conv2d(c, c, 1, bias=False)
+        self.bn2 = BatchNormAct2d(c, act=False, momentum=0.01, eps=1e-3)
+
+    def forward(self, x):
+        return self.bn2(self.conv_pw(self.se(self.bn1(self.conv_dw(x))))) + x
+
+
+class TimmStyleNet(nn.Module):
+    """EfficientNet's stem, one depthwise-separable block with SE and a
+    residual, its head and classifier, under timm's names."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_stem = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.bn1 = BatchNormAct2d(16)
+        self.blocks = nn.Sequential(DepthwiseSeparable(16))
+        self.conv_head = nn.Conv2d(16, 32, 1, bias=False)
+        self.bn2 = BatchNormAct2d(32)
+        self.classifier = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.bn2(self.conv_head(self.blocks(self.bn1(self.conv_stem(x)))))
+        return self.classifier(x.mean((2, 3)))
+
+
+def _labels(rng):
+    return rng.integers(0, 10, BATCH)
+
+
+def test_a_module_with_timms_batchnorm_act_trains_like_pytorch(start_server, tmp_path, spec_checker):  # noqa: F811
+    torch.manual_seed(3)
+    model = TimmStyleNet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=HW, batch=BATCH, lr=LR)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "exporting moved a buffer"
+    train_against_trainer(s, model, TimmStyleNet, "timm-style net", HW, 5, STEPS, _labels, batch=BATCH, lr=LR,
+                          f64=F64)
+
+
+# Each at its default configuration but for num_classes and the drop rates,
+# what each adds beyond TimmStyleNet. CPU time on the reference backend at
+# 32x32, two cores, with the float64 copy: 1 to 17 s each (resnet18d the
+# longest). dla34 (trees of aggregation nodes) and ese_vovnet19b_dw (one-shot
+# aggregation; at 64x64: its last max pool has a 2x2 map at 32x32, which
+# PyTorch pools to 1x1 with ceil_mode and the service refuses as a kernel
+# larger than its input) passed this test too (2026-12-01, 24 and 28 s) and
+# are left out for CI's time; they add no kind the others lack.
+TIMM_MODELS = {
+    "lcnet_050": "BatchNormAct2d with hard-swish, depthwise convolutions, SE with hard-sigmoid, a conv head",
+    "mobilenetv3_small_050": "timm's MobileNetV3: BatchNormAct2d, hard-swish, SE, a conv head after the pool",
+    "regnetx_002": "grouped convolutions with BatchNormAct2d, ResNet-style shortcuts",
+    "resnet18d": "the deep stem and average-pool shortcuts of ResNet-D, nn.BatchNorm2d",
+    "efficientnet_b0": "BatchNormAct2d with SiLU, SE, drop-path blocks",
+    "ghostnet_050": "ghost modules: half the channels from a cheap depthwise convolution, concatenated and sliced",
+    "mnasnet_small": "timm's MnasNet: BatchNormAct2d with ReLU, inverted residuals",
+    "rexnet_100": "ReXNet: SiLU, ReLU6, SE with BatchNormAct2d inside, a shortcut onto the first channels",
+    "tinynet_e": "TinyNet: EfficientNet's blocks at another width, depth and resolution",
+    "repvgg_a0": "RepVGG in its training form: 3x3, 1x1 and identity branches, each with a batchnorm",
+    "convnext_atto": "timm's ConvNeXt: LayerNorm2d, LayerNorm and a channels-last Mlp, gamma.reshape(1, -1, 1, 1)",
+}
+
+
+# Under AddressSanitizer only TimmStyleNet runs: the timm models add
+# numerics on kinds the torchvision families' sanitized runs already cover.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=UNDER_ASAN) for n in TIMM_MODELS])
+def test_a_timm_model_trains_like_pytorch(start_server, tmp_path, spec_checker, name):  # noqa: F811
+    timm = pytest.importorskip("timm", reason="timm is not installed (tests/install_torch.sh installs it)")
+
+    def build():
+        torch.manual_seed(4)
+        drops = {"drop_rate": 0.0} if name == "ghostnet_050" else {"drop_rate": 0.0, "drop_path_rate": 0.0}
+        return timm.create_model(name, pretrained=False, num_classes=10, **drops)
+    model = build()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=HW, batch=BATCH, lr=LR)
+    train_against_trainer(s, model, build, name, HW, 6, STEPS, _labels, batch=BATCH, lr=LR, f64=F64)

@@ -92,6 +92,9 @@ def build(torch, torchvision, family, size, seed, classes, preset):
     if preset:
         from torch_interop import torch_model
         model = torch_model(family)
+    elif family.startswith("timm:"):  # timm's model NAME, its dropout and drop-path off as below
+        import timm
+        model = timm.create_model(family[5:], pretrained=False, num_classes=classes, drop_rate=0.0)
     else:
         kwargs = {"num_classes": classes}
         if family.startswith("vit_") and size != 224:
@@ -100,6 +103,8 @@ def build(torch, torchvision, family, size, seed, classes, preset):
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout) or type(m).__name__ == "StochasticDepth":
             m.p = 0.0
+        if type(m).__name__ == "DropPath":
+            m.drop_prob = 0.0
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2 and not p.any():

@@ -4,7 +4,9 @@ project's exporter exactly as its command runs it,
     python -m streamfeed.export torchvision.models:NAME --kwargs '{"num_classes":1000}' \\
         --input 3,SIZE,SIZE --recipe none --optimizer ... --config ... --out MODELS/NAME
 
-but all in one process, so that torch and torchvision are imported once.
+but all in one process, so that torch and torchvision are imported once. A
+family named timm:NAME is timm's model NAME at its defaults
+(``timm:create_model --kwargs '{"model_name": NAME, "num_classes": 1000}'``).
 
     python3 bench/families_export.py --size 224 --models /tmp/models --status OUT resnet50 vit_b_16 ...
 
@@ -39,7 +41,10 @@ def export_args(family, size, out):
     else:
         optim = ["--optimizer", "sgd"]
         config["optim"] = {"momentum": 0.9}
-    return ([f"torchvision.models:{family}", "--kwargs", json.dumps(kwargs), "--input", f"3,{size},{size}",
+    factory = f"torchvision.models:{family}"
+    if family.startswith("timm:"):  # timm's model NAME at its defaults
+        factory, kwargs = "timm:create_model", {"model_name": family[5:], "num_classes": 1000}
+    return ([factory, "--kwargs", json.dumps(kwargs), "--input", f"3,{size},{size}",
              "--recipe", "none"] + optim + ["--config", json.dumps(config), "--out", out, "--overwrite"])
 
 

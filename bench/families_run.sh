@@ -17,7 +17,8 @@
 # Expects build/streamfeed and build/streamfeed-load built. Environment:
 #   PY           python with torch and torchvision (default python3); the client
 #                package must be importable (PYTHONPATH=client/python)
-#   FAMILIES     space- or comma-separated torchvision factories (default: the 13 below)
+#   FAMILIES     space- or comma-separated torchvision factories, or timm:NAME for timm's
+#                model NAME (default: the 13 below)
 #   VARIANTS     PyTorch variants, comma list of eager,compile (default both)
 #   SIDES        both | streamfeed | pytorch (default both)
 #   BATCH        batch of every family (default 256 each)
@@ -83,7 +84,8 @@ batch_of() { echo "${BATCH:-256}"; }
 # window the length of the heavy ones'.
 http_batches_of() {
   case "$1" in
-    mobilenet_v2|mobilenet_v3_small|mobilenet_v3_large|efficientnet_b0|regnet_y_400mf|squeezenet1_1)
+    mobilenet_v2|mobilenet_v3_small|mobilenet_v3_large|efficientnet_b0|regnet_y_400mf|squeezenet1_1|\
+    timm:efficientnet_b0|timm:mobilenetv3_*|timm:lcnet_*|timm:regnety_00*)
       echo "${HTTP_BATCHES:-250}" ;;
     *) echo "${HTTP_BATCHES:-100}" ;;
   esac

@@ -52,6 +52,12 @@ def is_vit(family):
 
 
 def make_model(family, size):
+    """torchvision.models.FAMILY, or for ``timm:NAME`` timm's model NAME at
+    its default configuration (the library most users' image models come
+    from; its modules export through the same exporter)."""
+    if family.startswith("timm:"):
+        import timm
+        return timm.create_model(family[5:], pretrained=False, num_classes=CLASSES)
     import torchvision
     kwargs = {"num_classes": CLASSES}
     if is_vit(family) and size != 224:
@@ -177,7 +183,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]))
-    ap.add_argument("--family", required=True, help="a torchvision.models factory (resnet50, vit_b_16, ...)")
+    ap.add_argument("--family", required=True, help="a torchvision.models factory (resnet50, vit_b_16, ...) or timm:NAME")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--size", type=int, default=224, help="image height and width")
     ap.add_argument("--steps", type=int, default=30, help="timed steps")

@@ -128,7 +128,8 @@ def render(calls, order=None):
     for _, rs in calls:
         rows.update(rs)
     fams = [f for f in (order or []) if f in rows] + sorted(f for f in rows if f not in (order or []))
-    out = ["# torchvision families: streamfeed over HTTP against PyTorch's best, speed and peak memory", ""]
+    out = ["# torchvision (and timm:) families: streamfeed over HTTP against PyTorch's best, speed and peak memory",
+           ""]
     for outdir, rs in calls:
         torch = next((p.get("torch") for r in rs.values() for p in r["pytorch"] if p.get("torch")), None)
         out.append(f"- GPU: {read(os.path.join(outdir, 'gpu.txt')) or 'unknown'}; commit "
@@ -141,12 +142,12 @@ def render(calls, order=None):
     out += ["- Numerics gate (bench/families_check.py), before each streamfeed run: one step at the run's precision"
             " and input size against PyTorch's float32 step from the same weights (eval logits, loss, every "
             "parameter's gradient, batchnorm's statistics); a family that fails it shows no streamfeed figure.",
-            "- streamfeed: the model exported from torchvision (`python -m streamfeed.export`, only num_classes=1000"
+            "- streamfeed: the model exported from torchvision or timm (`python -m streamfeed.export`, only num_classes=1000"
             " set), fed over HTTP by streamfeed-load (uint8 images, converted and normalised on the GPU), "
             "samples/s trained over a steady window from the service's own /metrics"
             + (f"; {sample['family']}'s flags beside its config.json: `{sample['streamfeed']['server_args']}`"
                if sample else "") + ".",
-            "- PyTorch: the same torchvision model, the same batch and optimizer (SGD momentum 0.9; AdamW for ViT), "
+            "- PyTorch: the same torchvision or timm model, the same batch and optimizer (SGD momentum 0.9; AdamW for ViT), "
             "bf16 autocast, model-only on a device-resident uint8 batch normalised on the GPU each step (its best"
             " case); variants eager and torch.compile, channels_last for the CNNs"
             + (f"; {pt_sample['warmup']} warm-up + {pt_sample['steps']} timed steps, {pt_sample['optim_impl']} "

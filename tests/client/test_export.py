@@ -540,7 +540,8 @@ def test_instance_norm_exports_as_a_group_per_channel_without_running_statistics
 
 class FunctionalNorms(nn.Module):
     """F.group_norm and F.instance_norm without a weight or a bias, on a map
-    and on flat features, eps positional and by keyword."""
+    and on flat features, eps positional and by keyword (with them:
+    test_export_functional's own-parameter norms)."""
 
     def __init__(self):
         super().__init__()
@@ -569,7 +570,7 @@ def test_functional_group_and_instance_norm_without_parameters_export_as_groupno
             return F.group_norm(x, 3, self.w) if not self.kw else F.instance_norm(x, **self.kw)
 
     stats = {"running_mean": torch.zeros(3), "running_var": torch.ones(3)}
-    for kw, words in (({}, "without weight"), (stats, "without running_mean, running_var"),
+    for kw, words in (({}, "takes a weight without a bias"), (stats, "without running_mean, running_var"),
                       ({**stats, "use_input_stats": False}, "running_var, use_input_stats=False")):
         with pytest.raises(ExportError) as e:
             convert(WithWeight(**kw), (1, 3, 8, 8))
@@ -972,14 +973,19 @@ def test_arithmetic_the_service_cannot_take_is_refused_naming_the_op_and_why(f, 
 @pytest.mark.parametrize("f, kinds", [
     (lambda y: y * torch.sigmoid(y), ["conv2d", "sigmoid", "mul"]),
     (lambda y: y + F.relu(y), ["conv2d", "relu", "add"]),
-], ids=["mul_tensor", "add_tensor"])
+    (lambda y: y - F.relu(y), ["conv2d", "relu", "affine", "add"]),
+    (lambda y: torch.sub(F.relu(y), y), ["conv2d", "relu", "affine", "add"]),
+], ids=["mul_tensor", "add_tensor", "sub_tensor", "torch_sub"])
 def test_arithmetic_of_two_tensors_stays_add_or_mul(f, kinds):
+    """A difference of two tensors is the second negated (affine, scale -1),
+    then added."""
     ex = assert_spec_computes_the_module(ArithmeticOf(f), hw=6)
     assert [la["type"] for la in ex.spec["layers"]][:-1] == kinds
 
 
-@pytest.mark.parametrize("f", [lambda y: y - F.relu(y), lambda y: y / torch.sigmoid(y)], ids=["sub", "div"])
-def test_subtracting_or_dividing_two_tensors_stays_refused(f):
+@pytest.mark.parametrize("f", [lambda y: y / torch.sigmoid(y), lambda y: torch.sub(y, F.relu(y), alpha=2)],
+                         ids=["div", "sub_alpha"])
+def test_dividing_two_tensors_or_subtracting_with_alpha_stays_refused(f):
     with pytest.raises(ExportError, match="has no layer kind") as e:
         convert(ArithmeticOf(f), (1, 3, 6, 6))
     assert e.value.module_path == "head"

@@ -18,7 +18,7 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from streamfeed.export import ExportError, convert  # noqa: E402
-from test_export import assert_spec_computes_the_module  # noqa: E402
+from test_export import ArithmeticOf, assert_spec_computes_the_module  # noqa: E402
 
 WIDTH = 8  # the reductions' maps' channels
 
@@ -416,3 +416,59 @@ def test_another_view_of_a_module_parameter_is_refused_naming_it():
     with pytest.raises(ExportError, match=r"views the module tensor block.gamma as \[1, 6, 1, 1\]") as e:
         convert(ScaledNet(shape=(2, 3)), (1, 3, 8, 8))
     assert e.value.module_path == "block"
+
+
+class GroupNorm1(nn.GroupNorm):
+    """timm's GroupNorm1 (PoolFormer's norm): one group, F.group_norm of the
+    module's own weight and bias, all positional."""
+
+    def __init__(self, c):
+        super().__init__(1, c, eps=1e-6)
+
+    def forward(self, x):
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class Pooling(nn.Module):
+    """PoolFormer's token mixer: pool(x) - x, a difference of two tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+
+    def forward(self, x):
+        return self.pool(x) - x
+
+
+class PoolFormerBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        self.norm1 = GroupNorm1(6)
+        self.token_mixer = Pooling()
+        self.head = nn.Linear(6, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.token_mixer(self.norm1(x))
+        return self.head(x.mean((2, 3)))
+
+
+def test_a_poolformer_block_exports_its_group_norm_under_its_names_and_pool_minus_x_as_affine_and_add():
+    torch.manual_seed(9)
+    model = PoolFormerBlock()
+    with torch.no_grad():
+        model.norm1.weight.uniform_(0.5, 1.5)
+        model.norm1.bias.uniform_(-0.5, 0.5)
+    ex = assert_spec_computes_the_module(model, hw=8)
+    layers = ex.spec["layers"]
+    assert layers[1] == {"type": "groupnorm", "name": "norm1", "num_groups": 1, "eps": 1e-6}
+    assert {"norm1.weight", "norm1.bias"} <= set(ex.tensors)
+    kinds = [layer["type"] for layer in layers]
+    assert kinds[2:5] == ["avgpool2d", "affine", "add"] and layers[3]["scale"] == -1.0
+
+
+def test_subtracting_tensors_of_different_shapes_is_refused():
+    with pytest.raises(ExportError, match=r"subtracts tensors of shapes \[4, 6, 6\] and \[4, 1, 1\]") as e:
+        convert(ArithmeticOf(lambda y: y - y.mean((2, 3), keepdim=True)), (1, 3, 8, 8))
+    assert e.value.module_path == "head"

@@ -56,8 +56,8 @@ from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold,
 from .export_check import check_trace, forward_failed, propagate, static_number
 from .export_nodes import (_dims_of, _is_chunk_or_split, _is_float32_no_op, _is_method_or, _meta_shape, _only_user,
                            _op_name, _path_of)
-from .export_params import (batch_norm_call, channel_param, conv_call, layer_norm_call, linear_call, prelu_call,
-                            scale_param)
+from .export_params import (batch_norm_call, channel_param, conv_call, group_norm_call, layer_norm_call, linear_call,
+                            prelu_call, scale_param)
 from .export_error import ExportError
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
@@ -988,6 +988,8 @@ class _Converter:
                 raise ExportError(f"adds tensors of shapes {list(a.shape)} and {list(c.shape)}; the service adds "
                                   "tensors of one shape", op=op, module_path=path)
             return b.emit("add", self.fname(n, "add"), [a, c], a.shape, nhwc=a.nhwc, tokens=a.tokens)
+        if (t in (operator.sub, torch.sub) or meth == "sub") and len(n.args) == 2 and not n.kwargs:
+            return self.subtract(n, self.val(n.args[0], n), self.val(n.args[1], n), op, path)
         if t in (operator.mul, operator.imul, torch.mul) or meth in ("mul", "mul_"):
             return self.mul(n, arg(0, "input"), arg(1, "other"), op, path)
         if t is torch.cat:
@@ -1103,23 +1105,20 @@ class _Converter:
                           supported=_supported_functions())
 
     def norm_function(self, n: torch.fx.Node, group: bool, arg: Callable[..., Any], op: str, path: str) -> _Val:
-        """F.group_norm(x, G, eps=...) and F.instance_norm(x, eps=...)
-        without a weight or a bias, nor running statistics: groupnorm
-        without affine."""
-        given = [k for k in ("weight", "bias", "running_mean", "running_var") if n.kwargs.get(k) is not None]
-        if not n.kwargs.get("use_input_stats", True):
-            given.append("use_input_stats=False")
-        if given:
-            raise ExportError(f"is supported without {', '.join(given)} (the service's groupnorm keeps no running "
-                              "statistics; nn.GroupNorm and nn.InstanceNorm2d(affine=True) hold a weight and a bias "
-                              "it trains)", op=op, module_path=path)
-        eps, groups = n.kwargs.get("eps", 1e-5), arg(1, "num_groups") if group else 0
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or isinstance(groups, bool) or \
-                not isinstance(groups, int):
-            raise ExportError(f"num_groups {groups!r} and eps {eps!r} must be numbers known at export", op=op,
-                              module_path=path)
-        return self.groupnorm(self.fname(n, "group_norm" if group else "instance_norm"), self.val(n.args[0], n),
-                              self.out_shape(n), op, None, groups, float(eps), False)
+        """F.group_norm and F.instance_norm: groupnorm, affine where the call
+        takes a submodule's own weight and bias (group_norm_call)."""
+        owner, groups, eps = group_norm_call(self.b.module, n, arg, group, op, path)
+        return self.groupnorm(owner or self.fname(n, "group_norm" if group else "instance_norm"),
+                              self.val(n.args[0], n), self.out_shape(n), op, None, groups, eps, owner is not None)
+
+    def subtract(self, n: torch.fx.Node, a: _Val, c: _Val, op: str, path: str) -> _Val:
+        """a - c of two tensors of one shape (PoolFormer's pool(x) - x): an
+        affine layer of scale -1 on c, then add."""
+        if a.shape != c.shape or a.nhwc != c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
+            raise ExportError(f"subtracts tensors of shapes {list(a.shape)} and {list(c.shape)}; the service "
+                              "subtracts tensors of one shape", op=op, module_path=path)
+        neg = self.b.emit("affine", self.fname(n, "neg"), [c], c.shape, nhwc=c.nhwc, tokens=c.tokens, scale=-1.0)
+        return self.b.emit("add", self.fname(n, "sub"), [a, neg], a.shape, nhwc=a.nhwc, tokens=a.tokens)
 
     def to_tokens(self, n: torch.fx.Node, x: _Val) -> _Val:
         c, t = x.shape

@@ -186,6 +186,35 @@ def batch_norm_call(module: torch.nn.Module, arg: Arg, op: str, path: str, x: An
     return owner, BatchNormCall(affine=True, track_running_stats=True, momentum=float(momentum), eps=float(eps))
 
 
+def group_norm_call(module: torch.nn.Module, n: torch.fx.Node, arg: Arg, group: bool, op: str, path: str) -> \
+        Tuple[Optional[str], int, float]:
+    """F.group_norm(x, G, weight, bias, eps) and F.instance_norm(x,
+    running_mean, running_var, weight, bias, use_input_stats, momentum, eps):
+    the submodule whose own weight and bias they take (timm's GroupNorm1, an
+    nn.GroupNorm subclass calling it; None without them), the group count
+    (0: one a channel) and eps. Running statistics are refused: the
+    service's groupnorm keeps none."""
+    w_at, b_at = (2, 3) if group else (3, 4)
+    w, b = arg(w_at, "weight", None), arg(b_at, "bias", None)
+    given = [k for i, k in ((1, "running_mean"), (2, "running_var")) if not group and arg(i, k, None) is not None]
+    if not group and not arg(5, "use_input_stats", True):
+        given.append("use_input_stats=False")
+    if given:
+        raise ExportError(f"is supported without {', '.join(given)} (the service's groupnorm keeps no running "
+                          "statistics)", op=op, module_path=path)
+    if (w is None) != (b is None):
+        raise ExportError(f"takes {'a weight without a bias' if b is None else 'a bias without a weight'}; the "
+                          "service's groupnorm has both, as nn.GroupNorm and nn.InstanceNorm2d(affine=True) hold "
+                          "them, or neither", op=op, module_path=path)
+    owner = _owned(module, w, b, op, path, "nn.GroupNorm")[0] if w is not None else None
+    eps, groups = arg(4 if group else 7, "eps", 1e-5), arg(1, "num_groups", None) if group else 0
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or isinstance(groups, bool) or \
+            not isinstance(groups, int):
+        raise ExportError(f"num_groups {groups!r} and eps {eps!r} must be numbers known at export", op=op,
+                          module_path=path)
+    return owner, groups, float(eps)
+
+
 def prelu_call(state: Dict[str, torch.Tensor], arg: Arg, op: str, path: str) -> Tuple[str, int]:
     """F.prelu(x, self.weight) of a module's own 1-D tensor named weight
     (state: the module's state_dict): that module's path, whose prelu layer

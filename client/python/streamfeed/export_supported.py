@@ -59,6 +59,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
 }
 SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
+    "operator.sub, torch.sub, Tensor.sub of two tensors": "affine (scale -1) on the second, then add (two "
+                                                          "tensors of one shape)",
     "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
                                                           "layer_scale (a submodule's [C,1,1] parameter times a "
                                                           "map, or [C] times a channels-last map or tokens)",
@@ -104,7 +106,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",
     "Tensor.float, Tensor.to, Tensor.type_as leaving a float32 tensor float32": "nothing",
-    "F.group_norm, F.instance_norm": "groupnorm without affine (no weight, bias or running statistics)",
+    "F.group_norm, F.instance_norm": "groupnorm, affine with a submodule's own weight and bias (timm's "
+                                     "GroupNorm1) or without both; no running statistics",
     "F.log_softmax, torch.log_softmax, Tensor.log_softmax": "log_softmax (dim 1 of flat features; the service's "
                                                             "cross-entropy on it is nn.NLLLoss)",
     "F.max_pool2d, torch.max_pool2d": "maxpool2d (no dilation, no return_indices)",

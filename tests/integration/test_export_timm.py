@@ -4,7 +4,8 @@ like PyTorch from the same weights and batches (test_export_parity.py's
 method and bounds: five SGD-momentum steps, an eval batch, the checkpoint
 loaded back strictly), on the reference backend in fp32 at 32x32 or the
 CUDA backend where STREAMFEED_PARITY_BACKEND=cuda (at
-STREAMFEED_EXPORT_PARITY_HW, 224 on the GPU).
+STREAMFEED_EXPORT_PARITY_HW, 224 on the GPU; STREAMFEED_TIMM_MODELS names
+other timm models to train).
 
 timm's CNNs (EfficientNet, MobileNetV3, RegNet, DenseNet, CSPNet, ...) hold
 their batchnorm as BatchNormAct2d: an nn.BatchNorm2d subclass whose forward()
@@ -187,9 +188,15 @@ TIMM_MODELS = {
 }
 
 
-# Under AddressSanitizer only TimmStyleNet runs: the timm models add
-# numerics on kinds the torchvision families' sanitized runs already cover.
-@pytest.mark.parametrize("name", [pytest.param(n, marks=UNDER_ASAN) for n in TIMM_MODELS])
+# STREAMFEED_TIMM_MODELS (a comma list of timm model names) replaces the list:
+# a GPU host, where each step takes milliseconds, runs the larger ones too.
+MODELS = [m for m in os.environ.get("STREAMFEED_TIMM_MODELS", "").split(",") if m] or list(TIMM_MODELS)
+
+
+# Under AddressSanitizer only the modules in timm's layout run: the timm
+# models add numerics on kinds the torchvision families' sanitized runs
+# already cover.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=UNDER_ASAN) for n in MODELS])
 def test_a_timm_model_trains_like_pytorch(start_server, tmp_path, spec_checker, name):  # noqa: F811
     timm = pytest.importorskip("timm", reason="timm is not installed (tests/install_torch.sh installs it)")
 

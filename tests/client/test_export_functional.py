@@ -472,3 +472,18 @@ def test_subtracting_tensors_of_different_shapes_is_refused():
     with pytest.raises(ExportError, match=r"subtracts tensors of shapes \[4, 6, 6\] and \[4, 1, 1\]") as e:
         convert(ArithmeticOf(lambda y: y - y.mean((2, 3), keepdim=True)), (1, 3, 8, 8))
     assert e.value.module_path == "head"
+
+
+def test_a_viewed_channel_parameter_read_other_than_by_a_mul_is_refused_naming_it():
+    """x + bias.view(1, -1, 1, 1): a per-channel bias, which the service has
+    as no layer of its own."""
+    class Biased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = ScaledBlock()
+
+        def forward(self, x):
+            b = self.block
+            return (b.conv(x) + b.gamma.view(1, -1, 1, 1)).flatten(1)
+    with pytest.raises(ExportError, match=r"takes the parameter block.gamma viewed as \[1, C, 1, 1\]"):
+        convert(Biased(), (1, 3, 8, 8))

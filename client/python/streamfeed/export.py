@@ -261,10 +261,8 @@ class _Converter:
             v = self.vals.get(a)
             if isinstance(v, _Val):
                 return v
-            if isinstance(v, _TokenSlice):
-                raise ExportError(f"takes x[:, {v.start}:] of a token sequence as its {what}; such a slice is "
-                                  "supported as the input of a mean over the tokens (dim=1) only",
-                                  op=self.opname(node), module_path=_path_of(node))
+            if isinstance(v, (_TokenSlice, _ChannelParam)):
+                raise ExportError(v.misused(what), op=self.opname(node), module_path=_path_of(node))
             if a.op == "get_attr":
                 raise ExportError(f"uses the tensor {a.target} of the module as an {what}; only a [C,1,1] "
                                   "parameter named layer_scale multiplying a map is supported",

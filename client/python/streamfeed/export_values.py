@@ -79,6 +79,10 @@ class _ChannelParam:
     ``x.mul(self.gamma.reshape(1, -1, 1, 1))``), waiting for its mul."""
     target: str
 
+    def misused(self, what: str) -> str:
+        return (f"takes the parameter {self.target} viewed as [1, C, 1, 1] as its {what}; such a view is "
+                "supported as a map's per-channel scale (x * it: layer_scale) only")
+
 
 @dataclass
 class _Padded:
@@ -104,3 +108,7 @@ class _TokenSlice:
     pooling leaves the class token out so)."""
     x: _Val
     start: int
+
+    def misused(self, what: str) -> str:
+        return (f"takes x[:, {self.start}:] of a token sequence as its {what}; such a slice is supported as the "
+                "input of a mean over the tokens (dim=1) only")

@@ -981,13 +981,9 @@ class _Converter:
             attrs = [v for v in (a0, a1) if isinstance(v, torch.fx.Node) and v.op == "get_attr"]
             if attrs:
                 return self.pos_embedding(n, attrs, a1 if a0 is attrs[0] else a0, op, path)
-            a, c = self.val(a0, n), self.val(a1, n)
-            if a.shape != c.shape or a.nhwc != c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
-                raise ExportError(f"adds tensors of shapes {list(a.shape)} and {list(c.shape)}; the service adds "
-                                  "tensors of one shape", op=op, module_path=path)
-            return b.emit("add", self.fname(n, "add"), [a, c], a.shape, nhwc=a.nhwc, tokens=a.tokens)
+            return self.add(n, self.val(a0, n), self.val(a1, n), op, path)
         if (t in (operator.sub, torch.sub) or meth == "sub") and len(n.args) == 2 and not n.kwargs:
-            return self.subtract(n, self.val(n.args[0], n), self.val(n.args[1], n), op, path)
+            return self.add(n, self.val(n.args[0], n), self.val(n.args[1], n), op, path, subtract=True)
         if t in (operator.mul, operator.imul, torch.mul) or meth in ("mul", "mul_"):
             return self.mul(n, arg(0, "input"), arg(1, "other"), op, path)
         if t is torch.cat:
@@ -1109,14 +1105,17 @@ class _Converter:
         return self.groupnorm(owner or self.fname(n, "group_norm" if group else "instance_norm"),
                               self.val(n.args[0], n), self.out_shape(n), op, None, groups, eps, owner is not None)
 
-    def subtract(self, n: torch.fx.Node, a: _Val, c: _Val, op: str, path: str) -> _Val:
-        """a - c of two tensors of one shape (PoolFormer's pool(x) - x): an
-        affine layer of scale -1 on c, then add."""
+    def add(self, n: torch.fx.Node, a: _Val, c: _Val, op: str, path: str, subtract: bool = False) -> _Val:
+        """a + c of two tensors of one shape; a - c (PoolFormer's pool(x) - x)
+        is an affine layer of scale -1 on c, then that add."""
         if a.shape != c.shape or a.nhwc != c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
-            raise ExportError(f"subtracts tensors of shapes {list(a.shape)} and {list(c.shape)}; the service "
-                              "subtracts tensors of one shape", op=op, module_path=path)
-        neg = self.b.emit("affine", self.fname(n, "neg"), [c], c.shape, nhwc=c.nhwc, tokens=c.tokens, scale=-1.0)
-        return self.b.emit("add", self.fname(n, "sub"), [a, neg], a.shape, nhwc=a.nhwc, tokens=a.tokens)
+            raise ExportError(f"{'subtracts' if subtract else 'adds'} tensors of shapes {list(a.shape)} and "
+                              f"{list(c.shape)}; the service {'subtracts' if subtract else 'adds'} tensors of one "
+                              "shape", op=op, module_path=path)
+        if subtract:
+            c = self.b.emit("affine", self.fname(n, "neg"), [c], c.shape, nhwc=c.nhwc, tokens=c.tokens, scale=-1.0)
+        return self.b.emit("add", self.fname(n, "sub" if subtract else "add"), [a, c], a.shape, nhwc=a.nhwc,
+                           tokens=a.tokens)
 
     def to_tokens(self, n: torch.fx.Node, x: _Val) -> _Val:
         c, t = x.shape
@@ -1272,8 +1271,9 @@ class _Converter:
             owner, ln = layer_norm_call(self.b.module, arg, op, path)
             return self.layernorm_module(owner, self.val(arg(0, "input", None), n), out, op, ln)
         if t is F.batch_norm:
-            owner, bn = batch_norm_call(self.b.module, arg, op, path, self.val(arg(0, "input", None), n))
-            return self.batchnorm2d(owner, self.val(arg(0, "input", None), n), out, op, bn)
+            x = self.val(arg(0, "input", None), n)
+            owner, bn = batch_norm_call(self.b.module, arg, op, path, x)
+            return self.batchnorm2d(owner, x, out, op, bn)
         return None
 
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "gpu/common.h"
+#include "gpu/pool_rule.h"
 #include "gpu/ref/layer_io.h"
 #include "gpu/rng.h"
 
@@ -456,19 +457,6 @@ static int bn2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, 
     return 0;
 }
 
-/* PyTorch's pooling output size; with ceil_mode the last window must start
- * inside the input or its left padding. 0 when the kernel does not fit. */
-static int pool_out(int in, int k, int s, int p, int ceil_mode)
-{
-    const int num = in + 2 * p - k;
-    if (num < 0)
-        return 0;
-    int out = (num + (ceil_mode ? s - 1 : 0)) / s + 1;
-    if (ceil_mode && (out - 1) * s >= in + p)
-        out--;
-    return out;
-}
-
 static int maxpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err,
                            size_t errlen)
 {
@@ -480,8 +468,8 @@ static int maxpool2d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *
         sf_errf(err, errlen, "pad %d must be at most half of k=%d", L->pad, L->k);
         return -1;
     }
-    const int oh = pool_out(in->h, L->k, L->stride, L->pad, L->ceil_mode);
-    const int ow = pool_out(in->w, L->k, L->stride, L->pad, L->ceil_mode);
+    const int oh = sf_pool_out_size(in->h, L->k, L->stride, L->pad, L->ceil_mode);
+    const int ow = sf_pool_out_size(in->w, L->k, L->stride, L->pad, L->ceil_mode);
     if (oh < 1 || ow < 1) {
         sf_errf(err, errlen, "kernel %d does not fit the %dx%d input (pad %d)", L->k, in->h, in->w, L->pad);
         return -1;

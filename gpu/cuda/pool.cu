@@ -5,6 +5,7 @@
 #include "gpu/cuda/pool.h"
 
 #include "gpu/cuda/kernel_common.cuh"
+#include "gpu/pool_rule.h"
 
 /* ======================================================================== */
 /* kernels                                                                  */
@@ -671,30 +672,18 @@ __global__ void k_adaptive_avgpool_bwd(const T *__restrict__ dy, int C, int H, i
 /* launchers                                                                */
 /* ======================================================================== */
 
-/* PyTorch's pooling output size (gpu/layers.c): with ceil_mode the size is
- * rounded up, but the last window must start inside the input or its left
- * padding. */
-static int pool_out(int in, int k, int s, int p, int ceil_mode)
-{
-    const int num = in + 2 * p - k;
-    int out = (num + (ceil_mode ? s - 1 : 0)) / s + 1;
-    if (ceil_mode && (out - 1) * s >= in + p)
-        out--;
-    return out;
-}
-
 static int pool_check(const char *fn, int n, int c, int h, int w, int k, int stride, int pad, int ceil_mode, int *oh,
                       int *ow)
 {
     if (n < 1 || c < 1 || h < 1 || w < 1 || k < 1 || stride < 1 || pad < 0 || 2 * pad > k ||
         (double)n * c * h * w >= 4294967296.0 || (double)h * w >= 2147483648.0 ||
-        h + 2 * pad < k || w + 2 * pad < k) {
+        sf_pool_out_size(h, k, stride, pad, ceil_mode) < 1 || sf_pool_out_size(w, k, stride, pad, ceil_mode) < 1) {
         sf_cuda_set_error("%s:%d: %s: n=%d c=%d %dx%d k=%d stride=%d pad=%d", __FILE__, __LINE__, fn, n, c, h, w,
                           k, stride, pad);
         return -1;
     }
-    *oh = pool_out(h, k, stride, pad, ceil_mode);
-    *ow = pool_out(w, k, stride, pad, ceil_mode);
+    *oh = sf_pool_out_size(h, k, stride, pad, ceil_mode);
+    *ow = sf_pool_out_size(w, k, stride, pad, ceil_mode);
     return 0;
 }
 
@@ -712,7 +701,7 @@ static int maxpool_fwd_t(const char *fn, const T *x, int n, int c, int h, int w,
         return -1;
     /* the stem kernels assume the floor size; a ceil_mode size that differs
      * takes the generic kernels, which clip the last window to the input */
-    const int floor_size = oh == pool_out(h, k, stride, pad, 0) && ow == pool_out(w, k, stride, pad, 0);
+    const int floor_size = oh == sf_pool_out_size(h, k, stride, pad, 0) && ow == sf_pool_out_size(w, k, stride, pad, 0);
     const int nhwc = lay == SF_LAYOUT_NHWC;
     const sf_pool_pre_bn none = {NULL, NULL, NULL, NULL};
     if (pre) {
@@ -776,7 +765,7 @@ static int maxpool_bwd_t(const char *fn, const T *dy, const int32_t *argmax, int
     int oh, ow;
     if (pool_check(fn, n, c, h, w, k, stride, pad, ceil_mode, &oh, &ow))
         return -1;
-    const int floor_size = oh == pool_out(h, k, stride, pad, 0) && ow == pool_out(w, k, stride, pad, 0);
+    const int floor_size = oh == sf_pool_out_size(h, k, stride, pad, 0) && ow == sf_pool_out_size(w, k, stride, pad, 0);
     const int nhwc = lay == SF_LAYOUT_NHWC;
     const int vec = nhwc && c % VEC == 0 && cu_al16(dy) && cu_al16(argmax) && cu_al16(dx);
     if (k == 3 && stride == 2 && pad == 1 && floor_size) {

@@ -441,6 +441,10 @@ std::vector<op_case> op_cases()
                  * stride-1 window, and a misaligned map (the scalar kernels) */
                 {2, 64, 28, 28, 3, 2, 0, 0, 1},  {2, 64, 28, 28, 2, 2, 0, 0, 0}, {2, 16, 9, 9, 3, 1, 1, 0, 0},
                 {2, 16, 12, 12, 2, 2, 0, 1, 0},
+                /* ceil_mode windows larger than the map (one output over a
+                 * 2x2 or 1x1 input), on channel vectors and on the scalar
+                 * kernels */
+                {2, 16, 2, 2, 3, 2, 0, 0, 1},    {2, 5, 2, 2, 3, 2, 0, 0, 1},    {2, 16, 1, 1, 2, 2, 0, 0, 1},
             };
             for (const auto &m : mp)
                 t.push_back(row("pool", "maxpool_dt", cmp_maxpool_dt, dt, lay, {m[0], m[1], m[2], m[3]},
@@ -468,6 +472,9 @@ std::vector<op_case> op_cases()
                 }
             t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 64, 28, 28}, {2, 2, 0, 0, 1}, 1e-5,
                             0, {}, 1e-5));
+            for (int cip = 0; cip < 2; cip++) /* a ceil_mode window larger than the 2x2 map */
+                t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 16, 2, 2}, {3, 2, 0, 1, cip},
+                                1e-5, 0, {}, 1e-5));
             t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {2, 5, 7, 11}, {3, 5}, 1e-5, 0, {}, 1e-5));
             t.push_back(row("pool", "adaptive_dt", cmp_adaptive_dt, dt, lay, {2, 4, 5, 4}, {7, 6}, 1e-5, 0, {}, 1e-5));
             t.push_back(

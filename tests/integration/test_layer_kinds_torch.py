@@ -168,6 +168,31 @@ class Dense(nn.Module):
         return self.fc(nn.functional.dropout(torch.flatten(y, 1), 0.0, self.training))
 
 
+# Pools whose kernel is larger than their 2x2 input (timm's VoVNet at a small
+# input): with ceil_mode PyTorch gives one window over the whole map, and the
+# average's divisor is the window clipped to the input (count_include_pad or
+# not, no padding here).
+TINY_POOL_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "stem", "out": 4, "k": 4, "stride": 4},
+    {"type": "maxpool2d", "name": "mp", "k": 3, "stride": 2, "ceil_mode": True},
+    {"type": "avgpool2d", "name": "ap", "k": 3, "stride": 2, "ceil_mode": True, "inputs": ["stem"]},
+    {"type": "concat", "name": "cat", "inputs": ["mp", "ap"]},
+    {"type": "flatten", "name": "flatten"}, {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class TinyPools(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 4, stride=4)
+        self.mp = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.ap = nn.AvgPool2d(3, 2, ceil_mode=True)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x):
+        s = self.stem(x)
+        return self.fc(torch.flatten(torch.cat([self.mp(s), self.ap(s)], 1), 1))
+
+
 # A GAN's activations: LeakyReLU(0.2) after a strided conv (a DCGAN
 # discriminator), a transposed conv, batchnorm, leaky_relu at a negative
 # slope (both branches carry gradient, with opposite signs), tanh (a
@@ -709,7 +734,7 @@ LAYER_SCALED_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
 
 
 CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (ConvNeXtish, CONVNEXT_SPEC),
-         "dense_block": (Dense, DENSE_SPEC), "gan_activations": (GanActs, GAN_SPEC),
+         "dense_block": (Dense, DENSE_SPEC), "pools_past_a_tiny_map": (TinyPools, TINY_POOL_SPEC), "gan_activations": (GanActs, GAN_SPEC),
          "shuffle_block": (Shuffle, SHUFFLE_SPEC), "factorised_block": (Factorised, FACTORISED_SPEC),
          "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC),
          "smooth_activations": (SmoothActs, SMOOTH_SPEC), "pyramid_skip": (Pyramid, PYRAMID_SPEC),
@@ -722,8 +747,10 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
 
 
 @pytest.mark.parametrize("make, spec", [(ConvPads, CONV_PAD_SPEC), (Functional, FUNCTIONAL_SPEC),
-                                        (Reductions, REDUCTIONS_SPEC), (LayerScaled, LAYER_SCALED_SPEC)],
-                         ids=["conv_padding", "functional_conv_linear", "reductions", "original_convnext_gamma"])
+                                        (Reductions, REDUCTIONS_SPEC), (LayerScaled, LAYER_SCALED_SPEC),
+                                        (TinyPools, TINY_POOL_SPEC)],
+                         ids=["conv_padding", "functional_conv_linear", "reductions", "original_convnext_gamma",
+                              "pools_past_a_tiny_map"])
 def test_the_case_is_the_spec_the_exporter_writes(make, spec):
     sys.path.insert(0, str(REPO / "client" / "python"))
     from streamfeed.export import convert

@@ -95,6 +95,16 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_int_equal(layer_named(&m, "p2")->out_h, 3);
     assert_int_equal(layer_named(&m, "p3")->out_h, 2);
     assert_true(fabsf(layer_named(&m, "bn")->momentum - 0.2f) < 1e-7f);
+    /* a kernel larger than its 2x2 input: with ceil_mode PyTorch pools the
+     * whole map into one output; without it the kernel does not fit */
+    assert_int_equal(sf_model_from_json("{\"input\":[4,2,2],\"classes\":4,\"layers\":["
+                                        "{\"type\":\"maxpool2d\",\"name\":\"mp\",\"k\":3,\"stride\":2,"
+                                        "\"ceil_mode\":true},{\"type\":\"avgpool2d\",\"name\":\"ap\",\"k\":3,"
+                                        "\"stride\":2,\"ceil_mode\":true,\"inputs\":[-1]},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &m, err, sizeof err), 0);
+    assert_true(layer_named(&m, "mp")->out_h == 1 && layer_named(&m, "mp")->out_w == 1);
+    assert_true(layer_named(&m, "ap")->out_h == 1 && layer_named(&m, "ap")->out_w == 1);
 
     /* nn.MultiheadAttention's four parameters, contiguous in state_dict
      * order; the class token and the position embedding keyed by the
@@ -207,6 +217,10 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
                       "\"stride\"");
     expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,9]}]}", "layer 0", "does not fit");
     expect_json_error(HEAD "{\"type\":\"maxpool2d\",\"k\":[2,3]}]}", "layer 0", "\"k\"");
+    expect_json_error("{\"input\":[4,2,2],\"classes\":4,\"layers\":[{\"type\":\"maxpool2d\",\"k\":3,"
+                      "\"stride\":2}]}", "layer 0", "does not fit");
+    expect_json_error("{\"input\":[4,2,2],\"classes\":4,\"layers\":[{\"type\":\"maxpool2d\",\"k\":4,"
+                      "\"stride\":2,\"ceil_mode\":true}]}", "layer 0", "does not fit");
     expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"maxpool2d\",\"k\":2},"
                       "{\"type\":\"concat\",\"inputs\":[0,1]}]}", "layer 2", "equal H,W");
     expect_json_error(HEAD "{\"type\":\"relu\"},{\"type\":\"concat\",\"inputs\":[0]}]}", "layer 1", "concat");

@@ -128,7 +128,8 @@ static void test_avgpool(cudaStream_t s, const op_case &kc, int n, int c, int h,
 
 /* ---- MaxPool2d and global average pooling on dt ------------------------------------- */
 
-/* PyTorch's pooling output size, ceil_mode included (gpu/layers.c's rule). */
+/* PyTorch's pooling output size, ceil_mode included: gpu/pool_rule.h's rule,
+ * written out again so the test does not take its sizes from the code it checks. */
 static int pool_size(int in, int k, int s, int p, int ceil_mode)
 {
     int out = (in + 2 * p - k + (ceil_mode ? s - 1 : 0)) / s + 1;

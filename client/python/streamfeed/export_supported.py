@@ -175,3 +175,7 @@ def _act_fields(kind: str, get: Callable[[str, int, Any], Any], op: str, path: s
                               "other finite beta", op=op, module_path=path)
         return {"beta": beta, "threshold": _finite(get("threshold", 2, 20.0), "threshold", op, path)}
     return {}
+
+
+def _supported_functions() -> str:
+    return "; ".join(SUPPORTED_FUNCTIONS)

@@ -3,13 +3,16 @@ converts a module: a tensor as the service sees it (the layer that makes
 it, its per-sample shape, its layout) and the partial patterns on their way
 to a layer (a MultiheadAttention's output pair, a channel shuffle's views, a
 chunk's pieces, a parameter expanded over the batch). Plain data: the
-converter in export.py decides what each becomes."""
+converter in export.py decides what each becomes; the two checks at the end
+are the form a layer of a map asks of its input."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
 import torch.fx
+
+from .export_error import ExportError
 
 
 @dataclass
@@ -112,3 +115,22 @@ class _TokenSlice:
     def misused(self, what: str) -> str:
         return (f"takes x[:, {self.start}:] of a token sequence as its {what}; such a slice is supported as the "
                 "input of a mean over the tokens (dim=1) only")
+
+
+def _spatial(shape: Tuple[int, ...], op: str, path: str) -> Tuple[int, int, int]:
+    if len(shape) != 3:
+        raise ExportError(f"needs a [C,H,W] map, not a tensor of per-sample shape {list(shape)}", op=op,
+                          module_path=path)
+    return shape[0], shape[1], shape[2]
+
+
+def _need_nchw(x: _Val, op: str, path: str) -> None:
+    """Refuses a module that runs only on a [C,H,W] map in the service's own
+    layout when its input is channels-last or a token sequence."""
+    if x.nhwc:
+        raise ExportError("runs on a channels-last (permuted) tensor; only LayerNorm, Linear and "
+                          "activations are supported between permute(0,2,3,1) and permute(0,3,1,2)",
+                          op=op, module_path=path)
+    if x.tokens or x.ct:
+        raise ExportError("runs on a token sequence; LayerNorm, Linear, MultiheadAttention, activations, "
+                          "dropout and adds are supported on tokens", op=op, module_path=path)

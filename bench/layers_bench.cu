@@ -644,13 +644,13 @@ static int enq_cx_gelu_bwd(void *v, cudaStream_t s)
 static int enq_cx_ls_fwd(void *v, cudaStream_t s)
 {
     cx_ctx *c = (cx_ctx *)v;
-    return sf_cuda_channel_scale_fwd_dt(SF_DT_BF16, SF_LAYOUT_NHWC, c->x, c->g, c->y, c->n, c->c,
+    return sf_cuda_channel_scale_fwd_dt(SF_DT_BF16, SF_LAYOUT_NHWC, c->x, c->g, NULL, c->y, c->n, c->c,
                                         (size_t)c->hw * c->hw, s);
 }
 static int enq_cx_ls_bwd(void *v, cudaStream_t s)
 {
     cx_ctx *c = (cx_ctx *)v;
-    return sf_cuda_channel_scale_bwd_dt(SF_DT_BF16, SF_LAYOUT_NHWC, c->x, c->g, c->dy, c->dx, c->dg, c->n, c->c,
+    return sf_cuda_channel_scale_bwd_dt(SF_DT_BF16, SF_LAYOUT_NHWC, c->x, c->g, c->dy, c->dx, c->dg, NULL, c->n, c->c,
                                         (size_t)c->hw * c->hw, c->cs_scr, s);
 }
 static int enq_cx_sd(void *v, cudaStream_t s)

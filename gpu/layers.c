@@ -231,6 +231,21 @@ static const sf_layer_field layer_scale_fields[] = {
     F_END,
 };
 
+/* The shape the module holds scale_shift's weight and bias in, C being
+ * num_parameters (gpu/model.h's SF_SS_*): the checkpoint keeps it, so that
+ * load_state_dict(strict=True) takes the service's tensors. */
+static const char *const scale_shift_shapes[] = {"[C]", "[C,1,1]", "[1,1,C]", "[1,C,1,1]", NULL};
+static const sf_layer_field scale_shift_fields[] = {
+    {"num_parameters", SF_FT_INT, OFF(num_parameters), 1, SF_MAX_CHANNELS, 1, 0, NULL,
+     "weights (and biases): 1 (one for the whole tensor, timm's LearnableAffineBlock) or the input's channels (one "
+     "per channel of a map, feature or token channel: ResMLP's Affine)"},
+    {"param_shape", SF_FT_ENUM, OFF(mode), 0, 3, SF_SS_C, 0, scale_shift_shapes,
+     "how the module holds each parameter, C being num_parameters: \"[C]\", \"[C,1,1]\" (a map's channels), "
+     "\"[1,1,C]\" (ResMLP's, over tokens) or \"[1,C,1,1]\""},
+    F_BIAS,
+    F_END,
+};
+
 /* ---- shape rules ------------------------------------------------------------ */
 
 static int same_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
@@ -269,6 +284,21 @@ static int clamp_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out,
  * feature of flat features (PyTorch's dimension 1; token sequences are
  * refused by the row's no_tokens). */
 static int prelu_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (L->num_parameters == 0)
+        L->num_parameters = 1; /* a layer built field by field */
+    if (L->num_parameters != 1 && L->num_parameters != in->c) {
+        sf_errf(err, errlen, "\"num_parameters\" %d must be 1 or the input's %d channels", L->num_parameters,
+                in->c);
+        return -1;
+    }
+    *out = in[0];
+    return 0;
+}
+
+/* One weight (and bias) for the whole tensor, or one per channel: of a map,
+ * of flat features, or of each token's channels. */
+static int scale_shift_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     if (L->num_parameters == 0)
         L->num_parameters = 1; /* a layer built field by field */
@@ -844,6 +874,17 @@ static int prelu_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
     return 1;
 }
 
+/* weight and bias, each num_parameters values held in param_shape's
+ * dimensions (SF_SS_*: [C], [C,1,1], [1,1,C], [1,C,1,1]). */
+static int scale_shift_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
+{
+    const int64_t c = L->num_parameters, d[4][4] = {{c, 0, 0, 0}, {c, 1, 1, 0}, {1, 1, c, 0}, {1, c, 1, 1}};
+    const int ndim[4] = {1, 3, 3, 4}, m = L->mode;
+    for (int j = 0; j < 1 + (L->bias != 0); j++)
+        pd_set(&pd[j], j ? "bias" : "weight", ndim[m], d[m][0], d[m][1], d[m][2], d[m][3]);
+    return 1 + (L->bias != 0);
+}
+
 /* VisionTransformer.class_token [1,1,C], keyed by the layer's name. */
 static int class_token_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
@@ -1213,6 +1254,15 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .ref_bwd = sf_ref_layer_transpose_tokens_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "a token sequence [T, C] as C tokens of T features, [C, T], so that a linear layer or a layer "
                "norm after it works across the tokens (MLP-Mixer's token mixing; a second one turns it back)"},
+    [SF_L_SCALE_SHIFT] = {
+        .name = "scale_shift", .torch = "x * weight + bias, learnable (timm's LearnableAffineBlock, ResMLP's Affine)",
+        .min_in = 1, .max_in = 1, .fields = scale_shift_fields, .shape = scale_shift_shape,
+        .params = scale_shift_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_scale_shift_fwd,
+        .ref_bwd = sf_ref_layer_scale_shift_bwd, .cuda = 1, .cuda_tokens = 1,
+        .doc = "x * weight + bias with learnable weight and bias (`bias`: false leaves it out): one of each for the "
+               "whole tensor, or one per channel of a map, of flat features or of each token, held in "
+               "`param_shape`; initialised to 1 and 0; `param_names` keys them as the module does (timm's `scale`, "
+               "ResMLP's `alpha` and `beta`)"},
     [SF_L_TOKEN_MEAN] = {
         .name = "token_mean", .torch = "x[:, start:].mean(dim=1)", .min_in = 1, .max_in = 1,
         .fields = token_mean_fields, .shape = token_mean_shape, .ref_fwd = sf_ref_layer_token_mean_fwd,

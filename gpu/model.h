@@ -112,9 +112,13 @@ typedef enum sf_layer_kind {
     SF_L_CLAMP,    /* min(max(x, min), max) elementwise, either bound optional (torch.clamp, nn.Hardtanh) */
     SF_L_TOKEN_MEAN, /* [T, C] -> [C]: the mean of tokens start..T-1 (x[:, start:].mean(dim=1)) */
     SF_L_TRANSPOSE_TOKENS, /* [T, C] -> [C, T]: x.transpose(1, 2) of a token sequence (MLP-Mixer's token mixing) */
+    SF_L_SCALE_SHIFT, /* x * weight + bias, learnable: one of each, or one per channel (timm's LearnableAffineBlock) */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;
+
+/* scale_shift's parameter shapes (its "param_shape" field, in this order). */
+enum { SF_SS_C = 0, SF_SS_C11 = 1, SF_SS_11C = 2, SF_SS_1C11 = 3 };
 
 typedef struct sf_layer {
     sf_layer_kind kind;
@@ -141,7 +145,7 @@ typedef struct sf_layer {
     float alpha;                  /* elu: the negative branch's scale (any finite value) */
     float beta, threshold;        /* softplus: the input's scale (not 0), the linear branch's bound */
     float affine_scale, affine_shift; /* affine: y = affine_scale * x + affine_shift (any finite values) */
-    int num_parameters;           /* prelu: slopes, 1 (shared by every channel) or the input's channels */
+    int num_parameters;           /* prelu, scale_shift: 1 (shared by every channel) or the input's channels */
     int pads[4];                  /* pad: [left, right, top, bottom], F.pad's order for the last two dims */
     float pad_value;              /* pad: the constant mode's fill (any finite value) */
     float clamp_min, clamp_max;   /* clamp: the bounds, finite, min <= max; -inf / +inf where a side is open-ended */
@@ -153,7 +157,7 @@ typedef struct sf_layer {
                                    * gamma), not [C,1,1]; always so on a token sequence */
     float p;                      /* dropout, stochastic_depth: drop probability */
     int mode;                     /* stochastic_depth: 0 "row" (the one mode run); upsample: SF_UP_*;
-                                   * pad: SF_PAD_* */
+                                   * pad: SF_PAD_*; scale_shift: SF_SS_* */
     int align_corners;            /* upsample (bilinear): the corner pixels' centres align, as PyTorch's flag */
     int heads;                    /* self_attention: number of heads (divides the embedding dimension) */
     int out_bias;                 /* self_attention: 1 when the output projection has a bias (bias: the

@@ -17,7 +17,7 @@
  * stream beside backward-data), linear through cuBLASLt with the bias in the
  * forward GEMM's epilogue where it has a plan (else cuBLAS and our bias
  * kernel; executor_tune.cu's g_lt_wants says which), batchnorm, pooling, add,
- * ReLU and the other activations, products (mul, layer_scale), concat,
+ * ReLU and the other activations, products (mul, layer_scale, scale_shift), concat,
  * the channel shuffle and slice, dropout and the losses through our kernels (the *.cu files beside this one).
  * A Vision Transformer's token sequences ([n, t, c], token-major: an NHWC
  * [c, t, 1] map whatever the net's layout) run through the same linear,
@@ -399,13 +399,13 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                    g_mul_bcast(m, i), s))
                 return -1;
             break;
-        case SF_L_LAYER_SCALE:
-            if (sf_cuda_channel_scale_fwd_dt(dt, g_lay_of(g, i), x, P + L->w_off, o->y, n, L->out_ch,
-                                             (size_t)L->out_h * L->out_w, s))
-                return -1;
-            break;
         case SF_L_PRELU:
             if (g_prelu_fwd(net, i, n, x, s))
+                return -1;
+            break;
+        case SF_L_LAYER_SCALE:
+        case SF_L_SCALE_SHIFT:
+            if (g_scale_shift_fwd(net, i, n, x, s))
                 return -1;
             break;
         case SF_L_DROPOUT:
@@ -825,7 +825,6 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
     gen_net *g = net->g;
     const sf_model *m = &net->m;
     cudaStream_t s = net->s;
-    const float *P = net->params;
     const sf_dtype dt = g->dt;
     const int last = g->nl - 1;
     for (int i = last; i >= g->nf; i--) {
@@ -900,14 +899,13 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             add0 = 0;
             break;
-        case SF_L_LAYER_SCALE:
-            if (sf_cuda_channel_scale_bwd_dt(dt, g_lay_of(g, i), g_in(net, i, 0, b), P + L->w_off, o->dy, dx,
-                                             net->grads + L->w_off, n, L->out_ch, (size_t)L->out_h * L->out_w,
-                                             (float *)g->scratch, s))
-                return -1;
-            break;
         case SF_L_PRELU:
             if (g_prelu_bwd(net, i, b, n, dx, s))
+                return -1;
+            break;
+        case SF_L_LAYER_SCALE:
+        case SF_L_SCALE_SHIFT:
+            if (g_scale_shift_bwd(net, i, b, n, dx, s))
                 return -1;
             break;
         case SF_L_DROPOUT:

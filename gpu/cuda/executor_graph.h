@@ -493,6 +493,11 @@ int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s);
  * (NULL: not wanted) and its slopes' gradient (through the scratch). */
 int g_prelu_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
 int g_prelu_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, cudaStream_t s);
+/* executor_scale_shift.cu: scale_shift or layer_scale layer i's forward on
+ * x, and its backward into dx (NULL: not wanted) and its parameters'
+ * gradients (through the scratch). */
+int g_scale_shift_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
+int g_scale_shift_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, cudaStream_t s);
 /* executor_pad.cu: pad layer i's forward on x, and its backward into dx,
  * the input's whole gradient (a move: g_moves_fwd/_bwd call these). */
 int g_pad_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);

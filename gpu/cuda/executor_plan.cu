@@ -68,15 +68,16 @@ static int g_storage(const sf_cuda_net *net, int i)
 }
 
 /* Kinds whose backward reads their inputs beside dy (an activation's
- * derivative at x: every kind g_act_reads_x names, each factor of a product, the
- * layer scale's and prelu's input for their gradients); conv, convT, linear and batchnorm
- * are listed where they are used. Dropout redraws its mask, concat slices
+ * derivative at x: every kind g_act_reads_x names, each factor of a product,
+ * the layer scale's, scale_shift's and prelu's input for their gradients);
+ * conv, convT, linear and batchnorm are listed where they are used. Dropout redraws its mask, concat slices
  * dy, the channel shuffle and slice move it: none reads x. */
 static int bwd_reads_inputs(sf_layer_kind k)
 {
     switch (k) {
     case SF_L_MUL:
     case SF_L_LAYER_SCALE:
+    case SF_L_SCALE_SHIFT:
     case SF_L_PRELU: /* its slopes' gradient and its mask */
     case SF_L_LAYERNORM2D:
     case SF_L_LAYERNORM:
@@ -776,7 +777,7 @@ size_t sf_exec_scratch_need(const sf_cuda_net *net, int n)
             const sf_layout ll = g->op[i].tok ? SF_LAYOUT_NHWC : g->lay; /* tokens: NHWC [c, t, 1] */
             WANT(sf_cuda_layernorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w, ll));
         }
-        if (L->kind == SF_L_LAYER_SCALE)
+        if (L->kind == SF_L_LAYER_SCALE || L->kind == SF_L_SCALE_SHIFT)
             WANT(sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch));
         if (L->kind == SF_L_PRELU)
             WANT(sizeof(float) * sf_cuda_prelu_scratch(L->out_ch));

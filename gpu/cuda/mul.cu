@@ -1,8 +1,11 @@
 /* gpu/cuda/mul.cu — kernels first, then launchers: elementwise
  * multiplication (same shape, or broadcast over H,W) and the per-channel
- * scale by a parameter, with their gradients and deterministic reductions.
+ * scale (and shift) by parameters, with their gradients and deterministic
+ * reductions.
  * Contracts in mul.h; the arithmetic is gpu/ref/mul.c's. */
 #include "gpu/cuda/mul.h"
+
+#include <type_traits>
 
 #include "gpu/cuda/kernel_common.cuh"
 
@@ -81,14 +84,17 @@ __global__ void k_mul_db_planes(const T *__restrict__ a, const T *__restrict__ d
         db[w] = cu_to<T>(acc);
 }
 
-/* y[e] = x[e] * scale[channel of e]. */
+/* y[e] = x[e] * scale[channel of e] (+ shift[channel of e] where shift is
+ * not NULL: one fused multiply-add in fp32, rounded once to T). */
 template <typename T>
-__global__ void k_chan_scale(const T *x, const float *__restrict__ scale, T *y, size_t len, int c, size_t hw,
-                             int nhwc)
+__global__ void k_chan_scale(const T *x, const float *__restrict__ scale, const float *__restrict__ shift, T *y,
+                             size_t len, int c, size_t hw, int nhwc)
 {
     const size_t step = (size_t)gridDim.x * blockDim.x;
-    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step)
-        y[e] = cu_to<T>(cu_f(x[e]) * scale[chan_of(e, c, hw, nhwc)]);
+    for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
+        const int ci = chan_of(e, c, hw, nhwc);
+        y[e] = cu_to<T>(shift ? fmaf(cu_f(x[e]), scale[ci], shift[ci]) : cu_f(x[e]) * scale[ci]);
+    }
 }
 
 /* k_chan_scale over 16-byte vectors of V = 16/sizeof(T) elements (x, y
@@ -98,40 +104,56 @@ __global__ void k_chan_scale(const T *x, const float *__restrict__ scale, T *y, 
  * x. The same product, so the same bits, as k_chan_scale. */
 template <typename T, int V>
 __global__ void __launch_bounds__(CU_TPB)
-    k_chan_scale_vec(const T *x, const float *__restrict__ scale, T *y, size_t nvec, int c, size_t hw, int nhwc)
+    k_chan_scale_vec(const T *x, const float *__restrict__ scale, const float *__restrict__ shift, T *y, size_t nvec,
+                     int c, size_t hw, int nhwc)
 {
     const size_t step = (size_t)gridDim.x * blockDim.x, cv = (size_t)c / V;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < nvec; i += step) {
-        float u[V], sv[V];
+        float u[V], sv[V], bv[V];
         cu_ld<T, V>(x + i * V, u);
         if (nhwc) {
             cu_ldf<V>(scale + (i % cv) * V, sv);
+            if (shift)
+                cu_ldf<V>(shift + (i % cv) * V, bv);
         } else {
-            const float one = scale[(i * V / hw) % (size_t)c];
+            const size_t ci = (i * V / hw) % (size_t)c;
+            const float one = scale[ci], b = shift ? shift[ci] : 0.f;
+#pragma unroll
+            for (int v = 0; v < V; v++) {
+                sv[v] = one;
+                bv[v] = b;
+            }
+        }
+        if (shift) {
 #pragma unroll
             for (int v = 0; v < V; v++)
-                sv[v] = one;
-        }
+                u[v] = fmaf(u[v], sv[v], bv[v]);
+        } else {
 #pragma unroll
-        for (int v = 0; v < V; v++)
-            u[v] *= sv[v];
+            for (int v = 0; v < V; v++)
+                u[v] *= sv[v];
+        }
         cu_st<T, V>(y + i * V, u);
     }
 }
 
-/* The scale's gradient's term: dy * x, summed per channel by kernel_common.cuh's
- * k_chan_sum_planes and k_chan_sum_rows (pass 1) where the vector kernel
- * below does not apply. */
+/* The scale's gradient's term, dy * x, and the shift's, dy: summed per
+ * channel by kernel_common.cuh's k_chan_sum_planes and k_chan_sum_rows (pass
+ * 1) where the vector kernel below does not apply. */
 struct cs_term {
     __device__ float operator()(float x, float d) const { return d * x; }
+};
+struct cs_shift_term {
+    __device__ float operator()(float x, float d) const { return d; }
 };
 
 /* Pass 1, NHWC over 16-byte vectors (c % V == 0, x and dy 16-byte
  * aligned): block (tile of up to 32 channel vectors, chunk of rows) sums its
- * chunk's rows by cu_rows_sum_tile into partial[chunk][c]. A thread per
- * channel walking the chunk's rows one 2-byte load at a time kept too few
- * bytes in flight (96 channels: 96 threads a chunk). */
-template <typename T, int V>
+ * chunk's rows (of dy * x, or of dy alone when !PROD) by cu_rows_sum_tile
+ * into partial[chunk][c]. A thread per channel walking the chunk's rows one
+ * 2-byte load at a time kept too few bytes in flight (96 channels: 96
+ * threads a chunk). */
+template <typename T, int V, bool PROD>
 __global__ void __launch_bounds__(CU_TPB)
     k_cs_grad_rows_vec(const T *__restrict__ x, const T *__restrict__ dy, size_t R, int c, size_t rows_per_chunk,
                        float *__restrict__ partial)
@@ -140,7 +162,9 @@ __global__ void __launch_bounds__(CU_TPB)
     const size_t r1 = r0 + rows_per_chunk < R ? r0 + rows_per_chunk : R;
     const size_t off = r0 * (size_t)c;
     float sum;
-    if (cu_rows_sum_tile<T, V, true>(x + off, dy + off, c, r1 - r0, (int)blockIdx.x, sum))
+    const bool mine = PROD ? cu_rows_sum_tile<T, V, true>(x + off, dy + off, c, r1 - r0, (int)blockIdx.x, sum)
+                           : cu_rows_sum_tile<T, V, false>(dy + off, dy, c, r1 - r0, (int)blockIdx.x, sum);
+    if (mine)
         partial[(size_t)blockIdx.y * c + (size_t)blockIdx.x * 32 * V + threadIdx.x] = sum;
 }
 
@@ -222,44 +246,41 @@ extern "C" int sf_cuda_mul_bwd_dt(sf_dtype dt, sf_layout lay, const void *a, con
 
 extern "C" size_t sf_cuda_channel_scale_scratch(int c) { return cu_chan_sum_scratch(c, CS_MAX_CHUNKS); }
 
-/* y = x * scale[channel] on the vector kernel where the shape and alignment
- * let it, else the scalar one. */
+/* y = x * scale[channel] (+ shift[channel]) on the vector kernel where the
+ * shape and alignment let it, else the scalar one. */
 template <typename T>
-static void chan_scale_launch(const T *x, const float *scale, T *y, size_t len, int c, size_t hw, int nhwc,
-                              cudaStream_t s)
+static void chan_scale_launch(const T *x, const float *scale, const float *shift, T *y, size_t len, int c, size_t hw,
+                              int nhwc, cudaStream_t s)
 {
     constexpr int V = 16 / sizeof(T);
     if (hw == 1) /* flat features: either layout is rows of c channels */
         nhwc = 1;
-    const int shape = cu_chan_vec_ok(nhwc, c, hw, V) && (!nhwc || cu_al16(scale));
+    const int shape = cu_chan_vec_ok(nhwc, c, hw, V) && (!nhwc || (cu_al16(scale) && (!shift || cu_al16(shift))));
     if (shape && cu_al16(x) && cu_al16(y))
-        k_chan_scale_vec<T, V><<<cu_ew_blocks(len / V), CU_TPB, 0, s>>>(x, scale, y, len / V, c, hw, nhwc);
+        k_chan_scale_vec<T, V><<<cu_ew_blocks(len / V), CU_TPB, 0, s>>>(x, scale, shift, y, len / V, c, hw, nhwc);
     else
-        k_chan_scale<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(x, scale, y, len, c, hw, nhwc);
+        k_chan_scale<T><<<cu_ew_blocks(len), CU_TPB, 0, s>>>(x, scale, shift, y, len, c, hw, nhwc);
 }
 
 template <typename T>
-static int chan_scale_fwd_t(sf_layout lay, const void *x, const float *scale, void *y, int n, int c, size_t hw,
-                            cudaStream_t s)
+static int chan_scale_fwd_t(sf_layout lay, const void *x, const float *scale, const float *shift, void *y, int n,
+                            int c, size_t hw, cudaStream_t s)
 {
     const size_t len = (size_t)n * c * hw;
     if (len == 0)
         return 0;
-    chan_scale_launch<T>((const T *)x, scale, (T *)y, len, c, hw, lay == SF_LAYOUT_NHWC, s);
+    chan_scale_launch<T>((const T *)x, scale, shift, (T *)y, len, c, hw, lay == SF_LAYOUT_NHWC, s);
     SF_CUDA_CHECK_LAUNCH();
     return 0;
 }
 
-template <typename T>
-static int chan_scale_bwd_t(sf_layout lay, const void *x, const float *scale, const void *dy, void *dx, float *ds,
-                            int n, int c, size_t hw, float *scratch, cudaStream_t s)
+/* out[c] = the per-channel sum of dy * x (PROD) or of dy, through scratch:
+ * pass 1 into chunks' partials, pass 2 adding them in a fixed order. */
+template <typename T, bool PROD>
+static int chan_sum(int nhwc, const T *x, const T *dy, float *out, int n, int c, size_t hw, float *scratch,
+                    cudaStream_t s)
 {
-    const size_t len = (size_t)n * c * hw;
-    const int nhwc = lay == SF_LAYOUT_NHWC;
-    if (len == 0) {
-        SF_CUDA_CHECK(cudaMemsetAsync(ds, 0, sizeof(float) * (size_t)c, s));
-        return 0;
-    }
+    using Term = typename std::conditional<PROD, cs_term, cs_shift_term>::type;
     int nchunks;
     if (nhwc || hw == 1) { /* rows [n*hw, c] */
         const size_t R = (size_t)n * hw;
@@ -268,42 +289,63 @@ static int chan_scale_bwd_t(sf_layout lay, const void *x, const float *scale, co
         constexpr int V = 16 / sizeof(T);
         if (c % V == 0 && cu_al16(x) && cu_al16(dy)) {
             const dim3 grid((unsigned)cu_cdiv((size_t)(c / V), 32), (unsigned)nchunks);
-            k_cs_grad_rows_vec<T, V><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch);
+            k_cs_grad_rows_vec<T, V, PROD><<<grid, CU_TPB, 0, s>>>(x, dy, R, c, rpc, scratch);
         } else {
             const dim3 grid(cu_blocks((size_t)c, CU_TPB), (unsigned)nchunks);
-            k_chan_sum_rows<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, R, c, rpc, scratch, cs_term());
+            k_chan_sum_rows<T><<<grid, CU_TPB, 0, s>>>(x, dy, R, c, rpc, scratch, Term());
         }
     } else {
         int npc;
         nchunks = cu_plane_chunks(n, c, &npc);
         dim3 grid((unsigned)c, (unsigned)nchunks);
-        k_chan_sum_planes<T><<<grid, CU_TPB, 0, s>>>((const T *)x, (const T *)dy, n, c, hw, npc, scratch, cs_term());
+        k_chan_sum_planes<T><<<grid, CU_TPB, 0, s>>>(x, dy, n, c, hw, npc, scratch, Term());
     }
     SF_CUDA_CHECK_LAUNCH();
-    k_sum_partials<float><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(scratch, nchunks, 0, c, NULL, ds);
+    k_sum_partials<float><<<cu_blocks((size_t)c * 32, CU_TPB), CU_TPB, 0, s>>>(scratch, nchunks, 0, c, NULL, out);
     SF_CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+template <typename T>
+static int chan_scale_bwd_t(sf_layout lay, const void *x, const float *scale, const void *dy, void *dx, float *ds,
+                            float *dshift, int n, int c, size_t hw, float *scratch, cudaStream_t s)
+{
+    const size_t len = (size_t)n * c * hw;
+    const int nhwc = lay == SF_LAYOUT_NHWC;
+    if (len == 0) {
+        SF_CUDA_CHECK(cudaMemsetAsync(ds, 0, sizeof(float) * (size_t)c, s));
+        if (dshift)
+            SF_CUDA_CHECK(cudaMemsetAsync(dshift, 0, sizeof(float) * (size_t)c, s));
+        return 0;
+    }
+    if (chan_sum<T, true>(nhwc, (const T *)x, (const T *)dy, ds, n, c, hw, scratch, s))
+        return -1;
+    /* the same scratch, after the scale's pass 2 on this stream */
+    if (dshift && chan_sum<T, false>(nhwc, (const T *)x, (const T *)dy, dshift, n, c, hw, scratch, s))
+        return -1;
     if (dx) {
-        chan_scale_launch<T>((const T *)dy, scale, (T *)dx, len, c, hw, nhwc, s);
+        chan_scale_launch<T>((const T *)dy, scale, NULL, (T *)dx, len, c, hw, nhwc, s);
         SF_CUDA_CHECK_LAUNCH();
     }
     return 0;
 }
 
-extern "C" int sf_cuda_channel_scale_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, const float *scale, void *y,
-                                            int n, int c, size_t hw, cudaStream_t s)
+extern "C" int sf_cuda_channel_scale_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, const float *scale,
+                                            const float *shift, void *y, int n, int c, size_t hw, cudaStream_t s)
 {
     if (cu_dt_bad("sf_cuda_channel_scale_fwd_dt", dt))
         return -1;
-    return dt == SF_DT_BF16 ? chan_scale_fwd_t<cu_bf16>(lay, x, scale, y, n, c, hw, s)
-                            : chan_scale_fwd_t<float>(lay, x, scale, y, n, c, hw, s);
+    return dt == SF_DT_BF16 ? chan_scale_fwd_t<cu_bf16>(lay, x, scale, shift, y, n, c, hw, s)
+                            : chan_scale_fwd_t<float>(lay, x, scale, shift, y, n, c, hw, s);
 }
 
 extern "C" int sf_cuda_channel_scale_bwd_dt(sf_dtype dt, sf_layout lay, const void *x, const float *scale,
-                                            const void *dy, void *dx, float *dscale, int n, int c, size_t hw,
-                                            float *scratch, cudaStream_t s)
+                                            const void *dy, void *dx, float *dscale, float *dshift, int n, int c,
+                                            size_t hw, float *scratch, cudaStream_t s)
 {
     if (cu_dt_bad("sf_cuda_channel_scale_bwd_dt", dt))
         return -1;
-    return dt == SF_DT_BF16 ? chan_scale_bwd_t<cu_bf16>(lay, x, scale, dy, dx, dscale, n, c, hw, scratch, s)
-                            : chan_scale_bwd_t<float>(lay, x, scale, dy, dx, dscale, n, c, hw, scratch, s);
+    return dt == SF_DT_BF16
+               ? chan_scale_bwd_t<cu_bf16>(lay, x, scale, dy, dx, dscale, dshift, n, c, hw, scratch, s)
+               : chan_scale_bwd_t<float>(lay, x, scale, dy, dx, dscale, dshift, n, c, hw, scratch, s);
 }

@@ -29,18 +29,23 @@ int sf_cuda_mul_fwd_dt(sf_dtype dt, sf_layout lay, const void *a, const void *b,
 int sf_cuda_mul_bwd_dt(sf_dtype dt, sf_layout lay, const void *a, const void *b, const void *dy, void *da, void *db,
                        int n, int c, size_t hw, int bcast, cudaStream_t s);
 
-/* y = x * scale[c] (scale fp32, [c]). y may alias x. */
-int sf_cuda_channel_scale_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, const float *scale, void *y, int n, int c,
-                                 size_t hw, cudaStream_t s);
+/* y = x * scale[c], or fmaf(x, scale[c], shift[c]) where shift is not NULL
+ * (scale and shift fp32, [c]). y may alias x. A scale (and shift) of one
+ * value for the whole tensor is c = 1 with hw the elements of a sample, in
+ * either layout. */
+int sf_cuda_channel_scale_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, const float *scale, const float *shift,
+                                 void *y, int n, int c, size_t hw, cudaStream_t s);
 /* Floats of scratch sf_cuda_channel_scale_bwd_dt needs for c channels (at
  * most sf_cuda_bias_grad_scratch(c), pointwise.h: the executor's scratch
  * holds it). */
 size_t sf_cuda_channel_scale_scratch(int c);
 /* dx = dy * scale[c] when dx is non-NULL; dscale[c] = sum over n and hw of
- * dy * x (fp32, written, not accumulated; a fixed-order two-pass reduction
- * through scratch: deterministic). dx may not alias x or dy. */
+ * dy * x, and dshift[c] = the sum of dy where dshift is not NULL (fp32,
+ * written, not accumulated; fixed-order two-pass reductions through scratch:
+ * deterministic). dx may not alias x or dy. */
 int sf_cuda_channel_scale_bwd_dt(sf_dtype dt, sf_layout lay, const void *x, const float *scale, const void *dy,
-                                 void *dx, float *dscale, int n, int c, size_t hw, float *scratch, cudaStream_t s);
+                                 void *dx, float *dscale, float *dshift, int n, int c, size_t hw, float *scratch,
+                                 cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -93,6 +93,8 @@ void sf_ref_layer_mul_fwd(const sf_ref_io *io);
 void sf_ref_layer_mul_bwd(const sf_ref_io *io);
 void sf_ref_layer_layer_scale_fwd(const sf_ref_io *io);
 void sf_ref_layer_layer_scale_bwd(const sf_ref_io *io);
+void sf_ref_layer_scale_shift_fwd(const sf_ref_io *io);
+void sf_ref_layer_scale_shift_bwd(const sf_ref_io *io);
 /* avgpool.c */
 void sf_ref_layer_avgpool2d_fwd(const sf_ref_io *io);
 void sf_ref_layer_avgpool2d_bwd(const sf_ref_io *io);

@@ -203,6 +203,10 @@ void sf_ref_mul_bwd(const float *a, const float *b, int n, int c, size_t hw, siz
                     float *da, float *db);
 void sf_ref_mul_bwd_f64(const double *a, const double *b, int n, int c, size_t hw, size_t bhw, const double *dy,
                         double *da, double *db);
+/* y[n][c][p] += b[c] (a per-channel shift after sf_ref_channel_scale_fwd:
+ * scale_shift's forward; its bias gradient is sf_ref_bias_grad). */
+void sf_ref_channel_shift(float *y, int n, int c, size_t hw, const float *b);
+void sf_ref_channel_shift_f64(double *y, int n, int c, size_t hw, const double *b);
 /* y = x * s[c] over [n, c, hw] (layer scale); ds[c] = sum dy * x, dx = dy * s[c] (dx may be NULL). */
 void sf_ref_channel_scale_fwd(const float *x, int n, int c, size_t hw, const float *s, float *y);
 void sf_ref_channel_scale_fwd_f64(const double *x, int n, int c, size_t hw, const double *s, double *y);

@@ -1,7 +1,8 @@
 /* gpu/ref/mul.c — reference elementwise multiplication by a tensor of the
  * same shape or one broadcast over H,W ([C,1,1]: squeeze-and-excitation),
  * and by a per-channel parameter (ConvNeXt's layer scale), forward and
- * backward, in float and double (_f64), and the mul and layer_scale hooks.
+ * backward, in float and double (_f64), and the mul, layer_scale and
+ * scale_shift hooks.
  * Contracts in gpu/ref/layers.h. */
 #ifndef T
 #include "gpu/ref/ref.h"
@@ -60,6 +61,40 @@ void sf_ref_layer_layer_scale_bwd(const sf_ref_io *io)
         io->give(io, 0, io->scratch);
 }
 
+/* scale_shift: one weight for the whole tensor is one channel of all of a
+ * sample's elements; per channel, as layer_scale's rows. */
+static void scale_shift_dims(const sf_ref_io *io, int *rows, int *c, size_t *hw)
+{
+    const sf_layer *L = io->L;
+    if (L->num_parameters == 1) {
+        *rows = io->n, *c = 1, *hw = L->out_elems;
+    } else {
+        *rows = scale_rows(io), *c = L->in_c, *hw = scale_hw(L);
+    }
+}
+
+void sf_ref_layer_scale_shift_fwd(const sf_ref_io *io)
+{
+    int rows, c;
+    size_t hw;
+    scale_shift_dims(io, &rows, &c, &hw);
+    sf_ref_channel_scale_fwd(io->x[0], rows, c, hw, io->w, io->y);
+    if (io->b)
+        sf_ref_channel_shift(io->y, rows, c, hw, io->b);
+}
+
+void sf_ref_layer_scale_shift_bwd(const sf_ref_io *io)
+{
+    int rows, c;
+    size_t hw;
+    scale_shift_dims(io, &rows, &c, &hw);
+    sf_ref_channel_scale_bwd(io->x[0], rows, c, hw, io->w, io->dy, io->want[0] ? io->scratch : NULL, io->dw);
+    if (io->db)
+        sf_ref_bias_grad(io->dy, rows, c, hw, io->db);
+    if (io->want[0])
+        io->give(io, 0, io->scratch);
+}
+
 #else /* the generic part, compiled once for float and once for double (generic.h) */
 
 /* y[n][c][p] = a[n][c][p] * b[n][c][bhw == 1 ? 0 : p]. */
@@ -98,6 +133,15 @@ void SF_FN(sf_ref_channel_scale_fwd)(const T *x, int n, int c, size_t hw, const 
                 const size_t e = ((size_t)ni * c + ci) * hw + p;
                 y[e] = x[e] * s[ci];
             }
+}
+
+/* y[n][c][p] += b[c]. */
+void SF_FN(sf_ref_channel_shift)(T *y, int n, int c, size_t hw, const T *b)
+{
+    for (int ni = 0; ni < n; ni++)
+        for (int ci = 0; ci < c; ci++)
+            for (size_t p = 0; p < hw; p++)
+                y[((size_t)ni * c + ci) * hw + p] += b[ci];
 }
 
 /* dx = dy * s[c] (dx may be NULL); ds[c] = sum_{n,p} dy * x. */

@@ -113,6 +113,13 @@ def run_spec(spec, tensors, x):
         elif t == "layer_scale":  # per channel; a [C] parameter ("vector") scales a map's channels too
             w = p("layer_scale")
             y = a[0] * (w.view(1, -1, 1, 1) if a[0].dim() == 4 and w.dim() == 1 else w)
+        elif t == "scale_shift":  # one value each, or one per channel (a map's dimension 1, else the last)
+            c = layer.get("num_parameters", 1)
+            w = p("weight").reshape(-1)
+            sh = b("bias").reshape(-1) if layer.get("bias", True) else torch.zeros_like(w)
+            assert w.numel() == c and sh.numel() == c, name
+            view = (1, -1, 1, 1) if a[0].dim() == 4 and c > 1 else (-1,)
+            y = a[0] * w.view(view) + sh.view(view)
         elif t == "concat":
             assert 2 <= len(a) <= 64
             y = torch.cat(a, 1)
@@ -1382,3 +1389,94 @@ def test_the_export_sweep_reports_each_model_as_exported_or_refused(capsys):
     assert out[1].startswith("swin_t: REFUSED cannot export ") and "features.1.0.attn" in out[1], out[1]
     assert out[2].startswith("segmentation.lraspp_mobilenet_v3_large: OK "), out[2]
     assert out[3].endswith("2 OK, 1 REFUSED, 0 CRASH")
+
+
+class _LearnableAffine(nn.Module):
+    """timm's LearnableAffineBlock: one weight and one bias, [1] each."""
+    def __init__(self, shape=(1,), bias_shape=None):
+        super().__init__()
+        self.scale = nn.Parameter(torch.full(shape, 1.5))
+        self.bias = nn.Parameter(torch.full(bias_shape or shape, -0.25))
+
+    def forward(self, x):
+        return self.scale * x + self.bias
+
+
+def test_a_modules_weight_times_x_plus_its_bias_is_one_scale_shift_named_by_the_module():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding=1)
+            self.lab = _LearnableAffine()
+            self.chan = _LearnableAffine((1, 4, 1, 1))
+            self.head = nn.Module()
+            self.head.gain = nn.Parameter(torch.tensor([0.5]))
+            self.fc = nn.Linear(4 * 8 * 8, 10)
+
+        def forward(self, x):
+            y = self.chan(self.lab(self.c(x)))
+            return self.fc(torch.flatten(y * self.head.gain, 1))
+
+    m = Net().eval()
+    ex = convert(m, (2, 3, 8, 8))
+    by_name = {layer["name"]: layer for layer in ex.spec["layers"]}
+    assert by_name["lab"] == {"type": "scale_shift", "name": "lab", "num_parameters": 1, "param_shape": "[C]",
+                              "param_names": {"weight": "scale"}}
+    assert by_name["chan"]["num_parameters"] == 4 and by_name["chan"]["param_shape"] == "[1,C,1,1]"
+    assert by_name["head"] == {"type": "scale_shift", "name": "head", "num_parameters": 1, "param_shape": "[C]",
+                               "bias": False, "param_names": {"weight": "gain"}}
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(run_spec(ex.spec, ex.tensors, x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_learnable_affines_that_are_not_one_per_channel_are_refused_naming_the_shapes():
+    class Wide(nn.Module):  # [C] times an NCHW map broadcasts over its width in PyTorch, not its channels
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding=1)
+            self.aff = _LearnableAffine((4,))
+
+        def forward(self, x):
+            return self.aff(self.c(x)).mean((2, 3))
+
+    class Mixed(nn.Module):  # a weight and a bias of different shapes
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding=1)
+            self.aff = _LearnableAffine((4, 1, 1), (1,))
+
+        def forward(self, x):
+            return self.aff(self.c(x)).mean((2, 3))
+
+    for make, want in ((Wide, "of shape [4]"), (Mixed, "and aff.bias of shape [1]")):
+        with pytest.raises(ExportError) as e:
+            convert(make(), (1, 3, 4, 4))
+        assert e.value.module_path == "aff" and want in str(e.value) and "[C,1,1]" in str(e.value), str(e.value)
+
+    class Twice(nn.Module):  # addcmul's value other than 1
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding=1)
+            self.alpha = nn.Parameter(torch.ones(4, 1, 1))
+            self.beta = nn.Parameter(torch.zeros(4, 1, 1))
+
+        def forward(self, x):
+            return torch.addcmul(self.beta, self.alpha, self.c(x), value=2).mean((2, 3))
+
+    with pytest.raises(ExportError) as e:
+        convert(Twice(), (1, 3, 4, 4))
+    assert "addcmul" in str(e.value) and "value 1" in str(e.value)
+
+    class Root(nn.Module):  # a parameter of the top-level module: no submodule to name the layer by
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3, padding=1)
+            self.gain = nn.Parameter(torch.tensor([0.5]))
+
+        def forward(self, x):
+            return (self.c(x) * self.gain).mean((2, 3))
+
+    with pytest.raises(ExportError) as e:
+        convert(Root(), (1, 3, 4, 4))
+    assert "gain" in str(e.value) and "submodule" in str(e.value)

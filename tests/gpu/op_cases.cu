@@ -273,6 +273,14 @@ std::vector<op_case> op_cases()
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 768, 7, 7}, {}, 1e-6, 1e-5));
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {4, 96, 128, 136}, {}, 1e-6, 1e-5));
             t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 96, 14, 14}, {1}, 1e-6, 1e-5));
+            /* with a shift (scale_shift): per channel on vectors and scalars, a
+             * token-like [rows, c] one, and one value for a sample's elements
+             * (c = 1, the executor's one-parameter layer) */
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {8, 96, 14, 14}, {0, 1}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {3, 3, 7, 5}, {0, 1}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {2, 96, 14, 14}, {1, 1}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {600, 24, 1, 1}, {0, 1}, 1e-6, 1e-5));
+            t.push_back(row("mul", "channel_scale", cmp_channel_scale, dt, lay, {4, 1, 96, 28}, {0, 1}, 1e-6, 1e-5));
         }
 
     /* prelu: the odd sizes of the layer tests with a slope per channel and

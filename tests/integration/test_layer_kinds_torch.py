@@ -2,7 +2,9 @@
 reference backend (or the backend STREAMFEED_PARITY_BACKEND names) in fp32:
 small modules that use each of them -- grouped, depthwise and dilated
 convolutions, the activations (a GAN's leaky ReLU and tanh among them,
-ELU, SELU, softplus and Mish), arithmetic with numbers (affine), PReLU,
+ELU, SELU, softplus and Mish), arithmetic with numbers (affine), learnable
+weights and biases (scale_shift: timm's LearnableAffineBlock, ResMLP's
+Affine by torch.addcmul), PReLU,
 clamps at any bounds (Hardtanh, torch.clamp),
 squeeze-and-excitation's broadcast multiply,
 ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
@@ -16,7 +18,8 @@ generator's reflect, replicate, asymmetric zero, constant and circular
 padding, convolutions that pad themselves in those modes or "same" with an
 even kernel, F.conv2d and F.linear of a module's own weight and bias, global
 pooling written as x.sum((2, 3)) and torch.amax, ConvNeXt's original block
-with its layer scale a [C] gamma on the channels-last map -- start from the module's own state_dict
+with its layer scale a [C] gamma on the channels-last map, pools whose
+kernel is larger than a 2x2 map with ceil_mode -- start from the module's own state_dict
 (model.init_from, which checks every tensor's name and shape), train five SGD
 steps on the same batches with the loss, the gradient norm, the parameters,
 the buffers and the momentum compared after each, then an eval batch: its
@@ -468,6 +471,72 @@ class Affine(nn.Module):
         return self.fc(torch.flatten(self.c1(y), 1) * 0.5 + 1)
 
 
+# Learnable affines (scale_shift): timm's LearnableAffineBlock (one weight and
+# one bias) after a convolution, a per-channel weight and bias of a map held
+# as [1,C,1,1], a one-value gain without a bias, ResMLP's Affine ([1,1,C], by
+# torch.addcmul) on tokens, and [F] on the head's features. Weights and
+# biases start away from 1 and 0 so each one's gradient matters.
+SCALE_SHIFT_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "c0", "out": 4, "k": 3, "pad": 1},
+    {"type": "scale_shift", "name": "lab", "num_parameters": 1, "param_shape": "[C]",
+     "param_names": {"weight": "scale"}},
+    {"type": "tanh", "name": "tanh"},
+    {"type": "scale_shift", "name": "chan", "num_parameters": 4, "param_shape": "[1,C,1,1]"},
+    {"type": "scale_shift", "name": "gain", "num_parameters": 1, "param_shape": "[C]", "bias": False,
+     "param_names": {"weight": "g"}},
+    {"type": "conv2d", "name": "c1", "out": 6, "k": 3, "stride": 2, "pad": 1},
+    {"type": "to_tokens", "name": "to_tokens"},
+    {"type": "scale_shift", "name": "aff", "num_parameters": 6, "param_shape": "[1,1,C]",
+     "param_names": {"weight": "alpha", "bias": "beta"}},
+    {"type": "token_mean", "name": "mean"},
+    {"type": "scale_shift", "name": "feat", "num_parameters": 6, "param_shape": "[C]"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class LearnableAffine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([1.5]))
+        self.bias = nn.Parameter(torch.tensor([-0.2]))
+
+    def forward(self, x):
+        return self.scale * x + self.bias
+
+
+class TokenAffine(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.alpha = nn.Parameter(1 + 0.1 * torch.randn(1, 1, dim))
+        self.beta = nn.Parameter(0.1 * torch.randn(1, 1, dim))
+
+    def forward(self, x):
+        return torch.addcmul(self.beta, self.alpha, x)
+
+
+class ScaleShifts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 4, 3, padding=1)
+        self.lab = LearnableAffine()
+        self.chan = nn.Module()
+        self.chan.weight = nn.Parameter(1 + 0.2 * torch.randn(1, 4, 1, 1))
+        self.chan.bias = nn.Parameter(0.2 * torch.randn(1, 4, 1, 1))
+        self.gain = nn.Module()
+        self.gain.g = nn.Parameter(torch.tensor([0.7]))
+        self.c1 = nn.Conv2d(4, 6, 3, stride=2, padding=1)
+        self.aff = TokenAffine(6)
+        self.feat = nn.Module()
+        self.feat.weight = nn.Parameter(1 + 0.2 * torch.randn(6))
+        self.feat.bias = nn.Parameter(0.2 * torch.randn(6))
+        self.fc = nn.Linear(6, 10)
+
+    def forward(self, x):
+        y = torch.tanh(self.lab(self.c0(x)))
+        y = self.c1(self.gain.g * (y * self.chan.weight + self.chan.bias))
+        t = self.aff(y.flatten(2).transpose(1, 2))
+        return self.fc(t.mean(1) * self.feat.weight + self.feat.bias)
+
+
 # PReLU: one slope shared by every channel after a convolution, one per
 # channel (init 0.1) after a strided one, and one per feature of the head's
 # flat features. Each sees inputs of both signs, so both branches and the
@@ -739,7 +808,8 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
          "paramless_norms": (ParamlessNorms, PARAMLESS_NORMS_SPEC), "resize_block": (Resize, RESIZE_SPEC),
          "smooth_activations": (SmoothActs, SMOOTH_SPEC), "pyramid_skip": (Pyramid, PYRAMID_SPEC),
          "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC),
-         "affine": (Affine, AFFINE_SPEC), "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC),
+         "affine": (Affine, AFFINE_SPEC), "scale_shift": (ScaleShifts, SCALE_SHIFT_SPEC),
+         "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC),
          "conv_padding": (ConvPads, CONV_PAD_SPEC),
          "clamps": (Clamps, CLAMP_SPEC), "functional_conv_linear": (Functional, FUNCTIONAL_SPEC),
          "reductions": (Reductions, REDUCTIONS_SPEC), "original_convnext_gamma": (LayerScaled, LAYER_SCALED_SPEC)}
@@ -748,9 +818,9 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
 
 @pytest.mark.parametrize("make, spec", [(ConvPads, CONV_PAD_SPEC), (Functional, FUNCTIONAL_SPEC),
                                         (Reductions, REDUCTIONS_SPEC), (LayerScaled, LAYER_SCALED_SPEC),
-                                        (TinyPools, TINY_POOL_SPEC)],
+                                        (TinyPools, TINY_POOL_SPEC), (ScaleShifts, SCALE_SHIFT_SPEC)],
                          ids=["conv_padding", "functional_conv_linear", "reductions", "original_convnext_gamma",
-                              "pools_past_a_tiny_map"])
+                              "pools_past_a_tiny_map", "scale_shift"])
 def test_the_case_is_the_spec_the_exporter_writes(make, spec):
     sys.path.insert(0, str(REPO / "client" / "python"))
     from streamfeed.export import convert

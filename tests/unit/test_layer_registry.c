@@ -95,6 +95,23 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_int_equal(layer_named(&m, "p2")->out_h, 3);
     assert_int_equal(layer_named(&m, "p3")->out_h, 2);
     assert_true(fabsf(layer_named(&m, "bn")->momentum - 0.2f) < 1e-7f);
+    /* scale_shift's weight and bias in the shape the module holds them:
+     * [1,C,1,1] (a map's), [1] without a bias (one value), [1,1,C] (ResMLP's) */
+    assert_int_equal(sf_model_from_json("{\"input\":[4,8,8],\"classes\":4,\"layers\":["
+                                        "{\"type\":\"scale_shift\",\"name\":\"ss\",\"num_parameters\":4,"
+                                        "\"param_shape\":\"[1,C,1,1]\"},{\"type\":\"scale_shift\",\"name\":\"g\","
+                                        "\"bias\":false},{\"type\":\"to_tokens\"},{\"type\":\"scale_shift\","
+                                        "\"name\":\"t\",\"num_parameters\":4,\"param_shape\":\"[1,1,C]\"},"
+                                        "{\"type\":\"token_mean\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &m, err, sizeof err), 0);
+    sf_param_desc ss[SF_PARAM_SLOTS];
+    assert_int_equal(sf_layer_params(layer_named(&m, "ss"), ss), 2);
+    assert_true(ss[0].ndim == 4 && ss[0].shape[0] == 1 && ss[0].shape[1] == 4 && ss[0].shape[3] == 1 &&
+                !strcmp(ss[1].suffix, "bias") && ss[1].ndim == 4 && ss[1].shape[1] == 4);
+    assert_int_equal(sf_layer_params(layer_named(&m, "g"), ss), 1);
+    assert_true(ss[0].ndim == 1 && ss[0].shape[0] == 1 && !strcmp(ss[0].suffix, "weight"));
+    assert_int_equal(sf_layer_params(layer_named(&m, "t"), ss), 2);
+    assert_true(ss[0].ndim == 3 && ss[0].shape[0] == 1 && ss[0].shape[1] == 1 && ss[0].shape[2] == 4);
     /* a kernel larger than its 2x2 input: with ceil_mode PyTorch pools the
      * whole map into one output; without it the kernel does not fit */
     assert_int_equal(sf_model_from_json("{\"input\":[4,2,2],\"classes\":4,\"layers\":["
@@ -217,6 +234,8 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
                       "\"stride\"");
     expect_json_error(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":[1,9]}]}", "layer 0", "does not fit");
     expect_json_error(HEAD "{\"type\":\"maxpool2d\",\"k\":[2,3]}]}", "layer 0", "\"k\"");
+    expect_json_error(HEAD "{\"type\":\"scale_shift\",\"num_parameters\":3}]}", "layer 0", "num_parameters");
+    expect_json_error(HEAD "{\"type\":\"scale_shift\",\"param_shape\":\"[C,C]\"}]}", "layer 0", "param_shape");
     expect_json_error("{\"input\":[4,2,2],\"classes\":4,\"layers\":[{\"type\":\"maxpool2d\",\"k\":3,"
                       "\"stride\":2}]}", "layer 0", "does not fit");
     expect_json_error("{\"input\":[4,2,2],\"classes\":4,\"layers\":[{\"type\":\"maxpool2d\",\"k\":4,"

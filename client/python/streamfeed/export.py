@@ -62,6 +62,7 @@ from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_reci
 from .export_folds import clamp_activation
 from .export_pad import PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec
 from .export_channels import ChannelViews
+from .export_scale_shift import addcmul_operands, bias_of_product, scale_shift as scale_shift_layer
 from .export_values import (_Attention, _ChannelParam, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val,
                             _need_nchw, _spatial)
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
@@ -830,6 +831,9 @@ class _Converter(ChannelViews):
             return self.add(n, self.val(a0, n), self.val(a1, n), op, path)
         if (t in (operator.sub, torch.sub) or meth == "sub") and len(n.args) == 2 and not n.kwargs:
             return self.add(n, self.val(n.args[0], n), self.val(n.args[1], n), op, path, subtract=True)
+        if t is torch.addcmul:
+            bias, weight, x = addcmul_operands(n, op, path)
+            return self.scale_shift(self.val(x, n), str(weight.target), str(bias.target), None, op, path)
         if t in (operator.mul, operator.imul, torch.mul) or meth in ("mul", "mul_"):
             return self.mul(n, arg(0, "input"), arg(1, "other"), op, path)
         if t is torch.cat:
@@ -1122,11 +1126,26 @@ class _Converter(ChannelViews):
             return self.batchnorm2d(owner, x, out, op, bn)
         return None
 
+    def scale_shift(self, x: _Val, weight: str, bias: Optional[str], add: Optional[torch.fx.Node], op: str,
+                    path: str) -> _Val:
+        """x * weight (+ bias) of a submodule's parameters; add, the node
+        adding the bias, is computed by this layer too."""
+        owner, params, f = scale_shift_layer(self.b.state, x, weight, bias, op, path)
+        out = self.b.emit("scale_shift", owner, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=params, **f)
+        if add is not None:
+            self.claimed[add] = out
+        return out
+
     def mul(self, n: torch.fx.Node, a0: Any, a1: Any, op: str, path: str) -> _Val:
         attrs = [a for a in (a0, a1) if isinstance(a, torch.fx.Node) and
                  (a.op == "get_attr" or isinstance(self.vals.get(a), _ChannelParam))]
         if attrs:
             x, viewed = self.val(a1 if a0 is attrs[0] else a0, n), self.vals.get(attrs[0])
+            if len(attrs) == 1 and not isinstance(viewed, _ChannelParam):
+                add, p = bias_of_product(n), self.b.state.get(str(attrs[0].target))
+                if add is not None or (p is not None and p.numel() == 1):
+                    return self.scale_shift(x, str(attrs[0].target), str(add[1].target) if add else None,
+                                            add[0] if add else None, op, path)
             target = viewed.target if isinstance(viewed, _ChannelParam) else str(attrs[0].target)
             owner, leaf, f = scale_param(self.b.state, target, len(attrs), x, op, path,
                                          isinstance(viewed, _ChannelParam))

@@ -63,7 +63,12 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
                                                           "tensors of one shape)",
     "operator.mul, operator.imul, torch.mul, Tensor.mul": "mul (a map times a map or a [C,1,1] map); "
                                                           "layer_scale (a submodule's [C,1,1] parameter times a "
-                                                          "map, or [C] times a channels-last map or tokens)",
+                                                          "map, or [C] times a channels-last map or tokens); "
+                                                          "scale_shift (a submodule's one-value parameter times "
+                                                          "x)",
+    "weight * x + bias of one submodule's parameters, torch.addcmul(bias, weight, x)":
+        "scale_shift (one value each, timm's LearnableAffineBlock; or one per channel: [C,1,1] or [1,C,1,1] on "
+        "a map, [C] or [1,1,C] on tokens, ResMLP's Affine)",
     "torch.cat": "concat (maps along channels, flat features along dim 1); class_token (a [1,1,C] parameter "
                  "expanded over the batch, in front of a token sequence)",
     "Tensor.expand": "of a parameter, as torch.cat's class token",

@@ -65,54 +65,65 @@ void cmp_mul(const op_case &k, const op_env &e)
     dbuf_free(ba); dbuf_free(bb); dbuf_free(bdy); dbuf_free(by); dbuf_free(bda); dbuf_free(bdb);
 }
 
-/* shape {n, c, h, w}; p {x, y, dy and dx one element off 16-byte alignment}
- * (none: aligned); tol: y and dx; tol_param: dscale (fp32 in either element
- * type) */
+/* shape {n, c, h, w}; p {x, y, dy and dx one element off 16-byte alignment,
+ * a shift too (scale_shift's bias)} (none: aligned, no shift); tol: y and dx;
+ * tol_param: dscale and dshift (fp32 in either element type) */
 void cmp_channel_scale(const op_case &k, const op_env &e)
 {
     const cudaStream_t s = e.s;
     const sf_dtype dt = k.dt;
     const sf_layout lay = k.lay;
     const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3], mis = k.p.empty() ? 0 : k.p[0];
+    const int shift = k.p.size() > 1 && k.p[1];
     char nm[160];
-    snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d%s", dtname(dt), lname(lay), n, c, h, w,
-             mis ? " misaligned" : "");
+    snprintf(nm, sizeof nm, "channel_scale %s %s n%d c%d %dx%d%s%s", dtname(dt), lname(lay), n, c, h, w,
+             mis ? " misaligned" : "", shift ? " with shift" : "");
     const size_t hw = (size_t)h * w, len = (size_t)n * c * hw;
-    std::vector<float> x(len), sc(c), dy(len);
+    std::vector<float> x(len), sc(c), sh(c), dy(len);
     rand_fill_dt(x, dt, 1.f);
-    rand_fill(sc, 1.f); /* fp32, as the parameter is */
+    rand_fill(sc, 1.f); /* fp32, as the parameters are */
+    rand_fill(sh, 1.f);
     rand_fill_dt(dy, dt, 1.f);
-    std::vector<double> xd = to_d(x), sd = to_d(sc), dyd = to_d(dy), yr(len), dxr(len), dsr(c);
+    std::vector<double> xd = to_d(x), sd = to_d(sc), shd = to_d(sh), dyd = to_d(dy), yr(len), dxr(len), dsr(c),
+                        dshr(c);
     sf_ref_channel_scale_fwd_f64(xd.data(), n, c, hw, sd.data(), yr.data());
+    if (shift)
+        sf_ref_channel_shift_f64(yr.data(), n, c, hw, shd.data());
     sf_ref_channel_scale_bwd_f64(xd.data(), n, c, hw, sd.data(), dyd.data(), dxr.data(), dsr.data());
+    sf_ref_bias_grad_f64(dyd.data(), n, c, hw, dshr.data());
     dbuf bx = dbuf_make(dt, len, mis), bdy = dbuf_make(dt, len, mis), by = dbuf_make(dt, len, mis),
          bdx = dbuf_make(dt, len, mis);
-    float *d_s = dalloc<float>(c), *d_ds = dalloc<float>(c),
+    float *d_s = dalloc<float>(c), *d_ds = dalloc<float>(c), *d_sh = dalloc<float>(c), *d_dsh = dalloc<float>(c),
           *scr = dalloc<float>(sf_cuda_channel_scale_scratch(c));
     up_dt(bx, to_lay(x, lay, n, c, h, w));
     up_dt(bdy, to_lay(dy, lay, n, c, h, w));
     up(d_s, sc);
+    up(d_sh, sh);
     poison_dt(by);
     poison_dt(bdx);
     poison_f(d_ds, c);
+    poison_f(d_dsh, c);
     poison_f(scr, sf_cuda_channel_scale_scratch(c));
-    int rc = sf_cuda_channel_scale_fwd_dt(dt, lay, bx.p, d_s, by.p, n, c, hw, s);
+    int rc = sf_cuda_channel_scale_fwd_dt(dt, lay, bx.p, d_s, shift ? d_sh : NULL, by.p, n, c, hw, s);
     if (!rc)
-        rc = sf_cuda_channel_scale_bwd_dt(dt, lay, bx.p, d_s, bdy.p, bdx.p, d_ds, n, c, hw, scr, s);
+        rc = sf_cuda_channel_scale_bwd_dt(dt, lay, bx.p, d_s, bdy.p, bdx.p, d_ds, shift ? d_dsh : NULL, n, c, hw,
+                                          scr, s);
     if (ran_ok(s, nm, rc)) {
         check_lay(nm, "fwd", by, lay, n, c, h, w, yr, k.tol);
         check_lay(nm, "dx", bdx, lay, n, c, h, w, dxr, k.tol);
         check_v(subname(nm, "dscale (fp32)"), down(d_ds, c), dsr, k.tol_param);
+        if (shift)
+            check_v(subname(nm, "dshift (fp32)"), down(d_dsh, c), dshr, k.tol_param);
     }
     /* without dx (the layer's input needs no gradient): dscale alone, twice
      * bit-identical (a fixed-order reduction) */
     const std::vector<float> first = down(d_ds, c);
     poison_f(d_ds, c);
-    rc = sf_cuda_channel_scale_bwd_dt(dt, lay, bx.p, d_s, bdy.p, NULL, d_ds, n, c, hw, scr, s);
+    rc = sf_cuda_channel_scale_bwd_dt(dt, lay, bx.p, d_s, bdy.p, NULL, d_ds, NULL, n, c, hw, scr, s);
     const subname sub(nm, "dscale without dx, bit-identical");
     if (ran_ok(s, sub, rc))
         pass_or_fail(sub, memcmp(first.data(), down(d_ds, c).data(), sizeof(float) * c) == 0,
                      "differs from the first run");
     dbuf_free(bx); dbuf_free(bdy); dbuf_free(by); dbuf_free(bdx);
-    cudaFree(d_s); cudaFree(d_ds); cudaFree(scr);
+    cudaFree(d_s); cudaFree(d_ds); cudaFree(d_sh); cudaFree(d_dsh); cudaFree(scr);
 }

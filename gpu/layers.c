@@ -1327,7 +1327,7 @@ int sf_layer_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
     const int np = k && k->params ? k->params(L, pd) : 0;
     for (int j = 0; j < np; j++)
         if (L->param_names[j][0])
-            pd[j].suffix = L->param_names[j];
+            pd[j].suffix = strcmp(L->param_names[j], SF_PARAM_BARE) ? L->param_names[j] : "";
     return np;
 }
 
@@ -1438,7 +1438,8 @@ static void param_names_to_json(const sf_layer *L, cJSON *obj)
             continue;
         if (!names)
             names = cJSON_AddObjectToObject(obj, "param_names");
-        cJSON_AddStringToObject(names, pd[j].suffix, L->param_names[j]);
+        const int bare = !strcmp(L->param_names[j], SF_PARAM_BARE);
+        cJSON_AddStringToObject(names, pd[j].suffix, bare ? "" : L->param_names[j]);
     }
 }
 

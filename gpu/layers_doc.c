@@ -74,7 +74,9 @@ void sf_layer_kinds_markdown(FILE *out)
                  "order shown, which is also their order in the "
                  "service's flat parameter buffer. An optional `\"param_names\"` gives parameters the "
                  "suffixes the module holding them uses instead (`{\"in_proj_weight\": \"qkv.weight\"}`: "
-                 "the kind's suffix, then the module's, 1 to 23 letters, digits, `_` and `.`), so that a "
+                 "the kind's suffix, then the module's, 1 to 23 letters, digits, `_` and `.`; `\"\"` keys the "
+                 "parameter by the layer's name alone, for a module holding several such parameters itself, as "
+                 "ResMLP's block holds `ls1` and `ls2`), so that a "
                  "checkpoint loads back into that module. The reference backend (`pipeline.backend=ref`) runs every "
                  "kind; the CUDA column says what the CUDA backend runs, which refuses any other layer at model "
                  "build, naming it.\n\n");

@@ -680,9 +680,12 @@ static int valid_suffix(const char *s)
  * suffixes of the layer's parameters where the module holding them names
  * them otherwise than the kind does (timm's Attention holds
  * nn.MultiheadAttention's projections as its Linear submodules qkv and
- * proj). Keys are the kind's own suffixes (docs/LAYERS.md), each once; the
- * layer's suffixes stay distinct, its buffers' included. Fields are parsed
- * first: which parameters a layer has depends on them (a bias). */
+ * proj); "" keys the parameter by the layer's name itself (a parameter a
+ * module holds directly beside others of its kind: ResMLP's block holds
+ * ls1 and ls2, two layer scales named blocks.0.ls1 and blocks.0.ls2). Keys
+ * are the kind's own suffixes (docs/LAYERS.md), each once; the layer's
+ * suffixes stay distinct, its buffers' included. Fields are parsed first:
+ * which parameters a layer has depends on them (a bias). */
 static int parse_param_names(const cJSON *jp, sf_layer *L, const char *what, char *err, size_t errlen)
 {
     sf_param_desc pd[SF_PARAM_SLOTS];
@@ -709,12 +712,14 @@ static int parse_param_names(const cJSON *jp, sf_layer *L, const char *what, cha
             sf_errf(err, errlen, "%s: \"param_names\" names \"%s\" twice", what, pd[j].suffix);
             return -1;
         }
-        if (!cJSON_IsString(it) || !valid_suffix(it->valuestring)) {
+        const int bare = cJSON_IsString(it) && !it->valuestring[0];
+        if (!cJSON_IsString(it) || (!bare && !valid_suffix(it->valuestring))) {
             sf_errf(err, errlen, "%s: \"param_names\".\"%s\" must be 1 to %d letters, digits, '_' and '.' "
-                    "(no '.' at either end or two together)", what, pd[j].suffix, SF_PARAM_SUFFIX_MAX - 1);
+                    "(no '.' at either end or two together), or \"\" for the layer's name itself", what,
+                    pd[j].suffix, SF_PARAM_SUFFIX_MAX - 1);
             return -1;
         }
-        snprintf(L->param_names[j], sizeof L->param_names[j], "%s", it->valuestring);
+        snprintf(L->param_names[j], sizeof L->param_names[j], "%s", bare ? SF_PARAM_BARE : it->valuestring);
     }
     const sf_layer_kind_info *k = sf_layer_info(L->kind);
     const int np2 = sf_layer_params(L, pd);

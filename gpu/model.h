@@ -57,6 +57,8 @@
 #define SF_PARAM_SUFFIX_MAX 24 /* with its NUL: a renamed parameter's state_dict suffix ("qkv.weight"); a
                                 * key, name.suffix, then fits SF_PARAM_KEY_MAX */
 #define SF_PARAM_KEY_MAX (SF_LAYER_NAME_MAX + SF_PARAM_SUFFIX_MAX) /* with its NUL: "<layer>.<suffix>" */
+/* param_names' value for a parameter keyed by the layer's name alone (JSON ""; "." is no suffix otherwise). */
+#define SF_PARAM_BARE "."
 
 typedef enum sf_layer_kind {
     SF_L_CONV2D = 0,   /* in_c -> out_c, kernel k, stride, pad, optional bias */

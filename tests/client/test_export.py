@@ -46,8 +46,10 @@ def run_spec(spec, tensors, x):
     for i, layer in enumerate(layers):
         t, name, a = layer["type"], layer["name"], inp(layer, i)
         renamed = layer.get("param_names", {})  # the module's own suffixes for the kind's
-        p = lambda s: tensors[f"{name}.{renamed.get(s, s)}" if s else name]  # noqa: E731
-        b = (lambda s: tensors.get(f"{name}.{renamed.get(s, s)}"))
+        # "" (a kind's own suffix, or a param_names value) is the layer's name alone
+        key = lambda s: f"{name}.{renamed.get(s, s)}" if renamed.get(s, s) else name  # noqa: E731
+        p = lambda s: tensors[key(s)]  # noqa: E731
+        b = (lambda s: tensors.get(key(s)))
         if t == "conv2d":
             y = F.conv2d(a[0], p("weight"), b("bias") if layer.get("bias", True) else None, layer.get("stride", 1),
                          layer.get("pad", 0), layer.get("dilation", 1), layer.get("groups", 1))

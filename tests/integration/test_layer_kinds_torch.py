@@ -4,7 +4,8 @@ small modules that use each of them -- grouped, depthwise and dilated
 convolutions, the activations (a GAN's leaky ReLU and tanh among them,
 ELU, SELU, softplus and Mish), arithmetic with numbers (affine), learnable
 weights and biases (scale_shift: timm's LearnableAffineBlock, ResMLP's
-Affine by torch.addcmul), PReLU,
+Affine by torch.addcmul; ResMLP's block, whose two layer scales are its
+own parameters), PReLU,
 clamps at any bounds (Hardtanh, torch.clamp),
 squeeze-and-excitation's broadcast multiply,
 ConvNeXt's LayerNorm2d, per-pixel Linear, layer scale and stochastic depth,
@@ -537,6 +538,56 @@ class ScaleShifts(nn.Module):
         return self.fc(t.mean(1) * self.feat.weight + self.feat.bias)
 
 
+# ResMLP's block: its two layer scales ls1 and ls2 are parameters of the
+# block itself, so each layer is named by its parameter's whole key
+# (param_names ""), beside the Affine norms (torch.addcmul) and the token
+# mixing across the transposed sequence.
+RESMLP_SPEC = {"input": [3, 8, 8], "classes": 10, "layers": [
+    {"type": "conv2d", "name": "stem", "out": 6, "k": 2, "stride": 2},
+    {"type": "to_tokens", "name": "to_tokens"},
+    {"type": "scale_shift", "name": "blocks.0.norm1", "num_parameters": 6, "param_shape": "[1,1,C]",
+     "param_names": {"weight": "alpha", "bias": "beta"}},
+    {"type": "transpose_tokens", "name": "blocks.0.transpose"},
+    {"type": "linear", "name": "blocks.0.linear_tokens", "out": 16},
+    {"type": "transpose_tokens", "name": "blocks.0.transpose_1"},
+    {"type": "layer_scale", "name": "blocks.0.ls1", "param_names": {"layer_scale": ""}},
+    {"type": "add", "name": "blocks.0.add", "inputs": ["to_tokens", "blocks.0.ls1"]},
+    {"type": "scale_shift", "name": "blocks.0.norm2", "num_parameters": 6, "param_shape": "[1,1,C]",
+     "param_names": {"weight": "alpha", "bias": "beta"}},
+    {"type": "linear", "name": "blocks.0.mlp", "out": 6},
+    {"type": "layer_scale", "name": "blocks.0.ls2", "param_names": {"layer_scale": ""}},
+    {"type": "add", "name": "blocks.0.add_1", "inputs": ["blocks.0.add", "blocks.0.ls2"]},
+    {"type": "token_mean", "name": "mean"},
+    {"type": "linear", "name": "fc", "out": 10}]}
+
+
+class ResMlpBlock(nn.Module):
+    def __init__(self, dim, tokens):
+        super().__init__()
+        self.norm1 = TokenAffine(dim)
+        self.linear_tokens = nn.Linear(tokens, tokens)
+        self.norm2 = TokenAffine(dim)
+        self.mlp = nn.Linear(dim, dim)
+        self.ls1 = nn.Parameter(0.5 + 0.1 * torch.randn(dim))
+        self.ls2 = nn.Parameter(0.5 + 0.1 * torch.randn(dim))
+
+    def forward(self, x):
+        x = x + self.ls1 * self.linear_tokens(self.norm1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.ls2 * self.mlp(self.norm2(x))
+
+
+class ResMlpish(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 2, stride=2)
+        self.blocks = nn.Sequential(ResMlpBlock(6, 16))
+        self.fc = nn.Linear(6, 10)
+
+    def forward(self, x):
+        t = self.blocks(self.stem(x).flatten(2).transpose(1, 2))
+        return self.fc(t.mean(1))
+
+
 # PReLU: one slope shared by every channel after a convolution, one per
 # channel (init 0.1) after a strided one, and one per feature of the head's
 # flat features. Each sees inputs of both signs, so both branches and the
@@ -809,6 +860,7 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
          "smooth_activations": (SmoothActs, SMOOTH_SPEC), "pyramid_skip": (Pyramid, PYRAMID_SPEC),
          "sub_pixel": (SubPixel, PIXEL_SHUFFLE_SPEC),
          "affine": (Affine, AFFINE_SPEC), "scale_shift": (ScaleShifts, SCALE_SHIFT_SPEC),
+         "resmlp_block": (ResMlpish, RESMLP_SPEC),
          "prelu": (PReLUs, PRELU_SPEC), "padding": (Padded, PAD_SPEC),
          "conv_padding": (ConvPads, CONV_PAD_SPEC),
          "clamps": (Clamps, CLAMP_SPEC), "functional_conv_linear": (Functional, FUNCTIONAL_SPEC),
@@ -818,9 +870,10 @@ CASES = {"squeeze_excitation": (SqueezeExcite, SE_SPEC), "convnext_block": (Conv
 
 @pytest.mark.parametrize("make, spec", [(ConvPads, CONV_PAD_SPEC), (Functional, FUNCTIONAL_SPEC),
                                         (Reductions, REDUCTIONS_SPEC), (LayerScaled, LAYER_SCALED_SPEC),
-                                        (TinyPools, TINY_POOL_SPEC), (ScaleShifts, SCALE_SHIFT_SPEC)],
+                                        (TinyPools, TINY_POOL_SPEC), (ScaleShifts, SCALE_SHIFT_SPEC),
+                                        (ResMlpish, RESMLP_SPEC)],
                          ids=["conv_padding", "functional_conv_linear", "reductions", "original_convnext_gamma",
-                              "pools_past_a_tiny_map", "scale_shift"])
+                              "pools_past_a_tiny_map", "scale_shift", "resmlp_block"])
 def test_the_case_is_the_spec_the_exporter_writes(make, spec):
     sys.path.insert(0, str(REPO / "client" / "python"))
     from streamfeed.export import convert

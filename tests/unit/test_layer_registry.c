@@ -596,6 +596,20 @@ static void parameters_keep_the_names_param_names_gives_them(void **state)
     assert_string_equal(key, "head.b");
     /* Written back under the kind's own names, so the spec reads back. */
     expect_fields_json(head, "{\"param_names\":{\"bias\":\"b\"},\"out\":4,\"bias\":true}");
+    /* "" keys a parameter by the layer's name itself (ResMLP's block holds
+     * ls1 and ls2 directly: two layers, blocks.0.ls1 and blocks.0.ls2), and
+     * is written back as "" */
+    static sf_model bare;
+    assert_int_equal(sf_model_from_json("{\"input\":[3,8,8],\"classes\":4,\"layers\":[{\"type\":\"conv2d\","
+                                        "\"name\":\"stem\",\"out\":8,\"k\":4,\"stride\":4},{\"type\":\"layer_scale\","
+                                        "\"name\":\"blocks.0.ls1\",\"param_names\":{\"layer_scale\":\"\"}},"
+                                        "{\"type\":\"flatten\"},{\"type\":\"linear\",\"out\":4}]}",
+                                        &bare, err, sizeof err), 0);
+    const sf_layer *ls1 = layer_named(&bare, "blocks.0.ls1");
+    assert_int_equal(sf_layer_params(ls1, pd), 1);
+    sf_layer_param_key(ls1, &pd[0], key, sizeof key);
+    assert_string_equal(key, "blocks.0.ls1");
+    expect_fields_json(ls1, "{\"param_names\":{\"layer_scale\":\"\"}}");
 
 #define PN(layer) HEAD "{\"type\":\"conv2d\",\"name\":\"c\",\"out\":4,\"k\":1" layer "}," \
                    "{\"type\":\"conv2d\",\"name\":\"c.x\",\"out\":4,\"k\":1}]}"
@@ -606,6 +620,7 @@ static void parameters_keep_the_names_param_names_gives_them(void **state)
     expect_json_error(PN(",\"param_names\":{\"weight\":\"aaaaaaaaaaaaaaaaaaaaaaaa\"}"), "layer 0", "must be 1 to 23");
     expect_json_error(PN(",\"param_names\":{\"weight\":7}"), "layer 0", "\"weight\" must be");
     expect_json_error(PN(",\"param_names\":{\"weight\":\"bias\"}"), "layer 0", "two parameters the name \"bias\"");
+    expect_json_error(PN(",\"param_names\":{\"weight\":\"\",\"bias\":\"\"}"), "layer 0", "two parameters the name");
     expect_json_error(PN(",\"param_names\":{\"weight\":\"a\",\"weight\":\"b\"}"), "layer 0", "twice");
     expect_json_error(PN(",\"param_names\":{}"), "layer 0", "must map some of its parameters (weight, bias)");
     expect_json_error(PN(",\"param_names\":[\"w\"]"), "layer 0", "param_names");

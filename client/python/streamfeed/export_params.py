@@ -250,8 +250,10 @@ def scale_param(state: Dict[str, Any], target: str, n_params: int, x: Any, op: s
     or a token sequence (timm's LayerScale), or viewed (channel_param) as
     [C,1,1] times a map (timm's ConvNeXt: ``vector`` too, as the parameter
     is [C]). Returns the layer's name (the
-    submodule holding the parameter), the parameter's own name (its
-    ``param_names`` where it is not layer_scale) and the layer's fields."""
+    submodule holding the parameter, or the parameter's whole key where that
+    submodule holds other tensors directly), the parameter's own name (its
+    ``param_names`` where it is not layer_scale; "" for the whole key) and the
+    layer's fields."""
     p = state.get(target)
     owner, _, leaf = target.rpartition(".")
     ch = x.shape[-1] if x.tokens else x.shape[0]
@@ -265,6 +267,13 @@ def scale_param(state: Dict[str, Any], target: str, n_params: int, x: Any, op: s
         raise ExportError(f"multiplies a {'channels-last map' if x.nhwc else 'token sequence'} by {target} viewed "
                           "as [1, C, 1, 1]; supported is that view times a [C,H,W] map", op=op, module_path=path)
     f: Dict[str, Any] = {"vector": True} if x.nhwc or viewed else {}
+    if any(k != target and k.startswith(owner + ".") and "." not in k[len(owner) + 1:] for k in state):
+        # The submodule holds other tensors of its own (ResMLP's block, ls1
+        # and ls2): the layer is named by the parameter's whole key, which the
+        # parameter keeps (param_names ""), so two such layers of one module
+        # do not share a name.
+        f["param_names"] = {"layer_scale": ""}
+        return target, "", f
     if leaf != "layer_scale":
         f["param_names"] = {"layer_scale": leaf}
     return owner, leaf, f

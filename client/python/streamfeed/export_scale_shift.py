@@ -27,14 +27,12 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.fx
 
+from .export_attention import SUFFIX_MAX
 from .export_error import ExportError
 from .export_nodes import _only_user
 from .export_values import _Val
 
-__all__ = ["scale_shift", "bias_of_product", "addcmul_operands", "SUFFIX_MAX"]
-
-# The longest parameter name param_names takes (SF_PARAM_SUFFIX_MAX - 1 of gpu/model.h).
-SUFFIX_MAX = 31
+__all__ = ["scale_shift", "bias_of_product", "addcmul_operands"]
 
 def _shape_field(shape: Tuple[int, ...], c: int, x: _Val) -> Optional[str]:
     """The shape field for a parameter of this shape scaling x: one value, or

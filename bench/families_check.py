@@ -310,8 +310,9 @@ def main(argv=None):
             res = check(a, torch, torchvision, fam)
         except Exception as e:  # the family's row says why; the others still run
             res = {"family": fam, "ok": False, "error": f"{type(e).__name__}: {str(e)[:1500]}"}
-        os.makedirs(os.path.join(a.status, fam), exist_ok=True)
-        with open(os.path.join(a.status, fam, "check.json"), "w") as f:
+        d = os.path.join(a.status, fam.replace(":", "-"))  # timm:NAME in timm-NAME: no colon in a path
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "check.json"), "w") as f:
             json.dump(res, f, indent=1)
         w = res.get("worst") or []
         print(f"check {fam}: {'ok' if res['ok'] else 'FAILED: ' + str(res['error'])}"

@@ -71,8 +71,9 @@ def main():
             error = f"{type(e).__name__}: {e}"[:2000]
         rec = {"family": fam, "command": "python -m streamfeed.export " + shlex.join(args),
                "seconds": time.monotonic() - t, "error": error}
-        os.makedirs(os.path.join(a.status, fam), exist_ok=True)
-        with open(os.path.join(a.status, fam, "export.json"), "w") as f:
+        d = os.path.join(a.status, fam.replace(":", "-"))  # timm:NAME in timm-NAME: no colon in a path
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "export.json"), "w") as f:
             json.dump(rec, f, indent=1)
         print(f"export {fam}: " + (f"FAILED {error}" if error else f"{rec['seconds']:.1f} s"), flush=True)
         failed += error is not None

@@ -52,6 +52,7 @@ def collect(outdir):
         ck = jload(os.path.join(d, "check.json"))
         if not (sf or pt or ex or sk or ck):
             continue
+        fam = "timm:" + fam[5:] if fam.startswith("timm-") else fam  # the folder of timm:NAME
         rows[fam] = {"family": fam, "streamfeed": sf, "pytorch": pt or [], "export": ex, "skipped": sk,
                      "check": ck, "call": outdir}
     return rows

@@ -121,7 +121,7 @@ CHECK_PRECISIONS=$PRECISION
 [ "$PRECISION" = fp32 ] || CHECK_PRECISIONS="$PRECISION,fp32"
 if [ "$SIDES" != pytorch ]; then
   log "numerics gate (one process)"
-  for fam in $FAMILIES; do rm -f "$OUT/$fam/check.json"; done
+  for fam in $FAMILIES; do rm -f "$OUT/${fam/:/-}/check.json"; done
   # shellcheck disable=SC2086 # the family list splits into arguments
   PYTHONUNBUFFERED=1 timeout -k 10 "$(min "$(left)" 600)" "$PY" bench/families_check.py --bin build/streamfeed \
     --status "$OUT" --size "$SIZE" --batch "${CHECK_BATCH:-32}" --precision "$CHECK_PRECISIONS" $FAMILIES 2>&1 |
@@ -130,7 +130,7 @@ fi
 
 not_started=
 for fam in $FAMILIES; do
-  D="$OUT/$fam"
+  D="$OUT/${fam/:/-}" # timm:NAME's folder is timm-NAME: a colon is no portable path character
   mkdir -p "$D"
   # What this call measures replaces what an earlier call left in OUTDIR, so a
   # row never pairs this call's figure with an older one.

@@ -128,6 +128,15 @@ if [ "$SIDES" != pytorch ]; then
     tee -a "$OUT/families.log"
 fi
 
+# Whether the top-level field KEY of the status file FILE is VALUE, as JSON
+# writes it (true, null): a grep for the text would also match the rows nested
+# in it (check.json's summary rows say "ok": true when the gate failed).
+top_is() {
+  "$PY" -c 'import json, sys
+sys.exit(0 if json.dumps(json.load(open(sys.argv[1])).get(sys.argv[2], "absent")) == sys.argv[3] else 1)' \
+    "$1" "$2" "$3" 2>/dev/null
+}
+
 not_started=
 for fam in $FAMILIES; do
   D="$OUT/${fam/:/-}" # timm:NAME's folder is timm-NAME: a colon is no portable path character
@@ -149,10 +158,10 @@ for fam in $FAMILIES; do
   if [ "$SIDES" != pytorch ]; then
     # export.json says whether this call's export of the family succeeded,
     # check.json whether the service computed its step as PyTorch does.
-    if ! grep -q '"ok": true' "$D/check.json" 2>/dev/null; then
+    if ! top_is "$D/check.json" ok true; then
       log "$fam: the numerics gate did not pass, no streamfeed run"
       failed=1
-    elif grep -q '"error": null' "$D/export.json" 2>/dev/null && [ -f "$MODELS/$fam/config.json" ]; then
+    elif top_is "$D/export.json" error null && [ -f "$MODELS/$fam/config.json" ]; then
       t=$(min "$(left)" "$SF_TIMEOUT")
       timeout -k 10 $(( t + 30 )) "$PY" bench/ingest_e2e.py --bin build/streamfeed --load build/streamfeed-load \
         --config "$MODELS/$fam/config.json" \

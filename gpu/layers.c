@@ -280,25 +280,11 @@ static int clamp_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out,
     return same_shape(L, in, n_in, out, err, errlen);
 }
 
-/* nn.PReLU's slopes: one for every channel, or one per channel of a map or
- * feature of flat features (PyTorch's dimension 1; token sequences are
- * refused by the row's no_tokens). */
-static int prelu_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
-{
-    if (L->num_parameters == 0)
-        L->num_parameters = 1; /* a layer built field by field */
-    if (L->num_parameters != 1 && L->num_parameters != in->c) {
-        sf_errf(err, errlen, "\"num_parameters\" %d must be 1 or the input's %d channels", L->num_parameters,
-                in->c);
-        return -1;
-    }
-    *out = in[0];
-    return 0;
-}
-
-/* One weight (and bias) for the whole tensor, or one per channel: of a map,
- * of flat features, or of each token's channels. */
-static int scale_shift_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+/* num_parameters of nn.PReLU's slopes or of scale_shift's weights: one for
+ * every channel, or one per channel of a map, feature of flat features or
+ * (scale_shift) token channel; prelu's row refuses token sequences
+ * (no_tokens). */
+static int num_parameters_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     if (L->num_parameters == 0)
         L->num_parameters = 1; /* a layer built field by field */
@@ -1137,7 +1123,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
                "`gamma`)"},
     [SF_L_PRELU] = {
         .name = "prelu", .torch = "nn.PReLU(num_parameters), F.prelu", .min_in = 1, .max_in = 1, .no_tokens = 1,
-        .fields = prelu_fields, .shape = prelu_shape, .params = prelu_params, .init = prelu_init,
+        .fields = prelu_fields, .shape = num_parameters_shape, .params = prelu_params, .init = prelu_init,
         .ref_fwd = sf_ref_layer_prelu_fwd, .ref_bwd = sf_ref_layer_prelu_bwd, .cuda = 1,
         .doc = "x where x > 0, else a * x: one slope a for every channel, or one per channel of a map or feature "
                "of flat features; weight [num_parameters] (initialised to 0.25, nn.PReLU's init). As PyTorch's "
@@ -1256,7 +1242,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
                "norm after it works across the tokens (MLP-Mixer's token mixing; a second one turns it back)"},
     [SF_L_SCALE_SHIFT] = {
         .name = "scale_shift", .torch = "x * weight + bias, learnable (timm's LearnableAffineBlock, ResMLP's Affine)",
-        .min_in = 1, .max_in = 1, .fields = scale_shift_fields, .shape = scale_shift_shape,
+        .min_in = 1, .max_in = 1, .fields = scale_shift_fields, .shape = num_parameters_shape,
         .params = scale_shift_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_scale_shift_fwd,
         .ref_bwd = sf_ref_layer_scale_shift_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "x * weight + bias with learnable weight and bias (`bias`: false leaves it out): one of each for the "

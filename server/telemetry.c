@@ -93,7 +93,8 @@ static void *telemetry_main(void *arg)
     sf_telemetry *t = arg;
     sf_backend *be = t->app->backend;
     int device = be && be->i->device_stats;
-    uint64_t next_counters = sf_now_ns(), next_device = next_counters;
+    /* The first counter sample was taken by sf_telemetry_start. */
+    uint64_t next_device = sf_now_ns(), next_counters = next_device + COUNTER_PERIOD_NS;
     pthread_mutex_lock(&t->mu);
     while (!t->stop) {
         pthread_mutex_unlock(&t->mu);
@@ -154,6 +155,10 @@ sf_telemetry *sf_telemetry_start(sf_app *app, char *err, size_t errlen)
     if (!(app->backend && app->backend->i->device_stats))
         SF_DEBUG("telemetry: the %s backend has no device telemetry; streamfeed_gpu_* stay absent",
                  app->backend_name ? app->backend_name : "sink");
+    /* The history's first sample is taken here, before the daemon serves a
+     * request, not when the new thread is first scheduled: on a loaded host
+     * that can come after the first step, and the windows would miss it. */
+    sample_counters(t);
     if (pthread_create(&t->thread, NULL, telemetry_main, t)) {
         snprintf(err, errlen, "cannot start the telemetry thread");
         sf_telemetry_stop(t);

@@ -10,7 +10,15 @@
  *   SF_FN(x) the function name for that type (x, x##_f64)
  *   SF_EXP, SF_LOG, SF_SQRT  exp/log/sqrt for T
  * Accumulators are T too, so the float version computes what a float kernel
- * would. Outputs are overwritten, never accumulated into (the one place that
+ * would, but for the per-channel sums that make a bias's, a channel scale's
+ * and a PReLU weight's gradient: those run over a whole batch of maps (a
+ * one-value parameter over the whole tensor), where one float running sum
+ * drifts by about sqrt(n) rounding steps, far beyond PyTorch's blocked sums
+ * and the CUDA kernels' trees; they accumulate in double (HGNetV2's
+ * LearnableAffineBlock gradients, sums that nearly cancel, were 10 to 35
+ * times further from float64 than PyTorch's float32 with float running
+ * sums, at most about 6 times with double ones). Outputs are overwritten,
+ * never accumulated into (the one place that
  * sums into its output, the maxpool backward, zeroes it first). Semantics are
  * PyTorch's; see gpu/ref/ref.h for each function's contract.
  */

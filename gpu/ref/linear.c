@@ -91,11 +91,12 @@ void SF_FN(sf_ref_linear_bwd)(const T *x, int n, int in, const T *wt, int out, c
         SF_FN(sf_ref_bias_grad)(dy, n, out, 1, db);
 }
 
-/* db[o] = sum_{n,i} dy[n][o][i] over the hw positions i of each channel */
+/* db[o] = sum_{n,i} dy[n][o][i] over the hw positions i of each channel,
+ * accumulated in double (see generic.h) */
 void SF_FN(sf_ref_bias_grad)(const T *dy, int n, int c, size_t hw, T *db)
 {
     for (int o = 0; o < c; o++) {
-        T acc = 0;
+        double acc = 0;
         for (int ni = 0; ni < n; ni++) {
             const T *dyp = dy + ((size_t)ni * c + o) * hw;
             for (size_t i = 0; i < hw; i++)

@@ -144,15 +144,16 @@ void SF_FN(sf_ref_channel_shift)(T *y, int n, int c, size_t hw, const T *b)
                 y[((size_t)ni * c + ci) * hw + p] += b[ci];
 }
 
-/* dx = dy * s[c] (dx may be NULL); ds[c] = sum_{n,p} dy * x. */
+/* dx = dy * s[c] (dx may be NULL); ds[c] = sum_{n,p} dy * x, accumulated in
+ * double (see generic.h). */
 void SF_FN(sf_ref_channel_scale_bwd)(const T *x, int n, int c, size_t hw, const T *s, const T *dy, T *dx, T *ds)
 {
     for (int ci = 0; ci < c; ci++) {
-        T acc = 0;
+        double acc = 0;
         for (int ni = 0; ni < n; ni++)
             for (size_t p = 0; p < hw; p++) {
                 const size_t e = ((size_t)ni * c + ci) * hw + p;
-                acc += dy[e] * x[e];
+                acc += (double)dy[e] * x[e];
                 if (dx)
                     dx[e] = dy[e] * s[ci];
             }

@@ -59,17 +59,17 @@ void SF_FN(sf_ref_prelu_bwd)(const T *x, int n, int c, size_t hw, const T *w, in
     for (int ci = 0; ci < c; ci++) {
         const int j = np == 1 ? 0 : ci;
         const T a = w[j];
-        T acc = 0;
+        double acc = 0; /* a parameter's gradient: see generic.h */
         for (int ni = 0; ni < n; ni++)
             for (size_t p = 0; p < hw; p++) {
                 const size_t e = ((size_t)ni * c + ci) * hw + p;
                 const int pos = x[e] > (T)0;
                 if (!pos)
-                    acc += x[e] * dy[e];
+                    acc += (double)x[e] * dy[e];
                 if (dx)
                     dx[e] = pos ? dy[e] : a * dy[e];
             }
-        dw[j] += acc;
+        dw[j] += (T)acc;
     }
 }
 

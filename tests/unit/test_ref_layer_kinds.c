@@ -1069,6 +1069,39 @@ static void each_rank_draws_its_own_dropout_masks(void **state)
     assert_memory_equal(l[1], l[2], sizeof l[1]);
 }
 
+/* A parameter's gradient that is one sum over a whole activation tensor (a
+ * one-value scale_shift: timm's LearnableAffineBlock) is accumulated in
+ * double by the float reference: a float running sum over 2^20 terms drifts
+ * by about sqrt(n) of its own rounding steps (tens of units here, on a sum
+ * near 2^19), where PyTorch's blocked float sums and the CUDA kernels' tree
+ * stay within a few of its last bits. */
+static void one_value_parameter_gradients_sum_a_whole_tensor_to_float_precision(void **state)
+{
+    (void)state;
+    const size_t hw = (size_t)1 << 20;
+    float *x = malloc(hw * sizeof *x), *dy = malloc(hw * sizeof *dy);
+    assert_non_null(x);
+    assert_non_null(dy);
+    uint32_t r = 12345u;
+    double want_s = 0, want_b = 0;
+    for (size_t i = 0; i < hw; i++) {
+        r = r * 1664525u + 1013904223u;
+        x[i] = 1.0f + (float)(r >> 8) / 16777216.0f; /* [1, 2) */
+        r = r * 1664525u + 1013904223u;
+        dy[i] = (float)(r >> 8) / 16777216.0f; /* [0, 1) */
+        want_s += (double)dy[i] * x[i];
+        want_b += dy[i];
+    }
+    const float one = 1.0f;
+    float ds, db;
+    sf_ref_channel_scale_bwd(x, 1, 1, hw, &one, dy, NULL, &ds);
+    sf_ref_bias_grad(dy, 1, 1, hw, &db);
+    assert_true(fabs(ds - want_s) <= 1e-6 * want_s);
+    assert_true(fabs(db - want_b) <= 1e-6 * want_b);
+    free(x);
+    free(dy);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1076,6 +1109,7 @@ int main(void)
         cmocka_unit_test(leaky_relu_and_tanh_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(elu_selu_softplus_mish_follow_pytorch_at_zero_nan_and_saturation),
         cmocka_unit_test(prelu_follows_pytorch_at_zero_and_nan),
+        cmocka_unit_test(one_value_parameter_gradients_sum_a_whole_tensor_to_float_precision),
         cmocka_unit_test(clamp_follows_pytorch_at_the_bounds_infinities_and_nan),
         cmocka_unit_test(avgpool_divisors_and_adaptive_bins_follow_pytorch),
         cmocka_unit_test(channel_shuffle_and_slice_follow_pytorch),

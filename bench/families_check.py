@@ -205,26 +205,20 @@ def compare(sf, ref, low, floors, exact=None):
     there is one); a failed one has ok False."""
     out = []
 
-    def own_error(what, want):
-        """The reference's distance from the float64 run of the same quantity."""
-        if exact is None:
-            return 0.0
-        if what.startswith("gradient of "):
-            e = exact["grads"].get(what[len("gradient of "):])
-        elif what.startswith("buffer "):
-            e = exact["buffers"].get(what[len("buffer "):])
-        else:
-            e = {"eval logits": exact["logits"], "loss": [exact["loss"]]}.get(what, exact.get("all_grads"))
-        return rel(want, e) if e is not None else 0.0
+    def own_error(want, exactv):
+        """The reference's distance from the float64 run's value (0 without one)."""
+        return 0.0 if exactv is None else rel(want, exactv)
 
-    def one(what, got, want, lowv, floor, noise=0.0):
-        spread, own = rel(lowv, want), own_error(what, want)
+    def one(what, got, want, lowv, floor, noise=0.0, exactv=None):
+        spread, own = rel(lowv, want), own_error(want, exactv)
         bound = max(floor, 4 * spread, 4 * own)
         r = rel(got, want)
         out.append({"what": what, "rel": r, "bound": max(bound, 4 * noise), "pytorch_rel": spread,
                     "reference_rel": own, "ok": r <= max(bound, 4 * noise), "unchecked": bound >= UNCHECKED_AT})
-    one("eval logits", sf["logits"], ref["logits"], low["logits"], floors["logits"])
-    one("loss", [sf["loss"]], [ref["loss"]], [low["loss"]], floors["loss"])
+    ex = exact or {"logits": None, "loss": None, "grads": {}, "buffers": {}}
+    one("eval logits", sf["logits"], ref["logits"], low["logits"], floors["logits"], exactv=ex["logits"])
+    one("loss", [sf["loss"]], [ref["loss"]], [low["loss"]], floors["loss"],
+        exactv=None if exact is None else [ex["loss"]])
     missing = [n for n in ref["grads"] if f"optim.{n}.momentum_buffer" not in sf["state"]]
     if missing:
         raise RuntimeError(f"the checkpoint has no momentum buffer of {missing[:5]}")
@@ -237,11 +231,9 @@ def compare(sf, ref, low, floors, exact=None):
     # PyTorch's TF32 and float32 runs).
     checked = [n for n in ref["grads"]
                if max(floors["grad"], 4 * rel(low["grads"][n], ref["grads"][n]),
-                      4 * own_error(f"gradient of {n}", ref["grads"][n])) < UNCHECKED_AT] or list(ref["grads"])
+                      4 * own_error(ref["grads"][n], ex["grads"].get(n))) < UNCHECKED_AT] or list(ref["grads"])
     cat = lambda d: np.concatenate([d[n].ravel().astype(np.float64) for n in checked])  # noqa: E731
     noise = rel(cat(low["grads"]), cat(ref["grads"]))
-    if exact is not None:
-        exact = dict(exact, all_grads=cat(exact["grads"]))
     # A tensor may be as far from float32 as four times PyTorch's own distance
     # on it, or on all the checked gradients together: one tensor's distance
     # is one draw of the rounding noise, and a layer where that draw was small
@@ -250,12 +242,13 @@ def compare(sf, ref, low, floors, exact=None):
     # gradients). A lost or misrouted gradient is off by its whole size, far
     # beyond either.
     for n in ref["grads"]:
-        one(f"gradient of {n}", g[n], ref["grads"][n], low["grads"][n], floors["grad"], noise)
+        one(f"gradient of {n}", g[n], ref["grads"][n], low["grads"][n], floors["grad"], noise, ex["grads"].get(n))
     one(f"all gradients ({len(checked)} tensors)", cat(g), cat(ref["grads"]), cat(low["grads"]),
-        floors["grad_all"])
+        floors["grad_all"], exactv=None if exact is None else cat(ex["grads"]))
     for n, want in ref["buffers"].items():
         if n in sf["state"]:
-            one(f"buffer {n}", sf["state"][n], want, low["buffers"][n], floors["stats"])
+            one(f"buffer {n}", sf["state"][n], want, low["buffers"][n], floors["stats"],
+                exactv=ex["buffers"].get(n))
     return out
 
 

@@ -18,9 +18,9 @@
  * LearnableAffineBlock gradients, sums that nearly cancel, were 10 to 35
  * times further from float64 than PyTorch's float32 with float running
  * sums, at most about 6 times with double ones). Outputs are overwritten,
- * never accumulated into (the one place that
- * sums into its output, the maxpool backward, zeroes it first). Semantics are
- * PyTorch's; see gpu/ref/ref.h for each function's contract.
+ * never accumulated into (the one place that sums into its output, the
+ * maxpool backward, zeroes it first). Semantics are PyTorch's; see
+ * gpu/ref/ref.h for each function's contract.
  */
 #ifndef SF_REF_SELF
 #error "generic.h is included by a gpu/ref/*.c file that defines SF_REF_SELF to its own name"

@@ -159,7 +159,8 @@ def torch_side(torch, model, eval_images, images, labels, mode, dev):
         logits = m(inp(eval_images)).double().cpu().numpy()
     m.train()
     with ctx:
-        loss = F.cross_entropy(m(inp(images)).float(), torch.from_numpy(labels).long().to(dev))
+        y = m(inp(images))  # the loss in float32 (bf16 autocast's logits), in float64 for fp64
+        loss = F.cross_entropy(y if wide else y.float(), torch.from_numpy(labels).long().to(dev))
     loss.backward()
     keep = (lambda t: t.double()) if wide else (lambda t: t.float())  # noqa: E731
     grads = {n: keep(p.grad).cpu().numpy() for n, p in m.named_parameters() if p.grad is not None}

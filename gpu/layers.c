@@ -1166,10 +1166,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "training: zero elements with probability p, scale by 1/(1-p), from the service's seeded RNG; "
                "eval: identity"},
     [SF_L_STOCHASTIC_DEPTH] = {
-        .name = "stochastic_depth", .torch = "torchvision StochasticDepth(p, \"row\")", .min_in = 1,
+        .name = "stochastic_depth", .torch = "torchvision StochasticDepth(p, \"row\"), timm DropPath", .min_in = 1,
         .max_in = 1, .fields = depth_fields, .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd,
-        .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1,
-        .doc = "training: zero a sample with probability p, scale by 1/(1-p); eval: identity"},
+        .ref_bwd = sf_ref_layer_dropout_bwd, .cuda = 1, .cuda_tokens = 1,
+        .doc = "training: zero a sample with probability p, scale by 1/(1-p); eval: identity. One decision "
+               "covers the whole sample, so a map in either layout, a token sequence (timm's DropPath in a "
+               "ViT block) and features are alike"},
     [SF_L_DROPOUT2D] = {
         .name = "dropout2d", .torch = "nn.Dropout2d", .min_in = 1, .max_in = 1, .needs_map = 1,
         .fields = dropout_fields, .shape = same_shape, .ref_fwd = sf_ref_layer_dropout_fwd,

@@ -1482,3 +1482,26 @@ def test_learnable_affines_that_are_not_one_per_channel_are_refused_naming_the_s
     with pytest.raises(ExportError) as e:
         convert(Root(), (1, 3, 4, 4))
     assert "gain" in str(e.value) and "submodule" in str(e.value)
+
+
+def test_timms_drop_path_is_stochastic_depth_on_maps_and_tokens():
+    """timm's DropPath (a model's drop_path_rate): stochastic depth with its
+    drop_prob, on a residual branch's map (ResNet) and on a ViT's tokens;
+    at rate 0 nothing; scale_by_keep=False (no 1/(1-p)) refused by name."""
+    timm = pytest.importorskip("timm", reason="timm is not installed (tests/install_torch.sh installs it)")
+    cnn = convert(timm.create_model("resnet18", num_classes=10, drop_path_rate=0.2), (3, 32, 32)).spec["layers"]
+    drops = [la for la in cnn if la["type"] == "stochastic_depth"]
+    assert [la["name"] for la in drops] == [f"layer{i}.{j}.drop_path" for i in range(1, 5) for j in (0, 1)][1:], drops
+    assert all(la["mode"] == "row" for la in drops) and abs(drops[-1]["p"] - 0.2) < 1e-6
+    vit = timm.create_model("vit_tiny_patch16_224", num_classes=10, img_size=32, patch_size=8, depth=2,
+                            drop_path_rate=0.1)
+    layers = convert(vit, (3, 32, 32)).spec["layers"]
+    assert [la["name"] for la in layers if la["type"] == "stochastic_depth"] == ["blocks.1.drop_path1",
+                                                                                  "blocks.1.drop_path2"]
+    none = convert(timm.create_model("resnet18", num_classes=10), (3, 32, 32)).spec["layers"]
+    assert "stochastic_depth" not in {la["type"] for la in none}
+    unscaled = timm.create_model("resnet18", num_classes=10, drop_path_rate=0.2)
+    unscaled.layer4[1].drop_path.scale_by_keep = False
+    with pytest.raises(ExportError) as e:
+        convert(unscaled, (3, 32, 32))
+    assert e.value.module_path == "layer4.1.drop_path" and "scale_by_keep" in str(e.value)

@@ -603,7 +603,9 @@ static std::string describe_line(sf_backend *be, const char *key)
  * dropout=drop) as streamfeed.export writes it: the patch convolution, the
  * tokens, the class token and position embedding, two pre-norm encoder
  * blocks (ln_1, self_attention, dropout, residual add, ln_2, MLP with GELU
- * and dropout, residual add), the final layernorm, the class token's
+ * and dropout, residual add; the second block's attention branch dropped per
+ * sample instead, as timm's DropPath: stochastic depth on tokens), the final
+ * layernorm, the class token's
  * features and the head. att: further fields of the attention layers
  * (",\"in_proj_bias\":false": timm's qkv_bias=False). */
 static int vit_model(sf_model &m, float drop, int mlp, const char *att = "")
@@ -624,7 +626,7 @@ static int vit_model(sf_model &m, float drop, int mlp, const char *att = "")
         at += snprintf(js + at, sizeof js - at,
                        ",{\"type\":\"layernorm\",\"name\":\"%s.ln_1\",\"eps\":1e-6,\"inputs\":[\"%s\"]}"
                        ",{\"type\":\"self_attention\",\"name\":\"%s.self_attention\",\"num_heads\":4%s}"
-                       ",{\"type\":\"dropout\",\"name\":\"%s.dropout\",\"p\":%g}"
+                       ",{\"type\":\"%s\",\"name\":\"%s.dropout\",\"p\":%g}"
                        ",{\"type\":\"add\",\"name\":\"%s.add_1\",\"inputs\":[\"%s.dropout\",\"%s\"]}"
                        ",{\"type\":\"layernorm\",\"name\":\"%s.ln_2\",\"eps\":1e-6}"
                        ",{\"type\":\"linear\",\"name\":\"%s.mlp.0\",\"out\":%d}"
@@ -633,7 +635,8 @@ static int vit_model(sf_model &m, float drop, int mlp, const char *att = "")
                        ",{\"type\":\"linear\",\"name\":\"%s.mlp.3\",\"out\":64}"
                        ",{\"type\":\"dropout\",\"name\":\"%s.mlp.4\",\"p\":%g}"
                        ",{\"type\":\"add\",\"name\":\"%s.add_2\",\"inputs\":[\"%s.mlp.4\",\"%s.add_1\"]}",
-                       L, prev, L, att, L, (double)drop, L, L, prev, L, L, mlp, L, L, (double)drop, L, L, (double)drop, L,
+                       L, prev, L, att, b ? "stochastic_depth" : "dropout", L, (double)drop, L, L, prev, L, L, mlp,
+                       L, L, (double)drop, L, L, (double)drop, L,
                        L, L);
         snprintf(names[b], sizeof names[b], "%s.add_2", L);
         prev = names[b];

@@ -41,6 +41,7 @@ input it takes (Family.min_hw). With the CUDA backend PyTorch also trains
 on the GPU, and the bounds take the larger of its two distances (Trainer)."""
 import copy
 import json
+import math
 import os
 import sys
 import time
@@ -779,6 +780,42 @@ def test_zero_padding_and_clamps_written_as_ops_train_like_pytorch(start_server,
         ("conv2d", "conv3", 1), ("relu6", "act", None), ("global_avgpool", "mean", None), ("flatten", "flatten", None),
         ("linear", "fc", None)]
     train_like_pytorch(s, model, PaddedClamps, 16, 23)
+
+
+class ShapeArithmetic(torch.nn.Module):
+    """Numbers computed from the input's shape where Python needs values:
+    TF's 'same' padding through math.ceil and max() (timm's pad_same, an
+    uneven pad at 20x20), a pool only where the map is wider than 8, and a
+    residual only where the projection keeps the shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, stride=2)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.proj = torch.nn.Conv2d(8, 8, 1)
+        self.fc = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        ih, iw = x.shape[-2:]
+        ph, pw = (max((math.ceil(s / 2) - 1) * 2 + 3 - s, 0) for s in (ih, iw))
+        x = F.pad(x, [pw // 2, pw - pw // 2, ph // 2, ph - ph // 2])
+        x = F.relu(self.bn(self.conv(x)))
+        if x.shape[-1] > 8:
+            x = F.avg_pool2d(x, 2)
+        y = self.proj(x)
+        if y.shape == x.shape:
+            y = y + x
+        return self.fc(y.mean((2, 3)))
+
+
+def test_a_module_that_computes_with_its_input_shape_trains_like_pytorch(start_server, tmp_path, spec_checker):
+    torch.manual_seed(7)
+    model = ShapeArithmetic()
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=20, every_service=True)
+    layers = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]["layers"]
+    assert [la["type"] for la in layers][:5] == ["pad", "conv2d", "batchnorm2d", "relu", "avgpool2d"], layers
+    assert layers[0]["pad"] == [0, 1, 0, 1]
+    train_like_pytorch(s, model, ShapeArithmetic, 20, 29)
 
 
 def test_resnet18_exported_runs_on_the_kinds_every_service_has(start_server, tmp_path, spec_checker):

@@ -16,7 +16,10 @@ as timm 1.0 does, so it runs without timm; the timm models themselves run
 where timm is installed (tests/install_torch.sh installs it beside torch) and
 skip, by name, where it is not. They are built with drop rates 0: dropout
 and drop-path draw from the service's RNG, not PyTorch's."""
+import json
 import os
+
+import numpy as np
 
 import pytest
 
@@ -205,3 +208,39 @@ def test_a_timm_model_trains_like_pytorch(start_server, tmp_path, spec_checker, 
     model = build()
     s = start_exported(start_server, tmp_path, model, spec_checker, hw=HW, batch=BATCH, lr=LR)
     train_against_trainer(s, model, build, name, HW, 6, STEPS, _labels, batch=BATCH, lr=LR, f64=F64)
+
+
+def test_timms_drop_path_trains_as_stochastic_depth_and_is_the_identity_in_eval(start_server, tmp_path,
+                                                                                 spec_checker):  # noqa: F811
+    """A timm ViT (drop-path on the residual stream's tokens) built with
+    drop_path_rate 0.3, as timm's training recipes build them: the export
+    holds a stochastic_depth layer per block branch with timm's linearly
+    rising rates; training draws the service's own masks (so its losses
+    are not PyTorch's) and takes every batch; in eval the layers pass their
+    input through, so the logits are the module's."""
+    timm = pytest.importorskip("timm", reason="timm is not installed (tests/install_torch.sh installs it)")
+    from test_export_parity import eval_logits, module_logits, rel
+    torch.manual_seed(5)
+    hw = 32 if HW < 64 else 64
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=hw,
+                              patch_size=8, depth=3, drop_path_rate=0.3)
+    s = start_exported(start_server, tmp_path, model, spec_checker, hw=hw, batch=BATCH, lr=LR)
+    served = [la["name"] for la in s.get("/v1/model").json()["layers"] if la["type"] == "stochastic_depth"]
+    layers = json.loads((tmp_path / "export" / "config.json").read_text())["model"]["spec"]["layers"]
+    drops = [la for la in layers if la["type"] == "stochastic_depth"]
+    assert served == [la["name"] for la in drops]
+    want = [round(float(p), 6) for p in torch.linspace(0, 0.3, 3)[1:] for _ in range(2)]
+    assert [la["name"] for la in drops] == [f"blocks.{b}.drop_path{i}" for b in (1, 2) for i in (1, 2)], drops
+    assert [round(la["p"], 6) for la in drops] == want, drops
+    rng = np.random.default_rng(12)
+    for _ in range(3):
+        r = s.post_arrays(rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8), _labels(rng), wait=True)
+        assert r.status_code == 200 and np.isfinite(r.json()["loss"]), r.text
+    ck = s.get("/v1/checkpoint?optimizer=false")
+    assert ck.status_code == 200
+    from safetensors.numpy import load as st_load
+    state = {k: torch.from_numpy(np.array(v)) for k, v in st_load(ck.content).items()}
+    model.load_state_dict(state, strict=True)
+    images = rng.integers(0, 256, (BATCH, hw, hw, 3), dtype=np.uint8)
+    got = eval_logits(s, images, _labels(rng))
+    assert rel(got, module_logits(model, images)) <= 1e-4

@@ -58,6 +58,7 @@ from .export_nodes import _is_chunk_or_split, _is_float32_no_op, _meta_shape, _o
 from .export_params import (batch_norm_call, channel_param, conv_call, group_norm_call, layer_norm_call, linear_call,
                             prelu_call, scale_param)
 from .export_error import ExportError
+from .export_trace import LEAF_NAMES, Tracer, fold_shape_numbers
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
 from .export_pad import PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec
@@ -95,44 +96,9 @@ def _supported_modules() -> str:
 
 # ---- tracing ----------------------------------------------------------------------------------
 
-# Modules outside torch.nn that are layers of their own: the tracer keeps them
-# whole instead of tracing their forward() into ops.
-_LEAF_NAMES = {("torchvision.ops.stochastic_depth", "StochasticDepth"),
-               ("torchvision.models.convnext", "LayerNorm2d")}
-
-
 def _is_torchvision(m: nn.Module, name: str) -> bool:
     t = type(m)
-    return t.__name__ == name and (t.__module__, name) in _LEAF_NAMES
-
-
-class _Tracer(torch.fx.Tracer):
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if (type(m).__module__, type(m).__name__) in _LEAF_NAMES:
-            return True
-        return bool(super().is_leaf_module(m, module_qualified_name))
-
-    def trace(self, root: Any, concrete_args: Optional[Dict[str, Any]] = None) -> torch.fx.Graph:
-        """A forward() that takes more than the image batch, each with a
-        default (timm's ``forward(x, attn_mask=None, is_causal=False)``), is
-        traced with those defaults as constants: the service calls it with
-        the batch alone, and a traced ``None`` would otherwise be a proxy
-        that ``attn_mask is not None`` takes for a mask."""
-        if concrete_args is None and isinstance(root, nn.Module):
-            concrete_args = _defaults_after_input(root.forward)
-        return super().trace(root, concrete_args)
-
-
-def _defaults_after_input(fn: Callable[..., Any]) -> Optional[Dict[str, Any]]:
-    """The parameters of fn after its first that have a constant default."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())[1:]
-    except (TypeError, ValueError):
-        return None
-    const = (type(None), bool, int, float, str)
-    found = {p.name: p.default for p in params if p.default is not inspect.Parameter.empty and
-             isinstance(p.default, const) and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return found or None
+    return t.__name__ == name and (t.__module__, name) in LEAF_NAMES
 
 
 @dataclass
@@ -461,13 +427,16 @@ class _Converter(ChannelViews):
         if type(mod) is nn.LayerNorm:
             return self.layernorm_module(path, x, out, op, mod)
         if _is_torchvision(mod, "StochasticDepth"):
-            _need_nchw(x, op, path)
             if mod.mode != "row":
                 raise ExportError(f"mode {mod.mode!r}: the service's stochastic depth is row mode (per sample)",
                                   op=op, module_path=path)
-            if float(mod.p) == 0.0:
-                return x
-            return b.emit("stochastic_depth", path, [x], x.shape, p=float(mod.p), mode="row")
+            return self.stochastic_depth(path, x, float(mod.p), op)
+        if (type(mod).__module__, type(mod).__name__) == ("timm.layers.drop", "DropPath"):
+            if not mod.scale_by_keep and float(mod.drop_prob) > 0.0:
+                raise ExportError(f"scale_by_keep=False with drop_prob {mod.drop_prob}: the service's stochastic "
+                                  "depth scales the samples it keeps by 1/(1-p), as scale_by_keep=True does",
+                                  op=op, module_path=path)
+            return self.stochastic_depth(path, x, float(mod.drop_prob), op)
         if type(mod) is nn.Identity:
             return x
         if type(mod) is nn.ChannelShuffle:
@@ -497,6 +466,19 @@ class _Converter(ChannelViews):
             f["bias"] = False
         params = ["weight"] + (["bias"] if mod.bias is not None else [])
         return self.b.emit("conv2d", path, [x], out, params=params, **f)
+
+    def stochastic_depth(self, path: str, x: _Val, p: float, op: str) -> _Val:
+        """torchvision's StochasticDepth(p, "row") and timm's DropPath: a
+        sample's whole branch dropped, on a map (either layout: one decision
+        covers the sample), a token sequence or features; nothing at p 0."""
+        if x.ct:
+            raise ExportError("runs on a [C, H*W] view; apply it to the map or to the tokens", op=op,
+                              module_path=path)
+        if not 0.0 <= p <= 1.0:
+            raise ExportError(f"drops with probability {p}, outside [0, 1]", op=op, module_path=path)
+        if p == 0.0:
+            return x
+        return self.b.emit("stochastic_depth", path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, p=p, mode="row")
 
     def pad(self, n: torch.fx.Node) -> Union[_Padded, _Val]:
         """Padding of a map: zeros that one nn.Conv2d reads fold into its pad
@@ -1183,7 +1165,7 @@ def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:
         if n.op != "call_module":
             continue
         mod = gm.get_submodule(str(n.target))
-        if type(mod) in _KNOWN_MODULES or (type(mod).__module__, type(mod).__name__) in _LEAF_NAMES:
+        if type(mod) in _KNOWN_MODULES or (type(mod).__module__, type(mod).__name__) in LEAF_NAMES:
             continue
         raise ExportError("has no layer kind in the service", op=_op_name(n, mod), module_path=str(n.target),
                           supported=_supported_modules())
@@ -1218,9 +1200,10 @@ def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]
     try:
         module.train()
         try:
-            graph = _Tracer().trace(module)
+            graph = Tracer(x).trace(module)
         except Exception as e:  # torch.fx reports data-dependent control flow and the like
-            raise ExportError(f"torch.fx cannot trace the module: {e}", op="torch.fx.symbolic_trace") from e
+            raise ExportError(f"torch.fx cannot trace the module: {e}", op="torch.fx.symbolic_trace",
+                              module_path=getattr(e, "module_path", "")) from e
         required = [n for n in graph.nodes if n.op == "placeholder" and not n.args]  # no default
         if len(required) != 1:
             raise ExportError(f"forward() takes {len(required)} inputs without a default; the service feeds one "
@@ -1233,7 +1216,8 @@ def convert(module: nn.Module, example_input: Union[torch.Tensor, Sequence[int]]
                 propagate(gm, x)
             except Exception as e:
                 raise forward_failed(e, list(x.shape)) from e
-            check_trace(module, _Tracer, x)
+            check_trace(module, lambda: Tracer(x), x)
+        fold_shape_numbers(gm)
         conv = _Converter(module, gm)
         spec = conv.run()
     finally:

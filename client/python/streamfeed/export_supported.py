@@ -52,6 +52,7 @@ SUPPORTED_MODULES: Dict[str, str] = {
                           "dropout 0, no masks, need_weights=False)",
     "LayerNorm2d": "layernorm2d (torchvision.models.convnext.LayerNorm2d)",
     "StochasticDepth": "stochastic_depth (torchvision.ops, mode row; p 0: nothing)",
+    "DropPath": "stochastic_depth (timm.layers; scale_by_keep; p 0: nothing)",
     "Identity": "nothing",
     "ChannelShuffle": "channel_shuffle",
     "PixelShuffle": "pixel_shuffle", "PixelUnshuffle": "pixel_unshuffle",

@@ -322,6 +322,14 @@ std::vector<op_case> op_cases()
             t.push_back(row("pad", "circular", cmp_pad, dt, lay, {2, 3, 5, 7}, {1, 2, 3, 0, SF_PAD_CIRCULAR}, tol));
             t.push_back(row("pad", "circular", cmp_pad, dt, lay, {2, 2, 4, 3}, {3, 3, 4, 4, SF_PAD_CIRCULAR}, tol));
             t.push_back(row("pad", "reflect", cmp_pad, dt, lay, {4, 33, 32, 32}, {1, 1, 1, 1, SF_PAD_REFLECT}, tol));
+            /* channel counts whose NHWC pixels move in 16-, 8- and 4-byte
+             * vectors: EfficientNet's TF-"same" pad of 96 channels, a
+             * constant fill in vectors, reflect's forward in vectors */
+            t.push_back(row("pad", "constant", cmp_pad, dt, lay, {2, 96, 9, 9}, {0, 1, 0, 1, SF_PAD_CONSTANT}, tol));
+            t.push_back(row("pad", "constant", cmp_pad, dt, lay, {2, 24, 5, 6}, {1, 2, 0, 1, SF_PAD_CONSTANT}, tol, 0,
+                            {0.5f}));
+            t.push_back(row("pad", "constant", cmp_pad, dt, lay, {3, 2, 4, 5}, {2, 0, 1, 1, SF_PAD_CONSTANT}, tol));
+            t.push_back(row("pad", "reflect", cmp_pad, dt, lay, {2, 16, 6, 5}, {1, 2, 2, 1, SF_PAD_REFLECT}, tol));
         }
     t.push_back(row("pad", "refused", cmp_pad_refused, SF_DT_F32, {}, {}, 0));
 

@@ -33,7 +33,7 @@ CASES_PER_FAMILY = {
     "mul": 92,
     "norm": 80,
     "optimizer": 14,
-    "pad": 45,
+    "pad": 61,
     "pointwise": 73,
     "pool": 200,
     "prelu": 33,

@@ -592,16 +592,19 @@ def test_with_a_token_mutating_routes_need_the_bearer_token(start_server, rng):
 def test_with_a_token_reading_results_logits_evaluations_model_or_trace_needs_it_too(start_server, rng):
     # Batch ids are sequential: without the token on reads, any client could
     # read another's results and kept logits by counting.
-    # A wait of 0 ms runs out at once: the logits are kept for
-    # GET /v1/batches/1/logits, which the 202 names.
+    # A wait of 0 ms runs out before the batch is done (it is queued behind
+    # a big one, tens of ms of training: alone, a tiny eval batch can finish
+    # before the handler looks): the logits are kept for
+    # GET /v1/batches/2/logits, which the 202 names.
     s = start_server(TINY, "--http.token", "s3cret", "--pipeline.wait_timeout_ms", "0")
     good = {"Authorization": "Bearer s3cret"}
+    assert s.post_batch(st_body(*learnable_batch(rng, 256)), headers=good).status_code == 202
     r = s.post_batch(st_body(*learnable_batch(rng, 64)), path="/v1/batches?mode=eval&eval=mine&return=logits&wait=1",
                      headers=good)
-    assert r.status_code == 202 and r.headers["Location"] == "/v1/batches/1/logits", r.text
+    assert r.status_code == 202 and r.headers["Location"] == "/v1/batches/2/logits", r.text
     wait_until(lambda: s.get("/v1/evals/mine", headers=good).json()["batches"] == 1, 30,
                what="the eval batch to finish")
-    reads = ["/v1/batches/1", "/v1/batches/1/logits", "/v1/evals", "/v1/evals/mine", "/v1/model", "/v1/trace"]
+    reads = ["/v1/batches/2", "/v1/batches/2/logits", "/v1/evals", "/v1/evals/mine", "/v1/model", "/v1/trace"]
     for path in reads:
         for headers in ({}, {"Authorization": "Bearer wrong"}):
             r = s.get(path, headers=headers)

@@ -99,8 +99,12 @@ def test_diagnose_reports_four_stages_in_pipeline_order_and_a_verdict(start_serv
     assert d["seconds"] == 1.5 and d["backend"] == "ref" and d["threshold"] == pytest.approx(0.15)
     assert d["batch"] == {"n": 8, "h": 32, "w": 32, "c": 3, "layout": "NCHW", "label_dtype": "I32",
                           "source": "last_batch"}
-    # Each cached stage runs about a third of the time asked for.
-    assert 0.75 <= sum(st["seconds"] for st in d["stages"][:3]) <= 4.5, d["stages"]
+    # Each cached stage runs about a third of the time asked for: its step
+    # count comes from a two-step calibration, so a neighbour's load that
+    # slows the timed rounds and not the calibration stretches it, which a
+    # sanitizer build's slower steps on a loaded CI machine did to 5.3 s.
+    longest = 9.0 if built_with_asan() else 4.5
+    assert 0.75 <= sum(st["seconds"] for st in d["stages"][:3]) <= longest, d["stages"]
     assert d["stages"][3]["seconds"] == pytest.approx(1.5)
     stats = s.get("/v1/stats").json()["diagnose"]
     assert stats["running"] is False

@@ -1156,6 +1156,10 @@ def test_rank_0_lost_while_it_writes_checkpoints_then_the_restarted_job_resumes_
     # is read, not assumed.
     reached = ranks[0].get("/v1/model").json()["step"]
     assert 4 <= reached <= 8, reached
+    # Saves run beside training: on a loaded machine none had finished by
+    # the fourth step once. The kill must find one complete checkpoint (and
+    # may still land in a later save).
+    wait_until(lambda: any(tmp_path.glob("ckpt-*.safetensors")), timeout=30, what="rank 0's first checkpoint")
     ranks[0].proc.kill()
     ranks[0].proc.wait()
     reasons = wait_until(lambda: (lambda x: x.json()["reasons"] if x.status_code == 503 else None)(

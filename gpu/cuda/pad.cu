@@ -11,7 +11,6 @@
  * 64-bit divisions) a thread. */
 #include "gpu/cuda/pad.h"
 
-#include <stdint.h>
 #include <string.h>
 
 #include "gpu/cuda/kernel_common.cuh"
@@ -201,18 +200,19 @@ static int pad_geom_of(const char *fn, sf_dtype dt, int n, int c, int h, int w, 
     return 0;
 }
 
-/* The widest vector (16, 8, 4 or 2 bytes) that a pixel's channels (bytes
- * of them) and both pointers divide, and the vectors a pixel and in all;
- * 0 where NHWC's vector kernels do not apply (NCHW, or 2^31 vectors and
+/* The widest vector (16, 8, 4 or 2 bytes) that a pixel's channels (c of
+ * them) and both pointers divide, and the vectors a pixel and in all; 0
+ * where NHWC's vector kernels do not apply (NCHW, or 2^31 vectors and
  * more). */
-static int pad_vec(sf_layout lay, size_t pixels, size_t bytes, const void *a, const void *b, unsigned *cv,
+static int pad_vec(sf_layout lay, sf_dtype dt, size_t pixels, int c, const void *a, const void *b, unsigned *cv,
                    unsigned *len)
 {
     if (lay != SF_LAYOUT_NHWC)
         return 0;
-    const uintptr_t al = (uintptr_t)a | (uintptr_t)b;
-    for (int v = 16; v >= 2; v /= 2)
-        if (bytes % v == 0 && al % v == 0 && pixels * (bytes / v) < (1u << 31)) {
+    const size_t bytes = (size_t)c * sf_dtype_size(dt);
+    const int al = sf_cuda_ptr_align(a) < sf_cuda_ptr_align(b) ? sf_cuda_ptr_align(a) : sf_cuda_ptr_align(b);
+    for (int v = al; v >= 2; v /= 2)
+        if (bytes % v == 0 && pixels * (bytes / v) < (1u << 31)) {
             *cv = (unsigned)(bytes / v);
             *len = (unsigned)(pixels * *cv);
             return v;
@@ -289,9 +289,8 @@ extern "C" int sf_cuda_pad_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, int
     const size_t len = (size_t)n * c * g.oh * g.ow;
     if (len == 0)
         return 0;
-    const size_t es = dt == SF_DT_BF16 ? 2 : 4;
     unsigned cv, vlen;
-    const int vb = pad_vec(lay, (size_t)n * g.oh * g.ow, (size_t)c * es, x, y, &cv, &vlen);
+    const int vb = pad_vec(lay, dt, (size_t)n * g.oh * g.ow, c, x, y, &cv, &vlen);
     const int nhwc = lay == SF_LAYOUT_NHWC;
     if (vb)
         pad_fwd_nhwc(vb, dt, x, y, vlen, cv, g, value, s);
@@ -313,9 +312,8 @@ extern "C" int sf_cuda_pad_bwd_dt(sf_dtype dt, sf_layout lay, const void *dy, in
     const size_t len = (size_t)n * c * h * w;
     if (len == 0)
         return 0;
-    const size_t es = dt == SF_DT_BF16 ? 2 : 4;
     unsigned cv, vlen;
-    const int vb = mode == SF_PAD_CONSTANT ? pad_vec(lay, (size_t)n * h * w, (size_t)c * es, dy, dx, &cv, &vlen) : 0;
+    const int vb = mode == SF_PAD_CONSTANT ? pad_vec(lay, dt, (size_t)n * h * w, c, dy, dx, &cv, &vlen) : 0;
     const int nhwc = lay == SF_LAYOUT_NHWC;
     if (vb)
         pad_bwd_nhwc_constant(vb, dy, dx, vlen, cv, g, s);

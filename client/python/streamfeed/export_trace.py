@@ -278,7 +278,7 @@ class Tracer(torch.fx.Tracer):
             if n in values or n in need:
                 continue
             need.add(n)
-            todo.extend(_nodes_in((n.args, n.kwargs)))
+            todo.extend(n.all_input_nodes)
         order = [n for n in node.graph.nodes if n in need]
         tracing = {k: nn.Module.__dict__[k] for k in self._module_methods}
         try:

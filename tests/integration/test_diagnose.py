@@ -84,7 +84,12 @@ def test_diagnose_reports_four_stages_in_pipeline_order_and_a_verdict(start_serv
     d = r.json()
     check_consistent(d)
     seen = []
-    for _ in range(2):
+    # Under AddressSanitizer the stages' relative costs are the sanitizer's:
+    # its allocator and shadow checks fall unevenly on them, and CI once saw
+    # the host_pinned stage beat the step alone by 1.2-1.6x in three runs in
+    # a row. The order is the release build's to check; the invariants above
+    # hold in both.
+    for _ in range(0 if built_with_asan() else 2):
         if stage1_is_fastest(d):
             break
         # A neighbour's load on a shared CI machine can still bend a run
@@ -95,7 +100,7 @@ def test_diagnose_reports_four_stages_in_pipeline_order_and_a_verdict(start_serv
         time.sleep(1)
         d = diagnose(s, 1.5).json()
         check_consistent(d)
-    assert stage1_is_fastest(d), seen + [[st["steps_per_s"] for st in d["stages"]]]
+    assert built_with_asan() or stage1_is_fastest(d), seen + [[st["steps_per_s"] for st in d["stages"]]]
     assert d["seconds"] == 1.5 and d["backend"] == "ref" and d["threshold"] == pytest.approx(0.15)
     assert d["batch"] == {"n": 8, "h": 32, "w": 32, "c": 3, "layout": "NCHW", "label_dtype": "I32",
                           "source": "last_batch"}

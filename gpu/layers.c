@@ -235,6 +235,14 @@ static const sf_layer_field layer_scale_fields[] = {
  * num_parameters (gpu/model.h's SF_SS_*): the checkpoint keeps it, so that
  * load_state_dict(strict=True) takes the service's tensors. */
 static const char *const scale_shift_shapes[] = {"[C]", "[C,1,1]", "[1,1,C]", "[1,C,1,1]", NULL};
+/* ECA's Conv1d(1, 1, k, padding=(k - 1) / 2): the output keeps the input's
+ * channels, which the multiply that follows it needs. */
+static const sf_layer_field channel_conv1d_fields[] = {
+    {"k", SF_FT_INT, OFF(k), 1, SF_MAX_KERNEL, 0, SF_FF_REQUIRED, NULL, "kernel size (odd: 2 * pad + 1)"},
+    {"pad", SF_FT_INT, OFF(pad), 0, SF_MAX_KERNEL, 0, 0, NULL, "zero padding at each end of the channels"},
+    F_BIAS,
+    F_END,
+};
 static const sf_layer_field scale_shift_fields[] = {
     {"num_parameters", SF_FT_INT, OFF(num_parameters), 1, SF_MAX_CHANNELS, 1, 0, NULL,
      "weights (and biases): 1 (one for the whole tensor, timm's LearnableAffineBlock) or the input's channels (one "
@@ -717,6 +725,24 @@ static int transpose_tokens_shape(sf_layer *L, const sf_shape *in, int n_in, sf_
     return 0;
 }
 
+/* A pooled map [C,1,1] or flat features [F]: both hold a sample's C values
+ * in a row in either layout, which the convolution runs along. */
+static int channel_conv1d_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (in->tokens || (!in->flat && (in->h != 1 || in->w != 1))) {
+        sf_errf(err, errlen, "the input is [%d,%d,%d]%s; channel_conv1d runs across the channels of a [C,1,1] map "
+                "or of flat features", in->c, in->h, in->w, in->tokens ? " tokens" : "");
+        return -1;
+    }
+    if (L->k != 2 * L->pad + 1) {
+        sf_errf(err, errlen, "k %d and pad %d: k must be 2 * pad + 1, so that the output keeps the input's %d "
+                "channels", L->k, L->pad, in->c);
+        return -1;
+    }
+    *out = in[0];
+    return 0;
+}
+
 static int token_mean_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     if (need_tokens(in, "token_mean averages a token sequence", err, errlen))
@@ -871,6 +897,14 @@ static int scale_shift_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS
     return 1 + (L->bias != 0);
 }
 
+/* nn.Conv1d(1, 1, k): weight [1, 1, k], bias [1]. */
+static int channel_conv1d_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
+{
+    pd_set(&pd[0], "weight", 3, 1, 1, L->k, 0);
+    pd_set(&pd[1], "bias", 1, 1, 0, 0, 0);
+    return L->bias ? 2 : 1;
+}
+
 /* VisionTransformer.class_token [1,1,C], keyed by the layer's name. */
 static int class_token_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
@@ -976,6 +1010,12 @@ static void layer_scale_init(const sf_layer *L, int li, uint64_t seed, float *pa
 {
     for (size_t e = 0; e < L->n_w; e++)
         params[L->w_off + e] = 1e-6f;
+}
+
+/* nn.Conv1d's init: fan_in = in_channels * k = k. */
+static void channel_conv1d_init(const sf_layer *L, int li, uint64_t seed, float *params)
+{
+    init_fan_in(L, li, seed, params, (size_t)L->k);
 }
 
 /* nn.PReLU's init: every slope 0.25. */
@@ -1251,6 +1291,14 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
                "whole tensor, or one per channel of a map, of flat features or of each token, held in "
                "`param_shape`; initialised to 1 and 0; `param_names` keys them as the module does (timm's `scale`, "
                "ResMLP's `alpha` and `beta`)"},
+    [SF_L_CHANNEL_CONV1D] = {
+        .name = "channel_conv1d", .torch = "nn.Conv1d(1, 1, k) across the channels (ECA's x.mean((2, 3)).view(n, 1, -1))",
+        .min_in = 1, .max_in = 1, .no_tokens = 1, .fields = channel_conv1d_fields, .shape = channel_conv1d_shape,
+        .params = channel_conv1d_params, .init = channel_conv1d_init, .ref_fwd = sf_ref_layer_channel_conv1d_fwd,
+        .ref_bwd = sf_ref_layer_channel_conv1d_bwd, .cuda = 1,
+        .doc = "a one-channel 1-D convolution along the C values of a [C,1,1] map or of [C] features, zero-padded by "
+               "`pad` at each end (ECA's channel attention, whose sigmoid then scales the map): y[c] = bias + "
+               "sum over j of weight[j] * x[c + j - pad]; weight [1, 1, k], bias [1]"},
     [SF_L_TOKEN_MEAN] = {
         .name = "token_mean", .torch = "x[:, start:].mean(dim=1)", .min_in = 1, .max_in = 1,
         .fields = token_mean_fields, .shape = token_mean_shape, .ref_fwd = sf_ref_layer_token_mean_fwd,
@@ -1411,71 +1459,4 @@ int sf_layer_cuda_check(const sf_model *m, int i, char *err, size_t errlen)
         }
     }
     return 0;
-}
-
-/* "param_names", as the layer's JSON gave it: each renamed slot under the
- * kind's own suffix. */
-static void param_names_to_json(const sf_layer *L, cJSON *obj)
-{
-    const sf_layer_kind_info *k = sf_layer_info(L->kind);
-    sf_param_desc pd[SF_PARAM_SLOTS];
-    const int np = k->params ? k->params(L, pd) : 0;
-    cJSON *names = NULL;
-    for (int j = 0; j < np; j++) {
-        if (!L->param_names[j][0])
-            continue;
-        if (!names)
-            names = cJSON_AddObjectToObject(obj, "param_names");
-        const int bare = !strcmp(L->param_names[j], SF_PARAM_BARE);
-        cJSON_AddStringToObject(names, pd[j].suffix, bare ? "" : L->param_names[j]);
-    }
-}
-
-void sf_layer_fields_to_json(const sf_layer *L, cJSON *obj)
-{
-    const sf_layer_kind_info *k = sf_layer_info(L->kind);
-    if (!k)
-        return;
-    param_names_to_json(L, obj);
-    for (const sf_layer_field *f = k->fields; f->key; f++) {
-        if (f->flags & SF_FF_INFERRED)
-            continue;
-        const char *p = (const char *)L + f->off;
-        const int two = f->type == SF_FT_INT_PAIR || f->type == SF_FT_INT_HW;
-        const int w = two ? *(const int *)((const char *)L + SF_FT_SECOND(f)) : 0;
-        const double def = f->type == SF_FT_FLOAT ? (float)f->def : f->def;
-        /* an optional field at its default is left out; a pair only when both values are */
-        if ((f->flags & SF_FF_IF_SET) && sf_layer_field_value(L, f) == def && (!two || w == (int)f->def))
-            continue;
-        switch (f->type) {
-        case SF_FT_INT:
-            cJSON_AddNumberToObject(obj, f->key, *(const int *)p);
-            break;
-        case SF_FT_BOOL:
-            cJSON_AddBoolToObject(obj, f->key, *(const int *)p);
-            break;
-        case SF_FT_FLOAT:
-            cJSON_AddNumberToObject(obj, f->key, *(const float *)p);
-            break;
-        case SF_FT_ENUM:
-            cJSON_AddStringToObject(obj, f->key, f->choices[*(const int *)p]);
-            break;
-        case SF_FT_INT_PAIR:
-        case SF_FT_INT_HW: /* HW: one number where both dimensions agree, as a square spec is written */
-            if (f->type == SF_FT_INT_HW && w == *(const int *)p) {
-                cJSON_AddNumberToObject(obj, f->key, w);
-            } else {
-                cJSON *a = cJSON_AddArrayToObject(obj, f->key);
-                cJSON_AddItemToArray(a, cJSON_CreateNumber(*(const int *)p));
-                cJSON_AddItemToArray(a, cJSON_CreateNumber(w));
-            }
-            break;
-        case SF_FT_INT_QUAD: {
-            cJSON *a = cJSON_AddArrayToObject(obj, f->key);
-            for (int j = 0; j < 4; j++)
-                cJSON_AddItemToArray(a, cJSON_CreateNumber(((const int *)p)[j]));
-            break;
-        }
-        }
-    }
 }

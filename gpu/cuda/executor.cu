@@ -399,8 +399,9 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                    g_mul_bcast(m, i), s))
                 return -1;
             break;
-        case SF_L_PRELU:
-            if (g_prelu_fwd(net, i, n, x, s))
+        case SF_L_PRELU: /* layers with fp32 parameters of their own, one executor file each */
+        case SF_L_CHANNEL_CONV1D:
+            if ((L->kind == SF_L_PRELU ? g_prelu_fwd : g_channel_conv1d_fwd)(net, i, n, x, s))
                 return -1;
             break;
         case SF_L_LAYER_SCALE:
@@ -901,6 +902,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             break;
         case SF_L_PRELU:
             if (g_prelu_bwd(net, i, b, n, dx, s))
+                return -1;
+            break;
+        case SF_L_CHANNEL_CONV1D:
+            if (g_channel_conv1d_bwd(net, i, b, n, dx, s))
                 return -1;
             break;
         case SF_L_LAYER_SCALE:

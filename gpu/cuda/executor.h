@@ -32,6 +32,7 @@
 #include "gpu/cuda/activation.h"
 #include "gpu/cuda/attention.h"
 #include "gpu/cuda/batchnorm.h"
+#include "gpu/cuda/channel_conv1d.h"
 #include "gpu/cuda/channels.h"
 #include "gpu/cuda/log_softmax.h"
 #include "gpu/cuda/groupnorm.h"

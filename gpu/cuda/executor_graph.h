@@ -489,6 +489,11 @@ int g_is_move(sf_layer_kind k);
 int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len, cudaStream_t s);
 int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
 int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s);
+/* executor_channel_conv1d.cu: channel_conv1d layer i's forward on x, and
+ * its backward into dx (NULL: no input gradient) with its parameters'
+ * gradients. */
+int g_channel_conv1d_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
+int g_channel_conv1d_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, cudaStream_t s);
 /* executor_prelu.cu: prelu layer i's forward on x, and its backward into dx
  * (NULL: not wanted) and its slopes' gradient (through the scratch). */
 int g_prelu_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);

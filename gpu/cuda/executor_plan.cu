@@ -69,7 +69,8 @@ static int g_storage(const sf_cuda_net *net, int i)
 
 /* Kinds whose backward reads their inputs beside dy (an activation's
  * derivative at x: every kind g_act_reads_x names, each factor of a product,
- * the layer scale's, scale_shift's and prelu's input for their gradients);
+ * the layer scale's, scale_shift's, prelu's and channel_conv1d's input for
+ * their gradients);
  * conv, convT, linear and batchnorm are listed where they are used. Dropout redraws its mask, concat slices
  * dy, the channel shuffle and slice move it: none reads x. */
 static int bwd_reads_inputs(sf_layer_kind k)
@@ -79,6 +80,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_LAYER_SCALE:
     case SF_L_SCALE_SHIFT:
     case SF_L_PRELU: /* its slopes' gradient and its mask */
+    case SF_L_CHANNEL_CONV1D: /* its weight's gradient */
     case SF_L_LAYERNORM2D:
     case SF_L_LAYERNORM:
     case SF_L_GROUPNORM:
@@ -781,6 +783,8 @@ size_t sf_exec_scratch_need(const sf_cuda_net *net, int n)
             WANT(sizeof(float) * sf_cuda_channel_scale_scratch(L->out_ch));
         if (L->kind == SF_L_PRELU)
             WANT(sizeof(float) * sf_cuda_prelu_scratch(L->out_ch));
+        if (L->kind == SF_L_CHANNEL_CONV1D)
+            WANT(sizeof(float) * sf_cuda_channel_conv1d_scratch(L->k));
         if (L->kind == SF_L_GROUPNORM && L->n_w)
             WANT(sf_cuda_groupnorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w));
     }

@@ -88,6 +88,9 @@ void sf_ref_layer_act_bwd(const sf_ref_io *io);
 /* prelu.c */
 void sf_ref_layer_prelu_fwd(const sf_ref_io *io);
 void sf_ref_layer_prelu_bwd(const sf_ref_io *io);
+/* channel_conv1d.c */
+void sf_ref_layer_channel_conv1d_fwd(const sf_ref_io *io);
+void sf_ref_layer_channel_conv1d_bwd(const sf_ref_io *io);
 /* mul.c */
 void sf_ref_layer_mul_fwd(const sf_ref_io *io);
 void sf_ref_layer_mul_bwd(const sf_ref_io *io);

@@ -365,6 +365,22 @@ void sf_ref_prelu_bwd(const float *x, int n, int c, size_t hw, const float *w, i
 void sf_ref_prelu_bwd_f64(const double *x, int n, int c, size_t hw, const double *w, int np, const double *dy,
                           double *dx, double *dw);
 
+/* ---- a convolution across channels (channel_conv1d.c) -------------------------- */
+/* ECA's Conv1d(1, 1, k, padding=pad) along each sample's c values (a pooled
+ * [c,1,1] map or [c] features): y[n][i] = (b ? b[0] : 0) + sum over j < k of
+ * w[j] * x[n][i + j - pad], x zero outside [0, c); k = 2 * pad + 1. */
+void sf_ref_channel_conv1d_fwd(const float *x, int n, int c, const float *w, const float *b, int k, int pad,
+                               float *y);
+void sf_ref_channel_conv1d_fwd_f64(const double *x, int n, int c, const double *w, const double *b, int k, int pad,
+                                   double *y);
+/* Its backward: dx[n][i] = sum over j of w[j] * dy[n][i - j + pad] (dx may be
+ * NULL); dw[j] = sum over n and i of dy[n][i] * x[n][i + j - pad] and
+ * db[0] = the sum of dy (NULL: no bias), written, in a fixed order. */
+void sf_ref_channel_conv1d_bwd(const float *x, int n, int c, const float *w, int k, int pad, const float *dy,
+                               float *dx, float *dw, float *db);
+void sf_ref_channel_conv1d_bwd_f64(const double *x, int n, int c, const double *w, int k, int pad, const double *dy,
+                                   double *dx, double *dw, double *db);
+
 /* ---- token sequences (tokens.c) ------------------------------------------------ */
 /* A token sequence is [n, t, c], token-major. */
 /* y[n][j][i] = x[n][i][j] for each sample's [rows, cols] matrix (a map's

@@ -87,6 +87,11 @@ def run_spec(spec, tensors, x):
         elif t == "prelu":
             assert p("weight").shape == (layer.get("num_parameters", 1),), name
             y = F.prelu(a[0], p("weight"))
+        elif t == "channel_conv1d":  # across a [N,C,1,1] map's or [N,C] features' channels
+            assert p("weight").shape == (1, 1, layer["k"]), name
+            flat = a[0].reshape(a[0].shape[0], 1, -1)
+            y = F.conv1d(flat, p("weight"), b("bias") if layer.get("bias", True) else None,
+                         padding=layer.get("pad", 0)).reshape(a[0].shape)
         elif t == "maxpool2d":
             y = F.max_pool2d(a[0], layer["k"], layer.get("stride", layer["k"]), layer.get("pad", 0),
                              ceil_mode=layer.get("ceil_mode", False))
@@ -1087,6 +1092,73 @@ def test_functional_prelu_of_slopes_other_than_a_weight_parameter_is_refused():
     with pytest.raises(ExportError, match="named weight") as e:
         convert(FunctionalPReLU(lambda m: m.alpha), (1, 3, 6, 6))
     assert "prelu" in e.value.op and e.value.module_path == ""
+
+
+class Eca(nn.Module):
+    """timm's EcaModule's forward() after a convolution: the pooled channels
+    viewed as [N, 1, C], a Conv1d across them, a gate, the map scaled by it
+    expanded; then conv's own pool through a second, biased one."""
+
+    def __init__(self, k=3, conv=None, gate=None, tail=None):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3)
+        self.conv = conv or nn.Conv1d(1, 1, k, padding=(k - 1) // 2, bias=False)
+        self.gate = gate or nn.Sigmoid()
+        self.head = nn.Conv1d(1, 1, 5, padding=2)
+        self.tail = tail
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = x.mean((2, 3)).view(x.shape[0], 1, -1)
+        y = self.gate(self.conv(y)).view(x.shape[0], -1, 1, 1)
+        if self.tail is not None:
+            return self.tail(x, y)
+        x = x * y.expand_as(x)
+        return torch.sigmoid(self.head(x.mean((2, 3)).reshape(x.shape[0], 1, -1))).flatten(1)
+
+
+def test_ecas_conv1d_across_the_pooled_channels_exports_as_channel_conv1d():
+    ex = assert_spec_computes_the_module(Eca(), hw=8)
+    assert [la["type"] for la in ex.spec["layers"]] == [
+        "conv2d", "global_avgpool", "channel_conv1d", "sigmoid", "mul", "global_avgpool", "channel_conv1d",
+        "sigmoid", "flatten"]
+    convs = [la for la in ex.spec["layers"] if la["type"] == "channel_conv1d"]
+    assert convs == [{"type": "channel_conv1d", "name": "conv", "k": 3, "pad": 1, "bias": False},
+                     {"type": "channel_conv1d", "name": "head", "k": 5, "pad": 2, "bias": True}]
+    assert ex.tensors["conv.weight"].shape == (1, 1, 3) and ex.tensors["head.bias"].shape == (1,)
+
+
+def _gate_alone(x, y):  # the gate as the output: a forward PyTorch runs whatever length the Conv1d leaves
+    return y.flatten(1)
+
+
+@pytest.mark.parametrize("model, why, path", [
+    (Eca(conv=nn.Conv1d(1, 1, 4, padding=1, bias=False), tail=_gate_alone), "k odd", "conv"),
+    (Eca(conv=nn.Conv1d(1, 1, 3, padding=0, bias=False), tail=_gate_alone), "padding=(k - 1) // 2", "conv"),
+    (Eca(conv=nn.Conv1d(1, 1, 3, padding=1, padding_mode="circular")), "padding_mode='circular'", "conv"),
+    (Eca(conv=nn.Conv1d(1, 2, 1), tail=_gate_alone), "Conv1d(1, 2, 1", "conv"),
+    (Eca(gate=nn.Softmax(dim=-1)), "viewed as [N, 1, C]", "gate"),
+    (Eca(tail=lambda x, y: x + y.expand_as(x)), "factor of a multiply", ""),
+], ids=["even_kernel", "shrinking_padding", "circular", "two_channels", "softmax_on_the_view", "expand_added"])
+def test_a_conv1d_or_view_the_service_cannot_run_is_refused_naming_the_module(model, why, path):
+    with pytest.raises(ExportError) as e:
+        convert(model, (1, 3, 8, 8))
+    assert why in str(e.value) and e.value.module_path == path, str(e.value)
+
+
+class Conv1dOnAMap(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seq = nn.Conv1d(3, 4, 3)
+
+    def forward(self, x):
+        return self.seq(x.flatten(2)).flatten(1)
+
+
+def test_a_conv1d_anywhere_else_is_refused_naming_what_is_supported():
+    with pytest.raises(ExportError, match="ECA's Conv1d") as e:
+        convert(Conv1dOnAMap(), (1, 3, 8, 8))
+    assert e.value.module_path == "seq"
 
 
 # ---- refusals -----------------------------------------------------------------------------

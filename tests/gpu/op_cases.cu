@@ -301,6 +301,23 @@ std::vector<op_case> op_cases()
         }
     t.push_back(row("prelu", "refused", cmp_prelu_refused, SF_DT_F32, {}, {}, 0));
 
+    /* channel_conv1d: ECA's kernels (3 and 5) over a small batch and over
+     * ResNet-50's pooled 2048 channels at batch 256 (many chunks), k 1, a
+     * kernel wider than the channels, with and without a bias; then a
+     * kernel that would not keep the channels */
+    for (const sf_dtype dt : k_dtypes)
+        for (const int bias : {0, 1}) {
+            t.push_back(row("channel_conv1d", "channel_conv1d", cmp_channel_conv1d, dt, {3, 64}, {3, bias}, 1e-6,
+                            1e-5));
+            t.push_back(row("channel_conv1d", "channel_conv1d", cmp_channel_conv1d, dt, {256, 2048}, {5, bias},
+                            1e-6, 1e-5));
+            t.push_back(row("channel_conv1d", "channel_conv1d", cmp_channel_conv1d, dt, {5, 7}, {9, bias}, 1e-6,
+                            1e-5));
+            t.push_back(row("channel_conv1d", "channel_conv1d", cmp_channel_conv1d, dt, {2, 33}, {1, bias}, 1e-6,
+                            1e-5));
+        }
+    t.push_back(row("channel_conv1d", "refused", cmp_channel_conv1d_refused, SF_DT_F32, {}, {}, 0));
+
     /* pad: each mode symmetric and asymmetric on an odd map (CycleGAN's
      * reflect 3, TensorFlow's "same" as a zero pad of one on the right and
      * bottom, a constant 0.5), reflect's largest pads (one below each

@@ -96,6 +96,8 @@ void cmp_log_softmax_refused(const op_case &c, const op_env &e);
 void cmp_mul(const op_case &c, const op_env &e);
 void cmp_channel_scale(const op_case &c, const op_env &e);
 void cmp_prelu(const op_case &c, const op_env &e);
+void cmp_channel_conv1d(const op_case &c, const op_env &e);
+void cmp_channel_conv1d_refused(const op_case &c, const op_env &e);
 void cmp_prelu_refused(const op_case &c, const op_env &e);
 void cmp_pad(const op_case &c, const op_env &e);
 void cmp_pad_refused(const op_case &c, const op_env &e);

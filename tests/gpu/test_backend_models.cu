@@ -30,7 +30,7 @@
  *  - ShuffleNetV2's stride-2 and stride-1 blocks (channel_shuffle, both
  *    chunks of a map as channel_slice layers, a slice as its input's only
  *    reader): 3 steps in fp32 and bf16, NCHW and NHWC.
- *  - the sub-pixel kinds with PReLU, affine, clamp and pad (pixel_unshuffle,
+ *  - the sub-pixel kinds with PReLU, affine, clamp, pad and channel_conv1d (pixel_unshuffle,
  *    pixel_shuffle, prelu per channel and single, affine, clamp with both
  *    gradient rules, pad in each mode
  *    with asymmetric pads, and a conv's fused ReLU read by a concat alone):
@@ -483,7 +483,10 @@ static int shuffle_model(sf_model &m)
  * whose fused ReLU output a concat alone reads (its backward takes the
  * ReLU's mask from the concatenation), pixel_shuffle by 2 back to 16x16,
  * circular then asymmetric replicate padding, a PReLU with one slope, a
- * clamp to [-0.5, 0.5] (hardtanh's rule), then the classifier. */
+ * clamp to [-0.5, 0.5] (hardtanh's rule), ECA's channel attention
+ * (channel_conv1d across the pooled channels, a sigmoid, the broadcast
+ * mul), then the classifier with a biased channel_conv1d across its
+ * features, a kernel wider than them. */
 static int sub_pixel_model(sf_model &m)
 {
     char err[300];
@@ -505,8 +508,13 @@ static int sub_pixel_model(sf_model &m)
         "{\"type\":\"pad\",\"name\":\"up.edge\",\"pad\":[2,0,0,2],\"mode\":\"replicate\"},"
         "{\"type\":\"prelu\",\"name\":\"up.act\"},"
         "{\"type\":\"clamp\",\"name\":\"up.clamp\",\"min\":-0.5,\"max\":0.5,\"grad\":\"hardtanh\"},"
+        "{\"type\":\"global_avgpool\",\"name\":\"eca.pool\"},"
+        "{\"type\":\"channel_conv1d\",\"name\":\"eca.conv\",\"k\":3,\"pad\":1,\"bias\":false},"
+        "{\"type\":\"sigmoid\",\"name\":\"eca.gate\"},"
+        "{\"type\":\"mul\",\"name\":\"eca\",\"inputs\":[\"up.clamp\",\"eca.gate\"]},"
         "{\"type\":\"global_avgpool\",\"name\":\"gap\"},"
         "{\"type\":\"flatten\",\"name\":\"f\"},"
+        "{\"type\":\"channel_conv1d\",\"name\":\"f.conv\",\"k\":5,\"pad\":2},"
         "{\"type\":\"linear\",\"name\":\"fc\",\"out\":5}]}";
     if (sf_model_from_json(js, &m, err, sizeof err)) {
         fail("sub-pixel model: %s", err);

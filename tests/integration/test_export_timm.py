@@ -153,12 +153,51 @@ class PoolFormerStyleNet(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
+class EcaModule(nn.Module):
+    """timm's EcaModule (ECA-Net's channel attention) as timm 1.0 writes
+    its forward(): the pooled channels viewed as a one-channel sequence, a
+    Conv1d across them, a sigmoid, and the map scaled by the gate expanded
+    over it."""
+
+    def __init__(self, k, bias=False):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 1, kernel_size=k, padding=(k - 1) // 2, bias=bias)
+        self.gate = nn.Sigmoid()
+
+    def forward(self, x):
+        y = x.mean((2, 3)).view(x.shape[0], 1, -1)
+        y = self.conv(y)
+        y = self.gate(y).view(x.shape[0], -1, 1, 1)
+        return x * y.expand_as(x)
+
+
+class EcaStyleNet(nn.Module):
+    """ECA-ResNet's bottleneck tail: conv, BatchNormAct2d, ECA (k 3, no
+    bias, as timm builds it) before the residual add, a second ECA with a
+    bias and k 5, then the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.bn1 = BatchNormAct2d(16)
+        self.conv2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.bn2 = BatchNormAct2d(16, act=False)
+        self.se = EcaModule(3)
+        self.se2 = EcaModule(5, bias=True)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.bn1(self.conv1(x))
+        x = F.relu(self.se(self.bn2(self.conv2(x))) + x)
+        return self.fc(self.se2(x).mean((2, 3)))
+
+
 def _labels(rng):
     return rng.integers(0, 10, BATCH)
 
 
-@pytest.mark.parametrize("build", [TimmStyleNet, pytest.param(PoolFormerStyleNet, marks=UNDER_ASAN)],
-                         ids=["batchnorm_act", "poolformer"])
+@pytest.mark.parametrize("build", [TimmStyleNet, pytest.param(PoolFormerStyleNet, marks=UNDER_ASAN), EcaStyleNet],
+                         ids=["batchnorm_act", "poolformer", "eca"])
 def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, spec_checker, build):  # noqa: F811
     torch.manual_seed(3)
     model = build()

@@ -18,6 +18,7 @@ CASES_PER_FAMILY = {
     "activation": 245,
     "attention": 15,
     "batchnorm": 102,
+    "channel_conv1d": 17,
     "channels": 45,
     "concat": 17,
     "conv": 263,

@@ -49,6 +49,20 @@ static const char *const SE_SPEC =
     "{\"type\":\"flatten\",\"name\":\"f\"},{\"type\":\"linear\",\"name\":\"fc\",\"out\":4},"
     "{\"type\":\"log_softmax\",\"name\":\"lsm\"}]}";
 
+/* ECA-ResNet's channel attention (timm's EcaModule): the pooled channels
+ * through channel_conv1d (k 3, no bias), a sigmoid, the broadcast mul; and
+ * a biased channel_conv1d across the flat features before the classifier. */
+static const char *const ECA_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"c0\",\"out\":6,\"k\":3,\"pad\":1},{\"type\":\"relu\",\"name\":\"r0\"},"
+    "{\"type\":\"global_avgpool\",\"name\":\"eca.pool\"},"
+    "{\"type\":\"channel_conv1d\",\"name\":\"eca.conv\",\"k\":3,\"pad\":1,\"bias\":false},"
+    "{\"type\":\"sigmoid\",\"name\":\"eca.gate\"},"
+    "{\"type\":\"mul\",\"name\":\"eca\",\"inputs\":[\"r0\",\"eca.gate\"]},"
+    "{\"type\":\"global_avgpool\",\"name\":\"gap\"},{\"type\":\"flatten\",\"name\":\"f\"},"
+    "{\"type\":\"channel_conv1d\",\"name\":\"f.conv\",\"k\":5,\"pad\":2},"
+    "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+
 /* ConvNeXt's block: layernorm2d, depthwise conv, linear over channels, GELU,
  * layer scale, stochastic depth, residual; a groupnorm, one without affine
  * (an instance norm: no parameters), upsamplings (nearest by a factor and to a

@@ -64,6 +64,16 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_true(pd[0].shape[2] == 3 && pd[0].shape[3] == 1);
     assert_true(r31->out_h == 4 && r31->out_w == 8); /* (8 + 2 - 3) / 2 + 1, 8 */
     assert_true(!sf_layer_conv_square(r13) && !sf_layer_conv_square(r31) && sf_layer_conv_square(g));
+    /* channel_conv1d holds nn.Conv1d(1, 1, k)'s weight [1, 1, k] and bias [1] */
+    static sf_model e;
+    assert_int_equal(sf_model_from_json(ECA_SPEC, &e, err, sizeof err), 0);
+    assert_int_equal(sf_layer_params(layer_named(&e, "eca.conv"), pd), 1);
+    assert_true(!strcmp(pd[0].suffix, "weight") && pd[0].ndim == 3 && pd[0].shape[0] == 1 && pd[0].shape[1] == 1 &&
+                pd[0].shape[2] == 3);
+    assert_int_equal(sf_layer_params(layer_named(&e, "f.conv"), pd), 2);
+    assert_true(pd[0].ndim == 3 && pd[0].shape[2] == 5 && !strcmp(pd[1].suffix, "bias") && pd[1].ndim == 1 &&
+                pd[1].shape[0] == 1);
+    assert_true(layer_named(&e, "eca.conv")->out_ch == 6 && layer_named(&e, "f.conv")->flat);
     const sf_layer *bn1d = layer_named(&m, "bn1d"); /* nn.BatchNorm1d on [N, 6]: 6 channels of 1x1 */
     assert_int_equal(sf_layer_params(bn1d, pd), 2);
     assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 6 && bn1d->flat && bn1d->out_ch == 6);
@@ -295,6 +305,14 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
     expect_json_error(HEAD "{\"type\":\"clamp\",\"max\":-1e39}]}", "layer 0", "max");
     expect_json_error(HEAD "{\"type\":\"clamp\",\"min\":0,\"grad\":\"closed\"}]}", "layer 0", "grad");
     expect_json_error(HEAD "{\"type\":\"prelu\",\"num_parameters\":2}]}", "layer 0", "1 or the input's 4");
+    /* channel_conv1d: a pooled map or features only, a kernel that keeps the channels */
+    expect_json_error(HEAD "{\"type\":\"channel_conv1d\",\"k\":3,\"pad\":1}]}", "layer 0", "[C,1,1] map");
+    expect_json_error(HEAD "{\"type\":\"global_avgpool\"},{\"type\":\"channel_conv1d\",\"k\":3}]}", "layer 1",
+                      "2 * pad + 1");
+    expect_json_error(HEAD "{\"type\":\"global_avgpool\"},{\"type\":\"channel_conv1d\",\"pad\":1}]}", "layer 1",
+                      "\"k\"");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"channel_conv1d\",\"k\":1}]}", "layer 1",
+                      "token sequence");
     /* pad: F.pad's bounds (input 8x8), crops and what PyTorch refuses */
     expect_json_error(HEAD "{\"type\":\"pad\"}]}", "layer 0", "missing \"pad\"");
     expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1]}]}", "layer 0", "[left, right, top, bottom]");

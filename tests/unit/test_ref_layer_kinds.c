@@ -4,7 +4,8 @@
  * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode, a
  * Vision Transformer's to_tokens, class_token, pos_embedding,
  * self_attention, select_token, token_mean, transpose_tokens, with linear and layernorm on tokens,
- * ShuffleNet's channel_shuffle and channel_slice, and pad in each mode):
+ * ShuffleNet's channel_shuffle and channel_slice, pad in each mode and ECA's
+ * channel_conv1d):
  *   - each kernel's backward against central finite differences of its
  *     forward, in double (the _f64 functions of gpu/ref), and the float
  *     forward against the double one;
@@ -149,6 +150,20 @@ static void prelu_bwd(const kcase *k, double *const *v, const double *dy, double
 static void prelu_fwd_f32(const kcase *k, float *const *v, float *y)
 {
     sf_ref_prelu_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], k->a[3], y);
+}
+
+/* channel_conv1d: a = n c k pad (v[1]: the weight [k], v[2]: the bias [1]) */
+static void cc1d_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_channel_conv1d_fwd_f64(v[0], k->a[0], k->a[1], v[1], v[2], k->a[2], k->a[3], y);
+}
+static void cc1d_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_channel_conv1d_bwd_f64(v[0], k->a[0], k->a[1], v[1], k->a[2], k->a[3], dy, g[0], g[1], g[2]);
+}
+static void cc1d_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_channel_conv1d_fwd(v[0], k->a[0], k->a[1], v[1], v[2], k->a[2], k->a[3], y);
 }
 
 /* avgpool2d: a = n c h w k stride pad cip oh ow */
@@ -498,6 +513,11 @@ static const kcase kcases[] = {
     {"prelu per channel", 2, {2 * 3 * 5, 3}, 2 * 3 * 5, 2, {2, 3, 5, 3}, prelu_fwd, prelu_bwd, prelu_fwd_f32},
     {"prelu one slope", 2, {2 * 3 * 5, 1}, 2 * 3 * 5, 2, {2, 3, 5, 1}, prelu_fwd, prelu_bwd, prelu_fwd_f32},
     {"prelu per feature", 2, {4 * 6, 6}, 4 * 6, 2, {4, 6, 1, 6}, prelu_fwd, prelu_bwd, prelu_fwd_f32},
+    /* channel_conv1d: ECA's k 3 and 5, and a kernel wider than the channels */
+    {"channel_conv1d k3", 3, {2 * 8, 3, 1}, 2 * 8, 1, {2, 8, 3, 1}, cc1d_fwd, cc1d_bwd, cc1d_fwd_f32},
+    {"channel_conv1d k5", 3, {3 * 6, 5, 1}, 3 * 6, 1, {3, 6, 5, 2}, cc1d_fwd, cc1d_bwd, cc1d_fwd_f32},
+    {"channel_conv1d k7 over 3 channels", 3, {2 * 3, 7, 1}, 2 * 3, 1, {2, 3, 7, 3}, cc1d_fwd, cc1d_bwd,
+     cc1d_fwd_f32},
     {"avgpool2d k3 s2 p1 ceil, count_include_pad", 1, {2 * 2 * 6 * 6}, 2 * 2 * 4 * 4, 1,
      {2, 2, 6, 6, 3, 2, 1, 1, 4, 4}, ap_fwd, ap_bwd, NULL},
     {"avgpool2d k3 s2 p1 ceil, padding not counted", 1, {2 * 2 * 6 * 6}, 2 * 2 * 4 * 4, 1,
@@ -903,9 +923,9 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 #include "tests/unit/layer_kind_specs.h"
 
 static const char *const *const SPECS[] = {&GROUPED_SPEC, &SE_SPEC, &CONVNEXT_SPEC, &DENSE_SPEC, &VIT_SPEC,
-                                           &SHUFFLE_SPEC, &PAD_SPEC};
+                                           &SHUFFLE_SPEC, &PAD_SPEC, &ECA_SPEC};
 static const char *const SPEC_NAMES[] = {"grouped", "squeeze-excitation", "convnext", "densenet", "vit",
-                                         "shufflenet", "pad"};
+                                         "shufflenet", "pad", "eca"};
 
 typedef struct rig {
     sf_backend *be;

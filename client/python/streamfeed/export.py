@@ -63,8 +63,9 @@ from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_reci
 from .export_folds import clamp_activation
 from .export_pad import PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec
 from .export_channels import ChannelViews
+from .export_eca import CONV1D_REFUSAL, ChannelConvs
 from .export_scale_shift import addcmul_operands, bias_of_product, scale_shift as scale_shift_layer
-from .export_values import (_Attention, _ChannelParam, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val,
+from .export_values import (_Attention, _Broadcast, _ChannelParam, _ChannelSeq, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val,
                             _need_nchw, _spatial)
 from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
                                SUPPORTED_MODULES, _REDUCTIONS, _act_fields, _supported_functions)
@@ -190,7 +191,7 @@ _POOL_FUNCTIONS: Dict[Any, str] = {F.max_pool2d: "maxpool2d", torch.max_pool2d: 
                                    F.max_pool2d_with_indices: "maxpool2d", F.avg_pool2d: "avgpool2d"}
 
 
-class _Converter(ChannelViews):
+class _Converter(ChannelViews, ChannelConvs):
     def __init__(self, module: nn.Module, gm: torch.fx.GraphModule):
         self.module, self.gm = module, gm
         self.b = _Builder(module)
@@ -206,7 +207,7 @@ class _Converter(ChannelViews):
             v = self.vals.get(a)
             if isinstance(v, _Val):
                 return v
-            if isinstance(v, (_TokenSlice, _ChannelParam)):
+            if isinstance(v, (_TokenSlice, _ChannelParam, _ChannelSeq, _Broadcast)):
                 raise ExportError(v.misused(what), op=self.opname(node), module_path=_path_of(node))
             if a.op == "get_attr":
                 raise ExportError(f"uses the tensor {a.target} of the module as an {what}; only a [C,1,1] "
@@ -346,7 +347,7 @@ class _Converter(ChannelViews):
         return self.convert_function(n)
 
     # -- modules --
-    def convert_module(self, n: torch.fx.Node) -> Union[_Val, "_Attention", str]:
+    def convert_module(self, n: torch.fx.Node) -> Union[_Val, "_Attention", _ChannelSeq, str]:
         path = str(n.target)
         mod: Any = self.gm.get_submodule(path)
         op = _op_name(n, mod)
@@ -354,6 +355,11 @@ class _Converter(ChannelViews):
             return self.attention(n, mod, op, path)
         if not n.args or n.kwargs or len(n.args) != 1:
             raise ExportError("is called with other than one tensor argument", op=op, module_path=path)
+        seq = self.vals.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
+        if isinstance(seq, _ChannelSeq):
+            return self.channel_seq_module(n, seq, mod, op, path)
+        if isinstance(mod, nn.Conv1d):
+            raise ExportError(CONV1D_REFUSAL, op=op, module_path=path)
         padded = self.vals.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
         padded = padded if isinstance(padded, _Padded) and isinstance(mod, nn.Conv2d) else None
         x = padded.x if padded else self.val(n.args[0], n)
@@ -792,6 +798,8 @@ class _Converter(ChannelViews):
         first = self.vals.get(n.args[0]) if n.args and isinstance(n.args[0], torch.fx.Node) else None
         if isinstance(first, _Grouped):
             return self.shuffle_step(n, first, meth, op, path)
+        if isinstance(first, _ChannelSeq):
+            return self.channel_seq_function(n, first, meth, out, op, path)
         if t is operator.getitem and isinstance(first, _Pieces):
             return self.take_piece(n, first, op, path)
         if t in (torch.channel_shuffle, F.channel_shuffle, torch.native_channel_shuffle):
@@ -875,6 +883,8 @@ class _Converter(ChannelViews):
                 raise ExportError(f"expands the module tensor {target}; supported is a [1,1,C] parameter expanded "
                                   "over the batch as a class token", op=op, module_path=path)
             return _Expanded(target, tuple(int(d) for d in p.shape))
+        if meth in ("expand", "expand_as") and isinstance(first, _Val):
+            return self.broadcast(n, first, out, op, path)
         if t is operator.getitem:
             a0 = n.args[0]
             src = self.vals.get(a0) if isinstance(a0, torch.fx.Node) else None
@@ -997,7 +1007,8 @@ class _Converter(ChannelViews):
                           "x[:, a:].mean(dim=1) (the mean of the tokens from a on)", op=op, module_path=path,
                           supported=_supported_functions())
 
-    def reduce(self, n: torch.fx.Node, how: str, dim_arg: Any, keep: bool, op: str, path: str) -> _Val:
+    def reduce(self, n: torch.fx.Node, how: str, dim_arg: Any, keep: bool, op: str,
+               path: str) -> Union[_Val, _ChannelSeq]:
         """A mean, sum or amax over the spatial dimensions (2,3) of a map:
         global_avgpool (a sum: then an affine layer times H*W), or for amax
         of a square map a maxpool2d of its size; a mean or sum over the
@@ -1029,6 +1040,8 @@ class _Converter(ChannelViews):
             y = self.b.emit("maxpool2d", self.fname(n, how), [x], (c, 1, 1), k=h)
         else:
             y = self.b.emit("global_avgpool", self.fname(n, how), [x], (c, 1, 1))
+            if how == "mean" and not keep and self.channel_seq_mean(n, c):
+                return _ChannelSeq(y)  # ECA's view to [N, 1, C] reads it (export_eca.py)
         y = y if keep else self.flatten(path, y, n, op, 1, -1)
         return self.scaled(n, y, h * w) if how == "sum" else y
 
@@ -1132,7 +1145,9 @@ class _Converter(ChannelViews):
             owner, leaf, f = scale_param(self.b.state, target, len(attrs), x, op, path,
                                          isinstance(viewed, _ChannelParam))
             return self.b.emit("layer_scale", owner, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=[leaf], **f)
-        a, c = self.val(a0, n), self.val(a1, n)
+        a, c = (v.x if isinstance(v, _Broadcast) else self.val(arg, n)
+                for arg, v in ((a0, self.vals.get(a0) if isinstance(a0, torch.fx.Node) else None),
+                               (a1, self.vals.get(a1) if isinstance(a1, torch.fx.Node) else None)))
         if len(c.shape) == 3 and len(a.shape) == 3 and a.shape[1:] == (1, 1) and c.shape[1:] != (1, 1):
             a, c = c, a  # the service's mul takes the full map first, the [C,1,1] scale second
         ok = a.shape == c.shape or (len(a.shape) == 3 and c.shape == (a.shape[0], 1, 1))
@@ -1153,7 +1168,7 @@ _SOFTMAX_REFUSAL = ("softmax is not supported: the service trains with cross-ent
 
 _KNOWN_MODULES = (*MODULE_ACTIVATIONS, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm,
                   nn.InstanceNorm2d, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.MaxPool2d,
-                  nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
+                  nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Conv1d, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
                   nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle,
                   nn.Hardtanh, nn.PixelShuffle, nn.PixelUnshuffle, nn.PReLU, *PAD_MODULES)
 

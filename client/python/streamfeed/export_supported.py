@@ -57,6 +57,8 @@ SUPPORTED_MODULES: Dict[str, str] = {
     "ChannelShuffle": "channel_shuffle",
     "PixelShuffle": "pixel_shuffle", "PixelUnshuffle": "pixel_unshuffle",
     "PReLU": "prelu (num_parameters 1, or the channels of a map or the features of [N, F])",
+    "Conv1d": "channel_conv1d: Conv1d(1, 1, k, padding=(k - 1) // 2), k odd, across the pooled channels "
+              "x.mean((2, 3)).view(n, 1, -1) (ECA); nowhere else",
 }
 SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "operator.add, operator.iadd, torch.add, Tensor.add": "add (two tensors of one shape)",
@@ -73,6 +75,9 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "torch.cat": "concat (maps along channels, flat features along dim 1); class_token (a [1,1,C] parameter "
                  "expanded over the batch, in front of a token sequence)",
     "Tensor.expand": "of a parameter, as torch.cat's class token",
+    "x.mean((2, 3)).view(n, 1, -1), a Conv1d and activations on it, then view(n, -1, 1, 1) and "
+    "Tensor.expand_as / Tensor.expand of it as a factor of a multiply": "global_avgpool, channel_conv1d, the "
+    "activations, mul broadcasting the [C,1,1] gate (ECA's channel attention; the views cost nothing)",
     "operator.add of a parameter": "pos_embedding (a [1,T,C] parameter added to a token sequence)",
     "Tensor.reshape(n, C, h*w) then Tensor.permute(0,2,1), Tensor.flatten(2) then Tensor.transpose(1,2)":
         "to_tokens (a map as a token sequence, VisionTransformer's patch embedding)",

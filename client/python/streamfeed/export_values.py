@@ -117,6 +117,31 @@ class _TokenSlice:
                 "input of a mean over the tokens (dim=1) only")
 
 
+@dataclass
+class _ChannelSeq:
+    """The pooled channels of a map viewed as a one-channel sequence
+    [N, 1, C] (ECA's x.mean((2, 3)).view(n, 1, -1)); x is the service's
+    [C,1,1] map, which holds the same values in a row in either layout
+    (export_eca.py)."""
+    x: _Val
+
+    def misused(self, what: str) -> str:
+        return (f"takes the pooled channels viewed as [N, 1, C] as its {what}; such a view is supported as the "
+                "input of nn.Conv1d(1, 1, k, padding=(k - 1) // 2), of an activation and of a view back to "
+                "[N, C, 1, 1] or [N, C] (ECA's channel attention)")
+
+
+@dataclass
+class _Broadcast:
+    """A [C,1,1] map expanded to [C,H,W] (y.expand_as(x)), which only a
+    multiply reads: the service's mul broadcasts a [C,1,1] factor itself."""
+    x: _Val
+
+    def misused(self, what: str) -> str:
+        return (f"takes a [C,1,1] map expanded to [C,H,W] as its {what}; such an expansion is supported as a "
+                "factor of a multiply only")
+
+
 def _spatial(shape: Tuple[int, ...], op: str, path: str) -> Tuple[int, int, int]:
     if len(shape) != 3:
         raise ExportError(f"needs a [C,H,W] map, not a tensor of per-sample shape {list(shape)}", op=op,

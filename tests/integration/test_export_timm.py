@@ -216,7 +216,8 @@ def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, sp
 # ese_vovnet19b_dw (28 s, at 64x64: its last max pool has a 2x2 map at
 # 32x32, which PyTorch pools to 1x1 with ceil_mode and the service refuses as
 # a kernel larger than its input) and poolformer_s12 (101 s on a loaded
-# machine). STREAMFEED_TIMM_MODELS runs them.
+# machine) and ecaresnet26t (16 s; its ECA is EcaStyleNet's, above).
+# STREAMFEED_TIMM_MODELS runs them.
 TIMM_MODELS = {
     "lcnet_050": "BatchNormAct2d with hard-swish, depthwise convolutions, SE with hard-sigmoid, a conv head",
     "mobilenetv3_small_050": "timm's MobileNetV3: BatchNormAct2d, hard-swish, SE, a conv head after the pool",

@@ -404,4 +404,37 @@ static __attribute__((unused)) void check_lay(const char *nm, const char *what, 
     check_dt(subname(nm, what), b.dt, from_lay(down_dt(b, (size_t)n * c * h * w), lay, n, c, h, w), ref, tol32);
 }
 
+/* A parameter's gradient is a sum of many terms of random sign, far smaller
+ * than the sum of their sizes (its mass): fp32 accumulation in any order is
+ * off by a few ulps of the mass, not of the result. Each got[j] passes
+ * within tol of ref[j] or 1e-7 of mass[j] (under two fp32 ulps of it),
+ * where one lost or doubled term of average size is 1 / terms of the mass,
+ * far beyond it; a NaN fails. what names element j in a failure ("slope",
+ * "tap"). */
+static __attribute__((unused)) void check_param_sums(const char *name, const char *what,
+                                                     const std::vector<float> &got, const std::vector<double> &ref,
+                                                     const std::vector<double> &mass, double tol)
+{
+    size_t worst = 0;
+    double wr = 0.0;
+    for (size_t j = 0; j < ref.size(); j++) {
+        const double allow = fmax(tol * fabs(ref[j]), 1e-7 * mass[j]), e = fabs((double)got[j] - ref[j]);
+        double r = allow > 0 ? e / allow : (e > 0 ? INFINITY : 0);
+        if (r != r)
+            r = INFINITY;
+        if (r > wr) {
+            wr = r;
+            worst = j;
+        }
+    }
+    if (wr > 1.0) {
+        g_fail++;
+        printf("FAIL %s: %s %zu %.9g vs %.9g, %.3g of the allowance (tol %g of the value, 1e-7 of the terms' "
+               "mass %.6g)\n", name, what, worst, got[worst], ref[worst], wr, tol, mass[worst]);
+    } else {
+        g_ok++;
+        printf("ok %s (worst %.2f of the allowance)\n", name, wr);
+    }
+}
+
 #endif

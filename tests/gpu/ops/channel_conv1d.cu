@@ -14,10 +14,8 @@
 
 #include "gpu/cuda/channel_conv1d.h"
 
-/* Each tap's gradient sums dy * x over n * c terms of random sign: fp32
- * accumulation in any order is off by a few ulps of their mass, not of the
- * result. Each passes within tol of its value or 1e-7 of its terms' mass,
- * where one lost or doubled term is about 1 / (n * c) of it. */
+/* Each tap's gradient sums dy * x over n * c terms of random sign (the
+ * bias's, dy alone): check_param_sums (op_test.h) bounds it by their mass. */
 static void check_param_grads(const char *name, const std::vector<float> &got, const std::vector<double> &ref,
                               const std::vector<double> &x, const std::vector<double> &dy, int n, int c, int k,
                               int pad, int nj, double tol)
@@ -34,26 +32,7 @@ static void check_param_grads(const char *name, const std::vector<float> &got, c
             if (nj > k)
                 mass[k] += fabs(d);
         }
-    int worst = 0;
-    double wr = 0.0;
-    for (int j = 0; j < nj; j++) {
-        const double allow = fmax(tol * fabs(ref[j]), 1e-7 * mass[j]), e = fabs((double)got[j] - ref[j]);
-        double r = allow > 0 ? e / allow : (e > 0 ? INFINITY : 0);
-        if (r != r)
-            r = INFINITY;
-        if (r > wr) {
-            wr = r;
-            worst = j;
-        }
-    }
-    if (wr > 1.0) {
-        g_fail++;
-        printf("FAIL %s: %s %d %.9g vs %.9g, %.3g of the allowance (tol %g, 1e-7 of the terms' mass %.6g)\n", name,
-               worst < k ? "tap" : "bias", worst, got[worst], ref[worst], wr, tol, mass[worst]);
-    } else {
-        g_ok++;
-        printf("ok %s (worst %.2f of the allowance)\n", name, wr);
-    }
+    check_param_sums(name, "tap (k: the bias)", got, ref, mass, tol);
 }
 
 /* shape {n, c}; p {k, bias (0 or 1)}; tol: y and dx; tol_param: the

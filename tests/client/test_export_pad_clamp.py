@@ -221,6 +221,18 @@ def _conv_act(s, x):
     return s.act(s.conv(x))
 
 
+@pytest.mark.parametrize("f", [
+    lambda s, x: F.pad(s.conv(x).permute(0, 2, 3, 1), (0, 0, 0, 0, 0, 0)).permute(0, 3, 1, 2),
+    lambda s, x: F.pad(s.conv(x).flatten(2).transpose(1, 2), (0, 0, 0, 0)).mean(1),
+    lambda s, x: s.pad(s.conv(x)),
+], ids=["channels-last-three-dims", "tokens", "ZeroPad2d-0"])
+def test_a_padding_of_zeros_is_nothing_whatever_it_pads(f):
+    """Swin's and EfficientViT's F.pad of a window size that already divides
+    the map pads nothing: no layer, on a channels-last map or tokens too."""
+    ex = assert_spec_computes_the_module(Stemmed(f, pad=nn.ZeroPad2d(0)), hw=8)
+    assert "pad" not in [la["type"] for la in ex.spec["layers"]], ex.spec["layers"]
+
+
 class Clamped(nn.Module):
     """Clamps at bounds other than relu's and relu6's in each spelling: nn.Hardtanh() at its default [-1, 1],
     nn.Hardtanh(-2, 0.5, inplace=True), F.hardtanh and its in-place spellings, torch.clamp, torch.clip, the

@@ -61,7 +61,8 @@ from .export_error import ExportError
 from .export_trace import LEAF_NAMES, Tracer, fold_shape_numbers
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
 from .export_folds import clamp_activation
-from .export_pad import PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec
+from .export_pad import (PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec,
+                         pads_nothing)
 from .export_channels import ChannelViews
 from .export_eca import CONV1D_REFUSAL, ChannelConvs
 from .export_scale_shift import addcmul_operands, bias_of_product, scale_shift as scale_shift_layer
@@ -490,7 +491,10 @@ class _Converter(ChannelViews, ChannelConvs):
         """Padding of a map: zeros that one nn.Conv2d reads fold into its pad
         where they can (no layer), anything else is a pad layer (export_pad)."""
         op, path = self.opname(n), _path_of(n)
-        spec = pad_spec(n, self.gm.get_submodule(path) if n.op == "call_module" else None, op, path)
+        mod = self.gm.get_submodule(path) if n.op == "call_module" else None
+        if pads_nothing(n, mod):
+            return self.val(n.args[0], n)
+        spec = pad_spec(n, mod, op, path)
         x = self.val(n.args[0], n)
         pad_input(x, op, path)
         _need_nchw(x, op, path)

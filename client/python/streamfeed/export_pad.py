@@ -37,7 +37,7 @@ from .export_error import ExportError
 from .export_values import _Padded, _Val
 
 __all__ = ["PAD_MODULES", "PadSpec", "is_pad", "pad_spec", "pad_input", "folds_into_conv", "conv_sides", "conv_pads",
-           "emit_pad"]
+           "emit_pad", "pads_nothing"]
 
 # The padding modules by class (subclasses are not these), with their mode;
 # nn.CircularPad2d where the installed torch has it (2.1 and later).
@@ -83,6 +83,15 @@ def _pad_args(n: torch.fx.Node, mod: Optional[nn.Module]) -> Tuple[Any, Any, Any
         return n.args[i] if len(n.args) > i else n.kwargs.get(kw, default)
     value = arg(3, "value", None)
     return arg(1, "pad", None), arg(2, "mode", "constant"), 0.0 if value is None else value
+
+
+def pads_nothing(n: torch.fx.Node, mod: Optional[nn.Module]) -> bool:
+    """Whether a padding adds nothing on any side of any dimension (Swin's
+    and EfficientViT's F.pad of a window size that already divides the
+    map): the identity, whatever tensor it pads."""
+    pads = _pad_args(n, mod)[0]
+    pads = pads if isinstance(pads, (tuple, list)) else [pads]
+    return all(_number(p) and p == 0 for p in pads)
 
 
 def _number(v: Any) -> bool:

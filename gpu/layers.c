@@ -72,7 +72,12 @@ static const sf_layer_field adaptive_fields[] = {
     {"out", SF_FT_INT_PAIR, OFF(out_size), 1, SF_MAX_SPATIAL, 1, SF_FF_REQUIRED, NULL, "output [h, w]"},
     F_END,
 };
-static const sf_layer_field ln_fields[] = {F_EPS(0), F_END};
+/* A norm's bias may be left out (timm's MetaFormer v2 norms: LayerNorm2dNoBias,
+ * LayerNormNoBias, GroupNorm1NoBias; nn.LayerNorm(bias=False)); the CUDA
+ * kernels take one. */
+#define F_NORM_BIAS(what) {"bias", SF_FT_BOOL, OFF(bias), 0, 1, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL, what}
+static const sf_layer_field ln_fields[] = {
+    F_EPS(0), F_NORM_BIAS("a bias parameter (false: nn.LayerNorm(bias=False), timm's LayerNorm2dNoBias)"), F_END};
 static const char *const upsample_modes[] = {"nearest", "bilinear", NULL};
 static const sf_layer_field upsample_fields[] = {
     {"scale", SF_FT_INT, OFF(scale), 1, SF_MAX_KERNEL, 0, SF_FF_IF_SET, NULL,
@@ -91,6 +96,7 @@ static const sf_layer_field gn_fields[] = {
     F_EPS(0),
     {"affine", SF_FT_BOOL, OFF(affine), 0, 1, 1, SF_FF_IF_SET, NULL,
      "a weight and a bias parameter (false: nn.GroupNorm(affine=False), nn.InstanceNorm2d's default)"},
+    F_NORM_BIAS("with affine, a bias parameter beside the weight (false: timm's GroupNorm1NoBias)"),
     F_END,
 };
 static const sf_layer_field gelu_fields[] = {
@@ -862,11 +868,17 @@ static int affine_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
     return 2;
 }
 
-/* groupnorm: weight and bias [C] where affine, none without (nn.GroupNorm's
+/* layernorm, layernorm2d: weight [C], and bias [C] unless the layer leaves it out. */
+static int ln_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
+{
+    return affine_params(L, pd) - !L->bias;
+}
+
+/* groupnorm: as layernorm's where affine, none without (nn.GroupNorm's
  * state_dict then holds nothing for the layer). */
 static int gn_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 {
-    return L->affine ? affine_params(L, pd) : 0;
+    return L->affine ? ln_params(L, pd) : 0;
 }
 
 /* ConvNeXt's CNBlock.layer_scale, [C,1,1]. */
@@ -1149,6 +1161,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
                "exporter's layer for torch.clamp, clip, clamp_min, clamp_max, nn.Hardtanh and F.hardtanh at "
                "bounds other than ReLU's and ReLU6's; the gradient is dy strictly between the bounds, 0 at or "
                "beyond one (at a bound too under \"clamp_closed\", torch.clamp's rule before torch 2.15)"},
+    /* On the activations' reference hooks (SF_ACT_SQUARE); the CUDA
+     * activation kernels do not run it yet. */
+    [SF_L_SQUARE] = {
+        .name = "square", .torch = "torch.square, x ** 2", .min_in = 1, .max_in = 1, .fields = no_fields,
+        .shape = same_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd,
+        .doc = "x * x elementwise, on maps, features or tokens (timm's StarReLU is relu, square, then a "
+               "one-value scale_shift; its SquaredReLU relu, square); the gradient is 2 * x * dy"},
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,
@@ -1187,14 +1206,14 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "average pooling to an output size, PyTorch's bins"},
     [SF_L_LAYERNORM2D] = {
         .name = "layernorm2d", .torch = "torchvision LayerNorm2d", .min_in = 1, .max_in = 1, .needs_map = 1,
-        .fields = ln_fields, .shape = ln2d_shape, .params = affine_params, .init = ones_zeros_init,
+        .fields = ln_fields, .shape = ln2d_shape, .params = ln_params, .init = ones_zeros_init,
         .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd, .cuda = 1,
-        .doc = "LayerNorm over the channels of each pixel; weight, bias [C]"},
+        .doc = "LayerNorm over the channels of each pixel; weight, bias [C] (`bias`: false leaves it out)"},
     [SF_L_LAYERNORM] = {
         .name = "layernorm", .torch = "nn.LayerNorm(F)", .min_in = 1, .max_in = 1, .fields = ln_fields,
-        .shape = ln_shape, .params = affine_params, .init = ones_zeros_init,
+        .shape = ln_shape, .params = ln_params, .init = ones_zeros_init,
         .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd, .cuda = 1, .cuda_tokens = 1,
-        .doc = "LayerNorm over the features of a flat tensor; weight, bias [F]"},
+        .doc = "LayerNorm over the features of a flat tensor; weight, bias [F] (`bias`: false leaves it out)"},
     [SF_L_CONCAT] = {
         .name = "concat", .torch = "torch.cat(dim=1)", .min_in = 2, .max_in = SF_MAX_IN, .fields = no_fields,
         .shape = concat_shape, .ref_fwd = sf_ref_layer_concat_fwd, .ref_bwd = sf_ref_layer_concat_bwd,
@@ -1231,7 +1250,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .ref_bwd = sf_ref_layer_groupnorm_bwd, .cuda = 1,
         .doc = "GroupNorm: each sample's channels in num_groups groups, each normalised over its channels and "
                "positions (no running statistics: the same in training and eval); weight, bias [C] where affine "
-               "(nn.InstanceNorm2d is a group per channel)"},
+               "(`bias`: false leaves the bias out; nn.InstanceNorm2d is a group per channel)"},
     [SF_L_LOG_SOFTMAX] = {
         .name = "log_softmax", .torch = "nn.LogSoftmax(dim=1), F.log_softmax(x, dim=1) on [N, F]", .min_in = 1,
         .max_in = 1, .fields = no_fields, .shape = log_softmax_shape, .ref_fwd = sf_ref_layer_log_softmax_fwd,

@@ -32,6 +32,7 @@ static int act_of(sf_layer_kind k)
     case SF_L_MISH: return SF_ACT_MISH;
     case SF_L_AFFINE: return SF_ACT_AFFINE;
     case SF_L_CLAMP: return SF_ACT_CLAMP;
+    case SF_L_SQUARE: return SF_ACT_SQUARE;
     default: return SF_ACT_GELU;
     }
 }
@@ -100,6 +101,7 @@ void SF_FN(sf_ref_act_fwd)(int act, sf_act_prm prm, const T *x, size_t len, T *y
         case SF_ACT_SOFTPLUS: r = v * pa > pb ? v : log1p(exp(v * pa)) / pa; break;
         case SF_ACT_MISH: r = v * tanh(log1p(exp(v))); break;
         case SF_ACT_AFFINE: r = v * pa + pb; break; /* PyTorch's x * c + d: two roundings */
+        case SF_ACT_SQUARE: r = v * v; break;
         case SF_ACT_CLAMP: r = v < pa ? pa : v > pb ? pb : v; break; /* -0 within [0, 1] stays -0, as torch's */
         default: r = (T)0.5 * v * ((T)1 + erf(v * (T)0.7071067811865476)); break;
         }
@@ -171,6 +173,7 @@ void SF_FN(sf_ref_act_bwd)(int act, sf_act_prm prm, const T *x, const T *dy, siz
             break;
         }
         case SF_ACT_AFFINE: d = pa; break;
+        case SF_ACT_SQUARE: d = (T)2 * v; break; /* PyTorch's pow_backward: 2 * x * dy */
         case SF_ACT_CLAMP: {
             /* clamp tests x > min and x < max (a NaN fails both), hardtanh
              * zeroes where x <= min or x >= max (a NaN passes), the closed

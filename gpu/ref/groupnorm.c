@@ -79,8 +79,12 @@ void SF_FN(sf_ref_groupnorm_bwd)(const T *x, int n, int c, size_t hw, int g, con
 {
     const int cg = c / g;
     const size_t m = (size_t)cg * hw;
-    for (int ch = 0; dgamma && ch < c; ch++)
-        dgamma[ch] = dbeta[ch] = 0;
+    for (int ch = 0; ch < c; ch++) {
+        if (dgamma)
+            dgamma[ch] = 0;
+        if (dbeta)
+            dbeta[ch] = 0;
+    }
     for (int ni = 0; ni < n; ni++)
         for (int gi = 0; gi < g; gi++) {
             const size_t o = ((size_t)ni * c + (size_t)gi * cg) * hw;
@@ -97,7 +101,8 @@ void SF_FN(sf_ref_groupnorm_bwd)(const T *x, int n, int c, size_t hw, int g, con
                     sux += u * xh;
                     if (dgamma) {
                         dgamma[ch] += dy[e] * xh;
-                        dbeta[ch] += dy[e];
+                        if (dbeta)
+                            dbeta[ch] += dy[e];
                     }
                 }
             }

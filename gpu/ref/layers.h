@@ -182,7 +182,8 @@ void sf_ref_adaptive_avgpool2d_bwd_f64(const double *dy, int n, int c, int h, in
 
 /* ---- layer norm ----------------------------------------------------------- */
 /* LayerNorm over c at each of hw positions of [n, c, hw] (biased variance,
- * eps inside the square root): y = (x - mean) / sqrt(var + eps) * gamma[c] + beta[c].
+ * eps inside the square root): y = (x - mean) / sqrt(var + eps) * gamma[c] + beta[c]
+ * (beta NULL: 0, a layer without a bias).
  * The backward writes dx and, when not NULL, dgamma and dbeta ([c]). */
 void sf_ref_layernorm_fwd(const float *x, int n, int c, size_t hw, const float *gamma, const float *beta,
                           float eps, float *y);
@@ -336,7 +337,7 @@ void sf_ref_dropout2d_fwd_f64(const double *x, int n, int c, size_t hw, float p,
  * (SF_CLAMP_GRAD_*, gpu/model.h). */
 enum { SF_ACT_RELU6 = 0, SF_ACT_SIGMOID, SF_ACT_SILU, SF_ACT_HARDSWISH, SF_ACT_HARDSIGMOID, SF_ACT_GELU,
        SF_ACT_GELU_TANH, SF_ACT_TANH, SF_ACT_LEAKY_RELU, SF_ACT_ELU, SF_ACT_SELU, SF_ACT_SOFTPLUS, SF_ACT_MISH,
-       SF_ACT_AFFINE, SF_ACT_CLAMP };
+       SF_ACT_AFFINE, SF_ACT_CLAMP, SF_ACT_SQUARE };
 /* An activation's parameters, by value (gpu/cuda/activation.h's
  * sf_cuda_act_prm is laid out alike). */
 typedef struct sf_act_prm {

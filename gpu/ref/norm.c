@@ -63,7 +63,7 @@ static void SF_FN(ln_stats)(const T *p, int c, size_t hw, T eps, T *mean, T *inv
     *invstd = (T)1 / SF_SQRT(v / (T)c + eps);
 }
 
-/* y[n][c][p] = (x - mean[n][p]) * invstd[n][p] * gamma[c] + beta[c]. */
+/* y[n][c][p] = (x - mean[n][p]) * invstd[n][p] * gamma[c] + beta[c] (beta NULL: 0). */
 void SF_FN(sf_ref_layernorm_fwd)(const T *x, int n, int c, size_t hw, const T *gamma, const T *beta, T eps, T *y)
 {
     for (int ni = 0; ni < n; ni++)
@@ -73,7 +73,7 @@ void SF_FN(sf_ref_layernorm_fwd)(const T *x, int n, int c, size_t hw, const T *g
             T mu, is;
             SF_FN(ln_stats)(xp, c, hw, eps, &mu, &is);
             for (int ci = 0; ci < c; ci++)
-                yp[(size_t)ci * hw] = (xp[(size_t)ci * hw] - mu) * is * gamma[ci] + beta[ci];
+                yp[(size_t)ci * hw] = (xp[(size_t)ci * hw] - mu) * is * gamma[ci] + (beta ? beta[ci] : (T)0);
         }
 }
 

@@ -79,6 +79,8 @@ def run_spec(spec, tensors, x):
             y = F.softplus(a[0], layer["beta"], layer["threshold"])
         elif t == "mish":
             y = F.mish(a[0])
+        elif t == "square":
+            y = torch.square(a[0])
         elif t == "affine":
             y = a[0] * layer.get("scale", 1.0) + layer.get("shift", 0.0)
         elif t == "clamp":
@@ -130,12 +132,15 @@ def run_spec(spec, tensors, x):
         elif t == "concat":
             assert 2 <= len(a) <= 64
             y = torch.cat(a, 1)
-        elif t == "layernorm2d":
-            c = a[0].shape[1]
-            y = F.layer_norm(a[0].permute(0, 2, 3, 1), (c,), p("weight"), p("bias"),
-                             layer.get("eps", 1e-5)).permute(0, 3, 1, 2)
-        elif t == "layernorm":
-            y = F.layer_norm(a[0], (a[0].shape[-1],), p("weight"), p("bias"), layer.get("eps", 1e-5))
+        elif t in ("layernorm2d", "layernorm"):
+            # the bias is there unless the layer says "bias": false
+            beta = p("bias") if layer.get("bias", True) else None
+            assert beta is not None or key("bias") not in tensors, name
+            if t == "layernorm2d":
+                y = F.layer_norm(a[0].permute(0, 2, 3, 1), (a[0].shape[1],), p("weight"), beta,
+                                 layer.get("eps", 1e-5)).permute(0, 3, 1, 2)
+            else:
+                y = F.layer_norm(a[0], (a[0].shape[-1],), p("weight"), beta, layer.get("eps", 1e-5))
         elif t == "to_tokens":
             y = a[0].flatten(2).transpose(1, 2)
         elif t == "class_token":
@@ -176,6 +181,7 @@ def run_spec(spec, tensors, x):
             y = a[0][:, layer["start"]:layer["start"] + layer["count"]]
         elif t == "groupnorm":
             assert (b("weight") is not None) == layer.get("affine", True), name  # no parameters without affine
+            assert (b("bias") is not None) == (layer.get("affine", True) and layer.get("bias", True)), name
             y = F.group_norm(a[0], layer["num_groups"], b("weight"), b("bias"), layer.get("eps", 1e-5))
         elif t == "upsample":
             size = layer.get("size") or [d * layer["scale"] for d in a[0].shape[2:]]
@@ -581,10 +587,13 @@ def test_functional_group_and_instance_norm_without_parameters_export_as_groupno
             self.w, self.kw = nn.Parameter(torch.ones(3)), kw
 
         def forward(self, x):
+            if self.kw.get("bias_alone"):
+                return F.group_norm(x, 3, None, self.w)
             return F.group_norm(x, 3, self.w) if not self.kw else F.instance_norm(x, **self.kw)
 
     stats = {"running_mean": torch.zeros(3), "running_var": torch.ones(3)}
-    for kw, words in (({}, "takes a weight without a bias"), (stats, "without running_mean, running_var"),
+    for kw, words in (({}, "the top-level module's own parameter w"), ({"bias_alone": True}, "a bias without a weight"),
+                      (stats, "without running_mean, running_var"),
                       ({**stats, "use_input_stats": False}, "running_var, use_input_stats=False")):
         with pytest.raises(ExportError) as e:
             convert(WithWeight(**kw), (1, 3, 8, 8))
@@ -1139,11 +1148,82 @@ def _gate_alone(x, y):  # the gate as the output: a forward PyTorch runs whateve
     (Eca(conv=nn.Conv1d(1, 2, 1), tail=_gate_alone), "Conv1d(1, 2, 1", "conv"),
     (Eca(gate=nn.Softmax(dim=-1)), "viewed as [N, 1, C]", "gate"),
     (Eca(tail=lambda x, y: x + y.expand_as(x)), "factor of a multiply", ""),
-], ids=["even_kernel", "shrinking_padding", "circular", "two_channels", "softmax_on_the_view", "expand_added"])
+    (Eca(tail=lambda x, y: (y.expand_as(x) * y).sum((2, 3))), "expanded to [8, 6, 6] by a tensor of another", ""),
+], ids=["even_kernel", "shrinking_padding", "circular", "two_channels", "softmax_on_the_view", "expand_added",
+        "expand_times_its_own_gate"])
 def test_a_conv1d_or_view_the_service_cannot_run_is_refused_naming_the_module(model, why, path):
     with pytest.raises(ExportError) as e:
         convert(model, (1, 3, 8, 8))
     assert why in str(e.value) and e.value.module_path == path, str(e.value)
+
+
+class StarReLU(nn.Module):
+    """timm's StarReLU (MetaFormer v2), its product and power spelled the
+    other way round from timm's (test_export_timm.py has timm's own):
+    torch.pow(relu(x), 2) * scale + bias, one learnable value each."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale, self.bias = nn.Parameter(torch.full((1,), 0.8944)), nn.Parameter(torch.full((1,), -0.4472))
+
+    def forward(self, x):
+        return torch.pow(F.relu(x), 2) * self.scale + self.bias
+
+
+class NoBiasNorms(nn.Module):
+    """MetaFormer v2's norms without a bias (timm's LayerNorm2dNoBias and
+    GroupNorm1NoBias written as F.layer_norm / F.group_norm of a weight
+    alone, nn.LayerNorm(bias=False) on a channels-last map and on
+    features), StarReLU, and each spelling of a square."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3)
+        self.n1, self.n2 = nn.LayerNorm(8, bias=False), nn.GroupNorm(1, 8)
+        self.n3, self.n4 = nn.LayerNorm(8, bias=False), nn.LayerNorm(8, bias=False)
+        self.n2.bias = None
+        for m in (self.n1, self.n2, self.n3, self.n4):
+            nn.init.normal_(m.weight)
+        self.act = StarReLU()
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.c(x)
+        y = F.layer_norm(y.permute(0, 2, 3, 1), (8,), self.n1.weight, None, 1e-6).permute(0, 3, 1, 2)
+        y = self.act(F.group_norm(y, 1, self.n2.weight, None, 1e-6))
+        y = self.n3(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        y = torch.square(y) + y.pow(2) + torch.pow(y, 2) + y.square()
+        return self.fc(self.n4(y.mean((2, 3))))
+
+
+def test_norms_without_a_bias_and_squares_export_as_pytorch_holds_them():
+    ex = assert_spec_computes_the_module(NoBiasNorms(), hw=8)
+    layers = ex.spec["layers"]
+    norms = [la for la in layers if "norm" in la["type"]]
+    assert norms == [{"type": "layernorm2d", "name": "n1", "eps": 1e-06, "bias": False},
+                     {"type": "groupnorm", "name": "n2", "num_groups": 1, "eps": 1e-06, "bias": False},
+                     {"type": "layernorm2d", "name": "n3", "bias": False},
+                     {"type": "layernorm", "name": "n4", "bias": False}]
+    assert [la["type"] for la in layers].count("square") == 5
+    star = [la for la in layers if la["name"].startswith("act")]
+    assert [la["type"] for la in star] == ["relu", "square", "scale_shift"], star
+    assert star[2]["param_names"] == {"weight": "scale"}
+    assert not any(k.endswith(".bias") for k in ex.tensors if k.startswith("n")), sorted(ex.tensors)
+
+
+@pytest.mark.parametrize("exponent", [3, 0.5, -1])
+def test_a_power_other_than_two_is_refused_naming_it(exponent):
+    class Power(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return (self.c(x) ** exponent).flatten(1)
+
+    with pytest.raises(ExportError) as e:
+        convert(Power(), (1, 3, 8, 8))
+    assert f"raises to the power {exponent!r}; supported is x ** 2" in str(e.value) and "pow" in e.value.op
 
 
 class Conv1dOnAMap(nn.Module):

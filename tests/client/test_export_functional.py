@@ -243,9 +243,11 @@ def test_f_layer_norm_of_a_modules_own_parameters_is_its_layernorm_and_defaults_
     assert {"norm.weight", "norm.bias"} <= set(ex.tensors)
 
 
-def test_f_layer_norm_without_a_bias_is_refused():
-    with pytest.raises(ExportError, match="no weight or no bias"):
-        convert(NormedHead(bias=False), (1, 3, 8, 8))
+def test_f_layer_norm_without_a_bias_is_a_layernorm_without_one():
+    torch.manual_seed(6)
+    ex = assert_spec_computes_the_module(NormedHead(bias=False), hw=8)
+    assert ex.spec["layers"][2] == {"type": "layernorm", "name": "norm", "eps": 1e-6, "bias": False}
+    assert "norm.weight" in ex.tensors and "norm.bias" not in ex.tensors
 
 
 def test_a_second_input_without_a_default_is_refused():

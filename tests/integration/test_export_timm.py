@@ -192,12 +192,81 @@ class EcaStyleNet(nn.Module):
         return self.fc(self.se2(x).mean((2, 3)))
 
 
+class LayerNorm2dNoBias(nn.LayerNorm):
+    """timm's LayerNorm2dNoBias (MetaFormer v2): F.layer_norm over the
+    channels of a permuted map with a weight and no bias."""
+
+    def __init__(self, c):
+        super().__init__(c, eps=1e-6)
+        self.bias = None
+
+    def forward(self, x):
+        x = F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class GroupNorm1NoBias(nn.GroupNorm):
+    """timm's GroupNorm1NoBias: one group, a weight and no bias."""
+
+    def __init__(self, c):
+        super().__init__(1, c, eps=1e-6)
+        self.bias = None
+
+    def forward(self, x):
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class StarReLU(nn.Module):
+    """timm's StarReLU: scale * relu(x) ** 2 + bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.relu = nn.ReLU()
+        self.scale = nn.Parameter(torch.full((1,), 0.8944))
+        self.bias = nn.Parameter(torch.full((1,), -0.4472))
+
+    def forward(self, x):
+        return self.scale * self.relu(x) ** 2 + self.bias
+
+
+class MetaFormerV2StyleNet(nn.Module):
+    """PoolFormerV2's block as timm writes it: norms without a bias, the
+    pooling mixer pool(x) - x, an MLP of 1x1 convolutions with StarReLU,
+    and a head of a bias-free LayerNorm and SquaredReLU's relu(x) ** 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 4, stride=4)
+        self.stem_norm = LayerNorm2dNoBias(16)
+        self.norm1, self.norm2 = GroupNorm1NoBias(16), GroupNorm1NoBias(16)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.fc1, self.act, self.fc2 = nn.Conv2d(16, 32, 1), StarReLU(), nn.Conv2d(32, 16, 1)
+        self.head_norm = nn.LayerNorm(16, bias=False)
+        self.head = nn.Linear(16, 10)
+        for m in (self.stem_norm, self.norm1, self.norm2, self.head_norm):
+            nn.init.uniform_(m.weight, 0.5, 1.5)
+
+    def forward(self, x):
+        x = self.stem_norm(self.stem(x))
+        y = self.norm1(x)
+        x = x + self.pool(y) - y
+        x = x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        return self.head(torch.square(F.relu(self.head_norm(x.mean((2, 3))))))
+
+
 def _labels(rng):
     return rng.integers(0, 10, BATCH)
 
 
-@pytest.mark.parametrize("build", [TimmStyleNet, pytest.param(PoolFormerStyleNet, marks=UNDER_ASAN), EcaStyleNet],
-                         ids=["batchnorm_act", "poolformer", "eca"])
+REF_ONLY = pytest.mark.skipif(os.environ.get("STREAMFEED_PARITY_BACKEND", "ref") == "cuda",
+                              reason="square and norms without a bias run on the reference backend only")
+
+
+# MetaFormerV2StyleNet's square and bias-free norms run on the reference
+# backend only (docs/LAYERS.md's CUDA column): the CUDA run skips it by name.
+@pytest.mark.parametrize("build", [TimmStyleNet, pytest.param(PoolFormerStyleNet, marks=UNDER_ASAN), EcaStyleNet,
+                                   pytest.param(MetaFormerV2StyleNet, marks=REF_ONLY)],
+                         ids=["batchnorm_act", "poolformer", "eca", "metaformer_v2"])
 def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, spec_checker, build):  # noqa: F811
     torch.manual_seed(3)
     model = build()
@@ -216,7 +285,8 @@ def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, sp
 # ese_vovnet19b_dw (28 s, at 64x64: its last max pool has a 2x2 map at
 # 32x32, which PyTorch pools to 1x1 with ceil_mode and the service refuses as
 # a kernel larger than its input) and poolformer_s12 (101 s on a loaded
-# machine) and ecaresnet26t (16 s; its ECA is EcaStyleNet's, above).
+# machine), ecaresnet26t (16 s; its ECA is EcaStyleNet's, above) and
+# poolformerv2_s12 (110 s; its block is MetaFormerV2StyleNet's).
 # STREAMFEED_TIMM_MODELS runs them.
 TIMM_MODELS = {
     "lcnet_050": "BatchNormAct2d with hard-swish, depthwise convolutions, SE with hard-sigmoid, a conv head",

@@ -63,6 +63,23 @@ static const char *const ECA_SPEC =
     "{\"type\":\"channel_conv1d\",\"name\":\"f.conv\",\"k\":5,\"pad\":2},"
     "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
 
+/* MetaFormer v2 (timm's PoolFormerV2, ConvFormer): norms without a bias
+ * (layernorm2d, groupnorm of one group, layernorm on features), StarReLU as
+ * relu, square and a one-value scale_shift, a pooling token mixer. */
+static const char *const METAFORMER_SPEC =
+    "{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+    "{\"type\":\"conv2d\",\"name\":\"stem\",\"out\":6,\"k\":3,\"stride\":2,\"pad\":1},"
+    "{\"type\":\"layernorm2d\",\"name\":\"stem.norm\",\"eps\":1e-6,\"bias\":false},"
+    "{\"type\":\"groupnorm\",\"name\":\"norm1\",\"num_groups\":1,\"bias\":false},"
+    "{\"type\":\"avgpool2d\",\"name\":\"pool\",\"k\":3,\"stride\":1,\"pad\":1,\"count_include_pad\":false},"
+    "{\"type\":\"add\",\"name\":\"res\",\"inputs\":[\"stem.norm\",\"pool\"]},"
+    "{\"type\":\"conv2d\",\"name\":\"fc1\",\"out\":8,\"k\":1},"
+    "{\"type\":\"relu\",\"name\":\"act.relu\"},{\"type\":\"square\",\"name\":\"act.square\"},"
+    "{\"type\":\"scale_shift\",\"name\":\"act\",\"param_names\":{\"weight\":\"scale\"}},"
+    "{\"type\":\"global_avgpool\",\"name\":\"gap\"},{\"type\":\"flatten\",\"name\":\"f\"},"
+    "{\"type\":\"layernorm\",\"name\":\"head.norm\",\"bias\":false},"
+    "{\"type\":\"linear\",\"name\":\"fc\",\"out\":4}]}";
+
 /* ConvNeXt's block: layernorm2d, depthwise conv, linear over channels, GELU,
  * layer scale, stochastic depth, residual; a groupnorm, one without affine
  * (an instance norm: no parameters), upsamplings (nearest by a factor and to a

@@ -74,6 +74,16 @@ static void parameters_are_named_and_shaped_as_pytorch_does(void **state)
     assert_true(pd[0].ndim == 3 && pd[0].shape[2] == 5 && !strcmp(pd[1].suffix, "bias") && pd[1].ndim == 1 &&
                 pd[1].shape[0] == 1);
     assert_true(layer_named(&e, "eca.conv")->out_ch == 6 && layer_named(&e, "f.conv")->flat);
+    /* a norm without a bias holds its weight alone; square holds nothing */
+    static sf_model mf;
+    assert_int_equal(sf_model_from_json(METAFORMER_SPEC, &mf, err, sizeof err), 0);
+    for (int i = 0; i < 3; i++) {
+        const sf_layer *L = layer_named(&mf, (const char *[]){"stem.norm", "norm1", "head.norm"}[i]);
+        assert_int_equal(sf_layer_params(L, pd), 1);
+        assert_true(!strcmp(pd[0].suffix, "weight") && pd[0].ndim == 1 && pd[0].shape[0] == (i < 2 ? 6 : 8) &&
+                    L->n_b == 0);
+    }
+    assert_int_equal(sf_layer_params(layer_named(&mf, "act.square"), pd), 0);
     const sf_layer *bn1d = layer_named(&m, "bn1d"); /* nn.BatchNorm1d on [N, 6]: 6 channels of 1x1 */
     assert_int_equal(sf_layer_params(bn1d, pd), 2);
     assert_true(pd[0].ndim == 1 && pd[0].shape[0] == 6 && bn1d->flat && bn1d->out_ch == 6);
@@ -217,6 +227,15 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
     assert_non_null(strstr(err, "layer 2 \"hs\""));
     assert_non_null(strstr(err, "token sequence"));
+    /* A norm without a bias and square run on the reference backend only
+     * (until their CUDA kernels have passed their op tests on a GPU): the
+     * check names the layer, the field or kind, and the reference backend. */
+    assert_int_equal(sf_model_from_json(METAFORMER_SPEC, &m, err, sizeof err), 0);
+    const int ln = (int)(layer_named(&m, "stem.norm") - m.layers), sq = (int)(layer_named(&m, "act.square") - m.layers);
+    assert_int_equal(sf_layer_cuda_check(&m, ln, err, sizeof err), -1);
+    assert_true(strstr(err, "\"stem.norm\"") && strstr(err, "\"bias\"") && strstr(err, "pipeline.backend=ref"));
+    assert_int_equal(sf_layer_cuda_check(&m, sq, err, sizeof err), -1);
+    assert_true(strstr(err, "\"act.square\"") && strstr(err, "pipeline.backend=ref"));
     /* affine, prelu and pad run on CUDA: their rows say cuda = 1 since
      * their op tests passed on a GPU */
     assert_int_equal(sf_model_from_json(GROUPED_SPEC, &m, err, sizeof err), 0);

@@ -4,8 +4,8 @@
  * channels, concat, dropout, stochastic_depth, maxpool2d's ceil_mode, a
  * Vision Transformer's to_tokens, class_token, pos_embedding,
  * self_attention, select_token, token_mean, transpose_tokens, with linear and layernorm on tokens,
- * ShuffleNet's channel_shuffle and channel_slice, pad in each mode and ECA's
- * channel_conv1d):
+ * ShuffleNet's channel_shuffle and channel_slice, pad in each mode, ECA's
+ * channel_conv1d, and MetaFormer v2's square and norms without a bias):
  *   - each kernel's backward against central finite differences of its
  *     forward, in double (the _f64 functions of gpu/ref), and the float
  *     forward against the double one;
@@ -503,6 +503,7 @@ static const kcase kcases[] = {
      act_fwd_f32},
     {"clamp max -0.3", 1, {64}, 64, 2, {SF_ACT_CLAMP, OPEN_END, -30, SF_CLAMP_GRAD_CLAMP}, act_fwd, act_bwd,
      act_fwd_f32},
+    {"square", 1, {64}, 64, 3, {SF_ACT_SQUARE}, act_fwd, act_bwd, act_fwd_f32},
     {"hardtanh -1 1", 1, {64}, 64, 2, {SF_ACT_CLAMP, -100, 100, SF_CLAMP_GRAD_HARDTANH}, act_fwd, act_bwd,
      act_fwd_f32},
     {"mul same shape", 2, {2 * 3 * 5, 2 * 3 * 5}, 2 * 3 * 5, 1, {2, 3, 5, 5}, mul_fwd, mul_bwd, NULL},
@@ -923,9 +924,9 @@ static void dropout_keeps_about_one_minus_p_and_scales_the_kept(void **state)
 #include "tests/unit/layer_kind_specs.h"
 
 static const char *const *const SPECS[] = {&GROUPED_SPEC, &SE_SPEC, &CONVNEXT_SPEC, &DENSE_SPEC, &VIT_SPEC,
-                                           &SHUFFLE_SPEC, &PAD_SPEC, &ECA_SPEC};
+                                           &SHUFFLE_SPEC, &PAD_SPEC, &ECA_SPEC, &METAFORMER_SPEC};
 static const char *const SPEC_NAMES[] = {"grouped", "squeeze-excitation", "convnext", "densenet", "vit",
-                                         "shufflenet", "pad", "eca"};
+                                         "shufflenet", "pad", "eca", "metaformer"};
 
 typedef struct rig {
     sf_backend *be;

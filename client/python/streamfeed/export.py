@@ -64,7 +64,7 @@ from .export_folds import clamp_activation
 from .export_pad import (PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec,
                          pads_nothing)
 from .export_channels import ChannelViews
-from .export_eca import CONV1D_REFUSAL, ChannelConvs
+from .export_eca import CONV1D_REFUSAL, ECA_HINT, ChannelConvs
 from .export_scale_shift import addcmul_operands, bias_of_product, scale_shift as scale_shift_layer
 from .export_values import (_Attention, _Broadcast, _ChannelParam, _ChannelSeq, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val,
                             _need_nchw, _spatial)
@@ -669,11 +669,12 @@ class _Converter(ChannelViews, ChannelConvs):
         return self.b.emit("upsample", path, [x], out, size=[out[1], out[2]], **f)
 
     def groupnorm(self, path: str, x: _Val, out: Tuple[int, ...], op: str, mod: Any, groups: int = 0,
-                  eps: float = 1e-5, affine: bool = True) -> _Val:
+                  eps: float = 1e-5, affine: bool = True, bias: bool = True) -> _Val:
         """nn.GroupNorm; nn.InstanceNorm2d is GroupNorm with a group per
         channel (its batch statistics in eval as in training, without
         running statistics); without affine neither has parameters. mod None:
-        F.group_norm (groups, eps) or F.instance_norm (groups 0) without them."""
+        F.group_norm (groups, eps) or F.instance_norm (groups 0) without them,
+        or with a weight alone (bias False: timm's GroupNorm1NoBias)."""
         inst = type(mod) is nn.InstanceNorm2d or (mod is None and not groups)
         if not (x.plain(3) or (x.plain(1) and not inst)):
             raise ExportError("runs on a [C,H,W] map" + ("" if inst else " or flat features") + " in the service's "
@@ -683,10 +684,14 @@ class _Converter(ChannelViews, ChannelConvs):
                               "it normalises each sample by its own in eval too)", op=op, module_path=path)
         if mod is not None:
             groups, eps, affine = 0 if inst else int(mod.num_groups), float(mod.eps), bool(mod.affine)
+            bias = getattr(mod, "bias", None) is not None
         f: Dict[str, Any] = {"eps": eps} if eps != 1e-5 else {}
         if not affine:
             f["affine"] = False
-        return self.b.emit("groupnorm", path, [x], out, params=["weight", "bias"] if affine else [],
+        elif not bias:
+            f["bias"] = False
+        return self.b.emit("groupnorm", path, [x], out,
+                           params=(["weight", "bias"] if bias else ["weight"]) if affine else [],
                            num_groups=groups or x.shape[0], **f)
 
     def log_softmax(self, path: str, x: _Val, dim: Any, op: str) -> _Val:
@@ -709,11 +714,14 @@ class _Converter(ChannelViews, ChannelConvs):
         return self.b.emit("dropout2d", path, [x], x.shape, p=p)
 
     def layernorm(self, path: str, x: _Val, mod: Any, op: str, kind: str) -> _Val:
-        if not mod.elementwise_affine or getattr(mod, "bias", None) is None:
-            raise ExportError("needs elementwise_affine=True with a bias (the service's layernorm has both)", op=op,
-                              module_path=path)
+        if not mod.elementwise_affine:
+            raise ExportError("needs elementwise_affine=True (the service's layernorm has a weight, and a bias or "
+                              "none)", op=op, module_path=path)
         f: Dict[str, Any] = {"eps": mod.eps} if mod.eps != 1e-5 else {}
-        return self.b.emit(kind, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=["weight", "bias"], **f)
+        if getattr(mod, "bias", None) is None:
+            f["bias"] = False
+        return self.b.emit(kind, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens,
+                           params=["weight", "bias"] if f.get("bias", True) else ["weight"], **f)
 
     def attention(self, n: torch.fx.Node, mod: Any, op: str, path: str) -> _Attention:
         """nn.MultiheadAttention called as torchvision's EncoderBlock calls
@@ -851,7 +859,7 @@ class _Converter(ChannelViews, ChannelConvs):
             groups = self.shuffle_pattern(n, x, out)
             if groups is not None:
                 return _Grouped(x, groups)
-            heads = HEADS_HINT if x.tokens else ""
+            heads = HEADS_HINT if x.tokens else ECA_HINT if out == (1, math.prod(x.shape)) else ""
             raise ExportError(f"reshapes {list(x.shape)} to {list(out)} (per sample); only a flatten to "
                               "[N, C*H*W] and a channel shuffle's view to [N, g, C/g, H, W] are supported" + heads,
                               op=op, module_path=path, supported=_supported_functions())
@@ -880,15 +888,8 @@ class _Converter(ChannelViews, ChannelConvs):
                               "permute(0,3,1,2) are supported (ConvNeXt's blocks)", op=op, module_path=path)
         if meth == "contiguous" or _is_float32_no_op(n):
             return self.val(n.args[0], n)
-        if meth == "expand" and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr":
-            target = str(n.args[0].target)
-            p = self.b.state.get(target)
-            if p is None or p.dim() != 3 or p.shape[0] != 1 or out != tuple(p.shape[1:]):
-                raise ExportError(f"expands the module tensor {target}; supported is a [1,1,C] parameter expanded "
-                                  "over the batch as a class token", op=op, module_path=path)
-            return _Expanded(target, tuple(int(d) for d in p.shape))
-        if meth in ("expand", "expand_as") and isinstance(first, _Val):
-            return self.broadcast(n, first, out, op, path)
+        if meth in ("expand", "expand_as"):
+            return self.expand(n, first, out, op, path)
         if t is operator.getitem:
             a0 = n.args[0]
             src = self.vals.get(a0) if isinstance(a0, torch.fx.Node) else None
@@ -907,6 +908,8 @@ class _Converter(ChannelViews, ChannelConvs):
             raise ExportError(f"indexes with {idx!r}; supported are x[:, 0] on a token sequence (the class token) "
                               "and x[:, a:b] on a map (a channel range)", op=op, module_path=path,
                               supported=_supported_functions())
+        if t in (operator.pow, torch.pow) or meth == "pow":
+            return self.power(n, arg(1, "exponent"), op, path)
         kind, f = clamp_activation(n, None, op, path) or \
             ((FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")), None)
         if kind:
@@ -944,12 +947,38 @@ class _Converter(ChannelViews, ChannelConvs):
         raise ExportError("has no layer kind in the service", op=op, module_path=path,
                           supported=_supported_functions())
 
+    def expand(self, n: torch.fx.Node, first: Any, out: Tuple[int, ...], op: str,
+               path: str) -> Union[_Expanded, _Broadcast]:
+        """A [1,1,C] parameter expanded over the batch (a class token, for
+        its torch.cat), or a [C,1,1] map expanded to a map's shape for a
+        multiply (export_eca.py's broadcast)."""
+        if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr":
+            target = str(n.args[0].target)
+            p = self.b.state.get(target)
+            if p is None or p.dim() != 3 or p.shape[0] != 1 or out != tuple(p.shape[1:]) or n.target != "expand":
+                raise ExportError(f"expands the module tensor {target}; supported is a [1,1,C] parameter expanded "
+                                  "over the batch as a class token", op=op, module_path=path)
+            return _Expanded(target, tuple(int(d) for d in p.shape))
+        return self.broadcast(n, self.val(n.args[0], n), out, op, path)
+
+    def power(self, n: torch.fx.Node, exponent: Any, op: str, path: str) -> _Val:
+        """x ** 2 (operator.pow, torch.pow, Tensor.pow): square. Other
+        powers have no layer kind."""
+        if isinstance(exponent, bool) or not isinstance(exponent, (int, float)) or exponent != 2:
+            raise ExportError(f"raises to the power {exponent!r}; supported is x ** 2 (square)", op=op,
+                              module_path=path, supported=_supported_functions())
+        x = self.val(n.args[0], n)
+        if x.ct:
+            raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
+        return self.b.emit("square", self.fname(n, "square"), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens)
+
     def norm_function(self, n: torch.fx.Node, group: bool, arg: Callable[..., Any], op: str, path: str) -> _Val:
         """F.group_norm and F.instance_norm: groupnorm, affine where the call
         takes a submodule's own weight and bias (group_norm_call)."""
-        owner, groups, eps = group_norm_call(self.b.module, n, arg, group, op, path)
+        owner, groups, eps, bias = group_norm_call(self.b.module, n, arg, group, op, path)
         return self.groupnorm(owner or self.fname(n, "group_norm" if group else "instance_norm"),
-                              self.val(n.args[0], n), self.out_shape(n), op, None, groups, eps, owner is not None)
+                              self.val(n.args[0], n), self.out_shape(n), op, None, groups, eps, owner is not None,
+                              bias)
 
     def add(self, n: torch.fx.Node, a: _Val, c: _Val, op: str, path: str, subtract: bool = False) -> _Val:
         """a + c of two tensors of one shape; a - c (PoolFormer's pool(x) - x)
@@ -1149,9 +1178,17 @@ class _Converter(ChannelViews, ChannelConvs):
             owner, leaf, f = scale_param(self.b.state, target, len(attrs), x, op, path,
                                          isinstance(viewed, _ChannelParam))
             return self.b.emit("layer_scale", owner, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=[leaf], **f)
-        a, c = (v.x if isinstance(v, _Broadcast) else self.val(arg, n)
-                for arg, v in ((a0, self.vals.get(a0) if isinstance(a0, torch.fx.Node) else None),
-                               (a1, self.vals.get(a1) if isinstance(a1, torch.fx.Node) else None)))
+        b0, b1 = (self.vals.get(v) if isinstance(v, torch.fx.Node) else None for v in (a0, a1))
+        if isinstance(b0, _Broadcast) or isinstance(b1, _Broadcast):
+            # an expansion is only the broadcast the service's mul does: the
+            # other factor must be a map of the expanded shape
+            bc, other = (b0, a1) if isinstance(b0, _Broadcast) else (b1, a0)
+            full = self.vals.get(other) if isinstance(other, torch.fx.Node) else None
+            if not isinstance(bc, _Broadcast) or not isinstance(full, _Val) or full.shape != bc.shape:
+                raise ExportError(f"multiplies a [C,1,1] map expanded to {list(bc.shape) if bc else []} by a tensor "
+                                  "of another shape or kind; supported is the expansion times a map of that "
+                                  "shape", op=op, module_path=path)
+        a, c = (v.x if isinstance(v, _Broadcast) else self.val(arg, n) for arg, v in ((a0, b0), (a1, b1)))
         if len(c.shape) == 3 and len(a.shape) == 3 and a.shape[1:] == (1, 1) and c.shape[1:] != (1, 1):
             a, c = c, a  # the service's mul takes the full map first, the [C,1,1] scale second
         ok = a.shape == c.shape or (len(a.shape) == 3 and c.shape == (a.shape[0], 1, 1))

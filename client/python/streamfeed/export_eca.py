@@ -31,10 +31,15 @@ from .export_values import _Broadcast, _ChannelSeq, _Val
 if TYPE_CHECKING:
     from .export import _Builder
 
-__all__ = ["ChannelConvs", "CONV1D_REFUSAL"]
+__all__ = ["ChannelConvs", "CONV1D_REFUSAL", "ECA_HINT"]
 
 CONV1D_REFUSAL = ("nn.Conv1d is supported as ECA's Conv1d(1, 1, k, padding=(k - 1) // 2) across the pooled "
                   "channels x.mean((2, 3)).view(n, 1, -1) (channel_conv1d); the service has no [N, C, L] tensors")
+
+
+# What a refused view to [N, 1, C] is told: the form ECA's view takes.
+ECA_HINT = ("; the pooled channels as [N, 1, C] are supported as ECA writes them: x.mean((2, 3)) without keepdim, "
+            "read only by views to [N, 1, C]")
 
 
 def _is_view(u: torch.fx.Node) -> bool:
@@ -80,6 +85,8 @@ class ChannelConvs:
         p = pad if isinstance(pad, str) else int(pad[0])
         if p == "same":
             p = (k - 1) // 2 if k % 2 else -1
+        elif p == "valid":
+            p = 0
         plain = (mod.in_channels, mod.out_channels, mod.groups, tuple(mod.stride), tuple(mod.dilation),
                  mod.padding_mode) == (1, 1, 1, (1,), (1,), "zeros")
         if not plain or p != (k - 1) // 2 or k % 2 == 0:
@@ -125,4 +132,4 @@ class ChannelConvs:
                 x.nhwc or x.tokens or x.ct:
             raise ExportError(f"expands a tensor of per-sample shape {list(x.shape)} to {list(out)}; supported is "
                               "a [C,1,1] map expanded to [C,H,W] as a factor of a multiply", op=op, module_path=path)
-        return _Broadcast(x)
+        return _Broadcast(x, out)

@@ -125,14 +125,15 @@ def linear_call(module: torch.nn.Module, arg: Arg, op: str, path: str) -> Tuple[
 
 def layer_norm_call(module: torch.nn.Module, arg: Arg, op: str, path: str) -> Tuple[str, LayerNormCall]:
     """F.layer_norm(input, normalized_shape, weight, bias, eps) of a
-    module's own weight and bias (timm's LayerNorm, an nn.LayerNorm subclass
-    calling it): the owning module's path and the call as nn.LayerNorm
-    attributes."""
+    module's own weight and bias, or weight alone (timm's LayerNorm, an
+    nn.LayerNorm subclass calling it; its LayerNorm2dNoBias): the owning
+    module's path and the call as nn.LayerNorm attributes."""
     shape = _number(arg(1, "normalized_shape", None), "normalized_shape", op, path)
     shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
     w, b = arg(2, "weight", None), arg(3, "bias", None)
-    if w is None or b is None:
-        raise ExportError("has no weight or no bias; the service's layernorm has both", op=op, module_path=path)
+    if w is None:
+        raise ExportError("has no weight; the service's layernorm has one (and a bias or none)", op=op,
+                          module_path=path)
     owner, _, bias = _owned(module, w, b, op, path, "nn.LayerNorm")
     eps = float(_number(arg(4, "eps", 1e-5), "eps", op, path))
     return owner, LayerNormCall(normalized_shape=shape, eps=eps, elementwise_affine=True, bias=bias)
@@ -187,13 +188,14 @@ def batch_norm_call(module: torch.nn.Module, arg: Arg, op: str, path: str, x: An
 
 
 def group_norm_call(module: torch.nn.Module, n: torch.fx.Node, arg: Arg, group: bool, op: str, path: str) -> \
-        Tuple[Optional[str], int, float]:
+        Tuple[Optional[str], int, float, bool]:
     """F.group_norm(x, G, weight, bias, eps) and F.instance_norm(x,
     running_mean, running_var, weight, bias, use_input_stats, momentum, eps):
     the submodule whose own weight and bias they take (timm's GroupNorm1, an
-    nn.GroupNorm subclass calling it; None without them), the group count
-    (0: one a channel) and eps. Running statistics are refused: the
-    service's groupnorm keeps none."""
+    nn.GroupNorm subclass calling it; its GroupNorm1NoBias, a weight alone;
+    None without them), the group count (0: one a channel), eps, and
+    whether a bias is taken. Running statistics are refused: the service's
+    groupnorm keeps none."""
     w_at, b_at = (2, 3) if group else (3, 4)
     w, b = arg(w_at, "weight", None), arg(b_at, "bias", None)
     given = [k for i, k in ((1, "running_mean"), (2, "running_var")) if not group and arg(i, k, None) is not None]
@@ -202,17 +204,17 @@ def group_norm_call(module: torch.nn.Module, n: torch.fx.Node, arg: Arg, group: 
     if given:
         raise ExportError(f"is supported without {', '.join(given)} (the service's groupnorm keeps no running "
                           "statistics)", op=op, module_path=path)
-    if (w is None) != (b is None):
-        raise ExportError(f"takes {'a weight without a bias' if b is None else 'a bias without a weight'}; the "
-                          "service's groupnorm has both, as nn.GroupNorm and nn.InstanceNorm2d(affine=True) hold "
-                          "them, or neither", op=op, module_path=path)
+    if w is None and b is not None:
+        raise ExportError("takes a bias without a weight; the service's groupnorm has a weight and a bias, as "
+                          "nn.GroupNorm and nn.InstanceNorm2d(affine=True) hold them, a weight alone, or neither",
+                          op=op, module_path=path)
     owner = _owned(module, w, b, op, path, "nn.GroupNorm")[0] if w is not None else None
     eps, groups = arg(4 if group else 7, "eps", 1e-5), arg(1, "num_groups", None) if group else 0
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or isinstance(groups, bool) or \
             not isinstance(groups, int):
         raise ExportError(f"num_groups {groups!r} and eps {eps!r} must be numbers known at export", op=op,
                           module_path=path)
-    return owner, groups, float(eps)
+    return owner, groups, float(eps), b is not None
 
 
 def prelu_call(state: Dict[str, torch.Tensor], arg: Arg, op: str, path: str) -> Tuple[str, int]:

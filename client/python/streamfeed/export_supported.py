@@ -101,6 +101,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "x * c, c * x, x / c, x + c, c + x, x - c, c - x, -x of a tensor and a Python number c (operators, torch.mul, "
     "torch.div, torch.add, torch.sub, torch.neg, Tensor methods, in-place ones)":
         "affine (scale * x + shift; a chain on one tensor is one layer)",
+    "torch.square, Tensor.square, x ** 2, torch.pow(x, 2), Tensor.pow(2)": "square (timm's StarReLU: relu, "
+    "square, then scale_shift of its scale and bias)",
     "F.prelu, torch.prelu": "prelu (a module's 1-D parameter named weight, as nn.PReLU)",
     "F.conv2d, torch.conv2d": "conv2d named by the submodule that holds the weight and bias parameters it "
                               "takes (named weight and bias, as nn.Conv2d holds them)",
@@ -152,9 +154,10 @@ FUNCTION_ACTIVATIONS: Dict[Any, str] = {
     F.relu: "relu", torch.relu: "relu", F.relu6: "relu6", F.silu: "silu", F.gelu: "gelu", F.hardswish: "hardswish",
     F.hardsigmoid: "hardsigmoid", torch.sigmoid: "sigmoid", F.sigmoid: "sigmoid", torch.tanh: "tanh", F.tanh: "tanh",
     F.leaky_relu: "leaky_relu", F.leaky_relu_: "leaky_relu", F.elu: "elu", F.elu_: "elu", F.selu: "selu",
-    torch.selu: "selu", torch.selu_: "selu", F.softplus: "softplus", F.mish: "mish"}
+    torch.selu: "selu", torch.selu_: "selu", F.softplus: "softplus", F.mish: "mish", torch.square: "square"}
 METHOD_ACTIVATIONS: Dict[str, str] = {
-    "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh"}
+    "relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "sigmoid_": "sigmoid", "tanh": "tanh", "tanh_": "tanh",
+    "square": "square"}
 
 
 def _finite(v: Any, name: str, op: str, path: str) -> float:

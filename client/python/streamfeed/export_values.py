@@ -134,8 +134,10 @@ class _ChannelSeq:
 @dataclass
 class _Broadcast:
     """A [C,1,1] map expanded to [C,H,W] (y.expand_as(x)), which only a
-    multiply reads: the service's mul broadcasts a [C,1,1] factor itself."""
+    multiply by a map of that shape reads: the service's mul broadcasts a
+    [C,1,1] factor itself. shape is the expansion's, [C,H,W]."""
     x: _Val
+    shape: Tuple[int, ...]
 
     def misused(self, what: str) -> str:
         return (f"takes a [C,1,1] map expanded to [C,H,W] as its {what}; such an expansion is supported as a "

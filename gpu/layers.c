@@ -1161,8 +1161,10 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
                "exporter's layer for torch.clamp, clip, clamp_min, clamp_max, nn.Hardtanh and F.hardtanh at "
                "bounds other than ReLU's and ReLU6's; the gradient is dy strictly between the bounds, 0 at or "
                "beyond one (at a bound too under \"clamp_closed\", torch.clamp's rule before torch 2.15)"},
-    /* On the activations' reference hooks (SF_ACT_SQUARE); the CUDA
-     * activation kernels do not run it yet. */
+    /* On the activations' reference hooks (SF_ACT_SQUARE). The CUDA
+     * activation kernels carry it (SF_CUDA_ACT_SQUARE, executor_graph.h's
+     * g_act_kind), but the row says cuda 0 until tests/gpu/ops/activation.cu's
+     * square rows have passed on a GPU. */
     [SF_L_SQUARE] = {
         .name = "square", .torch = "torch.square, x ** 2", .min_in = 1, .max_in = 1, .fields = no_fields,
         .shape = same_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd,

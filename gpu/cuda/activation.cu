@@ -21,7 +21,7 @@ static_assert((int)SF_CUDA_ACT_RELU6 == SF_ACT_RELU6 && (int)SF_CUDA_ACT_SIGMOID
                   (int)SF_CUDA_ACT_LEAKY_RELU == SF_ACT_LEAKY_RELU && (int)SF_CUDA_ACT_ELU == SF_ACT_ELU &&
                   (int)SF_CUDA_ACT_SELU == SF_ACT_SELU && (int)SF_CUDA_ACT_SOFTPLUS == SF_ACT_SOFTPLUS &&
                   (int)SF_CUDA_ACT_MISH == SF_ACT_MISH && (int)SF_CUDA_ACT_AFFINE == SF_ACT_AFFINE &&
-                  (int)SF_CUDA_ACT_CLAMP == SF_ACT_CLAMP,
+                  (int)SF_CUDA_ACT_CLAMP == SF_ACT_CLAMP && (int)SF_CUDA_ACT_SQUARE == SF_ACT_SQUARE,
               "the activation codes are the reference's");
 static_assert(sizeof(sf_cuda_act_prm) == sizeof(sf_act_prm) &&
                   offsetof(sf_cuda_act_prm, a) == offsetof(sf_act_prm, a) &&
@@ -92,6 +92,7 @@ static int act_launch(int act, sf_cuda_act_prm prm, const void *x, const void *d
     case SF_CUDA_ACT_MISH: return act_launch_t<T, BWD, SF_CUDA_ACT_MISH>(prm, xp, dp, yp, len, s);
     case SF_CUDA_ACT_AFFINE: return act_launch_t<T, BWD, SF_CUDA_ACT_AFFINE>(prm, xp, dp, yp, len, s);
     case SF_CUDA_ACT_CLAMP: return act_launch_t<T, BWD, SF_CUDA_ACT_CLAMP>(prm, xp, dp, yp, len, s);
+    case SF_CUDA_ACT_SQUARE: return act_launch_t<T, BWD, SF_CUDA_ACT_SQUARE>(prm, xp, dp, yp, len, s);
     default: return act_launch_t<T, BWD, SF_CUDA_ACT_GELU>(prm, xp, dp, yp, len, s);
     }
 }

@@ -71,6 +71,8 @@ template <int ACT> __device__ __forceinline__ float act_f_t(float v, sf_cuda_act
         r = __fadd_rn(__fmul_rn(v, prm.a), prm.b); /* PyTorch's x * c + d: two roundings, no FMA */
     else if constexpr (ACT == SF_CUDA_ACT_CLAMP)
         r = v < prm.a ? prm.a : v > prm.b ? prm.b : v; /* -0 within the bounds stays -0, as torch's */
+    else if constexpr (ACT == SF_CUDA_ACT_SQUARE)
+        r = v * v;
     else
         r = 0.5f * v * (1.f + erff(v * INV_SQRT2));
     return isnan(v) ? v : r;
@@ -117,6 +119,8 @@ template <int ACT> __device__ __forceinline__ float act_d_t(float v, sf_cuda_act
         return prm.a;
     } else if constexpr (ACT == SF_CUDA_ACT_CLAMP) {
         return act_clamp_passes(v, prm) ? 1.f : 0.f;
+    } else if constexpr (ACT == SF_CUDA_ACT_SQUARE) {
+        return 2.f * v; /* PyTorch's pow_backward: 2 * x * dy */
     } else {
         return 0.5f * (1.f + erff(v * INV_SQRT2)) + v * expf(-0.5f * v * v) * INV_SQRT_2PI;
     }
@@ -125,7 +129,7 @@ template <int ACT> __device__ __forceinline__ float act_d_t(float v, sf_cuda_act
 /* The same with the activation chosen at run time, for the kernels that
  * apply one inside another pass (batchnorm.cu's fused activation): ReLU6 up
  * to tanh only (batchnorm.h's SF_BN_ACT_LAST). Leaky ReLU, ELU, SELU,
- * softplus, Mish, affine and clamp are never fused (g_choose_fusions):
+ * softplus, Mish, affine, clamp and square are never fused (g_choose_fusions):
  * the fused kernels carry no parameters, and each activation they take is
  * one more instance of every batchnorm row kernel. */
 __device__ __forceinline__ float act_f(int act, float v)

@@ -34,8 +34,9 @@ typedef enum sf_cuda_act {
     SF_CUDA_ACT_MISH,       /* x * tanh(log1p(exp(x))) */
     SF_CUDA_ACT_AFFINE,     /* the affine layer: scale * x + shift; its derivative reads no x */
     SF_CUDA_ACT_CLAMP,      /* the clamp layer: min(max(x, a), b), -inf / +inf where a side is open */
+    SF_CUDA_ACT_SQUARE,     /* x * x (the square layer); its derivative 2 * x */
 } sf_cuda_act;
-#define SF_CUDA_ACT_LAST SF_CUDA_ACT_CLAMP
+#define SF_CUDA_ACT_LAST SF_CUDA_ACT_SQUARE
 
 /* An activation's parameters, by value (a kernel argument); the reference's
  * sf_act_prm (gpu/ref/layers.h), which activation.cu checks it matches.

@@ -287,7 +287,7 @@ static inline int g_is_act(int kind)
     return kind == SF_L_RELU6 || kind == SF_L_SIGMOID || kind == SF_L_SILU || kind == SF_L_HARDSWISH ||
            kind == SF_L_HARDSIGMOID || kind == SF_L_GELU || kind == SF_L_TANH || kind == SF_L_LEAKY_RELU ||
            kind == SF_L_ELU || kind == SF_L_SELU || kind == SF_L_SOFTPLUS || kind == SF_L_MISH ||
-           kind == SF_L_AFFINE || kind == SF_L_CLAMP;
+           kind == SF_L_AFFINE || kind == SF_L_CLAMP || kind == SF_L_SQUARE;
 }
 
 /* Whether an activation's backward reads its input: all but affine, whose
@@ -312,6 +312,7 @@ static inline sf_cuda_act g_act_kind(const sf_layer *L)
     case SF_L_MISH: return SF_CUDA_ACT_MISH;
     case SF_L_AFFINE: return SF_CUDA_ACT_AFFINE;
     case SF_L_CLAMP: return SF_CUDA_ACT_CLAMP;
+    case SF_L_SQUARE: return SF_CUDA_ACT_SQUARE;
     default: return L->approximate ? SF_CUDA_ACT_GELU_TANH : SF_CUDA_ACT_GELU;
     }
 }

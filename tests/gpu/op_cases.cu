@@ -70,7 +70,7 @@ static op_case row(const char *op, const char *check, op_compare run, sf_dtype d
 
 static const char *const ACT_CHECKS[] = {"relu6", "sigmoid",    "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh",
                                          "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish", "affine",
-                                         "clamp"};
+                                         "clamp", "square"};
 static_assert(sizeof ACT_CHECKS / sizeof ACT_CHECKS[0] == SF_CUDA_ACT_LAST + 1, "a name per activation");
 
 /* The parameter sets (sf_cuda_act_prm's a, b) an activation's rows run at:

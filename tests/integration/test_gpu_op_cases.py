@@ -15,7 +15,7 @@ from sfharness import BIN, REPO
 TEST_OPS = Path(BIN).parent / "tests" / "gpu" / "test_ops"
 
 CASES_PER_FAMILY = {
-    "activation": 245,
+    "activation": 253,
     "attention": 15,
     "batchnorm": 102,
     "channel_conv1d": 17,

@@ -21,7 +21,7 @@
 
 static const char *const ACT_NAMES[] = {"relu6", "sigmoid",    "silu", "hardswish", "hardsigmoid", "gelu", "gelu_tanh",
                                         "tanh",  "leaky_relu", "elu",  "selu",      "softplus",    "mish", "affine",
-                                        "clamp"};
+                                        "clamp", "square"};
 static_assert(sizeof ACT_NAMES / sizeof ACT_NAMES[0] == SF_CUDA_ACT_LAST + 1, "a name per activation");
 
 /* The clamp rule's name in the spec (gpu/layers.c's grad choices). */

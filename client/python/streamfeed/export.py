@@ -60,16 +60,16 @@ from .export_params import (batch_norm_call, channel_param, conv_call, group_nor
 from .export_error import ExportError
 from .export_trace import LEAF_NAMES, Tracer, fold_shape_numbers
 from .export_recipes import _OPTIMIZERS, _merge, imagenet_recipe, optimizer_recipe
-from .export_folds import clamp_activation
+from .export_folds import function_activation, module_activation
 from .export_pad import (PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_pad, pad_input, pad_spec,
                          pads_nothing)
 from .export_channels import ChannelViews
 from .export_eca import CONV1D_REFUSAL, ECA_HINT, ChannelConvs
 from .export_scale_shift import addcmul_operands, bias_of_product, scale_shift as scale_shift_layer
-from .export_values import (_Attention, _Broadcast, _ChannelParam, _ChannelSeq, _Expanded, _Grouped, _Padded, _Pieces, _TokenSlice, _Val,
-                            _need_nchw, _spatial)
-from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS,
-                               SUPPORTED_MODULES, _REDUCTIONS, _act_fields, _supported_functions)
+from .export_values import (_Attention, _Broadcast, _ChannelParam, _ChannelSeq, _Expanded, _Grouped, _Padded,
+                            _Pieces, _TokenSlice, _Val, _need_nchw, _spatial)
+from .export_supported import (MODULE_ACTIVATIONS, SUPPORTED_FUNCTIONS, SUPPORTED_MODULES, _REDUCTIONS,
+                               _supported_functions)
 
 __all__ = ["ExportError", "ExportedModel", "convert", "export_model", "imagenet_recipe", "optimizer_recipe",
            "main", "SUPPORTED_MODULES", "SUPPORTED_FUNCTIONS"]
@@ -356,13 +356,12 @@ class _Converter(ChannelViews, ChannelConvs):
             return self.attention(n, mod, op, path)
         if not n.args or n.kwargs or len(n.args) != 1:
             raise ExportError("is called with other than one tensor argument", op=op, module_path=path)
-        seq = self.vals.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
-        if isinstance(seq, _ChannelSeq):
-            return self.channel_seq_module(n, seq, mod, op, path)
+        given = self.vals.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
+        if isinstance(given, _ChannelSeq):
+            return self.channel_seq_module(n, given, mod, op, path)
         if isinstance(mod, nn.Conv1d):
             raise ExportError(CONV1D_REFUSAL, op=op, module_path=path)
-        padded = self.vals.get(n.args[0]) if isinstance(n.args[0], torch.fx.Node) else None
-        padded = padded if isinstance(padded, _Padded) and isinstance(mod, nn.Conv2d) else None
+        padded = given if isinstance(given, _Padded) and isinstance(mod, nn.Conv2d) else None
         x = padded.x if padded else self.val(n.args[0], n)
         out = self.out_shape(n)
         b = self.b
@@ -385,12 +384,11 @@ class _Converter(ChannelViews, ChannelConvs):
                 raise ExportError(f"runs on flat features [N, F] only (here a tensor of per-sample shape "
                                   f"{list(x.shape)}; the service has no [N, C, L] batchnorm)", op=op, module_path=path)
             return self.batchnorm2d(path, x, out, op, mod)
-        act, f = clamp_activation(n, mod, op, path) or (MODULE_ACTIVATIONS.get(type(mod)), None)
+        act = module_activation(n, mod, op, path)
         if act:
             if x.ct:
                 _need_nchw(x, op, path)
-            f = f if f is not None else _act_fields(act, lambda name, i, default: getattr(mod, name, default), op, path)
-            return b.emit(act, path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
+            return b.emit(act[0], path, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **act[1])
         if type(mod) is nn.MaxPool2d:
             _need_nchw(x, op, path)
             _spatial(x.shape, op, path)
@@ -908,17 +906,12 @@ class _Converter(ChannelViews, ChannelConvs):
             raise ExportError(f"indexes with {idx!r}; supported are x[:, 0] on a token sequence (the class token) "
                               "and x[:, a:b] on a map (a channel range)", op=op, module_path=path,
                               supported=_supported_functions())
-        if t in (operator.pow, torch.pow) or meth == "pow":
-            return self.power(n, arg(1, "exponent"), op, path)
-        kind, f = clamp_activation(n, None, op, path) or \
-            ((FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")), None)
-        if kind:
+        act = function_activation(n, op, path)
+        if act:
             x = self.val(n.args[0], n)
             if x.ct:
                 raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
-            f = f if f is not None else _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default)
-                                                    if i < 0 else arg(i, name, default), op, path)
-            return b.emit(kind, self.fname(n, kind), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **f)
+            return b.emit(act[0], self.fname(n, act[0]), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, **act[1])
         own = self.own_parameters_call(n, t, arg, out, op, path)
         if own is not None:
             return own
@@ -960,17 +953,6 @@ class _Converter(ChannelViews, ChannelConvs):
                                   "over the batch as a class token", op=op, module_path=path)
             return _Expanded(target, tuple(int(d) for d in p.shape))
         return self.broadcast(n, self.val(n.args[0], n), out, op, path)
-
-    def power(self, n: torch.fx.Node, exponent: Any, op: str, path: str) -> _Val:
-        """x ** 2 (operator.pow, torch.pow, Tensor.pow): square. Other
-        powers have no layer kind."""
-        if isinstance(exponent, bool) or not isinstance(exponent, (int, float)) or exponent != 2:
-            raise ExportError(f"raises to the power {exponent!r}; supported is x ** 2 (square)", op=op,
-                              module_path=path, supported=_supported_functions())
-        x = self.val(n.args[0], n)
-        if x.ct:
-            raise ExportError("runs on a [N,C,H*W] reshape of a map", op=op, module_path=path)
-        return self.b.emit("square", self.fname(n, "square"), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens)
 
     def norm_function(self, n: torch.fx.Node, group: bool, arg: Callable[..., Any], op: str, path: str) -> _Val:
         """F.group_norm and F.instance_norm: groupnorm, affine where the call
@@ -1178,17 +1160,18 @@ class _Converter(ChannelViews, ChannelConvs):
             owner, leaf, f = scale_param(self.b.state, target, len(attrs), x, op, path,
                                          isinstance(viewed, _ChannelParam))
             return self.b.emit("layer_scale", owner, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=[leaf], **f)
-        b0, b1 = (self.vals.get(v) if isinstance(v, torch.fx.Node) else None for v in (a0, a1))
-        if isinstance(b0, _Broadcast) or isinstance(b1, _Broadcast):
-            # an expansion is only the broadcast the service's mul does: the
-            # other factor must be a map of the expanded shape
-            bc, other = (b0, a1) if isinstance(b0, _Broadcast) else (b1, a0)
-            full = self.vals.get(other) if isinstance(other, torch.fx.Node) else None
-            if not isinstance(bc, _Broadcast) or not isinstance(full, _Val) or full.shape != bc.shape:
-                raise ExportError(f"multiplies a [C,1,1] map expanded to {list(bc.shape) if bc else []} by a tensor "
-                                  "of another shape or kind; supported is the expansion times a map of that "
-                                  "shape", op=op, module_path=path)
-        a, c = (v.x if isinstance(v, _Broadcast) else self.val(arg, n) for arg, v in ((a0, b0), (a1, b1)))
+        # an expansion is only the broadcast the service's mul does: the other
+        # factor must be a map of the expanded shape
+        v0, v1 = (self.vals.get(v) if isinstance(v, torch.fx.Node) else None for v in (a0, a1))
+        bc, other = (v0, v1) if isinstance(v0, _Broadcast) else (v1, v0)
+        if isinstance(bc, _Broadcast):
+            if not isinstance(other, _Val) or other.shape != bc.shape:
+                raise ExportError(f"multiplies a [C,1,1] map expanded to {list(bc.shape)} by a tensor of another "
+                                  "shape or kind; supported is the expansion times a map of that shape", op=op,
+                                  module_path=path)
+            a, c = other, bc.x
+        else:
+            a, c = self.val(a0, n), self.val(a1, n)
         if len(c.shape) == 3 and len(a.shape) == 3 and a.shape[1:] == (1, 1) and c.shape[1:] != (1, 1):
             a, c = c, a  # the service's mul takes the full map first, the [C,1,1] scale second
         ok = a.shape == c.shape or (len(a.shape) == 3 and c.shape == (a.shape[0], 1, 1))
@@ -1209,9 +1192,9 @@ _SOFTMAX_REFUSAL = ("softmax is not supported: the service trains with cross-ent
 
 _KNOWN_MODULES = (*MODULE_ACTIVATIONS, nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.GroupNorm,
                   nn.InstanceNorm2d, nn.Upsample, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.MaxPool2d,
-                  nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Conv1d, nn.Dropout, nn.Dropout2d, nn.LogSoftmax,
-                  nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention, nn.ChannelShuffle,
-                  nn.Hardtanh, nn.PixelShuffle, nn.PixelUnshuffle, nn.PReLU, *PAD_MODULES)
+                  nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.Linear, nn.Conv1d, nn.Dropout,
+                  nn.Dropout2d, nn.LogSoftmax, nn.Softmax, nn.Flatten, nn.LayerNorm, nn.Identity, nn.MultiheadAttention,
+                  nn.ChannelShuffle, nn.Hardtanh, nn.PixelShuffle, nn.PixelUnshuffle, nn.PReLU, *PAD_MODULES)
 
 
 def _refuse_unknown_modules(gm: torch.fx.GraphModule) -> None:

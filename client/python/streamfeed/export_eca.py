@@ -23,9 +23,8 @@ import torch.fx
 from torch import nn
 
 from .export_error import ExportError
-from .export_folds import clamp_activation
+from .export_folds import function_activation, module_activation
 from .export_nodes import _meta_shape
-from .export_supported import FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, _act_fields
 from .export_values import _Broadcast, _ChannelSeq, _Val
 
 if TYPE_CHECKING:
@@ -71,11 +70,9 @@ class ChannelConvs:
         activation, or an identity."""
         if isinstance(mod, nn.Conv1d):
             return _ChannelSeq(self.channel_conv1d(seq.x, mod, op, path))
-        act, f = clamp_activation(n, mod, op, path) or (MODULE_ACTIVATIONS.get(type(mod)), None)
+        act = module_activation(n, mod, op, path)
         if act:
-            f = f if f is not None else _act_fields(act, lambda name, i, default: getattr(mod, name, default), op,
-                                                    path)
-            return _ChannelSeq(self.b.emit(act, path, [seq.x], seq.x.shape, **f))
+            return _ChannelSeq(self.b.emit(act[0], path, [seq.x], seq.x.shape, **act[1]))
         if type(mod) is nn.Identity:
             return seq
         raise ExportError(seq.misused("input"), op=op, module_path=path)
@@ -114,14 +111,9 @@ class ChannelConvs:
                 return self.flatten(path, seq.x, n, op, 1, -1)
         if meth == "contiguous":
             return seq
-        kind, f = clamp_activation(n, None, op, path) or \
-            ((FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")), None)
-        if kind and n.args[0] is not None:
-            def arg(i: int, kw: str, default: Any = None) -> Any:
-                return n.args[i] if len(n.args) > i else n.kwargs.get(kw, default)
-            f = f if f is not None else _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default)
-                                                    if i < 0 else arg(i, name, default), op, path)
-            return _ChannelSeq(self.b.emit(kind, self.fname(n, kind), [seq.x], seq.x.shape, **f))
+        act = function_activation(n, op, path)
+        if act:
+            return _ChannelSeq(self.b.emit(act[0], self.fname(n, act[0]), [seq.x], seq.x.shape, **act[1]))
         raise ExportError(seq.misused("input") + (f" (here a view to {list(out)})" if _is_view(n) else ""), op=op,
                           module_path=path)
 

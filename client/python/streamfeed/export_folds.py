@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -31,8 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .export_error import ExportError
+from .export_supported import (FUNCTION_ACTIVATIONS, METHOD_ACTIVATIONS, MODULE_ACTIVATIONS, _act_fields,
+                               _supported_functions)
 
-__all__ = ["clamp_activation", "torch_clamp_rule"]
+__all__ = ["clamp_activation", "torch_clamp_rule", "module_activation", "function_activation"]
 
 # The largest finite float32: the service stores a clamp's bounds as floats.
 _FLT_MAX = 3.4028234663852886e38
@@ -125,3 +128,37 @@ def clamp_activation(n: torch.fx.Node, mod: Optional[nn.Module], op: str,
         fields["max"] = hi
     fields["grad"] = "hardtanh" if spelling == "hardtanh" else torch_clamp_rule()
     return "clamp", fields
+
+
+def module_activation(n: torch.fx.Node, mod: nn.Module, op: str, path: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """The activation kind an activation module's call maps onto (a clamp's
+    by its bounds) and its fields read from the module; None for another
+    module."""
+    act, f = clamp_activation(n, mod, op, path) or (MODULE_ACTIVATIONS.get(type(mod)), None)
+    if not act:
+        return None
+    return act, f if f is not None else _act_fields(act, lambda name, i, default: getattr(mod, name, default), op,
+                                                    path)
+
+
+def function_activation(n: torch.fx.Node, op: str, path: str) -> Optional[Tuple[str, Dict[str, Any]]]:
+    """The activation kind an activation function's or Tensor method's call
+    maps onto and its fields read from the call's arguments: a clamp's by
+    its bounds, x ** 2 (operator.pow, torch.pow, Tensor.pow) as square, any
+    other power refused; None for another call."""
+    t, meth = n.target, str(n.target) if n.op == "call_method" else None
+
+    def arg(i: int, kw: str, default: Any = None) -> Any:
+        return n.args[i] if len(n.args) > i else n.kwargs.get(kw, default)
+    if t in (operator.pow, torch.pow) or meth == "pow":
+        e = arg(1, "exponent")
+        if isinstance(e, bool) or not isinstance(e, (int, float)) or e != 2:
+            raise ExportError(f"raises to the power {e!r}; supported is x ** 2 (square)", op=op, module_path=path,
+                              supported=_supported_functions())
+        return "square", {}
+    kind, f = clamp_activation(n, None, op, path) or \
+        ((FUNCTION_ACTIVATIONS.get(t) if n.op == "call_function" else METHOD_ACTIVATIONS.get(meth or "")), None)
+    if not kind:
+        return None
+    return kind, f if f is not None else _act_fields(kind, lambda name, i, default: n.kwargs.get(name, default)
+                                                     if i < 0 else arg(i, name, default), op, path)

@@ -320,6 +320,28 @@ static int g_norm_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_
                                     o->y, o->save, o->save + (size_t)net->cfg.max_batch * hw, s);
 }
 
+/* The layers whose fp32 parameters an executor file of their own runs
+ * (executor_prelu.cu, executor_channel_conv1d.cu, executor_scale_shift.cu):
+ * forward on x, and backward into dx (NULL: not wanted) with their
+ * parameters' gradients through the compute-stream scratch. */
+static int g_own_params_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
+{
+    switch (net->m.layers[i].kind) {
+    case SF_L_PRELU: return g_prelu_fwd(net, i, n, x, s);
+    case SF_L_CHANNEL_CONV1D: return g_channel_conv1d_fwd(net, i, n, x, s);
+    default: return g_scale_shift_fwd(net, i, n, x, s); /* layer_scale, scale_shift */
+    }
+}
+
+static int g_own_params_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, cudaStream_t s)
+{
+    switch (net->m.layers[i].kind) {
+    case SF_L_PRELU: return g_prelu_bwd(net, i, b, n, dx, s);
+    case SF_L_CHANNEL_CONV1D: return g_channel_conv1d_bwd(net, i, b, n, dx, s);
+    default: return g_scale_shift_bwd(net, i, b, n, dx, s); /* layer_scale, scale_shift */
+    }
+}
+
 static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b, cudaStream_t s,
                      cudnnHandle_t h, void *ws, prof *pf, int eval)
 {
@@ -399,14 +421,11 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                                    g_mul_bcast(m, i), s))
                 return -1;
             break;
-        case SF_L_PRELU: /* layers with fp32 parameters of their own, one executor file each */
+        case SF_L_PRELU:
         case SF_L_CHANNEL_CONV1D:
-            if ((L->kind == SF_L_PRELU ? g_prelu_fwd : g_channel_conv1d_fwd)(net, i, n, x, s))
-                return -1;
-            break;
         case SF_L_LAYER_SCALE:
         case SF_L_SCALE_SHIFT:
-            if (g_scale_shift_fwd(net, i, n, x, s))
+            if (g_own_params_fwd(net, i, n, x, s))
                 return -1;
             break;
         case SF_L_DROPOUT:
@@ -901,16 +920,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
             add0 = 0;
             break;
         case SF_L_PRELU:
-            if (g_prelu_bwd(net, i, b, n, dx, s))
-                return -1;
-            break;
         case SF_L_CHANNEL_CONV1D:
-            if (g_channel_conv1d_bwd(net, i, b, n, dx, s))
-                return -1;
-            break;
         case SF_L_LAYER_SCALE:
         case SF_L_SCALE_SHIFT:
-            if (g_scale_shift_bwd(net, i, b, n, dx, s))
+            if (g_own_params_bwd(net, i, b, n, dx, s))
                 return -1;
             break;
         case SF_L_DROPOUT:

@@ -21,7 +21,7 @@ from torch import nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from streamfeed.export import ExportError, convert  # noqa: E402
-from test_export import assert_spec_computes_the_module  # noqa: E402
+from spec_interpreter import assert_spec_computes_the_module  # noqa: E402
 
 HEADS, DIM = 2, 8
 

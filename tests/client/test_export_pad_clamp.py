@@ -4,7 +4,7 @@ mode and of a convolution's own padding_mode or padding="same" (PyTorch's
 split), clamps as relu, relu6 or a clamp layer with its bounds and the
 gradient rule of the torch that exports, and what of them is refused,
 naming the op, the module path and why. Each exported spec is checked to
-compute the module's own eval output (test_export.assert_spec_computes_the_module)."""
+compute the module's own eval output (spec_interpreter.assert_spec_computes_the_module)."""
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -14,7 +14,7 @@ F = torch.nn.functional
 
 from streamfeed.export import ExportError, convert  # noqa: E402
 from streamfeed.export_folds import torch_clamp_rule  # noqa: E402
-from test_export import assert_spec_computes_the_module  # noqa: E402
+from spec_interpreter import assert_spec_computes_the_module  # noqa: E402
 
 
 class PaddedClamped(nn.Module):

@@ -1,0 +1,84 @@
+"""streamfeed.export on MetaFormer v2's pieces, without a server: norms
+without a bias (F.layer_norm and F.group_norm of a weight alone,
+nn.LayerNorm(bias=False)), StarReLU as relu, square and a one-value
+scale_shift, each spelling of x ** 2, and other powers refused naming
+them. Each exported spec is checked to compute the module's own eval output
+(spec_interpreter.assert_spec_computes_the_module)."""
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchvision")
+nn = torch.nn
+F = torch.nn.functional
+
+from streamfeed.export import ExportError, convert  # noqa: E402
+from spec_interpreter import assert_spec_computes_the_module  # noqa: E402
+
+
+class StarReLU(nn.Module):
+    """timm's StarReLU (MetaFormer v2), its product and power spelled the
+    other way round from timm's (test_export_timm.py has timm's own):
+    torch.pow(relu(x), 2) * scale + bias, one learnable value each."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale, self.bias = nn.Parameter(torch.full((1,), 0.8944)), nn.Parameter(torch.full((1,), -0.4472))
+
+    def forward(self, x):
+        return torch.pow(F.relu(x), 2) * self.scale + self.bias
+
+
+class NoBiasNorms(nn.Module):
+    """MetaFormer v2's norms without a bias (timm's LayerNorm2dNoBias and
+    GroupNorm1NoBias written as F.layer_norm / F.group_norm of a weight
+    alone, nn.LayerNorm(bias=False) on a channels-last map and on
+    features), StarReLU, and each spelling of a square."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3)
+        self.n1, self.n2 = nn.LayerNorm(8, bias=False), nn.GroupNorm(1, 8)
+        self.n3, self.n4 = nn.LayerNorm(8, bias=False), nn.LayerNorm(8, bias=False)
+        self.n2.bias = None
+        for m in (self.n1, self.n2, self.n3, self.n4):
+            nn.init.normal_(m.weight)
+        self.act = StarReLU()
+        self.fc = nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.c(x)
+        y = F.layer_norm(y.permute(0, 2, 3, 1), (8,), self.n1.weight, None, 1e-6).permute(0, 3, 1, 2)
+        y = self.act(F.group_norm(y, 1, self.n2.weight, None, 1e-6))
+        y = self.n3(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        y = torch.square(y) + y.pow(2) + torch.pow(y, 2) + y.square()
+        return self.fc(self.n4(y.mean((2, 3))))
+
+
+def test_norms_without_a_bias_and_squares_export_as_pytorch_holds_them():
+    ex = assert_spec_computes_the_module(NoBiasNorms(), hw=8)
+    layers = ex.spec["layers"]
+    norms = [la for la in layers if "norm" in la["type"]]
+    assert norms == [{"type": "layernorm2d", "name": "n1", "eps": 1e-06, "bias": False},
+                     {"type": "groupnorm", "name": "n2", "num_groups": 1, "eps": 1e-06, "bias": False},
+                     {"type": "layernorm2d", "name": "n3", "bias": False},
+                     {"type": "layernorm", "name": "n4", "bias": False}]
+    assert [la["type"] for la in layers].count("square") == 5
+    star = [la for la in layers if la["name"].startswith("act")]
+    assert [la["type"] for la in star] == ["relu", "square", "scale_shift"], star
+    assert star[2]["param_names"] == {"weight": "scale"}
+    assert not any(k.endswith(".bias") for k in ex.tensors if k.startswith("n")), sorted(ex.tensors)
+
+
+@pytest.mark.parametrize("exponent", [3, 0.5, -1])
+def test_a_power_other_than_two_is_refused_naming_it(exponent):
+    class Power(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return (self.c(x) ** exponent).flatten(1)
+
+    with pytest.raises(ExportError) as e:
+        convert(Power(), (1, 3, 8, 8))
+    assert f"raises to the power {exponent!r}; supported is x ** 2" in str(e.value) and "pow" in e.value.op

@@ -73,9 +73,8 @@ static const sf_layer_field adaptive_fields[] = {
     F_END,
 };
 /* A norm's bias may be left out (timm's MetaFormer v2 norms: LayerNorm2dNoBias,
- * LayerNormNoBias, GroupNorm1NoBias; nn.LayerNorm(bias=False)); the CUDA
- * kernels take one. */
-#define F_NORM_BIAS(what) {"bias", SF_FT_BOOL, OFF(bias), 0, 1, 1, SF_FF_IF_SET | SF_FF_CUDA_DEFAULT, NULL, what}
+ * LayerNormNoBias, GroupNorm1NoBias; nn.LayerNorm(bias=False)). */
+#define F_NORM_BIAS(what) {"bias", SF_FT_BOOL, OFF(bias), 0, 1, 1, SF_FF_IF_SET, NULL, what}
 static const sf_layer_field ln_fields[] = {
     F_EPS(0), F_NORM_BIAS("a bias parameter (false: nn.LayerNorm(bias=False), timm's LayerNorm2dNoBias)"), F_END};
 static const char *const upsample_modes[] = {"nearest", "bilinear", NULL};
@@ -1161,13 +1160,11 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
                "exporter's layer for torch.clamp, clip, clamp_min, clamp_max, nn.Hardtanh and F.hardtanh at "
                "bounds other than ReLU's and ReLU6's; the gradient is dy strictly between the bounds, 0 at or "
                "beyond one (at a bound too under \"clamp_closed\", torch.clamp's rule before torch 2.15)"},
-    /* On the activations' reference hooks (SF_ACT_SQUARE). The CUDA
-     * activation kernels carry it (SF_CUDA_ACT_SQUARE, executor_graph.h's
-     * g_act_kind), but the row says cuda 0 until tests/gpu/ops/activation.cu's
-     * square rows have passed on a GPU. */
+    /* On the activations' hooks and kernels (SF_ACT_SQUARE, SF_CUDA_ACT_SQUARE). */
     [SF_L_SQUARE] = {
         .name = "square", .torch = "torch.square, x ** 2", .min_in = 1, .max_in = 1, .fields = no_fields,
-        .shape = same_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd,
+        .shape = same_shape, .ref_fwd = sf_ref_layer_act_fwd, .ref_bwd = sf_ref_layer_act_bwd, .cuda = 1,
+        .cuda_tokens = 1,
         .doc = "x * x elementwise, on maps, features or tokens (timm's StarReLU is relu, square, then a "
                "one-value scale_shift; its SquaredReLU relu, square); the gradient is 2 * x * dy"},
     [SF_L_MUL] = {
@@ -1466,16 +1463,6 @@ int sf_layer_cuda_check(const sf_model *m, int i, char *err, size_t errlen)
         if (s.tokens) {
             sf_errf(err, errlen, "layer %d \"%s\" (%s): the CUDA backend runs no %s layer on a token sequence; "
                     "the reference backend (pipeline.backend=ref) runs it", i, L->name, k->name, k->name);
-            return -1;
-        }
-    }
-    for (const sf_layer_field *f = k->fields; f->key; f++) {
-        if (!(f->flags & SF_FF_CUDA_DEFAULT))
-            continue;
-        const double v = sf_layer_field_value(L, f);
-        if (v != f->def && !(f->type == SF_FT_FLOAT && fabs(v - f->def) <= 1e-6 * fabs(f->def))) {
-            sf_errf(err, errlen, "layer %d \"%s\" (%s): the CUDA backend runs \"%s\" only at its default; the "
-                    "reference backend (pipeline.backend=ref) runs this layer", i, L->name, k->name, f->key);
             return -1;
         }
     }

@@ -52,7 +52,6 @@ enum {
     SF_FF_REQUIRED = 1 << 0,   /* absent is an error */
     SF_FF_INFERRED = 1 << 1,   /* optional, checked against the inferred value; not written back */
     SF_FF_IF_SET = 1 << 2,     /* written back only when it differs from its default */
-    SF_FF_CUDA_DEFAULT = 1 << 3, /* the CUDA backend runs only the default value */
     SF_FF_LO_OPEN = 1 << 4,    /* FLOAT: lo itself is out of bounds */
     SF_FF_HI_OPEN = 1 << 5,    /* FLOAT: hi itself is out of bounds */
 };

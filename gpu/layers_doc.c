@@ -107,11 +107,7 @@ void sf_layer_kinds_markdown(FILE *out)
         if (!k->cuda) {
             fprintf(out, "no");
         } else {
-            int n = 0;
-            for (const sf_layer_field *f = k->fields; f->key; f++)
-                if (f->flags & SF_FF_CUDA_DEFAULT)
-                    fprintf(out, "%s`%s`", n++ ? ", " : "yes; ", f->key);
-            fprintf(out, n ? " at the default only" : "yes");
+            fprintf(out, "yes");
             if (k->cuda_tokens)
                 fprintf(out, ", on token sequences too");
         }

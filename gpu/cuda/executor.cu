@@ -302,7 +302,8 @@ static int g_maxpool_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, c
 
 /* Forward of layers [from, to) of buffer b for n samples on stream s with
  * handle h (workspace ws), a profile mark after each layer when pf is set. */
-/* Forward of norm layer i (layernorm2d, layernorm, groupnorm, affine or not):
+/* Forward of norm layer i (layernorm2d, layernorm, groupnorm; affine or not,
+ * with a bias or without):
  * the means saved in o->save, the reciprocal deviations max_batch positions
  * (layer norms) or max_batch * groups (groupnorm) later. */
 static int g_norm_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
@@ -316,7 +317,8 @@ static int g_norm_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_
         return sf_cuda_groupnorm_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, L->groups, L->n_w ? P + L->w_off : NULL,
                                         L->n_b ? P + L->b_off : NULL, L->eps, o->y, o->save,
                                         o->save + (size_t)net->cfg.max_batch * L->groups, s);
-    return sf_cuda_layernorm_fwd_dt(g->dt, x, n, L->in_c, hw, g_lay_of(g, i), P + L->w_off, P + L->b_off, L->eps,
+    return sf_cuda_layernorm_fwd_dt(g->dt, x, n, L->in_c, hw, g_lay_of(g, i), P + L->w_off,
+                                    L->n_b ? P + L->b_off : NULL, L->eps,
                                     o->y, o->save, o->save + (size_t)net->cfg.max_batch * hw, s);
 }
 

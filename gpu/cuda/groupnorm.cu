@@ -58,8 +58,8 @@ __device__ __forceinline__ void gn_sum2_all(double &a, double &b)
     b = r[1];
 }
 
-/* Block (ni, gi): statistics (two passes), saved; then y (gamma, beta NULL:
- * x-hat itself). */
+/* Block (ni, gi): statistics (two passes), saved; then y (gamma NULL: x-hat
+ * itself; beta NULL with a gamma: no shift). */
 template <typename T>
 __global__ void __launch_bounds__(CU_TPB)
     k_gn_fwd(const T *__restrict__ x, int c, int g, size_t hw, const float *__restrict__ gamma,
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(CU_TPB)
         const float xh = (cu_f(x[i]) - mu) * is;
         if (gamma) {
             const int ch = gn_channel(e, gi, cg, hw, nhwc);
-            y[i] = cu_to<T>(xh * gamma[ch] + beta[ch]);
+            y[i] = cu_to<T>(beta ? xh * gamma[ch] + beta[ch] : xh * gamma[ch]);
         } else {
             y[i] = cu_to<T>(xh);
         }
@@ -244,8 +244,8 @@ __global__ void __launch_bounds__(CU_TPB)
     }
 }
 
-/* dgamma[ch], dbeta[ch]: the chunks' partials summed in chunk order (none:
- * zeros), rounded once to fp32. */
+/* dgamma[ch], dbeta[ch] (dbeta NULL: a bias-free norm's, not written): the
+ * chunks' partials summed in chunk order (none: zeros), rounded once to fp32. */
 __global__ void k_gn_dparam_sum(const double *__restrict__ part_g, const double *__restrict__ part_b, int chunks,
                                 int c, float *__restrict__ dgamma, float *__restrict__ dbeta)
 {
@@ -258,7 +258,8 @@ __global__ void k_gn_dparam_sum(const double *__restrict__ part_g, const double 
         sb += part_b[(size_t)k * c + ch];
     }
     dgamma[ch] = (float)sg;
-    dbeta[ch] = (float)sb;
+    if (dbeta)
+        dbeta[ch] = (float)sb;
 }
 
 /* ======================================================================== */
@@ -310,9 +311,8 @@ extern "C" int sf_cuda_groupnorm_fwd_dt(sf_dtype dt, sf_layout lay, const void *
 {
     if (gn_bad("sf_cuda_groupnorm_fwd_dt", dt, n, c, hw, g))
         return -1;
-    if (!gamma != !beta) {
-        sf_cuda_set_error("%s:%d: sf_cuda_groupnorm_fwd_dt: a weight without a bias or a bias without a weight",
-                          __FILE__, __LINE__);
+    if (beta && !gamma) {
+        sf_cuda_set_error("%s:%d: sf_cuda_groupnorm_fwd_dt: a bias without a weight", __FILE__, __LINE__);
         return -1;
     }
     if (n == 0)
@@ -370,9 +370,9 @@ extern "C" int sf_cuda_groupnorm_bwd_dt(sf_dtype dt, sf_layout lay, const void *
     const char *fn = "sf_cuda_groupnorm_bwd_dt";
     if (gn_bad(fn, dt, n, c, hw, g))
         return -1;
-    if (!dgamma != !dbeta || (dgamma && n > 0 && !scratch)) {
-        sf_cuda_set_error("%s:%d: %s: the weight and bias gradients need each other and scratch", __FILE__, __LINE__,
-                          fn);
+    if ((dbeta && !dgamma) || (dgamma && n > 0 && !scratch)) {
+        sf_cuda_set_error("%s:%d: %s: a bias gradient without a weight gradient, or either without scratch", __FILE__,
+                          __LINE__, fn);
         return -1;
     }
     const int nhwc = lay == SF_LAYOUT_NHWC;

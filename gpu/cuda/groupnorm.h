@@ -22,8 +22,9 @@ extern "C" {
 /* x, y [n, c, hw] in layout lay (hw = 1: flat features, the same in either).
  * Each sample's g groups of c / g channels: y = (x - mean) * rstd * gamma[c] +
  * beta[c], the biased variance, rstd = 1/sqrt(var + eps); mean and rstd
- * ([n * g] fp32, sample-major) saved for the backward. gamma, beta fp32 [c],
- * or both NULL: y = (x - mean) * rstd (affine=False). */
+ * ([n * g] fp32, sample-major) saved for the backward. gamma, beta fp32 [c];
+ * beta NULL: no shift (a bias-free norm, timm's GroupNorm1NoBias); both NULL:
+ * y = (x - mean) * rstd (affine=False). */
 int sf_cuda_groupnorm_fwd_dt(sf_dtype dt, sf_layout lay, const void *x, int n, int c, size_t hw, int g,
                              const float *gamma, const float *beta, float eps, void *y, float *mean, float *rstd,
                              cudaStream_t s);
@@ -35,8 +36,9 @@ size_t sf_cuda_groupnorm_scratch_bytes(int n, int c, size_t hw);
 /* dx = rstd * (u - mean(u) - xhat * mean(u * xhat)) over each group with u =
  * dy * gamma[c] (dy where gamma is NULL; dx NULL: not wanted); dgamma[c] =
  * sum dy * xhat and dbeta[c] = sum dy over the samples and positions,
- * written in fp32 through scratch (sf_cuda_groupnorm_scratch_bytes), or both
- * NULL: no parameter gradients, and scratch unused. */
+ * written in fp32 through scratch (sf_cuda_groupnorm_scratch_bytes); dbeta
+ * NULL: a bias-free norm's weight gradient alone; both NULL: no parameter
+ * gradients, and scratch unused. */
 int sf_cuda_groupnorm_bwd_dt(sf_dtype dt, sf_layout lay, const void *x, const void *dy, int n, int c, size_t hw,
                              int g, const float *gamma, const float *mean, const float *rstd, void *dx, float *dgamma,
                              float *dbeta, void *scratch, cudaStream_t s);

@@ -55,7 +55,7 @@ __global__ void k_ln_fwd_rows(const T *__restrict__ x, size_t rows, int c, const
     }
     const float r = 1.f / sqrtf(group_sum(v, 32) / (float)c + eps);
     for (int j = lane; j < c; j += 32)
-        q[j] = cu_to<T>((cu_f(p[j]) - mu) * r * ga[j] + be[j]);
+        q[j] = cu_to<T>((cu_f(p[j]) - mu) * r * ga[j] + (be ? be[j] : 0.f));
     if (lane == 0) {
         mean[row] = mu;
         rstd[row] = r;
@@ -114,7 +114,13 @@ __global__ void
         if (q < cv) {
             float g[V], b[V];
             cu_ldf<V>(ga + (size_t)q * V, g);
-            cu_ldf<V>(be + (size_t)q * V, b);
+            if (be) {
+                cu_ldf<V>(be + (size_t)q * V, b);
+            } else {
+#pragma unroll
+                for (int e = 0; e < V; e++)
+                    b[e] = 0.f;
+            }
 #pragma unroll
             for (int e = 0; e < V; e++)
                 v[k][e] = (v[k][e] - mu) * r * g[e] + b[e];
@@ -148,7 +154,8 @@ __global__ void k_ln_fwd_strided(const T *__restrict__ x, size_t pos, int c, siz
     }
     const float r = 1.f / sqrtf(v / (float)c + eps);
     for (int j = 0; j < c; j++)
-        y[base + (size_t)j * hw] = cu_to<T>((cu_f(x[base + (size_t)j * hw]) - mu) * r * ga[j] + be[j]);
+        y[base + (size_t)j * hw] =
+            cu_to<T>((cu_f(x[base + (size_t)j * hw]) - mu) * r * ga[j] + (be ? be[j] : 0.f));
     mean[i] = mu;
     rstd[i] = r;
 }
@@ -463,7 +470,9 @@ __global__ void k_ln_wgrad_strided(const T *__restrict__ x, const T *__restrict_
     }
 }
 
-/* dgamma[j], dbeta[j]: the chunks' partials summed in a fixed order. A block
+/* dgamma[j], dbeta[j] (dbeta NULL: a bias-free norm's, not written; its
+ * partials cost one add per value, not worth a second kernel family): the
+ * chunks' partials summed in a fixed order. A block
  * per 32 channels: warp w sums chunks w, w + 8, ... of its lane's channel,
  * then the warps' sums are added in warp order. (A thread per channel
  * walking all the chunks waited on 256 dependent loads in a row.) */
@@ -490,7 +499,8 @@ __global__ void __launch_bounds__(CU_TPB)
         b += sb[w][lane];
     }
     dgamma[j] = g;
-    dbeta[j] = b;
+    if (dbeta)
+        dbeta[j] = b;
 }
 
 /* ======================================================================== */

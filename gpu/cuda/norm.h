@@ -21,7 +21,8 @@ extern "C" {
  * normalised over its c values: y = (x - mean) * rstd * gamma[c] + beta[c]
  * with the biased variance and rstd = 1/sqrt(var + eps), computed in fp32
  * (two passes, as the reference). mean and rstd ([n*hw] fp32 each, position
- * order n, then the pixel) are saved for the backward. gamma, beta fp32 [c]. */
+ * order n, then the pixel) are saved for the backward. gamma, beta fp32 [c];
+ * beta NULL: no shift (nn.LayerNorm(bias=False), timm's LayerNorm2dNoBias). */
 int sf_cuda_layernorm_fwd_dt(sf_dtype dt, const void *x, int n, int c, size_t hw, sf_layout lay, const float *gamma,
                              const float *beta, float eps, void *y, float *mean, float *rstd, cudaStream_t s);
 
@@ -35,7 +36,8 @@ size_t sf_cuda_layernorm_scratch_bytes(int n, int c, size_t hw, sf_layout lay);
  * (a transformer's residual stream) takes this gradient in the same pass
  * rather than through a scratch buffer and an add. dgamma[c] = sum dy * xhat and dbeta[c] = sum dy over
  * the positions, written (not added) in fp32, reduced in a fixed order through
- * scratch (sf_cuda_layernorm_scratch_bytes). */
+ * scratch (sf_cuda_layernorm_scratch_bytes); dbeta NULL: a bias-free norm's,
+ * not written. */
 int sf_cuda_layernorm_bwd_dt(sf_dtype dt, const void *x, const void *dy, int n, int c, size_t hw, sf_layout lay,
                              const float *gamma, const float *mean, const float *rstd, void *dx, int dx_add,
                              float *dgamma, float *dbeta, void *scratch, cudaStream_t s);

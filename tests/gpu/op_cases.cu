@@ -219,6 +219,15 @@ std::vector<op_case> op_cases()
                             {1e-5f, 0.f}));
             t.push_back(row("groupnorm", "chunks", cmp_groupnorm, dt, lay, {260, 8, 3, 3}, {2, 1}, 1e-5, tp,
                             {1e-5f, 0.f}));
+            /* a weight without a bias (p[2] 2: PoolFormer v2's GroupNorm1NoBias,
+             * one group): the statistics, dx not wanted, the chunked weight
+             * gradient */
+            t.push_back(row("groupnorm", "no bias", cmp_groupnorm, dt, lay, {2, 64, 14, 14}, {1, 1, 2}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "no bias", cmp_groupnorm, dt, lay, {3, 10, 3, 5}, {5, 0, 2}, 1e-5, tp,
+                            {1e-5f, 0.f}));
+            t.push_back(row("groupnorm", "no bias", cmp_groupnorm, dt, lay, {2, 12, 45, 47}, {3, 1, 2}, 1e-5, tp,
+                            {1e-5f, 0.f}));
         }
     t.push_back(row("groupnorm", "refused", cmp_groupnorm_refused, SF_DT_F32, {}, {}, 0));
 
@@ -390,6 +399,15 @@ std::vector<op_case> op_cases()
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {600, 16, 1, 1}, {1}, 1e-5, tp, {1e-5f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {2, 768, 20, 20}, {1}, 1e-5, tp, {1e-6f}));
             t.push_back(row("norm", "layernorm", cmp_layernorm, dt, lay, {4, 768, 24, 24}, {1, 0, 1}, 1e-5, tp, {1e-6f}));
+            /* without a bias (p[3]: ConvFormer's LayerNorm2dNoBias,
+             * nn.LayerNorm(bias=False)): vector rows, strided NCHW maps,
+             * odd channels (scalar rows), misaligned, flat features with dx
+             * added, the one-pass backward */
+            t.push_back(row("norm", "no bias", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 0, 0, 1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "no bias", cmp_layernorm, dt, lay, {3, 5, 7, 9}, {1, 0, 0, 1}, 1e-5, tp, {1e-5f}));
+            t.push_back(row("norm", "no bias", cmp_layernorm, dt, lay, {2, 96, 14, 14}, {1, 1, 0, 1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "no bias", cmp_layernorm, dt, lay, {5, 768, 1, 1}, {1, 0, 1, 1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("norm", "no bias", cmp_layernorm, dt, lay, {2, 768, 20, 20}, {1, 0, 0, 1}, 1e-5, tp, {1e-6f}));
         }
 
     /* layout: the batched transpose at a square-tile and a ragged shape */

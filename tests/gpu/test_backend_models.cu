@@ -929,7 +929,8 @@ int main(int argc, char **argv)
      * trajectories of 3 steps from the same initial weights and batches: a
      * ConvNeXt-like block (depthwise 7x7 conv with bias, an instance norm
      * without parameters (groupnorm, affine false), layernorm2d, linear per
-     * pixel over channels, a residual add, an affine groupnorm, pooled head
+     * pixel over channels, a residual add, an affine groupnorm, MetaFormer
+     * v2's bias-free groupnorm and layernorm2d around a square, pooled head
      * with a layernorm over flat features) and a model of grouped and dilated convolutions,
      * batchnorm with non-default eps and momentum, maxpool and avgpool with
      * ceil_mode, avgpool without the padding in the divisor and adaptive
@@ -953,6 +954,9 @@ int main(int argc, char **argv)
              "{\"type\":\"linear\",\"name\":\"block.5\",\"out\":16,\"over\":\"channels\"},"
              "{\"type\":\"add\",\"name\":\"res\",\"inputs\":[\"block.5\",\"stem.1\"]},"
              "{\"type\":\"groupnorm\",\"name\":\"gn\",\"num_groups\":4},"
+             "{\"type\":\"groupnorm\",\"name\":\"gn1\",\"num_groups\":1,\"bias\":false},"
+             "{\"type\":\"square\",\"name\":\"sq\"},"
+             "{\"type\":\"layernorm2d\",\"name\":\"ln_nb\",\"eps\":1e-6,\"bias\":false},"
              "{\"type\":\"adaptive_avgpool2d\",\"name\":\"avgpool\",\"out\":[1,1]},"
              "{\"type\":\"layernorm\",\"name\":\"classifier.0\",\"eps\":1e-6},"
              "{\"type\":\"flatten\",\"name\":\"classifier.1\"},"

@@ -258,14 +258,8 @@ def _labels(rng):
     return rng.integers(0, 10, BATCH)
 
 
-REF_ONLY = pytest.mark.skipif(os.environ.get("STREAMFEED_PARITY_BACKEND", "ref") == "cuda",
-                              reason="square and norms without a bias run on the reference backend only")
-
-
-# MetaFormerV2StyleNet's square and bias-free norms run on the reference
-# backend only (docs/LAYERS.md's CUDA column): the CUDA run skips it by name.
 @pytest.mark.parametrize("build", [TimmStyleNet, pytest.param(PoolFormerStyleNet, marks=UNDER_ASAN), EcaStyleNet,
-                                   pytest.param(MetaFormerV2StyleNet, marks=REF_ONLY)],
+                                   MetaFormerV2StyleNet],
                          ids=["batchnorm_act", "poolformer", "eca", "metaformer_v2"])
 def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, spec_checker, build):  # noqa: F811
     torch.manual_seed(3)

@@ -4,8 +4,9 @@
  * forward (y and the saved mean and rstd) and backward (dx, dweight, dbias;
  * and without dx), ConvNeXt's shapes at a small size, odd sizes, more
  * positions than the weight gradient's chunks, a channel count past one
- * warp's stride, each lane grouping of the vector row kernels, and one
- * element off 16-byte alignment. The rows: tests/gpu/op_cases.cu; helpers and the criteria
+ * warp's stride, each lane grouping of the vector row kernels, one element
+ * off 16-byte alignment, and a norm without a bias (no shift, no bias
+ * gradient: nn.LayerNorm(bias=False), timm's LayerNorm2dNoBias). The rows: tests/gpu/op_cases.cu; helpers and the criteria
  * they apply: op_test.h.
  */
 #include "tests/gpu/op_cases.h"
@@ -15,7 +16,7 @@
 
 /* shape {n, c, h, w}; p {dx wanted, x, y, dy and dx one element off 16-byte
  * alignment (absent: aligned), dx added to what it holds (dx_add; absent:
- * written)}; f {eps}. fp32: y, dx, the saved mean
+ * written), no bias (absent: a bias)}; f {eps}. fp32: y, dx, the saved mean
  * and rstd within tol, dweight and dbias within tol_param; bf16 (inputs
  * rounded, so the reference sees the same values): y and dx by check_dt (half
  * a bf16 ulp), the fp32 weight gradients within tol_param. */
@@ -27,10 +28,12 @@ void cmp_layernorm(const op_case &k, const op_env &e)
     const int n = k.shape[0], c = k.shape[1], h = k.shape[2], w = k.shape[3], want_dx = k.p[0];
     const int mis = k.p.size() > 1 ? k.p[1] : 0;
     const int add = k.p.size() > 2 ? k.p[2] : 0;
+    const int bias = k.p.size() > 3 ? !k.p[3] : 1;
     const float eps = k.f[0];
     char nm[200], sub[260];
-    snprintf(nm, sizeof nm, "layernorm%s %s n%d c%d %dx%d eps %g %s%s%s%s", h * w > 1 ? "2d" : "", dtname(dt), n, c,
-             h, w, eps, lname(lay), want_dx ? "" : " no dx", mis ? " misaligned" : "", add ? " dx added" : "");
+    snprintf(nm, sizeof nm, "layernorm%s %s n%d c%d %dx%d eps %g %s%s%s%s%s", h * w > 1 ? "2d" : "", dtname(dt), n,
+             c, h, w, eps, lname(lay), want_dx ? "" : " no dx", mis ? " misaligned" : "", add ? " dx added" : "",
+             bias ? "" : " no bias");
     const size_t hw = (size_t)h * w, nx = (size_t)n * c * hw, pos = (size_t)n * hw;
     std::vector<float> x(nx), dy(nx), ga(c), be(c);
     rand_fill_dt(x, dt, 2.f, 0.5f);
@@ -38,7 +41,7 @@ void cmp_layernorm(const op_case &k, const op_env &e)
     rand_fill(ga, 0.5f, 1.f);
     rand_fill(be, 0.5f);
     std::vector<double> xd = to_d(x), dyd = to_d(dy), gd = to_d(ga), bd = to_d(be), yr(nx), dxr(nx), dgr(c), dbr(c);
-    sf_ref_layernorm_fwd_f64(xd.data(), n, c, hw, gd.data(), bd.data(), (double)eps, yr.data());
+    sf_ref_layernorm_fwd_f64(xd.data(), n, c, hw, gd.data(), bias ? bd.data() : NULL, (double)eps, yr.data());
     sf_ref_layernorm_bwd_f64(xd.data(), n, c, hw, gd.data(), (double)eps, dyd.data(), dxr.data(), dgr.data(),
                              dbr.data());
     /* dx_add: what dx held before (as its dtype holds it), plus the gradient */
@@ -81,10 +84,10 @@ void cmp_layernorm(const op_case &k, const op_env &e)
     poison_f(dr, pos);
     poison_f(ddg, c);
     poison_f(ddb, c);
-    int rc = sf_cuda_layernorm_fwd_dt(dt, bx.p, n, c, hw, lay, dga, dbe, eps, by.p, dm, dr, s);
+    int rc = sf_cuda_layernorm_fwd_dt(dt, bx.p, n, c, hw, lay, dga, bias ? dbe : NULL, eps, by.p, dm, dr, s);
     if (!rc)
         rc = sf_cuda_layernorm_bwd_dt(dt, bx.p, bdy.p, n, c, hw, lay, dga, dm, dr, want_dx ? bdx.p : NULL, add, ddg,
-                                      ddb, scr, s);
+                                      bias ? ddb : NULL, scr, s);
     CU(cudaStreamSynchronize(s));
     if (rc) {
         fail(nm, sf_cuda_last_error());
@@ -113,8 +116,10 @@ void cmp_layernorm(const op_case &k, const op_env &e)
         }
         snprintf(sub, sizeof sub, "%s bwd dweight", nm);
         check_v(sub, down(ddg, c), dgr, k.tol_param);
-        snprintf(sub, sizeof sub, "%s bwd dbias", nm);
-        check_v(sub, down(ddb, c), dbr, k.tol_param);
+        if (bias) {
+            snprintf(sub, sizeof sub, "%s bwd dbias", nm);
+            check_v(sub, down(ddb, c), dbr, k.tol_param);
+        }
     }
     dbuf_free(bx); dbuf_free(by); dbuf_free(bdy); dbuf_free(bdx);
     cudaFree(dga); cudaFree(dbe); cudaFree(dm); cudaFree(dr); cudaFree(ddg); cudaFree(ddb); cudaFree(scr);

@@ -523,6 +523,13 @@ std::vector<op_case> op_cases()
                 }
             t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 64, 28, 28}, {2, 2, 0, 0, 1}, 1e-5,
                             0, {}, 1e-5));
+            /* ResNet-D's shortcut pool (k2 s2, ceil_mode, the padding not
+             * counted) over an odd map, and overlapping padded windows, on
+             * NHWC channel vectors */
+            t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 64, 7, 7}, {2, 2, 0, 1, 0}, 1e-5,
+                            0, {}, 1e-5));
+            t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 24, 9, 9}, {3, 2, 1, 0, 0}, 1e-5,
+                            0, {}, 1e-5));
             for (int cip = 0; cip < 2; cip++) /* a ceil_mode window larger than the 2x2 map */
                 t.push_back(row("pool", "avgpool2d_dt", cmp_avgpool2d_dt, dt, lay, {2, 16, 2, 2}, {3, 2, 0, 1, cip},
                                 1e-5, 0, {}, 1e-5));

@@ -36,7 +36,7 @@ CASES_PER_FAMILY = {
     "optimizer": 14,
     "pad": 61,
     "pointwise": 73,
-    "pool": 200,
+    "pool": 208,
     "prelu": 33,
     "sdpa": 10,
     "tokens": 36,

@@ -223,6 +223,11 @@ static const sf_layer_field pixel_shuffle_fields[] = {
      "r: each r x r block of output pixels comes from r * r channels of one input pixel"},
     F_END,
 };
+static const sf_layer_field to_map_fields[] = {
+    {"size", SF_FT_INT_PAIR, OFF(out_size), 1, SF_MAX_SPATIAL, 1, SF_FF_REQUIRED, NULL,
+     "the map's [h, w]; h * w is the number of tokens"},
+    F_END,
+};
 static const sf_layer_field pixel_unshuffle_fields[] = {
     {"factor", SF_FT_INT, OFF(scale), 1, 64, 0, SF_FF_REQUIRED, NULL,
      "r (divides the input's height and width): each r x r block of input pixels becomes r * r channels"},
@@ -666,6 +671,21 @@ static int to_tokens_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *
     return 0;
 }
 
+/* A token sequence [h*w, C] as the map [C, h, w] it was made from. */
+static int to_map_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
+{
+    if (need_tokens(in, "to_map turns a token sequence back into a map", err, errlen))
+        return -1;
+    if ((long)L->out_size[0] * L->out_size[1] != in->h) {
+        sf_errf(err, errlen, "size [%d, %d] holds %ld tokens; the input has %d", L->out_size[0], L->out_size[1],
+                (long)L->out_size[0] * L->out_size[1], in->h);
+        return -1;
+    }
+    L->out_c = in->c;
+    *out = (sf_shape){in->c, L->out_size[0], L->out_size[1], 0, 0};
+    return 0;
+}
+
 static int class_token_shape(sf_layer *L, const sf_shape *in, int n_in, sf_shape *out, char *err, size_t errlen)
 {
     if (need_tokens(in, "to_tokens makes one", err, errlen))
@@ -1081,7 +1101,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_RELU] = {
         .name = "relu", .torch = "nn.ReLU", .min_in = 1, .max_in = 1, .fields = no_fields,
         .shape = same_shape, .ref_fwd = sf_ref_layer_relu_fwd, .ref_bwd = sf_ref_layer_relu_bwd, .cuda = 1,
-        .doc = "max(x, 0)"},
+        .cuda_tokens = 1, .doc = "max(x, 0)"},
     [SF_L_FLATTEN] = {
         .name = "flatten", .torch = "nn.Flatten", .min_in = 1, .max_in = 1, .fields = no_fields,
         .shape = flatten_shape, .view = 1, .cuda = 1,
@@ -1167,6 +1187,13 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .cuda_tokens = 1,
         .doc = "x * x elementwise, on maps, features or tokens (timm's StarReLU is relu, square, then a "
                "one-value scale_shift; its SquaredReLU relu, square); the gradient is 2 * x * dy"},
+    [SF_L_TO_MAP] = {
+        .name = "to_map", .torch = "x.transpose(1, 2).reshape(n, C, h, w) of tokens [N, h * w, C]", .min_in = 1,
+        .max_in = 1, .fields = to_map_fields, .shape = to_map_shape, .ref_fwd = sf_ref_layer_to_map_fwd,
+        .ref_bwd = sf_ref_layer_to_map_bwd, .cuda = 1, .cuda_tokens = 1,
+        .doc = "a token sequence [h * w, C] as the [C, h, w] map it was made from, the inverse of to_tokens "
+               "(CAFormer's attention over a channels-last map: x.reshape(B, H * W, C), attention, then "
+               "reshape(B, H, W, C) back)"},
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,

@@ -437,27 +437,13 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
                 return -1;
             break;
         case SF_L_TO_TOKENS:
-            if (sf_cuda_tokens_from_map_dt(dt, g->lay, x, n, L->in_c, (size_t)L->in_h * L->in_w, o->y, s))
-                return -1;
-            break;
+        case SF_L_TO_MAP:
         case SF_L_CLASS_TOKEN:
-            if (sf_cuda_prepend_token_fwd_dt(dt, x, n, L->in_h, L->in_c, P + L->w_off, o->y, s))
-                return -1;
-            break;
         case SF_L_POS_EMBEDDING:
-            if (sf_cuda_add_bcast_fwd_dt(dt, x, n, L->out_elems, P + L->w_off, o->y, s))
-                return -1;
-            break;
         case SF_L_SELECT_TOKEN:
-            if (sf_cuda_select_token_fwd_dt(dt, x, n, L->in_h, L->in_c, o->y, s))
-                return -1;
-            break;
         case SF_L_TOKEN_MEAN:
-            if (sf_cuda_token_mean_fwd_dt(dt, x, n, L->in_h, L->in_c, L->start, o->y, s))
-                return -1;
-            break;
-        case SF_L_TRANSPOSE_TOKENS: /* [T, C] read as a [T, C] NCHW map: to_tokens' transpose */
-            if (sf_cuda_tokens_from_map_dt(dt, SF_LAYOUT_NCHW, x, n, L->in_h, (size_t)L->in_c, o->y, s))
+        case SF_L_TRANSPOSE_TOKENS:
+            if (g_tokens_fwd(net, i, n, x, s))
                 return -1;
             break;
         case SF_L_SELF_ATTENTION:
@@ -936,6 +922,7 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
                 return -1;
             break;
         case SF_L_TO_TOKENS:
+        case SF_L_TO_MAP:
         case SF_L_CLASS_TOKEN:
         case SF_L_POS_EMBEDDING:
         case SF_L_SELECT_TOKEN:

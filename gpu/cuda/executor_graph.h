@@ -484,9 +484,10 @@ int g_attention_bwd(sf_cuda_net *net, gshape *S, int i, int b, int n, void *dx, 
  * sum (channel_shuffle, channel_slice, upsample), forward from x into the
  * layer's output and backward from its dy into dx. */
 int g_is_move(sf_layer_kind k);
-/* The backward of the token-sequence kinds of layer i over n samples, into
- * dx (NULL: not wanted; in_len its elements) and the layer's parameter
- * gradient. */
+/* The token-sequence kinds of layer i over n samples (executor_moves.cu):
+ * forward from x into its output; backward into dx (NULL: not wanted;
+ * in_len its elements) and the layer's parameter gradient. */
+int g_tokens_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
 int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len, cudaStream_t s);
 int g_moves_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s);
 int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s);

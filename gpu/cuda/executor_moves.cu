@@ -73,7 +73,35 @@ int g_moves_bwd(sf_cuda_net *net, int i, int n, void *dx, cudaStream_t s)
     }
 }
 
-/* Backward of the token-sequence kinds (to_tokens, class_token,
+/* Forward of the token-sequence kinds (to_tokens, to_map, class_token,
+ * pos_embedding, select_token, token_mean, transpose_tokens) of layer i over
+ * n samples of x. */
+int g_tokens_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
+{
+    const gen_net *g = net->g;
+    const sf_layer *L = &net->m.layers[i];
+    const sf_dtype dt = g->dt;
+    void *y = g->op[i].y;
+    const float *w = net->params + L->w_off;
+    switch (L->kind) {
+    case SF_L_TO_TOKENS:
+        return sf_cuda_tokens_from_map_dt(dt, g->lay, x, n, L->in_c, (size_t)L->in_h * L->in_w, y, s);
+    case SF_L_TO_MAP: /* tokens [h*w, C] as the map in the net's layout: to_tokens' backward move */
+        return sf_cuda_tokens_to_map_dt(dt, g->lay, x, n, L->in_c, (size_t)L->in_h, y, s);
+    case SF_L_CLASS_TOKEN:
+        return sf_cuda_prepend_token_fwd_dt(dt, x, n, L->in_h, L->in_c, w, y, s);
+    case SF_L_POS_EMBEDDING:
+        return sf_cuda_add_bcast_fwd_dt(dt, x, n, L->out_elems, w, y, s);
+    case SF_L_SELECT_TOKEN:
+        return sf_cuda_select_token_fwd_dt(dt, x, n, L->in_h, L->in_c, y, s);
+    case SF_L_TOKEN_MEAN:
+        return sf_cuda_token_mean_fwd_dt(dt, x, n, L->in_h, L->in_c, L->start, y, s);
+    default: /* SF_L_TRANSPOSE_TOKENS: [T, C] read as a [T, C] NCHW map, to_tokens' transpose */
+        return sf_cuda_tokens_from_map_dt(dt, SF_LAYOUT_NCHW, x, n, L->in_h, (size_t)L->in_c, y, s);
+    }
+}
+
+/* Backward of the token-sequence kinds (to_tokens, to_map, class_token,
  * pos_embedding, select_token, token_mean, transpose_tokens) of layer i over n samples, into dx (NULL:
  * not wanted) and the layer's parameter gradient. */
 int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len, cudaStream_t s)
@@ -86,6 +114,8 @@ int g_tokens_bwd(sf_cuda_net *net, int i, int n, void *dx, size_t in_len, cudaSt
     case SF_L_TO_TOKENS:
         return dx && sf_cuda_tokens_to_map_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->in_h * L->in_w, dx, s) ? -1
                                                                                                                : 0;
+    case SF_L_TO_MAP: /* the map's gradient back to tokens */
+        return dx && sf_cuda_tokens_from_map_dt(dt, g->lay, o->dy, n, L->in_c, (size_t)L->in_h, dx, s) ? -1 : 0;
     case SF_L_CLASS_TOKEN:
         return sf_cuda_prepend_token_bwd_dt(dt, o->dy, n, L->in_h, L->in_c, dx, net->grads + L->w_off, s) ? -1 : 0;
     case SF_L_POS_EMBEDDING: /* the input's gradient is dy itself */

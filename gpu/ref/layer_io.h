@@ -115,6 +115,8 @@ void sf_ref_layer_dropout_bwd(const sf_ref_io *io);
 /* tokens.c: to_tokens, class_token, pos_embedding, select_token */
 void sf_ref_layer_to_tokens_fwd(const sf_ref_io *io);
 void sf_ref_layer_to_tokens_bwd(const sf_ref_io *io);
+void sf_ref_layer_to_map_fwd(const sf_ref_io *io);
+void sf_ref_layer_to_map_bwd(const sf_ref_io *io);
 void sf_ref_layer_class_token_fwd(const sf_ref_io *io);
 void sf_ref_layer_class_token_bwd(const sf_ref_io *io);
 void sf_ref_layer_pos_embedding_fwd(const sf_ref_io *io);

@@ -1,6 +1,6 @@
 /* gpu/ref/tokens.c — reference token-sequence layers of a Vision
  * Transformer, forward and backward, in float and double (_f64): a map as
- * tokens (to_tokens), the class token in front (class_token), the position
+ * tokens (to_tokens) and back (to_map), the class token in front (class_token), the position
  * embedding (pos_embedding), the first token as features (select_token),
  * the tokens' mean (token_mean) and the sequence transposed
  * (transpose_tokens), and their hooks. A token sequence is [n, t, c], token-major. Contracts in
@@ -29,6 +29,22 @@ void sf_ref_layer_to_tokens_bwd(const sf_ref_io *io)
     if (!io->want[0])
         return;
     sf_ref_transpose(io->dy, io->n, L->in_h * L->in_w, L->in_c, io->scratch);
+    io->give(io, 0, io->scratch);
+}
+
+/* [h*w, C] token-major back to [C, h*w] channel-major: to_tokens' inverse. */
+void sf_ref_layer_to_map_fwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    sf_ref_transpose(io->x[0], io->n, L->in_h, L->in_c, io->y);
+}
+
+void sf_ref_layer_to_map_bwd(const sf_ref_io *io)
+{
+    const sf_layer *L = io->L;
+    if (!io->want[0])
+        return;
+    sf_ref_transpose(io->dy, io->n, L->in_c, L->in_h, io->scratch);
     io->give(io, 0, io->scratch);
 }
 

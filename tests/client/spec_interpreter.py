@@ -127,6 +127,8 @@ def run_spec(spec, tensors, x):
                 y = F.layer_norm(a[0], (a[0].shape[-1],), p("weight"), beta, layer.get("eps", 1e-5))
         elif t == "to_tokens":
             y = a[0].flatten(2).transpose(1, 2)
+        elif t == "to_map":
+            y = a[0].transpose(1, 2).unflatten(2, tuple(layer["size"]))
         elif t == "class_token":
             y = torch.cat([p("").expand(a[0].shape[0], -1, -1), a[0]], 1)
         elif t == "pos_embedding":

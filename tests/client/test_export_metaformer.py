@@ -82,3 +82,23 @@ def test_a_power_other_than_two_is_refused_naming_it(exponent):
     with pytest.raises(ExportError) as e:
         convert(Power(), (1, 3, 8, 8))
     assert f"raises to the power {exponent!r}; supported is x ** 2" in str(e.value) and "pow" in e.value.op
+
+
+class ScaleOnTheWidth(nn.Module):
+    """x * scale.view(C) of an NCHW map broadcasts over its width, not its
+    channels: no layer_scale computes that."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 1)
+        self.res = nn.Module()
+        self.res.scale = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        return (self.c(x) * self.res.scale.view((8,))).flatten(1)
+
+
+def test_a_parameter_viewed_as_itself_scales_only_tokens_or_a_channels_last_map():
+    with pytest.raises(ExportError, match=r"multiplies by the module tensor res.scale") as e:
+        convert(ScaleOnTheWidth(), (1, 3, 8, 8))
+    assert "channels-last map or a token sequence" in str(e.value)

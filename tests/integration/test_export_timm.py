@@ -254,13 +254,79 @@ class MetaFormerV2StyleNet(nn.Module):
         return self.head(torch.square(F.relu(self.head_norm(x.mean((2, 3))))))
 
 
+class MetaAttention(nn.Module):
+    """timm's MetaFormer Attention: a qkv Linear and a proj Linear without a
+    bias, F.scaled_dot_product_attention between. on_map: the tokens come
+    from a channels-last map [N, H, W, C] and go back to it before proj
+    (MetaFormer as first released, and many hybrids written by hand)."""
+
+    def __init__(self, dim, heads, on_map=False):
+        super().__init__()
+        self.heads, self.on_map = heads, on_map
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x):
+        shape = x.shape
+        if self.on_map:
+            x = x.reshape(shape[0], shape[1] * shape[2], shape[3])
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+        return self.proj(x.reshape(shape))
+
+
+class Scale(nn.Module):
+    """timm's MetaFormer Scale (res_scale), on tokens or a channels-last map:
+    x * scale.view(C)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.scale = nn.Parameter(torch.empty(dim).uniform_(0.5, 1.5))
+
+    def forward(self, x):
+        return x * self.scale.view((x.shape[-1],))
+
+
+class CaFormerStyleNet(nn.Module):
+    """CAFormer's attention stages, both ways a MetaFormer writes them: a
+    stage of tokens (timm's MetaFormerStage: x.reshape(B, C, -1).transpose(1,
+    2), blocks, x.transpose(1, 2).reshape(B, C, H, W)) and a block on a
+    channels-last map (permute(0, 2, 3, 1), the attention's tokens
+    reshaped from and to it, permute back); bias-free norms, res_scale,
+    StarReLU."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 4, stride=4)
+        self.norm1, self.mix1, self.res1 = nn.LayerNorm(16, bias=False), MetaAttention(16, 2), Scale(16)
+        self.norm2, self.res2 = nn.LayerNorm(16, bias=False), Scale(16)
+        self.fc1, self.act, self.fc2 = nn.Linear(16, 32, bias=False), StarReLU(), nn.Linear(32, 16, bias=False)
+        self.down = nn.Conv2d(16, 24, 2, stride=2)
+        self.norm3, self.mix3, self.res3 = nn.LayerNorm(24, bias=False), MetaAttention(24, 3, on_map=True), Scale(24)
+        self.head_norm = nn.LayerNorm(24)
+        self.head = nn.Linear(24, 10)
+        for m in (self.norm1, self.norm2, self.norm3, self.head_norm):
+            nn.init.uniform_(m.weight, 0.5, 1.5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        b, c, h, w = x.shape
+        t = x.reshape(b, c, -1).transpose(1, 2)
+        t = self.res1(t) + self.mix1(self.norm1(t))
+        t = self.res2(t) + self.fc2(self.act(self.fc1(self.norm2(t))))
+        x = self.down(t.transpose(1, 2).reshape(b, c, h, w))
+        y = x.permute(0, 2, 3, 1)
+        y = self.res3(y) + self.mix3(self.norm3(y))
+        return self.head(self.head_norm(y.permute(0, 3, 1, 2).mean((2, 3))))
+
+
 def _labels(rng):
     return rng.integers(0, 10, BATCH)
 
 
 @pytest.mark.parametrize("build", [TimmStyleNet, pytest.param(PoolFormerStyleNet, marks=UNDER_ASAN), EcaStyleNet,
-                                   MetaFormerV2StyleNet],
-                         ids=["batchnorm_act", "poolformer", "eca", "metaformer_v2"])
+                                   MetaFormerV2StyleNet, CaFormerStyleNet],
+                         ids=["batchnorm_act", "poolformer", "eca", "metaformer_v2", "caformer"])
 def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, spec_checker, build):  # noqa: F811
     torch.manual_seed(3)
     model = build()
@@ -280,7 +346,8 @@ def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, sp
 # 32x32, which PyTorch pools to 1x1 with ceil_mode and the service refuses as
 # a kernel larger than its input) and poolformer_s12 (101 s on a loaded
 # machine), ecaresnet26t (16 s; its ECA is EcaStyleNet's, above) and
-# poolformerv2_s12 (110 s; its block is MetaFormerV2StyleNet's).
+# poolformerv2_s12 (110 s; its block is MetaFormerV2StyleNet's), caformer_s18
+# (21 s; its attention stages are CaFormerStyleNet's).
 # STREAMFEED_TIMM_MODELS runs them.
 TIMM_MODELS = {
     "lcnet_050": "BatchNormAct2d with hard-swish, depthwise convolutions, SE with hard-sigmoid, a conv head",

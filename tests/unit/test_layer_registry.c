@@ -329,6 +329,11 @@ static void bad_specs_of_these_kinds_fail_naming_the_layer_and_field(void **stat
                       "\"k\"");
     expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"channel_conv1d\",\"k\":1}]}", "layer 1",
                       "token sequence");
+    /* to_map: a token sequence whose count its size holds, back into a map */
+    expect_json_error(HEAD "{\"type\":\"to_map\",\"size\":[8,8]}]}", "layer 0", "not a token sequence");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"to_map\"}]}", "layer 1", "\"size\"");
+    expect_json_error(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"to_map\",\"size\":[4,8]}]}", "layer 1",
+                      "size [4, 8] holds 32 tokens; the input has 64");
     /* pad: F.pad's bounds (input 8x8), crops and what PyTorch refuses */
     expect_json_error(HEAD "{\"type\":\"pad\"}]}", "layer 0", "missing \"pad\"");
     expect_json_error(HEAD "{\"type\":\"pad\",\"pad\":[1,1,1]}]}", "layer 0", "[left, right, top, bottom]");
@@ -405,6 +410,17 @@ static void expect_fields_json(const sf_layer *L, const char *want)
  * back the same string from files written by builds without them. */
 static void fields_marked_if_set_are_written_back_only_when_set(void **state)
 {
+    /* to_map's size, its shape and its CUDA check */
+    {
+        sf_model tm;
+        assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"to_tokens\"},{\"type\":\"to_map\",\"size\":[2,32]},"
+                                            "{\"type\":\"conv2d\",\"out\":4,\"k\":1}]}", &tm, err,
+                                            sizeof err), 0);
+        const sf_layer *tl = &tm.layers[1];
+        assert_true(tl->out_ch == 4 && tl->out_h == 2 && tl->out_w == 32 && !tl->tokens && !tl->flat);
+        assert_int_equal(sf_layer_cuda_check(&tm, 1, err, sizeof err), 0);
+        expect_fields_json(tl, "{\"size\":[2,32]}");
+    }
     static sf_model m;
     assert_int_equal(sf_model_from_json(HEAD "{\"type\":\"conv2d\",\"out\":4,\"k\":3,\"pad\":1,\"bias\":false},"
                                         "{\"type\":\"batchnorm2d\"},{\"type\":\"maxpool2d\",\"k\":2},"

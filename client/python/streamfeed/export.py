@@ -54,7 +54,7 @@ from torch import nn
 from .export_attention import HEADS_HINT, QkvAttention, attention_slots, match as match_attention, multihead_query
 from .export_affine import IN_PLACE_OPERATORS, AffineRefusal, affine_step, fold, set_fields
 from .export_check import check_trace, forward_failed, propagate, static_number
-from .export_nodes import _is_chunk_or_split, _is_float32_no_op, _meta_shape, _op_name, _path_of
+from .export_nodes import _is_chunk_or_split, _is_float32_no_op, _is_method_or, _meta_shape, _op_name, _path_of
 from .export_params import (batch_norm_call, channel_param, conv_call, group_norm_call, layer_norm_call, linear_call,
                             prelu_call, scale_param)
 from .export_error import ExportError
@@ -739,6 +739,13 @@ class _Converter(ChannelViews, ChannelConvs):
         proj Linear's; the nodes between make no layer."""
         out = self.b.emit("self_attention", att.name, [x], x.shape, tokens=True, num_heads=att.heads,
                           params=att.params, param_names=att.param_names, **att.fields)
+        if att.map_hw:
+            # heads merged into a channels-last map [N, H, W, C] before proj
+            # (timm's MetaFormer Attention): proj is per token, so the layer
+            # projects the tokens and to_map makes them the map after it
+            h, w = att.map_hw
+            out = self.b.emit("to_map", self.fname(att.proj, "to_map"), [out], (x.shape[1], h, w), nhwc=True,
+                              size=[h, w])
         self.claimed.update({n: "claimed" for n in att.inner})
         self.claimed[att.proj] = out
         return "claimed"
@@ -845,8 +852,12 @@ class _Converter(ChannelViews, ChannelConvs):
             if isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "get_attr":
                 return channel_param(self.b.state, str(n.args[0].target), _meta_shape(n) or (), op, path)
             x = self.val(n.args[0], n)
+            if x.nhwc and len(x.shape) == 3 and out == (x.shape[1] * x.shape[2], x.shape[0]):
+                # a channels-last [N,H,W,C] map as [N,H*W,C]: its tokens (timm's MetaFormer Attention)
+                return self.b.emit("to_tokens", self.fname(n, "to_tokens"), [x], out, tokens=True)
             if x.nhwc:
-                raise ExportError("reshapes a channels-last (permuted) tensor", op=op, module_path=path)
+                raise ExportError("reshapes a channels-last (permuted) tensor; supported is [N, H, W, C] to its "
+                                  "tokens [N, H*W, C]", op=op, module_path=path)
             if out == x.shape:
                 return x
             if len(x.shape) == 3 and not x.tokens and not x.ct and out == (x.shape[0], x.shape[1] * x.shape[2]):
@@ -867,7 +878,7 @@ class _Converter(ChannelViews, ChannelConvs):
             if x.ct and pair == {1, 2}:
                 return self.to_tokens(n, x)
             if x.tokens and pair == {1, 2}:
-                return self.transpose_tokens(n, x)
+                return self.tokens_to_map(n, x) or self.transpose_tokens(n, x)
             raise ExportError("transposes other than a [N,C,H*W] map to [N,H*W,C] tokens and the two dimensions of "
                               "a token sequence", op=op, module_path=path, supported=_supported_functions())
         if t is torch.permute or meth == "permute":
@@ -977,6 +988,22 @@ class _Converter(ChannelViews, ChannelConvs):
     def to_tokens(self, n: torch.fx.Node, x: _Val) -> _Val:
         c, t = x.shape
         return self.b.emit("to_tokens", self.fname(n, "to_tokens"), [x], (t, c), tokens=True)
+
+    def tokens_to_map(self, n: torch.fx.Node, x: _Val) -> Optional[str]:
+        """x.transpose(1, 2).reshape(N, C, H, W) of tokens [H*W, C] (timm's
+        MetaFormerStage after its attention blocks): the map they were made
+        from, one to_map layer that the reshape's value is. None where the
+        transpose goes anywhere else (transpose_tokens then)."""
+        users = list(n.users)
+        r = users[0] if len(users) == 1 else None
+        rs = _meta_shape(r) if r is not None else None
+        t, c = x.shape
+        if r is None or rs is None or not _is_method_or(r, ("reshape", "view"), (torch.reshape,)) or len(rs) != 4 or \
+                rs[1] != c or rs[2] * rs[3] != t:
+            return None
+        h, w = int(rs[2]), int(rs[3])
+        self.claimed[r] = self.b.emit("to_map", self.fname(r, "to_map"), [x], (c, h, w), size=[h, w])
+        return "claimed"
 
     def transpose_tokens(self, n: torch.fx.Node, x: _Val) -> _Val:
         """Tokens [T, C] as [C, T]: C tokens of T features (MLP-Mixer's
@@ -1158,7 +1185,7 @@ class _Converter(ChannelViews, ChannelConvs):
                                             add[0] if add else None, op, path)
             target = viewed.target if isinstance(viewed, _ChannelParam) else str(attrs[0].target)
             owner, leaf, f = scale_param(self.b.state, target, len(attrs), x, op, path,
-                                         isinstance(viewed, _ChannelParam))
+                                         isinstance(viewed, _ChannelParam) and not viewed.as_is)
             return self.b.emit("layer_scale", owner, [x], x.shape, nhwc=x.nhwc, tokens=x.tokens, params=[leaf], **f)
         # an expansion is only the broadcast the service's mul does: the other
         # factor must be a map of the expanded shape

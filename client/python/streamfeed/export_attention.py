@@ -78,6 +78,7 @@ class QkvAttention:
     proj: torch.fx.Node
     inner: Set[torch.fx.Node] = field(default_factory=set)
     fields: Dict[str, Any] = field(default_factory=dict)
+    map_hw: Optional[Tuple[int, int]] = None  # the heads merged into a channels-last [H, W, C] map
 
 
 def _value_users(n: torch.fx.Node) -> List[torch.fx.Node]:
@@ -259,20 +260,25 @@ def _split(w: _Walk, p: torch.fx.Node) -> List[torch.fx.Node]:
     return [w.past(pieces[i]) for i in range(3)]
 
 
-def _merge(w: _Walk, o: torch.fx.Node, t: int, c: int) -> torch.fx.Node:
+def _merge(w: _Walk, o: torch.fx.Node, t: int, c: int) -> Tuple[torch.fx.Node, Optional[Tuple[int, int]]]:
     """o [N, H, T, D] back to tokens [N, T, C]: transpose(1, 2) or
-    permute(0, 2, 1, 3), then reshape/view to [N, T, C] or flatten(2).
-    Returns the last node."""
+    permute(0, 2, 1, 3), then reshape/view to [N, T, C] or flatten(2), or
+    to a channels-last map [N, h, w, C] of h * w = T (timm's MetaFormer
+    Attention). Returns the last node and the map's [h, w] (None: tokens)."""
     tr = w.next(o, "the attention output")
     good = (_is_method_or(tr, ("transpose",), (torch.transpose,)) and _norm_dims(_dims(tr), 4) in ((1, 2), (2, 1))) or \
         (_is_method_or(tr, ("permute",), (torch.permute,)) and _norm_dims(_dims(tr), 4) == (0, 2, 1, 3))
     if not good:
         raise w.refuse(f"the attention output goes to {tr.name}, not to transpose(1, 2) merging the heads")
     m = w.next(tr, "the transposed output")
-    if not (_is_method_or(m, ("reshape", "view", "flatten"), (torch.reshape, torch.flatten)) and
-            (_meta_shape(m) or ())[1:] == (t, c)):
-        raise w.refuse(f"the transposed output goes to {m.name}, not to a reshape to [N, T, C] ({t}, {c})")
-    return m
+    ms = tuple(_meta_shape(m) or ())
+    if _is_method_or(m, ("reshape", "view"), (torch.reshape,)) and len(ms) == 4 and ms[3] == c and \
+            ms[1] * ms[2] == t:
+        return m, (int(ms[1]), int(ms[2]))
+    if not (_is_method_or(m, ("reshape", "view", "flatten"), (torch.reshape, torch.flatten)) and ms[1:] == (t, c)):
+        raise w.refuse(f"the transposed output goes to {m.name}, not to a reshape to [N, T, C] ({t}, {c}) or to a "
+                       "channels-last map [N, H, W, C] of those tokens")
+    return m, None
 
 
 def _prefix(*paths: str) -> str:
@@ -293,7 +299,8 @@ def _layer(w: _Walk, o: torch.fx.Node, tokens: Tuple[int, ...], heads: int, in_p
     and v's), their parameters under their own names. holder says which
     module holds them where none does."""
     t, c = tokens
-    proj = w.next(_merge(w, o, t, c), "the merged heads")
+    merged, map_hw = _merge(w, o, t, c)
+    proj = w.next(merged, "the merged heads")
     w.inner.discard(proj)
     pmod = w.gm.get_submodule(str(proj.target)) if proj.op == "call_module" else None
     if type(pmod) is not nn.Linear or pmod.in_features != c or pmod.out_features != c:
@@ -317,7 +324,7 @@ def _layer(w: _Walk, o: torch.fx.Node, tokens: Tuple[int, ...], heads: int, in_p
         raise w.refuse(f"the parameter name {long[0]} under {name} is longer than the {SUFFIX_MAX} characters the "
                        "service takes")
     return QkvAttention(name=name, heads=heads, params=suffixes, param_names=dict(zip(own, suffixes)), proj=proj,
-                        inner=w.inner, fields=fields)
+                        inner=w.inner, fields=fields, map_hw=map_hw)
 
 
 def _into_heads(lin: torch.fx.Node, t: int, c: int) -> Optional[Tuple[torch.fx.Node, torch.fx.Node, int]]:

@@ -79,11 +79,15 @@ class _Expanded:
 @dataclass
 class _ChannelParam:
     """A module's [C] parameter viewed as [1, C, 1, 1] (timm's ConvNeXt:
-    ``x.mul(self.gamma.reshape(1, -1, 1, 1))``), waiting for its mul."""
+    ``x.mul(self.gamma.reshape(1, -1, 1, 1))``), or as [C] itself (as_is:
+    timm's MetaFormer ``Scale`` on a channels-last map,
+    ``x * self.scale.view((C,))``), waiting for its mul."""
     target: str
+    as_is: bool = False
 
     def misused(self, what: str) -> str:
-        return (f"takes the parameter {self.target} viewed as [1, C, 1, 1] as its {what}; such a view is "
+        view = "[C]" if self.as_is else "[1, C, 1, 1]"
+        return (f"takes the parameter {self.target} viewed as {view} as its {what}; such a view is "
                 "supported as a map's per-channel scale (x * it: layer_scale) only")
 
 

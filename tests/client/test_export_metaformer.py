@@ -102,3 +102,20 @@ def test_a_parameter_viewed_as_itself_scales_only_tokens_or_a_channels_last_map(
     with pytest.raises(ExportError, match=r"multiplies by the module tensor res.scale") as e:
         convert(ScaleOnTheWidth(), (1, 3, 8, 8))
     assert "channels-last map or a token sequence" in str(e.value)
+
+
+class SplitAcrossRows(nn.Module):
+    """A channels-last map split along its rows (dim 1), not its channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x):
+        top, bottom = torch.split(self.c(x).permute(0, 2, 3, 1), 4, dim=1)
+        return (top + bottom).flatten(1)
+
+
+def test_a_channels_last_map_splits_along_its_channels_only():
+    with pytest.raises(ExportError, match=r"splits a tensor of per-sample shape \[4, 8, 8\] along dimension 1"):
+        convert(SplitAcrossRows(), (1, 3, 8, 8))

@@ -320,13 +320,35 @@ class CaFormerStyleNet(nn.Module):
         return self.head(self.head_norm(y.permute(0, 3, 1, 2).mean((2, 3))))
 
 
+class MambaOutStyleNet(nn.Module):
+    """MambaOut's gated CNN block on a channels-last map, as timm writes it:
+    torch.split of the expanded features along dim -1, a depthwise conv on
+    one piece permuted back to NCHW, torch.cat of two pieces along dim -1,
+    their product with the GELU of the third; a head of x.mean((1, 2))."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 4, stride=4)
+        self.norm, self.fc1, self.act = nn.LayerNorm(16, eps=1e-6), nn.Linear(16, 64), nn.GELU()
+        self.conv = nn.Conv2d(8, 8, 7, padding=3, groups=8)
+        self.fc2 = nn.Linear(32, 16)
+        self.head_norm, self.head = nn.LayerNorm(16), nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x).permute(0, 2, 3, 1)
+        g, i, c = torch.split(self.fc1(self.norm(x)), (32, 24, 8), dim=-1)
+        c = self.conv(c.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        x = x + self.fc2(self.act(g) * torch.cat((i, c), dim=-1))
+        return self.head(self.head_norm(x.mean((1, 2))))
+
+
 def _labels(rng):
     return rng.integers(0, 10, BATCH)
 
 
 @pytest.mark.parametrize("build", [TimmStyleNet, pytest.param(PoolFormerStyleNet, marks=UNDER_ASAN), EcaStyleNet,
-                                   MetaFormerV2StyleNet, CaFormerStyleNet],
-                         ids=["batchnorm_act", "poolformer", "eca", "metaformer_v2", "caformer"])
+                                   MetaFormerV2StyleNet, CaFormerStyleNet, MambaOutStyleNet],
+                         ids=["batchnorm_act", "poolformer", "eca", "metaformer_v2", "caformer", "mambaout"])
 def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, spec_checker, build):  # noqa: F811
     torch.manual_seed(3)
     model = build()
@@ -347,7 +369,8 @@ def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, sp
 # a kernel larger than its input) and poolformer_s12 (101 s on a loaded
 # machine), ecaresnet26t (16 s; its ECA is EcaStyleNet's, above) and
 # poolformerv2_s12 (110 s; its block is MetaFormerV2StyleNet's), caformer_s18
-# (21 s; its attention stages are CaFormerStyleNet's).
+# (21 s; its attention stages are CaFormerStyleNet's), mambaout_femto (50 s; its
+# block is MambaOutStyleNet's).
 # STREAMFEED_TIMM_MODELS runs them.
 TIMM_MODELS = {
     "lcnet_050": "BatchNormAct2d with hard-swish, depthwise convolutions, SE with hard-sigmoid, a conv head",

@@ -630,21 +630,25 @@ class _Converter(ChannelViews, ChannelConvs):
         return self.log_softmax(self.fname(n, "log_softmax"), self.val(n.args[0], n), dim, op)
 
     def cat(self, n: torch.fx.Node, tensors: Any, dim: Any, out: Tuple[int, ...], op: str, path: str) -> _Val:
-        """torch.cat of [C,H,W] maps along channels, or of flat features
-        along dim 1 (a multi-branch head's features); a class token in front
-        of a token sequence (class_token)."""
+        """torch.cat of [C,H,W] maps along channels (of channels-last maps
+        along their last dimension: MambaOut's gated block), or of flat
+        features along dim 1 (a multi-branch head's features); a class token
+        in front of a token sequence (class_token)."""
         if any(isinstance(self.vals.get(v), _Expanded) for v in tensors):
             return self.class_token(n, tensors, dim, op, path)
         vals = [self.val(v, n) for v in tensors]
+        cl = all(v.nhwc and len(v.shape) == 3 for v in vals)
         nd = 3 if all(v.plain(3) for v in vals) else 1 if all(v.plain(1) for v in vals) else 0
-        if not nd or dim not in (1, -nd):
+        if not (cl and dim in (3, -1)) and (not nd or dim not in (1, -nd)):
             raise ExportError(f"concatenates along dimension {dim}; the service concatenates [C,H,W] maps along "
-                              "channels or flat features along dim 1", op=op, module_path=path)
+                              "channels (channels-last maps along their last dimension) or flat features along "
+                              "dim 1", op=op, module_path=path)
         if len(vals) == 1:
             return vals[0]
         if len({v.shape[1:] for v in vals}) != 1:
             raise ExportError("concatenates maps of different sizes", op=op, module_path=path)
-        return self.b.emit("concat", self.fname(n, "cat"), vals, out)
+        return self.b.emit("concat", self.fname(n, "cat"), vals, (sum(v.shape[0] for v in vals),) + vals[0].shape[1:],
+                           nhwc=cl)
 
     def upsample(self, path: str, x: _Val, out: Tuple[int, ...], op: str, size: Any, factor: Any, mode: str,
                  align: Any, recompute: Any = None, antialias: Any = False) -> _Val:
@@ -1051,7 +1055,8 @@ class _Converter(ChannelViews, ChannelConvs):
 
     def reduce(self, n: torch.fx.Node, how: str, dim_arg: Any, keep: bool, op: str,
                path: str) -> Union[_Val, _ChannelSeq]:
-        """A mean, sum or amax over the spatial dimensions (2,3) of a map:
+        """A mean, sum or amax over the spatial dimensions (2,3) of a map
+        ((1,2) of a channels-last one: MambaOut's head):
         global_avgpool (a sum: then an affine layer times H*W), or for amax
         of a square map a maxpool2d of its size; a mean or sum over the
         tokens (dim 1) of a token sequence, or of x[:, a:]: token_mean (a
@@ -1070,8 +1075,10 @@ class _Converter(ChannelViews, ChannelConvs):
             f: Dict[str, Any] = {"start": start} if start else {}
             y = self.b.emit("token_mean", self.fname(n, how), [x], (x.shape[1],), **f)
             return self.scaled(n, y, x.shape[0] - start) if how == "sum" else y
-        if x.tokens or x.nhwc or len(x.shape) != 3 or {d % 4 for d in dims} != {2, 3} or len(dims) != 2:
-            raise ExportError(f"a {how} is supported over the spatial dimensions (2,3) of a [C,H,W] map" +
+        spatial = {1, 2} if x.nhwc else {2, 3}
+        if x.tokens or len(x.shape) != 3 or {d % 4 for d in dims} != spatial or len(dims) != 2:
+            raise ExportError(f"a {how} is supported over the spatial dimensions (2,3) of a [C,H,W] map "
+                              "((1,2) of a channels-last one)" +
                               (", or over the tokens (dim=1) of a token sequence" if how != "amax" else ""),
                               op=op, module_path=path)
         c, h, w = x.shape
@@ -1079,7 +1086,9 @@ class _Converter(ChannelViews, ChannelConvs):
             if h != w or h > MAX_KERNEL:
                 raise ExportError(f"an amax over (2,3) is supported of a square map of at most {MAX_KERNEL} a side "
                                   f"(a max pool of its size), not {h}x{w}", op=op, module_path=path)
-            y = self.b.emit("maxpool2d", self.fname(n, how), [x], (c, 1, 1), k=h)
+            y = self.b.emit("maxpool2d", self.fname(n, how), [x], (c, 1, 1), k=h, nhwc=x.nhwc and keep)
+        elif x.nhwc:  # kept: the pooled channels-last [1, 1, C]; else the features, as of the map
+            y = self.b.emit("global_avgpool", self.fname(n, how), [x], (c, 1, 1), nhwc=keep)
         else:
             y = self.b.emit("global_avgpool", self.fname(n, how), [x], (c, 1, 1))
             if how == "mean" and not keep and self.channel_seq_mean(n, c):
@@ -1201,11 +1210,12 @@ class _Converter(ChannelViews, ChannelConvs):
             a, c = self.val(a0, n), self.val(a1, n)
         if len(c.shape) == 3 and len(a.shape) == 3 and a.shape[1:] == (1, 1) and c.shape[1:] != (1, 1):
             a, c = c, a  # the service's mul takes the full map first, the [C,1,1] scale second
-        ok = a.shape == c.shape or (len(a.shape) == 3 and c.shape == (a.shape[0], 1, 1))
-        if not ok or a.nhwc or c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
+        ok = a.shape == c.shape or (len(a.shape) == 3 and c.shape == (a.shape[0], 1, 1) and not a.nhwc)
+        # two channels-last views of maps of one shape multiply as the maps do
+        if not ok or a.nhwc != c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
             raise ExportError(f"multiplies tensors of shapes {list(a.shape)} and {list(c.shape)}; supported are "
                               "equal shapes and a [C,H,W] map times a [C,1,1] one", op=op, module_path=path)
-        return self.b.emit("mul", self.fname(n, "mul"), [a, c], a.shape, tokens=a.tokens)
+        return self.b.emit("mul", self.fname(n, "mul"), [a, c], a.shape, nhwc=a.nhwc, tokens=a.tokens)
 
 
 # ---- the public functions -------------------------------------------------------------------

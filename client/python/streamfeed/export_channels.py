@@ -114,20 +114,23 @@ class ChannelViews:
     def pieces(self, n: torch.fx.Node) -> _Pieces:
         """x.chunk(k, dim=1), x.split(size or sizes, dim=1) and their torch
         functions: the channel ranges PyTorch made (an uneven last chunk
-        included), read from the traced shapes."""
+        included), read from the traced shapes; of a channels-last map
+        [N, H, W, C] along its last dimension too (MambaOut's gated block)."""
         op, path = self.opname(n), _path_of(n)
         x = self.val(n.args[0] if n.args else n.kwargs.get("input", n.kwargs.get("tensor")), n)
         short = "chunk" if "chunk" in str(getattr(n.target, "__name__", n.target)) else "split"
         dim = n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)
         metas = n.meta.get("tensor_meta")
-        if not x.plain(3) or not isinstance(dim, int) or dim % 4 != 1 or \
+        cl = x.nhwc and len(x.shape) == 3
+        if not (x.plain(3) or cl) or not isinstance(dim, int) or dim % 4 != (3 if cl else 1) or \
                 not isinstance(metas, (tuple, list)):
             raise ExportError(f"splits a tensor of per-sample shape {list(x.shape)} along dimension {dim}; the "
-                              "service slices [C,H,W] maps along channels (dim=1)", op=op, module_path=path)
+                              "service slices [C,H,W] maps along channels (dim=1; dim=-1 of a channels-last map)",
+                              op=op, module_path=path)
         spans: List[Tuple[int, int]] = []
         start = 0
         for tm in metas:
-            count = int(tm.shape[1])
+            count = int(tm.shape[3 if cl else 1])
             spans.append((start, count))
             start += count
         return _Pieces(x, spans, n, short)
@@ -139,7 +142,8 @@ class ChannelViews:
                               module_path=path)
         if (start, count) == (0, c):
             return x
-        return self.b.emit("channel_slice", name, [x], (count,) + tuple(x.shape[1:]), start=start, count=count)
+        return self.b.emit("channel_slice", name, [x], (count,) + tuple(x.shape[1:]), nhwc=x.nhwc, start=start,
+                           count=count)
 
     def take_piece(self, n: torch.fx.Node, pv: _Pieces, op: str, path: str) -> _Val:
         i = n.args[1]

@@ -613,6 +613,19 @@ __global__ void k_avgpool2d_bwd(const T *__restrict__ dy, int C, int H, int W, i
     dx[i] = cu_to<T>(s);
 }
 
+/* Vector i of an NHWC tensor [N, Y, X, Cv vectors]: its channel vector, x, y
+ * and sample. */
+__device__ __forceinline__ void nhwc_vec_at(unsigned i, unsigned Cv, int X, int Y, unsigned *cv, int *x, int *y,
+                                            unsigned *ni)
+{
+    *cv = i % Cv;
+    unsigned r = i / Cv;
+    *x = (int)(r % (unsigned)X);
+    r /= (unsigned)X;
+    *y = (int)(r % (unsigned)Y);
+    *ni = r / (unsigned)Y;
+}
+
 /* NHWC over 16-byte vectors of V channels (C % V == 0, x and y aligned): a
  * thread per (output pixel, V channels), summing the taps in the order of
  * k_avgpool2d_fwd, so that the results are the same bits. A thread per
@@ -627,12 +640,9 @@ __global__ void __launch_bounds__(CU_TPB)
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
         return;
-    const unsigned Cv = (unsigned)C / V, cv = i % Cv;
-    unsigned r = i / Cv;
-    const int ox = (int)(r % (unsigned)OW);
-    r /= (unsigned)OW;
-    const int oy = (int)(r % (unsigned)OH);
-    const unsigned ni = r / (unsigned)OH;
+    unsigned cv, ni;
+    int ox, oy;
+    nhwc_vec_at(i, (unsigned)C / V, OW, OH, &cv, &ox, &oy, &ni);
     int y0, y1, sy, x0, x1, sx;
     avg_window(oy, k, stride, pad, H, &y0, &y1, &sy);
     avg_window(ox, k, stride, pad, W, &x0, &x1, &sx);
@@ -666,12 +676,9 @@ __global__ void __launch_bounds__(CU_TPB)
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total)
         return;
-    const unsigned Cv = (unsigned)C / V, cv = i % Cv;
-    unsigned r = i / Cv;
-    const int ix = (int)(r % (unsigned)W);
-    r /= (unsigned)W;
-    const int iy = (int)(r % (unsigned)H);
-    const unsigned ni = r / (unsigned)H;
+    unsigned cv, ni;
+    int ix, iy;
+    nhwc_vec_at(i, (unsigned)C / V, W, H, &cv, &ix, &iy, &ni);
     int oy0, oy1, ox0, ox1;
     pool_windows(iy, k, stride, pad, OH, &oy0, &oy1);
     pool_windows(ix, k, stride, pad, OW, &ox0, &ox1);

@@ -465,7 +465,7 @@ FUZZ_CORPUS_safetensors := tests/fuzz/corpus
 # target that resolves models links the reference layer families with it.
 FUZZ_REF_LAYERS := $(filter-out gpu/ref/backend_ref.c gpu/ref/jpeg.c gpu/ref/image.c gpu/ref/png.c gpu/ref/webp.c gpu/ref/augment.c gpu/ref/loss.c gpu/ref/optimizer.c,$(wildcard gpu/ref/*.c))
 # config_checks.c checks http.tls_priorities with GnuTLS (server/tls.c).
-FUZZ_SRC_config_patch := $(wildcard server/config*.c) server/netaddr.c server/lr_schedule.c server/text.c server/tls.c gpu/model.c gpu/layers.c gpu/layer_json.c gpu/layers_doc.c $(FUZZ_REF_LAYERS) gpu/aug.c gpu/common.c
+FUZZ_SRC_config_patch := $(wildcard server/config*.c) server/netaddr.c server/lr_schedule.c server/text.c server/tls.c gpu/model.c gpu/layers.c gpu/layer_json.c gpu/layer_init.c gpu/layers_doc.c $(FUZZ_REF_LAYERS) gpu/aug.c gpu/common.c
 FUZZ_CORPUS_config_patch := tests/fuzz/corpus_config_patch
 FUZZ_SRC_jpeg_header := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c
 FUZZ_CORPUS_jpeg_header := tests/fuzz/corpus_jpeg_header
@@ -474,7 +474,7 @@ FUZZ_CORPUS_png_header := tests/fuzz/corpus_png_header
 FUZZ_SRC_webp_header := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c
 FUZZ_CORPUS_webp_header := tests/fuzz/corpus_webp_header
 # the checkpoint decoder, on the whole-file reader, against the model it decodes for
-FUZZ_SRC_checkpoint := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c server/checkpoint_format.c gpu/model.c gpu/layers.c gpu/layer_json.c $(FUZZ_REF_LAYERS) gpu/common.c
+FUZZ_SRC_checkpoint := server/safetensors.c $(IMAGE_HEADER_SRC) server/text.c server/checkpoint_format.c gpu/model.c gpu/layers.c gpu/layer_json.c gpu/layer_init.c $(FUZZ_REF_LAYERS) gpu/common.c
 FUZZ_CORPUS_checkpoint := tests/fuzz/corpus_checkpoint
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz_%)
 test-builds-side: $(FUZZ_BINS)

@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "gpu/common.h"
+#include "gpu/layer_init.h"
 #include "gpu/pool_rule.h"
 #include "gpu/ref/layer_io.h"
 #include "gpu/rng.h"
@@ -221,6 +222,11 @@ static const sf_layer_field token_mean_fields[] = {
 static const sf_layer_field pixel_shuffle_fields[] = {
     {"factor", SF_FT_INT, OFF(scale), 1, 64, 0, SF_FF_REQUIRED, NULL,
      "r: each r x r block of output pixels comes from r * r channels of one input pixel"},
+    F_END,
+};
+static const sf_layer_field grn_fields[] = {
+    {"eps", SF_FT_FLOAT, OFF(eps), 0, 1, 1e-6, SF_FF_LO_OPEN | SF_FF_IF_SET, NULL,
+     "added to the channels' mean norm before the division (timm's GlobalResponseNorm: 1e-6)"},
     F_END,
 };
 static const sf_layer_field to_map_fields[] = {
@@ -974,126 +980,12 @@ static int attention_params(const sf_layer *L, sf_param_desc pd[SF_PARAM_SLOTS])
 
 static const char *const bn_buffers[] = {"running_mean", "running_var", NULL};
 
-/* ---- initialisation ------------------------------------------------------------- */
-
-/* A standard normal from two counter-based uniforms (Box-Muller). */
-static double normal01(uint64_t seed, uint64_t li, uint64_t e)
-{
-    double u1 = sf_u01(sf_hash4(seed, li, e, 1)), u2 = sf_u01(sf_hash4(seed, li, e, 2));
-    if (u1 < 1e-300)
-        u1 = 1e-300;
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
-/* PyTorch's default for Conv2d, ConvTranspose2d and Linear
- * (kaiming_uniform_(a=sqrt(5)): U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the
- * same bound for the bias), or torchvision's kaiming_normal_(fan_out, relu)
- * with a zero bias when the layer asks for it. Element e of the layer counts
- * the weight's elements first, then the bias's. */
-static void init_fan_in(const sf_layer *L, int li, uint64_t seed, float *params, size_t fan_in)
-{
-    if (L->init == SF_INIT_KAIMING_FAN_OUT) {
-        const double sd = sqrt(2.0 / ((double)L->out_c * L->k * (L->kw ? L->kw : L->k)));
-        for (size_t e = 0; e < L->n_w; e++)
-            params[L->w_off + e] = (float)(sd * normal01(seed, (uint64_t)li, e));
-        for (size_t e = 0; e < L->n_b; e++)
-            params[L->b_off + e] = 0.0f;
-        return;
-    }
-    const double bound = 1.0 / sqrt((double)fan_in);
-    for (size_t e = 0; e < L->n_w + L->n_b; e++) {
-        const double u = sf_u01(sf_hash4(seed, (uint64_t)li, (uint64_t)e, 0));
-        const float v = (float)((2.0 * u - 1.0) * bound);
-        if (e < L->n_w)
-            params[L->w_off + e] = v;
-        else
-            params[L->b_off + (e - L->n_w)] = v;
-    }
-}
-
-static void conv2d_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    init_fan_in(L, li, seed, params, (size_t)(L->in_c / (L->groups > 1 ? L->groups : 1)) * L->k * L->kw);
-}
-
-/* PyTorch computes a transposed convolution's fan_in from weight.size(1). */
-static void convt2d_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    init_fan_in(L, li, seed, params, (size_t)L->out_c * L->k * L->k);
-}
-
-static void linear_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    init_fan_in(L, li, seed, params, (size_t)L->in_c);
-}
-
-/* Normalisation layers: weight 1, bias 0. */
-static void ones_zeros_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    for (size_t e = 0; e < L->n_w; e++)
-        params[L->w_off + e] = 1.0f;
-    for (size_t e = 0; e < L->n_b; e++)
-        params[L->b_off + e] = 0.0f;
-}
-
-/* torchvision's CNBlock: torch.ones(dim, 1, 1) * layer_scale (1e-6). */
-static void layer_scale_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    for (size_t e = 0; e < L->n_w; e++)
-        params[L->w_off + e] = 1e-6f;
-}
-
-/* nn.Conv1d's init: fan_in = in_channels * k = k. */
-static void channel_conv1d_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    init_fan_in(L, li, seed, params, (size_t)L->k);
-}
-
-/* nn.PReLU's init: every slope 0.25. */
-static void prelu_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    for (size_t e = 0; e < L->n_w; e++)
-        params[L->w_off + e] = 0.25f;
-}
-
-static void zeros_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    for (int j = 0; j < SF_PARAM_SLOTS; j++)
-        for (size_t e = 0; e < L->p_n[j]; e++)
-            params[L->p_off[j] + e] = 0.0f;
-}
-
-/* torchvision's Encoder: pos_embedding ~ N(0, 0.02^2). */
-static void pos_embedding_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    for (size_t e = 0; e < L->n_w; e++)
-        params[L->w_off + e] = (float)(0.02 * normal01(seed, (uint64_t)li, e));
-}
-
-/* nn.MultiheadAttention._reset_parameters: xavier_uniform_ in_proj_weight
- * (fan_in C, fan_out 3C), zero biases; out_proj.weight keeps nn.Linear's
- * default, U(-1/sqrt(C), 1/sqrt(C)). Element e counts the slots in order. */
-static void attention_init(const sf_layer *L, int li, uint64_t seed, float *params)
-{
-    const double c = (double)L->in_c;
-    double bound[SF_PARAM_SLOTS] = {0};
-    for (int k = 0; k < (L->qkv_split ? 3 : 1); k++)
-        bound[sf_attn_slot(L, 0, 0) + k] = sqrt(6.0 / (c + 3.0 * c));
-    bound[sf_attn_slot(L, 1, 0)] = 1.0 / sqrt(c);
-    size_t e = 0;
-    for (int j = 0; j < SF_PARAM_SLOTS; j++)
-        for (size_t i = 0; i < L->p_n[j]; i++, e++) {
-            const double u = sf_u01(sf_hash4(seed, (uint64_t)li, (uint64_t)e, 0));
-            params[L->p_off[j] + i] = (float)((2.0 * u - 1.0) * bound[j]);
-        }
-}
-
 /* ---- the table ------------------------------------------------------------------ */
 
 static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_CONV2D] = {
         .name = "conv2d", .torch = "nn.Conv2d", .min_in = 1, .max_in = 1, .needs_map = 1,
-        .fields = conv2d_fields, .shape = conv2d_shape, .params = conv2d_params, .init = conv2d_init,
+        .fields = conv2d_fields, .shape = conv2d_shape, .params = conv2d_params, .init = sf_init_conv2d,
         .ref_fwd = sf_ref_layer_conv2d_fwd, .ref_bwd = sf_ref_layer_conv2d_bwd,
         .bf16_weights = 1, .bf16_wgrad = 1, .cuda = 1,
         .doc = "2-D convolution, grouped (depthwise) and dilated, square or [h, w] windows; weight "
@@ -1108,20 +1000,20 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "[C,H,W] to [C*H*W] features (a view, no copy)"},
     [SF_L_LINEAR] = {
         .name = "linear", .torch = "nn.Linear", .min_in = 1, .max_in = 1, .fields = linear_fields,
-        .shape = linear_shape, .params = linear_params, .init = linear_init,
+        .shape = linear_shape, .params = linear_params, .init = sf_init_linear,
         .ref_fwd = sf_ref_layer_linear_fwd, .ref_bwd = sf_ref_layer_linear_bwd, .bf16_weights = 1, .cuda = 1,
         .cuda_tokens = 1,
         .doc = "fully connected layer over flat features, or per pixel over a map's channels; weight [out, in]"},
     [SF_L_CONV_TRANSPOSE2D] = {
         .name = "conv_transpose2d", .torch = "nn.ConvTranspose2d", .min_in = 1, .max_in = 1, .needs_map = 1,
-        .fields = convt2d_fields, .shape = convt2d_shape, .params = convt2d_params, .init = convt2d_init,
+        .fields = convt2d_fields, .shape = convt2d_shape, .params = convt2d_params, .init = sf_init_convt2d,
         .ref_fwd = sf_ref_layer_convt2d_fwd, .ref_bwd = sf_ref_layer_convt2d_bwd,
         .bf16_weights = 1, .bf16_wgrad = 1, .cuda = 1,
         .doc = "transposed 2-D convolution; weight [in, out, k, k]"},
     [SF_L_BATCHNORM2D] = {
         .name = "batchnorm2d", .torch = "nn.BatchNorm2d, nn.BatchNorm1d", .min_in = 1, .max_in = 1, .no_tokens = 1,
         .fields = bn2d_fields, .shape = bn2d_shape, .params = affine_params, .buffers = bn_buffers,
-        .init = ones_zeros_init, .ref_fwd = sf_ref_layer_bn2d_fwd, .ref_bwd = sf_ref_layer_bn2d_bwd,
+        .init = sf_init_ones_zeros, .ref_fwd = sf_ref_layer_bn2d_fwd, .ref_bwd = sf_ref_layer_bn2d_bwd,
         .ref_save = sf_ref_layer_bn2d_save, .cuda = 1,
         .doc = "batch normalisation per channel of a map, or per feature of flat features (nn.BatchNorm1d on "
                "[N, F]); running statistics as buffers"},
@@ -1194,6 +1086,14 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "a token sequence [h * w, C] as the [C, h, w] map it was made from, the inverse of to_tokens "
                "(CAFormer's attention over a channels-last map: x.reshape(B, H * W, C), attention, then "
                "reshape(B, H, W, C) back)"},
+    /* Reference backend only: no CUDA kernels yet (the CUDA backend refuses
+     * the layer by name, pointing at pipeline.backend=ref). */
+    [SF_L_GRN] = {
+        .name = "grn", .torch = "timm's GlobalResponseNorm (ConvNeXt V2's GRN)", .min_in = 1, .max_in = 1,
+        .needs_map = 1, .fields = grn_fields, .shape = same_shape, .params = affine_params, .init = sf_init_zeros,
+        .ref_fwd = sf_ref_layer_grn_fwd, .ref_bwd = sf_ref_layer_grn_bwd,
+        .doc = "per sample, each channel's L2 norm over the positions g, divided by the channels' mean of it "
+               "plus eps (nx); x + weight * x * nx + bias; weight, bias [C] (zeros at the start, as timm's)"},
     [SF_L_MUL] = {
         .name = "mul", .torch = "a * b", .min_in = 2, .max_in = 2, .fields = no_fields, .shape = mul_shape,
         .ref_fwd = sf_ref_layer_mul_fwd, .ref_bwd = sf_ref_layer_mul_bwd, .cuda = 1,
@@ -1201,14 +1101,14 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_LAYER_SCALE] = {
         .name = "layer_scale", .torch = "x * layer_scale (ConvNeXt CNBlock), x * gamma (timm's LayerScale)",
         .min_in = 1, .max_in = 1, .fields = layer_scale_fields, .shape = layer_scale_shape,
-        .params = layer_scale_params, .init = layer_scale_init, .ref_fwd = sf_ref_layer_layer_scale_fwd,
+        .params = layer_scale_params, .init = sf_init_layer_scale, .ref_fwd = sf_ref_layer_layer_scale_fwd,
         .ref_bwd = sf_ref_layer_layer_scale_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "per-channel scale of a map or of each token by a parameter <name>.layer_scale, [C,1,1] on a map "
                "(`vector`: [C]) and [C] on tokens (initialised to 1e-6; `param_names` keys it as the module does, "
                "`gamma`)"},
     [SF_L_PRELU] = {
         .name = "prelu", .torch = "nn.PReLU(num_parameters), F.prelu", .min_in = 1, .max_in = 1, .no_tokens = 1,
-        .fields = prelu_fields, .shape = num_parameters_shape, .params = prelu_params, .init = prelu_init,
+        .fields = prelu_fields, .shape = num_parameters_shape, .params = prelu_params, .init = sf_init_prelu,
         .ref_fwd = sf_ref_layer_prelu_fwd, .ref_bwd = sf_ref_layer_prelu_bwd, .cuda = 1,
         .doc = "x where x > 0, else a * x: one slope a for every channel, or one per channel of a map or feature "
                "of flat features; weight [num_parameters] (initialised to 0.25, nn.PReLU's init). As PyTorch's "
@@ -1232,12 +1132,12 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "average pooling to an output size, PyTorch's bins"},
     [SF_L_LAYERNORM2D] = {
         .name = "layernorm2d", .torch = "torchvision LayerNorm2d", .min_in = 1, .max_in = 1, .needs_map = 1,
-        .fields = ln_fields, .shape = ln2d_shape, .params = ln_params, .init = ones_zeros_init,
+        .fields = ln_fields, .shape = ln2d_shape, .params = ln_params, .init = sf_init_ones_zeros,
         .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd, .cuda = 1,
         .doc = "LayerNorm over the channels of each pixel; weight, bias [C] (`bias`: false leaves it out)"},
     [SF_L_LAYERNORM] = {
         .name = "layernorm", .torch = "nn.LayerNorm(F)", .min_in = 1, .max_in = 1, .fields = ln_fields,
-        .shape = ln_shape, .params = ln_params, .init = ones_zeros_init,
+        .shape = ln_shape, .params = ln_params, .init = sf_init_ones_zeros,
         .ref_fwd = sf_ref_layer_layernorm_fwd, .ref_bwd = sf_ref_layer_layernorm_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "LayerNorm over the features of a flat tensor; weight, bias [F] (`bias`: false leaves it out)"},
     [SF_L_CONCAT] = {
@@ -1272,7 +1172,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
                "gradient gathers each input pixel's share of the outputs that read it"},
     [SF_L_GROUPNORM] = {
         .name = "groupnorm", .torch = "nn.GroupNorm", .min_in = 1, .max_in = 1, .no_tokens = 1, .fields = gn_fields,
-        .shape = gn_shape, .params = gn_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_groupnorm_fwd,
+        .shape = gn_shape, .params = gn_params, .init = sf_init_ones_zeros, .ref_fwd = sf_ref_layer_groupnorm_fwd,
         .ref_bwd = sf_ref_layer_groupnorm_bwd, .cuda = 1,
         .doc = "GroupNorm: each sample's channels in num_groups groups, each normalised over its channels and "
                "positions (no running statistics: the same in training and eval); weight, bias [C] where affine "
@@ -1294,21 +1194,21 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_CLASS_TOKEN] = {
         .name = "class_token", .torch = "torch.cat([class_token.expand(n, -1, -1), x], dim=1)", .min_in = 1,
         .max_in = 1, .fields = no_fields, .shape = class_token_shape, .params = class_token_params,
-        .init = zeros_init, .ref_fwd = sf_ref_layer_class_token_fwd, .ref_bwd = sf_ref_layer_class_token_bwd,
+        .init = sf_init_zeros, .ref_fwd = sf_ref_layer_class_token_fwd, .ref_bwd = sf_ref_layer_class_token_bwd,
         .cuda = 1, .cuda_tokens = 1,
         .doc = "a parameter [1,1,C] in front of the tokens: [T, C] to [T+1, C]; its state_dict key is the layer's "
                "name (`class_token`, initialised to 0)"},
     [SF_L_POS_EMBEDDING] = {
         .name = "pos_embedding", .torch = "x + pos_embedding (torchvision Encoder)", .min_in = 1, .max_in = 1,
         .fields = no_fields, .shape = tokens_same_shape, .params = pos_embedding_params,
-        .init = pos_embedding_init, .ref_fwd = sf_ref_layer_pos_embedding_fwd,
+        .init = sf_init_pos_embedding, .ref_fwd = sf_ref_layer_pos_embedding_fwd,
         .ref_bwd = sf_ref_layer_pos_embedding_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "adds a parameter [1,T,C] to the tokens; its state_dict key is the layer's name "
                "(`encoder.pos_embedding`, initialised from N(0, 0.02^2))"},
     [SF_L_SELF_ATTENTION] = {
         .name = "self_attention", .torch = "nn.MultiheadAttention(C, heads, batch_first=True)(x, x, x)",
         .min_in = 1, .max_in = 1, .fields = attention_fields, .shape = attention_shape,
-        .params = attention_params, .init = attention_init, .ref_fwd = sf_ref_layer_attention_fwd,
+        .params = attention_params, .init = sf_init_attention, .ref_fwd = sf_ref_layer_attention_fwd,
         .ref_bwd = sf_ref_layer_attention_bwd, .ref_save = sf_ref_layer_attention_save,
         .cuda = 1, .cuda_tokens = 1,
         .doc = "multi-head self-attention over the tokens, softmax(q k^T / sqrt(C / heads)) v per head, no mask; "
@@ -1330,7 +1230,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_SCALE_SHIFT] = {
         .name = "scale_shift", .torch = "x * weight + bias, learnable (timm's LearnableAffineBlock, ResMLP's Affine)",
         .min_in = 1, .max_in = 1, .fields = scale_shift_fields, .shape = num_parameters_shape,
-        .params = scale_shift_params, .init = ones_zeros_init, .ref_fwd = sf_ref_layer_scale_shift_fwd,
+        .params = scale_shift_params, .init = sf_init_ones_zeros, .ref_fwd = sf_ref_layer_scale_shift_fwd,
         .ref_bwd = sf_ref_layer_scale_shift_bwd, .cuda = 1, .cuda_tokens = 1,
         .doc = "x * weight + bias with learnable weight and bias (`bias`: false leaves it out): one of each for the "
                "whole tensor, or one per channel of a map, of flat features or of each token, held in "
@@ -1339,7 +1239,7 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
     [SF_L_CHANNEL_CONV1D] = {
         .name = "channel_conv1d", .torch = "nn.Conv1d(1, 1, k) across the channels (ECA's x.mean((2, 3)).view(n, 1, -1))",
         .min_in = 1, .max_in = 1, .no_tokens = 1, .fields = channel_conv1d_fields, .shape = channel_conv1d_shape,
-        .params = channel_conv1d_params, .init = channel_conv1d_init, .ref_fwd = sf_ref_layer_channel_conv1d_fwd,
+        .params = channel_conv1d_params, .init = sf_init_channel_conv1d, .ref_fwd = sf_ref_layer_channel_conv1d_fwd,
         .ref_bwd = sf_ref_layer_channel_conv1d_bwd, .cuda = 1,
         .doc = "a one-channel 1-D convolution along the C values of a [C,1,1] map or of [C] features, zero-padded by "
                "`pad` at each end (ECA's channel attention, whose sigmoid then scales the map): y[c] = bias + "

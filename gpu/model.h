@@ -118,6 +118,7 @@ typedef enum sf_layer_kind {
     SF_L_CHANNEL_CONV1D, /* nn.Conv1d(1, 1, k) across the channels of a [C,1,1] map or [F] features (ECA) */
     SF_L_SQUARE,   /* x * x (torch.square, x ** 2: timm's StarReLU and SquaredReLU) */
     SF_L_TO_MAP,   /* [h*w, C] tokens -> [C, h, w]: to_tokens' inverse (CAFormer's attention on a map) */
+    SF_L_GRN,      /* Global Response Normalization of a map (ConvNeXt V2); weight, bias [C] */
     /* Every kind's row (fields, shapes, parameters, hooks) is in gpu/layers.c. */
     SF_L_KIND_COUNT
 } sf_layer_kind;

@@ -88,6 +88,9 @@ void sf_ref_layer_act_bwd(const sf_ref_io *io);
 /* prelu.c */
 void sf_ref_layer_prelu_fwd(const sf_ref_io *io);
 void sf_ref_layer_prelu_bwd(const sf_ref_io *io);
+/* grn.c */
+void sf_ref_layer_grn_fwd(const sf_ref_io *io);
+void sf_ref_layer_grn_bwd(const sf_ref_io *io);
 /* channel_conv1d.c */
 void sf_ref_layer_channel_conv1d_fwd(const sf_ref_io *io);
 void sf_ref_layer_channel_conv1d_bwd(const sf_ref_io *io);

@@ -366,6 +366,19 @@ void sf_ref_prelu_bwd(const float *x, int n, int c, size_t hw, const float *w, i
 void sf_ref_prelu_bwd_f64(const double *x, int n, int c, size_t hw, const double *w, int np, const double *dy,
                           double *dx, double *dw);
 
+/* ---- Global Response Normalization (grn.c) ------------------------------------ */
+/* ConvNeXt V2's GRN on [n, c, hw]: per sample, g[c] = the L2 norm of channel
+ * c over its positions, nx[c] = g[c] / (mean over the channels of g + eps),
+ * y = x + w[c] * x * nx[c] + b[c] (w, b [c]). The backward writes dx (NULL:
+ * not wanted) and, when not NULL, dw and db ([c]). */
+void sf_ref_grn_fwd(const float *x, int n, int c, size_t hw, const float *w, const float *b, float eps, float *y);
+void sf_ref_grn_fwd_f64(const double *x, int n, int c, size_t hw, const double *w, const double *b, double eps,
+                        double *y);
+void sf_ref_grn_bwd(const float *x, int n, int c, size_t hw, const float *w, float eps, const float *dy, float *dx,
+                    float *dw, float *db);
+void sf_ref_grn_bwd_f64(const double *x, int n, int c, size_t hw, const double *w, double eps, const double *dy,
+                        double *dx, double *dw, double *db);
+
 /* ---- a convolution across channels (channel_conv1d.c) -------------------------- */
 /* ECA's Conv1d(1, 1, k, padding=pad) along each sample's c values (a pooled
  * [c,1,1] map or [c] features): y[n][i] = (b ? b[0] : 0) + sum over j < k of

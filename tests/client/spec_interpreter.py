@@ -127,6 +127,10 @@ def run_spec(spec, tensors, x):
                 y = F.layer_norm(a[0], (a[0].shape[-1],), p("weight"), beta, layer.get("eps", 1e-5))
         elif t == "to_tokens":
             y = a[0].flatten(2).transpose(1, 2)
+        elif t == "grn":
+            g = a[0].norm(p=2, dim=(2, 3), keepdim=True)
+            nx = g / (g.mean(dim=1, keepdim=True) + layer.get("eps", 1e-6))
+            y = a[0] + p("weight").view(1, -1, 1, 1) * (a[0] * nx) + p("bias").view(1, -1, 1, 1)
         elif t == "to_map":
             y = a[0].transpose(1, 2).unflatten(2, tuple(layer["size"]))
         elif t == "class_token":

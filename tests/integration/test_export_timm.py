@@ -342,13 +342,52 @@ class MambaOutStyleNet(nn.Module):
         return self.head(self.head_norm(x.mean((1, 2))))
 
 
+class ConvNeXtV2StyleNet(nn.Module):
+    """ConvNeXt V2's block as timm writes it: a depthwise conv, a
+    channels-last LayerNorm and MLP whose Global Response Norm sits between
+    GELU and the second Linear (torch.addcmul of its [C] weight and bias,
+    viewed), and a second block in the official repository's spelling
+    (gamma * (x * nx) + beta + x on an NCHW map)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 4, stride=4)
+        self.dw = nn.Conv2d(16, 16, 7, padding=3, groups=16)
+        self.norm, self.fc1, self.act = nn.LayerNorm(16, eps=1e-6), nn.Linear(16, 32), nn.GELU()
+        self.grn = nn.Module()
+        self.grn.weight, self.grn.bias = nn.Parameter(0.5 * torch.randn(32)), nn.Parameter(0.5 * torch.randn(32))
+        self.fc2 = nn.Linear(32, 16)
+        self.grn2 = nn.Module()
+        self.grn2.gamma, self.grn2.beta = nn.Parameter(0.5 * torch.randn(16)), nn.Parameter(0.5 * torch.randn(16))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.act(self.fc1(self.norm(self.dw(x).permute(0, 2, 3, 1))))
+        g = y.norm(p=2, dim=(1, 2), keepdim=True)
+        n = g / (g.mean(dim=-1, keepdim=True) + 1e-6)
+        y = y + torch.addcmul(self.grn.bias.view(1, 1, 1, -1), self.grn.weight.view(1, 1, 1, -1), y * n)
+        x = x + self.fc2(y).permute(0, 3, 1, 2)
+        g = torch.norm(x, p=2, dim=(2, 3), keepdim=True)
+        n = g / (g.mean(dim=1, keepdim=True) + 1e-5)
+        x = self.grn2.gamma.view(1, -1, 1, 1) * (x * n) + self.grn2.beta.view(1, -1, 1, 1) + x
+        return self.head(x.mean((2, 3)))
+
+
+# grn runs on the reference backend only (docs/LAYERS.md's CUDA column).
+REF_ONLY = pytest.mark.skipif(os.environ.get("STREAMFEED_PARITY_BACKEND", "ref") == "cuda",
+                              reason="grn runs on the reference backend only")
+
+
 def _labels(rng):
     return rng.integers(0, 10, BATCH)
 
 
 @pytest.mark.parametrize("build", [TimmStyleNet, pytest.param(PoolFormerStyleNet, marks=UNDER_ASAN), EcaStyleNet,
-                                   MetaFormerV2StyleNet, CaFormerStyleNet, MambaOutStyleNet],
-                         ids=["batchnorm_act", "poolformer", "eca", "metaformer_v2", "caformer", "mambaout"])
+                                   MetaFormerV2StyleNet, CaFormerStyleNet, MambaOutStyleNet,
+                                   pytest.param(ConvNeXtV2StyleNet, marks=REF_ONLY)],
+                         ids=["batchnorm_act", "poolformer", "eca", "metaformer_v2", "caformer", "mambaout",
+                              "convnext_v2"])
 def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, spec_checker, build):  # noqa: F811
     torch.manual_seed(3)
     model = build()

@@ -227,6 +227,13 @@ static void the_cuda_check_names_the_layer_and_the_reference_backend(void **stat
     assert_int_equal(sf_layer_cuda_check(&m, 2, err, sizeof err), -1);
     assert_non_null(strstr(err, "layer 2 \"hs\""));
     assert_non_null(strstr(err, "token sequence"));
+    /* grn runs on the reference backend only: the check names the layer
+     * and the reference backend. */
+    assert_int_equal(sf_model_from_json("{\"input\":[3,8,8],\"classes\":4,\"layers\":["
+                                        "{\"type\":\"conv2d\",\"out\":4,\"k\":1},{\"type\":\"grn\",\"name\":\"g\"},"
+                                        "{\"type\":\"global_avgpool\"},{\"type\":\"flatten\"}]}", &m, err, sizeof err), 0);
+    assert_int_equal(sf_layer_cuda_check(&m, 1, err, sizeof err), -1);
+    assert_true(strstr(err, "layer 1 \"g\"") && strstr(err, "pipeline.backend=ref"));
     /* MetaFormer v2's every layer runs on CUDA: the norms without a bias,
      * square (on tokens too), scale_shift. */
     assert_int_equal(sf_model_from_json(METAFORMER_SPEC, &m, err, sizeof err), 0);

@@ -166,6 +166,20 @@ static void cc1d_fwd_f32(const kcase *k, float *const *v, float *y)
     sf_ref_channel_conv1d_fwd(v[0], k->a[0], k->a[1], v[1], v[2], k->a[2], k->a[3], y);
 }
 
+/* grn: a = n c hw (v[1]: the weight [c], v[2]: the bias [c]; eps 1e-6) */
+static void grn_fwd(const kcase *k, double *const *v, double *y)
+{
+    sf_ref_grn_fwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], v[2], 1e-6, y);
+}
+static void grn_bwd(const kcase *k, double *const *v, const double *dy, double *const *g)
+{
+    sf_ref_grn_bwd_f64(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], 1e-6, dy, g[0], g[1], g[2]);
+}
+static void grn_fwd_f32(const kcase *k, float *const *v, float *y)
+{
+    sf_ref_grn_fwd(v[0], k->a[0], k->a[1], (size_t)k->a[2], v[1], v[2], 1e-6f, y);
+}
+
 /* avgpool2d: a = n c h w k stride pad cip oh ow */
 static void ap_fwd(const kcase *k, double *const *v, double *y)
 {
@@ -552,6 +566,8 @@ static const kcase kcases[] = {
     {"stochastic depth p 0.5", 1, {8 * 6}, 8 * 6, 1, {1, 8, 6, 50}, dr_fwd, dr_bwd, NULL},
     {"maxpool2d k3 s2 ceil", 1, {2 * 2 * 6 * 6}, 2 * 2 * 3 * 3, 1, {2, 2, 6, 6, 3, 2, 0, 3, 3}, mp_fwd, mp_bwd, NULL},
     {"to_tokens", 1, {2 * 3 * 4}, 2 * 3 * 4, 1, {2, 3, 4}, tr_fwd, tr_bwd, tr_fwd_f32},
+    {"grn (ConvNeXt V2)", 3, {2 * 4 * 6, 4, 4}, 2 * 4 * 6, 1, {2, 4, 6}, grn_fwd, grn_bwd, grn_fwd_f32},
+    {"grn of a one-position map", 3, {3 * 5, 5, 5}, 3 * 5, 1, {3, 5, 1}, grn_fwd, grn_bwd, grn_fwd_f32},
     {"class token", 2, {2 * 3 * 4, 4}, 2 * 4 * 4, 1, {2, 3, 4}, ct_fwd, ct_bwd, NULL},
     {"position embedding", 2, {3 * 10, 10}, 3 * 10, 1, {3, 10}, pe_fwd, pe_bwd, NULL},
     {"select token", 1, {2 * 3 * 4}, 2 * 4, 1, {2, 3, 4}, st_fwd, st_bwd, NULL},

@@ -65,6 +65,7 @@ from .export_pad import (PAD_MODULES, conv_pads, emit_pad, folds_into_conv, is_p
                          pads_nothing)
 from .export_channels import ChannelViews
 from .export_eca import CONV1D_REFUSAL, ECA_HINT, ChannelConvs
+from .export_grn import match_grn
 from .export_scale_shift import addcmul_operands, bias_of_product, scale_shift as scale_shift_layer
 from .export_values import (_Attention, _Broadcast, _ChannelParam, _ChannelSeq, _Expanded, _Grouped, _Padded,
                             _Pieces, _TokenSlice, _Val, _need_nchw, _spatial)
@@ -737,6 +738,23 @@ class _Converter(ChannelViews, ChannelConvs):
                           params=params, **fields)
         return _Attention(out)
 
+    def grn(self, n: torch.fx.Node, op: str, path: str) -> str:
+        """ConvNeXt V2's Global Response Normalization from its norm on
+        (export_grn.py): one grn layer whose output is the final add's."""
+        src = n.args[0] if n.args else n.kwargs.get("input")
+        x = self.val(src, n)
+        if not isinstance(src, torch.fx.Node) or x.tokens or x.ct:
+            raise ExportError("takes a norm of a tensor other than a map", op=op, module_path=path)
+        m = match_grn(n, src, x.shape, x.nhwc, self.b.state, op, path)
+        fields: Dict[str, Any] = {} if abs(m.eps - 1e-6) <= 1e-12 else {"eps": m.eps}
+        if m.param_names:
+            fields["param_names"] = m.param_names
+        params = [m.param_names.get(k, k) for k in ("weight", "bias")]
+        out = self.b.emit("grn", m.name, [x], x.shape, nhwc=x.nhwc, params=params, **fields)
+        self.claimed.update({k: "claimed" for k in m.inner})
+        self.claimed[m.out] = out
+        return "claimed"
+
     def written_attention(self, att: QkvAttention, x: _Val) -> str:
         """Self-attention written out from a qkv Linear to a proj Linear
         (export_attention.py): one self_attention layer whose output is the
@@ -829,6 +847,8 @@ class _Converter(ChannelViews, ChannelConvs):
         if t in (F.pixel_shuffle, torch.pixel_shuffle, F.pixel_unshuffle, torch.pixel_unshuffle):
             return self.pixel_shuffle_call(n, t in (F.pixel_shuffle, torch.pixel_shuffle), op)
 
+        if meth == "norm" or t in (torch.norm, torch.linalg.vector_norm):
+            return self.grn(n, op, path)
         scaled = self.affine(n, op, path)
         if scaled is not None:
             return scaled

@@ -115,6 +115,8 @@ SUPPORTED_FUNCTIONS: Dict[str, str] = {
     "Tensor.sum, torch.sum over (2,3) of a map or dim 1 of tokens": "global_avgpool or token_mean, then affine "
                                                                     "(times the count)",
     "Tensor.amax, torch.amax over (2,3) of a square map": "maxpool2d of the map's size",
+    "Tensor.norm, torch.norm, torch.linalg.vector_norm (p 2 over H,W, keepdim)": "grn where it starts ConvNeXt V2's "
+                                                                                 "Global Response Norm",
     "F.adaptive_max_pool2d": "maxpool2d where the bins are one square window",
     "F.interpolate": "upsample (modes nearest and bilinear; a size, or an integer or recomputed scale_factor)",
     "F.dropout": "dropout", "F.dropout2d": "dropout2d", "Tensor.contiguous": "nothing",

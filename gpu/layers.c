@@ -1086,8 +1086,10 @@ static const sf_layer_kind_info kinds[SF_L_KIND_COUNT] = {
         .doc = "a token sequence [h * w, C] as the [C, h, w] map it was made from, the inverse of to_tokens "
                "(CAFormer's attention over a channels-last map: x.reshape(B, H * W, C), attention, then "
                "reshape(B, H, W, C) back)"},
-    /* Reference backend only: no CUDA kernels yet (the CUDA backend refuses
-     * the layer by name, pointing at pipeline.backend=ref). */
+    /* Its CUDA kernels (gpu/cuda/grn.cu, tests/gpu/ops/grn.cu) and the
+     * executor's hooks are written, but the row says cuda 0 until they have
+     * passed on a GPU: the CUDA backend refuses the layer by name, pointing
+     * at pipeline.backend=ref. */
     [SF_L_GRN] = {
         .name = "grn", .torch = "timm's GlobalResponseNorm (ConvNeXt V2's GRN)", .min_in = 1, .max_in = 1,
         .needs_map = 1, .fields = grn_fields, .shape = same_shape, .params = affine_params, .init = sf_init_zeros,

@@ -305,7 +305,8 @@ static int g_maxpool_fwd(sf_cuda_net *net, int i, int n, int b, const void *x, c
 /* Forward of norm layer i (layernorm2d, layernorm, groupnorm; affine or not,
  * with a bias or without):
  * the means saved in o->save, the reciprocal deviations max_batch positions
- * (layer norms) or max_batch * groups (groupnorm) later. */
+ * (layer norms) or max_batch * groups (groupnorm) later; grn's norms and
+ * divisors (sf_cuda_grn_save_floats). */
 static int g_norm_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_t s)
 {
     const gen_net *g = net->g;
@@ -313,6 +314,9 @@ static int g_norm_fwd(sf_cuda_net *net, int i, int n, const void *x, cudaStream_
     const gop *o = &g->op[i];
     const float *P = net->params;
     const size_t hw = (size_t)L->in_h * L->in_w;
+    if (L->kind == SF_L_GRN)
+        return sf_cuda_grn_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, P + L->w_off, P + L->b_off, L->eps, o->y, o->save,
+                                  s);
     if (L->kind == SF_L_GROUPNORM)
         return sf_cuda_groupnorm_fwd_dt(g->dt, g->lay, x, n, L->in_c, hw, L->groups, L->n_w ? P + L->w_off : NULL,
                                         L->n_b ? P + L->b_off : NULL, L->eps, o->y, o->save,
@@ -385,6 +389,7 @@ static int g_forward(sf_cuda_net *net, gshape *S, int from, int to, int n, int b
         case SF_L_LAYERNORM2D:
         case SF_L_LAYERNORM:
         case SF_L_GROUPNORM:
+        case SF_L_GRN:
             if (g_norm_fwd(net, i, n, x, s))
                 return -1;
             break;
@@ -491,6 +496,9 @@ static int g_norm_bwd(sf_cuda_net *net, int i, int b, int n, void *dx, int add0,
     /* NULL: a groupnorm without affine has no parameters */
     const float *gamma = L->n_w ? net->params + L->w_off : NULL;
     float *dga = L->n_w ? net->grads + L->w_off : NULL, *dbe = L->n_b ? net->grads + L->b_off : NULL;
+    if (L->kind == SF_L_GRN) /* as groupnorm, the add left to the caller */
+        return sf_cuda_grn_bwd_dt(g->dt, g->lay, g_in(net, i, 0, b), o->dy, n, L->in_c, hw, gamma, o->save, dx, dga,
+                                  dbe, g->scratch, s);
     if (L->kind == SF_L_GROUPNORM)
         return sf_cuda_groupnorm_bwd_dt(g->dt, g->lay, g_in(net, i, 0, b), o->dy, n, L->in_c, hw, L->groups, gamma,
                                         o->save, o->save + (size_t)net->cfg.max_batch * L->groups, dx, dga, dbe,
@@ -861,9 +869,10 @@ static int g_backward(sf_cuda_net *net, gshape *S, int b, int n, prof *pf)
         case SF_L_LAYERNORM2D:
         case SF_L_LAYERNORM:
         case SF_L_GROUPNORM:
+        case SF_L_GRN:
             if (g_norm_bwd(net, i, b, n, dx, add0, s))
                 return -1;
-            add0 = add0 && L->kind == SF_L_GROUPNORM;
+            add0 = add0 && (L->kind == SF_L_GROUPNORM || L->kind == SF_L_GRN);
             break;
         case SF_L_RELU:
             if (dx && sf_cuda_relu_bwd_dt(dt, o->y, o->dy, dx, in_len, s))

@@ -36,6 +36,7 @@
 #include "gpu/cuda/channels.h"
 #include "gpu/cuda/log_softmax.h"
 #include "gpu/cuda/groupnorm.h"
+#include "gpu/cuda/grn.h"
 #include "gpu/cuda/upsample.h"
 #include "gpu/cuda/concat.h"
 #include "gpu/cuda/conv.h"

@@ -84,6 +84,7 @@ static int bwd_reads_inputs(sf_layer_kind k)
     case SF_L_LAYERNORM2D:
     case SF_L_LAYERNORM:
     case SF_L_GROUPNORM:
+    case SF_L_GRN:
     case SF_L_LOG_SOFTMAX:
     case SF_L_SELF_ATTENTION: /* its input projection's weight gradient */
         return 1;
@@ -719,6 +720,8 @@ static int g_alloc_layer_buffers(sf_cuda_net *net)
             return -1;
         if (L->kind == SF_L_GROUPNORM && dmallocf(net, &o->save, 2 * nb * (size_t)L->groups))
             return -1;
+        if (L->kind == SF_L_GRN && dmallocf(net, &o->save, sf_cuda_grn_save_floats((int)nb, L->in_c)))
+            return -1;
         if (o->s2d) {
             sf_conv_desc d;
             g_desc(net, i, (int)nb, &d);
@@ -787,6 +790,8 @@ size_t sf_exec_scratch_need(const sf_cuda_net *net, int n)
             WANT(sizeof(float) * sf_cuda_channel_conv1d_scratch(L->k));
         if (L->kind == SF_L_GROUPNORM && L->n_w)
             WANT(sf_cuda_groupnorm_scratch_bytes(n, L->in_c, (size_t)L->in_h * L->in_w));
+        if (L->kind == SF_L_GRN)
+            WANT(sf_cuda_grn_scratch_bytes(n, L->in_c));
     }
     if (m->segmentation)
         WANT(sf_cuda_xent2d_scratch_bytes(n, m->out_h, m->out_w));

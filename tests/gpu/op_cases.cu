@@ -231,6 +231,20 @@ std::vector<op_case> op_cases()
         }
     t.push_back(row("groupnorm", "refused", cmp_groupnorm_refused, SF_DT_F32, {}, {}, 0));
 
+    /* grn: ConvNeXt V2's last stage at a small size (64 channels of 7x7),
+     * odd sizes, 40 channels (past one NHWC tile) without dx, a one-position
+     * map, a channel of zeros; fp32 sums of bf16 inputs: 1e-4 */
+    for (const sf_dtype dt : k_dtypes)
+        for (const sf_layout lay : k_layouts) {
+            const double tp = dt == SF_DT_F32 ? 1e-5 : 1e-4;
+            t.push_back(row("grn", "grn", cmp_grn, dt, lay, {2, 64, 7, 7}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("grn", "grn", cmp_grn, dt, lay, {3, 5, 5, 7}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("grn", "grn", cmp_grn, dt, lay, {2, 40, 9, 9}, {0}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("grn", "grn", cmp_grn, dt, lay, {4, 12, 1, 1}, {1}, 1e-5, tp, {1e-6f}));
+            t.push_back(row("grn", "grn", cmp_grn, dt, lay, {2, 8, 6, 6}, {1, 1}, 1e-5, tp, {1e-5f}));
+        }
+    t.push_back(row("grn", "refused", cmp_grn_refused, SF_DT_F32, {}, {}, 0));
+
     /* upsample: nearest by factors 1 (a copy), 2 and 3 of odd maps and to
      * sizes up and down (the forward exact); bilinear by 2 with and without
      * align_corners, up to an odd size, down (inputs no output reads: dx 0),

@@ -92,6 +92,8 @@ void cmp_groupnorm(const op_case &c, const op_env &e);
 void cmp_upsample(const op_case &c, const op_env &e);
 void cmp_upsample_refused(const op_case &c, const op_env &e);
 void cmp_groupnorm_refused(const op_case &c, const op_env &e);
+void cmp_grn(const op_case &c, const op_env &e);
+void cmp_grn_refused(const op_case &c, const op_env &e);
 void cmp_log_softmax_refused(const op_case &c, const op_env &e);
 void cmp_mul(const op_case &c, const op_env &e);
 void cmp_channel_scale(const op_case &c, const op_env &e);

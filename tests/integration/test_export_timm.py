@@ -409,7 +409,8 @@ def test_a_module_in_timms_layout_trains_like_pytorch(start_server, tmp_path, sp
 # machine), ecaresnet26t (16 s; its ECA is EcaStyleNet's, above) and
 # poolformerv2_s12 (110 s; its block is MetaFormerV2StyleNet's), caformer_s18
 # (21 s; its attention stages are CaFormerStyleNet's), mambaout_femto (50 s; its
-# block is MambaOutStyleNet's).
+# block is MambaOutStyleNet's) and convnextv2_atto (36 s; its GRN is
+# ConvNeXtV2StyleNet's).
 # STREAMFEED_TIMM_MODELS runs them.
 TIMM_MODELS = {
     "lcnet_050": "BatchNormAct2d with hard-swish, depthwise convolutions, SE with hard-sigmoid, a conv head",

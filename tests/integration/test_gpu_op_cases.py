@@ -27,6 +27,7 @@ CASES_PER_FAMILY = {
     "conv_transpose": 37,
     "dropout": 109,
     "groupnorm": 65,
+    "grn": 21,
     "layout": 2,
     "linear": 78,
     "log_softmax": 9,

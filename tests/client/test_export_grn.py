@@ -47,3 +47,37 @@ def test_a_norm_over_the_channels_is_refused_naming_what_is_supported():
 def test_a_grn_without_its_residual_add_is_refused_at_that_step():
     with pytest.raises(ExportError, match=r"not to an add of x"):
         convert(GrnWithoutResidual(), (1, 3, 8, 8))
+
+
+class GrnVariant(nn.Module):
+    """A GRN on an NCHW map with one step changed (how): each is refused, none
+    accepted as a plain GRN nor crashing."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.c = nn.Conv2d(3, 8, 1)
+        self.grn = nn.Module()
+        self.grn.weight, self.grn.bias = nn.Parameter(torch.ones(8)), nn.Parameter(torch.zeros(8))
+
+    def forward(self, x):
+        y = self.c(x)
+        g = y.norm(p=2, dim=(2, 3), keepdim=True)
+        m = g.mean(dim=1, keepdim=True)
+        if self.how == "floor":
+            n = torch.div(g, m + 1e-6, rounding_mode="floor")
+        elif self.how == "alpha":
+            n = g / torch.add(m, 1e-6, alpha=1e6)
+        elif self.how == "clamp":
+            n = g / m.clamp(min=1e-6)
+        else:
+            n = g / (m + 1e-6)
+        w = self.grn.weight.view(1, 1, 1, -1) if self.how == "rows" else self.grn.weight.view(1, -1, 1, 1)
+        return (y + torch.addcmul(self.grn.bias.view(1, -1, 1, 1), w, y * n)).flatten(1)
+
+
+@pytest.mark.parametrize("how,message", [("floor", "no rounding mode"), ("alpha", "plus a number"),
+                                         ("clamp", "plus a number"), ("rows", "broadcast along the channels")])
+def test_a_grn_with_another_step_is_refused_naming_it(how, message):
+    with pytest.raises(ExportError, match=message):
+        convert(GrnVariant(how), (1, 3, 8, 8))

@@ -119,3 +119,48 @@ class SplitAcrossRows(nn.Module):
 def test_a_channels_last_map_splits_along_its_channels_only():
     with pytest.raises(ExportError, match=r"splits a tensor of per-sample shape \[4, 8, 8\] along dimension 1"):
         convert(SplitAcrossRows(), (1, 3, 8, 8))
+
+
+class TokensBack(nn.Module):
+    """Tokens turned back into their map by transpose(1, 2).contiguous().view
+    or permute(0, 2, 1).reshape: both to_map."""
+
+    def __init__(self, spelling):
+        super().__init__()
+        self.spelling = spelling
+        self.c, self.fc, self.head = nn.Conv2d(3, 8, 2, stride=2), nn.Linear(8, 8), nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.c(x)
+        b, c, h, w = y.shape
+        t = self.fc(y.flatten(2).transpose(1, 2))
+        if self.spelling == "contiguous":
+            y = t.transpose(1, 2).contiguous().view(b, c, h, w)
+        else:
+            y = t.permute(0, 2, 1).reshape(b, c, h, w)
+        return self.head(y.mean((2, 3)))
+
+
+@pytest.mark.parametrize("spelling", ["contiguous", "permute"])
+def test_tokens_go_back_to_their_map_in_either_spelling(spelling):
+    ex = assert_spec_computes_the_module(TokensBack(spelling), hw=8)
+    assert [la["type"] for la in ex.spec["layers"]].count("to_map") == 1
+
+
+class MixedLayouts(nn.Module):
+    """A channels-last pooled map plus an NCHW one: torch broadcasts them to
+    [N, C, 1, C], so the export is refused naming the layouts."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.head = nn.Conv2d(3, 8, 1), nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = self.c(x)
+        a = y.permute(0, 2, 3, 1).sum((1, 2), keepdim=True)
+        return self.head((a + y.mean((2, 3), keepdim=True)).mean((2, 3)))
+
+
+def test_a_channels_last_and_an_nchw_tensor_are_not_added():
+    with pytest.raises(ExportError, match=r"the first channels-last, the other not"):
+        convert(MixedLayouts(), (1, 3, 8, 8))

@@ -912,7 +912,7 @@ class _Converter(ChannelViews, ChannelConvs):
             if x.ct and dims == (0, 2, 1):
                 return self.to_tokens(n, x)
             if x.tokens and dims == (0, 2, 1):
-                return self.transpose_tokens(n, x)
+                return self.tokens_to_map(n, x) or self.transpose_tokens(n, x)
             if not x.nhwc and dims == (0, 2, 3, 1) and len(x.shape) == 3:
                 return _Val(x.layer, x.shape, True)
             if x.nhwc and dims == (0, 3, 1, 2):
@@ -1002,8 +1002,8 @@ class _Converter(ChannelViews, ChannelConvs):
         is an affine layer of scale -1 on c, then that add."""
         if a.shape != c.shape or a.nhwc != c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
             raise ExportError(f"{'subtracts' if subtract else 'adds'} tensors of shapes {list(a.shape)} and "
-                              f"{list(c.shape)}; the service {'subtracts' if subtract else 'adds'} tensors of one "
-                              "shape", op=op, module_path=path)
+                              f"{list(c.shape)}{_layouts(a, c)}; the service {'subtracts' if subtract else 'adds'} "
+                              "tensors of one shape and layout", op=op, module_path=path)
         if subtract:
             c = self.b.emit("affine", self.fname(n, "neg"), [c], c.shape, nhwc=c.nhwc, tokens=c.tokens, scale=-1.0)
         return self.b.emit("add", self.fname(n, "sub" if subtract else "add"), [a, c], a.shape, nhwc=a.nhwc,
@@ -1015,17 +1015,23 @@ class _Converter(ChannelViews, ChannelConvs):
 
     def tokens_to_map(self, n: torch.fx.Node, x: _Val) -> Optional[str]:
         """x.transpose(1, 2).reshape(N, C, H, W) of tokens [H*W, C] (timm's
-        MetaFormerStage after its attention blocks): the map they were made
-        from, one to_map layer that the reshape's value is. None where the
+        MetaFormerStage after its attention blocks; permute(0, 2, 1), and
+        contiguous() before the view, alike): the map they were made from,
+        one to_map layer that the reshape's value is. None where the
         transpose goes anywhere else (transpose_tokens then)."""
         users = list(n.users)
         r = users[0] if len(users) == 1 else None
+        mid = None
+        if r is not None and r.op == "call_method" and r.target == "contiguous" and len(r.users) == 1:
+            mid, r = r, next(iter(r.users))
         rs = _meta_shape(r) if r is not None else None
         t, c = x.shape
         if r is None or rs is None or not _is_method_or(r, ("reshape", "view"), (torch.reshape,)) or len(rs) != 4 or \
                 rs[1] != c or rs[2] * rs[3] != t:
             return None
         h, w = int(rs[2]), int(rs[3])
+        if mid is not None:
+            self.claimed[mid] = "claimed"
         self.claimed[r] = self.b.emit("to_map", self.fname(r, "to_map"), [x], (c, h, w), size=[h, w])
         return "claimed"
 
@@ -1119,7 +1125,7 @@ class _Converter(ChannelViews, ChannelConvs):
     def scaled(self, n: torch.fx.Node, x: _Val, count: int) -> _Val:  # a mean times its count: the sum
         if count == 1:
             return x
-        y = self.b.emit("affine", self.fname(n, "sum_scale"), [x], x.shape, tokens=x.tokens)
+        y = self.b.emit("affine", self.fname(n, "sum_scale"), [x], x.shape, nhwc=x.nhwc, tokens=x.tokens)
         set_fields(self.b.layers[y.layer], float(count), 0.0)
         self.affine_layers[n] = y.layer  # a number times the sum folds into it
         return y
@@ -1233,9 +1239,19 @@ class _Converter(ChannelViews, ChannelConvs):
         ok = a.shape == c.shape or (len(a.shape) == 3 and c.shape == (a.shape[0], 1, 1) and not a.nhwc)
         # two channels-last views of maps of one shape multiply as the maps do
         if not ok or a.nhwc != c.nhwc or a.tokens != c.tokens or a.ct or c.ct:
-            raise ExportError(f"multiplies tensors of shapes {list(a.shape)} and {list(c.shape)}; supported are "
-                              "equal shapes and a [C,H,W] map times a [C,1,1] one", op=op, module_path=path)
+            raise ExportError(f"multiplies tensors of shapes {list(a.shape)} and {list(c.shape)}{_layouts(a, c)}; "
+                              "supported are equal shapes and a [C,H,W] map times a [C,1,1] one", op=op,
+                              module_path=path)
         return self.b.emit("mul", self.fname(n, "mul"), [a, c], a.shape, nhwc=a.nhwc, tokens=a.tokens)
+
+
+def _layouts(a: _Val, c: _Val) -> str:
+    """What a refusal of two operands says of their layouts where they
+    differ: torch would broadcast a channels-last [N, H, W, C] against an
+    NCHW one along other dimensions than the channels."""
+    if a.nhwc == c.nhwc:
+        return ""
+    return f" ({'the first' if a.nhwc else 'the second'} channels-last, the other not)"
 
 
 # ---- the public functions -------------------------------------------------------------------

@@ -235,10 +235,11 @@ def channel_param(state: Dict[str, torch.Tensor], target: str, shape: Tuple[int,
                   path: str) -> _ChannelParam:
     """A module's [C] parameter viewed as [1, C, 1, 1] or [C, 1, 1], as
     timm's ConvNeXt scales its blocks' output, or as [C] itself (timm's
-    MetaFormer ``Scale`` on a channels-last map): scale_param takes it at the
-    mul. Any other view of a module tensor is refused."""
+    MetaFormer ``Scale`` on a channels-last map) or [1, 1, C] or [1, 1, 1, C]
+    (the same broadcast along the last dimension): scale_param takes it at
+    the mul. Any other view of a module tensor is refused."""
     p = state.get(target)
-    if p is not None and p.dim() == 1 and tuple(shape) == tuple(p.shape):
+    if p is not None and p.dim() == 1 and tuple(shape) in tuple((1,) * k + tuple(p.shape) for k in (0, 2, 3)):
         return _ChannelParam(target, as_is=True)
     if p is None or p.dim() != 1 or tuple(shape) not in ((int(p.shape[0]), 1, 1), (1, int(p.shape[0]), 1, 1)):
         raise ExportError(f"views the module tensor {target} as {list(shape)}; supported is a [C] parameter viewed "

@@ -117,6 +117,15 @@ __device__ __forceinline__ size_t grn_row(size_t e, int c, size_t hw, int nhwc, 
     return r;
 }
 
+/* Element e's factor 1 + w g / d, its (sample, channel) row r and channel. */
+__device__ __forceinline__ float grn_factor(size_t e, int c, size_t hw, int nhwc, const float *__restrict__ w,
+                                            const float *__restrict__ g, const float *__restrict__ d, size_t *r,
+                                            int *ch)
+{
+    *r = grn_row(e, c, hw, nhwc, ch);
+    return 1.f + w[*ch] * (g[*r] / d[*r / c]);
+}
+
 /* y = x * (1 + w g / d) + b. */
 template <typename T>
 __global__ void k_grn_apply(const T *__restrict__ x, size_t len, int c, size_t hw, int nhwc,
@@ -126,8 +135,8 @@ __global__ void k_grn_apply(const T *__restrict__ x, size_t len, int c, size_t h
     const size_t step = (size_t)gridDim.x * blockDim.x;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
         int ch;
-        const size_t r = grn_row(e, c, hw, nhwc, &ch);
-        const float f = 1.f + w[ch] * (g[r] / d[r / c]);
+        size_t r;
+        const float f = grn_factor(e, c, hw, nhwc, w, g, d, &r, &ch);
         y[e] = cu_to<T>(cu_f(x[e]) * f + b[ch]);
     }
 }
@@ -164,8 +173,8 @@ __global__ void k_grn_dx(const T *__restrict__ x, const T *__restrict__ dy, size
     const size_t step = (size_t)gridDim.x * blockDim.x;
     for (size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x; e < len; e += step) {
         int ch;
-        const size_t r = grn_row(e, c, hw, nhwc, &ch);
-        const float f = 1.f + w[ch] * (g[r] / d[r / c]);
+        size_t r;
+        const float f = grn_factor(e, c, hw, nhwc, w, g, d, &r, &ch);
         dx[e] = cu_to<T>(cu_f(dy[e]) * f + k[r] * cu_f(x[e]));
     }
 }

@@ -404,6 +404,22 @@ static __attribute__((unused)) void check_lay(const char *nm, const char *what, 
     check_dt(subname(nm, what), b.dt, from_lay(down_dt(b, (size_t)n * c * h * w), lay, n, c, h, w), ref, tol32);
 }
 
+/* An input gradient dx stored in layout lay: check_lay's criterion where it
+ * was wanted, else that its poisoned buffer was left alone (no element
+ * written). */
+static __attribute__((unused)) void check_dx_lay(const char *nm, const dbuf &dx, sf_layout lay, int n, int c, int h,
+                                                 int w, const std::vector<double> &ref, int wanted, double tol32)
+{
+    if (wanted) {
+        check_lay(nm, "bwd dx", dx, lay, n, c, h, w, ref, tol32);
+        return;
+    }
+    size_t written = 0;
+    for (const float v : down_dt(dx, (size_t)n * c * h * w))
+        written += !isnan(v);
+    pass_or_fail(subname(nm, "bwd leaves dx alone"), written == 0, "dx written");
+}
+
 /* A parameter's gradient is a sum of many terms of random sign, far smaller
  * than the sum of their sizes (its mass): fp32 accumulation in any order is
  * off by a few ulps of the mass, not of the result. Each got[j] passes

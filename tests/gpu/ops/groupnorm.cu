@@ -79,22 +79,10 @@ void cmp_groupnorm(const op_case &k, const op_env &e)
     if (rc) {
         fail(nm, sf_cuda_last_error());
     } else {
-        std::vector<float> y = down_dt(b.y, nx), dx = down_dt(b.dx, nx);
-        if (nhwc) {
-            y = to_nchw(y, n, c, h, w);
-            dx = to_nchw(dx, n, c, h, w);
-        }
-        check_dt(subname(nm, "fwd y"), dt, y, yr, k.tol);
+        check_lay(nm, "fwd y", b.y, lay, n, c, h, w, yr, k.tol);
         check_v(subname(nm, "fwd saved mean"), down(dm, ns), mr, k.tol_param);
         check_v(subname(nm, "fwd saved rstd"), down(dr, ns), rr, k.tol_param);
-        if (want_dx) {
-            check_dt(subname(nm, "bwd dx"), dt, dx, dxr, k.tol);
-        } else {
-            size_t written = 0;
-            for (float v : dx)
-                written += !isnan(v);
-            pass_or_fail(subname(nm, "bwd leaves dx alone"), written == 0, "dx written");
-        }
+        check_dx_lay(nm, b.dx, lay, n, c, h, w, dxr, want_dx, k.tol);
         if (affine) {
             check_v(subname(nm, "bwd dweight"), down(ddg, c), dgr, k.tol_param);
             check_graph_replay(subname(nm, "bwd: captured graph replays bit-equal"), s, bwd,

@@ -117,7 +117,7 @@ class SplitAcrossRows(nn.Module):
 
 
 def test_a_channels_last_map_splits_along_its_channels_only():
-    with pytest.raises(ExportError, match=r"splits a tensor of per-sample shape \[4, 8, 8\] along dimension 1"):
+    with pytest.raises(ExportError, match=r"splits a tensor of per-sample shape \[8, 8, 4\] along dimension 1"):
         convert(SplitAcrossRows(), (1, 3, 8, 8))
 
 

@@ -124,7 +124,8 @@ class ChannelViews:
         cl = x.nhwc and len(x.shape) == 3
         if not (x.plain(3) or cl) or not isinstance(dim, int) or dim % 4 != (3 if cl else 1) or \
                 not isinstance(metas, (tuple, list)):
-            raise ExportError(f"splits a tensor of per-sample shape {list(x.shape)} along dimension {dim}; the "
+            shape = list(x.shape[1:]) + [x.shape[0]] if cl else list(x.shape)  # as torch holds it
+            raise ExportError(f"splits a tensor of per-sample shape {shape} along dimension {dim}; the "
                               "service slices [C,H,W] maps along channels (dim=1; dim=-1 of a channels-last map)",
                               op=op, module_path=path)
         spans: List[Tuple[int, int]] = []

@@ -164,3 +164,28 @@ class MixedLayouts(nn.Module):
 def test_a_channels_last_and_an_nchw_tensor_are_not_added():
     with pytest.raises(ExportError, match=r"the first channels-last, the other not"):
         convert(MixedLayouts(), (1, 3, 8, 8))
+
+
+class ScaledLastDim(nn.Module):
+    """A [C] parameter viewed as (C,), (1, 1, C) or (1, 1, 1, C) times a
+    channels-last map and times tokens: each broadcasts along the channels,
+    so each is a layer_scale."""
+
+    def __init__(self, view):
+        super().__init__()
+        self.view = view
+        self.c, self.head = nn.Conv2d(3, 8, 2, stride=2), nn.Linear(8, 5)
+        self.s1, self.s2 = nn.Module(), nn.Module()
+        self.s1.scale, self.s2.scale = nn.Parameter(torch.rand(8) + 0.5), nn.Parameter(torch.rand(8) + 0.5)
+
+    def forward(self, x):
+        y = self.c(x)
+        m = y.permute(0, 2, 3, 1) * self.s1.scale.view(self.view)
+        t = y.flatten(2).transpose(1, 2) * self.s2.scale.view(self.view[-3:] if len(self.view) > 3 else self.view)
+        return self.head(m.mean((1, 2)) + t.mean(1))
+
+
+@pytest.mark.parametrize("view", [(8,), (1, 1, 8), (1, 1, 1, 8)])
+def test_a_parameter_viewed_along_the_last_dimension_is_a_layer_scale(view):
+    ex = assert_spec_computes_the_module(ScaledLastDim(view), hw=8)
+    assert [la["type"] for la in ex.spec["layers"]].count("layer_scale") == 2
